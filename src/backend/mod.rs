@@ -1,0 +1,154 @@
+//! The storage-shaped interface every backend adapter implements, and the types it speaks.
+//!
+//! Adapters know nothing of metadata merging or access counting: they store JSON bodies under
+//! composite IDs with revision preconditions, and answer paged queries by `userId` (+ `namespace`).
+//! The data-store semantics live once, in [`crate::store::DataStore`].
+
+pub mod embedded;
+pub mod url;
+
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde_json::{Map, Value};
+
+use crate::error::Result;
+
+pub use url::BackendUrl;
+
+/// An opaque revision: CouchDB's `_rev`, or whatever version marker the backend keeps.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Revision(pub String);
+
+impl Revision {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Revision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A document as stored: its id, current revision, and body (every field except `_id`/`_rev`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredDocument {
+    pub id: String,
+    pub rev: Revision,
+    pub body: Map<String, Value>,
+}
+
+impl StoredDocument {
+    /// The document in the spec's shape: `_id`, `_rev`, then the body's fields.
+    pub fn to_json(&self) -> Value {
+        let mut out = Map::with_capacity(self.body.len() + 2);
+        out.insert(crate::model::fields::ID.into(), self.id.clone().into());
+        out.insert(crate::model::fields::REV.into(), self.rev.0.clone().into());
+        out.extend(self.body.iter().map(|(k, v)| (k.clone(), v.clone())));
+        Value::Object(out)
+    }
+}
+
+/// The condition a write must meet, checked atomically by the backend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Precondition {
+    /// Create only: fail with a conflict if the document exists.
+    MustNotExist,
+    /// Update only: fail with a conflict unless the stored revision is this one.
+    MatchRevision(Revision),
+    /// Write whatever is there (migration's overwrite policy).
+    None,
+}
+
+/// Which fields a query returns besides the id and revision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Projection {
+    All,
+    Fields(Vec<&'static str>),
+}
+
+/// Documents of one user, optionally of one namespace, selected by their `userId` and
+/// `namespace` fields (the `idx-user-namespace` index on CouchDB).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Query {
+    pub user_id: String,
+    pub namespace: Option<String>,
+    pub projection: Projection,
+}
+
+/// One page of results and the token that fetches the next one (`None` at the end).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Page<T> {
+    pub items: Vec<T>,
+    pub next: Option<String>,
+}
+
+/// One write of a bulk request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BulkWrite {
+    pub id: String,
+    pub body: Map<String, Value>,
+    pub precondition: Precondition,
+}
+
+/// What an adapter implements. Errors use [`crate::error::ErrorKind`]: a failed precondition is
+/// `Conflict`, a missing document on delete is `NotFound`.
+#[async_trait]
+pub trait DocumentBackend: Send + Sync + 'static {
+    /// Where this backend stores data, for logs and test reports (never includes secrets).
+    fn describe(&self) -> String;
+
+    /// The document with this id, or `None`.
+    async fn get(&self, id: &str) -> Result<Option<StoredDocument>>;
+
+    /// Writes `body` under `id` if `precondition` holds; returns the new revision.
+    async fn put(
+        &self,
+        id: &str,
+        body: &Map<String, Value>,
+        precondition: Precondition,
+    ) -> Result<Revision>;
+
+    /// Deletes the document if its revision is still `rev`.
+    async fn delete(&self, id: &str, rev: &Revision) -> Result<()>;
+
+    /// One page (at most `limit` documents) of the documents matching `query`. Pass the previous
+    /// page's `next` as `page_token` to continue. Order is unspecified.
+    async fn query(
+        &self,
+        query: &Query,
+        limit: usize,
+        page_token: Option<&str>,
+    ) -> Result<Page<StoredDocument>>;
+
+    /// Ensures the indexes the queries need exist (run at startup). Idempotent.
+    async fn ensure_standard_indexes(&self) -> Result<()>;
+
+    /// Ensures the index serves `namespace` (before its first write). Idempotent; the facade
+    /// caches which namespaces it has already ensured.
+    async fn ensure_namespace_indexed(&self, namespace: &str) -> Result<()>;
+
+    /// Writes many documents; one result per write, in order. A failed write does not stop the
+    /// others. The outer error is for failures of the whole request.
+    async fn bulk_write(&self, writes: Vec<BulkWrite>) -> Result<Vec<Result<Revision>>>;
+
+    /// One page of every document in the store (design documents excluded), in a stable order, so
+    /// a scan resumed from a saved token continues where it stopped.
+    async fn scan(&self, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>>;
+
+    /// Checks that the backend is reachable and usable.
+    async fn health(&self) -> Result<()>;
+}
+
+/// Opens the backend a URL names.
+pub async fn open(url: &BackendUrl) -> Result<Arc<dyn DocumentBackend>> {
+    match url {
+        BackendUrl::Embedded { path } => {
+            let backend = embedded::EmbeddedBackend::open(path).await?;
+            Ok(Arc::new(backend))
+        }
+    }
+}

@@ -1,0 +1,91 @@
+//! Backend URLs: one string names a backend and where it lives, as database URLs do everywhere.
+//!
+//! `embedded:PATH` is the embedded store in one file (relative paths are relative to the working
+//! directory). Other schemes arrive with their adapters.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use crate::error::{Error, Result};
+
+/// The default backend: the embedded store under `./data`.
+pub const DEFAULT_BACKEND_URL: &str = "embedded:./data/agentstore.redb";
+
+/// A parsed backend URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BackendUrl {
+    Embedded { path: PathBuf },
+}
+
+impl FromStr for BackendUrl {
+    type Err = Error;
+
+    fn from_str(text: &str) -> Result<Self> {
+        let (scheme, rest) = text.split_once(':').ok_or_else(|| {
+            Error::invalid(
+                "backend",
+                format!("{text:?} is not a backend URL; expected e.g. {DEFAULT_BACKEND_URL}"),
+            )
+        })?;
+        match scheme {
+            "embedded" => {
+                // Accept `embedded:PATH` and `embedded://PATH`.
+                let path = rest.strip_prefix("//").unwrap_or(rest);
+                if path.is_empty() {
+                    return Err(Error::invalid(
+                        "backend",
+                        "embedded: needs a file path, e.g. embedded:./data/agentstore.redb",
+                    ));
+                }
+                Ok(BackendUrl::Embedded {
+                    path: PathBuf::from(path),
+                })
+            }
+            other => Err(Error::invalid(
+                "backend",
+                format!("unknown backend scheme {other:?} in {text:?}; supported: embedded:PATH"),
+            )),
+        }
+    }
+}
+
+impl fmt::Display for BackendUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BackendUrl::Embedded { path } => write!(f, "embedded:{}", path.display()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_embedded() {
+        let url: BackendUrl = DEFAULT_BACKEND_URL.parse().unwrap();
+        assert_eq!(
+            url,
+            BackendUrl::Embedded {
+                path: "./data/agentstore.redb".into()
+            }
+        );
+        assert_eq!(url.to_string(), DEFAULT_BACKEND_URL);
+        let url: BackendUrl = "embedded:///var/lib/a.redb".parse().unwrap();
+        assert_eq!(
+            url,
+            BackendUrl::Embedded {
+                path: "/var/lib/a.redb".into()
+            }
+        );
+    }
+
+    #[test]
+    fn rejects_unknown_and_empty() {
+        for bad in ["", "embedded:", "nosuch://x", "/just/a/path"] {
+            let err = bad.parse::<BackendUrl>().unwrap_err();
+            assert!(err.to_string().contains("backend"), "{bad}: {err}");
+        }
+    }
+}

@@ -1,0 +1,220 @@
+//! The `agentstore` command line: global options, subcommands, and how their results and errors
+//! reach the terminal (JSON on stdout; a message on stderr and a non-zero exit status on error).
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use serde_json::Value;
+
+use crate::backend::{self, BackendUrl};
+use crate::config::{LogFormat, Overrides, Settings};
+use crate::error::{Error, ErrorKind, Result};
+use crate::store::DataStore;
+
+/// Agents' key/value documents on CouchDB, DynamoDB, Firestore or an embedded file.
+#[derive(Debug, Parser)]
+#[command(name = "agentstore", version, about, long_about = None)]
+pub struct Cli {
+    /// Backend URL [default: embedded:./data/agentstore.redb; env: AGENTSTORE_BACKEND]
+    #[arg(long, global = true, value_name = "URL")]
+    pub backend: Option<String>,
+
+    /// Config file (TOML) [default: ./agentstore.toml if present]
+    #[arg(long, global = true, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// Largest accepted value in bytes of JSON [default: 1048576; env: AGENTSTORE_MAX_VALUE_BYTES]
+    #[arg(long, global = true, value_name = "BYTES")]
+    pub max_value_bytes: Option<usize>,
+
+    /// Log format on stderr [env: AGENTSTORE_LOG_FORMAT]
+    #[arg(long, global = true, value_enum)]
+    pub log_format: Option<LogFormat>,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create or update a document: the value is replaced, metadata merged into what is stored
+    Set {
+        user: String,
+        namespace: String,
+        key: String,
+        /// The value as JSON; `-` reads it from standard input
+        value_json: String,
+        /// Metadata to merge, a JSON object
+        #[arg(long, value_name = "JSON")]
+        metadata: Option<String>,
+        /// The agent writing
+        #[arg(long, value_name = "NAME")]
+        agent: Option<String>,
+    },
+    /// Print the stored document (the read counts as an access)
+    Get {
+        user: String,
+        namespace: String,
+        key: String,
+        /// The agent reading
+        #[arg(long, value_name = "NAME")]
+        agent: Option<String>,
+    },
+    /// Delete a document
+    Delete {
+        user: String,
+        namespace: String,
+        key: String,
+    },
+    /// Print whether a document exists (true/false; exit status 0 either way)
+    Exists {
+        user: String,
+        namespace: String,
+        key: String,
+    },
+    /// Print a namespace's keys (a JSON array, sorted)
+    Keys { user: String, namespace: String },
+    /// Print a user's namespaces (a JSON array, sorted)
+    Namespaces { user: String },
+    /// Print a namespace's key → value object
+    GetAll { user: String, namespace: String },
+    /// Delete every document of a namespace
+    DeleteNamespace { user: String, namespace: String },
+    /// Delete everything a user owns (erasure request)
+    PurgeUser { user: String },
+}
+
+impl Cli {
+    pub fn overrides(&self) -> Overrides {
+        Overrides {
+            backend: self.backend.clone(),
+            max_value_bytes: self.max_value_bytes,
+            log_format: self.log_format,
+        }
+    }
+}
+
+/// Exit statuses, documented in the README.
+pub fn exit_code(kind: ErrorKind) -> u8 {
+    match kind {
+        ErrorKind::InvalidInput | ErrorKind::TooLarge => 2,
+        ErrorKind::NotFound => 3,
+        ErrorKind::Conflict => 4,
+        ErrorKind::Unavailable | ErrorKind::Unauthorized | ErrorKind::Misconfigured => 5,
+        ErrorKind::Corrupt | ErrorKind::Internal => 1,
+    }
+}
+
+/// Runs one store subcommand and prints its JSON result.
+pub async fn run(cli: Cli, settings: Settings) -> Result<()> {
+    let url: BackendUrl = settings.backend.parse()?;
+    let backend = backend::open(&url).await?;
+    let store = DataStore::open(backend, settings.store_options()).await?;
+    let output = execute(&store, cli.command, settings.max_value_bytes).await?;
+    print_json(&output)
+}
+
+async fn execute(store: &DataStore, command: Command, max_value_bytes: usize) -> Result<Value> {
+    Ok(match command {
+        Command::Set {
+            user,
+            namespace,
+            key,
+            value_json,
+            metadata,
+            agent,
+        } => {
+            let value = if value_json == "-" {
+                parse_json("value", &read_stdin(max_value_bytes)?)?
+            } else {
+                parse_json("value", &value_json)?
+            };
+            let metadata = metadata.map(|m| parse_json("metadata", &m)).transpose()?;
+            store
+                .set(&user, &namespace, &key, value, metadata, agent.as_deref())
+                .await?
+                .to_json()
+        }
+        Command::Get {
+            user,
+            namespace,
+            key,
+            agent,
+        } => store
+            .get(&user, &namespace, &key, agent.as_deref())
+            .await?
+            .ok_or_else(|| not_found(&user, &namespace, &key))?
+            .to_json(),
+        Command::Delete {
+            user,
+            namespace,
+            key,
+        } => {
+            if !store.delete(&user, &namespace, &key).await? {
+                return Err(not_found(&user, &namespace, &key));
+            }
+            serde_json::json!({ "deleted": true })
+        }
+        Command::Exists {
+            user,
+            namespace,
+            key,
+        } => Value::Bool(store.exists(&user, &namespace, &key).await?),
+        Command::Keys { user, namespace } => store.list_keys(&user, &namespace).await?.into(),
+        Command::Namespaces { user } => store.list_namespaces(&user).await?.into(),
+        Command::GetAll { user, namespace } => {
+            Value::Object(store.get_all(&user, &namespace).await?)
+        }
+        Command::DeleteNamespace { user, namespace } => {
+            serde_json::json!({ "deleted": store.delete_namespace(&user, &namespace).await? })
+        }
+        Command::PurgeUser { user } => {
+            serde_json::json!({ "deleted": store.purge_user(&user).await? })
+        }
+    })
+}
+
+fn not_found(user: &str, namespace: &str, key: &str) -> Error {
+    Error::not_found(format!(
+        "no document for user {user:?}, namespace {namespace:?}, key {key:?}"
+    ))
+}
+
+fn parse_json(field: &str, text: &str) -> Result<Value> {
+    serde_json::from_str(text).map_err(|e| Error::invalid(field, format!("is not valid JSON: {e}")))
+}
+
+/// Reads a value from stdin. JSON may carry whitespace the compact size does not count, so up to
+/// four times the limit (plus 64 KiB) is read before refusing outright; the exact limit is then
+/// checked on the parsed value.
+fn read_stdin(max_value_bytes: usize) -> Result<String> {
+    let cap = max_value_bytes.saturating_mul(4).saturating_add(64 * 1024);
+    let mut text = String::new();
+    std::io::stdin()
+        .lock()
+        .take(cap as u64 + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| Error::invalid("value", "standard input is not UTF-8 text").with_source(e))?;
+    if text.len() > cap {
+        return Err(Error::new(
+            ErrorKind::TooLarge,
+            format!("value on standard input is over {cap} bytes; the maximum value is {max_value_bytes} bytes of JSON"),
+        ));
+    }
+    Ok(text)
+}
+
+fn print_json(value: &Value) -> Result<()> {
+    let text = serde_json::to_string_pretty(value)
+        .map_err(|e| Error::new(ErrorKind::Internal, "cannot print result").with_source(e))?;
+    println!("{text}");
+    Ok(())
+}
+
+/// Reports an error on stderr and turns it into the exit status.
+pub fn report(err: &Error) -> ExitCode {
+    eprintln!("agentstore: {} error: {err}", err.kind());
+    ExitCode::from(exit_code(err.kind()))
+}

@@ -1,0 +1,18 @@
+//! agentstore: agents' key/value documents (`agent_data_store`) on CouchDB, DynamoDB, Firestore
+//! or an embedded file, behind one interface.
+//!
+//! - [`model`]: document IDs, fields, validation, timestamps — the spec, with no I/O.
+//! - [`backend`]: the [`backend::DocumentBackend`] trait and its adapters.
+//! - [`store`]: [`store::DataStore`], the facade with the data-store semantics (metadata merge,
+//!   access tracking, listings), written once for every backend.
+//! - [`config`] and [`cli`]: settings and the `agentstore` command.
+
+pub mod backend;
+pub mod cli;
+pub mod config;
+pub mod error;
+pub mod model;
+pub mod store;
+
+pub use error::{Error, ErrorKind, Result};
+pub use store::DataStore;

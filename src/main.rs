@@ -1,0 +1,40 @@
+//! The `agentstore` binary: parses the command line, loads settings, sets up logging, and runs.
+
+use std::process::ExitCode;
+
+use agentstore::cli::{self, Cli};
+use agentstore::config::{LogFormat, Settings};
+use clap::Parser;
+use tracing_subscriber::EnvFilter;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let settings = match Settings::load(cli.config.as_deref(), &cli.overrides()) {
+        Ok(settings) => settings,
+        Err(err) => return cli::report(&err),
+    };
+    init_logging(settings.log_format);
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("agentstore: cannot start the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(cli::run(cli, settings)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => cli::report(&err),
+    }
+}
+
+/// Logs go to stderr so stdout carries only results. `RUST_LOG` sets the filter (default `warn`).
+fn init_logging(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}

@@ -1,0 +1,403 @@
+//! [`DataStore`]: the data-store semantics, written once for every backend.
+//!
+//! `set` and access-counting `get` are read-modify-write cycles guarded by the backend's revision
+//! precondition. When another writer gets in between, the backend reports a conflict and the
+//! cycle starts again from a fresh read, with jittered exponential backoff, a bounded number of
+//! times. That is why N concurrent `set`/`get` calls on one key raise `accessCount` by exactly N
+//! and lose no metadata key.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use backon::{ExponentialBuilder, Retryable};
+use futures::{StreamExt, TryStreamExt};
+use serde_json::{Map, Value};
+use tokio::sync::OnceCell;
+
+use crate::backend::{DocumentBackend, Precondition, Projection, Query, StoredDocument};
+use crate::error::{Error, ErrorKind, Result};
+use crate::model::document::{self, Access};
+use crate::model::{fields, timestamp, DocumentId, Limits};
+
+/// How many namespaces the "already indexed" cache remembers before it starts over. Ensuring is
+/// idempotent, so forgetting costs one extra index call, never correctness.
+const ENSURED_NAMESPACES_CAP: usize = 100_000;
+/// How many deletes of one listing page run at once.
+const DELETE_CONCURRENCY: usize = 8;
+
+/// Behaviour of the facade.
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    pub limits: Limits,
+    /// Whether `get` counts the read as an access (a write). Off makes reads read-only.
+    pub track_reads: bool,
+    /// How many times a conflicting read-modify-write is retried before giving up.
+    pub max_conflict_retries: usize,
+    /// Documents asked for per backend query page.
+    pub page_size: usize,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            limits: Limits::default(),
+            track_reads: true,
+            max_conflict_retries: 100,
+            page_size: 1000,
+        }
+    }
+}
+
+/// The data store over one backend.
+pub struct DataStore {
+    backend: Arc<dyn DocumentBackend>,
+    options: StoreOptions,
+    ensured_namespaces: Mutex<HashMap<String, Arc<OnceCell<()>>>>,
+}
+
+impl DataStore {
+    /// Wraps `backend` and ensures its standard indexes (the startup step of the spec).
+    pub async fn open(backend: Arc<dyn DocumentBackend>, options: StoreOptions) -> Result<Self> {
+        backend.ensure_standard_indexes().await?;
+        Ok(DataStore {
+            backend,
+            options,
+            ensured_namespaces: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub fn backend(&self) -> &Arc<dyn DocumentBackend> {
+        &self.backend
+    }
+
+    pub fn options(&self) -> &StoreOptions {
+        &self.options
+    }
+
+    fn id(&self, user_id: &str, namespace: &str, key: &str) -> Result<DocumentId> {
+        DocumentId::new(user_id, namespace, key, &self.options.limits)
+    }
+
+    fn access<'a>(&self, agent: Option<&'a str>) -> Result<Access<'a>> {
+        if let Some(agent) = agent {
+            self.options.limits.check_agent(agent)?;
+        }
+        Ok(Access {
+            agent,
+            at: timestamp::now(),
+        })
+    }
+
+    fn retry_policy(&self) -> ExponentialBuilder {
+        ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(1))
+            .with_max_delay(Duration::from_millis(50))
+            .with_max_times(self.options.max_conflict_retries)
+            .with_jitter()
+    }
+
+    /// Runs a read-modify-write cycle until it does not conflict, or the retries run out.
+    async fn retry_conflicts<T, F, Fut>(&self, id: &DocumentId, attempt: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        attempt
+            .retry(self.retry_policy())
+            .sleep(tokio::time::sleep)
+            .when(Error::is_conflict)
+            .await
+            .map_err(|e| {
+                if e.is_conflict() {
+                    Error::conflict(format!(
+                        "document {id} kept changing under concurrent writers; gave up after {} retries",
+                        self.options.max_conflict_retries
+                    ))
+                    .with_source(e)
+                } else {
+                    e
+                }
+            })
+    }
+
+    /// Ensures the backend's index covers `namespace`, once per namespace per process; concurrent
+    /// first writes to one namespace share one call.
+    async fn ensure_namespace(&self, namespace: &str) -> Result<()> {
+        let cell = {
+            let mut ensured = self
+                .ensured_namespaces
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if ensured.len() >= ENSURED_NAMESPACES_CAP && !ensured.contains_key(namespace) {
+                ensured.clear();
+            }
+            Arc::clone(ensured.entry(namespace.to_owned()).or_default())
+        };
+        cell.get_or_try_init(|| self.backend.ensure_namespace_indexed(namespace))
+            .await
+            .map(|_| ())
+    }
+
+    /// Creates or updates a document: `value` replaced, `metadata` merged shallowly into what is
+    /// stored, the write counted as an access. Returns the stored document.
+    pub async fn set(
+        &self,
+        user_id: &str,
+        namespace: &str,
+        key: &str,
+        value: Value,
+        metadata: Option<Value>,
+        agent: Option<&str>,
+    ) -> Result<StoredDocument> {
+        let id = self.id(user_id, namespace, key)?;
+        self.options.limits.check_value(&value)?;
+        let metadata = match metadata {
+            None => None,
+            Some(metadata) => {
+                self.options.limits.check_metadata(&metadata)?;
+                match metadata {
+                    Value::Object(map) => Some(map),
+                    _ => return Err(Error::invalid("metadata", "must be a JSON object")),
+                }
+            }
+        };
+        self.access(agent)?;
+        self.ensure_namespace(namespace).await?;
+        self.retry_conflicts(&id, || async {
+            let access = self.access(agent)?;
+            let (body, precondition) = match self.backend.get(id.as_str()).await? {
+                None => (
+                    document::new_body(&id, value.clone(), metadata.clone(), &access),
+                    Precondition::MustNotExist,
+                ),
+                Some(existing) => {
+                    let mut body = existing.body;
+                    document::apply_update(
+                        &id,
+                        &mut body,
+                        value.clone(),
+                        metadata.clone(),
+                        &access,
+                    )?;
+                    (body, Precondition::MatchRevision(existing.rev))
+                }
+            };
+            let rev = self.backend.put(id.as_str(), &body, precondition).await?;
+            Ok(StoredDocument {
+                id: id.as_str().to_owned(),
+                rev,
+                body,
+            })
+        })
+        .await
+    }
+
+    /// The stored document, or `None`. Unless reads are configured not to write, the read counts
+    /// as an access and the returned document already includes it.
+    pub async fn get(
+        &self,
+        user_id: &str,
+        namespace: &str,
+        key: &str,
+        agent: Option<&str>,
+    ) -> Result<Option<StoredDocument>> {
+        let id = self.id(user_id, namespace, key)?;
+        self.access(agent)?;
+        if !self.options.track_reads {
+            return self.backend.get(id.as_str()).await;
+        }
+        self.retry_conflicts(&id, || async {
+            let Some(existing) = self.backend.get(id.as_str()).await? else {
+                return Ok(None);
+            };
+            let mut body = existing.body;
+            let access = self.access(agent)?;
+            document::record_access(id.as_str(), &mut body, &access)?;
+            let rev = self
+                .backend
+                .put(
+                    id.as_str(),
+                    &body,
+                    Precondition::MatchRevision(existing.rev),
+                )
+                .await?;
+            Ok(Some(StoredDocument {
+                id: id.as_str().to_owned(),
+                rev,
+                body,
+            }))
+        })
+        .await
+    }
+
+    /// Whether the document exists. Not counted as an access.
+    pub async fn exists(&self, user_id: &str, namespace: &str, key: &str) -> Result<bool> {
+        let id = self.id(user_id, namespace, key)?;
+        Ok(self.backend.get(id.as_str()).await?.is_some())
+    }
+
+    /// Deletes the document; `false` when there was none.
+    pub async fn delete(&self, user_id: &str, namespace: &str, key: &str) -> Result<bool> {
+        let id = self.id(user_id, namespace, key)?;
+        match self.backend.get(id.as_str()).await? {
+            None => Ok(false),
+            Some(doc) => self.delete_document(doc).await,
+        }
+    }
+
+    /// Deletes one document, following its revision if it changes under us.
+    async fn delete_document(&self, doc: StoredDocument) -> Result<bool> {
+        let mut rev = doc.rev;
+        for _ in 0..=self.options.max_conflict_retries {
+            match self.backend.delete(&doc.id, &rev).await {
+                Ok(()) => return Ok(true),
+                Err(e) if e.is_not_found() => return Ok(false),
+                Err(e) if e.is_conflict() => match self.backend.get(&doc.id).await? {
+                    None => return Ok(false),
+                    Some(current) => rev = current.rev,
+                },
+                Err(e) => return Err(e),
+            }
+        }
+        Err(Error::conflict(format!(
+            "document {:?} kept changing while being deleted",
+            doc.id
+        )))
+    }
+
+    /// Calls `each_page` with every page of `query`'s results, following page tokens to the end.
+    async fn for_each_page(
+        &self,
+        query: &Query,
+        mut each_page: impl FnMut(Vec<StoredDocument>) -> Result<()>,
+    ) -> Result<()> {
+        let mut token: Option<String> = None;
+        loop {
+            let page = self
+                .backend
+                .query(query, self.options.page_size, token.as_deref())
+                .await?;
+            each_page(page.items)?;
+            match page.next {
+                None => return Ok(()),
+                Some(next) if token.as_deref() == Some(next.as_str()) => {
+                    return Err(Error::new(
+                        ErrorKind::Internal,
+                        "backend returned the same page token twice",
+                    ));
+                }
+                Some(next) => token = Some(next),
+            }
+        }
+    }
+
+    fn query(
+        &self,
+        user_id: &str,
+        namespace: Option<&str>,
+        projection: Projection,
+    ) -> Result<Query> {
+        self.options.limits.check_user_id(user_id)?;
+        if let Some(namespace) = namespace {
+            self.options.limits.check_namespace(namespace)?;
+        }
+        Ok(Query {
+            user_id: user_id.to_owned(),
+            namespace: namespace.map(str::to_owned),
+            projection,
+        })
+    }
+
+    /// The keys in a namespace, sorted.
+    pub async fn list_keys(&self, user_id: &str, namespace: &str) -> Result<Vec<String>> {
+        let query = self.query(
+            user_id,
+            Some(namespace),
+            Projection::Fields(vec![fields::KEY]),
+        )?;
+        let mut keys = Vec::new();
+        self.for_each_page(&query, |docs| {
+            for doc in docs {
+                keys.push(document::key_of(&doc.id, &doc.body)?);
+            }
+            Ok(())
+        })
+        .await?;
+        keys.sort_unstable();
+        Ok(keys)
+    }
+
+    /// The user's namespaces, distinct and sorted.
+    pub async fn list_namespaces(&self, user_id: &str) -> Result<Vec<String>> {
+        let query = self.query(user_id, None, Projection::Fields(vec![fields::NAMESPACE]))?;
+        let mut namespaces = BTreeSet::new();
+        self.for_each_page(&query, |docs| {
+            for doc in docs {
+                namespaces.insert(document::namespace_of(&doc.id, &doc.body)?);
+            }
+            Ok(())
+        })
+        .await?;
+        Ok(namespaces.into_iter().collect())
+    }
+
+    /// Every key → value of a namespace, ordered by key. Not counted as accesses.
+    pub async fn get_all(&self, user_id: &str, namespace: &str) -> Result<Map<String, Value>> {
+        let query = self.query(user_id, Some(namespace), Projection::All)?;
+        let mut entries = Vec::new();
+        self.for_each_page(&query, |docs| {
+            for mut doc in docs {
+                let key = document::key_of(&doc.id, &doc.body)?;
+                let value = doc.body.remove(fields::VALUE).unwrap_or(Value::Null);
+                entries.push((key, value));
+            }
+            Ok(())
+        })
+        .await?;
+        entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        Ok(entries.into_iter().collect())
+    }
+
+    /// Deletes every document of a namespace; returns how many were deleted.
+    pub async fn delete_namespace(&self, user_id: &str, namespace: &str) -> Result<u64> {
+        let query = self.query(user_id, Some(namespace), Projection::Fields(vec![]))?;
+        self.delete_matching(&query).await
+    }
+
+    /// Deletes everything a user owns (an erasure request); returns how many documents.
+    pub async fn purge_user(&self, user_id: &str) -> Result<u64> {
+        let query = self.query(user_id, None, Projection::Fields(vec![]))?;
+        self.delete_matching(&query).await
+    }
+
+    /// Deletes page by page, then passes again until a pass finds nothing left to delete, so
+    /// documents written while the first pass ran are caught too.
+    async fn delete_matching(&self, query: &Query) -> Result<u64> {
+        let mut total = 0;
+        loop {
+            let mut pass = 0;
+            let mut token: Option<String> = None;
+            loop {
+                let page = self
+                    .backend
+                    .query(query, self.options.page_size, token.as_deref())
+                    .await?;
+                let deleted: Vec<bool> = futures::stream::iter(page.items)
+                    .map(|doc| self.delete_document(doc))
+                    .buffer_unordered(DELETE_CONCURRENCY)
+                    .try_collect()
+                    .await?;
+                pass += deleted.into_iter().filter(|d| *d).count() as u64;
+                match page.next {
+                    Some(next) => token = Some(next),
+                    None => break,
+                }
+            }
+            total += pass;
+            if pass == 0 {
+                return Ok(total);
+            }
+        }
+    }
+}
