@@ -63,17 +63,9 @@ pub enum Command {
         agent: Option<String>,
     },
     /// Delete a document
-    Delete {
-        user: String,
-        namespace: String,
-        key: String,
-    },
+    Delete { user: String, namespace: String, key: String },
     /// Print whether a document exists (true/false; exit status 0 either way)
-    Exists {
-        user: String,
-        namespace: String,
-        key: String,
-    },
+    Exists { user: String, namespace: String, key: String },
     /// Print a namespace's keys (a JSON array, sorted)
     Keys { user: String, namespace: String },
     /// Print a user's namespaces (a JSON array, sorted)
@@ -88,11 +80,7 @@ pub enum Command {
 
 impl Cli {
     pub fn overrides(&self) -> Overrides {
-        Overrides {
-            backend: self.backend.clone(),
-            max_value_bytes: self.max_value_bytes,
-            log_format: self.log_format,
-        }
+        Overrides { backend: self.backend.clone(), max_value_bytes: self.max_value_bytes, log_format: self.log_format }
     }
 }
 
@@ -118,55 +106,30 @@ pub async fn run(cli: Cli, settings: Settings) -> Result<()> {
 
 async fn execute(store: &DataStore, command: Command, max_value_bytes: usize) -> Result<Value> {
     Ok(match command {
-        Command::Set {
-            user,
-            namespace,
-            key,
-            value_json,
-            metadata,
-            agent,
-        } => {
+        Command::Set { user, namespace, key, value_json, metadata, agent } => {
             let value = if value_json == "-" {
                 parse_json("value", &read_stdin(max_value_bytes)?)?
             } else {
                 parse_json("value", &value_json)?
             };
             let metadata = metadata.map(|m| parse_json("metadata", &m)).transpose()?;
-            store
-                .set(&user, &namespace, &key, value, metadata, agent.as_deref())
-                .await?
-                .to_json()
+            store.set(&user, &namespace, &key, value, metadata, agent.as_deref()).await?.to_json()
         }
-        Command::Get {
-            user,
-            namespace,
-            key,
-            agent,
-        } => store
+        Command::Get { user, namespace, key, agent } => store
             .get(&user, &namespace, &key, agent.as_deref())
             .await?
             .ok_or_else(|| not_found(&user, &namespace, &key))?
             .to_json(),
-        Command::Delete {
-            user,
-            namespace,
-            key,
-        } => {
+        Command::Delete { user, namespace, key } => {
             if !store.delete(&user, &namespace, &key).await? {
                 return Err(not_found(&user, &namespace, &key));
             }
             serde_json::json!({ "deleted": true })
         }
-        Command::Exists {
-            user,
-            namespace,
-            key,
-        } => Value::Bool(store.exists(&user, &namespace, &key).await?),
+        Command::Exists { user, namespace, key } => Value::Bool(store.exists(&user, &namespace, &key).await?),
         Command::Keys { user, namespace } => store.list_keys(&user, &namespace).await?.into(),
         Command::Namespaces { user } => store.list_namespaces(&user).await?.into(),
-        Command::GetAll { user, namespace } => {
-            Value::Object(store.get_all(&user, &namespace).await?)
-        }
+        Command::GetAll { user, namespace } => Value::Object(store.get_all(&user, &namespace).await?),
         Command::DeleteNamespace { user, namespace } => {
             serde_json::json!({ "deleted": store.delete_namespace(&user, &namespace).await? })
         }
@@ -177,9 +140,7 @@ async fn execute(store: &DataStore, command: Command, max_value_bytes: usize) ->
 }
 
 fn not_found(user: &str, namespace: &str, key: &str) -> Error {
-    Error::not_found(format!(
-        "no document for user {user:?}, namespace {namespace:?}, key {key:?}"
-    ))
+    Error::not_found(format!("no document for user {user:?}, namespace {namespace:?}, key {key:?}"))
 }
 
 fn parse_json(field: &str, text: &str) -> Result<Value> {
@@ -200,7 +161,9 @@ fn read_stdin(max_value_bytes: usize) -> Result<String> {
     if text.len() > cap {
         return Err(Error::new(
             ErrorKind::TooLarge,
-            format!("value on standard input is over {cap} bytes; the maximum value is {max_value_bytes} bytes of JSON"),
+            format!(
+                "value on standard input is over {cap} bytes; the maximum value is {max_value_bytes} bytes of JSON"
+            ),
         ));
     }
     Ok(text)

@@ -52,46 +52,30 @@ impl Settings {
     /// Loads the layers. `file` must exist when given; otherwise `agentstore.toml` is read if it
     /// is in the working directory.
     pub fn load(file: Option<&Path>, overrides: &Overrides) -> Result<Self> {
-        let bad = |e: config::ConfigError| {
-            Error::new(ErrorKind::InvalidInput, format!("configuration: {e}"))
-        };
+        let bad = |e: config::ConfigError| Error::new(ErrorKind::InvalidInput, format!("configuration: {e}"));
         let mut builder = config::Config::builder()
             .set_default("backend", DEFAULT_BACKEND_URL)
             .and_then(|b| b.set_default("max_value_bytes", DEFAULT_MAX_VALUE_BYTES as u64))
             .and_then(|b| b.set_default("track_reads", true))
-            .and_then(|b| {
-                b.set_default(
-                    "max_conflict_retries",
-                    StoreOptions::default().max_conflict_retries as u64,
-                )
-            })
+            .and_then(|b| b.set_default("max_conflict_retries", StoreOptions::default().max_conflict_retries as u64))
             .and_then(|b| b.set_default("page_size", StoreOptions::default().page_size as u64))
             .and_then(|b| b.set_default("log_format", "text"))
             .map_err(bad)?;
         builder = match file {
             Some(path) => {
                 if !path.exists() {
-                    return Err(Error::invalid(
-                        "config",
-                        format!("file {} does not exist", path.display()),
-                    ));
+                    return Err(Error::invalid("config", format!("file {} does not exist", path.display())));
                 }
                 builder.add_source(config::File::from(path.to_path_buf()))
             }
-            None => builder
-                .add_source(config::File::from(PathBuf::from(DEFAULT_CONFIG_FILE)).required(false)),
+            None => builder.add_source(config::File::from(PathBuf::from(DEFAULT_CONFIG_FILE)).required(false)),
         };
-        builder =
-            builder.add_source(config::Environment::with_prefix("AGENTSTORE").try_parsing(true));
+        builder = builder.add_source(config::Environment::with_prefix("AGENTSTORE").try_parsing(true));
         if let Some(backend) = &overrides.backend {
-            builder = builder
-                .set_override("backend", backend.as_str())
-                .map_err(bad)?;
+            builder = builder.set_override("backend", backend.as_str()).map_err(bad)?;
         }
         if let Some(max) = overrides.max_value_bytes {
-            builder = builder
-                .set_override("max_value_bytes", max as u64)
-                .map_err(bad)?;
+            builder = builder.set_override("max_value_bytes", max as u64).map_err(bad)?;
         }
         if let Some(format) = overrides.log_format {
             let name = match format {
@@ -100,10 +84,7 @@ impl Settings {
             };
             builder = builder.set_override("log_format", name).map_err(bad)?;
         }
-        let settings: Settings = builder
-            .build()
-            .and_then(|c| c.try_deserialize())
-            .map_err(bad)?;
+        let settings: Settings = builder.build().and_then(|c| c.try_deserialize()).map_err(bad)?;
         if settings.page_size == 0 {
             return Err(Error::invalid("page_size", "must be at least 1"));
         }
@@ -116,9 +97,7 @@ impl Settings {
     /// The facade's options these settings describe.
     pub fn store_options(&self) -> StoreOptions {
         StoreOptions {
-            limits: Limits {
-                max_value_bytes: self.max_value_bytes,
-            },
+            limits: Limits { max_value_bytes: self.max_value_bytes },
             track_reads: self.track_reads,
             max_conflict_retries: self.max_conflict_retries,
             page_size: self.page_size,

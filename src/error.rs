@@ -68,11 +68,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        Error {
-            kind,
-            message: message.into(),
-            source: None,
-        }
+        Error { kind, message: message.into(), source: None }
     }
 
     /// Attaches the underlying error, kept for logs and `Error::source`.
@@ -83,10 +79,7 @@ impl Error {
 
     /// An invalid-input error about one named field.
     pub fn invalid(field: &str, problem: impl fmt::Display) -> Self {
-        Error::new(
-            ErrorKind::InvalidInput,
-            format!("invalid {field}: {problem}"),
-        )
+        Error::new(ErrorKind::InvalidInput, format!("invalid {field}: {problem}"))
     }
 
     pub fn not_found(message: impl Into<String>) -> Self {
@@ -126,8 +119,6 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.source
-            .as_deref()
-            .map(|s| s as &(dyn std::error::Error + 'static))
+        self.source.as_deref().map(|s| s as &(dyn std::error::Error + 'static))
     }
 }

@@ -40,12 +40,7 @@ pub struct StoreOptions {
 
 impl Default for StoreOptions {
     fn default() -> Self {
-        StoreOptions {
-            limits: Limits::default(),
-            track_reads: true,
-            max_conflict_retries: 100,
-            page_size: 1000,
-        }
+        StoreOptions { limits: Limits::default(), track_reads: true, max_conflict_retries: 100, page_size: 1000 }
     }
 }
 
@@ -60,11 +55,7 @@ impl DataStore {
     /// Wraps `backend` and ensures its standard indexes (the startup step of the spec).
     pub async fn open(backend: Arc<dyn DocumentBackend>, options: StoreOptions) -> Result<Self> {
         backend.ensure_standard_indexes().await?;
-        Ok(DataStore {
-            backend,
-            options,
-            ensured_namespaces: Mutex::new(HashMap::new()),
-        })
+        Ok(DataStore { backend, options, ensured_namespaces: Mutex::new(HashMap::new()) })
     }
 
     pub fn backend(&self) -> &Arc<dyn DocumentBackend> {
@@ -83,10 +74,7 @@ impl DataStore {
         if let Some(agent) = agent {
             self.options.limits.check_agent(agent)?;
         }
-        Ok(Access {
-            agent,
-            at: timestamp::now(),
-        })
+        Ok(Access { agent, at: timestamp::now() })
     }
 
     fn retry_policy(&self) -> ExponentialBuilder {
@@ -103,40 +91,30 @@ impl DataStore {
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T>>,
     {
-        attempt
-            .retry(self.retry_policy())
-            .sleep(tokio::time::sleep)
-            .when(Error::is_conflict)
-            .await
-            .map_err(|e| {
-                if e.is_conflict() {
-                    Error::conflict(format!(
-                        "document {id} kept changing under concurrent writers; gave up after {} retries",
-                        self.options.max_conflict_retries
-                    ))
-                    .with_source(e)
-                } else {
-                    e
-                }
-            })
+        attempt.retry(self.retry_policy()).sleep(tokio::time::sleep).when(Error::is_conflict).await.map_err(|e| {
+            if e.is_conflict() {
+                Error::conflict(format!(
+                    "document {id} kept changing under concurrent writers; gave up after {} retries",
+                    self.options.max_conflict_retries
+                ))
+                .with_source(e)
+            } else {
+                e
+            }
+        })
     }
 
     /// Ensures the backend's index covers `namespace`, once per namespace per process; concurrent
     /// first writes to one namespace share one call.
     async fn ensure_namespace(&self, namespace: &str) -> Result<()> {
         let cell = {
-            let mut ensured = self
-                .ensured_namespaces
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
+            let mut ensured = self.ensured_namespaces.lock().unwrap_or_else(|e| e.into_inner());
             if ensured.len() >= ENSURED_NAMESPACES_CAP && !ensured.contains_key(namespace) {
                 ensured.clear();
             }
             Arc::clone(ensured.entry(namespace.to_owned()).or_default())
         };
-        cell.get_or_try_init(|| self.backend.ensure_namespace_indexed(namespace))
-            .await
-            .map(|_| ())
+        cell.get_or_try_init(|| self.backend.ensure_namespace_indexed(namespace)).await.map(|_| ())
     }
 
     /// Creates or updates a document: `value` replaced, `metadata` merged shallowly into what is
@@ -167,28 +145,15 @@ impl DataStore {
         self.retry_conflicts(&id, || async {
             let access = self.access(agent)?;
             let (body, precondition) = match self.backend.get(id.as_str()).await? {
-                None => (
-                    document::new_body(&id, value.clone(), metadata.clone(), &access),
-                    Precondition::MustNotExist,
-                ),
+                None => (document::new_body(&id, value.clone(), metadata.clone(), &access), Precondition::MustNotExist),
                 Some(existing) => {
                     let mut body = existing.body;
-                    document::apply_update(
-                        &id,
-                        &mut body,
-                        value.clone(),
-                        metadata.clone(),
-                        &access,
-                    )?;
+                    document::apply_update(&id, &mut body, value.clone(), metadata.clone(), &access)?;
                     (body, Precondition::MatchRevision(existing.rev))
                 }
             };
             let rev = self.backend.put(id.as_str(), &body, precondition).await?;
-            Ok(StoredDocument {
-                id: id.as_str().to_owned(),
-                rev,
-                body,
-            })
+            Ok(StoredDocument { id: id.as_str().to_owned(), rev, body })
         })
         .await
     }
@@ -214,19 +179,8 @@ impl DataStore {
             let mut body = existing.body;
             let access = self.access(agent)?;
             document::record_access(id.as_str(), &mut body, &access)?;
-            let rev = self
-                .backend
-                .put(
-                    id.as_str(),
-                    &body,
-                    Precondition::MatchRevision(existing.rev),
-                )
-                .await?;
-            Ok(Some(StoredDocument {
-                id: id.as_str().to_owned(),
-                rev,
-                body,
-            }))
+            let rev = self.backend.put(id.as_str(), &body, Precondition::MatchRevision(existing.rev)).await?;
+            Ok(Some(StoredDocument { id: id.as_str().to_owned(), rev, body }))
         })
         .await
     }
@@ -260,10 +214,7 @@ impl DataStore {
                 Err(e) => return Err(e),
             }
         }
-        Err(Error::conflict(format!(
-            "document {:?} kept changing while being deleted",
-            doc.id
-        )))
+        Err(Error::conflict(format!("document {:?} kept changing while being deleted", doc.id)))
     }
 
     /// Calls `each_page` with every page of `query`'s results, following page tokens to the end.
@@ -274,48 +225,29 @@ impl DataStore {
     ) -> Result<()> {
         let mut token: Option<String> = None;
         loop {
-            let page = self
-                .backend
-                .query(query, self.options.page_size, token.as_deref())
-                .await?;
+            let page = self.backend.query(query, self.options.page_size, token.as_deref()).await?;
             each_page(page.items)?;
             match page.next {
                 None => return Ok(()),
                 Some(next) if token.as_deref() == Some(next.as_str()) => {
-                    return Err(Error::new(
-                        ErrorKind::Internal,
-                        "backend returned the same page token twice",
-                    ));
+                    return Err(Error::new(ErrorKind::Internal, "backend returned the same page token twice"));
                 }
                 Some(next) => token = Some(next),
             }
         }
     }
 
-    fn query(
-        &self,
-        user_id: &str,
-        namespace: Option<&str>,
-        projection: Projection,
-    ) -> Result<Query> {
+    fn query(&self, user_id: &str, namespace: Option<&str>, projection: Projection) -> Result<Query> {
         self.options.limits.check_user_id(user_id)?;
         if let Some(namespace) = namespace {
             self.options.limits.check_namespace(namespace)?;
         }
-        Ok(Query {
-            user_id: user_id.to_owned(),
-            namespace: namespace.map(str::to_owned),
-            projection,
-        })
+        Ok(Query { user_id: user_id.to_owned(), namespace: namespace.map(str::to_owned), projection })
     }
 
     /// The keys in a namespace, sorted.
     pub async fn list_keys(&self, user_id: &str, namespace: &str) -> Result<Vec<String>> {
-        let query = self.query(
-            user_id,
-            Some(namespace),
-            Projection::Fields(vec![fields::KEY]),
-        )?;
+        let query = self.query(user_id, Some(namespace), Projection::Fields(vec![fields::KEY]))?;
         let mut keys = Vec::new();
         self.for_each_page(&query, |docs| {
             for doc in docs {
@@ -379,10 +311,7 @@ impl DataStore {
             let mut pass = 0;
             let mut token: Option<String> = None;
             loop {
-                let page = self
-                    .backend
-                    .query(query, self.options.page_size, token.as_deref())
-                    .await?;
+                let page = self.backend.query(query, self.options.page_size, token.as_deref()).await?;
                 let deleted: Vec<bool> = futures::stream::iter(page.items)
                     .map(|doc| self.delete_document(doc))
                     .buffer_unordered(DELETE_CONCURRENCY)

@@ -105,24 +105,14 @@ pub trait DocumentBackend: Send + Sync + 'static {
     async fn get(&self, id: &str) -> Result<Option<StoredDocument>>;
 
     /// Writes `body` under `id` if `precondition` holds; returns the new revision.
-    async fn put(
-        &self,
-        id: &str,
-        body: &Map<String, Value>,
-        precondition: Precondition,
-    ) -> Result<Revision>;
+    async fn put(&self, id: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Revision>;
 
     /// Deletes the document if its revision is still `rev`.
     async fn delete(&self, id: &str, rev: &Revision) -> Result<()>;
 
     /// One page (at most `limit` documents) of the documents matching `query`. Pass the previous
     /// page's `next` as `page_token` to continue. Order is unspecified.
-    async fn query(
-        &self,
-        query: &Query,
-        limit: usize,
-        page_token: Option<&str>,
-    ) -> Result<Page<StoredDocument>>;
+    async fn query(&self, query: &Query, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>>;
 
     /// Ensures the indexes the queries need exist (run at startup). Idempotent.
     async fn ensure_standard_indexes(&self) -> Result<()>;

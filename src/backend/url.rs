@@ -23,10 +23,7 @@ impl FromStr for BackendUrl {
 
     fn from_str(text: &str) -> Result<Self> {
         let (scheme, rest) = text.split_once(':').ok_or_else(|| {
-            Error::invalid(
-                "backend",
-                format!("{text:?} is not a backend URL; expected e.g. {DEFAULT_BACKEND_URL}"),
-            )
+            Error::invalid("backend", format!("{text:?} is not a backend URL; expected e.g. {DEFAULT_BACKEND_URL}"))
         })?;
         match scheme {
             "embedded" => {
@@ -38,9 +35,7 @@ impl FromStr for BackendUrl {
                         "embedded: needs a file path, e.g. embedded:./data/agentstore.redb",
                     ));
                 }
-                Ok(BackendUrl::Embedded {
-                    path: PathBuf::from(path),
-                })
+                Ok(BackendUrl::Embedded { path: PathBuf::from(path) })
             }
             other => Err(Error::invalid(
                 "backend",
@@ -65,20 +60,10 @@ mod tests {
     #[test]
     fn parses_embedded() {
         let url: BackendUrl = DEFAULT_BACKEND_URL.parse().unwrap();
-        assert_eq!(
-            url,
-            BackendUrl::Embedded {
-                path: "./data/agentstore.redb".into()
-            }
-        );
+        assert_eq!(url, BackendUrl::Embedded { path: "./data/agentstore.redb".into() });
         assert_eq!(url.to_string(), DEFAULT_BACKEND_URL);
         let url: BackendUrl = "embedded:///var/lib/a.redb".parse().unwrap();
-        assert_eq!(
-            url,
-            BackendUrl::Embedded {
-                path: "/var/lib/a.redb".into()
-            }
-        );
+        assert_eq!(url, BackendUrl::Embedded { path: "/var/lib/a.redb".into() });
     }
 
     #[test]

@@ -71,11 +71,9 @@ pub fn apply_update(
     metadata: Option<Map<String, Value>>,
     access: &Access,
 ) -> Result<()> {
-    for (field, expected) in [
-        (fields::USER_ID, id.user_id()),
-        (fields::NAMESPACE, id.namespace()),
-        (fields::KEY, id.key()),
-    ] {
+    for (field, expected) in
+        [(fields::USER_ID, id.user_id()), (fields::NAMESPACE, id.namespace()), (fields::KEY, id.key())]
+    {
         body.entry(field).or_insert_with(|| expected.into());
     }
     body.insert(fields::VALUE.into(), value);
@@ -94,8 +92,7 @@ pub fn apply_update(
             }
         }
     }
-    body.entry(fields::CREATED_AT)
-        .or_insert_with(|| access.at.clone().into());
+    body.entry(fields::CREATED_AT).or_insert_with(|| access.at.clone().into());
     body.insert(fields::UPDATED_AT.into(), access.at.clone().into());
     record_access(id.as_str(), body, access)
 }
@@ -116,9 +113,9 @@ pub fn record_access(id: &str, body: &mut Map<String, Value>, access: &Access) -
 pub fn access_count(id: &str, body: &Map<String, Value>) -> Result<u64> {
     match body.get(fields::ACCESS_COUNT) {
         None | Some(Value::Null) => Ok(0),
-        Some(Value::Number(n)) => n
-            .as_u64()
-            .ok_or_else(|| corrupt(id, fields::ACCESS_COUNT, "is not a non-negative integer")),
+        Some(Value::Number(n)) => {
+            n.as_u64().ok_or_else(|| corrupt(id, fields::ACCESS_COUNT, "is not a non-negative integer"))
+        }
         Some(_) => Err(corrupt(id, fields::ACCESS_COUNT, "is not a number")),
     }
 }
@@ -141,10 +138,7 @@ pub fn namespace_of(id: &str, body: &Map<String, Value>) -> Result<String> {
 }
 
 fn corrupt(id: &str, field: &str, problem: &str) -> Error {
-    Error::new(
-        ErrorKind::Corrupt,
-        format!("document {id:?}: field {field} {problem}"),
-    )
+    Error::new(ErrorKind::Corrupt, format!("document {id:?}: field {field} {problem}"))
 }
 
 #[cfg(test)]
@@ -160,10 +154,7 @@ mod tests {
     #[test]
     fn new_body_has_the_spec_fields_in_order() {
         let id = DocumentId::new("user_123", "default", "greeting", &Limits::default()).unwrap();
-        let access = Access {
-            agent: Some("hello-agent"),
-            at: "2026-02-05T10:00:00Z".into(),
-        };
+        let access = Access { agent: Some("hello-agent"), at: "2026-02-05T10:00:00Z".into() };
         let body = new_body(&id, json!("Hello, World!"), None, &access);
         let names: Vec<&str> = body.keys().map(String::as_str).collect();
         assert_eq!(
@@ -187,28 +178,16 @@ mod tests {
     #[test]
     fn metadata_merges_as_the_spec_example() {
         let id = DocumentId::new("u", "ns", "k", &Limits::default()).unwrap();
-        let access = Access {
-            agent: None,
-            at: "2026-02-06T00:00:00Z".into(),
-        };
+        let access = Access { agent: None, at: "2026-02-06T00:00:00Z".into() };
         let mut body = obj(json!({
             "userId": "u", "namespace": "ns", "key": "k", "value": 1,
             "metadata": {"version": "1.0", "author": "alice"},
             "accessCount": 4, "createdAt": "2026-02-01T00:00:00Z", "updatedAt": "2026-02-01T00:00:00Z",
             "foreignField": {"kept": true}
         }));
-        apply_update(
-            &id,
-            &mut body,
-            json!(2),
-            Some(obj(json!({"version": "2.0", "reviewer": "bob"}))),
-            &access,
-        )
-        .unwrap();
-        assert_eq!(
-            body["metadata"],
-            json!({"version": "2.0", "author": "alice", "reviewer": "bob"})
-        );
+        apply_update(&id, &mut body, json!(2), Some(obj(json!({"version": "2.0", "reviewer": "bob"}))), &access)
+            .unwrap();
+        assert_eq!(body["metadata"], json!({"version": "2.0", "author": "alice", "reviewer": "bob"}));
         assert_eq!(body["value"], json!(2));
         assert_eq!(body["accessCount"], json!(5));
         assert_eq!(body["createdAt"], json!("2026-02-01T00:00:00Z"));
@@ -219,20 +198,11 @@ mod tests {
 
     #[test]
     fn corrupt_fields_are_reported_not_overwritten() {
-        let access = Access {
-            agent: None,
-            at: "2026-02-06T00:00:00Z".into(),
-        };
+        let access = Access { agent: None, at: "2026-02-06T00:00:00Z".into() };
         let mut body = obj(json!({"accessCount": "five"}));
-        assert_eq!(
-            record_access("x", &mut body, &access).unwrap_err().kind(),
-            ErrorKind::Corrupt
-        );
+        assert_eq!(record_access("x", &mut body, &access).unwrap_err().kind(), ErrorKind::Corrupt);
         let mut body = obj(json!({"accessCount": -1}));
-        assert_eq!(
-            record_access("x", &mut body, &access).unwrap_err().kind(),
-            ErrorKind::Corrupt
-        );
+        assert_eq!(record_access("x", &mut body, &access).unwrap_err().kind(), ErrorKind::Corrupt);
         let id = DocumentId::new("u", "ns", "k", &Limits::default()).unwrap();
         let mut body = obj(json!({"metadata": [1]}));
         let err = apply_update(&id, &mut body, json!(1), Some(Map::new()), &access).unwrap_err();
@@ -242,13 +212,7 @@ mod tests {
     #[test]
     fn key_and_namespace_fall_back_to_the_id() {
         let body = Map::new();
-        assert_eq!(
-            key_of("u:files:repo:c3JjL21haW4ucHk=", &body).unwrap(),
-            "src/main.py"
-        );
-        assert_eq!(
-            namespace_of("u:files:repo:c3JjL21haW4ucHk=", &body).unwrap(),
-            "files:repo"
-        );
+        assert_eq!(key_of("u:files:repo:c3JjL21haW4ucHk=", &body).unwrap(), "src/main.py");
+        assert_eq!(namespace_of("u:files:repo:c3JjL21haW4ucHk=", &body).unwrap(), "files:repo");
     }
 }

@@ -38,25 +38,14 @@ impl DocumentId {
     /// Splits a stored `_id` back into its parts. Accepts IDs written by other systems as long as
     /// they follow the scheme; the key part must be valid base64url of UTF-8 text.
     pub fn parse(id: &str) -> Result<Self> {
-        let corrupt =
-            |why: &str| Error::new(ErrorKind::Corrupt, format!("document id {id:?} {why}"));
-        let (user_id, rest) = id
-            .split_once(':')
-            .ok_or_else(|| corrupt("has no ':' separators"))?;
-        let (namespace, key_b64) = rest
-            .rsplit_once(':')
-            .ok_or_else(|| corrupt("has no namespace part"))?;
+        let corrupt = |why: &str| Error::new(ErrorKind::Corrupt, format!("document id {id:?} {why}"));
+        let (user_id, rest) = id.split_once(':').ok_or_else(|| corrupt("has no ':' separators"))?;
+        let (namespace, key_b64) = rest.rsplit_once(':').ok_or_else(|| corrupt("has no namespace part"))?;
         if user_id.is_empty() || namespace.is_empty() || key_b64.is_empty() {
             return Err(corrupt("has an empty user, namespace or key part"));
         }
-        let key = decode_key(key_b64)
-            .ok_or_else(|| corrupt("has a key part that is not base64url of UTF-8 text"))?;
-        Ok(DocumentId {
-            id: id.to_owned(),
-            user_id: user_id.to_owned(),
-            namespace: namespace.to_owned(),
-            key,
-        })
+        let key = decode_key(key_b64).ok_or_else(|| corrupt("has a key part that is not base64url of UTF-8 text"))?;
+        Ok(DocumentId { id: id.to_owned(), user_id: user_id.to_owned(), namespace: namespace.to_owned(), key })
     }
 
     pub fn as_str(&self) -> &str {
@@ -91,9 +80,7 @@ pub fn encode_key(key: &str) -> String {
 /// the padding; anything that is not base64url of UTF-8 gives `None`.
 pub fn decode_key(encoded: &str) -> Option<String> {
     let trimmed = encoded.trim_end_matches('=');
-    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .decode(trimmed)
-        .ok()?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(trimmed).ok()?;
     String::from_utf8(bytes).ok()
 }
 
@@ -102,31 +89,16 @@ mod tests {
     use super::*;
 
     fn id(user: &str, ns: &str, key: &str) -> String {
-        DocumentId::new(user, ns, key, &Limits::default())
-            .unwrap()
-            .as_str()
-            .to_owned()
+        DocumentId::new(user, ns, key, &Limits::default()).unwrap().as_str().to_owned()
     }
 
     #[test]
     fn spec_examples_produce_their_ids() {
         // The example documents of data-store-schema.current.txt.
-        assert_eq!(
-            id("user_123", "default", "greeting"),
-            "user_123:default:Z3JlZXRpbmc="
-        );
-        assert_eq!(
-            id("user_123", "files:my-repo", "src/main.py"),
-            "user_123:files:my-repo:c3JjL21haW4ucHk="
-        );
-        assert_eq!(
-            id("user_123", "cache:github", "repos"),
-            "user_123:cache:github:cmVwb3M="
-        );
-        assert_eq!(
-            id("user_123", "default", "my-key"),
-            "user_123:default:bXkta2V5"
-        );
+        assert_eq!(id("user_123", "default", "greeting"), "user_123:default:Z3JlZXRpbmc=");
+        assert_eq!(id("user_123", "files:my-repo", "src/main.py"), "user_123:files:my-repo:c3JjL21haW4ucHk=");
+        assert_eq!(id("user_123", "cache:github", "repos"), "user_123:cache:github:cmVwb3M=");
+        assert_eq!(id("user_123", "default", "my-key"), "user_123:default:bXkta2V5");
         assert_eq!(
             id("user_google_123456789", "files:my-repo", "src/main.py"),
             "user_google_123456789:files:my-repo:c3JjL21haW4ucHk="
@@ -161,15 +133,7 @@ mod tests {
     fn parse_accepts_unpadded_keys_and_rejects_garbage() {
         assert_eq!(DocumentId::parse("u:ns:YQ").unwrap().key(), "a");
         assert_eq!(DocumentId::parse("u:ns:YQ==").unwrap().key(), "a");
-        for bad in [
-            "nocolon",
-            "u:only",
-            "u::YQ==",
-            ":ns:YQ==",
-            "u:ns:",
-            "u:ns:!!!",
-            "u:ns:_w==",
-        ] {
+        for bad in ["nocolon", "u:only", "u::YQ==", ":ns:YQ==", "u:ns:", "u:ns:!!!", "u:ns:_w=="] {
             let err = DocumentId::parse(bad).unwrap_err();
             assert_eq!(err.kind(), ErrorKind::Corrupt, "{bad}");
         }

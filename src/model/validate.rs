@@ -28,9 +28,7 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits {
-            max_value_bytes: DEFAULT_MAX_VALUE_BYTES,
-        }
+        Limits { max_value_bytes: DEFAULT_MAX_VALUE_BYTES }
     }
 }
 
@@ -40,10 +38,7 @@ impl Limits {
     pub fn check_user_id(&self, user_id: &str) -> Result<()> {
         check_name("user_id", user_id, MAX_USER_ID_BYTES)?;
         if user_id.contains(':') {
-            return Err(Error::invalid(
-                "user_id",
-                "must not contain ':' (it separates the parts of a document id)",
-            ));
+            return Err(Error::invalid("user_id", "must not contain ':' (it separates the parts of a document id)"));
         }
         if user_id.starts_with('_') {
             return Err(Error::invalid(
@@ -67,10 +62,7 @@ impl Limits {
         if key.len() > MAX_KEY_BYTES {
             return Err(Error::invalid(
                 "key",
-                format!(
-                    "is {} bytes long; the limit is {MAX_KEY_BYTES} bytes",
-                    key.len()
-                ),
+                format!("is {} bytes long; the limit is {MAX_KEY_BYTES} bytes", key.len()),
             ));
         }
         Ok(())
@@ -87,10 +79,7 @@ impl Limits {
         if size > self.max_value_bytes {
             return Err(Error::new(
                 ErrorKind::TooLarge,
-                format!(
-                    "value is {size} bytes of JSON; the maximum is {} bytes",
-                    self.max_value_bytes
-                ),
+                format!("value is {size} bytes of JSON; the maximum is {} bytes", self.max_value_bytes),
             ));
         }
         Ok(())
@@ -105,10 +94,7 @@ impl Limits {
         if size > self.max_value_bytes {
             return Err(Error::new(
                 ErrorKind::TooLarge,
-                format!(
-                    "metadata is {size} bytes of JSON; the maximum is {} bytes",
-                    self.max_value_bytes
-                ),
+                format!("metadata is {size} bytes of JSON; the maximum is {} bytes", self.max_value_bytes),
             ));
         }
         Ok(())
@@ -120,22 +106,10 @@ fn check_name(field: &str, text: &str, max_bytes: usize) -> Result<()> {
         return Err(Error::invalid(field, "must not be empty"));
     }
     if text.len() > max_bytes {
-        return Err(Error::invalid(
-            field,
-            format!(
-                "is {} bytes long; the limit is {max_bytes} bytes",
-                text.len()
-            ),
-        ));
+        return Err(Error::invalid(field, format!("is {} bytes long; the limit is {max_bytes} bytes", text.len())));
     }
     if let Some(c) = text.chars().find(|c| c.is_control()) {
-        return Err(Error::invalid(
-            field,
-            format!(
-                "must not contain control characters (found U+{:04X})",
-                c as u32
-            ),
-        ));
+        return Err(Error::invalid(field, format!("must not contain control characters (found U+{:04X})", c as u32)));
     }
     Ok(())
 }
@@ -206,9 +180,7 @@ mod tests {
 
     #[test]
     fn value_size_is_compact_json_bytes() {
-        let l = Limits {
-            max_value_bytes: 10,
-        };
+        let l = Limits { max_value_bytes: 10 };
         assert_eq!(json_size(&json!("12345678")), 10);
         assert!(l.check_value(&json!("12345678")).is_ok());
         let err = l.check_value(&json!("123456789")).unwrap_err();

@@ -1,1 +1,60 @@
-fn main() {}
+//! The contract suite: every facade operation and the `DocumentBackend` trait's semantics,
+//! run unchanged on every backend. See `harness.rs` for how backends are selected and added.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod cases;
+mod harness;
+
+use std::process::ExitCode;
+
+use libtest_mimic::{Arguments, Failed, Trial};
+
+fn main() -> ExitCode {
+    let args = Arguments::from_args();
+    let backends = harness::all();
+    let selected = match harness::selected(&backends) {
+        Ok(selected) => selected,
+        Err(message) => {
+            eprintln!("contract suite: {message}");
+            return ExitCode::FAILURE;
+        }
+    };
+
+    if !args.list {
+        println!("contract suite backends:");
+        for backend in &backends {
+            if selected.contains(&backend.name) {
+                println!("  {:<10} RUN against {}", backend.name, (backend.describe)());
+            } else {
+                println!("  {:<10} DESELECTED by AGENTSTORE_TEST_BACKENDS", backend.name);
+            }
+        }
+    }
+
+    let mut trials = Vec::new();
+    for backend in &backends {
+        let run_it = selected.contains(&backend.name);
+        for case in cases::all() {
+            let fresh = backend.fresh;
+            let run = case.run;
+            let trial = Trial::test(format!("{}::{}", backend.name, case.name), move || {
+                let runtime = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .enable_all()
+                    .build()
+                    .map_err(|e| Failed::from(format!("tokio runtime: {e}")))?;
+                runtime.block_on(async move {
+                    let ctx = fresh().await.map_err(|e| Failed::from(format!("backend unavailable: {e}")))?;
+                    run(ctx).await;
+                    Ok(())
+                })
+            })
+            .with_kind(backend.name)
+            .with_ignored_flag(!run_it);
+            trials.push(trial);
+        }
+    }
+    libtest_mimic::run(&args, trials).exit_code()
+}

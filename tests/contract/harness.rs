@@ -1,0 +1,83 @@
+//! Which backends the contract suite runs on, and how each test gets a fresh, isolated backend.
+//!
+//! Selection: `AGENTSTORE_TEST_BACKENDS` is a comma-separated list of backend names (default:
+//! all of them). A selected backend whose server cannot be reached FAILS its tests; only a
+//! backend left out of the list is skipped, and the suite prints which backends ran against which
+//! server and which were deselected.
+//!
+//! Adding a backend: add a [`BackendHarness`] to [`all`] whose `fresh` returns a backend with no
+//! data in it (a new temp file, database, table or collection per test). Nothing in `cases.rs`
+//! changes.
+
+use std::any::Any;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use agentstore::backend::embedded::EmbeddedBackend;
+use agentstore::backend::DocumentBackend;
+use agentstore::store::{DataStore, StoreOptions};
+
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// What one test gets: a backend holding no data, and whatever keeps it alive.
+pub struct Ctx {
+    pub backend: Arc<dyn DocumentBackend>,
+    pub backend_name: &'static str,
+    _keep_alive: Box<dyn Any + Send + Sync>,
+}
+
+impl Ctx {
+    /// The facade with default options.
+    pub async fn store(&self) -> DataStore {
+        self.store_with(StoreOptions::default()).await
+    }
+
+    pub async fn store_with(&self, options: StoreOptions) -> DataStore {
+        DataStore::open(Arc::clone(&self.backend), options).await.expect("DataStore::open")
+    }
+}
+
+pub struct BackendHarness {
+    pub name: &'static str,
+    /// Where this backend's tests run, for the run's report.
+    pub describe: fn() -> String,
+    /// A fresh backend for one test; an error means the server is unreachable.
+    pub fresh: fn() -> BoxFuture<Result<Ctx, String>>,
+}
+
+pub fn all() -> Vec<BackendHarness> {
+    vec![BackendHarness {
+        name: "embedded",
+        describe: || "redb file in a new temporary directory per test".into(),
+        fresh: || Box::pin(fresh_embedded()),
+    }]
+}
+
+async fn fresh_embedded() -> Result<Ctx, String> {
+    let dir = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
+    let backend = EmbeddedBackend::open(&dir.path().join("contract.redb")).await.map_err(|e| e.to_string())?;
+    Ok(Ctx { backend: Arc::new(backend), backend_name: "embedded", _keep_alive: Box::new(dir) })
+}
+
+/// The backends named by `AGENTSTORE_TEST_BACKENDS`, or all. Unknown names are an error, so a
+/// typo cannot deselect a backend silently.
+pub fn selected(known: &[BackendHarness]) -> Result<Vec<&'static str>, String> {
+    let names: Vec<&'static str> = known.iter().map(|b| b.name).collect();
+    let Ok(list) = std::env::var("AGENTSTORE_TEST_BACKENDS") else {
+        return Ok(names);
+    };
+    let mut chosen = Vec::new();
+    for wanted in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        match names.iter().find(|n| **n == wanted) {
+            Some(name) => chosen.push(*name),
+            None => {
+                return Err(format!(
+                    "AGENTSTORE_TEST_BACKENDS names unknown backend {wanted:?}; known: {}",
+                    names.join(", ")
+                ))
+            }
+        }
+    }
+    Ok(chosen)
+}
