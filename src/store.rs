@@ -11,11 +11,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use backon::{ExponentialBuilder, Retryable};
+use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 use serde_json::{Map, Value};
 use tokio::sync::OnceCell;
 
-use crate::backend::{DocumentBackend, Precondition, Projection, Query, StoredDocument};
+use crate::backend::{DocumentBackend, Precondition, Projection, Query, Revision, StoredDocument};
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::document::{self, Access};
 use crate::model::{fields, timestamp, DocumentId, Limits};
@@ -25,6 +26,26 @@ use crate::model::{fields, timestamp, DocumentId, Limits};
 const ENSURED_NAMESPACES_CAP: usize = 100_000;
 /// How many deletes of one listing page run at once.
 const DELETE_CONCURRENCY: usize = 8;
+/// Largest page `get_all_pages` asks for: values can be 1 MiB each.
+const GET_ALL_PAGE_SIZE: usize = 100;
+
+/// A caller's own precondition on a write (HTTP `If-Match` / `If-None-Match`). With anything but
+/// `Any` the write is attempted once: a mismatch is the caller's conflict to resolve, not ours.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Expect {
+    /// No precondition: conflicts with concurrent writers are retried.
+    #[default]
+    Any,
+    /// The document must exist (`If-Match: *`).
+    Exists,
+    /// The document must not exist (`If-None-Match: *`).
+    Absent,
+    /// The document must be at this revision.
+    Revision(Revision),
+}
+
+/// A stream of listing pages, each already checked out of the backend.
+pub type PageStream<T> = BoxStream<'static, Result<Vec<T>>>;
 
 /// Behaviour of the facade.
 #[derive(Debug, Clone)]
@@ -128,6 +149,21 @@ impl DataStore {
         metadata: Option<Value>,
         agent: Option<&str>,
     ) -> Result<StoredDocument> {
+        self.set_with(user_id, namespace, key, value, metadata, agent, Expect::Any).await
+    }
+
+    /// [`DataStore::set`] under the caller's precondition `expect`; a mismatch is a `Conflict`.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn set_with(
+        &self,
+        user_id: &str,
+        namespace: &str,
+        key: &str,
+        value: Value,
+        metadata: Option<Value>,
+        agent: Option<&str>,
+        expect: Expect,
+    ) -> Result<StoredDocument> {
         let id = self.id(user_id, namespace, key)?;
         self.options.limits.check_value(&value)?;
         let metadata = match metadata {
@@ -142,9 +178,11 @@ impl DataStore {
         };
         self.access(agent)?;
         self.ensure_namespace(namespace).await?;
-        self.retry_conflicts(&id, || async {
+        let attempt = || async {
             let access = self.access(agent)?;
-            let (body, precondition) = match self.backend.get(id.as_str()).await? {
+            let existing = self.backend.get(id.as_str()).await?;
+            check_expectation(&id, &expect, existing.as_ref())?;
+            let (body, precondition) = match existing {
                 None => (document::new_body(&id, value.clone(), metadata.clone(), &access), Precondition::MustNotExist),
                 Some(existing) => {
                     let mut body = existing.body;
@@ -154,8 +192,12 @@ impl DataStore {
             };
             let rev = self.backend.put(id.as_str(), &body, precondition).await?;
             Ok(StoredDocument { id: id.as_str().to_owned(), rev, body })
-        })
-        .await
+        };
+        if expect == Expect::Any {
+            self.retry_conflicts(&id, attempt).await
+        } else {
+            attempt().await
+        }
     }
 
     /// The stored document, or `None`. Unless reads are configured not to write, the read counts
@@ -193,10 +235,23 @@ impl DataStore {
 
     /// Deletes the document; `false` when there was none.
     pub async fn delete(&self, user_id: &str, namespace: &str, key: &str) -> Result<bool> {
+        self.delete_with(user_id, namespace, key, Expect::Any).await
+    }
+
+    /// [`DataStore::delete`] under the caller's precondition (`Exists` or `Revision`); a mismatch
+    /// is a `Conflict`, tried once.
+    pub async fn delete_with(&self, user_id: &str, namespace: &str, key: &str, expect: Expect) -> Result<bool> {
         let id = self.id(user_id, namespace, key)?;
-        match self.backend.get(id.as_str()).await? {
-            None => Ok(false),
-            Some(doc) => self.delete_document(doc).await,
+        let existing = self.backend.get(id.as_str()).await?;
+        check_expectation(&id, &expect, existing.as_ref())?;
+        match (existing, expect) {
+            (None, _) => Ok(false),
+            (Some(doc), Expect::Any) => self.delete_document(doc).await,
+            (Some(doc), _) => match self.backend.delete(&doc.id, &doc.rev).await {
+                Ok(()) => Ok(true),
+                Err(e) if e.is_not_found() => Err(Error::conflict(format!("document {id} was deleted concurrently"))),
+                Err(e) => Err(e),
+            },
         }
     }
 
@@ -217,24 +272,29 @@ impl DataStore {
         Err(Error::conflict(format!("document {:?} kept changing while being deleted", doc.id)))
     }
 
-    /// Calls `each_page` with every page of `query`'s results, following page tokens to the end.
-    async fn for_each_page(
-        &self,
-        query: &Query,
-        mut each_page: impl FnMut(Vec<StoredDocument>) -> Result<()>,
-    ) -> Result<()> {
-        let mut token: Option<String> = None;
-        loop {
-            let page = self.backend.query(query, self.options.page_size, token.as_deref()).await?;
-            each_page(page.items)?;
-            match page.next {
-                None => return Ok(()),
-                Some(next) if token.as_deref() == Some(next.as_str()) => {
-                    return Err(Error::new(ErrorKind::Internal, "backend returned the same page token twice"));
-                }
-                Some(next) => token = Some(next),
-            }
-        }
+    /// The keys of a namespace, page by page, in backend order (unsorted).
+    pub fn list_keys_pages(&self, user_id: &str, namespace: &str) -> Result<PageStream<String>> {
+        let query = self.query(user_id, Some(namespace), Projection::Fields(vec![fields::KEY]))?;
+        Ok(query_pages(Arc::clone(&self.backend), query, self.options.page_size)
+            .map(|page| page?.into_iter().map(|doc| document::key_of(&doc.id, &doc.body)).collect())
+            .boxed())
+    }
+
+    /// The key → value entries of a namespace, page by page, in backend order. Pages are at most
+    /// 100 documents, so memory stays bounded even when every value is at the size limit.
+    pub fn get_all_pages(&self, user_id: &str, namespace: &str) -> Result<PageStream<(String, Value)>> {
+        let query = self.query(user_id, Some(namespace), Projection::All)?;
+        Ok(query_pages(Arc::clone(&self.backend), query, self.options.page_size.min(GET_ALL_PAGE_SIZE))
+            .map(|page| {
+                page?
+                    .into_iter()
+                    .map(|mut doc| {
+                        let key = document::key_of(&doc.id, &doc.body)?;
+                        Ok((key, doc.body.remove(fields::VALUE).unwrap_or(Value::Null)))
+                    })
+                    .collect()
+            })
+            .boxed())
     }
 
     fn query(&self, user_id: &str, namespace: Option<&str>, projection: Projection) -> Result<Query> {
@@ -247,15 +307,8 @@ impl DataStore {
 
     /// The keys in a namespace, sorted.
     pub async fn list_keys(&self, user_id: &str, namespace: &str) -> Result<Vec<String>> {
-        let query = self.query(user_id, Some(namespace), Projection::Fields(vec![fields::KEY]))?;
-        let mut keys = Vec::new();
-        self.for_each_page(&query, |docs| {
-            for doc in docs {
-                keys.push(document::key_of(&doc.id, &doc.body)?);
-            }
-            Ok(())
-        })
-        .await?;
+        let pages: Vec<Vec<String>> = self.list_keys_pages(user_id, namespace)?.try_collect().await?;
+        let mut keys: Vec<String> = pages.into_iter().flatten().collect();
         keys.sort_unstable();
         Ok(keys)
     }
@@ -264,29 +317,19 @@ impl DataStore {
     pub async fn list_namespaces(&self, user_id: &str) -> Result<Vec<String>> {
         let query = self.query(user_id, None, Projection::Fields(vec![fields::NAMESPACE]))?;
         let mut namespaces = BTreeSet::new();
-        self.for_each_page(&query, |docs| {
-            for doc in docs {
+        let mut pages = query_pages(Arc::clone(&self.backend), query, self.options.page_size);
+        while let Some(page) = pages.try_next().await? {
+            for doc in page {
                 namespaces.insert(document::namespace_of(&doc.id, &doc.body)?);
             }
-            Ok(())
-        })
-        .await?;
+        }
         Ok(namespaces.into_iter().collect())
     }
 
     /// Every key → value of a namespace, ordered by key. Not counted as accesses.
     pub async fn get_all(&self, user_id: &str, namespace: &str) -> Result<Map<String, Value>> {
-        let query = self.query(user_id, Some(namespace), Projection::All)?;
-        let mut entries = Vec::new();
-        self.for_each_page(&query, |docs| {
-            for mut doc in docs {
-                let key = document::key_of(&doc.id, &doc.body)?;
-                let value = doc.body.remove(fields::VALUE).unwrap_or(Value::Null);
-                entries.push((key, value));
-            }
-            Ok(())
-        })
-        .await?;
+        let pages: Vec<Vec<(String, Value)>> = self.get_all_pages(user_id, namespace)?.try_collect().await?;
+        let mut entries: Vec<(String, Value)> = pages.into_iter().flatten().collect();
         entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         Ok(entries.into_iter().collect())
     }
@@ -309,19 +352,14 @@ impl DataStore {
         let mut total = 0;
         loop {
             let mut pass = 0;
-            let mut token: Option<String> = None;
-            loop {
-                let page = self.backend.query(query, self.options.page_size, token.as_deref()).await?;
-                let deleted: Vec<bool> = futures::stream::iter(page.items)
+            let mut pages = query_pages(Arc::clone(&self.backend), query.clone(), self.options.page_size);
+            while let Some(page) = pages.try_next().await? {
+                let deleted: Vec<bool> = futures::stream::iter(page)
                     .map(|doc| self.delete_document(doc))
                     .buffer_unordered(DELETE_CONCURRENCY)
                     .try_collect()
                     .await?;
                 pass += deleted.into_iter().filter(|d| *d).count() as u64;
-                match page.next {
-                    Some(next) => token = Some(next),
-                    None => break,
-                }
             }
             total += pass;
             if pass == 0 {
@@ -329,4 +367,40 @@ impl DataStore {
             }
         }
     }
+}
+
+/// Checks a caller's precondition against what is stored.
+fn check_expectation(id: &DocumentId, expect: &Expect, existing: Option<&StoredDocument>) -> Result<()> {
+    match (expect, existing) {
+        (Expect::Any, _) | (Expect::Exists, Some(_)) | (Expect::Absent, None) => Ok(()),
+        (Expect::Revision(rev), Some(doc)) if &doc.rev == rev => Ok(()),
+        (Expect::Exists | Expect::Revision(_), None) => Err(Error::conflict(format!("document {id} does not exist"))),
+        (Expect::Absent, Some(_)) => Err(Error::conflict(format!("document {id} already exists"))),
+        (Expect::Revision(rev), Some(doc)) => {
+            Err(Error::conflict(format!("document {id} is at revision {}, not {rev}", doc.rev)))
+        }
+    }
+}
+
+/// Every page of `query`'s results, following page tokens to the end; one page in memory at a
+/// time. A backend that hands back the token it was given would loop forever, so that is an error.
+pub fn query_pages(backend: Arc<dyn DocumentBackend>, query: Query, page_size: usize) -> PageStream<StoredDocument> {
+    // State: None = finished; Some(token) = fetch the page after `token` (None: the first).
+    futures::stream::try_unfold(Some(None::<String>), move |state| {
+        let backend = Arc::clone(&backend);
+        let query = query.clone();
+        async move {
+            let Some(token) = state else { return Ok(None) };
+            let page = backend.query(&query, page_size, token.as_deref()).await?;
+            let next_state = match page.next {
+                None => None,
+                Some(next) if token.as_deref() == Some(next.as_str()) => {
+                    return Err(Error::new(ErrorKind::Internal, "backend returned the same page token twice"));
+                }
+                Some(next) => Some(Some(next)),
+            };
+            Ok(Some((page.items, next_state)))
+        }
+    })
+    .boxed()
 }

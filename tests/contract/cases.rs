@@ -5,9 +5,10 @@ use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 
 use agentstore::backend::{BulkWrite, Page, Precondition, Projection, Query, Revision, StoredDocument};
-use agentstore::store::StoreOptions;
+use agentstore::store::{Expect, StoreOptions};
 use agentstore::ErrorKind;
 use futures::future::join_all;
+use futures::TryStreamExt;
 use serde_json::{json, Map, Value};
 
 use crate::common::{corpus, json::first_difference};
@@ -52,6 +53,8 @@ pub fn all() -> Vec<Case> {
         projections_return_requested_fields,
         index_ensuring_is_idempotent,
         health_check_passes,
+        caller_preconditions,
+        streamed_listings_page_to_the_end,
     ]
 }
 
@@ -748,4 +751,45 @@ async fn health_check_passes(ctx: Ctx) {
     assert!(!ctx.backend.describe().is_empty());
     assert!(!ctx.backend.describe().contains("password"), "describe() never shows secrets");
     let _ = ctx.backend_name;
+}
+
+async fn caller_preconditions(ctx: Ctx) {
+    let store = ctx.store().await;
+    let set = |expect: Expect, value: Value| {
+        let store = &store;
+        async move { store.set_with("u", "ns", "k", value, None, None, expect).await }
+    };
+    let conflict = |r: agentstore::Result<_>| r.map(|_| ()).unwrap_err().kind() == ErrorKind::Conflict;
+    assert!(conflict(set(Expect::Exists, json!(0)).await), "must exist, does not");
+    assert!(conflict(set(Expect::Revision(Revision("1".into())), json!(0)).await));
+    let created = set(Expect::Absent, json!(1)).await.unwrap();
+    assert!(conflict(set(Expect::Absent, json!(2)).await), "must not exist, does");
+    let updated = set(Expect::Revision(created.rev.clone()), json!(2)).await.unwrap();
+    assert!(conflict(set(Expect::Revision(created.rev.clone()), json!(3)).await), "stale revision");
+    let updated = set(Expect::Exists, json!(4)).await.unwrap_or_else(|e| panic!("{e}; after {updated:?}"));
+    assert_eq!(ctx.backend.get(&updated.id).await.unwrap().unwrap().body["value"], 4);
+    let stale = Expect::Revision(created.rev);
+    assert_eq!(store.delete_with("u", "ns", "k", stale).await.unwrap_err().kind(), ErrorKind::Conflict);
+    assert!(store.exists("u", "ns", "k").await.unwrap(), "a refused delete deletes nothing");
+    assert!(store.delete_with("u", "ns", "k", Expect::Revision(updated.rev)).await.unwrap());
+    assert_eq!(store.delete_with("u", "ns", "k", Expect::Exists).await.unwrap_err().kind(), ErrorKind::Conflict);
+    assert!(!store.delete_with("u", "ns", "k", Expect::Any).await.unwrap());
+}
+
+async fn streamed_listings_page_to_the_end(ctx: Ctx) {
+    let store = ctx.store_with(StoreOptions { page_size: 3, ..StoreOptions::default() }).await;
+    for i in 0..10 {
+        store.set("u", "ns", &format!("k{i}"), json!(i), None, None).await.unwrap();
+    }
+    store.set("u", "other", "x", json!("x"), None, None).await.unwrap();
+    let pages: Vec<Vec<String>> = store.list_keys_pages("u", "ns").unwrap().try_collect().await.unwrap();
+    assert!(pages.iter().all(|p| p.len() <= 3), "pages respect the page size");
+    let mut keys: Vec<String> = pages.into_iter().flatten().collect();
+    keys.sort();
+    assert_eq!(keys, (0..10).map(|i| format!("k{i}")).collect::<Vec<_>>());
+    let pages: Vec<Vec<(String, Value)>> = store.get_all_pages("u", "ns").unwrap().try_collect().await.unwrap();
+    let entries: Map<String, Value> = pages.into_iter().flatten().collect();
+    assert_eq!(entries.len(), 10);
+    assert_eq!(entries["k7"], 7);
+    assert!(store.list_keys_pages("a:b", "ns").is_err(), "validation happens before streaming");
 }
