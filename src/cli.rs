@@ -39,6 +39,25 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    #[command(flatten)]
+    Store(StoreCommand),
+    /// Serve the data store as a JSON REST API (see /openapi.json)
+    Serve {
+        /// Address to listen on [default: 127.0.0.1:8080; env: AGENTSTORE_LISTEN]
+        #[arg(long, value_name = "ADDR")]
+        listen: Option<String>,
+        /// Allow listening beyond loopback with no tokens configured (anyone reaching it can read
+        /// and write every user's data)
+        #[arg(long)]
+        allow_unauthenticated: bool,
+    },
+    /// Print the SHA-256 of a bearer token read from standard input, for the `tokens` setting
+    HashToken,
+}
+
+/// The subcommands that use the store directly and print JSON.
+#[derive(Debug, Subcommand)]
+pub enum StoreCommand {
     /// Create or update a document: the value is replaced, metadata merged into what is stored
     Set {
         user: String,
@@ -80,7 +99,19 @@ pub enum Command {
 
 impl Cli {
     pub fn overrides(&self) -> Overrides {
-        Overrides { backend: self.backend.clone(), max_value_bytes: self.max_value_bytes, log_format: self.log_format }
+        Overrides {
+            backend: self.backend.clone(),
+            max_value_bytes: self.max_value_bytes,
+            log_format: self.log_format,
+            listen: match &self.command {
+                Command::Serve { listen, .. } => listen.clone(),
+                _ => None,
+            },
+            allow_unauthenticated: match &self.command {
+                Command::Serve { allow_unauthenticated: true, .. } => Some(true),
+                _ => None,
+            },
+        }
     }
 }
 
@@ -95,18 +126,47 @@ pub fn exit_code(kind: ErrorKind) -> u8 {
     }
 }
 
-/// Runs one store subcommand and prints its JSON result.
+/// Runs one subcommand; store subcommands print their JSON result.
 pub async fn run(cli: Cli, settings: Settings) -> Result<()> {
-    let url: BackendUrl = settings.backend.parse()?;
-    let backend = backend::open(&url).await?;
-    let store = DataStore::open(backend, settings.store_options()).await?;
-    let output = execute(&store, cli.command, settings.max_value_bytes).await?;
-    print_json(&output)
+    match cli.command {
+        Command::HashToken => {
+            let token = read_stdin(64 * 1024)?;
+            let token = token.trim_end_matches(['\r', '\n']);
+            if token.is_empty() {
+                return Err(Error::invalid("token", "standard input is empty"));
+            }
+            println!("{}", crate::http::hash_token(token));
+            Ok(())
+        }
+        Command::Serve { .. } => serve(&settings).await,
+        Command::Store(command) => {
+            let url: BackendUrl = settings.backend.parse()?;
+            let backend = backend::open(&url).await?;
+            let store = DataStore::open(backend, settings.store_options()).await?;
+            let output = execute(&store, command, settings.max_value_bytes).await?;
+            print_json(&output)
+        }
+    }
 }
 
-async fn execute(store: &DataStore, command: Command, max_value_bytes: usize) -> Result<Value> {
+/// `serve`: opens the backend, binds, and serves until SIGTERM/SIGINT.
+async fn serve(settings: &Settings) -> Result<()> {
+    let url: BackendUrl = settings.backend.parse()?;
+    let backend = backend::open(&url).await?;
+    let describe = backend.describe();
+    let app = crate::http::App::build(backend, settings).await?;
+    let listener = crate::http::bind(&settings.listen, &app, settings.allow_unauthenticated).await?;
+    let local = listener.local_addr().map_err(|e| Error::new(ErrorKind::Internal, "local address").with_source(e))?;
+    tracing::info!(%local, backend = %describe, "agentstore serving");
+    eprintln!("agentstore: serving http://{local} on {describe}");
+    app.serve(listener, crate::http::shutdown_signal()).await?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn execute(store: &DataStore, command: StoreCommand, max_value_bytes: usize) -> Result<Value> {
     Ok(match command {
-        Command::Set { user, namespace, key, value_json, metadata, agent } => {
+        StoreCommand::Set { user, namespace, key, value_json, metadata, agent } => {
             let value = if value_json == "-" {
                 parse_json("value", &read_stdin(max_value_bytes)?)?
             } else {
@@ -115,25 +175,25 @@ async fn execute(store: &DataStore, command: Command, max_value_bytes: usize) ->
             let metadata = metadata.map(|m| parse_json("metadata", &m)).transpose()?;
             store.set(&user, &namespace, &key, value, metadata, agent.as_deref()).await?.to_json()
         }
-        Command::Get { user, namespace, key, agent } => store
+        StoreCommand::Get { user, namespace, key, agent } => store
             .get(&user, &namespace, &key, agent.as_deref())
             .await?
             .ok_or_else(|| not_found(&user, &namespace, &key))?
             .to_json(),
-        Command::Delete { user, namespace, key } => {
+        StoreCommand::Delete { user, namespace, key } => {
             if !store.delete(&user, &namespace, &key).await? {
                 return Err(not_found(&user, &namespace, &key));
             }
             serde_json::json!({ "deleted": true })
         }
-        Command::Exists { user, namespace, key } => Value::Bool(store.exists(&user, &namespace, &key).await?),
-        Command::Keys { user, namespace } => store.list_keys(&user, &namespace).await?.into(),
-        Command::Namespaces { user } => store.list_namespaces(&user).await?.into(),
-        Command::GetAll { user, namespace } => Value::Object(store.get_all(&user, &namespace).await?),
-        Command::DeleteNamespace { user, namespace } => {
+        StoreCommand::Exists { user, namespace, key } => Value::Bool(store.exists(&user, &namespace, &key).await?),
+        StoreCommand::Keys { user, namespace } => store.list_keys(&user, &namespace).await?.into(),
+        StoreCommand::Namespaces { user } => store.list_namespaces(&user).await?.into(),
+        StoreCommand::GetAll { user, namespace } => Value::Object(store.get_all(&user, &namespace).await?),
+        StoreCommand::DeleteNamespace { user, namespace } => {
             serde_json::json!({ "deleted": store.delete_namespace(&user, &namespace).await? })
         }
-        Command::PurgeUser { user } => {
+        StoreCommand::PurgeUser { user } => {
             serde_json::json!({ "deleted": store.purge_user(&user).await? })
         }
     })

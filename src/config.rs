@@ -38,6 +38,69 @@ pub struct Settings {
     pub page_size: usize,
     /// `text` or `json` logs on stderr.
     pub log_format: LogFormat,
+    /// Address `serve` listens on.
+    pub listen: String,
+    /// Bearer tokens `serve` accepts, by SHA-256 hash (see [`TokenSetting`]).
+    #[serde(default)]
+    pub tokens: TokensSetting,
+    /// Allow `serve` to listen beyond loopback with no tokens configured.
+    pub allow_unauthenticated: bool,
+    /// Largest request body `serve` reads; default 4 × `max_value_bytes` + 64 KiB (a value and
+    /// its metadata, with room for whitespace).
+    pub max_body_bytes: Option<usize>,
+    /// Requests taking longer are answered 408.
+    pub request_timeout_secs: u64,
+    /// On SIGTERM/SIGINT, how long in-flight requests may take to finish.
+    pub shutdown_grace_secs: u64,
+}
+
+/// Tokens: in a config file a list of `{ sha256 = "…", user = "…" }` or
+/// `{ sha256 = "…", admin = true }` tables; in the environment (`AGENTSTORE_TOKENS`) a
+/// comma-separated list of `SCOPE:SHA256`, where SCOPE is a user id or `*` for admin.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum TokensSetting {
+    List(Vec<TokenSetting>),
+    Compact(String),
+}
+
+impl Default for TokensSetting {
+    fn default() -> Self {
+        TokensSetting::List(Vec::new())
+    }
+}
+
+/// One accepted token: the hex SHA-256 of the token, and the one user it may act for (or admin).
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+pub struct TokenSetting {
+    pub sha256: String,
+    pub user: Option<String>,
+    #[serde(default)]
+    pub admin: bool,
+}
+
+impl TokensSetting {
+    /// The tokens as a list, whichever form they were given in.
+    pub fn entries(&self) -> Result<Vec<TokenSetting>> {
+        match self {
+            TokensSetting::List(list) => Ok(list.clone()),
+            TokensSetting::Compact(text) => text
+                .split(',')
+                .map(str::trim)
+                .filter(|entry| !entry.is_empty())
+                .map(|entry| {
+                    let (scope, sha256) = entry.rsplit_once(':').ok_or_else(|| {
+                        Error::invalid("tokens", "entries must be SCOPE:SHA256 (SCOPE a user id or *)")
+                    })?;
+                    Ok(TokenSetting {
+                        sha256: sha256.to_owned(),
+                        user: (scope != "*").then(|| scope.to_owned()),
+                        admin: scope == "*",
+                    })
+                })
+                .collect(),
+        }
+    }
 }
 
 /// Values given on the command line; `None` leaves the lower layers' value.
@@ -46,6 +109,8 @@ pub struct Overrides {
     pub backend: Option<String>,
     pub max_value_bytes: Option<usize>,
     pub log_format: Option<LogFormat>,
+    pub listen: Option<String>,
+    pub allow_unauthenticated: Option<bool>,
 }
 
 impl Settings {
@@ -60,6 +125,10 @@ impl Settings {
             .and_then(|b| b.set_default("max_conflict_retries", StoreOptions::default().max_conflict_retries as u64))
             .and_then(|b| b.set_default("page_size", StoreOptions::default().page_size as u64))
             .and_then(|b| b.set_default("log_format", "text"))
+            .and_then(|b| b.set_default("listen", "127.0.0.1:8080"))
+            .and_then(|b| b.set_default("allow_unauthenticated", false))
+            .and_then(|b| b.set_default("request_timeout_secs", 30u64))
+            .and_then(|b| b.set_default("shutdown_grace_secs", 30u64))
             .map_err(bad)?;
         builder = match file {
             Some(path) => {
@@ -84,6 +153,12 @@ impl Settings {
             };
             builder = builder.set_override("log_format", name).map_err(bad)?;
         }
+        if let Some(listen) = &overrides.listen {
+            builder = builder.set_override("listen", listen.as_str()).map_err(bad)?;
+        }
+        if let Some(allow) = overrides.allow_unauthenticated {
+            builder = builder.set_override("allow_unauthenticated", allow).map_err(bad)?;
+        }
         let settings: Settings = builder.build().and_then(|c| c.try_deserialize()).map_err(bad)?;
         if settings.page_size == 0 {
             return Err(Error::invalid("page_size", "must be at least 1"));
@@ -92,6 +167,11 @@ impl Settings {
             return Err(Error::invalid("max_value_bytes", "must be at least 1"));
         }
         Ok(settings)
+    }
+
+    /// The request body limit in force.
+    pub fn body_limit(&self) -> usize {
+        self.max_body_bytes.unwrap_or_else(|| self.max_value_bytes.saturating_mul(4).saturating_add(64 * 1024))
     }
 
     /// The facade's options these settings describe.

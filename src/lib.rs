@@ -11,6 +11,7 @@ pub mod backend;
 pub mod cli;
 pub mod config;
 pub mod error;
+pub mod http;
 pub mod model;
 pub mod store;
 

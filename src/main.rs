@@ -13,7 +13,8 @@ fn main() -> ExitCode {
         Ok(settings) => settings,
         Err(err) => return cli::report(&err),
     };
-    init_logging(settings.log_format);
+    let default_level = if matches!(cli.command, cli::Command::Serve { .. }) { "info" } else { "warn" };
+    init_logging(settings.log_format, default_level);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(err) => {
@@ -27,9 +28,10 @@ fn main() -> ExitCode {
     }
 }
 
-/// Logs go to stderr so stdout carries only results. `RUST_LOG` sets the filter (default `warn`).
-fn init_logging(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
+/// Logs go to stderr so stdout carries only results. `RUST_LOG` sets the filter (default `info`
+/// for `serve`, `warn` for the one-shot commands).
+fn init_logging(format: LogFormat, default_level: &str) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),

@@ -229,8 +229,13 @@ impl DataStore {
 
     /// Whether the document exists. Not counted as an access.
     pub async fn exists(&self, user_id: &str, namespace: &str, key: &str) -> Result<bool> {
+        Ok(self.peek(user_id, namespace, key).await?.is_some())
+    }
+
+    /// The stored document without counting an access (for existence checks and revisions).
+    pub async fn peek(&self, user_id: &str, namespace: &str, key: &str) -> Result<Option<StoredDocument>> {
         let id = self.id(user_id, namespace, key)?;
-        Ok(self.backend.get(id.as_str()).await?.is_some())
+        self.backend.get(id.as_str()).await
     }
 
     /// Deletes the document; `false` when there was none.

@@ -1,0 +1,74 @@
+//! HTTP error responses: CouchDB-style `{"error": "...", "reason": "..."}` bodies with the status
+//! each error kind deserves. Anything a client can cause is a 4xx; a 5xx means our side or the
+//! backend failed.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use crate::error::{Error, ErrorKind};
+
+/// An error on its way to the client.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub error: &'static str,
+    pub reason: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, error: &'static str, reason: impl Into<String>) -> Self {
+        ApiError { status, error, reason: reason.into() }
+    }
+
+    pub fn bad_request(reason: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::BAD_REQUEST, "bad_request", reason)
+    }
+
+    pub fn not_found(reason: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::NOT_FOUND, "not_found", reason)
+    }
+
+    pub fn precondition_failed(reason: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::PRECONDITION_FAILED, "precondition_failed", reason)
+    }
+}
+
+impl From<Error> for ApiError {
+    fn from(err: Error) -> Self {
+        let (status, error) = match err.kind() {
+            ErrorKind::InvalidInput => (StatusCode::BAD_REQUEST, "bad_request"),
+            ErrorKind::NotFound => (StatusCode::NOT_FOUND, "not_found"),
+            ErrorKind::Conflict => (StatusCode::CONFLICT, "conflict"),
+            ErrorKind::TooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "too_large"),
+            ErrorKind::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            // The backend refused *our* credentials: not the client's doing.
+            ErrorKind::Unauthorized => (StatusCode::BAD_GATEWAY, "backend_unauthorized"),
+            ErrorKind::Misconfigured => (StatusCode::INTERNAL_SERVER_ERROR, "misconfigured"),
+            ErrorKind::Corrupt => (StatusCode::INTERNAL_SERVER_ERROR, "corrupt_document"),
+            ErrorKind::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        };
+        if status.is_server_error() {
+            tracing::error!(error = %err, kind = %err.kind(), "request failed");
+        }
+        ApiError::new(status, error, err.to_string())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response =
+            (self.status, axum::Json(json!({ "error": self.error, "reason": self.reason }))).into_response();
+        let headers = response.headers_mut();
+        match self.status {
+            StatusCode::SERVICE_UNAVAILABLE => {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            StatusCode::UNAUTHORIZED => {
+                headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"agentstore\""));
+            }
+            _ => {}
+        }
+        response
+    }
+}

@@ -1,0 +1,152 @@
+//! Prometheus metrics: request counts and latencies per route and status, and backend call
+//! latencies per operation (through [`MeteredBackend`], a decorator around any backend).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use async_trait::async_trait;
+use axum::extract::{MatchedPath, Request, State};
+use axum::middleware::Next;
+use axum::response::Response;
+use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder};
+use serde_json::{Map, Value};
+
+use crate::backend::{BulkWrite, DocumentBackend, Page, Precondition, Query, Revision, StoredDocument};
+use crate::error::Result;
+
+const LATENCY_BUCKETS: &[f64] = &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+
+/// One registry per server, so servers in one process (tests) do not mix their numbers.
+pub struct Metrics {
+    registry: Registry,
+    requests: IntCounterVec,
+    request_seconds: HistogramVec,
+    backend_seconds: HistogramVec,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let registry = Registry::new_custom(Some("agentstore".into()), None).expect("valid registry prefix");
+        let requests = IntCounterVec::new(
+            Opts::new("http_requests_total", "HTTP requests answered"),
+            &["route", "method", "status"],
+        )
+        .expect("valid metric");
+        let request_seconds = HistogramVec::new(
+            HistogramOpts::new("http_request_duration_seconds", "HTTP request latency")
+                .buckets(LATENCY_BUCKETS.to_vec()),
+            &["route", "method", "status"],
+        )
+        .expect("valid metric");
+        let backend_seconds = HistogramVec::new(
+            HistogramOpts::new("backend_call_duration_seconds", "Backend call latency by operation and outcome")
+                .buckets(LATENCY_BUCKETS.to_vec()),
+            &["operation", "outcome"],
+        )
+        .expect("valid metric");
+        registry.register(Box::new(requests.clone())).expect("metric registered once");
+        registry.register(Box::new(request_seconds.clone())).expect("metric registered once");
+        registry.register(Box::new(backend_seconds.clone())).expect("metric registered once");
+        Metrics { registry, requests, request_seconds, backend_seconds }
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut out = Vec::new();
+        // Encoding gathered metrics into a Vec cannot fail.
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    fn observe_backend<T>(&self, operation: &str, started: Instant, result: &Result<T>) {
+        let outcome = match result {
+            Ok(_) => "ok",
+            Err(e) => e.kind().as_str(),
+        };
+        self.backend_seconds.with_label_values(&[operation, outcome]).observe(started.elapsed().as_secs_f64());
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+/// Middleware: counts and times every request under its route template (bounded cardinality).
+pub async fn track_requests(State(metrics): State<Arc<Metrics>>, request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let route =
+        request.extensions().get::<MatchedPath>().map(|p| p.as_str().to_owned()).unwrap_or_else(|| "unmatched".into());
+    let method = request.method().as_str().to_owned();
+    let response = next.run(request).await;
+    let status = response.status().as_u16().to_string();
+    let labels = [route.as_str(), method.as_str(), status.as_str()];
+    metrics.requests.with_label_values(&labels).inc();
+    metrics.request_seconds.with_label_values(&labels).observe(started.elapsed().as_secs_f64());
+    response
+}
+
+/// A backend whose every call is timed into [`Metrics`].
+pub struct MeteredBackend {
+    inner: Arc<dyn DocumentBackend>,
+    metrics: Arc<Metrics>,
+}
+
+impl MeteredBackend {
+    pub fn new(inner: Arc<dyn DocumentBackend>, metrics: Arc<Metrics>) -> Self {
+        MeteredBackend { inner, metrics }
+    }
+}
+
+macro_rules! timed {
+    ($self:ident, $op:literal, $call:expr) => {{
+        let started = Instant::now();
+        let result = $call.await;
+        $self.metrics.observe_backend($op, started, &result);
+        result
+    }};
+}
+
+#[async_trait]
+impl DocumentBackend for MeteredBackend {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+
+    async fn get(&self, id: &str) -> Result<Option<StoredDocument>> {
+        timed!(self, "get", self.inner.get(id))
+    }
+
+    async fn put(&self, id: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Revision> {
+        timed!(self, "put", self.inner.put(id, body, precondition))
+    }
+
+    async fn delete(&self, id: &str, rev: &Revision) -> Result<()> {
+        timed!(self, "delete", self.inner.delete(id, rev))
+    }
+
+    async fn query(&self, query: &Query, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
+        timed!(self, "query", self.inner.query(query, limit, page_token))
+    }
+
+    async fn ensure_standard_indexes(&self) -> Result<()> {
+        timed!(self, "ensure_standard_indexes", self.inner.ensure_standard_indexes())
+    }
+
+    async fn ensure_namespace_indexed(&self, namespace: &str) -> Result<()> {
+        timed!(self, "ensure_namespace_indexed", self.inner.ensure_namespace_indexed(namespace))
+    }
+
+    async fn bulk_write(&self, writes: Vec<BulkWrite>) -> Result<Vec<Result<Revision>>> {
+        timed!(self, "bulk_write", self.inner.bulk_write(writes))
+    }
+
+    async fn scan(&self, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
+        timed!(self, "scan", self.inner.scan(limit, page_token))
+    }
+
+    async fn health(&self) -> Result<()> {
+        timed!(self, "health", self.inner.health())
+    }
+}

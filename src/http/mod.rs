@@ -1,0 +1,202 @@
+//! `agentstore serve`: the data store as a JSON REST API.
+//!
+//! [`App`] puts the pieces together: the facade over a metered backend, bearer-token auth on
+//! `/v1`, request ids, tracing spans, Prometheus metrics, timeouts, a body limit, and graceful
+//! shutdown. [`ROUTES`] lists every route; `openapi.json` documents exactly those (a test checks).
+
+mod auth;
+mod error;
+mod metrics;
+mod routes;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
+use axum::http::{HeaderName, StatusCode};
+use axum::middleware::from_fn_with_state;
+use axum::routing::{get, put};
+use axum::Router;
+use tokio::net::TcpListener;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::timeout::TimeoutLayer;
+use tower_http::trace::TraceLayer;
+
+pub use auth::{hash_token, Auth, Scope};
+pub use error::ApiError;
+pub use metrics::{MeteredBackend, Metrics};
+use routes::AppState;
+pub use routes::AGENT_HEADER;
+
+use crate::backend::DocumentBackend;
+use crate::config::Settings;
+use crate::error::{Error, ErrorKind, Result};
+use crate::store::DataStore;
+
+/// The OpenAPI 3 description served at `/openapi.json`.
+pub const OPENAPI_JSON: &str = include_str!("openapi.json");
+
+/// Every route the server answers: (method, path template).
+pub const ROUTES: &[(&str, &str)] = &[
+    ("GET", "/v1/users/{user}/namespaces"),
+    ("DELETE", "/v1/users/{user}"),
+    ("GET", "/v1/users/{user}/namespaces/{namespace}"),
+    ("DELETE", "/v1/users/{user}/namespaces/{namespace}"),
+    ("GET", "/v1/users/{user}/namespaces/{namespace}/keys"),
+    ("PUT", "/v1/users/{user}/namespaces/{namespace}/keys/{key}"),
+    ("GET", "/v1/users/{user}/namespaces/{namespace}/keys/{key}"),
+    ("HEAD", "/v1/users/{user}/namespaces/{namespace}/keys/{key}"),
+    ("DELETE", "/v1/users/{user}/namespaces/{namespace}/keys/{key}"),
+    ("GET", "/healthz"),
+    ("GET", "/readyz"),
+    ("GET", "/metrics"),
+    ("GET", "/openapi.json"),
+];
+
+/// A configured server, ready to serve on a listener.
+pub struct App {
+    router: Router,
+    grace: Duration,
+    auth_open: bool,
+    token_count: usize,
+}
+
+impl App {
+    /// Builds the server over `backend` (wrapped for metrics) with `settings`.
+    pub async fn build(backend: Arc<dyn DocumentBackend>, settings: &Settings) -> Result<Self> {
+        let limits = settings.store_options().limits;
+        let auth = Auth::from_settings(&settings.tokens.entries()?, &limits)?;
+        let metrics = Arc::new(Metrics::new());
+        let backend: Arc<dyn DocumentBackend> = Arc::new(MeteredBackend::new(backend, Arc::clone(&metrics)));
+        let store = Arc::new(DataStore::open(backend, settings.store_options()).await?);
+        let (auth_open, token_count) = (auth.is_open(), auth.token_count());
+        let state = AppState { store, auth: Arc::new(auth), metrics: Arc::clone(&metrics) };
+        let router = router(state, settings.body_limit(), Duration::from_secs(settings.request_timeout_secs));
+        Ok(App { router, grace: Duration::from_secs(settings.shutdown_grace_secs), auth_open, token_count })
+    }
+
+    /// Whether requests need no token (no tokens configured).
+    pub fn is_open(&self) -> bool {
+        self.auth_open
+    }
+
+    /// Serves until `shutdown` resolves, then lets in-flight requests finish for up to the grace
+    /// period.
+    pub async fn serve(self, listener: TcpListener, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<()> {
+        let (stopping_tx, mut stopping_rx) = tokio::sync::watch::channel(false);
+        let server = axum::serve(listener, self.router.into_make_service()).with_graceful_shutdown(async move {
+            shutdown.await;
+            tracing::info!("shutting down: finishing in-flight requests");
+            let _ = stopping_tx.send(true);
+        });
+        let grace = self.grace;
+        let deadline = async move {
+            while !*stopping_rx.borrow_and_update() {
+                if stopping_rx.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+            tokio::time::sleep(grace).await;
+        };
+        tokio::select! {
+            result = server => result.map_err(|e| Error::new(ErrorKind::Internal, "server failed").with_source(e)),
+            () = deadline => {
+                tracing::warn!(grace_secs = grace.as_secs(), "grace period over; stopping with requests still in flight");
+                Ok(())
+            }
+        }
+    }
+}
+
+fn router(state: AppState, body_limit: usize, timeout: Duration) -> Router {
+    let document = "/v1/users/{user}/namespaces/{namespace}/keys/{key}";
+    let v1 = Router::new()
+        .route("/v1/users/{user}", axum::routing::delete(routes::purge_user))
+        .route("/v1/users/{user}/namespaces", get(routes::list_namespaces))
+        .route("/v1/users/{user}/namespaces/{namespace}", get(routes::get_all).delete(routes::delete_namespace))
+        .route("/v1/users/{user}/namespaces/{namespace}/keys", get(routes::list_keys))
+        .route(
+            document,
+            put(routes::put_document)
+                .get(routes::get_document)
+                .head(routes::head_document)
+                .delete(routes::delete_document),
+        )
+        .route_layer(from_fn_with_state(state.clone(), routes::require_auth));
+    let request_id = HeaderName::from_static("x-request-id");
+    Router::new()
+        .route("/healthz", get(routes::healthz))
+        .route("/readyz", get(routes::readyz))
+        .route("/metrics", get(routes::metrics))
+        .route("/openapi.json", get(routes::openapi))
+        .merge(v1)
+        .fallback(routes::no_route)
+        .method_not_allowed_fallback(routes::method_not_allowed)
+        .layer(DefaultBodyLimit::max(body_limit))
+        .layer(from_fn_with_state(Arc::clone(&state.metrics), metrics::track_requests))
+        .layer(TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, timeout))
+        .layer(CatchPanicLayer::custom(routes::panic_response))
+        .layer(TraceLayer::new_for_http().make_span_with(|request: &Request| {
+            // The route template, not the path: paths carry user ids and keys.
+            let route = request.extensions().get::<MatchedPath>().map(|p| p.as_str()).unwrap_or("unmatched");
+            let id = request.headers().get("x-request-id").and_then(|v| v.to_str().ok()).unwrap_or("-");
+            tracing::info_span!("request", method = %request.method(), route, request_id = id)
+        }))
+        .layer(PropagateRequestIdLayer::new(request_id.clone()))
+        .layer(SetRequestIdLayer::new(request_id, MakeRequestUuid))
+        .with_state(state)
+}
+
+/// Resolves `listen` and binds it, refusing non-loopback addresses when no tokens are configured
+/// unless `allow_unauthenticated` says otherwise.
+pub async fn bind(listen: &str, app: &App, allow_unauthenticated: bool) -> Result<TcpListener> {
+    let addrs: Vec<SocketAddr> = tokio::net::lookup_host(listen)
+        .await
+        .map_err(|e| Error::invalid("listen", format!("cannot resolve {listen:?}")).with_source(e))?
+        .collect();
+    if app.is_open() && !allow_unauthenticated && addrs.iter().any(|a| !a.ip().is_loopback()) {
+        return Err(Error::invalid(
+            "listen",
+            format!(
+                "refusing to listen on {listen} with no tokens configured: anyone who can reach it could read \
+                 and write every user's data. Configure tokens, listen on loopback, or pass \
+                 --allow-unauthenticated"
+            ),
+        ));
+    }
+    let listener = TcpListener::bind(addrs.as_slice())
+        .await
+        .map_err(|e| Error::new(ErrorKind::Misconfigured, format!("cannot listen on {listen}")).with_source(e))?;
+    let local = listener.local_addr().map_err(|e| Error::new(ErrorKind::Internal, "local address").with_source(e))?;
+    if app.is_open() {
+        tracing::warn!(%local, "no tokens configured: every request is allowed (authentication is off)");
+    } else {
+        tracing::info!(%local, tokens = app.token_count, "bearer-token authentication on");
+    }
+    Ok(listener)
+}
+
+/// Resolves on SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    let interrupt = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = interrupt => {}
+        () = terminate => {}
+    }
+}

@@ -1,0 +1,350 @@
+//! The REST API's handlers: each maps one route onto the facade.
+//!
+//! Listings stream: the first page is fetched before the status line is sent (so a backend error
+//! is still a proper error response), then the rest follows page by page. An error after that
+//! aborts the connection, so a client never mistakes a cut-off listing for a whole one.
+
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{FromRequestParts, Path, RawPathParams, Request, State};
+use axum::http::request::Parts;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures::{StreamExt, TryStreamExt};
+use serde::de::DeserializeOwned;
+use serde_json::{json, Value};
+
+use super::auth::Auth;
+use super::error::ApiError;
+use super::metrics::Metrics;
+use crate::backend::{Revision, StoredDocument};
+use crate::error::ErrorKind;
+use crate::store::{DataStore, Expect, PageStream};
+
+/// The header naming the calling agent.
+pub const AGENT_HEADER: &str = "x-agent-id";
+
+/// What every handler can reach.
+#[derive(Clone)]
+pub struct AppState {
+    pub store: Arc<DataStore>,
+    pub auth: Arc<Auth>,
+    pub metrics: Arc<Metrics>,
+}
+
+type ApiResult<T> = Result<T, ApiError>;
+
+/// `Path`, with its rejections answered in our error format.
+pub struct ApiPath<T>(pub T);
+
+impl<T, S> FromRequestParts<S> for ApiPath<T>
+where
+    T: DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> ApiResult<Self> {
+        Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|Path(value)| ApiPath(value))
+            .map_err(|e| ApiError::bad_request(format!("invalid path: {}", e.body_text())))
+    }
+}
+
+/// Middleware on `/v1`: the bearer token must allow the `{user}` of the path.
+pub async fn require_auth(
+    State(state): State<AppState>,
+    params: Result<RawPathParams, axum::extract::rejection::RawPathParamsRejection>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let params = match params {
+        Ok(params) => params,
+        Err(e) => return ApiError::bad_request(format!("invalid path: {}", e.body_text())).into_response(),
+    };
+    let user = params.iter().find(|(name, _)| *name == "user").map(|(_, value)| value).unwrap_or_default();
+    match state.auth.authorize(request.headers(), user) {
+        Ok(()) => next.run(request).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+fn agent(headers: &HeaderMap) -> ApiResult<Option<String>> {
+    headers
+        .get(AGENT_HEADER)
+        .map(|v| {
+            std::str::from_utf8(v.as_bytes())
+                .map(str::to_owned)
+                .map_err(|_| ApiError::bad_request("invalid agent: the X-Agent-Id header must be UTF-8"))
+        })
+        .transpose()
+}
+
+/// The caller's precondition from `If-Match` / `If-None-Match`.
+fn expectation(headers: &HeaderMap) -> ApiResult<Expect> {
+    let text = |name: header::HeaderName| -> ApiResult<Option<String>> {
+        headers
+            .get(&name)
+            .map(|v| {
+                v.to_str()
+                    .map(|s| s.trim().to_owned())
+                    .map_err(|_| ApiError::bad_request(format!("invalid {name} header")))
+            })
+            .transpose()
+    };
+    match (text(header::IF_MATCH)?, text(header::IF_NONE_MATCH)?) {
+        (None, None) => Ok(Expect::Any),
+        (Some(_), Some(_)) => Err(ApiError::bad_request("send If-Match or If-None-Match, not both")),
+        (None, Some(star)) if star == "*" => Ok(Expect::Absent),
+        (None, Some(_)) => Err(ApiError::bad_request("If-None-Match on a write must be `*`")),
+        (Some(star), None) if star == "*" => Ok(Expect::Exists),
+        (Some(tag), None) => {
+            let tag = tag.strip_prefix("W/").unwrap_or(&tag);
+            match tag.strip_prefix('"').and_then(|t| t.strip_suffix('"')) {
+                Some(rev) if !rev.is_empty() && !rev.contains('"') => Ok(Expect::Revision(Revision(rev.to_owned()))),
+                _ => Err(ApiError::bad_request("If-Match must be `*` or one quoted ETag")),
+            }
+        }
+    }
+}
+
+/// A facade error under a caller's precondition: a conflict is then a 412.
+fn under(expect: &Expect) -> impl Fn(crate::Error) -> ApiError + '_ {
+    move |err| {
+        if *expect != Expect::Any && err.kind() == ErrorKind::Conflict {
+            ApiError::precondition_failed(err.to_string())
+        } else {
+            err.into()
+        }
+    }
+}
+
+fn etag(rev: &Revision) -> Option<HeaderValue> {
+    HeaderValue::from_str(&format!("\"{}\"", rev.as_str())).ok()
+}
+
+fn document_response(doc: &StoredDocument) -> Response {
+    let mut response = Json(doc.to_json()).into_response();
+    if let Some(tag) = etag(&doc.rev) {
+        response.headers_mut().insert(header::ETAG, tag);
+    }
+    response
+}
+
+fn missing(user: &str, namespace: &str, key: &str) -> ApiError {
+    ApiError::not_found(format!("no document for user {user:?}, namespace {namespace:?}, key {key:?}"))
+}
+
+// ---- documents ----
+
+pub async fn put_document(
+    State(state): State<AppState>,
+    ApiPath((user, namespace, key)): ApiPath<(String, String, String)>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Response> {
+    let expect = expectation(&headers)?;
+    let agent = agent(&headers)?;
+    let (value, metadata) = parse_put_body(&headers, body)?;
+    let doc = state
+        .store
+        .set_with(&user, &namespace, &key, value, metadata, agent.as_deref(), expect.clone())
+        .await
+        .map_err(under(&expect))?;
+    Ok(document_response(&doc))
+}
+
+/// The PUT body: a JSON object with `value` and optionally `metadata`, nothing else.
+fn parse_put_body(headers: &HeaderMap, body: Result<Bytes, BytesRejection>) -> ApiResult<(Value, Option<Value>)> {
+    let is_json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .map(|mime| {
+            let mime = mime.trim().to_ascii_lowercase();
+            mime == "application/json" || mime.ends_with("+json")
+        })
+        .unwrap_or(false);
+    if !is_json {
+        return Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "bad_content_type",
+            "the body must be JSON with Content-Type: application/json",
+        ));
+    }
+    let bytes = body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", "the request body is over the size limit")
+        } else {
+            ApiError::bad_request(format!("cannot read the request body: {}", e.body_text()))
+        }
+    })?;
+    let parsed: Value =
+        serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?;
+    let unprocessable = |reason: String| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "bad_body", reason);
+    let Value::Object(mut fields) = parsed else {
+        return Err(unprocessable("the body must be a JSON object {\"value\": …, \"metadata\": {…}}".into()));
+    };
+    let value = fields.remove("value").ok_or_else(|| unprocessable("the body has no `value` field".into()))?;
+    let metadata = fields.remove("metadata");
+    if let Some(extra) = fields.keys().next() {
+        return Err(unprocessable(format!("unknown body field {extra:?}; only `value` and `metadata` are accepted")));
+    }
+    Ok((value, metadata))
+}
+
+pub async fn get_document(
+    State(state): State<AppState>,
+    ApiPath((user, namespace, key)): ApiPath<(String, String, String)>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    let agent = agent(&headers)?;
+    let doc = state.store.get(&user, &namespace, &key, agent.as_deref()).await?;
+    doc.map(|doc| document_response(&doc)).ok_or_else(|| missing(&user, &namespace, &key))
+}
+
+/// Existence, without counting an access.
+pub async fn head_document(
+    State(state): State<AppState>,
+    ApiPath((user, namespace, key)): ApiPath<(String, String, String)>,
+) -> ApiResult<Response> {
+    match state.store.peek(&user, &namespace, &key).await? {
+        None => Ok(StatusCode::NOT_FOUND.into_response()),
+        Some(doc) => {
+            let mut response = StatusCode::OK.into_response();
+            if let Some(tag) = etag(&doc.rev) {
+                response.headers_mut().insert(header::ETAG, tag);
+            }
+            Ok(response)
+        }
+    }
+}
+
+pub async fn delete_document(
+    State(state): State<AppState>,
+    ApiPath((user, namespace, key)): ApiPath<(String, String, String)>,
+    headers: HeaderMap,
+) -> ApiResult<Json<Value>> {
+    let expect = expectation(&headers)?;
+    if expect == Expect::Absent {
+        return Err(ApiError::bad_request("If-None-Match makes no sense on DELETE"));
+    }
+    if !state.store.delete_with(&user, &namespace, &key, expect.clone()).await.map_err(under(&expect))? {
+        return Err(missing(&user, &namespace, &key));
+    }
+    Ok(Json(json!({ "ok": true, "deleted": 1 })))
+}
+
+// ---- listings ----
+
+pub async fn list_namespaces(
+    State(state): State<AppState>,
+    ApiPath(user): ApiPath<String>,
+) -> ApiResult<Json<Vec<String>>> {
+    Ok(Json(state.store.list_namespaces(&user).await?))
+}
+
+pub async fn list_keys(
+    State(state): State<AppState>,
+    ApiPath((user, namespace)): ApiPath<(String, String)>,
+) -> ApiResult<Response> {
+    let pages = state.store.list_keys_pages(&user, &namespace)?;
+    stream_json(pages, b'[', b']', |key, out| serde_json::to_writer(out, key)).await
+}
+
+pub async fn get_all(
+    State(state): State<AppState>,
+    ApiPath((user, namespace)): ApiPath<(String, String)>,
+) -> ApiResult<Response> {
+    let pages = state.store.get_all_pages(&user, &namespace)?;
+    stream_json(pages, b'{', b'}', |(key, value), out| {
+        serde_json::to_writer(&mut *out, key)?;
+        out.push(b':');
+        serde_json::to_writer(out, value)
+    })
+    .await
+}
+
+/// Streams pages as one JSON array or object: `open`, the items separated by commas, `close`.
+async fn stream_json<T: Send + 'static>(
+    mut pages: PageStream<T>,
+    open: u8,
+    close: u8,
+    write_item: fn(&T, &mut Vec<u8>) -> serde_json::Result<()>,
+) -> ApiResult<Response> {
+    let first = pages.try_next().await?.unwrap_or_default();
+    let mut wrote_any = false;
+    let mut encode = move |page: Vec<T>| -> crate::Result<Bytes> {
+        let mut out = Vec::new();
+        for item in &page {
+            if wrote_any {
+                out.push(b',');
+            }
+            write_item(item, &mut out)
+                .map_err(|e| crate::Error::new(ErrorKind::Internal, "cannot encode listing").with_source(e))?;
+            wrote_any = true;
+        }
+        Ok(Bytes::from(out))
+    };
+    let head = encode(first).map_err(ApiError::from)?;
+    let mut opening = vec![open];
+    opening.extend_from_slice(&head);
+    let body = futures::stream::once(async move { Ok::<_, crate::Error>(Bytes::from(opening)) })
+        .chain(pages.map(move |page| page.and_then(&mut encode)))
+        .chain(futures::stream::once(async move { Ok(Bytes::from(vec![close])) }));
+    Ok(([(header::CONTENT_TYPE, "application/json")], Body::from_stream(body)).into_response())
+}
+
+pub async fn delete_namespace(
+    State(state): State<AppState>,
+    ApiPath((user, namespace)): ApiPath<(String, String)>,
+) -> ApiResult<Json<Value>> {
+    let deleted = state.store.delete_namespace(&user, &namespace).await?;
+    Ok(Json(json!({ "ok": true, "deleted": deleted })))
+}
+
+pub async fn purge_user(State(state): State<AppState>, ApiPath(user): ApiPath<String>) -> ApiResult<Json<Value>> {
+    let deleted = state.store.purge_user(&user).await?;
+    Ok(Json(json!({ "ok": true, "deleted": deleted })))
+}
+
+// ---- operations ----
+
+pub async fn healthz() -> Json<Value> {
+    Json(json!({ "status": "ok" }))
+}
+
+pub async fn readyz(State(state): State<AppState>) -> Response {
+    match state.store.backend().health().await {
+        Ok(()) => Json(json!({ "status": "ready" })).into_response(),
+        Err(e) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", format!("backend not ready: {e}"))
+            .into_response(),
+    }
+}
+
+pub async fn metrics(State(state): State<AppState>) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render()).into_response()
+}
+
+pub async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], super::OPENAPI_JSON).into_response()
+}
+
+pub async fn no_route() -> ApiError {
+    ApiError::not_found("no such route; see /openapi.json")
+}
+
+pub async fn method_not_allowed() -> ApiError {
+    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "this route does not accept that method")
+}
+
+/// The response for a handler that panicked: a bug, answered as a 500 in our format.
+pub fn panic_response(_: Box<dyn std::any::Any + Send + 'static>) -> Response {
+    tracing::error!("a request handler panicked");
+    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error").into_response()
+}
