@@ -11,6 +11,7 @@ use serde_json::Value;
 use crate::backend::{self, BackendUrl};
 use crate::config::{LogFormat, Overrides, Settings};
 use crate::error::{Error, ErrorKind, Result};
+use crate::model::Limits;
 use crate::store::DataStore;
 
 /// Agents' key/value documents on CouchDB, DynamoDB, Firestore or an embedded file.
@@ -115,6 +116,27 @@ impl Cli {
     }
 }
 
+impl StoreCommand {
+    /// Checks the names before any store is opened, so a typo neither creates a store file nor
+    /// waits on a locked one.
+    fn validate(&self, limits: &Limits) -> Result<()> {
+        let (user, namespace, key) = match self {
+            StoreCommand::Set { user, namespace, key, .. }
+            | StoreCommand::Get { user, namespace, key, .. }
+            | StoreCommand::Delete { user, namespace, key }
+            | StoreCommand::Exists { user, namespace, key } => (user, Some(namespace), Some(key)),
+            StoreCommand::Keys { user, namespace }
+            | StoreCommand::GetAll { user, namespace }
+            | StoreCommand::DeleteNamespace { user, namespace } => (user, Some(namespace), None),
+            StoreCommand::Namespaces { user } | StoreCommand::PurgeUser { user } => (user, None, None),
+        };
+        limits.check_user_id(user)?;
+        namespace.map(|ns| limits.check_namespace(ns)).transpose()?;
+        key.map(|key| limits.check_key(key)).transpose()?;
+        Ok(())
+    }
+}
+
 /// Exit statuses, documented in the README.
 pub fn exit_code(kind: ErrorKind) -> u8 {
     match kind {
@@ -140,6 +162,7 @@ pub async fn run(cli: Cli, settings: Settings) -> Result<()> {
         }
         Command::Serve { .. } => serve(&settings).await,
         Command::Store(command) => {
+            command.validate(&settings.store_options().limits)?;
             let url: BackendUrl = settings.backend.parse()?;
             let backend = backend::open(&url).await?;
             let store = DataStore::open(backend, settings.store_options()).await?;
@@ -217,7 +240,7 @@ fn read_stdin(max_value_bytes: usize) -> Result<String> {
         .lock()
         .take(cap as u64 + 1)
         .read_to_string(&mut text)
-        .map_err(|e| Error::invalid("value", "standard input is not UTF-8 text").with_source(e))?;
+        .map_err(|e| Error::invalid("value", format!("cannot read standard input: {e}")))?;
     if text.len() > cap {
         return Err(Error::new(
             ErrorKind::TooLarge,

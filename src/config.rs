@@ -135,9 +135,11 @@ impl Settings {
                 if !path.exists() {
                     return Err(Error::invalid("config", format!("file {} does not exist", path.display())));
                 }
-                builder.add_source(config::File::from(path.to_path_buf()))
+                builder.add_source(config::File::from(path.to_path_buf()).format(config::FileFormat::Toml))
             }
-            None => builder.add_source(config::File::from(PathBuf::from(DEFAULT_CONFIG_FILE)).required(false)),
+            None => builder.add_source(
+                config::File::from(PathBuf::from(DEFAULT_CONFIG_FILE)).format(config::FileFormat::Toml).required(false),
+            ),
         };
         builder = builder.add_source(config::Environment::with_prefix("AGENTSTORE").try_parsing(true));
         if let Some(backend) = &overrides.backend {
