@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use serde_json::Value;
 
-use crate::backend::{self, BackendUrl};
+use crate::backend;
 use crate::config::{LogFormat, Overrides, Settings};
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::Limits;
@@ -163,7 +163,7 @@ pub async fn run(cli: Cli, settings: Settings) -> Result<()> {
         Command::Serve { .. } => serve(&settings).await,
         Command::Store(command) => {
             command.validate(&settings.store_options().limits)?;
-            let url: BackendUrl = settings.backend.parse()?;
+            let url = settings.backend_url()?;
             let backend = backend::open(&url).await?;
             let store = DataStore::open(backend, settings.store_options()).await?;
             let output = execute(&store, command, settings.max_value_bytes).await?;
@@ -174,15 +174,17 @@ pub async fn run(cli: Cli, settings: Settings) -> Result<()> {
 
 /// `serve`: opens the backend, binds, and serves until SIGTERM/SIGINT.
 async fn serve(settings: &Settings) -> Result<()> {
-    let url: BackendUrl = settings.backend.parse()?;
+    let url = settings.backend_url()?;
     let backend = backend::open(&url).await?;
     let describe = backend.describe();
     let app = crate::http::App::build(backend, settings).await?;
     let listener = crate::http::bind(&settings.listen, &app, settings.allow_unauthenticated).await?;
     let local = listener.local_addr().map_err(|e| Error::new(ErrorKind::Internal, "local address").with_source(e))?;
     tracing::info!(%local, backend = %describe, "agentstore serving");
+    // Signal handlers first: a SIGTERM sent as soon as this line appears must still be graceful.
+    let shutdown = crate::http::shutdown_signal();
     eprintln!("agentstore: serving http://{local} on {describe}");
-    app.serve(listener, crate::http::shutdown_signal()).await?;
+    app.serve(listener, shutdown).await?;
     tracing::info!("stopped");
     Ok(())
 }

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::backend::url::DEFAULT_BACKEND_URL;
+use crate::backend::BackendUrl;
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::validate::DEFAULT_MAX_VALUE_BYTES;
 use crate::model::Limits;
@@ -52,6 +53,10 @@ pub struct Settings {
     pub request_timeout_secs: u64,
     /// On SIGTERM/SIGINT, how long in-flight requests may take to finish.
     pub shutdown_grace_secs: u64,
+    /// CouchDB user, when the backend URL carries none.
+    pub couchdb_user: Option<String>,
+    /// CouchDB password, when the backend URL carries none.
+    pub couchdb_password: Option<String>,
 }
 
 /// Tokens: in a config file a list of `{ sha256 = "…", user = "…" }` or
@@ -169,6 +174,18 @@ impl Settings {
             return Err(Error::invalid("max_value_bytes", "must be at least 1"));
         }
         Ok(settings)
+    }
+
+    /// The backend URL, with credentials from the settings filled in where the URL has none.
+    pub fn backend_url(&self) -> Result<BackendUrl> {
+        let mut url: BackendUrl = self.backend.parse()?;
+        if let BackendUrl::CouchDb(config) = &mut url {
+            if config.user.is_none() {
+                config.user = self.couchdb_user.clone();
+                config.password = self.couchdb_password.clone();
+            }
+        }
+        Ok(url)
     }
 
     /// The request body limit in force.

@@ -32,7 +32,9 @@ fn main() -> ExitCode {
 /// for `serve`, `warn` for the one-shot commands).
 fn init_logging(format: LogFormat, default_level: &str) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // A failed log write (stderr closed) must not panic the server.
+    let builder =
+        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).log_internal_errors(false);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),

@@ -4,6 +4,7 @@
 //! composite IDs with revision preconditions, and answer paged queries by `userId` (+ `namespace`).
 //! The data-store semantics live once, in [`crate::store::DataStore`].
 
+pub mod couchdb;
 pub mod embedded;
 pub mod url;
 
@@ -140,5 +141,6 @@ pub async fn open(url: &BackendUrl) -> Result<Arc<dyn DocumentBackend>> {
             let backend = embedded::EmbeddedBackend::open(path).await?;
             Ok(Arc::new(backend))
         }
+        BackendUrl::CouchDb(config) => Ok(Arc::new(couchdb::CouchDbBackend::open(config).await?)),
     }
 }

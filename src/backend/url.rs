@@ -7,6 +7,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
 
+use super::couchdb::CouchConfig;
 use crate::error::{Error, Result};
 
 /// The default backend: the embedded store under `./data`.
@@ -16,6 +17,7 @@ pub const DEFAULT_BACKEND_URL: &str = "embedded:./data/agentstore.redb";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BackendUrl {
     Embedded { path: PathBuf },
+    CouchDb(CouchConfig),
 }
 
 impl FromStr for BackendUrl {
@@ -37,9 +39,13 @@ impl FromStr for BackendUrl {
                 }
                 Ok(BackendUrl::Embedded { path: PathBuf::from(path) })
             }
+            "couchdb+http" | "couchdb+https" => Ok(BackendUrl::CouchDb(CouchConfig::parse(text)?)),
             other => Err(Error::invalid(
                 "backend",
-                format!("unknown backend scheme {other:?} in {text:?}; supported: embedded:PATH"),
+                format!(
+                    "unknown backend scheme {other:?}; supported: embedded:PATH, couchdb+http://USER:PASS@HOST:PORT/DB, \
+                     couchdb+https://…"
+                ),
             )),
         }
     }
@@ -49,6 +55,7 @@ impl fmt::Display for BackendUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             BackendUrl::Embedded { path } => write!(f, "embedded:{}", path.display()),
+            BackendUrl::CouchDb(config) => f.write_str(&config.redacted()),
         }
     }
 }

@@ -65,3 +65,17 @@ pub fn first_difference(a: &Value, b: &Value) -> Option<String> {
     }
     walk("$", a, b)
 }
+
+/// Whether every number in `value` survives a trip through an IEEE double (what a JavaScript
+/// server stores).
+pub fn survives_f64(value: &Value) -> bool {
+    match value {
+        Value::Number(n) => {
+            let text = n.to_string();
+            text.parse::<f64>().ok().and_then(Number::from_f64).is_some_and(|back| canonical(&back) == canonical(n))
+        }
+        Value::Array(items) => items.iter().all(survives_f64),
+        Value::Object(map) => map.values().all(survives_f64),
+        _ => true,
+    }
+}

@@ -11,7 +11,8 @@ use futures::future::join_all;
 use futures::TryStreamExt;
 use serde_json::{json, Map, Value};
 
-use crate::common::{corpus, json::first_difference};
+use crate::common::corpus;
+use crate::common::json::{first_difference, survives_f64};
 use crate::harness::{BoxFuture, Ctx};
 
 pub struct Case {
@@ -446,7 +447,12 @@ async fn query_pages_with_tokens(ctx: Ctx) {
 
 async fn round_trip_corpus(ctx: Ctx) {
     let store = ctx.store().await;
-    let cases = corpus::cases();
+    let (cases, not_checked): (Vec<_>, Vec<_>) =
+        corpus::cases().into_iter().partition(|case| ctx.inexact_numbers.is_none() || survives_f64(&case.value));
+    if let Some(reason) = &ctx.inexact_numbers {
+        let names: Vec<&str> = not_checked.iter().map(|c| c.name.as_str()).collect();
+        println!("  {}::round_trip_corpus NOT checking {names:?} on this server: {reason}", ctx.backend_name);
+    }
     for case in &cases {
         let written = store
             .set("corpus", "values", &case.name, case.value.clone(), None, None)
@@ -468,8 +474,8 @@ async fn round_trip_corpus(ctx: Ctx) {
         }
     }
     // Metadata values are JSON too and round-trip the same way.
-    let metadata =
-        json!({"big": serde_json::from_str::<Value>("123456789012345678901234567890123456789").unwrap(), "": [[]]});
+    let big = if ctx.inexact_numbers.is_none() { "123456789012345678901234567890123456789" } else { "12345" };
+    let metadata = json!({"big": serde_json::from_str::<Value>(big).unwrap(), "": [[]]});
     let doc = store.set("corpus", "meta", "m", json!(null), Some(metadata.clone()), None).await.unwrap();
     let read = store.get("corpus", "meta", "m", None).await.unwrap().unwrap();
     assert!(first_difference(&metadata, &read.body["metadata"]).is_none());

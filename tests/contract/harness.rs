@@ -14,9 +14,14 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use agentstore::backend::couchdb::{CouchConfig, CouchDbBackend};
 use agentstore::backend::embedded::EmbeddedBackend;
 use agentstore::backend::DocumentBackend;
 use agentstore::store::{DataStore, StoreOptions};
+
+use crate::common::servers;
 
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
@@ -24,6 +29,9 @@ pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 pub struct Ctx {
     pub backend: Arc<dyn DocumentBackend>,
     pub backend_name: &'static str,
+    /// Why this test server cannot keep numbers beyond double precision, when it cannot (the
+    /// production system can; the difference is covered by that backend's replay tests).
+    pub inexact_numbers: Option<String>,
     _keep_alive: Box<dyn Any + Send + Sync>,
 }
 
@@ -47,17 +55,44 @@ pub struct BackendHarness {
 }
 
 pub fn all() -> Vec<BackendHarness> {
-    vec![BackendHarness {
-        name: "embedded",
-        describe: || "redb file in a new temporary directory per test".into(),
-        fresh: || Box::pin(fresh_embedded()),
-    }]
+    vec![
+        BackendHarness {
+            name: "embedded",
+            describe: || "redb file in a new temporary directory per test".into(),
+            fresh: || Box::pin(fresh_embedded()),
+        },
+        BackendHarness {
+            name: "couchdb",
+            describe: || match servers::couchdb() {
+                Ok(server) => format!(
+                    "{} at {} (a new database per test)",
+                    server.product,
+                    server.url.rsplit('@').next().unwrap_or("?")
+                ),
+                Err(e) => format!("UNAVAILABLE: {e}"),
+            },
+            fresh: || Box::pin(fresh_couchdb()),
+        },
+    ]
+}
+
+static DATABASE_COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+async fn fresh_couchdb() -> Result<Ctx, String> {
+    let server = servers::couchdb()?;
+    let n = DATABASE_COUNTER.fetch_add(1, Ordering::Relaxed);
+    let database = format!("contract_{}_{n}", std::process::id());
+    let config = CouchConfig::parse(&server.database_url(&database)).map_err(|e| e.to_string())?;
+    let backend = CouchDbBackend::open(&config).await.map_err(|e| e.to_string())?;
+    let inexact_numbers = (!server.exact_numbers)
+        .then(|| format!("{} stores numbers as JS doubles (Apache CouchDB keeps them exact)", server.product));
+    Ok(Ctx { backend: Arc::new(backend), backend_name: "couchdb", inexact_numbers, _keep_alive: Box::new(()) })
 }
 
 async fn fresh_embedded() -> Result<Ctx, String> {
     let dir = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
     let backend = EmbeddedBackend::open(&dir.path().join("contract.redb")).await.map_err(|e| e.to_string())?;
-    Ok(Ctx { backend: Arc::new(backend), backend_name: "embedded", _keep_alive: Box::new(dir) })
+    Ok(Ctx { backend: Arc::new(backend), backend_name: "embedded", inexact_numbers: None, _keep_alive: Box::new(dir) })
 }
 
 /// The backends named by `AGENTSTORE_TEST_BACKENDS`, or all. Unknown names are an error, so a

@@ -1,0 +1,428 @@
+//! [`CouchDbBackend`]: the `DocumentBackend` over CouchDB's HTTP API.
+
+use std::sync::RwLock;
+
+use async_trait::async_trait;
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Map, Value};
+
+use super::client::{CouchClient, Reply};
+use super::config::CouchConfig;
+use super::error::from_status;
+use crate::backend::{BulkWrite, DocumentBackend, Page, Precondition, Projection, Query, Revision, StoredDocument};
+use crate::error::{Error, ErrorKind, Result};
+use crate::model::fields;
+
+/// The Mango index the spec names.
+pub const INDEX_NAME: &str = "idx-user-namespace";
+
+/// How often an unconditional write re-reads the revision after a conflict.
+const UNCONDITIONAL_WRITE_ATTEMPTS: usize = 10;
+
+pub struct CouchDbBackend {
+    client: CouchClient,
+    config: CouchConfig,
+    /// The design document holding `idx-user-namespace`, learned when the index is ensured, so
+    /// `_find` can name it in `use_index`.
+    index_ddoc: RwLock<Option<String>>,
+}
+
+/// A `_find` page token. Real CouchDB pages with bookmarks; a server that returns none
+/// (pouchdb-server) is paged with `skip` instead.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum FindToken {
+    Bookmark(String),
+    Skip(usize),
+}
+
+impl CouchDbBackend {
+    /// Connects and checks the database, creating it when configured to. Nothing is written to
+    /// an existing database here.
+    pub async fn open(config: &CouchConfig) -> Result<Self> {
+        let backend =
+            CouchDbBackend { client: CouchClient::new(config)?, config: config.clone(), index_ddoc: RwLock::new(None) };
+        backend.check_database().await?;
+        Ok(backend)
+    }
+
+    async fn check_database(&self) -> Result<()> {
+        let db = &self.config.database;
+        let url = self.client.url(&[]);
+        let reply = self.client.read(Method::GET, &url, &[], None, "open the database").await?;
+        match reply.status {
+            StatusCode::OK => Ok(()),
+            StatusCode::NOT_FOUND if self.config.create => {
+                let created = self.client.send(Method::PUT, &url, &[], None, "create the database").await?;
+                match created.status {
+                    // 412: someone else created it meanwhile.
+                    StatusCode::CREATED | StatusCode::ACCEPTED | StatusCode::PRECONDITION_FAILED => {
+                        tracing::info!(database = %db, "created CouchDB database");
+                        Ok(())
+                    }
+                    status => Err(from_status(status, &created.body, "create the database")),
+                }
+            }
+            StatusCode::NOT_FOUND => Err(Error::new(
+                ErrorKind::Misconfigured,
+                format!(
+                    "CouchDB database {db:?} does not exist on {}; create it, or add ?create=true to the backend URL",
+                    self.config.server
+                ),
+            )),
+            status => Err(from_status(status, &reply.body, &format!("open database {db:?}"))),
+        }
+    }
+
+    /// POSTs the spec's index definition; CouchDB answers `created` or `exists`.
+    async fn ensure_index(&self, why: &str) -> Result<()> {
+        let definition = json!({
+            "index": { "fields": [fields::USER_ID, fields::NAMESPACE] },
+            "name": INDEX_NAME,
+            "type": "json"
+        });
+        let url = self.client.url(&["_index"]);
+        let reply = self.client.send(Method::POST, &url, &[], Some(&definition), "ensure the Mango index").await?;
+        if !reply.status.is_success() {
+            return Err(from_status(reply.status, &reply.body, &format!("ensure the Mango index {INDEX_NAME}")));
+        }
+        let result = reply.body.get("result").and_then(Value::as_str).unwrap_or("unknown");
+        let ddoc = reply.body.get("id").and_then(Value::as_str).map(str::to_owned);
+        tracing::info!(database = %self.config.database, index = INDEX_NAME, result, ddoc = ?ddoc, why, "ensured CouchDB index");
+        if let Some(ddoc) = ddoc {
+            *self.index_ddoc.write().unwrap_or_else(|e| e.into_inner()) = Some(ddoc);
+        }
+        Ok(())
+    }
+
+    fn document_url(&self, id: &str) -> String {
+        self.client.url(&[id])
+    }
+
+    /// The current revision of `id`, or `None` if it does not exist (or was deleted).
+    async fn current_revision(&self, id: &str) -> Result<Option<Revision>> {
+        Ok(self.get(id).await?.map(|doc| doc.rev))
+    }
+
+    /// PUTs one document with the given `_rev` (or none, to create).
+    async fn put_with_rev(&self, id: &str, body: &Map<String, Value>, rev: Option<&Revision>) -> Result<Revision> {
+        let doc = to_couch_doc(id, body, rev);
+        let reply = self.client.send(Method::PUT, &self.document_url(id), &[], Some(&doc), "write a document").await?;
+        match reply.status {
+            StatusCode::CREATED | StatusCode::ACCEPTED => revision_of(&reply.body, "write a document"),
+            StatusCode::CONFLICT => Err(Error::conflict(format!("document {id:?} was changed by another writer"))),
+            status => Err(from_status(status, &reply.body, &format!("write document {id:?}"))),
+        }
+    }
+
+    /// Revisions of many ids in one request (`_all_docs` with `keys`); deleted and missing ids
+    /// have none.
+    async fn current_revisions(&self, ids: &[&str]) -> Result<Vec<Option<Revision>>> {
+        let url = self.client.url(&["_all_docs"]);
+        let reply =
+            self.client.read(Method::POST, &url, &[], Some(&json!({ "keys": ids })), "look up revisions").await?;
+        if !reply.status.is_success() {
+            return Err(from_status(reply.status, &reply.body, "look up revisions"));
+        }
+        let rows = reply.body.get("rows").and_then(Value::as_array).cloned().unwrap_or_default();
+        Ok(ids
+            .iter()
+            .map(|id| {
+                rows.iter()
+                    .find(|row| row.get("id").and_then(Value::as_str) == Some(id))
+                    .filter(|row| row.pointer("/value/deleted").and_then(Value::as_bool) != Some(true))
+                    .and_then(|row| row.pointer("/value/rev").and_then(Value::as_str))
+                    .map(|rev| Revision(rev.to_owned()))
+            })
+            .collect())
+    }
+}
+
+/// The body CouchDB stores: `_id`, `_rev` when updating, then our fields.
+fn to_couch_doc(id: &str, body: &Map<String, Value>, rev: Option<&Revision>) -> Value {
+    let mut doc = Map::with_capacity(body.len() + 2);
+    doc.insert(fields::ID.into(), id.into());
+    if let Some(rev) = rev {
+        doc.insert(fields::REV.into(), rev.as_str().into());
+    }
+    doc.extend(body.iter().filter(|(k, _)| *k != fields::ID && *k != fields::REV).map(|(k, v)| (k.clone(), v.clone())));
+    Value::Object(doc)
+}
+
+/// Splits a CouchDB document into id, revision and body.
+fn from_couch_doc(doc: Value, doing: &str) -> Result<StoredDocument> {
+    let Value::Object(mut body) = doc else {
+        return Err(Error::new(
+            ErrorKind::Internal,
+            format!("CouchDB returned a non-object document while trying to {doing}"),
+        ));
+    };
+    let id = match body.remove(fields::ID) {
+        Some(Value::String(id)) => id,
+        _ => {
+            return Err(Error::new(
+                ErrorKind::Internal,
+                format!("CouchDB returned a document without _id while trying to {doing}"),
+            ))
+        }
+    };
+    let rev = match body.remove(fields::REV) {
+        Some(Value::String(rev)) => rev,
+        _ => return Err(Error::new(ErrorKind::Internal, format!("CouchDB returned document {id:?} without _rev"))),
+    };
+    Ok(StoredDocument { id, rev: Revision(rev), body })
+}
+
+fn revision_of(reply: &Value, doing: &str) -> Result<Revision> {
+    reply.get("rev").and_then(Value::as_str).map(|rev| Revision(rev.to_owned())).ok_or_else(|| {
+        Error::new(ErrorKind::Internal, format!("CouchDB did not return a revision while trying to {doing}"))
+    })
+}
+
+fn is_design_doc(id: &str) -> bool {
+    id.starts_with("_design/")
+}
+
+#[async_trait]
+impl DocumentBackend for CouchDbBackend {
+    fn describe(&self) -> String {
+        let CouchConfig { server, database, .. } = &self.config;
+        format!(
+            "couchdb+{}://{}{}/{database}",
+            server.scheme(),
+            server.host_str().unwrap_or(""),
+            server.port().map(|p| format!(":{p}")).unwrap_or_default()
+        )
+    }
+
+    async fn get(&self, id: &str) -> Result<Option<StoredDocument>> {
+        let reply = self.client.read(Method::GET, &self.document_url(id), &[], None, "read a document").await?;
+        match reply.status {
+            StatusCode::OK => from_couch_doc(reply.body, "read a document").map(Some),
+            // "missing" and "deleted" alike; a missing database is reported at startup.
+            StatusCode::NOT_FOUND => Ok(None),
+            status => Err(from_status(status, &reply.body, &format!("read document {id:?}"))),
+        }
+    }
+
+    async fn put(&self, id: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Revision> {
+        match precondition {
+            Precondition::MustNotExist => self.put_with_rev(id, body, None).await,
+            Precondition::MatchRevision(rev) => self.put_with_rev(id, body, Some(&rev)).await,
+            Precondition::None => {
+                for _ in 0..UNCONDITIONAL_WRITE_ATTEMPTS {
+                    let rev = self.current_revision(id).await?;
+                    match self.put_with_rev(id, body, rev.as_ref()).await {
+                        Err(e) if e.is_conflict() => continue,
+                        other => return other,
+                    }
+                }
+                Err(Error::conflict(format!("document {id:?} kept changing during an unconditional write")))
+            }
+        }
+    }
+
+    async fn delete(&self, id: &str, rev: &Revision) -> Result<()> {
+        let query = [("rev", rev.as_str().to_owned())];
+        let reply = self.client.send(Method::DELETE, &self.document_url(id), &query, None, "delete a document").await?;
+        match reply.status {
+            StatusCode::OK | StatusCode::ACCEPTED => Ok(()),
+            // A 409 can mean a newer revision or a newer tombstone (already deleted); a 404 can
+            // mean missing or, on pouchdb-server, a stale revision. Look before choosing.
+            StatusCode::CONFLICT | StatusCode::NOT_FOUND => match self.get(id).await? {
+                Some(_) => Err(Error::conflict(format!("document {id:?} is no longer at revision {rev}"))),
+                None => Err(Error::not_found(format!("document {id:?} does not exist"))),
+            },
+            status => Err(from_status(status, &reply.body, &format!("delete document {id:?}"))),
+        }
+    }
+
+    async fn query(&self, query: &Query, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
+        let limit = limit.max(1);
+        let mut selector = Map::new();
+        selector.insert(fields::USER_ID.into(), query.user_id.clone().into());
+        if let Some(namespace) = &query.namespace {
+            selector.insert(fields::NAMESPACE.into(), namespace.clone().into());
+        }
+        let mut request = Map::new();
+        request.insert("selector".into(), Value::Object(selector));
+        if let Projection::Fields(wanted) = &query.projection {
+            let mut names = vec![fields::ID, fields::REV];
+            names.extend(wanted.iter().copied());
+            request.insert("fields".into(), json!(names));
+        }
+        // Always send a limit: without one CouchDB stops at 25 documents.
+        request.insert("limit".into(), limit.into());
+        let ddoc = self.index_ddoc.read().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(ddoc) = ddoc {
+            request.insert("use_index".into(), json!([ddoc, INDEX_NAME]));
+        }
+        let skip = match page_token.map(serde_json::from_str::<FindToken>) {
+            None => 0,
+            Some(Ok(FindToken::Bookmark(bookmark))) => {
+                request.insert("bookmark".into(), bookmark.into());
+                0
+            }
+            Some(Ok(FindToken::Skip(skip))) => {
+                request.insert("skip".into(), skip.into());
+                skip
+            }
+            Some(Err(_)) => return Err(Error::invalid("page token", "was not produced by this backend")),
+        };
+        let url = self.client.url(&["_find"]);
+        let reply = self.client.read(Method::POST, &url, &[], Some(&Value::Object(request)), "query documents").await?;
+        if !reply.status.is_success() {
+            return Err(from_status(reply.status, &reply.body, "query documents with _find"));
+        }
+        if let Some(warning) = reply.body.get("warning").and_then(Value::as_str) {
+            tracing::warn!(database = %self.config.database, warning, "CouchDB _find warning");
+        }
+        let Value::Object(mut body) = reply.body else {
+            return Err(Error::new(ErrorKind::Internal, "CouchDB _find answered with a non-object"));
+        };
+        let docs = match body.remove("docs") {
+            Some(Value::Array(docs)) => docs,
+            _ => return Err(Error::new(ErrorKind::Internal, "CouchDB _find answered without docs")),
+        };
+        let count = docs.len();
+        let items = docs
+            .into_iter()
+            .map(|doc| from_couch_doc(doc, "query documents"))
+            .filter(|doc| !doc.as_ref().is_ok_and(|d| is_design_doc(&d.id)))
+            .collect::<Result<Vec<_>>>()?;
+        // A short page is the last one; a full page may be followed by more (or by the empty
+        // page CouchDB ends with).
+        let next = if count < limit {
+            None
+        } else {
+            let token = match body.remove("bookmark") {
+                Some(Value::String(bookmark)) => FindToken::Bookmark(bookmark),
+                _ => FindToken::Skip(skip + count),
+            };
+            Some(
+                serde_json::to_string(&token)
+                    .map_err(|e| Error::new(ErrorKind::Internal, "encode page token").with_source(e))?,
+            )
+        };
+        Ok(Page { items, next })
+    }
+
+    async fn ensure_standard_indexes(&self) -> Result<()> {
+        self.ensure_index("startup").await
+    }
+
+    async fn ensure_namespace_indexed(&self, namespace: &str) -> Result<()> {
+        self.ensure_index(&format!("first write to namespace {namespace:?}")).await
+    }
+
+    async fn bulk_write(&self, writes: Vec<BulkWrite>) -> Result<Vec<Result<Revision>>> {
+        if writes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let unconditional: Vec<&str> =
+            writes.iter().filter(|w| w.precondition == Precondition::None).map(|w| w.id.as_str()).collect();
+        let mut current = if unconditional.is_empty() {
+            Vec::new()
+        } else {
+            unconditional.iter().copied().zip(self.current_revisions(&unconditional).await?).collect::<Vec<_>>()
+        };
+        let docs: Vec<Value> = writes
+            .iter()
+            .map(|write| {
+                let rev = match &write.precondition {
+                    Precondition::MustNotExist => None,
+                    Precondition::MatchRevision(rev) => Some(rev.clone()),
+                    Precondition::None => {
+                        current.iter_mut().find(|(id, _)| *id == write.id).and_then(|(_, rev)| rev.take())
+                    }
+                };
+                to_couch_doc(&write.id, &write.body, rev.as_ref())
+            })
+            .collect();
+        let url = self.client.url(&["_bulk_docs"]);
+        let Reply { status, body } = self
+            .client
+            .send(Method::POST, &url, &[], Some(&json!({ "docs": docs })), "write documents in bulk")
+            .await?;
+        if !status.is_success() {
+            return Err(from_status(status, &body, "write documents in bulk"));
+        }
+        let results = body.as_array().cloned().unwrap_or_default();
+        if results.len() != writes.len() {
+            return Err(Error::new(
+                ErrorKind::Internal,
+                format!("CouchDB _bulk_docs answered {} results for {} documents", results.len(), writes.len()),
+            ));
+        }
+        Ok(writes
+            .iter()
+            .zip(results)
+            .map(|(write, result)| match result.get("error").and_then(Value::as_str) {
+                None => revision_of(&result, "write documents in bulk"),
+                Some("conflict") => {
+                    Err(Error::conflict(format!("document {:?} conflicts with the stored one", write.id)))
+                }
+                Some(error) => {
+                    let reason = result.get("reason").and_then(Value::as_str).unwrap_or("");
+                    let kind = match error {
+                        "forbidden" | "unauthorized" => ErrorKind::Unauthorized,
+                        "too_large" | "document_too_large" => ErrorKind::TooLarge,
+                        "doc_validation" | "bad_request" => ErrorKind::InvalidInput,
+                        _ => ErrorKind::Internal,
+                    };
+                    Err(Error::new(kind, format!("CouchDB refused document {:?}: {error}: {reason}", write.id)))
+                }
+            })
+            .collect())
+    }
+
+    async fn scan(&self, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
+        let limit = limit.max(1);
+        let mut query = vec![("include_docs", "true".to_owned()), ("limit", limit.to_string())];
+        if let Some(after) = page_token {
+            // The smallest id after `after` in _all_docs' raw collation.
+            let start = format!("{after}\u{0}");
+            query.push((
+                "startkey",
+                serde_json::to_string(&start)
+                    .map_err(|e| Error::new(ErrorKind::Internal, "encode startkey").with_source(e))?,
+            ));
+        }
+        let url = self.client.url(&["_all_docs"]);
+        let reply = self.client.read(Method::GET, &url, &query, None, "scan documents").await?;
+        if !reply.status.is_success() {
+            return Err(from_status(reply.status, &reply.body, "scan documents with _all_docs"));
+        }
+        let rows = match reply.body {
+            Value::Object(mut body) => match body.remove("rows") {
+                Some(Value::Array(rows)) => rows,
+                _ => Vec::new(),
+            },
+            _ => Vec::new(),
+        };
+        let full_page = rows.len() == limit;
+        let mut last_id = None;
+        let mut items = Vec::with_capacity(rows.len());
+        for row in rows {
+            let Value::Object(mut row) = row else { continue };
+            let id = row.get("id").and_then(Value::as_str).map(str::to_owned);
+            last_id = id.clone().or(last_id);
+            if id.as_deref().is_none_or(is_design_doc) {
+                continue;
+            }
+            if let Some(doc) = row.remove("doc").filter(|d| !d.is_null()) {
+                items.push(from_couch_doc(doc, "scan documents")?);
+            }
+        }
+        Ok(Page { items, next: if full_page { last_id } else { None } })
+    }
+
+    async fn health(&self) -> Result<()> {
+        let reply = self.client.read(Method::GET, &self.client.url(&[]), &[], None, "check the database").await?;
+        if reply.status.is_success() {
+            Ok(())
+        } else {
+            Err(from_status(reply.status, &reply.body, &format!("check database {:?}", self.config.database)))
+        }
+    }
+}

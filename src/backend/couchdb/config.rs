@@ -1,0 +1,154 @@
+//! The CouchDB backend URL: `couchdb+http://USER:PASS@HOST:PORT/DATABASE?create=true&timeout_secs=30`
+//! (or `couchdb+https://`). The database defaults to `agent_data_store`; it is created at startup
+//! only with `create=true`. Credentials may instead come from the `couchdb_user` /
+//! `couchdb_password` settings (`AGENTSTORE_COUCHDB_USER` / `AGENTSTORE_COUCHDB_PASSWORD`), which
+//! keeps the password out of the URL.
+
+use std::fmt;
+use std::time::Duration;
+
+use url::Url;
+
+use crate::error::{Error, Result};
+
+/// The default database, as the spec names the collection.
+pub const DEFAULT_DATABASE: &str = "agent_data_store";
+
+/// Where and how to reach CouchDB.
+#[derive(Clone, PartialEq, Eq)]
+pub struct CouchConfig {
+    /// The server's base URL (`http://host:5984/`), without credentials.
+    pub server: Url,
+    pub database: String,
+    pub user: Option<String>,
+    pub password: Option<String>,
+    /// Create the database at startup if it does not exist.
+    pub create: bool,
+    /// Timeout of one HTTP request.
+    pub timeout: Duration,
+}
+
+impl CouchConfig {
+    /// Parses a `couchdb+http://` or `couchdb+https://` URL.
+    pub fn parse(text: &str) -> Result<Self> {
+        let bad = |problem: String| Error::invalid("backend", format!("CouchDB URL: {problem}"));
+        let rest = text
+            .strip_prefix("couchdb+")
+            .ok_or_else(|| bad("must start with couchdb+http:// or couchdb+https://".into()))?;
+        let url = Url::parse(rest).map_err(|e| bad(format!("{e}")))?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(bad("the scheme must be couchdb+http or couchdb+https".into()));
+        }
+        if url.host_str().is_none_or(str::is_empty) {
+            return Err(bad("no host".into()));
+        }
+        let decode = |part: &str| percent_encoding::percent_decode_str(part).decode_utf8_lossy().into_owned();
+        let user = (!url.username().is_empty()).then(|| decode(url.username()));
+        let password = url.password().map(decode);
+        let segments: Vec<String> =
+            url.path_segments().map(|s| s.filter(|p| !p.is_empty()).map(decode).collect()).unwrap_or_default();
+        let database = match segments.as_slice() {
+            [] => DEFAULT_DATABASE.to_owned(),
+            [db] => db.clone(),
+            _ => return Err(bad("the path must be just the database name".into())),
+        };
+        check_database_name(&database).map_err(bad)?;
+        let mut create = false;
+        let mut timeout = Duration::from_secs(30);
+        for (name, value) in url.query_pairs() {
+            match name.as_ref() {
+                "create" => {
+                    create = parse_bool(&value).ok_or_else(|| bad(format!("create={value} is not true/false")))?
+                }
+                "timeout_secs" => {
+                    let secs: u64 = value.parse().map_err(|_| bad(format!("timeout_secs={value} is not a number")))?;
+                    timeout = Duration::from_secs(secs.max(1));
+                }
+                other => return Err(bad(format!("unknown parameter {other:?} (known: create, timeout_secs)"))),
+            }
+        }
+        let mut server = url.clone();
+        server.set_path("/");
+        server.set_query(None);
+        let _ = server.set_username("");
+        let _ = server.set_password(None);
+        Ok(CouchConfig { server, database, user, password, create, timeout })
+    }
+
+    /// The URL with the password hidden.
+    pub fn redacted(&self) -> String {
+        let user = match (&self.user, &self.password) {
+            (Some(user), Some(_)) => format!("{user}:***@"),
+            (Some(user), None) => format!("{user}@"),
+            _ => String::new(),
+        };
+        let host = self.server.host_str().unwrap_or("");
+        let port = self.server.port().map(|p| format!(":{p}")).unwrap_or_default();
+        format!("couchdb+{}://{user}{host}{port}/{}", self.server.scheme(), self.database)
+    }
+}
+
+impl fmt::Debug for CouchConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.redacted())
+    }
+}
+
+fn parse_bool(value: &str) -> Option<bool> {
+    match value {
+        "true" | "1" | "yes" => Some(true),
+        "false" | "0" | "no" => Some(false),
+        _ => None,
+    }
+}
+
+/// CouchDB's rule: a lowercase letter, then lowercase letters, digits and `_$()+-/`.
+fn check_database_name(name: &str) -> std::result::Result<(), String> {
+    let mut chars = name.chars();
+    let first_ok = chars.next().is_some_and(|c| c.is_ascii_lowercase());
+    if first_ok && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "_$()+-/".contains(c)) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name:?} is not a valid CouchDB database name (a lowercase letter, then lowercase letters, digits or _$()+-/)"
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_documented_forms() {
+        let c = CouchConfig::parse("couchdb+http://admin:p%40ss@127.0.0.1:5984/my_db?create=true").unwrap();
+        assert_eq!(c.server.as_str(), "http://127.0.0.1:5984/");
+        assert_eq!(c.database, "my_db");
+        assert_eq!(c.user.as_deref(), Some("admin"));
+        assert_eq!(c.password.as_deref(), Some("p@ss"));
+        assert!(c.create);
+        assert_eq!(c.redacted(), "couchdb+http://admin:***@127.0.0.1:5984/my_db");
+        assert!(!format!("{c:?}").contains("p@ss"));
+        let c = CouchConfig::parse("couchdb+https://db.example.com").unwrap();
+        assert_eq!(c.database, DEFAULT_DATABASE);
+        assert_eq!(c.server.as_str(), "https://db.example.com/");
+        assert!(!c.create);
+        assert_eq!(c.user, None);
+    }
+
+    #[test]
+    fn refuses_bad_urls() {
+        for bad in [
+            "couchdb+ftp://h/db",
+            "couchdb+http:///db",
+            "couchdb+http://h/Upper",
+            "couchdb+http://h/a/b",
+            "couchdb+http://h/db?create=maybe",
+            "couchdb+http://h/db?nope=1",
+            "couchdb+http://h/1db",
+        ] {
+            let err = CouchConfig::parse(bad).unwrap_err();
+            assert!(err.to_string().contains("CouchDB URL"), "{bad}: {err}");
+        }
+    }
+}

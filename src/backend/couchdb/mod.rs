@@ -1,0 +1,22 @@
+//! The CouchDB backend: drop-in persistence for existing `agent_data_store` deployments.
+//!
+//! Documents are stored exactly as the existing system stores them (same database, `_id`s and
+//! fields; `_rev` is the revision). Listings use `_find` on the Mango index `idx-user-namespace`,
+//! which is ensured at startup and before the first write to each namespace, and page with
+//! `bookmark` until a page comes back shorter than the limit (CouchDB answers at most 25 documents
+//! when no limit is given, so a limit is always sent). A design document of the earlier schema
+//! revision (`_design/data_store`) is never touched and never returned as data.
+//!
+//! - [`config`]: the `couchdb+http(s)://` URL.
+//! - [`client`]: the raw HTTP calls (reqwest; keep-alive pool, TLS, basic auth, timeouts, retries
+//!   with backoff and jitter for idempotent reads).
+//! - [`error`]: CouchDB statuses and bodies → the crate's error kinds.
+//! - [`backend`]: the `DocumentBackend` implementation.
+
+mod backend;
+mod client;
+pub mod config;
+mod error;
+
+pub use backend::{CouchDbBackend, INDEX_NAME};
+pub use config::CouchConfig;

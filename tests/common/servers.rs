@@ -1,0 +1,145 @@
+//! Real servers for the backend tests: one per test process, started on first use.
+//!
+//! `AGENTSTORE_TEST_COUCHDB_URL` (e.g. `http://admin:password@127.0.0.1:5984`) points the tests at
+//! a running CouchDB-protocol server. Without it, `pouchdb-server` from `node_modules` (installed
+//! by `npm ci`, see `.ci/run`) is started in memory on a free port, under a watchdog shell that
+//! stops it when the test process exits. A missing server is an error, never a skip.
+
+use std::io::BufReader;
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// A CouchDB-protocol server the tests can use.
+#[derive(Debug, Clone)]
+pub struct CouchServer {
+    /// `http://admin:password@127.0.0.1:PORT` (no database).
+    pub url: String,
+    /// What answered `GET /`: `pouchdb-server 4.2.0` or `Apache CouchDB 3.4.3`.
+    pub product: String,
+    /// Whether the server keeps numbers exactly (Apache CouchDB does; pouchdb-server stores JS
+    /// doubles).
+    pub exact_numbers: bool,
+}
+
+impl CouchServer {
+    /// The backend URL of a database on this server, created if missing.
+    pub fn database_url(&self, database: &str) -> String {
+        format!("couchdb+{}/{database}?create=true", self.url)
+    }
+}
+
+static COUCH: OnceLock<Result<CouchServer, String>> = OnceLock::new();
+
+/// The CouchDB server for this process.
+pub fn couchdb() -> Result<CouchServer, String> {
+    COUCH.get_or_init(start_couchdb).clone()
+}
+
+fn start_couchdb() -> Result<CouchServer, String> {
+    let url = match std::env::var("AGENTSTORE_TEST_COUCHDB_URL") {
+        Ok(url) => url.trim_end_matches('/').to_owned(),
+        Err(_) => start_pouchdb_server()?,
+    };
+    identify(&url)
+}
+
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn free_port() -> Result<u16, String> {
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("no free port: {e}"))?;
+    listener.local_addr().map(|a| a.port()).map_err(|e| e.to_string())
+}
+
+/// Runs `command` in `dir` under a watchdog that kills it when this process is gone.
+fn spawn_watched(dir: &std::path::Path, command: &str) -> Result<(), String> {
+    let script = format!(
+        "{command} >server.log 2>&1 & child=$!\n\
+         trap 'kill $child 2>/dev/null' EXIT INT TERM\n\
+         while kill -0 {parent} 2>/dev/null && kill -0 $child 2>/dev/null; do sleep 0.5; done",
+        parent = std::process::id()
+    );
+    Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map(|_| ())
+        .map_err(|e| format!("cannot start the watchdog shell: {e}"))
+}
+
+fn start_pouchdb_server() -> Result<String, String> {
+    let binary = repo_root().join("node_modules/.bin/pouchdb-server");
+    if !binary.exists() {
+        return Err(format!(
+            "pouchdb-server is not installed at {}: run `npm ci` in the repository (as .ci/run does), set \
+             AGENTSTORE_TEST_COUCHDB_URL to a CouchDB server, or deselect couchdb with AGENTSTORE_TEST_BACKENDS",
+            binary.display()
+        ));
+    }
+    let port = free_port()?;
+    // pouchdb-server writes config.json and log.txt into its working directory.
+    let dir = std::env::temp_dir().join(format!("agentstore-pouchdb-{}-{port}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    std::fs::write(dir.join("config.json"), r#"{"admins":{"admin":"password"}}"#).map_err(|e| e.to_string())?;
+    spawn_watched(&dir, &format!("exec '{}' --in-memory --host 127.0.0.1 --port {port}", binary.display()))?;
+    let url = format!("http://admin:password@127.0.0.1:{port}");
+    wait_until_up(&format!("127.0.0.1:{port}"), Duration::from_secs(30))
+        .map_err(|e| format!("pouchdb-server did not start ({e}); its log is in {}", dir.display()))?;
+    Ok(url)
+}
+
+/// Polls `GET /` until it answers 200.
+fn wait_until_up(host_port: &str, deadline: Duration) -> Result<(), String> {
+    let started = Instant::now();
+    loop {
+        if let Ok(body) = http_get(host_port, "/") {
+            if body.starts_with("HTTP/1.1 200") || body.starts_with("HTTP/1.0 200") {
+                return Ok(());
+            }
+        }
+        if started.elapsed() > deadline {
+            return Err(format!("no answer on {host_port} after {deadline:?}"));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A minimal blocking HTTP GET with basic auth admin:password, enough to probe a server.
+fn http_get(host_port: &str, path: &str) -> Result<String, String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(host_port).map_err(|e| e.to_string())?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).map_err(|e| e.to_string())?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {host_port}\r\nAuthorization: Basic YWRtaW46cGFzc3dvcmQ=\r\nConnection: close\r\n\r\n"
+    )
+    .map_err(|e| e.to_string())?;
+    let mut response = String::new();
+    BufReader::new(stream).read_to_string(&mut response).map_err(|e| e.to_string())?;
+    Ok(response)
+}
+
+/// Asks the server what it is.
+fn identify(url: &str) -> Result<CouchServer, String> {
+    let host_port = url.rsplit('@').next().unwrap_or(url).trim_start_matches("http://").to_owned();
+    let response = http_get(&host_port, "/").map_err(|e| format!("CouchDB server {host_port} unreachable: {e}"))?;
+    let body = response.split("\r\n\r\n").nth(1).unwrap_or("");
+    let body = body.lines().find(|l| l.trim_start().starts_with('{')).unwrap_or(body);
+    let welcome: serde_json::Value =
+        serde_json::from_str(body).map_err(|e| format!("{host_port} is not a CouchDB server ({e}): {body}"))?;
+    let version = welcome["version"].as_str().unwrap_or("?");
+    let (product, exact_numbers) = if welcome.get("express-pouchdb").is_some() {
+        (format!("pouchdb-server {version}"), false)
+    } else {
+        (format!("Apache CouchDB {version}"), true)
+    };
+    Ok(CouchServer { url: url.to_owned(), product, exact_numbers })
+}
