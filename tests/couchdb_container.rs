@@ -1,0 +1,439 @@
+//! The CouchDB adapter against a real Apache CouchDB 3 in a container (testcontainers, image
+//! `couchdb:3`), where a Docker engine is reachable.
+//!
+//! Real CouchDB differs from the pouchdb-server the other tests use in exactly the ways that
+//! matter here (see ../shared/TEST-SERVERS.md): numbers are kept exactly, and `_find` answers at
+//! most 25 documents unless given a limit, paging with bookmarks. So this test runs the round-trip
+//! corpus with exact comparison, lists more than 25 documents with small pages, and checks the
+//! spec's example documents get the spec's ids.
+//!
+//! Without a reachable Docker engine the trials are reported as `ignored` and a line saying
+//! "couchdb testcontainers test NOT RUN: no Docker engine reachable (...)" is printed, so a run
+//! never looks as if it tested real CouchDB when it did not. Asking for ignored trials
+//! (`--ignored` / `--include-ignored`) without an engine fails them.
+
+mod common;
+
+use std::io::Read;
+use std::path::Path;
+use std::process::{Command, ExitCode, Stdio};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use agentstore::backend::couchdb::{CouchConfig, CouchDbBackend};
+use agentstore::backend::DocumentBackend;
+use agentstore::store::{DataStore, StoreOptions};
+use futures::TryStreamExt;
+use libtest_mimic::{Arguments, Failed, Trial};
+use serde_json::{json, Value};
+use testcontainers::core::{IntoContainerPort, WaitFor};
+use testcontainers::runners::AsyncRunner;
+use testcontainers::{ContainerAsync, GenericImage, ImageExt};
+
+use common::json::first_difference;
+
+const SPEC_EXAMPLES: &str = include_str!("../fixtures/seed-documents.json");
+const COUCHDB_PORT: u16 = 5984;
+/// How long `docker info` may take to say whether an engine answers.
+const DOCKER_PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Pulling `couchdb:3` on a cold machine plus its start.
+const CONTAINER_STARTUP_TIMEOUT: Duration = Duration::from_secs(600);
+/// How long CouchDB may take to answer `GET /_up` after its start message.
+const UP_DEADLINE: Duration = Duration::from_secs(120);
+
+type TrialFn = fn(String) -> futures::future::BoxFuture<'static, Result<(), String>>;
+
+fn main() -> ExitCode {
+    let args = Arguments::from_args();
+    let engine = docker_engine();
+    if !args.list {
+        match &engine {
+            Ok(engine) => println!("couchdb testcontainers test RUN against couchdb:3 on {engine}"),
+            Err(reason) => println!("couchdb testcontainers test NOT RUN: no Docker engine reachable ({reason})"),
+        }
+    }
+
+    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build() {
+        Ok(runtime) => Arc::new(runtime),
+        Err(e) => {
+            eprintln!("couchdb testcontainers test: cannot build a tokio runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let container = Arc::new(SharedContainer::default());
+
+    let trials: [(&str, TrialFn); 3] = [
+        ("couchdb3::round_trip_corpus_exact", |url| Box::pin(round_trip_corpus(url))),
+        ("couchdb3::list_keys_pages_past_the_default_limit", |url| Box::pin(list_past_default_limit(url))),
+        ("couchdb3::seed_documents_get_the_spec_ids", |url| Box::pin(seed_document_ids(url))),
+    ];
+    let trials = trials
+        .into_iter()
+        .map(|(name, run)| {
+            let ignored = engine.is_err();
+            let engine = engine.clone();
+            let runtime = Arc::clone(&runtime);
+            let container = Arc::clone(&container);
+            Trial::test(name, move || {
+                if let Err(reason) = engine {
+                    return Err(Failed::from(format!("no Docker engine reachable ({reason})")));
+                }
+                runtime.block_on(async move {
+                    let server = container.url().await.map_err(Failed::from)?;
+                    run(server).await.map_err(Failed::from)
+                })
+            })
+            .with_kind("testcontainers")
+            .with_ignored_flag(ignored)
+        })
+        .collect();
+
+    let conclusion = libtest_mimic::run(&args, trials);
+    runtime.block_on(container.remove());
+    conclusion.exit_code()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Docker.
+// ---------------------------------------------------------------------------------------------
+
+/// Describes the reachable Docker engine, or says why there is none.
+fn docker_engine() -> Result<String, String> {
+    let endpoint = match std::env::var("DOCKER_HOST") {
+        Ok(host) if !host.trim().is_empty() => format!("DOCKER_HOST={host}"),
+        _ if Path::new("/var/run/docker.sock").exists() => "/var/run/docker.sock".to_owned(),
+        _ => return Err("DOCKER_HOST is not set and /var/run/docker.sock does not exist".into()),
+    };
+    let mut command = Command::new("docker");
+    command.args(["info", "--format", "{{.ServerVersion}}"]);
+    let (success, stdout, stderr) = run_with_timeout(command, DOCKER_PROBE_TIMEOUT)
+        .map_err(|e| format!("{endpoint}, but `docker info` could not be run: {e}"))?;
+    let version = stdout.trim();
+    if success && !version.is_empty() {
+        Ok(format!("Docker engine {version} via {endpoint}"))
+    } else {
+        let detail = stderr.lines().chain(stdout.lines()).find(|l| !l.trim().is_empty()).unwrap_or("no output");
+        Err(format!("{endpoint}, but `docker info` failed: {}", detail.trim()))
+    }
+}
+
+/// Runs `command`, killing it after `timeout`; its success, stdout and stderr.
+fn run_with_timeout(mut command: Command, timeout: Duration) -> Result<(bool, String, String), String> {
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    let (done_tx, done_rx) = mpsc::channel();
+    for (stream, is_stdout) in [
+        (child.stdout.take().map(|s| Box::new(s) as Box<dyn Read + Send>), true),
+        (child.stderr.take().map(|s| Box::new(s) as Box<dyn Read + Send>), false),
+    ] {
+        let done_tx = done_tx.clone();
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            if let Some(mut stream) = stream {
+                let _ = stream.read_to_string(&mut text);
+            }
+            let _ = done_tx.send((is_stdout, text));
+        });
+    }
+    drop(done_tx);
+    let deadline = Instant::now() + timeout;
+    let (mut stdout, mut stderr) = (String::new(), String::new());
+    for _ in 0..2 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match done_rx.recv_timeout(left) {
+            Ok((true, text)) => stdout = text,
+            Ok((false, text)) => stderr = text,
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("no answer within {timeout:?}"));
+            }
+        }
+    }
+    let status = child.wait().map_err(|e| e.to_string())?;
+    Ok((status.success(), stdout, stderr))
+}
+
+/// One `couchdb:3` container for all trials of this process, started by the first trial that
+/// needs it and removed after the run.
+#[derive(Default)]
+struct SharedContainer {
+    url: tokio::sync::OnceCell<Result<String, String>>,
+    container: Mutex<Option<ContainerAsync<GenericImage>>>,
+}
+
+impl SharedContainer {
+    /// `http://admin:password@host:port` of the running CouchDB.
+    async fn url(&self) -> Result<String, String> {
+        self.url.get_or_init(|| self.start()).await.clone()
+    }
+
+    async fn start(&self) -> Result<String, String> {
+        let container = GenericImage::new("couchdb", "3")
+            .with_exposed_port(COUCHDB_PORT.tcp())
+            .with_wait_for(WaitFor::message_on_either_std("Apache CouchDB has started"))
+            .with_env_var("COUCHDB_USER", "admin")
+            .with_env_var("COUCHDB_PASSWORD", "password")
+            .with_startup_timeout(CONTAINER_STARTUP_TIMEOUT)
+            .start()
+            .await
+            .map_err(|e| format!("cannot start couchdb:3: {e}"))?;
+        let host = container.get_host().await.map_err(|e| format!("couchdb:3 container host: {e}"));
+        let port = container.get_host_port_ipv4(COUCHDB_PORT.tcp()).await.map_err(|e| format!("port {e}"));
+        // Kept for removal whatever happens next.
+        *self.container.lock().unwrap_or_else(|e| e.into_inner()) = Some(container);
+        let url = format!("http://admin:password@{}:{}", host?, port?);
+        wait_until_up(&url).await?;
+        Ok(url)
+    }
+
+    async fn remove(&self) {
+        let container = self.container.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(container) = container {
+            let id = container.id().to_owned();
+            if let Err(e) = container.rm().await {
+                eprintln!("couchdb testcontainers test: could not remove container {id}: {e}");
+            }
+        }
+    }
+}
+
+/// Polls `GET /_up` until CouchDB says it is up, or the deadline passes.
+async fn wait_until_up(url: &str) -> Result<(), String> {
+    let (base, user, password) = split_credentials(url)?;
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().map_err(|e| e.to_string())?;
+    let started = Instant::now();
+    let mut last = String::from("no answer yet");
+    while started.elapsed() < UP_DEADLINE {
+        match http.get(format!("{base}/_up")).basic_auth(&user, Some(&password)).send().await {
+            Ok(response) if response.status().is_success() => return Ok(()),
+            Ok(response) => last = format!("HTTP {}", response.status()),
+            Err(e) => last = e.to_string(),
+        }
+        // Poll interval.
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Err(format!("CouchDB at {base} not up after {UP_DEADLINE:?}: {last}"))
+}
+
+/// `http://user:pass@host:port` → (`http://host:port`, user, pass).
+fn split_credentials(url: &str) -> Result<(String, String, String), String> {
+    let mut parsed = reqwest::Url::parse(url).map_err(|e| format!("{url}: {e}"))?;
+    let user = parsed.username().to_owned();
+    let password = parsed.password().unwrap_or_default().to_owned();
+    let _ = parsed.set_username("");
+    let _ = parsed.set_password(None);
+    Ok((parsed.as_str().trim_end_matches('/').to_owned(), user, password))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The trials.
+// ---------------------------------------------------------------------------------------------
+
+/// A new database name on the container's server.
+fn database(tag: &str) -> String {
+    static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    format!("container_{tag}_{}", COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+}
+
+/// The adapter opened with `?create=true` on a new database, and the facade over it.
+async fn open(
+    server: &str,
+    database: &str,
+    options: StoreOptions,
+) -> Result<(Arc<dyn DocumentBackend>, DataStore), String> {
+    let config = CouchConfig::parse(&format!("couchdb+{server}/{database}?create=true")).map_err(|e| e.to_string())?;
+    let backend: Arc<dyn DocumentBackend> =
+        Arc::new(CouchDbBackend::open(&config).await.map_err(|e| format!("CouchDbBackend::open: {e}"))?);
+    let store = DataStore::open(Arc::clone(&backend), options).await.map_err(|e| format!("DataStore::open: {e}"))?;
+    Ok((backend, store))
+}
+
+fn check(condition: bool, message: impl FnOnce() -> String) -> Result<(), String> {
+    if condition {
+        Ok(())
+    } else {
+        Err(message())
+    }
+}
+
+/// Every corpus value through `set`/`get`/`get_all`, compared by exact decimal value: real
+/// CouchDB keeps 38-digit integers, int64 and 2^53 + 1.
+async fn round_trip_corpus(server: String) -> Result<(), String> {
+    let (_backend, store) = open(&server, &database("roundtrip"), StoreOptions::default()).await?;
+    let cases = common::corpus::cases();
+    let mut failures = Vec::new();
+    for case in &cases {
+        let written = store
+            .set("corpus", "values", &case.name, case.value.clone(), None, Some("container-test"))
+            .await
+            .map_err(|e| format!("set {}: {e}", case.name))?;
+        if let Some(diff) = first_difference(&case.value, &written.body["value"]) {
+            failures.push(format!("{}: set returned {diff}", case.name));
+        }
+        let read = store
+            .get("corpus", "values", &case.name, None)
+            .await
+            .map_err(|e| format!("get {}: {e}", case.name))?
+            .ok_or_else(|| format!("get {}: not found after set", case.name))?;
+        if let Some(diff) = first_difference(&case.value, &read.body["value"]) {
+            failures.push(format!("{}: read back {diff}", case.name));
+        }
+    }
+    let all = store.get_all("corpus", "values").await.map_err(|e| format!("get_all: {e}"))?;
+    check(all.len() == cases.len(), || format!("get_all returned {} of {} values", all.len(), cases.len()))?;
+    for case in &cases {
+        match all.get(&case.name) {
+            None => failures.push(format!("{}: missing from get_all", case.name)),
+            Some(value) => {
+                if let Some(diff) = first_difference(&case.value, value) {
+                    failures.push(format!("{}: get_all {diff}", case.name));
+                }
+            }
+        }
+    }
+    check(failures.is_empty(), || format!("values changed on real CouchDB:\n  {}", failures.join("\n  ")))
+}
+
+/// Listings over more than 25 documents (where `_find` without a limit stops) with pages of 10.
+async fn list_past_default_limit(server: String) -> Result<(), String> {
+    let db = database("paging");
+    let options = StoreOptions { page_size: 10, ..StoreOptions::default() };
+    let (_backend, store) = open(&server, &db, options).await?;
+    // 40 keys in one namespace (a multiple of the page size: the last page CouchDB sends is
+    // empty and echoes the bookmark), 30 single-key namespaces, and another user's documents.
+    let keys: Vec<String> = (0..40).map(|i| format!("key-{i:02}")).collect();
+    for key in &keys {
+        store.set("user_p", "paging", key, json!(key), None, None).await.map_err(|e| format!("set {key}: {e}"))?;
+    }
+    let mut namespaces: Vec<String> = (0..30).map(|i| format!("ns-{i:02}")).collect();
+    for namespace in &namespaces {
+        store.set("user_p", namespace, "k", json!(1), None, None).await.map_err(|e| format!("set {namespace}: {e}"))?;
+    }
+    for i in 0..5 {
+        store.set("user_q", "paging", &format!("other-{i}"), json!(i), None, None).await.map_err(|e| e.to_string())?;
+    }
+
+    // The trap is real on this server: no limit, 25 documents.
+    let (base, user, password) = split_credentials(&server)?;
+    let response: Value = reqwest::Client::new()
+        .post(format!("{base}/{db}/_find"))
+        .basic_auth(&user, Some(&password))
+        .json(&json!({"selector": {"userId": "user_p", "namespace": "paging"}, "fields": ["key"]}))
+        .send()
+        .await
+        .map_err(|e| format!("raw _find: {e}"))?
+        .json()
+        .await
+        .map_err(|e| format!("raw _find body: {e}"))?;
+    let raw_count = response["docs"].as_array().map_or(0, Vec::len);
+    check(raw_count == 25, || {
+        format!("expected real CouchDB to answer 25 documents without a limit, got {raw_count}")
+    })?;
+
+    let listed = store.list_keys("user_p", "paging").await.map_err(|e| format!("list_keys: {e}"))?;
+    check(listed == keys, || format!("list_keys returned {} keys, expected 40: {listed:?}", listed.len()))?;
+    let pages: Vec<Vec<String>> = store
+        .list_keys_pages("user_p", "paging")
+        .map_err(|e| e.to_string())?
+        .try_collect()
+        .await
+        .map_err(|e| format!("list_keys_pages: {e}"))?;
+    let sizes: Vec<usize> = pages.iter().map(Vec::len).collect();
+    check(sizes.iter().all(|n| *n <= 10) && sizes.iter().sum::<usize>() == 40 && sizes.len() >= 4, || {
+        format!("page sizes {sizes:?} (page_size 10, 40 keys)")
+    })?;
+    let all = store.get_all("user_p", "paging").await.map_err(|e| format!("get_all: {e}"))?;
+    check(all.len() == 40 && keys.iter().all(|k| all.get(k) == Some(&json!(k))), || {
+        format!("get_all returned {} entries", all.len())
+    })?;
+    namespaces.push("paging".to_owned());
+    namespaces.sort();
+    let listed = store.list_namespaces("user_p").await.map_err(|e| format!("list_namespaces: {e}"))?;
+    check(listed == namespaces, || format!("list_namespaces over 70 documents: {listed:?}"))?;
+    let other = store.list_keys("user_q", "paging").await.map_err(|e| e.to_string())?;
+    check(other.len() == 5, || format!("user_q's keys: {other:?}"))?;
+    let deleted = store.delete_namespace("user_p", "paging").await.map_err(|e| format!("delete_namespace: {e}"))?;
+    check(deleted == 40, || format!("delete_namespace deleted {deleted}, expected 40"))?;
+    let left = store.list_keys("user_p", "paging").await.map_err(|e| e.to_string())?;
+    check(left.is_empty(), || format!("keys left after delete_namespace: {left:?}"))
+}
+
+/// The spec's example documents written through the facade land under the spec's `_id`s, and the
+/// same documents written by plain HTTP are read by the facade exactly.
+async fn seed_document_ids(server: String) -> Result<(), String> {
+    let seeds: Vec<Value> = serde_json::from_str(SPEC_EXAMPLES).map_err(|e| e.to_string())?;
+    let (base, user, password) = split_credentials(&server)?;
+    let http = reqwest::Client::new();
+    let raw_get = |db: &str, id: &str| {
+        let url =
+            format!("{base}/{db}/{}", percent_encoding::utf8_percent_encode(id, percent_encoding::NON_ALPHANUMERIC));
+        http.get(url).basic_auth(&user, Some(&password)).send()
+    };
+
+    // Through the facade.
+    let db = database("seeds");
+    let (_backend, store) = open(&server, &db, StoreOptions::default()).await?;
+    for seed in &seeds {
+        let field = |name: &str| seed[name].as_str().unwrap_or_default().to_owned();
+        let (id, user_id, namespace, key) = (field("_id"), field("userId"), field("namespace"), field("key"));
+        let agent = field("createdByAgent");
+        let written = store
+            .set(&user_id, &namespace, &key, seed["value"].clone(), seed.get("metadata").cloned(), Some(&agent))
+            .await
+            .map_err(|e| format!("set {id}: {e}"))?;
+        check(written.id == id, || {
+            format!("set {user_id}/{namespace}/{key} wrote id {:?}, the spec says {id:?}", written.id)
+        })?;
+        let response = raw_get(&db, &id).await.map_err(|e| format!("GET {id}: {e}"))?;
+        check(response.status().is_success(), || format!("GET {id} by its spec id: {}", response.status()))?;
+        let raw: Value = response.json().await.map_err(|e| format!("GET {id}: {e}"))?;
+        for name in ["userId", "namespace", "key", "value", "metadata", "createdByAgent"] {
+            let expected = seed.get(name).cloned().unwrap_or(Value::Null);
+            let actual = raw.get(name).cloned().unwrap_or(Value::Null);
+            if let Some(diff) = first_difference(&expected, &actual) {
+                return Err(format!("{id}: {name}: {diff}"));
+            }
+        }
+    }
+
+    // Written by plain HTTP, as the existing system does, then read through the facade.
+    let db = database("seeded");
+    let (_backend, store) = open(&server, &db, StoreOptions::default()).await?;
+    for seed in &seeds {
+        let id = seed["_id"].as_str().unwrap_or_default();
+        let url =
+            format!("{base}/{db}/{}", percent_encoding::utf8_percent_encode(id, percent_encoding::NON_ALPHANUMERIC));
+        let response = http
+            .put(url)
+            .basic_auth(&user, Some(&password))
+            .json(seed)
+            .send()
+            .await
+            .map_err(|e| format!("PUT {id}: {e}"))?;
+        check(response.status().as_u16() == 201, || format!("PUT {id}: {}", response.status()))?;
+    }
+    for seed in &seeds {
+        let id = seed["_id"].as_str().unwrap_or_default();
+        let field = |name: &str| seed[name].as_str().unwrap_or_default().to_owned();
+        let doc = store
+            .get(&field("userId"), &field("namespace"), &field("key"), None)
+            .await
+            .map_err(|e| format!("get {id}: {e}"))?
+            .ok_or_else(|| format!("get {id}: not found"))?;
+        check(doc.id == id, || format!("{id}: facade read {:?}", doc.id))?;
+        if let Some(diff) = first_difference(&seed["value"], &doc.body["value"]) {
+            return Err(format!("{id}: value {diff}"));
+        }
+        let count = seed["accessCount"].as_u64().unwrap_or(0);
+        check(doc.body["accessCount"] == json!(count + 1), || {
+            format!("{id}: accessCount {}", doc.body["accessCount"])
+        })?;
+    }
+    let namespaces = store.list_namespaces("user_123").await.map_err(|e| e.to_string())?;
+    check(namespaces == ["cache:github", "default", "files:my-repo"], || format!("list_namespaces: {namespaces:?}"))
+}
