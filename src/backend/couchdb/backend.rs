@@ -82,7 +82,8 @@ impl CouchDbBackend {
             "type": "json"
         });
         let url = self.client.url(&["_index"]);
-        let reply = self.client.send(Method::POST, &url, &[], Some(&definition), "ensure the Mango index").await?;
+        // Creating an index is idempotent, so it is retried like a read.
+        let reply = self.client.read(Method::POST, &url, &[], Some(&definition), "ensure the Mango index").await?;
         if !reply.status.is_success() {
             return Err(from_status(reply.status, &reply.body, &format!("ensure the Mango index {INDEX_NAME}")));
         }
