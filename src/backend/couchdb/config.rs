@@ -140,7 +140,7 @@ mod tests {
     fn refuses_bad_urls() {
         for bad in [
             "couchdb+ftp://h/db",
-            "couchdb+http:///db",
+            "couchdb+http://",
             "couchdb+http://h/Upper",
             "couchdb+http://h/a/b",
             "couchdb+http://h/db?create=maybe",
