@@ -5,6 +5,7 @@
 //! The data-store semantics live once, in [`crate::store::DataStore`].
 
 pub mod couchdb;
+pub mod dynamodb;
 pub mod embedded;
 pub mod url;
 
@@ -142,5 +143,6 @@ pub async fn open(url: &BackendUrl) -> Result<Arc<dyn DocumentBackend>> {
             Ok(Arc::new(backend))
         }
         BackendUrl::CouchDb(config) => Ok(Arc::new(couchdb::CouchDbBackend::open(config).await?)),
+        BackendUrl::DynamoDb(config) => Ok(Arc::new(dynamodb::DynamoDbBackend::open(config).await?)),
     }
 }

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 
 use super::couchdb::CouchConfig;
+use super::dynamodb::DynamoConfig;
 use crate::error::{Error, Result};
 
 /// The default backend: the embedded store under `./data`.
@@ -18,6 +19,7 @@ pub const DEFAULT_BACKEND_URL: &str = "embedded:./data/agentstore.redb";
 pub enum BackendUrl {
     Embedded { path: PathBuf },
     CouchDb(CouchConfig),
+    DynamoDb(DynamoConfig),
 }
 
 impl FromStr for BackendUrl {
@@ -40,11 +42,12 @@ impl FromStr for BackendUrl {
                 Ok(BackendUrl::Embedded { path: PathBuf::from(path) })
             }
             "couchdb+http" | "couchdb+https" => Ok(BackendUrl::CouchDb(CouchConfig::parse(text)?)),
+            "dynamodb" => Ok(BackendUrl::DynamoDb(DynamoConfig::parse(text)?)),
             other => Err(Error::invalid(
                 "backend",
                 format!(
                     "unknown backend scheme {other:?}; supported: embedded:PATH, couchdb+http://USER:PASS@HOST:PORT/DB, \
-                     couchdb+https://…"
+                     couchdb+https://…, dynamodb://TABLE?region=R&endpoint=URL"
                 ),
             )),
         }
@@ -56,6 +59,7 @@ impl fmt::Display for BackendUrl {
         match self {
             BackendUrl::Embedded { path } => write!(f, "embedded:{}", path.display()),
             BackendUrl::CouchDb(config) => f.write_str(&config.redacted()),
+            BackendUrl::DynamoDb(config) => f.write_str(&config.redacted()),
         }
     }
 }

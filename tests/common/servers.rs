@@ -1,9 +1,10 @@
 //! Real servers for the backend tests: one per test process, started on first use.
 //!
-//! `AGENTSTORE_TEST_COUCHDB_URL` (e.g. `http://admin:password@127.0.0.1:5984`) points the tests at
-//! a running CouchDB-protocol server. Without it, `pouchdb-server` from `node_modules` (installed
-//! by `npm ci`, see `.ci/run`) is started in memory on a free port, under a watchdog shell that
-//! stops it when the test process exits. A missing server is an error, never a skip.
+//! `AGENTSTORE_TEST_COUCHDB_URL` (e.g. `http://admin:password@127.0.0.1:5984`) and
+//! `AGENTSTORE_TEST_DYNAMODB_ENDPOINT` (e.g. `http://127.0.0.1:8000`) point the tests at running
+//! servers. Without them, `pouchdb-server` (in memory) and `dynalite` from `node_modules`
+//! (installed by `npm ci`, see `.ci/run`) are started on free ports, under a watchdog shell that
+//! stops them when the test process exits. A missing server is an error, never a skip.
 
 use std::io::BufReader;
 use std::net::TcpListener;
@@ -32,6 +33,64 @@ impl CouchServer {
 }
 
 static COUCH: OnceLock<Result<CouchServer, String>> = OnceLock::new();
+static DYNAMO: OnceLock<Result<DynamoServer, String>> = OnceLock::new();
+
+/// A DynamoDB-protocol server the tests can use.
+#[derive(Debug, Clone)]
+pub struct DynamoServer {
+    /// `http://127.0.0.1:PORT`.
+    pub endpoint: String,
+    /// `dynalite 4.0.0 (local process)` or what `AGENTSTORE_TEST_DYNAMODB_ENDPOINT` names.
+    pub product: String,
+}
+
+impl DynamoServer {
+    /// The backend URL of a table on this server, created if missing.
+    pub fn table_url(&self, table: &str) -> String {
+        format!("dynamodb://{table}?region=us-east-1&endpoint={}&create=true", self.endpoint)
+    }
+}
+
+/// The DynamoDB server for this process. Local servers accept any credentials, so dummy ones are
+/// put in the environment when none are set.
+pub fn dynamodb() -> Result<DynamoServer, String> {
+    DYNAMO.get_or_init(start_dynamodb).clone()
+}
+
+fn start_dynamodb() -> Result<DynamoServer, String> {
+    for (name, value) in [("AWS_ACCESS_KEY_ID", "test"), ("AWS_SECRET_ACCESS_KEY", "test"), ("AWS_REGION", "us-east-1")]
+    {
+        if std::env::var_os(name).is_none() {
+            std::env::set_var(name, value);
+        }
+    }
+    if let Ok(endpoint) = std::env::var("AGENTSTORE_TEST_DYNAMODB_ENDPOINT") {
+        return Ok(DynamoServer { product: format!("DynamoDB-compatible server at {endpoint}"), endpoint });
+    }
+    let binary = repo_root().join("node_modules/.bin/dynalite");
+    if !binary.exists() {
+        return Err(format!(
+            "dynalite is not installed at {}: run `npm ci` in the repository (as .ci/run does), set \
+             AGENTSTORE_TEST_DYNAMODB_ENDPOINT to a DynamoDB-compatible server, or deselect dynamodb with \
+             AGENTSTORE_TEST_BACKENDS",
+            binary.display()
+        ));
+    }
+    let port = free_port()?;
+    let dir = std::env::temp_dir().join(format!("agentstore-dynalite-{}-{port}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    spawn_watched(
+        &dir,
+        &format!(
+            "exec '{}' --host 127.0.0.1 --port {port} --createTableMs 0 --deleteTableMs 0 --updateTableMs 0",
+            binary.display()
+        ),
+    )?;
+    let host_port = format!("127.0.0.1:{port}");
+    wait_for(&host_port, Duration::from_secs(30), |response| response.starts_with("HTTP/1.1"))
+        .map_err(|e| format!("dynalite did not start ({e}); its log is in {}", dir.display()))?;
+    Ok(DynamoServer { endpoint: format!("http://{host_port}"), product: "dynalite 4.0.0 (local process)".into() })
+}
 
 /// The CouchDB server for this process.
 pub fn couchdb() -> Result<CouchServer, String> {
@@ -91,17 +150,19 @@ fn start_pouchdb_server() -> Result<String, String> {
     std::fs::write(dir.join("config.json"), r#"{"admins":{"admin":"password"}}"#).map_err(|e| e.to_string())?;
     spawn_watched(&dir, &format!("exec '{}' --in-memory --host 127.0.0.1 --port {port}", binary.display()))?;
     let url = format!("http://admin:password@127.0.0.1:{port}");
-    wait_until_up(&format!("127.0.0.1:{port}"), Duration::from_secs(30))
-        .map_err(|e| format!("pouchdb-server did not start ({e}); its log is in {}", dir.display()))?;
+    wait_for(&format!("127.0.0.1:{port}"), Duration::from_secs(30), |r| {
+        r.starts_with("HTTP/1.1 200") || r.starts_with("HTTP/1.0 200")
+    })
+    .map_err(|e| format!("pouchdb-server did not start ({e}); its log is in {}", dir.display()))?;
     Ok(url)
 }
 
-/// Polls `GET /` until it answers 200.
-fn wait_until_up(host_port: &str, deadline: Duration) -> Result<(), String> {
+/// Polls `GET /` until the response satisfies `ready`.
+fn wait_for(host_port: &str, deadline: Duration, ready: fn(&str) -> bool) -> Result<(), String> {
     let started = Instant::now();
     loop {
-        if let Ok(body) = http_get(host_port, "/") {
-            if body.starts_with("HTTP/1.1 200") || body.starts_with("HTTP/1.0 200") {
+        if let Ok(response) = http_get(host_port, "/") {
+            if ready(&response) {
                 return Ok(());
             }
         }

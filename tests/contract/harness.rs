@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use agentstore::backend::couchdb::{CouchConfig, CouchDbBackend};
+use agentstore::backend::dynamodb::{DynamoConfig, DynamoDbBackend};
 use agentstore::backend::embedded::EmbeddedBackend;
 use agentstore::backend::DocumentBackend;
 use agentstore::store::{DataStore, StoreOptions};
@@ -73,7 +74,24 @@ pub fn all() -> Vec<BackendHarness> {
             },
             fresh: || Box::pin(fresh_couchdb()),
         },
+        BackendHarness {
+            name: "dynamodb",
+            describe: || match servers::dynamodb() {
+                Ok(server) => format!("{} at {} (a new table per test)", server.product, server.endpoint),
+                Err(e) => format!("UNAVAILABLE: {e}"),
+            },
+            fresh: || Box::pin(fresh_dynamodb()),
+        },
     ]
+}
+
+async fn fresh_dynamodb() -> Result<Ctx, String> {
+    let server = servers::dynamodb()?;
+    let n = DATABASE_COUNTER.fetch_add(1, Ordering::Relaxed);
+    let table = format!("contract_{}_{n}", std::process::id());
+    let config = DynamoConfig::parse(&server.table_url(&table)).map_err(|e| e.to_string())?;
+    let backend = DynamoDbBackend::open(&config).await.map_err(|e| e.to_string())?;
+    Ok(Ctx { backend: Arc::new(backend), backend_name: "dynamodb", inexact_numbers: None, _keep_alive: Box::new(()) })
 }
 
 static DATABASE_COUNTER: AtomicUsize = AtomicUsize::new(0);

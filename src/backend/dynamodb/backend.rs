@@ -1,0 +1,630 @@
+//! [`DynamoDbBackend`]: the `DocumentBackend` over DynamoDB through the official AWS SDK.
+//!
+//! Every write is conditional on the `_rev` attribute (`attribute_not_exists(_id)` to create,
+//! equality to update or delete), so the facade's optimistic concurrency holds. Listings query the
+//! GSI, whose reads are eventually consistent in DynamoDB: a write is not always visible to the
+//! very next listing. Direct reads (`get`, `scan`) are strongly consistent.
+
+use std::collections::hash_map::RandomState;
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use aws_config::retry::RetryConfig;
+use aws_config::timeout::TimeoutConfig;
+use aws_config::{BehaviorVersion, Region};
+use aws_sdk_dynamodb::types::AttributeValue;
+use aws_sdk_dynamodb::types::{
+    AttributeDefinition, BillingMode, GlobalSecondaryIndex, IndexStatus, KeySchemaElement, KeyType,
+    Projection as DynamoProjection, ProjectionType, PutRequest, ReturnValue, ScalarAttributeType, TableStatus,
+    WriteRequest,
+};
+use aws_sdk_dynamodb::Client;
+use backon::{BackoffBuilder, ExponentialBuilder, Retryable};
+use futures::StreamExt;
+use serde_json::{Map, Value};
+
+use super::codec::{self, Item};
+use super::config::DynamoConfig;
+use super::error::map_sdk;
+use crate::backend::{BulkWrite, DocumentBackend, Page, Precondition, Projection, Query, Revision, StoredDocument};
+use crate::error::{Error, ErrorKind, Result};
+use crate::model::fields;
+
+/// BatchWriteItem's limit.
+const BATCH_WRITE_MAX: usize = 25;
+/// Conditional writes of a bulk request run this many at a time.
+const CONDITIONAL_WRITE_CONCURRENCY: usize = 16;
+/// Rounds of retrying UnprocessedItems before reporting them as unavailable.
+const UNPROCESSED_RETRIES: usize = 8;
+
+pub struct DynamoDbBackend {
+    client: Client,
+    config: DynamoConfig,
+}
+
+impl DynamoDbBackend {
+    /// Connects with the standard AWS configuration chain and checks (or creates) the table.
+    pub async fn open(config: &DynamoConfig) -> Result<Self> {
+        let mut loader = aws_config::defaults(BehaviorVersion::latest())
+            .retry_config(RetryConfig::standard().with_max_attempts(5))
+            .timeout_config(
+                TimeoutConfig::builder()
+                    .connect_timeout(Duration::from_secs(5))
+                    .operation_attempt_timeout(Duration::from_secs(30))
+                    .build(),
+            );
+        if let Some(region) = &config.region {
+            loader = loader.region(Region::new(region.clone()));
+        }
+        if let Some(endpoint) = &config.endpoint {
+            loader = loader.endpoint_url(endpoint);
+        }
+        let sdk = loader.load().await;
+        if sdk.region().is_none() {
+            return Err(Error::new(
+                ErrorKind::Misconfigured,
+                "DynamoDB needs a region: add ?region=… to the backend URL or set AWS_REGION",
+            ));
+        }
+        let backend = DynamoDbBackend { client: Client::new(&sdk), config: config.clone() };
+        backend.check_table().await?;
+        Ok(backend)
+    }
+
+    /// Client over an already-built SDK configuration (tests point this at mock servers).
+    pub async fn with_sdk_config(sdk: &aws_config::SdkConfig, config: &DynamoConfig) -> Result<Self> {
+        let backend = DynamoDbBackend { client: Client::new(sdk), config: config.clone() };
+        backend.check_table().await?;
+        Ok(backend)
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// The table must exist with `_id` as its hash key and the GSI on `userId` + `namespace`,
+    /// both ACTIVE. Created (on-demand) only when configured to.
+    async fn check_table(&self) -> Result<()> {
+        let table = &self.config.table;
+        let described = match self.client.describe_table().table_name(table).send().await {
+            Ok(output) => output.table,
+            Err(err) => {
+                let err = map_sdk(err, &format!("describe table {table:?}"));
+                if err.kind() != ErrorKind::Misconfigured {
+                    return Err(err);
+                }
+                if !self.config.create {
+                    return Err(Error::new(
+                        ErrorKind::Misconfigured,
+                        format!(
+                            "DynamoDB table {table:?} does not exist; create it, or add create=true to the backend URL"
+                        ),
+                    ));
+                }
+                self.create_table().await?;
+                return self.wait_until_active().await;
+            }
+        };
+        let Some(description) = described else {
+            return Err(Error::new(ErrorKind::Internal, format!("DynamoDB described table {table:?} as nothing")));
+        };
+        let hash_key = description
+            .key_schema()
+            .iter()
+            .find(|k| k.key_type() == &KeyType::Hash)
+            .map(|k| k.attribute_name().to_owned());
+        if hash_key.as_deref() != Some(codec::ID) {
+            return Err(Error::new(
+                ErrorKind::Misconfigured,
+                format!("DynamoDB table {table:?} has hash key {hash_key:?}; the data store needs \"_id\""),
+            ));
+        }
+        let has_index = description.global_secondary_indexes().iter().any(|gsi| {
+            gsi.index_name() == Some(self.config.index.as_str()) && {
+                let keys: Vec<(&str, &KeyType)> =
+                    gsi.key_schema().iter().map(|k| (k.attribute_name(), k.key_type())).collect();
+                keys.contains(&(fields::USER_ID, &KeyType::Hash))
+                    && keys.contains(&(fields::NAMESPACE, &KeyType::Range))
+            }
+        });
+        if !has_index {
+            return Err(Error::new(
+                ErrorKind::Misconfigured,
+                format!(
+                    "DynamoDB table {table:?} has no global secondary index {:?} on userId (hash) + namespace (range); \
+                     listings would need full table scans, so the backend refuses to start without it",
+                    self.config.index
+                ),
+            ));
+        }
+        self.wait_until_active().await
+    }
+
+    async fn create_table(&self) -> Result<()> {
+        let attribute = |name: &str| {
+            AttributeDefinition::builder()
+                .attribute_name(name)
+                .attribute_type(ScalarAttributeType::S)
+                .build()
+                .map_err(|e| Error::new(ErrorKind::Internal, "build attribute definition").with_source(e))
+        };
+        let key = |name: &str, kind: KeyType| {
+            KeySchemaElement::builder()
+                .attribute_name(name)
+                .key_type(kind)
+                .build()
+                .map_err(|e| Error::new(ErrorKind::Internal, "build key schema").with_source(e))
+        };
+        let index = GlobalSecondaryIndex::builder()
+            .index_name(&self.config.index)
+            .key_schema(key(fields::USER_ID, KeyType::Hash)?)
+            .key_schema(key(fields::NAMESPACE, KeyType::Range)?)
+            .projection(DynamoProjection::builder().projection_type(ProjectionType::All).build())
+            .build()
+            .map_err(|e| Error::new(ErrorKind::Internal, "build index definition").with_source(e))?;
+        self.client
+            .create_table()
+            .table_name(&self.config.table)
+            .billing_mode(BillingMode::PayPerRequest)
+            .attribute_definitions(attribute(codec::ID)?)
+            .attribute_definitions(attribute(fields::USER_ID)?)
+            .attribute_definitions(attribute(fields::NAMESPACE)?)
+            .key_schema(key(codec::ID, KeyType::Hash)?)
+            .global_secondary_indexes(index)
+            .send()
+            .await
+            .map_err(|e| map_sdk(e, &format!("create table {:?}", self.config.table)))?;
+        tracing::info!(table = %self.config.table, index = %self.config.index, "created DynamoDB table");
+        Ok(())
+    }
+
+    async fn wait_until_active(&self) -> Result<()> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        loop {
+            let output = self
+                .client
+                .describe_table()
+                .table_name(&self.config.table)
+                .send()
+                .await
+                .map_err(|e| map_sdk(e, "describe table"))?;
+            let ready = output.table().is_some_and(|t| {
+                t.table_status() == Some(&TableStatus::Active)
+                    && t.global_secondary_indexes()
+                        .iter()
+                        .filter(|g| g.index_name() == Some(self.config.index.as_str()))
+                        .all(|g| g.index_status() == Some(&IndexStatus::Active))
+            });
+            if ready {
+                return Ok(());
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(Error::new(
+                    ErrorKind::Unavailable,
+                    format!(
+                        "DynamoDB table {:?} or its index did not become ACTIVE within 2 minutes",
+                        self.config.table
+                    ),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    fn key(id: &str) -> HashMap<String, AttributeValue> {
+        HashMap::from([(codec::ID.to_owned(), AttributeValue::S(id.to_owned()))])
+    }
+
+    /// Reads the extra chunks of a main item's body.
+    async fn read_chunks(&self, id: &str, rev: &str, count: usize) -> Result<Vec<Vec<u8>>> {
+        let mut chunks = Vec::with_capacity(count);
+        for n in 1..=count {
+            let output = self
+                .client
+                .get_item()
+                .table_name(&self.config.table)
+                .set_key(Some(Self::key(&codec::chunk_id(id, rev, n))))
+                .consistent_read(true)
+                .send()
+                .await
+                .map_err(|e| map_sdk(e, "read a document chunk"))?;
+            match output.item().and_then(|item| item.get(codec::BODY)) {
+                Some(AttributeValue::B(blob)) => chunks.push(blob.as_ref().to_vec()),
+                _ => {
+                    return Err(Error::new(
+                        ErrorKind::Corrupt,
+                        format!("DynamoDB document {id:?} revision {rev} is missing chunk {n} of {count}"),
+                    ))
+                }
+            }
+        }
+        Ok(chunks)
+    }
+
+    /// A main item as a stored document, reading chunks when its body continues in them.
+    async fn to_document(&self, item: &Item) -> Result<StoredDocument> {
+        let id = codec::string_attribute(item, codec::ID)
+            .ok_or_else(|| Error::new(ErrorKind::Corrupt, "DynamoDB item without a string _id"))?
+            .to_owned();
+        let rev = match item.get(codec::REV) {
+            Some(AttributeValue::S(rev)) => rev.clone(),
+            Some(AttributeValue::N(rev)) => rev.clone(),
+            _ => String::from("0"),
+        };
+        let chunks = match codec::extra_chunk_count(item) {
+            0 => Vec::new(),
+            count => self.read_chunks(&id, &rev, count).await?,
+        };
+        let body = codec::decode(item, &chunks)?;
+        Ok(StoredDocument { id, rev: Revision(rev), body })
+    }
+
+    async fn delete_chunks(&self, id: &str, rev: &str, count: usize) {
+        for n in 1..=count {
+            let chunk = codec::chunk_id(id, rev, n);
+            if let Err(err) =
+                self.client.delete_item().table_name(&self.config.table).set_key(Some(Self::key(&chunk))).send().await
+            {
+                // Unreferenced chunks are garbage, never read; a failed cleanup loses nothing.
+                tracing::warn!(chunk = %chunk, error = %map_sdk(err, "delete an old chunk"), "left an old chunk behind");
+            }
+        }
+    }
+
+    async fn write_chunks(&self, id: &str, rev: &str, chunks: &[Vec<u8>]) -> Result<()> {
+        for (i, chunk) in chunks.iter().enumerate() {
+            let item = HashMap::from([
+                (codec::ID.to_owned(), AttributeValue::S(codec::chunk_id(id, rev, i + 1))),
+                (codec::CHUNK_OF.to_owned(), AttributeValue::S(id.to_owned())),
+                (codec::BODY.to_owned(), AttributeValue::B(aws_sdk_dynamodb::primitives::Blob::new(chunk.clone()))),
+            ]);
+            self.client
+                .put_item()
+                .table_name(&self.config.table)
+                .set_item(Some(item))
+                .send()
+                .await
+                .map_err(|e| map_sdk(e, "write a document chunk"))?;
+        }
+        Ok(())
+    }
+}
+
+/// A fresh revision: a generation number for readability and 64 random bits, so a revision is
+/// never reused, even after a delete and re-create.
+fn new_revision(previous: Option<&Revision>) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let generation = previous.and_then(|r| r.as_str().split('-').next()?.parse::<u64>().ok()).unwrap_or(0) + 1;
+    let mut hasher = RandomState::new().build_hasher();
+    hasher.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    hasher.write_u128(
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0),
+    );
+    format!("{generation}-{:016x}", hasher.finish())
+}
+
+fn encode_token(key: &HashMap<String, AttributeValue>) -> Result<String> {
+    let map: Map<String, Value> = key
+        .iter()
+        .map(|(name, value)| match value {
+            AttributeValue::S(text) => Ok((name.clone(), Value::String(text.clone()))),
+            _ => Err(Error::new(ErrorKind::Internal, "DynamoDB returned a non-string key in LastEvaluatedKey")),
+        })
+        .collect::<Result<_>>()?;
+    serde_json::to_string(&map).map_err(|e| Error::new(ErrorKind::Internal, "encode page token").with_source(e))
+}
+
+fn decode_token(token: &str) -> Result<HashMap<String, AttributeValue>> {
+    let map: Map<String, Value> =
+        serde_json::from_str(token).map_err(|_| Error::invalid("page token", "was not produced by this backend"))?;
+    map.into_iter()
+        .map(|(name, value)| match value {
+            Value::String(text) => Ok((name, AttributeValue::S(text))),
+            _ => Err(Error::invalid("page token", "was not produced by this backend")),
+        })
+        .collect()
+}
+
+#[async_trait]
+impl DocumentBackend for DynamoDbBackend {
+    fn describe(&self) -> String {
+        self.config.redacted()
+    }
+
+    async fn get(&self, id: &str) -> Result<Option<StoredDocument>> {
+        let output = self
+            .client
+            .get_item()
+            .table_name(&self.config.table)
+            .set_key(Some(Self::key(id)))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| map_sdk(e, "read a document"))?;
+        match output.item {
+            Some(item) if !codec::is_chunk(&item) => self.to_document(&item).await.map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    async fn put(&self, id: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Revision> {
+        let previous = match &precondition {
+            Precondition::MatchRevision(rev) => Some(rev),
+            _ => None,
+        };
+        let rev = new_revision(previous);
+        let encoded = codec::encode(id, &rev, body)?;
+        self.write_chunks(id, &rev, &encoded.extra_chunks).await?;
+        let mut request = self
+            .client
+            .put_item()
+            .table_name(&self.config.table)
+            .set_item(Some(encoded.item))
+            .return_values(ReturnValue::AllOld);
+        request = match &precondition {
+            Precondition::MustNotExist => {
+                request.condition_expression("attribute_not_exists(#id)").expression_attribute_names("#id", codec::ID)
+            }
+            Precondition::MatchRevision(expected) => request
+                .condition_expression("#rev = :rev")
+                .expression_attribute_names("#rev", codec::REV)
+                .expression_attribute_values(":rev", AttributeValue::S(expected.as_str().to_owned())),
+            Precondition::None => request,
+        };
+        match request.send().await {
+            Ok(output) => {
+                if let Some(old) = output.attributes() {
+                    let count = codec::extra_chunk_count(old);
+                    if count > 0 {
+                        let old_rev = codec::string_attribute(old, codec::REV).unwrap_or("").to_owned();
+                        self.delete_chunks(id, &old_rev, count).await;
+                    }
+                }
+                Ok(Revision(rev))
+            }
+            Err(err) => {
+                let err = map_sdk(err, &format!("write document {id:?}"));
+                self.delete_chunks(id, &rev, encoded.extra_chunks.len()).await;
+                if err.is_conflict() {
+                    Err(Error::conflict(format!("document {id:?} was changed by another writer")).with_source(err))
+                } else {
+                    Err(err)
+                }
+            }
+        }
+    }
+
+    async fn delete(&self, id: &str, rev: &Revision) -> Result<()> {
+        let result = self
+            .client
+            .delete_item()
+            .table_name(&self.config.table)
+            .set_key(Some(Self::key(id)))
+            .condition_expression("#rev = :rev")
+            .expression_attribute_names("#rev", codec::REV)
+            .expression_attribute_values(":rev", AttributeValue::S(rev.as_str().to_owned()))
+            .return_values(ReturnValue::AllOld)
+            .send()
+            .await;
+        match result {
+            Ok(output) => {
+                if let Some(old) = output.attributes() {
+                    let count = codec::extra_chunk_count(old);
+                    self.delete_chunks(id, rev.as_str(), count).await;
+                }
+                Ok(())
+            }
+            Err(err) => {
+                let err = map_sdk(err, &format!("delete document {id:?}"));
+                if !err.is_conflict() {
+                    return Err(err);
+                }
+                match self.get(id).await? {
+                    Some(_) => Err(Error::conflict(format!("document {id:?} is no longer at revision {rev}"))),
+                    None => Err(Error::not_found(format!("document {id:?} does not exist"))),
+                }
+            }
+        }
+    }
+
+    async fn query(&self, query: &Query, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
+        let mut request = self
+            .client
+            .query()
+            .table_name(&self.config.table)
+            .index_name(&self.config.index)
+            .limit(i32::try_from(limit.max(1)).unwrap_or(i32::MAX))
+            .expression_attribute_names("#u", fields::USER_ID)
+            .expression_attribute_values(":u", AttributeValue::S(query.user_id.clone()));
+        request = match &query.namespace {
+            Some(namespace) => request
+                .key_condition_expression("#u = :u AND #n = :n")
+                .expression_attribute_names("#n", fields::NAMESPACE)
+                .expression_attribute_values(":n", AttributeValue::S(namespace.clone())),
+            None => request.key_condition_expression("#u = :u"),
+        };
+        // Project only when every wanted field is one kept native on every item.
+        let native_fields = [fields::USER_ID, fields::NAMESPACE, fields::KEY];
+        let projected = match &query.projection {
+            Projection::Fields(wanted) if wanted.iter().all(|f| native_fields.contains(f)) => Some(wanted.clone()),
+            _ => None,
+        };
+        if let Some(wanted) = &projected {
+            let mut names = vec![("#pid", codec::ID), ("#prev", codec::REV)];
+            let aliases = ["#p0", "#p1", "#p2"];
+            for (alias, field) in aliases.iter().zip(wanted.iter()) {
+                names.push((alias, field));
+            }
+            request = request.projection_expression(names.iter().map(|(a, _)| *a).collect::<Vec<_>>().join(", "));
+            for (alias, field) in names {
+                request = request.expression_attribute_names(alias, field);
+            }
+        }
+        if let Some(token) = page_token {
+            request = request.set_exclusive_start_key(Some(decode_token(token)?));
+        }
+        let output = request.send().await.map_err(|e| map_sdk(e, "query the user/namespace index"))?;
+        let mut items = Vec::with_capacity(output.items().len());
+        for item in output.items() {
+            let mut doc = match &projected {
+                Some(_) => StoredDocument {
+                    id: codec::string_attribute(item, codec::ID).unwrap_or_default().to_owned(),
+                    rev: Revision(codec::string_attribute(item, codec::REV).unwrap_or_default().to_owned()),
+                    body: codec::decode(item, &[])?,
+                },
+                None => self.to_document(item).await?,
+            };
+            if let Projection::Fields(wanted) = &query.projection {
+                doc.body.retain(|name, _| wanted.contains(&name.as_str()));
+            }
+            items.push(doc);
+        }
+        let next = output.last_evaluated_key().map(encode_token).transpose()?;
+        Ok(Page { items, next })
+    }
+
+    async fn ensure_standard_indexes(&self) -> Result<()> {
+        // The GSI is checked (or created) when the backend opens; nothing to do per startup.
+        Ok(())
+    }
+
+    async fn ensure_namespace_indexed(&self, _namespace: &str) -> Result<()> {
+        // One GSI serves every namespace.
+        Ok(())
+    }
+
+    async fn bulk_write(&self, writes: Vec<BulkWrite>) -> Result<Vec<Result<Revision>>> {
+        // BatchWriteItem has no conditions, so only unconditional, single-item writes go through
+        // it; the rest are conditional PutItems, several at a time.
+        let mut results: Vec<Option<Result<Revision>>> = (0..writes.len()).map(|_| None).collect();
+        let mut batchable = Vec::new();
+        let mut individual = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for (i, write) in writes.into_iter().enumerate() {
+            let simple = write.precondition == Precondition::None
+                && codec::native_safe(&write.body)
+                && seen.insert(write.id.clone());
+            if simple {
+                batchable.push((i, write));
+            } else {
+                individual.push((i, write));
+            }
+        }
+        for chunk in batchable.chunks(BATCH_WRITE_MAX) {
+            let mut pending: HashMap<String, (usize, String)> = HashMap::new();
+            let mut requests = Vec::with_capacity(chunk.len());
+            for (i, write) in chunk {
+                let rev = new_revision(None);
+                let encoded = codec::encode(&write.id, &rev, &write.body)?;
+                let put = PutRequest::builder()
+                    .set_item(Some(encoded.item))
+                    .build()
+                    .map_err(|e| Error::new(ErrorKind::Internal, "build put request").with_source(e))?;
+                requests.push(WriteRequest::builder().put_request(put).build());
+                pending.insert(write.id.clone(), (*i, rev));
+            }
+            let unprocessed = self.batch_write_with_retries(requests).await?;
+            let failed: std::collections::HashSet<String> = unprocessed
+                .iter()
+                .filter_map(|r| {
+                    r.put_request().and_then(|p| codec::string_attribute(p.item(), codec::ID)).map(str::to_owned)
+                })
+                .collect();
+            for (id, (i, rev)) in pending {
+                results[i] = Some(if failed.contains(&id) {
+                    Err(Error::new(
+                        ErrorKind::Unavailable,
+                        format!("DynamoDB left document {id:?} unprocessed after retries"),
+                    ))
+                } else {
+                    Ok(Revision(rev))
+                });
+            }
+        }
+        let outcomes: Vec<(usize, Result<Revision>)> = futures::stream::iter(individual)
+            .map(|(i, write)| async move { (i, self.put(&write.id, &write.body, write.precondition).await) })
+            .buffer_unordered(CONDITIONAL_WRITE_CONCURRENCY)
+            .collect()
+            .await;
+        for (i, outcome) in outcomes {
+            results[i] = Some(outcome);
+        }
+        Ok(results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(Error::new(ErrorKind::Internal, "bulk write lost track of a document"))))
+            .collect())
+    }
+
+    async fn scan(&self, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
+        let mut request = self
+            .client
+            .scan()
+            .table_name(&self.config.table)
+            .consistent_read(true)
+            .limit(i32::try_from(limit.max(1)).unwrap_or(i32::MAX));
+        if let Some(token) = page_token {
+            request = request.set_exclusive_start_key(Some(decode_token(token)?));
+        }
+        let output = request.send().await.map_err(|e| map_sdk(e, "scan the table"))?;
+        let mut items = Vec::new();
+        for item in output.items().iter().filter(|item| !codec::is_chunk(item)) {
+            items.push(self.to_document(item).await?);
+        }
+        let next = output.last_evaluated_key().map(encode_token).transpose()?;
+        Ok(Page { items, next })
+    }
+
+    async fn health(&self) -> Result<()> {
+        self.client
+            .describe_table()
+            .table_name(&self.config.table)
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(|e| map_sdk(e, &format!("describe table {:?}", self.config.table)))
+    }
+}
+
+impl DynamoDbBackend {
+    /// BatchWriteItem, retrying UnprocessedItems with backoff and jitter; returns what is still
+    /// unprocessed after the retries.
+    async fn batch_write_with_retries(&self, requests: Vec<WriteRequest>) -> Result<Vec<WriteRequest>> {
+        let mut pending = requests;
+        let mut backoff = ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(50))
+            .with_max_delay(Duration::from_secs(2))
+            .with_jitter()
+            .with_max_times(UNPROCESSED_RETRIES)
+            .build();
+        loop {
+            let table = self.config.table.clone();
+            let batch = pending.clone();
+            let output = (|| async {
+                self.client
+                    .batch_write_item()
+                    .request_items(table.clone(), batch.clone())
+                    .send()
+                    .await
+                    .map_err(|e| map_sdk(e, "write documents in bulk"))
+            })
+            .retry(ExponentialBuilder::default().with_jitter().with_max_times(3))
+            .sleep(tokio::time::sleep)
+            .when(|e: &Error| e.kind() == ErrorKind::Unavailable)
+            .await?;
+            pending = output.unprocessed_items().and_then(|m| m.get(&self.config.table)).cloned().unwrap_or_default();
+            if pending.is_empty() {
+                return Ok(pending);
+            }
+            match backoff.next() {
+                Some(delay) => {
+                    tracing::debug!(unprocessed = pending.len(), ?delay, "DynamoDB left items unprocessed; retrying");
+                    tokio::time::sleep(delay).await;
+                }
+                None => return Ok(pending),
+            }
+        }
+    }
+}
