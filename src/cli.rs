@@ -255,10 +255,15 @@ fn read_stdin(max_value_bytes: usize) -> Result<String> {
 }
 
 fn print_json(value: &Value) -> Result<()> {
+    use std::io::Write;
     let text = serde_json::to_string_pretty(value)
         .map_err(|e| Error::new(ErrorKind::Internal, "cannot print result").with_source(e))?;
-    println!("{text}");
-    Ok(())
+    let mut stdout = std::io::stdout().lock();
+    match writeln!(stdout, "{text}").and_then(|()| stdout.flush()) {
+        // The reader went away (`| head`): not an error of ours.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => other.map_err(|e| Error::new(ErrorKind::Internal, "cannot write to standard output").with_source(e)),
+    }
 }
 
 /// Reports an error on stderr and turns it into the exit status.

@@ -719,3 +719,32 @@ fn config_file_without_toml_extension_is_read_as_toml() {
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     assert!(store.exists());
 }
+
+#[test]
+fn a_closed_stdout_is_not_a_crash() {
+    use std::io::Read;
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let backend = format!("embedded:{}", dir.path().join("s.redb").display());
+    let big = format!("\"{}\"", "x".repeat(100_000));
+    let set = std::process::Command::new(env!("CARGO_BIN_EXE_agentstore"))
+        .args(["--backend", &backend, "set", "u", "ns", "k", &big])
+        .output()
+        .unwrap();
+    assert!(set.status.success());
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_agentstore"))
+        .args(["--backend", &backend, "get", "u", "ns", "k"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Read a little, then close the pipe, as `| head -c 10` does.
+    let mut stdout = child.stdout.take().unwrap();
+    let mut first = [0u8; 10];
+    stdout.read_exact(&mut first).unwrap();
+    drop(stdout);
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+}
