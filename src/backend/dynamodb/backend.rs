@@ -165,7 +165,8 @@ impl DynamoDbBackend {
             .projection(DynamoProjection::builder().projection_type(ProjectionType::All).build())
             .build()
             .map_err(|e| Error::new(ErrorKind::Internal, "build index definition").with_source(e))?;
-        self.client
+        let result = self
+            .client
             .create_table()
             .table_name(&self.config.table)
             .billing_mode(BillingMode::PayPerRequest)
@@ -175,9 +176,17 @@ impl DynamoDbBackend {
             .key_schema(key(codec::ID, KeyType::Hash)?)
             .global_secondary_indexes(index)
             .send()
-            .await
-            .map_err(|e| map_sdk(e, &format!("create table {:?}", self.config.table)))?;
-        tracing::info!(table = %self.config.table, index = %self.config.index, "created DynamoDB table");
+            .await;
+        match result {
+            // Another process is creating it at the same moment: wait for it like for our own.
+            Err(e) if e.as_service_error().is_some_and(|s| s.is_resource_in_use_exception()) => {
+                tracing::info!(table = %self.config.table, "DynamoDB table is being created by another process");
+            }
+            Err(e) => return Err(map_sdk(e, &format!("create table {:?}", self.config.table))),
+            Ok(_) => {
+                tracing::info!(table = %self.config.table, index = %self.config.index, "created DynamoDB table");
+            }
+        }
         Ok(())
     }
 
@@ -218,8 +227,9 @@ impl DynamoDbBackend {
         HashMap::from([(codec::ID.to_owned(), AttributeValue::S(id.to_owned()))])
     }
 
-    /// Reads the extra chunks of a main item's body.
-    async fn read_chunks(&self, id: &str, rev: &str, count: usize) -> Result<Vec<Vec<u8>>> {
+    /// Reads the extra chunks of a main item's body; `None` when one is gone, which means the item
+    /// read was an old revision (a GSI query can return one) whose chunks were already replaced.
+    async fn read_chunks(&self, id: &str, rev: &str, count: usize) -> Result<Option<Vec<Vec<u8>>>> {
         let mut chunks = Vec::with_capacity(count);
         for n in 1..=count {
             let output = self
@@ -233,19 +243,27 @@ impl DynamoDbBackend {
                 .map_err(|e| map_sdk(e, "read a document chunk"))?;
             match output.item().and_then(|item| item.get(codec::BODY)) {
                 Some(AttributeValue::B(blob)) => chunks.push(blob.as_ref().to_vec()),
-                _ => {
-                    return Err(Error::new(
-                        ErrorKind::Corrupt,
-                        format!("DynamoDB document {id:?} revision {rev} is missing chunk {n} of {count}"),
-                    ))
-                }
+                _ => return Ok(None),
             }
         }
-        Ok(chunks)
+        Ok(Some(chunks))
     }
 
-    /// A main item as a stored document, reading chunks when its body continues in them.
-    async fn to_document(&self, item: &Item) -> Result<StoredDocument> {
+    /// A main item from a possibly stale read (GSI query, scan page) as a stored document; when
+    /// the item has moved on since, the current one is read consistently (`None`: deleted since).
+    async fn to_current_document(&self, item: &Item) -> Result<Option<StoredDocument>> {
+        match self.to_document(item).await? {
+            Some(doc) => Ok(Some(doc)),
+            None => {
+                let id = codec::string_attribute(item, codec::ID).unwrap_or_default().to_owned();
+                self.get(&id).await
+            }
+        }
+    }
+
+    /// A main item as a stored document, reading chunks when its body continues in them; `None`
+    /// when its chunks are gone (the item is an old revision).
+    async fn to_document(&self, item: &Item) -> Result<Option<StoredDocument>> {
         let id = codec::string_attribute(item, codec::ID)
             .ok_or_else(|| Error::new(ErrorKind::Corrupt, "DynamoDB item without a string _id"))?
             .to_owned();
@@ -256,10 +274,13 @@ impl DynamoDbBackend {
         };
         let chunks = match codec::extra_chunk_count(item) {
             0 => Vec::new(),
-            count => self.read_chunks(&id, &rev, count).await?,
+            count => match self.read_chunks(&id, &rev, count).await? {
+                Some(chunks) => chunks,
+                None => return Ok(None),
+            },
         };
         let body = codec::decode(item, &chunks)?;
-        Ok(StoredDocument { id, rev: Revision(rev), body })
+        Ok(Some(StoredDocument { id, rev: Revision(rev), body }))
     }
 
     async fn delete_chunks(&self, id: &str, rev: &str, count: usize) {
@@ -345,7 +366,11 @@ impl DocumentBackend for DynamoDbBackend {
             .await
             .map_err(|e| map_sdk(e, "read a document"))?;
         match output.item {
-            Some(item) if !codec::is_chunk(&item) => self.to_document(&item).await.map(Some),
+            Some(item) if !codec::is_chunk(&item) => match self.to_document(&item).await? {
+                Some(doc) => Ok(Some(doc)),
+                // A consistent read of the current revision must find its chunks.
+                None => Err(Error::new(ErrorKind::Corrupt, format!("DynamoDB document {id:?} is missing body chunks"))),
+            },
             _ => Ok(None),
         }
     }
@@ -475,7 +500,10 @@ impl DocumentBackend for DynamoDbBackend {
                     rev: Revision(codec::string_attribute(item, codec::REV).unwrap_or_default().to_owned()),
                     body: codec::decode(item, &[])?,
                 },
-                None => self.to_document(item).await?,
+                None => match self.to_current_document(item).await? {
+                    Some(doc) => doc,
+                    None => continue,
+                },
             };
             if let Projection::Fields(wanted) = &query.projection {
                 doc.body.retain(|name, _| wanted.contains(&name.as_str()));
@@ -526,7 +554,17 @@ impl DocumentBackend for DynamoDbBackend {
                 requests.push(WriteRequest::builder().put_request(put).build());
                 pending.insert(write.id.clone(), (*i, rev));
             }
-            let unprocessed = self.batch_write_with_retries(requests).await?;
+            let unprocessed = match self.batch_write_with_retries(requests).await {
+                Ok(unprocessed) => unprocessed,
+                Err(err) => {
+                    // A failed batch fails its own documents, not the others of the request.
+                    let message = err.to_string();
+                    for (i, _) in pending.into_values() {
+                        results[i] = Some(Err(Error::new(err.kind(), message.clone())));
+                    }
+                    continue;
+                }
+            };
             let failed: std::collections::HashSet<String> = unprocessed
                 .iter()
                 .filter_map(|r| {
@@ -571,7 +609,9 @@ impl DocumentBackend for DynamoDbBackend {
         let output = request.send().await.map_err(|e| map_sdk(e, "scan the table"))?;
         let mut items = Vec::new();
         for item in output.items().iter().filter(|item| !codec::is_chunk(item)) {
-            items.push(self.to_document(item).await?);
+            if let Some(doc) = self.to_current_document(item).await? {
+                items.push(doc);
+            }
         }
         let next = output.last_evaluated_key().map(encode_token).transpose()?;
         Ok(Page { items, next })
