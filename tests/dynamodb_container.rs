@@ -1,0 +1,320 @@
+//! The DynamoDB adapter against DynamoDB Local in a container (testcontainers, image
+//! `amazon/dynamodb-local`), where a Docker engine is reachable.
+//!
+//! DynamoDB Local is AWS's own local implementation, closer to the service than dynalite (which
+//! the contract suite uses). This test opens the adapter with `create=true`, round-trips the whole
+//! value corpus through the facade, and lists 60 keys in pages of 10 through the GSI, whose reads
+//! are eventually consistent (so the listing is polled, with a deadline, until it is complete).
+//!
+//! Without a reachable Docker engine the trials are reported as `ignored` and a line saying
+//! "dynamodb testcontainers test NOT RUN: no Docker engine reachable (...)" is printed, so a run
+//! never looks as if it tested DynamoDB Local when it did not. Asking for ignored trials
+//! (`--ignored` / `--include-ignored`) without an engine fails them.
+
+mod common;
+
+use std::io::Read;
+use std::path::Path;
+use std::process::{Command, ExitCode, Stdio};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use agentstore::backend::dynamodb::{DynamoConfig, DynamoDbBackend};
+use agentstore::backend::DocumentBackend;
+use agentstore::store::{DataStore, StoreOptions};
+use futures::TryStreamExt;
+use libtest_mimic::{Arguments, Failed, Trial};
+use serde_json::json;
+use testcontainers::core::{IntoContainerPort, WaitFor};
+use testcontainers::runners::AsyncRunner;
+use testcontainers::{ContainerAsync, GenericImage, ImageExt};
+
+use common::json::first_difference;
+
+const IMAGE: &str = "amazon/dynamodb-local";
+const TAG: &str = "latest";
+const DYNAMODB_PORT: u16 = 8000;
+/// How long `docker info` may take to say whether an engine answers.
+const DOCKER_PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Pulling the image on a cold machine plus its start.
+const CONTAINER_STARTUP_TIMEOUT: Duration = Duration::from_secs(600);
+/// How long DynamoDB Local may take to answer HTTP after its start message.
+const UP_DEADLINE: Duration = Duration::from_secs(60);
+/// How long the GSI may take to show every written document.
+const INDEX_DEADLINE: Duration = Duration::from_secs(30);
+
+type TrialFn = fn(String) -> futures::future::BoxFuture<'static, Result<(), String>>;
+
+fn main() -> ExitCode {
+    let args = Arguments::from_args();
+    let engine = docker_engine();
+    if !args.list {
+        match &engine {
+            Ok(engine) => println!("dynamodb testcontainers test RUN against {IMAGE}:{TAG} on {engine}"),
+            Err(reason) => println!("dynamodb testcontainers test NOT RUN: no Docker engine reachable ({reason})"),
+        }
+    }
+    // DynamoDB Local accepts any credentials; set before any thread reads the environment.
+    for (name, value) in [("AWS_ACCESS_KEY_ID", "local"), ("AWS_SECRET_ACCESS_KEY", "local")] {
+        if std::env::var_os(name).is_none() {
+            std::env::set_var(name, value);
+        }
+    }
+
+    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build() {
+        Ok(runtime) => Arc::new(runtime),
+        Err(e) => {
+            eprintln!("dynamodb testcontainers test: cannot build a tokio runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let container = Arc::new(SharedContainer::default());
+
+    let trials: [(&str, TrialFn); 2] = [
+        ("dynamodb_local::round_trip_corpus", |endpoint| Box::pin(round_trip_corpus(endpoint))),
+        ("dynamodb_local::list_keys_in_pages_of_10", |endpoint| Box::pin(list_keys_in_pages(endpoint))),
+    ];
+    let trials = trials
+        .into_iter()
+        .map(|(name, run)| {
+            let ignored = engine.is_err();
+            let engine = engine.clone();
+            let runtime = Arc::clone(&runtime);
+            let container = Arc::clone(&container);
+            Trial::test(name, move || {
+                if let Err(reason) = engine {
+                    return Err(Failed::from(format!("no Docker engine reachable ({reason})")));
+                }
+                runtime.block_on(async move {
+                    let endpoint = container.endpoint().await.map_err(Failed::from)?;
+                    run(endpoint).await.map_err(Failed::from)
+                })
+            })
+            .with_kind("testcontainers")
+            .with_ignored_flag(ignored)
+        })
+        .collect();
+
+    let conclusion = libtest_mimic::run(&args, trials);
+    runtime.block_on(container.remove());
+    conclusion.exit_code()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Docker.
+// ---------------------------------------------------------------------------------------------
+
+/// Describes the reachable Docker engine, or says why there is none.
+fn docker_engine() -> Result<String, String> {
+    let endpoint = match std::env::var("DOCKER_HOST") {
+        Ok(host) if !host.trim().is_empty() => format!("DOCKER_HOST={host}"),
+        _ if Path::new("/var/run/docker.sock").exists() => "/var/run/docker.sock".to_owned(),
+        _ => return Err("DOCKER_HOST is not set and /var/run/docker.sock does not exist".into()),
+    };
+    let mut command = Command::new("docker");
+    command.args(["info", "--format", "{{.ServerVersion}}"]);
+    let (success, stdout, stderr) = run_with_timeout(command, DOCKER_PROBE_TIMEOUT)
+        .map_err(|e| format!("{endpoint}, but `docker info` could not be run: {e}"))?;
+    let version = stdout.trim();
+    if success && !version.is_empty() {
+        Ok(format!("Docker engine {version} via {endpoint}"))
+    } else {
+        let detail = stderr.lines().chain(stdout.lines()).find(|l| !l.trim().is_empty()).unwrap_or("no output");
+        Err(format!("{endpoint}, but `docker info` failed: {}", detail.trim()))
+    }
+}
+
+/// Runs `command`, killing it after `timeout`; its success, stdout and stderr.
+fn run_with_timeout(mut command: Command, timeout: Duration) -> Result<(bool, String, String), String> {
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    let (done_tx, done_rx) = mpsc::channel();
+    for (stream, is_stdout) in [
+        (child.stdout.take().map(|s| Box::new(s) as Box<dyn Read + Send>), true),
+        (child.stderr.take().map(|s| Box::new(s) as Box<dyn Read + Send>), false),
+    ] {
+        let done_tx = done_tx.clone();
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            if let Some(mut stream) = stream {
+                let _ = stream.read_to_string(&mut text);
+            }
+            let _ = done_tx.send((is_stdout, text));
+        });
+    }
+    drop(done_tx);
+    let deadline = Instant::now() + timeout;
+    let (mut stdout, mut stderr) = (String::new(), String::new());
+    for _ in 0..2 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match done_rx.recv_timeout(left) {
+            Ok((true, text)) => stdout = text,
+            Ok((false, text)) => stderr = text,
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("no answer within {timeout:?}"));
+            }
+        }
+    }
+    let status = child.wait().map_err(|e| e.to_string())?;
+    Ok((status.success(), stdout, stderr))
+}
+
+/// One DynamoDB Local container for all trials of this process, started by the first trial that
+/// needs it and removed after the run.
+#[derive(Default)]
+struct SharedContainer {
+    endpoint: tokio::sync::OnceCell<Result<String, String>>,
+    container: Mutex<Option<ContainerAsync<GenericImage>>>,
+}
+
+impl SharedContainer {
+    /// `http://host:port` of the running DynamoDB Local.
+    async fn endpoint(&self) -> Result<String, String> {
+        self.endpoint.get_or_init(|| self.start()).await.clone()
+    }
+
+    async fn start(&self) -> Result<String, String> {
+        let container = GenericImage::new(IMAGE, TAG)
+            .with_exposed_port(DYNAMODB_PORT.tcp())
+            .with_wait_for(WaitFor::message_on_either_std("Initializing DynamoDB Local"))
+            .with_startup_timeout(CONTAINER_STARTUP_TIMEOUT)
+            .start()
+            .await
+            .map_err(|e| format!("cannot start {IMAGE}:{TAG}: {e}"))?;
+        let host = container.get_host().await.map_err(|e| format!("{IMAGE} container host: {e}"));
+        let port = container.get_host_port_ipv4(DYNAMODB_PORT.tcp()).await.map_err(|e| format!("port {e}"));
+        // Kept for removal whatever happens next.
+        *self.container.lock().unwrap_or_else(|e| e.into_inner()) = Some(container);
+        let endpoint = format!("http://{}:{}", host?, port?);
+        wait_until_up(&endpoint).await?;
+        Ok(endpoint)
+    }
+
+    async fn remove(&self) {
+        let container = self.container.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(container) = container {
+            let id = container.id().to_owned();
+            if let Err(e) = container.rm().await {
+                eprintln!("dynamodb testcontainers test: could not remove container {id}: {e}");
+            }
+        }
+    }
+}
+
+/// Polls the endpoint until DynamoDB Local answers HTTP at all (an unsigned request gets a 400),
+/// or the deadline passes.
+async fn wait_until_up(endpoint: &str) -> Result<(), String> {
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().map_err(|e| e.to_string())?;
+    let started = Instant::now();
+    let mut last = String::from("no answer yet");
+    while started.elapsed() < UP_DEADLINE {
+        match http.post(endpoint).header("X-Amz-Target", "DynamoDB_20120810.ListTables").body("{}").send().await {
+            Ok(_) => return Ok(()),
+            Err(e) => last = e.to_string(),
+        }
+        // Poll interval.
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Err(format!("DynamoDB Local at {endpoint} not answering after {UP_DEADLINE:?}: {last}"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The trials.
+// ---------------------------------------------------------------------------------------------
+
+/// A new table name on the container's server.
+fn table(tag: &str) -> String {
+    static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    format!("container_{tag}_{}", COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+}
+
+/// The adapter opened with `?create=true` on a new table, and the facade over it.
+async fn open(endpoint: &str, table: &str, options: StoreOptions) -> Result<DataStore, String> {
+    let config = DynamoConfig::parse(&format!("dynamodb://{table}?region=us-east-1&endpoint={endpoint}&create=true"))
+        .map_err(|e| e.to_string())?;
+    let backend: Arc<dyn DocumentBackend> =
+        Arc::new(DynamoDbBackend::open(&config).await.map_err(|e| format!("DynamoDbBackend::open: {e}"))?);
+    DataStore::open(backend, options).await.map_err(|e| format!("DataStore::open: {e}"))
+}
+
+fn check(condition: bool, message: impl FnOnce() -> String) -> Result<(), String> {
+    if condition {
+        Ok(())
+    } else {
+        Err(message())
+    }
+}
+
+/// Every corpus value through `set`/`get`, compared by exact decimal value.
+async fn round_trip_corpus(endpoint: String) -> Result<(), String> {
+    let store = open(&endpoint, &table("roundtrip"), StoreOptions::default()).await?;
+    let cases = common::corpus::cases();
+    let mut failures = Vec::new();
+    for case in &cases {
+        let written = store
+            .set("corpus", "values", &case.name, case.value.clone(), None, Some("container-test"))
+            .await
+            .map_err(|e| format!("set {}: {e}", case.name))?;
+        if let Some(diff) = first_difference(&case.value, &written.body["value"]) {
+            failures.push(format!("{}: set returned {diff}", case.name));
+        }
+        let read = store
+            .get("corpus", "values", &case.name, None)
+            .await
+            .map_err(|e| format!("get {}: {e}", case.name))?
+            .ok_or_else(|| format!("get {}: not found after set", case.name))?;
+        if let Some(diff) = first_difference(&case.value, &read.body["value"]) {
+            failures.push(format!("{}: read back {diff}", case.name));
+        }
+    }
+    check(failures.is_empty(), || format!("values changed on DynamoDB Local:\n  {}", failures.join("\n  ")))
+}
+
+/// 60 keys listed through the GSI with pages of 10, polled until the index shows them all.
+async fn list_keys_in_pages(endpoint: String) -> Result<(), String> {
+    let options = StoreOptions { page_size: 10, ..StoreOptions::default() };
+    let store = open(&endpoint, &table("paging"), options).await?;
+    let keys: Vec<String> = (0..60).map(|i| format!("key-{i:02}")).collect();
+    for key in &keys {
+        store.set("user_p", "paging", key, json!(key), None, None).await.map_err(|e| format!("set {key}: {e}"))?;
+    }
+    for i in 0..3 {
+        store.set("user_q", "paging", &format!("other-{i}"), json!(i), None, None).await.map_err(|e| e.to_string())?;
+    }
+
+    let started = Instant::now();
+    let listed = loop {
+        let listed = store.list_keys("user_p", "paging").await.map_err(|e| format!("list_keys: {e}"))?;
+        if listed.len() >= keys.len() || started.elapsed() > INDEX_DEADLINE {
+            break listed;
+        }
+        // Poll interval while the GSI catches up.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    check(listed == keys, || {
+        format!(
+            "list_keys returned {} keys after {:?}, expected the 60 written: {listed:?}",
+            listed.len(),
+            started.elapsed()
+        )
+    })?;
+
+    let pages: Vec<Vec<String>> = store
+        .list_keys_pages("user_p", "paging")
+        .map_err(|e| e.to_string())?
+        .try_collect()
+        .await
+        .map_err(|e| format!("list_keys_pages: {e}"))?;
+    let sizes: Vec<usize> = pages.iter().map(Vec::len).collect();
+    check(sizes.iter().all(|n| *n <= 10) && sizes.iter().sum::<usize>() == 60 && sizes.len() >= 6, || {
+        format!("page sizes {sizes:?} (page_size 10, 60 keys)")
+    })?;
+    let other = store.list_keys("user_q", "paging").await.map_err(|e| e.to_string())?;
+    check(other.len() <= 3 && other.iter().all(|k| k.starts_with("other-")), || format!("user_q's keys: {other:?}"))
+}
