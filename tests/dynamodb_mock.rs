@@ -608,3 +608,42 @@ async fn projecting_the_reserved_word_key_uses_attribute_names() {
     assert!(!condition.contains("userId") && !condition.contains("namespace"), "{condition}");
     assert_eq!(body["ExpressionAttributeValues"], json!({":u": {"S": "user_1"}, ":n": {"S": "default"}}));
 }
+
+/// Refuses every batch that contains `poison`, with an error the SDK does not retry.
+struct PoisonedBatch {
+    poison: &'static str,
+}
+
+impl Respond for PoisonedBatch {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        if batch_ids(request).iter().any(|id| id == self.poison) {
+            error(400, "ValidationException", "One or more parameter values were invalid")
+        } else {
+            answer(200, json!({"UnprocessedItems": {}}))
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_batch_fails_only_its_own_documents() {
+    let server = server_with_table().await;
+    operation("BatchWriteItem").respond_with(PoisonedBatch { poison: "bulk-27" }).mount(&server).await;
+    let backend = open(&server).await.expect("open");
+
+    let ids: Vec<String> = (0..30).map(|i| format!("bulk-{i:02}")).collect();
+    let results = backend.bulk_write(unconditional_writes(&ids)).await.expect("bulk_write as a whole");
+
+    assert_eq!(results.len(), 30);
+    let sizes: Vec<usize> = received(&server, "BatchWriteItem").await.iter().map(|r| batch_ids(r).len()).collect();
+    assert_eq!(sizes, [25, 5], "one request per batch, the failed one not retried");
+    for (id, result) in ids.iter().zip(&results) {
+        let in_failed_batch = ids[25..].contains(id);
+        match result {
+            Ok(_) => assert!(!in_failed_batch, "{id} was in the refused batch but reported written"),
+            Err(e) => {
+                assert!(in_failed_batch, "{id} was written but reported failed: {e}");
+                assert_eq!(e.kind(), ErrorKind::InvalidInput, "{id}: {e}");
+            }
+        }
+    }
+}
