@@ -13,10 +13,8 @@
 
 mod common;
 
-use std::io::Read;
-use std::path::Path;
-use std::process::{Command, ExitCode, Stdio};
-use std::sync::{mpsc, Arc, Mutex};
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use agentstore::backend::dynamodb::{DynamoConfig, DynamoDbBackend};
@@ -34,8 +32,6 @@ use common::json::first_difference;
 const IMAGE: &str = "amazon/dynamodb-local";
 const TAG: &str = "latest";
 const DYNAMODB_PORT: u16 = 8000;
-/// How long `docker info` may take to say whether an engine answers.
-const DOCKER_PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Pulling the image on a cold machine plus its start.
 const CONTAINER_STARTUP_TIMEOUT: Duration = Duration::from_secs(600);
 /// How long DynamoDB Local may take to answer HTTP after its start message.
@@ -47,7 +43,7 @@ type TrialFn = fn(String) -> futures::future::BoxFuture<'static, Result<(), Stri
 
 fn main() -> ExitCode {
     let args = Arguments::from_args();
-    let engine = docker_engine();
+    let engine = common::docker::engine();
     if !args.list {
         match &engine {
             Ok(engine) => println!("dynamodb testcontainers test RUN against {IMAGE}:{TAG} on {engine}"),
@@ -103,67 +99,6 @@ fn main() -> ExitCode {
 // ---------------------------------------------------------------------------------------------
 // Docker.
 // ---------------------------------------------------------------------------------------------
-
-/// Describes the reachable Docker engine, or says why there is none.
-fn docker_engine() -> Result<String, String> {
-    let endpoint = match std::env::var("DOCKER_HOST") {
-        Ok(host) if !host.trim().is_empty() => format!("DOCKER_HOST={host}"),
-        _ if Path::new("/var/run/docker.sock").exists() => "/var/run/docker.sock".to_owned(),
-        _ => return Err("DOCKER_HOST is not set and /var/run/docker.sock does not exist".into()),
-    };
-    let mut command = Command::new("docker");
-    command.args(["info", "--format", "{{.ServerVersion}}"]);
-    let (success, stdout, stderr) = run_with_timeout(command, DOCKER_PROBE_TIMEOUT)
-        .map_err(|e| format!("{endpoint}, but `docker info` could not be run: {e}"))?;
-    let version = stdout.trim();
-    if success && !version.is_empty() {
-        Ok(format!("Docker engine {version} via {endpoint}"))
-    } else {
-        let detail = stderr.lines().chain(stdout.lines()).find(|l| !l.trim().is_empty()).unwrap_or("no output");
-        Err(format!("{endpoint}, but `docker info` failed: {}", detail.trim()))
-    }
-}
-
-/// Runs `command`, killing it after `timeout`; its success, stdout and stderr.
-fn run_with_timeout(mut command: Command, timeout: Duration) -> Result<(bool, String, String), String> {
-    let mut child = command
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| e.to_string())?;
-    let (done_tx, done_rx) = mpsc::channel();
-    for (stream, is_stdout) in [
-        (child.stdout.take().map(|s| Box::new(s) as Box<dyn Read + Send>), true),
-        (child.stderr.take().map(|s| Box::new(s) as Box<dyn Read + Send>), false),
-    ] {
-        let done_tx = done_tx.clone();
-        std::thread::spawn(move || {
-            let mut text = String::new();
-            if let Some(mut stream) = stream {
-                let _ = stream.read_to_string(&mut text);
-            }
-            let _ = done_tx.send((is_stdout, text));
-        });
-    }
-    drop(done_tx);
-    let deadline = Instant::now() + timeout;
-    let (mut stdout, mut stderr) = (String::new(), String::new());
-    for _ in 0..2 {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match done_rx.recv_timeout(left) {
-            Ok((true, text)) => stdout = text,
-            Ok((false, text)) => stderr = text,
-            Err(_) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!("no answer within {timeout:?}"));
-            }
-        }
-    }
-    let status = child.wait().map_err(|e| e.to_string())?;
-    Ok((status.success(), stdout, stderr))
-}
 
 /// One DynamoDB Local container for all trials of this process, started by the first trial that
 /// needs it and removed after the run.

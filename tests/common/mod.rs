@@ -4,5 +4,6 @@
 #![allow(dead_code)]
 
 pub mod corpus;
+pub mod docker;
 pub mod json;
 pub mod servers;
