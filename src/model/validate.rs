@@ -114,8 +114,9 @@ fn check_name(field: &str, text: &str, max_bytes: usize) -> Result<()> {
     Ok(())
 }
 
-/// Number of bytes of the compact JSON serialisation of `value`.
-pub fn json_size(value: &Value) -> usize {
+/// Number of bytes of the compact JSON serialisation of `value` (a `Value`, or a body `Map`),
+/// counted without building it.
+pub fn json_size<T: serde::Serialize + ?Sized>(value: &T) -> usize {
     struct Counter(usize);
     impl std::io::Write for Counter {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
@@ -127,7 +128,7 @@ pub fn json_size(value: &Value) -> usize {
         }
     }
     let mut counter = Counter(0);
-    // Writing a Value to an infallible sink cannot fail.
+    // Serialising JSON data into a sink that never fails cannot fail.
     let _ = serde_json::to_writer(&mut counter, value);
     counter.0
 }

@@ -157,7 +157,7 @@ fn corrupt(id: &str, problem: &str) -> Error {
 
 /// Whether DynamoDB can hold every part of `body` natively and exactly.
 pub fn native_safe(body: &Map<String, Value>) -> bool {
-    if crate::model::validate::json_size(&Value::Object(body.clone())) > NATIVE_LIMIT_BYTES {
+    if crate::model::validate::json_size(body) > NATIVE_LIMIT_BYTES {
         return false;
     }
     body.iter().all(|(name, value)| {
