@@ -3,8 +3,8 @@
 //!
 //! Run it with `cargo bench --bench couchdb_overhead`. The server is `AGENTSTORE_BENCH_COUCHDB_URL`
 //! (e.g. `http://admin:password@127.0.0.1:5984`) when set; otherwise `pouchdb-server` from
-//! `node_modules` (installed by `npm ci`) is started in memory on a free port in a temporary
-//! directory, and killed (drop guard) when the bench ends or panics. Which server answered (product
+//! `node_modules` (installed by `npm ci`) is started in memory on a free port by the tests'
+//! launcher (`tests/common/servers.rs`), which stops it when the bench process exits. Which server answered (product
 //! and version from `GET /`) is printed. The bench creates a fresh database, seeds 1,000 documents
 //! (1 user × 10 namespaces × 100 keys) with the adapter's `_bulk_docs` and the facade's document
 //! bodies, then makes one warm-up `set` per namespace through the facade, so its once-per-namespace
@@ -37,9 +37,8 @@
 //! `cargo test --all-targets` also builds and runs this target (without `--bench`); it then only
 //! prints how to run it and exits 0.
 
-use std::io::Read;
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -54,13 +53,15 @@ use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Map, Value};
 
+#[allow(dead_code)]
+#[path = "../tests/common/servers.rs"]
+mod servers;
+
 const USER: &str = "bench-user";
 const NAMESPACES: usize = 10;
 const KEYS_PER_NAMESPACE: usize = 100;
 const TOTAL_KEYS: usize = NAMESPACES * KEYS_PER_NAMESPACE;
 const AGENT: &str = "bench-agent";
-/// How long pouchdb-server may take to answer `GET /`.
-const STARTUP_DEADLINE: Duration = Duration::from_secs(30);
 /// The adapter's default request timeout (`timeout_secs` of the backend URL).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often the raw side re-reads after a 409, as the facade's default `max_conflict_retries`.
@@ -193,32 +194,6 @@ fn describe(err: &dyn std::error::Error) -> String {
 
 // ---- the server ----
 
-/// The pouchdb-server this bench started; killed (SIGKILL) and reaped on drop, panics included.
-struct PouchGuard {
-    child: Child,
-    dir: tempfile::TempDir,
-}
-
-impl PouchGuard {
-    fn log_tail(&self) -> String {
-        let mut text = String::new();
-        if let Ok(mut file) = std::fs::File::open(self.dir.path().join("server.log")) {
-            let _ = file.read_to_string(&mut text);
-        }
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(20)..].iter().map(|l| format!("  {l}\n")).collect()
-    }
-}
-
-impl Drop for PouchGuard {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-        }
-        let _ = self.child.wait();
-    }
-}
-
 /// Where the server is: `base` has no credentials and no trailing slash.
 struct ServerAddress {
     url: url::Url,
@@ -265,74 +240,12 @@ impl ServerAddress {
     }
 }
 
-fn free_port() -> Result<u16, String> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("no free port: {e}"))?;
-    listener.local_addr().map(|a| a.port()).map_err(|e| e.to_string())
-}
-
-/// Starts pouchdb-server in memory, as tests/common/servers.rs does, but as a child of this
-/// process held by a drop guard.
-fn start_pouchdb_server() -> Result<(PouchGuard, String), String> {
-    let binary = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("node_modules/.bin/pouchdb-server");
-    if !binary.exists() {
-        return Err(format!(
-            "pouchdb-server is not installed at {}: run `npm ci` in the repository, or set \
-             AGENTSTORE_BENCH_COUCHDB_URL to a CouchDB server",
-            binary.display()
-        ));
-    }
-    let port = free_port()?;
-    // pouchdb-server writes config.json and log.txt into its working directory.
-    let dir =
-        tempfile::Builder::new().prefix("agentstore-bench-pouchdb-").tempdir().map_err(|e| format!("temp dir: {e}"))?;
-    std::fs::write(dir.path().join("config.json"), r#"{"admins":{"admin":"password"}}"#)
-        .map_err(|e| format!("writing config.json: {e}"))?;
-    let log = std::fs::File::create(dir.path().join("server.log")).map_err(|e| format!("server.log: {e}"))?;
-    let log_err = log.try_clone().map_err(|e| format!("server.log: {e}"))?;
-    let child = Command::new(&binary)
-        .args(["--in-memory", "--host", "127.0.0.1", "--port", &port.to_string()])
-        .current_dir(dir.path())
-        .stdin(Stdio::null())
-        .stdout(log)
-        .stderr(log_err)
-        .spawn()
-        .map_err(|e| format!("cannot start {}: {e}", binary.display()))?;
-    Ok((PouchGuard { child, dir }, format!("http://admin:password@127.0.0.1:{port}")))
-}
-
 /// A request to the server with the credentials and `Accept` header the adapter sends.
 fn request(http: &reqwest::Client, address: &ServerAddress, method: Method, url: &str) -> reqwest::RequestBuilder {
     let request = http.request(method, url).header(reqwest::header::ACCEPT, "application/json");
     match &address.user {
         Some(user) => request.basic_auth(user, address.password.as_deref()),
         None => request,
-    }
-}
-
-/// Polls `GET /` until it answers 200; gives up early if the server exits.
-async fn wait_until_up(
-    http: &reqwest::Client,
-    address: &ServerAddress,
-    guard: &mut Option<PouchGuard>,
-) -> Result<(), String> {
-    let started = Instant::now();
-    let url = format!("{}/", address.base);
-    loop {
-        if let Ok(response) = request(http, address, Method::GET, &url).send().await {
-            if response.status() == StatusCode::OK {
-                return Ok(());
-            }
-        }
-        if let Some(guard) = guard.as_mut() {
-            if let Ok(Some(status)) = guard.child.try_wait() {
-                return Err(format!("pouchdb-server exited with {status}; its log:\n{}", guard.log_tail()));
-            }
-        }
-        if started.elapsed() > STARTUP_DEADLINE {
-            let log = guard.as_ref().map(PouchGuard::log_tail).unwrap_or_default();
-            return Err(format!("{} did not answer GET / with 200 within {STARTUP_DEADLINE:?}\n{log}", address.base));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -991,15 +904,15 @@ fn run() -> Result<bool, String> {
         config.clients, config.seconds, config.max_requests
     );
 
-    // Declared before the runtime so it outlives every request; killed on drop, panics included.
-    let (mut guard, server_url) = match std::env::var("AGENTSTORE_BENCH_COUCHDB_URL") {
-        Ok(url) if !url.trim().is_empty() => (None, url),
-        _ => {
-            let (guard, url) = start_pouchdb_server()?;
-            (Some(guard), url)
+    // The shared test-server launcher: AGENTSTORE_BENCH_COUCHDB_URL names a server, else
+    // pouchdb-server from node_modules runs (in memory) for as long as this process.
+    let external = std::env::var("AGENTSTORE_BENCH_COUCHDB_URL").is_ok_and(|url| !url.trim().is_empty());
+    if external {
+        if let Ok(url) = std::env::var("AGENTSTORE_BENCH_COUCHDB_URL") {
+            std::env::set_var("AGENTSTORE_TEST_COUCHDB_URL", url.trim());
         }
-    };
-    let external = guard.is_none();
+    }
+    let server_url = servers::couchdb()?.url;
     let address = ServerAddress::parse(&server_url)?;
     let database = format!(
         "agentstore_bench_{}_{}",
@@ -1011,7 +924,6 @@ fn run() -> Result<bool, String> {
         tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| format!("tokio runtime: {e}"))?;
     let outcome = runtime.block_on(async {
         let http = Raw::client()?;
-        wait_until_up(&http, &address, &mut guard).await?;
         let product = identify(&http, &address).await?;
         let origin = if external { "AGENTSTORE_BENCH_COUCHDB_URL" } else { "started from node_modules, in memory" };
         println!("server: {product} at {} ({origin})", address.redacted());
@@ -1083,7 +995,6 @@ fn run() -> Result<bool, String> {
         Ok::<_, String>((product, results))
     });
     drop(runtime);
-    drop(guard);
     let (product, results) = outcome?;
 
     println!();

@@ -4,8 +4,8 @@
 //! Run it with `cargo bench --bench dynamodb_bench`. The server is
 //! `AGENTSTORE_BENCH_DYNAMODB_ENDPOINT` (e.g. `http://127.0.0.1:8000`) when set; otherwise
 //! `dynalite` from `node_modules` (installed by `npm ci`) is started in memory on a free port with
-//! `--createTableMs 0 --deleteTableMs 0 --updateTableMs 0`, and killed (drop guard) when the bench
-//! ends or panics. Dummy credentials (`AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY` = `test`) and
+//! `--createTableMs 0 --deleteTableMs 0 --updateTableMs 0` by the tests' launcher
+//! (`tests/common/servers.rs`), which stops it when the bench process exits. Dummy credentials (`AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY` = `test`) and
 //! `AWS_REGION=us-east-1` are put in the environment, when not already set, before the SDK loads.
 //! Which server answered is printed.
 //!
@@ -52,9 +52,8 @@
 use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasher, Hasher};
-use std::io::Read;
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -69,6 +68,10 @@ use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue};
 use hdrhistogram::Histogram;
 use serde_json::{json, Map, Value};
 
+#[allow(dead_code)]
+#[path = "../tests/common/servers.rs"]
+mod servers;
+
 const USER: &str = "bench-user";
 const NAMESPACES: usize = 10;
 const KEYS_PER_NAMESPACE: usize = 100;
@@ -76,8 +79,6 @@ const TOTAL_KEYS: usize = NAMESPACES * KEYS_PER_NAMESPACE;
 const AGENT: &str = "bench-agent";
 /// The adapter's GSI (default `index=` of the backend URL).
 const INDEX: &str = "idx-user-namespace";
-/// How long dynalite may take to answer.
-const STARTUP_DEADLINE: Duration = Duration::from_secs(30);
 /// How often the raw side re-reads after a failed condition, as the facade's default
 /// `max_conflict_retries`.
 const RAW_CONFLICT_RETRIES: usize = 100;
@@ -214,106 +215,6 @@ fn describe(err: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     text
-}
-
-// ---- the server ----
-
-/// The dynalite this bench started; killed (SIGKILL) and reaped on drop, panics included.
-struct DynaliteGuard {
-    child: Child,
-    dir: tempfile::TempDir,
-}
-
-impl DynaliteGuard {
-    fn log_tail(&self) -> String {
-        let mut text = String::new();
-        if let Ok(mut file) = std::fs::File::open(self.dir.path().join("server.log")) {
-            let _ = file.read_to_string(&mut text);
-        }
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(20)..].iter().map(|l| format!("  {l}\n")).collect()
-    }
-}
-
-impl Drop for DynaliteGuard {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-        }
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> Result<u16, String> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("no free port: {e}"))?;
-    listener.local_addr().map(|a| a.port()).map_err(|e| e.to_string())
-}
-
-fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// The installed dynalite's version, from its package.json.
-fn dynalite_version() -> String {
-    std::fs::read_to_string(repo_root().join("node_modules/dynalite/package.json"))
-        .ok()
-        .and_then(|text| serde_json::from_str::<Value>(&text).ok())
-        .and_then(|package| package["version"].as_str().map(str::to_owned))
-        .unwrap_or_else(|| "?".into())
-}
-
-/// Starts dynalite in memory, as tests/common/servers.rs does, but as a child of this process held
-/// by a drop guard.
-fn start_dynalite() -> Result<(DynaliteGuard, String), String> {
-    let binary = repo_root().join("node_modules/.bin/dynalite");
-    if !binary.exists() {
-        return Err(format!(
-            "dynalite is not installed at {}: run `npm ci` in the repository, or set \
-             AGENTSTORE_BENCH_DYNAMODB_ENDPOINT to a DynamoDB-compatible server",
-            binary.display()
-        ));
-    }
-    let port = free_port()?;
-    let dir = tempfile::Builder::new()
-        .prefix("agentstore-bench-dynalite-")
-        .tempdir()
-        .map_err(|e| format!("temp dir: {e}"))?;
-    let log = std::fs::File::create(dir.path().join("server.log")).map_err(|e| format!("server.log: {e}"))?;
-    let log_err = log.try_clone().map_err(|e| format!("server.log: {e}"))?;
-    let child = Command::new(&binary)
-        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-        .args(["--createTableMs", "0", "--deleteTableMs", "0", "--updateTableMs", "0"])
-        .current_dir(dir.path())
-        .stdin(Stdio::null())
-        .stdout(log)
-        .stderr(log_err)
-        .spawn()
-        .map_err(|e| format!("cannot start {}: {e}", binary.display()))?;
-    Ok((DynaliteGuard { child, dir }, format!("http://127.0.0.1:{port}")))
-}
-
-/// Polls the endpoint until it answers HTTP at all; gives up early if the server exits.
-async fn wait_until_up(endpoint: &str, guard: &mut Option<DynaliteGuard>) -> Result<(), String> {
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(5))
-        .build()
-        .map_err(|e| format!("HTTP client: {}", describe(&e)))?;
-    let started = Instant::now();
-    loop {
-        if http.get(endpoint).send().await.is_ok() {
-            return Ok(());
-        }
-        if let Some(guard) = guard.as_mut() {
-            if let Ok(Some(status)) = guard.child.try_wait() {
-                return Err(format!("dynalite exited with {status}; its log:\n{}", guard.log_tail()));
-            }
-        }
-        if started.elapsed() > STARTUP_DEADLINE {
-            let log = guard.as_ref().map(DynaliteGuard::log_tail).unwrap_or_default();
-            return Err(format!("{endpoint} did not answer within {STARTUP_DEADLINE:?}\n{log}"));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 // ---- the two sides ----
@@ -1199,7 +1100,9 @@ fn bulk_table(results: &[BulkResult]) -> String {
 }
 
 fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| repo_root().join("target"))
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"))
 }
 
 fn main() -> ExitCode {
@@ -1239,20 +1142,15 @@ fn run() -> Result<bool, String> {
         }
     }
 
-    // Declared before the runtime so it outlives every request; killed on drop, panics included.
-    let (mut guard, endpoint) = match std::env::var("AGENTSTORE_BENCH_DYNAMODB_ENDPOINT") {
-        Ok(endpoint) if !endpoint.trim().is_empty() => (None, endpoint.trim().trim_end_matches('/').to_owned()),
-        _ => {
-            let (guard, endpoint) = start_dynalite()?;
-            (Some(guard), endpoint)
+    // The shared test-server launcher: AGENTSTORE_BENCH_DYNAMODB_ENDPOINT names a server, else
+    // dynalite from node_modules runs for as long as this process.
+    if let Ok(endpoint) = std::env::var("AGENTSTORE_BENCH_DYNAMODB_ENDPOINT") {
+        if !endpoint.trim().is_empty() {
+            std::env::set_var("AGENTSTORE_TEST_DYNAMODB_ENDPOINT", endpoint.trim().trim_end_matches('/'));
         }
-    };
-    let external = guard.is_none();
-    let product = if external {
-        format!("DynamoDB-compatible server at {endpoint} (AGENTSTORE_BENCH_DYNAMODB_ENDPOINT)")
-    } else {
-        format!("dynalite {} at {endpoint} (started from node_modules, in memory)", dynalite_version())
-    };
+    }
+    let server = servers::dynamodb()?;
+    let (endpoint, product) = (server.endpoint, server.product);
     let table = format!(
         "agentstore_bench_{}_{}",
         std::process::id(),
@@ -1262,7 +1160,6 @@ fn run() -> Result<bool, String> {
     let runtime =
         tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| format!("tokio runtime: {e}"))?;
     let outcome = runtime.block_on(async {
-        wait_until_up(&endpoint, &mut guard).await?;
         println!("server: {product}");
 
         let url = format!(
@@ -1343,7 +1240,6 @@ fn run() -> Result<bool, String> {
         Ok::<_, String>((results, bulk))
     });
     drop(runtime);
-    drop(guard);
     let (results, bulk) = outcome?;
 
     println!();
@@ -1401,7 +1297,7 @@ fn run() -> Result<bool, String> {
     let report = json!({
         "benchmark": "dynamodb_bench",
         "server": product,
-        "server_origin": if external {
+        "server_origin": if std::env::var_os("AGENTSTORE_TEST_DYNAMODB_ENDPOINT").is_some() {
             "AGENTSTORE_BENCH_DYNAMODB_ENDPOINT"
         } else {
             "node_modules/.bin/dynalite --createTableMs 0 --deleteTableMs 0 --updateTableMs 0"
