@@ -7,6 +7,7 @@
 pub mod couchdb;
 pub mod dynamodb;
 pub mod embedded;
+pub mod firestore;
 pub mod url;
 
 use std::fmt;
@@ -144,5 +145,6 @@ pub async fn open(url: &BackendUrl) -> Result<Arc<dyn DocumentBackend>> {
         }
         BackendUrl::CouchDb(config) => Ok(Arc::new(couchdb::CouchDbBackend::open(config).await?)),
         BackendUrl::DynamoDb(config) => Ok(Arc::new(dynamodb::DynamoDbBackend::open(config).await?)),
+        BackendUrl::Firestore(config) => Ok(Arc::new(firestore::FirestoreBackend::open(config).await?)),
     }
 }

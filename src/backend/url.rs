@@ -1,7 +1,8 @@
 //! Backend URLs: one string names a backend and where it lives, as database URLs do everywhere.
 //!
 //! `embedded:PATH` is the embedded store in one file (relative paths are relative to the working
-//! directory). Other schemes arrive with their adapters.
+//! directory). `couchdb+http(s)://`, `dynamodb://` and `firestore://` are documented with their
+//! adapters' configs.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -9,6 +10,7 @@ use std::str::FromStr;
 
 use super::couchdb::CouchConfig;
 use super::dynamodb::DynamoConfig;
+use super::firestore::FirestoreConfig;
 use crate::error::{Error, Result};
 
 /// The default backend: the embedded store under `./data`.
@@ -20,6 +22,7 @@ pub enum BackendUrl {
     Embedded { path: PathBuf },
     CouchDb(CouchConfig),
     DynamoDb(DynamoConfig),
+    Firestore(FirestoreConfig),
 }
 
 impl FromStr for BackendUrl {
@@ -43,11 +46,13 @@ impl FromStr for BackendUrl {
             }
             "couchdb+http" | "couchdb+https" => Ok(BackendUrl::CouchDb(CouchConfig::parse(text)?)),
             "dynamodb" => Ok(BackendUrl::DynamoDb(DynamoConfig::parse(text)?)),
+            "firestore" => Ok(BackendUrl::Firestore(FirestoreConfig::parse(text)?)),
             other => Err(Error::invalid(
                 "backend",
                 format!(
                     "unknown backend scheme {other:?}; supported: embedded:PATH, couchdb+http://USER:PASS@HOST:PORT/DB, \
-                     couchdb+https://…, dynamodb://TABLE?region=R&endpoint=URL"
+                     couchdb+https://…, dynamodb://TABLE?region=R&endpoint=URL, \
+                     firestore://PROJECT?database=DB&emulator=HOST:PORT"
                 ),
             )),
         }
@@ -60,6 +65,7 @@ impl fmt::Display for BackendUrl {
             BackendUrl::Embedded { path } => write!(f, "embedded:{}", path.display()),
             BackendUrl::CouchDb(config) => f.write_str(&config.redacted()),
             BackendUrl::DynamoDb(config) => f.write_str(&config.redacted()),
+            BackendUrl::Firestore(config) => f.write_str(&config.redacted()),
         }
     }
 }

@@ -26,6 +26,28 @@ pub mod fields {
     pub const LAST_ACCESSED_AT: &str = "lastAccessedAt";
 }
 
+/// Where a field goes in the spec's field order (unknown fields last), for backends that keep no
+/// field order of their own.
+pub fn field_rank(name: &str) -> usize {
+    use fields::*;
+    [
+        USER_ID,
+        NAMESPACE,
+        KEY,
+        VALUE,
+        METADATA,
+        CREATED_BY_AGENT,
+        LAST_ACCESSED_BY_AGENT,
+        ACCESS_COUNT,
+        CREATED_AT,
+        UPDATED_AT,
+        LAST_ACCESSED_AT,
+    ]
+    .iter()
+    .position(|f| *f == name)
+    .unwrap_or(usize::MAX)
+}
+
 /// Who is touching a document, and when (one timestamp per operation, so `updatedAt` and
 /// `lastAccessedAt` written together are equal).
 #[derive(Debug, Clone)]

@@ -3,6 +3,7 @@
 
 pub mod document;
 pub mod id;
+pub mod number;
 pub mod timestamp;
 pub mod validate;
 

@@ -1,10 +1,13 @@
 //! Real servers for the backend tests: one per test process, started on first use.
 //!
-//! `AGENTSTORE_TEST_COUCHDB_URL` (e.g. `http://admin:password@127.0.0.1:5984`) and
-//! `AGENTSTORE_TEST_DYNAMODB_ENDPOINT` (e.g. `http://127.0.0.1:8000`) point the tests at running
+//! `AGENTSTORE_TEST_COUCHDB_URL` (e.g. `http://admin:password@127.0.0.1:5984`),
+//! `AGENTSTORE_TEST_DYNAMODB_ENDPOINT` (e.g. `http://127.0.0.1:8000`) and
+//! `AGENTSTORE_TEST_FIRESTORE_EMULATOR` (e.g. `127.0.0.1:8080`) point the tests at running
 //! servers. Without them, `pouchdb-server` (in memory) and `dynalite` from `node_modules`
-//! (installed by `npm ci`, see `.ci/run`) are started on free ports, under a watchdog shell that
-//! stops them when the test process exits. A missing server is an error, never a skip.
+//! (installed by `npm ci`, see `.ci/run`) and Google's Firestore emulator (a jar from the
+//! google-cloud-cli-firestore-emulator package, `FIRESTORE_EMULATOR_JAR` overrides its path) are
+//! started on free ports, under a watchdog shell that stops them when the test process exits. A
+//! missing server is an error, never a skip.
 
 use std::io::BufReader;
 use std::net::TcpListener;
@@ -34,6 +37,61 @@ impl CouchServer {
 
 static COUCH: OnceLock<Result<CouchServer, String>> = OnceLock::new();
 static DYNAMO: OnceLock<Result<DynamoServer, String>> = OnceLock::new();
+static FIRESTORE: OnceLock<Result<FirestoreServer, String>> = OnceLock::new();
+
+/// Where Debian's google-cloud-cli-firestore-emulator package puts the emulator.
+pub const FIRESTORE_EMULATOR_JAR: &str =
+    "/usr/lib/google-cloud-sdk/platform/cloud-firestore-emulator/cloud-firestore-emulator.jar";
+
+/// A Firestore emulator the tests can use.
+#[derive(Debug, Clone)]
+pub struct FirestoreServer {
+    /// `127.0.0.1:PORT`.
+    pub host_port: String,
+    /// `Cloud Firestore emulator (local process)` or what `AGENTSTORE_TEST_FIRESTORE_EMULATOR` names.
+    pub product: String,
+}
+
+impl FirestoreServer {
+    /// The backend URL of a collection on this emulator (collections need no creating).
+    pub fn collection_url(&self, collection: &str) -> String {
+        format!("firestore://agentstore-test?emulator={}&collection={collection}", self.host_port)
+    }
+}
+
+/// The Firestore emulator for this process.
+pub fn firestore() -> Result<FirestoreServer, String> {
+    FIRESTORE.get_or_init(start_firestore).clone()
+}
+
+fn start_firestore() -> Result<FirestoreServer, String> {
+    if let Ok(host_port) = std::env::var("AGENTSTORE_TEST_FIRESTORE_EMULATOR") {
+        return Ok(FirestoreServer { product: format!("Firestore emulator at {host_port}"), host_port });
+    }
+    let jar = std::env::var("FIRESTORE_EMULATOR_JAR").unwrap_or_else(|_| FIRESTORE_EMULATOR_JAR.to_owned());
+    if !std::path::Path::new(&jar).exists() {
+        return Err(format!(
+            "the Firestore emulator is not installed at {jar}: install Debian's google-cloud-cli-firestore-emulator \
+             package (it is not on npm or PyPI), set FIRESTORE_EMULATOR_JAR to the jar, set \
+             AGENTSTORE_TEST_FIRESTORE_EMULATOR to a running emulator's HOST:PORT, or deselect firestore with \
+             AGENTSTORE_TEST_BACKENDS"
+        ));
+    }
+    let port = free_port()?;
+    let dir = std::env::temp_dir().join(format!("agentstore-firestore-{}-{port}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    spawn_watched(
+        &dir,
+        &format!(
+            "exec java -Duser.language=en -Xmx1g -cp '{jar}' \
+             com.google.cloud.datastore.emulator.firestore.CloudFirestore start --host=127.0.0.1 --port={port}"
+        ),
+    )?;
+    let host_port = format!("127.0.0.1:{port}");
+    wait_for(&host_port, Duration::from_secs(60), |r| r.starts_with("HTTP/1.1 200"))
+        .map_err(|e| format!("the Firestore emulator did not start ({e}); its log is in {}", dir.display()))?;
+    Ok(FirestoreServer { host_port, product: "Cloud Firestore emulator (local process)".into() })
+}
 
 /// A DynamoDB-protocol server the tests can use.
 #[derive(Debug, Clone)]
@@ -177,15 +235,21 @@ fn wait_for(host_port: &str, deadline: Duration, ready: fn(&str) -> bool) -> Res
 fn http_get(host_port: &str, path: &str) -> Result<String, String> {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(host_port).map_err(|e| e.to_string())?;
-    stream.set_read_timeout(Some(Duration::from_secs(5))).map_err(|e| e.to_string())?;
+    stream.set_read_timeout(Some(Duration::from_secs(2))).map_err(|e| e.to_string())?;
     write!(
         stream,
         "GET {path} HTTP/1.1\r\nHost: {host_port}\r\nAuthorization: Basic YWRtaW46cGFzc3dvcmQ=\r\nConnection: close\r\n\r\n"
     )
     .map_err(|e| e.to_string())?;
-    let mut response = String::new();
-    BufReader::new(stream).read_to_string(&mut response).map_err(|e| e.to_string())?;
-    Ok(response)
+    let mut response = Vec::new();
+    // The Firestore emulator keeps the connection open despite `Connection: close`: what arrived
+    // before the read timeout is the answer.
+    if let Err(e) = BufReader::new(stream).read_to_end(&mut response) {
+        if response.is_empty() {
+            return Err(e.to_string());
+        }
+    }
+    Ok(String::from_utf8_lossy(&response).into_owned())
 }
 
 /// Asks the server what it is.

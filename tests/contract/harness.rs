@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use agentstore::backend::couchdb::{CouchConfig, CouchDbBackend};
 use agentstore::backend::dynamodb::{DynamoConfig, DynamoDbBackend};
 use agentstore::backend::embedded::EmbeddedBackend;
+use agentstore::backend::firestore::{FirestoreBackend, FirestoreConfig};
 use agentstore::backend::DocumentBackend;
 use agentstore::store::{DataStore, StoreOptions};
 
@@ -82,7 +83,24 @@ pub fn all() -> Vec<BackendHarness> {
             },
             fresh: || Box::pin(fresh_dynamodb()),
         },
+        BackendHarness {
+            name: "firestore",
+            describe: || match servers::firestore() {
+                Ok(server) => format!("{} at {} (a new collection per test)", server.product, server.host_port),
+                Err(e) => format!("UNAVAILABLE: {e}"),
+            },
+            fresh: || Box::pin(fresh_firestore()),
+        },
     ]
+}
+
+async fn fresh_firestore() -> Result<Ctx, String> {
+    let server = servers::firestore()?;
+    let n = DATABASE_COUNTER.fetch_add(1, Ordering::Relaxed);
+    let collection = format!("contract_{}_{n}", std::process::id());
+    let config = FirestoreConfig::parse(&server.collection_url(&collection)).map_err(|e| e.to_string())?;
+    let backend = FirestoreBackend::open(&config).await.map_err(|e| e.to_string())?;
+    Ok(Ctx { backend: Arc::new(backend), backend_name: "firestore", inexact_numbers: None, _keep_alive: Box::new(()) })
 }
 
 async fn fresh_dynamodb() -> Result<Ctx, String> {

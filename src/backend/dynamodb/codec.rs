@@ -106,7 +106,7 @@ pub fn decode(item: &Item, extra_chunks: &[Vec<u8>]) -> Result<Map<String, Value
             let mut body = Map::new();
             let mut names: Vec<&String> = item.keys().filter(|n| *n != ID && *n != REV).collect();
             // A stable, spec-like order: DynamoDB items carry no field order.
-            names.sort_by_key(|name| (spec_rank(name), name.as_str()));
+            names.sort_by_key(|name| (crate::model::document::field_rank(name), name.as_str()));
             for name in names {
                 body.insert(name.clone(), from_attribute(&item[name]));
             }
@@ -129,26 +129,6 @@ pub fn decode(item: &Item, extra_chunks: &[Vec<u8>]) -> Result<Map<String, Value
         }
         Some(other) => Err(corrupt(id, &format!("has unknown _format {other:?}"))),
     }
-}
-
-/// The spec's field order, for documents read back from native attributes.
-fn spec_rank(name: &str) -> usize {
-    [
-        fields::USER_ID,
-        fields::NAMESPACE,
-        fields::KEY,
-        fields::VALUE,
-        fields::METADATA,
-        fields::CREATED_BY_AGENT,
-        fields::LAST_ACCESSED_BY_AGENT,
-        fields::ACCESS_COUNT,
-        fields::CREATED_AT,
-        fields::UPDATED_AT,
-        fields::LAST_ACCESSED_AT,
-    ]
-    .iter()
-    .position(|f| *f == name)
-    .unwrap_or(usize::MAX)
 }
 
 fn corrupt(id: &str, problem: &str) -> Error {

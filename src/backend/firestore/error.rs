@@ -1,0 +1,158 @@
+//! Maps Firestore's answers into the crate's error kinds. Firestore reports errors as
+//! `{"error": {"code", "message", "status"}}` with a gRPC status name; the message keeps
+//! Firestore's own words, and transport and auth errors are kept as the source.
+
+use reqwest::StatusCode;
+use serde_json::Value;
+
+use crate::error::{Error, ErrorKind};
+
+/// What deploying the index takes, for the missing-index error.
+const INDEX_HELP: &str = "deploy the composite index in firestore.indexes.json (userId ascending, namespace \
+                          ascending; see the README's Firestore section)";
+
+/// The gRPC status name of an error reply (`ABORTED`, `NOT_FOUND`, …), or `""`.
+pub(super) fn status_name(body: &Value) -> &str {
+    body.pointer("/error/status").and_then(Value::as_str).unwrap_or("")
+}
+
+/// Statuses that mean "not done, try again": the request had no effect.
+pub(super) fn is_retryable(status: StatusCode, body: &Value) -> bool {
+    matches!(status_name(body), "ABORTED" | "UNAVAILABLE" | "RESOURCE_EXHAUSTED")
+        || (status_name(body).is_empty()
+            && matches!(
+                status,
+                StatusCode::TOO_MANY_REQUESTS | StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE
+            ))
+}
+
+/// An error for a non-success reply, `doing` saying what we asked for.
+pub(super) fn from_reply(status: StatusCode, body: &Value, doing: &str) -> Error {
+    let name = status_name(body);
+    let message = body.pointer("/error/message").and_then(Value::as_str).unwrap_or("");
+    let detail = match (name, message) {
+        ("", "") => format!("HTTP {status}"),
+        _ => format!("HTTP {} {name}: {message}", status.as_u16()),
+    };
+    if name == "FAILED_PRECONDITION" && message.contains("index") {
+        let link = message.split_whitespace().find(|w| w.starts_with("https://")).unwrap_or("(no link given)");
+        return Error::new(
+            ErrorKind::Misconfigured,
+            format!(
+                "Firestore has no index for this query while trying to {doing}: {INDEX_HELP}, or create it at {link}"
+            ),
+        );
+    }
+    let kind = match name {
+        "NOT_FOUND" => ErrorKind::NotFound,
+        "ALREADY_EXISTS" | "FAILED_PRECONDITION" => ErrorKind::Conflict,
+        "UNAUTHENTICATED" | "PERMISSION_DENIED" => ErrorKind::Unauthorized,
+        "INVALID_ARGUMENT" if message.contains("maximum allowed size") || message.contains("too large") => {
+            ErrorKind::TooLarge
+        }
+        "INVALID_ARGUMENT" | "OUT_OF_RANGE" => ErrorKind::InvalidInput,
+        "ABORTED" | "UNAVAILABLE" | "RESOURCE_EXHAUSTED" | "DEADLINE_EXCEEDED" | "INTERNAL" | "CANCELLED" => {
+            ErrorKind::Unavailable
+        }
+        _ => match status {
+            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => ErrorKind::Unauthorized,
+            StatusCode::NOT_FOUND => ErrorKind::NotFound,
+            StatusCode::TOO_MANY_REQUESTS => ErrorKind::Unavailable,
+            s if s.is_server_error() => ErrorKind::Unavailable,
+            _ => ErrorKind::Internal,
+        },
+    };
+    let message = match kind {
+        ErrorKind::Unauthorized => format!("Firestore refused our credentials while trying to {doing} ({detail})"),
+        _ => format!("Firestore could not {doing} ({detail})"),
+    };
+    Error::new(kind, message)
+}
+
+/// A transport failure: connection refused, timeout, TLS — the server is unavailable to us.
+pub(super) fn from_transport(err: reqwest::Error, doing: &str) -> Error {
+    let kind = if err.is_decode() || err.is_builder() { ErrorKind::Internal } else { ErrorKind::Unavailable };
+    Error::new(kind, format!("Firestore request failed while trying to {doing}")).with_source(err)
+}
+
+/// A failure to get an access token from Google.
+pub(super) fn from_auth(err: gcp_auth::Error, doing: &str) -> Error {
+    let kind = match &err {
+        gcp_auth::Error::NoAuthMethod(..) => ErrorKind::Misconfigured,
+        gcp_auth::Error::Http(..) => ErrorKind::Unavailable,
+        _ => ErrorKind::Unauthorized,
+    };
+    let hint = match kind {
+        ErrorKind::Misconfigured => {
+            "; give a service-account key with credentials=FILE or GOOGLE_APPLICATION_CREDENTIALS, run `gcloud auth \
+             application-default login`, or run on Google Cloud"
+        }
+        _ => "",
+    };
+    Error::new(kind, format!("cannot get Google credentials to {doing}: {err}{hint}")).with_source(err)
+}
+
+/// A response body that is not the JSON Firestore promises.
+pub(super) fn bad_body(doing: &str, problem: impl std::fmt::Display) -> Error {
+    Error::new(
+        ErrorKind::Internal,
+        format!("Firestore answered with unexpected JSON while trying to {doing}: {problem}"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn reply(code: u16, status: &str, message: &str) -> (StatusCode, Value) {
+        (StatusCode::from_u16(code).unwrap(), json!({"error": {"code": code, "status": status, "message": message}}))
+    }
+
+    #[test]
+    fn statuses_map_to_kinds() {
+        let cases = [
+            (404, "NOT_FOUND", ErrorKind::NotFound),
+            (409, "ALREADY_EXISTS", ErrorKind::Conflict),
+            (400, "FAILED_PRECONDITION", ErrorKind::Conflict),
+            (409, "ABORTED", ErrorKind::Unavailable),
+            (429, "RESOURCE_EXHAUSTED", ErrorKind::Unavailable),
+            (503, "UNAVAILABLE", ErrorKind::Unavailable),
+            (401, "UNAUTHENTICATED", ErrorKind::Unauthorized),
+            (403, "PERMISSION_DENIED", ErrorKind::Unauthorized),
+            (400, "INVALID_ARGUMENT", ErrorKind::InvalidInput),
+            (418, "", ErrorKind::Internal),
+        ];
+        for (code, name, kind) in cases {
+            let (status, body) = reply(code, name, "words from Firestore");
+            let err = from_reply(status, &body, "write a document");
+            assert_eq!(err.kind(), kind, "{name}");
+            if !name.is_empty() {
+                assert!(err.to_string().contains("words from Firestore"), "{err}");
+            }
+        }
+        let (status, body) = reply(400, "INVALID_ARGUMENT", "Document exceeds the maximum allowed size");
+        assert_eq!(from_reply(status, &body, "write").kind(), ErrorKind::TooLarge);
+    }
+
+    #[test]
+    fn a_missing_index_says_so_and_quotes_the_link() {
+        let link = "https://console.firebase.google.com/v1/r/project/p/firestore/indexes?create_composite=abc";
+        let (status, body) =
+            reply(400, "FAILED_PRECONDITION", &format!("The query requires an index. You can create it here: {link}"));
+        let err = from_reply(status, &body, "list documents");
+        assert_eq!(err.kind(), ErrorKind::Misconfigured);
+        assert!(err.to_string().contains(link), "{err}");
+        assert!(err.to_string().contains("firestore.indexes.json"), "{err}");
+    }
+
+    #[test]
+    fn retryable_statuses() {
+        for name in ["ABORTED", "UNAVAILABLE", "RESOURCE_EXHAUSTED"] {
+            let (status, body) = reply(503, name, "");
+            assert!(is_retryable(status, &body), "{name}");
+        }
+        let (status, body) = reply(409, "ALREADY_EXISTS", "");
+        assert!(!is_retryable(status, &body));
+    }
+}
