@@ -19,7 +19,7 @@ use crate::error::{Error, ErrorKind, Result};
 
 /// The OAuth scope Firestore's REST API needs.
 pub const SCOPE: &str = "https://www.googleapis.com/auth/datastore";
-/// Everything but RFC 3986 unreserved characters and `:` is escaped in a document id path segment.
+/// Everything but RFC 3986 unreserved characters and `:` is escaped in a URL path segment.
 const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~').remove(b':');
 /// The database segment keeps the parentheses of `(default)` as Google's own clients send it.
 const DATABASE_SEGMENT: &AsciiSet = &SEGMENT.remove(b'(').remove(b')');
@@ -109,16 +109,6 @@ impl FirestoreClient {
     /// The document id (last path segment) of a resource name of the collection.
     pub fn document_id_of<'a>(&self, name: &'a str) -> Option<&'a str> {
         name.strip_prefix(&self.root_name)?.strip_prefix('/')?.strip_prefix(&self.collection)?.strip_prefix('/')
-    }
-
-    /// The URL of a document.
-    pub fn document_url(&self, document_id: &str) -> String {
-        format!(
-            "{}/{}/{}",
-            self.root_url,
-            utf8_percent_encode(&self.collection, SEGMENT),
-            utf8_percent_encode(document_id, SEGMENT)
-        )
     }
 
     /// The URL of a method on the database's documents (`commit`, `runQuery`, `batchGet`, …).

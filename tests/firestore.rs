@@ -1,0 +1,308 @@
+//! What the Firestore adapter stores, read back raw from Google's Firestore emulator: plain
+//! Firestore fields where Firestore holds the data exactly, the documented encoding where it
+//! cannot (values Firestore refuses, bodies over one document in chunk documents that change
+//! atomically with their document), escaped document ids for composite ids Firestore refuses, and
+//! documents written by another Firestore client read through the facade.
+//!
+//! Each test uses a new collection on the emulator from `common::servers`; a missing emulator
+//! fails these tests, it never skips them. The layout is documented in `docs/firestore-layout.md`.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use agentstore::backend::firestore::{FirestoreBackend, FirestoreConfig};
+use agentstore::backend::{DocumentBackend, Precondition};
+use agentstore::store::{DataStore, StoreOptions};
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+use serde_json::{json, Map, Value};
+
+use common::json::first_difference;
+use common::servers;
+
+const PROJECT: &str = "agentstore-test";
+const PATH: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~').remove(b':').remove(b'/');
+
+static COLLECTIONS: AtomicUsize = AtomicUsize::new(0);
+
+/// A fresh collection, the backend over it, and raw access to the same collection.
+struct Fixture {
+    backend: Arc<FirestoreBackend>,
+    raw: Raw,
+}
+
+struct Raw {
+    http: reqwest::Client,
+    /// `http://HOST:PORT/v1/projects/P/databases/(default)/documents`
+    root: String,
+    collection: String,
+}
+
+impl Raw {
+    /// The stored document's JSON, or `None` when missing. By `:batchGet`, whose names are taken
+    /// literally (the emulator decodes `%` in URL paths twice).
+    async fn get(&self, document_id: &str) -> Option<Value> {
+        let name = format!("projects/{PROJECT}/databases/(default)/documents/{}/{document_id}", self.collection);
+        let reply: Value = self
+            .http
+            .post(format!("{}:batchGet", self.root))
+            .bearer_auth("owner")
+            .json(&json!({ "documents": [name] }))
+            .send()
+            .await
+            .expect("batchGet")
+            .json()
+            .await
+            .expect("batchGet JSON");
+        reply[0].get("found").cloned()
+    }
+
+    /// The document ids of the collection (or of a subcollection path under it).
+    async fn list(&self, path: &str) -> Vec<String> {
+        let url = format!("{}/{}{}?pageSize=300", self.root, self.collection, utf8_percent_encode(path, PATH));
+        let reply: Value =
+            self.http.get(url).bearer_auth("owner").send().await.expect("list").json().await.expect("list JSON");
+        reply["documents"]
+            .as_array()
+            .map(|docs| {
+                docs.iter()
+                    .filter_map(|d| d["name"].as_str().and_then(|n| n.rsplit('/').next()).map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Writes a document as another Firestore client would (fields in Firestore's value format).
+    async fn write(&self, document_id: &str, fields: Value) {
+        let name = format!("projects/{PROJECT}/databases/(default)/documents/{}/{document_id}", self.collection);
+        let body = json!({ "writes": [{ "update": { "name": name, "fields": fields } }] });
+        let response = self
+            .http
+            .post(format!("{}:commit", self.root))
+            .bearer_auth("owner")
+            .json(&body)
+            .send()
+            .await
+            .expect("commit");
+        assert!(response.status().is_success(), "raw write: {}", response.text().await.unwrap_or_default());
+    }
+}
+
+async fn fixture() -> Fixture {
+    let server = servers::firestore().expect("Firestore emulator");
+    let collection = format!("layout_{}_{}", std::process::id(), COLLECTIONS.fetch_add(1, Ordering::Relaxed));
+    let config = FirestoreConfig::parse(&server.collection_url(&collection)).expect("URL");
+    let backend = Arc::new(FirestoreBackend::open(&config).await.expect("open"));
+    let raw = Raw {
+        http: reqwest::Client::new(),
+        root: format!("http://{}/v1/projects/{PROJECT}/databases/(default)/documents", server.host_port),
+        collection,
+    };
+    Fixture { backend, raw }
+}
+
+async fn store(fixture: &Fixture) -> DataStore {
+    DataStore::open(fixture.backend.clone(), StoreOptions::default()).await.expect("DataStore::open")
+}
+
+fn field<'a>(document: &'a Value, name: &str) -> &'a Value {
+    &document["fields"][name]
+}
+
+/// Deterministic text that gzip cannot shrink much.
+fn noise(len: usize, mut state: u64) -> String {
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            char::from(b'!' + (state % 90) as u8)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn plain_documents_are_plain_firestore_fields() {
+    let fixture = fixture().await;
+    let store = store(&fixture).await;
+    let value = json!({"title": "notes", "tags": ["a", "b"], "count": 3, "ratio": 0.25, "done": false, "none": null});
+    store.set("user_1", "default", "greeting", value, Some(json!({"source": "test"})), Some("agent-1")).await.unwrap();
+
+    let raw = fixture.raw.get("user_1:default:Z3JlZXRpbmc=").await.expect("stored under the composite id");
+    assert_eq!(field(&raw, "_id"), &json!({"stringValue": "user_1:default:Z3JlZXRpbmc="}));
+    assert_eq!(field(&raw, "userId"), &json!({"stringValue": "user_1"}));
+    assert_eq!(field(&raw, "namespace"), &json!({"stringValue": "default"}));
+    assert_eq!(field(&raw, "key"), &json!({"stringValue": "greeting"}));
+    assert_eq!(field(&raw, "accessCount"), &json!({"integerValue": "1"}));
+    assert_eq!(field(&raw, "createdByAgent"), &json!({"stringValue": "agent-1"}));
+    let stored_value = &field(&raw, "value")["mapValue"]["fields"];
+    assert_eq!(stored_value["title"], json!({"stringValue": "notes"}));
+    assert_eq!(stored_value["count"], json!({"integerValue": "3"}));
+    assert_eq!(stored_value["ratio"]["doubleValue"].as_f64(), Some(0.25));
+    assert_eq!(stored_value["done"], json!({"booleanValue": false}));
+    assert_eq!(stored_value["none"], json!({"nullValue": null}));
+    assert_eq!(stored_value["tags"]["arrayValue"]["values"][1], json!({"stringValue": "b"}));
+    assert_eq!(field(&raw, "metadata")["mapValue"]["fields"]["source"], json!({"stringValue": "test"}));
+    assert!(raw["fields"].get("_format").is_none() && raw["fields"].get("_body").is_none());
+    let created = field(&raw, "createdAt")["stringValue"].as_str().expect("createdAt is a string");
+    assert!(created.ends_with('Z') && created.len() == 20, "{created}");
+}
+
+#[tokio::test]
+async fn values_firestore_refuses_are_encoded_and_still_listed() {
+    let fixture = fixture().await;
+    let store = store(&fixture).await;
+    let cases = [
+        ("nested-arrays", json!([[1, 2], [[3]]])),
+        ("big-integer", json!(123456789012345678901234567890u128)),
+        ("reserved-name", json!({"__name__": 1, "": 2})),
+    ];
+    for (key, value) in &cases {
+        store.set("user_1", "odd", key, value.clone(), None, None).await.unwrap();
+    }
+    for (key, value) in &cases {
+        let id = agentstore::model::DocumentId::new("user_1", "odd", key, &Default::default()).unwrap().to_string();
+        let raw = fixture.raw.get(&id).await.expect("stored");
+        assert_eq!(field(&raw, "_format"), &json!({"stringValue": "json+gzip"}), "{key}");
+        assert!(field(&raw, "_body")["bytesValue"].is_string(), "{key}");
+        assert!(raw["fields"].get("value").is_none(), "{key}: value is only in _body");
+        // The query fields stay native so listings find the document.
+        assert_eq!(field(&raw, "userId"), &json!({"stringValue": "user_1"}));
+        assert_eq!(field(&raw, "namespace"), &json!({"stringValue": "odd"}));
+        assert_eq!(field(&raw, "key"), &json!({"stringValue": key}));
+        let back = store.peek("user_1", "odd", key).await.unwrap().expect("readable");
+        assert_eq!(first_difference(value, &back.body["value"]), None, "{key}");
+    }
+    let mut keys = store.list_keys("user_1", "odd").await.unwrap();
+    keys.sort();
+    assert_eq!(keys, ["big-integer", "nested-arrays", "reserved-name"]);
+    assert_eq!(store.get_all("user_1", "odd").await.unwrap().len(), 3);
+}
+
+#[tokio::test]
+async fn bodies_over_one_document_live_in_chunks_that_change_with_it() {
+    let fixture = fixture().await;
+    let backend = &fixture.backend;
+    let id = "user_1:big:Ymln";
+    let mut body: Map<String, Value> = serde_json::from_value(json!({
+        "userId": "user_1", "namespace": "big", "key": "big", "value": noise(3_000_000, 7)
+    }))
+    .unwrap();
+
+    let rev = backend.put(id, &body, Precondition::MustNotExist).await.unwrap();
+    let raw = fixture.raw.get(id).await.expect("stored");
+    let chunks: usize = field(&raw, "_chunks")["integerValue"].as_str().unwrap().parse().unwrap();
+    assert!(chunks >= 2, "3 MB of noise needs chunk documents, got {chunks}");
+    let mut names = fixture.raw.list(&format!("/{id}/agentstore_chunks")).await;
+    names.sort();
+    assert_eq!(names, (1..=chunks).map(|n| n.to_string()).collect::<Vec<_>>());
+    // Chunk documents are not documents of the collection.
+    assert_eq!(fixture.raw.list("").await, [id]);
+
+    let got = backend.get(id).await.unwrap().expect("found");
+    assert_eq!(got.rev, rev);
+    assert!(got.body == body, "the 3 MB body comes back exactly");
+    let scanned = backend.scan(10, None).await.unwrap();
+    assert_eq!(scanned.items.len(), 1);
+    assert!(scanned.items[0].body == body);
+
+    // A smaller version replaces the chunks in the same commit.
+    body.insert("value".into(), json!(noise(1_200_000, 9)));
+    let rev = backend.put(id, &body, Precondition::MatchRevision(rev)).await.unwrap();
+    let raw = fixture.raw.get(id).await.unwrap();
+    let fewer: usize = field(&raw, "_chunks")["integerValue"].as_str().map_or(0, |n| n.parse().unwrap());
+    assert!(fewer < chunks);
+    assert_eq!(fixture.raw.list(&format!("/{id}/agentstore_chunks")).await.len(), fewer);
+    assert!(backend.get(id).await.unwrap().unwrap().body == body);
+
+    // A stale revision changes nothing.
+    body.insert("value".into(), json!("small"));
+    let stale = backend.put(id, &body, Precondition::MatchRevision(got.rev)).await.unwrap_err();
+    assert!(stale.is_conflict(), "{stale}");
+    assert_eq!(fixture.raw.list(&format!("/{id}/agentstore_chunks")).await.len(), fewer);
+
+    // Deleting the document deletes its chunks.
+    backend.delete(id, &rev).await.unwrap();
+    assert!(fixture.raw.get(id).await.is_none());
+    assert!(fixture.raw.list(&format!("/{id}/agentstore_chunks")).await.is_empty());
+}
+
+#[tokio::test]
+async fn composite_ids_firestore_refuses_are_escaped() {
+    let fixture = fixture().await;
+    let store = store(&fixture).await;
+    // The last id escapes to over 1,500 bytes (250 × `%2F` plus an 800-character key part).
+    let long_slashes = "/".repeat(250);
+    let long_key = "k".repeat(600);
+    let cases = [("a/b", "k/1"), ("..", "k/1"), ("100%", "k/1"), (long_slashes.as_str(), long_key.as_str())];
+    for (namespace, key) in cases {
+        store.set("user_1", namespace, key, json!(namespace), None, None).await.unwrap();
+    }
+    for (namespace, key) in cases {
+        let doc =
+            store.peek("user_1", namespace, key).await.unwrap().unwrap_or_else(|| panic!("{namespace} not found"));
+        assert_eq!(doc.body["value"], json!(namespace), "{namespace}");
+        assert_eq!(store.list_keys("user_1", namespace).await.unwrap(), [key], "{namespace}");
+    }
+    let mut listed = store.list_namespaces("user_1").await.unwrap();
+    listed.sort();
+    let mut expected: Vec<String> = cases.iter().map(|(n, _)| n.to_string()).collect();
+    expected.sort();
+    assert_eq!(listed, expected);
+
+    let stored = fixture.raw.list("").await;
+    assert!(stored.iter().all(|name| !name.contains('/')));
+    assert!(stored.contains(&"user_1:a%2Fb:ay8x".to_owned()), "{stored:?}");
+    assert!(stored.contains(&"user_1:100%25:ay8x".to_owned()), "{stored:?}");
+    assert!(stored.iter().any(|name| name.starts_with("%H")), "the long id is hashed: {stored:?}");
+    for name in &stored {
+        let raw = fixture.raw.get(name).await.unwrap();
+        let id = field(&raw, "_id")["stringValue"].as_str().unwrap();
+        assert!(id.starts_with("user_1:"), "{name} keeps its composite id: {id}");
+        assert!(
+            name.starts_with("%H") || agentstore::backend::firestore::codec::composite_id(name).as_deref() == Some(id)
+        );
+    }
+    for (namespace, key) in cases {
+        assert!(store.delete("user_1", namespace, key).await.unwrap(), "{namespace}");
+    }
+    assert!(fixture.raw.list("").await.is_empty());
+}
+
+#[tokio::test]
+async fn documents_written_by_another_firestore_client_are_served() {
+    let fixture = fixture().await;
+    // As a Google client library writes the spec's example: no `_id` field, native values.
+    fixture
+        .raw
+        .write(
+            "user_123:default:Z3JlZXRpbmc=",
+            json!({
+                "userId": {"stringValue": "user_123"},
+                "namespace": {"stringValue": "default"},
+                "key": {"stringValue": "greeting"},
+                "value": {"stringValue": "Hello, World!"},
+                "metadata": {"mapValue": {"fields": {"lang": {"stringValue": "en"}, "score": {"doubleValue": 0.5}}}},
+                "createdByAgent": {"stringValue": "hello-agent"},
+                "accessCount": {"integerValue": "1"},
+                "createdAt": {"stringValue": "2026-02-05T10:00:00Z"},
+                "updatedAt": {"stringValue": "2026-02-05T10:00:00Z"},
+                "legacyFlag": {"booleanValue": true}
+            }),
+        )
+        .await;
+    let store = store(&fixture).await;
+    assert_eq!(store.list_keys("user_123", "default").await.unwrap(), ["greeting"]);
+    let got = store.get("user_123", "default", "greeting", Some("reader")).await.unwrap().expect("found");
+    assert_eq!(got.body["value"], json!("Hello, World!"));
+    store.set("user_123", "default", "greeting", json!("Hi"), Some(json!({"lang": "de"})), None).await.unwrap();
+
+    let raw = fixture.raw.get("user_123:default:Z3JlZXRpbmc=").await.unwrap();
+    assert_eq!(field(&raw, "value"), &json!({"stringValue": "Hi"}));
+    assert_eq!(field(&raw, "accessCount"), &json!({"integerValue": "3"}), "stored 1, + our read, + our update");
+    assert_eq!(field(&raw, "legacyFlag"), &json!({"booleanValue": true}), "unknown fields are kept");
+    assert_eq!(field(&raw, "metadata")["mapValue"]["fields"]["lang"], json!({"stringValue": "de"}));
+    assert_eq!(field(&raw, "metadata")["mapValue"]["fields"]["score"]["doubleValue"].as_f64(), Some(0.5));
+    assert_eq!(field(&raw, "createdAt"), &json!({"stringValue": "2026-02-05T10:00:00Z"}));
+}
