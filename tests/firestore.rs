@@ -226,6 +226,20 @@ async fn bodies_over_one_document_live_in_chunks_that_change_with_it() {
     backend.delete(id, &rev).await.unwrap();
     assert!(fixture.raw.get(id).await.is_none());
     assert!(fixture.raw.list(&format!("/{id}/agentstore_chunks")).await.is_empty());
+
+    // So does deleting through a listing, whose projection leaves the body out.
+    backend.put(id, &body_with_noise(&body), Precondition::MustNotExist).await.unwrap();
+    assert!(!fixture.raw.list(&format!("/{id}/agentstore_chunks")).await.is_empty());
+    let store = store(&fixture).await;
+    assert_eq!(store.delete_namespace("user_1", "big").await.unwrap(), 1);
+    assert!(fixture.raw.get(id).await.is_none());
+    assert!(fixture.raw.list(&format!("/{id}/agentstore_chunks")).await.is_empty());
+}
+
+fn body_with_noise(body: &Map<String, Value>) -> Map<String, Value> {
+    let mut body = body.clone();
+    body.insert("value".into(), json!(noise(2_500_000, 11)));
+    body
 }
 
 #[tokio::test]

@@ -132,16 +132,19 @@ impl FirestoreBackend {
             Some(id) => id.to_owned(),
             None => codec::composite_id(document_id).unwrap_or_else(|| document_id.to_owned()),
         };
-        let (chunks, data) = match codec::chunk_info(stored) {
-            Some((count, set)) if stored.contains_key(codec::BODY) => {
-                match self.read_chunks(document_id, count, &set, doing).await? {
-                    Some(data) => (count, data),
-                    None => return Ok(None),
-                }
+        // A projection may leave out `_body` (and `_chunkSet`) but keeps `_chunks`, so the
+        // revision always says how many chunks the document has.
+        let chunks = codec::chunk_count(stored);
+        let mut data = Vec::new();
+        if chunks > 0 && stored.contains_key(codec::BODY) {
+            let set = codec::chunk_set(stored).ok_or_else(|| {
+                Error::new(ErrorKind::Corrupt, format!("Firestore document {id:?} has _chunks but no _chunkSet"))
+            })?;
+            match self.read_chunks(document_id, chunks, set, doing).await? {
+                Some(read) => data = read,
+                None => return Ok(None),
             }
-            Some((count, _)) => (count, Vec::new()),
-            None => (0, Vec::new()),
-        };
+        }
         let body = codec::decode(&id, stored, &data)?;
         Ok(Some(StoredDocument { id, rev: revision(update_time, chunks), body }))
     }

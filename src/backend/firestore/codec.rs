@@ -142,11 +142,19 @@ pub fn encode(id: &str, body: &Map<String, Value>) -> Result<Encoded> {
         })
 }
 
-/// How many chunk documents a stored document has, and the set they must carry.
-pub fn chunk_info(fields: &Map<String, Value>) -> Option<(usize, String)> {
-    let count = fields.get(CHUNKS).and_then(|v| v.get("integerValue")).and_then(Value::as_str)?.parse().ok()?;
-    let set = fields.get(CHUNK_SET).and_then(|v| v.get("stringValue")).and_then(Value::as_str)?;
-    Some((count, set.to_owned()))
+/// How many chunk documents a stored document has (0 for none).
+pub fn chunk_count(fields: &Map<String, Value>) -> usize {
+    fields
+        .get(CHUNKS)
+        .and_then(|v| v.get("integerValue"))
+        .and_then(Value::as_str)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The chunk set a stored document's chunk documents must carry.
+pub fn chunk_set(fields: &Map<String, Value>) -> Option<&str> {
+    fields.get(CHUNK_SET).and_then(|v| v.get("stringValue")).and_then(Value::as_str)
 }
 
 /// The `_id` a stored document carries.
@@ -451,7 +459,7 @@ mod tests {
             [("key".to_owned(), json!("k")), ("value".to_owned(), json!(noise))].into_iter().collect();
         let encoded = encode("u:n:aw==", &body).unwrap();
         assert!(!encoded.extra_chunks.is_empty());
-        let (count, set) = chunk_info(&encoded.fields).unwrap();
+        let (count, set) = (chunk_count(&encoded.fields), chunk_set(&encoded.fields).unwrap().to_owned());
         assert_eq!(count, encoded.extra_chunks.len());
         assert_eq!(encoded.chunk_set.as_deref(), Some(set.as_str()));
         assert_eq!(encoded.fields["key"], string_value("k"));
