@@ -1,0 +1,612 @@
+//! The Firestore backend against a wiremock server speaking Firestore's REST API v1 and Google's
+//! OAuth token endpoint, for what a real server (or the emulator, which takes no credentials)
+//! cannot show on demand: access tokens cached, refreshed and refused; a missing composite index;
+//! `ABORTED`, `UNAVAILABLE` and `RESOURCE_EXHAUSTED` answers and per-write `:batchWrite` statuses;
+//! errors that must not be retried; and requests that time out.
+//!
+//! Every test opens the backend the production way: `firestore://test-project?endpoint=<mock>` with
+//! `credentials=<key file>`, the key being a copy of `fixtures/firestore/test-service-account.json`
+//! whose `token_uri` is the mock's `/token`, so `gcp_auth` signs a real JWT and fetches its access
+//! tokens from the mock. Answers have the shapes Firestore gives (checked against the Cloud
+//! Firestore emulator): `{"writeResults": [{"updateTime"}], "commitTime"}` for `:commit`, a JSON
+//! list of `{"document", "readTime"}` for `:runQuery`, `{"writeResults", "status"}` for
+//! `:batchWrite`, and `{"error": {"code", "message", "status"}}` for errors.
+//!
+//! The client retries busy answers up to 6 times with 50 ms–3 s backoff and jitter, so the one
+//! test that exhausts the retries takes a few seconds.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use agentstore::backend::firestore::{FirestoreBackend, FirestoreConfig};
+use agentstore::backend::{BulkWrite, DocumentBackend, Precondition, Projection, Query, Revision};
+use agentstore::store::{DataStore, StoreOptions};
+use agentstore::{ErrorKind, Result};
+use base64::Engine as _;
+use serde_json::{json, Map, Value};
+use wiremock::matchers::{method, path};
+use wiremock::{Match, Mock, MockBuilder, MockServer, Request, Respond, ResponseTemplate};
+
+const PROJECT: &str = "test-project";
+/// The database's documents as the REST paths name them.
+const DOCUMENTS: &str = "/v1/projects/test-project/databases/(default)/documents";
+/// The resource-name prefix of the collection's documents.
+const NAME_PREFIX: &str = "projects/test-project/databases/(default)/documents/agent_data_store/";
+/// The OAuth scope Firestore needs.
+const DATASTORE_SCOPE: &str = "https://www.googleapis.com/auth/datastore";
+const TOKEN_PATH: &str = "/token";
+const KEY_FIXTURE: &str = include_str!("../fixtures/firestore/test-service-account.json");
+/// gcp_auth 0.12 tries a failing token request 5 times itself (`RETRY_COUNT` in its types.rs).
+const GCP_AUTH_TOKEN_ATTEMPTS: usize = 5;
+/// The client's first try plus its 6 retries.
+const CLIENT_ATTEMPTS: usize = 7;
+/// A document of the collection (composite id; valid as a Firestore document id as it is).
+const ID: &str = "user_1:default:Z3JlZXRpbmc=";
+/// Update times the mock hands out.
+const T1: &str = "2026-03-02T10:15:30.123456Z";
+const T2: &str = "2026-03-02T10:15:31.654321Z";
+/// The link Firestore gives in a missing-index error (its `create_composite` is the index
+/// definition, base64 protobuf).
+const INDEX_LINK: &str = "https://console.firebase.google.com/v1/r/project/test-project/firestore/indexes?create_composite=\
+ClVwcm9qZWN0cy90ZXN0LXByb2plY3QvZGF0YWJhc2VzLyhkZWZhdWx0KS9jb2xsZWN0aW9uR3JvdXBzL2FnZW50X2RhdGFfc3RvcmUvaW5kZXhlcy9fEAEaCgoGdXNlcklkEAEaDQoJbmFtZXNwYWNlEAEaDAoIX19uYW1lX18QAQ";
+
+// ---------------------------------------------------------------------------------------------
+// The mock and its answers.
+// ---------------------------------------------------------------------------------------------
+
+/// A mock Firestore plus the service-account key file the backend is opened with.
+struct Firestore {
+    server: MockServer,
+    key: tempfile::NamedTempFile,
+}
+
+impl Firestore {
+    /// A mock with nothing mounted; tokens are asked of the same server.
+    async fn bare() -> Self {
+        let server = MockServer::start().await;
+        let key = key_file(&format!("{}{TOKEN_PATH}", server.uri()));
+        Firestore { server, key }
+    }
+
+    /// A mock whose tokens come from another server (one the test can stop).
+    async fn with_token_server(token_server: &MockServer) -> Self {
+        let server = MockServer::start().await;
+        let key = key_file(&format!("{}{TOKEN_PATH}", token_server.uri()));
+        Firestore { server, key }
+    }
+
+    /// A mock handing out one long-lived token and answering the health check (`open`'s query
+    /// without a filter) with no documents.
+    async fn ready() -> Self {
+        let firestore = Self::bare().await;
+        token_endpoint().respond_with(token("tok-long-lived", 3600)).mount(&firestore.server).await;
+        firestore.answer_health_checks().await;
+        firestore
+    }
+
+    async fn answer_health_checks(&self) {
+        run_query(false).respond_with(answer(200, json!([{ "readTime": T1, "done": true }]))).mount(&self.server).await;
+    }
+
+    fn url(&self, extra: &str) -> String {
+        let key = self.key.path().to_str().expect("temp paths are UTF-8");
+        let key = percent_encoding::utf8_percent_encode(key, percent_encoding::NON_ALPHANUMERIC);
+        format!("firestore://{PROJECT}?endpoint={}&credentials={key}{extra}", self.server.uri())
+    }
+
+    async fn open(&self) -> Result<FirestoreBackend> {
+        self.open_with("").await
+    }
+
+    /// Opens with more URL parameters (`&timeout_ms=…`).
+    async fn open_with(&self, extra: &str) -> Result<FirestoreBackend> {
+        FirestoreBackend::open(&FirestoreConfig::parse(&self.url(extra))?).await
+    }
+
+    async fn requests(&self) -> Vec<Request> {
+        self.server.received_requests().await.expect("request recording is on")
+    }
+
+    /// The Firestore requests (not token requests), in order.
+    async fn firestore_requests(&self) -> Vec<Request> {
+        self.requests().await.into_iter().filter(|r| r.url.path() != TOKEN_PATH).collect()
+    }
+
+    /// The requests to one method (`commit`, `runQuery`, …), in order.
+    async fn calls(&self, name: &str) -> Vec<Request> {
+        let wanted = format!("{DOCUMENTS}:{name}");
+        self.requests().await.into_iter().filter(|r| r.url.path() == wanted).collect()
+    }
+
+    /// The `:runQuery` requests with a `where` (listings), in order.
+    async fn listings(&self) -> Vec<Request> {
+        self.calls("runQuery").await.into_iter().filter(|r| RunQuery { filtered: true }.matches(r)).collect()
+    }
+}
+
+/// A copy of the fixture key whose `token_uri` is `token_uri`.
+fn key_file(token_uri: &str) -> tempfile::NamedTempFile {
+    let mut key: Value = serde_json::from_str(KEY_FIXTURE).expect("the fixture key is JSON");
+    key["token_uri"] = json!(token_uri);
+    let file = tempfile::NamedTempFile::new().expect("temp file");
+    std::fs::write(file.path(), key.to_string()).expect("write the key file");
+    file
+}
+
+fn token_endpoint() -> MockBuilder {
+    Mock::given(method("POST")).and(path(TOKEN_PATH))
+}
+
+/// Google's answer to a JWT-bearer grant.
+fn token(access_token: &str, expires_in: u64) -> ResponseTemplate {
+    answer(200, json!({ "access_token": access_token, "expires_in": expires_in, "token_type": "Bearer" }))
+}
+
+/// A `POST …/documents:{name}` call.
+fn call(name: &str) -> MockBuilder {
+    Mock::given(method("POST")).and(path(format!("{DOCUMENTS}:{name}")))
+}
+
+/// A `:runQuery` with (`filtered`) or without a `where`: listings and the index probe filter on
+/// `userId`/`namespace`, the health check does not.
+struct RunQuery {
+    filtered: bool,
+}
+
+impl Match for RunQuery {
+    fn matches(&self, request: &Request) -> bool {
+        let body: Value = serde_json::from_slice(&request.body).unwrap_or(Value::Null);
+        body.pointer("/structuredQuery/where").is_some() == self.filtered
+    }
+}
+
+fn run_query(filtered: bool) -> MockBuilder {
+    call("runQuery").and(RunQuery { filtered })
+}
+
+/// `:batchGet`'s answer for one document that is there.
+fn found(document: Value) -> ResponseTemplate {
+    answer(200, json!([{ "found": document, "readTime": T2 }]))
+}
+
+/// A JSON answer.
+fn answer(status: u16, body: Value) -> ResponseTemplate {
+    ResponseTemplate::new(status).set_body_raw(body.to_string().into_bytes(), "application/json; charset=UTF-8")
+}
+
+/// A Firestore error answer.
+fn firestore_error(http_status: u16, status: &str, message: &str) -> ResponseTemplate {
+    answer(http_status, json!({ "error": { "code": http_status, "message": message, "status": status } }))
+}
+
+fn commit_reply(update_time: &str) -> Value {
+    json!({ "writeResults": [{ "updateTime": update_time }], "commitTime": update_time })
+}
+
+/// A stored document as `:batchGet` and `:runQuery` give it (native fields).
+fn stored_document(id: &str, update_time: &str) -> Value {
+    json!({
+        "name": format!("{NAME_PREFIX}{id}"),
+        "fields": {
+            "_id": { "stringValue": id },
+            "userId": { "stringValue": "user_1" },
+            "namespace": { "stringValue": "default" },
+            "key": { "stringValue": "greeting" },
+            "value": { "mapValue": { "fields": { "text": { "stringValue": "hello" }, "n": { "integerValue": "42" } } } },
+            "accessCount": { "integerValue": "3" }
+        },
+        "createTime": "2026-03-01T08:00:00.000001Z",
+        "updateTime": update_time
+    })
+}
+
+/// Mounts `responses` on one call so they are given in order, the last one from then on.
+async fn in_order(server: &MockServer, mock: impl Fn() -> MockBuilder, responses: Vec<ResponseTemplate>) {
+    let last = responses.len().saturating_sub(1);
+    for (n, response) in responses.into_iter().enumerate() {
+        let priority = u8::try_from(n + 1).expect("a short sequence");
+        let builder = mock().respond_with(response).with_priority(priority);
+        let builder = if n < last { builder.up_to_n_times(1) } else { builder };
+        builder.mount(server).await;
+    }
+}
+
+fn body(key: &str) -> Map<String, Value> {
+    json!({ "userId": "user_1", "namespace": "default", "key": key, "value": { "n": 1 }, "accessCount": 0 })
+        .as_object()
+        .cloned()
+        .expect("object")
+}
+
+fn listing() -> Query {
+    Query { user_id: "user_1".into(), namespace: Some("default".into()), projection: Projection::All }
+}
+
+fn body_of(request: &Request) -> Value {
+    serde_json::from_slice(&request.body).expect("the backend sends JSON bodies")
+}
+
+fn bearer(request: &Request) -> Option<&str> {
+    request.headers.get("authorization")?.to_str().ok()?.strip_prefix("Bearer ")
+}
+
+/// Asserts an outcome is an error of `kind` whose message contains every one of `words`.
+fn expect_error<T: std::fmt::Debug>(outcome: Result<T>, kind: ErrorKind, words: &[&str], what: &str) {
+    match outcome {
+        Ok(value) => panic!("{what}: expected a {kind} error, got Ok({value:?})"),
+        Err(err) => {
+            assert_eq!(err.kind(), kind, "{what}: {err}");
+            for word in words {
+                assert!(err.to_string().contains(word), "{what}: {err:?} does not mention {word:?}");
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Access tokens.
+// ---------------------------------------------------------------------------------------------
+
+/// The claims of the JWT a token request carries (`grant_type` checked).
+fn jwt_claims(request: &Request) -> Value {
+    let form: Vec<(String, String)> = url::form_urlencoded::parse(&request.body).into_owned().collect();
+    let field = |name: &str| form.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
+    assert_eq!(field("grant_type"), Some("urn:ietf:params:oauth:grant-type:jwt-bearer"), "token request {form:?}");
+    let assertion = field("assertion").expect("a JWT assertion");
+    let claims = assertion.split('.').nth(1).expect("a JWT has three parts");
+    let engine = base64::engine::GeneralPurpose::new(
+        &base64::alphabet::URL_SAFE,
+        base64::engine::GeneralPurposeConfig::new()
+            .with_decode_padding_mode(base64::engine::DecodePaddingMode::Indifferent),
+    );
+    serde_json::from_slice(&engine.decode(claims).expect("base64url claims")).expect("JSON claims")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_valid_token_is_fetched_once_and_sent_on_every_call() {
+    let firestore = Firestore::ready().await;
+    call("commit").respond_with(answer(200, commit_reply(T1))).mount(&firestore.server).await;
+    call("batchGet").respond_with(found(stored_document(ID, T1))).mount(&firestore.server).await;
+    run_query(true)
+        .respond_with(answer(200, json!([{ "document": stored_document(ID, T1), "readTime": T1 }])))
+        .mount(&firestore.server)
+        .await;
+
+    let backend = firestore.open().await.expect("open");
+    let rev = backend.put(ID, &body("greeting"), Precondition::MustNotExist).await.expect("put");
+    assert_eq!(rev, Revision(T1.into()));
+    assert!(backend.get(ID).await.expect("get").is_some());
+    assert_eq!(backend.query(&listing(), 10, None).await.expect("query").items.len(), 1);
+    backend.health().await.expect("health");
+
+    let requests = firestore.requests().await;
+    let token_requests: Vec<&Request> = requests.iter().filter(|r| r.url.path() == TOKEN_PATH).collect();
+    assert_eq!(token_requests.len(), 1, "one token for the whole session");
+    let claims = jwt_claims(token_requests[0]);
+    assert_eq!(claims["scope"], DATASTORE_SCOPE, "{claims}");
+    assert_eq!(claims["iss"], "agentstore-test@test-project.iam.gserviceaccount.com", "{claims}");
+
+    let calls = firestore.firestore_requests().await;
+    assert_eq!(calls.len(), 5, "health at open, put, get, query, health");
+    for request in &calls {
+        assert_eq!(bearer(request), Some("tok-long-lived"), "{} {}", request.method, request.url);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expiring_token_is_replaced_on_next_use() {
+    let firestore = Firestore::bare().await;
+    // gcp_auth counts a token as expired 20 s before its end, so `expires_in: 1` is stale at once.
+    in_order(&firestore.server, token_endpoint, vec![token("tok-1", 1), token("tok-2", 3600)]).await;
+    firestore.answer_health_checks().await;
+    call("commit").respond_with(answer(200, commit_reply(T1))).mount(&firestore.server).await;
+    call("batchGet").respond_with(found(stored_document(ID, T1))).mount(&firestore.server).await;
+
+    let backend = firestore.open().await.expect("open");
+    backend.put(ID, &body("greeting"), Precondition::MustNotExist).await.expect("put");
+    backend.get(ID).await.expect("get");
+    backend.health().await.expect("health");
+
+    let tokens: Vec<Option<String>> =
+        firestore.firestore_requests().await.iter().map(|r| bearer(r).map(str::to_owned)).collect();
+    let expected: Vec<Option<String>> =
+        ["tok-1", "tok-2", "tok-2", "tok-2"].into_iter().map(|t| Some(t.to_owned())).collect();
+    assert_eq!(tokens, expected, "bearer tokens of health at open, put, get, health");
+    let token_requests = firestore.requests().await.iter().filter(|r| r.url.path() == TOKEN_PATH).count();
+    assert_eq!(token_requests, 2, "the expired token is replaced once, the new one kept");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_token_request_fails_open_as_unauthorized() {
+    let firestore = Firestore::bare().await;
+    token_endpoint()
+        .respond_with(answer(400, json!({ "error": "invalid_grant", "error_description": "Invalid JWT Signature." })))
+        .mount(&firestore.server)
+        .await;
+    firestore.answer_health_checks().await;
+
+    expect_error(firestore.open().await.map(|_| ()), ErrorKind::Unauthorized, &["Google credentials"], "open");
+    assert!(firestore.firestore_requests().await.is_empty(), "no Firestore call without a token");
+    let token_requests = firestore.requests().await.iter().filter(|r| r.url.path() == TOKEN_PATH).count();
+    assert_eq!(token_requests, GCP_AUTH_TOKEN_ATTEMPTS, "gcp_auth's own attempts, not repeated by the client");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_token_refresh_fails_the_call_as_unauthorized() {
+    let firestore = Firestore::bare().await;
+    in_order(
+        &firestore.server,
+        token_endpoint,
+        vec![
+            token("tok-1", 1),
+            answer(400, json!({ "error": "invalid_grant", "error_description": "Invalid JWT Signature." })),
+        ],
+    )
+    .await;
+    firestore.answer_health_checks().await;
+    call("batchGet").respond_with(found(stored_document(ID, T1))).mount(&firestore.server).await;
+
+    let backend = firestore.open().await.expect("open with the first token");
+    expect_error(backend.get(ID).await, ErrorKind::Unauthorized, &["Google credentials"], "get");
+    expect_error(
+        backend.put(ID, &body("greeting"), Precondition::MustNotExist).await,
+        ErrorKind::Unauthorized,
+        &["Google credentials"],
+        "put",
+    );
+    assert_eq!(firestore.firestore_requests().await.len(), 1, "only the health check at open reached Firestore");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_token_endpoint_is_unavailable_not_unauthorized() {
+    // The token server answers one short-lived token and is then shut down (connections refused).
+    let token_server = MockServer::builder().start().await;
+    token_endpoint().respond_with(token("tok-1", 1)).mount(&token_server).await;
+    let firestore = Firestore::with_token_server(&token_server).await;
+    firestore.answer_health_checks().await;
+    call("commit").respond_with(answer(200, commit_reply(T1))).mount(&firestore.server).await;
+    let backend = firestore.open().await.expect("open with the first token");
+    drop(token_server);
+
+    // A write is not retried by the client, so this takes only gcp_auth's own attempts.
+    let outcome = backend.put(ID, &body("greeting"), Precondition::MustNotExist).await;
+    expect_error(outcome, ErrorKind::Unavailable, &["Google credentials"], "put with the token endpoint down");
+    assert!(firestore.calls("commit").await.is_empty());
+}
+
+// ---------------------------------------------------------------------------------------------
+// A missing composite index.
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_index_is_misconfigured_and_quotes_firestores_link() {
+    let firestore = Firestore::ready().await;
+    run_query(true)
+        .respond_with(firestore_error(
+            400,
+            "FAILED_PRECONDITION",
+            &format!("The query requires an index. You can create it here: {INDEX_LINK}"),
+        ))
+        .mount(&firestore.server)
+        .await;
+    let backend: Arc<dyn DocumentBackend> =
+        Arc::new(firestore.open().await.expect("open: the health check needs no index"));
+
+    let opened = DataStore::open(Arc::clone(&backend), StoreOptions::default()).await.map(|_| ());
+    expect_error(opened, ErrorKind::Misconfigured, &[INDEX_LINK, "firestore.indexes.json"], "DataStore::open");
+    let listed = backend.query(&listing(), 10, None).await;
+    expect_error(listed, ErrorKind::Misconfigured, &[INDEX_LINK, "firestore.indexes.json"], "query");
+
+    let listings = firestore.listings().await;
+    assert_eq!(listings.len(), 2, "the startup probe and the listing, neither retried");
+    for request in &listings {
+        let query = &body_of(request)["structuredQuery"];
+        let filters = query.pointer("/where/compositeFilter/filters").and_then(Value::as_array).expect("two filters");
+        let fields: Vec<&str> =
+            filters.iter().filter_map(|f| f.pointer("/fieldFilter/field/fieldPath").and_then(Value::as_str)).collect();
+        assert_eq!(fields, ["userId", "namespace"], "the probe asks what listings ask: {query}");
+        assert_eq!(query["orderBy"][0]["field"]["fieldPath"], "__name__", "{query}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Busy answers are retried; others are not.
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_is_retried_through_aborted_unavailable_and_resource_exhausted() {
+    let firestore = Firestore::ready().await;
+    in_order(
+        &firestore.server,
+        || call("commit"),
+        vec![
+            firestore_error(409, "ABORTED", "Too much contention on these documents. Please try again."),
+            firestore_error(503, "UNAVAILABLE", "The service is currently unavailable."),
+            firestore_error(429, "RESOURCE_EXHAUSTED", "Quota exceeded."),
+            answer(200, commit_reply(T1)),
+        ],
+    )
+    .await;
+    let backend = firestore.open().await.expect("open");
+
+    let rev = backend.put(ID, &body("greeting"), Precondition::MustNotExist).await.expect("put after busy answers");
+    assert_eq!(rev, Revision(T1.into()), "the revision is the updateTime of the commit that worked");
+    let commits = firestore.calls("commit").await;
+    assert_eq!(commits.len(), 4, "three busy answers, then the one that worked");
+    let first = body_of(&commits[0]);
+    for retry in &commits[1..] {
+        assert_eq!(body_of(retry), first, "a retry is the same commit");
+    }
+    assert_eq!(first["writes"][0]["update"]["name"], format!("{NAME_PREFIX}{ID}"));
+    assert_eq!(first["writes"][0]["currentDocument"], json!({ "exists": false }), "create precondition");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_is_retried_after_unavailable() {
+    let firestore = Firestore::ready().await;
+    in_order(
+        &firestore.server,
+        || run_query(true),
+        vec![
+            firestore_error(503, "UNAVAILABLE", "The service is currently unavailable."),
+            answer(200, json!([{ "document": stored_document(ID, T1), "readTime": T2 }])),
+        ],
+    )
+    .await;
+    let backend = firestore.open().await.expect("open");
+
+    let page = backend.query(&listing(), 10, None).await.expect("query after UNAVAILABLE");
+    assert_eq!(page.items.len(), 1);
+    assert_eq!(page.items[0].id, ID);
+    assert_eq!(page.items[0].rev, Revision(T1.into()));
+    assert_eq!(page.items[0].body["value"], json!({ "text": "hello", "n": 42 }));
+    assert_eq!(page.items[0].body["accessCount"], json!(3));
+    assert_eq!(page.next, None, "fewer documents than the limit: no next page");
+    let listings = firestore.listings().await;
+    assert_eq!(listings.len(), 2);
+    assert_eq!(body_of(&listings[0]), body_of(&listings[1]), "a retry is the same query");
+}
+
+/// Answers `:batchWrite`, each write of `busy` getting ABORTED (gRPC code 10) the first time it
+/// is seen; the other writes succeed with the update time of the request's round.
+struct BusyOnce {
+    busy: HashSet<String>,
+    seen: Mutex<HashSet<String>>,
+    round: AtomicUsize,
+}
+
+impl Respond for BusyOnce {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let time = if self.round.fetch_add(1, Ordering::SeqCst) == 0 { T1 } else { T2 };
+        let body: Value = serde_json::from_slice(&request.body).unwrap_or(Value::Null);
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let (mut results, mut statuses) = (Vec::new(), Vec::new());
+        for write in body["writes"].as_array().into_iter().flatten() {
+            let name = write["update"]["name"].as_str().unwrap_or_default().to_owned();
+            if self.busy.contains(&name) && seen.insert(name) {
+                results.push(json!({}));
+                statuses.push(json!({ "code": 10, "message": "Too much contention on these documents." }));
+            } else {
+                results.push(json!({ "updateTime": time }));
+                statuses.push(json!({}));
+            }
+        }
+        answer(200, json!({ "writeResults": results, "status": statuses }))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_batch_write_entry_is_resent_alone() {
+    let firestore = Firestore::ready().await;
+    let ids: Vec<String> = (0..3).map(|i| format!("user_1:bulk:{i}")).collect();
+    let busy = format!("{NAME_PREFIX}{}", ids[1]);
+    let responder = BusyOnce { busy: [busy.clone()].into(), seen: Mutex::default(), round: AtomicUsize::new(0) };
+    call("batchWrite").respond_with(responder).mount(&firestore.server).await;
+    let backend = firestore.open().await.expect("open");
+
+    let writes = ids
+        .iter()
+        .map(|id| BulkWrite { id: id.clone(), body: body(id), precondition: Precondition::MustNotExist })
+        .collect();
+    let results = backend.bulk_write(writes).await.expect("bulk_write as a whole");
+    let revs: Vec<Revision> = results.into_iter().map(|r| r.expect("every write succeeds")).collect();
+    assert_eq!(revs, [Revision(T1.into()), Revision(T2.into()), Revision(T1.into())], "each write's own updateTime");
+
+    let batches = firestore.calls("batchWrite").await;
+    assert_eq!(batches.len(), 2, "one batch, then the busy write again");
+    let first = body_of(&batches[0])["writes"].as_array().cloned().expect("writes");
+    let second = body_of(&batches[1])["writes"].as_array().cloned().expect("writes");
+    assert_eq!(first.len(), 3);
+    assert_eq!(second, [first[1].clone()], "only the busy write, unchanged");
+    assert_eq!(second[0]["update"]["name"], busy.as_str());
+    assert!(firestore.calls("commit").await.is_empty(), "plain creates go through batchWrite");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_that_stays_busy_gives_up_as_unavailable() {
+    let firestore = Firestore::ready().await;
+    call("commit")
+        .respond_with(firestore_error(409, "ABORTED", "Too much contention on these documents. Please try again."))
+        .mount(&firestore.server)
+        .await;
+    let backend = firestore.open().await.expect("open");
+
+    let outcome = backend.put(ID, &body("greeting"), Precondition::MustNotExist).await;
+    expect_error(outcome, ErrorKind::Unavailable, &["ABORTED", "Too much contention"], "put");
+    assert_eq!(firestore.calls("commit").await.len(), CLIENT_ATTEMPTS);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_argument_is_not_retried() {
+    let firestore = Firestore::ready().await;
+    let message = "Property value contains an invalid nested entity.";
+    call("commit").respond_with(firestore_error(400, "INVALID_ARGUMENT", message)).mount(&firestore.server).await;
+    let backend = firestore.open().await.expect("open");
+
+    let outcome = backend.put(ID, &body("greeting"), Precondition::MustNotExist).await;
+    expect_error(outcome, ErrorKind::InvalidInput, &[message], "put");
+    assert_eq!(firestore.calls("commit").await.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn already_exists_on_create_is_a_conflict_not_retried() {
+    let firestore = Firestore::ready().await;
+    call("commit")
+        .respond_with(firestore_error(409, "ALREADY_EXISTS", &format!("Document already exists: {NAME_PREFIX}{ID}")))
+        .mount(&firestore.server)
+        .await;
+    let backend = firestore.open().await.expect("open");
+
+    let outcome = backend.put(ID, &body("greeting"), Precondition::MustNotExist).await;
+    expect_error(outcome, ErrorKind::Conflict, &["already exists"], "create");
+    assert_eq!(firestore.calls("commit").await.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn not_found_for_an_update_precondition_is_a_conflict() {
+    // Production answers NOT_FOUND when an update's document is gone.
+    let firestore = Firestore::ready().await;
+    call("commit")
+        .respond_with(firestore_error(404, "NOT_FOUND", &format!("No document to update: {NAME_PREFIX}{ID}")))
+        .mount(&firestore.server)
+        .await;
+    let backend = firestore.open().await.expect("open");
+
+    let outcome = backend.put(ID, &body("greeting"), Precondition::MatchRevision(Revision(T1.into()))).await;
+    expect_error(outcome, ErrorKind::Conflict, &[ID], "update");
+    let commits = firestore.calls("commit").await;
+    assert_eq!(commits.len(), 1);
+    assert_eq!(body_of(&commits[0])["writes"][0]["currentDocument"], json!({ "updateTime": T1 }));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Requests that time out.
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_write_is_not_retried_but_a_timed_out_read_is() {
+    let firestore = Firestore::ready().await;
+    let late = Duration::from_secs(3);
+    call("commit").respond_with(answer(200, commit_reply(T1)).set_delay(late)).mount(&firestore.server).await;
+    in_order(
+        &firestore.server,
+        || call("batchGet"),
+        vec![found(stored_document(ID, T1)).set_delay(late), found(stored_document(ID, T2))],
+    )
+    .await;
+    let backend = firestore.open_with("&timeout_ms=300").await.expect("open");
+
+    // The commit may have been applied: repeating it could apply it twice.
+    let outcome = backend.put(ID, &body("greeting"), Precondition::MustNotExist).await;
+    expect_error(outcome, ErrorKind::Unavailable, &["write document"], "put that timed out");
+    assert_eq!(firestore.calls("commit").await.len(), 1, "a timed-out write is not sent again");
+
+    let doc = backend.get(ID).await.expect("get after a timeout").expect("found");
+    assert_eq!(doc.rev, Revision(T2.into()), "the answer of the second read");
+    let reads = firestore.calls("batchGet").await;
+    assert_eq!(reads.len(), 2, "a timed-out read is sent again");
+    assert_eq!(body_of(&reads[0]), json!({ "documents": [format!("{NAME_PREFIX}{ID}")] }));
+    assert_eq!(body_of(&reads[0]), body_of(&reads[1]), "the same read");
+}
