@@ -1,0 +1,252 @@
+//! The Firestore backend against Google's Cloud Firestore emulator in a container
+//! (testcontainers, image `gcr.io/google.com/cloudsdktool/google-cloud-cli:528.0.0-emulators`
+//! running `gcloud emulators firestore start`), where a Docker engine is reachable.
+//!
+//! The contract suite runs the emulator from a local jar; this runs the one Google ships in its
+//! image, pinned to the same version (528.0.0), the way a machine with Docker but no Cloud SDK
+//! would. It opens the backend with `emulator=HOST:PORT` of the mapped port, round-trips the whole
+//! value corpus (including the bodies stored compressed and in chunk documents) through the
+//! facade, and lists 60 keys in pages of 10.
+//!
+//! The container is started with testcontainers' `GenericImage` rather than the
+//! `google_cloud_sdk_emulators` module of testcontainers-modules: its newest release (0.15)
+//! depends on testcontainers 0.27, which cannot be built together with the 0.28 the other
+//! container tests use (each pins a different `bollard-stubs` 1.x exactly).
+//!
+//! Without a reachable Docker engine the trials are reported as `ignored` and a line saying
+//! "firestore testcontainers test NOT RUN: no Docker engine reachable (...)" is printed, so a run
+//! never looks as if it tested the emulator image when it did not. Asking for ignored trials
+//! (`--ignored` / `--include-ignored`) without an engine fails them.
+
+mod common;
+
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use agentstore::backend::firestore::{FirestoreBackend, FirestoreConfig};
+use agentstore::backend::DocumentBackend;
+use agentstore::store::{DataStore, StoreOptions};
+use futures::TryStreamExt;
+use libtest_mimic::{Arguments, Failed, Trial};
+use serde_json::json;
+use testcontainers::core::{IntoContainerPort, WaitFor};
+use testcontainers::runners::AsyncRunner;
+use testcontainers::{ContainerAsync, GenericImage, ImageExt};
+
+use common::json::first_difference;
+
+const IMAGE: &str = "gcr.io/google.com/cloudsdktool/google-cloud-cli";
+/// The emulator version the contract suite runs from Debian's google-cloud-cli-firestore-emulator.
+const TAG: &str = "528.0.0-emulators";
+const FIRESTORE_PORT: u16 = 8080;
+/// The project the emulator is addressed with (it accepts any).
+const PROJECT: &str = "agentstore-container-test";
+/// Pulling the image (over a gigabyte) on a cold machine plus its start.
+const CONTAINER_STARTUP_TIMEOUT: Duration = Duration::from_secs(900);
+/// How long the emulator may take to answer HTTP after its start message.
+const UP_DEADLINE: Duration = Duration::from_secs(60);
+
+type TrialFn = fn(String) -> futures::future::BoxFuture<'static, Result<(), String>>;
+
+fn main() -> ExitCode {
+    let args = Arguments::from_args();
+    let engine = common::docker::engine();
+    if !args.list {
+        match &engine {
+            Ok(engine) => println!("firestore testcontainers test RUN against {IMAGE}:{TAG} on {engine}"),
+            Err(reason) => println!("firestore testcontainers test NOT RUN: no Docker engine reachable ({reason})"),
+        }
+    }
+
+    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build() {
+        Ok(runtime) => Arc::new(runtime),
+        Err(e) => {
+            eprintln!("firestore testcontainers test: cannot build a tokio runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let container = Arc::new(SharedContainer::default());
+
+    let trials: [(&str, TrialFn); 2] = [
+        ("firestore_emulator::round_trip_corpus", |host_port| Box::pin(round_trip_corpus(host_port))),
+        ("firestore_emulator::list_keys_in_pages_of_10", |host_port| Box::pin(list_keys_in_pages(host_port))),
+    ];
+    let trials = trials
+        .into_iter()
+        .map(|(name, run)| {
+            let ignored = engine.is_err();
+            let engine = engine.clone();
+            let runtime = Arc::clone(&runtime);
+            let container = Arc::clone(&container);
+            Trial::test(name, move || {
+                if let Err(reason) = engine {
+                    return Err(Failed::from(format!("no Docker engine reachable ({reason})")));
+                }
+                runtime.block_on(async move {
+                    let host_port = container.host_port().await.map_err(Failed::from)?;
+                    run(host_port).await.map_err(Failed::from)
+                })
+            })
+            .with_kind("testcontainers")
+            .with_ignored_flag(ignored)
+        })
+        .collect();
+
+    let conclusion = libtest_mimic::run(&args, trials);
+    runtime.block_on(container.remove());
+    conclusion.exit_code()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Docker.
+// ---------------------------------------------------------------------------------------------
+
+/// One emulator container for all trials of this process, started by the first trial that needs
+/// it and removed after the run.
+#[derive(Default)]
+struct SharedContainer {
+    host_port: tokio::sync::OnceCell<Result<String, String>>,
+    container: Mutex<Option<ContainerAsync<GenericImage>>>,
+}
+
+impl SharedContainer {
+    /// `host:port` of the running emulator.
+    async fn host_port(&self) -> Result<String, String> {
+        self.host_port.get_or_init(|| self.start()).await.clone()
+    }
+
+    async fn start(&self) -> Result<String, String> {
+        let host_port_arg = format!("--host-port=0.0.0.0:{FIRESTORE_PORT}");
+        let container = GenericImage::new(IMAGE, TAG)
+            .with_exposed_port(FIRESTORE_PORT.tcp())
+            // gcloud relays the emulator's output, prefixed with `[firestore]`.
+            .with_wait_for(WaitFor::message_on_either_std("Dev App Server is now running"))
+            .with_cmd(["gcloud", "emulators", "firestore", "start", host_port_arg.as_str()])
+            .with_startup_timeout(CONTAINER_STARTUP_TIMEOUT)
+            .start()
+            .await
+            .map_err(|e| format!("cannot start {IMAGE}:{TAG}: {e}"))?;
+        let host = container.get_host().await.map_err(|e| format!("{IMAGE} container host: {e}"));
+        let port = container.get_host_port_ipv4(FIRESTORE_PORT.tcp()).await.map_err(|e| format!("port {e}"));
+        // Kept for removal whatever happens next.
+        *self.container.lock().unwrap_or_else(|e| e.into_inner()) = Some(container);
+        let host_port = format!("{}:{}", host?, port?);
+        wait_until_up(&host_port).await?;
+        Ok(host_port)
+    }
+
+    async fn remove(&self) {
+        let container = self.container.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(container) = container {
+            let id = container.id().to_owned();
+            if let Err(e) = container.rm().await {
+                eprintln!("firestore testcontainers test: could not remove container {id}: {e}");
+            }
+        }
+    }
+}
+
+/// Polls `GET /` until the emulator answers 200 (its body is `Ok`), or the deadline passes.
+async fn wait_until_up(host_port: &str) -> Result<(), String> {
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().map_err(|e| e.to_string())?;
+    let url = format!("http://{host_port}/");
+    let started = Instant::now();
+    let mut last = String::from("no answer yet");
+    while started.elapsed() < UP_DEADLINE {
+        match http.get(&url).send().await {
+            Ok(response) if response.status().is_success() => return Ok(()),
+            Ok(response) => last = format!("HTTP {}", response.status()),
+            Err(e) => last = e.to_string(),
+        }
+        // Poll interval.
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Err(format!("the Firestore emulator at {host_port} is not answering after {UP_DEADLINE:?}: {last}"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The trials.
+// ---------------------------------------------------------------------------------------------
+
+/// A new collection name on the emulator (collections need no creating).
+fn collection(tag: &str) -> String {
+    static COUNTER: AtomicUsize = AtomicUsize::new(0);
+    format!("container_{tag}_{}_{}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed))
+}
+
+/// The backend on a new collection of the emulator, and the facade over it.
+async fn open(host_port: &str, collection: &str, options: StoreOptions) -> Result<DataStore, String> {
+    let config = FirestoreConfig::parse(&format!("firestore://{PROJECT}?emulator={host_port}&collection={collection}"))
+        .map_err(|e| e.to_string())?;
+    let backend: Arc<dyn DocumentBackend> =
+        Arc::new(FirestoreBackend::open(&config).await.map_err(|e| format!("FirestoreBackend::open: {e}"))?);
+    DataStore::open(backend, options).await.map_err(|e| format!("DataStore::open: {e}"))
+}
+
+fn check(condition: bool, message: impl FnOnce() -> String) -> Result<(), String> {
+    if condition {
+        Ok(())
+    } else {
+        Err(message())
+    }
+}
+
+/// Every corpus value through `set`/`get`, compared by exact decimal value.
+async fn round_trip_corpus(host_port: String) -> Result<(), String> {
+    let store = open(&host_port, &collection("roundtrip"), StoreOptions::default()).await?;
+    let cases = common::corpus::cases();
+    let mut failures = Vec::new();
+    for case in &cases {
+        let written = store
+            .set("corpus", "values", &case.name, case.value.clone(), None, Some("container-test"))
+            .await
+            .map_err(|e| format!("set {}: {e}", case.name))?;
+        if let Some(diff) = first_difference(&case.value, &written.body["value"]) {
+            failures.push(format!("{}: set returned {diff}", case.name));
+        }
+        let read = store
+            .get("corpus", "values", &case.name, None)
+            .await
+            .map_err(|e| format!("get {}: {e}", case.name))?
+            .ok_or_else(|| format!("get {}: not found after set", case.name))?;
+        if let Some(diff) = first_difference(&case.value, &read.body["value"]) {
+            failures.push(format!("{}: read back {diff}", case.name));
+        }
+    }
+    check(failures.is_empty(), || format!("values changed on the Firestore emulator:\n  {}", failures.join("\n  ")))
+}
+
+/// 60 keys listed with pages of 10; another user's keys stay out. Firestore queries are strongly
+/// consistent, so the listing is complete at once.
+async fn list_keys_in_pages(host_port: String) -> Result<(), String> {
+    let options = StoreOptions { page_size: 10, ..StoreOptions::default() };
+    let store = open(&host_port, &collection("paging"), options).await?;
+    let keys: Vec<String> = (0..60).map(|i| format!("key-{i:02}")).collect();
+    for key in &keys {
+        store.set("user_p", "paging", key, json!(key), None, None).await.map_err(|e| format!("set {key}: {e}"))?;
+    }
+    for i in 0..3 {
+        store.set("user_q", "paging", &format!("other-{i}"), json!(i), None, None).await.map_err(|e| e.to_string())?;
+    }
+
+    let listed = store.list_keys("user_p", "paging").await.map_err(|e| format!("list_keys: {e}"))?;
+    check(listed == keys, || format!("list_keys returned {} keys, expected the 60 written: {listed:?}", listed.len()))?;
+
+    let pages: Vec<Vec<String>> = store
+        .list_keys_pages("user_p", "paging")
+        .map_err(|e| e.to_string())?
+        .try_collect()
+        .await
+        .map_err(|e| format!("list_keys_pages: {e}"))?;
+    let sizes: Vec<usize> = pages.iter().map(Vec::len).collect();
+    check(sizes.iter().all(|n| *n <= 10) && sizes.iter().sum::<usize>() == 60 && sizes.len() >= 6, || {
+        format!("page sizes {sizes:?} (page_size 10, 60 keys)")
+    })?;
+    let mut paged: Vec<String> = pages.into_iter().flatten().collect();
+    paged.sort_unstable();
+    check(paged == keys, || format!("the pages hold {paged:?}, expected each of the 60 keys once"))?;
+    let other = store.list_keys("user_q", "paging").await.map_err(|e| e.to_string())?;
+    check(other == ["other-0", "other-1", "other-2"], || format!("user_q's keys: {other:?}"))
+}
