@@ -146,7 +146,7 @@ impl FirestoreClient {
             .sleep(tokio::time::sleep)
             .when(|failed: &Failed| failed.retry)
             .notify(
-                |failed, after| tracing::warn!(error = %failed.error, retry_in = ?after, "Firestore busy; retrying"),
+                |failed, after| tracing::warn!(error = %failed.error, retry_in = ?after, "Firestore request failed; retrying"),
             )
             .await
             .map_err(|failed| failed.error)
