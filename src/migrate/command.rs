@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 use serde::Serialize;
 
+use super::census;
 use super::progress::ProgressMode;
 use super::sink::ConflictPolicy;
 use super::transform::AccessTracking;
@@ -199,7 +200,7 @@ impl Side {
 
 /// Opens one side and checks it answers. A source (and either side of `verify`) must already
 /// exist: opening a missing embedded file would create an empty store.
-async fn open_backend(side: Side, text: &str, settings: &Settings, must_exist: bool) -> Result<Endpoint> {
+async fn open_backend(side: Side, text: &str, settings: &Settings, must_exist: bool) -> Result<(Endpoint, BackendUrl)> {
     let name = side.as_str();
     let context = |err: Error| Error::new(err.kind(), format!("{name} {text:?}")).with_source(err);
     let url = settings.resolve_backend_url(text).map_err(context)?;
@@ -211,7 +212,8 @@ async fn open_backend(side: Side, text: &str, settings: &Settings, must_exist: b
     }
     let backend = backend::open(&url).await.map_err(context)?;
     backend.health().await.map_err(context)?;
-    Ok(Endpoint::Backend { backend, name: url.to_string() })
+    let name = url.to_string();
+    Ok((Endpoint::Backend { backend, name }, url))
 }
 
 fn refuse_same(from: &Endpoint, to: &Endpoint) -> Result<()> {
@@ -240,8 +242,16 @@ fn emit<T: Serialize>(report: &T, file: Option<&Path>) -> Result<()> {
     Ok(())
 }
 
-async fn run_job(job: Job, report_file: Option<&Path>) -> Result<u8> {
-    let report = super::run(job).await?;
+/// Runs the job; `source_url` (a backend source) is asked for what its scan leaves out.
+async fn run_job(job: Job, source_url: Option<&BackendUrl>, report_file: Option<&Path>) -> Result<u8> {
+    let left_behind = match source_url {
+        Some(url) => census::design_documents(url)
+            .await
+            .map_err(|e| Error::new(e.kind(), format!("source {url}")).with_source(e))?,
+        None => None,
+    };
+    let mut report = super::run(job).await?;
+    report.design_documents_left_behind = left_behind;
     emit(&report, report_file)?;
     Ok(report.exit_code())
 }
@@ -249,34 +259,36 @@ async fn run_job(job: Job, report_file: Option<&Path>) -> Result<u8> {
 /// `migrate`; returns the exit status.
 pub async fn migrate(args: MigrateArgs, settings: &Settings) -> Result<u8> {
     let options = args.pipeline.options(settings, args.on_conflict)?;
-    let source = open_backend(Side::Source, &args.from, settings, true).await?;
-    let target = open_backend(Side::Target, &args.to, settings, false).await?;
+    let (source, source_url) = open_backend(Side::Source, &args.from, settings, true).await?;
+    let (target, _) = open_backend(Side::Target, &args.to, settings, false).await?;
     refuse_same(&source, &target)?;
-    run_job(Job { kind: JobKind::Migrate, source, target, options }, args.pipeline.report.as_deref()).await
+    let job = Job { kind: JobKind::Migrate, source, target, options };
+    run_job(job, Some(&source_url), args.pipeline.report.as_deref()).await
 }
 
 /// `export`; returns the exit status.
 pub async fn export(args: ExportArgs, settings: &Settings) -> Result<u8> {
     let options = args.pipeline.options(settings, ConflictPolicy::Fail)?;
-    let source = open_backend(Side::Source, &args.from, settings, true).await?;
+    let (source, source_url) = open_backend(Side::Source, &args.from, settings, true).await?;
     let target = Endpoint::File(args.out.clone());
-    run_job(Job { kind: JobKind::Export, source, target, options }, args.pipeline.report.as_deref()).await
+    let job = Job { kind: JobKind::Export, source, target, options };
+    run_job(job, Some(&source_url), args.pipeline.report.as_deref()).await
 }
 
 /// `import`; returns the exit status.
 pub async fn import(args: ImportArgs, settings: &Settings) -> Result<u8> {
     let options = args.pipeline.options(settings, args.on_conflict)?;
     let source = input_file(&args.input)?;
-    let target = open_backend(Side::Target, &args.to, settings, false).await?;
-    run_job(Job { kind: JobKind::Import, source, target, options }, args.pipeline.report.as_deref()).await
+    let (target, _) = open_backend(Side::Target, &args.to, settings, false).await?;
+    run_job(Job { kind: JobKind::Import, source, target, options }, None, args.pipeline.report.as_deref()).await
 }
 
 /// `verify`; returns the exit status (0 identical, [`super::EXIT_DIFFERENT`] otherwise).
 pub async fn verify_command(args: VerifyArgs, settings: &Settings) -> Result<u8> {
     check_sizes(args.batch_size, args.concurrency)?;
     let filter = check_filter(settings, &args.users, &args.namespaces)?;
-    let source = open_backend(Side::Source, &args.from, settings, true).await?;
-    let target = open_backend(Side::Target, &args.to, settings, true).await?;
+    let (source, _) = open_backend(Side::Source, &args.from, settings, true).await?;
+    let (target, _) = open_backend(Side::Target, &args.to, settings, true).await?;
     refuse_same(&source, &target)?;
     let options = VerifyOptions {
         batch_size: args.batch_size,

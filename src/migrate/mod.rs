@@ -23,6 +23,7 @@
 //! [`verify`] compares two backends document by document with the same rules.
 
 pub mod canonical;
+pub mod census;
 pub mod checkpoint;
 pub mod command;
 pub mod progress;
@@ -537,5 +538,6 @@ fn finished_report(
         total_duration_secs: checkpoint.elapsed_secs,
         docs_per_sec: read_this_run as f64 / duration_secs.max(1e-9),
         peak_rss_bytes: report::peak_rss_bytes(),
+        design_documents_left_behind: None,
     }
 }

@@ -172,6 +172,9 @@ pub struct Report {
     pub docs_per_sec: f64,
     /// The process's peak resident memory (Linux `VmHWM`), when known.
     pub peak_rss_bytes: Option<u64>,
+    /// Design documents at a CouchDB source: never read by the scan, never copied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub design_documents_left_behind: Option<u64>,
 }
 
 impl Report {
