@@ -708,16 +708,16 @@ fn stdout_json(output: &Output) -> Result<Value, Failed> {
     })
 }
 
-/// A small seeded generator for kill moments (the seed is printed, so a failure can be replayed).
-struct SplitMix(u64);
+/// Kill moments from a seeded xorshift generator (the seed is printed, so a failure can be
+/// replayed).
+struct KillClock(u64);
 
-impl SplitMix {
+impl KillClock {
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
     }
 }
 
@@ -751,7 +751,7 @@ fn crash_and_resume(target: CrashTarget) -> TestResult {
         }
     };
     let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos() as u64;
-    let mut random = SplitMix(seed);
+    let mut random = KillClock(seed | 1);
     let migrate_args = [
         "migrate",
         "--from",
