@@ -178,7 +178,13 @@ impl Settings {
 
     /// The backend URL, with credentials from the settings filled in where the URL has none.
     pub fn backend_url(&self) -> Result<BackendUrl> {
-        let mut url: BackendUrl = self.backend.parse()?;
+        self.resolve_backend_url(&self.backend)
+    }
+
+    /// Parses a backend URL (the configured one, or one named on the command line, as `migrate`
+    /// does), with credentials from the settings filled in where the URL has none.
+    pub fn resolve_backend_url(&self, text: &str) -> Result<BackendUrl> {
+        let mut url: BackendUrl = text.parse()?;
         if let BackendUrl::CouchDb(config) = &mut url {
             if config.user.is_none() {
                 config.user = self.couchdb_user.clone();

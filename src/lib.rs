@@ -5,6 +5,7 @@
 //! - [`backend`]: the [`backend::DocumentBackend`] trait and its adapters.
 //! - [`store`]: [`store::DataStore`], the facade with the data-store semantics (metadata merge,
 //!   access tracking, listings), written once for every backend.
+//! - [`migrate`]: `migrate`, `verify`, `export`, `import` between any two backends.
 //! - [`config`] and [`cli`]: settings and the `agentstore` command.
 
 pub mod backend;
@@ -12,6 +13,7 @@ pub mod cli;
 pub mod config;
 pub mod error;
 pub mod http;
+pub mod migrate;
 pub mod model;
 pub mod store;
 

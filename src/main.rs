@@ -23,7 +23,7 @@ fn main() -> ExitCode {
         }
     };
     match runtime.block_on(cli::run(cli, settings)) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => ExitCode::from(code),
         Err(err) => cli::report(&err),
     }
 }

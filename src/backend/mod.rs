@@ -14,11 +14,15 @@ use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use futures::{StreamExt, TryStreamExt};
 use serde_json::{Map, Value};
 
 use crate::error::Result;
 
 pub use url::BackendUrl;
+
+/// How many `get`s the default [`DocumentBackend::get_many`] keeps in flight.
+const GET_MANY_CONCURRENCY: usize = 16;
 
 /// An opaque revision: CouchDB's `_rev`, or whatever version marker the backend keeps.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -134,6 +138,18 @@ pub trait DocumentBackend: Send + Sync + 'static {
 
     /// Checks that the backend is reachable and usable.
     async fn health(&self) -> Result<()>;
+
+    /// The documents with these ids, one answer per id, in order (`None` for a missing one).
+    /// The default runs bounded concurrent `get`s; an adapter may override it with a batch read.
+    async fn get_many(&self, ids: &[String]) -> Result<Vec<Option<StoredDocument>>> {
+        // A plain loop, not an iterator adapter: a closure here trips rustc's higher-ranked
+        // `Send` check on the boxed futures.
+        let mut lookups = Vec::with_capacity(ids.len());
+        for id in ids {
+            lookups.push(self.get(id));
+        }
+        futures::stream::iter(lookups).buffered(GET_MANY_CONCURRENCY).try_collect().await
+    }
 }
 
 /// Opens the backend a URL names.

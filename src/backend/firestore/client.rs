@@ -3,7 +3,7 @@
 //! token), and retries with exponential backoff and jitter. Replies with `ABORTED`, `UNAVAILABLE`
 //! or `RESOURCE_EXHAUSTED` had no effect and are retried for every call; transport failures
 //! (timeouts, resets) are retried only for reads, since a write that timed out may have been
-//! applied.
+//! applied; a token endpoint that cannot be reached is retried for every call (nothing was sent).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -71,7 +71,7 @@ impl FirestoreClient {
         } else {
             let provider: Arc<dyn gcp_auth::TokenProvider> = match &config.credentials {
                 Some(file) => Arc::new(gcp_auth::CustomServiceAccount::from_file(file).map_err(|e| {
-                    Error::new(ErrorKind::Misconfigured, format!("cannot read the service-account key {file:?}: {e}"))
+                    Error::new(ErrorKind::Misconfigured, format!("cannot read the service-account key {file:?}"))
                         .with_source(e)
                 })?),
                 None => gcp_auth::provider().await.map_err(|e| from_auth(e, "connect to Firestore"))?,
@@ -126,9 +126,13 @@ impl FirestoreClient {
         doing: &str,
     ) -> Result<Value> {
         let attempt = || async {
-            let (status, reply) = self.send(method.clone(), url, body, doing).await.map_err(|error| Failed {
-                retry: call == Call::Read && error.kind() == ErrorKind::Unavailable,
-                error,
+            // Nothing was sent yet when the token cannot be had, so any call may try again.
+            let token = self
+                .token(doing)
+                .await
+                .map_err(|error| Failed { retry: error.kind() == ErrorKind::Unavailable, error })?;
+            let (status, reply) = self.send(method.clone(), url, &token, body, doing).await.map_err(|error| {
+                Failed { retry: call == Call::Read && error.kind() == ErrorKind::Unavailable, error }
             })?;
             if status.is_success() {
                 return Ok(reply);
@@ -152,13 +156,23 @@ impl FirestoreClient {
             .map_err(|failed| failed.error)
     }
 
-    async fn send(&self, method: Method, url: &str, body: Option<&Value>, doing: &str) -> Result<(StatusCode, Value)> {
-        let token = match &self.auth {
-            Auth::Emulator => "owner".to_owned(),
+    async fn token(&self, doing: &str) -> Result<String> {
+        match &self.auth {
+            Auth::Emulator => Ok("owner".to_owned()),
             Auth::Google(provider) => {
-                provider.token(&[SCOPE]).await.map_err(|e| from_auth(e, doing))?.as_str().to_owned()
+                Ok(provider.token(&[SCOPE]).await.map_err(|e| from_auth(e, doing))?.as_str().to_owned())
             }
-        };
+        }
+    }
+
+    async fn send(
+        &self,
+        method: Method,
+        url: &str,
+        token: &str,
+        body: Option<&Value>,
+        doing: &str,
+    ) -> Result<(StatusCode, Value)> {
         let mut request =
             self.http.request(method, url).bearer_auth(token).header(reqwest::header::ACCEPT, "application/json");
         if let Some(body) = body {

@@ -75,21 +75,27 @@ pub(super) fn from_transport(err: reqwest::Error, doing: &str) -> Error {
     Error::new(kind, format!("Firestore request failed while trying to {doing}")).with_source(err)
 }
 
-/// A failure to get an access token from Google.
+/// A failure to get an access token from Google. gcp_auth reports a token endpoint it cannot
+/// reach as `Other("HTTP request failed", …)` or `Http(…)`: that is unavailability, not refused
+/// credentials.
 pub(super) fn from_auth(err: gcp_auth::Error, doing: &str) -> Error {
     let kind = match &err {
         gcp_auth::Error::NoAuthMethod(..) => ErrorKind::Misconfigured,
         gcp_auth::Error::Http(..) => ErrorKind::Unavailable,
+        gcp_auth::Error::Other(context, _) if context.starts_with("HTTP") => ErrorKind::Unavailable,
         _ => ErrorKind::Unauthorized,
     };
-    let hint = match kind {
-        ErrorKind::Misconfigured => {
-            "; give a service-account key with credentials=FILE or GOOGLE_APPLICATION_CREDENTIALS, run `gcloud auth \
-             application-default login`, or run on Google Cloud"
+    let message = match kind {
+        ErrorKind::Misconfigured => format!(
+            "cannot get Google credentials to {doing} (give a service-account key with credentials=FILE or \
+             GOOGLE_APPLICATION_CREDENTIALS, run `gcloud auth application-default login`, or run on Google Cloud)"
+        ),
+        ErrorKind::Unavailable => {
+            format!("cannot get Google credentials to {doing}: the token endpoint is unreachable")
         }
-        _ => "",
+        _ => format!("cannot get Google credentials to {doing}: the token request was refused"),
     };
-    Error::new(kind, format!("cannot get Google credentials to {doing}: {err}{hint}")).with_source(err)
+    Error::new(kind, message).with_source(err)
 }
 
 /// A response body that is not the JSON Firestore promises.

@@ -1,0 +1,305 @@
+//! The `migrate`, `verify`, `export` and `import` subcommands: their flags, and how they open the
+//! two sides (checking both before anything is written) and print the JSON report.
+
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+use serde::Serialize;
+
+use super::census;
+use super::progress::ProgressMode;
+use super::sink::ConflictPolicy;
+use super::transform::AccessTracking;
+use super::verify::{verify, VerifyOptions};
+use super::{Endpoint, Filter, Job, JobKind, Options};
+use crate::backend::{self, BackendUrl};
+use crate::config::Settings;
+use crate::error::{Error, ErrorKind, Result};
+
+/// Largest `--batch-size`: bulk requests stay well under every backend's request limits (the
+/// DynamoDB adapter splits them into its own 25-item calls).
+const MAX_BATCH_SIZE: usize = 10_000;
+/// Largest `--concurrency`.
+const MAX_CONCURRENCY: usize = 64;
+
+/// Flags shared by `migrate`, `export` and `import`.
+#[derive(Debug, Clone, Args)]
+pub struct PipelineArgs {
+    /// Copy only this user's documents (repeatable)
+    #[arg(long = "user", value_name = "USER")]
+    pub users: Vec<String>,
+    /// Copy only documents in this namespace (repeatable; combines with --user)
+    #[arg(long = "namespace", value_name = "NAMESPACE")]
+    pub namespaces: Vec<String>,
+    /// Documents per source page and per bulk write
+    #[arg(long, value_name = "N", default_value_t = super::DEFAULT_BATCH_SIZE)]
+    pub batch_size: usize,
+    /// Batches written at once (reads continue meanwhile)
+    #[arg(long, value_name = "N", default_value_t = super::DEFAULT_CONCURRENCY)]
+    pub concurrency: usize,
+    /// Keep accessCount and the last-access fields, or reset them (accessCount 0, no last access)
+    #[arg(long, value_enum, default_value_t = AccessTracking::Keep)]
+    pub access_tracking: AccessTracking,
+    /// Checkpoint file [default: ./.agentstore-<command>-<hash of source, target, filters>.json]
+    #[arg(long, value_name = "FILE")]
+    pub checkpoint: Option<PathBuf>,
+    /// Ignore an existing checkpoint and start over
+    #[arg(long)]
+    pub restart: bool,
+    /// Read and check everything, report what would be written, write nothing
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Progress display on stderr
+    #[arg(long, value_enum, default_value_t = ProgressMode::Auto)]
+    pub progress: ProgressMode,
+    /// Also write the JSON report to this file
+    #[arg(long, value_name = "FILE")]
+    pub report: Option<PathBuf>,
+    /// Documents named per kind of issue in the report
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    pub max_issues: usize,
+}
+
+/// `agentstore migrate`.
+#[derive(Debug, Clone, Args)]
+pub struct MigrateArgs {
+    /// Source backend URL
+    #[arg(long, value_name = "URL")]
+    pub from: String,
+    /// Target backend URL
+    #[arg(long, value_name = "URL")]
+    pub to: String,
+    /// What to do with a document that exists at the target with different content
+    #[arg(long, value_enum, default_value_t = ConflictPolicy::Fail)]
+    pub on_conflict: ConflictPolicy,
+    #[command(flatten)]
+    pub pipeline: PipelineArgs,
+}
+
+/// `agentstore export`.
+#[derive(Debug, Clone, Args)]
+pub struct ExportArgs {
+    /// Source backend URL
+    #[arg(long, value_name = "URL")]
+    pub from: String,
+    /// NDJSON file to write (refused if it exists and is not empty, unless --restart)
+    #[arg(long, value_name = "FILE")]
+    pub out: PathBuf,
+    #[command(flatten)]
+    pub pipeline: PipelineArgs,
+}
+
+/// `agentstore import`.
+#[derive(Debug, Clone, Args)]
+pub struct ImportArgs {
+    /// Target backend URL
+    #[arg(long, value_name = "URL")]
+    pub to: String,
+    /// NDJSON file to read, one document per line
+    #[arg(long = "in", value_name = "FILE")]
+    pub input: PathBuf,
+    /// What to do with a document that exists at the target with different content
+    #[arg(long, value_enum, default_value_t = ConflictPolicy::Fail)]
+    pub on_conflict: ConflictPolicy,
+    #[command(flatten)]
+    pub pipeline: PipelineArgs,
+}
+
+/// `agentstore verify`.
+#[derive(Debug, Clone, Args)]
+pub struct VerifyArgs {
+    /// Source backend URL
+    #[arg(long, value_name = "URL")]
+    pub from: String,
+    /// Target backend URL
+    #[arg(long, value_name = "URL")]
+    pub to: String,
+    /// Compare only this user's documents (repeatable)
+    #[arg(long = "user", value_name = "USER")]
+    pub users: Vec<String>,
+    /// Compare only documents in this namespace (repeatable)
+    #[arg(long = "namespace", value_name = "NAMESPACE")]
+    pub namespaces: Vec<String>,
+    /// The access-tracking option the migration ran with
+    #[arg(long, value_enum, default_value_t = AccessTracking::Keep)]
+    pub access_tracking: AccessTracking,
+    /// Compare source documents as stored, without the migration's repairs and normalisation
+    #[arg(long)]
+    pub raw: bool,
+    /// Documents per page
+    #[arg(long, value_name = "N", default_value_t = super::DEFAULT_BATCH_SIZE)]
+    pub batch_size: usize,
+    /// Pages looked up at once
+    #[arg(long, value_name = "N", default_value_t = super::DEFAULT_CONCURRENCY)]
+    pub concurrency: usize,
+    /// Ids listed per kind of difference
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    pub max_ids: usize,
+    /// Progress display on stderr
+    #[arg(long, value_enum, default_value_t = ProgressMode::Auto)]
+    pub progress: ProgressMode,
+    /// Also write the JSON report to this file
+    #[arg(long, value_name = "FILE")]
+    pub report: Option<PathBuf>,
+}
+
+fn check_sizes(batch_size: usize, concurrency: usize) -> Result<()> {
+    if !(1..=MAX_BATCH_SIZE).contains(&batch_size) {
+        return Err(Error::invalid("batch-size", format!("must be 1 to {MAX_BATCH_SIZE}")));
+    }
+    if !(1..=MAX_CONCURRENCY).contains(&concurrency) {
+        return Err(Error::invalid("concurrency", format!("must be 1 to {MAX_CONCURRENCY}")));
+    }
+    Ok(())
+}
+
+fn check_filter(settings: &Settings, users: &[String], namespaces: &[String]) -> Result<Filter> {
+    let limits = settings.store_options().limits;
+    for user in users {
+        limits.check_user_id(user)?;
+    }
+    for namespace in namespaces {
+        limits.check_namespace(namespace)?;
+    }
+    Ok(Filter { users: users.to_vec(), namespaces: namespaces.to_vec() })
+}
+
+impl PipelineArgs {
+    fn options(&self, settings: &Settings, on_conflict: ConflictPolicy) -> Result<Options> {
+        check_sizes(self.batch_size, self.concurrency)?;
+        Ok(Options {
+            batch_size: self.batch_size,
+            concurrency: self.concurrency,
+            on_conflict,
+            access_tracking: self.access_tracking,
+            filter: check_filter(settings, &self.users, &self.namespaces)?,
+            dry_run: self.dry_run,
+            checkpoint: self.checkpoint.clone(),
+            restart: self.restart,
+            progress: self.progress,
+            max_issues: self.max_issues,
+        })
+    }
+}
+
+/// Which side of a migration an endpoint is.
+#[derive(Clone, Copy)]
+enum Side {
+    Source,
+    Target,
+}
+
+impl Side {
+    fn as_str(self) -> &'static str {
+        match self {
+            Side::Source => "source",
+            Side::Target => "target",
+        }
+    }
+}
+
+/// Opens one side and checks it answers. A source (and either side of `verify`) must already
+/// exist: opening a missing embedded file would create an empty store.
+async fn open_backend(side: Side, text: &str, settings: &Settings, must_exist: bool) -> Result<(Endpoint, BackendUrl)> {
+    let name = side.as_str();
+    let context = |err: Error| Error::new(err.kind(), format!("{name} {text:?}")).with_source(err);
+    let url = settings.resolve_backend_url(text).map_err(context)?;
+    let context = |err: Error| Error::new(err.kind(), format!("{name} {url}")).with_source(err);
+    if let BackendUrl::Embedded { path } = &url {
+        if must_exist && !path.exists() {
+            return Err(Error::new(ErrorKind::InvalidInput, format!("{name} {url}: the file does not exist")));
+        }
+    }
+    let backend = backend::open(&url).await.map_err(context)?;
+    backend.health().await.map_err(context)?;
+    let name = url.to_string();
+    Ok((Endpoint::Backend { backend, name }, url))
+}
+
+fn refuse_same(from: &Endpoint, to: &Endpoint) -> Result<()> {
+    if from.name() == to.name() {
+        return Err(Error::invalid("to", format!("source and target are the same ({})", from.name())));
+    }
+    Ok(())
+}
+
+fn input_file(path: &Path) -> Result<Endpoint> {
+    if !path.is_file() {
+        return Err(Error::invalid("in", format!("{} is not a readable file", path.display())));
+    }
+    Ok(Endpoint::File(path.to_path_buf()))
+}
+
+/// Prints the report on stdout and, when asked, writes it to a file.
+fn emit<T: Serialize>(report: &T, file: Option<&Path>) -> Result<()> {
+    let text = serde_json::to_string_pretty(report)
+        .map_err(|e| Error::new(ErrorKind::Internal, "encode the report").with_source(e))?;
+    if let Some(file) = file {
+        std::fs::write(file, format!("{text}\n"))
+            .map_err(|e| Error::invalid("report", format!("cannot write {}: {e}", file.display())))?;
+    }
+    println!("{text}");
+    Ok(())
+}
+
+/// Runs the job; `source_url` (a backend source) is asked for what its scan leaves out.
+async fn run_job(job: Job, source_url: Option<&BackendUrl>, report_file: Option<&Path>) -> Result<u8> {
+    let left_behind = match source_url {
+        Some(url) => census::design_documents(url)
+            .await
+            .map_err(|e| Error::new(e.kind(), format!("source {url}")).with_source(e))?,
+        None => None,
+    };
+    let mut report = super::run(job).await?;
+    report.design_documents_left_behind = left_behind;
+    emit(&report, report_file)?;
+    Ok(report.exit_code())
+}
+
+/// `migrate`; returns the exit status.
+pub async fn migrate(args: MigrateArgs, settings: &Settings) -> Result<u8> {
+    let options = args.pipeline.options(settings, args.on_conflict)?;
+    let (source, source_url) = open_backend(Side::Source, &args.from, settings, true).await?;
+    let (target, _) = open_backend(Side::Target, &args.to, settings, false).await?;
+    refuse_same(&source, &target)?;
+    let job = Job { kind: JobKind::Migrate, source, target, options };
+    run_job(job, Some(&source_url), args.pipeline.report.as_deref()).await
+}
+
+/// `export`; returns the exit status.
+pub async fn export(args: ExportArgs, settings: &Settings) -> Result<u8> {
+    let options = args.pipeline.options(settings, ConflictPolicy::Fail)?;
+    let (source, source_url) = open_backend(Side::Source, &args.from, settings, true).await?;
+    let target = Endpoint::File(args.out.clone());
+    let job = Job { kind: JobKind::Export, source, target, options };
+    run_job(job, Some(&source_url), args.pipeline.report.as_deref()).await
+}
+
+/// `import`; returns the exit status.
+pub async fn import(args: ImportArgs, settings: &Settings) -> Result<u8> {
+    let options = args.pipeline.options(settings, args.on_conflict)?;
+    let source = input_file(&args.input)?;
+    let (target, _) = open_backend(Side::Target, &args.to, settings, false).await?;
+    run_job(Job { kind: JobKind::Import, source, target, options }, None, args.pipeline.report.as_deref()).await
+}
+
+/// `verify`; returns the exit status (0 identical, [`super::EXIT_DIFFERENT`] otherwise).
+pub async fn verify_command(args: VerifyArgs, settings: &Settings) -> Result<u8> {
+    check_sizes(args.batch_size, args.concurrency)?;
+    let filter = check_filter(settings, &args.users, &args.namespaces)?;
+    let (source, _) = open_backend(Side::Source, &args.from, settings, true).await?;
+    let (target, _) = open_backend(Side::Target, &args.to, settings, true).await?;
+    refuse_same(&source, &target)?;
+    let options = VerifyOptions {
+        batch_size: args.batch_size,
+        concurrency: args.concurrency,
+        access_tracking: args.access_tracking,
+        filter,
+        raw: args.raw,
+        max_ids: args.max_ids,
+        progress: args.progress,
+    };
+    let report = verify(&source, &target, &options).await?;
+    emit(&report, args.report.as_deref())?;
+    Ok(report.exit_code())
+}

@@ -1,0 +1,543 @@
+//! Migration: copying a data store from one backend (or NDJSON file) to another, resumably, and
+//! checking the result. `agentstore migrate`, `export`, `import` and `verify` are built on this.
+//!
+//! One pipeline serves `migrate` (backend → backend), `export` (backend → NDJSON) and `import`
+//! (NDJSON → backend):
+//!
+//! 1. A reader task takes pages of `batch_size` documents from the [`source::Source`] (a
+//!    backend's stable full scan, or NDJSON lines), applies the [`transform`] rules to each
+//!    (foreign documents counted and left out, malformed ones reported, repairs and timestamp
+//!    normalisation applied), and sends the batch into a channel of [`CHANNEL_BATCHES`] batches.
+//! 2. Up to `concurrency` batches are written at once ([`sink`]), completed in order.
+//! 3. After each batch is completely written, in order, the [`checkpoint`] records the source
+//!    position after it and the counts so far. A run killed at any moment resumes from the last
+//!    checkpoint; the batches written after it are written again, and the target's create-only
+//!    precondition plus a content-hash comparison turn those into `already_present`, so nothing
+//!    is missing and nothing is duplicated.
+//!
+//! Memory is bounded by the documents in flight: at most `CHANNEL_BATCHES` batches waiting, one
+//! being read, and `concurrency` being written (each held twice while its bulk request is built),
+//! i.e. (2 + 2 × concurrency + 1) × `batch_size` documents, whatever the size of the data set.
+//! With the defaults (500, 4) that is 5,500 documents.
+//!
+//! [`verify`] compares two backends document by document with the same rules.
+
+pub mod canonical;
+pub mod census;
+pub mod checkpoint;
+pub mod command;
+pub mod progress;
+pub mod report;
+pub mod sink;
+pub mod source;
+pub mod transform;
+pub mod verify;
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use futures::StreamExt;
+use tokio::sync::mpsc;
+
+use crate::backend::DocumentBackend;
+use crate::error::{Error, ErrorKind, Result};
+use crate::model::DocumentId;
+use checkpoint::{Checkpoint, Identity};
+use progress::{Progress, ProgressMode, Snapshot};
+use report::{Ledger, Report, Status};
+use sink::{ConflictPolicy, FileSink, Outgoing};
+use source::{Incoming, Position, Source};
+use transform::{AccessTracking, Verdict};
+
+/// Exit status of `verify` when the two sides differ.
+pub const EXIT_DIFFERENT: u8 = 6;
+/// Exit status of a migration that finished but left data-store documents behind (malformed,
+/// refused by the target, unreadable lines).
+pub const EXIT_INCOMPLETE: u8 = 7;
+
+pub const DEFAULT_BATCH_SIZE: usize = 500;
+pub const DEFAULT_CONCURRENCY: usize = 4;
+/// Read batches waiting for a writer.
+pub const CHANNEL_BATCHES: usize = 2;
+/// Namespaces the "already indexed at the target" cache holds before it starts over (ensuring is
+/// idempotent, so forgetting costs a call, never correctness).
+const ENSURED_NAMESPACES_CAP: usize = 100_000;
+
+/// One side of a migration.
+#[derive(Clone)]
+pub enum Endpoint {
+    /// A backend, and the name it goes by in reports and checkpoints (a redacted URL).
+    Backend { backend: Arc<dyn DocumentBackend>, name: String },
+    /// An NDJSON file, one document per line in the spec's shape.
+    File(PathBuf),
+}
+
+impl Endpoint {
+    /// A backend named by its own description.
+    pub fn backend(backend: Arc<dyn DocumentBackend>) -> Self {
+        let name = backend.describe();
+        Endpoint::Backend { backend, name }
+    }
+
+    pub fn name(&self) -> String {
+        match self {
+            Endpoint::Backend { name, .. } => name.clone(),
+            Endpoint::File(path) => {
+                format!("file:{}", std::path::absolute(path).unwrap_or_else(|_| path.clone()).display())
+            }
+        }
+    }
+}
+
+/// Which command runs the pipeline (it names the checkpoint and the report).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobKind {
+    Migrate,
+    Export,
+    Import,
+}
+
+impl JobKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobKind::Migrate => "migrate",
+            JobKind::Export => "export",
+            JobKind::Import => "import",
+        }
+    }
+}
+
+/// Which documents to copy: those of the listed users (all when empty) in the listed namespaces
+/// (all when empty), going by the parts of the `_id`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Filter {
+    pub users: Vec<String>,
+    pub namespaces: Vec<String>,
+}
+
+impl Filter {
+    pub fn admits(&self, id: &DocumentId) -> bool {
+        (self.users.is_empty() || self.users.iter().any(|u| u == id.user_id()))
+            && (self.namespaces.is_empty() || self.namespaces.iter().any(|n| n == id.namespace()))
+    }
+}
+
+/// How a migration runs.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Documents per source page and per bulk write.
+    pub batch_size: usize,
+    /// Batches written at once.
+    pub concurrency: usize,
+    pub on_conflict: ConflictPolicy,
+    pub access_tracking: AccessTracking,
+    pub filter: Filter,
+    /// Read, check and report; write nothing (no checkpoint either).
+    pub dry_run: bool,
+    /// The checkpoint file; default [`Identity::default_path`].
+    pub checkpoint: Option<PathBuf>,
+    /// Start over, ignoring (and replacing) an existing checkpoint.
+    pub restart: bool,
+    pub progress: ProgressMode,
+    /// Documents named per issue kind in the report.
+    pub max_issues: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            batch_size: DEFAULT_BATCH_SIZE,
+            concurrency: DEFAULT_CONCURRENCY,
+            on_conflict: ConflictPolicy::default(),
+            access_tracking: AccessTracking::default(),
+            filter: Filter::default(),
+            dry_run: false,
+            checkpoint: None,
+            restart: false,
+            progress: ProgressMode::None,
+            max_issues: 20,
+        }
+    }
+}
+
+/// A migration to run.
+pub struct Job {
+    pub kind: JobKind,
+    pub source: Endpoint,
+    pub target: Endpoint,
+    pub options: Options,
+}
+
+impl Job {
+    pub fn identity(&self) -> Identity {
+        Identity {
+            command: self.kind.as_str().to_owned(),
+            from: self.source.name(),
+            to: self.target.name(),
+            users: self.options.filter.users.clone(),
+            namespaces: self.options.filter.namespaces.clone(),
+            access_tracking: self.options.access_tracking,
+        }
+    }
+
+    /// Where the checkpoint of this job is kept.
+    pub fn checkpoint_path(&self) -> PathBuf {
+        self.options.checkpoint.clone().unwrap_or_else(|| self.identity().default_path())
+    }
+}
+
+/// The most documents a migration holds in memory at once (see the module documentation).
+pub fn memory_bound_documents(batch_size: usize, concurrency: usize) -> usize {
+    (CHANNEL_BATCHES + 2 * concurrency + 1) * batch_size
+}
+
+/// One read batch, already transformed.
+struct ReadBatch {
+    docs: Vec<Outgoing>,
+    /// What reading and transforming found (reads, foreign, malformed, repairs, …).
+    ledger: Ledger,
+    /// Where the source continues after this batch.
+    position: Position,
+}
+
+/// Sorts one page's items into documents to write and what the report says of the rest.
+fn classify(items: Vec<Incoming>, options: &Options) -> (Vec<Outgoing>, Ledger) {
+    let max = options.max_issues;
+    let mut ledger = Ledger::default();
+    let mut docs = Vec::with_capacity(items.len());
+    for item in items {
+        ledger.counts.read += 1;
+        let doc = match item {
+            Incoming::Document(doc) => doc,
+            Incoming::Unreadable { location, reason } => {
+                ledger.counts.unreadable += 1;
+                ledger.note(max, &location, "unreadable", reason);
+                continue;
+            }
+        };
+        if let Ok(id) = DocumentId::parse(&doc.id) {
+            if !options.filter.admits(&id) {
+                ledger.counts.filtered_out += 1;
+                continue;
+            }
+        }
+        match transform::prepare(&doc.id, doc.body, options.access_tracking) {
+            Verdict::Foreign(kind) => {
+                ledger.counts.foreign += 1;
+                Ledger::tally(&mut ledger.foreign_by_kind, kind.as_str());
+                ledger.note(max, &doc.id, "foreign", kind.as_str());
+            }
+            Verdict::Malformed(reason) => {
+                ledger.counts.malformed += 1;
+                ledger.note(max, &doc.id, "malformed", reason);
+            }
+            Verdict::Copy(prepared) => {
+                if !prepared.repairs.is_empty() {
+                    ledger.counts.repaired += 1;
+                    ledger.note(max, &doc.id, "repaired", join_details(&prepared.repairs));
+                }
+                if !prepared.warnings.is_empty() {
+                    ledger.counts.warned += 1;
+                    ledger.note(max, &doc.id, "warning", join_details(&prepared.warnings));
+                }
+                for note in &prepared.repairs {
+                    Ledger::tally(&mut ledger.repairs_by_rule, note.rule);
+                }
+                for note in &prepared.warnings {
+                    Ledger::tally(&mut ledger.warnings_by_rule, note.rule);
+                }
+                docs.push(Outgoing::new(doc.id, doc.rev, prepared.body));
+            }
+        }
+    }
+    (docs, ledger)
+}
+
+fn join_details(notes: &[transform::Note]) -> String {
+    notes.iter().map(|n| format!("{}: {}", n.rule, n.detail)).collect::<Vec<_>>().join("; ")
+}
+
+/// The reader task: pages from the source, transformed, into the channel, until the source ends,
+/// an error (sent on, then the task stops), or the writer hangs up.
+pub(crate) async fn read_batches<T: Send + 'static>(
+    mut source: Source,
+    batch_size: usize,
+    prepare: impl Fn(Vec<Incoming>, Position) -> T + Send + 'static,
+    sender: mpsc::Sender<Result<T>>,
+) {
+    loop {
+        let page = match source.next_page(batch_size).await {
+            Ok(Some(page)) => page,
+            Ok(None) => return,
+            Err(err) => {
+                let _ = sender.send(Err(Error::new(err.kind(), "source: read failed").with_source(err))).await;
+                return;
+            }
+        };
+        if sender.send(Ok(prepare(page.items, page.position))).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Opens a source at a position.
+pub(crate) fn open_source(endpoint: &Endpoint, position: &Position) -> Result<Source> {
+    match endpoint {
+        Endpoint::Backend { backend, .. } => Source::backend(Arc::clone(backend), position),
+        Endpoint::File(path) => Source::file(path, position),
+    }
+}
+
+/// Runs a migration (or export, or import) to the end, resuming from its checkpoint.
+pub async fn run(job: Job) -> Result<Report> {
+    let started = Instant::now();
+    let identity = job.identity();
+    let path = job.checkpoint_path();
+    let Job { kind, source, target, mut options } = job;
+    options.batch_size = options.batch_size.max(1);
+    options.concurrency = options.concurrency.max(1);
+    let dry_run = options.dry_run;
+
+    let mut checkpoint = Checkpoint::new(identity.clone());
+    let mut resumed = false;
+    if !dry_run {
+        if options.restart {
+            checkpoint::remove(&path)?;
+        } else if let Some(saved) = checkpoint::load(&path)? {
+            saved.check_identity(&path, &identity)?;
+            if saved.finished {
+                return Ok(finished_report(
+                    kind,
+                    &identity,
+                    &path,
+                    &options,
+                    saved,
+                    started,
+                    Status::AlreadyFinished,
+                    0,
+                ));
+            }
+            checkpoint = saved;
+            checkpoint.runs += 1;
+            resumed = true;
+        }
+    }
+    let earlier_secs = checkpoint.elapsed_secs;
+    let read_before = checkpoint.ledger.counts.read;
+    let mut progress = Progress::new(options.progress, kind.as_str(), checkpoint.ledger.counts.read);
+    if dry_run {
+        progress.say(&format!("agentstore {}: dry run, nothing will be written", kind.as_str()));
+    } else {
+        let how = if resumed { "resuming from" } else { "checkpoint" };
+        progress.say(&format!("agentstore {}: {how} {}", kind.as_str(), path.display()));
+    }
+
+    let mut file_sink = None;
+    let target_backend = match &target {
+        Endpoint::Backend { backend, .. } => {
+            if !dry_run {
+                backend.ensure_standard_indexes().await.map_err(|e| side_error("target", &target, e))?;
+            }
+            Some(Arc::clone(backend))
+        }
+        Endpoint::File(out) => {
+            if !dry_run {
+                file_sink = Some(match checkpoint.output_bytes {
+                    Some(bytes) if resumed => FileSink::resume(out, bytes)?,
+                    _ => FileSink::create(out, options.restart)?,
+                });
+                checkpoint.output_bytes.get_or_insert(0);
+            }
+            None
+        }
+    };
+    if !dry_run {
+        checkpoint::save(&path, &checkpoint)?;
+    }
+
+    let source_reader = open_source(&source, &checkpoint.position)?;
+    let (sender, mut receiver) = mpsc::channel(CHANNEL_BATCHES);
+    let classify_options = options.clone();
+    let reader = tokio::spawn(read_batches(
+        source_reader,
+        options.batch_size,
+        move |items, position| {
+            let (docs, ledger) = classify(items, &classify_options);
+            ReadBatch { docs, ledger, position }
+        },
+        sender,
+    ));
+    let ensured = Arc::new(Mutex::new(HashSet::new()));
+    let write_options = options.clone();
+    let mut completed = futures::stream::poll_fn(move |cx| receiver.poll_recv(cx))
+        .map(|batch: Result<ReadBatch>| {
+            let target_backend = target_backend.clone();
+            let options = write_options.clone();
+            let ensured = Arc::clone(&ensured);
+            async move {
+                let mut batch = batch?;
+                let outcome = match target_backend {
+                    None => Ledger::default(),
+                    Some(target) if options.dry_run => {
+                        sink::dry_run_against_backend(
+                            target.as_ref(),
+                            std::mem::take(&mut batch.docs),
+                            options.max_issues,
+                        )
+                        .await?
+                    }
+                    Some(target) => {
+                        ensure_namespaces(target.as_ref(), &batch.docs, &ensured).await?;
+                        let docs = std::mem::take(&mut batch.docs);
+                        sink::write_to_backend(target.as_ref(), docs, options.on_conflict, options.max_issues).await?
+                    }
+                };
+                Ok::<_, Error>((batch, outcome))
+            }
+        })
+        .buffered(options.concurrency);
+
+    while let Some(done) = completed.next().await {
+        let (batch, mut outcome) = match done {
+            Ok(done) => done,
+            Err(err) => {
+                reader.abort();
+                return Err(err);
+            }
+        };
+        if let Some(sink) = &mut file_sink {
+            checkpoint.output_bytes = Some(sink.append(&batch.docs).await?);
+            outcome.counts.written += batch.docs.len() as u64;
+        } else if dry_run && matches!(target, Endpoint::File(_)) {
+            outcome.counts.would_write += batch.docs.len() as u64;
+        }
+        if outcome.counts.conflicts > 0 {
+            reader.abort();
+            return Err(conflict_stop(&outcome, &path));
+        }
+        checkpoint.ledger.absorb(batch.ledger, options.max_issues);
+        checkpoint.ledger.absorb(outcome, options.max_issues);
+        checkpoint.position = batch.position;
+        checkpoint.elapsed_secs = earlier_secs + started.elapsed().as_secs_f64();
+        checkpoint.updated_at = crate::model::timestamp::now();
+        if !dry_run {
+            checkpoint::save(&path, &checkpoint)?;
+        }
+        progress.update(snapshot(&checkpoint.ledger));
+    }
+    reader.await.map_err(|e| Error::new(ErrorKind::Internal, "source reader task failed").with_source(e))?;
+
+    checkpoint.position = Position::End;
+    checkpoint.finished = true;
+    checkpoint.elapsed_secs = earlier_secs + started.elapsed().as_secs_f64();
+    checkpoint.updated_at = crate::model::timestamp::now();
+    if !dry_run {
+        checkpoint::save(&path, &checkpoint)?;
+    }
+    progress.finish(snapshot(&checkpoint.ledger));
+    let status = if dry_run { Status::DryRun } else { Status::Finished };
+    let read_this_run = checkpoint.ledger.counts.read - read_before;
+    let mut report = finished_report(kind, &identity, &path, &options, checkpoint, started, status, read_this_run);
+    report.resumed = resumed;
+    Ok(report)
+}
+
+/// Ensures the target's index covers each namespace before its first write, once per namespace.
+async fn ensure_namespaces(
+    target: &dyn DocumentBackend,
+    docs: &[Outgoing],
+    ensured: &Mutex<HashSet<String>>,
+) -> Result<()> {
+    let mut fresh = Vec::new();
+    {
+        let mut seen = ensured.lock().unwrap_or_else(|e| e.into_inner());
+        for doc in docs {
+            let namespace = doc.body.get(crate::model::fields::NAMESPACE).and_then(|v| v.as_str()).unwrap_or_default();
+            if !seen.contains(namespace) {
+                if seen.len() >= ENSURED_NAMESPACES_CAP {
+                    seen.clear();
+                }
+                seen.insert(namespace.to_owned());
+                fresh.push(namespace.to_owned());
+            }
+        }
+    }
+    for namespace in fresh {
+        target.ensure_namespace_indexed(&namespace).await.map_err(|e| {
+            Error::new(e.kind(), format!("target: ensure the index for namespace {namespace:?}")).with_source(e)
+        })?;
+    }
+    Ok(())
+}
+
+/// The error that stops a migration at a conflict under `--on-conflict fail`.
+fn conflict_stop(outcome: &Ledger, path: &std::path::Path) -> Error {
+    let ids: Vec<&str> =
+        outcome.issues.iter().filter(|issue| issue.kind == "conflict").map(|issue| issue.id.as_str()).collect();
+    Error::conflict(format!(
+        "{} document(s) exist at the target with different content, e.g. {ids:?}; nothing was overwritten. \
+         Run the same command with --on-conflict skip or --on-conflict overwrite to go on; the checkpoint {} \
+         keeps the progress so far",
+        outcome.counts.conflicts,
+        path.display()
+    ))
+}
+
+fn snapshot(ledger: &Ledger) -> Snapshot {
+    let c = &ledger.counts;
+    Snapshot {
+        read: c.read,
+        landed: ledger.landed(),
+        skipped: c.conflicts_skipped + c.failed + c.foreign + c.malformed + c.filtered_out + c.unreadable,
+    }
+}
+
+/// Wraps an error from one side with which side it is.
+pub fn side_error(side: &str, endpoint: &Endpoint, err: Error) -> Error {
+    Error::new(err.kind(), format!("{side} {}", endpoint.name())).with_source(err)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn finished_report(
+    kind: JobKind,
+    identity: &Identity,
+    path: &std::path::Path,
+    options: &Options,
+    checkpoint: Checkpoint,
+    started: Instant,
+    status: Status,
+    read_this_run: u64,
+) -> Report {
+    let duration_secs = started.elapsed().as_secs_f64();
+    let message = match status {
+        Status::AlreadyFinished => {
+            format!("already finished on {}; nothing to do (pass --restart to run it again)", checkpoint.updated_at)
+        }
+        Status::DryRun => "dry run: nothing was written".to_owned(),
+        Status::Finished if checkpoint.ledger.incomplete() => {
+            "finished, but some documents were not copied (see issues)".to_owned()
+        }
+        Status::Finished => "finished".to_owned(),
+    };
+    Report {
+        command: kind.as_str().to_owned(),
+        from: identity.from.clone(),
+        to: identity.to.clone(),
+        status,
+        message,
+        checkpoint: (!options.dry_run).then(|| path.display().to_string()),
+        resumed: false,
+        runs: checkpoint.runs,
+        ledger: checkpoint.ledger,
+        batch_size: options.batch_size,
+        concurrency: options.concurrency,
+        memory_bound_documents: memory_bound_documents(options.batch_size, options.concurrency),
+        duration_secs,
+        total_duration_secs: checkpoint.elapsed_secs,
+        docs_per_sec: read_this_run as f64 / duration_secs.max(1e-9),
+        peak_rss_bytes: report::peak_rss_bytes(),
+        design_documents_left_behind: None,
+    }
+}

@@ -1,0 +1,248 @@
+//! `verify`: compares two backends document by document, by id and canonical content hash, with
+//! memory bounded like a migration's.
+//!
+//! Pass 1 scans the source, applies the migration's [`transform`](super::transform) rules (so a
+//! normalised timestamp is not a difference; `raw` compares bodies untransformed), and looks each
+//! batch up at the target: absent is *missing*, another hash is *different*. Pass 2 scans the
+//! target and looks its ids up at the source: absent there is *extra*. Documents the migration
+//! would not copy (foreign, malformed, outside the filter) are counted, not compared.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+
+use super::canonical::content_hash;
+use super::progress::{Progress, ProgressMode, Snapshot};
+use super::report::{peak_rss_bytes, Ledger};
+use super::sink::Outgoing;
+use super::source::{Incoming, Position, Source};
+use super::transform::AccessTracking;
+use super::{classify, read_batches, side_error, Endpoint, Filter, Options, CHANNEL_BATCHES};
+use crate::backend::DocumentBackend;
+use crate::error::{Error, ErrorKind, Result};
+use crate::model::DocumentId;
+
+/// How `verify` runs.
+#[derive(Debug, Clone)]
+pub struct VerifyOptions {
+    pub batch_size: usize,
+    pub concurrency: usize,
+    /// Must match the migration's, since `reset` changes what the target should hold.
+    pub access_tracking: AccessTracking,
+    pub filter: Filter,
+    /// Compare source bodies as stored, without the migration's repairs and normalisation.
+    pub raw: bool,
+    /// Ids listed per kind of difference.
+    pub max_ids: usize,
+    pub progress: ProgressMode,
+}
+
+impl Default for VerifyOptions {
+    fn default() -> Self {
+        VerifyOptions {
+            batch_size: super::DEFAULT_BATCH_SIZE,
+            concurrency: super::DEFAULT_CONCURRENCY,
+            access_tracking: AccessTracking::default(),
+            filter: Filter::default(),
+            raw: false,
+            max_ids: 20,
+            progress: ProgressMode::None,
+        }
+    }
+}
+
+/// The outcome of `verify`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct VerifyReport {
+    pub from: String,
+    pub to: String,
+    /// No missing, extra or different documents.
+    pub identical: bool,
+    pub message: String,
+    /// Source documents compared.
+    pub compared: u64,
+    /// Of those, present at the target with the same content.
+    pub matching: u64,
+    pub missing: u64,
+    pub different: u64,
+    pub extra: u64,
+    /// The first `max_ids` ids of each kind.
+    pub missing_ids: Vec<String>,
+    pub different_ids: Vec<String>,
+    pub extra_ids: Vec<String>,
+    /// Source documents not compared because a migration does not copy them.
+    pub source_foreign: u64,
+    pub source_malformed: u64,
+    pub filtered_out: u64,
+    /// Target documents read in pass 2, and those of them that are not data-store documents.
+    pub target_read: u64,
+    pub target_foreign: u64,
+    pub raw: bool,
+    pub duration_secs: f64,
+    pub peak_rss_bytes: Option<u64>,
+}
+
+impl VerifyReport {
+    /// 0 when identical, [`super::EXIT_DIFFERENT`] otherwise.
+    pub fn exit_code(&self) -> u8 {
+        if self.identical {
+            0
+        } else {
+            super::EXIT_DIFFERENT
+        }
+    }
+
+    fn list(ids: &mut Vec<String>, max: usize, id: &str) {
+        if ids.len() < max {
+            ids.push(id.to_owned());
+        }
+    }
+}
+
+/// What pass 1 expects at the target for one source batch.
+struct Expected {
+    docs: Vec<Outgoing>,
+    ledger: Ledger,
+}
+
+fn backend_of<'a>(side: &str, endpoint: &'a Endpoint) -> Result<&'a Arc<dyn DocumentBackend>> {
+    match endpoint {
+        Endpoint::Backend { backend, .. } => Ok(backend),
+        Endpoint::File(path) => Err(Error::invalid(
+            side,
+            format!("verify compares two backends; {} is a file (import it first)", path.display()),
+        )),
+    }
+}
+
+/// Source documents as the untransformed comparison sees them.
+fn expect_raw(items: Vec<Incoming>, filter: &Filter) -> Expected {
+    let mut ledger = Ledger::default();
+    let mut docs = Vec::new();
+    for item in items {
+        ledger.counts.read += 1;
+        let Incoming::Document(doc) = item else {
+            ledger.counts.unreadable += 1;
+            continue;
+        };
+        match DocumentId::parse(&doc.id) {
+            Err(_) => ledger.counts.foreign += 1,
+            Ok(id) if !filter.admits(&id) => ledger.counts.filtered_out += 1,
+            Ok(_) => docs.push(Outgoing::new(doc.id, doc.rev, doc.body)),
+        }
+    }
+    Expected { docs, ledger }
+}
+
+/// Compares the source with the target.
+pub async fn verify(source: &Endpoint, target: &Endpoint, options: &VerifyOptions) -> Result<VerifyReport> {
+    let started = Instant::now();
+    let source_backend = backend_of("from", source)?;
+    let target_backend = backend_of("to", target)?;
+    let batch_size = options.batch_size.max(1);
+    let concurrency = options.concurrency.max(1);
+    let max = options.max_ids;
+    let mut report = VerifyReport { from: source.name(), to: target.name(), raw: options.raw, ..Default::default() };
+    let mut progress = Progress::new(options.progress, "verify", 0);
+
+    // Pass 1: every source document the migration copies must be at the target, unchanged.
+    let (sender, mut receiver) = mpsc::channel(CHANNEL_BATCHES);
+    let migration_options = Options {
+        access_tracking: options.access_tracking,
+        filter: options.filter.clone(),
+        max_issues: 0,
+        ..Options::default()
+    };
+    let raw = options.raw;
+    let filter = options.filter.clone();
+    let reader = tokio::spawn(read_batches(
+        Source::backend(Arc::clone(source_backend), &Position::Start)?,
+        batch_size,
+        move |items, _| {
+            if raw {
+                expect_raw(items, &filter)
+            } else {
+                let (docs, ledger) = classify(items, &migration_options);
+                Expected { docs, ledger }
+            }
+        },
+        sender,
+    ));
+    let target_for_lookups = Arc::clone(target_backend);
+    let mut compared = futures::stream::poll_fn(move |cx| receiver.poll_recv(cx))
+        .map(|expected: Result<Expected>| {
+            let target = Arc::clone(&target_for_lookups);
+            async move {
+                let expected = expected?;
+                let ids: Vec<String> = expected.docs.iter().map(|doc| doc.id.clone()).collect();
+                let found = target.get_many(&ids).await?;
+                Ok::<_, Error>((expected, found))
+            }
+        })
+        .buffered(concurrency);
+    while let Some(result) = compared.next().await {
+        let (expected, found) = match result {
+            Ok(pair) => pair,
+            Err(err) => {
+                reader.abort();
+                return Err(side_error("target", target, err));
+            }
+        };
+        let counts = &expected.ledger.counts;
+        report.source_foreign += counts.foreign;
+        report.source_malformed += counts.malformed + counts.unreadable;
+        report.filtered_out += counts.filtered_out;
+        for (doc, stored) in expected.docs.iter().zip(found) {
+            report.compared += 1;
+            match stored {
+                None => {
+                    report.missing += 1;
+                    VerifyReport::list(&mut report.missing_ids, max, &doc.id);
+                }
+                Some(stored) if content_hash(&stored.id, &stored.body) == doc.hash => report.matching += 1,
+                Some(_) => {
+                    report.different += 1;
+                    VerifyReport::list(&mut report.different_ids, max, &doc.id);
+                }
+            }
+        }
+        progress.update(Snapshot { read: report.compared, landed: report.matching, skipped: report.missing });
+    }
+    reader.await.map_err(|e| Error::new(ErrorKind::Internal, "source reader task failed").with_source(e))?;
+
+    // Pass 2: every target document (within the filter) must exist at the source.
+    let mut scan = Source::backend(Arc::clone(target_backend), &Position::Start)?;
+    while let Some(page) = scan.next_page(batch_size).await.map_err(|e| side_error("target", target, e))? {
+        let mut ids = Vec::new();
+        for item in page.items {
+            let Incoming::Document(doc) = item else { continue };
+            report.target_read += 1;
+            match DocumentId::parse(&doc.id) {
+                Err(_) => report.target_foreign += 1,
+                Ok(id) if !options.filter.admits(&id) => {}
+                Ok(_) => ids.push(doc.id),
+            }
+        }
+        let at_source = source_backend.get_many(&ids).await.map_err(|e| side_error("source", source, e))?;
+        for (id, doc) in ids.iter().zip(at_source) {
+            if doc.is_none() {
+                report.extra += 1;
+                VerifyReport::list(&mut report.extra_ids, max, id);
+            }
+        }
+    }
+
+    report.identical = report.missing == 0 && report.different == 0 && report.extra == 0;
+    report.message = if report.identical {
+        format!("identical: {} documents match", report.matching)
+    } else {
+        format!("{} missing, {} different, {} extra", report.missing, report.different, report.extra)
+    };
+    report.duration_secs = started.elapsed().as_secs_f64();
+    report.peak_rss_bytes = peak_rss_bytes();
+    progress.finish(Snapshot { read: report.compared, landed: report.matching, skipped: report.missing });
+    Ok(report)
+}
