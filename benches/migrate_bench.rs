@@ -1,10 +1,11 @@
 //! Migration throughput against each backend's own bulk limits, measured in one run.
 //!
 //! Run it with `cargo bench --bench migrate_bench`. `BENCH_MIGRATE_DOCS` sets the data set size
-//! (default 100,000); `BENCH_MIGRATE_BACKENDS` (default `embedded,couchdb,dynamodb`) which
-//! backends take part. The servers are pouchdb-server and dynalite from `node_modules`, started by
-//! the tests' launcher (`tests/common/servers.rs`; `AGENTSTORE_TEST_COUCHDB_URL` and
-//! `AGENTSTORE_TEST_DYNAMODB_ENDPOINT` point it at others).
+//! (default 100,000); `BENCH_MIGRATE_BACKENDS` (default `embedded,couchdb,dynamodb,firestore`)
+//! which backends take part. The servers are pouchdb-server and dynalite from `node_modules` and
+//! the Firestore emulator, started by the tests' launcher (`tests/common/servers.rs`;
+//! `AGENTSTORE_TEST_COUCHDB_URL`, `AGENTSTORE_TEST_DYNAMODB_ENDPOINT` and
+//! `AGENTSTORE_TEST_FIRESTORE_EMULATOR` point it at others).
 //!
 //! For each backend, on a fresh store: the **bulk write rate** (the data set through
 //! `DocumentBackend::bulk_write` in batches of 500, 4 in flight, create-only like the migration's
@@ -70,6 +71,7 @@ impl Place {
             "embedded" => format!("embedded:{}", dir.join(format!("{name}.redb")).display()),
             "couchdb" => servers::couchdb()?.database_url(&name),
             "dynamodb" => servers::dynamodb()?.table_url(&name),
+            "firestore" => servers::firestore()?.collection_url(&name),
             other => return Err(format!("unknown backend {other}")),
         })
     }
@@ -176,7 +178,8 @@ fn run() -> Result<(), String> {
         Ok(text) => text.parse().map_err(|_| format!("BENCH_MIGRATE_DOCS={text} is not a number"))?,
         Err(_) => 100_000,
     };
-    let names = std::env::var("BENCH_MIGRATE_BACKENDS").unwrap_or_else(|_| "embedded,couchdb,dynamodb".into());
+    let names =
+        std::env::var("BENCH_MIGRATE_BACKENDS").unwrap_or_else(|_| "embedded,couchdb,dynamodb,firestore".into());
     let mut places = Vec::new();
     for name in names.split(',').map(str::trim).filter(|n| !n.is_empty()) {
         let (name, server) = match name {
@@ -186,6 +189,7 @@ fn run() -> Result<(), String> {
                 servers::couchdb().map(|s| format!("{} at {}", s.product, s.url.rsplit('@').next().unwrap_or("?")))?,
             ),
             "dynamodb" => ("dynamodb", servers::dynamodb().map(|s| format!("{} at {}", s.product, s.endpoint))?),
+            "firestore" => ("firestore", servers::firestore().map(|s| format!("{} at {}", s.product, s.host_port))?),
             other => return Err(format!("BENCH_MIGRATE_BACKENDS names unknown backend {other:?}")),
         };
         places.push(Place { name, server });

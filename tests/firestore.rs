@@ -145,6 +145,7 @@ async fn plain_documents_are_plain_firestore_fields() {
     assert_eq!(stored_value["tags"]["arrayValue"]["values"][1], json!({"stringValue": "b"}));
     assert_eq!(field(&raw, "metadata")["mapValue"]["fields"]["source"], json!({"stringValue": "test"}));
     assert!(raw["fields"].get("_format").is_none() && raw["fields"].get("_body").is_none());
+    assert_eq!(fixture.backend.approximate_count().await.unwrap(), Some(1), "a COUNT aggregation");
     let created = field(&raw, "createdAt")["stringValue"].as_str().expect("createdAt is a string");
     assert!(created.ends_with('Z') && created.len() == 20, "{created}");
 }

@@ -107,6 +107,10 @@ fn main() -> ExitCode {
         Trial::test("crash::embedded_to_dynamodb", || crash_and_resume(CrashTarget::DynamoDb))
             .with_ignored_flag(!(is_selected("embedded") && is_selected("dynamodb"))),
     );
+    trials.push(
+        Trial::test("crash::embedded_to_firestore", || crash_and_resume(CrashTarget::Firestore))
+            .with_ignored_flag(!(is_selected("embedded") && is_selected("firestore"))),
+    );
     trials.push(Trial::test("bad_input::unreachable_source", bad_input_unreachable_source));
     trials.push(Trial::test("bad_input::unreachable_target", bad_input_unreachable_target));
     trials.push(Trial::test("bad_input::missing_embedded_source", bad_input_missing_embedded_source));
@@ -118,6 +122,7 @@ fn main() -> ExitCode {
         Trial::test("bad_input::dynamodb_missing_table", bad_input_dynamodb_missing_table)
             .with_ignored_flag(!is_selected("dynamodb")),
     );
+    trials.push(Trial::test("bad_input::firestore_unreachable_and_missing_index", bad_input_firestore));
     libtest_mimic::run(&args, trials).exit_code()
 }
 
@@ -724,6 +729,7 @@ impl KillClock {
 enum CrashTarget {
     Embedded,
     DynamoDb,
+    Firestore,
 }
 
 const CRASH_DOCS: usize = 5_000;
@@ -749,6 +755,9 @@ fn crash_and_resume(target: CrashTarget) -> TestResult {
         CrashTarget::DynamoDb => {
             common::servers::dynamodb()?.table_url(&format!("migrate_crash_{}", std::process::id()))
         }
+        CrashTarget::Firestore => {
+            common::servers::firestore()?.collection_url(&format!("migrate_crash_{}", std::process::id()))
+        }
     };
     let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos() as u64;
     let mut random = KillClock(seed | 1);
@@ -770,7 +779,7 @@ fn crash_and_resume(target: CrashTarget) -> TestResult {
     // Kill moments spread over roughly the time a whole run takes on this target.
     let window_ms = match target {
         CrashTarget::Embedded => 200,
-        CrashTarget::DynamoDb => 1000,
+        CrashTarget::DynamoDb | CrashTarget::Firestore => 1000,
     };
     let mut kills = 0;
     let started = Instant::now();
@@ -907,4 +916,54 @@ fn bad_input_dynamodb_missing_table() -> TestResult {
     // Asking again (still without create) finds it still missing: nothing was created.
     let again = run_binary(dir.path(), &["verify", "--from", &from, "--to", &to])?;
     expect_refusal(&again, 5, &["does not exist"])
+}
+
+/// Firestore: an emulator address nobody answers on, and a Firestore (a wiremock server standing in
+/// for production, which the emulator cannot be: it needs no indexes) that answers the listing
+/// query with the missing-index error. Both are refused before anything is written.
+fn bad_input_firestore() -> TestResult {
+    use wiremock::matchers::{method, path_regex};
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+
+    let dir = tempfile::tempdir()?;
+    let from = small_source(dir.path())?;
+    let to = format!("firestore://agentstore-test?emulator=127.0.0.1:{}&timeout_ms=2000", closed_port()?);
+    let output = run_binary(dir.path(), &["migrate", "--from", &from, "--to", &to])?;
+    expect_refusal(&output, 5, &["unavailable", "target"])?;
+
+    block_on(async {
+        let server = MockServer::start().await;
+        let link =
+            "https://console.firebase.google.com/v1/r/project/agentstore-test/firestore/indexes?create_composite=Cg";
+        Mock::given(method("POST"))
+            .and(path_regex(":runQuery$"))
+            .and(wiremock::matchers::body_string_contains("compositeFilter"))
+            .respond_with(ResponseTemplate::new(400).set_body_json(json!({"error": {
+                "code": 400,
+                "status": "FAILED_PRECONDITION",
+                "message": format!("The query requires an index. You can create it here: {link}")
+            }})))
+            .mount(&server)
+            .await;
+        // The health check (no filter) finds an empty collection.
+        Mock::given(method("POST"))
+            .and(path_regex(":runQuery$"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(json!([{"readTime": "2026-11-21T08:00:00Z"}])))
+            .mount(&server)
+            .await;
+        let to = format!("firestore://agentstore-test?emulator={}", server.address());
+        let dir = dir.path().to_owned();
+        let from = from.clone();
+        let output = tokio::task::spawn_blocking(move || run_binary(&dir, &["migrate", "--from", &from, "--to", &to]))
+            .await
+            .map_err(|e| Failed::from(e.to_string()))??;
+        expect_refusal(&output, 5, &["misconfigured", "target", "index", link])?;
+        let requests = server.received_requests().await.unwrap_or_default();
+        let writes: Vec<String> = requests
+            .iter()
+            .map(|r| r.url.path().to_owned())
+            .filter(|p| p.ends_with(":commit") || p.ends_with(":batchWrite"))
+            .collect();
+        check(writes.is_empty(), || format!("writes were sent: {writes:?}"))
+    })
 }

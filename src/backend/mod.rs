@@ -139,6 +139,13 @@ pub trait DocumentBackend: Send + Sync + 'static {
     /// Checks that the backend is reachable and usable.
     async fn health(&self) -> Result<()>;
 
+    /// About how many documents the store holds, when the backend can tell without reading them
+    /// (it may count design documents or be some hours stale); `None` when it cannot. For
+    /// progress estimates only, never for correctness.
+    async fn approximate_count(&self) -> Result<Option<u64>> {
+        Ok(None)
+    }
+
     /// The documents with these ids, one answer per id, in order (`None` for a missing one).
     /// The default runs bounded concurrent `get`s; an adapter may override it with a batch read.
     async fn get_many(&self, ids: &[String]) -> Result<Vec<Option<StoredDocument>>> {

@@ -149,4 +149,8 @@ impl DocumentBackend for MeteredBackend {
     async fn health(&self) -> Result<()> {
         timed!(self, "health", self.inner.health())
     }
+
+    async fn approximate_count(&self) -> Result<Option<u64>> {
+        timed!(self, "approximate_count", self.inner.approximate_count())
+    }
 }

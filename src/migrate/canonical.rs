@@ -79,33 +79,16 @@ fn write_value(out: &mut HashWriter, value: &Value) {
     }
 }
 
-/// `[-]DIGITSeEXP` with no leading or trailing zeros in DIGITS (`0` for zero of either sign).
-/// Number text whose exponent does not fit an `i64` is kept as written.
+/// `[-]DIGITSeEXP` with no leading or trailing zeros in DIGITS (`0` for zero of either sign), from
+/// [`crate::model::number::decimal`]. Number text it cannot read (an exponent beyond `i64`) is
+/// kept as written.
 pub fn canonical_number(number: &Number) -> String {
     let text = number.to_string();
-    let (negative, unsigned) = match text.strip_prefix('-') {
-        Some(rest) => (true, rest),
-        None => (false, text.as_str()),
-    };
-    let (mantissa, exponent) = match unsigned.find(['e', 'E']) {
-        Some(at) => match unsigned[at + 1..].trim_start_matches('+').parse::<i64>() {
-            Ok(exponent) => (&unsigned[..at], exponent),
-            Err(_) => return text,
-        },
-        None => (unsigned, 0),
-    };
-    let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
-    let digits = format!("{whole}{fraction}");
-    let significant = digits.trim_start_matches('0');
-    let trimmed = significant.trim_end_matches('0');
-    if trimmed.is_empty() {
-        return "0".into();
+    match crate::model::number::decimal(&text) {
+        Some((_, digits, _)) if digits == "0" => "0".into(),
+        Some((negative, digits, exponent)) => format!("{}{digits}e{exponent}", if negative { "-" } else { "" }),
+        None => text,
     }
-    let trailing_zeros = (significant.len() - trimmed.len()) as i64;
-    let Some(exponent) = exponent.checked_sub(fraction.len() as i64).and_then(|e| e.checked_add(trailing_zeros)) else {
-        return text;
-    };
-    format!("{}{trimmed}e{exponent}", if negative { "-" } else { "" })
 }
 
 #[cfg(test)]

@@ -326,7 +326,13 @@ pub async fn run(job: Job) -> Result<Report> {
     }
     let earlier_secs = checkpoint.elapsed_secs;
     let read_before = checkpoint.ledger.counts.read;
-    let mut progress = Progress::new(options.progress, kind.as_str(), checkpoint.ledger.counts.read);
+    let total = match &source {
+        Endpoint::Backend { backend, .. } if options.progress != ProgressMode::None => {
+            backend.approximate_count().await.ok().flatten()
+        }
+        _ => None,
+    };
+    let mut progress = Progress::new(options.progress, kind.as_str(), checkpoint.ledger.counts.read, total);
     if dry_run {
         progress.say(&format!("agentstore {}: dry run, nothing will be written", kind.as_str()));
     } else {

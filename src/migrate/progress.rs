@@ -1,6 +1,7 @@
-//! Progress on stderr while a migration runs: an `indicatif` spinner with counts and rate on a
-//! terminal (the number of documents a backend holds is not known without a scan of its own, so
-//! there is no bar to fill), plain log lines every few seconds otherwise.
+//! Progress on stderr while a migration runs: an `indicatif` bar with counts, rate and ETA on a
+//! terminal, plain log lines every few seconds otherwise. The total is the source backend's own
+//! estimate of its size ([`crate::backend::DocumentBackend::approximate_count`]); a source that
+//! cannot tell (an NDJSON file) gets a spinner with counts and rate, and no ETA.
 
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
@@ -39,11 +40,15 @@ pub struct Progress {
     started: Instant,
     /// Counts when this run started (a resumed run's rate counts only its own work).
     baseline: u64,
+    /// About how many documents will be read in all.
+    total: Option<u64>,
     last_log: Instant,
 }
 
 impl Progress {
-    pub fn new(mode: ProgressMode, label: &str, baseline: u64) -> Self {
+    pub fn new(mode: ProgressMode, label: &str, baseline: u64, total: Option<u64>) -> Self {
+        // A stale zero (DynamoDB's ItemCount on a new table) says nothing.
+        let total = total.filter(|t| *t > 0);
         let terminal = std::io::stderr().is_terminal();
         let (bar, log) = match mode {
             ProgressMode::None => (false, false),
@@ -52,16 +57,27 @@ impl Progress {
             ProgressMode::Auto => (terminal, !terminal),
         };
         let bar = bar.then(|| {
-            let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
-            let style = ProgressStyle::with_template("{spinner} {prefix} [{elapsed_precise}] {msg}")
-                .unwrap_or_else(|_| ProgressStyle::default_spinner());
+            let (bar, template) = match total {
+                Some(total) => (
+                    ProgressBar::with_draw_target(Some(total.max(baseline)), ProgressDrawTarget::stderr()),
+                    "{prefix} [{elapsed_precise}] {wide_bar} {pos}/~{len} {per_sec} ETA {eta} {msg}",
+                ),
+                None => (
+                    ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr()),
+                    "{spinner} {prefix} [{elapsed_precise}] {msg}",
+                ),
+            };
+            let style = ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_spinner());
             bar.set_style(style);
             bar.set_prefix(label.to_owned());
+            bar.set_position(baseline);
+            // A resumed run's rate and ETA count only its own work.
+            bar.reset_eta();
             bar.enable_steady_tick(Duration::from_millis(200));
             bar
         });
         let now = Instant::now();
-        Progress { label: label.to_owned(), bar, log, started: now, baseline, last_log: now }
+        Progress { label: label.to_owned(), bar, log, started: now, baseline, total, last_log: now }
     }
 
     /// Prints a line above the spinner, or to stderr.
@@ -76,15 +92,28 @@ impl Progress {
     fn line(&self, snapshot: Snapshot) -> String {
         let secs = self.started.elapsed().as_secs_f64().max(1e-3);
         let rate = snapshot.read.saturating_sub(self.baseline) as f64 / secs;
-        format!(
+        let mut line = format!(
             "{} read, {} at the target, {} not copied, {rate:.0} docs/s",
             snapshot.read, snapshot.landed, snapshot.skipped
-        )
+        );
+        if let Some(total) = self.total.filter(|t| *t > 0) {
+            let left = total.saturating_sub(snapshot.read);
+            line.push_str(&format!(", ~{}% of ~{total}", (snapshot.read.min(total) * 100) / total));
+            if rate > 0.0 && left > 0 {
+                line.push_str(&format!(", ETA {}", eta(left as f64 / rate)));
+            }
+        }
+        line
     }
 
     pub fn update(&mut self, snapshot: Snapshot) {
         if let Some(bar) = &self.bar {
-            bar.set_message(self.line(snapshot));
+            if bar.length().is_some_and(|len| snapshot.read > len) {
+                // The estimate was low: the bar grows rather than overflowing.
+                bar.set_length(snapshot.read);
+            }
+            bar.set_position(snapshot.read);
+            bar.set_message(format!("{} at the target, {} not copied", snapshot.landed, snapshot.skipped));
         } else if self.log && self.last_log.elapsed() >= LOG_INTERVAL {
             self.last_log = Instant::now();
             eprintln!("agentstore {}: {}", self.label, self.line(snapshot));
@@ -94,9 +123,41 @@ impl Progress {
     pub fn finish(&self, snapshot: Snapshot) {
         let line = self.line(snapshot);
         match &self.bar {
-            Some(bar) => bar.finish_with_message(line),
+            Some(bar) => {
+                bar.set_length(snapshot.read);
+                bar.set_position(snapshot.read);
+                bar.finish_with_message(format!("{} at the target, {} not copied", snapshot.landed, snapshot.skipped));
+            }
             None if self.log => eprintln!("agentstore {}: done: {line}", self.label),
             None => {}
         }
+    }
+}
+
+/// `1h02m03s`, `2m03s`, `3s`.
+fn eta(secs: f64) -> String {
+    let secs = secs.round() as u64;
+    match (secs / 3600, (secs % 3600) / 60, secs % 60) {
+        (0, 0, s) => format!("{s}s"),
+        (0, m, s) => format!("{m}m{s:02}s"),
+        (h, m, s) => format!("{h}h{m:02}m{s:02}s"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_lines_estimate_what_is_left() {
+        let progress = Progress::new(ProgressMode::None, "migrate", 0, Some(1000));
+        let line = progress.line(Snapshot { read: 250, landed: 240, skipped: 10 });
+        assert!(line.starts_with("250 read, 240 at the target, 10 not copied"), "{line}");
+        assert!(line.contains("~25% of ~1000") && line.contains("ETA"), "{line}");
+        let unknown = Progress::new(ProgressMode::None, "migrate", 0, None);
+        assert!(!unknown.line(Snapshot { read: 5, landed: 5, skipped: 0 }).contains("ETA"));
+        assert_eq!(eta(3723.0), "1h02m03s");
+        assert_eq!(eta(123.0), "2m03s");
+        assert_eq!(eta(3.2), "3s");
     }
 }

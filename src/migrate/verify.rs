@@ -146,7 +146,11 @@ pub async fn verify(source: &Endpoint, target: &Endpoint, options: &VerifyOption
     let concurrency = options.concurrency.max(1);
     let max = options.max_ids;
     let mut report = VerifyReport { from: source.name(), to: target.name(), raw: options.raw, ..Default::default() };
-    let mut progress = Progress::new(options.progress, "verify", 0);
+    let total = match options.progress {
+        ProgressMode::None => None,
+        _ => source_backend.approximate_count().await.ok().flatten(),
+    };
+    let mut progress = Progress::new(options.progress, "verify", 0, total);
 
     // Pass 1: every source document the migration copies must be at the target, unchanged.
     let (sender, mut receiver) = mpsc::channel(CHANNEL_BATCHES);

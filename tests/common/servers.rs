@@ -83,7 +83,7 @@ fn start_firestore() -> Result<FirestoreServer, String> {
     spawn_watched(
         &dir,
         &format!(
-            "exec java -Duser.language=en -Xmx1g -cp '{jar}' \
+            "exec java -Duser.language=en -Xmx6g -cp '{jar}' \
              com.google.cloud.datastore.emulator.firestore.CloudFirestore start --host=127.0.0.1 --port={port}"
         ),
     )?;

@@ -626,6 +626,18 @@ impl DocumentBackend for DynamoDbBackend {
             .map(|_| ())
             .map_err(|e| map_sdk(e, &format!("describe table {:?}", self.config.table)))
     }
+
+    async fn approximate_count(&self) -> Result<Option<u64>> {
+        // DynamoDB refreshes ItemCount about every six hours, and it counts chunk items too.
+        let table = self
+            .client
+            .describe_table()
+            .table_name(&self.config.table)
+            .send()
+            .await
+            .map_err(|e| map_sdk(e, &format!("describe table {:?}", self.config.table)))?;
+        Ok(table.table().and_then(|t| t.item_count()).and_then(|n| u64::try_from(n).ok()))
+    }
 }
 
 impl DynamoDbBackend {

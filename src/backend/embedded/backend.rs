@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use redb::{Database, ReadableDatabase, ReadableTable, Table, TableDefinition};
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, Table, TableDefinition};
 use serde_json::{Map, Value};
 
 use super::error::{join_error, map_redb};
@@ -350,6 +350,15 @@ impl DocumentBackend for EmbeddedBackend {
             let txn = db.begin_read().map_err(map_redb("begin read"))?;
             txn.open_table(DOCS).map_err(map_redb("open docs table"))?;
             Ok(())
+        })
+        .await
+    }
+
+    async fn approximate_count(&self) -> Result<Option<u64>> {
+        self.blocking(|db| {
+            let txn = db.begin_read().map_err(map_redb("begin read"))?;
+            let docs = txn.open_table(DOCS).map_err(map_redb("open docs table"))?;
+            Ok(Some(docs.len().map_err(map_redb("count documents"))?))
         })
         .await
     }
