@@ -15,19 +15,20 @@
 mod common;
 
 use std::process::ExitCode;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agentstore::backend::couchdb::{CouchConfig, CouchDbBackend};
 use agentstore::backend::DocumentBackend;
 use agentstore::store::{DataStore, StoreOptions};
+use futures::future::BoxFuture;
 use futures::TryStreamExt;
-use libtest_mimic::{Arguments, Failed, Trial};
 use serde_json::{json, Value};
 use testcontainers::core::{IntoContainerPort, WaitFor};
 use testcontainers::runners::AsyncRunner;
 use testcontainers::{ContainerAsync, GenericImage, ImageExt};
 
+use common::container::{check, TrialFn};
 use common::json::first_difference;
 
 const SPEC_EXAMPLES: &str = include_str!("../fixtures/seed-documents.json");
@@ -37,77 +38,24 @@ const CONTAINER_STARTUP_TIMEOUT: Duration = Duration::from_secs(600);
 /// How long CouchDB may take to answer `GET /_up` after its start message.
 const UP_DEADLINE: Duration = Duration::from_secs(120);
 
-type TrialFn = fn(String) -> futures::future::BoxFuture<'static, Result<(), String>>;
-
 fn main() -> ExitCode {
-    let args = Arguments::from_args();
-    let engine = common::docker::engine();
-    if !args.list {
-        match &engine {
-            Ok(engine) => println!("couchdb testcontainers test RUN against couchdb:3 on {engine}"),
-            Err(reason) => println!("couchdb testcontainers test NOT RUN: no Docker engine reachable ({reason})"),
-        }
-    }
-
-    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build() {
-        Ok(runtime) => Arc::new(runtime),
-        Err(e) => {
-            eprintln!("couchdb testcontainers test: cannot build a tokio runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let container = Arc::new(SharedContainer::default());
-
-    let trials: [(&str, TrialFn); 3] = [
+    let trials: Vec<(&'static str, TrialFn)> = vec![
         ("couchdb3::round_trip_corpus_exact", |url| Box::pin(round_trip_corpus(url))),
         ("couchdb3::list_keys_pages_past_the_default_limit", |url| Box::pin(list_past_default_limit(url))),
         ("couchdb3::seed_documents_get_the_spec_ids", |url| Box::pin(seed_document_ids(url))),
     ];
-    let trials = trials
-        .into_iter()
-        .map(|(name, run)| {
-            let ignored = engine.is_err();
-            let engine = engine.clone();
-            let runtime = Arc::clone(&runtime);
-            let container = Arc::clone(&container);
-            Trial::test(name, move || {
-                if let Err(reason) = engine {
-                    return Err(Failed::from(format!("no Docker engine reachable ({reason})")));
-                }
-                runtime.block_on(async move {
-                    let server = container.url().await.map_err(Failed::from)?;
-                    run(server).await.map_err(Failed::from)
-                })
-            })
-            .with_kind("testcontainers")
-            .with_ignored_flag(ignored)
-        })
-        .collect();
-
-    let conclusion = libtest_mimic::run(&args, trials);
-    runtime.block_on(container.remove());
-    conclusion.exit_code()
+    common::container::run("couchdb", "couchdb:3", trials, start, |url| {
+        Box::pin(async move { wait_until_up(&url).await })
+    })
 }
 
 // ---------------------------------------------------------------------------------------------
 // Docker.
 // ---------------------------------------------------------------------------------------------
 
-/// One `couchdb:3` container for all trials of this process, started by the first trial that
-/// needs it and removed after the run.
-#[derive(Default)]
-struct SharedContainer {
-    url: tokio::sync::OnceCell<Result<String, String>>,
-    container: Mutex<Option<ContainerAsync<GenericImage>>>,
-}
-
-impl SharedContainer {
-    /// `http://admin:password@host:port` of the running CouchDB.
-    async fn url(&self) -> Result<String, String> {
-        self.url.get_or_init(|| self.start()).await.clone()
-    }
-
-    async fn start(&self) -> Result<String, String> {
+/// Starts the container; its address once the image's start message is seen.
+fn start() -> BoxFuture<'static, Result<(ContainerAsync<GenericImage>, String), String>> {
+    Box::pin(async {
         let container = GenericImage::new("couchdb", "3")
             .with_exposed_port(COUCHDB_PORT.tcp())
             .with_wait_for(WaitFor::message_on_either_std("Apache CouchDB has started"))
@@ -119,22 +67,9 @@ impl SharedContainer {
             .map_err(|e| format!("cannot start couchdb:3: {e}"))?;
         let host = container.get_host().await.map_err(|e| format!("couchdb:3 container host: {e}"));
         let port = container.get_host_port_ipv4(COUCHDB_PORT.tcp()).await.map_err(|e| format!("port {e}"));
-        // Kept for removal whatever happens next.
-        *self.container.lock().unwrap_or_else(|e| e.into_inner()) = Some(container);
         let url = format!("http://admin:password@{}:{}", host?, port?);
-        wait_until_up(&url).await?;
-        Ok(url)
-    }
-
-    async fn remove(&self) {
-        let container = self.container.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(container) = container {
-            let id = container.id().to_owned();
-            if let Err(e) = container.rm().await {
-                eprintln!("couchdb testcontainers test: could not remove container {id}: {e}");
-            }
-        }
-    }
+        Ok((container, url))
+    })
 }
 
 /// Polls `GET /_up` until CouchDB says it is up, or the deadline passes.
@@ -188,37 +123,12 @@ async fn open(
     Ok((backend, store))
 }
 
-fn check(condition: bool, message: impl FnOnce() -> String) -> Result<(), String> {
-    if condition {
-        Ok(())
-    } else {
-        Err(message())
-    }
-}
-
 /// Every corpus value through `set`/`get`/`get_all`, compared by exact decimal value: real
 /// CouchDB keeps 38-digit integers, int64 and 2^53 + 1.
 async fn round_trip_corpus(server: String) -> Result<(), String> {
     let (_backend, store) = open(&server, &database("roundtrip"), StoreOptions::default()).await?;
     let cases = common::corpus::cases();
-    let mut failures = Vec::new();
-    for case in &cases {
-        let written = store
-            .set("corpus", "values", &case.name, case.value.clone(), None, Some("container-test"))
-            .await
-            .map_err(|e| format!("set {}: {e}", case.name))?;
-        if let Some(diff) = first_difference(&case.value, &written.body["value"]) {
-            failures.push(format!("{}: set returned {diff}", case.name));
-        }
-        let read = store
-            .get("corpus", "values", &case.name, None)
-            .await
-            .map_err(|e| format!("get {}: {e}", case.name))?
-            .ok_or_else(|| format!("get {}: not found after set", case.name))?;
-        if let Some(diff) = first_difference(&case.value, &read.body["value"]) {
-            failures.push(format!("{}: read back {diff}", case.name));
-        }
-    }
+    let mut failures = common::container::corpus_differences(&store).await?;
     let all = store.get_all("corpus", "values").await.map_err(|e| format!("get_all: {e}"))?;
     check(all.len() == cases.len(), || format!("get_all returned {} of {} values", all.len(), cases.len()))?;
     for case in &cases {

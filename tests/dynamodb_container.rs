@@ -14,20 +14,20 @@
 mod common;
 
 use std::process::ExitCode;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agentstore::backend::dynamodb::{DynamoConfig, DynamoDbBackend};
 use agentstore::backend::DocumentBackend;
 use agentstore::store::{DataStore, StoreOptions};
+use futures::future::BoxFuture;
 use futures::TryStreamExt;
-use libtest_mimic::{Arguments, Failed, Trial};
 use serde_json::json;
 use testcontainers::core::{IntoContainerPort, WaitFor};
 use testcontainers::runners::AsyncRunner;
 use testcontainers::{ContainerAsync, GenericImage, ImageExt};
 
-use common::json::first_difference;
+use common::container::{check, TrialFn};
 
 const IMAGE: &str = "amazon/dynamodb-local";
 const TAG: &str = "latest";
@@ -39,82 +39,23 @@ const UP_DEADLINE: Duration = Duration::from_secs(60);
 /// How long the GSI may take to show every written document.
 const INDEX_DEADLINE: Duration = Duration::from_secs(30);
 
-type TrialFn = fn(String) -> futures::future::BoxFuture<'static, Result<(), String>>;
-
 fn main() -> ExitCode {
-    let args = Arguments::from_args();
-    let engine = common::docker::engine();
-    if !args.list {
-        match &engine {
-            Ok(engine) => println!("dynamodb testcontainers test RUN against {IMAGE}:{TAG} on {engine}"),
-            Err(reason) => println!("dynamodb testcontainers test NOT RUN: no Docker engine reachable ({reason})"),
-        }
-    }
-    // DynamoDB Local accepts any credentials; set before any thread reads the environment.
-    for (name, value) in [("AWS_ACCESS_KEY_ID", "local"), ("AWS_SECRET_ACCESS_KEY", "local")] {
-        if std::env::var_os(name).is_none() {
-            std::env::set_var(name, value);
-        }
-    }
-
-    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build() {
-        Ok(runtime) => Arc::new(runtime),
-        Err(e) => {
-            eprintln!("dynamodb testcontainers test: cannot build a tokio runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let container = Arc::new(SharedContainer::default());
-
-    let trials: [(&str, TrialFn); 2] = [
+    let trials: Vec<(&'static str, TrialFn)> = vec![
         ("dynamodb_local::round_trip_corpus", |endpoint| Box::pin(round_trip_corpus(endpoint))),
         ("dynamodb_local::list_keys_in_pages_of_10", |endpoint| Box::pin(list_keys_in_pages(endpoint))),
     ];
-    let trials = trials
-        .into_iter()
-        .map(|(name, run)| {
-            let ignored = engine.is_err();
-            let engine = engine.clone();
-            let runtime = Arc::clone(&runtime);
-            let container = Arc::clone(&container);
-            Trial::test(name, move || {
-                if let Err(reason) = engine {
-                    return Err(Failed::from(format!("no Docker engine reachable ({reason})")));
-                }
-                runtime.block_on(async move {
-                    let endpoint = container.endpoint().await.map_err(Failed::from)?;
-                    run(endpoint).await.map_err(Failed::from)
-                })
-            })
-            .with_kind("testcontainers")
-            .with_ignored_flag(ignored)
-        })
-        .collect();
-
-    let conclusion = libtest_mimic::run(&args, trials);
-    runtime.block_on(container.remove());
-    conclusion.exit_code()
+    common::container::run("dynamodb", &format!("{IMAGE}:{TAG}"), trials, start, |endpoint| {
+        Box::pin(async move { wait_until_up(&endpoint).await })
+    })
 }
 
 // ---------------------------------------------------------------------------------------------
 // Docker.
 // ---------------------------------------------------------------------------------------------
 
-/// One DynamoDB Local container for all trials of this process, started by the first trial that
-/// needs it and removed after the run.
-#[derive(Default)]
-struct SharedContainer {
-    endpoint: tokio::sync::OnceCell<Result<String, String>>,
-    container: Mutex<Option<ContainerAsync<GenericImage>>>,
-}
-
-impl SharedContainer {
-    /// `http://host:port` of the running DynamoDB Local.
-    async fn endpoint(&self) -> Result<String, String> {
-        self.endpoint.get_or_init(|| self.start()).await.clone()
-    }
-
-    async fn start(&self) -> Result<String, String> {
+/// Starts the container; its address once the image's start message is seen.
+fn start() -> BoxFuture<'static, Result<(ContainerAsync<GenericImage>, String), String>> {
+    Box::pin(async {
         let container = GenericImage::new(IMAGE, TAG)
             .with_exposed_port(DYNAMODB_PORT.tcp())
             .with_wait_for(WaitFor::message_on_either_std("Initializing DynamoDB Local"))
@@ -124,22 +65,9 @@ impl SharedContainer {
             .map_err(|e| format!("cannot start {IMAGE}:{TAG}: {e}"))?;
         let host = container.get_host().await.map_err(|e| format!("{IMAGE} container host: {e}"));
         let port = container.get_host_port_ipv4(DYNAMODB_PORT.tcp()).await.map_err(|e| format!("port {e}"));
-        // Kept for removal whatever happens next.
-        *self.container.lock().unwrap_or_else(|e| e.into_inner()) = Some(container);
         let endpoint = format!("http://{}:{}", host?, port?);
-        wait_until_up(&endpoint).await?;
-        Ok(endpoint)
-    }
-
-    async fn remove(&self) {
-        let container = self.container.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(container) = container {
-            let id = container.id().to_owned();
-            if let Err(e) = container.rm().await {
-                eprintln!("dynamodb testcontainers test: could not remove container {id}: {e}");
-            }
-        }
-    }
+        Ok((container, endpoint))
+    })
 }
 
 /// Polls the endpoint until DynamoDB Local answers HTTP at all (an unsigned request gets a 400),
@@ -178,36 +106,10 @@ async fn open(endpoint: &str, table: &str, options: StoreOptions) -> Result<Data
     DataStore::open(backend, options).await.map_err(|e| format!("DataStore::open: {e}"))
 }
 
-fn check(condition: bool, message: impl FnOnce() -> String) -> Result<(), String> {
-    if condition {
-        Ok(())
-    } else {
-        Err(message())
-    }
-}
-
 /// Every corpus value through `set`/`get`, compared by exact decimal value.
 async fn round_trip_corpus(endpoint: String) -> Result<(), String> {
     let store = open(&endpoint, &table("roundtrip"), StoreOptions::default()).await?;
-    let cases = common::corpus::cases();
-    let mut failures = Vec::new();
-    for case in &cases {
-        let written = store
-            .set("corpus", "values", &case.name, case.value.clone(), None, Some("container-test"))
-            .await
-            .map_err(|e| format!("set {}: {e}", case.name))?;
-        if let Some(diff) = first_difference(&case.value, &written.body["value"]) {
-            failures.push(format!("{}: set returned {diff}", case.name));
-        }
-        let read = store
-            .get("corpus", "values", &case.name, None)
-            .await
-            .map_err(|e| format!("get {}: {e}", case.name))?
-            .ok_or_else(|| format!("get {}: not found after set", case.name))?;
-        if let Some(diff) = first_difference(&case.value, &read.body["value"]) {
-            failures.push(format!("{}: read back {diff}", case.name));
-        }
-    }
+    let failures = common::container::corpus_differences(&store).await?;
     check(failures.is_empty(), || format!("values changed on DynamoDB Local:\n  {}", failures.join("\n  ")))
 }
 

@@ -22,20 +22,20 @@ mod common;
 
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agentstore::backend::firestore::{FirestoreBackend, FirestoreConfig};
 use agentstore::backend::DocumentBackend;
 use agentstore::store::{DataStore, StoreOptions};
+use futures::future::BoxFuture;
 use futures::TryStreamExt;
-use libtest_mimic::{Arguments, Failed, Trial};
 use serde_json::json;
 use testcontainers::core::{IntoContainerPort, WaitFor};
 use testcontainers::runners::AsyncRunner;
 use testcontainers::{ContainerAsync, GenericImage, ImageExt};
 
-use common::json::first_difference;
+use common::container::{check, TrialFn};
 
 const IMAGE: &str = "gcr.io/google.com/cloudsdktool/google-cloud-cli";
 /// The emulator version the contract suite runs from Debian's google-cloud-cli-firestore-emulator.
@@ -48,76 +48,23 @@ const CONTAINER_STARTUP_TIMEOUT: Duration = Duration::from_secs(900);
 /// How long the emulator may take to answer HTTP after its start message.
 const UP_DEADLINE: Duration = Duration::from_secs(60);
 
-type TrialFn = fn(String) -> futures::future::BoxFuture<'static, Result<(), String>>;
-
 fn main() -> ExitCode {
-    let args = Arguments::from_args();
-    let engine = common::docker::engine();
-    if !args.list {
-        match &engine {
-            Ok(engine) => println!("firestore testcontainers test RUN against {IMAGE}:{TAG} on {engine}"),
-            Err(reason) => println!("firestore testcontainers test NOT RUN: no Docker engine reachable ({reason})"),
-        }
-    }
-
-    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build() {
-        Ok(runtime) => Arc::new(runtime),
-        Err(e) => {
-            eprintln!("firestore testcontainers test: cannot build a tokio runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let container = Arc::new(SharedContainer::default());
-
-    let trials: [(&str, TrialFn); 2] = [
+    let trials: Vec<(&'static str, TrialFn)> = vec![
         ("firestore_emulator::round_trip_corpus", |host_port| Box::pin(round_trip_corpus(host_port))),
         ("firestore_emulator::list_keys_in_pages_of_10", |host_port| Box::pin(list_keys_in_pages(host_port))),
     ];
-    let trials = trials
-        .into_iter()
-        .map(|(name, run)| {
-            let ignored = engine.is_err();
-            let engine = engine.clone();
-            let runtime = Arc::clone(&runtime);
-            let container = Arc::clone(&container);
-            Trial::test(name, move || {
-                if let Err(reason) = engine {
-                    return Err(Failed::from(format!("no Docker engine reachable ({reason})")));
-                }
-                runtime.block_on(async move {
-                    let host_port = container.host_port().await.map_err(Failed::from)?;
-                    run(host_port).await.map_err(Failed::from)
-                })
-            })
-            .with_kind("testcontainers")
-            .with_ignored_flag(ignored)
-        })
-        .collect();
-
-    let conclusion = libtest_mimic::run(&args, trials);
-    runtime.block_on(container.remove());
-    conclusion.exit_code()
+    common::container::run("firestore", &format!("{IMAGE}:{TAG}"), trials, start, |host_port| {
+        Box::pin(async move { wait_until_up(&host_port).await })
+    })
 }
 
 // ---------------------------------------------------------------------------------------------
 // Docker.
 // ---------------------------------------------------------------------------------------------
 
-/// One emulator container for all trials of this process, started by the first trial that needs
-/// it and removed after the run.
-#[derive(Default)]
-struct SharedContainer {
-    host_port: tokio::sync::OnceCell<Result<String, String>>,
-    container: Mutex<Option<ContainerAsync<GenericImage>>>,
-}
-
-impl SharedContainer {
-    /// `host:port` of the running emulator.
-    async fn host_port(&self) -> Result<String, String> {
-        self.host_port.get_or_init(|| self.start()).await.clone()
-    }
-
-    async fn start(&self) -> Result<String, String> {
+/// Starts the container; its address once the image's start message is seen.
+fn start() -> BoxFuture<'static, Result<(ContainerAsync<GenericImage>, String), String>> {
+    Box::pin(async {
         let host_port_arg = format!("--host-port=0.0.0.0:{FIRESTORE_PORT}");
         let container = GenericImage::new(IMAGE, TAG)
             .with_exposed_port(FIRESTORE_PORT.tcp())
@@ -130,22 +77,9 @@ impl SharedContainer {
             .map_err(|e| format!("cannot start {IMAGE}:{TAG}: {e}"))?;
         let host = container.get_host().await.map_err(|e| format!("{IMAGE} container host: {e}"));
         let port = container.get_host_port_ipv4(FIRESTORE_PORT.tcp()).await.map_err(|e| format!("port {e}"));
-        // Kept for removal whatever happens next.
-        *self.container.lock().unwrap_or_else(|e| e.into_inner()) = Some(container);
         let host_port = format!("{}:{}", host?, port?);
-        wait_until_up(&host_port).await?;
-        Ok(host_port)
-    }
-
-    async fn remove(&self) {
-        let container = self.container.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(container) = container {
-            let id = container.id().to_owned();
-            if let Err(e) = container.rm().await {
-                eprintln!("firestore testcontainers test: could not remove container {id}: {e}");
-            }
-        }
-    }
+        Ok((container, host_port))
+    })
 }
 
 /// Polls `GET /` until the emulator answers 200 (its body is `Ok`), or the deadline passes.
@@ -185,36 +119,10 @@ async fn open(host_port: &str, collection: &str, options: StoreOptions) -> Resul
     DataStore::open(backend, options).await.map_err(|e| format!("DataStore::open: {e}"))
 }
 
-fn check(condition: bool, message: impl FnOnce() -> String) -> Result<(), String> {
-    if condition {
-        Ok(())
-    } else {
-        Err(message())
-    }
-}
-
 /// Every corpus value through `set`/`get`, compared by exact decimal value.
 async fn round_trip_corpus(host_port: String) -> Result<(), String> {
     let store = open(&host_port, &collection("roundtrip"), StoreOptions::default()).await?;
-    let cases = common::corpus::cases();
-    let mut failures = Vec::new();
-    for case in &cases {
-        let written = store
-            .set("corpus", "values", &case.name, case.value.clone(), None, Some("container-test"))
-            .await
-            .map_err(|e| format!("set {}: {e}", case.name))?;
-        if let Some(diff) = first_difference(&case.value, &written.body["value"]) {
-            failures.push(format!("{}: set returned {diff}", case.name));
-        }
-        let read = store
-            .get("corpus", "values", &case.name, None)
-            .await
-            .map_err(|e| format!("get {}: {e}", case.name))?
-            .ok_or_else(|| format!("get {}: not found after set", case.name))?;
-        if let Some(diff) = first_difference(&case.value, &read.body["value"]) {
-            failures.push(format!("{}: read back {diff}", case.name));
-        }
-    }
+    let failures = common::container::corpus_differences(&store).await?;
     check(failures.is_empty(), || format!("values changed on the Firestore emulator:\n  {}", failures.join("\n  ")))
 }
 

@@ -44,24 +44,9 @@ type SingleTest = fn(FreshFn) -> TestResult;
 
 fn main() -> ExitCode {
     let args = Arguments::from_args();
-    let backends = harness::all();
-    let selected = match harness::selected(&backends) {
-        Ok(selected) => selected,
-        Err(message) => {
-            eprintln!("migrate suite: {message}");
-            return ExitCode::FAILURE;
-        }
+    let Some((backends, selected)) = harness::announce("migrate suite", args.list) else {
+        return ExitCode::FAILURE;
     };
-    if !args.list {
-        println!("migrate suite backends:");
-        for backend in &backends {
-            if selected.contains(&backend.name) {
-                println!("  {:<10} RUN against {}", backend.name, (backend.describe)());
-            } else {
-                println!("  {:<10} DESELECTED by AGENTSTORE_TEST_BACKENDS", backend.name);
-            }
-        }
-    }
     let is_selected = |name: &str| selected.contains(&name);
     let mut trials = Vec::new();
     for source in &backends {

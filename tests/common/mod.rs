@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod container;
 pub mod corpus;
 pub mod docker;
 pub mod json;

@@ -131,6 +131,31 @@ async fn fresh_embedded() -> Result<Ctx, String> {
     Ok(Ctx { backend: Arc::new(backend), backend_name: "embedded", inexact_numbers: None, _keep_alive: Box::new(dir) })
 }
 
+/// Every backend and the names of those selected, after printing (unless `quiet`, as when only
+/// listing tests) which run against which server; `None`, after printing why, when the selection
+/// names an unknown backend.
+pub fn announce(suite: &str, quiet: bool) -> Option<(Vec<BackendHarness>, Vec<&'static str>)> {
+    let backends = all();
+    let selected = match selected(&backends) {
+        Ok(selected) => selected,
+        Err(message) => {
+            eprintln!("{suite}: {message}");
+            return None;
+        }
+    };
+    if !quiet {
+        println!("{suite} backends:");
+        for backend in &backends {
+            if selected.contains(&backend.name) {
+                println!("  {:<10} RUN against {}", backend.name, (backend.describe)());
+            } else {
+                println!("  {:<10} DESELECTED by AGENTSTORE_TEST_BACKENDS", backend.name);
+            }
+        }
+    }
+    Some((backends, selected))
+}
+
 /// The backends named by `AGENTSTORE_TEST_BACKENDS`, or all. Unknown names are an error, so a
 /// typo cannot deselect a backend silently.
 pub fn selected(known: &[BackendHarness]) -> Result<Vec<&'static str>, String> {

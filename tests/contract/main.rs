@@ -13,25 +13,9 @@ use libtest_mimic::{Arguments, Failed, Trial};
 
 fn main() -> ExitCode {
     let args = Arguments::from_args();
-    let backends = harness::all();
-    let selected = match harness::selected(&backends) {
-        Ok(selected) => selected,
-        Err(message) => {
-            eprintln!("contract suite: {message}");
-            return ExitCode::FAILURE;
-        }
+    let Some((backends, selected)) = harness::announce("contract suite", args.list) else {
+        return ExitCode::FAILURE;
     };
-
-    if !args.list {
-        println!("contract suite backends:");
-        for backend in &backends {
-            if selected.contains(&backend.name) {
-                println!("  {:<10} RUN against {}", backend.name, (backend.describe)());
-            } else {
-                println!("  {:<10} DESELECTED by AGENTSTORE_TEST_BACKENDS", backend.name);
-            }
-        }
-    }
 
     let mut trials = Vec::new();
     for backend in &backends {
