@@ -159,6 +159,20 @@ pub trait DocumentBackend: Send + Sync + 'static {
     }
 }
 
+/// 64 random bits as 16 hex digits, different on every call in a process (revision and chunk-set
+/// tokens). Not for secrets.
+pub(crate) fn random_token() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    hasher.write_u128(
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0),
+    );
+    format!("{:016x}", hasher.finish())
+}
+
 /// Opens the backend a URL names.
 pub async fn open(url: &BackendUrl) -> Result<Arc<dyn DocumentBackend>> {
     match url {

@@ -5,10 +5,7 @@
 //! GSI, whose reads are eventually consistent in DynamoDB: a write is not always visible to the
 //! very next listing. Direct reads (`get`, `scan`) are strongly consistent.
 
-use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
-use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -317,14 +314,8 @@ impl DynamoDbBackend {
 /// A fresh revision: a generation number for readability and 64 random bits, so a revision is
 /// never reused, even after a delete and re-create.
 fn new_revision(previous: Option<&Revision>) -> String {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
     let generation = previous.and_then(|r| r.as_str().split('-').next()?.parse::<u64>().ok()).unwrap_or(0) + 1;
-    let mut hasher = RandomState::new().build_hasher();
-    hasher.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
-    hasher.write_u128(
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0),
-    );
-    format!("{generation}-{:016x}", hasher.finish())
+    format!("{generation}-{}", crate::backend::random_token())
 }
 
 fn encode_token(key: &HashMap<String, AttributeValue>) -> Result<String> {

@@ -8,6 +8,9 @@
 //! scan are `:runQuery` ordered by `__name__` and continued with a `startAt` cursor after the last
 //! document, so a saved page token resumes exactly where it stopped.
 
+use std::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBuilder};
 use futures::{stream, StreamExt, TryStreamExt};
 use reqwest::Method;
 use serde_json::{json, Map, Value};
@@ -113,6 +116,19 @@ impl FirestoreBackend {
             writes.push(json!({ "delete": self.client.chunk_name(&document_id, n) }));
         }
         Ok((writes, encoded.extra_chunks.len()))
+    }
+
+    /// Commits the writes that store one document; its new revision.
+    async fn commit_document(&self, id: &str, writes: Vec<Value>, chunks: usize) -> Result<Revision> {
+        let doing = format!("write document {id:?}");
+        match self.commit(writes, &doing).await {
+            Ok(reply) => Ok(revision(&update_time_of(&reply, &doing)?, chunks)),
+            // An update precondition on a missing document answers NOT_FOUND in production.
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                Err(Error::conflict(format!("document {id:?} changed or is gone")))
+            }
+            Err(e) => Err(e),
+        }
     }
 
     async fn commit(&self, writes: Vec<Value>, doing: &str) -> Result<Value> {
@@ -259,13 +275,18 @@ impl FirestoreBackend {
     /// Plain writes (no chunks, known preconditions) through `:batchWrite`, busy entries retried.
     async fn batch_write(&self, entries: Vec<(usize, Value)>, results: &mut [Option<Result<Revision>>]) -> Result<()> {
         let mut pending = entries;
+        let mut backoff = ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(100))
+            .with_max_delay(Duration::from_secs(3))
+            .with_jitter()
+            .with_max_times(BUSY_WRITE_ROUNDS)
+            .build();
         for round in 0..=BUSY_WRITE_ROUNDS {
             if pending.is_empty() {
                 break;
             }
             if round > 0 {
-                let delay = std::time::Duration::from_millis(50 << round.min(6));
-                tokio::time::sleep(delay + jitter(delay)).await;
+                tokio::time::sleep(backoff.next().unwrap_or(Duration::from_secs(3))).await;
             }
             let groups = group_by_size(pending);
             let replies: Vec<(Vec<(usize, Value)>, Value)> = stream::iter(groups)
@@ -319,11 +340,6 @@ fn inconsistent(doing: &str) -> Error {
     Error::new(ErrorKind::Unavailable, format!("a document kept changing while trying to {doing}; try again"))
 }
 
-fn jitter(delay: std::time::Duration) -> std::time::Duration {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().subsec_nanos();
-    delay.mul_f64(f64::from(nanos % 1000) / 1000.0)
-}
-
 /// Splits writes into `:batchWrite` requests within Firestore's count and size limits.
 fn group_by_size(entries: Vec<(usize, Value)>) -> Vec<Vec<(usize, Value)>> {
     let mut groups: Vec<Vec<(usize, Value)>> = Vec::new();
@@ -372,16 +388,8 @@ impl DocumentBackend for FirestoreBackend {
     }
 
     async fn put(&self, id: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Revision> {
-        let doing = format!("write document {id:?}");
         let (writes, chunks) = self.commit_writes(id, body, &precondition)?;
-        match self.commit(writes, &doing).await {
-            Ok(reply) => Ok(revision(&update_time_of(&reply, &doing)?, chunks)),
-            // An update precondition on a missing document answers NOT_FOUND in production.
-            Err(e) if e.kind() == ErrorKind::NotFound => {
-                Err(Error::conflict(format!("document {id:?} changed or is gone")))
-            }
-            Err(e) => Err(e),
-        }
+        self.commit_document(id, writes, chunks).await
     }
 
     async fn delete(&self, id: &str, rev: &Revision) -> Result<()> {
@@ -471,17 +479,7 @@ impl DocumentBackend for FirestoreBackend {
             }
         }
         let commits: Vec<(usize, Result<Revision>)> = stream::iter(committed)
-            .map(|(slot, id, parts, chunks)| async move {
-                let doing = format!("write document {id:?}");
-                let result = match self.commit(parts, &doing).await {
-                    Ok(reply) => update_time_of(&reply, &doing).map(|time| revision(&time, chunks)),
-                    Err(e) if e.kind() == ErrorKind::NotFound => {
-                        Err(Error::conflict(format!("document {id:?} changed or is gone")))
-                    }
-                    Err(e) => Err(e),
-                };
-                (slot, result)
-            })
+            .map(|(slot, id, parts, chunks)| async move { (slot, self.commit_document(&id, parts, chunks).await) })
             .buffer_unordered(WRITE_CONCURRENCY)
             .collect()
             .await;

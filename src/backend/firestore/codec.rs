@@ -95,10 +95,8 @@ pub struct Encoded {
 pub fn encode(id: &str, body: &Map<String, Value>) -> Result<Encoded> {
     let mut out = Map::new();
     out.insert(ID.into(), string_value(id));
-    if native_safe(id, body) {
-        for (name, value) in body {
-            out.insert(name.clone(), to_value(value));
-        }
+    if let Some(native) = native_fields(id, body) {
+        out.extend(native);
         return Ok(Encoded { fields: out, chunk_set: None, extra_chunks: Vec::new() });
     }
     for name in [fields::USER_ID, fields::NAMESPACE, fields::KEY] {
@@ -133,7 +131,7 @@ pub fn encode(id: &str, body: &Map<String, Value>) -> Result<Encoded> {
             let chunk_set = if extra_chunks.is_empty() {
                 None
             } else {
-                let set = random_hex();
+                let set = crate::backend::random_token();
                 out.insert(CHUNKS.into(), json!({ "integerValue": extra_chunks.len().to_string() }));
                 out.insert(CHUNK_SET.into(), string_value(&set));
                 Some(set)
@@ -225,16 +223,9 @@ fn string_value(text: &str) -> Value {
     json!({ "stringValue": text })
 }
 
-fn random_hex() -> String {
-    use std::hash::{BuildHasher, Hasher};
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher
-        .write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
-    format!("{:016x}", hasher.finish())
-}
-
-/// Whether Firestore can hold every part of `body` natively and exactly, within its size limit.
-pub fn native_safe(id: &str, body: &Map<String, Value>) -> bool {
+/// The body as native Firestore fields, or `None` when Firestore cannot hold every part of it
+/// exactly within its size limit.
+pub fn native_fields(id: &str, body: &Map<String, Value>) -> Option<Map<String, Value>> {
     let names_ok = body.iter().all(|(name, value)| {
         field_name_ok(name)
             && !name.starts_with('_')
@@ -244,9 +235,10 @@ pub fn native_safe(id: &str, body: &Map<String, Value>) -> bool {
                 _ => true,
             }
     });
-    names_ok
-        && body.values().all(|v| value_safe(v, 1, false))
-        && document_size(id, body).is_some_and(|size| size <= NATIVE_LIMIT_BYTES)
+    if !names_ok || document_size(id, body) > NATIVE_LIMIT_BYTES {
+        return None;
+    }
+    body.iter().map(|(name, value)| Some((name.clone(), native_value(value, 1, false)?))).collect()
 }
 
 /// Field names Firestore refuses: empty, or `__…__`.
@@ -255,18 +247,32 @@ fn field_name_ok(name: &str) -> bool {
     !name.is_empty() && !reserved
 }
 
-fn value_safe(value: &Value, depth: usize, in_array: bool) -> bool {
-    match value {
-        Value::Number(n) => native_number(n).is_some(),
+/// A JSON value as a Firestore value, or `None` when Firestore cannot hold it exactly: a number
+/// no int64 or double holds, an array directly inside an array, nesting past
+/// [`MAX_NATIVE_DEPTH`], a refused field name.
+fn native_value(value: &Value, depth: usize, in_array: bool) -> Option<Value> {
+    Some(match value {
+        Value::Null => json!({ "nullValue": null }),
+        Value::Bool(b) => json!({ "booleanValue": b }),
+        Value::Number(n) => native_number(n)?,
+        Value::String(s) => string_value(s),
         // Firestore has no arrays directly inside arrays.
+        Value::Array(_) if in_array || depth > MAX_NATIVE_DEPTH => return None,
+        Value::Array(items) if items.is_empty() => json!({ "arrayValue": {} }),
         Value::Array(items) => {
-            !in_array && depth <= MAX_NATIVE_DEPTH && items.iter().all(|v| value_safe(v, depth + 1, true))
+            let values = items.iter().map(|v| native_value(v, depth + 1, true)).collect::<Option<Vec<_>>>()?;
+            json!({ "arrayValue": { "values": values } })
         }
+        Value::Object(_) if depth > MAX_NATIVE_DEPTH => return None,
+        Value::Object(map) if map.is_empty() => json!({ "mapValue": {} }),
         Value::Object(map) => {
-            depth <= MAX_NATIVE_DEPTH && map.iter().all(|(k, v)| field_name_ok(k) && value_safe(v, depth + 1, false))
+            let fields = map
+                .iter()
+                .map(|(k, v)| field_name_ok(k).then(|| Some((k.clone(), native_value(v, depth + 1, false)?)))?)
+                .collect::<Option<Map<String, Value>>>()?;
+            json!({ "mapValue": { "fields": fields } })
         }
-        Value::Null | Value::Bool(_) | Value::String(_) => true,
-    }
+    })
 }
 
 /// A number as Firestore holds it exactly: an int64, or a double whose value is the number's
@@ -297,7 +303,7 @@ fn integral_i64(double: f64) -> Option<i64> {
 
 /// Firestore's document size rules: the name, each field name + 1, each value (strings and bytes
 /// by length + 1, numbers 8, booleans and null 1, maps and arrays the sum of their parts), + 32.
-fn document_size(id: &str, body: &Map<String, Value>) -> Option<usize> {
+fn document_size(id: &str, body: &Map<String, Value>) -> usize {
     fn value_size(value: &Value) -> usize {
         match value {
             Value::Null | Value::Bool(_) => 1,
@@ -309,24 +315,7 @@ fn document_size(id: &str, body: &Map<String, Value>) -> Option<usize> {
     }
     let name = document_id(id).len() + 1 + 64;
     let id_field = ID.len() + 1 + id.len() + 1;
-    Some(name + id_field + body.iter().map(|(k, v)| k.len() + 1 + value_size(v)).sum::<usize>() + 32)
-}
-
-/// JSON → a Firestore value (callers check [`native_safe`] first).
-pub fn to_value(value: &Value) -> Value {
-    match value {
-        Value::Null => json!({ "nullValue": null }),
-        Value::Bool(b) => json!({ "booleanValue": b }),
-        Value::Number(n) => native_number(n).unwrap_or_else(|| string_value(&n.to_string())),
-        Value::String(s) => string_value(s),
-        Value::Array(items) if items.is_empty() => json!({ "arrayValue": {} }),
-        Value::Array(items) => json!({ "arrayValue": { "values": items.iter().map(to_value).collect::<Vec<_>>() } }),
-        Value::Object(map) if map.is_empty() => json!({ "mapValue": {} }),
-        Value::Object(map) => {
-            let fields: Map<String, Value> = map.iter().map(|(k, v)| (k.clone(), to_value(v))).collect();
-            json!({ "mapValue": { "fields": fields } })
-        }
-    }
+    name + id_field + body.iter().map(|(k, v)| k.len() + 1 + value_size(v)).sum::<usize>() + 32
 }
 
 /// A Firestore value → JSON. Types this service never writes (timestamps, bytes, references,
@@ -404,7 +393,7 @@ mod tests {
                "d":-0.0,"e":1e300,"f":9223372036854775807,"g":-9223372036854775808,"h":1e2},"accessCount":3}"#,
         )
         .unwrap();
-        assert!(native_safe("u:n:aw==", &body));
+        assert!(native_fields("u:n:aw==", &body).is_some());
         let encoded = encode("u:n:aw==", &body).unwrap();
         assert!(encoded.fields.get(FORMAT).is_none());
         let back = decode("u:n:aw==", &encoded.fields, &[]).unwrap();
@@ -429,7 +418,7 @@ mod tests {
         ];
         for case in cases {
             let body: Map<String, Value> = serde_json::from_str(case).unwrap();
-            assert!(!native_safe("u:n:aw==", &body), "{case}");
+            assert!(native_fields("u:n:aw==", &body).is_none(), "{case}");
             let encoded = encode("u:n:aw==", &body).unwrap();
             assert_eq!(encoded.fields[FORMAT], string_value(FORMAT_JSON_GZIP));
             let back = decode("u:n:aw==", &encoded.fields, &[]).unwrap();
@@ -440,7 +429,7 @@ mod tests {
             deep = json!({ "d": deep });
         }
         let body: Map<String, Value> = [("value".to_owned(), deep)].into_iter().collect();
-        assert!(!native_safe("u:n:aw==", &body));
+        assert!(native_fields("u:n:aw==", &body).is_none());
     }
 
     #[test]
