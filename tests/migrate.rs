@@ -84,6 +84,13 @@ fn main() -> ExitCode {
         Trial::test("couchdb::design_documents_stay_behind", || block_on(couchdb_design_documents_stay_behind()))
             .with_ignored_flag(!is_selected("couchdb")),
     );
+    let couchdb = find(&backends, "couchdb").fresh;
+    trials.push(
+        Trial::test("couchdb::numbers_it_would_alter_are_refused_not_written", move || {
+            block_on(couchdb_numbers_are_refused(embedded, couchdb))
+        })
+        .with_ignored_flag(!(is_selected("embedded") && is_selected("couchdb"))),
+    );
     trials.push(
         Trial::test("crash::embedded_to_embedded", || crash_and_resume(CrashTarget::Embedded))
             .with_ignored_flag(!is_selected("embedded")),
@@ -667,6 +674,35 @@ async fn couchdb_design_documents_stay_behind() -> TestResult {
         .send()
         .await?;
     check(after.status().is_success(), || "the source's design document is gone".into())
+}
+
+/// A document the CouchDB target would store with another number is counted and listed as
+/// refused (exit 7), never written altered; its neighbours in the same batch are written.
+async fn couchdb_numbers_are_refused(make_source: FreshFn, make_target: FreshFn) -> TestResult {
+    let source = fresh(make_source).await?;
+    let target = fresh(make_target).await?;
+    let docs = [
+        ("plain", json!({"n": 1.5})),
+        ("pi", json!({"pi": serde_json::from_str::<Value>("3.141592653589793238462643383279")?})),
+        ("min-subnormal", json!({"m": [serde_json::from_str::<Value>("5e-324")?]})),
+    ];
+    for (n, (key, value)) in docs.iter().enumerate() {
+        let body = spec_body("alice", "numbers", key, value.clone(), n);
+        source.backend.put(&id("alice", "numbers", key), &body, Precondition::MustNotExist).await?;
+    }
+    let dir = tempfile::tempdir()?;
+    let report = migrate::run(migrate_job(&source, &target, options_in(dir.path(), "numbers"))).await?;
+    let c = &report.ledger.counts;
+    check(c.read == 3 && c.written == 2 && c.refused == 1 && c.failed == 0, || format!("counts: {c:?}"))?;
+    check(report.exit_code() == migrate::EXIT_INCOMPLETE, || "a refused document makes the run incomplete".into())?;
+    let pi = id("alice", "numbers", "pi");
+    let issue = report.ledger.issues.iter().find(|issue| issue.id == pi);
+    check(issue.is_some_and(|issue| issue.kind == "refused" && issue.reason.contains("invalid value.pi")), || {
+        format!("issues: {:?}", report.ledger.issues)
+    })?;
+    check(target.backend.get(&pi).await?.is_none(), || "the refused document was written".into())?;
+    let subnormal = target.backend.get(&id("alice", "numbers", "min-subnormal")).await?.ok_or("not copied")?;
+    check(exact_eq(&subnormal.body["value"], &docs[2].1), || format!("5e-324 came back as {}", subnormal.body["value"]))
 }
 
 // ---- the real binary ----

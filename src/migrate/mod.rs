@@ -496,7 +496,7 @@ fn snapshot(ledger: &Ledger) -> Snapshot {
     Snapshot {
         read: c.read,
         landed: ledger.landed(),
-        skipped: c.conflicts_skipped + c.failed + c.foreign + c.malformed + c.filtered_out + c.unreadable,
+        skipped: c.conflicts_skipped + c.refused + c.failed + c.foreign + c.malformed + c.filtered_out + c.unreadable,
     }
 }
 

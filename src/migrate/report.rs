@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 /// Document counts. Every document read lands in exactly one of `written`, `already_present`,
-/// `overwritten`, `conflicts_skipped`, `conflicts`, `failed`, `foreign`, `malformed`,
+/// `overwritten`, `conflicts_skipped`, `conflicts`, `refused`, `failed`, `foreign`, `malformed`,
 /// `filtered_out`, `unreadable`, or, in a dry run, `would_write` / `would_conflict`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Counts {
@@ -22,7 +22,11 @@ pub struct Counts {
     pub conflicts_skipped: u64,
     /// Different at the target, stopping the migration (`--on-conflict fail`).
     pub conflicts: u64,
-    /// Refused by the target (e.g. too large); each is listed with its reason.
+    /// Refused by the target because it cannot store the document as it is (a number it would
+    /// change, a size over its limit); never written altered. Each is listed with its reason.
+    #[serde(default)]
+    pub refused: u64,
+    /// Not written for any other reason (the target kept failing); each is listed with its reason.
     pub failed: u64,
     /// Not data-store documents (design documents, ids that are not composite ids).
     pub foreign: u64,
@@ -48,7 +52,7 @@ pub struct Issue {
     /// The `_id`, or `line N` of an NDJSON input.
     pub id: String,
     /// `foreign`, `malformed`, `unreadable`, `conflict`, `conflict_skipped`, `overwritten`,
-    /// `failed`, `repaired`, `warning`.
+    /// `refused`, `failed`, `repaired`, `warning`.
     pub kind: String,
     pub reason: String,
 }
@@ -92,6 +96,7 @@ impl Ledger {
         a.overwritten += b.overwritten;
         a.conflicts_skipped += b.conflicts_skipped;
         a.conflicts += b.conflicts;
+        a.refused += b.refused;
         a.failed += b.failed;
         a.foreign += b.foreign;
         a.malformed += b.malformed;
@@ -126,7 +131,7 @@ impl Ledger {
     /// caller's choice (`--on-conflict skip`, filters).
     pub fn incomplete(&self) -> bool {
         let c = &self.counts;
-        c.failed + c.malformed + c.unreadable + c.conflicts > 0
+        c.refused + c.failed + c.malformed + c.unreadable + c.conflicts > 0
     }
 }
 

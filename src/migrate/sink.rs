@@ -71,10 +71,17 @@ fn target_error(what: &str, err: Error) -> Error {
     Error::new(err.kind(), format!("target: {what}")).with_source(err)
 }
 
+/// Records a document the target did not take: `refused` when the target cannot store it as it
+/// is (it would alter a number, or the document is over its size limit), `failed` otherwise.
 fn note_failure(ledger: &mut Ledger, max_issues: usize, id: &str, err: &Error) {
-    ledger.counts.failed += 1;
+    let refused = matches!(err.kind(), ErrorKind::InvalidInput | ErrorKind::TooLarge);
+    if refused {
+        ledger.counts.refused += 1;
+    } else {
+        ledger.counts.failed += 1;
+    }
     Ledger::tally(&mut ledger.failures_by_kind, err.kind().as_str());
-    ledger.note(max_issues, id, "failed", err.to_string());
+    ledger.note(max_issues, id, if refused { "refused" } else { "failed" }, err.to_string());
 }
 
 /// Writes one batch to a backend; the ledger says what became of each document. Fails as a whole

@@ -1,6 +1,15 @@
-//! Exact decimal values of JSON numbers. Backends may rewrite a number's text (`1e-07` comes back
-//! as `1E-7` from DynamoDB, `1.0E-7` from Firestore) without changing its value; what must never
-//! change is the value, so comparisons go through [`decimal`].
+//! The service's number model: a JSON number is kept by its **exact decimal value**.
+//!
+//! Backends may rewrite a number's text (`1e-07` comes back as `1E-7` from DynamoDB, `1.0E-7`
+//! from Firestore, `100.0` for `1E2` from CouchDB) without changing its value; what must never
+//! change is the value, so comparisons go through [`decimal`]. A backend that cannot hold some
+//! value exactly refuses the write instead of storing another number: see [`as_exact_double`]
+//! (used by the CouchDB adapter, which stores every non-integer as an IEEE double) and
+//! `docs/numbers.md` for what each backend stores.
+
+use std::fmt;
+
+use serde_json::Value;
 
 /// A number's exact decimal value as (negative, significant digits without leading or trailing
 /// zeros, power of ten of the last digit); zero is `(false, "0", 0)`. `None` for text that is not
@@ -37,6 +46,99 @@ pub fn same_decimal_value(a: &str, b: &str) -> bool {
     }
 }
 
+/// Why a number text cannot be stored as an IEEE double without changing its value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DoubleLoss {
+    /// Beyond the largest finite double (±1.7976931348623157e308).
+    OutOfRange,
+    /// The nearest double is a different number; `stored_as` is that double's shortest text.
+    Rounded { stored_as: String },
+}
+
+impl fmt::Display for DoubleLoss {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DoubleLoss::OutOfRange => f.write_str("it is beyond the range of a 64-bit floating-point number"),
+            DoubleLoss::Rounded { stored_as } => {
+                write!(f, "the nearest 64-bit floating-point number is {stored_as}, a different value")
+            }
+        }
+    }
+}
+
+/// Whether a number text has a fraction or an exponent (`1.5`, `1e3`), as opposed to an integer
+/// (`-42`). JSON parsers such as CouchDB's keep integers exact at any size and turn the others
+/// into doubles.
+pub fn is_integer_text(text: &str) -> bool {
+    !text.contains(['.', 'e', 'E'])
+}
+
+/// The double a number text denotes, when that double has exactly the text's decimal value as
+/// its shortest representation, which is what a store of doubles writes back. `0.1` and `1E2`
+/// qualify (they read back as `0.1` and `100.0`); `0.10000000000000000555` does not (it reads
+/// back as `0.1`), nor does `1e400` (no finite double).
+pub fn as_exact_double(text: &str) -> Result<f64, DoubleLoss> {
+    let double: f64 = text.parse().map_err(|_| DoubleLoss::OutOfRange)?;
+    if !double.is_finite() {
+        return Err(DoubleLoss::OutOfRange);
+    }
+    // `{:e}` prints the shortest digits that read back as the same double.
+    let shortest = format!("{double:e}");
+    if same_decimal_value(&shortest, text) {
+        Ok(double)
+    } else {
+        Err(DoubleLoss::Rounded { stored_as: shortest })
+    }
+}
+
+/// Calls `visit` on every number in `value` with its path (`value.items[3].price`, rooted at
+/// `root`), stopping at the first error. Numbers are visited mutably so a backend can rewrite a
+/// number's text to a form of the same value that it parses reliably.
+pub fn try_for_each_number<E>(
+    value: &mut Value,
+    root: &str,
+    visit: &mut impl FnMut(&mut serde_json::Number, &dyn Fn() -> String) -> Result<(), E>,
+) -> Result<(), E> {
+    // The path is only built when it is needed (for an error), from this chain of steps.
+    enum Step<'a> {
+        Root(&'a str),
+        Field(&'a Step<'a>, &'a str),
+        Index(&'a Step<'a>, usize),
+    }
+    fn render(step: &Step<'_>) -> String {
+        match step {
+            Step::Root(name) => (*name).to_owned(),
+            Step::Field(parent, name) => {
+                let parent = render(parent);
+                let plain = !name.is_empty() && name.chars().all(|c| c.is_alphanumeric() || c == '_' || c == '-');
+                if plain {
+                    format!("{parent}.{name}")
+                } else {
+                    format!("{parent}[{}]", Value::String((*name).to_owned()))
+                }
+            }
+            Step::Index(parent, index) => format!("{}[{index}]", render(parent)),
+        }
+    }
+    fn walk<E>(
+        value: &mut Value,
+        at: &Step<'_>,
+        visit: &mut impl FnMut(&mut serde_json::Number, &dyn Fn() -> String) -> Result<(), E>,
+    ) -> Result<(), E> {
+        match value {
+            Value::Number(number) => visit(number, &|| render(at)),
+            Value::Array(items) => {
+                items.iter_mut().enumerate().try_for_each(|(index, item)| walk(item, &Step::Index(at, index), visit))
+            }
+            Value::Object(fields) => {
+                fields.iter_mut().try_for_each(|(name, item)| walk(item, &Step::Field(at, name), visit))
+            }
+            Value::Null | Value::Bool(_) | Value::String(_) => Ok(()),
+        }
+    }
+    walk(value, &Step::Root(root), visit)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -53,5 +155,40 @@ mod tests {
         }
         assert_eq!(decimal("12.3400e1"), Some((false, "1234".into(), -1)));
         assert_eq!(decimal("1e"), None);
+    }
+
+    #[test]
+    fn exact_doubles_are_the_shortest_texts_of_a_double() {
+        for text in
+            ["0.1", "3.14", "1E2", "1e+2", "1.50", "-0.0", "1e-07", "5e-324", "1.7976931348623157e+308", "1e-310"]
+        {
+            assert!(as_exact_double(text).is_ok(), "{text}");
+        }
+        assert_eq!(
+            as_exact_double("3.141592653589793238462643383279"),
+            Err(DoubleLoss::Rounded { stored_as: "3.141592653589793e0".into() })
+        );
+        assert_eq!(
+            as_exact_double("9007199254740993.0"),
+            Err(DoubleLoss::Rounded { stored_as: "9.007199254740992e15".into() })
+        );
+        assert_eq!(as_exact_double("1e-400"), Err(DoubleLoss::Rounded { stored_as: "0e0".into() }));
+        assert_eq!(as_exact_double("3e-324"), Err(DoubleLoss::Rounded { stored_as: "5e-324".into() }));
+        assert_eq!(as_exact_double("1e309"), Err(DoubleLoss::OutOfRange));
+        assert_eq!(as_exact_double("-1.7976931348623159e+308"), Err(DoubleLoss::OutOfRange));
+        assert!(is_integer_text("-12345678901234567890123456789"));
+        assert!(!is_integer_text("1e2") && !is_integer_text("1.0"));
+    }
+
+    #[test]
+    fn numbers_are_visited_with_their_paths() {
+        let mut value: Value = serde_json::from_str(r#"{"a": [1, {"b c": 2.5}], "d": {"e": 3}}"#).unwrap();
+        let mut seen = Vec::new();
+        try_for_each_number::<()>(&mut value, "value", &mut |number, path| {
+            seen.push(format!("{}={number}", path()));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(seen, ["value.a[0]=1", "value.a[1][\"b c\"]=2.5", "value.d.e=3"]);
     }
 }

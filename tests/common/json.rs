@@ -66,6 +66,21 @@ pub fn first_difference(a: &Value, b: &Value) -> Option<String> {
     walk("$", a, b)
 }
 
+/// Whether `value` holds a number with a fraction or an exponent that an IEEE double does not
+/// hold exactly: what the CouchDB adapter refuses, since CouchDB keeps such numbers as doubles
+/// (integers it keeps exactly at any size).
+pub fn has_non_double_fraction(value: &Value) -> bool {
+    match value {
+        Value::Number(n) => {
+            let text = n.to_string();
+            text.contains(['.', 'e', 'E']) && !survives_f64(value)
+        }
+        Value::Array(items) => items.iter().any(has_non_double_fraction),
+        Value::Object(map) => map.values().any(has_non_double_fraction),
+        _ => false,
+    }
+}
+
 /// Whether every number in `value` survives a trip through an IEEE double (what a JavaScript
 /// server stores).
 pub fn survives_f64(value: &Value) -> bool {

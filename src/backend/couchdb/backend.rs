@@ -7,6 +7,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{json, Map, Value};
 
 use super::client::{CouchClient, Reply};
+use super::codec::to_couch_doc;
 use super::config::CouchConfig;
 use super::error::from_status;
 use crate::backend::{BulkWrite, DocumentBackend, Page, Precondition, Projection, Query, Revision, StoredDocument};
@@ -107,7 +108,7 @@ impl CouchDbBackend {
 
     /// PUTs one document with the given `_rev` (or none, to create).
     async fn put_with_rev(&self, id: &str, body: &Map<String, Value>, rev: Option<&Revision>) -> Result<Revision> {
-        let doc = to_couch_doc(id, body, rev);
+        let doc = to_couch_doc(id, body, rev)?;
         let reply = self.client.send(Method::PUT, &self.document_url(id), &[], Some(&doc), "write a document").await?;
         match reply.status {
             StatusCode::CREATED | StatusCode::ACCEPTED => revision_of(&reply.body, "write a document"),
@@ -139,17 +140,6 @@ impl CouchDbBackend {
     }
 }
 
-/// The body CouchDB stores: `_id`, `_rev` when updating, then our fields.
-fn to_couch_doc(id: &str, body: &Map<String, Value>, rev: Option<&Revision>) -> Value {
-    let mut doc = Map::with_capacity(body.len() + 2);
-    doc.insert(fields::ID.into(), id.into());
-    if let Some(rev) = rev {
-        doc.insert(fields::REV.into(), rev.as_str().into());
-    }
-    doc.extend(body.iter().filter(|(k, _)| *k != fields::ID && *k != fields::REV).map(|(k, v)| (k.clone(), v.clone())));
-    Value::Object(doc)
-}
-
 /// Splits a CouchDB document into id, revision and body.
 fn from_couch_doc(doc: Value, doing: &str) -> Result<StoredDocument> {
     let Value::Object(mut body) = doc else {
@@ -178,6 +168,24 @@ fn revision_of(reply: &Value, doing: &str) -> Result<Revision> {
     reply.get("rev").and_then(Value::as_str).map(|rev| Revision(rev.to_owned())).ok_or_else(|| {
         Error::new(ErrorKind::Internal, format!("CouchDB did not return a revision while trying to {doing}"))
     })
+}
+
+/// One entry of a `_bulk_docs` answer.
+fn bulk_result(id: &str, result: Value) -> Result<Revision> {
+    match result.get("error").and_then(Value::as_str) {
+        None => revision_of(&result, "write documents in bulk"),
+        Some("conflict") => Err(Error::conflict(format!("document {id:?} conflicts with the stored one"))),
+        Some(error) => {
+            let reason = result.get("reason").and_then(Value::as_str).unwrap_or("");
+            let kind = match error {
+                "forbidden" | "unauthorized" => ErrorKind::Unauthorized,
+                "too_large" | "document_too_large" => ErrorKind::TooLarge,
+                "doc_validation" | "bad_request" => ErrorKind::InvalidInput,
+                _ => ErrorKind::Internal,
+            };
+            Err(Error::new(kind, format!("CouchDB refused document {id:?}: {error}: {reason}")))
+        }
+    }
 }
 
 fn is_design_doc(id: &str) -> bool {
@@ -327,19 +335,29 @@ impl DocumentBackend for CouchDbBackend {
         } else {
             unconditional.iter().copied().zip(self.current_revisions(&unconditional).await?).collect::<Vec<_>>()
         };
-        let docs: Vec<Value> = writes
-            .iter()
-            .map(|write| {
-                let rev = match &write.precondition {
-                    Precondition::MustNotExist => None,
-                    Precondition::MatchRevision(rev) => Some(rev.clone()),
-                    Precondition::None => {
-                        current.iter_mut().find(|(id, _)| *id == write.id).and_then(|(_, rev)| rev.take())
-                    }
-                };
-                to_couch_doc(&write.id, &write.body, rev.as_ref())
-            })
-            .collect();
+        // A document CouchDB cannot store exactly is refused on its own; the others are sent.
+        let mut outcomes: Vec<Option<Result<Revision>>> = Vec::with_capacity(writes.len());
+        let mut docs = Vec::with_capacity(writes.len());
+        for write in &writes {
+            let rev = match &write.precondition {
+                Precondition::MustNotExist => None,
+                Precondition::MatchRevision(rev) => Some(rev.clone()),
+                Precondition::None => {
+                    current.iter_mut().find(|(id, _)| *id == write.id).and_then(|(_, rev)| rev.take())
+                }
+            };
+            match to_couch_doc(&write.id, &write.body, rev.as_ref()) {
+                Ok(doc) => {
+                    docs.push(doc);
+                    outcomes.push(None);
+                }
+                Err(refused) => outcomes.push(Some(Err(refused))),
+            }
+        }
+        if docs.is_empty() {
+            return Ok(outcomes.into_iter().flatten().collect());
+        }
+        let sent = docs.len();
         let url = self.client.url(&["_bulk_docs"]);
         let Reply { status, body } = self
             .client
@@ -349,30 +367,19 @@ impl DocumentBackend for CouchDbBackend {
             return Err(from_status(status, &body, "write documents in bulk"));
         }
         let results = body.as_array().cloned().unwrap_or_default();
-        if results.len() != writes.len() {
+        if results.len() != sent {
             return Err(Error::new(
                 ErrorKind::Internal,
-                format!("CouchDB _bulk_docs answered {} results for {} documents", results.len(), writes.len()),
+                format!("CouchDB _bulk_docs answered {} results for {sent} documents", results.len()),
             ));
         }
+        let mut results = results.into_iter();
         Ok(writes
             .iter()
-            .zip(results)
-            .map(|(write, result)| match result.get("error").and_then(Value::as_str) {
-                None => revision_of(&result, "write documents in bulk"),
-                Some("conflict") => {
-                    Err(Error::conflict(format!("document {:?} conflicts with the stored one", write.id)))
-                }
-                Some(error) => {
-                    let reason = result.get("reason").and_then(Value::as_str).unwrap_or("");
-                    let kind = match error {
-                        "forbidden" | "unauthorized" => ErrorKind::Unauthorized,
-                        "too_large" | "document_too_large" => ErrorKind::TooLarge,
-                        "doc_validation" | "bad_request" => ErrorKind::InvalidInput,
-                        _ => ErrorKind::Internal,
-                    };
-                    Err(Error::new(kind, format!("CouchDB refused document {:?}: {error}: {reason}", write.id)))
-                }
+            .zip(outcomes)
+            .map(|(write, outcome)| match outcome {
+                Some(refused) => refused,
+                None => bulk_result(&write.id, results.next().unwrap_or(Value::Null)),
             })
             .collect())
     }

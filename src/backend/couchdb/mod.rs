@@ -15,6 +15,7 @@
 
 mod backend;
 mod client;
+mod codec;
 pub mod config;
 mod error;
 
