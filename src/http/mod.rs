@@ -89,8 +89,8 @@ impl App {
             max_connections: settings.max_connections,
             header_read_timeout: Duration::from_secs(settings.header_read_timeout_secs),
             idle_timeout: Duration::from_secs(settings.idle_timeout_secs),
-            // Enough to take in a whole body of the limit the server refused early.
-            linger_bytes: settings.body_limit().saturating_add(64 * 1024),
+            // Enough to take in a whole body of twice the limit that the server refused early.
+            linger_bytes: settings.body_limit().saturating_mul(2).saturating_add(1 << 20),
         };
         Ok(App {
             router,
