@@ -51,6 +51,26 @@ pub enum Command {
         /// and write every user's data)
         #[arg(long)]
         allow_unauthenticated: bool,
+        /// Seconds a client has to send a whole request head [default: 10; env:
+        /// AGENTSTORE_HEADER_READ_TIMEOUT_SECS]
+        #[arg(long, value_name = "SECS")]
+        header_read_timeout_secs: Option<u64>,
+        /// Seconds a connection may sit with nothing moving and no request handled before it is
+        /// closed [default: 60; env: AGENTSTORE_IDLE_TIMEOUT_SECS]
+        #[arg(long, value_name = "SECS")]
+        idle_timeout_secs: Option<u64>,
+        /// Connections served at once; more wait in the listen backlog [default: 1024; env:
+        /// AGENTSTORE_MAX_CONNECTIONS]
+        #[arg(long, value_name = "N")]
+        max_connections: Option<usize>,
+        /// Request-body bytes read and parsed at once, server-wide; more wait [default: 4 × the
+        /// body limit; env: AGENTSTORE_MAX_INFLIGHT_BODY_BYTES]
+        #[arg(long, value_name = "BYTES")]
+        max_inflight_body_bytes: Option<usize>,
+        /// Estimated memory of parsed request bodies held at once, server-wide; more wait
+        /// [default: 134217728; env: AGENTSTORE_MAX_INFLIGHT_PARSE_BYTES]
+        #[arg(long, value_name = "BYTES")]
+        max_inflight_parse_bytes: Option<usize>,
     },
     /// Print the SHA-256 of a bearer token read from standard input, for the `tokens` setting
     HashToken,
@@ -109,19 +129,31 @@ pub enum StoreCommand {
 
 impl Cli {
     pub fn overrides(&self) -> Overrides {
-        Overrides {
+        let mut overrides = Overrides {
             backend: self.backend.clone(),
             max_value_bytes: self.max_value_bytes,
             log_format: self.log_format,
-            listen: match &self.command {
-                Command::Serve { listen, .. } => listen.clone(),
-                _ => None,
-            },
-            allow_unauthenticated: match &self.command {
-                Command::Serve { allow_unauthenticated: true, .. } => Some(true),
-                _ => None,
-            },
+            ..Overrides::default()
+        };
+        if let Command::Serve {
+            listen,
+            allow_unauthenticated,
+            header_read_timeout_secs,
+            idle_timeout_secs,
+            max_connections,
+            max_inflight_body_bytes,
+            max_inflight_parse_bytes,
+        } = &self.command
+        {
+            overrides.listen = listen.clone();
+            overrides.allow_unauthenticated = allow_unauthenticated.then_some(true);
+            overrides.header_read_timeout_secs = *header_read_timeout_secs;
+            overrides.idle_timeout_secs = *idle_timeout_secs;
+            overrides.max_connections = *max_connections;
+            overrides.max_inflight_body_bytes = *max_inflight_body_bytes;
+            overrides.max_inflight_parse_bytes = *max_inflight_parse_bytes;
         }
+        overrides
     }
 }
 

@@ -15,6 +15,12 @@ use crate::store::StoreOptions;
 /// The config file read when present and no other is named.
 pub const DEFAULT_CONFIG_FILE: &str = "agentstore.toml";
 
+/// Most connections `max_connections` may allow.
+pub const MAX_CONNECTIONS: usize = 1_000_000;
+/// Largest `max_inflight_body_bytes` and `max_inflight_parse_bytes` (budgets are counted in KiB
+/// permits of a `u32`).
+pub const MAX_INFLIGHT_BODY_BYTES: usize = (u32::MAX as usize) << 10;
+
 /// Log output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -49,8 +55,22 @@ pub struct Settings {
     /// Largest request body `serve` reads; default 4 × `max_value_bytes` + 64 KiB (a value and
     /// its metadata, with room for whitespace).
     pub max_body_bytes: Option<usize>,
-    /// Requests taking longer are answered 408.
+    /// Requests taking longer are answered 504 `{"error": "timeout"}`.
     pub request_timeout_secs: u64,
+    /// A request's head must arrive whole within this many seconds, counted from when the server
+    /// starts waiting for it (on a keep-alive connection: from the end of the previous response).
+    pub header_read_timeout_secs: u64,
+    /// A connection with no request being handled and no byte moving either way for this many
+    /// seconds is closed.
+    pub idle_timeout_secs: u64,
+    /// Connections served at once; further ones wait in the listen backlog until one closes.
+    pub max_connections: usize,
+    /// Bytes of request bodies being read at once, server-wide; requests beyond it wait.
+    /// Default 4 × the body limit.
+    pub max_inflight_body_bytes: Option<usize>,
+    /// Estimated memory of parsed request bodies held at once, server-wide; requests beyond it
+    /// wait (one alone may exceed it).
+    pub max_inflight_parse_bytes: usize,
     /// On SIGTERM/SIGINT, how long in-flight requests may take to finish.
     pub shutdown_grace_secs: u64,
     /// CouchDB user, when the backend URL carries none.
@@ -116,6 +136,11 @@ pub struct Overrides {
     pub log_format: Option<LogFormat>,
     pub listen: Option<String>,
     pub allow_unauthenticated: Option<bool>,
+    pub header_read_timeout_secs: Option<u64>,
+    pub idle_timeout_secs: Option<u64>,
+    pub max_connections: Option<usize>,
+    pub max_inflight_body_bytes: Option<usize>,
+    pub max_inflight_parse_bytes: Option<usize>,
 }
 
 impl Settings {
@@ -134,6 +159,10 @@ impl Settings {
             .and_then(|b| b.set_default("allow_unauthenticated", false))
             .and_then(|b| b.set_default("request_timeout_secs", 30u64))
             .and_then(|b| b.set_default("shutdown_grace_secs", 30u64))
+            .and_then(|b| b.set_default("header_read_timeout_secs", 10u64))
+            .and_then(|b| b.set_default("idle_timeout_secs", 60u64))
+            .and_then(|b| b.set_default("max_connections", 1024u64))
+            .and_then(|b| b.set_default("max_inflight_parse_bytes", 128u64 << 20))
             .map_err(bad)?;
         builder = match file {
             Some(path) => {
@@ -166,6 +195,17 @@ impl Settings {
         if let Some(allow) = overrides.allow_unauthenticated {
             builder = builder.set_override("allow_unauthenticated", allow).map_err(bad)?;
         }
+        for (key, value) in [
+            ("header_read_timeout_secs", overrides.header_read_timeout_secs),
+            ("idle_timeout_secs", overrides.idle_timeout_secs),
+            ("max_connections", overrides.max_connections.map(|n| n as u64)),
+            ("max_inflight_body_bytes", overrides.max_inflight_body_bytes.map(|n| n as u64)),
+            ("max_inflight_parse_bytes", overrides.max_inflight_parse_bytes.map(|n| n as u64)),
+        ] {
+            if let Some(value) = value {
+                builder = builder.set_override(key, value).map_err(bad)?;
+            }
+        }
         let settings: Settings = builder.build().and_then(|c| c.try_deserialize()).map_err(bad)?;
         if settings.page_size == 0 {
             return Err(Error::invalid("page_size", "must be at least 1"));
@@ -173,7 +213,42 @@ impl Settings {
         if settings.max_value_bytes == 0 {
             return Err(Error::invalid("max_value_bytes", "must be at least 1"));
         }
+        settings.check_serve_limits()?;
         Ok(settings)
+    }
+
+    /// The connection and body settings `serve` needs to be usable.
+    fn check_serve_limits(&self) -> Result<()> {
+        for (field, secs) in [
+            ("request_timeout_secs", self.request_timeout_secs),
+            ("header_read_timeout_secs", self.header_read_timeout_secs),
+            ("idle_timeout_secs", self.idle_timeout_secs),
+        ] {
+            if secs == 0 {
+                return Err(Error::invalid(field, "must be at least 1"));
+            }
+        }
+        if !(1..=MAX_CONNECTIONS).contains(&self.max_connections) {
+            return Err(Error::invalid("max_connections", format!("must be from 1 to {MAX_CONNECTIONS}")));
+        }
+        let budget = self.inflight_body_budget();
+        if budget < self.body_limit() || budget > MAX_INFLIGHT_BODY_BYTES {
+            return Err(Error::invalid(
+                "max_inflight_body_bytes",
+                format!(
+                    "is {budget}; it must hold at least one body of the body limit ({} bytes) and be at most \
+                     {MAX_INFLIGHT_BODY_BYTES}",
+                    self.body_limit()
+                ),
+            ));
+        }
+        if self.max_inflight_parse_bytes == 0 || self.max_inflight_parse_bytes > MAX_INFLIGHT_BODY_BYTES {
+            return Err(Error::invalid(
+                "max_inflight_parse_bytes",
+                format!("must be from 1 to {MAX_INFLIGHT_BODY_BYTES}"),
+            ));
+        }
+        Ok(())
     }
 
     /// The backend URL, with credentials from the settings filled in where the URL has none.
@@ -197,6 +272,11 @@ impl Settings {
     /// The request body limit in force.
     pub fn body_limit(&self) -> usize {
         self.max_body_bytes.unwrap_or_else(|| self.max_value_bytes.saturating_mul(4).saturating_add(64 * 1024))
+    }
+
+    /// The server-wide budget of request-body bytes being read and parsed at once.
+    pub fn inflight_body_budget(&self) -> usize {
+        self.max_inflight_body_bytes.unwrap_or_else(|| self.body_limit().saturating_mul(4))
     }
 
     /// The facade's options these settings describe.

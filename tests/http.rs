@@ -163,6 +163,11 @@ fn settings(dir: &TempDir) -> Settings {
     settings.max_body_bytes = None;
     settings.request_timeout_secs = 30;
     settings.shutdown_grace_secs = 5;
+    settings.header_read_timeout_secs = 10;
+    settings.idle_timeout_secs = 60;
+    settings.max_connections = 1024;
+    settings.max_inflight_body_bytes = None;
+    settings.max_inflight_parse_bytes = 128 << 20;
     settings
 }
 
@@ -926,6 +931,8 @@ enum Fault {
     Unavailable,
     /// Every document exists, and every write to it conflicts.
     Contended,
+    /// As `Contended`, but every read takes 3 s.
+    Slow,
 }
 
 /// A backend that fails on purpose, to reach the 409 and 503 answers.
@@ -935,7 +942,7 @@ impl FaultyBackend {
     fn fail<T>(&self) -> agentstore::Result<T> {
         Err(match self.0 {
             Fault::Unavailable => Error::new(ErrorKind::Unavailable, "backend down for the test"),
-            Fault::Contended => Error::conflict("another writer got there first (test)"),
+            Fault::Contended | Fault::Slow => Error::conflict("another writer got there first (test)"),
         })
     }
 }
@@ -949,6 +956,9 @@ impl DocumentBackend for FaultyBackend {
     async fn get(&self, id: &str) -> agentstore::Result<Option<StoredDocument>> {
         if self.0 == Fault::Unavailable {
             return self.fail();
+        }
+        if self.0 == Fault::Slow {
+            tokio::time::sleep(Duration::from_secs(3)).await;
         }
         let parsed = DocumentId::parse(id)?;
         let mut body = Map::new();
@@ -971,7 +981,7 @@ impl DocumentBackend for FaultyBackend {
     async fn query(&self, _: &Query, _: usize, _: Option<&str>) -> agentstore::Result<Page<StoredDocument>> {
         match self.0 {
             Fault::Unavailable => self.fail(),
-            Fault::Contended => Ok(Page { items: Vec::new(), next: None }),
+            Fault::Contended | Fault::Slow => Ok(Page { items: Vec::new(), next: None }),
         }
     }
 
@@ -982,7 +992,7 @@ impl DocumentBackend for FaultyBackend {
     async fn ensure_namespace_indexed(&self, _: &str) -> agentstore::Result<()> {
         match self.0 {
             Fault::Unavailable => self.fail(),
-            Fault::Contended => Ok(()),
+            Fault::Contended | Fault::Slow => Ok(()),
         }
     }
 
@@ -997,7 +1007,7 @@ impl DocumentBackend for FaultyBackend {
     async fn health(&self) -> agentstore::Result<()> {
         match self.0 {
             Fault::Unavailable => self.fail(),
-            Fault::Contended => Ok(()),
+            Fault::Contended | Fault::Slow => Ok(()),
         }
     }
 }
@@ -1006,6 +1016,7 @@ async fn faulty_server(fault: Fault) -> Server {
     let dir = tempfile::tempdir().expect("temp dir");
     let mut settings = settings(&dir);
     settings.max_conflict_retries = 2;
+    settings.request_timeout_secs = 1;
     Server::on_backend(Arc::new(FaultyBackend(fault)), &settings, dir).await
 }
 
@@ -1014,7 +1025,8 @@ async fn unavailable_backends_are_503_with_retry_after() {
     let server = faulty_server(Fault::Unavailable).await;
     let ready = server.get("/readyz").await;
     assert_eq!(ready.header("retry-after"), Some("1"));
-    ready.expect_error(StatusCode::SERVICE_UNAVAILABLE, "unavailable");
+    let reason = ready.expect_error(StatusCode::SERVICE_UNAVAILABLE, "unavailable");
+    assert_generic_reason(&ready, &reason);
     // Liveness does not depend on the backend.
     assert_eq!(server.get("/healthz").await.expect_json(StatusCode::OK), json!({ "status": "ok" }));
     for (method, template) in v1_routes() {
@@ -1022,11 +1034,35 @@ async fn unavailable_backends_are_503_with_retry_after() {
         assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "{method} {template}: {}", reply.describe());
         assert_eq!(reply.header("retry-after"), Some("1"), "{method} {template}");
         if method != Method::HEAD {
-            reply.expect_error(StatusCode::SERVICE_UNAVAILABLE, "unavailable");
+            let reason = reply.expect_error(StatusCode::SERVICE_UNAVAILABLE, "unavailable");
+            assert_generic_reason(&reply, &reason);
         }
     }
     let metrics = server.get("/metrics").await.text();
     assert!(metrics.contains("outcome=\"unavailable\""), "{metrics}");
+    server.stop().await;
+}
+
+/// A 5xx reason tells nothing of the backend (the test backend's message stays in the log) and
+/// carries the request id the response echoes.
+fn assert_generic_reason(reply: &Reply, reason: &str) {
+    assert!(!reason.contains("test"), "internal detail in {}", reply.describe());
+    let id = reply.header("x-request-id").unwrap_or_else(|| panic!("no request id: {}", reply.describe()));
+    assert!(reason.contains(&format!("request id {id}")), "{}", reply.describe());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_past_the_timeout_are_504_json() {
+    let server = faulty_server(Fault::Slow).await;
+    let path = doc_path("u", "ns", "k");
+    let started = Instant::now();
+    let reply = server.get(&path).await;
+    let reason = reply.expect_error(StatusCode::GATEWAY_TIMEOUT, "timeout");
+    assert_generic_reason(&reply, &reason);
+    assert!(started.elapsed() < Duration::from_millis(2500), "answered after {:?}", started.elapsed());
+    // Every other error the framework could produce is JSON too: 404 fallback, 405.
+    server.get("/nowhere").await.expect_error(StatusCode::NOT_FOUND, "not_found");
+    server.call(Method::POST, &path).await.expect_error(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed");
     server.stop().await;
 }
 
@@ -1338,6 +1374,145 @@ async fn listings_stream_thousands_of_keys() {
     server.stop().await;
 }
 
+// ---- connections ----
+
+/// The address a server listens on.
+fn addr_of(server: &Server) -> SocketAddr {
+    server.base.trim_start_matches("http://").parse().expect("server address")
+}
+
+/// Whether the server closed the connection within `within` (EOF or reset), reading and
+/// discarding anything it sends first.
+async fn closed_within(stream: &mut tokio::net::TcpStream, within: Duration) -> bool {
+    let mut buf = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        match tokio::time::timeout_at(deadline, stream.read(&mut buf)).await {
+            Err(_) => return false,
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_headers_are_cut_off_after_the_header_timeout() {
+    let server = Server::start_with(|s| {
+        s.header_read_timeout_secs = 1;
+        s.idle_timeout_secs = 60;
+    })
+    .await;
+    let mut stream = tokio::net::TcpStream::connect(addr_of(&server)).await.expect("connect");
+    let started = Instant::now();
+    // One header byte every 200 ms: the connection is never idle, but the head never completes.
+    let trickle = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    for byte in trickle {
+        if stream.write_all(&[*byte]).await.is_err() {
+            break;
+        }
+        let mut probe = [0u8; 1];
+        match tokio::time::timeout(Duration::from_millis(200), stream.read(&mut probe)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break,
+            _ => {}
+        }
+    }
+    let elapsed = started.elapsed();
+    assert!(elapsed < Duration::from_secs(4), "the trickling client kept its connection for {elapsed:?}");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_keep_alive_connections_are_closed_after_the_idle_timeout() {
+    let server = Server::start_with(|s| {
+        s.header_read_timeout_secs = 60;
+        s.idle_timeout_secs = 1;
+    })
+    .await;
+    let mut stream = tokio::net::TcpStream::connect(addr_of(&server)).await.expect("connect");
+    stream.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await.expect("send");
+    let head = read_head(&mut stream).await;
+    assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
+    let started = Instant::now();
+    assert!(
+        closed_within(&mut stream, Duration::from_secs(5)).await,
+        "idle keep-alive connection still open after 5 s"
+    );
+    assert!(started.elapsed() >= Duration::from_millis(900), "closed too early: {:?}", started.elapsed());
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_beyond_the_cap_wait_for_a_free_slot() {
+    let server = Server::start_with(|s| s.max_connections = 2).await;
+    let addr = addr_of(&server);
+    let first = tokio::net::TcpStream::connect(addr).await.expect("connect 1");
+    let _second = tokio::net::TcpStream::connect(addr).await.expect("connect 2");
+    // The third connects (the kernel's backlog) but is not served while two are open.
+    let mut third = tokio::net::TcpStream::connect(addr).await.expect("connect 3");
+    third.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await.expect("send");
+    let mut byte = [0u8; 1];
+    let early = tokio::time::timeout(Duration::from_millis(800), third.read(&mut byte)).await;
+    assert!(early.is_err(), "served beyond the connection cap: {early:?}");
+    drop(first);
+    let head =
+        tokio::time::timeout(Duration::from_secs(5), read_head(&mut third)).await.expect("served once a slot was free");
+    assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
+    server.stop().await;
+}
+
+/// Sends `head` and a `size`-byte JSON body in full (as simple clients do, without waiting for an
+/// early answer), then reads the status line. A reset or broken pipe is a failure.
+async fn send_whole(addr: SocketAddr, head: &str, size: usize) -> String {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let body = format!("{{\"value\": \"{}\"}}", "b".repeat(size.saturating_sub(13)));
+    let request = format!("{head}Host: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n", body.len());
+    let mut bytes = request.into_bytes();
+    bytes.extend_from_slice(body.as_bytes());
+    stream.write_all(&bytes).await.unwrap_or_else(|e| panic!("sending the body: {e}"));
+    let mut response = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(20), stream.read_to_end(&mut response)).await;
+    match read {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) if !response.is_empty() => panic!("read after {} bytes: {e}", response.len()),
+        Ok(Err(e)) => panic!("reading the answer: {e}"),
+        Err(_) if !response.is_empty() => {}
+        Err(_) => panic!("no answer within 20 s"),
+    }
+    String::from_utf8_lossy(&response).lines().next().unwrap_or_default().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_refused_early_still_get_their_answer() {
+    let server = Server::start_with(|s| {
+        s.tokens = token_settings();
+        s.max_body_bytes = Some(200_000);
+    })
+    .await;
+    let addr = addr_of(&server);
+    let put = |user: &str, token: Option<&str>| {
+        let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+        format!("PUT {} HTTP/1.1\r\nConnection: close\r\n{auth}", doc_path(user, "ns", "k"))
+    };
+    let cases = [
+        ("401", put("alice", None), 1_000_000),
+        ("403", put("alice", Some(BOB)), 1_000_000),
+        ("413", put("alice", Some(ALICE)), 1_000_000),
+        // A route that never reads a body.
+        (
+            "404",
+            format!("DELETE {} HTTP/1.1\r\nAuthorization: Bearer {ALICE}\r\n", doc_path("alice", "ns", "k")),
+            1_000_000,
+        ),
+    ];
+    for (status, head, size) in cases {
+        for attempt in 0..20 {
+            let line = send_whole(addr, &head, size).await;
+            assert!(line.starts_with(&format!("HTTP/1.1 {status} ")), "attempt {attempt} for {status}: {line:?}");
+        }
+    }
+    server.stop().await;
+}
+
 // ---- the binary ----
 
 /// The child process, killed if the test fails before it exits.
@@ -1364,17 +1539,22 @@ async fn read_head(stream: &mut tokio::net::TcpStream) -> String {
     String::from_utf8(head).expect("head is text")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigterm_finishes_in_flight_requests_then_exits_cleanly() {
+/// `agentstore serve` over a fresh embedded store in `dir`, on an ephemeral loopback port, with
+/// no `AGENTSTORE_*` settings from the environment. Returns the child, its address, and its
+/// stderr lines (drained on a thread, so the server never blocks on a full pipe).
+async fn spawn_serve(
+    dir: &TempDir,
+    extra: &[&str],
+) -> (Child, SocketAddr, tokio::sync::mpsc::UnboundedReceiver<String>, Vec<String>) {
     use std::io::BufRead;
     use std::process::{Command, Stdio};
 
-    let dir = tempfile::tempdir().expect("temp dir");
     let mut command = Command::new(env!("CARGO_BIN_EXE_agentstore"));
     command
         .current_dir(dir.path())
         .args(["serve", "--listen", "127.0.0.1:0", "--backend"])
         .arg(format!("embedded:{}", dir.path().join("s.redb").display()))
+        .args(extra)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
@@ -1387,7 +1567,6 @@ async fn sigterm_finishes_in_flight_requests_then_exits_cleanly() {
     let mut child = Child(command.spawn().expect("spawn agentstore serve"));
     let stderr = child.0.stderr.take().expect("stderr pipe");
     let (lines_tx, mut lines) = tokio::sync::mpsc::unbounded_channel::<String>();
-    // Drained to the end, so the server never blocks on a full pipe.
     std::thread::spawn(move || {
         for line in std::io::BufReader::new(stderr).lines() {
             let Ok(line) = line else { break };
@@ -1409,6 +1588,108 @@ async fn sigterm_finishes_in_flight_requests_then_exits_cleanly() {
         }
         log.push(line);
     };
+    (child, addr, lines, log)
+}
+
+/// The peak resident memory of process `pid` so far (VmHWM), in bytes.
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read /proc/PID/status");
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).expect("a VmHWM line");
+    let kib: u64 = line.split_whitespace().nth(1).and_then(|n| n.parse().ok()).expect("VmHWM in kB");
+    kib * 1024
+}
+
+/// A PUT body over raw TCP; returns the status line.
+async fn put_raw(addr: SocketAddr, key: &str, body: &[u8]) -> String {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let head = format!(
+        "PUT {} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        doc_path("u", "ns", key),
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await.expect("send head");
+    stream.write_all(body).await.expect("send body");
+    let mut response = Vec::new();
+    tokio::time::timeout(Duration::from_secs(120), stream.read_to_end(&mut response))
+        .await
+        .expect("answer within 120 s")
+        .expect("read answer");
+    String::from_utf8_lossy(&response).lines().next().unwrap_or_default().to_owned()
+}
+
+/// Bodies of the default 4.26 MB body limit whose parsed trees are many times their text:
+/// one-digit numbers (a heap string each under `arbitrary_precision`) and one-entry objects (an
+/// `IndexMap` each under `preserve_order`). `items` × the item's text, padded with spaces to
+/// `total` bytes.
+fn hostile_body(item: &str, items: usize, total: usize) -> Vec<u8> {
+    let mut body = String::with_capacity(total);
+    body.push_str("{\"value\": [");
+    for i in 0..items {
+        if i > 0 {
+            body.push(',');
+        }
+        body.push_str(item);
+    }
+    body.push_str("]}");
+    let pad = total.saturating_sub(body.len());
+    body.insert_str(body.len() - 1, &" ".repeat(pad));
+    body.into_bytes()
+}
+
+/// Issue 11, item 3: one 4.26 MB body raised the peak RSS from 11 MB to 232 MB, 16 at once to
+/// 586 MB. The bounds asserted here are documented in the README (Operations).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peak_memory_of_large_puts_is_bounded() {
+    const MIB: u64 = 1 << 20;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (child, addr, _lines, _log) = spawn_serve(&dir, &[]).await;
+    let pid = child.0.id();
+    assert!(put_raw(addr, "warm", br#"{"value": 1}"#).await.starts_with("HTTP/1.1 200 "));
+    let base = peak_rss(pid);
+    let limit = 4 * 1024 * 1024 + 64 * 1024;
+
+    // Over the value limit: refused before any tree is built.
+    let over = hostile_body("1", 2_000_000, limit);
+    let line = put_raw(addr, "over", &over).await;
+    assert!(line.starts_with("HTTP/1.1 413 "), "{line}");
+    let after_one = peak_rss(pid);
+    eprintln!("peak RSS: {} MiB at start, {} MiB after one refused body", base / MIB, after_one / MIB);
+    assert!(after_one - base <= 64 * MIB, "one refused body: peak {} MiB -> {} MiB", base / MIB, after_one / MIB);
+
+    // 16 at once, half of them the largest value accepted in the costliest shapes.
+    let bodies = [
+        hostile_body("1", 500_000, limit),
+        hostile_body("{\"a\":1}", 131_000, limit),
+        hostile_body("{}", 349_000, limit),
+        over,
+    ];
+    let tasks: Vec<_> = (0..16)
+        .map(|i| {
+            let body = bodies[i % bodies.len()].clone();
+            tokio::spawn(async move { (i, put_raw(addr, &format!("k{i}"), &body).await) })
+        })
+        .collect();
+    for task in tasks {
+        let (i, line) = task.await.expect("task");
+        let expected = if i % bodies.len() == 3 { "HTTP/1.1 413 " } else { "HTTP/1.1 200 " };
+        assert!(line.starts_with(expected), "body {i}: {line}");
+    }
+    let after_many = peak_rss(pid);
+    eprintln!("peak RSS: {} MiB after 16 concurrent bodies", after_many / MIB);
+    assert!(
+        after_many - base <= 400 * MIB,
+        "16 concurrent bodies: peak {} MiB -> {} MiB",
+        base / MIB,
+        after_many / MIB
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_finishes_in_flight_requests_then_exits_cleanly() {
+    use std::process::Command;
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (mut child, addr, mut lines, log) = spawn_serve(&dir, &[]).await;
     assert!(addr.ip().is_loopback() && addr.port() != 0, "{addr}");
 
     // A PUT of ~1 MiB, held in flight: the server has read the head and its handler is waiting for

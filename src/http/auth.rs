@@ -71,11 +71,13 @@ impl Auth {
         let value = headers
             .get(header::AUTHORIZATION)
             .ok_or_else(|| unauthorized("an Authorization: Bearer token is required"))?;
+        // The scheme name is case-insensitive (RFC 9110 §11.1); one or more spaces follow it.
         let token = value
             .to_str()
             .ok()
-            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
-            .map(str::trim)
+            .and_then(|v| v.trim_start().split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, token)| token.trim())
             .filter(|t| !t.is_empty())
             .ok_or_else(|| unauthorized("the Authorization header must be `Bearer <token>`"))?;
         let hash: [u8; 32] = Sha256::digest(token.as_bytes()).into();
@@ -119,6 +121,22 @@ mod tests {
         assert!(auth.authorize(&headers("root-token"), "bob").is_ok());
         assert_eq!(auth.authorize(&headers("nope"), "alice").unwrap_err().status, StatusCode::UNAUTHORIZED);
         assert_eq!(auth.authorize(&HeaderMap::new(), "alice").unwrap_err().status, StatusCode::UNAUTHORIZED);
+    }
+
+    #[test]
+    fn the_scheme_is_case_insensitive() {
+        let auth = auth();
+        let with = |value: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::AUTHORIZATION, HeaderValue::from_str(value).unwrap());
+            auth.authorize(&h, "alice").map_err(|e| e.status)
+        };
+        for ok in ["Bearer alice-token", "BEARER alice-token", "bEaReR   alice-token", "bearer alice-token "] {
+            assert_eq!(with(ok), Ok(()), "{ok}");
+        }
+        for bad in ["Basic alice-token", "Bearer", "Bearer ", "Beareralice-token", "alice-token"] {
+            assert_eq!(with(bad), Err(StatusCode::UNAUTHORIZED), "{bad}");
+        }
     }
 
     #[test]

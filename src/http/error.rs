@@ -1,8 +1,11 @@
 //! HTTP error responses: CouchDB-style `{"error": "...", "reason": "..."}` bodies with the status
-//! each error kind deserves. Anything a client can cause is a 4xx; a 5xx means our side or the
-//! backend failed.
+//! each error kind deserves. Anything a client can cause is a 4xx, whose reason names the problem;
+//! a 5xx means our side or the backend failed, and its reason is generic (no backend URLs, hosts
+//! or SDK messages) plus the request id, under which the whole error chain is logged.
 
+use axum::extract::Request;
 use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
@@ -48,17 +51,43 @@ impl From<Error> for ApiError {
             ErrorKind::Corrupt => (StatusCode::INTERNAL_SERVER_ERROR, "corrupt_document"),
             ErrorKind::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         };
-        if status.is_server_error() {
-            tracing::error!(error = %err, kind = %err.kind(), "request failed");
+        if !status.is_server_error() {
+            return ApiError::new(status, error, err.to_string());
         }
-        ApiError::new(status, error, err.to_string())
+        // The request span carries the request id, so the log line can be found from the reply.
+        tracing::error!(error = %err, kind = %err.kind(), "request failed");
+        let reason = match err.kind() {
+            ErrorKind::Unavailable => "the storage backend is unavailable; retry later",
+            ErrorKind::Unauthorized => "the storage backend refused the server's credentials",
+            ErrorKind::Misconfigured => "the server is misconfigured",
+            ErrorKind::Corrupt => "a stored document is corrupt",
+            _ => "internal error",
+        };
+        ApiError::new(status, error, reason)
     }
+}
+
+tokio::task_local! {
+    /// The id of the request being handled, for the reasons of 5xx answers.
+    static REQUEST_ID: String;
+}
+
+/// Middleware: makes the request id (set by the request-id layer outside) known to the error
+/// answers produced while the request is handled.
+pub async fn scope_request_id(request: Request, next: Next) -> Response {
+    let id = request.headers().get("x-request-id").and_then(|v| v.to_str().ok()).unwrap_or("-").to_owned();
+    REQUEST_ID.scope(id, next.run(request)).await
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut response =
-            (self.status, axum::Json(json!({ "error": self.error, "reason": self.reason }))).into_response();
+        let mut reason = self.reason;
+        if self.status.is_server_error() {
+            if let Ok(id) = REQUEST_ID.try_with(Clone::clone) {
+                reason = format!("{reason} (request id {id})");
+            }
+        }
+        let mut response = (self.status, axum::Json(json!({ "error": self.error, "reason": reason }))).into_response();
         let headers = response.headers_mut();
         match self.status {
             StatusCode::SERVICE_UNAVAILABLE => {

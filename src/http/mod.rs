@@ -1,10 +1,13 @@
 //! `agentstore serve`: the data store as a JSON REST API.
 //!
 //! [`App`] puts the pieces together: the facade over a metered backend, bearer-token auth on
-//! `/v1`, request ids, tracing spans, Prometheus metrics, timeouts, a body limit, and graceful
-//! shutdown. [`ROUTES`] lists every route; `openapi.json` documents exactly those (a test checks).
+//! `/v1`, request ids, tracing spans, Prometheus metrics, timeouts, a body limit and budget
+//! (`body`), connection limits and graceful shutdown (`conn`). [`ROUTES`] lists every route;
+//! `openapi.json` documents exactly those (a test checks).
 
 mod auth;
+mod body;
+mod conn;
 mod error;
 mod metrics;
 mod routes;
@@ -14,18 +17,18 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
-use axum::http::{HeaderName, StatusCode};
-use axum::middleware::from_fn_with_state;
+use axum::extract::{MatchedPath, Request};
+use axum::http::HeaderName;
+use axum::middleware::{from_fn, from_fn_with_state};
 use axum::routing::{get, put};
 use axum::Router;
 use tokio::net::TcpListener;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
-use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
 
 pub use auth::{hash_token, Auth, Scope};
+use body::BodyBudget;
 pub use error::ApiError;
 pub use metrics::{MeteredBackend, Metrics};
 use routes::AppState;
@@ -60,6 +63,7 @@ pub const ROUTES: &[(&str, &str)] = &[
 pub struct App {
     router: Router,
     grace: Duration,
+    connections: conn::ConnectionLimits,
     auth_open: bool,
     token_count: usize,
 }
@@ -73,9 +77,28 @@ impl App {
         let backend: Arc<dyn DocumentBackend> = Arc::new(MeteredBackend::new(backend, Arc::clone(&metrics)));
         let store = Arc::new(DataStore::open(backend, settings.store_options()).await?);
         let (auth_open, token_count) = (auth.is_open(), auth.token_count());
-        let state = AppState { store, auth: Arc::new(auth), metrics: Arc::clone(&metrics) };
-        let router = router(state, settings.body_limit(), Duration::from_secs(settings.request_timeout_secs));
-        Ok(App { router, grace: Duration::from_secs(settings.shutdown_grace_secs), auth_open, token_count })
+        let bodies = Arc::new(BodyBudget::new(
+            settings.inflight_body_budget(),
+            settings.max_inflight_parse_bytes,
+            settings.body_limit(),
+            limits,
+        ));
+        let state = AppState { store, auth: Arc::new(auth), metrics: Arc::clone(&metrics), bodies };
+        let router = router(state, Duration::from_secs(settings.request_timeout_secs));
+        let connections = conn::ConnectionLimits {
+            max_connections: settings.max_connections,
+            header_read_timeout: Duration::from_secs(settings.header_read_timeout_secs),
+            idle_timeout: Duration::from_secs(settings.idle_timeout_secs),
+            // Enough to take in a whole body of twice the limit that the server refused early.
+            linger_bytes: settings.body_limit().saturating_mul(2).saturating_add(1 << 20),
+        };
+        Ok(App {
+            router,
+            grace: Duration::from_secs(settings.shutdown_grace_secs),
+            connections,
+            auth_open,
+            token_count,
+        })
     }
 
     /// Whether requests need no token (no tokens configured).
@@ -86,32 +109,12 @@ impl App {
     /// Serves until `shutdown` resolves, then lets in-flight requests finish for up to the grace
     /// period.
     pub async fn serve(self, listener: TcpListener, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<()> {
-        let (stopping_tx, mut stopping_rx) = tokio::sync::watch::channel(false);
-        let server = axum::serve(listener, self.router.into_make_service()).with_graceful_shutdown(async move {
-            shutdown.await;
-            tracing::info!("shutting down: finishing in-flight requests");
-            let _ = stopping_tx.send(true);
-        });
-        let grace = self.grace;
-        let deadline = async move {
-            while !*stopping_rx.borrow_and_update() {
-                if stopping_rx.changed().await.is_err() {
-                    std::future::pending::<()>().await;
-                }
-            }
-            tokio::time::sleep(grace).await;
-        };
-        tokio::select! {
-            result = server => result.map_err(|e| Error::new(ErrorKind::Internal, "server failed").with_source(e)),
-            () = deadline => {
-                tracing::warn!(grace_secs = grace.as_secs(), "grace period over; stopping with requests still in flight");
-                Ok(())
-            }
-        }
+        conn::serve(listener, self.router, self.connections, shutdown, self.grace).await;
+        Ok(())
     }
 }
 
-fn router(state: AppState, body_limit: usize, timeout: Duration) -> Router {
+fn router(state: AppState, timeout: Duration) -> Router {
     let document = "/v1/users/{user}/namespaces/{namespace}/keys/{key}";
     let v1 = Router::new()
         .route("/v1/users/{user}", axum::routing::delete(routes::purge_user))
@@ -135,9 +138,8 @@ fn router(state: AppState, body_limit: usize, timeout: Duration) -> Router {
         .merge(v1)
         .fallback(routes::no_route)
         .method_not_allowed_fallback(routes::method_not_allowed)
-        .layer(DefaultBodyLimit::max(body_limit))
+        .layer(from_fn_with_state(timeout, routes::request_timeout))
         .layer(from_fn_with_state(Arc::clone(&state.metrics), metrics::track_requests))
-        .layer(TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, timeout))
         .layer(CatchPanicLayer::custom(routes::panic_response))
         .layer(TraceLayer::new_for_http().make_span_with(|request: &Request| {
             // The route template, not the path: paths carry user ids and keys.
@@ -145,6 +147,7 @@ fn router(state: AppState, body_limit: usize, timeout: Duration) -> Router {
             let id = request.headers().get("x-request-id").and_then(|v| v.to_str().ok()).unwrap_or("-");
             tracing::info_span!("request", method = %request.method(), route, request_id = id)
         }))
+        .layer(from_fn(error::scope_request_id))
         .layer(PropagateRequestIdLayer::new(request_id.clone()))
         .layer(SetRequestIdLayer::new(request_id, MakeRequestUuid))
         .with_state(state)

@@ -7,7 +7,6 @@
 use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
-use axum::extract::rejection::BytesRejection;
 use axum::extract::{FromRequestParts, Path, RawPathParams, Request, State};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -19,6 +18,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 
 use super::auth::Auth;
+use super::body::BodyBudget;
 use super::error::ApiError;
 use super::metrics::Metrics;
 use crate::backend::{Revision, StoredDocument};
@@ -34,6 +34,7 @@ pub struct AppState {
     pub store: Arc<DataStore>,
     pub auth: Arc<Auth>,
     pub metrics: Arc<Metrics>,
+    pub bodies: Arc<BodyBudget>,
 }
 
 type ApiResult<T> = Result<T, ApiError>;
@@ -128,8 +129,28 @@ fn etag(rev: &Revision) -> Option<HeaderValue> {
     HeaderValue::from_str(&format!("\"{}\"", rev.as_str())).ok()
 }
 
+/// A stored document in the spec's shape (`_id`, `_rev`, then the body's fields), serialised
+/// from the stored body without copying it into a new tree.
+struct DocumentJson<'a>(&'a StoredDocument);
+
+impl serde::Serialize for DocumentJson<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let doc = self.0;
+        let mut map = serializer.serialize_map(Some(doc.body.len() + 2))?;
+        map.serialize_entry(crate::model::fields::ID, &doc.id)?;
+        map.serialize_entry(crate::model::fields::REV, doc.rev.as_str())?;
+        for (field, value) in &doc.body {
+            if field != crate::model::fields::ID && field != crate::model::fields::REV {
+                map.serialize_entry(field, value)?;
+            }
+        }
+        map.end()
+    }
+}
+
 fn document_response(doc: &StoredDocument) -> Response {
-    let mut response = Json(doc.to_json()).into_response();
+    let mut response = Json(DocumentJson(doc)).into_response();
     if let Some(tag) = etag(&doc.rev) {
         response.headers_mut().insert(header::ETAG, tag);
     }
@@ -146,56 +167,18 @@ pub async fn put_document(
     State(state): State<AppState>,
     ApiPath((user, namespace, key)): ApiPath<(String, String, String)>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> ApiResult<Response> {
     let expect = expectation(&headers)?;
     let agent = agent(&headers)?;
-    let (value, metadata) = parse_put_body(&headers, body)?;
+    // Holds its share of the body budget until the response is built.
+    let put = state.bodies.read_put_body(&headers, body).await?;
     let doc = state
         .store
-        .set_with(&user, &namespace, &key, value, metadata, agent.as_deref(), expect.clone())
+        .set_with(&user, &namespace, &key, put.value, put.metadata, agent.as_deref(), expect.clone())
         .await
         .map_err(under(&expect))?;
     Ok(document_response(&doc))
-}
-
-/// The PUT body: a JSON object with `value` and optionally `metadata`, nothing else.
-fn parse_put_body(headers: &HeaderMap, body: Result<Bytes, BytesRejection>) -> ApiResult<(Value, Option<Value>)> {
-    let is_json = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())
-        .map(|mime| {
-            let mime = mime.trim().to_ascii_lowercase();
-            mime == "application/json" || mime.ends_with("+json")
-        })
-        .unwrap_or(false);
-    if !is_json {
-        return Err(ApiError::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "bad_content_type",
-            "the body must be JSON with Content-Type: application/json",
-        ));
-    }
-    let bytes = body.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", "the request body is over the size limit")
-        } else {
-            ApiError::bad_request(format!("cannot read the request body: {}", e.body_text()))
-        }
-    })?;
-    let parsed: Value =
-        serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?;
-    let unprocessable = |reason: String| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "bad_body", reason);
-    let Value::Object(mut fields) = parsed else {
-        return Err(unprocessable("the body must be a JSON object {\"value\": …, \"metadata\": {…}}".into()));
-    };
-    let value = fields.remove("value").ok_or_else(|| unprocessable("the body has no `value` field".into()))?;
-    let metadata = fields.remove("metadata");
-    if let Some(extra) = fields.keys().next() {
-        return Err(unprocessable(format!("unknown body field {extra:?}; only `value` and `metadata` are accepted")));
-    }
-    Ok((value, metadata))
 }
 
 pub async fn get_document(
@@ -322,8 +305,12 @@ pub async fn healthz() -> Json<Value> {
 pub async fn readyz(State(state): State<AppState>) -> Response {
     match state.store.backend().health().await {
         Ok(()) => Json(json!({ "status": "ready" })).into_response(),
-        Err(e) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", format!("backend not ready: {e}"))
-            .into_response(),
+        Err(e) => {
+            // Unauthenticated: the chain (backend URLs, hosts, SDK messages) goes to the log only.
+            tracing::warn!(error = %e, kind = %e.kind(), "backend not ready");
+            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "the storage backend is not ready")
+                .into_response()
+        }
     }
 }
 
@@ -341,6 +328,20 @@ pub async fn no_route() -> ApiError {
 
 pub async fn method_not_allowed() -> ApiError {
     ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "this route does not accept that method")
+}
+
+/// Middleware: a request still unanswered after the request timeout gets 504 `timeout`. The
+/// handler is dropped at that point.
+pub async fn request_timeout(State(limit): State<std::time::Duration>, request: Request, next: Next) -> Response {
+    match tokio::time::timeout(limit, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => ApiError::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            "timeout",
+            format!("the server gave up on the request after {} s", limit.as_secs()),
+        )
+        .into_response(),
+    }
 }
 
 /// The response for a handler that panicked: a bug, answered as a 500 in our format.

@@ -75,11 +75,15 @@ impl Limits {
 
     /// The value's size is its compact JSON serialisation, counted without building it.
     pub fn check_value(&self, value: &Value) -> Result<()> {
-        let size = json_size(value);
+        self.check_json_size("value", json_size(value))
+    }
+
+    /// `field` (`value` or `metadata`) measured `size` bytes of compact JSON.
+    pub fn check_json_size(&self, field: &str, size: usize) -> Result<()> {
         if size > self.max_value_bytes {
             return Err(Error::new(
                 ErrorKind::TooLarge,
-                format!("value is {size} bytes of JSON; the maximum is {} bytes", self.max_value_bytes),
+                format!("{field} is {size} bytes of JSON; the maximum is {} bytes", self.max_value_bytes),
             ));
         }
         Ok(())
@@ -90,14 +94,7 @@ impl Limits {
         if !metadata.is_object() {
             return Err(Error::invalid("metadata", "must be a JSON object"));
         }
-        let size = json_size(metadata);
-        if size > self.max_value_bytes {
-            return Err(Error::new(
-                ErrorKind::TooLarge,
-                format!("metadata is {size} bytes of JSON; the maximum is {} bytes", self.max_value_bytes),
-            ));
-        }
-        Ok(())
+        self.check_json_size("metadata", json_size(metadata))
     }
 }
 
