@@ -521,6 +521,51 @@ async fn openapi_documents_exactly_the_routes() {
     server.stop().await;
 }
 
+/// The limits /openapi.json states are the server's: each name's maxLength is its byte limit (a
+/// character count never stricter than the byte limit), and every /v1 operation lists the
+/// answers any request there can get, each with the request id.
+#[test]
+fn openapi_states_the_server_limits_and_answers() {
+    use agentstore::model::validate::{MAX_AGENT_BYTES, MAX_KEY_BYTES, MAX_NAMESPACE_BYTES, MAX_USER_ID_BYTES};
+    let spec: Value = serde_json::from_str(agentstore::http::OPENAPI_JSON).expect("OPENAPI_JSON is JSON");
+    let components = &spec["components"];
+    for (parameter, limit) in [
+        ("User", MAX_USER_ID_BYTES),
+        ("Namespace", MAX_NAMESPACE_BYTES),
+        ("Key", MAX_KEY_BYTES),
+        ("AgentId", MAX_AGENT_BYTES),
+    ] {
+        let schema = &components["parameters"][parameter]["schema"];
+        assert_eq!(schema["maxLength"], json!(limit), "{parameter}: {schema}");
+        assert_eq!(schema["minLength"], json!(1), "{parameter}: {schema}");
+        let description = components["parameters"][parameter]["description"].as_str().unwrap_or_default();
+        assert!(description.contains(&format!("{limit} bytes")), "{parameter}: {description}");
+    }
+    let request_id = json!({ "$ref": "#/components/headers/XRequestId" });
+    for (name, response) in components["responses"].as_object().expect("components.responses") {
+        assert_eq!(response["headers"]["X-Request-Id"], request_id, "{name}");
+    }
+    for (method, path) in ROUTES {
+        let operation = &spec["paths"][path][method.to_lowercase()];
+        let responses = operation["responses"].as_object().unwrap_or_else(|| panic!("{method} {path}"));
+        for (status, response) in responses {
+            let headers = match response.get("$ref").and_then(Value::as_str) {
+                Some(target) => &components["responses"][target.rsplit('/').next().unwrap_or_default()]["headers"],
+                None => &response["headers"],
+            };
+            assert_eq!(headers["X-Request-Id"], request_id, "{method} {path} {status}");
+        }
+        let expected: &[&str] = if path.starts_with("/v1/") {
+            &["200", "400", "401", "403", "500", "502", "503", "504"]
+        } else {
+            &["200", "500", "504"]
+        };
+        for status in expected {
+            assert!(responses.contains_key(*status), "{method} {path} does not list {status}");
+        }
+    }
+}
+
 // ---- operations ----
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -581,6 +626,30 @@ async fn request_ids_are_set_and_echoed() {
         .await;
     assert_eq!(put.status, StatusCode::OK);
     assert_eq!(put.header("x-request-id"), Some("put-1"));
+    server.stop().await;
+}
+
+/// Found by the fuzzer (scripts/fuzz): an empty `X-Request-Id` was echoed as an empty id, which
+/// identifies no request in the log or in a 5xx reason. Unusable ids are now replaced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unusable_request_ids_are_replaced_by_fresh_ones() {
+    let server = Server::start().await;
+    let longest = "r".repeat(200);
+    let reply = server.send(server.req(Method::GET, "/healthz").header("X-Request-Id", longest.as_str())).await;
+    assert_eq!(reply.header("x-request-id"), Some(longest.as_str()), "200 visible ASCII characters are kept");
+    let too_long = "r".repeat(201);
+    let unusable: [&[u8]; 5] = [b"", b"a b", b"tab\there", b"caf\xc3\xa9", too_long.as_bytes()];
+    for sent in unusable {
+        let value = HeaderValue::from_bytes(sent).expect("a valid header value");
+        for path in ["/healthz", "/nope", &doc_path("u", "ns", "missing")] {
+            let reply = server.send(server.req(Method::GET, path).header("X-Request-Id", value.clone())).await;
+            let id =
+                reply.headers.get("x-request-id").unwrap_or_else(|| panic!("no X-Request-Id: {}", reply.describe()));
+            assert_ne!(id.as_bytes(), sent, "{:?} echoed: {}", String::from_utf8_lossy(sent), reply.describe());
+            let id = id.to_str().expect("the fresh id is text");
+            assert_eq!(id.len(), 36, "a fresh UUID, not {id:?}: {}", reply.describe());
+        }
+    }
     server.stop().await;
 }
 

@@ -129,7 +129,7 @@ fn router(state: AppState, timeout: Duration) -> Router {
                 .delete(routes::delete_document),
         )
         .route_layer(from_fn_with_state(state.clone(), routes::require_auth));
-    let request_id = HeaderName::from_static("x-request-id");
+    let request_id = HeaderName::from_static(routes::REQUEST_ID_HEADER);
     Router::new()
         .route("/healthz", get(routes::healthz))
         .route("/readyz", get(routes::readyz))
@@ -144,12 +144,13 @@ fn router(state: AppState, timeout: Duration) -> Router {
         .layer(TraceLayer::new_for_http().make_span_with(|request: &Request| {
             // The route template, not the path: paths carry user ids and keys.
             let route = request.extensions().get::<MatchedPath>().map(|p| p.as_str()).unwrap_or("unmatched");
-            let id = request.headers().get("x-request-id").and_then(|v| v.to_str().ok()).unwrap_or("-");
+            let id = request.headers().get(routes::REQUEST_ID_HEADER).and_then(|v| v.to_str().ok()).unwrap_or("-");
             tracing::info_span!("request", method = %request.method(), route, request_id = id)
         }))
         .layer(from_fn(error::scope_request_id))
         .layer(PropagateRequestIdLayer::new(request_id.clone()))
         .layer(SetRequestIdLayer::new(request_id, MakeRequestUuid))
+        .layer(from_fn(routes::drop_unusable_request_id))
         .with_state(state)
 }
 

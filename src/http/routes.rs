@@ -27,6 +27,8 @@ use crate::store::{DataStore, Expect, PageStream};
 
 /// The header naming the calling agent.
 pub const AGENT_HEADER: &str = "x-agent-id";
+/// The header carrying the request id (the client's, or one the server makes).
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
 
 /// What every handler can reach.
 #[derive(Clone)]
@@ -342,6 +344,24 @@ pub async fn request_timeout(State(limit): State<std::time::Duration>, request: 
         )
         .into_response(),
     }
+}
+
+/// Longest client-sent `X-Request-Id` the server keeps.
+pub const MAX_REQUEST_ID_BYTES: usize = 200;
+
+/// Middleware, outside the request-id layer: a client's `X-Request-Id` is kept only if it is
+/// 1-200 visible ASCII characters; otherwise it is removed, so the server makes a fresh one. An
+/// empty or unprintable id would be echoed, logged and quoted in 5xx reasons, where it could not
+/// identify the request.
+pub async fn drop_unusable_request_id(mut request: Request, next: Next) -> Response {
+    let usable = |id: &HeaderValue| {
+        let bytes = id.as_bytes();
+        !bytes.is_empty() && bytes.len() <= MAX_REQUEST_ID_BYTES && bytes.iter().all(u8::is_ascii_graphic)
+    };
+    if request.headers().get(REQUEST_ID_HEADER).is_some_and(|id| !usable(id)) {
+        request.headers_mut().remove(REQUEST_ID_HEADER);
+    }
+    next.run(request).await
 }
 
 /// The response for a handler that panicked: a bug, answered as a 500 in our format.
