@@ -49,7 +49,8 @@ pub struct Settings {
     /// Largest request body `serve` reads; default 4 × `max_value_bytes` + 64 KiB (a value and
     /// its metadata, with room for whitespace).
     pub max_body_bytes: Option<usize>,
-    /// Requests taking longer are answered 408.
+    /// Document operations give up at this deadline before their next attempt (503, nothing
+    /// applied); any request still running at twice it is cut with 504.
     pub request_timeout_secs: u64,
     /// On SIGTERM/SIGINT, how long in-flight requests may take to finish.
     pub shutdown_grace_secs: u64,
@@ -206,6 +207,7 @@ impl Settings {
             track_reads: self.track_reads,
             max_conflict_retries: self.max_conflict_retries,
             page_size: self.page_size,
+            deadline: None,
         }
     }
 }

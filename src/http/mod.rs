@@ -34,7 +34,7 @@ pub use routes::AGENT_HEADER;
 use crate::backend::DocumentBackend;
 use crate::config::Settings;
 use crate::error::{Error, ErrorKind, Result};
-use crate::store::DataStore;
+use crate::store::{DataStore, StoreOptions};
 
 /// The OpenAPI 3 description served at `/openapi.json`.
 pub const OPENAPI_JSON: &str = include_str!("openapi.json");
@@ -56,6 +56,9 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/openapi.json"),
 ];
 
+/// The hard per-request timeout is this many request timeouts.
+const HARD_TIMEOUT_FACTOR: u32 = 2;
+
 /// A configured server, ready to serve on a listener.
 pub struct App {
     router: Router,
@@ -71,10 +74,14 @@ impl App {
         let auth = Auth::from_settings(&settings.tokens.entries()?, &limits)?;
         let metrics = Arc::new(Metrics::new());
         let backend: Arc<dyn DocumentBackend> = Arc::new(MeteredBackend::new(backend, Arc::clone(&metrics)));
-        let store = Arc::new(DataStore::open(backend, settings.store_options()).await?);
+        let request_timeout = Duration::from_secs(settings.request_timeout_secs);
+        // Document operations stop cooperatively at the request timeout (503, nothing applied);
+        // the hard cut in `router` is only a safety net behind it.
+        let options = StoreOptions { deadline: Some(request_timeout), ..settings.store_options() };
+        let store = Arc::new(DataStore::open(backend, options).await?);
         let (auth_open, token_count) = (auth.is_open(), auth.token_count());
         let state = AppState { store, auth: Arc::new(auth), metrics: Arc::clone(&metrics) };
-        let router = router(state, settings.body_limit(), Duration::from_secs(settings.request_timeout_secs));
+        let router = router(state, settings.body_limit(), request_timeout);
         Ok(App { router, grace: Duration::from_secs(settings.shutdown_grace_secs), auth_open, token_count })
     }
 
@@ -137,7 +144,9 @@ fn router(state: AppState, body_limit: usize, timeout: Duration) -> Router {
         .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(from_fn_with_state(Arc::clone(&state.metrics), metrics::track_requests))
-        .layer(TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, timeout))
+        // A safety net well behind the facade's cooperative deadline: a request cut here may have
+        // had a write in flight, so the answer is 504 (outcome unknown), never 408.
+        .layer(TimeoutLayer::with_status_code(StatusCode::GATEWAY_TIMEOUT, timeout.saturating_mul(HARD_TIMEOUT_FACTOR)))
         .layer(CatchPanicLayer::custom(routes::panic_response))
         .layer(TraceLayer::new_for_http().make_span_with(|request: &Request| {
             // The route template, not the path: paths carry user ids and keys.
