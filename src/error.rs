@@ -91,6 +91,12 @@ impl Error {
         self
     }
 
+    /// A copy to report one failure against each of many items: same kind, the whole chain as
+    /// its message, and the retries-exhausted mark kept.
+    pub fn copy_for_each(&self) -> Self {
+        Error { kind: self.kind, message: self.to_string(), source: None, retries_exhausted: self.retries_exhausted() }
+    }
+
     /// Whether a retry owner already gave up on this error, here or in an error it wraps (errors
     /// are often re-wrapped with context, which must not lose the mark).
     pub fn retries_exhausted(&self) -> bool {
