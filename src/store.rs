@@ -141,15 +141,23 @@ impl Deadline {
 /// flight, not by the number of documents ever written.
 struct WriteQueues {
     hasher: std::collections::hash_map::RandomState,
-    shards: Vec<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
+    shards: Vec<Mutex<HashMap<String, QueueEntry>>>,
+}
+
+/// A document's queue and how many calls hold or wait for a turn on it. The count, kept under the
+/// shard lock, decides when the entry goes: an `Arc` count could not, since a cancelled wait's
+/// lock future may still hold a clone when its turn is dropped.
+struct QueueEntry {
+    queue: Arc<tokio::sync::Mutex<()>>,
+    users: usize,
 }
 
 /// A call's turn on one document: held while it reads, modifies and writes. Dropping it (also
-/// when the call is cancelled) lets the next waiter in and forgets an idle queue.
+/// when the call is cancelled or gives up waiting) lets the next waiter in and forgets an idle
+/// queue.
 struct Turn<'a> {
     queues: &'a WriteQueues,
     id: String,
-    queue: Arc<tokio::sync::Mutex<()>>,
     guard: Option<OwnedMutexGuard<()>>,
 }
 
@@ -161,21 +169,24 @@ impl WriteQueues {
         }
     }
 
-    fn shard(&self, id: &str) -> &Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>> {
-        &self.shards[(self.hasher.hash_one(id) as usize) % self.shards.len()]
+    fn shard(&self, id: &str) -> std::sync::MutexGuard<'_, HashMap<String, QueueEntry>> {
+        let shard = &self.shards[(self.hasher.hash_one(id) as usize) % self.shards.len()];
+        shard.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Waits for the turn on `id` (first come, first served) until `deadline`.
     async fn turn(&self, id: &str, deadline: Deadline) -> Result<Turn<'_>> {
         let queue = {
-            let mut shard = self.shard(id).lock().unwrap_or_else(|e| e.into_inner());
-            Arc::clone(shard.entry(id.to_owned()).or_default())
+            let mut shard = self.shard(id);
+            let entry = shard.entry(id.to_owned()).or_insert_with(|| QueueEntry { queue: Arc::default(), users: 0 });
+            entry.users += 1;
+            Arc::clone(&entry.queue)
         };
-        let mut turn = Turn { queues: self, id: id.to_owned(), queue, guard: None };
-        let lock = Arc::clone(&turn.queue).lock_owned();
+        // From here on, dropping `turn` gives the place in the queue back.
+        let mut turn = Turn { queues: self, id: id.to_owned(), guard: None };
         let guard = match deadline.0 {
-            None => lock.await,
-            Some(at) => tokio::time::timeout_at(at, lock).await.map_err(|_| Deadline::exceeded(id))?,
+            None => queue.lock_owned().await,
+            Some(at) => tokio::time::timeout_at(at, queue.lock_owned()).await.map_err(|_| Deadline::exceeded(id))?,
         };
         turn.guard = Some(guard);
         Ok(turn)
@@ -190,11 +201,12 @@ impl WriteQueues {
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
         drop(self.guard.take());
-        let mut shard = self.queues.shard(&self.id).lock().unwrap_or_else(|e| e.into_inner());
-        // Waiters clone the queue under this same lock, so two owners (the map and this turn)
-        // means nobody else holds or waits for it.
-        if Arc::strong_count(&self.queue) == 2 && shard.get(&self.id).is_some_and(|q| Arc::ptr_eq(q, &self.queue)) {
-            shard.remove(&self.id);
+        let mut shard = self.queues.shard(&self.id);
+        if let Some(entry) = shard.get_mut(&self.id) {
+            entry.users -= 1;
+            if entry.users == 0 {
+                shard.remove(&self.id);
+            }
         }
     }
 }
@@ -573,4 +585,27 @@ pub fn query_pages(backend: Arc<dyn DocumentBackend>, query: Query, page_size: u
         }
     })
     .boxed()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Waiters that give up at their deadline, or are cancelled while waiting, give their place
+    /// back: once the holder is done, no queue is left behind.
+    #[tokio::test]
+    async fn queues_are_forgotten_after_timeouts_and_cancellations() {
+        let queues = WriteQueues::new();
+        let holder = queues.turn("doc", Deadline::none()).await.unwrap();
+        let gave_up = queues.turn("doc", Deadline::after(Some(Duration::from_millis(20)))).await;
+        assert_eq!(gave_up.err().map(|e| e.kind()), Some(ErrorKind::DeadlineExceeded));
+        let cancelled = tokio::time::timeout(Duration::from_millis(20), queues.turn("doc", Deadline::none())).await;
+        assert!(cancelled.is_err(), "the holder still has the turn");
+        assert_eq!(queues.len(), 1);
+        drop(holder);
+        assert_eq!(queues.len(), 0);
+        // And the document can be taken again right away.
+        let again = queues.turn("doc", Deadline::after(Some(Duration::from_millis(20)))).await;
+        assert!(again.is_ok());
+    }
 }
