@@ -22,16 +22,18 @@
 //! `cargo test --all-targets` also builds and runs this target (without `--bench`); it then only
 //! prints how to run it and exits 0.
 
-use std::collections::VecDeque;
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use serde_json::{json, Value};
+
+#[path = "common/serve.rs"]
+mod serve;
+use serve::Server;
 
 const BIN: &str = env!("CARGO_BIN_EXE_agentstore");
 const USERS: usize = 2;
@@ -41,10 +43,6 @@ const TOTAL_KEYS: usize = USERS * NAMESPACES * KEYS_PER_NAMESPACE;
 const AGENT: &str = "bench-agent";
 /// The error rate above which the bench fails.
 const MAX_ERROR_RATE: f64 = 0.01;
-/// How long the server may take to print its address.
-const STARTUP_DEADLINE: Duration = Duration::from_secs(30);
-/// How long the server may take to exit after SIGTERM before it is killed.
-const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(10);
 /// Per-request timeout: a request that takes longer is an error.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -135,117 +133,6 @@ fn put_body(seq: u64) -> Vec<u8> {
 }
 
 // ---- the server ----
-
-/// The spawned `agentstore serve`; killed (SIGKILL) on drop if [`Server::stop`] did not run.
-struct Server {
-    child: Child,
-    base: String,
-    stderr_tail: Arc<Mutex<VecDeque<String>>>,
-}
-
-impl Server {
-    fn start(store: &std::path::Path, workdir: &std::path::Path) -> Result<Server, String> {
-        let mut cmd = Command::new(BIN);
-        cmd.arg("serve")
-            .arg("--listen")
-            .arg("127.0.0.1:0")
-            .arg("--backend")
-            .arg(format!("embedded:{}", store.display()))
-            .current_dir(workdir)
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        for (name, _) in std::env::vars_os() {
-            if name.to_string_lossy().starts_with("AGENTSTORE_") {
-                cmd.env_remove(&name);
-            }
-        }
-        let mut child = cmd.spawn().map_err(|e| format!("cannot start {BIN}: {e}"))?;
-        let stderr = child.stderr.take().expect("stderr is piped");
-        let stderr_tail = Arc::new(Mutex::new(VecDeque::new()));
-        let (ready_tx, ready_rx) = mpsc::channel::<String>();
-        let tail = Arc::clone(&stderr_tail);
-        // Drains stderr for the server's whole life (a full pipe would block its logging), keeping
-        // the last lines for diagnosis and handing over the address once it is printed.
-        std::thread::spawn(move || {
-            let mut ready_tx = Some(ready_tx);
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                if let Some(tx) = &ready_tx {
-                    if let Some(rest) = line.strip_prefix("agentstore: serving http://") {
-                        if let Some((addr, _)) = rest.split_once(" on ") {
-                            let _ = tx.send(addr.to_owned());
-                            ready_tx = None;
-                        }
-                    }
-                }
-                let mut tail = tail.lock().unwrap();
-                if tail.len() == 20 {
-                    tail.pop_front();
-                }
-                tail.push_back(line);
-            }
-        });
-        let mut server = Server { child, base: String::new(), stderr_tail };
-        match ready_rx.recv_timeout(STARTUP_DEADLINE) {
-            Ok(addr) => {
-                server.base = format!("http://{addr}");
-                Ok(server)
-            }
-            Err(_) => {
-                // Let the reader thread catch up on what the server printed before it died.
-                std::thread::sleep(Duration::from_millis(200));
-                let status = server.child.try_wait().ok().flatten();
-                Err(format!(
-                    "the server did not print its address within {STARTUP_DEADLINE:?} (exit status: {status:?}); \
-                     its stderr:\n{}",
-                    server.tail()
-                ))
-            }
-        }
-    }
-
-    fn tail(&self) -> String {
-        self.stderr_tail.lock().unwrap().iter().map(|l| format!("  {l}\n")).collect()
-    }
-
-    /// SIGTERM, then waits for the exit; SIGKILL past the deadline.
-    fn stop(mut self) -> Result<(), String> {
-        let pid = self.child.id().to_string();
-        let sent = Command::new("kill").args(["-TERM", &pid]).status();
-        if !matches!(sent, Ok(s) if s.success()) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-            return Err(format!("`kill -TERM {pid}` failed ({sent:?}); killed the server"));
-        }
-        let deadline = Instant::now() + SHUTDOWN_DEADLINE;
-        loop {
-            match self.child.try_wait() {
-                Ok(Some(status)) if status.success() => return Ok(()),
-                Ok(Some(status)) => {
-                    return Err(format!("the server exited with {status} after SIGTERM; its stderr:\n{}", self.tail()))
-                }
-                Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
-                Ok(None) => {
-                    let _ = self.child.kill();
-                    let _ = self.child.wait();
-                    return Err(format!("the server did not exit within {SHUTDOWN_DEADLINE:?} of SIGTERM; killed it"));
-                }
-                Err(e) => return Err(format!("waiting for the server: {e}")),
-            }
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
 
 // ---- the load ----
 
@@ -513,7 +400,7 @@ fn run() -> Result<bool, String> {
 
     let dir = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
     let store = dir.path().join("bench.redb");
-    let server = Server::start(&store, dir.path())?;
+    let server = Server::start(BIN, &format!("embedded:{}", store.display()), dir.path())?;
     println!("server: {}", server.base);
 
     let runtime =

@@ -187,7 +187,11 @@ pub fn exit_code(kind: ErrorKind) -> u8 {
         ErrorKind::InvalidInput | ErrorKind::TooLarge => 2,
         ErrorKind::NotFound => 3,
         ErrorKind::Conflict => 4,
-        ErrorKind::Unavailable | ErrorKind::Unauthorized | ErrorKind::Misconfigured => 5,
+        ErrorKind::Unavailable
+        | ErrorKind::DeadlineExceeded
+        | ErrorKind::OutcomeUnknown
+        | ErrorKind::Unauthorized
+        | ErrorKind::Misconfigured => 5,
         ErrorKind::Corrupt | ErrorKind::Internal => 1,
     }
 }

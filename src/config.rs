@@ -55,7 +55,8 @@ pub struct Settings {
     /// Largest request body `serve` reads; default 4 × `max_value_bytes` + 64 KiB (a value and
     /// its metadata, with room for whitespace).
     pub max_body_bytes: Option<usize>,
-    /// Requests taking longer are answered 504 `{"error": "timeout"}`.
+    /// Document operations give up at this deadline before their next attempt (503, nothing
+    /// applied); any request still running at twice it is cut with 504 `{"error": "timeout"}`.
     pub request_timeout_secs: u64,
     /// A request's head must arrive whole within this many seconds, counted from when the server
     /// starts waiting for it (on a keep-alive connection: from the end of the previous response).
@@ -286,6 +287,7 @@ impl Settings {
             track_reads: self.track_reads,
             max_conflict_retries: self.max_conflict_retries,
             page_size: self.page_size,
+            deadline: None,
         }
     }
 }

@@ -7,7 +7,7 @@
 //! (500 for internal errors) with `{"__type": "...#Code", "message": "..."}`.
 //!
 //! The adapter is opened exactly as in production (`DynamoDbBackend::open`, standard retry mode,
-//! 5 attempts, real backoff), so the scenarios that exhaust every retry take seconds; they run
+//! `SDK_ATTEMPTS` attempts, real backoff), so the scenarios that exhaust every retry take seconds; they run
 //! concurrently inside one test to keep the whole file fast.
 
 use std::collections::{HashMap, HashSet};
@@ -24,8 +24,8 @@ const TABLE: &str = "agent_data_store";
 const INDEX: &str = "idx-user-namespace";
 const TARGET: &str = "x-amz-target";
 const AWS_JSON: &str = "application/x-amz-json-1.0";
-/// What `DynamoDbBackend::open` configures: the SDK's standard retry with 5 attempts.
-const SDK_ATTEMPTS: usize = 5;
+/// What `DynamoDbBackend::open` configures: the SDK's standard retry, the one owner of retries.
+const SDK_ATTEMPTS: usize = agentstore::backend::dynamodb::config::SDK_ATTEMPTS as usize;
 /// The adapter's rounds of resending UnprocessedItems, after the first BatchWriteItem.
 const UNPROCESSED_RETRIES: usize = 8;
 
@@ -395,7 +395,7 @@ async fn put_is_retried_after_an_internal_server_error() {
     assert_eq!(body_of(&attempts[1])["Item"]["_rev"]["S"], rev.as_str());
 }
 
-/// GetItem always throttled: 5 attempts, then `Unavailable` mentioning throttling.
+/// GetItem always throttled: `SDK_ATTEMPTS` attempts, then `Unavailable` mentioning throttling.
 async fn get_always_throttled() -> std::result::Result<(), String> {
     let server = server_with_table().await;
     operation("GetItem")
@@ -413,7 +413,7 @@ async fn get_always_throttled() -> std::result::Result<(), String> {
     (attempts == SDK_ATTEMPTS).then_some(()).ok_or(format!("GetItem attempts: {attempts}, expected {SDK_ATTEMPTS}"))
 }
 
-/// Query always answered ThrottlingException: 5 attempts, then `Unavailable`.
+/// Query always answered ThrottlingException: `SDK_ATTEMPTS` attempts, then `Unavailable`.
 async fn query_always_throttled() -> std::result::Result<(), String> {
     let server = server_with_table().await;
     operation("Query").respond_with(error(400, "ThrottlingException", "Rate exceeded")).mount(&server).await;
@@ -424,7 +424,7 @@ async fn query_always_throttled() -> std::result::Result<(), String> {
     (attempts == SDK_ATTEMPTS).then_some(()).ok_or(format!("Query attempts: {attempts}, expected {SDK_ATTEMPTS}"))
 }
 
-/// PutItem always answered 500: 5 attempts, then `Unavailable`.
+/// PutItem always answered 500: `SDK_ATTEMPTS` attempts, then `Unavailable`.
 async fn put_always_failing() -> std::result::Result<(), String> {
     let server = server_with_table().await;
     operation("PutItem").respond_with(error(500, "InternalServerError", "Internal server error")).mount(&server).await;
@@ -435,21 +435,49 @@ async fn put_always_failing() -> std::result::Result<(), String> {
     (attempts == SDK_ATTEMPTS).then_some(()).ok_or(format!("PutItem attempts: {attempts}, expected {SDK_ATTEMPTS}"))
 }
 
+/// A DynamoDB that fails every BatchWriteItem: the SDK's attempts and nothing more (before, the
+/// adapter's own loop of 3 ran around them, and the migration sink's 5 around that), every
+/// document reported `Unavailable` and marked exhausted, within the operation timeout.
+async fn bulk_write_to_a_failing_dynamodb() -> std::result::Result<(), String> {
+    let server = server_with_table().await;
+    operation("BatchWriteItem").respond_with(error(500, "InternalServerError", "down")).mount(&server).await;
+    let backend = open(&server).await.map_err(|e| format!("open: {e}"))?;
+    let ids: Vec<String> = (0..3).map(|i| format!("bulk-{i:02}")).collect();
+    let started = std::time::Instant::now();
+    let results =
+        backend.bulk_write(unconditional_writes(&ids)).await.map_err(|e| format!("bulk_write as a whole: {e}"))?;
+    let took = started.elapsed();
+    for result in results {
+        match result {
+            Err(e) if e.kind() == ErrorKind::Unavailable && e.retries_exhausted() => {}
+            other => return Err(format!("expected an exhausted Unavailable, got {other:?}")),
+        }
+    }
+    let attempts = received(&server, "BatchWriteItem").await.len();
+    if attempts != SDK_ATTEMPTS {
+        return Err(format!("BatchWriteItem attempts: {attempts}, expected {SDK_ATTEMPTS}"));
+    }
+    let bound = agentstore::backend::dynamodb::config::OPERATION_TIMEOUT + std::time::Duration::from_secs(10);
+    (took < bound).then_some(()).ok_or(format!("reported after {took:?}"))
+}
+
 /// The scenarios that exhaust every retry wait through the real backoff (seconds each), so they
 /// run concurrently here rather than one after another.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn persistent_failures_exhaust_the_retries_and_report_unavailable() {
-    let (get, query, put, bulk) = tokio::join!(
+    let (get, query, put, bulk, down) = tokio::join!(
         get_always_throttled(),
         query_always_throttled(),
         put_always_failing(),
-        persistently_unprocessed_items()
+        persistently_unprocessed_items(),
+        bulk_write_to_a_failing_dynamodb()
     );
     let failures: Vec<String> = [
         ("GetItem throttled", get),
         ("Query throttled", query),
         ("PutItem 500", put),
         ("BatchWriteItem unprocessed", bulk),
+        ("BatchWriteItem 500", down),
     ]
     .into_iter()
     .filter_map(|(name, outcome)| outcome.err().map(|e| format!("{name}: {e}")))

@@ -598,9 +598,14 @@ async fn a_timed_out_write_is_not_retried_but_a_timed_out_read_is() {
     .await;
     let backend = firestore.open_with("&timeout_ms=300").await.expect("open");
 
-    // The commit may have been applied: repeating it could apply it twice.
+    // The commit may have been applied: repeating it could apply it twice, and the error says so.
     let outcome = backend.put(ID, &body("greeting"), Precondition::MustNotExist).await;
-    expect_error(outcome, ErrorKind::Unavailable, &["write document"], "put that timed out");
+    expect_error(
+        outcome,
+        ErrorKind::OutcomeUnknown,
+        &["write document", "may have been applied"],
+        "put that timed out",
+    );
     assert_eq!(firestore.calls("commit").await.len(), 1, "a timed-out write is not sent again");
 
     let doc = backend.get(ID).await.expect("get after a timeout").expect("found");

@@ -1153,6 +1153,127 @@ async fn writes_that_keep_conflicting_are_409() {
     server.stop().await;
 }
 
+// ---- deadlines ----
+
+/// A real (embedded) store whose writes take `put_delay`: long enough to be in flight when a
+/// request's deadline passes.
+struct SlowWrites {
+    inner: Arc<dyn DocumentBackend>,
+    put_delay: Duration,
+}
+
+#[async_trait]
+impl DocumentBackend for SlowWrites {
+    fn describe(&self) -> String {
+        format!("{} with slow writes", self.inner.describe())
+    }
+
+    async fn get(&self, id: &str) -> agentstore::Result<Option<StoredDocument>> {
+        self.inner.get(id).await
+    }
+
+    async fn put(
+        &self,
+        id: &str,
+        body: &Map<String, Value>,
+        precondition: Precondition,
+    ) -> agentstore::Result<Revision> {
+        tokio::time::sleep(self.put_delay).await;
+        self.inner.put(id, body, precondition).await
+    }
+
+    async fn delete(&self, id: &str, rev: &Revision) -> agentstore::Result<()> {
+        self.inner.delete(id, rev).await
+    }
+
+    async fn query(
+        &self,
+        query: &Query,
+        limit: usize,
+        token: Option<&str>,
+    ) -> agentstore::Result<Page<StoredDocument>> {
+        self.inner.query(query, limit, token).await
+    }
+
+    async fn ensure_standard_indexes(&self) -> agentstore::Result<()> {
+        self.inner.ensure_standard_indexes().await
+    }
+
+    async fn ensure_namespace_indexed(&self, namespace: &str) -> agentstore::Result<()> {
+        self.inner.ensure_namespace_indexed(namespace).await
+    }
+
+    async fn bulk_write(&self, writes: Vec<BulkWrite>) -> agentstore::Result<Vec<agentstore::Result<Revision>>> {
+        self.inner.bulk_write(writes).await
+    }
+
+    async fn scan(&self, limit: usize, token: Option<&str>) -> agentstore::Result<Page<StoredDocument>> {
+        self.inner.scan(limit, token).await
+    }
+
+    async fn health(&self) -> agentstore::Result<()> {
+        self.inner.health().await
+    }
+}
+
+/// A server with a 1 s request timeout over an embedded store whose writes take 1.5 s.
+async fn slow_write_server() -> Server {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut settings = settings(&dir);
+    settings.request_timeout_secs = 1;
+    let url = settings.backend.parse().expect("backend url");
+    let inner = agentstore::backend::open(&url).await.expect("open embedded store");
+    let backend = Arc::new(SlowWrites { inner, put_delay: Duration::from_millis(1500) });
+    Server::on_backend(backend, &settings, dir).await
+}
+
+/// A write still in flight when the request's time is up is awaited and its outcome answered:
+/// before, the request was cut with an empty 408 while the write went on to be applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_in_flight_at_the_deadline_reports_its_outcome() {
+    let server = slow_write_server().await;
+    let path = doc_path("u", "ns", "slow");
+    let stored = server.put(&path, &json!({ "value": 7, "metadata": { "a": 1 } })).await.document();
+    assert_eq!(stored["value"], json!(7));
+    let again = server.get(&path).await.document();
+    assert_eq!(again["metadata"], json!({ "a": 1 }));
+    server.stop().await;
+}
+
+/// A write still waiting for its turn on a hot key when the deadline passes is answered 503 with
+/// Retry-After, and was not applied, so retrying it cannot count twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_queued_past_the_deadline_is_503_and_not_applied() {
+    let server = Arc::new(slow_write_server().await);
+    let path = doc_path("u", "ns", "hot");
+    let first = {
+        let (server, path) = (Arc::clone(&server), path.clone());
+        tokio::spawn(async move { server.put(&path, &json!({ "value": 1, "metadata": { "first": 1 } })).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let second = server.put(&path, &json!({ "value": 2, "metadata": { "second": 2 } })).await;
+    second.expect_error(StatusCode::SERVICE_UNAVAILABLE, "deadline_exceeded");
+    assert!(second.header("retry-after").is_some(), "{}", second.describe());
+    first.await.expect("first writer").document();
+    let stored = server.get(&path).await.document();
+    assert_eq!(stored["metadata"], json!({ "first": 1 }), "the refused write left no trace");
+    assert_eq!(stored["value"], json!(1));
+    Arc::into_inner(server).expect("only owner").stop().await;
+}
+
+/// Conflicts that outlast the request's time end in 503 "not applied, retry", not in a 409 after
+/// 100 retries long after the client gave up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_conflicting_past_the_deadline_are_503() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut settings = settings(&dir);
+    settings.request_timeout_secs = 1;
+    let server = Server::on_backend(Arc::new(FaultyBackend(Fault::Contended)), &settings, dir).await;
+    let reply = server.put(&doc_path("u", "ns", "k"), &json!({ "value": 1 })).await;
+    reply.expect_error(StatusCode::SERVICE_UNAVAILABLE, "deadline_exceeded");
+    server.stop().await;
+}
+
 // ---- robustness ----
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -654,7 +654,7 @@ async fn couchdb_design_documents_stay_behind() -> TestResult {
     let body = spec_body("user_123", "default", "greeting", json!("Hello, World!"), 1);
     source.put(&id("user_123", "default", "greeting"), &body, Precondition::MustNotExist).await?;
 
-    let census = migrate::census::design_documents(&agentstore::backend::BackendUrl::CouchDb(config)).await?;
+    let census = migrate::census::design_documents(&Endpoint::backend(Arc::clone(&source))).await?;
     check(census == Some(1), || format!("design documents counted: {census:?}"))?;
     let dir = tempfile::tempdir()?;
     let target: Arc<dyn DocumentBackend> = Arc::new(EmbeddedBackend::open(&dir.path().join("t.redb")).await?);

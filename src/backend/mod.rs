@@ -8,6 +8,7 @@ pub mod couchdb;
 pub mod dynamodb;
 pub mod embedded;
 pub mod firestore;
+pub mod raw;
 pub mod url;
 
 use std::fmt;
@@ -103,6 +104,10 @@ pub struct BulkWrite {
 
 /// What an adapter implements. Errors use [`crate::error::ErrorKind`]: a failed precondition is
 /// `Conflict`, a missing document on delete is `NotFound`.
+///
+/// A decorator (such as the server's metrics wrapper) must forward every method, the ones with
+/// default bodies too, or it would silently replace the adapter's own implementation; a test in
+/// `src/http/metrics.rs` checks each one.
 #[async_trait]
 pub trait DocumentBackend: Send + Sync + 'static {
     /// Where this backend stores data, for logs and test reports (never includes secrets).
@@ -143,6 +148,13 @@ pub trait DocumentBackend: Send + Sync + 'static {
     /// (it may count design documents or be some hours stale); `None` when it cannot. For
     /// progress estimates only, never for correctness.
     async fn approximate_count(&self) -> Result<Option<u64>> {
+        Ok(None)
+    }
+
+    /// How many documents the store holds that are not data and that [`DocumentBackend::scan`]
+    /// therefore never returns (CouchDB's design documents), so a migration can report what it
+    /// left behind; `None` for a backend that keeps no such documents.
+    async fn design_document_count(&self) -> Result<Option<u64>> {
         Ok(None)
     }
 

@@ -45,6 +45,10 @@ impl From<Error> for ApiError {
             ErrorKind::Conflict => (StatusCode::CONFLICT, "conflict"),
             ErrorKind::TooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "too_large"),
             ErrorKind::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            // Gave up before sending the next attempt: nothing applied, the client may retry.
+            ErrorKind::DeadlineExceeded => (StatusCode::SERVICE_UNAVAILABLE, "deadline_exceeded"),
+            // A write was sent and never answered: it may or may not have been applied.
+            ErrorKind::OutcomeUnknown => (StatusCode::GATEWAY_TIMEOUT, "outcome_unknown"),
             // The backend refused *our* credentials: not the client's doing.
             ErrorKind::Unauthorized => (StatusCode::BAD_GATEWAY, "backend_unauthorized"),
             ErrorKind::Misconfigured => (StatusCode::INTERNAL_SERVER_ERROR, "misconfigured"),

@@ -153,4 +153,96 @@ impl DocumentBackend for MeteredBackend {
     async fn approximate_count(&self) -> Result<Option<u64>> {
         timed!(self, "approximate_count", self.inner.approximate_count())
     }
+
+    async fn design_document_count(&self) -> Result<Option<u64>> {
+        timed!(self, "design_document_count", self.inner.design_document_count())
+    }
+
+    async fn get_many(&self, ids: &[String]) -> Result<Vec<Option<StoredDocument>>> {
+        timed!(self, "get_many", self.inner.get_many(ids))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::error::{Error, ErrorKind};
+
+    /// A backend that overrides every method the trait gives a default body and records which
+    /// of its own implementations ran. Its required methods are never called here.
+    #[derive(Default)]
+    struct Recording {
+        called: Mutex<Vec<&'static str>>,
+    }
+
+    impl Recording {
+        fn record(&self, method: &'static str) {
+            self.called.lock().unwrap().push(method);
+        }
+    }
+
+    fn unused<T>() -> Result<T> {
+        Err(Error::new(ErrorKind::Internal, "not called by this test"))
+    }
+
+    #[async_trait]
+    impl DocumentBackend for Recording {
+        fn describe(&self) -> String {
+            "recording".into()
+        }
+        async fn get(&self, _: &str) -> Result<Option<StoredDocument>> {
+            unused()
+        }
+        async fn put(&self, _: &str, _: &Map<String, Value>, _: Precondition) -> Result<Revision> {
+            unused()
+        }
+        async fn delete(&self, _: &str, _: &Revision) -> Result<()> {
+            unused()
+        }
+        async fn query(&self, _: &Query, _: usize, _: Option<&str>) -> Result<Page<StoredDocument>> {
+            unused()
+        }
+        async fn ensure_standard_indexes(&self) -> Result<()> {
+            unused()
+        }
+        async fn ensure_namespace_indexed(&self, _: &str) -> Result<()> {
+            unused()
+        }
+        async fn bulk_write(&self, _: Vec<BulkWrite>) -> Result<Vec<Result<Revision>>> {
+            unused()
+        }
+        async fn scan(&self, _: usize, _: Option<&str>) -> Result<Page<StoredDocument>> {
+            unused()
+        }
+        async fn health(&self) -> Result<()> {
+            unused()
+        }
+        // Every default-bodied method of the trait, overridden. A new one belongs here too.
+        async fn approximate_count(&self) -> Result<Option<u64>> {
+            self.record("approximate_count");
+            Ok(Some(7))
+        }
+        async fn design_document_count(&self) -> Result<Option<u64>> {
+            self.record("design_document_count");
+            Ok(Some(3))
+        }
+        async fn get_many(&self, ids: &[String]) -> Result<Vec<Option<StoredDocument>>> {
+            self.record("get_many");
+            Ok(vec![None; ids.len()])
+        }
+    }
+
+    /// The decorator must reach the adapter's own implementation of each default-bodied method:
+    /// before, `get_many` fell back to the trait's one-`get`-per-id default and `get` here fails.
+    #[tokio::test]
+    async fn the_metrics_decorator_forwards_every_default_bodied_method() {
+        let inner = Arc::new(Recording::default());
+        let metered = MeteredBackend::new(Arc::clone(&inner) as Arc<dyn DocumentBackend>, Arc::new(Metrics::new()));
+        assert_eq!(metered.approximate_count().await.unwrap(), Some(7));
+        assert_eq!(metered.design_document_count().await.unwrap(), Some(3));
+        assert_eq!(metered.get_many(&["a".into(), "b".into()]).await.unwrap(), vec![None, None]);
+        assert_eq!(*inner.called.lock().unwrap(), ["approximate_count", "design_document_count", "get_many"]);
+    }
 }

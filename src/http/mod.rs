@@ -37,7 +37,7 @@ pub use routes::AGENT_HEADER;
 use crate::backend::DocumentBackend;
 use crate::config::Settings;
 use crate::error::{Error, ErrorKind, Result};
-use crate::store::DataStore;
+use crate::store::{DataStore, StoreOptions};
 
 /// The OpenAPI 3 description served at `/openapi.json`.
 pub const OPENAPI_JSON: &str = include_str!("openapi.json");
@@ -59,6 +59,9 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/openapi.json"),
 ];
 
+/// The hard per-request timeout is this many request timeouts.
+const HARD_TIMEOUT_FACTOR: u32 = 2;
+
 /// A configured server, ready to serve on a listener.
 pub struct App {
     router: Router,
@@ -75,7 +78,11 @@ impl App {
         let auth = Auth::from_settings(&settings.tokens.entries()?, &limits)?;
         let metrics = Arc::new(Metrics::new());
         let backend: Arc<dyn DocumentBackend> = Arc::new(MeteredBackend::new(backend, Arc::clone(&metrics)));
-        let store = Arc::new(DataStore::open(backend, settings.store_options()).await?);
+        let request_timeout = Duration::from_secs(settings.request_timeout_secs);
+        // Document operations stop cooperatively at the request timeout (503, nothing applied);
+        // the hard cut in `router` is only a safety net behind it.
+        let options = StoreOptions { deadline: Some(request_timeout), ..settings.store_options() };
+        let store = Arc::new(DataStore::open(backend, options).await?);
         let (auth_open, token_count) = (auth.is_open(), auth.token_count());
         let bodies = Arc::new(BodyBudget::new(
             settings.inflight_body_budget(),
@@ -84,7 +91,9 @@ impl App {
             limits,
         ));
         let state = AppState { store, auth: Arc::new(auth), metrics: Arc::clone(&metrics), bodies };
-        let router = router(state, Duration::from_secs(settings.request_timeout_secs));
+        // A safety net well behind the facade's cooperative deadline: a request cut there may have had
+        // a write in flight, so the answer is 504 (outcome unknown), never 408.
+        let router = router(state, request_timeout.saturating_mul(HARD_TIMEOUT_FACTOR));
         let connections = conn::ConnectionLimits {
             max_connections: settings.max_connections,
             header_read_timeout: Duration::from_secs(settings.header_read_timeout_secs),

@@ -242,14 +242,9 @@ fn emit<T: Serialize>(report: &T, file: Option<&Path>) -> Result<()> {
     Ok(())
 }
 
-/// Runs the job; `source_url` (a backend source) is asked for what its scan leaves out.
-async fn run_job(job: Job, source_url: Option<&BackendUrl>, report_file: Option<&Path>) -> Result<u8> {
-    let left_behind = match source_url {
-        Some(url) => census::design_documents(url)
-            .await
-            .map_err(|e| Error::new(e.kind(), format!("source {url}")).with_source(e))?,
-        None => None,
-    };
+/// Runs the job; a backend source is asked for what its scan leaves out.
+async fn run_job(job: Job, report_file: Option<&Path>) -> Result<u8> {
+    let left_behind = census::design_documents(&job.source).await?;
     let mut report = super::run(job).await?;
     report.design_documents_left_behind = left_behind;
     emit(&report, report_file)?;
@@ -259,20 +254,20 @@ async fn run_job(job: Job, source_url: Option<&BackendUrl>, report_file: Option<
 /// `migrate`; returns the exit status.
 pub async fn migrate(args: MigrateArgs, settings: &Settings) -> Result<u8> {
     let options = args.pipeline.options(settings, args.on_conflict)?;
-    let (source, source_url) = open_backend(Side::Source, &args.from, settings, true).await?;
+    let (source, _) = open_backend(Side::Source, &args.from, settings, true).await?;
     let (target, _) = open_backend(Side::Target, &args.to, settings, false).await?;
     refuse_same(&source, &target)?;
     let job = Job { kind: JobKind::Migrate, source, target, options };
-    run_job(job, Some(&source_url), args.pipeline.report.as_deref()).await
+    run_job(job, args.pipeline.report.as_deref()).await
 }
 
 /// `export`; returns the exit status.
 pub async fn export(args: ExportArgs, settings: &Settings) -> Result<u8> {
     let options = args.pipeline.options(settings, ConflictPolicy::Fail)?;
-    let (source, source_url) = open_backend(Side::Source, &args.from, settings, true).await?;
+    let (source, _) = open_backend(Side::Source, &args.from, settings, true).await?;
     let target = Endpoint::File(args.out.clone());
     let job = Job { kind: JobKind::Export, source, target, options };
-    run_job(job, Some(&source_url), args.pipeline.report.as_deref()).await
+    run_job(job, args.pipeline.report.as_deref()).await
 }
 
 /// `import`; returns the exit status.
@@ -280,7 +275,7 @@ pub async fn import(args: ImportArgs, settings: &Settings) -> Result<u8> {
     let options = args.pipeline.options(settings, args.on_conflict)?;
     let source = input_file(&args.input)?;
     let (target, _) = open_backend(Side::Target, &args.to, settings, false).await?;
-    run_job(Job { kind: JobKind::Import, source, target, options }, None, args.pipeline.report.as_deref()).await
+    run_job(Job { kind: JobKind::Import, source, target, options }, args.pipeline.report.as_deref()).await
 }
 
 /// `verify`; returns the exit status (0 identical, [`super::EXIT_DIFFERENT`] otherwise).

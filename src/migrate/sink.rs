@@ -59,8 +59,10 @@ impl Outgoing {
     }
 }
 
+/// Whether the sink tries a failed write again: only a temporary failure that no retry owner
+/// below (the SDK, the shared HTTP layer) has already given up on, so retries do not stack.
 fn is_retryable(err: &Error) -> bool {
-    err.kind() == ErrorKind::Unavailable
+    err.is_retryable()
 }
 
 async fn back_off(attempt: u32) {

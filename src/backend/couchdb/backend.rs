@@ -425,6 +425,18 @@ impl DocumentBackend for CouchDbBackend {
         Ok(Page { items, next: if full_page { last_id } else { None } })
     }
 
+    async fn design_document_count(&self) -> Result<Option<u64>> {
+        // Design document ids sort between "_design/" and "_design0" ('0' follows '/').
+        let range = [("startkey", "\"_design/\"".to_owned()), ("endkey", "\"_design0\"".to_owned())];
+        let url = self.client.url(&["_all_docs"]);
+        let reply = self.client.read(Method::GET, &url, &range, None, "count design documents").await?;
+        if !reply.status.is_success() {
+            return Err(from_status(reply.status, &reply.body, "count design documents with _all_docs"));
+        }
+        let rows = reply.body.get("rows").and_then(Value::as_array).map_or(0, Vec::len);
+        Ok(Some(rows as u64))
+    }
+
     async fn health(&self) -> Result<()> {
         let reply = self.client.read(Method::GET, &self.client.url(&[]), &[], None, "check the database").await?;
         if reply.status.is_success() {

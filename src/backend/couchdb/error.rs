@@ -1,13 +1,21 @@
 //! Maps CouchDB's answers into the crate's error kinds. The message keeps CouchDB's own
-//! `error`/`reason`, and transport errors are kept as the source.
+//! `error`/`reason`; what a status means when the body adds nothing (and whether a write that
+//! failed may have been applied) is decided once, in [`crate::backend::raw::http`].
 
 use reqwest::StatusCode;
 use serde_json::Value;
 
+use crate::backend::raw::http::{kind_of_status, Idempotency};
 use crate::error::{Error, ErrorKind};
 
-/// An error for a non-success status, `doing` saying what we asked for.
+/// An error for a non-success status of a read (or of a write's 4xx answer), `doing` saying what
+/// we asked for.
 pub(super) fn from_status(status: StatusCode, body: &Value, doing: &str) -> Error {
+    status_error(status, body, Idempotency::Idempotent, doing)
+}
+
+/// An error for a non-success status of a request that is or is not idempotent.
+pub(super) fn status_error(status: StatusCode, body: &Value, idempotency: Idempotency, doing: &str) -> Error {
     let error = body.get("error").and_then(Value::as_str).unwrap_or("");
     let reason = body.get("reason").and_then(Value::as_str).unwrap_or("");
     let detail = if error.is_empty() && reason.is_empty() {
@@ -15,34 +23,16 @@ pub(super) fn from_status(status: StatusCode, body: &Value, doing: &str) -> Erro
     } else {
         format!("HTTP {status} {error}: {reason}")
     };
-    let kind = match status {
-        StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => ErrorKind::Unauthorized,
-        StatusCode::NOT_FOUND => ErrorKind::NotFound,
-        StatusCode::CONFLICT | StatusCode::PRECONDITION_FAILED => ErrorKind::Conflict,
-        StatusCode::PAYLOAD_TOO_LARGE => ErrorKind::TooLarge,
-        StatusCode::BAD_REQUEST => ErrorKind::InvalidInput,
-        StatusCode::TOO_MANY_REQUESTS => ErrorKind::Unavailable,
-        s if s.is_server_error() => ErrorKind::Unavailable,
-        _ => ErrorKind::Internal,
-    };
+    let kind = kind_of_status(status, idempotency);
     let message = match kind {
         ErrorKind::Unauthorized => format!("CouchDB refused our credentials while trying to {doing} ({detail})"),
         ErrorKind::TooLarge => format!("CouchDB refused the document as too large while trying to {doing} ({detail})"),
+        ErrorKind::OutcomeUnknown => {
+            format!("CouchDB failed while trying to {doing} ({detail}); the write may have been applied")
+        }
         _ => format!("CouchDB could not {doing} ({detail})"),
     };
     Error::new(kind, message)
-}
-
-/// A transport failure: connection refused, timeout, TLS — the server is unavailable to us.
-pub(super) fn from_transport(err: reqwest::Error, doing: &str) -> Error {
-    let kind = if err.is_decode() || err.is_builder() { ErrorKind::Internal } else { ErrorKind::Unavailable };
-    Error::new(kind, format!("CouchDB request failed while trying to {doing}")).with_source(err)
-}
-
-/// A response body that is not the JSON CouchDB promises.
-pub(super) fn bad_body(doing: &str, source: serde_json::Error) -> Error {
-    Error::new(ErrorKind::Internal, format!("CouchDB answered with unexpected JSON while trying to {doing}"))
-        .with_source(source)
 }
 
 #[cfg(test)]
@@ -71,5 +61,16 @@ mod tests {
             assert_eq!(err.kind(), kind, "{status}");
             assert!(err.to_string().contains("Document update conflict."));
         }
+    }
+
+    #[test]
+    fn a_write_answered_500_or_504_may_have_been_applied() {
+        for status in [500, 504] {
+            let err =
+                status_error(StatusCode::from_u16(status).unwrap(), &Value::Null, Idempotency::NotIdempotent, "w");
+            assert_eq!(err.kind(), ErrorKind::OutcomeUnknown, "{status}");
+        }
+        let err = status_error(StatusCode::BAD_GATEWAY, &Value::Null, Idempotency::NotIdempotent, "w");
+        assert_eq!(err.kind(), ErrorKind::Unavailable);
     }
 }

@@ -20,4 +20,5 @@ pub mod config;
 mod error;
 
 pub use backend::{CouchDbBackend, INDEX_NAME};
+pub use client::READ_RETRY;
 pub use config::CouchConfig;

@@ -9,8 +9,6 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use aws_config::retry::RetryConfig;
-use aws_config::timeout::TimeoutConfig;
 use aws_config::{BehaviorVersion, Region};
 use aws_sdk_dynamodb::types::AttributeValue;
 use aws_sdk_dynamodb::types::{
@@ -19,13 +17,13 @@ use aws_sdk_dynamodb::types::{
     WriteRequest,
 };
 use aws_sdk_dynamodb::Client;
-use backon::{BackoffBuilder, ExponentialBuilder, Retryable};
+use backon::{BackoffBuilder, ExponentialBuilder};
 use futures::StreamExt;
 use serde_json::{Map, Value};
 
 use super::codec::{self, Item};
 use super::config::DynamoConfig;
-use super::error::map_sdk;
+use super::error::{map_sdk, map_sdk_write};
 use crate::backend::{BulkWrite, DocumentBackend, Page, Precondition, Projection, Query, Revision, StoredDocument};
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::fields;
@@ -46,13 +44,8 @@ impl DynamoDbBackend {
     /// Connects with the standard AWS configuration chain and checks (or creates) the table.
     pub async fn open(config: &DynamoConfig) -> Result<Self> {
         let mut loader = aws_config::defaults(BehaviorVersion::latest())
-            .retry_config(RetryConfig::standard().with_max_attempts(5))
-            .timeout_config(
-                TimeoutConfig::builder()
-                    .connect_timeout(Duration::from_secs(5))
-                    .operation_attempt_timeout(Duration::from_secs(30))
-                    .build(),
-            );
+            .retry_config(super::config::sdk_retry_config())
+            .timeout_config(super::config::sdk_timeout_config());
         if let Some(region) = &config.region {
             loader = loader.region(Region::new(region.clone()));
         }
@@ -305,7 +298,7 @@ impl DynamoDbBackend {
                 .set_item(Some(item))
                 .send()
                 .await
-                .map_err(|e| map_sdk(e, "write a document chunk"))?;
+                .map_err(|e| map_sdk_write(e, "write a document chunk"))?;
         }
         Ok(())
     }
@@ -402,7 +395,7 @@ impl DocumentBackend for DynamoDbBackend {
                 Ok(Revision(rev))
             }
             Err(err) => {
-                let err = map_sdk(err, &format!("write document {id:?}"));
+                let err = map_sdk_write(err, &format!("write document {id:?}"));
                 self.delete_chunks(id, &rev, encoded.extra_chunks.len()).await;
                 if err.is_conflict() {
                     Err(Error::conflict(format!("document {id:?} was changed by another writer")).with_source(err))
@@ -434,7 +427,7 @@ impl DocumentBackend for DynamoDbBackend {
                 Ok(())
             }
             Err(err) => {
-                let err = map_sdk(err, &format!("delete document {id:?}"));
+                let err = map_sdk_write(err, &format!("delete document {id:?}"));
                 if !err.is_conflict() {
                     return Err(err);
                 }
@@ -549,9 +542,8 @@ impl DocumentBackend for DynamoDbBackend {
                 Ok(unprocessed) => unprocessed,
                 Err(err) => {
                     // A failed batch fails its own documents, not the others of the request.
-                    let message = err.to_string();
                     for (i, _) in pending.into_values() {
-                        results[i] = Some(Err(Error::new(err.kind(), message.clone())));
+                        results[i] = Some(Err(err.copy_for_each()));
                     }
                     continue;
                 }
@@ -567,7 +559,8 @@ impl DocumentBackend for DynamoDbBackend {
                     Err(Error::new(
                         ErrorKind::Unavailable,
                         format!("DynamoDB left document {id:?} unprocessed after retries"),
-                    ))
+                    )
+                    .with_retries_exhausted())
                 } else {
                     Ok(Revision(rev))
                 });
@@ -645,18 +638,15 @@ impl DynamoDbBackend {
         loop {
             let table = self.config.table.clone();
             let batch = pending.clone();
-            let output = (|| async {
-                self.client
-                    .batch_write_item()
-                    .request_items(table.clone(), batch.clone())
-                    .send()
-                    .await
-                    .map_err(|e| map_sdk(e, "write documents in bulk"))
-            })
-            .retry(ExponentialBuilder::default().with_jitter().with_max_times(3))
-            .sleep(tokio::time::sleep)
-            .when(|e: &Error| e.kind() == ErrorKind::Unavailable)
-            .await?;
+            // The SDK owns retrying a failed request; these rounds only resend what DynamoDB
+            // accepted the request for but left unprocessed.
+            let output = self
+                .client
+                .batch_write_item()
+                .request_items(table, batch)
+                .send()
+                .await
+                .map_err(|e| map_sdk(e, "write documents in bulk"))?;
             pending = output.unprocessed_items().and_then(|m| m.get(&self.config.table)).cloned().unwrap_or_default();
             if pending.is_empty() {
                 return Ok(pending);

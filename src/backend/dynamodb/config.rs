@@ -5,7 +5,36 @@
 //! region from `region=` or that chain. `endpoint=` points at a local server (DynamoDB Local,
 //! dynalite, moto). Tables are created (on-demand billing) only with `create=true`.
 
+use std::time::Duration;
+
+use aws_config::retry::RetryConfig;
+use aws_config::timeout::TimeoutConfig;
+
 use crate::error::{Error, Result};
+
+/// The SDK owns the retries of every DynamoDB request (nothing in the adapter retries a failed
+/// request again): this many attempts, with jittered backoff from 100 ms up to 2 s.
+pub const SDK_ATTEMPTS: u32 = 4;
+/// Everything one DynamoDB operation may take, all its attempts included: a DynamoDB that is down
+/// or unreachable is reported within this bound.
+pub const OPERATION_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The SDK's retry configuration: the one owner of retries for DynamoDB requests.
+pub fn sdk_retry_config() -> RetryConfig {
+    RetryConfig::standard()
+        .with_max_attempts(SDK_ATTEMPTS)
+        .with_initial_backoff(Duration::from_millis(100))
+        .with_max_backoff(Duration::from_secs(2))
+}
+
+/// The SDK's timeouts: connecting, each attempt, and the whole operation.
+pub fn sdk_timeout_config() -> TimeoutConfig {
+    TimeoutConfig::builder()
+        .connect_timeout(Duration::from_secs(5))
+        .operation_attempt_timeout(Duration::from_secs(20))
+        .operation_timeout(OPERATION_TIMEOUT)
+        .build()
+}
 
 pub const DEFAULT_TABLE: &str = "agent_data_store";
 pub const DEFAULT_INDEX: &str = "idx-user-namespace";

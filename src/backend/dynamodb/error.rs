@@ -1,9 +1,26 @@
 //! Maps AWS SDK errors into the crate's error kinds by DynamoDB error code, keeping the SDK error
-//! (with its full context) as the source.
+//! (with its full context) as the source. The SDK owns retries (see
+//! [`super::config::sdk_retry_config`]), so every error it returns has exhausted them and is
+//! marked so: no outer loop retries it again.
 
 use aws_sdk_dynamodb::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 
 use crate::error::{Error, ErrorKind};
+
+/// A failed write. A timeout, or a response that could not be read, came after the request was
+/// sent: the write may have been applied (`OutcomeUnknown`), unlike a refusal or a connection
+/// that could not be made.
+pub(super) fn map_sdk_write<E, R>(err: SdkError<E, R>, doing: &str) -> Error
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    R: std::fmt::Debug + Send + Sync + 'static,
+{
+    if matches!(err, SdkError::TimeoutError(_) | SdkError::ResponseError(_)) {
+        let message = format!("DynamoDB did not answer while trying to {doing}; the write may have been applied");
+        return Error::new(ErrorKind::OutcomeUnknown, message).with_source(err).with_retries_exhausted();
+    }
+    map_sdk(err, doing)
+}
 
 pub(super) fn map_sdk<E, R>(err: SdkError<E, R>, doing: &str) -> Error
 where
@@ -30,7 +47,7 @@ where
         _ if code.is_empty() => format!("DynamoDB could not {doing}: {detail}"),
         _ => format!("DynamoDB could not {doing} ({code})"),
     };
-    Error::new(kind, message).with_source(err)
+    Error::new(kind, message).with_source(err).with_retries_exhausted()
 }
 
 fn kind_of_code(code: &str, message: &str) -> ErrorKind {

@@ -1,21 +1,25 @@
-//! The raw Firestore REST v1 calls: one pooled `reqwest::Client`, an access token from `gcp_auth`
-//! on every request (cached and refreshed by the provider; the emulator gets the fixed `owner`
-//! token), and retries with exponential backoff and jitter. Replies with `ABORTED`, `UNAVAILABLE`
-//! or `RESOURCE_EXHAUSTED` had no effect and are retried for every call; transport failures
-//! (timeouts, resets) are retried only for reads, since a write that timed out may have been
-//! applied; a token endpoint that cannot be reached is retried for every call (nothing was sent).
+//! The raw Firestore REST v1 calls, over the shared HTTP layer ([`crate::backend::raw::http`]):
+//! one pooled client, an access token from `gcp_auth` on every request (cached and refreshed by
+//! the provider; the emulator gets the fixed `owner` token), and retries within [`RETRY`]'s
+//! budget. Replies with `ABORTED`, `UNAVAILABLE` or `RESOURCE_EXHAUSTED` had no effect and are
+//! retried for every call; a write that may have been applied (sent, then no answer, or
+//! `DEADLINE_EXCEEDED`/`INTERNAL`) is reported as `OutcomeUnknown` and not retried; a token
+//! endpoint that cannot be reached is retried for every call (nothing was sent).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use backon::{ExponentialBuilder, Retryable};
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
-use reqwest::{Method, StatusCode};
+use reqwest::Method;
 use serde_json::Value;
 
 use super::config::FirestoreConfig;
-use super::error::{bad_body, from_auth, from_reply, from_transport, is_retryable};
+use super::error::{from_auth, from_reply};
+use crate::backend::raw::http::{self, Idempotency, RetryPolicy};
 use crate::error::{Error, ErrorKind, Result};
+
+/// The name Firestore goes by in errors.
+pub(super) const SERVICE: &str = "Firestore";
 
 /// The OAuth scope Firestore's REST API needs.
 pub const SCOPE: &str = "https://www.googleapis.com/auth/datastore";
@@ -23,14 +27,29 @@ pub const SCOPE: &str = "https://www.googleapis.com/auth/datastore";
 const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~').remove(b':');
 /// The database segment keeps the parentheses of `(default)` as Google's own clients send it.
 const DATABASE_SEGMENT: &AsciiSet = &SEGMENT.remove(b'(').remove(b')');
-/// Retries after the first try.
-const RETRIES: usize = 6;
+/// How calls are retried: a Firestore that stays unavailable is reported within 15 s (plus one
+/// request timeout) of the first try.
+pub const RETRY: RetryPolicy = RetryPolicy {
+    retries: 6,
+    min_delay: Duration::from_millis(50),
+    max_delay: Duration::from_secs(3),
+    budget: Duration::from_secs(15),
+};
 
-/// Whether a call may be repeated after a transport failure.
+/// Whether a call may be repeated after a failure that may have reached Firestore.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Call {
     Read,
     Write,
+}
+
+impl Call {
+    fn idempotency(self) -> Idempotency {
+        match self {
+            Call::Read => Idempotency::Idempotent,
+            Call::Write => Idempotency::NotIdempotent,
+        }
+    }
 }
 
 enum Auth {
@@ -49,23 +68,9 @@ pub(super) struct FirestoreClient {
     collection: String,
 }
 
-/// One failed attempt and whether another may follow.
-struct Failed {
-    error: Error,
-    retry: bool,
-}
-
 impl FirestoreClient {
     pub async fn connect(config: &FirestoreConfig) -> Result<Self> {
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(5).min(config.timeout))
-            .timeout(config.timeout)
-            .pool_idle_timeout(Duration::from_secs(60))
-            .user_agent(concat!("agentstore/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|e| {
-                Error::new(ErrorKind::Misconfigured, "cannot build the Firestore HTTP client").with_source(e)
-            })?;
+        let http = http::client(SERVICE, config.timeout)?;
         let auth = if config.is_emulator() {
             Auth::Emulator
         } else {
@@ -125,35 +130,19 @@ impl FirestoreClient {
         call: Call,
         doing: &str,
     ) -> Result<Value> {
-        let attempt = || async {
-            // Nothing was sent yet when the token cannot be had, so any call may try again.
-            let token = self
-                .token(doing)
-                .await
-                .map_err(|error| Failed { retry: error.kind() == ErrorKind::Unavailable, error })?;
-            let (status, reply) = self.send(method.clone(), url, &token, body, doing).await.map_err(|error| {
-                Failed { retry: call == Call::Read && error.kind() == ErrorKind::Unavailable, error }
-            })?;
-            if status.is_success() {
-                return Ok(reply);
-            }
-            Err(Failed { retry: is_retryable(status, &reply), error: from_reply(status, &reply, doing) })
-        };
-        attempt
-            .retry(
-                ExponentialBuilder::default()
-                    .with_min_delay(Duration::from_millis(50))
-                    .with_max_delay(Duration::from_secs(3))
-                    .with_max_times(RETRIES)
-                    .with_jitter(),
-            )
-            .sleep(tokio::time::sleep)
-            .when(|failed: &Failed| failed.retry)
-            .notify(
-                |failed, after| tracing::warn!(error = %failed.error, retry_in = ?after, "Firestore request failed; retrying"),
-            )
-            .await
-            .map_err(|failed| failed.error)
+        RETRY.run(SERVICE, doing, || self.attempt(method.clone(), url, body, call, doing)).await
+    }
+
+    async fn attempt(&self, method: Method, url: &str, body: Option<&Value>, call: Call, doing: &str) -> Result<Value> {
+        // Nothing is sent when the token cannot be had: an unreachable token endpoint is
+        // `Unavailable`, so any call may try again.
+        let token = self.token(doing).await?;
+        let request = self.http.request(method, url).bearer_auth(token);
+        let reply = http::send(SERVICE, request, body, call.idempotency(), doing).await?;
+        if reply.status.is_success() {
+            return Ok(reply.body);
+        }
+        Err(from_reply(reply.status, &reply.body, call.idempotency(), doing))
     }
 
     async fn token(&self, doing: &str) -> Result<String> {
@@ -163,37 +152,6 @@ impl FirestoreClient {
                 Ok(provider.token(&[SCOPE]).await.map_err(|e| from_auth(e, doing))?.as_str().to_owned())
             }
         }
-    }
-
-    async fn send(
-        &self,
-        method: Method,
-        url: &str,
-        token: &str,
-        body: Option<&Value>,
-        doing: &str,
-    ) -> Result<(StatusCode, Value)> {
-        let mut request =
-            self.http.request(method, url).bearer_auth(token).header(reqwest::header::ACCEPT, "application/json");
-        if let Some(body) = body {
-            // serde_json with arbitrary_precision writes numbers exactly as they were read.
-            let bytes = serde_json::to_vec(body).map_err(|e| bad_body(doing, e))?;
-            request = request.header(reqwest::header::CONTENT_TYPE, "application/json").body(bytes);
-        }
-        let response = request.send().await.map_err(|e| from_transport(e, doing))?;
-        let status = response.status();
-        let bytes = response.bytes().await.map_err(|e| from_transport(e, doing))?;
-        let reply = if bytes.is_empty() {
-            Value::Null
-        } else {
-            match serde_json::from_slice(&bytes) {
-                Ok(json) => json,
-                // Proxies and load balancers answer errors in HTML; keep the status, not the page.
-                Err(_) if !status.is_success() => Value::Null,
-                Err(e) => return Err(bad_body(doing, e)),
-            }
-        };
-        Ok((status, reply))
     }
 }
 

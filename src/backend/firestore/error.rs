@@ -5,6 +5,7 @@
 use reqwest::StatusCode;
 use serde_json::Value;
 
+use crate::backend::raw::http::{kind_of_status, unexpected_body, Idempotency};
 use crate::error::{Error, ErrorKind};
 
 /// What deploying the index takes, for the missing-index error.
@@ -16,18 +17,10 @@ pub(super) fn status_name(body: &Value) -> &str {
     body.pointer("/error/status").and_then(Value::as_str).unwrap_or("")
 }
 
-/// Statuses that mean "not done, try again": the request had no effect.
-pub(super) fn is_retryable(status: StatusCode, body: &Value) -> bool {
-    matches!(status_name(body), "ABORTED" | "UNAVAILABLE" | "RESOURCE_EXHAUSTED")
-        || (status_name(body).is_empty()
-            && matches!(
-                status,
-                StatusCode::TOO_MANY_REQUESTS | StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE
-            ))
-}
-
-/// An error for a non-success reply, `doing` saying what we asked for.
-pub(super) fn from_reply(status: StatusCode, body: &Value, doing: &str) -> Error {
+/// An error for a non-success reply, `doing` saying what we asked for. `ABORTED`, `UNAVAILABLE`
+/// and `RESOURCE_EXHAUSTED` had no effect (`Unavailable`, retried); `DEADLINE_EXCEEDED`,
+/// `INTERNAL` and `CANCELLED` may have, so for a write they are `OutcomeUnknown`.
+pub(super) fn from_reply(status: StatusCode, body: &Value, idempotency: Idempotency, doing: &str) -> Error {
     let name = status_name(body);
     let message = body.pointer("/error/message").and_then(Value::as_str).unwrap_or("");
     let detail = match (name, message) {
@@ -51,28 +44,25 @@ pub(super) fn from_reply(status: StatusCode, body: &Value, doing: &str) -> Error
             ErrorKind::TooLarge
         }
         "INVALID_ARGUMENT" | "OUT_OF_RANGE" => ErrorKind::InvalidInput,
-        "ABORTED" | "UNAVAILABLE" | "RESOURCE_EXHAUSTED" | "DEADLINE_EXCEEDED" | "INTERNAL" | "CANCELLED" => {
-            ErrorKind::Unavailable
-        }
-        _ => match status {
-            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => ErrorKind::Unauthorized,
-            StatusCode::NOT_FOUND => ErrorKind::NotFound,
-            StatusCode::TOO_MANY_REQUESTS => ErrorKind::Unavailable,
-            s if s.is_server_error() => ErrorKind::Unavailable,
-            _ => ErrorKind::Internal,
+        "ABORTED" | "UNAVAILABLE" | "RESOURCE_EXHAUSTED" => ErrorKind::Unavailable,
+        "DEADLINE_EXCEEDED" | "INTERNAL" | "CANCELLED" => match idempotency {
+            Idempotency::Idempotent => ErrorKind::Unavailable,
+            Idempotency::NotIdempotent => ErrorKind::OutcomeUnknown,
+        },
+        _ => match kind_of_status(status, idempotency) {
+            // Firestore names its conflicts; a bare 409/412/400 without a status name is not ours.
+            ErrorKind::Conflict | ErrorKind::InvalidInput | ErrorKind::TooLarge => ErrorKind::Internal,
+            kind => kind,
         },
     };
     let message = match kind {
         ErrorKind::Unauthorized => format!("Firestore refused our credentials while trying to {doing} ({detail})"),
+        ErrorKind::OutcomeUnknown => {
+            format!("Firestore failed while trying to {doing} ({detail}); the write may have been applied")
+        }
         _ => format!("Firestore could not {doing} ({detail})"),
     };
     Error::new(kind, message)
-}
-
-/// A transport failure: connection refused, timeout, TLS — the server is unavailable to us.
-pub(super) fn from_transport(err: reqwest::Error, doing: &str) -> Error {
-    let kind = if err.is_decode() || err.is_builder() { ErrorKind::Internal } else { ErrorKind::Unavailable };
-    Error::new(kind, format!("Firestore request failed while trying to {doing}")).with_source(err)
 }
 
 /// A failure to get an access token from Google. gcp_auth reports a token endpoint it cannot
@@ -100,10 +90,7 @@ pub(super) fn from_auth(err: gcp_auth::Error, doing: &str) -> Error {
 
 /// A response body that is not the JSON Firestore promises.
 pub(super) fn bad_body(doing: &str, problem: impl std::fmt::Display) -> Error {
-    Error::new(
-        ErrorKind::Internal,
-        format!("Firestore answered with unexpected JSON while trying to {doing}: {problem}"),
-    )
+    unexpected_body(super::client::SERVICE, doing, problem)
 }
 
 #[cfg(test)]
@@ -131,14 +118,14 @@ mod tests {
         ];
         for (code, name, kind) in cases {
             let (status, body) = reply(code, name, "words from Firestore");
-            let err = from_reply(status, &body, "write a document");
+            let err = from_reply(status, &body, Idempotency::Idempotent, "write a document");
             assert_eq!(err.kind(), kind, "{name}");
             if !name.is_empty() {
                 assert!(err.to_string().contains("words from Firestore"), "{err}");
             }
         }
         let (status, body) = reply(400, "INVALID_ARGUMENT", "Document exceeds the maximum allowed size");
-        assert_eq!(from_reply(status, &body, "write").kind(), ErrorKind::TooLarge);
+        assert_eq!(from_reply(status, &body, Idempotency::NotIdempotent, "write").kind(), ErrorKind::TooLarge);
     }
 
     #[test]
@@ -146,19 +133,25 @@ mod tests {
         let link = "https://console.firebase.google.com/v1/r/project/p/firestore/indexes?create_composite=abc";
         let (status, body) =
             reply(400, "FAILED_PRECONDITION", &format!("The query requires an index. You can create it here: {link}"));
-        let err = from_reply(status, &body, "list documents");
+        let err = from_reply(status, &body, Idempotency::Idempotent, "list documents");
         assert_eq!(err.kind(), ErrorKind::Misconfigured);
         assert!(err.to_string().contains(link), "{err}");
         assert!(err.to_string().contains("firestore.indexes.json"), "{err}");
     }
 
     #[test]
-    fn retryable_statuses() {
+    fn failures_that_may_have_applied_a_write_say_so() {
+        for name in ["DEADLINE_EXCEEDED", "INTERNAL"] {
+            let (status, body) = reply(500, name, "");
+            assert_eq!(from_reply(status, &body, Idempotency::NotIdempotent, "w").kind(), ErrorKind::OutcomeUnknown);
+            assert_eq!(from_reply(status, &body, Idempotency::Idempotent, "r").kind(), ErrorKind::Unavailable);
+        }
         for name in ["ABORTED", "UNAVAILABLE", "RESOURCE_EXHAUSTED"] {
             let (status, body) = reply(503, name, "");
-            assert!(is_retryable(status, &body), "{name}");
+            assert_eq!(from_reply(status, &body, Idempotency::NotIdempotent, "w").kind(), ErrorKind::Unavailable);
         }
-        let (status, body) = reply(409, "ALREADY_EXISTS", "");
-        assert!(!is_retryable(status, &body));
+        // An HTML error page from a proxy leaves only the status.
+        let kind = from_reply(StatusCode::BAD_GATEWAY, &Value::Null, Idempotency::NotIdempotent, "w").kind();
+        assert_eq!(kind, ErrorKind::Unavailable);
     }
 }

@@ -16,4 +16,5 @@ pub mod config;
 mod error;
 
 pub use backend::FirestoreBackend;
+pub use client::RETRY;
 pub use config::FirestoreConfig;

@@ -1,0 +1,3 @@
+//! Building blocks shared by the adapters, below any one storage protocol.
+
+pub mod http;
