@@ -489,6 +489,59 @@ async fn persistent_failures_exhaust_the_retries_and_report_unavailable() {
 // Error mapping without retries.
 // ---------------------------------------------------------------------------------------------
 
+/// PutItem that applies its first attempt but answers 500 (a reply lost in transit), then fails
+/// the resend's condition against that very write; GetItem reports the revision it applied.
+struct LostReply {
+    applied_rev: std::sync::Arc<Mutex<Option<String>>>,
+}
+
+impl Respond for LostReply {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let mut applied = self.applied_rev.lock().unwrap();
+        if applied.is_none() {
+            *applied = body_of(request)["Item"]["_rev"]["S"].as_str().map(str::to_owned);
+            return error(500, "InternalServerError", "Internal server error");
+        }
+        error(400, "ConditionalCheckFailedException", "The conditional request failed")
+    }
+}
+
+struct ReportsRevision {
+    applied_rev: std::sync::Arc<Mutex<Option<String>>>,
+}
+
+impl Respond for ReportsRevision {
+    fn respond(&self, _: &Request) -> ResponseTemplate {
+        let rev = self.applied_rev.lock().unwrap().clone().unwrap_or_default();
+        answer(200, json!({"Item": {"_rev": {"S": rev}}}))
+    }
+}
+
+/// A write whose first attempt landed but whose answer was lost is resent by the SDK and fails
+/// its condition against itself: that is the write's own success, not a conflict (a conflict
+/// would make the facade apply the change a second time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resent_write_that_had_landed_is_its_own_success() {
+    let server = server_with_table().await;
+    let applied_rev = std::sync::Arc::new(Mutex::new(None));
+    operation("PutItem").respond_with(LostReply { applied_rev: applied_rev.clone() }).mount(&server).await;
+    operation("GetItem").respond_with(ReportsRevision { applied_rev: applied_rev.clone() }).mount(&server).await;
+    let backend = open(&server).await.expect("open");
+
+    let previous = Revision("1-00000000000000aa".into());
+    let rev = backend
+        .put("user_1:bulk:aw==", &small_body("k"), Precondition::MatchRevision(previous))
+        .await
+        .expect("the write landed on its first attempt");
+    assert_eq!(Some(rev.as_str().to_owned()), *applied_rev.lock().unwrap());
+    assert_eq!(received(&server, "PutItem").await.len(), 2, "the SDK resent the write once");
+
+    // A real conflict (the stored revision is someone else's) is still a conflict.
+    *applied_rev.lock().unwrap() = Some("9-someone-else".into());
+    let other = backend.put("user_1:bulk:aw==", &small_body("k"), Precondition::MustNotExist).await;
+    expect_error(other, ErrorKind::Conflict, &["changed by another writer"], "create").unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conditional_check_failure_is_a_conflict() {
     let server = server_with_table().await;

@@ -304,6 +304,30 @@ impl DynamoDbBackend {
     }
 }
 
+impl DynamoDbBackend {
+    /// Whether the stored document `id` is at revision `rev` (a consistent read of `_rev` only).
+    /// A failed read answers `false`: the caller then reports what it already knew.
+    async fn holds_revision(&self, id: &str, rev: &str) -> bool {
+        let read = self
+            .client
+            .get_item()
+            .table_name(&self.config.table)
+            .set_key(Some(Self::key(id)))
+            .consistent_read(true)
+            .projection_expression("#rev")
+            .expression_attribute_names("#rev", codec::REV)
+            .send()
+            .await;
+        match read {
+            Ok(output) => output.item.as_ref().and_then(|item| codec::string_attribute(item, codec::REV)) == Some(rev),
+            Err(err) => {
+                tracing::warn!(id, error = %map_sdk(err, "read a revision"), "cannot tell whether a resent write had landed");
+                false
+            }
+        }
+    }
+}
+
 /// A fresh revision: a generation number for readability and 64 random bits, so a revision is
 /// never reused, even after a delete and re-create.
 fn new_revision(previous: Option<&Revision>) -> String {
@@ -396,6 +420,16 @@ impl DocumentBackend for DynamoDbBackend {
             }
             Err(err) => {
                 let err = map_sdk_write(err, &format!("write document {id:?}"));
+                if err.is_conflict() && self.holds_revision(id, &rev).await {
+                    // The SDK resent this write after an attempt that failed in transit (a 500, a
+                    // broken connection) but had been applied: the resend then fails its condition
+                    // against our own write. The revision is ours alone (random), so the write
+                    // landed; answering a conflict would make the facade apply it twice. The old
+                    // revision's chunks, if any, are left behind (their count came with the lost
+                    // answer); they are unreachable and cost only storage.
+                    tracing::warn!(id, rev = %rev, "a resent write met its own earlier attempt; it had been applied");
+                    return Ok(Revision(rev));
+                }
                 self.delete_chunks(id, &rev, encoded.extra_chunks.len()).await;
                 if err.is_conflict() {
                     Err(Error::conflict(format!("document {id:?} was changed by another writer")).with_source(err))
