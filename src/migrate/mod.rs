@@ -51,7 +51,8 @@ use sink::{ConflictPolicy, FileSink, Outgoing};
 use source::{Incoming, Position, Source};
 use transform::{AccessTracking, Verdict};
 
-/// Exit status of `verify` when the two sides differ.
+/// Exit status of `verify` when the two sides differ, and of `migrate` when its read-back finds a
+/// difference its report does not explain.
 pub const EXIT_DIFFERENT: u8 = 6;
 /// Exit status of a migration that finished but left data-store documents behind (malformed,
 /// refused by the target, unreadable lines).
@@ -143,6 +144,9 @@ pub struct Options {
     pub progress: ProgressMode,
     /// Documents named per issue kind in the report.
     pub max_issues: usize,
+    /// End a finished `migrate` by reading back what it is responsible for
+    /// ([`verify::verify_migration`]). Not used by `export` and `import`.
+    pub verify: bool,
 }
 
 impl Default for Options {
@@ -158,6 +162,7 @@ impl Default for Options {
             restart: false,
             progress: ProgressMode::None,
             max_issues: 20,
+            verify: true,
         }
     }
 }
@@ -447,7 +452,35 @@ pub async fn run(job: Job) -> Result<Report> {
     let read_this_run = checkpoint.ledger.counts.read - read_before;
     let mut report = finished_report(kind, &identity, &path, &options, checkpoint, started, status, read_this_run);
     report.resumed = resumed;
+    if kind == JobKind::Migrate && options.verify && !dry_run {
+        report.verification = Some(read_back(&source, &target, &options, &report.ledger).await?);
+    }
     Ok(report)
+}
+
+/// The read-back that ends a migration, with the migration's own filters and rules.
+async fn read_back(
+    source: &Endpoint,
+    target: &Endpoint,
+    options: &Options,
+    ledger: &Ledger,
+) -> Result<verify::Verification> {
+    let verify_options = verify::VerifyOptions {
+        batch_size: options.batch_size,
+        concurrency: options.concurrency,
+        access_tracking: options.access_tracking,
+        filter: options.filter.clone(),
+        raw: false,
+        max_ids: options.max_issues,
+        progress: options.progress,
+    };
+    verify::verify_migration(source, target, &verify_options, ledger).await.map_err(|e| {
+        Error::new(
+            e.kind(),
+            "the migration finished, but reading it back failed; run `agentstore verify` with the same options",
+        )
+        .with_source(e)
+    })
 }
 
 /// Ensures the target's index covers each namespace before its first write, once per namespace.
@@ -545,5 +578,6 @@ fn finished_report(
         docs_per_sec: read_this_run as f64 / duration_secs.max(1e-9),
         peak_rss_bytes: report::peak_rss_bytes(),
         design_documents_left_behind: None,
+        verification: None,
     }
 }
