@@ -267,6 +267,7 @@ fn join_details(notes: &[transform::Note]) -> String {
 /// The reader task: pages from the source, transformed, into the channel, until the source ends,
 /// an error (sent on, then the task stops), or the writer hangs up.
 pub(crate) async fn read_batches<T: Send + 'static>(
+    side: &'static str,
     mut source: Source,
     batch_size: usize,
     prepare: impl Fn(Vec<Incoming>, Position) -> T + Send + 'static,
@@ -277,7 +278,7 @@ pub(crate) async fn read_batches<T: Send + 'static>(
             Ok(Some(page)) => page,
             Ok(None) => return,
             Err(err) => {
-                let _ = sender.send(Err(Error::new(err.kind(), "source: read failed").with_source(err))).await;
+                let _ = sender.send(Err(Error::new(err.kind(), format!("{side}: read failed")).with_source(err))).await;
                 return;
             }
         };
@@ -313,16 +314,10 @@ pub async fn run(job: Job) -> Result<Report> {
         } else if let Some(saved) = checkpoint::load(&path)? {
             saved.check_identity(&path, &identity)?;
             if saved.finished {
-                return Ok(finished_report(
-                    kind,
-                    &identity,
-                    &path,
-                    &options,
-                    saved,
-                    started,
-                    Status::AlreadyFinished,
-                    0,
-                ));
+                let report =
+                    finished_report(kind, &identity, &path, &options, saved, started, Status::AlreadyFinished, 0);
+                // Read back again, so a migration whose read-back failed keeps saying so.
+                return with_read_back(report, kind, &source, &target, &options).await;
             }
             checkpoint = saved;
             checkpoint.runs += 1;
@@ -372,6 +367,7 @@ pub async fn run(job: Job) -> Result<Report> {
     let (sender, mut receiver) = mpsc::channel(CHANNEL_BATCHES);
     let classify_options = options.clone();
     let reader = tokio::spawn(read_batches(
+        "source",
         source_reader,
         options.batch_size,
         move |items, position| {
@@ -452,8 +448,20 @@ pub async fn run(job: Job) -> Result<Report> {
     let read_this_run = checkpoint.ledger.counts.read - read_before;
     let mut report = finished_report(kind, &identity, &path, &options, checkpoint, started, status, read_this_run);
     report.resumed = resumed;
-    if kind == JobKind::Migrate && options.verify && !dry_run {
-        report.verification = Some(read_back(&source, &target, &options, &report.ledger).await?);
+    with_read_back(report, kind, &source, &target, &options).await
+}
+
+/// The report, with the read-back's result when the job is a `migrate` that is to verify and
+/// has written (or, finished earlier, had written) its documents.
+async fn with_read_back(
+    mut report: Report,
+    kind: JobKind,
+    source: &Endpoint,
+    target: &Endpoint,
+    options: &Options,
+) -> Result<Report> {
+    if kind == JobKind::Migrate && options.verify && !options.dry_run {
+        report.verification = Some(read_back(source, target, options, &report.ledger).await?);
     }
     Ok(report)
 }

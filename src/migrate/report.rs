@@ -175,8 +175,8 @@ pub struct Report {
     /// Design documents at a CouchDB source: never read by the scan, never copied.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub design_documents_left_behind: Option<u64>,
-    /// The read-back that ends a finished `migrate` (absent with `--no-verify`, in a dry run, for
-    /// `export`/`import`, and when the run found the migration already finished).
+    /// The read-back that ends a finished (or already finished) `migrate`; absent with
+    /// `--no-verify`, in a dry run, and for `export`/`import`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verification: Option<super::verify::Verification>,
 }

@@ -147,8 +147,15 @@ pub async fn verify(source: &Endpoint, target: &Endpoint, options: &VerifyOption
     backend_of("to", target)?;
     let mut report = VerifyReport { from: source.name(), to: target.name(), raw: options.raw, ..Default::default() };
     let mut progress = progress_for(source_backend.as_ref(), options).await;
-    find_missing_and_different(source, target, options, &mut report, &mut progress).await?;
-    find_extra(source, target, options, &mut report).await?;
+    // The passes read different sides first, so they run at once: the slower one sets the time.
+    let (_, extra) = tokio::try_join!(
+        find_missing_and_different(source, target, options, &mut report, &mut progress),
+        find_extra(source, target, options),
+    )?;
+    report.target_read = extra.target_read;
+    report.target_foreign = extra.target_foreign;
+    report.extra = extra.extra;
+    report.extra_ids = extra.extra_ids;
 
     report.identical = report.missing == 0 && report.different == 0 && report.extra == 0;
     report.message = if report.identical {
@@ -198,6 +205,7 @@ async fn find_missing_and_different(
     let raw = options.raw;
     let filter = options.filter.clone();
     let reader = tokio::spawn(read_batches(
+        "source",
         Source::backend(Arc::clone(source_backend), &Position::Start)?,
         options.batch_size.max(1),
         move |items, _| {
@@ -213,11 +221,11 @@ async fn find_missing_and_different(
     let target_for_lookups = Arc::clone(target_backend);
     let mut compared = futures::stream::poll_fn(move |cx| receiver.poll_recv(cx))
         .map(|expected: Result<Expected>| {
-            let target = Arc::clone(&target_for_lookups);
+            let lookups = Arc::clone(&target_for_lookups);
             async move {
                 let expected = expected?;
                 let ids: Vec<String> = expected.docs.iter().map(|doc| doc.id.clone()).collect();
-                let found = target.get_many(&ids).await?;
+                let found = lookups.get_many(&ids).await.map_err(|e| side_error("target", target, e))?;
                 Ok::<_, Error>((expected, found))
             }
         })
@@ -227,7 +235,7 @@ async fn find_missing_and_different(
             Ok(pair) => pair,
             Err(err) => {
                 reader.abort();
-                return Err(side_error("target", target, err));
+                return Err(err);
             }
         };
         let counts = &expected.ledger.counts;
@@ -253,38 +261,79 @@ async fn find_missing_and_different(
     reader.await.map_err(|e| Error::new(ErrorKind::Internal, "source reader task failed").with_source(e))
 }
 
-/// Pass 2: every target document (within the filter) must exist at the source.
-async fn find_extra(
-    source: &Endpoint,
-    target: &Endpoint,
-    options: &VerifyOptions,
-    report: &mut VerifyReport,
-) -> Result<()> {
-    let source_backend = backend_of("from", source)?;
+/// What pass 2 found.
+#[derive(Default)]
+struct Extra {
+    target_read: u64,
+    target_foreign: u64,
+    extra: u64,
+    extra_ids: Vec<String>,
+}
+
+/// One target page as pass 2 sees it: the ids to look up at the source, and what was read.
+struct TargetIds {
+    ids: Vec<String>,
+    read: u64,
+    foreign: u64,
+}
+
+/// Pass 2: every target document (within the filter) must exist at the source. Pipelined like
+/// pass 1: a reader task scans the target while `concurrency` pages of ids are looked up at the
+/// source with `get_many`.
+async fn find_extra(source: &Endpoint, target: &Endpoint, options: &VerifyOptions) -> Result<Extra> {
+    let source_backend = Arc::clone(backend_of("from", source)?);
     let target_backend = backend_of("to", target)?;
-    let mut scan = Source::backend(Arc::clone(target_backend), &Position::Start)?;
-    while let Some(page) =
-        scan.next_page(options.batch_size.max(1)).await.map_err(|e| side_error("target", target, e))?
-    {
-        let mut ids = Vec::new();
-        for item in page.items {
-            let Incoming::Document(doc) = item else { continue };
-            report.target_read += 1;
-            match DocumentId::parse(&doc.id) {
-                Err(_) => report.target_foreign += 1,
-                Ok(id) if !options.filter.admits(&id) => {}
-                Ok(_) => ids.push(doc.id),
+    let filter = options.filter.clone();
+    let (sender, mut receiver) = mpsc::channel(CHANNEL_BATCHES);
+    let reader = tokio::spawn(read_batches(
+        "target",
+        Source::backend(Arc::clone(target_backend), &Position::Start)?,
+        options.batch_size.max(1),
+        move |items, _| {
+            let mut page = TargetIds { ids: Vec::with_capacity(items.len()), read: 0, foreign: 0 };
+            for item in items {
+                let Incoming::Document(doc) = item else { continue };
+                page.read += 1;
+                match DocumentId::parse(&doc.id) {
+                    Err(_) => page.foreign += 1,
+                    Ok(id) if !filter.admits(&id) => {}
+                    Ok(_) => page.ids.push(doc.id),
+                }
             }
-        }
-        let at_source = source_backend.get_many(&ids).await.map_err(|e| side_error("source", source, e))?;
-        for (id, doc) in ids.iter().zip(at_source) {
+            page
+        },
+        sender,
+    ));
+    let mut looked_up = futures::stream::poll_fn(move |cx| receiver.poll_recv(cx))
+        .map(|page: Result<TargetIds>| {
+            let lookups = Arc::clone(&source_backend);
+            async move {
+                let page = page?;
+                let found = lookups.get_many(&page.ids).await.map_err(|e| side_error("source", source, e))?;
+                Ok::<_, Error>((page, found))
+            }
+        })
+        .buffered(options.concurrency.max(1));
+    let mut extra = Extra::default();
+    while let Some(result) = looked_up.next().await {
+        let (page, at_source) = match result {
+            Ok(pair) => pair,
+            Err(err) => {
+                reader.abort();
+                return Err(err);
+            }
+        };
+        extra.target_read += page.read;
+        extra.target_foreign += page.foreign;
+        for (id, doc) in page.ids.iter().zip(at_source) {
             if doc.is_none() {
-                report.extra += 1;
-                VerifyReport::list(&mut report.extra_ids, options.max_ids, id);
+                extra.extra += 1;
+                VerifyReport::list(&mut extra.extra_ids, options.max_ids, id);
             }
         }
     }
-    Ok(())
+    reader.await.map_err(|e| Error::new(ErrorKind::Internal, "target reader task failed").with_source(e))?;
+    Ok(extra)
 }
 
 /// How a migration's own read-back went (the `verification` section of its report).
