@@ -5,7 +5,9 @@
 //! which backends take part. The servers are pouchdb-server and dynalite from `node_modules` and
 //! the Firestore emulator, started by the tests' launcher (`tests/common/servers.rs`;
 //! `AGENTSTORE_TEST_COUCHDB_URL`, `AGENTSTORE_TEST_DYNAMODB_ENDPOINT` and
-//! `AGENTSTORE_TEST_FIRESTORE_EMULATOR` point it at others).
+//! `AGENTSTORE_TEST_FIRESTORE_EMULATOR` point it at others). `BENCH_MIGRATE_BIN` names the
+//! `agentstore` binary to run instead of the one cargo built (useful when several checkouts share
+//! one target directory and another build may replace `target/release/agentstore` meanwhile).
 //!
 //! For each backend, on a fresh store: the **bulk write rate** (the data set through
 //! `DocumentBackend::bulk_write` in batches of 500, 4 in flight, create-only like the migration's
@@ -38,7 +40,12 @@ use agentstore::model::id::encode_key;
 use futures::{StreamExt, TryStreamExt};
 use serde_json::{json, Map, Value};
 
-const BIN: &str = env!("CARGO_BIN_EXE_agentstore");
+const BUILT_BIN: &str = env!("CARGO_BIN_EXE_agentstore");
+
+/// The `agentstore` binary the pairs run: `BENCH_MIGRATE_BIN`, else the one cargo built.
+fn binary() -> String {
+    std::env::var("BENCH_MIGRATE_BIN").unwrap_or_else(|_| BUILT_BIN.to_owned())
+}
 const BATCH: usize = 500;
 const WRITERS: usize = 4;
 
@@ -202,7 +209,7 @@ fn run() -> Result<(), String> {
         places.push(Place { name, server });
     }
     let nproc = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    println!("migrate_bench: {docs} documents, nproc {nproc}");
+    println!("migrate_bench: {docs} documents, nproc {nproc}, binary {}", binary());
     for place in &places {
         println!("  {:<9} {}", place.name, place.server);
     }
@@ -306,13 +313,14 @@ fn run() -> Result<(), String> {
 /// Runs the release binary's `migrate` (default options: it ends with its read-back) or `verify`
 /// and returns its JSON report.
 fn run_binary(dir: &Path, command: &str, from: &str, to: &str) -> Result<Value, String> {
-    let mut child = Command::new(BIN);
+    let bin = binary();
+    let mut child = Command::new(&bin);
     child.current_dir(dir).args([command, "--from", from, "--to", to, "--progress", "none"]);
     if command == "migrate" {
         let checkpoint = dir.join(format!("cp-{}.json", STORES.fetch_add(1, Ordering::Relaxed)));
         child.arg("--checkpoint").arg(checkpoint);
     }
-    let output = child.stdin(Stdio::null()).output().map_err(|e| format!("cannot run {BIN}: {e}"))?;
+    let output = child.stdin(Stdio::null()).output().map_err(|e| format!("cannot run {bin}: {e}"))?;
     if !output.status.success() {
         return Err(format!("{command} {from} -> {to} failed: {}", String::from_utf8_lossy(&output.stderr)));
     }

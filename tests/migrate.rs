@@ -441,7 +441,18 @@ async fn conflict_policies(make: FreshFn) -> TestResult {
     let c = &report.ledger.counts;
     check(c.overwritten == 1 && c.already_present == 2, || format!("{c:?}"))?;
     let verified = verify_ctx(&source, &target, &VerifyOptions::default()).await?;
-    check(verified.identical, || format!("{verified:?}"))
+    check(verified.identical, || format!("{verified:?}"))?;
+
+    // A document only the target has is extra; one that is no data-store document is not.
+    let only_at_target = id("u", "ns", "only-at-target");
+    let body = spec_body("u", "ns", "only-at-target", json!(1), 1);
+    seed(target.backend.as_ref(), &[Seeded { id: only_at_target.clone(), body, expected: None }]).await?;
+    target.backend.put("foreign-doc", &object(json!({"type": "other"})), Precondition::MustNotExist).await?;
+    let verified = verify_ctx(&source, &target, &VerifyOptions::default()).await?;
+    check(!verified.identical && verified.extra == 1 && verified.extra_ids == [only_at_target], || {
+        format!("{verified:?}")
+    })?;
+    check(verified.target_foreign == 1 && verified.missing == 0 && verified.different == 0, || format!("{verified:?}"))
 }
 
 async fn seeded_pair(make: FreshFn) -> Result<(Ctx, Ctx, Vec<Seeded>), Failed> {

@@ -3,9 +3,12 @@
 //!
 //! Pass 1 scans the source, applies the migration's [`transform`](super::transform) rules (so a
 //! normalised timestamp is not a difference; `raw` compares bodies untransformed), and looks each
-//! batch up at the target: absent is *missing*, another hash is *different*. Pass 2 scans the
-//! target and looks its ids up at the source: absent there is *extra*. Documents the migration
-//! would not copy (foreign, malformed, outside the filter) are counted, not compared.
+//! batch up at the target: absent is *missing*, another hash is *different*. Meanwhile the
+//! target is scanned and its data-store documents within the filter counted: when they are
+//! exactly the ones pass 1 found there, nothing is extra. Only when the count says otherwise does
+//! pass 2 scan the target again and look its ids up at the source: absent there is *extra*.
+//! Documents the migration would not copy (foreign, malformed, outside the filter) are counted,
+//! not compared.
 //!
 //! [`verify_migration`], the read-back that ends every `migrate` unless `--no-verify`, is pass 1
 //! alone, judged against the migration's own counts.
@@ -147,15 +150,22 @@ pub async fn verify(source: &Endpoint, target: &Endpoint, options: &VerifyOption
     backend_of("to", target)?;
     let mut report = VerifyReport { from: source.name(), to: target.name(), raw: options.raw, ..Default::default() };
     let mut progress = progress_for(source_backend.as_ref(), options).await;
-    // The passes read different sides first, so they run at once: the slower one sets the time.
-    let (_, extra) = tokio::try_join!(
+    // Pass 1 and a count of the target run at once; the slower one sets the time.
+    let (_, census) = tokio::try_join!(
         find_missing_and_different(source, target, options, &mut report, &mut progress),
-        find_extra(source, target, options),
+        count_target(target, options),
     )?;
-    report.target_read = extra.target_read;
-    report.target_foreign = extra.target_foreign;
-    report.extra = extra.extra;
-    report.extra_ids = extra.extra_ids;
+    report.target_read = census.read;
+    report.target_foreign = census.foreign;
+    // The documents pass 1 found at the target (matching + different) are distinct target ids
+    // within the filter; when the target holds no more than those, none is extra, and the source
+    // need not be read again. Otherwise pass 2 looks every target id up at the source.
+    let present = report.matching + report.different;
+    if census.admitted != present {
+        let extra = find_extra(source, target, options).await?;
+        report.extra = extra.extra;
+        report.extra_ids = extra.extra_ids;
+    }
 
     report.identical = report.missing == 0 && report.different == 0 && report.extra == 0;
     report.message = if report.identical {
@@ -261,25 +271,46 @@ async fn find_missing_and_different(
     reader.await.map_err(|e| Error::new(ErrorKind::Internal, "source reader task failed").with_source(e))
 }
 
+/// The target's documents as pass 2 would sort them.
+#[derive(Default)]
+struct TargetCensus {
+    read: u64,
+    /// Not data-store documents (no composite id).
+    foreign: u64,
+    /// Data-store documents within the filter.
+    admitted: u64,
+}
+
+/// Scans the target and counts its documents, looking nothing up.
+async fn count_target(target: &Endpoint, options: &VerifyOptions) -> Result<TargetCensus> {
+    let mut scan = Source::backend(Arc::clone(backend_of("to", target)?), &Position::Start)?;
+    let mut census = TargetCensus::default();
+    while let Some(page) =
+        scan.next_page(options.batch_size.max(1)).await.map_err(|e| side_error("target", target, e))?
+    {
+        for item in page.items {
+            let Incoming::Document(doc) = item else { continue };
+            census.read += 1;
+            match DocumentId::parse(&doc.id) {
+                Err(_) => census.foreign += 1,
+                Ok(id) if options.filter.admits(&id) => census.admitted += 1,
+                Ok(_) => {}
+            }
+        }
+    }
+    Ok(census)
+}
+
 /// What pass 2 found.
 #[derive(Default)]
 struct Extra {
-    target_read: u64,
-    target_foreign: u64,
     extra: u64,
     extra_ids: Vec<String>,
 }
 
-/// One target page as pass 2 sees it: the ids to look up at the source, and what was read.
-struct TargetIds {
-    ids: Vec<String>,
-    read: u64,
-    foreign: u64,
-}
-
-/// Pass 2: every target document (within the filter) must exist at the source. Pipelined like
-/// pass 1: a reader task scans the target while `concurrency` pages of ids are looked up at the
-/// source with `get_many`.
+/// Pass 2, when the counts leave room for extra documents: every target document (within the
+/// filter) must exist at the source. Pipelined like pass 1: a reader task scans the target while
+/// `concurrency` pages of ids are looked up at the source with `get_many`.
 async fn find_extra(source: &Endpoint, target: &Endpoint, options: &VerifyOptions) -> Result<Extra> {
     let source_backend = Arc::clone(backend_of("from", source)?);
     let target_backend = backend_of("to", target)?;
@@ -290,42 +321,34 @@ async fn find_extra(source: &Endpoint, target: &Endpoint, options: &VerifyOption
         Source::backend(Arc::clone(target_backend), &Position::Start)?,
         options.batch_size.max(1),
         move |items, _| {
-            let mut page = TargetIds { ids: Vec::with_capacity(items.len()), read: 0, foreign: 0 };
-            for item in items {
-                let Incoming::Document(doc) = item else { continue };
-                page.read += 1;
-                match DocumentId::parse(&doc.id) {
-                    Err(_) => page.foreign += 1,
-                    Ok(id) if !filter.admits(&id) => {}
-                    Ok(_) => page.ids.push(doc.id),
-                }
-            }
-            page
+            let documents = items.into_iter().filter_map(|item| match item {
+                Incoming::Document(doc) => Some(doc.id),
+                Incoming::Unreadable { .. } => None,
+            });
+            documents.filter(|id| DocumentId::parse(id).is_ok_and(|id| filter.admits(&id))).collect::<Vec<_>>()
         },
         sender,
     ));
     let mut looked_up = futures::stream::poll_fn(move |cx| receiver.poll_recv(cx))
-        .map(|page: Result<TargetIds>| {
+        .map(|ids: Result<Vec<String>>| {
             let lookups = Arc::clone(&source_backend);
             async move {
-                let page = page?;
-                let found = lookups.get_many(&page.ids).await.map_err(|e| side_error("source", source, e))?;
-                Ok::<_, Error>((page, found))
+                let ids = ids?;
+                let found = lookups.get_many(&ids).await.map_err(|e| side_error("source", source, e))?;
+                Ok::<_, Error>((ids, found))
             }
         })
         .buffered(options.concurrency.max(1));
     let mut extra = Extra::default();
     while let Some(result) = looked_up.next().await {
-        let (page, at_source) = match result {
+        let (ids, at_source) = match result {
             Ok(pair) => pair,
             Err(err) => {
                 reader.abort();
                 return Err(err);
             }
         };
-        extra.target_read += page.read;
-        extra.target_foreign += page.foreign;
-        for (id, doc) in page.ids.iter().zip(at_source) {
+        for (id, doc) in ids.iter().zip(at_source) {
             if doc.is_none() {
                 extra.extra += 1;
                 VerifyReport::list(&mut extra.extra_ids, options.max_ids, id);

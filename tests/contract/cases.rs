@@ -804,18 +804,6 @@ async fn streamed_listings_page_to_the_end(ctx: Ctx) {
 
 // ---- batch reads ----
 
-/// Text that gzip cannot shrink much, so a body of it is stored in chunks where a backend chunks.
-fn noise(len: usize, mut state: u64) -> String {
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            char::from(b'!' + (state % 90) as u8)
-        })
-        .collect()
-}
-
 /// `get_many`'s answers must be what `get` answers for each id, in the order asked.
 async fn assert_get_many_matches_get(b: &dyn agentstore::backend::DocumentBackend, ids: &[String]) {
     let many = b.get_many(ids).await.expect("get_many");
@@ -895,7 +883,7 @@ async fn get_many_reads_large_bodies_whole(ctx: Ctx) {
     let b = &ctx.backend;
     // 2 MB of noise: in chunk items on DynamoDB (350 KB each) and chunk documents on Firestore.
     let big_id = id_of("u", "big", "big");
-    let big_value = json!({"noise": noise(2_000_000, 11), "n": 1});
+    let big_value = json!({"noise": corpus::noise(2_000_000, 11), "n": 1});
     let rev =
         b.put(&big_id, &data_body("u", "big", "big", big_value.clone()), Precondition::MustNotExist).await.unwrap();
     let small_id = id_of("u", "big", "small");
@@ -910,7 +898,7 @@ async fn get_many_reads_large_bodies_whole(ctx: Ctx) {
     assert_eq!(many[1].as_ref().unwrap().body["value"], 1);
     assert!(many[3].is_none());
     // A smaller large body replaces the chunks; the batch read sees the new version only.
-    let second = json!({"noise": noise(1_200_000, 12), "n": 2});
+    let second = json!({"noise": corpus::noise(1_200_000, 12), "n": 2});
     let rev =
         b.put(&big_id, &data_body("u", "big", "big", second.clone()), Precondition::MatchRevision(rev)).await.unwrap();
     let again = b.get_many(&ids[..1]).await.unwrap();

@@ -168,6 +168,12 @@ impl FirestoreBackend {
         Ok(Some(StoredDocument { id, rev: revision(update_time, chunks), body }))
     }
 
+    /// One `:batchGet` of these resource names; Firestore's answer, a list of `found`/`missing`.
+    async fn batch_get(&self, names: &[String], doing: &str) -> Result<Value> {
+        let body = json!({ "documents": names });
+        self.client.call(Method::POST, &self.client.method_url("batchGet"), Some(&body), Call::Read, doing).await
+    }
+
     /// The bytes of chunks 1..=count, or `None` if any is missing or of another set.
     async fn read_chunks(
         &self,
@@ -177,16 +183,7 @@ impl FirestoreBackend {
         doing: &str,
     ) -> Result<Option<Vec<Vec<u8>>>> {
         let names: Vec<String> = (1..=count).map(|n| self.client.chunk_name(document_id, n)).collect();
-        let reply = self
-            .client
-            .call(
-                Method::POST,
-                &self.client.method_url("batchGet"),
-                Some(&json!({ "documents": names })),
-                Call::Read,
-                doing,
-            )
-            .await?;
+        let reply = self.batch_get(&names, doing).await?;
         let mut found: Vec<Option<Vec<u8>>> = vec![None; count];
         for entry in reply.as_array().into_iter().flatten() {
             let Some(document) = entry.get("found") else { continue };
@@ -229,16 +226,7 @@ impl FirestoreBackend {
         let names: Vec<String> = ids.iter().map(|id| self.client.document_name(&codec::document_id(id))).collect();
         let position: std::collections::HashMap<&str, usize> =
             names.iter().enumerate().map(|(n, name)| (name.as_str(), n)).collect();
-        let reply = self
-            .client
-            .call(
-                Method::POST,
-                &self.client.method_url("batchGet"),
-                Some(&json!({ "documents": names })),
-                Call::Read,
-                DOING,
-            )
-            .await?;
+        let reply = self.batch_get(&names, DOING).await?;
         let mut answered = vec![false; ids.len()];
         let mut found = Vec::with_capacity(ids.len());
         for entry in reply.as_array().into_iter().flatten() {
