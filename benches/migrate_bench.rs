@@ -5,17 +5,22 @@
 //! which backends take part. The servers are pouchdb-server and dynalite from `node_modules` and
 //! the Firestore emulator, started by the tests' launcher (`tests/common/servers.rs`;
 //! `AGENTSTORE_TEST_COUCHDB_URL`, `AGENTSTORE_TEST_DYNAMODB_ENDPOINT` and
-//! `AGENTSTORE_TEST_FIRESTORE_EMULATOR` point it at others).
+//! `AGENTSTORE_TEST_FIRESTORE_EMULATOR` point it at others). `BENCH_MIGRATE_BIN` names the
+//! `agentstore` binary to run instead of the one cargo built (useful when several checkouts share
+//! one target directory and another build may replace `target/release/agentstore` meanwhile).
 //!
 //! For each backend, on a fresh store: the **bulk write rate** (the data set through
 //! `DocumentBackend::bulk_write` in batches of 500, 4 in flight, create-only like the migration's
 //! writes) and the **bulk read rate** (one full `scan` in pages of 500, one page at a time, like
 //! the migration's reader). Then for each ordered pair of distinct backends, the release
 //! `agentstore migrate` binary copies the data set into a fresh target with the default options;
-//! its JSON report gives docs/s and the child's own peak RSS (`VmHWM`). The ratio is migration
-//! docs/s over min(source read rate, target write rate): the fraction of the slower side's limit
-//! the migration reaches. Documents are the spec's shape with a ~300-byte value, over 10 users ×
-//! 10 namespaces.
+//! its JSON report gives docs/s (the copy alone), the rate of the read-back that ends it (its
+//! `verification` section: documents compared per second) and the child's own peak RSS
+//! (`VmHWM`). Then the release `agentstore verify` compares the two sides (both passes: source →
+//! target, then target → source); its rate is documents compared over its duration. The ratio is
+//! migration docs/s over min(source read rate, target write rate): the fraction of the slower
+//! side's limit the migration reaches. Documents are the spec's shape with a ~300-byte value, over
+//! 10 users × 10 namespaces.
 //!
 //! Results go to stdout as a markdown table and to `target/bench/migrate_bench.json`. Under
 //! `cargo test --all-targets` (no `--bench` argument) it only prints how to run it.
@@ -35,7 +40,12 @@ use agentstore::model::id::encode_key;
 use futures::{StreamExt, TryStreamExt};
 use serde_json::{json, Map, Value};
 
-const BIN: &str = env!("CARGO_BIN_EXE_agentstore");
+const BUILT_BIN: &str = env!("CARGO_BIN_EXE_agentstore");
+
+/// The `agentstore` binary the pairs run: `BENCH_MIGRATE_BIN`, else the one cargo built.
+fn binary() -> String {
+    std::env::var("BENCH_MIGRATE_BIN").unwrap_or_else(|_| BUILT_BIN.to_owned())
+}
 const BATCH: usize = 500;
 const WRITERS: usize = 4;
 
@@ -163,6 +173,10 @@ struct PairResult {
     from: &'static str,
     to: &'static str,
     docs_per_sec: f64,
+    /// The migration's own read-back, documents compared per second.
+    read_back_per_sec: f64,
+    /// `agentstore verify` (both passes), documents compared per second.
+    verify_per_sec: f64,
     peak_rss_bytes: u64,
     limit: f64,
 }
@@ -195,7 +209,7 @@ fn run() -> Result<(), String> {
         places.push(Place { name, server });
     }
     let nproc = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    println!("migrate_bench: {docs} documents, nproc {nproc}");
+    println!("migrate_bench: {docs} documents, nproc {nproc}, binary {}", binary());
     for place in &places {
         println!("  {:<9} {}", place.name, place.server);
     }
@@ -223,21 +237,40 @@ fn run() -> Result<(), String> {
                 continue;
             }
             let to = target_place.fresh_url(dir.path(), "dst")?;
-            let report = migrate(dir.path(), &source.url, &to)?;
+            let report = run_binary(dir.path(), "migrate", &source.url, &to)?;
             let docs_per_sec = report["docs_per_sec"].as_f64().unwrap_or(0.0);
             let written = report["counts"]["written"].as_u64().unwrap_or(0);
             if written != docs as u64 {
                 return Err(format!("{} -> {}: wrote {written} of {docs}: {report}", source.name, target_side.name));
             }
+            let read_back = &report["verification"];
+            if read_back["passed"] != true || read_back["matching"] != docs {
+                return Err(format!("{} -> {}: read-back {read_back}", source.name, target_side.name));
+            }
+            let read_back_per_sec = read_back["docs_per_sec"].as_f64().unwrap_or(0.0);
+            let verdict = run_binary(dir.path(), "verify", &source.url, &to)?;
+            if verdict["identical"] != true || verdict["matching"] != docs {
+                return Err(format!("{} -> {}: verify {verdict}", source.name, target_side.name));
+            }
+            let verify_per_sec = docs as f64 / verdict["duration_secs"].as_f64().unwrap_or(f64::INFINITY);
             let limit = source.read_rate.min(target_side.write_rate);
             let peak_rss_bytes = report["peak_rss_bytes"].as_u64().unwrap_or(0);
             println!(
-                "  {} -> {}: {docs_per_sec:.0} docs/s, peak RSS {:.1} MiB",
+                "  {} -> {}: migrate {docs_per_sec:.0} docs/s, read-back {read_back_per_sec:.0} docs/s, \
+                 verify {verify_per_sec:.0} docs/s, peak RSS {:.1} MiB",
                 source.name,
                 target_side.name,
                 peak_rss_bytes as f64 / 1048576.0
             );
-            results.push(PairResult { from: source.name, to: target_side.name, docs_per_sec, peak_rss_bytes, limit });
+            results.push(PairResult {
+                from: source.name,
+                to: target_side.name,
+                docs_per_sec,
+                read_back_per_sec,
+                verify_per_sec,
+                peak_rss_bytes,
+                limit,
+            });
         }
     }
 
@@ -248,14 +281,19 @@ fn run() -> Result<(), String> {
         println!("| {} | {:.0} | {:.0} |", side.name, side.write_rate, side.read_rate);
     }
     println!();
-    println!("| migration | docs/s | slower side's limit docs/s | fraction of limit | peak RSS MiB |");
-    println!("|---|---|---|---|---|");
+    println!(
+        "| migration | migrate docs/s | read-back docs/s | verify docs/s | verify ÷ migrate | slower side's limit docs/s | fraction of limit | peak RSS MiB |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
     for r in &results {
         println!(
-            "| {} → {} | {:.0} | {:.0} | {:.2} | {:.1} |",
+            "| {} → {} | {:.0} | {:.0} | {:.0} | {:.2} | {:.0} | {:.2} | {:.1} |",
             r.from,
             r.to,
             r.docs_per_sec,
+            r.read_back_per_sec,
+            r.verify_per_sec,
+            r.verify_per_sec / r.docs_per_sec,
             r.limit,
             r.docs_per_sec / r.limit,
             r.peak_rss_bytes as f64 / 1048576.0
@@ -264,7 +302,7 @@ fn run() -> Result<(), String> {
     let json = json!({
         "docs": docs,
         "backends": sides.iter().map(|s| json!({"name": s.name, "bulk_write_docs_per_sec": s.write_rate, "scan_docs_per_sec": s.read_rate})).collect::<Vec<_>>(),
-        "migrations": results.iter().map(|r| json!({"from": r.from, "to": r.to, "docs_per_sec": r.docs_per_sec, "limit_docs_per_sec": r.limit, "fraction": r.docs_per_sec / r.limit, "peak_rss_bytes": r.peak_rss_bytes})).collect::<Vec<_>>(),
+        "migrations": results.iter().map(|r| json!({"from": r.from, "to": r.to, "docs_per_sec": r.docs_per_sec, "read_back_docs_per_sec": r.read_back_per_sec, "verify_docs_per_sec": r.verify_per_sec, "limit_docs_per_sec": r.limit, "fraction": r.docs_per_sec / r.limit, "peak_rss_bytes": r.peak_rss_bytes})).collect::<Vec<_>>(),
     });
     let out = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/bench");
     std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
@@ -272,18 +310,19 @@ fn run() -> Result<(), String> {
     Ok(())
 }
 
-/// Runs the release binary's `migrate` and returns its JSON report.
-fn migrate(dir: &Path, from: &str, to: &str) -> Result<Value, String> {
-    let checkpoint = dir.join(format!("cp-{}.json", STORES.fetch_add(1, Ordering::Relaxed)));
-    let output = Command::new(BIN)
-        .current_dir(dir)
-        .args(["migrate", "--from", from, "--to", to, "--progress", "none", "--checkpoint"])
-        .arg(&checkpoint)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("cannot run {BIN}: {e}"))?;
-    if !output.status.success() {
-        return Err(format!("migrate {from} -> {to} failed: {}", String::from_utf8_lossy(&output.stderr)));
+/// Runs the release binary's `migrate` (default options: it ends with its read-back) or `verify`
+/// and returns its JSON report.
+fn run_binary(dir: &Path, command: &str, from: &str, to: &str) -> Result<Value, String> {
+    let bin = binary();
+    let mut child = Command::new(&bin);
+    child.current_dir(dir).args([command, "--from", from, "--to", to, "--progress", "none"]);
+    if command == "migrate" {
+        let checkpoint = dir.join(format!("cp-{}.json", STORES.fetch_add(1, Ordering::Relaxed)));
+        child.arg("--checkpoint").arg(checkpoint);
     }
-    serde_json::from_slice(&output.stdout).map_err(|e| format!("migrate printed no JSON report: {e}"))
+    let output = child.stdin(Stdio::null()).output().map_err(|e| format!("cannot run {bin}: {e}"))?;
+    if !output.status.success() {
+        return Err(format!("{command} {from} -> {to} failed: {}", String::from_utf8_lossy(&output.stderr)));
+    }
+    serde_json::from_slice(&output.stdout).map_err(|e| format!("{command} printed no JSON report: {e}"))
 }

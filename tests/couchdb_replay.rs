@@ -780,6 +780,81 @@ async fn get_returns_the_document_or_none_when_missing_or_deleted() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_many_reads_all_docs_with_keys() {
+    let server = MockServer::start().await;
+    let backend = open_backend(&server).await;
+    let recorded = transcript(47);
+    let keys = keys_of_request(&recorded);
+    recorded.mock_with_body().respond_with(recorded.response()).named(recorded.file.clone()).mount(&server).await;
+    let answers = backend.get_many(&keys).await.expect("047: one _all_docs request");
+    let doc = answers[0].as_ref().expect("047: the first key's document");
+    let row = &recorded.response_body["rows"][0]["doc"];
+    assert_eq!(doc.id, keys[0]);
+    assert_eq!(doc.rev.as_str(), row["_rev"].as_str().unwrap());
+    assert_eq!(Value::Object(doc.body.clone()), without(&without(row, "_id"), "_rev"));
+    assert!(answers[1].is_none(), "047: not_found");
+    assert_all_authorized(&received(&server).await);
+}
+
+fn keys_of_request(t: &Transcript) -> Vec<String> {
+    t.request_body["keys"].as_array().unwrap().iter().map(|k| k.as_str().unwrap().to_owned()).collect()
+}
+
+/// Answers `POST /{db}/_all_docs` as CouchDB does for `keys`: ids ending in 0 were never written,
+/// ids ending in 1 are deleted, the rest are documents.
+struct AllDocsByKeys;
+
+impl wiremock::Respond for AllDocsByKeys {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let rows: Vec<Value> = json_body(request)["keys"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|key| {
+                let id = key.as_str().unwrap();
+                match id.chars().last() {
+                    Some('0') => json!({"key": id, "error": "not_found"}),
+                    Some('1') => json!({"id": id, "key": id, "value": {"rev": "2-ab", "deleted": true}, "doc": null}),
+                    _ => json!({"id": id, "key": id, "value": {"rev": "1-ab"},
+                                "doc": {"_id": id, "_rev": "1-ab", "value": id}}),
+                }
+            })
+            .collect();
+        ResponseTemplate::new(200).set_body_json(json!({"total_rows": rows.len(), "offset": null, "rows": rows}))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_many_asks_for_at_most_200_keys_a_request() {
+    let server = MockServer::start().await;
+    let backend = open_backend(&server).await;
+    Mock::given(method("POST"))
+        .and(wiremock::matchers::path(format!("/{DB}/_all_docs")))
+        .and(query_param("include_docs", "true"))
+        .respond_with(AllDocsByKeys)
+        .mount(&server)
+        .await;
+    let mut ids: Vec<String> = (0..450).map(|i| format!("doc-{i:03}")).collect();
+    ids.push("doc-002".into());
+    let answers = backend.get_many(&ids).await.expect("get_many");
+    for (id, answer) in ids.iter().zip(&answers) {
+        match id.chars().last() {
+            Some('0' | '1') => assert!(answer.is_none(), "{id}: missing or deleted"),
+            _ => assert_eq!(answer.as_ref().map(|d| d.body["value"].clone()), Some(json!(id)), "{id}"),
+        }
+    }
+    let requests = received(&server).await;
+    let mut sizes: Vec<usize> = requests
+        .iter()
+        .filter(|r| is(r, "POST", &format!("/{DB}/_all_docs")))
+        .map(|r| json_body(r)["keys"].as_array().unwrap().len())
+        .collect();
+    sizes.sort();
+    assert_eq!(sizes, [50, 200, 200], "450 distinct ids in requests of at most 200");
+    assert_eq!(count(&requests, "GET", &format!("/{DB}/doc-002")), 0, "no single reads");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delete_with_a_stale_revision_conflicts_while_the_document_exists() {
     let server = MockServer::start().await;
     let backend = open_backend(&server).await;

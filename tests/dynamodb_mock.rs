@@ -316,6 +316,122 @@ async fn persistently_unprocessed_items() -> std::result::Result<(), String> {
 }
 
 // ---------------------------------------------------------------------------------------------
+// BatchGetItem with UnprocessedKeys.
+// ---------------------------------------------------------------------------------------------
+
+/// Answers BatchGetItem from a set of stored ids, leaving chosen ids unprocessed: the first time
+/// each is asked for, or every time.
+struct BatchReader {
+    stored: HashSet<String>,
+    unprocessed: HashSet<String>,
+    always: bool,
+    seen: Mutex<HashMap<String, usize>>,
+}
+
+impl Respond for BatchReader {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let Ok(body) = serde_json::from_slice::<Value>(&request.body) else {
+            return error(400, "SerializationException", "body is not JSON");
+        };
+        let Some(keys) = body["RequestItems"][TABLE]["Keys"].as_array() else {
+            return error(400, "ValidationException", "no RequestItems for the table");
+        };
+        if keys.len() > 100 {
+            return error(400, "ValidationException", "Too many items requested for the BatchGetItem call");
+        }
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let (mut items, mut left) = (Vec::new(), Vec::new());
+        for key in keys {
+            let id = key["_id"]["S"].as_str().unwrap_or_default().to_owned();
+            let count = seen.entry(id.clone()).or_insert(0);
+            *count += 1;
+            if self.unprocessed.contains(&id) && (self.always || *count == 1) {
+                left.push(key.clone());
+            } else if self.stored.contains(&id) {
+                let mut item = stored_item(&id);
+                item["key"] = json!({"S": id});
+                items.push(item);
+            }
+        }
+        let unprocessed = if left.is_empty() { json!({}) } else { json!({TABLE: {"Keys": left}}) };
+        answer(200, json!({"Responses": {TABLE: items}, "UnprocessedKeys": unprocessed}))
+    }
+}
+
+/// The `_id`s of one received BatchGetItem body, and whether it asked for consistent reads.
+fn batch_get_ids(request: &Request) -> (Vec<String>, bool) {
+    let body = body_of(request);
+    let wanted = &body["RequestItems"][TABLE];
+    let ids = wanted["Keys"]
+        .as_array()
+        .map(|keys| keys.iter().map(|k| k["_id"]["S"].as_str().unwrap_or("?").to_owned()).collect())
+        .unwrap_or_default();
+    (ids, wanted["ConsistentRead"] == json!(true))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_many_reads_in_batches_and_asks_again_for_unprocessed_keys() {
+    let server = server_with_table().await;
+    let stored: Vec<String> = (0..150).map(|i| format!("doc-{i:03}")).collect();
+    let once = ["doc-004", "doc-120", "doc-149"];
+    let reader = BatchReader {
+        stored: stored.iter().filter(|id| *id != "doc-010").cloned().collect(),
+        unprocessed: once.iter().map(|s| s.to_string()).collect(),
+        always: false,
+        seen: Mutex::new(HashMap::new()),
+    };
+    operation("BatchGetItem").respond_with(reader).mount(&server).await;
+    let backend = open(&server).await.expect("open");
+
+    // Reversed, with a missing id and a duplicate.
+    let mut ids: Vec<String> = stored.iter().rev().cloned().collect();
+    ids.push("doc-004".into());
+    let answers = backend.get_many(&ids).await.expect("get_many");
+    assert_eq!(answers.len(), ids.len());
+    for (id, answer) in ids.iter().zip(&answers) {
+        match answer {
+            None => assert_eq!(id, "doc-010", "only the id that is not stored is missing"),
+            Some(doc) => {
+                assert_eq!(&doc.id, id, "answers in the order asked");
+                assert_eq!(doc.body["key"], json!(id));
+            }
+        }
+    }
+    let requests: Vec<(Vec<String>, bool)> =
+        received(&server, "BatchGetItem").await.iter().map(batch_get_ids).collect();
+    assert!(requests.iter().all(|(_, consistent)| *consistent), "every BatchGetItem reads consistently");
+    assert!(received(&server, "GetItem").await.is_empty(), "no single reads");
+    // Two calls of 100 and 50 distinct ids (in either order, they run at once), then the keys left
+    // unprocessed, asked again.
+    let mut first: Vec<usize> = requests[..2].iter().map(|(ids, _)| ids.len()).collect();
+    first.sort();
+    assert_eq!(first, [50, 100]);
+    let mut again: Vec<String> = requests[2..].iter().flat_map(|(ids, _)| ids.clone()).collect();
+    again.sort();
+    assert_eq!(again, once, "only the unprocessed keys are asked again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_many_fails_when_keys_stay_unprocessed() {
+    let server = server_with_table().await;
+    let reader = BatchReader {
+        stored: ["a", "b"].iter().map(|s| s.to_string()).collect(),
+        unprocessed: ["b".to_string()].into(),
+        always: true,
+        seen: Mutex::new(HashMap::new()),
+    };
+    operation("BatchGetItem").respond_with(reader).mount(&server).await;
+    let backend = open(&server).await.expect("open");
+    let outcome = backend.get_many(&["a".into(), "b".into()]).await;
+    expect_error(outcome, ErrorKind::Unavailable, &["unprocessed"], "keys never processed").unwrap();
+    let requests = received(&server, "BatchGetItem").await;
+    assert_eq!(requests.len(), 1 + UNPROCESSED_RETRIES, "the first call and every retry");
+    for request in &requests[1..] {
+        assert_eq!(batch_get_ids(request).0, ["b"]);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Throttling and 5xx: the SDK's standard retry.
 // ---------------------------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ use agentstore::store::{DataStore, StoreOptions};
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use serde_json::{json, Map, Value};
 
+use common::corpus::noise;
 use common::json::first_difference;
 use common::servers;
 
@@ -108,18 +109,6 @@ async fn store(fixture: &Fixture) -> DataStore {
 
 fn field<'a>(document: &'a Value, name: &str) -> &'a Value {
     &document["fields"][name]
-}
-
-/// Deterministic text that gzip cannot shrink much.
-fn noise(len: usize, mut state: u64) -> String {
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            char::from(b'!' + (state % 90) as u8)
-        })
-        .collect()
 }
 
 #[tokio::test]

@@ -74,6 +74,7 @@ fn main() -> ExitCode {
         ("export_import_round_trip", |fresh| block_on(export_import_round_trip(fresh))),
         ("export_resume_truncates_to_the_checkpoint", |fresh| block_on(export_resume_truncates(fresh))),
         ("import_reports_unreadable_lines", |fresh| block_on(import_reports_unreadable_lines(fresh))),
+        ("read_back_catches_a_target_that_alters_documents", |fresh| block_on(read_back_catches_alterations(fresh))),
     ];
     for (name, run) in singles {
         trials.push(
@@ -103,6 +104,7 @@ fn main() -> ExitCode {
         Trial::test("crash::embedded_to_firestore", || crash_and_resume(CrashTarget::Firestore))
             .with_ignored_flag(!(is_selected("embedded") && is_selected("firestore"))),
     );
+    trials.push(Trial::test("cli::migrate_reads_back_unless_no_verify", migrate_reads_back_unless_no_verify));
     trials.push(Trial::test("bad_input::unreachable_source", bad_input_unreachable_source));
     trials.push(Trial::test("bad_input::unreachable_target", bad_input_unreachable_target));
     trials.push(Trial::test("bad_input::missing_embedded_source", bad_input_missing_embedded_source));
@@ -366,6 +368,10 @@ async fn pair_round_trip(make_source: FreshFn, make_target: FreshFn) -> TestResu
         format!("warnings: {:?}", report.ledger.warnings_by_rule)
     })?;
     check(report.exit_code() == migrate::EXIT_INCOMPLETE, || "one malformed document is left behind".into())?;
+    let read_back = report.verification.as_ref().ok_or("migrate did not read back what it wrote")?;
+    check(read_back.passed && read_back.compared == copyable && read_back.matching == copyable, || {
+        format!("read-back: {read_back:?}")
+    })?;
 
     let verified = verify_ctx(&source, &target, &VerifyOptions::default()).await?;
     check(verified.identical && verified.compared == copyable && verified.matching == copyable, || {
@@ -432,13 +438,28 @@ async fn conflict_policies(make: FreshFn) -> TestResult {
     check(stored.body == different, || "the skip policy changed the target".into())?;
     let verified = verify_ctx(&source, &target, &VerifyOptions::default()).await?;
     check(!verified.identical && verified.different_ids == [differs.clone()], || format!("{verified:?}"))?;
+    // The read-back sees the skipped document differ, and passes: the report already names it.
+    let read_back = report.verification.as_ref().ok_or("no read-back")?;
+    check(read_back.passed && read_back.different == 1 && read_back.explained == 1, || format!("{read_back:?}"))?;
+    check(report.exit_code() == 0, || format!("exit {}", report.exit_code()))?;
 
     let overwrite = Options { on_conflict: ConflictPolicy::Overwrite, restart: true, ..options_in(dir.path(), "fail") };
     let report = migrate::run(migrate_job(&source, &target, overwrite)).await?;
     let c = &report.ledger.counts;
     check(c.overwritten == 1 && c.already_present == 2, || format!("{c:?}"))?;
     let verified = verify_ctx(&source, &target, &VerifyOptions::default()).await?;
-    check(verified.identical, || format!("{verified:?}"))
+    check(verified.identical, || format!("{verified:?}"))?;
+
+    // A document only the target has is extra; one that is no data-store document is not.
+    let only_at_target = id("u", "ns", "only-at-target");
+    let body = spec_body("u", "ns", "only-at-target", json!(1), 1);
+    seed(target.backend.as_ref(), &[Seeded { id: only_at_target.clone(), body, expected: None }]).await?;
+    target.backend.put("foreign-doc", &object(json!({"type": "other"})), Precondition::MustNotExist).await?;
+    let verified = verify_ctx(&source, &target, &VerifyOptions::default()).await?;
+    check(!verified.identical && verified.extra == 1 && verified.extra_ids == [only_at_target], || {
+        format!("{verified:?}")
+    })?;
+    check(verified.target_foreign == 1 && verified.missing == 0 && verified.different == 0, || format!("{verified:?}"))
 }
 
 async fn seeded_pair(make: FreshFn) -> Result<(Ctx, Ctx, Vec<Seeded>), Failed> {
@@ -829,6 +850,9 @@ fn crash_and_resume(target: CrashTarget) -> TestResult {
     let done = report["status"] == "finished" || report["status"] == "already_finished";
     check(done && landed == CRASH_DOCS as u64 && report["counts"]["read"] == CRASH_DOCS, || format!("{report}"))?;
     check(kills > 0, || "every run ended before it could be killed".into())?;
+    // The read-back covers the whole migration, the parts written by the killed runs too.
+    let read_back = &report["verification"];
+    check(read_back["passed"] == true && read_back["compared"] == CRASH_DOCS, || format!("{read_back}"))?;
     let again = stdout_json(&run_binary(dir.path(), &migrate_args)?)?;
     check(again["status"] == "already_finished", || format!("{again}"))?;
 
@@ -836,6 +860,136 @@ fn crash_and_resume(target: CrashTarget) -> TestResult {
     let verdict = stdout_json(&verified)?;
     check(verified.status.code() == Some(0) && verdict["identical"] == true, || format!("{verdict}"))?;
     check(verdict["matching"] == CRASH_DOCS && verdict["extra"] == 0, || format!("{verdict}"))
+}
+
+/// A target that acknowledges every write but stores one document's `value` altered, as a real
+/// CouchDB does with numbers it cannot hold exactly.
+struct AlteringTarget {
+    inner: Arc<dyn DocumentBackend>,
+    victim: String,
+}
+
+impl AlteringTarget {
+    fn alter(&self, id: &str, body: &Map<String, Value>) -> Map<String, Value> {
+        let mut body = body.clone();
+        if id == self.victim {
+            body.insert("value".into(), json!(0.0));
+        }
+        body
+    }
+}
+
+#[async_trait::async_trait]
+impl DocumentBackend for AlteringTarget {
+    fn describe(&self) -> String {
+        format!("altering {}", self.inner.describe())
+    }
+    async fn get(&self, id: &str) -> agentstore::Result<Option<agentstore::backend::StoredDocument>> {
+        self.inner.get(id).await
+    }
+    async fn put(
+        &self,
+        id: &str,
+        body: &Map<String, Value>,
+        precondition: Precondition,
+    ) -> agentstore::Result<agentstore::backend::Revision> {
+        self.inner.put(id, &self.alter(id, body), precondition).await
+    }
+    async fn delete(&self, id: &str, rev: &agentstore::backend::Revision) -> agentstore::Result<()> {
+        self.inner.delete(id, rev).await
+    }
+    async fn query(
+        &self,
+        query: &agentstore::backend::Query,
+        limit: usize,
+        token: Option<&str>,
+    ) -> agentstore::Result<agentstore::backend::Page<agentstore::backend::StoredDocument>> {
+        self.inner.query(query, limit, token).await
+    }
+    async fn ensure_standard_indexes(&self) -> agentstore::Result<()> {
+        self.inner.ensure_standard_indexes().await
+    }
+    async fn ensure_namespace_indexed(&self, namespace: &str) -> agentstore::Result<()> {
+        self.inner.ensure_namespace_indexed(namespace).await
+    }
+    async fn bulk_write(
+        &self,
+        writes: Vec<BulkWrite>,
+    ) -> agentstore::Result<Vec<agentstore::Result<agentstore::backend::Revision>>> {
+        let writes = writes.into_iter().map(|w| BulkWrite { body: self.alter(&w.id, &w.body), ..w }).collect();
+        self.inner.bulk_write(writes).await
+    }
+    async fn scan(
+        &self,
+        limit: usize,
+        token: Option<&str>,
+    ) -> agentstore::Result<agentstore::backend::Page<agentstore::backend::StoredDocument>> {
+        self.inner.scan(limit, token).await
+    }
+    async fn health(&self) -> agentstore::Result<()> {
+        self.inner.health().await
+    }
+}
+
+async fn read_back_catches_alterations(make: FreshFn) -> TestResult {
+    let (source, target) = (fresh(make).await?, fresh(make).await?);
+    let docs: Vec<Seeded> = (0..100)
+        .map(|n| {
+            let key = format!("k{n}");
+            Seeded { id: id("u", "ns", &key), body: spec_body("u", "ns", &key, json!(5e-324), n), expected: None }
+        })
+        .collect();
+    seed(source.backend.as_ref(), &docs).await?;
+    let victim = docs[42].id.clone();
+    let dir = tempfile::tempdir()?;
+    let job = |target: &Ctx, options| Job {
+        kind: JobKind::Migrate,
+        source: Endpoint::backend(Arc::clone(&source.backend)),
+        target: Endpoint::backend(Arc::new(AlteringTarget {
+            inner: Arc::clone(&target.backend),
+            victim: victim.clone(),
+        })),
+        options,
+    };
+
+    // Without the read-back the run looks perfect.
+    let unverified =
+        migrate::run(job(&target, Options { verify: false, ..options_in(dir.path(), "unverified") })).await?;
+    check(unverified.verification.is_none() && unverified.exit_code() == 0, || format!("{unverified:?}"))?;
+    check(unverified.ledger.counts.written == 100, || format!("{:?}", unverified.ledger.counts))?;
+
+    // With it (the default), the altered document is named and the exit status is 6.
+    let second = fresh(make).await?;
+    let report = migrate::run(job(&second, options_in(dir.path(), "verified"))).await?;
+    let read_back = report.verification.as_ref().ok_or("no read-back by default")?;
+    check(!read_back.passed && read_back.different == 1 && read_back.different_ids == [victim.clone()], || {
+        format!("{read_back:?}")
+    })?;
+    check(read_back.compared == 100 && read_back.matching == 99 && read_back.message.contains("NOT verified"), || {
+        format!("{read_back:?}")
+    })?;
+    check(report.exit_code() == migrate::EXIT_DIFFERENT, || format!("exit {}", report.exit_code()))?;
+    // Run again, it is already finished, and still says the target is wrong.
+    let again = migrate::run(job(&second, options_in(dir.path(), "verified"))).await?;
+    check(again.status == migrate::report::Status::AlreadyFinished, || format!("{again:?}"))?;
+    check(again.exit_code() == migrate::EXIT_DIFFERENT, || format!("re-run exit {}", again.exit_code()))
+}
+
+/// The binary reads back by default and says so in its report; `--no-verify` leaves it out.
+fn migrate_reads_back_unless_no_verify() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let from = small_source(dir.path())?;
+    let to = format!("embedded:{}", dir.path().join("target.redb").display());
+    let args = ["migrate", "--from", &from, "--to", &to, "--progress", "none"];
+    let output = run_binary(dir.path(), &args)?;
+    check(output.status.code() == Some(0), || String::from_utf8_lossy(&output.stderr).into_owned())?;
+    let report = stdout_json(&output)?;
+    check(report["verification"]["passed"] == true && report["verification"]["matching"] == 1, || format!("{report}"))?;
+    let mut unverified = args.to_vec();
+    unverified.extend(["--restart", "--no-verify"]);
+    let output = run_binary(dir.path(), &unverified)?;
+    let report = stdout_json(&output)?;
+    check(output.status.code() == Some(0) && report.get("verification").is_none(), || format!("{report}"))
 }
 
 fn closed_port() -> Result<u16, Failed> {

@@ -171,6 +171,58 @@ pub trait DocumentBackend: Send + Sync + 'static {
     }
 }
 
+/// The distinct ids of a `get_many` request, in first-seen order: batch reads ask for each once
+/// (DynamoDB refuses a request that names a key twice).
+pub(crate) fn distinct_ids(ids: &[String]) -> Vec<String> {
+    let mut seen = std::collections::HashSet::with_capacity(ids.len());
+    ids.iter().filter(|id| seen.insert(id.as_str())).cloned().collect()
+}
+
+/// `get_many` over a backend's own batch call: the distinct ids in calls of at most `per_call`,
+/// `concurrency` of them at once; `read` answers one call with the documents found, each under
+/// the id it was asked for.
+pub(crate) async fn batched_get_many<F, Fut>(
+    ids: &[String],
+    per_call: usize,
+    concurrency: usize,
+    read: F,
+) -> Result<Vec<Option<StoredDocument>>>
+where
+    F: FnMut(Vec<String>) -> Fut,
+    Fut: std::future::Future<Output = Result<Vec<(String, StoredDocument)>>>,
+{
+    let calls: Vec<Vec<String>> = distinct_ids(ids).chunks(per_call.max(1)).map(<[String]>::to_vec).collect();
+    let answers: Vec<Vec<(String, StoredDocument)>> =
+        futures::stream::iter(calls).map(read).buffered(concurrency.max(1)).try_collect().await?;
+    Ok(in_request_order(ids, answers.into_iter().flatten().collect()))
+}
+
+/// `get_many`'s answer: for each of `ids`, in order, the document found under it, if any (a copy
+/// for an id asked more than once).
+pub(crate) fn in_request_order(
+    ids: &[String],
+    mut found: std::collections::HashMap<String, StoredDocument>,
+) -> Vec<Option<StoredDocument>> {
+    let mut remaining: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for id in ids {
+        *remaining.entry(id.as_str()).or_default() += 1;
+    }
+    ids.iter()
+        .map(|id| {
+            let left = remaining.get_mut(id.as_str()).map(|n| {
+                *n -= 1;
+                *n
+            });
+            // The last time an id is asked for, its document moves out instead of being copied.
+            if left == Some(0) {
+                found.remove(id)
+            } else {
+                found.get(id).cloned()
+            }
+        })
+        .collect()
+}
+
 /// 64 random bits as 16 hex digits, different on every call in a process (revision and chunk-set
 /// tokens). Not for secrets.
 pub(crate) fn random_token() -> String {

@@ -72,6 +72,10 @@ pub struct MigrateArgs {
     /// What to do with a document that exists at the target with different content
     #[arg(long, value_enum, default_value_t = ConflictPolicy::Fail)]
     pub on_conflict: ConflictPolicy,
+    /// Skip the read-back that ends the migration (every document it is responsible for, compared
+    /// by canonical hash at the target)
+    #[arg(long)]
+    pub no_verify: bool,
     #[command(flatten)]
     pub pipeline: PipelineArgs,
 }
@@ -178,6 +182,7 @@ impl PipelineArgs {
             restart: self.restart,
             progress: self.progress,
             max_issues: self.max_issues,
+            verify: true,
         })
     }
 }
@@ -253,7 +258,8 @@ async fn run_job(job: Job, report_file: Option<&Path>) -> Result<u8> {
 
 /// `migrate`; returns the exit status.
 pub async fn migrate(args: MigrateArgs, settings: &Settings) -> Result<u8> {
-    let options = args.pipeline.options(settings, args.on_conflict)?;
+    let mut options = args.pipeline.options(settings, args.on_conflict)?;
+    options.verify = !args.no_verify;
     let (source, _) = open_backend(Side::Source, &args.from, settings, true).await?;
     let (target, _) = open_backend(Side::Target, &args.to, settings, false).await?;
     refuse_same(&source, &target)?;

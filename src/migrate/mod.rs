@@ -51,7 +51,8 @@ use sink::{ConflictPolicy, FileSink, Outgoing};
 use source::{Incoming, Position, Source};
 use transform::{AccessTracking, Verdict};
 
-/// Exit status of `verify` when the two sides differ.
+/// Exit status of `verify` when the two sides differ, and of `migrate` when its read-back finds a
+/// difference its report does not explain.
 pub const EXIT_DIFFERENT: u8 = 6;
 /// Exit status of a migration that finished but left data-store documents behind (malformed,
 /// refused by the target, unreadable lines).
@@ -143,6 +144,9 @@ pub struct Options {
     pub progress: ProgressMode,
     /// Documents named per issue kind in the report.
     pub max_issues: usize,
+    /// End a finished `migrate` by reading back what it is responsible for
+    /// ([`verify::verify_migration`]). Not used by `export` and `import`.
+    pub verify: bool,
 }
 
 impl Default for Options {
@@ -158,6 +162,7 @@ impl Default for Options {
             restart: false,
             progress: ProgressMode::None,
             max_issues: 20,
+            verify: true,
         }
     }
 }
@@ -262,6 +267,7 @@ fn join_details(notes: &[transform::Note]) -> String {
 /// The reader task: pages from the source, transformed, into the channel, until the source ends,
 /// an error (sent on, then the task stops), or the writer hangs up.
 pub(crate) async fn read_batches<T: Send + 'static>(
+    side: &'static str,
     mut source: Source,
     batch_size: usize,
     prepare: impl Fn(Vec<Incoming>, Position) -> T + Send + 'static,
@@ -272,7 +278,7 @@ pub(crate) async fn read_batches<T: Send + 'static>(
             Ok(Some(page)) => page,
             Ok(None) => return,
             Err(err) => {
-                let _ = sender.send(Err(Error::new(err.kind(), "source: read failed").with_source(err))).await;
+                let _ = sender.send(Err(Error::new(err.kind(), format!("{side}: read failed")).with_source(err))).await;
                 return;
             }
         };
@@ -308,16 +314,10 @@ pub async fn run(job: Job) -> Result<Report> {
         } else if let Some(saved) = checkpoint::load(&path)? {
             saved.check_identity(&path, &identity)?;
             if saved.finished {
-                return Ok(finished_report(
-                    kind,
-                    &identity,
-                    &path,
-                    &options,
-                    saved,
-                    started,
-                    Status::AlreadyFinished,
-                    0,
-                ));
+                let report =
+                    finished_report(kind, &identity, &path, &options, saved, started, Status::AlreadyFinished, 0);
+                // Read back again, so a migration whose read-back failed keeps saying so.
+                return with_read_back(report, kind, &source, &target, &options).await;
             }
             checkpoint = saved;
             checkpoint.runs += 1;
@@ -367,6 +367,7 @@ pub async fn run(job: Job) -> Result<Report> {
     let (sender, mut receiver) = mpsc::channel(CHANNEL_BATCHES);
     let classify_options = options.clone();
     let reader = tokio::spawn(read_batches(
+        "source",
         source_reader,
         options.batch_size,
         move |items, position| {
@@ -447,7 +448,47 @@ pub async fn run(job: Job) -> Result<Report> {
     let read_this_run = checkpoint.ledger.counts.read - read_before;
     let mut report = finished_report(kind, &identity, &path, &options, checkpoint, started, status, read_this_run);
     report.resumed = resumed;
+    with_read_back(report, kind, &source, &target, &options).await
+}
+
+/// The report, with the read-back's result when the job is a `migrate` that is to verify and
+/// has written (or, finished earlier, had written) its documents.
+async fn with_read_back(
+    mut report: Report,
+    kind: JobKind,
+    source: &Endpoint,
+    target: &Endpoint,
+    options: &Options,
+) -> Result<Report> {
+    if kind == JobKind::Migrate && options.verify && !options.dry_run {
+        report.verification = Some(read_back(source, target, options, &report.ledger).await?);
+    }
     Ok(report)
+}
+
+/// The read-back that ends a migration, with the migration's own filters and rules.
+async fn read_back(
+    source: &Endpoint,
+    target: &Endpoint,
+    options: &Options,
+    ledger: &Ledger,
+) -> Result<verify::Verification> {
+    let verify_options = verify::VerifyOptions {
+        batch_size: options.batch_size,
+        concurrency: options.concurrency,
+        access_tracking: options.access_tracking,
+        filter: options.filter.clone(),
+        raw: false,
+        max_ids: options.max_issues,
+        progress: options.progress,
+    };
+    verify::verify_migration(source, target, &verify_options, ledger).await.map_err(|e| {
+        Error::new(
+            e.kind(),
+            "the migration finished, but reading it back failed; run `agentstore verify` with the same options",
+        )
+        .with_source(e)
+    })
 }
 
 /// Ensures the target's index covers each namespace before its first write, once per namespace.
@@ -545,5 +586,6 @@ fn finished_report(
         docs_per_sec: read_this_run as f64 / duration_secs.max(1e-9),
         peak_rss_bytes: report::peak_rss_bytes(),
         design_documents_left_behind: None,
+        verification: None,
     }
 }

@@ -180,13 +180,20 @@ pub struct Report {
     /// Design documents at a CouchDB source: never read by the scan, never copied.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub design_documents_left_behind: Option<u64>,
+    /// The read-back that ends a finished (or already finished) `migrate`; absent with
+    /// `--no-verify`, in a dry run, and for `export`/`import`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verification: Option<super::verify::Verification>,
 }
 
 impl Report {
     /// 0 when every data-store document reached the target (or was skipped by choice), else
-    /// [`crate::migrate::EXIT_INCOMPLETE`].
+    /// [`crate::migrate::EXIT_INCOMPLETE`]; [`crate::migrate::EXIT_DIFFERENT`] before either when
+    /// the read-back found a difference the report does not explain.
     pub fn exit_code(&self) -> u8 {
-        if self.ledger.incomplete() {
+        if self.verification.as_ref().is_some_and(|v| !v.passed) {
+            super::EXIT_DIFFERENT
+        } else if self.ledger.incomplete() {
             super::EXIT_INCOMPLETE
         } else {
             0

@@ -150,3 +150,16 @@ impl SplitMix64 {
         out
     }
 }
+
+/// `len` characters of xorshift noise from `state`: text gzip cannot shrink much, so a body of it
+/// goes to chunks where a backend stores large bodies in chunks.
+pub fn noise(len: usize, mut state: u64) -> String {
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            char::from(b'!' + (state % 90) as u8)
+        })
+        .collect()
+}

@@ -60,6 +60,8 @@ pub fn all() -> Vec<Case> {
         health_check_passes,
         caller_preconditions,
         streamed_listings_page_to_the_end,
+        get_many_answers_every_id_in_order,
+        get_many_reads_large_bodies_whole,
     ]
 }
 
@@ -933,4 +935,110 @@ async fn streamed_listings_page_to_the_end(ctx: Ctx) {
     assert_eq!(entries.len(), 10);
     assert_eq!(entries["k7"], 7);
     assert!(store.list_keys_pages("a:b", "ns").is_err(), "validation happens before streaming");
+}
+
+// ---- batch reads ----
+
+/// `get_many`'s answers must be what `get` answers for each id, in the order asked.
+async fn assert_get_many_matches_get(b: &dyn agentstore::backend::DocumentBackend, ids: &[String]) {
+    let many = b.get_many(ids).await.expect("get_many");
+    assert_eq!(many.len(), ids.len(), "one answer per id");
+    for (id, answer) in ids.iter().zip(&many) {
+        let single = b.get(id).await.expect("get");
+        match (answer, &single) {
+            (None, None) => {}
+            (Some(answer), Some(single)) => {
+                assert_eq!(&answer.id, id, "answer out of order");
+                assert_eq!(answer.rev, single.rev, "{id}: revision");
+                assert!(answer.body == single.body, "{id}: get_many's body differs from get's");
+            }
+            _ => panic!("{id}: get_many says {:?}, get says {:?}", answer.is_some(), single.is_some()),
+        }
+    }
+}
+
+async fn get_many_answers_every_id_in_order(ctx: Ctx) {
+    let b = &ctx.backend;
+    assert!(b.get_many(&[]).await.unwrap().is_empty());
+    // More ids than one batch call of any adapter takes (CouchDB 200, DynamoDB and Firestore 100).
+    let written: Vec<String> = (0..230).map(|i| id_of("u", &format!("ns{}", i % 3), &format!("k{i}"))).collect();
+    for chunk in written.chunks(100) {
+        let writes = chunk
+            .iter()
+            .map(|id| {
+                let parsed = agentstore::model::DocumentId::parse(id).unwrap();
+                BulkWrite {
+                    id: id.clone(),
+                    body: data_body("u", parsed.namespace(), parsed.key(), json!({"id": id})),
+                    precondition: Precondition::MustNotExist,
+                }
+            })
+            .collect();
+        assert!(b.bulk_write(writes).await.unwrap().iter().all(Result::is_ok));
+    }
+    let deleted = written[7].clone();
+    let rev = b.get(&deleted).await.unwrap().unwrap().rev;
+    b.delete(&deleted, &rev).await.unwrap();
+    let updated = written[8].clone();
+    let rev = b.get(&updated).await.unwrap().unwrap().rev;
+    b.put(&updated, &data_body("u", "ns2", "k8", json!("second")), Precondition::MatchRevision(rev)).await.unwrap();
+    b.put("foreign-doc", &object(json!({"type": "other"})), Precondition::MustNotExist).await.unwrap();
+
+    // Reversed, with never-written ids, the deleted one, duplicates (also adjacent) and a foreign id.
+    let mut ids: Vec<String> = written.iter().rev().cloned().collect();
+    ids.insert(0, id_of("u", "ns0", "never"));
+    ids.insert(50, deleted.clone());
+    ids.insert(51, written[3].clone());
+    ids.insert(52, written[3].clone());
+    ids.insert(120, id_of("nobody", "ns", "missing"));
+    ids.push(written[229].clone());
+    ids.push("foreign-doc".into());
+    ids.push(updated.clone());
+    let many = b.get_many(&ids).await.unwrap();
+    assert_eq!(many.len(), ids.len());
+    for (id, answer) in ids.iter().zip(&many) {
+        let expect_present = written.contains(id) && *id != deleted || id == "foreign-doc";
+        assert_eq!(answer.is_some(), expect_present, "{id}");
+        if let Some(doc) = answer {
+            assert_eq!(&doc.id, id, "answers are in the order of the ids");
+            let expected = if *id == updated {
+                json!("second")
+            } else if id == "foreign-doc" {
+                Value::Null
+            } else {
+                json!({"id": id})
+            };
+            assert_eq!(doc.body.get("value").cloned().unwrap_or(Value::Null), expected, "{id}");
+        }
+    }
+    assert_get_many_matches_get(b.as_ref(), &ids).await;
+}
+
+async fn get_many_reads_large_bodies_whole(ctx: Ctx) {
+    let b = &ctx.backend;
+    // 2 MB of noise: in chunk items on DynamoDB (350 KB each) and chunk documents on Firestore.
+    let big_id = id_of("u", "big", "big");
+    let big_value = json!({"noise": corpus::noise(2_000_000, 11), "n": 1});
+    let rev =
+        b.put(&big_id, &data_body("u", "big", "big", big_value.clone()), Precondition::MustNotExist).await.unwrap();
+    let small_id = id_of("u", "big", "small");
+    b.put(&small_id, &data_body("u", "big", "small", json!(1)), Precondition::MustNotExist).await.unwrap();
+    let ids = vec![big_id.clone(), small_id.clone(), big_id.clone(), id_of("u", "big", "none")];
+    let many = b.get_many(&ids).await.unwrap();
+    for n in [0, 2] {
+        let doc = many[n].as_ref().expect("large document found");
+        assert_eq!(doc.rev, rev);
+        assert!(doc.body["value"] == big_value, "the large body is read back whole");
+    }
+    assert_eq!(many[1].as_ref().unwrap().body["value"], 1);
+    assert!(many[3].is_none());
+    // A smaller large body replaces the chunks; the batch read sees the new version only.
+    let second = json!({"noise": corpus::noise(1_200_000, 12), "n": 2});
+    let rev =
+        b.put(&big_id, &data_body("u", "big", "big", second.clone()), Precondition::MatchRevision(rev)).await.unwrap();
+    let again = b.get_many(&ids[..1]).await.unwrap();
+    let doc = again[0].as_ref().expect("still there");
+    assert_eq!(doc.rev, rev);
+    assert!(doc.body["value"] == second, "the replaced body is read back whole");
+    assert_get_many_matches_get(b.as_ref(), &ids).await;
 }

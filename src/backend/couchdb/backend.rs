@@ -17,6 +17,10 @@ use crate::model::fields;
 /// The Mango index the spec names.
 pub const INDEX_NAME: &str = "idx-user-namespace";
 
+/// Ids per `_all_docs` request of a batch read, and such requests in flight at once.
+const GET_MANY_KEYS: usize = 200;
+const GET_MANY_CONCURRENCY: usize = 4;
+
 /// How often an unconditional write re-reads the revision after a conflict.
 const UNCONDITIONAL_WRITE_ATTEMPTS: usize = 10;
 
@@ -140,6 +144,48 @@ impl CouchDbBackend {
     }
 }
 
+impl CouchDbBackend {
+    /// The current documents of `keys` (distinct ids) in one `_all_docs` request with
+    /// `include_docs`. CouchDB answers one row per key: the document, `value.deleted` with a null
+    /// `doc` for a deleted one, or `error: "not_found"` for one that never existed.
+    async fn read_keys(&self, keys: Vec<String>) -> Result<Vec<(String, StoredDocument)>> {
+        const DOING: &str = "read documents in a batch";
+        let url = self.client.url(&["_all_docs"]);
+        let query = [("include_docs", "true".to_owned())];
+        let reply = self.client.read(Method::POST, &url, &query, Some(&json!({ "keys": keys })), DOING).await?;
+        if !reply.status.is_success() {
+            return Err(from_status(reply.status, &reply.body, "read documents with _all_docs"));
+        }
+        let rows = match reply.body {
+            Value::Object(mut body) => match body.remove("rows") {
+                Some(Value::Array(rows)) => rows,
+                _ => return Err(Error::new(ErrorKind::Internal, "CouchDB _all_docs answered without rows")),
+            },
+            _ => return Err(Error::new(ErrorKind::Internal, "CouchDB _all_docs answered with a non-object")),
+        };
+        let mut found = Vec::with_capacity(rows.len());
+        for row in rows {
+            let Value::Object(mut row) = row else { continue };
+            match row.get("error").and_then(Value::as_str) {
+                None => {}
+                Some("not_found") => continue,
+                Some(error) => {
+                    let key = row.get("key").cloned().unwrap_or_default();
+                    return Err(Error::new(
+                        ErrorKind::Internal,
+                        format!("CouchDB _all_docs answered {error} for {key}"),
+                    ));
+                }
+            }
+            if let Some(doc) = row.remove("doc").filter(|doc| !doc.is_null()) {
+                let doc = from_couch_doc(doc, DOING)?;
+                found.push((doc.id.clone(), doc));
+            }
+        }
+        Ok(found)
+    }
+}
+
 /// Splits a CouchDB document into id, revision and body.
 fn from_couch_doc(doc: Value, doing: &str) -> Result<StoredDocument> {
     let Value::Object(mut body) = doc else {
@@ -212,6 +258,10 @@ impl DocumentBackend for CouchDbBackend {
             StatusCode::NOT_FOUND => Ok(None),
             status => Err(from_status(status, &reply.body, &format!("read document {id:?}"))),
         }
+    }
+
+    async fn get_many(&self, ids: &[String]) -> Result<Vec<Option<StoredDocument>>> {
+        crate::backend::batched_get_many(ids, GET_MANY_KEYS, GET_MANY_CONCURRENCY, |ids| self.read_keys(ids)).await
     }
 
     async fn put(&self, id: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Revision> {

@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use aws_config::{BehaviorVersion, Region};
 use aws_sdk_dynamodb::types::AttributeValue;
 use aws_sdk_dynamodb::types::{
-    AttributeDefinition, BillingMode, GlobalSecondaryIndex, IndexStatus, KeySchemaElement, KeyType,
+    AttributeDefinition, BillingMode, GlobalSecondaryIndex, IndexStatus, KeySchemaElement, KeyType, KeysAndAttributes,
     Projection as DynamoProjection, ProjectionType, PutRequest, ReturnValue, ScalarAttributeType, TableStatus,
     WriteRequest,
 };
@@ -30,6 +30,9 @@ use crate::model::fields;
 
 /// BatchWriteItem's limit.
 const BATCH_WRITE_MAX: usize = 25;
+/// BatchGetItem's limit, and such calls of one batch read in flight at once.
+const BATCH_GET_MAX: usize = 100;
+const BATCH_GET_CONCURRENCY: usize = 4;
 /// Conditional writes of a bulk request run this many at a time.
 const CONDITIONAL_WRITE_CONCURRENCY: usize = 16;
 /// Rounds of retrying UnprocessedItems before reporting them as unavailable.
@@ -383,6 +386,10 @@ impl DocumentBackend for DynamoDbBackend {
         }
     }
 
+    async fn get_many(&self, ids: &[String]) -> Result<Vec<Option<StoredDocument>>> {
+        crate::backend::batched_get_many(ids, BATCH_GET_MAX, BATCH_GET_CONCURRENCY, |ids| self.read_keys(ids)).await
+    }
+
     async fn put(&self, id: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Revision> {
         let previous = match &precondition {
             Precondition::MatchRevision(rev) => Some(rev),
@@ -691,6 +698,86 @@ impl DynamoDbBackend {
                     tokio::time::sleep(delay).await;
                 }
                 None => return Ok(pending),
+            }
+        }
+    }
+
+    /// The current documents of `ids` (distinct, at most [`BATCH_GET_MAX`]): one strongly
+    /// consistent BatchGetItem for the main items, then each large body's chunks as `get` reads
+    /// them. A main item whose chunks were replaced between the two reads is read again by `get`.
+    async fn read_keys(&self, ids: Vec<String>) -> Result<Vec<(String, StoredDocument)>> {
+        let mut found = Vec::with_capacity(ids.len());
+        for item in self.batch_get_with_retries(&ids).await? {
+            if codec::is_chunk(&item) {
+                continue;
+            }
+            let doc = match self.to_document(&item).await? {
+                Some(doc) => Some(doc),
+                None => self.get(codec::string_attribute(&item, codec::ID).unwrap_or_default()).await?,
+            };
+            if let Some(doc) = doc {
+                found.push((doc.id.clone(), doc));
+            }
+        }
+        Ok(found)
+    }
+
+    /// BatchGetItem with consistent reads, retrying UnprocessedKeys (DynamoDB leaves some when
+    /// throttled or past 16 MB of answer) with backoff and jitter; the items found, in no order.
+    /// Keys still unprocessed after the retries fail the read: a batch read has no partial answer.
+    async fn batch_get_with_retries(&self, ids: &[String]) -> Result<Vec<Item>> {
+        let consistent = |keys| {
+            KeysAndAttributes::builder()
+                .set_keys(Some(keys))
+                .consistent_read(true)
+                .build()
+                .map_err(|e| Error::new(ErrorKind::Internal, "build batch read request").with_source(e))
+        };
+        let mut pending = consistent(ids.iter().map(|id| Self::key(id)).collect())?;
+        let mut backoff = ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(50))
+            .with_max_delay(Duration::from_secs(2))
+            .with_jitter()
+            .with_max_times(UNPROCESSED_RETRIES)
+            .build();
+        let mut items = Vec::with_capacity(ids.len());
+        loop {
+            // The SDK is the one owner of retries for the request itself (docs/faults.md); this
+            // loop only asks again for keys DynamoDB left unprocessed.
+            let mut output = self
+                .client
+                .batch_get_item()
+                .request_items(self.config.table.clone(), pending.clone())
+                .send()
+                .await
+                .map_err(|e| map_sdk(e, "read documents in a batch"))?;
+            if let Some(mut responses) = output.responses.take() {
+                items.extend(responses.remove(&self.config.table).unwrap_or_default());
+            }
+            match output.unprocessed_keys.take().and_then(|mut left| left.remove(&self.config.table)) {
+                // Asked again as consistent reads whatever the answer says of them.
+                Some(left) if !left.keys().is_empty() => pending = consistent(left.keys)?,
+                _ => return Ok(items),
+            }
+            match backoff.next() {
+                Some(delay) => {
+                    tracing::debug!(
+                        unprocessed = pending.keys().len(),
+                        ?delay,
+                        "DynamoDB left keys unprocessed; retrying"
+                    );
+                    tokio::time::sleep(delay).await;
+                }
+                None => {
+                    return Err(Error::new(
+                        ErrorKind::Unavailable,
+                        format!(
+                            "DynamoDB left {} of {} keys unprocessed after {UNPROCESSED_RETRIES} retries",
+                            pending.keys().len(),
+                            ids.len()
+                        ),
+                    ))
+                }
             }
         }
     }

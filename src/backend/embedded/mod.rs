@@ -8,11 +8,15 @@
 //! lock — in a small crate that builds in seconds.
 //!
 //! Layout (see [`backend`]):
-//! - `docs`: `_id` → 8-byte big-endian revision + the body as compact JSON.
+//! - `docs`: `_id` → the revision (a tag byte, the document's generation as a big-endian u64, 16
+//!   random bytes) + the body as compact JSON. Revisions read `N-<32 hex digits>`; records written
+//!   by older releases (an 8-byte file-wide counter instead) are still read and updated.
 //! - `by_user_namespace`: `(userId, namespace, _id)` → `()`, the secondary index that makes a
 //!   listing cost in proportion to its result. It is updated in the same transaction as `docs`.
-//! - `meta`: `seq`, the last revision number handed out. Revisions come from this one counter, so
-//!   a revision is never reused, even after a document is deleted and created again.
+//!
+//! A revision is never reused, even after a document is deleted and created again: 128 random
+//! bits make a repeat as unlikely as a UUID collision. Older releases kept a `meta` table with a
+//! file-wide counter; files that have it keep it, unread.
 
 mod backend;
 mod error;

@@ -31,6 +31,9 @@ const WRITE_CONCURRENCY: usize = 16;
 const BUSY_WRITE_ROUNDS: usize = 6;
 /// The most chunk documents one document can have.
 const MAX_CHUNKS: usize = codec::MAX_COMPRESSED_BYTES.div_ceil(codec::CHUNK_BYTES);
+/// Documents per `:batchGet` of a batch read, and such calls in flight at once.
+const BATCH_GET_MAX: usize = 100;
+const BATCH_GET_CONCURRENCY: usize = 4;
 /// Re-reads of a document whose chunks changed under us before giving up.
 const CONSISTENT_READ_TRIES: usize = 5;
 
@@ -165,6 +168,12 @@ impl FirestoreBackend {
         Ok(Some(StoredDocument { id, rev: revision(update_time, chunks), body }))
     }
 
+    /// One `:batchGet` of these resource names; Firestore's answer, a list of `found`/`missing`.
+    async fn batch_get(&self, names: &[String], doing: &str) -> Result<Value> {
+        let body = json!({ "documents": names });
+        self.client.call(Method::POST, &self.client.method_url("batchGet"), Some(&body), Call::Read, doing).await
+    }
+
     /// The bytes of chunks 1..=count, or `None` if any is missing or of another set.
     async fn read_chunks(
         &self,
@@ -174,16 +183,7 @@ impl FirestoreBackend {
         doing: &str,
     ) -> Result<Option<Vec<Vec<u8>>>> {
         let names: Vec<String> = (1..=count).map(|n| self.client.chunk_name(document_id, n)).collect();
-        let reply = self
-            .client
-            .call(
-                Method::POST,
-                &self.client.method_url("batchGet"),
-                Some(&json!({ "documents": names })),
-                Call::Read,
-                doing,
-            )
-            .await?;
+        let reply = self.batch_get(&names, doing).await?;
         let mut found: Vec<Option<Vec<u8>>> = vec![None; count];
         for entry in reply.as_array().into_iter().flatten() {
             let Some(document) = entry.get("found") else { continue };
@@ -215,6 +215,42 @@ impl FirestoreBackend {
             Some(document) => Ok(self.to_document(document, &doing).await?.map(Some)),
             None => Ok(Some(None)),
         }
+    }
+
+    /// The current documents of `ids` (distinct) in one `:batchGet`. Firestore answers each name
+    /// with `found` or `missing`, in no promised order, so answers are matched by name. A document
+    /// whose chunks changed between the reads, or a name the answer does not mention, is read
+    /// again by `get`.
+    async fn read_names(&self, ids: Vec<String>) -> Result<Vec<(String, StoredDocument)>> {
+        const DOING: &str = "read documents in a batch";
+        let names: Vec<String> = ids.iter().map(|id| self.client.document_name(&codec::document_id(id))).collect();
+        let position: std::collections::HashMap<&str, usize> =
+            names.iter().enumerate().map(|(n, name)| (name.as_str(), n)).collect();
+        let reply = self.batch_get(&names, DOING).await?;
+        let mut answered = vec![false; ids.len()];
+        let mut found = Vec::with_capacity(ids.len());
+        for entry in reply.as_array().into_iter().flatten() {
+            let (name, document) = match (entry.get("found"), entry.get("missing").and_then(Value::as_str)) {
+                (Some(document), _) => (document.get("name").and_then(Value::as_str).unwrap_or(""), Some(document)),
+                (None, Some(name)) => (name, None),
+                (None, None) => continue,
+            };
+            let Some(&n) = position.get(name) else { continue };
+            if let Some(document) = document {
+                if let Some(doc) = self.to_document(document, DOING).await? {
+                    found.push((ids[n].clone(), doc));
+                    answered[n] = true;
+                }
+            } else {
+                answered[n] = true;
+            }
+        }
+        for (id, _) in ids.iter().zip(answered).filter(|(_, answered)| !answered) {
+            if let Some(doc) = self.get(id).await? {
+                found.push((id.clone(), doc));
+            }
+        }
+        Ok(found)
     }
 
     /// Runs a structured query; documents in order, and whether the page was full.
@@ -385,6 +421,10 @@ impl DocumentBackend for FirestoreBackend {
             }
         }
         Err(inconsistent(&format!("read document {id:?}")))
+    }
+
+    async fn get_many(&self, ids: &[String]) -> Result<Vec<Option<StoredDocument>>> {
+        crate::backend::batched_get_many(ids, BATCH_GET_MAX, BATCH_GET_CONCURRENCY, |ids| self.read_names(ids)).await
     }
 
     async fn put(&self, id: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Revision> {
