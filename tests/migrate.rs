@@ -715,7 +715,17 @@ async fn couchdb_numbers_are_refused(make_source: FreshFn, make_target: FreshFn)
     let report = migrate::run(migrate_job(&source, &target, options_in(dir.path(), "numbers"))).await?;
     let c = &report.ledger.counts;
     check(c.read == 3 && c.written == 2 && c.refused == 1 && c.failed == 0, || format!("counts: {c:?}"))?;
-    check(report.exit_code() == migrate::EXIT_INCOMPLETE, || "a refused document makes the run incomplete".into())?;
+    check(report.exit_code() == migrate::EXIT_INCOMPLETE, || {
+        format!(
+            "a refused document makes the run incomplete (exit 7), got {}: {:?}",
+            report.exit_code(),
+            report.verification
+        )
+    })?;
+    let verification = report.verification.as_ref().ok_or("the migration reads back what it wrote")?;
+    check(verification.passed && verification.missing == 1 && verification.explained == 1, || {
+        format!("the refused document is the read-back's one explained absence: {verification:?}")
+    })?;
     let pi = id("alice", "numbers", "pi");
     let issue = report.ledger.issues.iter().find(|issue| issue.id == pi);
     check(issue.is_some_and(|issue| issue.kind == "refused" && issue.reason.contains("invalid value.pi")), || {

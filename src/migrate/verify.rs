@@ -375,7 +375,8 @@ pub struct Verification {
     pub missing_ids: Vec<String>,
     pub different_ids: Vec<String>,
     /// Differences the migration's counts already explain: documents the target refused
-    /// (`failed`) and conflicts left alone by `--on-conflict skip` (`conflicts_skipped`).
+    /// (`refused`, `failed`) and conflicts left alone by `--on-conflict skip`
+    /// (`conflicts_skipped`).
     pub explained: u64,
     pub duration_secs: f64,
     pub docs_per_sec: f64,
@@ -400,13 +401,13 @@ pub async fn verify_migration(
     let mut progress = progress_for(backend_of("from", source)?.as_ref(), options).await;
     find_missing_and_different(source, target, options, &mut report, &mut progress).await?;
     progress.finish(snapshot(&report));
-    let explained = ledger.counts.failed + ledger.counts.conflicts_skipped;
+    let explained = ledger.counts.refused + ledger.counts.failed + ledger.counts.conflicts_skipped;
     let found = report.missing + report.different;
     let passed = found <= explained;
     let message = match (found, passed) {
         (0, _) => format!("verified: all {} documents read back identical", report.matching),
         (_, true) => format!(
-            "verified: {} documents read back identical; the {found} that differ are those the report lists as failed or skipped",
+            "verified: {} documents read back identical; the {found} that differ are those the report lists as refused, failed or skipped",
             report.matching
         ),
         (_, false) => format!(
