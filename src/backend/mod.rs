@@ -151,6 +151,15 @@ pub trait DocumentBackend: Send + Sync + 'static {
         Ok(None)
     }
 
+    /// How many live documents the store holds at the moment of the call, exactly (design and
+    /// foreign documents included; deleted documents and `_local/` ones never), counted without
+    /// reading them; `None` when the backend cannot tell exactly (DynamoDB's `ItemCount` is hours
+    /// stale). `verify` uses it to learn, without scanning the target, that the target holds no
+    /// document beyond those it found.
+    async fn exact_count(&self) -> Result<Option<u64>> {
+        Ok(None)
+    }
+
     /// How many documents the store holds that are not data and that [`DocumentBackend::scan`]
     /// therefore never returns (CouchDB's design documents), so a migration can report what it
     /// left behind; `None` for a backend that keeps no such documents.

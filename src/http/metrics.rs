@@ -154,6 +154,10 @@ impl DocumentBackend for MeteredBackend {
         timed!(self, "approximate_count", self.inner.approximate_count())
     }
 
+    async fn exact_count(&self) -> Result<Option<u64>> {
+        timed!(self, "exact_count", self.inner.exact_count())
+    }
+
     async fn design_document_count(&self) -> Result<Option<u64>> {
         timed!(self, "design_document_count", self.inner.design_document_count())
     }
@@ -224,6 +228,10 @@ mod tests {
             self.record("approximate_count");
             Ok(Some(7))
         }
+        async fn exact_count(&self) -> Result<Option<u64>> {
+            self.record("exact_count");
+            Ok(Some(5))
+        }
         async fn design_document_count(&self) -> Result<Option<u64>> {
             self.record("design_document_count");
             Ok(Some(3))
@@ -241,8 +249,12 @@ mod tests {
         let inner = Arc::new(Recording::default());
         let metered = MeteredBackend::new(Arc::clone(&inner) as Arc<dyn DocumentBackend>, Arc::new(Metrics::new()));
         assert_eq!(metered.approximate_count().await.unwrap(), Some(7));
+        assert_eq!(metered.exact_count().await.unwrap(), Some(5));
         assert_eq!(metered.design_document_count().await.unwrap(), Some(3));
         assert_eq!(metered.get_many(&["a".into(), "b".into()]).await.unwrap(), vec![None, None]);
-        assert_eq!(*inner.called.lock().unwrap(), ["approximate_count", "design_document_count", "get_many"]);
+        assert_eq!(
+            *inner.called.lock().unwrap(),
+            ["approximate_count", "exact_count", "design_document_count", "get_many"]
+        );
     }
 }

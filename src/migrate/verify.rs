@@ -3,10 +3,11 @@
 //!
 //! Pass 1 scans the source, applies the migration's [`transform`](super::transform) rules (so a
 //! normalised timestamp is not a difference; `raw` compares bodies untransformed), and looks each
-//! batch up at the target: absent is *missing*, another hash is *different*. Meanwhile the
-//! target is scanned and its data-store documents within the filter counted: when they are
-//! exactly the ones pass 1 found there, nothing is extra. Only when the count says otherwise does
-//! pass 2 scan the target again and look its ids up at the source: absent there is *extra*.
+//! batch up at the target: absent is *missing*, another hash is *different*. The target's
+//! documents are counted too: by the backend's exact count when it keeps one (no scan), else by a
+//! scan of its data-store documents within the filter alongside pass 1. When they are exactly the
+//! ones pass 1 found there, nothing is extra. Only when the count says otherwise does pass 2 scan
+//! the target again and look its ids up at the source: absent there is *extra*.
 //! Documents the migration would not copy (foreign, malformed, outside the filter) are counted,
 //! not compared.
 //!
@@ -150,11 +151,27 @@ pub async fn verify(source: &Endpoint, target: &Endpoint, options: &VerifyOption
     backend_of("to", target)?;
     let mut report = VerifyReport { from: source.name(), to: target.name(), raw: options.raw, ..Default::default() };
     let mut progress = progress_for(source_backend.as_ref(), options).await;
-    // Pass 1 and a count of the target run at once; the slower one sets the time.
-    let (_, census) = tokio::try_join!(
-        find_missing_and_different(source, target, options, &mut report, &mut progress),
-        count_target(target, options),
-    )?;
+    let census =
+        if backend_of("to", target)?.exact_count().await.map_err(|e| side_error("target", target, e))?.is_some() {
+            // The target counts its documents exactly without reading them: pass 1, then one count.
+            // When the count equals what pass 1 found there, nothing else is at the target (no scan);
+            // otherwise the target is scanned and counted as below, to tell foreign from extra.
+            find_missing_and_different(source, target, options, &mut report, &mut progress).await?;
+            let total = backend_of("to", target)?.exact_count().await.map_err(|e| side_error("target", target, e))?;
+            match total {
+                Some(total) if total == report.matching + report.different => {
+                    TargetCensus { read: total, foreign: 0, admitted: total }
+                }
+                _ => count_target(target, options).await?,
+            }
+        } else {
+            // Pass 1 and a scan counting the target run at once; the slower one sets the time.
+            let (_, census) = tokio::try_join!(
+                find_missing_and_different(source, target, options, &mut report, &mut progress),
+                count_target(target, options),
+            )?;
+            census
+        };
     report.target_read = census.read;
     report.target_foreign = census.foreign;
     // The documents pass 1 found at the target (matching + different) are distinct target ids

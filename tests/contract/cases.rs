@@ -61,6 +61,7 @@ pub fn all() -> Vec<Case> {
         caller_preconditions,
         streamed_listings_page_to_the_end,
         get_many_answers_every_id_in_order,
+        exact_counts_are_exact,
         get_many_reads_large_bodies_whole,
     ]
 }
@@ -954,6 +955,23 @@ async fn assert_get_many_matches_get(b: &dyn agentstore::backend::DocumentBacken
             }
             _ => panic!("{id}: get_many says {:?}, get says {:?}", answer.is_some(), single.is_some()),
         }
+    }
+}
+
+/// A backend that claims an exact count (it lets `verify` skip scanning the target) counts live
+/// documents only: writes and deletes show at once. DynamoDB claims none (`ItemCount` is stale).
+async fn exact_counts_are_exact(ctx: Ctx) {
+    let store = ctx.store().await;
+    let before = ctx.backend.exact_count().await.unwrap();
+    for key in ["a", "b", "c", "d"] {
+        store.set("counted", "ns", key, json!(key), None, None).await.unwrap();
+    }
+    store.delete("counted", "ns", "b").await.unwrap();
+    let after = ctx.backend.exact_count().await.unwrap();
+    match (before, after) {
+        (Some(before), Some(after)) => assert_eq!(after, before + 3, "{}: 4 written, 1 deleted", ctx.backend_name),
+        (None, None) => assert_eq!(ctx.backend_name, "dynamodb", "only DynamoDB keeps no exact count"),
+        other => panic!("{}: a backend counts exactly always or never: {other:?}", ctx.backend_name),
     }
 }
 

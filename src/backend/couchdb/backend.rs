@@ -497,8 +497,15 @@ impl DocumentBackend for CouchDbBackend {
     }
 
     async fn approximate_count(&self) -> Result<Option<u64>> {
+        self.exact_count().await
+    }
+
+    async fn exact_count(&self) -> Result<Option<u64>> {
+        // `doc_count`: live documents, design documents included, deleted and `_local/` ones not.
         let reply = self.client.read(Method::GET, &self.client.url(&[]), &[], None, "count documents").await?;
-        // `doc_count` includes design documents: close enough for an estimate.
-        Ok(reply.status.is_success().then(|| reply.body.get("doc_count").and_then(Value::as_u64)).flatten())
+        if !reply.status.is_success() {
+            return Err(from_status(reply.status, &reply.body, "count documents"));
+        }
+        Ok(reply.body.get("doc_count").and_then(Value::as_u64))
     }
 }

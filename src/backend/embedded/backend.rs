@@ -436,6 +436,10 @@ impl DocumentBackend for EmbeddedBackend {
     }
 
     async fn approximate_count(&self) -> Result<Option<u64>> {
+        self.exact_count().await
+    }
+
+    async fn exact_count(&self) -> Result<Option<u64>> {
         self.blocking(|db| {
             let txn = db.begin_read().map_err(map_redb("begin read"))?;
             let docs = txn.open_table(DOCS).map_err(map_redb("open docs table"))?;

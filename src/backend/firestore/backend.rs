@@ -540,7 +540,11 @@ impl DocumentBackend for FirestoreBackend {
     }
 
     async fn approximate_count(&self) -> Result<Option<u64>> {
-        // A COUNT aggregation: billed as one read per 1,000 index entries, no documents read.
+        self.exact_count().await
+    }
+
+    async fn exact_count(&self) -> Result<Option<u64>> {
+        // A COUNT aggregation (exact; chunk documents live in a subcollection and are not counted): billed as one read per 1,000 index entries, no documents read.
         let query = json!({ "structuredAggregationQuery": {
             "structuredQuery": { "from": [{ "collectionId": self.client.collection() }] },
             "aggregations": [{ "alias": "documents", "count": {} }]
