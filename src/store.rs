@@ -338,21 +338,34 @@ impl DataStore {
         let deadline = Deadline::after(self.options.deadline);
         self.ensure_namespace(namespace).await?;
         let _turn = self.write_queues.turn(id.as_str(), deadline).await?;
+        // The value moves into the body, and back out of it when the write fails, so a retry
+        // reuses it instead of every attempt holding its own copy of a possibly large tree.
+        let value_slot = std::sync::Mutex::new(Some(value));
         let attempt = || async {
             let access = self.access(agent)?;
             let existing = self.backend.get(id.as_str()).await?;
             check_expectation(&id, &expect, existing.as_ref())?;
             deadline.check(id.as_str())?;
-            let (body, precondition) = match existing {
-                None => (document::new_body(&id, value.clone(), metadata.clone(), &access), Precondition::MustNotExist),
+            let value = value_slot
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take()
+                .ok_or_else(|| Error::new(ErrorKind::Internal, format!("the value of a write to {id} was lost")))?;
+            let (mut body, precondition) = match existing {
+                None => (document::new_body(&id, value, metadata.clone(), &access), Precondition::MustNotExist),
                 Some(existing) => {
                     let mut body = existing.body;
-                    document::apply_update(&id, &mut body, value.clone(), metadata.clone(), &access)?;
+                    document::apply_update(&id, &mut body, value, metadata.clone(), &access)?;
                     (body, Precondition::MatchRevision(existing.rev))
                 }
             };
-            let rev = self.backend.put(id.as_str(), &body, precondition).await?;
-            Ok(StoredDocument { id: id.as_str().to_owned(), rev, body })
+            match self.backend.put(id.as_str(), &body, precondition).await {
+                Ok(rev) => Ok(StoredDocument { id: id.as_str().to_owned(), rev, body }),
+                Err(err) => {
+                    *value_slot.lock().unwrap_or_else(|e| e.into_inner()) = body.remove(fields::VALUE);
+                    Err(err)
+                }
+            }
         };
         if expect == Expect::Any {
             self.retry_conflicts(&id, deadline, attempt).await

@@ -53,8 +53,9 @@ impl ByteBudget {
     }
 }
 
-/// How many parsed trees of a body a write holds at its peak: the parsed body, and the copy the
-/// facade's write attempt builds the stored document from.
+/// How many trees of a value's size a write holds at its peak: the parsed body (moved, never
+/// copied, into the stored document) and the stored document it replaces, which the facade reads
+/// first and which can be as large.
 const TREE_COPIES: usize = 2;
 
 /// The server-wide budgets for PUT bodies, and the limits a body must meet. Two budgets, taken
