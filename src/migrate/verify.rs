@@ -151,27 +151,26 @@ pub async fn verify(source: &Endpoint, target: &Endpoint, options: &VerifyOption
     backend_of("to", target)?;
     let mut report = VerifyReport { from: source.name(), to: target.name(), raw: options.raw, ..Default::default() };
     let mut progress = progress_for(source_backend.as_ref(), options).await;
-    let census =
-        if backend_of("to", target)?.exact_count().await.map_err(|e| side_error("target", target, e))?.is_some() {
-            // The target counts its documents exactly without reading them: pass 1, then one count.
-            // When the count equals what pass 1 found there, nothing else is at the target (no scan);
-            // otherwise the target is scanned and counted as below, to tell foreign from extra.
-            find_missing_and_different(source, target, options, &mut report, &mut progress).await?;
-            let total = backend_of("to", target)?.exact_count().await.map_err(|e| side_error("target", target, e))?;
-            match total {
-                Some(total) if total == report.matching + report.different => {
-                    TargetCensus { read: total, foreign: 0, admitted: total }
-                }
-                _ => count_target(target, options).await?,
-            }
+    let exact_total = backend_of("to", target)?.exact_count().await.map_err(|e| side_error("target", target, e))?;
+    let census = if let Some(total) = exact_total {
+        // The target counts its documents exactly without reading them (once, before pass 1:
+        // verify compares quiet stores). When the count equals what pass 1 found there, nothing
+        // else is at the target (no scan); otherwise the target is scanned and counted as below,
+        // to tell foreign from extra.
+        find_missing_and_different(source, target, options, &mut report, &mut progress).await?;
+        if total == report.matching + report.different {
+            TargetCensus { read: total, foreign: 0, admitted: total }
         } else {
-            // Pass 1 and a scan counting the target run at once; the slower one sets the time.
-            let (_, census) = tokio::try_join!(
-                find_missing_and_different(source, target, options, &mut report, &mut progress),
-                count_target(target, options),
-            )?;
-            census
-        };
+            count_target(target, options).await?
+        }
+    } else {
+        // Pass 1 and a scan counting the target run at once; the slower one sets the time.
+        let (_, census) = tokio::try_join!(
+            find_missing_and_different(source, target, options, &mut report, &mut progress),
+            count_target(target, options),
+        )?;
+        census
+    };
     report.target_read = census.read;
     report.target_foreign = census.foreign;
     // The documents pass 1 found at the target (matching + different) are distinct target ids

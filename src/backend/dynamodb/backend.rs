@@ -226,11 +226,7 @@ impl DynamoDbBackend {
         let mut chunks = Vec::with_capacity(count);
         for n in 1..=count {
             let output = self
-                .client
-                .get_item()
-                .table_name(&self.config.table)
-                .set_key(Some(Self::key(&codec::chunk_id(id, rev, n))))
-                .consistent_read(true)
+                .consistent_get(&codec::chunk_id(id, rev, n))
                 .send()
                 .await
                 .map_err(|e| map_sdk(e, "read a document chunk"))?;
@@ -308,15 +304,16 @@ impl DynamoDbBackend {
 }
 
 impl DynamoDbBackend {
+    /// A strongly consistent GetItem of `id`, to send as it is or narrowed by a projection.
+    fn consistent_get(&self, id: &str) -> aws_sdk_dynamodb::operation::get_item::builders::GetItemFluentBuilder {
+        self.client.get_item().table_name(&self.config.table).set_key(Some(Self::key(id))).consistent_read(true)
+    }
+
     /// Whether the stored document `id` is at revision `rev` (a consistent read of `_rev` only).
     /// A failed read answers `false`: the caller then reports what it already knew.
     async fn holds_revision(&self, id: &str, rev: &str) -> bool {
         let read = self
-            .client
-            .get_item()
-            .table_name(&self.config.table)
-            .set_key(Some(Self::key(id)))
-            .consistent_read(true)
+            .consistent_get(id)
             .projection_expression("#rev")
             .expression_attribute_names("#rev", codec::REV)
             .send()
@@ -367,15 +364,7 @@ impl DocumentBackend for DynamoDbBackend {
     }
 
     async fn get(&self, id: &str) -> Result<Option<StoredDocument>> {
-        let output = self
-            .client
-            .get_item()
-            .table_name(&self.config.table)
-            .set_key(Some(Self::key(id)))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| map_sdk(e, "read a document"))?;
+        let output = self.consistent_get(id).send().await.map_err(|e| map_sdk(e, "read a document"))?;
         match output.item {
             Some(item) if !codec::is_chunk(&item) => match self.to_document(&item).await? {
                 Some(doc) => Ok(Some(doc)),
