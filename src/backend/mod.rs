@@ -9,6 +9,7 @@ pub mod dynamodb;
 pub mod embedded;
 pub mod firestore;
 pub mod raw;
+pub mod revision;
 pub mod url;
 
 use std::fmt;
@@ -20,7 +21,12 @@ use serde_json::{Map, Value};
 
 use crate::error::Result;
 
+pub use revision::{Ancestry, DEFAULT_REVS_LIMIT};
 pub use url::BackendUrl;
+
+/// The prefix of local documents' ids (replication checkpoints): never listed, scanned, fed or
+/// migrated.
+pub const LOCAL_PREFIX: &str = "_local/";
 
 /// How many `get`s the default [`DocumentBackend::get_many`] keeps in flight.
 const GET_MANY_CONCURRENCY: usize = 16;
@@ -102,12 +108,114 @@ pub struct BulkWrite {
     pub precondition: Precondition,
 }
 
+/// One entry of the change feed: a document's latest revision at the moment it was read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    /// Where this change sits in the feed: pass it as `since` to continue after it. Opaque.
+    pub seq: String,
+    pub id: String,
+    pub rev: Revision,
+    pub deleted: bool,
+}
+
+/// One page of the change feed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChangesPage {
+    /// Each changed document once, at its latest revision, in feed order.
+    pub changes: Vec<Change>,
+    /// The token to continue from: every change up to it has been returned (CouchDB's `last_seq`).
+    pub last_seq: String,
+    /// How many more changes are waiting after this page, when the backend can tell cheaply.
+    pub pending: Option<u64>,
+}
+
+/// A range of document ids for [`DocumentBackend::all_docs`], in CouchDB's `_all_docs` terms:
+/// iteration starts at `start` and stops at `end`; with `descending`, `start` is the high end.
+/// Ids compare as their UTF-8 bytes (CouchDB's raw collation).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct IdRange {
+    pub start: Option<String>,
+    pub end: Option<String>,
+    /// Whether a document whose id equals `end` is included (CouchDB's default: yes).
+    pub inclusive_end: bool,
+    pub descending: bool,
+}
+
+impl IdRange {
+    /// Every id, ascending.
+    pub fn all() -> Self {
+        IdRange { start: None, end: None, inclusive_end: true, descending: false }
+    }
+
+    /// Whether `id` lies inside the range (both ends checked, in the range's direction).
+    pub fn contains(&self, id: &str) -> bool {
+        let id = id.as_bytes();
+        let after_start = match &self.start {
+            None => true,
+            Some(start) if self.descending => id <= start.as_bytes(),
+            Some(start) => id >= start.as_bytes(),
+        };
+        let before_end = match &self.end {
+            None => true,
+            Some(end) if self.descending => id > end.as_bytes() || (self.inclusive_end && id == end.as_bytes()),
+            Some(end) => id < end.as_bytes() || (self.inclusive_end && id == end.as_bytes()),
+        };
+        after_start && before_end
+    }
+}
+
+/// What a backend knows of a document's revisions, tombstones included.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RevisionInfo {
+    /// The current revision (the tombstone's, when deleted).
+    pub rev: Revision,
+    pub deleted: bool,
+    /// The remembered revision ids, newest first, starting with `rev`; at most the backend's
+    /// `revs_limit`. Documents written before ancestry was kept remember only `rev`.
+    pub ancestry: Ancestry,
+}
+
+/// Whether a store has the layout this release's document model needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LayoutState {
+    Current,
+    /// Written by an earlier release: `agentstore upgrade` brings it up to date. The text says what
+    /// is missing.
+    NeedsUpgrade(String),
+}
+
+/// What one step of [`DocumentBackend::upgrade_page`] did.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct UpgradePage {
+    /// Documents looked at in this step.
+    pub examined: u64,
+    /// Of those, documents rewritten into the new layout (the rest already had it).
+    pub upgraded: u64,
+    /// The token for the next step; `None` when every document has been examined.
+    pub next: Option<String>,
+}
+
+/// The error a feature of the document model gives on a store that has not been upgraded.
+pub fn needs_upgrade(store: &str, feature: &str, why: &str) -> crate::error::Error {
+    crate::error::Error::new(
+        crate::error::ErrorKind::Misconfigured,
+        format!(
+            "{feature} needs this release's storage layout, and the store {store} was written by an earlier \
+             release ({why}); run `agentstore upgrade --backend URL` with this store's backend URL once \
+             (resumable, and safe while the service runs)"
+        ),
+    )
+}
+
 /// What an adapter implements. Errors use [`crate::error::ErrorKind`]: a failed precondition is
 /// `Conflict`, a missing document on delete is `NotFound`.
 ///
 /// A decorator (such as the server's metrics wrapper) must forward every method, the ones with
 /// default bodies too, or it would silently replace the adapter's own implementation; a test in
 /// `src/http/metrics.rs` checks each one.
+// Until every adapter implements the document model, its methods' default bodies ignore their
+// arguments.
+#[allow(unused_variables)]
 #[async_trait]
 pub trait DocumentBackend: Send + Sync + 'static {
     /// Where this backend stores data, for logs and test reports (never includes secrets).
@@ -144,6 +252,71 @@ pub trait DocumentBackend: Send + Sync + 'static {
     /// Checks that the backend is reachable and usable.
     async fn health(&self) -> Result<()>;
 
+    /// A document's current revision, whether it is deleted, and its revision ancestry; `None`
+    /// when the id was never written or was erased.
+    async fn revisions(&self, id: &str) -> Result<Option<RevisionInfo>> {
+        Err(not_yet(self, "revisions"))
+    }
+
+    /// One page of the change feed after `since` (`None`: from the start, every live document and
+    /// tombstone). Each document appears once, at its latest revision; cost is proportional to
+    /// the page. Local documents never appear.
+    async fn changes(&self, since: Option<&str>, limit: usize) -> Result<ChangesPage> {
+        Err(not_yet(self, "changes"))
+    }
+
+    /// The feed position now: `changes(Some(position))` returns exactly the changes committed
+    /// after this call (CouchDB's `since=now`).
+    async fn change_position(&self) -> Result<String> {
+        Err(not_yet(self, "change_position"))
+    }
+
+    /// One page of live documents in `range`, in id order (raw UTF-8 collation; tombstones, local
+    /// and design documents never included); pass `next` back to continue.
+    async fn all_docs(&self, range: &IdRange, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
+        Err(not_yet(self, "all_docs"))
+    }
+
+    /// Removes every document whose id starts with `prefix`, live ones and tombstones, with their
+    /// ancestry and feed entries, leaving no trace of their ids (CouchDB's `_purge`); returns how
+    /// many ids were removed. Replicas elsewhere keep their copies until purged themselves.
+    async fn erase_prefix(&self, prefix: &str) -> Result<u64> {
+        Err(not_yet(self, "erase_prefix"))
+    }
+
+    /// The local document `_local/{name}`, revision `0-N`.
+    async fn get_local(&self, name: &str) -> Result<Option<StoredDocument>> {
+        Err(not_yet(self, "get_local"))
+    }
+
+    /// Writes the local document `_local/{name}` if `precondition` holds; returns `0-N`.
+    async fn put_local(&self, name: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Revision> {
+        Err(not_yet(self, "put_local"))
+    }
+
+    /// Deletes the local document `_local/{name}` if its revision is still `rev` (no tombstone).
+    async fn delete_local(&self, name: &str, rev: &Revision) -> Result<()> {
+        Err(not_yet(self, "delete_local"))
+    }
+
+    /// Whether the store has this release's layout.
+    async fn layout(&self) -> Result<LayoutState> {
+        Err(not_yet(self, "layout"))
+    }
+
+    /// One resumable, idempotent step of bringing the store to this release's layout in place:
+    /// pass the previous step's `next` (`None` to start; the first step also creates any index
+    /// the layout needs). Safe to rerun from any earlier token, and while the service writes.
+    async fn upgrade_page(&self, page_token: Option<&str>, limit: usize) -> Result<UpgradePage> {
+        Err(not_yet(self, "upgrade_page"))
+    }
+
+    /// Records that every document has been upgraded, so [`DocumentBackend::layout`] answers
+    /// `Current`. Called by `agentstore upgrade` after the last step.
+    async fn finish_upgrade(&self) -> Result<()> {
+        Err(not_yet(self, "finish_upgrade"))
+    }
+
     /// About how many documents the store holds, when the backend can tell without reading them
     /// (it may count design documents or be some hours stale); `None` when it cannot. For
     /// progress estimates only, never for correctness.
@@ -178,6 +351,15 @@ pub trait DocumentBackend: Send + Sync + 'static {
         }
         futures::stream::iter(lookups).buffered(GET_MANY_CONCURRENCY).try_collect().await
     }
+}
+
+/// The answer of a document-model method an adapter does not implement yet (removed once every
+/// adapter implements them all).
+fn not_yet<B: DocumentBackend + ?Sized>(backend: &B, method: &str) -> crate::error::Error {
+    crate::error::Error::new(
+        crate::error::ErrorKind::Misconfigured,
+        format!("{method} is not implemented by the backend {} yet", backend.describe()),
+    )
 }
 
 /// The distinct ids of a `get_many` request, in first-seen order: batch reads ask for each once

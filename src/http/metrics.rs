@@ -11,7 +11,10 @@ use axum::response::Response;
 use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder};
 use serde_json::{Map, Value};
 
-use crate::backend::{BulkWrite, DocumentBackend, Page, Precondition, Query, Revision, StoredDocument};
+use crate::backend::{
+    BulkWrite, ChangesPage, DocumentBackend, IdRange, LayoutState, Page, Precondition, Query, Revision, RevisionInfo,
+    StoredDocument, UpgradePage,
+};
 use crate::error::Result;
 
 const LATENCY_BUCKETS: &[f64] = &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
@@ -164,6 +167,50 @@ impl DocumentBackend for MeteredBackend {
 
     async fn get_many(&self, ids: &[String]) -> Result<Vec<Option<StoredDocument>>> {
         timed!(self, "get_many", self.inner.get_many(ids))
+    }
+
+    async fn revisions(&self, id: &str) -> Result<Option<RevisionInfo>> {
+        timed!(self, "revisions", self.inner.revisions(id))
+    }
+
+    async fn changes(&self, since: Option<&str>, limit: usize) -> Result<ChangesPage> {
+        timed!(self, "changes", self.inner.changes(since, limit))
+    }
+
+    async fn change_position(&self) -> Result<String> {
+        timed!(self, "change_position", self.inner.change_position())
+    }
+
+    async fn all_docs(&self, range: &IdRange, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
+        timed!(self, "all_docs", self.inner.all_docs(range, limit, page_token))
+    }
+
+    async fn erase_prefix(&self, prefix: &str) -> Result<u64> {
+        timed!(self, "erase_prefix", self.inner.erase_prefix(prefix))
+    }
+
+    async fn get_local(&self, name: &str) -> Result<Option<StoredDocument>> {
+        timed!(self, "get_local", self.inner.get_local(name))
+    }
+
+    async fn put_local(&self, name: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Revision> {
+        timed!(self, "put_local", self.inner.put_local(name, body, precondition))
+    }
+
+    async fn delete_local(&self, name: &str, rev: &Revision) -> Result<()> {
+        timed!(self, "delete_local", self.inner.delete_local(name, rev))
+    }
+
+    async fn layout(&self) -> Result<LayoutState> {
+        timed!(self, "layout", self.inner.layout())
+    }
+
+    async fn upgrade_page(&self, page_token: Option<&str>, limit: usize) -> Result<UpgradePage> {
+        timed!(self, "upgrade_page", self.inner.upgrade_page(page_token, limit))
+    }
+
+    async fn finish_upgrade(&self) -> Result<()> {
+        timed!(self, "finish_upgrade", self.inner.finish_upgrade())
     }
 }
 

@@ -1,0 +1,166 @@
+//! CouchDB-form revisions and their ancestry, shared by the adapters that mint their own
+//! (embedded, DynamoDB, Firestore; CouchDB keeps its own).
+//!
+//! A revision is `N-<32 lowercase hex>`: `N` the document's generation (1 on create, +1 on every
+//! update or delete, continuing across a delete and re-create as CouchDB does) and 128 bits from
+//! the operating system's random generator. Random rather than derived from the content or the id:
+//! two writers racing from the same revision must never mint the same one (a retried write
+//! recognises its own success by its revision), and a revision must reveal nothing about other
+//! documents or the store's write volume.
+//!
+//! The ancestry is the last `revs_limit` revision ids of a document, newest first, kept as the
+//! generation of the newest and the 16-byte tokens: generations are consecutive, so the tokens are
+//! all that is needed to spell CouchDB's `_revisions` (`{start, ids}`).
+
+use crate::backend::Revision;
+use crate::error::{Error, ErrorKind, Result};
+
+/// CouchDB's default `_revs_limit`: how many revision ids of a document are remembered.
+pub const DEFAULT_REVS_LIMIT: usize = 1000;
+
+/// Bytes of the random part of a revision.
+pub const TOKEN_BYTES: usize = 16;
+
+/// A revision this crate minted (or one of the same form read from CouchDB): generation and token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RevisionId {
+    pub generation: u64,
+    pub token: [u8; TOKEN_BYTES],
+}
+
+impl RevisionId {
+    /// The first revision of a new document, or the next one after `previous` (the current
+    /// revision or the tombstone's).
+    pub fn next_after(previous_generation: Option<u64>) -> Result<Self> {
+        let generation = previous_generation.map_or(1, |g| g.saturating_add(1));
+        Ok(RevisionId { generation, token: random_token()? })
+    }
+
+    /// Parses `N-<32 hex>`; `None` for any other text (a revision of an older layout, or input).
+    pub fn parse(rev: &str) -> Option<Self> {
+        let (generation, hex_part) = rev.split_once('-')?;
+        if generation.is_empty() || generation.starts_with('0') || !generation.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        if hex_part.len() != 2 * TOKEN_BYTES || !hex_part.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+            return None;
+        }
+        let mut token = [0u8; TOKEN_BYTES];
+        hex::decode_to_slice(hex_part, &mut token).ok()?;
+        Some(RevisionId { generation: generation.parse().ok()?, token })
+    }
+
+    pub fn to_revision(self) -> Revision {
+        Revision(format!("{}-{}", self.generation, hex::encode(self.token)))
+    }
+}
+
+/// The generation of any revision text of the form `N-…` (CouchDB's, and the older layouts'
+/// `N-<16 hex>`); `None` when it has none (the embedded store's old plain counters).
+pub fn generation_of(rev: &Revision) -> Option<u64> {
+    let (generation, rest) = rev.as_str().split_once('-')?;
+    if rest.is_empty() || generation.starts_with('0') {
+        return None;
+    }
+    generation.parse().ok()
+}
+
+/// 128 bits from the operating system's random generator.
+pub fn random_token() -> Result<[u8; TOKEN_BYTES]> {
+    let mut token = [0u8; TOKEN_BYTES];
+    getrandom::fill(&mut token)
+        .map_err(|e| Error::new(ErrorKind::Internal, format!("the operating system's random generator failed: {e}")))?;
+    Ok(token)
+}
+
+/// A document's remembered revision ids, newest first: CouchDB's `_revisions`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ancestry {
+    /// The generation of the newest revision (CouchDB's `start`).
+    pub start: u64,
+    /// The revision ids' parts after `N-`, newest first (CouchDB's `ids`); `ids[i]` is generation
+    /// `start - i`.
+    pub ids: Vec<String>,
+}
+
+impl Ancestry {
+    /// The full revisions, newest first.
+    pub fn revisions(&self) -> impl Iterator<Item = Revision> + '_ {
+        self.ids.iter().enumerate().map(|(i, id)| Revision(format!("{}-{id}", self.start - i as u64)))
+    }
+}
+
+/// An ancestry packed as bytes for storage: the tokens, newest first, 16 bytes each (the
+/// generation is the current revision's). Compact, and cheap to extend: a new revision is its
+/// token prepended and the list cut to `revs_limit`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PackedAncestry(pub Vec<u8>);
+
+impl PackedAncestry {
+    /// The ancestry of a new revision `rev` whose parent's ancestry is `parent` (empty for a new
+    /// document), at most `revs_limit` entries.
+    pub fn extend(parent: Option<&PackedAncestry>, rev: &RevisionId, revs_limit: usize) -> PackedAncestry {
+        let keep = revs_limit.max(1);
+        let mut bytes = Vec::with_capacity(TOKEN_BYTES * keep.min(1 + parent.map_or(0, |p| p.len())));
+        bytes.extend_from_slice(&rev.token);
+        if let Some(parent) = parent {
+            let room = (keep - 1) * TOKEN_BYTES;
+            bytes.extend_from_slice(&parent.0[..parent.0.len().min(room)]);
+        }
+        PackedAncestry(bytes)
+    }
+
+    /// How many revision ids it holds.
+    pub fn len(&self) -> usize {
+        self.0.len() / TOKEN_BYTES
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Whether the stored bytes are whole tokens.
+    pub fn is_well_formed(&self) -> bool {
+        self.0.len() % TOKEN_BYTES == 0
+    }
+
+    /// CouchDB's `_revisions` for a document whose current generation is `start`.
+    pub fn unpack(&self, start: u64) -> Ancestry {
+        Ancestry { start, ids: self.0.chunks_exact(TOKEN_BYTES).map(hex::encode).collect() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn revisions_have_couchdbs_form_and_count_generations() {
+        let first = RevisionId::next_after(None).unwrap();
+        let second = RevisionId::next_after(Some(first.generation)).unwrap();
+        assert_eq!((first.generation, second.generation), (1, 2));
+        assert_ne!(first.token, second.token);
+        let text = second.to_revision();
+        assert_eq!(RevisionId::parse(text.as_str()), Some(second));
+        for bad in ["", "1", "1-", "01-00000000000000000000000000000000", "1-ABCDEF00000000000000000000000000", "x-0"] {
+            assert_eq!(RevisionId::parse(bad), None, "{bad:?}");
+        }
+        assert_eq!(generation_of(&Revision("12-abc".into())), Some(12));
+        assert_eq!(generation_of(&Revision("41".into())), None);
+    }
+
+    #[test]
+    fn ancestry_is_newest_first_and_cut_to_the_limit() {
+        let mut revs = vec![RevisionId::next_after(None).unwrap()];
+        let mut packed = PackedAncestry::extend(None, &revs[0], 3);
+        for _ in 0..4 {
+            let next = RevisionId::next_after(Some(revs.last().unwrap().generation)).unwrap();
+            packed = PackedAncestry::extend(Some(&packed), &next, 3);
+            revs.push(next);
+        }
+        let ancestry = packed.unpack(5);
+        assert_eq!(ancestry.start, 5);
+        let expected: Vec<Revision> = revs.iter().rev().take(3).map(|r| r.to_revision()).collect();
+        assert_eq!(ancestry.revisions().collect::<Vec<_>>(), expected);
+    }
+}
