@@ -54,6 +54,9 @@ pub struct FirestoreBackend {
     pub(super) layout_current: AtomicBool,
 }
 
+/// One `:batchWrite` entry: the result slot, the write, and the revision it mints.
+type BatchEntry = (usize, Value, Revision);
+
 /// A query's documents and the read time Firestore answered it at.
 pub(super) struct QueryAnswer {
     pub documents: Vec<Value>,
@@ -464,11 +467,7 @@ impl FirestoreBackend {
 
     /// Single-document writes through `:batchWrite`, busy entries retried; each entry is the
     /// result slot, the write and the revision it mints.
-    async fn batch_write(
-        &self,
-        entries: Vec<(usize, Value, Revision)>,
-        results: &mut [Option<Result<Revision>>],
-    ) -> Result<()> {
+    async fn batch_write(&self, entries: Vec<BatchEntry>, results: &mut [Option<Result<Revision>>]) -> Result<()> {
         let mut pending = entries;
         let mut backoff = ExponentialBuilder::default()
             .with_min_delay(Duration::from_millis(100))
@@ -484,7 +483,7 @@ impl FirestoreBackend {
                 tokio::time::sleep(backoff.next().unwrap_or(Duration::from_secs(3))).await;
             }
             let groups = group_by_size(pending);
-            let replies: Vec<(Vec<(usize, Value, Revision)>, Value)> = stream::iter(groups)
+            let replies: Vec<(Vec<BatchEntry>, Value)> = stream::iter(groups)
                 .map(|group| async move {
                     let body = json!({ "writes": group.iter().map(|(_, w, _)| w).collect::<Vec<_>>() });
                     let reply = self
