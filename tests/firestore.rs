@@ -458,8 +458,7 @@ async fn a_collection_of_the_previous_release_keeps_working_and_upgrades_in_plac
     assert!(deleted.status().is_success());
     let ids = write_previous_release_documents(&fixture.raw, 7).await;
     let config =
-        FirestoreConfig::parse(&format!("{}", servers::firestore().unwrap().collection_url(&fixture.raw.collection)))
-            .unwrap();
+        FirestoreConfig::parse(&servers::firestore().unwrap().collection_url(&fixture.raw.collection)).unwrap();
     let backend = FirestoreBackend::open(&config).await.expect("open an old collection");
 
     assert!(matches!(backend.layout().await.unwrap(), LayoutState::NeedsUpgrade(_)));
