@@ -60,11 +60,21 @@ pub fn now_millis() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
-/// A fresh feed position: the writer's clock in 13 zero-padded milliseconds and 64 random bits
-/// (so positions of the same millisecond differ and the order between them is arbitrary but
-/// fixed).
+/// A fresh feed position: 13 zero-padded milliseconds of the writer's clock, then 8 hex digits of
+/// a counter of this process and 8 random ones. Within one process positions only grow (the
+/// milliseconds never go below the last ones stamped, and the counter orders stamps of the same
+/// millisecond), so one writer's writes are fed in the order it made them; between processes,
+/// positions of the same millisecond differ (random digits) and their order is arbitrary but
+/// fixed.
 pub fn new_position() -> String {
-    format!("{:013}{}", now_millis(), crate::backend::random_token())
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static LAST_MILLIS: AtomicU64 = AtomicU64::new(0);
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let now = now_millis();
+    let millis = LAST_MILLIS.fetch_max(now, Ordering::SeqCst).max(now);
+    let count = COUNTER.fetch_add(1, Ordering::SeqCst) as u32;
+    let random = &crate::backend::random_token()[..8];
+    format!("{millis:013}{count:08x}{random}")
 }
 
 /// The feed position that sorts after every position stamped at or before `millis`.
@@ -419,6 +429,12 @@ impl DynamoDbBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_process_stamps_growing_positions() {
+        let stamped: Vec<String> = (0..2000).map(|_| new_position()).collect();
+        assert!(stamped.windows(2).all(|w| w[0] < w[1]), "positions of one process went back");
+    }
 
     #[test]
     fn positions_sort_by_time_and_bounds_sort_after_their_millisecond() {
