@@ -693,6 +693,7 @@ async fn a_resent_write_that_had_landed_is_its_own_success() {
         .mount(&server)
         .await;
     operation("GetItem").respond_with(ReportsRevision { stored_rev: stored_rev.clone() }).mount(&server).await;
+    operation("UpdateItem").respond_with(answer(200, json!({}))).mount(&server).await;
     let backend = open(&server).await.expect("open");
 
     let previous = Revision("1-00000000000000aa".into());
@@ -701,7 +702,18 @@ async fn a_resent_write_that_had_landed_is_its_own_success() {
         .await
         .expect("the write landed on its first attempt");
     assert_eq!(rev.as_str(), stored_rev.lock().unwrap().as_str());
-    assert_eq!(received(&server, "PutItem").await.len(), 2, "the write was resent once");
+    let puts = received(&server, "PutItem").await;
+    assert_eq!(puts.len(), 2, "the write was resent once");
+    // The landed attempt may have been applied late, after a follower passed its position: the
+    // document is given a fresh one, on our revision only.
+    let restamps = received(&server, "UpdateItem").await;
+    assert_eq!(restamps.len(), 1);
+    let restamp = body_of(&restamps[0]);
+    assert_eq!(restamp["ConditionExpression"], "#rev = :rev");
+    assert_eq!(restamp["ExpressionAttributeValues"][":rev"], json!({"S": rev.as_str()}));
+    let first_position = body_of(&puts[0])["Item"]["_seq"]["S"].as_str().unwrap_or_default().to_owned();
+    let fresh = restamp["ExpressionAttributeValues"][":seq"]["S"].as_str().unwrap_or_default().to_owned();
+    assert!(fresh > first_position, "{fresh} is not after {first_position}");
 
     // A real conflict (the stored revision is someone else's) is still a conflict.
     *stored_rev.lock().unwrap() = "9-someone-else".into();
@@ -709,6 +721,7 @@ async fn a_resent_write_that_had_landed_is_its_own_success() {
         .put("user_1:bulk:aw==", &small_body("k"), Precondition::MatchRevision(Revision("9-someone-else".into())))
         .await;
     expect_error(other, ErrorKind::Conflict, &["changed by another writer"], "update").unwrap();
+    assert_eq!(received(&server, "UpdateItem").await.len(), 1, "no fresh position for a conflict");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -73,6 +73,17 @@ impl Current {
     }
 }
 
+/// The pauses between the attempts of one write: `SDK_ATTEMPTS` attempts in all, as the SDK
+/// would make (its own retries are off for writes, see `replace_item`).
+fn write_backoff() -> backon::ExponentialBackoff {
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(100))
+        .with_max_delay(Duration::from_secs(2))
+        .with_jitter()
+        .with_max_times(super::config::SDK_ATTEMPTS as usize - 1)
+        .build()
+}
+
 /// The next revision after `current` and its ancestry.
 fn next_revision(current: Option<&Current>, revs_limit: usize) -> Result<(RevisionId, PackedAncestry)> {
     let rev = RevisionId::next_after(current.map(Current::generation))?;
@@ -232,12 +243,8 @@ impl DynamoDbBackend {
         current: Option<&Current>,
         rev: &Revision,
     ) -> Result<Option<Item>> {
-        let mut backoff = ExponentialBuilder::default()
-            .with_min_delay(Duration::from_millis(100))
-            .with_max_delay(Duration::from_secs(2))
-            .with_jitter()
-            .with_max_times(super::config::SDK_ATTEMPTS as usize - 1)
-            .build();
+        let mut backoff = write_backoff();
+        let mut resent = false;
         loop {
             layout::stamp(&mut item, id);
             let mut request = self
@@ -262,14 +269,61 @@ impl DynamoDbBackend {
             if err.is_conflict() {
                 if self.holds_revision(id, rev.as_str()).await {
                     tracing::warn!(id, rev = %rev, "a resent write met its own earlier attempt; it had been applied");
+                    if resent {
+                        // That attempt may have been applied after its timeout, with a position a
+                        // follower has already passed: give the document a fresh one.
+                        self.restamp(id, rev).await;
+                    }
                     return Ok(None);
                 }
                 return Err(Error::conflict(format!("document {id:?} was changed by another writer")).with_source(err));
             }
             let transient = matches!(err.kind(), ErrorKind::Unavailable | ErrorKind::OutcomeUnknown);
             match backoff.next() {
-                Some(delay) if transient => tokio::time::sleep(delay).await,
+                Some(delay) if transient => {
+                    resent = true;
+                    tokio::time::sleep(delay).await;
+                }
                 _ => return Err(err),
+            }
+        }
+    }
+
+    /// Gives the item at our revision `rev` a fresh feed position, each attempt bounded by the
+    /// write timeout like a write's. A failed condition means a later write replaced ours, with a
+    /// position of its own: nothing to do.
+    async fn restamp(&self, id: &str, rev: &Revision) {
+        let mut backoff = write_backoff();
+        loop {
+            let result = self
+                .client()
+                .update_item()
+                .table_name(self.table())
+                .set_key(Some(Self::key(id)))
+                .update_expression("SET #seq = :seq")
+                .condition_expression("#rev = :rev")
+                .expression_attribute_names("#seq", layout::SEQ)
+                .expression_attribute_names("#rev", codec::REV)
+                .expression_attribute_values(":seq", AttributeValue::S(layout::new_position()))
+                .expression_attribute_values(":rev", AttributeValue::S(rev.0.clone()))
+                .customize()
+                .config_override(self.write_attempt_config())
+                .send()
+                .await;
+            let err = match result {
+                Ok(_) => return,
+                Err(err) => map_sdk_write(err, &format!("give document {id:?} a fresh feed position")),
+            };
+            match backoff.next() {
+                Some(delay) if !err.is_conflict() => tokio::time::sleep(delay).await,
+                _ => {
+                    if !err.is_conflict() {
+                        // The write stands; only a follower already past its old position could
+                        // miss it (docs/dynamodb-layout.md, "what is not covered").
+                        tracing::error!(id, rev = %rev, error = %err, "could not give a resent write a fresh feed position");
+                    }
+                    return;
+                }
             }
         }
     }
