@@ -51,7 +51,9 @@
 //! previous-release item into a previous-release table (the userId index only); raw PutItem of the
 //! same item with this release's attributes (`_anc`, `_shard`, `_seq`) into a table with this
 //! release's three indexes (the index-write overhead alone); the adapter's `put(MustNotExist)`
-//! (a consistent GetItem, then the conditional PutItem); and `bulk_write(None)` in calls of 100.
+//! (a consistent GetItem, then the conditional PutItem); raw BatchWriteItem of 25 previous-release
+//! items, 4 in flight (the previous release's unconditional bulk path); and `bulk_write(None)` in
+//! calls of 100.
 //! Then the latency of one page of 100 of `changes` (the whole feed read page by page) and of
 //! `all_docs` (the first 20 pages), with the table at that size and again after raw writes grow it
 //! tenfold: equal latencies at both sizes show a page costs what the page holds, not the table.
@@ -638,6 +640,40 @@ mod model {
         Ok(())
     }
 
+    /// The previous release's unconditional bulk path: BatchWriteItem of 25 items, 4 in flight;
+    /// documents per second.
+    async fn raw_batch_writes(client: &Client, table: &str, range: std::ops::Range<usize>) -> Result<f64, String> {
+        use aws_sdk_dynamodb::types::{PutRequest, WriteRequest};
+        let count = range.len();
+        let ids: Vec<usize> = range.collect();
+        let started = Instant::now();
+        futures::stream::iter(ids.chunks(25).map(<[usize]>::to_vec))
+            .map(|batch| async move {
+                let requests = batch
+                    .iter()
+                    .map(|&i| {
+                        PutRequest::builder()
+                            .set_item(Some(item(i, false)))
+                            .build()
+                            .map(|put| WriteRequest::builder().put_request(put).build())
+                            .map_err(|e| e.to_string())
+                    })
+                    .collect::<Result<Vec<_>, String>>()?;
+                let output =
+                    client.batch_write_item().request_items(table, requests).send().await.map_err(|e| {
+                        format!("raw BatchWriteItem: {}", aws_sdk_dynamodb::error::DisplayErrorContext(&e))
+                    })?;
+                match output.unprocessed_items().map_or(0, |m| m.values().map(Vec::len).sum()) {
+                    0 => Ok(()),
+                    left => Err(format!("raw BatchWriteItem left {left} items unprocessed")),
+                }
+            })
+            .buffer_unordered(4)
+            .try_collect::<Vec<()>>()
+            .await?;
+        Ok(count as f64 / started.elapsed().as_secs_f64())
+    }
+
     fn p50(mut samples: Vec<Duration>) -> f64 {
         samples.sort_unstable();
         samples.get(samples.len() / 2).map_or(0.0, |d| d.as_secs_f64() * 1000.0)
@@ -692,6 +728,7 @@ mod model {
         let adapter = open(adapter_table.clone()).await?;
 
         let old = throughput(0..n, |i| raw_put(client, &old_table, item(i, false))).await?;
+        let old_batch = raw_batch_writes(client, &old_table, n..2 * n).await?;
         let new = throughput(0..n, |i| raw_put(client, &new_table, item(i, true))).await?;
         let put = throughput(0..n, |i| {
             let adapter = &adapter;
@@ -730,6 +767,7 @@ mod model {
             (new / old - 1.0) * 100.0
         );
         println!("  adapter put(MustNotExist): GetItem + conditional PutItem    {put:>9.0} docs/s");
+        println!("  raw BatchWriteItem x25, 4 in flight (previous bulk path)     {old_batch:>9.0} docs/s");
         println!("  adapter bulk_write(None), 100 a call, 4 calls in flight      {bulk:>9.0} docs/s");
 
         let (changes_small, all_docs_small, fed_small) = page_latencies(&new_layout).await?;
