@@ -13,7 +13,9 @@ use super::codec::{self, Item};
 use super::error::map_sdk;
 use super::layout::{self, FEED_INDEX, ID_INDEX, SEQ, SHARD, SHARD_COUNT};
 use crate::backend::raw::sharded::{Chunk, ShardReader, ShardedMerge};
-use crate::backend::{Change, ChangesPage, DocumentBackend, IdRange, Page, Revision, StoredDocument, LOCAL_PREFIX};
+use crate::backend::{
+    Change, ChangesPage, DocumentBackend, IdRange, LayoutState, Page, Revision, StoredDocument, LOCAL_PREFIX,
+};
 use crate::error::{Error, ErrorKind, Result};
 
 /// Ids that `all_docs` never lists besides tombstones: local and design documents.
@@ -230,9 +232,11 @@ impl DynamoDbBackend {
     /// `erase_prefix(prefix)`: every item whose id starts with `prefix` (documents, tombstones,
     /// chunk items) found through the id index, shard by shard, deleted outright.
     pub(super) async fn erase_ids_with_prefix(&self, prefix: &str) -> Result<u64> {
-        self.require_layout("erasure by id prefix").await?;
         if prefix.is_empty() {
             return Err(Error::invalid("prefix", "must not be empty: erasing every document is not an erasure"));
+        }
+        if self.layout_state().await? != LayoutState::Current {
+            return self.erase_by_scan(prefix).await;
         }
         let mut erased = 0;
         for shard in 0..SHARD_COUNT {
@@ -252,15 +256,7 @@ impl DynamoDbBackend {
                     .send()
                     .await
                     .map_err(|e| map_sdk(e, "find ids to erase"))?;
-                let ids: Vec<(String, bool)> = output
-                    .items()
-                    .iter()
-                    .filter_map(|item| {
-                        codec::string_attribute(item, codec::ID).map(|id| (id.to_owned(), codec::is_chunk(item)))
-                    })
-                    .collect();
-                erased += ids.iter().filter(|(_, chunk)| !chunk).count() as u64;
-                self.delete_items(ids.into_iter().map(|(id, _)| id)).await?;
+                erased += self.erase_items(output.items()).await?;
                 cursor = output.last_evaluated_key;
                 if cursor.is_none() {
                     break;
@@ -270,9 +266,41 @@ impl DynamoDbBackend {
         Ok(erased)
     }
 
-    /// Deletes these items outright, 25 a BatchWriteItem.
-    async fn delete_items(&self, ids: impl Iterator<Item = String>) -> Result<()> {
-        let ids: Vec<String> = ids.collect();
+    /// Erasure on a table not yet upgraded: its older items are in no id index, so a consistent
+    /// scan of the whole table finds them (cost proportional to the table, not the prefix), so
+    /// that erasing a user keeps working before the upgrade.
+    async fn erase_by_scan(&self, prefix: &str) -> Result<u64> {
+        tracing::warn!(table = %self.table(), "erasing by a full table scan: run `agentstore upgrade` to erase by index");
+        let mut erased = 0;
+        let mut cursor: Option<Item> = None;
+        loop {
+            let output = self
+                .client()
+                .scan()
+                .table_name(self.table())
+                .consistent_read(true)
+                .filter_expression("begins_with(#id, :prefix)")
+                .projection_expression("#id, #chunk")
+                .expression_attribute_names("#id", codec::ID)
+                .expression_attribute_names("#chunk", codec::CHUNK_OF)
+                .expression_attribute_values(":prefix", AttributeValue::S(prefix.to_owned()))
+                .set_exclusive_start_key(cursor.take())
+                .send()
+                .await
+                .map_err(|e| map_sdk(e, "scan the table for ids to erase"))?;
+            erased += self.erase_items(output.items()).await?;
+            cursor = output.last_evaluated_key;
+            if cursor.is_none() {
+                return Ok(erased);
+            }
+        }
+    }
+
+    /// Deletes these items outright, 25 a BatchWriteItem; how many were documents (not chunks).
+    async fn erase_items(&self, items: &[Item]) -> Result<u64> {
+        let ids: Vec<String> =
+            items.iter().filter_map(|item| codec::string_attribute(item, codec::ID)).map(str::to_owned).collect();
+        let documents = items.iter().filter(|item| !codec::is_chunk(item)).count() as u64;
         for batch in ids.chunks(super::backend::BATCH_WRITE_MAX) {
             let requests = batch
                 .iter()
@@ -294,6 +322,6 @@ impl DynamoDbBackend {
                 .with_retries_exhausted());
             }
         }
-        Ok(())
+        Ok(documents)
     }
 }
