@@ -134,7 +134,13 @@ pub fn load(path: &Path) -> Result<Option<Checkpoint>> {
 
 /// Replaces the checkpoint atomically and durably.
 pub fn save(path: &Path, checkpoint: &Checkpoint) -> Result<()> {
-    let text = serde_json::to_vec_pretty(checkpoint)
+    save_json(path, checkpoint)
+}
+
+/// Replaces the file at `path` with `value` as JSON, atomically and durably (see the module
+/// documentation); any command's checkpoint file is written this way.
+pub fn save_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+    let text = serde_json::to_vec_pretty(value)
         .map_err(|e| Error::new(ErrorKind::Internal, "encode the checkpoint").with_source(e))?;
     let dir = match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
