@@ -52,7 +52,8 @@ pub struct FeedPage {
 pub async fn read_page(backend: &dyn DocumentBackend, since: Option<&str>, limit: usize) -> Result<FeedPage> {
     let limit = limit.clamp(1, MAX_PAGE);
     let page = backend.changes(since, limit + 1).await.map_err(|err| match err.kind() {
-        ErrorKind::InvalidInput => {
+        // `since` is the only input: the message must name it, whatever words the backend used.
+        ErrorKind::InvalidInput if !err.message().contains("since") => {
             Error::invalid("since", "is not a position of this store's change feed").with_source(err)
         }
         _ => err,

@@ -81,14 +81,9 @@ fn default_checkpoint_path(backend: &str) -> PathBuf {
 }
 
 fn load(path: &Path, backend: &str) -> Result<Option<UpgradeCheckpoint>> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(checkpoint::io_error(path, "read the checkpoint", e)),
+    let Some(saved) = checkpoint::load_json::<UpgradeCheckpoint>(path, "an upgrade checkpoint")? else {
+        return Ok(None);
     };
-    let saved: UpgradeCheckpoint = serde_json::from_str(&text).map_err(|e| {
-        Error::invalid("checkpoint", format!("{} is not an upgrade checkpoint: {e}", path.display())).with_source(e)
-    })?;
     if saved.format != FORMAT {
         return Err(Error::invalid(
             "checkpoint",

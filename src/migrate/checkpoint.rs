@@ -115,14 +115,7 @@ impl Checkpoint {
 
 /// Reads the checkpoint, or `None` when there is no file.
 pub fn load(path: &Path) -> Result<Option<Checkpoint>> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(io_error(path, "read the checkpoint", e)),
-    };
-    let checkpoint: Checkpoint = serde_json::from_str(&text).map_err(|e| {
-        Error::invalid("checkpoint", format!("{} is not a checkpoint file: {e}", path.display())).with_source(e)
-    })?;
+    let Some(checkpoint) = load_json::<Checkpoint>(path, "a checkpoint file")? else { return Ok(None) };
     if checkpoint.format != FORMAT {
         return Err(Error::invalid(
             "checkpoint",
@@ -130,6 +123,19 @@ pub fn load(path: &Path) -> Result<Option<Checkpoint>> {
         ));
     }
     Ok(Some(checkpoint))
+}
+
+/// Reads a checkpoint file of any command (`what` says what it should be, for the error), or
+/// `None` when there is no file.
+pub fn load_json<T: serde::de::DeserializeOwned>(path: &Path, what: &str) -> Result<Option<T>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io_error(path, "read the checkpoint", e)),
+    };
+    let value = serde_json::from_str(&text)
+        .map_err(|e| Error::invalid("checkpoint", format!("{} is not {what}: {e}", path.display())).with_source(e))?;
+    Ok(Some(value))
 }
 
 /// Replaces the checkpoint atomically and durably.
