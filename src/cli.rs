@@ -255,7 +255,7 @@ async fn run_service_command(command: Command, settings: Settings) -> Result<()>
 /// (opening a missing embedded file would create an empty store), and checks that it answers.
 async fn open_existing_backend(settings: &Settings) -> Result<std::sync::Arc<dyn backend::DocumentBackend>> {
     let url = settings.backend_url()?;
-    if let backend::BackendUrl::Embedded { path } = &url {
+    if let backend::BackendUrl::Embedded { path, .. } = &url {
         if !path.exists() {
             return Err(Error::invalid("backend", format!("{url}: the file does not exist")));
         }

@@ -2032,6 +2032,11 @@ async fn seed_feed(server: &Server) -> Vec<(String, String, bool)> {
 }
 
 impl Server {
+    /// PUTs a document with the admin token and asserts it was stored.
+    async fn put_as_admin(&self, user: &str, namespace: &str, key: &str, body: &Value) -> Value {
+        self.send(self.req(Method::PUT, &doc_path(user, namespace, key)).bearer_auth(ADMIN).json(body)).await.document()
+    }
+
     /// The revision the store holds for `id` (a tombstone's too), asked of the backend, not
     /// through the feed.
     async fn store_revision(&self, id: &str) -> String {
@@ -2070,7 +2075,7 @@ async fn the_change_feed_answers_in_couchdbs_shape() {
 
     // Nothing after the end; a later write shows up after it, alone.
     assert_eq!(feed_rows(&feed(&server, &format!("since={}", seg(&last_seq))).await).0, []);
-    let d = server.put_doc("bob", "ns", "d", &json!({ "value": 1 })).await;
+    let d = server.put_as_admin("bob", "ns", "d", &json!({ "value": 1 })).await;
     let (rows, _, _) = feed_rows(&feed(&server, &format!("since={}", seg(&last_seq))).await);
     assert_eq!(rows, [(d["_id"].as_str().unwrap().to_owned(), d["_rev"].as_str().unwrap().to_owned(), false)]);
     server.stop().await;
@@ -2126,7 +2131,7 @@ async fn bad_change_feed_parameters_are_400_naming_them() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn longpoll_answers_as_soon_as_a_change_arrives() {
     let server = Arc::new(server_with_tokens().await);
-    server.put_doc("alice", "ns", "before", &json!({ "value": 1 })).await;
+    server.put_as_admin("alice", "ns", "before", &json!({ "value": 1 })).await;
     // `since=now`: only what comes after.
     let (rows, now, _) = feed_rows(&feed(&server, "since=now").await);
     assert_eq!(rows, []);
@@ -2148,7 +2153,7 @@ async fn longpoll_answers_as_soon_as_a_change_arrives() {
     });
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(!waiting.is_finished(), "a longpoll with nothing new answered at once");
-    let doc = server.put_doc("alice", "ns", "after", &json!({ "value": 2 })).await;
+    let doc = server.put_as_admin("alice", "ns", "after", &json!({ "value": 2 })).await;
     let (reply, waited) = waiting.await.expect("longpoll task");
     let (rows, _, _) = feed_rows(&reply);
     assert_eq!(rows, [(doc["_id"].as_str().unwrap().to_owned(), doc["_rev"].as_str().unwrap().to_owned(), false)]);
