@@ -2203,3 +2203,34 @@ async fn a_longpoll_ends_when_the_server_shuts_down() {
     assert_eq!(rows, []);
     assert!(stopping.elapsed() < Duration::from_secs(4), "stopping took {:?}", stopping.elapsed());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_longpoll_waits_at_most_half_the_request_timeout() {
+    let server = Server::start_with(|s| s.request_timeout_secs = 2).await;
+    let started = Instant::now();
+    let (rows, _, _) = feed_rows(&feed(&server, "feed=longpoll&timeout=25000&since=now").await);
+    let waited = started.elapsed();
+    assert_eq!(rows, []);
+    assert!(waited >= Duration::from_millis(900) && waited < Duration::from_millis(1900), "waited {waited:?}");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_of_the_previous_release_is_told_to_upgrade() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let settings = settings(&dir);
+    let key = "k";
+    let id = format!("u:ns:{}", encode_key(key));
+    let body = json!({ "userId": "u", "namespace": "ns", "key": key, "value": 7 });
+    let store = dir.path().join("s.redb");
+    agentstore::backend::embedded::write_previous_release_file(&store, &[(id, body.as_object().unwrap().clone())])
+        .expect("old store");
+    let backend = agentstore::backend::open(&settings.backend.parse().expect("url")).await.expect("open");
+    let server = Server::on_backend(backend, &settings, dir).await;
+    let reason = feed(&server, "").await.expect_error(StatusCode::INTERNAL_SERVER_ERROR, "misconfigured");
+    assert!(reason.contains("agentstore upgrade") && reason.contains("request id"), "{reason}");
+    // Everything else works as before.
+    let doc = server.get(&doc_path("u", "ns", key)).await.document();
+    assert_eq!(doc["value"], json!(7));
+    server.stop().await;
+}

@@ -3,7 +3,7 @@
 //!
 //! `feed=normal` answers at once with one page. `feed=longpoll` with nothing new waits, polling
 //! the backend with a backoff, until a change arrives or `timeout` passes, whichever is first.
-//! The wait is capped at the server's request timeout, so the answer always comes before the
+//! The wait is capped at half the server's request timeout, so the answer always comes before the
 //! server's hard cut. It ends at once when the server shuts down (answering what it has: nothing
 //! new); when the client disconnects, the connection's task drops the handler and with it the wait.
 

@@ -95,8 +95,10 @@ impl App {
             limits,
         ));
         let (stopping, stopping_seen) = tokio::sync::watch::channel(false);
-        // A longpoll answers within the request timeout, before the hard cut.
-        let feed = changes::FeedSettings { max_wait: request_timeout, stopping: stopping_seen };
+        // A longpoll waits at most half the request timeout: the other half is for the reads
+        // around the wait, so the answer comes well before the hard cut, and before a client
+        // that gives up after the same time as the server.
+        let feed = changes::FeedSettings { max_wait: request_timeout / 2, stopping: stopping_seen };
         let state = AppState { store, auth: Arc::new(auth), metrics: Arc::clone(&metrics), bodies, feed };
         // A safety net well behind the facade's cooperative deadline: a request cut there may have had
         // a write in flight, so the answer is 504 (outcome unknown), never 408.
