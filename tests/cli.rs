@@ -878,7 +878,8 @@ fn previous_release_documents(n: usize) -> Vec<(String, serde_json::Map<String, 
 async fn upgrade_killed_part_way_resumes_and_finishes() {
     use agentstore::backend::{DocumentBackend, LayoutState};
     let env = Env::new();
-    let documents = previous_release_documents(300);
+    // More than two of `changes`' pages of 1,000.
+    let documents = previous_release_documents(2_100);
     agentstore::backend::embedded::write_previous_release_file(&env.store, &documents).expect("old store");
 
     // Features that need the new layout say what to run; the old store is otherwise untouched.
@@ -905,7 +906,7 @@ async fn upgrade_killed_part_way_resumes_and_finishes() {
     };
     child.kill().expect("SIGKILL");
     child.wait().expect("reap");
-    assert!(examined < 300, "killed after the last page");
+    assert!(examined < 2_100, "killed after the last page");
     {
         let store = EmbeddedBackend::open(&env.store).await.expect("open");
         assert!(matches!(store.layout().await.expect("layout"), LayoutState::NeedsUpgrade(_)));
@@ -915,7 +916,7 @@ async fn upgrade_killed_part_way_resumes_and_finishes() {
     let report = env.run(&args).json();
     assert_eq!(report["status"], json!("upgraded"), "{report}");
     assert_eq!((report["resumed"].clone(), report["runs"].clone()), (json!(true), json!(2)), "{report}");
-    assert!(report["examined"].as_u64().expect("examined") >= 300, "{report}");
+    assert!(report["examined"].as_u64().expect("examined") >= 2_100, "{report}");
     assert!(!checkpoint.exists(), "the checkpoint outlived the finished upgrade");
 
     {
@@ -932,6 +933,14 @@ async fn upgrade_killed_part_way_resumes_and_finishes() {
             assert_eq!(&stored.body["value"], &body["value"], "{id}");
         }
     }
+
+    // `changes` pages through the whole feed: every document once.
+    let (rows, _, _) = change_lines(&env.run(&["changes"]));
+    let mut printed: Vec<&str> = rows.iter().map(|(id, _, _)| id.as_str()).collect();
+    printed.sort_unstable();
+    let mut ids: Vec<&str> = documents.iter().map(|(id, _)| id.as_str()).collect();
+    ids.sort_unstable();
+    assert_eq!(printed, ids);
 
     // Idempotent: a further run finds nothing to do.
     let again = env.run(&args).json();
