@@ -133,15 +133,15 @@ struct PositionLine<'a> {
     last_seq: &'a str,
 }
 
-/// Writes NDJSON lines to stdout. A reader that went away (`| head`) ends the output quietly.
-struct Lines {
-    out: std::io::BufWriter<std::io::Stdout>,
+/// Writes NDJSON lines. A reader that went away (`| head`) ends the output quietly.
+struct Lines<W: Write> {
+    out: std::io::BufWriter<W>,
     closed: bool,
 }
 
-impl Lines {
-    fn new() -> Self {
-        Lines { out: std::io::BufWriter::new(std::io::stdout()), closed: false }
+impl<W: Write> Lines<W> {
+    fn new(out: W) -> Self {
+        Lines { out: std::io::BufWriter::new(out), closed: false }
     }
 
     fn write<T: Serialize>(&mut self, line: &T) -> Result<()> {
@@ -175,14 +175,25 @@ impl Lines {
     }
 }
 
-/// Runs `agentstore changes` on `backend`: prints the changes, then the position line.
+/// Runs `agentstore changes` on `backend`: prints the changes on stdout, then the position line;
+/// with `--follow`, until SIGINT or SIGTERM.
 pub async fn run(backend: Arc<dyn DocumentBackend>, args: ChangesArgs) -> Result<()> {
     // Handlers first, so an interrupt while the first page is read is still a clean stop.
     let stop = crate::http::shutdown_signal();
+    write_changes(backend, args, std::io::stdout(), stop).await
+}
+
+/// `changes` writing to `out`, following (with `--follow`) until `stop` resolves.
+pub async fn write_changes(
+    backend: Arc<dyn DocumentBackend>,
+    args: ChangesArgs,
+    out: impl Write,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<()> {
     tokio::pin!(stop);
     let mut position = resolve_since(backend.as_ref(), args.since.as_deref()).await?;
     let mut remaining = args.limit;
-    let mut lines = Lines::new();
+    let mut lines = Lines::new(out);
     let mut backoff = PollBackoff::new(FOLLOW_CEILING);
     while remaining != Some(0) && !lines.closed {
         let want = remaining.map_or(DEFAULT_PAGE, |left| usize::try_from(left).unwrap_or(usize::MAX).min(DEFAULT_PAGE));
@@ -226,6 +237,70 @@ pub async fn run(backend: Arc<dyn DocumentBackend>, args: ChangesArgs) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A writer whose bytes the test can read while the command runs.
+    #[derive(Clone, Default)]
+    struct Shared(Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl Write for Shared {
+        fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("lock").extend_from_slice(data);
+            Ok(data.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Shared {
+        fn lines(&self) -> Vec<serde_json::Value> {
+            let text = String::from_utf8(self.0.lock().expect("lock").clone()).expect("UTF-8");
+            text.lines().map(|line| serde_json::from_str(line).expect("a JSON line")).collect()
+        }
+    }
+
+    /// Waits until `out` holds `n` lines.
+    async fn until_lines(out: &Shared, n: usize) -> Vec<serde_json::Value> {
+        for _ in 0..500 {
+            let lines = out.lines();
+            if lines.len() >= n {
+                return lines;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("fewer than {n} lines after 5 s: {:?}", out.lines());
+    }
+
+    #[tokio::test]
+    async fn follow_prints_changes_made_while_it_waits_then_the_position() {
+        use crate::backend::Precondition;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store: Arc<dyn DocumentBackend> =
+            Arc::new(crate::backend::embedded::EmbeddedBackend::open(&dir.path().join("s.redb")).await.expect("open"));
+        let body = serde_json::json!({ "value": 1 }).as_object().expect("object").clone();
+        store.put("a", &body, Precondition::MustNotExist).await.expect("put a");
+        let out = Shared::default();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let args = ChangesArgs { since: None, limit: None, follow: true };
+        let following = tokio::spawn(write_changes(Arc::clone(&store), args, out.clone(), async move {
+            let _ = stopped.await;
+        }));
+        assert_eq!(until_lines(&out, 1).await[0]["id"], "a");
+        // Long enough for the backoff to grow to its ceiling.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let rev = store.put("b", &body, Precondition::MustNotExist).await.expect("put b");
+        let lines = until_lines(&out, 2).await;
+        assert_eq!((&lines[1]["id"], &lines[1]["rev"]), (&serde_json::json!("b"), &serde_json::json!(rev.0)));
+        store.delete("a", &store.get("a").await.expect("get").expect("a").rev).await.expect("delete a");
+        let lines = until_lines(&out, 3).await;
+        assert_eq!((&lines[2]["id"], &lines[2]["deleted"]), (&serde_json::json!("a"), &serde_json::json!(true)));
+        assert!(!following.is_finished(), "--follow ended by itself");
+        stop.send(()).expect("still following");
+        following.await.expect("task").expect("changes");
+        let lines = out.lines();
+        assert_eq!(lines.len(), 4, "{lines:?}");
+        assert_eq!(lines[3], serde_json::json!({ "last_seq": lines[2]["seq"] }));
+    }
 
     #[test]
     fn backoff_doubles_to_its_ceiling_and_resets() {
