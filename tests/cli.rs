@@ -886,6 +886,9 @@ async fn upgrade_killed_part_way_resumes_and_finishes() {
     let stderr = env.run(&["changes"]).fails_with(5).to_owned();
     assert!(stderr.contains("agentstore upgrade"), "{stderr}");
 
+    let stderr = env.run(&["upgrade", "--batch", "0"]).fails_with(2).to_owned();
+    assert!(stderr.contains("batch"), "{stderr}");
+
     // A slowed run, killed once its checkpoint shows some pages done.
     let checkpoint = env.path().join("upgrade.json");
     let checkpoint_arg = checkpoint.display().to_string();
