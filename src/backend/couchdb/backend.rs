@@ -10,7 +10,10 @@ use super::client::{CouchClient, Reply};
 use super::codec::to_couch_doc;
 use super::config::CouchConfig;
 use super::error::from_status;
-use crate::backend::{BulkWrite, DocumentBackend, Page, Precondition, Projection, Query, Revision, StoredDocument};
+use crate::backend::{
+    BulkWrite, ChangesPage, DocumentBackend, IdRange, LayoutState, Page, Precondition, Projection, Query, Revision,
+    RevisionInfo, StoredDocument, UpgradePage,
+};
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::fields;
 
@@ -22,11 +25,11 @@ const GET_MANY_KEYS: usize = 200;
 const GET_MANY_CONCURRENCY: usize = 4;
 
 /// How often an unconditional write re-reads the revision after a conflict.
-const UNCONDITIONAL_WRITE_ATTEMPTS: usize = 10;
+pub(super) const UNCONDITIONAL_WRITE_ATTEMPTS: usize = 10;
 
 pub struct CouchDbBackend {
-    client: CouchClient,
-    config: CouchConfig,
+    pub(super) client: CouchClient,
+    pub(super) config: CouchConfig,
     /// The design document holding `idx-user-namespace`, learned when the index is ensured, so
     /// `_find` can name it in `use_index`.
     index_ddoc: RwLock<Option<String>>,
@@ -101,7 +104,7 @@ impl CouchDbBackend {
         Ok(())
     }
 
-    fn document_url(&self, id: &str) -> String {
+    pub(super) fn document_url(&self, id: &str) -> String {
         self.client.url(&[id])
     }
 
@@ -156,13 +159,7 @@ impl CouchDbBackend {
         if !reply.status.is_success() {
             return Err(from_status(reply.status, &reply.body, "read documents with _all_docs"));
         }
-        let rows = match reply.body {
-            Value::Object(mut body) => match body.remove("rows") {
-                Some(Value::Array(rows)) => rows,
-                _ => return Err(Error::new(ErrorKind::Internal, "CouchDB _all_docs answered without rows")),
-            },
-            _ => return Err(Error::new(ErrorKind::Internal, "CouchDB _all_docs answered with a non-object")),
-        };
+        let rows = take_array(reply.body, "rows", "_all_docs")?;
         let mut found = Vec::with_capacity(rows.len());
         for row in rows {
             let Value::Object(mut row) = row else { continue };
@@ -186,8 +183,25 @@ impl CouchDbBackend {
     }
 }
 
+/// The array `field` of a CouchDB answer to `endpoint` (`rows` of `_all_docs`, `results` of
+/// `_changes`), moved out of it.
+pub(super) fn take_array(body: Value, field: &str, endpoint: &str) -> Result<Vec<Value>> {
+    match body {
+        Value::Object(mut body) => match body.remove(field) {
+            Some(Value::Array(items)) => Ok(items),
+            _ => Err(Error::new(ErrorKind::Internal, format!("CouchDB {endpoint} answered without {field}"))),
+        },
+        _ => Err(Error::new(ErrorKind::Internal, format!("CouchDB {endpoint} answered with a non-object"))),
+    }
+}
+
+/// A key of `_all_docs` (`startkey`, `endkey`, `keys`) as the JSON text CouchDB expects.
+pub(super) fn json_key(id: &str) -> String {
+    Value::String(id.to_owned()).to_string()
+}
+
 /// Splits a CouchDB document into id, revision and body.
-fn from_couch_doc(doc: Value, doing: &str) -> Result<StoredDocument> {
+pub(super) fn from_couch_doc(doc: Value, doing: &str) -> Result<StoredDocument> {
     let Value::Object(mut body) = doc else {
         return Err(Error::new(
             ErrorKind::Internal,
@@ -210,7 +224,7 @@ fn from_couch_doc(doc: Value, doing: &str) -> Result<StoredDocument> {
     Ok(StoredDocument { id, rev: Revision(rev), body })
 }
 
-fn revision_of(reply: &Value, doing: &str) -> Result<Revision> {
+pub(super) fn revision_of(reply: &Value, doing: &str) -> Result<Revision> {
     reply.get("rev").and_then(Value::as_str).map(|rev| Revision(rev.to_owned())).ok_or_else(|| {
         Error::new(ErrorKind::Internal, format!("CouchDB did not return a revision while trying to {doing}"))
     })
@@ -234,7 +248,7 @@ fn bulk_result(id: &str, result: Value) -> Result<Revision> {
     }
 }
 
-fn is_design_doc(id: &str) -> bool {
+pub(super) fn is_design_doc(id: &str) -> bool {
     id.starts_with("_design/")
 }
 
@@ -282,6 +296,16 @@ impl DocumentBackend for CouchDbBackend {
     }
 
     async fn delete(&self, id: &str, rev: &Revision) -> Result<()> {
+        // CouchDB deletes a tombstone again when named by its own revision; here a deleted
+        // document is not found. A HEAD tells without the body: 404 is deleted or missing, and
+        // an ETag other than `rev` a conflict. (Whether a revision is a deletion never changes,
+        // so a write between this look and the DELETE cannot make the answer wrong.)
+        let head = self.client.read(Method::HEAD, &self.document_url(id), &[], None, "look up a document").await?;
+        match head.status {
+            StatusCode::OK => {}
+            StatusCode::NOT_FOUND => return Err(Error::not_found(format!("document {id:?} does not exist"))),
+            status => return Err(from_status(status, &head.body, &format!("look up document {id:?}"))),
+        }
         let query = [("rev", rev.as_str().to_owned())];
         let reply = self.client.send(Method::DELETE, &self.document_url(id), &query, None, "delete a document").await?;
         match reply.status {
@@ -473,6 +497,52 @@ impl DocumentBackend for CouchDbBackend {
             }
         }
         Ok(Page { items, next: if full_page { last_id } else { None } })
+    }
+
+    async fn revisions(&self, id: &str) -> Result<Option<RevisionInfo>> {
+        self.revision_info(id).await
+    }
+
+    async fn changes(&self, since: Option<&str>, limit: usize) -> Result<ChangesPage> {
+        self.changes_page(since, limit).await
+    }
+
+    async fn change_position(&self) -> Result<String> {
+        self.feed_position().await
+    }
+
+    async fn all_docs(&self, range: &IdRange, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
+        self.all_docs_page(range, limit, page_token).await
+    }
+
+    async fn erase_prefix(&self, prefix: &str) -> Result<u64> {
+        self.purge_prefix(prefix).await
+    }
+
+    async fn get_local(&self, name: &str) -> Result<Option<StoredDocument>> {
+        self.read_local(name).await
+    }
+
+    async fn put_local(&self, name: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Revision> {
+        self.write_local(name, body, precondition).await
+    }
+
+    async fn delete_local(&self, name: &str, rev: &Revision) -> Result<()> {
+        self.remove_local(name, rev).await
+    }
+
+    /// A CouchDB database is used as the existing system left it: nothing to upgrade, and the
+    /// existing system may keep writing to it.
+    async fn layout(&self) -> Result<LayoutState> {
+        Ok(LayoutState::Current)
+    }
+
+    async fn upgrade_page(&self, _page_token: Option<&str>, _limit: usize) -> Result<UpgradePage> {
+        Ok(UpgradePage { examined: 0, upgraded: 0, next: None })
+    }
+
+    async fn finish_upgrade(&self) -> Result<()> {
+        Ok(())
     }
 
     async fn design_document_count(&self) -> Result<Option<u64>> {
