@@ -535,10 +535,37 @@ impl DataStore {
         self.delete_matching(&query).await
     }
 
-    /// Deletes everything a user owns (an erasure request); returns how many documents.
+    /// Erases everything a user owns (an erasure request): their documents and the deletion
+    /// records (tombstones) of their earlier deletes, so no id carrying the user id is left in
+    /// the store (on CouchDB, `_purge`). Returns how many live documents were erased. Replicas of
+    /// the store elsewhere keep their copies until they are purged themselves.
     pub async fn purge_user(&self, user_id: &str) -> Result<u64> {
         let query = self.query(user_id, None, Projection::Fields(vec![]))?;
-        self.delete_matching(&query).await
+        let prefix = format!("{user_id}:");
+        let mut erased = 0;
+        // Count what is live, erase everything under the prefix, and go again while documents
+        // written meanwhile are still listed.
+        loop {
+            let live = self.count_matching(&query).await?;
+            if live == 0 && erased > 0 {
+                return Ok(erased);
+            }
+            self.backend.erase_prefix(&prefix).await?;
+            erased += live;
+            if live == 0 {
+                return Ok(erased);
+            }
+        }
+    }
+
+    /// How many documents a query lists.
+    async fn count_matching(&self, query: &Query) -> Result<u64> {
+        let mut pages = query_pages(Arc::clone(&self.backend), query.clone(), self.options.page_size);
+        let mut count = 0;
+        while let Some(page) = pages.try_next().await? {
+            count += page.len() as u64;
+        }
+        Ok(count)
     }
 
     /// Deletes page by page, then passes again until a pass finds nothing left to delete, so

@@ -431,8 +431,8 @@ pub(crate) fn random_token() -> String {
 /// Opens the backend a URL names.
 pub async fn open(url: &BackendUrl) -> Result<Arc<dyn DocumentBackend>> {
     match url {
-        BackendUrl::Embedded { path } => {
-            let backend = embedded::EmbeddedBackend::open(path).await?;
+        BackendUrl::Embedded { path, options } => {
+            let backend = embedded::EmbeddedBackend::open_with(path, *options).await?;
             Ok(Arc::new(backend))
         }
         BackendUrl::CouchDb(config) => Ok(Arc::new(couchdb::CouchDbBackend::open(config).await?)),

@@ -210,7 +210,7 @@ async fn open_backend(side: Side, text: &str, settings: &Settings, must_exist: b
     let context = |err: Error| Error::new(err.kind(), format!("{name} {text:?}")).with_source(err);
     let url = settings.resolve_backend_url(text).map_err(context)?;
     let context = |err: Error| Error::new(err.kind(), format!("{name} {url}")).with_source(err);
-    if let BackendUrl::Embedded { path } = &url {
+    if let BackendUrl::Embedded { path, .. } = &url {
         if must_exist && !path.exists() {
             return Err(Error::new(ErrorKind::InvalidInput, format!("{name} {url}: the file does not exist")));
         }

@@ -28,7 +28,7 @@ macro_rules! cases {
 }
 
 pub fn all() -> Vec<Case> {
-    cases![
+    let mut cases = cases![
         spec_examples_are_stored_with_their_ids,
         set_creates_every_spec_field,
         metadata_merges_shallowly,
@@ -63,6 +63,22 @@ pub fn all() -> Vec<Case> {
         get_many_answers_every_id_in_order,
         exact_counts_are_exact,
         get_many_reads_large_bodies_whole,
+    ];
+    cases.extend(document_model_cases());
+    cases
+}
+
+/// The document model's cases (`document_model.rs`).
+fn document_model_cases() -> Vec<Case> {
+    use crate::document_model::*;
+    cases![
+        revisions_have_couchdb_form_ancestry_and_tombstones,
+        tombstones_are_invisible_to_every_listing,
+        erasure_leaves_no_trace_of_the_user,
+        change_feed_is_ordered_complete_and_resumable,
+        a_follower_never_misses_a_committed_write,
+        all_docs_pages_in_raw_id_order_both_ways,
+        local_documents_are_kept_apart,
     ]
 }
 

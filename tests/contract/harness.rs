@@ -34,6 +34,9 @@ pub struct Ctx {
     /// Why this test server cannot keep numbers beyond double precision, when it cannot (the
     /// production system can; the difference is covered by that backend's replay tests).
     pub inexact_numbers: Option<String>,
+    /// The backend's URL, for tests that open it from other processes; `None` for a backend one
+    /// process opens at a time (the embedded file).
+    pub url: Option<String>,
     _keep_alive: Box<dyn Any + Send + Sync>,
 }
 
@@ -98,18 +101,32 @@ async fn fresh_firestore() -> Result<Ctx, String> {
     let server = servers::firestore()?;
     let n = DATABASE_COUNTER.fetch_add(1, Ordering::Relaxed);
     let collection = format!("contract_{}_{n}", std::process::id());
-    let config = FirestoreConfig::parse(&server.collection_url(&collection)).map_err(|e| e.to_string())?;
+    let url = server.collection_url(&collection);
+    let config = FirestoreConfig::parse(&url).map_err(|e| e.to_string())?;
     let backend = FirestoreBackend::open(&config).await.map_err(|e| e.to_string())?;
-    Ok(Ctx { backend: Arc::new(backend), backend_name: "firestore", inexact_numbers: None, _keep_alive: Box::new(()) })
+    Ok(Ctx {
+        backend: Arc::new(backend),
+        backend_name: "firestore",
+        inexact_numbers: None,
+        url: Some(url),
+        _keep_alive: Box::new(()),
+    })
 }
 
 async fn fresh_dynamodb() -> Result<Ctx, String> {
     let server = servers::dynamodb()?;
     let n = DATABASE_COUNTER.fetch_add(1, Ordering::Relaxed);
     let table = format!("contract_{}_{n}", std::process::id());
-    let config = DynamoConfig::parse(&server.table_url(&table)).map_err(|e| e.to_string())?;
+    let url = server.table_url(&table);
+    let config = DynamoConfig::parse(&url).map_err(|e| e.to_string())?;
     let backend = DynamoDbBackend::open(&config).await.map_err(|e| e.to_string())?;
-    Ok(Ctx { backend: Arc::new(backend), backend_name: "dynamodb", inexact_numbers: None, _keep_alive: Box::new(()) })
+    Ok(Ctx {
+        backend: Arc::new(backend),
+        backend_name: "dynamodb",
+        inexact_numbers: None,
+        url: Some(url),
+        _keep_alive: Box::new(()),
+    })
 }
 
 static DATABASE_COUNTER: AtomicUsize = AtomicUsize::new(0);
@@ -118,17 +135,30 @@ async fn fresh_couchdb() -> Result<Ctx, String> {
     let server = servers::couchdb()?;
     let n = DATABASE_COUNTER.fetch_add(1, Ordering::Relaxed);
     let database = format!("contract_{}_{n}", std::process::id());
-    let config = CouchConfig::parse(&server.database_url(&database)).map_err(|e| e.to_string())?;
+    let url = server.database_url(&database);
+    let config = CouchConfig::parse(&url).map_err(|e| e.to_string())?;
     let backend = CouchDbBackend::open(&config).await.map_err(|e| e.to_string())?;
     let inexact_numbers = (!server.exact_numbers)
         .then(|| format!("{} stores numbers as JS doubles (Apache CouchDB keeps them exact)", server.product));
-    Ok(Ctx { backend: Arc::new(backend), backend_name: "couchdb", inexact_numbers, _keep_alive: Box::new(()) })
+    Ok(Ctx {
+        backend: Arc::new(backend),
+        backend_name: "couchdb",
+        inexact_numbers,
+        url: Some(url),
+        _keep_alive: Box::new(()),
+    })
 }
 
 async fn fresh_embedded() -> Result<Ctx, String> {
     let dir = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
     let backend = EmbeddedBackend::open(&dir.path().join("contract.redb")).await.map_err(|e| e.to_string())?;
-    Ok(Ctx { backend: Arc::new(backend), backend_name: "embedded", inexact_numbers: None, _keep_alive: Box::new(dir) })
+    Ok(Ctx {
+        backend: Arc::new(backend),
+        backend_name: "embedded",
+        inexact_numbers: None,
+        url: None,
+        _keep_alive: Box::new(dir),
+    })
 }
 
 /// Every backend and the names of those selected, after printing (unless `quiet`, as when only

@@ -5,13 +5,18 @@
 mod common;
 
 mod cases;
+mod document_model;
 mod harness;
+mod writer;
 
 use std::process::ExitCode;
 
 use libtest_mimic::{Arguments, Failed, Trial};
 
 fn main() -> ExitCode {
+    if writer::run_if_writer() {
+        return ExitCode::SUCCESS;
+    }
     let args = Arguments::from_args();
     let Some((backends, selected)) = harness::announce("contract suite", args.list) else {
         return ExitCode::FAILURE;

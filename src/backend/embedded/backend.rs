@@ -4,34 +4,84 @@
 //! transactions itself, which is what makes concurrent writers from many tasks safe; readers run
 //! on snapshots and never wait for writers. JSON is encoded and decoded outside the write
 //! transaction so the write lock is held only for the B-tree work.
+//!
+//! The change feed needs no clock: every write transaction takes the next numbers of one counter
+//! kept in the file, and a reader's snapshot holds every transaction committed before it, so a
+//! feed position once returned is never followed by a smaller one committing later. The file is
+//! open in one process at a time (redb's lock), so that counter is the one sequence authority.
 
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, Table, TableDefinition};
+use redb::{
+    Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, Table, TableDefinition, WriteTransaction,
+};
 use serde_json::{Map, Value};
 
 use super::error::{join_error, map_redb};
-use crate::backend::{BulkWrite, DocumentBackend, Page, Precondition, Projection, Query, Revision, StoredDocument};
+use super::record::{self, Header, StoredRevision};
+use crate::backend::revision::{PackedAncestry, RevisionId};
+use crate::backend::{
+    needs_upgrade, Ancestry, BulkWrite, Change, ChangesPage, DocumentBackend, IdRange, LayoutState, Page, Precondition,
+    Projection, Query, Revision, RevisionInfo, StoredDocument, UpgradePage, DEFAULT_REVS_LIMIT, LOCAL_PREFIX,
+};
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::fields;
 
+/// Live documents: `_id` → record (see [`record`]).
 const DOCS: TableDefinition<&str, &[u8]> = TableDefinition::new("docs");
+/// Deleted documents: `_id` → record with an empty body.
+const TOMBSTONES: TableDefinition<&str, &[u8]> = TableDefinition::new("tombstones");
 const BY_USER_NAMESPACE: TableDefinition<(&str, &str, &str), ()> = TableDefinition::new("by_user_namespace");
+/// The change feed: position → `_id`, one entry per document (its latest write).
+const FEED: TableDefinition<u64, &str> = TableDefinition::new("feed");
+/// Revision ancestry: `_id` → the last `revs_limit` revision tokens, newest first.
+const ANCESTRY: TableDefinition<&str, &[u8]> = TableDefinition::new("ancestry");
+/// Local documents: name after `_local/` → revision number (u64 BE) + JSON body.
+const LOCAL: TableDefinition<&str, &[u8]> = TableDefinition::new("local");
+/// Counters. Older files hold `seq` (their file-wide revision counter), no longer read.
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+/// The next feed position to hand out.
+const META_FEED_NEXT: &str = "feed_next";
+/// The layout version of the file; absent in files of older releases.
+const META_LAYOUT: &str = "layout";
+const LAYOUT_CURRENT: u64 = 2;
+
+/// Documents one erasure transaction removes at most, so a large erasure does not hold the write
+/// lock for long.
+const ERASE_BATCH: usize = 1_000;
+
+/// Settings of the embedded store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EmbeddedOptions {
+    /// How many revision ids of each document are remembered (CouchDB's `_revs_limit`).
+    pub revs_limit: usize,
+}
+
+impl Default for EmbeddedOptions {
+    fn default() -> Self {
+        EmbeddedOptions { revs_limit: DEFAULT_REVS_LIMIT }
+    }
+}
 
 /// The embedded store. Cheap to clone; all clones share one open file.
 #[derive(Clone)]
 pub struct EmbeddedBackend {
     db: Arc<Database>,
     path: PathBuf,
+    options: EmbeddedOptions,
 }
 
 impl EmbeddedBackend {
-    /// Opens (creating if needed, with its parent directories) the store at `path`. A file that
-    /// another process has open gives a `Misconfigured` error at once, not a wait.
+    /// Opens (creating if needed, with its parent directories) the store at `path` with default
+    /// settings. A file that another process has open gives a `Misconfigured` error at once.
     pub async fn open(path: &Path) -> Result<Self> {
+        Self::open_with(path, EmbeddedOptions::default()).await
+    }
+
+    pub async fn open_with(path: &Path, options: EmbeddedOptions) -> Result<Self> {
         let path = path.to_path_buf();
         let opened = path.clone();
         let db = tokio::task::spawn_blocking(move || -> Result<Database> {
@@ -46,16 +96,12 @@ impl EmbeddedBackend {
                 Error::new(err.kind(), format!("cannot open embedded store {}: {}", path.display(), err.message()))
                     .with_source(err)
             })?;
-            // Create the tables up front so readers never meet a missing table.
-            let txn = db.begin_write().map_err(map_redb("begin transaction"))?;
-            txn.open_table(DOCS).map_err(map_redb("open docs table"))?;
-            txn.open_table(BY_USER_NAMESPACE).map_err(map_redb("open index table"))?;
-            txn.commit().map_err(map_redb("commit"))?;
+            create_tables(&db)?;
             Ok(db)
         })
         .await
         .map_err(join_error)??;
-        Ok(EmbeddedBackend { db: Arc::new(db), path: opened })
+        Ok(EmbeddedBackend { db: Arc::new(db), path: opened, options })
     }
 
     /// Runs blocking redb work on the blocking pool.
@@ -67,6 +113,48 @@ impl EmbeddedBackend {
         let db = Arc::clone(&self.db);
         tokio::task::spawn_blocking(move || work(&db)).await.map_err(join_error)?
     }
+
+    /// Runs `work` in one write transaction and commits it.
+    async fn write<T, F>(&self, work: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Tables<'_>) -> Result<T> + Send + 'static,
+    {
+        let revs_limit = self.options.revs_limit;
+        self.blocking(move |db| {
+            let txn = db.begin_write().map_err(map_redb("begin write"))?;
+            let out = {
+                let mut tables = Tables::open(&txn, revs_limit)?;
+                let out = work(&mut tables)?;
+                tables.finish()?;
+                out
+            };
+            txn.commit().map_err(map_redb("commit"))?;
+            Ok(out)
+        })
+        .await
+    }
+}
+
+/// Creates every table up front, so readers never meet a missing one, and marks a new file (no
+/// documents yet) as having the current layout.
+fn create_tables(db: &Database) -> Result<()> {
+    let txn = db.begin_write().map_err(map_redb("begin transaction"))?;
+    {
+        let docs = txn.open_table(DOCS).map_err(map_redb("open docs table"))?;
+        let tombstones = txn.open_table(TOMBSTONES).map_err(map_redb("open tombstones table"))?;
+        txn.open_table(BY_USER_NAMESPACE).map_err(map_redb("open index table"))?;
+        txn.open_table(FEED).map_err(map_redb("open feed table"))?;
+        txn.open_table(ANCESTRY).map_err(map_redb("open ancestry table"))?;
+        txn.open_table(LOCAL).map_err(map_redb("open local table"))?;
+        let mut meta = txn.open_table(META).map_err(map_redb("open meta table"))?;
+        let empty = docs.is_empty().map_err(map_redb("count documents"))?
+            && tombstones.is_empty().map_err(map_redb("count tombstones"))?;
+        if empty && meta.get(META_LAYOUT).map_err(map_redb("read layout"))?.is_none() {
+            meta.insert(META_LAYOUT, LAYOUT_CURRENT).map_err(map_redb("write layout"))?;
+        }
+    }
+    txn.commit().map_err(map_redb("commit"))
 }
 
 /// A write with its body already encoded.
@@ -79,11 +167,15 @@ struct EncodedWrite {
 
 impl EncodedWrite {
     fn new(id: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Self> {
-        let json = serde_json::to_vec(body).map_err(|e| {
-            Error::new(ErrorKind::InvalidInput, format!("document {id:?} cannot be encoded as JSON")).with_source(e)
-        })?;
+        let json = encode_json(id, body)?;
         Ok(EncodedWrite { id: id.to_owned(), json, index_key: index_key(body), precondition })
     }
+}
+
+fn encode_json(id: &str, body: &Map<String, Value>) -> Result<Vec<u8>> {
+    serde_json::to_vec(body).map_err(|e| {
+        Error::new(ErrorKind::InvalidInput, format!("document {id:?} cannot be encoded as JSON")).with_source(e)
+    })
 }
 
 /// `(userId, namespace)`: where a document sits in the secondary index.
@@ -98,141 +190,194 @@ fn index_key(body: &Map<String, Value>) -> Option<IndexKey> {
     }
 }
 
-/// A document's revision as its record keeps it.
-///
-/// Revisions are per document and reveal nothing about other documents: `N-<32 hex digits>`, the
-/// CouchDB form, where N is the document's own generation (1 on create, +1 on each update) and the
-/// hex digits are 128 bits from the operating system's random generator. Releases before this one
-/// gave every write the next value of one counter for the whole file ([`StoredRevision::Legacy`]);
-/// such records are still read, and updated with the revision they show (the plain counter). Their
-/// next revision is generation 2: the counter is no generation of the document's own, and
-/// continuing from it (old + 1) would keep publishing the file's write volume. (Such files also
-/// hold the counter itself in a `meta` table, which is no longer read or written.)
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum StoredRevision {
-    /// The old file-wide counter.
-    Legacy(u64),
-    Current {
-        generation: u64,
-        token: [u8; 16],
-    },
+/// What is stored under an id: a live document (with its index key) or a tombstone.
+enum Existing {
+    Live(Header, Option<IndexKey>),
+    Deleted(Header),
 }
 
-/// First byte of a record in the current layout: tag, generation (u64, big-endian), 16 random
-/// bytes, JSON. A legacy record starts with its counter as a big-endian u64, whose first byte is 0
-/// for any counter below 2^56, so the two layouts cannot be confused.
-const RECORD_TAG_CURRENT: u8 = 1;
-const CURRENT_HEADER_BYTES: usize = 1 + 8 + 16;
-const LEGACY_HEADER_BYTES: usize = 8;
-
-impl StoredRevision {
-    /// The revision of a new version of a document whose previous version had `previous`.
-    fn next(previous: Option<&StoredRevision>) -> Result<Self> {
-        let generation = match previous {
-            None => 1,
-            Some(StoredRevision::Legacy(_)) => 2,
-            Some(StoredRevision::Current { generation, .. }) => generation.saturating_add(1),
-        };
-        let mut token = [0u8; 16];
-        getrandom::fill(&mut token).map_err(|e| {
-            Error::new(ErrorKind::Internal, format!("the operating system's random generator failed: {e}"))
-        })?;
-        Ok(StoredRevision::Current { generation, token })
-    }
-
-    fn to_revision(self) -> Revision {
+impl Existing {
+    fn header(&self) -> Header {
         match self {
-            StoredRevision::Legacy(counter) => Revision(counter.to_string()),
-            StoredRevision::Current { generation, token } => Revision(format!("{generation}-{}", hex::encode(token))),
+            Existing::Live(header, _) | Existing::Deleted(header) => *header,
+        }
+    }
+}
+
+/// The tables of one write transaction, and the feed counter it advances.
+struct Tables<'t> {
+    docs: Table<'t, &'static str, &'static [u8]>,
+    tombstones: Table<'t, &'static str, &'static [u8]>,
+    index: Table<'t, (&'static str, &'static str, &'static str), ()>,
+    feed: Table<'t, u64, &'static str>,
+    ancestry: Table<'t, &'static str, &'static [u8]>,
+    local: Table<'t, &'static str, &'static [u8]>,
+    meta: Table<'t, &'static str, u64>,
+    next_seq: u64,
+    revs_limit: usize,
+}
+
+impl<'t> Tables<'t> {
+    fn open(txn: &'t WriteTransaction, revs_limit: usize) -> Result<Self> {
+        let meta = txn.open_table(META).map_err(map_redb("open meta table"))?;
+        let next_seq = meta.get(META_FEED_NEXT).map_err(map_redb("read feed counter"))?.map_or(1, |v| v.value());
+        Ok(Tables {
+            docs: txn.open_table(DOCS).map_err(map_redb("open docs table"))?,
+            tombstones: txn.open_table(TOMBSTONES).map_err(map_redb("open tombstones table"))?,
+            index: txn.open_table(BY_USER_NAMESPACE).map_err(map_redb("open index table"))?,
+            feed: txn.open_table(FEED).map_err(map_redb("open feed table"))?,
+            ancestry: txn.open_table(ANCESTRY).map_err(map_redb("open ancestry table"))?,
+            local: txn.open_table(LOCAL).map_err(map_redb("open local table"))?,
+            meta,
+            next_seq,
+            revs_limit,
+        })
+    }
+
+    /// Stores the advanced feed counter (before the transaction commits).
+    fn finish(&mut self) -> Result<()> {
+        self.meta.insert(META_FEED_NEXT, self.next_seq).map_err(map_redb("write feed counter"))?;
+        Ok(())
+    }
+
+    fn existing(&self, id: &str) -> Result<Option<Existing>> {
+        if let Some(guard) = self.docs.get(id).map_err(map_redb("read document"))? {
+            let (header, body) = record::decode(id, guard.value())?;
+            return Ok(Some(Existing::Live(header, index_key(&body))));
+        }
+        match self.tombstones.get(id).map_err(map_redb("read tombstone"))? {
+            Some(guard) => Ok(Some(Existing::Deleted(record::split(id, guard.value())?.0))),
+            None => Ok(None),
         }
     }
 
-    fn matches(self, expected: &Revision) -> bool {
-        self.to_revision() == *expected
+    /// Mints the revision that follows `previous`, extends the ancestry and moves the document
+    /// to the end of the feed; returns the new revision and feed position.
+    fn advance(&mut self, id: &str, previous: Option<Header>) -> Result<(RevisionId, u64)> {
+        let rev = RevisionId::next_after(previous.map(|h| h.rev.generation()))?;
+        let parent = match self.ancestry.get(id).map_err(map_redb("read ancestry"))? {
+            Some(guard) => Some(PackedAncestry(guard.value().to_vec())),
+            None => match previous.map(|h| h.rev) {
+                Some(StoredRevision::Minted(old)) => Some(PackedAncestry(old.token.to_vec())),
+                _ => None,
+            },
+        };
+        let packed = PackedAncestry::extend(parent.as_ref(), &rev, self.revs_limit);
+        self.ancestry.insert(id, packed.0.as_slice()).map_err(map_redb("write ancestry"))?;
+        if let Some(old) = previous.and_then(|h| h.seq) {
+            self.feed.remove(old).map_err(map_redb("update feed"))?;
+        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.feed.insert(seq, id).map_err(map_redb("update feed"))?;
+        Ok((rev, seq))
+    }
+
+    fn unindex(&mut self, id: &str, key: Option<&IndexKey>) -> Result<()> {
+        if let Some((user, ns)) = key {
+            self.index.remove((user.as_str(), ns.as_str(), id)).map_err(map_redb("update index"))?;
+        }
+        Ok(())
+    }
+
+    /// Checks the precondition and writes one document.
+    fn write_one(&mut self, write: &EncodedWrite) -> Result<Revision> {
+        let existing = self.existing(&write.id)?;
+        let live = match &existing {
+            Some(Existing::Live(header, _)) => Some(header.rev),
+            _ => None,
+        };
+        check_precondition(&write.id, &write.precondition, live)?;
+        if let Some(Existing::Live(_, key)) = &existing {
+            self.unindex(&write.id, key.as_ref())?;
+        }
+        if let Some(Existing::Deleted(_)) = &existing {
+            self.tombstones.remove(write.id.as_str()).map_err(map_redb("remove tombstone"))?;
+        }
+        let (rev, seq) = self.advance(&write.id, existing.as_ref().map(Existing::header))?;
+        let stored = record::encode(&rev, seq, &write.json);
+        self.docs.insert(write.id.as_str(), stored.as_slice()).map_err(map_redb("write document"))?;
+        if let Some((user, ns)) = &write.index_key {
+            self.index.insert((user.as_str(), ns.as_str(), write.id.as_str()), ()).map_err(map_redb("update index"))?;
+        }
+        Ok(rev.to_revision())
+    }
+
+    /// Replaces a live document at `expected` by its tombstone.
+    fn delete_one(&mut self, id: &str, expected: &Revision) -> Result<Revision> {
+        let Some(Existing::Live(header, key)) = self.existing(id)? else {
+            return Err(Error::not_found(format!("document {id:?} does not exist")));
+        };
+        if !header.rev.matches(expected) {
+            let rev = header.rev.to_revision();
+            return Err(Error::conflict(format!("document {id:?} is at revision {rev}, not {expected}")));
+        }
+        self.docs.remove(id).map_err(map_redb("delete document"))?;
+        self.unindex(id, key.as_ref())?;
+        let (rev, seq) = self.advance(id, Some(header))?;
+        self.tombstones.insert(id, record::encode(&rev, seq, b"").as_slice()).map_err(map_redb("write tombstone"))?;
+        Ok(rev.to_revision())
+    }
+
+    /// Removes every trace of `id`; whether there was any.
+    fn erase(&mut self, id: &str) -> Result<bool> {
+        let Some(existing) = self.existing(id)? else { return Ok(false) };
+        match &existing {
+            Existing::Live(_, key) => {
+                self.docs.remove(id).map_err(map_redb("erase document"))?;
+                self.unindex(id, key.as_ref())?;
+            }
+            Existing::Deleted(_) => {
+                self.tombstones.remove(id).map_err(map_redb("erase tombstone"))?;
+            }
+        }
+        if let Some(seq) = existing.header().seq {
+            self.feed.remove(seq).map_err(map_redb("update feed"))?;
+        }
+        self.ancestry.remove(id).map_err(map_redb("erase ancestry"))?;
+        Ok(true)
+    }
+
+    /// Gives a record of an older layout its feed position (and a minted revision when it had
+    /// only a file-wide counter); whether it needed it.
+    fn upgrade_one(&mut self, id: &str) -> Result<bool> {
+        let (header, json) = {
+            let Some(guard) = self.docs.get(id).map_err(map_redb("read document"))? else { return Ok(false) };
+            let (header, json) = record::split(id, guard.value())?;
+            (header, json.to_vec())
+        };
+        if header.seq.is_some() {
+            return Ok(false);
+        }
+        let rev = match header.rev {
+            StoredRevision::Minted(rev) => rev,
+            StoredRevision::Counter(_) => RevisionId::next_after(None)?,
+        };
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.feed.insert(seq, id).map_err(map_redb("update feed"))?;
+        self.ancestry.insert(id, rev.token.as_slice()).map_err(map_redb("write ancestry"))?;
+        self.docs.insert(id, record::encode(&rev, seq, &json).as_slice()).map_err(map_redb("upgrade document"))?;
+        Ok(true)
     }
 }
 
-fn encode_record(rev: &StoredRevision, json: &[u8]) -> Vec<u8> {
-    let mut record = Vec::with_capacity(CURRENT_HEADER_BYTES + json.len());
-    match rev {
-        StoredRevision::Current { generation, token } => {
-            record.push(RECORD_TAG_CURRENT);
-            record.extend_from_slice(&generation.to_be_bytes());
-            record.extend_from_slice(token);
-        }
-        // Never written any more; kept so tests can build a file as older releases did.
-        StoredRevision::Legacy(counter) => record.extend_from_slice(&counter.to_be_bytes()),
-    }
-    record.extend_from_slice(json);
-    record
-}
-
-fn decode_record(id: &str, record: &[u8]) -> Result<(StoredRevision, Map<String, Value>)> {
-    let corrupt = |why: String| Error::new(ErrorKind::Corrupt, format!("embedded store: record {id:?} {why}"));
-    let (rev, json) = match record.first() {
-        Some(&RECORD_TAG_CURRENT) => {
-            let (header, json) =
-                record.split_at_checked(CURRENT_HEADER_BYTES).ok_or_else(|| corrupt("is truncated".into()))?;
-            let generation =
-                u64::from_be_bytes(header[1..9].try_into().map_err(|_| corrupt("has a bad revision".into()))?);
-            let token = header[9..].try_into().map_err(|_| corrupt("has a bad revision".into()))?;
-            (StoredRevision::Current { generation, token }, json)
-        }
-        Some(0) => {
-            let (header, json) =
-                record.split_at_checked(LEGACY_HEADER_BYTES).ok_or_else(|| corrupt("is truncated".into()))?;
-            let counter = u64::from_be_bytes(header.try_into().map_err(|_| corrupt("has a bad revision".into()))?);
-            (StoredRevision::Legacy(counter), json)
-        }
-        Some(tag) => return Err(corrupt(format!("has an unknown layout (first byte {tag})"))),
-        None => return Err(corrupt("is empty".into())),
-    };
-    let body = serde_json::from_slice(json).map_err(|e| corrupt(format!("is not a JSON object: {e}")))?;
-    Ok((rev, body))
-}
-
-fn stored(id: &str, rev: StoredRevision, body: Map<String, Value>) -> StoredDocument {
-    StoredDocument { id: id.to_owned(), rev: rev.to_revision(), body }
-}
-
-/// The current revision and index key of `id`, if it exists.
-fn current(docs: &Table<&str, &[u8]>, id: &str) -> Result<Option<(StoredRevision, Option<IndexKey>)>> {
-    let Some(guard) = docs.get(id).map_err(map_redb("read document"))? else {
-        return Ok(None);
-    };
-    let (rev, body) = decode_record(id, guard.value())?;
-    Ok(Some((rev, index_key(&body))))
-}
-
-/// Checks the precondition and writes one document inside an open write transaction.
-fn write_one(
-    docs: &mut Table<&str, &[u8]>,
-    index: &mut Table<(&str, &str, &str), ()>,
-    write: &EncodedWrite,
-) -> Result<Revision> {
-    let existing = current(docs, &write.id)?;
-    match (&write.precondition, &existing) {
-        (Precondition::MustNotExist, Some(_)) => {
-            return Err(Error::conflict(format!("document {:?} already exists", write.id)));
-        }
-        (Precondition::MatchRevision(_), None) => {
-            return Err(Error::conflict(format!("document {:?} no longer exists", write.id)));
-        }
-        (Precondition::MatchRevision(expected), Some((rev, _))) if !rev.matches(expected) => {
+/// Whether a write's precondition holds against the live revision (`None`: no live document,
+/// whether never written or deleted).
+fn check_precondition(id: &str, precondition: &Precondition, live: Option<StoredRevision>) -> Result<()> {
+    match (precondition, live) {
+        (Precondition::MustNotExist, Some(_)) => Err(Error::conflict(format!("document {id:?} already exists"))),
+        (Precondition::MatchRevision(_), None) => Err(Error::conflict(format!("document {id:?} does not exist"))),
+        (Precondition::MatchRevision(expected), Some(rev)) if !rev.matches(expected) => {
             let rev = rev.to_revision();
-            return Err(Error::conflict(format!("document {:?} is at revision {rev}, not {expected}", write.id)));
+            Err(Error::conflict(format!("document {id:?} is at revision {rev}, not {expected}")))
         }
-        _ => {}
+        _ => Ok(()),
     }
-    if let Some((_, Some((user, ns)))) = &existing {
-        index.remove((user.as_str(), ns.as_str(), write.id.as_str())).map_err(map_redb("update index"))?;
-    }
-    let rev = StoredRevision::next(existing.as_ref().map(|(rev, _)| rev))?;
-    docs.insert(write.id.as_str(), encode_record(&rev, &write.json).as_slice()).map_err(map_redb("write document"))?;
-    if let Some((user, ns)) = &write.index_key {
-        index.insert((user.as_str(), ns.as_str(), write.id.as_str()), ()).map_err(map_redb("update index"))?;
-    }
-    Ok(rev.to_revision())
+}
+
+fn stored(id: &str, header: Header, body: Map<String, Value>) -> StoredDocument {
+    StoredDocument { id: id.to_owned(), rev: header.rev.to_revision(), body }
 }
 
 /// A query page token: the `(namespace, _id)` of the last index entry returned.
@@ -245,6 +390,91 @@ fn project(mut body: Map<String, Value>, projection: &Projection) -> Map<String,
         body.retain(|name, _| wanted.contains(&name.as_str()));
     }
     body
+}
+
+/// A feed token: the position of the last change returned.
+fn decode_feed_token(token: &str) -> Result<u64> {
+    token.parse().map_err(|_| Error::invalid("since", format!("{token:?} is not a change-feed token of this store")))
+}
+
+fn layout_of(meta: &impl ReadableTable<&'static str, u64>) -> Result<LayoutState> {
+    Ok(match meta.get(META_LAYOUT).map_err(map_redb("read layout"))? {
+        Some(v) if v.value() >= LAYOUT_CURRENT => LayoutState::Current,
+        _ => LayoutState::NeedsUpgrade("documents written before the change feed have no feed position".into()),
+    })
+}
+
+/// A local document's record: its revision number, then the JSON body.
+fn encode_local(n: u64, json: &[u8]) -> Vec<u8> {
+    let mut record = Vec::with_capacity(8 + json.len());
+    record.extend_from_slice(&n.to_be_bytes());
+    record.extend_from_slice(json);
+    record
+}
+
+fn decode_local(name: &str, record: &[u8]) -> Result<(u64, Map<String, Value>)> {
+    let corrupt = || Error::new(ErrorKind::Corrupt, format!("embedded store: local document {name:?} is damaged"));
+    let (n, json) = record.split_at_checked(8).ok_or_else(corrupt)?;
+    let n = u64::from_be_bytes(n.try_into().map_err(|_| corrupt())?);
+    Ok((n, serde_json::from_slice(json).map_err(|_| corrupt())?))
+}
+
+fn local_revision(n: u64) -> Revision {
+    Revision(format!("0-{n}"))
+}
+
+/// The id bounds of an `all_docs` page, ascending: (lower, upper).
+fn all_docs_bounds<'a>(range: &'a IdRange, after: Option<&'a str>) -> (Bound<&'a str>, Bound<&'a str>) {
+    let end_bound = |id: &'a str| if range.inclusive_end { Bound::Included(id) } else { Bound::Excluded(id) };
+    let (start, end) = (range.start.as_deref(), range.end.as_deref());
+    let from = match (after, start) {
+        (Some(after), _) => Bound::Excluded(after),
+        (None, Some(start)) => Bound::Included(start),
+        (None, None) => Bound::Unbounded,
+    };
+    let to = end.map_or(Bound::Unbounded, end_bound);
+    if range.descending {
+        (to, from)
+    } else {
+        (from, to)
+    }
+}
+
+/// Whether `(lower, upper)` is an empty range (redb panics on a range whose start is past its end).
+fn is_empty_range(lower: &Bound<&str>, upper: &Bound<&str>) -> bool {
+    match (lower, upper) {
+        (Bound::Included(l), Bound::Included(u)) => l > u,
+        (Bound::Included(l) | Bound::Excluded(l), Bound::Excluded(u)) | (Bound::Excluded(l), Bound::Included(u)) => {
+            l >= u
+        }
+        _ => false,
+    }
+}
+
+/// One page of live documents in id order between `bounds` (design documents skipped), and the
+/// id to continue after.
+fn id_ordered_page(
+    docs: &impl ReadableTable<&'static str, &'static [u8]>,
+    bounds: (Bound<&str>, Bound<&str>),
+    descending: bool,
+    limit: usize,
+) -> Result<Page<StoredDocument>> {
+    let entries = docs.range::<&str>(bounds).map_err(map_redb("read documents"))?;
+    let entries: Box<dyn Iterator<Item = _>> = if descending { Box::new(entries.rev()) } else { Box::new(entries) };
+    let mut items = Vec::with_capacity(limit.min(1024));
+    for entry in entries {
+        let (id, stored_record) = entry.map_err(map_redb("read documents"))?;
+        if id.value().starts_with("_design/") {
+            continue;
+        }
+        if items.len() == limit {
+            let next = items.last().map(|d: &StoredDocument| d.id.clone());
+            return Ok(Page { items, next });
+        }
+        let (header, body) = record::decode(id.value(), stored_record.value())?;
+        items.push(stored(id.value(), header, body));
+    }
+    Ok(Page { items, next: None })
 }
 
 #[async_trait]
@@ -267,8 +497,8 @@ impl DocumentBackend for EmbeddedBackend {
             for id in &ids {
                 let doc = match docs.get(id.as_str()).map_err(map_redb("read document"))? {
                     Some(guard) => {
-                        let (rev, body) = decode_record(id, guard.value())?;
-                        Some(stored(id, rev, body))
+                        let (header, body) = record::decode(id, guard.value())?;
+                        Some(stored(id, header, body))
                     }
                     None => None,
                 };
@@ -281,43 +511,12 @@ impl DocumentBackend for EmbeddedBackend {
 
     async fn put(&self, id: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Revision> {
         let write = EncodedWrite::new(id, body, precondition)?;
-        self.blocking(move |db| {
-            let txn = db.begin_write().map_err(map_redb("begin write"))?;
-            let rev = {
-                let mut docs = txn.open_table(DOCS).map_err(map_redb("open docs table"))?;
-                let mut index = txn.open_table(BY_USER_NAMESPACE).map_err(map_redb("open index table"))?;
-                write_one(&mut docs, &mut index, &write)?
-            };
-            txn.commit().map_err(map_redb("commit"))?;
-            Ok(rev)
-        })
-        .await
+        self.write(move |tables| tables.write_one(&write)).await
     }
 
     async fn delete(&self, id: &str, rev: &Revision) -> Result<()> {
-        let id = id.to_owned();
-        let expected = rev.clone();
-        self.blocking(move |db| {
-            let txn = db.begin_write().map_err(map_redb("begin write"))?;
-            {
-                let mut docs = txn.open_table(DOCS).map_err(map_redb("open docs table"))?;
-                let mut index = txn.open_table(BY_USER_NAMESPACE).map_err(map_redb("open index table"))?;
-                let Some((rev, key)) = current(&docs, &id)? else {
-                    return Err(Error::not_found(format!("document {id:?} does not exist")));
-                };
-                if !rev.matches(&expected) {
-                    let rev = rev.to_revision();
-                    return Err(Error::conflict(format!("document {id:?} is at revision {rev}, not {expected}")));
-                }
-                docs.remove(id.as_str()).map_err(map_redb("delete document"))?;
-                if let Some((user, ns)) = key {
-                    index.remove((user.as_str(), ns.as_str(), id.as_str())).map_err(map_redb("update index"))?;
-                }
-            }
-            txn.commit().map_err(map_redb("commit"))?;
-            Ok(())
-        })
-        .await
+        let (id, expected) = (id.to_owned(), rev.clone());
+        self.write(move |tables| tables.delete_one(&id, &expected).map(drop)).await
     }
 
     async fn query(&self, query: &Query, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
@@ -355,8 +554,8 @@ impl DocumentBackend for EmbeddedBackend {
                         format!("embedded store: index names missing document {id:?}"),
                     ));
                 };
-                let (rev, body) = decode_record(id, guard.value())?;
-                items.push(stored(id, rev, project(body, &query.projection)));
+                let (header, body) = record::decode(id, guard.value())?;
+                items.push(stored(id, header, project(body, &query.projection)));
                 last = Some((entry_ns.to_owned(), id.to_owned()));
             }
             Ok(Page { items, next: None })
@@ -378,24 +577,18 @@ impl DocumentBackend for EmbeddedBackend {
         // Encode first: a write that cannot be encoded fails alone, outside the transaction.
         let encoded: Vec<Result<EncodedWrite>> =
             writes.into_iter().map(|w| EncodedWrite::new(&w.id, &w.body, w.precondition)).collect();
-        self.blocking(move |db| {
-            let txn = db.begin_write().map_err(map_redb("begin write"))?;
+        self.write(move |tables| {
             let mut results = Vec::with_capacity(encoded.len());
-            {
-                let mut docs = txn.open_table(DOCS).map_err(map_redb("open docs table"))?;
-                let mut index = txn.open_table(BY_USER_NAMESPACE).map_err(map_redb("open index table"))?;
-                for write in encoded {
-                    let result = match write {
-                        Ok(write) => match write_one(&mut docs, &mut index, &write) {
-                            Err(e) if e.kind() != ErrorKind::Conflict => return Err(e),
-                            other => other,
-                        },
-                        Err(e) => Err(e),
-                    };
-                    results.push(result);
-                }
+            for write in encoded {
+                let result = match write {
+                    Ok(write) => match tables.write_one(&write) {
+                        Err(e) if e.kind() != ErrorKind::Conflict => return Err(e),
+                        other => other,
+                    },
+                    Err(e) => Err(e),
+                };
+                results.push(result);
             }
-            txn.commit().map_err(map_redb("commit"))?;
             Ok(results)
         })
         .await
@@ -411,17 +604,7 @@ impl DocumentBackend for EmbeddedBackend {
                 Some(id) => Bound::Excluded(id.as_str()),
                 None => Bound::Unbounded,
             };
-            let mut items = Vec::new();
-            for entry in docs.range::<&str>((lower, Bound::Unbounded)).map_err(map_redb("scan documents"))? {
-                let (id, record) = entry.map_err(map_redb("scan documents"))?;
-                if items.len() == limit {
-                    let next = items.last().map(|d: &StoredDocument| d.id.clone());
-                    return Ok(Page { items, next });
-                }
-                let (rev, body) = decode_record(id.value(), record.value())?;
-                items.push(stored(id.value(), rev, body));
-            }
-            Ok(Page { items, next: None })
+            id_ordered_page(&docs, (lower, Bound::Unbounded), false, limit)
         })
         .await
     }
@@ -430,6 +613,248 @@ impl DocumentBackend for EmbeddedBackend {
         self.blocking(|db| {
             let txn = db.begin_read().map_err(map_redb("begin read"))?;
             txn.open_table(DOCS).map_err(map_redb("open docs table"))?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn revisions(&self, id: &str) -> Result<Option<RevisionInfo>> {
+        let id = id.to_owned();
+        self.blocking(move |db| {
+            let txn = db.begin_read().map_err(map_redb("begin read"))?;
+            let docs = txn.open_table(DOCS).map_err(map_redb("open docs table"))?;
+            let tombstones = txn.open_table(TOMBSTONES).map_err(map_redb("open tombstones table"))?;
+            let (header, deleted) = if let Some(guard) = docs.get(id.as_str()).map_err(map_redb("read document"))? {
+                (record::split(&id, guard.value())?.0, false)
+            } else if let Some(guard) = tombstones.get(id.as_str()).map_err(map_redb("read tombstone"))? {
+                (record::split(&id, guard.value())?.0, true)
+            } else {
+                return Ok(None);
+            };
+            let ancestry = match header.rev {
+                // A plain counter has no CouchDB form, so no ancestry until `upgrade` mints one.
+                StoredRevision::Counter(_) => Ancestry { start: 1, ids: Vec::new() },
+                StoredRevision::Minted(rev) => {
+                    let table = txn.open_table(ANCESTRY).map_err(map_redb("open ancestry table"))?;
+                    let packed = match table.get(id.as_str()).map_err(map_redb("read ancestry"))? {
+                        Some(guard) => PackedAncestry(guard.value().to_vec()),
+                        None => PackedAncestry(rev.token.to_vec()),
+                    };
+                    if !packed.is_well_formed() {
+                        return Err(Error::new(ErrorKind::Corrupt, format!("embedded store: ancestry of {id:?}")));
+                    }
+                    packed.unpack(rev.generation)
+                }
+            };
+            Ok(Some(RevisionInfo { rev: header.rev.to_revision(), deleted, ancestry }))
+        })
+        .await
+    }
+
+    async fn changes(&self, since: Option<&str>, limit: usize) -> Result<ChangesPage> {
+        let since = since.map(decode_feed_token).transpose()?.unwrap_or(0);
+        let limit = limit.max(1);
+        let store = self.describe();
+        self.blocking(move |db| {
+            let txn = db.begin_read().map_err(map_redb("begin read"))?;
+            let meta = txn.open_table(META).map_err(map_redb("open meta table"))?;
+            if let LayoutState::NeedsUpgrade(why) = layout_of(&meta)? {
+                return Err(needs_upgrade(&store, "the change feed", &why));
+            }
+            let feed = txn.open_table(FEED).map_err(map_redb("open feed table"))?;
+            let docs = txn.open_table(DOCS).map_err(map_redb("open docs table"))?;
+            let tombstones = txn.open_table(TOMBSTONES).map_err(map_redb("open tombstones table"))?;
+            let mut changes = Vec::with_capacity(limit.min(1024));
+            let mut range =
+                feed.range::<u64>((Bound::Excluded(since), Bound::Unbounded)).map_err(map_redb("read feed"))?;
+            for entry in range.by_ref().take(limit) {
+                let (seq, id) = entry.map_err(map_redb("read feed"))?;
+                let (seq, id) = (seq.value(), id.value());
+                let (header, deleted) = match docs.get(id).map_err(map_redb("read document"))? {
+                    Some(guard) => (record::split(id, guard.value())?.0, false),
+                    None => match tombstones.get(id).map_err(map_redb("read tombstone"))? {
+                        Some(guard) => (record::split(id, guard.value())?.0, true),
+                        None => {
+                            return Err(Error::new(
+                                ErrorKind::Corrupt,
+                                format!("embedded store: the feed names {id:?}, which is not stored"),
+                            ))
+                        }
+                    },
+                };
+                changes.push(Change {
+                    seq: seq.to_string(),
+                    id: id.to_owned(),
+                    rev: header.rev.to_revision(),
+                    deleted,
+                });
+            }
+            let more = range.next().is_some();
+            let last_seq = changes.last().map_or_else(|| since.to_string(), |c| c.seq.clone());
+            Ok(ChangesPage { changes, last_seq, pending: (!more).then_some(0) })
+        })
+        .await
+    }
+
+    async fn change_position(&self) -> Result<String> {
+        let store = self.describe();
+        self.blocking(move |db| {
+            let txn = db.begin_read().map_err(map_redb("begin read"))?;
+            let meta = txn.open_table(META).map_err(map_redb("open meta table"))?;
+            if let LayoutState::NeedsUpgrade(why) = layout_of(&meta)? {
+                return Err(needs_upgrade(&store, "the change feed", &why));
+            }
+            let next = meta.get(META_FEED_NEXT).map_err(map_redb("read feed counter"))?.map_or(1, |v| v.value());
+            Ok((next - 1).to_string())
+        })
+        .await
+    }
+
+    async fn all_docs(&self, range: &IdRange, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
+        let (range, after, limit) = (range.clone(), page_token.map(str::to_owned), limit.max(1));
+        self.blocking(move |db| {
+            let txn = db.begin_read().map_err(map_redb("begin read"))?;
+            let docs = txn.open_table(DOCS).map_err(map_redb("open docs table"))?;
+            let (lower, upper) = all_docs_bounds(&range, after.as_deref());
+            if is_empty_range(&lower, &upper) {
+                return Ok(Page { items: Vec::new(), next: None });
+            }
+            id_ordered_page(&docs, (lower, upper), range.descending, limit)
+        })
+        .await
+    }
+
+    async fn erase_prefix(&self, prefix: &str) -> Result<u64> {
+        let mut erased = 0;
+        loop {
+            let prefix = prefix.to_owned();
+            let batch = self
+                .write(move |tables| {
+                    let mut ids = Vec::new();
+                    for table in [&tables.docs, &tables.tombstones] {
+                        for entry in table.range::<&str>(prefix.as_str()..).map_err(map_redb("find documents"))? {
+                            let (id, _) = entry.map_err(map_redb("find documents"))?;
+                            if !id.value().starts_with(prefix.as_str()) || ids.len() >= ERASE_BATCH {
+                                break;
+                            }
+                            ids.push(id.value().to_owned());
+                        }
+                    }
+                    let mut count = 0;
+                    for id in &ids {
+                        count += u64::from(tables.erase(id)?);
+                    }
+                    Ok(count)
+                })
+                .await?;
+            erased += batch;
+            if batch == 0 {
+                return Ok(erased);
+            }
+        }
+    }
+
+    async fn get_local(&self, name: &str) -> Result<Option<StoredDocument>> {
+        let name = name.to_owned();
+        self.blocking(move |db| {
+            let txn = db.begin_read().map_err(map_redb("begin read"))?;
+            let local = txn.open_table(LOCAL).map_err(map_redb("open local table"))?;
+            let Some(guard) = local.get(name.as_str()).map_err(map_redb("read local document"))? else {
+                return Ok(None);
+            };
+            let (n, body) = decode_local(&name, guard.value())?;
+            Ok(Some(StoredDocument { id: format!("{LOCAL_PREFIX}{name}"), rev: local_revision(n), body }))
+        })
+        .await
+    }
+
+    async fn put_local(&self, name: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Revision> {
+        let (name, json) = (name.to_owned(), encode_json(name, body)?);
+        self.write(move |tables| {
+            let current = match tables.local.get(name.as_str()).map_err(map_redb("read local document"))? {
+                Some(guard) => Some(decode_local(&name, guard.value())?.0),
+                None => None,
+            };
+            let id = format!("{LOCAL_PREFIX}{name}");
+            match (&precondition, current) {
+                (Precondition::MustNotExist, Some(_)) => {
+                    return Err(Error::conflict(format!("document {id:?} already exists")))
+                }
+                (Precondition::MatchRevision(_), None) => {
+                    return Err(Error::conflict(format!("document {id:?} does not exist")))
+                }
+                (Precondition::MatchRevision(expected), Some(n)) if local_revision(n) != *expected => {
+                    return Err(Error::conflict(format!("document {id:?} is at revision 0-{n}, not {expected}")))
+                }
+                _ => {}
+            }
+            let n = current.unwrap_or(0) + 1;
+            tables.local.insert(name.as_str(), encode_local(n, &json).as_slice()).map_err(map_redb("write local"))?;
+            Ok(local_revision(n))
+        })
+        .await
+    }
+
+    async fn delete_local(&self, name: &str, rev: &Revision) -> Result<()> {
+        let (name, expected) = (name.to_owned(), rev.clone());
+        self.write(move |tables| {
+            let current = match tables.local.get(name.as_str()).map_err(map_redb("read local document"))? {
+                Some(guard) => decode_local(&name, guard.value())?.0,
+                None => return Err(Error::not_found(format!("document \"{LOCAL_PREFIX}{name}\" does not exist"))),
+            };
+            if local_revision(current) != expected {
+                return Err(Error::conflict(format!(
+                    "document \"{LOCAL_PREFIX}{name}\" is at revision 0-{current}, not {expected}"
+                )));
+            }
+            tables.local.remove(name.as_str()).map_err(map_redb("delete local document"))?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn layout(&self) -> Result<LayoutState> {
+        self.blocking(|db| {
+            let txn = db.begin_read().map_err(map_redb("begin read"))?;
+            layout_of(&txn.open_table(META).map_err(map_redb("open meta table"))?)
+        })
+        .await
+    }
+
+    async fn upgrade_page(&self, page_token: Option<&str>, limit: usize) -> Result<UpgradePage> {
+        let (after, limit) = (page_token.map(str::to_owned), limit.max(1));
+        self.write(move |tables| {
+            let lower = after.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
+            let mut ids = Vec::with_capacity(limit.min(4096));
+            for entry in tables.docs.range::<&str>((lower, Bound::Unbounded)).map_err(map_redb("read documents"))? {
+                if ids.len() == limit {
+                    break;
+                }
+                ids.push(entry.map_err(map_redb("read documents"))?.0.value().to_owned());
+            }
+            let mut page = UpgradePage { examined: ids.len() as u64, ..UpgradePage::default() };
+            for id in &ids {
+                page.upgraded += u64::from(tables.upgrade_one(id)?);
+            }
+            page.next = if ids.len() == limit { ids.pop() } else { None };
+            Ok(page)
+        })
+        .await
+    }
+
+    async fn finish_upgrade(&self) -> Result<()> {
+        self.write(|tables| {
+            // Refuse to mark the file current while a record still lacks its feed position.
+            for entry in tables.docs.iter().map_err(map_redb("read documents"))? {
+                let (id, stored_record) = entry.map_err(map_redb("read documents"))?;
+                if record::split(id.value(), stored_record.value())?.0.seq.is_none() {
+                    return Err(Error::new(
+                        ErrorKind::Misconfigured,
+                        format!("document {:?} has not been upgraded yet; run the upgrade to the end", id.value()),
+                    ));
+                }
+            }
+            tables.meta.insert(META_LAYOUT, LAYOUT_CURRENT).map_err(map_redb("write layout"))?;
             Ok(())
         })
         .await
@@ -447,6 +872,32 @@ impl DocumentBackend for EmbeddedBackend {
         })
         .await
     }
+}
+
+/// Writes a store file as the previous release did (records without feed positions, no layout
+/// mark, the first half with plain-counter revisions as the oldest releases wrote), for tests of
+/// `agentstore upgrade`. Not for production use.
+#[doc(hidden)]
+pub fn write_previous_release_file(path: &Path, documents: &[(String, Map<String, Value>)]) -> Result<()> {
+    let db = Database::create(path).map_err(map_redb("create file"))?;
+    let txn = db.begin_write().map_err(map_redb("begin write"))?;
+    {
+        let mut docs = txn.open_table(DOCS).map_err(map_redb("open docs table"))?;
+        let mut index = txn.open_table(BY_USER_NAMESPACE).map_err(map_redb("open index table"))?;
+        for (n, (id, body)) in documents.iter().enumerate() {
+            let rev = if n < documents.len() / 2 {
+                StoredRevision::Counter(n as u64 + 1)
+            } else {
+                StoredRevision::Minted(RevisionId::next_after(None)?)
+            };
+            let stored = record::encode_previous(&rev, &encode_json(id, body)?);
+            docs.insert(id.as_str(), stored.as_slice()).map_err(map_redb("write document"))?;
+            if let Some((user, ns)) = index_key(body) {
+                index.insert((user.as_str(), ns.as_str(), id.as_str()), ()).map_err(map_redb("update index"))?;
+            }
+        }
+    }
+    txn.commit().map_err(map_redb("commit"))
 }
 
 #[cfg(test)]
@@ -521,7 +972,7 @@ mod tests {
                 let mut meta = txn.open_table(TableDefinition::<&str, u64>::new("meta")).unwrap();
                 for (n, id) in [(41u64, "old-1"), (42, "old-2")] {
                     let json = serde_json::to_vec(&body(id, Value::from(n))).unwrap();
-                    docs.insert(id, encode_record(&StoredRevision::Legacy(n), &json).as_slice()).unwrap();
+                    docs.insert(id, record::encode_previous(&StoredRevision::Counter(n), &json).as_slice()).unwrap();
                     index.insert(("u", "ns", id), ()).unwrap();
                 }
                 meta.insert("seq", 42).unwrap();
@@ -548,11 +999,51 @@ mod tests {
         assert!(store.get("old-2").await.unwrap().is_none());
     }
 
-    #[test]
-    fn records_of_unknown_layout_are_corrupt_not_misread() {
-        for record in [&[][..], &[7, b'{', b'}'][..], &[RECORD_TAG_CURRENT, 0, 0][..], &[0, 0, 0][..]] {
-            let err = decode_record("x", record).unwrap_err();
-            assert_eq!(err.kind(), ErrorKind::Corrupt, "{record:?}");
+    #[tokio::test]
+    async fn a_previous_release_file_is_upgraded_in_resumable_steps() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old.redb");
+        let documents: Vec<(String, Map<String, Value>)> =
+            (0..10).map(|n| (format!("u:ns:k{n:02}"), body(&format!("k{n:02}"), n.into()))).collect();
+        write_previous_release_file(&path, &documents).unwrap();
+        let store = EmbeddedBackend::open(&path).await.unwrap();
+        assert!(matches!(store.layout().await.unwrap(), LayoutState::NeedsUpgrade(_)));
+        let refused = store.changes(None, 10).await.unwrap_err();
+        assert!(refused.message().contains("agentstore upgrade --backend"), "{refused}");
+        // Everything that worked before still works: a write even lands in the feed already.
+        let old = store.get("u:ns:k09").await.unwrap().unwrap();
+        store.put("u:ns:k09", &body("k09", 99.into()), Precondition::MatchRevision(old.rev)).await.unwrap();
+        assert_eq!(store.finish_upgrade().await.unwrap_err().kind(), ErrorKind::Misconfigured, "not yet upgraded");
+
+        // Three steps, then "a crash": start again from the first step's token.
+        let first = store.upgrade_page(None, 3).await.unwrap();
+        assert_eq!((first.examined, first.upgraded), (3, 3));
+        let second = store.upgrade_page(first.next.as_deref(), 3).await.unwrap();
+        assert_eq!(second.upgraded, 3);
+        let mut token = first.next.clone();
+        let mut upgraded = 6;
+        loop {
+            let page = store.upgrade_page(token.as_deref(), 3).await.unwrap();
+            upgraded += page.upgraded;
+            match page.next {
+                Some(next) => token = Some(next),
+                None => break,
+            }
+        }
+        assert_eq!(upgraded, 9, "every old record once; the one written since was already current");
+        store.finish_upgrade().await.unwrap();
+        assert_eq!(store.layout().await.unwrap(), LayoutState::Current);
+        let feed = store.changes(None, 100).await.unwrap();
+        let mut ids: Vec<&str> = feed.changes.iter().map(|c| c.id.as_str()).collect();
+        ids.sort_unstable();
+        let expected: Vec<&str> = documents.iter().map(|(id, _)| id.as_str()).collect();
+        assert_eq!(ids, expected, "every document in the feed exactly once");
+        for change in &feed.changes {
+            let current = store.get(&change.id).await.unwrap().unwrap();
+            assert_eq!(change.rev, current.rev);
+            generation_of(&current.rev);
+            let info = store.revisions(&change.id).await.unwrap().unwrap();
+            assert_eq!(info.ancestry.revisions().next(), Some(current.rev));
         }
     }
 }

@@ -7,18 +7,27 @@
 //! commits that survive a crash, ordered range scans over composite keys, and an exclusive file
 //! lock — in a small crate that builds in seconds.
 //!
-//! Layout (see [`backend`]):
-//! - `docs`: `_id` → the revision (a tag byte, the document's generation as a big-endian u64, 16
-//!   random bytes) + the body as compact JSON. Revisions read `N-<32 hex digits>`; records written
-//!   by older releases (an 8-byte file-wide counter instead) are still read and updated.
+//! Layout (see [`backend`] and [`record`]):
+//! - `docs`: `_id` → the live document's record: revision (generation as a big-endian u64, 16
+//!   random bytes; it reads `N-<32 hex>`), change-feed position, and the body as compact JSON.
+//!   Records written by older releases (no feed position; the oldest with an 8-byte file-wide
+//!   counter as revision) are still read and updated; `agentstore upgrade` rewrites them.
+//! - `tombstones`: `_id` → the record of a deleted document (revision and feed position, no body).
+//!   Kept apart from `docs` so reads, listings, scans and counts never see them.
 //! - `by_user_namespace`: `(userId, namespace, _id)` → `()`, the secondary index that makes a
-//!   listing cost in proportion to its result. It is updated in the same transaction as `docs`.
+//!   listing cost in proportion to its result.
+//! - `feed`: position → `_id`, one entry per document at its latest write, so reading the change
+//!   feed from a position costs in proportion to the page.
+//! - `ancestry`: `_id` → the last `revs_limit` revision tokens, newest first (16 bytes each).
+//! - `local`: `_local/` documents (replication checkpoints), revision `0-N`, apart from the rest.
+//! - `meta`: the next feed position and the layout version.
 //!
+//! Every table is updated in the same write transaction, so they never disagree after a crash.
 //! A revision is never reused, even after a document is deleted and created again: 128 random
-//! bits make a repeat as unlikely as a UUID collision. Older releases kept a `meta` table with a
-//! file-wide counter; files that have it keep it, unread.
+//! bits make a repeat as unlikely as a UUID collision.
 
 mod backend;
 mod error;
+mod record;
 
-pub use backend::EmbeddedBackend;
+pub use backend::{write_previous_release_file, EmbeddedBackend, EmbeddedOptions};

@@ -1,0 +1,450 @@
+//! Contract cases for CouchDB's document model on every backend: revisions and their ancestry,
+//! tombstones, the change feed (with writers in several processes), id order, erasure and local
+//! documents. Like `cases.rs`, they use only the facade and the `DocumentBackend` trait.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use agentstore::backend::{
+    BulkWrite, ChangesPage, DocumentBackend, IdRange, LayoutState, Precondition, Revision, RevisionInfo,
+};
+use agentstore::ErrorKind;
+use serde_json::{json, Map, Value};
+
+use crate::harness::Ctx;
+
+/// How long a follower may take to see a write. Backends without one sequence authority hold
+/// changes back for a settle window; every test server here uses a short one.
+const FEED_DEADLINE: Duration = Duration::from_secs(60);
+
+fn id_of(user: &str, namespace: &str, key: &str) -> String {
+    agentstore::model::DocumentId::new(user, namespace, key, &Default::default()).expect("valid id").as_str().to_owned()
+}
+
+fn body(user: &str, namespace: &str, key: &str, value: Value) -> Map<String, Value> {
+    match json!({ "userId": user, "namespace": namespace, "key": key, "value": value }) {
+        Value::Object(map) => map,
+        _ => unreachable!(),
+    }
+}
+
+/// `N-<32 lowercase hex>` (or CouchDB's local `0-N`): N.
+fn generation(rev: &Revision) -> u64 {
+    let (generation, hex) = rev.as_str().split_once('-').unwrap_or_else(|| panic!("{rev}: no '-'"));
+    assert!(
+        hex.len() == 32 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')),
+        "{rev}: the part after '-' is not 32 lowercase hex digits"
+    );
+    generation.parse().unwrap_or_else(|_| panic!("{rev}: generation is not a number"))
+}
+
+async fn revisions(backend: &dyn DocumentBackend, id: &str) -> RevisionInfo {
+    backend.revisions(id).await.expect("revisions").unwrap_or_else(|| panic!("{id}: no revisions"))
+}
+
+/// Follows the feed from `since` until `done` says the view is complete or the deadline passes;
+/// the view maps each id to its latest change. Checks every page's promises on the way.
+async fn follow_until(
+    backend: &dyn DocumentBackend,
+    since: Option<String>,
+    view: &mut BTreeMap<String, (Revision, bool)>,
+    order: &mut Vec<String>,
+    done: impl Fn(&BTreeMap<String, (Revision, bool)>) -> bool,
+) -> Option<String> {
+    let started = Instant::now();
+    let mut since = since;
+    loop {
+        let ChangesPage { changes, last_seq, .. } = backend.changes(since.as_deref(), 7).await.expect("changes");
+        assert!(changes.len() <= 7, "a page of {} changes for a limit of 7", changes.len());
+        let mut in_page = std::collections::HashSet::new();
+        for change in &changes {
+            assert!(in_page.insert(change.id.clone()), "{} twice in one page", change.id);
+            assert!(!change.id.starts_with("_local/"), "a local document in the feed");
+            order.retain(|id| id != &change.id);
+            order.push(change.id.clone());
+            view.insert(change.id.clone(), (change.rev.clone(), change.deleted));
+        }
+        let empty = changes.is_empty();
+        since = Some(last_seq);
+        if done(view) {
+            return since;
+        }
+        assert!(started.elapsed() < FEED_DEADLINE, "the feed did not deliver every change within {FEED_DEADLINE:?}");
+        if empty {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+// ---- revisions, ancestry, tombstones ----
+
+pub async fn revisions_have_couchdb_form_ancestry_and_tombstones(ctx: Ctx) {
+    let b = ctx.backend.as_ref();
+    let id = id_of("u", "ns", "k");
+    let mut history = vec![b.put(&id, &body("u", "ns", "k", json!(0)), Precondition::MustNotExist).await.unwrap()];
+    for n in 1..4 {
+        let previous = Precondition::MatchRevision(history.last().unwrap().clone());
+        history.push(b.put(&id, &body("u", "ns", "k", json!(n)), previous).await.unwrap());
+    }
+    let generations: Vec<u64> = history.iter().map(generation).collect();
+    assert_eq!(generations, [1, 2, 3, 4]);
+    let info = revisions(b, &id).await;
+    assert_eq!((&info.rev, info.deleted), (history.last().unwrap(), false));
+    let newest_first: Vec<Revision> = history.iter().rev().cloned().collect();
+    assert_eq!(info.ancestry.revisions().collect::<Vec<_>>(), newest_first, "ancestry, newest first");
+
+    // A delete leaves a tombstone with the next generation.
+    b.delete(&id, history.last().unwrap()).await.unwrap();
+    let tombstone = revisions(b, &id).await;
+    assert!(tombstone.deleted);
+    assert_eq!(generation(&tombstone.rev), 5);
+    assert_eq!(tombstone.ancestry.revisions().nth(1).as_ref(), history.last(), "the tombstone's parent");
+    assert_eq!(b.delete(&id, &tombstone.rev).await.unwrap_err().kind(), ErrorKind::NotFound);
+    let stale = Precondition::MatchRevision(tombstone.rev.clone());
+    assert_eq!(b.put(&id, &body("u", "ns", "k", json!(9)), stale).await.unwrap_err().kind(), ErrorKind::Conflict);
+
+    // Re-creating continues from the tombstone's generation, and its revision is new.
+    let recreated = b.put(&id, &body("u", "ns", "k", json!(6)), Precondition::MustNotExist).await.unwrap();
+    assert_eq!(generation(&recreated), 6);
+    let info = revisions(b, &id).await;
+    assert!(!info.deleted);
+    assert_eq!(info.ancestry.revisions().take(2).collect::<Vec<_>>(), [recreated.clone(), tombstone.rev.clone()]);
+    let every_rev: std::collections::HashSet<&Revision> = history.iter().chain([&tombstone.rev, &recreated]).collect();
+    assert_eq!(every_rev.len(), 6, "no revision is reused");
+
+    // Unconditional writes (migration's overwrite) continue generations too, in bulk as alone.
+    let overwritten = b.put(&id, &body("u", "ns", "k", json!(7)), Precondition::None).await.unwrap();
+    assert_eq!(generation(&overwritten), 7);
+    let bulk = b
+        .bulk_write(vec![BulkWrite {
+            id: id.clone(),
+            body: body("u", "ns", "k", json!(8)),
+            precondition: Precondition::None,
+        }])
+        .await
+        .unwrap();
+    assert_eq!(generation(bulk[0].as_ref().unwrap()), 8);
+    assert_eq!(b.get(&id).await.unwrap().unwrap().rev, *bulk[0].as_ref().unwrap());
+    assert_eq!(b.revisions(&id_of("u", "ns", "never")).await.unwrap(), None);
+}
+
+pub async fn tombstones_are_invisible_to_every_listing(ctx: Ctx) {
+    let store = ctx.store().await;
+    let b = ctx.backend.as_ref();
+    for key in ["a", "b", "c"] {
+        store.set("u", "ns", key, json!(key), None, None).await.unwrap();
+    }
+    store.set("u", "only-deleted", "x", json!(1), None, None).await.unwrap();
+    assert!(store.delete("u", "ns", "b").await.unwrap());
+    assert!(store.delete("u", "only-deleted", "x").await.unwrap());
+    let deleted = id_of("u", "ns", "b");
+    assert!(revisions(b, &deleted).await.deleted, "the delete left a tombstone");
+
+    assert_eq!(b.get(&deleted).await.unwrap(), None);
+    assert_eq!(b.get_many(std::slice::from_ref(&deleted)).await.unwrap(), vec![None]);
+    assert_eq!(store.list_keys("u", "ns").await.unwrap(), ["a", "c"]);
+    assert_eq!(store.list_namespaces("u").await.unwrap(), ["ns"]);
+    assert_eq!(store.get_all("u", "ns").await.unwrap().keys().collect::<Vec<_>>(), ["a", "c"]);
+    assert!(!store.exists("u", "ns", "b").await.unwrap());
+    let scanned = scan_ids(b).await;
+    assert_eq!(scanned, [id_of("u", "ns", "a"), id_of("u", "ns", "c")]);
+    let listed: Vec<String> =
+        b.all_docs(&IdRange::all(), 100, None).await.unwrap().items.into_iter().map(|d| d.id).collect();
+    assert_eq!(listed, scanned, "all_docs lists the live documents only");
+    if let Some(count) = b.exact_count().await.unwrap() {
+        assert_eq!(count, 2, "tombstones are not counted");
+    }
+    // A delete through the facade of what is already deleted finds nothing.
+    assert!(!store.delete("u", "ns", "b").await.unwrap());
+}
+
+async fn scan_ids(b: &dyn DocumentBackend) -> Vec<String> {
+    let mut ids = Vec::new();
+    let mut token = None;
+    loop {
+        let page = b.scan(2, token.as_deref()).await.expect("scan");
+        ids.extend(page.items.into_iter().map(|d| d.id));
+        match page.next {
+            Some(next) => token = Some(next),
+            None => break,
+        }
+    }
+    ids.sort();
+    ids
+}
+
+pub async fn erasure_leaves_no_trace_of_the_user(ctx: Ctx) {
+    let store = ctx.store().await;
+    let b = ctx.backend.as_ref();
+    for key in ["a", "b", "c", "d"] {
+        store.set("gone", "ns", key, json!(1), None, None).await.unwrap();
+        store.set("gone", "other-ns", key, json!(1), None, None).await.unwrap();
+        store.set("stays", "ns", key, json!(1), None, None).await.unwrap();
+    }
+    // Earlier deletes left tombstones under the user's ids.
+    store.delete("gone", "ns", "a").await.unwrap();
+    store.delete_namespace("gone", "other-ns").await.unwrap();
+    store.delete("stays", "ns", "a").await.unwrap();
+    assert_eq!(store.purge_user("gone").await.unwrap(), 3, "the live documents erased");
+    for ns in ["ns", "other-ns"] {
+        for key in ["a", "b", "c", "d"] {
+            let id = id_of("gone", ns, key);
+            assert_eq!(b.revisions(&id).await.unwrap(), None, "{id}: a trace is left");
+        }
+    }
+    let mut view = BTreeMap::new();
+    let expected = 4; // the other user's three documents and one tombstone
+    follow_until(b, None, &mut view, &mut Vec::new(), |view| view.len() >= expected).await;
+    assert!(view.keys().all(|id| id.starts_with("stays:")), "the feed still names an erased id: {view:?}");
+    assert_eq!(view.len(), expected);
+    assert!(revisions(b, &id_of("stays", "ns", "a")).await.deleted, "another user's tombstone is kept");
+    assert_eq!(store.list_keys("stays", "ns").await.unwrap(), ["b", "c", "d"]);
+}
+
+// ---- the change feed ----
+
+pub async fn change_feed_is_ordered_complete_and_resumable(ctx: Ctx) {
+    let b = ctx.backend.as_ref();
+    assert_eq!(b.layout().await.unwrap(), LayoutState::Current, "a new store has the current layout");
+    let [a, bb, c] = ["a", "b", "c"].map(|k| id_of("u", "ns", k));
+    let rev_a = b.put(&a, &body("u", "ns", "a", json!(1)), Precondition::MustNotExist).await.unwrap();
+    let rev_b = b.put(&bb, &body("u", "ns", "b", json!(1)), Precondition::MustNotExist).await.unwrap();
+    b.put(&c, &body("u", "ns", "c", json!(1)), Precondition::MustNotExist).await.unwrap();
+    let mut view = BTreeMap::new();
+    let mut order = Vec::new();
+    let middle = follow_until(b, None, &mut view, &mut order, |v| v.len() == 3).await;
+    assert_eq!(order, [a.clone(), bb.clone(), c.clone()], "feed order is write order");
+
+    let rev_a2 = b.put(&a, &body("u", "ns", "a", json!(2)), Precondition::MatchRevision(rev_a)).await.unwrap();
+    b.delete(&bb, &rev_b).await.unwrap();
+    let tombstone_b = revisions(b, &bb).await.rev;
+    // From the middle: exactly the two later changes, in order, at their latest revisions.
+    let mut later = BTreeMap::new();
+    let mut later_order = Vec::new();
+    follow_until(b, middle, &mut later, &mut later_order, |v| v.len() >= 2).await;
+    assert_eq!(later_order, [a.clone(), bb.clone()]);
+    assert_eq!(later[&a], (rev_a2.clone(), false));
+    assert_eq!(later[&bb], (tombstone_b.clone(), true), "a delete is flagged");
+
+    // From the start: every document once, at its latest revision, tombstone included.
+    let mut all = BTreeMap::new();
+    let mut all_order = Vec::new();
+    follow_until(b, None, &mut all, &mut all_order, |v| v.len() == 3 && v[&a].0 == rev_a2).await;
+    assert_eq!(all_order, [c.clone(), a.clone(), bb.clone()]);
+    assert_eq!(all[&bb], (tombstone_b, true));
+
+    // `change_position` is "now": only what is written after it.
+    let now = b.change_position().await.unwrap();
+    let d = id_of("u", "ns", "d");
+    b.put(&d, &body("u", "ns", "d", json!(1)), Precondition::MustNotExist).await.unwrap();
+    let mut after_now = BTreeMap::new();
+    let mut after_now_order = Vec::new();
+    follow_until(b, Some(now), &mut after_now, &mut after_now_order, |v| v.contains_key(&d)).await;
+    assert_eq!(after_now_order, [d]);
+    assert_eq!(b.changes(Some("not a token"), 5).await.unwrap_err().kind(), ErrorKind::InvalidInput);
+}
+
+/// Writers in several processes create, update and delete documents (several users and
+/// namespaces, ids shared between processes so their writes conflict) while this process follows
+/// the feed; afterwards the follower's view equals every document's final state. On the embedded
+/// store, which one process opens at a time, the writers are separate facades in this process.
+pub async fn a_follower_never_misses_a_committed_write(ctx: Ctx) {
+    let mut follower_view = BTreeMap::new();
+    let mut order = Vec::new();
+    let start = ctx.backend.change_position().await.expect("change_position");
+    let mut writers = match &ctx.url {
+        Some(url) => crate::writer::spawn_processes(url, WRITERS),
+        None => {
+            let mut tasks = Vec::new();
+            for writer in 0..WRITERS {
+                let store = Arc::new(ctx.store().await);
+                tasks.push(tokio::spawn(async move { crate::writer::write_mix(&store, writer).await }));
+            }
+            crate::writer::Writers::Tasks(tasks)
+        }
+    };
+    // Follow while they write, until they are done.
+    let backend = Arc::clone(&ctx.backend);
+    let mut since = Some(start);
+    while !writers.finished() {
+        let page = backend.changes(since.as_deref(), 50).await.expect("changes while writers run");
+        for change in page.changes {
+            follower_view.insert(change.id.clone(), (change.rev, change.deleted));
+            order.push(change.id);
+        }
+        since = Some(page.last_seq);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    writers.wait().await;
+    // The truth, read after every writer stopped.
+    let ids = crate::writer::all_ids(WRITERS);
+    let mut truth = BTreeMap::new();
+    for id in &ids {
+        if let Some(info) = backend.revisions(id).await.expect("revisions") {
+            truth.insert(id.clone(), (info.rev, info.deleted));
+        }
+    }
+    assert!(truth.len() > ids.len() / 2, "the writers wrote most ids ({} of {})", truth.len(), ids.len());
+    let expected = truth.clone();
+    follow_until(backend.as_ref(), since, &mut follower_view, &mut order, move |view| {
+        expected.iter().all(|(id, state)| view.get(id) == Some(state))
+    })
+    .await;
+    let unexpected: Vec<&String> = follower_view.keys().filter(|id| !truth.contains_key(*id)).collect();
+    assert!(unexpected.is_empty(), "the feed named ids never written: {unexpected:?}");
+}
+
+const WRITERS: usize = 3;
+
+// ---- id order ----
+
+/// Ids that stress raw collation: `:` (0x3A) before `_` (0x5F) before lowercase, uppercase before
+/// lowercase, prefixes of each other, and multi-byte UTF-8 after ASCII.
+fn collation_ids() -> Vec<String> {
+    let mut ids = Vec::new();
+    for (user, namespace) in [
+        ("a", "ns"),
+        ("A", "ns"),
+        ("ab", "ns"),
+        ("a_", "ns"),
+        ("a", "ns:deeper"),
+        ("a", "n"),
+        ("Z", "x"),
+        ("é", "ns"),
+        ("日本", "ns"),
+        ("e", "ns"),
+        ("z", "ü"),
+    ] {
+        for key in ["k", "k2", "K", "é"] {
+            ids.push(id_of(user, namespace, key));
+        }
+    }
+    ids
+}
+
+async fn all_docs_ids(b: &dyn DocumentBackend, range: &IdRange, page: usize) -> Vec<String> {
+    let mut ids = Vec::new();
+    let mut token: Option<String> = None;
+    loop {
+        let result = b.all_docs(range, page, token.as_deref()).await.expect("all_docs");
+        assert!(result.items.len() <= page, "a page over its limit");
+        ids.extend(result.items.into_iter().map(|d| d.id));
+        match result.next {
+            Some(next) => token = Some(next),
+            None => return ids,
+        }
+    }
+}
+
+pub async fn all_docs_pages_in_raw_id_order_both_ways(ctx: Ctx) {
+    let b = ctx.backend.as_ref();
+    let mut ids = collation_ids();
+    let writes = ids
+        .iter()
+        .map(|id| {
+            let doc = agentstore::model::DocumentId::parse(id).unwrap();
+            BulkWrite {
+                id: id.clone(),
+                body: body(doc.user_id(), doc.namespace(), doc.key(), json!(id)),
+                precondition: Precondition::MustNotExist,
+            }
+        })
+        .collect();
+    for result in b.bulk_write(writes).await.unwrap() {
+        result.expect("bulk write");
+    }
+    // A deleted document is not listed.
+    let deleted = ids.pop().unwrap();
+    let rev = b.get(&deleted).await.unwrap().unwrap().rev;
+    b.delete(&deleted, &rev).await.unwrap();
+    let mut ascending = ids.clone();
+    ascending.sort_by(|x, y| x.as_bytes().cmp(y.as_bytes()));
+    let descending: Vec<String> = ascending.iter().rev().cloned().collect();
+
+    for page in [1, 3, 100] {
+        assert_eq!(all_docs_ids(b, &IdRange::all(), page).await, ascending, "ascending, pages of {page}");
+        let down = IdRange { descending: true, ..IdRange::all() };
+        assert_eq!(all_docs_ids(b, &down, page).await, descending, "descending, pages of {page}");
+    }
+    // Ranges: bounds that are ids and bounds that fall between ids, both ends, both directions.
+    let (low, high) = (ascending[5].clone(), ascending[30].clone());
+    let between = format!("{}\u{0}", ascending[12]);
+    for (start, end) in [(Some(low.clone()), Some(high.clone())), (Some(between.clone()), None), (None, Some(low))] {
+        for inclusive_end in [true, false] {
+            let up = IdRange { start: start.clone(), end: end.clone(), inclusive_end, descending: false };
+            let expected: Vec<String> = ascending
+                .iter()
+                .filter(|id| start.as_ref().is_none_or(|s| id.as_bytes() >= s.as_bytes()))
+                .filter(|id| match &end {
+                    None => true,
+                    Some(e) if inclusive_end => id.as_bytes() <= e.as_bytes(),
+                    Some(e) => id.as_bytes() < e.as_bytes(),
+                })
+                .cloned()
+                .collect();
+            assert_eq!(all_docs_ids(b, &up, 4).await, expected, "{up:?}");
+            // The same range read downwards swaps the ends.
+            let down = IdRange { start: end.clone(), end: start.clone(), inclusive_end, descending: true };
+            let expected_down: Vec<String> = ascending
+                .iter()
+                .rev()
+                .filter(|id| end.as_ref().is_none_or(|s| id.as_bytes() <= s.as_bytes()))
+                .filter(|id| match &start {
+                    None => true,
+                    Some(e) if inclusive_end => id.as_bytes() >= e.as_bytes(),
+                    Some(e) => id.as_bytes() > e.as_bytes(),
+                })
+                .cloned()
+                .collect();
+            assert_eq!(all_docs_ids(b, &down, 4).await, expected_down, "{down:?}");
+        }
+    }
+    // A range whose start is past its end is empty, not an error.
+    let empty = IdRange { start: Some(high), end: Some(ascending[0].clone()), inclusive_end: true, descending: false };
+    assert!(all_docs_ids(b, &empty, 10).await.is_empty());
+    let docs = b.all_docs(&IdRange::all(), 2, None).await.unwrap().items;
+    assert_eq!(docs[0].body["value"], json!(docs[0].id), "all_docs returns the documents' bodies");
+}
+
+// ---- local documents ----
+
+pub async fn local_documents_are_kept_apart(ctx: Ctx) {
+    let b = ctx.backend.as_ref();
+    let checkpoint = |n: u64| match json!({ "history": [{ "session_id": "s", "last_seq": n }] }) {
+        Value::Object(map) => map,
+        _ => unreachable!(),
+    };
+    let start = b.change_position().await.unwrap();
+    let first = b.put_local("repl-1", &checkpoint(1), Precondition::MustNotExist).await.unwrap();
+    assert_eq!(first.as_str(), "0-1");
+    let second = b.put_local("repl-1", &checkpoint(2), Precondition::MatchRevision(first.clone())).await.unwrap();
+    assert_eq!(second.as_str(), "0-2");
+    let stale = Precondition::MatchRevision(first.clone());
+    assert_eq!(b.put_local("repl-1", &checkpoint(3), stale).await.unwrap_err().kind(), ErrorKind::Conflict);
+    assert_eq!(
+        b.put_local("repl-1", &checkpoint(3), Precondition::MustNotExist).await.unwrap_err().kind(),
+        ErrorKind::Conflict
+    );
+    let read = b.get_local("repl-1").await.unwrap().expect("the local document");
+    assert_eq!((read.id.as_str(), &read.rev, &read.body), ("_local/repl-1", &second, &checkpoint(2)));
+    assert_eq!(b.get_local("missing").await.unwrap(), None);
+
+    // Nowhere else: not scanned, listed, counted or fed.
+    b.put(&id_of("u", "ns", "k"), &body("u", "ns", "k", json!(1)), Precondition::MustNotExist).await.unwrap();
+    assert_eq!(scan_ids(b).await, [id_of("u", "ns", "k")]);
+    assert_eq!(all_docs_ids(b, &IdRange::all(), 10).await, [id_of("u", "ns", "k")]);
+    if let Some(count) = b.exact_count().await.unwrap() {
+        assert_eq!(count, 1);
+    }
+    let mut view = BTreeMap::new();
+    follow_until(b, Some(start), &mut view, &mut Vec::new(), |v| !v.is_empty()).await;
+    assert_eq!(view.keys().collect::<Vec<_>>(), [&id_of("u", "ns", "k")]);
+
+    assert_eq!(b.delete_local("repl-1", &first).await.unwrap_err().kind(), ErrorKind::Conflict);
+    b.delete_local("repl-1", &second).await.unwrap();
+    assert_eq!(b.get_local("repl-1").await.unwrap(), None);
+    assert_eq!(b.delete_local("repl-1", &second).await.unwrap_err().kind(), ErrorKind::NotFound);
+    let again = b.put_local("repl-1", &checkpoint(1), Precondition::MustNotExist).await.unwrap();
+    assert_eq!(again.as_str(), "0-1", "a deleted local document starts again");
+}
