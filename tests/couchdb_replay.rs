@@ -724,6 +724,8 @@ async fn bad_bookmark_and_refused_finds_are_invalid_input() {
 async fn puts_create_update_and_conflict() {
     let server = MockServer::start().await;
     let backend = open_backend(&server).await;
+    // 017: the look before the update naming a revision this backend never saw live.
+    transcript(17).mount(&server).await;
     // 013 and 014 sent the same body: the first PUT created the document, the second conflicted.
     let create = transcript(13);
     create.mock_with_body().respond_with(create.response()).up_to_n_times(1).mount(&server).await;
@@ -862,7 +864,8 @@ async fn delete_with_a_stale_revision_conflicts_while_the_document_exists() {
     transcript(21).mount(&server).await;
     transcript(22).mount(&server).await;
     transcript(16).mount(&server).await;
-    // 017: the HEAD before each DELETE finds a live document (a tombstone would be NotFound).
+    // 017: the HEAD before a DELETE naming a revision not seen live finds a live document (a
+    // tombstone would be NotFound).
     // 021: 409; the follow-up GET (016) shows the document is there, at another revision.
     let err = backend.delete(GREETING_ID, &Revision(GREETING_REV_1.into())).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Conflict, "{err}");
@@ -1465,6 +1468,40 @@ async fn deleting_a_tombstone_is_not_found_and_sends_no_delete() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_update_naming_a_tombstone_conflicts_instead_of_reviving_it() {
+    let server = MockServer::start().await;
+    let backend = open_backend(&server).await;
+    // A HEAD of the deleted document: 023's status, no body. CouchDB would accept a PUT naming
+    // the tombstone's revision and bring the document back; none may be sent.
+    let deleted = transcript(23);
+    Mock::given(method("HEAD"))
+        .and(DecodedPath::new(&deleted.path))
+        .respond_with(ResponseTemplate::new(deleted.status).insert_header("content-type", "application/json"))
+        .mount(&server)
+        .await;
+    let body = write_body(&transcript(19));
+    let err = backend
+        .put(GREETING_ID, &body, Precondition::MatchRevision(Revision(GREETING_TOMBSTONE.into())))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Conflict, "{err}");
+    assert_eq!(received(&server).await.iter().filter(|r| r.method.as_str() == "PUT").count(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn facade_updates_and_deletes_need_no_look_for_tombstones() {
+    let server = MockServer::start().await;
+    let (_backend, store) = open_store(&server, StoreOptions::default()).await;
+    transcript(16).mount(&server).await;
+    transcript(19).mount(&server).await;
+    // The facade writes with the revision its GET just returned, which is known live: no HEAD.
+    store.set("user_123", "default", "greeting", json!("hi"), None, None).await.unwrap();
+    let requests = received(&server).await;
+    assert_eq!(requests.iter().filter(|r| r.method.as_str() == "HEAD").count(), 0);
+    assert_eq!(requests.iter().filter(|r| r.method.as_str() == "PUT").count(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn changes_leave_out_design_documents_refill_the_page_and_keep_opaque_seqs() {
     let server = MockServer::start().await;
     let backend = open_backend(&server).await;
@@ -1584,7 +1621,7 @@ async fn erasure_purges_every_leaf_of_live_documents_and_tombstones() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn erasure_on_a_server_without_purge_fails_before_reading_or_writing() {
+async fn erasure_on_a_server_without_purge_fails_before_writing() {
     let server = MockServer::start().await;
     let backend = open_backend(&server).await;
     // pouchdb-server 4.2.0's answer to `POST /db/_purge` (seen on the local test server).
@@ -1593,6 +1630,17 @@ async fn erasure_on_a_server_without_purge_fails_before_reading_or_writing() {
         .respond_with(json_response(400, json!({"error": "bad_request", "reason": "only_multipart_accepted"})))
         .mount(&server)
         .await;
+    // The unfiltered feed (049, from the start) shows documents under the prefix.
+    let feed = transcript(49);
+    Mock::given(method("GET"))
+        .and(DecodedPath::new(&feed.path))
+        .respond_with(json_response(
+            200,
+            json!({"results": feed.response_body["results"], "last_seq": feed.response_body["last_seq"]}),
+        ))
+        .mount(&server)
+        .await;
+    assert_eq!(backend.erase_prefix("user_999:").await.unwrap(), 0, "nothing under the prefix: nothing to refuse");
     let err = backend.erase_prefix("user_123:").await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Misconfigured, "{err}");
     assert!(err.to_string().contains("cannot purge") && err.to_string().contains("Nothing was erased"), "{err}");

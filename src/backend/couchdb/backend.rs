@@ -10,6 +10,7 @@ use super::client::{CouchClient, Reply};
 use super::codec::to_couch_doc;
 use super::config::CouchConfig;
 use super::error::from_status;
+use super::live::LiveRevisions;
 use crate::backend::{
     BulkWrite, ChangesPage, DocumentBackend, IdRange, LayoutState, Page, Precondition, Projection, Query, Revision,
     RevisionInfo, StoredDocument, UpgradePage,
@@ -33,6 +34,11 @@ pub struct CouchDbBackend {
     /// The design document holding `idx-user-namespace`, learned when the index is ensured, so
     /// `_find` can name it in `use_index`.
     index_ddoc: RwLock<Option<String>>,
+    /// Revisions seen live, which a conditional write may name without a look (see [`LiveRevisions`]).
+    live: LiveRevisions,
+    /// Whether the server is pouchdb-server, learned on the first `all_docs` (see
+    /// [`super::id_order`]).
+    pub(super) is_pouchdb_server: tokio::sync::OnceCell<bool>,
 }
 
 /// A `_find` page token. Real CouchDB pages with bookmarks; a server that returns none
@@ -48,8 +54,13 @@ impl CouchDbBackend {
     /// Connects and checks the database, creating it when configured to. Nothing is written to
     /// an existing database here.
     pub async fn open(config: &CouchConfig) -> Result<Self> {
-        let backend =
-            CouchDbBackend { client: CouchClient::new(config)?, config: config.clone(), index_ddoc: RwLock::new(None) };
+        let backend = CouchDbBackend {
+            client: CouchClient::new(config)?,
+            config: config.clone(),
+            index_ddoc: RwLock::new(None),
+            live: LiveRevisions::default(),
+            is_pouchdb_server: tokio::sync::OnceCell::new(),
+        };
         backend.check_database().await?;
         Ok(backend)
     }
@@ -118,9 +129,28 @@ impl CouchDbBackend {
         let doc = to_couch_doc(id, body, rev)?;
         let reply = self.client.send(Method::PUT, &self.document_url(id), &[], Some(&doc), "write a document").await?;
         match reply.status {
-            StatusCode::CREATED | StatusCode::ACCEPTED => revision_of(&reply.body, "write a document"),
+            StatusCode::CREATED | StatusCode::ACCEPTED => {
+                let rev = revision_of(&reply.body, "write a document")?;
+                self.live.remember(id, &rev);
+                Ok(rev)
+            }
             StatusCode::CONFLICT => Err(Error::conflict(format!("document {id:?} was changed by another writer"))),
             status => Err(from_status(status, &reply.body, &format!("write document {id:?}"))),
+        }
+    }
+
+    /// Whether `id` is live, when `rev` is not already known to be a live revision of it: a
+    /// `HEAD` answers 404 for a deleted (or missing) document, whose tombstone revision a write
+    /// must not name (see [`LiveRevisions`]).
+    async fn may_be_live_at(&self, id: &str, rev: &Revision) -> Result<bool> {
+        if self.live.known(id, rev) {
+            return Ok(true);
+        }
+        let head = self.client.read(Method::HEAD, &self.document_url(id), &[], None, "look up a document").await?;
+        match head.status {
+            StatusCode::OK => Ok(true),
+            StatusCode::NOT_FOUND => Ok(false),
+            status => Err(from_status(status, &head.body, &format!("look up document {id:?}"))),
         }
     }
 
@@ -267,7 +297,11 @@ impl DocumentBackend for CouchDbBackend {
     async fn get(&self, id: &str) -> Result<Option<StoredDocument>> {
         let reply = self.client.read(Method::GET, &self.document_url(id), &[], None, "read a document").await?;
         match reply.status {
-            StatusCode::OK => from_couch_doc(reply.body, "read a document").map(Some),
+            StatusCode::OK => {
+                let doc = from_couch_doc(reply.body, "read a document")?;
+                self.live.remember(id, &doc.rev);
+                Ok(Some(doc))
+            }
             // "missing" and "deleted" alike; a missing database is reported at startup.
             StatusCode::NOT_FOUND => Ok(None),
             status => Err(from_status(status, &reply.body, &format!("read document {id:?}"))),
@@ -281,7 +315,12 @@ impl DocumentBackend for CouchDbBackend {
     async fn put(&self, id: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Revision> {
         match precondition {
             Precondition::MustNotExist => self.put_with_rev(id, body, None).await,
-            Precondition::MatchRevision(rev) => self.put_with_rev(id, body, Some(&rev)).await,
+            Precondition::MatchRevision(rev) => {
+                if !self.may_be_live_at(id, &rev).await? {
+                    return Err(Error::conflict(format!("document {id:?} is deleted, not at revision {rev}")));
+                }
+                self.put_with_rev(id, body, Some(&rev)).await
+            }
             Precondition::None => {
                 for _ in 0..UNCONDITIONAL_WRITE_ATTEMPTS {
                     let rev = self.current_revision(id).await?;
@@ -297,14 +336,9 @@ impl DocumentBackend for CouchDbBackend {
 
     async fn delete(&self, id: &str, rev: &Revision) -> Result<()> {
         // CouchDB deletes a tombstone again when named by its own revision; here a deleted
-        // document is not found. A HEAD tells without the body: 404 is deleted or missing, and
-        // an ETag other than `rev` a conflict. (Whether a revision is a deletion never changes,
-        // so a write between this look and the DELETE cannot make the answer wrong.)
-        let head = self.client.read(Method::HEAD, &self.document_url(id), &[], None, "look up a document").await?;
-        match head.status {
-            StatusCode::OK => {}
-            StatusCode::NOT_FOUND => return Err(Error::not_found(format!("document {id:?} does not exist"))),
-            status => return Err(from_status(status, &head.body, &format!("look up document {id:?}"))),
+        // document is not found.
+        if !self.may_be_live_at(id, rev).await? {
+            return Err(Error::not_found(format!("document {id:?} does not exist")));
         }
         let query = [("rev", rev.as_str().to_owned())];
         let reply = self.client.send(Method::DELETE, &self.document_url(id), &query, None, "delete a document").await?;

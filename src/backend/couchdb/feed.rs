@@ -30,6 +30,9 @@ const FEED_START: &str = "0";
 impl CouchDbBackend {
     pub(super) async fn changes_page(&self, since: Option<&str>, limit: usize) -> Result<ChangesPage> {
         let limit = limit.max(1);
+        if let Some(since) = since.filter(|since| !is_sequence(since)) {
+            return Err(Error::invalid("since", format!("{since:?} is not a change-feed position of this backend")));
+        }
         let mut changes = Vec::with_capacity(limit.min(1024));
         let mut last_seq = since.unwrap_or(FEED_START).to_owned();
         loop {
@@ -96,6 +99,17 @@ struct ChangesRead {
     pending: Option<u64>,
 }
 
+/// Whether `text` has the form of a CouchDB sequence: a number (CouchDB 1.x, pouchdb-server), or
+/// a number, `-` and a base64url token (CouchDB 2 and later, Cloudant). Checked here because
+/// pouchdb-server answers any `since` it cannot read with an empty page instead of a 400.
+fn is_sequence(text: &str) -> bool {
+    let (number, token) = text.split_once('-').unwrap_or((text, "x"));
+    !number.is_empty()
+        && number.bytes().all(|b| b.is_ascii_digit())
+        && !token.is_empty()
+        && token.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
 /// A sequence value as text: CouchDB's opaque string, or pouchdb-server's number.
 fn seq_text(seq: &Value) -> Option<String> {
     match seq {
@@ -113,4 +127,20 @@ fn change_of(row: &Value) -> Result<Change> {
     let rev = row.pointer("/changes/0/rev").and_then(Value::as_str).ok_or_else(|| bad("without a revision"))?;
     let deleted = row.get("deleted").and_then(Value::as_bool).unwrap_or(false);
     Ok(Change { seq, id: id.to_owned(), rev: Revision(rev.to_owned()), deleted })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sequences_of_both_servers_are_recognised() {
+        let couchdb = "7-g1AAAAB5eJzLYWBgYMpgTmEQTM4vTc5ISXIwNDLXMwBCwxyQVCJDUv3___-zEhnwKMpjAZIMDUDqP0htBnMiey5QgD3F1NLSPC0Vm74sAJcNIHk";
+        for good in ["0", "42", couchdb] {
+            assert!(is_sequence(good), "{good}");
+        }
+        for bad in ["", "not a token", "-1", "7-", "7-a b", "now"] {
+            assert!(!is_sequence(bad), "{bad}");
+        }
+    }
 }

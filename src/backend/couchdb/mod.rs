@@ -20,6 +20,7 @@
 //! - [`id_order`]: documents in id order (`_all_docs`), design documents left out.
 //! - [`purge`]: erasure by prefix (`_changes` with a `_selector` filter, then `_purge`).
 //! - [`local`]: `_local/` documents.
+//! - [`live`]: keeps a tombstone's revision from reviving or re-deleting a document.
 
 mod backend;
 mod client;
@@ -29,6 +30,7 @@ mod error;
 mod feed;
 mod history;
 mod id_order;
+mod live;
 mod local;
 mod purge;
 

@@ -21,8 +21,9 @@
 //!
 //! Before anything is read, `POST /db/_purge {}` checks that the server purges at all (Apache
 //! CouchDB 2.3 and later answer 201 with an empty `purged`). pouchdb-server 4.2.0 has no `_purge`
-//! (it answers 400 `only_multipart_accepted`), and a `_selector` filter crashes it: there,
-//! erasure fails before touching anything, with an error that says so.
+//! (it answers 400 `only_multipart_accepted`), and a `_selector` filter crashes it: there, the
+//! unfiltered feed is read, and erasure answers 0 when nothing lies under the prefix, and
+//! otherwise fails before touching anything, with an error that says so.
 //!
 //! Purging is local to the database: replicas (other CouchDB nodes replicating this database,
 //! PouchDB clients, backups) keep their copies until they are purged themselves.
@@ -55,7 +56,18 @@ impl CouchDbBackend {
         if prefix.is_empty() {
             return Err(Error::invalid("prefix", "an empty prefix would erase every document of the database"));
         }
-        self.check_purge_supported().await?;
+        if let Some(unsupported) = self.purge_unsupported().await? {
+            // Nothing to erase is a success anywhere; anything to erase is refused untouched.
+            return match self.first_id_under(prefix).await? {
+                None => Ok(0),
+                Some(id) => Err(Error::new(
+                    ErrorKind::Misconfigured,
+                    format!(
+                        "{unsupported}; {id:?} and any other document under {prefix:?} are kept. Nothing was erased"
+                    ),
+                )),
+            };
+        }
         let mut erased = 0;
         let mut since = "0".to_owned();
         for _ in 0..PASSES {
@@ -152,31 +164,44 @@ impl CouchDbBackend {
         Ok(purged.values().filter(|revs| revs.as_array().is_some_and(|revs| !revs.is_empty())).count() as u64)
     }
 
-    /// Fails, before anything is erased, on a server without `_purge`.
-    async fn check_purge_supported(&self) -> Result<()> {
+    /// `None` when the server purges; otherwise why it cannot (the server's answer).
+    async fn purge_unsupported(&self) -> Result<Option<String>> {
         let doing = "check that the server supports _purge";
         let reply = self.client.send(Method::POST, &self.client.url(&["_purge"]), &[], Some(&json!({})), doing).await?;
         if matches!(reply.status, StatusCode::OK | StatusCode::CREATED | StatusCode::ACCEPTED)
             && reply.body.get("purged").is_some()
         {
-            return Ok(());
+            return Ok(None);
         }
         if matches!(reply.status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) {
             return Err(from_status(reply.status, &reply.body, doing));
         }
         let error = reply.body.get("error").and_then(Value::as_str).unwrap_or("");
         let reason = reply.body.get("reason").and_then(Value::as_str).unwrap_or("");
-        Err(Error::new(
-            ErrorKind::Misconfigured,
-            format!(
-                "the CouchDB server at {} cannot purge documents (POST /{}/_purge answered HTTP {} {error}: {reason}); \
-                 erasure needs _purge, which Apache CouchDB 2.3 and later provide (pouchdb-server does not). Nothing \
-                 was erased",
-                self.config.server,
-                self.config.database,
-                reply.status.as_u16()
-            ),
-        ))
+        Ok(Some(format!(
+            "the CouchDB server at {} cannot purge documents (POST /{}/_purge answered HTTP {} {error}: {reason}); \
+             erasure needs _purge, which Apache CouchDB 2.3 and later provide (pouchdb-server does not)",
+            self.config.server,
+            self.config.database,
+            reply.status.as_u16()
+        )))
+    }
+
+    /// The first id under `prefix` in the unfiltered feed (tombstones included), read page by
+    /// page: on a server without `_purge` the `_selector` filter cannot be trusted either
+    /// (pouchdb-server 4.2.0 crashes on it).
+    async fn first_id_under(&self, prefix: &str) -> Result<Option<String>> {
+        let mut since = None;
+        loop {
+            let page = self.changes_page(since.as_deref(), FEED_PAGE).await?;
+            if let Some(change) = page.changes.iter().find(|c| c.id.starts_with(prefix)) {
+                return Ok(Some(change.id.clone()));
+            }
+            if page.changes.len() < FEED_PAGE {
+                return Ok(None);
+            }
+            since = Some(page.last_seq);
+        }
     }
 }
 
