@@ -31,6 +31,12 @@
 //! database's `update_seq` growth per operation, which shows the call pattern from the server's
 //! side (0 for reads, 1 for one PUT).
 //!
+//! Then the document model's reads, one client, eight rounds a side in ABBA order: the `changes`
+//! read rate (whole passes over the feed of the 1,000 documents in pages of 100, adapter vs
+//! `GET _changes?since=&limit=` by hand) and the `all_docs` page latency (pages of 100 in id
+//! order, adapter vs `GET _all_docs?include_docs=true&startkey=&limit=` by hand); printed after
+//! the table.
+//!
 //! Results go to stdout as a table and to `target/bench/couchdb_overhead.json`. Any failed
 //! operation (warm-up included) makes the bench exit 1.
 //!
@@ -440,6 +446,7 @@ fn run() -> Result<bool, String> {
         ctx.facades.check_same_listing(ctx.raw.list_keys(&document(0).0).await?, "_find").await?;
 
         let results = run_pairs(&ctx, &PAIRS, &config).await?;
+        let model = document_model::measure(&backend, &ctx.raw, product.starts_with("pouchdb-server")).await?;
 
         // Best effort: leave nothing behind on a shared server.
         match ctx.raw.call(Method::DELETE, &ctx.raw.db_url, None).await {
@@ -447,10 +454,10 @@ fn run() -> Result<bool, String> {
             Ok(reply) => eprintln!("couchdb_overhead: could not delete {database}: {}: {}", reply.status, reply.body),
             Err(e) => eprintln!("couchdb_overhead: could not delete {database}: {e}"),
         }
-        Ok::<_, String>((product, results))
+        Ok::<_, String>((product, results, model))
     });
     drop(runtime);
-    let (product, results) = outcome?;
+    let (product, results, model) = outcome?;
 
     print_tables(
         &LABELS,
@@ -473,6 +480,8 @@ fn run() -> Result<bool, String> {
         }
     }
 
+    model.print();
+
     let origin = Origin {
         name: NAME,
         server: &product,
@@ -483,4 +492,183 @@ fn run() -> Result<bool, String> {
         },
     };
     conclude(&origin, &config, nproc, &results, None, &LABELS)
+}
+
+/// The document model's reads: the change feed and id-ordered pages, through the adapter and by
+/// hand, one client, in alternating rounds (ABBA) after one untimed pass of each.
+mod document_model {
+    use std::time::{Duration, Instant};
+
+    use agentstore::backend::{DocumentBackend, IdRange};
+    use reqwest::Method;
+    use serde_json::Value;
+
+    use super::Raw;
+
+    /// Rounds of each measurement per side.
+    const ROUNDS: usize = 8;
+    /// Changes or documents per page, on both sides.
+    const PAGE: usize = 100;
+    /// The explicit high end the adapter sends pouchdb-server for an open range (see
+    /// `src/backend/couchdb/id_order.rs`); the raw side sends the same.
+    const POUCHDB_HIGH_END: &str = "\u{FFFF}\u{FFFF}";
+
+    #[derive(Default)]
+    pub struct Measured {
+        /// Changes read per second over one whole pass of the feed, one value per round.
+        feed_adapter: Vec<f64>,
+        feed_raw: Vec<f64>,
+        /// Latency of one `all_docs` page.
+        page_adapter: Vec<Duration>,
+        page_raw: Vec<Duration>,
+        changes_per_pass: usize,
+        pages_per_pass: usize,
+    }
+
+    pub async fn measure(
+        backend: &std::sync::Arc<dyn DocumentBackend>,
+        raw: &Raw,
+        pouchdb: bool,
+    ) -> Result<Measured, String> {
+        let mut measured = Measured::default();
+        feed_adapter(backend.as_ref()).await?;
+        feed_raw(raw).await?;
+        pages_adapter(backend.as_ref()).await?;
+        pages_raw(raw, pouchdb).await?;
+        for round in 0..ROUNDS {
+            let adapter_first = matches!(round % 4, 0 | 3);
+            for adapter in [adapter_first, !adapter_first] {
+                if adapter {
+                    let (changes, took) = feed_adapter(backend.as_ref()).await?;
+                    measured.changes_per_pass = changes;
+                    measured.feed_adapter.push(changes as f64 / took.as_secs_f64());
+                    let pages = pages_adapter(backend.as_ref()).await?;
+                    measured.pages_per_pass = pages.len();
+                    measured.page_adapter.extend(pages);
+                } else {
+                    let (changes, took) = feed_raw(raw).await?;
+                    measured.feed_raw.push(changes as f64 / took.as_secs_f64());
+                    measured.page_raw.extend(pages_raw(raw, pouchdb).await?);
+                }
+            }
+        }
+        Ok(measured)
+    }
+
+    /// One pass over the whole feed through the adapter: changes seen and time taken.
+    async fn feed_adapter(backend: &dyn DocumentBackend) -> Result<(usize, Duration), String> {
+        let started = Instant::now();
+        let (mut seen, mut since) = (0, None);
+        loop {
+            let page = backend.changes(since.as_deref(), PAGE).await.map_err(|e| format!("changes: {e}"))?;
+            seen += page.changes.len();
+            if page.changes.len() < PAGE {
+                return Ok((seen, started.elapsed()));
+            }
+            since = Some(page.last_seq);
+        }
+    }
+
+    /// The same pass by hand: `GET _changes?since=&limit=`.
+    async fn feed_raw(raw: &Raw) -> Result<(usize, Duration), String> {
+        let started = Instant::now();
+        let (mut seen, mut since) = (0, "0".to_owned());
+        loop {
+            let url = format!("{}/_changes?since={}&limit={PAGE}", raw.db_url, encoded(&since));
+            let reply = raw.call(Method::GET, &url, None).await?;
+            let results = reply.body["results"].as_array().ok_or_else(|| format!("_changes: {}", reply.body))?;
+            seen += results.len();
+            if results.len() < PAGE {
+                return Ok((seen, started.elapsed()));
+            }
+            since = match &reply.body["last_seq"] {
+                Value::String(seq) => seq.clone(),
+                other => other.to_string(),
+            };
+        }
+    }
+
+    /// Every page of `all_docs` through the adapter; the latency of each.
+    async fn pages_adapter(backend: &dyn DocumentBackend) -> Result<Vec<Duration>, String> {
+        let (mut times, mut token) = (Vec::new(), None);
+        loop {
+            let started = Instant::now();
+            let page = backend
+                .all_docs(&IdRange::all(), PAGE, token.as_deref())
+                .await
+                .map_err(|e| format!("all_docs: {e}"))?;
+            times.push(started.elapsed());
+            match page.next {
+                Some(next) => token = Some(next),
+                None => return Ok(times),
+            }
+        }
+    }
+
+    /// The same pages by hand: `GET _all_docs?include_docs=true&limit=&startkey=` (one row more to
+    /// learn whether another page follows, one more again for the row the page resumes at).
+    async fn pages_raw(raw: &Raw, pouchdb: bool) -> Result<Vec<Duration>, String> {
+        let (mut times, mut after): (Vec<Duration>, Option<String>) = (Vec::new(), None);
+        loop {
+            let started = Instant::now();
+            let mut url =
+                format!("{}/_all_docs?include_docs=true&limit={}", raw.db_url, PAGE + 1 + usize::from(after.is_some()));
+            if let Some(after) = &after {
+                url.push_str(&format!("&startkey={}", encoded(&Value::String(after.clone()).to_string())));
+            }
+            if pouchdb {
+                url.push_str(&format!("&endkey={}", encoded(&Value::String(POUCHDB_HIGH_END.into()).to_string())));
+            }
+            let reply = raw.call(Method::GET, &url, None).await?;
+            let rows = reply.body["rows"].as_array().ok_or_else(|| format!("_all_docs: {}", reply.body))?;
+            let ids: Vec<&str> = rows
+                .iter()
+                .filter_map(|row| row["id"].as_str())
+                .filter(|id| !id.starts_with("_design/") && Some(*id) != after.as_deref())
+                .collect();
+            times.push(started.elapsed());
+            if ids.len() <= PAGE {
+                return Ok(times);
+            }
+            after = Some(ids[PAGE - 1].to_owned());
+        }
+    }
+
+    fn encoded(text: &str) -> String {
+        url::form_urlencoded::byte_serialize(text.as_bytes()).collect()
+    }
+
+    fn median(values: &mut [f64]) -> f64 {
+        values.sort_by(f64::total_cmp);
+        values.get(values.len() / 2).copied().unwrap_or(0.0)
+    }
+
+    fn percentile(values: &mut [Duration], fraction: f64) -> f64 {
+        values.sort();
+        let index = ((values.len() as f64 * fraction).ceil() as usize).saturating_sub(1);
+        values.get(index).map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+    }
+
+    impl Measured {
+        pub fn print(mut self) {
+            println!();
+            println!(
+                "document model (1 client, {ROUNDS} rounds a side, ABBA; pages of {PAGE}; the feed holds {} changes, \
+                 all_docs {} pages)",
+                self.changes_per_pass, self.pages_per_pass
+            );
+            let (adapter, raw) = (median(&mut self.feed_adapter), median(&mut self.feed_raw));
+            println!(
+                "  changes read rate, median of passes: adapter {adapter:.0} changes/s, raw {raw:.0} changes/s (raw/adapter {:.2})",
+                raw / adapter.max(f64::MIN_POSITIVE)
+            );
+            let (a50, a95) = (percentile(&mut self.page_adapter, 0.5), percentile(&mut self.page_adapter, 0.95));
+            let (r50, r95) = (percentile(&mut self.page_raw, 0.5), percentile(&mut self.page_raw, 0.95));
+            println!(
+                "  all_docs page latency: adapter p50 {a50:.2} ms p95 {a95:.2} ms, raw p50 {r50:.2} ms p95 {r95:.2} ms \
+                 (adapter/raw p50 {:.2})",
+                a50 / r50.max(f64::MIN_POSITIVE)
+            );
+        }
+    }
 }

@@ -37,12 +37,26 @@
 //!
 //! Then bulk writes (`common::bulk`): `BENCH_BULK_DOCS` (default 5,000) fresh documents through
 //! `DocumentBackend::bulk_write` in batches of 100 from 4 concurrent callers, once with
-//! `Precondition::None` (BatchWriteItem, 25 items a call) and once with `Precondition::MustNotExist`
-//! (one conditional PutItem per document), in documents per second.
+//! `Precondition::None` and once with `Precondition::MustNotExist`, in documents per second. Both
+//! read what they replace in consistent BatchGetItems (100 ids a call) and write one conditional
+//! PutItem per document (the document model continues generations and ancestry even for
+//! unconditional writes, so BatchWriteItem, which carries no condition, is no longer used).
 //! Afterwards (not timed) a consistent Scan counts the documents in the table (the authority: a
 //! shortfall is an error) and `DataStore::list_keys` lists the namespace, shown next to it; on
 //! dynalite 4.0.0 the paged GSI Query (1,000 per page) returns 4,999 of 5,000, which is printed as a
 //! note, not counted as an error.
+//!
+//! Last, the document model (`model_phase`, printed only): write throughput of `BENCH_MODEL_DOCS`
+//! (default 2,000) fresh documents from 8 concurrent tasks, four ways: raw PutItem of a
+//! previous-release item into a previous-release table (the userId index only); raw PutItem of the
+//! same item with this release's attributes (`_anc`, `_shard`, `_seq`) into a table with this
+//! release's three indexes (the index-write overhead alone); the adapter's `put(MustNotExist)`
+//! (a consistent GetItem, then the conditional PutItem); raw BatchWriteItem of 25 previous-release
+//! items, 4 in flight (the previous release's unconditional bulk path); and `bulk_write(None)` in
+//! calls of 100.
+//! Then the latency of one page of 100 of `changes` (the whole feed read page by page) and of
+//! `all_docs` (the first 20 pages), with the table at that size and again after raw writes grow it
+//! tenfold: equal latencies at both sizes show a page costs what the page holds, not the table.
 //!
 //! Results go to stdout as tables and to `target/bench/dynamodb_bench.json`. Any failed operation
 //! (warm-up included) makes the bench exit 1. The table is deleted at the end (best effort).
@@ -390,8 +404,9 @@ impl Bench for Ctx {
 impl BulkBench for Ctx {
     fn bulk_calls(precondition: &Precondition) -> &'static str {
         match precondition {
-            Precondition::MustNotExist => "conditional PutItem x1",
-            _ => "BatchWriteItem x25",
+            // Both read what they replace first, 100 ids a BatchGetItem.
+            Precondition::MustNotExist => "BatchGetItem + conditional PutItem x1",
+            _ => "BatchGetItem + conditional PutItem x1 (unconditional: continues the generation)",
         }
     }
 
@@ -461,12 +476,13 @@ fn run() -> Result<bool, String> {
 
         let seeding = Instant::now();
         facades.seed(&backend, NAME, Precondition::None).await?;
-        print_seeded("bulk_write (BatchWriteItem)", seeding.elapsed().as_secs_f64());
+        print_seeded("bulk_write", seeding.elapsed().as_secs_f64());
         let ctx = Arc::new(Ctx { facades, raw });
         ctx.facades.check_same_listing(ctx.raw.list_keys(&document(0).0).await?, "Query").await?;
 
         let results = run_pairs(&ctx, &PAIRS, &config).await?;
         let bulk_results = run_bulk(ctx.as_ref(), &backend, config.bulk_docs, &LABELS).await?;
+        model::model_phase(&ctx.raw.client, &endpoint).await?;
 
         // Best effort: leave nothing behind on a shared server.
         if let Err(e) = ctx.raw.client.delete_table().table_name(&table).send().await {
@@ -509,4 +525,264 @@ fn run() -> Result<bool, String> {
         },
     };
     conclude(&origin, &config, nproc, &results, Some(&bulk), &LABELS)
+}
+
+/// The document model's costs: write throughput with and without its attributes and indexes, and
+/// the page latency of `changes` and `all_docs` at two table sizes.
+mod model {
+    use std::collections::HashMap;
+    use std::time::{Duration, Instant};
+
+    use agentstore::backend::dynamodb::{layout, DynamoConfig, DynamoDbBackend};
+    use agentstore::backend::{BulkWrite, DocumentBackend, IdRange, Precondition};
+    use aws_sdk_dynamodb::primitives::Blob;
+    use aws_sdk_dynamodb::types::{
+        AttributeDefinition, AttributeValue, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType, Projection,
+        ProjectionType, ScalarAttributeType,
+    };
+    use aws_sdk_dynamodb::Client;
+    use futures::{StreamExt, TryStreamExt};
+    use serde_json::{json, Map, Value};
+
+    const CONCURRENCY: usize = 8;
+    const PAGE: usize = 100;
+    /// `settle_ms` of the bench table: the feed shows writes this long after they are made.
+    const SETTLE_MS: u64 = 1000;
+
+    fn docs() -> usize {
+        std::env::var("BENCH_MODEL_DOCS").ok().and_then(|v| v.parse().ok()).unwrap_or(2000)
+    }
+
+    fn s(text: &str) -> AttributeValue {
+        AttributeValue::S(text.to_owned())
+    }
+
+    fn id(n: usize) -> String {
+        format!("bench_user:notes:{n:07}")
+    }
+
+    fn body(n: usize) -> Map<String, Value> {
+        let doc = json!({"userId": "bench_user", "namespace": "notes", "key": format!("k{n}"),
+            "value": {"text": "a short note", "n": n}, "accessCount": 0});
+        doc.as_object().cloned().unwrap_or_default()
+    }
+
+    /// An item as the previous release wrote it, or with this release's attributes.
+    fn item(n: usize, current_layout: bool) -> HashMap<String, AttributeValue> {
+        let id = id(n);
+        let mut item: HashMap<String, AttributeValue> =
+            body(n).iter().map(|(k, v)| (k.clone(), super::to_attr(v))).collect();
+        item.insert("_id".into(), s(&id));
+        if current_layout {
+            item.insert("_rev".into(), s(&format!("1-{:032x}", n)));
+            item.insert("_anc".into(), AttributeValue::B(Blob::new(vec![7u8; 16])));
+            item.insert("_shard".into(), AttributeValue::N(layout::shard_of(&id).to_string()));
+            item.insert("_seq".into(), s(&layout::new_position()));
+        } else {
+            item.insert("_rev".into(), s(&format!("1-{:016x}", n)));
+        }
+        item
+    }
+
+    async fn raw_put(client: &Client, table: &str, item: HashMap<String, AttributeValue>) -> Result<(), String> {
+        client
+            .put_item()
+            .table_name(table)
+            .set_item(Some(item))
+            .condition_expression("attribute_not_exists(#id)")
+            .expression_attribute_names("#id", "_id")
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(|e| format!("raw PutItem: {}", aws_sdk_dynamodb::error::DisplayErrorContext(&e)))
+    }
+
+    /// Writes documents `range` with `write`, `CONCURRENCY` at a time; documents per second.
+    async fn throughput<F, Fut>(range: std::ops::Range<usize>, write: F) -> Result<f64, String>
+    where
+        F: Fn(usize) -> Fut,
+        Fut: std::future::Future<Output = Result<(), String>>,
+    {
+        let count = range.len();
+        let started = Instant::now();
+        futures::stream::iter(range).map(write).buffer_unordered(CONCURRENCY).try_collect::<Vec<()>>().await?;
+        Ok(count as f64 / started.elapsed().as_secs_f64())
+    }
+
+    /// A table as the previous release created it: the userId + namespace index only.
+    async fn previous_release_table(client: &Client, table: &str) -> Result<(), String> {
+        let key = |name: &str, kind| KeySchemaElement::builder().attribute_name(name).key_type(kind).build();
+        let attribute = |name: &str| {
+            AttributeDefinition::builder().attribute_name(name).attribute_type(ScalarAttributeType::S).build()
+        };
+        let built = |e: aws_sdk_dynamodb::error::BuildError| e.to_string();
+        let index = GlobalSecondaryIndex::builder()
+            .index_name("idx-user-namespace")
+            .key_schema(key("userId", KeyType::Hash).map_err(built)?)
+            .key_schema(key("namespace", KeyType::Range).map_err(built)?)
+            .projection(Projection::builder().projection_type(ProjectionType::All).build())
+            .build()
+            .map_err(built)?;
+        client
+            .create_table()
+            .table_name(table)
+            .billing_mode(BillingMode::PayPerRequest)
+            .attribute_definitions(attribute("_id").map_err(built)?)
+            .attribute_definitions(attribute("userId").map_err(built)?)
+            .attribute_definitions(attribute("namespace").map_err(built)?)
+            .key_schema(key("_id", KeyType::Hash).map_err(built)?)
+            .global_secondary_indexes(index)
+            .send()
+            .await
+            .map_err(|e| {
+                format!("create the previous-release table: {}", aws_sdk_dynamodb::error::DisplayErrorContext(&e))
+            })?;
+        Ok(())
+    }
+
+    /// The previous release's unconditional bulk path: BatchWriteItem of 25 items, 4 in flight;
+    /// documents per second.
+    async fn raw_batch_writes(client: &Client, table: &str, range: std::ops::Range<usize>) -> Result<f64, String> {
+        use aws_sdk_dynamodb::types::{PutRequest, WriteRequest};
+        let count = range.len();
+        let ids: Vec<usize> = range.collect();
+        let started = Instant::now();
+        futures::stream::iter(ids.chunks(25).map(<[usize]>::to_vec))
+            .map(|batch| async move {
+                let requests = batch
+                    .iter()
+                    .map(|&i| {
+                        PutRequest::builder()
+                            .set_item(Some(item(i, false)))
+                            .build()
+                            .map(|put| WriteRequest::builder().put_request(put).build())
+                            .map_err(|e| e.to_string())
+                    })
+                    .collect::<Result<Vec<_>, String>>()?;
+                let output =
+                    client.batch_write_item().request_items(table, requests).send().await.map_err(|e| {
+                        format!("raw BatchWriteItem: {}", aws_sdk_dynamodb::error::DisplayErrorContext(&e))
+                    })?;
+                match output.unprocessed_items().map_or(0, |m| m.values().map(Vec::len).sum()) {
+                    0 => Ok(()),
+                    left => Err(format!("raw BatchWriteItem left {left} items unprocessed")),
+                }
+            })
+            .buffer_unordered(4)
+            .try_collect::<Vec<()>>()
+            .await?;
+        Ok(count as f64 / started.elapsed().as_secs_f64())
+    }
+
+    fn p50(mut samples: Vec<Duration>) -> f64 {
+        samples.sort_unstable();
+        samples.get(samples.len() / 2).map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+    }
+
+    /// p50 latency (ms) of a `changes` page over the whole feed and of the first 20 `all_docs`
+    /// pages, and how many changes the feed held.
+    async fn page_latencies(backend: &DynamoDbBackend) -> Result<(f64, f64, usize), String> {
+        tokio::time::sleep(Duration::from_millis(SETTLE_MS + 200)).await;
+        let (mut changes, mut since, mut fed) = (Vec::new(), None::<String>, 0);
+        loop {
+            let started = Instant::now();
+            let page = backend.changes(since.as_deref(), PAGE).await.map_err(|e| super::describe(&e))?;
+            changes.push(started.elapsed());
+            fed += page.changes.len();
+            since = Some(page.last_seq);
+            if page.changes.len() < PAGE {
+                break;
+            }
+        }
+        let (mut listed, mut token) = (Vec::new(), None::<String>);
+        for _ in 0..20 {
+            let started = Instant::now();
+            let page =
+                backend.all_docs(&IdRange::all(), PAGE, token.as_deref()).await.map_err(|e| super::describe(&e))?;
+            listed.push(started.elapsed());
+            token = page.next;
+            if token.is_none() {
+                break;
+            }
+        }
+        Ok((p50(changes), p50(listed), fed))
+    }
+
+    pub async fn model_phase(client: &Client, endpoint: &str) -> Result<(), String> {
+        let n = docs();
+        let suffix = crate::common::run_suffix();
+        let (old_table, new_table, adapter_table) =
+            (format!("bench_prev_{suffix}"), format!("bench_model_{suffix}"), format!("bench_adapter_{suffix}"));
+        let url = |table: &str| {
+            format!(
+                "dynamodb://{table}?region=us-east-1&endpoint={}&create=true&settle_ms={SETTLE_MS}&write_timeout_ms=800",
+                percent_encoding::utf8_percent_encode(endpoint, percent_encoding::NON_ALPHANUMERIC)
+            )
+        };
+        let open = |table: String| async move {
+            let config = DynamoConfig::parse(&url(&table)).map_err(|e| super::describe(&e))?;
+            DynamoDbBackend::open(&config).await.map_err(|e| super::describe(&e))
+        };
+        previous_release_table(client, &old_table).await?;
+        let new_layout = open(new_table.clone()).await?;
+        let adapter = open(adapter_table.clone()).await?;
+
+        let old = throughput(0..n, |i| raw_put(client, &old_table, item(i, false))).await?;
+        let old_batch = raw_batch_writes(client, &old_table, n..2 * n).await?;
+        let new = throughput(0..n, |i| raw_put(client, &new_table, item(i, true))).await?;
+        let put = throughput(0..n, |i| {
+            let adapter = &adapter;
+            async move {
+                adapter
+                    .put(&id(i), &body(i), Precondition::MustNotExist)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| super::describe(&e))
+            }
+        })
+        .await?;
+        let bulk_started = Instant::now();
+        let batches: Vec<Vec<BulkWrite>> = (n..2 * n)
+            .map(|i| BulkWrite { id: id(i), body: body(i), precondition: Precondition::None })
+            .collect::<Vec<_>>()
+            .chunks(PAGE)
+            .map(<[BulkWrite]>::to_vec)
+            .collect();
+        let results: Vec<Vec<agentstore::Result<agentstore::backend::Revision>>> = futures::stream::iter(batches)
+            .map(|batch| adapter.bulk_write(batch))
+            .buffer_unordered(4)
+            .try_collect()
+            .await
+            .map_err(|e| super::describe(&e))?;
+        if let Some(Err(e)) = results.iter().flatten().find(|r| r.is_err()) {
+            return Err(format!("bulk_write: {}", super::describe(e)));
+        }
+        let bulk = n as f64 / bulk_started.elapsed().as_secs_f64();
+
+        println!();
+        println!("document model: write throughput, {n} fresh documents, {CONCURRENCY} concurrent writers");
+        println!("  raw PutItem, previous-release item and table (1 index)      {old:>9.0} docs/s");
+        println!(
+            "  raw PutItem, this release's item and table (3 indexes)      {new:>9.0} docs/s  ({:+.1}% vs previous)",
+            (new / old - 1.0) * 100.0
+        );
+        println!("  adapter put(MustNotExist): GetItem + conditional PutItem    {put:>9.0} docs/s");
+        println!("  raw BatchWriteItem x25, 4 in flight (previous bulk path)     {old_batch:>9.0} docs/s");
+        println!("  adapter bulk_write(None), 100 a call, 4 calls in flight      {bulk:>9.0} docs/s");
+
+        let (changes_small, all_docs_small, fed_small) = page_latencies(&new_layout).await?;
+        throughput(n..10 * n, |i| raw_put(client, &new_table, item(i, true))).await?;
+        let (changes_large, all_docs_large, fed_large) = page_latencies(&new_layout).await?;
+        println!("document model: page latency (p50, pages of {PAGE}, 16 shards)");
+        println!(
+            "  table of {fed_small:>7} documents: changes {changes_small:>7.1} ms  all_docs {all_docs_small:>7.1} ms"
+        );
+        println!(
+            "  table of {fed_large:>7} documents: changes {changes_large:>7.1} ms  all_docs {all_docs_large:>7.1} ms"
+        );
+        for table in [old_table, new_table, adapter_table] {
+            let _ = client.delete_table().table_name(&table).send().await;
+        }
+        Ok(())
+    }
 }

@@ -83,6 +83,12 @@ pub enum Command {
     Export(crate::migrate::command::ExportArgs),
     /// Write the documents of an NDJSON file (as `export` writes them) to a backend
     Import(crate::migrate::command::ImportArgs),
+    /// Print the backend's change feed as NDJSON: one line per changed document (`seq`, `id`,
+    /// `rev`, `deleted`), then `{"last_seq": …}`, the position to continue from with --since
+    Changes(crate::changes::ChangesArgs),
+    /// Bring a store written by an earlier release to this release's layout, in place: resumable
+    /// (checkpoint file), idempotent, safe while the service runs; JSON report on stdout
+    Upgrade(crate::upgrade::UpgradeArgs),
 }
 
 /// The subcommands that use the store directly and print JSON.
@@ -204,6 +210,12 @@ pub async fn run(cli: Cli, settings: Settings) -> Result<u8> {
         Command::Verify(args) => return crate::migrate::command::verify_command(args, &settings).await,
         Command::Export(args) => return crate::migrate::command::export(args, &settings).await,
         Command::Import(args) => return crate::migrate::command::import(args, &settings).await,
+        Command::Changes(args) => {
+            return crate::changes::run(open_existing_backend(&settings).await?, args).await.map(|()| 0)
+        }
+        Command::Upgrade(args) => {
+            return crate::upgrade::run(open_existing_backend(&settings).await?, args).await.map(|()| 0)
+        }
         Command::HashToken | Command::Serve { .. } | Command::Store(_) => {}
     }
     run_service_command(cli.command, settings).await.map(|()| 0)
@@ -212,9 +224,12 @@ pub async fn run(cli: Cli, settings: Settings) -> Result<u8> {
 /// The commands that use the configured `--backend`.
 async fn run_service_command(command: Command, settings: Settings) -> Result<()> {
     match command {
-        Command::Migrate(_) | Command::Verify(_) | Command::Export(_) | Command::Import(_) => {
-            Err(Error::new(ErrorKind::Internal, "migration commands are dispatched by run"))
-        }
+        Command::Migrate(_)
+        | Command::Verify(_)
+        | Command::Export(_)
+        | Command::Import(_)
+        | Command::Changes(_)
+        | Command::Upgrade(_) => Err(Error::new(ErrorKind::Internal, "this command is dispatched by run")),
         Command::HashToken => {
             let token = read_stdin(64 * 1024)?;
             let token = token.trim_end_matches(['\r', '\n']);
@@ -234,6 +249,21 @@ async fn run_service_command(command: Command, settings: Settings) -> Result<()>
             print_json(&output)
         }
     }
+}
+
+/// Opens the configured `--backend` for a command that reads a store which must exist already
+/// (opening a missing embedded file would create an empty store), and checks that it answers.
+async fn open_existing_backend(settings: &Settings) -> Result<std::sync::Arc<dyn backend::DocumentBackend>> {
+    let url = settings.backend_url()?;
+    if let backend::BackendUrl::Embedded { path, .. } = &url {
+        if !path.exists() {
+            return Err(Error::invalid("backend", format!("{url}: the file does not exist")));
+        }
+    }
+    let context = |err: Error| Error::new(err.kind(), format!("backend {url}")).with_source(err);
+    let backend = backend::open(&url).await.map_err(context)?;
+    backend.health().await.map_err(context)?;
+    Ok(backend)
 }
 
 /// `serve`: opens the backend, binds, and serves until SIGTERM/SIGINT.

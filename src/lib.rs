@@ -6,9 +6,12 @@
 //! - [`store`]: [`store::DataStore`], the facade with the data-store semantics (metadata merge,
 //!   access tracking, listings), written once for every backend.
 //! - [`migrate`]: `migrate`, `verify`, `export`, `import` between any two backends.
+//! - [`changes`] and [`upgrade`]: reading the change feed (`changes`, `GET /v1/changes`) and
+//!   bringing a store to this release's layout (`upgrade`).
 //! - [`config`] and [`cli`]: settings and the `agentstore` command.
 
 pub mod backend;
+pub mod changes;
 pub mod cli;
 pub mod config;
 pub mod error;
@@ -16,6 +19,7 @@ pub mod http;
 pub mod migrate;
 pub mod model;
 pub mod store;
+pub mod upgrade;
 
 pub use error::{Error, ErrorKind, Result};
 pub use store::DataStore;

@@ -748,3 +748,204 @@ fn a_closed_stdout_is_not_a_crash() {
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert_eq!(output.status.code(), Some(0), "{stderr}");
 }
+
+// ---- the change feed and upgrade ----
+
+/// The lines of an NDJSON output, parsed.
+fn ndjson(run: &Run) -> Vec<Value> {
+    assert_eq!(run.code, Some(0), "expected success; stderr: {}", run.stderr);
+    run.stdout
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line:?}")))
+        .collect()
+}
+
+/// Splits `changes` output into `(id, rev, deleted)` per change and the final `last_seq`,
+/// checking every line's shape.
+fn change_lines(run: &Run) -> (Vec<(String, String, bool)>, Vec<String>, String) {
+    let mut lines = ndjson(run);
+    let last = lines.pop().expect("at least the position line");
+    let fields: Vec<&String> = last.as_object().expect("an object").keys().collect();
+    assert_eq!(fields, ["last_seq"], "{last}");
+    let mut seqs = Vec::new();
+    let rows = lines
+        .iter()
+        .map(|line| {
+            let fields: Vec<&String> = line.as_object().expect("an object").keys().collect();
+            assert_eq!(fields, ["seq", "id", "rev", "deleted"], "{line}");
+            seqs.push(line["seq"].as_str().expect("seq").to_owned());
+            let text = |field: &str| line[field].as_str().unwrap_or_else(|| panic!("{field}: {line}")).to_owned();
+            (text("id"), text("rev"), line["deleted"].as_bool().expect("deleted"))
+        })
+        .collect();
+    (rows, seqs, last["last_seq"].as_str().expect("last_seq").to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_prints_the_feed_as_ndjson() {
+    use agentstore::backend::DocumentBackend;
+    let env = Env::new();
+    let text = |doc: &Value, field: &str| doc[field].as_str().expect("text").to_owned();
+    env.run(&["set", "u", "ns", "a", "1"]).json();
+    let b = env.run(&["set", "u", "ns", "b", "1"]).json();
+    let c = env.run(&["set", "u", "ns", "c", "1"]).json();
+    env.run(&["delete", "u", "ns", "b"]).json();
+    let a = env.run(&["set", "u", "ns", "a", "2"]).json();
+    let tombstone = {
+        let store = EmbeddedBackend::open(&env.store).await.expect("open the store");
+        store.revisions(&text(&b, "_id")).await.expect("revisions").expect("b's tombstone").rev.0
+    };
+    // Each document once, at its last write, in the order of those last writes.
+    let expected = vec![
+        (text(&c, "_id"), text(&c, "_rev"), false),
+        (text(&b, "_id"), tombstone, true),
+        (text(&a, "_id"), text(&a, "_rev"), false),
+    ];
+
+    let (rows, seqs, last_seq) = change_lines(&env.run(&["changes"]));
+    assert_eq!(rows, expected);
+    assert_eq!(last_seq, seqs[2]);
+
+    // --limit bounds the changes printed; the position line continues after the last one.
+    let (rows, _, after_two) = change_lines(&env.run(&["changes", "--limit", "2"]));
+    assert_eq!(rows, expected[..2]);
+    assert_eq!(after_two, seqs[1]);
+    let (rows, _, end) = change_lines(&env.run(&["changes", "--since", &after_two]));
+    assert_eq!((rows.as_slice(), end.as_str()), (&expected[2..], last_seq.as_str()));
+    let (rows, _, end) = change_lines(&env.run(&["changes", "--since", &last_seq]));
+    assert_eq!((rows, end), (vec![], last_seq.clone()));
+    let (rows, _, _) = change_lines(&env.run(&["changes", "--since", "now"]));
+    assert_eq!(rows, []);
+
+    let stderr = env.run(&["changes", "--since", "not-a-position"]).fails_with(2).to_owned();
+    assert!(stderr.contains("since"), "{stderr}");
+    let usage = env.run(&["changes", "--limit", "0"]);
+    assert_eq!(usage.code, Some(2), "{}", usage.stderr);
+    let mut missing = command(env.path());
+    missing.args(["--backend", "embedded:nothing-here.redb", "changes"]);
+    let stderr = run_command("changes on a missing file", missing).fails_with(2).to_owned();
+    assert!(stderr.contains("does not exist"), "{stderr}");
+    assert!(!env.path().join("nothing-here.redb").exists(), "a missing store was created");
+}
+
+#[test]
+fn changes_follow_waits_until_interrupted_then_prints_the_position() {
+    use std::io::{BufRead, BufReader};
+    let env = Env::new();
+    env.run(&["set", "u", "ns", "a", "1"]).json();
+    env.run(&["set", "u", "ns", "b", "1"]).json();
+    let mut child =
+        env.cmd(&["changes", "--follow"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn");
+    let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut seqs = Vec::new();
+    for _ in 0..2 {
+        let mut line = String::new();
+        stdout.read_line(&mut line).expect("a change line");
+        let change: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"));
+        seqs.push(change["seq"].as_str().expect("seq").to_owned());
+    }
+    // At the end of the feed it keeps waiting.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(child.try_wait().expect("poll"), None, "--follow exited at the end of the feed");
+    let interrupted = Command::new("kill").args(["-INT", &child.id().to_string()]).status().expect("kill");
+    assert!(interrupted.success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while child.try_wait().expect("poll").is_none() {
+        assert!(Instant::now() < deadline, "still running 10 s after SIGINT");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut rest).expect("rest of stdout");
+    let status = child.wait().expect("status");
+    assert_eq!(status.code(), Some(0), "exit status {status}");
+    let last: Value = serde_json::from_str(rest.trim()).unwrap_or_else(|e| panic!("{e}: {rest:?}"));
+    assert_eq!(last, json!({ "last_seq": seqs[1] }));
+}
+
+/// `n` documents of user `u`, as the previous release stored them.
+fn previous_release_documents(n: usize) -> Vec<(String, serde_json::Map<String, Value>)> {
+    (0..n)
+        .map(|i| {
+            let key = format!("k{i:05}");
+            let id = format!("u:ns:{}", agentstore::model::id::encode_key(&key));
+            let body = json!({ "userId": "u", "namespace": "ns", "key": key, "value": i });
+            (id, body.as_object().expect("object").clone())
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrade_killed_part_way_resumes_and_finishes() {
+    use agentstore::backend::{DocumentBackend, LayoutState};
+    let env = Env::new();
+    // More than two of `changes`' pages of 1,000.
+    let documents = previous_release_documents(2_100);
+    agentstore::backend::embedded::write_previous_release_file(&env.store, &documents).expect("old store");
+
+    // Features that need the new layout say what to run; the old store is otherwise untouched.
+    let stderr = env.run(&["changes"]).fails_with(5).to_owned();
+    assert!(stderr.contains("agentstore upgrade"), "{stderr}");
+
+    let stderr = env.run(&["upgrade", "--batch", "0"]).fails_with(2).to_owned();
+    assert!(stderr.contains("batch"), "{stderr}");
+
+    // A slowed run, killed once its checkpoint shows some pages done.
+    let checkpoint = env.path().join("upgrade.json");
+    let checkpoint_arg = checkpoint.display().to_string();
+    let args = ["upgrade", "--checkpoint", checkpoint_arg.as_str(), "--batch", "10", "--progress", "log"];
+    let mut slow = env.cmd(&args);
+    slow.env("AGENTSTORE_UPGRADE_PAGE_DELAY_MS", "100").stdout(Stdio::null()).stderr(Stdio::null());
+    let mut child = slow.spawn().expect("spawn upgrade");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let examined = loop {
+        let saved: Option<Value> =
+            std::fs::read_to_string(&checkpoint).ok().and_then(|text| serde_json::from_str(&text).ok());
+        if let Some(examined) = saved.and_then(|s| s["examined"].as_u64()).filter(|n| *n >= 30) {
+            break examined;
+        }
+        assert!(child.try_wait().expect("poll").is_none(), "upgrade ended before it could be killed");
+        assert!(Instant::now() < deadline, "no progress in the checkpoint after 30 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    child.kill().expect("SIGKILL");
+    child.wait().expect("reap");
+    assert!(examined < 2_100, "killed after the last page");
+    {
+        let store = EmbeddedBackend::open(&env.store).await.expect("open");
+        assert!(matches!(store.layout().await.expect("layout"), LayoutState::NeedsUpgrade(_)));
+    }
+
+    // The rerun resumes from the checkpoint and finishes.
+    let report = env.run(&args).json();
+    assert_eq!(report["status"], json!("upgraded"), "{report}");
+    assert_eq!((report["resumed"].clone(), report["runs"].clone()), (json!(true), json!(2)), "{report}");
+    assert!(report["examined"].as_u64().expect("examined") >= 2_100, "{report}");
+    assert!(!checkpoint.exists(), "the checkpoint outlived the finished upgrade");
+
+    {
+        let store = EmbeddedBackend::open(&env.store).await.expect("open");
+        assert_eq!(store.layout().await.expect("layout"), LayoutState::Current);
+        let page = store.changes(None, 10_000).await.expect("changes");
+        let mut fed: Vec<&str> = page.changes.iter().map(|c| c.id.as_str()).collect();
+        fed.sort_unstable();
+        let mut ids: Vec<&str> = documents.iter().map(|(id, _)| id.as_str()).collect();
+        ids.sort_unstable();
+        assert_eq!(fed, ids, "every document in the feed exactly once");
+        for (id, body) in &documents {
+            let stored = store.get(id).await.expect("get").unwrap_or_else(|| panic!("{id} lost"));
+            assert_eq!(&stored.body["value"], &body["value"], "{id}");
+        }
+    }
+
+    // `changes` pages through the whole feed: every document once.
+    let (rows, _, _) = change_lines(&env.run(&["changes"]));
+    let mut printed: Vec<&str> = rows.iter().map(|(id, _, _)| id.as_str()).collect();
+    printed.sort_unstable();
+    let mut ids: Vec<&str> = documents.iter().map(|(id, _)| id.as_str()).collect();
+    ids.sort_unstable();
+    assert_eq!(printed, ids);
+
+    // Idempotent: a further run finds nothing to do.
+    let again = env.run(&args).json();
+    assert_eq!(again["status"], json!("already_current"), "{again}");
+}

@@ -1,7 +1,8 @@
 //! The DynamoDB adapter against a wiremock server speaking DynamoDB's JSON protocol, for what a
 //! real (or local) server cannot show on demand: throttling, 5xx answers, UnprocessedItems,
-//! conditional failures, a missing table or index, refused credentials, and the exact request
-//! the adapter sends for a projection on the reserved word `key`.
+//! conditional failures and lost races, a missing table or index, refused credentials, the exact
+//! request the adapter sends for a projection on the reserved word `key`, and the document
+//! model's requests (each write attempt stamped afresh, reads before writes, index creation).
 //!
 //! Every call is `POST /` with `X-Amz-Target: DynamoDB_20120810.<Operation>`; errors are HTTP 400
 //! (500 for internal errors) with `{"__type": "...#Code", "message": "..."}`.
@@ -13,6 +14,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Mutex, Once};
 
+use agentstore::backend::dynamodb::layout;
 use agentstore::backend::dynamodb::{DynamoConfig, DynamoDbBackend};
 use agentstore::backend::{BulkWrite, DocumentBackend, Precondition, Projection, Query, Revision};
 use agentstore::{ErrorKind, Result};
@@ -89,12 +91,84 @@ fn standard_index() -> Value {
     }])
 }
 
-/// A mock server whose table and index are there and ACTIVE.
+/// A mock server whose table and index are there and ACTIVE (the previous release's layout),
+/// holding no item unless a test mounts reads of its own (the fallbacks answer "nothing").
 async fn server_with_table() -> MockServer {
     credentials();
     let server = MockServer::start().await;
     operation("DescribeTable").respond_with(answer(200, table_description(standard_index()))).mount(&server).await;
+    mount_empty_reads(&server).await;
     server
+}
+
+/// GetItem and BatchGetItem finding nothing, below any mock a test mounts itself.
+async fn mount_empty_reads(server: &MockServer) {
+    operation("GetItem").respond_with(answer(200, json!({}))).with_priority(10).mount(server).await;
+    operation("BatchGetItem")
+        .respond_with(answer(200, json!({"Responses": {TABLE: []}, "UnprocessedKeys": {}})))
+        .with_priority(10)
+        .mount(server)
+        .await;
+}
+
+/// The document model's two indexes, as DescribeTable lists them.
+fn model_indexes() -> Vec<Value> {
+    [(layout::FEED_INDEX, "_seq"), (layout::ID_INDEX, "_id")]
+        .into_iter()
+        .map(|(name, range)| {
+            json!({
+                "IndexName": name,
+                "KeySchema": [
+                    {"AttributeName": "_shard", "KeyType": "HASH"},
+                    {"AttributeName": range, "KeyType": "RANGE"}
+                ],
+                "Projection": {"ProjectionType": "INCLUDE", "NonKeyAttributes": ["_rev", "_deleted"]},
+                "IndexStatus": "ACTIVE"
+            })
+        })
+        .collect()
+}
+
+/// A mock server whose table has this release's layout (every index, the layout marker), with
+/// `ids` in the id index.
+async fn server_with_current_layout(ids: &[String]) -> MockServer {
+    credentials();
+    let server = MockServer::start().await;
+    let mut indexes = standard_index().as_array().cloned().unwrap_or_default();
+    indexes.extend(model_indexes());
+    operation("DescribeTable").respond_with(answer(200, table_description(Value::Array(indexes)))).mount(&server).await;
+    operation("GetItem")
+        .and(wiremock::matchers::body_partial_json(json!({"Key": {"_id": {"S": layout::MARKER_ID}}})))
+        .respond_with(answer(
+            200,
+            json!({"Item": {"_id": {"S": layout::MARKER_ID}, "_meta": {"S": "layout"}, "version": {"N": "2"}}}),
+        ))
+        .mount(&server)
+        .await;
+    operation("Query").respond_with(IdIndex { ids: ids.to_vec() }).mount(&server).await;
+    mount_empty_reads(&server).await;
+    server
+}
+
+/// Answers id-index queries: the ids of the shard asked for, in one page.
+struct IdIndex {
+    ids: Vec<String>,
+}
+
+impl Respond for IdIndex {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let body = body_of(request);
+        let shard: u32 =
+            body["ExpressionAttributeValues"][":shard"]["N"].as_str().and_then(|n| n.parse().ok()).unwrap_or(99);
+        let mut items: Vec<Value> = self
+            .ids
+            .iter()
+            .filter(|id| layout::shard_of(id) == shard)
+            .map(|id| json!({"_id": {"S": id}, "_shard": {"N": shard.to_string()}}))
+            .collect();
+        items.sort_by(|a, b| a["_id"]["S"].as_str().cmp(&b["_id"]["S"].as_str()));
+        answer(200, json!({"Items": items, "Count": items.len()}))
+    }
 }
 
 async fn open(server: &MockServer) -> Result<DynamoDbBackend> {
@@ -193,7 +267,7 @@ impl Respond for BatchWriter {
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         let mut left = Vec::new();
         for write in writes {
-            let id = write["PutRequest"]["Item"]["_id"]["S"].as_str().unwrap_or_default().to_owned();
+            let id = write_id(write);
             let count = seen.entry(id.clone()).or_insert(0);
             *count += 1;
             if self.unprocessed.contains(&id) && (self.always || *count == 1) {
@@ -208,28 +282,28 @@ impl Respond for BatchWriter {
     }
 }
 
+/// The `_id` a BatchWriteItem entry writes or deletes.
+fn write_id(write: &Value) -> String {
+    let put = &write["PutRequest"]["Item"]["_id"]["S"];
+    let delete = &write["DeleteRequest"]["Key"]["_id"]["S"];
+    put.as_str().or(delete.as_str()).unwrap_or("?").to_owned()
+}
+
 /// The `_id`s of one received BatchWriteItem body, in order.
 fn batch_ids(request: &Request) -> Vec<String> {
     body_of(request)["RequestItems"][TABLE]
         .as_array()
-        .map(|writes| {
-            writes.iter().map(|w| w["PutRequest"]["Item"]["_id"]["S"].as_str().unwrap_or("?").to_owned()).collect()
-        })
+        .map(|writes| writes.iter().map(write_id).collect())
         .unwrap_or_default()
 }
 
-/// The `_rev` each id was last sent with in BatchWriteItem bodies.
-fn sent_revisions(requests: &[Request]) -> HashMap<String, String> {
-    let mut revs = HashMap::new();
-    for request in requests {
-        for write in body_of(request)["RequestItems"][TABLE].as_array().into_iter().flatten() {
-            let item = &write["PutRequest"]["Item"];
-            if let (Some(id), Some(rev)) = (item["_id"]["S"].as_str(), item["_rev"]["S"].as_str()) {
-                revs.insert(id.to_owned(), rev.to_owned());
-            }
-        }
+/// How many times each id was sent in these BatchWriteItem requests.
+fn times_sent(requests: &[Request]) -> HashMap<String, usize> {
+    let mut counts = HashMap::new();
+    for id in requests.iter().flat_map(batch_ids) {
+        *counts.entry(id).or_insert(0) += 1;
     }
-    revs
+    counts
 }
 
 fn unconditional_writes(ids: &[String]) -> Vec<BulkWrite> {
@@ -241,78 +315,44 @@ fn sorted(mut ids: Vec<String>) -> Vec<String> {
     ids
 }
 
+/// An erasure deletes through BatchWriteItem: deletions left unprocessed are resent, each once
+/// more, until done.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unprocessed_items_are_resent_until_written() {
-    let server = server_with_table().await;
-    // Two of the first batch and one of the second come back unprocessed once.
+async fn erasure_resends_unprocessed_deletions() {
+    let ids: Vec<String> = (0..30).map(|i| format!("bulk-{i:02}")).collect();
+    let server = server_with_current_layout(&ids).await;
     let once = ["bulk-03", "bulk-17", "bulk-27"];
     operation("BatchWriteItem").respond_with(BatchWriter::new(&once, false)).mount(&server).await;
     let backend = open(&server).await.expect("open");
 
-    let ids: Vec<String> = (0..30).map(|i| format!("bulk-{i:02}")).collect();
-    let results = backend.bulk_write(unconditional_writes(&ids)).await.expect("bulk_write as a whole");
-
-    assert_eq!(results.len(), 30);
-    let requests = received(&server, "BatchWriteItem").await;
-    let batches: Vec<Vec<String>> = requests.iter().map(batch_ids).collect();
-    let sizes: Vec<usize> = batches.iter().map(Vec::len).collect();
-    // 25, then the first batch's two unprocessed items, then 5, then the second batch's one.
-    assert_eq!(sizes, [25, 2, 5, 1], "BatchWriteItem request sizes");
-    assert_eq!(sorted(batches[0].clone()), ids[..25].to_vec(), "first batch");
-    assert_eq!(sorted(batches[1].clone()), ["bulk-03", "bulk-17"], "resent from the first batch");
-    assert_eq!(sorted(batches[2].clone()), ids[25..].to_vec(), "second batch");
-    assert_eq!(batches[3], ["bulk-27"], "resent from the second batch");
-    // Each resent item is the same write (same revision) as the first time.
-    let first_revs = sent_revisions(&requests[..1]);
-    let resent_revs = sent_revisions(&requests[1..2]);
-    for id in ["bulk-03", "bulk-17"] {
-        assert_eq!(first_revs.get(id), resent_revs.get(id), "{id} was resent with another revision");
+    assert_eq!(backend.erase_prefix("bulk-").await.expect("erase"), 30);
+    let sent = times_sent(&received(&server, "BatchWriteItem").await);
+    for id in &ids {
+        let expected = if once.contains(&id.as_str()) { 2 } else { 1 };
+        assert_eq!(sent.get(id), Some(&expected), "{id} deleted {:?} times", sent.get(id));
     }
-
-    let revs = sent_revisions(&requests);
-    for (id, result) in ids.iter().zip(&results) {
-        match result {
-            Ok(rev) => assert_eq!(Some(rev.as_str()), revs.get(id).map(String::as_str), "{id}: revision returned"),
-            Err(e) => panic!("{id}: {e}"),
-        }
+    // Every query asked its shard for the prefix only.
+    for query in received(&server, "Query").await {
+        let body = body_of(&query);
+        assert_eq!(body["IndexName"], layout::ID_INDEX);
+        assert_eq!(body["ExpressionAttributeValues"][":prefix"], json!({"S": "bulk-"}));
     }
-    // No write went through PutItem.
-    assert!(received(&server, "PutItem").await.is_empty());
 }
 
-/// Items DynamoDB never processes end as `Unavailable`; the others of the same request are Ok.
+/// Deletions DynamoDB never processes fail the erasure as `Unavailable` (rerunning it finishes).
 async fn persistently_unprocessed_items() -> std::result::Result<(), String> {
-    let server = server_with_table().await;
-    let stuck = ["bulk-02", "bulk-07"];
+    let ids: Vec<String> = (0..10).map(|i| format!("bulk-{i:02}")).collect();
+    let server = server_with_current_layout(&ids).await;
+    let stuck = ["bulk-02"];
     operation("BatchWriteItem").respond_with(BatchWriter::new(&stuck, true)).mount(&server).await;
     let backend = open(&server).await.map_err(|e| format!("open: {e}"))?;
-    let ids: Vec<String> = (0..10).map(|i| format!("bulk-{i:02}")).collect();
-    let results =
-        backend.bulk_write(unconditional_writes(&ids)).await.map_err(|e| format!("bulk_write as a whole: {e}"))?;
-    if results.len() != ids.len() {
-        return Err(format!("{} results for {} writes", results.len(), ids.len()));
+    let outcome = backend.erase_prefix("bulk-").await;
+    expect_error(outcome, ErrorKind::Unavailable, &["unprocessed"], "erasure")?;
+    let sent = times_sent(&received(&server, "BatchWriteItem").await);
+    match sent.get("bulk-02") {
+        Some(&n) if n == 1 + UNPROCESSED_RETRIES => Ok(()),
+        other => Err(format!("the stuck deletion was sent {other:?} times, expected {}", 1 + UNPROCESSED_RETRIES)),
     }
-    for (id, result) in ids.iter().zip(results) {
-        if stuck.contains(&id.as_str()) {
-            expect_error(result, ErrorKind::Unavailable, &["unprocessed"], &format!("unprocessed {id}"))?;
-        } else if let Err(e) = result {
-            return Err(format!("{id} was processed but reported {e}"));
-        }
-    }
-    let requests = received(&server, "BatchWriteItem").await;
-    let sizes: Vec<usize> = requests.iter().map(|r| batch_ids(r).len()).collect();
-    let mut expected = vec![10];
-    expected.extend([2; UNPROCESSED_RETRIES]);
-    if sizes != expected {
-        return Err(format!("BatchWriteItem request sizes {sizes:?}, expected {expected:?}"));
-    }
-    for request in &requests[1..] {
-        let ids = sorted(batch_ids(request));
-        if ids != stuck {
-            return Err(format!("resent {ids:?}, expected only {stuck:?}"));
-        }
-    }
-    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -506,9 +546,15 @@ async fn put_is_retried_after_an_internal_server_error() {
     let rev = backend.put("user_1:bulk:aw==", &small_body("k"), Precondition::MustNotExist).await.expect("put");
     let attempts = received(&server, "PutItem").await;
     assert_eq!(attempts.len(), 2);
-    // The retry is the same write: same item, same revision, same condition.
-    assert_eq!(body_of(&attempts[0]), body_of(&attempts[1]));
-    assert_eq!(body_of(&attempts[1])["Item"]["_rev"]["S"], rev.as_str());
+    // The retry is the same write (same item, revision and condition) with a fresh feed position:
+    // a resent request must not carry the position of an attempt that began earlier.
+    let (mut first, mut second) = (body_of(&attempts[0]), body_of(&attempts[1]));
+    let positions = [first["Item"]["_seq"]["S"].take(), second["Item"]["_seq"]["S"].take()];
+    assert!(positions[0].is_string() && positions[1].is_string(), "{positions:?}");
+    assert!(positions[0].as_str() < positions[1].as_str(), "{positions:?}");
+    assert_eq!(first, second);
+    assert_eq!(second["Item"]["_rev"]["S"], rev.as_str());
+    assert_eq!(second["Item"]["_shard"]["N"], layout::shard_of("user_1:bulk:aw==").to_string());
 }
 
 /// GetItem always throttled: `SDK_ATTEMPTS` attempts, then `Unavailable` mentioning throttling.
@@ -551,12 +597,11 @@ async fn put_always_failing() -> std::result::Result<(), String> {
     (attempts == SDK_ATTEMPTS).then_some(()).ok_or(format!("PutItem attempts: {attempts}, expected {SDK_ATTEMPTS}"))
 }
 
-/// A DynamoDB that fails every BatchWriteItem: the SDK's attempts and nothing more (before, the
-/// adapter's own loop of 3 ran around them, and the migration sink's 5 around that), every
+/// A DynamoDB that fails every write: `SDK_ATTEMPTS` attempts a document and nothing more, every
 /// document reported `Unavailable` and marked exhausted, within the operation timeout.
 async fn bulk_write_to_a_failing_dynamodb() -> std::result::Result<(), String> {
     let server = server_with_table().await;
-    operation("BatchWriteItem").respond_with(error(500, "InternalServerError", "down")).mount(&server).await;
+    operation("PutItem").respond_with(error(500, "InternalServerError", "down")).mount(&server).await;
     let backend = open(&server).await.map_err(|e| format!("open: {e}"))?;
     let ids: Vec<String> = (0..3).map(|i| format!("bulk-{i:02}")).collect();
     let started = std::time::Instant::now();
@@ -569,9 +614,9 @@ async fn bulk_write_to_a_failing_dynamodb() -> std::result::Result<(), String> {
             other => return Err(format!("expected an exhausted Unavailable, got {other:?}")),
         }
     }
-    let attempts = received(&server, "BatchWriteItem").await.len();
-    if attempts != SDK_ATTEMPTS {
-        return Err(format!("BatchWriteItem attempts: {attempts}, expected {SDK_ATTEMPTS}"));
+    let attempts = received(&server, "PutItem").await.len();
+    if attempts != ids.len() * SDK_ATTEMPTS {
+        return Err(format!("PutItem attempts: {attempts}, expected {} a document", SDK_ATTEMPTS));
     }
     let bound = agentstore::backend::dynamodb::config::OPERATION_TIMEOUT + std::time::Duration::from_secs(10);
     (took < bound).then_some(()).ok_or(format!("reported after {took:?}"))
@@ -593,7 +638,7 @@ async fn persistent_failures_exhaust_the_retries_and_report_unavailable() {
         ("Query throttled", query),
         ("PutItem 500", put),
         ("BatchWriteItem unprocessed", bulk),
-        ("BatchWriteItem 500", down),
+        ("PutItem 500 in bulk", down),
     ]
     .into_iter()
     .filter_map(|(name, outcome)| outcome.err().map(|e| format!("{name}: {e}")))
@@ -606,16 +651,18 @@ async fn persistent_failures_exhaust_the_retries_and_report_unavailable() {
 // ---------------------------------------------------------------------------------------------
 
 /// PutItem that applies its first attempt but answers 500 (a reply lost in transit), then fails
-/// the resend's condition against that very write; GetItem reports the revision it applied.
+/// the resend's condition against that very write; GetItem reports the stored revision.
 struct LostReply {
-    applied_rev: std::sync::Arc<Mutex<Option<String>>>,
+    stored_rev: std::sync::Arc<Mutex<String>>,
+    applied: std::sync::Arc<Mutex<bool>>,
 }
 
 impl Respond for LostReply {
     fn respond(&self, request: &Request) -> ResponseTemplate {
-        let mut applied = self.applied_rev.lock().unwrap();
-        if applied.is_none() {
-            *applied = body_of(request)["Item"]["_rev"]["S"].as_str().map(str::to_owned);
+        let mut applied = self.applied.lock().unwrap();
+        if !*applied {
+            *applied = true;
+            *self.stored_rev.lock().unwrap() = body_of(request)["Item"]["_rev"]["S"].as_str().unwrap_or("?").to_owned();
             return error(500, "InternalServerError", "Internal server error");
         }
         error(400, "ConditionalCheckFailedException", "The conditional request failed")
@@ -623,25 +670,30 @@ impl Respond for LostReply {
 }
 
 struct ReportsRevision {
-    applied_rev: std::sync::Arc<Mutex<Option<String>>>,
+    stored_rev: std::sync::Arc<Mutex<String>>,
 }
 
 impl Respond for ReportsRevision {
     fn respond(&self, _: &Request) -> ResponseTemplate {
-        let rev = self.applied_rev.lock().unwrap().clone().unwrap_or_default();
-        answer(200, json!({"Item": {"_rev": {"S": rev}}}))
+        let rev = self.stored_rev.lock().unwrap().clone();
+        answer(200, json!({"Item": {"_id": {"S": "user_1:bulk:aw=="}, "_rev": {"S": rev}}}))
     }
 }
 
-/// A write whose first attempt landed but whose answer was lost is resent by the SDK and fails
-/// its condition against itself: that is the write's own success, not a conflict (a conflict
-/// would make the facade apply the change a second time).
+/// A write whose first attempt landed but whose answer was lost is resent and fails its
+/// condition against itself: that is the write's own success, not a conflict (a conflict would
+/// make the facade apply the change a second time).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resent_write_that_had_landed_is_its_own_success() {
     let server = server_with_table().await;
-    let applied_rev = std::sync::Arc::new(Mutex::new(None));
-    operation("PutItem").respond_with(LostReply { applied_rev: applied_rev.clone() }).mount(&server).await;
-    operation("GetItem").respond_with(ReportsRevision { applied_rev: applied_rev.clone() }).mount(&server).await;
+    let stored_rev = std::sync::Arc::new(Mutex::new("1-00000000000000aa".to_owned()));
+    let applied = std::sync::Arc::new(Mutex::new(false));
+    operation("PutItem")
+        .respond_with(LostReply { stored_rev: stored_rev.clone(), applied: applied.clone() })
+        .mount(&server)
+        .await;
+    operation("GetItem").respond_with(ReportsRevision { stored_rev: stored_rev.clone() }).mount(&server).await;
+    operation("UpdateItem").respond_with(answer(200, json!({}))).mount(&server).await;
     let backend = open(&server).await.expect("open");
 
     let previous = Revision("1-00000000000000aa".into());
@@ -649,13 +701,27 @@ async fn a_resent_write_that_had_landed_is_its_own_success() {
         .put("user_1:bulk:aw==", &small_body("k"), Precondition::MatchRevision(previous))
         .await
         .expect("the write landed on its first attempt");
-    assert_eq!(Some(rev.as_str().to_owned()), *applied_rev.lock().unwrap());
-    assert_eq!(received(&server, "PutItem").await.len(), 2, "the SDK resent the write once");
+    assert_eq!(rev.as_str(), stored_rev.lock().unwrap().as_str());
+    let puts = received(&server, "PutItem").await;
+    assert_eq!(puts.len(), 2, "the write was resent once");
+    // The landed attempt may have been applied late, after a follower passed its position: the
+    // document is given a fresh one, on our revision only.
+    let restamps = received(&server, "UpdateItem").await;
+    assert_eq!(restamps.len(), 1);
+    let restamp = body_of(&restamps[0]);
+    assert_eq!(restamp["ConditionExpression"], "#rev = :rev");
+    assert_eq!(restamp["ExpressionAttributeValues"][":rev"], json!({"S": rev.as_str()}));
+    let first_position = body_of(&puts[0])["Item"]["_seq"]["S"].as_str().unwrap_or_default().to_owned();
+    let fresh = restamp["ExpressionAttributeValues"][":seq"]["S"].as_str().unwrap_or_default().to_owned();
+    assert!(fresh > first_position, "{fresh} is not after {first_position}");
 
     // A real conflict (the stored revision is someone else's) is still a conflict.
-    *applied_rev.lock().unwrap() = Some("9-someone-else".into());
-    let other = backend.put("user_1:bulk:aw==", &small_body("k"), Precondition::MustNotExist).await;
-    expect_error(other, ErrorKind::Conflict, &["changed by another writer"], "create").unwrap();
+    *stored_rev.lock().unwrap() = "9-someone-else".into();
+    let other = backend
+        .put("user_1:bulk:aw==", &small_body("k"), Precondition::MatchRevision(Revision("9-someone-else".into())))
+        .await;
+    expect_error(other, ErrorKind::Conflict, &["changed by another writer"], "update").unwrap();
+    assert_eq!(received(&server, "UpdateItem").await.len(), 1, "no fresh position for a conflict");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -663,6 +729,12 @@ async fn conditional_check_failure_is_a_conflict() {
     let server = server_with_table().await;
     operation("PutItem")
         .respond_with(error(400, "ConditionalCheckFailedException", "The conditional request failed"))
+        .mount(&server)
+        .await;
+    // Nothing stored when the create reads; then another writer's document at revision 1-…aa.
+    operation("GetItem").respond_with(answer(200, json!({}))).up_to_n_times(2).mount(&server).await;
+    operation("GetItem")
+        .respond_with(answer(200, json!({"Item": stored_item("user_1:bulk:aw==")})))
         .mount(&server)
         .await;
     let backend = open(&server).await.expect("open");
@@ -806,41 +878,151 @@ async fn projecting_the_reserved_word_key_uses_attribute_names() {
     assert_eq!(body["ExpressionAttributeValues"], json!({":u": {"S": "user_1"}, ":n": {"S": "default"}}));
 }
 
-/// Refuses every batch that contains `poison`, with an error the SDK does not retry.
-struct PoisonedBatch {
-    poison: &'static str,
-}
-
-impl Respond for PoisonedBatch {
-    fn respond(&self, request: &Request) -> ResponseTemplate {
-        if batch_ids(request).iter().any(|id| id == self.poison) {
-            error(400, "ValidationException", "One or more parameter values were invalid")
-        } else {
-            answer(200, json!({"UnprocessedItems": {}}))
-        }
-    }
-}
-
+/// `bulk_write` reads what its documents replace in one consistent BatchGetItem, then writes each
+/// conditionally on what it found (BatchWriteItem carries no condition), continuing generations:
+/// unconditional (migration) writes too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_batch_fails_only_its_own_documents() {
+async fn bulk_writes_read_in_one_batch_and_write_conditionally() {
     let server = server_with_table().await;
-    operation("BatchWriteItem").respond_with(PoisonedBatch { poison: "bulk-27" }).mount(&server).await;
+    let reader = BatchReader {
+        stored: HashSet::from(["bulk-03".to_owned()]),
+        unprocessed: HashSet::new(),
+        always: false,
+        seen: Mutex::new(HashMap::new()),
+    };
+    operation("BatchGetItem").respond_with(reader).mount(&server).await;
+    operation("PutItem").respond_with(answer(200, json!({}))).mount(&server).await;
     let backend = open(&server).await.expect("open");
 
     let ids: Vec<String> = (0..30).map(|i| format!("bulk-{i:02}")).collect();
     let results = backend.bulk_write(unconditional_writes(&ids)).await.expect("bulk_write as a whole");
-
-    assert_eq!(results.len(), 30);
-    let sizes: Vec<usize> = received(&server, "BatchWriteItem").await.iter().map(|r| batch_ids(r).len()).collect();
-    assert_eq!(sizes, [25, 5], "one request per batch, the failed one not retried");
+    let batch_reads = received(&server, "BatchGetItem").await;
+    assert_eq!(batch_reads.len(), 1);
+    let (asked, consistent) = batch_get_ids(&batch_reads[0]);
+    assert_eq!(sorted(asked), ids);
+    assert!(consistent);
+    assert!(received(&server, "GetItem").await.is_empty(), "no read one document at a time");
+    assert!(received(&server, "BatchWriteItem").await.is_empty());
+    let puts: HashMap<String, Value> = received(&server, "PutItem")
+        .await
+        .iter()
+        .map(|r| (body_of(r)["Item"]["_id"]["S"].as_str().unwrap_or("?").to_owned(), body_of(r)))
+        .collect();
+    assert_eq!(puts.len(), 30);
     for (id, result) in ids.iter().zip(&results) {
-        let in_failed_batch = ids[25..].contains(id);
-        match result {
-            Ok(_) => assert!(!in_failed_batch, "{id} was in the refused batch but reported written"),
-            Err(e) => {
-                assert!(in_failed_batch, "{id} was written but reported failed: {e}");
-                assert_eq!(e.kind(), ErrorKind::InvalidInput, "{id}: {e}");
-            }
+        let rev = result.as_ref().unwrap_or_else(|e| panic!("{id}: {e}"));
+        let put = &puts[id];
+        assert_eq!(put["Item"]["_rev"]["S"], rev.as_str());
+        if id == "bulk-03" {
+            // Stored at 1-…aa: the overwrite is generation 2, conditional on it.
+            assert!(rev.as_str().starts_with("2-"), "{rev}");
+            assert_eq!(put["ConditionExpression"], "#rev = :rev");
+            assert_eq!(put["ExpressionAttributeValues"][":rev"], json!({"S": "1-00000000000000aa"}));
+        } else {
+            assert!(rev.as_str().starts_with("1-"), "{rev}");
+            assert_eq!(put["ConditionExpression"], "attribute_not_exists(#id)");
         }
     }
+}
+
+/// An unconditional write that loses a race to another writer reads again and writes after it,
+/// continuing that writer's generation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unconditional_write_that_loses_a_race_reads_again() {
+    let server = server_with_table().await;
+    let mut theirs = stored_item("user_1:bulk:aw==");
+    theirs["_rev"] = json!({"S": "3-00000000000000bb"});
+    // Read before the write: 2-…; after the lost race (and for every later read): theirs, 3-….
+    let mut before = stored_item("user_1:bulk:aw==");
+    before["_rev"] = json!({"S": "2-00000000000000aa"});
+    operation("GetItem").respond_with(answer(200, json!({"Item": before}))).up_to_n_times(1).mount(&server).await;
+    operation("GetItem").respond_with(answer(200, json!({"Item": theirs}))).mount(&server).await;
+    operation("PutItem")
+        .respond_with(error(400, "ConditionalCheckFailedException", "The conditional request failed"))
+        .up_to_n_times(1)
+        .mount(&server)
+        .await;
+    operation("PutItem").respond_with(answer(200, json!({}))).mount(&server).await;
+    let backend = open(&server).await.expect("open");
+
+    let rev = backend.put("user_1:bulk:aw==", &small_body("k"), Precondition::None).await.expect("put");
+    assert!(rev.as_str().starts_with("4-"), "{rev}");
+    let puts = received(&server, "PutItem").await;
+    assert_eq!(puts.len(), 2);
+    assert_eq!(body_of(&puts[0])["ExpressionAttributeValues"][":rev"], json!({"S": "2-00000000000000aa"}));
+    assert_eq!(body_of(&puts[1])["ExpressionAttributeValues"][":rev"], json!({"S": "3-00000000000000bb"}));
+}
+
+/// A table whose index list grows as UpdateTable creates indexes (each ACTIVE at once).
+struct GrowingTable {
+    created: std::sync::Arc<Mutex<Vec<Value>>>,
+}
+
+impl Respond for GrowingTable {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let target = request.headers.get(TARGET).and_then(|v| v.to_str().ok()).unwrap_or_default();
+        let mut created = self.created.lock().unwrap();
+        if target == self::target("UpdateTable") {
+            for update in body_of(request)["GlobalSecondaryIndexUpdates"].as_array().into_iter().flatten() {
+                let mut index = update["Create"].clone();
+                index["IndexStatus"] = json!("ACTIVE");
+                created.push(index);
+            }
+        }
+        let mut indexes = standard_index().as_array().cloned().unwrap_or_default();
+        indexes.extend(created.iter().cloned());
+        answer(200, table_description(Value::Array(indexes)))
+    }
+}
+
+/// The first upgrade step adds each missing index with its own UpdateTable (no capacity on an
+/// on-demand table), then stamps old items conditionally: a document on the revision it was read
+/// at, a chunk item only if it still exists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrade_adds_the_indexes_and_stamps_items_conditionally() {
+    credentials();
+    let server = MockServer::start().await;
+    let table = GrowingTable { created: std::sync::Arc::new(Mutex::new(Vec::new())) };
+    let created = table.created.clone();
+    Mock::given(method("POST"))
+        .and(path("/"))
+        .and(wiremock::matchers::header_regex(TARGET, "DescribeTable|UpdateTable"))
+        .respond_with(table)
+        .mount(&server)
+        .await;
+    mount_empty_reads(&server).await;
+    let old = stored_item("user_1:default:aw==");
+    let chunk = json!({"_id": {"S": "user_1:default:Yg==#chunk#1-00000000000000cc#1"}, "_chunkOf": {"S": "user_1:default:Yg=="}, "_body": {"B": "AAAA"}});
+    operation("Scan").respond_with(answer(200, json!({"Items": [old, chunk], "Count": 2}))).mount(&server).await;
+    operation("UpdateItem").respond_with(answer(200, json!({}))).mount(&server).await;
+    let backend = open(&server).await.expect("open");
+    assert!(matches!(backend.layout().await.expect("layout"), agentstore::backend::LayoutState::NeedsUpgrade(_)));
+
+    let step = backend.upgrade_page(None, 10).await.expect("upgrade step");
+    assert_eq!((step.examined, step.upgraded, step.next), (2, 2, None));
+    let updates = received(&server, "UpdateTable").await;
+    let names: Vec<Value> = updates
+        .iter()
+        .map(|u| {
+            let body = body_of(u);
+            let creates = body["GlobalSecondaryIndexUpdates"].as_array().cloned().unwrap_or_default();
+            assert_eq!(creates.len(), 1, "one index a request");
+            assert!(creates[0]["Create"].get("ProvisionedThroughput").is_none(), "on-demand: no capacity");
+            creates[0]["Create"]["IndexName"].clone()
+        })
+        .collect();
+    assert_eq!(names, [json!(layout::FEED_INDEX), json!(layout::ID_INDEX)]);
+    assert_eq!(created.lock().unwrap()[0]["KeySchema"][1], json!({"AttributeName": "_seq", "KeyType": "RANGE"}));
+
+    let stamps: Vec<Value> = received(&server, "UpdateItem").await.iter().map(body_of).collect();
+    let document = stamps.iter().find(|s| s["Key"]["_id"]["S"] == "user_1:default:aw==").expect("document stamped");
+    assert_eq!(document["ConditionExpression"], "#rev = :rev");
+    assert_eq!(document["ExpressionAttributeValues"][":rev"], json!({"S": "1-00000000000000aa"}));
+    assert_eq!(
+        document["ExpressionAttributeValues"][":shard"]["N"],
+        layout::shard_of("user_1:default:aw==").to_string()
+    );
+    assert!(document["UpdateExpression"].as_str().is_some_and(|e| e.contains("#seq")));
+    let chunk = stamps.iter().find(|s| s["Key"]["_id"]["S"] != "user_1:default:aw==").expect("chunk stamped");
+    assert_eq!(chunk["ConditionExpression"], "attribute_exists(#id)");
 }

@@ -64,8 +64,32 @@ impl Auth {
 
     /// Checks the request's bearer token against the user it addresses.
     pub fn authorize(&self, headers: &HeaderMap, user: &str) -> std::result::Result<(), ApiError> {
+        match self.scope(headers)? {
+            None | Some(Scope::Admin) => Ok(()),
+            Some(Scope::User(allowed)) if allowed == user => Ok(()),
+            Some(Scope::User(_)) => Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                format!("this token may not access user {user:?}"),
+            )),
+        }
+    }
+
+    /// Checks that the request's bearer token is an admin token (for routes that see every
+    /// user's data).
+    pub fn authorize_admin(&self, headers: &HeaderMap, what: &str) -> std::result::Result<(), ApiError> {
+        match self.scope(headers)? {
+            None | Some(Scope::Admin) => Ok(()),
+            Some(Scope::User(_)) => {
+                Err(ApiError::new(StatusCode::FORBIDDEN, "forbidden", format!("{what} needs an admin token")))
+            }
+        }
+    }
+
+    /// The scope of the request's bearer token; `None` when no tokens are configured.
+    fn scope(&self, headers: &HeaderMap) -> std::result::Result<Option<&Scope>, ApiError> {
         if self.is_open() {
-            return Ok(());
+            return Ok(None);
         }
         let unauthorized = |reason: &str| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", reason);
         let value = headers
@@ -81,16 +105,7 @@ impl Auth {
             .filter(|t| !t.is_empty())
             .ok_or_else(|| unauthorized("the Authorization header must be `Bearer <token>`"))?;
         let hash: [u8; 32] = Sha256::digest(token.as_bytes()).into();
-        match self.tokens.get(&hash) {
-            None => Err(unauthorized("the bearer token is not valid")),
-            Some(Scope::Admin) => Ok(()),
-            Some(Scope::User(allowed)) if allowed == user => Ok(()),
-            Some(Scope::User(_)) => Err(ApiError::new(
-                StatusCode::FORBIDDEN,
-                "forbidden",
-                format!("this token may not access user {user:?}"),
-            )),
-        }
+        self.tokens.get(&hash).map(Some).ok_or_else(|| unauthorized("the bearer token is not valid"))
     }
 }
 
@@ -121,6 +136,11 @@ mod tests {
         assert!(auth.authorize(&headers("root-token"), "bob").is_ok());
         assert_eq!(auth.authorize(&headers("nope"), "alice").unwrap_err().status, StatusCode::UNAUTHORIZED);
         assert_eq!(auth.authorize(&HeaderMap::new(), "alice").unwrap_err().status, StatusCode::UNAUTHORIZED);
+        assert!(auth.authorize_admin(&headers("root-token"), "the feed").is_ok());
+        let refused = auth.authorize_admin(&headers("alice-token"), "the feed").unwrap_err();
+        assert_eq!((refused.status, refused.reason.as_str()), (StatusCode::FORBIDDEN, "the feed needs an admin token"));
+        assert_eq!(auth.authorize_admin(&headers("nope"), "the feed").unwrap_err().status, StatusCode::UNAUTHORIZED);
+        assert!(Auth::default().authorize_admin(&HeaderMap::new(), "the feed").is_ok(), "no tokens: open");
     }
 
     #[test]

@@ -7,6 +7,7 @@
 
 mod auth;
 mod body;
+mod changes;
 mod conn;
 mod error;
 mod metrics;
@@ -53,6 +54,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/users/{user}/namespaces/{namespace}/keys/{key}"),
     ("HEAD", "/v1/users/{user}/namespaces/{namespace}/keys/{key}"),
     ("DELETE", "/v1/users/{user}/namespaces/{namespace}/keys/{key}"),
+    ("GET", "/v1/changes"),
     ("GET", "/healthz"),
     ("GET", "/readyz"),
     ("GET", "/metrics"),
@@ -69,6 +71,8 @@ pub struct App {
     connections: conn::ConnectionLimits,
     auth_open: bool,
     token_count: usize,
+    /// Tells waiting change-feed requests that the server is shutting down.
+    stopping: tokio::sync::watch::Sender<bool>,
 }
 
 impl App {
@@ -90,7 +94,12 @@ impl App {
             settings.body_limit(),
             limits,
         ));
-        let state = AppState { store, auth: Arc::new(auth), metrics: Arc::clone(&metrics), bodies };
+        let (stopping, stopping_seen) = tokio::sync::watch::channel(false);
+        // A longpoll waits at most half the request timeout: the other half is for the reads
+        // around the wait, so the answer comes well before the hard cut, and before a client
+        // that gives up after the same time as the server.
+        let feed = changes::FeedSettings { max_wait: request_timeout / 2, stopping: stopping_seen };
+        let state = AppState { store, auth: Arc::new(auth), metrics: Arc::clone(&metrics), bodies, feed };
         // A safety net well behind the facade's cooperative deadline: a request cut there may have had
         // a write in flight, so the answer is 504 (outcome unknown), never 408.
         let router = router(state, request_timeout.saturating_mul(HARD_TIMEOUT_FACTOR));
@@ -107,6 +116,7 @@ impl App {
             connections,
             auth_open,
             token_count,
+            stopping,
         })
     }
 
@@ -118,6 +128,11 @@ impl App {
     /// Serves until `shutdown` resolves, then lets in-flight requests finish for up to the grace
     /// period.
     pub async fn serve(self, listener: TcpListener, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<()> {
+        let stopping = self.stopping;
+        let shutdown = async move {
+            shutdown.await;
+            let _ = stopping.send(true);
+        };
         conn::serve(listener, self.router, self.connections, shutdown, self.grace).await;
         Ok(())
     }
@@ -144,6 +159,8 @@ fn router(state: AppState, timeout: Duration) -> Router {
         .route("/readyz", get(routes::readyz))
         .route("/metrics", get(routes::metrics))
         .route("/openapi.json", get(routes::openapi))
+        // Admin tokens only: checked by the handler, since the route names no user.
+        .route("/v1/changes", get(changes::changes))
         .merge(v1)
         .fallback(routes::no_route)
         .method_not_allowed_fallback(routes::method_not_allowed)

@@ -37,6 +37,7 @@ pub struct AppState {
     pub auth: Arc<Auth>,
     pub metrics: Arc<Metrics>,
     pub bodies: Arc<BodyBudget>,
+    pub feed: super::changes::FeedSettings,
 }
 
 type ApiResult<T> = Result<T, ApiError>;

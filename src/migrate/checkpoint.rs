@@ -115,14 +115,7 @@ impl Checkpoint {
 
 /// Reads the checkpoint, or `None` when there is no file.
 pub fn load(path: &Path) -> Result<Option<Checkpoint>> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(io_error(path, "read the checkpoint", e)),
-    };
-    let checkpoint: Checkpoint = serde_json::from_str(&text).map_err(|e| {
-        Error::invalid("checkpoint", format!("{} is not a checkpoint file: {e}", path.display())).with_source(e)
-    })?;
+    let Some(checkpoint) = load_json::<Checkpoint>(path, "a checkpoint file")? else { return Ok(None) };
     if checkpoint.format != FORMAT {
         return Err(Error::invalid(
             "checkpoint",
@@ -132,9 +125,28 @@ pub fn load(path: &Path) -> Result<Option<Checkpoint>> {
     Ok(Some(checkpoint))
 }
 
+/// Reads a checkpoint file of any command (`what` says what it should be, for the error), or
+/// `None` when there is no file.
+pub fn load_json<T: serde::de::DeserializeOwned>(path: &Path, what: &str) -> Result<Option<T>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io_error(path, "read the checkpoint", e)),
+    };
+    let value = serde_json::from_str(&text)
+        .map_err(|e| Error::invalid("checkpoint", format!("{} is not {what}: {e}", path.display())).with_source(e))?;
+    Ok(Some(value))
+}
+
 /// Replaces the checkpoint atomically and durably.
 pub fn save(path: &Path, checkpoint: &Checkpoint) -> Result<()> {
-    let text = serde_json::to_vec_pretty(checkpoint)
+    save_json(path, checkpoint)
+}
+
+/// Replaces the file at `path` with `value` as JSON, atomically and durably (see the module
+/// documentation); any command's checkpoint file is written this way.
+pub fn save_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+    let text = serde_json::to_vec_pretty(value)
         .map_err(|e| Error::new(ErrorKind::Internal, "encode the checkpoint").with_source(e))?;
     let dir = match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),

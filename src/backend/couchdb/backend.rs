@@ -10,7 +10,11 @@ use super::client::{CouchClient, Reply};
 use super::codec::to_couch_doc;
 use super::config::CouchConfig;
 use super::error::from_status;
-use crate::backend::{BulkWrite, DocumentBackend, Page, Precondition, Projection, Query, Revision, StoredDocument};
+use super::live::LiveRevisions;
+use crate::backend::{
+    BulkWrite, ChangesPage, DocumentBackend, IdRange, LayoutState, Page, Precondition, Projection, Query, Revision,
+    RevisionInfo, StoredDocument, UpgradePage,
+};
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::fields;
 
@@ -22,14 +26,19 @@ const GET_MANY_KEYS: usize = 200;
 const GET_MANY_CONCURRENCY: usize = 4;
 
 /// How often an unconditional write re-reads the revision after a conflict.
-const UNCONDITIONAL_WRITE_ATTEMPTS: usize = 10;
+pub(super) const UNCONDITIONAL_WRITE_ATTEMPTS: usize = 10;
 
 pub struct CouchDbBackend {
-    client: CouchClient,
-    config: CouchConfig,
+    pub(super) client: CouchClient,
+    pub(super) config: CouchConfig,
     /// The design document holding `idx-user-namespace`, learned when the index is ensured, so
     /// `_find` can name it in `use_index`.
     index_ddoc: RwLock<Option<String>>,
+    /// Revisions seen live, which a conditional write may name without a look (see [`LiveRevisions`]).
+    live: LiveRevisions,
+    /// Whether the server is pouchdb-server, learned on the first `all_docs` (see
+    /// [`super::id_order`]).
+    pub(super) is_pouchdb_server: tokio::sync::OnceCell<bool>,
 }
 
 /// A `_find` page token. Real CouchDB pages with bookmarks; a server that returns none
@@ -45,8 +54,13 @@ impl CouchDbBackend {
     /// Connects and checks the database, creating it when configured to. Nothing is written to
     /// an existing database here.
     pub async fn open(config: &CouchConfig) -> Result<Self> {
-        let backend =
-            CouchDbBackend { client: CouchClient::new(config)?, config: config.clone(), index_ddoc: RwLock::new(None) };
+        let backend = CouchDbBackend {
+            client: CouchClient::new(config)?,
+            config: config.clone(),
+            index_ddoc: RwLock::new(None),
+            live: LiveRevisions::default(),
+            is_pouchdb_server: tokio::sync::OnceCell::new(),
+        };
         backend.check_database().await?;
         Ok(backend)
     }
@@ -101,7 +115,7 @@ impl CouchDbBackend {
         Ok(())
     }
 
-    fn document_url(&self, id: &str) -> String {
+    pub(super) fn document_url(&self, id: &str) -> String {
         self.client.url(&[id])
     }
 
@@ -115,9 +129,28 @@ impl CouchDbBackend {
         let doc = to_couch_doc(id, body, rev)?;
         let reply = self.client.send(Method::PUT, &self.document_url(id), &[], Some(&doc), "write a document").await?;
         match reply.status {
-            StatusCode::CREATED | StatusCode::ACCEPTED => revision_of(&reply.body, "write a document"),
+            StatusCode::CREATED | StatusCode::ACCEPTED => {
+                let rev = revision_of(&reply.body, "write a document")?;
+                self.live.remember(id, &rev);
+                Ok(rev)
+            }
             StatusCode::CONFLICT => Err(Error::conflict(format!("document {id:?} was changed by another writer"))),
             status => Err(from_status(status, &reply.body, &format!("write document {id:?}"))),
+        }
+    }
+
+    /// Whether `id` is live, when `rev` is not already known to be a live revision of it: a
+    /// `HEAD` answers 404 for a deleted (or missing) document, whose tombstone revision a write
+    /// must not name (see [`LiveRevisions`]).
+    async fn may_be_live_at(&self, id: &str, rev: &Revision) -> Result<bool> {
+        if self.live.known(id, rev) {
+            return Ok(true);
+        }
+        let head = self.client.read(Method::HEAD, &self.document_url(id), &[], None, "look up a document").await?;
+        match head.status {
+            StatusCode::OK => Ok(true),
+            StatusCode::NOT_FOUND => Ok(false),
+            status => Err(from_status(status, &head.body, &format!("look up document {id:?}"))),
         }
     }
 
@@ -156,13 +189,7 @@ impl CouchDbBackend {
         if !reply.status.is_success() {
             return Err(from_status(reply.status, &reply.body, "read documents with _all_docs"));
         }
-        let rows = match reply.body {
-            Value::Object(mut body) => match body.remove("rows") {
-                Some(Value::Array(rows)) => rows,
-                _ => return Err(Error::new(ErrorKind::Internal, "CouchDB _all_docs answered without rows")),
-            },
-            _ => return Err(Error::new(ErrorKind::Internal, "CouchDB _all_docs answered with a non-object")),
-        };
+        let rows = take_array(reply.body, "rows", "_all_docs")?;
         let mut found = Vec::with_capacity(rows.len());
         for row in rows {
             let Value::Object(mut row) = row else { continue };
@@ -186,8 +213,25 @@ impl CouchDbBackend {
     }
 }
 
+/// The array `field` of a CouchDB answer to `endpoint` (`rows` of `_all_docs`, `results` of
+/// `_changes`), moved out of it.
+pub(super) fn take_array(body: Value, field: &str, endpoint: &str) -> Result<Vec<Value>> {
+    match body {
+        Value::Object(mut body) => match body.remove(field) {
+            Some(Value::Array(items)) => Ok(items),
+            _ => Err(Error::new(ErrorKind::Internal, format!("CouchDB {endpoint} answered without {field}"))),
+        },
+        _ => Err(Error::new(ErrorKind::Internal, format!("CouchDB {endpoint} answered with a non-object"))),
+    }
+}
+
+/// A key of `_all_docs` (`startkey`, `endkey`, `keys`) as the JSON text CouchDB expects.
+pub(super) fn json_key(id: &str) -> String {
+    Value::String(id.to_owned()).to_string()
+}
+
 /// Splits a CouchDB document into id, revision and body.
-fn from_couch_doc(doc: Value, doing: &str) -> Result<StoredDocument> {
+pub(super) fn from_couch_doc(doc: Value, doing: &str) -> Result<StoredDocument> {
     let Value::Object(mut body) = doc else {
         return Err(Error::new(
             ErrorKind::Internal,
@@ -210,7 +254,7 @@ fn from_couch_doc(doc: Value, doing: &str) -> Result<StoredDocument> {
     Ok(StoredDocument { id, rev: Revision(rev), body })
 }
 
-fn revision_of(reply: &Value, doing: &str) -> Result<Revision> {
+pub(super) fn revision_of(reply: &Value, doing: &str) -> Result<Revision> {
     reply.get("rev").and_then(Value::as_str).map(|rev| Revision(rev.to_owned())).ok_or_else(|| {
         Error::new(ErrorKind::Internal, format!("CouchDB did not return a revision while trying to {doing}"))
     })
@@ -234,7 +278,7 @@ fn bulk_result(id: &str, result: Value) -> Result<Revision> {
     }
 }
 
-fn is_design_doc(id: &str) -> bool {
+pub(super) fn is_design_doc(id: &str) -> bool {
     id.starts_with("_design/")
 }
 
@@ -253,7 +297,11 @@ impl DocumentBackend for CouchDbBackend {
     async fn get(&self, id: &str) -> Result<Option<StoredDocument>> {
         let reply = self.client.read(Method::GET, &self.document_url(id), &[], None, "read a document").await?;
         match reply.status {
-            StatusCode::OK => from_couch_doc(reply.body, "read a document").map(Some),
+            StatusCode::OK => {
+                let doc = from_couch_doc(reply.body, "read a document")?;
+                self.live.remember(id, &doc.rev);
+                Ok(Some(doc))
+            }
             // "missing" and "deleted" alike; a missing database is reported at startup.
             StatusCode::NOT_FOUND => Ok(None),
             status => Err(from_status(status, &reply.body, &format!("read document {id:?}"))),
@@ -267,7 +315,12 @@ impl DocumentBackend for CouchDbBackend {
     async fn put(&self, id: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Revision> {
         match precondition {
             Precondition::MustNotExist => self.put_with_rev(id, body, None).await,
-            Precondition::MatchRevision(rev) => self.put_with_rev(id, body, Some(&rev)).await,
+            Precondition::MatchRevision(rev) => {
+                if !self.may_be_live_at(id, &rev).await? {
+                    return Err(Error::conflict(format!("document {id:?} is deleted, not at revision {rev}")));
+                }
+                self.put_with_rev(id, body, Some(&rev)).await
+            }
             Precondition::None => {
                 for _ in 0..UNCONDITIONAL_WRITE_ATTEMPTS {
                     let rev = self.current_revision(id).await?;
@@ -282,6 +335,11 @@ impl DocumentBackend for CouchDbBackend {
     }
 
     async fn delete(&self, id: &str, rev: &Revision) -> Result<()> {
+        // CouchDB deletes a tombstone again when named by its own revision; here a deleted
+        // document is not found.
+        if !self.may_be_live_at(id, rev).await? {
+            return Err(Error::not_found(format!("document {id:?} does not exist")));
+        }
         let query = [("rev", rev.as_str().to_owned())];
         let reply = self.client.send(Method::DELETE, &self.document_url(id), &query, None, "delete a document").await?;
         match reply.status {
@@ -435,44 +493,57 @@ impl DocumentBackend for CouchDbBackend {
     }
 
     async fn scan(&self, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
-        let limit = limit.max(1);
-        let mut query = vec![("include_docs", "true".to_owned()), ("limit", limit.to_string())];
-        if let Some(after) = page_token {
-            // The smallest id after `after` in _all_docs' raw collation.
-            let start = format!("{after}\u{0}");
-            query.push((
-                "startkey",
-                serde_json::to_string(&start)
-                    .map_err(|e| Error::new(ErrorKind::Internal, "encode startkey").with_source(e))?,
-            ));
-        }
-        let url = self.client.url(&["_all_docs"]);
-        let reply = self.client.read(Method::GET, &url, &query, None, "scan documents").await?;
-        if !reply.status.is_success() {
-            return Err(from_status(reply.status, &reply.body, "scan documents with _all_docs"));
-        }
-        let rows = match reply.body {
-            Value::Object(mut body) => match body.remove("rows") {
-                Some(Value::Array(rows)) => rows,
-                _ => Vec::new(),
-            },
-            _ => Vec::new(),
-        };
-        let full_page = rows.len() == limit;
-        let mut last_id = None;
-        let mut items = Vec::with_capacity(rows.len());
-        for row in rows {
-            let Value::Object(mut row) = row else { continue };
-            let id = row.get("id").and_then(Value::as_str).map(str::to_owned);
-            last_id = id.clone().or(last_id);
-            if id.as_deref().is_none_or(is_design_doc) {
-                continue;
-            }
-            if let Some(doc) = row.remove("doc").filter(|d| !d.is_null()) {
-                items.push(from_couch_doc(doc, "scan documents")?);
-            }
-        }
-        Ok(Page { items, next: if full_page { last_id } else { None } })
+        // Every data document in id order: `all_docs` over the whole range, whose token is the
+        // last id returned, as this scan's always was (checkpoints of running migrations stay
+        // valid). It also works around pouchdb-server's open-topped ranges, which left ids
+        // starting at U+00FF or above out of a plain `_all_docs` read.
+        self.all_docs_page(&IdRange::all(), limit, page_token).await
+    }
+
+    async fn revisions(&self, id: &str) -> Result<Option<RevisionInfo>> {
+        self.revision_info(id).await
+    }
+
+    async fn changes(&self, since: Option<&str>, limit: usize) -> Result<ChangesPage> {
+        self.changes_page(since, limit).await
+    }
+
+    async fn change_position(&self) -> Result<String> {
+        self.feed_position().await
+    }
+
+    async fn all_docs(&self, range: &IdRange, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
+        self.all_docs_page(range, limit, page_token).await
+    }
+
+    async fn erase_prefix(&self, prefix: &str) -> Result<u64> {
+        self.purge_prefix(prefix).await
+    }
+
+    async fn get_local(&self, name: &str) -> Result<Option<StoredDocument>> {
+        self.read_local(name).await
+    }
+
+    async fn put_local(&self, name: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Revision> {
+        self.write_local(name, body, precondition).await
+    }
+
+    async fn delete_local(&self, name: &str, rev: &Revision) -> Result<()> {
+        self.remove_local(name, rev).await
+    }
+
+    /// A CouchDB database is used as the existing system left it: nothing to upgrade, and the
+    /// existing system may keep writing to it.
+    async fn layout(&self) -> Result<LayoutState> {
+        Ok(LayoutState::Current)
+    }
+
+    async fn upgrade_page(&self, _page_token: Option<&str>, _limit: usize) -> Result<UpgradePage> {
+        Ok(UpgradePage { examined: 0, upgraded: 0, next: None })
+    }
+
+    async fn finish_upgrade(&self) -> Result<()> {
+        Ok(())
     }
 
     async fn design_document_count(&self) -> Result<Option<u64>> {

@@ -1,4 +1,5 @@
-//! The CouchDB backend URL: `couchdb+http://USER:PASS@HOST:PORT/DATABASE?create=true&timeout_secs=30`
+//! The CouchDB backend URL:
+//! `couchdb+http://USER:PASS@HOST:PORT/DATABASE?create=true&timeout_secs=30&revs_limit=1000`
 //! (or `couchdb+https://`). The database defaults to `agent_data_store`; it is created at startup
 //! only with `create=true`. Credentials may instead come from the `couchdb_user` /
 //! `couchdb_password` settings (`AGENTSTORE_COUCHDB_USER` / `AGENTSTORE_COUCHDB_PASSWORD`), which
@@ -26,6 +27,10 @@ pub struct CouchConfig {
     pub create: bool,
     /// Timeout of one HTTP request.
     pub timeout: Duration,
+    /// How many revision ids `revisions` reports at most. CouchDB keeps its own `_revs_limit`
+    /// per database (1000 unless changed) and this never changes it: the answer is the shorter
+    /// of the two.
+    pub revs_limit: usize,
 }
 
 impl CouchConfig {
@@ -55,6 +60,7 @@ impl CouchConfig {
         check_database_name(&database).map_err(bad)?;
         let mut create = false;
         let mut timeout = Duration::from_secs(30);
+        let mut revs_limit = crate::backend::DEFAULT_REVS_LIMIT;
         for (name, value) in url.query_pairs() {
             match name.as_ref() {
                 "create" => {
@@ -64,7 +70,16 @@ impl CouchConfig {
                     let secs: u64 = value.parse().map_err(|_| bad(format!("timeout_secs={value} is not a number")))?;
                     timeout = Duration::from_secs(secs.max(1));
                 }
-                other => return Err(bad(format!("unknown parameter {other:?} (known: create, timeout_secs)"))),
+                "revs_limit" => {
+                    revs_limit = value
+                        .parse()
+                        .ok()
+                        .filter(|n| *n >= 1)
+                        .ok_or_else(|| bad(format!("revs_limit={value} is not a positive number")))?;
+                }
+                other => {
+                    return Err(bad(format!("unknown parameter {other:?} (known: create, timeout_secs, revs_limit)")))
+                }
             }
         }
         let mut server = url.clone();
@@ -72,7 +87,7 @@ impl CouchConfig {
         server.set_query(None);
         let _ = server.set_username("");
         let _ = server.set_password(None);
-        Ok(CouchConfig { server, database, user, password, create, timeout })
+        Ok(CouchConfig { server, database, user, password, create, timeout, revs_limit })
     }
 
     /// The URL with the password hidden.
@@ -127,6 +142,8 @@ mod tests {
         assert_eq!(c.user.as_deref(), Some("admin"));
         assert_eq!(c.password.as_deref(), Some("p@ss"));
         assert!(c.create);
+        assert_eq!(c.revs_limit, crate::backend::DEFAULT_REVS_LIMIT);
+        assert_eq!(CouchConfig::parse("couchdb+http://h/db?revs_limit=3").unwrap().revs_limit, 3);
         assert_eq!(c.redacted(), "couchdb+http://admin:***@127.0.0.1:5984/my_db");
         assert!(!format!("{c:?}").contains("p@ss"));
         let c = CouchConfig::parse("couchdb+https://db.example.com").unwrap();
@@ -146,6 +163,8 @@ mod tests {
             "couchdb+http://h/db?create=maybe",
             "couchdb+http://h/db?nope=1",
             "couchdb+http://h/1db",
+            "couchdb+http://h/db?revs_limit=0",
+            "couchdb+http://h/db?revs_limit=many",
         ] {
             let err = CouchConfig::parse(bad).unwrap_err();
             assert!(err.to_string().contains("CouchDB URL"), "{bad}: {err}");

@@ -12,12 +12,27 @@
 //!   with backoff and jitter for idempotent reads).
 //! - [`error`]: CouchDB statuses and bodies → the crate's error kinds.
 //! - [`backend`]: the `DocumentBackend` implementation.
+//!
+//! CouchDB's document model is the one the trait describes, so each part maps onto its native
+//! feature (see `docs/couchdb-document-model.md`):
+//! - [`history`]: revisions and ancestry (`?revs=true`), tombstones found through `_all_docs`.
+//! - [`feed`]: the change feed (`_changes`) and its current position (`update_seq`).
+//! - [`id_order`]: documents in id order (`_all_docs`), design documents left out.
+//! - [`purge`]: erasure by prefix (`_changes` with a `_selector` filter, then `_purge`).
+//! - [`local`]: `_local/` documents.
+//! - [`live`]: keeps a tombstone's revision from reviving or re-deleting a document.
 
 mod backend;
 mod client;
 mod codec;
 pub mod config;
 mod error;
+mod feed;
+mod history;
+mod id_order;
+mod live;
+mod local;
+mod purge;
 
 pub use backend::{CouchDbBackend, INDEX_NAME};
 pub use client::READ_RETRY;

@@ -1,11 +1,14 @@
 //! [`DynamoDbBackend`]: the `DocumentBackend` over DynamoDB through the official AWS SDK.
 //!
-//! Every write is conditional on the `_rev` attribute (`attribute_not_exists(_id)` to create,
-//! equality to update or delete), so the facade's optimistic concurrency holds. Listings query the
-//! GSI, whose reads are eventually consistent in DynamoDB: a write is not always visible to the
-//! very next listing. Direct reads (`get`, `scan`) are strongly consistent.
+//! Every write is conditional on the `_rev` attribute it read (`attribute_not_exists(_id)` to
+//! create, equality to update or delete), so the facade's optimistic concurrency holds; the
+//! document model's writes are in [`super::model`], its feed, id order and erasure in
+//! [`super::feed`], local documents in [`super::local`], the layout in [`super::layout`].
+//! Listings query the GSI, whose reads are eventually consistent in DynamoDB: a write is not
+//! always visible to the very next listing. Direct reads (`get`, `scan`) are strongly consistent.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -13,8 +16,7 @@ use aws_config::{BehaviorVersion, Region};
 use aws_sdk_dynamodb::types::AttributeValue;
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, GlobalSecondaryIndex, IndexStatus, KeySchemaElement, KeyType, KeysAndAttributes,
-    Projection as DynamoProjection, ProjectionType, PutRequest, ReturnValue, ScalarAttributeType, TableStatus,
-    WriteRequest,
+    Projection as DynamoProjection, ProjectionType, ScalarAttributeType, TableDescription, TableStatus, WriteRequest,
 };
 use aws_sdk_dynamodb::Client;
 use backon::{BackoffBuilder, ExponentialBuilder};
@@ -24,14 +26,18 @@ use serde_json::{Map, Value};
 use super::codec::{self, Item};
 use super::config::DynamoConfig;
 use super::error::{map_sdk, map_sdk_write};
-use crate::backend::{BulkWrite, DocumentBackend, Page, Precondition, Projection, Query, Revision, StoredDocument};
+use super::layout;
+use crate::backend::{
+    BulkWrite, ChangesPage, DocumentBackend, IdRange, LayoutState, Page, Precondition, Projection, Query, Revision,
+    RevisionInfo, StoredDocument, UpgradePage,
+};
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::fields;
 
 /// BatchWriteItem's limit.
-const BATCH_WRITE_MAX: usize = 25;
+pub(super) const BATCH_WRITE_MAX: usize = 25;
 /// BatchGetItem's limit, and such calls of one batch read in flight at once.
-const BATCH_GET_MAX: usize = 100;
+pub(super) const BATCH_GET_MAX: usize = 100;
 const BATCH_GET_CONCURRENCY: usize = 4;
 /// Conditional writes of a bulk request run this many at a time.
 const CONDITIONAL_WRITE_CONCURRENCY: usize = 16;
@@ -41,6 +47,8 @@ const UNPROCESSED_RETRIES: usize = 8;
 pub struct DynamoDbBackend {
     client: Client,
     config: DynamoConfig,
+    /// Set once the table was seen with this release's layout (a layout never goes back).
+    layout_current: AtomicBool,
 }
 
 impl DynamoDbBackend {
@@ -62,20 +70,66 @@ impl DynamoDbBackend {
                 "DynamoDB needs a region: add ?region=… to the backend URL or set AWS_REGION",
             ));
         }
-        let backend = DynamoDbBackend { client: Client::new(&sdk), config: config.clone() };
+        let backend = DynamoDbBackend::new(Client::new(&sdk), config);
         backend.check_table().await?;
         Ok(backend)
     }
 
     /// Client over an already-built SDK configuration (tests point this at mock servers).
     pub async fn with_sdk_config(sdk: &aws_config::SdkConfig, config: &DynamoConfig) -> Result<Self> {
-        let backend = DynamoDbBackend { client: Client::new(sdk), config: config.clone() };
+        let backend = DynamoDbBackend::new(Client::new(sdk), config);
         backend.check_table().await?;
         Ok(backend)
     }
 
+    fn new(client: Client, config: &DynamoConfig) -> Self {
+        DynamoDbBackend { client, config: config.clone(), layout_current: AtomicBool::new(false) }
+    }
+
     pub fn client(&self) -> &Client {
         &self.client
+    }
+
+    pub(super) fn table(&self) -> &str {
+        &self.config.table
+    }
+
+    pub(super) fn revs_limit(&self) -> usize {
+        self.config.revs_limit
+    }
+
+    pub(super) fn settle(&self) -> Duration {
+        self.config.settle
+    }
+
+    pub(super) fn write_timeout(&self) -> Duration {
+        self.config.write_timeout
+    }
+
+    pub(super) fn describe_store(&self) -> String {
+        self.config.redacted()
+    }
+
+    pub(super) fn layout_known_current(&self) -> bool {
+        self.layout_current.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn remember_layout_current(&self) {
+        self.layout_current.store(true, Ordering::Relaxed);
+    }
+
+    /// The table's current description.
+    pub(super) async fn describe(&self) -> Result<TableDescription> {
+        let output = self
+            .client
+            .describe_table()
+            .table_name(&self.config.table)
+            .send()
+            .await
+            .map_err(|e| map_sdk(e, &format!("describe table {:?}", self.config.table)))?;
+        output.table.ok_or_else(|| {
+            Error::new(ErrorKind::Internal, format!("DynamoDB described table {:?} as nothing", self.config.table))
+        })
     }
 
     /// The table must exist with `_id` as its hash key and the GSI on `userId` + `namespace`,
@@ -97,8 +151,13 @@ impl DynamoDbBackend {
                         ),
                     ));
                 }
-                self.create_table().await?;
-                return self.wait_until_active().await;
+                let created = self.create_table().await?;
+                self.wait_until_active().await?;
+                if created {
+                    // A table this release created has its layout from the start.
+                    self.write_marker().await?;
+                }
+                return Ok(());
             }
         };
         let Some(description) = described else {
@@ -136,7 +195,8 @@ impl DynamoDbBackend {
         self.wait_until_active().await
     }
 
-    async fn create_table(&self) -> Result<()> {
+    /// Creates the table with every index; `false` when another process was creating it.
+    async fn create_table(&self) -> Result<bool> {
         let attribute = |name: &str| {
             AttributeDefinition::builder()
                 .attribute_name(name)
@@ -158,48 +218,44 @@ impl DynamoDbBackend {
             .projection(DynamoProjection::builder().projection_type(ProjectionType::All).build())
             .build()
             .map_err(|e| Error::new(ErrorKind::Internal, "build index definition").with_source(e))?;
+        let mut attributes = vec![attribute(codec::ID)?, attribute(fields::USER_ID)?, attribute(fields::NAMESPACE)?];
+        attributes.extend(layout::index_attributes()?);
+        let mut indexes = vec![index];
+        indexes.extend(layout::new_indexes()?);
         let result = self
             .client
             .create_table()
             .table_name(&self.config.table)
             .billing_mode(BillingMode::PayPerRequest)
-            .attribute_definitions(attribute(codec::ID)?)
-            .attribute_definitions(attribute(fields::USER_ID)?)
-            .attribute_definitions(attribute(fields::NAMESPACE)?)
+            .set_attribute_definitions(Some(attributes))
             .key_schema(key(codec::ID, KeyType::Hash)?)
-            .global_secondary_indexes(index)
+            .set_global_secondary_indexes(Some(indexes))
             .send()
             .await;
         match result {
             // Another process is creating it at the same moment: wait for it like for our own.
             Err(e) if e.as_service_error().is_some_and(|s| s.is_resource_in_use_exception()) => {
                 tracing::info!(table = %self.config.table, "DynamoDB table is being created by another process");
+                Ok(false)
             }
-            Err(e) => return Err(map_sdk(e, &format!("create table {:?}", self.config.table))),
+            Err(e) => Err(map_sdk(e, &format!("create table {:?}", self.config.table))),
             Ok(_) => {
                 tracing::info!(table = %self.config.table, index = %self.config.index, "created DynamoDB table");
+                Ok(true)
             }
         }
-        Ok(())
     }
 
     async fn wait_until_active(&self) -> Result<()> {
         let deadline = std::time::Instant::now() + Duration::from_secs(120);
         loop {
-            let output = self
-                .client
-                .describe_table()
-                .table_name(&self.config.table)
-                .send()
-                .await
-                .map_err(|e| map_sdk(e, "describe table"))?;
-            let ready = output.table().is_some_and(|t| {
-                t.table_status() == Some(&TableStatus::Active)
-                    && t.global_secondary_indexes()
-                        .iter()
-                        .filter(|g| g.index_name() == Some(self.config.index.as_str()))
-                        .all(|g| g.index_status() == Some(&IndexStatus::Active))
-            });
+            let table = self.describe().await?;
+            let ready = table.table_status() == Some(&TableStatus::Active)
+                && table
+                    .global_secondary_indexes()
+                    .iter()
+                    .filter(|g| g.index_name() == Some(self.config.index.as_str()))
+                    .all(|g| g.index_status() == Some(&IndexStatus::Active));
             if ready {
                 return Ok(());
             }
@@ -216,7 +272,7 @@ impl DynamoDbBackend {
         }
     }
 
-    fn key(id: &str) -> HashMap<String, AttributeValue> {
+    pub(super) fn key(id: &str) -> HashMap<String, AttributeValue> {
         HashMap::from([(codec::ID.to_owned(), AttributeValue::S(id.to_owned()))])
     }
 
@@ -272,7 +328,7 @@ impl DynamoDbBackend {
         Ok(Some(StoredDocument { id, rev: Revision(rev), body }))
     }
 
-    async fn delete_chunks(&self, id: &str, rev: &str, count: usize) {
+    pub(super) async fn delete_chunks(&self, id: &str, rev: &str, count: usize) {
         for n in 1..=count {
             let chunk = codec::chunk_id(id, rev, n);
             if let Err(err) =
@@ -284,10 +340,13 @@ impl DynamoDbBackend {
         }
     }
 
-    async fn write_chunks(&self, id: &str, rev: &str, chunks: &[Vec<u8>]) -> Result<()> {
+    pub(super) async fn write_chunks(&self, id: &str, rev: &str, chunks: &[Vec<u8>]) -> Result<()> {
         for (i, chunk) in chunks.iter().enumerate() {
+            let chunk_id = codec::chunk_id(id, rev, i + 1);
             let item = HashMap::from([
-                (codec::ID.to_owned(), AttributeValue::S(codec::chunk_id(id, rev, i + 1))),
+                // In the id index under the document's prefix, so an erasure finds every chunk.
+                (layout::SHARD.to_owned(), AttributeValue::N(layout::shard_of(&chunk_id).to_string())),
+                (codec::ID.to_owned(), AttributeValue::S(chunk_id)),
                 (codec::CHUNK_OF.to_owned(), AttributeValue::S(id.to_owned())),
                 (codec::BODY.to_owned(), AttributeValue::B(aws_sdk_dynamodb::primitives::Blob::new(chunk.clone()))),
             ]);
@@ -305,13 +364,16 @@ impl DynamoDbBackend {
 
 impl DynamoDbBackend {
     /// A strongly consistent GetItem of `id`, to send as it is or narrowed by a projection.
-    fn consistent_get(&self, id: &str) -> aws_sdk_dynamodb::operation::get_item::builders::GetItemFluentBuilder {
+    pub(super) fn consistent_get(
+        &self,
+        id: &str,
+    ) -> aws_sdk_dynamodb::operation::get_item::builders::GetItemFluentBuilder {
         self.client.get_item().table_name(&self.config.table).set_key(Some(Self::key(id))).consistent_read(true)
     }
 
     /// Whether the stored document `id` is at revision `rev` (a consistent read of `_rev` only).
     /// A failed read answers `false`: the caller then reports what it already knew.
-    async fn holds_revision(&self, id: &str, rev: &str) -> bool {
+    pub(super) async fn holds_revision(&self, id: &str, rev: &str) -> bool {
         let read = self
             .consistent_get(id)
             .projection_expression("#rev")
@@ -328,14 +390,7 @@ impl DynamoDbBackend {
     }
 }
 
-/// A fresh revision: a generation number for readability and 64 random bits, so a revision is
-/// never reused, even after a delete and re-create.
-fn new_revision(previous: Option<&Revision>) -> String {
-    let generation = previous.and_then(|r| r.as_str().split('-').next()?.parse::<u64>().ok()).unwrap_or(0) + 1;
-    format!("{generation}-{}", crate::backend::random_token())
-}
-
-fn encode_token(key: &HashMap<String, AttributeValue>) -> Result<String> {
+pub(super) fn encode_token(key: &HashMap<String, AttributeValue>) -> Result<String> {
     let map: Map<String, Value> = key
         .iter()
         .map(|(name, value)| match value {
@@ -346,7 +401,7 @@ fn encode_token(key: &HashMap<String, AttributeValue>) -> Result<String> {
     serde_json::to_string(&map).map_err(|e| Error::new(ErrorKind::Internal, "encode page token").with_source(e))
 }
 
-fn decode_token(token: &str) -> Result<HashMap<String, AttributeValue>> {
+pub(super) fn decode_token(token: &str) -> Result<HashMap<String, AttributeValue>> {
     let map: Map<String, Value> =
         serde_json::from_str(token).map_err(|_| Error::invalid("page token", "was not produced by this backend"))?;
     map.into_iter()
@@ -366,7 +421,10 @@ impl DocumentBackend for DynamoDbBackend {
     async fn get(&self, id: &str) -> Result<Option<StoredDocument>> {
         let output = self.consistent_get(id).send().await.map_err(|e| map_sdk(e, "read a document"))?;
         match output.item {
-            Some(item) if !codec::is_chunk(&item) => match self.to_document(&item).await? {
+            Some(item) if !layout::is_hidden(&item) && !layout::is_tombstone(&item) => match self
+                .to_document(&item)
+                .await?
+            {
                 Some(doc) => Ok(Some(doc)),
                 // A consistent read of the current revision must find its chunks.
                 None => Err(Error::new(ErrorKind::Corrupt, format!("DynamoDB document {id:?} is missing body chunks"))),
@@ -380,93 +438,11 @@ impl DocumentBackend for DynamoDbBackend {
     }
 
     async fn put(&self, id: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Revision> {
-        let previous = match &precondition {
-            Precondition::MatchRevision(rev) => Some(rev),
-            _ => None,
-        };
-        let rev = new_revision(previous);
-        let encoded = codec::encode(id, &rev, body)?;
-        self.write_chunks(id, &rev, &encoded.extra_chunks).await?;
-        let mut request = self
-            .client
-            .put_item()
-            .table_name(&self.config.table)
-            .set_item(Some(encoded.item))
-            .return_values(ReturnValue::AllOld);
-        request = match &precondition {
-            Precondition::MustNotExist => {
-                request.condition_expression("attribute_not_exists(#id)").expression_attribute_names("#id", codec::ID)
-            }
-            Precondition::MatchRevision(expected) => request
-                .condition_expression("#rev = :rev")
-                .expression_attribute_names("#rev", codec::REV)
-                .expression_attribute_values(":rev", AttributeValue::S(expected.as_str().to_owned())),
-            Precondition::None => request,
-        };
-        match request.send().await {
-            Ok(output) => {
-                if let Some(old) = output.attributes() {
-                    let count = codec::extra_chunk_count(old);
-                    if count > 0 {
-                        let old_rev = codec::string_attribute(old, codec::REV).unwrap_or("").to_owned();
-                        self.delete_chunks(id, &old_rev, count).await;
-                    }
-                }
-                Ok(Revision(rev))
-            }
-            Err(err) => {
-                let err = map_sdk_write(err, &format!("write document {id:?}"));
-                if err.is_conflict() && self.holds_revision(id, &rev).await {
-                    // The SDK resent this write after an attempt that failed in transit (a 500, a
-                    // broken connection) but had been applied: the resend then fails its condition
-                    // against our own write. The revision is ours alone (random), so the write
-                    // landed; answering a conflict would make the facade apply it twice. The old
-                    // revision's chunks, if any, are left behind (their count came with the lost
-                    // answer); they are unreachable and cost only storage.
-                    tracing::warn!(id, rev = %rev, "a resent write met its own earlier attempt; it had been applied");
-                    return Ok(Revision(rev));
-                }
-                self.delete_chunks(id, &rev, encoded.extra_chunks.len()).await;
-                if err.is_conflict() {
-                    Err(Error::conflict(format!("document {id:?} was changed by another writer")).with_source(err))
-                } else {
-                    Err(err)
-                }
-            }
-        }
+        self.put_document(id, body, precondition, None).await
     }
 
     async fn delete(&self, id: &str, rev: &Revision) -> Result<()> {
-        let result = self
-            .client
-            .delete_item()
-            .table_name(&self.config.table)
-            .set_key(Some(Self::key(id)))
-            .condition_expression("#rev = :rev")
-            .expression_attribute_names("#rev", codec::REV)
-            .expression_attribute_values(":rev", AttributeValue::S(rev.as_str().to_owned()))
-            .return_values(ReturnValue::AllOld)
-            .send()
-            .await;
-        match result {
-            Ok(output) => {
-                if let Some(old) = output.attributes() {
-                    let count = codec::extra_chunk_count(old);
-                    self.delete_chunks(id, rev.as_str(), count).await;
-                }
-                Ok(())
-            }
-            Err(err) => {
-                let err = map_sdk_write(err, &format!("delete document {id:?}"));
-                if !err.is_conflict() {
-                    return Err(err);
-                }
-                match self.get(id).await? {
-                    Some(_) => Err(Error::conflict(format!("document {id:?} is no longer at revision {rev}"))),
-                    None => Err(Error::not_found(format!("document {id:?} does not exist"))),
-                }
-            }
-        }
+        self.delete_document(id, rev).await
     }
 
     async fn query(&self, query: &Query, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
@@ -539,75 +515,20 @@ impl DocumentBackend for DynamoDbBackend {
     }
 
     async fn bulk_write(&self, writes: Vec<BulkWrite>) -> Result<Vec<Result<Revision>>> {
-        // BatchWriteItem has no conditions, so only unconditional, single-item writes go through
-        // it; the rest are conditional PutItems, several at a time.
-        let mut results: Vec<Option<Result<Revision>>> = (0..writes.len()).map(|_| None).collect();
-        let mut batchable = Vec::new();
-        let mut individual = Vec::new();
-        let mut seen = std::collections::HashSet::new();
-        for (i, write) in writes.into_iter().enumerate() {
-            let simple = write.precondition == Precondition::None
-                && codec::native_safe(&write.body)
-                && seen.insert(write.id.clone());
-            if simple {
-                batchable.push((i, write));
-            } else {
-                individual.push((i, write));
-            }
-        }
-        for chunk in batchable.chunks(BATCH_WRITE_MAX) {
-            let mut pending: HashMap<String, (usize, String)> = HashMap::new();
-            let mut requests = Vec::with_capacity(chunk.len());
-            for (i, write) in chunk {
-                let rev = new_revision(None);
-                let encoded = codec::encode(&write.id, &rev, &write.body)?;
-                let put = PutRequest::builder()
-                    .set_item(Some(encoded.item))
-                    .build()
-                    .map_err(|e| Error::new(ErrorKind::Internal, "build put request").with_source(e))?;
-                requests.push(WriteRequest::builder().put_request(put).build());
-                pending.insert(write.id.clone(), (*i, rev));
-            }
-            let unprocessed = match self.batch_write_with_retries(requests).await {
-                Ok(unprocessed) => unprocessed,
-                Err(err) => {
-                    // A failed batch fails its own documents, not the others of the request.
-                    for (i, _) in pending.into_values() {
-                        results[i] = Some(Err(err.copy_for_each()));
-                    }
-                    continue;
-                }
-            };
-            let failed: std::collections::HashSet<String> = unprocessed
-                .iter()
-                .filter_map(|r| {
-                    r.put_request().and_then(|p| codec::string_attribute(p.item(), codec::ID)).map(str::to_owned)
-                })
-                .collect();
-            for (id, (i, rev)) in pending {
-                results[i] = Some(if failed.contains(&id) {
-                    Err(Error::new(
-                        ErrorKind::Unavailable,
-                        format!("DynamoDB left document {id:?} unprocessed after retries"),
-                    )
-                    .with_retries_exhausted())
-                } else {
-                    Ok(Revision(rev))
-                });
-            }
-        }
-        let outcomes: Vec<(usize, Result<Revision>)> = futures::stream::iter(individual)
-            .map(|(i, write)| async move { (i, self.put(&write.id, &write.body, write.precondition).await) })
-            .buffer_unordered(CONDITIONAL_WRITE_CONCURRENCY)
+        // Every write, unconditional ones too, writes conditionally on the revision it replaces
+        // (BatchWriteItem carries no condition), several at a time; what they replace is read
+        // first in consistent batches.
+        let ids: Vec<String> = writes.iter().map(|w| w.id.clone()).collect();
+        let known = self.read_current_many(&ids).await?;
+        let known = &known;
+        Ok(futures::stream::iter(writes)
+            .map(|write| async move {
+                let current = Some(known.get(&write.id).cloned());
+                self.put_document(&write.id, &write.body, write.precondition, current).await
+            })
+            .buffered(CONDITIONAL_WRITE_CONCURRENCY)
             .collect()
-            .await;
-        for (i, outcome) in outcomes {
-            results[i] = Some(outcome);
-        }
-        Ok(results
-            .into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(Error::new(ErrorKind::Internal, "bulk write lost track of a document"))))
-            .collect())
+            .await)
     }
 
     async fn scan(&self, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
@@ -622,7 +543,7 @@ impl DocumentBackend for DynamoDbBackend {
         }
         let output = request.send().await.map_err(|e| map_sdk(e, "scan the table"))?;
         let mut items = Vec::new();
-        for item in output.items().iter().filter(|item| !codec::is_chunk(item)) {
+        for item in output.items().iter().filter(|item| !layout::is_hidden(item) && !layout::is_tombstone(item)) {
             if let Some(doc) = self.to_current_document(item).await? {
                 items.push(doc);
             }
@@ -632,32 +553,65 @@ impl DocumentBackend for DynamoDbBackend {
     }
 
     async fn health(&self) -> Result<()> {
-        self.client
-            .describe_table()
-            .table_name(&self.config.table)
-            .send()
-            .await
-            .map(|_| ())
-            .map_err(|e| map_sdk(e, &format!("describe table {:?}", self.config.table)))
+        self.describe().await.map(|_| ())
     }
 
     async fn approximate_count(&self) -> Result<Option<u64>> {
-        // DynamoDB refreshes ItemCount about every six hours, and it counts chunk items too.
-        let table = self
-            .client
-            .describe_table()
-            .table_name(&self.config.table)
-            .send()
-            .await
-            .map_err(|e| map_sdk(e, &format!("describe table {:?}", self.config.table)))?;
-        Ok(table.table().and_then(|t| t.item_count()).and_then(|n| u64::try_from(n).ok()))
+        // DynamoDB refreshes ItemCount about every six hours, and it counts chunk and bookkeeping
+        // items and tombstones too.
+        Ok(self.describe().await?.item_count().and_then(|n| u64::try_from(n).ok()))
+    }
+
+    async fn revisions(&self, id: &str) -> Result<Option<RevisionInfo>> {
+        self.revision_info(id).await
+    }
+
+    async fn changes(&self, since: Option<&str>, limit: usize) -> Result<ChangesPage> {
+        self.changes_page(since, limit).await
+    }
+
+    async fn change_position(&self) -> Result<String> {
+        self.require_layout("the change feed").await?;
+        Ok(self.settled_position())
+    }
+
+    async fn all_docs(&self, range: &IdRange, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
+        self.all_docs_page(range, limit, page_token).await
+    }
+
+    async fn erase_prefix(&self, prefix: &str) -> Result<u64> {
+        self.erase_ids_with_prefix(prefix).await
+    }
+
+    async fn get_local(&self, name: &str) -> Result<Option<StoredDocument>> {
+        self.read_local(name).await
+    }
+
+    async fn put_local(&self, name: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Revision> {
+        self.write_local(name, body, precondition).await
+    }
+
+    async fn delete_local(&self, name: &str, rev: &Revision) -> Result<()> {
+        self.remove_local(name, rev).await
+    }
+
+    async fn layout(&self) -> Result<LayoutState> {
+        self.layout_state().await
+    }
+
+    async fn upgrade_page(&self, page_token: Option<&str>, limit: usize) -> Result<UpgradePage> {
+        self.upgrade_step(page_token, limit).await
+    }
+
+    async fn finish_upgrade(&self) -> Result<()> {
+        self.finish_layout_upgrade().await
     }
 }
 
 impl DynamoDbBackend {
     /// BatchWriteItem, retrying UnprocessedItems with backoff and jitter; returns what is still
     /// unprocessed after the retries.
-    async fn batch_write_with_retries(&self, requests: Vec<WriteRequest>) -> Result<Vec<WriteRequest>> {
+    pub(super) async fn batch_write_with_retries(&self, requests: Vec<WriteRequest>) -> Result<Vec<WriteRequest>> {
         let mut pending = requests;
         let mut backoff = ExponentialBuilder::default()
             .with_min_delay(Duration::from_millis(50))
@@ -697,7 +651,7 @@ impl DynamoDbBackend {
     async fn read_keys(&self, ids: Vec<String>) -> Result<Vec<(String, StoredDocument)>> {
         let mut found = Vec::with_capacity(ids.len());
         for item in self.batch_get_with_retries(&ids).await? {
-            if codec::is_chunk(&item) {
+            if layout::is_hidden(&item) || layout::is_tombstone(&item) {
                 continue;
             }
             let doc = match self.to_document(&item).await? {
@@ -714,7 +668,7 @@ impl DynamoDbBackend {
     /// BatchGetItem with consistent reads, retrying UnprocessedKeys (DynamoDB leaves some when
     /// throttled or past 16 MB of answer) with backoff and jitter; the items found, in no order.
     /// Keys still unprocessed after the retries fail the read: a batch read has no partial answer.
-    async fn batch_get_with_retries(&self, ids: &[String]) -> Result<Vec<Item>> {
+    pub(super) async fn batch_get_with_retries(&self, ids: &[String]) -> Result<Vec<Item>> {
         let consistent = |keys| {
             KeysAndAttributes::builder()
                 .set_keys(Some(keys))

@@ -104,7 +104,9 @@ pub fn decode(item: &Item, extra_chunks: &[Vec<u8>]) -> Result<Map<String, Value
     match string_attribute(item, FORMAT) {
         None => {
             let mut body = Map::new();
-            let mut names: Vec<&String> = item.keys().filter(|n| *n != ID && *n != REV).collect();
+            // Attributes starting with `_` are the layout's (revision, ancestry, feed position...):
+            // a native body never has such a field (see `native_safe`).
+            let mut names: Vec<&String> = item.keys().filter(|n| !n.starts_with('_')).collect();
             // A stable, spec-like order: DynamoDB items carry no field order.
             names.sort_by_key(|name| (crate::model::document::field_rank(name), name.as_str()));
             for name in names {

@@ -1,4 +1,8 @@
-//! The DynamoDB backend URL: `dynamodb://TABLE?region=REGION&endpoint=URL&create=true&index=NAME`.
+//! The DynamoDB backend URL: `dynamodb://TABLE?region=REGION&endpoint=URL&create=true&index=NAME`,
+//! with the document model's settings `revs_limit=N` (revision ids remembered per document,
+//! default 1000), `settle_ms=N` (how far behind "now" the change feed reads, default 5000) and
+//! `write_timeout_ms=N` (the limit of one write attempt, default 2000, below `settle_ms`); see
+//! docs/dynamodb-layout.md for what the last two guarantee.
 //!
 //! The table defaults to `agent_data_store` and the GSI to `idx-user-namespace`. Credentials come
 //! from the standard AWS chain (environment, profile, SSO, container and instance roles); the
@@ -38,6 +42,10 @@ pub fn sdk_timeout_config() -> TimeoutConfig {
 
 pub const DEFAULT_TABLE: &str = "agent_data_store";
 pub const DEFAULT_INDEX: &str = "idx-user-namespace";
+/// How far behind the reader's clock the change feed reads by default.
+pub const DEFAULT_SETTLE: Duration = Duration::from_millis(5000);
+/// The default limit of one write attempt (stamping its feed position to its answer).
+pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_millis(2000);
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DynamoConfig {
@@ -46,6 +54,12 @@ pub struct DynamoConfig {
     pub region: Option<String>,
     pub endpoint: Option<String>,
     pub create: bool,
+    /// Revision ids remembered per document.
+    pub revs_limit: usize,
+    /// The change feed reads only positions at least this old by the reader's clock.
+    pub settle: Duration,
+    /// One write attempt is abandoned (and retried with a fresh feed position) after this.
+    pub write_timeout: Duration,
 }
 
 impl DynamoConfig {
@@ -56,8 +70,16 @@ impl DynamoConfig {
         let table = table.trim_end_matches('/');
         let table = if table.is_empty() { DEFAULT_TABLE.to_owned() } else { decode(table) };
         check_table_name(&table).map_err(bad)?;
-        let mut config =
-            DynamoConfig { table, index: DEFAULT_INDEX.into(), region: None, endpoint: None, create: false };
+        let mut config = DynamoConfig {
+            table,
+            index: DEFAULT_INDEX.into(),
+            region: None,
+            endpoint: None,
+            create: false,
+            revs_limit: crate::backend::DEFAULT_REVS_LIMIT,
+            settle: DEFAULT_SETTLE,
+            write_timeout: DEFAULT_WRITE_TIMEOUT,
+        };
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
             let value = decode(value);
@@ -78,10 +100,26 @@ impl DynamoConfig {
                     check_table_name(&value).map_err(bad)?;
                     config.index = value;
                 }
+                "revs_limit" => config.revs_limit = positive(name, &value).map_err(bad)? as usize,
+                "settle_ms" => config.settle = Duration::from_millis(positive(name, &value).map_err(bad)?),
+                "write_timeout_ms" => {
+                    config.write_timeout = Duration::from_millis(positive(name, &value).map_err(bad)?)
+                }
                 other => {
-                    return Err(bad(format!("unknown parameter {other:?} (known: region, endpoint, create, index)")))
+                    return Err(bad(format!(
+                        "unknown parameter {other:?} (known: region, endpoint, create, index, revs_limit, settle_ms, \
+                         write_timeout_ms)"
+                    )))
                 }
             }
+        }
+        if config.write_timeout >= config.settle {
+            return Err(bad(format!(
+                "write_timeout_ms ({}) must be below settle_ms ({}): a write attempt must end before the change feed \
+                 reads past its position",
+                config.write_timeout.as_millis(),
+                config.settle.as_millis()
+            )));
         }
         Ok(config)
     }
@@ -100,6 +138,14 @@ impl DynamoConfig {
             out.push_str(&params.join("&"));
         }
         out
+    }
+}
+
+/// A whole number of at least 1 for the parameter `name`.
+fn positive(name: &str, value: &str) -> std::result::Result<u64, String> {
+    match value.parse::<u64>() {
+        Ok(n) if n >= 1 && n <= u64::from(u32::MAX) => Ok(n),
+        _ => Err(format!("{name}={value} is not a whole number from 1 to {}", u32::MAX)),
     }
 }
 
@@ -135,6 +181,11 @@ mod tests {
         assert_eq!(c.table, DEFAULT_TABLE);
         assert_eq!(c.endpoint.as_deref(), Some("http://localhost:4567"));
         assert_eq!(c.redacted(), "dynamodb://agent_data_store?endpoint=http://localhost:4567");
+        assert_eq!((c.revs_limit, c.settle, c.write_timeout), (1000, DEFAULT_SETTLE, DEFAULT_WRITE_TIMEOUT));
+        let c = DynamoConfig::parse("dynamodb://t11?revs_limit=50&settle_ms=800&write_timeout_ms=300").unwrap();
+        assert_eq!(c.revs_limit, 50);
+        assert_eq!(c.settle, Duration::from_millis(800));
+        assert_eq!(c.write_timeout, Duration::from_millis(300));
     }
 
     #[test]
@@ -146,6 +197,9 @@ mod tests {
             "dynamodb://t1?create=perhaps",
             "dynamodb://t1?x=1",
             "dynamodb://t1?endpoint=not a url",
+            "dynamodb://t11?revs_limit=0",
+            "dynamodb://t11?revs_limit=ten",
+            "dynamodb://t11?settle_ms=1000&write_timeout_ms=1000",
         ] {
             assert!(DynamoConfig::parse(bad).is_err(), "{bad}");
         }

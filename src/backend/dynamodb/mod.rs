@@ -6,11 +6,19 @@
 //!   where not.
 //! - [`error`]: SDK errors → the crate's error kinds.
 //! - [`backend`]: the `DocumentBackend` implementation.
+//! - [`model`]: writes that continue generations and ancestry, tombstones.
+//! - [`feed`]: the change feed, id order and erasure over the sharded indexes.
+//! - [`local`]: local documents.
+//! - [`layout`]: the document model's attributes and indexes, and the upgrade.
 
 mod backend;
 pub mod codec;
 pub mod config;
 mod error;
+mod feed;
+pub mod layout;
+mod local;
+mod model;
 
 pub use backend::DynamoDbBackend;
 pub use config::DynamoConfig;

@@ -1,3 +1,4 @@
 //! Building blocks shared by the adapters, below any one storage protocol.
 
 pub mod http;
+pub mod sharded;

@@ -1,0 +1,146 @@
+//! A document's revision history on CouchDB: the current revision, whether it is a tombstone, and
+//! the ancestry CouchDB itself keeps (`_revisions`, up to the database's `_revs_limit`).
+//!
+//! A live document answers `GET /db/id?revs=true` directly. A deleted one answers 404 there (the
+//! reason is `deleted` on CouchDB, `missing` on pouchdb-server), so its tombstone revision is
+//! looked up with `POST /db/_all_docs {"keys": [id]}`, the one listing both servers answer for a
+//! deleted id (`value: {rev, deleted: true}`), and the tombstone itself is then read by revision,
+//! `GET /db/id?rev=<tombstone>&revs=true`. `?deleted=true` is not used: pouchdb-server ignores it,
+//! and `?open_revs=all` would need multipart handling on CouchDB unless asked for JSON.
+
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+
+use super::backend::{take_array, CouchDbBackend};
+use super::error::from_status;
+use crate::backend::{Ancestry, Revision, RevisionInfo};
+use crate::error::{Error, ErrorKind, Result};
+
+/// How often the lookup starts over when the document changes between its steps (deleted after
+/// the first read, or re-created after the tombstone was found).
+const LOOKUP_ATTEMPTS: usize = 5;
+
+/// What `_all_docs` says of one id.
+enum Listed {
+    Live,
+    Tombstone(Revision),
+    Unknown,
+}
+
+impl CouchDbBackend {
+    pub(super) async fn revision_info(&self, id: &str) -> Result<Option<RevisionInfo>> {
+        for _ in 0..LOOKUP_ATTEMPTS {
+            if let Some(live) = self.read_with_revisions(id, None).await? {
+                return Ok(Some(live));
+            }
+            match self.listed(id).await? {
+                Listed::Unknown => return Ok(None),
+                // Re-created since the first read: read it again.
+                Listed::Live => continue,
+                Listed::Tombstone(rev) => {
+                    if let Some(tombstone) = self.read_with_revisions(id, Some(&rev)).await? {
+                        return Ok(Some(tombstone));
+                    }
+                    // Purged meanwhile, or replaced by a newer tombstone: look again.
+                }
+            }
+        }
+        Err(Error::conflict(format!("document {id:?} kept changing while its revisions were read")))
+    }
+
+    /// `GET /db/id?revs=true` (of the current revision, or of `rev`); `None` on 404.
+    async fn read_with_revisions(&self, id: &str, rev: Option<&Revision>) -> Result<Option<RevisionInfo>> {
+        let mut query = vec![("revs", "true".to_owned())];
+        if let Some(rev) = rev {
+            query.push(("rev", rev.as_str().to_owned()));
+        }
+        let doing = "read a document's revisions";
+        let reply = self.client.read(Method::GET, &self.document_url(id), &query, None, doing).await?;
+        match reply.status {
+            StatusCode::OK => revision_info_of(id, &reply.body, self.config.revs_limit).map(Some),
+            StatusCode::NOT_FOUND => Ok(None),
+            status => Err(from_status(status, &reply.body, &format!("read the revisions of {id:?}"))),
+        }
+    }
+
+    /// Whether `_all_docs` knows `id`, and its tombstone's revision when it is deleted.
+    async fn listed(&self, id: &str) -> Result<Listed> {
+        let doing = "look up a tombstone";
+        let url = self.client.url(&["_all_docs"]);
+        let reply = self.client.read(Method::POST, &url, &[], Some(&json!({ "keys": [id] })), doing).await?;
+        if !reply.status.is_success() {
+            return Err(from_status(reply.status, &reply.body, doing));
+        }
+        let row = take_array(reply.body, "rows", "_all_docs")?.into_iter().next().unwrap_or(Value::Null);
+        if row.get("error").is_some() || row.get("id").and_then(Value::as_str) != Some(id) {
+            return Ok(Listed::Unknown);
+        }
+        if row.pointer("/value/deleted").and_then(Value::as_bool) != Some(true) {
+            return Ok(Listed::Live);
+        }
+        match row.pointer("/value/rev").and_then(Value::as_str) {
+            Some(rev) => Ok(Listed::Tombstone(Revision(rev.to_owned()))),
+            None => {
+                Err(Error::new(ErrorKind::Internal, format!("CouchDB listed the tombstone of {id:?} without a rev")))
+            }
+        }
+    }
+}
+
+/// A document read with `revs=true` as a [`RevisionInfo`]: CouchDB's `_revisions` is already
+/// `{start, ids}` newest first; it is cut to `revs_limit`. A document without `_revisions` (a
+/// server that does not keep them) remembers only its current revision.
+pub(super) fn revision_info_of(id: &str, doc: &Value, revs_limit: usize) -> Result<RevisionInfo> {
+    let corrupt = |what: &str| Error::new(ErrorKind::Corrupt, format!("CouchDB answered {what} for document {id:?}"));
+    let rev = doc.get("_rev").and_then(Value::as_str).ok_or_else(|| corrupt("no _rev"))?;
+    let (generation, hash) = rev.split_once('-').ok_or_else(|| corrupt("a _rev without a generation"))?;
+    let generation: u64 = generation.parse().map_err(|_| corrupt("a _rev without a generation"))?;
+    let deleted = doc.get("_deleted").and_then(Value::as_bool).unwrap_or(false);
+    let mut ancestry = match doc.get("_revisions") {
+        None => Ancestry { start: generation, ids: vec![hash.to_owned()] },
+        Some(revisions) => {
+            let start = revisions.get("start").and_then(Value::as_u64);
+            let ids: Option<Vec<String>> = revisions
+                .get("ids")
+                .and_then(Value::as_array)
+                .and_then(|ids| ids.iter().map(|id| id.as_str().map(str::to_owned)).collect());
+            match (start, ids) {
+                (Some(start), Some(ids)) if start == generation && ids.first().map(String::as_str) == Some(hash) => {
+                    Ancestry { start, ids }
+                }
+                _ => return Err(corrupt("_revisions that do not start at its _rev")),
+            }
+        }
+    };
+    ancestry.ids.truncate(revs_limit.max(1));
+    Ok(RevisionInfo { rev: Revision(rev.to_owned()), deleted, ancestry })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn revisions_become_ancestry_cut_to_the_limit() {
+        let doc = json!({"_id": "a", "_rev": "3-ccc", "_deleted": true, "_revisions": {"start": 3, "ids": ["ccc", "bbb", "aaa"]}});
+        let info = revision_info_of("a", &doc, 2).unwrap();
+        assert_eq!(info.rev, Revision("3-ccc".into()));
+        assert!(info.deleted);
+        assert_eq!(info.ancestry.revisions().map(|r| r.0).collect::<Vec<_>>(), ["3-ccc", "2-bbb"]);
+        let plain = revision_info_of("a", &json!({"_id": "a", "_rev": "7-x"}), 10).unwrap();
+        assert_eq!((plain.deleted, plain.ancestry), (false, Ancestry { start: 7, ids: vec!["x".into()] }));
+    }
+
+    #[test]
+    fn revisions_that_do_not_match_the_rev_are_corrupt() {
+        for doc in [
+            json!({"_rev": "3-ccc", "_revisions": {"start": 2, "ids": ["ccc"]}}),
+            json!({"_rev": "3-ccc", "_revisions": {"start": 3, "ids": ["bbb"]}}),
+            json!({"_rev": "3-ccc", "_revisions": {"start": 3}}),
+            json!({"_rev": "ccc"}),
+            json!({}),
+        ] {
+            assert_eq!(revision_info_of("a", &doc, 10).unwrap_err().kind(), ErrorKind::Corrupt, "{doc}");
+        }
+    }
+}

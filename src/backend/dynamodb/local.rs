@@ -1,0 +1,124 @@
+//! Local documents (`_local/{name}`, replication checkpoints) on DynamoDB: items with that id, the
+//! body as JSON text in `_json`, revision `0-N`, and none of the attributes any index is keyed on
+//! (no `userId`, `namespace`, `_shard`, `_seq`), so no listing, feed or id order ever sees them;
+//! scans skip them by their id.
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use serde_json::{Map, Value};
+
+use super::backend::DynamoDbBackend;
+use super::codec;
+use super::error::{map_sdk, map_sdk_write};
+use super::layout::LOCAL_BODY;
+use crate::backend::{Precondition, Revision, StoredDocument, LOCAL_PREFIX};
+use crate::error::{Error, ErrorKind, Result};
+
+/// Rounds of an unconditional local write that loses races before it gives up.
+const CONFLICT_ROUNDS: usize = 8;
+
+fn local_id(name: &str) -> Result<String> {
+    if name.is_empty() {
+        return Err(Error::invalid("local document name", "must not be empty"));
+    }
+    Ok(format!("{LOCAL_PREFIX}{name}"))
+}
+
+/// `N` of a local revision `0-N`.
+fn local_number(rev: &str) -> Option<u64> {
+    rev.strip_prefix("0-")?.parse().ok()
+}
+
+impl DynamoDbBackend {
+    pub(super) async fn read_local(&self, name: &str) -> Result<Option<StoredDocument>> {
+        let id = local_id(name)?;
+        let output = self.consistent_get(&id).send().await.map_err(|e| map_sdk(e, "read a local document"))?;
+        let Some(item) = output.item else { return Ok(None) };
+        let rev = codec::string_attribute(&item, codec::REV).unwrap_or_default().to_owned();
+        let body = match codec::string_attribute(&item, LOCAL_BODY).map(serde_json::from_str::<Map<String, Value>>) {
+            Some(Ok(body)) => body,
+            _ => {
+                return Err(Error::new(ErrorKind::Corrupt, format!("DynamoDB local document {id:?} has no JSON body")))
+            }
+        };
+        Ok(Some(StoredDocument { id, rev: Revision(rev), body }))
+    }
+
+    pub(super) async fn write_local(
+        &self,
+        name: &str,
+        body: &Map<String, Value>,
+        precondition: Precondition,
+    ) -> Result<Revision> {
+        let id = local_id(name)?;
+        let json =
+            serde_json::to_string(body).map_err(|e| Error::new(ErrorKind::Internal, "encode body").with_source(e))?;
+        for _ in 0..CONFLICT_ROUNDS {
+            let current = self.read_local(name).await?.map(|doc| doc.rev);
+            match (&precondition, &current) {
+                (Precondition::MustNotExist, Some(_)) => {
+                    return Err(Error::conflict(format!("local document {id:?} already exists")))
+                }
+                (Precondition::MatchRevision(expected), found) if found.as_ref() != Some(expected) => {
+                    return Err(Error::conflict(format!("local document {id:?} is not at revision {expected}")))
+                }
+                _ => {}
+            }
+            let number = current.as_ref().and_then(|r| local_number(r.as_str())).unwrap_or(0) + 1;
+            let rev = Revision(format!("0-{number}"));
+            let item = HashMap::from([
+                (codec::ID.to_owned(), AttributeValue::S(id.clone())),
+                (codec::REV.to_owned(), AttributeValue::S(rev.0.clone())),
+                (LOCAL_BODY.to_owned(), AttributeValue::S(json.clone())),
+            ]);
+            let request = self.client().put_item().table_name(self.table()).set_item(Some(item));
+            let request = match &current {
+                None => request
+                    .condition_expression("attribute_not_exists(#id)")
+                    .expression_attribute_names("#id", codec::ID),
+                Some(found) => request
+                    .condition_expression("#rev = :rev")
+                    .expression_attribute_names("#rev", codec::REV)
+                    .expression_attribute_values(":rev", AttributeValue::S(found.0.clone())),
+            };
+            match request.send().await {
+                Ok(_) => return Ok(rev),
+                Err(err) => {
+                    let err = map_sdk_write(err, &format!("write local document {id:?}"));
+                    if !err.is_conflict() || precondition != Precondition::None {
+                        return Err(err);
+                    }
+                }
+            }
+        }
+        Err(Error::conflict(format!("local document {id:?} kept changing under an unconditional write")))
+    }
+
+    pub(super) async fn remove_local(&self, name: &str, rev: &Revision) -> Result<()> {
+        let id = local_id(name)?;
+        let result = self
+            .client()
+            .delete_item()
+            .table_name(self.table())
+            .set_key(Some(Self::key(&id)))
+            .condition_expression("#rev = :rev")
+            .expression_attribute_names("#rev", codec::REV)
+            .expression_attribute_values(":rev", AttributeValue::S(rev.0.clone()))
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            Err(err) => {
+                let err = map_sdk_write(err, &format!("delete local document {id:?}"));
+                if !err.is_conflict() {
+                    return Err(err);
+                }
+                match self.read_local(name).await? {
+                    Some(_) => Err(err),
+                    None => Err(Error::not_found(format!("local document {id:?} does not exist"))),
+                }
+            }
+        }
+    }
+}
