@@ -490,6 +490,110 @@ impl BulkBench for Ctx {
     }
 }
 
+/// Documents written by each side of the model phase's write comparison.
+const MODEL_WRITES: usize = 2_000;
+/// Concurrent writers in that comparison.
+const MODEL_WRITERS: usize = 8;
+/// Page sizes of the feed read and of `all_docs`, and `all_docs` pages timed.
+const FEED_PAGE: usize = 1_000;
+const ALL_DOCS_PAGE: usize = 100;
+const ALL_DOCS_PAGES: usize = 200;
+
+/// The document model's costs (printed, not in the JSON report):
+/// - creates of one document by `:commit`, `MODEL_WRITERS` at a time: the previous release's
+///   fields against the same plus `_rev`, `_revs`, `_deleted` and the `_changedAt` transform
+///   (what the new layout adds to every write, and its extra index entries);
+/// - the whole change feed read from the start in pages of `FEED_PAGE` (changes per second);
+/// - `all_docs` pages of `ALL_DOCS_PAGE` from evenly spread start ids, both directions (p50, p99).
+async fn model_phase(backend: &Arc<dyn DocumentBackend>, raw: &Raw) -> Result<(), String> {
+    use agentstore::backend::revision::{PackedAncestry, RevisionId};
+    use agentstore::backend::IdRange;
+    use base64::Engine as _;
+    use futures::StreamExt;
+
+    println!("\ndocument model ({MODEL_WRITES} creates a side, {MODEL_WRITERS} at a time; feed pages of {FEED_PAGE}; all_docs pages of {ALL_DOCS_PAGE})");
+    for with_model in [false, true] {
+        let started = Instant::now();
+        let mut failures = 0usize;
+        let outcomes: Vec<bool> = futures::stream::iter(0..MODEL_WRITES)
+            .map(|n| async move {
+                let id = format!("model_user:{}:{n}", if with_model { "after" } else { "before" });
+                let mut fields = json!({
+                    "_id": string_value(&id), "userId": string_value("model_user"), "namespace": string_value("m"),
+                    "key": string_value(&n.to_string()), "value": { "integerValue": n.to_string() },
+                });
+                let mut write = json!({ "currentDocument": { "exists": false } });
+                if with_model {
+                    let rev = RevisionId::next_after(None).expect("random");
+                    let ancestry = PackedAncestry::extend(None, &rev, 1000);
+                    fields["_rev"] = string_value(rev.to_revision().as_str());
+                    fields["_revs"] =
+                        json!({ "bytesValue": base64::engine::general_purpose::STANDARD.encode(&ancestry.0) });
+                    fields["_deleted"] = json!({ "booleanValue": false });
+                    write["updateTransforms"] =
+                        json!([{ "fieldPath": "_changedAt", "setToServerValue": "REQUEST_TIME" }]);
+                }
+                write["update"] = json!({ "name": raw.document_name(&id), "fields": fields });
+                let reply =
+                    raw.call(Method::POST, &raw.method_url("commit"), Some(&json!({ "writes": [write] }))).await;
+                matches!(reply, Ok(r) if r.status.is_success())
+            })
+            .buffer_unordered(MODEL_WRITERS)
+            .collect()
+            .await;
+        failures += outcomes.iter().filter(|ok| !**ok).count();
+        let seconds = started.elapsed().as_secs_f64();
+        println!(
+            "  creates, {:<40} {:>8.0} docs/s ({failures} failed)",
+            if with_model { "with the model's fields (this release)" } else { "previous release's fields" },
+            MODEL_WRITES as f64 / seconds
+        );
+        if failures > 0 {
+            return Err(format!("{failures} model-phase creates failed"));
+        }
+    }
+
+    let started = Instant::now();
+    let (mut since, mut fed, mut pages, mut ids) = (None::<String>, 0usize, 0usize, Vec::new());
+    loop {
+        let page = backend.changes(since.as_deref(), FEED_PAGE).await.map_err(|e| describe(&e))?;
+        pages += 1;
+        fed += page.changes.len();
+        ids.extend(page.changes.iter().filter(|c| !c.deleted).map(|c| c.id.clone()));
+        let done = page.changes.len() < FEED_PAGE;
+        since = Some(page.last_seq);
+        if done {
+            break;
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    println!(
+        "  changes from the start: {fed} changes in {pages} pages, {:.0} changes/s, {:.1} ms a page",
+        fed as f64 / seconds,
+        seconds * 1000.0 / pages as f64
+    );
+
+    ids.sort();
+    let mut histogram = common::load::histogram();
+    for n in 0..ALL_DOCS_PAGES {
+        let start = ids.get(n * ids.len() / ALL_DOCS_PAGES).cloned();
+        let range = IdRange { start, end: None, inclusive_end: true, descending: n % 2 == 1 };
+        let started = Instant::now();
+        let page = backend.all_docs(&range, ALL_DOCS_PAGE, None).await.map_err(|e| describe(&e))?;
+        histogram.record(started.elapsed().as_micros().max(1) as u64).map_err(|e| format!("histogram: {e}"))?;
+        if page.items.is_empty() {
+            return Err("an all_docs page from a live id came back empty".into());
+        }
+    }
+    println!(
+        "  all_docs pages of {ALL_DOCS_PAGE} over {} live documents: p50 {:.1} ms, p99 {:.1} ms ({ALL_DOCS_PAGES} pages, half descending)",
+        ids.len(),
+        common::load::quantile_ms(&histogram, 0.5),
+        common::load::quantile_ms(&histogram, 0.99)
+    );
+    Ok(())
+}
+
 fn main() -> std::process::ExitCode {
     common::bench_main(NAME, run)
 }
@@ -553,6 +657,7 @@ fn run() -> Result<bool, String> {
 
         let results = run_pairs(&ctx, &PAIRS, &config).await?;
         let bulk_results = run_bulk(ctx.as_ref(), &backend, config.bulk_docs, &LABELS).await?;
+        model_phase(&backend, &ctx.raw).await?;
 
         // Best effort: leave nothing behind on a shared emulator.
         if let Err(e) = ctx.raw.clear_project().await {

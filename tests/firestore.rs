@@ -13,8 +13,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use agentstore::backend::firestore::{FirestoreBackend, FirestoreConfig};
-use agentstore::backend::{DocumentBackend, Precondition};
+use agentstore::backend::revision::RevisionId;
+use agentstore::backend::{DocumentBackend, IdRange, LayoutState, Precondition, Revision};
 use agentstore::store::{DataStore, StoreOptions};
+use agentstore::ErrorKind;
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use serde_json::{json, Map, Value};
 
@@ -61,7 +63,12 @@ impl Raw {
 
     /// The document ids of the collection (or of a subcollection path under it).
     async fn list(&self, path: &str) -> Vec<String> {
-        let url = format!("{}/{}{}?pageSize=300", self.root, self.collection, utf8_percent_encode(path, PATH));
+        self.list_in(&self.collection, path).await
+    }
+
+    /// The document ids of another collection (or of a subcollection path under it).
+    async fn list_in(&self, collection: &str, path: &str) -> Vec<String> {
+        let url = format!("{}/{}{}?pageSize=300", self.root, collection, utf8_percent_encode(path, PATH));
         let reply: Value =
             self.http.get(url).bearer_auth("owner").send().await.expect("list").json().await.expect("list JSON");
         reply["documents"]
@@ -74,7 +81,8 @@ impl Raw {
             .unwrap_or_default()
     }
 
-    /// Writes a document as another Firestore client would (fields in Firestore's value format).
+    /// Writes a document as another Firestore client (or the previous release) would: fields in
+    /// Firestore's value format, nothing of the document model.
     async fn write(&self, document_id: &str, fields: Value) {
         let name = format!("projects/{PROJECT}/databases/(default)/documents/{}/{document_id}", self.collection);
         let body = json!({ "writes": [{ "update": { "name": name, "fields": fields } }] });
@@ -91,9 +99,14 @@ impl Raw {
 }
 
 async fn fixture() -> Fixture {
+    fixture_with("").await
+}
+
+/// A fresh collection, opened with more URL parameters (`&revs_limit=2`).
+async fn fixture_with(extra: &str) -> Fixture {
     let server = servers::firestore().expect("Firestore emulator");
     let collection = format!("layout_{}_{}", std::process::id(), COLLECTIONS.fetch_add(1, Ordering::Relaxed));
-    let config = FirestoreConfig::parse(&server.collection_url(&collection)).expect("URL");
+    let config = FirestoreConfig::parse(&format!("{}{extra}", server.collection_url(&collection))).expect("URL");
     let backend = Arc::new(FirestoreBackend::open(&config).await.expect("open"));
     let raw = Raw {
         http: reqwest::Client::new(),
@@ -212,9 +225,9 @@ async fn bodies_over_one_document_live_in_chunks_that_change_with_it() {
     assert!(stale.is_conflict(), "{stale}");
     assert_eq!(fixture.raw.list(&format!("/{id}/agentstore_chunks")).await.len(), fewer);
 
-    // Deleting the document deletes its chunks.
+    // Deleting the document leaves a tombstone and deletes its chunks.
     backend.delete(id, &rev).await.unwrap();
-    assert!(fixture.raw.get(id).await.is_none());
+    assert_tombstone(&fixture.raw.get(id).await.expect("a tombstone"));
     assert!(fixture.raw.list(&format!("/{id}/agentstore_chunks")).await.is_empty());
 
     // So does deleting through a listing, whose projection leaves the body out.
@@ -222,8 +235,16 @@ async fn bodies_over_one_document_live_in_chunks_that_change_with_it() {
     assert!(!fixture.raw.list(&format!("/{id}/agentstore_chunks")).await.is_empty());
     let store = store(&fixture).await;
     assert_eq!(store.delete_namespace("user_1", "big").await.unwrap(), 1);
-    assert!(fixture.raw.get(id).await.is_none());
+    assert_tombstone(&fixture.raw.get(id).await.expect("a tombstone"));
     assert!(fixture.raw.list(&format!("/{id}/agentstore_chunks")).await.is_empty());
+}
+
+/// Asserts a stored document is a tombstone: flagged, and nothing of the body left.
+fn assert_tombstone(raw: &Value) {
+    assert_eq!(field(raw, "_deleted"), &json!({ "booleanValue": true }), "{raw}");
+    for gone in ["userId", "namespace", "key", "value", "_body", "_chunks"] {
+        assert!(raw["fields"].get(gone).is_none(), "a tombstone has no {gone}: {raw}");
+    }
 }
 
 fn body_with_noise(body: &Map<String, Value>) -> Map<String, Value> {
@@ -271,7 +292,11 @@ async fn composite_ids_firestore_refuses_are_escaped() {
     for (namespace, key) in cases {
         assert!(store.delete("user_1", namespace, key).await.unwrap(), "{namespace}");
     }
-    assert!(fixture.raw.list("").await.is_empty());
+    for name in fixture.raw.list("").await {
+        assert_tombstone(&fixture.raw.get(&name).await.expect("listed"));
+    }
+    assert_eq!(fixture.backend.erase_prefix("user_1:").await.unwrap(), stored.len() as u64);
+    assert!(fixture.raw.list("").await.is_empty(), "erasure leaves no tombstone");
 }
 
 #[tokio::test]
@@ -309,4 +334,183 @@ async fn documents_written_by_another_firestore_client_are_served() {
     assert_eq!(field(&raw, "metadata")["mapValue"]["fields"]["lang"], json!({"stringValue": "de"}));
     assert_eq!(field(&raw, "metadata")["mapValue"]["fields"]["score"]["doubleValue"].as_f64(), Some(0.5));
     assert_eq!(field(&raw, "createdAt"), &json!({"stringValue": "2026-02-05T10:00:00Z"}));
+}
+
+fn plain_body(user: &str, key: &str) -> Map<String, Value> {
+    json!({ "userId": user, "namespace": "ns", "key": key, "value": key, "accessCount": 0 })
+        .as_object()
+        .cloned()
+        .expect("object")
+}
+
+fn generation(rev: &Revision) -> u64 {
+    RevisionId::parse(rev.as_str()).unwrap_or_else(|| panic!("{rev} is not N-<32 hex>")).generation
+}
+
+#[tokio::test]
+async fn revisions_ancestry_and_tombstones_are_stored_fields() {
+    let fixture = fixture_with("&revs_limit=2").await;
+    let backend = &fixture.backend;
+    let id = "user_1:ns:aw==";
+    let mut rev = backend.put(id, &plain_body("user_1", "k"), Precondition::MustNotExist).await.unwrap();
+    for _ in 0..2 {
+        rev = backend.put(id, &plain_body("user_1", "k"), Precondition::MatchRevision(rev)).await.unwrap();
+    }
+    assert_eq!(generation(&rev), 3);
+    backend.delete(id, &rev).await.unwrap();
+
+    let raw = fixture.raw.get(id).await.expect("the tombstone stays");
+    let rev4 = field(&raw, "_rev")["stringValue"].as_str().expect("a stored revision").to_owned();
+    assert_eq!(generation(&Revision(rev4.clone())), 4);
+    assert_eq!(field(&raw, "_deleted"), &json!({ "booleanValue": true }));
+    assert!(field(&raw, "_changedAt")["timestampValue"].is_string(), "{raw}");
+    let revs = field(&raw, "_revs")["bytesValue"].as_str().expect("bytes");
+    use base64::Engine as _;
+    assert_eq!(base64::engine::general_purpose::STANDARD.decode(revs).unwrap().len(), 32, "revs_limit=2: two tokens");
+    let mut names: Vec<&String> = raw["fields"].as_object().unwrap().keys().collect();
+    names.sort();
+    assert_eq!(names, ["_changedAt", "_deleted", "_id", "_rev", "_revs"], "no body on a tombstone");
+    let info = backend.revisions(id).await.unwrap().expect("known");
+    assert!(info.deleted);
+    let ancestry: Vec<Revision> = info.ancestry.revisions().collect();
+    assert_eq!(ancestry, [Revision(rev4.clone()), rev.clone()], "the last two, newest first");
+
+    // Local documents live beside the collection, never in it.
+    let local = backend.put_local("peer-a", &plain_body("x", "y"), Precondition::MustNotExist).await.unwrap();
+    assert_eq!(local, Revision("0-1".into()));
+    assert_eq!(fixture.raw.list_in(&format!("{}_local", fixture.raw.collection), "").await, ["peer-a"]);
+    assert_eq!(fixture.raw.list("").await, [id]);
+}
+
+#[tokio::test]
+async fn a_write_received_before_a_position_but_committed_after_it_is_still_fed() {
+    // A write whose request time (`_changedAt`) precedes the position's read time while its commit
+    // comes after: written raw, with `_changedAt` one second before the position.
+    for (settle, expect_seen) in [("", true), ("&settle_ms=0", false)] {
+        let fixture = fixture_with(settle).await;
+        let backend = &fixture.backend;
+        backend.put("user_1:ns:YQ==", &plain_body("user_1", "a"), Precondition::MustNotExist).await.unwrap();
+        let position = backend.change_position().await.unwrap();
+        let read_time = chrono::DateTime::parse_from_rfc3339(&position).expect("a floor token is a read time");
+        let received = (read_time - chrono::Duration::seconds(1)).to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+        let rev = RevisionId::next_after(None).unwrap().to_revision();
+        fixture
+            .raw
+            .write(
+                "user_1:ns:Yg==",
+                json!({
+                    "_id": { "stringValue": "user_1:ns:Yg==" },
+                    "userId": { "stringValue": "user_1" },
+                    "_rev": { "stringValue": rev.as_str() },
+                    "_deleted": { "booleanValue": false },
+                    "_changedAt": { "timestampValue": received },
+                }),
+            )
+            .await;
+        let page = backend.changes(Some(&position), 100).await.unwrap();
+        let ids: Vec<&str> = page.changes.iter().map(|c| c.id.as_str()).collect();
+        if expect_seen {
+            assert_eq!(ids, ["user_1:ns:Yg=="], "the settle window reaches back; the earlier write is not repeated");
+            assert_eq!(page.changes[0].rev, rev);
+        } else {
+            assert!(ids.is_empty(), "without a settle window the late commit is missed: {ids:?}");
+        }
+    }
+}
+
+/// Writes `count` documents the way the previous release did: `_id`, the query fields and the
+/// body, no revision, tombstone flag or change time.
+async fn write_previous_release_documents(raw: &Raw, count: usize) -> Vec<String> {
+    let mut ids = Vec::new();
+    for n in 0..count {
+        let id = format!("user_{}:ns:{n}", n % 2);
+        raw.write(
+            &id,
+            json!({
+                "_id": { "stringValue": id },
+                "userId": { "stringValue": format!("user_{}", n % 2) },
+                "namespace": { "stringValue": "ns" },
+                "key": { "stringValue": n.to_string() },
+                "value": { "integerValue": n.to_string() },
+            }),
+        )
+        .await;
+        ids.push(id);
+    }
+    ids
+}
+
+#[tokio::test]
+async fn a_collection_of_the_previous_release_keeps_working_and_upgrades_in_place() {
+    let fixture = fixture().await;
+    // The fixture's open saw an empty collection and marked it current; remove the marker, as a
+    // collection of the previous release has none.
+    let marker = format!("projects/{PROJECT}/databases/(default)/documents/{}_meta/layout", fixture.raw.collection);
+    let deleted = fixture
+        .raw
+        .http
+        .post(format!("{}:commit", fixture.raw.root))
+        .bearer_auth("owner")
+        .json(&json!({ "writes": [{ "delete": marker }] }))
+        .send()
+        .await
+        .unwrap();
+    assert!(deleted.status().is_success());
+    let ids = write_previous_release_documents(&fixture.raw, 7).await;
+    let config =
+        FirestoreConfig::parse(&servers::firestore().unwrap().collection_url(&fixture.raw.collection)).unwrap();
+    let backend = FirestoreBackend::open(&config).await.expect("open an old collection");
+
+    assert!(matches!(backend.layout().await.unwrap(), LayoutState::NeedsUpgrade(_)));
+    for outcome in
+        [backend.changes(None, 10).await.map(|_| ()), backend.all_docs(&IdRange::all(), 10, None).await.map(|_| ())]
+    {
+        let err = outcome.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Misconfigured, "{err}");
+        assert!(err.to_string().contains("agentstore upgrade"), "{err}");
+    }
+    // What worked before works: reads with the old revision form, updates and deletes with it.
+    let old = backend.get(&ids[0]).await.unwrap().expect("found");
+    assert!(chrono::DateTime::parse_from_rfc3339(old.rev.as_str()).is_ok(), "an updateTime revision: {}", old.rev);
+    let updated = backend.put(&ids[0], &old.body, Precondition::MatchRevision(old.rev.clone())).await.unwrap();
+    assert_eq!(generation(&updated), 2, "the old revision counts as generation 1");
+    let gone = backend.get(&ids[1]).await.unwrap().expect("found");
+    backend.delete(&ids[1], &gone.rev).await.unwrap();
+    assert!(backend.get(&ids[1]).await.unwrap().is_none());
+    assert_eq!(backend.scan(100, None).await.unwrap().items.len(), 6, "the tombstone is not scanned");
+
+    // Two pages, then "interrupted": a new process resumes from the saved token.
+    let first = backend.upgrade_page(None, 3).await.unwrap();
+    // In name order the first three are user_0:ns:0 (rewritten above), user_0:ns:2 and user_0:ns:4.
+    assert_eq!((first.examined, first.upgraded), (3, 2), "the first of them was rewritten already");
+    let resumed = FirestoreBackend::open(&config).await.unwrap();
+    let mut token = first.next.clone();
+    let mut upgraded = first.upgraded;
+    while let Some(from) = token {
+        let page = resumed.upgrade_page(Some(&from), 3).await.unwrap();
+        upgraded += page.upgraded;
+        token = page.next;
+    }
+    assert_eq!(upgraded, 5, "every document not rewritten since (user_0:ns:0, and the tombstone user_1:ns:1)");
+    // Idempotent: a rerun from the start finds nothing to do.
+    let rerun = resumed.upgrade_page(None, 100).await.unwrap();
+    assert_eq!((rerun.examined, rerun.upgraded, rerun.next), (7, 0, None));
+    resumed.finish_upgrade().await.unwrap();
+    assert_eq!(resumed.layout().await.unwrap(), LayoutState::Current);
+
+    // The stamp left the body alone and minted a revision of generation 2.
+    let stamped = resumed.get(&ids[2]).await.unwrap().expect("found");
+    assert_eq!(stamped.body["value"], json!(2));
+    assert_eq!(generation(&stamped.rev), 2);
+    let feed = resumed.changes(None, 100).await.unwrap();
+    let mut fed: Vec<(&str, bool)> = feed.changes.iter().map(|c| (c.id.as_str(), c.deleted)).collect();
+    fed.sort();
+    let mut expected: Vec<(&str, bool)> = ids.iter().map(|id| (id.as_str(), id == &ids[1])).collect();
+    expected.sort();
+    assert_eq!(fed, expected, "every document once, the tombstone flagged");
+    let listed: Vec<String> =
+        resumed.all_docs(&IdRange::all(), 100, None).await.unwrap().items.into_iter().map(|d| d.id).collect();
+    let mut live: Vec<String> = ids.iter().filter(|id| *id != &ids[1]).cloned().collect();
+    live.sort();
+    assert_eq!(listed, live, "id order, no tombstone");
 }

@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use agentstore::backend::firestore::{FirestoreBackend, FirestoreConfig};
+use agentstore::backend::revision::RevisionId;
 use agentstore::backend::{BulkWrite, DocumentBackend, Precondition, Projection, Query, Revision};
 use agentstore::store::{DataStore, StoreOptions};
 use agentstore::{ErrorKind, Result};
@@ -44,6 +45,8 @@ const GCP_AUTH_TOKEN_ATTEMPTS: usize = 5;
 const CLIENT_ATTEMPTS: usize = 7;
 /// A document of the collection (composite id; valid as a Firestore document id as it is).
 const ID: &str = "user_1:default:Z3JlZXRpbmc=";
+/// The layout marker's path under the database's documents.
+const LAYOUT_MARKER: &str = "agent_data_store_meta/layout";
 /// Update times the mock hands out.
 const T1: &str = "2026-03-02T10:15:30.123456Z";
 const T2: &str = "2026-03-02T10:15:31.654321Z";
@@ -86,8 +89,16 @@ impl Firestore {
         firestore
     }
 
+    /// Answers `open`'s health check (a query without a filter) with no documents, and its read
+    /// of the layout marker with a current marker.
     async fn answer_health_checks(&self) {
         run_query(false).respond_with(answer(200, json!([{ "readTime": T1, "done": true }]))).mount(&self.server).await;
+        let marker = json!({
+            "name": format!("projects/{PROJECT}/databases/(default)/documents/{LAYOUT_MARKER}"),
+            "fields": { "version": { "integerValue": "2" } },
+            "createTime": T1, "updateTime": T1
+        });
+        call("batchGet").and(LayoutMarker).respond_with(found(marker)).with_priority(1).mount(&self.server).await;
     }
 
     fn url(&self, extra: &str) -> String {
@@ -109,15 +120,17 @@ impl Firestore {
         self.server.received_requests().await.expect("request recording is on")
     }
 
-    /// The Firestore requests (not token requests), in order.
+    /// The Firestore requests (not token requests, nor `open`'s read of the layout marker), in
+    /// order.
     async fn firestore_requests(&self) -> Vec<Request> {
-        self.requests().await.into_iter().filter(|r| r.url.path() != TOKEN_PATH).collect()
+        self.requests().await.into_iter().filter(|r| r.url.path() != TOKEN_PATH && !LayoutMarker.matches(r)).collect()
     }
 
-    /// The requests to one method (`commit`, `runQuery`, …), in order.
+    /// The requests to one method (`commit`, `runQuery`, …), in order, the layout marker's read
+    /// left out.
     async fn calls(&self, name: &str) -> Vec<Request> {
         let wanted = format!("{DOCUMENTS}:{name}");
-        self.requests().await.into_iter().filter(|r| r.url.path() == wanted).collect()
+        self.requests().await.into_iter().filter(|r| r.url.path() == wanted && !LayoutMarker.matches(r)).collect()
     }
 
     /// The `:runQuery` requests with a `where` (listings), in order.
@@ -159,6 +172,15 @@ impl Match for RunQuery {
     fn matches(&self, request: &Request) -> bool {
         let body: Value = serde_json::from_slice(&request.body).unwrap_or(Value::Null);
         body.pointer("/structuredQuery/where").is_some() == self.filtered
+    }
+}
+
+/// A request naming the layout marker document.
+struct LayoutMarker;
+
+impl Match for LayoutMarker {
+    fn matches(&self, request: &Request) -> bool {
+        String::from_utf8_lossy(&request.body).contains(LAYOUT_MARKER)
     }
 }
 
@@ -224,6 +246,14 @@ fn listing() -> Query {
     Query { user_id: "user_1".into(), namespace: Some("default".into()), projection: Projection::All }
 }
 
+/// Asserts `rev` is a first revision minted by the adapter (`1-<32 hex>`) and is the `_rev` the
+/// write carried.
+fn assert_minted_first_revision(rev: &Revision, write: &Value) {
+    let parsed = RevisionId::parse(rev.as_str()).unwrap_or_else(|| panic!("{rev} is not N-<32 hex>"));
+    assert_eq!(parsed.generation, 1, "{rev}");
+    assert_eq!(write["update"]["fields"]["_rev"]["stringValue"], rev.as_str(), "the stored revision: {write}");
+}
+
 fn body_of(request: &Request) -> Value {
     serde_json::from_slice(&request.body).expect("the backend sends JSON bodies")
 }
@@ -276,7 +306,7 @@ async fn a_valid_token_is_fetched_once_and_sent_on_every_call() {
 
     let backend = firestore.open().await.expect("open");
     let rev = backend.put(ID, &body("greeting"), Precondition::MustNotExist).await.expect("put");
-    assert_eq!(rev, Revision(T1.into()));
+    assert_minted_first_revision(&rev, &body_of(&firestore.calls("commit").await[0])["writes"][0]);
     assert!(backend.get(ID).await.expect("get").is_some());
     assert_eq!(backend.query(&listing(), 10, None).await.expect("query").items.len(), 1);
     backend.health().await.expect("health");
@@ -340,7 +370,10 @@ async fn a_refused_token_refresh_fails_the_call_as_unauthorized() {
         &firestore.server,
         token_endpoint,
         vec![
+            // Open's health check, then its read of the layout marker, each with a token that
+            // is stale at once.
             token("tok-1", 1),
+            token("tok-2", 1),
             answer(400, json!({ "error": "invalid_grant", "error_description": "Invalid JWT Signature." })),
         ],
     )
@@ -348,7 +381,7 @@ async fn a_refused_token_refresh_fails_the_call_as_unauthorized() {
     firestore.answer_health_checks().await;
     call("batchGet").respond_with(found(stored_document(ID, T1))).mount(&firestore.server).await;
 
-    let backend = firestore.open().await.expect("open with the first token");
+    let backend = firestore.open().await.expect("open with the first two tokens");
     expect_error(backend.get(ID).await, ErrorKind::Unauthorized, &["Google credentials"], "get");
     expect_error(
         backend.put(ID, &body("greeting"), Precondition::MustNotExist).await,
@@ -432,8 +465,8 @@ async fn a_commit_is_retried_through_aborted_unavailable_and_resource_exhausted(
     let backend = firestore.open().await.expect("open");
 
     let rev = backend.put(ID, &body("greeting"), Precondition::MustNotExist).await.expect("put after busy answers");
-    assert_eq!(rev, Revision(T1.into()), "the revision is the updateTime of the commit that worked");
     let commits = firestore.calls("commit").await;
+    assert_minted_first_revision(&rev, &body_of(&commits[3])["writes"][0]);
     assert_eq!(commits.len(), 4, "three busy answers, then the one that worked");
     let first = body_of(&commits[0]);
     for retry in &commits[1..] {
@@ -512,9 +545,12 @@ async fn a_busy_batch_write_entry_is_resent_alone() {
         .collect();
     let results = backend.bulk_write(writes).await.expect("bulk_write as a whole");
     let revs: Vec<Revision> = results.into_iter().map(|r| r.expect("every write succeeds")).collect();
-    assert_eq!(revs, [Revision(T1.into()), Revision(T2.into()), Revision(T1.into())], "each write's own updateTime");
 
     let batches = firestore.calls("batchWrite").await;
+    let sent = body_of(&batches[0])["writes"].as_array().cloned().expect("writes");
+    for (rev, write) in revs.iter().zip(&sent) {
+        assert_minted_first_revision(rev, write);
+    }
     assert_eq!(batches.len(), 2, "one batch, then the busy write again");
     let first = body_of(&batches[0])["writes"].as_array().cloned().expect("writes");
     let second = body_of(&batches[1])["writes"].as_array().cloned().expect("writes");
@@ -557,11 +593,14 @@ async fn already_exists_on_create_is_a_conflict_not_retried() {
         .respond_with(firestore_error(409, "ALREADY_EXISTS", &format!("Document already exists: {NAME_PREFIX}{ID}")))
         .mount(&firestore.server)
         .await;
+    // What is there is live (not a tombstone a create could replace).
+    call("batchGet").respond_with(found(stored_document(ID, T1))).mount(&firestore.server).await;
     let backend = firestore.open().await.expect("open");
 
     let outcome = backend.put(ID, &body("greeting"), Precondition::MustNotExist).await;
     expect_error(outcome, ErrorKind::Conflict, &["already exists"], "create");
-    assert_eq!(firestore.calls("commit").await.len(), 1);
+    assert_eq!(firestore.calls("commit").await.len(), 1, "not sent again");
+    assert_eq!(firestore.calls("batchGet").await.len(), 1, "one read to tell a tombstone from a live document");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -608,10 +647,107 @@ async fn a_timed_out_write_is_not_retried_but_a_timed_out_read_is() {
     );
     assert_eq!(firestore.calls("commit").await.len(), 1, "a timed-out write is not sent again");
 
+    // The lost answer was looked up (a read that timed out too and was sent again): the document
+    // does not hold the revision the write minted, so the outcome stays unknown.
     let doc = backend.get(ID).await.expect("get after a timeout").expect("found");
-    assert_eq!(doc.rev, Revision(T2.into()), "the answer of the second read");
+    assert_eq!(doc.rev, Revision(T2.into()), "a previous-release document keeps its updateTime revision");
     let reads = firestore.calls("batchGet").await;
-    assert_eq!(reads.len(), 2, "a timed-out read is sent again");
-    assert_eq!(body_of(&reads[0]), json!({ "documents": [format!("{NAME_PREFIX}{ID}")] }));
+    assert_eq!(reads.len(), 3, "the lookup, sent again after its timeout, then the get");
+    assert_eq!(body_of(&reads[0])["documents"], json!([format!("{NAME_PREFIX}{ID}")]));
     assert_eq!(body_of(&reads[0]), body_of(&reads[1]), "the same read");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Lost answers and lost races of conditional writes.
+// ---------------------------------------------------------------------------------------------
+
+/// Answers every `:commit` with `INTERNAL` after keeping (`applied`) or dropping its write, and
+/// every `:batchGet` with what was kept: a write applied whose answer was lost.
+struct LostAnswer {
+    applied: bool,
+    stored: Arc<Mutex<Option<Value>>>,
+}
+
+impl Respond for LostAnswer {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let body: Value = serde_json::from_slice(&request.body).unwrap_or(Value::Null);
+        let mut stored = self.stored.lock().unwrap_or_else(|e| e.into_inner());
+        if request.url.path().ends_with(":commit") {
+            if self.applied {
+                let mut document = body["writes"][0]["update"].clone();
+                document["updateTime"] = json!(T2);
+                *stored = Some(document);
+            }
+            return firestore_error(500, "INTERNAL", "Internal error encountered.");
+        }
+        match stored.as_ref() {
+            Some(document) => found(document.clone()),
+            None => answer(200, json!([{ "missing": format!("{NAME_PREFIX}{ID}"), "readTime": T2 }])),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_whose_answer_was_lost_is_recognised_by_its_own_revision() {
+    for applied in [true, false] {
+        let firestore = Firestore::ready().await;
+        let stored = Arc::new(Mutex::new(None));
+        for name in ["commit", "batchGet"] {
+            call(name).respond_with(LostAnswer { applied, stored: Arc::clone(&stored) }).mount(&firestore.server).await;
+        }
+        let backend = firestore.open().await.expect("open");
+
+        let outcome = backend.put(ID, &body("greeting"), Precondition::MustNotExist).await;
+        let commits = firestore.calls("commit").await;
+        assert_eq!(commits.len(), 1, "a write that may have been applied is not sent again");
+        if applied {
+            let rev = outcome.expect("the document holds the revision this write minted: it was applied");
+            assert_minted_first_revision(&rev, &body_of(&commits[0])["writes"][0]);
+        } else {
+            expect_error(
+                outcome,
+                ErrorKind::OutcomeUnknown,
+                &["may have been applied"],
+                "put whose write is not there",
+            );
+        }
+        assert_eq!(firestore.calls("batchGet").await.len(), 1, "one lookup of the stored revision");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_update_is_conditional_on_the_version_it_checked() {
+    let firestore = Firestore::ready().await;
+    let current = RevisionId::next_after(Some(2)).expect("random").to_revision();
+    let mut document = stored_document(ID, T1);
+    document["fields"]["_rev"] = json!({ "stringValue": current.as_str() });
+    document["fields"]["_deleted"] = json!({ "booleanValue": false });
+    call("batchGet").respond_with(found(document)).mount(&firestore.server).await;
+    // Another writer commits between our read and our commit.
+    call("commit")
+        .respond_with(firestore_error(
+            400,
+            "FAILED_PRECONDITION",
+            "the stored version does not match the required base version",
+        ))
+        .mount(&firestore.server)
+        .await;
+    let backend = firestore.open().await.expect("open");
+
+    let outcome = backend.put(ID, &body("greeting"), Precondition::MatchRevision(current.clone())).await;
+    expect_error(outcome, ErrorKind::Conflict, &[ID], "update that lost the race");
+    let commits = firestore.calls("commit").await;
+    assert_eq!(commits.len(), 1);
+    let write = &body_of(&commits[0])["writes"][0];
+    assert_eq!(write["currentDocument"], json!({ "updateTime": T1 }), "conditional on the version read: {write}");
+    let minted =
+        RevisionId::parse(write["update"]["fields"]["_rev"]["stringValue"].as_str().unwrap_or("")).expect("N-hex");
+    assert_eq!(minted.generation, 4, "generation 3 + 1");
+    assert_eq!(write["updateTransforms"][0]["setToServerValue"], "REQUEST_TIME", "the feed time: {write}");
+
+    // A stale revision is refused after the read, with no write.
+    let stale = RevisionId::next_after(Some(2)).expect("random").to_revision();
+    let outcome = backend.put(ID, &body("greeting"), Precondition::MatchRevision(stale)).await;
+    expect_error(outcome, ErrorKind::Conflict, &[ID], "update with a stale revision");
+    assert_eq!(firestore.calls("commit").await.len(), 1, "nothing written");
 }

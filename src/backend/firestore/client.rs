@@ -102,6 +102,21 @@ impl FirestoreClient {
         format!("{}/{}/{document_id}", self.root_name, self.collection)
     }
 
+    /// The resource name of a document of another collection of the database.
+    pub fn name_in(&self, collection: &str, document_id: &str) -> String {
+        format!("{}/{collection}/{document_id}", self.root_name)
+    }
+
+    /// The collection of local documents (`_local/…`), beside the data's.
+    pub fn local_collection(&self) -> String {
+        format!("{}_local", self.collection)
+    }
+
+    /// The collection holding the layout marker, beside the data's.
+    pub fn meta_collection(&self) -> String {
+        format!("{}_meta", self.collection)
+    }
+
     /// The resource name of chunk `n` of a document.
     pub fn chunk_name(&self, document_id: &str, n: usize) -> String {
         format!("{}/{}/{document_id}/{}/{n}", self.root_name, self.collection, super::codec::CHUNK_COLLECTION)

@@ -165,7 +165,9 @@ pub fn decode(id: &str, stored: &Map<String, Value>, extra_chunks: &[Vec<u8>]) -
     let format = stored.get(FORMAT).and_then(|v| v.get("stringValue")).and_then(Value::as_str);
     match format {
         None => {
-            let mut names: Vec<&String> = stored.keys().filter(|n| *n != ID).collect();
+            // The id and the document model's fields are not part of the body.
+            let mut names: Vec<&String> =
+                stored.keys().filter(|n| *n != ID && !super::model::MODEL_FIELDS.contains(&n.as_str())).collect();
             // Firestore keeps no field order; use the spec's.
             names.sort_by_key(|name| (crate::model::document::field_rank(name), name.as_str()));
             let mut body = Map::with_capacity(names.len());

@@ -6,7 +6,10 @@
 //! With `emulator=` (or `FIRESTORE_EMULATOR_HOST` in the environment) requests go to that emulator
 //! over plain HTTP with no credentials. Otherwise credentials come from `credentials=FILE` (a
 //! service-account key) or Google's application-default chain. `endpoint=` replaces
-//! `https://firestore.googleapis.com` (a regional endpoint, or a test server).
+//! `https://firestore.googleapis.com` (a regional endpoint, or a test server). `revs_limit=N`
+//! (default 1000, at most 2000 so the ancestry fits beside a full document) is how many revision
+//! ids each document remembers; `settle_ms=N` (default 5000) is the change feed's settle window
+//! (see `docs/firestore-layout.md`).
 
 use std::time::Duration;
 
@@ -18,6 +21,11 @@ pub const PRODUCTION_ENDPOINT: &str = "https://firestore.googleapis.com";
 /// The environment variable Google's client libraries read for the emulator's address.
 pub const EMULATOR_ENV: &str = "FIRESTORE_EMULATOR_HOST";
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+/// The most revision ids a document may remember: 16 bytes each, beside a body of up to
+/// 1,000,000 bytes in a document Firestore limits to 1,048,576.
+pub const MAX_REVS_LIMIT: usize = 2000;
+/// How far before the last read time a change-feed sweep looks for late request times.
+pub const DEFAULT_SETTLE: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FirestoreConfig {
@@ -32,6 +40,10 @@ pub struct FirestoreConfig {
     /// Base URL of the REST API (no trailing slash).
     pub endpoint: String,
     pub timeout: Duration,
+    /// How many revision ids each document remembers.
+    pub revs_limit: usize,
+    /// The change feed's settle window: the most a write's request time may precede its commit.
+    pub settle: Duration,
 }
 
 impl FirestoreConfig {
@@ -60,6 +72,8 @@ impl FirestoreConfig {
             credentials: None,
             endpoint: PRODUCTION_ENDPOINT.into(),
             timeout: DEFAULT_TIMEOUT,
+            revs_limit: crate::backend::DEFAULT_REVS_LIMIT,
+            settle: DEFAULT_SETTLE,
         };
         let mut endpoint_given = false;
         for pair in query.split('&').filter(|p| !p.is_empty()) {
@@ -90,10 +104,20 @@ impl FirestoreConfig {
                     let ms: u64 = value.parse().map_err(|_| bad(format!("timeout_ms={value} is not a number")))?;
                     config.timeout = Duration::from_millis(ms.max(1));
                 }
+                "revs_limit" => {
+                    config.revs_limit =
+                        value.parse().ok().filter(|n| (1..=MAX_REVS_LIMIT).contains(n)).ok_or_else(|| {
+                            bad(format!("revs_limit={value} is not a number from 1 to {MAX_REVS_LIMIT}"))
+                        })?;
+                }
+                "settle_ms" => {
+                    let ms: u64 = value.parse().map_err(|_| bad(format!("settle_ms={value} is not a number")))?;
+                    config.settle = Duration::from_millis(ms);
+                }
                 other => {
                     return Err(bad(format!(
                         "unknown parameter {other:?} (known: database, collection, emulator, credentials, endpoint, \
-                         timeout_ms)"
+                         timeout_ms, revs_limit, settle_ms)"
                     )))
                 }
             }
@@ -135,6 +159,9 @@ impl FirestoreConfig {
         }
         if let Some(file) = &self.credentials {
             params.push(format!("credentials={file}"));
+        }
+        if self.revs_limit != crate::backend::DEFAULT_REVS_LIMIT {
+            params.push(format!("revs_limit={}", self.revs_limit));
         }
         if !params.is_empty() {
             out.push('?');
@@ -221,6 +248,11 @@ mod tests {
         let c = FirestoreConfig::parse_with_env("firestore://?credentials=%2Fetc%2Fkey.json", None).unwrap();
         assert_eq!(c.project, None);
         assert_eq!(c.credentials.as_deref(), Some("/etc/key.json"));
+        assert_eq!((c.revs_limit, c.settle), (1000, DEFAULT_SETTLE));
+
+        let c = FirestoreConfig::parse_with_env("firestore://p?revs_limit=3&settle_ms=250", None).unwrap();
+        assert_eq!((c.revs_limit, c.settle), (3, Duration::from_millis(250)));
+        assert_eq!(c.redacted(), "firestore://p?revs_limit=3");
     }
 
     #[test]
@@ -247,6 +279,9 @@ mod tests {
             "firestore://p?emulator=h:1&endpoint=http://x",
             "firestore://p?endpoint=not a url",
             "firestore://p?timeout_ms=soon",
+            "firestore://p?revs_limit=0",
+            "firestore://p?revs_limit=2001",
+            "firestore://p?settle_ms=-1",
             "firestore://p?x=1",
         ] {
             assert!(FirestoreConfig::parse_with_env(bad, None).is_err(), "{bad}");

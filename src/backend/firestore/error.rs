@@ -9,8 +9,8 @@ use crate::backend::raw::http::{kind_of_status, unexpected_body, Idempotency};
 use crate::error::{Error, ErrorKind};
 
 /// What deploying the index takes, for the missing-index error.
-const INDEX_HELP: &str = "deploy the composite index in firestore.indexes.json (userId ascending, namespace \
-                          ascending; see the README's Firestore section)";
+const INDEX_HELP: &str = "deploy the composite indexes in firestore.indexes.json (userId + namespace for \
+                          listings, _deleted + _id both ways for id order; see the README's Firestore section)";
 
 /// The gRPC status name of an error reply (`ABORTED`, `NOT_FOUND`, …), or `""`.
 pub(super) fn status_name(body: &Value) -> &str {

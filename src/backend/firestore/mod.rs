@@ -7,6 +7,8 @@
 //!   exact, compressed and chunked JSON where not.
 //! - [`client`]: the HTTP calls, credentials and retries.
 //! - [`error`]: Firestore's answers → the crate's error kinds.
+//! - [`model`]: the document model's fields: stored revisions, ancestry, tombstones, feed time.
+//! - [`feed`]: the change feed's positions.
 //! - [`backend`]: the `DocumentBackend` implementation.
 
 mod backend;
@@ -14,6 +16,9 @@ mod client;
 pub mod codec;
 pub mod config;
 mod error;
+mod feed;
+mod listing;
+mod model;
 
 pub use backend::FirestoreBackend;
 pub use client::RETRY;
