@@ -10,7 +10,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agentstore::backend::{BulkWrite, DocumentBackend, Page, Precondition, Query, Revision, StoredDocument};
+use agentstore::backend::raw::layer::Layered;
+use agentstore::backend::{
+    BulkWrite, ChangesPage, DocumentBackend, IdRange, LayoutState, Page, Precondition, Query, Revision, RevisionInfo,
+    StoredDocument, UpgradePage,
+};
 use agentstore::config::{Overrides, Settings, TokenSetting, TokensSetting};
 use agentstore::http::{bind, hash_token, App, ROUTES};
 use agentstore::model::id::encode_key;
@@ -1098,6 +1102,51 @@ impl DocumentBackend for FaultyBackend {
             Fault::Contended | Fault::Slow => Ok(()),
         }
     }
+
+    // The document model fails like every other call.
+    async fn revisions(&self, _: &str) -> agentstore::Result<Option<RevisionInfo>> {
+        self.fail()
+    }
+
+    async fn changes(&self, _: Option<&str>, _: usize) -> agentstore::Result<ChangesPage> {
+        self.fail()
+    }
+
+    async fn change_position(&self) -> agentstore::Result<String> {
+        self.fail()
+    }
+
+    async fn all_docs(&self, _: &IdRange, _: usize, _: Option<&str>) -> agentstore::Result<Page<StoredDocument>> {
+        self.fail()
+    }
+
+    async fn erase_prefix(&self, _: &str) -> agentstore::Result<u64> {
+        self.fail()
+    }
+
+    async fn get_local(&self, _: &str) -> agentstore::Result<Option<StoredDocument>> {
+        self.fail()
+    }
+
+    async fn put_local(&self, _: &str, _: &Map<String, Value>, _: Precondition) -> agentstore::Result<Revision> {
+        self.fail()
+    }
+
+    async fn delete_local(&self, _: &str, _: &Revision) -> agentstore::Result<()> {
+        self.fail()
+    }
+
+    async fn layout(&self) -> agentstore::Result<LayoutState> {
+        self.fail()
+    }
+
+    async fn upgrade_page(&self, _: Option<&str>, _: usize) -> agentstore::Result<UpgradePage> {
+        self.fail()
+    }
+
+    async fn finish_upgrade(&self) -> agentstore::Result<()> {
+        self.fail()
+    }
 }
 
 async fn faulty_server(fault: Fault) -> Server {
@@ -1182,13 +1231,13 @@ struct SlowWrites {
 }
 
 #[async_trait]
-impl DocumentBackend for SlowWrites {
-    fn describe(&self) -> String {
-        format!("{} with slow writes", self.inner.describe())
+impl Layered for SlowWrites {
+    fn inner(&self) -> &dyn DocumentBackend {
+        self.inner.as_ref()
     }
 
-    async fn get(&self, id: &str) -> agentstore::Result<Option<StoredDocument>> {
-        self.inner.get(id).await
+    fn describe(&self) -> String {
+        format!("{} with slow writes", self.inner.describe())
     }
 
     async fn put(
@@ -1199,39 +1248,6 @@ impl DocumentBackend for SlowWrites {
     ) -> agentstore::Result<Revision> {
         tokio::time::sleep(self.put_delay).await;
         self.inner.put(id, body, precondition).await
-    }
-
-    async fn delete(&self, id: &str, rev: &Revision) -> agentstore::Result<()> {
-        self.inner.delete(id, rev).await
-    }
-
-    async fn query(
-        &self,
-        query: &Query,
-        limit: usize,
-        token: Option<&str>,
-    ) -> agentstore::Result<Page<StoredDocument>> {
-        self.inner.query(query, limit, token).await
-    }
-
-    async fn ensure_standard_indexes(&self) -> agentstore::Result<()> {
-        self.inner.ensure_standard_indexes().await
-    }
-
-    async fn ensure_namespace_indexed(&self, namespace: &str) -> agentstore::Result<()> {
-        self.inner.ensure_namespace_indexed(namespace).await
-    }
-
-    async fn bulk_write(&self, writes: Vec<BulkWrite>) -> agentstore::Result<Vec<agentstore::Result<Revision>>> {
-        self.inner.bulk_write(writes).await
-    }
-
-    async fn scan(&self, limit: usize, token: Option<&str>) -> agentstore::Result<Page<StoredDocument>> {
-        self.inner.scan(limit, token).await
-    }
-
-    async fn health(&self) -> agentstore::Result<()> {
-        self.inner.health().await
     }
 }
 

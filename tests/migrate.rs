@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agentstore::backend::embedded::EmbeddedBackend;
+use agentstore::backend::raw::layer::Layered;
 use agentstore::backend::{BulkWrite, DocumentBackend, Precondition};
 use agentstore::migrate::sink::ConflictPolicy;
 use agentstore::migrate::transform::AccessTracking;
@@ -890,12 +891,12 @@ impl AlteringTarget {
 }
 
 #[async_trait::async_trait]
-impl DocumentBackend for AlteringTarget {
+impl Layered for AlteringTarget {
+    fn inner(&self) -> &dyn DocumentBackend {
+        self.inner.as_ref()
+    }
     fn describe(&self) -> String {
         format!("altering {}", self.inner.describe())
-    }
-    async fn get(&self, id: &str) -> agentstore::Result<Option<agentstore::backend::StoredDocument>> {
-        self.inner.get(id).await
     }
     async fn put(
         &self,
@@ -905,39 +906,12 @@ impl DocumentBackend for AlteringTarget {
     ) -> agentstore::Result<agentstore::backend::Revision> {
         self.inner.put(id, &self.alter(id, body), precondition).await
     }
-    async fn delete(&self, id: &str, rev: &agentstore::backend::Revision) -> agentstore::Result<()> {
-        self.inner.delete(id, rev).await
-    }
-    async fn query(
-        &self,
-        query: &agentstore::backend::Query,
-        limit: usize,
-        token: Option<&str>,
-    ) -> agentstore::Result<agentstore::backend::Page<agentstore::backend::StoredDocument>> {
-        self.inner.query(query, limit, token).await
-    }
-    async fn ensure_standard_indexes(&self) -> agentstore::Result<()> {
-        self.inner.ensure_standard_indexes().await
-    }
-    async fn ensure_namespace_indexed(&self, namespace: &str) -> agentstore::Result<()> {
-        self.inner.ensure_namespace_indexed(namespace).await
-    }
     async fn bulk_write(
         &self,
         writes: Vec<BulkWrite>,
     ) -> agentstore::Result<Vec<agentstore::Result<agentstore::backend::Revision>>> {
         let writes = writes.into_iter().map(|w| BulkWrite { body: self.alter(&w.id, &w.body), ..w }).collect();
         self.inner.bulk_write(writes).await
-    }
-    async fn scan(
-        &self,
-        limit: usize,
-        token: Option<&str>,
-    ) -> agentstore::Result<agentstore::backend::Page<agentstore::backend::StoredDocument>> {
-        self.inner.scan(limit, token).await
-    }
-    async fn health(&self) -> agentstore::Result<()> {
-        self.inner.health().await
     }
 }
 

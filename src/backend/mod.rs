@@ -213,9 +213,6 @@ pub fn needs_upgrade(store: &str, feature: &str, why: &str) -> crate::error::Err
 /// A decorator (such as the server's metrics wrapper) must forward every method, the ones with
 /// default bodies too, or it would silently replace the adapter's own implementation; a test in
 /// `src/http/metrics.rs` checks each one.
-// Until every adapter implements the document model, its methods' default bodies ignore their
-// arguments.
-#[allow(unused_variables)]
 #[async_trait]
 pub trait DocumentBackend: Send + Sync + 'static {
     /// Where this backend stores data, for logs and test reports (never includes secrets).
@@ -254,68 +251,46 @@ pub trait DocumentBackend: Send + Sync + 'static {
 
     /// A document's current revision, whether it is deleted, and its revision ancestry; `None`
     /// when the id was never written or was erased.
-    async fn revisions(&self, id: &str) -> Result<Option<RevisionInfo>> {
-        Err(not_yet(self, "revisions"))
-    }
+    async fn revisions(&self, id: &str) -> Result<Option<RevisionInfo>>;
 
     /// One page of the change feed after `since` (`None`: from the start, every live document and
     /// tombstone). Each document appears once, at its latest revision; cost is proportional to
     /// the page. Local documents never appear.
-    async fn changes(&self, since: Option<&str>, limit: usize) -> Result<ChangesPage> {
-        Err(not_yet(self, "changes"))
-    }
+    async fn changes(&self, since: Option<&str>, limit: usize) -> Result<ChangesPage>;
 
     /// The feed position now: `changes(Some(position))` returns exactly the changes committed
     /// after this call (CouchDB's `since=now`).
-    async fn change_position(&self) -> Result<String> {
-        Err(not_yet(self, "change_position"))
-    }
+    async fn change_position(&self) -> Result<String>;
 
     /// One page of live documents in `range`, in id order (raw UTF-8 collation; tombstones, local
     /// and design documents never included); pass `next` back to continue.
-    async fn all_docs(&self, range: &IdRange, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
-        Err(not_yet(self, "all_docs"))
-    }
+    async fn all_docs(&self, range: &IdRange, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>>;
 
     /// Removes every document whose id starts with `prefix`, live ones and tombstones, with their
     /// ancestry and feed entries, leaving no trace of their ids (CouchDB's `_purge`); returns how
     /// many ids were removed. Replicas elsewhere keep their copies until purged themselves.
-    async fn erase_prefix(&self, prefix: &str) -> Result<u64> {
-        Err(not_yet(self, "erase_prefix"))
-    }
+    async fn erase_prefix(&self, prefix: &str) -> Result<u64>;
 
     /// The local document `_local/{name}`, revision `0-N`.
-    async fn get_local(&self, name: &str) -> Result<Option<StoredDocument>> {
-        Err(not_yet(self, "get_local"))
-    }
+    async fn get_local(&self, name: &str) -> Result<Option<StoredDocument>>;
 
     /// Writes the local document `_local/{name}` if `precondition` holds; returns `0-N`.
-    async fn put_local(&self, name: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Revision> {
-        Err(not_yet(self, "put_local"))
-    }
+    async fn put_local(&self, name: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Revision>;
 
     /// Deletes the local document `_local/{name}` if its revision is still `rev` (no tombstone).
-    async fn delete_local(&self, name: &str, rev: &Revision) -> Result<()> {
-        Err(not_yet(self, "delete_local"))
-    }
+    async fn delete_local(&self, name: &str, rev: &Revision) -> Result<()>;
 
     /// Whether the store has this release's layout.
-    async fn layout(&self) -> Result<LayoutState> {
-        Err(not_yet(self, "layout"))
-    }
+    async fn layout(&self) -> Result<LayoutState>;
 
     /// One resumable, idempotent step of bringing the store to this release's layout in place:
     /// pass the previous step's `next` (`None` to start; the first step also creates any index
     /// the layout needs). Safe to rerun from any earlier token, and while the service writes.
-    async fn upgrade_page(&self, page_token: Option<&str>, limit: usize) -> Result<UpgradePage> {
-        Err(not_yet(self, "upgrade_page"))
-    }
+    async fn upgrade_page(&self, page_token: Option<&str>, limit: usize) -> Result<UpgradePage>;
 
     /// Records that every document has been upgraded, so [`DocumentBackend::layout`] answers
     /// `Current`. Called by `agentstore upgrade` after the last step.
-    async fn finish_upgrade(&self) -> Result<()> {
-        Err(not_yet(self, "finish_upgrade"))
-    }
+    async fn finish_upgrade(&self) -> Result<()>;
 
     /// About how many documents the store holds, when the backend can tell without reading them
     /// (it may count design documents or be some hours stale); `None` when it cannot. For
@@ -351,15 +326,6 @@ pub trait DocumentBackend: Send + Sync + 'static {
         }
         futures::stream::iter(lookups).buffered(GET_MANY_CONCURRENCY).try_collect().await
     }
-}
-
-/// The answer of a document-model method an adapter does not implement yet (removed once every
-/// adapter implements them all).
-fn not_yet<B: DocumentBackend + ?Sized>(backend: &B, method: &str) -> crate::error::Error {
-    crate::error::Error::new(
-        crate::error::ErrorKind::Misconfigured,
-        format!("{method} is not implemented by the backend {} yet", backend.describe()),
-    )
 }
 
 /// The distinct ids of a `get_many` request, in first-seen order: batch reads ask for each once

@@ -59,7 +59,9 @@ impl RevisionId {
 /// `N-<16 hex>`); `None` when it has none (the embedded store's old plain counters).
 pub fn generation_of(rev: &Revision) -> Option<u64> {
     let (generation, rest) = rev.as_str().split_once('-')?;
-    if rest.is_empty() || generation.starts_with('0') {
+    // The part after `-` is hex in every such form; a Firestore update time (`2026-11-23T…`) also
+    // has a `-` and must not read as generation 2026.
+    if rest.is_empty() || generation.starts_with('0') || !rest.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
     generation.parse().ok()
@@ -147,6 +149,7 @@ mod tests {
         }
         assert_eq!(generation_of(&Revision("12-abc".into())), Some(12));
         assert_eq!(generation_of(&Revision("41".into())), None);
+        assert_eq!(generation_of(&Revision("2026-11-23T05:00:00.123456Z".into())), None);
     }
 
     #[test]

@@ -270,6 +270,39 @@ mod tests {
         async fn health(&self) -> Result<()> {
             unused()
         }
+        async fn revisions(&self, _: &str) -> Result<Option<RevisionInfo>> {
+            unused()
+        }
+        async fn changes(&self, _: Option<&str>, _: usize) -> Result<ChangesPage> {
+            unused()
+        }
+        async fn change_position(&self) -> Result<String> {
+            unused()
+        }
+        async fn all_docs(&self, _: &IdRange, _: usize, _: Option<&str>) -> Result<Page<StoredDocument>> {
+            unused()
+        }
+        async fn erase_prefix(&self, _: &str) -> Result<u64> {
+            unused()
+        }
+        async fn get_local(&self, _: &str) -> Result<Option<StoredDocument>> {
+            unused()
+        }
+        async fn put_local(&self, _: &str, _: &Map<String, Value>, _: Precondition) -> Result<Revision> {
+            unused()
+        }
+        async fn delete_local(&self, _: &str, _: &Revision) -> Result<()> {
+            unused()
+        }
+        async fn layout(&self) -> Result<LayoutState> {
+            unused()
+        }
+        async fn upgrade_page(&self, _: Option<&str>, _: usize) -> Result<UpgradePage> {
+            unused()
+        }
+        async fn finish_upgrade(&self) -> Result<()> {
+            unused()
+        }
         // Every default-bodied method of the trait, overridden. A new one belongs here too.
         async fn approximate_count(&self) -> Result<Option<u64>> {
             self.record("approximate_count");

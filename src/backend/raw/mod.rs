@@ -1,4 +1,5 @@
 //! Building blocks shared by the adapters, below any one storage protocol.
 
 pub mod http;
+pub mod layer;
 pub mod sharded;

@@ -1,0 +1,228 @@
+//! Layers: backends that wrap another backend and change some of its behaviour (metrics, fault
+//! injection, test doubles), forwarding everything else.
+//!
+//! A layer implements [`Layered`]: it names its inner backend and overrides only the methods it
+//! changes; every other method forwards to the inner backend's own implementation. The blanket
+//! implementation below makes every layer a [`DocumentBackend`]. Forwarding by default means a new
+//! trait method reaches every adapter through every layer, instead of a layer silently answering
+//! with the trait's default body where the adapter has a better one.
+
+use async_trait::async_trait;
+use serde_json::{Map, Value};
+
+use crate::backend::{
+    BulkWrite, ChangesPage, DocumentBackend, IdRange, LayoutState, Page, Precondition, Query, Revision, RevisionInfo,
+    StoredDocument, UpgradePage,
+};
+use crate::error::Result;
+
+/// A backend wrapped around another one. Every method forwards to [`Layered::inner`] unless the
+/// layer overrides it.
+#[async_trait]
+pub trait Layered: Send + Sync + 'static {
+    /// The backend this layer wraps.
+    fn inner(&self) -> &dyn DocumentBackend;
+
+    fn describe(&self) -> String {
+        self.inner().describe()
+    }
+
+    async fn get(&self, id: &str) -> Result<Option<StoredDocument>> {
+        self.inner().get(id).await
+    }
+
+    async fn put(&self, id: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Revision> {
+        self.inner().put(id, body, precondition).await
+    }
+
+    async fn delete(&self, id: &str, rev: &Revision) -> Result<()> {
+        self.inner().delete(id, rev).await
+    }
+
+    async fn query(&self, query: &Query, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
+        self.inner().query(query, limit, page_token).await
+    }
+
+    async fn ensure_standard_indexes(&self) -> Result<()> {
+        self.inner().ensure_standard_indexes().await
+    }
+
+    async fn ensure_namespace_indexed(&self, namespace: &str) -> Result<()> {
+        self.inner().ensure_namespace_indexed(namespace).await
+    }
+
+    async fn bulk_write(&self, writes: Vec<BulkWrite>) -> Result<Vec<Result<Revision>>> {
+        self.inner().bulk_write(writes).await
+    }
+
+    async fn scan(&self, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
+        self.inner().scan(limit, page_token).await
+    }
+
+    async fn health(&self) -> Result<()> {
+        self.inner().health().await
+    }
+
+    async fn revisions(&self, id: &str) -> Result<Option<RevisionInfo>> {
+        self.inner().revisions(id).await
+    }
+
+    async fn changes(&self, since: Option<&str>, limit: usize) -> Result<ChangesPage> {
+        self.inner().changes(since, limit).await
+    }
+
+    async fn change_position(&self) -> Result<String> {
+        self.inner().change_position().await
+    }
+
+    async fn all_docs(&self, range: &IdRange, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
+        self.inner().all_docs(range, limit, page_token).await
+    }
+
+    async fn erase_prefix(&self, prefix: &str) -> Result<u64> {
+        self.inner().erase_prefix(prefix).await
+    }
+
+    async fn get_local(&self, name: &str) -> Result<Option<StoredDocument>> {
+        self.inner().get_local(name).await
+    }
+
+    async fn put_local(&self, name: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Revision> {
+        self.inner().put_local(name, body, precondition).await
+    }
+
+    async fn delete_local(&self, name: &str, rev: &Revision) -> Result<()> {
+        self.inner().delete_local(name, rev).await
+    }
+
+    async fn layout(&self) -> Result<LayoutState> {
+        self.inner().layout().await
+    }
+
+    async fn upgrade_page(&self, page_token: Option<&str>, limit: usize) -> Result<UpgradePage> {
+        self.inner().upgrade_page(page_token, limit).await
+    }
+
+    async fn finish_upgrade(&self) -> Result<()> {
+        self.inner().finish_upgrade().await
+    }
+
+    async fn approximate_count(&self) -> Result<Option<u64>> {
+        self.inner().approximate_count().await
+    }
+
+    async fn exact_count(&self) -> Result<Option<u64>> {
+        self.inner().exact_count().await
+    }
+
+    async fn design_document_count(&self) -> Result<Option<u64>> {
+        self.inner().design_document_count().await
+    }
+
+    async fn get_many(&self, ids: &[String]) -> Result<Vec<Option<StoredDocument>>> {
+        self.inner().get_many(ids).await
+    }
+}
+
+#[async_trait]
+impl<L: Layered> DocumentBackend for L {
+    fn describe(&self) -> String {
+        Layered::describe(self)
+    }
+
+    async fn get(&self, id: &str) -> Result<Option<StoredDocument>> {
+        Layered::get(self, id).await
+    }
+
+    async fn put(&self, id: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Revision> {
+        Layered::put(self, id, body, precondition).await
+    }
+
+    async fn delete(&self, id: &str, rev: &Revision) -> Result<()> {
+        Layered::delete(self, id, rev).await
+    }
+
+    async fn query(&self, query: &Query, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
+        Layered::query(self, query, limit, page_token).await
+    }
+
+    async fn ensure_standard_indexes(&self) -> Result<()> {
+        Layered::ensure_standard_indexes(self).await
+    }
+
+    async fn ensure_namespace_indexed(&self, namespace: &str) -> Result<()> {
+        Layered::ensure_namespace_indexed(self, namespace).await
+    }
+
+    async fn bulk_write(&self, writes: Vec<BulkWrite>) -> Result<Vec<Result<Revision>>> {
+        Layered::bulk_write(self, writes).await
+    }
+
+    async fn scan(&self, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
+        Layered::scan(self, limit, page_token).await
+    }
+
+    async fn health(&self) -> Result<()> {
+        Layered::health(self).await
+    }
+
+    async fn revisions(&self, id: &str) -> Result<Option<RevisionInfo>> {
+        Layered::revisions(self, id).await
+    }
+
+    async fn changes(&self, since: Option<&str>, limit: usize) -> Result<ChangesPage> {
+        Layered::changes(self, since, limit).await
+    }
+
+    async fn change_position(&self) -> Result<String> {
+        Layered::change_position(self).await
+    }
+
+    async fn all_docs(&self, range: &IdRange, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
+        Layered::all_docs(self, range, limit, page_token).await
+    }
+
+    async fn erase_prefix(&self, prefix: &str) -> Result<u64> {
+        Layered::erase_prefix(self, prefix).await
+    }
+
+    async fn get_local(&self, name: &str) -> Result<Option<StoredDocument>> {
+        Layered::get_local(self, name).await
+    }
+
+    async fn put_local(&self, name: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Revision> {
+        Layered::put_local(self, name, body, precondition).await
+    }
+
+    async fn delete_local(&self, name: &str, rev: &Revision) -> Result<()> {
+        Layered::delete_local(self, name, rev).await
+    }
+
+    async fn layout(&self) -> Result<LayoutState> {
+        Layered::layout(self).await
+    }
+
+    async fn upgrade_page(&self, page_token: Option<&str>, limit: usize) -> Result<UpgradePage> {
+        Layered::upgrade_page(self, page_token, limit).await
+    }
+
+    async fn finish_upgrade(&self) -> Result<()> {
+        Layered::finish_upgrade(self).await
+    }
+
+    async fn approximate_count(&self) -> Result<Option<u64>> {
+        Layered::approximate_count(self).await
+    }
+
+    async fn exact_count(&self) -> Result<Option<u64>> {
+        Layered::exact_count(self).await
+    }
+
+    async fn design_document_count(&self) -> Result<Option<u64>> {
+        Layered::design_document_count(self).await
+    }
+
+    async fn get_many(&self, ids: &[String]) -> Result<Vec<Option<StoredDocument>>> {
+        Layered::get_many(self, ids).await
+    }
+}
