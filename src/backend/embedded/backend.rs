@@ -43,7 +43,10 @@ const ANCESTRY: TableDefinition<&str, &[u8]> = TableDefinition::new("ancestry");
 const LOCAL: TableDefinition<&str, &[u8]> = TableDefinition::new("local");
 /// Counters. Older files hold `seq` (their file-wide revision counter), no longer read.
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
-/// The next feed position to hand out.
+/// A floor under the next feed position: recorded when an erasure removes feed entries, which may
+/// include the highest one (the next position must never fall back to one a follower has passed).
+/// Otherwise the next position is one past the feed's highest entry: that needs no write of its
+/// own in every transaction (each table a commit touches is more pages to write and fsync).
 const META_FEED_NEXT: &str = "feed_next";
 /// The layout version of the file; absent in files of older releases.
 const META_LAYOUT: &str = "layout";
@@ -214,29 +217,36 @@ struct Tables<'t> {
     local: Table<'t, &'static str, &'static [u8]>,
     meta: Table<'t, &'static str, u64>,
     next_seq: u64,
+    /// Whether feed entries were removed without a later one added (an erasure): the floor must
+    /// then be recorded.
+    feed_shrunk: bool,
     revs_limit: usize,
 }
 
 impl<'t> Tables<'t> {
     fn open(txn: &'t WriteTransaction, revs_limit: usize) -> Result<Self> {
         let meta = txn.open_table(META).map_err(map_redb("open meta table"))?;
-        let next_seq = meta.get(META_FEED_NEXT).map_err(map_redb("read feed counter"))?.map_or(1, |v| v.value());
+        let feed = txn.open_table(FEED).map_err(map_redb("open feed table"))?;
+        let next_seq = next_feed_position(&feed, &meta)?;
         Ok(Tables {
             docs: txn.open_table(DOCS).map_err(map_redb("open docs table"))?,
             tombstones: txn.open_table(TOMBSTONES).map_err(map_redb("open tombstones table"))?,
             index: txn.open_table(BY_USER_NAMESPACE).map_err(map_redb("open index table"))?,
-            feed: txn.open_table(FEED).map_err(map_redb("open feed table"))?,
+            feed,
             ancestry: txn.open_table(ANCESTRY).map_err(map_redb("open ancestry table"))?,
             local: txn.open_table(LOCAL).map_err(map_redb("open local table"))?,
             meta,
             next_seq,
+            feed_shrunk: false,
             revs_limit,
         })
     }
 
-    /// Stores the advanced feed counter (before the transaction commits).
+    /// Records the feed's floor when this transaction removed feed entries (before it commits).
     fn finish(&mut self) -> Result<()> {
-        self.meta.insert(META_FEED_NEXT, self.next_seq).map_err(map_redb("write feed counter"))?;
+        if self.feed_shrunk {
+            self.meta.insert(META_FEED_NEXT, self.next_seq).map_err(map_redb("write feed floor"))?;
+        }
         Ok(())
     }
 
@@ -333,6 +343,7 @@ impl<'t> Tables<'t> {
         }
         if let Some(seq) = existing.header().seq {
             self.feed.remove(seq).map_err(map_redb("update feed"))?;
+            self.feed_shrunk = true;
         }
         self.ancestry.remove(id).map_err(map_redb("erase ancestry"))?;
         Ok(true)
@@ -360,6 +371,16 @@ impl<'t> Tables<'t> {
         self.docs.insert(id, record::encode(&rev, seq, &json).as_slice()).map_err(map_redb("upgrade document"))?;
         Ok(true)
     }
+}
+
+/// The next feed position: past the feed's highest entry and the recorded floor.
+fn next_feed_position(
+    feed: &impl ReadableTable<u64, &'static str>,
+    meta: &impl ReadableTable<&'static str, u64>,
+) -> Result<u64> {
+    let past_highest = feed.last().map_err(map_redb("read feed"))?.map_or(1, |(seq, _)| seq.value() + 1);
+    let floor = meta.get(META_FEED_NEXT).map_err(map_redb("read feed floor"))?.map_or(1, |v| v.value());
+    Ok(past_highest.max(floor))
 }
 
 /// Whether a write's precondition holds against the live revision (`None`: no live document,
@@ -704,8 +725,8 @@ impl DocumentBackend for EmbeddedBackend {
             if let LayoutState::NeedsUpgrade(why) = layout_of(&meta)? {
                 return Err(needs_upgrade(&store, "the change feed", &why));
             }
-            let next = meta.get(META_FEED_NEXT).map_err(map_redb("read feed counter"))?.map_or(1, |v| v.value());
-            Ok((next - 1).to_string())
+            let feed = txn.open_table(FEED).map_err(map_redb("open feed table"))?;
+            Ok((next_feed_position(&feed, &meta)? - 1).to_string())
         })
         .await
     }
@@ -1045,5 +1066,26 @@ mod tests {
             let info = store.revisions(&change.id).await.unwrap().unwrap();
             assert_eq!(info.ancestry.revisions().next(), Some(current.rev));
         }
+    }
+
+    /// Erasing the document at the head of the feed must not let the next write take a position
+    /// a follower has already passed.
+    #[tokio::test]
+    async fn positions_are_never_handed_out_twice_after_an_erasure() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.redb");
+        let store = EmbeddedBackend::open(&path).await.unwrap();
+        store.put("keep:ns:a", &body("a", 1.into()), Precondition::MustNotExist).await.unwrap();
+        store.put("gone:ns:b", &body("b", 1.into()), Precondition::MustNotExist).await.unwrap();
+        let follower = store.changes(None, 10).await.unwrap().last_seq;
+        assert_eq!(store.erase_prefix("gone:").await.unwrap(), 1);
+        // Also across a reopen: the floor is in the file.
+        drop(store);
+        let store = EmbeddedBackend::open(&path).await.unwrap();
+        assert_eq!(store.change_position().await.unwrap(), follower, "now is still past the erased position");
+        store.put("keep:ns:c", &body("c", 1.into()), Precondition::MustNotExist).await.unwrap();
+        let seen: Vec<String> =
+            store.changes(Some(&follower), 10).await.unwrap().changes.into_iter().map(|c| c.id).collect();
+        assert_eq!(seen, ["keep:ns:c"], "the follower sees the write made after the erasure");
     }
 }
