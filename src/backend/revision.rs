@@ -12,7 +12,7 @@
 //! generation of the newest and the 16-byte tokens: generations are consecutive, so the tokens are
 //! all that is needed to spell CouchDB's `_revisions` (`{start, ids}`).
 
-use crate::backend::Revision;
+use crate::backend::{Precondition, Revision};
 use crate::error::{Error, ErrorKind, Result};
 
 /// CouchDB's default `_revs_limit`: how many revision ids of a document are remembered.
@@ -65,6 +65,35 @@ pub fn generation_of(rev: &Revision) -> Option<u64> {
         return None;
     }
     generation.parse().ok()
+}
+
+/// A local document's revision `0-N`: N counts its writes since it was created (CouchDB's form).
+pub fn local_revision(n: u64) -> Revision {
+    Revision(format!("0-{n}"))
+}
+
+/// N of a local revision `0-N` (N ≥ 1); `None` for any other text.
+pub fn local_number(rev: &Revision) -> Option<u64> {
+    let n = rev.as_str().strip_prefix("0-")?;
+    if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    n.parse().ok().filter(|n| *n > 0)
+}
+
+/// The revision a write of the local document `id` gets, when `precondition` holds against its
+/// `current` revision (`None`: there is none); a conflict otherwise.
+pub fn next_local_revision(id: &str, precondition: &Precondition, current: Option<&Revision>) -> Result<Revision> {
+    match (precondition, current) {
+        (Precondition::MustNotExist, Some(_)) => Err(Error::conflict(format!("document {id:?} already exists"))),
+        (Precondition::MatchRevision(expected), None) => {
+            Err(Error::conflict(format!("document {id:?} does not exist, so it is not at revision {expected}")))
+        }
+        (Precondition::MatchRevision(expected), Some(found)) if found != expected => {
+            Err(Error::conflict(format!("document {id:?} is at revision {found}, not {expected}")))
+        }
+        _ => Ok(local_revision(current.and_then(local_number).unwrap_or(0) + 1)),
+    }
 }
 
 /// 128 bits from the operating system's random generator.
@@ -150,6 +179,28 @@ mod tests {
         assert_eq!(generation_of(&Revision("12-abc".into())), Some(12));
         assert_eq!(generation_of(&Revision("41".into())), None);
         assert_eq!(generation_of(&Revision("2026-11-23T05:00:00.123456Z".into())), None);
+    }
+
+    #[test]
+    fn local_revisions_count_writes() {
+        let (one, two) = (local_revision(1), local_revision(2));
+        assert_eq!(next_local_revision("_local/x", &Precondition::MustNotExist, None).unwrap(), one);
+        assert_eq!(
+            next_local_revision("_local/x", &Precondition::MatchRevision(one.clone()), Some(&one)).unwrap(),
+            two
+        );
+        assert_eq!(next_local_revision("_local/x", &Precondition::None, Some(&two)).unwrap(), local_revision(3));
+        for (precondition, current) in [
+            (Precondition::MustNotExist, Some(&one)),
+            (Precondition::MatchRevision(one.clone()), None),
+            (Precondition::MatchRevision(one.clone()), Some(&two)),
+        ] {
+            let refused = next_local_revision("_local/x", &precondition, current).unwrap_err();
+            assert_eq!(refused.kind(), ErrorKind::Conflict, "{precondition:?} against {current:?}");
+        }
+        for bad in ["0-", "0-0", "1-1", "0-x", "0-+1"] {
+            assert_eq!(local_number(&Revision(bad.into())), None, "{bad:?}");
+        }
     }
 
     #[test]

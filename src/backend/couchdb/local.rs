@@ -12,6 +12,7 @@ use serde_json::{Map, Value};
 use super::backend::{from_couch_doc, revision_of, CouchDbBackend, UNCONDITIONAL_WRITE_ATTEMPTS};
 use super::codec::to_couch_doc;
 use super::error::from_status;
+use crate::backend::revision::local_number;
 use crate::backend::{Precondition, Revision, StoredDocument, LOCAL_PREFIX};
 use crate::error::{Error, Result};
 
@@ -92,9 +93,7 @@ impl CouchDbBackend {
 /// A local document's revision is `0-N`; any other text can never match one, so it is a
 /// conflict without asking (CouchDB would fail to parse it).
 fn check_local_revision(name: &str, rev: &Revision) -> Result<()> {
-    let well_formed =
-        rev.as_str().strip_prefix("0-").is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
-    if well_formed {
+    if local_number(rev).is_some() {
         Ok(())
     } else {
         Err(Error::conflict(format!("local document {name:?} is not at revision {rev} (local revisions are 0-N)")))

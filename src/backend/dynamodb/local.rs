@@ -12,6 +12,7 @@ use super::backend::DynamoDbBackend;
 use super::codec;
 use super::error::{map_sdk, map_sdk_write};
 use super::layout::LOCAL_BODY;
+use crate::backend::revision::next_local_revision;
 use crate::backend::{Precondition, Revision, StoredDocument, LOCAL_PREFIX};
 use crate::error::{Error, ErrorKind, Result};
 
@@ -23,11 +24,6 @@ fn local_id(name: &str) -> Result<String> {
         return Err(Error::invalid("local document name", "must not be empty"));
     }
     Ok(format!("{LOCAL_PREFIX}{name}"))
-}
-
-/// `N` of a local revision `0-N`.
-fn local_number(rev: &str) -> Option<u64> {
-    rev.strip_prefix("0-")?.parse().ok()
 }
 
 impl DynamoDbBackend {
@@ -56,17 +52,7 @@ impl DynamoDbBackend {
             serde_json::to_string(body).map_err(|e| Error::new(ErrorKind::Internal, "encode body").with_source(e))?;
         for _ in 0..CONFLICT_ROUNDS {
             let current = self.read_local(name).await?.map(|doc| doc.rev);
-            match (&precondition, &current) {
-                (Precondition::MustNotExist, Some(_)) => {
-                    return Err(Error::conflict(format!("local document {id:?} already exists")))
-                }
-                (Precondition::MatchRevision(expected), found) if found.as_ref() != Some(expected) => {
-                    return Err(Error::conflict(format!("local document {id:?} is not at revision {expected}")))
-                }
-                _ => {}
-            }
-            let number = current.as_ref().and_then(|r| local_number(r.as_str())).unwrap_or(0) + 1;
-            let rev = Revision(format!("0-{number}"));
+            let rev = next_local_revision(&id, &precondition, current.as_ref())?;
             let item = HashMap::from([
                 (codec::ID.to_owned(), AttributeValue::S(id.clone())),
                 (codec::REV.to_owned(), AttributeValue::S(rev.0.clone())),

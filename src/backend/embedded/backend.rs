@@ -22,7 +22,7 @@ use serde_json::{Map, Value};
 
 use super::error::{join_error, map_redb};
 use super::record::{self, Header, StoredRevision};
-use crate::backend::revision::{PackedAncestry, RevisionId};
+use crate::backend::revision::{local_number, local_revision, next_local_revision, PackedAncestry, RevisionId};
 use crate::backend::{
     needs_upgrade, Ancestry, BulkWrite, Change, ChangesPage, DocumentBackend, IdRange, LayoutState, Page, Precondition,
     Projection, Query, Revision, RevisionInfo, StoredDocument, UpgradePage, DEFAULT_REVS_LIMIT, LOCAL_PREFIX,
@@ -440,10 +440,6 @@ fn decode_local(name: &str, record: &[u8]) -> Result<(u64, Map<String, Value>)> 
     Ok((n, serde_json::from_slice(json).map_err(|_| corrupt())?))
 }
 
-fn local_revision(n: u64) -> Revision {
-    Revision(format!("0-{n}"))
-}
-
 /// The id bounds of an `all_docs` page, ascending: (lower, upper).
 fn all_docs_bounds<'a>(range: &'a IdRange, after: Option<&'a str>) -> (Bound<&'a str>, Bound<&'a str>) {
     let end_bound = |id: &'a str| if range.inclusive_end { Bound::Included(id) } else { Bound::Excluded(id) };
@@ -469,6 +465,22 @@ fn is_empty_range(lower: &Bound<&str>, upper: &Bound<&str>) -> bool {
             l >= u
         }
         _ => false,
+    }
+}
+
+/// The record header of `id` and whether it is a tombstone, read in a read transaction; `None`
+/// when the id is not stored.
+fn header_of(
+    docs: &impl ReadableTable<&'static str, &'static [u8]>,
+    tombstones: &impl ReadableTable<&'static str, &'static [u8]>,
+    id: &str,
+) -> Result<Option<(Header, bool)>> {
+    if let Some(guard) = docs.get(id).map_err(map_redb("read document"))? {
+        return Ok(Some((record::split(id, guard.value())?.0, false)));
+    }
+    match tombstones.get(id).map_err(map_redb("read tombstone"))? {
+        Some(guard) => Ok(Some((record::split(id, guard.value())?.0, true))),
+        None => Ok(None),
     }
 }
 
@@ -645,13 +657,7 @@ impl DocumentBackend for EmbeddedBackend {
             let txn = db.begin_read().map_err(map_redb("begin read"))?;
             let docs = txn.open_table(DOCS).map_err(map_redb("open docs table"))?;
             let tombstones = txn.open_table(TOMBSTONES).map_err(map_redb("open tombstones table"))?;
-            let (header, deleted) = if let Some(guard) = docs.get(id.as_str()).map_err(map_redb("read document"))? {
-                (record::split(&id, guard.value())?.0, false)
-            } else if let Some(guard) = tombstones.get(id.as_str()).map_err(map_redb("read tombstone"))? {
-                (record::split(&id, guard.value())?.0, true)
-            } else {
-                return Ok(None);
-            };
+            let Some((header, deleted)) = header_of(&docs, &tombstones, &id)? else { return Ok(None) };
             let ancestry = match header.rev {
                 // A plain counter has no CouchDB form, so no ancestry until `upgrade` mints one.
                 StoredRevision::Counter(_) => Ancestry { start: 1, ids: Vec::new() },
@@ -691,17 +697,11 @@ impl DocumentBackend for EmbeddedBackend {
             for entry in range.by_ref().take(limit) {
                 let (seq, id) = entry.map_err(map_redb("read feed"))?;
                 let (seq, id) = (seq.value(), id.value());
-                let (header, deleted) = match docs.get(id).map_err(map_redb("read document"))? {
-                    Some(guard) => (record::split(id, guard.value())?.0, false),
-                    None => match tombstones.get(id).map_err(map_redb("read tombstone"))? {
-                        Some(guard) => (record::split(id, guard.value())?.0, true),
-                        None => {
-                            return Err(Error::new(
-                                ErrorKind::Corrupt,
-                                format!("embedded store: the feed names {id:?}, which is not stored"),
-                            ))
-                        }
-                    },
+                let Some((header, deleted)) = header_of(&docs, &tombstones, id)? else {
+                    return Err(Error::new(
+                        ErrorKind::Corrupt,
+                        format!("embedded store: the feed names {id:?}, which is not stored"),
+                    ));
                 };
                 changes.push(Change {
                     seq: seq.to_string(),
@@ -797,21 +797,10 @@ impl DocumentBackend for EmbeddedBackend {
                 None => None,
             };
             let id = format!("{LOCAL_PREFIX}{name}");
-            match (&precondition, current) {
-                (Precondition::MustNotExist, Some(_)) => {
-                    return Err(Error::conflict(format!("document {id:?} already exists")))
-                }
-                (Precondition::MatchRevision(_), None) => {
-                    return Err(Error::conflict(format!("document {id:?} does not exist")))
-                }
-                (Precondition::MatchRevision(expected), Some(n)) if local_revision(n) != *expected => {
-                    return Err(Error::conflict(format!("document {id:?} is at revision 0-{n}, not {expected}")))
-                }
-                _ => {}
-            }
-            let n = current.unwrap_or(0) + 1;
+            let rev = next_local_revision(&id, &precondition, current.map(local_revision).as_ref())?;
+            let n = local_number(&rev).unwrap_or(1);
             tables.local.insert(name.as_str(), encode_local(n, &json).as_slice()).map_err(map_redb("write local"))?;
-            Ok(local_revision(n))
+            Ok(rev)
         })
         .await
     }

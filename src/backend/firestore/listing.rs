@@ -12,7 +12,7 @@ use super::backend::FirestoreBackend;
 use super::codec;
 use super::feed::{FeedToken, Sweep};
 use super::model::{self, StoredState};
-use crate::backend::revision::{PackedAncestry, RevisionId};
+use crate::backend::revision::{next_local_revision, PackedAncestry, RevisionId};
 use crate::backend::{
     needs_upgrade, Change, ChangesPage, DocumentBackend, IdRange, LayoutState, Page, Precondition, Revision,
     StoredDocument, UpgradePage, LOCAL_PREFIX,
@@ -61,14 +61,6 @@ fn text<'a>(document: &'a Value, pointer: &str) -> &'a str {
 }
 
 /// The revision of a local document: `0-N`.
-fn local_revision(n: u64) -> Revision {
-    Revision(format!("0-{n}"))
-}
-
-fn local_number(rev: &str) -> Option<u64> {
-    rev.strip_prefix("0-")?.parse().ok().filter(|n| *n > 0)
-}
-
 impl FirestoreBackend {
     fn name_of_document<'a>(&self, document: &'a Value) -> &'a str {
         let name = text(document, "/name");
@@ -314,18 +306,13 @@ impl FirestoreBackend {
                 Precondition::MustNotExist => None,
                 _ => self.read_local(name).await?,
             };
-            if let Precondition::MatchRevision(rev) = &precondition {
-                if current.as_ref().is_none_or(|(doc, _)| &doc.rev != rev) {
-                    return Err(Error::conflict(format!("local document {id:?} is not at revision {rev}")));
-                }
-            }
-            let previous = current.map(|(doc, update_time)| (local_number(doc.rev.as_str()).unwrap_or(0), update_time));
-            let rev = local_revision(previous.as_ref().map_or(0, |(n, _)| *n) + 1);
+            let rev = next_local_revision(&id, &precondition, current.as_ref().map(|(doc, _)| &doc.rev))?;
+            let previous_update_time = current.map(|(_, update_time)| update_time);
             let mut fields = encoded.fields.clone();
             fields.insert(model::REV.into(), json!({ "stringValue": rev.0 }));
             let mut write = json!({ "update": { "name": self.local_name(name), "fields": fields } });
-            write["currentDocument"] = match &previous {
-                Some((_, update_time)) => json!({ "updateTime": update_time }),
+            write["currentDocument"] = match &previous_update_time {
+                Some(update_time) => json!({ "updateTime": update_time }),
                 None => json!({ "exists": false }),
             };
             match self.commit(vec![write], &format!("write local document {id:?}")).await {
