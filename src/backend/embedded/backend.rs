@@ -16,7 +16,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use redb::{
-    Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, Table, TableDefinition, WriteTransaction,
+    Database, ReadOnlyTable, ReadTransaction, ReadableDatabase, ReadableTable, ReadableTableMetadata, Table,
+    TableDefinition, WriteTransaction,
 };
 use serde_json::{Map, Value};
 
@@ -468,6 +469,20 @@ fn is_empty_range(lower: &Bound<&str>, upper: &Bound<&str>) -> bool {
     }
 }
 
+type MetaTable = ReadOnlyTable<&'static str, u64>;
+type FeedTable = ReadOnlyTable<u64, &'static str>;
+
+/// The counters and the feed of a read transaction; an error naming `agentstore upgrade` for a
+/// file of an earlier release, whose older records have no feed position.
+fn feed_tables(txn: &ReadTransaction, store: &str) -> Result<(MetaTable, FeedTable)> {
+    let meta = txn.open_table(META).map_err(map_redb("open meta table"))?;
+    if let LayoutState::NeedsUpgrade(why) = layout_of(&meta)? {
+        return Err(needs_upgrade(store, "the change feed", &why));
+    }
+    let feed = txn.open_table(FEED).map_err(map_redb("open feed table"))?;
+    Ok((meta, feed))
+}
+
 /// The record header of `id` and whether it is a tombstone, read in a read transaction; `None`
 /// when the id is not stored.
 fn header_of(
@@ -684,11 +699,7 @@ impl DocumentBackend for EmbeddedBackend {
         let store = self.describe();
         self.blocking(move |db| {
             let txn = db.begin_read().map_err(map_redb("begin read"))?;
-            let meta = txn.open_table(META).map_err(map_redb("open meta table"))?;
-            if let LayoutState::NeedsUpgrade(why) = layout_of(&meta)? {
-                return Err(needs_upgrade(&store, "the change feed", &why));
-            }
-            let feed = txn.open_table(FEED).map_err(map_redb("open feed table"))?;
+            let (_, feed) = feed_tables(&txn, &store)?;
             let docs = txn.open_table(DOCS).map_err(map_redb("open docs table"))?;
             let tombstones = txn.open_table(TOMBSTONES).map_err(map_redb("open tombstones table"))?;
             let mut changes = Vec::with_capacity(limit.min(1024));
@@ -721,11 +732,7 @@ impl DocumentBackend for EmbeddedBackend {
         let store = self.describe();
         self.blocking(move |db| {
             let txn = db.begin_read().map_err(map_redb("begin read"))?;
-            let meta = txn.open_table(META).map_err(map_redb("open meta table"))?;
-            if let LayoutState::NeedsUpgrade(why) = layout_of(&meta)? {
-                return Err(needs_upgrade(&store, "the change feed", &why));
-            }
-            let feed = txn.open_table(FEED).map_err(map_redb("open feed table"))?;
+            let (meta, feed) = feed_tables(&txn, &store)?;
             Ok((next_feed_position(&feed, &meta)? - 1).to_string())
         })
         .await
