@@ -239,7 +239,9 @@ pub trait DocumentBackend: Send + Sync + 'static {
     async fn ensure_namespace_indexed(&self, namespace: &str) -> Result<()>;
 
     /// Writes many documents; one result per write, in order. A failed write does not stop the
-    /// others. The outer error is for failures of the whole request.
+    /// others. Writes to the same id take effect in the order given, as CouchDB's `_bulk_docs`
+    /// applies them (adapters that write concurrently use [`bulk_write_in_id_rounds`]). The outer
+    /// error is for failures of the whole request.
     async fn bulk_write(&self, writes: Vec<BulkWrite>) -> Result<Vec<Result<Revision>>>;
 
     /// One page of every document in the store (design documents excluded), in a stable order, so
@@ -333,6 +335,57 @@ pub trait DocumentBackend: Send + Sync + 'static {
 pub(crate) fn distinct_ids(ids: &[String]) -> Vec<String> {
     let mut seen = std::collections::HashSet::with_capacity(ids.len());
     ids.iter().filter(|id| seen.insert(id.as_str())).cloned().collect()
+}
+
+/// `bulk_write` for adapters that write a batch's documents concurrently, keeping the order of
+/// writes to the same id: the batch is split into rounds, the k-th round holding each id's k-th
+/// write, and the rounds go one after another through `write_distinct`, which may apply a round's
+/// writes in any order. A batch of distinct ids (the usual case) is one round.
+pub(crate) async fn bulk_write_in_id_rounds<F, Fut>(
+    writes: Vec<BulkWrite>,
+    mut write_distinct: F,
+) -> Result<Vec<Result<Revision>>>
+where
+    F: FnMut(Vec<BulkWrite>) -> Fut,
+    Fut: std::future::Future<Output = Result<Vec<Result<Revision>>>>,
+{
+    let mut seen: std::collections::HashMap<&str, usize> = std::collections::HashMap::with_capacity(writes.len());
+    let round_of: Vec<usize> = writes
+        .iter()
+        .map(|w| {
+            let count = seen.entry(w.id.as_str()).or_default();
+            *count += 1;
+            *count - 1
+        })
+        .collect();
+    let round_count = seen.into_values().max().unwrap_or(0);
+    if round_count <= 1 {
+        return write_distinct(writes).await;
+    }
+    let total = writes.len();
+    let mut rounds: Vec<(Vec<usize>, Vec<BulkWrite>)> = (0..round_count).map(|_| Default::default()).collect();
+    for ((slot, write), round) in writes.into_iter().enumerate().zip(round_of) {
+        rounds[round].0.push(slot);
+        rounds[round].1.push(write);
+    }
+    let mut results: Vec<Option<Result<Revision>>> = (0..total).map(|_| None).collect();
+    for (slots, batch) in rounds {
+        let written = write_distinct(batch).await?;
+        for (slot, result) in slots.into_iter().zip(written) {
+            results[slot] = Some(result);
+        }
+    }
+    Ok(results
+        .into_iter()
+        .map(|r| {
+            r.unwrap_or_else(|| {
+                Err(crate::error::Error::new(
+                    crate::error::ErrorKind::Internal,
+                    "a bulk write returned fewer results than writes",
+                ))
+            })
+        })
+        .collect())
 }
 
 /// `get_many` over a backend's own batch call: the distinct ids in calls of at most `per_call`,

@@ -73,6 +73,7 @@ fn document_model_cases() -> Vec<Case> {
     use crate::document_model::*;
     cases![
         revisions_have_couchdb_form_ancestry_and_tombstones,
+        bulk_write_applies_writes_to_one_id_in_order,
         tombstones_are_invisible_to_every_listing,
         erasure_leaves_no_trace_of_the_user,
         change_feed_is_ordered_complete_and_resumable,

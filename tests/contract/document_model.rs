@@ -129,6 +129,38 @@ pub async fn revisions_have_couchdb_form_ancestry_and_tombstones(ctx: Ctx) {
     assert_eq!(b.revisions(&id_of("u", "ns", "never")).await.unwrap(), None);
 }
 
+pub async fn bulk_write_applies_writes_to_one_id_in_order(ctx: Ctx) {
+    // CouchDB's `_bulk_docs` applies writes to one id one after another; so must every backend,
+    // even where it writes a batch's documents concurrently.
+    let b = &ctx.backend;
+    let keys: Vec<String> = (0..8).map(|n| format!("k{n}")).collect();
+    let mut writes = Vec::new();
+    for (round, precondition) in
+        [Precondition::None, Precondition::MustNotExist, Precondition::None].into_iter().enumerate()
+    {
+        for key in &keys {
+            writes.push(BulkWrite {
+                id: id_of("u", "ns", key),
+                body: body("u", "ns", key, json!(round)),
+                precondition: precondition.clone(),
+            });
+        }
+    }
+    let results = b.bulk_write(writes).await.unwrap();
+    for (n, key) in keys.iter().enumerate() {
+        let first = results[n].as_ref().expect("the first write creates");
+        assert_eq!(
+            results[keys.len() + n].as_ref().unwrap_err().kind(),
+            ErrorKind::Conflict,
+            "{key}: create after create"
+        );
+        let last = results[2 * keys.len() + n].as_ref().expect("the last write overwrites");
+        assert_eq!((generation(first), generation(last)), (1, 2), "{key}");
+        let stored = b.get(&id_of("u", "ns", key)).await.unwrap().unwrap();
+        assert_eq!((stored.body["value"].clone(), &stored.rev), (json!(2), last));
+    }
+}
+
 pub async fn tombstones_are_invisible_to_every_listing(ctx: Ctx) {
     let store = ctx.store().await;
     let b = ctx.backend.as_ref();

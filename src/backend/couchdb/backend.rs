@@ -211,6 +211,67 @@ impl CouchDbBackend {
         }
         Ok(found)
     }
+
+    /// `bulk_write` of writes to distinct ids: one `_bulk_docs` request.
+    async fn write_distinct_ids(&self, writes: Vec<BulkWrite>) -> Result<Vec<Result<Revision>>> {
+        if writes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let unconditional: Vec<&str> =
+            writes.iter().filter(|w| w.precondition == Precondition::None).map(|w| w.id.as_str()).collect();
+        let mut current = if unconditional.is_empty() {
+            Vec::new()
+        } else {
+            unconditional.iter().copied().zip(self.current_revisions(&unconditional).await?).collect::<Vec<_>>()
+        };
+        // A document CouchDB cannot store exactly is refused on its own; the others are sent.
+        let mut outcomes: Vec<Option<Result<Revision>>> = Vec::with_capacity(writes.len());
+        let mut docs = Vec::with_capacity(writes.len());
+        for write in &writes {
+            let rev = match &write.precondition {
+                Precondition::MustNotExist => None,
+                Precondition::MatchRevision(rev) => Some(rev.clone()),
+                Precondition::None => {
+                    current.iter_mut().find(|(id, _)| *id == write.id).and_then(|(_, rev)| rev.take())
+                }
+            };
+            match to_couch_doc(&write.id, &write.body, rev.as_ref()) {
+                Ok(doc) => {
+                    docs.push(doc);
+                    outcomes.push(None);
+                }
+                Err(refused) => outcomes.push(Some(Err(refused))),
+            }
+        }
+        if docs.is_empty() {
+            return Ok(outcomes.into_iter().flatten().collect());
+        }
+        let sent = docs.len();
+        let url = self.client.url(&["_bulk_docs"]);
+        let Reply { status, body } = self
+            .client
+            .send(Method::POST, &url, &[], Some(&json!({ "docs": docs })), "write documents in bulk")
+            .await?;
+        if !status.is_success() {
+            return Err(from_status(status, &body, "write documents in bulk"));
+        }
+        let results = body.as_array().cloned().unwrap_or_default();
+        if results.len() != sent {
+            return Err(Error::new(
+                ErrorKind::Internal,
+                format!("CouchDB _bulk_docs answered {} results for {sent} documents", results.len()),
+            ));
+        }
+        let mut results = results.into_iter();
+        Ok(writes
+            .iter()
+            .zip(outcomes)
+            .map(|(write, outcome)| match outcome {
+                Some(refused) => refused,
+                None => bulk_result(&write.id, results.next().unwrap_or(Value::Null)),
+            })
+            .collect())
+    }
 }
 
 /// The array `field` of a CouchDB answer to `endpoint` (`rows` of `_all_docs`, `results` of
@@ -433,63 +494,9 @@ impl DocumentBackend for CouchDbBackend {
     }
 
     async fn bulk_write(&self, writes: Vec<BulkWrite>) -> Result<Vec<Result<Revision>>> {
-        if writes.is_empty() {
-            return Ok(Vec::new());
-        }
-        let unconditional: Vec<&str> =
-            writes.iter().filter(|w| w.precondition == Precondition::None).map(|w| w.id.as_str()).collect();
-        let mut current = if unconditional.is_empty() {
-            Vec::new()
-        } else {
-            unconditional.iter().copied().zip(self.current_revisions(&unconditional).await?).collect::<Vec<_>>()
-        };
-        // A document CouchDB cannot store exactly is refused on its own; the others are sent.
-        let mut outcomes: Vec<Option<Result<Revision>>> = Vec::with_capacity(writes.len());
-        let mut docs = Vec::with_capacity(writes.len());
-        for write in &writes {
-            let rev = match &write.precondition {
-                Precondition::MustNotExist => None,
-                Precondition::MatchRevision(rev) => Some(rev.clone()),
-                Precondition::None => {
-                    current.iter_mut().find(|(id, _)| *id == write.id).and_then(|(_, rev)| rev.take())
-                }
-            };
-            match to_couch_doc(&write.id, &write.body, rev.as_ref()) {
-                Ok(doc) => {
-                    docs.push(doc);
-                    outcomes.push(None);
-                }
-                Err(refused) => outcomes.push(Some(Err(refused))),
-            }
-        }
-        if docs.is_empty() {
-            return Ok(outcomes.into_iter().flatten().collect());
-        }
-        let sent = docs.len();
-        let url = self.client.url(&["_bulk_docs"]);
-        let Reply { status, body } = self
-            .client
-            .send(Method::POST, &url, &[], Some(&json!({ "docs": docs })), "write documents in bulk")
-            .await?;
-        if !status.is_success() {
-            return Err(from_status(status, &body, "write documents in bulk"));
-        }
-        let results = body.as_array().cloned().unwrap_or_default();
-        if results.len() != sent {
-            return Err(Error::new(
-                ErrorKind::Internal,
-                format!("CouchDB _bulk_docs answered {} results for {sent} documents", results.len()),
-            ));
-        }
-        let mut results = results.into_iter();
-        Ok(writes
-            .iter()
-            .zip(outcomes)
-            .map(|(write, outcome)| match outcome {
-                Some(refused) => refused,
-                None => bulk_result(&write.id, results.next().unwrap_or(Value::Null)),
-            })
-            .collect())
+        // The revisions unconditional writes replace are read before the batch is sent, so a
+        // second write to one id waits for the first.
+        crate::backend::bulk_write_in_id_rounds(writes, |round| self.write_distinct_ids(round)).await
     }
 
     async fn scan(&self, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {

@@ -388,6 +388,24 @@ impl DynamoDbBackend {
             }
         }
     }
+
+    /// `bulk_write` of writes to distinct ids.
+    async fn write_distinct_ids(&self, writes: Vec<BulkWrite>) -> Result<Vec<Result<Revision>>> {
+        // Every write, unconditional ones too, writes conditionally on the revision it replaces
+        // (BatchWriteItem carries no condition), several at a time; what they replace is read
+        // first in consistent batches.
+        let ids: Vec<String> = writes.iter().map(|w| w.id.clone()).collect();
+        let known = self.read_current_many(&ids).await?;
+        let known = &known;
+        Ok(futures::stream::iter(writes)
+            .map(|write| async move {
+                let current = Some(known.get(&write.id).cloned());
+                self.put_document(&write.id, &write.body, write.precondition, current).await
+            })
+            .buffered(CONDITIONAL_WRITE_CONCURRENCY)
+            .collect()
+            .await)
+    }
 }
 
 pub(super) fn encode_token(key: &HashMap<String, AttributeValue>) -> Result<String> {
@@ -515,20 +533,7 @@ impl DocumentBackend for DynamoDbBackend {
     }
 
     async fn bulk_write(&self, writes: Vec<BulkWrite>) -> Result<Vec<Result<Revision>>> {
-        // Every write, unconditional ones too, writes conditionally on the revision it replaces
-        // (BatchWriteItem carries no condition), several at a time; what they replace is read
-        // first in consistent batches.
-        let ids: Vec<String> = writes.iter().map(|w| w.id.clone()).collect();
-        let known = self.read_current_many(&ids).await?;
-        let known = &known;
-        Ok(futures::stream::iter(writes)
-            .map(|write| async move {
-                let current = Some(known.get(&write.id).cloned());
-                self.put_document(&write.id, &write.body, write.precondition, current).await
-            })
-            .buffered(CONDITIONAL_WRITE_CONCURRENCY)
-            .collect()
-            .await)
+        crate::backend::bulk_write_in_id_rounds(writes, |round| self.write_distinct_ids(round)).await
     }
 
     async fn scan(&self, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {

@@ -522,6 +522,78 @@ impl FirestoreBackend {
         }
         Ok(())
     }
+
+    /// `bulk_write` of writes to distinct ids.
+    async fn write_distinct_ids(&self, writes: Vec<BulkWrite>) -> Result<Vec<Result<Revision>>> {
+        let mut results: Vec<Option<Result<Revision>>> = (0..writes.len()).map(|_| None).collect();
+        // Updates and overwrites need the stored version (its revision, ancestry and chunks);
+        // creates are tried blind.
+        let to_read: Vec<String> = crate::backend::distinct_ids(
+            &writes
+                .iter()
+                .filter(|w| match &w.precondition {
+                    Precondition::MustNotExist => false,
+                    Precondition::MatchRevision(rev) => legacy_state(rev).is_none(),
+                    Precondition::None => true,
+                })
+                .map(|w| w.id.clone())
+                .collect::<Vec<_>>(),
+        );
+        let states = self.read_states(&to_read).await?;
+        let mut plain = Vec::new();
+        let mut committed = Vec::new();
+        for (slot, write) in writes.iter().enumerate() {
+            let current = match &write.precondition {
+                Precondition::MustNotExist => None,
+                Precondition::MatchRevision(rev) => legacy_state(rev).or_else(|| states.get(&write.id).cloned()),
+                Precondition::None => states.get(&write.id).cloned(),
+            };
+            match self.plan_write(&write.id, &write.body, &write.precondition, current.as_ref()) {
+                Err(e) => results[slot] = Some(Err(e)),
+                Ok(plan) if plan.writes.len() > 1 => committed.push((slot, write.id.clone(), plan)),
+                Ok(mut plan) => plain.push((slot, plan.writes.remove(0), plan.rev)),
+            }
+        }
+        // Plain loops of futures, not closures in iterator adapters: those trip rustc's
+        // higher-ranked `Send` check here.
+        let mut commit_futures = Vec::with_capacity(committed.len());
+        for (slot, id, plan) in committed {
+            commit_futures.push(async move { (slot, self.commit_planned(&id, plan).await) });
+        }
+        let commits: Vec<(usize, Result<Revision>)> =
+            stream::iter(commit_futures).buffer_unordered(WRITE_CONCURRENCY).collect().await;
+        for (slot, result) in commits {
+            results[slot] = Some(result);
+        }
+        self.batch_write(plain, &mut results).await?;
+        // A blind create that met a tombstone, or an overwrite that lost a race, is done again
+        // alone from a fresh read; a failed revision match stands.
+        let again: Vec<usize> = results
+            .iter()
+            .enumerate()
+            .filter(|(slot, r)| {
+                matches!(r, Some(Err(e)) if e.is_conflict())
+                    && !matches!(writes[*slot].precondition, Precondition::MatchRevision(_))
+            })
+            .map(|(slot, _)| slot)
+            .collect();
+        let mut redo_futures = Vec::with_capacity(again.len());
+        for slot in again {
+            let write = writes[slot].clone();
+            redo_futures.push(async move { (slot, self.put(&write.id, &write.body, write.precondition).await) });
+        }
+        let redone: Vec<(usize, Result<Revision>)> =
+            stream::iter(redo_futures).buffer_unordered(WRITE_CONCURRENCY).collect().await;
+        for (slot, result) in redone {
+            results[slot] = Some(result);
+        }
+        Ok(results
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| Err(Error::new(ErrorKind::Internal, "Firestore bulk write lost track of a write")))
+            })
+            .collect())
+    }
 }
 
 fn inconsistent(doing: &str) -> Error {
@@ -692,74 +764,7 @@ impl DocumentBackend for FirestoreBackend {
     }
 
     async fn bulk_write(&self, writes: Vec<BulkWrite>) -> Result<Vec<Result<Revision>>> {
-        let mut results: Vec<Option<Result<Revision>>> = (0..writes.len()).map(|_| None).collect();
-        // Updates and overwrites need the stored version (its revision, ancestry and chunks);
-        // creates are tried blind.
-        let to_read: Vec<String> = crate::backend::distinct_ids(
-            &writes
-                .iter()
-                .filter(|w| match &w.precondition {
-                    Precondition::MustNotExist => false,
-                    Precondition::MatchRevision(rev) => legacy_state(rev).is_none(),
-                    Precondition::None => true,
-                })
-                .map(|w| w.id.clone())
-                .collect::<Vec<_>>(),
-        );
-        let states = self.read_states(&to_read).await?;
-        let mut plain = Vec::new();
-        let mut committed = Vec::new();
-        for (slot, write) in writes.iter().enumerate() {
-            let current = match &write.precondition {
-                Precondition::MustNotExist => None,
-                Precondition::MatchRevision(rev) => legacy_state(rev).or_else(|| states.get(&write.id).cloned()),
-                Precondition::None => states.get(&write.id).cloned(),
-            };
-            match self.plan_write(&write.id, &write.body, &write.precondition, current.as_ref()) {
-                Err(e) => results[slot] = Some(Err(e)),
-                Ok(plan) if plan.writes.len() > 1 => committed.push((slot, write.id.clone(), plan)),
-                Ok(mut plan) => plain.push((slot, plan.writes.remove(0), plan.rev)),
-            }
-        }
-        // Plain loops of futures, not closures in iterator adapters: those trip rustc's
-        // higher-ranked `Send` check here.
-        let mut commit_futures = Vec::with_capacity(committed.len());
-        for (slot, id, plan) in committed {
-            commit_futures.push(async move { (slot, self.commit_planned(&id, plan).await) });
-        }
-        let commits: Vec<(usize, Result<Revision>)> =
-            stream::iter(commit_futures).buffer_unordered(WRITE_CONCURRENCY).collect().await;
-        for (slot, result) in commits {
-            results[slot] = Some(result);
-        }
-        self.batch_write(plain, &mut results).await?;
-        // A blind create that met a tombstone, or an overwrite that lost a race, is done again
-        // alone from a fresh read; a failed revision match stands.
-        let again: Vec<usize> = results
-            .iter()
-            .enumerate()
-            .filter(|(slot, r)| {
-                matches!(r, Some(Err(e)) if e.is_conflict())
-                    && !matches!(writes[*slot].precondition, Precondition::MatchRevision(_))
-            })
-            .map(|(slot, _)| slot)
-            .collect();
-        let mut redo_futures = Vec::with_capacity(again.len());
-        for slot in again {
-            let write = writes[slot].clone();
-            redo_futures.push(async move { (slot, self.put(&write.id, &write.body, write.precondition).await) });
-        }
-        let redone: Vec<(usize, Result<Revision>)> =
-            stream::iter(redo_futures).buffer_unordered(WRITE_CONCURRENCY).collect().await;
-        for (slot, result) in redone {
-            results[slot] = Some(result);
-        }
-        Ok(results
-            .into_iter()
-            .map(|r| {
-                r.unwrap_or_else(|| Err(Error::new(ErrorKind::Internal, "Firestore bulk write lost track of a write")))
-            })
-            .collect())
+        crate::backend::bulk_write_in_id_rounds(writes, |round| self.write_distinct_ids(round)).await
     }
 
     async fn revisions(&self, id: &str) -> Result<Option<RevisionInfo>> {
