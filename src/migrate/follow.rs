@@ -476,3 +476,99 @@ fn now_ms() -> u64 {
 fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::embedded::EmbeddedBackend;
+    use serde_json::{json, Map, Value};
+
+    fn body(value: Value) -> Map<String, Value> {
+        match json!({ "userId": "u", "namespace": "ns", "key": "k", "value": value }) {
+            Value::Object(map) => map,
+            _ => unreachable!(),
+        }
+    }
+
+    fn wanted(id: &str, value: Option<Value>) -> Wanted {
+        Wanted {
+            id: id.to_owned(),
+            state: value.map(|v| Outgoing::new(id.to_owned(), crate::backend::Revision("1-x".into()), body(v))),
+        }
+    }
+
+    async fn setup() -> (tempfile::TempDir, EmbeddedBackend, Journal) {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let target = EmbeddedBackend::open(&dir.path().join("t.redb")).await.expect("open");
+        let journal = Journal::open(&dir.path().join("j")).expect("journal");
+        (dir, target, journal)
+    }
+
+    #[tokio::test]
+    async fn own_writes_are_replaced_and_deleted_independent_changes_are_conflicts() {
+        let (_dir, target, journal) = setup().await;
+        let ledger = apply(
+            &target,
+            &journal,
+            vec![wanted("a", Some(json!(1))), wanted("b", Some(json!(1)))],
+            ConflictPolicy::Fail,
+            5,
+        )
+        .await
+        .expect("create");
+        assert_eq!((ledger.counts.written, ledger.counts.conflicts), (2, 0));
+        // "b" is changed at the target by someone else.
+        let rev = target.get("b").await.expect("get").expect("b").rev;
+        target.put("b", &body(json!("theirs")), Precondition::MatchRevision(rev)).await.expect("their write");
+        let next = vec![wanted("a", Some(json!(2))), wanted("b", Some(json!(2)))];
+        let ledger = apply(&target, &journal, next, ConflictPolicy::Fail, 5).await.expect("update");
+        assert_eq!((ledger.counts.written, ledger.counts.conflicts), (1, 1), "{ledger:?}");
+        assert_eq!(target.get("a").await.expect("get").expect("a").body["value"], 2);
+        assert_eq!(target.get("b").await.expect("get").expect("b").body["value"], "theirs");
+        let skipped =
+            apply(&target, &journal, vec![wanted("b", Some(json!(2)))], ConflictPolicy::Skip, 5).await.expect("skip");
+        assert_eq!(skipped.counts.conflicts_skipped, 1);
+        let overwritten = apply(&target, &journal, vec![wanted("b", Some(json!(3)))], ConflictPolicy::Overwrite, 5)
+            .await
+            .expect("overwrite");
+        assert_eq!(overwritten.counts.overwritten, 1);
+        assert_eq!(target.get("b").await.expect("get").expect("b").body["value"], 3);
+        // Now "b" is the migration's again: a source delete removes it without a conflict.
+        let deleted =
+            apply(&target, &journal, vec![wanted("b", None), wanted("a", Some(json!(2)))], ConflictPolicy::Fail, 5)
+                .await
+                .expect("delete");
+        assert_eq!((deleted.counts.deleted, deleted.counts.already_present), (1, 1), "{deleted:?}");
+        assert!(target.get("b").await.expect("get").is_none());
+    }
+
+    #[tokio::test]
+    async fn a_write_cut_short_after_its_journal_entry_is_still_the_migrations() {
+        let (_dir, target, journal) = setup().await;
+        apply(&target, &journal, vec![wanted("a", Some(json!(1)))], ConflictPolicy::Fail, 5).await.expect("create");
+        // A killed run recorded state 2 and wrote it, but never read the target again; the next
+        // run brings state 3. Then a run recorded state 4 and died before writing it.
+        let two = Outgoing::new("a".into(), crate::backend::Revision("2-x".into()), body(json!(2)));
+        let rev = target.get("a").await.expect("get").expect("a").rev;
+        let mut prints = journal.lookup(vec!["a".into()]).await.expect("lookup")[0].clone().expect("entry");
+        prints.push(fingerprint(&two.hash));
+        prints
+            .push(fingerprint(&Outgoing::new("a".into(), crate::backend::Revision("4-x".into()), body(json!(4))).hash));
+        journal.record(vec![("a".into(), prints)]).await.expect("record");
+        target.put("a", &two.body, Precondition::MatchRevision(rev)).await.expect("the killed run's write");
+        let ledger =
+            apply(&target, &journal, vec![wanted("a", Some(json!(3)))], ConflictPolicy::Fail, 5).await.expect("apply");
+        assert_eq!((ledger.counts.written, ledger.counts.conflicts), (1, 0), "{ledger:?}");
+        assert_eq!(target.get("a").await.expect("get").expect("a").body["value"], 3);
+    }
+
+    #[tokio::test]
+    async fn a_document_already_at_the_target_before_the_migration_is_a_conflict_unless_identical() {
+        let (_dir, target, journal) = setup().await;
+        target.put("a", &body(json!("old")), Precondition::MustNotExist).await.expect("pre-existing");
+        target.put("b", &body(json!(1)), Precondition::MustNotExist).await.expect("pre-existing");
+        let items = vec![wanted("a", Some(json!("new"))), wanted("b", Some(json!(1))), wanted("c", None)];
+        let ledger = apply(&target, &journal, items, ConflictPolicy::Fail, 5).await.expect("apply");
+        assert_eq!((ledger.counts.conflicts, ledger.counts.already_present, ledger.counts.written), (1, 2, 0));
+    }
+}
