@@ -497,15 +497,17 @@ mod writer_process {
     }
 
     /// Starts a writer process against `source`.
-    pub fn start(source: &Side, dir: &Path, seed: u64, keys: usize) -> Result<WriterProcess, Failed> {
+    /// `exact_numbers`: whether both sides keep numbers beyond double precision (a JS-double target
+    /// would store the writer's big integers altered, which the migration rightly sees as a conflict).
+    pub fn start(
+        source: &Side,
+        dir: &Path,
+        seed: u64,
+        keys: usize,
+        exact_numbers: bool,
+    ) -> Result<WriterProcess, Failed> {
         let stop_file = dir.join("writer.stop");
-        let spec = WriterSpec {
-            url: source.url(),
-            stop_file: stop_file.clone(),
-            seed,
-            keys,
-            exact_numbers: source.exact_numbers(),
-        };
+        let spec = WriterSpec { url: source.url(), stop_file: stop_file.clone(), seed, keys, exact_numbers };
         let child = Command::new(std::env::current_exe()?)
             .env(WRITER_ENV, serde_json::to_string(&spec)?)
             .stdin(Stdio::null())
@@ -610,6 +612,16 @@ fn terminate(child: Child) -> Result<Output, Failed> {
     Ok(child.wait_with_output()?)
 }
 
+/// A migration stopped by SIGTERM in its follow phase: exit 0, status "stopped".
+fn expect_stopped(dir: &Path, output: Output) -> TestResult {
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    check(output.status.code() == Some(0), || {
+        format!("SIGTERM in the follow phase: {}, stdout {stdout}; {}", output.status, log_tail(dir))
+    })?;
+    let report = stdout_json(&output)?;
+    check(report["status"] == "stopped", || format!("SIGTERM in the follow phase: report {report}"))
+}
+
 /// The checkpoint's JSON, if there is one yet.
 fn read_checkpoint(dir: &Path) -> Result<Option<Value>, Failed> {
     match std::fs::read(dir.join("cp.json")) {
@@ -712,7 +724,14 @@ async fn live_pair(from: Backend, to: Backend) -> TestResult {
         Side::Embedded { .. } => follow_in_process(dir.path(), &source, &target, seed_value, exact).await?,
         Side::Remote { .. } => {
             let writes = follow_with_processes(dir.path(), &source, &target, seed_value).await?;
-            (writes, run_until_caught_up(dir.path(), &source, &target, &[])?)
+            match run_until_caught_up(dir.path(), &source, &target, &[]) {
+                Ok(report) => (writes, report),
+                // Say which documents differ and how, as this suite sees them.
+                Err(failed) => {
+                    let own = check_same_documents(&source, &target, &writes).await.err();
+                    return Err(format!("{failed:?}\nthis suite's comparison: {own:?}").into());
+                }
+            }
         }
     };
     writes.check_mixed()?;
@@ -724,16 +743,12 @@ async fn live_pair(from: Backend, to: Backend) -> TestResult {
 /// A server-backed source: a writer process writes through the facade while `migrate --follow`
 /// (the binary) copies and follows; SIGTERM stops the migration after the writer has stopped.
 async fn follow_with_processes(dir: &Path, source: &Side, target: &Side, seed: u64) -> Result<WriterSummary, Failed> {
-    let writer = writer_process::start(source, dir, seed, PAIR_KEYS)?;
+    let writer = writer_process::start(source, dir, seed, PAIR_KEYS, source.exact_numbers() && target.exact_numbers())?;
     let mut migration = start_follow(dir, source, target, "follow")?;
     tokio::time::sleep(WRITE_FOR).await;
     let writes = writer.stop()?;
     wait_for_follow_phase(dir, &mut migration)?;
-    let output = terminate(migration)?;
-    let report = stdout_json(&output)?;
-    check(output.status.code() == Some(0) && report["status"] == "stopped", || {
-        format!("SIGTERM in the follow phase: exit {:?}, report {report}; {}", output.status.code(), log_tail(dir))
-    })?;
+    expect_stopped(dir, terminate(migration)?)?;
     Ok(writes)
 }
 
@@ -827,14 +842,14 @@ async fn crash_and_resume(from: Backend, to: Backend) -> TestResult {
     // An embedded source is locked by the migration process while it runs, so its writer writes
     // between the killed runs instead of during them; a server's writer runs throughout.
     let background = match source {
-        Side::Remote { .. } => Some(writer_process::start(&source, dir, seed_value, CRASH_KEYS)?),
+        Side::Remote { .. } => Some(writer_process::start(&source, dir, seed_value, CRASH_KEYS, exact)?),
         Side::Embedded { .. } => None,
     };
     let mut between = LiveWriter::new(seed_value, CRASH_KEYS, exact);
     let (mut copy_kills, mut follow_kills, mut positions) = (0, 0, BTreeSet::new());
     let started = Instant::now();
     for attempt in 0..4 * KILLS_PER_PHASE {
-        if copy_kills >= KILLS_PER_PHASE && follow_kills >= KILLS_PER_PHASE {
+        if follow_kills >= KILLS_PER_PHASE {
             break;
         }
         if background.is_none() {
@@ -842,12 +857,25 @@ async fn crash_and_resume(from: Backend, to: Backend) -> TestResult {
             let until = Instant::now() + Duration::from_millis(300);
             between.run(&store, "writer-between-runs", || Instant::now() >= until).await?;
         }
-        let copying = read_checkpoint(dir)?.as_ref().and_then(follow_position).is_none();
         let mut child = start_follow(dir, &source, &target, &format!("run-{attempt}"))?;
-        // Copy-phase kills come early in a run; follow-phase kills leave it time to apply changes.
-        let wait = if copying { 150 + random.below(900) } else { 500 + random.below(2000) };
-        tokio::time::sleep(Duration::from_millis(wait as u64)).await;
-        check(child.try_wait()?.is_none(), || format!("migrate --follow ended by itself: {}", log_tail(dir)))?;
+        if copy_kills < KILLS_PER_PHASE && read_checkpoint(dir)?.as_ref().and_then(follow_position).is_none() {
+            // Early in a run, while it copies.
+            tokio::time::sleep(Duration::from_millis(60 + random.below(500) as u64)).await;
+        } else {
+            // Once it follows, after it has had time to apply some changes.
+            wait_for_follow_phase(dir, &mut child)?;
+            tokio::time::sleep(Duration::from_millis(200 + random.below(1500) as u64)).await;
+        }
+        if let Some(status) = child.try_wait()? {
+            let output = child.wait_with_output()?;
+            return Err(format!(
+                "migrate --follow ended by itself ({status}) after {copy_kills} copy-phase and {follow_kills} \
+                 follow-phase kills: {}{}",
+                String::from_utf8_lossy(&output.stdout),
+                log_tail(dir)
+            )
+            .into());
+        }
         child.kill()?; // SIGKILL
         child.wait()?;
         match read_checkpoint(dir)?.as_ref().and_then(follow_position) {
@@ -1021,11 +1049,7 @@ async fn plain_http_writer(couchdb: Backend) -> TestResult {
         writer.step(step).await?;
         step += 1;
     }
-    let output = terminate(migration)?;
-    let report = stdout_json(&output)?;
-    check(output.status.code() == Some(0) && report["status"] == "stopped", || {
-        format!("SIGTERM: exit {:?}, report {report}", output.status.code())
-    })?;
+    expect_stopped(dir, terminate(migration)?)?;
     check(writer.summary.creates > 0 && writer.summary.updates > 0 && writer.summary.deletes > 0, || {
         format!("the plain HTTP writer did not mix its writes: {:?}", writer.summary)
     })?;
