@@ -38,7 +38,7 @@ use super::report::Ledger;
 use super::sink::{self, ConflictPolicy, Outgoing};
 use super::{Filter, Options};
 use crate::backend::{BulkWrite, DocumentBackend, Precondition, StoredDocument};
-use crate::changes::{read_page, PollBackoff};
+use crate::changes::{read_page, FeedPage, PollBackoff};
 use crate::error::{Error, Result};
 use crate::model::DocumentId;
 
@@ -160,21 +160,37 @@ impl Follower<'_> {
         lag: &mut Lag,
     ) -> Result<FollowEnd> {
         let started_ms = now_ms();
-        let delay_ms = millis(self.source.change_feed_delay());
-        let batch = self.options.batch_size.clamp(1, crate::changes::MAX_PAGE);
         let mut backoff = PollBackoff::new(POLL_CEILING);
         let mut last_save = std::time::Instant::now();
+        // A page read while the one before it was being applied.
+        let mut prefetched: Option<(Result<FeedPage>, u64)> = None;
         loop {
-            let page = tokio::select! {
-                biased;
-                () = stop.raised() => return Ok(FollowEnd::Stopped),
-                page = read_page(self.source.as_ref(), Some(&state.position), batch) => page
-                    .map_err(|e| Error::new(e.kind(), "source: read the change feed").with_source(e))?,
+            if stop.is_raised() {
+                return Ok(FollowEnd::Stopped);
+            }
+            let (page, seen_through_ms) = match prefetched.take() {
+                Some((page, seen_through_ms)) => (page?, seen_through_ms),
+                None => {
+                    let seen_through_ms = self.seen_through_now();
+                    tokio::select! {
+                        biased;
+                        () = stop.raised() => return Ok(FollowEnd::Stopped),
+                        page = self.read_changes(&state.position) => (page?, seen_through_ms),
+                    }
+                }
             };
-            let read_at_ms = now_ms().saturating_sub(delay_ms);
             let changed = !page.changes.is_empty();
             let ids: Vec<String> = page.changes.into_iter().map(|change| change.id).collect();
-            let outcome = self.apply_page(ids).await?;
+            // While a full page is applied, the next one is read: only reading a document's state
+            // must wait for the page before it, and that happens inside `apply_page`.
+            let outcome = if page.pending > 0 {
+                let seen_through_ms = self.seen_through_now();
+                let (outcome, next) = tokio::join!(self.apply_page(ids), self.read_changes(&page.last_seq));
+                prefetched = Some((next, seen_through_ms));
+                outcome?
+            } else {
+                self.apply_page(ids).await?
+            };
             if outcome.counts.conflicts > 0 {
                 return Err(super::conflict_stop(&outcome, self.checkpoint));
             }
@@ -182,7 +198,7 @@ impl Follower<'_> {
             let moved = state.position != page.last_seq;
             state.position = page.last_seq;
             if page.pending == 0 {
-                state.applied_through_ms = state.applied_through_ms.max(read_at_ms);
+                state.applied_through_ms = state.applied_through_ms.max(seen_through_ms);
             }
             *lag = Lag {
                 changes: page.pending,
@@ -197,10 +213,8 @@ impl Follower<'_> {
                 last_save = std::time::Instant::now();
             }
             progress.update_follow(&state.ledger, *lag);
-            if self.mode == FollowMode::UntilCaughtUp && page.pending == 0 && read_at_ms >= started_ms {
-                if !changed || moved {
-                    save(state)?;
-                }
+            if self.mode == FollowMode::UntilCaughtUp && page.pending == 0 && seen_through_ms >= started_ms {
+                // The caller saves the final state.
                 return Ok(FollowEnd::CaughtUp);
             }
             if changed {
@@ -213,6 +227,20 @@ impl Follower<'_> {
                 () = tokio::time::sleep(backoff.idle()) => {}
             }
         }
+    }
+
+    /// The moment up to which a feed read starting now sees every committed write: now, less the
+    /// feed's settle window. Taken before the read, so a write committed during it is not counted.
+    fn seen_through_now(&self) -> u64 {
+        now_ms().saturating_sub(millis(self.source.change_feed_delay()))
+    }
+
+    /// One page of changes after `position`.
+    async fn read_changes(&self, position: &str) -> Result<FeedPage> {
+        let batch = self.options.batch_size.clamp(1, crate::changes::MAX_PAGE);
+        read_page(self.source.as_ref(), Some(position), batch)
+            .await
+            .map_err(|e| Error::new(e.kind(), "source: read the change feed").with_source(e))
     }
 
     /// Applies the current source state of each changed document (one page, distinct ids).
