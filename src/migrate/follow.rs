@@ -146,6 +146,8 @@ pub struct Follower<'a> {
     pub mode: FollowMode,
     /// The checkpoint file, named when a conflict stops the run.
     pub checkpoint: &'a std::path::Path,
+    /// Namespaces whose index the target has been asked to ensure (before their first write).
+    pub ensured: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl Follower<'_> {
@@ -269,6 +271,7 @@ impl Follower<'_> {
         }
         let (docs, classified) = super::classify(present, self.options);
         ledger.absorb(classified, max);
+        super::ensure_namespaces(self.target.as_ref(), &docs, &self.ensured).await?;
         items.extend(docs.into_iter().map(|doc| Wanted { id: doc.id.clone(), state: Some(doc) }));
         let applied = apply(self.target.as_ref(), self.journal, items, self.options.on_conflict, max).await?;
         ledger.absorb(applied, max);
@@ -598,5 +601,52 @@ mod tests {
         let items = vec![wanted("a", Some(json!("new"))), wanted("b", Some(json!(1))), wanted("c", None)];
         let ledger = apply(&target, &journal, items, ConflictPolicy::Fail, 5).await.expect("apply");
         assert_eq!((ledger.counts.conflicts, ledger.counts.already_present, ledger.counts.written), (1, 2, 0));
+    }
+
+    /// Records the namespaces the target is asked to index.
+    struct NamespaceLog {
+        inner: EmbeddedBackend,
+        asked: std::sync::Mutex<Vec<String>>,
+    }
+
+    #[async_trait::async_trait]
+    impl crate::backend::raw::layer::Layered for NamespaceLog {
+        fn inner(&self) -> &dyn DocumentBackend {
+            &self.inner
+        }
+
+        async fn ensure_namespace_indexed(&self, namespace: &str) -> Result<()> {
+            self.asked.lock().expect("lock").push(namespace.to_owned());
+            self.inner.ensure_namespace_indexed(namespace).await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_namespace_first_seen_while_following_is_indexed_at_the_target_before_its_write() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let source: Arc<dyn DocumentBackend> =
+            Arc::new(EmbeddedBackend::open(&dir.path().join("s.redb")).await.expect("source"));
+        let target = Arc::new(NamespaceLog {
+            inner: EmbeddedBackend::open(&dir.path().join("t.redb")).await.expect("target"),
+            asked: Default::default(),
+        });
+        let id = |ns: &str| DocumentId::new("u", ns, "k", &Default::default()).expect("id").as_str().to_owned();
+        let doc = |ns: &str| match json!({ "userId": "u", "namespace": ns, "key": "k", "value": 1 }) {
+            Value::Object(map) => map,
+            _ => unreachable!(),
+        };
+        source.put(&id("first"), &doc("first"), Precondition::MustNotExist).await.expect("seed");
+        let job = |follow| super::super::Job {
+            kind: super::super::JobKind::Migrate,
+            source: super::super::Endpoint::backend(Arc::clone(&source)),
+            target: super::super::Endpoint::backend(target.clone()),
+            options: Options { follow, checkpoint: Some(dir.path().join("cp.json")), ..Default::default() },
+        };
+        super::super::run(job(FollowMode::UntilCaughtUp)).await.expect("copy");
+        source.put(&id("later"), &doc("later"), Precondition::MustNotExist).await.expect("new namespace");
+        let report = super::super::run(job(FollowMode::UntilCaughtUp)).await.expect("follow");
+        assert_eq!(report.follow.expect("follow report").ledger.counts.written, 1);
+        assert!(target.inner.get(&id("later")).await.expect("get").is_some());
+        assert_eq!(*target.asked.lock().expect("lock"), ["first", "later"]);
     }
 }

@@ -376,6 +376,7 @@ pub async fn run_until(job: Job, stop: StopSignal) -> Result<Report> {
                 options: &options,
                 mode: options.follow,
                 checkpoint: &path,
+                ensured: Mutex::default(),
             };
             status =
                 follow_phase(&follower, &mut checkpoint, &path, started, &mut progress, &mut stop, &mut lag).await?;
