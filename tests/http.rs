@@ -1116,6 +1116,10 @@ impl DocumentBackend for FaultyBackend {
         self.fail()
     }
 
+    fn change_feed_delay(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
+
     async fn all_docs(&self, _: &IdRange, _: usize, _: Option<&str>) -> agentstore::Result<Page<StoredDocument>> {
         self.fail()
     }

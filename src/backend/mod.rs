@@ -264,6 +264,12 @@ pub trait DocumentBackend: Send + Sync + 'static {
     /// after this call (CouchDB's `since=now`).
     async fn change_position(&self) -> Result<String>;
 
+    /// How long after it commits a write may take to show in `changes`: the settle window of a
+    /// feed without one sequence authority (DynamoDB, Firestore), zero where the feed is exact
+    /// (the embedded store, CouchDB). A follower that reads the end of the feed at time T has seen
+    /// every write committed before T minus this.
+    fn change_feed_delay(&self) -> std::time::Duration;
+
     /// One page of live documents in `range`, in id order (raw UTF-8 collation; tombstones, local
     /// and design documents never included); pass `next` back to continue.
     async fn all_docs(&self, range: &IdRange, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>>;

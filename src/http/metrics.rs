@@ -181,6 +181,10 @@ impl DocumentBackend for MeteredBackend {
         timed!(self, "change_position", self.inner.change_position())
     }
 
+    fn change_feed_delay(&self) -> std::time::Duration {
+        self.inner.change_feed_delay()
+    }
+
     async fn all_docs(&self, range: &IdRange, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
         timed!(self, "all_docs", self.inner.all_docs(range, limit, page_token))
     }
@@ -278,6 +282,9 @@ mod tests {
         }
         async fn change_position(&self) -> Result<String> {
             unused()
+        }
+        fn change_feed_delay(&self) -> std::time::Duration {
+            std::time::Duration::ZERO
         }
         async fn all_docs(&self, _: &IdRange, _: usize, _: Option<&str>) -> Result<Page<StoredDocument>> {
             unused()

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use super::follow::FollowState;
 use super::report::Ledger;
 use super::source::Position;
 use super::transform::AccessTracking;
@@ -69,6 +70,10 @@ pub struct Checkpoint {
     /// on resume, dropping lines a killed run wrote after the checkpoint).
     pub output_bytes: Option<u64>,
     pub ledger: Ledger,
+    /// With `--follow`: the follow phase's position and counts, recorded before the copy began.
+    /// `finished` then means the copy is finished; following goes on from here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub follow: Option<FollowState>,
     pub finished: bool,
     /// Runs so far, the current one included.
     pub runs: u32,
@@ -87,6 +92,7 @@ impl Checkpoint {
             position: Position::Start,
             output_bytes: None,
             ledger: Ledger::default(),
+            follow: None,
             finished: false,
             runs: 1,
             elapsed_secs: 0.0,

@@ -76,6 +76,14 @@ pub struct MigrateArgs {
     /// by canonical hash at the target)
     #[arg(long)]
     pub no_verify: bool,
+    /// After the copy, apply the source's changes made since it began, and keep following them
+    /// until SIGINT/SIGTERM (see docs/migration.md#live-migration)
+    #[arg(long)]
+    pub follow: bool,
+    /// Follow until every change committed before this run started is applied, then stop and
+    /// read back (the cutover: stop the writers first). Implies --follow
+    #[arg(long)]
+    pub until_caught_up: bool,
     #[command(flatten)]
     pub pipeline: PipelineArgs,
 }
@@ -183,6 +191,7 @@ impl PipelineArgs {
             progress: self.progress,
             max_issues: self.max_issues,
             verify: true,
+            follow: super::FollowMode::Off,
         })
     }
 }
@@ -248,9 +257,9 @@ fn emit<T: Serialize>(report: &T, file: Option<&Path>) -> Result<()> {
 }
 
 /// Runs the job; a backend source is asked for what its scan leaves out.
-async fn run_job(job: Job, report_file: Option<&Path>) -> Result<u8> {
+async fn run_job(job: Job, report_file: Option<&Path>, stop: super::follow::StopSignal) -> Result<u8> {
     let left_behind = census::design_documents(&job.source).await?;
-    let mut report = super::run(job).await?;
+    let mut report = super::run_until(job, stop).await?;
     report.design_documents_left_behind = left_behind;
     emit(&report, report_file)?;
     Ok(report.exit_code())
@@ -258,13 +267,20 @@ async fn run_job(job: Job, report_file: Option<&Path>) -> Result<u8> {
 
 /// `migrate`; returns the exit status.
 pub async fn migrate(args: MigrateArgs, settings: &Settings) -> Result<u8> {
+    // Handlers first, so a signal while the two sides are opened is a clean stop too.
+    let stop = Box::pin(crate::http::shutdown_signal());
     let mut options = args.pipeline.options(settings, args.on_conflict)?;
     options.verify = !args.no_verify;
+    options.follow = match (args.follow, args.until_caught_up) {
+        (_, true) => super::FollowMode::UntilCaughtUp,
+        (true, false) => super::FollowMode::Forever,
+        (false, false) => super::FollowMode::Off,
+    };
     let (source, _) = open_backend(Side::Source, &args.from, settings, true).await?;
     let (target, _) = open_backend(Side::Target, &args.to, settings, false).await?;
     refuse_same(&source, &target)?;
     let job = Job { kind: JobKind::Migrate, source, target, options };
-    run_job(job, args.pipeline.report.as_deref()).await
+    run_job(job, args.pipeline.report.as_deref(), stop).await
 }
 
 /// `export`; returns the exit status.
@@ -273,7 +289,7 @@ pub async fn export(args: ExportArgs, settings: &Settings) -> Result<u8> {
     let (source, _) = open_backend(Side::Source, &args.from, settings, true).await?;
     let target = Endpoint::File(args.out.clone());
     let job = Job { kind: JobKind::Export, source, target, options };
-    run_job(job, args.pipeline.report.as_deref()).await
+    run_job(job, args.pipeline.report.as_deref(), Box::pin(crate::http::shutdown_signal())).await
 }
 
 /// `import`; returns the exit status.
@@ -281,7 +297,8 @@ pub async fn import(args: ImportArgs, settings: &Settings) -> Result<u8> {
     let options = args.pipeline.options(settings, args.on_conflict)?;
     let source = input_file(&args.input)?;
     let (target, _) = open_backend(Side::Target, &args.to, settings, false).await?;
-    run_job(Job { kind: JobKind::Import, source, target, options }, args.pipeline.report.as_deref()).await
+    let job = Job { kind: JobKind::Import, source, target, options };
+    run_job(job, args.pipeline.report.as_deref(), Box::pin(crate::http::shutdown_signal())).await
 }
 
 /// `verify`; returns the exit status (0 identical, [`super::EXIT_DIFFERENT`] otherwise).

@@ -26,6 +26,8 @@ pub mod canonical;
 pub mod census;
 pub mod checkpoint;
 pub mod command;
+pub mod follow;
+pub mod journal;
 pub mod progress;
 pub mod report;
 pub mod sink;
@@ -45,8 +47,11 @@ use crate::backend::DocumentBackend;
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::DocumentId;
 use checkpoint::{Checkpoint, Identity};
+pub use follow::FollowMode;
+use follow::{FollowEnd, FollowState, Follower, Lag, StopFlag, StopSignal};
+use journal::Journal;
 use progress::{Progress, ProgressMode, Snapshot};
-use report::{Ledger, Report, Status};
+use report::{FollowReport, Ledger, Report, Status};
 use sink::{ConflictPolicy, FileSink, Outgoing};
 use source::{Incoming, Position, Source};
 use transform::{AccessTracking, Verdict};
@@ -57,6 +62,8 @@ pub const EXIT_DIFFERENT: u8 = 6;
 /// Exit status of a migration that finished but left data-store documents behind (malformed,
 /// refused by the target, unreadable lines).
 pub const EXIT_INCOMPLETE: u8 = 7;
+/// Exit status of a migration whose copy SIGINT/SIGTERM stopped (the same command resumes it).
+pub const EXIT_INTERRUPTED: u8 = 3;
 
 pub const DEFAULT_BATCH_SIZE: usize = 500;
 pub const DEFAULT_CONCURRENCY: usize = 4;
@@ -147,6 +154,8 @@ pub struct Options {
     /// End a finished `migrate` by reading back what it is responsible for
     /// ([`verify::verify_migration`]). Not used by `export` and `import`.
     pub verify: bool,
+    /// Whether to follow the source's changes after the copy (`migrate --follow`).
+    pub follow: FollowMode,
 }
 
 impl Default for Options {
@@ -163,6 +172,7 @@ impl Default for Options {
             progress: ProgressMode::None,
             max_issues: 20,
             verify: true,
+            follow: FollowMode::Off,
         }
     }
 }
@@ -296,159 +306,383 @@ pub(crate) fn open_source(endpoint: &Endpoint, position: &Position) -> Result<So
     }
 }
 
-/// Runs a migration (or export, or import) to the end, resuming from its checkpoint.
+/// Runs a migration (or export, or import) to the end, resuming from its checkpoint. A
+/// [`FollowMode::Forever`] migration runs until the process ends; use [`run_until`] to stop it.
 pub async fn run(job: Job) -> Result<Report> {
+    run_until(job, Box::pin(std::future::pending())).await
+}
+
+/// [`run`], stopping cleanly after the current batch (or page of changes) when `stop` resolves.
+pub async fn run_until(job: Job, stop: StopSignal) -> Result<Report> {
     let started = Instant::now();
     let identity = job.identity();
     let path = job.checkpoint_path();
     let Job { kind, source, target, mut options } = job;
     options.batch_size = options.batch_size.max(1);
     options.concurrency = options.concurrency.max(1);
-    let dry_run = options.dry_run;
+    let mut stop = StopFlag::new(stop);
+    check_follow(kind, &source, &options)?;
 
-    let mut checkpoint = Checkpoint::new(identity.clone());
-    let mut resumed = false;
-    if !dry_run {
-        if options.restart {
-            checkpoint::remove(&path)?;
-        } else if let Some(saved) = checkpoint::load(&path)? {
-            saved.check_identity(&path, &identity)?;
-            if saved.finished {
-                let report =
-                    finished_report(kind, &identity, &path, &options, saved, started, Status::AlreadyFinished, 0);
-                // Read back again, so a migration whose read-back failed keeps saying so.
-                return with_read_back(report, kind, &source, &target, &options).await;
-            }
-            checkpoint = saved;
-            checkpoint.runs += 1;
-            resumed = true;
+    let (mut checkpoint, resumed) = match open_checkpoint(&path, &identity, &source, &options).await? {
+        Opened::AlreadyFinished(saved) => {
+            let report = finished_report(kind, &identity, &path, &options, saved, started, Status::AlreadyFinished, 0);
+            // Read back again, so a migration whose read-back failed keeps saying so.
+            return with_read_back(report, kind, &source, &target, &options).await;
+        }
+        Opened::Ready { checkpoint, resumed } => (checkpoint, resumed),
+    };
+    let journal = match &checkpoint.follow {
+        Some(_) => Some(Journal::open(&journal::path_for(&path))?),
+        None => None,
+    };
+    let read_before = checkpoint.ledger.counts.read;
+    let mut progress = start_progress(kind, &source, &options, &checkpoint, &path, resumed).await;
+
+    if !checkpoint.finished {
+        let copy =
+            CopyPhase { source: &source, target: &target, options: &options, path: &path, journal: journal.as_ref() };
+        if copy.run(&mut checkpoint, started, &mut progress, &mut stop).await? == CopyEnd::Interrupted {
+            let read_this_run = checkpoint.ledger.counts.read - read_before;
+            let mut report = finished_report(
+                kind,
+                &identity,
+                &path,
+                &options,
+                checkpoint,
+                started,
+                Status::Interrupted,
+                read_this_run,
+            );
+            report.resumed = resumed;
+            return Ok(report);
+        }
+        progress.finish(snapshot(&checkpoint.ledger));
+    }
+    let read_this_run = checkpoint.ledger.counts.read - read_before;
+
+    let mut status = if options.dry_run { Status::DryRun } else { Status::Finished };
+    let mut lag = Lag::default();
+    if let (
+        Some(journal),
+        Endpoint::Backend { backend: source_backend, .. },
+        Endpoint::Backend { backend: target_backend, .. },
+    ) = (&journal, &source, &target)
+    {
+        if options.follow != FollowMode::Off {
+            let follower = Follower {
+                source: Arc::clone(source_backend),
+                target: Arc::clone(target_backend),
+                journal,
+                options: &options,
+                mode: options.follow,
+                checkpoint: &path,
+            };
+            status =
+                follow_phase(&follower, &mut checkpoint, &path, started, &mut progress, &mut stop, &mut lag).await?;
         }
     }
-    let earlier_secs = checkpoint.elapsed_secs;
-    let read_before = checkpoint.ledger.counts.read;
-    let total = match &source {
-        Endpoint::Backend { backend, .. } if options.progress != ProgressMode::None => {
+    let delay_ms = match &source {
+        Endpoint::Backend { backend, .. } => u64::try_from(backend.change_feed_delay().as_millis()).unwrap_or(u64::MAX),
+        Endpoint::File(_) => 0,
+    };
+    let follow_report = checkpoint.follow.as_ref().map(|state| FollowReport {
+        since_recorded_at: state.recorded_at.clone(),
+        position: state.position.clone(),
+        ledger: state.ledger.clone(),
+        lag_changes: lag.changes,
+        lag_seconds: lag.seconds,
+        change_feed_delay_ms: delay_ms,
+    });
+    let mut report = finished_report(kind, &identity, &path, &options, checkpoint, started, status, read_this_run);
+    report.resumed = resumed;
+    report.follow = follow_report;
+    if status == Status::Stopped {
+        // The source may still be changing: a read-back now would report its latest changes as
+        // differences. `verify` after the cutover compares the quiet stores.
+        return Ok(report);
+    }
+    with_read_back(report, kind, &source, &target, &options).await
+}
+
+/// Refuses `--follow` where it cannot work.
+fn check_follow(kind: JobKind, source: &Endpoint, options: &Options) -> Result<()> {
+    if options.follow == FollowMode::Off {
+        return Ok(());
+    }
+    if kind != JobKind::Migrate || matches!(source, Endpoint::File(_)) {
+        return Err(Error::invalid("follow", "only `migrate` from a backend can follow its source"));
+    }
+    if options.dry_run {
+        return Err(Error::invalid("follow", "a dry run cannot follow the source (it writes nothing to follow with)"));
+    }
+    Ok(())
+}
+
+/// A checkpoint to go on from, or the news that there is nothing to do.
+enum Opened {
+    AlreadyFinished(Checkpoint),
+    Ready { checkpoint: Checkpoint, resumed: bool },
+}
+
+/// Loads the checkpoint (or starts one, recording the source's change position first when the
+/// migration is to follow it) and saves it before anything is written.
+async fn open_checkpoint(
+    path: &std::path::Path,
+    identity: &Identity,
+    source: &Endpoint,
+    options: &Options,
+) -> Result<Opened> {
+    let follow = options.follow != FollowMode::Off;
+    if options.dry_run {
+        return Ok(Opened::Ready { checkpoint: Checkpoint::new(identity.clone()), resumed: false });
+    }
+    if options.restart {
+        checkpoint::remove(path)?;
+        journal::remove(&journal::path_for(path))?;
+    } else if let Some(mut saved) = checkpoint::load(path)? {
+        saved.check_identity(path, identity)?;
+        if follow && saved.follow.is_none() {
+            return Err(Error::invalid(
+                "follow",
+                format!(
+                    "{} is the checkpoint of a migration that ran without --follow: the source's change position \
+                     before its copy was not recorded, so changes made during the copy cannot be found. Use \
+                     --restart (documents already at the target are recognised, not copied twice)",
+                    path.display()
+                ),
+            ));
+        }
+        if saved.finished && !follow {
+            return Ok(Opened::AlreadyFinished(saved));
+        }
+        saved.runs += 1;
+        return Ok(Opened::Ready { checkpoint: saved, resumed: true });
+    }
+    let mut checkpoint = Checkpoint::new(identity.clone());
+    if let (true, Endpoint::Backend { backend, .. }) = (follow, source) {
+        // Before the first document is read: every change from here on is applied after the copy.
+        checkpoint.follow =
+            Some(FollowState::record(backend.as_ref()).await.map_err(|e| side_error("source", source, e))?);
+    }
+    checkpoint::save(path, &checkpoint)?;
+    Ok(Opened::Ready { checkpoint, resumed: false })
+}
+
+/// The progress display, after saying where the checkpoint is.
+async fn start_progress(
+    kind: JobKind,
+    source: &Endpoint,
+    options: &Options,
+    checkpoint: &Checkpoint,
+    path: &std::path::Path,
+    resumed: bool,
+) -> Progress {
+    let total = match source {
+        Endpoint::Backend { backend, .. } if options.progress != ProgressMode::None && !checkpoint.finished => {
             backend.approximate_count().await.ok().flatten()
         }
         _ => None,
     };
-    let mut progress = Progress::new(options.progress, kind.as_str(), checkpoint.ledger.counts.read, total);
-    if dry_run {
+    let progress = Progress::new(options.progress, kind.as_str(), checkpoint.ledger.counts.read, total);
+    if options.dry_run {
         progress.say(&format!("agentstore {}: dry run, nothing will be written", kind.as_str()));
     } else {
         let how = if resumed { "resuming from" } else { "checkpoint" };
         progress.say(&format!("agentstore {}: {how} {}", kind.as_str(), path.display()));
     }
+    progress
+}
 
-    let mut file_sink = None;
-    let target_backend = match &target {
-        Endpoint::Backend { backend, .. } => {
-            if !dry_run {
-                backend.ensure_standard_indexes().await.map_err(|e| side_error("target", &target, e))?;
-            }
-            Some(Arc::clone(backend))
-        }
-        Endpoint::File(out) => {
-            if !dry_run {
-                file_sink = Some(match checkpoint.output_bytes {
-                    Some(bytes) if resumed => FileSink::resume(out, bytes)?,
-                    _ => FileSink::create(out, options.restart)?,
-                });
-                checkpoint.output_bytes.get_or_insert(0);
-            }
-            None
-        }
-    };
-    if !dry_run {
-        checkpoint::save(&path, &checkpoint)?;
-    }
+/// How the copy ended.
+#[derive(Debug, PartialEq, Eq)]
+enum CopyEnd {
+    Finished,
+    Interrupted,
+}
 
-    let source_reader = open_source(&source, &checkpoint.position)?;
-    let (sender, mut receiver) = mpsc::channel(CHANNEL_BATCHES);
-    let classify_options = options.clone();
-    let reader = tokio::spawn(read_batches(
-        "source",
-        source_reader,
-        options.batch_size,
-        move |items, position| {
-            let (docs, ledger) = classify(items, &classify_options);
-            ReadBatch { docs, ledger, position }
-        },
-        sender,
-    ));
-    let ensured = Arc::new(Mutex::new(HashSet::new()));
-    let write_options = options.clone();
-    let mut completed = futures::stream::poll_fn(move |cx| receiver.poll_recv(cx))
-        .map(|batch: Result<ReadBatch>| {
-            let target_backend = target_backend.clone();
-            let options = write_options.clone();
-            let ensured = Arc::clone(&ensured);
-            async move {
-                let mut batch = batch?;
-                let outcome = match target_backend {
-                    None => Ledger::default(),
-                    Some(target) if options.dry_run => {
-                        sink::dry_run_against_backend(
-                            target.as_ref(),
-                            std::mem::take(&mut batch.docs),
-                            options.max_issues,
-                        )
-                        .await?
-                    }
-                    Some(target) => {
-                        ensure_namespaces(target.as_ref(), &batch.docs, &ensured).await?;
-                        let docs = std::mem::take(&mut batch.docs);
-                        sink::write_to_backend(target.as_ref(), docs, options.on_conflict, options.max_issues).await?
-                    }
-                };
-                Ok::<_, Error>((batch, outcome))
-            }
-        })
-        .buffered(options.concurrency);
+/// The copy: the source's scan (or file), transformed, written to the target in order-completed
+/// batches, checkpointed after each.
+struct CopyPhase<'a> {
+    source: &'a Endpoint,
+    target: &'a Endpoint,
+    options: &'a Options,
+    path: &'a std::path::Path,
+    journal: Option<&'a Journal>,
+}
 
-    while let Some(done) = completed.next().await {
-        let (batch, mut outcome) = match done {
-            Ok(done) => done,
-            Err(err) => {
-                reader.abort();
-                return Err(err);
+impl CopyPhase<'_> {
+    async fn run(
+        &self,
+        checkpoint: &mut Checkpoint,
+        started: Instant,
+        progress: &mut Progress,
+        stop: &mut StopFlag,
+    ) -> Result<CopyEnd> {
+        let options = self.options;
+        let dry_run = options.dry_run;
+        let earlier_secs = checkpoint.elapsed_secs;
+        let resumed = checkpoint.runs > 1;
+        let mut file_sink = None;
+        let target_backend = match self.target {
+            Endpoint::Backend { backend, .. } => {
+                if !dry_run {
+                    backend.ensure_standard_indexes().await.map_err(|e| side_error("target", self.target, e))?;
+                }
+                Some(Arc::clone(backend))
+            }
+            Endpoint::File(out) => {
+                if !dry_run {
+                    file_sink = Some(match checkpoint.output_bytes {
+                        Some(bytes) if resumed => FileSink::resume(out, bytes)?,
+                        _ => FileSink::create(out, options.restart)?,
+                    });
+                    checkpoint.output_bytes.get_or_insert(0);
+                    checkpoint::save(self.path, checkpoint)?;
+                }
+                None
             }
         };
-        if let Some(sink) = &mut file_sink {
-            checkpoint.output_bytes = Some(sink.append(&batch.docs).await?);
-            outcome.counts.written += batch.docs.len() as u64;
-        } else if dry_run && matches!(target, Endpoint::File(_)) {
-            outcome.counts.would_write += batch.docs.len() as u64;
+
+        let source_reader = open_source(self.source, &checkpoint.position)?;
+        let (sender, mut receiver) = mpsc::channel(CHANNEL_BATCHES);
+        let classify_options = options.clone();
+        let reader = tokio::spawn(read_batches(
+            "source",
+            source_reader,
+            options.batch_size,
+            move |items, position| {
+                let (docs, ledger) = classify(items, &classify_options);
+                ReadBatch { docs, ledger, position }
+            },
+            sender,
+        ));
+        // Stops the reader however this function returns.
+        let _stop_reader = AbortOnDrop(reader.abort_handle());
+        let ensured = Arc::new(Mutex::new(HashSet::new()));
+        let write_options = options.clone();
+        let journal = self.journal.cloned();
+        let mut completed = futures::stream::poll_fn(move |cx| receiver.poll_recv(cx))
+            .map(|batch: Result<ReadBatch>| {
+                let target_backend = target_backend.clone();
+                let options = write_options.clone();
+                let ensured = Arc::clone(&ensured);
+                let journal = journal.clone();
+                async move {
+                    let mut batch = batch?;
+                    let outcome = match target_backend {
+                        None => Ledger::default(),
+                        Some(target) if options.dry_run => {
+                            sink::dry_run_against_backend(
+                                target.as_ref(),
+                                std::mem::take(&mut batch.docs),
+                                options.max_issues,
+                            )
+                            .await?
+                        }
+                        Some(target) => {
+                            ensure_namespaces(target.as_ref(), &batch.docs, &ensured).await?;
+                            let docs = std::mem::take(&mut batch.docs);
+                            sink::write_to_backend(
+                                target.as_ref(),
+                                docs,
+                                options.on_conflict,
+                                options.max_issues,
+                                journal.as_ref(),
+                            )
+                            .await?
+                        }
+                    };
+                    Ok::<_, Error>((batch, outcome))
+                }
+            })
+            .buffered(options.concurrency);
+
+        loop {
+            let done = tokio::select! {
+                biased;
+                () = stop.raised() => return Ok(CopyEnd::Interrupted),
+                done = completed.next() => match done {
+                    Some(done) => done?,
+                    None => break,
+                },
+            };
+            let (batch, mut outcome) = done;
+            if let Some(sink) = &mut file_sink {
+                checkpoint.output_bytes = Some(sink.append(&batch.docs).await?);
+                outcome.counts.written += batch.docs.len() as u64;
+            } else if dry_run && matches!(self.target, Endpoint::File(_)) {
+                outcome.counts.would_write += batch.docs.len() as u64;
+            }
+            if outcome.counts.conflicts > 0 {
+                return Err(conflict_stop(&outcome, self.path));
+            }
+            checkpoint.ledger.absorb(batch.ledger, options.max_issues);
+            checkpoint.ledger.absorb(outcome, options.max_issues);
+            checkpoint.position = batch.position;
+            checkpoint.elapsed_secs = earlier_secs + started.elapsed().as_secs_f64();
+            checkpoint.updated_at = crate::model::timestamp::now();
+            if !dry_run {
+                checkpoint::save(self.path, checkpoint)?;
+            }
+            progress.update(snapshot(&checkpoint.ledger));
         }
-        if outcome.counts.conflicts > 0 {
-            reader.abort();
-            return Err(conflict_stop(&outcome, &path));
-        }
-        checkpoint.ledger.absorb(batch.ledger, options.max_issues);
-        checkpoint.ledger.absorb(outcome, options.max_issues);
-        checkpoint.position = batch.position;
+        // The channel also closes when the reader panics: only its clean end finishes the copy.
+        reader.await.map_err(|e| Error::new(ErrorKind::Internal, "source reader task failed").with_source(e))?;
+
+        checkpoint.position = Position::End;
+        checkpoint.finished = true;
         checkpoint.elapsed_secs = earlier_secs + started.elapsed().as_secs_f64();
         checkpoint.updated_at = crate::model::timestamp::now();
         if !dry_run {
-            checkpoint::save(&path, &checkpoint)?;
+            checkpoint::save(self.path, checkpoint)?;
         }
-        progress.update(snapshot(&checkpoint.ledger));
+        Ok(CopyEnd::Finished)
     }
-    reader.await.map_err(|e| Error::new(ErrorKind::Internal, "source reader task failed").with_source(e))?;
+}
 
-    checkpoint.position = Position::End;
-    checkpoint.finished = true;
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The follow phase: applies the source's changes until stopped or caught up, saving the
+/// checkpoint after each page.
+async fn follow_phase(
+    follower: &Follower<'_>,
+    checkpoint: &mut Checkpoint,
+    path: &std::path::Path,
+    started: Instant,
+    progress: &mut Progress,
+    stop: &mut StopFlag,
+    lag: &mut Lag,
+) -> Result<Status> {
+    let Some(mut state) = checkpoint.follow.clone() else {
+        return Ok(Status::Finished);
+    };
+    progress.say(&format!("agentstore migrate: following the source's changes since {}", state.recorded_at));
+    let earlier_secs = checkpoint.elapsed_secs - started.elapsed().as_secs_f64();
+    let end = {
+        let save = |state: &FollowState| {
+            let mut saved = checkpoint.clone();
+            saved.follow = Some(state.clone());
+            saved.elapsed_secs = earlier_secs + started.elapsed().as_secs_f64();
+            saved.updated_at = crate::model::timestamp::now();
+            checkpoint::save(path, &saved)
+        };
+        follower.run(&mut state, stop, progress, save, lag).await?
+    };
+    checkpoint.follow = Some(state);
     checkpoint.elapsed_secs = earlier_secs + started.elapsed().as_secs_f64();
     checkpoint.updated_at = crate::model::timestamp::now();
-    if !dry_run {
-        checkpoint::save(&path, &checkpoint)?;
-    }
-    progress.finish(snapshot(&checkpoint.ledger));
-    let status = if dry_run { Status::DryRun } else { Status::Finished };
-    let read_this_run = checkpoint.ledger.counts.read - read_before;
-    let mut report = finished_report(kind, &identity, &path, &options, checkpoint, started, status, read_this_run);
-    report.resumed = resumed;
-    with_read_back(report, kind, &source, &target, &options).await
+    checkpoint::save(path, checkpoint)?;
+    Ok(match end {
+        FollowEnd::Stopped => Status::Stopped,
+        FollowEnd::CaughtUp => Status::CaughtUp,
+    })
 }
 
 /// The report, with the read-back's result when the job is a `migrate` that is to verify and
@@ -461,7 +695,12 @@ async fn with_read_back(
     options: &Options,
 ) -> Result<Report> {
     if kind == JobKind::Migrate && options.verify && !options.dry_run {
-        report.verification = Some(read_back(source, target, options, &report.ledger).await?);
+        // What the report explains (refused, failed, skipped documents) includes the follow phase's.
+        let mut explained = report.ledger.clone();
+        if let Some(follow) = &report.follow {
+            explained.absorb(follow.ledger.clone(), options.max_issues);
+        }
+        report.verification = Some(read_back(source, target, options, &explained).await?);
     }
     Ok(report)
 }
@@ -567,6 +806,11 @@ fn finished_report(
             "finished, but some documents were not copied (see issues)".to_owned()
         }
         Status::Finished => "finished".to_owned(),
+        Status::Interrupted => {
+            "stopped by a signal before the copy finished; run the same command to resume".to_owned()
+        }
+        Status::Stopped => "following stopped by a signal; run the same command to go on following".to_owned(),
+        Status::CaughtUp => "caught up: every change committed before this run started is at the target".to_owned(),
     };
     Report {
         command: kind.as_str().to_owned(),
@@ -587,5 +831,6 @@ fn finished_report(
         peak_rss_bytes: report::peak_rss_bytes(),
         design_documents_left_behind: None,
         verification: None,
+        follow: None,
     }
 }

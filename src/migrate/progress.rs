@@ -52,6 +52,8 @@ pub struct Progress {
     /// About how many documents will be read in all.
     total: Option<u64>,
     last_log: Instant,
+    /// The lag (in changes) last shown by the follow phase.
+    last_lag: Option<u64>,
 }
 
 impl Progress {
@@ -91,7 +93,17 @@ impl Progress {
             bar
         });
         let now = Instant::now();
-        Progress { label: label.to_owned(), detail, bar, log, started: now, baseline, total, last_log: now }
+        Progress {
+            label: label.to_owned(),
+            detail,
+            bar,
+            log,
+            started: now,
+            baseline,
+            total,
+            last_log: now,
+            last_lag: None,
+        }
     }
 
     /// Prints a line above the spinner, or to stderr.
@@ -131,6 +143,22 @@ impl Progress {
         }
     }
 
+    /// Shows the follow phase: what it applied and the lag. In log mode a line every few seconds,
+    /// and at once whenever the lag reaches zero from above (the moment a cutover waits for).
+    pub fn update_follow(&mut self, ledger: &super::report::Ledger, lag: super::follow::Lag) {
+        let line = follow_line(ledger, lag);
+        if let Some(bar) = &self.bar {
+            bar.set_message(line);
+        } else if self.log {
+            let reached_zero = lag.changes == 0 && self.last_lag.is_some_and(|before| before > 0);
+            if reached_zero || self.last_log.elapsed() >= LOG_INTERVAL {
+                self.last_log = Instant::now();
+                eprintln!("agentstore {}: {line}", self.label);
+            }
+        }
+        self.last_lag = Some(lag.changes);
+    }
+
     pub fn finish(&self, snapshot: Snapshot) {
         let line = self.line(snapshot);
         match &self.bar {
@@ -143,6 +171,16 @@ impl Progress {
             None => {}
         }
     }
+}
+
+/// `following: 120 changes read, 100 written, 15 deleted, 5 in sync, 0 conflicts; lag 3 changes, 0.8 s`.
+fn follow_line(ledger: &super::report::Ledger, lag: super::follow::Lag) -> String {
+    let c = &ledger.counts;
+    let conflicts = c.conflicts + c.conflicts_skipped + c.overwritten;
+    format!(
+        "following: {} changes read, {} written, {} deleted, {} in sync, {conflicts} conflicts; lag {} changes, {:.1} s",
+        c.read, c.written, c.deleted, c.already_present, lag.changes, lag.seconds
+    )
 }
 
 /// `1h02m03s`, `2m03s`, `3s`.

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-/// Document counts. Every document read lands in exactly one of `written`, `already_present`,
+/// Document counts. Every document read lands in exactly one of `written`, `deleted`, `already_present`,
 /// `overwritten`, `conflicts_skipped`, `conflicts`, `refused`, `failed`, `foreign`, `malformed`,
 /// `filtered_out`, `unreadable`, or, in a dry run, `would_write` / `would_conflict`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -16,6 +16,9 @@ pub struct Counts {
     pub written: u64,
     /// Already at the target with identical content (a resumed batch, or an earlier run).
     pub already_present: u64,
+    /// Deleted at the target because the source deleted them (the follow phase of `--follow`).
+    #[serde(default)]
+    pub deleted: u64,
     /// Different at the target and replaced (`--on-conflict overwrite`).
     pub overwritten: u64,
     /// Different at the target and left alone (`--on-conflict skip`).
@@ -93,6 +96,7 @@ impl Ledger {
         a.read += b.read;
         a.written += b.written;
         a.already_present += b.already_present;
+        a.deleted += b.deleted;
         a.overwritten += b.overwritten;
         a.conflicts_skipped += b.conflicts_skipped;
         a.conflicts += b.conflicts;
@@ -145,6 +149,30 @@ pub enum Status {
     AlreadyFinished,
     /// A dry run: nothing was written.
     DryRun,
+    /// SIGINT/SIGTERM stopped the copy after a batch; the same command resumes it.
+    Interrupted,
+    /// `--follow`: the copy is finished, and SIGINT/SIGTERM stopped the following after a page.
+    Stopped,
+    /// `--until-caught-up`: every change committed before the run started is applied.
+    CaughtUp,
+}
+
+/// The follow phase of `migrate --follow`, over every run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FollowReport {
+    /// When the source's change position was recorded, before the copy began.
+    pub since_recorded_at: String,
+    /// The feed position the next run continues after.
+    pub position: String,
+    /// Changes read and what became of their documents.
+    #[serde(flatten)]
+    pub ledger: Ledger,
+    /// Changes waiting at the source when the run ended (a lower bound where the feed cannot count).
+    pub lag_changes: u64,
+    /// Seconds since the moment up to which every change was applied, when the run ended.
+    pub lag_seconds: f64,
+    /// The source feed's settle window: a write shows in the feed this long after it commits.
+    pub change_feed_delay_ms: u64,
 }
 
 /// The final JSON report of `migrate`, `export` and `import`.
@@ -184,16 +212,24 @@ pub struct Report {
     /// `--no-verify`, in a dry run, and for `export`/`import`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verification: Option<super::verify::Verification>,
+    /// `migrate --follow`: the follow phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub follow: Option<FollowReport>,
 }
 
 impl Report {
     /// 0 when every data-store document reached the target (or was skipped by choice), else
     /// [`crate::migrate::EXIT_INCOMPLETE`]; [`crate::migrate::EXIT_DIFFERENT`] before either when
-    /// the read-back found a difference the report does not explain.
+    /// the read-back found a difference the report does not explain; [`crate::migrate::EXIT_INTERRUPTED`]
+    /// when a signal stopped the copy.
     pub fn exit_code(&self) -> u8 {
+        if self.status == Status::Interrupted {
+            return super::EXIT_INTERRUPTED;
+        }
+        let follow_incomplete = self.follow.as_ref().is_some_and(|follow| follow.ledger.incomplete());
         if self.verification.as_ref().is_some_and(|v| !v.passed) {
             super::EXIT_DIFFERENT
-        } else if self.ledger.incomplete() {
+        } else if self.ledger.incomplete() || follow_incomplete {
             super::EXIT_INCOMPLETE
         } else {
             0

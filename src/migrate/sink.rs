@@ -16,6 +16,8 @@ use serde_json::{Map, Value};
 
 use super::canonical::{content_hash, ContentHash};
 use super::checkpoint::io_error;
+use super::follow::Wanted;
+use super::journal::{fingerprint, Journal};
 use super::report::Ledger;
 use crate::backend::{BulkWrite, DocumentBackend, Precondition, Revision, StoredDocument};
 use crate::error::{Error, ErrorKind, Result};
@@ -61,21 +63,21 @@ impl Outgoing {
 
 /// Whether the sink tries a failed write again: only a temporary failure that no retry owner
 /// below (the SDK, the shared HTTP layer) has already given up on, so retries do not stack.
-fn is_retryable(err: &Error) -> bool {
+pub(super) fn is_retryable(err: &Error) -> bool {
     err.is_retryable()
 }
 
-async fn back_off(attempt: u32) {
+pub(super) async fn back_off(attempt: u32) {
     tokio::time::sleep(Duration::from_millis(100u64 << attempt.min(5))).await;
 }
 
-fn target_error(what: &str, err: Error) -> Error {
+pub(super) fn target_error(what: &str, err: Error) -> Error {
     Error::new(err.kind(), format!("target: {what}")).with_source(err)
 }
 
 /// Records a document the target did not take: `refused` when the target cannot store it as it
 /// is (it would alter a number, or the document is over its size limit), `failed` otherwise.
-fn note_failure(ledger: &mut Ledger, max_issues: usize, id: &str, err: &Error) {
+pub(super) fn note_failure(ledger: &mut Ledger, max_issues: usize, id: &str, err: &Error) {
     let refused = matches!(err.kind(), ErrorKind::InvalidInput | ErrorKind::TooLarge);
     if refused {
         ledger.counts.refused += 1;
@@ -90,15 +92,24 @@ fn note_failure(ledger: &mut Ledger, max_issues: usize, id: &str, err: &Error) {
 /// only when the target keeps failing whole requests. The batch goes out in bulk requests of at
 /// most [`MAX_BULK_BYTES`] of JSON (and at least one document), so large documents do not make
 /// requests the target refuses for their size.
+///
+/// With a `journal` (a migration that will follow the source), each document's state is recorded
+/// in it before it is written, and a document already at the target is resolved as the follow
+/// phase resolves it: this migration's own earlier write (a killed run's, of an older state) is
+/// replaced, anything else is a conflict ([`super::follow::apply`]).
 pub async fn write_to_backend(
     target: &dyn DocumentBackend,
     docs: Vec<Outgoing>,
     policy: ConflictPolicy,
     max_issues: usize,
+    journal: Option<&Journal>,
 ) -> Result<Ledger> {
     let mut ledger = Ledger::default();
     for chunk in chunks_by_size(docs, MAX_BULK_BYTES) {
-        let written = write_chunk(target, chunk, policy, max_issues).await?;
+        if let Some(journal) = journal {
+            record_intents(journal, &chunk).await?;
+        }
+        let written = write_chunk(target, chunk, policy, max_issues, journal).await?;
         ledger.absorb(written, max_issues);
     }
     Ok(ledger)
@@ -124,11 +135,33 @@ fn chunks_by_size(docs: Vec<Outgoing>, max_bytes: usize) -> Vec<Vec<Outgoing>> {
     chunks
 }
 
+/// Adds each document's state to what the journal holds for it (nothing is known yet about the
+/// target, so earlier fingerprints stay).
+async fn record_intents(journal: &Journal, docs: &[Outgoing]) -> Result<()> {
+    let ids: Vec<String> = docs.iter().map(|doc| doc.id.clone()).collect();
+    let known = journal.lookup(ids).await?;
+    let entries = docs
+        .iter()
+        .zip(known)
+        .filter_map(|(doc, known)| {
+            let print = fingerprint(&doc.hash);
+            let mut prints = known.unwrap_or_default();
+            if prints.contains(&print) {
+                return None;
+            }
+            prints.push(print);
+            Some((doc.id.clone(), prints))
+        })
+        .collect();
+    journal.record(entries).await
+}
+
 async fn write_chunk(
     target: &dyn DocumentBackend,
     docs: Vec<Outgoing>,
     policy: ConflictPolicy,
     max_issues: usize,
+    journal: Option<&Journal>,
 ) -> Result<Ledger> {
     let mut ledger = Ledger::default();
     let mut pending = docs;
@@ -169,7 +202,16 @@ async fn write_chunk(
                 Err(err) => note_failure(&mut ledger, max_issues, &doc.id, &err),
             }
         }
-        let vanished = resolve_conflicts(target, conflicted, policy, &mut ledger, max_issues).await?;
+        let vanished = match journal {
+            Some(journal) => {
+                let wanted =
+                    conflicted.into_iter().map(|doc| Wanted { id: doc.id.clone(), state: Some(doc) }).collect();
+                let resolved = super::follow::apply(target, journal, wanted, policy, max_issues).await?;
+                ledger.absorb(resolved, max_issues);
+                Vec::new()
+            }
+            None => resolve_conflicts(target, conflicted, policy, &mut ledger, max_issues).await?,
+        };
         retry.extend(vanished);
         if !retry.is_empty() {
             if last_attempt {
@@ -226,7 +268,7 @@ async fn resolve_conflicts(
     Ok(vanished)
 }
 
-fn same_content(doc: &Outgoing, stored: &StoredDocument) -> bool {
+pub(super) fn same_content(doc: &Outgoing, stored: &StoredDocument) -> bool {
     content_hash(&stored.id, &stored.body) == doc.hash
 }
 

@@ -73,13 +73,23 @@ pub enum Verdict {
     Malformed(String),
 }
 
+/// What kind of foreign document `id` names, or `None` for a data-store document's id.
+pub fn foreign_kind(id: &str) -> Option<ForeignKind> {
+    if id.starts_with("_design/") {
+        Some(ForeignKind::DesignDocument)
+    } else if id.starts_with("_local/") {
+        Some(ForeignKind::LocalDocument)
+    } else if DocumentId::parse(id).is_err() {
+        Some(ForeignKind::NotCompositeId)
+    } else {
+        None
+    }
+}
+
 /// Applies every rule to one document (its `_id` and the body without `_id`/`_rev`).
 pub fn prepare(id: &str, mut body: Map<String, Value>, access_tracking: AccessTracking) -> Verdict {
-    if id.starts_with("_design/") {
-        return Verdict::Foreign(ForeignKind::DesignDocument);
-    }
-    if id.starts_with("_local/") {
-        return Verdict::Foreign(ForeignKind::LocalDocument);
+    if let Some(kind) = foreign_kind(id) {
+        return Verdict::Foreign(kind);
     }
     let Ok(parsed) = DocumentId::parse(id) else {
         return Verdict::Foreign(ForeignKind::NotCompositeId);

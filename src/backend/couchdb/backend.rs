@@ -519,6 +519,11 @@ impl DocumentBackend for CouchDbBackend {
         self.feed_position().await
     }
 
+    fn change_feed_delay(&self) -> std::time::Duration {
+        // `_changes` lists a write once CouchDB has acknowledged it.
+        std::time::Duration::ZERO
+    }
+
     async fn all_docs(&self, range: &IdRange, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
         self.all_docs_page(range, limit, page_token).await
     }

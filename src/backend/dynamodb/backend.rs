@@ -580,6 +580,10 @@ impl DocumentBackend for DynamoDbBackend {
         Ok(self.settled_position())
     }
 
+    fn change_feed_delay(&self) -> std::time::Duration {
+        self.config.settle
+    }
+
     async fn all_docs(&self, range: &IdRange, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
         self.all_docs_page(range, limit, page_token).await
     }

@@ -738,6 +738,11 @@ impl DocumentBackend for EmbeddedBackend {
         .await
     }
 
+    fn change_feed_delay(&self) -> std::time::Duration {
+        // One writer at a time assigns feed positions in commit order.
+        std::time::Duration::ZERO
+    }
+
     async fn all_docs(&self, range: &IdRange, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
         let (range, after, limit) = (range.clone(), page_token.map(str::to_owned), limit.max(1));
         self.blocking(move |db| {

@@ -779,6 +779,10 @@ impl DocumentBackend for FirestoreBackend {
         self.feed_position().await
     }
 
+    fn change_feed_delay(&self) -> std::time::Duration {
+        self.config.settle
+    }
+
     async fn all_docs(&self, range: &IdRange, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
         self.id_order_page(range, limit, page_token).await
     }

@@ -75,6 +75,10 @@ pub trait Layered: Send + Sync + 'static {
         self.inner().change_position().await
     }
 
+    fn change_feed_delay(&self) -> std::time::Duration {
+        self.inner().change_feed_delay()
+    }
+
     async fn all_docs(&self, range: &IdRange, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
         self.inner().all_docs(range, limit, page_token).await
     }
@@ -176,6 +180,10 @@ impl<L: Layered> DocumentBackend for L {
 
     async fn change_position(&self) -> Result<String> {
         Layered::change_position(self).await
+    }
+
+    fn change_feed_delay(&self) -> std::time::Duration {
+        Layered::change_feed_delay(self)
     }
 
     async fn all_docs(&self, range: &IdRange, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
