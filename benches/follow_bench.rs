@@ -50,13 +50,16 @@ mod common;
 #[path = "../tests/common/servers.rs"]
 mod servers;
 
-use std::path::Path;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use agentstore::backend::{self, BackendUrl, BulkWrite, DocumentBackend, Precondition};
+use agentstore::migrate::report::{Counts, Report, Status};
+use agentstore::migrate::{self, checkpoint, Endpoint, FollowMode, Job, JobKind, Options};
 use agentstore::model::id::encode_key;
 use agentstore::store::{DataStore, StoreOptions};
 use futures::{StreamExt, TryStreamExt};
@@ -75,6 +78,8 @@ const MARKER_EVERY: Duration = Duration::from_millis(100);
 const PROBE_EVERY: Duration = Duration::from_millis(5);
 /// The marker document: (user, namespace, key).
 const MARKER: (&str, &str, &str) = ("user0", "ns0", "follow-marker");
+/// How long the target may take to hold the copied data set, or to show the first marker.
+const SETUP_LIMIT: Duration = Duration::from_secs(900);
 const DYNAMODB_SETTLE: &str = "&settle_ms=1000&write_timeout_ms=500";
 const FIRESTORE_SETTLE: &str = "&settle_ms=1000";
 
@@ -638,6 +643,341 @@ fn floor_json(r: &FloorResult) -> Value {
     })
 }
 
+/// A migration running in a task of this process.
+struct Running {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<agentstore::Result<Report>>,
+}
+
+/// The migration of `source` to `target` under `mode`, checkpointed at `checkpoint`; no read-back
+/// (a follower is stopped while the source changes, and the drain is timed alone).
+fn job(stores: &Stores, mode: FollowMode) -> Job {
+    Job {
+        kind: JobKind::Migrate,
+        source: Endpoint::backend(Arc::clone(&stores.source)),
+        target: Endpoint::backend(Arc::clone(&stores.target)),
+        options: Options {
+            follow: mode,
+            checkpoint: Some(stores.checkpoint.clone()),
+            verify: false,
+            ..Default::default()
+        },
+    }
+}
+
+impl Running {
+    fn start(job: Job) -> Self {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let signal = Box::pin(async move {
+            let _ = stopped.await;
+        });
+        Running { stop, task: tokio::spawn(migrate::run_until(job, signal)) }
+    }
+
+    /// Waits until the checkpoint says the copy is finished; how long that took. A migration that
+    /// ends meanwhile is an error.
+    async fn wait_for_copy(&self, checkpoint: &Path, limit: Duration) -> Result<Duration, String> {
+        let started = Instant::now();
+        while started.elapsed() < limit {
+            if self.task.is_finished() {
+                return Err("the follower ended during its copy".into());
+            }
+            let saved = checkpoint::load(checkpoint).map_err(|e| describe(&e))?;
+            if saved.is_some_and(|saved| saved.finished) {
+                return Ok(started.elapsed());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Err(format!("the copy did not finish within {} s", limit.as_secs()))
+    }
+
+    /// Stops it after its current page; its report, which must say `stopped`.
+    async fn stop(self) -> Result<Report, String> {
+        let _ = self.stop.send(());
+        let report = self
+            .task
+            .await
+            .map_err(|e| format!("the follower panicked: {e}"))?
+            .map_err(|e| format!("the follower failed: {}", describe(&e)))?;
+        match report.status {
+            Status::Stopped => Ok(report),
+            other => Err(format!("the follower ended {other:?}: {}", report.message)),
+        }
+    }
+}
+
+/// The stores of one measured pair.
+struct Stores {
+    source: Arc<dyn DocumentBackend>,
+    target: Arc<dyn DocumentBackend>,
+    /// The writers' facade over the source.
+    facade: Arc<DataStore>,
+    checkpoint: PathBuf,
+}
+
+static CHECKPOINTS: AtomicUsize = AtomicUsize::new(0);
+
+impl Stores {
+    /// A fresh source seeded with `docs` documents and the marker, and a fresh target.
+    async fn fresh(from: Kind, to: Kind, docs: usize, dir: &Path) -> Result<Self, String> {
+        let source = from.fresh(dir, "src").await?;
+        let target = to.fresh(dir, "dst").await?;
+        seed(&source, docs).await?;
+        let facade = facade(&source).await?;
+        write_marker(&facade, 0).await?;
+        let checkpoint = dir.join(format!("checkpoint-{}.json", CHECKPOINTS.fetch_add(1, Ordering::Relaxed)));
+        Ok(Stores { source, target, facade, checkpoint })
+    }
+}
+
+/// An ordered pair of backends.
+#[derive(Clone, Copy)]
+struct Pair {
+    from: Kind,
+    to: Kind,
+}
+
+impl Pair {
+    fn name(self) -> String {
+        format!("{} → {}", self.from.name(), self.to.name())
+    }
+}
+
+/// One lag row.
+struct LagResult {
+    pair: Pair,
+    settle: Duration,
+    copy: Duration,
+    load: Load,
+    lag: LagStats,
+    probe: ProbeStats,
+    /// The follower's own report when it was stopped: changes it still saw waiting.
+    lag_changes_at_stop: u64,
+    follow_counts: Counts,
+}
+
+/// The lag of `pair` under writes at `rate`, on fresh stores; the stores are returned with their
+/// follower stopped (copy done, follow position saved).
+async fn lag_run(pair: Pair, rate: u32, settings: &Settings, dir: &Path) -> Result<(LagResult, Stores), String> {
+    let stores = Stores::fresh(pair.from, pair.to, settings.docs, dir).await?;
+    let settle = stores.source.change_feed_delay();
+    let follower = Running::start(job(&stores, FollowMode::Forever));
+    let probe = Probe::start(Arc::clone(&stores.target));
+    let copy = follower.wait_for_copy(&stores.checkpoint, SETUP_LIMIT).await?;
+    // The first marker through the follow phase: the follower is applying changes.
+    write_marker(&stores.facade, 1).await?;
+    if !probe.wait_for(1, SETUP_LIMIT).await {
+        return Err(format!("{}: the first marker never reached the target", pair.name()));
+    }
+    let load = paced_load(Arc::clone(&stores.facade), rate, settings.secs, settings.docs, 2).await;
+    let last = load.markers.last().map_or(1, |(seq, _)| *seq);
+    probe.wait_for(last, settings.drain_limit).await;
+    let (seen, probe) = probe.finish().await?;
+    let report = follower.stop().await?;
+    let follow = report.follow.ok_or("the follower's report has no follow section")?;
+    let lag = LagStats::of(&marker_lags(&load.markers, &seen));
+    let result = LagResult {
+        pair,
+        settle,
+        copy,
+        load,
+        lag,
+        probe,
+        lag_changes_at_stop: follow.lag_changes,
+        follow_counts: follow.ledger.counts,
+    };
+    Ok((result, stores))
+}
+
+/// One follow-throughput row.
+struct CeilingResult {
+    pair: Pair,
+    settle: Duration,
+    /// Documents changed at the source while the follower was stopped.
+    backlog: usize,
+    /// The source's `bulk_write` rate taking the backlog, docs/s.
+    backlog_write_rate: f64,
+    /// Changes the catching-up run read, and applied (written or deleted).
+    read: u64,
+    applied: u64,
+    drain: Duration,
+    /// The source's raw change-feed read rate over the same backlog, changes/s.
+    feed_rate: f64,
+    /// The target backend's raw `bulk_write` rate (create-only, into a scratch store), docs/s.
+    target_write_rate: f64,
+}
+
+impl CeilingResult {
+    fn applied_rate(&self) -> f64 {
+        self.applied as f64 / self.drain.as_secs_f64().max(1e-9)
+    }
+
+    fn bound(&self) -> f64 {
+        self.feed_rate.min(self.target_write_rate)
+    }
+}
+
+/// The backlog: the first `backlog` seeded documents updated, then fresh ones created past them,
+/// so that every write changes a distinct document (the feed shows each document once).
+fn backlog_writes(docs: usize, backlog: usize) -> Vec<BulkWrite> {
+    (0..backlog)
+        .map(|i| match i < docs {
+            true => stored(i, u64::MAX),
+            false => BulkWrite { precondition: Precondition::MustNotExist, ..stored(i, 0) },
+        })
+        .collect()
+}
+
+/// Reads the source's feed from `since` to its end in pages of [`BATCH`]; (changes, changes/s).
+async fn feed_read_rate(source: &Arc<dyn DocumentBackend>, since: String) -> Result<(usize, f64), String> {
+    let started = Instant::now();
+    let (mut since, mut total) = (since, 0);
+    loop {
+        let page = source.changes(Some(&since), BATCH).await.map_err(|e| format!("changes: {}", describe(&e)))?;
+        total += page.changes.len();
+        if page.changes.is_empty() {
+            return Ok((total, total as f64 / started.elapsed().as_secs_f64().max(1e-9)));
+        }
+        since = page.last_seq;
+    }
+}
+
+/// The follow throughput of `pair` on `stores` (follower stopped after its copy and its lag run):
+/// the backlog written, then drained by an `--until-caught-up` run on the same checkpoint.
+async fn ceiling_run(
+    pair: Pair,
+    stores: &Stores,
+    stopped: &Counts,
+    settings: &Settings,
+    target_write_rate: f64,
+) -> Result<CeilingResult, String> {
+    let before = stores.source.change_position().await.map_err(|e| describe(&e))?;
+    let backlog_write_rate = bulk_write_all(&stores.source, backlog_writes(settings.docs, settings.backlog)).await?;
+    let started = Instant::now();
+    let report = migrate::run(job(stores, FollowMode::UntilCaughtUp))
+        .await
+        .map_err(|e| format!("catching up: {}", describe(&e)))?;
+    let drain = started.elapsed();
+    if report.status != Status::CaughtUp {
+        return Err(format!("{}: catching up ended {:?}: {}", pair.name(), report.status, report.message));
+    }
+    let after = report.follow.ok_or("the catching-up report has no follow section")?.ledger.counts;
+    if after.failed > stopped.failed || after.conflicts > stopped.conflicts {
+        return Err(format!("{}: catching up failed or met conflicts: {after:?}", pair.name()));
+    }
+    let (in_feed, feed_rate) = feed_read_rate(&stores.source, before).await?;
+    if in_feed < settings.backlog {
+        return Err(format!("{}: the source's feed shows {in_feed} of the {} changes", pair.name(), settings.backlog));
+    }
+    Ok(CeilingResult {
+        pair,
+        settle: stores.source.change_feed_delay(),
+        backlog: settings.backlog,
+        backlog_write_rate,
+        read: after.read - stopped.read,
+        applied: (after.written + after.deleted) - (stopped.written + stopped.deleted),
+        drain,
+        feed_rate,
+        target_write_rate,
+    })
+}
+
+/// The raw `bulk_write` rate of `kind` for `docs` fresh documents, on a scratch store.
+async fn raw_write_rate(kind: Kind, docs: usize, dir: &Path) -> Result<f64, String> {
+    let scratch = kind.fresh(dir, "scratch").await?;
+    let writes = (0..docs).map(|i| BulkWrite { precondition: Precondition::MustNotExist, ..stored(i, 0) }).collect();
+    bulk_write_all(&scratch, writes).await
+}
+
+/// The pairs measured: every ordered pair of distinct backends, and embedded → embedded.
+fn pairs(backends: &[Kind]) -> Vec<Pair> {
+    let mut pairs = Vec::new();
+    for &from in backends {
+        for &to in backends {
+            if from != to || from == Kind::Embedded {
+                pairs.push(Pair { from, to });
+            }
+        }
+    }
+    pairs
+}
+
+fn print_lag_table(rows: &[LagResult], drain_limit: Duration) {
+    println!();
+    println!("| pair | source settle window ms | copy s | writes/s offered | writes/s achieved | write errors | markers | lag median ms | p90 ms | worst ms | median first → last quarter ms | kept up |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for r in rows {
+        let kept_up = if r.lag.kept_up() {
+            "yes".to_owned()
+        } else if r.lag.unseen > 0 {
+            format!(
+                "**no**: {} markers not at the target {} s after the writes; {} changes waiting",
+                r.lag.unseen,
+                drain_limit.as_secs(),
+                r.lag_changes_at_stop
+            )
+        } else {
+            "**no**: lag growing".to_owned()
+        };
+        println!(
+            "| {} | {} | {:.1} | {} | {:.0} | {} | {} | {} | {} | {} | {} → {} | {kept_up} |",
+            r.pair.name(),
+            r.settle.as_millis(),
+            r.copy.as_secs_f64(),
+            r.load.offered,
+            r.load.achieved(),
+            r.load.errors,
+            r.lag.markers,
+            fmt_ms(r.lag.median_ms),
+            fmt_ms(r.lag.p90_ms),
+            fmt_ms(r.lag.worst_ms),
+            fmt_ms(r.lag.first_quarter_median_ms),
+            fmt_ms(r.lag.last_quarter_median_ms),
+        );
+    }
+}
+
+fn print_ceiling_table(rows: &[CeilingResult]) {
+    println!();
+    println!("| pair | source settle window ms | backlog (changed documents) | source took it at docs/s | drain s | changes applied/s | source feed read changes/s | target bulk_write docs/s | applied ÷ slower raw rate |");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for r in rows {
+        println!(
+            "| {} | {} | {} | {:.0} | {:.2} | {:.0} | {:.0} | {:.0} | {:.2} |",
+            r.pair.name(),
+            r.settle.as_millis(),
+            r.backlog,
+            r.backlog_write_rate,
+            r.drain.as_secs_f64(),
+            r.applied_rate(),
+            r.feed_rate,
+            r.target_write_rate,
+            r.applied_rate() / r.bound()
+        );
+    }
+}
+
+fn lag_json(r: &LagResult) -> Value {
+    json!({
+        "pair": r.pair.name(), "source_settle_ms": r.settle.as_millis() as u64, "copy_s": r.copy.as_secs_f64(),
+        "offered_writes_per_s": r.load.offered, "achieved_writes_per_s": r.load.achieved(),
+        "writes_issued": r.load.issued, "writes_acknowledged": r.load.acknowledged,
+        "write_errors": r.load.errors, "first_error": r.load.first_error,
+        "probe_reads": r.probe.reads, "probe_read_median_ms": r.probe.read_median_ms,
+        "lag": r.lag.to_json(), "lag_changes_at_stop": r.lag_changes_at_stop,
+        "follow_counts": serde_json::to_value(&r.follow_counts).unwrap_or(Value::Null),
+    })
+}
+
+fn ceiling_json(r: &CeilingResult) -> Value {
+    json!({
+        "pair": r.pair.name(), "source_settle_ms": r.settle.as_millis() as u64, "backlog": r.backlog,
+        "backlog_write_docs_per_s": r.backlog_write_rate, "read": r.read, "applied": r.applied,
+        "drain_s": r.drain.as_secs_f64(), "applied_per_s": r.applied_rate(),
+        "source_feed_changes_per_s": r.feed_rate, "target_bulk_write_docs_per_s": r.target_write_rate,
+    })
+}
+
 async fn run() -> Result<bool, String> {
     for (name, value) in [("AWS_ACCESS_KEY_ID", "test"), ("AWS_SECRET_ACCESS_KEY", "test"), ("AWS_REGION", "us-east-1")]
     {
@@ -660,10 +1000,32 @@ async fn run() -> Result<bool, String> {
         println!("  {:<9} {}", kind.name(), kind.server()?);
     }
     let dir = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
-    let floor_rate = settings.rates[0];
+    let floors = measure_floors(&settings, dir.path()).await?;
+    let (lags, ceilings) = measure_pairs(&settings, dir.path()).await?;
+    print_floor_table(&floors);
+    print_lag_table(&lags, settings.drain_limit);
+    print_ceiling_table(&ceilings);
+    let passed =
+        floors.iter().all(|f| f.load.errors == 0 && f.lag.unseen == 0) && lags.iter().all(|l| l.load.errors == 0);
+    println!("\nfinished in {:.0} s", started.elapsed().as_secs_f64());
+    common::write_report(
+        "follow_bench",
+        &json!({
+            "documents": settings.docs, "rates": settings.rates, "seconds": settings.secs,
+            "backlog": settings.backlog, "drain_limit_s": settings.drain_limit.as_secs_f64(), "nproc": nproc,
+            "probe_floor": floors.iter().map(floor_json).collect::<Vec<_>>(),
+            "lag": lags.iter().map(lag_json).collect::<Vec<_>>(),
+            "follow_throughput": ceilings.iter().map(ceiling_json).collect::<Vec<_>>(),
+        }),
+    )?;
+    Ok(passed)
+}
+
+/// The probe floor of each backend, at the first rate.
+async fn measure_floors(settings: &Settings, dir: &Path) -> Result<Vec<FloorResult>, String> {
     let mut floors = Vec::new();
     for kind in &settings.backends {
-        let floor = probe_floor(*kind, &settings, floor_rate, dir.path()).await?;
+        let floor = probe_floor(*kind, settings, settings.rates[0], dir).await?;
         println!(
             "  probe floor {}: {:.0} writes/s, lag median {} ms",
             kind.name(),
@@ -672,16 +1034,46 @@ async fn run() -> Result<bool, String> {
         );
         floors.push(floor);
     }
-    print_floor_table(&floors);
-    let passed = floors.iter().all(|f| f.load.errors == 0 && f.lag.unseen == 0);
-    println!("\nfinished in {:.0} s", started.elapsed().as_secs_f64());
-    common::write_report(
-        "follow_bench",
-        &json!({
-            "documents": settings.docs, "rates": settings.rates, "seconds": settings.secs,
-            "backlog": settings.backlog, "nproc": nproc,
-            "probe_floor": floors.iter().map(floor_json).collect::<Vec<_>>(),
-        }),
-    )?;
-    Ok(passed)
+    Ok(floors)
+}
+
+/// For each pair: a lag run per rate, then the follow throughput on the last run's stores.
+async fn measure_pairs(settings: &Settings, dir: &Path) -> Result<(Vec<LagResult>, Vec<CeilingResult>), String> {
+    let mut target_rates: HashMap<&'static str, f64> = HashMap::new();
+    let (mut lags, mut ceilings) = (Vec::new(), Vec::new());
+    for pair in pairs(&settings.backends) {
+        let mut last = None;
+        for &rate in &settings.rates {
+            let (result, stores) = lag_run(pair, rate, settings, dir).await?;
+            println!(
+                "  {} at {rate}/s: {:.0} writes/s, lag median {} ms, worst {} ms, kept up: {}",
+                pair.name(),
+                result.load.achieved(),
+                fmt_ms(result.lag.median_ms),
+                fmt_ms(result.lag.worst_ms),
+                result.lag.kept_up()
+            );
+            last = Some((result.follow_counts.clone(), stores));
+            lags.push(result);
+        }
+        let Some((stopped, stores)) = last else { continue };
+        let target_rate = match target_rates.get(pair.to.name()) {
+            Some(rate) => *rate,
+            None => {
+                let rate = raw_write_rate(pair.to, settings.backlog, dir).await?;
+                target_rates.insert(pair.to.name(), rate);
+                rate
+            }
+        };
+        let ceiling = ceiling_run(pair, &stores, &stopped, settings, target_rate).await?;
+        println!(
+            "  {} follow throughput: {} changes in {:.2} s, {:.0}/s",
+            pair.name(),
+            ceiling.applied,
+            ceiling.drain.as_secs_f64(),
+            ceiling.applied_rate()
+        );
+        ceilings.push(ceiling);
+    }
+    Ok((lags, ceilings))
 }
