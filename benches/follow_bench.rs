@@ -9,7 +9,8 @@
 //! - `BENCH_FOLLOW_RATES` (default `200,2000`): the offered write rates at the source, writes/s;
 //! - `BENCH_FOLLOW_DOCS` (default 10,000): documents seeded into each fresh source;
 //! - `BENCH_FOLLOW_SECS` (default 20): how long the writers write at each rate;
-//! - `BENCH_FOLLOW_BACKLOG` (default 20,000): changed documents the throughput run drains;
+//! - `BENCH_FOLLOW_BACKLOG` (default 10,000: every seeded document updated once; more also creates
+//!   documents): changed documents the throughput run drains;
 //! - `BENCH_FOLLOW_DRAIN_SECS` (default 60): how long, after the writers stop, the follower may
 //!   take to show the last marker before the pair is reported as not keeping up;
 //! - `BENCH_FOLLOW_FLOOR_SECS` (default 3): length of the probe-floor run (below).
@@ -140,7 +141,7 @@ impl Settings {
             rates,
             docs: number("BENCH_FOLLOW_DOCS", 10_000usize)?,
             secs: number("BENCH_FOLLOW_SECS", 20.0f64)?,
-            backlog: number("BENCH_FOLLOW_BACKLOG", 20_000usize)?,
+            backlog: number("BENCH_FOLLOW_BACKLOG", 10_000usize)?,
             drain_limit: Duration::from_secs_f64(number("BENCH_FOLLOW_DRAIN_SECS", 60.0f64)?),
             floor_secs: number("BENCH_FOLLOW_FLOOR_SECS", 3.0f64)?,
         };
@@ -385,6 +386,8 @@ struct Load {
     first_error: Option<String>,
     /// From the first write's start to the last one's acknowledgement.
     elapsed: Duration,
+    /// When the last paced write was acknowledged (the last marker is written after it).
+    writes_ended: Instant,
     /// (sequence number, acknowledgement) of each marker written.
     markers: Vec<(u64, Instant)>,
 }
@@ -472,6 +475,7 @@ async fn paced_load(store: Arc<DataStore>, rate: u32, secs: f64, docs: usize, fi
     }
     while writes.join_next().await.is_some() {}
     let elapsed = started.elapsed();
+    let writes_ended = Instant::now();
     stop_markers.store(true, Ordering::Relaxed);
     let (markers, marker_error) = markers.await.unwrap_or_else(|e| (Vec::new(), Some(format!("markers: {e}"))));
     let tally = Arc::into_inner(tally).unwrap_or_default();
@@ -481,7 +485,16 @@ async fn paced_load(store: Arc<DataStore>, rate: u32, secs: f64, docs: usize, fi
         errors += 1;
         first_error.get_or_insert(e);
     }
-    Load { offered: rate, issued, acknowledged: tally.acknowledged.into_inner(), errors, first_error, elapsed, markers }
+    Load {
+        offered: rate,
+        issued,
+        acknowledged: tally.acknowledged.into_inner(),
+        errors,
+        first_error,
+        elapsed,
+        writes_ended,
+        markers,
+    }
 }
 
 /// Updates the marker every [`MARKER_EVERY`] until told to stop (then once more, so the last
@@ -511,16 +524,10 @@ async fn marker_loop(
     }
 }
 
-/// The markers' lags: for each marker written, the time from its acknowledgement to the first
-/// probe read that showed it or a later one; `None` for a marker never seen.
-fn marker_lags(markers: &[(u64, Instant)], seen: &[(u64, Instant)]) -> Vec<Option<Duration>> {
-    markers
-        .iter()
-        .map(|(seq, acknowledged)| {
-            let first = seen.partition_point(|(shown, _)| shown < seq);
-            seen.get(first).map(|(_, at)| at.saturating_duration_since(*acknowledged))
-        })
-        .collect()
+/// When each marker written first showed: the end of the first probe read that showed it or a
+/// later one; `None` for a marker never seen.
+fn marker_arrivals(markers: &[(u64, Instant)], seen: &[(u64, Instant)]) -> Vec<Option<Instant>> {
+    markers.iter().map(|(seq, _)| seen.get(seen.partition_point(|(shown, _)| shown < seq)).map(|(_, at)| *at)).collect()
 }
 
 /// Lag statistics over the markers that reached the other side, ms.
@@ -528,6 +535,8 @@ fn marker_lags(markers: &[(u64, Instant)], seen: &[(u64, Instant)]) -> Vec<Optio
 struct LagStats {
     markers: usize,
     unseen: usize,
+    /// Markers that reached the other side before the paced writes ended.
+    shown_during_writes: usize,
     median_ms: f64,
     p90_ms: f64,
     worst_ms: f64,
@@ -551,13 +560,21 @@ fn quantile_ms(lags: &[Duration], q: f64) -> f64 {
 }
 
 impl LagStats {
-    fn of(lags: &[Option<Duration>]) -> Self {
+    /// The lags of `load`'s markers, given when each arrived.
+    fn of(load: &Load, arrivals: &[Option<Instant>]) -> Self {
+        let lags: Vec<Option<Duration>> = load
+            .markers
+            .iter()
+            .zip(arrivals)
+            .map(|((_, acknowledged), arrived)| arrived.map(|at| at.saturating_duration_since(*acknowledged)))
+            .collect();
         let seen: Vec<Duration> = lags.iter().flatten().copied().collect();
         let quarter = (lags.len() / 4).max(1);
         let in_order: Vec<Duration> = lags.iter().map(|l| l.unwrap_or(Duration::MAX)).collect();
         LagStats {
             markers: lags.len(),
             unseen: lags.len() - seen.len(),
+            shown_during_writes: arrivals.iter().flatten().filter(|at| **at < load.writes_ended).count(),
             median_ms: median_ms(&seen),
             p90_ms: quantile_ms(&seen, 0.9),
             worst_ms: seen.iter().max().map_or(f64::NAN, |d| d.as_secs_f64() * 1000.0),
@@ -566,15 +583,36 @@ impl LagStats {
         }
     }
 
-    /// Every marker arrived, and the lag at the end is not growing away from the lag at the start
-    /// (more than twice it plus half a second).
+    /// Why the follower did not keep up, or `None` when it did: every marker arrived, most of them
+    /// while the writes were still going on (not all at once when they stopped), and the lag at the
+    /// end is not growing away from the lag at the start (more than twice it plus half a second).
+    fn shortfall(&self, drain_limit: Duration, waiting: u64) -> Option<String> {
+        if self.unseen > 0 {
+            Some(format!(
+                "{} markers not at the target {} s after the writes; {waiting} changes waiting",
+                self.unseen,
+                drain_limit.as_secs()
+            ))
+        } else if self.shown_during_writes * 2 < self.markers {
+            Some(format!(
+                "stalled: {} of {} markers reached the target before the writes stopped",
+                self.shown_during_writes, self.markers
+            ))
+        } else if self.last_quarter_median_ms > 2.0 * self.first_quarter_median_ms + 500.0 {
+            Some("lag growing".into())
+        } else {
+            None
+        }
+    }
+
     fn kept_up(&self) -> bool {
-        self.unseen == 0 && self.last_quarter_median_ms <= 2.0 * self.first_quarter_median_ms + 500.0
+        self.shortfall(Duration::ZERO, 0).is_none()
     }
 
     fn to_json(&self) -> Value {
         json!({
-            "markers": self.markers, "markers_never_seen": self.unseen, "median_ms": self.median_ms,
+            "markers": self.markers, "markers_never_seen": self.unseen,
+            "markers_shown_during_writes": self.shown_during_writes, "median_ms": self.median_ms,
             "p90_ms": self.p90_ms, "worst_ms": self.worst_ms,
             "first_quarter_median_ms": self.first_quarter_median_ms,
             "last_quarter_median_ms": self.last_quarter_median_ms, "kept_up": self.kept_up(),
@@ -600,7 +638,7 @@ async fn probe_floor(kind: Kind, settings: &Settings, rate: u32, dir: &Path) -> 
     let load = paced_load(store, rate, settings.floor_secs, settings.docs, 1).await;
     probe.wait_for(load.markers.last().map_or(0, |(seq, _)| *seq), settings.drain_limit).await;
     let (seen, probe) = probe.finish().await?;
-    let lag = LagStats::of(&marker_lags(&load.markers, &seen));
+    let lag = LagStats::of(&load, &marker_arrivals(&load.markers, &seen));
     Ok(FloorResult { backend: kind, load, lag, probe })
 }
 
@@ -775,7 +813,7 @@ async fn lag_run(pair: Pair, rate: u32, settings: &Settings, dir: &Path) -> Resu
     let (seen, probe) = probe.finish().await?;
     let report = follower.stop().await?;
     let follow = report.follow.ok_or("the follower's report has no follow section")?;
-    let lag = LagStats::of(&marker_lags(&load.markers, &seen));
+    let lag = LagStats::of(&load, &marker_arrivals(&load.markers, &seen));
     let result = LagResult {
         pair,
         settle,
@@ -907,17 +945,9 @@ fn print_lag_table(rows: &[LagResult], drain_limit: Duration) {
     println!("| pair | source settle window ms | copy s | writes/s offered | writes/s achieved | write errors | markers | lag median ms | p90 ms | worst ms | median first → last quarter ms | kept up |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in rows {
-        let kept_up = if r.lag.kept_up() {
-            "yes".to_owned()
-        } else if r.lag.unseen > 0 {
-            format!(
-                "**no**: {} markers not at the target {} s after the writes; {} changes waiting",
-                r.lag.unseen,
-                drain_limit.as_secs(),
-                r.lag_changes_at_stop
-            )
-        } else {
-            "**no**: lag growing".to_owned()
+        let kept_up = match r.lag.shortfall(drain_limit, r.lag_changes_at_stop) {
+            None => "yes".to_owned(),
+            Some(why) => format!("**no**: {why}"),
         };
         println!(
             "| {} | {} | {:.1} | {} | {:.0} | {} | {} | {} | {} | {} | {} → {} | {kept_up} |",
