@@ -30,7 +30,8 @@
 //! time from its write's acknowledgement at the source to the end of the first target read that
 //! shows it or a later marker. Reported: median, p90 and worst over the markers, the write rate
 //! achieved, and whether the follower kept up (every marker reached the target within the drain
-//! limit, and the lag of the last quarter of markers is not growing away from the first's).
+//! limit, at least half of them while the writes went on, and the lag of the last quarter of
+//! markers is not growing away from the first's).
 //!
 //! **Probe floor.** The same writers and probe, with the probe reading the source itself: the lag
 //! this measures is the method's own resolution (poll interval, read latency) on that backend.
