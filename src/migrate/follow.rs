@@ -38,7 +38,7 @@ use super::report::Ledger;
 use super::sink::{self, ConflictPolicy, Outgoing};
 use super::{Filter, Options};
 use crate::backend::{BulkWrite, DocumentBackend, Precondition, StoredDocument};
-use crate::changes::{read_page, PollBackoff};
+use crate::changes::{read_page, FeedPage, PollBackoff};
 use crate::error::{Error, Result};
 use crate::model::DocumentId;
 
@@ -146,6 +146,8 @@ pub struct Follower<'a> {
     pub mode: FollowMode,
     /// The checkpoint file, named when a conflict stops the run.
     pub checkpoint: &'a std::path::Path,
+    /// Namespaces whose index the target has been asked to ensure (before their first write).
+    pub ensured: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl Follower<'_> {
@@ -160,21 +162,37 @@ impl Follower<'_> {
         lag: &mut Lag,
     ) -> Result<FollowEnd> {
         let started_ms = now_ms();
-        let delay_ms = millis(self.source.change_feed_delay());
-        let batch = self.options.batch_size.clamp(1, crate::changes::MAX_PAGE);
         let mut backoff = PollBackoff::new(POLL_CEILING);
         let mut last_save = std::time::Instant::now();
+        // A page read while the one before it was being applied.
+        let mut prefetched: Option<(Result<FeedPage>, u64)> = None;
         loop {
-            let page = tokio::select! {
-                biased;
-                () = stop.raised() => return Ok(FollowEnd::Stopped),
-                page = read_page(self.source.as_ref(), Some(&state.position), batch) => page
-                    .map_err(|e| Error::new(e.kind(), "source: read the change feed").with_source(e))?,
+            if stop.is_raised() {
+                return Ok(FollowEnd::Stopped);
+            }
+            let (page, seen_through_ms) = match prefetched.take() {
+                Some((page, seen_through_ms)) => (page?, seen_through_ms),
+                None => {
+                    let seen_through_ms = self.seen_through_now();
+                    tokio::select! {
+                        biased;
+                        () = stop.raised() => return Ok(FollowEnd::Stopped),
+                        page = self.read_changes(&state.position) => (page?, seen_through_ms),
+                    }
+                }
             };
-            let read_at_ms = now_ms().saturating_sub(delay_ms);
             let changed = !page.changes.is_empty();
             let ids: Vec<String> = page.changes.into_iter().map(|change| change.id).collect();
-            let outcome = self.apply_page(ids).await?;
+            // While a full page is applied, the next one is read: only reading a document's state
+            // must wait for the page before it, and that happens inside `apply_page`.
+            let outcome = if page.pending > 0 {
+                let seen_through_ms = self.seen_through_now();
+                let (outcome, next) = tokio::join!(self.apply_page(ids), self.read_changes(&page.last_seq));
+                prefetched = Some((next, seen_through_ms));
+                outcome?
+            } else {
+                self.apply_page(ids).await?
+            };
             if outcome.counts.conflicts > 0 {
                 return Err(super::conflict_stop(&outcome, self.checkpoint));
             }
@@ -182,7 +200,7 @@ impl Follower<'_> {
             let moved = state.position != page.last_seq;
             state.position = page.last_seq;
             if page.pending == 0 {
-                state.applied_through_ms = state.applied_through_ms.max(read_at_ms);
+                state.applied_through_ms = state.applied_through_ms.max(seen_through_ms);
             }
             *lag = Lag {
                 changes: page.pending,
@@ -197,10 +215,8 @@ impl Follower<'_> {
                 last_save = std::time::Instant::now();
             }
             progress.update_follow(&state.ledger, *lag);
-            if self.mode == FollowMode::UntilCaughtUp && page.pending == 0 && read_at_ms >= started_ms {
-                if !changed || moved {
-                    save(state)?;
-                }
+            if self.mode == FollowMode::UntilCaughtUp && page.pending == 0 && seen_through_ms >= started_ms {
+                // The caller saves the final state.
                 return Ok(FollowEnd::CaughtUp);
             }
             if changed {
@@ -213,6 +229,20 @@ impl Follower<'_> {
                 () = tokio::time::sleep(backoff.idle()) => {}
             }
         }
+    }
+
+    /// The moment up to which a feed read starting now sees every committed write: now, less the
+    /// feed's settle window. Taken before the read, so a write committed during it is not counted.
+    fn seen_through_now(&self) -> u64 {
+        now_ms().saturating_sub(millis(self.source.change_feed_delay()))
+    }
+
+    /// One page of changes after `position`.
+    async fn read_changes(&self, position: &str) -> Result<FeedPage> {
+        let batch = self.options.batch_size.clamp(1, crate::changes::MAX_PAGE);
+        read_page(self.source.as_ref(), Some(position), batch)
+            .await
+            .map_err(|e| Error::new(e.kind(), "source: read the change feed").with_source(e))
     }
 
     /// Applies the current source state of each changed document (one page, distinct ids).
@@ -241,6 +271,7 @@ impl Follower<'_> {
         }
         let (docs, classified) = super::classify(present, self.options);
         ledger.absorb(classified, max);
+        super::ensure_namespaces(self.target.as_ref(), &docs, &self.ensured).await?;
         items.extend(docs.into_iter().map(|doc| Wanted { id: doc.id.clone(), state: Some(doc) }));
         let applied = apply(self.target.as_ref(), self.journal, items, self.options.on_conflict, max).await?;
         ledger.absorb(applied, max);
@@ -570,5 +601,52 @@ mod tests {
         let items = vec![wanted("a", Some(json!("new"))), wanted("b", Some(json!(1))), wanted("c", None)];
         let ledger = apply(&target, &journal, items, ConflictPolicy::Fail, 5).await.expect("apply");
         assert_eq!((ledger.counts.conflicts, ledger.counts.already_present, ledger.counts.written), (1, 2, 0));
+    }
+
+    /// Records the namespaces the target is asked to index.
+    struct NamespaceLog {
+        inner: EmbeddedBackend,
+        asked: std::sync::Mutex<Vec<String>>,
+    }
+
+    #[async_trait::async_trait]
+    impl crate::backend::raw::layer::Layered for NamespaceLog {
+        fn inner(&self) -> &dyn DocumentBackend {
+            &self.inner
+        }
+
+        async fn ensure_namespace_indexed(&self, namespace: &str) -> Result<()> {
+            self.asked.lock().expect("lock").push(namespace.to_owned());
+            self.inner.ensure_namespace_indexed(namespace).await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_namespace_first_seen_while_following_is_indexed_at_the_target_before_its_write() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let source: Arc<dyn DocumentBackend> =
+            Arc::new(EmbeddedBackend::open(&dir.path().join("s.redb")).await.expect("source"));
+        let target = Arc::new(NamespaceLog {
+            inner: EmbeddedBackend::open(&dir.path().join("t.redb")).await.expect("target"),
+            asked: Default::default(),
+        });
+        let id = |ns: &str| DocumentId::new("u", ns, "k", &Default::default()).expect("id").as_str().to_owned();
+        let doc = |ns: &str| match json!({ "userId": "u", "namespace": ns, "key": "k", "value": 1 }) {
+            Value::Object(map) => map,
+            _ => unreachable!(),
+        };
+        source.put(&id("first"), &doc("first"), Precondition::MustNotExist).await.expect("seed");
+        let job = |follow| super::super::Job {
+            kind: super::super::JobKind::Migrate,
+            source: super::super::Endpoint::backend(Arc::clone(&source)),
+            target: super::super::Endpoint::backend(target.clone()),
+            options: Options { follow, checkpoint: Some(dir.path().join("cp.json")), ..Default::default() },
+        };
+        super::super::run(job(FollowMode::UntilCaughtUp)).await.expect("copy");
+        source.put(&id("later"), &doc("later"), Precondition::MustNotExist).await.expect("new namespace");
+        let report = super::super::run(job(FollowMode::UntilCaughtUp)).await.expect("follow");
+        assert_eq!(report.follow.expect("follow report").ledger.counts.written, 1);
+        assert!(target.inner.get(&id("later")).await.expect("get").is_some());
+        assert_eq!(*target.asked.lock().expect("lock"), ["first", "later"]);
     }
 }

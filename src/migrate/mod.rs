@@ -63,7 +63,7 @@ pub const EXIT_DIFFERENT: u8 = 6;
 /// refused by the target, unreadable lines).
 pub const EXIT_INCOMPLETE: u8 = 7;
 /// Exit status of a migration whose copy SIGINT/SIGTERM stopped (the same command resumes it).
-pub const EXIT_INTERRUPTED: u8 = 3;
+pub const EXIT_INTERRUPTED: u8 = 8;
 
 pub const DEFAULT_BATCH_SIZE: usize = 500;
 pub const DEFAULT_CONCURRENCY: usize = 4;
@@ -376,6 +376,7 @@ pub async fn run_until(job: Job, stop: StopSignal) -> Result<Report> {
                 options: &options,
                 mode: options.follow,
                 checkpoint: &path,
+                ensured: Mutex::default(),
             };
             status =
                 follow_phase(&follower, &mut checkpoint, &path, started, &mut progress, &mut stop, &mut lag).await?;
