@@ -25,11 +25,10 @@
 //! `FollowMode::Forever`) copies the source; once the target holds every document and a first
 //! marker update has come through the follow phase, writers update existing documents through
 //! `DataStore::set` at the offered rate (1 in 20 writes creates a document, 1 in 20 deletes one
-//! created earlier), at most 64 writes in flight. Every 100 ms a marker with the next sequence
-//! number is written, to one of 100 marker documents in turn (each is rewritten every 10 s, like
-//! an ordinary document rather than a hot one); a probe reads the slot of the first marker not yet
-//! seen at the target every 5 ms. A marker's lag is the time from its write's acknowledgement at
-//! the source to the end of the first target read that shows it or a later marker in its slot. Reported: median, p90 and worst over the markers, the write rate
+//! created earlier), at most 64 writes in flight. Every 100 ms a marker document is updated with
+//! a sequence number; a probe reads the marker at the target every 5 ms. A marker's lag is the
+//! time from its write's acknowledgement at the source to the end of the first target read that
+//! shows it or a later marker. Reported: median, p90 and worst over the markers, the write rate
 //! achieved, and whether the follower kept up (every marker reached the target within the drain
 //! limit, at least half of them while the writes went on, and the lag of the last quarter of
 //! markers is not growing away from the first's).
