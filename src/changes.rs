@@ -43,7 +43,8 @@ pub struct FeedPage {
     /// Where the next page starts.
     pub last_seq: String,
     /// How many changes are known to wait after this page: exact when the backend counts them,
-    /// otherwise a lower bound (0 when the page is the end of the feed as far as this read saw).
+    /// otherwise a lower bound; 0 only when the page is the end of the feed as far as this read
+    /// saw (1 when the backend cannot tell: read again).
     pub pending: u64,
 }
 
@@ -60,7 +61,9 @@ pub async fn read_page(backend: &dyn DocumentBackend, since: Option<&str>, limit
     })?;
     let mut changes = page.changes;
     let beyond = changes.len().saturating_sub(limit) as u64;
-    let waiting_after_page = page.pending.unwrap_or(0);
+    // A backend that cannot tell whether more follow has not reached the end: at least one more
+    // read is needed to know.
+    let waiting_after_page = page.pending.unwrap_or(1);
     if beyond == 0 {
         return Ok(FeedPage { changes, last_seq: page.last_seq, pending: waiting_after_page });
     }

@@ -661,6 +661,27 @@ fn wait_for_follow_phase(dir: &Path, child: &mut Child) -> Result<String, Failed
     }
 }
 
+/// How many documents the checkpoint says the copy has read.
+fn copied(dir: &Path) -> Result<u64, Failed> {
+    Ok(read_checkpoint(dir)?.map_or(0, |checkpoint| checkpoint["ledger"]["counts"]["read"].as_u64().unwrap_or(0)))
+}
+
+/// Waits until the migration in `dir` has checkpointed at least one more batch of its copy.
+fn wait_for_copy_progress(dir: &Path, child: &mut Child) -> TestResult {
+    let before = copied(dir)?;
+    let started = Instant::now();
+    while copied(dir)? <= before {
+        if let Some(status) = child.try_wait()? {
+            return Err(format!("the migration ended ({status}) while copying: {}", log_tail(dir)).into());
+        }
+        check(started.elapsed() < Duration::from_secs(60), || {
+            format!("the copy made no progress in a minute: {}", log_tail(dir))
+        })?;
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    Ok(())
+}
+
 fn log_tail(dir: &Path) -> String {
     let mut tails = String::new();
     for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
@@ -865,8 +886,10 @@ async fn crash_and_resume(from: Backend, to: Backend) -> TestResult {
         }
         let mut child = start_follow(dir, &source, &target, &format!("run-{attempt}"))?;
         if copy_kills < KILLS_PER_PHASE && read_checkpoint(dir)?.as_ref().and_then(follow_position).is_none() {
-            // Early in a run, while it copies.
-            tokio::time::sleep(Duration::from_millis(60 + random.below(500) as u64)).await;
+            // While it copies: once this run has moved the copy on by a batch (a fixed delay can
+            // outlast a fast copy), within a few milliseconds.
+            wait_for_copy_progress(dir, &mut child)?;
+            tokio::time::sleep(Duration::from_millis(random.below(20) as u64)).await;
         } else {
             // Once it follows, after it has had time to apply some changes.
             wait_for_follow_phase(dir, &mut child)?;

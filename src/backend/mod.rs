@@ -125,7 +125,10 @@ pub struct ChangesPage {
     pub changes: Vec<Change>,
     /// The token to continue from: every change up to it has been returned (CouchDB's `last_seq`).
     pub last_seq: String,
-    /// How many more changes are waiting after this page, when the backend can tell cheaply.
+    /// How many more changes are waiting after this page: `Some(0)` when the page reaches the end
+    /// of the feed as this read saw it, `Some(n)` when the backend counts them, `None` when it
+    /// cannot tell and more may follow (read again from `last_seq`). A page shorter than asked is
+    /// not the end by itself: a backend may drop entries it has already reported.
     pub pending: Option<u64>,
 }
 

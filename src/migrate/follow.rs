@@ -397,7 +397,7 @@ async fn plan(
         if at_target == wanted {
             ledger.counts.already_present += 1;
             if stored.is_some() && !owned.as_ref().is_some_and(|prints| prints.contains(&wanted)) {
-                entries.push((item.id, vec![wanted]));
+                entries.push((item.id, with_latest(owned, &[wanted])));
             }
             continue;
         }
@@ -430,11 +430,22 @@ async fn plan(
         let Some(plan) = plan_one(&item, stored) else {
             continue;
         };
-        entries.push((item.id.clone(), vec![at_target, wanted]));
+        entries.push((item.id.clone(), with_latest(owned, &[at_target, wanted])));
         plans.push((item, plan));
     }
     journal.record(entries).await?;
     Ok((plans, overwrites))
+}
+
+/// The fingerprints to keep for a document: those recorded before, then `latest` (moved to the
+/// end if already there); the journal keeps the last [`MAX_KEPT`](super::journal::MAX_KEPT).
+/// Earlier ones stay because a write sent by a run that was killed can still land after the next
+/// run has read the target (a request already on its way to the store).
+fn with_latest(owned: Option<Vec<Fingerprint>>, latest: &[Fingerprint]) -> Vec<Fingerprint> {
+    let mut prints = owned.unwrap_or_default();
+    prints.retain(|print| !latest.contains(print));
+    prints.extend_from_slice(latest);
+    prints
 }
 
 /// The write that brings one document from `stored` to the wanted state (`None` when both are
@@ -648,5 +659,26 @@ mod tests {
         assert_eq!(report.follow.expect("follow report").ledger.counts.written, 1);
         assert!(target.inner.get(&id("later")).await.expect("get").is_some());
         assert_eq!(*target.asked.lock().expect("lock"), ["first", "later"]);
+    }
+
+    #[tokio::test]
+    async fn a_write_from_a_killed_run_that_lands_late_is_still_the_migrations() {
+        let (_dir, target, journal) = setup().await;
+        apply(&target, &journal, vec![wanted("a", Some(json!(1)))], ConflictPolicy::Fail, 5).await.expect("create");
+        // A run recorded state 2 and sent its write, then was killed; the write is still on its way.
+        let two = Outgoing::new("a".into(), crate::backend::Revision("2-x".into()), body(json!(2)));
+        let mut prints = journal.lookup(vec!["a".into()]).await.expect("lookup")[0].clone().expect("entry");
+        prints.push(fingerprint(&two.hash));
+        journal.record(vec![("a".into(), prints)]).await.expect("record");
+        // The next run finds state 1 at the target and writes state 3.
+        apply(&target, &journal, vec![wanted("a", Some(json!(3)))], ConflictPolicy::Fail, 5).await.expect("apply 3");
+        // Then the killed run's write of state 2 lands.
+        let rev = target.get("a").await.expect("get").expect("a").rev;
+        target.put("a", &two.body, Precondition::MatchRevision(rev)).await.expect("the late write");
+        let ledger = apply(&target, &journal, vec![wanted("a", Some(json!(4)))], ConflictPolicy::Fail, 5)
+            .await
+            .expect("apply 4");
+        assert_eq!((ledger.counts.written, ledger.counts.conflicts), (1, 0), "{ledger:?}");
+        assert_eq!(target.get("a").await.expect("get").expect("a").body["value"], 4);
     }
 }

@@ -10,8 +10,9 @@
 //!
 //! Crash safety comes from the order: the fingerprint of a state is recorded (committed, fsync'd)
 //! **before** the write that puts it at the target. After `kill -9` between the two, the target
-//! holds either the old state or the new one, and both are recorded. Once a later read shows the
-//! target at one of them, the others are dropped, so an entry keeps at most [`MAX_KEPT`].
+//! holds either the old state or the new one, and both are recorded. Earlier fingerprints are kept
+//! too, up to the last [`MAX_KEPT`]: a write a killed run had already sent can still land after
+//! the next run has read the target (a request on its way to a remote store).
 //!
 //! The journal is a redb file beside the checkpoint (`<checkpoint>.journal`), about 100 bytes per
 //! document; `--restart` deletes it with the checkpoint. redb because the crate already stores the
@@ -33,9 +34,9 @@ pub type Fingerprint = [u8; 16];
 /// The fingerprint of "no document" (a delete this migration made, or is about to make).
 pub const ABSENT: Fingerprint = [0; 16];
 
-/// Most fingerprints kept per document: the state last seen at the target and the ones written
-/// after it (more than one only when writes were cut short by crashes before any read confirmed).
-pub const MAX_KEPT: usize = 4;
+/// Most fingerprints kept per document: the latest states written or about to be written (more
+/// than two only when runs were killed with writes on their way, which may still land later).
+pub const MAX_KEPT: usize = 6;
 
 /// The redb page cache: lookups are by id in batches, so a small cache does.
 const CACHE_BYTES: usize = 16 * 1024 * 1024;
@@ -156,6 +157,9 @@ mod tests {
         drop(journal);
         let journal = Journal::open(&path).expect("reopen");
         let found = journal.lookup(vec!["a".into(), "b".into(), "c".into()]).await.expect("lookup");
-        assert_eq!(found, vec![Some(prints[2..].to_vec()), Some(vec![ABSENT]), None]);
+        assert_eq!(found, vec![Some(prints.clone()), Some(vec![ABSENT]), None]);
+        let more: Vec<Fingerprint> = (1..=8u8).map(|n| [n; 16]).collect();
+        journal.record(vec![("a".into(), more.clone())]).await.expect("record");
+        assert_eq!(journal.lookup(vec!["a".into()]).await.expect("lookup")[0], Some(more[2..].to_vec()));
     }
 }

@@ -42,7 +42,11 @@ impl CouchDbBackend {
             changes.extend(read.changes);
             last_seq = read.last_seq;
             // A full read that lost rows to design documents leaves room: read on after it.
-            if !full || changes.len() >= limit {
+            if !full {
+                // Fewer rows than asked: the end of the feed (pouchdb-server sends no `pending`).
+                return Ok(ChangesPage { changes, last_seq, pending: Some(0) });
+            }
+            if changes.len() >= limit {
                 return Ok(ChangesPage { changes, last_seq, pending: read.pending });
             }
         }

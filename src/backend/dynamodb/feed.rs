@@ -165,7 +165,11 @@ impl DynamoDbBackend {
         let low = since.map_or_else(|| "0".to_owned(), |s| format!("{s}-"));
         if low > high {
             // The follower is ahead of the settle bound (it asked again within the window).
-            return Ok(ChangesPage { changes: Vec::new(), last_seq: since.unwrap_or(&high).to_owned(), pending: None });
+            return Ok(ChangesPage {
+                changes: Vec::new(),
+                last_seq: since.unwrap_or(&high).to_owned(),
+                pending: Some(0),
+            });
         }
         let limit = limit.max(1);
         let reader = FeedReader { backend: self, low, high: high.clone() };
@@ -181,7 +185,7 @@ impl DynamoDbBackend {
                     changes.push(change);
                 }
                 None => {
-                    return Ok(ChangesPage { changes, last_seq: high, pending: None });
+                    return Ok(ChangesPage { changes, last_seq: high, pending: Some(0) });
                 }
             }
         }

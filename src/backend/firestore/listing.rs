@@ -139,7 +139,9 @@ impl FirestoreBackend {
             // The sweep reached the end: everything committed by its read time is reported.
             _ => FeedToken::after_sweep(&snapshot).render(),
         };
-        Ok(ChangesPage { changes, last_seq, pending: None })
+        // A full query page leaves the sweep open, however many of its documents were reported
+        // already and dropped: more may follow.
+        Ok(ChangesPage { changes, last_seq, pending: if full { None } else { Some(0) } })
     }
 
     pub(super) async fn feed_position(&self) -> Result<String> {
