@@ -68,7 +68,7 @@ use futures::{StreamExt, TryStreamExt};
 use serde_json::{json, Map, Value};
 use tokio::sync::Semaphore;
 
-use common::describe;
+use common::{describe, Kind};
 
 /// Documents per `bulk_write` (seeding, backlog) and per `changes` page.
 const BATCH: usize = 500;
@@ -128,7 +128,7 @@ impl Settings {
     fn from_env() -> Result<Self, String> {
         let backends = list("BENCH_FOLLOW_BACKENDS", "embedded,couchdb,dynamodb,firestore")
             .iter()
-            .map(|name| Kind::parse(name))
+            .map(|name| Kind::parse(name, "BENCH_FOLLOW_BACKENDS"))
             .collect::<Result<Vec<_>, _>>()?;
         let rates = list("BENCH_FOLLOW_RATES", "200,2000")
             .iter()
@@ -159,37 +159,10 @@ impl Settings {
     }
 }
 
-/// A backend of the bench.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Kind {
-    Embedded,
-    CouchDb,
-    DynamoDb,
-    Firestore,
-}
-
+/// Fresh stores made so far, for unique names.
 static STORES: AtomicUsize = AtomicUsize::new(0);
 
 impl Kind {
-    fn parse(name: &str) -> Result<Self, String> {
-        Ok(match name {
-            "embedded" => Kind::Embedded,
-            "couchdb" => Kind::CouchDb,
-            "dynamodb" => Kind::DynamoDb,
-            "firestore" => Kind::Firestore,
-            other => return Err(format!("BENCH_FOLLOW_BACKENDS names unknown backend {other:?}")),
-        })
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            Kind::Embedded => "embedded",
-            Kind::CouchDb => "couchdb",
-            Kind::DynamoDb => "dynamodb",
-            Kind::Firestore => "firestore",
-        }
-    }
-
     /// Which server answers for this backend (starting it if needed).
     fn server(self) -> Result<String, String> {
         Ok(match self {

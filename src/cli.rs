@@ -71,9 +71,20 @@ pub enum Command {
         /// [default: 134217728; env: AGENTSTORE_MAX_INFLIGHT_PARSE_BYTES]
         #[arg(long, value_name = "BYTES")]
         max_inflight_parse_bytes: Option<usize>,
+        /// Also answer CouchDB's HTTP API on this address, over the same backend (see
+        /// docs/couchdb-api.md) [env: AGENTSTORE_COUCHDB_LISTEN]
+        #[arg(long, value_name = "ADDR")]
+        couchdb_listen: Option<String>,
+        /// The database name the CouchDB API serves [default: agent_data_store; env:
+        /// AGENTSTORE_COUCHDB_DB]
+        #[arg(long, value_name = "NAME")]
+        couchdb_db: Option<String>,
     },
     /// Print the SHA-256 of a bearer token read from standard input, for the `tokens` setting
     HashToken,
+    /// Print the Argon2id hash (PHC string) of a password read from standard input (without echo
+    /// on a terminal), for the `couchdb_users` setting
+    HashPassword,
     /// Copy every data-store document from one backend to another: resumable (checkpoint file),
     /// create-only at the target, final JSON report on stdout (see docs/migration.md)
     Migrate(crate::migrate::command::MigrateArgs),
@@ -149,8 +160,12 @@ impl Cli {
             max_connections,
             max_inflight_body_bytes,
             max_inflight_parse_bytes,
+            couchdb_listen,
+            couchdb_db,
         } = &self.command
         {
+            overrides.couchdb_listen = couchdb_listen.clone();
+            overrides.couchdb_db = couchdb_db.clone();
             overrides.listen = listen.clone();
             overrides.allow_unauthenticated = allow_unauthenticated.then_some(true);
             overrides.header_read_timeout_secs = *header_read_timeout_secs;
@@ -216,7 +231,7 @@ pub async fn run(cli: Cli, settings: Settings) -> Result<u8> {
         Command::Upgrade(args) => {
             return crate::upgrade::run(open_existing_backend(&settings).await?, args).await.map(|()| 0)
         }
-        Command::HashToken | Command::Serve { .. } | Command::Store(_) => {}
+        Command::HashToken | Command::HashPassword | Command::Serve { .. } | Command::Store(_) => {}
     }
     run_service_command(cli.command, settings).await.map(|()| 0)
 }
@@ -237,6 +252,10 @@ async fn run_service_command(command: Command, settings: Settings) -> Result<()>
                 return Err(Error::invalid("token", "standard input is empty"));
             }
             println!("{}", crate::http::hash_token(token));
+            Ok(())
+        }
+        Command::HashPassword => {
+            println!("{}", crate::couchdb_api::auth::hash_password(&read_password()?)?);
             Ok(())
         }
         Command::Serve { .. } => serve(&settings).await,
@@ -274,11 +293,41 @@ async fn serve(settings: &Settings) -> Result<()> {
     let app = crate::http::App::build(backend, settings).await?;
     let listener = crate::http::bind(&settings.listen, &app, settings.allow_unauthenticated).await?;
     let local = listener.local_addr().map_err(|e| Error::new(ErrorKind::Internal, "local address").with_source(e))?;
+    let couchdb = match &settings.couchdb_listen {
+        None => None,
+        Some(listen) => {
+            let couch = crate::couchdb_api::CouchApp::build(app.store(), settings)?;
+            let listener = crate::couchdb_api::bind(listen, &couch, settings.allow_unauthenticated).await?;
+            Some((couch, listener))
+        }
+    };
     tracing::info!(%local, backend = %describe, "agentstore serving");
     // Signal handlers first: a SIGTERM sent as soon as this line appears must still be graceful.
     let shutdown = crate::http::shutdown_signal();
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = move |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
     eprintln!("agentstore: serving http://{local} on {describe}");
-    app.serve(listener, shutdown).await?;
+    let couchdb_task = match couchdb {
+        None => None,
+        Some((couch, listener)) => {
+            let couch_local =
+                listener.local_addr().map_err(|e| Error::new(ErrorKind::Internal, "local address").with_source(e))?;
+            eprintln!("agentstore: serving the CouchDB API on http://{couch_local}/{}", settings.couchdb_db);
+            let settings = settings.clone();
+            let stop = stopped(stop_rx.clone());
+            Some(tokio::spawn(async move { couch.serve(listener, &settings, stop).await }))
+        }
+    };
+    app.serve(listener, stopped(stop_rx)).await?;
+    if let Some(task) = couchdb_task {
+        task.await.map_err(|e| Error::new(ErrorKind::Internal, "the CouchDB listener failed").with_source(e))??;
+    }
     tracing::info!("stopped");
     Ok(())
 }
@@ -346,6 +395,22 @@ fn read_stdin(max_value_bytes: usize) -> Result<String> {
         ));
     }
     Ok(text)
+}
+
+/// The password for `hash-password`: typed twice without echo on a terminal, else the first line
+/// of standard input.
+fn read_password() -> Result<String> {
+    use std::io::IsTerminal;
+    let unreadable = |e: std::io::Error| Error::invalid("password", format!("cannot read it: {e}"));
+    if std::io::stdin().is_terminal() {
+        let password = rpassword::prompt_password("Password: ").map_err(unreadable)?;
+        if rpassword::prompt_password("Same password again: ").map_err(unreadable)? != password {
+            return Err(Error::invalid("password", "the two entries differ"));
+        }
+        return Ok(password);
+    }
+    let text = read_stdin(64 * 1024)?;
+    Ok(text.lines().next().unwrap_or_default().to_owned())
 }
 
 fn print_json(value: &Value) -> Result<()> {

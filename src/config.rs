@@ -50,6 +50,14 @@ pub struct Settings {
     /// Bearer tokens `serve` accepts, by SHA-256 hash (see [`TokenSetting`]).
     #[serde(default)]
     pub tokens: TokensSetting,
+    /// Logins of the CouchDB API (see [`CouchUsersSetting`]); none: anonymous requests act as admin.
+    #[serde(default)]
+    pub couchdb_users: CouchUsersSetting,
+    /// Hex key signing the CouchDB API's `AuthSession` cookies; unset: random per process (sessions
+    /// end when it restarts).
+    pub couchdb_session_secret: Option<String>,
+    /// How long an `AuthSession` cookie is valid, in seconds.
+    pub couchdb_session_timeout_secs: u64,
     /// Allow `serve` to listen beyond loopback with no tokens configured.
     pub allow_unauthenticated: bool,
     /// Largest request body `serve` reads; default 4 × `max_value_bytes` + 64 KiB (a value and
@@ -78,6 +86,13 @@ pub struct Settings {
     pub couchdb_user: Option<String>,
     /// CouchDB password, when the backend URL carries none.
     pub couchdb_password: Option<String>,
+    /// Where `serve` answers CouchDB's HTTP API (`--couchdb-listen`); none: no CouchDB listener.
+    pub couchdb_listen: Option<String>,
+    /// The database name the CouchDB API serves.
+    pub couchdb_db: String,
+    /// Largest request body the CouchDB API reads (after gzip decompression): `_bulk_docs` and
+    /// restores send many documents at once. Default 64 MiB, never below the body limit.
+    pub couchdb_max_request_bytes: Option<usize>,
 }
 
 /// Tokens: in a config file a list of `{ sha256 = "…", user = "…" }` or
@@ -129,10 +144,69 @@ impl TokensSetting {
     }
 }
 
+/// CouchDB API logins: in a config file a list of `{ name = "…", password_hash = "…", admin = true }`
+/// or `{ name = "…", password_hash = "…", user = "…" }` tables; in the environment
+/// (`AGENTSTORE_COUCHDB_USERS`) entries `NAME:SCOPE:PHC` separated by `;` or whitespace, SCOPE a
+/// user id or `*` for admin (a PHC string holds `$`, `,` and `=` but never `:` or `;`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum CouchUsersSetting {
+    List(Vec<CouchUserSetting>),
+    Compact(String),
+}
+
+impl Default for CouchUsersSetting {
+    fn default() -> Self {
+        CouchUsersSetting::List(Vec::new())
+    }
+}
+
+/// One CouchDB API login: its name, the PHC string of its password (`agentstore hash-password`),
+/// and the one data-store user it may act for (or admin).
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+pub struct CouchUserSetting {
+    pub name: String,
+    pub password_hash: String,
+    pub user: Option<String>,
+    #[serde(default)]
+    pub admin: bool,
+}
+
+impl CouchUsersSetting {
+    /// The logins as a list, whichever form they were given in.
+    pub fn entries(&self) -> Result<Vec<CouchUserSetting>> {
+        match self {
+            CouchUsersSetting::List(list) => Ok(list.clone()),
+            CouchUsersSetting::Compact(text) => text
+                .split(|c: char| c == ';' || c.is_whitespace())
+                .filter(|entry| !entry.is_empty())
+                .enumerate()
+                .map(|(i, entry)| {
+                    let mut parts = entry.splitn(3, ':');
+                    let (Some(name), Some(scope), Some(hash)) = (parts.next(), parts.next(), parts.next()) else {
+                        return Err(Error::invalid(
+                            &format!("couchdb_users[{i}]"),
+                            "entries must be NAME:SCOPE:PHC (SCOPE a user id or *)",
+                        ));
+                    };
+                    Ok(CouchUserSetting {
+                        name: name.to_owned(),
+                        password_hash: hash.to_owned(),
+                        user: (scope != "*").then(|| scope.to_owned()),
+                        admin: scope == "*",
+                    })
+                })
+                .collect(),
+        }
+    }
+}
+
 /// Values given on the command line; `None` leaves the lower layers' value.
 #[derive(Debug, Default, Clone)]
 pub struct Overrides {
     pub backend: Option<String>,
+    pub couchdb_listen: Option<String>,
+    pub couchdb_db: Option<String>,
     pub max_value_bytes: Option<usize>,
     pub log_format: Option<LogFormat>,
     pub listen: Option<String>,
@@ -158,12 +232,14 @@ impl Settings {
             .and_then(|b| b.set_default("log_format", "text"))
             .and_then(|b| b.set_default("listen", "127.0.0.1:8080"))
             .and_then(|b| b.set_default("allow_unauthenticated", false))
+            .and_then(|b| b.set_default("couchdb_session_timeout_secs", 600u64))
             .and_then(|b| b.set_default("request_timeout_secs", 30u64))
             .and_then(|b| b.set_default("shutdown_grace_secs", 30u64))
             .and_then(|b| b.set_default("header_read_timeout_secs", 10u64))
             .and_then(|b| b.set_default("idle_timeout_secs", 60u64))
             .and_then(|b| b.set_default("max_connections", 1024u64))
             .and_then(|b| b.set_default("max_inflight_parse_bytes", 128u64 << 20))
+            .and_then(|b| b.set_default("couchdb_db", crate::couchdb_api::DEFAULT_DB))
             .map_err(bad)?;
         builder = match file {
             Some(path) => {
@@ -192,6 +268,12 @@ impl Settings {
         }
         if let Some(listen) = &overrides.listen {
             builder = builder.set_override("listen", listen.as_str()).map_err(bad)?;
+        }
+        if let Some(listen) = &overrides.couchdb_listen {
+            builder = builder.set_override("couchdb_listen", listen.as_str()).map_err(bad)?;
+        }
+        if let Some(db) = &overrides.couchdb_db {
+            builder = builder.set_override("couchdb_db", db.as_str()).map_err(bad)?;
         }
         if let Some(allow) = overrides.allow_unauthenticated {
             builder = builder.set_override("allow_unauthenticated", allow).map_err(bad)?;
@@ -273,6 +355,11 @@ impl Settings {
     /// The request body limit in force.
     pub fn body_limit(&self) -> usize {
         self.max_body_bytes.unwrap_or_else(|| self.max_value_bytes.saturating_mul(4).saturating_add(64 * 1024))
+    }
+
+    /// The CouchDB API's request-body limit.
+    pub fn couchdb_request_limit(&self) -> usize {
+        self.couchdb_max_request_bytes.unwrap_or(64 << 20).max(self.body_limit())
     }
 
     /// The server-wide budget of request-body bytes being read and parsed at once.

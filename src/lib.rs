@@ -8,12 +8,14 @@
 //! - [`migrate`]: `migrate`, `verify`, `export`, `import` between any two backends.
 //! - [`changes`] and [`upgrade`]: reading the change feed (`changes`, `GET /v1/changes`) and
 //!   bringing a store to this release's layout (`upgrade`).
+//! - [`couchdb_api`]: CouchDB's HTTP API over the facade, for existing CouchDB clients.
 //! - [`config`] and [`cli`]: settings and the `agentstore` command.
 
 pub mod backend;
 pub mod changes;
 pub mod cli;
 pub mod config;
+pub mod couchdb_api;
 pub mod error;
 pub mod http;
 pub mod migrate;

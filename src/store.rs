@@ -25,7 +25,9 @@ use serde_json::{Map, Value};
 use tokio::sync::{OnceCell, OwnedMutexGuard};
 use tokio::time::Instant;
 
-use crate::backend::{DocumentBackend, Precondition, Projection, Query, Revision, StoredDocument};
+use crate::backend::{
+    DocumentBackend, Precondition, Projection, Query, ReplicatedOutcome, ReplicatedRevision, Revision, StoredDocument,
+};
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::document::{self, Access};
 use crate::model::{fields, timestamp, DocumentId, Limits};
@@ -296,6 +298,76 @@ impl DataStore {
         cell.get_or_try_init(|| self.backend.ensure_namespace_indexed(namespace)).await.map(|_| ())
     }
 
+    /// Writes a whole document as a client of a document protocol sent it (the CouchDB API):
+    /// the data-store limits checked, its namespace indexed before its first write, then written
+    /// under `precondition`. No access is counted: the client writes every field itself.
+    pub async fn put_document(
+        &self,
+        id: &DocumentId,
+        body: &Map<String, Value>,
+        precondition: Precondition,
+    ) -> Result<Revision> {
+        self.check_document(body)?;
+        self.ensure_namespace(id.namespace()).await?;
+        self.backend.put(id.as_str(), body, precondition).await
+    }
+
+    /// [`DataStore::put_document`] for many documents: one result per write, in order. A write
+    /// that breaks a limit fails alone; the others are sent as one bulk request.
+    pub async fn put_documents(
+        &self,
+        writes: Vec<(DocumentId, Map<String, Value>, Precondition)>,
+    ) -> Result<Vec<Result<Revision>>> {
+        let mut results: Vec<Option<Result<Revision>>> = Vec::with_capacity(writes.len());
+        let mut valid = Vec::new();
+        let mut namespaces = BTreeSet::new();
+        for (id, body, precondition) in writes {
+            match self.check_document(&body) {
+                Ok(()) => {
+                    namespaces.insert(id.namespace().to_owned());
+                    valid.push(crate::backend::BulkWrite { id: id.as_str().to_owned(), body, precondition });
+                    results.push(None);
+                }
+                Err(err) => results.push(Some(Err(err))),
+            }
+        }
+        for namespace in &namespaces {
+            self.ensure_namespace(namespace).await?;
+        }
+        let mut written = if valid.is_empty() { Vec::new() } else { self.backend.bulk_write(valid).await? }.into_iter();
+        results
+            .into_iter()
+            .map(|slot| match slot {
+                Some(result) => Ok(result),
+                None => written.next().ok_or_else(|| {
+                    Error::new(ErrorKind::Internal, "the backend answered fewer writes than it was sent")
+                }),
+            })
+            .collect()
+    }
+
+    /// Writes a revision made elsewhere, with its history, as a replicator sends it (CouchDB's
+    /// `new_edits: false`): the limits checked and the namespace indexed as for any write, then
+    /// the backend decides by the stored revisions (see [`DocumentBackend::put_replicated`]).
+    pub async fn put_replicated(&self, id: &DocumentId, incoming: &ReplicatedRevision) -> Result<ReplicatedOutcome> {
+        if !incoming.deleted {
+            self.check_document(&incoming.body)?;
+            self.ensure_namespace(id.namespace()).await?;
+        }
+        self.backend.put_replicated(id.as_str(), incoming).await
+    }
+
+    /// The limits a whole document must meet: its `value` and `metadata` within the size limit.
+    fn check_document(&self, body: &Map<String, Value>) -> Result<()> {
+        if let Some(value) = body.get(fields::VALUE) {
+            self.options.limits.check_value(value)?;
+        }
+        if let Some(metadata) = body.get(fields::METADATA).filter(|m| !m.is_null()) {
+            self.options.limits.check_metadata(metadata)?;
+        }
+        Ok(())
+    }
+
     /// Creates or updates a document: `value` replaced, `metadata` merged shallowly into what is
     /// stored, the write counted as an access. Returns the stored document.
     pub async fn set(
@@ -418,12 +490,19 @@ impl DataStore {
 
     /// Deletes the document; `false` when there was none.
     pub async fn delete(&self, user_id: &str, namespace: &str, key: &str) -> Result<bool> {
-        self.delete_with(user_id, namespace, key, Expect::Any).await
+        Ok(self.delete_with(user_id, namespace, key, Expect::Any).await?.is_some())
     }
 
     /// [`DataStore::delete`] under the caller's precondition (`Exists` or `Revision`); a mismatch
-    /// is a `Conflict`, tried once.
-    pub async fn delete_with(&self, user_id: &str, namespace: &str, key: &str, expect: Expect) -> Result<bool> {
+    /// is a `Conflict`, tried once. Returns the tombstone's revision; `None` when there was no
+    /// document.
+    pub async fn delete_with(
+        &self,
+        user_id: &str,
+        namespace: &str,
+        key: &str,
+        expect: Expect,
+    ) -> Result<Option<Revision>> {
         let id = self.id(user_id, namespace, key)?;
         let deadline = Deadline::after(self.options.deadline);
         let _turn = self.write_queues.turn(id.as_str(), deadline).await?;
@@ -431,27 +510,28 @@ impl DataStore {
         check_expectation(&id, &expect, existing.as_ref())?;
         deadline.check(id.as_str())?;
         match (existing, expect) {
-            (None, _) => Ok(false),
+            (None, _) => Ok(None),
             (Some(doc), Expect::Any) => self.delete_document(doc, deadline).await,
             (Some(doc), _) => match self.backend.delete(&doc.id, &doc.rev).await {
-                Ok(()) => Ok(true),
+                Ok(tombstone) => Ok(Some(tombstone)),
                 Err(e) if e.is_not_found() => Err(Error::conflict(format!("document {id} was deleted concurrently"))),
                 Err(e) => Err(e),
             },
         }
     }
 
-    /// Deletes one document, following its revision if it changes under us. The caller holds
-    /// the document's turn, or deletes in bulk (no turn, no deadline).
-    async fn delete_document(&self, doc: StoredDocument, deadline: Deadline) -> Result<bool> {
+    /// Deletes one document, following its revision if it changes under us; the tombstone's
+    /// revision, `None` when the document was gone. The caller holds the document's turn, or
+    /// deletes in bulk (no turn, no deadline).
+    async fn delete_document(&self, doc: StoredDocument, deadline: Deadline) -> Result<Option<Revision>> {
         let mut rev = doc.rev;
         for _ in 0..=self.options.max_conflict_retries {
             deadline.check(&doc.id)?;
             match self.backend.delete(&doc.id, &rev).await {
-                Ok(()) => return Ok(true),
-                Err(e) if e.is_not_found() => return Ok(false),
+                Ok(tombstone) => return Ok(Some(tombstone)),
+                Err(e) if e.is_not_found() => return Ok(None),
                 Err(e) if e.is_conflict() => match self.backend.get(&doc.id).await? {
-                    None => return Ok(false),
+                    None => return Ok(None),
                     Some(current) => rev = current.rev,
                 },
                 Err(e) => return Err(e),
@@ -464,7 +544,7 @@ impl DataStore {
     /// writers of the same id.
     async fn delete_listed(&self, doc: StoredDocument) -> Result<bool> {
         let _turn = self.write_queues.turn(&doc.id, Deadline::none()).await?;
-        self.delete_document(doc, Deadline::none()).await
+        Ok(self.delete_document(doc, Deadline::none()).await?.is_some())
     }
 
     /// The keys of a namespace, page by page, in backend order (unsorted).

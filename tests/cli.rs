@@ -563,6 +563,41 @@ fn missing_config_file_is_a_clear_error() {
     assert!(!env.path().join("data").exists(), "a store was opened anyway");
 }
 
+/// `hash-password` prints a PHC string that, configured as a CouchDB API login, accepts exactly
+/// that password; an empty one is refused.
+#[tokio::test]
+async fn hash_password_prints_a_hash_the_couchdb_api_accepts() {
+    use agentstore::couchdb_api::auth::{CouchAuth, Principal};
+    use base64::Engine;
+
+    let env = Env::new();
+    let mut cmd = command(env.path());
+    cmd.arg("hash-password");
+    let run = run_with_stdin("hash-password", cmd, b"correct horse:battery\n");
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let phc = run.stdout.trim_end();
+    assert!(phc.starts_with("$argon2id$") && !phc.contains('\n'), "{phc}");
+
+    let config = env.path().join("couch.toml");
+    std::fs::write(&config, format!("[[couchdb_users]]\nname = \"root\"\npassword_hash = \"{phc}\"\nadmin = true\n"))
+        .unwrap();
+    let settings = agentstore::config::Settings::load(Some(&config), &Default::default()).expect("settings");
+    let auth = CouchAuth::from_settings(&settings).expect("couchdb_users");
+    let basic = |credentials: &str| {
+        let mut headers = axum::http::HeaderMap::new();
+        let value = format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(credentials));
+        headers.insert(axum::http::header::AUTHORIZATION, value.parse().unwrap());
+        headers
+    };
+    assert_eq!(auth.authenticate(&basic("root:correct horse:battery")).await.unwrap(), Some(Principal::Admin));
+    assert!(auth.authenticate(&basic("root:correct horse:battery\n")).await.is_err());
+
+    let mut cmd = command(env.path());
+    cmd.arg("hash-password");
+    let empty = run_with_stdin("hash-password (empty)", cmd, b"\n");
+    assert!(empty.fails_with(2).contains("password"), "{}", empty.stderr);
+}
+
 #[test]
 fn agentstore_toml_in_the_working_directory_is_read() {
     let env = Env::new();

@@ -461,7 +461,7 @@ async fn a_follower_sees_the_final_state_of_every_document() {
                 let id = format!("f:ns:{}", (n * 7 + w * 3) % 20);
                 let current = backend.get(&id).await.unwrap();
                 let outcome = match (&current, n % 5) {
-                    (Some(doc), 4) => backend.delete(&id, &doc.rev).await,
+                    (Some(doc), 4) => backend.delete(&id, &doc.rev).await.map(drop),
                     (Some(doc), _) => backend
                         .put(&id, &body("f", &id, n as i64), Precondition::MatchRevision(doc.rev.clone()))
                         .await

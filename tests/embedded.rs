@@ -435,3 +435,43 @@ async fn scan_pages_through_every_document_in_id_order() {
         assert_eq!(doc.body, body(parsed.user_id(), parsed.namespace(), parsed.key(), json!(parsed.key())));
     }
 }
+
+/// A replicated revision replaces the stored one in the `(userId, namespace)` index too (a body
+/// may move to another namespace), a replicated tombstone leaves it, and the stored ancestry is
+/// cut to the store's `revs_limit`.
+#[tokio::test]
+async fn replicated_writes_keep_the_index_and_cut_the_ancestry() {
+    use agentstore::backend::embedded::EmbeddedOptions;
+    use agentstore::backend::{ReplicatedOutcome, ReplicatedRevision};
+    let dir = tempfile::tempdir().unwrap();
+    let backend =
+        EmbeddedBackend::open_with(&dir.path().join("store.redb"), EmbeddedOptions { revs_limit: 2 }).await.unwrap();
+    let (id, first) = create(&backend, "u", "old", "k", json!(1)).await;
+    let ancestry: Vec<String> =
+        (2..=4).rev().map(|g| format!("{g}-{}", format!("{g:x}").repeat(32))).chain([first.0.clone()]).collect();
+    let incoming = ReplicatedRevision {
+        rev: Revision(ancestry[0].clone()),
+        ancestry: ancestry.clone(),
+        deleted: false,
+        body: body("u", "new", "k", json!(4)),
+    };
+    assert_eq!(backend.put_replicated(&id, &incoming).await.unwrap(), ReplicatedOutcome::Applied);
+    let query =
+        |namespace: &str| Query { user_id: "u".into(), namespace: Some(namespace.into()), projection: Projection::All };
+    assert!(backend.query(&query("old"), 10, None).await.unwrap().items.is_empty(), "left the old namespace");
+    let found = backend.query(&query("new"), 10, None).await.unwrap().items;
+    assert_eq!(found.iter().map(|d| &d.rev).collect::<Vec<_>>(), [&incoming.rev], "indexed under the new one");
+    let info = backend.revisions(&id).await.unwrap().unwrap();
+    let kept: Vec<String> = info.ancestry.revisions().map(|r| r.0).collect();
+    assert_eq!(kept, ancestry[..2], "the replicated ancestry, cut to revs_limit=2");
+
+    let tombstone = ReplicatedRevision {
+        rev: Revision(format!("5-{}", "5".repeat(32))),
+        ancestry: vec![format!("5-{}", "5".repeat(32)), ancestry[0].clone()],
+        deleted: true,
+        body: Map::new(),
+    };
+    assert_eq!(backend.put_replicated(&id, &tombstone).await.unwrap(), ReplicatedOutcome::Applied);
+    assert!(backend.query(&query("new"), 10, None).await.unwrap().items.is_empty(), "a tombstone is not indexed");
+    assert!(backend.revisions(&id).await.unwrap().unwrap().deleted);
+}

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use agentstore::backend::raw::layer::Layered;
 use agentstore::backend::{
-    BulkWrite, ChangesPage, DocumentBackend, IdRange, LayoutState, Page, Precondition, Query, Revision, RevisionInfo,
-    StoredDocument, UpgradePage,
+    BulkWrite, ChangesPage, DocumentBackend, IdRange, LayoutState, Page, Precondition, Query, ReplicatedOutcome,
+    ReplicatedRevision, Revision, RevisionInfo, StoredDocument, UpgradePage,
 };
 use agentstore::config::{Overrides, Settings, TokenSetting, TokensSetting};
 use agentstore::http::{bind, hash_token, App, ROUTES};
@@ -1066,7 +1066,11 @@ impl DocumentBackend for FaultyBackend {
         self.fail()
     }
 
-    async fn delete(&self, _: &str, _: &Revision) -> agentstore::Result<()> {
+    async fn delete(&self, _: &str, _: &Revision) -> agentstore::Result<Revision> {
+        self.fail()
+    }
+
+    async fn put_replicated(&self, _: &str, _: &ReplicatedRevision) -> agentstore::Result<ReplicatedOutcome> {
         self.fail()
     }
 

@@ -39,19 +39,11 @@ pub struct Config {
 impl Config {
     /// Reads the knobs; `BENCH_BULK_DOCS` only when `bulk` (the bench has a bulk phase).
     pub fn from_env(bulk: bool) -> Result<Self, String> {
-        fn var<T: std::str::FromStr>(name: &str, default: T) -> Result<T, String> {
-            match std::env::var(name) {
-                Ok(text) if !text.trim().is_empty() => {
-                    text.trim().parse().map_err(|_| format!("{name}={text:?} is not a valid number"))
-                }
-                _ => Ok(default),
-            }
-        }
         let config = Config {
-            clients: var("BENCH_CLIENTS", 8usize)?,
-            seconds: var("BENCH_SECONDS", 3.0f64)?,
-            max_requests: var("BENCH_MAX_REQUESTS", 5_000u64)?,
-            bulk_docs: if bulk { var("BENCH_BULK_DOCS", 5_000usize)? } else { 0 },
+            clients: env_number("BENCH_CLIENTS", 8usize)?,
+            seconds: env_number("BENCH_SECONDS", 3.0f64)?,
+            max_requests: env_number("BENCH_MAX_REQUESTS", 5_000u64)?,
+            bulk_docs: if bulk { env_number("BENCH_BULK_DOCS", 5_000usize)? } else { 0 },
         };
         if config.clients == 0 {
             return Err("BENCH_CLIENTS must be at least 1".into());
@@ -80,6 +72,45 @@ impl Config {
             load::SEGMENTS_PER_SIDE
         );
         nproc
+    }
+}
+
+/// A backend a bench runs over, as `BENCH_*_BACKENDS` lists name them.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Kind {
+    Embedded,
+    CouchDb,
+    DynamoDb,
+    Firestore,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 4] = [Kind::Embedded, Kind::CouchDb, Kind::DynamoDb, Kind::Firestore];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Embedded => "embedded",
+            Kind::CouchDb => "couchdb",
+            Kind::DynamoDb => "dynamodb",
+            Kind::Firestore => "firestore",
+        }
+    }
+
+    /// The backend `name` names; `setting` (the variable it came from) is named when it is none.
+    pub fn parse(name: &str, setting: &str) -> Result<Kind, String> {
+        Kind::ALL.into_iter().find(|k| k.name() == name).ok_or_else(|| {
+            format!("{setting} names unknown backend {name:?} (known: embedded, couchdb, dynamodb, firestore)")
+        })
+    }
+}
+
+/// The number in the environment variable `name`, or `default` when it is unset or blank.
+pub fn env_number<T: std::str::FromStr>(name: &str, default: T) -> Result<T, String> {
+    match std::env::var(name) {
+        Ok(text) if !text.trim().is_empty() => {
+            text.trim().parse().map_err(|_| format!("{name}={text:?} is not a valid number"))
+        }
+        _ => Ok(default),
     }
 }
 

@@ -11,7 +11,7 @@ use super::{write_report, Config};
 
 /// A plain-text table: the first `left` columns left-aligned, the rest right-aligned, two spaces
 /// between columns, a dashed rule under the header.
-fn aligned(header: &[&str], rows: &[Vec<String>], left: usize) -> String {
+pub fn aligned(header: &[&str], rows: &[Vec<String>], left: usize) -> String {
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for row in rows {
         for (width, cell) in widths.iter_mut().zip(row) {

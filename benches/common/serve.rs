@@ -1,5 +1,5 @@
-//! A spawned `agentstore serve` process for the HTTP benches (`serve_load`, `hot_key`), included
-//! by each with `#[path = "common/serve.rs"] mod serve;`.
+//! A spawned `agentstore serve` process for the HTTP benches (`serve_load`, `hot_key`,
+//! `couchdb_api_bench`), included by each with `#[path = "common/serve.rs"] mod serve;`.
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader};
@@ -18,6 +18,9 @@ pub struct Server {
     child: Child,
     /// `http://127.0.0.1:PORT`.
     pub base: String,
+    /// The CouchDB API's database URL, `http://127.0.0.1:PORT/DB`, when started with
+    /// [`Server::start_with_couchdb`].
+    pub couchdb: Option<String>,
     stderr_tail: Arc<Mutex<VecDeque<String>>>,
 }
 
@@ -25,11 +28,24 @@ impl Server {
     /// Starts `binary serve` on a free loopback port over `backend` (a backend URL), with no
     /// `AGENTSTORE_*` settings from the environment, and waits until it prints its address.
     pub fn start(binary: &str, backend: &str, workdir: &Path) -> Result<Server, String> {
+        Self::spawn(binary, backend, workdir, false)
+    }
+
+    /// As [`Server::start`], also answering CouchDB's API on another free loopback port
+    /// (`--couchdb-listen 127.0.0.1:0`); waits until both addresses are printed. Not every bench
+    /// including this module uses it.
+    #[allow(dead_code)]
+    pub fn start_with_couchdb(binary: &str, backend: &str, workdir: &Path) -> Result<Server, String> {
+        Self::spawn(binary, backend, workdir, true)
+    }
+
+    fn spawn(binary: &str, backend: &str, workdir: &Path, couchdb: bool) -> Result<Server, String> {
         let mut cmd = Command::new(binary);
-        cmd.arg("serve")
-            .arg("--listen")
-            .arg("127.0.0.1:0")
-            .arg("--backend")
+        cmd.arg("serve").arg("--listen").arg("127.0.0.1:0");
+        if couchdb {
+            cmd.arg("--couchdb-listen").arg("127.0.0.1:0");
+        }
+        cmd.arg("--backend")
             .arg(backend)
             .current_dir(workdir)
             .env("RUST_LOG", "warn")
@@ -45,9 +61,10 @@ impl Server {
         let stderr = child.stderr.take().expect("stderr is piped");
         let stderr_tail = Arc::new(Mutex::new(VecDeque::new()));
         let (ready_tx, ready_rx) = mpsc::channel::<String>();
+        let (couchdb_tx, couchdb_rx) = mpsc::channel::<String>();
         let tail = Arc::clone(&stderr_tail);
         // Drains stderr for the server's whole life (a full pipe would block its logging), keeping
-        // the last lines for diagnosis and handing over the address once it is printed.
+        // the last lines for diagnosis and handing over the addresses once they are printed.
         std::thread::spawn(move || {
             let mut ready_tx = Some(ready_tx);
             for line in BufReader::new(stderr).lines() {
@@ -60,6 +77,9 @@ impl Server {
                         }
                     }
                 }
+                if let Some(url) = line.strip_prefix("agentstore: serving the CouchDB API on ") {
+                    let _ = couchdb_tx.send(url.trim().to_owned());
+                }
                 let mut tail = tail.lock().unwrap();
                 if tail.len() == 20 {
                     tail.pop_front();
@@ -67,10 +87,19 @@ impl Server {
                 tail.push_back(line);
             }
         });
-        let mut server = Server { child, base: String::new(), stderr_tail };
-        match ready_rx.recv_timeout(STARTUP_DEADLINE) {
-            Ok(addr) => {
+        let mut server = Server { child, base: String::new(), couchdb: None, stderr_tail };
+        let started = Instant::now();
+        let addresses = ready_rx.recv_timeout(STARTUP_DEADLINE).and_then(|addr| {
+            let couchdb = match couchdb {
+                true => Some(couchdb_rx.recv_timeout(STARTUP_DEADLINE.saturating_sub(started.elapsed()))?),
+                false => None,
+            };
+            Ok((addr, couchdb))
+        });
+        match addresses {
+            Ok((addr, couchdb)) => {
                 server.base = format!("http://{addr}");
+                server.couchdb = couchdb;
                 Ok(server)
             }
             Err(_) => {
@@ -78,7 +107,7 @@ impl Server {
                 std::thread::sleep(Duration::from_millis(200));
                 let status = server.child.try_wait().ok().flatten();
                 Err(format!(
-                    "the server did not print its address within {STARTUP_DEADLINE:?} (exit status: {status:?}); \
+                    "the server did not print its address(es) within {STARTUP_DEADLINE:?} (exit status: {status:?}); \
                      its stderr:\n{}",
                     server.tail()
                 ))

@@ -9,6 +9,7 @@ pub mod dynamodb;
 pub mod embedded;
 pub mod firestore;
 pub mod raw;
+pub mod replicated;
 pub mod revision;
 pub mod url;
 
@@ -178,6 +179,30 @@ pub struct RevisionInfo {
     pub ancestry: Ancestry,
 }
 
+/// A revision made elsewhere, as a replicator sends it (`_bulk_docs` with `new_edits: false`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplicatedRevision {
+    /// `N-<32 lowercase hex>`.
+    pub rev: Revision,
+    /// `_revisions` expanded to full revision ids, newest first, starting with `rev`.
+    pub ancestry: Vec<String>,
+    pub deleted: bool,
+    /// Every field except `_id`/`_rev`/`_revisions`/`_deleted`; empty (and ignored) when deleted.
+    pub body: Map<String, Value>,
+}
+
+/// What [`DocumentBackend::put_replicated`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplicatedOutcome {
+    /// The incoming revision is now the document's current one.
+    Applied,
+    /// The incoming revision is the current one or one of its ancestors: nothing was written.
+    AlreadyKnown,
+    /// The incoming revision is on another branch and loses to the current one: nothing was
+    /// written.
+    KeptCurrent,
+}
+
 /// Whether a store has the layout this release's document model needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LayoutState {
@@ -227,8 +252,15 @@ pub trait DocumentBackend: Send + Sync + 'static {
     /// Writes `body` under `id` if `precondition` holds; returns the new revision.
     async fn put(&self, id: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Revision>;
 
-    /// Deletes the document if its revision is still `rev`.
-    async fn delete(&self, id: &str, rev: &Revision) -> Result<()>;
+    /// Deletes the document if its revision is still `rev`; returns the tombstone's revision.
+    async fn delete(&self, id: &str, rev: &Revision) -> Result<Revision>;
+
+    /// Stores a revision made elsewhere, keeping its revision id and ancestry (CouchDB's
+    /// `new_edits: false`, what a replicator writes), atomically against the stored state. The
+    /// rules ([`replicated::judge`]): a revision already known changes nothing; one that descends
+    /// from the current revision replaces it; on divergent branches CouchDB's winner is kept and
+    /// the other branch dropped. Only `Applied` moves the document in the change feed.
+    async fn put_replicated(&self, id: &str, incoming: &ReplicatedRevision) -> Result<ReplicatedOutcome>;
 
     /// One page (at most `limit` documents) of the documents matching `query`. Pass the previous
     /// page's `next` as `page_token` to continue. Order is unspecified.

@@ -12,8 +12,8 @@ use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Regi
 use serde_json::{Map, Value};
 
 use crate::backend::{
-    BulkWrite, ChangesPage, DocumentBackend, IdRange, LayoutState, Page, Precondition, Query, Revision, RevisionInfo,
-    StoredDocument, UpgradePage,
+    BulkWrite, ChangesPage, DocumentBackend, IdRange, LayoutState, Page, Precondition, Query, ReplicatedOutcome,
+    ReplicatedRevision, Revision, RevisionInfo, StoredDocument, UpgradePage,
 };
 use crate::error::Result;
 
@@ -125,8 +125,12 @@ impl DocumentBackend for MeteredBackend {
         timed!(self, "put", self.inner.put(id, body, precondition))
     }
 
-    async fn delete(&self, id: &str, rev: &Revision) -> Result<()> {
+    async fn delete(&self, id: &str, rev: &Revision) -> Result<Revision> {
         timed!(self, "delete", self.inner.delete(id, rev))
+    }
+
+    async fn put_replicated(&self, id: &str, incoming: &ReplicatedRevision) -> Result<ReplicatedOutcome> {
+        timed!(self, "put_replicated", self.inner.put_replicated(id, incoming))
     }
 
     async fn query(&self, query: &Query, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
@@ -225,8 +229,9 @@ mod tests {
     use super::*;
     use crate::error::{Error, ErrorKind};
 
-    /// A backend that overrides every method the trait gives a default body and records which
-    /// of its own implementations ran. Its required methods are never called here.
+    /// A backend that overrides every method the trait gives a default body, and the methods a
+    /// decorator could be tempted to answer itself, and records which of its own implementations
+    /// ran. Its other required methods are never called here.
     #[derive(Default)]
     struct Recording {
         called: Mutex<Vec<&'static str>>,
@@ -253,8 +258,12 @@ mod tests {
         async fn put(&self, _: &str, _: &Map<String, Value>, _: Precondition) -> Result<Revision> {
             unused()
         }
-        async fn delete(&self, _: &str, _: &Revision) -> Result<()> {
+        async fn delete(&self, _: &str, _: &Revision) -> Result<Revision> {
             unused()
+        }
+        async fn put_replicated(&self, _: &str, _: &ReplicatedRevision) -> Result<ReplicatedOutcome> {
+            self.record("put_replicated");
+            Ok(ReplicatedOutcome::KeptCurrent)
         }
         async fn query(&self, _: &Query, _: usize, _: Option<&str>) -> Result<Page<StoredDocument>> {
             unused()
@@ -339,9 +348,16 @@ mod tests {
         assert_eq!(metered.exact_count().await.unwrap(), Some(5));
         assert_eq!(metered.design_document_count().await.unwrap(), Some(3));
         assert_eq!(metered.get_many(&["a".into(), "b".into()]).await.unwrap(), vec![None, None]);
+        let incoming = ReplicatedRevision {
+            rev: Revision(format!("1-{}", "a".repeat(32))),
+            ancestry: vec![format!("1-{}", "a".repeat(32))],
+            deleted: false,
+            body: Map::new(),
+        };
+        assert_eq!(metered.put_replicated("u:n:k", &incoming).await.unwrap(), ReplicatedOutcome::KeptCurrent);
         assert_eq!(
             *inner.called.lock().unwrap(),
-            ["approximate_count", "exact_count", "design_document_count", "get_many"]
+            ["approximate_count", "exact_count", "design_document_count", "get_many", "put_replicated"]
         );
     }
 }

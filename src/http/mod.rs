@@ -66,6 +66,7 @@ const HARD_TIMEOUT_FACTOR: u32 = 2;
 
 /// A configured server, ready to serve on a listener.
 pub struct App {
+    store: Arc<DataStore>,
     router: Router,
     grace: Duration,
     connections: conn::ConnectionLimits,
@@ -99,18 +100,14 @@ impl App {
         // around the wait, so the answer comes well before the hard cut, and before a client
         // that gives up after the same time as the server.
         let feed = changes::FeedSettings { max_wait: request_timeout / 2, stopping: stopping_seen };
+        let state_store = Arc::clone(&store);
         let state = AppState { store, auth: Arc::new(auth), metrics: Arc::clone(&metrics), bodies, feed };
         // A safety net well behind the facade's cooperative deadline: a request cut there may have had
         // a write in flight, so the answer is 504 (outcome unknown), never 408.
         let router = router(state, request_timeout.saturating_mul(HARD_TIMEOUT_FACTOR));
-        let connections = conn::ConnectionLimits {
-            max_connections: settings.max_connections,
-            header_read_timeout: Duration::from_secs(settings.header_read_timeout_secs),
-            idle_timeout: Duration::from_secs(settings.idle_timeout_secs),
-            // Enough to take in a whole body of twice the limit that the server refused early.
-            linger_bytes: settings.body_limit().saturating_mul(2).saturating_add(1 << 20),
-        };
+        let connections = connection_limits(settings);
         Ok(App {
+            store: state_store,
             router,
             grace: Duration::from_secs(settings.shutdown_grace_secs),
             connections,
@@ -118,6 +115,11 @@ impl App {
             token_count,
             stopping,
         })
+    }
+
+    /// The facade the server writes through, for another protocol face served beside it.
+    pub fn store(&self) -> Arc<DataStore> {
+        Arc::clone(&self.store)
     }
 
     /// Whether requests need no token (no tokens configured).
@@ -137,6 +139,19 @@ impl App {
         Ok(())
     }
 }
+
+/// The connection limits `settings` give, for every listener `serve` runs.
+pub(crate) fn connection_limits(settings: &Settings) -> conn::ConnectionLimits {
+    conn::ConnectionLimits {
+        max_connections: settings.max_connections,
+        header_read_timeout: Duration::from_secs(settings.header_read_timeout_secs),
+        idle_timeout: Duration::from_secs(settings.idle_timeout_secs),
+        // Enough to take in a whole body of twice the limit that the server refused early.
+        linger_bytes: settings.body_limit().saturating_mul(2).saturating_add(1 << 20),
+    }
+}
+
+pub(crate) use conn::serve as serve_connections;
 
 fn router(state: AppState, timeout: Duration) -> Router {
     let document = "/v1/users/{user}/namespaces/{namespace}/keys/{key}";

@@ -220,7 +220,7 @@ pub async fn delete_document(
     if expect == Expect::Absent {
         return Err(ApiError::bad_request("If-None-Match makes no sense on DELETE"));
     }
-    if !state.store.delete_with(&user, &namespace, &key, expect.clone()).await.map_err(under(&expect))? {
+    if state.store.delete_with(&user, &namespace, &key, expect.clone()).await.map_err(under(&expect))?.is_none() {
         return Err(missing(&user, &namespace, &key));
     }
     Ok(Json(json!({ "ok": true, "deleted": 1 })))

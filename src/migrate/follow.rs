@@ -499,7 +499,7 @@ async fn execute(target: &dyn DocumentBackend, plans: Vec<(Wanted, Plan)>) -> Ve
     let deleted: Vec<(Wanted, Plan, Result<()>)> = futures::stream::iter(deletes)
         .map(|(wanted, plan)| async move {
             let result = match &plan {
-                Plan::Delete { id, rev } => target.delete(id, rev).await,
+                Plan::Delete { id, rev } => target.delete(id, rev).await.map(drop),
                 Plan::Put(_) => Ok(()),
             };
             (wanted, plan, result)

@@ -65,7 +65,20 @@ pub fn all() -> Vec<Case> {
         get_many_reads_large_bodies_whole,
     ];
     cases.extend(document_model_cases());
+    cases.extend(replication_cases());
     cases
+}
+
+/// The replicated-write cases (`replication.rs`).
+fn replication_cases() -> Vec<Case> {
+    use crate::replication::*;
+    cases![
+        replicated_revisions_are_stored_as_they_come,
+        replicated_descendants_fast_forward,
+        divergent_branches_keep_couchdbs_winner,
+        the_feed_shows_applied_writes_once_and_no_noops,
+        malformed_replicated_revisions_change_nothing,
+    ]
 }
 
 /// The document model's cases (`document_model.rs`).
@@ -936,9 +949,11 @@ async fn caller_preconditions(ctx: Ctx) {
     let stale = Expect::Revision(created.rev);
     assert_eq!(store.delete_with("u", "ns", "k", stale).await.unwrap_err().kind(), ErrorKind::Conflict);
     assert!(store.exists("u", "ns", "k").await.unwrap(), "a refused delete deletes nothing");
-    assert!(store.delete_with("u", "ns", "k", Expect::Revision(updated.rev)).await.unwrap());
+    let tombstone = store.delete_with("u", "ns", "k", Expect::Revision(updated.rev)).await.unwrap().expect("deleted");
+    let stored = ctx.backend.revisions(&updated.id).await.unwrap().expect("the tombstone's revisions");
+    assert_eq!((stored.rev, stored.deleted), (tombstone, true), "a delete returns its tombstone's revision");
     assert_eq!(store.delete_with("u", "ns", "k", Expect::Exists).await.unwrap_err().kind(), ErrorKind::Conflict);
-    assert!(!store.delete_with("u", "ns", "k", Expect::Any).await.unwrap());
+    assert_eq!(store.delete_with("u", "ns", "k", Expect::Any).await.unwrap(), None);
 }
 
 async fn streamed_listings_page_to_the_end(ctx: Ctx) {

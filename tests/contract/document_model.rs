@@ -18,11 +18,11 @@ use crate::harness::Ctx;
 /// changes back for a settle window; every test server here uses a short one.
 const FEED_DEADLINE: Duration = Duration::from_secs(60);
 
-fn id_of(user: &str, namespace: &str, key: &str) -> String {
+pub(crate) fn id_of(user: &str, namespace: &str, key: &str) -> String {
     agentstore::model::DocumentId::new(user, namespace, key, &Default::default()).expect("valid id").as_str().to_owned()
 }
 
-fn body(user: &str, namespace: &str, key: &str, value: Value) -> Map<String, Value> {
+pub(crate) fn body(user: &str, namespace: &str, key: &str, value: Value) -> Map<String, Value> {
     match json!({ "userId": user, "namespace": namespace, "key": key, "value": value }) {
         Value::Object(map) => map,
         _ => unreachable!(),
@@ -30,7 +30,7 @@ fn body(user: &str, namespace: &str, key: &str, value: Value) -> Map<String, Val
 }
 
 /// `N-<32 lowercase hex>` (or CouchDB's local `0-N`): N.
-fn generation(rev: &Revision) -> u64 {
+pub(crate) fn generation(rev: &Revision) -> u64 {
     let (generation, hex) = rev.as_str().split_once('-').unwrap_or_else(|| panic!("{rev}: no '-'"));
     assert!(
         hex.len() == 32 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')),
@@ -39,13 +39,13 @@ fn generation(rev: &Revision) -> u64 {
     generation.parse().unwrap_or_else(|_| panic!("{rev}: generation is not a number"))
 }
 
-async fn revisions(backend: &dyn DocumentBackend, id: &str) -> RevisionInfo {
+pub(crate) async fn revisions(backend: &dyn DocumentBackend, id: &str) -> RevisionInfo {
     backend.revisions(id).await.expect("revisions").unwrap_or_else(|| panic!("{id}: no revisions"))
 }
 
 /// Follows the feed from `since` until `done` says the view is complete or the deadline passes;
 /// the view maps each id to its latest change. Checks every page's promises on the way.
-async fn follow_until(
+pub(crate) async fn follow_until(
     backend: &dyn DocumentBackend,
     since: Option<String>,
     view: &mut BTreeMap<String, (Revision, bool)>,
@@ -95,9 +95,10 @@ pub async fn revisions_have_couchdb_form_ancestry_and_tombstones(ctx: Ctx) {
     assert_eq!(info.ancestry.revisions().collect::<Vec<_>>(), newest_first, "ancestry, newest first");
 
     // A delete leaves a tombstone with the next generation.
-    b.delete(&id, history.last().unwrap()).await.unwrap();
+    let deleted = b.delete(&id, history.last().unwrap()).await.unwrap();
     let tombstone = revisions(b, &id).await;
     assert!(tombstone.deleted);
+    assert_eq!(tombstone.rev, deleted, "delete returns the tombstone's revision");
     assert_eq!(generation(&tombstone.rev), 5);
     assert_eq!(tombstone.ancestry.revisions().nth(1).as_ref(), history.last(), "the tombstone's parent");
     assert_eq!(b.delete(&id, &tombstone.rev).await.unwrap_err().kind(), ErrorKind::NotFound);

@@ -7,6 +7,7 @@ mod common;
 mod cases;
 mod document_model;
 mod harness;
+mod replication;
 mod writer;
 
 use std::process::ExitCode;

@@ -12,8 +12,8 @@ use super::config::CouchConfig;
 use super::error::from_status;
 use super::live::LiveRevisions;
 use crate::backend::{
-    BulkWrite, ChangesPage, DocumentBackend, IdRange, LayoutState, Page, Precondition, Projection, Query, Revision,
-    RevisionInfo, StoredDocument, UpgradePage,
+    BulkWrite, ChangesPage, DocumentBackend, IdRange, LayoutState, Page, Precondition, Projection, Query,
+    ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo, StoredDocument, UpgradePage,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::fields;
@@ -395,7 +395,7 @@ impl DocumentBackend for CouchDbBackend {
         }
     }
 
-    async fn delete(&self, id: &str, rev: &Revision) -> Result<()> {
+    async fn delete(&self, id: &str, rev: &Revision) -> Result<Revision> {
         // CouchDB deletes a tombstone again when named by its own revision; here a deleted
         // document is not found.
         if !self.may_be_live_at(id, rev).await? {
@@ -404,7 +404,7 @@ impl DocumentBackend for CouchDbBackend {
         let query = [("rev", rev.as_str().to_owned())];
         let reply = self.client.send(Method::DELETE, &self.document_url(id), &query, None, "delete a document").await?;
         match reply.status {
-            StatusCode::OK | StatusCode::ACCEPTED => Ok(()),
+            StatusCode::OK | StatusCode::ACCEPTED => revision_of(&reply.body, "delete a document"),
             // A 409 can mean a newer revision or a newer tombstone (already deleted); a 404 can
             // mean missing or, on pouchdb-server, a stale revision. Look before choosing.
             StatusCode::CONFLICT | StatusCode::NOT_FOUND => match self.get(id).await? {
@@ -413,6 +413,10 @@ impl DocumentBackend for CouchDbBackend {
             },
             status => Err(from_status(status, &reply.body, &format!("delete document {id:?}"))),
         }
+    }
+
+    async fn put_replicated(&self, id: &str, incoming: &ReplicatedRevision) -> Result<ReplicatedOutcome> {
+        self.put_replicated_revision(id, incoming).await
     }
 
     async fn query(&self, query: &Query, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {

@@ -20,6 +20,7 @@
 //! - [`id_order`]: documents in id order (`_all_docs`), design documents left out.
 //! - [`purge`]: erasure by prefix (`_changes` with a `_selector` filter, then `_purge`).
 //! - [`local`]: `_local/` documents.
+//! - [`replicated`]: replicated writes (`_bulk_docs` with `new_edits: false`).
 //! - [`live`]: keeps a tombstone's revision from reviving or re-deleting a document.
 
 mod backend;
@@ -33,6 +34,7 @@ mod id_order;
 mod live;
 mod local;
 mod purge;
+mod replicated;
 
 pub use backend::{CouchDbBackend, INDEX_NAME};
 pub use client::READ_RETRY;

@@ -28,8 +28,8 @@ use super::config::DynamoConfig;
 use super::error::{map_sdk, map_sdk_write};
 use super::layout;
 use crate::backend::{
-    BulkWrite, ChangesPage, DocumentBackend, IdRange, LayoutState, Page, Precondition, Projection, Query, Revision,
-    RevisionInfo, StoredDocument, UpgradePage,
+    BulkWrite, ChangesPage, DocumentBackend, IdRange, LayoutState, Page, Precondition, Projection, Query,
+    ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo, StoredDocument, UpgradePage,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::fields;
@@ -459,8 +459,12 @@ impl DocumentBackend for DynamoDbBackend {
         self.put_document(id, body, precondition, None).await
     }
 
-    async fn delete(&self, id: &str, rev: &Revision) -> Result<()> {
+    async fn delete(&self, id: &str, rev: &Revision) -> Result<Revision> {
         self.delete_document(id, rev).await
+    }
+
+    async fn put_replicated(&self, id: &str, incoming: &ReplicatedRevision) -> Result<ReplicatedOutcome> {
+        self.put_replicated_document(id, incoming).await
     }
 
     async fn query(&self, query: &Query, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {

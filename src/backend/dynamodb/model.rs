@@ -17,8 +17,9 @@ use super::backend::DynamoDbBackend;
 use super::codec::{self, Item};
 use super::error::{map_sdk, map_sdk_write};
 use super::layout::{self, ANCESTRY, DELETED};
+use crate::backend::replicated;
 use crate::backend::revision::{generation_of, PackedAncestry, RevisionId};
-use crate::backend::{Ancestry, Precondition, Revision, RevisionInfo};
+use crate::backend::{Ancestry, Precondition, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo};
 use crate::error::{Error, ErrorKind, Result};
 
 /// How many times an unconditional write re-reads and tries again after losing a race.
@@ -89,6 +90,16 @@ fn next_revision(current: Option<&Current>, revs_limit: usize) -> Result<(Revisi
     let rev = RevisionId::next_after(current.map(Current::generation))?;
     let ancestry = PackedAncestry::extend(current.and_then(|c| c.ancestry.as_ref()), &rev, revs_limit);
     Ok((rev, ancestry))
+}
+
+/// A tombstone item at `rev`: the id, revision, flag and ancestry, nothing of the body.
+fn tombstone_item(id: &str, rev: &Revision, ancestry: PackedAncestry) -> Item {
+    HashMap::from([
+        (codec::ID.to_owned(), AttributeValue::S(id.to_owned())),
+        (codec::REV.to_owned(), AttributeValue::S(rev.0.clone())),
+        (DELETED.to_owned(), AttributeValue::Bool(true)),
+        (ANCESTRY.to_owned(), AttributeValue::B(Blob::new(ancestry.0))),
+    ])
 }
 
 /// Whether a write under `precondition` may replace `current`.
@@ -190,8 +201,9 @@ impl DynamoDbBackend {
         }
     }
 
-    /// Replaces a live document by a tombstone at the next generation, if it is at `rev`.
-    pub(super) async fn delete_document(&self, id: &str, rev: &Revision) -> Result<()> {
+    /// Replaces a live document by a tombstone at the next generation, if it is at `rev`; the
+    /// tombstone's revision.
+    pub(super) async fn delete_document(&self, id: &str, rev: &Revision) -> Result<Revision> {
         let current = self.read_current(id).await?;
         let current = match current {
             Some(c) if !c.deleted => c,
@@ -202,16 +214,10 @@ impl DynamoDbBackend {
         }
         let (next, ancestry) = next_revision(Some(&current), self.revs_limit())?;
         let next = next.to_revision();
-        let tombstone = HashMap::from([
-            (codec::ID.to_owned(), AttributeValue::S(id.to_owned())),
-            (codec::REV.to_owned(), AttributeValue::S(next.0.clone())),
-            (DELETED.to_owned(), AttributeValue::Bool(true)),
-            (ANCESTRY.to_owned(), AttributeValue::B(Blob::new(ancestry.0))),
-        ]);
-        match self.replace_item(id, tombstone, Some(&current), &next).await {
+        match self.replace_item(id, tombstone_item(id, &next, ancestry), Some(&current), &next).await {
             Ok(old) => {
                 self.delete_replaced_chunks(id, old.as_ref()).await;
-                Ok(())
+                Ok(next)
             }
             Err(err) if err.is_conflict() => match self.read_current(id).await? {
                 Some(c) if !c.deleted => Err(err),
@@ -219,6 +225,49 @@ impl DynamoDbBackend {
             },
             Err(err) => Err(err),
         }
+    }
+
+    /// Stores a revision made elsewhere if the rules of [`replicated::judge`] say so against a
+    /// consistent read, conditional on the item read; a lost race reads again and judges anew.
+    pub(super) async fn put_replicated_document(
+        &self,
+        id: &str,
+        incoming: &ReplicatedRevision,
+    ) -> Result<ReplicatedOutcome> {
+        let checked = replicated::check(id, incoming)?;
+        let rev = &incoming.rev;
+        for _ in 0..CONFLICT_ROUNDS {
+            let current = self.read_current(id).await?;
+            let outcome = replicated::judge(incoming, current.as_ref().map(Current::revision_info).as_ref());
+            if outcome != ReplicatedOutcome::Applied {
+                return Ok(outcome);
+            }
+            let ancestry = checked.stored_ancestry(self.revs_limit());
+            let (item, extra_chunks) = if incoming.deleted {
+                (tombstone_item(id, rev, ancestry), 0)
+            } else {
+                let encoded = codec::encode(id, rev.as_str(), &incoming.body)?;
+                let mut item = encoded.item;
+                item.insert(ANCESTRY.into(), AttributeValue::B(Blob::new(ancestry.0)));
+                self.write_chunks(id, rev.as_str(), &encoded.extra_chunks).await?;
+                (item, encoded.extra_chunks.len())
+            };
+            match self.replace_item(id, item, current.as_ref(), rev).await {
+                Ok(old) => {
+                    self.delete_replaced_chunks(id, old.as_ref()).await;
+                    return Ok(ReplicatedOutcome::Applied);
+                }
+                Err(err) => {
+                    if err.kind() != ErrorKind::OutcomeUnknown && extra_chunks > 0 {
+                        self.delete_chunks(id, rev.as_str(), extra_chunks).await;
+                    }
+                    if !err.is_conflict() {
+                        return Err(err);
+                    }
+                }
+            }
+        }
+        Err(Error::conflict(format!("document {id:?} kept changing while a replicated revision was written")))
     }
 
     /// The chunks of the revision a write replaced, removed once nothing references them.

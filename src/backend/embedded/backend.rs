@@ -23,10 +23,12 @@ use serde_json::{Map, Value};
 
 use super::error::{join_error, map_redb};
 use super::record::{self, Header, StoredRevision};
+use crate::backend::replicated::{self, CheckedRevision};
 use crate::backend::revision::{local_number, local_revision, next_local_revision, PackedAncestry, RevisionId};
 use crate::backend::{
     needs_upgrade, Ancestry, BulkWrite, Change, ChangesPage, DocumentBackend, IdRange, LayoutState, Page, Precondition,
-    Projection, Query, Revision, RevisionInfo, StoredDocument, UpgradePage, DEFAULT_REVS_LIMIT, LOCAL_PREFIX,
+    Projection, Query, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo, StoredDocument, UpgradePage,
+    DEFAULT_REVS_LIMIT, LOCAL_PREFIX,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::fields;
@@ -176,6 +178,32 @@ impl EncodedWrite {
     }
 }
 
+/// A replicated write, checked and with its body encoded, outside the write transaction.
+struct ReplicatedWrite {
+    id: String,
+    /// The incoming revision without its body (what the rules look at).
+    incoming: ReplicatedRevision,
+    checked: CheckedRevision,
+    /// The encoded body; `None` for a tombstone.
+    json: Option<Vec<u8>>,
+    index_key: Option<IndexKey>,
+}
+
+impl ReplicatedWrite {
+    fn new(id: &str, incoming: &ReplicatedRevision) -> Result<Self> {
+        let checked = replicated::check(id, incoming)?;
+        let json = if incoming.deleted { None } else { Some(encode_json(id, &incoming.body)?) };
+        let index_key = if incoming.deleted { None } else { index_key(&incoming.body) };
+        let incoming = ReplicatedRevision {
+            rev: incoming.rev.clone(),
+            ancestry: incoming.ancestry.clone(),
+            deleted: incoming.deleted,
+            body: Map::new(),
+        };
+        Ok(ReplicatedWrite { id: id.to_owned(), incoming, checked, json, index_key })
+    }
+}
+
 fn encode_json(id: &str, body: &Map<String, Value>) -> Result<Vec<u8>> {
     serde_json::to_vec(body).map_err(|e| {
         Error::new(ErrorKind::InvalidInput, format!("document {id:?} cannot be encoded as JSON")).with_source(e)
@@ -274,14 +302,72 @@ impl<'t> Tables<'t> {
             },
         };
         let packed = PackedAncestry::extend(parent.as_ref(), &rev, self.revs_limit);
+        let seq = self.record_version(id, &packed, previous.and_then(|h| h.seq))?;
+        Ok((rev, seq))
+    }
+
+    /// Stores `packed` as the ancestry of `id` and moves it from its feed position `old_seq` to
+    /// the end of the feed; returns the new position.
+    fn record_version(&mut self, id: &str, packed: &PackedAncestry, old_seq: Option<u64>) -> Result<u64> {
         self.ancestry.insert(id, packed.0.as_slice()).map_err(map_redb("write ancestry"))?;
-        if let Some(old) = previous.and_then(|h| h.seq) {
+        if let Some(old) = old_seq {
             self.feed.remove(old).map_err(map_redb("update feed"))?;
         }
         let seq = self.next_seq;
         self.next_seq += 1;
         self.feed.insert(seq, id).map_err(map_redb("update feed"))?;
-        Ok((rev, seq))
+        Ok(seq)
+    }
+
+    /// Removes the stored record of `id` (live document with its index entry, or tombstone).
+    fn remove_record(&mut self, id: &str, existing: &Existing) -> Result<()> {
+        match existing {
+            Existing::Live(_, key) => {
+                self.docs.remove(id).map_err(map_redb("remove document"))?;
+                self.unindex(id, key.as_ref())
+            }
+            Existing::Deleted(_) => {
+                self.tombstones.remove(id).map_err(map_redb("remove tombstone"))?;
+                Ok(())
+            }
+        }
+    }
+
+    /// Stores a revision made elsewhere if the rules of [`replicated::judge`] say so.
+    fn write_replicated(&mut self, write: &ReplicatedWrite) -> Result<ReplicatedOutcome> {
+        let id = write.id.as_str();
+        let existing = self.existing(id)?;
+        let stored = match &existing {
+            Some(existing) => {
+                let deleted = matches!(existing, Existing::Deleted(_));
+                Some(revision_info_in(&self.ancestry, id, existing.header(), deleted)?)
+            }
+            None => None,
+        };
+        let outcome = replicated::judge(&write.incoming, stored.as_ref());
+        if outcome != ReplicatedOutcome::Applied {
+            return Ok(outcome);
+        }
+        if let Some(existing) = &existing {
+            self.remove_record(id, existing)?;
+        }
+        let packed = write.checked.stored_ancestry(self.revs_limit);
+        let seq = self.record_version(id, &packed, existing.as_ref().and_then(|e| e.header().seq))?;
+        let rev = &write.checked.rev;
+        match &write.json {
+            None => {
+                self.tombstones
+                    .insert(id, record::encode(rev, seq, b"").as_slice())
+                    .map_err(map_redb("write tombstone"))?;
+            }
+            Some(json) => {
+                self.docs.insert(id, record::encode(rev, seq, json).as_slice()).map_err(map_redb("write document"))?;
+                if let Some((user, ns)) = &write.index_key {
+                    self.index.insert((user.as_str(), ns.as_str(), id), ()).map_err(map_redb("update index"))?;
+                }
+            }
+        };
+        Ok(ReplicatedOutcome::Applied)
     }
 
     fn unindex(&mut self, id: &str, key: Option<&IndexKey>) -> Result<()> {
@@ -333,15 +419,7 @@ impl<'t> Tables<'t> {
     /// Removes every trace of `id`; whether there was any.
     fn erase(&mut self, id: &str) -> Result<bool> {
         let Some(existing) = self.existing(id)? else { return Ok(false) };
-        match &existing {
-            Existing::Live(_, key) => {
-                self.docs.remove(id).map_err(map_redb("erase document"))?;
-                self.unindex(id, key.as_ref())?;
-            }
-            Existing::Deleted(_) => {
-                self.tombstones.remove(id).map_err(map_redb("erase tombstone"))?;
-            }
-        }
+        self.remove_record(id, &existing)?;
         if let Some(seq) = existing.header().seq {
             self.feed.remove(seq).map_err(map_redb("update feed"))?;
             self.feed_shrunk = true;
@@ -499,6 +577,31 @@ fn header_of(
     }
 }
 
+/// What `revisions(id)` answers for the record `header` (a tombstone's when `deleted`), with the
+/// ancestry kept in `ancestry`.
+fn revision_info_in(
+    ancestry: &impl ReadableTable<&'static str, &'static [u8]>,
+    id: &str,
+    header: Header,
+    deleted: bool,
+) -> Result<RevisionInfo> {
+    let remembered = match header.rev {
+        // A plain counter has no CouchDB form, so no ancestry until `upgrade` mints one.
+        StoredRevision::Counter(_) => Ancestry { start: 1, ids: Vec::new() },
+        StoredRevision::Minted(rev) => {
+            let packed = match ancestry.get(id).map_err(map_redb("read ancestry"))? {
+                Some(guard) => PackedAncestry(guard.value().to_vec()),
+                None => PackedAncestry(rev.token.to_vec()),
+            };
+            if !packed.is_well_formed() {
+                return Err(Error::new(ErrorKind::Corrupt, format!("embedded store: ancestry of {id:?}")));
+            }
+            packed.unpack(rev.generation)
+        }
+    };
+    Ok(RevisionInfo { rev: header.rev.to_revision(), deleted, ancestry: remembered })
+}
+
 /// One page of live documents in id order between `bounds` (design documents skipped), and the
 /// id to continue after.
 fn id_ordered_page(
@@ -562,9 +665,15 @@ impl DocumentBackend for EmbeddedBackend {
         self.write(move |tables| tables.write_one(&write)).await
     }
 
-    async fn delete(&self, id: &str, rev: &Revision) -> Result<()> {
+    async fn delete(&self, id: &str, rev: &Revision) -> Result<Revision> {
         let (id, expected) = (id.to_owned(), rev.clone());
-        self.write(move |tables| tables.delete_one(&id, &expected).map(drop)).await
+        self.write(move |tables| tables.delete_one(&id, &expected)).await
+    }
+
+    async fn put_replicated(&self, id: &str, incoming: &ReplicatedRevision) -> Result<ReplicatedOutcome> {
+        // Checked and encoded first: a refused revision changes nothing and takes no write lock.
+        let write = ReplicatedWrite::new(id, incoming)?;
+        self.write(move |tables| tables.write_replicated(&write)).await
     }
 
     async fn query(&self, query: &Query, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
@@ -673,22 +782,8 @@ impl DocumentBackend for EmbeddedBackend {
             let docs = txn.open_table(DOCS).map_err(map_redb("open docs table"))?;
             let tombstones = txn.open_table(TOMBSTONES).map_err(map_redb("open tombstones table"))?;
             let Some((header, deleted)) = header_of(&docs, &tombstones, &id)? else { return Ok(None) };
-            let ancestry = match header.rev {
-                // A plain counter has no CouchDB form, so no ancestry until `upgrade` mints one.
-                StoredRevision::Counter(_) => Ancestry { start: 1, ids: Vec::new() },
-                StoredRevision::Minted(rev) => {
-                    let table = txn.open_table(ANCESTRY).map_err(map_redb("open ancestry table"))?;
-                    let packed = match table.get(id.as_str()).map_err(map_redb("read ancestry"))? {
-                        Some(guard) => PackedAncestry(guard.value().to_vec()),
-                        None => PackedAncestry(rev.token.to_vec()),
-                    };
-                    if !packed.is_well_formed() {
-                        return Err(Error::new(ErrorKind::Corrupt, format!("embedded store: ancestry of {id:?}")));
-                    }
-                    packed.unpack(rev.generation)
-                }
-            };
-            Ok(Some(RevisionInfo { rev: header.rev.to_revision(), deleted, ancestry }))
+            let ancestry = txn.open_table(ANCESTRY).map_err(map_redb("open ancestry table"))?;
+            revision_info_in(&ancestry, &id, header, deleted).map(Some)
         })
         .await
     }

@@ -24,10 +24,11 @@ use super::client::{Call, FirestoreClient};
 use super::codec;
 use super::config::FirestoreConfig;
 use super::model::{self, StoredState};
+use crate::backend::replicated;
 use crate::backend::revision::{PackedAncestry, RevisionId};
 use crate::backend::{
-    BulkWrite, ChangesPage, DocumentBackend, IdRange, LayoutState, Page, Precondition, Projection, Query, Revision,
-    RevisionInfo, StoredDocument, UpgradePage,
+    BulkWrite, ChangesPage, DocumentBackend, IdRange, LayoutState, Page, Precondition, Projection, Query,
+    ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo, StoredDocument, UpgradePage,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::fields;
@@ -121,30 +122,72 @@ impl FirestoreBackend {
         };
         let rev = RevisionId::next_after(parent.map(StoredState::counted_generation))?;
         let ancestry = PackedAncestry::extend(parent.map(|p| &p.ancestry), &rev, self.config.revs_limit);
+        self.plan_version(id, Some(body), &rev, &ancestry, parent)
+    }
+
+    /// The writes that replace `current` (`None`: no document) by revision `rev` with `ancestry`:
+    /// the main document, conditional on exactly the version read, with `body` or, for `None`, as
+    /// a tombstone; the body's chunks; and deletes of the chunk slots the replaced version used
+    /// beyond the new count.
+    pub(super) fn plan_version(
+        &self,
+        id: &str,
+        body: Option<&Map<String, Value>>,
+        rev: &RevisionId,
+        ancestry: &PackedAncestry,
+        current: Option<&StoredState>,
+    ) -> Result<PlannedWrite> {
         let document_id = codec::document_id(id);
-        let encoded = codec::encode(id, body)?;
-        let mut fields = encoded.fields;
-        model::stamp(&mut fields, &rev, &ancestry, false);
+        let (fields, chunk_set, extra_chunks) = match body {
+            Some(body) => {
+                let codec::Encoded { mut fields, chunk_set, extra_chunks } = codec::encode(id, body)?;
+                model::stamp(&mut fields, rev, ancestry, false);
+                (fields, chunk_set, extra_chunks)
+            }
+            None => (model::tombstone_fields(id, rev, ancestry), None, Vec::new()),
+        };
         let mut main = json!({
             "update": { "name": self.client.document_name(&document_id), "fields": fields },
             "updateTransforms": model::changed_at_transform(),
         });
-        main["currentDocument"] = match parent {
+        main["currentDocument"] = match current {
             Some(state) => json!({ "updateTime": state.update_time }),
             None => json!({ "exists": false }),
         };
         let mut writes = vec![main];
-        if let Some(set) = &encoded.chunk_set {
-            for (n, chunk) in encoded.extra_chunks.iter().enumerate() {
+        if let Some(set) = &chunk_set {
+            for (n, chunk) in extra_chunks.iter().enumerate() {
                 writes.push(json!({
                     "update": { "name": self.client.chunk_name(&document_id, n + 1), "fields": codec::chunk_fields(set, chunk) }
                 }));
             }
         }
-        for n in encoded.extra_chunks.len() + 1..=parent.map_or(0, |p| p.chunks) {
+        let chunk_count = extra_chunks.len();
+        for n in chunk_count + 1..=current.map_or(0, |p| p.chunks) {
             writes.push(json!({ "delete": self.client.chunk_name(&document_id, n) }));
         }
         Ok(PlannedWrite { writes, rev: rev.to_revision() })
+    }
+
+    /// Stores a revision made elsewhere if the rules of [`replicated::judge`] say so against the
+    /// stored state, conditional on the version read; a lost race reads again and judges anew.
+    async fn put_replicated_version(&self, id: &str, incoming: &ReplicatedRevision) -> Result<ReplicatedOutcome> {
+        let checked = replicated::check(id, incoming)?;
+        let ancestry = checked.stored_ancestry(self.config.revs_limit);
+        let body = (!incoming.deleted).then_some(&incoming.body);
+        for _ in 0..CONSISTENT_READ_TRIES {
+            let current = self.read_state(id).await?;
+            let outcome = replicated::judge(incoming, current.as_ref().map(StoredState::info).as_ref());
+            if outcome != ReplicatedOutcome::Applied {
+                return Ok(outcome);
+            }
+            let plan = self.plan_version(id, body, &checked.rev, &ancestry, current.as_ref())?;
+            match self.commit_planned(id, plan).await {
+                Err(e) if e.is_conflict() => continue,
+                outcome => return outcome.map(|_| ReplicatedOutcome::Applied),
+            }
+        }
+        Err(inconsistent(&format!("write a replicated revision of document {id:?}")))
     }
 
     /// Commits a planned write; its revision. A write whose answer was lost is looked up: if the
@@ -679,7 +722,7 @@ impl DocumentBackend for FirestoreBackend {
         }
     }
 
-    async fn delete(&self, id: &str, rev: &Revision) -> Result<()> {
+    async fn delete(&self, id: &str, rev: &Revision) -> Result<Revision> {
         let doing = format!("delete document {id:?}");
         let current = match legacy_state(rev) {
             Some(state) => Some(state),
@@ -693,18 +736,10 @@ impl DocumentBackend for FirestoreBackend {
         };
         let next = RevisionId::next_after(Some(current.counted_generation()))?;
         let ancestry = PackedAncestry::extend(Some(&current.ancestry), &next, self.config.revs_limit);
-        let document_id = codec::document_id(id);
-        let mut writes = vec![json!({
-            "update": { "name": self.client.document_name(&document_id), "fields": model::tombstone_fields(id, &next, &ancestry) },
-            "updateTransforms": model::changed_at_transform(),
-            "currentDocument": { "updateTime": current.update_time },
-        })];
-        writes.extend((1..=current.chunks).map(|n| json!({ "delete": self.client.chunk_name(&document_id, n) })));
-        match self.commit(writes, &doing).await {
-            Ok(_) => Ok(()),
-            Err(e) if e.kind() == ErrorKind::OutcomeUnknown && self.holds_revision(id, &next.to_revision()).await => {
-                Ok(())
-            }
+        let plan = self.plan_version(id, None, &next, &ancestry, Some(&current))?;
+        match self.commit(plan.writes, &doing).await {
+            Ok(_) => Ok(plan.rev),
+            Err(e) if e.kind() == ErrorKind::OutcomeUnknown && self.holds_revision(id, &plan.rev).await => Ok(plan.rev),
             Err(e) if matches!(e.kind(), ErrorKind::Conflict | ErrorKind::NotFound) => {
                 match self.read_state(id).await? {
                     None => Err(Error::not_found(format!("document {id:?} does not exist"))),
@@ -714,6 +749,10 @@ impl DocumentBackend for FirestoreBackend {
             }
             Err(e) => Err(e),
         }
+    }
+
+    async fn put_replicated(&self, id: &str, incoming: &ReplicatedRevision) -> Result<ReplicatedOutcome> {
+        self.put_replicated_version(id, incoming).await
     }
 
     async fn query(&self, query: &Query, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {

@@ -11,8 +11,8 @@ use async_trait::async_trait;
 use serde_json::{Map, Value};
 
 use crate::backend::{
-    BulkWrite, ChangesPage, DocumentBackend, IdRange, LayoutState, Page, Precondition, Query, Revision, RevisionInfo,
-    StoredDocument, UpgradePage,
+    BulkWrite, ChangesPage, DocumentBackend, IdRange, LayoutState, Page, Precondition, Query, ReplicatedOutcome,
+    ReplicatedRevision, Revision, RevisionInfo, StoredDocument, UpgradePage,
 };
 use crate::error::Result;
 
@@ -35,8 +35,12 @@ pub trait Layered: Send + Sync + 'static {
         self.inner().put(id, body, precondition).await
     }
 
-    async fn delete(&self, id: &str, rev: &Revision) -> Result<()> {
+    async fn delete(&self, id: &str, rev: &Revision) -> Result<Revision> {
         self.inner().delete(id, rev).await
+    }
+
+    async fn put_replicated(&self, id: &str, incoming: &ReplicatedRevision) -> Result<ReplicatedOutcome> {
+        self.inner().put_replicated(id, incoming).await
     }
 
     async fn query(&self, query: &Query, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
@@ -142,8 +146,12 @@ impl<L: Layered> DocumentBackend for L {
         Layered::put(self, id, body, precondition).await
     }
 
-    async fn delete(&self, id: &str, rev: &Revision) -> Result<()> {
+    async fn delete(&self, id: &str, rev: &Revision) -> Result<Revision> {
         Layered::delete(self, id, rev).await
+    }
+
+    async fn put_replicated(&self, id: &str, incoming: &ReplicatedRevision) -> Result<ReplicatedOutcome> {
+        Layered::put_replicated(self, id, incoming).await
     }
 
     async fn query(&self, query: &Query, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {

@@ -1,0 +1,353 @@
+//! `GET/POST /{db}/_all_docs`: documents in id order (raw UTF-8 collation, the backend's
+//! `all_docs`), or the documents named by `keys`.
+//!
+//! Parameters come from the query string (JSON-encoded keys, as nano and PouchDB send them) or
+//! from a POST body (the Cloudant SDKs send everything there). A range answer is streamed page by
+//! page, so a request without `limit` over a large store holds one backend page at a time. A
+//! per-user login's range is cut to its own ids. `total_rows` is the store's live document count
+//! where the backend knows it exactly; `offset` is only known when the range starts at the
+//! beginning, and is `null` otherwise (see docs/couchdb-api.md).
+
+use std::collections::HashMap;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Extension, Path, Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::IntoResponse;
+use futures::stream::{self, StreamExt};
+use serde_json::{json, Map, Value};
+
+use super::access::Principal;
+use super::bulk::MAX_BULK_DOCS;
+use super::document::doc_json;
+use super::error::{CouchError, CouchResult};
+use super::request::{bool_param, integer_param, json_param};
+use super::{json, Answer, CouchState};
+use crate::backend::{DocumentBackend, IdRange, StoredDocument};
+
+/// Documents asked of the backend per page while streaming a range.
+const PAGE: usize = 500;
+
+/// The parameters, from the query string or the body, checked.
+struct AllDocsRequest {
+    keys: Option<Vec<String>>,
+    range: IdRange,
+    limit: Option<u64>,
+    skip: u64,
+    include_docs: bool,
+    update_seq: bool,
+}
+
+/// `GET /{db}/_all_docs`.
+pub async fn get_all_docs(
+    State(state): State<CouchState>,
+    Extension(principal): Extension<Principal>,
+    Path(db): Path<String>,
+    Query(params): Query<HashMap<String, String>>,
+) -> Answer {
+    state.check_db(&db)?;
+    let mut fields = Map::new();
+    for (name, text) in &params {
+        let value = match name.as_str() {
+            // CouchDB takes `startkey_docid`/`endkey_docid` raw (python-couchdb sends them so).
+            "startkey_docid" | "endkey_docid" => Value::from(text.as_str()),
+            "key" | "keys" | "startkey" | "start_key" | "endkey" | "end_key" => {
+                json_param(name, Some(text))?.unwrap_or(Value::Null)
+            }
+            "limit" | "skip" => Value::from(integer_param(name, Some(text))?.unwrap_or(0)),
+            _ => match text.as_str() {
+                "true" => Value::Bool(true),
+                "false" => Value::Bool(false),
+                other => Value::from(other),
+            },
+        };
+        fields.insert(name.clone(), value);
+    }
+    let request = parse_request(&fields)?;
+    answer(&state, &principal, request).await
+}
+
+/// `POST /{db}/_all_docs`: parameters in the body (and the query string, which the body overrides).
+pub async fn post_all_docs(
+    State(state): State<CouchState>,
+    Extension(principal): Extension<Principal>,
+    Path(db): Path<String>,
+    Query(params): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Answer {
+    state.check_db(&db)?;
+    let mut fields = Map::new();
+    for (name, text) in &params {
+        let value = match name.as_str() {
+            "limit" | "skip" => Value::from(integer_param(name, Some(text))?.unwrap_or(0)),
+            "include_docs" | "descending" | "inclusive_end" | "update_seq" => {
+                Value::Bool(bool_param(name, Some(text), false)?)
+            }
+            _ => json_param(name, Some(text)).ok().flatten().unwrap_or_else(|| Value::from(text.as_str())),
+        };
+        fields.insert(name.clone(), value);
+    }
+    if let Some(body) = state.bodies.read_json(&headers, body).await? {
+        match body.value {
+            Value::Object(map) => fields.extend(map),
+            _ => return Err(CouchError::bad_request("Request body must be a JSON object")),
+        }
+    }
+    let request = parse_request(&fields)?;
+    answer(&state, &principal, request).await
+}
+
+fn parse_request(fields: &Map<String, Value>) -> CouchResult<AllDocsRequest> {
+    let string_key = |names: &[&str]| -> CouchResult<Option<String>> {
+        for name in names {
+            match fields.get(*name) {
+                None | Some(Value::Null) => {}
+                Some(Value::String(text)) => return Ok(Some(text.clone())),
+                Some(_) => {
+                    return Err(CouchError::bad_request(format!("{name} must be a document id (a JSON string)")))
+                }
+            }
+        }
+        Ok(None)
+    };
+    let flag = |name: &str, default: bool| -> CouchResult<bool> {
+        match fields.get(name) {
+            None | Some(Value::Null) => Ok(default),
+            Some(Value::Bool(flag)) => Ok(*flag),
+            Some(_) => Err(CouchError::bad_request(format!("{name} must be true or false"))),
+        }
+    };
+    let number = |name: &str| -> CouchResult<Option<u64>> {
+        match fields.get(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(value) => value
+                .as_u64()
+                .map(Some)
+                .ok_or_else(|| CouchError::bad_request(format!("{name} must be a non-negative integer"))),
+        }
+    };
+    let keys = match fields.get("keys") {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(keys)) if keys.len() <= MAX_BULK_DOCS => Some(
+            keys.iter()
+                .map(|k| {
+                    k.as_str()
+                        .map(str::to_owned)
+                        .ok_or_else(|| CouchError::bad_request("keys must be document ids (strings)"))
+                })
+                .collect::<CouchResult<Vec<_>>>()?,
+        ),
+        Some(Value::Array(_)) => {
+            return Err(CouchError::bad_request(format!("keys may name at most {MAX_BULK_DOCS} documents")))
+        }
+        Some(_) => return Err(CouchError::bad_request("`keys` must be an array")),
+    };
+    let descending = flag("descending", false)?;
+    let key = string_key(&["key"])?;
+    let (start, end) = match key {
+        Some(key) => (Some(key.clone()), Some(key)),
+        None => (string_key(&["startkey", "start_key"])?, string_key(&["endkey", "end_key"])?),
+    };
+    Ok(AllDocsRequest {
+        keys,
+        range: IdRange { start, end, inclusive_end: flag("inclusive_end", true)?, descending },
+        limit: number("limit")?,
+        skip: number("skip")?.unwrap_or(0),
+        include_docs: flag("include_docs", false)?,
+        update_seq: flag("update_seq", false)?,
+    })
+}
+
+async fn answer(state: &CouchState, principal: &Principal, request: AllDocsRequest) -> Answer {
+    let backend = state.store.backend().clone();
+    let total_rows = super::server::live_document_count(backend.as_ref()).await?;
+    let update_seq = if request.update_seq { Some(backend.change_position().await?) } else { None };
+    if let Some(keys) = &request.keys {
+        let rows = key_rows(backend.as_ref(), principal, keys, request.include_docs).await?;
+        let mut body = json!({ "total_rows": total_rows, "offset": null, "rows": rows });
+        if let Some(seq) = update_seq {
+            body["update_seq"] = Value::from(seq);
+        }
+        return Ok(json(StatusCode::OK, body));
+    }
+    let offset = if request.range.start.is_none() && principal.only_user().is_none() {
+        Value::from(request.skip)
+    } else {
+        Value::Null
+    };
+    let range = confine(request.range.clone(), principal);
+    let mut head = format!("{{\"total_rows\":{total_rows},\"offset\":{offset},");
+    if let Some(seq) = update_seq {
+        head.push_str(&format!("\"update_seq\":{},", Value::from(seq)));
+    }
+    head.push_str("\"rows\":[");
+    let rows = range_rows(backend, principal.clone(), range, request);
+    let body = stream::once(async move { Ok::<_, crate::Error>(Bytes::from(head)) })
+        .chain(rows)
+        .chain(stream::once(async { Ok(Bytes::from_static(b"\n]}\n")) }));
+    let mut response = Body::from_stream(body).into_response();
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    Ok(response)
+}
+
+/// Cuts a range to a per-user login's ids, `[user:, user;)`.
+fn confine(mut range: IdRange, principal: &Principal) -> IdRange {
+    let Some((low, high)) = principal.id_bounds() else { return range };
+    if range.descending {
+        if range.start.as_ref().is_none_or(|s| *s > high) {
+            range.start = Some(high);
+        }
+        if range.end.as_ref().is_none_or(|e| *e < low) {
+            range.end = Some(low);
+            range.inclusive_end = true;
+        }
+    } else {
+        if range.start.as_ref().is_none_or(|s| *s < low) {
+            range.start = Some(low);
+        }
+        if range.end.as_ref().is_none_or(|e| *e > high) {
+            range.end = Some(high);
+            range.inclusive_end = false;
+        }
+    }
+    range
+}
+
+fn row(doc: &StoredDocument, include_docs: bool) -> Value {
+    let mut row = json!({ "id": doc.id, "key": doc.id, "value": { "rev": doc.rev.as_str() } });
+    if include_docs {
+        row["doc"] = doc_json(doc, None);
+    }
+    row
+}
+
+/// The rows of a range, as JSON text chunks (`,` between rows), one backend page at a time.
+fn range_rows(
+    backend: std::sync::Arc<dyn DocumentBackend>,
+    principal: Principal,
+    range: IdRange,
+    request: AllDocsRequest,
+) -> impl futures::Stream<Item = crate::Result<Bytes>> {
+    struct Cursor {
+        token: Option<String>,
+        started: bool,
+        done: bool,
+        to_skip: u64,
+        remaining: u64,
+        first_row: bool,
+    }
+    let cursor = Cursor {
+        token: None,
+        started: false,
+        done: false,
+        to_skip: request.skip,
+        remaining: request.limit.unwrap_or(u64::MAX),
+        first_row: true,
+    };
+    let include_docs = request.include_docs;
+    stream::try_unfold(cursor, move |mut cursor| {
+        let backend = backend.clone();
+        let range = range.clone();
+        let principal = principal.clone();
+        async move {
+            if cursor.done || cursor.remaining == 0 || (cursor.started && cursor.token.is_none()) {
+                return Ok(None);
+            }
+            let want = (cursor.remaining.saturating_add(cursor.to_skip)).min(PAGE as u64) as usize;
+            let page = backend.all_docs(&range, want.max(1), cursor.token.as_deref()).await?;
+            cursor.started = true;
+            cursor.token = page.next;
+            let mut chunk = String::new();
+            for doc in page.items {
+                if !principal.may_access_id(&doc.id) {
+                    continue;
+                }
+                if cursor.to_skip > 0 {
+                    cursor.to_skip -= 1;
+                    continue;
+                }
+                if cursor.remaining == 0 {
+                    cursor.done = true;
+                    break;
+                }
+                cursor.remaining -= 1;
+                if !cursor.first_row {
+                    chunk.push(',');
+                }
+                cursor.first_row = false;
+                chunk.push('\n');
+                chunk.push_str(&row(&doc, include_docs).to_string());
+            }
+            Ok(Some((Bytes::from(chunk), cursor)))
+        }
+    })
+}
+
+/// The rows for `keys`, in the order given: live documents, deletions (`value.deleted`, `doc:
+/// null`), and `not_found` for the rest.
+async fn key_rows(
+    backend: &dyn DocumentBackend,
+    principal: &Principal,
+    keys: &[String],
+    include_docs: bool,
+) -> CouchResult<Vec<Value>> {
+    let visible: Vec<String> = keys.iter().filter(|k| principal.may_access_id(k)).cloned().collect();
+    let found = backend.get_many(&visible).await?;
+    let mut by_id: HashMap<&str, &StoredDocument> = HashMap::new();
+    for doc in found.iter().flatten() {
+        by_id.insert(doc.id.as_str(), doc);
+    }
+    let mut rows = Vec::with_capacity(keys.len());
+    for key in keys {
+        if let Some(doc) = by_id.get(key.as_str()) {
+            rows.push(row(doc, include_docs));
+            continue;
+        }
+        let info = if principal.may_access_id(key) { backend.revisions(key).await? } else { None };
+        match info {
+            Some(info) if info.deleted => {
+                let mut row = json!({ "id": key, "key": key, "value": { "rev": info.rev.as_str(), "deleted": true } });
+                if include_docs {
+                    row["doc"] = Value::Null;
+                }
+                rows.push(row);
+            }
+            _ => rows.push(json!({ "key": key, "error": "not_found" })),
+        }
+    }
+    Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_user_range_is_cut_to_its_ids_in_both_directions() {
+        let alice = Principal::User("alice".into());
+        let range = confine(IdRange::all(), &alice);
+        assert_eq!(
+            (range.start.as_deref(), range.end.as_deref(), range.inclusive_end),
+            (Some("alice:"), Some("alice;"), false)
+        );
+        let descending = confine(IdRange { descending: true, ..IdRange::all() }, &alice);
+        assert_eq!((descending.start.as_deref(), descending.end.as_deref()), (Some("alice;"), Some("alice:")));
+        let inside = IdRange { start: Some("alice:b".into()), end: Some("alice:c".into()), ..IdRange::all() };
+        assert_eq!(confine(inside.clone(), &alice), inside);
+        assert_eq!(confine(IdRange::all(), &Principal::Admin), IdRange::all());
+    }
+
+    #[test]
+    fn parameters_are_read_from_json_fields() {
+        let fields: Map<String, Value> =
+            serde_json::from_str(r#"{"start_key":"a","endkey":"b","limit":2,"include_docs":true,"descending":true}"#)
+                .unwrap();
+        let request = parse_request(&fields).unwrap();
+        assert_eq!(request.range.start.as_deref(), Some("a"));
+        assert!(request.range.descending && request.include_docs);
+        assert_eq!(request.limit, Some(2));
+        let bad: Map<String, Value> = serde_json::from_str(r#"{"startkey":1}"#).unwrap();
+        assert!(parse_request(&bad).is_err());
+    }
+}

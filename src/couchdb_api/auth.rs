@@ -1,0 +1,761 @@
+//! Who is asking, on the CouchDB API: configured logins with Argon2 password hashes (PHC strings,
+//! never clear text), HTTP Basic, and signed `AuthSession` cookies ([`super::session`]).
+//!
+//! A request resolves to an [`Identity`]: the login name, the [`Principal`] it acts as (admin, or
+//! one data-store user) and how it proved it. With no logins configured the API is open and every
+//! request acts as admin, as the REST API does with no tokens.
+//!
+//! Verifying a password hash costs tens of milliseconds on purpose, and CouchDB clients send Basic
+//! credentials with every request, so credentials that verified once are remembered in a bounded
+//! cache keyed by a keyed hash of name and password (never the password itself). Wrong passwords
+//! are never cached: each one pays the full hash, on a blocking thread, a few at a time.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
+use argon2::Argon2;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use base64::Engine;
+use hmac::Mac;
+use tokio::sync::Semaphore;
+
+use super::session::{hmac_sha256, CookieCheck, SessionKey, AUTH_SESSION_COOKIE};
+use crate::config::{CouchUserSetting, Settings};
+use crate::error::{Error, ErrorKind, Result};
+use crate::model::Limits;
+
+/// CouchDB's answer to a database request without valid credentials (fixture 007).
+pub const NOT_AUTHORIZED_FOR_DB: &str = "You are not authorized to access this db.";
+/// CouchDB's answer to a wrong name or password, on Basic and on `POST /_session` (fixture 008).
+pub const WRONG_CREDENTIALS: &str = "Name or password is incorrect.";
+
+/// Credentials remembered after a successful verification. Each entry is a 32-byte key and a
+/// pointer, so the cache stays under a megabyte.
+const VERIFIED_CACHE_CAPACITY: usize = 4096;
+
+pub use super::error::CouchError;
+
+/// A JSON response; CouchDB labels every response `application/json`.
+pub(super) fn json_response(status: StatusCode, body: &serde_json::Value) -> Response {
+    let content_type = [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))];
+    (status, content_type, body.to_string()).into_response()
+}
+
+pub use super::access::Principal;
+
+/// How a request proved who it is; `GET /_session` reports it as `info.authenticated`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthMethod {
+    /// No credentials (or none needed: the API is open).
+    Anonymous,
+    /// A valid `AuthSession` cookie.
+    Cookie,
+    /// `Authorization: Basic`.
+    Basic,
+}
+
+impl AuthMethod {
+    /// CouchDB's handler name, or `None` for anonymous requests (CouchDB then omits the field).
+    pub fn handler_name(self) -> Option<&'static str> {
+        match self {
+            AuthMethod::Anonymous => None,
+            AuthMethod::Cookie => Some("cookie"),
+            AuthMethod::Basic => Some("default"),
+        }
+    }
+}
+
+/// What authentication found out about one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    /// The login name; `None` for anonymous requests.
+    pub name: Option<String>,
+    /// Whom the request acts for; `None` when it is anonymous and the API is not open.
+    pub principal: Option<Principal>,
+    pub method: AuthMethod,
+    /// A fresh `Set-Cookie` when the request's cookie has used more than a tenth of its life.
+    pub refreshed_cookie: Option<HeaderValue>,
+}
+
+impl Identity {
+    fn anonymous(principal: Option<Principal>) -> Self {
+        Identity { name: None, principal, method: AuthMethod::Anonymous, refreshed_cookie: None }
+    }
+
+    /// The principal, or CouchDB's 401 for a database request without valid credentials.
+    pub fn require(&self) -> Result<&Principal, CouchError> {
+        self.principal.as_ref().ok_or_else(|| CouchError::unauthorized(NOT_AUTHORIZED_FOR_DB))
+    }
+
+    /// The roles `GET /_session` reports: the principal's, none for anonymous requests.
+    pub fn roles(&self) -> Vec<&'static str> {
+        self.principal.as_ref().map(Principal::roles).unwrap_or_default()
+    }
+
+    /// Adds the refreshed session cookie to a response, unless the response sets `AuthSession`
+    /// itself (a login or logout answers with its own cookie).
+    pub fn add_refreshed_cookie(&self, response: &mut Response) {
+        let Some(cookie) = &self.refreshed_cookie else { return };
+        let sets_own =
+            response.headers().get_all(header::SET_COOKIE).iter().any(|value| {
+                value.to_str().is_ok_and(|v| v.trim_start().starts_with(&format!("{AUTH_SESSION_COOKIE}=")))
+            });
+        if !sets_own {
+            response.headers_mut().append(header::SET_COOKIE, cookie.clone());
+        }
+    }
+}
+
+/// One configured login.
+#[derive(Debug)]
+struct Login {
+    name: String,
+    /// The PHC string, checked to parse as an Argon2 hash when the settings were loaded.
+    password_hash: String,
+    principal: Principal,
+}
+
+/// The CouchDB API's logins, session key and verified-credentials cache.
+#[derive(Debug)]
+pub struct CouchAuth {
+    logins: HashMap<String, Arc<Login>>,
+    pub(super) sessions: SessionKey,
+    verified: VerifiedCache,
+    /// Password hashes verified at once: each Argon2 run holds its memory cost (19 MiB by
+    /// default) on a blocking thread, so a flood of wrong passwords waits here instead of
+    /// exhausting memory or the blocking pool.
+    kdf_slots: Arc<Semaphore>,
+    kdf_runs: AtomicU64,
+}
+
+impl CouchAuth {
+    /// Reads `couchdb_users`, `couchdb_session_secret` and `couchdb_session_timeout_secs`; errors
+    /// name the offending field.
+    pub fn from_settings(settings: &Settings) -> Result<Self> {
+        let limits = settings.store_options().limits;
+        let mut logins = HashMap::new();
+        for (i, entry) in settings.couchdb_users.entries()?.iter().enumerate() {
+            let login = parse_login(i, entry, &limits)?;
+            if logins.contains_key(&login.name) {
+                let problem = format!("{:?} is configured twice", login.name);
+                return Err(Error::invalid(&format!("couchdb_users[{i}].name"), problem));
+            }
+            logins.insert(login.name.clone(), Arc::new(login));
+        }
+        let sessions = SessionKey::from_settings(settings)?;
+        Ok(CouchAuth::new(logins, sessions))
+    }
+
+    fn new(logins: HashMap<String, Arc<Login>>, sessions: SessionKey) -> Self {
+        let parallelism = std::thread::available_parallelism().map_or(2, |n| n.get());
+        CouchAuth {
+            logins,
+            sessions,
+            verified: VerifiedCache::new(VERIFIED_CACHE_CAPACITY),
+            kdf_slots: Arc::new(Semaphore::new(parallelism)),
+            kdf_runs: AtomicU64::new(0),
+        }
+    }
+
+    /// No logins configured: every request acts as admin.
+    pub fn is_open(&self) -> bool {
+        self.logins.is_empty()
+    }
+
+    /// How many password hashes were verified since start (cache hits do not count).
+    pub fn password_verifications(&self) -> u64 {
+        self.kdf_runs.load(Ordering::Relaxed)
+    }
+
+    /// Whom the request acts for: `None` when it is anonymous and the API is not open. Wrong
+    /// credentials are CouchDB's 401; a malformed header or cookie its 400.
+    pub async fn authenticate(&self, headers: &HeaderMap) -> Result<Option<Principal>, CouchError> {
+        Ok(self.identify(headers).await?.principal)
+    }
+
+    /// Everything authentication found out about the request. A valid `AuthSession` cookie wins
+    /// over Basic credentials; an expired or forged one is ignored, as CouchDB does.
+    pub async fn identify(&self, headers: &HeaderMap) -> Result<Identity, CouchError> {
+        self.identify_at(headers, unix_now()).await
+    }
+
+    pub(super) async fn identify_at(&self, headers: &HeaderMap, now: u64) -> Result<Identity, CouchError> {
+        if self.is_open() {
+            return Ok(Identity::anonymous(Some(Principal::Admin)));
+        }
+        if let Some(identity) = self.identify_cookie(headers, now)? {
+            return Ok(identity);
+        }
+        match basic_credentials(headers)? {
+            None => Ok(Identity::anonymous(None)),
+            Some((name, password)) => match self.verify_password(&name, &password).await? {
+                Some(login) => Ok(Identity {
+                    name: Some(login.name.clone()),
+                    principal: Some(login.principal.clone()),
+                    method: AuthMethod::Basic,
+                    refreshed_cookie: None,
+                }),
+                None => Err(CouchError::unauthorized(WRONG_CREDENTIALS)),
+            },
+        }
+    }
+
+    /// The login a valid `AuthSession` cookie names, with a fresh cookie when it is due.
+    fn identify_cookie(&self, headers: &HeaderMap, now: u64) -> Result<Option<Identity>, CouchError> {
+        let Some(value) = cookie_value(headers, AUTH_SESSION_COOKIE) else { return Ok(None) };
+        let claim = SessionKey::parse(&value)?;
+        let Some(login) = self.logins.get(&claim.name) else { return Ok(None) };
+        let refreshed_cookie = match self.sessions.check(&claim, &login.password_hash, now) {
+            CookieCheck::Valid { refresh: false } => None,
+            CookieCheck::Valid { refresh: true } => {
+                Some(self.sessions.set_cookie(&login.name, &login.password_hash, now))
+            }
+            CookieCheck::Expired | CookieCheck::BadSignature => return Ok(None),
+        };
+        Ok(Some(Identity {
+            name: Some(login.name.clone()),
+            principal: Some(login.principal.clone()),
+            method: AuthMethod::Cookie,
+            refreshed_cookie,
+        }))
+    }
+
+    /// A login for `POST /_session`: the name it reports, its principal and the cookie to set, or
+    /// `None` for a wrong name or password. With the API open any name is accepted as admin.
+    pub(super) async fn log_in(
+        &self,
+        name: &str,
+        password: &str,
+        now: u64,
+    ) -> Result<Option<(Principal, HeaderValue)>, CouchError> {
+        if self.is_open() {
+            return Ok(Some((Principal::Admin, self.sessions.set_cookie(name, "", now))));
+        }
+        Ok(self
+            .verify_password(name, password)
+            .await?
+            .map(|login| (login.principal.clone(), self.sessions.set_cookie(&login.name, &login.password_hash, now))))
+    }
+
+    /// The login these credentials prove, from the cache or by verifying the hash.
+    async fn verify_password(&self, name: &str, password: &str) -> Result<Option<Arc<Login>>, CouchError> {
+        let key = self.verified.key_for(name, password);
+        if let Some(login) = self.verified.get(&key) {
+            return Ok(Some(login));
+        }
+        // An unknown name is checked against another login's hash so that it takes as long as a
+        // wrong password: response times do not tell which names exist.
+        let (login, hash) = match self.logins.get(name) {
+            Some(login) => (Some(login.clone()), login.password_hash.clone()),
+            None => match self.logins.values().next() {
+                Some(other) => (None, other.password_hash.clone()),
+                None => return Ok(None),
+            },
+        };
+        let matches = self.run_kdf(hash, password.to_owned()).await?;
+        match login {
+            Some(login) if matches => {
+                self.verified.insert(key, login.clone());
+                Ok(Some(login))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Verifies a password against a PHC string on a blocking thread, a few at a time. The slot
+    /// is held by the thread, so a client that hangs up does not free it before the hash is done.
+    async fn run_kdf(&self, hash: String, password: String) -> Result<bool, CouchError> {
+        let slot =
+            self.kdf_slots.clone().acquire_owned().await.map_err(|_| CouchError::internal("password check closed"))?;
+        self.kdf_runs.fetch_add(1, Ordering::Relaxed);
+        tokio::task::spawn_blocking(move || {
+            let _slot = slot;
+            password_matches(&hash, &password)
+        })
+        .await
+        .map_err(|e| CouchError::internal(format!("password check failed: {e}")))
+    }
+}
+
+/// Router middleware (`axum::middleware::from_fn_with_state(auth, identify_request)`): resolves
+/// each request's [`Identity`] into its extensions for the handlers (`Extension<Identity>`;
+/// [`Identity::require`] where a route needs credentials), answers wrong credentials and malformed
+/// headers with CouchDB's 401/400 before any handler runs, and adds a refreshed session cookie to
+/// the response when one is due.
+pub async fn identify_request(
+    axum::extract::State(auth): axum::extract::State<Arc<CouchAuth>>,
+    mut request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let identity = match auth.identify(request.headers()).await {
+        Ok(identity) => identity,
+        Err(err) => return err.into_response(),
+    };
+    let refresh = identity.refreshed_cookie.is_some().then(|| identity.clone());
+    request.extensions_mut().insert(identity);
+    let mut response = next.run(request).await;
+    if let Some(identity) = refresh {
+        identity.add_refreshed_cookie(&mut response);
+    }
+    response
+}
+
+/// Checks one configured login; errors name `couchdb_users[i]` and the field.
+fn parse_login(i: usize, entry: &CouchUserSetting, limits: &Limits) -> Result<Login> {
+    let field = |name: &str| format!("couchdb_users[{i}].{name}");
+    let name = &entry.name;
+    if name.is_empty() || name.contains(':') || name.chars().any(char::is_control) {
+        return Err(Error::invalid(&field("name"), "must be non-empty, without `:` or control characters"));
+    }
+    check_password_hash(&entry.password_hash).map_err(|problem| Error::invalid(&field("password_hash"), problem))?;
+    let principal = match (&entry.user, entry.admin) {
+        (Some(user), false) => {
+            limits.check_user_id(user).map_err(|e| Error::invalid(&field("user"), e.message()))?;
+            Principal::User(user.clone())
+        }
+        (None, true) => Principal::Admin,
+        _ => {
+            return Err(Error::invalid(
+                &format!("couchdb_users[{i}]"),
+                "needs exactly one of `user = \"…\"` or `admin = true`",
+            ))
+        }
+    };
+    Ok(Login { name: name.clone(), password_hash: entry.password_hash.clone(), principal })
+}
+
+/// Whether a configured hash is an Argon2 PHC string this build can verify.
+fn check_password_hash(phc: &str) -> std::result::Result<(), String> {
+    let hint = "make one with `agentstore hash-password`";
+    let parsed = PasswordHash::new(phc).map_err(|e| format!("is not a PHC string ({e}); {hint}"))?;
+    let algorithm = argon2::Algorithm::try_from(parsed.algorithm).map_err(|_| {
+        format!("uses {:?}; only Argon2 hashes (argon2id) are accepted; {hint}", parsed.algorithm.as_str())
+    })?;
+    argon2::Params::try_from(&parsed).map_err(|e| format!("has invalid {algorithm} parameters ({e}); {hint}"))?;
+    if parsed.hash.is_none() || parsed.salt.is_none() {
+        return Err(format!("has no salt or no hash; {hint}"));
+    }
+    Ok(())
+}
+
+/// Whether the password matches the PHC string (which carries its own algorithm and parameters).
+fn password_matches(phc: &str, password: &str) -> bool {
+    PasswordHash::new(phc).is_ok_and(|hash| Argon2::default().verify_password(password.as_bytes(), &hash).is_ok())
+}
+
+/// The PHC string of a password: Argon2id with the crate's default (OWASP) parameters and a
+/// random 16-byte salt. This is what `agentstore hash-password` prints.
+pub fn hash_password(password: &str) -> Result<String> {
+    if password.is_empty() {
+        return Err(Error::invalid("password", "is empty"));
+    }
+    let mut salt = [0u8; 16];
+    getrandom::fill(&mut salt).map_err(|e| Error::new(ErrorKind::Internal, format!("no random salt: {e}")))?;
+    let salt = SaltString::encode_b64(&salt).map_err(|e| Error::new(ErrorKind::Internal, format!("salt: {e}")))?;
+    Argon2::default()
+        .hash_password(password.as_bytes(), &salt)
+        .map(|hash| hash.to_string())
+        .map_err(|e| Error::new(ErrorKind::Internal, format!("cannot hash the password: {e}")))
+}
+
+/// The name and password of an `Authorization: Basic` header. `None` without the header, without
+/// a `:` in the credentials, or for CouchDB's log-out credentials `_:_`; 400 for another scheme or
+/// bad base64, as CouchDB answers.
+fn basic_credentials(headers: &HeaderMap) -> Result<Option<(String, String)>, CouchError> {
+    let Some(value) = headers.get(header::AUTHORIZATION) else { return Ok(None) };
+    let invalid = || CouchError::bad_request("Authorization header is invalid");
+    let (scheme, encoded) = value.to_str().map_err(|_| invalid())?.trim().split_once(' ').ok_or_else(invalid)?;
+    if !scheme.eq_ignore_ascii_case("basic") {
+        return Err(invalid());
+    }
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(encoded.trim())
+        .map_err(|_| CouchError::bad_request("Authorization header has invalid base64 value"))?;
+    let text =
+        String::from_utf8(decoded).map_err(|_| CouchError::bad_request("Authorization credentials are not UTF-8"))?;
+    Ok(match text.split_once(':') {
+        Some(("_", "_")) | None => None,
+        Some((name, password)) => Some((name.to_owned(), password.to_owned())),
+    })
+}
+
+/// The value of a named cookie in the request's `Cookie` headers; `None` when absent or empty.
+pub(super) fn cookie_value(headers: &HeaderMap, name: &str) -> Option<String> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(key, _)| *key == name)
+        .map(|(_, value)| value.trim().trim_matches('"').to_owned())
+        .filter(|value| !value.is_empty())
+}
+
+/// Seconds since the Unix epoch.
+pub(super) fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// Credentials that verified, keyed by HMAC-SHA256 of name and password under a random
+/// per-process key, so neither a memory dump nor the key set yields a fast password hash.
+/// Oldest entries go first when it is full.
+#[derive(Debug)]
+struct VerifiedCache {
+    key: [u8; 32],
+    capacity: usize,
+    entries: Mutex<CacheEntries>,
+}
+
+#[derive(Debug, Default)]
+struct CacheEntries {
+    logins: HashMap<[u8; 32], Arc<Login>>,
+    order: VecDeque<[u8; 32]>,
+}
+
+impl VerifiedCache {
+    fn new(capacity: usize) -> Self {
+        let mut key = [0u8; 32];
+        // Without the OS generator the key stays fixed; the cache still never holds a password.
+        let _ = getrandom::fill(&mut key);
+        VerifiedCache { key, capacity, entries: Mutex::new(CacheEntries::default()) }
+    }
+
+    fn key_for(&self, name: &str, password: &str) -> [u8; 32] {
+        let mut mac = hmac_sha256(&self.key);
+        // Length-prefixed, so no other name and password split the same bytes differently.
+        mac.update(&(name.len() as u64).to_be_bytes());
+        mac.update(name.as_bytes());
+        mac.update(password.as_bytes());
+        mac.finalize().into_bytes().into()
+    }
+
+    fn get(&self, key: &[u8; 32]) -> Option<Arc<Login>> {
+        self.lock().logins.get(key).cloned()
+    }
+
+    fn insert(&self, key: [u8; 32], login: Arc<Login>) {
+        let mut entries = self.lock();
+        if entries.logins.insert(key, login).is_none() {
+            entries.order.push_back(key);
+        }
+        while entries.order.len() > self.capacity {
+            if let Some(oldest) = entries.order.pop_front() {
+                entries.logins.remove(&oldest);
+            }
+        }
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.lock().logins.len()
+    }
+
+    /// The map stays consistent even if a holder panicked: every change is a single insert or
+    /// remove.
+    fn lock(&self) -> std::sync::MutexGuard<'_, CacheEntries> {
+        self.entries.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use super::*;
+    use crate::config::Overrides;
+    use argon2::{Algorithm, Params, Version};
+    use std::time::Duration;
+
+    /// An Argon2id hash with the smallest parameters, so tests do not wait on the KDF.
+    pub(in crate::couchdb_api) fn cheap_hash(password: &str) -> String {
+        let argon2 = Argon2::new(Algorithm::Argon2id, Version::V0x13, Params::new(8, 1, 1, None).unwrap());
+        let salt = SaltString::encode_b64(b"sixteen byte sal").unwrap();
+        argon2.hash_password(password.as_bytes(), &salt).unwrap().to_string()
+    }
+
+    /// Settings loaded from a TOML text, as `--config FILE` would.
+    pub(in crate::couchdb_api) fn settings(toml: &str) -> Result<Settings> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agentstore.toml");
+        std::fs::write(&path, toml).unwrap();
+        Settings::load(Some(&path), &Overrides::default())
+    }
+
+    /// Logins `admin` (password `admin-pw`) and `alice` (password `alice-pw`, data-store user
+    /// `user_123`), with a fixed session secret.
+    pub(in crate::couchdb_api) fn two_logins() -> CouchAuth {
+        let toml = format!(
+            "couchdb_session_secret = \"{}\"\n\
+             [[couchdb_users]]\nname = \"admin\"\npassword_hash = \"{}\"\nadmin = true\n\
+             [[couchdb_users]]\nname = \"alice\"\npassword_hash = \"{}\"\nuser = \"user_123\"\n",
+            "ab".repeat(32),
+            cheap_hash("admin-pw"),
+            cheap_hash("alice-pw"),
+        );
+        CouchAuth::from_settings(&settings(&toml).unwrap()).unwrap()
+    }
+
+    pub(in crate::couchdb_api) fn basic(name: &str, password: &str) -> HeaderMap {
+        let encoded = base64::engine::general_purpose::STANDARD.encode(format!("{name}:{password}"));
+        authorization(&format!("Basic {encoded}"))
+    }
+
+    fn authorization(value: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::AUTHORIZATION, HeaderValue::from_str(value).unwrap());
+        headers
+    }
+
+    /// Status and body of a CouchDB 3.4.3 transcript's response.
+    pub(in crate::couchdb_api) fn fixture_response(text: &str) -> (StatusCode, serde_json::Value) {
+        let fixture: serde_json::Value = serde_json::from_str(text).unwrap();
+        let status = StatusCode::from_u16(fixture["response"]["status"].as_u64().unwrap() as u16).unwrap();
+        (status, fixture["response"]["body"].clone())
+    }
+
+    pub(in crate::couchdb_api) const AUTH_NONE: &str =
+        include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/couchdb-3.4.3/007-auth-none.json"));
+    pub(in crate::couchdb_api) const AUTH_WRONG_PASSWORD: &str =
+        include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/couchdb-3.4.3/008-auth-wrong-password.json"));
+
+    #[tokio::test]
+    async fn basic_credentials_resolve_to_their_login_and_principal() {
+        let auth = two_logins();
+        assert!(!auth.is_open());
+        let admin = auth.identify(&basic("admin", "admin-pw")).await.unwrap();
+        assert_eq!(
+            admin,
+            Identity {
+                name: Some("admin".into()),
+                principal: Some(Principal::Admin),
+                method: AuthMethod::Basic,
+                refreshed_cookie: None
+            }
+        );
+        assert_eq!(admin.roles(), vec!["_admin"]);
+        let alice = auth.authenticate(&basic("alice", "alice-pw")).await.unwrap();
+        assert_eq!(alice, Some(Principal::User("user_123".into())));
+        assert_eq!(Principal::User("user_123".into()).roles(), Vec::<&str>::new());
+        // The scheme is case-insensitive; a password may hold `:`.
+        let mut lower = basic("alice", "alice-pw");
+        let value = lower[header::AUTHORIZATION].to_str().unwrap().replacen("Basic", "basic", 1);
+        lower.insert(header::AUTHORIZATION, HeaderValue::from_str(&value).unwrap());
+        assert_eq!(auth.authenticate(&lower).await.unwrap(), Some(Principal::User("user_123".into())));
+    }
+
+    #[tokio::test]
+    async fn wrong_or_missing_credentials_answer_couchdbs_401_bodies() {
+        let auth = two_logins();
+        let (status, body) = fixture_response(AUTH_WRONG_PASSWORD);
+        for (name, password) in [("admin", "wrong"), ("alice", "admin-pw"), ("nobody", "alice-pw"), ("admin", "")] {
+            let err = auth.identify(&basic(name, password)).await.unwrap_err();
+            assert_eq!((err.status, err.body()), (status, body.clone()), "{name}:{password}");
+        }
+        // No credentials: anonymous, which a database request refuses with fixture 007's answer.
+        let anonymous = auth.identify(&HeaderMap::new()).await.unwrap();
+        assert_eq!(anonymous, Identity::anonymous(None));
+        let err = anonymous.require().unwrap_err();
+        assert_eq!((err.status, err.body()), fixture_response(AUTH_NONE));
+        let response = err.into_response();
+        assert_eq!(response.headers()[header::CONTENT_TYPE], "application/json");
+    }
+
+    #[tokio::test]
+    async fn malformed_authorization_headers_are_400_and_logout_credentials_anonymous() {
+        let auth = two_logins();
+        for (value, reason) in [
+            ("Bearer abc", "Authorization header is invalid"),
+            ("Basic", "Authorization header is invalid"),
+            ("Basic !!!not-base64", "Authorization header has invalid base64 value"),
+        ] {
+            let err = auth.identify(&authorization(value)).await.unwrap_err();
+            assert_eq!((err.status, err.reason.as_str()), (StatusCode::BAD_REQUEST, reason), "{value}");
+        }
+        // `_:_` is CouchDB's way to drop Basic credentials; no `:` at all carries none.
+        for headers in [basic("_", "_"), authorization("Basic YWxpY2U=")] {
+            assert_eq!(auth.identify(&headers).await.unwrap(), Identity::anonymous(None));
+        }
+    }
+
+    #[tokio::test]
+    async fn no_logins_configured_is_open_and_everyone_is_admin() {
+        let auth = CouchAuth::from_settings(&settings("").unwrap()).unwrap();
+        assert!(auth.is_open());
+        for headers in [HeaderMap::new(), basic("anyone", "anything")] {
+            let identity = auth.identify(&headers).await.unwrap();
+            assert_eq!(identity, Identity::anonymous(Some(Principal::Admin)));
+            assert_eq!(identity.require().unwrap(), &Principal::Admin);
+        }
+        assert_eq!(auth.password_verifications(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_verified_password_is_remembered_and_not_hashed_again() {
+        let auth = two_logins();
+        auth.authenticate(&basic("alice", "alice-pw")).await.unwrap();
+        assert_eq!(auth.password_verifications(), 1);
+        for _ in 0..5 {
+            assert!(auth.authenticate(&basic("alice", "alice-pw")).await.unwrap().is_some());
+        }
+        assert_eq!(auth.password_verifications(), 1, "cache hits run no KDF");
+        // Wrong passwords are never remembered: each one pays the hash again.
+        for expected in [2, 3] {
+            auth.authenticate(&basic("alice", "guess")).await.unwrap_err();
+            assert_eq!(auth.password_verifications(), expected);
+        }
+        // Another login's entry is its own.
+        auth.authenticate(&basic("admin", "admin-pw")).await.unwrap();
+        assert_eq!(auth.password_verifications(), 4);
+        assert_eq!(auth.verified.len(), 2);
+        // An unknown name is hashed too (against another login's hash), so it is not faster.
+        auth.authenticate(&basic("mallory", "alice-pw")).await.unwrap_err();
+        assert_eq!(auth.password_verifications(), 5);
+    }
+
+    #[tokio::test]
+    async fn a_hung_up_client_keeps_its_kdf_slot_until_the_hash_is_done() {
+        // A hash slow enough to still be running when the request is dropped.
+        let argon2 = Argon2::new(Algorithm::Argon2id, Version::V0x13, Params::new(64, 3000, 1, None).unwrap());
+        let salt = SaltString::encode_b64(b"sixteen byte sal").unwrap();
+        let slow = argon2.hash_password(b"pw", &salt).unwrap().to_string();
+        let toml = format!("[[couchdb_users]]\nname = \"a\"\npassword_hash = \"{slow}\"\nadmin = true\n");
+        let auth = CouchAuth::from_settings(&settings(&toml).unwrap()).unwrap();
+        let slots = auth.kdf_slots.available_permits();
+        let dropped = tokio::time::timeout(Duration::from_millis(20), auth.authenticate(&basic("a", "wrong"))).await;
+        assert!(dropped.is_err(), "the hash finished within 20 ms; make it slower");
+        assert_eq!(auth.kdf_slots.available_permits(), slots - 1, "the running hash still holds its slot");
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while auth.kdf_slots.available_permits() < slots {
+            assert!(std::time::Instant::now() < deadline, "the slot never came back");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn the_middleware_hands_handlers_the_identity_and_refreshes_cookies() {
+        use axum::routing::get;
+        use tower::ServiceExt;
+
+        let auth = Arc::new(two_logins());
+        let who = |axum::Extension(identity): axum::Extension<Identity>| async move {
+            match identity.require() {
+                Ok(principal) => format!("{:?} {principal:?}", identity.name).into_response(),
+                Err(err) => err.into_response(),
+            }
+        };
+        let app = axum::Router::new()
+            .route("/db", get(who))
+            .layer(axum::middleware::from_fn_with_state(auth.clone(), identify_request));
+        let call = |headers: HeaderMap| {
+            let app = app.clone();
+            async move {
+                let mut request = axum::extract::Request::get("/db").body(axum::body::Body::empty()).unwrap();
+                *request.headers_mut() = headers;
+                let response = app.oneshot(request).await.unwrap();
+                let status = response.status();
+                let set_cookie = response.headers().get(header::SET_COOKIE).cloned();
+                let body = axum::body::to_bytes(response.into_body(), 1 << 16).await.unwrap();
+                (status, String::from_utf8(body.to_vec()).unwrap(), set_cookie)
+            }
+        };
+        let (status, body, _) = call(basic("alice", "alice-pw")).await;
+        assert_eq!((status, body.as_str()), (StatusCode::OK, "Some(\"alice\") User(\"user_123\")"));
+        let (status, body, _) = call(basic("alice", "nope")).await;
+        assert_eq!((status, serde_json::from_str(&body).unwrap()), fixture_response(AUTH_WRONG_PASSWORD));
+        let (status, body, _) = call(HeaderMap::new()).await;
+        assert_eq!((status, serde_json::from_str(&body).unwrap()), fixture_response(AUTH_NONE));
+
+        let aging = auth.sessions.sign("admin", &cheap_hash("admin-pw"), unix_now() - 100);
+        let mut headers = HeaderMap::new();
+        headers.insert(header::COOKIE, HeaderValue::from_str(&format!("AuthSession={aging}")).unwrap());
+        let (status, body, set_cookie) = call(headers).await;
+        assert_eq!((status, body.as_str()), (StatusCode::OK, "Some(\"admin\") Admin"));
+        assert!(set_cookie.expect("a refreshed cookie").to_str().unwrap().starts_with("AuthSession="));
+    }
+
+    #[test]
+    fn the_cache_is_bounded_and_drops_the_oldest_and_holds_no_password() {
+        let cache = VerifiedCache::new(2);
+        let login = Arc::new(Login { name: "a".into(), password_hash: String::new(), principal: Principal::Admin });
+        let keys: Vec<[u8; 32]> = ["one", "two", "three"].iter().map(|pw| cache.key_for("a", pw)).collect();
+        for key in &keys {
+            cache.insert(*key, login.clone());
+        }
+        assert_eq!(cache.len(), 2);
+        assert!(cache.get(&keys[0]).is_none());
+        assert!(cache.get(&keys[1]).is_some() && cache.get(&keys[2]).is_some());
+        // Keys depend on how name and password split, and on the per-process key.
+        assert_ne!(cache.key_for("ab", "c"), cache.key_for("a", "bc"));
+        assert_ne!(VerifiedCache::new(2).key_for("a", "one"), keys[0]);
+    }
+
+    #[test]
+    fn configuration_errors_name_the_field() {
+        let hash = cheap_hash("pw");
+        let login = |name: &str, password_hash: &str, scope: &str| {
+            format!("[[couchdb_users]]\nname = \"{name}\"\npassword_hash = \"{password_hash}\"\n{scope}\n")
+        };
+        let fails = |toml: String| match settings(&toml).and_then(|s| CouchAuth::from_settings(&s)) {
+            Ok(_) => panic!("accepted:\n{toml}"),
+            Err(err) => err.to_string(),
+        };
+        let pbkdf2 = "$pbkdf2-sha256$i=600000$c2FsdHNhbHQ$aGFzaGhhc2hoYXNoaGFzaGhhc2hoYXNoaGFzaGhhc2g";
+        let cases = [
+            (login("a", "secret", "admin = true"), "invalid couchdb_users[0].password_hash: is not a PHC string"),
+            (login("a", pbkdf2, "admin = true"), "invalid couchdb_users[0].password_hash: uses \"pbkdf2-sha256\""),
+            (login("a", &hash, "admin = true\nuser = \"u\""), "invalid couchdb_users[0]: needs exactly one of"),
+            (login("a", &hash, ""), "invalid couchdb_users[0]: needs exactly one of"),
+            (login("a:b", &hash, "admin = true"), "invalid couchdb_users[0].name: must be non-empty"),
+            (login("", &hash, "admin = true"), "invalid couchdb_users[0].name"),
+            (login("a", &hash, "user = \"u:1\""), "invalid couchdb_users[0].user"),
+            (
+                login("a", &hash, "admin = true") + &login("a", &hash, "user = \"u\""),
+                "invalid couchdb_users[1].name: \"a\" is configured twice",
+            ),
+            ("couchdb_session_secret = \"abcd\"".into(), "invalid couchdb_session_secret: must be at least 32 hex"),
+            (format!("couchdb_session_secret = \"{}\"", "zz".repeat(16)), "invalid couchdb_session_secret"),
+            ("couchdb_session_timeout_secs = 0".into(), "invalid couchdb_session_timeout_secs: must be from 1"),
+            ("couchdb_users = \"alice-no-scope\"".into(), "invalid couchdb_users[0]: entries must be NAME:SCOPE:PHC"),
+        ];
+        for (toml, expected) in cases {
+            let message = fails(toml.clone());
+            assert!(message.starts_with(expected), "{toml}\n=> {message}\nexpected: {expected}");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_compact_form_of_couchdb_users_is_read() {
+        let compact = format!("admin:*:{} ;\n alice:user_123:{}", cheap_hash("admin-pw"), cheap_hash("alice-pw"));
+        let toml = format!("couchdb_users = \"{}\"", compact.replace('\n', "\\n"));
+        let auth = CouchAuth::from_settings(&settings(&toml).unwrap()).unwrap();
+        assert_eq!(auth.authenticate(&basic("admin", "admin-pw")).await.unwrap(), Some(Principal::Admin));
+        let alice = auth.authenticate(&basic("alice", "alice-pw")).await.unwrap();
+        assert_eq!(alice, Some(Principal::User("user_123".into())));
+    }
+
+    #[test]
+    fn hash_password_makes_an_argon2id_phc_string_that_verifies() {
+        let phc = hash_password("correct horse").unwrap();
+        assert!(phc.starts_with("$argon2id$v=19$m=19456,t=2,p=1$"), "{phc}");
+        check_password_hash(&phc).unwrap();
+        assert!(password_matches(&phc, "correct horse"));
+        assert!(!password_matches(&phc, "correct horse "));
+        assert_ne!(hash_password("correct horse").unwrap(), phc, "a fresh salt each time");
+        assert!(hash_password("").unwrap_err().to_string().contains("password"));
+    }
+
+    #[test]
+    fn cookies_are_read_from_any_cookie_header() {
+        let mut headers = HeaderMap::new();
+        headers.append(header::COOKIE, HeaderValue::from_static("theme=dark; AuthSession=abc"));
+        assert_eq!(cookie_value(&headers, "AuthSession").as_deref(), Some("abc"));
+        let mut headers = HeaderMap::new();
+        headers.append(header::COOKIE, HeaderValue::from_static("a=1"));
+        headers.append(header::COOKIE, HeaderValue::from_static("AuthSession=\"xyz\""));
+        assert_eq!(cookie_value(&headers, "AuthSession").as_deref(), Some("xyz"));
+        headers.insert(header::COOKIE, HeaderValue::from_static("AuthSession="));
+        assert_eq!(cookie_value(&headers, "AuthSession"), None);
+    }
+}

@@ -1,0 +1,343 @@
+//! Bulk and replication endpoints: `_bulk_docs` (both `new_edits` modes), `_bulk_get`,
+//! `_revs_diff` and `_ensure_full_commit`.
+//!
+//! `_bulk_docs` answers per document, in request order. With `new_edits: false` (a replicator
+//! writing revisions it already has) a known revision changes nothing, a revision whose history
+//! holds the current one fast-forwards, and otherwise CouchDB's deterministic winner is kept (see
+//! `DocumentBackend::put_replicated`), and the answer lists errors only, as CouchDB's does. A
+//! document that is not a data-store document gets a per-document `forbidden`, which both
+//! CouchDB's and PouchDB's replicators skip.
+
+use std::collections::{HashMap, HashSet};
+
+use axum::body::Body;
+use axum::extract::{Extension, Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use futures::stream::{self, StreamExt};
+use serde_json::{json, Map, Value};
+
+use super::access::Principal;
+use super::data_document::{self, parse_rev, IncomingDocument};
+use super::document::{doc_json, replicate, tombstone_json, write};
+use super::error::{CouchError, CouchResult};
+use super::request::bool_param;
+use super::{json, Answer, CouchState};
+use crate::backend::{Precondition, Revision, RevisionInfo, StoredDocument};
+
+/// Most documents one `_bulk_docs` or `_bulk_get` request may name; the body limit bounds the
+/// bytes, this bounds the per-document work.
+pub const MAX_BULK_DOCS: usize = 10_000;
+/// Replicated writes and per-document reads in flight at once within one request.
+const CONCURRENCY: usize = 16;
+
+/// `POST /{db}/_bulk_docs`.
+pub async fn bulk_docs(
+    State(state): State<CouchState>,
+    Extension(principal): Extension<Principal>,
+    Path(db): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Answer {
+    state.check_db(&db)?;
+    let request = state.bodies.read_object(&headers, body).await?;
+    let Value::Object(mut request) = request.value else {
+        return Err(CouchError::bad_request("Request body must be a JSON object"));
+    };
+    let new_edits = match request.remove("new_edits") {
+        None => true,
+        Some(Value::Bool(flag)) => flag,
+        Some(_) => return Err(CouchError::bad_request("new_edits must be a boolean")),
+    };
+    let docs = match request.remove("docs") {
+        Some(Value::Array(docs)) => docs,
+        _ => return Err(CouchError::bad_request("POST body must include `docs` parameter.")),
+    };
+    if docs.len() > MAX_BULK_DOCS {
+        return Err(CouchError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            format!("a _bulk_docs request may hold at most {MAX_BULK_DOCS} documents; it held {}", docs.len()),
+        ));
+    }
+    let results = if new_edits {
+        write_new_edits(&state, &principal, docs).await?
+    } else {
+        write_replicated(&state, &principal, docs).await
+    };
+    Ok(json(StatusCode::CREATED, Value::Array(results)))
+}
+
+/// The `id` to report for a document that could not even be parsed.
+fn reported_id(doc: &Value) -> Value {
+    doc.get("_id").cloned().unwrap_or(Value::Null)
+}
+
+/// `new_edits: true`: ordinary writes. Creates and updates go to the backend as one bulk
+/// request; deletions, and every write of a request that names an id twice (which must apply in
+/// order), go one by one.
+async fn write_new_edits(state: &CouchState, principal: &Principal, docs: Vec<Value>) -> CouchResult<Vec<Value>> {
+    let limits = state.store.options().limits;
+    let parsed: Vec<(Value, CouchResult<IncomingDocument>)> =
+        docs.into_iter().map(|doc| (reported_id(&doc), data_document::parse(doc, None, principal, &limits))).collect();
+    let mut seen = HashSet::new();
+    let repeated = parsed.iter().any(|(_, p)| p.as_ref().is_ok_and(|d| !seen.insert(d.id.as_str().to_owned())));
+    let mut results: Vec<Option<Value>> = vec![None; parsed.len()];
+    let mut batch = Vec::new();
+    let mut batch_slots = Vec::new();
+    let mut one_by_one = Vec::new();
+    for (slot, (reported, parsed)) in parsed.into_iter().enumerate() {
+        let doc = match parsed {
+            Ok(doc) => doc,
+            Err(err) => {
+                results[slot] = Some(error_row(&reported, &err));
+                continue;
+            }
+        };
+        let rev = match doc.rev.as_deref().map(parse_rev).transpose() {
+            Ok(rev) => rev,
+            Err(err) => {
+                results[slot] = Some(err.to_row(doc.id.as_str()));
+                continue;
+            }
+        };
+        if doc.deleted || repeated {
+            one_by_one.push((slot, doc, rev));
+        } else {
+            let precondition = rev.map(Precondition::MatchRevision).unwrap_or(Precondition::MustNotExist);
+            batch_slots.push((slot, doc.id.as_str().to_owned()));
+            batch.push((doc.id, doc.body, precondition));
+        }
+    }
+    if !batch.is_empty() {
+        let written = state.store.put_documents(batch).await?;
+        for ((slot, id), result) in batch_slots.into_iter().zip(written) {
+            results[slot] = Some(result_row(&id, result.map_err(CouchError::from)));
+        }
+    }
+    for (slot, doc, rev) in one_by_one {
+        let id = doc.id.as_str().to_owned();
+        results[slot] = Some(result_row(&id, write(state, doc, rev).await));
+    }
+    Ok(results.into_iter().map(|row| row.unwrap_or(Value::Null)).collect())
+}
+
+fn result_row(id: &str, result: CouchResult<Revision>) -> Value {
+    match result {
+        Ok(rev) => json!({ "ok": true, "id": id, "rev": rev.as_str() }),
+        Err(err) => err.to_row(id),
+    }
+}
+
+fn error_row(id: &Value, err: &CouchError) -> Value {
+    json!({ "id": id, "error": err.error, "reason": err.reason })
+}
+
+/// `new_edits: false`: each document's revision and history as the replicator sent them. The
+/// answer lists only the documents that failed.
+async fn write_replicated(state: &CouchState, principal: &Principal, docs: Vec<Value>) -> Vec<Value> {
+    let limits = state.store.options().limits;
+    // Writes to one id apply in request order: group by id, run groups concurrently.
+    let mut groups: Vec<Vec<(usize, Value)>> = Vec::new();
+    let mut group_of: HashMap<String, usize> = HashMap::new();
+    for (index, doc) in docs.into_iter().enumerate() {
+        let key = doc.get("_id").and_then(Value::as_str).map(str::to_owned).unwrap_or_else(|| format!("\u{0}{index}"));
+        let group = *group_of.entry(key).or_insert_with(|| {
+            groups.push(Vec::new());
+            groups.len() - 1
+        });
+        groups[group].push((index, doc));
+    }
+    let mut failures: Vec<(usize, Value)> = stream::iter(groups)
+        .map(|group| async move {
+            let mut failures = Vec::new();
+            for (index, doc) in group {
+                let reported = reported_id(&doc);
+                let outcome = match data_document::parse(doc, None, principal, &limits) {
+                    Ok(incoming) => replicate(state, incoming).await.map(|_| ()),
+                    Err(err) => Err(err),
+                };
+                if let Err(err) = outcome {
+                    failures.push((index, error_row(&reported, &err)));
+                }
+            }
+            failures
+        })
+        .buffer_unordered(CONCURRENCY)
+        .flat_map(stream::iter)
+        .collect()
+        .await;
+    failures.sort_by_key(|(index, _)| *index);
+    failures.into_iter().map(|(_, row)| row).collect()
+}
+
+/// `POST /{db}/_bulk_get`: `{"results": [{id, docs: [{ok: doc} | {error: …}]}]}` in request
+/// order. A named revision that is the current one (or the current tombstone) is answered;
+/// an older one is `missing`.
+pub async fn bulk_get(
+    State(state): State<CouchState>,
+    Extension(principal): Extension<Principal>,
+    Path(db): Path<String>,
+    Query(params): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Answer {
+    state.check_db(&db)?;
+    let revs = bool_param("revs", params.get("revs").map(String::as_str), false)?;
+    let latest = bool_param("latest", params.get("latest").map(String::as_str), false)?;
+    let request = state.bodies.read_object(&headers, body).await?;
+    let docs = match request.value.get("docs") {
+        Some(Value::Array(docs)) => docs.clone(),
+        _ => return Err(CouchError::bad_request("Missing JSON list of 'docs'.")),
+    };
+    if docs.len() > MAX_BULK_DOCS {
+        return Err(CouchError::bad_request(format!("a _bulk_get request may name at most {MAX_BULK_DOCS} documents")));
+    }
+    let results: Vec<Value> = stream::iter(docs)
+        .map(|item| {
+            let state = &state;
+            let principal = &principal;
+            async move { bulk_get_one(state, principal, &item, revs, latest).await }
+        })
+        .buffered(CONCURRENCY)
+        .collect()
+        .await;
+    Ok(json(StatusCode::OK, json!({ "results": results })))
+}
+
+async fn bulk_get_one(state: &CouchState, principal: &Principal, item: &Value, revs: bool, latest: bool) -> Value {
+    let Some(id) = item.get("id").and_then(Value::as_str) else {
+        return json!({ "id": null, "docs": [{ "error": { "id": null, "rev": null, "error": "bad_request", "reason": "an entry needs an id" } }] });
+    };
+    let wanted = item.get("rev").and_then(Value::as_str);
+    let error = |error: &str, reason: &str| json!({ "id": id, "docs": [{ "error": { "id": id, "rev": wanted.unwrap_or("undefined"), "error": error, "reason": reason } }] });
+    if !principal.may_access_id(id) {
+        return error("forbidden", "this login may not read that user's documents");
+    }
+    let backend = state.store.backend();
+    let found = match backend.get(id).await {
+        Ok(found) => found,
+        Err(err) => {
+            let err = CouchError::from(err);
+            return error(&err.error, &err.reason);
+        }
+    };
+    let is_current_rev = |rev: &str| found.as_ref().is_some_and(|doc| doc.rev.as_str() == rev);
+    let needs_info = revs || found.is_none() || wanted.is_some_and(|rev| !is_current_rev(rev));
+    let info = if needs_info {
+        match backend.revisions(id).await {
+            Ok(info) => info,
+            Err(err) => {
+                let err = CouchError::from(err);
+                return error(&err.error, &err.reason);
+            }
+        }
+    } else {
+        None
+    };
+    let doc = match answered_state(found.as_ref(), info.as_ref(), wanted, latest) {
+        Some(AnsweredState::Live(doc)) => {
+            doc_json(doc, if revs { info.as_ref().filter(|i| i.rev == doc.rev) } else { None })
+        }
+        Some(AnsweredState::Tombstone(info)) => tombstone_json(id, info, revs),
+        None if wanted.is_none() && info.as_ref().is_some_and(|i| i.deleted) => return error("not_found", "deleted"),
+        None => return error("not_found", "missing"),
+    };
+    json!({ "id": id, "docs": [{ "ok": doc }] })
+}
+
+/// What a read of one revision answers.
+pub(crate) enum AnsweredState<'a> {
+    Live(&'a StoredDocument),
+    Tombstone(&'a RevisionInfo),
+}
+
+/// The state that answers a request for revision `wanted` (`None`: the current one): the current
+/// document or tombstone when `wanted` is its revision, or, with `latest` (CouchDB's "the latest
+/// leaf of that revision's branch"), when `wanted` is one of its ancestors. A replicator asks with
+/// `latest=true` for the revision it saw in the feed; if the document changed since, it gets the
+/// newer one, as from CouchDB. `None`: this store holds no body for that revision.
+pub(crate) fn answered_state<'a>(
+    found: Option<&'a StoredDocument>,
+    info: Option<&'a RevisionInfo>,
+    wanted: Option<&str>,
+    latest: bool,
+) -> Option<AnsweredState<'a>> {
+    let current_rev = found.map(|doc| doc.rev.as_str()).or(info.map(|i| i.rev.as_str()))?;
+    let answers_current = match wanted {
+        None => true,
+        Some(rev) if rev == current_rev => true,
+        Some(rev) => latest && info.is_some_and(|i| i.ancestry.revisions().any(|known| known.as_str() == rev)),
+    };
+    if !answers_current {
+        return None;
+    }
+    match (found, info) {
+        (Some(doc), _) => Some(AnsweredState::Live(doc)),
+        (None, Some(info)) if info.deleted && wanted.is_some() => Some(AnsweredState::Tombstone(info)),
+        _ => None,
+    }
+}
+
+/// `POST /{db}/_revs_diff`: for each id, the named revisions this store does not know (neither
+/// the current one nor in its remembered ancestry).
+pub async fn revs_diff(
+    State(state): State<CouchState>,
+    Extension(principal): Extension<Principal>,
+    Path(db): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Answer {
+    state.check_db(&db)?;
+    let request = state.bodies.read_object(&headers, body).await?;
+    let Value::Object(request) = request.value else {
+        return Err(CouchError::bad_request("Request body must be a JSON object"));
+    };
+    if request.len() > MAX_BULK_DOCS {
+        return Err(CouchError::bad_request(format!(
+            "a _revs_diff request may name at most {MAX_BULK_DOCS} documents"
+        )));
+    }
+    let answers: Vec<CouchResult<Option<(String, Value)>>> = stream::iter(request)
+        .map(|(id, revs)| {
+            let state = &state;
+            let principal = &principal;
+            async move { revs_diff_one(state, principal, id, revs).await }
+        })
+        .buffered(CONCURRENCY)
+        .collect()
+        .await;
+    let mut missing = Map::new();
+    for answer in answers {
+        if let Some((id, entry)) = answer? {
+            missing.insert(id, entry);
+        }
+    }
+    Ok(json(StatusCode::OK, Value::Object(missing)))
+}
+
+async fn revs_diff_one(
+    state: &CouchState,
+    principal: &Principal,
+    id: String,
+    revs: Value,
+) -> CouchResult<Option<(String, Value)>> {
+    let Value::Array(revs) = revs else {
+        return Err(CouchError::bad_request(format!("the revisions of {id:?} must be an array")));
+    };
+    // Another user's documents are never sent to a per-user login's store: nothing is missing.
+    if !principal.may_access_id(&id) {
+        return Ok(None);
+    }
+    let info = state.store.backend().revisions(&id).await?;
+    let known: HashSet<String> =
+        info.map(|info| info.ancestry.revisions().map(|r| r.0).chain([info.rev.0]).collect()).unwrap_or_default();
+    let missing: Vec<Value> =
+        revs.into_iter().filter(|rev| rev.as_str().is_some_and(|rev| !known.contains(rev))).collect();
+    Ok((!missing.is_empty()).then(|| (id, json!({ "missing": missing }))))
+}
+
+/// `POST /{db}/_ensure_full_commit`: every acknowledged write is already durable.
+pub async fn ensure_full_commit(State(state): State<CouchState>, Path(db): Path<String>) -> Answer {
+    state.check_db(&db)?;
+    Ok(json(StatusCode::CREATED, json!({ "ok": true, "instance_start_time": "0" })))
+}

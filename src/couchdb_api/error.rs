@@ -1,0 +1,118 @@
+//! CouchDB's error answers: `{"error": "...", "reason": "..."}` with CouchDB's statuses and names,
+//! so clients that branch on them (`conflict`, `not_found`, `file_exists`, `forbidden`) keep
+//! working. A 5xx keeps its details in the log and tells the client only what failed.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use crate::error::{Error, ErrorKind};
+
+/// An error on its way to a CouchDB client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CouchError {
+    pub status: StatusCode,
+    pub error: String,
+    pub reason: String,
+}
+
+impl CouchError {
+    pub fn new(status: StatusCode, error: impl Into<String>, reason: impl Into<String>) -> Self {
+        CouchError { status, error: error.into(), reason: reason.into() }
+    }
+
+    pub fn bad_request(reason: impl Into<String>) -> Self {
+        CouchError::new(StatusCode::BAD_REQUEST, "bad_request", reason)
+    }
+
+    pub fn not_found(reason: impl Into<String>) -> Self {
+        CouchError::new(StatusCode::NOT_FOUND, "not_found", reason)
+    }
+
+    pub fn forbidden(reason: impl Into<String>) -> Self {
+        CouchError::new(StatusCode::FORBIDDEN, "forbidden", reason)
+    }
+
+    pub fn unauthorized(reason: impl Into<String>) -> Self {
+        CouchError::new(StatusCode::UNAUTHORIZED, "unauthorized", reason)
+    }
+
+    /// CouchDB's answer to a write whose `_rev` is not the current one.
+    pub fn conflict() -> Self {
+        CouchError::new(StatusCode::CONFLICT, "conflict", "Document update conflict.")
+    }
+
+    /// CouchDB's answer for a database other than the one served.
+    pub fn no_database() -> Self {
+        CouchError::not_found("Database does not exist.")
+    }
+
+    /// A feature this server does not offer over this backend (views, attachments, …).
+    pub fn not_supported(what: &str) -> Self {
+        CouchError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "not_implemented",
+            format!("{what} is not supported by agentstore"),
+        )
+    }
+
+    /// Our side failed (the reason is logged and answered).
+    pub(crate) fn internal(reason: impl Into<String>) -> Self {
+        CouchError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal_server_error", reason)
+    }
+
+    /// The `{"error","reason"}` body.
+    pub fn body(&self) -> serde_json::Value {
+        json!({ "error": self.error, "reason": self.reason })
+    }
+
+    /// The body of a per-document error in `_bulk_docs` answers.
+    pub fn to_row(&self, id: &str) -> serde_json::Value {
+        json!({ "id": id, "error": self.error, "reason": self.reason })
+    }
+}
+
+impl From<Error> for CouchError {
+    fn from(err: Error) -> Self {
+        let (status, error) = match err.kind() {
+            ErrorKind::InvalidInput => (StatusCode::BAD_REQUEST, "bad_request"),
+            ErrorKind::NotFound => (StatusCode::NOT_FOUND, "not_found"),
+            ErrorKind::Conflict => return CouchError::conflict(),
+            ErrorKind::TooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "document_too_large"),
+            ErrorKind::Unavailable | ErrorKind::DeadlineExceeded => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            ErrorKind::OutcomeUnknown => (StatusCode::GATEWAY_TIMEOUT, "outcome_unknown"),
+            ErrorKind::Unauthorized => (StatusCode::BAD_GATEWAY, "backend_unauthorized"),
+            ErrorKind::Misconfigured | ErrorKind::Corrupt | ErrorKind::Internal => {
+                (StatusCode::INTERNAL_SERVER_ERROR, "internal_server_error")
+            }
+        };
+        if !status.is_server_error() {
+            return CouchError::new(status, error, err.to_string());
+        }
+        tracing::error!(error = %err, kind = %err.kind(), "couchdb api request failed");
+        let reason = match err.kind() {
+            ErrorKind::Unavailable | ErrorKind::DeadlineExceeded => "the storage backend is unavailable; retry later",
+            ErrorKind::OutcomeUnknown => "the storage backend did not answer a write in time; it may have been applied",
+            ErrorKind::Unauthorized => "the storage backend refused the server's credentials",
+            ErrorKind::Misconfigured => "the server is misconfigured",
+            ErrorKind::Corrupt => "a stored document is corrupt",
+            _ => "internal error",
+        };
+        CouchError::new(status, error, reason)
+    }
+}
+
+impl IntoResponse for CouchError {
+    fn into_response(self) -> Response {
+        let mut response =
+            (self.status, axum::Json(json!({ "error": self.error, "reason": self.reason }))).into_response();
+        let headers = response.headers_mut();
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
+    }
+}
+
+/// Shorthand for handler results.
+pub type CouchResult<T> = std::result::Result<T, CouchError>;

@@ -1,0 +1,828 @@
+//! `POST /{db}/_find`: the request validated as CouchDB 3.4.3 validates it, then answered by
+//! paging the backend and filtering with the selector.
+//!
+//! Where the documents come from: a selector that fixes `userId` with `$eq` (always the case for a
+//! per-user login) reads the backend's `userId`/`namespace` index ([`DocumentBackend::query`]),
+//! narrowed to the namespace when that is fixed too; anything else pages every document
+//! ([`DocumentBackend::all_docs`]). Either way the backend is read [`SCAN_PAGE`] documents at a
+//! time, so memory stays bounded by a page plus the answer, never the store.
+//!
+//! Bookmarks are opaque (base64url JSON) and resume exactly where the previous page stopped: the
+//! backend's page token, how far into that page the answer went, and the last id returned. A
+//! client looping on `bookmark` until a short page sees each match once and terminates.
+//!
+//! `sort` needs every match before the first page can be cut, so sorting keeps each match's sort
+//! key and id (not the document) and refuses, with a 400 naming the cap, a query matching more
+//! than [`SORT_CAP`] documents; the page's documents are then read by id. An answer is built in
+//! memory, so one holding more than [`MAX_ANSWER_BYTES`] of documents is refused the same way
+//! (ask for a smaller `limit` and follow the bookmark).
+
+use std::cmp::Ordering;
+use std::time::Instant;
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
+
+use super::collate::{compare, compare_raw, compare_strings};
+use super::eval::matches;
+use super::index::IndexCatalog;
+use super::selector::{self, parse_field, Cond, Selector};
+use super::{erlang_term, MangoError};
+use crate::backend::{DocumentBackend, IdRange, Page, Projection, Query, StoredDocument};
+use crate::model::fields;
+use crate::model::validate::json_size;
+
+/// CouchDB's default `limit` (`[mango] default_limit`).
+pub const DEFAULT_LIMIT: u64 = 25;
+/// The most matching documents a sorted query may have: their sort keys are held in memory.
+pub const SORT_CAP: usize = 10_000;
+/// The most bytes of documents one `_find` answer may hold (the answer is built in memory).
+pub const MAX_ANSWER_BYTES: usize = 64 * 1024 * 1024;
+/// How many documents one backend read returns.
+pub const SCAN_PAGE: usize = 200;
+/// CouchDB's `[mango] index_scan_warning_threshold`: more documents examined per result than
+/// this earns a warning.
+const INDEX_SCAN_WARNING_THRESHOLD: f64 = 10.0;
+const NO_INDEX_WARNING: &str = "No matching index found, create an index to optimize query time.";
+const SCAN_RATIO_WARNING: &str = "The number of documents examined is high in proportion to the number of results returned. Consider adding a more specific index to improve this.";
+
+/// A validated `sort`: the fields (path and name) and the one direction they share.
+#[derive(Debug, Clone, Default)]
+pub struct Sort {
+    pub fields: Vec<(Vec<String>, String)>,
+    pub direction: String,
+}
+
+/// A validated `_find` (or `_explain`) body.
+#[derive(Debug, Clone)]
+pub struct FindRequest {
+    pub selector: Selector,
+    pub use_index: Vec<String>,
+    /// As given (`None` for absent, null or empty).
+    pub bookmark: Option<String>,
+    pub limit: u64,
+    pub skip: u64,
+    pub sort: Sort,
+    /// Paths to project and their names as given; empty is every field.
+    pub fields: Vec<(Vec<String>, String)>,
+    pub r: u64,
+    pub conflicts: bool,
+    pub stale: bool,
+    pub update: bool,
+    pub stable: bool,
+    pub execution_stats: bool,
+    pub allow_fallback: bool,
+}
+
+impl FindRequest {
+    pub fn sort_field_names(&self) -> Vec<String> {
+        self.sort.fields.iter().map(|(p, _)| selector::join_field(p)).collect()
+    }
+}
+
+/// The keys `_find` accepts, in the order CouchDB validates them.
+const FIND_KEYS: [&str; 15] = [
+    "selector",
+    "use_index",
+    "bookmark",
+    "limit",
+    "skip",
+    "sort",
+    "fields",
+    "partition",
+    "r",
+    "conflicts",
+    "stale",
+    "update",
+    "stable",
+    "execution_stats",
+    "allow_fallback",
+];
+
+/// Validates a `_find` body (CouchDB's `mango_opts:validate_find`), options in CouchDB's order so
+/// the first problem reported is the one CouchDB reports.
+pub fn parse_request(body: &Value) -> Result<FindRequest, MangoError> {
+    let Value::Object(body) = body else {
+        return Err(MangoError::bad_request("bad_request", "Request body must be a JSON object"));
+    };
+    let selector = match body.get("selector") {
+        None => return Err(MangoError::bad_request("missing_required_key", "Missing required key: selector")),
+        Some(Value::Object(selector)) => selector::parse(selector)?,
+        Some(other) => {
+            return Err(MangoError::bad_request(
+                "invalid_selector_json",
+                format!("Selector must be a JSON object, not: {}", erlang_term(other)),
+            ))
+        }
+    };
+    let request = FindRequest {
+        selector,
+        use_index: parse_use_index(body.get("use_index"))?,
+        bookmark: match body.get("bookmark") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) if s.is_empty() => None,
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(other) => return Err(invalid_bookmark(other)),
+        },
+        limit: non_negative(body.get("limit"), DEFAULT_LIMIT)?,
+        skip: non_negative(body.get("skip"), 0)?,
+        sort: body.get("sort").map(parse_sort).transpose()?.unwrap_or_default(),
+        fields: parse_fields(body.get("fields"))?,
+        r: positive(body.get("r"), 1)?,
+        conflicts: boolean(body.get("conflicts"), false)?,
+        stale: parse_stale(body.get("stale"))?,
+        update: boolean(body.get("update"), true)?,
+        stable: boolean(body.get("stable"), false)?,
+        execution_stats: boolean(body.get("execution_stats"), false)?,
+        allow_fallback: boolean(body.get("allow_fallback"), true)?,
+    };
+    match body.get("partition") {
+        None => {}
+        Some(Value::String(p)) if p.is_empty() => {}
+        Some(_) => {
+            return Err(MangoError::bad_request("bad_request", "`partition` parameter is not supported in this db."))
+        }
+    }
+    if let Some(unknown) = body.keys().find(|k| !FIND_KEYS.contains(&k.as_str())) {
+        return Err(MangoError::bad_request("invalid_key", format!("Invalid key {unknown} for this request.")));
+    }
+    Ok(request)
+}
+
+fn invalid_bookmark(given: &Value) -> MangoError {
+    MangoError::bad_request("invalid_bookmark", format!("Invalid bookmark value: {given}"))
+}
+
+fn non_negative(value: Option<&Value>, default: u64) -> Result<u64, MangoError> {
+    match value {
+        None => Ok(default),
+        Some(v) => v.as_u64().ok_or_else(|| {
+            MangoError::bad_request(
+                "invalid_non_neg_integer",
+                format!("{} is not an integer greater than or equal to zero", erlang_term(v)),
+            )
+        }),
+    }
+}
+
+fn positive(value: Option<&Value>, default: u64) -> Result<u64, MangoError> {
+    match value {
+        None => Ok(default),
+        Some(v) => v.as_u64().filter(|n| *n > 0).ok_or_else(|| {
+            MangoError::bad_request(
+                "invalid_pos_integer",
+                format!("{} is not an integer greater than zero", erlang_term(v)),
+            )
+        }),
+    }
+}
+
+fn boolean(value: Option<&Value>, default: bool) -> Result<bool, MangoError> {
+    match value {
+        None => Ok(default),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(v) => {
+            Err(MangoError::bad_request("invalid_boolean", format!("Invalid boolean value: {}", erlang_term(v))))
+        }
+    }
+}
+
+/// `stale`: `"ok"`, `false` or `"false"` (accepted and ignored: reads are never stale here).
+fn parse_stale(value: Option<&Value>) -> Result<bool, MangoError> {
+    match value {
+        None | Some(Value::Bool(false)) => Ok(false),
+        Some(Value::String(s)) if s == "false" => Ok(false),
+        Some(Value::String(s)) if s == "ok" => Ok(true),
+        Some(v) => {
+            Err(MangoError::bad_request("invalid_value", format!("Invalid value for stale: {}", erlang_term(v))))
+        }
+    }
+}
+
+/// `use_index`: `"ddoc"`, `"ddoc/name"`, `"_design/ddoc/name"`, `[ddoc]` or `[ddoc, name]`.
+fn parse_use_index(value: Option<&Value>) -> Result<Vec<String>, MangoError> {
+    let invalid =
+        |v: &Value| MangoError::bad_request("invalid_index_name", format!("Invalid index name: {}", erlang_term(v)));
+    match value {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::String(name)) => {
+            let parts: Vec<&str> = name.split('/').collect();
+            match parts.as_slice() {
+                [ddoc] | ["_design", ddoc] => Ok(vec![(*ddoc).to_owned()]),
+                [ddoc, view] | ["_design", ddoc, view] => Ok(vec![(*ddoc).to_owned(), (*view).to_owned()]),
+                _ => Err(invalid(value.unwrap_or(&Value::Null))),
+            }
+        }
+        Some(Value::Array(parts)) if parts.len() <= 2 && parts.iter().all(Value::is_string) => {
+            Ok(parts.iter().filter_map(|p| p.as_str().map(str::to_owned)).collect())
+        }
+        Some(other) => Err(invalid(other)),
+    }
+}
+
+/// `sort` (CouchDB's `mango_sort:new`): names or `{name: "asc"|"desc"}`, one direction for all.
+pub fn parse_sort(value: &Value) -> Result<Sort, MangoError> {
+    let Value::Array(specs) = value else {
+        return Err(MangoError::bad_request(
+            "invalid_sort_json",
+            format!("Sort must be an array of sort specs, not: {}", erlang_term(value)),
+        ));
+    };
+    let invalid_field =
+        |v: &Value| MangoError::bad_request("invalid_sort_field", format!("Invalid sort field: {}", erlang_term(v)));
+    let mut sort = Sort { fields: Vec::new(), direction: "asc".into() };
+    let mut directions = Vec::new();
+    for spec in specs {
+        let (name, direction) = match spec {
+            Value::String(name) if !name.is_empty() => (name.clone(), "asc".to_owned()),
+            Value::Object(map) if map.len() == 1 => {
+                let (name, direction) = map.iter().next().expect("one entry");
+                match direction.as_str() {
+                    Some(d @ ("asc" | "desc")) => (name.clone(), d.to_owned()),
+                    _ => {
+                        return Err(MangoError::bad_request(
+                            "invalid_sort_dir",
+                            format!("Invalid sort direction: {}", erlang_term(direction)),
+                        ))
+                    }
+                }
+            }
+            other => return Err(invalid_field(other)),
+        };
+        sort.fields.push((parse_field(&name)?, name));
+        directions.push(direction);
+    }
+    directions.dedup();
+    match directions.as_slice() {
+        [] => {}
+        [one] => sort.direction = one.clone(),
+        _ => {
+            return Err(MangoError::bad_request(
+                "unsupported_mixed_sort",
+                "Sorts currently only support a single direction for all fields.",
+            ))
+        }
+    }
+    Ok(sort)
+}
+
+/// `fields`: an array of field names (dotted paths).
+fn parse_fields(value: Option<&Value>) -> Result<Vec<(Vec<String>, String)>, MangoError> {
+    match value {
+        None => Ok(Vec::new()),
+        Some(Value::Array(names)) => names
+            .iter()
+            .map(|name| match name {
+                Value::String(s) => Ok((parse_field(s)?, s.clone())),
+                other => Err(MangoError::bad_request(
+                    "invalid_field",
+                    format!("Invalid JSON for field spec: {}", erlang_term(other)),
+                )),
+            })
+            .collect(),
+        Some(other) => Err(MangoError::bad_request(
+            "invalid_fields",
+            format!("Fields must be an array of strings, not: {}", erlang_term(other)),
+        )),
+    }
+}
+
+/// The selector a per-user login's query runs with: its own, and `userId` equal to the user.
+pub fn restrict_to_user(selector: Selector, only_user: Option<&str>) -> Selector {
+    match only_user {
+        None => selector,
+        Some(user) => {
+            let own =
+                Selector::Field { path: vec![fields::USER_ID.into()], cond: Cond::Eq(Value::String(user.into())) };
+            match selector {
+                Selector::MatchAll => own,
+                other => Selector::And(vec![own, other]),
+            }
+        }
+    }
+}
+
+/// Where a query's candidate documents are read from.
+#[derive(Debug, Clone, PartialEq)]
+enum Source {
+    /// The backend's `userId` (+ `namespace`) index.
+    ByUser { user_id: String, namespace: Option<String> },
+    /// Every document, in id order.
+    AllDocs,
+}
+
+impl Source {
+    fn for_selector(selector: &Selector) -> Self {
+        let text = |field: &str| selector.required_equal(&[field]).and_then(Value::as_str).map(str::to_owned);
+        match text(fields::USER_ID) {
+            Some(user_id) => Source::ByUser { user_id, namespace: text(fields::NAMESPACE) },
+            None => Source::AllDocs,
+        }
+    }
+
+    /// A short tag naming the source in a bookmark, so a bookmark is not replayed on another.
+    fn tag(&self) -> String {
+        match self {
+            Source::ByUser { user_id, namespace } => format!("user:{user_id}:{}", namespace.as_deref().unwrap_or("*")),
+            Source::AllDocs => "all".into(),
+        }
+    }
+
+    async fn page(
+        &self,
+        backend: &dyn DocumentBackend,
+        token: Option<&str>,
+    ) -> Result<Page<StoredDocument>, MangoError> {
+        Ok(match self {
+            Source::ByUser { user_id, namespace } => {
+                let query =
+                    Query { user_id: user_id.clone(), namespace: namespace.clone(), projection: Projection::All };
+                backend.query(&query, SCAN_PAGE, token).await?
+            }
+            Source::AllDocs => backend.all_docs(&IdRange::all(), SCAN_PAGE, token).await?,
+        })
+    }
+}
+
+/// Where the next page of a query starts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "k")]
+enum Bookmark {
+    /// Unsorted: re-read the backend page fetched with `token`, continue after `offset` items
+    /// (after the item `last_id` if it moved); `done` when the scan reached the end.
+    #[serde(rename = "s")]
+    Scan {
+        #[serde(rename = "src")]
+        source: String,
+        #[serde(rename = "t")]
+        token: Option<String>,
+        #[serde(rename = "o")]
+        offset: usize,
+        #[serde(rename = "l")]
+        last_id: Option<String>,
+        #[serde(rename = "d")]
+        done: bool,
+    },
+    /// Sorted, before the first match (a page of `limit: 0`, or no match yet).
+    #[serde(rename = "b")]
+    SortedStart,
+    /// Sorted: continue after the match with these sort keys and id.
+    #[serde(rename = "o")]
+    Sorted {
+        #[serde(rename = "key")]
+        keys: Vec<Value>,
+        id: String,
+    },
+}
+
+impl Bookmark {
+    fn encode(&self) -> String {
+        URL_SAFE_NO_PAD.encode(serde_json::to_vec(self).unwrap_or_default())
+    }
+
+    fn decode(text: &str) -> Result<Self, MangoError> {
+        URL_SAFE_NO_PAD
+            .decode(text)
+            .ok()
+            .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+            .ok_or_else(|| invalid_bookmark(&Value::String(text.to_owned())))
+    }
+}
+
+/// What a run over the backend found.
+struct Outcome {
+    docs: Vec<Value>,
+    bookmark: String,
+    examined: u64,
+}
+
+/// Runs a `_find` request over the backend: `{"docs", "bookmark", "warning"?, "execution_stats"?}`.
+/// `only_user` restricts the answer to documents whose `userId` is that user's.
+pub async fn find(
+    backend: &dyn DocumentBackend,
+    request: &Value,
+    only_user: Option<&str>,
+    indexes: &IndexCatalog,
+) -> Result<Value, MangoError> {
+    find_with_limits(backend, request, only_user, indexes, FindLimits::default()).await
+}
+
+/// Bounds on what one `_find` holds in memory; a query that would pass one is a 400 naming it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FindLimits {
+    /// The most matches a sorted query may have ([`SORT_CAP`]).
+    pub sort_cap: usize,
+    /// The most bytes of documents in one answer ([`MAX_ANSWER_BYTES`]).
+    pub answer_bytes: usize,
+}
+
+impl Default for FindLimits {
+    fn default() -> Self {
+        FindLimits { sort_cap: SORT_CAP, answer_bytes: MAX_ANSWER_BYTES }
+    }
+}
+
+/// [`find`] with other memory bounds.
+pub async fn find_with_limits(
+    backend: &dyn DocumentBackend,
+    request: &Value,
+    only_user: Option<&str>,
+    indexes: &IndexCatalog,
+    limits: FindLimits,
+) -> Result<Value, MangoError> {
+    let started = Instant::now();
+    let mut parsed = parse_request(request)?;
+    parsed.selector = restrict_to_user(parsed.selector, only_user);
+    let choice =
+        indexes.choose(&parsed.selector, &parsed.sort_field_names(), &parsed.use_index, parsed.allow_fallback)?;
+    let source = Source::for_selector(&parsed.selector);
+    let bookmark = parsed.bookmark.as_deref().map(Bookmark::decode).transpose()?;
+    let outcome = if parsed.sort.fields.is_empty() {
+        run_unsorted(backend, &parsed, &source, bookmark, limits).await?
+    } else {
+        run_sorted(backend, &parsed, &source, bookmark, limits).await?
+    };
+
+    let mut warnings = choice.warnings;
+    if choice.index.is_none() {
+        warnings.push(NO_INDEX_WARNING.into());
+    }
+    let returned = outcome.docs.len() as u64;
+    let ratio = if returned == 0 { outcome.examined as f64 } else { outcome.examined as f64 / returned as f64 };
+    if ratio > INDEX_SCAN_WARNING_THRESHOLD {
+        warnings.push(SCAN_RATIO_WARNING.into());
+    }
+    let mut answer = Map::new();
+    answer.insert("docs".into(), Value::Array(outcome.docs));
+    answer.insert("bookmark".into(), Value::String(outcome.bookmark));
+    if !warnings.is_empty() {
+        answer.insert("warning".into(), Value::String(warnings.join("\n")));
+    }
+    if parsed.execution_stats {
+        answer.insert(
+            "execution_stats".into(),
+            json!({
+                "total_keys_examined": outcome.examined,
+                "total_docs_examined": outcome.examined,
+                "total_quorum_docs_examined": 0,
+                "results_returned": returned,
+                "execution_time_ms": started.elapsed().as_secs_f64() * 1000.0,
+            }),
+        );
+    }
+    Ok(Value::Object(answer))
+}
+
+/// The document as the selector sees it: `_id`, `_rev`, then the body. `None` for documents a
+/// query never returns (design documents).
+fn candidate(doc: &StoredDocument) -> Option<Map<String, Value>> {
+    if doc.id.starts_with("_design/") || doc.id.starts_with(crate::backend::LOCAL_PREFIX) {
+        return None;
+    }
+    match doc.to_json() {
+        Value::Object(map) => Some(map),
+        _ => None,
+    }
+}
+
+/// Where in the first page to resume: after `last_id` if it is still where the bookmark left it
+/// or has moved within the page. If it is gone (deleted meanwhile): in an id-ordered source, at
+/// the first id after it; otherwise one item earlier than before, where the item that followed
+/// it now stands.
+fn resume_index(items: &[StoredDocument], offset: usize, last_id: Option<&str>, id_ordered: bool) -> usize {
+    let Some(last_id) = last_id else { return offset.min(items.len()) };
+    if offset > 0 && items.get(offset - 1).is_some_and(|d| d.id == last_id) {
+        return offset;
+    }
+    if let Some(at) = items.iter().position(|d| d.id == last_id) {
+        return at + 1;
+    }
+    if id_ordered {
+        return items.partition_point(|d| d.id.as_bytes() <= last_id.as_bytes());
+    }
+    offset.saturating_sub(1).min(items.len())
+}
+
+/// An unsorted query: pages of the backend in its order, filtered, skipped and cut at `limit`.
+async fn run_unsorted(
+    backend: &dyn DocumentBackend,
+    request: &FindRequest,
+    source: &Source,
+    bookmark: Option<Bookmark>,
+    limits: FindLimits,
+) -> Result<Outcome, MangoError> {
+    let tag = source.tag();
+    let (mut token, offset, last_id) = match bookmark {
+        None => (None, 0, None),
+        Some(Bookmark::Scan { source: from, token, offset, last_id, done }) if from == tag => {
+            if done || request.limit == 0 {
+                let again = Bookmark::Scan { source: from, token, offset, last_id, done };
+                return Ok(Outcome { docs: Vec::new(), bookmark: again.encode(), examined: 0 });
+            }
+            (token, offset, last_id)
+        }
+        Some(_) => return Err(invalid_bookmark(&Value::String(request.bookmark.clone().unwrap_or_default()))),
+    };
+    let start_bookmark =
+        Bookmark::Scan { source: tag.clone(), token: token.clone(), offset, last_id: last_id.clone(), done: false };
+    if request.limit == 0 {
+        return Ok(Outcome { docs: Vec::new(), bookmark: start_bookmark.encode(), examined: 0 });
+    }
+    let mut resume = Some((offset, last_id));
+    let (mut docs, mut examined, mut skipped) = (AnswerDocs::new(limits.answer_bytes), 0u64, 0u64);
+    loop {
+        let page = source.page(backend, token.as_deref()).await?;
+        let first = match resume.take() {
+            Some((offset, last_id)) => {
+                resume_index(&page.items, offset, last_id.as_deref(), *source == Source::AllDocs)
+            }
+            None => 0,
+        };
+        for (at, doc) in page.items.iter().enumerate().skip(first) {
+            let Some(object) = candidate(doc) else { continue };
+            examined += 1;
+            if !matches(&request.selector, &object) {
+                continue;
+            }
+            if skipped < request.skip {
+                skipped += 1;
+                continue;
+            }
+            docs.push(project(object, &request.fields))?;
+            if docs.len() as u64 == request.limit {
+                let next =
+                    Bookmark::Scan { source: tag, token, offset: at + 1, last_id: Some(doc.id.clone()), done: false };
+                return Ok(Outcome { docs: docs.docs, bookmark: next.encode(), examined });
+            }
+        }
+        match page.next {
+            Some(next) => token = Some(next),
+            None => break,
+        }
+    }
+    let end = Bookmark::Scan { source: tag, token, offset: 0, last_id: None, done: true };
+    Ok(Outcome { docs: docs.docs, bookmark: end.encode(), examined })
+}
+
+/// A sorted query: every match's sort key and id (at most [`SORT_CAP`]), sorted, the page cut
+/// after the bookmark, then the page's documents read by id.
+async fn run_sorted(
+    backend: &dyn DocumentBackend,
+    request: &FindRequest,
+    source: &Source,
+    bookmark: Option<Bookmark>,
+    limits: FindLimits,
+) -> Result<Outcome, MangoError> {
+    let after = match bookmark {
+        None | Some(Bookmark::SortedStart) => None,
+        Some(Bookmark::Sorted { keys, id }) if keys.len() == request.sort.fields.len() => Some((keys, id)),
+        Some(_) => return Err(invalid_bookmark(&Value::String(request.bookmark.clone().unwrap_or_default()))),
+    };
+    let descending = request.sort.direction == "desc";
+    let order = |a: &(Vec<Value>, String), b: &(Vec<Value>, String)| {
+        let ascending = compare_keys(&request.sort, &a.0, &b.0).then_with(|| compare_strings(&a.1, &b.1));
+        if descending {
+            ascending.reverse()
+        } else {
+            ascending
+        }
+    };
+    let (mut matched, examined) = collect_sort_keys(backend, request, source, limits.sort_cap).await?;
+    matched.sort_by(order);
+    let start = match &after {
+        Some(position) => matched.partition_point(|entry| order(entry, position) != Ordering::Greater),
+        None => 0,
+    };
+    let page: Vec<(Vec<Value>, String)> =
+        matched.into_iter().skip(start).skip(saturating(request.skip)).take(saturating(request.limit)).collect();
+    let ids: Vec<String> = page.iter().map(|(_, id)| id.clone()).collect();
+    let mut docs = AnswerDocs::new(limits.answer_bytes);
+    for chunk in ids.chunks(SCAN_PAGE) {
+        // A document changed since its key was read is checked again and left out if it no
+        // longer matches (the page is then short by it, as a concurrent write can make any page).
+        for object in backend.get_many(chunk).await?.iter().flatten().filter_map(candidate) {
+            if matches(&request.selector, &object) {
+                docs.push(project(object, &request.fields))?;
+            }
+        }
+    }
+    let docs = docs.docs;
+    let bookmark = match page.last() {
+        Some((keys, id)) => Bookmark::Sorted { keys: keys.clone(), id: id.clone() },
+        None => match after {
+            Some((keys, id)) => Bookmark::Sorted { keys, id },
+            None => Bookmark::SortedStart,
+        },
+    };
+    Ok(Outcome { docs, bookmark: bookmark.encode(), examined })
+}
+
+/// An answer's documents, with their size counted against the answer's byte budget.
+struct AnswerDocs {
+    docs: Vec<Value>,
+    bytes: usize,
+    budget: usize,
+}
+
+impl AnswerDocs {
+    fn new(budget: usize) -> Self {
+        AnswerDocs { docs: Vec::new(), bytes: 0, budget }
+    }
+
+    fn len(&self) -> usize {
+        self.docs.len()
+    }
+
+    fn push(&mut self, doc: Value) -> Result<(), MangoError> {
+        self.bytes = self.bytes.saturating_add(json_size(&doc));
+        if self.bytes > self.budget {
+            return Err(MangoError::bad_request(
+                "answer_too_large",
+                format!(
+                    "this query's answer would exceed {} bytes, the most this server sends in one _find response; \
+                     ask for a smaller `limit` and continue with `bookmark`",
+                    self.budget
+                ),
+            ));
+        }
+        self.docs.push(doc);
+        Ok(())
+    }
+}
+
+fn saturating(n: u64) -> usize {
+    usize::try_from(n).unwrap_or(usize::MAX)
+}
+
+/// Compares two sort keys field by field: `_id` by bytes (CouchDB sorts it with `_all_docs`, in
+/// raw order), every other field in CouchDB's collation.
+fn compare_keys(sort: &Sort, a: &[Value], b: &[Value]) -> Ordering {
+    sort.fields
+        .iter()
+        .zip(a.iter().zip(b))
+        .map(
+            |((path, _), (x, y))| {
+                if path.len() == 1 && path[0] == fields::ID {
+                    compare_raw(x, y)
+                } else {
+                    compare(x, y)
+                }
+            },
+        )
+        .find(|o| *o != Ordering::Equal)
+        .unwrap_or(Ordering::Equal)
+}
+
+/// Every match's sort key and id; documents missing a sort field are left out, as a CouchDB
+/// index leaves them out.
+async fn collect_sort_keys(
+    backend: &dyn DocumentBackend,
+    request: &FindRequest,
+    source: &Source,
+    sort_cap: usize,
+) -> Result<(Vec<(Vec<Value>, String)>, u64), MangoError> {
+    let (mut matched, mut examined, mut token) = (Vec::new(), 0u64, None::<String>);
+    loop {
+        let page = source.page(backend, token.as_deref()).await?;
+        for doc in &page.items {
+            let Some(object) = candidate(doc) else { continue };
+            examined += 1;
+            if !matches(&request.selector, &object) {
+                continue;
+            }
+            let keys: Option<Vec<Value>> =
+                request.sort.fields.iter().map(|(path, _)| value_at(&object, path).cloned()).collect();
+            let Some(keys) = keys else { continue };
+            if matched.len() == sort_cap {
+                return Err(MangoError::bad_request(
+                    "too_many_matches_to_sort",
+                    format!(
+                        "this server sorts at most {sort_cap} matching documents and this query matches more; \
+                         narrow the selector, or page without `sort` using `bookmark`"
+                    ),
+                ));
+            }
+            matched.push((keys, doc.id.clone()));
+        }
+        match page.next {
+            Some(next) => token = Some(next),
+            None => return Ok((matched, examined)),
+        }
+    }
+}
+
+/// The value at a path (objects by key, arrays by index), if present.
+fn value_at<'a>(object: &'a Map<String, Value>, path: &[String]) -> Option<&'a Value> {
+    let (first, rest) = path.split_first()?;
+    let mut current = object.get(first)?;
+    for segment in rest {
+        current = match current {
+            Value::Object(map) => map.get(segment)?,
+            Value::Array(items) => items.get(segment.parse::<usize>().ok()?)?,
+            _ => return None,
+        };
+    }
+    Some(current)
+}
+
+/// `fields`: only the listed paths, nested as in the document (CouchDB's `mango_fields:extract`).
+fn project(object: Map<String, Value>, fields: &[(Vec<String>, String)]) -> Value {
+    if fields.is_empty() {
+        return Value::Object(object);
+    }
+    let mut out = Map::new();
+    for (path, _) in fields {
+        let Some(value) = value_at(&object, path) else { continue };
+        let (last, parents) = path.split_last().expect("parse_field never returns an empty path");
+        let mut target = &mut out;
+        for segment in parents {
+            let slot = target.entry(segment.clone()).or_insert_with(|| Value::Object(Map::new()));
+            if !slot.is_object() {
+                *slot = Value::Object(Map::new());
+            }
+            target = slot.as_object_mut().expect("made an object above");
+        }
+        target.insert(last.clone(), value.clone());
+    }
+    Value::Object(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn error_of(body: Value) -> (u16, String, String) {
+        let e = parse_request(&body).unwrap_err();
+        (e.status.as_u16(), e.error, e.reason)
+    }
+
+    #[test]
+    fn validation_errors_match_couchdb() {
+        assert_eq!(
+            error_of(json!({"fields": ["key"]})),
+            (400, "missing_required_key".into(), "Missing required key: selector".into())
+        );
+        assert_eq!(error_of(json!({"selector": [1]})).2, "Selector must be a JSON object, not: [1]");
+        assert_eq!(
+            error_of(json!({"selector": {}, "limit": -1})).2,
+            "-1 is not an integer greater than or equal to zero"
+        );
+        assert_eq!(error_of(json!({"selector": {}, "limit": "5"})).1, "invalid_non_neg_integer");
+        assert_eq!(error_of(json!({"selector": {}, "r": 0})).2, "0 is not an integer greater than zero");
+        assert_eq!(error_of(json!({"selector": {}, "conflicts": 1})).2, "Invalid boolean value: 1");
+        assert_eq!(error_of(json!({"selector": {}, "nope": 1})).2, "Invalid key nope for this request.");
+        assert_eq!(
+            error_of(json!({"selector": {}, "fields": "key"})).2,
+            "Fields must be an array of strings, not: <<\"key\">>"
+        );
+        assert_eq!(error_of(json!({"selector": {}, "bookmark": 5})).2, "Invalid bookmark value: 5");
+        assert_eq!(
+            error_of(json!({"selector": {}, "sort": [{"a": "asc"}, {"b": "desc"}]})).1,
+            "unsupported_mixed_sort"
+        );
+        assert_eq!(error_of(json!({"selector": {}, "sort": [{"a": "up"}]})).2, "Invalid sort direction: <<\"up\">>");
+        assert_eq!(error_of(json!({"selector": {}, "sort": "a"})).1, "invalid_sort_json");
+    }
+
+    #[test]
+    fn accepted_options_and_defaults() {
+        let r =
+            parse_request(&json!({"selector": {"a": 1}, "r": 1, "conflicts": false, "update": true, "stable": false,
+            "stale": "ok", "execution_stats": true, "use_index": "_design/x/y", "skip": 2, "bookmark": null}))
+            .unwrap();
+        assert_eq!(r.limit, DEFAULT_LIMIT);
+        assert_eq!(r.use_index, vec!["x".to_string(), "y".to_string()]);
+        assert_eq!(r.skip, 2);
+        assert!(r.bookmark.is_none());
+    }
+
+    #[test]
+    fn projection_keeps_nested_paths() {
+        let doc = json!({"_id": "x", "a": {"b": 1, "c": 2}, "k": "v", "l": [10, 20]});
+        let fields = parse_fields(Some(&json!(["a.b", "k", "missing", "l.1"]))).unwrap();
+        assert_eq!(
+            project(doc.as_object().unwrap().clone(), &fields),
+            json!({"a": {"b": 1}, "k": "v", "l": {"1": 20}})
+        );
+    }
+
+    #[test]
+    fn bookmarks_round_trip_and_reject_garbage() {
+        let b = Bookmark::Scan {
+            source: "all".into(),
+            token: Some("t".into()),
+            offset: 3,
+            last_id: Some("id".into()),
+            done: false,
+        };
+        assert_eq!(Bookmark::decode(&b.encode()).unwrap(), b);
+        let e = Bookmark::decode("not-a-bookmark").unwrap_err();
+        // Fixture 035.
+        assert_eq!(
+            (e.status.as_u16(), e.error.as_str(), e.reason.as_str()),
+            (400, "invalid_bookmark", "Invalid bookmark value: \"not-a-bookmark\"")
+        );
+    }
+}

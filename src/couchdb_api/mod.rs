@@ -1,0 +1,242 @@
+//! The CouchDB HTTP API, served over whichever backend is configured.
+//!
+//! Existing deployments talk CouchDB's API to `agent_data_store` with their own programs:
+//! application clients, backup tools, replicators. [`CouchApp`] answers that API on its own
+//! listener (`--couchdb-listen`) beside the REST API, for the server root and one database, over
+//! the same [`DataStore`] facade and [`DocumentBackend`] trait as everything else: it never
+//! reaches into an adapter, so it works the same over the embedded store, DynamoDB, Firestore
+//! and CouchDB itself.
+//!
+//! Each request is authenticated first ([`auth`]: Basic or an `AuthSession` cookie from
+//! [`session`], resolved to an [`access::Principal`]); handlers live in one module
+//! per part of the API: the server and database ([`server`]), documents ([`document`]), bulk
+//! and replication endpoints ([`bulk`]), `_all_docs` ([`all_docs`]) and `_changes`
+//! ([`changes`]). Responses follow CouchDB 3.x field for field: `docs/couchdb-api.md` lists
+//! what is supported and how it differs.
+
+pub mod access;
+mod all_docs;
+pub mod auth;
+mod bulk;
+mod changes;
+pub mod data_document;
+mod document;
+pub mod error;
+pub mod mango;
+mod query;
+mod request;
+mod response;
+mod server;
+pub mod session;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{RawQuery, Request, State};
+use axum::http::HeaderMap;
+use axum::middleware::{from_fn, from_fn_with_state, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get, post};
+use axum::Router;
+use tokio::net::TcpListener;
+use tower_http::catch_panic::CatchPanicLayer;
+
+pub use access::Principal;
+pub use error::CouchError;
+
+use crate::config::Settings;
+use crate::error::{Error, ErrorKind, Result};
+use crate::store::DataStore;
+
+/// The database name served when none is configured: the spec's collection.
+pub const DEFAULT_DB: &str = "agent_data_store";
+
+/// What every handler shares.
+#[derive(Clone)]
+pub(crate) struct CouchState {
+    pub store: Arc<DataStore>,
+    pub db: Arc<str>,
+    pub bodies: Arc<request::Bodies>,
+    pub server_uuid: Arc<str>,
+    pub auth: Arc<auth::CouchAuth>,
+    /// Tells waiting `_changes` requests that the server is shutting down.
+    pub stopping: tokio::sync::watch::Receiver<bool>,
+}
+
+impl CouchState {
+    /// A database path segment must name the served database.
+    pub fn check_db(&self, db: &str) -> std::result::Result<(), CouchError> {
+        if db == &*self.db {
+            Ok(())
+        } else {
+            Err(CouchError::no_database())
+        }
+    }
+}
+
+/// The CouchDB API, configured and ready to serve on a listener.
+pub struct CouchApp {
+    router: Router,
+    open: bool,
+    stopping: tokio::sync::watch::Sender<bool>,
+}
+
+impl CouchApp {
+    /// Builds the API over `store` (shared with the REST API, so both see one set of write
+    /// queues and namespace caches).
+    pub fn build(store: Arc<DataStore>, settings: &Settings) -> Result<Self> {
+        let (stopping, stopping_seen) = tokio::sync::watch::channel(false);
+        let bodies = request::Bodies::new(settings.couchdb_request_limit(), settings.inflight_body_budget());
+        let server_uuid = server::stable_uuid(&store.backend().describe());
+        let auth = Arc::new(auth::CouchAuth::from_settings(settings)?);
+        let state = CouchState {
+            auth,
+            store,
+            db: Arc::from(settings.couchdb_db.as_str()),
+            bodies: Arc::new(bodies),
+            server_uuid: Arc::from(server_uuid.as_str()),
+            stopping: stopping_seen,
+        };
+        let open = state.auth.is_open();
+        Ok(CouchApp { router: router(state), open, stopping })
+    }
+
+    /// Whether requests need no credentials (no CouchDB users configured).
+    pub fn is_open(&self) -> bool {
+        self.open
+    }
+
+    /// Serves until `shutdown` resolves; connection limits and the grace period are the REST
+    /// API's.
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        settings: &Settings,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<()> {
+        let stopping = self.stopping;
+        let shutdown = async move {
+            shutdown.await;
+            let _ = stopping.send(true);
+        };
+        let limits = crate::http::connection_limits(settings);
+        crate::http::serve_connections(
+            listener,
+            self.router,
+            limits,
+            shutdown,
+            Duration::from_secs(settings.shutdown_grace_secs),
+        )
+        .await;
+        Ok(())
+    }
+}
+
+fn router(state: CouchState) -> Router {
+    let authenticated = Router::new()
+        .route("/_all_dbs", get(server::all_dbs))
+        .route("/_uuids", get(server::uuids))
+        .route(
+            "/{db}",
+            get(server::db_info).put(server::create_db).post(document::post_document).delete(server::delete_db),
+        )
+        // PouchDB asks for the database with a trailing slash.
+        .route(
+            "/{db}/",
+            get(server::db_info).put(server::create_db).post(document::post_document).delete(server::delete_db),
+        )
+        .route("/{db}/_all_docs", get(all_docs::get_all_docs).post(all_docs::post_all_docs))
+        .route("/{db}/_find", post(query::find))
+        .route("/{db}/_explain", post(query::explain))
+        .route("/{db}/_index", get(query::list_indexes).post(query::create_index))
+        .route("/{db}/_index/{*rest}", axum::routing::delete(query::delete_index))
+        .route("/{db}/_bulk_docs", post(bulk::bulk_docs))
+        .route("/{db}/_bulk_get", post(bulk::bulk_get))
+        .route("/{db}/_revs_diff", post(bulk::revs_diff))
+        .route("/{db}/_ensure_full_commit", post(bulk::ensure_full_commit))
+        .route("/{db}/_changes", get(changes::get_changes).post(changes::post_changes))
+        .route("/{db}/_local/{*name}", get(document::get_local).put(document::put_local).delete(document::delete_local))
+        .route("/{db}/_design/{*rest}", any(document::design_document))
+        .route(
+            "/{db}/{docid}",
+            get(document::get_document).put(document::put_document).delete(document::delete_document),
+        )
+        .route("/{db}/{docid}/{*attachment}", any(document::attachment))
+        .route_layer(from_fn(authenticate));
+    Router::new()
+        .route("/", get(server::welcome))
+        .route("/_up", get(server::up))
+        .route("/_session", get(get_session).post(post_session).delete(delete_session))
+        .merge(authenticated)
+        .fallback(server::no_route)
+        .method_not_allowed_fallback(server::method_not_allowed)
+        .layer(from_fn_with_state(Arc::clone(&state.auth), auth::identify_request))
+        .layer(CatchPanicLayer::custom(server::panic_response))
+        .layer(from_fn(response::couchdb_headers))
+        .with_state(state)
+}
+
+/// Middleware on every database route: the request must act for someone (CouchDB's 401
+/// otherwise); handlers get that [`Principal`].
+async fn authenticate(mut request: Request, next: Next) -> Response {
+    let principal = match request.extensions().get::<auth::Identity>().map(auth::Identity::require) {
+        Some(Ok(principal)) => principal.clone(),
+        Some(Err(err)) => return err.into_response(),
+        None => return CouchError::internal("the request was not identified").into_response(),
+    };
+    request.extensions_mut().insert(principal);
+    next.run(request).await
+}
+
+/// `POST /_session`: a login, form-encoded or JSON (possibly gzip-compressed).
+async fn post_session(
+    State(state): State<CouchState>,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+    body: axum::body::Body,
+) -> Response {
+    match state.bodies.read_login(&headers, body).await {
+        Ok(body) => session::post_session(&state.auth, &headers, query.as_deref(), body).await,
+        Err(err) => err.into_response(),
+    }
+}
+
+/// `GET /_session`: who the request acts as.
+async fn get_session(State(state): State<CouchState>, RawQuery(query): RawQuery, headers: HeaderMap) -> Response {
+    session::get_session(&state.auth, &headers, query.as_deref()).await
+}
+
+/// `DELETE /_session`: a logout (clears the cookie).
+async fn delete_session(RawQuery(query): RawQuery) -> Response {
+    session::delete_session(query.as_deref())
+}
+
+/// Binds the CouchDB listener, refusing non-loopback addresses when anyone could act as admin.
+pub async fn bind(listen: &str, app: &CouchApp, allow_unauthenticated: bool) -> Result<TcpListener> {
+    let addrs: Vec<SocketAddr> = tokio::net::lookup_host(listen)
+        .await
+        .map_err(|e| Error::invalid("couchdb_listen", format!("cannot resolve {listen:?}")).with_source(e))?
+        .collect();
+    if app.is_open() && !allow_unauthenticated && addrs.iter().any(|a| !a.ip().is_loopback()) {
+        return Err(Error::invalid(
+            "couchdb_listen",
+            format!(
+                "refusing to serve the CouchDB API on {listen} with no CouchDB users configured: anyone who can \
+                 reach it would be admin. Configure couchdb_users, listen on loopback, or pass --allow-unauthenticated"
+            ),
+        ));
+    }
+    TcpListener::bind(addrs.as_slice())
+        .await
+        .map_err(|e| Error::new(ErrorKind::Misconfigured, format!("cannot listen on {listen}")).with_source(e))
+}
+
+/// Handler results.
+pub(crate) type Answer = std::result::Result<Response, CouchError>;
+
+/// A JSON answer with a status.
+pub(crate) fn json(status: axum::http::StatusCode, body: serde_json::Value) -> Response {
+    (status, axum::Json(body)).into_response()
+}

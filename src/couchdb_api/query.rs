@@ -1,0 +1,99 @@
+//! Mango over HTTP: `POST /{db}/_find`, `POST /{db}/_explain`, `GET/POST /{db}/_index` and
+//! `DELETE /{db}/_index/{ddoc}/json/{name}`. The language, the plans and the paging live in
+//! [`super::mango`]; this module reads the requests, applies the login's restriction to its own
+//! user's documents, and answers.
+
+use axum::body::Body;
+use axum::extract::{Extension, Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use serde_json::Value;
+
+use super::access::Principal;
+use super::error::CouchError;
+use super::mango;
+use super::{json, Answer, CouchState};
+
+/// `POST /{db}/_find`.
+pub async fn find(
+    State(state): State<CouchState>,
+    Extension(principal): Extension<Principal>,
+    Path(db): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Answer {
+    state.check_db(&db)?;
+    let request = state.bodies.read_object(&headers, body).await?;
+    let backend = state.store.backend();
+    let catalog = mango::IndexCatalog::load(backend.as_ref()).await?;
+    let answer = mango::find(backend.as_ref(), &request.value, principal.only_user(), &catalog).await?;
+    Ok(json(StatusCode::OK, answer))
+}
+
+/// `POST /{db}/_explain`.
+pub async fn explain(
+    State(state): State<CouchState>,
+    Extension(principal): Extension<Principal>,
+    Path(db): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Answer {
+    state.check_db(&db)?;
+    let request = state.bodies.read_object(&headers, body).await?;
+    let answer =
+        mango::explain(state.store.backend().as_ref(), &request.value, &state.db, principal.only_user()).await?;
+    Ok(json(StatusCode::OK, answer))
+}
+
+/// `GET /{db}/_index`.
+pub async fn list_indexes(State(state): State<CouchState>, Path(db): Path<String>) -> Answer {
+    state.check_db(&db)?;
+    Ok(json(StatusCode::OK, mango::list_indexes(state.store.backend().as_ref()).await?))
+}
+
+/// `POST /{db}/_index`: indexes are recorded, and `_find` takes them into account when it picks
+/// a plan and checks a sort; only admins define them, as in CouchDB.
+pub async fn create_index(
+    State(state): State<CouchState>,
+    Extension(principal): Extension<Principal>,
+    Path(db): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Answer {
+    state.check_db(&db)?;
+    require_admin(&principal)?;
+    let request = state.bodies.read_object(&headers, body).await?;
+    Ok(json(StatusCode::OK, mango::create_index(state.store.backend().as_ref(), &request.value).await?))
+}
+
+/// `DELETE /{db}/_index/{ddoc}/json/{name}` (the ddoc with or without its `_design/` prefix).
+pub async fn delete_index(
+    State(state): State<CouchState>,
+    Extension(principal): Extension<Principal>,
+    Path((db, rest)): Path<(String, String)>,
+) -> Answer {
+    state.check_db(&db)?;
+    require_admin(&principal)?;
+    let rest = rest.strip_prefix("_design/").unwrap_or(&rest);
+    let Some((ddoc, name)) = rest.split_once("/json/") else {
+        return Err(CouchError::bad_request("the path must be _index/{ddoc}/json/{name}"));
+    };
+    Ok(json(StatusCode::OK, mango::delete_index(state.store.backend().as_ref(), ddoc, name).await?))
+}
+
+fn require_admin(principal: &Principal) -> Result<(), CouchError> {
+    match principal {
+        Principal::Admin => Ok(()),
+        Principal::User(_) => {
+            Err(CouchError::new(StatusCode::UNAUTHORIZED, "unauthorized", "You are not a db or server admin."))
+        }
+    }
+}
+
+/// The `_selector` filter of `_changes`: a Mango selector over each changed document.
+pub fn selector_filter(selector: &Value) -> Result<super::changes::DocumentPredicate, CouchError> {
+    let Value::Object(selector) = selector else {
+        return Err(CouchError::bad_request("`selector` must be a JSON object"));
+    };
+    let parsed = mango::selector::parse(selector)?;
+    Ok(Box::new(move |doc: &Value| doc.as_object().is_some_and(|doc| mango::eval::matches(&parsed, doc))))
+}

@@ -1,0 +1,155 @@
+//! The server root and the database: `GET /`, `/_up`, `/_all_dbs`, `/_uuids`, and
+//! `GET/HEAD/PUT/DELETE /{db}`. One database is served; `PUT` of it answers 412 as CouchDB does for
+//! a database that exists (PouchDB and aiocouch create-if-missing), any other name is 404.
+
+use std::any::Any;
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+use super::error::CouchError;
+use super::{json, Answer, CouchState};
+
+/// The CouchDB API version reported: the 3.x API these endpoints follow. Clients gate features
+/// on it (python-couchdb parses each part as a number), so it is CouchDB's, and the vendor says
+/// who is answering.
+pub const API_VERSION: &str = "3.4.3";
+
+/// A server uuid that stays the same across restarts over the same store, so replication
+/// peers that key checkpoints on it keep them.
+pub fn stable_uuid(describe: &str) -> String {
+    hex::encode(&Sha256::digest(format!("agentstore couchdb api {describe}").as_bytes())[..16])
+}
+
+/// `GET /`.
+pub async fn welcome(State(state): State<CouchState>) -> Response {
+    json(
+        StatusCode::OK,
+        json!({
+            "couchdb": "Welcome",
+            "version": API_VERSION,
+            "uuid": &*state.server_uuid,
+            "features": [],
+            "vendor": { "name": "agentstore", "version": env!("CARGO_PKG_VERSION") }
+        }),
+    )
+}
+
+/// `GET /_up`: the backend answers.
+pub async fn up(State(state): State<CouchState>) -> Response {
+    match state.store.backend().health().await {
+        Ok(()) => json(StatusCode::OK, json!({ "status": "ok", "seeds": {} })),
+        Err(err) => {
+            tracing::warn!(error = %err, "couchdb api: backend unhealthy");
+            json(StatusCode::NOT_FOUND, json!({ "status": "maintenance_mode" }))
+        }
+    }
+}
+
+/// `GET /_all_dbs`: the one database.
+pub async fn all_dbs(State(state): State<CouchState>) -> Response {
+    json(StatusCode::OK, json!([&*state.db]))
+}
+
+#[derive(serde::Deserialize)]
+pub struct UuidsParams {
+    count: Option<String>,
+}
+
+/// Most uuids one `GET /_uuids` hands out (CouchDB's default `max_count`).
+const MAX_UUIDS: u64 = 1000;
+
+/// `GET /_uuids?count=N`: random 128-bit ids, as CouchDB's `random` algorithm makes them.
+pub async fn uuids(Query(params): Query<UuidsParams>) -> Answer {
+    let count = super::request::integer_param("count", params.count.as_deref())?.unwrap_or(1);
+    if count > MAX_UUIDS {
+        return Err(CouchError::new(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            format!("count must not exceed {MAX_UUIDS}"),
+        ));
+    }
+    let mut uuids = Vec::with_capacity(count as usize);
+    for _ in 0..count {
+        let mut bytes = [0u8; 16];
+        getrandom::fill(&mut bytes)
+            .map_err(|e| CouchError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal_server_error", e.to_string()))?;
+        uuids.push(hex::encode(bytes));
+    }
+    Ok(json(StatusCode::OK, json!({ "uuids": uuids })))
+}
+
+/// `GET /{db}` (and HEAD): the database's information, with the counts the backend can give.
+pub async fn db_info(State(state): State<CouchState>, Path(db): Path<String>) -> Answer {
+    state.check_db(&db)?;
+    let backend = state.store.backend();
+    let doc_count = live_document_count(backend.as_ref()).await?;
+    let update_seq = backend.change_position().await?;
+    Ok(json(
+        StatusCode::OK,
+        json!({
+            "db_name": &*state.db,
+            "purge_seq": "0",
+            "update_seq": update_seq,
+            "sizes": { "file": 0, "external": 0, "active": 0 },
+            "props": {},
+            "doc_del_count": 0,
+            "doc_count": doc_count,
+            "disk_format_version": 8,
+            "compact_running": false,
+            "cluster": { "q": 1, "n": 1, "w": 1, "r": 1 },
+            "instance_start_time": "0"
+        }),
+    ))
+}
+
+/// How many data documents the store holds: exact where the backend counts without reading
+/// (its design documents left out, as `_all_docs` leaves them out), else the backend's estimate
+/// (DynamoDB's item count, some hours stale), else 0. Clients read it as a number
+/// (`doc_count`, `total_rows`), and couchrestore demands 0 of an empty target.
+pub async fn live_document_count(backend: &dyn crate::backend::DocumentBackend) -> crate::Result<u64> {
+    let count = match backend.exact_count().await? {
+        Some(count) => count.saturating_sub(backend.design_document_count().await?.unwrap_or(0)),
+        None => backend.approximate_count().await?.unwrap_or(0),
+    };
+    Ok(count)
+}
+
+/// `PUT /{db}`: the served database exists already (412, as CouchDB answers); no other can be made.
+pub async fn create_db(State(state): State<CouchState>, Path(db): Path<String>) -> Answer {
+    if *db == *state.db {
+        return Err(CouchError::new(
+            StatusCode::PRECONDITION_FAILED,
+            "file_exists",
+            "The database could not be created, the file already exists.",
+        ));
+    }
+    Err(CouchError::forbidden(format!("agentstore serves one database, {:?}; it cannot create others", &*state.db)))
+}
+
+/// `DELETE /{db}`: refused; the data store is not deleted through the API.
+pub async fn delete_db(State(state): State<CouchState>, Path(db): Path<String>) -> Answer {
+    state.check_db(&db)?;
+    Err(CouchError::forbidden("agentstore does not delete its database through the CouchDB API"))
+}
+
+/// Any path no route matches.
+pub async fn no_route() -> Response {
+    CouchError::not_found("missing").into_response()
+}
+
+/// A known path with a method it does not take (CouchDB's 405 body).
+pub async fn method_not_allowed() -> Response {
+    CouchError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "Only the documented methods are allowed")
+        .into_response()
+}
+
+/// A handler panicked: a 500 in CouchDB's shape, details in the log.
+pub fn panic_response(panic: Box<dyn Any + Send + 'static>) -> Response {
+    let what = panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned());
+    tracing::error!(panic = what.as_deref().unwrap_or("?"), "couchdb api handler panicked");
+    CouchError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal_server_error", "internal error").into_response()
+}
