@@ -296,6 +296,47 @@ pub async fn change_feed_is_ordered_complete_and_resumable(ctx: Ctx) {
     assert_eq!(b.changes(Some("not a token"), 5).await.unwrap_err().kind(), ErrorKind::InvalidInput);
 }
 
+/// A feed read from any position it handed out, the `seq` of one row in the middle of a page
+/// included, reaches the present: read until `pending` says the end, it reports every write
+/// acknowledged (a settle window, `change_feed_delay`, before the read) after that position.
+/// CouchDB's replicators resume from the last row's `seq` and stop at the first empty answer, so
+/// a backend that ended such a read at what it saw when the page was first read would leave
+/// later writes out of that replication.
+pub async fn a_read_from_a_row_seq_reaches_the_present(ctx: Ctx) {
+    let b = ctx.backend.as_ref();
+    let ids = ["a", "b", "c"].map(|k| id_of("u", "rows", k));
+    for (key, id) in ["a", "b", "c"].iter().zip(&ids) {
+        b.put(id, &body("u", "rows", key, json!(1)), Precondition::MustNotExist).await.unwrap();
+    }
+    tokio::time::sleep(b.change_feed_delay()).await;
+    let first = b.changes(None, 1).await.expect("changes");
+    let row_seq = match first.changes.as_slice() {
+        [row] => row.seq.clone(),
+        rows => panic!("a page of {} rows for a limit of 1", rows.len()),
+    };
+    let later = id_of("u", "rows", "later");
+    b.put(&later, &body("u", "rows", "later", json!(1)), Precondition::MustNotExist).await.unwrap();
+    tokio::time::sleep(b.change_feed_delay()).await;
+
+    let mut seen = Vec::new();
+    let mut since = row_seq;
+    for _ in 0..100 {
+        let page = b.changes(Some(&since), 1).await.expect("changes from a row's seq");
+        seen.extend(page.changes.into_iter().map(|change| change.id));
+        since = page.last_seq;
+        if page.pending == Some(0) {
+            break;
+        }
+    }
+    assert!(
+        seen.contains(&later),
+        "a read from a row's seq ended without the write made after that row was read (saw {seen:?})"
+    );
+    for id in &ids[1..] {
+        assert!(seen.contains(id), "{id}, after the row, is missing (saw {seen:?})");
+    }
+}
+
 /// Writers in several processes create, update and delete documents (several users and
 /// namespaces, ids shared between processes so their writes conflict) while this process follows
 /// the feed; afterwards the follower's view equals every document's final state. On the embedded

@@ -140,8 +140,13 @@ impl FirestoreBackend {
             _ => FeedToken::after_sweep(&snapshot).render(),
         };
         // A full query page leaves the sweep open, however many of its documents were reported
-        // already and dropped: more may follow.
-        Ok(ChangesPage { changes, last_seq, pending: if full { None } else { Some(0) } })
+        // already and dropped: more may follow. A sweep resumed from a token ends at the snapshot
+        // it began with, which may be long past (a replicator resumes from a row's `seq` and
+        // stops at the first empty answer): only a sweep that began with this read reaches the
+        // present. So the end of a resumed sweep is not the end of the feed; the next read, from
+        // its floor, starts a sweep at the current time.
+        let at_present = !full && token.sweep.is_none();
+        Ok(ChangesPage { changes, last_seq, pending: if at_present { Some(0) } else { None } })
     }
 
     pub(super) async fn feed_position(&self) -> Result<String> {
