@@ -36,7 +36,7 @@ fn main() -> ExitCode {
     let Some((backends, selected)) = harness::announce("couchdb api suite", args.list) else {
         return ExitCode::FAILURE;
     };
-    let cases: [(&str, TrialFn); 11] = [
+    let cases: [(&str, TrialFn); 12] = [
         ("mango_over_http", |e| Box::pin(mango_over_http(e))),
         ("per_user_logins", |e| Box::pin(per_user_logins(e))),
         ("server_and_database", |e| Box::pin(server_and_database(e))),
@@ -48,6 +48,7 @@ fn main() -> ExitCode {
         ("replication_peer", |e| Box::pin(replication_peer(e))),
         ("local_documents", |e| Box::pin(local_documents(e))),
         ("gzip_and_chunked_bodies", |e| Box::pin(gzip_and_chunked_bodies(e))),
+        ("design_documents", |e| Box::pin(design_documents(e))),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
@@ -296,6 +297,11 @@ async fn per_user_logins(e: Endpoint) -> TestResult {
     Answer::read(as_user("alice", Method::PUT, &path_of(&bobs)).json(&takeover).send().await?)
         .await?
         .expect(403, "alice writes bob's")?;
+    for path in [format!("/{DB}/_design/data_store"), format!("/{DB}/_design/data_store/_view/by_user")] {
+        Answer::read(as_user("alice", Method::GET, &path).send().await?)
+            .await?
+            .expect(403, "alice reads a design path")?;
+    }
     let bulk = Answer::read(
         as_user("alice", Method::POST, &format!("/{DB}/_bulk_docs")).json(&json!({"docs": [takeover]})).send().await?,
     )
@@ -416,6 +422,84 @@ async fn document_lifecycle(e: Endpoint) -> TestResult {
     })?;
     let missing_rev = e.get(&format!("{raw_path}?open_revs=[\"{rev1}\"]")).await?.expect(200, "open_revs=[old]")?;
     check(missing_rev.body == json!([{ "missing": rev1 }]), || format!("open_revs old: {}", missing_rev.body))
+}
+
+/// The status line of a `GET` sent byte for byte as given, path unresolved.
+async fn raw_get_status_line(e: &Endpoint, path: &str) -> Result<String, Failed> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let address = e.root.trim_start_matches("http://");
+    let mut stream = tokio::net::TcpStream::connect(address).await?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await?;
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await?;
+    let text = String::from_utf8_lossy(&answer);
+    Ok(text.lines().next().unwrap_or_default().to_owned())
+}
+
+/// The legacy design document of fixture 041 and its views (042, 043): over the CouchDB backend
+/// they pass through to the database and answer as CouchDB does; over the others every design
+/// path is `501 not_implemented`. A path that would climb out of the design document is refused
+/// before any backend sees it.
+async fn design_documents(e: Endpoint) -> TestResult {
+    let ddoc = fixture("041-legacy-design-doc-put")["request"]["body"].clone();
+    let ddoc_path = format!("/{DB}/_design/data_store");
+    // Sent as raw HTTP: URL libraries resolve these segments before sending.
+    for escaping in ["_design/%2e%2e/_all_docs", "_design/x/./_view/v", "_design/x/%2E/%2E%2E/y"] {
+        let status_line = raw_get_status_line(&e, &format!("/{DB}/{escaping}")).await?;
+        check(status_line.starts_with("HTTP/1.1 400"), || format!("GET {escaping}: {status_line}"))?;
+    }
+    if e.backend != "couchdb" {
+        for (method, path) in [
+            (Method::PUT, ddoc_path.clone()),
+            (Method::GET, format!("{ddoc_path}/_view/by_user?key=%22user_123%22")),
+            (Method::GET, path_of("_design/data_store")),
+            (Method::DELETE, format!("{ddoc_path}?rev=1-a7e52112db2d0dc8bf028c2bce0ede87")),
+        ] {
+            let body = (method == Method::PUT).then(|| ddoc.clone());
+            let answer = e.call(method.clone(), &path, body).await?.expect(501, &format!("{method} {path}"))?;
+            check(
+                answer.body["error"] == "not_implemented"
+                    && answer.body["reason"].as_str().is_some_and(|r| r.contains("design documents")),
+                || format!("{method} {path}: {}", answer.body),
+            )?;
+        }
+        return Ok(());
+    }
+    let created = e.put(&ddoc_path, ddoc.clone()).await?.expect(201, "PUT the legacy design document")?;
+    same_fields(&created.body, &couchdb_body("041-legacy-design-doc-put"), "PUT _design", &[])?;
+    let rev = created.rev()?;
+    let read = e.get(&path_of("_design/data_store")).await?.expect(200, "GET _design%2Fdata_store")?;
+    check(read.body["views"] == ddoc["views"] && read.body["_rev"] == rev.as_str(), || format!("ddoc: {}", read.body))?;
+    let docs: Vec<Value> = (0..5)
+        .map(|i| doc("user_123", "notes", &format!("note-{i:03}"), json!(i)))
+        .chain([doc("user_123", "cache", "github", json!(1)), doc("user_456", "notes", "n", json!(2))])
+        .collect();
+    e.post(&format!("/{DB}/_bulk_docs"), json!({ "docs": docs })).await?.expect(201, "seed")?;
+    let by_namespace = e
+        .get(&format!("{ddoc_path}/_view/by_user_namespace?key=%5B%22user_123%22%2C%22notes%22%5D&limit=3"))
+        .await?
+        .expect(200, "the by_user_namespace view")?;
+    same_fields(&by_namespace.body, &couchdb_body("042-legacy-view-by-user-namespace"), "_view", &[])?;
+    let rows = by_namespace.body["rows"].as_array().cloned().unwrap_or_default();
+    let expected_ids: Vec<Value> = docs[..3].iter().map(|d| d["_id"].clone()).collect();
+    check(rows.iter().map(|r| r["id"].clone()).collect::<Vec<_>>() == expected_ids, || {
+        format!("by_user_namespace rows: {rows:?}")
+    })?;
+    check(rows.iter().all(|r| r["key"] == json!(["user_123", "notes"]) && r["value"].is_null()), || {
+        format!("by_user_namespace keys: {rows:?}")
+    })?;
+    let by_user = e.get(&format!("{ddoc_path}/_view/by_user?key=%22user_123%22")).await?.expect(200, "by_user")?;
+    let values: Vec<&str> =
+        by_user.body["rows"].as_array().into_iter().flatten().filter_map(|r| r["value"].as_str()).collect();
+    check(values.len() == 6 && values.iter().filter(|v| **v == "notes").count() == 5, || {
+        format!("by_user rows: {}", by_user.body)
+    })?;
+    let stale = e.put(&ddoc_path, ddoc).await?;
+    check(stale.status == StatusCode::CONFLICT, || format!("a second PUT without _rev: {}", stale.status))?;
+    e.delete(&format!("{ddoc_path}?rev={rev}")).await?.expect(200, "DELETE the design document")?;
+    e.get(&ddoc_path).await?.expect(404, "the deleted design document")?;
+    Ok(())
 }
 
 async fn data_store_rules(e: Endpoint) -> TestResult {

@@ -235,6 +235,32 @@ pub fn needs_upgrade(store: &str, feature: &str, why: &str) -> crate::error::Err
     )
 }
 
+/// A request on a design document (`_design/{name}` and what lies below it: views, shows, lists,
+/// update functions), for a backend that runs design documents itself
+/// ([`DocumentBackend::design_request`]).
+#[derive(Debug, Clone)]
+pub struct DesignRequest {
+    pub method: reqwest::Method,
+    /// The path below the database, percent-encoded, starting `_design/`; no segment is `.` or
+    /// `..` (the caller checks).
+    pub path: String,
+    /// The query string without `?`, as the client sent it.
+    pub query: Option<String>,
+    /// The headers a design request depends on (`Content-Type`, `Accept`, `If-Match`,
+    /// `If-None-Match`), lowercase names.
+    pub headers: Vec<(String, String)>,
+    pub body: bytes::Bytes,
+}
+
+/// The backend's answer to a [`DesignRequest`], its body streamed so a large view result is never
+/// held in memory at once.
+pub struct DesignResponse {
+    pub status: u16,
+    /// `Content-Type` and `ETag`, lowercase names.
+    pub headers: Vec<(String, String)>,
+    pub body: futures::stream::BoxStream<'static, Result<bytes::Bytes>>,
+}
+
 /// What an adapter implements. Errors use [`crate::error::ErrorKind`]: a failed precondition is
 /// `Conflict`, a missing document on delete is `NotFound`.
 ///
@@ -355,6 +381,14 @@ pub trait DocumentBackend: Send + Sync + 'static {
     /// therefore never returns (CouchDB's design documents), so a migration can report what it
     /// left behind; `None` for a backend that keeps no such documents.
     async fn design_document_count(&self) -> Result<Option<u64>> {
+        Ok(None)
+    }
+
+    /// Runs a request on a design document where the backend runs design documents itself (the
+    /// CouchDB backend passes it to its database); `None` when it cannot, the default: the
+    /// embedded store, DynamoDB and Firestore keep no design documents.
+    async fn design_request(&self, request: DesignRequest) -> Result<Option<DesignResponse>> {
+        let _ = request;
         Ok(None)
     }
 

@@ -11,14 +11,15 @@
 use std::collections::HashMap;
 
 use axum::body::Body;
-use axum::extract::{Extension, Path, Query, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::extract::{Extension, Path, Query, RawQuery, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
 use serde_json::{json, Map, Value};
 
 use super::access::Principal;
 use super::data_document::{self, id_kind, parse_rev, IdKind, IncomingDocument};
+use super::design;
 use super::error::{CouchError, CouchResult};
 use super::request::{bool_param, json_param, require_json_content_type};
 use super::response::{etag, not_modified};
@@ -33,13 +34,18 @@ pub async fn get_document(
     Extension(principal): Extension<Principal>,
     Path((db, docid)): Path<(String, String)>,
     Query(params): Params,
+    method: Method,
+    RawQuery(raw_query): RawQuery,
     headers: HeaderMap,
 ) -> Answer {
     state.check_db(&db)?;
     match id_kind(&docid)? {
         IdKind::Data => {}
         IdKind::Local(name) => return local_get(&state, &principal, name).await,
-        IdKind::Design => return Err(design_not_supported()),
+        IdKind::Design => {
+            let path = design::path_of_id(&docid);
+            return design::run(&state, &principal, method, path, raw_query.as_deref(), &headers, Body::empty()).await;
+        }
     }
     principal.check_id(&docid)?;
     let backend = state.store.backend();
@@ -196,6 +202,7 @@ pub async fn put_document(
     Extension(principal): Extension<Principal>,
     Path((db, docid)): Path<(String, String)>,
     Query(params): Params,
+    RawQuery(raw_query): RawQuery,
     headers: HeaderMap,
     body: Body,
 ) -> Answer {
@@ -203,7 +210,10 @@ pub async fn put_document(
     match id_kind(&docid)? {
         IdKind::Data => {}
         IdKind::Local(name) => return local_put(&state, &principal, name, &params, &headers, body).await,
-        IdKind::Design => return Err(design_not_supported()),
+        IdKind::Design => {
+            let path = design::path_of_id(&docid);
+            return design::run(&state, &principal, Method::PUT, path, raw_query.as_deref(), &headers, body).await;
+        }
     }
     let doc = state.bodies.read_object(&headers, body).await?;
     let incoming = data_document::parse(doc.value, Some(&docid), &principal, &state.store.options().limits)?;
@@ -310,13 +320,18 @@ pub async fn delete_document(
     Extension(principal): Extension<Principal>,
     Path((db, docid)): Path<(String, String)>,
     Query(params): Params,
+    RawQuery(raw_query): RawQuery,
     headers: HeaderMap,
 ) -> Answer {
     state.check_db(&db)?;
     match id_kind(&docid)? {
         IdKind::Data => {}
         IdKind::Local(name) => return local_delete(&state, &principal, name, &params, &headers).await,
-        IdKind::Design => return Err(design_not_supported()),
+        IdKind::Design => {
+            let path = design::path_of_id(&docid);
+            let (method, query) = (Method::DELETE, raw_query.as_deref());
+            return design::run(&state, &principal, method, path, query, &headers, Body::empty()).await;
+        }
     }
     principal.check_id(&docid)?;
     let rev = write_revision(None, &params, &headers)?.ok_or_else(CouchError::conflict)?;
@@ -436,17 +451,6 @@ fn local_conflict(err: crate::Error) -> CouchError {
     } else {
         err.into()
     }
-}
-
-/// Design documents (views, validation functions, …) cannot run over these backends.
-fn design_not_supported() -> CouchError {
-    CouchError::not_supported("design documents (views, shows, lists, update and validation functions)")
-}
-
-/// `/{db}/_design/…`: see [`design_not_supported`].
-pub async fn design_document(State(state): State<CouchState>, Path((db, _rest)): Path<(String, String)>) -> Answer {
-    state.check_db(&db)?;
-    Err(design_not_supported())
 }
 
 /// `/{db}/{docid}/{attachment}`: attachments are not kept.

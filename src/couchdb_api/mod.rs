@@ -10,9 +10,10 @@
 //! Each request is authenticated first ([`auth`]: Basic or an `AuthSession` cookie from
 //! [`session`], resolved to an [`access::Principal`]); handlers live in one module
 //! per part of the API: the server and database ([`server`]), documents ([`document`]), bulk
-//! and replication endpoints ([`bulk`]), `_all_docs` ([`all_docs`]) and `_changes`
-//! ([`changes`]). Responses follow CouchDB 3.x field for field: `docs/couchdb-api.md` lists
-//! what is supported and how it differs.
+//! and replication endpoints ([`bulk`]), `_all_docs` ([`all_docs`]), `_changes`
+//! ([`changes`]) and design documents ([`design`], passed through where the backend runs them).
+//! Responses follow CouchDB 3.x field for field: `docs/couchdb-api.md` lists what is supported
+//! and how it differs.
 
 pub mod access;
 mod all_docs;
@@ -20,6 +21,7 @@ pub mod auth;
 mod bulk;
 mod changes;
 pub mod data_document;
+mod design;
 mod document;
 pub mod error;
 pub mod mango;
@@ -158,7 +160,7 @@ fn router(state: CouchState) -> Router {
         .route("/{db}/_ensure_full_commit", post(bulk::ensure_full_commit))
         .route("/{db}/_changes", get(changes::get_changes).post(changes::post_changes))
         .route("/{db}/_local/{*name}", get(document::get_local).put(document::put_local).delete(document::delete_local))
-        .route("/{db}/_design/{*rest}", any(document::design_document))
+        .route("/{db}/_design/{*rest}", any(design::design_request))
         .route(
             "/{db}/{docid}",
             get(document::get_document).put(document::put_document).delete(document::delete_document),

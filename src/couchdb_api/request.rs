@@ -46,21 +46,7 @@ impl Bodies {
 
     /// Reads and parses a JSON body. An empty body is `None`.
     pub async fn read_json(&self, headers: &HeaderMap, body: Body) -> CouchResult<Option<JsonBody>> {
-        let declared = declared_length(headers)?;
-        if let Some(length) = declared.filter(|&length| length > self.limit) {
-            return Err(too_large(length, self.limit));
-        }
-        let wanted = declared.unwrap_or(self.limit).saturating_mul(TREE_FACTOR);
-        let permits = u32::try_from(wanted.div_ceil(PERMIT_BYTES).max(1)).unwrap_or(u32::MAX).min(self.budget_permits);
-        let share = Arc::clone(&self.budget)
-            .acquire_many_owned(permits)
-            .await
-            .map_err(|_| CouchError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "the server is stopping"))?;
-        let raw = read_limited(body, self.limit).await?;
-        let bytes = match content_encoding(headers)? {
-            Encoding::Identity => raw,
-            Encoding::Gzip => gunzip(&raw, self.limit)?,
-        };
+        let (bytes, share) = self.read_decoded(headers, body, TREE_FACTOR).await?;
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Ok(None);
         }
@@ -80,6 +66,38 @@ impl Bodies {
 }
 
 impl Bodies {
+    /// Reads a body as bytes, decompressed, holding its share of the budget (for a request passed
+    /// on unparsed).
+    pub async fn read_bytes(&self, headers: &HeaderMap, body: Body) -> CouchResult<(Bytes, OwnedSemaphorePermit)> {
+        self.read_decoded(headers, body, 1).await
+    }
+
+    /// Reads a body within the limit and decompresses it within the same limit, first taking
+    /// `factor` times its size from the budget (the declared size, or the limit when none is).
+    async fn read_decoded(
+        &self,
+        headers: &HeaderMap,
+        body: Body,
+        factor: usize,
+    ) -> CouchResult<(Bytes, OwnedSemaphorePermit)> {
+        let declared = declared_length(headers)?;
+        if let Some(length) = declared.filter(|&length| length > self.limit) {
+            return Err(too_large(length, self.limit));
+        }
+        let wanted = declared.unwrap_or(self.limit).saturating_mul(factor);
+        let permits = u32::try_from(wanted.div_ceil(PERMIT_BYTES).max(1)).unwrap_or(u32::MAX).min(self.budget_permits);
+        let share = Arc::clone(&self.budget)
+            .acquire_many_owned(permits)
+            .await
+            .map_err(|_| CouchError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "the server is stopping"))?;
+        let raw = read_limited(body, self.limit).await?;
+        let bytes = match content_encoding(headers)? {
+            Encoding::Identity => raw,
+            Encoding::Gzip => gunzip(&raw, self.limit)?,
+        };
+        Ok((bytes, share))
+    }
+
     /// Reads the raw (decompressed) body of a `POST /_session` login, form-encoded or JSON; at
     /// most 64 KiB.
     pub async fn read_login(&self, headers: &HeaderMap, body: Body) -> CouchResult<Bytes> {

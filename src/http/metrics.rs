@@ -12,8 +12,8 @@ use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Regi
 use serde_json::{Map, Value};
 
 use crate::backend::{
-    BulkWrite, ChangesPage, DocumentBackend, IdRange, LayoutState, Page, Precondition, Query, ReplicatedOutcome,
-    ReplicatedRevision, Revision, RevisionInfo, StoredDocument, UpgradePage,
+    BulkWrite, ChangesPage, DesignRequest, DesignResponse, DocumentBackend, IdRange, LayoutState, Page, Precondition,
+    Query, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo, StoredDocument, UpgradePage,
 };
 use crate::error::Result;
 
@@ -171,6 +171,10 @@ impl DocumentBackend for MeteredBackend {
 
     async fn get_many(&self, ids: &[String]) -> Result<Vec<Option<StoredDocument>>> {
         timed!(self, "get_many", self.inner.get_many(ids))
+    }
+
+    async fn design_request(&self, request: DesignRequest) -> Result<Option<DesignResponse>> {
+        timed!(self, "design_request", self.inner.design_request(request))
     }
 
     async fn revisions(&self, id: &str) -> Result<Option<RevisionInfo>> {
@@ -336,6 +340,10 @@ mod tests {
             self.record("get_many");
             Ok(vec![None; ids.len()])
         }
+        async fn design_request(&self, _: DesignRequest) -> Result<Option<DesignResponse>> {
+            self.record("design_request");
+            Ok(Some(DesignResponse { status: 200, headers: Vec::new(), body: Box::pin(futures::stream::empty()) }))
+        }
     }
 
     /// The decorator must reach the adapter's own implementation of each default-bodied method:
@@ -355,9 +363,24 @@ mod tests {
             body: Map::new(),
         };
         assert_eq!(metered.put_replicated("u:n:k", &incoming).await.unwrap(), ReplicatedOutcome::KeptCurrent);
+        let design = DesignRequest {
+            method: reqwest::Method::GET,
+            path: "_design/d".into(),
+            query: None,
+            headers: Vec::new(),
+            body: bytes::Bytes::new(),
+        };
+        assert_eq!(metered.design_request(design).await.unwrap().map(|answer| answer.status), Some(200));
         assert_eq!(
             *inner.called.lock().unwrap(),
-            ["approximate_count", "exact_count", "design_document_count", "get_many", "put_replicated"]
+            [
+                "approximate_count",
+                "exact_count",
+                "design_document_count",
+                "get_many",
+                "put_replicated",
+                "design_request"
+            ]
         );
     }
 }

@@ -12,8 +12,8 @@ use super::config::CouchConfig;
 use super::error::from_status;
 use super::live::LiveRevisions;
 use crate::backend::{
-    BulkWrite, ChangesPage, DocumentBackend, IdRange, LayoutState, Page, Precondition, Projection, Query,
-    ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo, StoredDocument, UpgradePage,
+    BulkWrite, ChangesPage, DesignRequest, DesignResponse, DocumentBackend, IdRange, LayoutState, Page, Precondition,
+    Projection, Query, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo, StoredDocument, UpgradePage,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::fields;
@@ -572,6 +572,10 @@ impl DocumentBackend for CouchDbBackend {
         }
         let rows = reply.body.get("rows").and_then(Value::as_array).map_or(0, Vec::len);
         Ok(Some(rows as u64))
+    }
+
+    async fn design_request(&self, request: DesignRequest) -> Result<Option<DesignResponse>> {
+        self.pass_design_request(request).await.map(Some)
     }
 
     async fn health(&self) -> Result<()> {

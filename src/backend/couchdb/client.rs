@@ -87,6 +87,47 @@ impl CouchClient {
             .await
     }
 
+    /// A request passed through below the database (design documents): `path_and_query` is
+    /// already percent-encoded. The reply is returned unread, whatever its status, so its body can
+    /// be streamed; idempotent requests are retried while CouchDB is unreachable or answers
+    /// 503/429, others are sent once.
+    pub async fn pass_through(
+        &self,
+        method: Method,
+        path_and_query: &str,
+        headers: &[(String, String)],
+        body: bytes::Bytes,
+        doing: &str,
+    ) -> Result<reqwest::Response> {
+        let url = format!("{}/{path_and_query}", self.database_url);
+        let idempotency = if matches!(method, Method::GET | Method::HEAD) {
+            Idempotency::Idempotent
+        } else {
+            Idempotency::NotIdempotent
+        };
+        let attempt = || async {
+            let mut request = self.http.request(method.clone(), &url).body(body.clone());
+            for (name, value) in headers {
+                request = request.header(name.as_str(), value.as_str());
+            }
+            if let Some(user) = &self.config.user {
+                request = request.basic_auth(user, self.config.password.as_deref());
+            }
+            let response = request.send().await.map_err(|e| http::transport_error(SERVICE, e, idempotency, doing))?;
+            let status = response.status();
+            if idempotency == Idempotency::Idempotent
+                && (status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS)
+            {
+                return Err(status_error(status, &Value::Null, idempotency, doing));
+            }
+            Ok(response)
+        };
+        match idempotency {
+            Idempotency::Idempotent => READ_RETRY.run(SERVICE, doing, attempt).await,
+            Idempotency::NotIdempotent => attempt().await,
+        }
+    }
+
     async fn attempt(
         &self,
         method: Method,

@@ -27,6 +27,7 @@ mod backend;
 mod client;
 mod codec;
 pub mod config;
+mod design;
 mod error;
 mod feed;
 mod history;

@@ -11,8 +11,8 @@ use async_trait::async_trait;
 use serde_json::{Map, Value};
 
 use crate::backend::{
-    BulkWrite, ChangesPage, DocumentBackend, IdRange, LayoutState, Page, Precondition, Query, ReplicatedOutcome,
-    ReplicatedRevision, Revision, RevisionInfo, StoredDocument, UpgradePage,
+    BulkWrite, ChangesPage, DesignRequest, DesignResponse, DocumentBackend, IdRange, LayoutState, Page, Precondition,
+    Query, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo, StoredDocument, UpgradePage,
 };
 use crate::error::Result;
 
@@ -130,6 +130,10 @@ pub trait Layered: Send + Sync + 'static {
     async fn get_many(&self, ids: &[String]) -> Result<Vec<Option<StoredDocument>>> {
         self.inner().get_many(ids).await
     }
+
+    async fn design_request(&self, request: DesignRequest) -> Result<Option<DesignResponse>> {
+        self.inner().design_request(request).await
+    }
 }
 
 #[async_trait]
@@ -240,5 +244,9 @@ impl<L: Layered> DocumentBackend for L {
 
     async fn get_many(&self, ids: &[String]) -> Result<Vec<Option<StoredDocument>>> {
         Layered::get_many(self, ids).await
+    }
+
+    async fn design_request(&self, request: DesignRequest) -> Result<Option<DesignResponse>> {
+        Layered::design_request(self, request).await
     }
 }
