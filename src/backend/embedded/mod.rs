@@ -23,11 +23,14 @@
 //! - `meta`: the next feed position and the layout version.
 //!
 //! Every table is updated in the same write transaction, so they never disagree after a crash.
+//! Concurrent writes share transactions ([`group_commit`]): one fsync'd commit for every write
+//! waiting when it begins, each answered once its commit is durable.
 //! A revision is never reused, even after a document is deleted and created again: 128 random
 //! bits make a repeat as unlikely as a UUID collision.
 
 mod backend;
 mod error;
+mod group_commit;
 mod record;
 
 pub use backend::{write_previous_release_file, EmbeddedBackend, EmbeddedOptions};
