@@ -444,8 +444,12 @@ async fn replicated_writes_keep_the_index_and_cut_the_ancestry() {
     use agentstore::backend::embedded::EmbeddedOptions;
     use agentstore::backend::{ReplicatedOutcome, ReplicatedRevision};
     let dir = tempfile::tempdir().unwrap();
-    let backend =
-        EmbeddedBackend::open_with(&dir.path().join("store.redb"), EmbeddedOptions { revs_limit: 2 }).await.unwrap();
+    let backend = EmbeddedBackend::open_with(
+        &dir.path().join("store.redb"),
+        EmbeddedOptions { revs_limit: 2, ..Default::default() },
+    )
+    .await
+    .unwrap();
     let (id, first) = create(&backend, "u", "old", "k", json!(1)).await;
     let ancestry: Vec<String> =
         (2..=4).rev().map(|g| format!("{g}-{}", format!("{g:x}").repeat(32))).chain([first.0.clone()]).collect();

@@ -35,7 +35,7 @@ impl FromStr for BackendUrl {
         })?;
         match scheme {
             "embedded" => {
-                // Accept `embedded:PATH` and `embedded://PATH`, with an optional `?revs_limit=N`.
+                // Accept `embedded:PATH` and `embedded://PATH`, with optional `?revs_limit=N&cache_mb=M`.
                 let path = rest.strip_prefix("//").unwrap_or(rest);
                 let (path, options) = embedded_options(path)?;
                 if path.is_empty() {
@@ -68,7 +68,15 @@ impl fmt::Display for BackendUrl {
                 write!(f, "embedded:{}", path.display())
             }
             BackendUrl::Embedded { path, options } => {
-                write!(f, "embedded:{}?revs_limit={}", path.display(), options.revs_limit)
+                let defaults = EmbeddedOptions::default();
+                let mut settings = Vec::new();
+                if options.revs_limit != defaults.revs_limit {
+                    settings.push(format!("revs_limit={}", options.revs_limit));
+                }
+                if options.cache_bytes != defaults.cache_bytes {
+                    settings.push(format!("cache_mb={}", options.cache_bytes >> 20));
+                }
+                write!(f, "embedded:{}?{}", path.display(), settings.join("&"))
             }
             BackendUrl::CouchDb(config) => f.write_str(&config.redacted()),
             BackendUrl::DynamoDb(config) => f.write_str(&config.redacted()),
@@ -77,22 +85,42 @@ impl fmt::Display for BackendUrl {
     }
 }
 
-/// Splits `?revs_limit=N` off an embedded path. Only that exact setting is recognised, so a path
-/// that merely contains `?` keeps working.
+/// The settings an embedded URL may carry after `?`.
+const EMBEDDED_SETTINGS: [&str; 2] = ["revs_limit", "cache_mb"];
+
+/// Splits `?revs_limit=N&cache_mb=M` off an embedded path. A `?` followed by none of these
+/// settings is part of the file name, so a path that merely contains `?` keeps working; a query
+/// that names one of them must name only known settings.
 fn embedded_options(path: &str) -> Result<(&str, EmbeddedOptions)> {
     let mut options = EmbeddedOptions::default();
-    let Some((file, query)) = path.rsplit_once("?revs_limit=") else {
+    let Some((file, query)) = path.rsplit_once('?') else {
         return Ok((path, options));
     };
-    options.revs_limit = match query.parse::<usize>() {
-        Ok(limit) if limit >= 1 => limit,
-        _ => {
-            return Err(Error::invalid(
-                "backend",
-                format!("revs_limit must be a whole number of at least 1, not {query:?}"),
-            ))
+    let pairs: Vec<(&str, &str)> = query.split('&').filter_map(|pair| pair.split_once('=')).collect();
+    if !pairs.iter().any(|(key, _)| EMBEDDED_SETTINGS.contains(key)) {
+        return Ok((path, options));
+    }
+    if pairs.len() != query.split('&').count() {
+        return Err(Error::invalid("backend", format!("{query:?}: embedded settings are KEY=VALUE pairs joined by &")));
+    }
+    for (key, value) in pairs {
+        let number = |least: usize, what: &str| match value.parse::<usize>() {
+            Ok(n) if n >= least => Ok(n),
+            _ => Err(Error::invalid("backend", format!("{key} must be {what}, not {value:?}"))),
+        };
+        match key {
+            "revs_limit" => options.revs_limit = number(1, "a whole number of at least 1")?,
+            "cache_mb" => {
+                options.cache_bytes = number(1, "a whole number of MiB, at least 1")?.saturating_mul(1 << 20);
+            }
+            other => {
+                return Err(Error::invalid(
+                    "backend",
+                    format!("unknown embedded setting {other:?}; known: {}", EMBEDDED_SETTINGS.join(", ")),
+                ))
+            }
         }
-    };
+    }
     Ok((file, options))
 }
 
@@ -108,9 +136,18 @@ mod tests {
         let url: BackendUrl = "embedded:///var/lib/a.redb".parse().unwrap();
         assert_eq!(url, BackendUrl::Embedded { path: "/var/lib/a.redb".into(), options: Default::default() });
         let url: BackendUrl = "embedded:a.redb?revs_limit=10".parse().unwrap();
-        assert_eq!(url, BackendUrl::Embedded { path: "a.redb".into(), options: EmbeddedOptions { revs_limit: 10 } });
+        let options = EmbeddedOptions { revs_limit: 10, ..Default::default() };
+        assert_eq!(url, BackendUrl::Embedded { path: "a.redb".into(), options });
         assert_eq!(url.to_string(), "embedded:a.redb?revs_limit=10");
-        assert!("embedded:a.redb?revs_limit=0".parse::<BackendUrl>().is_err());
+        let url: BackendUrl = "embedded:a.redb?cache_mb=16&revs_limit=3".parse().unwrap();
+        let options = EmbeddedOptions { revs_limit: 3, cache_bytes: 16 << 20 };
+        assert_eq!(url, BackendUrl::Embedded { path: "a.redb".into(), options });
+        assert_eq!(url.to_string(), "embedded:a.redb?revs_limit=3&cache_mb=16");
+        let url: BackendUrl = "embedded:odd?name.redb".parse().unwrap();
+        assert_eq!(url, BackendUrl::Embedded { path: "odd?name.redb".into(), options: Default::default() });
+        for bad in ["embedded:a.redb?revs_limit=0", "embedded:a.redb?cache_mb=0", "embedded:a.redb?cache_mb=1&size=2"] {
+            assert!(bad.parse::<BackendUrl>().is_err(), "{bad}");
+        }
     }
 
     #[test]

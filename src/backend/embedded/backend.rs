@@ -65,11 +65,19 @@ const ERASE_BATCH: usize = 1_000;
 pub struct EmbeddedOptions {
     /// How many revision ids of each document are remembered (CouchDB's `_revs_limit`).
     pub revs_limit: usize,
+    /// The most bytes of file pages redb keeps cached in memory (`cache_mb=` in the URL). Pages
+    /// beyond it are read again through the operating system's page cache, which does not count
+    /// against the process.
+    pub cache_bytes: usize,
 }
+
+/// The default page cache: 64 MiB (redb's own default is 1 GiB), so a process stays within
+/// about 256 MB even on a store of millions of documents.
+pub const DEFAULT_CACHE_BYTES: usize = 64 << 20;
 
 impl Default for EmbeddedOptions {
     fn default() -> Self {
-        EmbeddedOptions { revs_limit: DEFAULT_REVS_LIMIT }
+        EmbeddedOptions { revs_limit: DEFAULT_REVS_LIMIT, cache_bytes: DEFAULT_CACHE_BYTES }
     }
 }
 
@@ -99,7 +107,7 @@ impl EmbeddedBackend {
                         .with_source(e)
                 })?;
             }
-            let db = Database::create(&path).map_err(|e| {
+            let db = Database::builder().set_cache_size(options.cache_bytes).create(&path).map_err(|e| {
                 let err = map_redb("open file")(e);
                 Error::new(err.kind(), format!("cannot open embedded store {}: {}", path.display(), err.message()))
                     .with_source(err)
@@ -126,15 +134,16 @@ impl EmbeddedBackend {
 
     /// Runs `work` in the next group's write transaction ([`group_commit`]) and answers once that
     /// transaction is committed. `work` must refuse before it writes: a refusal after writing
-    /// rolls back the whole group (and the others are told to try again).
-    async fn write<T, F>(&self, work: F) -> Result<T>
+    /// rolls back the whole group (and the others are told to try again). `documents` is about
+    /// how many documents it writes, which bounds how much one transaction holds.
+    async fn write<T, F>(&self, documents: usize, work: F) -> Result<T>
     where
         T: Send + 'static,
         F: FnOnce(&mut Tables<'_>) -> Result<T> + Send + 'static,
     {
         let (answer, answered) = tokio::sync::oneshot::channel::<Result<T>>();
         let job = job_of(work, answer);
-        self.commits.submit(job);
+        self.commits.submit(documents, job);
         answered.await.map_err(|_| {
             Error::new(
                 ErrorKind::Unavailable,
@@ -692,18 +701,18 @@ impl DocumentBackend for EmbeddedBackend {
 
     async fn put(&self, id: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Revision> {
         let write = EncodedWrite::new(id, body, precondition)?;
-        self.write(move |tables| tables.write_one(&write)).await
+        self.write(1, move |tables| tables.write_one(&write)).await
     }
 
     async fn delete(&self, id: &str, rev: &Revision) -> Result<Revision> {
         let (id, expected) = (id.to_owned(), rev.clone());
-        self.write(move |tables| tables.delete_one(&id, &expected)).await
+        self.write(1, move |tables| tables.delete_one(&id, &expected)).await
     }
 
     async fn put_replicated(&self, id: &str, incoming: &ReplicatedRevision) -> Result<ReplicatedOutcome> {
         // Checked and encoded first: a refused revision changes nothing and takes no write lock.
         let write = ReplicatedWrite::new(id, incoming)?;
-        self.write(move |tables| tables.write_replicated(&write)).await
+        self.write(1, move |tables| tables.write_replicated(&write)).await
     }
 
     async fn query(&self, query: &Query, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
@@ -764,7 +773,7 @@ impl DocumentBackend for EmbeddedBackend {
         // Encode first: a write that cannot be encoded fails alone, outside the transaction.
         let encoded: Vec<Result<EncodedWrite>> =
             writes.into_iter().map(|w| EncodedWrite::new(&w.id, &w.body, w.precondition)).collect();
-        self.write(move |tables| {
+        self.write(encoded.len(), move |tables| {
             let mut results = Vec::with_capacity(encoded.len());
             for write in encoded {
                 let result = match write {
@@ -887,7 +896,7 @@ impl DocumentBackend for EmbeddedBackend {
         loop {
             let prefix = prefix.to_owned();
             let batch = self
-                .write(move |tables| {
+                .write(ERASE_BATCH, move |tables| {
                     let mut ids = Vec::new();
                     for table in [&tables.docs, &tables.tombstones] {
                         for entry in table.range::<&str>(prefix.as_str()..).map_err(map_redb("find documents"))? {
@@ -928,7 +937,7 @@ impl DocumentBackend for EmbeddedBackend {
 
     async fn put_local(&self, name: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Revision> {
         let (name, json) = (name.to_owned(), encode_json(name, body)?);
-        self.write(move |tables| {
+        self.write(1, move |tables| {
             let current = match tables.local.get(name.as_str()).map_err(map_redb("read local document"))? {
                 Some(guard) => Some(decode_local(&name, guard.value())?.0),
                 None => None,
@@ -944,7 +953,7 @@ impl DocumentBackend for EmbeddedBackend {
 
     async fn delete_local(&self, name: &str, rev: &Revision) -> Result<()> {
         let (name, expected) = (name.to_owned(), rev.clone());
-        self.write(move |tables| {
+        self.write(1, move |tables| {
             let current = match tables.local.get(name.as_str()).map_err(map_redb("read local document"))? {
                 Some(guard) => decode_local(&name, guard.value())?.0,
                 None => return Err(Error::not_found(format!("document \"{LOCAL_PREFIX}{name}\" does not exist"))),
@@ -970,7 +979,7 @@ impl DocumentBackend for EmbeddedBackend {
 
     async fn upgrade_page(&self, page_token: Option<&str>, limit: usize) -> Result<UpgradePage> {
         let (after, limit) = (page_token.map(str::to_owned), limit.max(1));
-        self.write(move |tables| {
+        self.write(limit, move |tables| {
             let lower = after.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
             let mut ids = Vec::with_capacity(limit.min(4096));
             for entry in tables.docs.range::<&str>((lower, Bound::Unbounded)).map_err(map_redb("read documents"))? {
@@ -990,7 +999,7 @@ impl DocumentBackend for EmbeddedBackend {
     }
 
     async fn finish_upgrade(&self) -> Result<()> {
-        self.write(|tables| {
+        self.write(1, |tables| {
             // Refuse to mark the file current while a record still lacks its feed position.
             for entry in tables.docs.iter().map_err(map_redb("read documents"))? {
                 let (id, stored_record) = entry.map_err(map_redb("read documents"))?;

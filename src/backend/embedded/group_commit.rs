@@ -35,6 +35,10 @@ use crate::error::{Error, ErrorKind, Result};
 /// The most jobs one transaction holds, so one group's commit (and its callers' wait) stays
 /// short even when thousands of writers queue at once.
 const MAX_GROUP: usize = 256;
+/// The most documents one group writes (a job larger than this, such as one big bulk write,
+/// goes alone): a write transaction keeps its changed pages in memory until it commits, so this
+/// bounds what concurrent bulk writers (an import, a migration) make one commit hold.
+const MAX_GROUP_DOCUMENTS: usize = 4_096;
 
 /// A write: runs against the group's tables and says how it ended.
 pub(super) type Job = Box<dyn for<'t> FnOnce(&mut Tables<'t>) -> JobEnd + Send>;
@@ -65,7 +69,8 @@ pub(super) struct GroupCommit {
 
 #[derive(Default)]
 struct Queue {
-    jobs: VecDeque<Job>,
+    /// Each job with about how many documents it writes.
+    jobs: VecDeque<(usize, Job)>,
     /// Whether a drain is running; it takes every job queued before it stops.
     draining: bool,
 }
@@ -75,11 +80,12 @@ impl GroupCommit {
         Arc::new(GroupCommit { db: Arc::downgrade(db), revs_limit, queue: Mutex::new(Queue::default()) })
     }
 
-    /// Queues `job`, starting a drain when none runs. The job's caller waits on its own channel.
-    pub(super) fn submit(self: &Arc<Self>, job: Job) {
+    /// Queues `job`, which writes about `documents` documents, starting a drain when none runs.
+    /// The job's caller waits on its own channel.
+    pub(super) fn submit(self: &Arc<Self>, documents: usize, job: Job) {
         let start_drain = {
             let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
-            queue.jobs.push_back(job);
+            queue.jobs.push_back((documents, job));
             !std::mem::replace(&mut queue.draining, true)
         };
         if start_drain {
@@ -97,8 +103,17 @@ impl GroupCommit {
                     queue.draining = false;
                     return;
                 }
-                let take = queue.jobs.len().min(MAX_GROUP);
-                queue.jobs.drain(..take).collect()
+                let mut group = Vec::new();
+                let mut documents = 0;
+                while let Some((size, _)) = queue.jobs.front() {
+                    let full = group.len() == MAX_GROUP || documents + size > MAX_GROUP_DOCUMENTS;
+                    if !group.is_empty() && full {
+                        break;
+                    }
+                    documents += size;
+                    group.extend(queue.jobs.pop_front().map(|(_, job)| job));
+                }
+                group
             };
             self.run_group(group);
         }
