@@ -1,50 +1,321 @@
-//! Load benchmark of `agentstore serve` on the embedded backend, over loopback HTTP.
+//! Load and memory benchmark of the embedded store: `agentstore serve` and the bulk commands on
+//! stores of 10,000 and (opt-in) 1,000,000 documents, side by side with pouchdb-server doing the
+//! same logical operations, in one run.
 //!
-//! Run it with `cargo bench --bench serve_load`. It spawns the release binary cargo built for the
-//! bench (`CARGO_BIN_EXE_agentstore`) on a fresh store file in a temporary directory, seeds 1,000
-//! documents (2 users × 5 namespaces × 100 keys; not timed), then runs one closed-loop phase per
-//! operation with `BENCH_CLIENTS` concurrent clients:
+//! Run it with `cargo bench --bench serve_load`; the 1M case with
+//! `BENCH_STORE_DOCS=10000,1000000 cargo bench --bench serve_load` (about 15 minutes here, most of
+//! it seeding pouchdb-server). For every store size N it:
 //!
-//! | phase       | request                                                        |
-//! |-------------|----------------------------------------------------------------|
-//! | `set`       | `PUT …/keys/{key}`: a ~100-byte JSON value with metadata, agent header |
-//! | `get`       | `GET …/keys/{key}` of an existing key (counts an access: a write) |
-//! | `list_keys` | `GET …/namespaces/{namespace}/keys` of a 100-key namespace     |
-//! | `get_all`   | `GET …/namespaces/{namespace}` of a 100-key namespace          |
+//! 1. **Builds the store** (not part of the load phases): N documents of about 500 bytes of NDJSON
+//!    in namespaces of 100 keys (100 users × N/10,000 namespaces), written with `agentstore
+//!    import`, then runs `export`, `migrate` (into a second store; it reads everything back) and
+//!    `verify` over it. Each command's wall time, documents per second and peak RSS (the child's
+//!    `ru_maxrss`, from `wait4`: measured from outside, whole process lifetime) are printed, with
+//!    the store file's size per document.
+//! 2. **Serves it** (`agentstore serve`, the product's defaults) and runs closed-loop phases with
+//!    `BENCH_CLIENTS` clients: `set` (PUT a key: read-modify-write), `get` (GET a key: counts an
+//!    access, a write), `list_keys` and `get_all` of a 100-key namespace, and `mixed` (6 gets,
+//!    2 sets, 1 list, 1 get-all in every 10 requests). Requests stride over the whole store, so a
+//!    large store is not measured on a hot corner. The server's peak RSS (`VmHWM`) is read after
+//!    the phases.
+//! 3. **pouchdb-server 4.2.0** (on disk, LevelDB, the database seeded with the same documents by
+//!    `_bulk_docs` and a Mango index on `[userId, namespace]` like `idx-user-namespace`) gets the
+//!    same phases as a CouchDB application does them: `set` and `get` are GET + PUT with the
+//!    revision (retried on 409), the lists are `_find` with the index. `BENCH_POUCHDB=0` leaves it
+//!    out (printed as not run).
 //!
 //! Each phase stops at `BENCH_SECONDS` (default 5) or `BENCH_MAX_REQUESTS` (default 20,000),
-//! whichever comes first; requests in flight at the deadline are finished and counted. Latency is
-//! wall-clock around the whole request including reading the full body, on one shared keep-alive
-//! `reqwest::Client`; nothing is retried. Any transport error or non-2xx status is an error; the
-//! bench exits 1 if any phase's error rate is over 1%. Latency percentiles and throughput are over
-//! the successful requests. Results go to stdout as a table and to `target/bench/serve_load.json`.
+//! whichever comes first. Latency is wall-clock around the whole operation, including the full
+//! body; every list's length is checked. Any transport error, non-2xx status or wrong list is an
+//! error; the bench exits 1 if any phase's error rate is over 1%. With two or more sizes, a scale
+//! table gives each operation's throughput on the smallest store over that on the largest (the
+//! issue's goal: at most 1.5). Results go to stdout and `target/bench/serve_load.json`.
+//! `BENCH_CACHE_MB` sets the served store's page cache (`?cache_mb=`), else the product default.
 //!
 //! `cargo test --all-targets` also builds and runs this target (without `--bench`); it then only
 //! prints how to run it and exits 0.
 
-use std::path::PathBuf;
-use std::process::ExitCode;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use base64::Engine;
 use hdrhistogram::Histogram;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
+#[allow(dead_code)]
+mod common;
 #[path = "common/serve.rs"]
 mod serve;
+
+use common::load::{histogram, quantile_ms};
+use common::report::aligned;
+use common::{bench_main, env_number, write_report};
 use serve::Server;
 
-const BIN: &str = env!("CARGO_BIN_EXE_agentstore");
-const USERS: usize = 2;
-const NAMESPACES: usize = 5;
-const KEYS_PER_NAMESPACE: usize = 100;
-const TOTAL_KEYS: usize = USERS * NAMESPACES * KEYS_PER_NAMESPACE;
+const NAME: &str = "serve_load";
+/// The binary cargo built for the bench.
+const BUILT_BIN: &str = env!("CARGO_BIN_EXE_agentstore");
 const AGENT: &str = "bench-agent";
+/// Users in every store; each has N / (100 × USERS) namespaces of [`KEYS_PER_NAMESPACE`] keys.
+const USERS: usize = 100;
+const KEYS_PER_NAMESPACE: usize = 100;
 /// The error rate above which the bench fails.
 const MAX_ERROR_RATE: f64 = 0.01;
 /// Per-request timeout: a request that takes longer is an error.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// A prime larger than any store here: request `seq` works on document `seq × STRIDE mod N`, a
+/// permutation of the store, so consecutive requests (and concurrent clients) land far apart.
+const STRIDE: u64 = 1_000_003;
+/// Documents per `_bulk_docs` request when seeding pouchdb-server, and requests in flight.
+const POUCH_BULK: usize = 1_000;
+const POUCH_BULK_IN_FLIGHT: usize = 4;
+/// pouchdb-server's admin, written into its config.json.
+const POUCH_LOGIN: (&str, &str) = ("admin", "password");
+/// How often a pouchdb-server read-modify-write is retried after a 409.
+const POUCH_CONFLICT_RETRIES: usize = 10;
+
+// ---- settings ----
+
+struct Config {
+    /// `BENCH_CLIENTS` (default 16).
+    clients: usize,
+    /// `BENCH_SECONDS` (default 5): the longest a phase runs.
+    seconds: f64,
+    /// `BENCH_MAX_REQUESTS` (default 20,000): the most requests a phase sends.
+    max_requests: u64,
+    /// `BENCH_STORE_DOCS` (default `10000`): the store sizes, comma-separated, each a multiple of
+    /// 10,000.
+    store_docs: Vec<usize>,
+    /// `BENCH_POUCHDB` (default 1): measure pouchdb-server beside the service.
+    pouchdb: bool,
+    /// `BENCH_CACHE_MB`: the served store's page cache, when not the product default.
+    cache_mb: Option<u32>,
+    /// `BENCH_PHASES` (default all): the phases run, comma-separated, e.g. `set,mixed`.
+    phases: Vec<Op>,
+    /// `BENCH_AGENTSTORE`: another `agentstore` binary to measure (an earlier build, say), else
+    /// the one cargo built for the bench.
+    binary: String,
+}
+
+impl Config {
+    fn from_env() -> Result<Self, String> {
+        let store_docs = match std::env::var("BENCH_STORE_DOCS") {
+            Ok(text) if !text.trim().is_empty() => text
+                .split(',')
+                .map(|n| n.trim().replace('_', "").parse::<usize>().map_err(|_| format!("BENCH_STORE_DOCS: {n:?}")))
+                .collect::<Result<Vec<_>, _>>()?,
+            _ => vec![10_000],
+        };
+        if let Some(bad) = store_docs.iter().find(|&&n| n == 0 || n % (USERS * KEYS_PER_NAMESPACE) != 0) {
+            return Err(format!(
+                "BENCH_STORE_DOCS: {bad} is not a positive multiple of {}",
+                USERS * KEYS_PER_NAMESPACE
+            ));
+        }
+        let cache_mb: u32 = env_number("BENCH_CACHE_MB", 0)?;
+        let phases = match std::env::var("BENCH_PHASES") {
+            Ok(text) if !text.trim().is_empty() => {
+                text.split(',')
+                    .map(|name| {
+                        Op::ALL.into_iter().find(|op| op.name() == name.trim()).ok_or_else(|| {
+                            format!("BENCH_PHASES: no phase {name:?} (set, get, list_keys, get_all, mixed)")
+                        })
+                    })
+                    .collect::<Result<Vec<_>, _>>()?
+            }
+            _ => Op::ALL.to_vec(),
+        };
+        let config = Config {
+            clients: env_number("BENCH_CLIENTS", 16usize)?,
+            seconds: env_number("BENCH_SECONDS", 5.0f64)?,
+            max_requests: env_number("BENCH_MAX_REQUESTS", 20_000u64)?,
+            store_docs,
+            pouchdb: env_number("BENCH_POUCHDB", 1u8)? != 0,
+            cache_mb: (cache_mb > 0).then_some(cache_mb),
+            phases,
+            binary: std::env::var("BENCH_AGENTSTORE").ok().filter(|b| !b.trim().is_empty()).unwrap_or(BUILT_BIN.into()),
+        };
+        if config.clients == 0 || config.max_requests == 0 {
+            return Err("BENCH_CLIENTS and BENCH_MAX_REQUESTS must be at least 1".into());
+        }
+        if !(config.seconds.is_finite() && config.seconds > 0.0) {
+            return Err("BENCH_SECONDS must be a positive number".into());
+        }
+        Ok(config)
+    }
+}
+
+// ---- the documents ----
+
+/// Where document `i` of a store lives: namespace group `i / 100` spread over the users.
+struct Place {
+    user: String,
+    namespace: String,
+    key: String,
+}
+
+impl Place {
+    fn of_document(i: usize) -> Place {
+        let mut place = Place::of_namespace(i / KEYS_PER_NAMESPACE);
+        place.key = format!("key-{:02}", i % KEYS_PER_NAMESPACE);
+        place
+    }
+
+    fn of_namespace(group: usize) -> Place {
+        Place {
+            user: format!("user-{:02}", group % USERS),
+            namespace: format!("ns-{:04}", group / USERS),
+            key: String::new(),
+        }
+    }
+
+    fn id(&self) -> String {
+        let key = base64::engine::general_purpose::URL_SAFE.encode(self.key.as_bytes());
+        format!("{}:{}:{key}", self.user, self.namespace)
+    }
+
+    fn keys_path(&self) -> String {
+        format!("/v1/users/{}/namespaces/{}/keys", self.user, self.namespace)
+    }
+}
+
+/// Text that makes a seeded document about 500 bytes of NDJSON.
+const FILLER: &str = "an agent remembers what the user asked for, what it tried, what worked and what did not; \
+                      this text stands for that memory and pads the document to the size of a real one: \
+                      a few hundred bytes of JSON, neither a bare counter nor a file";
+
+/// The stored form of seeded document `i`, as `export` writes it (and pouchdb-server keeps it).
+fn seeded_document(i: usize) -> Value {
+    let place = Place::of_document(i);
+    json!({
+        "_id": place.id(),
+        "userId": place.user,
+        "namespace": place.namespace,
+        "key": place.key,
+        "value": { "text": FILLER, "n": i, "tags": ["bench", "seed"], "ok": true },
+        "metadata": { "source": "serve_load", "seq": i },
+        "accessCount": 0,
+        "createdAt": "2026-01-01T00:00:00Z",
+        "updatedAt": "2026-01-01T00:00:00Z"
+    })
+}
+
+/// The value a `set` writes.
+fn new_value(seq: u64) -> Value {
+    json!({ "text": "the quick brown fox jumps over the lazy dog", "seq": seq, "tags": ["bench", "load"], "ok": true })
+}
+
+/// Writes the store's documents as NDJSON; returns the file's size.
+fn write_ndjson(path: &Path, docs: usize) -> Result<u64, String> {
+    let file = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut out = BufWriter::new(file);
+    for i in 0..docs {
+        serde_json::to_writer(&mut out, &seeded_document(i)).map_err(|e| e.to_string())?;
+        out.write_all(b"\n").map_err(|e| e.to_string())?;
+    }
+    out.flush().map_err(|e| e.to_string())?;
+    std::fs::metadata(path).map(|m| m.len()).map_err(|e| e.to_string())
+}
+
+// ---- the bulk commands ----
+
+/// One `agentstore` command run over the store.
+struct CommandRun {
+    name: &'static str,
+    wall: Duration,
+    docs: usize,
+    peak_rss: u64,
+}
+
+impl CommandRun {
+    fn to_json(&self) -> Value {
+        json!({
+            "command": self.name,
+            "seconds": self.wall.as_secs_f64(),
+            "docs_per_s": self.docs as f64 / self.wall.as_secs_f64(),
+            "peak_rss_bytes": self.peak_rss,
+        })
+    }
+}
+
+/// Runs `agentstore ARGS` to the end; its wall time and peak RSS (`ru_maxrss` from `wait4`).
+fn run_command(binary: &str, name: &'static str, args: &[&str], dir: &Path, docs: usize) -> Result<CommandRun, String> {
+    // stderr goes to a file, not a pipe: a pipe nobody reads while the child runs could fill.
+    let log_path = dir.join(format!("{name}.stderr"));
+    let log = std::fs::File::create(&log_path).map_err(|e| format!("{}: {e}", log_path.display()))?;
+    let started = Instant::now();
+    let child = Command::new(binary)
+        .args(args)
+        .current_dir(dir)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .map_err(|e| format!("cannot start {binary}: {e}"))?;
+    let pid = child.id() as libc::pid_t;
+    // Reaped here rather than by `Child::wait`, which does not report the child's resource use.
+    let mut status = 0;
+    // SAFETY: rusage is plain data, for which all-zero bytes are a valid value.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `pid` is our own unreaped child; both pointers are to live locals.
+    let reaped = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    let wall = started.elapsed();
+    if reaped != pid {
+        return Err(format!("{name}: wait4 failed: {}", std::io::Error::last_os_error()));
+    }
+    if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
+        let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+        return Err(format!("`agentstore {}` failed (wait status {status}): {text}", args.join(" ")));
+    }
+    // ru_maxrss is in KiB on Linux.
+    Ok(CommandRun { name, wall, docs, peak_rss: usage.ru_maxrss as u64 * 1024 })
+}
+
+/// Builds the store at `store` with `import`, then runs `export`, `migrate` and `verify` over it.
+fn bulk_commands(binary: &str, dir: &Path, store: &str, docs: usize) -> Result<(Vec<CommandRun>, u64), String> {
+    let ndjson = dir.join("seed.ndjson");
+    let ndjson_bytes = write_ndjson(&ndjson, docs)?;
+    let copy = format!("embedded:{}", dir.join("copy.redb").display());
+    let export = dir.join("export.ndjson");
+    let ndjson_arg = ndjson.display().to_string();
+    let export_arg = export.display().to_string();
+    let quiet = ["--progress", "none"];
+    let runs = vec![
+        run_command(
+            binary,
+            "import",
+            &[&["import", "--to", store, "--in", &ndjson_arg], &quiet[..]].concat(),
+            dir,
+            docs,
+        )?,
+        run_command(
+            binary,
+            "export",
+            &[&["export", "--from", store, "--out", &export_arg], &quiet[..]].concat(),
+            dir,
+            docs,
+        )?,
+        run_command(
+            binary,
+            "migrate",
+            &[&["migrate", "--from", store, "--to", &copy], &quiet[..]].concat(),
+            dir,
+            docs,
+        )?,
+        run_command(binary, "verify", &["verify", "--from", store, "--to", &copy], dir, docs)?,
+    ];
+    for file in [ndjson, export, dir.join("copy.redb")] {
+        let _ = std::fs::remove_file(file);
+    }
+    Ok((runs, ndjson_bytes))
+}
+
+// ---- the load ----
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Op {
@@ -52,10 +323,11 @@ enum Op {
     Get,
     ListKeys,
     GetAll,
+    Mixed,
 }
 
 impl Op {
-    const ALL: [Op; 4] = [Op::Set, Op::Get, Op::ListKeys, Op::GetAll];
+    const ALL: [Op; 5] = [Op::Set, Op::Get, Op::ListKeys, Op::GetAll, Op::Mixed];
 
     fn name(self) -> &'static str {
         match self {
@@ -63,92 +335,186 @@ impl Op {
             Op::Get => "get",
             Op::ListKeys => "list_keys",
             Op::GetAll => "get_all",
+            Op::Mixed => "mixed",
+        }
+    }
+
+    /// The single operation request `seq` of this phase performs.
+    fn step(self, seq: u64) -> Op {
+        match self {
+            Op::Mixed => match seq % 10 {
+                0..=5 => Op::Get,
+                6 | 7 => Op::Set,
+                8 => Op::ListKeys,
+                _ => Op::GetAll,
+            },
+            op => op,
         }
     }
 }
 
-struct Config {
-    clients: usize,
-    seconds: f64,
-    max_requests: u64,
+/// What one request works on: a document, or for the lists a namespace.
+fn place(op: Op, seq: u64, docs: usize) -> Place {
+    let spread = seq.wrapping_mul(STRIDE);
+    match op {
+        Op::ListKeys | Op::GetAll => Place::of_namespace((spread % (docs / KEYS_PER_NAMESPACE) as u64) as usize),
+        _ => Place::of_document((spread % docs as u64) as usize),
+    }
 }
 
-impl Config {
-    fn from_env() -> Result<Self, String> {
-        fn var<T: std::str::FromStr>(name: &str, default: T) -> Result<T, String> {
-            match std::env::var(name) {
-                Ok(text) if !text.trim().is_empty() => {
-                    text.trim().parse().map_err(|_| format!("{name}={text:?} is not a valid number"))
-                }
-                _ => Ok(default),
+/// A server the phases run against.
+trait Target: Send + Sync + 'static {
+    fn call(&self, op: Op, seq: u64) -> impl std::future::Future<Output = Result<(), String>> + Send;
+}
+
+fn http_client(clients: usize) -> Result<reqwest::Client, String> {
+    reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(clients)
+        .tcp_nodelay(true)
+        .timeout(REQUEST_TIMEOUT)
+        .build()
+        .map_err(|e| format!("HTTP client: {e}"))
+}
+
+/// Sends a request; its body as JSON when the status is 2xx.
+async fn send_json(builder: reqwest::RequestBuilder) -> Result<(reqwest::StatusCode, Value), String> {
+    let response = builder.send().await.map_err(|e| format!("transport error: {e}"))?;
+    let status = response.status();
+    let body = response.bytes().await.map_err(|e| format!("reading the body (status {status}): {e}"))?;
+    let value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    if status.is_success() || status == reqwest::StatusCode::CONFLICT {
+        Ok((status, value))
+    } else {
+        Err(format!("status {status}: {}", String::from_utf8_lossy(&body[..body.len().min(300)])))
+    }
+}
+
+fn check_count(what: &str, found: usize) -> Result<(), String> {
+    if found == KEYS_PER_NAMESPACE {
+        Ok(())
+    } else {
+        Err(format!("{what} returned {found} entries, expected {KEYS_PER_NAMESPACE}"))
+    }
+}
+
+/// `agentstore serve`'s REST API.
+struct Service {
+    http: reqwest::Client,
+    base: String,
+    docs: usize,
+}
+
+impl Target for Service {
+    async fn call(&self, op: Op, seq: u64) -> Result<(), String> {
+        let op = op.step(seq);
+        let at = place(op, seq, self.docs);
+        let keys = format!("{}{}", self.base, at.keys_path());
+        let builder = match op {
+            Op::Set => self
+                .http
+                .put(format!("{keys}/{}", at.key))
+                .header("x-agent-id", AGENT)
+                .json(&json!({ "value": new_value(seq), "metadata": { "source": "serve_load", "seq": seq } })),
+            Op::Get => self.http.get(format!("{keys}/{}", at.key)).header("x-agent-id", AGENT),
+            Op::ListKeys => self.http.get(keys),
+            Op::GetAll | Op::Mixed => self.http.get(keys.trim_end_matches("/keys")),
+        };
+        let (status, body) = send_json(builder).await?;
+        if status == reqwest::StatusCode::CONFLICT {
+            return Err(format!("status 409: {body}"));
+        }
+        match op {
+            Op::ListKeys => check_count("list_keys", body.as_array().map_or(0, Vec::len)),
+            Op::GetAll => check_count("get_all", body.as_object().map_or(0, Map::len)),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// pouchdb-server, used as a CouchDB application uses CouchDB.
+struct Pouch {
+    http: reqwest::Client,
+    db: String,
+    docs: usize,
+}
+
+impl Pouch {
+    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        self.http.request(method, format!("{}{path}", self.db)).basic_auth(POUCH_LOGIN.0, Some(POUCH_LOGIN.1))
+    }
+
+    /// GET the document, change it, PUT it back with its revision; again on a 409.
+    async fn read_modify_write(&self, id: &str, change: impl Fn(&mut Map<String, Value>)) -> Result<(), String> {
+        let path = format!("/{id}");
+        for _ in 0..POUCH_CONFLICT_RETRIES {
+            let (_, doc) = send_json(self.request(reqwest::Method::GET, &path)).await?;
+            let Value::Object(mut doc) = doc else { return Err(format!("GET {id}: not a document")) };
+            change(&mut doc);
+            let (status, _) = send_json(self.request(reqwest::Method::PUT, &path).json(&doc)).await?;
+            if status != reqwest::StatusCode::CONFLICT {
+                return Ok(());
             }
         }
-        let config = Config {
-            clients: var("BENCH_CLIENTS", 16usize)?,
-            seconds: var("BENCH_SECONDS", 5.0f64)?,
-            max_requests: var("BENCH_MAX_REQUESTS", 20_000u64)?,
-        };
-        if config.clients == 0 {
-            return Err("BENCH_CLIENTS must be at least 1".into());
-        }
-        if !(config.seconds.is_finite() && config.seconds > 0.0) {
-            return Err("BENCH_SECONDS must be a positive number".into());
-        }
-        if config.max_requests == 0 {
-            return Err("BENCH_MAX_REQUESTS must be at least 1".into());
-        }
-        Ok(config)
+        Err(format!("{id}: still in conflict after {POUCH_CONFLICT_RETRIES} tries"))
+    }
+
+    async fn find(&self, at: &Place, fields: &[&str]) -> Result<usize, String> {
+        let query = json!({
+            "selector": { "userId": at.user, "namespace": at.namespace },
+            "fields": fields,
+            "limit": KEYS_PER_NAMESPACE * 2,
+        });
+        let (_, body) = send_json(self.request(reqwest::Method::POST, "/_find").json(&query)).await?;
+        Ok(body["docs"].as_array().map_or(0, Vec::len))
     }
 }
 
-/// The `i`-th document of the seeded key space: (user, namespace, key).
-fn document(i: usize) -> (String, String, String) {
-    let i = i % TOTAL_KEYS;
-    let key = i % KEYS_PER_NAMESPACE;
-    let namespace = (i / KEYS_PER_NAMESPACE) % NAMESPACES;
-    let user = i / (KEYS_PER_NAMESPACE * NAMESPACES);
-    (format!("bench-user-{user}"), format!("ns-{namespace}"), format!("key-{key:03}"))
+fn now() -> String {
+    chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
 
-/// The `i`-th request's document: a fixed permutation of the key space, so consecutive requests
-/// (and concurrent clients) touch different users, namespaces and keys.
-fn spread(i: u64) -> usize {
-    // 7919 is prime and coprime with 1000, so this visits every key once per 1000 requests.
-    ((i % TOTAL_KEYS as u64) * 7919 % TOTAL_KEYS as u64) as usize
+impl Target for Pouch {
+    async fn call(&self, op: Op, seq: u64) -> Result<(), String> {
+        let op = op.step(seq);
+        let at = place(op, seq, self.docs);
+        match op {
+            Op::Set => {
+                self.read_modify_write(&at.id(), |doc| {
+                    doc.insert("value".into(), new_value(seq));
+                    if let Some(Value::Object(metadata)) = doc.get_mut("metadata") {
+                        metadata.insert("seq".into(), json!(seq));
+                    }
+                    doc.insert("updatedAt".into(), json!(now()));
+                })
+                .await
+            }
+            Op::Get => {
+                self.read_modify_write(&at.id(), |doc| {
+                    let count = doc.get("accessCount").and_then(Value::as_u64).unwrap_or(0);
+                    doc.insert("accessCount".into(), json!(count + 1));
+                    doc.insert("lastAccessedAt".into(), json!(now()));
+                })
+                .await
+            }
+            Op::ListKeys => check_count("_find (keys)", self.find(&at, &["key"]).await?),
+            Op::GetAll | Op::Mixed => check_count("_find (key, value)", self.find(&at, &["key", "value"]).await?),
+        }
+    }
 }
-
-/// The PUT body: a value of about 100 bytes of compact JSON, and metadata.
-fn put_body(seq: u64) -> Vec<u8> {
-    let body = json!({
-        "value": {
-            "text": "the quick brown fox jumps over the lazy dog",
-            "seq": seq,
-            "tags": ["bench", "load"],
-            "ok": true,
-            "score": 0.5
-        },
-        "metadata": { "source": "serve_load", "seq": seq }
-    });
-    serde_json::to_vec(&body).expect("serialisable")
-}
-
-// ---- the server ----
-
-// ---- the load ----
 
 /// One phase's measurements.
-struct PhaseResult {
+struct Phase {
     op: Op,
     requests: u64,
     errors: u64,
     elapsed: Duration,
     /// Latency of successful requests, in microseconds.
     latency: Histogram<u64>,
-    max: Duration,
     first_error: Option<String>,
 }
 
-impl PhaseResult {
+impl Phase {
     fn ok(&self) -> u64 {
         self.requests - self.errors
     }
@@ -165,16 +531,12 @@ impl PhaseResult {
         self.ok() as f64 / self.elapsed.as_secs_f64()
     }
 
-    fn percentile_ms(&self, q: f64) -> f64 {
+    fn max_ms(&self) -> f64 {
         if self.latency.is_empty() {
             0.0
         } else {
-            self.latency.value_at_quantile(q) as f64 / 1000.0
+            self.latency.max() as f64 / 1000.0
         }
-    }
-
-    fn max_ms(&self) -> f64 {
-        self.max.as_secs_f64() * 1000.0
     }
 
     fn passed(&self) -> bool {
@@ -186,288 +548,437 @@ impl PhaseResult {
             "operation": self.op.name(),
             "requests": self.requests,
             "errors": self.errors,
-            "error_rate": self.error_rate(),
             "elapsed_s": self.elapsed.as_secs_f64(),
             "throughput_rps": self.throughput(),
-            "p50_ms": self.percentile_ms(0.50),
-            "p99_ms": self.percentile_ms(0.99),
+            "p50_ms": quantile_ms(&self.latency, 0.50),
+            "p99_ms": quantile_ms(&self.latency, 0.99),
             "max_ms": self.max_ms(),
             "first_error": self.first_error,
         })
     }
 }
 
-/// Builds request `seq` of `op`.
-fn request(client: &reqwest::Client, base: &str, op: Op, seq: u64) -> reqwest::RequestBuilder {
-    let (user, namespace, key) = document(spread(seq));
-    match op {
-        Op::Set => client
-            .put(format!("{base}/v1/users/{user}/namespaces/{namespace}/keys/{key}"))
-            .header("x-agent-id", AGENT)
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(put_body(seq)),
-        Op::Get => {
-            client.get(format!("{base}/v1/users/{user}/namespaces/{namespace}/keys/{key}")).header("x-agent-id", AGENT)
-        }
-        Op::ListKeys => client.get(format!("{base}/v1/users/{user}/namespaces/{namespace}/keys")),
-        Op::GetAll => client.get(format!("{base}/v1/users/{user}/namespaces/{namespace}")),
-    }
-}
-
-/// Sends one request and reads its whole body. Err describes a transport error or non-2xx status.
-async fn send(builder: reqwest::RequestBuilder) -> Result<(), String> {
-    let response = builder.send().await.map_err(|e| format!("transport error: {e}"))?;
-    let status = response.status();
-    let body = response.bytes().await.map_err(|e| format!("reading body (status {status}): {e}"))?;
-    if status.is_success() {
-        Ok(())
-    } else {
-        let text = String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned();
-        Err(format!("status {status}: {text}"))
-    }
-}
-
 /// Runs one closed-loop phase: `clients` tasks each sending one request at a time until the
 /// deadline passes or `max_requests` have been started.
-async fn run_phase(client: &reqwest::Client, base: &str, op: Op, config: &Config) -> PhaseResult {
+async fn run_phase<T: Target>(target: &Arc<T>, op: Op, config: &Config) -> Result<Phase, String> {
     let issued = Arc::new(AtomicU64::new(0));
     let first_error = Arc::new(Mutex::new(None::<String>));
     let start = Instant::now();
     let deadline = start + Duration::from_secs_f64(config.seconds);
     let mut tasks = Vec::with_capacity(config.clients);
     for _ in 0..config.clients {
-        let (client, base, issued, first_error) =
-            (client.clone(), base.to_owned(), Arc::clone(&issued), Arc::clone(&first_error));
+        let (target, issued, first_error) = (Arc::clone(target), Arc::clone(&issued), Arc::clone(&first_error));
         let max_requests = config.max_requests;
         tasks.push(tokio::spawn(async move {
-            let mut latency = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("histogram bounds");
-            let (mut requests, mut errors, mut max) = (0u64, 0u64, Duration::ZERO);
+            let mut latency = histogram();
+            let (mut requests, mut errors) = (0u64, 0u64);
             while Instant::now() < deadline {
                 let seq = issued.fetch_add(1, Ordering::Relaxed);
                 if seq >= max_requests {
                     break;
                 }
-                let builder = request(&client, &base, op, seq);
                 let began = Instant::now();
-                let outcome = send(builder).await;
+                let outcome = target.call(op, seq).await;
                 let took = began.elapsed();
                 requests += 1;
                 match outcome {
-                    Ok(()) => {
-                        latency.saturating_record((took.as_micros() as u64).max(1));
-                        max = max.max(took);
-                    }
+                    Ok(()) => latency.saturating_record((took.as_micros() as u64).max(1)),
                     Err(message) => {
                         errors += 1;
-                        first_error.lock().unwrap().get_or_insert(message);
+                        first_error.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(message);
                     }
                 }
             }
-            (requests, errors, max, latency)
+            (requests, errors, latency)
         }));
     }
-    let mut result = PhaseResult {
-        op,
-        requests: 0,
-        errors: 0,
-        elapsed: Duration::ZERO,
-        latency: Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("histogram bounds"),
-        max: Duration::ZERO,
-        first_error: None,
-    };
+    let mut phase =
+        Phase { op, requests: 0, errors: 0, elapsed: Duration::ZERO, latency: histogram(), first_error: None };
     for task in tasks {
-        let (requests, errors, max, latency) = task.await.expect("client task panicked");
-        result.requests += requests;
-        result.errors += errors;
-        result.max = result.max.max(max);
-        result.latency.add(&latency).expect("same histogram bounds");
+        let (requests, errors, latency) = task.await.map_err(|e| format!("a client task failed: {e}"))?;
+        phase.requests += requests;
+        phase.errors += errors;
+        phase.latency.add(&latency).map_err(|e| e.to_string())?;
     }
-    result.elapsed = start.elapsed();
-    result.first_error = first_error.lock().unwrap().take();
-    result
+    phase.elapsed = start.elapsed();
+    phase.first_error = first_error.lock().unwrap_or_else(|e| e.into_inner()).take();
+    Ok(phase)
 }
 
-/// Writes every document of the key space (not timed), `clients` at a time, then checks that a
-/// namespace lists exactly its 100 keys.
-async fn seed(client: &reqwest::Client, base: &str, clients: usize) -> Result<(), String> {
-    use futures::StreamExt;
-    let results: Vec<Result<(), String>> = futures::stream::iter(0..TOTAL_KEYS)
-        .map(|i| {
-            let (user, namespace, key) = document(i);
-            let builder = client
-                .put(format!("{base}/v1/users/{user}/namespaces/{namespace}/keys/{key}"))
-                .header("x-agent-id", AGENT)
-                .header(reqwest::header::CONTENT_TYPE, "application/json")
-                .body(put_body(i as u64));
-            async move { send(builder).await.map_err(|e| format!("seeding {user}/{namespace}/{key}: {e}")) }
-        })
-        .buffer_unordered(clients)
-        .collect()
-        .await;
-    results.into_iter().collect::<Result<(), String>>()?;
-    let (user, namespace, _) = document(0);
-    let keys: Vec<String> = client
-        .get(format!("{base}/v1/users/{user}/namespaces/{namespace}/keys"))
-        .send()
-        .await
-        .and_then(reqwest::Response::error_for_status)
-        .map_err(|e| format!("checking the seed: {e}"))?
-        .json()
-        .await
-        .map_err(|e| format!("checking the seed: {e}"))?;
-    if keys.len() != KEYS_PER_NAMESPACE {
-        return Err(format!("seeded namespace lists {} keys, expected {KEYS_PER_NAMESPACE}", keys.len()));
+async fn run_phases<T: Target>(target: T, config: &Config) -> Result<Vec<Phase>, String> {
+    let target = Arc::new(target);
+    let mut phases = Vec::new();
+    for &op in &config.phases {
+        phases.push(run_phase(&target, op, config).await?);
     }
-    Ok(())
+    Ok(phases)
+}
+
+/// A process's peak and current resident set, from `/proc/PID/status`, in bytes.
+fn memory_of(pid: u32) -> Result<(u64, u64), String> {
+    let status =
+        std::fs::read_to_string(format!("/proc/{pid}/status")).map_err(|e| format!("/proc/{pid}/status: {e}"))?;
+    let field = |name: &str| -> Result<u64, String> {
+        let line =
+            status.lines().find(|l| l.starts_with(name)).ok_or_else(|| format!("no {name} in /proc/{pid}/status"))?;
+        let kib = line[name.len()..].trim().trim_end_matches("kB").trim();
+        kib.parse::<u64>().map(|k| k * 1024).map_err(|_| format!("/proc/{pid}/status: {line}"))
+    };
+    Ok((field("VmHWM:")?, field("VmRSS:")?))
+}
+
+// ---- pouchdb-server ----
+
+/// A pouchdb-server process on a LevelDB directory; killed on drop.
+struct PouchServer {
+    child: std::process::Child,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for PouchServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_pouchdb_server() -> Result<PouchServer, String> {
+    let binary = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("node_modules/.bin/pouchdb-server");
+    if !binary.exists() {
+        return Err(format!("pouchdb-server is not installed at {} (run `npm ci`)", binary.display()));
+    }
+    let dir = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
+    let config = json!({ "admins": { POUCH_LOGIN.0: POUCH_LOGIN.1 } });
+    std::fs::write(dir.path().join("config.json"), config.to_string()).map_err(|e| e.to_string())?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| format!("no free port: {e}"))?;
+    let log = std::fs::File::create(dir.path().join("server.log")).map_err(|e| e.to_string())?;
+    let child = Command::new(&binary)
+        .args(["--host", "127.0.0.1", "--port", &port.to_string(), "--dir", "."])
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().map_err(|e| e.to_string())?)
+        .stderr(log)
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", binary.display()))?;
+    let server = PouchServer { child, url: format!("http://127.0.0.1:{port}"), _dir: dir };
+    let started = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if started.elapsed() > Duration::from_secs(30) {
+            return Err("pouchdb-server did not listen within 30 s".into());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(server)
+}
+
+/// Creates the database and its index and writes the store's documents with `_bulk_docs`.
+async fn seed_pouch(pouch: &Pouch) -> Result<(), String> {
+    use futures::StreamExt;
+    send_json(pouch.request(reqwest::Method::PUT, "")).await.map_err(|e| format!("creating the database: {e}"))?;
+    let index = json!({ "index": { "fields": ["userId", "namespace"] }, "name": "idx-user-namespace", "type": "json" });
+    send_json(pouch.request(reqwest::Method::POST, "/_index").json(&index))
+        .await
+        .map_err(|e| format!("creating the index: {e}"))?;
+    let batches = (0..pouch.docs).step_by(POUCH_BULK).map(|start| {
+        let docs: Vec<Value> = (start..(start + POUCH_BULK).min(pouch.docs)).map(seeded_document).collect();
+        async move {
+            let (_, body) =
+                send_json(pouch.request(reqwest::Method::POST, "/_bulk_docs").json(&json!({ "docs": docs })))
+                    .await
+                    .map_err(|e| format!("_bulk_docs: {e}"))?;
+            let failed = body.as_array().map_or(0, |rows| rows.iter().filter(|r| r.get("error").is_some()).count());
+            if failed > 0 {
+                return Err(format!("_bulk_docs: {failed} documents refused"));
+            }
+            Ok(())
+        }
+    });
+    let results: Vec<Result<(), String>> =
+        futures::stream::iter(batches).buffer_unordered(POUCH_BULK_IN_FLIGHT).collect().await;
+    results.into_iter().collect::<Result<(), String>>()?;
+    // A first query builds the index, so the phases measure queries, not the build.
+    let pouch_probe = pouch.find(&Place::of_namespace(0), &["key"]).await?;
+    check_count("the first _find", pouch_probe)
+}
+
+// ---- one store size ----
+
+/// A side's phases and its server's memory, or why it did not run.
+enum Side {
+    Measured { phases: Vec<Phase>, peak_rss: u64, rss: u64, seed_seconds: f64 },
+    NotRun(String),
+}
+
+impl Side {
+    fn phases(&self) -> &[Phase] {
+        match self {
+            Side::Measured { phases, .. } => phases,
+            Side::NotRun(_) => &[],
+        }
+    }
+
+    fn to_json(&self) -> Value {
+        match self {
+            Side::Measured { phases, peak_rss, rss, seed_seconds } => json!({
+                "phases": phases.iter().map(Phase::to_json).collect::<Vec<_>>(),
+                "peak_rss_bytes": peak_rss,
+                "rss_after_bytes": rss,
+                "seed_seconds": seed_seconds,
+            }),
+            Side::NotRun(why) => json!({ "not_run": why }),
+        }
+    }
+}
+
+struct SizeResult {
+    docs: usize,
+    ndjson_bytes: u64,
+    /// The store file's length after the phases.
+    store_bytes: u64,
+    /// The bytes of its pages in use then (see [`store_bytes_in_use`]).
+    store_in_use_bytes: u64,
+    commands: Vec<CommandRun>,
+    service: Side,
+    pouchdb: Side,
+}
+
+fn measure_size(docs: usize, config: &Config, runtime: &tokio::runtime::Runtime) -> Result<SizeResult, String> {
+    println!("\n== store of {docs} documents ==");
+    let dir = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
+    let store_path = dir.path().join("store.redb");
+    let store = format!("embedded:{}", store_path.display());
+    let (commands, ndjson_bytes) = bulk_commands(&config.binary, dir.path(), &store, docs)?;
+    for run in &commands {
+        println!(
+            "{:<8} {:>7.1} s  {:>8.0} docs/s  peak RSS {:>4} MiB",
+            run.name,
+            run.wall.as_secs_f64(),
+            run.docs as f64 / run.wall.as_secs_f64(),
+            run.peak_rss >> 20
+        );
+    }
+    let served = match config.cache_mb {
+        Some(mb) => format!("{store}?cache_mb={mb}"),
+        None => store.clone(),
+    };
+    let service = runtime.block_on(measure_service(&served, dir.path(), docs, config))?;
+    let store_bytes = std::fs::metadata(&store_path).map(|m| m.len()).map_err(|e| e.to_string())?;
+    let store_in_use_bytes = store_bytes_in_use(&store_path)?;
+    let pouchdb = if config.pouchdb {
+        runtime.block_on(measure_pouchdb(docs, config))?
+    } else {
+        Side::NotRun("deselected with BENCH_POUCHDB=0".into())
+    };
+    Ok(SizeResult { docs, ndjson_bytes, store_bytes, store_in_use_bytes, commands, service, pouchdb })
+}
+
+/// The bytes of the store's allocated pages. redb grows its file ahead of need (doubling up to a
+/// region, then by regions) and reuses the free space later, so the file's length overstates
+/// what the documents take.
+fn store_bytes_in_use(path: &Path) -> Result<u64, String> {
+    let fail = |e: &dyn std::fmt::Display| format!("reading the page statistics of {}: {e}", path.display());
+    let db = redb::Database::builder().set_cache_size(16 << 20).open(path).map_err(|e| fail(&e))?;
+    let txn = db.begin_write().map_err(|e| fail(&e))?;
+    let stats = txn.stats().map_err(|e| fail(&e))?;
+    let bytes = stats.allocated_pages() * stats.page_size() as u64;
+    txn.abort().map_err(|e| fail(&e))?;
+    Ok(bytes)
+}
+
+async fn measure_service(store: &str, dir: &Path, docs: usize, config: &Config) -> Result<Side, String> {
+    let server = Server::start(&config.binary, store, dir)?;
+    println!("agentstore serve on {store}: {}", server.base);
+    let service = Service { http: http_client(config.clients)?, base: server.base.clone(), docs };
+    let phases = run_phases(service, config).await;
+    let memory = memory_of(server.pid());
+    server.stop()?;
+    let (peak_rss, rss) = memory?;
+    Ok(Side::Measured { phases: phases?, peak_rss, rss, seed_seconds: 0.0 })
+}
+
+async fn measure_pouchdb(docs: usize, config: &Config) -> Result<Side, String> {
+    let server = match start_pouchdb_server() {
+        Ok(server) => server,
+        Err(why) => return Ok(Side::NotRun(why)),
+    };
+    let pouch = Pouch { http: http_client(config.clients)?, db: format!("{}/serve_load", server.url), docs };
+    let seeding = Instant::now();
+    seed_pouch(&pouch).await.map_err(|e| format!("seeding pouchdb-server: {e}"))?;
+    let seed_seconds = seeding.elapsed().as_secs_f64();
+    println!("pouchdb-server (LevelDB) {}: seeded {docs} documents in {seed_seconds:.1} s", server.url);
+    let phases = run_phases(pouch, config).await?;
+    let (peak_rss, rss) = memory_of(server.child.id())?;
+    Ok(Side::Measured { phases, peak_rss, rss, seed_seconds })
 }
 
 // ---- reporting ----
 
-fn table(results: &[PhaseResult]) -> String {
-    let header = ["operation", "requests", "errors", "req/s", "p50 ms", "p99 ms", "max ms"];
-    let rows: Vec<[String; 7]> = results
-        .iter()
-        .map(|r| {
-            [
-                r.op.name().to_owned(),
-                r.requests.to_string(),
-                r.errors.to_string(),
-                format!("{:.0}", r.throughput()),
-                format!("{:.3}", r.percentile_ms(0.50)),
-                format!("{:.3}", r.percentile_ms(0.99)),
-                format!("{:.3}", r.max_ms()),
-            ]
-        })
-        .collect();
-    let mut widths = header.map(str::len);
-    for row in &rows {
-        for (width, cell) in widths.iter_mut().zip(row) {
-            *width = (*width).max(cell.len());
-        }
-    }
-    let line = |cells: &[&str]| -> String {
-        let mut out = String::new();
-        for (i, (cell, width)) in cells.iter().zip(widths).enumerate() {
-            if i == 0 {
-                out.push_str(&format!("{cell:<width$}"));
-            } else {
-                out.push_str(&format!("  {cell:>width$}"));
+fn phase_row(docs: usize, server: &str, phase: &Phase) -> Vec<String> {
+    vec![
+        docs.to_string(),
+        server.to_owned(),
+        phase.op.name().to_owned(),
+        phase.requests.to_string(),
+        phase.errors.to_string(),
+        format!("{:.0}", phase.throughput()),
+        format!("{:.2}", quantile_ms(&phase.latency, 0.50)),
+        format!("{:.2}", quantile_ms(&phase.latency, 0.99)),
+        format!("{:.1}", phase.max_ms()),
+    ]
+}
+
+fn print_results(results: &[SizeResult]) {
+    let mut rows = Vec::new();
+    for result in results {
+        for (server, side) in [("agentstore", &result.service), ("pouchdb-server", &result.pouchdb)] {
+            match side {
+                Side::Measured { phases, .. } => rows.extend(phases.iter().map(|p| phase_row(result.docs, server, p))),
+                Side::NotRun(why) => {
+                    rows.push(vec![result.docs.to_string(), server.to_owned(), format!("NOT RUN: {why}")])
+                }
             }
         }
-        out.push('\n');
-        out
-    };
-    let mut out = line(&header);
-    out.push_str(&line(&widths.map(|w| "-".repeat(w)).iter().map(String::as_str).collect::<Vec<_>>()));
-    for row in &rows {
-        out.push_str(&line(&row.iter().map(String::as_str).collect::<Vec<_>>()));
     }
-    out
-}
+    let header = ["docs", "server", "operation", "requests", "errors", "req/s", "p50 ms", "p99 ms", "max ms"];
+    println!();
+    print!("{}", aligned(&header, &rows, 3));
+    println!("(latency per operation including the full body; pouchdb-server's set and get are GET + PUT)");
 
-fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"))
-}
-
-fn main() -> ExitCode {
-    // `cargo bench` passes `--bench`; `cargo test --all-targets` runs this target without it.
-    if !std::env::args().skip(1).any(|a| a == "--bench") {
-        println!("serve_load: run with `cargo bench --bench serve_load`");
-        return ExitCode::SUCCESS;
-    }
-    match run() {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::FAILURE,
-        Err(message) => {
-            eprintln!("serve_load: {message}");
-            ExitCode::FAILURE
+    let mut rows = Vec::new();
+    for result in results {
+        for (server, side) in [("agentstore serve", &result.service), ("pouchdb-server", &result.pouchdb)] {
+            if let Side::Measured { peak_rss, rss, .. } = side {
+                rows.push(vec![result.docs.to_string(), server.to_owned(), mib(*peak_rss), mib(*rss)]);
+            }
+        }
+        for run in &result.commands {
+            rows.push(vec![
+                result.docs.to_string(),
+                format!("agentstore {}", run.name),
+                mib(run.peak_rss),
+                String::new(),
+            ]);
         }
     }
+    println!();
+    print!("{}", aligned(&["docs", "process", "peak RSS MiB", "RSS after MiB"], &rows, 2));
+    for result in results {
+        let per_doc = |bytes: u64| bytes as f64 / result.docs as f64;
+        println!(
+            "store of {}: file {:.0} MiB ({:.0} bytes per document); pages in use {:.0} MiB ({:.0} bytes per \
+             document, {:.2}x its NDJSON of {:.0} bytes per document)",
+            result.docs,
+            result.store_bytes as f64 / 1048576.0,
+            per_doc(result.store_bytes),
+            result.store_in_use_bytes as f64 / 1048576.0,
+            per_doc(result.store_in_use_bytes),
+            result.store_in_use_bytes as f64 / result.ndjson_bytes as f64,
+            per_doc(result.ndjson_bytes)
+        );
+    }
+    if let Some(scale) = scale_rows(results) {
+        println!();
+        print!("{}", aligned(&["server", "operation", "req/s small", "req/s large", "small / large"], &scale, 2));
+    }
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.0}", bytes as f64 / 1048576.0)
+}
+
+/// Throughput on the smallest store over throughput on the largest, per server and operation.
+fn scale_rows(results: &[SizeResult]) -> Option<Vec<Vec<String>>> {
+    let (small, large) = (results.iter().min_by_key(|r| r.docs)?, results.iter().max_by_key(|r| r.docs)?);
+    if small.docs == large.docs {
+        return None;
+    }
+    println!("\nscale: {} documents against {}", small.docs, large.docs);
+    let mut rows = Vec::new();
+    for (server, a, b) in
+        [("agentstore", &small.service, &large.service), ("pouchdb-server", &small.pouchdb, &large.pouchdb)]
+    {
+        for (p, q) in a.phases().iter().zip(b.phases()) {
+            rows.push(vec![
+                server.to_owned(),
+                p.op.name().to_owned(),
+                format!("{:.0}", p.throughput()),
+                format!("{:.0}", q.throughput()),
+                format!("{:.2}", p.throughput() / q.throughput()),
+            ]);
+        }
+    }
+    Some(rows)
+}
+
+fn report_json(config: &Config, passed: bool, results: &[SizeResult]) -> Value {
+    json!({
+        "benchmark": NAME,
+        "nproc": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        "clients": config.clients,
+        "seconds": config.seconds,
+        "max_requests": config.max_requests,
+        "cache_mb": config.cache_mb,
+        "passed": passed,
+        "stores": results.iter().map(|r| json!({
+            "docs": r.docs,
+            "ndjson_bytes": r.ndjson_bytes,
+            "store_bytes": r.store_bytes,
+            "store_in_use_bytes": r.store_in_use_bytes,
+            "commands": r.commands.iter().map(CommandRun::to_json).collect::<Vec<_>>(),
+            "agentstore": r.service.to_json(),
+            "pouchdb_server": r.pouchdb.to_json(),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn main() -> std::process::ExitCode {
+    bench_main(NAME, run)
 }
 
 /// Runs the benchmark; Ok(false) when a phase's error rate is over the limit.
 fn run() -> Result<bool, String> {
     let config = Config::from_env()?;
-    let nproc = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    println!("serve_load: agentstore serve, embedded backend, HTTP/1.1 keep-alive over loopback");
+    println!("{NAME}: the embedded store behind agentstore serve, and pouchdb-server, over loopback HTTP/1.1");
     println!(
-        "nproc: {nproc}  clients: {}  seconds per phase: {}  max requests per phase: {}",
-        config.clients, config.seconds, config.max_requests
+        "nproc: {}  clients: {}  per phase: {} s or {} requests  stores: {:?}  binary: {}",
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        config.clients,
+        config.seconds,
+        config.max_requests,
+        config.store_docs,
+        config.binary
     );
-    println!("binary: {BIN}");
-
-    let dir = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
-    let store = dir.path().join("bench.redb");
-    let server = Server::start(BIN, &format!("embedded:{}", store.display()), dir.path())?;
-    println!("server: {}", server.base);
-
     let runtime =
         tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| format!("tokio runtime: {e}"))?;
-    let outcome = runtime.block_on(async {
-        let client = reqwest::Client::builder()
-            .no_proxy()
-            .pool_max_idle_per_host(config.clients)
-            .pool_idle_timeout(Duration::from_secs(90))
-            .tcp_nodelay(true)
-            .timeout(REQUEST_TIMEOUT)
-            .build()
-            .map_err(|e| format!("HTTP client: {e}"))?;
-        let seeding = Instant::now();
-        seed(&client, &server.base, config.clients).await?;
-        println!(
-            "seeded {TOTAL_KEYS} documents ({USERS} users x {NAMESPACES} namespaces x {KEYS_PER_NAMESPACE} keys) \
-             in {:.2} s (not timed)",
-            seeding.elapsed().as_secs_f64()
-        );
-        let mut results = Vec::new();
-        for op in Op::ALL {
-            results.push(run_phase(&client, &server.base, op, &config).await);
+    let mut results = Vec::new();
+    for &docs in &config.store_docs {
+        results.push(measure_size(docs, &config, &runtime)?);
+    }
+    print_results(&results);
+
+    let mut passed = true;
+    for result in &results {
+        for (server, side) in [("agentstore", &result.service), ("pouchdb-server", &result.pouchdb)] {
+            for phase in side.phases().iter().filter(|p| !p.passed()) {
+                passed = false;
+                eprintln!(
+                    "{NAME}: {} docs, {server}, {}: {} errors in {} requests; first: {}",
+                    result.docs,
+                    phase.op.name(),
+                    phase.errors,
+                    phase.requests,
+                    phase.first_error.as_deref().unwrap_or("none sent")
+                );
+            }
         }
-        Ok::<_, String>(results)
-    });
-    drop(runtime);
-    let stopped = server.stop();
-    let results = outcome?;
-
-    println!();
-    print!("{}", table(&results));
-    println!("(throughput and latency over successful requests; latency is per request including the full body)");
-
-    let passed = results.iter().all(PhaseResult::passed);
-    for r in results.iter().filter(|r| r.errors > 0 || r.requests == 0) {
-        eprintln!(
-            "serve_load: {}: {} errors in {} requests ({:.2}%); first: {}",
-            r.op.name(),
-            r.errors,
-            r.requests,
-            r.error_rate() * 100.0,
-            r.first_error.as_deref().unwrap_or("none sent")
-        );
     }
-
-    let report = json!({
-        "benchmark": "serve_load",
-        "backend": "embedded",
-        "nproc": nproc,
-        "clients": config.clients,
-        "seconds": config.seconds,
-        "max_requests": config.max_requests,
-        "max_error_rate": MAX_ERROR_RATE,
-        "passed": passed,
-        "operations": results.iter().map(PhaseResult::to_json).collect::<Vec<_>>(),
-    });
-    let out_dir = target_dir().join("bench");
-    let path = out_dir.join("serve_load.json");
-    std::fs::create_dir_all(&out_dir).map_err(|e| format!("creating {}: {e}", out_dir.display()))?;
-    let text = serde_json::to_string_pretty(&report).expect("serialisable");
-    std::fs::write(&path, text + "\n").map_err(|e| format!("writing {}: {e}", path.display()))?;
-    println!("wrote {}", path.display());
-
+    write_report(NAME, &report_json(&config, passed, &results))?;
     if !passed {
-        eprintln!("serve_load: FAILED: a phase's error rate is over {:.0}%", MAX_ERROR_RATE * 100.0);
+        eprintln!("{NAME}: FAILED: a phase's error rate is over {:.0}%", MAX_ERROR_RATE * 100.0);
     }
-    stopped?;
     Ok(passed)
 }

@@ -115,6 +115,13 @@ impl Server {
         }
     }
 
+    /// The server's process id, for reading its memory from `/proc`. Not every bench including
+    /// this module uses it.
+    #[allow(dead_code)]
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     fn tail(&self) -> String {
         self.stderr_tail.lock().unwrap().iter().map(|l| format!("  {l}\n")).collect()
     }
