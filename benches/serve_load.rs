@@ -675,8 +675,9 @@ fn start_pouchdb_server() -> Result<PouchServer, String> {
     Ok(server)
 }
 
-/// Creates the database and its index and writes the store's documents with `_bulk_docs`.
-async fn seed_pouch(pouch: &Pouch) -> Result<(), String> {
+/// Creates the database and its index, writes the store's documents with `_bulk_docs`, and builds
+/// the index with a first query; returns how long that query took.
+async fn seed_pouch(pouch: &Pouch) -> Result<Duration, String> {
     use futures::StreamExt;
     send_json(pouch.request(reqwest::Method::PUT, "")).await.map_err(|e| format!("creating the database: {e}"))?;
     let index = json!({ "index": { "fields": ["userId", "namespace"] }, "name": "idx-user-namespace", "type": "json" });
@@ -700,24 +701,35 @@ async fn seed_pouch(pouch: &Pouch) -> Result<(), String> {
     let results: Vec<Result<(), String>> =
         futures::stream::iter(batches).buffer_unordered(POUCH_BULK_IN_FLIGHT).collect().await;
     results.into_iter().collect::<Result<(), String>>()?;
-    // A first query builds the index, so the phases measure queries, not the build.
-    let pouch_probe = pouch.find(&Place::of_namespace(0), &["key"]).await?;
-    check_count("the first _find", pouch_probe)
+    // The first query builds the index over the whole database (minutes on a million documents:
+    // longer than a request's timeout), so it gets a client without one, and the phases measure
+    // queries, not the build.
+    let building = Instant::now();
+    let patient = reqwest::Client::builder().no_proxy().build().map_err(|e| format!("HTTP client: {e}"))?;
+    let query =
+        json!({ "selector": { "userId": "user-00", "namespace": "ns-0000" }, "fields": ["key"], "limit": 1000 });
+    let request =
+        patient.post(format!("{}/_find", pouch.db)).basic_auth(POUCH_LOGIN.0, Some(POUCH_LOGIN.1)).json(&query);
+    let (_, body) = send_json(request).await.map_err(|e| format!("the first _find (building the index): {e}"))?;
+    check_count("the first _find", body["docs"].as_array().map_or(0, Vec::len))?;
+    Ok(building.elapsed())
 }
 
 // ---- one store size ----
 
-/// A side's phases and its server's memory, or why it did not run.
+/// A side's phases and its server's memory, or why it did not run, or why it could not be
+/// measured (a failure: the bench exits 1, after printing what the other side measured).
 enum Side {
     Measured { phases: Vec<Phase>, peak_rss: u64, rss: u64, seed_seconds: f64 },
     NotRun(String),
+    Failed(String),
 }
 
 impl Side {
     fn phases(&self) -> &[Phase] {
         match self {
             Side::Measured { phases, .. } => phases,
-            Side::NotRun(_) => &[],
+            Side::NotRun(_) | Side::Failed(_) => &[],
         }
     }
 
@@ -730,6 +742,7 @@ impl Side {
                 "seed_seconds": seed_seconds,
             }),
             Side::NotRun(why) => json!({ "not_run": why }),
+            Side::Failed(why) => json!({ "failed": why }),
         }
     }
 }
@@ -758,7 +771,7 @@ fn measure_size(docs: usize, config: &Config, runtime: &tokio::runtime::Runtime)
             run.name,
             run.wall.as_secs_f64(),
             run.docs as f64 / run.wall.as_secs_f64(),
-            run.peak_rss >> 20
+            mib(run.peak_rss)
         );
     }
     let served = match config.cache_mb {
@@ -776,9 +789,9 @@ fn measure_size(docs: usize, config: &Config, runtime: &tokio::runtime::Runtime)
     Ok(SizeResult { docs, ndjson_bytes, store_bytes, store_in_use_bytes, commands, service, pouchdb })
 }
 
-/// The bytes of the store's allocated pages. redb grows its file ahead of need (doubling up to a
-/// region, then by regions) and reuses the free space later, so the file's length overstates
-/// what the documents take.
+/// The bytes of the store's allocated pages. redb grows its file ahead of need (doubling up to
+/// its 4 GiB region size, then by regions) and reuses the free space later, so the file's length
+/// overstates what the documents take.
 fn store_bytes_in_use(path: &Path) -> Result<u64, String> {
     let fail = |e: &dyn std::fmt::Display| format!("reading the page statistics of {}: {e}", path.display());
     let db = redb::Database::builder().set_cache_size(16 << 20).open(path).map_err(|e| fail(&e))?;
@@ -807,9 +820,16 @@ async fn measure_pouchdb(docs: usize, config: &Config) -> Result<Side, String> {
     };
     let pouch = Pouch { http: http_client(config.clients)?, db: format!("{}/serve_load", server.url), docs };
     let seeding = Instant::now();
-    seed_pouch(&pouch).await.map_err(|e| format!("seeding pouchdb-server: {e}"))?;
+    let index_build = match seed_pouch(&pouch).await {
+        Ok(took) => took,
+        Err(e) => return Ok(Side::Failed(format!("seeding pouchdb-server: {e}"))),
+    };
     let seed_seconds = seeding.elapsed().as_secs_f64();
-    println!("pouchdb-server (LevelDB) {}: seeded {docs} documents in {seed_seconds:.1} s", server.url);
+    println!(
+        "pouchdb-server (LevelDB) {}: seeded {docs} documents in {seed_seconds:.1} s, of which the index build {:.1} s",
+        server.url,
+        index_build.as_secs_f64()
+    );
     let phases = run_phases(pouch, config).await?;
     let (peak_rss, rss) = memory_of(server.child.id())?;
     Ok(Side::Measured { phases, peak_rss, rss, seed_seconds })
@@ -839,6 +859,9 @@ fn print_results(results: &[SizeResult]) {
                 Side::Measured { phases, .. } => rows.extend(phases.iter().map(|p| phase_row(result.docs, server, p))),
                 Side::NotRun(why) => {
                     rows.push(vec![result.docs.to_string(), server.to_owned(), format!("NOT RUN: {why}")])
+                }
+                Side::Failed(why) => {
+                    rows.push(vec![result.docs.to_string(), server.to_owned(), format!("FAILED: {why}")])
                 }
             }
         }
@@ -963,6 +986,10 @@ fn run() -> Result<bool, String> {
     let mut passed = true;
     for result in &results {
         for (server, side) in [("agentstore", &result.service), ("pouchdb-server", &result.pouchdb)] {
+            if let Side::Failed(why) = side {
+                passed = false;
+                eprintln!("{NAME}: {} docs, {server}: {why}", result.docs);
+            }
             for phase in side.phases().iter().filter(|p| !p.passed()) {
                 passed = false;
                 eprintln!(
