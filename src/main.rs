@@ -8,8 +8,11 @@ use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
-    limit_malloc_arenas();
     let cli = Cli::parse();
+    // Before the runtime starts any thread: arenas are created as threads first allocate.
+    if !matches!(cli.command, cli::Command::Serve { .. }) {
+        limit_malloc_arenas();
+    }
     let settings = match Settings::load(cli.config.as_deref(), &cli.overrides()) {
         Ok(settings) => settings,
         Err(err) => return cli::report(&err),
@@ -30,10 +33,14 @@ fn main() -> ExitCode {
 }
 
 /// glibc gives each thread that allocates an arena of its own (up to 8 per core), and memory freed
-/// in one arena is not reused for another thread's allocations, so under tokio's worker and
-/// blocking threads the heap multiplies. Measured on `migrate` of 1,000,000 documents between two
-/// embedded stores: 362 MB peak RSS with glibc's default, 209 MB with two arenas, at the same
-/// speed (docs/performance.md). `MALLOC_ARENA_MAX` in the environment still decides when set.
+/// in one arena is not reused for another thread's allocations. In the bulk commands (`migrate`,
+/// `verify`, `import`, `export`, ...), whose pipelines allocate and free batches and cache pages
+/// across tokio's worker and blocking threads, that multiplies the heap: `migrate` of 1,000,000
+/// documents between two embedded stores peaked at 362 MB with glibc's default and 209 MB with two
+/// arenas, at the same speed. `serve` keeps the default: there the arenas spare its many
+/// concurrent requests a shared allocator lock (two arenas cost about 20% of the CouchDB API's
+/// create rate) and its peak stayed far lower. Measurements in docs/performance.md.
+/// `MALLOC_ARENA_MAX` in the environment still decides when set.
 fn limit_malloc_arenas() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
