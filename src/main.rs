@@ -9,15 +9,16 @@ use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let serving = matches!(cli.command, cli::Command::Serve { .. });
     // Before the runtime starts any thread: arenas are created as threads first allocate.
-    if !matches!(cli.command, cli::Command::Serve { .. }) {
+    if !serving {
         limit_malloc_arenas();
     }
     let settings = match Settings::load(cli.config.as_deref(), &cli.overrides()) {
         Ok(settings) => settings,
         Err(err) => return cli::report(&err),
     };
-    let default_level = if matches!(cli.command, cli::Command::Serve { .. }) { "info" } else { "warn" };
+    let default_level = if serving { "info" } else { "warn" };
     init_logging(settings.log_format, default_level);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
