@@ -21,6 +21,8 @@ pub mod http;
 pub mod migrate;
 pub mod model;
 pub mod store;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod upgrade;
 
 pub use error::{Error, ErrorKind, Result};

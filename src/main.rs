@@ -57,9 +57,13 @@ fn limit_malloc_arenas() {
 /// for `serve`, `warn` for the one-shot commands).
 fn init_logging(format: LogFormat, default_level: &str) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
-    // A failed log write (stderr closed) must not panic the server.
-    let builder =
-        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).log_internal_errors(false);
+    // A failed log write (stderr closed) must not panic the server. Colours only on a terminal:
+    // in a container's log, a file or a pipe the escape codes are noise.
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .log_internal_errors(false);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),

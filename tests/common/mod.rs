@@ -3,8 +3,6 @@
 
 #![allow(dead_code)]
 
-pub mod container;
 pub mod corpus;
-pub mod docker;
 pub mod json;
 pub mod servers;

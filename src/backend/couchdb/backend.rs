@@ -7,7 +7,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{json, Map, Value};
 
 use super::client::{CouchClient, Reply};
-use super::codec::to_couch_doc;
+use super::codec::{to_couch_doc, NumberModel};
 use super::config::CouchConfig;
 use super::error::from_status;
 use super::live::LiveRevisions;
@@ -115,6 +115,11 @@ impl CouchDbBackend {
         Ok(())
     }
 
+    /// How the server stores numbers (asked once).
+    pub(super) async fn number_model(&self) -> Result<NumberModel> {
+        Ok(if self.pouchdb_server().await? { NumberModel::JsDoubles } else { NumberModel::Jiffy })
+    }
+
     pub(super) fn document_url(&self, id: &str) -> String {
         self.client.url(&[id])
     }
@@ -126,7 +131,7 @@ impl CouchDbBackend {
 
     /// PUTs one document with the given `_rev` (or none, to create).
     async fn put_with_rev(&self, id: &str, body: &Map<String, Value>, rev: Option<&Revision>) -> Result<Revision> {
-        let doc = to_couch_doc(id, body, rev)?;
+        let doc = to_couch_doc(id, body, rev, self.number_model().await?)?;
         let reply = self.client.send(Method::PUT, &self.document_url(id), &[], Some(&doc), "write a document").await?;
         match reply.status {
             StatusCode::CREATED | StatusCode::ACCEPTED => {
@@ -227,6 +232,7 @@ impl CouchDbBackend {
         // A document CouchDB cannot store exactly is refused on its own; the others are sent.
         let mut outcomes: Vec<Option<Result<Revision>>> = Vec::with_capacity(writes.len());
         let mut docs = Vec::with_capacity(writes.len());
+        let numbers = self.number_model().await?;
         for write in &writes {
             let rev = match &write.precondition {
                 Precondition::MustNotExist => None,
@@ -235,7 +241,7 @@ impl CouchDbBackend {
                     current.iter_mut().find(|(id, _)| *id == write.id).and_then(|(_, rev)| rev.take())
                 }
             };
-            match to_couch_doc(&write.id, &write.body, rev.as_ref()) {
+            match to_couch_doc(&write.id, &write.body, rev.as_ref(), numbers) {
                 Ok(doc) => {
                     docs.push(doc);
                     outcomes.push(None);

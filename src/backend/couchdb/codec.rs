@@ -15,6 +15,10 @@
 //! while `4.9406564584124654e-324`, the same double written with a fraction, is read correctly
 //! (`fixtures/couchdb-3.4.3/numbers.json`). Where that computation would give another double,
 //! the number is sent as its 17 significant digits with a fraction, which CouchDB parses exactly.
+//!
+//! pouchdb-server, which speaks CouchDB's API, keeps *every* number as a JavaScript double,
+//! integers included: `12345678901234567890` comes back as `12345678901234567000`. On it
+//! ([`NumberModel::JsDoubles`]) integers are held to the same rule as other numbers.
 
 use serde_json::{Map, Number, Value};
 
@@ -23,10 +27,24 @@ use crate::error::{Error, Result};
 use crate::model::fields;
 use crate::model::number::{as_exact_double, is_integer_text};
 
+/// How the server stores numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum NumberModel {
+    /// Apache CouchDB (jiffy): integers exactly, everything else as doubles.
+    Jiffy,
+    /// pouchdb-server: everything as JavaScript doubles.
+    JsDoubles,
+}
+
 /// The body CouchDB stores: `_id`, `_rev` when updating, then our fields, with every number in a
-/// form CouchDB stores exactly. Fails with an invalid-input error naming the first number it
+/// form the server stores exactly. Fails with an invalid-input error naming the first number it
 /// cannot store exactly.
-pub(super) fn to_couch_doc(id: &str, body: &Map<String, Value>, rev: Option<&Revision>) -> Result<Value> {
+pub(super) fn to_couch_doc(
+    id: &str,
+    body: &Map<String, Value>,
+    rev: Option<&Revision>,
+    numbers: NumberModel,
+) -> Result<Value> {
     let mut doc = Map::with_capacity(body.len() + 2);
     doc.insert(fields::ID.into(), id.into());
     if let Some(rev) = rev {
@@ -35,7 +53,7 @@ pub(super) fn to_couch_doc(id: &str, body: &Map<String, Value>, rev: Option<&Rev
     for (name, value) in body.iter().filter(|(k, _)| *k != fields::ID && *k != fields::REV) {
         let mut value = value.clone();
         crate::model::number::try_for_each_number(&mut value, name, &mut |number, path| {
-            encode_number(number).map_err(|problem| Error::invalid(&path(), problem))
+            encode_number(number, numbers).map_err(|problem| Error::invalid(&path(), problem))
         })?;
         doc.insert(name.clone(), value);
     }
@@ -44,10 +62,18 @@ pub(super) fn to_couch_doc(id: &str, body: &Map<String, Value>, rev: Option<&Rev
 
 /// Leaves `number` as it is, rewrites it to a text of the same value that jiffy parses exactly,
 /// or says why CouchDB cannot store it.
-fn encode_number(number: &mut Number) -> std::result::Result<(), String> {
+fn encode_number(number: &mut Number, numbers: NumberModel) -> std::result::Result<(), String> {
     let text = number.to_string();
     if is_integer_text(&text) {
-        return Ok(());
+        return match numbers {
+            NumberModel::Jiffy => Ok(()),
+            NumberModel::JsDoubles => as_exact_double(&text).map(|_| ()).map_err(|loss| {
+                format!(
+                    "the number {text} cannot be stored exactly by this server (pouchdb-server), which keeps every \
+                     number as a 64-bit floating-point number: {loss}. Send it as a string"
+                )
+            }),
+        };
     }
     let double = as_exact_double(&text).map_err(|loss| {
         format!(
@@ -87,8 +113,23 @@ mod tests {
 
     fn encoded(text: &str) -> std::result::Result<String, String> {
         let mut number: Number = text.parse().map_err(|e| format!("{e}"))?;
-        encode_number(&mut number)?;
+        encode_number(&mut number, NumberModel::Jiffy)?;
         Ok(number.to_string())
+    }
+
+    #[test]
+    fn on_pouchdb_server_integers_beyond_doubles_are_refused() {
+        let encoded_js = |text: &str| {
+            let mut number: Number = text.parse().map_err(|e| format!("{e}"))?;
+            encode_number(&mut number, NumberModel::JsDoubles).map(|()| number.to_string())
+        };
+        for text in ["9007199254740993", "12345678901234567890", "-99999999999999999999999999999999999999"] {
+            let refused = encoded_js(text).unwrap_err();
+            assert!(refused.contains(text) && refused.contains("pouchdb-server"), "{refused}");
+        }
+        for text in ["0", "-17", "9007199254740992", "100000000000000000000", "0.1"] {
+            assert_eq!(encoded_js(text).as_deref(), Ok(text));
+        }
     }
 
     #[test]
@@ -115,7 +156,7 @@ mod tests {
         }
         let body: Map<String, Value> =
             serde_json::from_str(r#"{"value": {"pi": [3.141592653589793238462643383279]}}"#).unwrap();
-        let err = to_couch_doc("u:n:a2V5", &body, None).unwrap_err();
+        let err = to_couch_doc("u:n:a2V5", &body, None, NumberModel::Jiffy).unwrap_err();
         assert_eq!(err.kind(), crate::error::ErrorKind::InvalidInput);
         assert!(err.to_string().starts_with("invalid value.pi[0]: the number 3.14159265358979323846"), "{err}");
     }

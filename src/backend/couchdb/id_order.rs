@@ -96,7 +96,7 @@ impl CouchDbBackend {
 
 impl CouchDbBackend {
     /// Whether the server is pouchdb-server (its welcome names `express-pouchdb`), asked once.
-    async fn pouchdb_server(&self) -> Result<bool> {
+    pub(super) async fn pouchdb_server(&self) -> Result<bool> {
         let answer = self
             .is_pouchdb_server
             .get_or_try_init(|| async {

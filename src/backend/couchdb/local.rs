@@ -78,7 +78,7 @@ impl CouchDbBackend {
         rev: Option<&Revision>,
     ) -> Result<Revision> {
         let doing = "write a local document";
-        let doc = to_couch_doc(&format!("{LOCAL_PREFIX}{name}"), body, rev)?;
+        let doc = to_couch_doc(&format!("{LOCAL_PREFIX}{name}"), body, rev, self.number_model().await?)?;
         let reply = self.client.send(Method::PUT, &self.local_url(name), &[], Some(&doc), doing).await?;
         match reply.status {
             StatusCode::OK | StatusCode::CREATED | StatusCode::ACCEPTED => revision_of(&reply.body, doing),

@@ -1,19 +1,11 @@
-//! The DynamoDB adapter against DynamoDB Local in a container (testcontainers, image
-//! `amazon/dynamodb-local`), where a Docker engine is reachable.
+//! The DynamoDB adapter against DynamoDB servers in containers: AWS's DynamoDB Local
+//! (`AGENTSTORE_TEST_DYNAMODB_IMAGE`, default `amazon/dynamodb-local:latest`) and dynalite built on
+//! the local base (`AGENTSTORE_TEST_DYNALITE_IMAGE`, default `agentstore-test/dynalite:4.0.0`).
 //!
-//! DynamoDB Local is AWS's own local implementation, closer to the service than dynalite (which
-//! the contract suite uses). This test opens the adapter with `create=true`, round-trips the whole
-//! value corpus through the facade, and lists 60 keys in pages of 10 through the GSI, whose reads
-//! are eventually consistent (so the listing is polled, with a deadline, until it is complete).
-//!
-//! Without a reachable Docker engine the trials are reported as `ignored` and a line saying
-//! "dynamodb testcontainers test NOT RUN: no Docker engine reachable (...)" is printed, so a run
-//! never looks as if it tested DynamoDB Local when it did not. Asking for ignored trials
-//! (`--ignored` / `--include-ignored`) without an engine fails them.
+//! Each opens the adapter with `create=true`, round-trips the whole value corpus through the
+//! facade, and lists 60 keys in pages of 10 through the GSI, whose reads are eventually
+//! consistent (so the listing is polled, with a deadline, until it is complete).
 
-mod common;
-
-use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -23,54 +15,64 @@ use agentstore::store::{DataStore, StoreOptions};
 use futures::future::BoxFuture;
 use futures::TryStreamExt;
 use serde_json::json;
-use testcontainers::core::{IntoContainerPort, WaitFor};
-use testcontainers::runners::AsyncRunner;
-use testcontainers::{ContainerAsync, GenericImage, ImageExt};
+use testcontainers::core::WaitFor;
+use testcontainers::{ContainerAsync, GenericImage};
 
-use common::container::{check, TrialFn};
+use crate::harness::{check, launch, Group, ImageRole, Launch, Origin, TrialFn};
 
-const IMAGE: &str = "amazon/dynamodb-local";
-const TAG: &str = "latest";
 const DYNAMODB_PORT: u16 = 8000;
-/// Pulling the image on a cold machine plus its start.
-const CONTAINER_STARTUP_TIMEOUT: Duration = Duration::from_secs(600);
-/// How long DynamoDB Local may take to answer HTTP after its start message.
+/// How long the server may take to answer HTTP after its start.
 const UP_DEADLINE: Duration = Duration::from_secs(60);
 /// How long the GSI may take to show every written document.
 const INDEX_DEADLINE: Duration = Duration::from_secs(30);
 
-fn main() -> ExitCode {
-    let trials: Vec<(&'static str, TrialFn)> = vec![
-        ("dynamodb_local::round_trip_corpus", |endpoint| Box::pin(round_trip_corpus(endpoint))),
-        ("dynamodb_local::list_keys_in_pages_of_10", |endpoint| Box::pin(list_keys_in_pages(endpoint))),
-    ];
-    common::container::run("dynamodb", &format!("{IMAGE}:{TAG}"), trials, start, |endpoint| {
-        Box::pin(async move { wait_until_up(&endpoint).await })
-    })
+pub fn groups() -> Vec<Group> {
+    let trials = || -> Vec<(&'static str, TrialFn)> {
+        vec![
+            ("round_trip_corpus", |endpoint| Box::pin(round_trip_corpus(endpoint))),
+            ("list_keys_in_pages_of_10", |endpoint| Box::pin(list_keys_in_pages(endpoint))),
+        ]
+    };
+    let ready: crate::harness::ReadyFn = |endpoint| Box::pin(async move { wait_until_up(&endpoint).await });
+    vec![
+        Group {
+            name: "dynamodb_local",
+            role: ImageRole {
+                setting: "AGENTSTORE_TEST_DYNAMODB_IMAGE",
+                default: "amazon/dynamodb-local:latest",
+                origin: Origin::Official,
+            },
+            shared: Some((start, ready)),
+            trials: trials(),
+        },
+        Group {
+            name: "dynamodb_dynalite",
+            role: ImageRole {
+                setting: "AGENTSTORE_TEST_DYNALITE_IMAGE",
+                default: "agentstore-test/dynalite:4.0.0",
+                origin: Origin::Local("images"),
+            },
+            shared: Some((start, ready)),
+            trials: trials(),
+        },
+    ]
 }
 
 // ---------------------------------------------------------------------------------------------
 // Docker.
 // ---------------------------------------------------------------------------------------------
 
-/// Starts the container; its address once the image's start message is seen.
-fn start() -> BoxFuture<'static, Result<(ContainerAsync<GenericImage>, String), String>> {
-    Box::pin(async {
-        let container = GenericImage::new(IMAGE, TAG)
-            .with_exposed_port(DYNAMODB_PORT.tcp())
-            .with_wait_for(WaitFor::message_on_either_std("Initializing DynamoDB Local"))
-            .with_startup_timeout(CONTAINER_STARTUP_TIMEOUT)
-            .start()
-            .await
-            .map_err(|e| format!("cannot start {IMAGE}:{TAG}: {e}"))?;
-        let host = container.get_host().await.map_err(|e| format!("{IMAGE} container host: {e}"));
-        let port = container.get_host_port_ipv4(DYNAMODB_PORT.tcp()).await.map_err(|e| format!("port {e}"));
-        let endpoint = format!("http://{}:{}", host?, port?);
-        Ok((container, endpoint))
+/// Starts the container (both images listen on 8000); its endpoint. Readiness is polled.
+fn start(image: String) -> BoxFuture<'static, Result<(ContainerAsync<GenericImage>, String), String>> {
+    Box::pin(async move {
+        let wait = WaitFor::Nothing;
+        let (container, address) =
+            launch(&image, Launch { port: DYNAMODB_PORT, wait, cmd: vec![], env: vec![] }).await?;
+        Ok((container, format!("http://{address}")))
     })
 }
 
-/// Polls the endpoint until DynamoDB Local answers HTTP at all (an unsigned request gets a 400),
+/// Polls the endpoint until the server answers HTTP at all (an unsigned request gets a 400),
 /// or the deadline passes.
 async fn wait_until_up(endpoint: &str) -> Result<(), String> {
     let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().map_err(|e| e.to_string())?;
@@ -84,7 +86,7 @@ async fn wait_until_up(endpoint: &str) -> Result<(), String> {
         // Poll interval.
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    Err(format!("DynamoDB Local at {endpoint} not answering after {UP_DEADLINE:?}: {last}"))
+    Err(format!("the DynamoDB server at {endpoint} is not answering after {UP_DEADLINE:?}: {last}"))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -109,8 +111,8 @@ async fn open(endpoint: &str, table: &str, options: StoreOptions) -> Result<Data
 /// Every corpus value through `set`/`get`, compared by exact decimal value.
 async fn round_trip_corpus(endpoint: String) -> Result<(), String> {
     let store = open(&endpoint, &table("roundtrip"), StoreOptions::default()).await?;
-    let failures = common::container::corpus_differences(&store).await?;
-    check(failures.is_empty(), || format!("values changed on DynamoDB Local:\n  {}", failures.join("\n  ")))
+    let failures = crate::corpus::differences(&store, true).await?;
+    check(failures.is_empty(), || format!("values changed:\n  {}", failures.join("\n  ")))
 }
 
 /// 60 keys listed through the GSI with pages of 10, polled until the index shows them all.

@@ -1,26 +1,18 @@
-//! The Firestore backend against Google's Cloud Firestore emulator in a container
-//! (testcontainers, image `gcr.io/google.com/cloudsdktool/google-cloud-cli:528.0.0-emulators`
-//! running `gcloud emulators firestore start`), where a Docker engine is reachable.
+//! The Firestore backend against Google's Cloud Firestore emulator in containers: the one Google
+//! ships in its Cloud SDK image (`AGENTSTORE_TEST_FIRESTORE_IMAGE`, default
+//! `gcr.io/google.com/cloudsdktool/google-cloud-cli:528.0.0-emulators`, running `gcloud emulators
+//! firestore start`) and the machine's emulator jar on Java 17 built on the local base
+//! (`AGENTSTORE_TEST_FIRESTORE_JAR_IMAGE`, default `agentstore-test/firestore-emulator:local`).
 //!
-//! The contract suite runs the emulator from a local jar; this runs the one Google ships in its
-//! image, pinned to the same version (528.0.0), the way a machine with Docker but no Cloud SDK
-//! would. It opens the backend with `emulator=HOST:PORT` of the mapped port, round-trips the whole
+//! Each opens the backend with `emulator=HOST:PORT` of the published port, round-trips the whole
 //! value corpus (including the bodies stored compressed and in chunk documents) through the
 //! facade, and lists 60 keys in pages of 10.
 //!
-//! The container is started with testcontainers' `GenericImage` rather than the
+//! The containers are started with testcontainers' `GenericImage` rather than the
 //! `google_cloud_sdk_emulators` module of testcontainers-modules: its newest release (0.15)
-//! depends on testcontainers 0.27, which cannot be built together with the 0.28 the other
-//! container tests use (each pins a different `bollard-stubs` 1.x exactly).
-//!
-//! Without a reachable Docker engine the trials are reported as `ignored` and a line saying
-//! "firestore testcontainers test NOT RUN: no Docker engine reachable (...)" is printed, so a run
-//! never looks as if it tested the emulator image when it did not. Asking for ignored trials
-//! (`--ignored` / `--include-ignored`) without an engine fails them.
+//! depends on testcontainers 0.27, which cannot be built together with the 0.28 used here (each
+//! pins a different `bollard-stubs` 1.x exactly).
 
-mod common;
-
-use std::process::ExitCode;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -31,54 +23,66 @@ use agentstore::store::{DataStore, StoreOptions};
 use futures::future::BoxFuture;
 use futures::TryStreamExt;
 use serde_json::json;
-use testcontainers::core::{IntoContainerPort, WaitFor};
-use testcontainers::runners::AsyncRunner;
-use testcontainers::{ContainerAsync, GenericImage, ImageExt};
+use testcontainers::core::WaitFor;
+use testcontainers::{ContainerAsync, GenericImage};
 
-use common::container::{check, TrialFn};
+use crate::harness::{check, launch, Group, ImageRole, Launch, Origin, TrialFn};
 
-const IMAGE: &str = "gcr.io/google.com/cloudsdktool/google-cloud-cli";
-/// The emulator version the contract suite runs from Debian's google-cloud-cli-firestore-emulator.
-const TAG: &str = "528.0.0-emulators";
 const FIRESTORE_PORT: u16 = 8080;
 /// The project the emulator is addressed with (it accepts any).
 const PROJECT: &str = "agentstore-container-test";
-/// Pulling the image (over a gigabyte) on a cold machine plus its start.
-const CONTAINER_STARTUP_TIMEOUT: Duration = Duration::from_secs(900);
-/// How long the emulator may take to answer HTTP after its start message.
-const UP_DEADLINE: Duration = Duration::from_secs(60);
+/// How long the emulator may take to answer HTTP after its start.
+const UP_DEADLINE: Duration = Duration::from_secs(90);
 
-fn main() -> ExitCode {
-    let trials: Vec<(&'static str, TrialFn)> = vec![
-        ("firestore_emulator::round_trip_corpus", |host_port| Box::pin(round_trip_corpus(host_port))),
-        ("firestore_emulator::list_keys_in_pages_of_10", |host_port| Box::pin(list_keys_in_pages(host_port))),
-    ];
-    common::container::run("firestore", &format!("{IMAGE}:{TAG}"), trials, start, |host_port| {
-        Box::pin(async move { wait_until_up(&host_port).await })
-    })
+pub fn groups() -> Vec<Group> {
+    let trials = || -> Vec<(&'static str, TrialFn)> {
+        vec![
+            ("round_trip_corpus", |host_port| Box::pin(round_trip_corpus(host_port))),
+            ("list_keys_in_pages_of_10", |host_port| Box::pin(list_keys_in_pages(host_port))),
+        ]
+    };
+    let ready: crate::harness::ReadyFn = |host_port| Box::pin(async move { wait_until_up(&host_port).await });
+    vec![
+        Group {
+            name: "firestore_sdk_image",
+            role: ImageRole {
+                setting: "AGENTSTORE_TEST_FIRESTORE_IMAGE",
+                default: "gcr.io/google.com/cloudsdktool/google-cloud-cli:528.0.0-emulators",
+                origin: Origin::Official,
+            },
+            shared: Some((start_sdk_image, ready)),
+            trials: trials(),
+        },
+        Group {
+            name: "firestore_emulator_jar",
+            role: ImageRole {
+                setting: "AGENTSTORE_TEST_FIRESTORE_JAR_IMAGE",
+                default: "agentstore-test/firestore-emulator:local",
+                origin: Origin::Local("images"),
+            },
+            shared: Some((start_jar_image, ready)),
+            trials: trials(),
+        },
+    ]
 }
 
 // ---------------------------------------------------------------------------------------------
 // Docker.
 // ---------------------------------------------------------------------------------------------
 
-/// Starts the container; its address once the image's start message is seen.
-fn start() -> BoxFuture<'static, Result<(ContainerAsync<GenericImage>, String), String>> {
-    Box::pin(async {
-        let host_port_arg = format!("--host-port=0.0.0.0:{FIRESTORE_PORT}");
-        let container = GenericImage::new(IMAGE, TAG)
-            .with_exposed_port(FIRESTORE_PORT.tcp())
-            // gcloud relays the emulator's output, prefixed with `[firestore]`.
-            .with_wait_for(WaitFor::message_on_either_std("Dev App Server is now running"))
-            .with_cmd(["gcloud", "emulators", "firestore", "start", host_port_arg.as_str()])
-            .with_startup_timeout(CONTAINER_STARTUP_TIMEOUT)
-            .start()
-            .await
-            .map_err(|e| format!("cannot start {IMAGE}:{TAG}: {e}"))?;
-        let host = container.get_host().await.map_err(|e| format!("{IMAGE} container host: {e}"));
-        let port = container.get_host_port_ipv4(FIRESTORE_PORT.tcp()).await.map_err(|e| format!("port {e}"));
-        let host_port = format!("{}:{}", host?, port?);
-        Ok((container, host_port))
+/// Google's Cloud SDK image, told to start the emulator; its address. Readiness is polled.
+fn start_sdk_image(image: String) -> BoxFuture<'static, Result<(ContainerAsync<GenericImage>, String), String>> {
+    Box::pin(async move {
+        let cmd = ["gcloud", "emulators", "firestore", "start"].map(str::to_owned).to_vec();
+        let cmd = [cmd, vec![format!("--host-port=0.0.0.0:{FIRESTORE_PORT}")]].concat();
+        launch(&image, Launch { port: FIRESTORE_PORT, wait: WaitFor::Nothing, cmd, env: vec![] }).await
+    })
+}
+
+/// The emulator jar image scripts/containers builds (its entrypoint starts the emulator).
+fn start_jar_image(image: String) -> BoxFuture<'static, Result<(ContainerAsync<GenericImage>, String), String>> {
+    Box::pin(async move {
+        launch(&image, Launch { port: FIRESTORE_PORT, wait: WaitFor::Nothing, cmd: vec![], env: vec![] }).await
     })
 }
 
@@ -122,8 +126,8 @@ async fn open(host_port: &str, collection: &str, options: StoreOptions) -> Resul
 /// Every corpus value through `set`/`get`, compared by exact decimal value.
 async fn round_trip_corpus(host_port: String) -> Result<(), String> {
     let store = open(&host_port, &collection("roundtrip"), StoreOptions::default()).await?;
-    let failures = common::container::corpus_differences(&store).await?;
-    check(failures.is_empty(), || format!("values changed on the Firestore emulator:\n  {}", failures.join("\n  ")))
+    let failures = crate::corpus::differences(&store, true).await?;
+    check(failures.is_empty(), || format!("values changed:\n  {}", failures.join("\n  ")))
 }
 
 /// 60 keys listed with pages of 10; another user's keys stay out. Firestore queries are strongly
