@@ -8,8 +8,9 @@
 #   RUNTIME_IMAGE  what it runs on: any Debian bookworm (default debian:bookworm-slim)
 #   BINARY         `compiled` (default), or `prebuilt` to take ./prebuilt/agentstore from the build
 #                  context instead of compiling (a Linux x86-64 build for bookworm's glibc)
-# Needs a BuildKit builder (Docker 23 or later, or DOCKER_BUILDKIT=1), which builds only the stages
-# the image uses. scripts/containers builds it this way from a Debian base made on the machine.
+# BINARY=prebuilt needs a BuildKit builder (Docker 23 or later, or DOCKER_BUILDKIT=1), which builds
+# only the stages the image uses; the default builds with any builder. scripts/containers builds it
+# with BINARY=prebuilt from a Debian base made on the machine.
 #
 # The container refuses to serve without bearer tokens: set AGENTSTORE_TOKENS (see README,
 # "Running in a container"), or AGENTSTORE_ALLOW_UNAUTHENTICATED=true where only trusted clients
@@ -18,6 +19,12 @@ ARG BUILD_IMAGE=rust:1.95-slim-bookworm
 ARG RUNTIME_IMAGE=debian:bookworm-slim
 ARG BINARY=compiled
 
+# The binary from the build context. Copied with the Dockerfile beside it so that a builder that
+# runs every stage (the legacy builder, or docker-compose 1.x) does not fail here when
+# ./prebuilt does not exist and the binary is compiled.
+FROM scratch AS prebuilt
+COPY Dockerfile prebuilt* /staging/
+
 FROM ${BUILD_IMAGE} AS compiled
 WORKDIR /src
 COPY Cargo.toml Cargo.lock rustfmt.toml ./
@@ -25,10 +32,8 @@ COPY src ./src
 COPY benches ./benches
 COPY tests ./tests
 COPY fixtures ./fixtures
-RUN cargo build --release --locked --bin agentstore && cp target/release/agentstore /agentstore
-
-FROM scratch AS prebuilt
-COPY prebuilt/agentstore /agentstore
+RUN cargo build --release --locked --bin agentstore \
+    && mkdir /staging && cp target/release/agentstore /staging/agentstore
 
 FROM ${BINARY} AS binary
 
@@ -38,7 +43,7 @@ FROM ${RUNTIME_IMAGE}
 RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates \
     && rm -rf /var/lib/apt/lists/*
 RUN useradd --system --uid 10001 --home-dir /var/lib/agentstore --create-home agentstore
-COPY --from=binary /agentstore /usr/local/bin/agentstore
+COPY --from=binary /staging/agentstore /usr/local/bin/agentstore
 USER agentstore
 WORKDIR /var/lib/agentstore
 VOLUME ["/var/lib/agentstore"]

@@ -56,6 +56,12 @@ pub struct AgentStoreContainer {
     env: Vec<(String, String)>,
 }
 
+/// The host the published port is reached on, when testcontainers' guess is wrong: the variable
+/// testcontainers for Java, Go and Node read. testcontainers-rs guesses the bridge network's
+/// gateway whenever `/.dockerenv` exists, which is right inside a container using the host's
+/// engine but wrong on a machine that merely has that file and publishes ports on its loopback.
+pub const HOST_OVERRIDE_VARIABLE: &str = "TESTCONTAINERS_HOST_OVERRIDE";
+
 /// The variable naming the image (`NAME:TAG`), as in the Python and Node recipes: a CI job can
 /// build the image under its own name.
 pub const IMAGE_VARIABLE: &str = "AGENTSTORE_IMAGE";
@@ -128,9 +134,12 @@ impl AgentStoreContainer {
             .get_host_port_ipv4(SERVICE_PORT.tcp())
             .await
             .map_err(|e| StartError(format!("{image}: no published port for {SERVICE_PORT}: {e}")))?;
-        let host = container.get_host().await.map_err(|e| StartError(format!("{image}: no host: {e}")))?;
+        let host = match std::env::var(HOST_OVERRIDE_VARIABLE).ok().filter(|v| !v.trim().is_empty()) {
+            Some(host) => host,
+            None => container.get_host().await.map_err(|e| StartError(format!("{image}: no host: {e}")))?.to_string(),
+        };
         // "localhost" may resolve to ::1 first, where the port may not be published.
-        let host = if host.to_string() == "localhost" { "127.0.0.1".to_owned() } else { host.to_string() };
+        let host = if host == "localhost" { "127.0.0.1".to_owned() } else { host };
         let running = RunningAgentStore { container, url: format!("http://{host}:{port}") };
         running.wait_until_ready(&image).await?;
         Ok(running)

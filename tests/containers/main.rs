@@ -45,6 +45,11 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // These machines have /.dockerenv without running inside a container: testcontainers would
+    // reach the service through the bridge gateway instead of the loopback it is published on.
+    if std::env::var_os("TESTCONTAINERS_HOST_OVERRIDE").is_none() {
+        std::env::set_var("TESTCONTAINERS_HOST_OVERRIDE", "localhost");
+    }
     // The recipes take the image from AGENTSTORE_IMAGE, as users' CI jobs would.
     std::env::set_var("AGENTSTORE_IMAGE", service::service_image_role().image());
     let groups = [

@@ -29,6 +29,9 @@ pub fn groups() -> Vec<Group> {
         ("sigterm_stops_it_gracefully_within_the_grace_period", |image| Box::pin(sigterm_is_graceful(image))),
         ("refuses_to_serve_unauthenticated_unless_configured", |image| Box::pin(refuses_unauthenticated(image))),
         ("trusts_the_system_ca_certificates", |image| Box::pin(has_ca_certificates(image))),
+        ("dockerfile_prebuilt_stage_builds_without_a_binary_on_the_legacy_builder", |_| {
+            Box::pin(prebuilt_stage_is_harmless())
+        }),
     ];
     vec![Group { name: "service_image", role: service_image_role(), shared: None, trials }]
 }
@@ -284,4 +287,22 @@ async fn has_ca_certificates(image: String) -> Result<(), String> {
     )
     .map(|_| ())
     .map_err(|e| format!("/etc/ssl/certs/ca-certificates.crt is missing or empty in {image}: {e}"))
+}
+
+/// A builder that runs every stage (the legacy builder; docker-compose 1.x builds with it) must
+/// get through the `prebuilt` stage when there is no ./prebuilt, as in a user's checkout, where
+/// the binary is compiled. The stage comes first, so `--target prebuilt` runs it alone.
+async fn prebuilt_stage_is_harmless() -> Result<(), String> {
+    let context = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let dockerfile = concat!(env!("CARGO_MANIFEST_DIR"), "/Dockerfile");
+    std::fs::copy(dockerfile, context.path().join("Dockerfile")).map_err(|e| e.to_string())?;
+    let tag = format!("agentstore-test/prebuilt-stage:{}", std::process::id());
+    let mut command = std::process::Command::new("docker");
+    command
+        .env("DOCKER_BUILDKIT", "0")
+        .args(["build", "--quiet", "--target", "prebuilt", "-t", &tag])
+        .arg(context.path());
+    let (success, stdout, stderr) = crate::harness::run_with_timeout(command, DOCKER_TIMEOUT)?;
+    let _ = docker(&["image", "rm", "-f", &tag], DOCKER_TIMEOUT);
+    check(success, || format!("the legacy builder failed in the prebuilt stage: {stderr}{stdout}"))
 }
