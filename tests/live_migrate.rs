@@ -729,6 +729,48 @@ fn wait_for_copy_progress(dir: &Path, child: &mut Child) -> TestResult {
     Ok(())
 }
 
+/// For the ids a conflict message names: the document at the source and at the target, the
+/// fingerprint of the target's content and the fingerprints the run's journal holds, so a
+/// conflict after a kill can be told from a journal that missed one of the migration's writes.
+async fn conflict_evidence(dir: &Path, source: &Side, target: &Side, logs: &str) -> String {
+    let Ok(pattern) = regex::Regex::new(r#""([^"\s]+:[^"\s]*:[A-Za-z0-9_=-]*)""#) else { return String::new() };
+    let ids: BTreeSet<String> = pattern.captures_iter(logs).map(|c| c[1].to_owned()).collect();
+    if ids.is_empty() {
+        return String::new();
+    }
+    let mut evidence = String::from("\n--- the documents the conflict names:");
+    let journal =
+        agentstore::migrate::journal::Journal::open(&agentstore::migrate::journal::path_for(&dir.join("cp.json")));
+    for id in ids {
+        for (side, name) in [(source, "source"), (target, "target")] {
+            let doc = match side.open().await {
+                Ok(backend) => backend.get(&id).await.map_err(|e| e.to_string()),
+                Err(e) => Err(format!("{e:?}")),
+            };
+            let doc = doc.map(|d| {
+                d.map(|d| {
+                    let hash = agentstore::migrate::canonical::content_hash(&d.id, &d.body);
+                    format!(
+                        "rev {} fingerprint {} body {}",
+                        d.rev.as_str(),
+                        hex::encode(&hash[..16]),
+                        Value::Object(d.body)
+                    )
+                })
+            });
+            evidence.push_str(&format!("\n{id} at the {name}: {doc:?}"));
+        }
+        if let Ok(journal) = &journal {
+            let prints = journal
+                .lookup(vec![id.clone()])
+                .await
+                .map(|p| p.into_iter().flatten().flatten().map(hex::encode).collect::<Vec<_>>());
+            evidence.push_str(&format!("\n{id} in the journal: {prints:?}"));
+        }
+    }
+    evidence
+}
+
 fn log_tail(dir: &Path) -> String {
     let mut tails = String::new();
     for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
@@ -944,11 +986,12 @@ async fn crash_and_resume(from: Backend, to: Backend) -> TestResult {
         }
         if let Some(status) = child.try_wait()? {
             let output = child.wait_with_output()?;
+            let logs = log_tail(dir);
+            let evidence = conflict_evidence(dir, &source, &target, &logs).await;
             return Err(format!(
                 "migrate --follow ended by itself ({status}) after {copy_kills} copy-phase and {follow_kills} \
-                 follow-phase kills: {}{}",
+                 follow-phase kills: {}{logs}{evidence}",
                 String::from_utf8_lossy(&output.stdout),
-                log_tail(dir)
             )
             .into());
         }

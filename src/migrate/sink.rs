@@ -17,7 +17,7 @@ use serde_json::{Map, Value};
 use super::canonical::{content_hash, ContentHash};
 use super::checkpoint::io_error;
 use super::follow::Wanted;
-use super::journal::{fingerprint, Journal};
+use super::journal::{fingerprint, Journal, ABSENT};
 use super::report::Ledger;
 use crate::backend::{BulkWrite, DocumentBackend, Precondition, Revision, StoredDocument};
 use crate::error::{Error, ErrorKind, Result};
@@ -136,7 +136,11 @@ fn chunks_by_size(docs: Vec<Outgoing>, max_bytes: usize) -> Vec<Vec<Outgoing>> {
 }
 
 /// Adds each document's state to what the journal holds for it (nothing is known yet about the
-/// target, so earlier fingerprints stay).
+/// target, so earlier fingerprints stay). A document the journal has never seen also gets
+/// [`ABSENT`]: the copy writes it create-only, so "absent" is the state it replaces, and a run
+/// killed between this record and the write leaves the target without it. Without `ABSENT`, a
+/// later run finding it still absent (the source deleted it meanwhile, then wrote it again) would
+/// take its absence for someone else's delete and stop on a conflict.
 async fn record_intents(journal: &Journal, docs: &[Outgoing]) -> Result<()> {
     let ids: Vec<String> = docs.iter().map(|doc| doc.id.clone()).collect();
     let known = journal.lookup(ids).await?;
@@ -145,7 +149,7 @@ async fn record_intents(journal: &Journal, docs: &[Outgoing]) -> Result<()> {
         .zip(known)
         .filter_map(|(doc, known)| {
             let print = fingerprint(&doc.hash);
-            let mut prints = known.unwrap_or_default();
+            let mut prints = known.unwrap_or_else(|| vec![ABSENT]);
             if prints.contains(&print) {
                 return None;
             }
@@ -405,6 +409,27 @@ mod tests {
     fn doc(id: &str, filler: usize) -> Outgoing {
         let body = json!({ "value": "x".repeat(filler) }).as_object().cloned().unwrap_or_default();
         Outgoing::new(id.into(), Revision(String::new()), body)
+    }
+
+    /// A copy run killed after recording a document's state but before writing it; the source then
+    /// deletes the document and writes it again. The next run finds the target without it: that is
+    /// the migration's doing, not a conflict.
+    #[tokio::test]
+    async fn a_copy_write_cut_short_before_it_landed_leaves_an_absence_that_is_the_migrations() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let target = crate::backend::embedded::EmbeddedBackend::open(&dir.path().join("t.redb")).await.expect("open");
+        let journal = Journal::open(&dir.path().join("j")).expect("journal");
+        let body = |value: Value| json!({ "userId": "u", "namespace": "ns", "key": "k", "value": value });
+        let first =
+            Outgoing::new("a".into(), Revision("1-x".into()), body(json!(1)).as_object().cloned().unwrap_or_default());
+        record_intents(&journal, &[first]).await.expect("record");
+        let again =
+            Outgoing::new("a".into(), Revision("3-x".into()), body(json!(3)).as_object().cloned().unwrap_or_default());
+        let wanted = vec![Wanted { id: "a".into(), state: Some(again) }];
+        let ledger =
+            super::super::follow::apply(&target, &journal, wanted, ConflictPolicy::Fail, 5).await.expect("apply");
+        assert_eq!((ledger.counts.written, ledger.counts.conflicts), (1, 0), "{ledger:?}");
+        assert_eq!(target.get("a").await.expect("get").expect("a").body["value"], 3);
     }
 
     #[test]
