@@ -741,11 +741,15 @@ async fn conflict_evidence(dir: &Path, source: &Side, target: &Side, logs: &str)
     let mut evidence = String::from("\n--- the documents the conflict names:");
     let journal =
         agentstore::migrate::journal::Journal::open(&agentstore::migrate::journal::path_for(&dir.join("cp.json")));
+    let mut sides = Vec::new();
+    for (side, name) in [(source, "source"), (target, "target")] {
+        sides.push((name, side.open().await.map_err(|e| format!("{e:?}"))));
+    }
     for id in ids {
-        for (side, name) in [(source, "source"), (target, "target")] {
-            let doc = match side.open().await {
+        for (name, backend) in &sides {
+            let doc = match backend {
                 Ok(backend) => backend.get(&id).await.map_err(|e| e.to_string()),
-                Err(e) => Err(format!("{e:?}")),
+                Err(e) => Err(e.clone()),
             };
             let doc = doc.map(|d| {
                 d.map(|d| {

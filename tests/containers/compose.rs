@@ -23,16 +23,25 @@ pub fn groups() -> Vec<Group> {
     vec![Group { name: "compose", role: crate::service::service_image_role(), shared: None, trials }]
 }
 
-/// `docker compose` or `docker-compose`, whichever answers `version`.
-fn compose_command() -> Result<Vec<&'static str>, String> {
-    for candidate in [vec!["docker", "compose"], vec!["docker-compose"]] {
-        let mut command = Command::new(candidate[0]);
-        command.args(&candidate[1..]).arg("version");
-        if matches!(run_with_timeout(command, Duration::from_secs(30)), Ok((true, _, _))) {
-            return Ok(candidate);
-        }
-    }
-    Err("neither `docker compose` nor `docker-compose` answers (Debian: apt-get install docker-compose)".into())
+/// `docker compose` or `docker-compose`, whichever answers `version` (asked once per run).
+fn compose_command() -> Result<&'static [&'static str], String> {
+    static COMMAND: std::sync::OnceLock<Result<&'static [&'static str], String>> = std::sync::OnceLock::new();
+    COMMAND
+        .get_or_init(|| {
+            const CANDIDATES: [&[&str]; 2] = [&["docker", "compose"], &["docker-compose"]];
+            CANDIDATES
+                .into_iter()
+                .find(|candidate| {
+                    let mut command = Command::new(candidate[0]);
+                    command.args(&candidate[1..]).arg("version");
+                    matches!(run_with_timeout(command, Duration::from_secs(30)), Ok((true, _, _)))
+                })
+                .ok_or_else(|| {
+                    "neither `docker compose` nor `docker-compose` answers (Debian: apt-get install docker-compose)"
+                        .to_owned()
+                })
+        })
+        .clone()
 }
 
 /// Runs compose with `args` on the repository's file, with `env`; its stdout.

@@ -1,7 +1,10 @@
-//! The round-trip value corpus through the facade, shared by the backend groups.
+//! What the backend groups share: the round-trip value corpus through the facade, and the keys
+//! written and read back in pages by their listing trials.
 
 use agentstore::store::DataStore;
 use agentstore::ErrorKind;
+use futures::TryStreamExt;
+use serde_json::json;
 
 use crate::common::json::{first_difference, survives_f64};
 
@@ -35,4 +38,34 @@ pub async fn differences(store: &DataStore, exact: bool) -> Result<Vec<String>, 
         }
     }
     Ok(failures)
+}
+
+/// The keys `key-00` … written for `user_p` in namespace `paging` (each holding its own name), and
+/// `others` keys `other-N` of `user_q` in the same namespace, which listings must leave out.
+pub async fn write_paging_keys(store: &DataStore, count: usize, others: usize) -> Result<Vec<String>, String> {
+    let keys: Vec<String> = (0..count).map(|i| format!("key-{i:02}")).collect();
+    for key in &keys {
+        store.set("user_p", "paging", key, json!(key), None, None).await.map_err(|e| format!("set {key}: {e}"))?;
+    }
+    for i in 0..others {
+        store.set("user_q", "paging", &format!("other-{i}"), json!(i), None, None).await.map_err(|e| e.to_string())?;
+    }
+    Ok(keys)
+}
+
+/// `user_p`'s `paging` keys through `list_keys_pages`, checked to come in pages of at most
+/// `page_size` that add up to `total`, at least `total / page_size` of them.
+pub async fn pages_checked(store: &DataStore, page_size: usize, total: usize) -> Result<Vec<Vec<String>>, String> {
+    let pages: Vec<Vec<String>> = store
+        .list_keys_pages("user_p", "paging")
+        .map_err(|e| e.to_string())?
+        .try_collect()
+        .await
+        .map_err(|e| format!("list_keys_pages: {e}"))?;
+    let sizes: Vec<usize> = pages.iter().map(Vec::len).collect();
+    let fits = sizes.iter().all(|n| *n <= page_size) && sizes.iter().sum::<usize>() == total;
+    crate::harness::check(fits && sizes.len() >= total / page_size, || {
+        format!("page sizes {sizes:?} (page_size {page_size}, {total} keys)")
+    })?;
+    Ok(pages)
 }

@@ -17,7 +17,6 @@ use agentstore::backend::couchdb::{CouchConfig, CouchDbBackend};
 use agentstore::backend::DocumentBackend;
 use agentstore::store::{DataStore, StoreOptions};
 use futures::future::BoxFuture;
-use futures::TryStreamExt;
 use serde_json::{json, Value};
 use testcontainers::core::WaitFor;
 use testcontainers::{ContainerAsync, GenericImage};
@@ -187,16 +186,10 @@ async fn list_past_default_limit(server: String) -> Result<(), String> {
     let (_backend, store) = open(&server, &db, options).await?;
     // 40 keys in one namespace (a multiple of the page size: the last page CouchDB sends is
     // empty and echoes the bookmark), 30 single-key namespaces, and another user's documents.
-    let keys: Vec<String> = (0..40).map(|i| format!("key-{i:02}")).collect();
-    for key in &keys {
-        store.set("user_p", "paging", key, json!(key), None, None).await.map_err(|e| format!("set {key}: {e}"))?;
-    }
+    let keys = crate::corpus::write_paging_keys(&store, 40, 5).await?;
     let mut namespaces: Vec<String> = (0..30).map(|i| format!("ns-{i:02}")).collect();
     for namespace in &namespaces {
         store.set("user_p", namespace, "k", json!(1), None, None).await.map_err(|e| format!("set {namespace}: {e}"))?;
-    }
-    for i in 0..5 {
-        store.set("user_q", "paging", &format!("other-{i}"), json!(i), None, None).await.map_err(|e| e.to_string())?;
     }
 
     // The trap is real on Apache CouchDB: no limit, 25 documents.
@@ -219,16 +212,7 @@ async fn list_past_default_limit(server: String) -> Result<(), String> {
 
     let listed = store.list_keys("user_p", "paging").await.map_err(|e| format!("list_keys: {e}"))?;
     check(listed == keys, || format!("list_keys returned {} keys, expected 40: {listed:?}", listed.len()))?;
-    let pages: Vec<Vec<String>> = store
-        .list_keys_pages("user_p", "paging")
-        .map_err(|e| e.to_string())?
-        .try_collect()
-        .await
-        .map_err(|e| format!("list_keys_pages: {e}"))?;
-    let sizes: Vec<usize> = pages.iter().map(Vec::len).collect();
-    check(sizes.iter().all(|n| *n <= 10) && sizes.iter().sum::<usize>() == 40 && sizes.len() >= 4, || {
-        format!("page sizes {sizes:?} (page_size 10, 40 keys)")
-    })?;
+    crate::corpus::pages_checked(&store, 10, 40).await?;
     let all = store.get_all("user_p", "paging").await.map_err(|e| format!("get_all: {e}"))?;
     check(all.len() == 40 && keys.iter().all(|k| all.get(k) == Some(&json!(k))), || {
         format!("get_all returned {} entries", all.len())

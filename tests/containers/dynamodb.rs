@@ -13,8 +13,6 @@ use agentstore::backend::dynamodb::{DynamoConfig, DynamoDbBackend};
 use agentstore::backend::DocumentBackend;
 use agentstore::store::{DataStore, StoreOptions};
 use futures::future::BoxFuture;
-use futures::TryStreamExt;
-use serde_json::json;
 use testcontainers::core::WaitFor;
 use testcontainers::{ContainerAsync, GenericImage};
 
@@ -119,13 +117,7 @@ async fn round_trip_corpus(endpoint: String) -> Result<(), String> {
 async fn list_keys_in_pages(endpoint: String) -> Result<(), String> {
     let options = StoreOptions { page_size: 10, ..StoreOptions::default() };
     let store = open(&endpoint, &table("paging"), options).await?;
-    let keys: Vec<String> = (0..60).map(|i| format!("key-{i:02}")).collect();
-    for key in &keys {
-        store.set("user_p", "paging", key, json!(key), None, None).await.map_err(|e| format!("set {key}: {e}"))?;
-    }
-    for i in 0..3 {
-        store.set("user_q", "paging", &format!("other-{i}"), json!(i), None, None).await.map_err(|e| e.to_string())?;
-    }
+    let keys = crate::corpus::write_paging_keys(&store, 60, 3).await?;
 
     let started = Instant::now();
     let listed = loop {
@@ -144,16 +136,7 @@ async fn list_keys_in_pages(endpoint: String) -> Result<(), String> {
         )
     })?;
 
-    let pages: Vec<Vec<String>> = store
-        .list_keys_pages("user_p", "paging")
-        .map_err(|e| e.to_string())?
-        .try_collect()
-        .await
-        .map_err(|e| format!("list_keys_pages: {e}"))?;
-    let sizes: Vec<usize> = pages.iter().map(Vec::len).collect();
-    check(sizes.iter().all(|n| *n <= 10) && sizes.iter().sum::<usize>() == 60 && sizes.len() >= 6, || {
-        format!("page sizes {sizes:?} (page_size 10, 60 keys)")
-    })?;
+    crate::corpus::pages_checked(&store, 10, 60).await?;
     let other = store.list_keys("user_q", "paging").await.map_err(|e| e.to_string())?;
     check(other.len() <= 3 && other.iter().all(|k| k.starts_with("other-")), || format!("user_q's keys: {other:?}"))
 }

@@ -142,6 +142,8 @@ pub fn trials(
 ) -> (Vec<Trial>, Cleanup) {
     let cleanup = Cleanup::default();
     let mut trials = Vec::new();
+    // Several groups run against the service's image: it is looked up (or pulled) once.
+    let mut decided: std::collections::HashMap<String, Decision> = std::collections::HashMap::new();
     for group in groups {
         let image = group.role.image();
         if !decide_groups {
@@ -149,12 +151,15 @@ pub fn trials(
                 .extend(group.trials.iter().map(|(name, _)| Trial::test(format!("{}::{name}", group.name), || Ok(()))));
             continue;
         }
-        let decision = decide(engine, &image, group.role.origin);
-        match (&decision, engine) {
-            (Decision::Run, Ok(engine)) => println!("containers: {} RUN against {image} on {engine}", group.name),
-            (Decision::NotRun(reason), _) => println!("containers: {} NOT RUN: {reason}", group.name),
-            (Decision::Fails(reason), _) => println!("containers: {} FAILS: {reason}", group.name),
-            (Decision::Run, Err(_)) => {}
+        let decision =
+            decided.entry(image.clone()).or_insert_with(|| decide(engine, &image, group.role.origin)).clone();
+        match &decision {
+            Decision::Run => {
+                let engine = engine.as_deref().unwrap_or_default();
+                println!("containers: {} RUN against {image} on {engine}", group.name)
+            }
+            Decision::NotRun(reason) => println!("containers: {} NOT RUN: {reason}", group.name),
+            Decision::Fails(reason) => println!("containers: {} FAILS: {reason}", group.name),
         }
         let shared = group.shared.map(|(start, ready)| {
             let shared = Arc::new(SharedContainer {

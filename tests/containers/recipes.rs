@@ -114,26 +114,28 @@ fn fenced_blocks<'a>(text: &'a str, language: &str, heading: &str) -> Result<Vec
 
 /// docs/testcontainers.md's Python helper and pytest example, run with pytest as a user's test.
 async fn python_docs_example(image: String) -> Result<(), String> {
-    let python = python_venv()?;
-    let blocks = fenced_blocks(DOCS, "python", "## Python")?;
-    check(blocks.len() == 2, || format!("expected the helper and the pytest example, found {} blocks", blocks.len()))?;
-    let file = write_example("test_docs_example.py", &blocks.concat())?;
-    let mut command = Command::new(python);
-    command.args(["-m", "pytest", "-q", "-p", "no:cacheprovider"]).arg(&file);
-    run_recipe("python docs example", command, &image)
+    let mut pytest = Command::new(python_venv()?);
+    pytest.args(["-m", "pytest", "-q", "-p", "no:cacheprovider"]);
+    run_docs_example("python", "## Python", "test_docs_example.py", pytest, &image)
 }
 
 /// docs/testcontainers.md's Node helper and node:test example, run with `node --test`.
 async fn node_docs_example(image: String) -> Result<(), String> {
     node_modules()?;
-    let blocks = fenced_blocks(DOCS, "js", "## Node")?;
+    let mut node = Command::new("node");
+    node.arg("--test");
+    run_docs_example("js", "## Node", "docs-example.test.mjs", node, &image)
+}
+
+/// The two `language` blocks under `heading` (the helper, then the test using it), written to
+/// `file` and run by `runner` against `image`.
+fn run_docs_example(language: &str, heading: &str, file: &str, mut runner: Command, image: &str) -> Result<(), String> {
+    let blocks = fenced_blocks(DOCS, language, heading)?;
     check(blocks.len() == 2, || {
-        format!("expected the helper and the node:test example, found {} blocks", blocks.len())
+        format!("expected the helper and the test example under {heading:?}, found {} blocks", blocks.len())
     })?;
-    let file = write_example("docs-example.test.mjs", &blocks.concat())?;
-    let mut command = Command::new("node");
-    command.arg("--test").arg(&file);
-    run_recipe("node docs example", command, &image)
+    runner.arg(write_example(file, &blocks.concat())?);
+    run_recipe(&format!("{language} docs example"), runner, image)
 }
 
 /// Writes an example under target/containers (inside the repository, so Node finds its

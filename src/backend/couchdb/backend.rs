@@ -36,9 +36,10 @@ pub struct CouchDbBackend {
     index_ddoc: RwLock<Option<String>>,
     /// Revisions seen live, which a conditional write may name without a look (see [`LiveRevisions`]).
     live: LiveRevisions,
-    /// Whether the server is pouchdb-server, learned on the first `all_docs` (see
-    /// [`super::id_order`]).
-    pub(super) is_pouchdb_server: tokio::sync::OnceCell<bool>,
+    /// Whether the server is pouchdb-server, asked on the first write or `all_docs` that needs
+    /// to know: it stores every number as a double ([`NumberModel`]) and bounds id ranges
+    /// differently ([`super::id_order`]).
+    is_pouchdb_server: tokio::sync::OnceCell<bool>,
 }
 
 /// A `_find` page token. Real CouchDB pages with bookmarks; a server that returns none
@@ -113,6 +114,21 @@ impl CouchDbBackend {
             *self.index_ddoc.write().unwrap_or_else(|e| e.into_inner()) = Some(ddoc);
         }
         Ok(())
+    }
+
+    /// Whether the server is pouchdb-server (its welcome names `express-pouchdb`), asked once.
+    pub(super) async fn pouchdb_server(&self) -> Result<bool> {
+        let answer = self
+            .is_pouchdb_server
+            .get_or_try_init(|| async {
+                let root = self.config.server.as_str();
+                let reply = self.client.read(Method::GET, root, &[], None, "identify the server").await?;
+                Ok::<bool, crate::error::Error>(
+                    reply.status == StatusCode::OK && reply.body.get("express-pouchdb").is_some(),
+                )
+            })
+            .await?;
+        Ok(*answer)
     }
 
     /// How the server stores numbers (asked once).

@@ -94,23 +94,6 @@ impl CouchDbBackend {
     }
 }
 
-impl CouchDbBackend {
-    /// Whether the server is pouchdb-server (its welcome names `express-pouchdb`), asked once.
-    pub(super) async fn pouchdb_server(&self) -> Result<bool> {
-        let answer = self
-            .is_pouchdb_server
-            .get_or_try_init(|| async {
-                let root = self.config.server.as_str();
-                let reply = self.client.read(Method::GET, root, &[], None, "identify the server").await?;
-                Ok::<bool, crate::error::Error>(
-                    reply.status == StatusCode::OK && reply.body.get("express-pouchdb").is_some(),
-                )
-            })
-            .await?;
-        Ok(*answer)
-    }
-}
-
 /// The explicit high end sent to pouchdb-server for a range open at the top: without one,
 /// pouchdb-server 4.2.0 leaves out every id whose first character is U+00FF or above (its store
 /// keys documents under a prefix ending in `ÿ` and bounds an open range there). It compares ids
