@@ -245,8 +245,9 @@ pub async fn put_document(
     if !bool_param("new_edits", params.get("new_edits").map(String::as_str), true)? {
         let rev =
             incoming.rev.clone().ok_or_else(|| CouchError::bad_request("new_edits=false needs the document's _rev"))?;
+        let status = if incoming.deleted { StatusCode::OK } else { StatusCode::CREATED };
         replicate(&state, incoming).await?;
-        return Ok(written(&state, StatusCode::CREATED, &docid, &rev));
+        return Ok(written(&state, status, &docid, &rev));
     }
     let rev = write_revision(incoming.rev.as_deref(), &params, &headers)?;
     let batch = batch_mode(&params);
@@ -412,16 +413,29 @@ pub async fn delete_document(
         }
     }
     principal.check_id(&docid)?;
-    let rev = write_revision(None, &params, &headers)?;
     // CouchDB opens the document first, so deleting one that is missing or already deleted is
     // 404 `missing` / `deleted` whatever the revision (`chttpd_db.erl`, `db_doc_req` DELETE:
-    // "check for the existence of the doc to handle the 404 case").
-    if state.store.backend().get(&docid).await?.is_none() {
-        return missing_or_tombstone(&state, &docid, None, false, false).await;
+    // "check for the existence of the doc to handle the 404 case"). Here the delete is tried
+    // first and the document looked at only when it fails, so a delete costs one backend call.
+    let Some(rev) = write_revision(None, &params, &headers)? else {
+        return Err(deletion_refused(&state, &docid).await);
+    };
+    match state.store.backend().delete(&docid, &rev).await {
+        Ok(tombstone) => Ok(written(&state, StatusCode::OK, &docid, tombstone.as_str())),
+        Err(err) if err.is_not_found() || err.is_conflict() => Err(deletion_refused(&state, &docid).await),
+        Err(err) => Err(err.into()),
     }
-    let rev = rev.ok_or_else(CouchError::conflict)?;
-    let tombstone = delete_at(&state, &docid, &rev).await?;
-    Ok(written(&state, StatusCode::OK, &docid, tombstone.as_str()))
+}
+
+/// Why a `DELETE` was not applied, as CouchDB answers it: 404 `missing` for a document never
+/// written, 404 `deleted` for a deleted one, else 409 (no revision, or a stale one).
+async fn deletion_refused(state: &CouchState, id: &str) -> CouchError {
+    match state.store.backend().revisions(id).await {
+        Ok(None) => CouchError::not_found("missing"),
+        Ok(Some(info)) if info.deleted => CouchError::not_found("deleted"),
+        Ok(Some(_)) => CouchError::conflict(),
+        Err(err) => err.into(),
+    }
 }
 
 /// `GET /{db}/_local/{name}`.
