@@ -1061,6 +1061,13 @@ async fn bulk_docs_whole_request_errors(e: Endpoint) -> TestResult {
     check(answer.status == StatusCode::BAD_REQUEST && answer.body == zing, || {
         format!("_zing, new_edits=false: {} {}", answer.status, answer.body)
     })?;
+    // `validate_revs` in `chttpd_db.erl`: a replicated document needs `_rev` or `_revisions`.
+    let answer = e.post(&format!("/{DB}/_bulk_docs"), json!({"docs": [good.clone()], "new_edits": false})).await?;
+    let no_rev = json!({"error": "bad_request",
+        "reason": "When `new_edits: false`, the document needs `_rev` or `_revisions` specified"});
+    check(answer.status == StatusCode::BAD_REQUEST && answer.body == no_rev, || {
+        format!("new_edits=false without _rev: {} {}", answer.status, answer.body)
+    })?;
     same_error(&e.get(&good_path).await?, "020-doc-get-missing")?;
     // A document the data-store rules refuse still fails alone (a validate_doc_update refusal).
     let mut not_data = doc("user_1", "ns", "bulk-other", json!(1));

@@ -60,7 +60,7 @@ pub async fn bulk_docs(
         ));
     }
     let all_or_nothing = request.get("all_or_nothing") == Some(&Value::Bool(true));
-    let parsed = parse_all(&state, &principal, docs)?;
+    let parsed = parse_all(&state, &principal, docs, new_edits)?;
     if new_edits && all_or_nothing {
         return Ok(all_or_nothing_refused(&parsed));
     }
@@ -77,9 +77,15 @@ type ParsedDoc = (Value, CouchResult<IncomingDocument>);
 /// document (an illegal id, a bad special member, a bad revision: a 400) fails the whole request
 /// and nothing is written, as CouchDB 3.4.3 parses the whole `docs` array first
 /// (`chttpd_db.erl`, `couch_db:doc_from_json_obj_validate` for each document before
-/// `fabric:update_docs`). A document the data-store rules refuse (403) fails alone, as CouchDB's
-/// `validate_doc_update` refusals do.
-fn parse_all(state: &CouchState, principal: &Principal, docs: Vec<Value>) -> CouchResult<Vec<ParsedDoc>> {
+/// `fabric:update_docs`; with `new_edits: false` a document without `_rev` or `_revisions` is
+/// such a 400 too, `validate_revs`). A document the data-store rules refuse (403) fails alone,
+/// as CouchDB's `validate_doc_update` refusals do.
+fn parse_all(
+    state: &CouchState,
+    principal: &Principal,
+    docs: Vec<Value>,
+    new_edits: bool,
+) -> CouchResult<Vec<ParsedDoc>> {
     let limits = state.store.options().limits;
     let mut parsed = Vec::with_capacity(docs.len());
     for doc in docs {
@@ -88,6 +94,11 @@ fn parse_all(state: &CouchState, principal: &Principal, docs: Vec<Value>) -> Cou
         match &result {
             Err(err) if err.status == StatusCode::BAD_REQUEST => return Err(err.clone()),
             Ok(doc) => {
+                if !new_edits && doc.rev.is_none() && doc.revisions.is_none() {
+                    return Err(CouchError::bad_request(
+                        "When `new_edits: false`, the document needs `_rev` or `_revisions` specified",
+                    ));
+                }
                 if let Some(rev) = &doc.rev {
                     parse_rev(rev).map_err(|_| CouchError::bad_request("Invalid rev format"))?;
                 }
