@@ -1,8 +1,10 @@
 //! Single documents: `GET/HEAD/PUT/DELETE /{db}/{docid}`, `POST /{db}`, and `_local/` documents.
 //!
 //! Writes are conditional on `_rev` exactly as CouchDB's: the revision comes from the body's
-//! `_rev`, `?rev=` or `If-Match` (they must agree), a write without one creates, and a stale one is
-//! 409 `conflict`. Reads give the current revision; an older revision is `missing`, since each
+//! `_rev`, `?rev=` or `If-Match` (they must agree), a write without one creates (a deletion without
+//! one writes a tombstone where nothing live is), and a stale one is 409 `conflict`; `DELETE` of a
+//! missing or deleted document is 404. `_local/` documents are written and deleted without a
+//! revision check, as CouchDB 3 keeps them. Reads give the current revision; an older revision is `missing`, since each
 //! backend keeps only a document's winning revision and its ancestry (CouchDB's `_revs_limit`
 //! worth of ids), not old bodies; with `?latest=true` an ancestor is answered by the current
 //! revision, as CouchDB answers with its branch's leaf. `?revs=true` adds `_revisions`; `?open_revs=` answers a JSON
