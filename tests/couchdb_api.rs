@@ -36,7 +36,7 @@ fn main() -> ExitCode {
     let Some((backends, selected)) = harness::announce("couchdb api suite", args.list) else {
         return ExitCode::FAILURE;
     };
-    let cases: [(&str, TrialFn); 12] = [
+    let cases: [(&str, TrialFn); 20] = [
         ("mango_over_http", |e| Box::pin(mango_over_http(e))),
         ("per_user_logins", |e| Box::pin(per_user_logins(e))),
         ("server_and_database", |e| Box::pin(server_and_database(e))),
@@ -49,6 +49,14 @@ fn main() -> ExitCode {
         ("local_documents", |e| Box::pin(local_documents(e))),
         ("gzip_and_chunked_bodies", |e| Box::pin(gzip_and_chunked_bodies(e))),
         ("design_documents", |e| Box::pin(design_documents(e))),
+        ("data_store_field_types", |e| Box::pin(data_store_field_types(e))),
+        ("bulk_docs_whole_request_errors", |e| Box::pin(bulk_docs_whole_request_errors(e))),
+        ("bulk_docs_all_or_nothing", |e| Box::pin(bulk_docs_all_or_nothing(e))),
+        ("all_docs_keys_paging", |e| Box::pin(all_docs_keys_paging(e))),
+        ("deletions_as_couchdb", |e| Box::pin(deletions_as_couchdb(e))),
+        ("local_documents_unchecked", |e| Box::pin(local_documents_unchecked(e))),
+        ("revision_reads_as_couchdb", |e| Box::pin(revision_reads_as_couchdb(e))),
+        ("server_root_fields", |e| Box::pin(server_root_fields(e))),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
@@ -807,7 +815,8 @@ async fn local_documents(e: Endpoint) -> TestResult {
     })?;
     let second = e.put(&path, json!({"_rev": "0-1", "history": [1]})).await?.expect(201, "_local update")?;
     check(second.rev()? == "0-2", || format!("{}", second.body))?;
-    e.put(&path, json!({"_rev": "0-1"})).await?.expect(409, "_local stale")?;
+    // CouchDB 3 does not check local revisions (issue 22 item 2c.7): a stale one is written.
+    e.put(&path, json!({"_rev": "0-1"})).await?.expect(201, "_local stale")?;
     let changes = e.get(&format!("/{DB}/_changes")).await?.expect(200, "_changes")?;
     check(changes.body["results"] == json!([]), || "local documents are not in the feed".into())?;
     e.delete(&format!("{path}?rev=0-2")).await?.expect(200, "_local delete")?;
@@ -927,4 +936,292 @@ async fn mango_over_http(e: Endpoint) -> TestResult {
         .map(|r| r.iter().filter_map(|row| row["id"].as_str()).collect())
         .unwrap_or_default();
     check(ids.len() == 5 && ids.iter().all(|id| id.starts_with("user_456:")), || format!("_selector feed: {ids:?}"))
+}
+
+// ---- issue 22: data-store field types, whole-request errors, CouchDB 3.4.3's answers ----
+
+/// Every data-store field given a value of the wrong type, through every write path of the
+/// CouchDB API, is refused with 403 `forbidden` naming the field (as a `validate_doc_update`
+/// refuses a document), and the document stays readable and writable by the data-store
+/// operations (before this, `"accessCount": "lots"` was stored and the REST face's `get` of it
+/// answered 500 `corrupt_document`, issue 22 section 2).
+async fn data_store_field_types(e: Endpoint) -> TestResult {
+    let store = DataStore::open(Arc::clone(&e._ctx.backend), StoreOptions::default()).await?;
+    let created = e
+        .put(
+            &path_of(doc("user_1", "ns", "typed", json!(1))["_id"].as_str().unwrap_or_default()),
+            doc("user_1", "ns", "typed", json!(1)),
+        )
+        .await?
+        .expect(201, "valid document")?;
+    let id = created.body["id"].as_str().unwrap_or_default().to_owned();
+    let rev = created.rev()?;
+    let wrong_types = [
+        ("accessCount", json!("lots")),
+        ("accessCount", json!(-3)),
+        ("accessCount", json!(2.5)),
+        ("createdAt", json!(1_770_000_000)),
+        ("updatedAt", json!("last tuesday")),
+        ("lastAccessedAt", json!({"at": "now"})),
+        ("metadata", json!("not an object")),
+        ("metadata", json!([1, 2])),
+        ("createdByAgent", json!(42)),
+        ("lastAccessedByAgent", json!(["a"])),
+        ("key", json!(7)),
+        ("userId", json!(["user_1"])),
+        ("namespace", json!({"ns": true})),
+    ];
+    let names_field = |body: &Value, field: &str| {
+        body["error"] == "forbidden" && body["reason"].as_str().is_some_and(|r| r.contains(field))
+    };
+    for (field, bad) in &wrong_types {
+        let mut sent = doc("user_1", "ns", "typed", json!(2));
+        sent[*field] = bad.clone();
+        sent["_rev"] = json!(rev);
+        let put = e.put(&path_of(&id), sent.clone()).await?;
+        check(put.status == StatusCode::FORBIDDEN && names_field(&put.body, field), || {
+            format!("PUT with {field} = {bad}: {} {}", put.status, put.body)
+        })?;
+        let mut new_doc = sent.clone();
+        new_doc.as_object_mut().map(|m| m.remove("_rev"));
+        let mut posted = new_doc.clone();
+        posted.as_object_mut().map(|m| m.remove("_id"));
+        let post = e
+            .post(
+                &format!("/{DB}"),
+                if *field == "key" || *field == "userId" || *field == "namespace" { new_doc.clone() } else { posted },
+            )
+            .await?;
+        check(post.status == StatusCode::FORBIDDEN && names_field(&post.body, field), || {
+            format!("POST with {field} = {bad}: {} {}", post.status, post.body)
+        })?;
+        let bulk =
+            e.post(&format!("/{DB}/_bulk_docs"), json!({ "docs": [sent.clone()] })).await?.expect(201, "_bulk_docs")?;
+        check(names_field(&bulk.body[0], field), || format!("_bulk_docs with {field} = {bad}: {}", bulk.body))?;
+        let mut replicated = sent.clone();
+        replicated["_rev"] = json!(format!("9-{}", "a".repeat(32)));
+        let bulk = e
+            .post(&format!("/{DB}/_bulk_docs"), json!({ "docs": [replicated.clone()], "new_edits": false }))
+            .await?
+            .expect(201, "_bulk_docs new_edits=false")?;
+        check(bulk.body.as_array().is_some_and(|rows| rows.len() == 1) && names_field(&bulk.body[0], field), || {
+            format!("replicated _bulk_docs with {field} = {bad}: {}", bulk.body)
+        })?;
+        let put = e.put(&format!("{}?new_edits=false", path_of(&id)), replicated).await?;
+        check(put.status == StatusCode::FORBIDDEN && names_field(&put.body, field), || {
+            format!("replicated PUT with {field} = {bad}: {} {}", put.status, put.body)
+        })?;
+    }
+    // Nothing of it was stored: the data-store operations read and update the document.
+    let read = store.get("user_1", "ns", "typed", Some("reader")).await.map_err(|e| format!("get: {e}"))?;
+    check(read.is_some_and(|d| d.body["accessCount"] == json!(1)), || "get after the refused writes".into())?;
+    store.set("user_1", "ns", "typed", json!(3), Some(json!({"m": 1})), None).await.map_err(|e| format!("set: {e}"))?;
+    store.get_all("user_1", "ns").await.map_err(|e| format!("get_all: {e}"))?;
+    store.list_keys("user_1", "ns").await.map_err(|e| format!("list_keys: {e}"))?;
+    // The right types are accepted, null counting as absent for the optional fields.
+    let mut fine = doc("user_1", "ns", "typed-ok", json!(1));
+    for (field, value) in [
+        ("accessCount", json!(4)),
+        ("createdAt", json!("2026-02-05T10:00:00Z")),
+        ("updatedAt", json!("2026-02-05T10:00:00.123456")),
+        ("lastAccessedAt", json!(null)),
+        ("metadata", json!({"a": 1})),
+        ("createdByAgent", json!("agent")),
+    ] {
+        fine[field] = value;
+    }
+    e.put(&path_of(fine["_id"].as_str().unwrap_or_default()), fine).await?.expect(201, "well-typed document")?;
+    let got = store.get("user_1", "ns", "typed-ok", None).await.map_err(|e| format!("get: {e}"))?;
+    check(got.is_some_and(|d| d.body["accessCount"] == json!(5)), || "the well-typed document is counted".into())
+}
+
+/// A `_bulk_docs` request holding an invalid document is refused whole with 400, nothing of it
+/// written, in both `new_edits` modes. Expected answers: `053-doc-invalid-id` (CouchDB 3.4.3's
+/// `illegal_docid` body) and CouchDB's `couch_doc.erl` (`Bad special document member: _~s`,
+/// `doc_validation`); `chttpd_db.erl` validates every document of `docs` before writing any.
+async fn bulk_docs_whole_request_errors(e: Endpoint) -> TestResult {
+    let good = doc("user_1", "ns", "bulk-good", json!(1));
+    let good_path = path_of(good["_id"].as_str().unwrap_or_default());
+    let bad_id = json!({"_id": "_notallowed", "userId": "u"});
+    let answer = e.post(&format!("/{DB}/_bulk_docs"), json!({"docs": [good.clone(), bad_id.clone()]})).await?;
+    same_error(&answer, "053-doc-invalid-id")?;
+    let mut bad_member = doc("user_1", "ns", "bulk-zing", json!(1));
+    bad_member["_zing"] = json!(1);
+    let zing = json!({"error": "doc_validation", "reason": "Bad special document member: _zing"});
+    let answer = e.post(&format!("/{DB}/_bulk_docs"), json!({"docs": [good.clone(), bad_member.clone()]})).await?;
+    check(answer.status == StatusCode::BAD_REQUEST && answer.body == zing, || {
+        format!("_zing: {} {}", answer.status, answer.body)
+    })?;
+    let mut replicated_good = good.clone();
+    replicated_good["_rev"] = json!(format!("1-{}", "b".repeat(32)));
+    bad_member["_rev"] = json!(format!("1-{}", "c".repeat(32)));
+    let answer = e
+        .post(&format!("/{DB}/_bulk_docs"), json!({"docs": [replicated_good, bad_member], "new_edits": false}))
+        .await?;
+    check(answer.status == StatusCode::BAD_REQUEST && answer.body == zing, || {
+        format!("_zing, new_edits=false: {} {}", answer.status, answer.body)
+    })?;
+    // `validate_revs` in `chttpd_db.erl`: a replicated document needs `_rev` or `_revisions`.
+    let answer = e.post(&format!("/{DB}/_bulk_docs"), json!({"docs": [good.clone()], "new_edits": false})).await?;
+    let no_rev = json!({"error": "bad_request",
+        "reason": "When `new_edits: false`, the document needs `_rev` or `_revisions` specified"});
+    check(answer.status == StatusCode::BAD_REQUEST && answer.body == no_rev, || {
+        format!("new_edits=false without _rev: {} {}", answer.status, answer.body)
+    })?;
+    same_error(&e.get(&good_path).await?, "020-doc-get-missing")?;
+    // A document the data-store rules refuse still fails alone (a validate_doc_update refusal).
+    let mut not_data = doc("user_1", "ns", "bulk-other", json!(1));
+    not_data["key"] = json!("something else");
+    let answer = e.post(&format!("/{DB}/_bulk_docs"), json!({"docs": [good, not_data]})).await?.expect(201, "mixed")?;
+    check(answer.body[0]["ok"] == true && answer.body[1]["error"] == "forbidden", || format!("{}", answer.body))
+}
+
+/// `all_or_nothing: true` is refused as CouchDB 3 refuses it: 417, a `not_implemented` row per
+/// document with the sent revision (`0-` for none), nothing written (`fabric_doc_update.erl`,
+/// `validate_atomic_update`; `chttpd_db.erl` sends the rows with 417; issue 22 item 2c.12).
+async fn bulk_docs_all_or_nothing(e: Endpoint) -> TestResult {
+    let first = doc("user_1", "ns", "aon-1", json!(1));
+    let mut second = doc("user_1", "ns", "aon-2", json!(2));
+    second["_rev"] = json!("1-0123456789abcdef0123456789abcdef");
+    let answer = e
+        .post(&format!("/{DB}/_bulk_docs"), json!({"docs": [first.clone(), second.clone()], "all_or_nothing": true}))
+        .await?
+        .expect(417, "all_or_nothing")?;
+    let row = |id: &Value, rev: &str| json!({"id": id, "rev": rev, "error": "not_implemented", "reason": "all_or_nothing is not supported"});
+    let expected = json!([row(&first["_id"], "0-"), row(&second["_id"], "1-0123456789abcdef0123456789abcdef")]);
+    check(answer.body == expected, || format!("all_or_nothing: {} (CouchDB: {expected})", answer.body))?;
+    same_error(&e.get(&path_of(first["_id"].as_str().unwrap_or_default())).await?, "020-doc-get-missing")?;
+    e.post(&format!("/{DB}/_bulk_docs"), json!({"docs": [first], "all_or_nothing": false}))
+        .await?
+        .expect(201, "all_or_nothing false is an ordinary request")?;
+    Ok(())
+}
+
+/// `_all_docs` with `keys` picks its rows as CouchDB's `fabric_view_all_docs.erl` does:
+/// reversed when `descending`, then `skip`, then `limit`; `update_seq` is `null` (issue 22
+/// items 2c.5 and 2c.13: `POST ?limit=1 {"keys":[a,b,c]}` gave 3 rows here, 1 on CouchDB).
+async fn all_docs_keys_paging(e: Endpoint) -> TestResult {
+    let docs: Vec<Value> = ["a", "b", "c"].iter().map(|k| doc("user_1", "ns", k, json!(k))).collect();
+    let ids: Vec<Value> = docs.iter().map(|d| d["_id"].clone()).collect();
+    e.post(&format!("/{DB}/_bulk_docs"), json!({ "docs": docs })).await?.expect(201, "seed")?;
+    let row_ids = |answer: &Answer| -> Vec<Value> {
+        answer.body["rows"].as_array().map(|rows| rows.iter().map(|r| r["key"].clone()).collect()).unwrap_or_default()
+    };
+    let keys = json!({ "keys": ids });
+    for (query, expected) in [
+        ("?limit=1", vec![ids[0].clone()]),
+        ("?skip=1", vec![ids[1].clone(), ids[2].clone()]),
+        ("?skip=1&limit=1", vec![ids[1].clone()]),
+        ("?skip=5", vec![]),
+        ("?descending=true&limit=2", vec![ids[2].clone(), ids[1].clone()]),
+    ] {
+        let answer = e.post(&format!("/{DB}/_all_docs{query}"), keys.clone()).await?.expect(200, query)?;
+        check(row_ids(&answer) == expected, || format!("keys {query}: {}", answer.body))?;
+    }
+    let in_body = json!({ "keys": ids, "limit": 2, "skip": 1, "update_seq": true });
+    let answer = e.post(&format!("/{DB}/_all_docs"), in_body).await?.expect(200, "keys with update_seq")?;
+    check(row_ids(&answer) == vec![ids[1].clone(), ids[2].clone()], || format!("body params: {}", answer.body))?;
+    check(answer.body.get("update_seq") == Some(&Value::Null), || format!("update_seq: {}", answer.body))
+}
+
+/// Deletions as CouchDB 3.4.3 answers them (issue 22 items 2c.6 and 2c.13): DELETE of a missing
+/// or deleted document is 404 `missing`/`deleted` (`chttpd_db.erl` opens the document first;
+/// bodies from `020-doc-get-missing` and `023-doc-get-deleted`); a deletion of an id never written
+/// makes a tombstone at generation 1; PUT with `_deleted` answers 200; `?batch=ok` answers 202
+/// `{"ok": true, "id"}` (`chttpd_db.erl`).
+async fn deletions_as_couchdb(e: Endpoint) -> TestResult {
+    let never = doc("user_1", "ns", "never-written", json!(1));
+    let never_path = path_of(never["_id"].as_str().unwrap_or_default());
+    same_error(&e.delete(&never_path).await?, "020-doc-get-missing")?;
+    same_error(&e.delete(&format!("{never_path}?rev=1-{}", "a".repeat(32))).await?, "020-doc-get-missing")?;
+    let live = doc("user_1", "ns", "to-delete", json!(1));
+    let live_path = path_of(live["_id"].as_str().unwrap_or_default());
+    let rev = e.put(&live_path, live.clone()).await?.expect(201, "create")?.rev()?;
+    same_error(&e.delete(&live_path).await?, "014-doc-put-conflict-no-rev")?;
+    let deleted = e.put(&live_path, json!({"_id": live["_id"], "_rev": rev, "_deleted": true})).await?;
+    let deleted = deleted.expect(200, "PUT with _deleted answers 200")?;
+    check(deleted.body["ok"] == true && deleted.rev()?.starts_with("2-"), || format!("{}", deleted.body))?;
+    same_error(&e.delete(&live_path).await?, "023-doc-get-deleted")?;
+    same_error(&e.delete(&format!("{live_path}?rev={}", deleted.rev()?)).await?, "023-doc-get-deleted")?;
+    // Deleting ids never written: tombstones at generation 1.
+    let tombstone = e.put(&never_path, json!({"_id": never["_id"], "_deleted": true})).await?;
+    let tombstone = tombstone.expect(200, "PUT _deleted of a new id")?;
+    check(tombstone.rev()?.starts_with("1-"), || format!("tombstone of a new id: {}", tombstone.body))?;
+    same_error(&e.get(&never_path).await?, "023-doc-get-deleted")?;
+    let other = doc("user_1", "ns", "never-written-2", json!(1));
+    let bulk = e
+        .post(&format!("/{DB}/_bulk_docs"), json!({"docs": [{"_id": other["_id"], "_deleted": true}]}))
+        .await?
+        .expect(201, "_bulk_docs _deleted of a new id")?;
+    check(bulk.body[0]["ok"] == true && bulk.body[0]["rev"].as_str().is_some_and(|r| r.starts_with("1-")), || {
+        format!("_bulk_docs tombstone: {}", bulk.body)
+    })?;
+    // A deletion without a revision of a deleted document extends its tombstone.
+    let again = e.put(&never_path, json!({"_id": never["_id"], "_deleted": true})).await?.expect(200, "again")?;
+    check(again.rev()?.starts_with("2-"), || format!("second tombstone: {}", again.body))?;
+    // Re-creating after the deletion still works.
+    e.put(&live_path, live.clone()).await?.expect(201, "re-create")?;
+    // batch=ok: 202 without a revision, and the document is there.
+    let batched = doc("user_1", "ns", "batched", json!(1));
+    let batched_path = path_of(batched["_id"].as_str().unwrap_or_default());
+    let answer = e.put(&format!("{batched_path}?batch=ok"), batched.clone()).await?.expect(202, "PUT batch=ok")?;
+    check(answer.body == json!({"ok": true, "id": batched["_id"]}), || format!("batch=ok: {}", answer.body))?;
+    e.get(&batched_path).await?.expect(200, "the batched document")?;
+    let mut posted = doc("user_1", "ns", "batched-post", json!(1));
+    posted.as_object_mut().map(|m| m.remove("_id"));
+    let answer = e.post(&format!("/{DB}?batch=ok"), posted).await?.expect(202, "POST batch=ok")?;
+    check(answer.body["ok"] == true && answer.body.get("rev").is_none(), || format!("{}", answer.body))
+}
+
+/// `_local` documents as CouchDB 3.4.3 keeps them (issue 22 item 2c.7): no revision check on
+/// write or delete (a replicator's checkpoint write with a stale `_rev` succeeds), DELETE of a
+/// missing one 404, `GET /{db}/_local/` 404.
+async fn local_documents_unchecked(e: Endpoint) -> TestResult {
+    let path = format!("/{DB}/_local/checkpoint-unchecked");
+    e.put(&path, json!({"history": []})).await?.expect(201, "first write")?;
+    e.put(&path, json!({"history": [1]})).await?.expect(201, "write without _rev over an existing one")?;
+    e.put(&path, json!({"_rev": "0-1", "history": [2]})).await?.expect(201, "write with a stale _rev")?;
+    let read = e.get(&path).await?.expect(200, "read")?;
+    check(read.body["history"] == json!([2]), || format!("the last write wins: {}", read.body))?;
+    e.delete(&path).await?.expect(200, "DELETE without rev")?;
+    same_error(&e.get(&path).await?, "020-doc-get-missing")?;
+    same_error(&e.delete(&path).await?, "020-doc-get-missing")?;
+    same_error(&e.delete(&format!("{path}?rev=0-1")).await?, "020-doc-get-missing")?;
+    e.put(&path, json!({"x": 1})).await?.expect(201, "re-create")?;
+    e.delete(&format!("{path}?rev=0-7")).await?.expect(200, "DELETE with a stale rev")?;
+    same_error(&e.get(&format!("/{DB}/_local/")).await?, "020-doc-get-missing")
+}
+
+/// Reads of deleted and older revisions as CouchDB 3.4.3 answers them (issue 22 item 2c.9):
+/// `_bulk_get` of a deleted document without a rev gives its tombstone; `GET ?rev=<older>&
+/// latest=true` gives the current leaf; `GET ?open_revs=all` of a missing document is 404.
+async fn revision_reads_as_couchdb(e: Endpoint) -> TestResult {
+    let sent = doc("user_1", "ns", "revs", json!(1));
+    let id = sent["_id"].as_str().unwrap_or_default().to_owned();
+    let first = e.put(&path_of(&id), sent.clone()).await?.expect(201, "create")?.rev()?;
+    let mut update = sent.clone();
+    update["_rev"] = json!(first);
+    update["value"] = json!(2);
+    let second = e.put(&path_of(&id), update).await?.expect(201, "update")?.rev()?;
+    let latest = e.get(&format!("{}?rev={first}&latest=true", path_of(&id))).await?.expect(200, "latest")?;
+    check(latest.body["_rev"] == json!(second) && latest.body["value"] == 2, || format!("{}", latest.body))?;
+    e.get(&format!("{}?rev={first}", path_of(&id))).await?.expect(404, "older rev without latest")?;
+    let missing = doc("user_1", "ns", "revs-missing", json!(1));
+    let answer = e.get(&format!("{}?open_revs=all", path_of(missing["_id"].as_str().unwrap_or_default()))).await?;
+    same_error(&answer, "020-doc-get-missing")?;
+    let gone = e.delete(&format!("{}?rev={second}", path_of(&id))).await?.expect(200, "delete")?.rev()?;
+    let latest = e.get(&format!("{}?rev={first}&latest=true", path_of(&id))).await?.expect(200, "latest tombstone")?;
+    check(latest.body["_rev"] == json!(gone) && latest.body["_deleted"] == true, || format!("{}", latest.body))?;
+    let got = e.post(&format!("/{DB}/_bulk_get"), json!({"docs": [{"id": id}]})).await?.expect(200, "_bulk_get")?;
+    let tombstone = &got.body["results"][0]["docs"][0]["ok"];
+    check(tombstone["_deleted"] == true && tombstone["_rev"] == json!(gone) && tombstone["_id"] == json!(id), || {
+        format!("_bulk_get of a deleted document: {}", got.body)
+    })
+}
+
+/// The server root has CouchDB 3.4.3's fields, `git_sha` among them (`001-server-welcome`).
+async fn server_root_fields(e: Endpoint) -> TestResult {
+    let welcome = e.get("/").await?.expect(200, "GET /")?;
+    same_fields(&welcome.body, &couchdb_body("001-server-welcome"), "GET /", &[])?;
+    check(welcome.body["git_sha"].is_string() && welcome.body["features"].is_array(), || format!("{}", welcome.body))
 }

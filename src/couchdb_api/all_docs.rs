@@ -6,7 +6,8 @@
 //! page, so a request without `limit` over a large store holds one backend page at a time. A
 //! per-user login's range is cut to its own ids. `total_rows` is the store's live document count
 //! where the backend knows it exactly; `offset` is only known when the range starts at the
-//! beginning, and is `null` otherwise (see docs/couchdb-api.md).
+//! beginning, and is `null` otherwise (see docs/couchdb-api.md). With `keys`, `descending`,
+//! `skip` and `limit` pick from the keys as CouchDB's do, and `update_seq` is `null`.
 
 use std::collections::HashMap;
 
@@ -162,15 +163,18 @@ fn parse_request(fields: &Map<String, Value>) -> CouchResult<AllDocsRequest> {
 async fn answer(state: &CouchState, principal: &Principal, request: AllDocsRequest) -> Answer {
     let backend = state.store.backend().clone();
     let total_rows = super::server::live_document_count(backend.as_ref()).await?;
-    let update_seq = if request.update_seq { Some(backend.change_position().await?) } else { None };
     if let Some(keys) = &request.keys {
-        let rows = key_rows(backend.as_ref(), principal, keys, request.include_docs).await?;
+        let keys = keys_page(keys, &request);
+        let rows = key_rows(backend.as_ref(), principal, &keys, request.include_docs).await?;
         let mut body = json!({ "total_rows": total_rows, "offset": null, "rows": rows });
-        if let Some(seq) = update_seq {
-            body["update_seq"] = Value::from(seq);
+        // CouchDB answers `update_seq` with `null` when `keys` are given
+        // (`fabric_view_all_docs.erl`: `{update_seq, null}` in the keys branch's meta).
+        if request.update_seq {
+            body["update_seq"] = Value::Null;
         }
         return Ok(json(StatusCode::OK, body));
     }
+    let update_seq = if request.update_seq { Some(backend.change_position().await?) } else { None };
     let offset = if request.range.start.is_none() && principal.only_user().is_none() {
         Value::from(request.skip)
     } else {
@@ -189,6 +193,16 @@ async fn answer(state: &CouchState, principal: &Principal, request: AllDocsReque
     let mut response = Body::from_stream(body).into_response();
     response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     Ok(response)
+}
+
+/// The keys a `keys` request answers, as CouchDB picks them (`fabric_view_all_docs.erl`): in
+/// reverse order when `descending`, then `skip` of them dropped, then at most `limit` kept.
+fn keys_page(keys: &[String], request: &AllDocsRequest) -> Vec<String> {
+    let skip = usize::try_from(request.skip).unwrap_or(usize::MAX);
+    let limit = request.limit.map_or(usize::MAX, |limit| usize::try_from(limit).unwrap_or(usize::MAX));
+    let ordered: Box<dyn Iterator<Item = &String>> =
+        if request.range.descending { Box::new(keys.iter().rev()) } else { Box::new(keys.iter()) };
+    ordered.skip(skip).take(limit).cloned().collect()
 }
 
 /// Cuts a range to a per-user login's ids, `[user:, user;)`.

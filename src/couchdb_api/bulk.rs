@@ -59,12 +59,73 @@ pub async fn bulk_docs(
             format!("a _bulk_docs request may hold at most {MAX_BULK_DOCS} documents; it held {}", docs.len()),
         ));
     }
-    let results = if new_edits {
-        write_new_edits(&state, &principal, docs).await?
-    } else {
-        write_replicated(&state, &principal, docs).await
-    };
+    let all_or_nothing = request.get("all_or_nothing") == Some(&Value::Bool(true));
+    let parsed = parse_all(&state, &principal, docs, new_edits)?;
+    if new_edits && all_or_nothing {
+        return Ok(all_or_nothing_refused(&parsed));
+    }
+    let results =
+        if new_edits { write_new_edits(&state, parsed).await? } else { write_replicated(&state, parsed).await };
     Ok(json(StatusCode::CREATED, Value::Array(results)))
+}
+
+/// A document of the request: the `_id` to report for it, and the document taken apart or the
+/// reason it is refused.
+type ParsedDoc = (Value, CouchResult<IncomingDocument>);
+
+/// Takes every document of a `_bulk_docs` request apart before anything is written. A malformed
+/// document (an illegal id, a bad special member, a bad revision: a 400) fails the whole request
+/// and nothing is written, as CouchDB 3.4.3 parses the whole `docs` array first
+/// (`chttpd_db.erl`, `couch_db:doc_from_json_obj_validate` for each document before
+/// `fabric:update_docs`; with `new_edits: false` a document without `_rev` or `_revisions` is
+/// such a 400 too, `validate_revs`). A document the data-store rules refuse (403) fails alone,
+/// as CouchDB's `validate_doc_update` refusals do.
+fn parse_all(
+    state: &CouchState,
+    principal: &Principal,
+    docs: Vec<Value>,
+    new_edits: bool,
+) -> CouchResult<Vec<ParsedDoc>> {
+    let limits = state.store.options().limits;
+    let mut parsed = Vec::with_capacity(docs.len());
+    for doc in docs {
+        let reported = reported_id(&doc);
+        let result = data_document::parse(doc, None, principal, &limits);
+        match &result {
+            Err(err) if err.status == StatusCode::BAD_REQUEST => return Err(err.clone()),
+            Ok(doc) => {
+                if !new_edits && doc.rev.is_none() && doc.revisions.is_none() {
+                    return Err(CouchError::bad_request(
+                        "When `new_edits: false`, the document needs `_rev` or `_revisions` specified",
+                    ));
+                }
+                if let Some(rev) = &doc.rev {
+                    parse_rev(rev).map_err(|_| CouchError::bad_request("Invalid rev format"))?;
+                }
+            }
+            Err(_) => {}
+        }
+        parsed.push((reported, result));
+    }
+    Ok(parsed)
+}
+
+/// CouchDB 3's answer to `all_or_nothing: true`: 417, and for every document
+/// `{id, rev, error: "not_implemented", reason: "all_or_nothing is not supported"}` (`rev` is the
+/// one sent, `0-` for none), nothing written (`fabric_doc_update.erl`, `validate_atomic_update`,
+/// answered by `chttpd_db.erl` as 417).
+fn all_or_nothing_refused(parsed: &[ParsedDoc]) -> axum::response::Response {
+    let rows: Vec<Value> = parsed
+        .iter()
+        .map(|(reported, doc)| {
+            let (id, rev) = match doc {
+                Ok(doc) => (Value::from(doc.id.as_str()), doc.rev.clone().unwrap_or_else(|| "0-".into())),
+                Err(_) => (reported.clone(), "0-".into()),
+            };
+            json!({ "id": id, "rev": rev, "error": "not_implemented", "reason": "all_or_nothing is not supported" })
+        })
+        .collect();
+    json(StatusCode::EXPECTATION_FAILED, Value::Array(rows))
 }
 
 /// The `id` to report for a document that could not even be parsed.
@@ -75,10 +136,7 @@ fn reported_id(doc: &Value) -> Value {
 /// `new_edits: true`: ordinary writes. Creates and updates go to the backend as one bulk
 /// request; deletions, and every write of a request that names an id twice (which must apply in
 /// order), go one by one.
-async fn write_new_edits(state: &CouchState, principal: &Principal, docs: Vec<Value>) -> CouchResult<Vec<Value>> {
-    let limits = state.store.options().limits;
-    let parsed: Vec<(Value, CouchResult<IncomingDocument>)> =
-        docs.into_iter().map(|doc| (reported_id(&doc), data_document::parse(doc, None, principal, &limits))).collect();
+async fn write_new_edits(state: &CouchState, parsed: Vec<ParsedDoc>) -> CouchResult<Vec<Value>> {
     let mut seen = HashSet::new();
     let repeated = parsed.iter().any(|(_, p)| p.as_ref().is_ok_and(|d| !seen.insert(d.id.as_str().to_owned())));
     let mut results: Vec<Option<Value>> = vec![None; parsed.len()];
@@ -134,29 +192,30 @@ fn error_row(id: &Value, err: &CouchError) -> Value {
 
 /// `new_edits: false`: each document's revision and history as the replicator sent them. The
 /// answer lists only the documents that failed.
-async fn write_replicated(state: &CouchState, principal: &Principal, docs: Vec<Value>) -> Vec<Value> {
-    let limits = state.store.options().limits;
+async fn write_replicated(state: &CouchState, parsed: Vec<ParsedDoc>) -> Vec<Value> {
     // Writes to one id apply in request order: group by id, run groups concurrently.
-    let mut groups: Vec<Vec<(usize, Value)>> = Vec::new();
+    let mut groups: Vec<Vec<(usize, Value, IncomingDocument)>> = Vec::new();
     let mut group_of: HashMap<String, usize> = HashMap::new();
-    for (index, doc) in docs.into_iter().enumerate() {
-        let key = doc.get("_id").and_then(Value::as_str).map(str::to_owned).unwrap_or_else(|| format!("\u{0}{index}"));
-        let group = *group_of.entry(key).or_insert_with(|| {
+    let mut failures: Vec<(usize, Value)> = Vec::new();
+    for (index, (reported, doc)) in parsed.into_iter().enumerate() {
+        let doc = match doc {
+            Ok(doc) => doc,
+            Err(err) => {
+                failures.push((index, error_row(&reported, &err)));
+                continue;
+            }
+        };
+        let group = *group_of.entry(doc.id.as_str().to_owned()).or_insert_with(|| {
             groups.push(Vec::new());
             groups.len() - 1
         });
-        groups[group].push((index, doc));
+        groups[group].push((index, reported, doc));
     }
-    let mut failures: Vec<(usize, Value)> = stream::iter(groups)
+    let written: Vec<(usize, Value)> = stream::iter(groups)
         .map(|group| async move {
             let mut failures = Vec::new();
-            for (index, doc) in group {
-                let reported = reported_id(&doc);
-                let outcome = match data_document::parse(doc, None, principal, &limits) {
-                    Ok(incoming) => replicate(state, incoming).await.map(|_| ()),
-                    Err(err) => Err(err),
-                };
-                if let Err(err) = outcome {
+            for (index, reported, incoming) in group {
+                if let Err(err) = replicate(state, incoming).await {
                     failures.push((index, error_row(&reported, &err)));
                 }
             }
@@ -166,13 +225,14 @@ async fn write_replicated(state: &CouchState, principal: &Principal, docs: Vec<V
         .flat_map(stream::iter)
         .collect()
         .await;
+    failures.extend(written);
     failures.sort_by_key(|(index, _)| *index);
     failures.into_iter().map(|(_, row)| row).collect()
 }
 
 /// `POST /{db}/_bulk_get`: `{"results": [{id, docs: [{ok: doc} | {error: …}]}]}` in request
 /// order. A named revision that is the current one (or the current tombstone) is answered;
-/// an older one is `missing`.
+/// an older one is `missing`; a deleted document asked without a revision is its tombstone.
 pub async fn bulk_get(
     State(state): State<CouchState>,
     Extension(principal): Extension<Principal>,
@@ -239,7 +299,12 @@ async fn bulk_get_one(state: &CouchState, principal: &Principal, item: &Value, r
             doc_json(doc, if revs { info.as_ref().filter(|i| i.rev == doc.rev) } else { None })
         }
         Some(AnsweredState::Tombstone(info)) => tombstone_json(id, info, revs),
-        None if wanted.is_none() && info.as_ref().is_some_and(|i| i.deleted) => return error("not_found", "deleted"),
+        // Without a revision CouchDB 3.4.3 answers a deleted document with its tombstone,
+        // `{"ok": {…, "_deleted": true}}` (measured in issue 22), not an error.
+        None if wanted.is_none() && info.as_ref().is_some_and(|i| i.deleted) => match &info {
+            Some(info) => tombstone_json(id, info, revs),
+            None => return error("not_found", "missing"),
+        },
         None => return error("not_found", "missing"),
     };
     json!({ "id": id, "docs": [{ "ok": doc }] })

@@ -4,7 +4,8 @@
 //! composite id of its `userId`, `namespace` and `key` fields (derived from them when a `POST`
 //! names no `_id`), a per-user login may write only its own user's documents, and CouchDB's
 //! special members are taken apart (`_rev`, `_deleted`, `_revisions`) or refused (attachments).
-//! Every other field is kept as sent. Violations of the data-store rules are `forbidden`, as a
+//! The data-store fields must have the spec's types (`model::document::check_field_types`);
+//! every other field is kept as sent. Violations of the data-store rules are `forbidden`, as a
 //! CouchDB `validate_doc_update` function answers them (replicators skip such documents);
 //! malformed requests are `bad_request`.
 
@@ -13,7 +14,7 @@ use serde_json::{Map, Value};
 use super::access::Principal;
 use super::error::{CouchError, CouchResult};
 use crate::backend::{Revision, LOCAL_PREFIX};
-use crate::model::document::fields;
+use crate::model::document::{self, fields};
 use crate::model::{DocumentId, Limits};
 
 /// The prefix of design documents' ids.
@@ -113,6 +114,14 @@ pub fn parse(
     let id_text = path_id.map(str::to_owned).or(sent_id);
     let id = data_id(id_text.as_deref(), &body, deleted, limits)?;
     principal.check_id(id.as_str())?;
+    // A field of the wrong type would be stored, and the data-store operations on the REST face
+    // would then find the document unreadable (`corrupt_document`): refused here, naming the
+    // field, as a `validate_doc_update` function refuses a document (403 `forbidden`; replicators
+    // skip such a document and go on). A deletion's fields are not kept (docs/couchdb-api.md), so
+    // they are not checked: a replicated deletion is never refused for them.
+    if !deleted {
+        document::check_field_types(&body).map_err(|e| not_data_store(&e.to_string()))?;
+    }
     Ok(IncomingDocument { id, rev, deleted, revisions, body })
 }
 
@@ -251,6 +260,18 @@ mod tests {
         let err = parse(mismatched, Some("user_123:default:Z3JlZXRpbmc="), &Principal::Admin, &Limits::default())
             .unwrap_err();
         assert_eq!(err.reason, "Document id must match");
+    }
+
+    #[test]
+    fn data_store_fields_of_the_wrong_type_are_forbidden_naming_them_except_in_a_deletion() {
+        let mut wrong = doc();
+        wrong["accessCount"] = json!("lots");
+        let err = parse(wrong.clone(), None, &Principal::Admin, &Limits::default()).unwrap_err();
+        assert_eq!((err.status.as_u16(), err.error.as_str()), (403, "forbidden"));
+        assert!(err.reason.contains("accessCount"), "{}", err.reason);
+        // A deletion's fields are dropped, never read: a replicated deletion is not refused.
+        wrong["_deleted"] = json!(true);
+        assert!(parse(wrong, None, &Principal::Admin, &Limits::default()).is_ok());
     }
 
     #[test]

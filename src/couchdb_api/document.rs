@@ -1,8 +1,10 @@
 //! Single documents: `GET/HEAD/PUT/DELETE /{db}/{docid}`, `POST /{db}`, and `_local/` documents.
 //!
 //! Writes are conditional on `_rev` exactly as CouchDB's: the revision comes from the body's
-//! `_rev`, `?rev=` or `If-Match` (they must agree), a write without one creates, and a stale one is
-//! 409 `conflict`. Reads give the current revision; an older revision is `missing`, since each
+//! `_rev`, `?rev=` or `If-Match` (they must agree), a write without one creates (a deletion without
+//! one writes a tombstone where nothing live is), and a stale one is 409 `conflict`; `DELETE` of a
+//! missing or deleted document is 404. `_local/` documents are written and deleted without a
+//! revision check, as CouchDB 3 keeps them. Reads give the current revision; an older revision is `missing`, since each
 //! backend keeps only a document's winning revision and its ancestry (CouchDB's `_revs_limit`
 //! worth of ids), not old bodies; with `?latest=true` an ancestor is answered by the current
 //! revision, as CouchDB answers with its branch's leaf. `?revs=true` adds `_revisions`; `?open_revs=` answers a JSON
@@ -24,6 +26,7 @@ use super::error::{CouchError, CouchResult};
 use super::request::{bool_param, json_param, require_json_content_type};
 use super::response::{etag, not_modified};
 use super::{json, Answer, CouchState};
+use crate::backend::revision::RevisionId;
 use crate::backend::{Precondition, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo, StoredDocument};
 
 type Params = Query<HashMap<String, String>>;
@@ -50,8 +53,8 @@ pub async fn get_document(
     principal.check_id(&docid)?;
     let backend = state.store.backend();
     let revs = bool_param("revs", params.get("revs").map(String::as_str), false)?;
+    let latest = bool_param("latest", params.get("latest").map(String::as_str), false)?;
     if let Some(open_revs) = params.get("open_revs") {
-        let latest = bool_param("latest", params.get("latest").map(String::as_str), false)?;
         let body = open_revs_answer(&state, &docid, open_revs, revs, latest).await?;
         return Ok(json(StatusCode::OK, body));
     }
@@ -62,7 +65,17 @@ pub async fn get_document(
         (Some(doc), Some(rev)) if doc.rev == rev => {
             doc_json(&doc, revs.then_some(&revision_info(&state, &docid).await?))
         }
-        (_, wanted) => return missing_or_tombstone(&state, &docid, wanted.as_ref(), revs).await,
+        // `latest=true` asks for the leaf of the named revision's branch: the current revision
+        // when the named one is in its ancestry (CouchDB 3.4.3 answers 200 with the leaf, as
+        // measured in issue 22; `chttpd_db.erl` opens the document with the `latest` option).
+        (Some(doc), Some(rev)) if latest => {
+            let info = revision_info(&state, &docid).await?;
+            if info.rev != doc.rev || !info.ancestry.revisions().any(|known| known == rev) {
+                return Err(CouchError::not_found("missing"));
+            }
+            doc_json(&doc, revs.then_some(&info))
+        }
+        (_, wanted) => return missing_or_tombstone(&state, &docid, wanted.as_ref(), revs, latest).await,
     };
     let rev = doc.get("_rev").and_then(Value::as_str).unwrap_or_default().to_owned();
     if not_modified(&headers, &rev) {
@@ -76,12 +89,21 @@ pub async fn get_document(
 }
 
 /// The answer for a document that is not live at the asked revision: the tombstone when its
-/// revision is asked for (replicators fetch deletions so), else CouchDB's 404 `missing` or
-/// `deleted`.
-async fn missing_or_tombstone(state: &CouchState, id: &str, wanted: Option<&Revision>, revs: bool) -> Answer {
+/// revision is asked for (replicators fetch deletions so), or with `latest` one of its
+/// ancestors, else CouchDB's 404 `missing` or `deleted`.
+async fn missing_or_tombstone(
+    state: &CouchState,
+    id: &str,
+    wanted: Option<&Revision>,
+    revs: bool,
+    latest: bool,
+) -> Answer {
     let info = state.store.backend().revisions(id).await?;
+    let leads_to = |info: &RevisionInfo, rev: &Revision| {
+        &info.rev == rev || (latest && info.ancestry.revisions().any(|known| &known == rev))
+    };
     match (info, wanted) {
-        (Some(info), Some(rev)) if info.deleted && &info.rev == rev => {
+        (Some(info), Some(rev)) if info.deleted && leads_to(&info, rev) => {
             let mut response = json(StatusCode::OK, tombstone_json(id, &info, revs));
             response.headers_mut().insert(header::ETAG, etag(info.rev.as_str()));
             Ok(response)
@@ -131,6 +153,11 @@ async fn open_revs_answer(
 ) -> CouchResult<Value> {
     let info = state.store.backend().revisions(id).await?;
     let wanted: Option<Vec<String>> = if open_revs == "all" {
+        // CouchDB 3.4.3 answers `open_revs=all` of a document it never held with 404
+        // `not_found`/`missing` (measured in issue 22), not an empty list.
+        if info.is_none() {
+            return Err(CouchError::not_found("missing"));
+        }
         None
     } else {
         match json_param("open_revs", Some(open_revs))? {
@@ -220,12 +247,33 @@ pub async fn put_document(
     if !bool_param("new_edits", params.get("new_edits").map(String::as_str), true)? {
         let rev =
             incoming.rev.clone().ok_or_else(|| CouchError::bad_request("new_edits=false needs the document's _rev"))?;
+        let status = if incoming.deleted { StatusCode::OK } else { StatusCode::CREATED };
         replicate(&state, incoming).await?;
-        return Ok(written(&state, StatusCode::CREATED, &docid, &rev));
+        return Ok(written(&state, status, &docid, &rev));
     }
     let rev = write_revision(incoming.rev.as_deref(), &params, &headers)?;
+    let batch = batch_mode(&params);
+    // CouchDB answers a deletion written by PUT with 200, any other write with 201
+    // (`chttpd_db.erl`, `update_doc`: `ok` when the document is deleted, else `created`).
+    let status = if incoming.deleted { StatusCode::OK } else { StatusCode::CREATED };
     let new_rev = write(&state, incoming, rev).await?;
-    Ok(written(&state, StatusCode::CREATED, &docid, new_rev.as_str()))
+    if batch {
+        return Ok(batch_accepted(&docid));
+    }
+    Ok(written(&state, status, &docid, new_rev.as_str()))
+}
+
+/// Whether the client asked for CouchDB's `?batch=ok`.
+fn batch_mode(params: &HashMap<String, String>) -> bool {
+    params.get("batch").is_some_and(|mode| mode == "ok")
+}
+
+/// CouchDB's answer to a `?batch=ok` write: 202 `{"ok": true, "id"}` without a revision
+/// (`chttpd_db.erl`). CouchDB writes such a document later and drops a failure silently; this
+/// server has written it already (every write here is durable when answered), and answers a
+/// failure as it answers any write's.
+fn batch_accepted(id: &str) -> Response {
+    json(StatusCode::ACCEPTED, json!({ "ok": true, "id": id }))
 }
 
 /// `POST /{db}`: creates a document; its id is `_id` or derived from its identity fields.
@@ -233,6 +281,7 @@ pub async fn post_document(
     State(state): State<CouchState>,
     Extension(principal): Extension<Principal>,
     Path(db): Path<String>,
+    Query(params): Params,
     headers: HeaderMap,
     body: Body,
 ) -> Answer {
@@ -243,6 +292,9 @@ pub async fn post_document(
     let id = incoming.id.as_str().to_owned();
     let rev = incoming.rev.as_deref().map(parse_rev).transpose()?;
     let new_rev = write(&state, incoming, rev).await?;
+    if batch_mode(&params) {
+        return Ok(batch_accepted(&id));
+    }
     Ok(written(&state, StatusCode::CREATED, &id, new_rev.as_str()))
 }
 
@@ -254,14 +306,43 @@ pub(crate) async fn write(
     rev: Option<Revision>,
 ) -> CouchResult<Revision> {
     if incoming.deleted {
-        let rev = rev.ok_or_else(CouchError::conflict)?;
-        return delete_at(state, incoming.id.as_str(), &rev).await;
+        return match rev {
+            Some(rev) => delete_at(state, incoming.id.as_str(), &rev).await,
+            None => tombstone_without_revision(state, incoming).await,
+        };
     }
     let precondition = match rev {
         Some(rev) => Precondition::MatchRevision(rev),
         None => Precondition::MustNotExist,
     };
     Ok(state.store.put_document(&incoming.id, &incoming.body, precondition).await?)
+}
+
+/// A deletion that names no revision. CouchDB treats it as any write without `_rev`: refused
+/// (409) while the document is live, and otherwise a new revision, a tombstone, at generation 1
+/// for an id never written or one past the deletion it follows (measured on CouchDB 3.4.3 in
+/// issue 22: `_bulk_docs` with `_deleted` and `PUT` with `_deleted: true` of a new id give
+/// `1-…`). The tombstone goes in as a revision made here, with the previous tombstone as its
+/// parent, through the replicated-write path every backend has; if the document changed in
+/// between, that path keeps the newer state and this write is a conflict.
+async fn tombstone_without_revision(state: &CouchState, incoming: IncomingDocument) -> CouchResult<Revision> {
+    let id = incoming.id.as_str();
+    let previous = state.store.backend().revisions(id).await?;
+    if previous.as_ref().is_some_and(|info| !info.deleted) {
+        return Err(CouchError::conflict());
+    }
+    let parent = previous.as_ref().and_then(|info| RevisionId::parse(info.rev.as_str()));
+    let minted = RevisionId::next_after(
+        previous.as_ref().map(|info| parent.map_or(info.ancestry.start, |parent| parent.generation)),
+    )?;
+    let rev = minted.to_revision();
+    let mut ancestry = vec![rev.as_str().to_owned()];
+    ancestry.extend(parent.map(|parent| parent.to_revision().as_str().to_owned()));
+    let tombstone = ReplicatedRevision { rev: rev.clone(), ancestry, deleted: true, body: incoming.body };
+    match state.store.put_replicated(&incoming.id, &tombstone).await? {
+        ReplicatedOutcome::Applied => Ok(rev),
+        _ => Err(CouchError::conflict()),
+    }
 }
 
 /// Deletes at `rev`; a document already gone is a conflict, as CouchDB answers a stale rev.
@@ -334,9 +415,29 @@ pub async fn delete_document(
         }
     }
     principal.check_id(&docid)?;
-    let rev = write_revision(None, &params, &headers)?.ok_or_else(CouchError::conflict)?;
-    let tombstone = delete_at(&state, &docid, &rev).await?;
-    Ok(written(&state, StatusCode::OK, &docid, tombstone.as_str()))
+    // CouchDB opens the document first, so deleting one that is missing or already deleted is
+    // 404 `missing` / `deleted` whatever the revision (`chttpd_db.erl`, `db_doc_req` DELETE:
+    // "check for the existence of the doc to handle the 404 case"). Here the delete is tried
+    // first and the document looked at only when it fails, so a delete costs one backend call.
+    let Some(rev) = write_revision(None, &params, &headers)? else {
+        return Err(deletion_refused(&state, &docid).await);
+    };
+    match state.store.backend().delete(&docid, &rev).await {
+        Ok(tombstone) => Ok(written(&state, StatusCode::OK, &docid, tombstone.as_str())),
+        Err(err) if err.is_not_found() || err.is_conflict() => Err(deletion_refused(&state, &docid).await),
+        Err(err) => Err(err.into()),
+    }
+}
+
+/// Why a `DELETE` was not applied, as CouchDB answers it: 404 `missing` for a document never
+/// written, 404 `deleted` for a deleted one, else 409 (no revision, or a stale one).
+async fn deletion_refused(state: &CouchState, id: &str) -> CouchError {
+    match state.store.backend().revisions(id).await {
+        Ok(None) => CouchError::not_found("missing"),
+        Ok(Some(info)) if info.deleted => CouchError::not_found("deleted"),
+        Ok(Some(_)) => CouchError::conflict(),
+        Err(err) => err.into(),
+    }
 }
 
 /// `GET /{db}/_local/{name}`.
@@ -406,21 +507,19 @@ async fn local_put(
         Some(Value::String(rev)) => Some(rev),
         _ => None,
     };
+    // The revision is still read, so a body `_rev`, `?rev=` and `If-Match` that disagree are
+    // refused as for any document, but it is not compared with the stored one (below).
+    write_revision(body_rev.as_deref(), params, headers)?;
+    let local_name = principal.local_name(name);
     if body.remove("_deleted") == Some(Value::Bool(true)) {
-        let rev = write_revision(body_rev.as_deref(), params, headers)?.ok_or_else(CouchError::conflict)?;
-        state.store.backend().delete_local(&principal.local_name(name), &rev).await.map_err(local_conflict)?;
+        // A deletion by PUT writes whatever is there away; nothing there is nothing to do.
+        delete_local_unchecked(state, &local_name).await?;
         return Ok(json(StatusCode::OK, json!({ "ok": true, "id": format!("_local/{name}"), "rev": "0-0" })));
     }
-    let precondition = match write_revision(body_rev.as_deref(), params, headers)? {
-        Some(rev) => Precondition::MatchRevision(rev),
-        None => Precondition::MustNotExist,
-    };
-    let rev = state
-        .store
-        .backend()
-        .put_local(&principal.local_name(name), &body, precondition)
-        .await
-        .map_err(local_conflict)?;
+    // CouchDB 3 does not check a local document's revision: a write with a stale `_rev`, or none,
+    // over an existing one succeeds (measured on CouchDB 3.4.3 in issue 22), which replicators
+    // rely on when they write their checkpoints.
+    let rev = state.store.backend().put_local(&local_name, &body, Precondition::None).await?;
     Ok(json(StatusCode::CREATED, json!({ "ok": true, "id": format!("_local/{name}"), "rev": rev.as_str() })))
 }
 
@@ -432,25 +531,42 @@ async fn local_delete(
     headers: &HeaderMap,
 ) -> Answer {
     check_local_name(name)?;
-    let rev = write_revision(None, params, headers)?.ok_or_else(CouchError::conflict)?;
-    state.store.backend().delete_local(&principal.local_name(name), &rev).await.map_err(local_conflict)?;
+    write_revision(None, params, headers)?;
+    // As CouchDB: a missing one is 404 (the document is opened first), an existing one is
+    // deleted whatever revision is named, or none.
+    if !delete_local_unchecked(state, &principal.local_name(name)).await? {
+        return Err(CouchError::not_found("missing"));
+    }
     Ok(json(StatusCode::OK, json!({ "ok": true, "id": format!("_local/{name}"), "rev": "0-0" })))
 }
 
-fn check_local_name(name: &str) -> CouchResult<()> {
-    if name.is_empty() {
-        return Err(CouchError::bad_request("a _local document needs a name"));
+/// How many times a delete of a local document is retried when another write changed it
+/// between the read of its revision and the delete.
+const LOCAL_DELETE_ATTEMPTS: usize = 8;
+
+/// Deletes the local document whatever its revision (the backend's delete is conditional: its
+/// current revision is read first, and read again if it changed). `false` when there was none.
+async fn delete_local_unchecked(state: &CouchState, local_name: &str) -> CouchResult<bool> {
+    let backend = state.store.backend();
+    for _ in 0..LOCAL_DELETE_ATTEMPTS {
+        let Some(current) = backend.get_local(local_name).await? else { return Ok(false) };
+        match backend.delete_local(local_name, &current.rev).await {
+            Ok(()) => return Ok(true),
+            Err(err) if err.is_not_found() => return Ok(false),
+            Err(err) if err.is_conflict() => continue,
+            Err(err) => return Err(err.into()),
+        }
     }
-    Ok(())
+    Err(CouchError::conflict())
 }
 
-/// A missing local document on delete is a conflict, as a stale revision is.
-fn local_conflict(err: crate::Error) -> CouchError {
-    if err.is_not_found() {
-        CouchError::conflict()
-    } else {
-        err.into()
+fn check_local_name(name: &str) -> CouchResult<()> {
+    // CouchDB answers `GET /{db}/_local/` (no name) as the open of a document that is not
+    // there: 404 `not_found`/`missing` (measured on CouchDB 3.4.3 in issue 22).
+    if name.is_empty() {
+        return Err(CouchError::not_found("missing"));
     }
+    Ok(())
 }
 
 /// `/{db}/{docid}/{attachment}`: attachments are not kept.

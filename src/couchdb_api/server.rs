@@ -18,6 +18,13 @@ use super::{json, Answer, CouchState};
 /// who is answering.
 pub const API_VERSION: &str = "3.4.3";
 
+/// The commit this server was built from, when the build names it (`AGENTSTORE_GIT_SHA` at
+/// compile time), reported as CouchDB reports its own `git_sha`; `unknown` otherwise.
+pub const GIT_SHA: &str = match option_env!("AGENTSTORE_GIT_SHA") {
+    Some(sha) => sha,
+    None => "unknown",
+};
+
 /// A server uuid that stays the same across restarts over the same store, so replication
 /// peers that key checkpoints on it keep them.
 pub fn stable_uuid(describe: &str) -> String {
@@ -31,7 +38,11 @@ pub async fn welcome(State(state): State<CouchState>) -> Response {
         json!({
             "couchdb": "Welcome",
             "version": API_VERSION,
+            "git_sha": GIT_SHA,
             "uuid": &*state.server_uuid,
+            // CouchDB 3.4.3 lists `quickjs`, `access-ready`, `partitioned`,
+            // `pluggable-storage-engines`, `reshard` and `scheduler` here; clients switch those
+            // features' endpoints on by them, and this server offers none of them.
             "features": [],
             "vendor": { "name": "agentstore", "version": env!("CARGO_PKG_VERSION") }
         }),

@@ -159,6 +159,55 @@ pub fn namespace_of(id: &str, body: &Map<String, Value>) -> Result<String> {
     }
 }
 
+/// A data-store field whose value is not of the spec's type.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldTypeError {
+    pub field: &'static str,
+    /// What the spec requires of it, as a sentence fragment (`must be a string`).
+    pub requirement: &'static str,
+}
+
+impl std::fmt::Display for FieldTypeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "field {} {}", self.field, self.requirement)
+    }
+}
+
+/// Checks that every data-store field present has the type the spec gives it, so the
+/// data-store operations can always read what a document protocol (the CouchDB API) wrote:
+/// `userId`, `namespace`, `key` strings; `metadata` an object; `createdByAgent` and
+/// `lastAccessedByAgent` strings; `accessCount` a non-negative integer; `createdAt`,
+/// `updatedAt` and `lastAccessedAt` ISO 8601 timestamp strings (in any form the migration's
+/// timestamp rules read, since earlier writers used several). `null` counts as absent for the
+/// optional fields, as the data-store operations read it. `value` may be any JSON.
+pub fn check_field_types(body: &Map<String, Value>) -> std::result::Result<(), FieldTypeError> {
+    use fields::*;
+    let wrong = |field, requirement| Err(FieldTypeError { field, requirement });
+    for field in [USER_ID, NAMESPACE, KEY] {
+        if body.get(field).is_some_and(|v| !v.is_string()) {
+            return wrong(field, "must be a string");
+        }
+    }
+    if body.get(METADATA).is_some_and(|v| !v.is_object() && !v.is_null()) {
+        return wrong(METADATA, "must be a JSON object");
+    }
+    for field in [CREATED_BY_AGENT, LAST_ACCESSED_BY_AGENT] {
+        if body.get(field).is_some_and(|v| !v.is_string() && !v.is_null()) {
+            return wrong(field, "must be a string");
+        }
+    }
+    if body.get(ACCESS_COUNT).is_some_and(|v| !v.is_null() && v.as_u64().is_none()) {
+        return wrong(ACCESS_COUNT, "must be a non-negative integer");
+    }
+    for field in [CREATED_AT, UPDATED_AT, LAST_ACCESSED_AT] {
+        let readable = |v: &Value| v.is_string() && crate::migrate::transform::read_timestamp(v).is_some();
+        if body.get(field).is_some_and(|v| !v.is_null() && !readable(v)) {
+            return wrong(field, "must be an ISO 8601 timestamp string");
+        }
+    }
+    Ok(())
+}
+
 fn corrupt(id: &str, field: &str, problem: &str) -> Error {
     Error::new(ErrorKind::Corrupt, format!("document {id:?}: field {field} {problem}"))
 }
@@ -229,6 +278,37 @@ mod tests {
         let mut body = obj(json!({"metadata": [1]}));
         let err = apply_update(&id, &mut body, json!(1), Some(Map::new()), &access).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Corrupt);
+    }
+
+    #[test]
+    fn field_types_follow_the_spec() {
+        let good = obj(json!({
+            "userId": "u", "namespace": "n", "key": "k", "value": [1], "metadata": {"a": 1},
+            "createdByAgent": "a", "lastAccessedByAgent": null, "accessCount": 3,
+            "createdAt": "2026-02-05T10:00:00Z", "updatedAt": "2026-02-05T10:00:00.123456",
+            "lastAccessedAt": null, "extra": {"anything": true}
+        }));
+        assert_eq!(check_field_types(&good), Ok(()));
+        for (field, bad) in [
+            ("userId", json!(1)),
+            ("namespace", json!(null)),
+            ("key", json!(["k"])),
+            ("metadata", json!("m")),
+            ("metadata", json!([1])),
+            ("createdByAgent", json!(7)),
+            ("lastAccessedByAgent", json!({})),
+            ("accessCount", json!("lots")),
+            ("accessCount", json!(-1)),
+            ("accessCount", json!(1.5)),
+            ("createdAt", json!(1_770_000_000)),
+            ("updatedAt", json!("yesterday")),
+            ("lastAccessedAt", json!(true)),
+        ] {
+            let mut body = good.clone();
+            body.insert(field.into(), bad.clone());
+            let err = check_field_types(&body).unwrap_err();
+            assert_eq!(err.field, field, "{field} = {bad}");
+        }
     }
 
     #[test]
