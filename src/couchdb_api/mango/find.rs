@@ -25,9 +25,9 @@ use base64::Engine;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
-use super::collate::{compare, compare_raw, compare_strings};
+use super::collate::{compare, compare_raw};
 use super::eval::matches;
-use super::index::IndexCatalog;
+use super::index::{ChosenIndex, IndexCatalog, QueryKind};
 use super::selector::{self, parse_field, Cond, Selector};
 use super::{erlang_term, MangoError};
 use crate::backend::{DocumentBackend, IdRange, Page, Projection, Query, StoredDocument};
@@ -45,6 +45,8 @@ pub const SCAN_PAGE: usize = 200;
 /// CouchDB's `[mango] index_scan_warning_threshold`: more documents examined per result than
 /// this earns a warning.
 const INDEX_SCAN_WARNING_THRESHOLD: f64 = 10.0;
+/// The bookmark CouchDB gives a first page without rows.
+pub const NO_BOOKMARK: &str = "nil";
 const NO_INDEX_WARNING: &str = "No matching index found, create an index to optimize query time.";
 const SCAN_RATIO_WARNING: &str = "The number of documents examined is high in proportion to the number of results returned. Consider adding a more specific index to improve this.";
 
@@ -122,7 +124,9 @@ pub fn parse_request(body: &Value) -> Result<FindRequest, MangoError> {
         use_index: parse_use_index(body.get("use_index"))?,
         bookmark: match body.get("bookmark") {
             None | Some(Value::Null) => None,
-            Some(Value::String(s)) if s.is_empty() => None,
+            // CouchDB sends `nil` as the bookmark of an empty first page; taken back, it is the
+            // start (CouchDB itself would refuse it as undecodable).
+            Some(Value::String(s)) if s.is_empty() || s == NO_BOOKMARK => None,
             Some(Value::String(s)) => Some(s.clone()),
             Some(other) => return Err(invalid_bookmark(other)),
         },
@@ -434,19 +438,37 @@ pub async fn find_with_limits(
 ) -> Result<Value, MangoError> {
     let started = Instant::now();
     let mut parsed = parse_request(request)?;
+    // Decided on the client's own selector, before a login's restriction is added to it.
+    let matches_nothing = parsed.selector.is_empty_combination();
     parsed.selector = restrict_to_user(parsed.selector, only_user);
-    let choice =
-        indexes.choose(&parsed.selector, &parsed.sort_field_names(), &parsed.use_index, parsed.allow_fallback)?;
+    let choice = indexes.choose(
+        &parsed.selector,
+        &parsed.sort_field_names(),
+        &parsed.use_index,
+        parsed.allow_fallback,
+        QueryKind::Find,
+    )?;
+    if matches_nothing {
+        // CouchDB (`mango_cursor:maybe_noop_range`) runs no scan for a selector that is only an
+        // empty `$or`/`$and` and answers the bare `{"docs": []}`: no bookmark, no warning, no
+        // statistics (issue 22 §2c item 1).
+        return Ok(json!({ "docs": [] }));
+    }
     let source = Source::for_selector(&parsed.selector);
     let bookmark = parsed.bookmark.as_deref().map(Bookmark::decode).transpose()?;
-    let outcome = if parsed.sort.fields.is_empty() {
+    let mut outcome = if parsed.sort.fields.is_empty() {
         run_unsorted(backend, &parsed, &source, bookmark, limits).await?
     } else {
         run_sorted(backend, &parsed, &source, bookmark, limits).await?
     };
+    if parsed.bookmark.is_none() && outcome.docs.is_empty() {
+        // CouchDB's bookmark is the last row's key, or the request's own bookmark when no row was
+        // returned: `nil` on a first page (issue 22 §2c item 13). Sent back, it starts again.
+        outcome.bookmark = NO_BOOKMARK.into();
+    }
 
     let mut warnings = choice.warnings;
-    if choice.index.is_none() {
+    if choice.index == ChosenIndex::AllDocs {
         warnings.push(NO_INDEX_WARNING.into());
     }
     let returned = outcome.docs.len() as u64;
@@ -581,8 +603,10 @@ async fn run_sorted(
         Some(_) => return Err(invalid_bookmark(&Value::String(request.bookmark.clone().unwrap_or_default()))),
     };
     let descending = request.sort.direction == "desc";
+    // Equal sort keys fall back to the document id's raw bytes, as a CouchDB view orders rows
+    // with equal keys (issue 22 §2c item 4).
     let order = |a: &(Vec<Value>, String), b: &(Vec<Value>, String)| {
-        let ascending = compare_keys(&request.sort, &a.0, &b.0).then_with(|| compare_strings(&a.1, &b.1));
+        let ascending = compare_keys(&request.sort, &a.0, &b.0).then_with(|| a.1.as_bytes().cmp(b.1.as_bytes()));
         if descending {
             ascending.reverse()
         } else {

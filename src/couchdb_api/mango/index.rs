@@ -303,87 +303,153 @@ fn parse_index_fields(fields: Option<&Value>) -> Result<Vec<(String, String)>, M
     Ok(parsed.fields.into_iter().map(|(path, _)| (join_field(&path), parsed.direction.clone())).collect())
 }
 
+/// Whether a request runs (`_find`) or is only planned (`_explain`): with no usable index
+/// CouchDB refuses the first (`no_usable_index`) and plans the second with `index: null`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueryKind {
+    Find,
+    Explain,
+}
+
+/// The index CouchDB would answer a query with.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ChosenIndex<'a> {
+    Json(&'a IndexDef),
+    /// The special `_all_docs` index (a full scan, with CouchDB's warning).
+    AllDocs,
+    /// No index can serve the query (only for `_explain`).
+    NoneUsable,
+}
+
 /// Which index CouchDB would answer a query with, and the warnings that choice gives.
 #[derive(Debug, Clone)]
 pub struct IndexChoice<'a> {
-    /// `None`: the special `_all_docs` index (a full scan, with CouchDB's warning).
-    pub index: Option<&'a IndexDef>,
+    pub index: ChosenIndex<'a>,
     /// `use_index` named an index that was not usable (CouchDB's warning text).
     pub warnings: Vec<String>,
 }
 
 impl IndexCatalog {
     /// CouchDB's choice among the indexes for `selector` and `sort` (field names), honouring
-    /// `use_index` (`[ddoc]` or `[ddoc, name]`): no usable index for a sort is `no_usable_index`.
+    /// `use_index` (`[ddoc]` or `[ddoc, name]`), as `mango_idx:get_usable_indexes`,
+    /// `mango_cursor:create` and `mango_cursor_view:choose_best_index` (3.4.3) make it: the
+    /// candidates are the indexes without a partial filter plus those `use_index` names; a JSON
+    /// index that can serve the query is preferred to `_all_docs`; none at all is
+    /// `no_usable_index` for `_find`.
     pub fn choose(
         &self,
         selector: &Selector,
         sort: &[String],
         use_index: &[String],
         allow_fallback: bool,
+        kind: QueryKind,
     ) -> Result<IndexChoice<'_>, MangoError> {
+        let named = |i: &IndexDef| match use_index.first() {
+            None => false,
+            Some(ddoc) => i.ddoc == design_id(ddoc) && use_index.get(1).is_none_or(|n| *n == i.name),
+        };
         let usable: Vec<&IndexDef> = self
             .indexes
             .iter()
-            .filter(|i| i.partial_filter_selector.is_none() && is_usable(i, selector, sort))
+            .filter(|i| (i.partial_filter_selector.is_none() || named(i)) && is_usable(i, selector, sort))
             .collect();
-        let all_docs_usable = sort.is_empty() || sort == ["_id"];
-        let mut warnings = Vec::new();
-        if !use_index.is_empty() {
-            let ddoc = design_id(&use_index[0]);
-            let named = |i: &&IndexDef| i.ddoc == ddoc && use_index.get(1).is_none_or(|n| *n == i.name);
-            let requested = self.indexes.iter().filter(named).find(|i| is_usable(i, selector, sort));
-            if let Some(index) = requested {
-                return Ok(IndexChoice { index: Some(index), warnings });
-            }
-            let shown = ddoc.trim_start_matches("_design/");
-            let text = match use_index.get(1) {
-                None => format!("_design/{shown} specified by `use_index` could not be found or it is not suitable."),
-                Some(name) => format!(
-                    "_design/{shown}, {name} specified by `use_index` could not be found or it is not suitable."
-                ),
-            };
-            if !allow_fallback {
-                return Err(MangoError::bad_request("invalid_index", text));
-            }
-            warnings.push(match use_index.get(1) {
-                None => {
-                    format!("_design/{shown} was not used because it does not contain a valid index for this query.")
-                }
-                Some(name) => {
-                    format!("_design/{shown}, {name} was not used because it is not a valid index for this query.")
-                }
-            });
-        }
-        let best = usable
-            .into_iter()
-            .max_by(|a, b| rank(a, selector).cmp(&rank(b, selector)).then_with(|| b.name.cmp(&a.name)));
-        match best {
-            Some(index) => Ok(IndexChoice { index: Some(index), warnings }),
-            None if all_docs_usable => Ok(IndexChoice { index: None, warnings }),
-            None => Err(MangoError::bad_request(
+        let all_docs = all_docs_usable(selector, sort);
+        let usable_count = usable.len() + usize::from(all_docs);
+        if usable_count == 0 && kind == QueryKind::Find {
+            return Err(MangoError::bad_request(
                 "no_usable_index",
                 "No index exists for this sort, try indexing by the sort fields.",
-            )),
+            ));
         }
+        let requested: Vec<&IndexDef> = usable.iter().copied().filter(|i| named(i)).collect();
+        if !requested.is_empty() {
+            let index = best_json_index(&requested, selector).map_or(ChosenIndex::NoneUsable, ChosenIndex::Json);
+            return Ok(IndexChoice { index, warnings: Vec::new() });
+        }
+        if !(allow_fallback || (use_index.is_empty() && usable_count > 1)) {
+            let reason = match use_index {
+                [] => "You must specify an index with the `use_index` parameter.".to_owned(),
+                [ddoc] => format!(
+                    "_design/{} specified by `use_index` could not be found or it is not suitable.",
+                    ddoc.trim_start_matches("_design/")
+                ),
+                [ddoc, name, ..] => format!(
+                    "_design/{}, {name} specified by `use_index` could not be found or it is not suitable.",
+                    ddoc.trim_start_matches("_design/")
+                ),
+            };
+            return Err(MangoError::bad_request("invalid_index", reason));
+        }
+        let index = match best_json_index(&usable, selector) {
+            Some(index) => ChosenIndex::Json(index),
+            None if all_docs => ChosenIndex::AllDocs,
+            None => ChosenIndex::NoneUsable,
+        };
+        let mut warnings = Vec::new();
+        if index != ChosenIndex::NoneUsable {
+            let shown = |ddoc: &str| ddoc.trim_start_matches("_design/").to_owned();
+            match use_index {
+                [] => {}
+                [ddoc] => warnings.push(format!(
+                    "_design/{} was not used because it does not contain a valid index for this query.",
+                    shown(ddoc)
+                )),
+                [ddoc, name, ..] => warnings.push(format!(
+                    "_design/{}, {name} was not used because it is not a valid index for this query.",
+                    shown(ddoc)
+                )),
+            }
+        }
+        Ok(IndexChoice { index, warnings })
     }
 }
 
-/// CouchDB's preference among usable JSON indexes: more of the selector's fields covered, then
-/// fewer columns.
-fn rank(index: &IndexDef, selector: &Selector) -> (usize, std::cmp::Reverse<usize>) {
-    let used = selector.field_names();
-    let overlap = index.fields.iter().filter(|(f, _)| used.contains(f)).count();
-    (overlap, std::cmp::Reverse(index.fields.len()))
+/// CouchDB's `mango_cursor_view:choose_best_index` among usable JSON indexes: the smallest gap
+/// between the selector's indexable fields and the leading columns the index has of them, then
+/// fewer columns, then the smaller (design document, name).
+fn best_json_index<'a>(usable: &[&'a IndexDef], selector: &Selector) -> Option<&'a IndexDef> {
+    let indexable = selector.indexable_fields();
+    let gap = |index: &IndexDef| {
+        let prefix = index.fields.iter().take_while(|(f, _)| indexable.contains(f)).count();
+        indexable.len().saturating_sub(prefix)
+    };
+    usable.iter().copied().min_by(|a, b| {
+        gap(a)
+            .cmp(&gap(b))
+            .then_with(|| a.fields.len().cmp(&b.fields.len()))
+            .then_with(|| (a.ddoc.as_bytes(), a.name.as_bytes()).cmp(&(b.ddoc.as_bytes(), b.name.as_bytes())))
+    })
+}
+
+/// CouchDB's `mango_idx_special:is_usable` for `_all_docs`: any query without a sort; a sort on
+/// `_id` only when the selector has an indexable condition on `_id`.
+fn all_docs_usable(selector: &Selector, sort: &[String]) -> bool {
+    sort.is_empty() || (sort == ["_id"] && selector.indexable_fields().iter().any(|f| f == "_id"))
+}
+
+/// Why CouchDB's `_explain` calls an index unusable: its first reason.
+fn unusable_reason(index: &IndexDef, selector: &Selector, sort: &[String]) -> &'static str {
+    if has_required_fields(index, selector, sort) {
+        "sort_order_mismatch"
+    } else {
+        "field_mismatch"
+    }
 }
 
 /// CouchDB's `mango_idx_view:is_usable`: every column the sort does not supply is required by
 /// the selector, and the sort can be read off the index's order.
 fn is_usable(index: &IndexDef, selector: &Selector, sort: &[String]) -> bool {
-    let columns = index.field_names();
-    let required = columns.iter().filter(|c| !sort.contains(c) && *c != "_id" && *c != "_rev");
-    let has_required = required.into_iter().all(|c| parse_field(c).is_ok_and(|path| selector.requires_field(&path)));
-    has_required && can_use_sort(&columns, sort, selector)
+    has_required_fields(index, selector, sort) && can_use_sort(&index.field_names(), sort, selector)
+}
+
+fn has_required_fields(index: &IndexDef, selector: &Selector, sort: &[String]) -> bool {
+    let required: Vec<Vec<String>> = index
+        .field_names()
+        .iter()
+        .filter(|c| !sort.contains(c) && *c != "_id" && *c != "_rev")
+        .filter_map(|c| parse_field(c).ok())
+        .collect();
+    selector.has_required_fields(&required)
 }
 
 fn can_use_sort(columns: &[String], sort: &[String], selector: &Selector) -> bool {
@@ -412,7 +478,8 @@ pub async fn explain(
     let selector = super::find::restrict_to_user(parsed.selector.clone(), only_user);
     let catalog = IndexCatalog::load(backend).await?;
     let sort_names = parsed.sort_field_names();
-    let choice = catalog.choose(&selector, &sort_names, &parsed.use_index, parsed.allow_fallback)?;
+    let choice =
+        catalog.choose(&selector, &sort_names, &parsed.use_index, parsed.allow_fallback, QueryKind::Explain)?;
     let fields: Vec<Value> = parsed.fields.iter().map(|(_, name)| Value::String(name.clone())).collect();
     let sort: Map<String, Value> =
         parsed.sort.fields.iter().map(|(p, _)| (join_field(p), Value::String(parsed.sort.direction.clone()))).collect();
@@ -422,42 +489,70 @@ pub async fn explain(
         "partition": "", "r": parsed.r, "conflicts": parsed.conflicts, "stale": parsed.stale, "update": parsed.update,
         "stable": parsed.stable, "execution_stats": parsed.execution_stats, "allow_fallback": parsed.allow_fallback,
     });
+    // A selector that is only an empty `$or`/`$and` reads no range (`maybe_noop_range`).
+    let reads_nothing = parsed.selector.is_empty_combination();
     let (index_json, candidates, mrargs) = match choice.index {
-        Some(index) => {
+        ChosenIndex::Json(index) => {
             let mut candidates = vec![json!({ "index": all_docs_json(), "analysis": {
                 "usable": true, "reasons": [{ "name": "unfavored_type" }], "ranking": 1, "covering": null } })];
             candidates.extend(catalog.indexes.iter().filter(|i| i.ddoc != index.ddoc || i.name != index.name).map(
                 |other| {
                     let usable = is_usable(other, &selector, &sort_names);
-                    let reason = if usable { "less_overlap" } else { "field_mismatch" };
+                    let reason =
+                        if usable { "less_overlap" } else { unusable_reason(other, &selector, &sort_names) };
                     json!({ "index": other.to_json(), "analysis": {
                     "usable": usable, "reasons": [{ "name": reason }], "ranking": 2, "covering": false } })
                 },
             ));
-            (index.to_json(), candidates, index_range(index, &selector, parsed.sort.direction == "desc"))
+            let mut mrargs = index_range(index, &selector, parsed.sort.direction == "desc");
+            if reads_nothing {
+                mrargs["start_key"] = Value::Null;
+                mrargs["end_key"] = Value::Null;
+            }
+            (index.to_json(), candidates, Some(mrargs))
         }
-        None => {
+        ChosenIndex::AllDocs => {
             let candidates = catalog
                 .indexes
                 .iter()
                 .map(|other| {
+                    let reason = unusable_reason(other, &selector, &sort_names);
                     json!({ "index": other.to_json(), "analysis": {
-                    "usable": false, "reasons": [{ "name": "field_mismatch" }], "ranking": 2, "covering": false } })
+                    "usable": false, "reasons": [{ "name": reason }], "ranking": 2, "covering": false } })
                 })
                 .collect();
+            let end_key = if reads_nothing { Value::Null } else { Value::String("<MAX>".into()) };
             let mrargs = json!({ "include_docs": true, "view_type": "map", "reduce": false, "partition": null,
-                "start_key": null, "end_key": "<MAX>", "direction": "fwd", "stable": false, "update": true,
+                "start_key": null, "end_key": end_key, "direction": "fwd", "stable": false, "update": true,
                 "conflicts": "undefined" });
-            (all_docs_json(), candidates, mrargs)
+            (all_docs_json(), candidates, Some(mrargs))
+        }
+        ChosenIndex::NoneUsable => {
+            // CouchDB's `_explain` of a query no index serves: `index: null`, every index listed
+            // as unusable with its first reason, and no `mrargs` (issue 22 §2c item 10).
+            let all_docs_reason =
+                if selector.indexable_fields().iter().any(|f| f == "_id") { "sort_order_mismatch" } else { "field_mismatch" };
+            let mut candidates = vec![json!({ "index": all_docs_json(), "analysis": {
+                "usable": false, "reasons": [{ "name": all_docs_reason }], "ranking": 2, "covering": null } })];
+            candidates.extend(catalog.indexes.iter().map(|other| {
+                let reason = unusable_reason(other, &selector, &sort_names);
+                json!({ "index": other.to_json(), "analysis": {
+                "usable": false, "reasons": [{ "name": reason }], "ranking": 2, "covering": false } })
+            }));
+            (Value::Null, candidates, None)
         }
     };
     let (indexable, unindexable) = selector_hints(&selector);
-    Ok(json!({
+    let mut answer = json!({
         "dbname": db_name, "index": index_json, "partitioned": false, "selector": selector.to_json(), "opts": opts,
         "limit": parsed.limit, "skip": parsed.skip, "fields": fields, "index_candidates": candidates,
         "selector_hints": [{ "type": "json", "indexable_fields": indexable, "unindexable_fields": unindexable }],
-        "mrargs": mrargs, "covering": false,
-    }))
+    });
+    if let Some(mrargs) = mrargs {
+        answer["mrargs"] = mrargs;
+        answer["covering"] = Value::Bool(false);
+    }
+    Ok(answer)
 }
 
 /// The key range CouchDB would read from a JSON index: the leading columns the selector fixes
