@@ -574,3 +574,45 @@ async fn find_sort_rules_follow_couchdb_index_selection() {
         ("invalid_index", "You must specify an index with the `use_index` parameter.")
     );
 }
+
+#[tokio::test]
+async fn index_creation_follows_couchdb_naming() {
+    // Issue 22 §2c item 11, measured on a real CouchDB 3.4.3, and mango_idx.erl (`gen_name`
+    // hashes the request's options, the name among them, into the design document id).
+    let (_dir, backend) = open().await;
+    let first = create_index(&backend, &json!({"index": {"fields": ["n"]}, "name": "by-n", "ddoc": "mine"}))
+        .await
+        .unwrap();
+    assert_eq!((first["result"].as_str(), first["id"].as_str()), (Some("created"), Some("_design/mine")));
+    // The same name without `ddoc`: a second index, in a design document of its own.
+    let second = create_index(&backend, &json!({"index": {"fields": ["n"]}, "name": "by-n"})).await.unwrap();
+    assert_eq!(second["result"], "created", "{second}");
+    assert_ne!(second["id"], "_design/mine");
+    // Repeating a request finds what it created.
+    let again = create_index(&backend, &json!({"index": {"fields": ["n"]}, "name": "by-n"})).await.unwrap();
+    assert_eq!((again["result"].clone(), again["id"].clone()), (json!("exists"), second["id"].clone()));
+    // The same definition under another name: another design document too.
+    let other = create_index(&backend, &json!({"index": {"fields": ["n"]}, "name": "by-n-2"})).await.unwrap();
+    assert_eq!(other["result"], "created");
+    assert_ne!(other["id"], second["id"]);
+    // `fields: []` is an index (CouchDB creates it); a missing `fields` is CouchDB's
+    // `missing_required_key`.
+    let empty = create_index(&backend, &json!({"index": {"fields": []}})).await.unwrap();
+    assert_eq!(empty["result"], "created");
+    let missing = create_index(&backend, &json!({"index": {}})).await.unwrap_err();
+    assert_eq!((missing.error.as_str(), missing.reason.as_str()), ("missing_required_key", "Missing required key: fields"));
+    // An index with no columns serves every unsorted query in CouchDB (mango_idx_view
+    // `is_usable`, fewest columns first): no "no matching index" warning, no sort.
+    let found = run(&backend, &json!({"selector": {"key": "x"}})).await.unwrap();
+    assert!(found.get("warning").is_none(), "{found}");
+
+    // `GET _index` lists by design document id (mango_httpd.erl sorts the index records).
+    let listed = list_indexes(&backend).await.unwrap();
+    let ddocs: Vec<&str> =
+        listed["indexes"].as_array().unwrap().iter().skip(1).map(|i| i["ddoc"].as_str().unwrap()).collect();
+    let mut sorted = ddocs.clone();
+    sorted.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+    assert_eq!(ddocs, sorted);
+    assert_eq!(listed["indexes"][0]["name"], "_all_docs");
+    assert_eq!(listed["total_rows"], 6);
+}

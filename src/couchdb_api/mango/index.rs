@@ -153,10 +153,13 @@ impl IndexCatalog {
         Err(MangoError::new(StatusCode::CONFLICT, "conflict", "the index catalog kept changing; try again"))
     }
 
-    /// The `GET _index` body.
+    /// The `GET _index` body: `_all_docs`, then the indexes by design document id and name (raw
+    /// bytes), as CouchDB's `lists:sort` of its index records orders them.
     pub fn to_json(&self) -> Value {
+        let mut sorted: Vec<&IndexDef> = self.indexes.iter().collect();
+        sorted.sort_by(|a, b| (a.ddoc.as_bytes(), a.name.as_bytes()).cmp(&(b.ddoc.as_bytes(), b.name.as_bytes())));
         let mut listed = vec![all_docs_json()];
-        listed.extend(self.indexes.iter().map(IndexDef::to_json));
+        listed.extend(sorted.into_iter().map(IndexDef::to_json));
         json!({ "total_rows": listed.len(), "indexes": listed })
     }
 }
@@ -167,18 +170,21 @@ pub async fn list_indexes(backend: &dyn DocumentBackend) -> Result<Value, MangoE
 }
 
 /// `POST /{db}/_index`: `{"result": "created"|"exists", "id", "name"}`.
+///
+/// Without `ddoc`, the design document is named after a hash of the definition and the `name`
+/// given (CouchDB's `mango_idx:gen_name` hashes the options, name included), so the same request
+/// finds the same index (`exists`) while an existing name with another definition, or living in
+/// another design document, gets a design document of its own (issue 22 §2c item 11).
 pub async fn create_index(backend: &dyn DocumentBackend, request: &Value) -> Result<Value, MangoError> {
-    let (parsed, ddoc_given) = parse_index_request(request)?;
+    let (parsed, legacy_ddoc) = parse_index_request(request)?;
     IndexCatalog::update(backend, |catalog| {
-        // CouchDB derives an unnamed design document from the definition, so the same definition
-        // lands in the same design document: here, the one already holding it.
         let mut wanted = parsed.clone();
-        if !ddoc_given {
-            let same_definition = |i: &&IndexDef| {
-                i.fields == wanted.fields && i.partial_filter_selector == wanted.partial_filter_selector
-            };
-            if let Some(existing) = catalog.indexes.iter().find(same_definition) {
-                wanted.ddoc = existing.ddoc.clone();
+        // Before this server hashed the name in, a named index without `ddoc` was put in the
+        // design document of its definition alone: the same request still finds it there.
+        if let Some(legacy) = &legacy_ddoc {
+            let earlier = IndexDef { ddoc: legacy.clone(), ..wanted.clone() };
+            if catalog.indexes.contains(&earlier) {
+                wanted = earlier;
             }
         }
         let answer = |result: &str| json!({ "result": result, "id": wanted.ddoc, "name": wanted.name });
@@ -231,8 +237,9 @@ fn design_id(ddoc: &str) -> String {
 }
 
 /// Validates a `POST _index` body as CouchDB does (`mango_opts:validate_idx_create`): the
-/// definition, and whether the request named its design document.
-fn parse_index_request(request: &Value) -> Result<(IndexDef, bool), MangoError> {
+/// definition, and for a named index without `ddoc` the design document an earlier version of
+/// this server gave it.
+fn parse_index_request(request: &Value) -> Result<(IndexDef, Option<String>), MangoError> {
     let Value::Object(body) = request else {
         return Err(MangoError::bad_request("bad_request", "Request body must be a JSON object"));
     };
@@ -265,17 +272,37 @@ fn parse_index_request(request: &Value) -> Result<(IndexDef, bool), MangoError> 
         };
         super::selector::parse(selector)?;
     }
-    // CouchDB names an unnamed index after a hash of its definition; so does this server (with its
-    // own hash, so the ids differ from CouchDB's but are just as stable).
-    let digest = hex::encode(Sha256::digest(
-        serde_json::to_vec(&json!({ "fields": fields_json(&fields), "partial": partial_filter_selector }))
-            .unwrap_or_default(),
-    ));
-    let auto = &digest[..40];
-    let name = optional_string(body, "name")?.unwrap_or(auto).to_owned();
+    // CouchDB names an unnamed index and its design document after a hash of the request's
+    // options; so does this server (with its own hash, so the ids differ from CouchDB's but are
+    // just as stable). An unnamed index's hash is the definition's alone, as it always was.
+    let definition_hash = |name: Option<&str>| {
+        let mut hashed = json!({ "fields": fields_json(&fields), "partial": partial_filter_selector });
+        if let Some(name) = name {
+            hashed["name"] = Value::String(name.to_owned());
+        }
+        hex::encode(Sha256::digest(serde_json::to_vec(&hashed).unwrap_or_default()))[..40].to_owned()
+    };
+    let given_name = optional_string(body, "name")?;
     let given_ddoc = optional_string(body, "ddoc")?;
-    let ddoc = design_id(given_ddoc.unwrap_or(auto));
-    Ok((IndexDef { ddoc, name, fields, partial_filter_selector }, given_ddoc.is_some()))
+    let auto = definition_hash(given_name);
+    let name = given_name.map_or_else(|| auto.clone(), str::to_owned);
+    let standard = IndexDef::standard();
+    let ddoc = if given_ddoc.is_none()
+        && given_name == Some(STANDARD_INDEX_NAME)
+        && fields == standard.fields
+        && partial_filter_selector.is_none()
+    {
+        // The built-in index's own options: the design document CouchDB's hash of them gives
+        // (fixtures 010 and 011).
+        standard.ddoc
+    } else {
+        design_id(given_ddoc.unwrap_or(&auto))
+    };
+    let legacy_ddoc = match (given_name, given_ddoc) {
+        (Some(_), None) => Some(design_id(&definition_hash(None))),
+        _ => None,
+    };
+    Ok((IndexDef { ddoc, name, fields, partial_filter_selector }, legacy_ddoc))
 }
 
 fn fields_json(fields: &[(String, String)]) -> Vec<Value> {
@@ -295,11 +322,14 @@ fn optional_string<'a>(body: &'a Map<String, Value>, key: &str) -> Result<Option
     }
 }
 
-/// An index's `fields`: names or `{name: "asc"|"desc"}`, one direction for all.
+/// An index's `fields`: names or `{name: "asc"|"desc"}`, one direction for all. An empty list is
+/// a valid index, as in CouchDB (issue 22 §2c item 11); a missing one is CouchDB's
+/// `missing_required_key` (mango_idx_view.erl's options).
 fn parse_index_fields(fields: Option<&Value>) -> Result<Vec<(String, String)>, MangoError> {
-    let missing = || MangoError::bad_request("invalid_index", "Index is missing its definition.");
-    let list = fields.and_then(Value::as_array).filter(|l| !l.is_empty()).ok_or_else(missing)?;
-    let parsed = super::find::parse_sort(&Value::Array(list.clone()))?;
+    let Some(list) = fields else {
+        return Err(MangoError::bad_request("missing_required_key", "Missing required key: fields"));
+    };
+    let parsed = super::find::parse_sort(list)?;
     Ok(parsed.fields.into_iter().map(|(path, _)| (join_field(&path), parsed.direction.clone())).collect())
 }
 
