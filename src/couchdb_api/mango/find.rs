@@ -241,18 +241,13 @@ pub fn parse_sort(value: &Value) -> Result<Sort, MangoError> {
     for spec in specs {
         let (name, direction) = match spec {
             Value::String(name) if !name.is_empty() => (name.clone(), "asc".to_owned()),
-            Value::Object(map) if map.len() == 1 => {
-                let (name, direction) = map.iter().next().expect("one entry");
-                match direction.as_str() {
-                    Some(d @ ("asc" | "desc")) => (name.clone(), d.to_owned()),
-                    _ => {
-                        return Err(MangoError::bad_request(
-                            "invalid_sort_dir",
-                            format!("Invalid sort direction: {}", erlang_term(direction)),
-                        ))
-                    }
-                }
-            }
+            // Any other direction is CouchDB's `invalid_sort_field` naming the whole spec:
+            // mango_sort.erl's `invalid_sort_dir` clause cannot match a decoded JSON object
+            // (issue 22 §2c item 13).
+            Value::Object(map) if map.len() == 1 => match map.iter().next() {
+                Some((name, Value::String(d))) if d == "asc" || d == "desc" => (name.clone(), d.clone()),
+                _ => return Err(invalid_field(spec)),
+            },
             other => return Err(invalid_field(other)),
         };
         sort.fields.push((parse_field(&name)?, name));
@@ -806,7 +801,12 @@ mod tests {
             error_of(json!({"selector": {}, "sort": [{"a": "asc"}, {"b": "desc"}]})).1,
             "unsupported_mixed_sort"
         );
-        assert_eq!(error_of(json!({"selector": {}, "sort": [{"a": "up"}]})).2, "Invalid sort direction: <<\"up\">>");
+        // mango_sort.erl (3.4.3): a `{field: direction}` object whose direction is not "asc" or
+        // "desc" falls through to `invalid_sort_field` (issue 22 §2c item 13).
+        assert_eq!(
+            error_of(json!({"selector": {}, "sort": [{"a": "up"}]})),
+            (400, "invalid_sort_field".into(), "Invalid sort field: {[{<<\"a\">>,<<\"up\">>}]}".into())
+        );
         assert_eq!(error_of(json!({"selector": {}, "sort": "a"})).1, "invalid_sort_json");
     }
 

@@ -234,6 +234,16 @@ fn parse_entry(key: &str, value: &Value, path: &[String]) -> Result<Selector, Ma
                 },
             ))
         }
+        // CouchDB turns `$text` into a `$default` field, which may only stand at the top level:
+        // under a field it is `bad_field` (mango_selector.erl `norm_fields`, issue 22 §2c item 13).
+        // At the top level it needs a text index, which this server does not have.
+        "$text" if !path.is_empty() && (value.is_string() || value.is_number() || value.is_boolean()) => {
+            let normalized = serde_json::json!({ "$default": { "$text": value } });
+            Err(MangoError::bad_request(
+                "bad_field",
+                format!("Invalid field normalization on selector: {}", super::erlang_term(&normalized)),
+            ))
+        }
         _ => Ok(field(path, parse_condition(operator, value)?)),
     }
 }
@@ -267,6 +277,7 @@ fn parse_condition(operator: &str, value: &Value) -> Result<Cond, MangoError> {
             Cond::Regex(Box::new(ByteRegex::new(pattern).ok_or_else(bad)?))
         }
         "$beginsWith" => Cond::BeginsWith(value.as_str().ok_or_else(bad)?.to_owned()),
+        "$text" if !(value.is_string() || value.is_number() || value.is_boolean()) => return Err(bad()),
         op if UNSUPPORTED.contains(&op) => {
             return Err(MangoError::bad_request("not_supported", format!("Unsupported operator: {op}")))
         }
@@ -534,6 +545,21 @@ mod tests {
             error(json!({"a": {"$where": "x"}})),
             (400, "not_supported".into(), "Unsupported operator: $where".into())
         );
+    }
+
+    #[test]
+    fn text_under_a_field_is_bad_field_as_in_couchdb() {
+        // mango_selector.erl (3.4.3): `$text` normalizes to `{"$default": {"$text": …}}`, and
+        // `norm_fields` refuses a `$default` below the top level with `bad_field`.
+        assert_eq!(
+            error(json!({"a": {"$text": "x"}})),
+            (
+                400,
+                "bad_field".into(),
+                "Invalid field normalization on selector: {[{<<\"$default\">>,{[{<<\"$text\">>,<<\"x\">>}]}}]}".into()
+            )
+        );
+        assert_eq!(error(json!({"a": {"$text": ["x"]}})).1, "bad_arg");
     }
 
     #[test]
