@@ -491,7 +491,8 @@ async fn equal_sort_keys_are_ordered_by_raw_id_bytes() {
     let request = json!({"selector": {"n": 1}, "sort": [{"n": "desc"}], "fields": ["_id"]});
     assert_eq!(ids(&run(&backend, &request).await.unwrap()), ["Ünï", "zoë", "alice", "Zed"]);
     // Page boundaries follow the same order.
-    let first = run(&backend, &json!({"selector": {"n": 1}, "sort": ["n"], "fields": ["_id"], "limit": 2})).await.unwrap();
+    let first =
+        run(&backend, &json!({"selector": {"n": 1}, "sort": ["n"], "fields": ["_id"], "limit": 2})).await.unwrap();
     assert_eq!(ids(&first), ["Zed", "alice"]);
     let second = run(
         &backend,
@@ -535,7 +536,8 @@ async fn an_empty_first_page_has_the_bookmark_nil() {
     let zero = run(&backend, &json!({"selector": {"userId": "user_123"}, "limit": 0})).await.unwrap();
     assert_eq!(zero["bookmark"], "nil");
     // Sent back, `nil` is the start.
-    let again = run(&backend, &json!({"selector": {"userId": "user_123"}, "limit": 1, "bookmark": "nil"})).await.unwrap();
+    let again =
+        run(&backend, &json!({"selector": {"userId": "user_123"}, "limit": 1, "bookmark": "nil"})).await.unwrap();
     let first = run(&backend, &json!({"selector": {"userId": "user_123"}, "limit": 1})).await.unwrap();
     assert_eq!(again["docs"], first["docs"]);
     assert_ne!(first["bookmark"], "nil");
@@ -560,9 +562,8 @@ async fn find_sort_rules_follow_couchdb_index_selection() {
     let empty_or_by_id = run(&backend, &json!({"selector": {"$or": []}, "sort": ["_id"]})).await.unwrap_err();
     assert_eq!(empty_or_by_id.error, "no_usable_index");
     // `_explain` of a sort no index serves: 200 with `index: null` and no `mrargs`.
-    let plan = explain(&backend, &json!({"selector": {"userId": "user_123"}, "sort": ["key"]}), "db", None)
-        .await
-        .unwrap();
+    let plan =
+        explain(&backend, &json!({"selector": {"userId": "user_123"}, "sort": ["key"]}), "db", None).await.unwrap();
     assert_eq!(plan["index"], Value::Null);
     assert!(plan.get("mrargs").is_none(), "{plan}");
     assert!(plan["index_candidates"].as_array().unwrap().iter().all(|c| c["analysis"]["usable"] == false), "{plan}");
@@ -580,9 +581,8 @@ async fn index_creation_follows_couchdb_naming() {
     // Issue 22 §2c item 11, measured on a real CouchDB 3.4.3, and mango_idx.erl (`gen_name`
     // hashes the request's options, the name among them, into the design document id).
     let (_dir, backend) = open().await;
-    let first = create_index(&backend, &json!({"index": {"fields": ["n"]}, "name": "by-n", "ddoc": "mine"}))
-        .await
-        .unwrap();
+    let first =
+        create_index(&backend, &json!({"index": {"fields": ["n"]}, "name": "by-n", "ddoc": "mine"})).await.unwrap();
     assert_eq!((first["result"].as_str(), first["id"].as_str()), (Some("created"), Some("_design/mine")));
     // The same name without `ddoc`: a second index, in a design document of its own.
     let second = create_index(&backend, &json!({"index": {"fields": ["n"]}, "name": "by-n"})).await.unwrap();
@@ -600,7 +600,10 @@ async fn index_creation_follows_couchdb_naming() {
     let empty = create_index(&backend, &json!({"index": {"fields": []}})).await.unwrap();
     assert_eq!(empty["result"], "created");
     let missing = create_index(&backend, &json!({"index": {}})).await.unwrap_err();
-    assert_eq!((missing.error.as_str(), missing.reason.as_str()), ("missing_required_key", "Missing required key: fields"));
+    assert_eq!(
+        (missing.error.as_str(), missing.reason.as_str()),
+        ("missing_required_key", "Missing required key: fields")
+    );
     // An index with no columns serves every unsorted query in CouchDB (mango_idx_view
     // `is_usable`, fewest columns first): no "no matching index" warning, no sort.
     let found = run(&backend, &json!({"selector": {"key": "x"}})).await.unwrap();

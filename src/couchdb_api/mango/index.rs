@@ -528,8 +528,7 @@ pub async fn explain(
             candidates.extend(catalog.indexes.iter().filter(|i| i.ddoc != index.ddoc || i.name != index.name).map(
                 |other| {
                     let usable = is_usable(other, &selector, &sort_names);
-                    let reason =
-                        if usable { "less_overlap" } else { unusable_reason(other, &selector, &sort_names) };
+                    let reason = if usable { "less_overlap" } else { unusable_reason(other, &selector, &sort_names) };
                     json!({ "index": other.to_json(), "analysis": {
                     "usable": usable, "reasons": [{ "name": reason }], "ranking": 2, "covering": false } })
                 },
@@ -560,8 +559,11 @@ pub async fn explain(
         ChosenIndex::NoneUsable => {
             // CouchDB's `_explain` of a query no index serves: `index: null`, every index listed
             // as unusable with its first reason, and no `mrargs` (issue 22 §2c item 10).
-            let all_docs_reason =
-                if selector.indexable_fields().iter().any(|f| f == "_id") { "sort_order_mismatch" } else { "field_mismatch" };
+            let all_docs_reason = if selector.indexable_fields().iter().any(|f| f == "_id") {
+                "sort_order_mismatch"
+            } else {
+                "field_mismatch"
+            };
             let mut candidates = vec![json!({ "index": all_docs_json(), "analysis": {
                 "usable": false, "reasons": [{ "name": all_docs_reason }], "ranking": 2, "covering": null } })];
             candidates.extend(catalog.indexes.iter().map(|other| {
