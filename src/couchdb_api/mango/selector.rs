@@ -377,16 +377,17 @@ impl Selector {
     pub fn indexable_fields(&self) -> Vec<String> {
         let mut out = match self {
             Selector::And(arms) => arms.iter().flat_map(Selector::indexable_fields).collect(),
-            Selector::Field { path, cond } => match cond {
-                Cond::Eq(_)
-                | Cond::Lt(_)
-                | Cond::Lte(_)
-                | Cond::Gt(_)
-                | Cond::Gte(_)
-                | Cond::BeginsWith(_)
-                | Cond::Exists(_) => vec![join_field(path)],
-                _ => Vec::new(),
-            },
+            Selector::Field {
+                path,
+                cond:
+                    Cond::Eq(_)
+                    | Cond::Lt(_)
+                    | Cond::Lte(_)
+                    | Cond::Gt(_)
+                    | Cond::Gte(_)
+                    | Cond::BeginsWith(_)
+                    | Cond::Exists(_),
+            } => vec![join_field(path)],
             _ => Vec::new(),
         };
         out.sort();
