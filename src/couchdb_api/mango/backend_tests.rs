@@ -619,3 +619,18 @@ async fn index_creation_follows_couchdb_naming() {
     assert_eq!(listed["indexes"][0]["name"], "_all_docs");
     assert_eq!(listed["total_rows"], 6);
 }
+
+#[tokio::test]
+async fn explain_selector_hints_see_through_and_only() {
+    // mango_cursor.erl `extract_selector_hints` with mango_idx_view.erl `indexable_fields`
+    // (3.4.3): fields under `$or` are not indexable; `$exists` is, whatever its argument.
+    let (_dir, backend) = fixture_store().await;
+    let plan =
+        explain(&backend, &json!({"selector": {"$or": [{"a": 1}, {"b": 1}], "c": {"$exists": false}}}), "db", None)
+            .await
+            .unwrap();
+    assert_eq!(
+        plan["selector_hints"],
+        json!([{"type": "json", "indexable_fields": ["c"], "unindexable_fields": ["a", "b"]}])
+    );
+}

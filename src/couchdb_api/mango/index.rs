@@ -16,7 +16,7 @@ use axum::http::StatusCode;
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 
-use super::selector::{join_field, parse_field, Cond, Selector};
+use super::selector::{join_field, parse_field, Selector};
 use super::{erlang_term, MangoError};
 use crate::backend::{DocumentBackend, Precondition};
 
@@ -607,36 +607,12 @@ fn index_range(index: &IndexDef, selector: &Selector, descending: bool) -> Value
         "stable": false, "update": true, "conflicts": "undefined" })
 }
 
-/// The selector's fields a JSON index could serve (range and equality conditions) and the rest.
+/// `_explain`'s `selector_hints` (mango_cursor.erl `extract_selector_hints`): the fields a JSON
+/// index could serve (`indexable_fields`, seen through `$and` only) and the selector's other
+/// fields, sorted.
 fn selector_hints(selector: &Selector) -> (Vec<String>, Vec<String>) {
-    fn walk(selector: &Selector, indexable: &mut Vec<String>, other: &mut Vec<String>) {
-        match selector {
-            Selector::Field { path, cond } => {
-                let rangeable = matches!(
-                    cond,
-                    Cond::Eq(_)
-                        | Cond::Lt(_)
-                        | Cond::Lte(_)
-                        | Cond::Gt(_)
-                        | Cond::Gte(_)
-                        | Cond::BeginsWith(_)
-                        | Cond::Exists(true)
-                );
-                if rangeable { indexable } else { other }.push(join_field(path));
-            }
-            Selector::And(arms) | Selector::Or(arms) | Selector::Nor(arms) => {
-                arms.iter().for_each(|a| walk(a, indexable, other))
-            }
-            Selector::Not(inner) => walk(inner, other, &mut Vec::new()),
-            Selector::MatchAll => {}
-        }
-    }
-    let (mut indexable, mut other) = (Vec::new(), Vec::new());
-    walk(selector, &mut indexable, &mut other);
-    for list in [&mut indexable, &mut other] {
-        list.sort();
-        list.dedup();
-    }
+    let indexable = selector.indexable_fields();
+    let mut other = selector.field_names();
     other.retain(|f| !indexable.contains(f));
     (indexable, other)
 }
