@@ -443,10 +443,11 @@ pub async fn find_with_limits(
         parsed.allow_fallback,
         QueryKind::Find,
     )?;
-    if matches_nothing {
+    if matches_nothing || choice.reads_nothing {
         // CouchDB (`mango_cursor:maybe_noop_range`) runs no scan for a selector that is only an
-        // empty `$or`/`$and` and answers the bare `{"docs": []}`: no bookmark, no warning, no
-        // statistics (issue 22 §2c item 1).
+        // empty `$or`/`$and` (issue 22 §2c item 1), nor when the chosen index's first column has
+        // an empty range, and answers the bare `{"docs": []}`: no bookmark, no warning, no
+        // statistics.
         return Ok(json!({ "docs": [] }));
     }
     let source = Source::for_selector(&parsed.selector);

@@ -16,6 +16,7 @@ use axum::http::StatusCode;
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 
+use super::range::{field_ranges, index_prefix, FieldRange};
 use super::selector::{join_field, parse_field, Selector};
 use super::{erlang_term, MangoError};
 use crate::backend::{DocumentBackend, Precondition};
@@ -355,6 +356,9 @@ pub enum ChosenIndex<'a> {
 #[derive(Debug, Clone)]
 pub struct IndexChoice<'a> {
     pub index: ChosenIndex<'a>,
+    /// The chosen index's first column has an empty range: CouchDB reads nothing and answers
+    /// `{"docs": []}` (`mango_cursor_view:execute` with `[empty]` ranges).
+    pub reads_nothing: bool,
     /// `use_index` named an index that was not usable (CouchDB's warning text).
     pub warnings: Vec<String>,
 }
@@ -391,10 +395,18 @@ impl IndexCatalog {
                 "No index exists for this sort, try indexing by the sort fields.",
             ));
         }
+        let ranges = field_ranges(selector);
+        let reads_nothing = |index: ChosenIndex<'_>| match index {
+            ChosenIndex::Json(index) => {
+                index_prefix(&index.field_names(), &ranges).first().is_some_and(|(_, has_values)| !has_values)
+            }
+            ChosenIndex::AllDocs => ranges.iter().any(|(field, has_values)| field == "_id" && !has_values),
+            ChosenIndex::NoneUsable => false,
+        };
         let requested: Vec<&IndexDef> = usable.iter().copied().filter(|i| named(i)).collect();
         if !requested.is_empty() {
-            let index = best_json_index(&requested, selector).map_or(ChosenIndex::NoneUsable, ChosenIndex::Json);
-            return Ok(IndexChoice { index, warnings: Vec::new() });
+            let index = best_json_index(&requested, &ranges).map_or(ChosenIndex::NoneUsable, ChosenIndex::Json);
+            return Ok(IndexChoice { index, reads_nothing: reads_nothing(index), warnings: Vec::new() });
         }
         if !(allow_fallback || (use_index.is_empty() && usable_count > 1)) {
             let reason = match use_index {
@@ -410,7 +422,7 @@ impl IndexCatalog {
             };
             return Err(MangoError::bad_request("invalid_index", reason));
         }
-        let index = match best_json_index(&usable, selector) {
+        let index = match best_json_index(&usable, &ranges) {
             Some(index) => ChosenIndex::Json(index),
             None if all_docs => ChosenIndex::AllDocs,
             None => ChosenIndex::NoneUsable,
@@ -430,19 +442,15 @@ impl IndexCatalog {
                 )),
             }
         }
-        Ok(IndexChoice { index, warnings })
+        Ok(IndexChoice { index, reads_nothing: reads_nothing(index), warnings })
     }
 }
 
 /// CouchDB's `mango_cursor_view:choose_best_index` among usable JSON indexes: the smallest gap
-/// between the selector's indexable fields and the leading columns the index has of them, then
+/// between the selector's field ranges and the leading columns the index has of them, then
 /// fewer columns, then the smaller (design document, name).
-fn best_json_index<'a>(usable: &[&'a IndexDef], selector: &Selector) -> Option<&'a IndexDef> {
-    let indexable = selector.indexable_fields();
-    let gap = |index: &IndexDef| {
-        let prefix = index.fields.iter().take_while(|(f, _)| indexable.contains(f)).count();
-        indexable.len().saturating_sub(prefix)
-    };
+fn best_json_index<'a>(usable: &[&'a IndexDef], ranges: &[FieldRange]) -> Option<&'a IndexDef> {
+    let gap = |index: &IndexDef| ranges.len().saturating_sub(index_prefix(&index.field_names(), ranges).len());
     usable.iter().copied().min_by(|a, b| {
         gap(a)
             .cmp(&gap(b))
@@ -519,8 +527,9 @@ pub async fn explain(
         "partition": "", "r": parsed.r, "conflicts": parsed.conflicts, "stale": parsed.stale, "update": parsed.update,
         "stable": parsed.stable, "execution_stats": parsed.execution_stats, "allow_fallback": parsed.allow_fallback,
     });
-    // A selector that is only an empty `$or`/`$and` reads no range (`maybe_noop_range`).
-    let reads_nothing = parsed.selector.is_empty_combination();
+    // A selector that is only an empty `$or`/`$and` (`maybe_noop_range`), or an empty range on the
+    // chosen index, reads nothing.
+    let reads_nothing = parsed.selector.is_empty_combination() || choice.reads_nothing;
     let (index_json, candidates, mrargs) = match choice.index {
         ChosenIndex::Json(index) => {
             let mut candidates = vec![json!({ "index": all_docs_json(), "analysis": {
