@@ -542,6 +542,10 @@ mod tests {
         assert_eq!(error(json!({"a": {"$size": -1}})).1, "bad_arg");
         assert_eq!(error(json!({"a": {"$mod": [0, 1]}})).1, "bad_arg");
         assert_eq!(error(json!({"a": {"$regex": "("}})).1, "bad_arg");
+        // Documented differences: PCRE accepts these, this server's linear-time matcher does not.
+        assert_eq!(error(json!({"a": {"$regex": "(?<=x)y"}})).1, "bad_arg");
+        assert_eq!(error(json!({"a": {"$regex": "(a)\\1"}})).1, "bad_arg");
+        assert_eq!(error(json!({"a": {"$regex": "\\p{L}"}})).1, "bad_arg");
         assert_eq!(
             error(json!({"a": {"$where": "x"}})),
             (400, "not_supported".into(), "Unsupported operator: $where".into())
