@@ -1011,6 +1011,8 @@ async fn mango_answers_as_couchdb(e: Endpoint) -> TestResult {
     check(bad_dir.body["error"] == "invalid_sort_field", || format!("bad direction: {}", bad_dir.body))?;
     let text = find(json!({"selector": {"key": {"$text": "x"}}})).await?.expect(400, "$text under a field")?;
     check(text.body["error"] == "bad_field", || format!("$text: {}", text.body))?;
+    let partition = find(json!({"selector": {"userId": "u"}, "partition": "p1"})).await?.expect(400, "partition")?;
+    check(partition.body["error"] == "query_parse_error", || format!("partition: {}", partition.body))?;
 
     // Item 11: an existing name without `ddoc` is a second index; `fields: []` is an index;
     // `GET _index` lists by design document id.

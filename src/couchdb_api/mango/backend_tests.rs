@@ -656,3 +656,32 @@ async fn an_empty_range_on_the_chosen_index_reads_nothing() {
     let found = run(&backend, &json!({"selector": {"n": {"$gt": 3, "$lt": 5}}, "fields": ["_id"]})).await.unwrap();
     assert_eq!(found["docs"].as_array().unwrap().len(), 2);
 }
+
+#[tokio::test]
+async fn a_partition_is_refused_as_couchdb_refuses_it_on_an_unpartitioned_database() {
+    // CouchDB 3.4.3 source: mango_opts.erl validates `partition` with
+    // `couch_partition:validate_partition` (`illegal_partition`); mango_idx.erl keeps only
+    // partitioned indexes (none here) so a sort is `no_usable_index`; otherwise `_all_docs` runs
+    // and `couch_mrview_util:validate_all_docs_args` answers `query_parse_error`.
+    let (_dir, backend) = fixture_store().await;
+    let refused = run(&backend, &json!({"selector": {"userId": "user_123"}, "partition": "p1"})).await.unwrap_err();
+    assert_eq!(
+        (refused.status.as_u16(), refused.error.as_str(), refused.reason.as_str()),
+        (400, "query_parse_error", "`partition` parameter is not supported on this db")
+    );
+    let sorted = json!({"selector": {"userId": "user_123"}, "sort": ["namespace"], "partition": "p1"});
+    assert_eq!(run(&backend, &sorted).await.unwrap_err().error, "no_usable_index");
+    for (partition, reason) in [
+        (json!("_p"), "Partition must not start with an underscore"),
+        (json!("a:b"), "Partition must not contain a colon"),
+        (json!(5), "Partition must be a string"),
+    ] {
+        let e = run(&backend, &json!({"selector": {}, "partition": partition})).await.unwrap_err();
+        assert_eq!((e.error.as_str(), e.reason.as_str()), ("illegal_partition", reason));
+    }
+    assert_eq!(run(&backend, &json!({"selector": {"$or": []}, "partition": "p1"})).await.unwrap(), json!({"docs": []}));
+    // `_explain` does not run the query: `_all_docs`, with the partition in its options.
+    let plan =
+        explain(&backend, &json!({"selector": {"userId": "user_123"}, "partition": "p1"}), "db", None).await.unwrap();
+    assert_eq!((plan["index"]["name"].clone(), plan["opts"]["partition"].clone()), (json!("_all_docs"), json!("p1")));
+}

@@ -76,6 +76,9 @@ pub struct FindRequest {
     pub stable: bool,
     pub execution_stats: bool,
     pub allow_fallback: bool,
+    /// `partition` (empty for none): this database is not partitioned, so a query naming one is
+    /// refused when it runs, as CouchDB refuses it.
+    pub partition: String,
 }
 
 impl FindRequest {
@@ -134,6 +137,7 @@ pub fn parse_request(body: &Value) -> Result<FindRequest, MangoError> {
         skip: non_negative(body.get("skip"), 0)?,
         sort: body.get("sort").map(parse_sort).transpose()?.unwrap_or_default(),
         fields: parse_fields(body.get("fields"))?,
+        partition: parse_partition(body.get("partition"))?,
         r: positive(body.get("r"), 1)?,
         conflicts: boolean(body.get("conflicts"), false)?,
         stale: parse_stale(body.get("stale"))?,
@@ -142,13 +146,6 @@ pub fn parse_request(body: &Value) -> Result<FindRequest, MangoError> {
         execution_stats: boolean(body.get("execution_stats"), false)?,
         allow_fallback: boolean(body.get("allow_fallback"), true)?,
     };
-    match body.get("partition") {
-        None => {}
-        Some(Value::String(p)) if p.is_empty() => {}
-        Some(_) => {
-            return Err(MangoError::bad_request("bad_request", "`partition` parameter is not supported in this db."))
-        }
-    }
     if let Some(unknown) = body.keys().find(|k| !FIND_KEYS.contains(&k.as_str())) {
         return Err(MangoError::bad_request("invalid_key", format!("Invalid key {unknown} for this request.")));
     }
@@ -191,6 +188,25 @@ fn boolean(value: Option<&Value>, default: bool) -> Result<bool, MangoError> {
             Err(MangoError::bad_request("invalid_boolean", format!("Invalid boolean value: {}", erlang_term(v))))
         }
     }
+}
+
+/// `partition`: a string, checked as CouchDB's `couch_partition:validate_partition` checks it.
+fn parse_partition(value: Option<&Value>) -> Result<String, MangoError> {
+    let illegal = |reason: &str| MangoError::bad_request("illegal_partition", reason);
+    match value {
+        None => Ok(String::new()),
+        Some(Value::String(p)) if p.is_empty() => Ok(String::new()),
+        Some(Value::String(p)) if p.starts_with('_') => Err(illegal("Partition must not start with an underscore")),
+        Some(Value::String(p)) if p.contains(':') => Err(illegal("Partition must not contain a colon")),
+        Some(Value::String(p)) => Ok(p.clone()),
+        Some(_) => Err(illegal("Partition must be a string")),
+    }
+}
+
+/// The error CouchDB's `_all_docs` gives a `partition` on a database that is not partitioned
+/// (`couch_mrview_util:validate_all_docs_args`), which is where a partitioned `_find` ends up.
+fn partition_not_supported() -> MangoError {
+    MangoError::bad_request("query_parse_error", "`partition` parameter is not supported on this db")
 }
 
 /// `stale`: `"ok"`, `false` or `"false"` (accepted and ignored: reads are never stale here).
@@ -436,6 +452,15 @@ pub async fn find_with_limits(
     // Decided on the client's own selector, before a login's restriction is added to it.
     let matches_nothing = parsed.selector.is_empty_combination();
     parsed.selector = restrict_to_user(parsed.selector, only_user);
+    // A partitioned query may use only partitioned indexes, and this database has none
+    // (mango_idx.erl `filter_partition_indexes`).
+    let unpartitioned;
+    let indexes = if parsed.partition.is_empty() {
+        indexes
+    } else {
+        unpartitioned = indexes.without_json_indexes();
+        &unpartitioned
+    };
     let choice = indexes.choose(
         &parsed.selector,
         &parsed.sort_field_names(),
@@ -449,6 +474,9 @@ pub async fn find_with_limits(
         // an empty range, and answers the bare `{"docs": []}`: no bookmark, no warning, no
         // statistics.
         return Ok(json!({ "docs": [] }));
+    }
+    if !parsed.partition.is_empty() {
+        return Err(partition_not_supported());
     }
     let source = Source::for_selector(&parsed.selector);
     let bookmark = parsed.bookmark.as_deref().map(Bookmark::decode).transpose()?;

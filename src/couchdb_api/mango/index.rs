@@ -111,6 +111,12 @@ impl Default for IndexCatalog {
 }
 
 impl IndexCatalog {
+    /// The catalog as a partitioned query sees it: no JSON index (none here is partitioned), only
+    /// `_all_docs`. For choosing an index only, never saved.
+    pub fn without_json_indexes(&self) -> IndexCatalog {
+        IndexCatalog { indexes: Vec::new(), revision: None }
+    }
+
     /// Reads the catalog from the backend's local document.
     pub async fn load(backend: &dyn DocumentBackend) -> Result<Self, MangoError> {
         let mut catalog = IndexCatalog::default();
@@ -514,7 +520,10 @@ pub async fn explain(
 ) -> Result<Value, MangoError> {
     let parsed = super::find::parse_request(request)?;
     let selector = super::find::restrict_to_user(parsed.selector.clone(), only_user);
-    let catalog = IndexCatalog::load(backend).await?;
+    let mut catalog = IndexCatalog::load(backend).await?;
+    if !parsed.partition.is_empty() {
+        catalog = catalog.without_json_indexes();
+    }
     let sort_names = parsed.sort_field_names();
     let choice =
         catalog.choose(&selector, &sort_names, &parsed.use_index, parsed.allow_fallback, QueryKind::Explain)?;
@@ -524,7 +533,7 @@ pub async fn explain(
     let opts = json!({
         "use_index": parsed.use_index, "bookmark": parsed.bookmark.clone().unwrap_or_else(|| "nil".into()),
         "limit": parsed.limit, "skip": parsed.skip, "sort": sort, "fields": fields,
-        "partition": "", "r": parsed.r, "conflicts": parsed.conflicts, "stale": parsed.stale, "update": parsed.update,
+        "partition": parsed.partition, "r": parsed.r, "conflicts": parsed.conflicts, "stale": parsed.stale, "update": parsed.update,
         "stable": parsed.stable, "execution_stats": parsed.execution_stats, "allow_fallback": parsed.allow_fallback,
     });
     // A selector that is only an empty `$or`/`$and` (`maybe_noop_range`), or an empty range on the
@@ -560,7 +569,9 @@ pub async fn explain(
                 })
                 .collect();
             let end_key = if reads_nothing { Value::Null } else { Value::String("<MAX>".into()) };
-            let mrargs = json!({ "include_docs": true, "view_type": "map", "reduce": false, "partition": null,
+            let partition =
+                if parsed.partition.is_empty() { Value::Null } else { Value::String(parsed.partition.clone()) };
+            let mrargs = json!({ "include_docs": true, "view_type": "map", "reduce": false, "partition": partition,
                 "start_key": null, "end_key": end_key, "direction": "fwd", "stable": false, "update": true,
                 "conflicts": "undefined" });
             (all_docs_json(), candidates, Some(mrargs))
