@@ -273,6 +273,11 @@ mod tests {
         assert!(!check(json!({"empty": {"$allMatch": {"$gt": 0}}}), doc()), "$allMatch needs a non-empty array");
         assert!(check(json!({"meta": {"$keyMapMatch": {"$eq": "size"}}}), doc()));
         assert!(!check(json!({"meta": {"$keyMapMatch": {"$eq": "nope"}}}), doc()));
+        // mango_selector.erl (3.4.3) `norm_ops`: an empty argument is the bare value `{}`, so the
+        // elements must equal `{}`.
+        assert!(!check(json!({"tags": {"$elemMatch": {}}}), doc()));
+        assert!(check(json!({"x": {"$elemMatch": {}}}), json!({"x": [1, {}]})));
+        assert!(!check(json!({"x": {"$allMatch": {}}}), json!({"x": [1, {}]})));
     }
 
     #[test]

@@ -223,8 +223,13 @@ fn parse_entry(key: &str, value: &Value, path: &[String]) -> Result<Selector, Ma
         "$elemMatch" | "$allMatch" | "$keyMapMatch" => {
             let Value::Object(inner) = value else { return Err(MangoError::bad_arg(operator, value)) };
             // The argument is a selector of its own, over each element (or key), and CouchDB leaves
-            // its negations as written.
-            let inner = Box::new(if inner.is_empty() { Selector::MatchAll } else { parse_object(inner, &[])? });
+            // its negations as written. An empty one is a bare value to CouchDB's `norm_ops`:
+            // elements equal to `{}`.
+            let inner = Box::new(if inner.is_empty() {
+                Selector::Field { path: Vec::new(), cond: Cond::Eq(Value::Object(Map::new())) }
+            } else {
+                parse_object(inner, &[])?
+            });
             Ok(field(
                 path,
                 match operator {
@@ -272,6 +277,11 @@ fn parse_condition(operator: &str, value: &Value) -> Result<Cond, MangoError> {
             },
             _ => return Err(bad()),
         },
+        // CouchDB's `norm_ops` has no `bad_arg` case for a `$regex` or `$beginsWith` that is not a
+        // string: it falls through to `invalid_operator` (issue 22 §2c item 13).
+        "$regex" | "$beginsWith" if !value.is_string() => {
+            return Err(MangoError::bad_request("invalid_operator", format!("Invalid operator: {operator}")))
+        }
         "$regex" => {
             let pattern = value.as_str().ok_or_else(bad)?;
             Cond::Regex(Box::new(ByteRegex::new(pattern).ok_or_else(bad)?))
@@ -542,6 +552,15 @@ mod tests {
         assert_eq!(error(json!({"a": {"$size": -1}})).1, "bad_arg");
         assert_eq!(error(json!({"a": {"$mod": [0, 1]}})).1, "bad_arg");
         assert_eq!(error(json!({"a": {"$regex": "("}})).1, "bad_arg");
+        // mango_selector.erl (3.4.3) `norm_ops`: no `bad_arg` clause for these.
+        assert_eq!(
+            error(json!({"a": {"$regex": 5}})),
+            (400, "invalid_operator".into(), "Invalid operator: $regex".into())
+        );
+        assert_eq!(
+            error(json!({"a": {"$beginsWith": ["x"]}})),
+            (400, "invalid_operator".into(), "Invalid operator: $beginsWith".into())
+        );
         // Documented differences: PCRE accepts these, this server's linear-time matcher does not.
         assert_eq!(error(json!({"a": {"$regex": "(?<=x)y"}})).1, "bad_arg");
         assert_eq!(error(json!({"a": {"$regex": "(a)\\1"}})).1, "bad_arg");
