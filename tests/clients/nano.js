@@ -100,8 +100,9 @@ async function main() {
   });
 
   await step('_find with an operator, fields and sort', async () => {
+    // CouchDB sorts on `_id` only with an `_id` condition (otherwise `no_usable_index`).
     const answer = await db.find({
-      selector: { userId, namespace: NAMESPACE, 'value.n': { $gte: 20 } },
+      selector: { userId, namespace: NAMESPACE, 'value.n': { $gte: 20 }, _id: { $gt: null } },
       fields: ['_id', 'value'],
       sort: [{ _id: 'asc' }],
     });

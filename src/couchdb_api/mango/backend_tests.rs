@@ -309,7 +309,7 @@ async fn sorted_queries_need_an_index_and_page_in_collation_order() {
         .filter(|d| d["userId"] == "user_1" && d["n"].as_u64().is_some_and(|n| n > 100))
         .map(|d| (d["n"].as_u64().unwrap(), d["_id"].as_str().unwrap().to_owned()))
         .collect();
-    expected.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| super::collate::compare_strings(&b.1, &a.1)));
+    expected.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| b.1.as_bytes().cmp(a.1.as_bytes())));
     assert_eq!(ids, expected.into_iter().map(|(_, id)| id).collect::<Vec<_>>());
 
     // The built-in index sorts by namespace once userId is fixed (CouchDB's constant-prefix rule).
@@ -411,9 +411,14 @@ async fn sorting_uses_unicode_collation_for_fields_and_bytes_for_ids() {
     let keys: Vec<&str> = by_key["docs"].as_array().unwrap().iter().map(|d| d["key"].as_str().unwrap()).collect();
     assert_eq!(keys, ["a", "A", "b", "B", "e", "é", "f"]);
 
-    let by_id = run(&backend, &json!({"selector": {"userId": "user_9"}, "sort": [{"_id": "desc"}], "fields": ["_id"]}))
-        .await
-        .unwrap();
+    // CouchDB sorts on `_id` only with an `_id` condition in the selector (`_all_docs` is then
+    // usable); see `find_sort_rules_follow_couchdb_index_selection`.
+    let by_id = run(
+        &backend,
+        &json!({"selector": {"userId": "user_9", "_id": {"$gt": null}}, "sort": [{"_id": "desc"}], "fields": ["_id"]}),
+    )
+    .await
+    .unwrap();
     let ids: Vec<String> =
         by_id["docs"].as_array().unwrap().iter().map(|d| d["_id"].as_str().unwrap().to_owned()).collect();
     let mut expected = ids.clone();
@@ -467,4 +472,216 @@ async fn an_answer_over_the_byte_budget_is_refused_not_built() {
         find_with_limits(&backend, &sorted, None, &catalog, limits).await.unwrap_err().error,
         "answer_too_large"
     );
+}
+
+#[tokio::test]
+async fn equal_sort_keys_are_ordered_by_raw_id_bytes() {
+    // Issue 22 §2c item 4, measured on a real CouchDB 3.4.3: ids `Zed, alice, zoë, Ünï` with equal
+    // sort values come back as `[Zed, alice, zoë, Ünï]` (a view orders equal keys by raw id).
+    let (_dir, backend) = open().await;
+    for id in ["zoë", "Ünï", "alice", "Zed"] {
+        put(&backend, &json!({"_id": id, "n": 1})).await;
+    }
+    create_index(&backend, &json!({"index": {"fields": ["n"]}})).await.unwrap();
+    let ids = |answer: &Value| -> Vec<String> {
+        answer["docs"].as_array().unwrap().iter().map(|d| d["_id"].as_str().unwrap().to_owned()).collect()
+    };
+    let request = json!({"selector": {"n": 1}, "sort": ["n"], "fields": ["_id"]});
+    assert_eq!(ids(&run(&backend, &request).await.unwrap()), ["Zed", "alice", "zoë", "Ünï"]);
+    let request = json!({"selector": {"n": 1}, "sort": [{"n": "desc"}], "fields": ["_id"]});
+    assert_eq!(ids(&run(&backend, &request).await.unwrap()), ["Ünï", "zoë", "alice", "Zed"]);
+    // Page boundaries follow the same order.
+    let first =
+        run(&backend, &json!({"selector": {"n": 1}, "sort": ["n"], "fields": ["_id"], "limit": 2})).await.unwrap();
+    assert_eq!(ids(&first), ["Zed", "alice"]);
+    let second = run(
+        &backend,
+        &json!({"selector": {"n": 1}, "sort": ["n"], "fields": ["_id"], "limit": 2, "bookmark": first["bookmark"]}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(ids(&second), ["zoë", "Ünï"]);
+}
+
+#[tokio::test]
+async fn an_empty_or_or_and_finds_nothing_as_couchdb() {
+    // Issue 22 §2c item 1: CouchDB 3.4.3 returns no documents for `{"$or": []}`;
+    // mango_cursor.erl's `maybe_noop_range` answers a selector that is only an empty
+    // `$or`/`$and`/`$all`/`$in` without a scan, and the answer is the bare `{"docs": []}`.
+    let (_dir, backend) = fixture_store().await;
+    for selector in [json!({"$or": []}), json!({"$and": []}), json!({"key": {"$or": []}})] {
+        let answer = run(&backend, &json!({"selector": selector, "execution_stats": true})).await.unwrap();
+        assert_eq!(answer, json!({"docs": []}), "{selector}");
+    }
+    // Beside other conditions an empty `$or` is true (mango_selector:match), as CouchDB's comment
+    // on `maybe_noop_range` says.
+    let with_other = run(&backend, &json!({"selector": {"userId": "user_123", "$or": []}})).await.unwrap();
+    let plain = run(&backend, &json!({"selector": {"userId": "user_123"}})).await.unwrap();
+    assert_eq!(with_other["docs"], plain["docs"]);
+    assert!(!plain["docs"].as_array().unwrap().is_empty());
+    // A per-user login asking for `{"$or": []}` gets nothing too.
+    let catalog = IndexCatalog::load(&backend).await.unwrap();
+    let own = find(&backend, &json!({"selector": {"$or": []}}), Some("user_123"), &catalog).await.unwrap();
+    assert_eq!(own, json!({"docs": []}));
+}
+
+#[tokio::test]
+async fn an_empty_first_page_has_the_bookmark_nil() {
+    // Issue 22 §2c item 13 (a real CouchDB 3.4.3 answers `"bookmark": "nil"`), and
+    // mango_json_bookmark.erl: with no row returned the bookmark is the request's own, `nil`.
+    let (_dir, backend) = fixture_store().await;
+    let none = run(&backend, &json!({"selector": {"userId": "nobody"}})).await.unwrap();
+    assert_eq!(none["docs"], json!([]));
+    assert_eq!(none["bookmark"], "nil");
+    let zero = run(&backend, &json!({"selector": {"userId": "user_123"}, "limit": 0})).await.unwrap();
+    assert_eq!(zero["bookmark"], "nil");
+    // Sent back, `nil` is the start.
+    let again =
+        run(&backend, &json!({"selector": {"userId": "user_123"}, "limit": 1, "bookmark": "nil"})).await.unwrap();
+    let first = run(&backend, &json!({"selector": {"userId": "user_123"}, "limit": 1})).await.unwrap();
+    assert_eq!(again["docs"], first["docs"]);
+    assert_ne!(first["bookmark"], "nil");
+}
+
+#[tokio::test]
+async fn find_sort_rules_follow_couchdb_index_selection() {
+    // Issue 22 §2c item 10, measured on a real CouchDB 3.4.3, and mango_idx_special.erl /
+    // mango_idx_view.erl / mango_selector.erl (3.4.3): `_all_docs` serves a sort on `_id` only
+    // when the selector has an indexable `_id` condition; an empty `$or` covers every field an
+    // index requires.
+    let (_dir, backend) = fixture_store().await;
+    let refused = run(&backend, &json!({"selector": {"userId": "user_123"}, "sort": ["_id"]})).await.unwrap_err();
+    assert_eq!((refused.status.as_u16(), refused.error.as_str()), (400, "no_usable_index"));
+    let with_id = run(&backend, &json!({"selector": {"userId": "user_123", "_id": {"$gt": null}}, "sort": ["_id"]}))
+        .await
+        .unwrap();
+    assert!(!with_id["docs"].as_array().unwrap().is_empty());
+    // `{"$or": []}` with a sort the built-in index has: served (and empty).
+    let empty_or = run(&backend, &json!({"selector": {"$or": []}, "sort": ["userId"]})).await.unwrap();
+    assert_eq!(empty_or, json!({"docs": []}));
+    let empty_or_by_id = run(&backend, &json!({"selector": {"$or": []}, "sort": ["_id"]})).await.unwrap_err();
+    assert_eq!(empty_or_by_id.error, "no_usable_index");
+    // `_explain` of a sort no index serves: 200 with `index: null` and no `mrargs`.
+    let plan =
+        explain(&backend, &json!({"selector": {"userId": "user_123"}, "sort": ["key"]}), "db", None).await.unwrap();
+    assert_eq!(plan["index"], Value::Null);
+    assert!(plan.get("mrargs").is_none(), "{plan}");
+    assert!(plan["index_candidates"].as_array().unwrap().iter().all(|c| c["analysis"]["usable"] == false), "{plan}");
+    // `allow_fallback: false` without `use_index` and a single usable index is CouchDB's
+    // `invalid_index` (mango_cursor.erl `create`).
+    let lone = run(&backend, &json!({"selector": {"key": "x"}, "allow_fallback": false})).await.unwrap_err();
+    assert_eq!(
+        (lone.error.as_str(), lone.reason.as_str()),
+        ("invalid_index", "You must specify an index with the `use_index` parameter.")
+    );
+}
+
+#[tokio::test]
+async fn index_creation_follows_couchdb_naming() {
+    // Issue 22 §2c item 11, measured on a real CouchDB 3.4.3, and mango_idx.erl (`gen_name`
+    // hashes the request's options, the name among them, into the design document id).
+    let (_dir, backend) = open().await;
+    let first =
+        create_index(&backend, &json!({"index": {"fields": ["n"]}, "name": "by-n", "ddoc": "mine"})).await.unwrap();
+    assert_eq!((first["result"].as_str(), first["id"].as_str()), (Some("created"), Some("_design/mine")));
+    // The same name without `ddoc`: a second index, in a design document of its own.
+    let second = create_index(&backend, &json!({"index": {"fields": ["n"]}, "name": "by-n"})).await.unwrap();
+    assert_eq!(second["result"], "created", "{second}");
+    assert_ne!(second["id"], "_design/mine");
+    // Repeating a request finds what it created.
+    let again = create_index(&backend, &json!({"index": {"fields": ["n"]}, "name": "by-n"})).await.unwrap();
+    assert_eq!((again["result"].clone(), again["id"].clone()), (json!("exists"), second["id"].clone()));
+    // The same definition under another name: another design document too.
+    let other = create_index(&backend, &json!({"index": {"fields": ["n"]}, "name": "by-n-2"})).await.unwrap();
+    assert_eq!(other["result"], "created");
+    assert_ne!(other["id"], second["id"]);
+    // `fields: []` is an index (CouchDB creates it); a missing `fields` is CouchDB's
+    // `missing_required_key`.
+    let empty = create_index(&backend, &json!({"index": {"fields": []}})).await.unwrap();
+    assert_eq!(empty["result"], "created");
+    let missing = create_index(&backend, &json!({"index": {}})).await.unwrap_err();
+    assert_eq!(
+        (missing.error.as_str(), missing.reason.as_str()),
+        ("missing_required_key", "Missing required key: fields")
+    );
+    // An index with no columns serves every unsorted query in CouchDB (mango_idx_view
+    // `is_usable`, fewest columns first): no "no matching index" warning, no sort.
+    let found = run(&backend, &json!({"selector": {"key": "x"}})).await.unwrap();
+    assert!(found.get("warning").is_none(), "{found}");
+
+    // `GET _index` lists by design document id (mango_httpd.erl sorts the index records).
+    let listed = list_indexes(&backend).await.unwrap();
+    let ddocs: Vec<&str> =
+        listed["indexes"].as_array().unwrap().iter().skip(1).map(|i| i["ddoc"].as_str().unwrap()).collect();
+    let mut sorted = ddocs.clone();
+    sorted.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+    assert_eq!(ddocs, sorted);
+    assert_eq!(listed["indexes"][0]["name"], "_all_docs");
+    assert_eq!(listed["total_rows"], 6);
+}
+
+#[tokio::test]
+async fn explain_selector_hints_see_through_and_only() {
+    // mango_cursor.erl `extract_selector_hints` with mango_idx_view.erl `indexable_fields`
+    // (3.4.3): fields under `$or` are not indexable; `$exists` is, whatever its argument.
+    let (_dir, backend) = fixture_store().await;
+    let plan =
+        explain(&backend, &json!({"selector": {"$or": [{"a": 1}, {"b": 1}], "c": {"$exists": false}}}), "db", None)
+            .await
+            .unwrap();
+    assert_eq!(
+        plan["selector_hints"],
+        json!([{"type": "json", "indexable_fields": ["c"], "unindexable_fields": ["a", "b"]}])
+    );
+}
+
+#[tokio::test]
+async fn an_empty_range_on_the_chosen_index_reads_nothing() {
+    // mango_idx_view.erl `range/5` and mango_cursor_view.erl `execute` (3.4.3): when the chosen
+    // index's first column has an empty range (computed in collation, also for `_id`), CouchDB
+    // reads nothing and answers `{"docs": []}`.
+    let (_dir, backend) = open().await;
+    for id in ["C", "b"] {
+        put(&backend, &json!({"_id": id, "n": 4})).await;
+    }
+    // By bytes "B" < "C" < "a", so the scan's filter would return C; in collation "a" < "B".
+    let by_id = run(&backend, &json!({"selector": {"_id": {"$gt": "B", "$lt": "a"}}})).await.unwrap();
+    assert_eq!(by_id, json!({"docs": []}));
+    create_index(&backend, &json!({"index": {"fields": ["n"]}})).await.unwrap();
+    let contradiction = run(&backend, &json!({"selector": {"n": {"$gt": 5, "$lt": 3}}})).await.unwrap();
+    assert_eq!(contradiction, json!({"docs": []}));
+    let plan = explain(&backend, &json!({"selector": {"n": {"$gt": 5, "$lt": 3}}}), "db", None).await.unwrap();
+    assert_eq!((plan["mrargs"]["start_key"].clone(), plan["mrargs"]["end_key"].clone()), (Value::Null, Value::Null));
+    // A satisfiable range runs as before.
+    let found = run(&backend, &json!({"selector": {"n": {"$gt": 3, "$lt": 5}}, "fields": ["_id"]})).await.unwrap();
+    assert_eq!(found["docs"].as_array().unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn a_partition_is_refused_as_couchdb_refuses_it_on_an_unpartitioned_database() {
+    // CouchDB 3.4.3 source: mango_opts.erl validates `partition` with
+    // `couch_partition:validate_partition` (`illegal_partition`); mango_idx.erl keeps only
+    // partitioned indexes (none here) so a sort is `no_usable_index`; otherwise `_all_docs` runs
+    // and `couch_mrview_util:validate_all_docs_args` answers `query_parse_error`.
+    let (_dir, backend) = fixture_store().await;
+    let refused = run(&backend, &json!({"selector": {"userId": "user_123"}, "partition": "p1"})).await.unwrap_err();
+    assert_eq!(
+        (refused.status.as_u16(), refused.error.as_str(), refused.reason.as_str()),
+        (400, "query_parse_error", "`partition` parameter is not supported on this db")
+    );
+    let sorted = json!({"selector": {"userId": "user_123"}, "sort": ["namespace"], "partition": "p1"});
+    assert_eq!(run(&backend, &sorted).await.unwrap_err().error, "no_usable_index");
+    for (partition, reason) in [
+        (json!("_p"), "Partition must not start with an underscore"),
+        (json!("a:b"), "Partition must not contain a colon"),
+        (json!(5), "Partition must be a string"),
+    ] {
+        let e = run(&backend, &json!({"selector": {}, "partition": partition})).await.unwrap_err();
+        assert_eq!((e.error.as_str(), e.reason.as_str()), ("illegal_partition", reason));
+    }
+    assert_eq!(run(&backend, &json!({"selector": {"$or": []}, "partition": "p1"})).await.unwrap(), json!({"docs": []}));
+    // `_explain` does not run the query: `_all_docs`, with the partition in its options.
+    let plan =
+        explain(&backend, &json!({"selector": {"userId": "user_123"}, "partition": "p1"}), "db", None).await.unwrap();
+    assert_eq!((plan["index"]["name"].clone(), plan["opts"]["partition"].clone()), (json!("_all_docs"), json!("p1")));
 }

@@ -242,6 +242,29 @@ mod tests {
     }
 
     #[test]
+    fn regex_matches_bytes_with_ascii_classes_as_couchdb() {
+        // Expected answers: issue 22 §2c item 2, measured on a real CouchDB 3.4.3, whose
+        // mango_selector.erl compiles the pattern with `re:compile(Regex)` (no unicode flag) and
+        // runs it on the string's UTF-8 bytes.
+        let text = |s: &str| json!({ "t": s });
+        // `e` + U+0301 is three bytes; 日本語 is nine.
+        assert!(check(json!({"t": {"$regex": "^.{3}$"}}), text("e\u{301}")));
+        assert!(!check(json!({"t": {"$regex": "^.{3}$"}}), text("日本語")));
+        assert!(check(json!({"t": {"$regex": "^.{9}$"}}), text("日本語")));
+        // Case folding is ASCII only: É and é differ in a non-ASCII byte.
+        assert!(!check(json!({"t": {"$regex": "(?i)^éclair$"}}), text("Éclair")));
+        assert!(check(json!({"t": {"$regex": "(?i)^ÉCLAIR$"}}), text("Éclair")));
+        assert!(check(json!({"t": {"$regex": "(?i)^éclair$"}}), text("éCLAIR")));
+        // `\w` is ASCII letters, digits and `_`.
+        assert!(check(json!({"t": {"$regex": "^\\w+$"}}), text("abc_123")));
+        assert!(!check(json!({"t": {"$regex": "^\\w+$"}}), text("naïve")));
+        // A class with a non-ASCII character is a class of its bytes; a quantifier after one
+        // repeats its last byte.
+        assert!(check(json!({"t": {"$regex": "^[é]{2}$"}}), text("é")));
+        assert!(!check(json!({"t": {"$regex": "^é{2}$"}}), text("éé")));
+    }
+
+    #[test]
     fn element_and_key_matches() {
         assert!(check(json!({"tags": {"$elemMatch": {"$eq": "blue"}}}), doc()));
         assert!(check(json!({"meta.list": {"$elemMatch": {"x": {"$gt": 4}}}}), doc()));
@@ -250,6 +273,11 @@ mod tests {
         assert!(!check(json!({"empty": {"$allMatch": {"$gt": 0}}}), doc()), "$allMatch needs a non-empty array");
         assert!(check(json!({"meta": {"$keyMapMatch": {"$eq": "size"}}}), doc()));
         assert!(!check(json!({"meta": {"$keyMapMatch": {"$eq": "nope"}}}), doc()));
+        // mango_selector.erl (3.4.3) `norm_ops`: an empty argument is the bare value `{}`, so the
+        // elements must equal `{}`.
+        assert!(!check(json!({"tags": {"$elemMatch": {}}}), doc()));
+        assert!(check(json!({"x": {"$elemMatch": {}}}), json!({"x": [1, {}]})));
+        assert!(!check(json!({"x": {"$allMatch": {}}}), json!({"x": [1, {}]})));
     }
 
     #[test]

@@ -25,9 +25,9 @@ use base64::Engine;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
-use super::collate::{compare, compare_raw, compare_strings};
+use super::collate::{compare, compare_raw};
 use super::eval::matches;
-use super::index::IndexCatalog;
+use super::index::{ChosenIndex, IndexCatalog, QueryKind};
 use super::selector::{self, parse_field, Cond, Selector};
 use super::{erlang_term, MangoError};
 use crate::backend::{DocumentBackend, IdRange, Page, Projection, Query, StoredDocument};
@@ -45,6 +45,8 @@ pub const SCAN_PAGE: usize = 200;
 /// CouchDB's `[mango] index_scan_warning_threshold`: more documents examined per result than
 /// this earns a warning.
 const INDEX_SCAN_WARNING_THRESHOLD: f64 = 10.0;
+/// The bookmark CouchDB gives a first page without rows.
+pub const NO_BOOKMARK: &str = "nil";
 const NO_INDEX_WARNING: &str = "No matching index found, create an index to optimize query time.";
 const SCAN_RATIO_WARNING: &str = "The number of documents examined is high in proportion to the number of results returned. Consider adding a more specific index to improve this.";
 
@@ -74,6 +76,9 @@ pub struct FindRequest {
     pub stable: bool,
     pub execution_stats: bool,
     pub allow_fallback: bool,
+    /// `partition` (empty for none): this database is not partitioned, so a query naming one is
+    /// refused when it runs, as CouchDB refuses it.
+    pub partition: String,
 }
 
 impl FindRequest {
@@ -122,7 +127,9 @@ pub fn parse_request(body: &Value) -> Result<FindRequest, MangoError> {
         use_index: parse_use_index(body.get("use_index"))?,
         bookmark: match body.get("bookmark") {
             None | Some(Value::Null) => None,
-            Some(Value::String(s)) if s.is_empty() => None,
+            // CouchDB sends `nil` as the bookmark of an empty first page; taken back, it is the
+            // start (CouchDB itself would refuse it as undecodable).
+            Some(Value::String(s)) if s.is_empty() || s == NO_BOOKMARK => None,
             Some(Value::String(s)) => Some(s.clone()),
             Some(other) => return Err(invalid_bookmark(other)),
         },
@@ -130,6 +137,7 @@ pub fn parse_request(body: &Value) -> Result<FindRequest, MangoError> {
         skip: non_negative(body.get("skip"), 0)?,
         sort: body.get("sort").map(parse_sort).transpose()?.unwrap_or_default(),
         fields: parse_fields(body.get("fields"))?,
+        partition: parse_partition(body.get("partition"))?,
         r: positive(body.get("r"), 1)?,
         conflicts: boolean(body.get("conflicts"), false)?,
         stale: parse_stale(body.get("stale"))?,
@@ -138,13 +146,6 @@ pub fn parse_request(body: &Value) -> Result<FindRequest, MangoError> {
         execution_stats: boolean(body.get("execution_stats"), false)?,
         allow_fallback: boolean(body.get("allow_fallback"), true)?,
     };
-    match body.get("partition") {
-        None => {}
-        Some(Value::String(p)) if p.is_empty() => {}
-        Some(_) => {
-            return Err(MangoError::bad_request("bad_request", "`partition` parameter is not supported in this db."))
-        }
-    }
     if let Some(unknown) = body.keys().find(|k| !FIND_KEYS.contains(&k.as_str())) {
         return Err(MangoError::bad_request("invalid_key", format!("Invalid key {unknown} for this request.")));
     }
@@ -187,6 +188,25 @@ fn boolean(value: Option<&Value>, default: bool) -> Result<bool, MangoError> {
             Err(MangoError::bad_request("invalid_boolean", format!("Invalid boolean value: {}", erlang_term(v))))
         }
     }
+}
+
+/// `partition`: a string, checked as CouchDB's `couch_partition:validate_partition` checks it.
+fn parse_partition(value: Option<&Value>) -> Result<String, MangoError> {
+    let illegal = |reason: &str| MangoError::bad_request("illegal_partition", reason);
+    match value {
+        None => Ok(String::new()),
+        Some(Value::String(p)) if p.is_empty() => Ok(String::new()),
+        Some(Value::String(p)) if p.starts_with('_') => Err(illegal("Partition must not start with an underscore")),
+        Some(Value::String(p)) if p.contains(':') => Err(illegal("Partition must not contain a colon")),
+        Some(Value::String(p)) => Ok(p.clone()),
+        Some(_) => Err(illegal("Partition must be a string")),
+    }
+}
+
+/// The error CouchDB's `_all_docs` gives a `partition` on a database that is not partitioned
+/// (`couch_mrview_util:validate_all_docs_args`), which is where a partitioned `_find` ends up.
+fn partition_not_supported() -> MangoError {
+    MangoError::bad_request("query_parse_error", "`partition` parameter is not supported on this db")
 }
 
 /// `stale`: `"ok"`, `false` or `"false"` (accepted and ignored: reads are never stale here).
@@ -237,18 +257,13 @@ pub fn parse_sort(value: &Value) -> Result<Sort, MangoError> {
     for spec in specs {
         let (name, direction) = match spec {
             Value::String(name) if !name.is_empty() => (name.clone(), "asc".to_owned()),
-            Value::Object(map) if map.len() == 1 => {
-                let (name, direction) = map.iter().next().expect("one entry");
-                match direction.as_str() {
-                    Some(d @ ("asc" | "desc")) => (name.clone(), d.to_owned()),
-                    _ => {
-                        return Err(MangoError::bad_request(
-                            "invalid_sort_dir",
-                            format!("Invalid sort direction: {}", erlang_term(direction)),
-                        ))
-                    }
-                }
-            }
+            // Any other direction is CouchDB's `invalid_sort_field` naming the whole spec:
+            // mango_sort.erl's `invalid_sort_dir` clause cannot match a decoded JSON object
+            // (issue 22 §2c item 13).
+            Value::Object(map) if map.len() == 1 => match map.iter().next() {
+                Some((name, Value::String(d))) if d == "asc" || d == "desc" => (name.clone(), d.clone()),
+                _ => return Err(invalid_field(spec)),
+            },
             other => return Err(invalid_field(other)),
         };
         sort.fields.push((parse_field(&name)?, name));
@@ -434,19 +449,50 @@ pub async fn find_with_limits(
 ) -> Result<Value, MangoError> {
     let started = Instant::now();
     let mut parsed = parse_request(request)?;
+    // Decided on the client's own selector, before a login's restriction is added to it.
+    let matches_nothing = parsed.selector.is_empty_combination();
     parsed.selector = restrict_to_user(parsed.selector, only_user);
-    let choice =
-        indexes.choose(&parsed.selector, &parsed.sort_field_names(), &parsed.use_index, parsed.allow_fallback)?;
+    // A partitioned query may use only partitioned indexes, and this database has none
+    // (mango_idx.erl `filter_partition_indexes`).
+    let unpartitioned;
+    let indexes = if parsed.partition.is_empty() {
+        indexes
+    } else {
+        unpartitioned = indexes.without_json_indexes();
+        &unpartitioned
+    };
+    let choice = indexes.choose(
+        &parsed.selector,
+        &parsed.sort_field_names(),
+        &parsed.use_index,
+        parsed.allow_fallback,
+        QueryKind::Find,
+    )?;
+    if matches_nothing || choice.reads_nothing {
+        // CouchDB (`mango_cursor:maybe_noop_range`) runs no scan for a selector that is only an
+        // empty `$or`/`$and` (issue 22 §2c item 1), nor when the chosen index's first column has
+        // an empty range, and answers the bare `{"docs": []}`: no bookmark, no warning, no
+        // statistics.
+        return Ok(json!({ "docs": [] }));
+    }
+    if !parsed.partition.is_empty() {
+        return Err(partition_not_supported());
+    }
     let source = Source::for_selector(&parsed.selector);
     let bookmark = parsed.bookmark.as_deref().map(Bookmark::decode).transpose()?;
-    let outcome = if parsed.sort.fields.is_empty() {
+    let mut outcome = if parsed.sort.fields.is_empty() {
         run_unsorted(backend, &parsed, &source, bookmark, limits).await?
     } else {
         run_sorted(backend, &parsed, &source, bookmark, limits).await?
     };
+    if parsed.bookmark.is_none() && outcome.docs.is_empty() {
+        // CouchDB's bookmark is the last row's key, or the request's own bookmark when no row was
+        // returned: `nil` on a first page (issue 22 §2c item 13). Sent back, it starts again.
+        outcome.bookmark = NO_BOOKMARK.into();
+    }
 
     let mut warnings = choice.warnings;
-    if choice.index.is_none() {
+    if choice.index == ChosenIndex::AllDocs {
         warnings.push(NO_INDEX_WARNING.into());
     }
     let returned = outcome.docs.len() as u64;
@@ -581,8 +627,10 @@ async fn run_sorted(
         Some(_) => return Err(invalid_bookmark(&Value::String(request.bookmark.clone().unwrap_or_default()))),
     };
     let descending = request.sort.direction == "desc";
+    // Equal sort keys fall back to the document id's raw bytes, as a CouchDB view orders rows
+    // with equal keys (issue 22 §2c item 4).
     let order = |a: &(Vec<Value>, String), b: &(Vec<Value>, String)| {
-        let ascending = compare_keys(&request.sort, &a.0, &b.0).then_with(|| compare_strings(&a.1, &b.1));
+        let ascending = compare_keys(&request.sort, &a.0, &b.0).then_with(|| a.1.as_bytes().cmp(b.1.as_bytes()));
         if descending {
             ascending.reverse()
         } else {
@@ -782,7 +830,12 @@ mod tests {
             error_of(json!({"selector": {}, "sort": [{"a": "asc"}, {"b": "desc"}]})).1,
             "unsupported_mixed_sort"
         );
-        assert_eq!(error_of(json!({"selector": {}, "sort": [{"a": "up"}]})).2, "Invalid sort direction: <<\"up\">>");
+        // mango_sort.erl (3.4.3): a `{field: direction}` object whose direction is not "asc" or
+        // "desc" falls through to `invalid_sort_field` (issue 22 §2c item 13).
+        assert_eq!(
+            error_of(json!({"selector": {}, "sort": [{"a": "up"}]})),
+            (400, "invalid_sort_field".into(), "Invalid sort field: {[{<<\"a\">>,<<\"up\">>}]}".into())
+        );
         assert_eq!(error_of(json!({"selector": {}, "sort": "a"})).1, "invalid_sort_json");
     }
 

@@ -16,7 +16,8 @@ use axum::http::StatusCode;
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 
-use super::selector::{join_field, parse_field, Cond, Selector};
+use super::range::{field_ranges, index_prefix, FieldRange};
+use super::selector::{join_field, parse_field, Selector};
 use super::{erlang_term, MangoError};
 use crate::backend::{DocumentBackend, Precondition};
 
@@ -110,6 +111,12 @@ impl Default for IndexCatalog {
 }
 
 impl IndexCatalog {
+    /// The catalog as a partitioned query sees it: no JSON index (none here is partitioned), only
+    /// `_all_docs`. For choosing an index only, never saved.
+    pub fn without_json_indexes(&self) -> IndexCatalog {
+        IndexCatalog { indexes: Vec::new(), revision: None }
+    }
+
     /// Reads the catalog from the backend's local document.
     pub async fn load(backend: &dyn DocumentBackend) -> Result<Self, MangoError> {
         let mut catalog = IndexCatalog::default();
@@ -153,10 +160,13 @@ impl IndexCatalog {
         Err(MangoError::new(StatusCode::CONFLICT, "conflict", "the index catalog kept changing; try again"))
     }
 
-    /// The `GET _index` body.
+    /// The `GET _index` body: `_all_docs`, then the indexes by design document id and name (raw
+    /// bytes), as CouchDB's `lists:sort` of its index records orders them.
     pub fn to_json(&self) -> Value {
+        let mut sorted: Vec<&IndexDef> = self.indexes.iter().collect();
+        sorted.sort_by(|a, b| (a.ddoc.as_bytes(), a.name.as_bytes()).cmp(&(b.ddoc.as_bytes(), b.name.as_bytes())));
         let mut listed = vec![all_docs_json()];
-        listed.extend(self.indexes.iter().map(IndexDef::to_json));
+        listed.extend(sorted.into_iter().map(IndexDef::to_json));
         json!({ "total_rows": listed.len(), "indexes": listed })
     }
 }
@@ -167,18 +177,21 @@ pub async fn list_indexes(backend: &dyn DocumentBackend) -> Result<Value, MangoE
 }
 
 /// `POST /{db}/_index`: `{"result": "created"|"exists", "id", "name"}`.
+///
+/// Without `ddoc`, the design document is named after a hash of the definition and the `name`
+/// given (CouchDB's `mango_idx:gen_name` hashes the options, name included), so the same request
+/// finds the same index (`exists`) while an existing name with another definition, or living in
+/// another design document, gets a design document of its own (issue 22 §2c item 11).
 pub async fn create_index(backend: &dyn DocumentBackend, request: &Value) -> Result<Value, MangoError> {
-    let (parsed, ddoc_given) = parse_index_request(request)?;
+    let (parsed, legacy_ddoc) = parse_index_request(request)?;
     IndexCatalog::update(backend, |catalog| {
-        // CouchDB derives an unnamed design document from the definition, so the same definition
-        // lands in the same design document: here, the one already holding it.
         let mut wanted = parsed.clone();
-        if !ddoc_given {
-            let same_definition = |i: &&IndexDef| {
-                i.fields == wanted.fields && i.partial_filter_selector == wanted.partial_filter_selector
-            };
-            if let Some(existing) = catalog.indexes.iter().find(same_definition) {
-                wanted.ddoc = existing.ddoc.clone();
+        // Before this server hashed the name in, a named index without `ddoc` was put in the
+        // design document of its definition alone: the same request still finds it there.
+        if let Some(legacy) = &legacy_ddoc {
+            let earlier = IndexDef { ddoc: legacy.clone(), ..wanted.clone() };
+            if catalog.indexes.contains(&earlier) {
+                wanted = earlier;
             }
         }
         let answer = |result: &str| json!({ "result": result, "id": wanted.ddoc, "name": wanted.name });
@@ -231,8 +244,9 @@ fn design_id(ddoc: &str) -> String {
 }
 
 /// Validates a `POST _index` body as CouchDB does (`mango_opts:validate_idx_create`): the
-/// definition, and whether the request named its design document.
-fn parse_index_request(request: &Value) -> Result<(IndexDef, bool), MangoError> {
+/// definition, and for a named index without `ddoc` the design document an earlier version of
+/// this server gave it.
+fn parse_index_request(request: &Value) -> Result<(IndexDef, Option<String>), MangoError> {
     let Value::Object(body) = request else {
         return Err(MangoError::bad_request("bad_request", "Request body must be a JSON object"));
     };
@@ -265,17 +279,37 @@ fn parse_index_request(request: &Value) -> Result<(IndexDef, bool), MangoError> 
         };
         super::selector::parse(selector)?;
     }
-    // CouchDB names an unnamed index after a hash of its definition; so does this server (with its
-    // own hash, so the ids differ from CouchDB's but are just as stable).
-    let digest = hex::encode(Sha256::digest(
-        serde_json::to_vec(&json!({ "fields": fields_json(&fields), "partial": partial_filter_selector }))
-            .unwrap_or_default(),
-    ));
-    let auto = &digest[..40];
-    let name = optional_string(body, "name")?.unwrap_or(auto).to_owned();
+    // CouchDB names an unnamed index and its design document after a hash of the request's
+    // options; so does this server (with its own hash, so the ids differ from CouchDB's but are
+    // just as stable). An unnamed index's hash is the definition's alone, as it always was.
+    let definition_hash = |name: Option<&str>| {
+        let mut hashed = json!({ "fields": fields_json(&fields), "partial": partial_filter_selector });
+        if let Some(name) = name {
+            hashed["name"] = Value::String(name.to_owned());
+        }
+        hex::encode(Sha256::digest(serde_json::to_vec(&hashed).unwrap_or_default()))[..40].to_owned()
+    };
+    let given_name = optional_string(body, "name")?;
     let given_ddoc = optional_string(body, "ddoc")?;
-    let ddoc = design_id(given_ddoc.unwrap_or(auto));
-    Ok((IndexDef { ddoc, name, fields, partial_filter_selector }, given_ddoc.is_some()))
+    let auto = definition_hash(given_name);
+    let name = given_name.map_or_else(|| auto.clone(), str::to_owned);
+    let standard = IndexDef::standard();
+    let ddoc = if given_ddoc.is_none()
+        && given_name == Some(STANDARD_INDEX_NAME)
+        && fields == standard.fields
+        && partial_filter_selector.is_none()
+    {
+        // The built-in index's own options: the design document CouchDB's hash of them gives
+        // (fixtures 010 and 011).
+        standard.ddoc
+    } else {
+        design_id(given_ddoc.unwrap_or(&auto))
+    };
+    let legacy_ddoc = match (given_name, given_ddoc) {
+        (Some(_), None) => Some(design_id(&definition_hash(None))),
+        _ => None,
+    };
+    Ok((IndexDef { ddoc, name, fields, partial_filter_selector }, legacy_ddoc))
 }
 
 fn fields_json(fields: &[(String, String)]) -> Vec<Value> {
@@ -295,95 +329,171 @@ fn optional_string<'a>(body: &'a Map<String, Value>, key: &str) -> Result<Option
     }
 }
 
-/// An index's `fields`: names or `{name: "asc"|"desc"}`, one direction for all.
+/// An index's `fields`: names or `{name: "asc"|"desc"}`, one direction for all. An empty list is
+/// a valid index, as in CouchDB (issue 22 §2c item 11); a missing one is CouchDB's
+/// `missing_required_key` (mango_idx_view.erl's options).
 fn parse_index_fields(fields: Option<&Value>) -> Result<Vec<(String, String)>, MangoError> {
-    let missing = || MangoError::bad_request("invalid_index", "Index is missing its definition.");
-    let list = fields.and_then(Value::as_array).filter(|l| !l.is_empty()).ok_or_else(missing)?;
-    let parsed = super::find::parse_sort(&Value::Array(list.clone()))?;
+    let Some(list) = fields else {
+        return Err(MangoError::bad_request("missing_required_key", "Missing required key: fields"));
+    };
+    let parsed = super::find::parse_sort(list)?;
     Ok(parsed.fields.into_iter().map(|(path, _)| (join_field(&path), parsed.direction.clone())).collect())
+}
+
+/// Whether a request runs (`_find`) or is only planned (`_explain`): with no usable index
+/// CouchDB refuses the first (`no_usable_index`) and plans the second with `index: null`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueryKind {
+    Find,
+    Explain,
+}
+
+/// The index CouchDB would answer a query with.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ChosenIndex<'a> {
+    Json(&'a IndexDef),
+    /// The special `_all_docs` index (a full scan, with CouchDB's warning).
+    AllDocs,
+    /// No index can serve the query (only for `_explain`).
+    NoneUsable,
 }
 
 /// Which index CouchDB would answer a query with, and the warnings that choice gives.
 #[derive(Debug, Clone)]
 pub struct IndexChoice<'a> {
-    /// `None`: the special `_all_docs` index (a full scan, with CouchDB's warning).
-    pub index: Option<&'a IndexDef>,
+    pub index: ChosenIndex<'a>,
+    /// The chosen index's first column has an empty range: CouchDB reads nothing and answers
+    /// `{"docs": []}` (`mango_cursor_view:execute` with `[empty]` ranges).
+    pub reads_nothing: bool,
     /// `use_index` named an index that was not usable (CouchDB's warning text).
     pub warnings: Vec<String>,
 }
 
 impl IndexCatalog {
     /// CouchDB's choice among the indexes for `selector` and `sort` (field names), honouring
-    /// `use_index` (`[ddoc]` or `[ddoc, name]`): no usable index for a sort is `no_usable_index`.
+    /// `use_index` (`[ddoc]` or `[ddoc, name]`), as `mango_idx:get_usable_indexes`,
+    /// `mango_cursor:create` and `mango_cursor_view:choose_best_index` (3.4.3) make it: the
+    /// candidates are the indexes without a partial filter plus those `use_index` names; a JSON
+    /// index that can serve the query is preferred to `_all_docs`; none at all is
+    /// `no_usable_index` for `_find`.
     pub fn choose(
         &self,
         selector: &Selector,
         sort: &[String],
         use_index: &[String],
         allow_fallback: bool,
+        kind: QueryKind,
     ) -> Result<IndexChoice<'_>, MangoError> {
+        let named = |i: &IndexDef| match use_index.first() {
+            None => false,
+            Some(ddoc) => i.ddoc == design_id(ddoc) && use_index.get(1).is_none_or(|n| *n == i.name),
+        };
         let usable: Vec<&IndexDef> = self
             .indexes
             .iter()
-            .filter(|i| i.partial_filter_selector.is_none() && is_usable(i, selector, sort))
+            .filter(|i| (i.partial_filter_selector.is_none() || named(i)) && is_usable(i, selector, sort))
             .collect();
-        let all_docs_usable = sort.is_empty() || sort == ["_id"];
-        let mut warnings = Vec::new();
-        if !use_index.is_empty() {
-            let ddoc = design_id(&use_index[0]);
-            let named = |i: &&IndexDef| i.ddoc == ddoc && use_index.get(1).is_none_or(|n| *n == i.name);
-            let requested = self.indexes.iter().filter(named).find(|i| is_usable(i, selector, sort));
-            if let Some(index) = requested {
-                return Ok(IndexChoice { index: Some(index), warnings });
-            }
-            let shown = ddoc.trim_start_matches("_design/");
-            let text = match use_index.get(1) {
-                None => format!("_design/{shown} specified by `use_index` could not be found or it is not suitable."),
-                Some(name) => format!(
-                    "_design/{shown}, {name} specified by `use_index` could not be found or it is not suitable."
-                ),
-            };
-            if !allow_fallback {
-                return Err(MangoError::bad_request("invalid_index", text));
-            }
-            warnings.push(match use_index.get(1) {
-                None => {
-                    format!("_design/{shown} was not used because it does not contain a valid index for this query.")
-                }
-                Some(name) => {
-                    format!("_design/{shown}, {name} was not used because it is not a valid index for this query.")
-                }
-            });
-        }
-        let best = usable
-            .into_iter()
-            .max_by(|a, b| rank(a, selector).cmp(&rank(b, selector)).then_with(|| b.name.cmp(&a.name)));
-        match best {
-            Some(index) => Ok(IndexChoice { index: Some(index), warnings }),
-            None if all_docs_usable => Ok(IndexChoice { index: None, warnings }),
-            None => Err(MangoError::bad_request(
+        let all_docs = all_docs_usable(selector, sort);
+        let usable_count = usable.len() + usize::from(all_docs);
+        if usable_count == 0 && kind == QueryKind::Find {
+            return Err(MangoError::bad_request(
                 "no_usable_index",
                 "No index exists for this sort, try indexing by the sort fields.",
-            )),
+            ));
         }
+        let ranges = field_ranges(selector);
+        let reads_nothing = |index: ChosenIndex<'_>| match index {
+            ChosenIndex::Json(index) => {
+                index_prefix(&index.field_names(), &ranges).first().is_some_and(|(_, has_values)| !has_values)
+            }
+            ChosenIndex::AllDocs => ranges.iter().any(|(field, has_values)| field == "_id" && !has_values),
+            ChosenIndex::NoneUsable => false,
+        };
+        let requested: Vec<&IndexDef> = usable.iter().copied().filter(|i| named(i)).collect();
+        if !requested.is_empty() {
+            let index = best_json_index(&requested, &ranges).map_or(ChosenIndex::NoneUsable, ChosenIndex::Json);
+            return Ok(IndexChoice { index, reads_nothing: reads_nothing(index), warnings: Vec::new() });
+        }
+        if !(allow_fallback || (use_index.is_empty() && usable_count > 1)) {
+            let reason = match use_index {
+                [] => "You must specify an index with the `use_index` parameter.".to_owned(),
+                [ddoc] => format!(
+                    "_design/{} specified by `use_index` could not be found or it is not suitable.",
+                    ddoc.trim_start_matches("_design/")
+                ),
+                [ddoc, name, ..] => format!(
+                    "_design/{}, {name} specified by `use_index` could not be found or it is not suitable.",
+                    ddoc.trim_start_matches("_design/")
+                ),
+            };
+            return Err(MangoError::bad_request("invalid_index", reason));
+        }
+        let index = match best_json_index(&usable, &ranges) {
+            Some(index) => ChosenIndex::Json(index),
+            None if all_docs => ChosenIndex::AllDocs,
+            None => ChosenIndex::NoneUsable,
+        };
+        let mut warnings = Vec::new();
+        if index != ChosenIndex::NoneUsable {
+            let shown = |ddoc: &str| ddoc.trim_start_matches("_design/").to_owned();
+            match use_index {
+                [] => {}
+                [ddoc] => warnings.push(format!(
+                    "_design/{} was not used because it does not contain a valid index for this query.",
+                    shown(ddoc)
+                )),
+                [ddoc, name, ..] => warnings.push(format!(
+                    "_design/{}, {name} was not used because it is not a valid index for this query.",
+                    shown(ddoc)
+                )),
+            }
+        }
+        Ok(IndexChoice { index, reads_nothing: reads_nothing(index), warnings })
     }
 }
 
-/// CouchDB's preference among usable JSON indexes: more of the selector's fields covered, then
-/// fewer columns.
-fn rank(index: &IndexDef, selector: &Selector) -> (usize, std::cmp::Reverse<usize>) {
-    let used = selector.field_names();
-    let overlap = index.fields.iter().filter(|(f, _)| used.contains(f)).count();
-    (overlap, std::cmp::Reverse(index.fields.len()))
+/// CouchDB's `mango_cursor_view:choose_best_index` among usable JSON indexes: the smallest gap
+/// between the selector's field ranges and the leading columns the index has of them, then
+/// fewer columns, then the smaller (design document, name).
+fn best_json_index<'a>(usable: &[&'a IndexDef], ranges: &[FieldRange]) -> Option<&'a IndexDef> {
+    let gap = |index: &IndexDef| ranges.len().saturating_sub(index_prefix(&index.field_names(), ranges).len());
+    usable.iter().copied().min_by(|a, b| {
+        gap(a)
+            .cmp(&gap(b))
+            .then_with(|| a.fields.len().cmp(&b.fields.len()))
+            .then_with(|| (a.ddoc.as_bytes(), a.name.as_bytes()).cmp(&(b.ddoc.as_bytes(), b.name.as_bytes())))
+    })
+}
+
+/// CouchDB's `mango_idx_special:is_usable` for `_all_docs`: any query without a sort; a sort on
+/// `_id` only when the selector has an indexable condition on `_id`.
+fn all_docs_usable(selector: &Selector, sort: &[String]) -> bool {
+    sort.is_empty() || (sort == ["_id"] && selector.indexable_fields().iter().any(|f| f == "_id"))
+}
+
+/// Why CouchDB's `_explain` calls an index unusable: its first reason.
+fn unusable_reason(index: &IndexDef, selector: &Selector, sort: &[String]) -> &'static str {
+    if has_required_fields(index, selector, sort) {
+        "sort_order_mismatch"
+    } else {
+        "field_mismatch"
+    }
 }
 
 /// CouchDB's `mango_idx_view:is_usable`: every column the sort does not supply is required by
 /// the selector, and the sort can be read off the index's order.
 fn is_usable(index: &IndexDef, selector: &Selector, sort: &[String]) -> bool {
-    let columns = index.field_names();
-    let required = columns.iter().filter(|c| !sort.contains(c) && *c != "_id" && *c != "_rev");
-    let has_required = required.into_iter().all(|c| parse_field(c).is_ok_and(|path| selector.requires_field(&path)));
-    has_required && can_use_sort(&columns, sort, selector)
+    has_required_fields(index, selector, sort) && can_use_sort(&index.field_names(), sort, selector)
+}
+
+fn has_required_fields(index: &IndexDef, selector: &Selector, sort: &[String]) -> bool {
+    let required: Vec<Vec<String>> = index
+        .field_names()
+        .iter()
+        .filter(|c| !sort.contains(c) && *c != "_id" && *c != "_rev")
+        .filter_map(|c| parse_field(c).ok())
+        .collect();
+    selector.has_required_fields(&required)
 }
 
 fn can_use_sort(columns: &[String], sort: &[String], selector: &Selector) -> bool {
@@ -410,54 +520,91 @@ pub async fn explain(
 ) -> Result<Value, MangoError> {
     let parsed = super::find::parse_request(request)?;
     let selector = super::find::restrict_to_user(parsed.selector.clone(), only_user);
-    let catalog = IndexCatalog::load(backend).await?;
+    let mut catalog = IndexCatalog::load(backend).await?;
+    if !parsed.partition.is_empty() {
+        catalog = catalog.without_json_indexes();
+    }
     let sort_names = parsed.sort_field_names();
-    let choice = catalog.choose(&selector, &sort_names, &parsed.use_index, parsed.allow_fallback)?;
+    let choice =
+        catalog.choose(&selector, &sort_names, &parsed.use_index, parsed.allow_fallback, QueryKind::Explain)?;
     let fields: Vec<Value> = parsed.fields.iter().map(|(_, name)| Value::String(name.clone())).collect();
     let sort: Map<String, Value> =
         parsed.sort.fields.iter().map(|(p, _)| (join_field(p), Value::String(parsed.sort.direction.clone()))).collect();
     let opts = json!({
         "use_index": parsed.use_index, "bookmark": parsed.bookmark.clone().unwrap_or_else(|| "nil".into()),
         "limit": parsed.limit, "skip": parsed.skip, "sort": sort, "fields": fields,
-        "partition": "", "r": parsed.r, "conflicts": parsed.conflicts, "stale": parsed.stale, "update": parsed.update,
+        "partition": parsed.partition, "r": parsed.r, "conflicts": parsed.conflicts, "stale": parsed.stale, "update": parsed.update,
         "stable": parsed.stable, "execution_stats": parsed.execution_stats, "allow_fallback": parsed.allow_fallback,
     });
+    // A selector that is only an empty `$or`/`$and` (`maybe_noop_range`), or an empty range on the
+    // chosen index, reads nothing.
+    let reads_nothing = parsed.selector.is_empty_combination() || choice.reads_nothing;
     let (index_json, candidates, mrargs) = match choice.index {
-        Some(index) => {
+        ChosenIndex::Json(index) => {
             let mut candidates = vec![json!({ "index": all_docs_json(), "analysis": {
                 "usable": true, "reasons": [{ "name": "unfavored_type" }], "ranking": 1, "covering": null } })];
             candidates.extend(catalog.indexes.iter().filter(|i| i.ddoc != index.ddoc || i.name != index.name).map(
                 |other| {
                     let usable = is_usable(other, &selector, &sort_names);
-                    let reason = if usable { "less_overlap" } else { "field_mismatch" };
+                    let reason = if usable { "less_overlap" } else { unusable_reason(other, &selector, &sort_names) };
                     json!({ "index": other.to_json(), "analysis": {
                     "usable": usable, "reasons": [{ "name": reason }], "ranking": 2, "covering": false } })
                 },
             ));
-            (index.to_json(), candidates, index_range(index, &selector, parsed.sort.direction == "desc"))
+            let mut mrargs = index_range(index, &selector, parsed.sort.direction == "desc");
+            if reads_nothing {
+                mrargs["start_key"] = Value::Null;
+                mrargs["end_key"] = Value::Null;
+            }
+            (index.to_json(), candidates, Some(mrargs))
         }
-        None => {
+        ChosenIndex::AllDocs => {
             let candidates = catalog
                 .indexes
                 .iter()
                 .map(|other| {
+                    let reason = unusable_reason(other, &selector, &sort_names);
                     json!({ "index": other.to_json(), "analysis": {
-                    "usable": false, "reasons": [{ "name": "field_mismatch" }], "ranking": 2, "covering": false } })
+                    "usable": false, "reasons": [{ "name": reason }], "ranking": 2, "covering": false } })
                 })
                 .collect();
-            let mrargs = json!({ "include_docs": true, "view_type": "map", "reduce": false, "partition": null,
-                "start_key": null, "end_key": "<MAX>", "direction": "fwd", "stable": false, "update": true,
+            let end_key = if reads_nothing { Value::Null } else { Value::String("<MAX>".into()) };
+            let partition =
+                if parsed.partition.is_empty() { Value::Null } else { Value::String(parsed.partition.clone()) };
+            let mrargs = json!({ "include_docs": true, "view_type": "map", "reduce": false, "partition": partition,
+                "start_key": null, "end_key": end_key, "direction": "fwd", "stable": false, "update": true,
                 "conflicts": "undefined" });
-            (all_docs_json(), candidates, mrargs)
+            (all_docs_json(), candidates, Some(mrargs))
+        }
+        ChosenIndex::NoneUsable => {
+            // CouchDB's `_explain` of a query no index serves: `index: null`, every index listed
+            // as unusable with its first reason, and no `mrargs` (issue 22 §2c item 10).
+            let all_docs_reason = if selector.indexable_fields().iter().any(|f| f == "_id") {
+                "sort_order_mismatch"
+            } else {
+                "field_mismatch"
+            };
+            let mut candidates = vec![json!({ "index": all_docs_json(), "analysis": {
+                "usable": false, "reasons": [{ "name": all_docs_reason }], "ranking": 2, "covering": null } })];
+            candidates.extend(catalog.indexes.iter().map(|other| {
+                let reason = unusable_reason(other, &selector, &sort_names);
+                json!({ "index": other.to_json(), "analysis": {
+                "usable": false, "reasons": [{ "name": reason }], "ranking": 2, "covering": false } })
+            }));
+            (Value::Null, candidates, None)
         }
     };
     let (indexable, unindexable) = selector_hints(&selector);
-    Ok(json!({
+    let mut answer = json!({
         "dbname": db_name, "index": index_json, "partitioned": false, "selector": selector.to_json(), "opts": opts,
         "limit": parsed.limit, "skip": parsed.skip, "fields": fields, "index_candidates": candidates,
         "selector_hints": [{ "type": "json", "indexable_fields": indexable, "unindexable_fields": unindexable }],
-        "mrargs": mrargs, "covering": false,
-    }))
+    });
+    if let Some(mrargs) = mrargs {
+        answer["mrargs"] = mrargs;
+        answer["covering"] = Value::Bool(false);
+    }
+    Ok(answer)
 }
 
 /// The key range CouchDB would read from a JSON index: the leading columns the selector fixes
@@ -480,36 +627,12 @@ fn index_range(index: &IndexDef, selector: &Selector, descending: bool) -> Value
         "stable": false, "update": true, "conflicts": "undefined" })
 }
 
-/// The selector's fields a JSON index could serve (range and equality conditions) and the rest.
+/// `_explain`'s `selector_hints` (mango_cursor.erl `extract_selector_hints`): the fields a JSON
+/// index could serve (`indexable_fields`, seen through `$and` only) and the selector's other
+/// fields, sorted.
 fn selector_hints(selector: &Selector) -> (Vec<String>, Vec<String>) {
-    fn walk(selector: &Selector, indexable: &mut Vec<String>, other: &mut Vec<String>) {
-        match selector {
-            Selector::Field { path, cond } => {
-                let rangeable = matches!(
-                    cond,
-                    Cond::Eq(_)
-                        | Cond::Lt(_)
-                        | Cond::Lte(_)
-                        | Cond::Gt(_)
-                        | Cond::Gte(_)
-                        | Cond::BeginsWith(_)
-                        | Cond::Exists(true)
-                );
-                if rangeable { indexable } else { other }.push(join_field(path));
-            }
-            Selector::And(arms) | Selector::Or(arms) | Selector::Nor(arms) => {
-                arms.iter().for_each(|a| walk(a, indexable, other))
-            }
-            Selector::Not(inner) => walk(inner, other, &mut Vec::new()),
-            Selector::MatchAll => {}
-        }
-    }
-    let (mut indexable, mut other) = (Vec::new(), Vec::new());
-    walk(selector, &mut indexable, &mut other);
-    for list in [&mut indexable, &mut other] {
-        list.sort();
-        list.dedup();
-    }
+    let indexable = selector.indexable_fields();
+    let mut other = selector.field_names();
     other.retain(|f| !indexable.contains(f));
     (indexable, other)
 }

@@ -7,6 +7,7 @@
 //! - [`eval`]: whether a document matches a selector.
 //! - [`find`]: the `_find` request, its validation, paging, bookmarks, sort and projection.
 //! - [`index`]: the index catalog behind `_index`, and `_explain`.
+//! - [`range`]: the key ranges CouchDB derives from a selector, which steer its index choice.
 //!
 //! Errors are [`MangoError`], the `{status, error, reason}` shape of the CouchDB API's error, so
 //! the HTTP layer converts one into the other field for field.
@@ -15,6 +16,7 @@ pub mod collate;
 pub mod eval;
 pub mod find;
 pub mod index;
+pub mod range;
 pub mod selector;
 
 #[cfg(test)]

@@ -10,11 +10,14 @@
 //! Invalid selectors give CouchDB's errors (`invalid_operator`, `bad_arg`, `not_supported`,
 //! `invalid_selector`, `invalid_field_name`) with its reason texts.
 //!
-//! `$regex` uses the `regex` crate: linear-time matching (a selector is untrusted input, and
-//! Erlang's PCRE can backtrack exponentially), no look-around or back-references. Patterns using
-//! those are refused with `bad_arg`, where CouchDB accepts them; see docs/couchdb-api.md.
+//! `$regex` matches as CouchDB's does (`re:compile(Pattern)` with no options, then `re:run` on the
+//! string's UTF-8 bytes): PCRE without its unicode flag works on bytes, so `.` is one byte, `\w`,
+//! `\d`, `\s` and `(?i)` know only ASCII. [`ByteRegex`] reproduces that with the `regex` crate's
+//! byte matcher, Unicode off. It keeps linear-time matching (a selector is untrusted input, and
+//! Erlang's PCRE can backtrack exponentially), so look-around and back-references are refused
+//! with `bad_arg`, where CouchDB accepts them; see docs/couchdb-api.md.
 
-use regex::Regex;
+use regex::bytes::{Regex, RegexBuilder};
 use serde_json::{Map, Value};
 
 use super::MangoError;
@@ -58,7 +61,7 @@ pub enum Cond {
         divisor: i64,
         remainder: i64,
     },
-    Regex(Box<Regex>),
+    Regex(Box<ByteRegex>),
     All(Vec<Value>),
     ElemMatch(Box<Selector>),
     AllMatch(Box<Selector>),
@@ -66,6 +69,58 @@ pub enum Cond {
     BeginsWith(String),
     /// A negated operator without an opposite (`$not` of `$regex`, `$size`, …).
     Not(Box<Cond>),
+}
+
+/// A `$regex` pattern compiled to match as CouchDB's PCRE matches without the unicode flag.
+#[derive(Debug, Clone)]
+pub struct ByteRegex {
+    /// The pattern as the selector gave it (what `_explain` prints).
+    pub pattern: String,
+    compiled: Regex,
+}
+
+impl ByteRegex {
+    /// Compiles `pattern`; `None` when it is not a pattern this server can run.
+    pub fn new(pattern: &str) -> Option<Self> {
+        let compiled = RegexBuilder::new(&byte_pattern(pattern)).unicode(false).build().ok()?;
+        Some(ByteRegex { pattern: pattern.to_owned(), compiled })
+    }
+
+    /// Whether the pattern matches somewhere in the string's UTF-8 bytes.
+    pub fn is_match(&self, subject: &str) -> bool {
+        self.compiled.is_match(subject.as_bytes())
+    }
+}
+
+/// The pattern with every non-ASCII character written as its UTF-8 bytes (`\xHH` each), which is
+/// how PCRE without the unicode flag reads it: `é` is two literal bytes, `[é]` a class of two
+/// bytes, and a quantifier after `é` repeats its last byte. A backslash before a non-ASCII
+/// character escapes its first byte, a literal either way, so it is dropped.
+fn byte_pattern(pattern: &str) -> String {
+    let mut out = String::with_capacity(pattern.len());
+    let mut escaped = false;
+    for c in pattern.chars() {
+        if c.is_ascii() {
+            if escaped {
+                out.push('\\');
+            }
+            escaped = !escaped && c == '\\';
+            if !escaped {
+                out.push(c);
+            }
+            continue;
+        }
+        escaped = false;
+        let mut bytes = [0u8; 4];
+        for byte in c.encode_utf8(&mut bytes).bytes() {
+            out.push_str(&format!("\\x{byte:02X}"));
+        }
+    }
+    if escaped {
+        // A trailing backslash: left for the compiler to refuse, as PCRE does.
+        out.push('\\');
+    }
+    out
 }
 
 /// Operators CouchDB names but does not support.
@@ -168,8 +223,13 @@ fn parse_entry(key: &str, value: &Value, path: &[String]) -> Result<Selector, Ma
         "$elemMatch" | "$allMatch" | "$keyMapMatch" => {
             let Value::Object(inner) = value else { return Err(MangoError::bad_arg(operator, value)) };
             // The argument is a selector of its own, over each element (or key), and CouchDB leaves
-            // its negations as written.
-            let inner = Box::new(if inner.is_empty() { Selector::MatchAll } else { parse_object(inner, &[])? });
+            // its negations as written. An empty one is a bare value to CouchDB's `norm_ops`:
+            // elements equal to `{}`.
+            let inner = Box::new(if inner.is_empty() {
+                Selector::Field { path: Vec::new(), cond: Cond::Eq(Value::Object(Map::new())) }
+            } else {
+                parse_object(inner, &[])?
+            });
             Ok(field(
                 path,
                 match operator {
@@ -177,6 +237,16 @@ fn parse_entry(key: &str, value: &Value, path: &[String]) -> Result<Selector, Ma
                     "$allMatch" => Cond::AllMatch(inner),
                     _ => Cond::KeyMapMatch(inner),
                 },
+            ))
+        }
+        // CouchDB turns `$text` into a `$default` field, which may only stand at the top level:
+        // under a field it is `bad_field` (mango_selector.erl `norm_fields`, issue 22 §2c item 13).
+        // At the top level it needs a text index, which this server does not have.
+        "$text" if !path.is_empty() && (value.is_string() || value.is_number() || value.is_boolean()) => {
+            let normalized = serde_json::json!({ "$default": { "$text": value } });
+            Err(MangoError::bad_request(
+                "bad_field",
+                format!("Invalid field normalization on selector: {}", super::erlang_term(&normalized)),
             ))
         }
         _ => Ok(field(path, parse_condition(operator, value)?)),
@@ -207,11 +277,17 @@ fn parse_condition(operator: &str, value: &Value) -> Result<Cond, MangoError> {
             },
             _ => return Err(bad()),
         },
+        // CouchDB's `norm_ops` has no `bad_arg` case for a `$regex` or `$beginsWith` that is not a
+        // string: it falls through to `invalid_operator` (issue 22 §2c item 13).
+        "$regex" | "$beginsWith" if !value.is_string() => {
+            return Err(MangoError::bad_request("invalid_operator", format!("Invalid operator: {operator}")))
+        }
         "$regex" => {
             let pattern = value.as_str().ok_or_else(bad)?;
-            Cond::Regex(Box::new(Regex::new(pattern).map_err(|_| bad())?))
+            Cond::Regex(Box::new(ByteRegex::new(pattern).ok_or_else(bad)?))
         }
         "$beginsWith" => Cond::BeginsWith(value.as_str().ok_or_else(bad)?.to_owned()),
+        "$text" if !(value.is_string() || value.is_number() || value.is_boolean()) => return Err(bad()),
         op if UNSUPPORTED.contains(&op) => {
             return Err(MangoError::bad_request("not_supported", format!("Unsupported operator: {op}")))
         }
@@ -276,6 +352,13 @@ impl Selector {
         }
     }
 
+    /// Whether the whole selector is an empty `$or` or `$and` (also written under a field, which
+    /// normalizes to the same): CouchDB's `_find` returns no documents for it without looking,
+    /// although the selector itself matches every document (as in a `_changes` filter).
+    pub fn is_empty_combination(&self) -> bool {
+        matches!(self, Selector::Or(arms) | Selector::And(arms) if arms.is_empty())
+    }
+
     /// The value this selector requires `path` to equal whenever it matches, if any: an `$eq`
     /// on the path at the top level or in a top-level `$and` (what can narrow a scan).
     pub fn required_equal(&self, path: &[&str]) -> Option<&Value> {
@@ -290,16 +373,36 @@ impl Selector {
         }
     }
 
-    /// Whether every matching document must have a value at `path` (CouchDB's
-    /// `has_required_fields` for one field): a condition other than `$exists: false` on it, at
-    /// the top level, in a top-level `$and`, or in every arm of an `$or`.
-    pub fn requires_field(&self, path: &[String]) -> bool {
-        match self {
-            Selector::Field { path: p, cond } => p == path && !matches!(cond, Cond::Exists(false) | Cond::Not(_)),
-            Selector::And(arms) => arms.iter().any(|arm| arm.requires_field(path)),
-            Selector::Or(arms) => !arms.is_empty() && arms.iter().all(|arm| arm.requires_field(path)),
-            _ => false,
-        }
+    /// CouchDB's `mango_selector:has_required_fields`: whether every matching document must have
+    /// each of `required` (paths). A condition other than `$exists: false` on a field covers it,
+    /// at the top level or in an `$and`; an `$or` covers what all its arms cover, so an empty
+    /// `$or` covers everything.
+    pub fn has_required_fields(&self, required: &[Vec<String>]) -> bool {
+        fields_left_uncovered(std::slice::from_ref(self), required.to_vec()).is_empty()
+    }
+
+    /// CouchDB's `mango_idx_view:indexable_fields`: the fields with a condition an index range can
+    /// serve (`$eq`, `$lt`, `$lte`, `$gt`, `$gte`, `$beginsWith`, `$exists`), seen through `$and`
+    /// only; sorted.
+    pub fn indexable_fields(&self) -> Vec<String> {
+        let mut out = match self {
+            Selector::And(arms) => arms.iter().flat_map(Selector::indexable_fields).collect(),
+            Selector::Field {
+                path,
+                cond:
+                    Cond::Eq(_)
+                    | Cond::Lt(_)
+                    | Cond::Lte(_)
+                    | Cond::Gt(_)
+                    | Cond::Gte(_)
+                    | Cond::BeginsWith(_)
+                    | Cond::Exists(_),
+            } => vec![join_field(path)],
+            _ => Vec::new(),
+        };
+        out.sort();
+        out.dedup();
+        out
     }
 
     /// The field names the selector's top level conditions (for `_explain`'s hints), sorted.
@@ -322,6 +425,32 @@ impl Selector {
     }
 }
 
+/// `has_required_fields_int` over a list of selectors: the required paths none of them covers.
+fn fields_left_uncovered(list: &[Selector], mut required: Vec<Vec<String>>) -> Vec<Vec<String>> {
+    for selector in list {
+        if required.is_empty() {
+            break;
+        }
+        match selector {
+            Selector::And(arms) => required = fields_left_uncovered(arms, required),
+            Selector::Or(arms) => {
+                let mut left: Vec<Vec<String>> = arms
+                    .iter()
+                    .flat_map(|arm| fields_left_uncovered(std::slice::from_ref(arm), required.clone()))
+                    .collect();
+                left.sort();
+                left.dedup();
+                required = left;
+            }
+            Selector::Field { path, cond } if !matches!(cond, Cond::Exists(false)) => {
+                required.retain(|r| r != path);
+            }
+            _ => {}
+        }
+    }
+    required
+}
+
 impl Cond {
     fn to_json(&self) -> Value {
         let (op, arg) = match self {
@@ -338,7 +467,7 @@ impl Cond {
             Cond::All(v) => ("$all", Value::Array(v.clone())),
             Cond::Size(n) => ("$size", Value::from(*n)),
             Cond::Mod { divisor, remainder } => ("$mod", serde_json::json!([divisor, remainder])),
-            Cond::Regex(r) => ("$regex", Value::String(r.as_str().to_owned())),
+            Cond::Regex(r) => ("$regex", Value::String(r.pattern.clone())),
             Cond::ElemMatch(s) => ("$elemMatch", s.to_json()),
             Cond::AllMatch(s) => ("$allMatch", s.to_json()),
             Cond::KeyMapMatch(s) => ("$keyMapMatch", s.to_json()),
@@ -423,10 +552,38 @@ mod tests {
         assert_eq!(error(json!({"a": {"$size": -1}})).1, "bad_arg");
         assert_eq!(error(json!({"a": {"$mod": [0, 1]}})).1, "bad_arg");
         assert_eq!(error(json!({"a": {"$regex": "("}})).1, "bad_arg");
+        // mango_selector.erl (3.4.3) `norm_ops`: no `bad_arg` clause for these.
+        assert_eq!(
+            error(json!({"a": {"$regex": 5}})),
+            (400, "invalid_operator".into(), "Invalid operator: $regex".into())
+        );
+        assert_eq!(
+            error(json!({"a": {"$beginsWith": ["x"]}})),
+            (400, "invalid_operator".into(), "Invalid operator: $beginsWith".into())
+        );
+        // Documented differences: PCRE accepts these, this server's linear-time matcher does not.
+        assert_eq!(error(json!({"a": {"$regex": "(?<=x)y"}})).1, "bad_arg");
+        assert_eq!(error(json!({"a": {"$regex": "(a)\\1"}})).1, "bad_arg");
+        assert_eq!(error(json!({"a": {"$regex": "\\p{L}"}})).1, "bad_arg");
         assert_eq!(
             error(json!({"a": {"$where": "x"}})),
             (400, "not_supported".into(), "Unsupported operator: $where".into())
         );
+    }
+
+    #[test]
+    fn text_under_a_field_is_bad_field_as_in_couchdb() {
+        // mango_selector.erl (3.4.3): `$text` normalizes to `{"$default": {"$text": …}}`, and
+        // `norm_fields` refuses a `$default` below the top level with `bad_field`.
+        assert_eq!(
+            error(json!({"a": {"$text": "x"}})),
+            (
+                400,
+                "bad_field".into(),
+                "Invalid field normalization on selector: {[{<<\"$default\">>,{[{<<\"$text\">>,<<\"x\">>}]}}]}".into()
+            )
+        );
+        assert_eq!(error(json!({"a": {"$text": ["x"]}})).1, "bad_arg");
     }
 
     #[test]
@@ -442,9 +599,26 @@ mod tests {
         let s = parse(json!({"userId": "u", "n": {"$gt": 1}}).as_object().unwrap()).unwrap();
         assert_eq!(s.required_equal(&["userId"]), Some(&json!("u")));
         assert_eq!(s.required_equal(&["n"]), None);
-        assert!(s.requires_field(&["n".to_string()]));
+        assert!(s.has_required_fields(&[vec!["n".to_string()]]));
         let s = parse(json!({"$or": [{"a": 1}, {"b": 1}]}).as_object().unwrap()).unwrap();
-        assert!(!s.requires_field(&["a".to_string()]));
+        assert!(!s.has_required_fields(&[vec!["a".to_string()]]));
         assert_eq!(s.required_equal(&["a"]), None);
+    }
+
+    #[test]
+    fn required_fields_follow_couchdb_has_required_fields() {
+        // From mango_selector.erl (3.4.3): an `$or` leaves what any arm leaves, so an empty one
+        // leaves nothing; only `$exists: false` does not cover its field (a negated regex does).
+        let required = |selector: Value, fields: &[&str]| {
+            let s = parse(selector.as_object().unwrap()).unwrap();
+            s.has_required_fields(&fields.iter().map(|f| parse_field(f).unwrap()).collect::<Vec<_>>())
+        };
+        assert!(required(json!({"$or": []}), &["userId", "namespace"]));
+        assert!(required(json!({"a": {"$not": {"$regex": "x"}}}), &["a"]));
+        assert!(!required(json!({"a": {"$exists": false}}), &["a"]));
+        assert!(required(json!({"$or": [{"a": 1, "b": 1}, {"a": 2}]}), &["a"]));
+        assert!(!required(json!({"$or": [{"a": 1, "b": 1}, {"a": 2}]}), &["a", "b"]));
+        assert!(!required(json!({}), &["a"]));
+        assert!(required(json!({}), &[]));
     }
 }
