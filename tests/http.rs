@@ -2258,3 +2258,165 @@ async fn a_store_of_the_previous_release_is_told_to_upgrade() {
     assert_eq!(doc["value"], json!(7));
     server.stop().await;
 }
+
+// ---- bounds both faces share (the CouchDB API is served by the same connection code) ----
+
+/// The CouchDB API in this process over a fresh embedded store, serving until dropped.
+struct CouchServer {
+    addr: SocketAddr,
+    _stop: oneshot::Sender<()>,
+    _dir: TempDir,
+}
+
+/// The CouchDB API with these tests' settings, `tweak` applied.
+async fn couch_server(tweak: impl FnOnce(&mut Settings)) -> CouchServer {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut settings = settings(&dir);
+    tweak(&mut settings);
+    let url = settings.backend.parse().expect("backend url");
+    let backend = agentstore::backend::open(&url).await.expect("open embedded store");
+    let store =
+        Arc::new(agentstore::store::DataStore::open(backend, settings.store_options()).await.expect("store opens"));
+    let app = agentstore::couchdb_api::CouchApp::build(store, &settings).expect("couch app builds");
+    let listener = agentstore::couchdb_api::bind("127.0.0.1:0", &app, false).await.expect("bind loopback");
+    let addr = listener.local_addr().expect("local address");
+    let (stop, stopped) = oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let _ = app
+            .serve(listener, &settings, async move {
+                let _ = stopped.await;
+            })
+            .await;
+    });
+    CouchServer { addr, _stop: stop, _dir: dir }
+}
+
+/// How a stalling client sends its body.
+#[derive(Debug, Clone, Copy)]
+enum Stall {
+    /// Declares 1,000 bytes, sends 10, then nothing.
+    Stops,
+    /// Declares 1,000 bytes and sends one every 300 ms.
+    Trickles,
+    /// A chunked body whose last chunk never comes.
+    NeverEnds,
+}
+
+/// Opens a connection and sends `method path` with a body that stalls as `stall` says, with
+/// `headers` (each ending in CRLF). Answers the connection, still open, and the trickling task.
+async fn start_stalled(
+    addr: SocketAddr,
+    method_path: &str,
+    headers: &str,
+    stall: Stall,
+) -> (tokio::net::TcpStream, Option<JoinHandle<()>>) {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let framing = match stall {
+        Stall::Stops | Stall::Trickles => "Content-Length: 1000\r\n",
+        Stall::NeverEnds => "Transfer-Encoding: chunked\r\n",
+    };
+    let head = format!("{method_path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{headers}{framing}\r\n");
+    stream.write_all(head.as_bytes()).await.expect("send head");
+    let first: &[u8] = match stall {
+        Stall::Stops | Stall::Trickles => b"{\"docs\": [",
+        Stall::NeverEnds => b"a\r\n{\"docs\": [\r\n",
+    };
+    stream.write_all(first).await.expect("send the first body bytes");
+    if !matches!(stall, Stall::Trickles) {
+        return (stream, None);
+    }
+    // The writes go through a duplicate of the socket, so the reader keeps the stream itself.
+    let std = stream.into_std().expect("std stream");
+    let writer = std.try_clone().expect("clone the socket");
+    let stream = tokio::net::TcpStream::from_std(std).expect("tokio stream");
+    let mut writer = tokio::net::TcpStream::from_std(writer).expect("tokio writer");
+    let trickle = tokio::spawn(async move {
+        for _ in 0..900 {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            if writer.write_all(b" ").await.is_err() {
+                return;
+            }
+        }
+    });
+    (stream, Some(trickle))
+}
+
+/// Everything the server sends until it closes the connection (at most 30 s).
+async fn read_until_closed(stream: &mut tokio::net::TcpStream) -> String {
+    let mut response = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match tokio::time::timeout_at(deadline, stream.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) | Err(_) => break,
+            Ok(Ok(n)) => response.extend_from_slice(&buf[..n]),
+        }
+    }
+    String::from_utf8_lossy(&response).into_owned()
+}
+
+/// The answer must be a 408 whose JSON body names the bound.
+fn assert_body_timeout(response: &str, what: &str) {
+    assert!(response.starts_with("HTTP/1.1 408 "), "{what}: {response:?}");
+    let body = response.split("\r\n\r\n").nth(1).unwrap_or_default();
+    let body: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{what}: body not JSON ({e}): {response:?}"));
+    assert_eq!(body["error"], json!("request_timeout"), "{what}: {body}");
+    assert!(body["reason"].as_str().is_some_and(|r| r.contains("body_read_timeout_secs")), "{what}: {body}");
+}
+
+/// A body that stops, trickles, or never ends is cut at `body_read_timeout_secs` with a 408 on
+/// both faces. On REST the hard request cut (here at 2 s) used to answer such a client 504.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_bodies_are_408_on_both_faces() {
+    let rest = Server::start_with(|s| {
+        s.body_read_timeout_secs = 1;
+        s.request_timeout_secs = 1;
+    })
+    .await;
+    let couch = couch_server(|s| s.body_read_timeout_secs = 1).await;
+    let rest_put = format!("PUT {}", doc_path("u", "ns", "k"));
+    let targets = [
+        ("REST PUT", addr_of(&rest), rest_put.as_str()),
+        ("CouchDB _bulk_docs", couch.addr, "POST /agent_data_store/_bulk_docs"),
+        ("CouchDB POST /_session", couch.addr, "POST /_session"),
+    ];
+    for (face, addr, method_path) in targets {
+        for stall in [Stall::Stops, Stall::Trickles, Stall::NeverEnds] {
+            let (mut stream, trickle) = start_stalled(addr, method_path, "", stall).await;
+            let response = read_until_closed(&mut stream).await;
+            if let Some(trickle) = trickle {
+                trickle.abort();
+            }
+            assert_body_timeout(&response, &format!("{face}, body {stall:?}"));
+        }
+    }
+    rest.stop().await;
+}
+
+/// The attack of issue 22: anonymous `POST /_session` bodies that stall held every connection
+/// slot, so `/_up` and every login waited for as long as the attacker liked. Now each stalled
+/// login is answered 408 at the body timeout, its slot frees, and `/_up` is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_logins_no_longer_starve_up() {
+    const SLOTS: usize = 4;
+    let couch = couch_server(|s| {
+        s.body_read_timeout_secs = 1;
+        s.max_connections = SLOTS;
+        s.idle_timeout_secs = 600;
+    })
+    .await;
+    let mut stalled = Vec::new();
+    for i in 0..SLOTS {
+        let stall = if i % 2 == 0 { Stall::Stops } else { Stall::NeverEnds };
+        stalled.push(start_stalled(couch.addr, "POST /_session", "", stall).await.0);
+    }
+    // Beyond the cap: waits in the listen backlog for a slot.
+    let mut up = tokio::net::TcpStream::connect(couch.addr).await.expect("connect");
+    up.write_all(b"GET /_up HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.expect("send");
+    for (i, stream) in stalled.iter_mut().enumerate() {
+        assert_body_timeout(&read_until_closed(stream).await, &format!("stalled login {i}"));
+    }
+    let answer = read_until_closed(&mut up).await;
+    assert!(answer.starts_with("HTTP/1.1 200 "), "/_up after the stalled logins: {answer:?}");
+    assert!(answer.contains("\"status\":\"ok\""), "{answer}");
+}
