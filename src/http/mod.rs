@@ -6,7 +6,7 @@
 //! `openapi.json` documents exactly those (a test checks).
 
 mod auth;
-mod body;
+pub(crate) mod body;
 mod changes;
 mod conn;
 mod error;
