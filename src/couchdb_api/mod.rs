@@ -204,11 +204,13 @@ async fn authenticate(mut request: Request, next: Next) -> Response {
 async fn post_session(
     State(state): State<CouchState>,
     RawQuery(query): RawQuery,
+    peer: Option<axum::Extension<axum::extract::ConnectInfo<SocketAddr>>>,
     headers: HeaderMap,
     body: axum::body::Body,
 ) -> Response {
+    let peer = peer.map(|info| info.0 .0.ip());
     match state.bodies.read_login(&headers, body).await {
-        Ok(body) => session::post_session(&state.auth, &headers, query.as_deref(), body).await,
+        Ok(body) => session::post_session(&state.auth, &headers, query.as_deref(), body, peer).await,
         Err(err) => err.into_response(),
     }
 }
