@@ -402,6 +402,8 @@ mod tests {
         let inflated = format!("{{\"pad\": \"{}\"}}", " ".repeat(4 << 20));
         let compressed = gzip(inflated.as_bytes());
         assert!(compressed.len() < 64 << 10, "{} bytes compressed", compressed.len());
+        // Declared, as clients do: the compressed size is all the raw budget learns up front.
+        headers.insert(header::CONTENT_LENGTH, compressed.len().into());
         let before = bodies.decoded.permits.available_permits();
         let body = bodies.read_json(&headers, Body::from(compressed)).await.unwrap().unwrap();
         let taken = (before - bodies.decoded.permits.available_permits()) * PERMIT_BYTES;
