@@ -2367,7 +2367,8 @@ async fn read_until_closed(stream: &mut tokio::net::TcpStream) -> String {
 fn assert_body_timeout(response: &str, what: &str) {
     assert!(response.starts_with("HTTP/1.1 408 "), "{what}: {response:?}");
     let body = response.split("\r\n\r\n").nth(1).unwrap_or_default();
-    let body: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{what}: body not JSON ({e}): {response:?}"));
+    let body: Value =
+        serde_json::from_str(body).unwrap_or_else(|e| panic!("{what}: body not JSON ({e}): {response:?}"));
     assert_eq!(body["error"], json!("request_timeout"), "{what}: {body}");
     assert!(body["reason"].as_str().is_some_and(|r| r.contains("body_read_timeout_secs")), "{what}: {body}");
 }
@@ -2454,7 +2455,10 @@ fn couch_logins(settings: &mut Settings) {
 
 fn basic_header(name: &str, password: &str) -> String {
     use base64::Engine;
-    format!("Authorization: Basic {}\r\n", base64::engine::general_purpose::STANDARD.encode(format!("{name}:{password}")))
+    format!(
+        "Authorization: Basic {}\r\n",
+        base64::engine::general_purpose::STANDARD.encode(format!("{name}:{password}"))
+    )
 }
 
 /// One whole request over a fresh connection (`Connection: close`); answers the status code and
@@ -2471,11 +2475,8 @@ async fn couch_call(addr: SocketAddr, method_path: &str, headers: &str, body: &[
     let response = read_until_closed(&mut stream).await;
     let status = response.get(9..12).and_then(|code| code.parse().ok()).unwrap_or(0);
     let (head, body) = response.split_once("\r\n\r\n").unwrap_or_default();
-    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
-        dechunk(body)
-    } else {
-        body.to_owned()
-    };
+    let body =
+        if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(body) } else { body.to_owned() };
     (status, serde_json::from_str(&body).unwrap_or(Value::Null))
 }
 
@@ -2572,7 +2573,10 @@ async fn a_heartbeat_costs_newlines_not_reads_and_a_feed_ends() {
                        Connection: close\r\n\r\n";
         stream.write_all(request.as_bytes()).await.expect("send");
         let response = read_until_closed(&mut stream).await;
-        (response.get(9..12).unwrap_or_default().to_owned(), response.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned())
+        (
+            response.get(9..12).unwrap_or_default().to_owned(),
+            response.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned(),
+        )
     };
     assert_eq!(status, "200");
     let body = dechunk(&body);
@@ -2640,12 +2644,19 @@ async fn long_lived_feeds_per_login_are_bounded() {
         assert!(head.starts_with("HTTP/1.1 200 "), "feed {i}: {head}");
         held.push(stream);
     }
-    let (status, body) = couch_call(couch.addr, "GET /agent_data_store/_changes?feed=longpoll&since=now", &basic_header("alice", "alice-pw"), b"").await;
+    let (status, body) = couch_call(
+        couch.addr,
+        "GET /agent_data_store/_changes?feed=longpoll&since=now",
+        &basic_header("alice", "alice-pw"),
+        b"",
+    )
+    .await;
     assert_eq!(status, 429, "{body}");
     assert_eq!(body["error"], json!("too_many_requests"), "{body}");
     assert!(body["reason"].as_str().is_some_and(|r| r.contains("couchdb_max_feeds_per_login")), "{body}");
     // A normal feed is not long-lived, and another login has its own count.
-    let (status, body) = couch_call(couch.addr, "GET /agent_data_store/_changes", &basic_header("alice", "alice-pw"), b"").await;
+    let (status, body) =
+        couch_call(couch.addr, "GET /agent_data_store/_changes", &basic_header("alice", "alice-pw"), b"").await;
     assert_eq!(status, 200, "{body}");
     let mut other = tokio::net::TcpStream::connect(couch.addr).await.expect("connect");
     other.write_all(feed("admin", "admin-pw", "longpoll").as_bytes()).await.expect("send");

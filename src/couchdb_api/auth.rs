@@ -946,7 +946,10 @@ pub(super) mod tests {
         auth.identify_from(&basic("alice", "guess"), peer(1)).await.unwrap_err();
         assert_eq!(auth.password_verifications(), runs, "a locked pair runs no hash");
         // Another login from the same peer, and the same login from another peer, still work.
-        assert_eq!(auth.identify_from(&basic("admin", "admin-pw"), peer(1)).await.unwrap().principal, Some(Principal::Admin));
+        assert_eq!(
+            auth.identify_from(&basic("admin", "admin-pw"), peer(1)).await.unwrap().principal,
+            Some(Principal::Admin)
+        );
         let alice = auth.identify_from(&basic("alice", "alice-pw"), peer(2)).await.unwrap();
         assert_eq!(alice.principal, Some(Principal::User("user_123".into())));
         // `POST /_session` counts and is refused the same way.

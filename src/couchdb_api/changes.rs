@@ -235,9 +235,9 @@ fn parse_request(
     let heartbeat = match param("heartbeat") {
         None | Some("false") => None,
         Some("true") => Some(bounds.max_timeout),
-        Some(ms) => Some(
-            Duration::from_millis(whole_number("heartbeat", ms)?).clamp(bounds.min_heartbeat, bounds.max_timeout),
-        ),
+        Some(ms) => {
+            Some(Duration::from_millis(whole_number("heartbeat", ms)?).clamp(bounds.min_heartbeat, bounds.max_timeout))
+        }
     };
     let timeout = match param("timeout") {
         None => bounds.max_timeout,

@@ -210,7 +210,7 @@ async fn post_session(
 ) -> Response {
     let peer = peer.map(|info| info.0 .0.ip());
     match state.bodies.read_login(&headers, body).await {
-        Ok(body) => session::post_session(&state.auth, &headers, query.as_deref(), body, peer).await,
+        Ok(body) => session::post_session_from(&state.auth, &headers, query.as_deref(), body, peer).await,
         Err(err) => err.into_response(),
     }
 }

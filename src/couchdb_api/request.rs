@@ -115,7 +115,10 @@ impl Bodies {
     /// The limits and budgets `settings` give.
     pub fn from_settings(settings: &Settings) -> Self {
         Bodies {
-            default_limit: EndpointLimit { bytes: settings.couchdb_request_limit(), setting: "couchdb_max_request_bytes" },
+            default_limit: EndpointLimit {
+                bytes: settings.couchdb_request_limit(),
+                setting: "couchdb_max_request_bytes",
+            },
             login_limit: EndpointLimit { bytes: settings.couchdb_max_login_bytes, setting: "couchdb_max_login_bytes" },
             raw: ByteBudget::new(settings.inflight_body_budget()),
             decoded: ByteBudget::new(settings.max_inflight_parse_bytes),

@@ -185,8 +185,13 @@ fn http_date(unix_secs: u64) -> String {
 
 /// `POST /_session`: logs in with `name` (or `username`) and `password` from a form-urlencoded or
 /// JSON body; sets the cookie. `?next=/path` answers 302 to that path on success.
-/// A failed login counts toward the lockout of its name from `peer` (see [`super::auth`]).
-pub async fn post_session(
+pub async fn post_session(auth: &CouchAuth, headers: &HeaderMap, query: Option<&str>, body: Bytes) -> Response {
+    post_session_from(auth, headers, query, body, None).await
+}
+
+/// [`post_session`] for a request from `peer`: a failed login counts toward the lockout of its
+/// name from that address (see [`super::auth`]).
+pub async fn post_session_from(
     auth: &CouchAuth,
     headers: &HeaderMap,
     query: Option<&str>,
@@ -507,7 +512,7 @@ mod tests {
         let auth = two_logins();
         let body = Bytes::from_static(b"name=alice&password=alice-pw");
         let form = form_headers("application/x-www-form-urlencoded");
-        let response = post_session(&auth, &form, None, body, None).await;
+        let response = post_session(&auth, &form, None, body).await;
         assert_eq!(response.status(), StatusCode::OK);
         assert_eq!(response.headers()[header::CONTENT_TYPE], "application/json");
         let cookie = cookie_of(&response.headers()[header::SET_COOKIE]);
@@ -519,7 +524,7 @@ mod tests {
 
         let json = form_headers("application/json");
         let body = Bytes::from_static(br#"{"username":"admin","password":"admin-pw"}"#);
-        let response = post_session(&auth, &json, None, body, None).await;
+        let response = post_session(&auth, &json, None, body).await;
         assert_eq!(body_json(response).await, json!({ "ok": true, "name": "admin", "roles": ["_admin"] }));
     }
 
@@ -527,7 +532,7 @@ mod tests {
     async fn a_failed_login_is_couchdbs_401_and_clears_the_cookie() {
         let auth = two_logins();
         let body = Bytes::from_static(b"name=admin&password=wrong");
-        let response = post_session(&auth, &form_headers("application/x-www-form-urlencoded"), None, body, None).await;
+        let response = post_session(&auth, &form_headers("application/x-www-form-urlencoded"), None, body).await;
         let (status, fixture_body) = fixture_response(AUTH_WRONG_PASSWORD);
         assert_eq!(response.status(), status);
         assert_eq!(response.headers()[header::CONTENT_TYPE], "application/json");
@@ -540,12 +545,12 @@ mod tests {
         let auth = two_logins();
         let form = form_headers("application/x-www-form-urlencoded");
         let login = || Bytes::from_static(b"name=alice&password=alice-pw");
-        let response = post_session(&auth, &form, Some("next=%2F_utils%2F"), login(), None).await;
+        let response = post_session(&auth, &form, Some("next=%2F_utils%2F"), login()).await;
         assert_eq!(response.status(), StatusCode::FOUND);
         assert_eq!(response.headers()[header::LOCATION], "/_utils/");
         assert!(response.headers().contains_key(header::SET_COOKIE));
         for next in ["https%3A%2F%2Fevil.example%2F", "%2F%2Fevil.example", "%2F%5Cevil", "relative", "%2Fa%20b"] {
-            let response = post_session(&auth, &form, Some(&format!("next={next}")), login(), None).await;
+            let response = post_session(&auth, &form, Some(&format!("next={next}")), login()).await;
             assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{next}");
             assert!(!response.headers().contains_key(header::SET_COOKIE), "{next}");
         }
@@ -640,7 +645,7 @@ mod tests {
         // CouchDB's replicator first POSTs /_session and fails the job on anything but 200 or 404.
         let open = CouchAuth::from_settings(&settings("").unwrap()).unwrap();
         let body = Bytes::from_static(br#"{"name":"replicator","password":"x"}"#);
-        let response = post_session(&open, &form_headers("application/json"), None, body, None).await;
+        let response = post_session(&open, &form_headers("application/json"), None, body).await;
         assert_eq!(response.status(), StatusCode::OK);
         assert!(response.headers().contains_key(header::SET_COOKIE));
         assert_eq!(body_json(response).await, json!({ "ok": true, "name": "replicator", "roles": ["_admin"] }));
