@@ -8,7 +8,7 @@
 //! Verifying a password hash costs tens of milliseconds on purpose, and CouchDB clients send Basic
 //! credentials with every request, so credentials that verified once are remembered in a bounded
 //! cache keyed by a keyed hash of name and password (never the password itself). Wrong passwords
-//! are never cached: each one pays the full hash, on a blocking thread, a few at a time.
+//! are never cached: each one pays the full hash, on one of a few password-check threads.
 //!
 //! Failed logins are not free ([`Lockout`], like CouchDB 3.4's `chttpd_auth_lockout`): after
 //! `couchdb_lockout_threshold` failures of one name from one peer address within
@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
+use argon2::password_hash::{PasswordHash, PasswordHasher, SaltString};
 use argon2::Argon2;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -152,6 +152,8 @@ pub struct CouchAuth {
     /// Checks waiting for the suspect lane, and how many may.
     suspect_waiting: Arc<AtomicUsize>,
     max_suspect_waiting: usize,
+    /// Where the hashes run: one thread per slot of both lanes.
+    kdf_threads: KdfThreads,
 }
 
 /// The lockout's settings.
@@ -331,6 +333,7 @@ impl CouchAuth {
             suspect_slots: Arc::new(Semaphore::new(1)),
             suspect_waiting: Arc::new(AtomicUsize::new(0)),
             max_suspect_waiting,
+            kdf_threads: KdfThreads::new(parallelism + 1),
         }
     }
 
@@ -495,12 +498,56 @@ impl CouchAuth {
         let slot = slots.clone().acquire_owned().await.map_err(|_| CouchError::internal("password check closed"))?;
         drop(waiting);
         self.kdf_runs.fetch_add(1, Ordering::Relaxed);
-        tokio::task::spawn_blocking(move || {
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        self.kdf_threads.run(Box::new(move || {
             let _slot = slot;
-            password_matches(&hash, &password)
-        })
-        .await
-        .map_err(|e| CouchError::internal(format!("password check failed: {e}")))
+            let _ = answer.send(password_matches(&hash, &password));
+        }))?;
+        answered.await.map_err(|_| CouchError::internal("password check failed: its thread stopped"))
+    }
+}
+
+/// A password check to run on a KDF thread.
+type KdfJob = Box<dyn FnOnce() + Send>;
+
+/// The threads password hashes run on: as many as may run at once (the lanes' slots), kept for
+/// the process's life. Not the blocking pool: each Argon2 run allocates its memory cost (19 MiB)
+/// and the allocator keeps such blocks per thread arena, so hashes spread over the blocking
+/// pool's changing threads left hundreds of megabytes resident after a flood of guesses; a few
+/// fixed threads keep it to a few blocks.
+#[derive(Debug)]
+struct KdfThreads {
+    jobs: Mutex<std::sync::mpsc::Sender<KdfJob>>,
+}
+
+impl KdfThreads {
+    fn new(threads: usize) -> Self {
+        let (jobs, queue) = std::sync::mpsc::channel::<KdfJob>();
+        let queue = Arc::new(Mutex::new(queue));
+        for i in 0..threads.max(1) {
+            let queue = Arc::clone(&queue);
+            let spawned = std::thread::Builder::new().name(format!("password-check-{i}")).spawn(move || loop {
+                // The lock is held only to take a job; the job runs after it is released. The
+                // thread ends when every sender is gone (the auth dropped).
+                let job = match queue.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).recv() {
+                    Ok(job) => job,
+                    Err(_) => return,
+                };
+                job();
+            });
+            if let Err(e) = spawned {
+                tracing::warn!(error = %e, "cannot start a password-check thread");
+            }
+        }
+        KdfThreads { jobs: Mutex::new(jobs) }
+    }
+
+    fn run(&self, job: KdfJob) -> Result<(), CouchError> {
+        self.jobs
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .send(job)
+            .map_err(|_| CouchError::internal("password checks are not running"))
     }
 }
 
@@ -566,9 +613,33 @@ fn check_password_hash(phc: &str) -> std::result::Result<(), String> {
     Ok(())
 }
 
+thread_local! {
+    /// This thread's Argon2 working memory, reused by every check it runs: a fresh 19 MiB
+    /// allocation per check is what the allocator kept resident after a flood of guesses.
+    static KDF_MEMORY: std::cell::RefCell<Vec<argon2::Block>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Whether the password matches the PHC string (which carries its own algorithm and parameters).
+/// The hash is computed into this thread's reused memory and compared in constant time.
 fn password_matches(phc: &str, password: &str) -> bool {
-    PasswordHash::new(phc).is_ok_and(|hash| Argon2::default().verify_password(password.as_bytes(), &hash).is_ok())
+    let Ok(hash) = PasswordHash::new(phc) else { return false };
+    let (Ok(algorithm), Ok(params)) = (argon2::Algorithm::try_from(hash.algorithm), argon2::Params::try_from(&hash))
+    else {
+        return false;
+    };
+    let Ok(version) = hash.version.map_or(Ok(argon2::Version::V0x13), argon2::Version::try_from) else { return false };
+    let (Some(salt), Some(expected)) = (hash.salt, hash.hash) else { return false };
+    let mut salt_bytes = [0u8; 64];
+    let Ok(salt) = salt.decode_b64(&mut salt_bytes) else { return false };
+    let mut computed = vec![0u8; expected.len()];
+    let blocks = params.block_count();
+    let argon2 = Argon2::new(algorithm, version, params);
+    let hashed = KDF_MEMORY.with(|memory| {
+        let mut memory = memory.borrow_mut();
+        memory.resize(blocks, argon2::Block::default());
+        argon2.hash_password_into_with_memory(password.as_bytes(), salt, &mut computed, &mut memory[..])
+    });
+    hashed.is_ok() && argon2::password_hash::Output::new(&computed).is_ok_and(|computed| computed == expected)
 }
 
 /// The PHC string of a password: Argon2id with the crate's default (OWASP) parameters and a
