@@ -119,8 +119,8 @@ pub struct Settings {
     /// Most (name, peer address) pairs the lockout remembers; the oldest go first (CouchDB's
     /// `max_objects`).
     pub couchdb_lockout_max_entries: usize,
-    /// Password checks from peers with recent failed logins that may wait at once for their own
-    /// (single) verification slot; past it, 429 at once.
+    /// Password checks from peers with `couchdb_lockout_threshold` recent failed logins (any
+    /// names) that may wait at once for their own (single) verification slot; past it, 429 at once.
     pub couchdb_max_queued_suspect_logins: usize,
 }
 

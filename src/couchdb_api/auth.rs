@@ -15,7 +15,7 @@
 //! `couchdb_lockout_secs`, that pair is answered CouchDB's 403 ("Account is temporarily locked
 //! due to multiple authentication failures") for the rest of that period, before any hash is run,
 //! on Basic and `POST /_session` alike. And guesses cannot starve known-good credentials: a peer
-//! with recent failures has its password checks run in a lane of their own (one at a time, at
+//! with as many recent failures (of any names) has its password checks run in a lane of their own (one at a time, at
 //! most `couchdb_max_queued_suspect_logins` waiting, 429 at once past that), so a login from
 //! anyone else never queues behind a flood of guesses. Both tables are bounded in entries.
 
@@ -195,8 +195,11 @@ impl Lockout {
         self.threshold > 0 && self.by_name.count(&(peer, name.to_owned()), Instant::now()) >= self.threshold
     }
 
+    /// Whether a peer's checks go to the suspect lane: as many recent failures from it, of any
+    /// names, as would lock one name (at least one), so a typo or two does not slow an address
+    /// (nor every client behind one proxy) while a guesser rotating names soon is.
     fn is_suspect(&self, peer: IpAddr) -> bool {
-        self.by_peer.count(&peer, Instant::now()) > 0
+        self.by_peer.count(&peer, Instant::now()) >= self.threshold.max(1)
     }
 
     fn record_failure(&self, peer: IpAddr, name: &str) {
@@ -1071,7 +1074,11 @@ pub(super) mod tests {
         );
         let auth = Arc::new(CouchAuth::from_settings(&settings(&toml).unwrap()).unwrap());
         let attacker = peer(66);
-        assert!(auth.identify_from(&basic("alice", "guess"), attacker).await.is_err());
+        // Guesses rotating names lock none of them, but make the address a suspect.
+        for i in 0..5 {
+            let err = auth.identify_from(&basic(&format!("name{i}"), "guess"), attacker).await.unwrap_err();
+            assert_eq!(err.status, StatusCode::UNAUTHORIZED);
+        }
         // The suspect lane is busy (as with a slow guess running).
         let busy = auth.suspect_slots.clone().acquire_owned().await.unwrap();
         let queued = tokio::spawn({
