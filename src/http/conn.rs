@@ -6,8 +6,9 @@
 //! - A request head must arrive whole within `header_read_timeout` (hyper's HTTP/1 timer; on a
 //!   keep-alive connection it runs from the end of the previous response).
 //! - A connection where no request is being handled and no byte moved either way for
-//!   `idle_timeout` is closed: idle keep-alive connections, clients that stall mid-body, clients
-//!   that stop reading a response.
+//!   `idle_timeout` is closed: idle keep-alive connections, clients that stop reading a response.
+//!   (It does not run while a request is handled, so it never cut a stalled body: the next bound
+//!   does.)
 //! - A request body must arrive whole within `body_read_timeout`, counted from when the handler
 //!   first asks for it (a body that stops, trickles, or a chunked body that never ends). The
 //!   handler then sees a read error, and whatever it answers is replaced by a 408 naming the bound:
