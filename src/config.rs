@@ -439,3 +439,46 @@ impl Settings {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(toml: &str) -> Result<Settings> {
+        let dir = tempfile::tempdir().map_err(|e| Error::new(ErrorKind::Internal, e.to_string()))?;
+        let path = dir.path().join("agentstore.toml");
+        std::fs::write(&path, toml).map_err(|e| Error::new(ErrorKind::Internal, e.to_string()))?;
+        Settings::load(Some(&path), &Overrides::default())
+    }
+
+    /// The bounds of issue 22 have defaults (CouchDB's own where it has one) and refuse values
+    /// that would switch them off, naming the setting.
+    #[test]
+    fn the_bounds_have_defaults_and_refuse_unusable_values() {
+        let settings = load("").unwrap();
+        assert_eq!(settings.body_read_timeout_secs, 30);
+        assert_eq!(settings.couchdb_max_query_bytes, 1 << 20);
+        assert_eq!(settings.couchdb_max_login_bytes, 16 << 10);
+        assert_eq!(settings.couchdb_changes_timeout_ms, 60_000);
+        assert_eq!(settings.couchdb_changes_min_heartbeat_ms, 1_000);
+        assert_eq!(settings.couchdb_changes_max_feed_secs, 3_600);
+        assert_eq!(settings.couchdb_max_feeds_per_login, 16);
+        assert_eq!(
+            (settings.couchdb_lockout_threshold, settings.couchdb_lockout_secs, settings.couchdb_lockout_max_entries),
+            (5, 300, 10_000)
+        );
+        assert_eq!(settings.couchdb_max_queued_suspect_logins, 8);
+        for (toml, field) in [
+            ("body_read_timeout_secs = 0", "body_read_timeout_secs"),
+            ("couchdb_max_query_bytes = 0", "couchdb_max_query_bytes"),
+            ("couchdb_max_feeds_per_login = 0", "couchdb_max_feeds_per_login"),
+            ("couchdb_changes_timeout_ms = 0", "couchdb_changes_timeout_ms"),
+            ("couchdb_changes_min_heartbeat_ms = 70000", "couchdb_changes_min_heartbeat_ms"),
+            ("couchdb_lockout_max_entries = 0", "couchdb_lockout_max_entries"),
+        ] {
+            let message = load(toml).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(message.contains(field), "{toml}: {message:?}");
+        }
+        assert_eq!(load("couchdb_lockout_threshold = 0").unwrap().couchdb_lockout_threshold, 0, "0 turns it off");
+    }
+}
