@@ -93,6 +93,35 @@ pub struct Settings {
     /// Largest request body the CouchDB API reads (after gzip decompression): `_bulk_docs` and
     /// restores send many documents at once. Default 64 MiB, never below the body limit.
     pub couchdb_max_request_bytes: Option<usize>,
+    /// A request body must arrive whole within this many seconds of the server starting to read
+    /// it (both APIs); a client that stalls gets 408.
+    pub body_read_timeout_secs: u64,
+    /// Largest body of the CouchDB API's query endpoints (`_find`, `_explain`, `_index`,
+    /// `POST _changes`, `_revs_diff`), after decompression.
+    pub couchdb_max_query_bytes: usize,
+    /// Largest `POST /_session` login body, after decompression (read without credentials).
+    pub couchdb_max_login_bytes: usize,
+    /// Longest `timeout` a `_changes` longpoll or continuous feed may ask for, in milliseconds; also
+    /// the default and the longest heartbeat interval (CouchDB's `changes_timeout`).
+    pub couchdb_changes_timeout_ms: u64,
+    /// Shortest `heartbeat` interval of a `_changes` feed, in milliseconds; smaller ones are raised.
+    pub couchdb_changes_min_heartbeat_ms: u64,
+    /// Longest life of a continuous `_changes` feed kept open by heartbeats, in seconds.
+    pub couchdb_changes_max_feed_secs: u64,
+    /// Long-lived `_changes` feeds (longpoll, continuous) one login holds at once (per peer address
+    /// when the API is open); past it, 429.
+    pub couchdb_max_feeds_per_login: usize,
+    /// Failed logins per (name, peer address) after which that pair is locked out (403), like
+    /// CouchDB's `chttpd_auth_lockout` `threshold`; 0 turns the lockout off.
+    pub couchdb_lockout_threshold: u32,
+    /// How long failures are counted and a lockout lasts, in seconds (CouchDB's `max_lifetime`).
+    pub couchdb_lockout_secs: u64,
+    /// Most (name, peer address) pairs the lockout remembers; the oldest go first (CouchDB's
+    /// `max_objects`).
+    pub couchdb_lockout_max_entries: usize,
+    /// Password checks from peers with `couchdb_lockout_threshold` recent failed logins (any
+    /// names) that may wait at once for their own (single) verification slot; past it, 429 at once.
+    pub couchdb_max_queued_suspect_logins: usize,
 }
 
 /// Tokens: in a config file a list of `{ sha256 = "…", user = "…" }` or
@@ -240,6 +269,17 @@ impl Settings {
             .and_then(|b| b.set_default("max_connections", 1024u64))
             .and_then(|b| b.set_default("max_inflight_parse_bytes", 128u64 << 20))
             .and_then(|b| b.set_default("couchdb_db", crate::couchdb_api::DEFAULT_DB))
+            .and_then(|b| b.set_default("body_read_timeout_secs", 30u64))
+            .and_then(|b| b.set_default("couchdb_max_query_bytes", 1u64 << 20))
+            .and_then(|b| b.set_default("couchdb_max_login_bytes", 16u64 << 10))
+            .and_then(|b| b.set_default("couchdb_changes_timeout_ms", 60_000u64))
+            .and_then(|b| b.set_default("couchdb_changes_min_heartbeat_ms", 1_000u64))
+            .and_then(|b| b.set_default("couchdb_changes_max_feed_secs", 3_600u64))
+            .and_then(|b| b.set_default("couchdb_max_feeds_per_login", 16u64))
+            .and_then(|b| b.set_default("couchdb_lockout_threshold", 5u64))
+            .and_then(|b| b.set_default("couchdb_lockout_secs", 300u64))
+            .and_then(|b| b.set_default("couchdb_lockout_max_entries", 10_000u64))
+            .and_then(|b| b.set_default("couchdb_max_queued_suspect_logins", 8u64))
             .map_err(bad)?;
         builder = match file {
             Some(path) => {
@@ -306,10 +346,31 @@ impl Settings {
             ("request_timeout_secs", self.request_timeout_secs),
             ("header_read_timeout_secs", self.header_read_timeout_secs),
             ("idle_timeout_secs", self.idle_timeout_secs),
+            ("body_read_timeout_secs", self.body_read_timeout_secs),
+            ("couchdb_changes_timeout_ms", self.couchdb_changes_timeout_ms),
+            ("couchdb_changes_min_heartbeat_ms", self.couchdb_changes_min_heartbeat_ms),
+            ("couchdb_changes_max_feed_secs", self.couchdb_changes_max_feed_secs),
+            ("couchdb_lockout_secs", self.couchdb_lockout_secs),
         ] {
             if secs == 0 {
                 return Err(Error::invalid(field, "must be at least 1"));
             }
+        }
+        for (field, count) in [
+            ("couchdb_max_query_bytes", self.couchdb_max_query_bytes),
+            ("couchdb_max_login_bytes", self.couchdb_max_login_bytes),
+            ("couchdb_max_feeds_per_login", self.couchdb_max_feeds_per_login),
+            ("couchdb_lockout_max_entries", self.couchdb_lockout_max_entries),
+        ] {
+            if count == 0 {
+                return Err(Error::invalid(field, "must be at least 1"));
+            }
+        }
+        if self.couchdb_changes_min_heartbeat_ms > self.couchdb_changes_timeout_ms {
+            return Err(Error::invalid(
+                "couchdb_changes_min_heartbeat_ms",
+                "must be at most couchdb_changes_timeout_ms (the longest heartbeat interval)",
+            ));
         }
         if !(1..=MAX_CONNECTIONS).contains(&self.max_connections) {
             return Err(Error::invalid("max_connections", format!("must be from 1 to {MAX_CONNECTIONS}")));
@@ -376,5 +437,48 @@ impl Settings {
             page_size: self.page_size,
             deadline: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(toml: &str) -> Result<Settings> {
+        let dir = tempfile::tempdir().map_err(|e| Error::new(ErrorKind::Internal, e.to_string()))?;
+        let path = dir.path().join("agentstore.toml");
+        std::fs::write(&path, toml).map_err(|e| Error::new(ErrorKind::Internal, e.to_string()))?;
+        Settings::load(Some(&path), &Overrides::default())
+    }
+
+    /// The bounds of issue 22 have defaults (CouchDB's own where it has one) and refuse values
+    /// that would switch them off, naming the setting.
+    #[test]
+    fn the_bounds_have_defaults_and_refuse_unusable_values() {
+        let settings = load("").unwrap();
+        assert_eq!(settings.body_read_timeout_secs, 30);
+        assert_eq!(settings.couchdb_max_query_bytes, 1 << 20);
+        assert_eq!(settings.couchdb_max_login_bytes, 16 << 10);
+        assert_eq!(settings.couchdb_changes_timeout_ms, 60_000);
+        assert_eq!(settings.couchdb_changes_min_heartbeat_ms, 1_000);
+        assert_eq!(settings.couchdb_changes_max_feed_secs, 3_600);
+        assert_eq!(settings.couchdb_max_feeds_per_login, 16);
+        assert_eq!(
+            (settings.couchdb_lockout_threshold, settings.couchdb_lockout_secs, settings.couchdb_lockout_max_entries),
+            (5, 300, 10_000)
+        );
+        assert_eq!(settings.couchdb_max_queued_suspect_logins, 8);
+        for (toml, field) in [
+            ("body_read_timeout_secs = 0", "body_read_timeout_secs"),
+            ("couchdb_max_query_bytes = 0", "couchdb_max_query_bytes"),
+            ("couchdb_max_feeds_per_login = 0", "couchdb_max_feeds_per_login"),
+            ("couchdb_changes_timeout_ms = 0", "couchdb_changes_timeout_ms"),
+            ("couchdb_changes_min_heartbeat_ms = 70000", "couchdb_changes_min_heartbeat_ms"),
+            ("couchdb_lockout_max_entries = 0", "couchdb_lockout_max_entries"),
+        ] {
+            let message = load(toml).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(message.contains(field), "{toml}: {message:?}");
+        }
+        assert_eq!(load("couchdb_lockout_threshold = 0").unwrap().couchdb_lockout_threshold, 0, "0 turns it off");
     }
 }

@@ -8,13 +8,25 @@
 //! Verifying a password hash costs tens of milliseconds on purpose, and CouchDB clients send Basic
 //! credentials with every request, so credentials that verified once are remembered in a bounded
 //! cache keyed by a keyed hash of name and password (never the password itself). Wrong passwords
-//! are never cached: each one pays the full hash, on a blocking thread, a few at a time.
+//! are never cached: each one pays the full hash, on one of a few password-check threads.
+//!
+//! Failed logins are not free ([`Lockout`], like CouchDB 3.4's `chttpd_auth_lockout`): after
+//! `couchdb_lockout_threshold` failures of one name from one peer address within
+//! `couchdb_lockout_secs`, that pair is answered CouchDB's 403 ("Account is temporarily locked
+//! due to multiple authentication failures") for the rest of that period, before any hash is run,
+//! on Basic and `POST /_session` alike. And guesses cannot starve known-good credentials: a peer
+//! with as many recent failures (of any names) has its password checks run in a lane of their own (one at a time, at
+//! most `couchdb_max_queued_suspect_logins` waiting, 429 at once past that), so a login from
+//! anyone else never queues behind a flood of guesses. Both tables are bounded in entries.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::hash::Hash;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
+use argon2::password_hash::{PasswordHash, PasswordHasher, SaltString};
 use argon2::Argon2;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -31,6 +43,10 @@ use crate::model::Limits;
 pub const NOT_AUTHORIZED_FOR_DB: &str = "You are not authorized to access this db.";
 /// CouchDB's answer to a wrong name or password, on Basic and on `POST /_session` (fixture 008).
 pub const WRONG_CREDENTIALS: &str = "Name or password is incorrect.";
+
+/// CouchDB's answer to a locked-out name and peer (`couch_httpd_auth.erl`'s `LOCKOUT_MSG` in
+/// CouchDB 3.4.3's source; its test suite's `auth_lockout_test.exs` expects the same text).
+pub const LOCKED_OUT: &str = "Account is temporarily locked due to multiple authentication failures";
 
 /// Credentials remembered after a successful verification. Each entry is a 32-byte key and a
 /// pointer, so the cache stays under a megabyte.
@@ -129,6 +145,155 @@ pub struct CouchAuth {
     /// exhausting memory or the blocking pool.
     kdf_slots: Arc<Semaphore>,
     kdf_runs: AtomicU64,
+    /// Failed logins by name and peer, and by peer.
+    lockout: Lockout,
+    /// The lane of password checks from peers with recent failures: one at a time.
+    suspect_slots: Arc<Semaphore>,
+    /// Checks waiting for the suspect lane, and how many may.
+    suspect_waiting: Arc<AtomicUsize>,
+    max_suspect_waiting: usize,
+    /// Where the hashes run: one thread per slot of both lanes.
+    kdf_threads: KdfThreads,
+}
+
+/// The lockout's settings.
+#[derive(Debug, Clone, Copy)]
+pub struct LockoutSettings {
+    /// Failures that lock a (name, peer) pair; 0: no lockout.
+    pub threshold: u32,
+    /// How long failures count and a lockout lasts.
+    pub period: Duration,
+    /// Most pairs (and peers) remembered.
+    pub max_entries: usize,
+}
+
+impl Default for LockoutSettings {
+    /// CouchDB's defaults: `threshold = 5`, `max_lifetime = 300000` ms, `max_objects = 10000`.
+    fn default() -> Self {
+        LockoutSettings { threshold: 5, period: Duration::from_secs(300), max_entries: 10_000 }
+    }
+}
+
+/// Failed logins per (name, peer) (the lockout) and per peer (which lane its checks take).
+#[derive(Debug)]
+struct Lockout {
+    threshold: u32,
+    by_name: FailureTable<(IpAddr, String)>,
+    by_peer: FailureTable<IpAddr>,
+}
+
+impl Lockout {
+    fn new(settings: LockoutSettings) -> Self {
+        Lockout {
+            threshold: settings.threshold,
+            by_name: FailureTable::new(settings.period, settings.max_entries),
+            by_peer: FailureTable::new(settings.period, settings.max_entries),
+        }
+    }
+
+    fn is_locked(&self, peer: IpAddr, name: &str) -> bool {
+        self.threshold > 0 && self.by_name.count(&(peer, name.to_owned()), Instant::now()) >= self.threshold
+    }
+
+    /// Whether a peer's checks go to the suspect lane: as many recent failures from it, of any
+    /// names, as would lock one name (at least one), so a typo or two does not slow an address
+    /// (nor every client behind one proxy) while a guesser rotating names soon is.
+    fn is_suspect(&self, peer: IpAddr) -> bool {
+        self.by_peer.count(&peer, Instant::now()) >= self.threshold.max(1)
+    }
+
+    fn record_failure(&self, peer: IpAddr, name: &str) {
+        let now = Instant::now();
+        self.by_name.record((peer, name.to_owned()), now);
+        self.by_peer.record(peer, now);
+    }
+}
+
+/// Failures per key, counted from a key's first failure for `period`; at most `capacity` keys,
+/// the oldest forgotten first.
+#[derive(Debug)]
+struct FailureTable<K> {
+    period: Duration,
+    capacity: usize,
+    entries: Mutex<FailureEntries<K>>,
+}
+
+#[derive(Debug)]
+struct FailureEntries<K> {
+    counts: HashMap<K, (u32, Instant)>,
+    /// Keys in the order their counts started (with that start, to skip keys counted again since).
+    order: VecDeque<(K, Instant)>,
+}
+
+impl<K: Hash + Eq + Clone> FailureTable<K> {
+    fn new(period: Duration, capacity: usize) -> Self {
+        let entries = FailureEntries { counts: HashMap::new(), order: VecDeque::new() };
+        FailureTable { period, capacity: capacity.max(1), entries: Mutex::new(entries) }
+    }
+
+    /// Failures of `key` in its current period.
+    fn count(&self, key: &K, now: Instant) -> u32 {
+        match self.lock().counts.get(key) {
+            Some(&(count, started)) if now.duration_since(started) < self.period => count,
+            _ => 0,
+        }
+    }
+
+    fn record(&self, key: K, now: Instant) {
+        let mut entries = self.lock();
+        let entries = &mut *entries;
+        // Periods that are over go first: they are at the front.
+        while let Some((oldest, started)) = entries.order.front() {
+            if now.duration_since(*started) < self.period {
+                break;
+            }
+            if entries.counts.get(oldest).is_some_and(|&(_, current)| current == *started) {
+                entries.counts.remove(oldest);
+            }
+            entries.order.pop_front();
+        }
+        match entries.counts.get_mut(&key) {
+            Some((count, _)) => *count = count.saturating_add(1),
+            None => {
+                entries.counts.insert(key.clone(), (1, now));
+                entries.order.push_back((key, now));
+            }
+        }
+        while entries.counts.len() > self.capacity {
+            let Some((oldest, started)) = entries.order.pop_front() else { break };
+            if entries.counts.get(&oldest).is_some_and(|&(_, current)| current == started) {
+                entries.counts.remove(&oldest);
+            }
+        }
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.lock().counts.len()
+    }
+
+    /// Every change is a single insert, update or remove, so the table stays usable even if a
+    /// holder panicked.
+    fn lock(&self) -> std::sync::MutexGuard<'_, FailureEntries<K>> {
+        self.entries.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// Which lane a password check takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lane {
+    Main,
+    /// From a peer with recent failed logins.
+    Suspect,
+}
+
+/// Takes a place in the suspect lane's waiting count; gives it back when dropped.
+struct Waiting(Arc<AtomicUsize>);
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl CouchAuth {
@@ -146,10 +311,20 @@ impl CouchAuth {
             logins.insert(login.name.clone(), Arc::new(login));
         }
         let sessions = SessionKey::from_settings(settings)?;
-        Ok(CouchAuth::new(logins, sessions))
+        let lockout = LockoutSettings {
+            threshold: settings.couchdb_lockout_threshold,
+            period: Duration::from_secs(settings.couchdb_lockout_secs),
+            max_entries: settings.couchdb_lockout_max_entries,
+        };
+        Ok(CouchAuth::new(logins, sessions, lockout, settings.couchdb_max_queued_suspect_logins))
     }
 
-    fn new(logins: HashMap<String, Arc<Login>>, sessions: SessionKey) -> Self {
+    fn new(
+        logins: HashMap<String, Arc<Login>>,
+        sessions: SessionKey,
+        lockout: LockoutSettings,
+        max_suspect_waiting: usize,
+    ) -> Self {
         let parallelism = std::thread::available_parallelism().map_or(2, |n| n.get());
         CouchAuth {
             logins,
@@ -157,6 +332,11 @@ impl CouchAuth {
             verified: VerifiedCache::new(VERIFIED_CACHE_CAPACITY),
             kdf_slots: Arc::new(Semaphore::new(parallelism)),
             kdf_runs: AtomicU64::new(0),
+            lockout: Lockout::new(lockout),
+            suspect_slots: Arc::new(Semaphore::new(1)),
+            suspect_waiting: Arc::new(AtomicUsize::new(0)),
+            max_suspect_waiting,
+            kdf_threads: KdfThreads::new(parallelism + 1),
         }
     }
 
@@ -179,10 +359,21 @@ impl CouchAuth {
     /// Everything authentication found out about the request. A valid `AuthSession` cookie wins
     /// over Basic credentials; an expired or forged one is ignored, as CouchDB does.
     pub async fn identify(&self, headers: &HeaderMap) -> Result<Identity, CouchError> {
-        self.identify_at(headers, unix_now()).await
+        self.identify_at(headers, None, unix_now()).await
     }
 
-    pub(super) async fn identify_at(&self, headers: &HeaderMap, now: u64) -> Result<Identity, CouchError> {
+    /// [`identify`](Self::identify) for a request from `peer`: failed Basic logins count toward
+    /// the lockout of that name from that address.
+    pub async fn identify_from(&self, headers: &HeaderMap, peer: Option<IpAddr>) -> Result<Identity, CouchError> {
+        self.identify_at(headers, peer, unix_now()).await
+    }
+
+    pub(super) async fn identify_at(
+        &self,
+        headers: &HeaderMap,
+        peer: Option<IpAddr>,
+        now: u64,
+    ) -> Result<Identity, CouchError> {
         if self.is_open() {
             return Ok(Identity::anonymous(Some(Principal::Admin)));
         }
@@ -191,7 +382,7 @@ impl CouchAuth {
         }
         match basic_credentials(headers)? {
             None => Ok(Identity::anonymous(None)),
-            Some((name, password)) => match self.verify_password(&name, &password).await? {
+            Some((name, password)) => match self.verify_password(&name, &password, peer).await? {
                 Some(login) => Ok(Identity {
                     name: Some(login.name.clone()),
                     principal: Some(login.principal.clone()),
@@ -229,19 +420,29 @@ impl CouchAuth {
         &self,
         name: &str,
         password: &str,
+        peer: Option<IpAddr>,
         now: u64,
     ) -> Result<Option<(Principal, HeaderValue)>, CouchError> {
         if self.is_open() {
             return Ok(Some((Principal::Admin, self.sessions.set_cookie(name, "", now))));
         }
         Ok(self
-            .verify_password(name, password)
+            .verify_password(name, password, peer)
             .await?
             .map(|login| (login.principal.clone(), self.sessions.set_cookie(&login.name, &login.password_hash, now))))
     }
 
-    /// The login these credentials prove, from the cache or by verifying the hash.
-    async fn verify_password(&self, name: &str, password: &str) -> Result<Option<Arc<Login>>, CouchError> {
+    /// The login these credentials prove, from the cache or by verifying the hash. A locked-out
+    /// name and peer is CouchDB's 403 before anything else, as CouchDB checks it first.
+    async fn verify_password(
+        &self,
+        name: &str,
+        password: &str,
+        peer: Option<IpAddr>,
+    ) -> Result<Option<Arc<Login>>, CouchError> {
+        if peer.is_some_and(|peer| self.lockout.is_locked(peer, name)) {
+            return Err(CouchError::forbidden(LOCKED_OUT));
+        }
         let key = self.verified.key_for(name, password);
         if let Some(login) = self.verified.get(&key) {
             return Ok(Some(login));
@@ -255,28 +456,101 @@ impl CouchAuth {
                 None => return Ok(None),
             },
         };
-        let matches = self.run_kdf(hash, password.to_owned()).await?;
+        let lane = match peer {
+            Some(peer) if self.lockout.is_suspect(peer) => Lane::Suspect,
+            _ => Lane::Main,
+        };
+        let matches = self.run_kdf(hash, password.to_owned(), lane).await?;
         match login {
             Some(login) if matches => {
                 self.verified.insert(key, login.clone());
                 Ok(Some(login))
             }
-            _ => Ok(None),
+            _ => {
+                if let Some(peer) = peer {
+                    self.lockout.record_failure(peer, name);
+                }
+                Ok(None)
+            }
         }
     }
 
-    /// Verifies a password against a PHC string on a blocking thread, a few at a time. The slot
-    /// is held by the thread, so a client that hangs up does not free it before the hash is done.
-    async fn run_kdf(&self, hash: String, password: String) -> Result<bool, CouchError> {
-        let slot =
-            self.kdf_slots.clone().acquire_owned().await.map_err(|_| CouchError::internal("password check closed"))?;
+    /// Verifies a password against a PHC string on a blocking thread, a few at a time, in its
+    /// lane. The slot is held by the thread, so a client that hangs up does not free it before
+    /// the hash is done.
+    async fn run_kdf(&self, hash: String, password: String, lane: Lane) -> Result<bool, CouchError> {
+        let slots = match lane {
+            Lane::Main => &self.kdf_slots,
+            Lane::Suspect => {
+                if self.suspect_waiting.fetch_add(1, Ordering::AcqRel) >= self.max_suspect_waiting {
+                    self.suspect_waiting.fetch_sub(1, Ordering::AcqRel);
+                    return Err(CouchError::new(
+                        StatusCode::TOO_MANY_REQUESTS,
+                        "too_many_requests",
+                        format!(
+                            "too many password checks from addresses with recent failed logins are waiting (at most \
+                             {}: couchdb_max_queued_suspect_logins); try again later",
+                            self.max_suspect_waiting
+                        ),
+                    ));
+                }
+                &self.suspect_slots
+            }
+        };
+        let waiting = (lane == Lane::Suspect).then(|| Waiting(Arc::clone(&self.suspect_waiting)));
+        let slot = slots.clone().acquire_owned().await.map_err(|_| CouchError::internal("password check closed"))?;
+        drop(waiting);
         self.kdf_runs.fetch_add(1, Ordering::Relaxed);
-        tokio::task::spawn_blocking(move || {
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        self.kdf_threads.run(Box::new(move || {
             let _slot = slot;
-            password_matches(&hash, &password)
-        })
-        .await
-        .map_err(|e| CouchError::internal(format!("password check failed: {e}")))
+            let _ = answer.send(password_matches(&hash, &password));
+        }))?;
+        answered.await.map_err(|_| CouchError::internal("password check failed: its thread stopped"))
+    }
+}
+
+/// A password check to run on a KDF thread.
+type KdfJob = Box<dyn FnOnce() + Send>;
+
+/// The threads password hashes run on: as many as may run at once (the lanes' slots), kept for
+/// the process's life. Not the blocking pool: each Argon2 run allocates its memory cost (19 MiB)
+/// and the allocator keeps such blocks per thread arena, so hashes spread over the blocking
+/// pool's changing threads left hundreds of megabytes resident after a flood of guesses; a few
+/// fixed threads keep it to a few blocks.
+#[derive(Debug)]
+struct KdfThreads {
+    jobs: Mutex<std::sync::mpsc::Sender<KdfJob>>,
+}
+
+impl KdfThreads {
+    fn new(threads: usize) -> Self {
+        let (jobs, queue) = std::sync::mpsc::channel::<KdfJob>();
+        let queue = Arc::new(Mutex::new(queue));
+        for i in 0..threads.max(1) {
+            let queue = Arc::clone(&queue);
+            let spawned = std::thread::Builder::new().name(format!("password-check-{i}")).spawn(move || loop {
+                // The lock is held only to take a job; the job runs after it is released. The
+                // thread ends when every sender is gone (the auth dropped).
+                let job = match queue.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).recv() {
+                    Ok(job) => job,
+                    Err(_) => return,
+                };
+                job();
+            });
+            if let Err(e) = spawned {
+                tracing::warn!(error = %e, "cannot start a password-check thread");
+            }
+        }
+        KdfThreads { jobs: Mutex::new(jobs) }
+    }
+
+    fn run(&self, job: KdfJob) -> Result<(), CouchError> {
+        self.jobs
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .send(job)
+            .map_err(|_| CouchError::internal("password checks are not running"))
     }
 }
 
@@ -290,7 +564,8 @@ pub async fn identify_request(
     mut request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    let identity = match auth.identify(request.headers()).await {
+    let peer = request.extensions().get::<axum::extract::ConnectInfo<SocketAddr>>().map(|info| info.0.ip());
+    let identity = match auth.identify_from(request.headers(), peer).await {
         Ok(identity) => identity,
         Err(err) => return err.into_response(),
     };
@@ -341,9 +616,33 @@ fn check_password_hash(phc: &str) -> std::result::Result<(), String> {
     Ok(())
 }
 
+thread_local! {
+    /// This thread's Argon2 working memory, reused by every check it runs: a fresh 19 MiB
+    /// allocation per check is what the allocator kept resident after a flood of guesses.
+    static KDF_MEMORY: std::cell::RefCell<Vec<argon2::Block>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Whether the password matches the PHC string (which carries its own algorithm and parameters).
+/// The hash is computed into this thread's reused memory and compared in constant time.
 fn password_matches(phc: &str, password: &str) -> bool {
-    PasswordHash::new(phc).is_ok_and(|hash| Argon2::default().verify_password(password.as_bytes(), &hash).is_ok())
+    let Ok(hash) = PasswordHash::new(phc) else { return false };
+    let (Ok(algorithm), Ok(params)) = (argon2::Algorithm::try_from(hash.algorithm), argon2::Params::try_from(&hash))
+    else {
+        return false;
+    };
+    let Ok(version) = hash.version.map_or(Ok(argon2::Version::V0x13), argon2::Version::try_from) else { return false };
+    let (Some(salt), Some(expected)) = (hash.salt, hash.hash) else { return false };
+    let mut salt_bytes = [0u8; 64];
+    let Ok(salt) = salt.decode_b64(&mut salt_bytes) else { return false };
+    let mut computed = vec![0u8; expected.len()];
+    let blocks = params.block_count();
+    let argon2 = Argon2::new(algorithm, version, params);
+    let hashed = KDF_MEMORY.with(|memory| {
+        let mut memory = memory.borrow_mut();
+        memory.resize(blocks, argon2::Block::default());
+        argon2.hash_password_into_with_memory(password.as_bytes(), salt, &mut computed, &mut memory[..])
+    });
+    hashed.is_ok() && argon2::password_hash::Output::new(&computed).is_ok_and(|computed| computed == expected)
 }
 
 /// The PHC string of a password: Argon2id with the crate's default (OWASP) parameters and a
@@ -689,6 +988,114 @@ pub(super) mod tests {
         // Keys depend on how name and password split, and on the per-process key.
         assert_ne!(cache.key_for("ab", "c"), cache.key_for("a", "bc"));
         assert_ne!(VerifiedCache::new(2).key_for("a", "one"), keys[0]);
+    }
+
+    fn peer(last: u8) -> Option<IpAddr> {
+        Some(IpAddr::from([192, 0, 2, last]))
+    }
+
+    /// CouchDB 3.4.3 (`chttpd_auth_lockout`, default threshold 5) answers the first five wrong
+    /// passwords 401 and the next attempt, even with the right password, 403 with `LOCKOUT_MSG`
+    /// (`couch_httpd_auth.erl`; `test/elixir/test/auth_lockout_test.exs` checks the same reason).
+    #[tokio::test]
+    async fn repeated_failures_lock_the_name_from_that_peer_only() {
+        let auth = two_logins();
+        let (status, body) = fixture_response(AUTH_WRONG_PASSWORD);
+        for attempt in 0..5 {
+            let err = auth.identify_from(&basic("alice", "guess"), peer(1)).await.unwrap_err();
+            assert_eq!((err.status, err.body()), (status, body.clone()), "attempt {attempt}");
+        }
+        for password in ["guess", "alice-pw"] {
+            let err = auth.identify_from(&basic("alice", password), peer(1)).await.unwrap_err();
+            assert_eq!(err.status, StatusCode::FORBIDDEN, "{password}");
+            assert_eq!(
+                err.body(),
+                serde_json::json!({
+                    "error": "forbidden",
+                    "reason": "Account is temporarily locked due to multiple authentication failures"
+                })
+            );
+        }
+        let runs = auth.password_verifications();
+        auth.identify_from(&basic("alice", "guess"), peer(1)).await.unwrap_err();
+        assert_eq!(auth.password_verifications(), runs, "a locked pair runs no hash");
+        // Another login from the same peer, and the same login from another peer, still work.
+        assert_eq!(
+            auth.identify_from(&basic("admin", "admin-pw"), peer(1)).await.unwrap().principal,
+            Some(Principal::Admin)
+        );
+        let alice = auth.identify_from(&basic("alice", "alice-pw"), peer(2)).await.unwrap();
+        assert_eq!(alice.principal, Some(Principal::User("user_123".into())));
+        // `POST /_session` counts and is refused the same way.
+        let err = auth.log_in("alice", "alice-pw", peer(1), unix_now()).await.err().unwrap();
+        assert_eq!((err.status, err.reason.as_str()), (StatusCode::FORBIDDEN, LOCKED_OUT));
+        for _ in 0..5 {
+            assert!(auth.log_in("admin", "nope", peer(3), unix_now()).await.unwrap().is_none());
+        }
+        let err = auth.log_in("admin", "admin-pw", peer(3), unix_now()).await.err().unwrap();
+        assert_eq!(err.status, StatusCode::FORBIDDEN);
+    }
+
+    #[test]
+    fn a_lockout_ends_with_its_period() {
+        let table = FailureTable::new(Duration::from_secs(300), 10);
+        let start = Instant::now();
+        for _ in 0..5 {
+            table.record("k", start);
+        }
+        assert_eq!(table.count(&"k", start + Duration::from_secs(299)), 5);
+        assert_eq!(table.count(&"k", start + Duration::from_secs(300)), 0);
+        // A failure after the period starts a new count (the old entry is dropped first).
+        table.record("k", start + Duration::from_secs(301));
+        assert_eq!(table.count(&"k", start + Duration::from_secs(302)), 1);
+    }
+
+    /// The table never holds more than its capacity: the oldest entries go first.
+    #[test]
+    fn the_failure_table_is_bounded_and_forgets_the_oldest() {
+        let table = FailureTable::new(Duration::from_secs(300), 3);
+        let now = Instant::now();
+        for i in 0..1000u32 {
+            table.record(i, now);
+            assert!(table.len() <= 3, "{} entries", table.len());
+        }
+        assert_eq!(table.count(&0, now), 0, "the oldest is forgotten");
+        assert_eq!(table.count(&999, now), 1);
+        assert_eq!(table.count(&997, now), 1);
+    }
+
+    /// Guesses from a peer with recent failures take their own lane: one check at a time, a
+    /// bounded waiting list, 429 at once past it; a login from elsewhere never waits there.
+    #[tokio::test]
+    async fn guesses_cannot_starve_other_logins() {
+        let toml = format!(
+            "couchdb_max_queued_suspect_logins = 1\n[[couchdb_users]]\nname = \"alice\"\npassword_hash = \"{}\"\nuser = \"u1\"\n",
+            cheap_hash("alice-pw")
+        );
+        let auth = Arc::new(CouchAuth::from_settings(&settings(&toml).unwrap()).unwrap());
+        let attacker = peer(66);
+        // Guesses rotating names lock none of them, but make the address a suspect.
+        for i in 0..5 {
+            let err = auth.identify_from(&basic(&format!("name{i}"), "guess"), attacker).await.unwrap_err();
+            assert_eq!(err.status, StatusCode::UNAUTHORIZED);
+        }
+        // The suspect lane is busy (as with a slow guess running).
+        let busy = auth.suspect_slots.clone().acquire_owned().await.unwrap();
+        let queued = tokio::spawn({
+            let auth = Arc::clone(&auth);
+            async move { auth.identify_from(&basic("alice", "guess2"), attacker).await }
+        });
+        while auth.suspect_waiting.load(Ordering::Acquire) == 0 {
+            tokio::task::yield_now().await;
+        }
+        let refused = auth.identify_from(&basic("alice", "guess3"), attacker).await.unwrap_err();
+        assert_eq!((refused.status, refused.error.as_str()), (StatusCode::TOO_MANY_REQUESTS, "too_many_requests"));
+        assert!(refused.reason.contains("couchdb_max_queued_suspect_logins"), "{}", refused.reason);
+        // Someone else's login runs in the main lane while the guesses wait.
+        let other = auth.identify_from(&basic("alice", "alice-pw"), peer(7)).await.unwrap();
+        assert_eq!(other.principal, Some(Principal::User("u1".into())));
+        drop(busy);
+        assert_eq!(queued.await.unwrap().unwrap_err().status, StatusCode::UNAUTHORIZED);
     }
 
     #[test]

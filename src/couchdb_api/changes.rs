@@ -12,14 +12,24 @@
 //!   and `main_only` are the same here: a document has one leaf.
 //! - While waiting, the request ends at once when the server shuts down or the client goes away
 //!   (the connection task drops the stream). `heartbeat` writes a newline while idle.
+//! - Client-chosen waits are bounded ([`FeedBounds`]): `timeout` and `heartbeat` are clamped to
+//!   `couchdb_changes_timeout_ms` (CouchDB's `changes_timeout`, which CouchDB clamps both to as
+//!   well), a heartbeat is at least `couchdb_changes_min_heartbeat_ms`, and a continuous feed kept
+//!   open by heartbeats ends after `couchdb_changes_max_feed_secs`. Heartbeats run on their own
+//!   timer: the backend is polled on the back-off schedule whatever the heartbeat, so a small one
+//!   costs newlines, not reads. One login holds at most `couchdb_max_feeds_per_login` long-lived
+//!   feeds at once (429 past it).
+//! - The first page is read before the response starts, so a `since` the backend does not
+//!   recognise is CouchDB's 400 rather than a cut-off stream.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Extension, Path, Query, State};
-use axum::http::{header, HeaderMap, HeaderValue};
+use axum::extract::{ConnectInfo, Extension, Path, Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::IntoResponse;
 use futures::stream;
 use serde_json::{json, Map, Value};
@@ -27,17 +37,104 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::access::Principal;
+use super::auth::Identity;
 use super::document::doc_json;
 use super::error::{CouchError, CouchResult};
-use super::request::{bool_param, integer_param, json_param};
+use super::request::{bool_param, json_param};
 use super::{Answer, CouchState};
 use crate::backend::{Change, DocumentBackend};
-use crate::changes::{read_page, resolve_since, PollBackoff, DEFAULT_PAGE};
+use crate::changes::{read_page, resolve_since, FeedPage, PollBackoff, DEFAULT_PAGE};
+use crate::config::Settings;
+use crate::error::ErrorKind;
 
-/// CouchDB's default `timeout` for longpoll and continuous feeds.
-const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 /// The longest pause between two polls of an idle feed.
 const POLL_CEILING: Duration = Duration::from_secs(1);
+
+/// CouchDB's answer to a `since` it cannot read (`fabric_view_changes:validate_start_seq` in
+/// CouchDB 3.4.3's source).
+pub const MALFORMED_SINCE: &str = "Malformed sequence supplied in 'since' parameter.";
+
+/// The bounds on client-chosen waits and on how many long-lived feeds one login holds.
+pub struct FeedBounds {
+    /// The longest `timeout`, the default one, and the longest heartbeat interval.
+    max_timeout: Duration,
+    min_heartbeat: Duration,
+    /// How long a continuous feed kept open by heartbeats may live.
+    max_life: Duration,
+    max_per_login: usize,
+    /// Long-lived feeds held at once, by login (or peer address when anonymous).
+    holders: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+/// One long-lived feed's place in its login's count; given back when the stream is dropped.
+pub struct FeedSlot {
+    holders: Arc<Mutex<HashMap<String, usize>>>,
+    key: String,
+}
+
+impl Drop for FeedSlot {
+    fn drop(&mut self) {
+        let mut holders = self.holders.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(count) = holders.get_mut(&self.key) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                holders.remove(&self.key);
+            }
+        }
+    }
+}
+
+impl FeedBounds {
+    pub fn from_settings(settings: &Settings) -> Self {
+        FeedBounds {
+            max_timeout: Duration::from_millis(settings.couchdb_changes_timeout_ms),
+            min_heartbeat: Duration::from_millis(settings.couchdb_changes_min_heartbeat_ms),
+            max_life: Duration::from_secs(settings.couchdb_changes_max_feed_secs),
+            max_per_login: settings.couchdb_max_feeds_per_login,
+            holders: Arc::new(Mutex::new(HashMap::new())),
+        }
+    }
+
+    /// A place for one more long-lived feed of `key`, or CouchDB-style 429 naming the setting.
+    fn take_slot(&self, key: String) -> CouchResult<FeedSlot> {
+        let mut holders = self.holders.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let count = holders.entry(key.clone()).or_insert(0);
+        if *count >= self.max_per_login {
+            return Err(CouchError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too_many_requests",
+                format!(
+                    "this login already holds {} long-lived _changes feeds (longpoll or continuous); the limit is \
+                     couchdb_max_feeds_per_login = {}",
+                    *count, self.max_per_login
+                ),
+            ));
+        }
+        *count += 1;
+        Ok(FeedSlot { holders: Arc::clone(&self.holders), key })
+    }
+
+    #[cfg(test)]
+    fn for_tests() -> Self {
+        FeedBounds {
+            max_timeout: Duration::from_secs(60),
+            min_heartbeat: Duration::from_secs(1),
+            max_life: Duration::from_secs(3600),
+            max_per_login: 2,
+            holders: Arc::new(Mutex::new(HashMap::new())),
+        }
+    }
+}
+
+/// Whose long-lived feeds a request counts against: the login name, or the peer address for
+/// anonymous requests (the API open, every request acting as admin).
+fn feed_owner(identity: Option<&Identity>, peer: Option<SocketAddr>) -> String {
+    match (identity.and_then(|identity| identity.name.as_deref()), peer) {
+        (Some(name), _) => format!("login:{name}"),
+        (None, Some(peer)) => format!("peer:{}", peer.ip()),
+        (None, None) => "anonymous".to_owned(),
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Feed {
@@ -60,6 +157,7 @@ enum Filter {
 struct ChangesRequest {
     feed: Feed,
     since: Option<String>,
+    /// `None`: no limit (also what a negative `limit` means, as in CouchDB 3.4.3).
     limit: Option<u64>,
     include_docs: bool,
     timeout: Duration,
@@ -67,28 +165,41 @@ struct ChangesRequest {
     filter: Filter,
 }
 
+/// Who asks for a feed: the principal it acts for, and whose feed count it goes to.
+pub struct Asker {
+    principal: Principal,
+    owner: String,
+}
+
 /// `GET /{db}/_changes`.
 pub async fn get_changes(
     State(state): State<CouchState>,
     Extension(principal): Extension<Principal>,
+    identity: Option<Extension<Identity>>,
+    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
     Path(db): Path<String>,
     Query(params): Query<HashMap<String, String>>,
 ) -> Answer {
     state.check_db(&db)?;
-    let request = parse_request(&params, None)?;
-    respond(&state, principal, request).await
+    let request = parse_request(&params, None, &state.feeds)?;
+    let owner = feed_owner(identity.as_ref().map(|e| &e.0), peer.map(|e| e.0 .0));
+    respond(&state, Asker { principal, owner }, request).await
 }
 
 /// `POST /{db}/_changes`: the same, with `doc_ids` or `selector` in the body.
+#[allow(clippy::too_many_arguments)]
 pub async fn post_changes(
     State(state): State<CouchState>,
     Extension(principal): Extension<Principal>,
+    identity: Option<Extension<Identity>>,
+    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
     Path(db): Path<String>,
     Query(params): Query<HashMap<String, String>>,
     headers: HeaderMap,
     body: Body,
 ) -> Answer {
     state.check_db(&db)?;
+    let owner = feed_owner(identity.as_ref().map(|e| &e.0), peer.map(|e| e.0 .0));
     let body = match state.bodies.read_json(&headers, body).await? {
         None => None,
         Some(body) => match body.value {
@@ -96,11 +207,15 @@ pub async fn post_changes(
             _ => return Err(CouchError::bad_request("Request body must be a JSON object")),
         },
     };
-    let request = parse_request(&params, body.as_ref())?;
-    respond(&state, principal, request).await
+    let request = parse_request(&params, body.as_ref(), &state.feeds)?;
+    respond(&state, Asker { principal, owner }, request).await
 }
 
-fn parse_request(params: &HashMap<String, String>, body: Option<&Map<String, Value>>) -> CouchResult<ChangesRequest> {
+fn parse_request(
+    params: &HashMap<String, String>,
+    body: Option<&Map<String, Value>>,
+    bounds: &FeedBounds,
+) -> CouchResult<ChangesRequest> {
     let param = |name: &str| params.get(name).map(String::as_str);
     let feed = match param("feed") {
         None | Some("normal") => Feed::Normal,
@@ -115,12 +230,19 @@ fn parse_request(params: &HashMap<String, String>, body: Option<&Map<String, Val
     if bool_param("descending", param("descending"), false)? {
         return Err(CouchError::bad_request("descending=true is not supported on _changes by agentstore"));
     }
+    // CouchDB clamps both to its `changes_timeout` (`couch_changes:get_changes_timeout`); a
+    // heartbeat is also raised to the minimum, so a tiny one cannot make a busy feed.
     let heartbeat = match param("heartbeat") {
         None | Some("false") => None,
-        Some("true") => Some(DEFAULT_TIMEOUT),
-        Some(ms) => Some(Duration::from_millis(integer_param("heartbeat", Some(ms))?.unwrap_or(60_000).max(1))),
+        Some("true") => Some(bounds.max_timeout),
+        Some(ms) => {
+            Some(Duration::from_millis(whole_number("heartbeat", ms)?).clamp(bounds.min_heartbeat, bounds.max_timeout))
+        }
     };
-    let timeout = integer_param("timeout", param("timeout"))?.map(Duration::from_millis).unwrap_or(DEFAULT_TIMEOUT);
+    let timeout = match param("timeout") {
+        None => bounds.max_timeout,
+        Some(ms) => Duration::from_millis(whole_number("timeout", ms)?).min(bounds.max_timeout),
+    };
     let filter = match param("filter") {
         None => Filter::All,
         Some("_doc_ids") => Filter::DocIds(doc_ids(param("doc_ids"), body)?),
@@ -140,12 +262,35 @@ fn parse_request(params: &HashMap<String, String>, body: Option<&Map<String, Val
     Ok(ChangesRequest {
         feed,
         since,
-        limit: integer_param("limit", param("limit"))?,
+        limit: changes_limit(param("limit"))?,
         include_docs: bool_param("include_docs", param("include_docs"), false)?,
         timeout,
         heartbeat,
         filter,
     })
+}
+
+/// A non-negative whole number of milliseconds; a larger one than `u64` holds is clamped later
+/// anyway, so it reads as the largest.
+fn whole_number(name: &str, text: &str) -> CouchResult<u64> {
+    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+        return Ok(text.parse::<u64>().unwrap_or(u64::MAX));
+    }
+    Err(CouchError::bad_request(format!("Invalid value for {name}: {text:?}; must be a non-negative integer")))
+}
+
+/// `limit`: CouchDB 3.4.3 reads it as any integer, and its feed stops only when the count it
+/// decrements reaches 0 (`fabric_view_changes`), so a negative limit is no limit.
+fn changes_limit(value: Option<&str>) -> CouchResult<Option<u64>> {
+    let Some(text) = value else { return Ok(None) };
+    let digits = text.strip_prefix('-').unwrap_or(text);
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(CouchError::bad_request(format!("Invalid value for limit: {text:?}; must be an integer")));
+    }
+    if text.starts_with('-') {
+        return Ok(None);
+    }
+    Ok(Some(text.parse::<u64>().unwrap_or(u64::MAX)))
 }
 
 fn doc_ids(query: Option<&str>, body: Option<&Map<String, Value>>) -> CouchResult<HashSet<String>> {
@@ -184,9 +329,25 @@ struct Cursor {
     pending: u64,
     rows_sent: u64,
     phase: Phase,
+    /// When a waiting feed ends.
     deadline: Instant,
     backoff: PollBackoff,
+    /// The page read before the response started; the stream's first step uses it.
+    first_page: Option<FeedPage>,
+    /// When an idle feed polls the backend next (`None`: at once).
+    next_poll: Option<Instant>,
+    /// When the next heartbeat newline is due (on its own schedule, never a poll).
+    next_heartbeat: Option<Instant>,
     stopping: watch::Receiver<bool>,
+    /// This feed's place in its login's count of long-lived feeds.
+    _slot: Option<FeedSlot>,
+}
+
+/// Why an idle feed woke up.
+enum Wake {
+    Poll,
+    Heartbeat,
+    Finished,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -196,21 +357,35 @@ enum Phase {
     Finished,
 }
 
-async fn respond(
-    state: &CouchState,
-    principal: Principal,
-    request: ChangesRequest,
-) -> CouchResult<axum::response::Response> {
+async fn respond(state: &CouchState, asker: Asker, request: ChangesRequest) -> CouchResult<axum::response::Response> {
+    let long_lived = request.feed != Feed::Normal;
+    let slot = if long_lived { Some(state.feeds.take_slot(asker.owner)?) } else { None };
     let backend = state.store.backend().clone();
-    let since = resolve_since(backend.as_ref(), request.since.as_deref()).await?;
+    let malformed = |err: crate::Error| match err.kind() {
+        ErrorKind::InvalidInput => CouchError::bad_request(MALFORMED_SINCE),
+        _ => CouchError::from(err),
+    };
+    let since = resolve_since(backend.as_ref(), request.since.as_deref()).await.map_err(malformed)?;
+    // The first page is read here, before the status line: a `since` the backend does not know
+    // is a 400 now, not a stream that breaks off.
+    let first_size = request.limit.map_or(DEFAULT_PAGE, |l| l.clamp(1, DEFAULT_PAGE as u64) as usize);
+    let first_page = read_page(backend.as_ref(), since.as_deref(), first_size).await.map_err(malformed)?;
     let last_seq = match &since {
         Some(position) => position.clone(),
         None => "0".to_owned(),
     };
+    let now = Instant::now();
+    // A continuous feed with a heartbeat does not end at its timeout (as in CouchDB), but it does
+    // end at the longest feed life.
+    let lifetime = match (request.feed, request.heartbeat) {
+        (Feed::Continuous, Some(_)) => state.feeds.max_life,
+        _ => request.timeout,
+    };
     let cursor = Cursor {
         backend,
-        principal,
-        deadline: Instant::now() + request.timeout,
+        principal: asker.principal,
+        deadline: now + lifetime,
+        next_heartbeat: request.heartbeat.filter(|_| long_lived).map(|beat| now + beat),
         request: Arc::new(request),
         since,
         last_seq,
@@ -218,7 +393,10 @@ async fn respond(
         rows_sent: 0,
         phase: Phase::Start,
         backoff: PollBackoff::new(POLL_CEILING),
+        first_page: Some(first_page),
+        next_poll: None,
         stopping: state.stopping.clone(),
+        _slot: slot,
     };
     let body = stream::try_unfold(cursor, |mut cursor| async move {
         let chunk = match cursor.phase {
@@ -247,8 +425,21 @@ async fn step(cursor: &mut Cursor) -> crate::Result<String> {
     if remaining == Some(0) {
         return Ok(finish(cursor));
     }
-    let page_size = remaining.map(|r| r.min(DEFAULT_PAGE as u64) as usize).unwrap_or(DEFAULT_PAGE);
-    let page = read_page(cursor.backend.as_ref(), cursor.since.as_deref(), page_size).await?;
+    if let Some(due) = cursor.next_poll {
+        match wait_until(cursor, due).await {
+            Wake::Poll => cursor.next_poll = None,
+            // A heartbeat keeps proxies and clients from timing the connection out while idle.
+            Wake::Heartbeat => return Ok("\n".to_owned()),
+            Wake::Finished => return Ok(finish(cursor)),
+        }
+    }
+    let page = match cursor.first_page.take() {
+        Some(page) => page,
+        None => {
+            let page_size = remaining.map(|r| r.min(DEFAULT_PAGE as u64) as usize).unwrap_or(DEFAULT_PAGE);
+            read_page(cursor.backend.as_ref(), cursor.since.as_deref(), page_size).await?
+        }
+    };
     cursor.since = Some(page.last_seq.clone());
     cursor.last_seq = page.last_seq.clone();
     cursor.pending = page.pending;
@@ -286,39 +477,37 @@ async fn step(cursor: &mut Cursor) -> crate::Result<String> {
     if !at_end || !chunk.is_empty() {
         return Ok(chunk);
     }
-    // At the end with nothing new: wait, then poll again (or end).
-    wait_for_changes(cursor).await;
-    if cursor.phase == Phase::Finished {
-        return Ok(closing(cursor));
+    // At the end with nothing new: the next step waits for the next poll on the back-off
+    // schedule (writing heartbeats meanwhile), or ends.
+    if *cursor.stopping.borrow() || Instant::now() >= cursor.deadline {
+        return Ok(finish(cursor));
     }
-    // A heartbeat keeps proxies and clients from timing the connection out while idle.
-    Ok(if request.heartbeat.is_some() { "\n".to_owned() } else { String::new() })
+    cursor.next_poll = Some(Instant::now() + cursor.backoff.idle());
+    Ok(String::new())
 }
 
-/// Waits before the next poll of an idle feed; marks the stream finished when the timeout passes
-/// (unless a heartbeat keeps it open) or the server stops.
-async fn wait_for_changes(cursor: &mut Cursor) {
+/// Waits until the next poll is `due`, a heartbeat is, the feed's deadline passes or the server
+/// stops, whichever comes first.
+async fn wait_until(cursor: &mut Cursor, due: Instant) -> Wake {
     if *cursor.stopping.borrow() {
-        cursor.phase = Phase::Finished;
-        return;
+        return Wake::Finished;
+    }
+    let wake_at = cursor.next_heartbeat.map_or(due, |beat| beat.min(due)).min(cursor.deadline);
+    tokio::select! {
+        () = tokio::time::sleep_until(wake_at) => {}
+        _ = cursor.stopping.changed() => return Wake::Finished,
     }
     let now = Instant::now();
-    let open_ended = cursor.request.heartbeat.is_some() && cursor.request.feed == Feed::Continuous;
-    if !open_ended && now >= cursor.deadline {
-        cursor.phase = Phase::Finished;
-        return;
+    if now >= cursor.deadline {
+        return Wake::Finished;
     }
-    let mut pause = cursor.backoff.idle();
-    if let Some(heartbeat) = cursor.request.heartbeat {
-        pause = pause.min(heartbeat);
+    if let (Some(beat), Some(interval)) = (cursor.next_heartbeat, cursor.request.heartbeat) {
+        if beat <= now {
+            cursor.next_heartbeat = Some(now + interval);
+            return Wake::Heartbeat;
+        }
     }
-    if !open_ended {
-        pause = pause.min(cursor.deadline - now);
-    }
-    tokio::select! {
-        () = tokio::time::sleep(pause) => {}
-        _ = cursor.stopping.changed() => cursor.phase = Phase::Finished,
-    }
+    Wake::Poll
 }
 
 /// The closing text, and the stream marked finished.
@@ -390,14 +579,62 @@ mod tests {
         pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
     }
 
+    fn parse(pairs: &[(&str, &str)]) -> CouchResult<ChangesRequest> {
+        parse_request(&params(pairs), None, &FeedBounds::for_tests())
+    }
+
     #[test]
     fn parameters_are_checked_and_name_the_problem() {
-        assert!(parse_request(&params(&[("feed", "eventsource")]), None).err().unwrap().reason.contains("feed"));
-        assert!(parse_request(&params(&[("descending", "true")]), None).is_err());
-        assert!(parse_request(&params(&[("filter", "app/by_user")]), None).is_err());
-        let ids = parse_request(&params(&[("filter", "_doc_ids"), ("doc_ids", "[\"a\"]")]), None).unwrap();
+        assert!(parse(&[("feed", "eventsource")]).err().unwrap().reason.contains("feed"));
+        assert!(parse(&[("descending", "true")]).is_err());
+        assert!(parse(&[("filter", "app/by_user")]).is_err());
+        let ids = parse(&[("filter", "_doc_ids"), ("doc_ids", "[\"a\"]")]).unwrap();
         assert!(matches!(ids.filter, Filter::DocIds(ref set) if set.contains("a")));
-        let continuous = parse_request(&params(&[("feed", "continuous"), ("heartbeat", "500")]), None).unwrap();
-        assert_eq!((continuous.feed, continuous.heartbeat), (Feed::Continuous, Some(Duration::from_millis(500))));
+        let continuous = parse(&[("feed", "continuous"), ("heartbeat", "5000")]).unwrap();
+        assert_eq!((continuous.feed, continuous.heartbeat), (Feed::Continuous, Some(Duration::from_millis(5000))));
+        for bad in [("timeout", "-1"), ("timeout", "soon"), ("heartbeat", "1.5"), ("limit", "x"), ("limit", "-")] {
+            assert_eq!(parse(&[bad]).err().map(|e| e.status), Some(StatusCode::BAD_REQUEST), "{bad:?}");
+        }
+    }
+
+    /// CouchDB clamps `timeout` and `heartbeat` to its `changes_timeout` (60 s by default;
+    /// `couch_changes:get_changes_timeout`); a heartbeat below the minimum is raised to it.
+    #[test]
+    fn client_chosen_waits_are_clamped() {
+        let huge = u64::MAX.to_string();
+        let twenty_digits = "99999999999999999999";
+        for timeout in [huge.as_str(), twenty_digits, "600000"] {
+            assert_eq!(parse(&[("feed", "longpoll"), ("timeout", timeout)]).unwrap().timeout, Duration::from_secs(60));
+        }
+        assert_eq!(parse(&[("timeout", "1500")]).unwrap().timeout, Duration::from_millis(1500));
+        assert_eq!(parse(&[]).unwrap().timeout, Duration::from_secs(60), "the default is the bound");
+        let beat = |ms: &str| parse(&[("feed", "continuous"), ("heartbeat", ms)]).unwrap().heartbeat;
+        assert_eq!(beat("1"), Some(Duration::from_secs(1)));
+        assert_eq!(beat("0"), Some(Duration::from_secs(1)));
+        assert_eq!(beat(&huge), Some(Duration::from_secs(60)));
+        assert_eq!(beat("true"), Some(Duration::from_secs(60)));
+        assert_eq!(beat("false"), None);
+    }
+
+    /// CouchDB 3.4.3 answers `limit=-1` with 200 and every row: its feed stops only when the
+    /// count it decrements reaches 0 (`fabric_view_changes` collector, `limit = 0` clauses).
+    #[test]
+    fn a_negative_limit_is_no_limit() {
+        assert_eq!(parse(&[("limit", "-1")]).unwrap().limit, None);
+        assert_eq!(parse(&[("limit", "-25")]).unwrap().limit, None);
+        assert_eq!(parse(&[("limit", "3")]).unwrap().limit, Some(3));
+    }
+
+    #[test]
+    fn feeds_per_login_are_counted_and_given_back() {
+        let bounds = FeedBounds::for_tests();
+        let first = bounds.take_slot("login:a".into()).unwrap();
+        let _second = bounds.take_slot("login:a".into()).unwrap();
+        let refused = bounds.take_slot("login:a".into()).err().unwrap();
+        assert_eq!((refused.status, refused.error.as_str()), (StatusCode::TOO_MANY_REQUESTS, "too_many_requests"));
+        assert!(refused.reason.contains("couchdb_max_feeds_per_login"), "{}", refused.reason);
+        let _other = bounds.take_slot("login:b".into()).unwrap();
+        drop(first);
+        let _again = bounds.take_slot("login:a".into()).unwrap();
     }
 }

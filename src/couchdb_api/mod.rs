@@ -65,6 +65,8 @@ pub(crate) struct CouchState {
     pub auth: Arc<auth::CouchAuth>,
     /// Tells waiting `_changes` requests that the server is shutting down.
     pub stopping: tokio::sync::watch::Receiver<bool>,
+    /// Bounds on `_changes` waits and long-lived feeds per login.
+    pub feeds: Arc<changes::FeedBounds>,
 }
 
 impl CouchState {
@@ -90,7 +92,7 @@ impl CouchApp {
     /// queues and namespace caches).
     pub fn build(store: Arc<DataStore>, settings: &Settings) -> Result<Self> {
         let (stopping, stopping_seen) = tokio::sync::watch::channel(false);
-        let bodies = request::Bodies::new(settings.couchdb_request_limit(), settings.inflight_body_budget());
+        let bodies = request::Bodies::from_settings(settings);
         let server_uuid = server::stable_uuid(&store.backend().describe());
         let auth = Arc::new(auth::CouchAuth::from_settings(settings)?);
         let state = CouchState {
@@ -100,9 +102,10 @@ impl CouchApp {
             bodies: Arc::new(bodies),
             server_uuid: Arc::from(server_uuid.as_str()),
             stopping: stopping_seen,
+            feeds: Arc::new(changes::FeedBounds::from_settings(settings)),
         };
         let open = state.auth.is_open();
-        Ok(CouchApp { router: router(state), open, stopping })
+        Ok(CouchApp { router: router(state, request::Bodies::query_limit(settings)), open, stopping })
     }
 
     /// Whether requests need no credentials (no CouchDB users configured).
@@ -136,7 +139,16 @@ impl CouchApp {
     }
 }
 
-fn router(state: CouchState) -> Router {
+fn router(state: CouchState, query_limit: request::EndpointLimit) -> Router {
+    // Endpoints whose bodies are a query, a selector or a list of revisions: small by nature, so
+    // a small limit (`couchdb_max_query_bytes`); the rest take `couchdb_max_request_bytes`.
+    let queries = Router::new()
+        .route("/{db}/_find", post(query::find))
+        .route("/{db}/_explain", post(query::explain))
+        .route("/{db}/_index", get(query::list_indexes).post(query::create_index))
+        .route("/{db}/_revs_diff", post(bulk::revs_diff))
+        .route("/{db}/_changes", get(changes::get_changes).post(changes::post_changes))
+        .route_layer(from_fn_with_state(query_limit, request::limit_bodies));
     let authenticated = Router::new()
         .route("/_all_dbs", get(server::all_dbs))
         .route("/_uuids", get(server::uuids))
@@ -150,15 +162,10 @@ fn router(state: CouchState) -> Router {
             get(server::db_info).put(server::create_db).post(document::post_document).delete(server::delete_db),
         )
         .route("/{db}/_all_docs", get(all_docs::get_all_docs).post(all_docs::post_all_docs))
-        .route("/{db}/_find", post(query::find))
-        .route("/{db}/_explain", post(query::explain))
-        .route("/{db}/_index", get(query::list_indexes).post(query::create_index))
         .route("/{db}/_index/{*rest}", axum::routing::delete(query::delete_index))
         .route("/{db}/_bulk_docs", post(bulk::bulk_docs))
         .route("/{db}/_bulk_get", post(bulk::bulk_get))
-        .route("/{db}/_revs_diff", post(bulk::revs_diff))
         .route("/{db}/_ensure_full_commit", post(bulk::ensure_full_commit))
-        .route("/{db}/_changes", get(changes::get_changes).post(changes::post_changes))
         .route("/{db}/_local/{*name}", get(document::get_local).put(document::put_local).delete(document::delete_local))
         .route("/{db}/_design/{*rest}", any(design::design_request))
         .route(
@@ -166,6 +173,7 @@ fn router(state: CouchState) -> Router {
             get(document::get_document).put(document::put_document).delete(document::delete_document),
         )
         .route("/{db}/{docid}/{*attachment}", any(document::attachment))
+        .merge(queries)
         .route_layer(from_fn(authenticate));
     Router::new()
         .route("/", get(server::welcome))
@@ -196,11 +204,13 @@ async fn authenticate(mut request: Request, next: Next) -> Response {
 async fn post_session(
     State(state): State<CouchState>,
     RawQuery(query): RawQuery,
+    peer: Option<axum::Extension<axum::extract::ConnectInfo<SocketAddr>>>,
     headers: HeaderMap,
     body: axum::body::Body,
 ) -> Response {
+    let peer = peer.map(|info| info.0 .0.ip());
     match state.bodies.read_login(&headers, body).await {
-        Ok(body) => session::post_session(&state.auth, &headers, query.as_deref(), body).await,
+        Ok(body) => session::post_session_from(&state.auth, &headers, query.as_deref(), body, peer).await,
         Err(err) => err.into_response(),
     }
 }

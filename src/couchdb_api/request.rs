@@ -1,58 +1,168 @@
 //! Request bodies and query parameters as CouchDB clients send them.
 //!
 //! Bodies may be gzip-compressed (`Content-Encoding: gzip`: the IBM Cloudant SDKs and couchbackup
-//! compress every body) or chunked. Each is read within the request limit, decompressed within
-//! the same limit (a small gzip body must not inflate into gigabytes), and counted against a
-//! server-wide budget of body bytes held at once, so concurrent large requests wait instead of
-//! exhausting memory. Query parameters follow CouchDB's conventions: keys of `_all_docs` are
-//! JSON (`key="a"`), booleans are `true`/`false`.
+//! compress every body) or chunked. Each is read within its endpoint's limit ([`EndpointLimit`]:
+//! the router gives the query endpoints a small one, the bulk and document endpoints
+//! `couchdb_max_request_bytes`), and its *decompressed* size is held to the same limit. Two
+//! server-wide budgets bound the memory of bodies at once, as on the REST face: the raw bytes
+//! being read, then (taken in that order, so waiting for the second never blocks a holder of it)
+//! the decompressed bytes plus the estimated size of the parsed tree. The estimate comes from a
+//! streaming pass over the text (`crate::http::body::estimate_tree_bytes`, the REST face's
+//! measure) before any tree is built; a gzip body is first inflated into a counter, not memory,
+//! so its size is known before memory is taken for it. A body whose tree alone would exceed the
+//! parse budget is refused (413). Query parameters follow CouchDB's conventions: keys of
+//! `_all_docs` are JSON (`key="a"`), booleans are `true`/`false`.
 
 use std::io::Read;
 use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::Next;
+use axum::response::Response;
 use futures::StreamExt;
 use serde_json::Value;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::error::{CouchError, CouchResult};
+use crate::config::Settings;
 
 /// Budget permits are counted in units of this many bytes (a semaphore counts in `u32`).
 const PERMIT_BYTES: usize = 1024;
-/// A parsed JSON tree costs several times its text (every number a heap string under
-/// `arbitrary_precision`, every object an `IndexMap`); the budget reserves this much per byte.
-const TREE_FACTOR: usize = 4;
 
-/// The request-size limit and the server-wide budget of body bytes.
-pub struct Bodies {
-    limit: usize,
-    budget: Arc<Semaphore>,
-    budget_permits: u32,
+/// The body limit of one group of endpoints, and the setting that sets it (named in the 413).
+#[derive(Debug, Clone, Copy)]
+pub struct EndpointLimit {
+    pub bytes: usize,
+    pub setting: &'static str,
 }
 
-/// A parsed body, holding its share of the budget until dropped.
+tokio::task_local! {
+    /// The limit of the endpoint whose handler is running (set by [`limit_bodies`]).
+    static ENDPOINT_LIMIT: EndpointLimit;
+}
+
+/// Router middleware (`route_layer`): bodies read by the handlers it wraps are held to `limit`
+/// instead of the general request limit.
+pub async fn limit_bodies(State(limit): State<EndpointLimit>, request: Request, next: Next) -> Response {
+    ENDPOINT_LIMIT.scope(limit, next.run(request)).await
+}
+
+/// One semaphore counting bytes in permits of [`PERMIT_BYTES`]; one request may take all of it.
+struct ByteBudget {
+    permits: Arc<Semaphore>,
+    total: u32,
+}
+
+impl ByteBudget {
+    fn new(bytes: usize) -> Self {
+        let total = u32::try_from(bytes.div_ceil(PERMIT_BYTES).max(1)).unwrap_or(u32::MAX);
+        ByteBudget { permits: Arc::new(Semaphore::new(total as usize)), total }
+    }
+
+    fn permits_for(&self, bytes: usize) -> u32 {
+        u32::try_from(bytes.div_ceil(PERMIT_BYTES).max(1)).unwrap_or(u32::MAX).min(self.total)
+    }
+
+    async fn take(&self, bytes: usize) -> CouchResult<OwnedSemaphorePermit> {
+        Arc::clone(&self.permits)
+            .acquire_many_owned(self.permits_for(bytes))
+            .await
+            .map_err(|_| CouchError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "the server is stopping"))
+    }
+}
+
+/// The request limits and the server-wide budgets of body memory.
+pub struct Bodies {
+    /// The limit of endpoints the router gives none: `couchdb_max_request_bytes`.
+    default_limit: EndpointLimit,
+    login_limit: EndpointLimit,
+    /// Raw body bytes being read.
+    raw: ByteBudget,
+    /// Decompressed bytes and estimated parsed trees.
+    decoded: ByteBudget,
+    /// A single body's tree may not be estimated above this (the parse budget).
+    max_tree_bytes: usize,
+}
+
+/// A body's shares of the budgets, held until dropped.
+pub struct BodyShare {
+    _raw: OwnedSemaphorePermit,
+    _decoded: Option<OwnedSemaphorePermit>,
+}
+
+/// A parsed body, holding its share of the budgets until dropped.
 pub struct JsonBody {
     pub value: Value,
-    _share: Option<OwnedSemaphorePermit>,
+    _share: Option<BodyShare>,
 }
 
 impl Bodies {
-    /// Bodies of up to `limit` bytes (after decompression); `budget` bytes of them at once.
+    /// Bodies of up to `limit` bytes (after decompression); `budget` raw bytes of them being read
+    /// at once, and as much again of decompressed bytes and parsed trees.
+    #[cfg(test)]
     pub fn new(limit: usize, budget: usize) -> Self {
-        let budget_permits = u32::try_from(budget.div_ceil(PERMIT_BYTES).max(1)).unwrap_or(u32::MAX);
-        Bodies { limit, budget: Arc::new(Semaphore::new(budget_permits as usize)), budget_permits }
+        Bodies {
+            default_limit: EndpointLimit { bytes: limit, setting: "couchdb_max_request_bytes" },
+            login_limit: EndpointLimit { bytes: 64 << 10, setting: "couchdb_max_login_bytes" },
+            raw: ByteBudget::new(budget),
+            decoded: ByteBudget::new(budget),
+            max_tree_bytes: budget,
+        }
+    }
+
+    /// The limits and budgets `settings` give.
+    pub fn from_settings(settings: &Settings) -> Self {
+        Bodies {
+            default_limit: EndpointLimit {
+                bytes: settings.couchdb_request_limit(),
+                setting: "couchdb_max_request_bytes",
+            },
+            login_limit: EndpointLimit { bytes: settings.couchdb_max_login_bytes, setting: "couchdb_max_login_bytes" },
+            raw: ByteBudget::new(settings.inflight_body_budget()),
+            decoded: ByteBudget::new(settings.max_inflight_parse_bytes),
+            max_tree_bytes: settings.max_inflight_parse_bytes,
+        }
+    }
+
+    /// The limit of the query endpoints' bodies `settings` give (never above the general one).
+    pub fn query_limit(settings: &Settings) -> EndpointLimit {
+        EndpointLimit {
+            bytes: settings.couchdb_max_query_bytes.min(settings.couchdb_request_limit()),
+            setting: "couchdb_max_query_bytes",
+        }
+    }
+
+    /// The limit in force for the running handler.
+    fn limit(&self) -> EndpointLimit {
+        ENDPOINT_LIMIT.try_with(|limit| *limit).unwrap_or(self.default_limit)
     }
 
     /// Reads and parses a JSON body. An empty body is `None`.
     pub async fn read_json(&self, headers: &HeaderMap, body: Body) -> CouchResult<Option<JsonBody>> {
-        let (bytes, share) = self.read_decoded(headers, body, TREE_FACTOR).await?;
+        let (bytes, raw) = self.read_raw(headers, body, self.limit()).await?;
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Ok(None);
         }
-        let value =
-            serde_json::from_slice(&bytes).map_err(|e| CouchError::bad_request(format!("invalid UTF-8 JSON: {e}")))?;
-        Ok(Some(JsonBody { value, _share: Some(share) }))
+        let invalid = |e: serde_json::Error| CouchError::bad_request(format!("invalid UTF-8 JSON: {e}"));
+        // The tree's cost, measured before the tree exists.
+        let tree = crate::http::body::estimate_tree_bytes(&bytes).map_err(invalid)?;
+        if tree > self.max_tree_bytes {
+            return Err(CouchError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "too_large",
+                format!(
+                    "the request body would take about {tree} bytes parsed; a body may take at most {} \
+                     (max_inflight_parse_bytes)",
+                    self.max_tree_bytes
+                ),
+            ));
+        }
+        let decoded_extra = if bytes.len() > raw.compressed { bytes.len() } else { 0 };
+        let decoded = self.decoded.take(tree.saturating_add(decoded_extra)).await?;
+        let value = serde_json::from_slice(&bytes).map_err(invalid)?;
+        Ok(Some(JsonBody { value, _share: Some(BodyShare { _raw: raw.share, _decoded: Some(decoded) }) }))
     }
 
     /// Reads a JSON body that must be an object.
@@ -65,47 +175,52 @@ impl Bodies {
     }
 }
 
+/// A raw body's share of the raw budget and its compressed size.
+struct RawShare {
+    share: OwnedSemaphorePermit,
+    compressed: usize,
+}
+
 impl Bodies {
-    /// Reads a body as bytes, decompressed, holding its share of the budget (for a request passed
+    /// Reads a body as bytes, decompressed, holding its share of the budgets (for a request passed
     /// on unparsed).
-    pub async fn read_bytes(&self, headers: &HeaderMap, body: Body) -> CouchResult<(Bytes, OwnedSemaphorePermit)> {
-        self.read_decoded(headers, body, 1).await
+    pub async fn read_bytes(&self, headers: &HeaderMap, body: Body) -> CouchResult<(Bytes, BodyShare)> {
+        let (bytes, raw) = self.read_raw(headers, body, self.limit()).await?;
+        let decoded = if bytes.len() > raw.compressed { Some(self.decoded.take(bytes.len()).await?) } else { None };
+        Ok((bytes, BodyShare { _raw: raw.share, _decoded: decoded }))
     }
 
-    /// Reads a body within the limit and decompresses it within the same limit, first taking
-    /// `factor` times its size from the budget (the declared size, or the limit when none is).
-    async fn read_decoded(
-        &self,
-        headers: &HeaderMap,
-        body: Body,
-        factor: usize,
-    ) -> CouchResult<(Bytes, OwnedSemaphorePermit)> {
+    /// Reads a body within `limit` and decompresses it within the same limit, first taking its
+    /// size from the raw budget (the declared size, or the limit when none is). A gzip body is
+    /// inflated twice: into a counter, then (within the limit, its size now known and taken from
+    /// the decoded budget by the caller) into memory.
+    async fn read_raw(&self, headers: &HeaderMap, body: Body, limit: EndpointLimit) -> CouchResult<(Bytes, RawShare)> {
+        let encoding = content_encoding(headers)?;
         let declared = declared_length(headers)?;
-        if let Some(length) = declared.filter(|&length| length > self.limit) {
-            return Err(too_large(length, self.limit));
+        if let Some(length) = declared.filter(|&length| length > limit.bytes) {
+            return Err(too_large(length, limit));
         }
-        let wanted = declared.unwrap_or(self.limit).saturating_mul(factor);
-        let permits = u32::try_from(wanted.div_ceil(PERMIT_BYTES).max(1)).unwrap_or(u32::MAX).min(self.budget_permits);
-        let share = Arc::clone(&self.budget)
-            .acquire_many_owned(permits)
-            .await
-            .map_err(|_| CouchError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "the server is stopping"))?;
-        let raw = read_limited(body, self.limit).await?;
-        let bytes = match content_encoding(headers)? {
+        let share = self.raw.take(declared.unwrap_or(limit.bytes)).await?;
+        let raw = read_limited(body, limit).await?;
+        let compressed = raw.len();
+        let bytes = match encoding {
             Encoding::Identity => raw,
-            Encoding::Gzip => gunzip(&raw, self.limit)?,
+            Encoding::Gzip => {
+                inflated_size(&raw, limit)?;
+                gunzip(&raw, limit)?
+            }
         };
-        Ok((bytes, share))
+        Ok((bytes, RawShare { share, compressed }))
     }
 
     /// Reads the raw (decompressed) body of a `POST /_session` login, form-encoded or JSON; at
-    /// most 64 KiB.
+    /// most `couchdb_max_login_bytes` (it is read before anyone is known).
     pub async fn read_login(&self, headers: &HeaderMap, body: Body) -> CouchResult<Bytes> {
-        const LOGIN_LIMIT: usize = 64 * 1024;
-        let raw = read_limited(body, LOGIN_LIMIT).await?;
+        let limit = self.login_limit;
+        let raw = read_limited(body, limit).await?;
         match content_encoding(headers)? {
             Encoding::Identity => Ok(raw),
-            Encoding::Gzip => gunzip(&raw, LOGIN_LIMIT),
+            Encoding::Gzip => gunzip(&raw, limit),
         }
     }
 }
@@ -158,20 +273,23 @@ fn declared_length(headers: &HeaderMap) -> CouchResult<Option<usize>> {
     }
 }
 
-fn too_large(length: usize, limit: usize) -> CouchError {
+fn too_large(length: usize, limit: EndpointLimit) -> CouchError {
     CouchError::new(
         StatusCode::PAYLOAD_TOO_LARGE,
         "too_large",
-        format!("the request body is {length} bytes or more; the limit is {limit} bytes"),
+        format!(
+            "the request body is {length} bytes or more; the limit for this endpoint is {} bytes ({})",
+            limit.bytes, limit.setting
+        ),
     )
 }
 
-async fn read_limited(body: Body, limit: usize) -> CouchResult<Bytes> {
+async fn read_limited(body: Body, limit: EndpointLimit) -> CouchResult<Bytes> {
     let mut stream = body.into_data_stream();
     let mut collected: Vec<u8> = Vec::new();
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.map_err(|e| CouchError::bad_request(format!("could not read the request body: {e}")))?;
-        if collected.len() + chunk.len() > limit {
+        if collected.len() + chunk.len() > limit.bytes {
             return Err(too_large(collected.len() + chunk.len(), limit));
         }
         collected.extend_from_slice(&chunk);
@@ -179,15 +297,27 @@ async fn read_limited(body: Body, limit: usize) -> CouchResult<Bytes> {
     Ok(Bytes::from(collected))
 }
 
+fn not_gzip(e: std::io::Error) -> CouchError {
+    CouchError::bad_request(format!("the gzip-compressed body is not valid gzip: {e}"))
+}
+
+/// The size a gzip body inflates to, counted without keeping it; 413 past `limit`.
+fn inflated_size(raw: &[u8], limit: EndpointLimit) -> CouchResult<usize> {
+    let decoder = flate2::read::MultiGzDecoder::new(raw);
+    let counted = std::io::copy(&mut decoder.take(limit.bytes as u64 + 1), &mut std::io::sink()).map_err(not_gzip)?;
+    let counted = usize::try_from(counted).unwrap_or(usize::MAX);
+    if counted > limit.bytes {
+        return Err(too_large(counted, limit));
+    }
+    Ok(counted)
+}
+
 /// Decompresses a gzip body, refusing to produce more than `limit` bytes.
-fn gunzip(raw: &[u8], limit: usize) -> CouchResult<Bytes> {
+fn gunzip(raw: &[u8], limit: EndpointLimit) -> CouchResult<Bytes> {
     let mut out = Vec::new();
     let decoder = flate2::read::MultiGzDecoder::new(raw);
-    let read = decoder
-        .take(limit as u64 + 1)
-        .read_to_end(&mut out)
-        .map_err(|e| CouchError::bad_request(format!("the gzip-compressed body is not valid gzip: {e}")))?;
-    if read > limit {
+    let read = decoder.take(limit.bytes as u64 + 1).read_to_end(&mut out).map_err(not_gzip)?;
+    if read > limit.bytes {
         return Err(too_large(read, limit));
     }
     Ok(Bytes::from(out))
@@ -264,6 +394,55 @@ mod tests {
         headers.insert(header::CONTENT_LENGTH, "100".parse().unwrap());
         let err = bodies.read_json(&headers, Body::from(vec![b'1'; 100])).await.err().unwrap();
         assert_eq!(err.status, StatusCode::PAYLOAD_TOO_LARGE);
+    }
+
+    /// The decoded budget is charged by what a gzip body inflates to, not by its compressed size.
+    #[tokio::test]
+    async fn a_gzip_body_is_charged_by_its_inflated_size() {
+        let bodies = Bodies::new(8 << 20, 16 << 20);
+        let mut headers = HeaderMap::new();
+        headers.insert(header::CONTENT_ENCODING, "gzip".parse().unwrap());
+        let inflated = format!("{{\"pad\": \"{}\"}}", " ".repeat(4 << 20));
+        let compressed = gzip(inflated.as_bytes());
+        assert!(compressed.len() < 64 << 10, "{} bytes compressed", compressed.len());
+        // Declared, as clients do: the compressed size is all the raw budget learns up front.
+        headers.insert(header::CONTENT_LENGTH, compressed.len().into());
+        let before = bodies.decoded.permits.available_permits();
+        let body = bodies.read_json(&headers, Body::from(compressed)).await.unwrap().unwrap();
+        let taken = (before - bodies.decoded.permits.available_permits()) * PERMIT_BYTES;
+        assert!(taken >= inflated.len(), "charged {taken} bytes for a body inflating to {}", inflated.len());
+        drop(body);
+        assert_eq!(bodies.decoded.permits.available_permits(), before, "given back with the body");
+    }
+
+    /// The query endpoints' limit holds for the handler it wraps, on the inflated size, and the
+    /// 413 names the setting.
+    #[tokio::test]
+    async fn an_endpoint_limit_holds_inflated_bodies_and_names_its_setting() {
+        let bodies = Bodies::new(64 << 20, 256 << 20);
+        let mut headers = HeaderMap::new();
+        headers.insert(header::CONTENT_ENCODING, "gzip".parse().unwrap());
+        let selector = format!("{{\"selector\": {{\"a\": \"{}\"}}}}", "x".repeat(2 << 20));
+        let small = EndpointLimit { bytes: 1 << 20, setting: "couchdb_max_query_bytes" };
+        let err = ENDPOINT_LIMIT
+            .scope(small, bodies.read_json(&headers, Body::from(gzip(selector.as_bytes()))))
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(err.status, StatusCode::PAYLOAD_TOO_LARGE);
+        assert!(err.reason.contains("couchdb_max_query_bytes"), "{}", err.reason);
+        // The same body is fine where the general limit holds.
+        assert!(bodies.read_json(&headers, Body::from(gzip(selector.as_bytes()))).await.unwrap().is_some());
+    }
+
+    /// A body whose parsed tree alone would exceed the parse budget is refused before parsing.
+    #[tokio::test]
+    async fn a_body_whose_tree_exceeds_the_parse_budget_is_413() {
+        let bodies = Bodies::new(1 << 20, 256 << 10);
+        let numbers = format!("[{}1]", "1,".repeat(100_000));
+        let err = bodies.read_json(&HeaderMap::new(), Body::from(numbers)).await.err().unwrap();
+        assert_eq!(err.status, StatusCode::PAYLOAD_TOO_LARGE);
+        assert!(err.reason.contains("max_inflight_parse_bytes"), "{}", err.reason);
     }
 
     #[test]

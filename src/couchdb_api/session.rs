@@ -186,7 +186,19 @@ fn http_date(unix_secs: u64) -> String {
 /// `POST /_session`: logs in with `name` (or `username`) and `password` from a form-urlencoded or
 /// JSON body; sets the cookie. `?next=/path` answers 302 to that path on success.
 pub async fn post_session(auth: &CouchAuth, headers: &HeaderMap, query: Option<&str>, body: Bytes) -> Response {
-    post_session_at(auth, headers, query, &body, unix_now()).await.unwrap_or_else(IntoResponse::into_response)
+    post_session_from(auth, headers, query, body, None).await
+}
+
+/// [`post_session`] for a request from `peer`: a failed login counts toward the lockout of its
+/// name from that address (see [`super::auth`]).
+pub async fn post_session_from(
+    auth: &CouchAuth,
+    headers: &HeaderMap,
+    query: Option<&str>,
+    body: Bytes,
+    peer: Option<std::net::IpAddr>,
+) -> Response {
+    post_session_at(auth, headers, query, &body, peer, unix_now()).await.unwrap_or_else(IntoResponse::into_response)
 }
 
 async fn post_session_at(
@@ -194,11 +206,12 @@ async fn post_session_at(
     headers: &HeaderMap,
     query: Option<&str>,
     body: &[u8],
+    peer: Option<std::net::IpAddr>,
     now: u64,
 ) -> Result<Response, CouchError> {
     let next = redirect_target(query)?;
     let form = LoginForm::parse(headers, body)?;
-    Ok(match auth.log_in(&form.name, &form.password, now).await? {
+    Ok(match auth.log_in(&form.name, &form.password, peer, now).await? {
         Some((principal, cookie)) => {
             let body = json!({ "ok": true, "name": form.name, "roles": principal.roles() });
             let status = if next.is_some() { StatusCode::FOUND } else { StatusCode::OK };

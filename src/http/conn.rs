@@ -6,8 +6,16 @@
 //! - A request head must arrive whole within `header_read_timeout` (hyper's HTTP/1 timer; on a
 //!   keep-alive connection it runs from the end of the previous response).
 //! - A connection where no request is being handled and no byte moved either way for
-//!   `idle_timeout` is closed: idle keep-alive connections, clients that stall mid-body, clients
-//!   that stop reading a response.
+//!   `idle_timeout` is closed: idle keep-alive connections, clients that stop reading a response.
+//!   (It does not run while a request is handled, so it never cut a stalled body: the next bound
+//!   does.)
+//! - A request body must arrive whole within `body_read_timeout`, counted from when the handler
+//!   first asks for it (a body that stops, trickles, or a chunked body that never ends). The
+//!   handler then sees a read error, and whatever it answers is replaced by a 408 naming the bound:
+//!   one implementation for every router served here (the REST API and the CouchDB API), so
+//!   neither face holds a connection for a stalled body, and neither answers it with a 5xx.
+//! - Each request carries the peer's address (`ConnectInfo<SocketAddr>` in its extensions), for
+//!   limits kept per client (failed logins, long-lived feeds).
 //! - Closing is a *lingering* close: the server half-closes its side, then reads and discards what
 //!   the client is still sending (bounded in bytes and time) before it closes the socket. Closing
 //!   with unread bytes in the receive buffer makes the kernel send a reset, and a client still
@@ -19,15 +27,19 @@
 
 use std::future::Future;
 use std::io;
+use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use axum::body::Body;
+use axum::body::{Body, Bytes};
+use axum::extract::ConnectInfo;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::Response;
 use axum::Router;
-use hyper::body::Incoming;
+use hyper::body::{Frame, Incoming, SizeHint};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -46,7 +58,12 @@ pub struct ConnectionLimits {
     pub idle_timeout: Duration,
     /// Most bytes a lingering close reads and discards.
     pub linger_bytes: usize,
+    /// Longest time a request body may take to arrive, from the handler's first read.
+    pub body_read_timeout: Duration,
 }
+
+/// The setting that bounds how long a request body may take to arrive (named in the 408).
+pub const BODY_READ_TIMEOUT_SETTING: &str = "body_read_timeout_secs";
 
 /// Serves `router` on `listener` until `shutdown` resolves; then stops accepting, asks every
 /// connection to finish its request in flight and close, and waits up to `grace` for them.
@@ -91,7 +108,7 @@ async fn accept_until(
         let stream = tokio::select! {
             () = &mut shutdown => return,
             accepted = listener.accept() => match accepted {
-                Ok((stream, _peer)) => stream,
+                Ok(accepted) => accepted,
                 Err(e) => {
                     // Out of file descriptors and the like: back off instead of spinning.
                     tracing::warn!(error = %e, "accept failed");
@@ -100,14 +117,16 @@ async fn accept_until(
                 }
             },
         };
+        let (stream, peer) = stream;
         let _ = stream.set_nodelay(true);
-        tokio::spawn(serve_connection(stream, router.clone(), limits, stop.clone(), slot));
+        tokio::spawn(serve_connection(stream, peer, router.clone(), limits, stop.clone(), slot));
     }
 }
 
 /// Serves one connection until it closes, is idle too long, or the server stops.
 async fn serve_connection(
     stream: TcpStream,
+    peer: SocketAddr,
     router: Router,
     limits: ConnectionLimits,
     mut stop: watch::Receiver<bool>,
@@ -119,11 +138,22 @@ async fn serve_connection(
         let activity = Arc::clone(&activity);
         move |request: hyper::Request<Incoming>| {
             let handling = activity.begin_request();
-            let response = router.clone().oneshot(request.map(Body::new));
+            let timed_out = Arc::new(AtomicBool::new(false));
+            let timeout = limits.body_read_timeout;
+            let mut request = request.map(|body| Body::new(TimedBody::new(body, timeout, Arc::clone(&timed_out))));
+            request.extensions_mut().insert(ConnectInfo(peer));
+            let response = router.clone().oneshot(request);
             async move {
                 let response = response.await;
                 drop(handling);
-                response
+                // Whatever the handler made of the read error, the client stalled: a 4xx.
+                response.map(|response| {
+                    if timed_out.load(Ordering::Acquire) {
+                        body_timeout_response(response, timeout)
+                    } else {
+                        response
+                    }
+                })
             }
         }
     });
@@ -301,4 +331,83 @@ impl AsyncWrite for TrackedStream {
         }
         self.poll_discard(cx).map(Ok)
     }
+}
+
+/// A request body that must arrive whole within a time, counted from its first read. Past it, the
+/// body ends with an error and `timed_out` is set, so the connection answers 408 whatever the
+/// handler made of the error.
+struct TimedBody {
+    inner: Incoming,
+    limit: Duration,
+    deadline: Option<Pin<Box<Sleep>>>,
+    timed_out: Arc<AtomicBool>,
+}
+
+/// The error a stalled body ends with.
+#[derive(Debug)]
+struct BodyTimedOut(Duration);
+
+impl std::fmt::Display for BodyTimedOut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the request body did not arrive within {} s", self.0.as_secs())
+    }
+}
+
+impl std::error::Error for BodyTimedOut {}
+
+impl TimedBody {
+    fn new(inner: Incoming, limit: Duration, timed_out: Arc<AtomicBool>) -> Self {
+        TimedBody { inner, limit, deadline: None, timed_out }
+    }
+}
+
+impl hyper::body::Body for TimedBody {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if self.timed_out.load(Ordering::Acquire) {
+            return Poll::Ready(Some(Err(Box::new(BodyTimedOut(self.limit)))));
+        }
+        if let Poll::Ready(frame) = Pin::new(&mut self.inner).poll_frame(cx) {
+            return Poll::Ready(frame.map(|frame| frame.map_err(Into::into)));
+        }
+        let limit = self.limit;
+        let deadline = self.deadline.get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        match deadline.as_mut().poll(cx) {
+            Poll::Ready(()) => {
+                self.timed_out.store(true, Ordering::Release);
+                Poll::Ready(Some(Err(Box::new(BodyTimedOut(limit)))))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// The 408 for a client whose body stalled: the handler's headers (request id, server name) with
+/// the error body both faces use, `{"error", "reason"}`, naming the bound and its setting.
+fn body_timeout_response(response: Response, limit: Duration) -> Response {
+    let (mut parts, _) = response.into_parts();
+    parts.status = StatusCode::REQUEST_TIMEOUT;
+    for name in [header::CONTENT_LENGTH, header::CONTENT_ENCODING, header::TRANSFER_ENCODING, header::ETAG] {
+        parts.headers.remove(name);
+    }
+    parts.headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    parts.headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+    let body = serde_json::json!({
+        "error": "request_timeout",
+        "reason": format!(
+            "the request body did not arrive within {} s ({BODY_READ_TIMEOUT_SETTING})",
+            limit.as_secs()
+        ),
+    });
+    Response::from_parts(parts, Body::from(body.to_string()))
 }

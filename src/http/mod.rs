@@ -6,7 +6,7 @@
 //! `openapi.json` documents exactly those (a test checks).
 
 mod auth;
-mod body;
+pub(crate) mod body;
 mod changes;
 mod conn;
 mod error;
@@ -148,6 +148,7 @@ pub(crate) fn connection_limits(settings: &Settings) -> conn::ConnectionLimits {
         idle_timeout: Duration::from_secs(settings.idle_timeout_secs),
         // Enough to take in a whole body of twice the limit that the server refused early.
         linger_bytes: settings.body_limit().saturating_mul(2).saturating_add(1 << 20),
+        body_read_timeout: Duration::from_secs(settings.body_read_timeout_secs),
     }
 }
 
