@@ -32,7 +32,7 @@ use super::error::{CouchError, CouchResult};
 use super::request::{bool_param, integer_param, json_param};
 use super::{Answer, CouchState};
 use crate::backend::{Change, DocumentBackend};
-use crate::changes::{read_page, resolve_since, PollBackoff, DEFAULT_PAGE};
+use crate::changes::{read_page, resolve_since, DeliveredTail, PollBackoff, DEFAULT_PAGE};
 
 /// CouchDB's default `timeout` for longpoll and continuous feeds.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -187,6 +187,8 @@ struct Cursor {
     deadline: Instant,
     backoff: PollBackoff,
     stopping: watch::Receiver<bool>,
+    /// The unsettled changes this answer sent, not to be sent again when they settle.
+    delivered: DeliveredTail,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -219,6 +221,7 @@ async fn respond(
         phase: Phase::Start,
         backoff: PollBackoff::new(POLL_CEILING),
         stopping: state.stopping.clone(),
+        delivered: DeliveredTail::default(),
     };
     let body = stream::try_unfold(cursor, |mut cursor| async move {
         let chunk = match cursor.phase {
@@ -248,7 +251,8 @@ async fn step(cursor: &mut Cursor) -> crate::Result<String> {
         return Ok(finish(cursor));
     }
     let page_size = remaining.map(|r| r.min(DEFAULT_PAGE as u64) as usize).unwrap_or(DEFAULT_PAGE);
-    let page = read_page(cursor.backend.as_ref(), cursor.since.as_deref(), page_size).await?;
+    let mut page = read_page(cursor.backend.as_ref(), cursor.since.as_deref(), page_size).await?;
+    cursor.delivered.drop_repeats(&mut page);
     cursor.since = Some(page.last_seq.clone());
     cursor.last_seq = page.last_seq.clone();
     cursor.pending = page.pending;

@@ -146,7 +146,9 @@ impl FirestoreBackend {
         // present. So the end of a resumed sweep is not the end of the feed; the next read, from
         // its floor, starts a sweep at the current time.
         let at_present = !full && token.sweep.is_none();
-        Ok(ChangesPage { changes, last_seq, pending: if at_present { Some(0) } else { None } })
+        // Nothing is held back: a sweep reads everything committed by its snapshot, so the
+        // floor after it is safe to resume from (the settle window only reaches back below it).
+        Ok(ChangesPage { changes, last_seq, pending: if at_present { Some(0) } else { None }, unsettled: 0 })
     }
 
     pub(super) async fn feed_position(&self) -> Result<String> {
