@@ -171,7 +171,10 @@ async fn answer(state: &CouchState, principal: &Principal, request: AllDocsReque
         }
         return Ok(json(StatusCode::OK, body));
     }
-    let offset = if request.range.start.is_none() && principal.only_user().is_none() {
+    // An ascending range from "" starts at the beginning too: no id sorts before "".
+    let from_the_beginning =
+        request.range.start.as_deref().is_none_or(|start| start.is_empty() && !request.range.descending);
+    let offset = if from_the_beginning && principal.only_user().is_none() {
         Value::from(request.skip)
     } else {
         Value::Null
