@@ -924,9 +924,13 @@ async fn changes_show_writes_at_once(e: Endpoint) -> TestResult {
         .as_array()
         .ok_or("_bulk_docs answers an array")?
         .iter()
-        .map(|row| (row["id"].as_str().unwrap_or_default().to_owned(), row["rev"].as_str().unwrap_or_default().to_owned()))
+        .map(|row| {
+            (row["id"].as_str().unwrap_or_default().to_owned(), row["rev"].as_str().unwrap_or_default().to_owned())
+        })
         .collect();
-    check(revs.len() == 60 && revs.values().all(|rev| rev.starts_with("1-")), || format!("_bulk_docs: {}", written.body))?;
+    check(revs.len() == 60 && revs.values().all(|rev| rev.starts_with("1-")), || {
+        format!("_bulk_docs: {}", written.body)
+    })?;
     let reported = |results: &[Value], seen: &mut std::collections::BTreeMap<String, String>| {
         for row in results {
             let (Some(id), Some(rev)) = (row["id"].as_str(), row["changes"][0]["rev"].as_str()) else { continue };
@@ -992,5 +996,7 @@ async fn all_docs_from_the_empty_id(e: Endpoint) -> TestResult {
         check(answer.body["rows"] == json!([]) && same_total, || format!("{query}: {}", answer.body))?;
     }
     let key = e.get(&format!("/{DB}/_all_docs?key=%22%22")).await?.expect(200, "key")?;
-    check(key.body["offset"] == 0, || format!("key=\"\": offset {} (CouchDB: 0, no id sorts before \"\")", key.body["offset"]))
+    check(key.body["offset"] == 0, || {
+        format!("key=\"\": offset {} (CouchDB: 0, no id sorts before \"\")", key.body["offset"])
+    })
 }

@@ -174,11 +174,8 @@ async fn answer(state: &CouchState, principal: &Principal, request: AllDocsReque
     // An ascending range from "" starts at the beginning too: no id sorts before "".
     let from_the_beginning =
         request.range.start.as_deref().is_none_or(|start| start.is_empty() && !request.range.descending);
-    let offset = if from_the_beginning && principal.only_user().is_none() {
-        Value::from(request.skip)
-    } else {
-        Value::Null
-    };
+    let offset =
+        if from_the_beginning && principal.only_user().is_none() { Value::from(request.skip) } else { Value::Null };
     let range = confine(request.range.clone(), principal);
     let mut head = format!("{{\"total_rows\":{total_rows},\"offset\":{offset},");
     if let Some(seq) = update_seq {

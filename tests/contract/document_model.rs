@@ -394,7 +394,11 @@ pub async fn acknowledged_writes_are_in_the_next_read(ctx: Ctx) {
     }
     let (updated, deleted) = (id_of("u", "now", &key(0)), id_of("u", "now", &key(1)));
     let rev = b
-        .put(&updated, &body("u", "now", &key(0), json!("again")), Precondition::MatchRevision(truth[&updated].0.clone()))
+        .put(
+            &updated,
+            &body("u", "now", &key(0), json!("again")),
+            Precondition::MatchRevision(truth[&updated].0.clone()),
+        )
         .await
         .expect("update");
     truth.insert(updated.clone(), (rev, false));
@@ -412,7 +416,11 @@ pub async fn acknowledged_writes_are_in_the_next_read(ctx: Ctx) {
         later.insert(id, (rev, false));
     }
     let rev = b
-        .put(&updated, &body("u", "now", &key(0), json!("thrice")), Precondition::MatchRevision(truth[&updated].0.clone()))
+        .put(
+            &updated,
+            &body("u", "now", &key(0), json!("thrice")),
+            Precondition::MatchRevision(truth[&updated].0.clone()),
+        )
         .await
         .expect("update");
     later.insert(updated.clone(), (rev, false));
