@@ -36,7 +36,7 @@ fn main() -> ExitCode {
     let Some((backends, selected)) = harness::announce("couchdb api suite", args.list) else {
         return ExitCode::FAILURE;
     };
-    let cases: [(&str, TrialFn); 14] = [
+    let cases: [(&str, TrialFn); 15] = [
         ("mango_over_http", |e| Box::pin(mango_over_http(e))),
         ("per_user_logins", |e| Box::pin(per_user_logins(e))),
         ("server_and_database", |e| Box::pin(server_and_database(e))),
@@ -51,6 +51,7 @@ fn main() -> ExitCode {
         ("design_documents", |e| Box::pin(design_documents(e))),
         ("changes_show_writes_at_once", |e| Box::pin(changes_show_writes_at_once(e))),
         ("all_docs_from_the_empty_id", |e| Box::pin(all_docs_from_the_empty_id(e))),
+        ("all_docs_backend_failure_is_never_a_short_200", |e| Box::pin(all_docs_backend_failure(e))),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
@@ -999,4 +1000,86 @@ async fn all_docs_from_the_empty_id(e: Endpoint) -> TestResult {
     check(key.body["offset"] == 0, || {
         format!("key=\"\": offset {} (CouchDB: 0, no id sorts before \"\")", key.body["offset"])
     })
+}
+
+/// The store of `e`'s backend with its id listing failing: on the first page (`fail_first`), or
+/// on every page after a first one that says more follow.
+struct FailingIdOrder {
+    inner: Arc<dyn agentstore::backend::DocumentBackend>,
+    fail_first: bool,
+}
+
+#[async_trait::async_trait]
+impl agentstore::backend::raw::layer::Layered for FailingIdOrder {
+    fn inner(&self) -> &dyn agentstore::backend::DocumentBackend {
+        self.inner.as_ref()
+    }
+
+    async fn all_docs(
+        &self,
+        range: &agentstore::backend::IdRange,
+        limit: usize,
+        page_token: Option<&str>,
+    ) -> agentstore::Result<agentstore::backend::Page<agentstore::backend::StoredDocument>> {
+        if self.fail_first || page_token.is_some() {
+            return Err(agentstore::Error::new(
+                agentstore::ErrorKind::Unavailable,
+                "the id index is unavailable (test)",
+            ));
+        }
+        let mut page = self.inner.all_docs(range, limit, None).await?;
+        page.next = Some("more".into());
+        Ok(page)
+    }
+}
+
+/// Issue 22, 2c item 3, the mechanism: a backend error while `_all_docs` is answered must never
+/// reach the client as a complete-looking 200. An error on the first page (DynamoDB's refusal of
+/// `startkey=""` was one) is an error status with a JSON body; one on a later page, after rows were
+/// sent, ends the chunked body without its last chunk, which the HTTP client reports as an error.
+async fn all_docs_backend_failure(e: Endpoint) -> TestResult {
+    let docs: Vec<Value> = (0..3).map(|i| doc("user_fail", "keys", &format!("k{i}"), json!(i))).collect();
+    e.post(&format!("/{DB}/_bulk_docs"), json!({ "docs": docs })).await?.expect(201, "seed")?;
+    for fail_first in [true, false] {
+        let backend: Arc<dyn agentstore::backend::DocumentBackend> =
+            Arc::new(FailingIdOrder { inner: Arc::clone(&e._ctx.backend), fail_first });
+        let store = Arc::new(DataStore::open(backend, StoreOptions::default()).await?);
+        // An empty configuration file, as `Endpoint::start` without logins.
+        let config_dir = tempfile::tempdir()?;
+        let config_file = config_dir.path().join("agentstore.toml");
+        std::fs::write(&config_file, "")?;
+        let settings =
+            Settings::load(Some(&config_file), &Overrides::default()).map_err(|e| Failed::from(e.to_string()))?;
+        let app = CouchApp::build(store, &settings)?;
+        let listener = bind("127.0.0.1:0", &app, false).await?;
+        let root = format!("http://{}", listener.local_addr()?);
+        let (_stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let _ = app
+                .serve(listener, &settings, async move {
+                    let _ = stopped.await;
+                })
+                .await;
+        });
+        let url = format!("{root}/{DB}/_all_docs?startkey=%22%22");
+        if fail_first {
+            let response = e.client.get(url).send().await?;
+            let status = response.status();
+            let text = response.text().await.map_err(|err| format!("first page failing: unreadable body: {err}"))?;
+            let parsed: Value =
+                serde_json::from_str(&text).map_err(|err| format!("first page failing: {err}: {text}"))?;
+            check(status.is_server_error() && parsed["error"].is_string(), || {
+                format!("first page failing: {status} {text} (an error status with CouchDB's error body)")
+            })?;
+        } else {
+            // The head may or may not have left before the failure: either way the client sees
+            // an error, never a body it could take for the whole answer.
+            let outcome = match e.client.get(url).send().await {
+                Ok(response) => response.text().await.map(|text| format!("a complete body: {text}")),
+                Err(err) => Err(err),
+            };
+            check(outcome.is_err(), || format!("a later page failing: {outcome:?}"))?;
+        }
+    }
+    Ok(())
 }

@@ -182,8 +182,14 @@ async fn answer(state: &CouchState, principal: &Principal, request: AllDocsReque
         head.push_str(&format!("\"update_seq\":{},", Value::from(seq)));
     }
     head.push_str("\"rows\":[");
-    let rows = range_rows(backend, principal.clone(), range, request);
+    let mut rows = Box::pin(range_rows(backend, principal.clone(), range, request));
+    // The first page is read before the status is sent, so a backend that refuses the range
+    // answers with an error status, not a 200 cut short after `"rows":[`. A failure on a later
+    // page can only end the body early: the chunked transfer then ends without its last chunk,
+    // which every HTTP client reports as an error, never as a complete answer.
+    let first = rows.next().await.transpose()?;
     let body = stream::once(async move { Ok::<_, crate::Error>(Bytes::from(head)) })
+        .chain(stream::iter(first.map(Ok)))
         .chain(rows)
         .chain(stream::once(async { Ok(Bytes::from_static(b"\n]}\n")) }));
     let mut response = Body::from_stream(body).into_response();
