@@ -368,6 +368,62 @@ mod tests {
         assert_eq!(lines[3], serde_json::json!({ "last_seq": lines[2]["seq"] }));
     }
 
+    fn change(id: &str, rev: &str) -> Change {
+        Change { seq: format!("{id}@{rev}"), id: id.into(), rev: crate::backend::Revision(rev.into()), deleted: false }
+    }
+
+    fn page(changes: Vec<Change>, unsettled: usize) -> FeedPage {
+        FeedPage { changes, last_seq: "s".into(), pending: 0, unsettled }
+    }
+
+    fn ids(page: &FeedPage) -> Vec<&str> {
+        page.changes.iter().map(|c| c.id.as_str()).collect()
+    }
+
+    #[test]
+    fn within_one_answer_a_tail_change_is_not_delivered_again_when_it_settles() {
+        let mut delivered = DeliveredTail::default();
+        let mut first = page(vec![change("a", "1"), change("b", "1"), change("c", "1")], 2);
+        delivered.drop_repeats(&mut first);
+        assert_eq!((ids(&first), first.unsettled), (vec!["a", "b", "c"], 2));
+        // b settled at the revision delivered: dropped; c settled at a newer one: delivered; d new.
+        let mut second = page(vec![change("b", "1"), change("c", "2"), change("d", "1")], 1);
+        delivered.drop_repeats(&mut second);
+        assert_eq!((ids(&second), second.unsettled), (vec!["c", "d"], 1));
+        assert_eq!(second.settled().len(), 1);
+        // e settled and new: delivered; d shown in the tail again at the same revision: dropped.
+        let mut third = page(vec![change("e", "1"), change("d", "1")], 1);
+        delivered.drop_repeats(&mut third);
+        assert_eq!((ids(&third), third.unsettled), (vec!["e"], 0));
+    }
+
+    #[test]
+    fn a_page_cut_to_its_limit_loses_its_last_changes_from_the_tail_first() {
+        struct Fixed(Vec<Change>, usize);
+        #[async_trait::async_trait]
+        impl crate::backend::raw::layer::Layered for Fixed {
+            fn inner(&self) -> &dyn DocumentBackend {
+                unreachable!("only changes is called")
+            }
+            async fn changes(&self, _: Option<&str>, _: usize) -> Result<crate::backend::ChangesPage> {
+                Ok(crate::backend::ChangesPage {
+                    changes: self.0.clone(),
+                    last_seq: "end".into(),
+                    pending: Some(0),
+                    unsettled: self.1,
+                })
+            }
+        }
+        let runtime = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+        let three = vec![change("a", "1"), change("b", "1"), change("c", "1")];
+        let cut = runtime.block_on(read_page(&Fixed(three.clone(), 2), None, 2)).expect("page");
+        assert_eq!((ids(&cut), cut.unsettled, cut.pending, cut.last_seq.as_str()), (vec!["a", "b"], 1, 1, "b@1"));
+        let settled_cut = runtime.block_on(read_page(&Fixed(three.clone(), 1), None, 1)).expect("page");
+        assert_eq!((ids(&settled_cut), settled_cut.unsettled, settled_cut.pending), (vec!["a"], 0, 2));
+        let whole = runtime.block_on(read_page(&Fixed(three, 2), None, 3)).expect("page");
+        assert_eq!((whole.unsettled, whole.pending, whole.last_seq.as_str()), (2, 0, "end"));
+    }
+
     #[test]
     fn backoff_doubles_to_its_ceiling_and_resets() {
         let mut backoff = PollBackoff::new(Duration::from_millis(300));

@@ -437,3 +437,34 @@ impl DynamoDbBackend {
         Ok(documents)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_round_trip_keep_only_a_delivered_position_past_the_settled_one_and_refuse_garbage() {
+        let settled = layout::position_after_millis(1_000);
+        let delivered = layout::new_position();
+        let token = FeedToken::new(&settled, Some(&delivered));
+        assert_eq!(token.render(), format!("{settled}~{delivered}"));
+        assert_eq!(FeedToken::parse(&token.render()).unwrap(), token);
+        // A delivered position at or below the settled one says nothing more: the plain form.
+        assert_eq!(FeedToken::new(&delivered, Some(&settled)).render(), delivered);
+        assert_eq!(FeedToken::parse(&delivered).unwrap(), FeedToken { settled: delivered.clone(), delivered: None });
+        for bad in ["", "~", &format!("{settled}~"), &format!("~{settled}"), &format!("{settled}~x"), "abc"] {
+            let err = FeedToken::parse(bad).unwrap_err();
+            assert!(err.message().contains("since"), "{bad:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn the_position_after_one_sorts_before_every_later_position() {
+        let earlier = layout::new_position();
+        let later = layout::new_position();
+        assert!(earlier < after(&earlier) && after(&earlier) < later);
+        let bound = layout::position_after_millis(5);
+        assert!(bound < after(&bound) && after(&bound) < layout::position_after_millis(6));
+        assert!(later < layout::position_after_millis(layout::MAX_POSITION_MILLIS));
+    }
+}
