@@ -39,13 +39,24 @@ pub async fn resolve_since(backend: &dyn DocumentBackend, since: Option<&str>) -
 /// One page of the feed as the consumers show it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FeedPage {
+    /// The settled changes, then the unsettled tail (see [`crate::backend::ChangesPage`]).
     pub changes: Vec<Change>,
     /// Where the next page starts.
     pub last_seq: String,
     /// How many changes are known to wait after this page: exact when the backend counts them,
     /// otherwise a lower bound; 0 only when the page is the end of the feed as far as this read
-    /// saw (1 when the backend cannot tell: read again).
+    /// saw, the unsettled tail included (1 when the backend cannot tell: read again).
     pub pending: u64,
+    /// How many of `changes`, at its end, are the unsettled tail: a reader from `last_seq` may be
+    /// handed them again, once, when they settle.
+    pub unsettled: usize,
+}
+
+impl FeedPage {
+    /// The settled changes only (a follower that applies each change once, in settled order).
+    pub fn settled(&self) -> &[Change] {
+        &self.changes[..self.changes.len() - self.unsettled.min(self.changes.len())]
+    }
 }
 
 /// At most `limit` changes after `since` (1 ≤ `limit` ≤ [`MAX_PAGE`]). A `since` the backend
@@ -60,16 +71,62 @@ pub async fn read_page(backend: &dyn DocumentBackend, since: Option<&str>, limit
         _ => err,
     })?;
     let mut changes = page.changes;
-    let beyond = changes.len().saturating_sub(limit) as u64;
+    let unsettled = page.unsettled.min(changes.len());
+    let beyond = changes.len().saturating_sub(limit);
     // A backend that cannot tell whether more follow has not reached the end: at least one more
     // read is needed to know.
     let waiting_after_page = page.pending.unwrap_or(1);
     if beyond == 0 {
-        return Ok(FeedPage { changes, last_seq: page.last_seq, pending: waiting_after_page });
+        return Ok(FeedPage { changes, last_seq: page.last_seq, pending: waiting_after_page, unsettled });
     }
     changes.truncate(limit);
+    // The change held back is the last one, so it leaves the tail first.
+    let unsettled = unsettled.saturating_sub(beyond);
     let last_seq = changes.last().map(|c| c.seq.clone()).unwrap_or(page.last_seq);
-    Ok(FeedPage { changes, last_seq, pending: waiting_after_page + beyond })
+    Ok(FeedPage { changes, last_seq, pending: waiting_after_page + beyond as u64, unsettled })
+}
+
+/// For one answer that reads the feed more than once (a continuous or longpoll `_changes`,
+/// `changes --follow`): the unsettled changes it has delivered, so that each is not delivered a
+/// second time when it settles. Across answers a change may come twice (a new answer knows
+/// nothing of the last one's); within one, once per revision.
+#[derive(Debug, Default)]
+pub struct DeliveredTail {
+    /// Id → the revision delivered unsettled and not yet seen settled.
+    revisions: std::collections::HashMap<String, crate::backend::Revision>,
+}
+
+impl DeliveredTail {
+    /// The most remembered at once: past it the memory is cleared, which costs only repeats.
+    const MAX_REMEMBERED: usize = 100_000;
+
+    /// Drops from `page` the changes this answer has delivered already at the same revision, and
+    /// remembers the tail it delivers now.
+    pub fn drop_repeats(&mut self, page: &mut FeedPage) {
+        let settled = page.changes.len() - page.unsettled.min(page.changes.len());
+        let mut kept = Vec::with_capacity(page.changes.len());
+        let mut kept_unsettled = 0;
+        for (n, change) in std::mem::take(&mut page.changes).into_iter().enumerate() {
+            if n < settled {
+                // Settled now: whatever happens, the id's tail entry is no longer needed.
+                if self.revisions.remove(&change.id).is_some_and(|rev| rev == change.rev) {
+                    continue;
+                }
+            } else {
+                if self.revisions.get(&change.id) == Some(&change.rev) {
+                    continue;
+                }
+                if self.revisions.len() >= Self::MAX_REMEMBERED {
+                    self.revisions.clear();
+                }
+                self.revisions.insert(change.id.clone(), change.rev.clone());
+                kept_unsettled += 1;
+            }
+            kept.push(change);
+        }
+        page.changes = kept;
+        page.unsettled = kept_unsettled;
+    }
 }
 
 /// The pause between polls of a feed that has nothing new: 50 ms, doubling up to a ceiling, back
@@ -198,12 +255,14 @@ pub async fn write_changes(
     let mut remaining = args.limit;
     let mut lines = Lines::new(out);
     let mut backoff = PollBackoff::new(FOLLOW_CEILING);
+    let mut delivered = DeliveredTail::default();
     while remaining != Some(0) && !lines.closed {
         let want = remaining.map_or(DEFAULT_PAGE, |left| usize::try_from(left).unwrap_or(usize::MAX).min(DEFAULT_PAGE));
-        let page = tokio::select! {
+        let mut page = tokio::select! {
             () = &mut stop => break,
             page = read_page(backend.as_ref(), position.as_deref(), want) => page?,
         };
+        delivered.drop_repeats(&mut page);
         for change in &page.changes {
             lines.write(&ChangeLine {
                 seq: &change.seq,
@@ -216,12 +275,16 @@ pub async fn write_changes(
         let printed = page.changes.len() as u64;
         remaining = remaining.map(|left| left.saturating_sub(printed));
         position = Some(page.last_seq);
-        if printed > 0 {
+        if page.pending > 0 {
             backoff.reset();
             continue;
         }
         if !args.follow {
             break;
+        }
+        if printed > 0 {
+            backoff.reset();
+            continue;
         }
         tokio::select! {
             () = &mut stop => break,
@@ -303,6 +366,62 @@ mod tests {
         let lines = out.lines();
         assert_eq!(lines.len(), 4, "{lines:?}");
         assert_eq!(lines[3], serde_json::json!({ "last_seq": lines[2]["seq"] }));
+    }
+
+    fn change(id: &str, rev: &str) -> Change {
+        Change { seq: format!("{id}@{rev}"), id: id.into(), rev: crate::backend::Revision(rev.into()), deleted: false }
+    }
+
+    fn page(changes: Vec<Change>, unsettled: usize) -> FeedPage {
+        FeedPage { changes, last_seq: "s".into(), pending: 0, unsettled }
+    }
+
+    fn ids(page: &FeedPage) -> Vec<&str> {
+        page.changes.iter().map(|c| c.id.as_str()).collect()
+    }
+
+    #[test]
+    fn within_one_answer_a_tail_change_is_not_delivered_again_when_it_settles() {
+        let mut delivered = DeliveredTail::default();
+        let mut first = page(vec![change("a", "1"), change("b", "1"), change("c", "1")], 2);
+        delivered.drop_repeats(&mut first);
+        assert_eq!((ids(&first), first.unsettled), (vec!["a", "b", "c"], 2));
+        // b settled at the revision delivered: dropped; c settled at a newer one: delivered; d new.
+        let mut second = page(vec![change("b", "1"), change("c", "2"), change("d", "1")], 1);
+        delivered.drop_repeats(&mut second);
+        assert_eq!((ids(&second), second.unsettled), (vec!["c", "d"], 1));
+        assert_eq!(second.settled().len(), 1);
+        // e settled and new: delivered; d shown in the tail again at the same revision: dropped.
+        let mut third = page(vec![change("e", "1"), change("d", "1")], 1);
+        delivered.drop_repeats(&mut third);
+        assert_eq!((ids(&third), third.unsettled), (vec!["e"], 0));
+    }
+
+    #[test]
+    fn a_page_cut_to_its_limit_loses_its_last_changes_from_the_tail_first() {
+        struct Fixed(Vec<Change>, usize);
+        #[async_trait::async_trait]
+        impl crate::backend::raw::layer::Layered for Fixed {
+            fn inner(&self) -> &dyn DocumentBackend {
+                unreachable!("only changes is called")
+            }
+            async fn changes(&self, _: Option<&str>, _: usize) -> Result<crate::backend::ChangesPage> {
+                Ok(crate::backend::ChangesPage {
+                    changes: self.0.clone(),
+                    last_seq: "end".into(),
+                    pending: Some(0),
+                    unsettled: self.1,
+                })
+            }
+        }
+        let runtime = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+        let three = vec![change("a", "1"), change("b", "1"), change("c", "1")];
+        let cut = runtime.block_on(read_page(&Fixed(three.clone(), 2), None, 2)).expect("page");
+        assert_eq!((ids(&cut), cut.unsettled, cut.pending, cut.last_seq.as_str()), (vec!["a", "b"], 1, 1, "b@1"));
+        let settled_cut = runtime.block_on(read_page(&Fixed(three.clone(), 1), None, 1)).expect("page");
+        assert_eq!((ids(&settled_cut), settled_cut.unsettled, settled_cut.pending), (vec!["a"], 0, 2));
+        let whole = runtime.block_on(read_page(&Fixed(three, 2), None, 3)).expect("page");
+        assert_eq!((whole.unsettled, whole.pending, whole.last_seq.as_str()), (2, 0, "end"));
     }
 
     #[test]

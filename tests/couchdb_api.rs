@@ -59,6 +59,10 @@ fn main() -> ExitCode {
         ("revision_reads_as_couchdb", |e| Box::pin(revision_reads_as_couchdb(e))),
         ("server_root_fields", |e| Box::pin(server_root_fields(e))),
         ("changes_since_and_limit", |e| Box::pin(changes_since_and_limit(e))),
+        ("changes_show_writes_at_once", |e| Box::pin(changes_show_writes_at_once(e))),
+        ("all_docs_from_the_empty_id", |e| Box::pin(all_docs_from_the_empty_id(e))),
+        ("all_docs_backend_failure_is_never_a_short_200", |e| Box::pin(all_docs_backend_failure(e))),
+        ("continuous_changes_list_each_write_once", |e| Box::pin(continuous_changes_list_each_write_once(e))),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
@@ -111,17 +115,9 @@ impl Endpoint {
         std::fs::write(&config_file, config.unwrap_or_default())?;
         let settings =
             Settings::load(Some(&config_file), &Overrides::default()).map_err(|e| Failed::from(e.to_string()))?;
-        // DynamoDB's feed shows a write once its settle window has passed (5 s by default); a
-        // short window keeps the feed trials quick.
-        let store_backend = match (backend, &ctx.url) {
-            ("dynamodb", Some(url)) => {
-                let url: agentstore::backend::BackendUrl =
-                    format!("{url}&settle_ms=1000&write_timeout_ms=500").parse()?;
-                agentstore::backend::open(&url).await?
-            }
-            _ => Arc::clone(&ctx.backend),
-        };
-        let store = Arc::new(DataStore::open(store_backend, StoreOptions::default()).await?);
+        // Every backend with its default settings: a write shows in `_changes` at once, settle
+        // window or not (issue 22), so no trial waits one out.
+        let store = Arc::new(DataStore::open(Arc::clone(&ctx.backend), StoreOptions::default()).await?);
         let app = CouchApp::build(store, &settings)?;
         let listener = bind("127.0.0.1:0", &app, false).await?;
         let addr = listener.local_addr()?;
@@ -706,15 +702,8 @@ async fn changes_since_and_limit(e: Endpoint) -> TestResult {
 async fn changes_feeds(e: Endpoint) -> TestResult {
     let docs: Vec<Value> = (0..6).map(|i| doc("user_1", "feed", &format!("k{i}"), json!(i))).collect();
     e.post(&format!("/{DB}/_bulk_docs"), json!({ "docs": docs })).await?.expect(201, "seed")?;
-    // A feed with a settle window shows writes once it has passed: read until all six are there.
-    let mut all = e.get(&format!("/{DB}/_changes?since=0&include_docs=true")).await?.expect(200, "_changes")?;
-    for _ in 0..40 {
-        if all.body["results"].as_array().is_some_and(|r| r.len() == 6) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        all = e.get(&format!("/{DB}/_changes?since=0&include_docs=true")).await?.expect(200, "_changes")?;
-    }
+    // Acknowledged writes are in the next read, settle window or not (issue 22).
+    let all = e.get(&format!("/{DB}/_changes?since=0&include_docs=true")).await?.expect(200, "_changes")?;
     same_fields(&all.body, &couchdb_body("050-changes-include-docs"), "_changes", &[])?;
     let results = all.body["results"].as_array().cloned().unwrap_or_default();
     check(results.len() == 6 && all.body["pending"] == 0, || format!("since=0: {}", all.body))?;
@@ -957,18 +946,11 @@ async fn mango_over_http(e: Endpoint) -> TestResult {
     check(explained.body["index"]["name"] == "idx-user-namespace", || {
         format!("_explain: {}", explained.body["index"])
     })?;
-    // A feed with a settle window shows the seed once it has passed: read until it is there.
-    let mut filtered = Answer { status: StatusCode::OK, headers: Default::default(), body: Value::Null };
-    for _ in 0..40 {
-        filtered = e
-            .post(&format!("/{DB}/_changes?filter=_selector"), json!({"selector": {"userId": "user_456"}}))
-            .await?
-            .expect(200, "_changes _selector")?;
-        if filtered.body["results"].as_array().is_some_and(|r| r.len() >= 5) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    // The seed is in the feed at once, settle window or not (issue 22).
+    let filtered = e
+        .post(&format!("/{DB}/_changes?filter=_selector"), json!({"selector": {"userId": "user_456"}}))
+        .await?
+        .expect(200, "_changes _selector")?;
     let ids: Vec<&str> = filtered.body["results"]
         .as_array()
         .map(|r| r.iter().filter_map(|row| row["id"].as_str()).collect())
@@ -1367,4 +1349,201 @@ async fn mango_answers_as_couchdb(e: Endpoint) -> TestResult {
     let mut in_order = ddocs.clone();
     in_order.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
     check(ddocs == in_order && ddocs.len() == 4, || format!("GET _index: {ddocs:?}"))
+}
+
+/// Issue 22: `_bulk_docs` of 60, then at once `_changes` (no wait): CouchDB shows a write in
+/// `_changes` as soon as it is acknowledged, so all 60 are there, at the revisions `_bulk_docs`
+/// answered, from `since=0`, from a `since` taken before the writes, and paged with `limit` as
+/// couchbackup and the replicators read; `pending` is 0 only once all are reported. On DynamoDB
+/// (settle window 5 s) the feed used to answer no rows with `pending: 0`.
+async fn changes_show_writes_at_once(e: Endpoint) -> TestResult {
+    let before = e.get(&format!("/{DB}/_changes?since=now")).await?.expect(200, "since=now")?;
+    let before = before.body["last_seq"].as_str().ok_or("last_seq is a string")?.to_owned();
+    let docs: Vec<Value> = (0..60).map(|i| doc("user_now", "burst", &format!("k{i:02}"), json!(i))).collect();
+    let written = e.post(&format!("/{DB}/_bulk_docs"), json!({ "docs": docs })).await?.expect(201, "_bulk_docs")?;
+    let revs: std::collections::BTreeMap<String, String> = written
+        .body
+        .as_array()
+        .ok_or("_bulk_docs answers an array")?
+        .iter()
+        .map(|row| {
+            (row["id"].as_str().unwrap_or_default().to_owned(), row["rev"].as_str().unwrap_or_default().to_owned())
+        })
+        .collect();
+    check(revs.len() == 60 && revs.values().all(|rev| rev.starts_with("1-")), || {
+        format!("_bulk_docs: {}", written.body)
+    })?;
+    let reported = |results: &[Value], seen: &mut std::collections::BTreeMap<String, String>| {
+        for row in results {
+            let (Some(id), Some(rev)) = (row["id"].as_str(), row["changes"][0]["rev"].as_str()) else { continue };
+            seen.insert(id.to_owned(), rev.to_owned());
+        }
+    };
+    let missing = |seen: &std::collections::BTreeMap<String, String>| {
+        revs.iter().filter(|(id, rev)| seen.get(*id) != Some(*rev)).count()
+    };
+    for since in ["0", before.as_str()] {
+        let feed = e.get(&format!("/{DB}/_changes?since={since}")).await?.expect(200, "_changes")?;
+        let mut seen = std::collections::BTreeMap::new();
+        reported(feed.body["results"].as_array().map(Vec::as_slice).unwrap_or_default(), &mut seen);
+        check(missing(&seen) == 0 && feed.body["pending"] == 0, || {
+            format!("since={since}: {} of 60 writes missing, pending {}", missing(&seen), feed.body["pending"])
+        })?;
+    }
+    // Paged with `limit`: `pending` says 0 only once all 60 have been reported.
+    let (mut since, mut seen) = (before.clone(), std::collections::BTreeMap::new());
+    for round in 0.. {
+        let page = e.get(&format!("/{DB}/_changes?since={since}&limit=25")).await?.expect(200, "a page")?;
+        reported(page.body["results"].as_array().map(Vec::as_slice).unwrap_or_default(), &mut seen);
+        since = page.body["last_seq"].as_str().ok_or("last_seq is a string")?.to_owned();
+        if page.body["pending"] == 0 {
+            check(missing(&seen) == 0, || format!("pending 0 with {} of 60 writes unreported", missing(&seen)))?;
+            break;
+        }
+        check(round < 20, || format!("no end of the feed after {round} pages of 25"))?;
+    }
+    Ok(())
+}
+
+/// Issue 22, 2c item 3: `_all_docs?startkey=""` and `key=""`. On DynamoDB the answer stopped
+/// after `"rows":[` (DynamoDB refuses an empty string in a key condition, and the error came
+/// after the head was sent). CouchDB's `_all_docs` orders ids by raw collation, so every id sorts
+/// at or after `""`: `startkey=""` lists every document from offset 0, like no `startkey`; and
+/// CouchDB refuses an empty `_id` (`illegal_docid`, "Document id must not be empty"), so
+/// `key=""`, `endkey=""` and a descending range from `""` list none.
+async fn all_docs_from_the_empty_id(e: Endpoint) -> TestResult {
+    let docs: Vec<Value> = (0..3).map(|i| doc("user_empty", "keys", &format!("k{i}"), json!(i))).collect();
+    e.post(&format!("/{DB}/_bulk_docs"), json!({ "docs": docs })).await?.expect(201, "seed")?;
+    let ids = |answer: &Answer| -> Vec<String> {
+        answer.body["rows"]
+            .as_array()
+            .map(|rows| rows.iter().filter_map(|row| row["id"].as_str().map(str::to_owned)).collect())
+            .unwrap_or_default()
+    };
+    let everything = e.get(&format!("/{DB}/_all_docs")).await?.expect(200, "_all_docs")?;
+    check(ids(&everything).len() == 3, || format!("_all_docs: {}", everything.body))?;
+    for query in ["startkey=%22%22", "start_key=%22%22", "startkey=%22%22&inclusive_end=false"] {
+        // `Answer::read` fails on a truncated body, and on one that is not JSON.
+        let answer = e.get(&format!("/{DB}/_all_docs?{query}")).await?.expect(200, query)?;
+        let same_total = answer.body["total_rows"] == everything.body["total_rows"];
+        check(ids(&answer) == ids(&everything) && answer.body["offset"] == 0 && same_total, || {
+            format!("{query}: {}", answer.body)
+        })?;
+    }
+    let posted = e.post(&format!("/{DB}/_all_docs"), json!({"start_key": ""})).await?.expect(200, "POST start_key")?;
+    check(ids(&posted) == ids(&everything), || format!("POST start_key \"\": {}", posted.body))?;
+    for query in ["key=%22%22", "endkey=%22%22", "startkey=%22%22&descending=true", "key=%22%22&include_docs=true"] {
+        let answer = e.get(&format!("/{DB}/_all_docs?{query}")).await?.expect(200, query)?;
+        let same_total = answer.body["total_rows"] == everything.body["total_rows"];
+        check(answer.body["rows"] == json!([]) && same_total, || format!("{query}: {}", answer.body))?;
+    }
+    let key = e.get(&format!("/{DB}/_all_docs?key=%22%22")).await?.expect(200, "key")?;
+    check(key.body["offset"] == 0, || {
+        format!("key=\"\": offset {} (CouchDB: 0, no id sorts before \"\")", key.body["offset"])
+    })
+}
+
+/// The store of `e`'s backend with its id listing failing: on the first page (`fail_first`), or
+/// on every page after a first one that says more follow.
+struct FailingIdOrder {
+    inner: Arc<dyn agentstore::backend::DocumentBackend>,
+    fail_first: bool,
+}
+
+#[async_trait::async_trait]
+impl agentstore::backend::raw::layer::Layered for FailingIdOrder {
+    fn inner(&self) -> &dyn agentstore::backend::DocumentBackend {
+        self.inner.as_ref()
+    }
+
+    async fn all_docs(
+        &self,
+        range: &agentstore::backend::IdRange,
+        limit: usize,
+        page_token: Option<&str>,
+    ) -> agentstore::Result<agentstore::backend::Page<agentstore::backend::StoredDocument>> {
+        if self.fail_first || page_token.is_some() {
+            return Err(agentstore::Error::new(
+                agentstore::ErrorKind::Unavailable,
+                "the id index is unavailable (test)",
+            ));
+        }
+        let mut page = self.inner.all_docs(range, limit, None).await?;
+        page.next = Some("more".into());
+        Ok(page)
+    }
+}
+
+/// Issue 22, 2c item 3, the mechanism: a backend error while `_all_docs` is answered must never
+/// reach the client as a complete-looking 200. An error on the first page (DynamoDB's refusal of
+/// `startkey=""` was one) is an error status with a JSON body; one on a later page, after rows were
+/// sent, ends the chunked body without its last chunk, which the HTTP client reports as an error.
+async fn all_docs_backend_failure(e: Endpoint) -> TestResult {
+    let docs: Vec<Value> = (0..3).map(|i| doc("user_fail", "keys", &format!("k{i}"), json!(i))).collect();
+    e.post(&format!("/{DB}/_bulk_docs"), json!({ "docs": docs })).await?.expect(201, "seed")?;
+    for fail_first in [true, false] {
+        let backend: Arc<dyn agentstore::backend::DocumentBackend> =
+            Arc::new(FailingIdOrder { inner: Arc::clone(&e._ctx.backend), fail_first });
+        let store = Arc::new(DataStore::open(backend, StoreOptions::default()).await?);
+        // An empty configuration file, as `Endpoint::start` without logins.
+        let config_dir = tempfile::tempdir()?;
+        let config_file = config_dir.path().join("agentstore.toml");
+        std::fs::write(&config_file, "")?;
+        let settings =
+            Settings::load(Some(&config_file), &Overrides::default()).map_err(|e| Failed::from(e.to_string()))?;
+        let app = CouchApp::build(store, &settings)?;
+        let listener = bind("127.0.0.1:0", &app, false).await?;
+        let root = format!("http://{}", listener.local_addr()?);
+        let (_stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let _ = app
+                .serve(listener, &settings, async move {
+                    let _ = stopped.await;
+                })
+                .await;
+        });
+        let url = format!("{root}/{DB}/_all_docs?startkey=%22%22");
+        if fail_first {
+            let response = e.client.get(url).send().await?;
+            let status = response.status();
+            let text = response.text().await.map_err(|err| format!("first page failing: unreadable body: {err}"))?;
+            let parsed: Value =
+                serde_json::from_str(&text).map_err(|err| format!("first page failing: {err}: {text}"))?;
+            check(status.is_server_error() && parsed["error"].is_string(), || {
+                format!("first page failing: {status} {text} (an error status with CouchDB's error body)")
+            })?;
+        } else {
+            // The head may or may not have left before the failure: either way the client sees
+            // an error, never a body it could take for the whole answer.
+            let outcome = match e.client.get(url).send().await {
+                Ok(response) => response.text().await.map(|text| format!("a complete body: {text}")),
+                Err(err) => Err(err),
+            };
+            check(outcome.is_err(), || format!("a later page failing: {outcome:?}"))?;
+        }
+    }
+    Ok(())
+}
+
+/// Issue 22: one continuous `_changes` answer lists each write once, even while the writes settle
+/// during it. On DynamoDB a write shows at once in the unsettled tail and comes again, in the
+/// settled part of a later read, once its settle window (5 s by default) has passed; the answer
+/// drops that repeat. So there the feed stays open past the window; elsewhere briefly.
+async fn continuous_changes_list_each_write_once(e: Endpoint) -> TestResult {
+    let docs: Vec<Value> = (0..5).map(|i| doc("user_once", "feed", &format!("k{i}"), json!(i))).collect();
+    e.post(&format!("/{DB}/_bulk_docs"), json!({ "docs": docs })).await?.expect(201, "seed")?;
+    let timeout_ms = if e.backend == "dynamodb" { 7_000 } else { 500 };
+    let url = e.url(&format!("/{DB}/_changes?feed=continuous&since=0&timeout={timeout_ms}"));
+    let text = e.client.get(url).send().await?.text().await?;
+    let lines: Vec<Value> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()
+        .map_err(|err| format!("continuous line: {err}: {text}"))?;
+    let mine: Vec<&str> =
+        lines.iter().filter_map(|line| line["id"].as_str()).filter(|id| id.starts_with("user_once:")).collect();
+    let distinct: std::collections::BTreeSet<&str> = mine.iter().copied().collect();
+    check(mine.len() == 5 && distinct.len() == 5, || format!("rows of the five writes: {mine:?}"))?;
+    check(lines.last().is_some_and(|l| l["last_seq"].is_string()), || format!("the closing line: {text}"))
 }

@@ -11,12 +11,12 @@
 //! endpoint is configured with users hashed by `agentstore hash-password`: an admin and two
 //! per-user logins.
 //!
-//! DynamoDB and Firestore are opened with a 1 s settle window (`settle_ms`) instead of the default
-//! 5 s; the harness asks the opened backend for its `change_feed_delay()` and passes it to the
-//! scripts as `COUCH_FEED_DELAY_MS` (0 for the embedded store and CouchDB): a `_changes` read is
-//! promised only the writes committed before its time minus that window, so a script waits it out
-//! after writing and before reading the feed (`waitForFeed` in common.js, `wait_for_feed` in
-//! clientlib.py).
+//! Every backend runs with its default settings: a write is in `_changes` as soon as it is
+//! acknowledged, on DynamoDB and Firestore too (their settle window holds back only where a
+//! `last_seq` may lead, docs/document-model.md), so no script waits before reading the feed
+//! (issue 22). A later read from a `last_seq` may list a change again; the scripts accept a
+//! repeat at the revision already seen (`newChangesOnly` in common.js, `check_new_changes_only`
+//! in clientlib.py), never a missing one.
 //!
 //! Selection, all printed before the run:
 //! - `AGENTSTORE_TEST_BACKENDS` as for the contract suite; a selected backend whose server
@@ -316,8 +316,7 @@ fn run_client(client: Client, endpoint: &Endpoint, backend: &'static str, fresh:
         .env("COUCH_URL", endpoint.url_as(&endpoint.admin))
         .env("COUCH_DB", &endpoint.database)
         .env("COUCH_USER_ID", client.user_id())
-        .env("COUCH_TARGET", &endpoint.target_name)
-        .env("COUCH_FEED_DELAY_MS", endpoint.feed_delay.as_millis().to_string());
+        .env("COUCH_TARGET", &endpoint.target_name);
     if let (Some(alice), Some(bob)) = (&endpoint.alice, &endpoint.bob) {
         command
             .env("COUCH_URL_ALICE", endpoint.url_as(alice))
@@ -409,8 +408,6 @@ struct Endpoint {
     bob: Option<Login>,
     /// COUCH_TARGET for the scripts: `agentstore`, `pouchdb-server` or `couchdb`.
     target_name: String,
-    /// The settle window of the change feed (`DocumentBackend::change_feed_delay`).
-    feed_delay: Duration,
 }
 
 impl Endpoint {
@@ -562,9 +559,8 @@ fn start_endpoint(backend: &'static str, fresh: FreshFn, purpose: &str) -> Resul
     let backend_url = if backend == "embedded" {
         format!("embedded:{}", dir.path().join("store.redb").display())
     } else {
-        with_short_settle(backend, fresh_backend_url(fresh)?)
+        fresh_backend_url(fresh)?
     };
-    let feed_delay = change_feed_delay(&backend_url)?;
     let config = dir.path().join("agentstore.toml");
     std::fs::write(&config, &users.config).map_err(|e| format!("{}: {e}", config.display()))?;
     let log = dir.path().join("server.log");
@@ -586,7 +582,6 @@ fn start_endpoint(backend: &'static str, fresh: FreshFn, purpose: &str) -> Resul
             alice: (!without_users()).then(|| users.alice.clone()),
             bob: (!without_users()).then(|| users.bob.clone()),
             target_name: "agentstore".to_owned(),
-            feed_delay,
         },
         child: Some(child),
         _store: None,
@@ -601,27 +596,6 @@ fn fresh_backend_url(fresh: FreshFn) -> Result<String, String> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
     let ctx = runtime.block_on(fresh())?;
     ctx.url.clone().ok_or_else(|| "a server-backed store has a URL".to_owned())
-}
-
-/// `url` with a 1 s settle window for the backends whose change feed has one (as
-/// tests/couchdb_api.rs and tests/live_migrate.rs open them), so a script waits 1 s, not the
-/// default 5 s, before reading its writes in `_changes`. DynamoDB's write attempt limit must stay
-/// below its window.
-fn with_short_settle(backend: &str, url: String) -> String {
-    match backend {
-        "dynamodb" => format!("{url}&settle_ms=1000&write_timeout_ms=500"),
-        "firestore" => format!("{url}&settle_ms=1000"),
-        _ => url,
-    }
-}
-
-/// The change feed's settle window of the store at `url`, asked of the backend itself (opened and
-/// closed again before the endpoint opens it).
-fn change_feed_delay(url: &str) -> Result<Duration, String> {
-    let parsed: agentstore::backend::BackendUrl = url.parse().map_err(|e| format!("{url}: {e}"))?;
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
-    let backend = runtime.block_on(agentstore::backend::open(&parsed)).map_err(|e| format!("opening {url}: {e}"))?;
-    Ok(backend.change_feed_delay())
 }
 
 /// Reads the CouchDB listener's address from the server's log (it binds port 0: no other
@@ -681,8 +655,6 @@ fn couch_server_endpoint() -> Result<Endpoint, Failed> {
             bob: None,
             target_name: if server.product.starts_with("pouchdb-server") { "pouchdb-server" } else { "couchdb" }
                 .to_owned(),
-            // CouchDB's (and pouchdb-server's) `_changes` lists a write once it is acknowledged.
-            feed_delay: Duration::ZERO,
         };
         // The database the scripts share, created as the seed's service creates it.
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;

@@ -1026,3 +1026,74 @@ async fn upgrade_adds_the_indexes_and_stamps_items_conditionally() {
     let chunk = stamps.iter().find(|s| s["Key"]["_id"]["S"] != "user_1:default:aw==").expect("chunk stamped");
     assert_eq!(chunk["ConditionExpression"], "attribute_exists(#id)");
 }
+
+/// Answers id-index queries as [`IdIndex`] does, but refuses, as DynamoDB does (and dynalite does
+/// not), a query whose key condition compares with an empty string: `ValidationException`, "One
+/// or more parameter values are not valid. The AttributeValue for a key attribute cannot contain
+/// an empty string value."
+struct RefusingEmptyKeyValues(IdIndex);
+
+impl Respond for RefusingEmptyKeyValues {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let body = body_of(request);
+        let values = body["ExpressionAttributeValues"].as_object().cloned().unwrap_or_default();
+        if values.values().any(|value| value == &json!({"S": ""})) {
+            return error(
+                400,
+                "ValidationException",
+                "One or more parameter values are not valid. The AttributeValue for a key attribute cannot contain \
+                 an empty string value.",
+            );
+        }
+        self.0.respond(request)
+    }
+}
+
+/// Issue 22, 2c item 3: `_all_docs?startkey=""` (and `key=""`) on DynamoDB put `""` in the id
+/// index's key condition, which DynamoDB refuses; the CouchDB API had already sent its head, so
+/// the client saw a 200 cut short. Every id sorts at or after `""` and none is empty, so those
+/// ranges need no such condition: ascending from `""` reads every shard from its start, and a
+/// descending range from `""` (or `key=""`) reads nothing to find nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_docs_from_the_empty_id_sends_no_empty_key_value() {
+    let ids: Vec<String> = (0..20).map(|i| format!("u:ns:k{i:02}")).collect();
+    credentials();
+    let server = MockServer::start().await;
+    let mut indexes = standard_index().as_array().cloned().unwrap_or_default();
+    indexes.extend(model_indexes());
+    operation("DescribeTable").respond_with(answer(200, table_description(Value::Array(indexes)))).mount(&server).await;
+    operation("GetItem")
+        .and(wiremock::matchers::body_partial_json(json!({"Key": {"_id": {"S": layout::MARKER_ID}}})))
+        .respond_with(answer(
+            200,
+            json!({"Item": {"_id": {"S": layout::MARKER_ID}, "_meta": {"S": "layout"}, "version": {"N": "2"}}}),
+        ))
+        .mount(&server)
+        .await;
+    operation("Query").respond_with(RefusingEmptyKeyValues(IdIndex { ids: ids.clone() })).mount(&server).await;
+    mount_empty_reads(&server).await;
+    let backend = open(&server).await.expect("open");
+
+    let range = |start: &str, end: Option<&str>, descending: bool| agentstore::backend::IdRange {
+        start: Some(start.to_owned()),
+        end: end.map(str::to_owned),
+        inclusive_end: true,
+        descending,
+    };
+    for (what, range) in [
+        ("startkey=\"\"", range("", None, false)),
+        ("key=\"\"", range("", Some(""), false)),
+        ("startkey=\"\"&descending=true", range("", None, true)),
+    ] {
+        let before = received(&server, "Query").await.len();
+        backend.all_docs(&range, 50, None).await.unwrap_or_else(|e| panic!("{what}: {e}"));
+        let asked: Vec<Value> = received(&server, "Query").await[before..].iter().map(body_of).collect();
+        for query in &asked {
+            assert_eq!(query["IndexName"], layout::ID_INDEX, "{what}");
+        }
+        // The ascending ones read every shard (then stop at the range's end); the descending one
+        // has nothing to read.
+        let shards = if range.descending { 0 } else { layout::SHARD_COUNT as usize };
+        assert_eq!(asked.len(), shards, "{what}: {asked:?}");
+    }
+}

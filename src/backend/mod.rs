@@ -120,6 +120,12 @@ pub struct Change {
 }
 
 /// One page of the change feed.
+///
+/// On a feed with a settle window (DynamoDB) a page holds first the *settled* changes, whose
+/// order no later commit can change, then, once those reach the settled end, the *unsettled
+/// tail*: the changes the read sees past it. Neither `last_seq` nor any change's `seq` leads past
+/// a position where a change may still land, so reading from them later never misses a change
+/// but may deliver an unsettled one again, once, when it settles (docs/document-model.md).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChangesPage {
     /// Each changed document once, at its latest revision, in feed order.
@@ -127,10 +133,14 @@ pub struct ChangesPage {
     /// The token to continue from: every change up to it has been returned (CouchDB's `last_seq`).
     pub last_seq: String,
     /// How many more changes are waiting after this page: `Some(0)` when the page reaches the end
-    /// of the feed as this read saw it, `Some(n)` when the backend counts them, `None` when it
-    /// cannot tell and more may follow (read again from `last_seq`). A page shorter than asked is
-    /// not the end by itself: a backend may drop entries it has already reported.
+    /// of the feed as this read saw it (the unsettled tail included), `Some(n)` when the backend
+    /// counts them, `None` when it cannot tell and more may follow (read again from `last_seq`).
+    /// A page shorter than asked is not the end by itself: a backend may drop entries it has
+    /// already reported.
     pub pending: Option<u64>,
+    /// How many of `changes`, at its end, are the unsettled tail (0 where the feed is exact: the
+    /// embedded store, CouchDB, Firestore).
+    pub unsettled: usize,
 }
 
 /// A range of document ids for [`DocumentBackend::all_docs`], in CouchDB's `_all_docs` terms:
@@ -317,18 +327,22 @@ pub trait DocumentBackend: Send + Sync + 'static {
     async fn revisions(&self, id: &str) -> Result<Option<RevisionInfo>>;
 
     /// One page of the change feed after `since` (`None`: from the start, every live document and
-    /// tombstone). Each document appears once, at its latest revision; cost is proportional to
-    /// the page. Local documents never appear.
+    /// tombstone). Each document appears once in a page, at its latest revision; cost is
+    /// proportional to the page. Local documents never appear. A read that reaches the end of the
+    /// feed (`pending: Some(0)`) holds every write acknowledged before it began, the unsettled
+    /// tail included ([`ChangesPage`]).
     async fn changes(&self, since: Option<&str>, limit: usize) -> Result<ChangesPage>;
 
-    /// The feed position now: `changes(Some(position))` returns exactly the changes committed
-    /// after this call (CouchDB's `since=now`).
+    /// The feed position now (CouchDB's `since=now`): `changes(Some(position))` returns the
+    /// changes committed after this call; on a feed with a settle window also, once more when
+    /// they settle, changes committed up to that window before it.
     async fn change_position(&self) -> Result<String>;
 
-    /// How long after it commits a write may take to show in `changes`: the settle window of a
-    /// feed without one sequence authority (DynamoDB, Firestore), zero where the feed is exact
-    /// (the embedded store, CouchDB). A follower that reads the end of the feed at time T has seen
-    /// every write committed before T minus this.
+    /// How far behind a read the settled end of the feed lies: the settle window of a feed
+    /// without one sequence authority (DynamoDB, Firestore), zero where the feed is exact (the
+    /// embedded store, CouchDB). A follower that reads the end of the feed at time T and applies
+    /// only settled changes has applied every write committed before T minus this; the read
+    /// itself shows later writes too (the unsettled tail).
     fn change_feed_delay(&self) -> std::time::Duration;
 
     /// One page of live documents in `range`, in id order (raw UTF-8 collation; tombstones, local

@@ -175,19 +175,25 @@ async fn answer(state: &CouchState, principal: &Principal, request: AllDocsReque
         return Ok(json(StatusCode::OK, body));
     }
     let update_seq = if request.update_seq { Some(backend.change_position().await?) } else { None };
-    let offset = if request.range.start.is_none() && principal.only_user().is_none() {
-        Value::from(request.skip)
-    } else {
-        Value::Null
-    };
+    // An ascending range from "" starts at the beginning too: no id sorts before "".
+    let from_the_beginning =
+        request.range.start.as_deref().is_none_or(|start| start.is_empty() && !request.range.descending);
+    let offset =
+        if from_the_beginning && principal.only_user().is_none() { Value::from(request.skip) } else { Value::Null };
     let range = confine(request.range.clone(), principal);
     let mut head = format!("{{\"total_rows\":{total_rows},\"offset\":{offset},");
     if let Some(seq) = update_seq {
         head.push_str(&format!("\"update_seq\":{},", Value::from(seq)));
     }
     head.push_str("\"rows\":[");
-    let rows = range_rows(backend, principal.clone(), range, request);
+    let mut rows = Box::pin(range_rows(backend, principal.clone(), range, request));
+    // The first page is read before the status is sent, so a backend that refuses the range
+    // answers with an error status, not a 200 cut short after `"rows":[`. A failure on a later
+    // page can only end the body early: the chunked transfer then ends without its last chunk,
+    // which every HTTP client reports as an error, never as a complete answer.
+    let first = rows.next().await.transpose()?;
     let body = stream::once(async move { Ok::<_, crate::Error>(Bytes::from(head)) })
+        .chain(stream::iter(first.map(Ok)))
         .chain(rows)
         .chain(stream::once(async { Ok(Bytes::from_static(b"\n]}\n")) }));
     let mut response = Body::from_stream(body).into_response();

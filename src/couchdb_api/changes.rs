@@ -43,7 +43,7 @@ use super::error::{CouchError, CouchResult};
 use super::request::{bool_param, json_param};
 use super::{Answer, CouchState};
 use crate::backend::{Change, DocumentBackend};
-use crate::changes::{read_page, resolve_since, FeedPage, PollBackoff, DEFAULT_PAGE};
+use crate::changes::{read_page, resolve_since, DeliveredTail, FeedPage, PollBackoff, DEFAULT_PAGE};
 use crate::config::Settings;
 use crate::error::ErrorKind;
 
@@ -339,6 +339,8 @@ struct Cursor {
     /// When the next heartbeat newline is due (on its own schedule, never a poll).
     next_heartbeat: Option<Instant>,
     stopping: watch::Receiver<bool>,
+    /// The unsettled changes this answer sent, not to be sent again when they settle.
+    delivered: DeliveredTail,
     /// This feed's place in its login's count of long-lived feeds.
     _slot: Option<FeedSlot>,
 }
@@ -397,6 +399,7 @@ async fn respond(state: &CouchState, asker: Asker, request: ChangesRequest) -> C
         next_poll: None,
         stopping: state.stopping.clone(),
         _slot: slot,
+        delivered: DeliveredTail::default(),
     };
     let body = stream::try_unfold(cursor, |mut cursor| async move {
         let chunk = match cursor.phase {
@@ -433,13 +436,14 @@ async fn step(cursor: &mut Cursor) -> crate::Result<String> {
             Wake::Finished => return Ok(finish(cursor)),
         }
     }
-    let page = match cursor.first_page.take() {
+    let mut page = match cursor.first_page.take() {
         Some(page) => page,
         None => {
             let page_size = remaining.map(|r| r.min(DEFAULT_PAGE as u64) as usize).unwrap_or(DEFAULT_PAGE);
             read_page(cursor.backend.as_ref(), cursor.since.as_deref(), page_size).await?
         }
     };
+    cursor.delivered.drop_repeats(&mut page);
     cursor.since = Some(page.last_seq.clone());
     cursor.last_seq = page.last_seq.clone();
     cursor.pending = page.pending;

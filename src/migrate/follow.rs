@@ -181,8 +181,11 @@ impl Follower<'_> {
                     }
                 }
             };
-            let changed = !page.changes.is_empty();
-            let ids: Vec<String> = page.changes.into_iter().map(|change| change.id).collect();
+            // Settled changes only: the unsettled tail comes again, in settled order, once it
+            // settles (reading from `last_seq` never skips it), so applying it now would apply
+            // some documents twice and out of the order this loop promises.
+            let ids: Vec<String> = page.settled().iter().map(|change| change.id.clone()).collect();
+            let changed = !ids.is_empty();
             // While a full page is applied, the next one is read: only reading a document's state
             // must wait for the page before it, and that happens inside `apply_page`.
             let outcome = if page.pending > 0 {

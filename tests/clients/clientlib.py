@@ -3,8 +3,7 @@ documents, and steps that stop the script with a clear message on the first fail
 
 Environment (set by tests/couchdb_clients.rs; the same as for the Node scripts, see common.js):
 COUCH_URL (server root with the admin's credentials), COUCH_DB, COUCH_USER_ID (the data-store
-userId this script writes, distinct per script), COUCH_TARGET (`agentstore` or `pouchdb-server`),
-COUCH_FEED_DELAY_MS (the settle window of the change feed; 0 when unset).
+userId this script writes, distinct per script), COUCH_TARGET (`agentstore` or `pouchdb-server`).
 """
 
 import base64
@@ -13,7 +12,6 @@ import datetime
 import json
 import os
 import sys
-import time
 import traceback
 import urllib.error
 import urllib.parse
@@ -103,20 +101,17 @@ def expect_error(exception_types, what, call):
     raise AssertionError(f"{what}: expected {exception_types}, got success: {result!r}")
 
 
-def feed_delay():
-    """The change feed's settle window in seconds (COUCH_FEED_DELAY_MS, see common.js)."""
-    value = os.environ.get("COUCH_FEED_DELAY_MS") or "0"
-    if not value.isdigit():
-        fail(f"COUCH_FEED_DELAY_MS={value} is not a number of milliseconds")
-    return int(value) / 1000
-
-
-def wait_for_feed():
-    """Waits out the change feed's settle window: a `_changes` read at time T is promised every
-    write committed before T minus the window (DynamoDB's feed shows a write only once it has
-    passed), so a client that must find its own writes in the feed waits that long after the last
-    of them, as any follower of such a feed has to. (aiocouch awaits `asyncio.sleep(feed_delay())`.)"""
-    time.sleep(feed_delay())
+def check_new_changes_only(rows, first_rows, new_ids, what):
+    """Checks the rows of a `_changes` answer read from the `last_seq` of an earlier one, whose rows
+    were `first_rows`: each of `new_ids` is there, and any other row is a change the earlier answer
+    listed, at the same revision (a feed may deliver a change again, never leave one out; see
+    newChangesOnly in common.js)."""
+    before = {row["id"]: row["changes"][0]["rev"] for row in first_rows}
+    for doc_id in new_ids:
+        check(any(row["id"] == doc_id for row in rows), f"{what}: {doc_id} is missing from {rows}")
+    for row in rows:
+        if row["id"] not in new_ids:
+            check(before.get(row["id"]) == row["changes"][0]["rev"], f"{what}: neither new nor a repeat: {row}")
 
 
 def split_credentials(url):

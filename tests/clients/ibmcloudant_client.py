@@ -14,7 +14,7 @@ from ibmcloudant.cloudant_v1 import BulkDocs, CloudantV1, Document
 from ibmcloudant.features.changes_follower import ChangesFollower
 from ibmcloudant.features.pagination import Pagination, PagerType
 
-from clientlib import check, check_eq, couch_only, data_doc, done, env, expect_error, mine, split_credentials, step, wait_for_feed
+from clientlib import check, check_eq, couch_only, data_doc, done, env, expect_error, mine, split_credentials, step
 
 NAMESPACE = "py:ibmcloudant"
 BULK = 25
@@ -102,7 +102,6 @@ def main():
             check(all(doc.userId == user_id and doc.namespace == NAMESPACE for doc in paged), "fields of the paged docs")
 
     with step("post_changes since 0, and the changes follower (one-off)"):
-        wait_for_feed()
         feed = service.post_changes(db=db, since="0").get_result()
         rows = {row["id"]: row for row in mine(feed["results"], prefix)}
         check_eq(sorted(rows), sorted([*expected_ids, *deleted_ids]), "ids")

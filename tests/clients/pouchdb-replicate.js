@@ -2,12 +2,11 @@
 // written on the endpoint (created, updated, deleted) pulled into the local database, local
 // changes pushed back, and a document changed on both sides in between, which must end with the
 // same winning revision on both. After each replication every document of this script's userId
-// is compared, revision included, on both sides. Pulls and snapshots read the endpoint's
-// `_changes`, so each waits out its settle window after the last write to the endpoint
-// (waitForFeed, common.js).
+// is compared, revision included, on both sides. Pulls read the endpoint's `_changes` right after
+// the writes they must bring: a write is in the feed as soon as it is acknowledged.
 'use strict';
 
-const { assert, dataDoc, env, step, waitForFeed } = require('./common');
+const { assert, dataDoc, env, step } = require('./common');
 const { PouchDB, remoteDb } = require('./pouchdb-setup');
 
 const NAMESPACE = 'replicated';
@@ -70,7 +69,6 @@ async function main() {
   });
 
   await step('replicate endpoint -> local, then compare', async () => {
-    await waitForFeed();
     const result = await replicate(remote, local);
     assert.equal(result.ok, true, JSON.stringify(result));
     assert.deepEqual(result.errors, []);
@@ -91,7 +89,6 @@ async function main() {
     assert.equal(result.ok, true, JSON.stringify(result));
     assert.deepEqual(result.errors, []);
     assert.equal(result.docs_written, 12);
-    await waitForFeed();
     const docs = await compareSides(local, remote, prefix, 'after the push');
     assert.deepEqual(docs[seeded[10]._id].value, { i: 10, edited: 'locally' });
     assert.equal(docs[seeded[16]._id]._deleted, true);
@@ -103,7 +100,6 @@ async function main() {
     const localRev = (await local.put({ ...onLocal, value: 'local side' })).rev;
     const remoteRev = (await remote.put({ ...onRemote, value: 'remote side' })).rev;
     await replicate(local, remote, { filter: mineOnly });
-    await waitForFeed();
     await replicate(remote, local);
     await compareSides(local, remote, prefix, 'after the conflicting edits');
     // Same generation: the greater revision id wins, on CouchDB, on PouchDB and on the endpoint.
@@ -122,7 +118,6 @@ async function main() {
     // after that, or replication would never settle.
     const second = await replicate(local, remote, { filter: mineOnly });
     assert.ok(second.docs_written <= 1, JSON.stringify(second));
-    await waitForFeed();
     for (const [from, to, options] of [[remote, local, {}], [local, remote, { filter: mineOnly }]]) {
       const again = await replicate(from, to, options);
       assert.deepEqual(again.errors, [], JSON.stringify(again));

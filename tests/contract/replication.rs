@@ -207,9 +207,16 @@ pub async fn the_feed_shows_applied_writes_once_and_no_noops(ctx: Ctx) {
     follow_until(b, Some(noop_start), &mut after, &mut after_order, |v| v.contains_key(&d)).await;
     assert_eq!(after_order, vec![d.clone()], "only the applied write is in the feed after the no-ops");
     assert_eq!(after[&d], (Revision(rev(1, 'd')), true), "a replicated tombstone is in the feed as deleted");
+    // From the token of the first read, `a` may come once more as the repeat of a change that
+    // read took from the unsettled tail (docs/document-model.md), and then only at the revision
+    // already seen; that the no-ops did not move it is shown above, from `noop_start`.
     let mut rest = BTreeMap::new();
     follow_until(b, Some(seen), &mut rest, &mut Vec::new(), |v| v.contains_key(&d)).await;
-    assert!(!rest.contains_key(&a), "the no-ops on {a} did not move it in the feed");
+    assert!(
+        rest.get(&a).is_none_or(|state| *state == (a2_rev.clone(), false)),
+        "the no-ops on {a} changed what the feed shows of it: {:?}",
+        rest.get(&a)
+    );
 }
 
 pub async fn malformed_replicated_revisions_change_nothing(ctx: Ctx) {

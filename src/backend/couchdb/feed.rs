@@ -44,10 +44,10 @@ impl CouchDbBackend {
             // A full read that lost rows to design documents leaves room: read on after it.
             if !full {
                 // Fewer rows than asked: the end of the feed (pouchdb-server sends no `pending`).
-                return Ok(ChangesPage { changes, last_seq, pending: Some(0) });
+                return Ok(ChangesPage { changes, last_seq, pending: Some(0), unsettled: 0 });
             }
             if changes.len() >= limit {
-                return Ok(ChangesPage { changes, last_seq, pending: read.pending });
+                return Ok(ChangesPage { changes, last_seq, pending: read.pending, unsettled: 0 });
             }
         }
     }

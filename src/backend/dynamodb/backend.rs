@@ -581,7 +581,7 @@ impl DocumentBackend for DynamoDbBackend {
 
     async fn change_position(&self) -> Result<String> {
         self.require_layout("the change feed").await?;
-        Ok(self.settled_position())
+        Ok(self.position_now())
     }
 
     fn change_feed_delay(&self) -> std::time::Duration {

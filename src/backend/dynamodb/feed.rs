@@ -116,6 +116,10 @@ impl ShardReader for IdReader<'_> {
         let (strict, inclusive) = if self.range.descending { ("<", "<=") } else { (">", ">=") };
         let near = match (&self.after, &self.range.start) {
             (Some(after), _) => Some((strict, after)),
+            // DynamoDB refuses an empty string in a key condition (a ValidationException), and
+            // every id sorts at or after "": an empty start is no bound (a descending range from
+            // "" holds no id and never gets here, see `all_docs_page`).
+            (None, Some(start)) if start.is_empty() => None,
             (None, Some(start)) => Some((inclusive, start)),
             (None, None) => None,
         };
@@ -147,56 +151,154 @@ fn encode_after(id: &str) -> String {
 
 fn decode_after(token: &str) -> Result<String> {
     match serde_json::from_str::<Value>(token) {
-        Ok(Value::String(id)) => Ok(id),
+        // An empty id is never returned, so never a token (and would reach a key condition).
+        Ok(Value::String(id)) if !id.is_empty() => Ok(id),
         _ => Err(Error::invalid("page token", "was not produced by this backend")),
     }
 }
 
+/// A change feed token: the settled position every change up to which has been returned, and
+/// the last position of the unsettled tail already delivered past it, if any. Written
+/// `<settled>` or `<settled>~<delivered>`; both parts are positions [`layout::check_position`]
+/// accepts.
+///
+/// A read from a token reads the settled feed from `settled` (so a write that lands late, with a
+/// position below what was delivered, is still found) and the tail only after `delivered` (so a
+/// follower that polls within the settle window is not handed the same tail again and again).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct FeedToken {
+    settled: String,
+    delivered: Option<String>,
+}
+
+/// Separates a token's two positions (`~` needs no escaping in a URL).
+const TOKEN_SEPARATOR: char = '~';
+
+impl FeedToken {
+    fn parse(text: &str) -> Result<FeedToken> {
+        let (settled, delivered) = match text.split_once(TOKEN_SEPARATOR) {
+            Some((settled, delivered)) => (settled, Some(delivered)),
+            None => (text, None),
+        };
+        let refuse =
+            || Error::invalid("since", format!("{text:?} is not a change feed position of this DynamoDB backend"));
+        layout::check_position(settled).map_err(|_| refuse())?;
+        if let Some(delivered) = delivered {
+            layout::check_position(delivered).map_err(|_| refuse())?;
+        }
+        Ok(FeedToken { settled: settled.to_owned(), delivered: delivered.map(str::to_owned) })
+    }
+
+    /// The token for `settled`, keeping `delivered` only while it lies past it.
+    fn new(settled: &str, delivered: Option<&str>) -> FeedToken {
+        FeedToken { settled: settled.to_owned(), delivered: delivered.filter(|d| *d > settled).map(str::to_owned) }
+    }
+
+    fn render(&self) -> String {
+        match &self.delivered {
+            Some(delivered) => format!("{}{TOKEN_SEPARATOR}{delivered}", self.settled),
+            None => self.settled.clone(),
+        }
+    }
+}
+
+/// The first position after `position` in the index's order: `-` sorts before every digit, `g`
+/// and hex digit a position continues with.
+fn after(position: &str) -> String {
+    format!("{position}-")
+}
+
+/// Reads the feed index from `low` to `high` (both inclusive), merged across shards, into
+/// `changes` until it holds `limit` entries; whether the index ran out first. An index that has not
+/// yet dropped a document's previous entry can show it twice; the later position is its latest.
+async fn read_feed_into(
+    backend: &DynamoDbBackend,
+    low: String,
+    high: String,
+    changes: &mut Vec<Change>,
+    limit: usize,
+) -> Result<bool> {
+    let wanted = limit.saturating_sub(changes.len()).max(1);
+    let reader = FeedReader { backend, low, high };
+    let mut merge =
+        ShardedMerge::new(reader, SHARD_COUNT, ShardedMerge::<FeedReader>::chunk_for(wanted, SHARD_COUNT), false);
+    while changes.len() < limit {
+        match merge.next().await? {
+            Some(change) => {
+                changes.retain(|c| c.id != change.id);
+                changes.push(change);
+            }
+            None => return Ok(true),
+        }
+    }
+    Ok(false)
+}
+
 impl DynamoDbBackend {
-    /// `changes(since, limit)`: positions after `since` up to the settle bound, merged across
-    /// shards by (position, id).
+    /// `changes(since, limit)`: the settled positions after `since` up to the settle bound, then,
+    /// once those are exhausted, the unsettled tail the index shows past it, merged across shards
+    /// by (position, id). Every `seq` and `last_seq` handed out names a settled position (with the
+    /// tail already delivered past it), never a tail position alone.
     pub(super) async fn changes_page(&self, since: Option<&str>, limit: usize) -> Result<ChangesPage> {
         self.require_layout("the change feed").await?;
-        if let Some(since) = since {
-            layout::check_position(since)?;
-        }
-        let high = self.settled_position();
-        // `-` sorts before every digit and `g`: the first position after `since`.
-        let low = since.map_or_else(|| "0".to_owned(), |s| format!("{s}-"));
-        if low > high {
-            // The follower is ahead of the settle bound (it asked again within the window).
-            return Ok(ChangesPage {
-                changes: Vec::new(),
-                last_seq: since.unwrap_or(&high).to_owned(),
-                pending: Some(0),
-            });
-        }
+        let token = since.map(FeedToken::parse).transpose()?;
         let limit = limit.max(1);
-        let reader = FeedReader { backend: self, low, high: high.clone() };
-        let mut merge =
-            ShardedMerge::new(reader, SHARD_COUNT, ShardedMerge::<FeedReader>::chunk_for(limit, SHARD_COUNT), false);
+        let high = self.settled_position();
+        let delivered = token.as_ref().and_then(|t| t.delivered.clone());
+        let low = token.as_ref().map_or_else(|| "0".to_owned(), |t| after(&t.settled));
         let mut changes: Vec<Change> = Vec::with_capacity(limit);
-        while changes.len() < limit {
-            match merge.next().await? {
-                Some(change) => {
-                    // An index that has not yet dropped a document's previous entry can show it
-                    // twice; the later position is its latest.
-                    changes.retain(|c| c.id != change.id);
-                    changes.push(change);
-                }
-                None => {
-                    return Ok(ChangesPage { changes, last_seq: high, pending: Some(0) });
-                }
+        // A token's settled position can lie past this clock's bound (another process's clock
+        // runs ahead, or the follower asked again within a millisecond): then nothing settled is
+        // new, and the token's position stays the boundary.
+        let settled_done = low > high || read_feed_into(self, low, high.clone(), &mut changes, limit).await?;
+        if !settled_done {
+            for change in &mut changes {
+                change.seq = FeedToken::new(&change.seq, delivered.as_deref()).render();
             }
+            let last_seq = changes.last().map_or_else(|| high.clone(), |c| c.seq.clone());
+            return Ok(ChangesPage { changes, last_seq, pending: None, unsettled: 0 });
         }
-        let last_seq = changes.last().map_or(high, |c| c.seq.clone());
-        Ok(ChangesPage { changes, last_seq, pending: None })
+        let boundary = match &token {
+            Some(t) if t.settled > high => t.settled.clone(),
+            _ => high,
+        };
+        // The unsettled tail: past the boundary and past what an earlier read delivered.
+        let tail_from = match delivered.as_deref() {
+            Some(d) if d > boundary.as_str() => d.to_owned(),
+            _ => boundary.clone(),
+        };
+        let tail_end = layout::position_after_millis(layout::MAX_POSITION_MILLIS);
+        let tail_done = read_feed_into(self, after(&tail_from), tail_end, &mut changes, limit).await?;
+        // Settled positions lie at or below the boundary, the tail's past it (a document whose
+        // settled entry the tail superseded has left the settled part).
+        let unsettled = changes.iter().filter(|c| c.seq > boundary).count();
+        let settled_count = changes.len() - unsettled;
+        let mut last_delivered = delivered.clone();
+        for (n, change) in changes.iter_mut().enumerate() {
+            change.seq = if n < settled_count {
+                FeedToken::new(&change.seq, delivered.as_deref()).render()
+            } else {
+                last_delivered = Some(std::mem::take(&mut change.seq));
+                FeedToken::new(&boundary, last_delivered.as_deref()).render()
+            };
+        }
+        let last_seq = FeedToken::new(&boundary, last_delivered.as_deref()).render();
+        Ok(ChangesPage { changes, last_seq, pending: tail_done.then_some(0), unsettled })
     }
 
     /// The feed position up to which a change feed read now is complete: `now - settle`.
     pub(super) fn settled_position(&self) -> String {
         let settle = u64::try_from(self.settle().as_millis()).unwrap_or(u64::MAX);
         layout::position_after_millis(layout::now_millis().saturating_sub(settle))
+    }
+
+    /// `change_position()`: the settled position, with the tail up to the millisecond before now
+    /// marked delivered, so a `since=now` reader is not handed the writes of the last settle
+    /// window as new (it sees them once more when they settle, as it did before there was a tail).
+    /// Writes stamped from this millisecond on, by this process's clock, show at once.
+    pub(super) fn position_now(&self) -> String {
+        let before_now = layout::position_after_millis(layout::now_millis().saturating_sub(1));
+        FeedToken::new(&self.settled_position(), Some(&before_now)).render()
     }
 
     /// `all_docs(range, limit, token)`: ids merged across shards, then their bodies by one
@@ -209,6 +311,12 @@ impl DynamoDbBackend {
     ) -> Result<Page<StoredDocument>> {
         self.require_layout("all_docs").await?;
         let after = page_token.map(decode_after).transpose()?;
+        // No id is empty (CouchDB refuses an empty `_id`, and DynamoDB an empty key), so a
+        // descending range starting at "" holds none; reading it would put "" in a key condition.
+        let descending_from_empty = range.descending && range.start.as_deref() == Some("");
+        if descending_from_empty {
+            return Ok(Page { items: Vec::new(), next: None });
+        }
         let limit = limit.max(1);
         let reader = IdReader { backend: self, range, after };
         let chunk = ShardedMerge::<IdReader>::chunk_for(limit, SHARD_COUNT);
@@ -327,5 +435,36 @@ impl DynamoDbBackend {
             }
         }
         Ok(documents)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_round_trip_keep_only_a_delivered_position_past_the_settled_one_and_refuse_garbage() {
+        let settled = layout::position_after_millis(1_000);
+        let delivered = layout::new_position();
+        let token = FeedToken::new(&settled, Some(&delivered));
+        assert_eq!(token.render(), format!("{settled}~{delivered}"));
+        assert_eq!(FeedToken::parse(&token.render()).unwrap(), token);
+        // A delivered position at or below the settled one says nothing more: the plain form.
+        assert_eq!(FeedToken::new(&delivered, Some(&settled)).render(), delivered);
+        assert_eq!(FeedToken::parse(&delivered).unwrap(), FeedToken { settled: delivered.clone(), delivered: None });
+        for bad in ["", "~", &format!("{settled}~"), &format!("~{settled}"), &format!("{settled}~x"), "abc"] {
+            let err = FeedToken::parse(bad).unwrap_err();
+            assert!(err.message().contains("since"), "{bad:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn the_position_after_one_sorts_before_every_later_position() {
+        let earlier = layout::new_position();
+        let later = layout::new_position();
+        assert!(earlier < after(&earlier) && after(&earlier) < later);
+        let bound = layout::position_after_millis(5);
+        assert!(bound < after(&bound) && after(&bound) < layout::position_after_millis(6));
+        assert!(later < layout::position_after_millis(layout::MAX_POSITION_MILLIS));
     }
 }

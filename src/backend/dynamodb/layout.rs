@@ -77,6 +77,10 @@ pub fn new_position() -> String {
     format!("{millis:013}{count:08x}{random}")
 }
 
+/// The largest millisecond count a position holds (13 digits): the bound made from it sorts
+/// after every position.
+pub const MAX_POSITION_MILLIS: u64 = 9_999_999_999_999;
+
 /// The feed position that sorts after every position stamped at or before `millis`.
 pub fn position_after_millis(millis: u64) -> String {
     format!("{millis:013}g")

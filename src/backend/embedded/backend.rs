@@ -857,7 +857,7 @@ impl DocumentBackend for EmbeddedBackend {
             }
             let more = range.next().is_some();
             let last_seq = changes.last().map_or_else(|| since.to_string(), |c| c.seq.clone());
-            Ok(ChangesPage { changes, last_seq, pending: (!more).then_some(0) })
+            Ok(ChangesPage { changes, last_seq, pending: (!more).then_some(0), unsettled: 0 })
         })
         .await
     }

@@ -85,15 +85,17 @@ impl FirestoreBackend {
         let token = since.map(FeedToken::parse).transpose()?.unwrap_or_default();
         let limit = limit.clamp(1, MAX_PAGE);
         let settle = chrono::Duration::from_std(self.config.settle).unwrap_or(chrono::Duration::zero());
-        let mut query = json!({
-            "select": select(&FEED_FIELDS),
-            "from": [{ "collectionId": self.client.collection() }],
-            "orderBy": [
-                { "field": { "fieldPath": model::CHANGED_AT }, "direction": "ASCENDING" },
-                { "field": { "fieldPath": "__name__" }, "direction": "ASCENDING" }
-            ],
-            "limit": limit,
-        });
+        // A sweep that begins at a floor first re-reads the window below it whole, so the writes
+        // already reported there (skipped) do not fill the caller's page: with them counted, a
+        // window holding more writes than a page never let a sweep end in one page, and so never
+        // let a reader with small pages learn that it had reached the present until the window
+        // had passed.
+        if let (None, Some(floor)) = (&token.sweep, &token.floor) {
+            if let Some(page) = self.feed_page_from_floor(&token, floor, settle, limit).await? {
+                return Ok(page);
+            }
+        }
+        let mut query = self.feed_query(limit);
         if let Some(lowest) = token.lowest_changed_at(settle) {
             query["where"] =
                 field_filter(model::CHANGED_AT, "GREATER_THAN_OR_EQUAL", json!({ "timestampValue": lowest }));
@@ -111,12 +113,56 @@ impl FirestoreBackend {
             .ok_or_else(|| super::error::bad_body("read the change feed", "runQuery answered no readTime"))?;
         let full = answer.documents.len() >= limit;
         let mut changes = Vec::with_capacity(answer.documents.len());
+        let last = self.sweep_changes(&token, &snapshot, &answer.documents, limit, &mut changes);
+        let last_seq = match last {
+            Some(position) if full => position,
+            // The sweep reached the end: everything committed by its read time is reported.
+            _ => FeedToken::after_sweep(&snapshot).render(),
+        };
+        // A full query page leaves the sweep open, however many of its documents were reported
+        // already and dropped: more may follow. A sweep resumed from a token ends at the snapshot
+        // it began with, which may be long past (a replicator resumes from a row's `seq` and
+        // stops at the first empty answer): only a sweep that began with this read reaches the
+        // present. So the end of a resumed sweep is not the end of the feed; the next read, from
+        // its floor, starts a sweep at the current time.
+        let at_present = !full && token.sweep.is_none();
+        // Nothing is held back: a sweep reads everything committed by its snapshot, so the
+        // floor after it is safe to resume from (the settle window only reaches back below it).
+        Ok(ChangesPage { changes, last_seq, pending: if at_present { Some(0) } else { None }, unsettled: 0 })
+    }
+
+    /// The feed query in (`_changedAt`, `__name__`) order, without filter or cursor.
+    fn feed_query(&self, limit: usize) -> Value {
+        json!({
+            "select": select(&FEED_FIELDS),
+            "from": [{ "collectionId": self.client.collection() }],
+            "orderBy": [
+                { "field": { "fieldPath": model::CHANGED_AT }, "direction": "ASCENDING" },
+                { "field": { "fieldPath": "__name__" }, "direction": "ASCENDING" }
+            ],
+            "limit": limit,
+        })
+    }
+
+    /// Appends the changes among `documents` (one sweep's, at `snapshot`) not reported before
+    /// `token`, until `changes` holds `limit`; the position of the last document looked at.
+    fn sweep_changes(
+        &self,
+        token: &FeedToken,
+        snapshot: &str,
+        documents: &[Value],
+        limit: usize,
+        changes: &mut Vec<Change>,
+    ) -> Option<String> {
         let mut last = None;
-        for document in &answer.documents {
+        for document in documents {
+            if changes.len() >= limit {
+                break;
+            }
             let position = FeedToken {
                 floor: token.floor.clone(),
                 sweep: Some(Sweep {
-                    snapshot: snapshot.clone(),
+                    snapshot: snapshot.to_owned(),
                     changed_at: text(document, &format!("/fields/{}/timestampValue", model::CHANGED_AT)).to_owned(),
                     document_id: self.name_of_document(document).to_owned(),
                 }),
@@ -134,19 +180,51 @@ impl FirestoreBackend {
             }
             last = Some(position);
         }
-        let last_seq = match last {
-            Some(position) if full => position,
-            // The sweep reached the end: everything committed by its read time is reported.
-            _ => FeedToken::after_sweep(&snapshot).render(),
+        last
+    }
+
+    /// A sweep beginning at `floor`, at one snapshot: the window `[floor - W, floor]` read whole
+    /// (up to [`MAX_PAGE`] documents), then what changed after the floor, up to the page. `None`
+    /// when the window holds more than that: the caller sweeps it page by page instead.
+    async fn feed_page_from_floor(
+        &self,
+        token: &FeedToken,
+        floor: &str,
+        settle: chrono::Duration,
+        limit: usize,
+    ) -> Result<Option<ChangesPage>> {
+        let Some(lowest) = token.lowest_changed_at(settle) else { return Ok(None) };
+        let mut window = self.feed_query(MAX_PAGE);
+        window["where"] = all_of(vec![
+            field_filter(model::CHANGED_AT, "GREATER_THAN_OR_EQUAL", json!({ "timestampValue": lowest })),
+            field_filter(model::CHANGED_AT, "LESS_THAN_OR_EQUAL", json!({ "timestampValue": floor })),
+        ]);
+        let doing = "read the change feed";
+        let answer = self.run_raw_query(&window, None, doing).await?;
+        if answer.documents.len() >= MAX_PAGE {
+            return Ok(None);
+        }
+        let snapshot =
+            answer.read_time.ok_or_else(|| super::error::bad_body(doing, "runQuery answered no readTime"))?;
+        let mut changes = Vec::new();
+        let mut last = self.sweep_changes(token, &snapshot, &answer.documents, limit, &mut changes);
+        // A page filled inside the window (writes that committed late, rare): the sweep goes on
+        // from the last of them.
+        let mut full = changes.len() >= limit;
+        if changes.len() < limit {
+            let mut after = self.feed_query(limit - changes.len());
+            after["where"] = field_filter(model::CHANGED_AT, "GREATER_THAN", json!({ "timestampValue": floor }));
+            let later = self.run_raw_query(&after, Some(&snapshot), doing).await?;
+            full = later.documents.len() >= limit - changes.len();
+            if let Some(position) = self.sweep_changes(token, &snapshot, &later.documents, limit, &mut changes) {
+                last = Some(position);
+            }
+        }
+        let (last_seq, pending) = match last {
+            Some(position) if full => (position, None),
+            _ => (FeedToken::after_sweep(&snapshot).render(), Some(0)),
         };
-        // A full query page leaves the sweep open, however many of its documents were reported
-        // already and dropped: more may follow. A sweep resumed from a token ends at the snapshot
-        // it began with, which may be long past (a replicator resumes from a row's `seq` and
-        // stops at the first empty answer): only a sweep that began with this read reaches the
-        // present. So the end of a resumed sweep is not the end of the feed; the next read, from
-        // its floor, starts a sweep at the current time.
-        let at_present = !full && token.sweep.is_none();
-        Ok(ChangesPage { changes, last_seq, pending: if at_present { Some(0) } else { None } })
+        Ok(Some(ChangesPage { changes, last_seq, pending, unsettled: 0 }))
     }
 
     pub(super) async fn feed_position(&self) -> Result<String> {
