@@ -28,7 +28,7 @@ fn readme_block() -> Result<&'static str, String> {
     Ok(&rest[start..start + end])
 }
 
-/// Wrappers around `docker` and `curl` that put the trial's names in place of the README's.
+/// Wrappers around `docker` and `curl` that put the trial's names in place of the documented ones.
 const PRELUDE: &str = r#"set -euo pipefail
 real_docker="$(command -v docker)"
 real_curl="$(command -v curl)"
@@ -78,7 +78,7 @@ async fn readme_block_runs(image: String) -> Result<(), String> {
     let _ = docker(&["rm", "-f", &container], BLOCK_TIMEOUT);
     let _ = docker(&["volume", "rm", "-f", &volume], BLOCK_TIMEOUT);
     let (success, stdout, stderr) = outcome?;
-    check(success, || format!("the README block failed:\n{stdout}{stderr}"))?;
+    check(success, || format!("the documented block failed:\n{stdout}{stderr}"))?;
     check(stdout.contains("\"status\":\"ready\""), || format!("no /readyz answer in the output:\n{stdout}"))?;
     let stopped = stopped?;
     check(stopped.trim() == "exited 0", || format!("after the block's docker stop the container is {stopped}"))
