@@ -1,7 +1,8 @@
 //! The documentation's relative links resolve: every `[text](target)` in `README.md`,
 //! `ARCHITECTURE.md`, `CHANGELOG.md` and `docs/*.md` names a file or directory of the repository,
 //! and its `#anchor`, when the target is Markdown, is the slug of one of that file's headings, as
-//! GitHub makes them. A unit test (not a script) so `cargo test`, and with it CI, runs it.
+//! GitHub makes them; and every document under `docs/` is linked from the index `docs/README.md`.
+//! Unit tests (not a script) so `cargo test`, and with it CI, runs them.
 //!
 //! Links inside fenced code blocks and inline code are not links and are skipped; so are links
 //! with a scheme (`https:`, `mailto:`), which would need the network.
@@ -150,6 +151,23 @@ fn every_relative_link_in_the_documentation_resolves() {
     let files = checked_files(root);
     let problems: Vec<String> = files.iter().flat_map(|file| broken_links(root, file)).collect();
     assert!(problems.is_empty(), "broken links:\n{}", problems.join("\n"));
+}
+
+/// docs/README.md is the index: every other document under docs/ is linked from it, so a new
+/// document cannot be left where no reader finds it.
+#[test]
+fn every_document_under_docs_is_in_the_index() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let index = std::fs::read_to_string(root.join("docs/README.md")).expect("docs/README.md");
+    let indexed: HashSet<String> =
+        links(&index).into_iter().map(|(_, target)| target.split('#').next().unwrap_or("").to_string()).collect();
+    let missing: Vec<String> = checked_files(root)
+        .iter()
+        .filter(|path| path.parent() == Some(root.join("docs").as_path()))
+        .filter_map(|path| path.file_name().map(|name| name.to_string_lossy().into_owned()))
+        .filter(|name| name != "README.md" && !indexed.contains(name))
+        .collect();
+    assert!(missing.is_empty(), "documents not linked from docs/README.md: {missing:?}");
 }
 
 /// The checker itself, on a repository of two files made here: it must find what is broken and
