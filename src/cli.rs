@@ -199,7 +199,7 @@ impl StoreCommand {
     }
 }
 
-/// Exit statuses, documented in the README. Besides these, `verify` exits with
+/// Exit statuses, documented in docs/cli.md. Besides these, `verify` exits with
 /// [`crate::migrate::EXIT_DIFFERENT`] (6) when the two sides differ, and `migrate`, `export` and
 /// `import` with [`crate::migrate::EXIT_INCOMPLETE`] (7) when they finished but left documents
 /// behind (malformed, refused by the target, unreadable lines; the report lists them).

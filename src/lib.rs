@@ -27,3 +27,7 @@ pub mod upgrade;
 
 pub use error::{Error, ErrorKind, Result};
 pub use store::DataStore;
+
+// The documentation's links are checked by a unit test (src/doc_links.rs), so CI runs it.
+#[cfg(test)]
+mod doc_links;

@@ -1870,7 +1870,7 @@ fn hostile_body(item: &str, items: usize, total: usize) -> Vec<u8> {
 }
 
 /// Issue 11, item 3: one 4.26 MB body raised the peak RSS from 11 MB to 232 MB, 16 at once to
-/// 586 MB. The bounds asserted here are documented in the README (Operations).
+/// 586 MB. The bounds asserted here are documented in docs/rest-api.md (Connections and memory).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn peak_memory_of_large_puts_is_bounded() {
     const MIB: u64 = 1 << 20;

@@ -1,4 +1,5 @@
-//! The README's "Running in a container" block, run as it is written: the lines a user pastes,
+//! The "Running in a container" block of docs/operations.md (the README's until issue 23; the
+//! group keeps its name `readme`), run as it is written: the lines a user pastes,
 //! with the image the suite built for `agentstore`, and a container name, volume and host port of
 //! the trial's own (so it neither needs nor touches a user's `agentstore` container or port
 //! 8080). `docker build` is skipped: the image is already built from the same Dockerfile.
@@ -8,8 +9,8 @@ use std::time::Duration;
 
 use crate::harness::{check, docker, run_with_timeout, Group, TrialFn};
 
-const README: &str = include_str!("../../README.md");
-const SECTION: &str = "### Running in a container";
+const DOC: &str = include_str!("../../docs/operations.md");
+const SECTION: &str = "## Running in a container";
 const BLOCK_TIMEOUT: Duration = Duration::from_secs(180);
 
 pub fn groups() -> Vec<Group> {
@@ -20,14 +21,14 @@ pub fn groups() -> Vec<Group> {
 
 /// The first ```sh block after the section's heading.
 fn readme_block() -> Result<&'static str, String> {
-    let section = README.find(SECTION).ok_or_else(|| format!("README.md has no {SECTION:?} section"))?;
-    let rest = &README[section..];
+    let section = DOC.find(SECTION).ok_or_else(|| format!("docs/operations.md has no {SECTION:?} section"))?;
+    let rest = &DOC[section..];
     let start = rest.find("```sh\n").ok_or("the section has no ```sh block")? + "```sh\n".len();
     let end = rest[start..].find("```").ok_or("the ```sh block does not end")?;
     Ok(&rest[start..start + end])
 }
 
-/// Wrappers around `docker` and `curl` that put the trial's names in place of the README's.
+/// Wrappers around `docker` and `curl` that put the trial's names in place of the documented ones.
 const PRELUDE: &str = r#"set -euo pipefail
 real_docker="$(command -v docker)"
 real_curl="$(command -v curl)"
@@ -77,7 +78,7 @@ async fn readme_block_runs(image: String) -> Result<(), String> {
     let _ = docker(&["rm", "-f", &container], BLOCK_TIMEOUT);
     let _ = docker(&["volume", "rm", "-f", &volume], BLOCK_TIMEOUT);
     let (success, stdout, stderr) = outcome?;
-    check(success, || format!("the README block failed:\n{stdout}{stderr}"))?;
+    check(success, || format!("the documented block failed:\n{stdout}{stderr}"))?;
     check(stdout.contains("\"status\":\"ready\""), || format!("no /readyz answer in the output:\n{stdout}"))?;
     let stopped = stopped?;
     check(stopped.trim() == "exited 0", || format!("after the block's docker stop the container is {stopped}"))

@@ -35,7 +35,7 @@ fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// `agentstore::testing` as the README shows it (the README's lines are checked to be these),
+/// `agentstore::testing` as docs/testcontainers.md shows it (its lines are checked to be these),
 /// with the image from `AGENTSTORE_IMAGE` (set by `main`): with a token it requires it; then a
 /// default start serves a round trip without one.
 async fn rust_recipe(_image: String) -> Result<(), String> {
@@ -55,7 +55,8 @@ async fn rust_recipe(_image: String) -> Result<(), String> {
     Ok(())
 }
 
-/// The README's snippet, then what it promises: the token is required.
+/// The documented snippet (docs/testcontainers.md, "Rust"), then what it promises: the token is
+/// required.
 async fn readme_rust_snippet() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let server = AgentStoreContainer::new() // $AGENTSTORE_IMAGE, else agentstore:latest
         .with_token("alice", "alice-token") // optional; without tokens, no authentication
@@ -73,22 +74,22 @@ async fn readme_rust_snippet() -> Result<(), Box<dyn std::error::Error + Send + 
     Ok(())
 }
 
-/// Every code line of the README's Rust testcontainers snippet is a line of this file.
+/// Every code line of the Rust testcontainers snippet (docs/testcontainers.md, "Rust"; the README's
+/// until issue 23) is a line of this file.
 fn check_readme_rust_snippet() -> Result<(), String> {
-    let block = fenced_blocks(README, "rust", "### In your integration tests (testcontainers)")?
+    let block = fenced_blocks(DOCS, "rust", "## Rust")?
         .into_iter()
         .next()
-        .ok_or("the README's testcontainers section has no ```rust block")?;
+        .ok_or("docs/testcontainers.md's Rust section has no ```rust block")?;
     let missing: Vec<&str> = block
         .lines()
         .map(|line| line.split(" //").next().unwrap_or(line).trim())
         .filter(|line| !line.is_empty() && !line.starts_with("use "))
         .filter(|line| !THIS_FILE.lines().any(|own| own.split(" //").next().unwrap_or(own).trim() == *line))
         .collect();
-    check(missing.is_empty(), || format!("README lines not in the tested recipe: {missing:?}"))
+    check(missing.is_empty(), || format!("documented lines not in the tested recipe: {missing:?}"))
 }
 
-const README: &str = include_str!("../../README.md");
 const THIS_FILE: &str = include_str!("recipes.rs");
 const DOCS: &str = include_str!("../../docs/testcontainers.md");
 

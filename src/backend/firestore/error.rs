@@ -10,7 +10,7 @@ use crate::error::{Error, ErrorKind};
 
 /// What deploying the index takes, for the missing-index error.
 const INDEX_HELP: &str = "deploy the composite indexes in firestore.indexes.json (userId + namespace for \
-                          listings, _deleted + _id both ways for id order; see the README's Firestore section)";
+                          listings, _deleted + _id both ways for id order; see docs/backends.md, Firestore)";
 
 /// The gRPC status name of an error reply (`ABORTED`, `NOT_FOUND`, …), or `""`.
 pub(super) fn status_name(body: &Value) -> &str {
