@@ -7,6 +7,7 @@
 //! - [`eval`]: whether a document matches a selector.
 //! - [`find`]: the `_find` request, its validation, paging, bookmarks, sort and projection.
 //! - [`index`]: the index catalog behind `_index`, and `_explain`.
+//! - [`index_cache`]: the catalog remembered for a few seconds between queries.
 //!
 //! Errors are [`MangoError`], the `{status, error, reason}` shape of the CouchDB API's error, so
 //! the HTTP layer converts one into the other field for field.
@@ -15,6 +16,7 @@ pub mod collate;
 pub mod eval;
 pub mod find;
 pub mod index;
+mod index_cache;
 pub mod selector;
 
 #[cfg(test)]
