@@ -71,14 +71,14 @@ use serde_json::{json, Map, Value};
 #[allow(dead_code)]
 mod common;
 #[allow(dead_code)]
+#[path = "../tests/common/counting_proxy.rs"]
+mod counting_proxy;
+#[allow(dead_code)]
 #[path = "common/serve.rs"]
 mod serve;
 #[allow(dead_code)]
 #[path = "../tests/common/servers.rs"]
 mod servers;
-#[allow(dead_code)]
-#[path = "../tests/common/counting_proxy.rs"]
-mod counting_proxy;
 
 use common::load::{histogram, quantile_ms};
 use common::report::aligned;
@@ -1036,7 +1036,9 @@ mod front {
         let mut passed = true;
         for (what, phase) in rows
             .iter()
-            .flat_map(|r| [(format!("{} direct", r.op.name()), &r.direct), (format!("{} agentstore", r.op.name()), &r.through)])
+            .flat_map(|r| {
+                [(format!("{} direct", r.op.name()), &r.direct), (format!("{} agentstore", r.op.name()), &r.through)]
+            })
             .chain([("bulk_100 embedded".to_owned(), &embedded_bulk)])
         {
             if phase.errors > 0 || phase.requests == 0 {

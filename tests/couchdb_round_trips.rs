@@ -93,6 +93,62 @@ fn encode(id: &str) -> String {
     percent_encoding::utf8_percent_encode(id, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
 
+/// A CouchDB backend on a fresh database of the test server, through its own counting proxy.
+async fn proxied_backend(name: &str) -> (Arc<dyn DocumentBackend>, CountingProxy) {
+    let server = servers::couchdb().expect("a CouchDB server for the tests");
+    let upstream = server.url.rsplit('@').next().expect("the server URL has a host").trim_start_matches("http://");
+    let upstream = upstream.to_owned();
+    let proxy = CountingProxy::start(&format!("http://{upstream}")).await.expect("start the counting proxy");
+    let database = format!("round_trips_{name}_{}", std::process::id());
+    let url = server.database_url(&database).replace(&upstream, proxy.url.trim_start_matches("http://"));
+    let config = CouchConfig::parse(&url).expect("backend URL");
+    let backend = CouchDbBackend::open(&config).await.expect("open");
+    backend.ensure_standard_indexes().await.expect("the index (a design document)");
+    (Arc::new(backend), proxy)
+}
+
+/// `verify` against a CouchDB target holding exactly the source's documents (and the index's
+/// design document) reads each target document once, by id ranges: no key lists, and no second
+/// scan of the target (it used to take the design document, which CouchDB's count includes and
+/// no scan returns, for an extra document, and scan the whole target to find it).
+#[tokio::test]
+async fn verify_reads_a_couchdb_target_once_by_id_ranges() {
+    use agentstore::backend::{BulkWrite, Precondition};
+    use agentstore::migrate::verify::{verify, VerifyOptions};
+    use agentstore::migrate::Endpoint;
+
+    let (target, proxy) = proxied_backend("verify").await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let source_url: agentstore::backend::BackendUrl =
+        format!("embedded:{}", dir.path().join("source.redb").display()).parse().expect("embedded URL");
+    let source = agentstore::backend::open(&source_url).await.expect("open the source");
+    let writes: Vec<BulkWrite> = (0..700)
+        .map(|i| {
+            let key = format!("k{i:04}");
+            let id = format!("u{}:notes:{}", i % 3, agentstore::model::id::encode_key(&key));
+            let body = json!({ "userId": format!("u{}", i % 3), "namespace": "notes", "key": key, "value": i });
+            let Value::Object(body) = body else { unreachable!("an object") };
+            BulkWrite { id, body, precondition: Precondition::MustNotExist }
+        })
+        .collect();
+    for side in [&source, &target] {
+        for result in side.bulk_write(writes.clone()).await.expect("seed") {
+            result.expect("each seeded document is written");
+        }
+    }
+    proxy.take();
+    let report = verify(&Endpoint::backend(source), &Endpoint::backend(target), &VerifyOptions::default())
+        .await
+        .expect("verify");
+    assert!(report.identical, "{report:?}");
+    assert_eq!((report.matching, report.extra), (700, 0), "{report:?}");
+    let requests = proxy.take();
+    let key_lists = requests.iter().filter(|r| r.starts_with("POST /_all_docs")).count();
+    assert_eq!(key_lists, 0, "no key-list lookups for documents that are all there: {requests:#?}");
+    let without_start = requests.iter().filter(|r| r.starts_with("GET /_all_docs") && !r.contains("startkey=")).count();
+    assert_eq!(without_start, 0, "no scan of the target from its first id: {requests:#?}");
+}
+
 #[tokio::test]
 async fn a_document_get_costs_one_backend_request() {
     let front = Front::start("get").await;

@@ -60,7 +60,9 @@ pub async fn get_document(
     let doc = match (current, wanted_rev) {
         // The ancestry only when asked: `then_some` would read it (a second backend request) for
         // every GET.
-        (Some(doc), None) => doc_json(&doc, if revs { Some(revision_info(&state, &docid).await?) } else { None }.as_ref()),
+        (Some(doc), None) => {
+            doc_json(&doc, if revs { Some(revision_info(&state, &docid).await?) } else { None }.as_ref())
+        }
         (Some(doc), Some(rev)) if doc.rev == rev => {
             doc_json(&doc, if revs { Some(revision_info(&state, &docid).await?) } else { None }.as_ref())
         }

@@ -3,8 +3,8 @@
 //! (`tests/couchdb_round_trips.rs`, `benches/couchdb_api_bench.rs`).
 //!
 //! Every request is forwarded as it came (method, path, query, headers but `host`, body) over a
-//! pooled client and the answer returned whole; each is recorded as `METHOD /path` with the
-//! database segment left out (the database itself is `/`, the server root `//`), so a test can
+//! pooled client and the answer returned whole; each is recorded as `METHOD /path?query` with
+//! the database segment left out (the database itself is `/`, the server root `//`), so a test can
 //! count, e.g., `GET /_local/agentstore-mango-indexes`.
 
 use std::sync::{Arc, Mutex};
@@ -52,7 +52,8 @@ impl CountingProxy {
         self.seen.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
-    /// The requests forwarded so far, as `METHOD /path-below-the-database`, and forgets them.
+    /// The requests forwarded so far, as `METHOD /path-below-the-database?query`, and forgets
+    /// them.
     pub fn take(&self) -> Vec<String> {
         std::mem::take(&mut *self.seen.lock().unwrap_or_else(|e| e.into_inner()))
     }
@@ -86,8 +87,9 @@ async fn forward_one(State(forward): State<Forward>, request: Request) -> Respon
 async fn try_forward(forward: &Forward, request: Request) -> Result<Response, String> {
     let (parts, body) = request.into_parts();
     let path_and_query = parts.uri.path_and_query().map(|pq| pq.as_str()).unwrap_or("/");
+    let query = parts.uri.query().map(|q| format!("?{q}")).unwrap_or_default();
     forward.seen.lock().unwrap_or_else(|e| e.into_inner()).push(format!(
-        "{} {}",
+        "{} {}{query}",
         parts.method,
         below_database(parts.uri.path())
     ));

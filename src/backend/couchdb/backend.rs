@@ -25,6 +25,11 @@ pub const INDEX_NAME: &str = "idx-user-namespace";
 /// Ids per `_all_docs` request of a batch read, and such requests in flight at once.
 const GET_MANY_KEYS: usize = 200;
 const GET_MANY_CONCURRENCY: usize = 4;
+/// A batch read of at least this many ids in ascending order (a scan's batch, as `verify` and a
+/// migration's read-back look up) reads their id range instead of the key list.
+const RANGE_READ_MIN_IDS: usize = 100;
+/// Rows a range read may hold per id asked before it stops and the key list is read instead.
+const RANGE_READ_ROWS_PER_ID: usize = 2;
 
 /// How often an unconditional write re-reads the revision after a conflict.
 pub(super) const UNCONDITIONAL_WRITE_ATTEMPTS: usize = 10;
@@ -238,7 +243,6 @@ impl CouchDbBackend {
         }
     }
 
-
     async fn delete_document(&self, id: &str, rev: &Revision) -> Result<Revision> {
         // CouchDB deletes a tombstone again when named by its own revision; here a deleted
         // document is not found.
@@ -289,6 +293,49 @@ impl CouchDbBackend {
                 let doc = from_couch_doc(doc, DOING)?;
                 found.push((doc.id.clone(), doc));
             }
+        }
+        Ok(found)
+    }
+
+    /// The current documents of `keys` (distinct, in ascending byte order) by one `_all_docs`
+    /// range read from the first to the last, which CouchDB answers from its id order rather than
+    /// one lookup per key: what `verify` and a migration's read-back ask for are a scan's
+    /// batches, whose ids are the documents of a span. The read is bounded
+    /// ([`RANGE_READ_ROWS_PER_ID`] rows per key); keys it did not find (outside a range the
+    /// server bounded otherwise, deleted, missing, or past the bound) are then read by key.
+    async fn read_id_span(&self, keys: Vec<String>) -> Result<Vec<(String, StoredDocument)>> {
+        const DOING: &str = "read documents by id range";
+        let (Some(first), Some(last)) = (keys.first(), keys.last()) else { return Ok(Vec::new()) };
+        let limit = keys.len() * RANGE_READ_ROWS_PER_ID + 10;
+        let query = [
+            ("include_docs", "true".to_owned()),
+            ("startkey", json_key(first)),
+            ("endkey", json_key(last)),
+            ("inclusive_end", "true".to_owned()),
+            ("limit", limit.to_string()),
+        ];
+        let ticket = self.counts.ticket();
+        let reply = self.client.read(Method::GET, &self.client.url(&["_all_docs"]), &query, None, DOING).await?;
+        if !reply.status.is_success() {
+            return Err(from_status(reply.status, &reply.body, DOING));
+        }
+        if let Some(total) = reply.body.get("total_rows").and_then(Value::as_u64) {
+            self.counts.remember_total(ticket, total);
+        }
+        let wanted: std::collections::HashSet<&str> = keys.iter().map(String::as_str).collect();
+        let mut found = Vec::with_capacity(keys.len());
+        for row in take_array(reply.body, "rows", "_all_docs")? {
+            let Value::Object(mut row) = row else { continue };
+            let listed = row.get("id").and_then(Value::as_str).is_some_and(|id| wanted.contains(id));
+            if let Some(doc) = row.remove("doc").filter(|doc| listed && !doc.is_null()) {
+                let doc = from_couch_doc(doc, DOING)?;
+                found.push((doc.id.clone(), doc));
+            }
+        }
+        if found.len() < keys.len() {
+            let seen: std::collections::HashSet<&str> = found.iter().map(|(id, _)| id.as_str()).collect();
+            let rest: Vec<String> = keys.iter().filter(|id| !seen.contains(id.as_str())).cloned().collect();
+            found.extend(self.read_keys(rest).await?);
         }
         Ok(found)
     }
@@ -459,7 +506,15 @@ impl DocumentBackend for CouchDbBackend {
     }
 
     async fn get_many(&self, ids: &[String]) -> Result<Vec<Option<StoredDocument>>> {
-        crate::backend::batched_get_many(ids, GET_MANY_KEYS, GET_MANY_CONCURRENCY, |ids| self.read_keys(ids)).await
+        let ascending = ids.len() >= RANGE_READ_MIN_IDS && ids.windows(2).all(|w| w[0].as_bytes() < w[1].as_bytes());
+        crate::backend::batched_get_many(ids, GET_MANY_KEYS, GET_MANY_CONCURRENCY, |ids| async move {
+            if ascending {
+                self.read_id_span(ids).await
+            } else {
+                self.read_keys(ids).await
+            }
+        })
+        .await
     }
 
     async fn put(&self, id: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Revision> {
@@ -479,7 +534,6 @@ impl DocumentBackend for CouchDbBackend {
         self.wrote(id);
         written
     }
-
 
     async fn query(&self, query: &Query, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
         let limit = limit.max(1);
