@@ -51,7 +51,9 @@
 //! a counting proxy (`tests/common/counting_proxy.rs`) counts how many backend requests one API
 //! request costs (20 sequential requests per operation after 3 warm-up ones); the proxy is not in
 //! the timed path. One table goes to stdout and the JSON to
-//! `target/bench/couchdb_api_bench_front.json`. About 13 phases of `BENCH_SECONDS`.
+//! `target/bench/couchdb_api_bench_front.json`. Each side of each operation is timed in 4
+//! segments of `BENCH_SECONDS`/4 alternating ABBA BAAB (the machine is shared; a change of load
+//! falls on both sides alike). About 13 × `BENCH_SECONDS` of timed phases in all.
 //!
 //! `cargo test --all-targets` also builds and runs this target (without `--bench`); it then only
 //! prints how to run it and exits 0.
@@ -1128,14 +1130,35 @@ mod front {
         });
         let direct = Arc::new(Http { db: format!("{upstream}/{database}"), login: Some(POUCHDB_LOGIN), revs });
         let mut rows = Vec::new();
+        // Each side runs in SEGMENTS segments alternating ABBA BAAB, so a change of load on this
+        // shared machine falls on both sides alike.
+        let segment =
+            Config { clients: config.clients, seconds: config.seconds / SEGMENTS as f64, backends: Vec::new() };
         for (op, (backend_requests, kinds)) in OPS.into_iter().zip(counts) {
-            let direct_phase = run_phase(&direct, op, "direct", config).await?;
-            if op == Op::PutRev {
-                // As a client updates what it has read: every document read through agentstore
-                // (not timed), so the revisions it updates are ones it has seen.
-                read_all(&through, &http).await?;
+            let (mut direct_phase, mut through_phase) = (None, None);
+            for (segment_index, direct_first) in [true, false, false, true].into_iter().enumerate() {
+                for side_is_direct in [direct_first, !direct_first] {
+                    if side_is_direct {
+                        // A side name per segment: new documents go to namespaces of their own.
+                        let side = ["direct-0", "direct-1", "direct-2", "direct-3"][segment_index];
+                        let phase = run_phase(&direct, op, side, &segment).await?;
+                        direct_phase = Some(merged(direct_phase, phase)?);
+                    } else {
+                        if op == Op::PutRev {
+                            // As a client updates what it has read: every document read through
+                            // agentstore (not timed), so the revisions it updates are ones it has
+                            // seen.
+                            read_all(&through, &http).await?;
+                        }
+                        let side = ["agentstore-0", "agentstore-1", "agentstore-2", "agentstore-3"][segment_index];
+                        let phase = run_phase(&through, op, side, &segment).await?;
+                        through_phase = Some(merged(through_phase, phase)?);
+                    }
+                }
             }
-            let through_phase = run_phase(&through, op, "agentstore", config).await?;
+            let (Some(direct_phase), Some(through_phase)) = (direct_phase, through_phase) else {
+                return Err("no phase ran".into());
+            };
             println!("  {:<9} done", op.name());
             rows.push(Row { op, direct: direct_phase, through: through_phase, backend_requests, kinds });
         }
@@ -1155,6 +1178,20 @@ mod front {
         let embedded_bulk = run_phase(&target, Op::Bulk100, "embedded", config).await?;
         embedded.stop()?;
         Ok((server.product, rows, embedded_bulk))
+    }
+
+    /// Segments per side and operation (ABBA BAAB).
+    const SEGMENTS: usize = 4;
+
+    /// Two segments' measurements as one phase.
+    fn merged(so_far: Option<Phase>, more: Phase) -> Result<Phase, String> {
+        let Some(mut phase) = so_far else { return Ok(more) };
+        phase.requests += more.requests;
+        phase.errors += more.errors;
+        phase.elapsed += more.elapsed;
+        phase.latency.add(&more.latency).map_err(|e| e.to_string())?;
+        phase.first_error = phase.first_error.or(more.first_error);
+        Ok(phase)
     }
 
     /// Reads every seeded document through `target`, recording its current revision.
@@ -1232,7 +1269,7 @@ mod front {
             "{}(direct: {product} answering the requests itself, Basic auth; through agentstore: the CouchDB API over \
              the CouchDB backend on that same server and database; ratio = agentstore / direct; backend requests \
              counted through a counting proxy, {COUNTED} sequential requests per operation after {WARM_UP} warm-up \
-             ones, in a separate run of the server)\n",
+             ones, in a separate run of the server; each side timed in {SEGMENTS} segments alternating ABBA BAAB)\n",
             aligned(&header, &lines, 1)
         )
     }
