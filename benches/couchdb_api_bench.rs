@@ -1214,9 +1214,8 @@ mod front {
     fn kind_of(request: &str) -> String {
         let (method, path) = request.split_once(' ').unwrap_or((request, ""));
         let path = path.split('?').next().unwrap_or(path);
-        let kind = if path == "/" || path == "//" || path.is_empty() {
-            path.to_owned()
-        } else if path.starts_with("/_local/") || path.starts_with("/_design/") {
+        let whole = matches!(path, "" | "/" | "//") || path.starts_with("/_local/") || path.starts_with("/_design/");
+        let kind = if whole {
             path.to_owned()
         } else if path.starts_with("/_") {
             path.split('/').take(2).collect::<Vec<_>>().join("/")
