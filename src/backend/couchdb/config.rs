@@ -156,6 +156,9 @@ mod tests {
         assert!(c.create);
         assert_eq!(c.revs_limit, crate::backend::DEFAULT_REVS_LIMIT);
         assert_eq!(CouchConfig::parse("couchdb+http://h/db?revs_limit=3").unwrap().revs_limit, 3);
+        assert_eq!(c.count_max_age, super::super::counts::DEFAULT_MAX_AGE);
+        let fresh = CouchConfig::parse("couchdb+http://h/db?count_max_age_ms=0").unwrap();
+        assert_eq!(fresh.count_max_age, Duration::ZERO);
         assert_eq!(c.redacted(), "couchdb+http://admin:***@127.0.0.1:5984/my_db");
         assert!(!format!("{c:?}").contains("p@ss"));
         let c = CouchConfig::parse("couchdb+https://db.example.com").unwrap();
@@ -177,6 +180,7 @@ mod tests {
             "couchdb+http://h/1db",
             "couchdb+http://h/db?revs_limit=0",
             "couchdb+http://h/db?revs_limit=many",
+            "couchdb+http://h/db?count_max_age_ms=-1",
         ] {
             let err = CouchConfig::parse(bad).unwrap_err();
             assert!(err.to_string().contains("CouchDB URL"), "{bad}: {err}");
