@@ -220,3 +220,38 @@ async fn find_reads_the_index_list_once_across_queries_and_again_after_an_index_
     assert_eq!(status, 200, "the new index serves the sort: {answer}");
     assert_eq!(catalog_reads(&front.backend_requests()), 1);
 }
+
+/// A scan-like batch (ascending, 100+ ids) read by id range still answers every id: deleted and
+/// never-written ids absent (looked up by key after the range), the others in order.
+#[tokio::test]
+async fn an_ascending_batch_read_by_range_answers_deleted_and_missing_ids() {
+    use agentstore::backend::{BulkWrite, Precondition};
+
+    let (backend, proxy) = proxied_backend("range_batch").await;
+    let id = |i: usize| format!("u1:notes:k{i:04}");
+    let writes: Vec<BulkWrite> = (0..150)
+        .filter(|i| i % 10 != 3)
+        .map(|i| {
+            let Value::Object(body) = json!({ "userId": "u1", "namespace": "notes", "key": format!("k{i:04}") }) else {
+                unreachable!("an object")
+            };
+            BulkWrite { id: id(i), body, precondition: Precondition::MustNotExist }
+        })
+        .collect();
+    let revs: Vec<_> =
+        backend.bulk_write(writes).await.expect("seed").into_iter().map(|r| r.expect("written")).collect();
+    backend.delete(&id(0), &revs[0]).await.expect("delete k0000");
+    proxy.take();
+    let ids: Vec<String> = (0..150).map(id).collect();
+    let found = backend.get_many(&ids).await.expect("get_many");
+    assert_eq!(found.len(), 150);
+    for (i, doc) in found.iter().enumerate() {
+        let expected = i != 0 && i % 10 != 3;
+        assert_eq!(doc.is_some(), expected, "{}: {doc:?}", id(i));
+        if let Some(doc) = doc {
+            assert_eq!(doc.id, id(i));
+        }
+    }
+    let requests = proxy.take();
+    assert!(requests.iter().any(|r| r.starts_with("GET /_all_docs") && r.contains("startkey=")), "{requests:#?}");
+}
