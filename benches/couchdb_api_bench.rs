@@ -41,6 +41,20 @@
 //! measured" with the reason, never a number. Results go to stdout as two tables and to
 //! `target/bench/couchdb_api_bench.json`.
 //!
+//! `BENCH_MODE=front` measures instead the CouchDB API over the CouchDB backend in front of a
+//! CouchDB server against that same server's own answers to the same requests (issue 22): the
+//! server the tests use (`tests/common/servers.rs`: pouchdb-server 4.2.0 in memory, or
+//! `AGENTSTORE_TEST_COUCHDB_URL`), one database seeded through agentstore, then per operation
+//! (`get`, `put_rev`, `create`, `find_100`, `all_docs`, `bulk_100`) a phase straight to the
+//! server (Basic auth) and a phase through agentstore, and the embedded store's `bulk_100`
+//! against the server's. Before the timed phases, a separate `serve` whose backend URL points at
+//! a counting proxy (`tests/common/counting_proxy.rs`) counts how many backend requests one API
+//! request costs (20 sequential requests per operation after 3 warm-up ones); the proxy is not in
+//! the timed path. One table goes to stdout and the JSON to
+//! `target/bench/couchdb_api_bench_front.json`. Each side of each operation is timed in 4
+//! segments of `BENCH_SECONDS`/4 alternating ABBA BAAB (the machine is shared; a change of load
+//! falls on both sides alike). About 13 × `BENCH_SECONDS` of timed phases in all.
+//!
 //! `cargo test --all-targets` also builds and runs this target (without `--bench`); it then only
 //! prints how to run it and exits 0.
 
@@ -58,6 +72,9 @@ use serde_json::{json, Map, Value};
 
 #[allow(dead_code)]
 mod common;
+#[allow(dead_code)]
+#[path = "../tests/common/counting_proxy.rs"]
+mod counting_proxy;
 #[allow(dead_code)]
 #[path = "common/serve.rs"]
 mod serve;
@@ -81,6 +98,8 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 const PAGE: usize = KEYS_PER_NAMESPACE;
 /// Documents per `_bulk_docs` request.
 const BULK_DOCS: usize = 500;
+/// Documents per `_bulk_docs` request in the front mode.
+const FRONT_BULK_DOCS: usize = 100;
 /// pouchdb-server's credentials, as `tests/common/servers.rs` configures it.
 const POUCHDB_LOGIN: (&str, &str) = ("admin", "password");
 /// What a real CouchDB 3.4.3 served on this 2-core machine to wrk with 16 connections (issue 14).
@@ -152,6 +171,8 @@ enum Op {
     Find,
     AllDocs,
     Bulk,
+    /// `_bulk_docs` of 100 new documents (the front mode's size, as the issue measured).
+    Bulk100,
 }
 
 impl Op {
@@ -165,6 +186,7 @@ impl Op {
             Op::Find => "find_100",
             Op::AllDocs => "all_docs",
             Op::Bulk => "bulk_500",
+            Op::Bulk100 => "bulk_100",
         }
     }
 
@@ -174,6 +196,7 @@ impl Op {
             Op::Get | Op::PutRev | Op::Create => 1,
             Op::Find | Op::AllDocs => PAGE,
             Op::Bulk => BULK_DOCS,
+            Op::Bulk100 => FRONT_BULK_DOCS,
         }
     }
 
@@ -246,9 +269,9 @@ impl Input {
             }
             Op::Find => Input::Find { namespace: format!("ns-{}", seq % NAMESPACES as u64) },
             Op::AllDocs => Input::AllDocs { start: format!("{USER}:ns-{}:", seq % NAMESPACES as u64) },
-            Op::Bulk => {
+            Op::Bulk | Op::Bulk100 => {
                 let namespace = format!("bulk-{side}");
-                let docs = (0..BULK_DOCS)
+                let docs = (0..op.docs())
                     .map(|i| document(&namespace, &format!("b-{seq:05}-{i:03}"), seq))
                     .collect::<Result<_, _>>()?;
                 Input::Bulk { docs }
@@ -273,8 +296,9 @@ trait Target: Send + Sync + 'static {
 struct Http {
     db: String,
     login: Option<(&'static str, &'static str)>,
-    /// The current `_rev` of each seeded document, for `put_rev`.
-    revs: Vec<Mutex<String>>,
+    /// The current `_rev` of each seeded document, for `put_rev` (shared by the two sides of the
+    /// front mode, which update the same documents in turn).
+    revs: Arc<Vec<Mutex<String>>>,
 }
 
 /// A client with one keep-alive connection, as each wrk connection.
@@ -344,7 +368,7 @@ impl Http {
                 revs[i] = rev;
             }
         }
-        self.revs = revs.into_iter().map(Mutex::new).collect();
+        self.revs = Arc::new(revs.into_iter().map(Mutex::new).collect());
         Ok(())
     }
 
@@ -671,7 +695,7 @@ async fn pouchdb(http: &reqwest::Client) -> Result<(String, Http), String> {
     let server = servers::couchdb()?;
     let port = server.url.rsplit(':').next().unwrap_or_default();
     let db = format!("http://127.0.0.1:{port}/couchdb_api_bench_{}", run_suffix());
-    let mut target = Http { db, login: Some(POUCHDB_LOGIN), revs: Vec::new() };
+    let mut target = Http { db, login: Some(POUCHDB_LOGIN), revs: Arc::default() };
     target.send(http, reqwest::Method::PUT, "", None).await.map_err(|e| format!("creating the database: {e}"))?;
     let index = json!({ "index": { "fields": ["userId", "namespace"] }, "name": "idx-user-namespace", "type": "json" });
     target
@@ -692,7 +716,7 @@ async fn measure_backend(kind: Kind, config: &Config) -> Result<BackendResult, S
     let db = server.couchdb.clone().ok_or("the server printed no CouchDB API address")?;
     let http = http_client()?;
     let seeding = Instant::now();
-    let mut endpoint = Http { db, login: None, revs: Vec::new() };
+    let mut endpoint = Http { db, login: None, revs: Arc::default() };
     endpoint.seed(&http).await?;
     let find = endpoint.probe_find(&http).await;
     let pouch = match kind {
@@ -922,6 +946,11 @@ fn main() -> std::process::ExitCode {
 
 fn run() -> Result<bool, String> {
     let config = Config::from_env()?;
+    match std::env::var("BENCH_MODE").unwrap_or_default().trim() {
+        "" | "backends" => {}
+        "front" => return front::run(&config),
+        other => return Err(format!("BENCH_MODE={other:?}: expected `backends` (the default) or `front`")),
+    }
     let nproc = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let load = load_average();
     println!(
@@ -954,4 +983,293 @@ fn run() -> Result<bool, String> {
         eprintln!("{NAME}: FAILED: a phase's error rate is over {:.0}%", MAX_ERROR_RATE * 100.0);
     }
     Ok(passed)
+}
+
+// ---- front mode ----
+
+/// `BENCH_MODE=front`: the CouchDB API over the CouchDB backend in front of a CouchDB server,
+/// against that same server answering the same requests itself.
+mod front {
+    use super::*;
+    use counting_proxy::CountingProxy;
+
+    /// The operations measured, in order.
+    const OPS: [Op; 6] = [Op::Get, Op::PutRev, Op::Create, Op::Find, Op::AllDocs, Op::Bulk100];
+    /// Requests per operation before counting (namespace indexing, first-use probes, caches).
+    const WARM_UP: u64 = 3;
+    /// Requests per operation whose backend requests are counted.
+    const COUNTED: u64 = 20;
+    /// What the issue asks of each operation, as a share of the server's own rate.
+    fn goal(op: Op) -> f64 {
+        match op {
+            Op::Get | Op::Find | Op::AllDocs => 0.9,
+            _ => 0.85,
+        }
+    }
+
+    /// One operation: the server's own phase, agentstore's in front of it, and the backend
+    /// requests one API request cost (with the kinds seen).
+    struct Row {
+        op: Op,
+        direct: Phase,
+        through: Phase,
+        backend_requests: f64,
+        kinds: Vec<String>,
+    }
+
+    pub fn run(config: &Config) -> Result<bool, String> {
+        let nproc = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        let load = load_average();
+        println!(
+            "{NAME} (front): nproc {nproc}, load average {load}; {} clients on their own keep-alive connections, {} s \
+             per phase",
+            config.clients, config.seconds
+        );
+        println!("binary: {BIN}");
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| format!("tokio runtime: {e}"))?;
+        let (product, rows, embedded_bulk) = runtime.block_on(measure(config))?;
+        drop(runtime);
+        let load_after = load_average();
+        println!("\nload average after: {load_after}\n");
+        print!("{}", table(&product, &rows, &embedded_bulk));
+        let mut passed = true;
+        for (what, phase) in rows
+            .iter()
+            .flat_map(|r| {
+                [(format!("{} direct", r.op.name()), &r.direct), (format!("{} agentstore", r.op.name()), &r.through)]
+            })
+            .chain([("bulk_100 embedded".to_owned(), &embedded_bulk)])
+        {
+            if phase.errors > 0 || phase.requests == 0 {
+                passed &= phase.error_rate() <= MAX_ERROR_RATE;
+                eprintln!(
+                    "{NAME}: {what}: {} errors in {} requests; first: {}",
+                    phase.errors,
+                    phase.requests,
+                    phase.first_error.as_deref().unwrap_or("none sent")
+                );
+            }
+        }
+        let report = json!({
+            "benchmark": format!("{NAME} front"),
+            "server": product,
+            "nproc": nproc,
+            "load_average_before": load,
+            "load_average_after": load_after,
+            "clients": config.clients,
+            "seconds_per_phase": config.seconds,
+            "passed": passed,
+            "operations": rows.iter().map(|r| json!({
+                "operation": r.op.name(),
+                "direct": r.direct.to_json(r.op),
+                "agentstore": r.through.to_json(r.op),
+                "ratio": r.through.rate() / r.direct.rate(),
+                "backend_requests_per_request": r.backend_requests,
+                "backend_requests_seen": r.kinds,
+            })).collect::<Vec<_>>(),
+            "embedded_bulk_100": embedded_bulk.to_json(Op::Bulk100),
+        });
+        write_report(&format!("{NAME}_front"), &report)?;
+        Ok(passed)
+    }
+
+    async fn measure(config: &Config) -> Result<(String, Vec<Row>, Phase), String> {
+        let server = servers::couchdb()?;
+        let port = server.url.rsplit(':').next().unwrap_or_default().to_owned();
+        let upstream = format!("http://127.0.0.1:{port}");
+        let database = format!("couchdb_api_bench_front_{}", run_suffix());
+        let dir = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
+        let http = http_client()?;
+        println!("server: {}", server.product);
+
+        // 1. Counting: agentstore over a counting proxy, requests one at a time.
+        let proxy = CountingProxy::start(&upstream).await?;
+        let proxied = server.database_url(&database).replace(&upstream[7..], &proxy.url[7..]);
+        let agent = Server::start_with_couchdb(BIN, &proxied, dir.path())?;
+        let mut endpoint = Http {
+            db: agent.couchdb.clone().ok_or("the server printed no CouchDB API address")?,
+            login: None,
+            revs: Arc::default(),
+        };
+        endpoint.seed(&http).await?;
+        let mut counts = Vec::new();
+        for op in OPS {
+            if op == Op::PutRev {
+                read_all(&endpoint, &http).await?;
+            }
+            let mut seq = 0;
+            for _ in 0..WARM_UP {
+                endpoint.call(&http, Input::new(op, "count", 0, 1, seq, seq)?).await?;
+                seq += 1;
+            }
+            proxy.take();
+            for _ in 0..COUNTED {
+                endpoint.call(&http, Input::new(op, "count", 0, 1, seq, seq)?).await?;
+                seq += 1;
+            }
+            let seen = proxy.take();
+            let mut kinds: Vec<String> = seen.iter().map(|r| kind_of(r)).collect();
+            kinds.sort();
+            kinds.dedup();
+            counts.push((seen.len() as f64 / COUNTED as f64, kinds));
+        }
+        agent.stop()?;
+        drop(proxy);
+        println!("  counted backend requests per API request");
+
+        // 2. Timed: agentstore straight to the server, and the server itself, in turn.
+        let agent = Server::start_with_couchdb(BIN, &server.database_url(&database), dir.path())?;
+        let revs = Arc::clone(&endpoint.revs);
+        let through = Arc::new(Http {
+            db: agent.couchdb.clone().ok_or("the server printed no CouchDB API address")?,
+            login: None,
+            revs: Arc::clone(&revs),
+        });
+        let direct = Arc::new(Http { db: format!("{upstream}/{database}"), login: Some(POUCHDB_LOGIN), revs });
+        let mut rows = Vec::new();
+        // Each side runs in SEGMENTS segments alternating ABBA BAAB, so a change of load on this
+        // shared machine falls on both sides alike.
+        let segment =
+            Config { clients: config.clients, seconds: config.seconds / SEGMENTS as f64, backends: Vec::new() };
+        for (op, (backend_requests, kinds)) in OPS.into_iter().zip(counts) {
+            let (mut direct_phase, mut through_phase) = (None, None);
+            for (segment_index, direct_first) in [true, false, false, true].into_iter().enumerate() {
+                for side_is_direct in [direct_first, !direct_first] {
+                    if side_is_direct {
+                        // A side name per segment: new documents go to namespaces of their own.
+                        let side = ["direct-0", "direct-1", "direct-2", "direct-3"][segment_index];
+                        let phase = run_phase(&direct, op, side, &segment).await?;
+                        direct_phase = Some(merged(direct_phase, phase)?);
+                    } else {
+                        if op == Op::PutRev {
+                            // As a client updates what it has read: every document read through
+                            // agentstore (not timed), so the revisions it updates are ones it has
+                            // seen.
+                            read_all(&through, &http).await?;
+                        }
+                        let side = ["agentstore-0", "agentstore-1", "agentstore-2", "agentstore-3"][segment_index];
+                        let phase = run_phase(&through, op, side, &segment).await?;
+                        through_phase = Some(merged(through_phase, phase)?);
+                    }
+                }
+            }
+            let (Some(direct_phase), Some(through_phase)) = (direct_phase, through_phase) else {
+                return Err("no phase ran".into());
+            };
+            println!("  {:<9} done", op.name());
+            rows.push(Row { op, direct: direct_phase, through: through_phase, backend_requests, kinds });
+        }
+        agent.stop()?;
+
+        // 3. The embedded store's `_bulk_docs` of 100, against the server's own (above).
+        let embedded = Server::start_with_couchdb(
+            BIN,
+            &format!("embedded:{}", dir.path().join("front.redb").display()),
+            dir.path(),
+        )?;
+        let target = Arc::new(Http {
+            db: embedded.couchdb.clone().ok_or("the server printed no CouchDB API address")?,
+            login: None,
+            revs: Arc::default(),
+        });
+        let embedded_bulk = run_phase(&target, Op::Bulk100, "embedded", config).await?;
+        embedded.stop()?;
+        Ok((server.product, rows, embedded_bulk))
+    }
+
+    /// Segments per side and operation (ABBA BAAB).
+    const SEGMENTS: usize = 4;
+
+    /// Two segments' measurements as one phase.
+    fn merged(so_far: Option<Phase>, more: Phase) -> Result<Phase, String> {
+        let Some(mut phase) = so_far else { return Ok(more) };
+        phase.requests += more.requests;
+        phase.errors += more.errors;
+        phase.elapsed += more.elapsed;
+        phase.latency.add(&more.latency).map_err(|e| e.to_string())?;
+        phase.first_error = phase.first_error.or(more.first_error);
+        Ok(phase)
+    }
+
+    /// Reads every seeded document through `target`, recording its current revision.
+    async fn read_all(target: &Http, http: &reqwest::Client) -> Result<(), String> {
+        let reads = futures::stream::iter(0..TOTAL_KEYS)
+            .map(|i| async move {
+                let (_, doc) = target.send(http, reqwest::Method::GET, &path_of(&seeded_id(i)), None).await?;
+                let rev = doc["_rev"].as_str().ok_or_else(|| format!("GET {} answered {doc}", seeded_id(i)))?;
+                *target.revs[i].lock().unwrap_or_else(|e| e.into_inner()) = rev.to_owned();
+                Ok::<(), String>(())
+            })
+            .buffer_unordered(16)
+            .collect::<Vec<_>>()
+            .await;
+        reads.into_iter().collect()
+    }
+
+    /// `GET /_local/x?revs=true` → `GET /_local/{name}`, `GET /some-id` → `GET /{doc}`: what
+    /// kind of request it was, for the table.
+    fn kind_of(request: &str) -> String {
+        let (method, path) = request.split_once(' ').unwrap_or((request, ""));
+        let path = path.split('?').next().unwrap_or(path);
+        let whole = matches!(path, "" | "/" | "//") || path.starts_with("/_local/") || path.starts_with("/_design/");
+        let kind = if whole {
+            path.to_owned()
+        } else if path.starts_with("/_") {
+            path.split('/').take(2).collect::<Vec<_>>().join("/")
+        } else {
+            "/{doc}".to_owned()
+        };
+        format!("{method} {kind}")
+    }
+
+    fn table(product: &str, rows: &[Row], embedded_bulk: &Phase) -> String {
+        let header = [
+            "operation",
+            "direct req/s",
+            "through agentstore req/s",
+            "ratio",
+            "goal",
+            "backend requests per request",
+            "p50 ms direct / agentstore",
+            "backend requests seen",
+        ];
+        let p50 = |p: &Phase| quantile_ms(&p.latency, 0.50);
+        let mut lines: Vec<Vec<String>> = rows
+            .iter()
+            .map(|r| {
+                vec![
+                    r.op.name().to_owned(),
+                    format!("{:.0}", r.direct.rate()),
+                    format!("{:.0}", r.through.rate()),
+                    format!("{:.2}", r.through.rate() / r.direct.rate()),
+                    format!("{:.2}", goal(r.op)),
+                    format!("{:.2}", r.backend_requests),
+                    format!("{:.2} / {:.2}", p50(&r.direct), p50(&r.through)),
+                    r.kinds.join(", "),
+                ]
+            })
+            .collect();
+        if let Some(direct) = rows.iter().find(|r| r.op == Op::Bulk100).map(|r| &r.direct) {
+            lines.push(vec![
+                "bulk_100 (embedded store)".to_owned(),
+                format!("{:.0}", direct.rate()),
+                format!("{:.0}", embedded_bulk.rate()),
+                format!("{:.2}", embedded_bulk.rate() / direct.rate()),
+                "5 (vs CouchDB 3.4.3)".to_owned(),
+                "-".to_owned(),
+                format!("{:.2} / {:.2}", p50(direct), p50(embedded_bulk)),
+                String::new(),
+            ]);
+        }
+        format!(
+            "{}(direct: {product} answering the requests itself, Basic auth; through agentstore: the CouchDB API over \
+             the CouchDB backend on that same server and database; ratio = agentstore / direct; backend requests \
+             counted through a counting proxy, {COUNTED} sequential requests per operation after {WARM_UP} warm-up \
+             ones, in a separate run of the server; each side timed in {SEGMENTS} segments alternating ABBA BAAB)\n",
+            aligned(&header, &lines, 1)
+        )
+    }
 }

@@ -61,9 +61,13 @@ pub async fn get_document(
     let wanted_rev = params.get("rev").map(|r| parse_rev(r)).transpose()?;
     let current = backend.get(&docid).await?;
     let doc = match (current, wanted_rev) {
-        (Some(doc), None) => doc_json(&doc, revs.then_some(&revision_info(&state, &docid).await?)),
+        // The ancestry only when asked: `then_some` would read it (a second backend request) for
+        // every GET.
+        (Some(doc), None) => {
+            doc_json(&doc, if revs { Some(revision_info(&state, &docid).await?) } else { None }.as_ref())
+        }
         (Some(doc), Some(rev)) if doc.rev == rev => {
-            doc_json(&doc, revs.then_some(&revision_info(&state, &docid).await?))
+            doc_json(&doc, if revs { Some(revision_info(&state, &docid).await?) } else { None }.as_ref())
         }
         // `latest=true` asks for the leaf of the named revision's branch: the current revision
         // when the named one is in its ancestry (CouchDB 3.4.3 answers 200 with the leaf, as

@@ -9,6 +9,7 @@ use serde_json::{json, Map, Value};
 use super::client::{CouchClient, Reply};
 use super::codec::{to_couch_doc, NumberModel};
 use super::config::CouchConfig;
+use super::counts::CountCache;
 use super::error::from_status;
 use super::live::LiveRevisions;
 use crate::backend::{
@@ -24,6 +25,11 @@ pub const INDEX_NAME: &str = "idx-user-namespace";
 /// Ids per `_all_docs` request of a batch read, and such requests in flight at once.
 const GET_MANY_KEYS: usize = 200;
 const GET_MANY_CONCURRENCY: usize = 4;
+/// A batch read of at least this many ids in ascending order (a scan's batch, as `verify` and a
+/// migration's read-back look up) reads their id range instead of the key list.
+const RANGE_READ_MIN_IDS: usize = 100;
+/// Rows a range read may hold per id asked before it stops and the key list is read instead.
+const RANGE_READ_ROWS_PER_ID: usize = 2;
 
 /// How often an unconditional write re-reads the revision after a conflict.
 pub(super) const UNCONDITIONAL_WRITE_ATTEMPTS: usize = 10;
@@ -40,6 +46,8 @@ pub struct CouchDbBackend {
     /// to know: it stores every number as a double ([`NumberModel`]) and bounds id ranges
     /// differently ([`super::id_order`]).
     is_pouchdb_server: tokio::sync::OnceCell<bool>,
+    /// The document and design-document counts, remembered briefly (see [`super::counts`]).
+    pub(super) counts: CountCache,
 }
 
 /// A `_find` page token. Real CouchDB pages with bookmarks; a server that returns none
@@ -61,6 +69,7 @@ impl CouchDbBackend {
             index_ddoc: RwLock::new(None),
             live: LiveRevisions::default(),
             is_pouchdb_server: tokio::sync::OnceCell::new(),
+            counts: CountCache::new(config.count_max_age),
         };
         backend.check_database().await?;
         Ok(backend)
@@ -102,8 +111,11 @@ impl CouchDbBackend {
             "type": "json"
         });
         let url = self.client.url(&["_index"]);
-        // Creating an index is idempotent, so it is retried like a read.
-        let reply = self.client.read(Method::POST, &url, &[], Some(&definition), "ensure the Mango index").await?;
+        // Creating an index is idempotent, so it is retried like a read. It may add a design
+        // document.
+        let reply = self.client.read(Method::POST, &url, &[], Some(&definition), "ensure the Mango index").await;
+        self.counts.wrote_design();
+        let reply = reply?;
         if !reply.status.is_success() {
             return Err(from_status(reply.status, &reply.body, &format!("ensure the Mango index {INDEX_NAME}")));
         }
@@ -199,6 +211,58 @@ impl CouchDbBackend {
 }
 
 impl CouchDbBackend {
+    /// After a write to `id` by this process, whatever its outcome: the remembered counts are
+    /// read again (both when `id` is a design document).
+    fn wrote(&self, id: &str) {
+        if is_design_doc(id) {
+            self.counts.wrote_design();
+        } else {
+            self.counts.wrote_documents();
+        }
+    }
+
+    async fn put_document(&self, id: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Revision> {
+        match precondition {
+            Precondition::MustNotExist => self.put_with_rev(id, body, None).await,
+            Precondition::MatchRevision(rev) => {
+                if !self.may_be_live_at(id, &rev).await? {
+                    return Err(Error::conflict(format!("document {id:?} is deleted, not at revision {rev}")));
+                }
+                self.put_with_rev(id, body, Some(&rev)).await
+            }
+            Precondition::None => {
+                for _ in 0..UNCONDITIONAL_WRITE_ATTEMPTS {
+                    let rev = self.current_revision(id).await?;
+                    match self.put_with_rev(id, body, rev.as_ref()).await {
+                        Err(e) if e.is_conflict() => continue,
+                        other => return other,
+                    }
+                }
+                Err(Error::conflict(format!("document {id:?} kept changing during an unconditional write")))
+            }
+        }
+    }
+
+    async fn delete_document(&self, id: &str, rev: &Revision) -> Result<Revision> {
+        // CouchDB deletes a tombstone again when named by its own revision; here a deleted
+        // document is not found.
+        if !self.may_be_live_at(id, rev).await? {
+            return Err(Error::not_found(format!("document {id:?} does not exist")));
+        }
+        let query = [("rev", rev.as_str().to_owned())];
+        let reply = self.client.send(Method::DELETE, &self.document_url(id), &query, None, "delete a document").await?;
+        match reply.status {
+            StatusCode::OK | StatusCode::ACCEPTED => revision_of(&reply.body, "delete a document"),
+            // A 409 can mean a newer revision or a newer tombstone (already deleted); a 404 can
+            // mean missing or, on pouchdb-server, a stale revision. Look before choosing.
+            StatusCode::CONFLICT | StatusCode::NOT_FOUND => match self.get(id).await? {
+                Some(_) => Err(Error::conflict(format!("document {id:?} is no longer at revision {rev}"))),
+                None => Err(Error::not_found(format!("document {id:?} does not exist"))),
+            },
+            status => Err(from_status(status, &reply.body, &format!("delete document {id:?}"))),
+        }
+    }
+
     /// The current documents of `keys` (distinct ids) in one `_all_docs` request with
     /// `include_docs`. CouchDB answers one row per key: the document, `value.deleted` with a null
     /// `doc` for a deleted one, or `error: "not_found"` for one that never existed.
@@ -229,6 +293,49 @@ impl CouchDbBackend {
                 let doc = from_couch_doc(doc, DOING)?;
                 found.push((doc.id.clone(), doc));
             }
+        }
+        Ok(found)
+    }
+
+    /// The current documents of `keys` (distinct, in ascending byte order) by one `_all_docs`
+    /// range read from the first to the last, which CouchDB answers from its id order rather than
+    /// one lookup per key: what `verify` and a migration's read-back ask for are a scan's
+    /// batches, whose ids are the documents of a span. The read is bounded
+    /// ([`RANGE_READ_ROWS_PER_ID`] rows per key); keys it did not find (outside a range the
+    /// server bounded otherwise, deleted, missing, or past the bound) are then read by key.
+    async fn read_id_span(&self, keys: Vec<String>) -> Result<Vec<(String, StoredDocument)>> {
+        const DOING: &str = "read documents by id range";
+        let (Some(first), Some(last)) = (keys.first(), keys.last()) else { return Ok(Vec::new()) };
+        let limit = keys.len() * RANGE_READ_ROWS_PER_ID + 10;
+        let query = [
+            ("include_docs", "true".to_owned()),
+            ("startkey", json_key(first)),
+            ("endkey", json_key(last)),
+            ("inclusive_end", "true".to_owned()),
+            ("limit", limit.to_string()),
+        ];
+        let ticket = self.counts.ticket();
+        let reply = self.client.read(Method::GET, &self.client.url(&["_all_docs"]), &query, None, DOING).await?;
+        if !reply.status.is_success() {
+            return Err(from_status(reply.status, &reply.body, DOING));
+        }
+        if let Some(total) = reply.body.get("total_rows").and_then(Value::as_u64) {
+            self.counts.remember_total(ticket, total);
+        }
+        let wanted: std::collections::HashSet<&str> = keys.iter().map(String::as_str).collect();
+        let mut found = Vec::with_capacity(keys.len());
+        for row in take_array(reply.body, "rows", "_all_docs")? {
+            let Value::Object(mut row) = row else { continue };
+            let listed = row.get("id").and_then(Value::as_str).is_some_and(|id| wanted.contains(id));
+            if let Some(doc) = row.remove("doc").filter(|doc| listed && !doc.is_null()) {
+                let doc = from_couch_doc(doc, DOING)?;
+                found.push((doc.id.clone(), doc));
+            }
+        }
+        if found.len() < keys.len() {
+            let seen: std::collections::HashSet<&str> = found.iter().map(|(id, _)| id.as_str()).collect();
+            let rest: Vec<String> = keys.iter().filter(|id| !seen.contains(id.as_str())).cloned().collect();
+            found.extend(self.read_keys(rest).await?);
         }
         Ok(found)
     }
@@ -290,7 +397,14 @@ impl CouchDbBackend {
             .zip(outcomes)
             .map(|(write, outcome)| match outcome {
                 Some(refused) => refused,
-                None => bulk_result(&write.id, results.next().unwrap_or(Value::Null)),
+                None => {
+                    let result = bulk_result(&write.id, results.next().unwrap_or(Value::Null));
+                    // A revision this process wrote is live: a later update naming it needs no look.
+                    if let Ok(rev) = &result {
+                        self.live.remember(&write.id, rev);
+                    }
+                    result
+                }
             })
             .collect())
     }
@@ -392,53 +506,33 @@ impl DocumentBackend for CouchDbBackend {
     }
 
     async fn get_many(&self, ids: &[String]) -> Result<Vec<Option<StoredDocument>>> {
-        crate::backend::batched_get_many(ids, GET_MANY_KEYS, GET_MANY_CONCURRENCY, |ids| self.read_keys(ids)).await
+        let ascending = ids.len() >= RANGE_READ_MIN_IDS && ids.windows(2).all(|w| w[0].as_bytes() < w[1].as_bytes());
+        crate::backend::batched_get_many(ids, GET_MANY_KEYS, GET_MANY_CONCURRENCY, |ids| async move {
+            if ascending {
+                self.read_id_span(ids).await
+            } else {
+                self.read_keys(ids).await
+            }
+        })
+        .await
     }
 
     async fn put(&self, id: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Revision> {
-        match precondition {
-            Precondition::MustNotExist => self.put_with_rev(id, body, None).await,
-            Precondition::MatchRevision(rev) => {
-                if !self.may_be_live_at(id, &rev).await? {
-                    return Err(Error::conflict(format!("document {id:?} is deleted, not at revision {rev}")));
-                }
-                self.put_with_rev(id, body, Some(&rev)).await
-            }
-            Precondition::None => {
-                for _ in 0..UNCONDITIONAL_WRITE_ATTEMPTS {
-                    let rev = self.current_revision(id).await?;
-                    match self.put_with_rev(id, body, rev.as_ref()).await {
-                        Err(e) if e.is_conflict() => continue,
-                        other => return other,
-                    }
-                }
-                Err(Error::conflict(format!("document {id:?} kept changing during an unconditional write")))
-            }
-        }
+        let written = self.put_document(id, body, precondition).await;
+        self.wrote(id);
+        written
     }
 
     async fn delete(&self, id: &str, rev: &Revision) -> Result<Revision> {
-        // CouchDB deletes a tombstone again when named by its own revision; here a deleted
-        // document is not found.
-        if !self.may_be_live_at(id, rev).await? {
-            return Err(Error::not_found(format!("document {id:?} does not exist")));
-        }
-        let query = [("rev", rev.as_str().to_owned())];
-        let reply = self.client.send(Method::DELETE, &self.document_url(id), &query, None, "delete a document").await?;
-        match reply.status {
-            StatusCode::OK | StatusCode::ACCEPTED => revision_of(&reply.body, "delete a document"),
-            // A 409 can mean a newer revision or a newer tombstone (already deleted); a 404 can
-            // mean missing or, on pouchdb-server, a stale revision. Look before choosing.
-            StatusCode::CONFLICT | StatusCode::NOT_FOUND => match self.get(id).await? {
-                Some(_) => Err(Error::conflict(format!("document {id:?} is no longer at revision {rev}"))),
-                None => Err(Error::not_found(format!("document {id:?} does not exist"))),
-            },
-            status => Err(from_status(status, &reply.body, &format!("delete document {id:?}"))),
-        }
+        let deleted = self.delete_document(id, rev).await;
+        self.wrote(id);
+        deleted
     }
 
     async fn put_replicated(&self, id: &str, incoming: &ReplicatedRevision) -> Result<ReplicatedOutcome> {
-        self.put_replicated_revision(id, incoming).await
+        let written = self.put_replicated_revision(id, incoming).await;
+        self.wrote(id);
+        written
     }
 
     async fn query(&self, query: &Query, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
@@ -522,7 +616,10 @@ impl DocumentBackend for CouchDbBackend {
     async fn bulk_write(&self, writes: Vec<BulkWrite>) -> Result<Vec<Result<Revision>>> {
         // The revisions unconditional writes replace are read before the batch is sent, so a
         // second write to one id waits for the first.
-        crate::backend::bulk_write_in_id_rounds(writes, |round| self.write_distinct_ids(round)).await
+        let design = writes.iter().any(|w| is_design_doc(&w.id));
+        let written = crate::backend::bulk_write_in_id_rounds(writes, |round| self.write_distinct_ids(round)).await;
+        self.wrote(if design { "_design/" } else { "" });
+        written
     }
 
     async fn scan(&self, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
@@ -555,7 +652,9 @@ impl DocumentBackend for CouchDbBackend {
     }
 
     async fn erase_prefix(&self, prefix: &str) -> Result<u64> {
-        self.purge_prefix(prefix).await
+        let erased = self.purge_prefix(prefix).await;
+        self.counts.wrote_design();
+        erased
     }
 
     async fn get_local(&self, name: &str) -> Result<Option<StoredDocument>> {
@@ -585,6 +684,10 @@ impl DocumentBackend for CouchDbBackend {
     }
 
     async fn design_document_count(&self) -> Result<Option<u64>> {
+        if let Some(count) = self.counts.design() {
+            return Ok(Some(count));
+        }
+        let ticket = self.counts.ticket();
         // Design document ids sort between "_design/" and "_design0" ('0' follows '/').
         let range = [("startkey", "\"_design/\"".to_owned()), ("endkey", "\"_design0\"".to_owned())];
         let url = self.client.url(&["_all_docs"]);
@@ -592,12 +695,23 @@ impl DocumentBackend for CouchDbBackend {
         if !reply.status.is_success() {
             return Err(from_status(reply.status, &reply.body, "count design documents with _all_docs"));
         }
-        let rows = reply.body.get("rows").and_then(Value::as_array).map_or(0, Vec::len);
-        Ok(Some(rows as u64))
+        if let Some(total) = reply.body.get("total_rows").and_then(Value::as_u64) {
+            self.counts.remember_total(ticket, total);
+        }
+        let rows = reply.body.get("rows").and_then(Value::as_array).map_or(0, Vec::len) as u64;
+        self.counts.remember_design(ticket, rows);
+        Ok(Some(rows))
     }
 
     async fn design_request(&self, request: DesignRequest) -> Result<Option<DesignResponse>> {
-        self.pass_design_request(request).await.map(Some)
+        let reads = matches!(request.method, Method::GET | Method::HEAD);
+        let answer = self.pass_design_request(request).await.map(Some);
+        if !reads {
+            // The request was passed on: it may have written a design document (or through an
+            // update function, any document).
+            self.counts.wrote_design();
+        }
+        answer
     }
 
     async fn health(&self) -> Result<()> {
@@ -614,11 +728,21 @@ impl DocumentBackend for CouchDbBackend {
     }
 
     async fn exact_count(&self) -> Result<Option<u64>> {
-        // `doc_count`: live documents, design documents included, deleted and `_local/` ones not.
+        // `doc_count`: live documents, design documents included, deleted and `_local/` ones not;
+        // the `total_rows` of every `_all_docs` answer is the same number, so the last one seen
+        // serves for a while (see [`super::counts`]).
+        if let Some(count) = self.counts.total() {
+            return Ok(Some(count));
+        }
+        let ticket = self.counts.ticket();
         let reply = self.client.read(Method::GET, &self.client.url(&[]), &[], None, "count documents").await?;
         if !reply.status.is_success() {
             return Err(from_status(reply.status, &reply.body, "count documents"));
         }
-        Ok(reply.body.get("doc_count").and_then(Value::as_u64))
+        let count = reply.body.get("doc_count").and_then(Value::as_u64);
+        if let Some(count) = count {
+            self.counts.remember_total(ticket, count);
+        }
+        Ok(count)
     }
 }

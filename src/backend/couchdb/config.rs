@@ -1,6 +1,7 @@
 //! The CouchDB backend URL:
-//! `couchdb+http://USER:PASS@HOST:PORT/DATABASE?create=true&timeout_secs=30&revs_limit=1000`
-//! (or `couchdb+https://`). The database defaults to `agent_data_store`; it is created at startup
+//! `couchdb+http://USER:PASS@HOST:PORT/DATABASE?create=true&timeout_secs=30&revs_limit=1000&count_max_age_ms=1000`
+//! (or `couchdb+https://`). `count_max_age_ms` bounds how stale a remembered document count may
+//! be (see [`super::counts`]; `0` asks CouchDB every time). The database defaults to `agent_data_store`; it is created at startup
 //! only with `create=true`. Credentials may instead come from the `couchdb_user` /
 //! `couchdb_password` settings (`AGENTSTORE_COUCHDB_USER` / `AGENTSTORE_COUCHDB_PASSWORD`), which
 //! keeps the password out of the URL.
@@ -31,6 +32,9 @@ pub struct CouchConfig {
     /// per database (1000 unless changed) and this never changes it: the answer is the shorter
     /// of the two.
     pub revs_limit: usize,
+    /// How long a document count read from CouchDB is served again (`count_max_age_ms`; see
+    /// [`super::counts`]).
+    pub count_max_age: Duration,
 }
 
 impl CouchConfig {
@@ -61,6 +65,7 @@ impl CouchConfig {
         let mut create = false;
         let mut timeout = Duration::from_secs(30);
         let mut revs_limit = crate::backend::DEFAULT_REVS_LIMIT;
+        let mut count_max_age = super::counts::DEFAULT_MAX_AGE;
         for (name, value) in url.query_pairs() {
             match name.as_ref() {
                 "create" => {
@@ -77,8 +82,15 @@ impl CouchConfig {
                         .filter(|n| *n >= 1)
                         .ok_or_else(|| bad(format!("revs_limit={value} is not a positive number")))?;
                 }
+                "count_max_age_ms" => {
+                    let ms: u64 =
+                        value.parse().map_err(|_| bad(format!("count_max_age_ms={value} is not a number")))?;
+                    count_max_age = Duration::from_millis(ms);
+                }
                 other => {
-                    return Err(bad(format!("unknown parameter {other:?} (known: create, timeout_secs, revs_limit)")))
+                    return Err(bad(format!(
+                        "unknown parameter {other:?} (known: create, timeout_secs, revs_limit, count_max_age_ms)"
+                    )))
                 }
             }
         }
@@ -87,7 +99,7 @@ impl CouchConfig {
         server.set_query(None);
         let _ = server.set_username("");
         let _ = server.set_password(None);
-        Ok(CouchConfig { server, database, user, password, create, timeout, revs_limit })
+        Ok(CouchConfig { server, database, user, password, create, timeout, revs_limit, count_max_age })
     }
 
     /// The URL with the password hidden.
@@ -144,6 +156,9 @@ mod tests {
         assert!(c.create);
         assert_eq!(c.revs_limit, crate::backend::DEFAULT_REVS_LIMIT);
         assert_eq!(CouchConfig::parse("couchdb+http://h/db?revs_limit=3").unwrap().revs_limit, 3);
+        assert_eq!(c.count_max_age, super::super::counts::DEFAULT_MAX_AGE);
+        let fresh = CouchConfig::parse("couchdb+http://h/db?count_max_age_ms=0").unwrap();
+        assert_eq!(fresh.count_max_age, Duration::ZERO);
         assert_eq!(c.redacted(), "couchdb+http://admin:***@127.0.0.1:5984/my_db");
         assert!(!format!("{c:?}").contains("p@ss"));
         let c = CouchConfig::parse("couchdb+https://db.example.com").unwrap();
@@ -165,6 +180,7 @@ mod tests {
             "couchdb+http://h/1db",
             "couchdb+http://h/db?revs_limit=0",
             "couchdb+http://h/db?revs_limit=many",
+            "couchdb+http://h/db?count_max_age_ms=-1",
         ] {
             let err = CouchConfig::parse(bad).unwrap_err();
             assert!(err.to_string().contains("CouchDB URL"), "{bad}: {err}");

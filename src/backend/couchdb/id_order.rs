@@ -35,10 +35,16 @@ impl CouchDbBackend {
         }
         let mut items: Vec<StoredDocument> = Vec::with_capacity(limit.min(1024) + 1);
         let mut after = page_token.map(str::to_owned);
+        // Rows for the design documents the range may hold, when their number is known: read
+        // along with the page, they cost no second request.
+        let mut design_rows = match self.counts.design() {
+            Some(count) if may_hold_design_documents(range) => usize::try_from(count).unwrap_or(0).min(MAX_DESIGN_ROWS),
+            _ => 0,
+        };
         loop {
             // One row for the document the read starts at (already returned), one to learn
             // whether more follow.
-            let wanted = limit + 1 - items.len() + usize::from(after.is_some());
+            let wanted = limit + 1 - items.len() + usize::from(after.is_some()) + std::mem::take(&mut design_rows);
             let rows = self.read_id_range(range, after.as_deref(), wanted).await?;
             let full = rows.len() == wanted;
             let mut last_row_id = None;
@@ -86,9 +92,15 @@ impl CouchDbBackend {
         if high_end_open && self.pouchdb_server().await? {
             query.push((if range.descending { "startkey" } else { "endkey" }, json_key(POUCHDB_HIGH_END)));
         }
+        let ticket = self.counts.ticket();
         let reply = self.client.read(Method::GET, &self.client.url(&["_all_docs"]), &query, None, doing).await?;
         if reply.status != StatusCode::OK {
             return Err(from_status(reply.status, &reply.body, doing));
+        }
+        // Every answer carries the database's document count: the next `total_rows` needs no
+        // request of its own (see [`super::counts`]).
+        if let Some(total) = reply.body.get("total_rows").and_then(Value::as_u64) {
+            self.counts.remember_total(ticket, total);
         }
         take_array(reply.body, "rows", "_all_docs")
     }
@@ -99,6 +111,15 @@ impl CouchDbBackend {
 /// keys documents under a prefix ending in `ÿ` and bounds an open range there). It compares ids
 /// as UTF-16, in which nothing sorts above U+FFFF U+FFFF.
 const POUCHDB_HIGH_END: &str = "\u{FFFF}\u{FFFF}";
+
+/// Rows read beyond a page at most for design documents; a database with more pages on past them.
+const MAX_DESIGN_ROWS: usize = 100;
+
+/// Whether design document ids (`_design/…`, which sort below `_design0`) may lie in the range.
+fn may_hold_design_documents(range: &IdRange) -> bool {
+    let (low, high) = if range.descending { (&range.end, &range.start) } else { (&range.start, &range.end) };
+    low.as_deref().is_none_or(|low| low < "_design0") && high.as_deref().is_none_or(|high| high >= "_design/")
+}
 
 /// Whether the range's ends are in the wrong order for its direction, so nothing lies inside.
 /// CouchDB answers such a request with 400 (`reverse your start_key and end_key`) rather than an
@@ -127,5 +148,17 @@ mod tests {
         assert!(!is_empty(&range("b", "a", true)));
         assert!(!is_empty(&range("a", "a", false)));
         assert!(!is_empty(&IdRange::all()));
+    }
+
+    #[test]
+    fn design_documents_lie_only_in_ranges_that_reach_them() {
+        assert!(may_hold_design_documents(&IdRange::all()));
+        assert!(may_hold_design_documents(&range("A", "z", false)));
+        assert!(may_hold_design_documents(&range("z", "A", true)));
+        assert!(!may_hold_design_documents(&range("user:", "user;", false)));
+        assert!(!may_hold_design_documents(&range("user;", "user:", true)));
+        assert!(!may_hold_design_documents(&range("A", "Z", false)));
+        let from_user = IdRange { start: Some("user:".into()), ..IdRange::all() };
+        assert!(!may_hold_design_documents(&from_user));
     }
 }

@@ -12,6 +12,7 @@
 //!   with backoff and jitter for idempotent reads).
 //! - [`error`]: CouchDB statuses and bodies → the crate's error kinds.
 //! - [`backend`]: the `DocumentBackend` implementation.
+//! - [`counts`]: document counts remembered briefly, so `_all_docs` costs one request.
 //!
 //! CouchDB's document model is the one the trait describes, so each part maps onto its native
 //! feature (see `docs/couchdb-document-model.md`):
@@ -27,6 +28,7 @@ mod backend;
 mod client;
 mod codec;
 pub mod config;
+mod counts;
 mod design;
 mod error;
 mod feed;

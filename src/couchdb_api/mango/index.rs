@@ -117,8 +117,19 @@ impl IndexCatalog {
         IndexCatalog { indexes: Vec::new(), revision: None }
     }
 
-    /// Reads the catalog from the backend's local document.
+    /// The catalog, as remembered for a few seconds ([`super::index_cache`]) or read.
     pub async fn load(backend: &dyn DocumentBackend) -> Result<Self, MangoError> {
+        let ticket = match super::index_cache::lookup(backend) {
+            Ok(remembered) => return Ok(remembered),
+            Err(ticket) => ticket,
+        };
+        let catalog = Self::load_stored(backend).await?;
+        super::index_cache::remember(ticket, &catalog);
+        Ok(catalog)
+    }
+
+    /// Reads the catalog from the backend's local document.
+    async fn load_stored(backend: &dyn DocumentBackend) -> Result<Self, MangoError> {
         let mut catalog = IndexCatalog::default();
         if let Some(stored) = backend.get_local(CATALOG_DOCUMENT).await? {
             catalog.revision = Some(stored.rev);
@@ -136,7 +147,9 @@ impl IndexCatalog {
             Some(rev) => Precondition::MatchRevision(rev.clone()),
             None => Precondition::MustNotExist,
         };
-        backend.put_local(CATALOG_DOCUMENT, &body, precondition).await?;
+        let saved = backend.put_local(CATALOG_DOCUMENT, &body, precondition).await;
+        super::index_cache::forget(backend);
+        saved?;
         Ok(())
     }
 
@@ -146,7 +159,7 @@ impl IndexCatalog {
         mut change: impl FnMut(&mut IndexCatalog) -> Result<(T, bool), MangoError>,
     ) -> Result<T, MangoError> {
         for _ in 0..CATALOG_WRITE_ATTEMPTS {
-            let mut catalog = IndexCatalog::load(backend).await?;
+            let mut catalog = IndexCatalog::load_stored(backend).await?;
             let (answer, changed) = change(&mut catalog)?;
             if !changed {
                 return Ok(answer);

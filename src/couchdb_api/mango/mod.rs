@@ -8,6 +8,7 @@
 //! - [`find`]: the `_find` request, its validation, paging, bookmarks, sort and projection.
 //! - [`index`]: the index catalog behind `_index`, and `_explain`.
 //! - [`range`]: the key ranges CouchDB derives from a selector, which steer its index choice.
+//! - [`index_cache`]: the catalog remembered for a few seconds between queries.
 //!
 //! Errors are [`MangoError`], the `{status, error, reason}` shape of the CouchDB API's error, so
 //! the HTTP layer converts one into the other field for field.
@@ -17,6 +18,7 @@ pub mod eval;
 pub mod find;
 pub mod index;
 pub mod range;
+mod index_cache;
 pub mod selector;
 
 #[cfg(test)]
