@@ -132,6 +132,11 @@ fn model_indexes() -> Vec<Value> {
 /// A mock server whose table has this release's layout (every index, the layout marker), with
 /// `ids` in the id index.
 async fn server_with_current_layout(ids: &[String]) -> MockServer {
+    server_with_current_layout_querying(IdIndex { ids: ids.to_vec() }).await
+}
+
+/// The same, with `query` answering every Query.
+async fn server_with_current_layout_querying(query: impl wiremock::Respond + 'static) -> MockServer {
     credentials();
     let server = MockServer::start().await;
     let mut indexes = standard_index().as_array().cloned().unwrap_or_default();
@@ -145,7 +150,7 @@ async fn server_with_current_layout(ids: &[String]) -> MockServer {
         ))
         .mount(&server)
         .await;
-    operation("Query").respond_with(IdIndex { ids: ids.to_vec() }).mount(&server).await;
+    operation("Query").respond_with(query).mount(&server).await;
     mount_empty_reads(&server).await;
     server
 }
@@ -1057,21 +1062,7 @@ impl Respond for RefusingEmptyKeyValues {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn all_docs_from_the_empty_id_sends_no_empty_key_value() {
     let ids: Vec<String> = (0..20).map(|i| format!("u:ns:k{i:02}")).collect();
-    credentials();
-    let server = MockServer::start().await;
-    let mut indexes = standard_index().as_array().cloned().unwrap_or_default();
-    indexes.extend(model_indexes());
-    operation("DescribeTable").respond_with(answer(200, table_description(Value::Array(indexes)))).mount(&server).await;
-    operation("GetItem")
-        .and(wiremock::matchers::body_partial_json(json!({"Key": {"_id": {"S": layout::MARKER_ID}}})))
-        .respond_with(answer(
-            200,
-            json!({"Item": {"_id": {"S": layout::MARKER_ID}, "_meta": {"S": "layout"}, "version": {"N": "2"}}}),
-        ))
-        .mount(&server)
-        .await;
-    operation("Query").respond_with(RefusingEmptyKeyValues(IdIndex { ids: ids.clone() })).mount(&server).await;
-    mount_empty_reads(&server).await;
+    let server = server_with_current_layout_querying(RefusingEmptyKeyValues(IdIndex { ids })).await;
     let backend = open(&server).await.expect("open");
 
     let range = |start: &str, end: Option<&str>, descending: bool| agentstore::backend::IdRange {

@@ -17,8 +17,8 @@ pub mod collate;
 pub mod eval;
 pub mod find;
 pub mod index;
-pub mod range;
 mod index_cache;
+pub mod range;
 pub mod selector;
 
 #[cfg(test)]
