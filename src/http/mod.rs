@@ -6,7 +6,7 @@
 //! `openapi.json` documents exactly those (a test checks).
 
 mod auth;
-pub(crate) mod body;
+mod body;
 mod changes;
 mod error;
 mod metrics;

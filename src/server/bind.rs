@@ -33,3 +33,23 @@ pub async fn bind(listen: &str, exposure: Exposure) -> Result<TcpListener> {
         .await
         .map_err(|e| Error::new(ErrorKind::Misconfigured, format!("cannot listen on {listen}")).with_source(e))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exposure(open: bool, allow_unauthenticated: bool) -> Exposure {
+        Exposure { setting: "couchdb_listen", open, allow_unauthenticated, refusal: "anyone would be admin".into() }
+    }
+
+    /// An open face refuses a non-loopback address unless allowed, before binding anything, and
+    /// names the face's setting with the face's own reason.
+    #[tokio::test]
+    async fn an_open_face_stays_on_loopback() {
+        let err = bind("0.0.0.0:0", exposure(true, false)).await.expect_err("refused beyond loopback");
+        assert_eq!(err.kind(), ErrorKind::InvalidInput);
+        assert_eq!(err.to_string(), "invalid couchdb_listen: anyone would be admin");
+        let listener = bind("127.0.0.1:0", exposure(true, false)).await.expect("loopback is always allowed");
+        assert!(listener.local_addr().unwrap().ip().is_loopback());
+    }
+}

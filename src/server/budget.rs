@@ -43,3 +43,23 @@ impl ByteBudget {
 fn permits(bytes: usize) -> u32 {
     u32::try_from(bytes.div_ceil(PERMIT_BYTES).max(1)).unwrap_or(u32::MAX)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A request wanting more than the whole budget gets all of it (it waits for the others,
+    /// never forever), and every share comes back when dropped.
+    #[tokio::test]
+    async fn shares_are_capped_at_the_budget_and_given_back() {
+        let budget = ByteBudget::new(10 * PERMIT_BYTES);
+        assert_eq!(budget.available_bytes(), 10 * PERMIT_BYTES);
+        let small = budget.take(1).await.unwrap();
+        assert_eq!(budget.available_bytes(), 9 * PERMIT_BYTES, "one byte takes a whole permit");
+        drop(small);
+        let everything = budget.take(100 * PERMIT_BYTES).await.unwrap();
+        assert_eq!(budget.available_bytes(), 0);
+        drop(everything);
+        assert_eq!(budget.available_bytes(), 10 * PERMIT_BYTES);
+    }
+}

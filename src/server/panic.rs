@@ -20,3 +20,33 @@ pub fn catch_panics(
         answer()
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use axum::body::Body;
+    use axum::http::{Request, StatusCode};
+    use axum::response::IntoResponse;
+    use axum::routing::get;
+    use axum::Router;
+    use tower::ServiceExt;
+
+    use super::*;
+
+    async fn buggy_handler() -> &'static str {
+        panic!("a bug in a handler")
+    }
+
+    /// A panicking handler is answered by the face's own 500, and the router goes on serving.
+    #[tokio::test]
+    async fn a_panic_is_answered_by_the_faces_500() {
+        let answer = || (StatusCode::INTERNAL_SERVER_ERROR, "the face's own 500").into_response();
+        let router = Router::new().route("/", get(buggy_handler)).layer(catch_panics("test", answer));
+        for _ in 0..2 {
+            let request = Request::get("/").body(Body::empty()).unwrap();
+            let response = router.clone().oneshot(request).await.unwrap();
+            assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+            let body = axum::body::to_bytes(response.into_body(), 1 << 10).await.unwrap();
+            assert_eq!(&body[..], b"the face's own 500");
+        }
+    }
+}
