@@ -239,7 +239,7 @@ impl<W: Write> Lines<W> {
 /// with `--follow`, until SIGINT or SIGTERM.
 pub async fn run(backend: Arc<dyn DocumentBackend>, args: ChangesArgs) -> Result<()> {
     // Handlers first, so an interrupt while the first page is read is still a clean stop.
-    let stop = crate::http::shutdown_signal();
+    let stop = crate::server::shutdown_signal();
     write_changes(backend, args, std::io::stdout(), stop).await
 }
 

@@ -303,7 +303,7 @@ async fn serve(settings: &Settings) -> Result<()> {
     };
     tracing::info!(%local, backend = %describe, "agentstore serving");
     // Signal handlers first: a SIGTERM sent as soon as this line appears must still be graceful.
-    let shutdown = crate::http::shutdown_signal();
+    let shutdown = crate::server::shutdown_signal();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = move |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;

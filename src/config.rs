@@ -268,7 +268,7 @@ impl Settings {
             .and_then(|b| b.set_default("idle_timeout_secs", 60u64))
             .and_then(|b| b.set_default("max_connections", 1024u64))
             .and_then(|b| b.set_default("max_inflight_parse_bytes", 128u64 << 20))
-            .and_then(|b| b.set_default("couchdb_db", crate::couchdb_api::DEFAULT_DB))
+            .and_then(|b| b.set_default("couchdb_db", crate::model::COLLECTION))
             .and_then(|b| b.set_default("body_read_timeout_secs", 30u64))
             .and_then(|b| b.set_default("couchdb_max_query_bytes", 1u64 << 20))
             .and_then(|b| b.set_default("couchdb_max_login_bytes", 16u64 << 10))

@@ -8,7 +8,10 @@
 //! - [`migrate`]: `migrate`, `verify`, `export`, `import` between any two backends.
 //! - [`changes`] and [`upgrade`]: reading the change feed (`changes`, `GET /v1/changes`) and
 //!   bringing a store to this release's layout (`upgrade`).
+//! - [`http`]: the REST API over the facade (`agentstore serve`).
 //! - [`couchdb_api`]: CouchDB's HTTP API over the facade, for existing CouchDB clients.
+//! - [`server`]: what both faces share as servers: listener and loopback rule, accept loop and
+//!   connection limits, body budgets, panics, the shutdown signal.
 //! - [`config`] and [`cli`]: settings and the `agentstore` command.
 
 pub mod backend;
@@ -20,6 +23,7 @@ pub mod error;
 pub mod http;
 pub mod migrate;
 pub mod model;
+pub mod server;
 pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;

@@ -7,6 +7,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use crate::error::{Error, ErrorKind};
+use crate::server::budget::Stopping;
 
 /// An error on its way to a CouchDB client.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,3 +117,10 @@ impl IntoResponse for CouchError {
 
 /// Shorthand for handler results.
 pub type CouchResult<T> = std::result::Result<T, CouchError>;
+
+impl From<Stopping> for CouchError {
+    /// A body budget closed under a request: the server is stopping.
+    fn from(_: Stopping) -> Self {
+        CouchError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "the server is stopping")
+    }
+}

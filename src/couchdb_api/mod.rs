@@ -43,17 +43,14 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
 use axum::Router;
 use tokio::net::TcpListener;
-use tower_http::catch_panic::CatchPanicLayer;
 
 pub use access::Principal;
 pub use error::CouchError;
 
 use crate::config::Settings;
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::Result;
+use crate::server::{ConnectionLimits, Exposure};
 use crate::store::DataStore;
-
-/// The database name served when none is configured: the spec's collection.
-pub const DEFAULT_DB: &str = "agent_data_store";
 
 /// What every handler shares.
 #[derive(Clone)]
@@ -126,8 +123,8 @@ impl CouchApp {
             shutdown.await;
             let _ = stopping.send(true);
         };
-        let limits = crate::http::connection_limits(settings);
-        crate::http::serve_connections(
+        let limits = ConnectionLimits::from_settings(settings);
+        crate::server::serve(
             listener,
             self.router,
             limits,
@@ -183,7 +180,7 @@ fn router(state: CouchState, query_limit: request::EndpointLimit) -> Router {
         .fallback(server::no_route)
         .method_not_allowed_fallback(server::method_not_allowed)
         .layer(from_fn_with_state(Arc::clone(&state.auth), auth::identify_request))
-        .layer(CatchPanicLayer::custom(server::panic_response))
+        .layer(crate::server::catch_panics("couchdb", server::internal_error))
         .layer(from_fn(response::couchdb_headers))
         .with_state(state)
 }
@@ -227,22 +224,16 @@ async fn delete_session(RawQuery(query): RawQuery) -> Response {
 
 /// Binds the CouchDB listener, refusing non-loopback addresses when anyone could act as admin.
 pub async fn bind(listen: &str, app: &CouchApp, allow_unauthenticated: bool) -> Result<TcpListener> {
-    let addrs: Vec<SocketAddr> = tokio::net::lookup_host(listen)
-        .await
-        .map_err(|e| Error::invalid("couchdb_listen", format!("cannot resolve {listen:?}")).with_source(e))?
-        .collect();
-    if app.is_open() && !allow_unauthenticated && addrs.iter().any(|a| !a.ip().is_loopback()) {
-        return Err(Error::invalid(
-            "couchdb_listen",
-            format!(
-                "refusing to serve the CouchDB API on {listen} with no CouchDB users configured: anyone who can \
-                 reach it would be admin. Configure couchdb_users, listen on loopback, or pass --allow-unauthenticated"
-            ),
-        ));
-    }
-    TcpListener::bind(addrs.as_slice())
-        .await
-        .map_err(|e| Error::new(ErrorKind::Misconfigured, format!("cannot listen on {listen}")).with_source(e))
+    let exposure = Exposure {
+        setting: "couchdb_listen",
+        open: app.is_open(),
+        allow_unauthenticated,
+        refusal: format!(
+            "refusing to serve the CouchDB API on {listen} with no CouchDB users configured: anyone who can \
+             reach it would be admin. Configure couchdb_users, listen on loopback, or pass --allow-unauthenticated"
+        ),
+    };
+    crate::server::bind(listen, exposure).await
 }
 
 /// Handler results.

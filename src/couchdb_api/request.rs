@@ -7,14 +7,13 @@
 //! server-wide budgets bound the memory of bodies at once, as on the REST face: the raw bytes
 //! being read, then (taken in that order, so waiting for the second never blocks a holder of it)
 //! the decompressed bytes plus the estimated size of the parsed tree. The estimate comes from a
-//! streaming pass over the text (`crate::http::body::estimate_tree_bytes`, the REST face's
-//! measure) before any tree is built; a gzip body is first inflated into a counter, not memory,
+//! streaming pass over the text (`crate::server::tree_size::estimate_tree_bytes`, the REST
+//! face's measure too) before any tree is built; a gzip body is first inflated into a counter, not memory,
 //! so its size is known before memory is taken for it. A body whose tree alone would exceed the
 //! parse budget is refused (413). Query parameters follow CouchDB's conventions: keys of
 //! `_all_docs` are JSON (`key="a"`), booleans are `true`/`false`.
 
 use std::io::Read;
-use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
@@ -23,13 +22,12 @@ use axum::middleware::Next;
 use axum::response::Response;
 use futures::StreamExt;
 use serde_json::Value;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::OwnedSemaphorePermit;
 
 use super::error::{CouchError, CouchResult};
 use crate::config::Settings;
-
-/// Budget permits are counted in units of this many bytes (a semaphore counts in `u32`).
-const PERMIT_BYTES: usize = 1024;
+use crate::server::tree_size::estimate_tree_bytes;
+use crate::server::ByteBudget;
 
 /// The body limit of one group of endpoints, and the setting that sets it (named in the 413).
 #[derive(Debug, Clone, Copy)]
@@ -47,30 +45,6 @@ tokio::task_local! {
 /// instead of the general request limit.
 pub async fn limit_bodies(State(limit): State<EndpointLimit>, request: Request, next: Next) -> Response {
     ENDPOINT_LIMIT.scope(limit, next.run(request)).await
-}
-
-/// One semaphore counting bytes in permits of [`PERMIT_BYTES`]; one request may take all of it.
-struct ByteBudget {
-    permits: Arc<Semaphore>,
-    total: u32,
-}
-
-impl ByteBudget {
-    fn new(bytes: usize) -> Self {
-        let total = u32::try_from(bytes.div_ceil(PERMIT_BYTES).max(1)).unwrap_or(u32::MAX);
-        ByteBudget { permits: Arc::new(Semaphore::new(total as usize)), total }
-    }
-
-    fn permits_for(&self, bytes: usize) -> u32 {
-        u32::try_from(bytes.div_ceil(PERMIT_BYTES).max(1)).unwrap_or(u32::MAX).min(self.total)
-    }
-
-    async fn take(&self, bytes: usize) -> CouchResult<OwnedSemaphorePermit> {
-        Arc::clone(&self.permits)
-            .acquire_many_owned(self.permits_for(bytes))
-            .await
-            .map_err(|_| CouchError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "the server is stopping"))
-    }
 }
 
 /// The request limits and the server-wide budgets of body memory.
@@ -147,7 +121,7 @@ impl Bodies {
         }
         let invalid = |e: serde_json::Error| CouchError::bad_request(format!("invalid UTF-8 JSON: {e}"));
         // The tree's cost, measured before the tree exists.
-        let tree = crate::http::body::estimate_tree_bytes(&bytes).map_err(invalid)?;
+        let tree = estimate_tree_bytes(&bytes).map_err(invalid)?;
         if tree > self.max_tree_bytes {
             return Err(CouchError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
@@ -407,12 +381,12 @@ mod tests {
         assert!(compressed.len() < 64 << 10, "{} bytes compressed", compressed.len());
         // Declared, as clients do: the compressed size is all the raw budget learns up front.
         headers.insert(header::CONTENT_LENGTH, compressed.len().into());
-        let before = bodies.decoded.permits.available_permits();
+        let before = bodies.decoded.available_bytes();
         let body = bodies.read_json(&headers, Body::from(compressed)).await.unwrap().unwrap();
-        let taken = (before - bodies.decoded.permits.available_permits()) * PERMIT_BYTES;
+        let taken = before - bodies.decoded.available_bytes();
         assert!(taken >= inflated.len(), "charged {taken} bytes for a body inflating to {}", inflated.len());
         drop(body);
-        assert_eq!(bodies.decoded.permits.available_permits(), before, "given back with the body");
+        assert_eq!(bodies.decoded.available_bytes(), before, "given back with the body");
     }
 
     /// The query endpoints' limit holds for the handler it wraps, on the inflated size, and the

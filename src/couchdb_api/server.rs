@@ -2,8 +2,6 @@
 //! `GET/HEAD/PUT/DELETE /{db}`. One database is served; `PUT` of it answers 412 as CouchDB does for
 //! a database that exists (PouchDB and aiocouch create-if-missing), any other name is 404.
 
-use std::any::Any;
-
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -158,9 +156,8 @@ pub async fn method_not_allowed() -> Response {
         .into_response()
 }
 
-/// A handler panicked: a 500 in CouchDB's shape, details in the log.
-pub fn panic_response(panic: Box<dyn Any + Send + 'static>) -> Response {
-    let what = panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned());
-    tracing::error!(panic = what.as_deref().unwrap_or("?"), "couchdb api handler panicked");
+/// The answer to a handler that panicked (logged by `crate::server::catch_panics`): a 500 in
+/// CouchDB's shape.
+pub fn internal_error() -> Response {
     CouchError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal_server_error", "internal error").into_response()
 }

@@ -6,52 +6,24 @@
 //! for an array of one-digit numbers. So the streaming pass measures the compact size of `value`
 //! and `metadata`, and the body's shape, without allocating for its content; a tree is built only
 //! for a body whose parts are within the limits, and the same pass estimates what that tree will
-//! cost. The budgets ([`BodyBudget`]) bound the raw body bytes being read and the estimated tree
+//! cost (the measure is `crate::server::tree_size`'s). The budgets ([`BodyBudget`], of
+//! `crate::server::ByteBudget`s) bound the raw body bytes being read and the estimated tree
 //! memory being parsed and stored at once across the server, so the total under concurrent large
 //! requests is bounded too: requests beyond them wait for earlier ones to finish.
 
 use std::fmt;
-use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderMap, StatusCode};
 use futures::StreamExt;
-use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::OwnedSemaphorePermit;
 
 use super::error::ApiError;
-use crate::model::validate::json_size;
 use crate::model::Limits;
-
-/// The key under which serde_json's `arbitrary_precision` hands a number to a visitor: as a
-/// one-entry map from this key to the number's text.
-const NUMBER_TOKEN: &str = "$serde_json::private::Number";
-
-/// The budget is counted in permits of this many bytes (a semaphore counts in `u32`).
-const PERMIT_BYTES: usize = 1024;
-
-/// Bytes counted by one semaphore, in permits of [`PERMIT_BYTES`].
-struct ByteBudget {
-    permits: Arc<Semaphore>,
-    total_permits: u32,
-}
-
-impl ByteBudget {
-    fn new(bytes: usize) -> Self {
-        let total_permits = u32::try_from(bytes.div_ceil(PERMIT_BYTES).max(1)).unwrap_or(u32::MAX);
-        ByteBudget { permits: Arc::new(Semaphore::new(total_permits as usize)), total_permits }
-    }
-
-    /// Waits for `bytes` of the budget (all of it, if `bytes` is more).
-    async fn take(&self, bytes: usize) -> Result<OwnedSemaphorePermit, ApiError> {
-        let wanted = u32::try_from(bytes.div_ceil(PERMIT_BYTES).max(1)).unwrap_or(u32::MAX).min(self.total_permits);
-        Arc::clone(&self.permits)
-            .acquire_many_owned(wanted)
-            .await
-            .map_err(|_| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "the server is stopping"))
-    }
-}
+use crate::server::tree_size::{CompactSize, NUMBER_TOKEN};
+use crate::server::ByteBudget;
 
 /// How many trees of a value's size a write holds at its peak: the parsed body (moved, never
 /// copied, into the stored document) and the stored document it replaces, which the facade reads
@@ -104,17 +76,6 @@ impl BodyBudget {
         let value = fields.remove("value").ok_or_else(|| unprocessable("the body has no `value` field".into()))?;
         Ok(PutBody { value, metadata: fields.remove("metadata"), _shares: (raw_share, tree_share) })
     }
-}
-
-/// The estimated memory of the tree `serde_json` would build from `bytes`, measured by a streaming
-/// pass that allocates nothing for the content (the same measure the REST budget uses). Errors
-/// are the JSON syntax errors parsing would meet (depth included), so a body that fails here is
-/// refused before any tree exists. Shared with the CouchDB API's bodies.
-pub(crate) fn estimate_tree_bytes(bytes: &[u8]) -> Result<usize, serde_json::Error> {
-    let mut de = serde_json::Deserializer::from_slice(bytes);
-    let measure = CompactSize.deserialize(&mut de)?;
-    de.end()?;
-    Ok(measure.cost)
 }
 
 fn unprocessable(reason: String) -> ApiError {
@@ -184,32 +145,6 @@ struct Outline {
     value: Option<usize>,
     metadata: Option<usize>,
     tree_bytes: usize,
-}
-
-/// One JSON value's compact size, and the estimated memory of its parsed tree.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct Measure {
-    size: usize,
-    cost: usize,
-}
-
-impl Measure {
-    fn leaf(size: usize, heap: usize) -> Self {
-        Measure { size, cost: NODE_BYTES.saturating_add(heap) }
-    }
-}
-
-/// What one node of a parsed tree costs besides its own heap data: its `Value` slot, doubled
-/// because a growing array may hold up to twice the slots it fills.
-const NODE_BYTES: usize = 2 * std::mem::size_of::<Value>();
-/// What one object entry costs besides its key's text and its value: the `IndexMap` entry (hash
-/// and key `String`) and its index slot.
-const ENTRY_BYTES: usize = 8 + std::mem::size_of::<String>() + 16;
-
-/// Heap bytes of one allocation holding `len` bytes of text, with the allocator's rounding and
-/// header (the smallest chunk is 32 bytes).
-fn text_heap(len: usize) -> usize {
-    len.saturating_add(8).next_multiple_of(16).max(32)
 }
 
 /// The streaming pass: the body must be one JSON object with a `value` and optionally a
@@ -308,109 +243,10 @@ impl<'de> Visitor<'de> for OutlineVisitor {
     }
 }
 
-/// Measures one JSON value's compact serialisation as [`json_size`] would count it on the parsed
-/// tree, without building the tree.
-struct CompactSize;
-
-impl<'de> DeserializeSeed<'de> for CompactSize {
-    type Value = Measure;
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Measure, D::Error> {
-        deserializer.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for CompactSize {
-    type Value = Measure;
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a JSON value")
-    }
-
-    fn visit_bool<E>(self, value: bool) -> Result<Measure, E> {
-        Ok(Measure::leaf(if value { 4 } else { 5 }, 0))
-    }
-
-    fn visit_unit<E>(self) -> Result<Measure, E> {
-        Ok(Measure::leaf(4, 0))
-    }
-
-    fn visit_i64<E>(self, value: i64) -> Result<Measure, E> {
-        let size = json_size(&value);
-        Ok(Measure::leaf(size, text_heap(size)))
-    }
-
-    fn visit_u64<E>(self, value: u64) -> Result<Measure, E> {
-        let size = json_size(&value);
-        Ok(Measure::leaf(size, text_heap(size)))
-    }
-
-    fn visit_f64<E>(self, value: f64) -> Result<Measure, E> {
-        let size = json_size(&value);
-        Ok(Measure::leaf(size, text_heap(size)))
-    }
-
-    fn visit_str<E>(self, text: &str) -> Result<Measure, E> {
-        Ok(Measure::leaf(json_size(text), text_heap(text.len())))
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Measure, A::Error> {
-        let (mut total, mut count) = (Measure::leaf(2, 0), 0usize);
-        while let Some(item) = seq.next_element_seed(CompactSize)? {
-            total.size = total.size.saturating_add(item.size);
-            total.cost = total.cost.saturating_add(item.cost);
-            count += 1;
-        }
-        total.size = total.size.saturating_add(count.saturating_sub(1));
-        Ok(total)
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Measure, A::Error> {
-        let (mut total, mut count) = (Measure::leaf(2, 0), 0usize);
-        while let Some(key) = map.next_key_seed(KeySize)? {
-            let Some((key_size, key_len)) = key else {
-                // A number under `arbitrary_precision`: its text, as the tree will hold it.
-                let text: String = map.next_value()?;
-                let number: serde_json::Number = text.parse().map_err(serde::de::Error::custom)?;
-                let size = json_size(&number);
-                return Ok(Measure::leaf(size, text_heap(size)));
-            };
-            let value = map.next_value_seed(CompactSize)?;
-            total.size = total.size.saturating_add(key_size + 1).saturating_add(value.size);
-            total.cost = total.cost.saturating_add(ENTRY_BYTES + text_heap(key_len)).saturating_add(value.cost);
-            count += 1;
-        }
-        total.size = total.size.saturating_add(count.saturating_sub(1));
-        Ok(total)
-    }
-}
-
-/// An object key's compact size and text length, or `None` for the number marker.
-struct KeySize;
-
-impl<'de> DeserializeSeed<'de> for KeySize {
-    type Value = Option<(usize, usize)>;
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
-        deserializer.deserialize_str(self)
-    }
-}
-
-impl<'de> Visitor<'de> for KeySize {
-    type Value = Option<(usize, usize)>;
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("an object key")
-    }
-
-    fn visit_str<E>(self, key: &str) -> Result<Self::Value, E> {
-        Ok((key != NUMBER_TOKEN).then(|| (json_size(key), key.len())))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::validate::json_size;
 
     /// The streaming pass agrees with the size of the parsed tree, on every shape of JSON.
     #[test]
@@ -425,21 +261,6 @@ mod tests {
             assert_eq!(outline.value, Some(json_size(&tree)), "{text}");
             assert_eq!(outline.metadata, Some(json_size(&serde_json::json!({ "m": tree }))), "{text}");
         }
-    }
-
-    /// The estimate of a whole document grows with its tree, not its text: one-digit numbers cost
-    /// far more parsed than written; errors are the parser's.
-    #[test]
-    fn whole_documents_are_estimated_without_parsing() {
-        let numbers = format!("[{}1]", "1,".repeat(10_000));
-        let text = format!("\"{}\"", "x".repeat(20_000));
-        let (numbers_cost, text_cost) =
-            (estimate_tree_bytes(numbers.as_bytes()).unwrap(), estimate_tree_bytes(text.as_bytes()).unwrap());
-        assert!(numbers_cost > 10 * numbers.len(), "{numbers_cost} for {} bytes", numbers.len());
-        assert!(text_cost < 2 * text.len(), "{text_cost} for {} bytes", text.len());
-        assert!(estimate_tree_bytes(b"{\"a\": [1, }").is_err());
-        assert!(estimate_tree_bytes(b"{} x").is_err());
-        assert!(estimate_tree_bytes(format!("{}{}", "[".repeat(200), "]".repeat(200)).as_bytes()).is_err());
     }
 
     #[test]

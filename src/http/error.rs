@@ -10,6 +10,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use crate::error::{Error, ErrorKind};
+use crate::server::budget::Stopping;
 
 /// An error on its way to the client.
 #[derive(Debug)]
@@ -103,5 +104,12 @@ impl IntoResponse for ApiError {
             _ => {}
         }
         response
+    }
+}
+
+impl From<Stopping> for ApiError {
+    /// A body budget closed under a request: the server is stopping.
+    fn from(_: Stopping) -> Self {
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "the server is stopping")
     }
 }

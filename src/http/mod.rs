@@ -2,19 +2,17 @@
 //!
 //! [`App`] puts the pieces together: the facade over a metered backend, bearer-token auth on
 //! `/v1`, request ids, tracing spans, Prometheus metrics, timeouts, a body limit and budget
-//! (`body`), connection limits and graceful shutdown (`conn`). [`ROUTES`] lists every route;
+//! (`body`), connection limits and graceful shutdown (`crate::server`). [`ROUTES`] lists every route;
 //! `openapi.json` documents exactly those (a test checks).
 
 mod auth;
-pub(crate) mod body;
+mod body;
 mod changes;
-mod conn;
 mod error;
 mod metrics;
 mod routes;
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,7 +22,6 @@ use axum::middleware::{from_fn, from_fn_with_state};
 use axum::routing::{get, put};
 use axum::Router;
 use tokio::net::TcpListener;
-use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
 
@@ -38,6 +35,7 @@ pub use routes::AGENT_HEADER;
 use crate::backend::DocumentBackend;
 use crate::config::Settings;
 use crate::error::{Error, ErrorKind, Result};
+use crate::server::{self, ConnectionLimits, Exposure};
 use crate::store::{DataStore, StoreOptions};
 
 /// The OpenAPI 3 description served at `/openapi.json`.
@@ -69,7 +67,7 @@ pub struct App {
     store: Arc<DataStore>,
     router: Router,
     grace: Duration,
-    connections: conn::ConnectionLimits,
+    connections: ConnectionLimits,
     auth_open: bool,
     token_count: usize,
     /// Tells waiting change-feed requests that the server is shutting down.
@@ -105,7 +103,7 @@ impl App {
         // A safety net well behind the facade's cooperative deadline: a request cut there may have had
         // a write in flight, so the answer is 504 (outcome unknown), never 408.
         let router = router(state, request_timeout.saturating_mul(HARD_TIMEOUT_FACTOR));
-        let connections = connection_limits(settings);
+        let connections = ConnectionLimits::from_settings(settings);
         Ok(App {
             store: state_store,
             router,
@@ -135,24 +133,10 @@ impl App {
             shutdown.await;
             let _ = stopping.send(true);
         };
-        conn::serve(listener, self.router, self.connections, shutdown, self.grace).await;
+        server::serve(listener, self.router, self.connections, shutdown, self.grace).await;
         Ok(())
     }
 }
-
-/// The connection limits `settings` give, for every listener `serve` runs.
-pub(crate) fn connection_limits(settings: &Settings) -> conn::ConnectionLimits {
-    conn::ConnectionLimits {
-        max_connections: settings.max_connections,
-        header_read_timeout: Duration::from_secs(settings.header_read_timeout_secs),
-        idle_timeout: Duration::from_secs(settings.idle_timeout_secs),
-        // Enough to take in a whole body of twice the limit that the server refused early.
-        linger_bytes: settings.body_limit().saturating_mul(2).saturating_add(1 << 20),
-        body_read_timeout: Duration::from_secs(settings.body_read_timeout_secs),
-    }
-}
-
-pub(crate) use conn::serve as serve_connections;
 
 fn router(state: AppState, timeout: Duration) -> Router {
     let document = "/v1/users/{user}/namespaces/{namespace}/keys/{key}";
@@ -182,7 +166,7 @@ fn router(state: AppState, timeout: Duration) -> Router {
         .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(from_fn_with_state(timeout, routes::request_timeout))
         .layer(from_fn_with_state(Arc::clone(&state.metrics), metrics::track_requests))
-        .layer(CatchPanicLayer::custom(routes::panic_response))
+        .layer(server::catch_panics("rest", routes::internal_error))
         .layer(TraceLayer::new_for_http().make_span_with(|request: &Request| {
             // The route template, not the path: paths carry user ids and keys.
             let route = request.extensions().get::<MatchedPath>().map(|p| p.as_str()).unwrap_or("unmatched");
@@ -199,23 +183,17 @@ fn router(state: AppState, timeout: Duration) -> Router {
 /// Resolves `listen` and binds it, refusing non-loopback addresses when no tokens are configured
 /// unless `allow_unauthenticated` says otherwise.
 pub async fn bind(listen: &str, app: &App, allow_unauthenticated: bool) -> Result<TcpListener> {
-    let addrs: Vec<SocketAddr> = tokio::net::lookup_host(listen)
-        .await
-        .map_err(|e| Error::invalid("listen", format!("cannot resolve {listen:?}")).with_source(e))?
-        .collect();
-    if app.is_open() && !allow_unauthenticated && addrs.iter().any(|a| !a.ip().is_loopback()) {
-        return Err(Error::invalid(
-            "listen",
-            format!(
-                "refusing to listen on {listen} with no tokens configured: anyone who can reach it could read \
-                 and write every user's data. Configure tokens, listen on loopback, or pass \
-                 --allow-unauthenticated"
-            ),
-        ));
-    }
-    let listener = TcpListener::bind(addrs.as_slice())
-        .await
-        .map_err(|e| Error::new(ErrorKind::Misconfigured, format!("cannot listen on {listen}")).with_source(e))?;
+    let exposure = Exposure {
+        setting: "listen",
+        open: app.is_open(),
+        allow_unauthenticated,
+        refusal: format!(
+            "refusing to listen on {listen} with no tokens configured: anyone who can reach it could read \
+             and write every user's data. Configure tokens, listen on loopback, or pass \
+             --allow-unauthenticated"
+        ),
+    };
+    let listener = server::bind(listen, exposure).await?;
     let local = listener.local_addr().map_err(|e| Error::new(ErrorKind::Internal, "local address").with_source(e))?;
     if app.is_open() {
         tracing::warn!(%local, "no tokens configured: every request is allowed (authentication is off)");
@@ -223,36 +201,4 @@ pub async fn bind(listen: &str, app: &App, allow_unauthenticated: bool) -> Resul
         tracing::info!(%local, tokens = app.token_count, "bearer-token authentication on");
     }
     Ok(listener)
-}
-
-/// Resolves on SIGTERM or SIGINT. The handlers are installed when this is called, not when the
-/// future is first polled, so a signal arriving right after startup still shuts down gracefully.
-/// Call it inside the runtime.
-pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
-    #[cfg(unix)]
-    let (mut terminate, mut interrupt) = {
-        use tokio::signal::unix::{signal, SignalKind};
-        (signal(SignalKind::terminate()).ok(), signal(SignalKind::interrupt()).ok())
-    };
-    async move {
-        #[cfg(unix)]
-        {
-            async fn recv(signal: &mut Option<tokio::signal::unix::Signal>) {
-                match signal {
-                    Some(signal) => {
-                        signal.recv().await;
-                    }
-                    None => std::future::pending::<()>().await,
-                }
-            }
-            tokio::select! {
-                () = recv(&mut terminate) => {}
-                () = recv(&mut interrupt) => {}
-            }
-        }
-        #[cfg(not(unix))]
-        {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
 }

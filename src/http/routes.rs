@@ -365,8 +365,8 @@ pub async fn drop_unusable_request_id(mut request: Request, next: Next) -> Respo
     next.run(request).await
 }
 
-/// The response for a handler that panicked: a bug, answered as a 500 in our format.
-pub fn panic_response(_: Box<dyn std::any::Any + Send + 'static>) -> Response {
-    tracing::error!("a request handler panicked");
+/// The answer to a handler that panicked (a bug; logged by `crate::server::catch_panics`): a 500
+/// in our format.
+pub fn internal_error() -> Response {
     ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error").into_response()
 }

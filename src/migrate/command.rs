@@ -268,7 +268,7 @@ async fn run_job(job: Job, report_file: Option<&Path>, stop: super::follow::Stop
 /// `migrate`; returns the exit status.
 pub async fn migrate(args: MigrateArgs, settings: &Settings) -> Result<u8> {
     // Handlers first, so a signal while the two sides are opened is a clean stop too.
-    let stop = Box::pin(crate::http::shutdown_signal());
+    let stop = Box::pin(crate::server::shutdown_signal());
     let mut options = args.pipeline.options(settings, args.on_conflict)?;
     options.verify = !args.no_verify;
     options.follow = match (args.follow, args.until_caught_up) {
@@ -289,7 +289,7 @@ pub async fn export(args: ExportArgs, settings: &Settings) -> Result<u8> {
     let (source, _) = open_backend(Side::Source, &args.from, settings, true).await?;
     let target = Endpoint::File(args.out.clone());
     let job = Job { kind: JobKind::Export, source, target, options };
-    run_job(job, args.pipeline.report.as_deref(), Box::pin(crate::http::shutdown_signal())).await
+    run_job(job, args.pipeline.report.as_deref(), Box::pin(crate::server::shutdown_signal())).await
 }
 
 /// `import`; returns the exit status.
@@ -298,7 +298,7 @@ pub async fn import(args: ImportArgs, settings: &Settings) -> Result<u8> {
     let source = input_file(&args.input)?;
     let (target, _) = open_backend(Side::Target, &args.to, settings, false).await?;
     let job = Job { kind: JobKind::Import, source, target, options };
-    run_job(job, args.pipeline.report.as_deref(), Box::pin(crate::http::shutdown_signal())).await
+    run_job(job, args.pipeline.report.as_deref(), Box::pin(crate::server::shutdown_signal())).await
 }
 
 /// `verify`; returns the exit status (0 identical, [`super::EXIT_DIFFERENT`] otherwise).

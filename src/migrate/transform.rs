@@ -5,10 +5,11 @@
 //! the same rules and a normalised field is never reported as a difference. The rules are listed,
 //! with their names as they appear in reports, in `docs/migration.md`.
 
-use chrono::{DateTime, NaiveDate, NaiveDateTime, SecondsFormat, Utc};
+use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use crate::model::timestamp::{self, read_timestamp};
 use crate::model::{fields, DocumentId};
 
 /// What the migration does with access tracking (`accessCount`, `lastAccessedAt`,
@@ -187,7 +188,9 @@ fn fill_required_timestamps(body: &mut Map<String, Value>, repairs: &mut Vec<Not
         if present(body, field) {
             continue;
         }
-        let source = sources.into_iter().find(|s| body.get(*s).and_then(Value::as_str).and_then(parse_exact).is_some());
+        let source = sources
+            .into_iter()
+            .find(|s| body.get(*s).and_then(Value::as_str).and_then(timestamp::parse_exact).is_some());
         match source {
             Some(source) => {
                 let copied = body[source].clone();
@@ -210,54 +213,6 @@ fn fill_required_timestamps(body: &mut Map<String, Value>, repairs: &mut Vec<Not
 /// rounded, so normalising loses nothing.
 pub fn format_timestamp(at: DateTime<Utc>) -> String {
     at.to_rfc3339_opts(SecondsFormat::AutoSi, true)
-}
-
-fn parse_exact(text: &str) -> Option<DateTime<Utc>> {
-    DateTime::parse_from_rfc3339(text).ok().map(|t| t.with_timezone(&Utc))
-}
-
-/// Reads a stored timestamp by the first rule that applies, and names the rule.
-pub fn read_timestamp(stored: &Value) -> Option<(DateTime<Utc>, &'static str)> {
-    match stored {
-        Value::String(text) => {
-            let text = text.trim();
-            if let Some(at) = parse_exact(text) {
-                return Some((at, "timestamp_normalised"));
-            }
-            // ISO 8601 without an offset is what Python's `datetime.utcnow().isoformat()` writes:
-            // read as UTC.
-            for pattern in ["%Y-%m-%dT%H:%M:%S%.f", "%Y-%m-%d %H:%M:%S%.f", "%Y-%m-%dT%H:%M"] {
-                if let Ok(naive) = NaiveDateTime::parse_from_str(text, pattern) {
-                    return Some((naive.and_utc(), "timestamp_naive_as_utc"));
-                }
-            }
-            // A space instead of `T` before an explicit offset.
-            if let Some(at) = text.get(10..11).filter(|sep| *sep == " ").and_then(|_| {
-                let mut with_t = text.to_owned();
-                with_t.replace_range(10..11, "T");
-                parse_exact(&with_t)
-            }) {
-                return Some((at, "timestamp_normalised"));
-            }
-            NaiveDate::parse_from_str(text, "%Y-%m-%d")
-                .ok()
-                .and_then(|date| date.and_hms_opt(0, 0, 0))
-                .map(|naive| (naive.and_utc(), "timestamp_date_as_midnight_utc"))
-        }
-        Value::Number(number) => {
-            // Unix time: seconds, or milliseconds when the magnitude says so (1e11 seconds is
-            // the year 5138; 1e11 milliseconds is 1973).
-            let seconds = number.as_f64()?;
-            let seconds = if seconds.abs() >= 1e11 { seconds / 1000.0 } else { seconds };
-            if !seconds.is_finite() {
-                return None;
-            }
-            let whole = seconds.floor();
-            let nanos = ((seconds - whole) * 1e9).round().min(999_999_999.0) as u32;
-            DateTime::from_timestamp(whole as i64, nanos).map(|at| (at, "timestamp_from_unix_time"))
-        }
-        _ => None,
-    }
 }
 
 #[cfg(test)]

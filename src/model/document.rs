@@ -200,7 +200,7 @@ pub fn check_field_types(body: &Map<String, Value>) -> std::result::Result<(), F
         return wrong(ACCESS_COUNT, "must be a non-negative integer");
     }
     for field in [CREATED_AT, UPDATED_AT, LAST_ACCESSED_AT] {
-        let readable = |v: &Value| v.is_string() && crate::migrate::transform::read_timestamp(v).is_some();
+        let readable = |v: &Value| v.is_string() && super::timestamp::read_timestamp(v).is_some();
         if body.get(field).is_some_and(|v| !v.is_null() && !readable(v)) {
             return wrong(field, "must be an ISO 8601 timestamp string");
         }

@@ -7,6 +7,10 @@ pub mod number;
 pub mod timestamp;
 pub mod validate;
 
+/// The spec's collection: the default name of the table, database or collection every backend
+/// stores documents in, and of the database the CouchDB API serves.
+pub const COLLECTION: &str = "agent_data_store";
+
 pub use document::fields;
 pub use id::DocumentId;
 pub use validate::Limits;

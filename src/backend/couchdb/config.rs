@@ -14,7 +14,7 @@ use url::Url;
 use crate::error::{Error, Result};
 
 /// The default database, as the spec names the collection.
-pub const DEFAULT_DATABASE: &str = "agent_data_store";
+pub const DEFAULT_DATABASE: &str = crate::model::COLLECTION;
 
 /// Where and how to reach CouchDB.
 #[derive(Clone, PartialEq, Eq)]

@@ -40,7 +40,7 @@ pub fn sdk_timeout_config() -> TimeoutConfig {
         .build()
 }
 
-pub const DEFAULT_TABLE: &str = "agent_data_store";
+pub const DEFAULT_TABLE: &str = crate::model::COLLECTION;
 pub const DEFAULT_INDEX: &str = "idx-user-namespace";
 /// How far behind the reader's clock the change feed reads by default.
 pub const DEFAULT_SETTLE: Duration = Duration::from_millis(5000);

@@ -16,7 +16,7 @@ use std::time::Duration;
 use crate::error::{Error, Result};
 
 pub const DEFAULT_DATABASE: &str = "(default)";
-pub const DEFAULT_COLLECTION: &str = "agent_data_store";
+pub const DEFAULT_COLLECTION: &str = crate::model::COLLECTION;
 pub const PRODUCTION_ENDPOINT: &str = "https://firestore.googleapis.com";
 /// The environment variable Google's client libraries read for the emulator's address.
 pub const EMULATOR_ENV: &str = "FIRESTORE_EMULATOR_HOST";

@@ -178,7 +178,7 @@ async fn index_listing_creation_and_deletion_follow_transcripts_010_to_012() {
 async fn explain_matches_transcript_040() {
     let (_dir, backend) = fixture_store().await;
     let transcript = fixture("040");
-    let answer = explain(&backend, &transcript["request"]["body"], "agent_data_store", None).await.unwrap();
+    let answer = explain(&backend, &transcript["request"]["body"], crate::model::COLLECTION, None).await.unwrap();
     let expected = &transcript["response"]["body"];
     for key in [
         "dbname",

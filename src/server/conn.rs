@@ -47,6 +47,8 @@ use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
 use tower::ServiceExt;
 
+use crate::config::Settings;
+
 /// How long a lingering close keeps reading what the client still sends.
 const LINGER_TIME: Duration = Duration::from_secs(5);
 
@@ -60,6 +62,20 @@ pub struct ConnectionLimits {
     pub linger_bytes: usize,
     /// Longest time a request body may take to arrive, from the handler's first read.
     pub body_read_timeout: Duration,
+}
+
+impl ConnectionLimits {
+    /// The connection limits `settings` give, for every listener `serve` runs.
+    pub fn from_settings(settings: &Settings) -> Self {
+        ConnectionLimits {
+            max_connections: settings.max_connections,
+            header_read_timeout: Duration::from_secs(settings.header_read_timeout_secs),
+            idle_timeout: Duration::from_secs(settings.idle_timeout_secs),
+            // Enough to take in a whole body of twice the limit that the server refused early.
+            linger_bytes: settings.body_limit().saturating_mul(2).saturating_add(1 << 20),
+            body_read_timeout: Duration::from_secs(settings.body_read_timeout_secs),
+        }
+    }
 }
 
 /// The setting that bounds how long a request body may take to arrive (named in the 408).
