@@ -10,7 +10,11 @@ use std::time::Duration;
 
 use url::Url;
 
-use crate::error::{Error, Result};
+use crate::backend::url::query::{decode, url_error, QueryParams};
+use crate::error::Result;
+
+/// How errors name this adapter's URL.
+const ADAPTER: &str = "CouchDB";
 
 /// The default database, as the spec names the collection.
 pub const DEFAULT_DATABASE: &str = "agent_data_store";
@@ -36,7 +40,7 @@ pub struct CouchConfig {
 impl CouchConfig {
     /// Parses a `couchdb+http://` or `couchdb+https://` URL.
     pub fn parse(text: &str) -> Result<Self> {
-        let bad = |problem: String| Error::invalid("backend", format!("CouchDB URL: {problem}"));
+        let bad = |problem: String| url_error(ADAPTER, problem);
         let rest = text
             .strip_prefix("couchdb+")
             .ok_or_else(|| bad("must start with couchdb+http:// or couchdb+https://".into()))?;
@@ -47,7 +51,6 @@ impl CouchConfig {
         if url.host_str().is_none_or(str::is_empty) {
             return Err(bad("no host".into()));
         }
-        let decode = |part: &str| percent_encoding::percent_decode_str(part).decode_utf8_lossy().into_owned();
         let user = (!url.username().is_empty()).then(|| decode(url.username()));
         let password = url.password().map(decode);
         let segments: Vec<String> =
@@ -58,30 +61,10 @@ impl CouchConfig {
             _ => return Err(bad("the path must be just the database name".into())),
         };
         check_database_name(&database).map_err(bad)?;
-        let mut create = false;
-        let mut timeout = Duration::from_secs(30);
-        let mut revs_limit = crate::backend::DEFAULT_REVS_LIMIT;
-        for (name, value) in url.query_pairs() {
-            match name.as_ref() {
-                "create" => {
-                    create = parse_bool(&value).ok_or_else(|| bad(format!("create={value} is not true/false")))?
-                }
-                "timeout_secs" => {
-                    let secs: u64 = value.parse().map_err(|_| bad(format!("timeout_secs={value} is not a number")))?;
-                    timeout = Duration::from_secs(secs.max(1));
-                }
-                "revs_limit" => {
-                    revs_limit = value
-                        .parse()
-                        .ok()
-                        .filter(|n| *n >= 1)
-                        .ok_or_else(|| bad(format!("revs_limit={value} is not a positive number")))?;
-                }
-                other => {
-                    return Err(bad(format!("unknown parameter {other:?} (known: create, timeout_secs, revs_limit)")))
-                }
-            }
-        }
+        let params = QueryParams::parse(ADAPTER, url.query().unwrap_or(""), &["create", "timeout_secs", "revs_limit"])?;
+        let create = params.flag("create")?.unwrap_or(false);
+        let timeout = Duration::from_secs(params.whole("timeout_secs", 0..=u64::MAX)?.unwrap_or(30).max(1));
+        let revs_limit = params.revs_limit(usize::MAX)?;
         let mut server = url.clone();
         server.set_path("/");
         server.set_query(None);
@@ -106,14 +89,6 @@ impl CouchConfig {
 impl fmt::Debug for CouchConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.redacted())
-    }
-}
-
-fn parse_bool(value: &str) -> Option<bool> {
-    match value {
-        "true" | "1" | "yes" => Some(true),
-        "false" | "0" | "no" => Some(false),
-        _ => None,
     }
 }
 
