@@ -25,6 +25,7 @@ use super::design;
 use super::error::{CouchError, CouchResult};
 use super::request::{bool_param, json_param, require_json_content_type};
 use super::response::{etag, not_modified};
+use super::served_db::ServedDb;
 use super::{json, Answer, CouchState};
 use crate::backend::revision::RevisionId;
 use crate::backend::{Precondition, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo, StoredDocument};
@@ -35,13 +36,13 @@ type Params = Query<HashMap<String, String>>;
 pub async fn get_document(
     State(state): State<CouchState>,
     Extension(principal): Extension<Principal>,
-    Path((db, docid)): Path<(String, String)>,
+    _served: ServedDb,
+    Path((_, docid)): Path<(String, String)>,
     Query(params): Params,
     method: Method,
     RawQuery(raw_query): RawQuery,
     headers: HeaderMap,
 ) -> Answer {
-    state.check_db(&db)?;
     match id_kind(&docid)? {
         IdKind::Data => {}
         IdKind::Local(name) => return local_get(&state, &principal, name).await,
@@ -227,13 +228,13 @@ fn write_revision(
 pub async fn put_document(
     State(state): State<CouchState>,
     Extension(principal): Extension<Principal>,
-    Path((db, docid)): Path<(String, String)>,
+    _served: ServedDb,
+    Path((_, docid)): Path<(String, String)>,
     Query(params): Params,
     RawQuery(raw_query): RawQuery,
     headers: HeaderMap,
     body: Body,
 ) -> Answer {
-    state.check_db(&db)?;
     match id_kind(&docid)? {
         IdKind::Data => {}
         IdKind::Local(name) => return local_put(&state, &principal, name, &params, &headers, body).await,
@@ -280,12 +281,11 @@ fn batch_accepted(id: &str) -> Response {
 pub async fn post_document(
     State(state): State<CouchState>,
     Extension(principal): Extension<Principal>,
-    Path(db): Path<String>,
+    _served: ServedDb,
     Query(params): Params,
     headers: HeaderMap,
     body: Body,
 ) -> Answer {
-    state.check_db(&db)?;
     require_json_content_type(&headers)?;
     let doc = state.bodies.read_object(&headers, body).await?;
     let incoming = data_document::parse(doc.value, None, &principal, &state.store.options().limits)?;
@@ -399,12 +399,12 @@ fn written(state: &CouchState, status: StatusCode, id: &str, rev: &str) -> Respo
 pub async fn delete_document(
     State(state): State<CouchState>,
     Extension(principal): Extension<Principal>,
-    Path((db, docid)): Path<(String, String)>,
+    _served: ServedDb,
+    Path((_, docid)): Path<(String, String)>,
     Query(params): Params,
     RawQuery(raw_query): RawQuery,
     headers: HeaderMap,
 ) -> Answer {
-    state.check_db(&db)?;
     match id_kind(&docid)? {
         IdKind::Data => {}
         IdKind::Local(name) => return local_delete(&state, &principal, name, &params, &headers).await,
@@ -444,9 +444,9 @@ async fn deletion_refused(state: &CouchState, id: &str) -> CouchError {
 pub async fn get_local(
     State(state): State<CouchState>,
     Extension(principal): Extension<Principal>,
-    Path((db, name)): Path<(String, String)>,
+    _served: ServedDb,
+    Path((_, name)): Path<(String, String)>,
 ) -> Answer {
-    state.check_db(&db)?;
     local_get(&state, &principal, &name).await
 }
 
@@ -454,12 +454,12 @@ pub async fn get_local(
 pub async fn put_local(
     State(state): State<CouchState>,
     Extension(principal): Extension<Principal>,
-    Path((db, name)): Path<(String, String)>,
+    _served: ServedDb,
+    Path((_, name)): Path<(String, String)>,
     Query(params): Params,
     headers: HeaderMap,
     body: Body,
 ) -> Answer {
-    state.check_db(&db)?;
     local_put(&state, &principal, &name, &params, &headers, body).await
 }
 
@@ -467,11 +467,11 @@ pub async fn put_local(
 pub async fn delete_local(
     State(state): State<CouchState>,
     Extension(principal): Extension<Principal>,
-    Path((db, name)): Path<(String, String)>,
+    _served: ServedDb,
+    Path((_, name)): Path<(String, String)>,
     Query(params): Params,
     headers: HeaderMap,
 ) -> Answer {
-    state.check_db(&db)?;
     local_delete(&state, &principal, &name, &params, &headers).await
 }
 
@@ -570,10 +570,6 @@ fn check_local_name(name: &str) -> CouchResult<()> {
 }
 
 /// `/{db}/{docid}/{attachment}`: attachments are not kept.
-pub async fn attachment(
-    State(state): State<CouchState>,
-    Path((db, _docid, _name)): Path<(String, String, String)>,
-) -> Answer {
-    state.check_db(&db)?;
+pub async fn attachment(_served: ServedDb) -> Answer {
     Err(CouchError::not_supported("attachments"))
 }
