@@ -17,6 +17,7 @@ pub mod eval;
 pub mod find;
 pub mod index;
 pub mod range;
+pub mod request;
 pub mod selector;
 
 #[cfg(test)]
