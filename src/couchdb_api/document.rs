@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 
 use axum::body::Body;
-use axum::extract::{Extension, Path, Query, RawQuery, State};
+use axum::extract::{Extension, Query, RawQuery, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
@@ -25,7 +25,7 @@ use super::design;
 use super::error::{CouchError, CouchResult};
 use super::request::{bool_param, json_param, require_json_content_type};
 use super::response::{etag, not_modified};
-use super::served_db::ServedDb;
+use super::served_db::{DocId, LocalName, ServedDb};
 use super::{json, Answer, CouchState};
 use crate::backend::revision::RevisionId;
 use crate::backend::{Precondition, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo, StoredDocument};
@@ -36,8 +36,7 @@ type Params = Query<HashMap<String, String>>;
 pub async fn get_document(
     State(state): State<CouchState>,
     Extension(principal): Extension<Principal>,
-    _served: ServedDb,
-    Path((_, docid)): Path<(String, String)>,
+    ServedDb(DocId { docid }): ServedDb<DocId>,
     Query(params): Params,
     method: Method,
     RawQuery(raw_query): RawQuery,
@@ -228,8 +227,7 @@ fn write_revision(
 pub async fn put_document(
     State(state): State<CouchState>,
     Extension(principal): Extension<Principal>,
-    _served: ServedDb,
-    Path((_, docid)): Path<(String, String)>,
+    ServedDb(DocId { docid }): ServedDb<DocId>,
     Query(params): Params,
     RawQuery(raw_query): RawQuery,
     headers: HeaderMap,
@@ -399,8 +397,7 @@ fn written(state: &CouchState, status: StatusCode, id: &str, rev: &str) -> Respo
 pub async fn delete_document(
     State(state): State<CouchState>,
     Extension(principal): Extension<Principal>,
-    _served: ServedDb,
-    Path((_, docid)): Path<(String, String)>,
+    ServedDb(DocId { docid }): ServedDb<DocId>,
     Query(params): Params,
     RawQuery(raw_query): RawQuery,
     headers: HeaderMap,
@@ -444,8 +441,7 @@ async fn deletion_refused(state: &CouchState, id: &str) -> CouchError {
 pub async fn get_local(
     State(state): State<CouchState>,
     Extension(principal): Extension<Principal>,
-    _served: ServedDb,
-    Path((_, name)): Path<(String, String)>,
+    ServedDb(LocalName { name }): ServedDb<LocalName>,
 ) -> Answer {
     local_get(&state, &principal, &name).await
 }
@@ -454,8 +450,7 @@ pub async fn get_local(
 pub async fn put_local(
     State(state): State<CouchState>,
     Extension(principal): Extension<Principal>,
-    _served: ServedDb,
-    Path((_, name)): Path<(String, String)>,
+    ServedDb(LocalName { name }): ServedDb<LocalName>,
     Query(params): Params,
     headers: HeaderMap,
     body: Body,
@@ -467,8 +462,7 @@ pub async fn put_local(
 pub async fn delete_local(
     State(state): State<CouchState>,
     Extension(principal): Extension<Principal>,
-    _served: ServedDb,
-    Path((_, name)): Path<(String, String)>,
+    ServedDb(LocalName { name }): ServedDb<LocalName>,
     Query(params): Params,
     headers: HeaderMap,
 ) -> Answer {

@@ -4,14 +4,14 @@
 //! user's documents, and answers.
 
 use axum::body::Body;
-use axum::extract::{Extension, Path, State};
+use axum::extract::{Extension, State};
 use axum::http::{HeaderMap, StatusCode};
 use serde_json::Value;
 
 use super::access::Principal;
 use super::error::CouchError;
 use super::mango;
-use super::served_db::ServedDb;
+use super::served_db::{IndexPath, ServedDb};
 use super::{json, Answer, CouchState};
 
 /// `POST /{db}/_find`.
@@ -66,8 +66,7 @@ pub async fn create_index(
 pub async fn delete_index(
     State(state): State<CouchState>,
     Extension(principal): Extension<Principal>,
-    _served: ServedDb,
-    Path((_, rest)): Path<(String, String)>,
+    ServedDb(IndexPath { rest }): ServedDb<IndexPath>,
 ) -> Answer {
     require_admin(&principal)?;
     let rest = rest.strip_prefix("_design/").unwrap_or(&rest);

@@ -1,21 +1,45 @@
 //! The `{db}` path segment, checked once for every route under it: an extractor that answers
 //! CouchDB's 404 `not_found` / `Database does not exist.` unless the segment names the one
-//! database this server serves.
+//! database this server serves, and hands the handler the route's other path parameters.
 
 use std::collections::HashMap;
 
 use axum::extract::{FromRequestParts, Path};
 use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
 
 use super::CouchState;
 
-/// Proof that the request's `{db}` path parameter names the served database. Routes with more
-/// parameters (`/{db}/{docid}`, `/{db}/_local/{*name}`…) still extract those with `Path`; this
-/// reads `db` by name, so it fits every route.
-pub(crate) struct ServedDb;
+/// Proof that the request's `{db}` path parameter names the served database, with the route's
+/// other path parameters read by name into `T` (`/{db}/{docid}` gives [`DocId`]); routes with
+/// `{db}` alone take the default, [`DbOnly`].
+pub(crate) struct ServedDb<T = DbOnly>(pub T);
 
-impl FromRequestParts<CouchState> for ServedDb {
+/// No path parameter beside `{db}`.
+#[derive(Deserialize)]
+pub(crate) struct DbOnly {}
+
+/// `/{db}/{docid}`.
+#[derive(Deserialize)]
+pub(crate) struct DocId {
+    pub docid: String,
+}
+
+/// `/{db}/_local/{*name}`.
+#[derive(Deserialize)]
+pub(crate) struct LocalName {
+    pub name: String,
+}
+
+/// `/{db}/_index/{*rest}`.
+#[derive(Deserialize)]
+pub(crate) struct IndexPath {
+    pub rest: String,
+}
+
+impl<T: DeserializeOwned + Send> FromRequestParts<CouchState> for ServedDb<T> {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, state: &CouchState) -> Result<Self, Self::Rejection> {
@@ -28,6 +52,7 @@ impl FromRequestParts<CouchState> for ServedDb {
         // like any other database name that is not served.
         let db = params.get("db").map(String::as_str).unwrap_or_default();
         state.check_db(db).map_err(IntoResponse::into_response)?;
-        Ok(ServedDb)
+        let Path(rest) = Path::<T>::from_request_parts(parts, state).await.map_err(IntoResponse::into_response)?;
+        Ok(ServedDb(rest))
     }
 }
