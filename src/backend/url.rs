@@ -151,4 +151,31 @@ mod tests {
             assert!(err.to_string().contains("backend"), "{bad}: {err}");
         }
     }
+
+    /// Every adapter's URL refuses an unknown parameter and a bad `revs_limit` in the one style,
+    /// naming the adapter and the parameter (before issue 23 each adapter worded these its own way).
+    #[test]
+    fn every_adapter_words_parameter_errors_alike() {
+        for (url, adapter) in [
+            ("embedded:a.redb?revs_limit=1&nope=1", "embedded"),
+            ("couchdb+http://h/db?nope=1", "CouchDB"),
+            ("dynamodb://t11?nope=1", "DynamoDB"),
+            ("firestore://p?nope=1", "Firestore"),
+        ] {
+            let err = url.parse::<BackendUrl>().unwrap_err().to_string();
+            let start = format!("invalid backend: {adapter} URL: unknown parameter \"nope\" (known: ");
+            assert!(err.starts_with(&start), "{url}: {err}");
+            assert!(err.contains("revs_limit"), "{url}: the known parameters are listed: {err}");
+        }
+        for (url, adapter) in [
+            ("embedded:a.redb?revs_limit=0", "embedded"),
+            ("couchdb+http://h/db?revs_limit=0", "CouchDB"),
+            ("dynamodb://t11?revs_limit=0", "DynamoDB"),
+            ("firestore://p?revs_limit=0", "Firestore"),
+        ] {
+            let err = url.parse::<BackendUrl>().unwrap_err().to_string();
+            let start = format!("invalid backend: {adapter} URL: revs_limit=0 is not a whole number ");
+            assert!(err.starts_with(&start), "{url}: {err}");
+        }
+    }
 }
