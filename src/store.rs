@@ -63,6 +63,19 @@ pub enum Expect {
     Revision(Revision),
 }
 
+/// How [`DataStore::set_with`] writes, beside which document and value (object_store's
+/// `PutOptions` style): the default is a plain [`DataStore::set`] with no metadata, no agent and
+/// no precondition.
+#[derive(Debug, Clone, Default)]
+pub struct SetOptions<'a> {
+    /// Merged shallowly into the stored metadata; must be a JSON object.
+    pub metadata: Option<Value>,
+    /// The agent the write is counted against.
+    pub agent: Option<&'a str>,
+    /// The caller's precondition; a mismatch is a `Conflict`.
+    pub expect: Expect,
+}
+
 /// A stream of listing pages, each already checked out of the backend.
 pub type PageStream<T> = BoxStream<'static, Result<Vec<T>>>;
 
@@ -379,21 +392,20 @@ impl DataStore {
         metadata: Option<Value>,
         agent: Option<&str>,
     ) -> Result<StoredDocument> {
-        self.set_with(user_id, namespace, key, value, metadata, agent, Expect::Any).await
+        self.set_with(user_id, namespace, key, value, SetOptions { metadata, agent, expect: Expect::Any }).await
     }
 
-    /// [`DataStore::set`] under the caller's precondition `expect`; a mismatch is a `Conflict`.
-    #[allow(clippy::too_many_arguments)]
+    /// [`DataStore::set`] with its [`SetOptions`]: under the caller's precondition `expect`, a
+    /// mismatch is a `Conflict`.
     pub async fn set_with(
         &self,
         user_id: &str,
         namespace: &str,
         key: &str,
         value: Value,
-        metadata: Option<Value>,
-        agent: Option<&str>,
-        expect: Expect,
+        options: SetOptions<'_>,
     ) -> Result<StoredDocument> {
+        let SetOptions { metadata, agent, expect } = options;
         let id = self.id(user_id, namespace, key)?;
         self.options.limits.check_value(&value)?;
         let metadata = match metadata {

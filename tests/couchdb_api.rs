@@ -41,6 +41,7 @@ fn main() -> ExitCode {
         ("mango_answers_as_couchdb", |e| Box::pin(mango_answers_as_couchdb(e))),
         ("per_user_logins", |e| Box::pin(per_user_logins(e))),
         ("server_and_database", |e| Box::pin(server_and_database(e))),
+        ("every_db_route_refuses_other_databases", |e| Box::pin(every_db_route_refuses_other_databases(e))),
         ("document_lifecycle", |e| Box::pin(document_lifecycle(e))),
         ("data_store_rules", |e| Box::pin(data_store_rules(e))),
         ("bulk_docs_and_bulk_get", |e| Box::pin(bulk_docs_and_bulk_get(e))),
@@ -377,6 +378,51 @@ async fn server_and_database(e: Endpoint) -> TestResult {
     check(all_dbs.body == json!([DB]), || format!("_all_dbs: {}", all_dbs.body))?;
     let uuids = e.get("/_uuids?count=3").await?.expect(200, "GET /_uuids")?;
     check(uuids.body["uuids"].as_array().is_some_and(|u| u.len() == 3), || format!("_uuids: {}", uuids.body))
+}
+
+/// Every route under `/{db}` answers CouchDB's 404 for a database this server does not serve,
+/// before looking at the rest of the request. The expected answer is real CouchDB 3.4.3's for a
+/// missing database (`006-db-missing`); CouchDB opens the database before any handler under it
+/// runs, so the same answer holds for every path below it.
+async fn every_db_route_refuses_other_databases(e: Endpoint) -> TestResult {
+    let body = || Some(json!({}));
+    let requests: [(Method, &str, Option<Value>); 28] = [
+        (Method::GET, "/no_such_db", None),
+        (Method::GET, "/no_such_db/", None),
+        (Method::POST, "/no_such_db", body()),
+        (Method::DELETE, "/no_such_db", None),
+        (Method::GET, "/no_such_db/_all_docs", None),
+        (Method::POST, "/no_such_db/_all_docs", body()),
+        (Method::POST, "/no_such_db/_bulk_docs", Some(json!({"docs": []}))),
+        (Method::POST, "/no_such_db/_bulk_get", Some(json!({"docs": []}))),
+        (Method::POST, "/no_such_db/_ensure_full_commit", body()),
+        (Method::POST, "/no_such_db/_revs_diff", body()),
+        (Method::GET, "/no_such_db/_changes", None),
+        (Method::POST, "/no_such_db/_changes", body()),
+        (Method::POST, "/no_such_db/_find", Some(json!({"selector": {}}))),
+        (Method::POST, "/no_such_db/_explain", Some(json!({"selector": {}}))),
+        (Method::GET, "/no_such_db/_index", None),
+        (Method::POST, "/no_such_db/_index", Some(json!({"index": {"fields": ["a"]}}))),
+        (Method::DELETE, "/no_such_db/_index/_design/d/json/i", None),
+        (Method::GET, "/no_such_db/_local/x", None),
+        (Method::PUT, "/no_such_db/_local/x", body()),
+        (Method::DELETE, "/no_such_db/_local/x", None),
+        (Method::GET, "/no_such_db/_design/d", None),
+        (Method::PUT, "/no_such_db/_design/d", body()),
+        (Method::GET, "/no_such_db/doc", None),
+        (Method::PUT, "/no_such_db/doc", body()),
+        (Method::DELETE, "/no_such_db/doc?rev=1-a", None),
+        (Method::GET, "/no_such_db/doc/attachment.txt", None),
+        (Method::PUT, "/no_such_db/doc/attachment.txt", body()),
+        (Method::GET, "/no_such_db/_local/a/b", None),
+    ];
+    for (method, path, body) in requests {
+        let what = format!("{method} {path}");
+        let answer = e.call(method, path, body).await?;
+        same_error(&answer, "006-db-missing")
+            .map_err(|failed| format!("{what}: {}", failed.message().unwrap_or("")))?;
+    }
+    Ok(())
 }
 
 async fn document_lifecycle(e: Endpoint) -> TestResult {

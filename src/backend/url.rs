@@ -13,6 +13,9 @@ use super::dynamodb::DynamoConfig;
 use super::embedded::EmbeddedOptions;
 use super::firestore::FirestoreConfig;
 use crate::error::{Error, Result};
+use query::QueryParams;
+
+pub mod query;
 
 /// The default backend: the embedded store under `./data`.
 pub const DEFAULT_BACKEND_URL: &str = "embedded:./data/agentstore.redb";
@@ -92,35 +95,26 @@ const EMBEDDED_SETTINGS: [&str; 2] = ["revs_limit", "cache_mb"];
 /// settings is part of the file name, so a path that merely contains `?` keeps working; a query
 /// that names one of them must name only known settings.
 fn embedded_options(path: &str) -> Result<(&str, EmbeddedOptions)> {
-    let mut options = EmbeddedOptions::default();
     let Some((file, query)) = path.rsplit_once('?') else {
-        return Ok((path, options));
+        return Ok((path, EmbeddedOptions::default()));
     };
-    let pairs: Vec<(&str, &str)> = query.split('&').filter_map(|pair| pair.split_once('=')).collect();
-    if !pairs.iter().any(|(key, _)| EMBEDDED_SETTINGS.contains(key)) {
-        return Ok((path, options));
+    let pairs = query::split_pairs(query);
+    if !pairs.iter().any(|(key, value)| value.is_some() && EMBEDDED_SETTINGS.contains(&key.as_str())) {
+        return Ok((path, EmbeddedOptions::default()));
     }
-    if pairs.len() != query.split('&').count() {
-        return Err(Error::invalid("backend", format!("{query:?}: embedded settings are KEY=VALUE pairs joined by &")));
+    if query.split('&').count() != pairs.len() || pairs.iter().any(|(_, value)| value.is_none()) {
+        return Err(query::url_error("embedded", format!("{query:?}: settings are KEY=VALUE pairs joined by &")));
     }
-    for (key, value) in pairs {
-        let number = |least: usize, what: &str| match value.parse::<usize>() {
-            Ok(n) if n >= least => Ok(n),
-            _ => Err(Error::invalid("backend", format!("{key} must be {what}, not {value:?}"))),
-        };
-        match key {
-            "revs_limit" => options.revs_limit = number(1, "a whole number of at least 1")?,
-            "cache_mb" => {
-                options.cache_bytes = number(1, "a whole number of MiB, at least 1")?.saturating_mul(1 << 20);
-            }
-            other => {
-                return Err(Error::invalid(
-                    "backend",
-                    format!("unknown embedded setting {other:?}; known: {}", EMBEDDED_SETTINGS.join(", ")),
-                ))
-            }
-        }
-    }
+    let params = QueryParams::parse("embedded", query, &EMBEDDED_SETTINGS)?;
+    let cache_mb = params.whole("cache_mb", 1..=u64::MAX)?;
+    let options = EmbeddedOptions {
+        revs_limit: params.revs_limit(usize::MAX)?,
+        cache_bytes: match cache_mb {
+            // Saturating, as before: an absurd size asks for the most, never wraps to a small one.
+            Some(mb) => usize::try_from(mb).unwrap_or(usize::MAX).saturating_mul(1 << 20),
+            None => EmbeddedOptions::default().cache_bytes,
+        },
+    };
     Ok((file, options))
 }
 
@@ -155,6 +149,33 @@ mod tests {
         for bad in ["", "embedded:", "nosuch://x", "/just/a/path"] {
             let err = bad.parse::<BackendUrl>().unwrap_err();
             assert!(err.to_string().contains("backend"), "{bad}: {err}");
+        }
+    }
+
+    /// Every adapter's URL refuses an unknown parameter and a bad `revs_limit` in the one style,
+    /// naming the adapter and the parameter (before issue 23 each adapter worded these its own way).
+    #[test]
+    fn every_adapter_words_parameter_errors_alike() {
+        for (url, adapter) in [
+            ("embedded:a.redb?revs_limit=1&nope=1", "embedded"),
+            ("couchdb+http://h/db?nope=1", "CouchDB"),
+            ("dynamodb://t11?nope=1", "DynamoDB"),
+            ("firestore://p?nope=1", "Firestore"),
+        ] {
+            let err = url.parse::<BackendUrl>().unwrap_err().to_string();
+            let start = format!("invalid backend: {adapter} URL: unknown parameter \"nope\" (known: ");
+            assert!(err.starts_with(&start), "{url}: {err}");
+            assert!(err.contains("revs_limit"), "{url}: the known parameters are listed: {err}");
+        }
+        for (url, adapter) in [
+            ("embedded:a.redb?revs_limit=0", "embedded"),
+            ("couchdb+http://h/db?revs_limit=0", "CouchDB"),
+            ("dynamodb://t11?revs_limit=0", "DynamoDB"),
+            ("firestore://p?revs_limit=0", "Firestore"),
+        ] {
+            let err = url.parse::<BackendUrl>().unwrap_err().to_string();
+            let start = format!("invalid backend: {adapter} URL: revs_limit=0 is not a whole number ");
+            assert!(err.starts_with(&start), "{url}: {err}");
         }
     }
 }

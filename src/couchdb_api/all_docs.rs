@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Extension, Path, Query, State};
+use axum::extract::{Extension, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::IntoResponse;
 use futures::stream::{self, StreamExt};
@@ -23,6 +23,7 @@ use super::bulk::MAX_BULK_DOCS;
 use super::document::doc_json;
 use super::error::{CouchError, CouchResult};
 use super::request::{bool_param, integer_param, json_param};
+use super::served_db::ServedDb;
 use super::{json, Answer, CouchState};
 use crate::backend::{DocumentBackend, IdRange, StoredDocument};
 
@@ -43,10 +44,9 @@ struct AllDocsRequest {
 pub async fn get_all_docs(
     State(state): State<CouchState>,
     Extension(principal): Extension<Principal>,
-    Path(db): Path<String>,
+    _served: ServedDb,
     Query(params): Query<HashMap<String, String>>,
 ) -> Answer {
-    state.check_db(&db)?;
     let mut fields = Map::new();
     for (name, text) in &params {
         let value = match name.as_str() {
@@ -72,12 +72,11 @@ pub async fn get_all_docs(
 pub async fn post_all_docs(
     State(state): State<CouchState>,
     Extension(principal): Extension<Principal>,
-    Path(db): Path<String>,
+    _served: ServedDb,
     Query(params): Query<HashMap<String, String>>,
     headers: HeaderMap,
     body: Body,
 ) -> Answer {
-    state.check_db(&db)?;
     let mut fields = Map::new();
     for (name, text) in &params {
         let value = match name.as_str() {

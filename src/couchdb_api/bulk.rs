@@ -11,7 +11,7 @@
 use std::collections::{HashMap, HashSet};
 
 use axum::body::Body;
-use axum::extract::{Extension, Path, Query, State};
+use axum::extract::{Extension, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use futures::stream::{self, StreamExt};
 use serde_json::{json, Map, Value};
@@ -21,6 +21,7 @@ use super::data_document::{self, parse_rev, IncomingDocument};
 use super::document::{doc_json, replicate, tombstone_json, write};
 use super::error::{CouchError, CouchResult};
 use super::request::bool_param;
+use super::served_db::ServedDb;
 use super::{json, Answer, CouchState};
 use crate::backend::{Precondition, Revision, RevisionInfo, StoredDocument};
 
@@ -34,11 +35,10 @@ const CONCURRENCY: usize = 16;
 pub async fn bulk_docs(
     State(state): State<CouchState>,
     Extension(principal): Extension<Principal>,
-    Path(db): Path<String>,
+    _served: ServedDb,
     headers: HeaderMap,
     body: Body,
 ) -> Answer {
-    state.check_db(&db)?;
     let request = state.bodies.read_object(&headers, body).await?;
     let Value::Object(mut request) = request.value else {
         return Err(CouchError::bad_request("Request body must be a JSON object"));
@@ -236,12 +236,11 @@ async fn write_replicated(state: &CouchState, parsed: Vec<ParsedDoc>) -> Vec<Val
 pub async fn bulk_get(
     State(state): State<CouchState>,
     Extension(principal): Extension<Principal>,
-    Path(db): Path<String>,
+    _served: ServedDb,
     Query(params): Query<HashMap<String, String>>,
     headers: HeaderMap,
     body: Body,
 ) -> Answer {
-    state.check_db(&db)?;
     let revs = bool_param("revs", params.get("revs").map(String::as_str), false)?;
     let latest = bool_param("latest", params.get("latest").map(String::as_str), false)?;
     let request = state.bodies.read_object(&headers, body).await?;
@@ -348,11 +347,10 @@ pub(crate) fn answered_state<'a>(
 pub async fn revs_diff(
     State(state): State<CouchState>,
     Extension(principal): Extension<Principal>,
-    Path(db): Path<String>,
+    _served: ServedDb,
     headers: HeaderMap,
     body: Body,
 ) -> Answer {
-    state.check_db(&db)?;
     let request = state.bodies.read_object(&headers, body).await?;
     let Value::Object(request) = request.value else {
         return Err(CouchError::bad_request("Request body must be a JSON object"));
@@ -402,7 +400,6 @@ async fn revs_diff_one(
 }
 
 /// `POST /{db}/_ensure_full_commit`: every acknowledged write is already durable.
-pub async fn ensure_full_commit(State(state): State<CouchState>, Path(db): Path<String>) -> Answer {
-    state.check_db(&db)?;
+pub async fn ensure_full_commit(_served: ServedDb) -> Answer {
     Ok(json(StatusCode::CREATED, json!({ "ok": true, "instance_start_time": "0" })))
 }

@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{ConnectInfo, Extension, Path, Query, State};
+use axum::extract::{ConnectInfo, Extension, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::IntoResponse;
 use futures::stream;
@@ -41,6 +41,7 @@ use super::auth::Identity;
 use super::document::doc_json;
 use super::error::{CouchError, CouchResult};
 use super::request::{bool_param, json_param};
+use super::served_db::ServedDb;
 use super::{Answer, CouchState};
 use crate::backend::{Change, DocumentBackend};
 use crate::changes::{read_page, resolve_since, DeliveredTail, FeedPage, PollBackoff, DEFAULT_PAGE};
@@ -177,10 +178,9 @@ pub async fn get_changes(
     Extension(principal): Extension<Principal>,
     identity: Option<Extension<Identity>>,
     peer: Option<Extension<ConnectInfo<SocketAddr>>>,
-    Path(db): Path<String>,
+    _served: ServedDb,
     Query(params): Query<HashMap<String, String>>,
 ) -> Answer {
-    state.check_db(&db)?;
     let request = parse_request(&params, None, &state.feeds)?;
     let owner = feed_owner(identity.as_ref().map(|e| &e.0), peer.map(|e| e.0 .0));
     respond(&state, Asker { principal, owner }, request).await
@@ -193,12 +193,11 @@ pub async fn post_changes(
     Extension(principal): Extension<Principal>,
     identity: Option<Extension<Identity>>,
     peer: Option<Extension<ConnectInfo<SocketAddr>>>,
-    Path(db): Path<String>,
+    _served: ServedDb,
     Query(params): Query<HashMap<String, String>>,
     headers: HeaderMap,
     body: Body,
 ) -> Answer {
-    state.check_db(&db)?;
     let owner = feed_owner(identity.as_ref().map(|e| &e.0), peer.map(|e| e.0 .0));
     let body = match state.bodies.read_json(&headers, body).await? {
         None => None,

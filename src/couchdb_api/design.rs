@@ -15,6 +15,7 @@ use percent_encoding::{percent_decode_str, utf8_percent_encode, AsciiSet, NON_AL
 
 use super::access::Principal;
 use super::error::{CouchError, CouchResult};
+use super::served_db::ServedDb;
 use super::{Answer, CouchState};
 use crate::backend::DesignRequest;
 
@@ -100,13 +101,13 @@ pub async fn run(
 pub async fn design_request(
     axum::extract::State(state): axum::extract::State<CouchState>,
     axum::extract::Extension(principal): axum::extract::Extension<Principal>,
-    axum::extract::Path((db, _rest)): axum::extract::Path<(String, String)>,
+    _served: ServedDb,
     method: Method,
     uri: axum::http::Uri,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let answer = match state.check_db(&db).and_then(|()| path_below_db(uri.path())) {
+    let answer = match path_below_db(uri.path()) {
         Ok(path) => run(&state, &principal, method, path, uri.query(), &headers, body).await,
         Err(err) => Err(err),
     };

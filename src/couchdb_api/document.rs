@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 
 use axum::body::Body;
-use axum::extract::{Extension, Path, Query, RawQuery, State};
+use axum::extract::{Extension, Query, RawQuery, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
@@ -25,6 +25,7 @@ use super::design;
 use super::error::{CouchError, CouchResult};
 use super::request::{bool_param, json_param, require_json_content_type};
 use super::response::{etag, not_modified};
+use super::served_db::{DocId, LocalName, ServedDb};
 use super::{json, Answer, CouchState};
 use crate::backend::revision::RevisionId;
 use crate::backend::{Precondition, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo, StoredDocument};
@@ -35,13 +36,12 @@ type Params = Query<HashMap<String, String>>;
 pub async fn get_document(
     State(state): State<CouchState>,
     Extension(principal): Extension<Principal>,
-    Path((db, docid)): Path<(String, String)>,
+    ServedDb(DocId { docid }): ServedDb<DocId>,
     Query(params): Params,
     method: Method,
     RawQuery(raw_query): RawQuery,
     headers: HeaderMap,
 ) -> Answer {
-    state.check_db(&db)?;
     match id_kind(&docid)? {
         IdKind::Data => {}
         IdKind::Local(name) => return local_get(&state, &principal, name).await,
@@ -231,13 +231,12 @@ fn write_revision(
 pub async fn put_document(
     State(state): State<CouchState>,
     Extension(principal): Extension<Principal>,
-    Path((db, docid)): Path<(String, String)>,
+    ServedDb(DocId { docid }): ServedDb<DocId>,
     Query(params): Params,
     RawQuery(raw_query): RawQuery,
     headers: HeaderMap,
     body: Body,
 ) -> Answer {
-    state.check_db(&db)?;
     match id_kind(&docid)? {
         IdKind::Data => {}
         IdKind::Local(name) => return local_put(&state, &principal, name, &params, &headers, body).await,
@@ -284,12 +283,11 @@ fn batch_accepted(id: &str) -> Response {
 pub async fn post_document(
     State(state): State<CouchState>,
     Extension(principal): Extension<Principal>,
-    Path(db): Path<String>,
+    _served: ServedDb,
     Query(params): Params,
     headers: HeaderMap,
     body: Body,
 ) -> Answer {
-    state.check_db(&db)?;
     require_json_content_type(&headers)?;
     let doc = state.bodies.read_object(&headers, body).await?;
     let incoming = data_document::parse(doc.value, None, &principal, &state.store.options().limits)?;
@@ -403,12 +401,11 @@ fn written(state: &CouchState, status: StatusCode, id: &str, rev: &str) -> Respo
 pub async fn delete_document(
     State(state): State<CouchState>,
     Extension(principal): Extension<Principal>,
-    Path((db, docid)): Path<(String, String)>,
+    ServedDb(DocId { docid }): ServedDb<DocId>,
     Query(params): Params,
     RawQuery(raw_query): RawQuery,
     headers: HeaderMap,
 ) -> Answer {
-    state.check_db(&db)?;
     match id_kind(&docid)? {
         IdKind::Data => {}
         IdKind::Local(name) => return local_delete(&state, &principal, name, &params, &headers).await,
@@ -448,9 +445,8 @@ async fn deletion_refused(state: &CouchState, id: &str) -> CouchError {
 pub async fn get_local(
     State(state): State<CouchState>,
     Extension(principal): Extension<Principal>,
-    Path((db, name)): Path<(String, String)>,
+    ServedDb(LocalName { name }): ServedDb<LocalName>,
 ) -> Answer {
-    state.check_db(&db)?;
     local_get(&state, &principal, &name).await
 }
 
@@ -458,12 +454,11 @@ pub async fn get_local(
 pub async fn put_local(
     State(state): State<CouchState>,
     Extension(principal): Extension<Principal>,
-    Path((db, name)): Path<(String, String)>,
+    ServedDb(LocalName { name }): ServedDb<LocalName>,
     Query(params): Params,
     headers: HeaderMap,
     body: Body,
 ) -> Answer {
-    state.check_db(&db)?;
     local_put(&state, &principal, &name, &params, &headers, body).await
 }
 
@@ -471,11 +466,10 @@ pub async fn put_local(
 pub async fn delete_local(
     State(state): State<CouchState>,
     Extension(principal): Extension<Principal>,
-    Path((db, name)): Path<(String, String)>,
+    ServedDb(LocalName { name }): ServedDb<LocalName>,
     Query(params): Params,
     headers: HeaderMap,
 ) -> Answer {
-    state.check_db(&db)?;
     local_delete(&state, &principal, &name, &params, &headers).await
 }
 
@@ -574,10 +568,6 @@ fn check_local_name(name: &str) -> CouchResult<()> {
 }
 
 /// `/{db}/{docid}/{attachment}`: attachments are not kept.
-pub async fn attachment(
-    State(state): State<CouchState>,
-    Path((db, _docid, _name)): Path<(String, String, String)>,
-) -> Answer {
-    state.check_db(&db)?;
+pub async fn attachment(_served: ServedDb) -> Answer {
     Err(CouchError::not_supported("attachments"))
 }

@@ -28,6 +28,7 @@ pub mod mango;
 mod query;
 mod request;
 mod response;
+mod served_db;
 mod server;
 pub mod session;
 

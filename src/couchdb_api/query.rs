@@ -4,24 +4,24 @@
 //! user's documents, and answers.
 
 use axum::body::Body;
-use axum::extract::{Extension, Path, State};
+use axum::extract::{Extension, State};
 use axum::http::{HeaderMap, StatusCode};
 use serde_json::Value;
 
 use super::access::Principal;
 use super::error::CouchError;
 use super::mango;
+use super::served_db::{IndexPath, ServedDb};
 use super::{json, Answer, CouchState};
 
 /// `POST /{db}/_find`.
 pub async fn find(
     State(state): State<CouchState>,
     Extension(principal): Extension<Principal>,
-    Path(db): Path<String>,
+    _served: ServedDb,
     headers: HeaderMap,
     body: Body,
 ) -> Answer {
-    state.check_db(&db)?;
     let request = state.bodies.read_object(&headers, body).await?;
     let backend = state.store.backend();
     let catalog = mango::IndexCatalog::load(backend.as_ref()).await?;
@@ -33,11 +33,10 @@ pub async fn find(
 pub async fn explain(
     State(state): State<CouchState>,
     Extension(principal): Extension<Principal>,
-    Path(db): Path<String>,
+    _served: ServedDb,
     headers: HeaderMap,
     body: Body,
 ) -> Answer {
-    state.check_db(&db)?;
     let request = state.bodies.read_object(&headers, body).await?;
     let answer =
         mango::explain(state.store.backend().as_ref(), &request.value, &state.db, principal.only_user()).await?;
@@ -45,8 +44,7 @@ pub async fn explain(
 }
 
 /// `GET /{db}/_index`.
-pub async fn list_indexes(State(state): State<CouchState>, Path(db): Path<String>) -> Answer {
-    state.check_db(&db)?;
+pub async fn list_indexes(State(state): State<CouchState>, _served: ServedDb) -> Answer {
     Ok(json(StatusCode::OK, mango::list_indexes(state.store.backend().as_ref()).await?))
 }
 
@@ -55,11 +53,10 @@ pub async fn list_indexes(State(state): State<CouchState>, Path(db): Path<String
 pub async fn create_index(
     State(state): State<CouchState>,
     Extension(principal): Extension<Principal>,
-    Path(db): Path<String>,
+    _served: ServedDb,
     headers: HeaderMap,
     body: Body,
 ) -> Answer {
-    state.check_db(&db)?;
     require_admin(&principal)?;
     let request = state.bodies.read_object(&headers, body).await?;
     Ok(json(StatusCode::OK, mango::create_index(state.store.backend().as_ref(), &request.value).await?))
@@ -69,9 +66,8 @@ pub async fn create_index(
 pub async fn delete_index(
     State(state): State<CouchState>,
     Extension(principal): Extension<Principal>,
-    Path((db, rest)): Path<(String, String)>,
+    ServedDb(IndexPath { rest }): ServedDb<IndexPath>,
 ) -> Answer {
-    state.check_db(&db)?;
     require_admin(&principal)?;
     let rest = rest.strip_prefix("_design/").unwrap_or(&rest);
     let Some((ddoc, name)) = rest.split_once("/json/") else {

@@ -9,6 +9,7 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use super::error::CouchError;
+use super::served_db::ServedDb;
 use super::{json, Answer, CouchState};
 
 /// The CouchDB API version reported: the 3.x API these endpoints follow. Clients gate features
@@ -92,8 +93,7 @@ pub async fn uuids(Query(params): Query<UuidsParams>) -> Answer {
 }
 
 /// `GET /{db}` (and HEAD): the database's information, with the counts the backend can give.
-pub async fn db_info(State(state): State<CouchState>, Path(db): Path<String>) -> Answer {
-    state.check_db(&db)?;
+pub async fn db_info(State(state): State<CouchState>, _served: ServedDb) -> Answer {
     let backend = state.store.backend();
     let doc_count = live_document_count(backend.as_ref()).await?;
     let update_seq = backend.change_position().await?;
@@ -140,8 +140,7 @@ pub async fn create_db(State(state): State<CouchState>, Path(db): Path<String>) 
 }
 
 /// `DELETE /{db}`: refused; the data store is not deleted through the API.
-pub async fn delete_db(State(state): State<CouchState>, Path(db): Path<String>) -> Answer {
-    state.check_db(&db)?;
+pub async fn delete_db(_served: ServedDb) -> Answer {
     Err(CouchError::forbidden("agentstore does not delete its database through the CouchDB API"))
 }
 

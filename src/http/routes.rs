@@ -23,7 +23,7 @@ use super::error::ApiError;
 use super::metrics::Metrics;
 use crate::backend::{Revision, StoredDocument};
 use crate::error::ErrorKind;
-use crate::store::{DataStore, Expect, PageStream};
+use crate::store::{DataStore, Expect, PageStream, SetOptions};
 
 /// The header naming the calling agent.
 pub const AGENT_HEADER: &str = "x-agent-id";
@@ -178,7 +178,13 @@ pub async fn put_document(
     let put = state.bodies.read_put_body(&headers, body).await?;
     let doc = state
         .store
-        .set_with(&user, &namespace, &key, put.value, put.metadata, agent.as_deref(), expect.clone())
+        .set_with(
+            &user,
+            &namespace,
+            &key,
+            put.value,
+            SetOptions { metadata: put.metadata, agent: agent.as_deref(), expect: expect.clone() },
+        )
         .await
         .map_err(under(&expect))?;
     Ok(document_response(&doc))

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use agentstore::backend::{BulkWrite, Page, Precondition, Projection, Query, Revision, StoredDocument};
 use agentstore::http::{MeteredBackend, Metrics};
-use agentstore::store::{DataStore, Expect, StoreOptions};
+use agentstore::store::{DataStore, Expect, SetOptions, StoreOptions};
 use agentstore::ErrorKind;
 use futures::future::join_all;
 use futures::TryStreamExt;
@@ -937,7 +937,7 @@ async fn caller_preconditions(ctx: Ctx) {
     let store = ctx.store().await;
     let set = |expect: Expect, value: Value| {
         let store = &store;
-        async move { store.set_with("u", "ns", "k", value, None, None, expect).await }
+        async move { store.set_with("u", "ns", "k", value, SetOptions { expect, ..Default::default() }).await }
     };
     let conflict = |r: agentstore::Result<_>| r.map(|_| ()).unwrap_err().kind() == ErrorKind::Conflict;
     assert!(conflict(set(Expect::Exists, json!(0)).await), "must exist, does not");

@@ -11,7 +11,11 @@ use std::time::Duration;
 
 use url::Url;
 
-use crate::error::{Error, Result};
+use crate::backend::url::query::{decode, url_error, QueryParams};
+use crate::error::Result;
+
+/// How errors name this adapter's URL.
+const ADAPTER: &str = "CouchDB";
 
 /// The default database, as the spec names the collection.
 pub const DEFAULT_DATABASE: &str = crate::model::COLLECTION;
@@ -40,7 +44,7 @@ pub struct CouchConfig {
 impl CouchConfig {
     /// Parses a `couchdb+http://` or `couchdb+https://` URL.
     pub fn parse(text: &str) -> Result<Self> {
-        let bad = |problem: String| Error::invalid("backend", format!("CouchDB URL: {problem}"));
+        let bad = |problem: String| url_error(ADAPTER, problem);
         let rest = text
             .strip_prefix("couchdb+")
             .ok_or_else(|| bad("must start with couchdb+http:// or couchdb+https://".into()))?;
@@ -51,7 +55,6 @@ impl CouchConfig {
         if url.host_str().is_none_or(str::is_empty) {
             return Err(bad("no host".into()));
         }
-        let decode = |part: &str| percent_encoding::percent_decode_str(part).decode_utf8_lossy().into_owned();
         let user = (!url.username().is_empty()).then(|| decode(url.username()));
         let password = url.password().map(decode);
         let segments: Vec<String> =
@@ -62,38 +65,17 @@ impl CouchConfig {
             _ => return Err(bad("the path must be just the database name".into())),
         };
         check_database_name(&database).map_err(bad)?;
-        let mut create = false;
-        let mut timeout = Duration::from_secs(30);
-        let mut revs_limit = crate::backend::DEFAULT_REVS_LIMIT;
-        let mut count_max_age = super::counts::DEFAULT_MAX_AGE;
-        for (name, value) in url.query_pairs() {
-            match name.as_ref() {
-                "create" => {
-                    create = parse_bool(&value).ok_or_else(|| bad(format!("create={value} is not true/false")))?
-                }
-                "timeout_secs" => {
-                    let secs: u64 = value.parse().map_err(|_| bad(format!("timeout_secs={value} is not a number")))?;
-                    timeout = Duration::from_secs(secs.max(1));
-                }
-                "revs_limit" => {
-                    revs_limit = value
-                        .parse()
-                        .ok()
-                        .filter(|n| *n >= 1)
-                        .ok_or_else(|| bad(format!("revs_limit={value} is not a positive number")))?;
-                }
-                "count_max_age_ms" => {
-                    let ms: u64 =
-                        value.parse().map_err(|_| bad(format!("count_max_age_ms={value} is not a number")))?;
-                    count_max_age = Duration::from_millis(ms);
-                }
-                other => {
-                    return Err(bad(format!(
-                        "unknown parameter {other:?} (known: create, timeout_secs, revs_limit, count_max_age_ms)"
-                    )))
-                }
-            }
-        }
+        let params = QueryParams::parse(
+            ADAPTER,
+            url.query().unwrap_or(""),
+            &["create", "timeout_secs", "revs_limit", "count_max_age_ms"],
+        )?;
+        let create = params.flag("create")?.unwrap_or(false);
+        let timeout = Duration::from_secs(params.whole("timeout_secs", 0..=u64::MAX)?.unwrap_or(30).max(1));
+        let revs_limit = params.revs_limit(usize::MAX)?;
+        let count_max_age = params
+            .whole("count_max_age_ms", 0..=u64::MAX)?
+            .map_or(super::counts::DEFAULT_MAX_AGE, Duration::from_millis);
         let mut server = url.clone();
         server.set_path("/");
         server.set_query(None);
@@ -118,14 +100,6 @@ impl CouchConfig {
 impl fmt::Debug for CouchConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.redacted())
-    }
-}
-
-fn parse_bool(value: &str) -> Option<bool> {
-    match value {
-        "true" | "1" | "yes" => Some(true),
-        "false" | "0" | "no" => Some(false),
-        _ => None,
     }
 }
 

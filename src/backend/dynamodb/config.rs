@@ -14,7 +14,11 @@ use std::time::Duration;
 use aws_config::retry::RetryConfig;
 use aws_config::timeout::TimeoutConfig;
 
-use crate::error::{Error, Result};
+use crate::backend::url::query::{decode, url_error, QueryParams};
+use crate::error::Result;
+
+/// How errors name this adapter's URL.
+const ADAPTER: &str = "DynamoDB";
 
 /// The SDK owns the retries of every DynamoDB request (nothing in the adapter retries a failed
 /// request again): this many attempts, with jittered backoff from 100 ms up to 2 s.
@@ -64,55 +68,38 @@ pub struct DynamoConfig {
 
 impl DynamoConfig {
     pub fn parse(text: &str) -> Result<Self> {
-        let bad = |problem: String| Error::invalid("backend", format!("DynamoDB URL: {problem}"));
+        let bad = |problem: String| url_error(ADAPTER, problem);
         let rest = text.strip_prefix("dynamodb://").ok_or_else(|| bad("must start with dynamodb://".into()))?;
         let (table, query) = rest.split_once('?').unwrap_or((rest, ""));
         let table = table.trim_end_matches('/');
         let table = if table.is_empty() { DEFAULT_TABLE.to_owned() } else { decode(table) };
         check_table_name(&table).map_err(bad)?;
-        let mut config = DynamoConfig {
-            table,
-            index: DEFAULT_INDEX.into(),
-            region: None,
-            endpoint: None,
-            create: false,
-            revs_limit: crate::backend::DEFAULT_REVS_LIMIT,
-            settle: DEFAULT_SETTLE,
-            write_timeout: DEFAULT_WRITE_TIMEOUT,
-        };
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let value = decode(value);
-            match name {
-                "region" => config.region = Some(value).filter(|v| !v.is_empty()),
-                "endpoint" => {
-                    url::Url::parse(&value).map_err(|e| bad(format!("endpoint {value:?}: {e}")))?;
-                    config.endpoint = Some(value);
-                }
-                "create" => {
-                    config.create = match value.as_str() {
-                        "true" | "1" | "yes" => true,
-                        "false" | "0" | "no" => false,
-                        _ => return Err(bad(format!("create={value} is not true/false"))),
-                    }
-                }
-                "index" => {
-                    check_table_name(&value).map_err(bad)?;
-                    config.index = value;
-                }
-                "revs_limit" => config.revs_limit = positive(name, &value).map_err(bad)? as usize,
-                "settle_ms" => config.settle = Duration::from_millis(positive(name, &value).map_err(bad)?),
-                "write_timeout_ms" => {
-                    config.write_timeout = Duration::from_millis(positive(name, &value).map_err(bad)?)
-                }
-                other => {
-                    return Err(bad(format!(
-                        "unknown parameter {other:?} (known: region, endpoint, create, index, revs_limit, settle_ms, \
-                         write_timeout_ms)"
-                    )))
-                }
+        let params = QueryParams::parse(
+            ADAPTER,
+            query,
+            &["region", "endpoint", "create", "index", "revs_limit", "settle_ms", "write_timeout_ms"],
+        )?;
+        let index = match params.text("index") {
+            Some(index) => {
+                check_table_name(index).map_err(bad)?;
+                index.to_owned()
             }
-        }
+            None => DEFAULT_INDEX.into(),
+        };
+        // Durations are whole milliseconds from 1 to u32::MAX, as before.
+        let millis = |name: &str, default: Duration| -> Result<Duration> {
+            Ok(params.whole(name, 1..=u64::from(u32::MAX))?.map_or(default, Duration::from_millis))
+        };
+        let config = DynamoConfig {
+            table,
+            index,
+            region: params.text("region").filter(|v| !v.is_empty()).map(str::to_owned),
+            endpoint: params.url("endpoint")?,
+            create: params.flag("create")?.unwrap_or(false),
+            revs_limit: params.revs_limit(u32::MAX as usize)?,
+            settle: millis("settle_ms", DEFAULT_SETTLE)?,
+            write_timeout: millis("write_timeout_ms", DEFAULT_WRITE_TIMEOUT)?,
+        };
         if config.write_timeout >= config.settle {
             return Err(bad(format!(
                 "write_timeout_ms ({}) must be below settle_ms ({}): a write attempt must end before the change feed \
@@ -139,18 +126,6 @@ impl DynamoConfig {
         }
         out
     }
-}
-
-/// A whole number of at least 1 for the parameter `name`.
-fn positive(name: &str, value: &str) -> std::result::Result<u64, String> {
-    match value.parse::<u64>() {
-        Ok(n) if n >= 1 && n <= u64::from(u32::MAX) => Ok(n),
-        _ => Err(format!("{name}={value} is not a whole number from 1 to {}", u32::MAX)),
-    }
-}
-
-fn decode(text: &str) -> String {
-    percent_encoding::percent_decode_str(text).decode_utf8_lossy().into_owned()
 }
 
 /// DynamoDB's rule for table and index names: 3–255 of `a-z A-Z 0-9 _ - .`.

@@ -13,7 +13,11 @@
 
 use std::time::Duration;
 
-use crate::error::{Error, Result};
+use crate::backend::url::query::{decode, url_error, QueryParams};
+use crate::error::Result;
+
+/// How errors name this adapter's URL.
+const ADAPTER: &str = "Firestore";
 
 pub const DEFAULT_DATABASE: &str = "(default)";
 pub const DEFAULT_COLLECTION: &str = crate::model::COLLECTION;
@@ -54,7 +58,7 @@ impl FirestoreConfig {
     }
 
     fn parse_with_env(text: &str, emulator_env: Option<String>) -> Result<Self> {
-        let bad = |problem: String| Error::invalid("backend", format!("Firestore URL: {problem}"));
+        let bad = |problem: String| url_error(ADAPTER, problem);
         let rest = text.strip_prefix("firestore://").ok_or_else(|| bad("must start with firestore://".into()))?;
         let (project, query) = rest.split_once('?').unwrap_or((rest, ""));
         let project = decode(project.trim_end_matches('/'));
@@ -64,64 +68,35 @@ impl FirestoreConfig {
             check_project(&project).map_err(bad)?;
             Some(project)
         };
+        let params = QueryParams::parse(
+            ADAPTER,
+            query,
+            &["database", "collection", "emulator", "credentials", "endpoint", "timeout_ms", "revs_limit", "settle_ms"],
+        )?;
+        let database = params.text("database").unwrap_or(DEFAULT_DATABASE);
+        check_database(database).map_err(bad)?;
+        let collection = params.text("collection").unwrap_or(DEFAULT_COLLECTION);
+        check_collection(collection).map_err(bad)?;
+        let emulator = params.text("emulator").map(check_host_port).transpose().map_err(bad)?;
+        let credentials = match params.text("credentials") {
+            Some("") => return Err(bad("credentials= needs a service-account key file path".into())),
+            credentials => credentials.map(str::to_owned),
+        };
+        let endpoint = params.url("endpoint")?;
+        let endpoint_given = endpoint.is_some();
         let mut config = FirestoreConfig {
             project,
-            database: DEFAULT_DATABASE.into(),
-            collection: DEFAULT_COLLECTION.into(),
-            emulator: None,
-            credentials: None,
-            endpoint: PRODUCTION_ENDPOINT.into(),
-            timeout: DEFAULT_TIMEOUT,
-            revs_limit: crate::backend::DEFAULT_REVS_LIMIT,
-            settle: DEFAULT_SETTLE,
+            database: database.to_owned(),
+            collection: collection.to_owned(),
+            emulator,
+            credentials,
+            endpoint: endpoint.map_or_else(|| PRODUCTION_ENDPOINT.into(), |e| e.trim_end_matches('/').to_owned()),
+            timeout: params
+                .whole("timeout_ms", 0..=u64::MAX)?
+                .map_or(DEFAULT_TIMEOUT, |ms| Duration::from_millis(ms.max(1))),
+            revs_limit: params.revs_limit(MAX_REVS_LIMIT)?,
+            settle: params.whole("settle_ms", 0..=u64::MAX)?.map_or(DEFAULT_SETTLE, Duration::from_millis),
         };
-        let mut endpoint_given = false;
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let value = decode(value);
-            match name {
-                "database" => {
-                    check_database(&value).map_err(bad)?;
-                    config.database = value;
-                }
-                "collection" => {
-                    check_collection(&value).map_err(bad)?;
-                    config.collection = value;
-                }
-                "emulator" => config.emulator = Some(check_host_port(&value).map_err(bad)?),
-                "credentials" => {
-                    if value.is_empty() {
-                        return Err(bad("credentials= needs a service-account key file path".into()));
-                    }
-                    config.credentials = Some(value);
-                }
-                "endpoint" => {
-                    url::Url::parse(&value).map_err(|e| bad(format!("endpoint {value:?}: {e}")))?;
-                    config.endpoint = value.trim_end_matches('/').to_owned();
-                    endpoint_given = true;
-                }
-                "timeout_ms" => {
-                    let ms: u64 = value.parse().map_err(|_| bad(format!("timeout_ms={value} is not a number")))?;
-                    config.timeout = Duration::from_millis(ms.max(1));
-                }
-                "revs_limit" => {
-                    config.revs_limit =
-                        value.parse().ok().filter(|n| (1..=MAX_REVS_LIMIT).contains(n)).ok_or_else(|| {
-                            bad(format!("revs_limit={value} is not a number from 1 to {MAX_REVS_LIMIT}"))
-                        })?;
-                }
-                "settle_ms" => {
-                    let ms: u64 = value.parse().map_err(|_| bad(format!("settle_ms={value} is not a number")))?;
-                    config.settle = Duration::from_millis(ms);
-                }
-                other => {
-                    return Err(bad(format!(
-                        "unknown parameter {other:?} (known: database, collection, emulator, credentials, endpoint, \
-                         timeout_ms, revs_limit, settle_ms)"
-                    )))
-                }
-            }
-        }
         if config.emulator.is_none() && !endpoint_given {
             if let Some(host) = emulator_env.filter(|h| !h.is_empty()) {
                 config.emulator =
@@ -169,10 +144,6 @@ impl FirestoreConfig {
         }
         out
     }
-}
-
-fn decode(text: &str) -> String {
-    percent_encoding::percent_decode_str(text).decode_utf8_lossy().into_owned()
 }
 
 /// Google Cloud project ids: 6–30 of lowercase letters, digits and hyphens, starting with a

@@ -17,6 +17,7 @@ use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 
 use super::range::{field_ranges, index_prefix, FieldRange};
+use super::request::{parse_request, parse_sort, restrict_to_user};
 use super::selector::{join_field, parse_field, Selector};
 use super::{erlang_term, MangoError};
 use crate::backend::{DocumentBackend, Precondition};
@@ -349,7 +350,7 @@ fn parse_index_fields(fields: Option<&Value>) -> Result<Vec<(String, String)>, M
     let Some(list) = fields else {
         return Err(MangoError::bad_request("missing_required_key", "Missing required key: fields"));
     };
-    let parsed = super::find::parse_sort(list)?;
+    let parsed = parse_sort(list)?;
     Ok(parsed.fields.into_iter().map(|(path, _)| (join_field(&path), parsed.direction.clone())).collect())
 }
 
@@ -531,8 +532,8 @@ pub async fn explain(
     db_name: &str,
     only_user: Option<&str>,
 ) -> Result<Value, MangoError> {
-    let parsed = super::find::parse_request(request)?;
-    let selector = super::find::restrict_to_user(parsed.selector.clone(), only_user);
+    let parsed = parse_request(request)?;
+    let selector = restrict_to_user(parsed.selector.clone(), only_user);
     let mut catalog = IndexCatalog::load(backend).await?;
     if !parsed.partition.is_empty() {
         catalog = catalog.without_json_indexes();

@@ -19,6 +19,7 @@ pub mod find;
 pub mod index;
 mod index_cache;
 pub mod range;
+pub mod request;
 pub mod selector;
 
 #[cfg(test)]
