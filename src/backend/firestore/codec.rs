@@ -25,6 +25,12 @@ pub const FORMAT: &str = "_format";
 pub const BODY: &str = "_body";
 pub const CHUNKS: &str = "_chunks";
 pub const CHUNK_SET: &str = "_chunkSet";
+pub const REV: &str = "_rev";
+pub const REVS: &str = "_revs";
+pub const DELETED: &str = "_deleted";
+pub const CHANGED_AT: &str = "_changedAt";
+/// The fields this layout adds; never part of a body.
+pub const MODEL_FIELDS: [&str; 4] = [REV, REVS, DELETED, CHANGED_AT];
 /// The subcollection under a document that holds its extra chunks (`…/agentstore_chunks/{n}`).
 pub const CHUNK_COLLECTION: &str = "agentstore_chunks";
 /// Fields of a chunk document.
@@ -156,7 +162,7 @@ pub fn decode(id: &str, stored: &Map<String, Value>, extra_chunks: &[Vec<u8>]) -
         None => {
             // The id and the document model's fields are not part of the body.
             let mut names: Vec<&String> =
-                stored.keys().filter(|n| *n != ID && !super::model::MODEL_FIELDS.contains(&n.as_str())).collect();
+                stored.keys().filter(|n| *n != ID && !MODEL_FIELDS.contains(&n.as_str())).collect();
             // Firestore keeps no field order; use the spec's.
             names.sort_by_key(|name| (crate::model::document::field_rank(name), name.as_str()));
             let mut body = Map::with_capacity(names.len());
