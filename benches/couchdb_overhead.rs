@@ -510,7 +510,7 @@ mod document_model {
     /// Changes or documents per page, on both sides.
     const PAGE: usize = 100;
     /// The explicit high end the adapter sends pouchdb-server for an open range (see
-    /// `src/backend/couchdb/id_order.rs`); the raw side sends the same.
+    /// `src/backend/couchdb/ids.rs`); the raw side sends the same.
     const POUCHDB_HIGH_END: &str = "\u{FFFF}\u{FFFF}";
 
     #[derive(Default)]

@@ -6,9 +6,9 @@ use async_trait::async_trait;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Map, Value};
 
-use super::client::{CouchClient, Reply};
 use super::codec::{to_couch_doc, NumberModel};
 use super::config::CouchConfig;
+use super::core::{CouchClient, Reply};
 use super::counts::CountCache;
 use super::error::from_status;
 use super::live::LiveRevisions;
@@ -44,7 +44,7 @@ pub struct CouchDbBackend {
     live: LiveRevisions,
     /// Whether the server is pouchdb-server, asked on the first write or `all_docs` that needs
     /// to know: it stores every number as a double ([`NumberModel`]) and bounds id ranges
-    /// differently ([`super::id_order`]).
+    /// differently ([`super::ids`]).
     is_pouchdb_server: tokio::sync::OnceCell<bool>,
     /// The document and design-document counts, remembered briefly (see [`super::counts`]).
     pub(super) counts: CountCache,

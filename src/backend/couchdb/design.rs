@@ -6,7 +6,7 @@
 use futures::TryStreamExt;
 
 use super::backend::CouchDbBackend;
-use super::client::SERVICE;
+use super::core::SERVICE;
 use crate::backend::raw::http::{transport_error, Idempotency};
 use crate::backend::{DesignRequest, DesignResponse};
 use crate::error::Result;

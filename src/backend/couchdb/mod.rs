@@ -7,38 +7,40 @@
 //! when no limit is given, so a limit is always sent). A design document of the earlier schema
 //! revision (`_design/data_store`) is never touched and never returned as data.
 //!
+//! Files, as in every adapter:
 //! - [`config`]: the `couchdb+http(s)://` URL.
-//! - [`client`]: the raw HTTP calls (reqwest; keep-alive pool, TLS, basic auth, timeouts, retries
+//! - [`core`]: the raw HTTP calls (reqwest; keep-alive pool, TLS, basic auth, timeouts, retries
 //!   with backoff and jitter for idempotent reads).
+//! - [`backend`]: the `DocumentBackend` implementation; plain puts, deletes and reads.
 //! - [`error`]: CouchDB statuses and bodies → the crate's error kinds.
-//! - [`backend`]: the `DocumentBackend` implementation.
+//! - [`codec`]: bodies on their way to CouchDB, held to the service's number model.
+//! - [`write`]: replicated writes (`_bulk_docs` with `new_edits: false`).
+//! - [`feed`]: the change feed (`_changes`) and its current position (`update_seq`).
+//! - [`ids`]: documents in id order (`_all_docs`, design documents left out), erasure by prefix
+//!   (`_changes` with a `_selector` filter, then `_purge`).
+//! - [`local`]: `_local/` documents.
+//! - [`history`]: revisions and ancestry (`?revs=true`), tombstones found through `_all_docs`.
 //! - [`counts`]: document counts remembered briefly, so `_all_docs` costs one request.
+//! - [`design`]: design documents, passed through to CouchDB.
+//! - [`live`]: keeps a tombstone's revision from reviving or re-deleting a document.
 //!
 //! CouchDB's document model is the one the trait describes, so each part maps onto its native
-//! feature (see `docs/couchdb-document-model.md`):
-//! - [`history`]: revisions and ancestry (`?revs=true`), tombstones found through `_all_docs`.
-//! - [`feed`]: the change feed (`_changes`) and its current position (`update_seq`).
-//! - [`id_order`]: documents in id order (`_all_docs`), design documents left out.
-//! - [`purge`]: erasure by prefix (`_changes` with a `_selector` filter, then `_purge`).
-//! - [`local`]: `_local/` documents.
-//! - [`replicated`]: replicated writes (`_bulk_docs` with `new_edits: false`).
-//! - [`live`]: keeps a tombstone's revision from reviving or re-deleting a document.
+//! feature (see `docs/couchdb-document-model.md`).
 
 mod backend;
-mod client;
 mod codec;
 pub mod config;
+mod core;
 mod counts;
 mod design;
 mod error;
 mod feed;
 mod history;
-mod id_order;
+mod ids;
 mod live;
 mod local;
-mod purge;
-mod replicated;
+mod write;
 
+pub use self::core::READ_RETRY;
 pub use backend::{CouchDbBackend, INDEX_NAME};
-pub use client::READ_RETRY;
 pub use config::CouchConfig;

@@ -2,8 +2,9 @@
 //!
 //! Every write is conditional on the `_rev` attribute it read (`attribute_not_exists(_id)` to
 //! create, equality to update or delete), so the facade's optimistic concurrency holds; the
-//! document model's writes are in [`super::model`], its feed, id order and erasure in
-//! [`super::feed`], local documents in [`super::local`], the layout in [`super::layout`].
+//! document model's writes are in [`super::write`], its feed in [`super::feed`], id order and
+//! erasure in [`super::ids`], local documents in [`super::local`], the layout in
+//! [`super::layout`] and its upgrade in [`super::upgrade`].
 //! Listings query the GSI, whose reads are eventually consistent in DynamoDB: a write is not
 //! always visible to the very next listing. Direct reads (`get`, `scan`) are strongly consistent.
 

@@ -6,13 +6,14 @@
 //! and projections work for every document.
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
 
 use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::AttributeValue;
 use base64::Engine as _;
 use serde_json::{Map, Number, Value};
 
+use crate::backend::raw::compressed;
+pub use crate::backend::raw::compressed::FORMAT_JSON_GZIP;
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::fields;
 
@@ -22,7 +23,6 @@ pub const BODY: &str = "_body";
 pub const FORMAT: &str = "_format";
 pub const CHUNKS: &str = "_chunks";
 pub const CHUNK_OF: &str = "_chunkOf";
-pub const FORMAT_JSON_GZIP: &str = "json+gzip";
 
 /// Bodies whose JSON is larger than this are not stored natively (margin under DynamoDB's 400 KB
 /// item limit, whose size rules differ from JSON's).
@@ -61,22 +61,13 @@ pub fn encode(id: &str, rev: &str, body: &Map<String, Value>) -> Result<Encoded>
             item.insert(name.into(), AttributeValue::S(text.clone()));
         }
     }
-    let json = serde_json::to_vec(body).map_err(|e| Error::new(ErrorKind::Internal, "encode body").with_source(e))?;
-    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-    encoder
-        .write_all(&json)
-        .and_then(|_| encoder.finish())
-        .map_err(|e| Error::new(ErrorKind::Internal, "compress body").with_source(e))
-        .map(|compressed| {
-            let mut chunks: Vec<Vec<u8>> = compressed.chunks(CHUNK_BYTES).map(<[u8]>::to_vec).collect();
-            let first = if chunks.is_empty() { Vec::new() } else { chunks.remove(0) };
-            item.insert(FORMAT.into(), AttributeValue::S(FORMAT_JSON_GZIP.into()));
-            item.insert(BODY.into(), AttributeValue::B(Blob::new(first)));
-            if !chunks.is_empty() {
-                item.insert(CHUNKS.into(), AttributeValue::N(chunks.len().to_string()));
-            }
-            Encoded { item, extra_chunks: chunks }
-        })
+    let (first, extra_chunks) = compressed::compress(id, body)?.split(CHUNK_BYTES);
+    item.insert(FORMAT.into(), AttributeValue::S(FORMAT_JSON_GZIP.into()));
+    item.insert(BODY.into(), AttributeValue::B(Blob::new(first)));
+    if !extra_chunks.is_empty() {
+        item.insert(CHUNKS.into(), AttributeValue::N(extra_chunks.len().to_string()));
+    }
+    Ok(Encoded { item, extra_chunks })
 }
 
 /// How many extra chunk items this item's body continues in.
@@ -115,19 +106,11 @@ pub fn decode(item: &Item, extra_chunks: &[Vec<u8>]) -> Result<Map<String, Value
             Ok(body)
         }
         Some(FORMAT_JSON_GZIP) => {
-            let mut compressed = match item.get(BODY) {
+            let first = match item.get(BODY) {
                 Some(AttributeValue::B(blob)) => blob.as_ref().to_vec(),
                 _ => return Err(corrupt(id, "has _format but no binary _body")),
             };
-            for chunk in extra_chunks {
-                compressed.extend_from_slice(chunk);
-            }
-            let mut json = Vec::new();
-            flate2::read::GzDecoder::new(compressed.as_slice())
-                .read_to_end(&mut json)
-                .map_err(|e| corrupt(id, &format!("has a _body that does not decompress: {e}")))?;
-            serde_json::from_slice(&json)
-                .map_err(|e| corrupt(id, &format!("has a _body that is not a JSON object: {e}")))
+            compressed::decompress(first, extra_chunks, |problem| corrupt(id, problem))
         }
         Some(other) => Err(corrupt(id, &format!("has unknown _format {other:?}"))),
     }

@@ -1,24 +1,32 @@
 //! The DynamoDB backend: the spec's table (partition key `_id`) and GSI (`userId` + `namespace`),
 //! through the official AWS SDK, with lossless values (see `docs/dynamodb-layout.md`).
 //!
+//!
+//! Files, as in every adapter:
 //! - [`config`]: the `dynamodb://` URL.
-//! - [`codec`]: JSON bodies ↔ items: native attributes where exact, compressed and chunked JSON
-//!   where not.
+//! - `core`: none of its own; the raw calls are the AWS SDK's `Client`.
+//! - [`backend`]: the `DocumentBackend` implementation, the table's creation and the reads.
 //! - [`error`]: SDK errors → the crate's error kinds.
-//! - [`backend`]: the `DocumentBackend` implementation.
-//! - [`model`]: writes that continue generations and ancestry, tombstones.
-//! - [`feed`]: the change feed, id order and erasure over the sharded indexes.
-//! - [`local`]: local documents.
-//! - [`layout`]: the document model's attributes and indexes, and the upgrade.
+//! - [`codec`]: JSON bodies ↔ items: native attributes where exact, compressed and chunked JSON
+//!   ([`crate::backend::raw::compressed`]) where not.
+//! - [`write`]: writes that continue generations and ancestry, tombstones, replicated writes.
+//! - [`feed`]: the change feed over the sharded feed index.
+//! - [`ids`]: documents in id order over the sharded id index, erasure by prefix.
+//! - [`local`]: `_local/` documents.
+//! - [`layout`]: the document model's attributes and indexes.
+//! - [`upgrade`]: the layout marker, creating the indexes, and the upgrade of the previous
+//!   release's items.
 
 mod backend;
 pub mod codec;
 pub mod config;
 mod error;
 mod feed;
+mod ids;
 pub mod layout;
 mod local;
-mod model;
+mod upgrade;
+mod write;
 
 pub use backend::DynamoDbBackend;
 pub use config::DynamoConfig;

@@ -28,8 +28,8 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use redb::Database;
 
-use super::backend::Tables;
 use super::error::map_redb;
+use super::write::Tables;
 use crate::error::{Error, ErrorKind, Result};
 
 /// The most jobs one transaction holds, so one group's commit (and its callers' wait) stays
@@ -211,4 +211,32 @@ pub(super) fn is_clean_refusal(error: &Error) -> bool {
         error.kind(),
         ErrorKind::Conflict | ErrorKind::NotFound | ErrorKind::InvalidInput | ErrorKind::Misconfigured
     )
+}
+
+/// The group-commit job that runs `work` and answers on `answer`: with the commit's outcome
+/// when it wrote, at once when it refused having changed nothing, or as a broken job (its group
+/// rolled back) when it failed after writing or for any other reason.
+pub(super) fn job_of<T, F>(work: F, answer: tokio::sync::oneshot::Sender<Result<T>>) -> Job
+where
+    T: Send + 'static,
+    F: FnOnce(&mut Tables<'_>) -> Result<T> + Send + 'static,
+{
+    Box::new(move |tables: &mut Tables<'_>| {
+        // Every document write takes a feed position: an unchanged counter shows that a refusal
+        // left the documents alone.
+        let feed_before = tables.next_seq;
+        match work(tables) {
+            Ok(out) => JobEnd::Wrote(Box::new(move |committed| {
+                let _ = answer.send(committed.map(|()| out));
+            })),
+            Err(error) if is_clean_refusal(&error) && tables.next_seq == feed_before => {
+                JobEnd::Refused(Box::new(move || {
+                    let _ = answer.send(Err(error));
+                }))
+            }
+            Err(error) => JobEnd::Broke(Box::new(move || {
+                let _ = answer.send(Err(error));
+            })),
+        }
+    })
 }

@@ -7,7 +7,7 @@
 //! commits that survive a crash, ordered range scans over composite keys, and an exclusive file
 //! lock — in a small crate that builds in seconds.
 //!
-//! Layout (see [`backend`] and [`record`]):
+//! Layout (see [`core`] and [`codec`]):
 //! - `docs`: `_id` → the live document's record: revision (generation as a big-endian u64, 16
 //!   random bytes; it reads `N-<32 hex>`), change-feed position, and the body as compact JSON.
 //!   Records written by older releases (no feed position; the oldest with an 8-byte file-wide
@@ -27,10 +27,29 @@
 //! waiting when it begins, each answered once its commit is durable.
 //! A revision is never reused, even after a document is deleted and created again: 128 random
 //! bits make a repeat as unlikely as a UUID collision.
+//!
+//! Files, as in every adapter:
+//! - `config`: none of its own; the `embedded:` URL is read in `backend/url.rs` into
+//!   [`EmbeddedOptions`].
+//! - [`core`]: the tables of the file, creating them, and the read transactions.
+//! - [`backend`]: the `DocumentBackend` implementation, calling into the files below.
+//! - [`error`]: redb's and tokio's errors → the crate's error kinds.
+//! - [`codec`]: the bytes of a record (revision, feed position, JSON body) in every layout.
+//! - [`write`]: the write transaction and the writes that run in it.
+//! - [`feed`]: the change feed and its current position.
+//! - [`ids`]: documents in id order, erasure by prefix.
+//! - [`local`]: `_local/` documents.
+//! - [`group_commit`]: concurrent writes sharing one fsync'd transaction.
 
 mod backend;
+mod codec;
+mod core;
 mod error;
+mod feed;
 mod group_commit;
-mod record;
+mod ids;
+mod local;
+mod write;
 
-pub use backend::{write_previous_release_file, EmbeddedBackend, EmbeddedOptions};
+pub use self::core::write_previous_release_file;
+pub use backend::{EmbeddedBackend, EmbeddedOptions};

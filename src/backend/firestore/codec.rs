@@ -10,13 +10,13 @@
 //! over one document. `_id`, `userId`, `namespace` and `key` are always native so queries and
 //! projections work for every document.
 
-use std::io::{Read, Write};
-
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
 use serde_json::{json, Map, Number, Value};
 use sha2::{Digest, Sha256};
 
+use crate::backend::raw::compressed;
+pub use crate::backend::raw::compressed::FORMAT_JSON_GZIP;
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::fields;
 
@@ -25,7 +25,12 @@ pub const FORMAT: &str = "_format";
 pub const BODY: &str = "_body";
 pub const CHUNKS: &str = "_chunks";
 pub const CHUNK_SET: &str = "_chunkSet";
-pub const FORMAT_JSON_GZIP: &str = "json+gzip";
+pub const REV: &str = "_rev";
+pub const REVS: &str = "_revs";
+pub const DELETED: &str = "_deleted";
+pub const CHANGED_AT: &str = "_changedAt";
+/// The fields this layout adds; never part of a body.
+pub const MODEL_FIELDS: [&str; 4] = [REV, REVS, DELETED, CHANGED_AT];
 /// The subcollection under a document that holds its extra chunks (`…/agentstore_chunks/{n}`).
 pub const CHUNK_COLLECTION: &str = "agentstore_chunks";
 /// Fields of a chunk document.
@@ -104,40 +109,30 @@ pub fn encode(id: &str, body: &Map<String, Value>) -> Result<Encoded> {
             out.insert(name.into(), string_value(text));
         }
     }
-    let json = serde_json::to_vec(body)
-        .map_err(|e| Error::new(ErrorKind::Internal, format!("cannot serialise document {id:?}")).with_source(e))?;
-    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-    encoder
-        .write_all(&json)
-        .and_then(|()| encoder.finish())
-        .map_err(|e| Error::new(ErrorKind::Internal, format!("cannot compress document {id:?}")).with_source(e))
-        .and_then(|compressed| {
-            if compressed.len() > MAX_COMPRESSED_BYTES {
-                return Err(Error::new(
-                    ErrorKind::TooLarge,
-                    format!(
-                        "document {id:?} is {} bytes of JSON, {} compressed: over the {MAX_COMPRESSED_BYTES} bytes one \
-                         Firestore commit can carry",
-                        json.len(),
-                        compressed.len()
-                    ),
-                ));
-            }
-            let mut pieces = compressed.chunks(CHUNK_BYTES).map(<[u8]>::to_vec);
-            let first = pieces.next().unwrap_or_default();
-            let extra_chunks: Vec<Vec<u8>> = pieces.collect();
-            out.insert(FORMAT.into(), string_value(FORMAT_JSON_GZIP));
-            out.insert(BODY.into(), json!({ "bytesValue": BASE64.encode(first) }));
-            let chunk_set = if extra_chunks.is_empty() {
-                None
-            } else {
-                let set = crate::backend::random_token();
-                out.insert(CHUNKS.into(), json!({ "integerValue": extra_chunks.len().to_string() }));
-                out.insert(CHUNK_SET.into(), string_value(&set));
-                Some(set)
-            };
-            Ok(Encoded { fields: out, chunk_set, extra_chunks })
-        })
+    let compressed = compressed::compress(id, body)?;
+    if compressed.bytes.len() > MAX_COMPRESSED_BYTES {
+        return Err(Error::new(
+            ErrorKind::TooLarge,
+            format!(
+                "document {id:?} is {} bytes of JSON, {} compressed: over the {MAX_COMPRESSED_BYTES} bytes one \
+                 Firestore commit can carry",
+                compressed.json_bytes,
+                compressed.bytes.len()
+            ),
+        ));
+    }
+    let (first, extra_chunks) = compressed.split(CHUNK_BYTES);
+    out.insert(FORMAT.into(), string_value(FORMAT_JSON_GZIP));
+    out.insert(BODY.into(), json!({ "bytesValue": BASE64.encode(first) }));
+    let chunk_set = if extra_chunks.is_empty() {
+        None
+    } else {
+        let set = crate::backend::random_token();
+        out.insert(CHUNKS.into(), json!({ "integerValue": extra_chunks.len().to_string() }));
+        out.insert(CHUNK_SET.into(), string_value(&set));
+        Some(set)
+    };
+    Ok(Encoded { fields: out, chunk_set, extra_chunks })
 }
 
 /// How many chunk documents a stored document has (0 for none).
@@ -167,7 +162,7 @@ pub fn decode(id: &str, stored: &Map<String, Value>, extra_chunks: &[Vec<u8>]) -
         None => {
             // The id and the document model's fields are not part of the body.
             let mut names: Vec<&String> =
-                stored.keys().filter(|n| *n != ID && !super::model::MODEL_FIELDS.contains(&n.as_str())).collect();
+                stored.keys().filter(|n| *n != ID && !MODEL_FIELDS.contains(&n.as_str())).collect();
             // Firestore keeps no field order; use the spec's.
             names.sort_by_key(|name| (crate::model::document::field_rank(name), name.as_str()));
             let mut body = Map::with_capacity(names.len());
@@ -182,17 +177,9 @@ pub fn decode(id: &str, stored: &Map<String, Value>, extra_chunks: &[Vec<u8>]) -
                 .and_then(|v| v.get("bytesValue"))
                 .and_then(Value::as_str)
                 .ok_or_else(|| corrupt(id, "has _format but no bytes _body"))?;
-            let mut compressed =
+            let first =
                 BASE64.decode(first).map_err(|e| corrupt(id, &format!("has a _body that is not base64: {e}")))?;
-            for chunk in extra_chunks {
-                compressed.extend_from_slice(chunk);
-            }
-            let mut json = Vec::new();
-            flate2::read::GzDecoder::new(compressed.as_slice())
-                .read_to_end(&mut json)
-                .map_err(|e| corrupt(id, &format!("has a _body that does not decompress: {e}")))?;
-            serde_json::from_slice(&json)
-                .map_err(|e| corrupt(id, &format!("has a _body that is not a JSON object: {e}")))
+            compressed::decompress(first, extra_chunks, |problem| corrupt(id, problem))
         }
         Some(other) => Err(corrupt(id, &format!("has unknown _format {other:?}"))),
     }

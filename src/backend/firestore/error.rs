@@ -8,6 +8,9 @@ use serde_json::Value;
 use crate::backend::raw::http::{kind_of_status, unexpected_body, Idempotency};
 use crate::error::{Error, ErrorKind};
 
+/// The name Firestore goes by in errors.
+pub(super) const SERVICE: &str = "Firestore";
+
 /// What deploying the index takes, for the missing-index error.
 const INDEX_HELP: &str = "deploy the composite indexes in firestore.indexes.json (userId + namespace for \
                           listings, _deleted + _id both ways for id order; see docs/backends.md, Firestore)";
@@ -90,7 +93,7 @@ pub(super) fn from_auth(err: gcp_auth::Error, doing: &str) -> Error {
 
 /// A response body that is not the JSON Firestore promises.
 pub(super) fn bad_body(doing: &str, problem: impl std::fmt::Display) -> Error {
-    unexpected_body(super::client::SERVICE, doing, problem)
+    unexpected_body(SERVICE, doing, problem)
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! The change feed's positions (see `docs/firestore-layout.md`, "Change feed").
+//! The change feed: its positions and the sweeps that read it (see `docs/firestore-layout.md`, "Change feed").
 //!
 //! Every write sets `_changedAt` to the server's request time, which Firestore may assign a
 //! little before the commit time (`updateTime`): up to the settle window `W`. A feed token says
@@ -10,6 +10,14 @@
 
 use chrono::{DateTime, SecondsFormat, Utc};
 
+use serde_json::{json, Value};
+
+use super::backend::FirestoreBackend;
+use super::core::{all_of, field_filter, select, text, MAX_PAGE};
+use super::layout::FEED_FIELDS;
+use super::layout::{self, StoredState};
+use super::upgrade::LAYOUT_DOCUMENT;
+use crate::backend::{Change, ChangesPage};
 use crate::error::{Error, Result};
 
 /// A position in the feed.
@@ -90,12 +98,174 @@ pub fn timestamp(text: &str) -> Option<DateTime<Utc>> {
     DateTime::parse_from_rfc3339(text).ok().map(|t| t.with_timezone(&Utc))
 }
 
+impl FirestoreBackend {
+    pub(super) async fn feed_page(&self, since: Option<&str>, limit: usize) -> Result<ChangesPage> {
+        self.require_layout("the change feed").await?;
+        let token = since.map(FeedToken::parse).transpose()?.unwrap_or_default();
+        let limit = limit.clamp(1, MAX_PAGE);
+        let settle = chrono::Duration::from_std(self.config.settle).unwrap_or(chrono::Duration::zero());
+        // A sweep that begins at a floor first re-reads the window below it whole, so the writes
+        // already reported there (skipped) do not fill the caller's page: with them counted, a
+        // window holding more writes than a page never let a sweep end in one page, and so never
+        // let a reader with small pages learn that it had reached the present until the window
+        // had passed.
+        if let (None, Some(floor)) = (&token.sweep, &token.floor) {
+            if let Some(page) = self.feed_page_from_floor(&token, floor, settle, limit).await? {
+                return Ok(page);
+            }
+        }
+        let mut query = self.feed_query(limit);
+        if let Some(lowest) = token.lowest_changed_at(settle) {
+            query["where"] =
+                field_filter(layout::CHANGED_AT, "GREATER_THAN_OR_EQUAL", json!({ "timestampValue": lowest }));
+        }
+        if let Some(sweep) = &token.sweep {
+            query["startAt"] = json!({ "values": [
+                { "timestampValue": sweep.changed_at },
+                { "referenceValue": self.client.document_name(&sweep.document_id) }
+            ], "before": false });
+        }
+        let snapshot = token.sweep.as_ref().map(|s| s.snapshot.clone());
+        let answer = self.run_raw_query(&query, snapshot.as_deref(), "read the change feed").await?;
+        let snapshot = snapshot
+            .or(answer.read_time)
+            .ok_or_else(|| super::error::bad_body("read the change feed", "runQuery answered no readTime"))?;
+        let full = answer.documents.len() >= limit;
+        let mut changes = Vec::with_capacity(answer.documents.len());
+        let last = self.sweep_changes(&token, &snapshot, &answer.documents, limit, &mut changes);
+        let last_seq = match last {
+            Some(position) if full => position,
+            // The sweep reached the end: everything committed by its read time is reported.
+            _ => FeedToken::after_sweep(&snapshot).render(),
+        };
+        // A full query page leaves the sweep open, however many of its documents were reported
+        // already and dropped: more may follow. A sweep resumed from a token ends at the snapshot
+        // it began with, which may be long past (a replicator resumes from a row's `seq` and
+        // stops at the first empty answer): only a sweep that began with this read reaches the
+        // present. So the end of a resumed sweep is not the end of the feed; the next read, from
+        // its floor, starts a sweep at the current time.
+        let at_present = !full && token.sweep.is_none();
+        // Nothing is held back: a sweep reads everything committed by its snapshot, so the
+        // floor after it is safe to resume from (the settle window only reaches back below it).
+        Ok(ChangesPage { changes, last_seq, pending: if at_present { Some(0) } else { None }, unsettled: 0 })
+    }
+
+    /// The feed query in (`_changedAt`, `__name__`) order, without filter or cursor.
+    pub(super) fn feed_query(&self, limit: usize) -> Value {
+        json!({
+            "select": select(&FEED_FIELDS),
+            "from": [{ "collectionId": self.client.collection() }],
+            "orderBy": [
+                { "field": { "fieldPath": layout::CHANGED_AT }, "direction": "ASCENDING" },
+                { "field": { "fieldPath": "__name__" }, "direction": "ASCENDING" }
+            ],
+            "limit": limit,
+        })
+    }
+
+    /// Appends the changes among `documents` (one sweep's, at `snapshot`) not reported before
+    /// `token`, until `changes` holds `limit`; the position of the last document looked at.
+    pub(super) fn sweep_changes(
+        &self,
+        token: &FeedToken,
+        snapshot: &str,
+        documents: &[Value],
+        limit: usize,
+        changes: &mut Vec<Change>,
+    ) -> Option<String> {
+        let mut last = None;
+        for document in documents {
+            if changes.len() >= limit {
+                break;
+            }
+            let position = FeedToken {
+                floor: token.floor.clone(),
+                sweep: Some(Sweep {
+                    snapshot: snapshot.to_owned(),
+                    changed_at: text(document, &format!("/fields/{}/timestampValue", layout::CHANGED_AT)).to_owned(),
+                    document_id: self.name_of_document(document).to_owned(),
+                }),
+            }
+            .render();
+            // Committed at or before the floor: the sweep that set the floor reported it.
+            if !token.reported(text(document, "/updateTime")) {
+                let state = StoredState::of(document);
+                changes.push(Change {
+                    seq: position.clone(),
+                    id: self.id_of(document),
+                    rev: state.rev,
+                    deleted: state.deleted,
+                });
+            }
+            last = Some(position);
+        }
+        last
+    }
+
+    /// A sweep beginning at `floor`, at one snapshot: the window `[floor - W, floor]` read whole
+    /// (up to [`MAX_PAGE`] documents), then what changed after the floor, up to the page. `None`
+    /// when the window holds more than that: the caller sweeps it page by page instead.
+    pub(super) async fn feed_page_from_floor(
+        &self,
+        token: &FeedToken,
+        floor: &str,
+        settle: chrono::Duration,
+        limit: usize,
+    ) -> Result<Option<ChangesPage>> {
+        let Some(lowest) = token.lowest_changed_at(settle) else { return Ok(None) };
+        let mut window = self.feed_query(MAX_PAGE);
+        window["where"] = all_of(vec![
+            field_filter(layout::CHANGED_AT, "GREATER_THAN_OR_EQUAL", json!({ "timestampValue": lowest })),
+            field_filter(layout::CHANGED_AT, "LESS_THAN_OR_EQUAL", json!({ "timestampValue": floor })),
+        ]);
+        let doing = "read the change feed";
+        let answer = self.run_raw_query(&window, None, doing).await?;
+        if answer.documents.len() >= MAX_PAGE {
+            return Ok(None);
+        }
+        let snapshot =
+            answer.read_time.ok_or_else(|| super::error::bad_body(doing, "runQuery answered no readTime"))?;
+        let mut changes = Vec::new();
+        let mut last = self.sweep_changes(token, &snapshot, &answer.documents, limit, &mut changes);
+        // A page filled inside the window (writes that committed late, rare): the sweep goes on
+        // from the last of them.
+        let mut full = changes.len() >= limit;
+        if changes.len() < limit {
+            let mut after = self.feed_query(limit - changes.len());
+            after["where"] = field_filter(layout::CHANGED_AT, "GREATER_THAN", json!({ "timestampValue": floor }));
+            let later = self.run_raw_query(&after, Some(&snapshot), doing).await?;
+            full = later.documents.len() >= limit - changes.len();
+            if let Some(position) = self.sweep_changes(token, &snapshot, &later.documents, limit, &mut changes) {
+                last = Some(position);
+            }
+        }
+        let (last_seq, pending) = match last {
+            Some(position) if full => (position, None),
+            _ => (FeedToken::after_sweep(&snapshot).render(), Some(0)),
+        };
+        Ok(Some(ChangesPage { changes, last_seq, pending, unsettled: 0 }))
+    }
+
+    pub(super) async fn feed_position(&self) -> Result<String> {
+        self.require_layout("the change feed").await?;
+        let name = self.client.name_in(&self.client.meta_collection(), LAYOUT_DOCUMENT);
+        let reply = self.batch_get_fields(&[name], Some(&["version"]), "read the time").await?;
+        let read_time = reply
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find_map(|entry| entry.get("readTime").and_then(Value::as_str))
+            .ok_or_else(|| super::error::bad_body("read the time", "batchGet answered no readTime"))?;
+        Ok(FeedToken::after_sweep(read_time).render())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn tokens_round_trip_and_refuse_garbage() {
+    pub(super) fn tokens_round_trip_and_refuse_garbage() {
         let tokens = [
             FeedToken::default(),
             FeedToken::after_sweep("2026-01-01T00:00:01.5Z"),
@@ -117,7 +287,7 @@ mod tests {
     }
 
     #[test]
-    fn the_window_reaches_back_and_reported_writes_are_skipped() {
+    pub(super) fn the_window_reaches_back_and_reported_writes_are_skipped() {
         let token = FeedToken::after_sweep("2026-01-01T00:00:10Z");
         assert_eq!(token.lowest_changed_at(chrono::Duration::seconds(5)).unwrap(), "2026-01-01T00:00:05.000000000Z");
         assert!(token.reported("2026-01-01T00:00:09.999999Z"));

@@ -2,24 +2,33 @@
 //! queried through the composite index `userId` + `namespace`, over the REST API v1, with
 //! lossless values (see `docs/firestore-layout.md`).
 //!
+//!
+//! Files, as in every adapter:
 //! - [`config`]: the `firestore://` URL.
-//! - [`codec`]: composite ids ↔ document ids, JSON bodies ↔ Firestore fields: native values where
-//!   exact, compressed and chunked JSON where not.
-//! - [`client`]: the HTTP calls, credentials and retries.
+//! - [`core`]: the raw REST calls (credentials, retries) and the queries they carry.
+//! - [`backend`]: the `DocumentBackend` implementation, and the reads it is made of.
 //! - [`error`]: Firestore's answers → the crate's error kinds.
-//! - [`model`]: the document model's fields: stored revisions, ancestry, tombstones, feed time.
-//! - [`feed`]: the change feed's positions.
-//! - [`backend`]: the `DocumentBackend` implementation.
+//! - [`codec`]: composite ids ↔ document ids, JSON bodies ↔ Firestore fields: native values where
+//!   exact, compressed and chunked JSON ([`crate::backend::raw::compressed`]) where not.
+//! - [`write`]: writes that continue generations and ancestry, tombstones, replicated writes.
+//! - [`feed`]: the change feed (`_changedAt` sweeps) and its positions.
+//! - [`ids`]: documents in id order, erasure by prefix.
+//! - [`local`]: `_local/` documents.
+//! - [`layout`]: the document model's fields: stored revisions, ancestry, tombstones, feed time.
+//! - [`upgrade`]: the layout marker and the upgrade of documents of the previous release.
 
 mod backend;
-mod client;
 pub mod codec;
 pub mod config;
+mod core;
 mod error;
 mod feed;
-mod listing;
-mod model;
+mod ids;
+mod layout;
+mod local;
+mod upgrade;
+mod write;
 
+pub use self::core::RETRY;
 pub use backend::FirestoreBackend;
-pub use client::RETRY;
 pub use config::FirestoreConfig;

@@ -1,5 +1,6 @@
 //! Building blocks shared by the adapters, below any one storage protocol.
 
+pub mod compressed;
 pub mod http;
 pub mod layer;
 pub mod sharded;

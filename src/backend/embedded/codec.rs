@@ -17,6 +17,13 @@ use crate::backend::revision::{RevisionId, TOKEN_BYTES};
 use crate::backend::Revision;
 use crate::error::{Error, ErrorKind, Result};
 
+/// A body as compact JSON, refused as invalid input when it cannot be encoded.
+pub(super) fn encode_json(id: &str, body: &Map<String, Value>) -> Result<Vec<u8>> {
+    serde_json::to_vec(body).map_err(|e| {
+        Error::new(ErrorKind::InvalidInput, format!("document {id:?} cannot be encoded as JSON")).with_source(e)
+    })
+}
+
 const TAG_REVISION: u8 = 1;
 const TAG_FEED: u8 = 2;
 const COUNTER_HEADER: usize = 8;

@@ -11,15 +11,12 @@ use std::time::Duration;
 
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use reqwest::Method;
-use serde_json::Value;
+use serde_json::{json, Map, Value};
 
 use super::config::FirestoreConfig;
-use super::error::{from_auth, from_reply};
+use super::error::{from_auth, from_reply, SERVICE};
 use crate::backend::raw::http::{self, Idempotency, RetryPolicy};
 use crate::error::{Error, ErrorKind, Result};
-
-/// The name Firestore goes by in errors.
-pub(super) const SERVICE: &str = "Firestore";
 
 /// The OAuth scope Firestore's REST API needs.
 pub const SCOPE: &str = "https://www.googleapis.com/auth/datastore";
@@ -187,4 +184,32 @@ async fn project_from_environment(auth: &Auth) -> Result<String> {
         ErrorKind::Misconfigured,
         "Firestore needs a project: name it in the URL (firestore://PROJECT) or set GOOGLE_CLOUD_PROJECT",
     ))
+}
+
+/// The largest page the feed, id order and upgrade read at once.
+pub(super) const MAX_PAGE: usize = 10_000;
+
+pub(super) fn field_filter(field: &str, op: &str, value: Value) -> Value {
+    json!({ "fieldFilter": { "field": { "fieldPath": field }, "op": op, "value": value } })
+}
+
+pub(super) fn all_of(filters: Vec<Value>) -> Value {
+    if filters.len() == 1 {
+        filters.into_iter().next().unwrap_or(Value::Null)
+    } else {
+        json!({ "compositeFilter": { "op": "AND", "filters": filters } })
+    }
+}
+
+pub(super) fn select(fields: &[&str]) -> Value {
+    json!({ "fields": fields.iter().map(|f| json!({ "fieldPath": f })).collect::<Vec<_>>() })
+}
+
+pub(super) fn fields_of(document: &Value) -> &Map<String, Value> {
+    static EMPTY: std::sync::OnceLock<Map<String, Value>> = std::sync::OnceLock::new();
+    document.get("fields").and_then(Value::as_object).unwrap_or_else(|| EMPTY.get_or_init(Map::new))
+}
+
+pub(super) fn text<'a>(document: &'a Value, pointer: &str) -> &'a str {
+    document.pointer(pointer).and_then(Value::as_str).unwrap_or("")
 }

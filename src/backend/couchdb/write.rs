@@ -1,4 +1,6 @@
-//! Replicated writes on CouchDB: CouchDB's own `new_edits: false`.
+//! The write path's CouchDB-specific part: replicated writes, with CouchDB's own
+//! `new_edits: false` (plain puts and deletes are single requests, in `backend.rs`; the guard on
+//! tombstone revisions is `live.rs`).
 //!
 //! The revision is sent as a replicator sends it, `POST /db/_bulk_docs {"docs": [{…, "_rev",
 //! "_revisions"}], "new_edits": false}`, and CouchDB merges it into the document's revision tree

@@ -1,5 +1,5 @@
-//! The document model's fields on a Firestore document (see `docs/firestore-layout.md`):
-//! the stored revision `_rev` (`N-<32 hex>`), the packed ancestry `_revs`, the tombstone flag
+//! The document model's fields on a Firestore document (see `docs/firestore-layout.md`): the
+//! stored revision `_rev` (`N-<32 hex>`), the packed ancestry `_revs`, the tombstone flag
 //! `_deleted` and the feed position `_changedAt` (the server's request time, set by a field
 //! transform). Documents written by the previous release have none of them: their revision is
 //! still read as `updateTime[;N]` until they are rewritten or upgraded.
@@ -9,15 +9,10 @@ use base64::Engine as _;
 use serde_json::{json, Map, Value};
 
 use super::codec;
+pub(super) use super::codec::{CHANGED_AT, DELETED, REV, REVS};
 use crate::backend::revision::{PackedAncestry, RevisionId};
 use crate::backend::{Ancestry, Revision, RevisionInfo};
 
-pub const REV: &str = "_rev";
-pub const REVS: &str = "_revs";
-pub const DELETED: &str = "_deleted";
-pub const CHANGED_AT: &str = "_changedAt";
-/// The fields this layout adds; never part of a body.
-pub const MODEL_FIELDS: [&str; 4] = [REV, REVS, DELETED, CHANGED_AT];
 /// The fields a conditional write needs to read of the current document.
 pub const STATE_FIELDS: [&str; 5] = [codec::ID, REV, REVS, DELETED, codec::CHUNKS];
 
@@ -82,7 +77,7 @@ impl StoredState {
         RevisionInfo { rev: self.rev.clone(), deleted: self.deleted, ancestry }
     }
 
-    fn rev_suffix(&self) -> String {
+    pub(super) fn rev_suffix(&self) -> String {
         match self.generation {
             Some(_) => self.rev.as_str().split_once('-').map_or("", |(_, hex)| hex).to_owned(),
             None => self.rev.as_str().to_owned(),
@@ -162,12 +157,15 @@ pub fn tombstone_fields(id: &str, rev: &RevisionId, ancestry: &PackedAncestry) -
     fields
 }
 
+/// What the feed and the upgrade read of each document.
+pub(super) const FEED_FIELDS: [&str; 6] = [codec::ID, REV, REVS, DELETED, CHANGED_AT, codec::CHUNKS];
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn states_read_both_layouts() {
+    pub(super) fn states_read_both_layouts() {
         let rev = RevisionId::next_after(Some(4)).unwrap();
         let ancestry = PackedAncestry::extend(None, &rev, 10);
         let mut fields = tombstone_fields("u:n:k", &rev, &ancestry);

@@ -1,0 +1,238 @@
+//! Documents in id order over the sharded id index (docs/dynamodb-layout.md), merged across
+//! shards like the feed ([`crate::backend::raw::sharded`]), and erasure by id prefix.
+
+use std::collections::HashMap;
+
+use async_trait::async_trait;
+use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, WriteRequest};
+use serde_json::Value;
+
+use super::backend::DynamoDbBackend;
+use super::codec::{self, Item};
+use super::error::map_sdk;
+use super::layout::{self, limit_of, shard_value, ID_INDEX, SHARD, SHARD_COUNT};
+use crate::backend::raw::sharded::{Chunk, ShardReader, ShardedMerge};
+use crate::backend::{DocumentBackend, IdRange, LayoutState, Page, StoredDocument, LOCAL_PREFIX};
+use crate::error::{Error, ErrorKind, Result};
+
+/// Ids that `all_docs` never lists besides tombstones: local and design documents.
+const DESIGN_PREFIX: &str = "_design/";
+
+/// One entry of the id index.
+struct IdEntry {
+    id: String,
+    /// A tombstone or a chunk item: never listed.
+    hidden: bool,
+}
+
+/// Reads the id index over a range, in its direction, after an id already returned.
+struct IdReader<'a> {
+    backend: &'a DynamoDbBackend,
+    range: &'a IdRange,
+    after: Option<String>,
+}
+
+#[async_trait]
+impl ShardReader for IdReader<'_> {
+    type Entry = IdEntry;
+    type Key = String;
+    type Cursor = Item;
+
+    fn key(entry: &IdEntry) -> String {
+        entry.id.clone()
+    }
+
+    async fn read(&self, shard: u32, cursor: Option<Item>, limit: usize) -> Result<Chunk<IdEntry, Item>> {
+        let mut request = self
+            .backend
+            .client()
+            .query()
+            .table_name(self.backend.table())
+            .index_name(ID_INDEX)
+            .scan_index_forward(!self.range.descending)
+            .expression_attribute_names("#shard", SHARD)
+            .expression_attribute_values(":shard", shard_value(shard))
+            .limit(limit_of(limit))
+            .set_exclusive_start_key(cursor);
+        // The near end bounds the query; the far end is checked on the entries read.
+        let (strict, inclusive) = if self.range.descending { ("<", "<=") } else { (">", ">=") };
+        let near = match (&self.after, &self.range.start) {
+            (Some(after), _) => Some((strict, after)),
+            // DynamoDB refuses an empty string in a key condition (a ValidationException), and
+            // every id sorts at or after "": an empty start is no bound (a descending range from
+            // "" holds no id and never gets here, see `all_docs_page`).
+            (None, Some(start)) if start.is_empty() => None,
+            (None, Some(start)) => Some((inclusive, start)),
+            (None, None) => None,
+        };
+        request = match near {
+            Some((op, bound)) => request
+                .key_condition_expression(format!("#shard = :shard AND #id {op} :near"))
+                .expression_attribute_names("#id", codec::ID)
+                .expression_attribute_values(":near", AttributeValue::S(bound.clone())),
+            None => request.key_condition_expression("#shard = :shard"),
+        };
+        let output = request.send().await.map_err(|e| map_sdk(e, "read the id index"))?;
+        let mut entries = Vec::with_capacity(output.items().len());
+        for item in output.items() {
+            let id = codec::string_attribute(item, codec::ID).unwrap_or_default().to_owned();
+            if !self.range.contains(&id) {
+                // Past the far end: this shard is done.
+                return Ok(Chunk { entries, cursor: None });
+            }
+            entries.push(IdEntry { hidden: layout::is_tombstone(item) || codec::is_chunk(item), id });
+        }
+        Ok(Chunk { entries, cursor: output.last_evaluated_key })
+    }
+}
+
+/// An `all_docs` page token: the last id returned.
+fn encode_after(id: &str) -> String {
+    Value::String(id.to_owned()).to_string()
+}
+
+fn decode_after(token: &str) -> Result<String> {
+    match serde_json::from_str::<Value>(token) {
+        // An empty id is never returned, so never a token (and would reach a key condition).
+        Ok(Value::String(id)) if !id.is_empty() => Ok(id),
+        _ => Err(Error::invalid("page token", "was not produced by this backend")),
+    }
+}
+
+impl DynamoDbBackend {
+    /// `all_docs(range, limit, token)`: ids merged across shards, then their bodies by one
+    /// consistent batch read.
+    pub(super) async fn all_docs_page(
+        &self,
+        range: &IdRange,
+        limit: usize,
+        page_token: Option<&str>,
+    ) -> Result<Page<StoredDocument>> {
+        self.require_layout("all_docs").await?;
+        let after = page_token.map(decode_after).transpose()?;
+        // No id is empty (CouchDB refuses an empty `_id`, and DynamoDB an empty key), so a
+        // descending range starting at "" holds none; reading it would put "" in a key condition.
+        let descending_from_empty = range.descending && range.start.as_deref() == Some("");
+        if descending_from_empty {
+            return Ok(Page { items: Vec::new(), next: None });
+        }
+        let limit = limit.max(1);
+        let reader = IdReader { backend: self, range, after };
+        let chunk = ShardedMerge::<IdReader>::chunk_for(limit, SHARD_COUNT);
+        let mut merge = ShardedMerge::new(reader, SHARD_COUNT, chunk, range.descending);
+        let listed = |entry: &IdEntry| {
+            !entry.hidden && !entry.id.starts_with(LOCAL_PREFIX) && !entry.id.starts_with(DESIGN_PREFIX)
+        };
+        let mut ids = Vec::with_capacity(limit);
+        let mut more = false;
+        while let Some(entry) = merge.next().await? {
+            if listed(&entry) {
+                if ids.len() == limit {
+                    more = true;
+                    break;
+                }
+                ids.push(entry.id);
+            }
+        }
+        let next = if more { ids.last().map(|id| encode_after(id)) } else { None };
+        // Bodies by consistent reads; an id deleted since the index read drops out.
+        let items = self.get_many(&ids).await?.into_iter().flatten().collect();
+        Ok(Page { items, next })
+    }
+
+    /// `erase_prefix(prefix)`: every item whose id starts with `prefix` (documents, tombstones,
+    /// chunk items) found through the id index, shard by shard, deleted outright.
+    pub(super) async fn erase_ids_with_prefix(&self, prefix: &str) -> Result<u64> {
+        if prefix.is_empty() {
+            return Err(Error::invalid("prefix", "must not be empty: erasing every document is not an erasure"));
+        }
+        if self.layout_state().await? != LayoutState::Current {
+            return self.erase_by_scan(prefix).await;
+        }
+        let mut erased = 0;
+        for shard in 0..SHARD_COUNT {
+            let mut cursor: Option<Item> = None;
+            loop {
+                let output = self
+                    .client()
+                    .query()
+                    .table_name(self.table())
+                    .index_name(ID_INDEX)
+                    .key_condition_expression("#shard = :shard AND begins_with(#id, :prefix)")
+                    .expression_attribute_names("#shard", SHARD)
+                    .expression_attribute_names("#id", codec::ID)
+                    .expression_attribute_values(":shard", shard_value(shard))
+                    .expression_attribute_values(":prefix", AttributeValue::S(prefix.to_owned()))
+                    .set_exclusive_start_key(cursor.take())
+                    .send()
+                    .await
+                    .map_err(|e| map_sdk(e, "find ids to erase"))?;
+                erased += self.erase_items(output.items()).await?;
+                cursor = output.last_evaluated_key;
+                if cursor.is_none() {
+                    break;
+                }
+            }
+        }
+        Ok(erased)
+    }
+
+    /// Erasure on a table not yet upgraded: its older items are in no id index, so a consistent
+    /// scan of the whole table finds them (cost proportional to the table, not the prefix), so
+    /// that erasing a user keeps working before the upgrade.
+    async fn erase_by_scan(&self, prefix: &str) -> Result<u64> {
+        tracing::warn!(table = %self.table(), "erasing by a full table scan: run `agentstore upgrade` to erase by index");
+        let mut erased = 0;
+        let mut cursor: Option<Item> = None;
+        loop {
+            let output = self
+                .client()
+                .scan()
+                .table_name(self.table())
+                .consistent_read(true)
+                .filter_expression("begins_with(#id, :prefix)")
+                .projection_expression("#id, #chunk")
+                .expression_attribute_names("#id", codec::ID)
+                .expression_attribute_names("#chunk", codec::CHUNK_OF)
+                .expression_attribute_values(":prefix", AttributeValue::S(prefix.to_owned()))
+                .set_exclusive_start_key(cursor.take())
+                .send()
+                .await
+                .map_err(|e| map_sdk(e, "scan the table for ids to erase"))?;
+            erased += self.erase_items(output.items()).await?;
+            cursor = output.last_evaluated_key;
+            if cursor.is_none() {
+                return Ok(erased);
+            }
+        }
+    }
+
+    /// Deletes these items outright, 25 a BatchWriteItem; how many were documents (not chunks).
+    async fn erase_items(&self, items: &[Item]) -> Result<u64> {
+        let ids: Vec<String> =
+            items.iter().filter_map(|item| codec::string_attribute(item, codec::ID)).map(str::to_owned).collect();
+        let documents = items.iter().filter(|item| !codec::is_chunk(item)).count() as u64;
+        for batch in ids.chunks(super::backend::BATCH_WRITE_MAX) {
+            let requests = batch
+                .iter()
+                .map(|id| {
+                    let key = HashMap::from([(codec::ID.to_owned(), AttributeValue::S(id.clone()))]);
+                    DeleteRequest::builder()
+                        .set_key(Some(key))
+                        .build()
+                        .map(|delete| WriteRequest::builder().delete_request(delete).build())
+                        .map_err(|e| Error::new(ErrorKind::Internal, "build delete request").with_source(e))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let left = self.batch_write_with_retries(requests).await?;
+            if !left.is_empty() {
+                return Err(Error::new(
+                    ErrorKind::Unavailable,
+                    format!("DynamoDB left {} deletions of an erasure unprocessed; run the erasure again", left.len()),
+                )
+                .with_retries_exhausted());
+            }
+        }
+        Ok(documents)
+    }
+}

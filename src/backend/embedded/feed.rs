@@ -1,0 +1,60 @@
+//! The change feed: the `feed` table read from a position, and the current position.
+
+use std::ops::Bound;
+
+use redb::{Database, ReadOnlyTable, ReadTransaction, ReadableDatabase};
+
+use super::core::{header_of, layout_of, next_feed_position, DOCS, FEED, META, TOMBSTONES};
+use super::error::map_redb;
+use crate::backend::{needs_upgrade, Change, ChangesPage, LayoutState};
+use crate::error::{Error, ErrorKind, Result};
+
+/// A feed token: the position of the last change returned.
+pub(super) fn decode_feed_token(token: &str) -> Result<u64> {
+    token.parse().map_err(|_| Error::invalid("since", format!("{token:?} is not a change-feed token of this store")))
+}
+
+pub(super) type MetaTable = ReadOnlyTable<&'static str, u64>;
+pub(super) type FeedTable = ReadOnlyTable<u64, &'static str>;
+
+/// The counters and the feed of a read transaction; an error naming `agentstore upgrade` for a
+/// file of an earlier release, whose older records have no feed position.
+pub(super) fn feed_tables(txn: &ReadTransaction, store: &str) -> Result<(MetaTable, FeedTable)> {
+    let meta = txn.open_table(META).map_err(map_redb("open meta table"))?;
+    if let LayoutState::NeedsUpgrade(why) = layout_of(&meta)? {
+        return Err(needs_upgrade(store, "the change feed", &why));
+    }
+    let feed = txn.open_table(FEED).map_err(map_redb("open feed table"))?;
+    Ok((meta, feed))
+}
+
+/// The changes after position `since`, at most `limit`, of the store `store` (for messages).
+pub(super) fn changes(db: &Database, store: &str, since: u64, limit: usize) -> Result<ChangesPage> {
+    let txn = db.begin_read().map_err(map_redb("begin read"))?;
+    let (_, feed) = feed_tables(&txn, store)?;
+    let docs = txn.open_table(DOCS).map_err(map_redb("open docs table"))?;
+    let tombstones = txn.open_table(TOMBSTONES).map_err(map_redb("open tombstones table"))?;
+    let mut changes = Vec::with_capacity(limit.min(1024));
+    let mut range = feed.range::<u64>((Bound::Excluded(since), Bound::Unbounded)).map_err(map_redb("read feed"))?;
+    for entry in range.by_ref().take(limit) {
+        let (seq, id) = entry.map_err(map_redb("read feed"))?;
+        let (seq, id) = (seq.value(), id.value());
+        let Some((header, deleted)) = header_of(&docs, &tombstones, id)? else {
+            return Err(Error::new(
+                ErrorKind::Corrupt,
+                format!("embedded store: the feed names {id:?}, which is not stored"),
+            ));
+        };
+        changes.push(Change { seq: seq.to_string(), id: id.to_owned(), rev: header.rev.to_revision(), deleted });
+    }
+    let more = range.next().is_some();
+    let last_seq = changes.last().map_or_else(|| since.to_string(), |c| c.seq.clone());
+    Ok(ChangesPage { changes, last_seq, pending: (!more).then_some(0), unsettled: 0 })
+}
+
+/// The position of the latest change.
+pub(super) fn change_position(db: &Database, store: &str) -> Result<String> {
+    let txn = db.begin_read().map_err(map_redb("begin read"))?;
+    let (meta, feed) = feed_tables(&txn, store)?;
+    Ok((next_feed_position(&feed, &meta)? - 1).to_string())
+}

@@ -1,0 +1,302 @@
+//! The write transaction: [`Tables`], every table of one redb write transaction and the feed
+//! counter it advances, with the writes that run in it (a document, a deletion, a replicated
+//! revision, an erasure, an upgrade step), and the writes encoded before it begins.
+
+use redb::{ReadableTable, Table, WriteTransaction};
+use serde_json::{Map, Value};
+
+use super::codec::{self, Header, StoredRevision};
+use super::core::{
+    index_key, next_feed_position, revision_info_in, IndexKey, ANCESTRY, BY_USER_NAMESPACE, DOCS, FEED, LOCAL, META,
+    META_FEED_NEXT, TOMBSTONES,
+};
+use super::error::map_redb;
+use crate::backend::replicated::{self, CheckedRevision};
+use crate::backend::revision::{PackedAncestry, RevisionId};
+use crate::backend::{Precondition, ReplicatedOutcome, ReplicatedRevision, Revision};
+use crate::error::{Error, Result};
+
+/// A write with its body already encoded.
+pub(super) struct EncodedWrite {
+    id: String,
+    json: Vec<u8>,
+    index_key: Option<IndexKey>,
+    precondition: Precondition,
+}
+
+impl EncodedWrite {
+    pub(super) fn new(id: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Self> {
+        let json = codec::encode_json(id, body)?;
+        Ok(EncodedWrite { id: id.to_owned(), json, index_key: index_key(body), precondition })
+    }
+}
+
+/// A replicated write, checked and with its body encoded, outside the write transaction.
+pub(super) struct ReplicatedWrite {
+    id: String,
+    /// The incoming revision without its body (what the rules look at).
+    incoming: ReplicatedRevision,
+    checked: CheckedRevision,
+    /// The encoded body; `None` for a tombstone.
+    json: Option<Vec<u8>>,
+    index_key: Option<IndexKey>,
+}
+
+impl ReplicatedWrite {
+    pub(super) fn new(id: &str, incoming: &ReplicatedRevision) -> Result<Self> {
+        let checked = replicated::check(id, incoming)?;
+        let json = if incoming.deleted { None } else { Some(codec::encode_json(id, &incoming.body)?) };
+        let index_key = if incoming.deleted { None } else { index_key(&incoming.body) };
+        let incoming = ReplicatedRevision {
+            rev: incoming.rev.clone(),
+            ancestry: incoming.ancestry.clone(),
+            deleted: incoming.deleted,
+            body: Map::new(),
+        };
+        Ok(ReplicatedWrite { id: id.to_owned(), incoming, checked, json, index_key })
+    }
+}
+
+/// What is stored under an id: a live document (with its index key) or a tombstone.
+pub(super) enum Existing {
+    Live(Header, Option<IndexKey>),
+    Deleted(Header),
+}
+
+impl Existing {
+    pub(super) fn header(&self) -> Header {
+        match self {
+            Existing::Live(header, _) | Existing::Deleted(header) => *header,
+        }
+    }
+}
+
+/// The tables of one write transaction, and the feed counter it advances.
+pub(super) struct Tables<'t> {
+    pub(super) docs: Table<'t, &'static str, &'static [u8]>,
+    pub(super) tombstones: Table<'t, &'static str, &'static [u8]>,
+    pub(super) index: Table<'t, (&'static str, &'static str, &'static str), ()>,
+    pub(super) feed: Table<'t, u64, &'static str>,
+    pub(super) ancestry: Table<'t, &'static str, &'static [u8]>,
+    pub(super) local: Table<'t, &'static str, &'static [u8]>,
+    pub(super) meta: Table<'t, &'static str, u64>,
+    pub(super) next_seq: u64,
+    /// Whether feed entries were removed without a later one added (an erasure): the floor must
+    /// then be recorded.
+    pub(super) feed_shrunk: bool,
+    pub(super) revs_limit: usize,
+}
+
+impl<'t> Tables<'t> {
+    pub(super) fn open(txn: &'t WriteTransaction, revs_limit: usize) -> Result<Self> {
+        let meta = txn.open_table(META).map_err(map_redb("open meta table"))?;
+        let feed = txn.open_table(FEED).map_err(map_redb("open feed table"))?;
+        let next_seq = next_feed_position(&feed, &meta)?;
+        Ok(Tables {
+            docs: txn.open_table(DOCS).map_err(map_redb("open docs table"))?,
+            tombstones: txn.open_table(TOMBSTONES).map_err(map_redb("open tombstones table"))?,
+            index: txn.open_table(BY_USER_NAMESPACE).map_err(map_redb("open index table"))?,
+            feed,
+            ancestry: txn.open_table(ANCESTRY).map_err(map_redb("open ancestry table"))?,
+            local: txn.open_table(LOCAL).map_err(map_redb("open local table"))?,
+            meta,
+            next_seq,
+            feed_shrunk: false,
+            revs_limit,
+        })
+    }
+
+    /// Records the feed's floor when this transaction removed feed entries (before it commits).
+    pub(super) fn finish(&mut self) -> Result<()> {
+        if self.feed_shrunk {
+            self.meta.insert(META_FEED_NEXT, self.next_seq).map_err(map_redb("write feed floor"))?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn existing(&self, id: &str) -> Result<Option<Existing>> {
+        if let Some(guard) = self.docs.get(id).map_err(map_redb("read document"))? {
+            let (header, body) = codec::decode(id, guard.value())?;
+            return Ok(Some(Existing::Live(header, index_key(&body))));
+        }
+        match self.tombstones.get(id).map_err(map_redb("read tombstone"))? {
+            Some(guard) => Ok(Some(Existing::Deleted(codec::split(id, guard.value())?.0))),
+            None => Ok(None),
+        }
+    }
+
+    /// Mints the revision that follows `previous`, extends the ancestry and moves the document
+    /// to the end of the feed; returns the new revision and feed position.
+    pub(super) fn advance(&mut self, id: &str, previous: Option<Header>) -> Result<(RevisionId, u64)> {
+        let rev = RevisionId::next_after(previous.map(|h| h.rev.generation()))?;
+        let parent = match self.ancestry.get(id).map_err(map_redb("read ancestry"))? {
+            Some(guard) => Some(PackedAncestry(guard.value().to_vec())),
+            None => match previous.map(|h| h.rev) {
+                Some(StoredRevision::Minted(old)) => Some(PackedAncestry(old.token.to_vec())),
+                _ => None,
+            },
+        };
+        let packed = PackedAncestry::extend(parent.as_ref(), &rev, self.revs_limit);
+        let seq = self.record_version(id, &packed, previous.and_then(|h| h.seq))?;
+        Ok((rev, seq))
+    }
+
+    /// Stores `packed` as the ancestry of `id` and moves it from its feed position `old_seq` to
+    /// the end of the feed; returns the new position.
+    pub(super) fn record_version(&mut self, id: &str, packed: &PackedAncestry, old_seq: Option<u64>) -> Result<u64> {
+        self.ancestry.insert(id, packed.0.as_slice()).map_err(map_redb("write ancestry"))?;
+        if let Some(old) = old_seq {
+            self.feed.remove(old).map_err(map_redb("update feed"))?;
+        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.feed.insert(seq, id).map_err(map_redb("update feed"))?;
+        Ok(seq)
+    }
+
+    /// Removes the stored record of `id` (live document with its index entry, or tombstone).
+    pub(super) fn remove_record(&mut self, id: &str, existing: &Existing) -> Result<()> {
+        match existing {
+            Existing::Live(_, key) => {
+                self.docs.remove(id).map_err(map_redb("remove document"))?;
+                self.unindex(id, key.as_ref())
+            }
+            Existing::Deleted(_) => {
+                self.tombstones.remove(id).map_err(map_redb("remove tombstone"))?;
+                Ok(())
+            }
+        }
+    }
+
+    /// Stores a revision made elsewhere if the rules of [`replicated::judge`] say so.
+    pub(super) fn write_replicated(&mut self, write: &ReplicatedWrite) -> Result<ReplicatedOutcome> {
+        let id = write.id.as_str();
+        let existing = self.existing(id)?;
+        let stored = match &existing {
+            Some(existing) => {
+                let deleted = matches!(existing, Existing::Deleted(_));
+                Some(revision_info_in(&self.ancestry, id, existing.header(), deleted)?)
+            }
+            None => None,
+        };
+        let outcome = replicated::judge(&write.incoming, stored.as_ref());
+        if outcome != ReplicatedOutcome::Applied {
+            return Ok(outcome);
+        }
+        if let Some(existing) = &existing {
+            self.remove_record(id, existing)?;
+        }
+        let packed = write.checked.stored_ancestry(self.revs_limit);
+        let seq = self.record_version(id, &packed, existing.as_ref().and_then(|e| e.header().seq))?;
+        let rev = &write.checked.rev;
+        match &write.json {
+            None => {
+                self.tombstones
+                    .insert(id, codec::encode(rev, seq, b"").as_slice())
+                    .map_err(map_redb("write tombstone"))?;
+            }
+            Some(json) => {
+                self.docs.insert(id, codec::encode(rev, seq, json).as_slice()).map_err(map_redb("write document"))?;
+                if let Some((user, ns)) = &write.index_key {
+                    self.index.insert((user.as_str(), ns.as_str(), id), ()).map_err(map_redb("update index"))?;
+                }
+            }
+        };
+        Ok(ReplicatedOutcome::Applied)
+    }
+
+    pub(super) fn unindex(&mut self, id: &str, key: Option<&IndexKey>) -> Result<()> {
+        if let Some((user, ns)) = key {
+            self.index.remove((user.as_str(), ns.as_str(), id)).map_err(map_redb("update index"))?;
+        }
+        Ok(())
+    }
+
+    /// Checks the precondition and writes one document.
+    pub(super) fn write_one(&mut self, write: &EncodedWrite) -> Result<Revision> {
+        let existing = self.existing(&write.id)?;
+        let live = match &existing {
+            Some(Existing::Live(header, _)) => Some(header.rev),
+            _ => None,
+        };
+        check_precondition(&write.id, &write.precondition, live)?;
+        if let Some(Existing::Live(_, key)) = &existing {
+            self.unindex(&write.id, key.as_ref())?;
+        }
+        if let Some(Existing::Deleted(_)) = &existing {
+            self.tombstones.remove(write.id.as_str()).map_err(map_redb("remove tombstone"))?;
+        }
+        let (rev, seq) = self.advance(&write.id, existing.as_ref().map(Existing::header))?;
+        let stored = codec::encode(&rev, seq, &write.json);
+        self.docs.insert(write.id.as_str(), stored.as_slice()).map_err(map_redb("write document"))?;
+        if let Some((user, ns)) = &write.index_key {
+            self.index.insert((user.as_str(), ns.as_str(), write.id.as_str()), ()).map_err(map_redb("update index"))?;
+        }
+        Ok(rev.to_revision())
+    }
+
+    /// Replaces a live document at `expected` by its tombstone.
+    pub(super) fn delete_one(&mut self, id: &str, expected: &Revision) -> Result<Revision> {
+        let Some(Existing::Live(header, key)) = self.existing(id)? else {
+            return Err(Error::not_found(format!("document {id:?} does not exist")));
+        };
+        if !header.rev.matches(expected) {
+            let rev = header.rev.to_revision();
+            return Err(Error::conflict(format!("document {id:?} is at revision {rev}, not {expected}")));
+        }
+        self.docs.remove(id).map_err(map_redb("delete document"))?;
+        self.unindex(id, key.as_ref())?;
+        let (rev, seq) = self.advance(id, Some(header))?;
+        self.tombstones.insert(id, codec::encode(&rev, seq, b"").as_slice()).map_err(map_redb("write tombstone"))?;
+        Ok(rev.to_revision())
+    }
+
+    /// Removes every trace of `id`; whether there was any.
+    pub(super) fn erase(&mut self, id: &str) -> Result<bool> {
+        let Some(existing) = self.existing(id)? else { return Ok(false) };
+        self.remove_record(id, &existing)?;
+        if let Some(seq) = existing.header().seq {
+            self.feed.remove(seq).map_err(map_redb("update feed"))?;
+            self.feed_shrunk = true;
+        }
+        self.ancestry.remove(id).map_err(map_redb("erase ancestry"))?;
+        Ok(true)
+    }
+
+    /// Gives a record of an older layout its feed position (and a minted revision when it had
+    /// only a file-wide counter); whether it needed it.
+    pub(super) fn upgrade_one(&mut self, id: &str) -> Result<bool> {
+        let (header, json) = {
+            let Some(guard) = self.docs.get(id).map_err(map_redb("read document"))? else { return Ok(false) };
+            let (header, json) = codec::split(id, guard.value())?;
+            (header, json.to_vec())
+        };
+        if header.seq.is_some() {
+            return Ok(false);
+        }
+        let rev = match header.rev {
+            StoredRevision::Minted(rev) => rev,
+            StoredRevision::Counter(_) => RevisionId::next_after(None)?,
+        };
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.feed.insert(seq, id).map_err(map_redb("update feed"))?;
+        self.ancestry.insert(id, rev.token.as_slice()).map_err(map_redb("write ancestry"))?;
+        self.docs.insert(id, codec::encode(&rev, seq, &json).as_slice()).map_err(map_redb("upgrade document"))?;
+        Ok(true)
+    }
+}
+
+/// Whether a write's precondition holds against the live revision (`None`: no live document,
+/// whether never written or deleted).
+pub(super) fn check_precondition(id: &str, precondition: &Precondition, live: Option<StoredRevision>) -> Result<()> {
+    match (precondition, live) {
+        (Precondition::MustNotExist, Some(_)) => Err(Error::conflict(format!("document {id:?} already exists"))),
+        (Precondition::MatchRevision(_), None) => Err(Error::conflict(format!("document {id:?} does not exist"))),
+        (Precondition::MatchRevision(expected), Some(rev)) if !rev.matches(expected) => {
+            let rev = rev.to_revision();
+            Err(Error::conflict(format!("document {id:?} is at revision {rev}, not {expected}")))
+        }
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,132 @@
+//! Documents in id order (`_id` order among live documents) and erasure by id prefix, and the
+//! composite id of a stored document.
+
+use serde_json::{json, Value};
+
+use super::backend::FirestoreBackend;
+use super::codec;
+use super::core::{all_of, field_filter, fields_of, select, text, MAX_PAGE};
+use super::layout::{self};
+use crate::backend::{IdRange, Page, StoredDocument};
+use crate::error::Result;
+
+/// Documents erased per query and commit (Firestore's limit on one commit is 500 writes; a
+/// document may take several with its chunks).
+pub(super) const ERASE_PAGE: usize = 100;
+
+impl FirestoreBackend {
+    pub(super) fn name_of_document<'a>(&self, document: &'a Value) -> &'a str {
+        let name = text(document, "/name");
+        self.client.document_id_of(name).unwrap_or(name)
+    }
+
+    /// The composite id a stored document stands for.
+    pub(super) fn id_of(&self, document: &Value) -> String {
+        let document_id = self.name_of_document(document);
+        match codec::stored_id(fields_of(document)) {
+            Some(id) => id.to_owned(),
+            None => codec::composite_id(document_id).unwrap_or_else(|| document_id.to_owned()),
+        }
+    }
+
+    pub(super) async fn id_order_page(
+        &self,
+        range: &IdRange,
+        limit: usize,
+        page_token: Option<&str>,
+    ) -> Result<Page<StoredDocument>> {
+        self.require_layout("all_docs").await?;
+        let limit = limit.clamp(1, MAX_PAGE);
+        let (low_op, high_op, direction) = if range.descending {
+            (
+                "LESS_THAN_OR_EQUAL",
+                if range.inclusive_end { "GREATER_THAN_OR_EQUAL" } else { "GREATER_THAN" },
+                "DESCENDING",
+            )
+        } else {
+            ("GREATER_THAN_OR_EQUAL", if range.inclusive_end { "LESS_THAN_OR_EQUAL" } else { "LESS_THAN" }, "ASCENDING")
+        };
+        let empty = match (&range.start, &range.end) {
+            (Some(start), Some(end)) => {
+                let (start, end) = (start.as_bytes(), end.as_bytes());
+                if range.descending {
+                    start < end || (start == end && !range.inclusive_end)
+                } else {
+                    start > end || (start == end && !range.inclusive_end)
+                }
+            }
+            _ => false,
+        };
+        if empty {
+            return Ok(Page { items: Vec::new(), next: None });
+        }
+        let mut filters = vec![field_filter(layout::DELETED, "EQUAL", json!({ "booleanValue": false }))];
+        if let Some(start) = &range.start {
+            filters.push(field_filter(codec::ID, low_op, json!({ "stringValue": start })));
+        }
+        if let Some(end) = &range.end {
+            filters.push(field_filter(codec::ID, high_op, json!({ "stringValue": end })));
+        }
+        let mut query = json!({
+            "from": [{ "collectionId": self.client.collection() }],
+            "where": all_of(filters),
+            "orderBy": [{ "field": { "fieldPath": codec::ID }, "direction": direction }],
+            "limit": limit,
+        });
+        if let Some(after) = page_token {
+            query["startAt"] = json!({ "values": [{ "stringValue": after }], "before": false });
+        }
+        let answer = self.run_raw_query(&query, None, "list documents in id order").await?;
+        let next = match answer.documents.last() {
+            Some(last) if answer.documents.len() >= limit => Some(self.id_of(last)),
+            _ => None,
+        };
+        let mut items = self.live_documents(&answer.documents, "list documents in id order").await?;
+        // CouchDB leaves design documents out of `_all_docs`; they are never data here.
+        items.retain(|doc| !doc.id.starts_with("_design/"));
+        Ok(Page { items, next })
+    }
+
+    /// Deletes outright (no tombstone) every document whose `_id` starts with `prefix`, with its
+    /// chunk documents: pages of `_id` order from `prefix`, until an id past the prefix.
+    pub(super) async fn erase_ids_with_prefix(&self, prefix: &str) -> Result<u64> {
+        let mut erased = 0;
+        let mut after: Option<String> = None;
+        loop {
+            let mut query = json!({
+                "select": select(&[codec::ID, codec::CHUNKS]),
+                "from": [{ "collectionId": self.client.collection() }],
+                "where": field_filter(codec::ID, "GREATER_THAN_OR_EQUAL", json!({ "stringValue": prefix })),
+                "orderBy": [{ "field": { "fieldPath": codec::ID }, "direction": "ASCENDING" }],
+                "limit": ERASE_PAGE,
+            });
+            if let Some(after) = &after {
+                query["startAt"] = json!({ "values": [{ "stringValue": after }], "before": false });
+            }
+            let doing = format!("erase the documents whose ids start with {prefix:?}");
+            let answer = self.run_raw_query(&query, None, &doing).await?;
+            let full = answer.documents.len() >= ERASE_PAGE;
+            let mut writes = Vec::new();
+            let mut past_prefix = false;
+            for document in &answer.documents {
+                let id = self.id_of(document);
+                if !id.starts_with(prefix) {
+                    past_prefix = true;
+                    break;
+                }
+                let document_id = self.name_of_document(document).to_owned();
+                writes.push(json!({ "delete": self.client.document_name(&document_id) }));
+                let chunks = codec::chunk_count(fields_of(document));
+                writes.extend((1..=chunks).map(|n| json!({ "delete": self.client.chunk_name(&document_id, n) })));
+                erased += 1;
+                after = Some(id);
+            }
+            for group in writes.chunks(500) {
+                self.commit(group.to_vec(), &doing).await?;
+            }
+            if past_prefix || !full {
+                return Ok(erased);
+            }
+        }
+    }
+}

@@ -1,0 +1,97 @@
+//! Local documents: the `{collection}_local` collection, revision `0-N`.
+
+use serde_json::{json, Map, Value};
+
+use super::backend::FirestoreBackend;
+use super::codec;
+use super::core::{fields_of, text};
+use super::layout::{self};
+use crate::backend::revision::next_local_revision;
+use crate::backend::{Precondition, Revision, StoredDocument, LOCAL_PREFIX};
+use crate::error::{Error, ErrorKind, Result};
+
+/// Tries of a local-document write with no precondition that keeps meeting other writers.
+pub(super) const LOCAL_TRIES: usize = 5;
+
+impl FirestoreBackend {
+    pub(super) fn local_name(&self, name: &str) -> String {
+        self.client.name_in(&self.client.local_collection(), &codec::document_id(name))
+    }
+
+    /// The local document and its `updateTime`.
+    pub(super) async fn read_local(&self, name: &str) -> Result<Option<(StoredDocument, String)>> {
+        let doing = format!("read local document {name:?}");
+        let reply = self.batch_get_fields(&[self.local_name(name)], None, &doing).await?;
+        let Some(document) = reply.as_array().into_iter().flatten().find_map(|entry| entry.get("found")) else {
+            return Ok(None);
+        };
+        let id = format!("{LOCAL_PREFIX}{name}");
+        let fields = fields_of(document);
+        let rev = text(document, &format!("/fields/{}/stringValue", layout::REV)).to_owned();
+        let body = codec::decode(&id, fields, &[])?;
+        Ok(Some((StoredDocument { id, rev: Revision(rev), body }, text(document, "/updateTime").to_owned())))
+    }
+
+    pub(super) async fn write_local(
+        &self,
+        name: &str,
+        body: &Map<String, Value>,
+        precondition: Precondition,
+    ) -> Result<Revision> {
+        let id = format!("{LOCAL_PREFIX}{name}");
+        let encoded = codec::encode(&id, body)?;
+        if !encoded.extra_chunks.is_empty() {
+            return Err(Error::new(
+                ErrorKind::TooLarge,
+                format!("local document {id:?} is over one Firestore document"),
+            ));
+        }
+        for _ in 0..LOCAL_TRIES {
+            // A create needs no read: the precondition `exists: false` is the check.
+            let current = match precondition {
+                Precondition::MustNotExist => None,
+                _ => self.read_local(name).await?,
+            };
+            let rev = next_local_revision(&id, &precondition, current.as_ref().map(|(doc, _)| &doc.rev))?;
+            let previous_update_time = current.map(|(_, update_time)| update_time);
+            let mut fields = encoded.fields.clone();
+            fields.insert(layout::REV.into(), json!({ "stringValue": rev.0 }));
+            let mut write = json!({ "update": { "name": self.local_name(name), "fields": fields } });
+            write["currentDocument"] = match &previous_update_time {
+                Some(update_time) => json!({ "updateTime": update_time }),
+                None => json!({ "exists": false }),
+            };
+            match self.commit(vec![write], &format!("write local document {id:?}")).await {
+                Ok(_) => return Ok(rev),
+                Err(e) if matches!(e.kind(), ErrorKind::Conflict | ErrorKind::NotFound) => {
+                    if precondition != Precondition::None {
+                        return Err(Error::conflict(format!("local document {id:?} changed")).with_source(e));
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(Error::new(ErrorKind::Unavailable, format!("local document {id:?} kept changing; try again")))
+    }
+
+    pub(super) async fn remove_local(&self, name: &str, rev: &Revision) -> Result<()> {
+        let id = format!("{LOCAL_PREFIX}{name}");
+        let Some((doc, update_time)) = self.read_local(name).await? else {
+            return Err(Error::not_found(format!("local document {id:?} does not exist")));
+        };
+        if &doc.rev != rev {
+            return Err(Error::conflict(format!("local document {id:?} is not at revision {rev}")));
+        }
+        let write = json!({ "delete": self.local_name(name), "currentDocument": { "updateTime": update_time } });
+        match self.commit(vec![write], &format!("delete local document {id:?}")).await {
+            Ok(_) => Ok(()),
+            Err(e) if matches!(e.kind(), ErrorKind::Conflict | ErrorKind::NotFound) => {
+                match self.read_local(name).await? {
+                    None => Err(Error::not_found(format!("local document {id:?} does not exist"))),
+                    Some(_) => Err(Error::conflict(format!("local document {id:?} changed")).with_source(e)),
+                }
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
