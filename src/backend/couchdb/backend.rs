@@ -128,6 +128,19 @@ impl CouchDbBackend {
         Ok(())
     }
 
+    /// Whether the design document the index was last ensured in still exists (`false` when no
+    /// index has been ensured yet). Its id is the server's hash of the index definition, so the
+    /// document being there means this index is.
+    async fn index_design_doc_exists(&self) -> Result<bool> {
+        let ddoc = self.index_ddoc.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let Some(name) = ddoc.as_deref().and_then(|id| id.strip_prefix("_design/")) else {
+            return Ok(false);
+        };
+        let url = self.client.url(&["_design", name]);
+        let head = self.client.read(Method::HEAD, &url, &[], None, "look up the Mango index").await?;
+        Ok(head.status == StatusCode::OK)
+    }
+
     /// Whether the server is pouchdb-server (its welcome names `express-pouchdb`), asked once.
     pub(super) async fn pouchdb_server(&self) -> Result<bool> {
         let answer = self
@@ -610,6 +623,15 @@ impl DocumentBackend for CouchDbBackend {
     }
 
     async fn ensure_namespace_indexed(&self, namespace: &str) -> Result<()> {
+        // The one index covers every namespace, so a first write to a namespace only has to see
+        // that its design document is still there (a HEAD), and recreates it when it is gone. A
+        // POST `_index` here instead made pouchdb-server bring the whole view up to date with
+        // every document written since it was last read (CouchDB builds lazily): the first
+        // write to each new namespace, and every writer waiting on it, paid for indexing the
+        // whole database's recent writes.
+        if self.index_design_doc_exists().await? {
+            return Ok(());
+        }
         self.ensure_index(&format!("first write to namespace {namespace:?}")).await
     }
 
