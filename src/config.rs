@@ -342,7 +342,9 @@ impl Settings {
 
     /// The connection and body settings `serve` needs to be usable.
     fn check_serve_limits(&self) -> Result<()> {
-        for (field, secs) in [
+        // Durations and counts alike: zero would refuse every request or end every wait at once.
+        let as_u64 = |count: usize| u64::try_from(count).unwrap_or(u64::MAX);
+        for (field, value) in [
             ("request_timeout_secs", self.request_timeout_secs),
             ("header_read_timeout_secs", self.header_read_timeout_secs),
             ("idle_timeout_secs", self.idle_timeout_secs),
@@ -351,18 +353,12 @@ impl Settings {
             ("couchdb_changes_min_heartbeat_ms", self.couchdb_changes_min_heartbeat_ms),
             ("couchdb_changes_max_feed_secs", self.couchdb_changes_max_feed_secs),
             ("couchdb_lockout_secs", self.couchdb_lockout_secs),
+            ("couchdb_max_query_bytes", as_u64(self.couchdb_max_query_bytes)),
+            ("couchdb_max_login_bytes", as_u64(self.couchdb_max_login_bytes)),
+            ("couchdb_max_feeds_per_login", as_u64(self.couchdb_max_feeds_per_login)),
+            ("couchdb_lockout_max_entries", as_u64(self.couchdb_lockout_max_entries)),
         ] {
-            if secs == 0 {
-                return Err(Error::invalid(field, "must be at least 1"));
-            }
-        }
-        for (field, count) in [
-            ("couchdb_max_query_bytes", self.couchdb_max_query_bytes),
-            ("couchdb_max_login_bytes", self.couchdb_max_login_bytes),
-            ("couchdb_max_feeds_per_login", self.couchdb_max_feeds_per_login),
-            ("couchdb_lockout_max_entries", self.couchdb_lockout_max_entries),
-        ] {
-            if count == 0 {
+            if value == 0 {
                 return Err(Error::invalid(field, "must be at least 1"));
             }
         }
