@@ -4,6 +4,7 @@
 //! composite IDs with revision preconditions, and answer paged queries by `userId` (+ `namespace`).
 //! The data-store semantics live once, in [`crate::store::DataStore`].
 
+pub mod catalog;
 pub mod couchdb;
 pub mod dynamodb;
 pub mod embedded;

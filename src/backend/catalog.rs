@@ -1,0 +1,254 @@
+//! The databases a backend holds besides the data-store database: CouchDB's database names, how
+//! each backend keeps one database apart from the others, and creating, listing, opening and
+//! dropping them.
+//!
+//! Every database is its own [`DocumentBackend`] opened on a namespace of the configured backend
+//! (docs/databases.md says which namespace per backend and why): the embedded store keeps a file
+//! per database beside the data-store file, DynamoDB a table per database, Firestore a collection
+//! per database, and the CouchDB backend the database of the same name on its server. What a
+//! database holds (revision trees, CouchDB's document rules) is [`crate::database`]'s business;
+//! this module only finds, makes and removes the place.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use tokio::sync::Mutex;
+
+use super::embedded::{EmbeddedBackend, EmbeddedOptions};
+use super::{BackendUrl, DocumentBackend};
+use crate::error::{Error, ErrorKind, Result};
+
+/// CouchDB's longest database name (`couch_db:validate_dbname`'s limit).
+pub const MAX_DB_NAME_LEN: usize = 238;
+
+/// A database name that passed CouchDB's rule: a lowercase letter, then lowercase letters,
+/// digits and `_$()+-/`, at most [`MAX_DB_NAME_LEN`] bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DbName(String);
+
+impl DbName {
+    /// Checks `name` against CouchDB's rule; the error is CouchDB's `illegal_database_name` text.
+    pub fn parse(name: &str) -> Result<Self> {
+        let mut bytes = name.bytes();
+        let well_formed = matches!(bytes.next(), Some(b'a'..=b'z'))
+            && bytes.all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'_' | b'$' | b'(' | b')' | b'+' | b'-' | b'/'))
+            && name.len() <= MAX_DB_NAME_LEN;
+        if well_formed {
+            Ok(DbName(name.to_owned()))
+        } else {
+            Err(Error::new(
+                ErrorKind::InvalidInput,
+                format!(
+                    "Name: '{name}'. Only lowercase characters (a-z), digits (0-9), and any of the characters _, $, (, ), \
+                     +, -, and / are allowed. Must begin with a letter."
+                ),
+            ))
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The name as a backend namespace: letters, digits, `_` and `-` as they are, every other
+    /// character `.` and two hex digits. Backends' names (file names, DynamoDB table names,
+    /// Firestore collection ids) all take `[A-Za-z0-9_.-]`, and `.` never occurs in a CouchDB
+    /// name, so the encoding is one-to-one and [`DbName::decode`] reverses it.
+    pub fn encoded(&self) -> String {
+        let mut out = String::with_capacity(self.0.len());
+        for b in self.0.bytes() {
+            match b {
+                b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-' => out.push(b as char),
+                other => out.push_str(&format!(".{other:02x}")),
+            }
+        }
+        out
+    }
+
+    /// The name an [`DbName::encoded`] text stands for; `None` for text no name encodes to.
+    pub fn decode(encoded: &str) -> Option<Self> {
+        let mut out = Vec::with_capacity(encoded.len());
+        let mut bytes = encoded.bytes();
+        while let Some(b) = bytes.next() {
+            if b == b'.' {
+                let high = bytes.next()?;
+                let low = bytes.next()?;
+                let text = [high, low];
+                let hex = std::str::from_utf8(&text).ok()?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+            } else {
+                out.push(b);
+            }
+        }
+        let name = String::from_utf8(out).ok()?;
+        let parsed = DbName::parse(&name).ok()?;
+        (parsed.encoded() == encoded).then_some(parsed)
+    }
+}
+
+impl fmt::Display for DbName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Where one backend keeps its databases: creating, listing, opening and dropping them. The
+/// data-store database is not among them (it is the configured backend itself).
+#[async_trait]
+pub trait Catalog: Send + Sync + 'static {
+    /// Where the databases live, for logs and reports.
+    fn describe(&self) -> String;
+
+    /// Makes the database's namespace and opens it; `ErrorKind::Conflict` when it exists.
+    async fn create(&self, name: &DbName) -> Result<Arc<dyn DocumentBackend>>;
+
+    /// The database, opened; `None` when it does not exist.
+    async fn open(&self, name: &DbName) -> Result<Option<Arc<dyn DocumentBackend>>>;
+
+    /// Removes the database and everything of it from the backend (documents, tombstones, feed,
+    /// local documents); `false` when it did not exist. A handle opened before keeps failing
+    /// cleanly afterwards; it never writes into a re-created database of the same name.
+    async fn drop(&self, name: &DbName) -> Result<bool>;
+
+    /// Every database's name, in CouchDB's order (byte order of the names).
+    async fn list(&self) -> Result<Vec<DbName>>;
+}
+
+/// The catalog of the backend `url` names.
+pub async fn open_catalog(url: &BackendUrl) -> Result<Arc<dyn Catalog>> {
+    match url {
+        BackendUrl::Embedded { path, options } => Ok(Arc::new(EmbeddedCatalog::new(path, *options))),
+        _ => Err(Error::new(
+            ErrorKind::Misconfigured,
+            "databases besides the data-store database are not yet kept on this backend",
+        )),
+    }
+}
+
+/// The embedded store's databases: one redb file per database in a directory beside the
+/// data-store file (`agentstore.redb` → `agentstore.redb.databases/{encoded name}.redb`). A file
+/// per database rather than tables in one file: dropping a database is deleting its file (nothing
+/// left behind, no compaction), writers to different databases commit in parallel, and every
+/// database is an ordinary embedded store the existing code opens unchanged.
+pub struct EmbeddedCatalog {
+    directory: PathBuf,
+    options: EmbeddedOptions,
+    /// Databases opened so far: a redb file may be opened once per process.
+    open: Mutex<HashMap<DbName, Arc<EmbeddedBackend>>>,
+}
+
+/// The page cache of each database file: small, since a server may hold thousands of databases
+/// (the data-store file keeps its own, larger, setting).
+const DATABASE_CACHE_BYTES: usize = 4 << 20;
+
+impl EmbeddedCatalog {
+    pub fn new(data_store_file: &Path, options: EmbeddedOptions) -> Self {
+        let mut directory = data_store_file.as_os_str().to_owned();
+        directory.push(".databases");
+        let options = EmbeddedOptions { cache_bytes: options.cache_bytes.min(DATABASE_CACHE_BYTES), ..options };
+        EmbeddedCatalog { directory: PathBuf::from(directory), options, open: Mutex::new(HashMap::new()) }
+    }
+
+    fn file(&self, name: &DbName) -> PathBuf {
+        self.directory.join(format!("{}.redb", name.encoded()))
+    }
+}
+
+#[async_trait]
+impl Catalog for EmbeddedCatalog {
+    fn describe(&self) -> String {
+        format!("embedded databases in {}", self.directory.display())
+    }
+
+    async fn create(&self, name: &DbName) -> Result<Arc<dyn DocumentBackend>> {
+        let mut open = self.open.lock().await;
+        let file = self.file(name);
+        if open.contains_key(name) || tokio::fs::try_exists(&file).await.unwrap_or(false) {
+            return Err(Error::conflict("The database could not be created, the file already exists."));
+        }
+        let backend = Arc::new(EmbeddedBackend::open_with(&file, self.options).await?);
+        open.insert(name.clone(), Arc::clone(&backend));
+        Ok(backend)
+    }
+
+    async fn open(&self, name: &DbName) -> Result<Option<Arc<dyn DocumentBackend>>> {
+        let mut open = self.open.lock().await;
+        if let Some(backend) = open.get(name) {
+            return Ok(Some(Arc::clone(backend) as Arc<dyn DocumentBackend>));
+        }
+        let file = self.file(name);
+        if !tokio::fs::try_exists(&file).await.unwrap_or(false) {
+            return Ok(None);
+        }
+        let backend = Arc::new(EmbeddedBackend::open_with(&file, self.options).await?);
+        open.insert(name.clone(), Arc::clone(&backend));
+        Ok(Some(backend))
+    }
+
+    async fn drop(&self, name: &DbName) -> Result<bool> {
+        let mut open = self.open.lock().await;
+        // A handle still held by a request in flight writes into the unlinked file, which no
+        // reader sees; `crate::database` refuses every call on a dropped database's handle.
+        let handle = open.remove(name);
+        let file = self.file(name);
+        match tokio::fs::remove_file(&file).await {
+            Ok(()) => Ok(true),
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(handle.is_some()),
+            Err(err) => Err(Error::new(ErrorKind::Unavailable, format!("cannot delete {}", file.display())).with_source(err)),
+        }
+    }
+
+    async fn list(&self) -> Result<Vec<DbName>> {
+        let mut names = Vec::new();
+        let mut entries = match tokio::fs::read_dir(&self.directory).await {
+            Ok(entries) => entries,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(names),
+            Err(err) => {
+                return Err(Error::new(ErrorKind::Unavailable, format!("cannot list {}", self.directory.display()))
+                    .with_source(err))
+            }
+        };
+        while let Some(entry) = entries.next_entry().await.map_err(|err| {
+            Error::new(ErrorKind::Unavailable, format!("cannot list {}", self.directory.display())).with_source(err)
+        })? {
+            let file_name = entry.file_name();
+            let Some(stem) = file_name.to_str().and_then(|n| n.strip_suffix(".redb")) else { continue };
+            if let Some(name) = DbName::decode(stem) {
+                names.push(name);
+            }
+        }
+        names.sort();
+        Ok(names)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_couchdb_rule() {
+        for good in ["a", "abc", "a1_$()+-/", "db/with/slashes", &"a".repeat(MAX_DB_NAME_LEN)] {
+            assert!(DbName::parse(good).is_ok(), "{good}");
+        }
+        for bad in ["", "A", "1a", "_users", "a b", "aé", "a.b", &"a".repeat(MAX_DB_NAME_LEN + 1)] {
+            assert!(DbName::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn encoding_is_one_to_one_and_reversible() {
+        let name = DbName::parse("a$b(c)d+e-f/g_h").unwrap();
+        let encoded = name.encoded();
+        assert_eq!(encoded, "a.24b.28c.29d.2be-f.2fg_h");
+        assert!(encoded.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b)));
+        assert_eq!(DbName::decode(&encoded), Some(name));
+        // Text no name encodes to: upper-case hex, a bare dot, a name breaking the rule.
+        for bad in ["a.2F", "a.", "a.2", "A", "a.2e"] {
+            assert_eq!(DbName::decode(bad), None, "{bad}");
+        }
+    }
+}
