@@ -19,6 +19,7 @@ pub mod changes;
 pub mod cli;
 pub mod config;
 pub mod couchdb_api;
+pub mod database;
 pub mod error;
 pub mod http;
 pub mod migrate;
