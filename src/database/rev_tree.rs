@@ -169,10 +169,7 @@ impl Leaf {
 /// CouchDB's order of leaves, the winner first (`couch_doc:to_doc_info_path/1`: descending by
 /// not-deleted, then generation, then revision id).
 fn winner_order(a: &Leaf, b: &Leaf) -> Ordering {
-    a.deleted
-        .cmp(&b.deleted)
-        .then(b.path.start.cmp(&a.path.start))
-        .then_with(|| id_order(b.id(), a.id()))
+    a.deleted.cmp(&b.deleted).then(b.path.start.cmp(&a.path.start)).then_with(|| id_order(b.id(), a.id()))
 }
 
 /// A document's revision tree, kept as its leaves (see the module's documentation).
@@ -332,13 +329,7 @@ impl RevTree {
     /// A replicated revision (`new_edits=false`): its path as sent, merged as CouchDB's key tree
     /// merge does (`couch_key_tree:merge/2`), then stemmed to `revs_limit`. A path without ids
     /// changes nothing (`AlreadyKnown`).
-    pub fn merge(
-        &mut self,
-        path: RevPath,
-        deleted: bool,
-        body: Map<String, Value>,
-        revs_limit: usize,
-    ) -> MergeOutcome {
+    pub fn merge(&mut self, path: RevPath, deleted: bool, body: Map<String, Value>, revs_limit: usize) -> MergeOutcome {
         let mut path = path;
         path.drop_impossible_ids();
         if path.ids.is_empty() {
@@ -390,20 +381,16 @@ impl RevTree {
         if self.leaves.is_empty() {
             return (missing.into_iter().cloned().collect(), Vec::new());
         }
-        let key = |rev: &str| parse_rev(rev).unwrap_or((0, rev));
         missing.sort_by(|a, b| {
-            let ((a_generation, a_id), (b_generation, b_id)) = (key(a), key(b));
+            let ((a_generation, a_id), (b_generation, b_id)) = (missing_key(a), missing_key(b));
             a_generation.cmp(&b_generation).then_with(|| id_order(a_id, b_id))
         });
-        let highest = missing.iter().map(|rev| key(rev).0).max();
+        let highest = missing.iter().map(|rev| missing_key(rev).0).max();
         let possible_ancestors = match highest {
             None => Vec::new(),
-            Some(highest) => self
-                .leaves()
-                .into_iter()
-                .filter(|leaf| leaf.path.start < highest)
-                .map(Leaf::rev)
-                .collect(),
+            Some(highest) => {
+                self.leaves().into_iter().filter(|leaf| leaf.path.start < highest).map(Leaf::rev).collect()
+            }
         };
         (missing.into_iter().cloned().collect(), possible_ancestors)
     }
@@ -460,6 +447,12 @@ impl RevTree {
         self.leaves.retain(|leaf| !leaf.path.ids.is_empty());
         self.leaves.sort_by(winner_order);
     }
+}
+
+/// Where a rev `_revs_diff` asks for sorts: its generation and id, 0 and the text if it does not
+/// parse.
+fn missing_key(rev: &str) -> (u64, &str) {
+    parse_rev(rev).unwrap_or((0, rev))
 }
 
 /// A leaf's data while the tree is rebuilt as nodes.
@@ -563,7 +556,8 @@ impl Forest {
                 None => {
                     let child = self.chain(Some(current), generation, &rest[index..], value.take());
                     let siblings = &self.nodes[current].children;
-                    let at = siblings.partition_point(|&sibling| id_order(&self.nodes[sibling].id, id) == Ordering::Less);
+                    let at =
+                        siblings.partition_point(|&sibling| id_order(&self.nodes[sibling].id, id) == Ordering::Less);
                     self.nodes[current].children.insert(at, child);
                     return MergeOutcome::NewBranch;
                 }
@@ -1042,10 +1036,7 @@ mod tests {
         let mut tree = conflicted();
         tree.edit(Some("2-b"), "z", true, Map::new(), LIMIT).unwrap();
         let text = serde_json::to_string(&tree).unwrap();
-        assert_eq!(
-            text,
-            r#"{"l":[{"p":{"s":2,"i":["c","a"]},"b":{"n":3}},{"p":{"s":3,"i":["z","b","a"]},"d":true}]}"#
-        );
+        assert_eq!(text, r#"{"l":[{"p":{"s":2,"i":["c","a"]},"b":{"n":3}},{"p":{"s":3,"i":["z","b","a"]},"d":true}]}"#);
         let back: RevTree = serde_json::from_str(&text).unwrap();
         assert_eq!(back, tree);
         assert_eq!(serde_json::to_string(&RevTree::default()).unwrap(), "{}");
@@ -1070,7 +1061,10 @@ mod tests {
         assert_eq!(revs(tree.leaves()), strings(&["2-b", "1-q"]));
         let mut huge = RevTree::default();
         huge.merge(path(u64::MAX, &["z"]), false, Map::new(), LIMIT);
-        assert_eq!(huge.edit(Some(&format!("{}-z", u64::MAX)), "y", false, Map::new(), LIMIT), Err(EditError::Conflict));
+        assert_eq!(
+            huge.edit(Some(&format!("{}-z", u64::MAX)), "y", false, Map::new(), LIMIT),
+            Err(EditError::Conflict)
+        );
     }
 
     // Deep histories are handled without recursion (the forest is an arena).
