@@ -263,7 +263,8 @@ impl RevTree {
 
     /// Whether rev is anywhere in the tree (a leaf or a remembered ancestor).
     pub fn contains(&self, rev: &str) -> bool {
-        self.path_to(rev).is_some()
+        parse_rev(rev)
+            .is_some_and(|(generation, id)| self.leaves.iter().any(|leaf| leaf.path.position(generation, id).is_some()))
     }
 
     /// The path from `rev` (leaf or ancestor) back as far as remembered.
@@ -420,6 +421,11 @@ impl RevTree {
     /// never dropped: a limit of 0 is taken as 1 (CouchDB refuses a limit below 1).
     pub fn stem(&mut self, limit: usize) {
         let limit = limit.max(1);
+        if self.leaves.iter().all(|leaf| leaf.path.ids.len() <= limit) {
+            // Nothing to cut (the usual case): no need to collect the kept revisions.
+            self.normalise();
+            return;
+        }
         let kept_lengths: Vec<usize> = {
             let kept: HashSet<(u64, &str)> =
                 self.leaves.iter().flat_map(|leaf| leaf.path.generations().take(limit)).collect();
