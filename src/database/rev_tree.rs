@@ -779,6 +779,20 @@ mod tests {
         assert_eq!(tree.leaves().len(), 1);
     }
 
+    // couch_key_tree:get_full_key_paths/2 (used for `?rev=`, `revs=true` and find_missing/2): a
+    // revision is found whether it is a leaf or an ancestor, with its path back to the root.
+    #[test]
+    fn leaves_and_ancestors_are_found_with_their_paths() {
+        let tree = conflicted();
+        assert!(tree.contains("1-a") && tree.contains("2-b") && tree.contains("2-c"));
+        assert!(!tree.contains("3-c") && !tree.contains("1-b") && !tree.contains("a"));
+        assert_eq!(tree.path_to("1-a"), Some(path(1, &["a"])));
+        assert_eq!(tree.path_to("2-b"), Some(path(2, &["b", "a"])));
+        assert_eq!(tree.path_to("2-z"), None);
+        assert!(tree.leaf("1-a").is_none());
+        assert_eq!(tree.leaf("2-b").unwrap().body, body(2));
+    }
+
     // couch_key_tree:merge/2: a path ending on a revision the tree has is internal_node and the
     // existing value wins (value_pref/2); couch_db_updater ignores the merge for replication.
     #[test]
