@@ -577,7 +577,7 @@ async fn model_phase(backend: &Arc<dyn DocumentBackend>, raw: &Raw) -> Result<()
     let mut histogram = common::load::histogram();
     for n in 0..ALL_DOCS_PAGES {
         let start = ids.get(n * ids.len() / ALL_DOCS_PAGES).cloned();
-        let range = IdRange { start, end: None, inclusive_end: true, descending: n % 2 == 1 };
+        let range = IdRange { start, end: None, inclusive_end: true, descending: n % 2 == 1, include_design: false };
         let started = Instant::now();
         let page = backend.all_docs(&range, ALL_DOCS_PAGE, None).await.map_err(|e| describe(&e))?;
         histogram.record(started.elapsed().as_micros().max(1) as u64).map_err(|e| format!("histogram: {e}"))?;

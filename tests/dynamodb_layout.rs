@@ -180,8 +180,13 @@ async fn change_feed_and_id_order() {
             [(None, None, true), (Some("a"), Some("a:b:c"), false), (Some("a"), Some("b"), true)]
         {
             let (start, end) = if descending { (end, start) } else { (start, end) };
-            let range =
-                IdRange { start: start.map(str::to_owned), end: end.map(str::to_owned), inclusive_end, descending };
+            let range = IdRange {
+                start: start.map(str::to_owned),
+                end: end.map(str::to_owned),
+                inclusive_end,
+                descending,
+                include_design: false,
+            };
             let mut want: Vec<&str> = live.iter().copied().filter(|id| range.contains(id)).collect();
             want.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
             if descending {

@@ -1070,6 +1070,7 @@ async fn all_docs_from_the_empty_id_sends_no_empty_key_value() {
         end: end.map(str::to_owned),
         inclusive_end: true,
         descending,
+        include_design: false,
     };
     for (what, range) in [
         ("startkey=\"\"", range("", None, false)),

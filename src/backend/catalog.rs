@@ -111,7 +111,7 @@ pub trait Catalog: Send + Sync + 'static {
     /// Removes the database and everything of it from the backend (documents, tombstones, feed,
     /// local documents); `false` when it did not exist. A handle opened before keeps failing
     /// cleanly afterwards; it never writes into a re-created database of the same name.
-    async fn drop(&self, name: &DbName) -> Result<bool>;
+    async fn delete(&self, name: &DbName) -> Result<bool>;
 
     /// Every database's name, in CouchDB's order (byte order of the names).
     async fn list(&self) -> Result<Vec<DbName>>;
@@ -188,7 +188,7 @@ impl Catalog for EmbeddedCatalog {
         Ok(Some(backend))
     }
 
-    async fn drop(&self, name: &DbName) -> Result<bool> {
+    async fn delete(&self, name: &DbName) -> Result<bool> {
         let mut open = self.open.lock().await;
         // A handle still held by a request in flight writes into the unlinked file, which no
         // reader sees; `crate::database` refuses every call on a dropped database's handle.
@@ -197,7 +197,9 @@ impl Catalog for EmbeddedCatalog {
         match tokio::fs::remove_file(&file).await {
             Ok(()) => Ok(true),
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(handle.is_some()),
-            Err(err) => Err(Error::new(ErrorKind::Unavailable, format!("cannot delete {}", file.display())).with_source(err)),
+            Err(err) => {
+                Err(Error::new(ErrorKind::Unavailable, format!("cannot delete {}", file.display())).with_source(err))
+            }
         }
     }
 

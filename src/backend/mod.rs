@@ -154,12 +154,16 @@ pub struct IdRange {
     /// Whether a document whose id equals `end` is included (CouchDB's default: yes).
     pub inclusive_end: bool,
     pub descending: bool,
+    /// Whether design documents (`_design/…`) are listed: never in the data-store database,
+    /// where they hold no data; always in other databases ([`crate::database`]), as CouchDB
+    /// lists them.
+    pub include_design: bool,
 }
 
 impl IdRange {
     /// Every id, ascending.
     pub fn all() -> Self {
-        IdRange { start: None, end: None, inclusive_end: true, descending: false }
+        IdRange { start: None, end: None, inclusive_end: true, descending: false, include_design: false }
     }
 
     /// Whether `id` lies inside the range (both ends checked, in the range's direction).
@@ -405,6 +409,13 @@ pub trait DocumentBackend: Send + Sync + 'static {
     async fn design_request(&self, request: DesignRequest) -> Result<Option<DesignResponse>> {
         let _ = request;
         Ok(None)
+    }
+
+    /// Where this backend keeps databases besides this one ([`catalog`]): the embedded store's
+    /// sibling files, DynamoDB's sibling tables, Firestore's sibling collections, the CouchDB
+    /// server's other databases. `None`, the default, where the backend keeps no others.
+    fn catalog(&self) -> Option<Arc<dyn catalog::Catalog>> {
+        None
     }
 
     /// The documents with these ids, one answer per id, in order (`None` for a missing one).

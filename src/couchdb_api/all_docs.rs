@@ -31,13 +31,15 @@ use crate::backend::{DocumentBackend, IdRange, StoredDocument};
 const PAGE: usize = 500;
 
 /// The parameters, from the query string or the body, checked.
-struct AllDocsRequest {
-    keys: Option<Vec<String>>,
-    range: IdRange,
-    limit: Option<u64>,
-    skip: u64,
-    include_docs: bool,
-    update_seq: bool,
+pub(crate) struct AllDocsRequest {
+    pub keys: Option<Vec<String>>,
+    pub range: IdRange,
+    pub limit: Option<u64>,
+    pub skip: u64,
+    pub include_docs: bool,
+    pub update_seq: bool,
+    /// `conflicts=true`: documents carry `_conflicts` (with `include_docs`).
+    pub conflicts: bool,
 }
 
 /// `GET /{db}/_all_docs`.
@@ -47,8 +49,14 @@ pub async fn get_all_docs(
     _served: ServedDb,
     Query(params): Query<HashMap<String, String>>,
 ) -> Answer {
+    let request = parse_request(&query_fields(&params)?)?;
+    answer(&state, &principal, request).await
+}
+
+/// The fields of a `GET` request's query string, as JSON values.
+pub(crate) fn query_fields(params: &HashMap<String, String>) -> CouchResult<Map<String, Value>> {
     let mut fields = Map::new();
-    for (name, text) in &params {
+    for (name, text) in params {
         let value = match name.as_str() {
             // CouchDB takes `startkey_docid`/`endkey_docid` raw (python-couchdb sends them so).
             "startkey_docid" | "endkey_docid" => Value::from(text.as_str()),
@@ -64,8 +72,7 @@ pub async fn get_all_docs(
         };
         fields.insert(name.clone(), value);
     }
-    let request = parse_request(&fields)?;
-    answer(&state, &principal, request).await
+    Ok(fields)
 }
 
 /// `POST /{db}/_all_docs`: parameters in the body (and the query string, which the body overrides).
@@ -77,28 +84,38 @@ pub async fn post_all_docs(
     headers: HeaderMap,
     body: Body,
 ) -> Answer {
+    let request = parse_request(&post_fields(&state, &params, &headers, body).await?)?;
+    answer(&state, &principal, request).await
+}
+
+/// The fields of a `POST` request: its query string, then its body's members over them.
+pub(crate) async fn post_fields(
+    state: &CouchState,
+    params: &HashMap<String, String>,
+    headers: &HeaderMap,
+    body: Body,
+) -> CouchResult<Map<String, Value>> {
     let mut fields = Map::new();
-    for (name, text) in &params {
+    for (name, text) in params {
         let value = match name.as_str() {
             "limit" | "skip" => Value::from(integer_param(name, Some(text))?.unwrap_or(0)),
-            "include_docs" | "descending" | "inclusive_end" | "update_seq" => {
+            "include_docs" | "descending" | "inclusive_end" | "update_seq" | "conflicts" => {
                 Value::Bool(bool_param(name, Some(text), false)?)
             }
             _ => json_param(name, Some(text)).ok().flatten().unwrap_or_else(|| Value::from(text.as_str())),
         };
         fields.insert(name.clone(), value);
     }
-    if let Some(body) = state.bodies.read_json(&headers, body).await? {
+    if let Some(body) = state.bodies.read_json(headers, body).await? {
         match body.value {
             Value::Object(map) => fields.extend(map),
             _ => return Err(CouchError::bad_request("Request body must be a JSON object")),
         }
     }
-    let request = parse_request(&fields)?;
-    answer(&state, &principal, request).await
+    Ok(fields)
 }
 
-fn parse_request(fields: &Map<String, Value>) -> CouchResult<AllDocsRequest> {
+pub(crate) fn parse_request(fields: &Map<String, Value>) -> CouchResult<AllDocsRequest> {
     let string_key = |names: &[&str]| -> CouchResult<Option<String>> {
         for name in names {
             match fields.get(*name) {
@@ -151,11 +168,12 @@ fn parse_request(fields: &Map<String, Value>) -> CouchResult<AllDocsRequest> {
     };
     Ok(AllDocsRequest {
         keys,
-        range: IdRange { start, end, inclusive_end: flag("inclusive_end", true)?, descending },
+        range: IdRange { start, end, inclusive_end: flag("inclusive_end", true)?, descending, include_design: false },
         limit: number("limit")?,
         skip: number("skip")?.unwrap_or(0),
         include_docs: flag("include_docs", false)?,
         update_seq: flag("update_seq", false)?,
+        conflicts: flag("conflicts", false)?,
     })
 }
 
@@ -202,7 +220,7 @@ async fn answer(state: &CouchState, principal: &Principal, request: AllDocsReque
 
 /// The keys a `keys` request answers, as CouchDB picks them (`fabric_view_all_docs.erl`): in
 /// reverse order when `descending`, then `skip` of them dropped, then at most `limit` kept.
-fn keys_page(keys: &[String], request: &AllDocsRequest) -> Vec<String> {
+pub(crate) fn keys_page(keys: &[String], request: &AllDocsRequest) -> Vec<String> {
     let skip = usize::try_from(request.skip).unwrap_or(usize::MAX);
     let limit = request.limit.map_or(usize::MAX, |limit| usize::try_from(limit).unwrap_or(usize::MAX));
     let ordered: Box<dyn Iterator<Item = &String>> =

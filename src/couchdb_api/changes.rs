@@ -46,6 +46,7 @@ use super::{Answer, CouchState};
 use crate::backend::{Change, DocumentBackend};
 use crate::changes::{read_page, resolve_since, DeliveredTail, FeedPage, PollBackoff, DEFAULT_PAGE};
 use crate::config::Settings;
+use crate::database::Database;
 use crate::error::ErrorKind;
 
 /// The longest pause between two polls of an idle feed.
@@ -164,6 +165,11 @@ struct ChangesRequest {
     timeout: Duration,
     heartbeat: Option<Duration>,
     filter: Filter,
+    /// `style=all_docs`: every leaf of a document's revision tree in `changes`, not only the
+    /// winner (the data-store database keeps one leaf, so it is the same there).
+    all_leaves: bool,
+    /// `conflicts=true`: documents carry `_conflicts` (with `include_docs`).
+    conflicts: bool,
 }
 
 /// Who asks for a feed: the principal it acts for, and whose feed count it goes to.
@@ -183,7 +189,46 @@ pub async fn get_changes(
 ) -> Answer {
     let request = parse_request(&params, None, &state.feeds)?;
     let owner = feed_owner(identity.as_ref().map(|e| &e.0), peer.map(|e| e.0 .0));
-    respond(&state, Asker { principal, owner }, request).await
+    respond(&state, Asker { principal, owner }, request, None).await
+}
+
+/// `GET /{db}/_changes` of a database other than the data-store one.
+pub(crate) async fn get_database_changes(
+    State(state): State<CouchState>,
+    opened: super::database::OpenDb,
+    identity: Option<Extension<Identity>>,
+    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
+    Query(params): Query<HashMap<String, String>>,
+) -> Answer {
+    let request = parse_request(&params, None, &state.feeds)?;
+    let owner = feed_owner(identity.as_ref().map(|e| &e.0), peer.map(|e| e.0 .0));
+    respond(&state, Asker { principal: Principal::Admin, owner }, request, Some(opened.db)).await
+}
+
+/// `POST /{db}/_changes` of a database other than the data-store one.
+pub(crate) async fn post_database_changes(
+    State(state): State<CouchState>,
+    opened: super::database::OpenDb,
+    identity: Option<Extension<Identity>>,
+    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
+    Query(params): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Answer {
+    let owner = feed_owner(identity.as_ref().map(|e| &e.0), peer.map(|e| e.0 .0));
+    let body = read_body(&state, &headers, body).await?;
+    let request = parse_request(&params, body.as_ref(), &state.feeds)?;
+    respond(&state, Asker { principal: Principal::Admin, owner }, request, Some(opened.db)).await
+}
+
+async fn read_body(state: &CouchState, headers: &HeaderMap, body: Body) -> CouchResult<Option<Map<String, Value>>> {
+    match state.bodies.read_json(headers, body).await? {
+        None => Ok(None),
+        Some(body) => match body.value {
+            Value::Object(map) => Ok(Some(map)),
+            _ => Err(CouchError::bad_request("Request body must be a JSON object")),
+        },
+    }
 }
 
 /// `POST /{db}/_changes`: the same, with `doc_ids` or `selector` in the body.
@@ -199,15 +244,9 @@ pub async fn post_changes(
     body: Body,
 ) -> Answer {
     let owner = feed_owner(identity.as_ref().map(|e| &e.0), peer.map(|e| e.0 .0));
-    let body = match state.bodies.read_json(&headers, body).await? {
-        None => None,
-        Some(body) => match body.value {
-            Value::Object(map) => Some(map),
-            _ => return Err(CouchError::bad_request("Request body must be a JSON object")),
-        },
-    };
+    let body = read_body(&state, &headers, body).await?;
     let request = parse_request(&params, body.as_ref(), &state.feeds)?;
-    respond(&state, Asker { principal, owner }, request).await
+    respond(&state, Asker { principal, owner }, request, None).await
 }
 
 fn parse_request(
@@ -266,6 +305,8 @@ fn parse_request(
         timeout,
         heartbeat,
         filter,
+        all_leaves: param("style") == Some("all_docs"),
+        conflicts: bool_param("conflicts", param("conflicts"), false)?,
     })
 }
 
@@ -321,6 +362,9 @@ fn selector(body: Option<&Map<String, Value>>) -> CouchResult<DocumentPredicate>
 /// Where the stream is.
 struct Cursor {
     backend: Arc<dyn DocumentBackend>,
+    /// The database whose feed this is, when not the data-store database's: rows then come from
+    /// each document's revision tree.
+    database: Option<Arc<Database>>,
     principal: Principal,
     request: Arc<ChangesRequest>,
     since: Option<String>,
@@ -358,10 +402,18 @@ enum Phase {
     Finished,
 }
 
-async fn respond(state: &CouchState, asker: Asker, request: ChangesRequest) -> CouchResult<axum::response::Response> {
+async fn respond(
+    state: &CouchState,
+    asker: Asker,
+    request: ChangesRequest,
+    database: Option<Arc<Database>>,
+) -> CouchResult<axum::response::Response> {
     let long_lived = request.feed != Feed::Normal;
     let slot = if long_lived { Some(state.feeds.take_slot(asker.owner)?) } else { None };
-    let backend = state.store.backend().clone();
+    let backend = match &database {
+        Some(database) => database.backend().clone(),
+        None => state.store.backend().clone(),
+    };
     let malformed = |err: crate::Error| match err.kind() {
         ErrorKind::InvalidInput => CouchError::bad_request(MALFORMED_SINCE),
         _ => CouchError::from(err),
@@ -384,6 +436,7 @@ async fn respond(state: &CouchState, asker: Asker, request: ChangesRequest) -> C
     };
     let cursor = Cursor {
         backend,
+        database,
         principal: asker.principal,
         deadline: now + lifetime,
         next_heartbeat: request.heartbeat.filter(|_| long_lived).map(|beat| now + beat),
@@ -529,6 +582,9 @@ fn closing(cursor: &Cursor) -> String {
 
 /// The rows of one page that the request may see and wants.
 async fn rows_of(cursor: &Cursor, changes: &[Change]) -> crate::Result<Vec<Value>> {
+    if let Some(database) = &cursor.database {
+        return database_rows(database, &cursor.request, changes).await;
+    }
     let request = &cursor.request;
     let visible: Vec<&Change> = changes
         .iter()
@@ -564,6 +620,48 @@ async fn rows_of(cursor: &Cursor, changes: &[Change]) -> crate::Result<Vec<Value
         }
         let mut row = json!({ "seq": change.seq, "id": change.id, "changes": [{ "rev": change.rev.as_str() }] });
         if change.deleted {
+            row["deleted"] = Value::Bool(true);
+        }
+        if request.include_docs {
+            row["doc"] = doc;
+        }
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+/// The rows of one page of a database's feed: each document's winning revision (every leaf
+/// with `style=all_docs`), from its revision tree as it is now.
+async fn database_rows(database: &Database, request: &ChangesRequest, changes: &[Change]) -> crate::Result<Vec<Value>> {
+    database.check_open()?;
+    let wanted: Vec<&Change> = changes
+        .iter()
+        .filter(|c| match &request.filter {
+            Filter::DocIds(ids) => ids.contains(&c.id),
+            _ => true,
+        })
+        .collect();
+    let ids: Vec<String> = wanted.iter().map(|c| c.id.clone()).collect();
+    let states = database.read_many(&ids).await?;
+    let mut rows = Vec::with_capacity(wanted.len());
+    for (change, state) in wanted.into_iter().zip(states) {
+        // Purged since the feed read: nothing left to report.
+        let Some(state) = state else { continue };
+        let Some(winner) = state.tree.winner() else { continue };
+        let options = super::database::DocOptions { conflicts: request.conflicts, ..Default::default() };
+        let doc = super::database::leaf_json(&change.id, &state.tree, winner, options);
+        if let Filter::Selector(matches) = &request.filter {
+            if !matches(&doc) {
+                continue;
+            }
+        }
+        let leaves: Vec<Value> = if request.all_leaves {
+            state.tree.leaves().into_iter().map(|leaf| json!({ "rev": leaf.path.leaf_rev() })).collect()
+        } else {
+            vec![json!({ "rev": winner.path.leaf_rev() })]
+        };
+        let mut row = json!({ "seq": change.seq, "id": change.id, "changes": leaves });
+        if winner.deleted {
             row["deleted"] = Value::Bool(true);
         }
         if request.include_docs {

@@ -21,6 +21,7 @@ pub mod auth;
 mod bulk;
 mod changes;
 pub mod data_document;
+mod database;
 mod design;
 mod document;
 pub mod error;
@@ -65,6 +66,10 @@ pub(crate) struct CouchState {
     pub stopping: tokio::sync::watch::Receiver<bool>,
     /// Bounds on `_changes` waits and long-lived feeds per login.
     pub feeds: Arc<changes::FeedBounds>,
+    /// The databases besides the data-store one.
+    pub databases: Arc<crate::database::Databases>,
+    /// Their routes ([`database::router`]); empty inside those routes' own state.
+    pub database_router: axum::Router,
 }
 
 impl CouchState {
@@ -92,6 +97,7 @@ impl CouchApp {
         let (stopping, stopping_seen) = tokio::sync::watch::channel(false);
         let bodies = request::Bodies::from_settings(settings);
         let server_uuid = server::stable_uuid(&store.backend().describe());
+        let databases_catalog = store.backend().catalog();
         let auth = Arc::new(auth::CouchAuth::from_settings(settings)?);
         let state = CouchState {
             auth,
@@ -101,7 +107,10 @@ impl CouchApp {
             server_uuid: Arc::from(server_uuid.as_str()),
             stopping: stopping_seen,
             feeds: Arc::new(changes::FeedBounds::from_settings(settings)),
+            databases: Arc::new(crate::database::Databases::new(databases_catalog)),
+            database_router: axum::Router::new(),
         };
+        let state = CouchState { database_router: database::router(state.clone()), ..state };
         let open = state.auth.is_open();
         Ok(CouchApp { router: router(state, request::Bodies::query_limit(settings)), open, stopping })
     }
@@ -148,7 +157,8 @@ fn router(state: CouchState, query_limit: request::EndpointLimit) -> Router {
         .route("/{db}/_changes", get(changes::get_changes).post(changes::post_changes))
         .route_layer(from_fn_with_state(query_limit, request::limit_bodies));
     let authenticated = Router::new()
-        .route("/_all_dbs", get(server::all_dbs))
+        .route("/_all_dbs", get(database::all_dbs))
+        .route("/_dbs_info", post(database::dbs_info))
         .route("/_uuids", get(server::uuids))
         .route(
             "/{db}",
@@ -172,6 +182,7 @@ fn router(state: CouchState, query_limit: request::EndpointLimit) -> Router {
         )
         .route("/{db}/{docid}/{*attachment}", any(document::attachment))
         .merge(queries)
+        .route_layer(from_fn_with_state(state.clone(), database::dispatch))
         .route_layer(from_fn(authenticate));
     Router::new()
         .route("/", get(server::welcome))

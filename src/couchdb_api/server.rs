@@ -5,7 +5,7 @@
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
+use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 use super::error::CouchError;
@@ -59,11 +59,6 @@ pub async fn up(State(state): State<CouchState>) -> Response {
     }
 }
 
-/// `GET /_all_dbs`: the one database.
-pub async fn all_dbs(State(state): State<CouchState>) -> Response {
-    json(StatusCode::OK, json!([&*state.db]))
-}
-
 #[derive(serde::Deserialize)]
 pub struct UuidsParams {
     count: Option<String>,
@@ -94,12 +89,15 @@ pub async fn uuids(Query(params): Query<UuidsParams>) -> Answer {
 
 /// `GET /{db}` (and HEAD): the database's information, with the counts the backend can give.
 pub async fn db_info(State(state): State<CouchState>, _served: ServedDb) -> Answer {
+    Ok(json(StatusCode::OK, data_store_info(&state).await?))
+}
+
+/// The data-store database's information (`GET /{db}`, `_dbs_info`).
+pub(crate) async fn data_store_info(state: &CouchState) -> crate::Result<Value> {
     let backend = state.store.backend();
     let doc_count = live_document_count(backend.as_ref()).await?;
     let update_seq = backend.change_position().await?;
-    Ok(json(
-        StatusCode::OK,
-        json!({
+    Ok(json!({
             "db_name": &*state.db,
             "purge_seq": "0",
             "update_seq": update_seq,
@@ -111,8 +109,7 @@ pub async fn db_info(State(state): State<CouchState>, _served: ServedDb) -> Answ
             "compact_running": false,
             "cluster": { "q": 1, "n": 1, "w": 1, "r": 1 },
             "instance_start_time": "0"
-        }),
-    ))
+    }))
 }
 
 /// How many data documents the store holds: exact where the backend counts without reading

@@ -177,6 +177,11 @@ impl DocumentBackend for MeteredBackend {
         timed!(self, "design_request", self.inner.design_request(request))
     }
 
+    /// The catalog's databases are not metered: they are opened from it directly.
+    fn catalog(&self) -> Option<Arc<dyn crate::backend::catalog::Catalog>> {
+        self.inner.catalog()
+    }
+
     async fn revisions(&self, id: &str) -> Result<Option<RevisionInfo>> {
         timed!(self, "revisions", self.inner.revisions(id))
     }
@@ -344,6 +349,10 @@ mod tests {
             self.record("design_request");
             Ok(Some(DesignResponse { status: 200, headers: Vec::new(), body: Box::pin(futures::stream::empty()) }))
         }
+        fn catalog(&self) -> Option<Arc<dyn crate::backend::catalog::Catalog>> {
+            self.record("catalog");
+            None
+        }
     }
 
     /// The decorator must reach the adapter's own implementation of each default-bodied method:
@@ -371,6 +380,7 @@ mod tests {
             body: bytes::Bytes::new(),
         };
         assert_eq!(metered.design_request(design).await.unwrap().map(|answer| answer.status), Some(200));
+        assert!(metered.catalog().is_none());
         assert_eq!(
             *inner.called.lock().unwrap(),
             [
@@ -379,7 +389,8 @@ mod tests {
                 "design_document_count",
                 "get_many",
                 "put_replicated",
-                "design_request"
+                "design_request",
+                "catalog"
             ]
         );
     }

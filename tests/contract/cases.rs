@@ -66,7 +66,22 @@ pub fn all() -> Vec<Case> {
     ];
     cases.extend(document_model_cases());
     cases.extend(replication_cases());
+    cases.extend(rev_tree_cases());
     cases
+}
+
+/// A CouchDB database's revision trees over the backend (`rev_trees.rs`).
+fn rev_tree_cases() -> Vec<Case> {
+    use crate::rev_trees::*;
+    cases![
+        edits_make_a_history_and_stale_edits_conflict,
+        replicated_branches_are_kept_and_conflicts_resolve_by_deletion,
+        deleted_documents_keep_their_tree_and_come_back,
+        every_tree_change_moves_the_document_in_the_feed,
+        concurrent_writers_of_one_tree_lose_nothing,
+        purge_removes_leaves_and_documents,
+        design_documents_are_listed,
+    ]
 }
 
 /// The replicated-write cases (`replication.rs`).

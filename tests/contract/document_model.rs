@@ -560,7 +560,13 @@ pub async fn all_docs_pages_in_raw_id_order_both_ways(ctx: Ctx) {
     let between = format!("{}\u{0}", ascending[12]);
     for (start, end) in [(Some(low.clone()), Some(high.clone())), (Some(between.clone()), None), (None, Some(low))] {
         for inclusive_end in [true, false] {
-            let up = IdRange { start: start.clone(), end: end.clone(), inclusive_end, descending: false };
+            let up = IdRange {
+                start: start.clone(),
+                end: end.clone(),
+                inclusive_end,
+                descending: false,
+                include_design: false,
+            };
             let expected: Vec<String> = ascending
                 .iter()
                 .filter(|id| start.as_ref().is_none_or(|s| id.as_bytes() >= s.as_bytes()))
@@ -573,7 +579,13 @@ pub async fn all_docs_pages_in_raw_id_order_both_ways(ctx: Ctx) {
                 .collect();
             assert_eq!(all_docs_ids(b, &up, 4).await, expected, "{up:?}");
             // The same range read downwards swaps the ends.
-            let down = IdRange { start: end.clone(), end: start.clone(), inclusive_end, descending: true };
+            let down = IdRange {
+                start: end.clone(),
+                end: start.clone(),
+                inclusive_end,
+                descending: true,
+                include_design: false,
+            };
             let expected_down: Vec<String> = ascending
                 .iter()
                 .rev()
@@ -589,7 +601,13 @@ pub async fn all_docs_pages_in_raw_id_order_both_ways(ctx: Ctx) {
         }
     }
     // A range whose start is past its end is empty, not an error.
-    let empty = IdRange { start: Some(high), end: Some(ascending[0].clone()), inclusive_end: true, descending: false };
+    let empty = IdRange {
+        start: Some(high),
+        end: Some(ascending[0].clone()),
+        inclusive_end: true,
+        descending: false,
+        include_design: false,
+    };
     assert!(all_docs_ids(b, &empty, 10).await.is_empty());
     let docs = b.all_docs(&IdRange::all(), 2, None).await.unwrap().items;
     assert_eq!(docs[0].body["value"], json!(docs[0].id), "all_docs returns the documents' bodies");

@@ -8,6 +8,7 @@ mod cases;
 mod document_model;
 mod harness;
 mod replication;
+mod rev_trees;
 mod writer;
 
 use std::process::ExitCode;

@@ -84,7 +84,9 @@ impl CouchDbBackend {
                 let Value::Object(mut row) = row else { continue };
                 let Some(id) = row.get("id").and_then(Value::as_str).map(str::to_owned) else { continue };
                 let already_returned = after.as_deref() == Some(id.as_str());
-                let data = !is_design_doc(&id) && !id.starts_with(LOCAL_PREFIX) && range.contains(&id);
+                let data = (range.include_design || !is_design_doc(&id))
+                    && !id.starts_with(LOCAL_PREFIX)
+                    && range.contains(&id);
                 if !already_returned && data {
                     if let Some(doc) = row.remove("doc").filter(|doc| !doc.is_null()) {
                         items.push(from_couch_doc(doc, "list documents in id order")?);
@@ -353,7 +355,13 @@ mod tests {
     use super::*;
 
     fn range(start: &str, end: &str, descending: bool) -> IdRange {
-        IdRange { start: Some(start.into()), end: Some(end.into()), inclusive_end: true, descending }
+        IdRange {
+            start: Some(start.into()),
+            end: Some(end.into()),
+            inclusive_end: true,
+            descending,
+            include_design: false,
+        }
     }
 
     #[test]

@@ -121,7 +121,9 @@ impl DynamoDbBackend {
         let chunk = ShardedMerge::<IdReader>::chunk_for(limit, SHARD_COUNT);
         let mut merge = ShardedMerge::new(reader, SHARD_COUNT, chunk, range.descending);
         let listed = |entry: &IdEntry| {
-            !entry.hidden && !entry.id.starts_with(LOCAL_PREFIX) && !entry.id.starts_with(DESIGN_PREFIX)
+            !entry.hidden
+                && !entry.id.starts_with(LOCAL_PREFIX)
+                && (range.include_design || !entry.id.starts_with(DESIGN_PREFIX))
         };
         let mut ids = Vec::with_capacity(limit);
         let mut more = false;

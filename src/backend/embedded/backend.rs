@@ -55,6 +55,7 @@ pub struct EmbeddedBackend {
     /// The queue of writes, committed in groups.
     commits: Arc<GroupCommit>,
     path: PathBuf,
+    options: EmbeddedOptions,
 }
 
 impl EmbeddedBackend {
@@ -86,7 +87,7 @@ impl EmbeddedBackend {
         .map_err(join_error)??;
         let db = Arc::new(db);
         let commits = GroupCommit::new(&db, options.revs_limit);
-        Ok(EmbeddedBackend { db, commits, path: opened })
+        Ok(EmbeddedBackend { db, commits, path: opened, options })
     }
 
     /// Runs blocking redb work on the blocking pool.
@@ -124,6 +125,10 @@ impl EmbeddedBackend {
 impl DocumentBackend for EmbeddedBackend {
     fn describe(&self) -> String {
         format!("embedded:{}", self.path.display())
+    }
+
+    fn catalog(&self) -> Option<Arc<dyn crate::backend::catalog::Catalog>> {
+        Some(Arc::new(crate::backend::catalog::EmbeddedCatalog::new(&self.path, self.options)))
     }
 
     async fn get(&self, id: &str) -> Result<Option<StoredDocument>> {

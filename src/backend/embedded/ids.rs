@@ -44,12 +44,14 @@ pub(super) fn is_empty_range(lower: &Bound<&str>, upper: &Bound<&str>) -> bool {
     }
 }
 
-/// One page of live documents in id order between `bounds` (design documents skipped), and the
+/// One page of live documents in id order between `bounds` (design documents skipped unless
+/// `include_design`), and the
 /// id to continue after.
 pub(super) fn id_ordered_page(
     docs: &impl ReadableTable<&'static str, &'static [u8]>,
     bounds: (Bound<&str>, Bound<&str>),
     descending: bool,
+    include_design: bool,
     limit: usize,
 ) -> Result<Page<StoredDocument>> {
     let entries = docs.range::<&str>(bounds).map_err(map_redb("read documents"))?;
@@ -57,7 +59,7 @@ pub(super) fn id_ordered_page(
     let mut items = Vec::with_capacity(limit.min(1024));
     for entry in entries {
         let (id, stored_record) = entry.map_err(map_redb("read documents"))?;
-        if id.value().starts_with("_design/") {
+        if !include_design && id.value().starts_with("_design/") {
             continue;
         }
         if items.len() == limit {
@@ -78,7 +80,7 @@ pub(super) fn scan(db: &Database, after: Option<String>, limit: usize) -> Result
         Some(id) => Bound::Excluded(id.as_str()),
         None => Bound::Unbounded,
     };
-    id_ordered_page(&docs, (lower, Bound::Unbounded), false, limit)
+    id_ordered_page(&docs, (lower, Bound::Unbounded), false, false, limit)
 }
 
 /// One page of `all_docs` over `range`, after the id `after`.
@@ -94,7 +96,7 @@ pub(super) fn all_docs(
     if is_empty_range(&lower, &upper) {
         return Ok(Page { items: Vec::new(), next: None });
     }
-    id_ordered_page(&docs, (lower, upper), range.descending, limit)
+    id_ordered_page(&docs, (lower, upper), range.descending, range.include_design, limit)
 }
 
 /// Erases up to [`ERASE_BATCH`] documents and tombstones whose ids start with `prefix`; how many.

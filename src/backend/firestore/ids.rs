@@ -83,7 +83,9 @@ impl FirestoreBackend {
         };
         let mut items = self.live_documents(&answer.documents, "list documents in id order").await?;
         // CouchDB leaves design documents out of `_all_docs`; they are never data here.
-        items.retain(|doc| !doc.id.starts_with("_design/"));
+        if !range.include_design {
+            items.retain(|doc| !doc.id.starts_with("_design/"));
+        }
         Ok(Page { items, next })
     }
 

@@ -131,6 +131,10 @@ pub trait Layered: Send + Sync + 'static {
         self.inner().get_many(ids).await
     }
 
+    fn catalog(&self) -> Option<std::sync::Arc<dyn crate::backend::catalog::Catalog>> {
+        self.inner().catalog()
+    }
+
     async fn design_request(&self, request: DesignRequest) -> Result<Option<DesignResponse>> {
         self.inner().design_request(request).await
     }
@@ -244,6 +248,10 @@ impl<L: Layered> DocumentBackend for L {
 
     async fn get_many(&self, ids: &[String]) -> Result<Vec<Option<StoredDocument>>> {
         Layered::get_many(self, ids).await
+    }
+
+    fn catalog(&self) -> Option<std::sync::Arc<dyn crate::backend::catalog::Catalog>> {
+        Layered::catalog(self)
     }
 
     async fn design_request(&self, request: DesignRequest) -> Result<Option<DesignResponse>> {

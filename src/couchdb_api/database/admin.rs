@@ -1,0 +1,241 @@
+//! Databases themselves: `PUT`/`GET`/`HEAD`/`DELETE /{db}`, `GET /_all_dbs`, `POST /_dbs_info`,
+//! `_revs_limit`, `_security`, and the maintenance endpoints that have nothing to do here
+//! (`_compact`, `_view_cleanup`, `_ensure_full_commit`), answered as CouchDB answers them.
+
+use std::collections::HashMap;
+
+use axum::body::Body;
+use axum::extract::{Extension, Path, Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use serde_json::{json, Value};
+
+use super::{db_name, OpenDb};
+use crate::couchdb_api::access::Principal;
+use crate::couchdb_api::error::CouchError;
+use crate::couchdb_api::request::{bool_param, integer_param, json_param};
+use crate::couchdb_api::server::live_document_count;
+use crate::couchdb_api::{json, Answer, CouchState};
+use crate::database::Database;
+use crate::error::ErrorKind;
+
+fn admin_only(principal: &Principal) -> Result<(), CouchError> {
+    match principal {
+        Principal::Admin => Ok(()),
+        Principal::User(_) => Err(CouchError::unauthorized("You are not a server admin.")),
+    }
+}
+
+/// `PUT /{db}`: 201 `{"ok":true}`; 412 `file_exists` when it exists.
+pub async fn create_db(
+    State(state): State<CouchState>,
+    Extension(principal): Extension<Principal>,
+    Path(db): Path<String>,
+) -> Answer {
+    admin_only(&principal)?;
+    let name = db_name(&db)?;
+    match state.databases.create(&name).await {
+        Ok(_) => {
+            let mut response = json(StatusCode::CREATED, json!({ "ok": true }));
+            if let Ok(location) = HeaderValue::from_str(&format!("/{db}")) {
+                response.headers_mut().insert(header::LOCATION, location);
+            }
+            Ok(response)
+        }
+        Err(err) if err.kind() == ErrorKind::Conflict => Err(CouchError::new(
+            StatusCode::PRECONDITION_FAILED,
+            "file_exists",
+            "The database could not be created, the file already exists.",
+        )),
+        Err(err) => Err(err.into()),
+    }
+}
+
+/// `DELETE /{db}`: everything of it removed from the backend.
+pub async fn delete_db(
+    State(state): State<CouchState>,
+    Extension(principal): Extension<Principal>,
+    Path(db): Path<String>,
+) -> Answer {
+    admin_only(&principal)?;
+    let name = db_name(&db)?;
+    if state.databases.delete(&name).await? {
+        Ok(json(StatusCode::OK, json!({ "ok": true })))
+    } else {
+        Err(CouchError::no_database())
+    }
+}
+
+/// `GET /{db}`: counts and the feed position.
+pub async fn db_info(opened: OpenDb) -> Answer {
+    Ok(json(StatusCode::OK, info_of(&opened.db).await?))
+}
+
+async fn info_of(db: &Database) -> crate::Result<Value> {
+    db.check_open()?;
+    let backend = db.backend();
+    let doc_count = live_document_count(backend.as_ref()).await?;
+    let update_seq = backend.change_position().await?;
+    Ok(json!({
+        "db_name": db.name(),
+        "purge_seq": "0",
+        "update_seq": update_seq,
+        "sizes": { "file": 0, "external": 0, "active": 0 },
+        "props": {},
+        "doc_del_count": 0,
+        "doc_count": doc_count,
+        "disk_format_version": 8,
+        "compact_running": false,
+        "cluster": { "q": 1, "n": 1, "w": 1, "r": 1 },
+        "instance_start_time": "0"
+    }))
+}
+
+/// Every database's name: the data-store one and the backend's others, in byte order.
+async fn every_name(state: &CouchState) -> crate::Result<Vec<String>> {
+    let mut names: Vec<String> = state.databases.list().await?.into_iter().map(|n| n.to_string()).collect();
+    names.push(state.db.to_string());
+    names.sort();
+    names.dedup();
+    Ok(names)
+}
+
+/// `GET /_all_dbs` with `startkey`/`endkey` (JSON strings), `limit`, `skip`, `descending`,
+/// `inclusive_end`.
+pub async fn all_dbs(State(state): State<CouchState>, Query(params): Query<HashMap<String, String>>) -> Answer {
+    let param = |name: &str| params.get(name).map(String::as_str);
+    let key = |names: [&str; 2]| -> Result<Option<String>, CouchError> {
+        for name in names {
+            match json_param(name, param(name))? {
+                None => {}
+                Some(Value::String(text)) => return Ok(Some(text)),
+                Some(_) => return Err(CouchError::bad_request(format!("{name} must be a JSON string"))),
+            }
+        }
+        Ok(None)
+    };
+    let descending = bool_param("descending", param("descending"), false)?;
+    let inclusive_end = bool_param("inclusive_end", param("inclusive_end"), true)?;
+    let start = key(["startkey", "start_key"])?;
+    let end = key(["endkey", "end_key"])?;
+    let skip = integer_param("skip", param("skip"))?.unwrap_or(0);
+    let limit = integer_param("limit", param("limit"))?;
+    let mut names = every_name(&state).await?;
+    if descending {
+        names.reverse();
+    }
+    let selected: Vec<String> = names
+        .into_iter()
+        .filter(|name| match &start {
+            None => true,
+            Some(start) if descending => name <= start,
+            Some(start) => name >= start,
+        })
+        .filter(|name| match &end {
+            None => true,
+            Some(end) if descending => name > end || (inclusive_end && name == end),
+            Some(end) => name < end || (inclusive_end && name == end),
+        })
+        .skip(usize::try_from(skip).unwrap_or(usize::MAX))
+        .take(limit.map_or(usize::MAX, |l| usize::try_from(l).unwrap_or(usize::MAX)))
+        .collect();
+    Ok(json(StatusCode::OK, json!(selected)))
+}
+
+/// Most names one `POST /_dbs_info` may ask about (CouchDB's `max_db_number_for_dbs_info_req`).
+const MAX_DBS_INFO_KEYS: usize = 100;
+
+/// `POST /_dbs_info` `{"keys": [...]}`: each database's info, or `{"error": "not_found"}`.
+pub async fn dbs_info(
+    State(state): State<CouchState>,
+    Extension(principal): Extension<Principal>,
+    headers: HeaderMap,
+    body: Body,
+) -> Answer {
+    admin_only(&principal)?;
+    let request = state.bodies.read_object(&headers, body).await?;
+    let Some(Value::Array(keys)) = request.value.get("keys") else {
+        return Err(CouchError::bad_request("`keys` member must exist."));
+    };
+    if keys.len() > MAX_DBS_INFO_KEYS {
+        return Err(CouchError::bad_request(format!("`keys` member must not exceed {MAX_DBS_INFO_KEYS} names")));
+    }
+    let mut answer = Vec::with_capacity(keys.len());
+    for key in keys {
+        let Some(text) = key.as_str() else {
+            answer.push(json!({ "key": key, "error": "not_found" }));
+            continue;
+        };
+        let info = if text == &*state.db {
+            None
+        } else {
+            match db_name(text).ok() {
+                Some(name) => match state.databases.open(&name).await? {
+                    Some(db) => Some(info_of(&db).await?),
+                    None => None,
+                },
+                None => None,
+            }
+        };
+        answer.push(match info {
+            Some(info) => json!({ "key": text, "info": info }),
+            None if text == &*state.db => {
+                json!({ "key": text, "info": crate::couchdb_api::server::data_store_info(&state).await? })
+            }
+            None => json!({ "key": text, "error": "not_found" }),
+        });
+    }
+    Ok(json(StatusCode::OK, Value::Array(answer)))
+}
+
+/// `GET /{db}/_revs_limit`.
+pub async fn get_revs_limit(opened: OpenDb) -> Answer {
+    Ok(json(StatusCode::OK, json!(opened.db.revs_limit().await?)))
+}
+
+/// `PUT /{db}/_revs_limit` with a positive integer body.
+pub async fn put_revs_limit(State(state): State<CouchState>, opened: OpenDb, headers: HeaderMap, body: Body) -> Answer {
+    admin_only(&opened.principal)?;
+    let value = state.bodies.read_json(&headers, body).await?.map(|b| b.value);
+    let limit = match value.as_ref().and_then(Value::as_u64) {
+        Some(limit) if limit > 0 => usize::try_from(limit).unwrap_or(usize::MAX),
+        _ => return Err(CouchError::bad_request("The revs limit must be a positive integer")),
+    };
+    opened.db.update_settings(|settings| settings.revs_limit = limit).await?;
+    Ok(json(StatusCode::OK, json!({ "ok": true })))
+}
+
+/// `GET /{db}/_security`.
+pub async fn get_security(opened: OpenDb) -> Answer {
+    Ok(json(StatusCode::OK, opened.db.settings().await?.security))
+}
+
+/// `PUT /{db}/_security`: `admins` and `members`, each `{names, roles}` of strings.
+pub async fn put_security(State(state): State<CouchState>, opened: OpenDb, headers: HeaderMap, body: Body) -> Answer {
+    admin_only(&opened.principal)?;
+    let security = state.bodies.read_object(&headers, body).await?.value;
+    for group in ["admins", "members"] {
+        let Some(value) = security.get(group) else { continue };
+        for list in ["names", "roles"] {
+            match value.get(list) {
+                None => {}
+                Some(Value::Array(items)) if items.iter().all(Value::is_string) => {}
+                Some(_) => return Err(CouchError::bad_request(format!("{group}.{list} must be an array of strings"))),
+            }
+        }
+    }
+    opened.db.update_settings(|settings| settings.security = security.clone()).await?;
+    Ok(json(StatusCode::OK, json!({ "ok": true })))
+}
+
+/// `POST /{db}/_compact`, `_compact/{ddoc}`, `_view_cleanup`: accepted, nothing to do (the
+/// backend keeps no old revision bodies to compact away, and no view indexes yet).
+pub async fn compact(opened: OpenDb<std::collections::HashMap<String, String>>, headers: HeaderMap) -> Answer {
+    admin_only(&opened.principal)?;
+    crate::couchdb_api::request::require_json_content_type(&headers)?;
+    Ok(json(StatusCode::ACCEPTED, json!({ "ok": true })))
+}
+
+/// `POST /{db}/_ensure_full_commit`: every acknowledged write is already durable.
+pub async fn ensure_full_commit(_opened: OpenDb) -> Answer {
+    Ok(json(StatusCode::CREATED, json!({ "ok": true, "instance_start_time": "0" })))
+}

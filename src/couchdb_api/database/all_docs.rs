@@ -1,0 +1,179 @@
+//! `GET/POST /{db}/_all_docs` and `GET /{db}/_design_docs` of a database: documents whose winning
+//! revision is live, in id order (raw collation), or the documents `keys` names (deleted ones
+//! as `value.deleted`). Parameters are read as for the data-store database
+//! ([`crate::couchdb_api::all_docs`]); rows are streamed one backend page at a time.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::IntoResponse;
+use futures::stream::{self, StreamExt};
+use serde_json::{json, Value};
+
+use super::{leaf_json, DocOptions, OpenDb};
+use crate::backend::IdRange;
+use crate::couchdb_api::all_docs::{keys_page, parse_request, post_fields, query_fields, AllDocsRequest};
+use crate::couchdb_api::server::live_document_count;
+use crate::couchdb_api::{json, Answer, CouchState};
+use crate::database::{Database, DocState};
+
+/// Documents asked of the backend per page while streaming a range.
+const PAGE: usize = 500;
+
+/// `GET /{db}/_all_docs`.
+pub async fn get_all_docs(opened: OpenDb, Query(params): Query<HashMap<String, String>>) -> Answer {
+    let request = parse_request(&query_fields(&params)?)?;
+    answer(opened.db, request).await
+}
+
+/// `POST /{db}/_all_docs`.
+pub async fn post_all_docs(
+    State(state): State<CouchState>,
+    opened: OpenDb,
+    Query(params): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Answer {
+    let request = parse_request(&post_fields(&state, &params, &headers, body).await?)?;
+    answer(opened.db, request).await
+}
+
+/// `GET /{db}/_design_docs`: `_all_docs` over the design documents' ids.
+pub async fn get_design_docs(opened: OpenDb, Query(params): Query<HashMap<String, String>>) -> Answer {
+    let mut request = parse_request(&query_fields(&params)?)?;
+    let (low, high) = ("_design/".to_owned(), "_design0".to_owned());
+    let range = &mut request.range;
+    if range.descending {
+        range.start = Some(range.start.take().map_or(high.clone(), |s| s.min(high.clone())));
+        range.end = Some(range.end.take().map_or(low.clone(), |e| e.max(low.clone())));
+    } else {
+        range.start = Some(range.start.take().map_or(low.clone(), |s| s.max(low.clone())));
+        if range.end.as_ref().is_none_or(|e| *e >= high) {
+            range.end = Some(high);
+            range.inclusive_end = false;
+        }
+    }
+    answer(opened.db, request).await
+}
+
+fn row(id: &str, state: &DocState, request: &AllDocsRequest) -> Option<Value> {
+    let winner = state.tree.winner()?;
+    let mut row = json!({ "id": id, "key": id, "value": { "rev": winner.path.leaf_rev() } });
+    if request.include_docs {
+        let options = DocOptions { conflicts: request.conflicts, ..DocOptions::default() };
+        row["doc"] = leaf_json(id, &state.tree, winner, options);
+    }
+    Some(row)
+}
+
+async fn answer(db: Arc<Database>, mut request: AllDocsRequest) -> Answer {
+    db.check_open()?;
+    // Design documents are documents of a database, listed as CouchDB lists them.
+    request.range.include_design = true;
+    let total_rows = live_document_count(db.backend().as_ref()).await?;
+    if let Some(keys) = &request.keys {
+        let keys = keys_page(keys, &request);
+        let states = db.read_many(&keys).await?;
+        let mut rows = Vec::with_capacity(keys.len());
+        for (key, state) in keys.iter().zip(states) {
+            rows.push(match state {
+                Some(state) if !state.deleted() => row(key, &state, &request).unwrap_or(Value::Null),
+                Some(state) => {
+                    let mut row =
+                        json!({ "id": key, "key": key, "value": { "rev": state.winner_rev(), "deleted": true } });
+                    if request.include_docs {
+                        row["doc"] = Value::Null;
+                    }
+                    row
+                }
+                None => json!({ "key": key, "error": "not_found" }),
+            });
+        }
+        let mut body = json!({ "total_rows": total_rows, "offset": null, "rows": rows });
+        if request.update_seq {
+            body["update_seq"] = Value::Null;
+        }
+        return Ok(json(StatusCode::OK, body));
+    }
+    let update_seq = if request.update_seq { Some(db.backend().change_position().await?) } else { None };
+    let from_the_beginning =
+        request.range.start.as_deref().is_none_or(|start| start.is_empty() && !request.range.descending);
+    let offset = if from_the_beginning { Value::from(request.skip) } else { Value::Null };
+    let mut head = format!("{{\"total_rows\":{total_rows},\"offset\":{offset},");
+    if let Some(seq) = update_seq {
+        head.push_str(&format!("\"update_seq\":{},", Value::from(seq)));
+    }
+    head.push_str("\"rows\":[");
+    let range = request.range.clone();
+    let mut rows = Box::pin(range_rows(db, range, request));
+    let first = rows.next().await.transpose()?;
+    let body = stream::once(async move { Ok::<_, crate::Error>(Bytes::from(head)) })
+        .chain(stream::iter(first.map(Ok)))
+        .chain(rows)
+        .chain(stream::once(async { Ok(Bytes::from_static(b"\n]}\n")) }));
+    let mut response = Body::from_stream(body).into_response();
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    Ok(response)
+}
+
+/// The rows of a range, as JSON text chunks, one backend page at a time.
+fn range_rows(
+    db: Arc<Database>,
+    range: IdRange,
+    request: AllDocsRequest,
+) -> impl futures::Stream<Item = crate::Result<Bytes>> {
+    struct Cursor {
+        token: Option<String>,
+        started: bool,
+        done: bool,
+        to_skip: u64,
+        remaining: u64,
+        first_row: bool,
+    }
+    let cursor = Cursor {
+        token: None,
+        started: false,
+        done: false,
+        to_skip: request.skip,
+        remaining: request.limit.unwrap_or(u64::MAX),
+        first_row: true,
+    };
+    let request = Arc::new(request);
+    stream::try_unfold(cursor, move |mut cursor| {
+        let db = Arc::clone(&db);
+        let range = range.clone();
+        let request = Arc::clone(&request);
+        async move {
+            if cursor.done || cursor.remaining == 0 || (cursor.started && cursor.token.is_none()) {
+                return Ok(None);
+            }
+            let want = (cursor.remaining.saturating_add(cursor.to_skip)).min(PAGE as u64) as usize;
+            let page = db.all_docs(&range, want.max(1), cursor.token.as_deref()).await?;
+            cursor.started = true;
+            cursor.token = page.next;
+            let mut chunk = String::new();
+            for (id, state) in page.items {
+                if cursor.to_skip > 0 {
+                    cursor.to_skip -= 1;
+                    continue;
+                }
+                if cursor.remaining == 0 {
+                    cursor.done = true;
+                    break;
+                }
+                let Some(row) = row(&id, &state, &request) else { continue };
+                cursor.remaining -= 1;
+                if !cursor.first_row {
+                    chunk.push(',');
+                }
+                cursor.first_row = false;
+                chunk.push('\n');
+                chunk.push_str(&row.to_string());
+            }
+            Ok(Some((Bytes::from(chunk), cursor)))
+        }
+    })
+}

@@ -1,0 +1,280 @@
+//! Many documents at once: `_bulk_docs` (client edits, or a replicator's revisions with
+//! `new_edits: false`), `_bulk_get`, `_revs_diff`, `_missing_revs` and `_purge`, answered from
+//! each document's revision tree.
+
+use std::collections::HashMap;
+
+use axum::body::Body;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use futures::stream::{self, StreamExt};
+use serde_json::{json, Map, Value};
+
+use super::{leaf_json, refused, DocOptions, OpenDb};
+use crate::couchdb_api::bulk::MAX_BULK_DOCS;
+use crate::couchdb_api::error::CouchError;
+use crate::couchdb_api::request::bool_param;
+use crate::couchdb_api::{json, Answer, CouchState};
+use crate::database::document::{self, check_id};
+use crate::database::rev_tree::parse_rev;
+use crate::database::{Database, Write};
+
+/// Documents of one bulk request written at once (each document's writes stay in order).
+const CONCURRENCY: usize = 16;
+
+/// A document of a bulk request with its place in the request.
+type Positioned = (usize, Map<String, Value>);
+
+/// `POST /{db}/_bulk_docs`.
+pub async fn bulk_docs(State(state): State<CouchState>, opened: OpenDb, headers: HeaderMap, body: Body) -> Answer {
+    let request = state.bodies.read_object(&headers, body).await?.value;
+    let docs = match request.get("docs") {
+        Some(Value::Array(docs)) => docs.clone(),
+        _ => return Err(CouchError::bad_request("POST body must include `docs` parameter.")),
+    };
+    if docs.len() > MAX_BULK_DOCS {
+        return Err(CouchError::bad_request(format!(
+            "a _bulk_docs request may hold at most {MAX_BULK_DOCS} documents"
+        )));
+    }
+    let new_edits = match request.get("new_edits") {
+        None | Some(Value::Null) => true,
+        Some(Value::Bool(flag)) => *flag,
+        Some(_) => return Err(CouchError::bad_request("`new_edits` must be a boolean")),
+    };
+    // Each document is read and checked before anything is written: CouchDB refuses a whole
+    // request whose documents are not objects.
+    let mut parsed = Vec::with_capacity(docs.len());
+    for doc in docs {
+        let Value::Object(doc) = doc else {
+            return Err(CouchError::bad_request("Document must be a JSON object"));
+        };
+        parsed.push(doc);
+    }
+    // Writes to one id keep their order: documents are grouped by id, groups run concurrently.
+    let mut order: Vec<(String, Vec<Positioned>)> = Vec::new();
+    let mut index_of: HashMap<String, usize> = HashMap::new();
+    let mut early: Vec<Option<Value>> = vec![None; parsed.len()];
+    for (position, doc) in parsed.into_iter().enumerate() {
+        let id = match doc.get("_id") {
+            Some(Value::String(id)) => id.clone(),
+            Some(_) => {
+                early[position] =
+                    Some(json!({ "id": null, "error": "bad_request", "reason": "Document id must be a string" }));
+                continue;
+            }
+            None if new_edits => match super::docs::new_id() {
+                Ok(id) => id,
+                Err(err) => {
+                    early[position] = Some(err.to_row(""));
+                    continue;
+                }
+            },
+            None => {
+                early[position] =
+                    Some(json!({ "id": null, "error": "bad_request", "reason": "Document id must be a string" }));
+                continue;
+            }
+        };
+        let group = *index_of.entry(id.clone()).or_insert_with(|| {
+            order.push((id.clone(), Vec::new()));
+            order.len() - 1
+        });
+        order[group].1.push((position, doc));
+    }
+    let db = &opened.db;
+    let results: Vec<Vec<(usize, Option<Value>)>> = stream::iter(order)
+        .map(|(id, docs)| async move {
+            let mut rows = Vec::with_capacity(docs.len());
+            for (position, doc) in docs {
+                rows.push((position, write_one(db, &id, doc, new_edits).await));
+            }
+            rows
+        })
+        .buffer_unordered(CONCURRENCY)
+        .collect()
+        .await;
+    let mut answers = early;
+    for (position, row) in results.into_iter().flatten() {
+        answers[position] = row;
+    }
+    // With `new_edits: false` CouchDB answers only the documents that failed.
+    let rows: Vec<Value> = answers.into_iter().flatten().collect();
+    Ok(json(StatusCode::CREATED, Value::Array(rows)))
+}
+
+/// One document of `_bulk_docs`: its answer row (`None` for a replicated write that succeeded).
+async fn write_one(db: &Database, id: &str, body: Map<String, Value>, new_edits: bool) -> Option<Value> {
+    let row_error = |err: CouchError| Some(err.to_row(id));
+    if let Err(refusal) = check_id(id) {
+        return row_error(refused(refusal));
+    }
+    let doc = match document::parse(body) {
+        Ok(doc) => doc,
+        Err(refusal) => return row_error(refused(refusal)),
+    };
+    if let Err(err) = super::docs::check_size(id, &doc) {
+        return row_error(err);
+    }
+    if new_edits {
+        match super::docs::edit(db, id, doc.rev.clone(), doc.deleted, doc.body).await {
+            Ok(rev) => Some(json!({ "ok": true, "id": id, "rev": rev })),
+            Err(err) => row_error(err),
+        }
+    } else {
+        let path = match document::replicated_path(&doc) {
+            Ok(path) => path,
+            Err(refusal) => return row_error(refused(refusal)),
+        };
+        match db.write(id, &Write::Replicated { path, deleted: doc.deleted, body: doc.body }).await {
+            Ok(_) => None,
+            Err(err) => row_error(err.into()),
+        }
+    }
+}
+
+/// `POST /{db}/_bulk_get` `{"docs": [{"id", "rev"?}]}` with `?revs=true`, `?latest=true`.
+pub async fn bulk_get(
+    State(state): State<CouchState>,
+    opened: OpenDb,
+    Query(params): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Answer {
+    let revs = bool_param("revs", params.get("revs").map(String::as_str), false)?;
+    let latest = bool_param("latest", params.get("latest").map(String::as_str), false)?;
+    let request = state.bodies.read_object(&headers, body).await?.value;
+    let docs = match request.get("docs") {
+        Some(Value::Array(docs)) => docs.clone(),
+        _ => return Err(CouchError::bad_request("Missing JSON list of 'docs'.")),
+    };
+    if docs.len() > MAX_BULK_DOCS {
+        return Err(CouchError::bad_request(format!("a _bulk_get request may name at most {MAX_BULK_DOCS} documents")));
+    }
+    let db = &opened.db;
+    let options = DocOptions { revs, ..DocOptions::default() };
+    let results: Vec<Value> = stream::iter(docs)
+        .map(|item| async move { bulk_get_one(db, &item, options, latest).await })
+        .buffered(CONCURRENCY)
+        .collect()
+        .await;
+    Ok(json(StatusCode::OK, json!({ "results": results })))
+}
+
+async fn bulk_get_one(db: &Database, item: &Value, options: DocOptions, latest: bool) -> Value {
+    let Some(id) = item.get("id").and_then(Value::as_str) else {
+        return json!({ "id": null, "docs": [{ "error": { "id": null, "rev": null, "error": "bad_request", "reason": "an entry needs an id" } }] });
+    };
+    let wanted = item.get("rev").and_then(Value::as_str);
+    let error = |error: &str, reason: &str| json!({ "error": { "id": id, "rev": wanted.unwrap_or("undefined"), "error": error, "reason": reason } });
+    let state = match db.read(id).await {
+        Ok(state) => state,
+        Err(err) => {
+            let err = CouchError::from(err);
+            return json!({ "id": id, "docs": [error(&err.error, &err.reason)] });
+        }
+    };
+    let Some(state) = state else { return json!({ "id": id, "docs": [error("not_found", "missing")] }) };
+    let doc = match wanted {
+        None => match state.tree.winner() {
+            Some(winner) => json!({ "ok": leaf_json(id, &state.tree, winner, options) }),
+            None => error("not_found", "missing"),
+        },
+        Some(rev) => {
+            let leaf = state.tree.leaf(rev).or_else(|| {
+                latest
+                    .then(|| state.tree.leaves().into_iter().find(|l| l.path.revs().iter().any(|r| r == rev)))
+                    .flatten()
+            });
+            match leaf {
+                Some(leaf) => json!({ "ok": leaf_json(id, &state.tree, leaf, options) }),
+                None => error("not_found", "missing"),
+            }
+        }
+    };
+    json!({ "id": id, "docs": [doc] })
+}
+
+/// The `{id: [revs]}` body of `_revs_diff` and `_missing_revs`.
+async fn revs_request(
+    state: &CouchState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Vec<(String, Vec<String>)>, CouchError> {
+    let request = state.bodies.read_object(headers, body).await?.value;
+    let Value::Object(map) = request else { return Err(CouchError::bad_request("Request body must be a JSON object")) };
+    if map.len() > MAX_BULK_DOCS {
+        return Err(CouchError::bad_request(format!("a revision request may name at most {MAX_BULK_DOCS} documents")));
+    }
+    let mut wanted = Vec::with_capacity(map.len());
+    for (id, revs) in map {
+        let Value::Array(revs) = revs else {
+            return Err(CouchError::bad_request("Each document must map to a list of revisions"));
+        };
+        let mut list = Vec::with_capacity(revs.len());
+        for rev in revs {
+            match rev {
+                Value::String(rev) if parse_rev(&rev).is_some() => list.push(rev),
+                _ => return Err(CouchError::bad_request("Invalid rev format")),
+            }
+        }
+        wanted.push((id, list));
+    }
+    Ok(wanted)
+}
+
+/// `POST /{db}/_revs_diff`: for each document, the revisions this database lacks, and which of
+/// its leaves may be their ancestors.
+pub async fn revs_diff(State(state): State<CouchState>, opened: OpenDb, headers: HeaderMap, body: Body) -> Answer {
+    let wanted = revs_request(&state, &headers, body).await?;
+    let ids: Vec<String> = wanted.iter().map(|(id, _)| id.clone()).collect();
+    let states = opened.db.read_many(&ids).await?;
+    let mut answer = Map::new();
+    for ((id, revs), state) in wanted.into_iter().zip(states) {
+        let (missing, ancestors) = match state {
+            Some(state) => state.tree.missing(&revs),
+            None => (revs, Vec::new()),
+        };
+        if missing.is_empty() {
+            continue;
+        }
+        let mut entry = json!({ "missing": missing });
+        if !ancestors.is_empty() {
+            entry["possible_ancestors"] = json!(ancestors);
+        }
+        answer.insert(id, entry);
+    }
+    Ok(json(StatusCode::OK, Value::Object(answer)))
+}
+
+/// `POST /{db}/_missing_revs`: the revisions this database lacks, per document.
+pub async fn missing_revs(State(state): State<CouchState>, opened: OpenDb, headers: HeaderMap, body: Body) -> Answer {
+    let wanted = revs_request(&state, &headers, body).await?;
+    let ids: Vec<String> = wanted.iter().map(|(id, _)| id.clone()).collect();
+    let states = opened.db.read_many(&ids).await?;
+    let mut answer = Map::new();
+    for ((id, revs), state) in wanted.into_iter().zip(states) {
+        let missing = match state {
+            Some(state) => state.tree.missing(&revs).0,
+            None => revs,
+        };
+        if !missing.is_empty() {
+            answer.insert(id, json!(missing));
+        }
+    }
+    Ok(json(StatusCode::OK, json!({ "missing_revs": answer })))
+}
+
+/// `POST /{db}/_purge` `{id: [revs]}`: those leaves removed for good.
+pub async fn purge(State(state): State<CouchState>, opened: OpenDb, headers: HeaderMap, body: Body) -> Answer {
+    if !matches!(opened.principal, crate::couchdb_api::access::Principal::Admin) {
+        return Err(CouchError::unauthorized("You are not a server admin."));
+    }
+    let wanted = revs_request(&state, &headers, body).await?;
+    let mut purged = Map::new();
+    for (id, revs) in wanted {
+        let removed = opened.db.purge(&id, &revs).await?;
+        purged.insert(id, json!(removed));
+    }
+    Ok(json(StatusCode::CREATED, json!({ "purge_seq": null, "purged": purged })))
+}

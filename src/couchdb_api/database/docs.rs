@@ -1,0 +1,404 @@
+//! One document of a database: `GET`/`HEAD` with CouchDB's read options (`rev`, `revs`,
+//! `revs_info`, `conflicts`, `deleted_conflicts`, `meta`, `open_revs`, `latest`), `PUT` (also
+//! `new_edits=false`), `POST /{db}`, `DELETE`, `COPY`, design documents as documents, and local
+//! documents (`_local/{name}`, never replicated, revision `0-N`, written whatever `_rev` says, as
+//! CouchDB 3 does).
+
+use std::collections::HashMap;
+
+use axum::body::Body;
+use axum::extract::{Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use super::{leaf_json, refused, DocOptions, OpenDb};
+use crate::backend::Precondition;
+use crate::couchdb_api::error::{CouchError, CouchResult};
+use crate::couchdb_api::request::{bool_param, json_param};
+use crate::couchdb_api::response::{etag, not_modified};
+use crate::couchdb_api::{json, Answer, CouchState};
+use crate::database::document::{self, check_id, ClientDoc};
+use crate::database::rev_tree::{parse_rev, Leaf};
+use crate::database::{Database, DocState, Write, Written};
+use crate::error::ErrorKind;
+
+type Params = Query<HashMap<String, String>>;
+
+/// CouchDB's `max_document_size` default: the largest document body accepted, 8 MB.
+pub(crate) const MAX_DOCUMENT_BYTES: usize = 8_000_000;
+
+#[derive(Deserialize)]
+pub(crate) struct DocId {
+    docid: String,
+}
+
+#[derive(Deserialize)]
+pub(crate) struct DesignName {
+    ddoc: String,
+}
+
+#[derive(Deserialize)]
+pub(crate) struct LocalName {
+    name: String,
+}
+
+/// `/{db}/{docid}`, every method.
+pub async fn document(
+    State(state): State<CouchState>,
+    opened: OpenDb<DocId>,
+    method: Method,
+    Query(params): Params,
+    headers: HeaderMap,
+    body: Body,
+) -> Answer {
+    let id = opened.params.docid.clone();
+    one_document(&state, &opened.db, &id, method, &params, &headers, body).await
+}
+
+/// `/{db}/_design/{ddoc}`: a design document is a document (its functions run in issue 26).
+pub async fn design_document(
+    State(state): State<CouchState>,
+    opened: OpenDb<DesignName>,
+    method: Method,
+    Query(params): Params,
+    headers: HeaderMap,
+    body: Body,
+) -> Answer {
+    let id = format!("_design/{}", opened.params.ddoc);
+    one_document(&state, &opened.db, &id, method, &params, &headers, body).await
+}
+
+/// `/{db}/_design/{ddoc}/...`: views, shows, lists, updates and design attachments.
+pub async fn design_function(_opened: OpenDb<HashMap<String, String>>) -> Answer {
+    Err(CouchError::not_supported("running design documents (views, shows, lists, updates) on this database"))
+}
+
+/// `/{db}/{docid}/{attachment}`.
+pub async fn attachment(_opened: OpenDb<HashMap<String, String>>) -> Answer {
+    Err(CouchError::not_supported("standalone attachments"))
+}
+
+async fn one_document(
+    state: &CouchState,
+    db: &Database,
+    id: &str,
+    method: Method,
+    params: &HashMap<String, String>,
+    headers: &HeaderMap,
+    body: Body,
+) -> Answer {
+    match method.as_str() {
+        "GET" | "HEAD" => read_document(db, id, params, headers).await,
+        "PUT" => {
+            let doc = read_doc_body(state, headers, body).await?;
+            put_document(db, id, doc, params, headers).await
+        }
+        "DELETE" => delete_document(db, id, params, headers).await,
+        "COPY" => copy_document(db, id, params, headers).await,
+        _ => Ok(crate::couchdb_api::server::method_not_allowed().await),
+    }
+}
+
+/// The options of a read, from the query string.
+fn read_options(params: &HashMap<String, String>) -> CouchResult<DocOptions> {
+    let flag = |name: &str| bool_param(name, params.get(name).map(String::as_str), false);
+    let meta = flag("meta")?;
+    Ok(DocOptions {
+        revs: flag("revs")?,
+        revs_info: flag("revs_info")? || meta,
+        conflicts: flag("conflicts")? || meta,
+        deleted_conflicts: flag("deleted_conflicts")? || meta,
+    })
+}
+
+async fn read_document(db: &Database, id: &str, params: &HashMap<String, String>, headers: &HeaderMap) -> Answer {
+    let options = read_options(params)?;
+    let latest = bool_param("latest", params.get("latest").map(String::as_str), false)?;
+    if let Some(open_revs) = params.get("open_revs") {
+        let state = db.read(id).await?;
+        return Ok(json(StatusCode::OK, open_revs_answer(id, state.as_ref(), open_revs, options, latest)?));
+    }
+    let Some(state) = db.read(id).await? else { return Err(CouchError::not_found("missing")) };
+    let leaf = match params.get("rev") {
+        Some(rev) => {
+            parse_rev(rev).ok_or_else(|| CouchError::bad_request("Invalid rev format"))?;
+            find_leaf(&state, rev, latest).ok_or_else(|| CouchError::not_found("missing"))?
+        }
+        None => match state.tree.winner() {
+            Some(winner) if !winner.deleted => winner,
+            Some(_) => return Err(CouchError::not_found("deleted")),
+            None => return Err(CouchError::not_found("missing")),
+        },
+    };
+    let doc = leaf_json(id, &state.tree, leaf, options);
+    let rev = leaf.path.leaf_rev();
+    if not_modified(headers, &rev) {
+        let mut response = StatusCode::NOT_MODIFIED.into_response();
+        response.headers_mut().insert(header::ETAG, etag(&rev));
+        return Ok(response);
+    }
+    let mut response = json(StatusCode::OK, doc);
+    response.headers_mut().insert(header::ETAG, etag(&rev));
+    Ok(response)
+}
+
+/// The leaf a read of `rev` answers: that leaf, or with `latest` the leaf whose branch holds it.
+fn find_leaf<'a>(state: &'a DocState, rev: &str, latest: bool) -> Option<&'a Leaf> {
+    if let Some(leaf) = state.tree.leaf(rev) {
+        return Some(leaf);
+    }
+    if !latest {
+        return None;
+    }
+    state.tree.leaves().into_iter().find(|leaf| leaf.path.revs().iter().any(|known| known == rev))
+}
+
+/// `?open_revs=all` (every leaf) or `?open_revs=[...]` (`{"ok": doc}` or `{"missing": rev}` each).
+fn open_revs_answer(
+    id: &str,
+    state: Option<&DocState>,
+    open_revs: &str,
+    options: DocOptions,
+    latest: bool,
+) -> CouchResult<Value> {
+    let options = DocOptions { revs_info: false, conflicts: false, deleted_conflicts: false, ..options };
+    if open_revs == "all" {
+        let Some(state) = state else { return Err(CouchError::not_found("missing")) };
+        let leaves = state.tree.leaves();
+        return Ok(Value::Array(
+            leaves.into_iter().map(|leaf| json!({ "ok": leaf_json(id, &state.tree, leaf, options) })).collect(),
+        ));
+    }
+    let wanted = match json_param("open_revs", Some(open_revs))? {
+        Some(Value::Array(items)) => items,
+        _ => return Err(CouchError::bad_request("open_revs must be `all` or a JSON array of revisions")),
+    };
+    let mut answer = Vec::with_capacity(wanted.len());
+    for item in wanted {
+        let Value::String(rev) = item else {
+            return Err(CouchError::bad_request("open_revs must be an array of revision strings"));
+        };
+        parse_rev(&rev).ok_or_else(|| CouchError::bad_request("Invalid rev format"))?;
+        match state.and_then(|state| find_leaf(state, &rev, latest).map(|leaf| (state, leaf))) {
+            Some((state, leaf)) => answer.push(json!({ "ok": leaf_json(id, &state.tree, leaf, options) })),
+            None => answer.push(json!({ "missing": rev })),
+        }
+    }
+    Ok(Value::Array(answer))
+}
+
+/// A request body that must be one JSON object, within the document size limit.
+async fn read_doc_body(state: &CouchState, headers: &HeaderMap, body: Body) -> CouchResult<Map<String, Value>> {
+    let doc = state.bodies.read_object(headers, body).await?;
+    match doc.value {
+        Value::Object(map) => Ok(map),
+        _ => Err(CouchError::bad_request("Document must be a JSON object")),
+    }
+}
+
+/// CouchDB's 413 for a document over `max_document_size`.
+pub(crate) fn check_size(id: &str, doc: &ClientDoc) -> CouchResult<()> {
+    let size = serde_json::to_vec(&doc.body).map(|bytes| bytes.len()).unwrap_or(usize::MAX);
+    if size > MAX_DOCUMENT_BYTES {
+        return Err(CouchError::new(StatusCode::PAYLOAD_TOO_LARGE, "document_too_large", id.to_owned()));
+    }
+    Ok(())
+}
+
+/// The revision a write names: body `_rev`, `?rev=` and `If-Match` must agree.
+fn write_revision(
+    body_rev: Option<&str>,
+    params: &HashMap<String, String>,
+    headers: &HeaderMap,
+) -> CouchResult<Option<String>> {
+    let query_rev = params.get("rev").map(String::as_str);
+    let header_rev = headers.get(header::IF_MATCH).and_then(|v| v.to_str().ok()).map(|v| v.trim().trim_matches('"'));
+    let mut chosen: Option<&str> = None;
+    for rev in [body_rev, query_rev, header_rev].into_iter().flatten() {
+        match chosen {
+            Some(previous) if previous != rev => {
+                return Err(CouchError::bad_request(
+                    "Document rev from request body and query string have different values",
+                ))
+            }
+            _ => chosen = Some(rev),
+        }
+    }
+    if let Some(rev) = chosen {
+        parse_rev(rev).ok_or_else(|| CouchError::bad_request("Invalid rev format"))?;
+    }
+    Ok(chosen.map(str::to_owned))
+}
+
+async fn put_document(
+    db: &Database,
+    id: &str,
+    body: Map<String, Value>,
+    params: &HashMap<String, String>,
+    headers: &HeaderMap,
+) -> Answer {
+    check_id(id).map_err(refused)?;
+    let doc = document::parse(body).map_err(refused)?;
+    check_size(id, &doc)?;
+    let new_edits = bool_param("new_edits", params.get("new_edits").map(String::as_str), true)?;
+    let rev = if new_edits {
+        let parent = write_revision(doc.rev.as_deref(), params, headers)?;
+        edit(db, id, parent, doc.deleted, doc.body).await?
+    } else {
+        let path = document::replicated_path(&doc).map_err(refused)?;
+        let rev = path.leaf_rev();
+        db.write(id, &Write::Replicated { path, deleted: doc.deleted, body: doc.body }).await?;
+        rev
+    };
+    if params.get("batch").is_some_and(|mode| mode == "ok") {
+        return Ok(json(StatusCode::ACCEPTED, json!({ "ok": true, "id": id })));
+    }
+    Ok(written(StatusCode::CREATED, db, id, &rev))
+}
+
+/// A client's edit; 409 `conflict` when `parent` is not a leaf (or missing over a live document).
+pub(crate) async fn edit(
+    db: &Database,
+    id: &str,
+    parent: Option<String>,
+    deleted: bool,
+    body: Map<String, Value>,
+) -> CouchResult<String> {
+    match db.write(id, &Write::Edit { parent, deleted, body }).await {
+        Ok(Written::Edited(rev)) => Ok(rev),
+        Ok(Written::Merged(_)) => Err(CouchError::internal("an edit was answered as a merge")),
+        Err(err) if err.kind() == ErrorKind::Conflict => Err(CouchError::conflict()),
+        Err(err) => Err(err.into()),
+    }
+}
+
+/// `{"ok": true, "id", "rev"}` with the `ETag` and `Location` CouchDB sends.
+fn written(status: StatusCode, db: &Database, id: &str, rev: &str) -> Response {
+    let mut response = json(status, json!({ "ok": true, "id": id, "rev": rev }));
+    response.headers_mut().insert(header::ETAG, etag(rev));
+    let location =
+        format!("/{}/{}", db.name(), percent_encoding::utf8_percent_encode(id, percent_encoding::NON_ALPHANUMERIC));
+    if let Ok(location) = HeaderValue::from_str(&location) {
+        response.headers_mut().insert(header::LOCATION, location);
+    }
+    response
+}
+
+/// `POST /{db}`: a new document, its id from the body or a new uuid.
+pub async fn post_document(
+    State(state): State<CouchState>,
+    opened: OpenDb,
+    Query(params): Params,
+    headers: HeaderMap,
+    body: Body,
+) -> Answer {
+    let body = read_doc_body(&state, &headers, body).await?;
+    let doc = document::parse(body).map_err(refused)?;
+    let id = match &doc.id {
+        Some(id) => id.clone(),
+        None => new_id()?,
+    };
+    check_size(&id, &doc)?;
+    let rev = edit(&opened.db, &id, doc.rev.clone(), doc.deleted, doc.body).await?;
+    if params.get("batch").is_some_and(|mode| mode == "ok") {
+        return Ok(json(StatusCode::ACCEPTED, json!({ "ok": true, "id": id })));
+    }
+    Ok(written(StatusCode::CREATED, &opened.db, &id, &rev))
+}
+
+/// A new document id: 128 random bits in hex, as CouchDB's default uuid algorithm.
+pub(crate) fn new_id() -> CouchResult<String> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes).map_err(|e| CouchError::internal(e.to_string()))?;
+    Ok(hex::encode(bytes))
+}
+
+async fn delete_document(db: &Database, id: &str, params: &HashMap<String, String>, headers: &HeaderMap) -> Answer {
+    let Some(parent) = write_revision(None, params, headers)? else { return Err(CouchError::conflict()) };
+    let rev = edit(db, id, Some(parent), true, Map::new()).await?;
+    Ok(written(StatusCode::OK, db, id, &rev))
+}
+
+/// `COPY /{db}/{docid}` with `Destination: target` or `target?rev=R`.
+async fn copy_document(db: &Database, id: &str, params: &HashMap<String, String>, headers: &HeaderMap) -> Answer {
+    let destination = headers
+        .get("destination")
+        .and_then(|v| v.to_str().ok())
+        .ok_or_else(|| CouchError::bad_request("Destination header is mandatory for COPY."))?;
+    let (target, target_rev) = match destination.split_once("?rev=") {
+        Some((target, rev)) => (target, Some(rev.to_owned())),
+        None => (destination, None),
+    };
+    let target = percent_encoding::percent_decode_str(target).decode_utf8_lossy().into_owned();
+    check_id(&target).map_err(refused)?;
+    let Some(state) = db.read(id).await? else { return Err(CouchError::not_found("missing")) };
+    let leaf = match params.get("rev") {
+        Some(rev) => state.tree.leaf(rev).ok_or_else(|| CouchError::not_found("missing"))?,
+        None => state.tree.winner().filter(|w| !w.deleted).ok_or_else(|| CouchError::not_found("deleted"))?,
+    };
+    let rev = edit(db, &target, target_rev, false, leaf.body.clone()).await?;
+    Ok(written(StatusCode::CREATED, db, &target, &rev))
+}
+
+/// `GET /{db}/_local/{name}`.
+pub async fn get_local(opened: OpenDb<LocalName>) -> Answer {
+    let name = local_name(&opened.params.name)?;
+    let doc = opened.db.get_local(name).await?.ok_or_else(|| CouchError::not_found("missing"))?;
+    let mut body = Map::new();
+    body.insert("_id".into(), Value::from(doc.id));
+    body.insert("_rev".into(), Value::from(doc.rev.0));
+    body.extend(doc.body);
+    Ok(json(StatusCode::OK, Value::Object(body)))
+}
+
+/// `PUT /{db}/_local/{name}`: written whatever revision the body names (CouchDB 3 does not check
+/// a local document's revision, and replicators rely on it for their checkpoints).
+pub async fn put_local(
+    State(state): State<CouchState>,
+    opened: OpenDb<LocalName>,
+    headers: HeaderMap,
+    body: Body,
+) -> Answer {
+    let name = local_name(&opened.params.name)?.to_owned();
+    let mut body = read_doc_body(&state, &headers, body).await?;
+    body.remove("_id");
+    body.remove("_rev");
+    if body.remove("_deleted") == Some(Value::Bool(true)) {
+        delete_local_any(&opened.db, &name).await?;
+        return Ok(json(StatusCode::OK, json!({ "ok": true, "id": format!("_local/{name}"), "rev": "0-0" })));
+    }
+    let rev = opened.db.put_local(&name, &body, Precondition::None).await?;
+    Ok(json(StatusCode::CREATED, json!({ "ok": true, "id": format!("_local/{name}"), "rev": rev.0 })))
+}
+
+/// `DELETE /{db}/_local/{name}`: 404 when there is none.
+pub async fn delete_local(opened: OpenDb<LocalName>) -> Answer {
+    let name = local_name(&opened.params.name)?.to_owned();
+    if !delete_local_any(&opened.db, &name).await? {
+        return Err(CouchError::not_found("missing"));
+    }
+    Ok(json(StatusCode::OK, json!({ "ok": true, "id": format!("_local/{name}"), "rev": "0-0" })))
+}
+
+/// Deletes a local document whatever its revision; `false` when there was none.
+async fn delete_local_any(db: &Database, name: &str) -> CouchResult<bool> {
+    for _ in 0..crate::database::engine::MAX_TRIES {
+        let Some(current) = db.get_local(name).await? else { return Ok(false) };
+        match db.delete_local(name, &current.rev).await {
+            Ok(()) => return Ok(true),
+            Err(err) if err.kind() == ErrorKind::NotFound => return Ok(false),
+            Err(err) if err.kind() == ErrorKind::Conflict => continue,
+            Err(err) => return Err(err.into()),
+        }
+    }
+    Err(CouchError::conflict())
+}
+
+fn local_name(name: &str) -> CouchResult<&str> {
+    if name.is_empty() {
+        return Err(CouchError::not_found("missing"));
+    }
+    Ok(name)
+}

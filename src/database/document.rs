@@ -1,0 +1,159 @@
+//! CouchDB's rules for a document a client sends to a database: its id, its special fields
+//! (`_rev`, `_deleted`, `_revisions`, ...), and what is stored as its body.
+//!
+//! As CouchDB 3.x reads a document (`couch_doc:transfer_fields`): `_id`, `_rev`, `_deleted` and
+//! `_revisions` are taken out; `_attachments` stays in the body; `_conflicts`,
+//! `_deleted_conflicts`, `_revs_info` and `_local_seq` (fields of CouchDB's own answers, which
+//! clients send back) are dropped; any other field starting with `_` is refused with
+//! `doc_validation`.
+
+use serde_json::{Map, Value};
+
+use super::rev_tree::{parse_rev, RevPath};
+
+/// Why CouchDB refuses a document: its error name and reason (always a 400 unless said).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub error: &'static str,
+    pub reason: String,
+}
+
+impl Refusal {
+    fn new(error: &'static str, reason: impl Into<String>) -> Self {
+        Refusal { error, reason: reason.into() }
+    }
+}
+
+/// A client's document, its special fields taken out.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClientDoc {
+    pub id: Option<String>,
+    pub rev: Option<String>,
+    pub deleted: bool,
+    /// `_revisions`, when sent (a replicator's ancestry).
+    pub revisions: Option<RevPath>,
+    /// Every other field (with `_attachments`), as stored.
+    pub body: Map<String, Value>,
+}
+
+/// Fields of CouchDB's answers that a client may send back and CouchDB ignores.
+const IGNORED: [&str; 4] = ["_conflicts", "_deleted_conflicts", "_revs_info", "_local_seq"];
+
+/// Reads a client's document under CouchDB's rules.
+pub fn parse(doc: Map<String, Value>) -> Result<ClientDoc, Refusal> {
+    let mut parsed = ClientDoc { id: None, rev: None, deleted: false, revisions: None, body: Map::new() };
+    for (name, value) in doc {
+        match name.as_str() {
+            "_id" => match value {
+                Value::String(id) => parsed.id = Some(id),
+                _ => return Err(Refusal::new("bad_request", "Document id must be a string")),
+            },
+            "_rev" => match value {
+                Value::String(rev) if parse_rev(&rev).is_some() => parsed.rev = Some(rev),
+                _ => return Err(Refusal::new("bad_request", "Invalid rev format")),
+            },
+            "_deleted" => parsed.deleted = value == Value::Bool(true),
+            "_revisions" => match RevPath::from_revisions(&value) {
+                Some(path) => parsed.revisions = Some(path),
+                None => {
+                    return Err(Refusal::new(
+                        "doc_validation",
+                        "_revisions must be {start, ids} with start >= the number of ids",
+                    ))
+                }
+            },
+            "_attachments" => {
+                parsed.body.insert(name, value);
+            }
+            other if IGNORED.contains(&other) => {}
+            other if other.starts_with('_') => {
+                return Err(Refusal::new("doc_validation", format!("Bad special document member: {other}")))
+            }
+            _ => {
+                parsed.body.insert(name, value);
+            }
+        }
+    }
+    if let Some(id) = &parsed.id {
+        check_id(id)?;
+    }
+    if let (Some(rev), Some(path)) = (&parsed.rev, &parsed.revisions) {
+        if *rev != path.leaf_rev() {
+            return Err(Refusal::new("bad_request", "_rev and _revisions name different revisions"));
+        }
+    }
+    Ok(parsed)
+}
+
+/// CouchDB's id rule (`couch_doc:validate_docid`): not empty, valid UTF-8 (a Rust string
+/// already is), and starting with `_` only for design documents. Local documents have routes of
+/// their own and are refused here.
+pub fn check_id(id: &str) -> Result<(), Refusal> {
+    if id.is_empty() {
+        return Err(Refusal::new("illegal_docid", "Document id must not be empty"));
+    }
+    if id.starts_with('_') && !id.starts_with("_design/") {
+        return Err(Refusal::new("illegal_docid", "Only reserved document ids may start with underscore."));
+    }
+    if id == "_design/" {
+        return Err(Refusal::new("illegal_docid", "Illegal document id `_design/`"));
+    }
+    Ok(())
+}
+
+/// The revision path of a replicated document: its `_revisions`, or only its `_rev` when sent
+/// without (CouchDB then knows no ancestors).
+pub fn replicated_path(doc: &ClientDoc) -> Result<RevPath, Refusal> {
+    if let Some(path) = &doc.revisions {
+        return Ok(path.clone());
+    }
+    match doc.rev.as_deref().and_then(parse_rev) {
+        Some((start, id)) => Ok(RevPath { start, ids: vec![id.to_owned()] }),
+        None => Err(Refusal::new("bad_request", "a document written with new_edits=false needs a _rev")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn object(value: Value) -> Map<String, Value> {
+        match value {
+            Value::Object(map) => map,
+            _ => Map::new(),
+        }
+    }
+
+    #[test]
+    fn special_fields_are_taken_out_ignored_or_refused() {
+        let doc = parse(object(json!({
+            "_id": "a", "_rev": "1-x", "_deleted": true, "_conflicts": ["2-y"], "_attachments": {}, "v": 1
+        })))
+        .unwrap();
+        assert_eq!((doc.id.as_deref(), doc.rev.as_deref(), doc.deleted), (Some("a"), Some("1-x"), true));
+        assert_eq!(doc.body, object(json!({"_attachments": {}, "v": 1})));
+        // couch_doc:transfer_fields: an unknown special member is a doc_validation error.
+        assert_eq!(parse(object(json!({"_foo": 1}))).unwrap_err().error, "doc_validation");
+        assert_eq!(parse(object(json!({"_rev": "x"}))).unwrap_err().reason, "Invalid rev format");
+        assert_eq!(parse(object(json!({"_id": 1}))).unwrap_err().error, "bad_request");
+    }
+
+    #[test]
+    fn ids_follow_couchdb_rule() {
+        assert!(check_id("a").is_ok() && check_id("_design/x").is_ok() && check_id("a/b é").is_ok());
+        for bad in ["", "_x", "_local_", "_design/"] {
+            assert_eq!(check_id(bad).unwrap_err().error, "illegal_docid", "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_replicated_path_comes_from_revisions_or_rev() {
+        let doc = parse(object(json!({"_rev": "3-c", "_revisions": {"start": 3, "ids": ["c", "b"]}}))).unwrap();
+        assert_eq!(replicated_path(&doc).unwrap(), RevPath { start: 3, ids: vec!["c".into(), "b".into()] });
+        let bare = parse(object(json!({"_rev": "2-b"}))).unwrap();
+        assert_eq!(replicated_path(&bare).unwrap(), RevPath { start: 2, ids: vec!["b".into()] });
+        let mismatched = parse(object(json!({"_rev": "3-x", "_revisions": {"start": 3, "ids": ["c"]}})));
+        assert!(mismatched.is_err());
+    }
+}

@@ -1,0 +1,403 @@
+//! One CouchDB database kept in an ordinary [`DocumentBackend`]: how a document's revision tree
+//! is stored, read and changed atomically.
+//!
+//! ## Storage
+//! A document whose winning leaf is live is one backend document under its own id, body
+//! `{"revtree": <RevTree>}` (every leaf with its body). A document whose winning leaf is deleted is
+//! a backend tombstone, its tree kept in the backend's local document `tree:{id}` (backend
+//! tombstones carry no body). So the backend's own machinery serves the database unchanged: id
+//! order for `_all_docs`, the change feed (every change to a tree moves the document in it),
+//! exact live counts for `doc_count`, and chunking of large documents. The backend's own
+//! revision of a record is only a compare-and-swap token, never shown to clients.
+//!
+//! ## Writes
+//! A write reads the document's state, applies the edit or merge to the tree, and saves it with
+//! the backend's preconditions (the record's revision, the local tree's revision); when another
+//! writer got there first it reads again and retries ([`MAX_TRIES`]). The order of the two writes
+//! of a deletion (tree first, then the tombstone) and of a re-creation (the live record carries
+//! the whole tree) means a crash between them never loses a leaf: a live record is always the
+//! authority, the local tree only for a tombstone. A live record whose winner is deleted (left by
+//! a crash in the middle of saving a deleted document) reads as deleted.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use serde_json::{Map, Value};
+
+use super::rev_tree::{EditError, MergeOutcome, RevPath, RevTree};
+use crate::backend::revision::random_token;
+use crate::backend::{
+    Change, DocumentBackend, IdRange, Page, Precondition, Revision, StoredDocument, DEFAULT_REVS_LIMIT,
+};
+use crate::error::{Error, ErrorKind, Result};
+
+/// The one field of a backend record: the revision tree (the documents' own fields are inside
+/// it, so nothing can collide with it; not `_`-prefixed, which a CouchDB backend would refuse).
+const TREE_FIELD: &str = "revtree";
+/// Local-document names: the tree of a deleted document, a client's local document, settings.
+const TREE_PREFIX: &str = "tree:";
+const CLIENT_LOCAL_PREFIX: &str = "doc:";
+const SETTINGS_NAME: &str = "db:settings";
+/// Attempts of one write against other writers of the same document before giving up with a
+/// conflict the client may retry.
+pub const MAX_TRIES: usize = 16;
+
+/// A document's revision tree as stored, with what the next save must match.
+#[derive(Debug, Clone)]
+pub struct DocState {
+    pub tree: RevTree,
+    /// The live backend record's revision (`None`: a tombstone, or never written).
+    record_rev: Option<Revision>,
+}
+
+impl DocState {
+    /// Whether the winning leaf is deleted.
+    pub fn deleted(&self) -> bool {
+        self.tree.winner().is_none_or(|leaf| leaf.deleted)
+    }
+
+    /// The winning revision.
+    pub fn winner_rev(&self) -> Option<String> {
+        self.tree.winner().map(|leaf| leaf.path.leaf_rev())
+    }
+}
+
+/// One write to a document.
+#[derive(Debug, Clone)]
+pub enum Write {
+    /// A client's edit (`new_edits: true`): `parent` is the `_rev` it sent.
+    Edit { parent: Option<String>, deleted: bool, body: Map<String, Value> },
+    /// A replicated revision (`new_edits: false`) with its path.
+    Replicated { path: RevPath, deleted: bool, body: Map<String, Value> },
+}
+
+/// What a write did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Written {
+    /// An edit made this revision.
+    Edited(String),
+    /// A replicated revision was merged (or was already known).
+    Merged(MergeOutcome),
+}
+
+/// The per-database settings CouchDB keeps beside the documents.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DbSettings {
+    pub revs_limit: usize,
+    pub security: Value,
+}
+
+impl Default for DbSettings {
+    fn default() -> Self {
+        DbSettings { revs_limit: DEFAULT_REVS_LIMIT, security: Value::Object(Map::new()) }
+    }
+}
+
+/// One database. Cheap to share; calls after the database was deleted fail with `NotFound`.
+pub struct Database {
+    name: String,
+    backend: Arc<dyn DocumentBackend>,
+    dropped: AtomicBool,
+    revs_limit: AtomicUsize,
+}
+
+impl Database {
+    /// The database kept in `backend` (a namespace of its own: see [`crate::backend::catalog`]).
+    pub fn new(name: String, backend: Arc<dyn DocumentBackend>) -> Self {
+        Database { name, backend, dropped: AtomicBool::new(false), revs_limit: AtomicUsize::new(0) }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn backend(&self) -> &Arc<dyn DocumentBackend> {
+        &self.backend
+    }
+
+    pub(super) fn mark_dropped(&self) {
+        self.dropped.store(true, Ordering::SeqCst);
+    }
+
+    /// `NotFound` once the database has been deleted: requests in flight end with CouchDB's
+    /// `not_found` rather than writing into a deleted database.
+    pub fn check_open(&self) -> Result<()> {
+        if self.dropped.load(Ordering::SeqCst) {
+            return Err(Error::not_found("Database does not exist."));
+        }
+        Ok(())
+    }
+
+    /// The document's stored state; `None` when it was never written (or was purged).
+    pub async fn read(&self, id: &str) -> Result<Option<DocState>> {
+        self.check_open()?;
+        if let Some(record) = self.backend.get(id).await? {
+            return Ok(Some(DocState { tree: tree_of(&record.body, id)?, record_rev: Some(record.rev) }));
+        }
+        self.read_tombstone(id).await
+    }
+
+    async fn read_tombstone(&self, id: &str) -> Result<Option<DocState>> {
+        match self.backend.get_local(&format!("{TREE_PREFIX}{id}")).await? {
+            Some(local) => Ok(Some(DocState { tree: tree_of(&local.body, id)?, record_rev: None })),
+            None => Ok(None),
+        }
+    }
+
+    /// The states of many documents, one per id, in order.
+    pub async fn read_many(&self, ids: &[String]) -> Result<Vec<Option<DocState>>> {
+        self.check_open()?;
+        let records = self.backend.get_many(ids).await?;
+        let mut states = Vec::with_capacity(ids.len());
+        for (id, record) in ids.iter().zip(records) {
+            states.push(match record {
+                Some(record) => Some(DocState { tree: tree_of(&record.body, id)?, record_rev: Some(record.rev) }),
+                None => self.read_tombstone(id).await?,
+            });
+        }
+        Ok(states)
+    }
+
+    /// The states behind a page of the backend's change feed: each change's document as it is now.
+    pub async fn read_changes(&self, changes: &[Change]) -> Result<Vec<Option<DocState>>> {
+        let ids: Vec<String> = changes.iter().map(|change| change.id.clone()).collect();
+        self.read_many(&ids).await
+    }
+
+    /// Applies one write atomically against other writers; retries when another writer got in
+    /// between the read and the save.
+    pub async fn write(&self, id: &str, write: &Write) -> Result<Written> {
+        let revs_limit = self.revs_limit().await?;
+        for _ in 0..MAX_TRIES {
+            let state = self.read(id).await?;
+            let mut tree = state.as_ref().map(|s| s.tree.clone()).unwrap_or_default();
+            let written = match write {
+                Write::Edit { parent, deleted, body } => {
+                    let new_id = hex::encode(random_token()?);
+                    let rev = tree
+                        .edit(parent.as_deref(), &new_id, *deleted, body.clone(), revs_limit)
+                        .map_err(|EditError::Conflict| Error::conflict("Document update conflict."))?;
+                    Written::Edited(rev)
+                }
+                Write::Replicated { path, deleted, body } => {
+                    let outcome = tree.merge(path.clone(), *deleted, body.clone(), revs_limit);
+                    if outcome == MergeOutcome::AlreadyKnown {
+                        return Ok(Written::Merged(outcome));
+                    }
+                    Written::Merged(outcome)
+                }
+            };
+            match self.save(id, state.as_ref(), &tree).await {
+                Ok(()) => return Ok(written),
+                Err(err) if err.kind() == ErrorKind::Conflict => continue,
+                Err(err) => return Err(err),
+            }
+        }
+        Err(Error::conflict(format!(
+            "Document update conflict: {MAX_TRIES} attempts met other writers of {id:?}; try again"
+        )))
+    }
+
+    /// Removes leaves (`_purge`); returns the revisions purged. A document left with no leaf is
+    /// erased from the backend.
+    pub async fn purge(&self, id: &str, revs: &[String]) -> Result<Vec<String>> {
+        for _ in 0..MAX_TRIES {
+            let Some(state) = self.read(id).await? else { return Ok(Vec::new()) };
+            let mut tree = state.tree.clone();
+            let purged = tree.purge(revs);
+            if purged.is_empty() {
+                return Ok(purged);
+            }
+            let saved = if tree.is_empty() { self.erase(id).await } else { self.save(id, Some(&state), &tree).await };
+            match saved {
+                Ok(()) => return Ok(purged),
+                Err(err) if err.kind() == ErrorKind::Conflict => continue,
+                Err(err) => return Err(err),
+            }
+        }
+        Err(Error::conflict(format!("purge of {id:?} kept meeting other writers; try again")))
+    }
+
+    /// Erases every trace of one document.
+    async fn erase(&self, id: &str) -> Result<()> {
+        // `erase_prefix` takes a prefix: erase the id's own record only when no other id starts
+        // with it, else there is no exact erase to call and the tree is emptied instead.
+        let range = IdRange {
+            start: Some(id.to_owned()),
+            end: None,
+            inclusive_end: true,
+            descending: false,
+            include_design: true,
+        };
+        let next = self.backend.all_docs(&range, 2, None).await?;
+        let shares_prefix = next.items.iter().any(|doc| doc.id != id && doc.id.starts_with(id));
+        if shares_prefix {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                format!("purging every leaf of {id:?} is not supported while other ids start with it"),
+            ));
+        }
+        self.backend.erase_prefix(id).await?;
+        let tree_name = format!("{TREE_PREFIX}{id}");
+        if let Some(local) = self.backend.get_local(&tree_name).await? {
+            self.backend.delete_local(&tree_name, &local.rev).await?;
+        }
+        Ok(())
+    }
+
+    /// Saves `tree` over `state` with the backend's preconditions (`Conflict` if another writer
+    /// got in first).
+    async fn save(&self, id: &str, state: Option<&DocState>, tree: &RevTree) -> Result<()> {
+        self.check_open()?;
+        let record = record_of(tree)?;
+        let live = tree.winner().is_some_and(|leaf| !leaf.deleted);
+        let record_rev = state.and_then(|s| s.record_rev.clone());
+        match (record_rev, live) {
+            (Some(rev), true) => {
+                self.backend.put(id, &record, Precondition::MatchRevision(rev)).await?;
+            }
+            (None, true) => {
+                // A new document, or one re-created over its tombstone: the live record carries the
+                // whole tree, so the tombstone's local tree is no longer read.
+                self.backend.put(id, &record, Precondition::MustNotExist).await?;
+            }
+            (Some(rev), false) => {
+                self.save_tombstone_tree(id, &record).await?;
+                self.backend.delete(id, &rev).await?;
+            }
+            (None, false) => {
+                // The tree changes while the document stays deleted (or arrives deleted): the
+                // document must still move in the change feed, so it is written live and deleted.
+                self.save_tombstone_tree(id, &record).await?;
+                let rev = self.backend.put(id, &record, Precondition::MustNotExist).await?;
+                self.backend.delete(id, &rev).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the tree of a document about to be (or staying) deleted, against the revision of
+    /// the tree read now, so two writers never overwrite each other's leaves.
+    async fn save_tombstone_tree(&self, id: &str, record: &Map<String, Value>) -> Result<()> {
+        let name = format!("{TREE_PREFIX}{id}");
+        let precondition = match self.backend.get_local(&name).await? {
+            Some(local) => Precondition::MatchRevision(local.rev),
+            None => Precondition::MustNotExist,
+        };
+        self.backend.put_local(&name, record, precondition).await?;
+        Ok(())
+    }
+
+    /// One page of documents whose winner is live, in id order, with their trees.
+    pub async fn all_docs(
+        &self,
+        range: &IdRange,
+        limit: usize,
+        token: Option<&str>,
+    ) -> Result<Page<(String, DocState)>> {
+        self.check_open()?;
+        let page = self.backend.all_docs(range, limit, token).await?;
+        let mut items = Vec::with_capacity(page.items.len());
+        for StoredDocument { id, rev, body } in page.items {
+            let state = DocState { tree: tree_of(&body, &id)?, record_rev: Some(rev) };
+            if !state.deleted() {
+                items.push((id, state));
+            }
+        }
+        Ok(Page { items, next: page.next })
+    }
+
+    /// A client's local document (`_local/{name}`).
+    pub async fn get_local(&self, name: &str) -> Result<Option<StoredDocument>> {
+        self.check_open()?;
+        Ok(self.backend.get_local(&format!("{CLIENT_LOCAL_PREFIX}{name}")).await?.map(|mut doc| {
+            doc.id = format!("_local/{name}");
+            doc
+        }))
+    }
+
+    pub async fn put_local(
+        &self,
+        name: &str,
+        body: &Map<String, Value>,
+        precondition: Precondition,
+    ) -> Result<Revision> {
+        self.check_open()?;
+        self.backend.put_local(&format!("{CLIENT_LOCAL_PREFIX}{name}"), body, precondition).await
+    }
+
+    pub async fn delete_local(&self, name: &str, rev: &Revision) -> Result<()> {
+        self.check_open()?;
+        self.backend.delete_local(&format!("{CLIENT_LOCAL_PREFIX}{name}"), rev).await
+    }
+
+    /// The database's settings (`_revs_limit`, `_security`).
+    pub async fn settings(&self) -> Result<DbSettings> {
+        self.check_open()?;
+        let Some(stored) = self.backend.get_local(SETTINGS_NAME).await? else { return Ok(DbSettings::default()) };
+        let revs_limit = stored
+            .body
+            .get("revs_limit")
+            .and_then(Value::as_u64)
+            .and_then(|n| usize::try_from(n).ok())
+            .unwrap_or(DEFAULT_REVS_LIMIT);
+        let security = stored.body.get("security").cloned().unwrap_or_else(|| Value::Object(Map::new()));
+        Ok(DbSettings { revs_limit, security })
+    }
+
+    /// Changes the settings with `change`, against other writers of them.
+    pub async fn update_settings(&self, change: impl Fn(&mut DbSettings)) -> Result<DbSettings> {
+        for _ in 0..MAX_TRIES {
+            self.check_open()?;
+            let stored = self.backend.get_local(SETTINGS_NAME).await?;
+            let mut settings = self.settings().await?;
+            change(&mut settings);
+            let mut body = Map::new();
+            body.insert("revs_limit".into(), Value::from(settings.revs_limit as u64));
+            body.insert("security".into(), settings.security.clone());
+            let precondition = match stored {
+                Some(doc) => Precondition::MatchRevision(doc.rev),
+                None => Precondition::MustNotExist,
+            };
+            match self.backend.put_local(SETTINGS_NAME, &body, precondition).await {
+                Ok(_) => {
+                    self.revs_limit.store(settings.revs_limit, Ordering::SeqCst);
+                    return Ok(settings);
+                }
+                Err(err) if err.kind() == ErrorKind::Conflict => continue,
+                Err(err) => return Err(err),
+            }
+        }
+        Err(Error::conflict("the database's settings kept changing under this write; try again"))
+    }
+
+    /// `_revs_limit`, cached after the first read (this process is the only writer of it through
+    /// [`Database::update_settings`]).
+    pub async fn revs_limit(&self) -> Result<usize> {
+        let cached = self.revs_limit.load(Ordering::SeqCst);
+        if cached > 0 {
+            return Ok(cached);
+        }
+        let limit = self.settings().await?.revs_limit.max(1);
+        self.revs_limit.store(limit, Ordering::SeqCst);
+        Ok(limit)
+    }
+}
+
+/// The tree a stored body holds.
+fn tree_of(body: &Map<String, Value>, id: &str) -> Result<RevTree> {
+    let Some(tree) = body.get(TREE_FIELD) else {
+        return Err(Error::new(ErrorKind::Corrupt, format!("document {id:?} has no revision tree")));
+    };
+    serde_json::from_value(tree.clone())
+        .map_err(|e| Error::new(ErrorKind::Corrupt, format!("document {id:?} has an unreadable revision tree: {e}")))
+}
+
+/// The stored body of a tree.
+fn record_of(tree: &RevTree) -> Result<Map<String, Value>> {
+    let tree = serde_json::to_value(tree)
+        .map_err(|e| Error::new(ErrorKind::Internal, format!("cannot encode a revision tree: {e}")))?;
+    let mut record = Map::new();
+    record.insert(TREE_FIELD.into(), tree);
+    Ok(record)
+}

@@ -1,0 +1,180 @@
+//! A CouchDB database's documents on every backend ([`agentstore::database::Database`] over the
+//! fresh backend): every leaf of a revision tree kept with its body, CouchDB's winner, deletion
+//! and re-creation, the feed moving on every change to a tree, concurrent writers losing
+//! nothing, purge, and design documents listed.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use agentstore::backend::IdRange;
+use agentstore::database::rev_tree::RevPath;
+use agentstore::database::{Database, Write, Written};
+use agentstore::ErrorKind;
+use futures::future::join_all;
+use serde_json::{json, Map, Value};
+
+use crate::harness::Ctx;
+
+fn db(ctx: &Ctx) -> Arc<Database> {
+    Arc::new(Database::new("contract".into(), Arc::clone(&ctx.backend)))
+}
+
+fn body(value: Value) -> Map<String, Value> {
+    match value {
+        Value::Object(map) => map,
+        other => panic!("expected an object, got {other}"),
+    }
+}
+
+fn edit(parent: Option<&str>, value: Value) -> Write {
+    Write::Edit { parent: parent.map(str::to_owned), deleted: false, body: body(value) }
+}
+
+fn replicated(start: u64, ids: &[&str], deleted: bool, value: Value) -> Write {
+    let path = RevPath { start, ids: ids.iter().map(|id| id.to_string()).collect() };
+    Write::Replicated { path, deleted, body: body(value) }
+}
+
+async fn edited(db: &Database, id: &str, write: Write) -> String {
+    match db.write(id, &write).await.expect("write") {
+        Written::Edited(rev) => rev,
+        other => panic!("an edit answered {other:?}"),
+    }
+}
+
+fn leaf_revs(db_state: &agentstore::database::DocState) -> Vec<String> {
+    db_state.tree.leaves().into_iter().map(|leaf| leaf.path.leaf_rev()).collect()
+}
+
+/// Edits make a linear history; an edit from a stale or missing revision is a conflict
+/// (CouchDB's 409), and the winner is what a read returns.
+pub async fn edits_make_a_history_and_stale_edits_conflict(ctx: Ctx) {
+    let db = db(&ctx);
+    let first = edited(&db, "doc", edit(None, json!({"v": 1}))).await;
+    assert!(first.starts_with("1-"), "{first}");
+    let second = edited(&db, "doc", edit(Some(&first), json!({"v": 2}))).await;
+    assert!(second.starts_with("2-"), "{second}");
+    for stale in [Some(first.as_str()), None] {
+        let err = db.write("doc", &edit(stale, json!({"v": 3}))).await.expect_err("stale edit");
+        assert_eq!(err.kind(), ErrorKind::Conflict, "{err}");
+    }
+    let state = db.read("doc").await.expect("read").expect("exists");
+    let winner = state.tree.winner().expect("winner");
+    assert_eq!((winner.path.leaf_rev(), winner.body.get("v")), (second.clone(), Some(&json!(2))));
+    assert_eq!(winner.path.revs(), vec![second, first], "the winner's path names both revisions");
+}
+
+/// Replicated branches are all kept with their bodies; CouchDB's winner (higher generation,
+/// then higher id) is the same whatever order they arrive in; deleting the losing leaf resolves
+/// the conflict.
+pub async fn replicated_branches_are_kept_and_conflicts_resolve_by_deletion(ctx: Ctx) {
+    let db = db(&ctx);
+    db.write("a", &replicated(1, &["x"], false, json!({"at": 1}))).await.expect("root");
+    db.write("a", &replicated(2, &["b", "x"], false, json!({"branch": "b"}))).await.expect("branch b");
+    db.write("a", &replicated(2, &["c", "x"], false, json!({"branch": "c"}))).await.expect("branch c");
+    let again = db.write("a", &replicated(2, &["c", "x"], false, json!({"branch": "c"}))).await.expect("again");
+    assert_eq!(again, Written::Merged(agentstore::database::rev_tree::MergeOutcome::AlreadyKnown));
+    let state = db.read("a").await.expect("read").expect("exists");
+    assert_eq!(leaf_revs(&state), vec!["2-c".to_owned(), "2-b".to_owned()], "winner first: 2-c beats 2-b");
+    assert_eq!(state.tree.conflicts(), vec!["2-b".to_owned()]);
+    assert_eq!(state.tree.leaf("2-b").map(|leaf| leaf.body.clone()), Some(body(json!({"branch": "b"}))));
+    // The other order on a second document gives the same winner.
+    db.write("b", &replicated(2, &["c", "x"], false, json!({"branch": "c"}))).await.expect("c first");
+    db.write("b", &replicated(2, &["b", "x"], false, json!({"branch": "b"}))).await.expect("b second");
+    let other = db.read("b").await.expect("read").expect("exists");
+    assert_eq!(other.winner_rev().as_deref(), Some("2-c"));
+    // Deleting the losing leaf leaves one live leaf.
+    let deletion = Write::Edit { parent: Some("2-b".into()), deleted: true, body: Map::new() };
+    edited(&db, "a", deletion).await;
+    let resolved = db.read("a").await.expect("read").expect("exists");
+    assert!(resolved.tree.conflicts().is_empty(), "{:?}", resolved.tree.conflicts());
+    assert_eq!(resolved.winner_rev().as_deref(), Some("2-c"));
+    assert_eq!(resolved.tree.deleted_conflicts().len(), 1);
+}
+
+/// A deleted document keeps its tree (a deleted leaf's body too); listings leave it out, the
+/// feed reports it deleted, and writing it again continues its history.
+pub async fn deleted_documents_keep_their_tree_and_come_back(ctx: Ctx) {
+    let db = db(&ctx);
+    let first = edited(&db, "gone", edit(None, json!({"v": 1}))).await;
+    let deletion = Write::Edit { parent: Some(first.clone()), deleted: true, body: body(json!({"why": "done"})) };
+    let deleted_rev = edited(&db, "gone", deletion).await;
+    let state = db.read("gone").await.expect("read").expect("a tombstone is still read");
+    assert!(state.deleted());
+    let winner = state.tree.winner().expect("winner");
+    assert_eq!((winner.path.leaf_rev(), winner.body.get("why")), (deleted_rev.clone(), Some(&json!("done"))));
+    let listed = db.all_docs(&IdRange::all(), 10, None).await.expect("all_docs");
+    assert!(listed.items.iter().all(|(id, _)| id != "gone"), "a deleted document is not listed");
+    let changes = ctx.backend.changes(None, 100).await.expect("changes");
+    let change = changes.changes.iter().find(|c| c.id == "gone").expect("in the feed");
+    assert!(change.deleted);
+    // Written again without a revision: generation 3, on top of the deletion.
+    let back = edited(&db, "gone", edit(None, json!({"v": 3}))).await;
+    assert!(back.starts_with("3-"), "{back}");
+    let state = db.read("gone").await.expect("read").expect("exists");
+    assert!(!state.deleted());
+    assert_eq!(state.tree.winner().expect("winner").path.revs(), vec![back, deleted_rev, first]);
+}
+
+/// Every change to a tree moves the document in the feed, also one that leaves it deleted (a
+/// replicator downstream must see the new leaf).
+pub async fn every_tree_change_moves_the_document_in_the_feed(ctx: Ctx) {
+    let db = db(&ctx);
+    db.write("d", &replicated(1, &["a"], true, json!({}))).await.expect("arrives deleted");
+    let after_first = ctx.backend.change_position().await.expect("position");
+    db.write("d", &replicated(1, &["b"], true, json!({}))).await.expect("another deleted leaf");
+    let later = ctx.backend.changes(Some(&after_first), 100).await.expect("changes");
+    assert!(later.changes.iter().any(|c| c.id == "d" && c.deleted), "{:?}", later.changes);
+    let state = db.read("d").await.expect("read").expect("exists");
+    assert_eq!(state.tree.leaves().len(), 2);
+    assert!(state.deleted());
+}
+
+/// Writers racing on one document lose nothing: every replicated branch ends up a leaf.
+pub async fn concurrent_writers_of_one_tree_lose_nothing(ctx: Ctx) {
+    let db = db(&ctx);
+    db.write("hot", &replicated(1, &["root"], false, json!({}))).await.expect("root");
+    let writers = (0..12).map(|n| {
+        let db = Arc::clone(&db);
+        async move {
+            let id = format!("w{n:02}");
+            db.write("hot", &replicated(2, &[id.as_str(), "root"], false, json!({"n": n}))).await
+        }
+    });
+    for result in join_all(writers).await {
+        result.expect("each write lands");
+    }
+    let state = db.read("hot").await.expect("read").expect("exists");
+    let leaves: BTreeSet<String> = leaf_revs(&state).into_iter().collect();
+    let expected: BTreeSet<String> = (0..12).map(|n| format!("2-w{n:02}")).collect();
+    assert_eq!(leaves, expected);
+}
+
+/// Purging a leaf removes it for good; purging the last leaf removes the document.
+pub async fn purge_removes_leaves_and_documents(ctx: Ctx) {
+    let db = db(&ctx);
+    if let Some(why) = &ctx.no_purge {
+        println!("purge of whole documents not checked on {}: {why}", ctx.backend_name);
+    }
+    db.write("p", &replicated(1, &["a"], false, json!({"a": 1}))).await.expect("a");
+    db.write("p", &replicated(1, &["b"], false, json!({"b": 1}))).await.expect("b");
+    let purged = db.purge("p", &["1-b".to_owned(), "9-zz".to_owned()]).await.expect("purge");
+    assert_eq!(purged, vec!["1-b".to_owned()]);
+    let state = db.read("p").await.expect("read").expect("exists");
+    assert_eq!(leaf_revs(&state), vec!["1-a".to_owned()]);
+    if ctx.no_purge.is_none() {
+        db.purge("p", &["1-a".to_owned()]).await.expect("purge the last leaf");
+        assert!(db.read("p").await.expect("read").is_none(), "nothing of the document is left");
+    }
+}
+
+/// Design documents are documents of a database: listed by `all_docs` with `include_design`.
+pub async fn design_documents_are_listed(ctx: Ctx) {
+    let db = db(&ctx);
+    edited(&db, "_design/app", edit(None, json!({"views": {}}))).await;
+    edited(&db, "plain", edit(None, json!({}))).await;
+    let range = IdRange { include_design: true, ..IdRange::all() };
+    let listed = db.all_docs(&range, 10, None).await.expect("all_docs");
+    let ids: Vec<&str> = listed.items.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(ids, vec!["_design/app", "plain"]);
+}
