@@ -75,6 +75,11 @@ pub async fn design_function(_opened: OpenDb<HashMap<String, String>>) -> Answer
     Err(CouchError::not_supported("running design documents (views, shows, lists, updates) on this database"))
 }
 
+/// `_find`, `_explain`, `_index` on a database other than the data-store one.
+pub async fn mango(_opened: OpenDb<HashMap<String, String>>) -> Answer {
+    Err(CouchError::not_supported("Mango queries and indexes on this database"))
+}
+
 /// `/{db}/{docid}/{attachment}`.
 pub async fn attachment(_opened: OpenDb<HashMap<String, String>>) -> Answer {
     Err(CouchError::not_supported("standalone attachments"))
