@@ -38,9 +38,7 @@ type SingleTest = fn(FreshFn) -> TestResult;
 /// The suite's trials, named `migrate::…`; `None`, after printing why, when the backend
 /// selection is invalid.
 pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
-    let Some((backends, selected)) = harness::announce("migrate suite", args.list) else {
-        return None;
-    };
+    let (backends, selected) = harness::announce("migrate suite", args.list)?;
     let is_selected = |name: &str| selected.contains(&name);
     let mut trials = Vec::new();
     for source in &backends {

@@ -41,9 +41,7 @@ const DB: &str = "agent_data_store";
 /// The suite's trials, named `couchdb_api::CASE::BACKEND`; `None`, after printing why, when the
 /// backend selection is invalid.
 pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
-    let Some((backends, selected)) = harness::announce("couchdb api suite", args.list) else {
-        return None;
-    };
+    let (backends, selected) = harness::announce("couchdb api suite", args.list)?;
     let cases: Vec<(&str, TrialFn)> = vec![
         ("mango_over_http", |e| Box::pin(mango::mango_over_http(e))),
         ("mango_answers_as_couchdb", |e| Box::pin(mango::mango_answers_as_couchdb(e))),

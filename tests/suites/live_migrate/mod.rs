@@ -63,9 +63,7 @@ type FreshFn = fn() -> harness::BoxFuture<Result<Ctx, String>>;
 /// The suite's trials, named `live_migrate::…`; `None`, after printing why, when the backend
 /// selection is invalid.
 pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
-    let Some((backends, selected)) = harness::announce("live migration suite", args.list) else {
-        return None;
-    };
+    let (backends, selected) = harness::announce("live migration suite", args.list)?;
     let is_selected = |name: &str| selected.contains(&name);
     let mut trials = Vec::new();
     for source in &backends {
