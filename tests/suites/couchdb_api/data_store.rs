@@ -1,5 +1,7 @@
-//! The data-store rules on documents written through the CouchDB API, and every data-store field
-//! given a value of the wrong type refused with 403 naming the field.
+//! The data-store rules on documents written through the CouchDB API (the id matching the fields,
+//! CouchDB's invalid ids and bodies, the id derived for a POST, an oversized value, attachments
+//! refused), and every data-store field given a value of the wrong type refused with 403 naming
+//! the field.
 
 use super::*;
 

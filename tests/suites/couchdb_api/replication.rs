@@ -1,5 +1,6 @@
-//! What a replication peer needs: `_revs_diff`, `new_edits=false`, checkpoints and the rules the
-//! endpoint holds a peer to.
+//! What a replication peer needs: `_revs_diff`, `new_edits=false` writes (a fast-forward, the
+//! higher branch winning, a foreign document refused per document), `_bulk_get` with `revs` and
+//! `latest`, and `_ensure_full_commit`.
 
 use super::*;
 
