@@ -1,7 +1,7 @@
 //! CouchDB's HTTP API as clients use it: `agentstore serve --couchdb-listen` against
 //! pouchdb-server, and against each backend's own calls.
 //!
-//! Run it with `cargo bench --bench couchdb_api_bench`. One run measures the same six client
+//! Run it with `cargo bench --bench benches -- couchdb_api_bench`. One run measures the same six client
 //! operations, each as a closed loop of `BENCH_CLIENTS` (default 16, as the reference wrk run)
 //! concurrent clients, each on its own keep-alive connection, for `BENCH_SECONDS` (default 3) per
 //! phase:
@@ -55,7 +55,7 @@
 //! segments of `BENCH_SECONDS`/4 alternating ABBA BAAB (the machine is shared; a change of load
 //! falls on both sides alike). About 13 × `BENCH_SECONDS` of timed phases in all.
 //!
-//! `cargo test --all-targets` also builds and runs this target (without `--bench`); it then only
+//! `cargo test --all-targets` also builds and runs the bench binary (without `--bench`); it then only
 //! prints how to run it and exits 0.
 
 use std::path::Path;
@@ -70,17 +70,10 @@ use futures::StreamExt;
 use hdrhistogram::Histogram;
 use serde_json::{json, Map, Value};
 
-#[allow(dead_code)]
-mod common;
-#[allow(dead_code)]
-#[path = "../tests/common/counting_proxy.rs"]
-mod counting_proxy;
-#[allow(dead_code)]
-#[path = "common/serve.rs"]
-mod serve;
-#[allow(dead_code)]
-#[path = "../tests/common/servers.rs"]
-mod servers;
+use crate::common;
+use crate::common::serve;
+use crate::counting_proxy;
+use crate::servers;
 
 use common::load::{histogram, quantile_ms};
 use common::report::aligned;
@@ -940,7 +933,7 @@ fn load_average() -> String {
         .unwrap_or_else(|_| "unknown".to_owned())
 }
 
-fn main() -> std::process::ExitCode {
+pub fn main() -> std::process::ExitCode {
     bench_main(NAME, run)
 }
 

@@ -3,7 +3,7 @@
 //! in the verified-credentials cache, and an `AuthSession` cookie; the cached paths alone and
 //! from 16 concurrent tasks on a 2-worker runtime (the shape of the GET benchmark's load).
 //!
-//! `cargo bench --bench couchdb_auth` (no servers needed). Prints a table; numbers are in
+//! `cargo bench --bench benches -- couchdb_auth` (no servers needed). Prints a table; numbers are in
 //! docs/couchdb-api.md.
 
 use std::sync::Arc;
@@ -23,7 +23,7 @@ const CACHED_RUNS: u32 = 200_000;
 /// Concurrent tasks in the contended run, as the GET benchmark's 16 connections.
 const TASKS: u32 = 16;
 
-fn main() {
+pub fn main() {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     runtime.block_on(run());
 }

@@ -1,7 +1,7 @@
 //! Overhead of the CouchDB adapter: the `DataStore` facade over `CouchDbBackend` against the raw
 //! HTTP calls it makes, side by side in one run.
 //!
-//! Run it with `cargo bench --bench couchdb_overhead`. The server is `AGENTSTORE_BENCH_COUCHDB_URL`
+//! Run it with `cargo bench --bench benches -- couchdb_overhead`. The server is `AGENTSTORE_BENCH_COUCHDB_URL`
 //! (e.g. `http://admin:password@127.0.0.1:5984`) when set; otherwise `pouchdb-server` from
 //! `node_modules` (installed by `npm ci`) is started in memory on a free port by the tests'
 //! launcher (`tests/common/servers.rs`), which stops it when the bench process exits. Which server answered (product
@@ -40,7 +40,7 @@
 //! Results go to stdout as a table and to `target/bench/couchdb_overhead.json`. Any failed
 //! operation (warm-up included) makes the bench exit 1.
 //!
-//! `cargo test --all-targets` also builds and runs this target (without `--bench`); it then only
+//! `cargo test --all-targets` also builds and runs the bench binary (without `--bench`); it then only
 //! prints how to run it and exits 0.
 
 use std::sync::Arc;
@@ -53,11 +53,8 @@ use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Map, Value};
 
-#[allow(dead_code)]
-mod common;
-#[allow(dead_code)]
-#[path = "../tests/common/servers.rs"]
-mod servers;
+use crate::common;
+use crate::servers;
 
 use common::facade::Facades;
 use common::load::{run_pairs, Bench, Counters, Labels, Tally};
@@ -381,7 +378,7 @@ impl Bench for Ctx {
     }
 }
 
-fn main() -> std::process::ExitCode {
+pub fn main() -> std::process::ExitCode {
     common::bench_main(NAME, run)
 }
 

@@ -1,7 +1,7 @@
 //! Overhead and throughput of the DynamoDB adapter: the `DataStore` facade over `DynamoDbBackend`
 //! against the raw AWS SDK calls it makes, side by side in one run, plus bulk-write throughput.
 //!
-//! Run it with `cargo bench --bench dynamodb_bench`. The server is
+//! Run it with `cargo bench --bench benches -- dynamodb_bench`. The server is
 //! `AGENTSTORE_BENCH_DYNAMODB_ENDPOINT` (e.g. `http://127.0.0.1:8000`) when set; otherwise
 //! `dynalite` from `node_modules` (installed by `npm ci`) is started in memory on a free port with
 //! `--createTableMs 0 --deleteTableMs 0 --updateTableMs 0` by the tests' launcher
@@ -61,7 +61,7 @@
 //! Results go to stdout as tables and to `target/bench/dynamodb_bench.json`. Any failed operation
 //! (warm-up included) makes the bench exit 1. The table is deleted at the end (best effort).
 //!
-//! `cargo test --all-targets` also builds and runs this target (without `--bench`); it then only
+//! `cargo test --all-targets` also builds and runs the bench binary (without `--bench`); it then only
 //! prints how to run it and exits 0.
 
 use std::collections::hash_map::RandomState;
@@ -79,11 +79,8 @@ use aws_sdk_dynamodb::error::DisplayErrorContext;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue};
 use serde_json::Value;
 
-#[allow(dead_code)]
-mod common;
-#[allow(dead_code)]
-#[path = "../tests/common/servers.rs"]
-mod servers;
+use crate::common;
+use crate::servers;
 
 use common::bulk::{run_bulk, BulkBench};
 use common::facade::{print_seeded, Facades};
@@ -416,7 +413,7 @@ impl BulkBench for Ctx {
     }
 }
 
-fn main() -> std::process::ExitCode {
+pub fn main() -> std::process::ExitCode {
     common::bench_main(NAME, run)
 }
 

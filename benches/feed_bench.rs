@@ -1,7 +1,7 @@
 //! The document model's reads and the writes that maintain it: change-feed read rate, `all_docs`
 //! page latency, and write rates, on stores of different sizes, through `DocumentBackend`.
 //!
-//! Run it with `cargo bench --bench feed_bench`. `BENCH_FEED_SIZES` (default `10000`) lists the
+//! Run it with `cargo bench --bench benches -- feed_bench`. `BENCH_FEED_SIZES` (default `10000`) lists the
 //! store sizes, e.g. `10000,1000000`; `BENCH_FEED_BACKENDS` (default `embedded`) which backends
 //! take part (`couchdb`, `dynamodb`, `firestore`: the local servers the tests start, see
 //! `tests/common/servers.rs`).
@@ -19,11 +19,8 @@
 //! Cost in proportion to the page shows as page latencies that do not grow with the store.
 //! Results go to stdout as a markdown table and to `target/bench/feed_bench.json`.
 
-#[allow(dead_code)]
-mod common;
-#[allow(dead_code)]
-#[path = "../tests/common/servers.rs"]
-mod servers;
+use crate::common;
+use crate::servers;
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -41,7 +38,7 @@ const PAGE: usize = 100;
 const FEED_PAGE: usize = 1_000;
 const SAMPLES: usize = 30;
 
-fn main() -> ExitCode {
+pub fn main() -> ExitCode {
     common::bench_main("feed_bench", || {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .enable_all()

@@ -2,7 +2,7 @@
 //! `FirestoreBackend` against the raw REST v1 calls it makes, side by side in one run, plus
 //! bulk-write throughput, on Google's Firestore emulator.
 //!
-//! Run it with `cargo bench --bench firestore_bench`. The server is
+//! Run it with `cargo bench --bench benches -- firestore_bench`. The server is
 //! `AGENTSTORE_BENCH_FIRESTORE_EMULATOR` (`HOST:PORT` of a running emulator) when set; otherwise
 //! the emulator jar of Debian's google-cloud-cli-firestore-emulator package is started on a free
 //! port by the tests' launcher (`tests/common/servers.rs`), which stops it when the bench process
@@ -53,7 +53,7 @@
 //! (warm-up included) makes the bench exit 1. The emulator's copy of the project is cleared at the
 //! end (best effort).
 //!
-//! `cargo test --all-targets` also builds and runs this target (without `--bench`); it then only
+//! `cargo test --all-targets` also builds and runs the bench binary (without `--bench`); it then only
 //! prints how to run it and exits 0.
 
 use std::sync::Arc;
@@ -66,11 +66,8 @@ use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Map, Value};
 
-#[allow(dead_code)]
-mod common;
-#[allow(dead_code)]
-#[path = "../tests/common/servers.rs"]
-mod servers;
+use crate::common;
+use crate::servers;
 
 use common::bulk::{run_bulk, BulkBench};
 use common::facade::{print_seeded, Facades};
@@ -594,7 +591,7 @@ async fn model_phase(backend: &Arc<dyn DocumentBackend>, raw: &Raw) -> Result<()
     Ok(())
 }
 
-fn main() -> std::process::ExitCode {
+pub fn main() -> std::process::ExitCode {
     common::bench_main(NAME, run)
 }
 

@@ -2,7 +2,7 @@
 //! it drains a backlog, for each ordered pair of backends, in one process through the library (so
 //! an embedded source, whose file its process locks, can be followed while it is written).
 //!
-//! Run it with `cargo bench --bench follow_bench`. Settings (environment):
+//! Run it with `cargo bench --bench benches -- follow_bench`. Settings (environment):
 //! - `BENCH_FOLLOW_BACKENDS` (default `embedded,couchdb,dynamodb,firestore`): the backends; every
 //!   ordered pair of two of them is measured, and embedded → embedded (a pair of one server
 //!   backend with itself would only measure that server twice over);
@@ -46,11 +46,8 @@
 //!
 //! Results go to stdout as markdown tables and to `target/bench/follow_bench.json`.
 
-#[allow(dead_code)]
-mod common;
-#[allow(dead_code)]
-#[path = "../tests/common/servers.rs"]
-mod servers;
+use crate::common;
+use crate::servers;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -85,7 +82,7 @@ const SETUP_LIMIT: Duration = Duration::from_secs(900);
 const DYNAMODB_SETTLE: &str = "&settle_ms=1000&write_timeout_ms=500";
 const FIRESTORE_SETTLE: &str = "&settle_ms=1000";
 
-fn main() -> ExitCode {
+pub fn main() -> ExitCode {
     common::bench_main("follow_bench", || {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .enable_all()

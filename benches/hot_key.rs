@@ -1,6 +1,6 @@
 //! Hot-key benchmark: many writers on one document, across `serve` processes (issue 11, item 6).
 //!
-//! Run it with `cargo bench --bench hot_key`. For each backend in `HOT_KEY_BACKENDS` (default
+//! Run it with `cargo bench --bench benches -- hot_key`. For each backend in `HOT_KEY_BACKENDS` (default
 //! `embedded,couchdb,dynamodb`) it starts `agentstore serve` processes over one fresh store (two;
 //! one on the embedded store, whose file lock admits a single process), then `BENCH_CLIENTS`
 //! clients (default 32, each with its own connection, split evenly across the processes) each
@@ -17,12 +17,9 @@
 //! `target/bench/hot_key.json`. Without `--bench` (as `cargo test --all-targets` runs it) it only
 //! prints how to run it.
 
-#[path = "../tests/common/servers.rs"]
-#[allow(dead_code)]
-mod servers;
+use crate::servers;
 
-#[path = "common/serve.rs"]
-mod serve;
+use crate::common::serve;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -243,9 +240,9 @@ fn run() -> Result<bool, String> {
     Ok(passed)
 }
 
-fn main() -> ExitCode {
+pub fn main() -> ExitCode {
     if !std::env::args().skip(1).any(|a| a == "--bench") {
-        println!("hot_key: run with `cargo bench --bench hot_key`");
+        println!("hot_key: run with `cargo bench --bench benches -- hot_key`");
         return ExitCode::SUCCESS;
     }
     match run() {

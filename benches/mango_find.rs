@@ -1,6 +1,6 @@
 //! Mango `_find` benchmark over the embedded store (issue 14's `src/couchdb_api/mango/`).
 //!
-//! Run it with `cargo bench --bench mango_find`. It writes `MANGO_BENCH_DOCS` documents (default
+//! Run it with `cargo bench --bench benches -- mango_find`. It writes `MANGO_BENCH_DOCS` documents (default
 //! 20,000: 20 users × 10 namespaces, a number `n` in 0..1000) to a fresh embedded store, then times
 //! each query shape `MANGO_BENCH_ROUNDS` times (default 20) and reports the median and the
 //! slowest run, with documents examined and returned:
@@ -28,9 +28,9 @@ fn env_number(name: &str, default: usize) -> usize {
 }
 
 #[tokio::main]
-async fn main() {
+pub async fn main() {
     if !std::env::args().any(|a| a == "--bench") {
-        println!("mango_find: run with `cargo bench --bench mango_find`");
+        println!("mango_find: run with `cargo bench --bench benches -- mango_find`");
         return;
     }
     let total = env_number("MANGO_BENCH_DOCS", 20_000);

@@ -1,6 +1,6 @@
 //! Migration throughput against each backend's own bulk limits, measured in one run.
 //!
-//! Run it with `cargo bench --bench migrate_bench`. `BENCH_MIGRATE_DOCS` sets the data set size
+//! Run it with `cargo bench --bench benches -- migrate_bench`. `BENCH_MIGRATE_DOCS` sets the data set size
 //! (default 100,000); `BENCH_MIGRATE_BACKENDS` (default `embedded,couchdb,dynamodb,firestore`)
 //! which backends take part. The servers are pouchdb-server and dynalite from `node_modules` and
 //! the Firestore emulator, started by the tests' launcher (`tests/common/servers.rs`;
@@ -25,9 +25,7 @@
 //! Results go to stdout as a markdown table and to `target/bench/migrate_bench.json`. Under
 //! `cargo test --all-targets` (no `--bench` argument) it only prints how to run it.
 
-#[allow(dead_code)]
-#[path = "../tests/common/servers.rs"]
-mod servers;
+use crate::servers;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
@@ -49,10 +47,12 @@ fn binary() -> String {
 const BATCH: usize = 500;
 const WRITERS: usize = 4;
 
-fn main() -> ExitCode {
-    // `cargo bench` passes `--bench`; `cargo test --all-targets` runs this target without it.
+pub fn main() -> ExitCode {
+    // `cargo bench` passes `--bench`; `cargo test --all-targets` runs the bench binary without it.
     if !std::env::args().skip(1).any(|a| a == "--bench") {
-        println!("migrate_bench: run with `cargo bench --bench migrate_bench` (BENCH_MIGRATE_DOCS=N to size it)");
+        println!(
+            "migrate_bench: run with `cargo bench --bench benches -- migrate_bench` (BENCH_MIGRATE_DOCS=N to size it)"
+        );
         return ExitCode::SUCCESS;
     }
     match run() {

@@ -2,8 +2,8 @@
 //! stores of 10,000 and (opt-in) 1,000,000 documents, side by side with pouchdb-server doing the
 //! same logical operations, in one run.
 //!
-//! Run it with `cargo bench --bench serve_load`; the 1M case with
-//! `BENCH_STORE_DOCS=10000,1000000 cargo bench --bench serve_load` (about 15 minutes here, most of
+//! Run it with `cargo bench --bench benches -- serve_load`; the 1M case with
+//! `BENCH_STORE_DOCS=10000,1000000 cargo bench --bench benches -- serve_load` (about 15 minutes here, most of
 //! it seeding pouchdb-server). For every store size N it:
 //!
 //! 1. **Builds the store** (not part of the load phases): N documents of about 500 bytes of NDJSON
@@ -32,7 +32,7 @@
 //! issue's goal: at most 1.5). Results go to stdout and `target/bench/serve_load.json`.
 //! `BENCH_CACHE_MB` sets the served store's page cache (`?cache_mb=`), else the product default.
 //!
-//! `cargo test --all-targets` also builds and runs this target (without `--bench`); it then only
+//! `cargo test --all-targets` also builds and runs the bench binary (without `--bench`); it then only
 //! prints how to run it and exits 0.
 
 use std::io::{BufWriter, Write};
@@ -46,10 +46,8 @@ use base64::Engine;
 use hdrhistogram::Histogram;
 use serde_json::{json, Map, Value};
 
-#[allow(dead_code)]
-mod common;
-#[path = "common/serve.rs"]
-mod serve;
+use crate::common;
+use crate::common::serve;
 
 use common::load::{histogram, quantile_ms};
 use common::report::aligned;
@@ -958,7 +956,7 @@ fn report_json(config: &Config, passed: bool, results: &[SizeResult]) -> Value {
     })
 }
 
-fn main() -> std::process::ExitCode {
+pub fn main() -> std::process::ExitCode {
     bench_main(NAME, run)
 }
 

@@ -1,6 +1,6 @@
 //! Why a write waited 0.93 s before group commit: redb's write slot is not handed out in order.
 //!
-//! Run it with `cargo bench --bench write_slot`. Sixteen threads each commit one small durable
+//! Run it with `cargo bench --bench benches -- write_slot`. Sixteen threads each commit one small durable
 //! write transaction at a time into one redb file, as `serve` did before group commit (one
 //! transaction per request, each on a blocking thread waiting for the write slot). For every
 //! write the bench records its wall time and how many other writes committed while it waited for
@@ -18,8 +18,7 @@ use std::time::{Duration, Instant};
 
 use redb::{Database, TableDefinition};
 
-#[allow(dead_code)]
-mod common;
+use crate::common;
 
 const NAME: &str = "write_slot";
 const TABLE: TableDefinition<u64, &[u8]> = TableDefinition::new("writes");
@@ -111,6 +110,6 @@ fn run() -> Result<bool, String> {
     Ok(true)
 }
 
-fn main() -> std::process::ExitCode {
+pub fn main() -> std::process::ExitCode {
     common::bench_main(NAME, run)
 }

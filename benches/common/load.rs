@@ -240,10 +240,6 @@ impl PairResult {
         self.raw.throughput() / self.facade.throughput()
     }
 
-    pub fn errors(&self) -> u64 {
-        [&self.facade, &self.raw].iter().map(|s| s.errors + s.warmup_errors).sum()
-    }
-
     pub fn sides(&self) -> [&SideResult; 2] {
         [&self.facade, &self.raw]
     }

@@ -1,22 +1,23 @@
-//! The harness the adapter benches share (`couchdb_overhead`, `dynamodb_bench`,
-//! `firestore_bench`), included by each with `mod common;`:
+//! The harness the benches share (the adapter benches `couchdb_overhead`, `dynamodb_bench` and
+//! `firestore_bench` use all of it), a module of the one bench binary (`benches/main.rs`):
 //!
 //! - this module: the `BENCH_*` settings, error formatting, the `--bench` guard, the JSON report;
 //! - [`workload`]: the seeded documents, the values written, what one operation works on;
 //! - [`facade`]: the facade side of every pair, and seeding;
 //! - [`load`]: facade-vs-raw pairs measured as closed loops in ABBA-alternated segments;
 //! - [`bulk`]: `bulk_write` throughput from concurrent callers;
-//! - [`report`]: the stdout tables, the failure summary and the JSON report.
+//! - [`report`]: the stdout tables, the failure summary and the JSON report;
+//! - [`serve`]: a spawned `agentstore serve` for the HTTP benches.
 //!
 //! A bench supplies its raw side by implementing [`load::Bench`] (and [`bulk::BulkBench`] for a
 //! bulk phase) and keeps everything backend-specific (its raw calls, server, verification) to
-//! itself. Not every bench uses every
-//! part, hence the `dead_code` allowance where it is included.
+//! itself.
 
 pub mod bulk;
 pub mod facade;
 pub mod load;
 pub mod report;
+pub mod serve;
 pub mod workload;
 
 use std::path::PathBuf;
@@ -130,7 +131,7 @@ pub fn describe(err: &dyn std::error::Error) -> String {
 /// any operation failed (exit 1); an `Err` is printed and exits 1 too.
 pub fn bench_main(name: &str, run: fn() -> Result<bool, String>) -> ExitCode {
     if !std::env::args().skip(1).any(|a| a == "--bench") {
-        println!("{name}: run with `cargo bench --bench {name}`");
+        println!("{name}: run with `cargo bench --bench benches -- {name}`");
         return ExitCode::SUCCESS;
     }
     match run() {

@@ -1,5 +1,5 @@
 //! A spawned `agentstore serve` process for the HTTP benches (`serve_load`, `hot_key`,
-//! `couchdb_api_bench`), included by each with `#[path = "common/serve.rs"] mod serve;`.
+//! `couchdb_api_bench`).
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader};
@@ -32,9 +32,7 @@ impl Server {
     }
 
     /// As [`Server::start`], also answering CouchDB's API on another free loopback port
-    /// (`--couchdb-listen 127.0.0.1:0`); waits until both addresses are printed. Not every bench
-    /// including this module uses it.
-    #[allow(dead_code)]
+    /// (`--couchdb-listen 127.0.0.1:0`); waits until both addresses are printed.
     pub fn start_with_couchdb(binary: &str, backend: &str, workdir: &Path) -> Result<Server, String> {
         Self::spawn(binary, backend, workdir, true)
     }
@@ -115,9 +113,7 @@ impl Server {
         }
     }
 
-    /// The server's process id, for reading its memory from `/proc`. Not every bench including
-    /// this module uses it.
-    #[allow(dead_code)]
+    /// The server's process id, for reading its memory from `/proc`.
     pub fn pid(&self) -> u32 {
         self.child.id()
     }

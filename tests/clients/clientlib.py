@@ -1,7 +1,7 @@
 """What every Python client script shares: the endpoint from the environment, data-store
 documents, and steps that stop the script with a clear message on the first failure.
 
-Environment (set by tests/couchdb_clients.rs; the same as for the Node scripts, see common.js):
+Environment (set by tests/suites/couchdb_clients.rs; the same as for the Node scripts, see common.js):
 COUCH_URL (server root with the admin's credentials), COUCH_DB, COUCH_USER_ID (the data-store
 userId this script writes, distinct per script), COUCH_TARGET (`agentstore` or `pouchdb-server`).
 """

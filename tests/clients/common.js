@@ -1,7 +1,7 @@
 // What every Node client script shares: the endpoint from the environment, data-store documents,
 // and checks that stop the script with a clear message on the first failure.
 //
-// Environment (set by tests/couchdb_clients.rs):
+// Environment (set by tests/suites/couchdb_clients.rs):
 //   COUCH_URL        server root with the admin's credentials, e.g. http://admin:pw@127.0.0.1:5984
 //   COUCH_DB         the database
 //   COUCH_USER_ID    the data-store userId this script writes (distinct per script, so scripts

@@ -10,7 +10,7 @@ use agentstore::backend::{
     BulkWrite, ChangesPage, DocumentBackend, IdRange, LayoutState, Precondition, Revision, RevisionInfo,
 };
 use agentstore::ErrorKind;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use crate::harness::Ctx;
 
@@ -22,12 +22,7 @@ pub(crate) fn id_of(user: &str, namespace: &str, key: &str) -> String {
     agentstore::model::DocumentId::new(user, namespace, key, &Default::default()).expect("valid id").as_str().to_owned()
 }
 
-pub(crate) fn body(user: &str, namespace: &str, key: &str, value: Value) -> Map<String, Value> {
-    match json!({ "userId": user, "namespace": namespace, "key": key, "value": value }) {
-        Value::Object(map) => map,
-        _ => unreachable!(),
-    }
-}
+pub(crate) use crate::common::body;
 
 /// `N-<32 lowercase hex>` (or CouchDB's local `0-N`): N.
 pub(crate) fn generation(rev: &Revision) -> u64 {

@@ -1,18 +1,18 @@
 //! The contract suite: every facade operation and the `DocumentBackend` trait's semantics,
-//! run unchanged on every backend. See `harness.rs` for how backends are selected and added.
+//! run unchanged on every backend. See `tests/common/harness.rs` for how backends are selected and added.
 
 #[path = "../common/mod.rs"]
 mod common;
 
 mod cases;
 mod document_model;
-mod harness;
 mod replication;
 mod rev_trees;
 mod writer;
 
 use std::process::ExitCode;
 
+use common::harness;
 use libtest_mimic::{Arguments, Failed, Trial};
 
 fn main() -> ExitCode {

@@ -22,6 +22,8 @@ use serde_json::{json, Map, Value};
 use wiremock::matchers::{header, method, path};
 use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
 
+use crate::common::request_json;
+
 const TABLE: &str = "agent_data_store";
 const INDEX: &str = "idx-user-namespace";
 const TARGET: &str = "x-amz-target";
@@ -162,7 +164,7 @@ struct IdIndex {
 
 impl Respond for IdIndex {
     fn respond(&self, request: &Request) -> ResponseTemplate {
-        let body = body_of(request);
+        let body = request_json(request);
         let shard: u32 =
             body["ExpressionAttributeValues"][":shard"]["N"].as_str().and_then(|n| n.parse().ok()).unwrap_or(99);
         let mut items: Vec<Value> = self
@@ -192,10 +194,6 @@ async fn received(server: &MockServer, name: &str) -> Vec<Request> {
         .into_iter()
         .filter(|r| r.headers.get(TARGET).and_then(|v| v.to_str().ok()) == Some(wanted.as_str()))
         .collect()
-}
-
-fn body_of(request: &Request) -> Value {
-    serde_json::from_slice(&request.body).expect("the SDK sends JSON bodies")
 }
 
 /// A stored item as GetItem returns it.
@@ -296,7 +294,7 @@ fn write_id(write: &Value) -> String {
 
 /// The `_id`s of one received BatchWriteItem body, in order.
 fn batch_ids(request: &Request) -> Vec<String> {
-    body_of(request)["RequestItems"][TABLE]
+    request_json(request)["RequestItems"][TABLE]
         .as_array()
         .map(|writes| writes.iter().map(write_id).collect())
         .unwrap_or_default()
@@ -338,7 +336,7 @@ async fn erasure_resends_unprocessed_deletions() {
     }
     // Every query asked its shard for the prefix only.
     for query in received(&server, "Query").await {
-        let body = body_of(&query);
+        let body = request_json(&query);
         assert_eq!(body["IndexName"], layout::ID_INDEX);
         assert_eq!(body["ExpressionAttributeValues"][":prefix"], json!({"S": "bulk-"}));
     }
@@ -405,7 +403,7 @@ impl Respond for BatchReader {
 
 /// The `_id`s of one received BatchGetItem body, and whether it asked for consistent reads.
 fn batch_get_ids(request: &Request) -> (Vec<String>, bool) {
-    let body = body_of(request);
+    let body = request_json(request);
     let wanted = &body["RequestItems"][TABLE];
     let ids = wanted["Keys"]
         .as_array()
@@ -506,7 +504,7 @@ async fn get_succeeds_after_two_throttled_attempts() {
     let attempts = received(&server, "GetItem").await;
     assert_eq!(attempts.len(), 3, "two throttled attempts and the one that worked");
     for attempt in &attempts {
-        let body = body_of(attempt);
+        let body = request_json(attempt);
         assert_eq!(body["TableName"], TABLE);
         assert_eq!(body["ConsistentRead"], true, "get reads strongly consistent");
         assert_eq!(body["Key"], json!({"_id": {"S": "user_1:default:Z3JlZXRpbmc="}}));
@@ -553,7 +551,7 @@ async fn put_is_retried_after_an_internal_server_error() {
     assert_eq!(attempts.len(), 2);
     // The retry is the same write (same item, revision and condition) with a fresh feed position:
     // a resent request must not carry the position of an attempt that began earlier.
-    let (mut first, mut second) = (body_of(&attempts[0]), body_of(&attempts[1]));
+    let (mut first, mut second) = (request_json(&attempts[0]), request_json(&attempts[1]));
     let positions = [first["Item"]["_seq"]["S"].take(), second["Item"]["_seq"]["S"].take()];
     assert!(positions[0].is_string() && positions[1].is_string(), "{positions:?}");
     assert!(positions[0].as_str() < positions[1].as_str(), "{positions:?}");
@@ -667,7 +665,8 @@ impl Respond for LostReply {
         let mut applied = self.applied.lock().unwrap();
         if !*applied {
             *applied = true;
-            *self.stored_rev.lock().unwrap() = body_of(request)["Item"]["_rev"]["S"].as_str().unwrap_or("?").to_owned();
+            *self.stored_rev.lock().unwrap() =
+                request_json(request)["Item"]["_rev"]["S"].as_str().unwrap_or("?").to_owned();
             return error(500, "InternalServerError", "Internal server error");
         }
         error(400, "ConditionalCheckFailedException", "The conditional request failed")
@@ -713,10 +712,10 @@ async fn a_resent_write_that_had_landed_is_its_own_success() {
     // document is given a fresh one, on our revision only.
     let restamps = received(&server, "UpdateItem").await;
     assert_eq!(restamps.len(), 1);
-    let restamp = body_of(&restamps[0]);
+    let restamp = request_json(&restamps[0]);
     assert_eq!(restamp["ConditionExpression"], "#rev = :rev");
     assert_eq!(restamp["ExpressionAttributeValues"][":rev"], json!({"S": rev.as_str()}));
-    let first_position = body_of(&puts[0])["Item"]["_seq"]["S"].as_str().unwrap_or_default().to_owned();
+    let first_position = request_json(&puts[0])["Item"]["_seq"]["S"].as_str().unwrap_or_default().to_owned();
     let fresh = restamp["ExpressionAttributeValues"][":seq"]["S"].as_str().unwrap_or_default().to_owned();
     assert!(fresh > first_position, "{fresh} is not after {first_position}");
 
@@ -753,10 +752,10 @@ async fn conditional_check_failure_is_a_conflict() {
 
     let attempts = received(&server, "PutItem").await;
     assert_eq!(attempts.len(), 2, "a failed condition is not retried");
-    let create = body_of(&attempts[0]);
+    let create = request_json(&attempts[0]);
     assert_eq!(create["ConditionExpression"], "attribute_not_exists(#id)");
     assert_eq!(create["ExpressionAttributeNames"], json!({"#id": "_id"}));
-    let update = body_of(&attempts[1]);
+    let update = request_json(&attempts[1]);
     assert_eq!(update["ConditionExpression"], "#rev = :rev");
     assert_eq!(update["ExpressionAttributeNames"], json!({"#rev": "_rev"}));
     assert_eq!(update["ExpressionAttributeValues"], json!({":rev": {"S": "1-00000000000000aa"}}));
@@ -863,7 +862,7 @@ async fn projecting_the_reserved_word_key_uses_attribute_names() {
 
     let requests = received(&server, "Query").await;
     assert_eq!(requests.len(), 1);
-    let body = body_of(&requests[0]);
+    let body = request_json(&requests[0]);
     assert_eq!(body["TableName"], TABLE);
     assert_eq!(body["IndexName"], INDEX);
     assert_eq!(body["Limit"], 10);
@@ -911,7 +910,7 @@ async fn bulk_writes_read_in_one_batch_and_write_conditionally() {
     let puts: HashMap<String, Value> = received(&server, "PutItem")
         .await
         .iter()
-        .map(|r| (body_of(r)["Item"]["_id"]["S"].as_str().unwrap_or("?").to_owned(), body_of(r)))
+        .map(|r| (request_json(r)["Item"]["_id"]["S"].as_str().unwrap_or("?").to_owned(), request_json(r)))
         .collect();
     assert_eq!(puts.len(), 30);
     for (id, result) in ids.iter().zip(&results) {
@@ -954,8 +953,8 @@ async fn an_unconditional_write_that_loses_a_race_reads_again() {
     assert!(rev.as_str().starts_with("4-"), "{rev}");
     let puts = received(&server, "PutItem").await;
     assert_eq!(puts.len(), 2);
-    assert_eq!(body_of(&puts[0])["ExpressionAttributeValues"][":rev"], json!({"S": "2-00000000000000aa"}));
-    assert_eq!(body_of(&puts[1])["ExpressionAttributeValues"][":rev"], json!({"S": "3-00000000000000bb"}));
+    assert_eq!(request_json(&puts[0])["ExpressionAttributeValues"][":rev"], json!({"S": "2-00000000000000aa"}));
+    assert_eq!(request_json(&puts[1])["ExpressionAttributeValues"][":rev"], json!({"S": "3-00000000000000bb"}));
 }
 
 /// A table whose index list grows as UpdateTable creates indexes (each ACTIVE at once).
@@ -968,7 +967,7 @@ impl Respond for GrowingTable {
         let target = request.headers.get(TARGET).and_then(|v| v.to_str().ok()).unwrap_or_default();
         let mut created = self.created.lock().unwrap();
         if target == self::target("UpdateTable") {
-            for update in body_of(request)["GlobalSecondaryIndexUpdates"].as_array().into_iter().flatten() {
+            for update in request_json(request)["GlobalSecondaryIndexUpdates"].as_array().into_iter().flatten() {
                 let mut index = update["Create"].clone();
                 index["IndexStatus"] = json!("ACTIVE");
                 created.push(index);
@@ -1009,7 +1008,7 @@ async fn upgrade_adds_the_indexes_and_stamps_items_conditionally() {
     let names: Vec<Value> = updates
         .iter()
         .map(|u| {
-            let body = body_of(u);
+            let body = request_json(u);
             let creates = body["GlobalSecondaryIndexUpdates"].as_array().cloned().unwrap_or_default();
             assert_eq!(creates.len(), 1, "one index a request");
             assert!(creates[0]["Create"].get("ProvisionedThroughput").is_none(), "on-demand: no capacity");
@@ -1019,7 +1018,7 @@ async fn upgrade_adds_the_indexes_and_stamps_items_conditionally() {
     assert_eq!(names, [json!(layout::FEED_INDEX), json!(layout::ID_INDEX)]);
     assert_eq!(created.lock().unwrap()[0]["KeySchema"][1], json!({"AttributeName": "_seq", "KeyType": "RANGE"}));
 
-    let stamps: Vec<Value> = received(&server, "UpdateItem").await.iter().map(body_of).collect();
+    let stamps: Vec<Value> = received(&server, "UpdateItem").await.iter().map(request_json).collect();
     let document = stamps.iter().find(|s| s["Key"]["_id"]["S"] == "user_1:default:aw==").expect("document stamped");
     assert_eq!(document["ConditionExpression"], "#rev = :rev");
     assert_eq!(document["ExpressionAttributeValues"][":rev"], json!({"S": "1-00000000000000aa"}));
@@ -1040,7 +1039,7 @@ struct RefusingEmptyKeyValues(IdIndex);
 
 impl Respond for RefusingEmptyKeyValues {
     fn respond(&self, request: &Request) -> ResponseTemplate {
-        let body = body_of(request);
+        let body = request_json(request);
         let values = body["ExpressionAttributeValues"].as_object().cloned().unwrap_or_default();
         if values.values().any(|value| value == &json!({"S": ""})) {
             return error(
@@ -1079,7 +1078,7 @@ async fn all_docs_from_the_empty_id_sends_no_empty_key_value() {
     ] {
         let before = received(&server, "Query").await.len();
         backend.all_docs(&range, 50, None).await.unwrap_or_else(|e| panic!("{what}: {e}"));
-        let asked: Vec<Value> = received(&server, "Query").await[before..].iter().map(body_of).collect();
+        let asked: Vec<Value> = received(&server, "Query").await[before..].iter().map(request_json).collect();
         for query in &asked {
             assert_eq!(query["IndexName"], layout::ID_INDEX, "{what}");
         }

@@ -13,8 +13,6 @@
 //!
 //! A missing server fails these tests (with `servers::couchdb()`'s message); it never skips them.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -26,14 +24,14 @@ use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
-use common::json::first_difference;
-use common::servers;
+use crate::common::json::first_difference;
+use crate::common::servers;
 
 /// The spec's three example documents, with their `_id`s.
-const SPEC_EXAMPLES: &str = include_str!("../fixtures/seed-documents.json");
+const SPEC_EXAMPLES: &str = include_str!("../../fixtures/seed-documents.json");
 /// The recorded PUT of the earlier revision's design document; its request body is what the
 /// existing system wrote.
-const LEGACY_DDOC_TRANSCRIPT: &str = include_str!("../fixtures/couchdb-3.4.3/041-legacy-design-doc-put.json");
+const LEGACY_DDOC_TRANSCRIPT: &str = include_str!("../../fixtures/couchdb-3.4.3/041-legacy-design-doc-put.json");
 const LEGACY_DDOC_ID: &str = "_design/data_store";
 /// The index definition exactly as the spec's `curl -d` sends it.
 const SPEC_INDEX_REQUEST: &str = r#"{

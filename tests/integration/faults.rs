@@ -15,6 +15,8 @@ use serde_json::{json, Map, Value};
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
+use crate::common;
+
 const DOC: &str = "user_1:default:Z3JlZXRpbmc=";
 /// What a proxy in front of a server that is down answers.
 const PROXY_PAGE: &str = "<html><head><title>502 Bad Gateway</title></head><body><center><h1>502 Bad Gateway</h1>\
@@ -27,10 +29,7 @@ fn html(status: u16) -> ResponseTemplate {
 }
 
 fn body() -> Map<String, Value> {
-    json!({ "userId": "user_1", "namespace": "default", "key": "greeting", "value": 1 })
-        .as_object()
-        .cloned()
-        .expect("object")
+    common::body("user_1", "default", "greeting", json!(1))
 }
 
 /// A CouchDB database that opened fine and then went behind a failing proxy: every request on

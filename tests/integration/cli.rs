@@ -11,23 +11,10 @@ use agentstore::backend::embedded::EmbeddedBackend;
 use serde_json::{json, Value};
 use tempfile::TempDir;
 
-const BIN: &str = env!("CARGO_BIN_EXE_agentstore");
+use crate::common::{agentstore as command, is_timestamp};
+
 /// The default maximum value size, in bytes of compact JSON.
 const DEFAULT_MAX: usize = 1_048_576;
-
-/// A command for the binary, run in `dir`, with no inherited `AGENTSTORE_*` settings.
-fn command(dir: &Path) -> Command {
-    let mut cmd = Command::new(BIN);
-    cmd.current_dir(dir);
-    for (name, _) in std::env::vars_os() {
-        if name.to_string_lossy().starts_with("AGENTSTORE_") {
-            cmd.env_remove(&name);
-        }
-    }
-    cmd.env_remove("RUST_LOG");
-    cmd.stdin(Stdio::null());
-    cmd
-}
 
 /// The finished run of one command.
 struct Run {
@@ -128,19 +115,6 @@ fn run_feeding_stdin(what: &str, mut cmd: Command, input: &[u8]) -> (Run, std::i
     let output = child.wait_with_output().expect("wait for agentstore");
     let written = writer.join().expect("stdin writer thread");
     (Run::from_output(what, output), written)
-}
-
-/// `^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$`, checked by hand.
-fn is_timestamp(text: &str) -> bool {
-    let bytes = text.as_bytes();
-    bytes.len() == 20
-        && bytes.iter().enumerate().all(|(i, &b)| match i {
-            4 | 7 => b == b'-',
-            10 => b == b'T',
-            13 | 16 => b == b':',
-            19 => b == b'Z',
-            _ => b.is_ascii_digit(),
-        })
 }
 
 fn timestamp(doc: &Value, field: &str) -> String {
@@ -729,12 +703,7 @@ fn metadata_has_the_value_size_limit() {
 #[test]
 fn invalid_names_are_refused_before_a_store_is_created() {
     let dir = tempfile::tempdir().unwrap();
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_agentstore"))
-        .current_dir(dir.path())
-        .env_remove("AGENTSTORE_BACKEND")
-        .args(["set", "a:b", "ns", "k", "1"])
-        .output()
-        .unwrap();
+    let output = command(dir.path()).args(["set", "a:b", "ns", "k", "1"]).output().unwrap();
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("user_id"));
     assert!(!dir.path().join("data").exists(), "no store file for a refused command");
@@ -745,12 +714,7 @@ fn config_file_without_toml_extension_is_read_as_toml() {
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("from-conf.redb");
     std::fs::write(dir.path().join("conf"), format!("backend = \"embedded:{}\"\n", store.display())).unwrap();
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_agentstore"))
-        .current_dir(dir.path())
-        .env_remove("AGENTSTORE_BACKEND")
-        .args(["--config", "conf", "set", "u", "ns", "k", "1"])
-        .output()
-        .unwrap();
+    let output = command(dir.path()).args(["--config", "conf", "set", "u", "ns", "k", "1"]).output().unwrap();
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     assert!(store.exists());
 }
@@ -762,12 +726,9 @@ fn a_closed_stdout_is_not_a_crash() {
     let dir = tempfile::tempdir().unwrap();
     let backend = format!("embedded:{}", dir.path().join("s.redb").display());
     let big = format!("\"{}\"", "x".repeat(100_000));
-    let set = std::process::Command::new(env!("CARGO_BIN_EXE_agentstore"))
-        .args(["--backend", &backend, "set", "u", "ns", "k", &big])
-        .output()
-        .unwrap();
+    let set = command(dir.path()).args(["--backend", &backend, "set", "u", "ns", "k", &big]).output().unwrap();
     assert!(set.status.success());
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_agentstore"))
+    let mut child = command(dir.path())
         .args(["--backend", &backend, "get", "u", "ns", "k"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

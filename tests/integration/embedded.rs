@@ -12,20 +12,10 @@ use agentstore::model::id::encode_key;
 use agentstore::ErrorKind;
 use serde_json::{json, Map, Value};
 
+use crate::common::body;
+
 fn doc_id(user: &str, namespace: &str, key: &str) -> String {
     format!("{user}:{namespace}:{}", encode_key(key))
-}
-
-fn body(user: &str, namespace: &str, key: &str, value: Value) -> Map<String, Value> {
-    let Value::Object(map) = json!({
-        "userId": user,
-        "namespace": namespace,
-        "key": key,
-        "value": value,
-    }) else {
-        unreachable!()
-    };
-    map
 }
 
 async fn open(path: &Path) -> EmbeddedBackend {

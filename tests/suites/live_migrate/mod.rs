@@ -10,17 +10,20 @@
 //!
 //! `AGENTSTORE_TEST_BACKENDS` selects backends as for the contract suite; a selected backend whose
 //! server cannot be reached fails its trials.
+//!
+//! This module holds the trial list, the two sides of a migration, the documents, the writer (in
+//! process or as this binary started again) and running the real binary; each topic file opens
+//! with what it covers.
 
-#[path = "common/mod.rs"]
-mod common;
-#[path = "contract/harness.rs"]
-#[allow(dead_code)]
-mod harness;
+mod conflict;
+mod crash;
+mod pairs;
+mod plain_http;
+mod sigterm;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitCode, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -35,10 +38,12 @@ use libtest_mimic::{Arguments, Failed, Trial};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
-use common::json::{exact_eq, first_difference, survives_f64};
-use harness::{BackendHarness, Ctx};
+use crate::common::harness::{self, BackendHarness, Ctx};
+use crate::common::json::{exact_eq, first_difference, survives_f64};
+use crate::common::{agentstore, block_on, check, object, TestResult};
 
-const BIN: &str = env!("CARGO_BIN_EXE_agentstore");
+pub use writer_process::run_if_writer;
+
 /// Makes this test binary a writer process: a JSON [`WriterSpec`].
 const WRITER_ENV: &str = "AGENTSTORE_LIVE_MIGRATE_WRITER";
 const USERS: [&str; 3] = ["alice", "bob", "carol_3"];
@@ -53,25 +58,22 @@ const WRITE_FOR: Duration = Duration::from_secs(3);
 /// every writer step a megabyte write).
 const WRITER_VALUE_MAX_BYTES: usize = 16 * 1024;
 
-type TestResult = Result<(), Failed>;
 type FreshFn = fn() -> harness::BoxFuture<Result<Ctx, String>>;
 
-fn main() -> ExitCode {
-    if writer_process::run_if_writer() {
-        return ExitCode::SUCCESS;
-    }
-    let args = Arguments::from_args();
-    let Some((backends, selected)) = harness::announce("live migration suite", args.list) else {
-        return ExitCode::FAILURE;
-    };
+/// The suite's trials, named `live_migrate::…`; `None`, after printing why, when the backend
+/// selection is invalid.
+pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
+    let (backends, selected) = harness::announce("live migration suite", args.list)?;
     let is_selected = |name: &str| selected.contains(&name);
     let mut trials = Vec::new();
     for source in &backends {
         for target in &backends {
             let (from, to) = (Backend::of(source), Backend::of(target));
             trials.push(
-                Trial::test(format!("pair::{}_to_{}", from.name, to.name), move || block_on(live_pair(from, to)))
-                    .with_ignored_flag(!(is_selected(source.name) && is_selected(target.name))),
+                Trial::test(format!("live_migrate::pair::{}_to_{}", from.name, to.name), move || {
+                    block_on(pairs::live_pair(from, to))
+                })
+                .with_ignored_flag(!(is_selected(source.name) && is_selected(target.name))),
             );
         }
     }
@@ -80,52 +82,38 @@ fn main() -> ExitCode {
     {
         let (from, to) = (Backend::named(&backends, source), Backend::named(&backends, target));
         trials.push(
-            Trial::test(format!("crash::{source}_to_{target}"), move || block_on(crash_and_resume(from, to)))
-                .with_ignored_flag(!(is_selected(source) && is_selected(target))),
+            Trial::test(format!("live_migrate::crash::{source}_to_{target}"), move || {
+                block_on(crash::crash_and_resume(from, to))
+            })
+            .with_ignored_flag(!(is_selected(source) && is_selected(target))),
         );
     }
     let couchdb = Backend::named(&backends, "couchdb");
     trials.push(
-        Trial::test("couchdb::plain_http_writer", move || block_on(plain_http_writer(couchdb)))
-            .with_ignored_flag(!(is_selected("couchdb") && is_selected("embedded"))),
+        Trial::test("live_migrate::couchdb::plain_http_writer", move || {
+            block_on(plain_http::plain_http_writer(couchdb))
+        })
+        .with_ignored_flag(!(is_selected("couchdb") && is_selected("embedded"))),
     );
     let embedded = Backend::named(&backends, "embedded");
     for target in &backends {
         let to = Backend::of(target);
         trials.push(
-            Trial::test(format!("conflict::target_changed_independently::embedded_to_{}", to.name), move || {
-                block_on(target_changed_independently(embedded, to))
-            })
+            Trial::test(
+                format!("live_migrate::conflict::target_changed_independently::embedded_to_{}", to.name),
+                move || block_on(conflict::target_changed_independently(embedded, to)),
+            )
             .with_ignored_flag(!(is_selected("embedded") && is_selected(target.name))),
         );
     }
     trials.push(
-        Trial::test("embedded::sigterm_during_the_copy_stops_after_a_batch", || {
-            block_on(sigterm_during_the_copy_stops_after_a_batch())
+        Trial::test("live_migrate::embedded::sigterm_during_the_copy_stops_after_a_batch", || {
+            block_on(sigterm::sigterm_during_the_copy_stops_after_a_batch())
         })
         .with_ignored_flag(!is_selected("embedded")),
     );
-    libtest_mimic::run(&args, trials).exit_code()
+    Some(trials)
 }
-
-fn block_on(test: impl Future<Output = TestResult>) -> TestResult {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|e| Failed::from(format!("tokio runtime: {e}")))?
-        .block_on(test)
-}
-
-fn check(condition: bool, message: impl FnOnce() -> String) -> TestResult {
-    if condition {
-        Ok(())
-    } else {
-        Err(message().into())
-    }
-}
-
-// ---- the two sides of a migration ----
 
 /// A backend of the harness, by name and how to get a fresh one.
 #[derive(Clone, Copy)]
@@ -201,15 +189,6 @@ impl Side {
     }
 }
 
-// ---- documents ----
-
-fn object(value: Value) -> Map<String, Value> {
-    match value {
-        Value::Object(map) => map,
-        other => panic!("test data is not an object: {other}"),
-    }
-}
-
 fn doc_id(user: &str, namespace: &str, key: &str) -> String {
     format!("{user}:{namespace}:{}", encode_key(key))
 }
@@ -229,7 +208,7 @@ fn spec_body(user: &str, namespace: &str, key: &str, value: Value, n: usize) -> 
 /// The corpus values a store pair can hold exactly: all of them, or (when a side stores JS
 /// doubles) those that survive a double.
 fn corpus_values(exact_numbers: bool) -> Vec<(String, Value)> {
-    common::corpus::cases()
+    crate::common::corpus::cases()
         .into_iter()
         .filter(|case| exact_numbers || survives_f64(&case.value))
         .map(|case| (case.name, case.value))
@@ -322,8 +301,6 @@ async fn check_same_documents(source: &Side, target: &Side, writes: &WriterSumma
     );
     Ok(())
 }
-
-// ---- the writer ----
 
 /// What a writer did; a trial checks it really mixed every kind of write.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -582,20 +559,6 @@ mod writer_process {
     }
 }
 
-// ---- the real binary ----
-
-/// The binary, with no inherited `AGENTSTORE_*` settings, in `dir`.
-fn binary(dir: &Path) -> Command {
-    let mut command = Command::new(BIN);
-    command.current_dir(dir).stdin(Stdio::null());
-    for (name, _) in std::env::vars_os() {
-        if name.to_string_lossy().starts_with("AGENTSTORE_") {
-            command.env_remove(&name);
-        }
-    }
-    command
-}
-
 fn stdout_json(output: &Output) -> Result<Value, Failed> {
     serde_json::from_slice(&output.stdout).map_err(|e| {
         format!(
@@ -620,7 +583,7 @@ fn follow_args(source: &Side, target: &Side, extra: &[&str]) -> Vec<String> {
 
 /// Starts `migrate --follow`; its progress log goes to `{log}.log` in `dir`.
 fn start_follow(dir: &Path, source: &Side, target: &Side, log: &str) -> Result<Child, Failed> {
-    Ok(binary(dir)
+    Ok(agentstore(dir)
         .args(follow_args(source, target, &[]))
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(dir.join(format!("{log}.log")))?)
@@ -631,7 +594,7 @@ fn start_follow(dir: &Path, source: &Side, target: &Side, log: &str) -> Result<C
 fn run_until_caught_up(dir: &Path, source: &Side, target: &Side, extra: &[&str]) -> Result<Value, Failed> {
     let mut args = vec!["--until-caught-up"];
     args.extend(extra);
-    let output = binary(dir).args(follow_args(source, target, &args)).output()?;
+    let output = agentstore(dir).args(follow_args(source, target, &args)).output()?;
     let report = stdout_json(&output)?;
     let stderr = String::from_utf8_lossy(&output.stderr);
     check(output.status.code() == Some(0), || {
@@ -650,8 +613,9 @@ fn check_caught_up(report: &Value) -> TestResult {
 
 /// `agentstore verify` must call the stores identical (exit 0).
 fn verify_identical(dir: &Path, source: &Side, target: &Side) -> TestResult {
-    let output =
-        binary(dir).args(["verify", "--from", &source.url(), "--to", &target.url(), "--progress", "none"]).output()?;
+    let output = agentstore(dir)
+        .args(["verify", "--from", &source.url(), "--to", &target.url(), "--progress", "none"])
+        .output()?;
     let verdict = stdout_json(&output)?;
     check(output.status.code() == Some(0) && verdict["identical"] == true, || {
         format!("verify: exit {:?}: {verdict}", output.status.code())
@@ -818,496 +782,4 @@ fn check_report_counts(report: &Value) -> TestResult {
     let mut follow = COPY_OUTCOMES.to_vec();
     follow.push("deleted");
     counts_add_up(&report["follow"]["counts"], &follow)
-}
-
-// ---- 1. every ordered pair ----
-
-async fn live_pair(from: Backend, to: Backend) -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let source = Side::fresh(from, dir.path(), "source").await?;
-    let target = Side::fresh(to, dir.path(), "target").await?;
-    let exact = source.exact_numbers() && target.exact_numbers();
-    let docs = seed_documents(PAIR_KEYS, exact);
-    let seed_value = time_seed();
-    println!(
-        "{} -> {}: {} documents seeded ({}), writer seed {seed_value}",
-        source.describe(),
-        target.describe(),
-        docs.len(),
-        if exact { "the whole corpus" } else { "corpus values beyond double precision left out" }
-    );
-    {
-        let backend = source.open().await?;
-        seed(backend.as_ref(), &docs).await?;
-    }
-    let (writes, report) = match source {
-        Side::Embedded { .. } => follow_in_process(dir.path(), &source, &target, seed_value, exact).await?,
-        Side::Remote { .. } => {
-            let writes = follow_with_processes(dir.path(), &source, &target, seed_value).await?;
-            match run_until_caught_up(dir.path(), &source, &target, &[]) {
-                Ok(report) => (writes, report),
-                // Say which documents differ and how, as this suite sees them.
-                Err(failed) => {
-                    let own = check_same_documents(&source, &target, &writes).await.err();
-                    return Err(format!("{failed:?}\nthis suite's comparison: {own:?}").into());
-                }
-            }
-        }
-    };
-    writes.check_mixed()?;
-    check_report_counts(&report)?;
-    verify_identical(dir.path(), &source, &target)?;
-    check_same_documents(&source, &target, &writes).await
-}
-
-/// A server-backed source: a writer process writes through the facade while `migrate --follow`
-/// (the binary) copies and follows; SIGTERM stops the migration after the writer has stopped.
-async fn follow_with_processes(dir: &Path, source: &Side, target: &Side, seed: u64) -> Result<WriterSummary, Failed> {
-    let writer = writer_process::start(source, dir, seed, PAIR_KEYS, source.exact_numbers() && target.exact_numbers())?;
-    let mut migration = start_follow(dir, source, target, "follow")?;
-    tokio::time::sleep(WRITE_FOR).await;
-    let writes = writer.stop()?;
-    wait_for_follow_phase(dir, &mut migration)?;
-    expect_stopped(dir, terminate(migration)?)?;
-    Ok(writes)
-}
-
-/// An embedded source: its redb file is locked by the process that opens it, so no second process
-/// can write it while a migration process follows it. The writer is a task of this process and the
-/// migration runs here through the library, both on the one open store, to the end
-/// (`FollowMode::UntilCaughtUp`); the caught-up report is returned as the binary prints it.
-async fn follow_in_process(
-    dir: &Path,
-    source: &Side,
-    target: &Side,
-    seed: u64,
-    exact: bool,
-) -> Result<(WriterSummary, Value), Failed> {
-    let source_backend = source.open().await?;
-    let target_backend = target.open().await?;
-    let stop_writing = Arc::new(AtomicBool::new(false));
-    let writer = {
-        let store = DataStore::open(Arc::clone(&source_backend), Default::default()).await?;
-        let stop = Arc::clone(&stop_writing);
-        tokio::spawn(async move {
-            let mut writer = LiveWriter::new(seed, PAIR_KEYS, exact);
-            writer.run(&store, "writer-task", || stop.load(Ordering::Relaxed)).await.map(|()| writer.summary)
-        })
-    };
-    let (stop_migration, stopped) = tokio::sync::oneshot::channel::<()>();
-    let job = library_job(dir, &source_backend, &target_backend, FollowMode::Forever);
-    let migration = tokio::spawn(migrate::run_until(
-        job,
-        Box::pin(async move {
-            let _ = stopped.await;
-        }),
-    ));
-    tokio::time::sleep(WRITE_FOR).await;
-    stop_writing.store(true, Ordering::Relaxed);
-    let writes = writer.await??;
-    let started = Instant::now();
-    while read_checkpoint(dir)?.as_ref().and_then(follow_position).is_none() {
-        check(started.elapsed() < Duration::from_secs(120) && !migration.is_finished(), || {
-            "the in-process migration did not reach its follow phase".into()
-        })?;
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let _ = stop_migration.send(());
-    let report = migration.await??;
-    check(report.status == migrate::report::Status::Stopped && report.exit_code() == 0, || {
-        format!("stopped follow: {:?}, exit {}", report.status, report.exit_code())
-    })?;
-    let caught_up = migrate::run(library_job(dir, &source_backend, &target_backend, FollowMode::UntilCaughtUp)).await?;
-    check(caught_up.exit_code() == 0, || format!("until caught up: exit {}", caught_up.exit_code()))?;
-    let caught_up = serde_json::to_value(&caught_up)?;
-    check_caught_up(&caught_up)?;
-    // Every handle on the embedded files is dropped here, so the binary can open them next.
-    Ok((writes, caught_up))
-}
-
-fn library_job(
-    dir: &Path,
-    source: &Arc<dyn DocumentBackend>,
-    target: &Arc<dyn DocumentBackend>,
-    follow: FollowMode,
-) -> Job {
-    Job {
-        kind: JobKind::Migrate,
-        source: Endpoint::backend(Arc::clone(source)),
-        target: Endpoint::backend(Arc::clone(target)),
-        options: Options { follow, checkpoint: Some(dir.join("cp.json")), batch_size: 50, ..Options::default() },
-    }
-}
-
-// ---- 2. SIGKILL at random moments ----
-
-/// Kills needed in each phase.
-const KILLS_PER_PHASE: usize = 3;
-
-async fn crash_and_resume(from: Backend, to: Backend) -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let dir = dir.path();
-    let source = Side::fresh(from, dir, "source").await?;
-    let target = Side::fresh(to, dir, "target").await?;
-    let exact = source.exact_numbers() && target.exact_numbers();
-    let docs = seed_documents(CRASH_KEYS, exact);
-    {
-        let backend = source.open().await?;
-        seed(backend.as_ref(), &docs).await?;
-    }
-    let seed_value = time_seed();
-    println!("{} -> {}: {} documents, kill seed {seed_value}", source.describe(), target.describe(), docs.len());
-    let mut random = Random::new(seed_value);
-    let mut writes = WriterSummary::default();
-    // An embedded source is locked by the migration process while it runs, so its writer writes
-    // between the killed runs instead of during them; a server's writer runs throughout.
-    let background = match source {
-        Side::Remote { .. } => Some(writer_process::start(&source, dir, seed_value, CRASH_KEYS, exact)?),
-        Side::Embedded { .. } => None,
-    };
-    let mut between = LiveWriter::new(seed_value, CRASH_KEYS, exact);
-    let (mut copy_kills, mut follow_kills, mut positions) = (0, 0, BTreeSet::new());
-    let started = Instant::now();
-    for attempt in 0..4 * KILLS_PER_PHASE {
-        if follow_kills >= KILLS_PER_PHASE {
-            break;
-        }
-        if background.is_none() {
-            let store = DataStore::open(source.open().await?, Default::default()).await?;
-            let until = Instant::now() + Duration::from_millis(300);
-            between.run(&store, "writer-between-runs", || Instant::now() >= until).await?;
-        }
-        let mut child = start_follow(dir, &source, &target, &format!("run-{attempt}"))?;
-        if copy_kills < KILLS_PER_PHASE && read_checkpoint(dir)?.as_ref().and_then(follow_position).is_none() {
-            // While it copies: once this run has moved the copy on by a batch (a fixed delay can
-            // outlast a fast copy), within a few milliseconds.
-            wait_for_copy_progress(dir, &mut child)?;
-            tokio::time::sleep(Duration::from_millis(random.below(20) as u64)).await;
-        } else {
-            // Once it follows, after it has had time to apply some changes.
-            wait_for_follow_phase(dir, &mut child)?;
-            tokio::time::sleep(Duration::from_millis(200 + random.below(1500) as u64)).await;
-        }
-        if let Some(status) = child.try_wait()? {
-            let output = child.wait_with_output()?;
-            let logs = log_tail(dir);
-            let evidence = conflict_evidence(dir, &source, &target, &logs).await;
-            return Err(format!(
-                "migrate --follow ended by itself ({status}) after {copy_kills} copy-phase and {follow_kills} \
-                 follow-phase kills: {}{logs}{evidence}",
-                String::from_utf8_lossy(&output.stdout),
-            )
-            .into());
-        }
-        child.kill()?; // SIGKILL
-        child.wait()?;
-        match read_checkpoint(dir)?.as_ref().and_then(follow_position) {
-            None => copy_kills += 1,
-            Some(position) => {
-                follow_kills += 1;
-                positions.insert(position);
-            }
-        }
-    }
-    println!(
-        "  killed {copy_kills} times in the copy phase, {follow_kills} in the follow phase ({} follow positions saved) in {:.1}s",
-        positions.len(),
-        started.elapsed().as_secs_f64()
-    );
-    match background {
-        Some(writer) => writes.absorb(writer.stop()?),
-        None => writes.absorb(between.summary),
-    }
-    check(copy_kills >= KILLS_PER_PHASE && follow_kills >= KILLS_PER_PHASE, || {
-        format!("killed {copy_kills} times copying and {follow_kills} following; {KILLS_PER_PHASE} each wanted")
-    })?;
-    writes.check_mixed()?;
-    let report = run_until_caught_up(dir, &source, &target, &[])?;
-    check_report_counts(&report)?;
-    let checkpoint = read_checkpoint(dir)?.ok_or("no checkpoint after the final run")?;
-    check(follow_position(&checkpoint).is_some(), || format!("the checkpoint holds no follow position: {checkpoint}"))?;
-    verify_identical(dir, &source, &target)?;
-    check_same_documents(&source, &target, &writes).await
-}
-
-// ---- 3. the existing system writing CouchDB by plain HTTP ----
-
-/// The existing system's way of writing: plain CouchDB HTTP, documents in the spec's shape.
-struct PlainHttpWriter {
-    client: reqwest::Client,
-    database: reqwest::Url,
-    user: String,
-    password: String,
-    /// Live documents this writer knows, with their `_rev`.
-    live: BTreeMap<String, (String, Map<String, Value>)>,
-    random: Random,
-    summary: WriterSummary,
-}
-
-fn now_iso() -> String {
-    chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string()
-}
-
-impl PlainHttpWriter {
-    /// From a backend URL `couchdb+http://user:password@host:port/db?...`.
-    fn new(backend_url: &str, seed: u64) -> Result<Self, Failed> {
-        let http = backend_url.trim_start_matches("couchdb+");
-        let mut database = reqwest::Url::parse(http.split('?').next().unwrap_or(http))?;
-        let (user, password) = (database.username().to_owned(), database.password().unwrap_or_default().to_owned());
-        database.set_username("").map_err(|()| "url")?;
-        database.set_password(None).map_err(|()| "url")?;
-        Ok(PlainHttpWriter {
-            client: reqwest::Client::new(),
-            database,
-            user,
-            password,
-            live: BTreeMap::new(),
-            random: Random::new(seed),
-            summary: WriterSummary::default(),
-        })
-    }
-
-    fn document_url(&self, id: &str) -> Result<reqwest::Url, Failed> {
-        let mut url = self.database.clone();
-        url.path_segments_mut().map_err(|()| "database url")?.push(id);
-        Ok(url)
-    }
-
-    async fn send(&self, request: reqwest::RequestBuilder, what: &str) -> Result<Value, Failed> {
-        let response = request.basic_auth(&self.user, Some(&self.password)).send().await?;
-        let status = response.status();
-        let body: Value = response.json().await?;
-        check(status.is_success(), || format!("{what}: {status} {body}"))?;
-        Ok(body)
-    }
-
-    /// PUT the document with its `_id` and (when it exists) `_rev`, as the existing system does.
-    async fn put(&mut self, id: &str, body: Map<String, Value>) -> TestResult {
-        let mut sent = Map::new();
-        sent.insert("_id".into(), json!(id));
-        if let Some((rev, _)) = self.live.get(id) {
-            sent.insert("_rev".into(), json!(rev));
-        }
-        sent.extend(body.clone());
-        let answer = self.send(self.client.put(self.document_url(id)?).json(&sent), &format!("PUT {id}")).await?;
-        let rev = answer["rev"].as_str().ok_or_else(|| format!("PUT {id}: no rev in {answer}"))?.to_owned();
-        self.live.insert(id.to_owned(), (rev, body));
-        Ok(())
-    }
-
-    async fn delete(&mut self, id: &str) -> TestResult {
-        let Some((rev, _)) = self.live.remove(id) else { return Ok(()) };
-        let mut url = self.document_url(id)?;
-        url.query_pairs_mut().append_pair("rev", &rev);
-        self.send(self.client.delete(url), &format!("DELETE {id}")).await?;
-        self.summary.deletes += 1;
-        self.summary.deleted_ids.insert(id.to_owned());
-        Ok(())
-    }
-
-    /// One write: a new document, an update (value replaced, metadata merged, access counted,
-    /// `updatedAt` moved on) or a delete.
-    async fn step(&mut self, step: usize) -> TestResult {
-        let (user, namespace) = (USERS[self.random.below(3)], NAMESPACES[self.random.below(3)]);
-        let key = format!("legacy-{}", self.random.below(30));
-        let id = doc_id(user, namespace, &key);
-        let value = json!({"step": step, "items": ["a", "b", step], "score": 95});
-        match self.live.get(&id).cloned() {
-            Some(_) if self.random.below(10) < 3 => self.delete(&id).await,
-            Some((_, mut body)) => {
-                body.insert("value".into(), value);
-                let metadata = body.entry("metadata").or_insert_with(|| json!({}));
-                if let Value::Object(metadata) = metadata {
-                    metadata.insert("version".into(), json!(format!("{step}.0")));
-                }
-                let count = body.get("accessCount").and_then(Value::as_u64).unwrap_or(0);
-                body.insert("accessCount".into(), json!(count + 1));
-                body.insert("lastAccessedByAgent".into(), json!("legacy-agent"));
-                body.insert("updatedAt".into(), json!(now_iso()));
-                body.insert("lastAccessedAt".into(), json!(now_iso()));
-                self.summary.updates += 1;
-                self.summary.metadata_changes += 1;
-                self.put(&id, body).await
-            }
-            None => {
-                let now = now_iso();
-                let body = object(json!({
-                    "userId": user, "namespace": namespace, "key": key, "value": value,
-                    "metadata": {"version": "1.0", "source": "legacy-system"},
-                    "createdByAgent": "legacy-agent", "lastAccessedByAgent": "legacy-agent", "accessCount": 0,
-                    "createdAt": now, "updatedAt": now,
-                }));
-                if self.summary.deleted_ids.remove(&id) {
-                    self.summary.recreates += 1;
-                } else {
-                    self.summary.creates += 1;
-                }
-                self.put(&id, body).await
-            }
-        }
-    }
-}
-
-async fn plain_http_writer(couchdb: Backend) -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let dir = dir.path();
-    let source = Side::fresh(couchdb, dir, "source").await?;
-    let target = Side::Embedded { path: dir.join("target.redb") };
-    let seed_value = time_seed();
-    println!("plain HTTP writes to {} -> {}, seed {seed_value}", source.describe(), target.describe());
-    let mut writer = PlainHttpWriter::new(&source.url(), seed_value)?;
-    for step in 0..150 {
-        writer.step(step).await?;
-    }
-    let mut migration = start_follow(dir, &source, &target, "follow")?;
-    let until = Instant::now() + WRITE_FOR;
-    let mut step = 150;
-    while Instant::now() < until {
-        writer.step(step).await?;
-        step += 1;
-    }
-    wait_for_follow_phase(dir, &mut migration)?;
-    // Some more writes while certainly following, then stop.
-    for _ in 0..60 {
-        writer.step(step).await?;
-        step += 1;
-    }
-    expect_stopped(dir, terminate(migration)?)?;
-    check(writer.summary.creates > 0 && writer.summary.updates > 0 && writer.summary.deletes > 0, || {
-        format!("the plain HTTP writer did not mix its writes: {:?}", writer.summary)
-    })?;
-    let report = run_until_caught_up(dir, &source, &target, &[])?;
-    check_report_counts(&report)?;
-    verify_identical(dir, &source, &target)?;
-    check_same_documents(&source, &target, &writer.summary).await?;
-    // And the writer's own record of what is live agrees with the target.
-    let target_docs = all_documents(target.open().await?.as_ref()).await?;
-    for (id, (_, body)) in &writer.live {
-        let stored = target_docs.get(id).ok_or_else(|| format!("{id} missing at the target"))?;
-        check(exact_eq(&Value::Object(body.clone()), &Value::Object(stored.clone())), || format!("{id} differs"))?;
-    }
-    Ok(())
-}
-
-// ---- 4. a target document changed behind the migration's back ----
-
-async fn target_changed_independently(from: Backend, to: Backend) -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let dir = dir.path();
-    let source = Side::fresh(from, dir, "source").await?;
-    let target = Side::fresh(to, dir, "target").await?;
-    println!("{} -> {}: conflict policies in the follow phase", source.describe(), target.describe());
-    let docs: Vec<(String, Map<String, Value>)> = (0..20)
-        .map(|i| {
-            let key = format!("k{i}");
-            (doc_id("u", "ns", &key), spec_body("u", "ns", &key, json!(i), i))
-        })
-        .collect();
-    seed(source.open().await?.as_ref(), &docs).await?;
-    run_until_caught_up(dir, &source, &target, &[])?;
-
-    let (user, namespace, key) = ("u", "ns", "k7");
-    let victim = doc_id(user, namespace, key);
-    let targets_own = {
-        let backend = target.open().await?;
-        let stored = backend.get(&victim).await?.ok_or("the copy did not copy k7")?;
-        let mut body = stored.body;
-        body.insert("value".into(), json!("the target's own"));
-        backend.put(&victim, &body, Precondition::MatchRevision(stored.rev)).await?;
-        body
-    };
-    let set_at_source = |value: Value| {
-        let source = &source;
-        async move {
-            let store = DataStore::open(source.open().await?, Default::default()).await?;
-            store.set(user, namespace, key, value, None, Some("conflict-test")).await?;
-            Ok::<_, Failed>(())
-        }
-    };
-    let target_value = || async {
-        let backend = target.open().await?;
-        Ok::<_, Failed>(backend.get(&victim).await?.map(|d| d.body))
-    };
-    set_at_source(json!("the source's second")).await?;
-
-    // fail: the follow stops with exit 4, naming the document, and leaves it alone.
-    let output =
-        binary(dir).args(follow_args(&source, &target, &["--until-caught-up", "--on-conflict", "fail"])).output()?;
-    let said = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
-    check(output.status.code() == Some(4) && said.contains(&victim), || {
-        format!("--on-conflict fail: exit {:?}, output {said}", output.status.code())
-    })?;
-    check(target_value().await?.as_ref() == Some(&targets_own), || "the fail policy changed the target".into())?;
-
-    // skip: it is left and reported in the follow issues.
-    let report = run_until_caught_up(dir, &source, &target, &["--on-conflict", "skip"])?;
-    let issues = report["follow"]["issues"].as_array().cloned().unwrap_or_default();
-    check(issues.iter().any(|i| i["id"] == victim.as_str() && i["kind"] == "conflict_skipped"), || {
-        format!("the skipped conflict is not reported: {}", report["follow"])
-    })?;
-    check(report["follow"]["counts"]["conflicts_skipped"] == 1, || format!("{}", report["follow"]["counts"]))?;
-    check(target_value().await?.as_ref() == Some(&targets_own), || "the skip policy changed the target".into())?;
-
-    // overwrite: the next change at the source replaces the target's document.
-    set_at_source(json!("the source's third")).await?;
-    let report = run_until_caught_up(dir, &source, &target, &["--on-conflict", "overwrite"])?;
-    check(report["follow"]["counts"]["overwritten"] == 1, || format!("{}", report["follow"]["counts"]))?;
-    let stored = target_value().await?.ok_or("the overwrite deleted the document")?;
-    check(stored.get("value") == Some(&json!("the source's third")), || format!("after overwrite: {stored:?}"))?;
-    verify_identical(dir, &source, &target)?;
-    check_same_documents(&source, &target, &WriterSummary::default()).await
-}
-
-// ---- 5. SIGTERM during the copy ----
-
-/// SIGTERM while the copy runs stops it after a batch, exit 8 (`interrupted`), with the checkpoint
-/// part-way; the same command then finishes the copy and follows.
-async fn sigterm_during_the_copy_stops_after_a_batch() -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let (source, target) = (
-        Side::Embedded { path: dir.path().join("source.redb") },
-        Side::Embedded { path: dir.path().join("target.redb") },
-    );
-    let docs = seed_documents(CRASH_KEYS, true);
-    seed(source.open().await?.as_ref(), &docs).await?;
-    let mut child = binary(dir.path())
-        .args(follow_args(&source, &target, &["--concurrency", "1"]))
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(dir.path().join("copy.log"))?)
-        .spawn()?;
-    let started = Instant::now();
-    // Wait for the copy to be under way: a scan position in the checkpoint.
-    loop {
-        let copying = read_checkpoint(dir.path())?.is_some_and(|cp| cp["position"]["kind"] == "scan");
-        if copying {
-            break;
-        }
-        if let Some(status) = child.try_wait()? {
-            return Err(
-                format!("the migration ended ({status}) before it was stopped: {}", log_tail(dir.path())).into()
-            );
-        }
-        check(started.elapsed() < Duration::from_secs(60), || format!("no copy progress: {}", log_tail(dir.path())))?;
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let output = terminate(child)?;
-    check(output.status.code() == Some(8), || {
-        format!("SIGTERM during the copy: {}; {}", output.status, log_tail(dir.path()))
-    })?;
-    let report = stdout_json(&output)?;
-    check(report["status"] == "interrupted", || format!("SIGTERM during the copy: report {report}"))?;
-    let checkpoint = read_checkpoint(dir.path())?.ok_or("no checkpoint")?;
-    let copied = checkpoint["ledger"]["counts"]["read"].as_u64().unwrap_or(0);
-    check(checkpoint["finished"] == false && copied < docs.len() as u64, || {
-        format!("the copy was not stopped part-way: {checkpoint}")
-    })?;
-    check(report["counts"]["read"].as_u64() == Some(copied), || {
-        format!("the report and the checkpoint disagree: {report} vs {checkpoint}")
-    })?;
-    let report = run_until_caught_up(dir.path(), &source, &target, &[])?;
-    check(report["runs"] == 2 && report["resumed"] == true, || format!("not resumed: {report}"))?;
-    check(report["counts"]["read"].as_u64() == Some(docs.len() as u64), || {
-        format!("each source document is counted once over both runs: {report}")
-    })?;
-    verify_identical(dir.path(), &source, &target)
 }

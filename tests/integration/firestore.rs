@@ -7,8 +7,6 @@
 //! Each test uses a new collection on the emulator from `common::servers`; a missing emulator
 //! fails these tests, it never skips them. The layout is documented in `docs/firestore-layout.md`.
 
-mod common;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -20,9 +18,9 @@ use agentstore::ErrorKind;
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use serde_json::{json, Map, Value};
 
-use common::corpus::noise;
-use common::json::first_difference;
-use common::servers;
+use crate::common::corpus::noise;
+use crate::common::json::first_difference;
+use crate::common::servers;
 
 const PROJECT: &str = "agentstore-test";
 const PATH: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~').remove(b':').remove(b'/');

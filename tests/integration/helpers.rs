@@ -1,8 +1,6 @@
 //! Tests of the test helpers themselves: the corpus builder and the exact JSON comparison.
 
-mod common;
-
-use common::json::{exact_eq, first_difference};
+use crate::common::json::{exact_eq, first_difference};
 use serde_json::{json, Value};
 
 fn num(text: &str) -> Value {
@@ -32,7 +30,7 @@ fn objects_ignore_order_arrays_do_not() {
 
 #[test]
 fn every_corpus_case_builds_and_fits_the_default_limit() {
-    let cases = common::corpus::cases();
+    let cases = crate::common::corpus::cases();
     assert!(cases.len() >= 37);
     for case in &cases {
         let size = serde_json::to_vec(&case.value).unwrap().len();

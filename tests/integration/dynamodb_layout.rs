@@ -6,8 +6,6 @@
 //! The tables use a short settle window (`settle_ms`) so the feed shows a write soon; the tests
 //! wait that long before reading the feed.
 
-mod common;
-
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,7 +23,7 @@ use aws_sdk_dynamodb::types::{
 };
 use serde_json::{json, Map, Value};
 
-use common::servers;
+use crate::common::{self, servers};
 
 const SETTLE_MS: u64 = 1500;
 const WRITE_TIMEOUT_MS: u64 = 1200;
@@ -56,8 +54,9 @@ async fn settle() {
     tokio::time::sleep(Duration::from_millis(SETTLE_MS + 200)).await;
 }
 
+/// A body in namespace `ns` whose value is `{"n": n}`.
 fn body(user: &str, key: &str, n: i64) -> Map<String, Value> {
-    json!({"userId": user, "namespace": "ns", "key": key, "value": {"n": n}}).as_object().cloned().expect("object")
+    common::body(user, "ns", key, json!({ "n": n }))
 }
 
 fn generation(rev: &Revision) -> u64 {
@@ -211,7 +210,8 @@ async fn change_feed_and_id_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn erasure_removes_documents_tombstones_and_chunks() {
     let backend = open(&table_name("erase"), true, "").await;
-    let big = json!({"userId": "u1", "namespace": "ns", "key": "big", "value": common::corpus::noise(1_200_000, 11)});
+    let big =
+        json!({"userId": "u1", "namespace": "ns", "key": "big", "value": crate::common::corpus::noise(1_200_000, 11)});
     let big = big.as_object().cloned().unwrap();
     let r = backend.put("u1:ns:Ymln", &big, Precondition::MustNotExist).await.unwrap();
     // An update leaves the first revision's chunks as garbage only if its cleanup failed; write

@@ -32,22 +32,16 @@
 //!   as admin on loopback); the per-user trials are then NOT RUN.
 //! - `AGENTSTORE_BIN` runs another `agentstore` binary than the one cargo built.
 
-#[path = "common/mod.rs"]
-mod common;
-#[path = "contract/harness.rs"]
-#[allow(dead_code)]
-mod harness;
-
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use libtest_mimic::{Arguments, Failed, Trial};
 
-use common::servers;
+use crate::common::{agentstore_at, harness, servers};
 
 /// The database the endpoint serves (the seed's name).
 const DATABASE: &str = "agent_data_store";
@@ -146,14 +140,16 @@ impl Client {
     }
 }
 
-fn main() -> ExitCode {
-    let args = Arguments::from_args();
+/// The suite's trials, named `couchdb_clients::CLIENT::BACKEND`; `None`, after printing why, when
+/// `AGENTSTORE_CLIENTS_TARGET` is invalid. The endpoints they start run until
+/// [`stop_started_processes`].
+pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
     let deselected = std::env::var("AGENTSTORE_TEST_CLIENTS").is_ok_and(|v| v == "0");
     let target = match Target::from_env() {
         Ok(target) => target,
         Err(message) => {
             eprintln!("couchdb clients suite: {message}");
-            return ExitCode::FAILURE;
+            return None;
         }
     };
     let trials = if deselected {
@@ -163,13 +159,11 @@ fn main() -> ExitCode {
         Vec::new()
     } else {
         match target {
-            Target::Endpoint => endpoint_trials(&args),
-            Target::CouchServer => couch_server_trials(&args),
+            Target::Endpoint => endpoint_trials(args),
+            Target::CouchServer => couch_server_trials(args),
         }
     };
-    let conclusion = libtest_mimic::run(&args, trials);
-    stop_started_processes();
-    conclusion.exit_code()
+    Some(trials)
 }
 
 /// What the scripts run against.
@@ -210,7 +204,7 @@ fn endpoint_trials(args: &Arguments) -> Vec<Trial> {
     for (index, backend) in backends.iter().enumerate() {
         let (name, fresh) = (backend.name, backend.fresh);
         for client in CLIENTS {
-            let trial = Trial::test(format!("{}::{name}", client.name), move || {
+            let trial = Trial::test(format!("couchdb_clients::{}::{name}", client.name), move || {
                 let endpoint = shared_endpoint(index, name, fresh)?;
                 run_client(client, &endpoint, name, fresh)
             });
@@ -244,7 +238,7 @@ fn couch_server_trials(args: &Arguments) -> Vec<Trial> {
         .into_iter()
         .map(|client| {
             let reason = not_run(&client);
-            Trial::test(format!("{}::pouchdb-server", client.name), move || {
+            Trial::test(format!("couchdb_clients::{}::pouchdb-server", client.name), move || {
                 let endpoint = couch_server_endpoint()?;
                 run_client(client, &endpoint, "pouchdb-server", no_fresh_store)
             })
@@ -449,7 +443,8 @@ impl Drop for StartedEndpoint {
 static SHARED: [OnceLock<Result<Endpoint, String>>; 4] = [const { OnceLock::new() }; 4];
 static STARTED: Mutex<Vec<StartedEndpoint>> = Mutex::new(Vec::new());
 
-fn stop_started_processes() {
+/// Stops the endpoints the trials started (called once the run has ended).
+pub fn stop_started_processes() {
     if let Ok(mut started) = STARTED.lock() {
         started.clear();
     }
@@ -532,7 +527,7 @@ fn nanos() -> u128 {
 
 /// `agentstore hash-password`, the password on stdin.
 fn hash_password(password: &str) -> Result<String, String> {
-    let mut child = Command::new(binary())
+    let mut child = agentstore_at(&binary())
         .arg("hash-password")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -564,12 +559,10 @@ fn start_endpoint(backend: &'static str, fresh: FreshFn, purpose: &str) -> Resul
     let config = dir.path().join("agentstore.toml");
     std::fs::write(&config, &users.config).map_err(|e| format!("{}: {e}", config.display()))?;
     let log = dir.path().join("server.log");
-    let child = Command::new(binary())
+    let child = agentstore_at(&binary())
         .args(["--backend", &backend_url, "--config"])
         .arg(&config)
         .args(["serve", "--listen", "127.0.0.1:0", "--couchdb-listen", "127.0.0.1:0"])
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).map_err(|e| e.to_string())?)
         .spawn()

@@ -5,15 +5,8 @@
 //!
 //! `AGENTSTORE_TEST_BACKENDS` selects backends as for the contract suite.
 
-#[path = "common/mod.rs"]
-mod common;
-#[path = "contract/harness.rs"]
-#[allow(dead_code)]
-mod harness;
-
-use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -29,25 +22,23 @@ use agentstore::ErrorKind;
 use libtest_mimic::{Arguments, Failed, Trial};
 use serde_json::{json, Map, Value};
 
-use common::json::{exact_eq, first_difference, survives_f64};
-use harness::{BackendHarness, Ctx};
+use crate::common::harness::{self, BackendHarness, Ctx};
+use crate::common::json::{exact_eq, first_difference, survives_f64};
+use crate::common::{agentstore, block_on, check, object, TestResult};
 
-const BIN: &str = env!("CARGO_BIN_EXE_agentstore");
 const USERS: [&str; 3] = ["alice", "bob", "carol_3"];
 const NAMESPACES: [&str; 3] = ["default", "files:my-repo", "cache:github"];
 const KEYS_PER_NAMESPACE: usize = 20;
 
-type TestResult = Result<(), Failed>;
 /// What the harness gives for a fresh, empty backend.
 type FreshFn = fn() -> harness::BoxFuture<Result<Ctx, String>>;
 /// A test run on one backend.
 type SingleTest = fn(FreshFn) -> TestResult;
 
-fn main() -> ExitCode {
-    let args = Arguments::from_args();
-    let Some((backends, selected)) = harness::announce("migrate suite", args.list) else {
-        return ExitCode::FAILURE;
-    };
+/// The suite's trials, named `migrate::…`; `None`, after printing why, when the backend
+/// selection is invalid.
+pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
+    let (backends, selected) = harness::announce("migrate suite", args.list)?;
     let is_selected = |name: &str| selected.contains(&name);
     let mut trials = Vec::new();
     for source in &backends {
@@ -58,7 +49,7 @@ fn main() -> ExitCode {
             let (fresh_source, fresh_target) = (source.fresh, target.fresh);
             let run_it = is_selected(source.name) && is_selected(target.name);
             trials.push(
-                Trial::test(format!("pair::{}_to_{}", source.name, target.name), move || {
+                Trial::test(format!("migrate::pair::{}_to_{}", source.name, target.name), move || {
                     block_on(pair_round_trip(fresh_source, fresh_target))
                 })
                 .with_ignored_flag(!run_it),
@@ -79,46 +70,49 @@ fn main() -> ExitCode {
     ];
     for (name, run) in singles {
         trials.push(
-            Trial::test(format!("embedded::{name}"), move || run(embedded)).with_ignored_flag(!is_selected("embedded")),
+            Trial::test(format!("migrate::embedded::{name}"), move || run(embedded))
+                .with_ignored_flag(!is_selected("embedded")),
         );
     }
     trials.push(
-        Trial::test("couchdb::design_documents_stay_behind", || block_on(couchdb_design_documents_stay_behind()))
-            .with_ignored_flag(!is_selected("couchdb")),
+        Trial::test("migrate::couchdb::design_documents_stay_behind", || {
+            block_on(couchdb_design_documents_stay_behind())
+        })
+        .with_ignored_flag(!is_selected("couchdb")),
     );
     let couchdb = find(&backends, "couchdb").fresh;
     trials.push(
-        Trial::test("couchdb::numbers_it_would_alter_are_refused_not_written", move || {
+        Trial::test("migrate::couchdb::numbers_it_would_alter_are_refused_not_written", move || {
             block_on(couchdb_numbers_are_refused(embedded, couchdb))
         })
         .with_ignored_flag(!(is_selected("embedded") && is_selected("couchdb"))),
     );
     trials.push(
-        Trial::test("crash::embedded_to_embedded", || crash_and_resume(CrashTarget::Embedded))
+        Trial::test("migrate::crash::embedded_to_embedded", || crash_and_resume(CrashTarget::Embedded))
             .with_ignored_flag(!is_selected("embedded")),
     );
     trials.push(
-        Trial::test("crash::embedded_to_dynamodb", || crash_and_resume(CrashTarget::DynamoDb))
+        Trial::test("migrate::crash::embedded_to_dynamodb", || crash_and_resume(CrashTarget::DynamoDb))
             .with_ignored_flag(!(is_selected("embedded") && is_selected("dynamodb"))),
     );
     trials.push(
-        Trial::test("crash::embedded_to_firestore", || crash_and_resume(CrashTarget::Firestore))
+        Trial::test("migrate::crash::embedded_to_firestore", || crash_and_resume(CrashTarget::Firestore))
             .with_ignored_flag(!(is_selected("embedded") && is_selected("firestore"))),
     );
-    trials.push(Trial::test("cli::migrate_reads_back_unless_no_verify", migrate_reads_back_unless_no_verify));
-    trials.push(Trial::test("bad_input::unreachable_source", bad_input_unreachable_source));
-    trials.push(Trial::test("bad_input::unreachable_target", bad_input_unreachable_target));
-    trials.push(Trial::test("bad_input::missing_embedded_source", bad_input_missing_embedded_source));
+    trials.push(Trial::test("migrate::cli::migrate_reads_back_unless_no_verify", migrate_reads_back_unless_no_verify));
+    trials.push(Trial::test("migrate::bad_input::unreachable_source", bad_input_unreachable_source));
+    trials.push(Trial::test("migrate::bad_input::unreachable_target", bad_input_unreachable_target));
+    trials.push(Trial::test("migrate::bad_input::missing_embedded_source", bad_input_missing_embedded_source));
     trials.push(
-        Trial::test("bad_input::couchdb_wrong_credentials_and_missing_database", bad_input_couchdb)
+        Trial::test("migrate::bad_input::couchdb_wrong_credentials_and_missing_database", bad_input_couchdb)
             .with_ignored_flag(!is_selected("couchdb")),
     );
     trials.push(
-        Trial::test("bad_input::dynamodb_missing_table", bad_input_dynamodb_missing_table)
+        Trial::test("migrate::bad_input::dynamodb_missing_table", bad_input_dynamodb_missing_table)
             .with_ignored_flag(!is_selected("dynamodb")),
     );
-    trials.push(Trial::test("bad_input::firestore_unreachable_and_missing_index", bad_input_firestore));
-    libtest_mimic::run(&args, trials).exit_code()
+    trials.push(Trial::test("migrate::bad_input::firestore_unreachable_and_missing_index", bad_input_firestore));
+    Some(trials)
 }
 
 fn find(backends: &[BackendHarness], name: &str) -> BackendHarness {
@@ -126,32 +120,8 @@ fn find(backends: &[BackendHarness], name: &str) -> BackendHarness {
     BackendHarness { name: found.name, describe: found.describe, fresh: found.fresh }
 }
 
-fn block_on(test: impl Future<Output = TestResult>) -> TestResult {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|e| Failed::from(format!("tokio runtime: {e}")))?
-        .block_on(test)
-}
-
-fn check(condition: bool, message: impl FnOnce() -> String) -> TestResult {
-    if condition {
-        Ok(())
-    } else {
-        Err(message().into())
-    }
-}
-
 async fn fresh(make: FreshFn) -> Result<Ctx, Failed> {
     make().await.map_err(|e| Failed::from(format!("backend unavailable: {e}")))
-}
-
-fn object(value: Value) -> Map<String, Value> {
-    match value {
-        Value::Object(map) => map,
-        other => panic!("test data is not an object: {other}"),
-    }
 }
 
 fn id(user: &str, namespace: &str, key: &str) -> String {
@@ -202,7 +172,7 @@ fn data_set(exact_numbers: bool) -> (Vec<Seeded>, String) {
         }
     }
     let mut left_out = 0;
-    for case in common::corpus::cases() {
+    for case in crate::common::corpus::cases() {
         if !exact_numbers && !survives_f64(&case.value) {
             left_out += 1;
             continue;
@@ -211,7 +181,7 @@ fn data_set(exact_numbers: bool) -> (Vec<Seeded>, String) {
         docs.push(plain(spec_body("corpus", "values", &case.name, case.value, n), id("corpus", "values", &case.name)));
     }
     let seeds: Vec<Value> =
-        serde_json::from_str(include_str!("../fixtures/seed-documents.json")).expect("seed documents are JSON");
+        serde_json::from_str(include_str!("../../fixtures/seed-documents.json")).expect("seed documents are JSON");
     for seed in seeds {
         let mut body = object(seed);
         let Some(Value::String(seed_id)) = body.remove("_id") else { panic!("seed without _id") };
@@ -655,7 +625,7 @@ async fn import_reports_unreadable_lines(make: FreshFn) -> TestResult {
 /// A CouchDB database of the earlier schema revision: data documents plus its
 /// `_design/data_store` design document, which must stay behind.
 async fn couchdb_design_documents_stay_behind() -> TestResult {
-    let server = common::servers::couchdb()?;
+    let server = crate::common::servers::couchdb()?;
     let database = format!("migrate_legacy_{}", std::process::id());
     let url = server.database_url(&database);
     let config = agentstore::backend::couchdb::CouchConfig::parse(&url)?;
@@ -739,20 +709,8 @@ async fn couchdb_numbers_are_refused(make_source: FreshFn, make_target: FreshFn)
 
 // ---- the real binary ----
 
-/// The binary, with no inherited `AGENTSTORE_*` settings, in `dir`.
-fn binary(dir: &Path) -> Command {
-    let mut command = Command::new(BIN);
-    command.current_dir(dir).stdin(Stdio::null());
-    for (name, _) in std::env::vars_os() {
-        if name.to_string_lossy().starts_with("AGENTSTORE_") {
-            command.env_remove(&name);
-        }
-    }
-    command
-}
-
-fn run_binary(dir: &Path, args: &[&str]) -> Result<Output, Failed> {
-    Ok(binary(dir).args(args).output()?)
+fn run_agentstore(dir: &Path, args: &[&str]) -> Result<Output, Failed> {
+    Ok(agentstore(dir).args(args).output()?)
 }
 
 fn stdout_json(output: &Output) -> Result<Value, Failed> {
@@ -806,10 +764,10 @@ fn crash_and_resume(target: CrashTarget) -> TestResult {
     let to = match target {
         CrashTarget::Embedded => format!("embedded:{}", dir.path().join("target.redb").display()),
         CrashTarget::DynamoDb => {
-            common::servers::dynamodb()?.table_url(&format!("migrate_crash_{}", std::process::id()))
+            crate::common::servers::dynamodb()?.table_url(&format!("migrate_crash_{}", std::process::id()))
         }
         CrashTarget::Firestore => {
-            common::servers::firestore()?.collection_url(&format!("migrate_crash_{}", std::process::id()))
+            crate::common::servers::firestore()?.collection_url(&format!("migrate_crash_{}", std::process::id()))
         }
     };
     let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos() as u64;
@@ -837,7 +795,8 @@ fn crash_and_resume(target: CrashTarget) -> TestResult {
     let mut kills = 0;
     let started = Instant::now();
     for _ in 0..KILLS {
-        let mut child = binary(dir.path()).args(migrate_args).stdout(Stdio::null()).stderr(Stdio::null()).spawn()?;
+        let mut child =
+            agentstore(dir.path()).args(migrate_args).stdout(Stdio::null()).stderr(Stdio::null()).spawn()?;
         let wait = Duration::from_millis(30 + random.next() % window_ms);
         std::thread::sleep(wait);
         if child.try_wait()?.is_none() {
@@ -846,7 +805,7 @@ fn crash_and_resume(target: CrashTarget) -> TestResult {
         }
         child.wait()?;
     }
-    let finished = run_binary(dir.path(), &migrate_args)?;
+    let finished = run_agentstore(dir.path(), &migrate_args)?;
     let report = stdout_json(&finished)?;
     println!(
         "seed {seed}: killed {kills} of {KILLS} runs, then {} ({} runs, counts {}) in {:.1}s",
@@ -864,10 +823,10 @@ fn crash_and_resume(target: CrashTarget) -> TestResult {
     // The read-back covers the whole migration, the parts written by the killed runs too.
     let read_back = &report["verification"];
     check(read_back["passed"] == true && read_back["compared"] == CRASH_DOCS, || format!("{read_back}"))?;
-    let again = stdout_json(&run_binary(dir.path(), &migrate_args)?)?;
+    let again = stdout_json(&run_agentstore(dir.path(), &migrate_args)?)?;
     check(again["status"] == "already_finished", || format!("{again}"))?;
 
-    let verified = run_binary(dir.path(), &["verify", "--from", &from, "--to", &to, "--progress", "none"])?;
+    let verified = run_agentstore(dir.path(), &["verify", "--from", &from, "--to", &to, "--progress", "none"])?;
     let verdict = stdout_json(&verified)?;
     check(verified.status.code() == Some(0) && verdict["identical"] == true, || format!("{verdict}"))?;
     check(verdict["matching"] == CRASH_DOCS && verdict["extra"] == 0, || format!("{verdict}"))
@@ -965,13 +924,13 @@ fn migrate_reads_back_unless_no_verify() -> TestResult {
     let from = small_source(dir.path())?;
     let to = format!("embedded:{}", dir.path().join("target.redb").display());
     let args = ["migrate", "--from", &from, "--to", &to, "--progress", "none"];
-    let output = run_binary(dir.path(), &args)?;
+    let output = run_agentstore(dir.path(), &args)?;
     check(output.status.code() == Some(0), || String::from_utf8_lossy(&output.stderr).into_owned())?;
     let report = stdout_json(&output)?;
     check(report["verification"]["passed"] == true && report["verification"]["matching"] == 1, || format!("{report}"))?;
     let mut unverified = args.to_vec();
     unverified.extend(["--restart", "--no-verify"]);
-    let output = run_binary(dir.path(), &unverified)?;
+    let output = run_agentstore(dir.path(), &unverified)?;
     let report = stdout_json(&output)?;
     check(output.status.code() == Some(0) && report.get("verification").is_none(), || format!("{report}"))
 }
@@ -1006,7 +965,7 @@ fn bad_input_unreachable_source() -> TestResult {
     let dir = tempfile::tempdir()?;
     let from = format!("couchdb+http://admin:password@127.0.0.1:{}/db", closed_port()?);
     let to = format!("embedded:{}", dir.path().join("target.redb").display());
-    let output = run_binary(dir.path(), &["migrate", "--from", &from, "--to", &to])?;
+    let output = run_agentstore(dir.path(), &["migrate", "--from", &from, "--to", &to])?;
     expect_refusal(&output, 5, &["unavailable", "source"])?;
     check(!stderr_has(&output, "password"), || "the password was printed".into())?;
     check(!dir.path().join("target.redb").exists(), || "the target was created".into())
@@ -1020,7 +979,7 @@ fn bad_input_unreachable_target() -> TestResult {
     let dir = tempfile::tempdir()?;
     let from = small_source(dir.path())?;
     let to = format!("dynamodb://tbl?region=us-east-1&endpoint=http://127.0.0.1:{}", closed_port()?);
-    let output = binary(dir.path())
+    let output = agentstore(dir.path())
         .args(["migrate", "--from", &from, "--to", &to])
         .env("AWS_ACCESS_KEY_ID", "test")
         .env("AWS_SECRET_ACCESS_KEY", "test")
@@ -1034,23 +993,23 @@ fn bad_input_missing_embedded_source() -> TestResult {
     let dir = tempfile::tempdir()?;
     let from = format!("embedded:{}", dir.path().join("nowhere.redb").display());
     let to = format!("embedded:{}", dir.path().join("target.redb").display());
-    let output = run_binary(dir.path(), &["migrate", "--from", &from, "--to", &to])?;
+    let output = run_agentstore(dir.path(), &["migrate", "--from", &from, "--to", &to])?;
     expect_refusal(&output, 2, &["source", "does not exist"])?;
     check(std::fs::read_dir(dir.path())?.count() == 0, || "files were created".into())
 }
 
 fn bad_input_couchdb() -> TestResult {
-    let server = common::servers::couchdb()?;
+    let server = crate::common::servers::couchdb()?;
     let dir = tempfile::tempdir()?;
     let from = small_source(dir.path())?;
     let database = format!("migrate_refused_{}", std::process::id());
     let host = server.url.rsplit('@').next().ok_or("server url")?;
     let wrong = format!("couchdb+{}/{database}?create=true", server.url.replace("admin:password", "admin:wrong"));
-    let output = run_binary(dir.path(), &["migrate", "--from", &from, "--to", &wrong])?;
+    let output = run_agentstore(dir.path(), &["migrate", "--from", &from, "--to", &wrong])?;
     expect_refusal(&output, 5, &["unauthorized", "target"])?;
     check(!stderr_has(&output, "wrong"), || "the password was printed".into())?;
     let missing = format!("couchdb+{}/{database}", server.url);
-    let output = run_binary(dir.path(), &["migrate", "--from", &from, "--to", &missing])?;
+    let output = run_agentstore(dir.path(), &["migrate", "--from", &from, "--to", &missing])?;
     expect_refusal(&output, 5, &["misconfigured", "target", "does not exist"])?;
     block_on(async {
         let response = reqwest::Client::new()
@@ -1065,15 +1024,15 @@ fn bad_input_couchdb() -> TestResult {
 }
 
 fn bad_input_dynamodb_missing_table() -> TestResult {
-    let server = common::servers::dynamodb()?;
+    let server = crate::common::servers::dynamodb()?;
     let dir = tempfile::tempdir()?;
     let from = small_source(dir.path())?;
     let table = format!("migrate_missing_{}", std::process::id());
     let to = server.table_url(&table).replace("&create=true", "");
-    let output = run_binary(dir.path(), &["migrate", "--from", &from, "--to", &to])?;
+    let output = run_agentstore(dir.path(), &["migrate", "--from", &from, "--to", &to])?;
     expect_refusal(&output, 5, &["misconfigured", "target", "does not exist"])?;
     // Asking again (still without create) finds it still missing: nothing was created.
-    let again = run_binary(dir.path(), &["verify", "--from", &from, "--to", &to])?;
+    let again = run_agentstore(dir.path(), &["verify", "--from", &from, "--to", &to])?;
     expect_refusal(&again, 5, &["does not exist"])
 }
 
@@ -1087,7 +1046,7 @@ fn bad_input_firestore() -> TestResult {
     let dir = tempfile::tempdir()?;
     let from = small_source(dir.path())?;
     let to = format!("firestore://agentstore-test?emulator=127.0.0.1:{}&timeout_ms=2000", closed_port()?);
-    let output = run_binary(dir.path(), &["migrate", "--from", &from, "--to", &to])?;
+    let output = run_agentstore(dir.path(), &["migrate", "--from", &from, "--to", &to])?;
     expect_refusal(&output, 5, &["unavailable", "target"])?;
 
     block_on(async {
@@ -1130,9 +1089,10 @@ fn bad_input_firestore() -> TestResult {
         let to = format!("firestore://agentstore-test?emulator={}", server.address());
         let dir = dir.path().to_owned();
         let from = from.clone();
-        let output = tokio::task::spawn_blocking(move || run_binary(&dir, &["migrate", "--from", &from, "--to", &to]))
-            .await
-            .map_err(|e| Failed::from(e.to_string()))??;
+        let output =
+            tokio::task::spawn_blocking(move || run_agentstore(&dir, &["migrate", "--from", &from, "--to", &to]))
+                .await
+                .map_err(|e| Failed::from(e.to_string()))??;
         expect_refusal(&output, 5, &["misconfigured", "target", "index", link])?;
         let requests = server.received_requests().await.unwrap_or_default();
         // No document was written: the layout marker (in the `_meta` collection) is no data.

@@ -30,6 +30,8 @@ use serde_json::{json, Map, Value};
 use wiremock::matchers::{method, path};
 use wiremock::{Match, Mock, MockBuilder, MockServer, Request, Respond, ResponseTemplate};
 
+use crate::common::{self, request_json};
+
 const PROJECT: &str = "test-project";
 /// The database's documents as the REST paths name them.
 const DOCUMENTS: &str = "/v1/projects/test-project/databases/(default)/documents";
@@ -38,7 +40,7 @@ const NAME_PREFIX: &str = "projects/test-project/databases/(default)/documents/a
 /// The OAuth scope Firestore needs.
 const DATASTORE_SCOPE: &str = "https://www.googleapis.com/auth/datastore";
 const TOKEN_PATH: &str = "/token";
-const KEY_FIXTURE: &str = include_str!("../fixtures/firestore/test-service-account.json");
+const KEY_FIXTURE: &str = include_str!("../../fixtures/firestore/test-service-account.json");
 /// gcp_auth 0.12 tries a failing token request 5 times itself (`RETRY_COUNT` in its types.rs).
 const GCP_AUTH_TOKEN_ATTEMPTS: usize = 5;
 /// The client's first try plus its 6 retries.
@@ -235,11 +237,11 @@ async fn in_order(server: &MockServer, mock: impl Fn() -> MockBuilder, responses
     }
 }
 
+/// user_1's `key` in `default`, value `{"n": 1}`, never read (`accessCount` 0).
 fn body(key: &str) -> Map<String, Value> {
-    json!({ "userId": "user_1", "namespace": "default", "key": key, "value": { "n": 1 }, "accessCount": 0 })
-        .as_object()
-        .cloned()
-        .expect("object")
+    let mut body = common::body("user_1", "default", key, json!({ "n": 1 }));
+    body.insert("accessCount".into(), json!(0));
+    body
 }
 
 fn listing() -> Query {
@@ -252,10 +254,6 @@ fn assert_minted_first_revision(rev: &Revision, write: &Value) {
     let parsed = RevisionId::parse(rev.as_str()).unwrap_or_else(|| panic!("{rev} is not N-<32 hex>"));
     assert_eq!(parsed.generation, 1, "{rev}");
     assert_eq!(write["update"]["fields"]["_rev"]["stringValue"], rev.as_str(), "the stored revision: {write}");
-}
-
-fn body_of(request: &Request) -> Value {
-    serde_json::from_slice(&request.body).expect("the backend sends JSON bodies")
 }
 
 fn bearer(request: &Request) -> Option<&str> {
@@ -306,7 +304,7 @@ async fn a_valid_token_is_fetched_once_and_sent_on_every_call() {
 
     let backend = firestore.open().await.expect("open");
     let rev = backend.put(ID, &body("greeting"), Precondition::MustNotExist).await.expect("put");
-    assert_minted_first_revision(&rev, &body_of(&firestore.calls("commit").await[0])["writes"][0]);
+    assert_minted_first_revision(&rev, &request_json(&firestore.calls("commit").await[0])["writes"][0]);
     assert!(backend.get(ID).await.expect("get").is_some());
     assert_eq!(backend.query(&listing(), 10, None).await.expect("query").items.len(), 1);
     backend.health().await.expect("health");
@@ -435,7 +433,7 @@ async fn a_missing_index_is_misconfigured_and_quotes_firestores_link() {
     let listings = firestore.listings().await;
     assert_eq!(listings.len(), 2, "the startup probe and the listing, neither retried");
     for request in &listings {
-        let query = &body_of(request)["structuredQuery"];
+        let query = &request_json(request)["structuredQuery"];
         let filters = query.pointer("/where/compositeFilter/filters").and_then(Value::as_array).expect("two filters");
         let fields: Vec<&str> =
             filters.iter().filter_map(|f| f.pointer("/fieldFilter/field/fieldPath").and_then(Value::as_str)).collect();
@@ -466,11 +464,11 @@ async fn a_commit_is_retried_through_aborted_unavailable_and_resource_exhausted(
 
     let rev = backend.put(ID, &body("greeting"), Precondition::MustNotExist).await.expect("put after busy answers");
     let commits = firestore.calls("commit").await;
-    assert_minted_first_revision(&rev, &body_of(&commits[3])["writes"][0]);
+    assert_minted_first_revision(&rev, &request_json(&commits[3])["writes"][0]);
     assert_eq!(commits.len(), 4, "three busy answers, then the one that worked");
-    let first = body_of(&commits[0]);
+    let first = request_json(&commits[0]);
     for retry in &commits[1..] {
-        assert_eq!(body_of(retry), first, "a retry is the same commit");
+        assert_eq!(request_json(retry), first, "a retry is the same commit");
     }
     assert_eq!(first["writes"][0]["update"]["name"], format!("{NAME_PREFIX}{ID}"));
     assert_eq!(first["writes"][0]["currentDocument"], json!({ "exists": false }), "create precondition");
@@ -499,7 +497,7 @@ async fn a_listing_is_retried_after_unavailable() {
     assert_eq!(page.next, None, "fewer documents than the limit: no next page");
     let listings = firestore.listings().await;
     assert_eq!(listings.len(), 2);
-    assert_eq!(body_of(&listings[0]), body_of(&listings[1]), "a retry is the same query");
+    assert_eq!(request_json(&listings[0]), request_json(&listings[1]), "a retry is the same query");
 }
 
 /// Answers `:batchWrite`, each write of `busy` getting ABORTED (gRPC code 10) the first time it
@@ -547,13 +545,13 @@ async fn a_busy_batch_write_entry_is_resent_alone() {
     let revs: Vec<Revision> = results.into_iter().map(|r| r.expect("every write succeeds")).collect();
 
     let batches = firestore.calls("batchWrite").await;
-    let sent = body_of(&batches[0])["writes"].as_array().cloned().expect("writes");
+    let sent = request_json(&batches[0])["writes"].as_array().cloned().expect("writes");
     for (rev, write) in revs.iter().zip(&sent) {
         assert_minted_first_revision(rev, write);
     }
     assert_eq!(batches.len(), 2, "one batch, then the busy write again");
-    let first = body_of(&batches[0])["writes"].as_array().cloned().expect("writes");
-    let second = body_of(&batches[1])["writes"].as_array().cloned().expect("writes");
+    let first = request_json(&batches[0])["writes"].as_array().cloned().expect("writes");
+    let second = request_json(&batches[1])["writes"].as_array().cloned().expect("writes");
     assert_eq!(first.len(), 3);
     assert_eq!(second, [first[1].clone()], "only the busy write, unchanged");
     assert_eq!(second[0]["update"]["name"], busy.as_str());
@@ -617,7 +615,7 @@ async fn not_found_for_an_update_precondition_is_a_conflict() {
     expect_error(outcome, ErrorKind::Conflict, &[ID], "update");
     let commits = firestore.calls("commit").await;
     assert_eq!(commits.len(), 1);
-    assert_eq!(body_of(&commits[0])["writes"][0]["currentDocument"], json!({ "updateTime": T1 }));
+    assert_eq!(request_json(&commits[0])["writes"][0]["currentDocument"], json!({ "updateTime": T1 }));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -653,8 +651,8 @@ async fn a_timed_out_write_is_not_retried_but_a_timed_out_read_is() {
     assert_eq!(doc.rev, Revision(T2.into()), "a previous-release document keeps its updateTime revision");
     let reads = firestore.calls("batchGet").await;
     assert_eq!(reads.len(), 3, "the lookup, sent again after its timeout, then the get");
-    assert_eq!(body_of(&reads[0])["documents"], json!([format!("{NAME_PREFIX}{ID}")]));
-    assert_eq!(body_of(&reads[0]), body_of(&reads[1]), "the same read");
+    assert_eq!(request_json(&reads[0])["documents"], json!([format!("{NAME_PREFIX}{ID}")]));
+    assert_eq!(request_json(&reads[0]), request_json(&reads[1]), "the same read");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -702,7 +700,7 @@ async fn a_write_whose_answer_was_lost_is_recognised_by_its_own_revision() {
         assert_eq!(commits.len(), 1, "a write that may have been applied is not sent again");
         if applied {
             let rev = outcome.expect("the document holds the revision this write minted: it was applied");
-            assert_minted_first_revision(&rev, &body_of(&commits[0])["writes"][0]);
+            assert_minted_first_revision(&rev, &request_json(&commits[0])["writes"][0]);
         } else {
             expect_error(
                 outcome,
@@ -738,7 +736,7 @@ async fn an_update_is_conditional_on_the_version_it_checked() {
     expect_error(outcome, ErrorKind::Conflict, &[ID], "update that lost the race");
     let commits = firestore.calls("commit").await;
     assert_eq!(commits.len(), 1);
-    let write = &body_of(&commits[0])["writes"][0];
+    let write = &request_json(&commits[0])["writes"][0];
     assert_eq!(write["currentDocument"], json!({ "updateTime": T1 }), "conditional on the version read: {write}");
     let minted =
         RevisionId::parse(write["update"]["fields"]["_rev"]["stringValue"].as_str().unwrap_or("")).expect("N-hex");

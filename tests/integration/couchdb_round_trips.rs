@@ -8,21 +8,15 @@
 //! one request: the document (`GET /db/id`), the page (`GET /db/_all_docs`, whose answer carries
 //! `total_rows`), and the query (`POST /db/_find`) with the index list remembered.
 
-#[allow(dead_code)]
-#[path = "common/counting_proxy.rs"]
-mod counting_proxy;
-#[allow(dead_code)]
-#[path = "common/servers.rs"]
-mod servers;
-
 use std::sync::Arc;
 
+use crate::common::counting_proxy::CountingProxy;
+use crate::common::servers;
 use agentstore::backend::couchdb::{CouchConfig, CouchDbBackend};
 use agentstore::backend::DocumentBackend;
 use agentstore::config::{Overrides, Settings};
 use agentstore::couchdb_api::{bind, CouchApp};
 use agentstore::store::{DataStore, StoreOptions};
-use counting_proxy::CountingProxy;
 use reqwest::Method;
 use serde_json::{json, Value};
 

@@ -1,0 +1,224 @@
+//! The built `agentstore serve` binary: peak memory of large puts bounded, and SIGTERM finishing
+//! in-flight requests before a clean exit.
+
+use super::*;
+
+/// The child process, killed if the test fails before it exits.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// `agentstore serve` over a fresh embedded store in `dir`, on an ephemeral loopback port, with
+/// no `AGENTSTORE_*` settings from the environment. Returns the child, its address, and its
+/// stderr lines (drained on a thread, so the server never blocks on a full pipe).
+async fn spawn_serve(
+    dir: &TempDir,
+    extra: &[&str],
+) -> (Child, SocketAddr, tokio::sync::mpsc::UnboundedReceiver<String>, Vec<String>) {
+    use std::io::BufRead;
+    use std::process::Stdio;
+
+    let mut command = crate::common::agentstore(dir.path());
+    command
+        .args(["serve", "--listen", "127.0.0.1:0", "--backend"])
+        .arg(format!("embedded:{}", dir.path().join("s.redb").display()))
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = Child(command.spawn().expect("spawn agentstore serve"));
+    let stderr = child.0.stderr.take().expect("stderr pipe");
+    let (lines_tx, mut lines) = tokio::sync::mpsc::unbounded_channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if lines_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let mut log = Vec::new();
+    let addr: SocketAddr = loop {
+        let line = tokio::time::timeout_at(deadline, lines.recv())
+            .await
+            .unwrap_or_else(|_| panic!("no 'serving' line within 20 s: {log:#?}"))
+            .unwrap_or_else(|| panic!("stderr closed before 'serving': {log:#?}"));
+        if let Some(rest) = line.strip_prefix("agentstore: serving http://") {
+            let addr = rest.split(' ').next().unwrap_or_default();
+            break addr.parse().unwrap_or_else(|e| panic!("address in {line:?}: {e}"));
+        }
+        log.push(line);
+    };
+    (child, addr, lines, log)
+}
+
+/// The peak resident memory of process `pid` so far (VmHWM), in bytes.
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read /proc/PID/status");
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).expect("a VmHWM line");
+    let kib: u64 = line.split_whitespace().nth(1).and_then(|n| n.parse().ok()).expect("VmHWM in kB");
+    kib * 1024
+}
+
+/// A PUT body over raw TCP; returns the status line.
+async fn put_raw(addr: SocketAddr, key: &str, body: &[u8]) -> String {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let head = format!(
+        "PUT {} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        doc_path("u", "ns", key),
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await.expect("send head");
+    stream.write_all(body).await.expect("send body");
+    let mut response = Vec::new();
+    tokio::time::timeout(Duration::from_secs(120), stream.read_to_end(&mut response))
+        .await
+        .expect("answer within 120 s")
+        .expect("read answer");
+    String::from_utf8_lossy(&response).lines().next().unwrap_or_default().to_owned()
+}
+
+/// Bodies of the default 4.26 MB body limit whose parsed trees are many times their text:
+/// one-digit numbers (a heap string each under `arbitrary_precision`) and one-entry objects (an
+/// `IndexMap` each under `preserve_order`). `items` × the item's text, padded with spaces to
+/// `total` bytes.
+fn hostile_body(item: &str, items: usize, total: usize) -> Vec<u8> {
+    let mut body = String::with_capacity(total);
+    body.push_str("{\"value\": [");
+    for i in 0..items {
+        if i > 0 {
+            body.push(',');
+        }
+        body.push_str(item);
+    }
+    body.push_str("]}");
+    let pad = total.saturating_sub(body.len());
+    body.insert_str(body.len() - 1, &" ".repeat(pad));
+    body.into_bytes()
+}
+
+/// Issue 11, item 3: one 4.26 MB body raised the peak RSS from 11 MB to 232 MB, 16 at once to
+/// 586 MB. The bounds asserted here are documented in docs/rest-api.md (Connections and memory).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peak_memory_of_large_puts_is_bounded() {
+    const MIB: u64 = 1 << 20;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (child, addr, _lines, _log) = spawn_serve(&dir, &[]).await;
+    let pid = child.0.id();
+    assert!(put_raw(addr, "warm", br#"{"value": 1}"#).await.starts_with("HTTP/1.1 200 "));
+    let base = peak_rss(pid);
+    let limit = 4 * 1024 * 1024 + 64 * 1024;
+
+    // Over the value limit: refused before any tree is built.
+    let over = hostile_body("1", 2_000_000, limit);
+    let line = put_raw(addr, "over", &over).await;
+    assert!(line.starts_with("HTTP/1.1 413 "), "{line}");
+    let after_one = peak_rss(pid);
+    eprintln!("peak RSS: {} MiB at start, {} MiB after one refused body", base / MIB, after_one / MIB);
+    assert!(after_one - base <= 64 * MIB, "one refused body: peak {} MiB -> {} MiB", base / MIB, after_one / MIB);
+
+    // 16 at once, half of them the largest value accepted in the costliest shapes.
+    let bodies = [
+        hostile_body("1", 500_000, limit),
+        hostile_body("{\"a\":1}", 131_000, limit),
+        hostile_body("{}", 349_000, limit),
+        over,
+    ];
+    let tasks: Vec<_> = (0..16)
+        .map(|i| {
+            let body = bodies[i % bodies.len()].clone();
+            tokio::spawn(async move { (i, put_raw(addr, &format!("k{i}"), &body).await) })
+        })
+        .collect();
+    for task in tasks {
+        let (i, line) = task.await.expect("task");
+        let expected = if i % bodies.len() == 3 { "HTTP/1.1 413 " } else { "HTTP/1.1 200 " };
+        assert!(line.starts_with(expected), "body {i}: {line}");
+    }
+    let after_many = peak_rss(pid);
+    eprintln!("peak RSS: {} MiB after 16 concurrent bodies", after_many / MIB);
+    assert!(
+        after_many - base <= 400 * MIB,
+        "16 concurrent bodies: peak {} MiB -> {} MiB",
+        base / MIB,
+        after_many / MIB
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_finishes_in_flight_requests_then_exits_cleanly() {
+    use std::process::Command;
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (mut child, addr, mut lines, log) = spawn_serve(&dir, &[]).await;
+    assert!(addr.ip().is_loopback() && addr.port() != 0, "{addr}");
+
+    // A PUT of ~1 MiB, held in flight: the server has read the head and its handler is waiting for
+    // the body (the `100 Continue` comes when the handler first reads the body).
+    let value = "v".repeat(1_000_000);
+    let body = serde_json::to_vec(&json!({ "value": value })).unwrap();
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let head = format!(
+        "PUT /v1/users/u/namespaces/ns/keys/big HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nExpect: 100-continue\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await.expect("send head");
+    let interim = tokio::time::timeout(Duration::from_secs(10), read_head(&mut stream)).await.expect("100 Continue");
+    assert!(interim.starts_with("HTTP/1.1 100 "), "{interim}");
+
+    let pid = child.0.id().to_string();
+    let killed = Command::new("kill").args(["-TERM", &pid]).status().expect("run kill");
+    assert!(killed.success());
+
+    // The server stops accepting: new connections are refused while the PUT is still open.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match tokio::net::TcpStream::connect(addr).await {
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => break,
+            // Accepted into the backlog (or reset as the listener closed): poll again.
+            Ok(_) | Err(_) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(20)).await,
+            Ok(_) => panic!("still accepting connections 10 s after SIGTERM"),
+            Err(e) => panic!("unexpected connect error 10 s after SIGTERM: {e}"),
+        }
+    }
+    assert_eq!(child.0.try_wait().expect("try_wait"), None, "exited with a request in flight");
+
+    // The in-flight request completes.
+    stream.write_all(&body).await.expect("send body");
+    let mut response = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), stream.read_to_end(&mut response))
+        .await
+        .expect("response within 20 s")
+        .expect("read response");
+    let split = response.windows(4).position(|w| w == b"\r\n\r\n").expect("a response head");
+    let status_line = String::from_utf8_lossy(&response[..split]).lines().next().unwrap_or_default().to_owned();
+    assert!(status_line.starts_with("HTTP/1.1 200 "), "{status_line}");
+    let doc: Value = serde_json::from_slice(&response[split + 4..]).expect("a JSON document");
+    assert_eq!(doc["key"], json!("big"));
+    assert_eq!(doc["value"].as_str().map(str::len), Some(1_000_000));
+
+    // Then the process exits with status 0.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(status) = child.0.try_wait().expect("try_wait") {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "still running 15 s after SIGTERM");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let mut rest = Vec::new();
+    while let Ok(line) = lines.try_recv() {
+        rest.push(line);
+    }
+    assert_eq!(status.code(), Some(0), "exit status {status}; stderr: {log:#?} {rest:#?}");
+    let err = tokio::net::TcpStream::connect(addr).await.expect_err("nothing listens after exit");
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused);
+}

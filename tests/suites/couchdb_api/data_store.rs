@@ -1,0 +1,134 @@
+//! The data-store rules on documents written through the CouchDB API (the id matching the fields,
+//! CouchDB's invalid ids and bodies, the id derived for a POST, an oversized value, attachments
+//! refused), and every data-store field given a value of the wrong type refused with 403 naming
+//! the field.
+
+use super::*;
+
+pub(super) async fn data_store_rules(e: Endpoint) -> TestResult {
+    let mut wrong = doc("user_1", "ns", "k", json!(1));
+    wrong["key"] = json!("other");
+    let answer =
+        e.put(&path_of(wrong["_id"].as_str().unwrap_or_default()), wrong).await?.expect(403, "mismatched id")?;
+    check(
+        answer.body["error"] == "forbidden" && answer.body["reason"].as_str().is_some_and(|r| r.contains("userId")),
+        || format!("mismatched id: {}", answer.body),
+    )?;
+    same_error(
+        &e.put(&format!("/{DB}/_notallowed"), json!({"_id": "_notallowed", "userId": "u"})).await?,
+        "053-doc-invalid-id",
+    )?;
+    let no_type = e.client.post(e.url(&format!("/{DB}"))).send().await?;
+    same_error(&Answer::read(no_type).await?, "054-doc-invalid-json")?;
+    let mut without_id = doc("user_1", "ns", "derived", json!(2));
+    let expected_id = without_id["_id"].clone();
+    without_id.as_object_mut().map(|m| m.remove("_id"));
+    let posted = e.post(&format!("/{DB}"), without_id).await?.expect(201, "POST without _id")?;
+    check(posted.body["id"] == expected_id, || format!("derived id: {}", posted.body))?;
+    let mut too_big = doc("user_1", "ns", "big", json!("x".repeat(1024 * 1024 + 1)));
+    too_big["extra"] = json!(1);
+    let refused = e.put(&path_of(too_big["_id"].as_str().unwrap_or_default()), too_big).await?;
+    check(refused.status == StatusCode::PAYLOAD_TOO_LARGE, || {
+        format!("oversized value: {} {}", refused.status, refused.body)
+    })?;
+    let attachment = e.get(&format!("{}/file.txt", path_of(expected_id.as_str().unwrap_or_default()))).await?;
+    check(attachment.status.is_client_error() || attachment.status == StatusCode::NOT_IMPLEMENTED, || {
+        format!("attachment: {}", attachment.status)
+    })?;
+    check(attachment.body["error"].is_string() && attachment.body["reason"].is_string(), || "error body".into())
+}
+
+/// Every data-store field given a value of the wrong type, through every write path of the
+/// CouchDB API, is refused with 403 `forbidden` naming the field (as a `validate_doc_update`
+/// refuses a document), and the document stays readable and writable by the data-store
+/// operations (before this, `"accessCount": "lots"` was stored and the REST face's `get` of it
+/// answered 500 `corrupt_document`, issue 22 section 2).
+pub(super) async fn data_store_field_types(e: Endpoint) -> TestResult {
+    let store = DataStore::open(Arc::clone(&e._ctx.backend), StoreOptions::default()).await?;
+    let created = e
+        .put(
+            &path_of(doc("user_1", "ns", "typed", json!(1))["_id"].as_str().unwrap_or_default()),
+            doc("user_1", "ns", "typed", json!(1)),
+        )
+        .await?
+        .expect(201, "valid document")?;
+    let id = created.body["id"].as_str().unwrap_or_default().to_owned();
+    let rev = created.rev()?;
+    let wrong_types = [
+        ("accessCount", json!("lots")),
+        ("accessCount", json!(-3)),
+        ("accessCount", json!(2.5)),
+        ("createdAt", json!(1_770_000_000)),
+        ("updatedAt", json!("last tuesday")),
+        ("lastAccessedAt", json!({"at": "now"})),
+        ("metadata", json!("not an object")),
+        ("metadata", json!([1, 2])),
+        ("createdByAgent", json!(42)),
+        ("lastAccessedByAgent", json!(["a"])),
+        ("key", json!(7)),
+        ("userId", json!(["user_1"])),
+        ("namespace", json!({"ns": true})),
+    ];
+    let names_field = |body: &Value, field: &str| {
+        body["error"] == "forbidden" && body["reason"].as_str().is_some_and(|r| r.contains(field))
+    };
+    for (field, bad) in &wrong_types {
+        let mut sent = doc("user_1", "ns", "typed", json!(2));
+        sent[*field] = bad.clone();
+        sent["_rev"] = json!(rev);
+        let put = e.put(&path_of(&id), sent.clone()).await?;
+        check(put.status == StatusCode::FORBIDDEN && names_field(&put.body, field), || {
+            format!("PUT with {field} = {bad}: {} {}", put.status, put.body)
+        })?;
+        let mut new_doc = sent.clone();
+        new_doc.as_object_mut().map(|m| m.remove("_rev"));
+        let mut posted = new_doc.clone();
+        posted.as_object_mut().map(|m| m.remove("_id"));
+        let post = e
+            .post(
+                &format!("/{DB}"),
+                if *field == "key" || *field == "userId" || *field == "namespace" { new_doc.clone() } else { posted },
+            )
+            .await?;
+        check(post.status == StatusCode::FORBIDDEN && names_field(&post.body, field), || {
+            format!("POST with {field} = {bad}: {} {}", post.status, post.body)
+        })?;
+        let bulk =
+            e.post(&format!("/{DB}/_bulk_docs"), json!({ "docs": [sent.clone()] })).await?.expect(201, "_bulk_docs")?;
+        check(names_field(&bulk.body[0], field), || format!("_bulk_docs with {field} = {bad}: {}", bulk.body))?;
+        let mut replicated = sent.clone();
+        replicated["_rev"] = json!(format!("9-{}", "a".repeat(32)));
+        let bulk = e
+            .post(&format!("/{DB}/_bulk_docs"), json!({ "docs": [replicated.clone()], "new_edits": false }))
+            .await?
+            .expect(201, "_bulk_docs new_edits=false")?;
+        check(bulk.body.as_array().is_some_and(|rows| rows.len() == 1) && names_field(&bulk.body[0], field), || {
+            format!("replicated _bulk_docs with {field} = {bad}: {}", bulk.body)
+        })?;
+        let put = e.put(&format!("{}?new_edits=false", path_of(&id)), replicated).await?;
+        check(put.status == StatusCode::FORBIDDEN && names_field(&put.body, field), || {
+            format!("replicated PUT with {field} = {bad}: {} {}", put.status, put.body)
+        })?;
+    }
+    // Nothing of it was stored: the data-store operations read and update the document.
+    let read = store.get("user_1", "ns", "typed", Some("reader")).await.map_err(|e| format!("get: {e}"))?;
+    check(read.is_some_and(|d| d.body["accessCount"] == json!(1)), || "get after the refused writes".into())?;
+    store.set("user_1", "ns", "typed", json!(3), Some(json!({"m": 1})), None).await.map_err(|e| format!("set: {e}"))?;
+    store.get_all("user_1", "ns").await.map_err(|e| format!("get_all: {e}"))?;
+    store.list_keys("user_1", "ns").await.map_err(|e| format!("list_keys: {e}"))?;
+    // The right types are accepted, null counting as absent for the optional fields.
+    let mut fine = doc("user_1", "ns", "typed-ok", json!(1));
+    for (field, value) in [
+        ("accessCount", json!(4)),
+        ("createdAt", json!("2026-02-05T10:00:00Z")),
+        ("updatedAt", json!("2026-02-05T10:00:00.123456")),
+        ("lastAccessedAt", json!(null)),
+        ("metadata", json!({"a": 1})),
+        ("createdByAgent", json!("agent")),
+    ] {
+        fine[field] = value;
+    }
+    e.put(&path_of(fine["_id"].as_str().unwrap_or_default()), fine).await?.expect(201, "well-typed document")?;
+    let got = store.get("user_1", "ns", "typed-ok", None).await.map_err(|e| format!("get: {e}"))?;
+    check(got.is_some_and(|d| d.body["accessCount"] == json!(5)), || "the well-typed document is counted".into())
+}

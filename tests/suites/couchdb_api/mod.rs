@@ -1,0 +1,241 @@
+//! The CouchDB API (`serve --couchdb-listen`) on every backend, checked over HTTP against what a
+//! real CouchDB 3.4.3 answered (`fixtures/couchdb-3.4.3/`): statuses, error bodies exactly, the
+//! fields and headers clients read, and the replication-peer rules. Real client libraries drive
+//! the same endpoint in `tests/couchdb_clients.rs`.
+//!
+//! Each trial runs the API in process over a fresh store of one backend, on an ephemeral
+//! loopback port. `AGENTSTORE_TEST_BACKENDS` selects backends as for the contract suite; a
+//! selected backend whose server cannot be reached fails its trials.
+//!
+//! This module holds the trial list, the in-process endpoint and its answers, and the transcript
+//! helpers; each topic file opens with what it covers.
+
+mod all_docs;
+mod bulk;
+mod changes;
+mod data_store;
+mod documents;
+mod logins;
+mod mango;
+mod replication;
+mod server;
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentstore::config::{Overrides, Settings};
+use agentstore::couchdb_api::{bind, CouchApp};
+use agentstore::store::{DataStore, StoreOptions};
+use libtest_mimic::{Arguments, Failed, Trial};
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+
+use crate::common::harness;
+use crate::common::{block_on, check, TestResult};
+
+type TrialFn = fn(Endpoint) -> harness::BoxFuture<TestResult>;
+
+const DB: &str = "agent_data_store";
+
+/// The suite's trials, named `couchdb_api::CASE::BACKEND`; `None`, after printing why, when the
+/// backend selection is invalid.
+pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
+    let (backends, selected) = harness::announce("couchdb api suite", args.list)?;
+    let cases: Vec<(&str, TrialFn)> = vec![
+        ("mango_over_http", |e| Box::pin(mango::mango_over_http(e))),
+        ("mango_answers_as_couchdb", |e| Box::pin(mango::mango_answers_as_couchdb(e))),
+        ("per_user_logins", |e| Box::pin(logins::per_user_logins(e))),
+        ("server_and_database", |e| Box::pin(server::server_and_database(e))),
+        ("every_db_route_refuses_other_databases", |e| Box::pin(server::every_db_route_refuses_other_databases(e))),
+        ("document_lifecycle", |e| Box::pin(documents::document_lifecycle(e))),
+        ("data_store_rules", |e| Box::pin(data_store::data_store_rules(e))),
+        ("bulk_docs_and_bulk_get", |e| Box::pin(bulk::bulk_docs_and_bulk_get(e))),
+        ("all_docs", |e| Box::pin(all_docs::all_docs(e))),
+        ("changes_feeds", |e| Box::pin(changes::changes_feeds(e))),
+        ("replication_peer", |e| Box::pin(replication::replication_peer(e))),
+        ("local_documents", |e| Box::pin(documents::local_documents(e))),
+        ("gzip_and_chunked_bodies", |e| Box::pin(server::gzip_and_chunked_bodies(e))),
+        ("design_documents", |e| Box::pin(documents::design_documents(e))),
+        ("data_store_field_types", |e| Box::pin(data_store::data_store_field_types(e))),
+        ("bulk_docs_whole_request_errors", |e| Box::pin(bulk::bulk_docs_whole_request_errors(e))),
+        ("bulk_docs_all_or_nothing", |e| Box::pin(bulk::bulk_docs_all_or_nothing(e))),
+        ("all_docs_keys_paging", |e| Box::pin(all_docs::all_docs_keys_paging(e))),
+        ("deletions_as_couchdb", |e| Box::pin(documents::deletions_as_couchdb(e))),
+        ("local_documents_unchecked", |e| Box::pin(documents::local_documents_unchecked(e))),
+        ("revision_reads_as_couchdb", |e| Box::pin(documents::revision_reads_as_couchdb(e))),
+        ("server_root_fields", |e| Box::pin(server::server_root_fields(e))),
+        ("changes_since_and_limit", |e| Box::pin(changes::changes_since_and_limit(e))),
+        ("changes_show_writes_at_once", |e| Box::pin(changes::changes_show_writes_at_once(e))),
+        ("all_docs_from_the_empty_id", |e| Box::pin(all_docs::all_docs_from_the_empty_id(e))),
+        ("all_docs_backend_failure_is_never_a_short_200", |e| Box::pin(all_docs::all_docs_backend_failure(e))),
+        ("continuous_changes_list_each_write_once", |e| Box::pin(changes::continuous_changes_list_each_write_once(e))),
+    ];
+    let mut trials = Vec::new();
+    for backend in &backends {
+        for &(name, case) in &cases {
+            let fresh = backend.fresh;
+            let backend_name = backend.name;
+            trials.push(
+                Trial::test(format!("couchdb_api::{name}::{backend_name}"), move || {
+                    block_on(async move {
+                        let logins = (name == "per_user_logins").then(logins::logins_config).transpose()?;
+                        let endpoint = Endpoint::start(fresh, backend_name, logins).await?;
+                        case(endpoint).await
+                    })
+                })
+                .with_ignored_flag(!selected.contains(&backend.name)),
+            );
+        }
+    }
+    Some(trials)
+}
+
+/// The API over one fresh backend, serving until dropped.
+struct Endpoint {
+    root: String,
+    backend: &'static str,
+    client: reqwest::Client,
+    _ctx: harness::Ctx,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+impl Endpoint {
+    /// The API over a fresh store of `backend`; `config` is a TOML configuration (logins), if any.
+    async fn start(
+        fresh: fn() -> harness::BoxFuture<Result<harness::Ctx, String>>,
+        backend: &'static str,
+        config: Option<String>,
+    ) -> Result<Self, Failed> {
+        let ctx = fresh().await.map_err(|e| Failed::from(format!("{backend} unavailable: {e}")))?;
+        let config_dir = tempfile::tempdir()?;
+        let config_file = config_dir.path().join("agentstore.toml");
+        std::fs::write(&config_file, config.unwrap_or_default())?;
+        let settings =
+            Settings::load(Some(&config_file), &Overrides::default()).map_err(|e| Failed::from(e.to_string()))?;
+        // Every backend with its default settings: a write shows in `_changes` at once, settle
+        // window or not (issue 22), so no trial waits one out.
+        let store = Arc::new(DataStore::open(Arc::clone(&ctx.backend), StoreOptions::default()).await?);
+        let app = CouchApp::build(store, &settings)?;
+        let listener = bind("127.0.0.1:0", &app, false).await?;
+        let addr = listener.local_addr()?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let _ = app
+                .serve(listener, &settings, async move {
+                    let _ = stopped.await;
+                })
+                .await;
+        });
+        Ok(Endpoint { root: format!("http://{addr}"), backend, client: reqwest::Client::new(), _ctx: ctx, _stop: stop })
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.root)
+    }
+
+    /// Sends a request; answers status, headers and the JSON body (`Null` when empty).
+    async fn call(&self, method: Method, path: &str, body: Option<Value>) -> Result<Answer, Failed> {
+        let mut request = self.client.request(method, self.url(path)).header("Accept", "application/json");
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        Answer::read(request.send().await?).await
+    }
+
+    async fn get(&self, path: &str) -> Result<Answer, Failed> {
+        self.call(Method::GET, path, None).await
+    }
+    async fn put(&self, path: &str, body: Value) -> Result<Answer, Failed> {
+        self.call(Method::PUT, path, Some(body)).await
+    }
+    async fn post(&self, path: &str, body: Value) -> Result<Answer, Failed> {
+        self.call(Method::POST, path, Some(body)).await
+    }
+    async fn delete(&self, path: &str) -> Result<Answer, Failed> {
+        self.call(Method::DELETE, path, None).await
+    }
+}
+
+struct Answer {
+    status: StatusCode,
+    headers: reqwest::header::HeaderMap,
+    body: Value,
+}
+
+impl Answer {
+    async fn read(response: reqwest::Response) -> Result<Self, Failed> {
+        let status = response.status();
+        let headers = response.headers().clone();
+        let text = response.text().await?;
+        let body = if text.trim().is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).map_err(|e| format!("{status}: body is not JSON ({e}): {text:.300}"))?
+        };
+        Ok(Answer { status, headers, body })
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    /// The status must be `status`, and every response is JSON by its header.
+    fn expect(self, status: u16, what: &str) -> Result<Self, Failed> {
+        if self.header("content-type").is_none_or(|t| !t.starts_with("application/json")) {
+            return Err(
+                format!("{what}: Content-Type is {:?}, not application/json", self.header("content-type")).into()
+            );
+        }
+        if self.status.as_u16() != status {
+            return Err(format!("{what}: status {} (wanted {status}), body {}", self.status, self.body).into());
+        }
+        Ok(self)
+    }
+
+    fn rev(&self) -> Result<String, Failed> {
+        self.body["rev"].as_str().map(str::to_owned).ok_or_else(|| format!("no rev in {}", self.body).into())
+    }
+}
+
+/// A transcript of the real CouchDB 3.4.3.
+fn fixture(name: &str) -> Value {
+    let path = format!("{}/fixtures/couchdb-3.4.3/{name}.json", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// The body CouchDB answered in a transcript.
+fn couchdb_body(name: &str) -> Value {
+    fixture(name)["response"]["body"].clone()
+}
+
+/// An error answer must be CouchDB's, exactly.
+fn same_error(answer: &Answer, transcript: &str) -> TestResult {
+    let expected = fixture(transcript);
+    check(answer.status.as_u16() as u64 == expected["response"]["status"].as_u64().unwrap_or(0), || {
+        format!("{transcript}: status {} where CouchDB answered {}", answer.status, expected["response"]["status"])
+    })?;
+    check(answer.body == expected["response"]["body"], || {
+        format!("{transcript}: body {} where CouchDB answered {}", answer.body, expected["response"]["body"])
+    })
+}
+
+/// The same key set as CouchDB's answer (values differ: revisions, uuids, counts).
+fn same_fields(actual: &Value, expected: &Value, what: &str, allowed_missing: &[&str]) -> TestResult {
+    let keys = |v: &Value| {
+        v.as_object().map(|m| m.keys().cloned().collect::<std::collections::BTreeSet<_>>()).unwrap_or_default()
+    };
+    let (have, want) = (keys(actual), keys(expected));
+    let missing: Vec<_> = want.difference(&have).filter(|k| !allowed_missing.contains(&k.as_str())).collect();
+    check(missing.is_empty(), || format!("{what}: fields {missing:?} that CouchDB gives are missing from {actual}"))
+}
+
+fn doc(user: &str, namespace: &str, key: &str, value: Value) -> Value {
+    let id = agentstore::model::DocumentId::new(user, namespace, key, &Default::default()).expect("valid id");
+    json!({ "_id": id.as_str(), "userId": user, "namespace": namespace, "key": key, "value": value })
+}
+
+fn path_of(id: &str) -> String {
+    format!("/{DB}/{}", percent_encoding::utf8_percent_encode(id, percent_encoding::NON_ALPHANUMERIC))
+}
