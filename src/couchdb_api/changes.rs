@@ -170,7 +170,14 @@ struct ChangesRequest {
     all_leaves: bool,
     /// `conflicts=true`: documents carry `_conflicts` (with `include_docs`).
     conflicts: bool,
+    /// `descending=true`: newest change first (databases besides the data-store one, whose feed
+    /// is read whole for it: see [`MAX_DESCENDING_CHANGES`]).
+    descending: bool,
 }
+
+/// The longest feed `descending=true` reads (it must read every change to answer the newest
+/// first); longer feeds are refused with 400 naming the bound.
+pub const MAX_DESCENDING_CHANGES: usize = 100_000;
 
 /// Who asks for a feed: the principal it acts for, and whose feed count it goes to.
 pub struct Asker {
@@ -265,9 +272,7 @@ fn parse_request(
             )))
         }
     };
-    if bool_param("descending", param("descending"), false)? {
-        return Err(CouchError::bad_request("descending=true is not supported on _changes by agentstore"));
-    }
+    let descending = bool_param("descending", param("descending"), false)?;
     // CouchDB clamps both to its `changes_timeout` (`couch_changes:get_changes_timeout`); a
     // heartbeat is also raised to the minimum, so a tiny one cannot make a busy feed.
     let heartbeat = match param("heartbeat") {
@@ -306,6 +311,7 @@ fn parse_request(
         heartbeat,
         filter,
         all_leaves: param("style") == Some("all_docs"),
+        descending,
         conflicts: bool_param("conflicts", param("conflicts"), false)?,
     })
 }
@@ -408,6 +414,12 @@ async fn respond(
     request: ChangesRequest,
     database: Option<Arc<Database>>,
 ) -> CouchResult<axum::response::Response> {
+    if request.descending {
+        return match database {
+            Some(database) => descending_answer(&database, &request).await,
+            None => Err(CouchError::bad_request("descending=true is not supported on this database's _changes")),
+        };
+    }
     let long_lived = request.feed != Feed::Normal;
     let slot = if long_lived { Some(state.feeds.take_slot(asker.owner)?) } else { None };
     let backend = match &database {
@@ -630,6 +642,39 @@ async fn rows_of(cursor: &Cursor, changes: &[Change]) -> crate::Result<Vec<Value
     Ok(rows)
 }
 
+/// `descending=true` on a database: the whole feed read (each document once, at its latest
+/// change), newest first, cut to `limit`; `last_seq` is the oldest row's.
+async fn descending_answer(database: &Database, request: &ChangesRequest) -> CouchResult<axum::response::Response> {
+    if request.feed != Feed::Normal {
+        return Err(CouchError::bad_request("descending=true is only supported with feed=normal"));
+    }
+    let backend = database.backend();
+    let mut since: Option<String> = None;
+    let mut changes: Vec<Change> = Vec::new();
+    loop {
+        let page = read_page(backend.as_ref(), since.as_deref(), DEFAULT_PAGE).await?;
+        changes.extend(page.changes);
+        if changes.len() > MAX_DESCENDING_CHANGES {
+            return Err(CouchError::bad_request(format!(
+                "descending=true reads the whole feed, and this one holds more than {MAX_DESCENDING_CHANGES} changes"
+            )));
+        }
+        since = Some(page.last_seq);
+        if page.pending == 0 {
+            break;
+        }
+    }
+    // A document changed twice during the reads is listed at its later change only.
+    let mut seen = HashSet::new();
+    let mut newest_first: Vec<Change> = changes.into_iter().rev().filter(|c| seen.insert(c.id.clone())).collect();
+    if let Some(limit) = request.limit {
+        newest_first.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+    }
+    let rows = database_rows(database, request, &newest_first).await?;
+    let last_seq = newest_first.last().map_or_else(|| since.clone().unwrap_or_else(|| "0".into()), |c| c.seq.clone());
+    Ok(super::json(StatusCode::OK, json!({ "results": rows, "last_seq": last_seq, "pending": 0 })))
+}
+
 /// The rows of one page of a database's feed: each document's winning revision (every leaf
 /// with `style=all_docs`), from its revision tree as it is now.
 async fn database_rows(database: &Database, request: &ChangesRequest, changes: &[Change]) -> crate::Result<Vec<Value>> {
@@ -687,7 +732,7 @@ mod tests {
     #[test]
     fn parameters_are_checked_and_name_the_problem() {
         assert!(parse(&[("feed", "eventsource")]).err().unwrap().reason.contains("feed"));
-        assert!(parse(&[("descending", "true")]).is_err());
+        assert!(parse(&[("descending", "true")]).unwrap().descending);
         assert!(parse(&[("filter", "app/by_user")]).is_err());
         let ids = parse(&[("filter", "_doc_ids"), ("doc_ids", "[\"a\"]")]).unwrap();
         assert!(matches!(ids.filter, Filter::DocIds(ref set) if set.contains("a")));

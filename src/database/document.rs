@@ -38,6 +38,14 @@ pub struct ClientDoc {
 
 /// Fields of CouchDB's answers that a client may send back and CouchDB ignores.
 const IGNORED: [&str; 4] = ["_conflicts", "_deleted_conflicts", "_revs_info", "_local_seq"];
+/// The replicator's fields of `_replicator` documents, which CouchDB keeps in any document.
+const REPLICATION_FIELDS: [&str; 5] = [
+    "_replication_id",
+    "_replication_state",
+    "_replication_state_time",
+    "_replication_state_reason",
+    "_replication_stats",
+];
 
 /// Reads a client's document under CouchDB's rules.
 pub fn parse(doc: Map<String, Value>) -> Result<ClientDoc, Refusal> {
@@ -63,6 +71,9 @@ pub fn parse(doc: Map<String, Value>) -> Result<ClientDoc, Refusal> {
                 }
             },
             "_attachments" => {
+                parsed.body.insert(name, value);
+            }
+            other if REPLICATION_FIELDS.contains(&other) => {
                 parsed.body.insert(name, value);
             }
             other if IGNORED.contains(&other) => {}

@@ -19,6 +19,9 @@ use crate::database::document::{self, check_id};
 use crate::database::rev_tree::parse_rev;
 use crate::database::{Database, Write};
 
+/// The id prefix of local documents, which a bulk request may write too.
+const LOCAL_PREFIX: &str = "_local/";
+
 /// Documents of one bulk request written at once (each document's writes stay in order).
 const CONCURRENCY: usize = 16;
 
@@ -43,12 +46,25 @@ pub async fn bulk_docs(State(state): State<CouchState>, opened: OpenDb, headers:
         Some(_) => return Err(CouchError::bad_request("`new_edits` must be a boolean")),
     };
     // Each document is read and checked before anything is written: CouchDB refuses a whole
-    // request whose documents are not objects.
+    // request with a document that is not an object, has an illegal id, an unknown special
+    // field or a malformed `_rev` (400, nothing written), as for the data-store database.
     let mut parsed = Vec::with_capacity(docs.len());
     for doc in docs {
         let Value::Object(doc) = doc else {
             return Err(CouchError::bad_request("Document must be a JSON object"));
         };
+        if let Some(Value::String(id)) = doc.get("_id") {
+            if !id.starts_with(LOCAL_PREFIX) {
+                check_id(id).map_err(refused)?;
+            }
+        }
+        let checked = document::parse(doc.clone()).map_err(refused)?;
+        if !new_edits
+            && checked.rev.is_none()
+            && !doc.get("_id").and_then(Value::as_str).is_some_and(|id| id.starts_with(LOCAL_PREFIX))
+        {
+            return Err(CouchError::bad_request("a document written with new_edits=false needs a _rev"));
+        }
         parsed.push(doc);
     }
     // Writes to one id keep their order: documents are grouped by id, groups run concurrently.
@@ -106,6 +122,13 @@ pub async fn bulk_docs(State(state): State<CouchState>, opened: OpenDb, headers:
 /// One document of `_bulk_docs`: its answer row (`None` for a replicated write that succeeded).
 async fn write_one(db: &Database, id: &str, body: Map<String, Value>, new_edits: bool) -> Option<Value> {
     let row_error = |err: CouchError| Some(err.to_row(id));
+    if let Some(name) = id.strip_prefix(LOCAL_PREFIX) {
+        // A local document in a bulk request is written as by `PUT /{db}/_local/{name}`.
+        return match super::docs::write_local(db, name, body).await {
+            Ok(rev) => Some(json!({ "ok": true, "id": id, "rev": rev })),
+            Err(err) => row_error(err),
+        };
+    }
     if let Err(refusal) = check_id(id) {
         return row_error(refused(refusal));
     }

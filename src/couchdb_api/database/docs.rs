@@ -300,6 +300,11 @@ pub async fn post_document(
     body: Body,
 ) -> Answer {
     let body = read_doc_body(&state, &headers, body).await?;
+    if let Some(name) = body.get("_id").and_then(Value::as_str).and_then(|id| id.strip_prefix("_local/")) {
+        let name = name.to_owned();
+        let rev = write_local(&opened.db, &name, body).await?;
+        return Ok(json(StatusCode::CREATED, json!({ "ok": true, "id": format!("_local/{name}"), "rev": rev })));
+    }
     let doc = document::parse(body).map_err(refused)?;
     let id = match &doc.id {
         Some(id) => id.clone(),
@@ -367,15 +372,23 @@ pub async fn put_local(
     body: Body,
 ) -> Answer {
     let name = local_name(&opened.params.name)?.to_owned();
-    let mut body = read_doc_body(&state, &headers, body).await?;
+    let body = read_doc_body(&state, &headers, body).await?;
+    let deleting = body.get("_deleted") == Some(&Value::Bool(true));
+    let rev = write_local(&opened.db, &name, body).await?;
+    let status = if deleting { StatusCode::OK } else { StatusCode::CREATED };
+    Ok(json(status, json!({ "ok": true, "id": format!("_local/{name}"), "rev": rev })))
+}
+
+/// Writes (or with `_deleted`, deletes) a local document; its new revision (`0-0` once deleted).
+pub(crate) async fn write_local(db: &Database, name: &str, mut body: Map<String, Value>) -> CouchResult<String> {
+    local_name(name)?;
     body.remove("_id");
     body.remove("_rev");
     if body.remove("_deleted") == Some(Value::Bool(true)) {
-        delete_local_any(&opened.db, &name).await?;
-        return Ok(json(StatusCode::OK, json!({ "ok": true, "id": format!("_local/{name}"), "rev": "0-0" })));
+        delete_local_any(db, name).await?;
+        return Ok("0-0".to_owned());
     }
-    let rev = opened.db.put_local(&name, &body, Precondition::None).await?;
-    Ok(json(StatusCode::CREATED, json!({ "ok": true, "id": format!("_local/{name}"), "rev": rev.0 })))
+    Ok(db.put_local(name, &body, Precondition::None).await?.0)
 }
 
 /// `DELETE /{db}/_local/{name}`: 404 when there is none.
