@@ -181,13 +181,20 @@ fn open_revs_answer(
         _ => return Err(CouchError::bad_request("open_revs must be `all` or a JSON array of revisions")),
     };
     let mut answer = Vec::with_capacity(wanted.len());
+    // With `latest`, revisions of one branch lead to one leaf, answered once (CouchDB's
+    // `open_revs` with `latest` gives each leaf once).
+    let mut answered = std::collections::HashSet::new();
     for item in wanted {
         let Value::String(rev) = item else {
             return Err(CouchError::bad_request("open_revs must be an array of revision strings"));
         };
         parse_rev(&rev).ok_or_else(|| CouchError::bad_request("Invalid rev format"))?;
         match state.and_then(|state| find_leaf(state, &rev, latest).map(|leaf| (state, leaf))) {
-            Some((state, leaf)) => answer.push(json!({ "ok": leaf_json(id, &state.tree, leaf, options) })),
+            Some((state, leaf)) => {
+                if answered.insert(leaf.path.leaf_rev()) {
+                    answer.push(json!({ "ok": leaf_json(id, &state.tree, leaf, options) }));
+                }
+            }
             None => answer.push(json!({ "missing": rev })),
         }
     }
@@ -382,8 +389,10 @@ pub async fn put_local(
 /// Writes (or with `_deleted`, deletes) a local document; its new revision (`0-0` once deleted).
 pub(crate) async fn write_local(db: &Database, name: &str, mut body: Map<String, Value>) -> CouchResult<String> {
     local_name(name)?;
-    body.remove("_id");
-    body.remove("_rev");
+    // Revision fields mean nothing on a local document (it has no history): CouchDB drops them.
+    for special in ["_id", "_rev", "_revisions", "_conflicts", "_deleted_conflicts", "_revs_info", "_local_seq"] {
+        body.remove(special);
+    }
     if body.remove("_deleted") == Some(Value::Bool(true)) {
         delete_local_any(db, name).await?;
         return Ok("0-0".to_owned());
