@@ -170,6 +170,9 @@ struct ChangesRequest {
     all_leaves: bool,
     /// `conflicts=true`: documents carry `_conflicts` (with `include_docs`).
     conflicts: bool,
+    /// `feed=eventsource`: a continuous feed framed as server-sent events (`data:` and `id:`
+    /// lines per row, heartbeats as `event: heartbeat`), as CouchDB frames it.
+    eventsource: bool,
     /// `descending=true`: newest change first (databases besides the data-store one, whose feed
     /// is read whole for it: see [`MAX_DESCENDING_CHANGES`]).
     descending: bool,
@@ -265,13 +268,14 @@ fn parse_request(
     let feed = match param("feed") {
         None | Some("normal") => Feed::Normal,
         Some("longpoll") => Feed::Longpoll,
-        Some("continuous") => Feed::Continuous,
+        Some("continuous") | Some("eventsource") => Feed::Continuous,
         Some(other) => {
             return Err(CouchError::bad_request(format!(
-                "Supported `feed` types: normal, continuous, longpoll (not {other:?})"
+                "Supported `feed` types: normal, continuous, longpoll, eventsource (not {other:?})"
             )))
         }
     };
+    let eventsource = param("feed") == Some("eventsource");
     let descending = bool_param("descending", param("descending"), false)?;
     // CouchDB clamps both to its `changes_timeout` (`couch_changes:get_changes_timeout`); a
     // heartbeat is also raised to the minimum, so a tiny one cannot make a busy feed.
@@ -312,6 +316,7 @@ fn parse_request(
         filter,
         all_leaves: param("style") == Some("all_docs"),
         descending,
+        eventsource,
         conflicts: bool_param("conflicts", param("conflicts"), false)?,
     })
 }
@@ -465,6 +470,7 @@ async fn respond(
         _slot: slot,
         delivered: DeliveredTail::default(),
     };
+    let eventsource = cursor.request.eventsource;
     let body = stream::try_unfold(cursor, |mut cursor| async move {
         let chunk = match cursor.phase {
             Phase::Finished => return Ok::<_, crate::Error>(None),
@@ -481,7 +487,8 @@ async fn respond(
         Ok(Some((Bytes::from(chunk), cursor)))
     });
     let mut response = Body::from_stream(body).into_response();
-    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    let content_type = if eventsource { "text/event-stream" } else { "application/json" };
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     Ok(response)
 }
 
@@ -496,6 +503,7 @@ async fn step(cursor: &mut Cursor) -> crate::Result<String> {
         match wait_until(cursor, due).await {
             Wake::Poll => cursor.next_poll = None,
             // A heartbeat keeps proxies and clients from timing the connection out while idle.
+            Wake::Heartbeat if request.eventsource => return Ok("event: heartbeat\ndata: \n\n".to_owned()),
             Wake::Heartbeat => return Ok("\n".to_owned()),
             Wake::Finished => return Ok(finish(cursor)),
         }
@@ -511,10 +519,23 @@ async fn step(cursor: &mut Cursor) -> crate::Result<String> {
     cursor.since = Some(page.last_seq.clone());
     cursor.last_seq = page.last_seq.clone();
     cursor.pending = page.pending;
-    let rows = rows_of(cursor, &page.changes).await?;
+    let rows = match rows_of(cursor, &page.changes).await {
+        Ok(rows) => rows,
+        // The database was deleted while the feed ran: it ends with CouchDB's error for a
+        // missing database as its last line (the status has long been sent).
+        Err(err) if err.kind() == ErrorKind::NotFound && cursor.database.is_some() => {
+            cursor.phase = Phase::Finished;
+            return Ok(deleted_database_tail(cursor));
+        }
+        Err(err) => return Err(err),
+    };
     let mut chunk = String::new();
     for row in &rows {
         match request.feed {
+            Feed::Continuous if request.eventsource => {
+                let seq = row.get("seq").map(Value::to_string).unwrap_or_default();
+                chunk.push_str(&format!("data: {row}\nid: {}\n\n", seq.trim_matches('"')));
+            }
             Feed::Continuous => {
                 chunk.push_str(&row.to_string());
                 chunk.push('\n');
@@ -584,9 +605,24 @@ fn finish(cursor: &mut Cursor) -> String {
     closing(cursor)
 }
 
+/// The end of a feed whose database was deleted under it: the error as the last line
+/// (continuous, eventsource) or as members after the rows, so the client reads why it ended.
+fn deleted_database_tail(cursor: &Cursor) -> String {
+    let error = json!({ "error": "not_found", "reason": "Database does not exist." });
+    match cursor.request.feed {
+        Feed::Continuous if cursor.request.eventsource => format!("event: error\ndata: {error}\n\n"),
+        Feed::Continuous => format!("{error}\n"),
+        _ => format!(
+            "\n],\"last_seq\":{},\"pending\":0,\"error\":\"not_found\",\"reason\":\"Database does not exist.\"}}\n",
+            Value::from(cursor.last_seq.as_str())
+        ),
+    }
+}
+
 fn closing(cursor: &Cursor) -> String {
     let tail = json!({ "last_seq": cursor.last_seq, "pending": cursor.pending });
     match cursor.request.feed {
+        Feed::Continuous if cursor.request.eventsource => String::new(),
         Feed::Continuous => format!("{tail}\n"),
         _ => format!("\n],\"last_seq\":{},\"pending\":{}}}\n", Value::from(cursor.last_seq.as_str()), cursor.pending),
     }

@@ -159,6 +159,11 @@ fn router(state: CouchState, query_limit: request::EndpointLimit) -> Router {
     let authenticated = Router::new()
         .route("/_all_dbs", get(database::all_dbs))
         .route("/_dbs_info", post(database::dbs_info))
+        .route("/_active_tasks", get(server::active_tasks))
+        .route("/_membership", get(server::membership))
+        .route("/_scheduler/jobs", get(server::scheduler_jobs))
+        .route("/_scheduler/docs", get(server::scheduler_docs))
+        .route("/_node/{node}", get(server::node))
         .route("/_uuids", get(server::uuids))
         .route(
             "/{db}",

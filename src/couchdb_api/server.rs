@@ -157,3 +157,33 @@ pub async fn method_not_allowed() -> Response {
 pub fn internal_error() -> Response {
     CouchError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal_server_error", "internal error").into_response()
 }
+
+/// The node name the probes below report: one node, this process.
+const NODE_NAME: &str = "agentstore@localhost";
+
+/// `GET /_active_tasks`: no compaction, indexing or replication task ever runs here.
+pub async fn active_tasks() -> Response {
+    json(StatusCode::OK, json!([]))
+}
+
+/// `GET /_membership`: a cluster of one node.
+pub async fn membership() -> Response {
+    json(StatusCode::OK, json!({ "all_nodes": [NODE_NAME], "cluster_nodes": [NODE_NAME] }))
+}
+
+/// `GET /_scheduler/jobs` and `/_scheduler/docs`: no replicator runs inside this server.
+pub async fn scheduler_jobs() -> Response {
+    json(StatusCode::OK, json!({ "total_rows": 0, "offset": 0, "jobs": [] }))
+}
+
+pub async fn scheduler_docs() -> Response {
+    json(StatusCode::OK, json!({ "total_rows": 0, "offset": 0, "docs": [] }))
+}
+
+/// `GET /_node/_local` (and `/_node/{name}` for this node's name): the node's name.
+pub async fn node(Path(node): Path<String>) -> Answer {
+    if node != "_local" && node != NODE_NAME {
+        return Err(CouchError::not_found(format!("no node named {node}")));
+    }
+    Ok(json(StatusCode::OK, json!({ "name": NODE_NAME })))
+}

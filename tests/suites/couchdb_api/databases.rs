@@ -1,0 +1,208 @@
+//! Databases besides the data-store one (issue 24): creating, listing and deleting them, documents
+//! of any shape with their whole revision trees, bad input, and deleting a database while writers
+//! and a `_changes` feed use it. Expected answers are CouchDB 3.x's, as its documentation and
+//! source (`couch_doc`, `couch_key_tree`, `chttpd_db`) give them; each check says which.
+
+use futures::StreamExt;
+
+use super::*;
+
+fn leaf_revs(answer: &Value) -> Vec<String> {
+    answer
+        .as_array()
+        .map(|leaves| leaves.iter().filter_map(|l| l["ok"]["_rev"].as_str().map(str::to_owned)).collect())
+        .unwrap_or_default()
+}
+
+pub(super) async fn databases_lifecycle(e: Endpoint) -> TestResult {
+    e.put("/zeta", json!({})).await?.expect(201, "PUT /zeta")?;
+    e.put("/alpha/with+special$(chars)-", json!({})).await?;
+    let created = e.call(Method::PUT, "/alpha", None).await?.expect(201, "PUT /alpha")?;
+    check(created.body == json!({"ok": true}), || format!("PUT /alpha: {}", created.body))?;
+    // 412 file_exists for an existing one, as for the data-store database (transcript 004).
+    let again = e.call(Method::PUT, "/alpha", None).await?;
+    same_error(&again, "004-db-create-again")?;
+    // CouchDB's name rule: a lowercase letter first, then [a-z0-9_$()+/-].
+    for bad in ["/Alpha", "/1abc", "/a%20b", "/caf%C3%A9"] {
+        let answer = e.call(Method::PUT, bad, None).await?.expect(400, bad)?;
+        check(answer.body["error"] == "illegal_database_name", || format!("PUT {bad}: {}", answer.body))?;
+    }
+    let all = e.get("/_all_dbs").await?.expect(200, "_all_dbs")?;
+    check(all.body == json!(["agent_data_store", "alpha", "zeta"]), || format!("_all_dbs: {}", all.body))?;
+    let page = e.get("/_all_dbs?descending=true&limit=2").await?.expect(200, "_all_dbs page")?;
+    check(page.body == json!(["zeta", "alpha"]), || format!("_all_dbs descending: {}", page.body))?;
+    let from = e.get("/_all_dbs?startkey=%22b%22").await?.expect(200, "_all_dbs from b")?;
+    check(from.body == json!(["zeta"]), || format!("_all_dbs from b: {}", from.body))?;
+    let info = e.get("/alpha").await?.expect(200, "GET /alpha")?;
+    same_fields(&info.body, &couchdb_body("005-db-info"), "GET /alpha", &[])?;
+    check(info.body["db_name"] == "alpha" && info.body["doc_count"] == 0, || format!("GET /alpha: {}", info.body))?;
+    let infos = e.post("/_dbs_info", json!({"keys": ["alpha", "nope"]})).await?.expect(200, "_dbs_info")?;
+    check(infos.body[0]["info"]["db_name"] == "alpha" && infos.body[1]["error"] == "not_found", || {
+        format!("_dbs_info: {}", infos.body)
+    })?;
+    // A document in one database is invisible in another and in the data-store database.
+    e.put("/alpha/shared-id", json!({"in": "alpha"})).await?.expect(201, "PUT in alpha")?;
+    e.get("/zeta/shared-id").await?.expect(404, "GET the id in zeta")?;
+    e.delete("/alpha").await?.expect(200, "DELETE /alpha")?;
+    let missing = e.get("/alpha").await?;
+    same_error(&missing, "006-db-missing")?;
+    e.delete("/alpha").await?.expect(404, "DELETE /alpha again")?;
+    // Created again: nothing of the deleted database is left.
+    e.call(Method::PUT, "/alpha", None).await?.expect(201, "PUT /alpha again")?;
+    e.get("/alpha/shared-id").await?.expect(404, "the old document is gone")?;
+    let fresh = e.get("/alpha").await?.expect(200, "GET /alpha again")?;
+    check(fresh.body["doc_count"] == 0, || format!("re-created: {}", fresh.body))?;
+    e.get("/zeta").await?.expect(200, "the other database is untouched")?;
+    e.delete(&format!("/{DB}")).await?.expect(403, "the data-store database is not deleted")?;
+    Ok(())
+}
+
+pub(super) async fn any_document_and_its_conflicts(e: Endpoint) -> TestResult {
+    e.call(Method::PUT, "/docs", None).await?.expect(201, "PUT /docs")?;
+    let shape = json!({"list": [1, "two", null, {"x": [true]}], "ünïcode key": {"": 1.5}, "n": -0.0001});
+    let first = e.put("/docs/any", shape.clone()).await?.expect(201, "PUT any")?.rev()?;
+    let read = e.get("/docs/any").await?.expect(200, "GET any")?;
+    for (name, value) in shape.as_object().into_iter().flatten() {
+        check(read.body[name] == *value, || format!("field {name}: {}", read.body))?;
+    }
+    // A stale revision is 409 conflict (CouchDB's update rule).
+    let second = e.put("/docs/any", json!({"_rev": first, "v": 2})).await?.expect(201, "update")?.rev()?;
+    let stale = e.put("/docs/any", json!({"_rev": first, "v": 3})).await?;
+    same_error(&stale, "011-doc-update-conflict")?;
+    // A replicated branch from the first revision: a conflict, both leaves kept with bodies.
+    let (_, first_id) = first.split_once('-').unwrap_or_default();
+    let branch = json!({"docs": [{"_id": "any", "_rev": "2-ffffffffffffffffffffffffffffffff", "side": "replicated",
+        "_revisions": {"start": 2, "ids": ["ffffffffffffffffffffffffffffffff", first_id]}}], "new_edits": false});
+    let grafted = e.post("/docs/_bulk_docs", branch).await?.expect(201, "graft")?;
+    check(grafted.body == json!([]), || format!("new_edits=false answers failures only: {}", grafted.body))?;
+    // The winner: same generation, the greater revision id (couch_key_tree's rule).
+    let winner = e.get("/docs/any?conflicts=true").await?.expect(200, "GET conflicts")?;
+    check(winner.body["_rev"] == "2-ffffffffffffffffffffffffffffffff", || format!("winner: {}", winner.body))?;
+    check(winner.body["_conflicts"] == json!([second]), || format!("_conflicts: {}", winner.body))?;
+    let all = e.get("/docs/any?open_revs=all").await?.expect(200, "open_revs=all")?;
+    let mut leaves = leaf_revs(&all.body);
+    leaves.sort();
+    let mut expected = vec![second.clone(), "2-ffffffffffffffffffffffffffffffff".to_owned()];
+    expected.sort();
+    check(leaves == expected, || format!("open_revs=all: {}", all.body))?;
+    let loser = e.get(&format!("/docs/any?rev={second}&revs=true")).await?.expect(200, "GET the losing leaf")?;
+    check(loser.body["v"] == 2 && loser.body["_revisions"]["start"] == 2, || format!("loser: {}", loser.body))?;
+    // Inner revisions' bodies are not kept (as after a CouchDB compaction).
+    e.get(&format!("/docs/any?rev={first}")).await?.expect(404, "an inner revision")?;
+    let info = e.get("/docs/any?revs_info=true").await?.expect(200, "revs_info")?;
+    check(info.body["_revs_info"][1] == json!({"rev": first, "status": "missing"}), || format!("revs_info: {}", info.body))?;
+    let listed = e.get("/docs/_all_docs?include_docs=true&conflicts=true").await?.expect(200, "_all_docs")?;
+    check(listed.body["rows"][0]["doc"]["_conflicts"] == json!([second]), || format!("_all_docs: {}", listed.body))?;
+    let changes = e.get("/docs/_changes?style=all_docs").await?.expect(200, "_changes all_docs")?;
+    let revs = changes.body["results"][0]["changes"].as_array().map_or(0, Vec::len);
+    check(revs == 2, || format!("style=all_docs lists both leaves: {}", changes.body))?;
+    let diff = e.post("/docs/_revs_diff", json!({"any": ["3-abc", second]})).await?.expect(200, "_revs_diff")?;
+    check(diff.body["any"]["missing"] == json!(["3-abc"]), || format!("_revs_diff: {}", diff.body))?;
+    check(diff.body["any"]["possible_ancestors"].as_array().is_some_and(|a| a.len() == 2), || format!("{}", diff.body))?;
+    // Deleting the losing leaf resolves the conflict.
+    e.delete(&format!("/docs/any?rev={second}")).await?.expect(200, "delete the loser")?;
+    let resolved = e.get("/docs/any?conflicts=true&deleted_conflicts=true").await?.expect(200, "resolved")?;
+    check(resolved.body.get("_conflicts").is_none(), || format!("resolved: {}", resolved.body))?;
+    check(resolved.body["_deleted_conflicts"].as_array().is_some_and(|d| d.len() == 1), || format!("{}", resolved.body))?;
+    // Deleting the winner: 404 deleted; written again without a revision, generation 4.
+    let gone = e.delete("/docs/any?rev=2-ffffffffffffffffffffffffffffffff").await?.expect(200, "delete")?.rev()?;
+    let deleted = e.get("/docs/any").await?.expect(404, "GET deleted")?;
+    check(deleted.body["reason"] == "deleted", || format!("GET deleted: {}", deleted.body))?;
+    let back = e.put("/docs/any", json!({"back": true})).await?.expect(201, "write it again")?.rev()?;
+    check(gone.starts_with("3-") && back.starts_with("4-"), || format!("generations: {gone} then {back}"))?;
+    Ok(())
+}
+
+pub(super) async fn bad_input_on_databases(e: Endpoint) -> TestResult {
+    e.call(Method::PUT, "/bad", None).await?.expect(201, "PUT /bad")?;
+    // couch_doc:transfer_fields refuses unknown special members.
+    let special = e.put("/bad/d", json!({"_foo": 1})).await?.expect(400, "_foo")?;
+    check(special.body == json!({"error": "doc_validation", "reason": "Bad special document member: _foo"}), || {
+        format!("_foo: {}", special.body)
+    })?;
+    let reserved = e.post("/bad", json!({"_id": "_reserved"})).await?.expect(400, "_reserved")?;
+    check(reserved.body["error"] == "illegal_docid", || format!("_reserved: {}", reserved.body))?;
+    let rev = e.put("/bad/d", json!({"_rev": "not-a-rev"})).await?.expect(400, "bad _rev")?;
+    check(rev.body["error"] == "bad_request", || format!("bad _rev: {}", rev.body))?;
+    let revisions = json!({"docs": [{"_id": "d", "_rev": "2-b", "_revisions": {"start": 1, "ids": ["b", "a"]}}], "new_edits": false});
+    e.post("/bad/_bulk_docs", revisions).await?.expect(400, "malformed _revisions")?;
+    let bulk = json!({"docs": [{"_id": "fine"}, {"_id": "_bad"}]});
+    e.post("/bad/_bulk_docs", bulk).await?.expect(400, "one illegal id fails the whole request")?;
+    e.get("/bad/fine").await?.expect(404, "nothing of a refused request is written")?;
+    // CouchDB's max_document_size, 8,000,000 bytes by default: 413 document_too_large.
+    let big = json!({"blob": "x".repeat(8_000_001)});
+    let too_large = e.put("/bad/big", big).await?.expect(413, "a document over 8 MB")?;
+    check(too_large.body["error"] == "document_too_large", || format!("413: {}", too_large.body))?;
+    let info = e.get("/bad").await?.expect(200, "GET /bad")?;
+    check(info.body["doc_count"] == 0, || format!("nothing was written: {}", info.body))
+}
+
+pub(super) async fn deleting_a_database_under_writers_and_a_feed(e: Endpoint) -> TestResult {
+    e.call(Method::PUT, "/busy", None).await?.expect(201, "PUT /busy")?;
+    e.call(Method::PUT, "/bystander", None).await?.expect(201, "PUT /bystander")?;
+    e.put("/bystander/kept", json!({"v": 1})).await?.expect(201, "PUT in the bystander")?;
+    let feed = e
+        .client
+        .get(e.url("/busy/_changes?feed=continuous&heartbeat=1000&timeout=20000"))
+        .send()
+        .await
+        .map_err(|err| Failed::from(format!("open the feed: {err}")))?;
+    let mut feed = feed.bytes_stream();
+    let writer = {
+        let client = e.client.clone();
+        let url = e.url("/busy");
+        tokio::spawn(async move {
+            let mut statuses = Vec::new();
+            for n in 0..200 {
+                let answer = client.post(&url).json(&json!({"n": n})).send().await;
+                let status = answer.map(|a| a.status().as_u16()).unwrap_or(0);
+                statuses.push(status);
+                if status == 404 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            statuses
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    e.delete("/busy").await?.expect(200, "DELETE /busy while it is used")?;
+    let statuses = writer.await.map_err(|err| Failed::from(format!("writer: {err}")))?;
+    check(statuses.iter().all(|s| *s == 201 || *s == 404), || format!("writers saw only 201 then 404: {statuses:?}"))?;
+    check(statuses.last() == Some(&404), || format!("the writer ended on 404: {statuses:?}"))?;
+    // The feed ends, its last line CouchDB's missing-database error.
+    let mut text = String::new();
+    let ended = tokio::time::timeout(Duration::from_secs(15), async {
+        while let Some(chunk) = feed.next().await {
+            match chunk {
+                Ok(bytes) => text.push_str(&String::from_utf8_lossy(&bytes)),
+                Err(_) => break,
+            }
+        }
+    })
+    .await;
+    check(ended.is_ok(), || format!("the feed did not end after the delete: {text}"))?;
+    let last = text.lines().filter(|l| !l.trim().is_empty()).last().unwrap_or_default().to_owned();
+    check(last.contains("\"not_found\""), || format!("the feed's last line names the error: {last:?}"))?;
+    e.get("/busy").await?.expect(404, "gone")?;
+    e.call(Method::PUT, "/busy", None).await?.expect(201, "created again")?;
+    let again = e.get("/busy").await?.expect(200, "GET again")?;
+    check(again.body["doc_count"] == 0, || format!("nothing of the deleted database remains: {}", again.body))?;
+    e.get("/bystander/kept").await?.expect(200, "other databases untouched")?;
+    Ok(())
+}
+
+pub(super) async fn server_probes(e: Endpoint) -> TestResult {
+    let tasks = e.get("/_active_tasks").await?.expect(200, "_active_tasks")?;
+    check(tasks.body == json!([]), || format!("_active_tasks: {}", tasks.body))?;
+    let members = e.get("/_membership").await?.expect(200, "_membership")?;
+    check(members.body["all_nodes"].as_array().is_some_and(|n| n.len() == 1), || format!("{}", members.body))?;
+    let jobs = e.get("/_scheduler/jobs").await?.expect(200, "_scheduler/jobs")?;
+    check(jobs.body["jobs"] == json!([]), || format!("_scheduler/jobs: {}", jobs.body))?;
+    e.get("/_node/_local").await?.expect(200, "_node/_local")?;
+    e.call(Method::PUT, "/events", None).await?.expect(201, "PUT /events")?;
+    e.put("/events/a", json!({})).await?.expect(201, "PUT a")?;
+    let stream = e.get("/events/_changes?feed=eventsource&timeout=100").await?.expect(200, "eventsource")?;
+    check(stream.header("content-type") == Some("text/event-stream"), || "eventsource content type".into())?;
+    check(stream.text.starts_with("data: {") && stream.text.contains("\nid: "), || format!("eventsource: {:?}", stream.text))
+}
