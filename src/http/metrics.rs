@@ -177,6 +177,10 @@ impl DocumentBackend for MeteredBackend {
         timed!(self, "design_request", self.inner.design_request(request))
     }
 
+    fn forwards_requests(&self) -> bool {
+        self.inner.forwards_requests()
+    }
+
     async fn revisions(&self, id: &str) -> Result<Option<RevisionInfo>> {
         timed!(self, "revisions", self.inner.revisions(id))
     }
@@ -344,6 +348,10 @@ mod tests {
             self.record("design_request");
             Ok(Some(DesignResponse { status: 200, headers: Vec::new(), body: Box::pin(futures::stream::empty()) }))
         }
+        fn forwards_requests(&self) -> bool {
+            self.record("forwards_requests");
+            true
+        }
     }
 
     /// The decorator must reach the adapter's own implementation of each default-bodied method:
@@ -371,6 +379,7 @@ mod tests {
             body: bytes::Bytes::new(),
         };
         assert_eq!(metered.design_request(design).await.unwrap().map(|answer| answer.status), Some(200));
+        assert!(metered.forwards_requests());
         assert_eq!(
             *inner.called.lock().unwrap(),
             [
@@ -379,7 +388,8 @@ mod tests {
                 "design_document_count",
                 "get_many",
                 "put_replicated",
-                "design_request"
+                "design_request",
+                "forwards_requests"
             ]
         );
     }
