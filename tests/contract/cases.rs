@@ -66,7 +66,18 @@ pub fn all() -> Vec<Case> {
     ];
     cases.extend(document_model_cases());
     cases.extend(replication_cases());
+    cases.extend(catalog_cases());
     cases
+}
+
+/// The catalog cases (`catalog.rs`): databases besides the data store's.
+fn catalog_cases() -> Vec<Case> {
+    use crate::catalog::*;
+    cases![
+        catalog_creates_lists_opens_and_drops,
+        catalog_databases_are_isolated,
+        catalog_recreated_database_starts_empty,
+    ]
 }
 
 /// The replicated-write cases (`replication.rs`).

@@ -41,6 +41,9 @@ pub struct Ctx {
     /// `_purge`; Apache CouchDB has, covered by the replay tests): erasure must then refuse and
     /// change nothing.
     pub no_purge: Option<String>,
+    /// The backend's URL as `backend::open` and `open_catalog` take it (for the embedded store
+    /// too: its catalog's files go beside the test's data-store file).
+    pub backend_url: String,
     _keep_alive: Box<dyn Any + Send + Sync>,
 }
 
@@ -112,8 +115,9 @@ async fn fresh_firestore() -> Result<Ctx, String> {
         backend: Arc::new(backend),
         backend_name: "firestore",
         inexact_numbers: None,
-        url: Some(url),
+        url: Some(url.clone()),
         no_purge: None,
+        backend_url: url,
         _keep_alive: Box::new(()),
     })
 }
@@ -129,8 +133,9 @@ async fn fresh_dynamodb() -> Result<Ctx, String> {
         backend: Arc::new(backend),
         backend_name: "dynamodb",
         inexact_numbers: None,
-        url: Some(url),
+        url: Some(url.clone()),
         no_purge: None,
+        backend_url: url,
         _keep_alive: Box::new(()),
     })
 }
@@ -152,21 +157,24 @@ async fn fresh_couchdb() -> Result<Ctx, String> {
         backend: Arc::new(backend),
         backend_name: "couchdb",
         inexact_numbers,
-        url: Some(url),
+        url: Some(url.clone()),
         no_purge,
+        backend_url: url,
         _keep_alive: Box::new(()),
     })
 }
 
 async fn fresh_embedded() -> Result<Ctx, String> {
     let dir = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
-    let backend = EmbeddedBackend::open(&dir.path().join("contract.redb")).await.map_err(|e| e.to_string())?;
+    let file = dir.path().join("contract.redb");
+    let backend = EmbeddedBackend::open(&file).await.map_err(|e| e.to_string())?;
     Ok(Ctx {
         backend: Arc::new(backend),
         backend_name: "embedded",
         inexact_numbers: None,
         url: None,
         no_purge: None,
+        backend_url: format!("embedded:{}", file.display()),
         _keep_alive: Box::new(dir),
     })
 }
