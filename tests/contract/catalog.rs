@@ -55,7 +55,14 @@ pub async fn catalog_creates_lists_opens_and_drops(ctx: Ctx) {
     assert!(!catalog.describe().is_empty());
     let p = unique_prefix();
     // Created out of order; names needing encoding on every backend but CouchDB.
-    let texts = [format!("{p}b"), format!("{p}a$(x)+y-z/w"), format!("{p}a"), format!("{p}a_b")];
+    let slash = match &ctx.slash_names_unlisted {
+        Some(why) => {
+            eprintln!("listing names with / not checked: {why}");
+            ""
+        }
+        None => "/",
+    };
+    let texts = [format!("{p}b"), format!("{p}a$(x)+y-z{slash}w"), format!("{p}a"), format!("{p}a_b")];
     for text in &texts {
         let created = catalog.create(&name(text)).await.unwrap_or_else(|e| panic!("create {text}: {e}"));
         created.health().await.unwrap_or_else(|e| panic!("a created database answers: {e}"));
@@ -72,7 +79,7 @@ pub async fn catalog_creates_lists_opens_and_drops(ctx: Ctx) {
     let again = catalog.create(&name(&format!("{p}a"))).await.err().map(|e| e.kind());
     assert_eq!(again, Some(ErrorKind::Conflict), "creating an existing database is a conflict");
 
-    let dropped = name(&format!("{p}a$(x)+y-z/w"));
+    let dropped = name(&format!("{p}a$(x)+y-z{slash}w"));
     assert!(Catalog::drop(&*catalog, &dropped).await.expect("drop"), "drop of an existing database");
     assert!(catalog.open(&dropped).await.expect("open").is_none(), "gone once dropped");
     assert!(!Catalog::drop(&*catalog, &dropped).await.expect("drop again"), "drop of a missing database");
@@ -145,5 +152,5 @@ pub async fn catalog_recreated_database_starts_empty(ctx: Ctx) {
     after.put("u:n:0", &body(json!({"n": "new"})), Precondition::MustNotExist).await.expect("a new document, no conflict");
     let reopened = catalog.open(&db).await.expect("open").expect("exists");
     assert_eq!(reopened.get("u:n:0").await.expect("get").map(|d| d.body.get("n").cloned()), Some(Some(json!("new"))));
-    drop_all(&*catalog, &p).await;
+    assert!(Catalog::drop(&*catalog, &db).await.expect("drop what the test created"));
 }

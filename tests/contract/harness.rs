@@ -41,6 +41,9 @@ pub struct Ctx {
     /// `_purge`; Apache CouchDB has, covered by the replay tests): erasure must then refuse and
     /// change nothing.
     pub no_purge: Option<String>,
+    /// Why this test server cannot list a database whose name holds `/` under its name, when it
+    /// cannot (pouchdb-server's `_all_dbs` leaves the `/` out; Apache CouchDB lists it).
+    pub slash_names_unlisted: Option<String>,
     /// The backend's URL as `backend::open` and `open_catalog` take it (for the embedded store
     /// too: its catalog's files go beside the test's data-store file).
     pub backend_url: String,
@@ -117,6 +120,7 @@ async fn fresh_firestore() -> Result<Ctx, String> {
         inexact_numbers: None,
         url: Some(url.clone()),
         no_purge: None,
+        slash_names_unlisted: None,
         backend_url: url,
         _keep_alive: Box::new(()),
     })
@@ -135,6 +139,7 @@ async fn fresh_dynamodb() -> Result<Ctx, String> {
         inexact_numbers: None,
         url: Some(url.clone()),
         no_purge: None,
+        slash_names_unlisted: None,
         backend_url: url,
         _keep_alive: Box::new(()),
     })
@@ -153,12 +158,15 @@ async fn fresh_couchdb() -> Result<Ctx, String> {
         .then(|| format!("{} stores numbers as JS doubles (Apache CouchDB keeps them exact)", server.product));
     let no_purge = (!server.exact_numbers)
         .then(|| format!("{} answers _purge with 400 only_multipart_accepted (Apache CouchDB purges)", server.product));
+    let slash_names_unlisted = (!server.exact_numbers)
+        .then(|| format!("{} lists database a/b as ab in _all_dbs (Apache CouchDB lists a/b)", server.product));
     Ok(Ctx {
         backend: Arc::new(backend),
         backend_name: "couchdb",
         inexact_numbers,
         url: Some(url.clone()),
         no_purge,
+        slash_names_unlisted,
         backend_url: url,
         _keep_alive: Box::new(()),
     })
@@ -174,6 +182,7 @@ async fn fresh_embedded() -> Result<Ctx, String> {
         inexact_numbers: None,
         url: None,
         no_purge: None,
+        slash_names_unlisted: None,
         backend_url: format!("embedded:{}", file.display()),
         _keep_alive: Box::new(dir),
     })

@@ -100,6 +100,12 @@ impl Catalog for CouchCatalog {
         }
         self.open.lock().await.remove(name);
         let url = self.server.server_url(&[name.as_str()]);
+        // pouchdb-server answers a DELETE of a missing database with success (Apache CouchDB
+        // with 404): a HEAD first tells "did not exist" on both.
+        let look = self.server.read(Method::HEAD, &url, &[], None, &format!("look for database {name}")).await?;
+        if look.status == StatusCode::NOT_FOUND {
+            return Ok(false);
+        }
         let reply = self.server.send(Method::DELETE, &url, &[], None, &format!("delete database {name}")).await?;
         match reply.status {
             StatusCode::OK | StatusCode::ACCEPTED => Ok(true),
