@@ -196,7 +196,9 @@ impl Catalog for EmbeddedCatalog {
         match tokio::fs::remove_file(&file).await {
             Ok(()) => Ok(true),
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(handle.is_some()),
-            Err(err) => Err(Error::new(ErrorKind::Unavailable, format!("cannot delete {}", file.display())).with_source(err)),
+            Err(err) => {
+                Err(Error::new(ErrorKind::Unavailable, format!("cannot delete {}", file.display())).with_source(err))
+            }
         }
     }
 

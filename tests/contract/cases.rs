@@ -77,6 +77,7 @@ fn catalog_cases() -> Vec<Case> {
         catalog_creates_lists_opens_and_drops,
         catalog_databases_are_isolated,
         catalog_recreated_database_starts_empty,
+        catalog_databases_forward_requests_where_the_backend_does,
     ]
 }
 

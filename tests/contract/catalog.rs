@@ -6,8 +6,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use agentstore::backend::catalog::{open_catalog, Catalog, DbName};
-use agentstore::backend::{BackendUrl, DocumentBackend, IdRange, Precondition};
+use agentstore::backend::{BackendUrl, DesignRequest, DocumentBackend, IdRange, Precondition};
 use agentstore::ErrorKind;
+use futures::TryStreamExt;
 use serde_json::{json, Map, Value};
 
 use crate::harness::Ctx;
@@ -116,7 +117,8 @@ pub async fn catalog_databases_are_isolated(ctx: Ctx) {
         assert!(other.get("u:n:one").await.expect("get").is_none(), "first's document is not in {what}");
         assert!(other.get_local("checkpoint").await.expect("get_local").is_none(), "nor its local document");
     }
-    let ids: Vec<String> = second.all_docs(&IdRange::all(), 100, None).await.expect("all_docs").items.into_iter().map(|d| d.id).collect();
+    let ids: Vec<String> =
+        second.all_docs(&IdRange::all(), 100, None).await.expect("all_docs").items.into_iter().map(|d| d.id).collect();
     assert_eq!(ids, Vec::<String>::new(), "the other database holds nothing");
 
     // The same id in two databases: two documents.
@@ -145,12 +147,85 @@ pub async fn catalog_recreated_database_starts_empty(ctx: Ctx) {
         assert!(after.get(&format!("u:n:{n}")).await.expect("get").is_none(), "an old document is not back");
     }
     let all = after.all_docs(&IdRange::all(), 100, None).await.expect("all_docs");
-    assert!(all.items.is_empty(), "the re-created database is empty: {:?}", all.items.iter().map(|d| &d.id).collect::<Vec<_>>());
+    assert!(
+        all.items.is_empty(),
+        "the re-created database is empty: {:?}",
+        all.items.iter().map(|d| &d.id).collect::<Vec<_>>()
+    );
     assert!(after.get_local("checkpoint").await.expect("get_local").is_none(), "nor its local documents");
     assert!(after.revisions("u:n:gone").await.expect("revisions").is_none(), "nor its tombstones");
     // What the new database is given is its own.
-    after.put("u:n:0", &body(json!({"n": "new"})), Precondition::MustNotExist).await.expect("a new document, no conflict");
+    after
+        .put("u:n:0", &body(json!({"n": "new"})), Precondition::MustNotExist)
+        .await
+        .expect("a new document, no conflict");
     let reopened = catalog.open(&db).await.expect("open").expect("exists");
     assert_eq!(reopened.get("u:n:0").await.expect("get").map(|d| d.body.get("n").cloned()), Some(Some(json!("new"))));
     assert!(Catalog::drop(&*catalog, &db).await.expect("drop what the test created"));
+}
+
+/// The body of a forwarded answer, as JSON.
+async fn forwarded_json(
+    backend: &dyn DocumentBackend,
+    method: reqwest::Method,
+    path: &str,
+    body: &str,
+) -> (u16, Value) {
+    let request = DesignRequest {
+        method,
+        path: path.to_owned(),
+        query: None,
+        // A client's credentials, which must never reach the backend (ours go instead).
+        headers: vec![
+            ("content-type".into(), "application/json".into()),
+            ("authorization".into(), "Basic d3Jvbmc6d3Jvbmc=".into()),
+            ("cookie".into(), "AuthSession=not-ours".into()),
+        ],
+        body: bytes::Bytes::from(body.to_owned()),
+    };
+    let answer = backend.design_request(request).await.expect("forwarded").expect("a forwarding backend answers");
+    let bytes: Vec<bytes::Bytes> = answer.body.try_collect().await.expect("the answer's body");
+    let text: Vec<u8> = bytes.concat();
+    (answer.status, serde_json::from_slice(&text).unwrap_or(Value::Null))
+}
+
+pub async fn catalog_databases_forward_requests_where_the_backend_does(ctx: Ctx) {
+    let catalog = catalog_of(&ctx).await;
+    let p = unique_prefix();
+    let db = catalog.create(&name(&format!("{p}forwarded"))).await.expect("create");
+    if !db.forwards_requests() {
+        assert!(!ctx.backend.forwards_requests(), "the data store forwards when its databases do");
+        let request = DesignRequest {
+            method: reqwest::Method::GET,
+            path: "_all_docs".into(),
+            query: None,
+            headers: Vec::new(),
+            body: bytes::Bytes::new(),
+        };
+        assert!(
+            db.design_request(request).await.expect("answered").is_none(),
+            "a backend that does not forward says so"
+        );
+        drop_all(&*catalog, &p).await;
+        return;
+    }
+    // The database itself, a document, `_all_docs`, `_bulk_docs`, `_local/`: any path below it.
+    let (status, info) = forwarded_json(&*db, reqwest::Method::GET, "", "").await;
+    assert_eq!((status, info.get("db_name")), (200, Some(&json!(format!("{p}forwarded")))), "{info}");
+    let (status, put) = forwarded_json(&*db, reqwest::Method::PUT, "doc%2F1", r#"{"n":1}"#).await;
+    assert_eq!((status, put.get("ok")), (201, Some(&json!(true))), "{put}");
+    let (status, bulk) =
+        forwarded_json(&*db, reqwest::Method::POST, "_bulk_docs", r#"{"docs":[{"_id":"doc2"}]}"#).await;
+    assert_eq!(status, 201, "{bulk}");
+    let (status, local) = forwarded_json(&*db, reqwest::Method::PUT, "_local/cp", r#"{"seq":1}"#).await;
+    assert!(status == 201 || status == 200, "{status} {local}");
+    let (status, all) = forwarded_json(&*db, reqwest::Method::GET, "_all_docs", "").await;
+    let ids: Vec<&str> = all["rows"].as_array().into_iter().flatten().filter_map(|r| r["id"].as_str()).collect();
+    assert_eq!((status, ids), (200, vec!["doc/1", "doc2"]), "{all}");
+    let (status, doc) = forwarded_json(&*db, reqwest::Method::GET, "doc%2F1", "").await;
+    assert_eq!((status, doc.get("n")), (200, Some(&json!(1))), "{doc}");
+    // What was written through is the database's: the trait reads it too, and nothing else sees it.
+    assert!(db.get("doc/1").await.expect("get").is_some());
+    assert!(ctx.backend.get("doc/1").await.expect("get").is_none());
+    drop_all(&*catalog, &p).await;
 }

@@ -181,14 +181,15 @@ impl DynamoDbBackend {
                 format!("DynamoDB table {table:?} has hash key {hash_key:?}; the data store needs \"_id\""),
             ));
         }
-        let has_index = !self.config.user_index || description.global_secondary_indexes().iter().any(|gsi| {
-            gsi.index_name() == Some(self.config.index.as_str()) && {
-                let keys: Vec<(&str, &KeyType)> =
-                    gsi.key_schema().iter().map(|k| (k.attribute_name(), k.key_type())).collect();
-                keys.contains(&(fields::USER_ID, &KeyType::Hash))
-                    && keys.contains(&(fields::NAMESPACE, &KeyType::Range))
-            }
-        });
+        let has_index = !self.config.user_index
+            || description.global_secondary_indexes().iter().any(|gsi| {
+                gsi.index_name() == Some(self.config.index.as_str()) && {
+                    let keys: Vec<(&str, &KeyType)> =
+                        gsi.key_schema().iter().map(|k| (k.attribute_name(), k.key_type())).collect();
+                    keys.contains(&(fields::USER_ID, &KeyType::Hash))
+                        && keys.contains(&(fields::NAMESPACE, &KeyType::Range))
+                }
+            });
         if !has_index {
             return Err(Error::new(
                 ErrorKind::Misconfigured,

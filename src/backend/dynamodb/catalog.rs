@@ -11,9 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures::StreamExt;
 use aws_sdk_dynamodb::types::TableStatus;
 use aws_sdk_dynamodb::Client;
+use futures::StreamExt;
 use tokio::sync::Mutex;
 
 use super::backend::DynamoDbBackend;
@@ -164,13 +164,11 @@ impl Catalog for DynamoCatalog {
             Ok(_) => Ok(true),
             Err(e) if e.as_service_error().is_some_and(|s| s.is_resource_not_found_exception()) => Ok(false),
             // A table being created (or already being deleted) cannot be deleted yet.
-            Err(e) if e.as_service_error().is_some_and(|s| s.is_resource_in_use_exception()) => {
-                Err(Error::new(
-                    ErrorKind::Unavailable,
-                    format!("DynamoDB table {table:?} is being created or deleted; try again in a few seconds"),
-                )
-                .with_source(e))
-            }
+            Err(e) if e.as_service_error().is_some_and(|s| s.is_resource_in_use_exception()) => Err(Error::new(
+                ErrorKind::Unavailable,
+                format!("DynamoDB table {table:?} is being created or deleted; try again in a few seconds"),
+            )
+            .with_source(e)),
             Err(e) => Err(map_sdk(e, &format!("delete table {table:?}"))),
         }
     }

@@ -57,7 +57,8 @@ pub struct FirestoreCatalog {
 
 impl FirestoreCatalog {
     pub async fn new(base: &FirestoreConfig) -> Result<Self> {
-        let catalog = FirestoreConfig { collection: format!("{}_databases", base.collection), parent: None, ..base.clone() };
+        let catalog =
+            FirestoreConfig { collection: format!("{}_databases", base.collection), parent: None, ..base.clone() };
         let client = FirestoreClient::connect(&catalog).await?;
         Ok(FirestoreCatalog { client, base: base.clone(), open: Mutex::new(HashMap::new()) })
     }
@@ -171,7 +172,12 @@ fn marker_of(document: &Value) -> Marker {
     Marker {
         name: document.get("name").and_then(Value::as_str).unwrap_or("").to_owned(),
         update_time: document.get("updateTime").and_then(Value::as_str).unwrap_or("").to_owned(),
-        instance: fields.get(INSTANCE).and_then(|v| v.get("stringValue")).and_then(Value::as_str).unwrap_or("").to_owned(),
+        instance: fields
+            .get(INSTANCE)
+            .and_then(|v| v.get("stringValue"))
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned(),
         dropping: fields.get(DROPPING).and_then(|v| v.get("booleanValue")).and_then(Value::as_bool).unwrap_or(false),
     }
 }
