@@ -3,11 +3,13 @@
 //! (docs/databases.md says why).
 //!
 //! The marker holds the database's name, an instance id drawn at creation, and whether it is
-//! being dropped. The database's collections are `docs-{instance}` (documents, with their chunk
-//! subcollections), `docs-{instance}_local` and `docs-{instance}_meta`, all under the marker:
-//! the adapter's sibling collections (`{collection}_local`, `{collection}_meta`) stay inside the
-//! database, and a re-created database (a new instance) never sees an old one's documents, even
-//! one a handle of another process wrote after the drop. A drop first marks the marker
+//! being dropped. The database's collections are `db_documents` (with their chunk
+//! subcollections), `db_documents_local` and `db_documents_meta`, under
+//! `{marker}/instances/{instance}`: the adapter's sibling collections (`{collection}_local`,
+//! `{collection}_meta`) stay inside the database; a re-created database (a new instance) never
+//! sees an old one's documents, even one a handle of another process wrote after the drop; and
+//! the collection id is the same in every database, so the composite indexes deployed for it
+//! (`firestore.indexes.json`, scoped to a collection id) serve them all. A drop first marks the marker
 //! `dropping` (from then on the database neither opens nor lists), then deletes every document of
 //! the database, then the marker; a drop cut short is finished by the next drop or create.
 
@@ -20,12 +22,15 @@ use serde_json::{json, Value};
 use tokio::sync::Mutex;
 
 use super::backend::FirestoreBackend;
-use super::codec::CHUNK_COLLECTION;
+use super::codec;
 use super::config::FirestoreConfig;
-use super::core::{fields_of, Call, FirestoreClient};
+use super::core::{fields_of, select, Call, FirestoreClient};
 use crate::backend::catalog::{Catalog, DbName};
 use crate::backend::DocumentBackend;
 use crate::error::{Error, ErrorKind, Result};
+
+/// The collection id of every database's documents.
+pub const DATA_COLLECTION: &str = "db_documents";
 
 /// The marker's fields.
 const NAME: &str = "name";
@@ -68,17 +73,15 @@ impl FirestoreCatalog {
         format!("{}/{}", self.client.collection(), name.encoded())
     }
 
-    fn config_of(&self, name: &DbName, instance: &str) -> FirestoreConfig {
-        FirestoreConfig {
-            collection: format!("docs-{instance}"),
-            parent: Some(self.marker_path(name)),
-            ..self.base.clone()
-        }
+    /// The document the collections of one instance of the database live under.
+    fn instance_path(&self, name: &DbName, instance: &str) -> String {
+        format!("{}/instances/{instance}", self.marker_path(name))
     }
 
     fn backend_of(&self, name: &DbName, instance: &str) -> FirestoreBackend {
-        let config = self.config_of(name, instance);
-        let client = self.client.below(&self.marker_path(name), &config.collection);
+        let parent = self.instance_path(name, instance);
+        let client = self.client.below(&parent, DATA_COLLECTION);
+        let config = FirestoreConfig { collection: DATA_COLLECTION.into(), parent: Some(parent), ..self.base.clone() };
         FirestoreBackend::with_client(client, &config)
     }
 
@@ -103,12 +106,11 @@ impl FirestoreCatalog {
     /// Every document of a database being dropped, then its marker (only if it is still the one
     /// read: a concurrent drop or create may have finished it first).
     async fn finish_drop(&self, name: &DbName, marker: &Marker) -> Result<()> {
-        let parent = self.marker_path(name);
-        let data = format!("docs-{}", marker.instance);
-        // Chunks first, found under the marker at any depth: those of every old instance too.
-        self.delete_all(&parent, CHUNK_COLLECTION, true).await?;
-        for collection in [format!("{data}_local"), format!("{data}_meta"), data] {
-            self.delete_all(&parent, &collection, false).await?;
+        let parent = self.instance_path(name, &marker.instance);
+        for collection in
+            [format!("{DATA_COLLECTION}_local"), format!("{DATA_COLLECTION}_meta"), DATA_COLLECTION.into()]
+        {
+            self.delete_all(&parent, &collection).await?;
         }
         let delete = json!({ "delete": marker.name, "currentDocument": { "updateTime": marker.update_time } });
         match self.commit(vec![delete], "delete a database marker").await {
@@ -118,30 +120,34 @@ impl FirestoreCatalog {
         }
     }
 
-    /// Deletes every document of the collection `collection_id` under `parent`, a page at a time
-    /// (one read and one delete per document).
-    async fn delete_all(&self, parent: &str, collection_id: &str, all_descendants: bool) -> Result<()> {
+    /// Deletes every document of the collection `collection_id` under `parent` with its chunk
+    /// documents, a page at a time (one read and one delete per document, one delete per chunk).
+    async fn delete_all(&self, parent: &str, collection_id: &str) -> Result<()> {
         let scope = self.client.below(parent, collection_id);
         let query = json!({ "structuredQuery": {
-            "select": { "fields": [{ "fieldPath": "__name__" }] },
-            "from": [{ "collectionId": collection_id, "allDescendants": all_descendants }],
+            "select": select(&["__name__", codec::CHUNKS]),
+            "from": [{ "collectionId": collection_id }],
             "limit": PAGE,
         } });
         loop {
             let reply = scope
                 .call(Method::POST, &scope.query_url("runQuery"), Some(&query), Call::Read, "list a dropped database")
                 .await?;
-            let names: Vec<Value> = reply
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|r| r.pointer("/document/name").cloned())
-                .map(|name| json!({ "delete": name }))
-                .collect();
-            if names.is_empty() {
+            let mut writes = Vec::new();
+            for document in reply.as_array().into_iter().flatten().filter_map(|r| r.get("document")) {
+                let Some(name) = document.get("name").and_then(Value::as_str) else { continue };
+                let chunks = codec::chunk_count(fields_of(document));
+                writes.extend(
+                    (1..=chunks).map(|n| json!({ "delete": format!("{name}/{}/{n}", codec::CHUNK_COLLECTION) })),
+                );
+                writes.push(json!({ "delete": name }));
+            }
+            if writes.is_empty() {
                 return Ok(());
             }
-            self.commit(names, "delete a dropped database's documents").await?;
+            for group in writes.chunks(PAGE) {
+                self.commit(group.to_vec(), "delete a dropped database's documents").await?;
+            }
         }
     }
 
