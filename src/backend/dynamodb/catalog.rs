@@ -68,8 +68,8 @@ impl DynamoCatalog {
         check_table_name(&table).map_err(|_| {
             Error::invalid(
                 "database name",
-                &format!(
-                    "{name:?} makes the DynamoDB table name {table:?} ({} characters); DynamoDB allows at most 255 \
+                format!(
+                    "\"{name}\" makes the DynamoDB table name {table:?} ({} characters); DynamoDB allows at most 255 \
                      (the data-store table's name, {SEPARATOR:?}, and the name with each of $()+/ written as 3 \
                      characters)",
                     table.len()
