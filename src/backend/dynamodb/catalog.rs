@@ -36,6 +36,11 @@ const SEPARATOR: &str = ".db.";
 /// it once it is ACTIVE).
 pub const ACTIVE_WAIT: Duration = Duration::from_secs(60);
 
+/// Tries of CreateTable that meet a table of the same name being deleted.
+const CREATE_ROUNDS: usize = 3;
+/// How often a table being deleted is looked at.
+const POLL: Duration = Duration::from_millis(250);
+
 /// ListTables' largest page.
 const LIST_PAGE: i32 = 100;
 /// DescribeTable calls of one listing in flight at once.
@@ -96,6 +101,21 @@ impl DynamoCatalog {
         }
     }
 
+    /// Waits (at most [`ACTIVE_WAIT`]) until a table being deleted is gone.
+    async fn wait_until_gone(&self, table: &str) -> Result<()> {
+        let deadline = std::time::Instant::now() + ACTIVE_WAIT;
+        while self.status(table).await?.is_some() {
+            if std::time::Instant::now() > deadline {
+                return Err(Error::new(
+                    ErrorKind::Unavailable,
+                    format!("DynamoDB table {table:?} of a dropped database is still being deleted; try again later"),
+                ));
+            }
+            tokio::time::sleep(POLL).await;
+        }
+        Ok(())
+    }
+
     /// Waits for a table to become ACTIVE and makes sure it carries the layout marker (every
     /// database table is made by this release, so a missing marker only means its creator
     /// stopped before writing it).
@@ -117,8 +137,22 @@ impl Catalog for DynamoCatalog {
     async fn create(&self, name: &DbName) -> Result<Arc<dyn DocumentBackend>> {
         let table = self.table_of(name)?;
         let backend = Arc::new(DynamoDbBackend::new(self.client.clone(), &self.config_of(table.clone())));
-        // CreateTable answers ResourceInUse for a table that exists, whatever its state.
-        if !backend.create_table().await? {
+        // CreateTable answers ResourceInUse for a table that exists, whatever its state; one still
+        // being deleted (a drop just now) is no database, so its deletion is waited out.
+        let mut created = backend.create_table().await?;
+        for _ in 0..CREATE_ROUNDS {
+            if created {
+                break;
+            }
+            match self.status(&table).await? {
+                Some(TableStatus::Deleting) => self.wait_until_gone(&table).await?,
+                // Gone since CreateTable answered.
+                None => {}
+                Some(_) => break,
+            }
+            created = backend.create_table().await?;
+        }
+        if !created {
             return Err(Error::conflict("The database could not be created, the file already exists."));
         }
         backend.wait_until_active_within(ACTIVE_WAIT).await.map_err(|err| {
