@@ -67,21 +67,8 @@ impl DynamoCatalog {
         format!("{}{SEPARATOR}", self.base.table)
     }
 
-    /// The table of database `name`; `InvalidInput` when it would be longer than DynamoDB allows.
     fn table_of(&self, name: &DbName) -> Result<String> {
-        let table = format!("{}{}", self.prefix(), name.encoded());
-        check_table_name(&table).map_err(|_| {
-            Error::invalid(
-                "database name",
-                format!(
-                    "\"{name}\" makes the DynamoDB table name {table:?} ({} characters); DynamoDB allows at most 255 \
-                     (the data-store table's name, {SEPARATOR:?}, and the name with each of $()+/ written as 3 \
-                     characters)",
-                    table.len()
-                ),
-            )
-        })?;
-        Ok(table)
+        table_of(&self.base.table, name)
     }
 
     fn config_of(&self, table: String) -> DynamoConfig {
@@ -126,6 +113,23 @@ impl DynamoCatalog {
         }
         Ok(())
     }
+}
+
+/// The table of database `name` beside the data-store table `data_store`; `InvalidInput` when it
+/// would be longer than DynamoDB allows.
+fn table_of(data_store: &str, name: &DbName) -> Result<String> {
+    let table = format!("{data_store}{SEPARATOR}{}", name.encoded());
+    check_table_name(&table).map_err(|_| {
+        Error::invalid(
+            "database name",
+            format!(
+                "\"{name}\" makes the DynamoDB table name {table:?} ({} characters); DynamoDB allows at most 255 (the \
+                 data-store table's name, {SEPARATOR:?}, and the name with each of $()+/ written as 3 characters)",
+                table.len()
+            ),
+        )
+    })?;
+    Ok(table)
 }
 
 #[async_trait]
@@ -242,5 +246,40 @@ impl Catalog for DynamoCatalog {
             }
         }
         Ok(live)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn name(text: &str) -> DbName {
+        DbName::parse(text).unwrap()
+    }
+
+    #[test]
+    fn tables_are_named_from_the_data_store_table_and_the_encoded_name() {
+        assert_eq!(table_of("agent_data_store", &name("a/b")).unwrap(), "agent_data_store.db.a.2fb");
+        // 16 + 4 + 235 = 255 fits; one more does not, nor a name whose `/`s take 3 each.
+        assert!(table_of("agent_data_store", &name(&"a".repeat(235))).is_ok());
+        for too_long in ["a".repeat(236), format!("a{}", "/".repeat(80))] {
+            let err = table_of("agent_data_store", &name(&too_long)).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidInput, "{too_long}");
+        }
+    }
+
+    #[test]
+    fn one_data_store_never_reads_another_ones_tables_as_its_own() {
+        // Data store `t--a`'s database `x` against data store `t`'s database `a--x`, which a
+        // plain `--` would name alike; and a data store whose own name holds the separator.
+        for (other_store, db) in [("t--a", "x"), ("t.db.a", "x"), ("t", "a--x")] {
+            let table = table_of(other_store, &name(db)).unwrap();
+            let as_seen_by_t = table.strip_prefix("t.db.").and_then(DbName::decode);
+            match (other_store, as_seen_by_t) {
+                ("t", Some(found)) => assert_eq!(found.as_str(), db),
+                (_, None) => {}
+                (_, Some(found)) => panic!("data store t would list {found} of data store {other_store}"),
+            }
+        }
     }
 }
