@@ -121,10 +121,9 @@ pub trait Catalog: Send + Sync + 'static {
 pub async fn open_catalog(url: &BackendUrl) -> Result<Arc<dyn Catalog>> {
     match url {
         BackendUrl::Embedded { path, options } => Ok(Arc::new(EmbeddedCatalog::new(path, *options))),
-        _ => Err(Error::new(
-            ErrorKind::Misconfigured,
-            "databases besides the data-store database are not yet kept on this backend",
-        )),
+        BackendUrl::CouchDb(config) => Ok(Arc::new(super::couchdb::CouchCatalog::new(config)?)),
+        BackendUrl::DynamoDb(config) => Ok(Arc::new(super::dynamodb::DynamoCatalog::new(config).await?)),
+        BackendUrl::Firestore(config) => Ok(Arc::new(super::firestore::FirestoreCatalog::new(config).await?)),
     }
 }
 

@@ -252,17 +252,21 @@ pub fn needs_upgrade(store: &str, feature: &str, why: &str) -> crate::error::Err
 
 /// A request on a design document (`_design/{name}` and what lies below it: views, shows, lists,
 /// update functions), for a backend that runs design documents itself
-/// ([`DocumentBackend::design_request`]).
+/// ([`DocumentBackend::design_request`]); on a backend that forwards every request
+/// ([`DocumentBackend::forwards_requests`]), a request on any path below the database.
 #[derive(Debug, Clone)]
 pub struct DesignRequest {
     pub method: reqwest::Method,
-    /// The path below the database, percent-encoded, starting `_design/`; no segment is `.` or
-    /// `..` (the caller checks).
+    /// The path below the database, percent-encoded, without a leading `/`: starting `_design/`,
+    /// or, to a backend that forwards every request, any path (`""` for the database itself,
+    /// `_all_docs`, `{docid}`, `_changes`, `_bulk_docs`, `_local/{name}`, …); no segment is `.`
+    /// or `..` (the caller checks).
     pub path: String,
     /// The query string without `?`, as the client sent it.
     pub query: Option<String>,
     /// The headers a design request depends on (`Content-Type`, `Accept`, `If-Match`,
-    /// `If-None-Match`), lowercase names.
+    /// `If-None-Match`), lowercase names. `Authorization` and `Cookie` are never passed on,
+    /// whoever puts them here: the backend sends its own credentials.
     pub headers: Vec<(String, String)>,
     pub body: bytes::Bytes,
 }
@@ -416,6 +420,14 @@ pub trait DocumentBackend: Send + Sync + 'static {
     /// server's other databases. `None`, the default, where the backend keeps no others.
     fn catalog(&self) -> Option<Arc<dyn catalog::Catalog>> {
         None
+    }
+
+    /// Whether [`DocumentBackend::design_request`] takes a request on any path below the
+    /// database, not only `_design/`: the CouchDB backend's databases of the catalog
+    /// ([`catalog`]) stay native CouchDB, so the CouchDB API forwards every request on them
+    /// instead of keeping revision trees itself. `false`, the default, elsewhere.
+    fn forwards_requests(&self) -> bool {
+        false
     }
 
     /// The documents with these ids, one answer per id, in order (`None` for a missing one).

@@ -435,7 +435,12 @@ async fn respond(
         ErrorKind::InvalidInput => CouchError::bad_request(MALFORMED_SINCE),
         _ => CouchError::from(err),
     };
-    let since = resolve_since(backend.as_ref(), request.since.as_deref()).await.map_err(malformed)?;
+    // A database shows positions as `N-token` (`crate::database::seq`); the backend reads the token.
+    let asked = match (&database, request.since.as_deref()) {
+        (Some(_), Some(text)) => Some(crate::database::seq::read(text)),
+        (_, asked) => asked,
+    };
+    let since = resolve_since(backend.as_ref(), asked).await.map_err(malformed)?;
     // The first page is read here, before the status line: a `since` the backend does not know
     // is a 400 now, not a stream that breaks off.
     let first_size = request.limit.map_or(DEFAULT_PAGE, |l| l.clamp(1, DEFAULT_PAGE as u64) as usize);
@@ -512,7 +517,16 @@ async fn step(cursor: &mut Cursor) -> crate::Result<String> {
         Some(page) => page,
         None => {
             let page_size = remaining.map(|r| r.min(DEFAULT_PAGE as u64) as usize).unwrap_or(DEFAULT_PAGE);
-            read_page(cursor.backend.as_ref(), cursor.since.as_deref(), page_size).await?
+            match read_page(cursor.backend.as_ref(), cursor.since.as_deref(), page_size).await {
+                Ok(page) => page,
+                // A read that fails because the database was deleted (its table or file gone)
+                // ends the feed naming that, not with a broken stream.
+                Err(_) if cursor.database.as_ref().is_some_and(|db| db.check_open().is_err()) => {
+                    cursor.phase = Phase::Finished;
+                    return Ok(deleted_database_tail(cursor));
+                }
+                Err(err) => return Err(err),
+            }
         }
     };
     cursor.delivered.drop_repeats(&mut page);
@@ -614,17 +628,28 @@ fn deleted_database_tail(cursor: &Cursor) -> String {
         Feed::Continuous => format!("{error}\n"),
         _ => format!(
             "\n],\"last_seq\":{},\"pending\":0,\"error\":\"not_found\",\"reason\":\"Database does not exist.\"}}\n",
-            Value::from(cursor.last_seq.as_str())
+            Value::from(shown_seq(cursor, &cursor.last_seq))
         ),
     }
 }
 
 fn closing(cursor: &Cursor) -> String {
-    let tail = json!({ "last_seq": cursor.last_seq, "pending": cursor.pending });
+    let last_seq = shown_seq(cursor, &cursor.last_seq);
+    let tail = json!({ "last_seq": last_seq, "pending": cursor.pending });
     match cursor.request.feed {
         Feed::Continuous if cursor.request.eventsource => String::new(),
         Feed::Continuous => format!("{tail}\n"),
-        _ => format!("\n],\"last_seq\":{},\"pending\":{}}}\n", Value::from(cursor.last_seq.as_str()), cursor.pending),
+        _ => format!("\n],\"last_seq\":{},\"pending\":{}}}\n", Value::from(last_seq), cursor.pending),
+    }
+}
+
+/// A feed position as the feed's database shows it (`N-token` for databases besides the
+/// data-store one, whose positions stay the backend's tokens).
+fn shown_seq(cursor: &Cursor, token: &str) -> String {
+    if cursor.database.is_some() && token != "0" {
+        crate::database::seq::show(token)
+    } else {
+        token.to_owned()
     }
 }
 
@@ -708,6 +733,7 @@ async fn descending_answer(database: &Database, request: &ChangesRequest) -> Cou
     }
     let rows = database_rows(database, request, &newest_first).await?;
     let last_seq = newest_first.last().map_or_else(|| since.clone().unwrap_or_else(|| "0".into()), |c| c.seq.clone());
+    let last_seq = crate::database::seq::show(&last_seq);
     Ok(super::json(StatusCode::OK, json!({ "results": rows, "last_seq": last_seq, "pending": 0 })))
 }
 
@@ -741,7 +767,7 @@ async fn database_rows(database: &Database, request: &ChangesRequest, changes: &
         } else {
             vec![json!({ "rev": winner.path.leaf_rev() })]
         };
-        let mut row = json!({ "seq": change.seq, "id": change.id, "changes": leaves });
+        let mut row = json!({ "seq": crate::database::seq::show(&change.seq), "id": change.id, "changes": leaves });
         if winner.deleted {
             row["deleted"] = Value::Bool(true);
         }

@@ -88,7 +88,7 @@ fn require_admin(principal: &Principal) -> Result<(), CouchError> {
 /// The `_selector` filter of `_changes`: a Mango selector over each changed document.
 pub fn selector_filter(selector: &Value) -> Result<super::changes::DocumentPredicate, CouchError> {
     let Value::Object(selector) = selector else {
-        return Err(CouchError::bad_request("`selector` must be a JSON object"));
+        return Err(CouchError::bad_request("Selector error: expected a JSON object"));
     };
     let parsed = mango::selector::parse(selector)?;
     Ok(Box::new(move |doc: &Value| doc.as_object().is_some_and(|doc| mango::eval::matches(&parsed, doc))))

@@ -11,6 +11,7 @@
 pub mod document;
 pub mod engine;
 pub mod rev_tree;
+pub mod seq;
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -182,6 +182,10 @@ impl DocumentBackend for MeteredBackend {
         self.inner.catalog()
     }
 
+    fn forwards_requests(&self) -> bool {
+        self.inner.forwards_requests()
+    }
+
     async fn revisions(&self, id: &str) -> Result<Option<RevisionInfo>> {
         timed!(self, "revisions", self.inner.revisions(id))
     }
@@ -353,6 +357,10 @@ mod tests {
             self.record("catalog");
             None
         }
+        fn forwards_requests(&self) -> bool {
+            self.record("forwards_requests");
+            true
+        }
     }
 
     /// The decorator must reach the adapter's own implementation of each default-bodied method:
@@ -381,6 +389,7 @@ mod tests {
         };
         assert_eq!(metered.design_request(design).await.unwrap().map(|answer| answer.status), Some(200));
         assert!(metered.catalog().is_none());
+        assert!(metered.forwards_requests());
         assert_eq!(
             *inner.called.lock().unwrap(),
             [
@@ -390,7 +399,8 @@ mod tests {
                 "get_many",
                 "put_replicated",
                 "design_request",
-                "catalog"
+                "catalog",
+                "forwards_requests"
             ]
         );
     }

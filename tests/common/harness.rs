@@ -41,6 +41,12 @@ pub struct Ctx {
     /// `_purge`; Apache CouchDB has, covered by the replay tests): erasure must then refuse and
     /// change nothing.
     pub no_purge: Option<String>,
+    /// Why this test server cannot list a database whose name holds `/` under its name, when it
+    /// cannot (pouchdb-server's `_all_dbs` leaves the `/` out; Apache CouchDB lists it).
+    pub slash_names_unlisted: Option<String>,
+    /// The backend's URL as `backend::open` and `open_catalog` take it (for the embedded store
+    /// too: its catalog's files go beside the test's data-store file).
+    pub backend_url: String,
     _keep_alive: Box<dyn Any + Send + Sync>,
 }
 
@@ -112,8 +118,10 @@ async fn fresh_firestore() -> Result<Ctx, String> {
         backend: Arc::new(backend),
         backend_name: "firestore",
         inexact_numbers: None,
-        url: Some(url),
+        url: Some(url.clone()),
         no_purge: None,
+        slash_names_unlisted: None,
+        backend_url: url,
         _keep_alive: Box::new(()),
     })
 }
@@ -129,8 +137,10 @@ async fn fresh_dynamodb() -> Result<Ctx, String> {
         backend: Arc::new(backend),
         backend_name: "dynamodb",
         inexact_numbers: None,
-        url: Some(url),
+        url: Some(url.clone()),
         no_purge: None,
+        slash_names_unlisted: None,
+        backend_url: url,
         _keep_alive: Box::new(()),
     })
 }
@@ -148,25 +158,32 @@ async fn fresh_couchdb() -> Result<Ctx, String> {
         .then(|| format!("{} stores numbers as JS doubles (Apache CouchDB keeps them exact)", server.product));
     let no_purge = (!server.exact_numbers)
         .then(|| format!("{} answers _purge with 400 only_multipart_accepted (Apache CouchDB purges)", server.product));
+    let slash_names_unlisted = (!server.exact_numbers)
+        .then(|| format!("{} lists database a/b as ab in _all_dbs (Apache CouchDB lists a/b)", server.product));
     Ok(Ctx {
         backend: Arc::new(backend),
         backend_name: "couchdb",
         inexact_numbers,
-        url: Some(url),
+        url: Some(url.clone()),
         no_purge,
+        slash_names_unlisted,
+        backend_url: url,
         _keep_alive: Box::new(()),
     })
 }
 
 async fn fresh_embedded() -> Result<Ctx, String> {
     let dir = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
-    let backend = EmbeddedBackend::open(&dir.path().join("contract.redb")).await.map_err(|e| e.to_string())?;
+    let file = dir.path().join("contract.redb");
+    let backend = EmbeddedBackend::open(&file).await.map_err(|e| e.to_string())?;
     Ok(Ctx {
         backend: Arc::new(backend),
         backend_name: "embedded",
         inexact_numbers: None,
         url: None,
         no_purge: None,
+        slash_names_unlisted: None,
+        backend_url: format!("embedded:{}", file.display()),
         _keep_alive: Box::new(dir),
     })
 }

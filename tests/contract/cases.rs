@@ -67,6 +67,7 @@ pub fn all() -> Vec<Case> {
     cases.extend(document_model_cases());
     cases.extend(replication_cases());
     cases.extend(rev_tree_cases());
+    cases.extend(catalog_cases());
     cases
 }
 
@@ -81,6 +82,17 @@ fn rev_tree_cases() -> Vec<Case> {
         concurrent_writers_of_one_tree_lose_nothing,
         purge_removes_leaves_and_documents,
         design_documents_are_listed,
+    ]
+}
+
+/// The catalog cases (`catalog.rs`): databases besides the data store's.
+fn catalog_cases() -> Vec<Case> {
+    use crate::catalog::*;
+    cases![
+        catalog_creates_lists_opens_and_drops,
+        catalog_databases_are_isolated,
+        catalog_recreated_database_starts_empty,
+        catalog_databases_forward_requests_where_the_backend_does,
     ]
 }
 

@@ -5,6 +5,7 @@
 mod common;
 
 mod cases;
+mod catalog;
 mod document_model;
 mod replication;
 mod rev_trees;

@@ -519,3 +519,50 @@ async fn a_follower_sees_the_final_state_of_every_document() {
         assert_eq!(seen.get(&id).cloned(), truth, "{id}");
     }
 }
+
+/// A database of the catalog is a table of its own beside the data-store table: the document
+/// model's indexes without the user/namespace GSI (only the data store answers listings), every
+/// item in it (documents, tombstones, local documents, the layout marker), and gone with it.
+#[tokio::test]
+async fn a_database_is_a_table_without_the_listing_index_and_a_drop_deletes_it() {
+    let data_store = table_name("catalog");
+    let store = open(&data_store, true, "").await;
+    let server = servers::dynamodb().expect("dynalite");
+    let url: agentstore::backend::BackendUrl = server.table_url(&data_store).parse().expect("url");
+    let catalog = agentstore::backend::catalog::open_catalog(&url).await.expect("catalog");
+    let name = agentstore::backend::catalog::DbName::parse("a/b").expect("name");
+    let db = catalog.create(&name).await.expect("create");
+    let table = format!("{data_store}.db.a.2fb");
+
+    let described = store.client().describe_table().table_name(&table).send().await.expect("describe");
+    let mut indexes: Vec<String> = described
+        .table()
+        .map(|t| t.global_secondary_indexes().iter().filter_map(|g| g.index_name().map(str::to_owned)).collect())
+        .unwrap_or_default();
+    indexes.sort();
+    let mut expected = vec![FEED_INDEX.to_owned(), layout::ID_INDEX.to_owned()];
+    expected.sort();
+    assert_eq!(indexes, expected, "the document model's indexes, not the user/namespace one");
+    assert_eq!(db.layout().await.expect("layout"), LayoutState::Current);
+    let refused = db
+        .query(&Query { user_id: "u".into(), namespace: Some("ns".into()), projection: Projection::All }, 10, None)
+        .await
+        .err()
+        .map(|e| e.kind());
+    assert_eq!(refused, Some(ErrorKind::Misconfigured), "listings are the data store's");
+
+    let rev = db.put("u:ns:k", &body("u", "k", 1), Precondition::MustNotExist).await.expect("put");
+    db.delete("u:ns:k", &rev).await.expect("a tombstone");
+    db.put_local("cp", &Map::new(), Precondition::None).await.expect("local");
+    let items = store.client().scan().table_name(&table).send().await.expect("scan").count();
+    assert!(items >= 3, "tombstone, local document and marker are items of the database's table: {items}");
+    assert!(store.get("u:ns:k").await.expect("get").is_none(), "nothing in the data-store table");
+
+    assert!(agentstore::backend::catalog::Catalog::delete(&*catalog, &name).await.expect("drop"));
+    let gone = store.client().describe_table().table_name(&table).send().await;
+    let table_left = gone.ok().and_then(|d| d.table().and_then(|t| t.table_status().cloned()));
+    assert!(
+        matches!(table_left, None | Some(aws_sdk_dynamodb::types::TableStatus::Deleting)),
+        "the table is deleted: {table_left:?}"
+    );
+}

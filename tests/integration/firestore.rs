@@ -10,9 +10,10 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use agentstore::backend::catalog::{open_catalog, Catalog, DbName};
 use agentstore::backend::firestore::{FirestoreBackend, FirestoreConfig};
 use agentstore::backend::revision::RevisionId;
-use agentstore::backend::{DocumentBackend, IdRange, LayoutState, Precondition, Revision};
+use agentstore::backend::{BackendUrl, DocumentBackend, IdRange, LayoutState, Precondition, Revision};
 use agentstore::store::{DataStore, StoreOptions};
 use agentstore::ErrorKind;
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
@@ -511,4 +512,56 @@ async fn a_collection_of_the_previous_release_keeps_working_and_upgrades_in_plac
     let mut live: Vec<String> = ids.iter().filter(|id| *id != &ids[1]).cloned().collect();
     live.sort();
     assert_eq!(listed, live, "id order, no tombstone");
+}
+
+/// The document ids of a collection path below the root, documents that exist only as the
+/// parents of subcollections included (`showMissing`).
+async fn list_with_missing(raw: &Raw, path: &str) -> Vec<String> {
+    let url = format!("{}/{}?pageSize=300&showMissing=true", raw.root, utf8_percent_encode(path, PATH));
+    let reply: Value = raw.http.get(url).bearer_auth("owner").send().await.expect("list").json().await.expect("JSON");
+    reply["documents"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|d| d["name"].as_str().and_then(|n| n.rsplit('/').next()).map(str::to_owned))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_database_lives_under_its_marker_and_a_drop_leaves_nothing() {
+    let fixture = fixture().await;
+    let server = servers::firestore().expect("Firestore emulator");
+    let url: BackendUrl = server.collection_url(&fixture.raw.collection).parse().expect("URL");
+    let catalog = open_catalog(&url).await.expect("catalog");
+    let name = DbName::parse("big/db").unwrap();
+    let db = catalog.create(&name).await.expect("create");
+
+    let big: Map<String, Value> = serde_json::from_value(json!({ "value": noise(3_000_000, 11) })).unwrap();
+    db.put("big", &big, Precondition::MustNotExist).await.unwrap();
+    let rev = db.put("gone", &Map::new(), Precondition::MustNotExist).await.unwrap();
+    db.delete("gone", &rev).await.unwrap();
+    db.put_local("checkpoint", &Map::new(), Precondition::None).await.unwrap();
+
+    let catalog_collection = format!("{}_databases", fixture.raw.collection);
+    let marker = fixture.raw.list_in(&catalog_collection, "").await;
+    assert_eq!(marker, ["big.2fdb"], "one marker, named by the encoded name");
+    let instances = list_with_missing(&fixture.raw, &format!("{catalog_collection}/big.2fdb/instances")).await;
+    assert_eq!(instances.len(), 1, "one instance: {instances:?}");
+    let instance = format!("{catalog_collection}/big.2fdb/instances/{}", instances[0]);
+    let mut documents = list_with_missing(&fixture.raw, &format!("{instance}/db_documents")).await;
+    documents.sort();
+    assert_eq!(documents, ["big", "gone"], "the document and the tombstone, in the database's collection");
+    assert!(!list_with_missing(&fixture.raw, &format!("{instance}/db_documents/big/agentstore_chunks"))
+        .await
+        .is_empty());
+    assert_eq!(list_with_missing(&fixture.raw, &format!("{instance}/db_documents_local")).await.len(), 1);
+    assert_eq!(fixture.raw.list("").await, Vec::<String>::new(), "nothing in the data store's collection");
+
+    assert!(Catalog::delete(&*catalog, &name).await.expect("drop"));
+    for path in ["db_documents", "db_documents/big/agentstore_chunks", "db_documents_local", "db_documents_meta"] {
+        let left = list_with_missing(&fixture.raw, &format!("{instance}/{path}")).await;
+        assert_eq!(left, Vec::<String>::new(), "{path} is empty after the drop");
+    }
+    assert_eq!(fixture.raw.list_in(&catalog_collection, "").await, Vec::<String>::new(), "the marker is gone");
+    assert!(db.get("big").await.unwrap().is_none(), "a handle from before the drop finds nothing");
 }

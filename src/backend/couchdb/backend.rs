@@ -63,16 +63,21 @@ impl CouchDbBackend {
     /// Connects and checks the database, creating it when configured to. Nothing is written to
     /// an existing database here.
     pub async fn open(config: &CouchConfig) -> Result<Self> {
-        let backend = CouchDbBackend {
+        let backend = Self::unchecked(config)?;
+        backend.check_database().await?;
+        Ok(backend)
+    }
+
+    /// The backend of a database known to exist (the catalog has just looked); no request.
+    pub(super) fn unchecked(config: &CouchConfig) -> Result<Self> {
+        Ok(CouchDbBackend {
             client: CouchClient::new(config)?,
             config: config.clone(),
             index_ddoc: RwLock::new(None),
             live: LiveRevisions::default(),
             is_pouchdb_server: tokio::sync::OnceCell::new(),
             counts: CountCache::new(config.count_max_age),
-        };
-        backend.check_database().await?;
-        Ok(backend)
+        })
     }
 
     async fn check_database(&self) -> Result<()> {
@@ -504,6 +509,17 @@ impl DocumentBackend for CouchDbBackend {
         )
     }
 
+    /// The server's other databases ([`super::catalog`]).
+    fn catalog(&self) -> Option<std::sync::Arc<dyn crate::backend::catalog::Catalog>> {
+        match super::catalog::CouchCatalog::new(&self.config) {
+            Ok(catalog) => Some(std::sync::Arc::new(catalog)),
+            Err(err) => {
+                tracing::warn!(error = %err, "couchdb backend: no catalog of other databases");
+                None
+            }
+        }
+    }
+
     async fn get(&self, id: &str) -> Result<Option<StoredDocument>> {
         let reply = self.client.read(Method::GET, &self.document_url(id), &[], None, "read a document").await?;
         match reply.status {
@@ -723,6 +739,10 @@ impl DocumentBackend for CouchDbBackend {
         let rows = reply.body.get("rows").and_then(Value::as_array).map_or(0, Vec::len) as u64;
         self.counts.remember_design(ticket, rows);
         Ok(Some(rows))
+    }
+
+    fn forwards_requests(&self) -> bool {
+        true
     }
 
     async fn design_request(&self, request: DesignRequest) -> Result<Option<DesignResponse>> {

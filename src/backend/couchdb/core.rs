@@ -41,6 +41,15 @@ pub(super) struct CouchClient {
     database_url: String,
 }
 
+/// Whether a client's header may go on to CouchDB: never the client's credentials (the backend
+/// authenticates as itself; the CouchDB API has already decided who may make the request), nor
+/// the connection's own headers.
+fn passes_on(name: &str) -> bool {
+    !["authorization", "cookie", "proxy-authorization", "host", "content-length", "connection", "transfer-encoding"]
+        .iter()
+        .any(|refused| name.eq_ignore_ascii_case(refused))
+}
+
 impl CouchClient {
     pub fn new(config: &CouchConfig) -> Result<Self> {
         let http = http::client(SERVICE, config.timeout)?;
@@ -87,10 +96,22 @@ impl CouchClient {
             .await
     }
 
-    /// A request passed through below the database (design documents): `path_and_query` is
-    /// already percent-encoded. The reply is returned unread, whatever its status, so its body can
-    /// be streamed; idempotent requests are retried while CouchDB is unreachable or answers
-    /// 503/429, others are sent once.
+    /// `{server}/` plus escaped path segments (server-level endpoints such as `_all_dbs`).
+    pub fn server_url(&self, segments: &[&str]) -> String {
+        let mut url = self.config.server.as_str().trim_end_matches('/').to_owned();
+        for segment in segments {
+            url.push('/');
+            url.extend(utf8_percent_encode(segment, SEGMENT));
+        }
+        url
+    }
+
+    /// A request passed through below the database (design documents, or any path of a database
+    /// whose requests are all forwarded): `path_and_query` is already percent-encoded, and empty
+    /// (or a bare `?query`) for the database itself. The reply is returned unread, whatever its
+    /// status, so its body can be streamed; idempotent requests are retried while CouchDB is
+    /// unreachable or answers 503/429, others are sent once. The client's credentials
+    /// (`Authorization`, `Cookie`) never go through: ours replace them.
     pub async fn pass_through(
         &self,
         method: Method,
@@ -99,7 +120,11 @@ impl CouchClient {
         body: bytes::Bytes,
         doing: &str,
     ) -> Result<reqwest::Response> {
-        let url = format!("{}/{path_and_query}", self.database_url);
+        let url = match path_and_query {
+            "" => self.database_url.clone(),
+            query if query.starts_with('?') => format!("{}{query}", self.database_url),
+            path => format!("{}/{path}", self.database_url),
+        };
         let idempotency = if matches!(method, Method::GET | Method::HEAD) {
             Idempotency::Idempotent
         } else {
@@ -107,7 +132,7 @@ impl CouchClient {
         };
         let attempt = || async {
             let mut request = self.http.request(method.clone(), &url).body(body.clone());
-            for (name, value) in headers {
+            for (name, value) in headers.iter().filter(|(name, _)| passes_on(name)) {
                 request = request.header(name.as_str(), value.as_str());
             }
             if let Some(user) = &self.config.user {
@@ -149,5 +174,20 @@ impl CouchClient {
             return Err(status_error(reply.status, &reply.body, idempotency, doing));
         }
         Ok(reply)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_credentials_never_pass_on() {
+        for refused in ["authorization", "Authorization", "COOKIE", "proxy-authorization", "host", "content-length"] {
+            assert!(!passes_on(refused), "{refused}");
+        }
+        for passed in ["content-type", "accept", "if-match", "if-none-match"] {
+            assert!(passes_on(passed), "{passed}");
+        }
     }
 }

@@ -1,7 +1,9 @@
-//! Design documents pass through: CouchDB runs views, shows, lists and update functions itself,
-//! so a request below `_design/` is sent to the database as it came and the answer streamed back.
-//! Only the headers a design request depends on go either way; our own credentials replace the
-//! client's (the CouchDB API has already decided who may make it).
+//! Requests pass through: CouchDB runs views, shows, lists and update functions itself, so a
+//! request below `_design/` is sent to the database as it came and the answer streamed back; a
+//! database of the catalog ([`super::catalog`]) is native CouchDB, so every request on it (any
+//! path below the database, the database itself included) goes the same way. Only the headers a
+//! request depends on go either way; our own credentials replace the client's (the CouchDB API has
+//! already decided who may make it).
 
 use futures::TryStreamExt;
 

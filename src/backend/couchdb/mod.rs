@@ -23,11 +23,13 @@
 //! - [`counts`]: document counts remembered briefly, so `_all_docs` costs one request.
 //! - [`design`]: design documents, passed through to CouchDB.
 //! - [`live`]: keeps a tombstone's revision from reviving or re-deleting a document.
+//! - [`catalog`]: the databases besides the data store's, native databases of the server.
 //!
 //! CouchDB's document model is the one the trait describes, so each part maps onto its native
 //! feature (see `docs/couchdb-document-model.md`).
 
 mod backend;
+pub mod catalog;
 mod codec;
 pub mod config;
 mod core;
@@ -43,4 +45,5 @@ mod write;
 
 pub use self::core::READ_RETRY;
 pub use backend::{CouchDbBackend, INDEX_NAME};
+pub use catalog::CouchCatalog;
 pub use config::CouchConfig;

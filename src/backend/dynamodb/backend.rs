@@ -55,6 +55,14 @@ pub struct DynamoDbBackend {
 impl DynamoDbBackend {
     /// Connects with the standard AWS configuration chain and checks (or creates) the table.
     pub async fn open(config: &DynamoConfig) -> Result<Self> {
+        let backend = DynamoDbBackend::new(Self::connect(config).await?, config);
+        backend.check_table().await?;
+        Ok(backend)
+    }
+
+    /// An SDK client from the standard AWS configuration chain, with this adapter's retries and
+    /// timeouts. No request is made.
+    pub(super) async fn connect(config: &DynamoConfig) -> Result<Client> {
         let mut loader = aws_config::defaults(BehaviorVersion::latest())
             .retry_config(super::config::sdk_retry_config())
             .timeout_config(super::config::sdk_timeout_config());
@@ -71,9 +79,7 @@ impl DynamoDbBackend {
                 "DynamoDB needs a region: add ?region=… to the backend URL or set AWS_REGION",
             ));
         }
-        let backend = DynamoDbBackend::new(Client::new(&sdk), config);
-        backend.check_table().await?;
-        Ok(backend)
+        Ok(Client::new(&sdk))
     }
 
     /// Client over an already-built SDK configuration (tests point this at mock servers).
@@ -83,7 +89,7 @@ impl DynamoDbBackend {
         Ok(backend)
     }
 
-    fn new(client: Client, config: &DynamoConfig) -> Self {
+    pub(super) fn new(client: Client, config: &DynamoConfig) -> Self {
         DynamoDbBackend { client, config: config.clone(), layout_current: AtomicBool::new(false) }
     }
 
@@ -135,7 +141,7 @@ impl DynamoDbBackend {
 
     /// The table must exist with `_id` as its hash key and the GSI on `userId` + `namespace`,
     /// both ACTIVE. Created (on-demand) only when configured to.
-    async fn check_table(&self) -> Result<()> {
+    pub(super) async fn check_table(&self) -> Result<()> {
         let table = &self.config.table;
         let described = match self.client.describe_table().table_name(table).send().await {
             Ok(output) => output.table,
@@ -175,14 +181,15 @@ impl DynamoDbBackend {
                 format!("DynamoDB table {table:?} has hash key {hash_key:?}; the data store needs \"_id\""),
             ));
         }
-        let has_index = description.global_secondary_indexes().iter().any(|gsi| {
-            gsi.index_name() == Some(self.config.index.as_str()) && {
-                let keys: Vec<(&str, &KeyType)> =
-                    gsi.key_schema().iter().map(|k| (k.attribute_name(), k.key_type())).collect();
-                keys.contains(&(fields::USER_ID, &KeyType::Hash))
-                    && keys.contains(&(fields::NAMESPACE, &KeyType::Range))
-            }
-        });
+        let has_index = !self.config.user_index
+            || description.global_secondary_indexes().iter().any(|gsi| {
+                gsi.index_name() == Some(self.config.index.as_str()) && {
+                    let keys: Vec<(&str, &KeyType)> =
+                        gsi.key_schema().iter().map(|k| (k.attribute_name(), k.key_type())).collect();
+                    keys.contains(&(fields::USER_ID, &KeyType::Hash))
+                        && keys.contains(&(fields::NAMESPACE, &KeyType::Range))
+                }
+            });
         if !has_index {
             return Err(Error::new(
                 ErrorKind::Misconfigured,
@@ -197,7 +204,7 @@ impl DynamoDbBackend {
     }
 
     /// Creates the table with every index; `false` when another process was creating it.
-    async fn create_table(&self) -> Result<bool> {
+    pub(super) async fn create_table(&self) -> Result<bool> {
         let attribute = |name: &str| {
             AttributeDefinition::builder()
                 .attribute_name(name)
@@ -221,7 +228,13 @@ impl DynamoDbBackend {
             .map_err(|e| Error::new(ErrorKind::Internal, "build index definition").with_source(e))?;
         let mut attributes = vec![attribute(codec::ID)?, attribute(fields::USER_ID)?, attribute(fields::NAMESPACE)?];
         attributes.extend(layout::index_attributes()?);
-        let mut indexes = vec![index];
+        let mut indexes = Vec::new();
+        if self.config.user_index {
+            indexes.push(index);
+        } else {
+            // DynamoDB refuses attribute definitions no key uses.
+            attributes.retain(|a| ![fields::USER_ID, fields::NAMESPACE].contains(&a.attribute_name()));
+        }
         indexes.extend(layout::new_indexes()?);
         let result = self
             .client
@@ -248,7 +261,13 @@ impl DynamoDbBackend {
     }
 
     async fn wait_until_active(&self) -> Result<()> {
-        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        self.wait_until_active_within(Duration::from_secs(120)).await
+    }
+
+    /// Waits until the table (and its user/namespace index, when it has one) is ACTIVE; an
+    /// `Unavailable` error after `limit`.
+    pub(super) async fn wait_until_active_within(&self, limit: Duration) -> Result<()> {
+        let deadline = std::time::Instant::now() + limit;
         loop {
             let table = self.describe().await?;
             let ready = table.table_status() == Some(&TableStatus::Active)
@@ -264,8 +283,9 @@ impl DynamoDbBackend {
                 return Err(Error::new(
                     ErrorKind::Unavailable,
                     format!(
-                        "DynamoDB table {:?} or its index did not become ACTIVE within 2 minutes",
-                        self.config.table
+                        "DynamoDB table {:?} or its index did not become ACTIVE within {} s",
+                        self.config.table,
+                        limit.as_secs()
                     ),
                 ));
             }
@@ -437,6 +457,11 @@ impl DocumentBackend for DynamoDbBackend {
         self.config.redacted()
     }
 
+    /// A table per database beside this one ([`super::catalog`]), over this backend's SDK client.
+    fn catalog(&self) -> Option<std::sync::Arc<dyn crate::backend::catalog::Catalog>> {
+        Some(std::sync::Arc::new(super::catalog::DynamoCatalog::with_client(self.client.clone(), &self.config)))
+    }
+
     async fn get(&self, id: &str) -> Result<Option<StoredDocument>> {
         let output = self.consistent_get(id).send().await.map_err(|e| map_sdk(e, "read a document"))?;
         match output.item {
@@ -469,6 +494,16 @@ impl DocumentBackend for DynamoDbBackend {
     }
 
     async fn query(&self, query: &Query, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
+        if !self.config.user_index {
+            return Err(Error::new(
+                ErrorKind::Misconfigured,
+                format!(
+                    "DynamoDB table {:?} is a database table without the user/namespace index; only the data-store \
+                     table answers listings",
+                    self.config.table
+                ),
+            ));
+        }
         let mut request = self
             .client
             .query()

@@ -64,6 +64,11 @@ pub struct DynamoConfig {
     pub settle: Duration,
     /// One write attempt is abandoned (and retried with a fresh feed position) after this.
     pub write_timeout: Duration,
+    /// Whether the table carries the user/namespace GSI (`index`): the data-store table does
+    /// and must; a database table of the catalog ([`super::catalog`]) does not, since only the
+    /// data-store database answers the facade's listings. Without it the table is created with
+    /// no such index, opens without one, and `query` is refused. Not a URL setting.
+    pub user_index: bool,
 }
 
 impl DynamoConfig {
@@ -99,6 +104,7 @@ impl DynamoConfig {
             revs_limit: params.revs_limit(u32::MAX as usize)?,
             settle: millis("settle_ms", DEFAULT_SETTLE)?,
             write_timeout: millis("write_timeout_ms", DEFAULT_WRITE_TIMEOUT)?,
+            user_index: true,
         };
         if config.write_timeout >= config.settle {
             return Err(bad(format!(
@@ -129,7 +135,7 @@ impl DynamoConfig {
 }
 
 /// DynamoDB's rule for table and index names: 3–255 of `a-z A-Z 0-9 _ - .`.
-fn check_table_name(name: &str) -> std::result::Result<(), String> {
+pub(super) fn check_table_name(name: &str) -> std::result::Result<(), String> {
     if (3..=255).contains(&name.len()) && name.chars().all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c)) {
         Ok(())
     } else {

@@ -16,8 +16,10 @@
 //! - [`layout`]: the document model's attributes and indexes.
 //! - [`upgrade`]: the layout marker, creating the indexes, and the upgrade of the previous
 //!   release's items.
+//! - [`catalog`]: the databases besides the data store's, a table each.
 
 mod backend;
+pub mod catalog;
 pub mod codec;
 pub mod config;
 mod error;
@@ -29,4 +31,5 @@ mod upgrade;
 mod write;
 
 pub use backend::DynamoDbBackend;
+pub use catalog::DynamoCatalog;
 pub use config::DynamoConfig;

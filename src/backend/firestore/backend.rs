@@ -62,10 +62,15 @@ impl FirestoreBackend {
     /// empty collection as having this release's layout.
     pub async fn open(config: &FirestoreConfig) -> Result<Self> {
         let client = FirestoreClient::connect(config).await?;
-        let backend = FirestoreBackend { client, config: config.clone(), layout_current: AtomicBool::new(false) };
+        let backend = FirestoreBackend::with_client(client, config);
         backend.health().await?;
         backend.layout().await?;
         Ok(backend)
+    }
+
+    /// A backend over a client already made (the catalog's databases share one); no request.
+    pub(super) fn with_client(client: FirestoreClient, config: &FirestoreConfig) -> Self {
+        FirestoreBackend { client, config: config.clone(), layout_current: AtomicBool::new(false) }
     }
 
     /// What a write needs to know of the stored document `id` (tombstones included), reading
@@ -126,7 +131,7 @@ impl FirestoreBackend {
             .client
             .call(
                 Method::POST,
-                &self.client.method_url("runAggregationQuery"),
+                &self.client.query_url("runAggregationQuery"),
                 Some(&query),
                 Call::Read,
                 "count documents",
@@ -315,7 +320,7 @@ impl FirestoreBackend {
         }
         let reply = self
             .client
-            .call(Method::POST, &self.client.method_url("runQuery"), Some(&request), Call::Read, doing)
+            .call(Method::POST, &self.client.query_url("runQuery"), Some(&request), Call::Read, doing)
             .await?;
         let results =
             reply.as_array().ok_or_else(|| super::error::bad_body(doing, "runQuery did not answer a list"))?;
@@ -354,6 +359,11 @@ pub(super) fn inconsistent(doing: &str) -> Error {
 impl DocumentBackend for FirestoreBackend {
     fn describe(&self) -> String {
         self.config.redacted()
+    }
+
+    /// A marker and collections per database ([`super::catalog`]), over this backend's client.
+    fn catalog(&self) -> Option<std::sync::Arc<dyn crate::backend::catalog::Catalog>> {
+        Some(std::sync::Arc::new(super::catalog::FirestoreCatalog::with_client(&self.client, &self.config)))
     }
 
     async fn get(&self, id: &str) -> Result<Option<StoredDocument>> {
@@ -503,7 +513,7 @@ impl DocumentBackend for FirestoreBackend {
             json!({ "structuredQuery": { "from": [{ "collectionId": self.client.collection() }], "limit": 1 } });
         match self
             .client
-            .call(Method::POST, &self.client.method_url("runQuery"), Some(&query), Call::Read, "check the database")
+            .call(Method::POST, &self.client.query_url("runQuery"), Some(&query), Call::Read, "check the database")
             .await
         {
             Ok(_) => Ok(()),

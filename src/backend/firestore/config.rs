@@ -48,6 +48,10 @@ pub struct FirestoreConfig {
     pub revs_limit: usize,
     /// The change feed's settle window: the most a write's request time may precede its commit.
     pub settle: Duration,
+    /// The document the collections live under (`{catalog collection}/{database}` for a
+    /// database of the catalog, [`super::catalog`]); `None`, the data store's case: at the root
+    /// of the Firestore database. Not a URL setting.
+    pub parent: Option<String>,
 }
 
 impl FirestoreConfig {
@@ -96,6 +100,7 @@ impl FirestoreConfig {
                 .map_or(DEFAULT_TIMEOUT, |ms| Duration::from_millis(ms.max(1))),
             revs_limit: params.revs_limit(MAX_REVS_LIMIT)?,
             settle: params.whole("settle_ms", 0..=u64::MAX)?.map_or(DEFAULT_SETTLE, Duration::from_millis),
+            parent: None,
         };
         if config.emulator.is_none() && !endpoint_given {
             if let Some(host) = emulator_env.filter(|h| !h.is_empty()) {
@@ -126,6 +131,9 @@ impl FirestoreConfig {
         }
         if self.collection != DEFAULT_COLLECTION {
             params.push(format!("collection={}", self.collection));
+        }
+        if let Some(parent) = &self.parent {
+            params.push(format!("parent={parent}"));
         }
         if let Some(host) = &self.emulator {
             params.push(format!("emulator={host}"));

@@ -49,6 +49,7 @@ impl Call {
     }
 }
 
+#[derive(Clone)]
 enum Auth {
     /// The emulator accepts this fixed token and skips security rules.
     Emulator,
@@ -62,6 +63,10 @@ pub(super) struct FirestoreClient {
     root_url: String,
     /// `projects/{p}/databases/{d}/documents`, the prefix of every resource name.
     root_name: String,
+    /// The document the collections live under, as a resource name and as a URL: the root
+    /// itself, or a database's document of the catalog (see [`FirestoreConfig::parent`]).
+    parent_name: String,
+    parent_url: String,
     collection: String,
 }
 
@@ -91,17 +96,63 @@ impl FirestoreClient {
             utf8_percent_encode(&project, SEGMENT),
             utf8_percent_encode(&config.database, DATABASE_SEGMENT),
         );
-        Ok(FirestoreClient { http, auth, root_url, root_name, collection: config.collection.clone() })
+        let client = FirestoreClient {
+            http,
+            auth,
+            parent_name: root_name.clone(),
+            parent_url: root_url.clone(),
+            root_url,
+            root_name,
+            collection: config.collection.clone(),
+        };
+        Ok(match &config.parent {
+            Some(parent) => client.below(parent, &config.collection),
+            None => client,
+        })
+    }
+
+    /// A client of the same Firestore database (the same connection pool and credentials) whose
+    /// collection is `collection` at the root.
+    pub fn at_root(&self, collection: &str) -> FirestoreClient {
+        FirestoreClient {
+            http: self.http.clone(),
+            auth: self.auth.clone(),
+            root_url: self.root_url.clone(),
+            root_name: self.root_name.clone(),
+            parent_name: self.root_name.clone(),
+            parent_url: self.root_url.clone(),
+            collection: collection.to_owned(),
+        }
+    }
+
+    /// A client of the same Firestore database (the same connection pool and credentials) whose
+    /// collection is `collection` under the document `parent` (a path below the root).
+    pub fn below(&self, parent: &str, collection: &str) -> FirestoreClient {
+        let encoded: Vec<String> = parent.split('/').map(|s| utf8_percent_encode(s, SEGMENT).to_string()).collect();
+        FirestoreClient {
+            http: self.http.clone(),
+            auth: self.auth.clone(),
+            root_url: self.root_url.clone(),
+            root_name: self.root_name.clone(),
+            parent_name: format!("{}/{parent}", self.root_name),
+            parent_url: format!("{}/{}", self.root_url, encoded.join("/")),
+            collection: collection.to_owned(),
+        }
+    }
+
+    /// The resource name of a document by its path below the root (`{collection}/{id}/…`).
+    pub fn root_document_name(&self, path: &str) -> String {
+        format!("{}/{path}", self.root_name)
     }
 
     /// The resource name of a document of the collection.
     pub fn document_name(&self, document_id: &str) -> String {
-        format!("{}/{}/{document_id}", self.root_name, self.collection)
+        format!("{}/{}/{document_id}", self.parent_name, self.collection)
     }
 
-    /// The resource name of a document of another collection of the database.
+    /// The resource name of a document of another collection beside the collection.
     pub fn name_in(&self, collection: &str, document_id: &str) -> String {
-        format!("{}/{collection}/{document_id}", self.root_name)
+        format!("{}/{collection}/{document_id}", self.parent_name)
     }
 
     /// The collection of local documents (`_local/…`), beside the data's.
@@ -116,7 +167,7 @@ impl FirestoreClient {
 
     /// The resource name of chunk `n` of a document.
     pub fn chunk_name(&self, document_id: &str, n: usize) -> String {
-        format!("{}/{}/{document_id}/{}/{n}", self.root_name, self.collection, super::codec::CHUNK_COLLECTION)
+        format!("{}/{}/{document_id}/{}/{n}", self.parent_name, self.collection, super::codec::CHUNK_COLLECTION)
     }
 
     pub fn collection(&self) -> &str {
@@ -125,12 +176,18 @@ impl FirestoreClient {
 
     /// The document id (last path segment) of a resource name of the collection.
     pub fn document_id_of<'a>(&self, name: &'a str) -> Option<&'a str> {
-        name.strip_prefix(&self.root_name)?.strip_prefix('/')?.strip_prefix(&self.collection)?.strip_prefix('/')
+        name.strip_prefix(&self.parent_name)?.strip_prefix('/')?.strip_prefix(&self.collection)?.strip_prefix('/')
     }
 
-    /// The URL of a method on the database's documents (`commit`, `runQuery`, `batchGet`, …).
+    /// The URL of a method on the database's documents (`commit`, `batchGet`, `batchWrite`).
     pub fn method_url(&self, method: &str) -> String {
         format!("{}:{method}", self.root_url)
+    }
+
+    /// The URL of a query method (`runQuery`, `runAggregationQuery`) over the collections under
+    /// the parent document: a query's `from` names a collection id, found under this parent only.
+    pub fn query_url(&self, method: &str) -> String {
+        format!("{}:{method}", self.parent_url)
     }
 
     /// One call, retried as the module doc says. Returns the reply's JSON on success.

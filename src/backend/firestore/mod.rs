@@ -16,8 +16,10 @@
 //! - [`local`]: `_local/` documents.
 //! - [`layout`]: the document model's fields: stored revisions, ancestry, tombstones, feed time.
 //! - [`upgrade`]: the layout marker and the upgrade of documents of the previous release.
+//! - [`catalog`]: the databases besides the data store's, each under its marker document.
 
 mod backend;
+pub mod catalog;
 pub mod codec;
 pub mod config;
 mod core;
@@ -31,4 +33,5 @@ mod write;
 
 pub use self::core::RETRY;
 pub use backend::FirestoreBackend;
+pub use catalog::FirestoreCatalog;
 pub use config::FirestoreConfig;

@@ -138,6 +138,10 @@ pub trait Layered: Send + Sync + 'static {
     async fn design_request(&self, request: DesignRequest) -> Result<Option<DesignResponse>> {
         self.inner().design_request(request).await
     }
+
+    fn forwards_requests(&self) -> bool {
+        self.inner().forwards_requests()
+    }
 }
 
 #[async_trait]
@@ -256,5 +260,9 @@ impl<L: Layered> DocumentBackend for L {
 
     async fn design_request(&self, request: DesignRequest) -> Result<Option<DesignResponse>> {
         Layered::design_request(self, request).await
+    }
+
+    fn forwards_requests(&self) -> bool {
+        Layered::forwards_requests(self)
     }
 }

@@ -74,7 +74,7 @@ async fn info_of(db: &Database) -> crate::Result<Value> {
     db.check_open()?;
     let backend = db.backend();
     let doc_count = live_document_count(backend.as_ref()).await?;
-    let update_seq = backend.change_position().await?;
+    let update_seq = crate::database::seq::show(&backend.change_position().await?);
     Ok(json!({
         "db_name": db.name(),
         "purge_seq": "0",

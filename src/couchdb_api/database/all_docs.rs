@@ -98,7 +98,11 @@ async fn answer(db: Arc<Database>, mut request: AllDocsRequest) -> Answer {
         }
         return Ok(json(StatusCode::OK, body));
     }
-    let update_seq = if request.update_seq { Some(db.backend().change_position().await?) } else { None };
+    let update_seq = if request.update_seq {
+        Some(crate::database::seq::show(&db.backend().change_position().await?))
+    } else {
+        None
+    };
     let from_the_beginning =
         request.range.start.as_deref().is_none_or(|start| start.is_empty() && !request.range.descending);
     let offset = if from_the_beginning { Value::from(request.skip) } else { Value::Null };

@@ -82,10 +82,85 @@ pub(crate) async fn dispatch(
     next: Next,
 ) -> Response {
     let first = request.uri().path().trim_start_matches('/').split('/').next().unwrap_or_default();
-    let first = percent_encoding::percent_decode_str(first).decode_utf8_lossy();
+    let first = percent_encoding::percent_decode_str(first).decode_utf8_lossy().into_owned();
     if first.is_empty() || first.starts_with('_') || *first == *state.db {
         return next.run(request).await;
     }
+    let request = match forward_if_native(&state, &first, request).await {
+        Ok(answer) => return answer,
+        Err(request) => request,
+    };
+    route(&state, request).await
+}
+
+/// The headers a forwarded request carries to the CouchDB backend (never the client's
+/// credentials: the backend's own are used).
+const FORWARDED_HEADERS: [&str; 5] = ["content-type", "accept", "if-match", "if-none-match", "destination"];
+
+/// On a backend whose databases stay native (the CouchDB backend), every request on an existing
+/// database but its creation and deletion is passed to that database as it came, its answer
+/// streamed back. The request is handed back (`Err`) where the database's documents are kept
+/// here, or it does not exist (the router answers then).
+async fn forward_if_native(state: &CouchState, name: &str, request: Request) -> Result<Response, Request> {
+    let path = request.uri().path().to_owned();
+    let below = path.trim_start_matches('/').split_once('/').map(|(_, rest)| rest).unwrap_or("").to_owned();
+    if below.is_empty() && matches!(*request.method(), axum::http::Method::PUT | axum::http::Method::DELETE) {
+        return Err(request);
+    }
+    let Ok(name) = DbName::parse(name) else { return Err(request) };
+    let db = match state.databases.open(&name).await {
+        Ok(Some(db)) if db.backend().forwards_requests() => db,
+        _ => return Err(request),
+    };
+    let Some(principal) = request.extensions().get::<Principal>().cloned() else { return Err(request) };
+    Ok(forward(state, &db, &principal, &below, request).await.unwrap_or_else(IntoResponse::into_response))
+}
+
+async fn forward(
+    state: &CouchState,
+    db: &Database,
+    principal: &Principal,
+    below: &str,
+    request: Request,
+) -> Result<Response, CouchError> {
+    admit(db, principal).await?;
+    for segment in below.split('/') {
+        let decoded = percent_encoding::percent_decode_str(segment).decode_utf8_lossy();
+        if decoded == "." || decoded == ".." {
+            return Err(CouchError::bad_request(format!("database paths may not contain the segment {segment:?}")));
+        }
+    }
+    let (parts, body) = request.into_parts();
+    let (body, _share) = state.bodies.read_bytes(&parts.headers, body).await?;
+    let forwarded = crate::backend::DesignRequest {
+        method: parts.method,
+        path: below.to_owned(),
+        query: parts.uri.query().map(str::to_owned),
+        headers: FORWARDED_HEADERS
+            .iter()
+            .filter_map(|name| Some(((*name).to_owned(), parts.headers.get(*name)?.to_str().ok()?.to_owned())))
+            .collect(),
+        body,
+    };
+    let Some(answer) = db.backend().design_request(forwarded).await? else {
+        return Err(CouchError::internal("the backend forwards requests but did not take this one"));
+    };
+    let status = axum::http::StatusCode::from_u16(answer.status)
+        .map_err(|_| CouchError::internal(format!("the backend answered status {}", answer.status)))?;
+    let mut response = (status, axum::body::Body::from_stream(answer.body)).into_response();
+    for (name, value) in answer.headers {
+        if let (Ok(name), Ok(value)) =
+            (axum::http::HeaderName::try_from(name), axum::http::HeaderValue::try_from(value))
+        {
+            response.headers_mut().insert(name, value);
+        }
+    }
+    Ok(response)
+}
+
+/// The database router's answer to a request (a fresh request with the same line, headers and
+/// body: see [`dispatch`]).
+async fn route(state: &CouchState, request: Request) -> Response {
     // A fresh request with the same line, headers and body: the data-store router's path
     // parameters must not reach the database router's (which sets its own). What the layers
     // before this one learnt travels along: who the request acts for, and its peer.

@@ -14,6 +14,7 @@ mod all_docs;
 mod bulk;
 mod changes;
 mod data_store;
+mod databases;
 mod documents;
 mod logins;
 mod mango;
@@ -70,6 +71,13 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("all_docs_from_the_empty_id", |e| Box::pin(all_docs::all_docs_from_the_empty_id(e))),
         ("all_docs_backend_failure_is_never_a_short_200", |e| Box::pin(all_docs::all_docs_backend_failure(e))),
         ("continuous_changes_list_each_write_once", |e| Box::pin(changes::continuous_changes_list_each_write_once(e))),
+        ("databases_lifecycle", |e| Box::pin(databases::databases_lifecycle(e))),
+        ("any_document_and_its_conflicts", |e| Box::pin(databases::any_document_and_its_conflicts(e))),
+        ("bad_input_on_databases", |e| Box::pin(databases::bad_input_on_databases(e))),
+        ("deleting_a_database_under_writers_and_a_feed", |e| {
+            Box::pin(databases::deleting_a_database_under_writers_and_a_feed(e))
+        }),
+        ("server_probes", |e| Box::pin(databases::server_probes(e))),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
