@@ -218,7 +218,7 @@ pub(super) async fn deleting_a_database_under_writers_and_a_feed(e: Endpoint) ->
     })
     .await;
     check(ended.is_ok(), || format!("the feed did not end after the delete: {text}"))?;
-    let last = text.lines().filter(|l| !l.trim().is_empty()).last().unwrap_or_default().to_owned();
+    let last = text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or_default().to_owned();
     check(last.contains("\"not_found\""), || format!("the feed's last line names the error: {last:?}"))?;
     e.get("/busy").await?.expect(404, "gone")?;
     e.call(Method::PUT, "/busy", None).await?.expect(201, "created again")?;
