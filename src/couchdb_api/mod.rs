@@ -187,7 +187,6 @@ fn router(state: CouchState, query_limit: request::EndpointLimit) -> Router {
         )
         .route("/{db}/{docid}/{*attachment}", any(document::attachment))
         .merge(queries)
-        .route_layer(from_fn_with_state(state.clone(), database::dispatch))
         .route_layer(from_fn(authenticate));
     Router::new()
         .route("/", get(server::welcome))
@@ -196,6 +195,9 @@ fn router(state: CouchState, query_limit: request::EndpointLimit) -> Router {
         .merge(authenticated)
         .fallback(server::no_route)
         .method_not_allowed_fallback(server::method_not_allowed)
+        // Before routing, so every method reaches a database's own routes (the data-store
+        // routes take fewer methods); after identification, which it needs.
+        .layer(from_fn_with_state(state.clone(), database::dispatch))
         .layer(from_fn_with_state(Arc::clone(&state.auth), auth::identify_request))
         .layer(crate::server::catch_panics("couchdb", server::internal_error))
         .layer(from_fn(response::couchdb_headers))
@@ -205,13 +207,21 @@ fn router(state: CouchState, query_limit: request::EndpointLimit) -> Router {
 /// Middleware on every database route: the request must act for someone (CouchDB's 401
 /// otherwise); handlers get that [`Principal`].
 async fn authenticate(mut request: Request, next: Next) -> Response {
+    if let Err(refusal) = require_principal(&mut request) {
+        return refusal;
+    }
+    next.run(request).await
+}
+
+/// Puts the [`Principal`] the request acts for into its extensions, or answers CouchDB's 401.
+pub(crate) fn require_principal(request: &mut Request) -> std::result::Result<(), Response> {
     let principal = match request.extensions().get::<auth::Identity>().map(auth::Identity::require) {
         Some(Ok(principal)) => principal.clone(),
-        Some(Err(err)) => return err.into_response(),
-        None => return CouchError::internal("the request was not identified").into_response(),
+        Some(Err(err)) => return Err(err.into_response()),
+        None => return Err(CouchError::internal("the request was not identified").into_response()),
     };
     request.extensions_mut().insert(principal);
-    next.run(request).await
+    Ok(())
 }
 
 /// `POST /_session`: a login, form-encoded or JSON (possibly gzip-compressed).

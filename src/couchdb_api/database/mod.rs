@@ -78,13 +78,17 @@ pub(crate) fn router(state: CouchState) -> Router {
 /// everything else continues to the data-store router.
 pub(crate) async fn dispatch(
     axum::extract::State(state): axum::extract::State<CouchState>,
-    request: Request,
+    mut request: Request,
     next: Next,
 ) -> Response {
     let first = request.uri().path().trim_start_matches('/').split('/').next().unwrap_or_default();
     let first = percent_encoding::percent_decode_str(first).decode_utf8_lossy().into_owned();
     if first.is_empty() || first.starts_with('_') || *first == *state.db {
         return next.run(request).await;
+    }
+    // Every database route acts for someone, as the data-store routes do.
+    if let Err(refusal) = super::require_principal(&mut request) {
+        return refusal;
     }
     let request = match forward_if_native(&state, &first, request).await {
         Ok(answer) => return answer,
