@@ -266,6 +266,31 @@ fn range_rows(
     range: IdRange,
     request: AllDocsRequest,
 ) -> impl futures::Stream<Item = crate::Result<Bytes>> {
+    let include_docs = request.include_docs;
+    let fetch = move |want: usize, token: Option<String>| {
+        let backend = backend.clone();
+        let range = range.clone();
+        async move { backend.all_docs(&range, want, token.as_deref()).await }
+    };
+    let render = move |doc: &StoredDocument| principal.may_access_id(&doc.id).then(|| row(doc, include_docs));
+    paged_rows(fetch, render, request.skip, request.limit)
+}
+
+/// A listing's rows as JSON text chunks (`,` between rows), one page at a time: `fetch(want,
+/// token)` reads a page, `render` makes an item's row (`None`: the item is not shown and does not
+/// count), after `skip` shown rows and up to `limit` of them. Each page asks for no more items
+/// than the rows still wanted ([`PAGE`] at most).
+pub(crate) fn paged_rows<T, F, Fut, R>(
+    fetch: F,
+    render: R,
+    skip: u64,
+    limit: Option<u64>,
+) -> impl futures::Stream<Item = crate::Result<Bytes>>
+where
+    F: Fn(usize, Option<String>) -> Fut + Clone,
+    Fut: std::future::Future<Output = crate::Result<crate::backend::Page<T>>>,
+    R: Fn(&T) -> Option<Value> + Clone,
+{
     struct Cursor {
         token: Option<String>,
         started: bool,
@@ -278,28 +303,24 @@ fn range_rows(
         token: None,
         started: false,
         done: false,
-        to_skip: request.skip,
-        remaining: request.limit.unwrap_or(u64::MAX),
+        to_skip: skip,
+        remaining: limit.unwrap_or(u64::MAX),
         first_row: true,
     };
-    let include_docs = request.include_docs;
     stream::try_unfold(cursor, move |mut cursor| {
-        let backend = backend.clone();
-        let range = range.clone();
-        let principal = principal.clone();
+        let fetch = fetch.clone();
+        let render = render.clone();
         async move {
             if cursor.done || cursor.remaining == 0 || (cursor.started && cursor.token.is_none()) {
                 return Ok(None);
             }
             let want = (cursor.remaining.saturating_add(cursor.to_skip)).min(PAGE as u64) as usize;
-            let page = backend.all_docs(&range, want.max(1), cursor.token.as_deref()).await?;
+            let page = fetch(want.max(1), cursor.token.take()).await?;
             cursor.started = true;
             cursor.token = page.next;
             let mut chunk = String::new();
-            for doc in page.items {
-                if !principal.may_access_id(&doc.id) {
-                    continue;
-                }
+            for item in &page.items {
+                let Some(row) = render(item) else { continue };
                 if cursor.to_skip > 0 {
                     cursor.to_skip -= 1;
                     continue;
@@ -314,7 +335,7 @@ fn range_rows(
                 }
                 cursor.first_row = false;
                 chunk.push('\n');
-                chunk.push_str(&row(&doc, include_docs).to_string());
+                chunk.push_str(&row.to_string());
             }
             Ok(Some((Bytes::from(chunk), cursor)))
         }

@@ -211,6 +211,16 @@ fn write_revision(
     params: &HashMap<String, String>,
     headers: &HeaderMap,
 ) -> CouchResult<Option<Revision>> {
+    named_revision(body_rev, params, headers)?.map(parse_rev).transpose()
+}
+
+/// The one revision a write names in its body (`_rev`), its query (`?rev=`) and `If-Match`,
+/// unparsed; 400 when they disagree (CouchDB's message). Shared by every database's writes.
+pub(crate) fn named_revision<'a>(
+    body_rev: Option<&'a str>,
+    params: &'a HashMap<String, String>,
+    headers: &'a HeaderMap,
+) -> CouchResult<Option<&'a str>> {
     let query_rev = params.get("rev").map(String::as_str);
     let header_rev = headers.get(header::IF_MATCH).and_then(|v| v.to_str().ok()).map(|v| v.trim().trim_matches('"'));
     let mut chosen: Option<&str> = None;
@@ -224,7 +234,7 @@ fn write_revision(
             _ => chosen = Some(rev),
         }
     }
-    chosen.map(parse_rev).transpose()
+    Ok(chosen)
 }
 
 /// `PUT /{db}/{docid}`.

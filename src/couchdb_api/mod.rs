@@ -208,17 +208,17 @@ fn router(state: CouchState, query_limit: request::EndpointLimit) -> Router {
 /// otherwise); handlers get that [`Principal`].
 async fn authenticate(mut request: Request, next: Next) -> Response {
     if let Err(refusal) = require_principal(&mut request) {
-        return refusal;
+        return refusal.into_response();
     }
     next.run(request).await
 }
 
 /// Puts the [`Principal`] the request acts for into its extensions, or answers CouchDB's 401.
-pub(crate) fn require_principal(request: &mut Request) -> std::result::Result<(), Response> {
+pub(crate) fn require_principal(request: &mut Request) -> std::result::Result<(), CouchError> {
     let principal = match request.extensions().get::<auth::Identity>().map(auth::Identity::require) {
         Some(Ok(principal)) => principal.clone(),
-        Some(Err(err)) => return Err(err.into_response()),
-        None => return Err(CouchError::internal("the request was not identified").into_response()),
+        Some(Err(err)) => return Err(err),
+        None => return Err(CouchError::internal("the request was not identified")),
     };
     request.extensions_mut().insert(principal);
     Ok(())

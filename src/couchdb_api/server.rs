@@ -97,19 +97,25 @@ pub(crate) async fn data_store_info(state: &CouchState) -> crate::Result<Value> 
     let backend = state.store.backend();
     let doc_count = live_document_count(backend.as_ref()).await?;
     let update_seq = backend.change_position().await?;
-    Ok(json!({
-            "db_name": &*state.db,
-            "purge_seq": "0",
-            "update_seq": update_seq,
-            "sizes": { "file": 0, "external": 0, "active": 0 },
-            "props": {},
-            "doc_del_count": 0,
-            "doc_count": doc_count,
-            "disk_format_version": 8,
-            "compact_running": false,
-            "cluster": { "q": 1, "n": 1, "w": 1, "r": 1 },
-            "instance_start_time": "0"
-    }))
+    Ok(db_info_json(&state.db, doc_count, &update_seq))
+}
+
+/// A database's information in CouchDB 3's shape (`GET /{db}`): the fields every client reads,
+/// the sizes and counts this server does not keep as 0.
+pub(crate) fn db_info_json(name: &str, doc_count: u64, update_seq: &str) -> Value {
+    json!({
+        "db_name": name,
+        "purge_seq": "0",
+        "update_seq": update_seq,
+        "sizes": { "file": 0, "external": 0, "active": 0 },
+        "props": {},
+        "doc_del_count": 0,
+        "doc_count": doc_count,
+        "disk_format_version": 8,
+        "compact_running": false,
+        "cluster": { "q": 1, "n": 1, "w": 1, "r": 1 },
+        "instance_start_time": "0"
+    })
 }
 
 /// How many data documents the store holds: exact where the backend counts without reading

@@ -13,7 +13,7 @@ use super::{db_name, OpenDb};
 use crate::couchdb_api::access::Principal;
 use crate::couchdb_api::error::CouchError;
 use crate::couchdb_api::request::{bool_param, integer_param, json_param};
-use crate::couchdb_api::server::live_document_count;
+use crate::couchdb_api::server::{db_info_json, live_document_count};
 use crate::couchdb_api::{json, Answer, CouchState};
 use crate::database::Database;
 use crate::error::ErrorKind;
@@ -75,19 +75,7 @@ async fn info_of(db: &Database) -> crate::Result<Value> {
     let backend = db.backend();
     let doc_count = live_document_count(backend.as_ref()).await?;
     let update_seq = crate::database::seq::show(&backend.change_position().await?);
-    Ok(json!({
-        "db_name": db.name(),
-        "purge_seq": "0",
-        "update_seq": update_seq,
-        "sizes": { "file": 0, "external": 0, "active": 0 },
-        "props": {},
-        "doc_del_count": 0,
-        "doc_count": doc_count,
-        "disk_format_version": 8,
-        "compact_running": false,
-        "cluster": { "q": 1, "n": 1, "w": 1, "r": 1 },
-        "instance_start_time": "0"
-    }))
+    Ok(db_info_json(db.name(), doc_count, &update_seq))
 }
 
 /// Every database's name: the data-store one and the backend's others, in byte order.

@@ -15,13 +15,10 @@ use serde_json::{json, Value};
 
 use super::{leaf_json, DocOptions, OpenDb};
 use crate::backend::IdRange;
-use crate::couchdb_api::all_docs::{keys_page, parse_request, post_fields, query_fields, AllDocsRequest};
+use crate::couchdb_api::all_docs::{keys_page, paged_rows, parse_request, post_fields, query_fields, AllDocsRequest};
 use crate::couchdb_api::server::live_document_count;
 use crate::couchdb_api::{json, Answer, CouchState};
 use crate::database::{Database, DocState};
-
-/// Documents asked of the backend per page while streaming a range.
-const PAGE: usize = 500;
 
 /// `GET /{db}/_all_docs`.
 pub async fn get_all_docs(opened: OpenDb, Query(params): Query<HashMap<String, String>>) -> Answer {
@@ -123,61 +120,19 @@ async fn answer(db: Arc<Database>, mut request: AllDocsRequest) -> Answer {
     Ok(response)
 }
 
-/// The rows of a range, as JSON text chunks, one backend page at a time.
+/// The rows of a range, one backend page at a time ([`paged_rows`]).
 fn range_rows(
     db: Arc<Database>,
     range: IdRange,
     request: AllDocsRequest,
 ) -> impl futures::Stream<Item = crate::Result<Bytes>> {
-    struct Cursor {
-        token: Option<String>,
-        started: bool,
-        done: bool,
-        to_skip: u64,
-        remaining: u64,
-        first_row: bool,
-    }
-    let cursor = Cursor {
-        token: None,
-        started: false,
-        done: false,
-        to_skip: request.skip,
-        remaining: request.limit.unwrap_or(u64::MAX),
-        first_row: true,
-    };
+    let (skip, limit) = (request.skip, request.limit);
     let request = Arc::new(request);
-    stream::try_unfold(cursor, move |mut cursor| {
+    let fetch = move |want: usize, token: Option<String>| {
         let db = Arc::clone(&db);
         let range = range.clone();
-        let request = Arc::clone(&request);
-        async move {
-            if cursor.done || cursor.remaining == 0 || (cursor.started && cursor.token.is_none()) {
-                return Ok(None);
-            }
-            let want = (cursor.remaining.saturating_add(cursor.to_skip)).min(PAGE as u64) as usize;
-            let page = db.all_docs(&range, want.max(1), cursor.token.as_deref()).await?;
-            cursor.started = true;
-            cursor.token = page.next;
-            let mut chunk = String::new();
-            for (id, state) in page.items {
-                if cursor.to_skip > 0 {
-                    cursor.to_skip -= 1;
-                    continue;
-                }
-                if cursor.remaining == 0 {
-                    cursor.done = true;
-                    break;
-                }
-                let Some(row) = row(&id, &state, &request) else { continue };
-                cursor.remaining -= 1;
-                if !cursor.first_row {
-                    chunk.push(',');
-                }
-                cursor.first_row = false;
-                chunk.push('\n');
-                chunk.push_str(&row.to_string());
-            }
-            Ok(Some((Bytes::from(chunk), cursor)))
-        }
-    })
+        async move { db.all_docs(&range, want, token.as_deref()).await }
+    };
+    let render = move |(id, state): &(String, DocState)| row(id, state, &request);
+    paged_rows(fetch, render, skip, limit)
 }

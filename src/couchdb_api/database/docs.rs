@@ -225,19 +225,7 @@ fn write_revision(
     params: &HashMap<String, String>,
     headers: &HeaderMap,
 ) -> CouchResult<Option<String>> {
-    let query_rev = params.get("rev").map(String::as_str);
-    let header_rev = headers.get(header::IF_MATCH).and_then(|v| v.to_str().ok()).map(|v| v.trim().trim_matches('"'));
-    let mut chosen: Option<&str> = None;
-    for rev in [body_rev, query_rev, header_rev].into_iter().flatten() {
-        match chosen {
-            Some(previous) if previous != rev => {
-                return Err(CouchError::bad_request(
-                    "Document rev from request body and query string have different values",
-                ))
-            }
-            _ => chosen = Some(rev),
-        }
-    }
+    let chosen = crate::couchdb_api::document::named_revision(body_rev, params, headers)?;
     if let Some(rev) = chosen {
         parse_rev(rev).ok_or_else(|| CouchError::bad_request("Invalid rev format"))?;
     }

@@ -88,7 +88,7 @@ pub(crate) async fn dispatch(
     }
     // Every database route acts for someone, as the data-store routes do.
     if let Err(refusal) = super::require_principal(&mut request) {
-        return refusal;
+        return refusal.into_response();
     }
     let request = match forward_if_native(&state, &first, request).await {
         Ok(answer) => return answer,
