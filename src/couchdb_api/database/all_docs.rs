@@ -133,6 +133,6 @@ fn range_rows(
         let range = range.clone();
         async move { db.all_docs(&range, want, token.as_deref()).await }
     };
-    let render = move |(id, state): &(String, DocState)| row(id, state, &request);
+    let render = move |(id, state): &(String, DocState)| Ok(row(id, state, &request).map(|row| row.to_string()));
     paged_rows(fetch, render, skip, limit)
 }
