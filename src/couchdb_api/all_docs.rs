@@ -160,6 +160,15 @@ pub(crate) fn parse_request(fields: &Map<String, Value>) -> CouchResult<AllDocsR
         }
         Some(_) => return Err(CouchError::bad_request("`keys` must be an array")),
     };
+    let given = |name: &str| fields.get(name).is_some_and(|value| !value.is_null());
+    if keys.is_some() && ["key", "startkey", "start_key", "endkey", "end_key"].iter().any(|name| given(name)) {
+        // couch_mrview_util's check, answered before any row is read.
+        return Err(CouchError::new(
+            axum::http::StatusCode::BAD_REQUEST,
+            "query_parse_error",
+            "`keys` is incompatible with `key`, `start_key` and `end_key`",
+        ));
+    }
     let descending = flag("descending", false)?;
     let key = string_key(&["key"])?;
     let (start, end) = match key {

@@ -164,31 +164,28 @@ impl Database {
         self.read_many(&ids).await
     }
 
-    /// Applies one write atomically against other writers; retries when another writer got in
-    /// between the read and the save.
-    pub async fn write(&self, id: &str, write: &Write) -> Result<Written> {
+    /// Applies several writes to one document in order, in one read and one save (a bulk
+    /// request's writes to one id: a replicator may send hundreds of branches of one document at
+    /// once). Each write has its own answer; a conflicting edit fails alone. Retried as a whole
+    /// when another writer got in between the read and the save.
+    pub async fn write_batch(&self, id: &str, writes: &[Write]) -> Result<Vec<Result<Written>>> {
         let revs_limit = self.revs_limit().await?;
         for _ in 0..MAX_TRIES {
             let state = self.read(id).await?;
             let mut tree = state.as_ref().map(|s| s.tree.clone()).unwrap_or_default();
-            let written = match write {
-                Write::Edit { parent, deleted, body } => {
-                    let new_id = hex::encode(random_token()?);
-                    let rev = tree
-                        .edit(parent.as_deref(), &new_id, *deleted, body.clone(), revs_limit)
-                        .map_err(|EditError::Conflict| Error::conflict("Document update conflict."))?;
-                    Written::Edited(rev)
-                }
-                Write::Replicated { path, deleted, body } => {
-                    let outcome = tree.merge(path.clone(), *deleted, body.clone(), revs_limit);
-                    if outcome == MergeOutcome::AlreadyKnown {
-                        return Ok(Written::Merged(outcome));
-                    }
-                    Written::Merged(outcome)
-                }
-            };
+            let mut answers = Vec::with_capacity(writes.len());
+            let mut changed = false;
+            for write in writes {
+                let answer = apply(&mut tree, write, revs_limit);
+                changed |= matches!(answer, Ok(Written::Edited(_)))
+                    || matches!(answer, Ok(Written::Merged(outcome)) if outcome != MergeOutcome::AlreadyKnown);
+                answers.push(answer);
+            }
+            if !changed {
+                return Ok(answers);
+            }
             match self.save(id, state.as_ref(), &tree).await {
-                Ok(()) => return Ok(written),
+                Ok(()) => return Ok(answers),
                 Err(err) if err.kind() == ErrorKind::Conflict => continue,
                 Err(err) => return Err(err),
             }
@@ -196,6 +193,13 @@ impl Database {
         Err(Error::conflict(format!(
             "Document update conflict: {MAX_TRIES} attempts met other writers of {id:?}; try again"
         )))
+    }
+
+    /// Applies one write atomically against other writers; retries when another writer got in
+    /// between the read and the save.
+    pub async fn write(&self, id: &str, write: &Write) -> Result<Written> {
+        let mut answers = self.write_batch(id, std::slice::from_ref(write)).await?;
+        answers.pop().unwrap_or_else(|| Err(Error::new(ErrorKind::Internal, "a write was not answered")))
     }
 
     /// Removes leaves (`_purge`); returns the revisions purged. A document left with no leaf is
@@ -381,6 +385,22 @@ impl Database {
         let limit = self.settings().await?.revs_limit.max(1);
         self.revs_limit.store(limit, Ordering::SeqCst);
         Ok(limit)
+    }
+}
+
+/// One write applied to a tree in memory: an edit's new revision (or its conflict), a merge's
+/// outcome.
+fn apply(tree: &mut RevTree, write: &Write, revs_limit: usize) -> Result<Written> {
+    match write {
+        Write::Edit { parent, deleted, body } => {
+            let new_id = hex::encode(random_token()?);
+            tree.edit(parent.as_deref(), &new_id, *deleted, body.clone(), revs_limit)
+                .map(Written::Edited)
+                .map_err(|EditError::Conflict| Error::conflict("Document update conflict."))
+        }
+        Write::Replicated { path, deleted, body } => {
+            Ok(Written::Merged(tree.merge(path.clone(), *deleted, body.clone(), revs_limit)))
+        }
     }
 }
 

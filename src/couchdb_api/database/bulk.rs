@@ -17,7 +17,7 @@ use crate::couchdb_api::request::bool_param;
 use crate::couchdb_api::{json, Answer, CouchState};
 use crate::database::document::{self, check_id};
 use crate::database::rev_tree::parse_rev;
-use crate::database::{Database, Write};
+use crate::database::{Database, Write, Written};
 
 /// The id prefix of local documents, which a bulk request may write too.
 const LOCAL_PREFIX: &str = "_local/";
@@ -53,17 +53,16 @@ pub async fn bulk_docs(State(state): State<CouchState>, opened: OpenDb, headers:
         let Value::Object(doc) = doc else {
             return Err(CouchError::bad_request("Document must be a JSON object"));
         };
-        if let Some(Value::String(id)) = doc.get("_id") {
-            if !id.starts_with(LOCAL_PREFIX) {
+        // A local document has no revision history: only its id is checked, as by its own route.
+        let local = doc.get("_id").and_then(Value::as_str).is_some_and(|id| id.starts_with(LOCAL_PREFIX));
+        if !local {
+            if let Some(Value::String(id)) = doc.get("_id") {
                 check_id(id).map_err(refused)?;
             }
-        }
-        let checked = document::parse(doc.clone()).map_err(refused)?;
-        if !new_edits
-            && checked.rev.is_none()
-            && !doc.get("_id").and_then(Value::as_str).is_some_and(|id| id.starts_with(LOCAL_PREFIX))
-        {
-            return Err(CouchError::bad_request("a document written with new_edits=false needs a _rev"));
+            let checked = document::parse(doc.clone()).map_err(refused)?;
+            if !new_edits && checked.rev.is_none() {
+                return Err(CouchError::bad_request("a document written with new_edits=false needs a _rev"));
+            }
         }
         parsed.push(doc);
     }
@@ -100,13 +99,7 @@ pub async fn bulk_docs(State(state): State<CouchState>, opened: OpenDb, headers:
     }
     let db = &opened.db;
     let results: Vec<Vec<(usize, Option<Value>)>> = stream::iter(order)
-        .map(|(id, docs)| async move {
-            let mut rows = Vec::with_capacity(docs.len());
-            for (position, doc) in docs {
-                rows.push((position, write_one(db, &id, doc, new_edits).await));
-            }
-            rows
-        })
+        .map(|(id, docs)| async move { write_group(db, &id, docs, new_edits).await })
         .buffer_unordered(CONCURRENCY)
         .collect()
         .await;
@@ -119,41 +112,67 @@ pub async fn bulk_docs(State(state): State<CouchState>, opened: OpenDb, headers:
     Ok(json(StatusCode::CREATED, Value::Array(rows)))
 }
 
-/// One document of `_bulk_docs`: its answer row (`None` for a replicated write that succeeded).
-async fn write_one(db: &Database, id: &str, body: Map<String, Value>, new_edits: bool) -> Option<Value> {
+/// The documents of `_bulk_docs` with one id, in request order: local documents written one by
+/// one, the others applied to the document's tree in one read and one save. Each gets its answer
+/// row (`None` for a replicated write that succeeded).
+async fn write_group(db: &Database, id: &str, docs: Vec<Positioned>, new_edits: bool) -> Vec<(usize, Option<Value>)> {
     let row_error = |err: CouchError| Some(err.to_row(id));
+    let mut rows = Vec::with_capacity(docs.len());
     if let Some(name) = id.strip_prefix(LOCAL_PREFIX) {
         // A local document in a bulk request is written as by `PUT /{db}/_local/{name}`.
-        return match super::docs::write_local(db, name, body).await {
-            Ok(rev) => Some(json!({ "ok": true, "id": id, "rev": rev })),
-            Err(err) => row_error(err),
-        };
+        for (position, body) in docs {
+            rows.push((
+                position,
+                match super::docs::write_local(db, name, body).await {
+                    Ok(rev) => Some(json!({ "ok": true, "id": id, "rev": rev })),
+                    Err(err) => row_error(err),
+                },
+            ));
+        }
+        return rows;
     }
-    if let Err(refusal) = check_id(id) {
-        return row_error(refused(refusal));
+    let mut writes = Vec::with_capacity(docs.len());
+    let mut positions = Vec::with_capacity(docs.len());
+    for (position, body) in docs {
+        match to_write(id, body, new_edits) {
+            Ok(write) => {
+                writes.push(write);
+                positions.push(position);
+            }
+            Err(err) => rows.push((position, row_error(err))),
+        }
     }
-    let doc = match document::parse(body) {
-        Ok(doc) => doc,
-        Err(refusal) => return row_error(refused(refusal)),
+    let answers = match db.write_batch(id, &writes).await {
+        Ok(answers) => answers,
+        Err(err) => {
+            let err = CouchError::from(err);
+            return rows.into_iter().chain(positions.into_iter().map(|p| (p, row_error(err.clone())))).collect();
+        }
     };
-    if let Err(err) = super::docs::check_size(id, &doc) {
-        return row_error(err);
+    for (position, answer) in positions.into_iter().zip(answers) {
+        rows.push((
+            position,
+            match answer {
+                Ok(Written::Edited(rev)) => Some(json!({ "ok": true, "id": id, "rev": rev })),
+                Ok(Written::Merged(_)) => None,
+                Err(err) if err.kind() == crate::error::ErrorKind::Conflict => row_error(CouchError::conflict()),
+                Err(err) => row_error(err.into()),
+            },
+        ));
     }
+    rows
+}
+
+/// A bulk document as a write (checked again here: the request was checked as a whole first).
+fn to_write(id: &str, body: Map<String, Value>, new_edits: bool) -> Result<Write, CouchError> {
+    check_id(id).map_err(refused)?;
+    let doc = document::parse(body).map_err(refused)?;
+    super::docs::check_size(id, &doc)?;
     if new_edits {
-        match super::docs::edit(db, id, doc.rev.clone(), doc.deleted, doc.body).await {
-            Ok(rev) => Some(json!({ "ok": true, "id": id, "rev": rev })),
-            Err(err) => row_error(err),
-        }
-    } else {
-        let path = match document::replicated_path(&doc) {
-            Ok(path) => path,
-            Err(refusal) => return row_error(refused(refusal)),
-        };
-        match db.write(id, &Write::Replicated { path, deleted: doc.deleted, body: doc.body }).await {
-            Ok(_) => None,
-            Err(err) => row_error(err.into()),
-        }
+        return Ok(Write::Edit { parent: doc.rev, deleted: doc.deleted, body: doc.body });
     }
+    let path = document::replicated_path(&doc).map_err(refused)?;
+    Ok(Write::Replicated { path, deleted: doc.deleted, body: doc.body })
 }
 
 /// `POST /{db}/_bulk_get` `{"docs": [{"id", "rev"?}]}` with `?revs=true`, `?latest=true`.
