@@ -173,14 +173,11 @@ impl Database {
         for _ in 0..MAX_TRIES {
             let state = self.read(id).await?;
             let mut tree = state.as_ref().map(|s| s.tree.clone()).unwrap_or_default();
-            let mut answers = Vec::with_capacity(writes.len());
-            let mut changed = false;
-            for write in writes {
-                let answer = apply(&mut tree, write, revs_limit);
-                changed |= matches!(answer, Ok(Written::Edited(_)))
-                    || matches!(answer, Ok(Written::Merged(outcome)) if outcome != MergeOutcome::AlreadyKnown);
-                answers.push(answer);
-            }
+            let answers = apply_all(&mut tree, writes, revs_limit)?;
+            let changed = answers.iter().any(|answer| {
+                matches!(answer, Ok(Written::Edited(_)))
+                    || matches!(answer, Ok(Written::Merged(outcome)) if *outcome != MergeOutcome::AlreadyKnown)
+            });
             if !changed {
                 return Ok(answers);
             }
@@ -386,6 +383,22 @@ impl Database {
         self.revs_limit.store(limit, Ordering::SeqCst);
         Ok(limit)
     }
+}
+
+/// Writes applied to a tree in memory, in order, one answer each. Replicated writes only (a
+/// replicator's request) are merged in one rebuild of the tree ([`RevTree::merge_all`]).
+fn apply_all(tree: &mut RevTree, writes: &[Write], revs_limit: usize) -> Result<Vec<Result<Written>>> {
+    let replicated: Option<Vec<_>> = writes
+        .iter()
+        .map(|write| match write {
+            Write::Replicated { path, deleted, body } => Some((path.clone(), *deleted, body.clone())),
+            Write::Edit { .. } => None,
+        })
+        .collect();
+    if let Some(paths) = replicated {
+        return Ok(tree.merge_all(paths, revs_limit).into_iter().map(|outcome| Ok(Written::Merged(outcome))).collect());
+    }
+    Ok(writes.iter().map(|write| apply(tree, write, revs_limit)).collect())
 }
 
 /// One write applied to a tree in memory: an edit's new revision (or its conflict), a merge's

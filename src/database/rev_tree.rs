@@ -43,6 +43,11 @@ fn valid_rev_id(id: &str) -> bool {
     id.len() != 32 || id.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
+/// Whether `id` is 32 hexadecimal digits (an md5 as CouchDB writes revision ids).
+fn is_md5_text(id: &str) -> bool {
+    id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
 /// The 16 bytes an id of 32 hexadecimal characters stands for, as CouchDB holds it.
 fn md5_bytes(id: &str) -> Option<[u8; 16]> {
     let text = id.as_bytes();
@@ -60,6 +65,11 @@ fn md5_bytes(id: &str) -> Option<[u8; 16]> {
 
 /// CouchDB's order of revision ids of one generation (Erlang's order of the binaries it keeps).
 fn id_order(a: &str, b: &str) -> Ordering {
+    // Two 32-digit hex ids (every revision CouchDB and PouchDB make): their bytes compare as
+    // their digits do, case aside; no decoding needed on this, the common, path.
+    if is_md5_text(a) && is_md5_text(b) {
+        return a.bytes().map(|c| c.to_ascii_lowercase()).cmp(b.bytes().map(|c| c.to_ascii_lowercase()));
+    }
     match (md5_bytes(a), md5_bytes(b)) {
         (Some(a), Some(b)) => a.cmp(&b),
         (Some(a), None) => a.as_slice().cmp(b.as_bytes()),
@@ -332,16 +342,30 @@ impl RevTree {
     /// merge does (`couch_key_tree:merge/2`), then stemmed to `revs_limit`. A path without ids
     /// changes nothing (`AlreadyKnown`).
     pub fn merge(&mut self, path: RevPath, deleted: bool, body: Map<String, Value>, revs_limit: usize) -> MergeOutcome {
-        let mut path = path;
-        path.drop_impossible_ids();
-        if path.ids.is_empty() {
-            return MergeOutcome::AlreadyKnown;
-        }
+        self.merge_all(vec![(path, deleted, body)], revs_limit).pop().unwrap_or(MergeOutcome::AlreadyKnown)
+    }
+
+    /// Several replicated revisions merged in order, as [`RevTree::merge`] merges one, with the
+    /// tree rebuilt once for all of them (a replicator may send hundreds of branches of one
+    /// document in one request); one outcome each.
+    pub fn merge_all(
+        &mut self,
+        paths: Vec<(RevPath, bool, Map<String, Value>)>,
+        revs_limit: usize,
+    ) -> Vec<MergeOutcome> {
         let mut forest = Forest::from_leaves(std::mem::take(&mut self.leaves));
-        let outcome = forest.merge(path, LeafValue { deleted, body });
+        let mut outcomes = Vec::with_capacity(paths.len());
+        for (mut path, deleted, body) in paths {
+            path.drop_impossible_ids();
+            if path.ids.is_empty() {
+                outcomes.push(MergeOutcome::AlreadyKnown);
+                continue;
+            }
+            outcomes.push(forest.merge(path, LeafValue { deleted, body }));
+        }
         self.leaves = forest.into_leaves();
         self.stem(revs_limit);
-        outcome
+        outcomes
     }
 
     /// Non-deleted leaves other than the winner, CouchDB's `_conflicts` order.
@@ -510,7 +534,8 @@ impl Forest {
         let mut ids = path.ids;
         ids.reverse();
         let mut value = Some(value);
-        self.sort_roots();
+        // The roots stay in CouchDB's order between merges (a new root is inserted in place, a
+        // root that grows a new top is moved into place), so no merge sorts them all again.
         for slot in 0..self.roots.len() {
             let root = self.roots[slot];
             let root_generation = self.nodes[root].generation;
@@ -529,7 +554,8 @@ impl Forest {
                     let bottom = self.last_of_chain(top);
                     self.nodes[bottom].children.push(root);
                     self.nodes[root].parent = Some(bottom);
-                    self.roots[slot] = top;
+                    self.roots.remove(slot);
+                    self.insert_root(top);
                 }
                 return outcome;
             }
@@ -538,7 +564,7 @@ impl Forest {
             }
         }
         let root = self.chain(None, oldest, &ids, value.take());
-        self.roots.push(root);
+        self.insert_root(root);
         if was_empty {
             MergeOutcome::Extended
         } else {
@@ -624,12 +650,15 @@ impl Forest {
         node
     }
 
-    /// Trees in CouchDB's order: by the root's generation, then its id.
-    fn sort_roots(&mut self) {
+    /// Adds a tree in its place in CouchDB's order of trees: by the root's generation, then its
+    /// id.
+    fn insert_root(&mut self, root: usize) {
         let nodes = &self.nodes;
-        self.roots.sort_by(|&a, &b| {
+        let order = |a: usize, b: usize| {
             nodes[a].generation.cmp(&nodes[b].generation).then_with(|| id_order(&nodes[a].id, &nodes[b].id))
-        });
+        };
+        let place = self.roots.partition_point(|&existing| order(existing, root) != Ordering::Greater);
+        self.roots.insert(place, root);
     }
 
     /// Every leaf with its whole path back to its tree's root.
