@@ -628,7 +628,7 @@ impl DocumentBackend for DynamoDbBackend {
     /// A database table's live documents (design documents included), counted over the id
     /// index with `Select=COUNT` queries ([`super::count`]): no body is read, but every entry of
     /// the index is, so a count costs about one read unit per 8 KB of index (tens of bytes an
-    /// entry: some 100 read units per 10,000 documents) and one query per shard and MB. A count is
+    /// entry: some 60 read units per 10,000 documents) and one query per shard and MB. A count is
     /// served again for `count_max_age_ms` (default 1 s) unless a write of this process came
     /// since. The index trails the table by DynamoDB's index propagation (usually well under a
     /// second; immediate on dynalite), as `all_docs` does. The data-store table answers `None`:
