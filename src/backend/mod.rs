@@ -393,8 +393,9 @@ pub trait DocumentBackend: Send + Sync + 'static {
 
     /// How many live documents the store holds at the moment of the call, exactly (design and
     /// foreign documents included; deleted documents and `_local/` ones never), counted without
-    /// reading them; `None` when the backend cannot tell exactly (DynamoDB's `ItemCount` is hours
-    /// stale). `verify` uses it to learn, without scanning the target, that the target holds no
+    /// reading them; `None` when the backend cannot tell exactly (DynamoDB's data-store table,
+    /// whose `ItemCount` is hours stale; its database tables count over their id index, see
+    /// docs/databases.md, "Document counts"). `verify` uses it to learn, without scanning the target, that the target holds no
     /// document beyond those it found.
     async fn exact_count(&self) -> Result<Option<u64>> {
         Ok(None)

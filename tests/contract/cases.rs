@@ -1024,7 +1024,8 @@ async fn assert_get_many_matches_get(b: &dyn agentstore::backend::DocumentBacken
 }
 
 /// A backend that claims an exact count (it lets `verify` skip scanning the target) counts live
-/// documents only: writes and deletes show at once. DynamoDB claims none (`ItemCount` is stale).
+/// documents only: writes and deletes show at once. DynamoDB's data-store table claims none
+/// (`ItemCount` is stale; its database tables count exactly, docs/databases.md "Document counts").
 async fn exact_counts_are_exact(ctx: Ctx) {
     let store = ctx.store().await;
     let before = ctx.backend.exact_count().await.unwrap();

@@ -566,3 +566,72 @@ async fn a_database_is_a_table_without_the_listing_index_and_a_drop_deletes_it()
         "the table is deleted: {table_left:?}"
     );
 }
+
+/// A database table counts its live documents exactly (the CouchDB face's `doc_count`): each
+/// write, delete, re-creation, bulk write, replicated tombstone and erasure of this process
+/// shows in the very next count, though counts are remembered for a second; chunk items,
+/// tombstones, local documents and the layout marker are not counted. Another handle on the same
+/// table that remembers nothing (`count_max_age_ms=0`) counts the same at once. The data-store
+/// table keeps no exact count (docs/databases.md says why).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_counts_its_live_documents_exactly_at_once() {
+    let data_store = table_name("count");
+    let store = open(&data_store, true, "").await;
+    assert_eq!(store.exact_count().await.expect("count"), None, "the data-store table counts nothing exactly");
+    let server = servers::dynamodb().expect("dynalite");
+    let catalog_at = |extra: &str| -> agentstore::backend::BackendUrl {
+        format!("{}{extra}", server.table_url(&data_store)).parse().expect("url")
+    };
+    let catalog = agentstore::backend::catalog::open_catalog(&catalog_at("")).await.expect("catalog");
+    let name = agentstore::backend::catalog::DbName::parse("counted").expect("name");
+    let db = catalog.create(&name).await.expect("create");
+    let uncached_catalog =
+        agentstore::backend::catalog::open_catalog(&catalog_at("&count_max_age_ms=0")).await.expect("catalog");
+    let other = uncached_catalog.open(&name).await.expect("open").expect("the database exists");
+    let counts = || async { (db.exact_count().await.expect("count"), other.exact_count().await.expect("count")) };
+    assert_eq!(counts().await, (Some(0), Some(0)), "a new database");
+
+    let mut revs = HashMap::new();
+    for key in ["a", "b", "c"] {
+        let rev = db.put(&format!("u:ns:{key}"), &body("u", key, 1), Precondition::MustNotExist).await.expect("put");
+        revs.insert(key, rev);
+    }
+    // A body large enough to be stored in chunk items, and a design document.
+    let big =
+        json!({"userId": "u", "namespace": "ns", "key": "big", "value": crate::common::corpus::noise(800_000, 5)});
+    db.put("u:ns:big", big.as_object().expect("object"), Precondition::MustNotExist).await.expect("big");
+    db.put("_design/d", &Map::new(), Precondition::MustNotExist).await.expect("design document");
+    db.put_local("checkpoint", &Map::new(), Precondition::None).await.expect("local");
+    assert_eq!(counts().await, (Some(5), Some(5)), "3 small, 1 chunked, 1 design; no local document or chunk");
+
+    let updated = db.put("u:ns:a", &body("u", "a", 2), Precondition::MatchRevision(revs["a"].clone())).await;
+    revs.insert("a", updated.expect("update"));
+    assert_eq!(counts().await, (Some(5), Some(5)), "an update adds nothing");
+    db.delete("u:ns:b", &revs["b"]).await.expect("delete");
+    assert_eq!(counts().await, (Some(4), Some(4)), "a tombstone is not counted");
+    db.put("u:ns:b", &body("u", "b", 3), Precondition::MustNotExist).await.expect("re-create over the tombstone");
+    assert_eq!(counts().await, (Some(5), Some(5)), "a re-created document counts again");
+
+    let bulk: Vec<BulkWrite> = (0..30)
+        .map(|n| BulkWrite {
+            id: format!("u:ns:bulk{n}"),
+            body: body("u", &format!("bulk{n}"), n),
+            precondition: Precondition::MustNotExist,
+        })
+        .collect();
+    assert!(db.bulk_write(bulk).await.expect("bulk").iter().all(Result::is_ok));
+    assert_eq!(counts().await, (Some(35), Some(35)), "a bulk write");
+
+    // A replicated tombstone on a live document, made elsewhere.
+    let current = db.revisions("u:ns:c").await.expect("revisions").expect("c exists");
+    let next = RevisionId::next_after(Some(generation(&current.rev))).expect("revision").to_revision();
+    let ancestry = vec![next.as_str().to_owned(), current.rev.as_str().to_owned()];
+    let replicated = agentstore::backend::ReplicatedRevision { rev: next, ancestry, deleted: true, body: Map::new() };
+    db.put_replicated("u:ns:c", &replicated).await.expect("replicated delete");
+    assert_eq!(counts().await, (Some(34), Some(34)), "a replicated tombstone");
+
+    assert_eq!(db.erase_prefix("u:ns:bulk").await.expect("erase"), 30);
+    assert_eq!(counts().await, (Some(4), Some(4)), "an erasure");
+
+    assert!(agentstore::backend::catalog::Catalog::delete(&*catalog, &name).await.expect("drop"));
+}

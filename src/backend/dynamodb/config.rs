@@ -2,7 +2,9 @@
 //! with the document model's settings `revs_limit=N` (revision ids remembered per document,
 //! default 1000), `settle_ms=N` (how far behind "now" the change feed reads, default 5000) and
 //! `write_timeout_ms=N` (the limit of one write attempt, default 2000, below `settle_ms`); see
-//! docs/dynamodb-layout.md for what the last two guarantee.
+//! docs/dynamodb-layout.md for what the last two guarantee. `count_max_age_ms=N` (default 1000,
+//! `0` for never) is how long a database table's exact document count is served again
+//! (docs/databases.md, "Document counts").
 //!
 //! The table defaults to `agent_data_store` and the GSI to `idx-user-namespace`. Credentials come
 //! from the standard AWS chain (environment, profile, SSO, container and instance roles); the
@@ -64,6 +66,9 @@ pub struct DynamoConfig {
     pub settle: Duration,
     /// One write attempt is abandoned (and retried with a fresh feed position) after this.
     pub write_timeout: Duration,
+    /// How long an exact document count is served again (`count_max_age_ms`; see
+    /// [`super::count`]); zero for never.
+    pub count_max_age: Duration,
     /// Whether the table carries the user/namespace GSI (`index`): the data-store table does
     /// and must; a database table of the catalog ([`super::catalog`]) does not, since only the
     /// data-store database answers the facade's listings. Without it the table is created with
@@ -82,7 +87,16 @@ impl DynamoConfig {
         let params = QueryParams::parse(
             ADAPTER,
             query,
-            &["region", "endpoint", "create", "index", "revs_limit", "settle_ms", "write_timeout_ms"],
+            &[
+                "region",
+                "endpoint",
+                "create",
+                "index",
+                "revs_limit",
+                "settle_ms",
+                "write_timeout_ms",
+                "count_max_age_ms",
+            ],
         )?;
         let index = match params.text("index") {
             Some(index) => {
@@ -104,6 +118,9 @@ impl DynamoConfig {
             revs_limit: params.revs_limit(u32::MAX as usize)?,
             settle: millis("settle_ms", DEFAULT_SETTLE)?,
             write_timeout: millis("write_timeout_ms", DEFAULT_WRITE_TIMEOUT)?,
+            count_max_age: params
+                .whole("count_max_age_ms", 0..=u64::from(u32::MAX))?
+                .map_or(super::count::DEFAULT_COUNT_MAX_AGE, Duration::from_millis),
             user_index: true,
         };
         if config.write_timeout >= config.settle {
@@ -167,6 +184,9 @@ mod tests {
         assert_eq!(c.revs_limit, 50);
         assert_eq!(c.settle, Duration::from_millis(800));
         assert_eq!(c.write_timeout, Duration::from_millis(300));
+        assert_eq!(c.count_max_age, super::super::count::DEFAULT_COUNT_MAX_AGE);
+        let c = DynamoConfig::parse("dynamodb://t11?count_max_age_ms=0").unwrap();
+        assert_eq!(c.count_max_age, Duration::ZERO);
     }
 
     #[test]
@@ -181,6 +201,7 @@ mod tests {
             "dynamodb://t11?revs_limit=0",
             "dynamodb://t11?revs_limit=ten",
             "dynamodb://t11?settle_ms=1000&write_timeout_ms=1000",
+            "dynamodb://t11?count_max_age_ms=-1",
         ] {
             assert!(DynamoConfig::parse(bad).is_err(), "{bad}");
         }

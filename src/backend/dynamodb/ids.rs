@@ -226,7 +226,9 @@ impl DynamoDbBackend {
                         .map_err(|e| Error::new(ErrorKind::Internal, "build delete request").with_source(e))
                 })
                 .collect::<Result<Vec<_>>>()?;
-            let left = self.batch_write_with_retries(requests).await?;
+            let left = self.batch_write_with_retries(requests).await;
+            self.count_cache().wrote();
+            let left = left?;
             if !left.is_empty() {
                 return Err(Error::new(
                     ErrorKind::Unavailable,

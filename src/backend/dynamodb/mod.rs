@@ -12,6 +12,7 @@
 //! - [`write`]: writes that continue generations and ancestry, tombstones, replicated writes.
 //! - [`feed`]: the change feed over the sharded feed index.
 //! - [`ids`]: documents in id order over the sharded id index, erasure by prefix.
+//! - [`count`]: a database table's exact document count over the id index.
 //! - [`local`]: `_local/` documents.
 //! - [`layout`]: the document model's attributes and indexes.
 //! - [`upgrade`]: the layout marker, creating the indexes, and the upgrade of the previous
@@ -22,6 +23,7 @@ mod backend;
 pub mod catalog;
 pub mod codec;
 pub mod config;
+mod count;
 mod error;
 mod feed;
 mod ids;

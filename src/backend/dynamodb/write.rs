@@ -282,10 +282,26 @@ impl DynamoDbBackend {
     }
 
     /// PutItem of `item` (revision `rev`) conditional on the item being `current` still; returns
-    /// the replaced item. Each attempt stamps a fresh feed position and is bounded by the write
-    /// timeout, with the SDK's own retries off for it: a resent request would carry an old stamp.
-    /// A conflict against our own earlier attempt (applied, but its answer lost) is our success.
+    /// the replaced item. Every document write goes through here, so this is where the
+    /// remembered document count is forgotten: after the write, whatever its outcome (one that
+    /// failed may still have been applied).
     async fn replace_item(
+        &self,
+        id: &str,
+        item: Item,
+        current: Option<&Current>,
+        rev: &Revision,
+    ) -> Result<Option<Item>> {
+        let outcome = self.replace_item_attempts(id, item, current, rev).await;
+        self.count_cache().wrote();
+        outcome
+    }
+
+    /// [`Self::replace_item`]'s attempts. Each stamps a fresh feed position and is bounded by the
+    /// write timeout, with the SDK's own retries off for it: a resent request would carry an old
+    /// stamp. A conflict against our own earlier attempt (applied, but its answer lost) is our
+    /// success.
+    async fn replace_item_attempts(
         &self,
         id: &str,
         mut item: Item,
