@@ -273,9 +273,16 @@ struct Replication {
     push_docs_written: u64,
     pull_docs_written: u64,
     compared: u64,
-    /// Each conflicted document: id, winning revision, `_conflicts` (sorted), as the local
-    /// PouchDB reads it.
-    conflicted: Vec<(String, String, Vec<Value>)>,
+    /// Each conflicted document as the local PouchDB reads it.
+    conflicted: Vec<Conflicted>,
+}
+
+/// A conflicted document: its id, winning revision and `_conflicts` (sorted).
+#[derive(Clone)]
+struct Conflicted {
+    id: String,
+    rev: String,
+    conflicts: Vec<Value>,
 }
 
 impl Replication {
@@ -336,7 +343,7 @@ async fn replication(
         .iter()
         .map(|doc| match (doc["id"].as_str(), doc["rev"].as_str(), doc["conflicts"].as_array()) {
             (Some(id), Some(rev), Some(conflicts)) if !conflicts.is_empty() => {
-                Ok((id.to_owned(), rev.to_owned(), conflicts.clone()))
+                Ok(Conflicted { id: id.to_owned(), rev: rev.to_owned(), conflicts: conflicts.clone() })
             }
             _ => Err(format!("the client listed a conflicted document as {doc}")),
         })
@@ -388,9 +395,9 @@ async fn read_conflicted(
     target: &Target,
     http: &reqwest::Client,
     db: &str,
-    expected: &(String, String, Vec<Value>),
+    expected: &Conflicted,
 ) -> Result<(), String> {
-    let (id, rev, conflicts) = expected;
+    let Conflicted { id, rev, conflicts } = expected;
     let doc = target.send(http, reqwest::Method::GET, &format!("/{db}/{}?conflicts=true", encoded(id)), None).await?;
     let mut got = doc["_conflicts"].as_array().cloned().unwrap_or_default();
     got.sort_by(|a, b| a.as_str().cmp(&b.as_str()));
@@ -404,7 +411,7 @@ async fn read_conflicted(
 async fn get_conflicts(
     target: &Arc<Target>,
     db: &str,
-    conflicted: &Arc<Vec<(String, String, Vec<Value>)>>,
+    conflicted: &Arc<Vec<Conflicted>>,
     config: &Config,
 ) -> Result<Reads, String> {
     let issued = Arc::new(AtomicU64::new(0));
@@ -634,6 +641,9 @@ fn ratio(ours: f64, theirs: f64) -> String {
     }
 }
 
+/// A memory row of the table: its name, its value from a measurement, decimals shown.
+type MemoryRow = (&'static str, fn(&Memory) -> f64, usize);
+
 fn table(config: &Config, ours: &Measured, theirs: &Measured) -> String {
     let header = ["operation", ours.label.as_str(), theirs.label.as_str(), "ratio"];
     let mut rows: Vec<Vec<String>> = Vec::new();
@@ -660,7 +670,7 @@ fn table(config: &Config, ours: &Measured, theirs: &Measured) -> String {
     row(format!("get_conflicts req/s ({} clients)", config.clients), a.rate(), b.rate(), 0);
     row("get_conflicts p50 ms".into(), quantile_ms(&a.latency, 0.5), quantile_ms(&b.latency, 0.5), 2);
     row("get_conflicts p99 ms".into(), quantile_ms(&a.latency, 0.99), quantile_ms(&b.latency, 0.99), 2);
-    let memory_rows: [(&str, fn(&Memory) -> f64, usize); 6] = [
+    let memory_rows: [MemoryRow; 6] = [
         ("RSS before, MiB", |m| m.before.rss_kib as f64 / 1024.0, 1),
         ("RSS after creating, MiB", |m| m.created.rss_kib as f64 / 1024.0, 1),
         ("RSS idle, MiB", |m| m.idle.rss_kib as f64 / 1024.0, 1),
