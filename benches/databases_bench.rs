@@ -741,7 +741,11 @@ fn run() -> Result<bool, String> {
     let dir = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
     let (server, target) = agentstore(dir.path())?;
     let ours = runtime.block_on(measure(target, &config)).map_err(|e| format!("agentstore: {e}"))?;
-    server.stop()?;
+    // Stopping closes every database the server opened; how long that takes is worth knowing.
+    let stopping = Instant::now();
+    server.stop().map_err(|e| format!("agentstore: stopping it: {e}"))?;
+    let stop_seconds = stopping.elapsed().as_secs_f64();
+    println!("  agentstore stopped in {stop_seconds:.2} s");
     let load_between = load_average();
     let theirs = runtime.block_on(measure(pouchdb()?, &config)).map_err(|e| format!("pouchdb-server: {e}"))?;
     drop(runtime);
@@ -783,6 +787,7 @@ fn run() -> Result<bool, String> {
         "goal_kib_per_idle_database": GOAL_KIB_PER_DATABASE,
         "passed": passed,
         "agentstore": measured_json(&ours, &config),
+        "agentstore_seconds_to_stop": stop_seconds,
         "pouchdb_server": measured_json(&theirs, &config),
     });
     write_report(NAME, &report)?;
