@@ -26,7 +26,8 @@
 //!    (default 1,000) databases and writing one document in each, sequentially, and again after
 //!    `BENCH_IDLE_SECONDS` (default 5) idle; KiB per database from the idle reading. On
 //!    pouchdb-server the process is found by its `--port` argument in `/proc/*/cmdline`; when it
-//!    is not a local process (another server) its memory is "not measured".
+//!    is not a local process (another server) its memory is "not measured". Then agentstore is
+//!    stopped (SIGTERM) and the seconds it took to exit are printed and reported.
 //!
 //! Latency is wall-clock around one whole request including its body. Any failed request of
 //! phases 1, 2 and 4, a failed replication check, or any wrong or failed answer of phase 3 fails
