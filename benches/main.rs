@@ -18,6 +18,7 @@ mod servers;
 mod couchdb_api_bench;
 mod couchdb_auth;
 mod couchdb_overhead;
+mod databases_bench;
 mod dynamodb_bench;
 mod feed_bench;
 mod firestore_bench;
@@ -34,7 +35,7 @@ use std::process::ExitCode;
 type BenchMain = fn() -> ExitCode;
 
 /// Each bench by name, and its `main`.
-const BENCHES: [(&str, BenchMain); 12] = [
+const BENCHES: [(&str, BenchMain); 13] = [
     ("serve_load", serve_load::main),
     ("write_slot", write_slot::main),
     ("couchdb_overhead", couchdb_overhead::main),
@@ -49,6 +50,7 @@ const BENCHES: [(&str, BenchMain); 12] = [
     ("feed_bench", feed_bench::main),
     ("follow_bench", follow_bench::main),
     ("couchdb_api_bench", couchdb_api_bench::main),
+    ("databases_bench", databases_bench::main),
     ("mango_find", || {
         mango_find::main();
         ExitCode::SUCCESS

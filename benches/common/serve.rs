@@ -1,5 +1,5 @@
 //! A spawned `agentstore serve` process for the HTTP benches (`serve_load`, `hot_key`,
-//! `couchdb_api_bench`).
+//! `couchdb_api_bench`, `databases_bench`).
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader};
