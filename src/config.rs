@@ -111,6 +111,10 @@ pub struct Settings {
     /// Long-lived `_changes` feeds (longpoll, continuous) one login holds at once (per peer address
     /// when the API is open); past it, 429.
     pub couchdb_max_feeds_per_login: usize,
+    /// Databases (besides the data-store one) kept open at once; the least recently used idle
+    /// one is closed past it, and opened again on its next request. Bounds memory and file
+    /// descriptors with thousands of databases.
+    pub couchdb_max_open_databases: usize,
     /// Failed logins per (name, peer address) after which that pair is locked out (403), like
     /// CouchDB's `chttpd_auth_lockout` `threshold`; 0 turns the lockout off.
     pub couchdb_lockout_threshold: u32,
@@ -276,6 +280,7 @@ impl Settings {
             .and_then(|b| b.set_default("couchdb_changes_min_heartbeat_ms", 1_000u64))
             .and_then(|b| b.set_default("couchdb_changes_max_feed_secs", 3_600u64))
             .and_then(|b| b.set_default("couchdb_max_feeds_per_login", 16u64))
+            .and_then(|b| b.set_default("couchdb_max_open_databases", 128u64))
             .and_then(|b| b.set_default("couchdb_lockout_threshold", 5u64))
             .and_then(|b| b.set_default("couchdb_lockout_secs", 300u64))
             .and_then(|b| b.set_default("couchdb_lockout_max_entries", 10_000u64))
@@ -356,6 +361,7 @@ impl Settings {
             ("couchdb_max_query_bytes", as_u64(self.couchdb_max_query_bytes)),
             ("couchdb_max_login_bytes", as_u64(self.couchdb_max_login_bytes)),
             ("couchdb_max_feeds_per_login", as_u64(self.couchdb_max_feeds_per_login)),
+            ("couchdb_max_open_databases", as_u64(self.couchdb_max_open_databases)),
             ("couchdb_lockout_max_entries", as_u64(self.couchdb_lockout_max_entries)),
         ] {
             if value == 0 {
@@ -459,6 +465,7 @@ mod tests {
         assert_eq!(settings.couchdb_changes_min_heartbeat_ms, 1_000);
         assert_eq!(settings.couchdb_changes_max_feed_secs, 3_600);
         assert_eq!(settings.couchdb_max_feeds_per_login, 16);
+        assert_eq!(settings.couchdb_max_open_databases, 128);
         assert_eq!(
             (settings.couchdb_lockout_threshold, settings.couchdb_lockout_secs, settings.couchdb_lockout_max_entries),
             (5, 300, 10_000)

@@ -115,6 +115,12 @@ pub trait Catalog: Send + Sync + 'static {
 
     /// Every database's name, in CouchDB's order (byte order of the names).
     async fn list(&self) -> Result<Vec<DbName>>;
+
+    /// Lets go of the catalog's own handle of a database nobody uses any more (the server keeps
+    /// a bounded number open), so its resources are freed; the next `open` opens it again.
+    async fn forget(&self, name: &DbName) {
+        let _ = name;
+    }
 }
 
 /// The catalog of the backend `url` names.
@@ -154,7 +160,26 @@ impl EmbeddedCatalog {
     fn file(&self, name: &DbName) -> PathBuf {
         self.directory.join(format!("{}.redb", name.encoded()))
     }
+
+    /// Opens an existing database file. A database the server closed moments ago (it keeps a
+    /// bounded number open) may still be held by its last commit finishing on the blocking
+    /// pool, and redb opens a file once per process: such an open is tried again briefly.
+    async fn reopen(&self, file: &Path) -> Result<EmbeddedBackend> {
+        let mut tries = 0;
+        loop {
+            match EmbeddedBackend::open_with(file, self.options).await {
+                Err(err) if err.kind() == ErrorKind::Misconfigured && tries < REOPEN_TRIES => {
+                    tries += 1;
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                }
+                answer => return answer,
+            }
+        }
+    }
 }
+
+/// Tries of [`EmbeddedCatalog::reopen`] (10 ms apart) while a closed handle lets go of its file.
+const REOPEN_TRIES: usize = 50;
 
 #[async_trait]
 impl Catalog for EmbeddedCatalog {
@@ -182,7 +207,7 @@ impl Catalog for EmbeddedCatalog {
         if !tokio::fs::try_exists(&file).await.unwrap_or(false) {
             return Ok(None);
         }
-        let backend = Arc::new(EmbeddedBackend::open_with(&file, self.options).await?);
+        let backend = Arc::new(self.reopen(&file).await?);
         open.insert(name.clone(), Arc::clone(&backend));
         Ok(Some(backend))
     }
@@ -200,6 +225,10 @@ impl Catalog for EmbeddedCatalog {
                 Err(Error::new(ErrorKind::Unavailable, format!("cannot delete {}", file.display())).with_source(err))
             }
         }
+    }
+
+    async fn forget(&self, name: &DbName) {
+        self.open.lock().await.remove(name);
     }
 
     async fn list(&self) -> Result<Vec<DbName>> {

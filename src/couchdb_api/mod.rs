@@ -107,7 +107,10 @@ impl CouchApp {
             server_uuid: Arc::from(server_uuid.as_str()),
             stopping: stopping_seen,
             feeds: Arc::new(changes::FeedBounds::from_settings(settings)),
-            databases: Arc::new(crate::database::Databases::new(databases_catalog)),
+            databases: Arc::new(crate::database::Databases::new(
+                databases_catalog,
+                settings.couchdb_max_open_databases,
+            )),
             database_router: axum::Router::new(),
         };
         let state = CouchState { database_router: database::router(state.clone()), ..state };

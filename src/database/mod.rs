@@ -27,12 +27,42 @@ use crate::error::{Error, ErrorKind, Result};
 pub struct Databases {
     /// `None` where the backend keeps no databases besides the data-store one.
     catalog: Option<Arc<dyn Catalog>>,
-    open: Mutex<HashMap<DbName, Arc<Database>>>,
+    /// Open databases and when each was last asked for.
+    open: Mutex<HashMap<DbName, OpenDatabase>>,
+    /// How many stay open at once (`couchdb_max_open_databases`).
+    max_open: usize,
+}
+
+struct OpenDatabase {
+    database: Arc<Database>,
+    last_used: std::time::Instant,
 }
 
 impl Databases {
-    pub fn new(catalog: Option<Arc<dyn Catalog>>) -> Self {
-        Databases { catalog, open: Mutex::new(HashMap::new()) }
+    pub fn new(catalog: Option<Arc<dyn Catalog>>, max_open: usize) -> Self {
+        Databases { catalog, open: Mutex::new(HashMap::new()), max_open: max_open.max(1) }
+    }
+
+    /// Keeps one more open database within the bound: while too many are open, the least
+    /// recently used one that no request holds is closed (its catalog handle let go). Databases
+    /// in use are never closed, so the bound may be passed while that many are busy.
+    async fn keep(&self, open: &mut HashMap<DbName, OpenDatabase>, name: &DbName, database: &Arc<Database>) {
+        open.insert(
+            name.clone(),
+            OpenDatabase { database: Arc::clone(database), last_used: std::time::Instant::now() },
+        );
+        while open.len() > self.max_open {
+            let idle = open
+                .iter()
+                .filter(|(_, entry)| Arc::strong_count(&entry.database) == 1)
+                .min_by_key(|(_, entry)| entry.last_used)
+                .map(|(name, _)| name.clone());
+            let Some(idle) = idle else { break };
+            open.remove(&idle);
+            if let Some(catalog) = &self.catalog {
+                catalog.forget(&idle).await;
+            }
+        }
     }
 
     pub fn describe(&self) -> String {
@@ -53,20 +83,21 @@ impl Databases {
         let mut open = self.open.lock().await;
         let backend = self.catalog()?.create(name).await?;
         let database = Arc::new(Database::new(name.to_string(), backend));
-        open.insert(name.clone(), Arc::clone(&database));
+        self.keep(&mut open, name, &database).await;
         Ok(database)
     }
 
     /// The database, or `None` when it does not exist.
     pub async fn open(&self, name: &DbName) -> Result<Option<Arc<Database>>> {
         let mut open = self.open.lock().await;
-        if let Some(database) = open.get(name) {
-            return Ok(Some(Arc::clone(database)));
+        if let Some(entry) = open.get_mut(name) {
+            entry.last_used = std::time::Instant::now();
+            return Ok(Some(Arc::clone(&entry.database)));
         }
         let Some(catalog) = &self.catalog else { return Ok(None) };
         let Some(backend) = catalog.open(name).await? else { return Ok(None) };
         let database = Arc::new(Database::new(name.to_string(), backend));
-        open.insert(name.clone(), Arc::clone(&database));
+        self.keep(&mut open, name, &database).await;
         Ok(Some(database))
     }
 
@@ -74,8 +105,8 @@ impl Databases {
     /// holding it fail with `NotFound` from now on.
     pub async fn delete(&self, name: &DbName) -> Result<bool> {
         let mut open = self.open.lock().await;
-        if let Some(database) = open.remove(name) {
-            database.mark_dropped();
+        if let Some(entry) = open.remove(name) {
+            entry.database.mark_dropped();
         }
         match &self.catalog {
             Some(catalog) => catalog.delete(name).await,
@@ -94,4 +125,41 @@ impl Databases {
 /// CouchDB's answer to a request on a database that does not exist.
 pub fn no_such_database() -> Error {
     Error::new(ErrorKind::NotFound, "Database does not exist.")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::catalog::EmbeddedCatalog;
+    use crate::backend::embedded::EmbeddedOptions;
+
+    fn body(value: serde_json::Value) -> serde_json::Map<String, serde_json::Value> {
+        value.as_object().cloned().unwrap_or_default()
+    }
+
+    /// Past `couchdb_max_open_databases` the least recently used idle database is closed, a
+    /// database in use never is, and a closed one opens again with its documents.
+    #[tokio::test]
+    async fn open_databases_stay_within_the_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let catalog = Arc::new(EmbeddedCatalog::new(&dir.path().join("store.redb"), EmbeddedOptions::default()));
+        let databases = Databases::new(Some(catalog), 2);
+        let names: Vec<DbName> = ["a", "b", "c"].iter().map(|n| DbName::parse(n).unwrap()).collect();
+        let held = databases.create(&names[0]).await.unwrap();
+        let write = Write::Edit { parent: None, deleted: false, body: body(serde_json::json!({"v": 1})) };
+        held.write("doc", &write).await.unwrap();
+        drop(databases.create(&names[1]).await.unwrap());
+        drop(databases.create(&names[2]).await.unwrap());
+        {
+            let open = databases.open.lock().await;
+            assert_eq!(open.len(), 2, "one idle database was closed");
+            assert!(open.contains_key(&names[0]), "the database in use stays open");
+            assert!(!open.contains_key(&names[1]), "the least recently used idle one was closed");
+        }
+        drop(held);
+        let again = databases.open(&names[1]).await.unwrap().expect("a closed database opens again");
+        assert!(again.read("doc").await.unwrap().is_none());
+        let first = databases.open(&names[0]).await.unwrap().expect("open");
+        assert!(first.read("doc").await.unwrap().is_some(), "documents survive closing and opening");
+    }
 }
