@@ -793,7 +793,9 @@ mod tests {
 
     #[test]
     fn parameters_are_checked_and_name_the_problem() {
-        assert!(parse(&[("feed", "eventsource")]).err().unwrap().reason.contains("feed"));
+        assert!(parse(&[("feed", "websocket")]).err().unwrap().reason.contains("feed"));
+        let events = parse(&[("feed", "eventsource")]).unwrap();
+        assert!(events.eventsource && events.feed == Feed::Continuous);
         assert!(parse(&[("descending", "true")]).unwrap().descending);
         assert!(parse(&[("filter", "app/by_user")]).is_err());
         let ids = parse(&[("filter", "_doc_ids"), ("doc_ids", "[\"a\"]")]).unwrap();
