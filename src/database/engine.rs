@@ -48,6 +48,9 @@ pub struct DocState {
     pub tree: RevTree,
     /// The live backend record's revision (`None`: a tombstone, or never written).
     record_rev: Option<Revision>,
+    /// For a tombstone, the revision of its local tree record as read with it: a write from the
+    /// tombstone is serialized on it.
+    local_rev: Option<Revision>,
 }
 
 impl DocState {
@@ -132,14 +135,20 @@ impl Database {
     pub async fn read(&self, id: &str) -> Result<Option<DocState>> {
         self.check_open()?;
         if let Some(record) = self.backend.get(id).await? {
-            return Ok(Some(DocState { tree: tree_of(&record.body, id)?, record_rev: Some(record.rev) }));
+            return Ok(Some(DocState {
+                tree: tree_of(&record.body, id)?,
+                record_rev: Some(record.rev),
+                local_rev: None,
+            }));
         }
         self.read_tombstone(id).await
     }
 
     async fn read_tombstone(&self, id: &str) -> Result<Option<DocState>> {
         match self.backend.get_local(&format!("{TREE_PREFIX}{id}")).await? {
-            Some(local) => Ok(Some(DocState { tree: tree_of(&local.body, id)?, record_rev: None })),
+            Some(local) => {
+                Ok(Some(DocState { tree: tree_of(&local.body, id)?, record_rev: None, local_rev: Some(local.rev) }))
+            }
             None => Ok(None),
         }
     }
@@ -151,7 +160,9 @@ impl Database {
         let mut states = Vec::with_capacity(ids.len());
         for (id, record) in ids.iter().zip(records) {
             states.push(match record {
-                Some(record) => Some(DocState { tree: tree_of(&record.body, id)?, record_rev: Some(record.rev) }),
+                Some(record) => {
+                    Some(DocState { tree: tree_of(&record.body, id)?, record_rev: Some(record.rev), local_rev: None })
+                }
                 None => self.read_tombstone(id).await?,
             });
         }
@@ -247,45 +258,58 @@ impl Database {
     }
 
     /// Saves `tree` over `state` with the backend's preconditions (`Conflict` if another writer
-    /// got in first).
+    /// got in first, and the caller reads again).
+    ///
+    /// Every save is serialized on one compare-and-swap: from a live record, on the record's
+    /// revision (the new tree goes into the record first, even when its winner is deleted);
+    /// from a tombstone (or nothing), on the revision of the tombstone's local tree read with it.
+    /// Whoever passes it holds every leaf acknowledged before; the writes after it (the local
+    /// tree, the tombstone) only carry that tree on, and a later writer that overtakes them has
+    /// read it already.
     async fn save(&self, id: &str, state: Option<&DocState>, tree: &RevTree) -> Result<()> {
         self.check_open()?;
         let record = record_of(tree)?;
         let live = tree.winner().is_some_and(|leaf| !leaf.deleted);
-        let record_rev = state.and_then(|s| s.record_rev.clone());
-        match (record_rev, live) {
-            (Some(rev), true) => {
-                self.backend.put(id, &record, Precondition::MatchRevision(rev)).await?;
+        let tree_name = format!("{TREE_PREFIX}{id}");
+        match state.and_then(|s| s.record_rev.clone()) {
+            Some(rev) => {
+                let next =
+                    self.backend.put(id, &record, Precondition::MatchRevision(rev)).await.map_err(gone_is_conflict)?;
+                if !live {
+                    // The record now holds the tree with its deleted winner (reads treat it as
+                    // deleted); the local tree and the tombstone follow. Either may meet a later
+                    // writer, who read this tree from the record and carries it on: then this
+                    // write is done.
+                    let precondition = match self.backend.get_local(&tree_name).await? {
+                        Some(local) => Precondition::MatchRevision(local.rev),
+                        None => Precondition::MustNotExist,
+                    };
+                    match self.backend.put_local(&tree_name, &record, precondition).await {
+                        Ok(_) => {}
+                        Err(err) if err.kind() == ErrorKind::Conflict => return Ok(()),
+                        Err(err) => return Err(err),
+                    }
+                    match self.backend.delete(id, &next).await {
+                        Ok(_) => {}
+                        Err(err) if matches!(err.kind(), ErrorKind::Conflict | ErrorKind::NotFound) => {}
+                        Err(err) => return Err(err),
+                    }
+                }
             }
-            (None, true) => {
-                // A new document, or one re-created over its tombstone: the live record carries the
-                // whole tree, so the tombstone's local tree is no longer read.
-                self.backend.put(id, &record, Precondition::MustNotExist).await?;
-            }
-            (Some(rev), false) => {
-                self.save_tombstone_tree(id, &record).await?;
-                self.backend.delete(id, &rev).await?;
-            }
-            (None, false) => {
-                // The tree changes while the document stays deleted (or arrives deleted): the
-                // document must still move in the change feed, so it is written live and deleted.
-                self.save_tombstone_tree(id, &record).await?;
-                let rev = self.backend.put(id, &record, Precondition::MustNotExist).await?;
-                self.backend.delete(id, &rev).await?;
+            None => {
+                let precondition = match state.and_then(|s| s.local_rev.clone()) {
+                    Some(local_rev) => Precondition::MatchRevision(local_rev),
+                    None => Precondition::MustNotExist,
+                };
+                self.backend.put_local(&tree_name, &record, precondition).await.map_err(gone_is_conflict)?;
+                // A new document, one re-created over its tombstone, or one that stays deleted:
+                // in the last case it is written live and deleted again, so it moves in the feed.
+                let rev = self.backend.put(id, &record, Precondition::MustNotExist).await.map_err(gone_is_conflict)?;
+                if !live {
+                    self.backend.delete(id, &rev).await.map_err(gone_is_conflict)?;
+                }
             }
         }
-        Ok(())
-    }
-
-    /// Writes the tree of a document about to be (or staying) deleted, against the revision of
-    /// the tree read now, so two writers never overwrite each other's leaves.
-    async fn save_tombstone_tree(&self, id: &str, record: &Map<String, Value>) -> Result<()> {
-        let name = format!("{TREE_PREFIX}{id}");
-        let precondition = match self.backend.get_local(&name).await? {
-            Some(local) => Precondition::MatchRevision(local.rev),
-            None => Precondition::MustNotExist,
-        };
-        self.backend.put_local(&name, record, precondition).await?;
         Ok(())
     }
 
@@ -300,7 +324,7 @@ impl Database {
         let page = self.backend.all_docs(range, limit, token).await?;
         let mut items = Vec::with_capacity(page.items.len());
         for StoredDocument { id, rev, body } in page.items {
-            let state = DocState { tree: tree_of(&body, &id)?, record_rev: Some(rev) };
+            let state = DocState { tree: tree_of(&body, &id)?, record_rev: Some(rev), local_rev: None };
             if !state.deleted() {
                 items.push((id, state));
             }
@@ -414,6 +438,16 @@ fn apply(tree: &mut RevTree, write: &Write, revs_limit: usize) -> Result<Written
         Write::Replicated { path, deleted, body } => {
             Ok(Written::Merged(tree.merge(path.clone(), *deleted, body.clone(), revs_limit)))
         }
+    }
+}
+
+/// A precondition that failed because the record went away under the write (another writer
+/// deleted or re-created it) is a conflict like any other: the write reads again.
+fn gone_is_conflict(err: Error) -> Error {
+    if err.kind() == ErrorKind::NotFound {
+        Error::conflict(format!("the document changed under this write: {}", err.message()))
+    } else {
+        err
     }
 }
 

@@ -80,6 +80,7 @@ fn rev_tree_cases() -> Vec<Case> {
         deleted_documents_keep_their_tree_and_come_back,
         every_tree_change_moves_the_document_in_the_feed,
         concurrent_writers_of_one_tree_lose_nothing,
+        concurrent_writers_of_deleted_trees_lose_nothing,
         purge_removes_leaves_and_documents,
         design_documents_are_listed,
     ]

@@ -150,6 +150,51 @@ pub async fn concurrent_writers_of_one_tree_lose_nothing(ctx: Ctx) {
     assert_eq!(leaves, expected);
 }
 
+/// Writers racing on a deleted document, and writers deleting every leaf of a document at once,
+/// lose nothing either: the tombstone's tree and the last deletions are serialized like live
+/// writes.
+pub async fn concurrent_writers_of_deleted_trees_lose_nothing(ctx: Ctx) {
+    let db = db(&ctx);
+    db.write("gone", &replicated(1, &["root"], true, json!({}))).await.expect("arrives deleted");
+    let writers = (0..12).map(|n| {
+        let db = Arc::clone(&db);
+        async move {
+            let id = format!("d{n:02}");
+            db.write("gone", &replicated(2, &[id.as_str(), "root"], true, json!({"n": n}))).await
+        }
+    });
+    for result in join_all(writers).await {
+        result.expect("each deleted branch lands");
+    }
+    let state = db.read("gone").await.expect("read").expect("exists");
+    assert!(state.deleted());
+    let leaves: BTreeSet<String> = leaf_revs(&state).into_iter().collect();
+    assert_eq!(leaves, (0..12).map(|n| format!("2-d{n:02}")).collect::<BTreeSet<_>>());
+
+    for n in 0..12 {
+        db.write("many", &replicated(1, &[&format!("l{n:02}")], false, json!({"n": n}))).await.expect("leaf");
+    }
+    let deleters = (0..12).map(|n| {
+        let db = Arc::clone(&db);
+        async move {
+            let deletion = Write::Edit { parent: Some(format!("1-l{n:02}")), deleted: true, body: Map::new() };
+            db.write("many", &deletion).await
+        }
+    });
+    let mut deletions = BTreeSet::new();
+    for result in join_all(deleters).await {
+        match result.expect("each deletion lands") {
+            Written::Edited(rev) => deletions.insert(rev),
+            other => panic!("a deletion answered {other:?}"),
+        };
+    }
+    let state = db.read("many").await.expect("read").expect("exists");
+    assert!(state.deleted(), "every leaf deleted");
+    assert_eq!(leaf_revs(&state).into_iter().collect::<BTreeSet<_>>(), deletions);
+    let listed = db.all_docs(&IdRange::all(), 10, None).await.expect("all_docs");
+    assert!(listed.items.iter().all(|(id, _)| id != "many" && id != "gone"));
+}
+
 /// Purging a leaf removes it for good; purging the last leaf removes the document.
 pub async fn purge_removes_leaves_and_documents(ctx: Ctx) {
     let db = db(&ctx);
