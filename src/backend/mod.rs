@@ -416,10 +416,10 @@ pub trait DocumentBackend: Send + Sync + 'static {
         Ok(None)
     }
 
-    /// Where this backend keeps databases besides this one ([`catalog`]): the embedded store's
-    /// sibling files, DynamoDB's sibling tables, Firestore's sibling collections, the CouchDB
-    /// server's other databases. `None`, the default, where the backend keeps no others.
-    fn catalog(&self) -> Option<Arc<dyn catalog::Catalog>> {
+    /// The URL this backend was opened from, credentials included (never logged: `describe` is
+    /// what logs show), from which the catalog of the databases it keeps beside this one opens
+    /// ([`catalog::open_catalog`]); `None`, the default, for a backend that keeps no others.
+    fn url(&self) -> Option<BackendUrl> {
         None
     }
 

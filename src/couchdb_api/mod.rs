@@ -97,7 +97,7 @@ impl CouchApp {
         let (stopping, stopping_seen) = tokio::sync::watch::channel(false);
         let bodies = request::Bodies::from_settings(settings);
         let server_uuid = server::stable_uuid(&store.backend().describe());
-        let databases_catalog = store.backend().catalog();
+        let databases_url = store.backend().url();
         let auth = Arc::new(auth::CouchAuth::from_settings(settings)?);
         let state = CouchState {
             auth,
@@ -107,8 +107,8 @@ impl CouchApp {
             server_uuid: Arc::from(server_uuid.as_str()),
             stopping: stopping_seen,
             feeds: Arc::new(changes::FeedBounds::from_settings(settings)),
-            databases: Arc::new(crate::database::Databases::new(
-                databases_catalog,
+            databases: Arc::new(crate::database::Databases::from_url(
+                databases_url,
                 settings.couchdb_max_open_databases,
             )),
             database_router: axum::Router::new(),

@@ -21,12 +21,15 @@ use tokio::sync::Mutex;
 pub use engine::{Database, DocState, Write, Written};
 
 use crate::backend::catalog::{Catalog, DbName};
+use crate::backend::BackendUrl;
 use crate::error::{Error, ErrorKind, Result};
 
 /// The server's databases besides the data-store one, opened once each and shared by requests.
 pub struct Databases {
-    /// `None` where the backend keeps no databases besides the data-store one.
-    catalog: Option<Arc<dyn Catalog>>,
+    /// Where the catalog comes from: opened on first use (`None`: the backend keeps no databases
+    /// besides the data-store one).
+    source: Option<BackendUrl>,
+    catalog: tokio::sync::OnceCell<Arc<dyn Catalog>>,
     /// Open databases and when each was last asked for.
     open: Mutex<HashMap<DbName, OpenDatabase>>,
     /// How many stay open at once (`couchdb_max_open_databases`).
@@ -39,8 +42,33 @@ struct OpenDatabase {
 }
 
 impl Databases {
+    /// The databases of a catalog already open.
     pub fn new(catalog: Option<Arc<dyn Catalog>>, max_open: usize) -> Self {
-        Databases { catalog, open: Mutex::new(HashMap::new()), max_open: max_open.max(1) }
+        let opened = tokio::sync::OnceCell::new();
+        if let Some(catalog) = catalog {
+            let _ = opened.set(catalog);
+        }
+        Databases { source: None, catalog: opened, open: Mutex::new(HashMap::new()), max_open: max_open.max(1) }
+    }
+
+    /// The databases kept beside the backend `url` names (its catalog opened on first use, so a
+    /// server whose clients never use another database never connects for them).
+    pub fn from_url(url: Option<BackendUrl>, max_open: usize) -> Self {
+        Databases {
+            source: url,
+            catalog: tokio::sync::OnceCell::new(),
+            open: Mutex::new(HashMap::new()),
+            max_open: max_open.max(1),
+        }
+    }
+
+    /// The catalog, opened now if it was not; `None` where the backend keeps no others.
+    async fn opened_catalog(&self) -> Result<Option<&Arc<dyn Catalog>>> {
+        if let Some(catalog) = self.catalog.get() {
+            return Ok(Some(catalog));
+        }
+        let Some(url) = &self.source else { return Ok(None) };
+        Ok(Some(self.catalog.get_or_try_init(|| crate::backend::catalog::open_catalog(url)).await?))
     }
 
     /// Keeps one more open database within the bound: while too many are open, the least
@@ -59,29 +87,22 @@ impl Databases {
                 .map(|(name, _)| name.clone());
             let Some(idle) = idle else { break };
             open.remove(&idle);
-            if let Some(catalog) = &self.catalog {
+            if let Some(catalog) = self.catalog.get() {
                 catalog.forget(&idle).await;
             }
         }
     }
 
-    pub fn describe(&self) -> String {
-        self.catalog.as_ref().map_or_else(|| "no other databases".to_owned(), |c| c.describe())
-    }
-
-    fn catalog(&self) -> Result<&Arc<dyn Catalog>> {
-        self.catalog.as_ref().ok_or_else(|| {
-            Error::new(
-                ErrorKind::Misconfigured,
-                "this backend keeps no databases besides the data-store database (yet): see docs/databases.md",
-            )
+    async fn catalog(&self) -> Result<&Arc<dyn Catalog>> {
+        self.opened_catalog().await?.ok_or_else(|| {
+            Error::new(ErrorKind::Misconfigured, "this backend keeps no databases besides the data-store database")
         })
     }
 
     /// Creates a database; `Conflict` when it exists (CouchDB's 412 `file_exists`).
     pub async fn create(&self, name: &DbName) -> Result<Arc<Database>> {
         let mut open = self.open.lock().await;
-        let backend = self.catalog()?.create(name).await?;
+        let backend = self.catalog().await?.create(name).await?;
         let database = Arc::new(Database::new(name.to_string(), backend));
         self.keep(&mut open, name, &database).await;
         Ok(database)
@@ -94,7 +115,7 @@ impl Databases {
             entry.last_used = std::time::Instant::now();
             return Ok(Some(Arc::clone(&entry.database)));
         }
-        let Some(catalog) = &self.catalog else { return Ok(None) };
+        let Some(catalog) = self.opened_catalog().await? else { return Ok(None) };
         let Some(backend) = catalog.open(name).await? else { return Ok(None) };
         let database = Arc::new(Database::new(name.to_string(), backend));
         self.keep(&mut open, name, &database).await;
@@ -108,14 +129,14 @@ impl Databases {
         if let Some(entry) = open.remove(name) {
             entry.database.mark_dropped();
         }
-        match &self.catalog {
+        match self.opened_catalog().await? {
             Some(catalog) => catalog.delete(name).await,
             None => Ok(false),
         }
     }
 
     pub async fn list(&self) -> Result<Vec<DbName>> {
-        match &self.catalog {
+        match self.opened_catalog().await? {
             Some(catalog) => catalog.list().await,
             None => Ok(Vec::new()),
         }

@@ -177,9 +177,8 @@ impl DocumentBackend for MeteredBackend {
         timed!(self, "design_request", self.inner.design_request(request))
     }
 
-    /// The catalog's databases are not metered: they are opened from it directly.
-    fn catalog(&self) -> Option<Arc<dyn crate::backend::catalog::Catalog>> {
-        self.inner.catalog()
+    fn url(&self) -> Option<crate::backend::BackendUrl> {
+        self.inner.url()
     }
 
     fn forwards_requests(&self) -> bool {
@@ -353,8 +352,8 @@ mod tests {
             self.record("design_request");
             Ok(Some(DesignResponse { status: 200, headers: Vec::new(), body: Box::pin(futures::stream::empty()) }))
         }
-        fn catalog(&self) -> Option<Arc<dyn crate::backend::catalog::Catalog>> {
-            self.record("catalog");
+        fn url(&self) -> Option<crate::backend::BackendUrl> {
+            self.record("url");
             None
         }
         fn forwards_requests(&self) -> bool {
@@ -388,7 +387,7 @@ mod tests {
             body: bytes::Bytes::new(),
         };
         assert_eq!(metered.design_request(design).await.unwrap().map(|answer| answer.status), Some(200));
-        assert!(metered.catalog().is_none());
+        assert!(metered.url().is_none());
         assert!(metered.forwards_requests());
         assert_eq!(
             *inner.called.lock().unwrap(),
@@ -399,7 +398,7 @@ mod tests {
                 "get_many",
                 "put_replicated",
                 "design_request",
-                "catalog",
+                "url",
                 "forwards_requests"
             ]
         );

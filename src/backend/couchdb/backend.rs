@@ -509,15 +509,8 @@ impl DocumentBackend for CouchDbBackend {
         )
     }
 
-    /// The server's other databases ([`super::catalog`]).
-    fn catalog(&self) -> Option<std::sync::Arc<dyn crate::backend::catalog::Catalog>> {
-        match super::catalog::CouchCatalog::new(&self.config) {
-            Ok(catalog) => Some(std::sync::Arc::new(catalog)),
-            Err(err) => {
-                tracing::warn!(error = %err, "couchdb backend: no catalog of other databases");
-                None
-            }
-        }
+    fn url(&self) -> Option<crate::backend::BackendUrl> {
+        Some(crate::backend::BackendUrl::CouchDb(self.config.clone()))
     }
 
     async fn get(&self, id: &str) -> Result<Option<StoredDocument>> {

@@ -475,9 +475,8 @@ impl DocumentBackend for DynamoDbBackend {
         self.config.redacted()
     }
 
-    /// A table per database beside this one ([`super::catalog`]), over this backend's SDK client.
-    fn catalog(&self) -> Option<std::sync::Arc<dyn crate::backend::catalog::Catalog>> {
-        Some(std::sync::Arc::new(super::catalog::DynamoCatalog::with_client(self.client.clone(), &self.config)))
+    fn url(&self) -> Option<crate::backend::BackendUrl> {
+        Some(crate::backend::BackendUrl::DynamoDb(self.config.clone()))
     }
 
     async fn get(&self, id: &str) -> Result<Option<StoredDocument>> {

@@ -53,6 +53,10 @@ pub const DEFAULT_SETTLE: Duration = Duration::from_millis(5000);
 /// The default limit of one write attempt (stamping its feed position to its answer).
 pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_millis(2000);
 
+/// How long an exact count of a database table is served again by default
+/// (`count_max_age_ms`; the count itself is `ids.rs`'s, remembered by `count.rs`).
+pub const DEFAULT_COUNT_MAX_AGE: Duration = Duration::from_secs(1);
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DynamoConfig {
     pub table: String,
@@ -120,7 +124,7 @@ impl DynamoConfig {
             write_timeout: millis("write_timeout_ms", DEFAULT_WRITE_TIMEOUT)?,
             count_max_age: params
                 .whole("count_max_age_ms", 0..=u64::from(u32::MAX))?
-                .map_or(super::count::DEFAULT_COUNT_MAX_AGE, Duration::from_millis),
+                .map_or(DEFAULT_COUNT_MAX_AGE, Duration::from_millis),
             user_index: true,
         };
         if config.write_timeout >= config.settle {
@@ -184,7 +188,7 @@ mod tests {
         assert_eq!(c.revs_limit, 50);
         assert_eq!(c.settle, Duration::from_millis(800));
         assert_eq!(c.write_timeout, Duration::from_millis(300));
-        assert_eq!(c.count_max_age, super::super::count::DEFAULT_COUNT_MAX_AGE);
+        assert_eq!(c.count_max_age, super::DEFAULT_COUNT_MAX_AGE);
         let c = DynamoConfig::parse("dynamodb://t11?count_max_age_ms=0").unwrap();
         assert_eq!(c.count_max_age, Duration::ZERO);
     }

@@ -4,13 +4,14 @@
 use std::collections::HashMap;
 
 use async_trait::async_trait;
-use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, WriteRequest};
+use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, Select, WriteRequest};
+use futures::{StreamExt, TryStreamExt};
 use serde_json::Value;
 
 use super::backend::DynamoDbBackend;
 use super::codec::{self, Item};
 use super::error::map_sdk;
-use super::layout::{self, limit_of, shard_value, ID_INDEX, SHARD, SHARD_COUNT};
+use super::layout::{self, limit_of, shard_value, DELETED, ID_INDEX, SHARD, SHARD_COUNT};
 use crate::backend::raw::sharded::{Chunk, ShardReader, ShardedMerge};
 use crate::backend::{DocumentBackend, IdRange, LayoutState, Page, StoredDocument, LOCAL_PREFIX};
 use crate::error::{Error, ErrorKind, Result};
@@ -238,5 +239,69 @@ impl DynamoDbBackend {
             }
         }
         Ok(documents)
+    }
+}
+
+/// Shards counted at once (the exact count of a database table).
+const COUNT_CONCURRENCY: usize = 8;
+
+/// The exact document count of a database table, over the id index (`super::count` remembers it).
+impl DynamoDbBackend {
+    /// The exact count behind `exact_count` for a database table; `None` for the data-store
+    /// table and for a table without this release's layout (its older items are in no id index).
+    pub(super) async fn live_document_count(&self) -> Result<Option<u64>> {
+        if !self.counts_exactly() || self.layout_state().await? != LayoutState::Current {
+            return Ok(None);
+        }
+        let cache = self.count_cache();
+        if let Some(count) = cache.fresh() {
+            return Ok(Some(count));
+        }
+        let _turn = cache.counting.lock().await;
+        // The count this caller waited for may serve it.
+        if let Some(count) = cache.fresh() {
+            return Ok(Some(count));
+        }
+        let ticket = cache.ticket();
+        let count = futures::stream::iter(0..SHARD_COUNT)
+            .map(|shard| self.count_shard(shard))
+            .buffer_unordered(COUNT_CONCURRENCY)
+            .try_fold(0u64, |total, n| async move { Ok(total + n) })
+            .await?;
+        cache.remember(ticket, count);
+        Ok(Some(count))
+    }
+
+    /// Live documents in one shard of the id index: `Select=COUNT` pages, each at most 1 MB of
+    /// index entries read, filtered to entries that are neither chunks nor tombstones.
+    async fn count_shard(&self, shard: u32) -> Result<u64> {
+        let mut total = 0u64;
+        let mut cursor: Option<Item> = None;
+        loop {
+            let output = self
+                .client()
+                .query()
+                .table_name(self.table())
+                .index_name(ID_INDEX)
+                .select(Select::Count)
+                .key_condition_expression("#shard = :shard")
+                // `NOT (x = true)` also holds where `_deleted` is absent (a comparison with a
+                // missing attribute is false): the entries `layout::is_tombstone` says are live.
+                .filter_expression("attribute_not_exists(#chunk) AND NOT (#deleted = :true)")
+                .expression_attribute_names("#shard", SHARD)
+                .expression_attribute_names("#chunk", codec::CHUNK_OF)
+                .expression_attribute_names("#deleted", DELETED)
+                .expression_attribute_values(":shard", shard_value(shard))
+                .expression_attribute_values(":true", AttributeValue::Bool(true))
+                .set_exclusive_start_key(cursor.take())
+                .send()
+                .await
+                .map_err(|e| map_sdk(e, "count the documents of the id index"))?;
+            total += u64::try_from(output.count()).unwrap_or(0);
+            cursor = output.last_evaluated_key;
+            if cursor.is_none() {
+                return Ok(total);
+            }
+        }
     }
 }

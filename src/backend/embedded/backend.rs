@@ -127,8 +127,8 @@ impl DocumentBackend for EmbeddedBackend {
         format!("embedded:{}", self.path.display())
     }
 
-    fn catalog(&self) -> Option<Arc<dyn crate::backend::catalog::Catalog>> {
-        Some(Arc::new(crate::backend::catalog::EmbeddedCatalog::new(&self.path, self.options)))
+    fn url(&self) -> Option<crate::backend::BackendUrl> {
+        Some(crate::backend::BackendUrl::Embedded { path: self.path.clone(), options: self.options })
     }
 
     async fn get(&self, id: &str) -> Result<Option<StoredDocument>> {

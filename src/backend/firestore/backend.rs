@@ -361,9 +361,8 @@ impl DocumentBackend for FirestoreBackend {
         self.config.redacted()
     }
 
-    /// A marker and collections per database ([`super::catalog`]), over this backend's client.
-    fn catalog(&self) -> Option<std::sync::Arc<dyn crate::backend::catalog::Catalog>> {
-        Some(std::sync::Arc::new(super::catalog::FirestoreCatalog::with_client(&self.client, &self.config)))
+    fn url(&self) -> Option<crate::backend::BackendUrl> {
+        Some(crate::backend::BackendUrl::Firestore(self.config.clone()))
     }
 
     async fn get(&self, id: &str) -> Result<Option<StoredDocument>> {

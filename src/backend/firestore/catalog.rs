@@ -68,13 +68,6 @@ impl FirestoreCatalog {
         Ok(FirestoreCatalog { client, base: base.clone(), open: Mutex::new(HashMap::new()) })
     }
 
-    /// The catalog of the data-store collection `client` serves, sharing its connection pool
-    /// and credentials (what a running service uses: `DocumentBackend::catalog`).
-    pub(super) fn with_client(client: &FirestoreClient, base: &FirestoreConfig) -> Self {
-        let client = client.at_root(&format!("{}_databases", base.collection));
-        FirestoreCatalog { client, base: base.clone(), open: Mutex::new(HashMap::new()) }
-    }
-
     /// The marker document's path below the root: the parent of the database's collections.
     fn marker_path(&self, name: &DbName) -> String {
         format!("{}/{}", self.client.collection(), name.encoded())

@@ -112,20 +112,6 @@ impl FirestoreClient {
     }
 
     /// A client of the same Firestore database (the same connection pool and credentials) whose
-    /// collection is `collection` at the root.
-    pub fn at_root(&self, collection: &str) -> FirestoreClient {
-        FirestoreClient {
-            http: self.http.clone(),
-            auth: self.auth.clone(),
-            root_url: self.root_url.clone(),
-            root_name: self.root_name.clone(),
-            parent_name: self.root_name.clone(),
-            parent_url: self.root_url.clone(),
-            collection: collection.to_owned(),
-        }
-    }
-
-    /// A client of the same Firestore database (the same connection pool and credentials) whose
     /// collection is `collection` under the document `parent` (a path below the root).
     pub fn below(&self, parent: &str, collection: &str) -> FirestoreClient {
         let encoded: Vec<String> = parent.split('/').map(|s| utf8_percent_encode(s, SEGMENT).to_string()).collect();

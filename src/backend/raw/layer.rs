@@ -131,8 +131,8 @@ pub trait Layered: Send + Sync + 'static {
         self.inner().get_many(ids).await
     }
 
-    fn catalog(&self) -> Option<std::sync::Arc<dyn crate::backend::catalog::Catalog>> {
-        self.inner().catalog()
+    fn url(&self) -> Option<crate::backend::BackendUrl> {
+        self.inner().url()
     }
 
     async fn design_request(&self, request: DesignRequest) -> Result<Option<DesignResponse>> {
@@ -254,8 +254,8 @@ impl<L: Layered> DocumentBackend for L {
         Layered::get_many(self, ids).await
     }
 
-    fn catalog(&self) -> Option<std::sync::Arc<dyn crate::backend::catalog::Catalog>> {
-        Layered::catalog(self)
+    fn url(&self) -> Option<crate::backend::BackendUrl> {
+        Layered::url(self)
     }
 
     async fn design_request(&self, request: DesignRequest) -> Result<Option<DesignResponse>> {
