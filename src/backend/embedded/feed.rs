@@ -47,10 +47,22 @@ pub(super) fn changes(db: &Database, store: &str, since: u64, limit: usize) -> R
         };
         changes.push(Change { seq: seq.to_string(), id: id.to_owned(), rev: header.rev.to_revision(), deleted });
     }
-    let more = range.next().is_some();
+    // The changes still waiting after this page, counted exactly up to a bound (CouchDB's
+    // `pending` is exact, and replicators sum it per batch to show progress); past the bound the
+    // feed cannot tell (`None`: more follow), so a page's cost stays bounded on a long feed.
+    let mut waiting = 0usize;
+    for entry in range.by_ref().take(PENDING_COUNT_BOUND) {
+        entry.map_err(map_redb("read feed"))?;
+        waiting += 1;
+    }
+    let pending = (waiting < PENDING_COUNT_BOUND).then_some(waiting as u64);
     let last_seq = changes.last().map_or_else(|| since.to_string(), |c| c.seq.clone());
-    Ok(ChangesPage { changes, last_seq, pending: (!more).then_some(0), unsettled: 0 })
+    Ok(ChangesPage { changes, last_seq, pending, unsettled: 0 })
 }
+
+/// Feed entries after a page that are counted for its `pending` before the answer becomes "more
+/// follow" (reading a key costs about a microsecond).
+const PENDING_COUNT_BOUND: usize = 10_000;
 
 /// The position of the latest change.
 pub(super) fn change_position(db: &Database, store: &str) -> Result<String> {
