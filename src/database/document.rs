@@ -88,11 +88,8 @@ pub fn parse(doc: Map<String, Value>) -> Result<ClientDoc, Refusal> {
     if let Some(id) = &parsed.id {
         check_id(id)?;
     }
-    if let (Some(rev), Some(path)) = (&parsed.rev, &parsed.revisions) {
-        if *rev != path.leaf_rev() {
-            return Err(Refusal::new("bad_request", "_rev and _revisions name different revisions"));
-        }
-    }
+    // With both, `_revisions` names the revisions (couch_doc:transfer_fields lets it replace what
+    // `_rev` set); CouchDB does not check that they agree, and replicators rely on it.
     Ok(parsed)
 }
 
@@ -164,7 +161,7 @@ mod tests {
         assert_eq!(replicated_path(&doc).unwrap(), RevPath { start: 3, ids: vec!["c".into(), "b".into()] });
         let bare = parse(object(json!({"_rev": "2-b"}))).unwrap();
         assert_eq!(replicated_path(&bare).unwrap(), RevPath { start: 2, ids: vec!["b".into()] });
-        let mismatched = parse(object(json!({"_rev": "3-x", "_revisions": {"start": 3, "ids": ["c"]}})));
-        assert!(mismatched.is_err());
+        let both = parse(object(json!({"_rev": "3-x", "_revisions": {"start": 3, "ids": ["c"]}}))).unwrap();
+        assert_eq!(replicated_path(&both).unwrap(), RevPath { start: 3, ids: vec!["c".into()] }, "_revisions wins");
     }
 }
