@@ -218,11 +218,28 @@ async fn answer(state: &CouchState, principal: &Principal, request: AllDocsReque
     // page can only end the body early: the chunked transfer then ends without its last chunk,
     // which every HTTP client reports as an error, never as a complete answer.
     let first = rows.next().await.transpose()?;
-    let body = stream::once(async move { Ok::<_, crate::Error>(Bytes::from(head)) })
-        .chain(stream::iter(first.map(Ok)))
-        .chain(rows)
-        .chain(stream::once(async { Ok(Bytes::from_static(b"\n]}\n")) }));
-    let mut response = Body::from_stream(body).into_response();
+    let mut response = match first {
+        Some(first) => match rows.next().await.transpose()? {
+            // A listing one page long (any `limit` up to a page, the common case) is sent whole:
+            // one body with a length, not a chunked stream of a head, a page and a tail, which
+            // costs a client the round trips of its small writes.
+            None => {
+                let mut whole = Vec::with_capacity(head.len() + first.len() + 5);
+                whole.extend_from_slice(head.as_bytes());
+                whole.extend_from_slice(&first);
+                whole.extend_from_slice(b"\n]}\n");
+                Body::from(whole).into_response()
+            }
+            Some(second) => {
+                let body = stream::once(async move { Ok::<_, crate::Error>(Bytes::from(head)) })
+                    .chain(stream::iter([Ok(first), Ok(second)]))
+                    .chain(rows)
+                    .chain(stream::once(async { Ok(Bytes::from_static(b"\n]}\n")) }));
+                Body::from_stream(body).into_response()
+            }
+        },
+        None => Body::from(format!("{head}\n]}}\n")).into_response(),
+    };
     response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     Ok(response)
 }

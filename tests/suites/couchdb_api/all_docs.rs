@@ -205,11 +205,16 @@ pub(super) async fn all_docs_backend_failure(e: Endpoint) -> TestResult {
                 format!("first page failing: {status} {text} (an error status with CouchDB's error body)")
             })?;
         } else {
-            // The head may or may not have left before the failure: either way the client sees
-            // an error, never a body it could take for the whole answer.
+            // The second page is read before the status is sent (a listing of one page is sent
+            // whole), so its failure is an error status; a failure further on breaks the stream.
+            // Either way the client sees an error, never a 200 body it could take for the whole
+            // answer.
             let outcome = match e.client.get(url).send().await {
-                Ok(response) => response.text().await.map(|text| format!("a complete body: {text}")),
-                Err(err) => Err(err),
+                Ok(response) if response.status().is_server_error() => Err(format!("status {}", response.status())),
+                Ok(response) => {
+                    response.text().await.map(|text| format!("a complete body: {text}")).map_err(|e| e.to_string())
+                }
+                Err(err) => Err(err.to_string()),
             };
             check(outcome.is_err(), || format!("a later page failing: {outcome:?}"))?;
         }
