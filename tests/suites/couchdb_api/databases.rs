@@ -51,6 +51,10 @@ pub(super) async fn databases_lifecycle(e: Endpoint) -> TestResult {
     }
     check(info.body["db_name"] == "zz-a" && info.body["doc_count"] == 0, || format!("GET /zz-a: {}", info.body))?;
     let infos = e.post("/_dbs_info", json!({"keys": ["zz-a", "nope"]})).await?.expect(200, "_dbs_info")?;
+    // At most 100 names per request (CouchDB's `max_db_number_for_dbs_info_req`): 400 naming it.
+    let names: Vec<String> = (0..101).map(|n| format!("db{n}")).collect();
+    let too_many = e.post("/_dbs_info", json!({ "keys": names })).await?.expect(400, "_dbs_info of 101")?;
+    check(too_many.body["reason"].as_str().is_some_and(|r| r.contains("100")), || format!("{}", too_many.body))?;
     check(infos.body[0]["info"]["db_name"] == "zz-a" && infos.body[1]["error"] == "not_found", || {
         format!("_dbs_info: {}", infos.body)
     })?;
