@@ -230,6 +230,40 @@ async fn write_replicated(state: &CouchState, parsed: Vec<ParsedDoc>) -> Vec<Val
     failures.into_iter().map(|(_, row)| row).collect()
 }
 
+/// A `_bulk_get` request, checked: the entries and the `revs` and `latest` options. Shared by
+/// the data-store database and every other one.
+pub(crate) struct BulkGetRequest {
+    pub docs: Vec<Value>,
+    pub revs: bool,
+    pub latest: bool,
+}
+
+impl BulkGetRequest {
+    pub(crate) async fn read(
+        state: &CouchState,
+        params: &HashMap<String, String>,
+        headers: &HeaderMap,
+        body: Body,
+    ) -> CouchResult<Self> {
+        let revs = bool_param("revs", params.get("revs").map(String::as_str), false)?;
+        let latest = bool_param("latest", params.get("latest").map(String::as_str), false)?;
+        let request = state.bodies.read_object(headers, body).await?;
+        let docs = match request.value {
+            Value::Object(mut map) => match map.remove("docs") {
+                Some(Value::Array(docs)) => docs,
+                _ => return Err(CouchError::bad_request("Missing JSON list of 'docs'.")),
+            },
+            _ => return Err(CouchError::bad_request("Missing JSON list of 'docs'.")),
+        };
+        if docs.len() > MAX_BULK_DOCS {
+            return Err(CouchError::bad_request(format!(
+                "a _bulk_get request may name at most {MAX_BULK_DOCS} documents"
+            )));
+        }
+        Ok(BulkGetRequest { docs, revs, latest })
+    }
+}
+
 /// `POST /{db}/_bulk_get`: `{"results": [{id, docs: [{ok: doc} | {error: …}]}]}` in request
 /// order. A named revision that is the current one (or the current tombstone) is answered;
 /// an older one is `missing`; a deleted document asked without a revision is its tombstone.
@@ -241,16 +275,7 @@ pub async fn bulk_get(
     headers: HeaderMap,
     body: Body,
 ) -> Answer {
-    let revs = bool_param("revs", params.get("revs").map(String::as_str), false)?;
-    let latest = bool_param("latest", params.get("latest").map(String::as_str), false)?;
-    let request = state.bodies.read_object(&headers, body).await?;
-    let docs = match request.value.get("docs") {
-        Some(Value::Array(docs)) => docs.clone(),
-        _ => return Err(CouchError::bad_request("Missing JSON list of 'docs'.")),
-    };
-    if docs.len() > MAX_BULK_DOCS {
-        return Err(CouchError::bad_request(format!("a _bulk_get request may name at most {MAX_BULK_DOCS} documents")));
-    }
+    let BulkGetRequest { docs, revs, latest } = BulkGetRequest::read(&state, &params, &headers, body).await?;
     let results: Vec<Value> = stream::iter(docs)
         .map(|item| {
             let state = &state;

@@ -11,9 +11,8 @@ use futures::stream::{self, StreamExt};
 use serde_json::{json, Map, Value};
 
 use super::{leaf_json, refused, DocOptions, OpenDb};
-use crate::couchdb_api::bulk::MAX_BULK_DOCS;
+use crate::couchdb_api::bulk::{BulkGetRequest, MAX_BULK_DOCS};
 use crate::couchdb_api::error::CouchError;
-use crate::couchdb_api::request::bool_param;
 use crate::couchdb_api::{json, Answer, CouchState};
 use crate::database::document::{self, check_id};
 use crate::database::rev_tree::parse_rev;
@@ -183,16 +182,7 @@ pub async fn bulk_get(
     headers: HeaderMap,
     body: Body,
 ) -> Answer {
-    let revs = bool_param("revs", params.get("revs").map(String::as_str), false)?;
-    let latest = bool_param("latest", params.get("latest").map(String::as_str), false)?;
-    let request = state.bodies.read_object(&headers, body).await?.value;
-    let docs = match request.get("docs") {
-        Some(Value::Array(docs)) => docs.clone(),
-        _ => return Err(CouchError::bad_request("Missing JSON list of 'docs'.")),
-    };
-    if docs.len() > MAX_BULK_DOCS {
-        return Err(CouchError::bad_request(format!("a _bulk_get request may name at most {MAX_BULK_DOCS} documents")));
-    }
+    let BulkGetRequest { docs, revs, latest } = BulkGetRequest::read(&state, &params, &headers, body).await?;
     let db = &opened.db;
     let options = DocOptions { revs, ..DocOptions::default() };
     let results: Vec<Value> = stream::iter(docs)
