@@ -131,17 +131,30 @@ impl Database {
         Ok(())
     }
 
+    /// Runs `work` on the open database. A failure that comes after the database was deleted is
+    /// its deletion's doing (a DynamoDB table or a redb file going away under a request): the
+    /// client gets CouchDB's `not_found`, not the backend's error about a missing table.
+    pub async fn while_open<T>(&self, work: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+        self.check_open()?;
+        match work.await {
+            Err(_) if self.dropped.load(Ordering::SeqCst) => Err(Error::not_found("Database does not exist.")),
+            answer => answer,
+        }
+    }
+
     /// The document's stored state; `None` when it was never written (or was purged).
     pub async fn read(&self, id: &str) -> Result<Option<DocState>> {
-        self.check_open()?;
-        if let Some(record) = self.backend.get(id).await? {
-            return Ok(Some(DocState {
-                tree: tree_of(&record.body, id)?,
-                record_rev: Some(record.rev),
-                local_rev: None,
-            }));
-        }
-        self.read_tombstone(id).await
+        self.while_open(async {
+            if let Some(record) = self.backend.get(id).await? {
+                return Ok(Some(DocState {
+                    tree: tree_of(&record.body, id)?,
+                    record_rev: Some(record.rev),
+                    local_rev: None,
+                }));
+            }
+            self.read_tombstone(id).await
+        })
+        .await
     }
 
     async fn read_tombstone(&self, id: &str) -> Result<Option<DocState>> {
@@ -155,18 +168,22 @@ impl Database {
 
     /// The states of many documents, one per id, in order.
     pub async fn read_many(&self, ids: &[String]) -> Result<Vec<Option<DocState>>> {
-        self.check_open()?;
-        let records = self.backend.get_many(ids).await?;
-        let mut states = Vec::with_capacity(ids.len());
-        for (id, record) in ids.iter().zip(records) {
-            states.push(match record {
-                Some(record) => {
-                    Some(DocState { tree: tree_of(&record.body, id)?, record_rev: Some(record.rev), local_rev: None })
-                }
-                None => self.read_tombstone(id).await?,
-            });
-        }
-        Ok(states)
+        self.while_open(async {
+            let records = self.backend.get_many(ids).await?;
+            let mut states = Vec::with_capacity(ids.len());
+            for (id, record) in ids.iter().zip(records) {
+                states.push(match record {
+                    Some(record) => Some(DocState {
+                        tree: tree_of(&record.body, id)?,
+                        record_rev: Some(record.rev),
+                        local_rev: None,
+                    }),
+                    None => self.read_tombstone(id).await?,
+                });
+            }
+            Ok(states)
+        })
+        .await
     }
 
     /// The states behind a page of the backend's change feed: each change's document as it is now.
@@ -180,6 +197,10 @@ impl Database {
     /// once). Each write has its own answer; a conflicting edit fails alone. Retried as a whole
     /// when another writer got in between the read and the save.
     pub async fn write_batch(&self, id: &str, writes: &[Write]) -> Result<Vec<Result<Written>>> {
+        self.while_open(self.write_batch_once_open(id, writes)).await
+    }
+
+    async fn write_batch_once_open(&self, id: &str, writes: &[Write]) -> Result<Vec<Result<Written>>> {
         let revs_limit = self.revs_limit().await?;
         for _ in 0..MAX_TRIES {
             let state = self.read(id).await?;
@@ -213,6 +234,10 @@ impl Database {
     /// Removes leaves (`_purge`); returns the revisions purged. A document left with no leaf is
     /// erased from the backend.
     pub async fn purge(&self, id: &str, revs: &[String]) -> Result<Vec<String>> {
+        self.while_open(self.purge_once_open(id, revs)).await
+    }
+
+    async fn purge_once_open(&self, id: &str, revs: &[String]) -> Result<Vec<String>> {
         for _ in 0..MAX_TRIES {
             let Some(state) = self.read(id).await? else { return Ok(Vec::new()) };
             let mut tree = state.tree.clone();
@@ -320,8 +345,7 @@ impl Database {
         limit: usize,
         token: Option<&str>,
     ) -> Result<Page<(String, DocState)>> {
-        self.check_open()?;
-        let page = self.backend.all_docs(range, limit, token).await?;
+        let page = self.while_open(self.backend.all_docs(range, limit, token)).await?;
         let mut items = Vec::with_capacity(page.items.len());
         for StoredDocument { id, rev, body } in page.items {
             let state = DocState { tree: tree_of(&body, &id)?, record_rev: Some(rev), local_rev: None };
@@ -334,8 +358,8 @@ impl Database {
 
     /// A client's local document (`_local/{name}`).
     pub async fn get_local(&self, name: &str) -> Result<Option<StoredDocument>> {
-        self.check_open()?;
-        Ok(self.backend.get_local(&format!("{CLIENT_LOCAL_PREFIX}{name}")).await?.map(|mut doc| {
+        let stored = self.while_open(self.backend.get_local(&format!("{CLIENT_LOCAL_PREFIX}{name}"))).await?;
+        Ok(stored.map(|mut doc| {
             doc.id = format!("_local/{name}");
             doc
         }))
@@ -347,19 +371,18 @@ impl Database {
         body: &Map<String, Value>,
         precondition: Precondition,
     ) -> Result<Revision> {
-        self.check_open()?;
-        self.backend.put_local(&format!("{CLIENT_LOCAL_PREFIX}{name}"), body, precondition).await
+        self.while_open(self.backend.put_local(&format!("{CLIENT_LOCAL_PREFIX}{name}"), body, precondition)).await
     }
 
     pub async fn delete_local(&self, name: &str, rev: &Revision) -> Result<()> {
-        self.check_open()?;
-        self.backend.delete_local(&format!("{CLIENT_LOCAL_PREFIX}{name}"), rev).await
+        self.while_open(self.backend.delete_local(&format!("{CLIENT_LOCAL_PREFIX}{name}"), rev)).await
     }
 
     /// The database's settings (`_revs_limit`, `_security`).
     pub async fn settings(&self) -> Result<DbSettings> {
-        self.check_open()?;
-        let Some(stored) = self.backend.get_local(SETTINGS_NAME).await? else { return Ok(DbSettings::default()) };
+        let Some(stored) = self.while_open(self.backend.get_local(SETTINGS_NAME)).await? else {
+            return Ok(DbSettings::default());
+        };
         let revs_limit = stored
             .body
             .get("revs_limit")
@@ -373,8 +396,7 @@ impl Database {
     /// Changes the settings with `change`, against other writers of them.
     pub async fn update_settings(&self, change: impl Fn(&mut DbSettings)) -> Result<DbSettings> {
         for _ in 0..MAX_TRIES {
-            self.check_open()?;
-            let stored = self.backend.get_local(SETTINGS_NAME).await?;
+            let stored = self.while_open(self.backend.get_local(SETTINGS_NAME)).await?;
             let mut settings = self.settings().await?;
             change(&mut settings);
             let mut body = Map::new();
@@ -384,7 +406,7 @@ impl Database {
                 Some(doc) => Precondition::MatchRevision(doc.rev),
                 None => Precondition::MustNotExist,
             };
-            match self.backend.put_local(SETTINGS_NAME, &body, precondition).await {
+            match self.while_open(self.backend.put_local(SETTINGS_NAME, &body, precondition)).await {
                 Ok(_) => {
                     self.revs_limit.store(settings.revs_limit, Ordering::SeqCst);
                     return Ok(settings);

@@ -183,4 +183,51 @@ mod tests {
         let first = databases.open(&names[0]).await.unwrap().expect("open");
         assert!(first.read("doc").await.unwrap().is_some(), "documents survive closing and opening");
     }
+
+    /// A backend whose table is removed while a request is on it (a DynamoDB `DeleteTable`
+    /// under a writer): its calls fail once the gate opens, as the adapter's would.
+    struct RemovedUnderRequest {
+        inner: Arc<dyn crate::backend::DocumentBackend>,
+        reading: tokio::sync::Notify,
+        removed: tokio::sync::Notify,
+    }
+
+    #[async_trait::async_trait]
+    impl crate::backend::raw::layer::Layered for RemovedUnderRequest {
+        fn inner(&self) -> &dyn crate::backend::DocumentBackend {
+            self.inner.as_ref()
+        }
+
+        async fn get(&self, _: &str) -> Result<Option<crate::backend::StoredDocument>> {
+            self.reading.notify_one();
+            self.removed.notified().await;
+            Err(Error::new(ErrorKind::Misconfigured, "DynamoDB could not read (ResourceNotFoundException)"))
+        }
+    }
+
+    /// A request that was on a database when it was deleted ends with CouchDB's `not_found`,
+    /// never with the backend's error about its missing table (a 500).
+    #[tokio::test]
+    async fn a_request_under_a_deletion_is_not_found() {
+        let dir = tempfile::tempdir().unwrap();
+        let inner: Arc<dyn crate::backend::DocumentBackend> =
+            Arc::new(crate::backend::embedded::EmbeddedBackend::open(&dir.path().join("d.redb")).await.unwrap());
+        let layer = Arc::new(RemovedUnderRequest {
+            inner,
+            reading: tokio::sync::Notify::new(),
+            removed: tokio::sync::Notify::new(),
+        });
+        let database = Arc::new(Database::new("d".into(), layer.clone()));
+        let write = Write::Edit { parent: None, deleted: false, body: body(serde_json::json!({"v": 1})) };
+        let writer = {
+            let database = Arc::clone(&database);
+            tokio::spawn(async move { database.write("doc", &write).await })
+        };
+        layer.reading.notified().await;
+        database.mark_dropped();
+        layer.removed.notify_one();
+        let err = writer.await.unwrap().expect_err("the write fails");
+        assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
+        assert_eq!(err.message(), "Database does not exist.");
+    }
 }

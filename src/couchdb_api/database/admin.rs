@@ -71,10 +71,9 @@ pub async fn db_info(opened: OpenDb) -> Answer {
 }
 
 async fn info_of(db: &Database) -> crate::Result<Value> {
-    db.check_open()?;
     let backend = db.backend();
-    let doc_count = live_document_count(backend.as_ref()).await?;
-    let update_seq = crate::database::seq::show(&backend.change_position().await?);
+    let doc_count = db.while_open(live_document_count(backend.as_ref())).await?;
+    let update_seq = crate::database::seq::show(&db.while_open(backend.change_position()).await?);
     Ok(db_info_json(db.name(), doc_count, &update_seq))
 }
 

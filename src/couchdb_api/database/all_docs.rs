@@ -67,10 +67,9 @@ fn row(id: &str, state: &DocState, request: &AllDocsRequest) -> Option<Value> {
 }
 
 async fn answer(db: Arc<Database>, mut request: AllDocsRequest) -> Answer {
-    db.check_open()?;
     // Design documents are documents of a database, listed as CouchDB lists them.
     request.range.include_design = true;
-    let total_rows = live_document_count(db.backend().as_ref()).await?;
+    let total_rows = db.while_open(live_document_count(db.backend().as_ref())).await?;
     if let Some(keys) = &request.keys {
         let keys = keys_page(keys, &request);
         let states = db.read_many(&keys).await?;
@@ -96,7 +95,7 @@ async fn answer(db: Arc<Database>, mut request: AllDocsRequest) -> Answer {
         return Ok(json(StatusCode::OK, body));
     }
     let update_seq = if request.update_seq {
-        Some(crate::database::seq::show(&db.backend().change_position().await?))
+        Some(crate::database::seq::show(&db.while_open(db.backend().change_position()).await?))
     } else {
         None
     };
