@@ -115,6 +115,15 @@ pub struct Settings {
     /// one is closed past it, and opened again on its next request. Bounds memory and file
     /// descriptors with thousands of databases.
     pub couchdb_max_open_databases: usize,
+    /// Largest document body on a database besides the data-store one, in bytes of its JSON
+    /// (CouchDB's `max_document_size`); past it, 413 `document_too_large`.
+    pub couchdb_max_document_bytes: usize,
+    /// Most names one `POST /_dbs_info` may ask about (CouchDB's
+    /// `max_db_number_for_dbs_info_req`).
+    pub couchdb_max_dbs_info_keys: usize,
+    /// Longest database feed `_changes?descending=true` reads (it reads the whole feed to answer
+    /// the newest first); longer ones are refused with 400.
+    pub couchdb_max_descending_changes: usize,
     /// Failed logins per (name, peer address) after which that pair is locked out (403), like
     /// CouchDB's `chttpd_auth_lockout` `threshold`; 0 turns the lockout off.
     pub couchdb_lockout_threshold: u32,
@@ -281,6 +290,9 @@ impl Settings {
             .and_then(|b| b.set_default("couchdb_changes_max_feed_secs", 3_600u64))
             .and_then(|b| b.set_default("couchdb_max_feeds_per_login", 16u64))
             .and_then(|b| b.set_default("couchdb_max_open_databases", 128u64))
+            .and_then(|b| b.set_default("couchdb_max_document_bytes", 8_000_000u64))
+            .and_then(|b| b.set_default("couchdb_max_dbs_info_keys", 100u64))
+            .and_then(|b| b.set_default("couchdb_max_descending_changes", 100_000u64))
             .and_then(|b| b.set_default("couchdb_lockout_threshold", 5u64))
             .and_then(|b| b.set_default("couchdb_lockout_secs", 300u64))
             .and_then(|b| b.set_default("couchdb_lockout_max_entries", 10_000u64))
@@ -362,6 +374,9 @@ impl Settings {
             ("couchdb_max_login_bytes", as_u64(self.couchdb_max_login_bytes)),
             ("couchdb_max_feeds_per_login", as_u64(self.couchdb_max_feeds_per_login)),
             ("couchdb_max_open_databases", as_u64(self.couchdb_max_open_databases)),
+            ("couchdb_max_document_bytes", as_u64(self.couchdb_max_document_bytes)),
+            ("couchdb_max_dbs_info_keys", as_u64(self.couchdb_max_dbs_info_keys)),
+            ("couchdb_max_descending_changes", as_u64(self.couchdb_max_descending_changes)),
             ("couchdb_lockout_max_entries", as_u64(self.couchdb_lockout_max_entries)),
         ] {
             if value == 0 {
@@ -466,6 +481,9 @@ mod tests {
         assert_eq!(settings.couchdb_changes_max_feed_secs, 3_600);
         assert_eq!(settings.couchdb_max_feeds_per_login, 16);
         assert_eq!(settings.couchdb_max_open_databases, 128);
+        assert_eq!(settings.couchdb_max_document_bytes, 8_000_000);
+        assert_eq!(settings.couchdb_max_dbs_info_keys, 100);
+        assert_eq!(settings.couchdb_max_descending_changes, 100_000);
         assert_eq!(
             (settings.couchdb_lockout_threshold, settings.couchdb_lockout_secs, settings.couchdb_lockout_max_entries),
             (5, 300, 10_000)

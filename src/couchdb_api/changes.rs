@@ -64,6 +64,8 @@ pub struct FeedBounds {
     /// How long a continuous feed kept open by heartbeats may live.
     max_life: Duration,
     max_per_login: usize,
+    /// The longest database feed `descending=true` reads (`couchdb_max_descending_changes`).
+    max_descending: usize,
     /// Long-lived feeds held at once, by login (or peer address when anonymous).
     holders: Arc<Mutex<HashMap<String, usize>>>,
 }
@@ -93,6 +95,7 @@ impl FeedBounds {
             min_heartbeat: Duration::from_millis(settings.couchdb_changes_min_heartbeat_ms),
             max_life: Duration::from_secs(settings.couchdb_changes_max_feed_secs),
             max_per_login: settings.couchdb_max_feeds_per_login,
+            max_descending: settings.couchdb_max_descending_changes,
             holders: Arc::new(Mutex::new(HashMap::new())),
         }
     }
@@ -123,6 +126,7 @@ impl FeedBounds {
             min_heartbeat: Duration::from_secs(1),
             max_life: Duration::from_secs(3600),
             max_per_login: 2,
+            max_descending: 100_000,
             holders: Arc::new(Mutex::new(HashMap::new())),
         }
     }
@@ -174,13 +178,9 @@ struct ChangesRequest {
     /// lines per row, heartbeats as `event: heartbeat`), as CouchDB frames it.
     eventsource: bool,
     /// `descending=true`: newest change first (databases besides the data-store one, whose feed
-    /// is read whole for it: see [`MAX_DESCENDING_CHANGES`]).
+    /// is read whole for it, up to `couchdb_max_descending_changes`).
     descending: bool,
 }
-
-/// The longest feed `descending=true` reads (it must read every change to answer the newest
-/// first); longer feeds are refused with 400 naming the bound.
-pub const MAX_DESCENDING_CHANGES: usize = 100_000;
 
 /// Who asks for a feed: the principal it acts for, and whose feed count it goes to.
 pub struct Asker {
@@ -421,7 +421,7 @@ async fn respond(
 ) -> CouchResult<axum::response::Response> {
     if request.descending {
         return match database {
-            Some(database) => descending_answer(&database, &request).await,
+            Some(database) => descending_answer(&database, &request, state.feeds.max_descending).await,
             None => Err(CouchError::bad_request("descending=true is not supported on this database's _changes")),
         };
     }
@@ -705,7 +705,11 @@ async fn rows_of(cursor: &Cursor, changes: &[Change]) -> crate::Result<Vec<Value
 
 /// `descending=true` on a database: the whole feed read (each document once, at its latest
 /// change), newest first, cut to `limit`; `last_seq` is the oldest row's.
-async fn descending_answer(database: &Database, request: &ChangesRequest) -> CouchResult<axum::response::Response> {
+async fn descending_answer(
+    database: &Database,
+    request: &ChangesRequest,
+    max_changes: usize,
+) -> CouchResult<axum::response::Response> {
     if request.feed != Feed::Normal {
         return Err(CouchError::bad_request("descending=true is only supported with feed=normal"));
     }
@@ -715,9 +719,10 @@ async fn descending_answer(database: &Database, request: &ChangesRequest) -> Cou
     loop {
         let page = read_page(backend.as_ref(), since.as_deref(), DEFAULT_PAGE).await?;
         changes.extend(page.changes);
-        if changes.len() > MAX_DESCENDING_CHANGES {
+        if changes.len() > max_changes {
             return Err(CouchError::bad_request(format!(
-                "descending=true reads the whole feed, and this one holds more than {MAX_DESCENDING_CHANGES} changes"
+                "descending=true reads the whole feed, and this one holds more than {max_changes} changes \
+                 (couchdb_max_descending_changes)"
             )));
         }
         since = Some(page.last_seq);

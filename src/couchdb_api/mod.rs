@@ -68,6 +68,8 @@ pub(crate) struct CouchState {
     pub feeds: Arc<changes::FeedBounds>,
     /// The databases besides the data-store one.
     pub databases: Arc<crate::database::Databases>,
+    /// Most names one `POST /_dbs_info` may ask about (`couchdb_max_dbs_info_keys`).
+    pub max_dbs_info_keys: usize,
     /// Their routes ([`database::router`]); empty inside those routes' own state.
     pub database_router: axum::Router,
 }
@@ -107,10 +109,11 @@ impl CouchApp {
             server_uuid: Arc::from(server_uuid.as_str()),
             stopping: stopping_seen,
             feeds: Arc::new(changes::FeedBounds::from_settings(settings)),
-            databases: Arc::new(crate::database::Databases::from_url(
-                databases_url,
-                settings.couchdb_max_open_databases,
-            )),
+            databases: Arc::new(
+                crate::database::Databases::from_url(databases_url, settings.couchdb_max_open_databases)
+                    .with_max_document_bytes(settings.couchdb_max_document_bytes),
+            ),
+            max_dbs_info_keys: settings.couchdb_max_dbs_info_keys,
             database_router: axum::Router::new(),
         };
         let state = CouchState { database_router: database::router(state.clone()), ..state };

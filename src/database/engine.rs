@@ -96,18 +96,37 @@ impl Default for DbSettings {
     }
 }
 
+/// CouchDB's default `max_document_size`: 8,000,000 bytes of a document's JSON.
+pub const DEFAULT_MAX_DOCUMENT_BYTES: usize = 8_000_000;
+
 /// One database. Cheap to share; calls after the database was deleted fail with `NotFound`.
 pub struct Database {
     name: String,
     backend: Arc<dyn DocumentBackend>,
     dropped: AtomicBool,
     revs_limit: AtomicUsize,
+    max_document_bytes: usize,
 }
 
 impl Database {
     /// The database kept in `backend` (a namespace of its own: see [`crate::backend::catalog`]).
     pub fn new(name: String, backend: Arc<dyn DocumentBackend>) -> Self {
-        Database { name, backend, dropped: AtomicBool::new(false), revs_limit: AtomicUsize::new(0) }
+        Database {
+            name,
+            backend,
+            dropped: AtomicBool::new(false),
+            revs_limit: AtomicUsize::new(0),
+            max_document_bytes: DEFAULT_MAX_DOCUMENT_BYTES,
+        }
+    }
+
+    /// The largest document body this database takes, in bytes of its JSON.
+    pub fn with_max_document_bytes(self, max_document_bytes: usize) -> Self {
+        Database { max_document_bytes, ..self }
+    }
+
+    pub fn max_document_bytes(&self) -> usize {
+        self.max_document_bytes
     }
 
     pub fn name(&self) -> &str {

@@ -34,6 +34,8 @@ pub struct Databases {
     open: Mutex<HashMap<DbName, OpenDatabase>>,
     /// How many stay open at once (`couchdb_max_open_databases`).
     max_open: usize,
+    /// Largest document body (`couchdb_max_document_bytes`), given to each database opened.
+    max_document_bytes: usize,
 }
 
 struct OpenDatabase {
@@ -48,7 +50,13 @@ impl Databases {
         if let Some(catalog) = catalog {
             let _ = opened.set(catalog);
         }
-        Databases { source: None, catalog: opened, open: Mutex::new(HashMap::new()), max_open: max_open.max(1) }
+        Databases {
+            source: None,
+            catalog: opened,
+            open: Mutex::new(HashMap::new()),
+            max_open: max_open.max(1),
+            max_document_bytes: engine::DEFAULT_MAX_DOCUMENT_BYTES,
+        }
     }
 
     /// The databases kept beside the backend `url` names (its catalog opened on first use, so a
@@ -59,7 +67,13 @@ impl Databases {
             catalog: tokio::sync::OnceCell::new(),
             open: Mutex::new(HashMap::new()),
             max_open: max_open.max(1),
+            max_document_bytes: engine::DEFAULT_MAX_DOCUMENT_BYTES,
         }
+    }
+
+    /// The largest document body the databases take (`couchdb_max_document_bytes`).
+    pub fn with_max_document_bytes(self, max_document_bytes: usize) -> Self {
+        Databases { max_document_bytes: max_document_bytes.max(1), ..self }
     }
 
     /// The catalog, opened now if it was not; `None` where the backend keeps no others.
@@ -103,7 +117,8 @@ impl Databases {
     pub async fn create(&self, name: &DbName) -> Result<Arc<Database>> {
         let mut open = self.open.lock().await;
         let backend = self.catalog().await?.create(name).await?;
-        let database = Arc::new(Database::new(name.to_string(), backend));
+        let database =
+            Arc::new(Database::new(name.to_string(), backend).with_max_document_bytes(self.max_document_bytes));
         self.keep(&mut open, name, &database).await;
         Ok(database)
     }
@@ -117,7 +132,8 @@ impl Databases {
         }
         let Some(catalog) = self.opened_catalog().await? else { return Ok(None) };
         let Some(backend) = catalog.open(name).await? else { return Ok(None) };
-        let database = Arc::new(Database::new(name.to_string(), backend));
+        let database =
+            Arc::new(Database::new(name.to_string(), backend).with_max_document_bytes(self.max_document_bytes));
         self.keep(&mut open, name, &database).await;
         Ok(Some(database))
     }

@@ -128,9 +128,6 @@ pub async fn all_dbs(State(state): State<CouchState>, Query(params): Query<HashM
     Ok(json(StatusCode::OK, json!(selected)))
 }
 
-/// Most names one `POST /_dbs_info` may ask about (CouchDB's `max_db_number_for_dbs_info_req`).
-const MAX_DBS_INFO_KEYS: usize = 100;
-
 /// `POST /_dbs_info` `{"keys": [...]}`: each database's info, or `{"error": "not_found"}`.
 pub async fn dbs_info(
     State(state): State<CouchState>,
@@ -143,8 +140,11 @@ pub async fn dbs_info(
     let Some(Value::Array(keys)) = request.value.get("keys") else {
         return Err(CouchError::bad_request("`keys` member must exist."));
     };
-    if keys.len() > MAX_DBS_INFO_KEYS {
-        return Err(CouchError::bad_request(format!("`keys` member must not exceed {MAX_DBS_INFO_KEYS} names")));
+    if keys.len() > state.max_dbs_info_keys {
+        return Err(CouchError::bad_request(format!(
+            "`keys` member must not exceed {} names (couchdb_max_dbs_info_keys)",
+            state.max_dbs_info_keys
+        )));
     }
     let mut answer = Vec::with_capacity(keys.len());
     for key in keys {

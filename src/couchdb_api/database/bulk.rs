@@ -133,7 +133,7 @@ async fn write_group(db: &Database, id: &str, docs: Vec<Positioned>, new_edits: 
     let mut writes = Vec::with_capacity(docs.len());
     let mut positions = Vec::with_capacity(docs.len());
     for (position, body) in docs {
-        match to_write(id, body, new_edits) {
+        match to_write(db, id, body, new_edits) {
             Ok(write) => {
                 writes.push(write);
                 positions.push(position);
@@ -163,10 +163,10 @@ async fn write_group(db: &Database, id: &str, docs: Vec<Positioned>, new_edits: 
 }
 
 /// A bulk document as a write (checked again here: the request was checked as a whole first).
-fn to_write(id: &str, body: Map<String, Value>, new_edits: bool) -> Result<Write, CouchError> {
+fn to_write(db: &Database, id: &str, body: Map<String, Value>, new_edits: bool) -> Result<Write, CouchError> {
     check_id(id).map_err(refused)?;
     let doc = document::parse(body).map_err(refused)?;
-    super::docs::check_size(id, &doc)?;
+    super::docs::check_size(db, id, &doc)?;
     if new_edits {
         return Ok(Write::Edit { parent: doc.rev, deleted: doc.deleted, body: doc.body });
     }

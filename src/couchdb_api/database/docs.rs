@@ -26,9 +26,6 @@ use crate::error::ErrorKind;
 
 type Params = Query<HashMap<String, String>>;
 
-/// CouchDB's `max_document_size` default: the largest document body accepted, 8 MB.
-pub(crate) const MAX_DOCUMENT_BYTES: usize = 8_000_000;
-
 #[derive(Deserialize)]
 pub(crate) struct DocId {
     docid: String,
@@ -210,10 +207,11 @@ async fn read_doc_body(state: &CouchState, headers: &HeaderMap, body: Body) -> C
     }
 }
 
-/// CouchDB's 413 for a document over `max_document_size`.
-pub(crate) fn check_size(id: &str, doc: &ClientDoc) -> CouchResult<()> {
+/// CouchDB's 413 for a document over the database's `max_document_size`
+/// (`couchdb_max_document_bytes`).
+pub(crate) fn check_size(db: &Database, id: &str, doc: &ClientDoc) -> CouchResult<()> {
     let size = serde_json::to_vec(&doc.body).map(|bytes| bytes.len()).unwrap_or(usize::MAX);
-    if size > MAX_DOCUMENT_BYTES {
+    if size > db.max_document_bytes() {
         return Err(CouchError::new(StatusCode::PAYLOAD_TOO_LARGE, "document_too_large", id.to_owned()));
     }
     Ok(())
@@ -241,7 +239,7 @@ async fn put_document(
 ) -> Answer {
     check_id(id).map_err(refused)?;
     let doc = document::parse(body).map_err(refused)?;
-    check_size(id, &doc)?;
+    check_size(db, id, &doc)?;
     let new_edits = bool_param("new_edits", params.get("new_edits").map(String::as_str), true)?;
     let rev = if new_edits {
         let parent = write_revision(doc.rev.as_deref(), params, headers)?;
@@ -305,7 +303,7 @@ pub async fn post_document(
         Some(id) => id.clone(),
         None => new_id()?,
     };
-    check_size(&id, &doc)?;
+    check_size(&opened.db, &id, &doc)?;
     let rev = edit(&opened.db, &id, doc.rev.clone(), doc.deleted, doc.body).await?;
     if params.get("batch").is_some_and(|mode| mode == "ok") {
         return Ok(json(StatusCode::ACCEPTED, json!({ "ok": true, "id": id })));

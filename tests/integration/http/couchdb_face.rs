@@ -406,3 +406,40 @@ async fn long_lived_feeds_per_login_are_bounded() {
     assert!(read_head(&mut other).await.starts_with("HTTP/1.1 200 "));
     drop(held);
 }
+
+/// The bounds of databases besides the data-store one are settings, and each refusal names its
+/// setting: a document over `couchdb_max_document_bytes` is 413, `_dbs_info` past
+/// `couchdb_max_dbs_info_keys` names is 400, and `_changes?descending=true` of a feed longer than
+/// `couchdb_max_descending_changes` is 400; at the bounds the requests are answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn database_bounds_are_settings() {
+    let couch = couch_server(|s| {
+        s.couchdb_max_document_bytes = 100;
+        s.couchdb_max_dbs_info_keys = 2;
+        s.couchdb_max_descending_changes = 3;
+    })
+    .await;
+    let call = |path: &'static str, body: Value| async move {
+        couch_call(couch.addr, path, "", body.to_string().as_bytes()).await
+    };
+    assert_eq!(call("PUT /bounded", Value::Null).await.0, 201);
+    let (status, body) = call("PUT /bounded/small", json!({"v": "x".repeat(50)})).await;
+    assert_eq!(status, 201, "a document within the bound: {body}");
+    let (status, body) = call("PUT /bounded/big", json!({"v": "x".repeat(101)})).await;
+    assert_eq!(status, 413, "a document over the bound: {body}");
+    assert_eq!(body["error"], json!("document_too_large"), "{body}");
+    let (status, body) = call("POST /_dbs_info", json!({"keys": ["bounded", "other"]})).await;
+    assert_eq!(status, 200, "as many names as the bound: {body}");
+    let (status, body) = call("POST /_dbs_info", json!({"keys": ["a", "b", "c"]})).await;
+    assert_eq!(status, 400, "one name past the bound: {body}");
+    assert!(body["reason"].as_str().is_some_and(|r| r.contains("couchdb_max_dbs_info_keys")), "{body}");
+    assert_eq!(call("PUT /bounded/b", json!({})).await.0, 201);
+    assert_eq!(call("PUT /bounded/c", json!({})).await.0, 201);
+    let (status, body) = call("GET /bounded/_changes?descending=true", Value::Null).await;
+    assert_eq!(status, 200, "a feed of as many changes as the bound: {body}");
+    assert_eq!(body["results"][0]["id"], json!("c"), "newest first: {body}");
+    assert_eq!(call("PUT /bounded/d", json!({})).await.0, 201);
+    let (status, body) = call("GET /bounded/_changes?descending=true", Value::Null).await;
+    assert_eq!(status, 400, "a feed longer than the bound: {body}");
+    assert!(body["reason"].as_str().is_some_and(|r| r.contains("couchdb_max_descending_changes")), "{body}");
+}
