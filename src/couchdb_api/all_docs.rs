@@ -25,7 +25,7 @@ use super::error::{CouchError, CouchResult};
 use super::request::{bool_param, integer_param, json_param};
 use super::served_db::ServedDb;
 use super::{json, Answer, CouchState};
-use crate::backend::{DocumentBackend, IdRange, StoredDocument};
+use crate::backend::{DocumentBackend, DocumentText, IdRange, StoredDocument};
 
 /// Documents asked of the backend per page while streaming a range.
 const PAGE: usize = 500;
@@ -285,39 +285,46 @@ fn row(doc: &StoredDocument, include_docs: bool) -> Value {
     row
 }
 
-/// A range row written straight from the stored document, its body never copied (a page of
-/// `include_docs` rows is most of `_all_docs`' own work): the same text as [`row`]'s.
-struct RowText<'a> {
-    doc: &'a StoredDocument,
-    include_docs: bool,
-}
+/// A range row without its document, written straight from the listed one: the same text as
+/// [`row`]'s.
+struct RowText<'a>(&'a StoredDocument);
 
-/// The document of a row: `_id`, `_rev`, then the body's fields, as [`doc_json`] orders them.
-struct DocText<'a>(&'a StoredDocument);
+/// A range row with its document (`include_docs`), the document's text passed on as the backend
+/// listed it ([`DocumentBackend::all_docs_text`]: CouchDB's own text in front of CouchDB, never
+/// parsed into values here): the same JSON as [`row`]'s.
+struct TextRow<'a>(&'a DocumentText);
 
 impl serde::Serialize for RowText<'_> {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
         let mut map = serializer.serialize_map(None)?;
-        map.serialize_entry("id", &self.doc.id)?;
-        map.serialize_entry("key", &self.doc.id)?;
-        map.serialize_entry("value", &json!({ "rev": self.doc.rev.as_str() }))?;
-        if self.include_docs {
-            map.serialize_entry("doc", &DocText(self.doc))?;
-        }
+        map.serialize_entry("id", &self.0.id)?;
+        map.serialize_entry("key", &self.0.id)?;
+        map.serialize_entry("value", &RevValue(self.0.rev.as_str()))?;
         map.end()
     }
 }
 
-impl serde::Serialize for DocText<'_> {
+impl serde::Serialize for TextRow<'_> {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
         let mut map = serializer.serialize_map(None)?;
-        map.serialize_entry("_id", &self.0.id)?;
-        map.serialize_entry("_rev", self.0.rev.as_str())?;
-        for (name, value) in &self.0.body {
-            map.serialize_entry(name, value)?;
-        }
+        map.serialize_entry("id", &self.0.id)?;
+        map.serialize_entry("key", &self.0.id)?;
+        map.serialize_entry("value", &RevValue(self.0.rev.as_str()))?;
+        map.serialize_entry("doc", &self.0.json)?;
+        map.end()
+    }
+}
+
+/// A row's `value`: `{"rev": …}`.
+struct RevValue<'a>(&'a str);
+
+impl serde::Serialize for RevValue<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(Some(1))?;
+        map.serialize_entry("rev", self.0)?;
         map.end()
     }
 }
@@ -328,8 +335,24 @@ fn range_rows(
     principal: Principal,
     range: IdRange,
     request: AllDocsRequest,
-) -> impl futures::Stream<Item = crate::Result<Bytes>> {
-    let include_docs = request.include_docs;
+) -> futures::stream::BoxStream<'static, crate::Result<Bytes>> {
+    let unwritable = |e: serde_json::Error| {
+        crate::Error::new(crate::error::ErrorKind::Internal, format!("cannot write an _all_docs row: {e}"))
+    };
+    if request.include_docs {
+        let fetch = move |want: usize, token: Option<String>| {
+            let backend = backend.clone();
+            let range = range.clone();
+            async move { backend.all_docs_text(&range, want, token.as_deref()).await }
+        };
+        let render = move |doc: &DocumentText| {
+            if !principal.may_access_id(&doc.id) {
+                return Ok(None);
+            }
+            serde_json::to_string(&TextRow(doc)).map(Some).map_err(unwritable)
+        };
+        return paged_rows(fetch, render, request.skip, request.limit).boxed();
+    }
     let fetch = move |want: usize, token: Option<String>| {
         let backend = backend.clone();
         let range = range.clone();
@@ -339,11 +362,9 @@ fn range_rows(
         if !principal.may_access_id(&doc.id) {
             return Ok(None);
         }
-        serde_json::to_string(&RowText { doc, include_docs }).map(Some).map_err(|e| {
-            crate::Error::new(crate::error::ErrorKind::Internal, format!("cannot write an _all_docs row: {e}"))
-        })
+        serde_json::to_string(&RowText(doc)).map(Some).map_err(unwritable)
     };
-    paged_rows(fetch, render, request.skip, request.limit)
+    paged_rows(fetch, render, request.skip, request.limit).boxed()
 }
 
 /// A listing's rows as JSON text chunks (`,` between rows), one page at a time: `fetch(want,
@@ -472,10 +493,11 @@ mod tests {
             serde_json::from_str(r#"{"userId":"u","value":{"a":[1,2.5,null,"é"]},"z":true,"_attachments":{}}"#)
                 .unwrap();
         let doc = StoredDocument { id: "u:n:aw==".into(), rev: crate::backend::Revision("1-ab".into()), body };
-        for include_docs in [false, true] {
-            let written = serde_json::to_string(&RowText { doc: &doc, include_docs }).unwrap();
-            assert_eq!(written, row(&doc, include_docs).to_string(), "include_docs={include_docs}");
-        }
+        let written = serde_json::to_string(&RowText(&doc)).unwrap();
+        assert_eq!(written, row(&doc, false).to_string(), "without the document");
+        let text = DocumentText::of(&doc).unwrap();
+        let written = serde_json::to_string(&TextRow(&text)).unwrap();
+        assert_eq!(written, row(&doc, true).to_string(), "with the document");
     }
 
     #[test]

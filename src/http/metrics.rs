@@ -12,8 +12,8 @@ use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Regi
 use serde_json::{Map, Value};
 
 use crate::backend::{
-    BulkWrite, ChangesPage, DesignRequest, DesignResponse, DocumentBackend, IdRange, LayoutState, Page, Precondition,
-    Query, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo, StoredDocument, UpgradePage,
+    BulkWrite, ChangesPage, DesignRequest, DesignResponse, DocumentBackend, DocumentText, IdRange, LayoutState, Page,
+    Precondition, Query, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo, StoredDocument, UpgradePage,
 };
 use crate::error::Result;
 
@@ -171,6 +171,15 @@ impl DocumentBackend for MeteredBackend {
 
     async fn get_many(&self, ids: &[String]) -> Result<Vec<Option<StoredDocument>>> {
         timed!(self, "get_many", self.inner.get_many(ids))
+    }
+
+    async fn all_docs_text(
+        &self,
+        range: &IdRange,
+        limit: usize,
+        page_token: Option<&str>,
+    ) -> Result<Page<DocumentText>> {
+        timed!(self, "all_docs", self.inner.all_docs_text(range, limit, page_token))
     }
 
     async fn design_request(&self, request: DesignRequest) -> Result<Option<DesignResponse>> {
@@ -348,6 +357,10 @@ mod tests {
             self.record("get_many");
             Ok(vec![None; ids.len()])
         }
+        async fn all_docs_text(&self, _: &IdRange, _: usize, _: Option<&str>) -> Result<Page<DocumentText>> {
+            self.record("all_docs_text");
+            Ok(Page { items: Vec::new(), next: None })
+        }
         async fn design_request(&self, _: DesignRequest) -> Result<Option<DesignResponse>> {
             self.record("design_request");
             Ok(Some(DesignResponse { status: 200, headers: Vec::new(), body: Box::pin(futures::stream::empty()) }))
@@ -379,6 +392,9 @@ mod tests {
             body: Map::new(),
         };
         assert_eq!(metered.put_replicated("u:n:k", &incoming).await.unwrap(), ReplicatedOutcome::KeptCurrent);
+        let everything =
+            IdRange { start: None, end: None, inclusive_end: true, descending: false, include_design: false };
+        assert!(metered.all_docs_text(&everything, 1, None).await.unwrap().items.is_empty());
         let design = DesignRequest {
             method: reqwest::Method::GET,
             path: "_design/d".into(),
@@ -397,6 +413,7 @@ mod tests {
                 "design_document_count",
                 "get_many",
                 "put_replicated",
+                "all_docs_text",
                 "design_request",
                 "url",
                 "forwards_requests"

@@ -606,6 +606,26 @@ pub async fn all_docs_pages_in_raw_id_order_both_ways(ctx: Ctx) {
     assert!(all_docs_ids(b, &empty, 10).await.is_empty());
     let docs = b.all_docs(&IdRange::all(), 2, None).await.unwrap().items;
     assert_eq!(docs[0].body["value"], json!(docs[0].id), "all_docs returns the documents' bodies");
+    // The same pages as text (what `_all_docs?include_docs=true` passes on): page by page the
+    // same documents, revisions and tokens, each text the document's JSON.
+    for range in [IdRange::all(), IdRange { descending: true, ..IdRange::all() }] {
+        let mut token: Option<String> = None;
+        loop {
+            let values = b.all_docs(&range, 7, token.as_deref()).await.expect("all_docs");
+            let texts = b.all_docs_text(&range, 7, token.as_deref()).await.expect("all_docs_text");
+            assert_eq!(texts.next, values.next, "{range:?}: the same page token");
+            assert_eq!(texts.items.len(), values.items.len(), "{range:?}: the same page length");
+            for (text, value) in texts.items.iter().zip(&values.items) {
+                assert_eq!((&text.id, &text.rev), (&value.id, &value.rev), "{range:?}");
+                let parsed: serde_json::Value = serde_json::from_str(text.json.get()).expect("the text is JSON");
+                assert_eq!(parsed, value.to_json(), "{range:?}: the text of {}", value.id);
+            }
+            token = values.next;
+            if token.is_none() {
+                break;
+            }
+        }
+    }
 }
 
 // ---- local documents ----

@@ -13,8 +13,9 @@ use super::counts::CountCache;
 use super::error::from_status;
 use super::live::LiveRevisions;
 use crate::backend::{
-    BulkWrite, ChangesPage, DesignRequest, DesignResponse, DocumentBackend, IdRange, LayoutState, Page, Precondition,
-    Projection, Query, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo, StoredDocument, UpgradePage,
+    BulkWrite, ChangesPage, DesignRequest, DesignResponse, DocumentBackend, DocumentText, IdRange, LayoutState, Page,
+    Precondition, Projection, Query, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo, StoredDocument,
+    UpgradePage,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::fields;
@@ -680,6 +681,15 @@ impl DocumentBackend for CouchDbBackend {
 
     async fn all_docs(&self, range: &IdRange, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
         self.all_docs_page(range, limit, page_token).await
+    }
+
+    async fn all_docs_text(
+        &self,
+        range: &IdRange,
+        limit: usize,
+        page_token: Option<&str>,
+    ) -> Result<Page<DocumentText>> {
+        self.all_docs_text_page(range, limit, page_token).await
     }
 
     async fn erase_prefix(&self, prefix: &str) -> Result<u64> {

@@ -96,6 +96,33 @@ impl CouchClient {
             .await
     }
 
+    /// [`CouchClient::read`] of a successful answer whose body the caller reads itself (a page
+    /// of documents read into its own types, not a tree of values). Any other status is an error
+    /// here, made from the body as [`CouchClient::read`]'s callers make theirs.
+    pub async fn read_text(&self, url: &str, query: &[(&str, String)], doing: &str) -> Result<bytes::Bytes> {
+        READ_RETRY
+            .run(SERVICE, doing, || async {
+                let mut request = self.http.request(Method::GET, url);
+                if !query.is_empty() {
+                    request = request.query(query);
+                }
+                if let Some(user) = &self.config.user {
+                    request = request.basic_auth(user, self.config.password.as_deref());
+                }
+                let (status, bytes) =
+                    http::send_for_text(SERVICE, request, None, Idempotency::Idempotent, doing).await?;
+                if status.is_success() {
+                    return Ok(bytes);
+                }
+                let reply = http::reply_of(SERVICE, status, &bytes, doing)?;
+                if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS {
+                    return Err(status_error(status, &reply.body, Idempotency::Idempotent, doing));
+                }
+                Err(super::error::from_status(status, &reply.body, doing))
+            })
+            .await
+    }
+
     /// `{server}/` plus escaped path segments (server-level endpoints such as `_all_dbs`).
     pub fn server_url(&self, segments: &[&str]) -> String {
         let mut url = self.config.server.as_str().trim_end_matches('/').to_owned();

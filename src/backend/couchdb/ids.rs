@@ -46,12 +46,16 @@
 //! Purging is local to the database: replicas (other CouchDB nodes replicating this database,
 //! PouchDB clients, backups) keep their copies until they are purged themselves.
 
+use std::borrow::Cow;
+
 use reqwest::{Method, StatusCode};
+use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use super::backend::{from_couch_doc, is_design_doc, json_key, take_array, CouchDbBackend};
 use super::error::from_status;
-use crate::backend::{IdRange, Page, StoredDocument, LOCAL_PREFIX};
+use crate::backend::{DocumentText, IdRange, Page, Revision, StoredDocument, LOCAL_PREFIX};
 use crate::error::{Error, ErrorKind, Result};
 
 impl CouchDbBackend {
@@ -61,11 +65,44 @@ impl CouchDbBackend {
         limit: usize,
         page_token: Option<&str>,
     ) -> Result<Page<StoredDocument>> {
+        self.id_range_page(range, limit, page_token, |doc| {
+            let doc = serde_json::from_str(doc.get()).map_err(|e| unreadable_page(&e))?;
+            from_couch_doc(doc, LISTING)
+        })
+        .await
+    }
+
+    /// [`CouchDbBackend::all_docs_page`] with each document as the text CouchDB sent, never
+    /// parsed into values: what an answer that passes documents on unchanged needs.
+    pub(super) async fn all_docs_text_page(
+        &self,
+        range: &IdRange,
+        limit: usize,
+        page_token: Option<&str>,
+    ) -> Result<Page<DocumentText>> {
+        self.id_range_page(range, limit, page_token, |doc| {
+            let head: DocHead = serde_json::from_str(doc.get()).map_err(|e| unreadable_page(&e))?;
+            Ok(DocumentText { id: head.id.into_owned(), rev: Revision(head.rev.into_owned()), json: doc.to_owned() })
+        })
+        .await
+    }
+
+    /// One page of the documents in `range`, each made by `item` from its JSON text.
+    async fn id_range_page<T>(
+        &self,
+        range: &IdRange,
+        limit: usize,
+        page_token: Option<&str>,
+        item: impl Fn(&RawValue) -> Result<T>,
+    ) -> Result<Page<T>>
+    where
+        T: Listed,
+    {
         let limit = limit.max(1);
         if is_empty(range) {
             return Ok(Page { items: Vec::new(), next: None });
         }
-        let mut items: Vec<StoredDocument> = Vec::with_capacity(limit.min(1024) + 1);
+        let mut items: Vec<T> = Vec::with_capacity(limit.min(1024) + 1);
         let mut after = page_token.map(str::to_owned);
         // Rows for the design documents the range may hold, when their number is known: read
         // along with the page, they cost no second request.
@@ -77,26 +114,26 @@ impl CouchDbBackend {
             // One row for the document the read starts at (already returned), one to learn
             // whether more follow.
             let wanted = limit + 1 - items.len() + usize::from(after.is_some()) + std::mem::take(&mut design_rows);
-            let rows = self.read_id_range(range, after.as_deref(), wanted).await?;
-            let full = rows.len() == wanted;
+            let text = self.read_id_range(range, after.as_deref(), wanted).await?;
+            let reply: RangeReply<'_> = serde_json::from_slice(&text).map_err(|e| unreadable_page(&e))?;
+            let full = reply.rows.len() == wanted;
             let mut last_row_id = None;
-            for row in rows {
-                let Value::Object(mut row) = row else { continue };
-                let Some(id) = row.get("id").and_then(Value::as_str).map(str::to_owned) else { continue };
-                let already_returned = after.as_deref() == Some(id.as_str());
+            for row in reply.rows {
+                let id = row.id;
+                let already_returned = after.as_deref() == Some(&*id);
                 let data = (range.include_design || !is_design_doc(&id))
                     && !id.starts_with(LOCAL_PREFIX)
                     && range.contains(&id);
                 if !already_returned && data {
-                    if let Some(doc) = row.remove("doc").filter(|doc| !doc.is_null()) {
-                        items.push(from_couch_doc(doc, "list documents in id order")?);
+                    if let Some(doc) = row.doc {
+                        items.push(item(doc)?);
                     }
                 }
-                last_row_id = Some(id);
+                last_row_id = Some(id.into_owned());
             }
             if items.len() > limit {
                 items.truncate(limit);
-                let next = items.last().map(|doc| doc.id.clone());
+                let next = items.last().map(|doc| doc.listed_id().to_owned());
                 return Ok(Page { items, next });
             }
             match last_row_id {
@@ -107,9 +144,9 @@ impl CouchDbBackend {
         }
     }
 
-    /// One `_all_docs` read of `limit` rows of `range`, from `after` (inclusive) when given.
-    async fn read_id_range(&self, range: &IdRange, after: Option<&str>, limit: usize) -> Result<Vec<Value>> {
-        let doing = "list documents in id order";
+    /// One `_all_docs` read of `limit` rows of `range`, from `after` (inclusive) when given: the
+    /// answer's text, read by the caller into [`RangeReply`].
+    async fn read_id_range(&self, range: &IdRange, after: Option<&str>, limit: usize) -> Result<bytes::Bytes> {
         let mut query = vec![("include_docs", "true".to_owned()), ("limit", limit.to_string())];
         if range.descending {
             query.push(("descending", "true".to_owned()));
@@ -127,17 +164,72 @@ impl CouchDbBackend {
             query.push((if range.descending { "startkey" } else { "endkey" }, json_key(POUCHDB_HIGH_END)));
         }
         let ticket = self.counts.ticket();
-        let reply = self.client.read(Method::GET, &self.client.url(&["_all_docs"]), &query, None, doing).await?;
-        if reply.status != StatusCode::OK {
-            return Err(from_status(reply.status, &reply.body, doing));
-        }
+        let text = self.client.read_text(&self.client.url(&["_all_docs"]), &query, LISTING).await?;
         // Every answer carries the database's document count: the next `total_rows` needs no
-        // request of its own (see [`super::counts`]).
-        if let Some(total) = reply.body.get("total_rows").and_then(Value::as_u64) {
-            self.counts.remember_total(ticket, total);
+        // request of its own (see [`super::counts`]). Read from the head of the answer only.
+        if let Ok(head) = serde_json::from_slice::<TotalRows>(&text) {
+            if let Some(total) = head.total_rows {
+                self.counts.remember_total(ticket, total);
+            }
         }
-        take_array(reply.body, "rows", "_all_docs")
+        Ok(text)
     }
+}
+
+/// What [`CouchDbBackend::all_docs_page`] and [`CouchDbBackend::all_docs_text_page`] say they
+/// were doing, in errors.
+const LISTING: &str = "list documents in id order";
+
+/// An `_all_docs` answer with `include_docs=true`, read without building values: each row's id
+/// and its document's text (`key` and `value` are skipped).
+#[derive(Deserialize)]
+struct RangeReply<'a> {
+    #[serde(borrow)]
+    rows: Vec<RangeRow<'a>>,
+}
+
+#[derive(Deserialize)]
+struct RangeRow<'a> {
+    #[serde(borrow)]
+    id: Cow<'a, str>,
+    #[serde(borrow, default)]
+    doc: Option<&'a RawValue>,
+}
+
+/// The document count at the head of an `_all_docs` answer (the rows skipped unread).
+#[derive(Deserialize)]
+struct TotalRows {
+    total_rows: Option<u64>,
+}
+
+/// A listed document's `_id` and `_rev`, its other members skipped.
+#[derive(Deserialize)]
+struct DocHead<'a> {
+    #[serde(rename = "_id", borrow)]
+    id: Cow<'a, str>,
+    #[serde(rename = "_rev", borrow)]
+    rev: Cow<'a, str>,
+}
+
+/// A listed item's id: the page token of a page that ends with it.
+trait Listed {
+    fn listed_id(&self) -> &str;
+}
+
+impl Listed for StoredDocument {
+    fn listed_id(&self) -> &str {
+        &self.id
+    }
+}
+
+impl Listed for DocumentText {
+    fn listed_id(&self) -> &str {
+        &self.id
+    }
+}
+
+fn unreadable_page(err: &serde_json::Error) -> Error {
+    Error::new(ErrorKind::Internal, format!("CouchDB answered _all_docs with JSON that could not be read: {err}"))
 }
 
 /// The explicit high end sent to pouchdb-server for a range open at the top: without one,

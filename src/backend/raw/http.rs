@@ -69,6 +69,19 @@ pub async fn send(
     idempotency: Idempotency,
     doing: &str,
 ) -> Result<RawReply> {
+    let (status, bytes) = send_for_text(service, request, body, idempotency, doing).await?;
+    reply_of(service, status, &bytes, doing)
+}
+
+/// [`send`], the reply's body left as the bytes that came: for a caller that reads a large
+/// answer into its own types (or passes parts of it on) instead of a tree of values.
+pub async fn send_for_text(
+    service: &str,
+    request: RequestBuilder,
+    body: Option<&Value>,
+    idempotency: Idempotency,
+    doing: &str,
+) -> Result<(StatusCode, bytes::Bytes)> {
     let mut request = request.header(reqwest::header::ACCEPT, "application/json");
     if let Some(body) = body {
         // serde_json with arbitrary_precision writes numbers exactly as they were read.
@@ -78,10 +91,16 @@ pub async fn send(
     let response = request.send().await.map_err(|e| transport_error(service, e, idempotency, doing))?;
     let status = response.status();
     let bytes = response.bytes().await.map_err(|e| transport_error(service, e, idempotency, doing))?;
+    Ok((status, bytes))
+}
+
+/// A reply's body read as JSON: `Null` when empty, or when an error status came with a body that
+/// is not JSON (a proxy's page); a successful reply that is not JSON is an error.
+pub fn reply_of(service: &str, status: StatusCode, bytes: &[u8], doing: &str) -> Result<RawReply> {
     let body = if bytes.is_empty() {
         Value::Null
     } else {
-        match serde_json::from_slice(&bytes) {
+        match serde_json::from_slice(bytes) {
             Ok(json) => json,
             Err(_) if !status.is_success() => Value::Null,
             Err(e) => return Err(unexpected_body(service, doing, e)),

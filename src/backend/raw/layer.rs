@@ -11,8 +11,8 @@ use async_trait::async_trait;
 use serde_json::{Map, Value};
 
 use crate::backend::{
-    BulkWrite, ChangesPage, DesignRequest, DesignResponse, DocumentBackend, IdRange, LayoutState, Page, Precondition,
-    Query, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo, StoredDocument, UpgradePage,
+    BulkWrite, ChangesPage, DesignRequest, DesignResponse, DocumentBackend, DocumentText, IdRange, LayoutState, Page,
+    Precondition, Query, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo, StoredDocument, UpgradePage,
 };
 use crate::error::Result;
 
@@ -129,6 +129,15 @@ pub trait Layered: Send + Sync + 'static {
 
     async fn get_many(&self, ids: &[String]) -> Result<Vec<Option<StoredDocument>>> {
         self.inner().get_many(ids).await
+    }
+
+    async fn all_docs_text(
+        &self,
+        range: &IdRange,
+        limit: usize,
+        page_token: Option<&str>,
+    ) -> Result<Page<DocumentText>> {
+        self.inner().all_docs_text(range, limit, page_token).await
     }
 
     fn url(&self) -> Option<crate::backend::BackendUrl> {
@@ -252,6 +261,15 @@ impl<L: Layered> DocumentBackend for L {
 
     async fn get_many(&self, ids: &[String]) -> Result<Vec<Option<StoredDocument>>> {
         Layered::get_many(self, ids).await
+    }
+
+    async fn all_docs_text(
+        &self,
+        range: &IdRange,
+        limit: usize,
+        page_token: Option<&str>,
+    ) -> Result<Page<DocumentText>> {
+        Layered::all_docs_text(self, range, limit, page_token).await
     }
 
     fn url(&self) -> Option<crate::backend::BackendUrl> {
