@@ -399,3 +399,59 @@ pub(crate) fn leaf_json(id: &str, tree: &RevTree, leaf: &Leaf, options: DocOptio
 pub(crate) fn refused(refusal: crate::database::document::Refusal) -> CouchError {
     CouchError::new(axum::http::StatusCode::BAD_REQUEST, refusal.error, refusal.reason)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::{Method, StatusCode};
+
+    fn status(access: DbAccess, method: Method, below: &str, destination: Option<&str>, body: &str) -> StatusCode {
+        match check_forwarded(access, &method, below, destination, body.as_bytes()) {
+            Ok(()) => StatusCode::OK,
+            Err(refused) => refused.status,
+        }
+    }
+
+    /// What a member, a database admin and a server admin may pass on to a native database.
+    #[test]
+    fn forwarded_requests_are_checked_as_couchdb_checks_them() {
+        use DbAccess::{DbAdmin, Member, ServerAdmin};
+        let (ok, forbidden, unauthorized) = (StatusCode::OK, StatusCode::FORBIDDEN, StatusCode::UNAUTHORIZED);
+        let cases: Vec<(Method, &str, Option<&str>, &str, [StatusCode; 3])> = vec![
+            // Documents, local documents, reads of anything, design functions: members.
+            (Method::PUT, "doc", None, "{}", [ok, ok, ok]),
+            (Method::POST, "", None, r#"{"_id":"doc"}"#, [ok, ok, ok]),
+            (Method::POST, "_bulk_docs", None, r#"{"docs":[{"_id":"a"},{"b":1}]}"#, [ok, ok, ok]),
+            (Method::PUT, "_local/cp", None, "{}", [ok, ok, ok]),
+            (Method::GET, "_security", None, "", [ok, ok, ok]),
+            (Method::GET, "_design/app", None, "", [ok, ok, ok]),
+            (Method::GET, "_design/app/_view/v", None, "", [ok, ok, ok]),
+            (Method::POST, "_design/app/_view/v", None, r#"{"keys":[1]}"#, [ok, ok, ok]),
+            (Method::PUT, "_design/app/_update/u/doc", None, "{}", [ok, ok, ok]),
+            (Method::COPY, "doc", Some("other"), "", [ok, ok, ok]),
+            // Design documents, `_security`, `_revs_limit`, indexes: database admins (403).
+            (Method::PUT, "_design/app", None, "{}", [forbidden, ok, ok]),
+            (Method::DELETE, "_design/app", None, "", [forbidden, ok, ok]),
+            (Method::PUT, "_design%2Fapp", None, "{}", [forbidden, ok, ok]),
+            (Method::PUT, "_design/app/logo.png", None, "", [forbidden, ok, ok]),
+            (Method::COPY, "doc", Some("_design/app"), "", [forbidden, ok, ok]),
+            (Method::COPY, "doc", Some("_design%2Fapp?rev=1-a"), "", [forbidden, ok, ok]),
+            (Method::POST, "", None, r#"{"_id":"_design/app"}"#, [forbidden, ok, ok]),
+            (Method::POST, "_bulk_docs", None, r#"{"docs":[{"_id":"a"},{"_id":"_design/app"}]}"#, [forbidden, ok, ok]),
+            (Method::PUT, "_security", None, "{}", [forbidden, ok, ok]),
+            (Method::PUT, "_revs_limit", None, "5", [forbidden, ok, ok]),
+            (Method::POST, "_index", None, "{}", [forbidden, ok, ok]),
+            (Method::DELETE, "_index/_design/i/json/x", None, "", [forbidden, ok, ok]),
+            // Compaction: database admins (401); purge: server admins (401).
+            (Method::POST, "_compact", None, "", [unauthorized, ok, ok]),
+            (Method::POST, "_compact/app", None, "", [unauthorized, ok, ok]),
+            (Method::POST, "_view_cleanup", None, "", [unauthorized, ok, ok]),
+            (Method::POST, "_purge", None, "{}", [unauthorized, unauthorized, ok]),
+            (Method::PUT, "_purged_infos_limit", None, "5", [unauthorized, unauthorized, ok]),
+        ];
+        for (method, below, destination, body, expected) in cases {
+            let got = [Member, DbAdmin, ServerAdmin].map(|access| status(access, method.clone(), below, destination, body));
+            assert_eq!(got, expected, "{method} {below} {destination:?} {body}");
+        }
+    }
+}
