@@ -203,6 +203,7 @@ mod tests {
         let readers = vec!["readers".to_owned()];
         let editors = vec!["editors".to_owned(), "other".to_owned()];
         let none: Vec<String> = Vec::new();
+        let reader = vec!["reader".to_owned()];
         let security = json!({
             "admins": { "names": ["ann"], "roles": ["editors"] },
             "members": { "names": ["mel"], "roles": ["readers"] }
@@ -216,7 +217,7 @@ mod tests {
             (login("ann", &readers), Some(DbAccess::DbAdmin)),
             (login("someone", &none), None),
             (login("readers", &none), None),
-            (login("mel2", &vec!["reader".to_owned()]), None),
+            (login("mel2", &reader), None),
             (UserCtx { name: None, roles: &none, server_admin: false }, None),
             (UserCtx { name: Some("root"), roles: &none, server_admin: true }, Some(DbAccess::ServerAdmin)),
         ];

@@ -1185,7 +1185,6 @@ pub(super) mod tests {
             (login("a", &hash, "roles = [\"_admin\"]"), "invalid couchdb_users[0].roles[0]: must be non-empty, not start with `_`"),
             (login("a", &hash, "user = \"u\"\nroles = [\"ok\", \"_reader\"]"), "invalid couchdb_users[0].roles[1]"),
             (login("a", &hash, "roles = [\"\"]"), "invalid couchdb_users[0].roles[0]"),
-            (login("a", &hash, "roles = \"readers\""), "invalid"),
             (login("a:b", &hash, "admin = true"), "invalid couchdb_users[0].name: must be non-empty"),
             (login("", &hash, "admin = true"), "invalid couchdb_users[0].name"),
             (login("a", &hash, "user = \"u:1\""), "invalid couchdb_users[0].user"),
