@@ -31,7 +31,9 @@ const PRIVATE: &str = "zz-roles-private";
 
 pub(super) async fn roles_and_security(e: Endpoint) -> TestResult {
     let as_login = |name: &str, method: Method, path: &str, body: Option<Value>| {
-        let mut request = e.client.request(method, e.url(path)).basic_auth(name, Some(PASSWORD));
+        // `Accept` as `Endpoint::call` sends it: pouchdb-server labels JSON `text/plain` without it.
+        let mut request =
+            e.client.request(method, e.url(path)).header("Accept", "application/json").basic_auth(name, Some(PASSWORD));
         if let Some(body) = body {
             request = request.json(&body);
         }
