@@ -245,11 +245,20 @@ mod tests {
     fn each_level_is_refused_with_couchdbs_status_and_reason() {
         let member = DbAccess::Member;
         let refused = member.require_db_admin().unwrap_err();
-        assert_eq!((refused.status, refused.error.as_str(), refused.reason.as_str()), (StatusCode::FORBIDDEN, "forbidden", NOT_DB_ADMIN));
+        assert_eq!(
+            (refused.status, refused.error.as_str(), refused.reason.as_str()),
+            (StatusCode::FORBIDDEN, "forbidden", NOT_DB_ADMIN)
+        );
         let refused = member.require_db_admin_to_compact().unwrap_err();
-        assert_eq!((refused.status, refused.reason.as_str()), (StatusCode::UNAUTHORIZED, "You are not a server or db admin."));
+        assert_eq!(
+            (refused.status, refused.reason.as_str()),
+            (StatusCode::UNAUTHORIZED, "You are not a server or db admin.")
+        );
         let refused = DbAccess::DbAdmin.require_server_admin().unwrap_err();
-        assert_eq!((refused.status, refused.reason.as_str()), (StatusCode::UNAUTHORIZED, "You are not a server admin."));
+        assert_eq!(
+            (refused.status, refused.reason.as_str()),
+            (StatusCode::UNAUTHORIZED, "You are not a server admin.")
+        );
         assert!(DbAccess::DbAdmin.require_db_admin().is_ok() && DbAccess::ServerAdmin.require_server_admin().is_ok());
         assert!(member.check_write("doc").is_ok() && member.check_write("_local/x").is_ok());
         assert_eq!(member.check_write("_design/app").unwrap_err().status, StatusCode::FORBIDDEN);

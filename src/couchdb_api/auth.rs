@@ -657,12 +657,7 @@ fn parse_login(i: usize, entry: &CouchUserSetting, limits: &Limits) -> Result<Lo
             ));
         }
     }
-    Ok(Login {
-        name: name.clone(),
-        password_hash: entry.password_hash.clone(),
-        principal,
-        roles: entry.roles.clone(),
-    })
+    Ok(Login { name: name.clone(), password_hash: entry.password_hash.clone(), principal, roles: entry.roles.clone() })
 }
 
 /// Whether a configured hash is an Argon2 PHC string this build can verify.
@@ -1182,7 +1177,10 @@ pub(super) mod tests {
             (login("a", "secret", "admin = true"), "invalid couchdb_users[0].password_hash: is not a PHC string"),
             (login("a", pbkdf2, "admin = true"), "invalid couchdb_users[0].password_hash: uses \"pbkdf2-sha256\""),
             (login("a", &hash, "admin = true\nuser = \"u\""), "invalid couchdb_users[0]: takes at most one of"),
-            (login("a", &hash, "roles = [\"_admin\"]"), "invalid couchdb_users[0].roles[0]: must be non-empty, not start with `_`"),
+            (
+                login("a", &hash, "roles = [\"_admin\"]"),
+                "invalid couchdb_users[0].roles[0]: must be non-empty, not start with `_`",
+            ),
             (login("a", &hash, "user = \"u\"\nroles = [\"ok\", \"_reader\"]"), "invalid couchdb_users[0].roles[1]"),
             (login("a", &hash, "roles = [\"\"]"), "invalid couchdb_users[0].roles[0]"),
             (login("a:b", &hash, "admin = true"), "invalid couchdb_users[0].name: must be non-empty"),
@@ -1252,7 +1250,10 @@ pub(super) mod tests {
         assert_eq!((refused.status, refused.reason.as_str()), (StatusCode::FORBIDDEN, NO_DATA_STORE_USER));
         assert!(carol.require_login().is_ok());
         let ctx = carol.user_ctx();
-        assert_eq!((ctx.name, ctx.roles, ctx.server_admin), (Some("carol"), &["readers".to_owned(), "editors".to_owned()][..], false));
+        assert_eq!(
+            (ctx.name, ctx.roles, ctx.server_admin),
+            (Some("carol"), &["readers".to_owned(), "editors".to_owned()][..], false)
+        );
         let dave = auth.identify(&basic("dave", "pw")).await.unwrap();
         assert_eq!((dave.principal.clone(), dave.roles.len()), (None, 0));
         assert_eq!(dave.require().unwrap_err().status, StatusCode::FORBIDDEN);

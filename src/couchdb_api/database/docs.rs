@@ -14,8 +14,8 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use super::{leaf_json, refused, DocOptions, OpenDb};
-use crate::couchdb_api::access::DbAccess;
 use crate::backend::Precondition;
+use crate::couchdb_api::access::DbAccess;
 use crate::couchdb_api::error::{CouchError, CouchResult};
 use crate::couchdb_api::request::{bool_param, json_param};
 use crate::couchdb_api::response::{etag, not_modified};

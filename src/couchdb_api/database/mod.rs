@@ -332,7 +332,8 @@ fn check_forwarded(
     }
     if *method == Method::POST && (first.is_empty() || first == "_bulk_docs") {
         let value: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
-        let is_design = |doc: &Value| doc.get("_id").and_then(Value::as_str).is_some_and(|id| id.starts_with("_design/"));
+        let is_design =
+            |doc: &Value| doc.get("_id").and_then(Value::as_str).is_some_and(|id| id.starts_with("_design/"));
         let writes_design = match value.get("docs") {
             Some(Value::Array(docs)) if !first.is_empty() => docs.iter().any(is_design),
             _ => is_design(&value),
@@ -412,13 +413,17 @@ mod tests {
         }
     }
 
+    /// A forwarded request (method, path below the database, `Destination`, body) and the status
+    /// of its check for a member, a database admin and a server admin.
+    type Case<'a> = (Method, &'a str, Option<&'a str>, &'a str, [StatusCode; 3]);
+
     /// What a member, a database admin and a server admin may pass on to a native database.
     #[test]
     fn forwarded_requests_are_checked_as_couchdb_checks_them() {
         use DbAccess::{DbAdmin, Member, ServerAdmin};
         let (ok, forbidden, unauthorized) = (StatusCode::OK, StatusCode::FORBIDDEN, StatusCode::UNAUTHORIZED);
         let copy = Method::from_bytes(b"COPY").unwrap();
-        let cases: Vec<(Method, &str, Option<&str>, &str, [StatusCode; 3])> = vec![
+        let cases: Vec<Case> = vec![
             // Documents, local documents, reads of anything, design functions: members.
             (Method::PUT, "doc", None, "{}", [ok, ok, ok]),
             (Method::POST, "", None, r#"{"_id":"doc"}"#, [ok, ok, ok]),
@@ -451,7 +456,8 @@ mod tests {
             (Method::PUT, "_purged_infos_limit", None, "5", [unauthorized, unauthorized, ok]),
         ];
         for (method, below, destination, body, expected) in cases {
-            let got = [Member, DbAdmin, ServerAdmin].map(|access| status(access, method.clone(), below, destination, body));
+            let got =
+                [Member, DbAdmin, ServerAdmin].map(|access| status(access, method.clone(), below, destination, body));
             assert_eq!(got, expected, "{method} {below} {destination:?} {body}");
         }
     }

@@ -14,7 +14,8 @@ const PASSWORD: &str = "battery staple";
 /// only.
 pub(super) fn roles_config() -> Result<String, Failed> {
     let hash = agentstore::couchdb_api::auth::hash_password(PASSWORD)?;
-    let login = |name: &str, rest: &str| format!("[[couchdb_users]]\nname = \"{name}\"\npassword_hash = \"{hash}\"\n{rest}\n");
+    let login =
+        |name: &str, rest: &str| format!("[[couchdb_users]]\nname = \"{name}\"\npassword_hash = \"{hash}\"\n{rest}\n");
     Ok([
         login("admin", "admin = true"),
         login("alice", "user = \"alice\"\nroles = [\"readers\"]"),
@@ -55,12 +56,14 @@ pub(super) async fn roles_and_security(e: Endpoint) -> TestResult {
 
     // Admitted by role to one database, refused by the other with CouchDB's 403.
     as_login("carol", Method::GET, &format!("/{SHARED}"), None).await?.expect(200, "carol (readers) opens shared")?;
-    let refused = as_login("carol", Method::GET, &format!("/{PRIVATE}"), None).await?.expect(403, "carol opens private")?;
-    check(
-        refused.body == json!({ "error": "forbidden", "reason": "You are not allowed to access this db." }),
-        || format!("carol on private: {}", refused.body),
-    )?;
-    as_login("erin", Method::GET, &format!("/{PRIVATE}/_all_docs"), None).await?.expect(200, "erin (by name) lists private")?;
+    let refused =
+        as_login("carol", Method::GET, &format!("/{PRIVATE}"), None).await?.expect(403, "carol opens private")?;
+    check(refused.body == json!({ "error": "forbidden", "reason": "You are not allowed to access this db." }), || {
+        format!("carol on private: {}", refused.body)
+    })?;
+    as_login("erin", Method::GET, &format!("/{PRIVATE}/_all_docs"), None)
+        .await?
+        .expect(200, "erin (by name) lists private")?;
     as_login("erin", Method::GET, &format!("/{SHARED}"), None).await?.expect(403, "erin (no role) opens shared")?;
     // A per-user login of the data-store database reaches other databases by its roles too.
     as_login("alice", Method::GET, &format!("/{SHARED}"), None).await?.expect(200, "alice (readers) opens shared")?;
@@ -76,16 +79,17 @@ pub(super) async fn roles_and_security(e: Endpoint) -> TestResult {
     let rev = written.rev()?;
     let read = as_login("carol", Method::GET, &format!("/{SHARED}/note"), None).await?.expect(200, "carol reads it")?;
     check(read.body["text"] == "hi" && read.body["_rev"] == rev.as_str(), || format!("note: {}", read.body))?;
-    as_login("carol", Method::GET, &format!("/{SHARED}/_security"), None).await?.expect(200, "carol reads _security")?;
+    as_login("carol", Method::GET, &format!("/{SHARED}/_security"), None)
+        .await?
+        .expect(200, "carol reads _security")?;
     // ... but not a design document, by PUT or by POST, and not `_security`: CouchDB's 403.
     let ddoc = json!({ "views": { "all": { "map": "function (doc) { emit(doc._id); }" } } });
     let refused = as_login("carol", Method::PUT, &format!("/{SHARED}/_design/app"), Some(ddoc.clone()))
         .await?
         .expect(403, "carol writes a design document")?;
-    check(
-        refused.body == json!({ "error": "forbidden", "reason": "You are not a db or server admin." }),
-        || format!("carol's design document: {}", refused.body),
-    )?;
+    check(refused.body == json!({ "error": "forbidden", "reason": "You are not a db or server admin." }), || {
+        format!("carol's design document: {}", refused.body)
+    })?;
     let mut posted = ddoc.clone();
     posted["_id"] = json!("_design/posted");
     as_login("carol", Method::POST, &format!("/{SHARED}"), Some(posted))
@@ -101,7 +105,9 @@ pub(super) async fn roles_and_security(e: Endpoint) -> TestResult {
         let bulk = bulk.expect(201, "carol's _bulk_docs with a design document")?;
         check(bulk.body[0]["ok"] == true && bulk.body[1]["error"] == "forbidden", || format!("rows: {}", bulk.body))?;
     }
-    as_login("carol", Method::GET, &format!("/{SHARED}/_design/bulk"), None).await?.expect(404, "no design document")?;
+    as_login("carol", Method::GET, &format!("/{SHARED}/_design/bulk"), None)
+        .await?
+        .expect(404, "no design document")?;
     let refused = as_login("carol", Method::PUT, &format!("/{SHARED}/_security"), Some(json!({})))
         .await?
         .expect(403, "carol changes _security")?;
@@ -135,7 +141,8 @@ pub(super) async fn roles_and_security(e: Endpoint) -> TestResult {
 
     // The data-store database refuses a login of the other databases only, with a reason...
     for path in [format!("/{DB}"), format!("/{DB}/_all_docs"), format!("/{DB}/_changes")] {
-        let refused = as_login("carol", Method::GET, &path, None).await?.expect(403, "carol on the data-store database")?;
+        let refused =
+            as_login("carol", Method::GET, &path, None).await?.expect(403, "carol on the data-store database")?;
         check(
             refused.body["error"] == "forbidden"
                 && refused.body["reason"].as_str().is_some_and(|r| r.contains("no user of the data-store database")),
