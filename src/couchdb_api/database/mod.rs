@@ -303,9 +303,13 @@ fn check_forwarded(
         return Ok(());
     }
     let reads = matches!(*method, Method::GET | Method::HEAD);
-    let mut segments = below.split('/').map(|s| percent_encoding::percent_decode_str(s).decode_utf8_lossy());
+    // Empty segments are skipped, as CouchDB's path split skips them: `/{db}//_security` is its
+    // `_security`.
+    let mut segments = below
+        .split('/')
+        .filter(|segment| !segment.is_empty())
+        .map(|segment| percent_encoding::percent_decode_str(segment).decode_utf8_lossy());
     let first = segments.next().unwrap_or_default();
-    let second = segments.next();
     match first.as_ref() {
         "_purge" | "_purged_infos_limit" => return access.require_server_admin(),
         "_compact" | "_view_cleanup" => return access.require_db_admin_to_compact(),
@@ -316,8 +320,7 @@ fn check_forwarded(
     // `_design/{ddoc}` (or `_design%2F{ddoc}` as one segment) and its attachments are the design
     // document; `_design/{ddoc}/_view/…` and the other `_`-functions run it.
     let design_document = if first == "_design" {
-        !second.as_deref().is_some_and(|name| name.is_empty())
-            && !segments.next().is_some_and(|part| part.starts_with('_'))
+        segments.nth(1).is_none_or(|part| !part.starts_with('_'))
     } else {
         first.starts_with("_design/")
     };
@@ -440,6 +443,10 @@ mod tests {
             (Method::DELETE, "_design/app", None, "", [forbidden, ok, ok]),
             (Method::PUT, "_design%2Fapp", None, "{}", [forbidden, ok, ok]),
             (Method::PUT, "_design/app/logo.png", None, "", [forbidden, ok, ok]),
+            (Method::PUT, "_design//app", None, "{}", [forbidden, ok, ok]),
+            (Method::PUT, "/_security", None, "{}", [forbidden, ok, ok]),
+            (Method::POST, "//_compact", None, "", [unauthorized, ok, ok]),
+            (Method::POST, "/", None, r#"{"_id":"_design/app"}"#, [forbidden, ok, ok]),
             (copy.clone(), "doc", Some("_design/app"), "", [forbidden, ok, ok]),
             (copy.clone(), "doc", Some("_design%2Fapp?rev=1-a"), "", [forbidden, ok, ok]),
             (Method::POST, "", None, r#"{"_id":"_design/app"}"#, [forbidden, ok, ok]),
