@@ -186,10 +186,13 @@ impl TokensSetting {
     }
 }
 
-/// CouchDB API logins: in a config file a list of `{ name = "…", password_hash = "…", admin = true }`
-/// or `{ name = "…", password_hash = "…", user = "…" }` tables; in the environment
-/// (`AGENTSTORE_COUCHDB_USERS`) entries `NAME:SCOPE:PHC` separated by `;` or whitespace, SCOPE a
-/// user id or `*` for admin (a PHC string holds `$`, `,` and `=` but never `:` or `;`).
+/// CouchDB API logins: in a config file a list of `{ name = "…", password_hash = "…", admin = true }`,
+/// `{ name = "…", password_hash = "…", user = "…" }` or `{ name = "…", password_hash = "…" }`
+/// tables, each with optional `roles = ["…"]`; in the environment (`AGENTSTORE_COUCHDB_USERS`)
+/// entries `NAME:SCOPE:PHC` or `NAME:SCOPE:PHC:ROLE,ROLE…` separated by `;` or whitespace, SCOPE a
+/// user id, `*` for admin, or empty for a login of the other databases only (a PHC string holds
+/// `$`, `,` and `=` but never `:` or `;`, so the fourth part is unambiguous; a role holding `:`,
+/// `,`, `;` or whitespace needs the list form).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
 pub enum CouchUsersSetting {
@@ -204,7 +207,8 @@ impl Default for CouchUsersSetting {
 }
 
 /// One CouchDB API login: its name, the PHC string of its password (`agentstore hash-password`),
-/// and the one data-store user it may act for (or admin).
+/// the one data-store user it may act for (or admin, or neither: then it reaches only the other
+/// databases), and its CouchDB roles, which those databases' `_security` may name.
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 pub struct CouchUserSetting {
     pub name: String,
@@ -212,6 +216,8 @@ pub struct CouchUserSetting {
     pub user: Option<String>,
     #[serde(default)]
     pub admin: bool,
+    #[serde(default)]
+    pub roles: Vec<String>,
 }
 
 impl CouchUsersSetting {
@@ -224,18 +230,23 @@ impl CouchUsersSetting {
                 .filter(|entry| !entry.is_empty())
                 .enumerate()
                 .map(|(i, entry)| {
-                    let mut parts = entry.splitn(3, ':');
+                    let mut parts = entry.splitn(4, ':');
                     let (Some(name), Some(scope), Some(hash)) = (parts.next(), parts.next(), parts.next()) else {
                         return Err(Error::invalid(
                             &format!("couchdb_users[{i}]"),
-                            "entries must be NAME:SCOPE:PHC (SCOPE a user id or *)",
+                            "entries must be NAME:SCOPE:PHC or NAME:SCOPE:PHC:ROLES (SCOPE a user id, * or empty; \
+                             ROLES separated by commas)",
                         ));
                     };
+                    let roles = parts.next().map_or_else(Vec::new, |roles| {
+                        roles.split(',').filter(|role| !role.is_empty()).map(str::to_owned).collect()
+                    });
                     Ok(CouchUserSetting {
                         name: name.to_owned(),
                         password_hash: hash.to_owned(),
-                        user: (scope != "*").then(|| scope.to_owned()),
+                        user: (scope != "*" && !scope.is_empty()).then(|| scope.to_owned()),
                         admin: scope == "*",
+                        roles,
                     })
                 })
                 .collect(),

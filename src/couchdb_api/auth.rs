@@ -1,8 +1,9 @@
 //! Who is asking, on the CouchDB API: configured logins with Argon2 password hashes (PHC strings,
 //! never clear text), HTTP Basic, and signed `AuthSession` cookies ([`super::session`]).
 //!
-//! A request resolves to an [`Identity`]: the login name, the [`Principal`] it acts as (admin, or
-//! one data-store user) and how it proved it. With no logins configured the API is open and every
+//! A request resolves to an [`Identity`]: the login name and roles, the [`Principal`] it acts as
+//! on the data-store database (admin, one data-store user, or none for a login of the other
+//! databases only) and how it proved it. With no logins configured the API is open and every
 //! request acts as admin, as the REST API does with no tokens.
 //!
 //! Verifying a password hash costs tens of milliseconds on purpose, and CouchDB clients send Basic
@@ -89,8 +90,12 @@ impl AuthMethod {
 pub struct Identity {
     /// The login name; `None` for anonymous requests.
     pub name: Option<String>,
-    /// Whom the request acts for; `None` when it is anonymous and the API is not open.
+    /// Whom the request acts for on the data-store database; `None` when it is anonymous (and
+    /// the API is not open), or for a login with neither `admin` nor `user` (it reaches only the
+    /// other databases, as their `_security` admits it).
     pub principal: Option<Principal>,
+    /// The login's configured CouchDB roles (`_admin` is not among them: it is the principal's).
+    pub roles: Vec<String>,
     pub method: AuthMethod,
     /// A fresh `Set-Cookie` when the request's cookie has used more than a tenth of its life.
     pub refreshed_cookie: Option<HeaderValue>,
@@ -98,17 +103,53 @@ pub struct Identity {
 
 impl Identity {
     fn anonymous(principal: Option<Principal>) -> Self {
-        Identity { name: None, principal, method: AuthMethod::Anonymous, refreshed_cookie: None }
+        Identity { name: None, principal, roles: Vec::new(), method: AuthMethod::Anonymous, refreshed_cookie: None }
     }
 
-    /// The principal, or CouchDB's 401 for a database request without valid credentials.
+    fn of_login(login: &Login, method: AuthMethod, refreshed_cookie: Option<HeaderValue>) -> Self {
+        Identity {
+            name: Some(login.name.clone()),
+            principal: login.principal.clone(),
+            roles: login.roles.clone(),
+            method,
+            refreshed_cookie,
+        }
+    }
+
+    /// The principal on the data-store database: CouchDB's 401 for a request without valid
+    /// credentials, a 403 for a login that acts for no data-store user.
     pub fn require(&self) -> Result<&Principal, CouchError> {
-        self.principal.as_ref().ok_or_else(|| CouchError::unauthorized(NOT_AUTHORIZED_FOR_DB))
+        match (&self.principal, &self.name) {
+            (Some(principal), _) => Ok(principal),
+            (None, None) => Err(CouchError::unauthorized(NOT_AUTHORIZED_FOR_DB)),
+            (None, Some(_)) => Err(CouchError::forbidden(NO_DATA_STORE_USER)),
+        }
     }
 
-    /// The roles `GET /_session` reports: the principal's, none for anonymous requests.
-    pub fn roles(&self) -> Vec<&'static str> {
-        self.principal.as_ref().map(Principal::roles).unwrap_or_default()
+    /// A login (or the open API): CouchDB's 401 for a request without valid credentials. Other
+    /// databases decide the rest from their `_security`.
+    pub fn require_login(&self) -> Result<(), CouchError> {
+        if self.name.is_some() || self.principal.is_some() {
+            Ok(())
+        } else {
+            Err(CouchError::unauthorized(NOT_AUTHORIZED_FOR_DB))
+        }
+    }
+
+    /// A server admin (an `admin = true` login, or anyone when the API is open).
+    pub fn is_server_admin(&self) -> bool {
+        self.principal == Some(Principal::Admin)
+    }
+
+    /// The login as `_security` sees it.
+    pub fn user_ctx(&self) -> super::access::UserCtx<'_> {
+        super::access::UserCtx { name: self.name.as_deref(), roles: &self.roles, server_admin: self.is_server_admin() }
+    }
+
+    /// The roles `GET /_session` reports (`userCtx.roles`): `_admin` first for a server admin (as
+    /// CouchDB lists an admin's), then the login's own; none for anonymous requests.
+    pub fn session_roles(&self) -> Vec<String> {
+        session_roles(self.principal.as_ref(), &self.roles)
     }
 
     /// Adds the refreshed session cookie to a response, unless the response sets `AuthSession`
@@ -125,13 +166,26 @@ impl Identity {
     }
 }
 
+/// CouchDB's `userCtx.roles` of a login: `_admin` for a server admin, then its own roles.
+fn session_roles(principal: Option<&Principal>, roles: &[String]) -> Vec<String> {
+    let admin = (principal == Some(&Principal::Admin)).then(|| "_admin".to_owned());
+    admin.into_iter().chain(roles.iter().cloned()).collect()
+}
+
+/// The 403 of a login with no data-store user on the data-store database.
+pub const NO_DATA_STORE_USER: &str = "This login acts for no user of the data-store database: it may use only the \
+     other databases whose _security names it or one of its roles.";
+
 /// One configured login.
 #[derive(Debug)]
 struct Login {
     name: String,
     /// The PHC string, checked to parse as an Argon2 hash when the settings were loaded.
     password_hash: String,
-    principal: Principal,
+    /// Its scope on the data-store database; `None`: it may not use that database.
+    principal: Option<Principal>,
+    /// Its CouchDB roles, for other databases' `_security`; none starts with `_`.
+    roles: Vec<String>,
 }
 
 /// The CouchDB API's logins, session key and verified-credentials cache.
@@ -383,12 +437,7 @@ impl CouchAuth {
         match basic_credentials(headers)? {
             None => Ok(Identity::anonymous(None)),
             Some((name, password)) => match self.verify_password(&name, &password, peer).await? {
-                Some(login) => Ok(Identity {
-                    name: Some(login.name.clone()),
-                    principal: Some(login.principal.clone()),
-                    method: AuthMethod::Basic,
-                    refreshed_cookie: None,
-                }),
+                Some(login) => Ok(Identity::of_login(&login, AuthMethod::Basic, None)),
                 None => Err(CouchError::unauthorized(WRONG_CREDENTIALS)),
             },
         }
@@ -406,30 +455,26 @@ impl CouchAuth {
             }
             CookieCheck::Expired | CookieCheck::BadSignature => return Ok(None),
         };
-        Ok(Some(Identity {
-            name: Some(login.name.clone()),
-            principal: Some(login.principal.clone()),
-            method: AuthMethod::Cookie,
-            refreshed_cookie,
-        }))
+        Ok(Some(Identity::of_login(login, AuthMethod::Cookie, refreshed_cookie)))
     }
 
-    /// A login for `POST /_session`: the name it reports, its principal and the cookie to set, or
-    /// `None` for a wrong name or password. With the API open any name is accepted as admin.
+    /// A login for `POST /_session`: the roles it reports (`_admin` first for an admin) and the
+    /// cookie to set, or `None` for a wrong name or password. With the API open any name is
+    /// accepted as admin.
     pub(super) async fn log_in(
         &self,
         name: &str,
         password: &str,
         peer: Option<IpAddr>,
         now: u64,
-    ) -> Result<Option<(Principal, HeaderValue)>, CouchError> {
+    ) -> Result<Option<(Vec<String>, HeaderValue)>, CouchError> {
         if self.is_open() {
-            return Ok(Some((Principal::Admin, self.sessions.set_cookie(name, "", now))));
+            return Ok(Some((session_roles(Some(&Principal::Admin), &[]), self.sessions.set_cookie(name, "", now))));
         }
-        Ok(self
-            .verify_password(name, password, peer)
-            .await?
-            .map(|login| (login.principal.clone(), self.sessions.set_cookie(&login.name, &login.password_hash, now))))
+        Ok(self.verify_password(name, password, peer).await?.map(|login| {
+            let roles = session_roles(login.principal.as_ref(), &login.roles);
+            (roles, self.sessions.set_cookie(&login.name, &login.password_hash, now))
+        }))
     }
 
     /// The login these credentials prove, from the cache or by verifying the hash. A locked-out
@@ -589,17 +634,30 @@ fn parse_login(i: usize, entry: &CouchUserSetting, limits: &Limits) -> Result<Lo
     let principal = match (&entry.user, entry.admin) {
         (Some(user), false) => {
             limits.check_user_id(user).map_err(|e| Error::invalid(&field("user"), e.message()))?;
-            Principal::User(user.clone())
+            Some(Principal::User(user.clone()))
         }
-        (None, true) => Principal::Admin,
-        _ => {
+        (None, true) => Some(Principal::Admin),
+        // Neither: a login of the other databases only, which their `_security` admits by name
+        // or role.
+        (None, false) => None,
+        (Some(_), true) => {
             return Err(Error::invalid(
                 &format!("couchdb_users[{i}]"),
-                "needs exactly one of `user = \"…\"` or `admin = true`",
+                "takes at most one of `user = \"…\"` or `admin = true`",
             ))
         }
     };
-    Ok(Login { name: name.clone(), password_hash: entry.password_hash.clone(), principal })
+    for (j, role) in entry.roles.iter().enumerate() {
+        // CouchDB reserves roles starting with `_` (`_admin`, `_metrics`, `_reader`…): a login
+        // gets `_admin` only through `admin = true`.
+        if role.is_empty() || role.starts_with('_') || role.chars().any(char::is_control) {
+            return Err(Error::invalid(
+                &field(&format!("roles[{j}]")),
+                "must be non-empty, not start with `_` (CouchDB reserves those roles) and hold no control characters",
+            ));
+        }
+    }
+    Ok(Login { name: name.clone(), password_hash: entry.password_hash.clone(), principal, roles: entry.roles.clone() })
 }
 
 /// Whether a configured hash is an Argon2 PHC string this build can verify.
@@ -829,14 +887,15 @@ pub(super) mod tests {
             Identity {
                 name: Some("admin".into()),
                 principal: Some(Principal::Admin),
+                roles: Vec::new(),
                 method: AuthMethod::Basic,
                 refreshed_cookie: None
             }
         );
-        assert_eq!(admin.roles(), vec!["_admin"]);
-        let alice = auth.authenticate(&basic("alice", "alice-pw")).await.unwrap();
-        assert_eq!(alice, Some(Principal::User("user_123".into())));
-        assert_eq!(Principal::User("user_123".into()).roles(), Vec::<&str>::new());
+        assert_eq!(admin.session_roles(), vec!["_admin"]);
+        let alice = auth.identify(&basic("alice", "alice-pw")).await.unwrap();
+        assert_eq!(alice.principal, Some(Principal::User("user_123".into())));
+        assert!(alice.session_roles().is_empty());
         // The scheme is case-insensitive; a password may hold `:`.
         let mut lower = basic("alice", "alice-pw");
         let value = lower[header::AUTHORIZATION].to_str().unwrap().replacen("Basic", "basic", 1);
@@ -977,7 +1036,12 @@ pub(super) mod tests {
     #[test]
     fn the_cache_is_bounded_and_drops_the_oldest_and_holds_no_password() {
         let cache = VerifiedCache::new(2);
-        let login = Arc::new(Login { name: "a".into(), password_hash: String::new(), principal: Principal::Admin });
+        let login = Arc::new(Login {
+            name: "a".into(),
+            password_hash: String::new(),
+            principal: Some(Principal::Admin),
+            roles: Vec::new(),
+        });
         let keys: Vec<[u8; 32]> = ["one", "two", "three"].iter().map(|pw| cache.key_for("a", pw)).collect();
         for key in &keys {
             cache.insert(*key, login.clone());
@@ -1112,8 +1176,13 @@ pub(super) mod tests {
         let cases = [
             (login("a", "secret", "admin = true"), "invalid couchdb_users[0].password_hash: is not a PHC string"),
             (login("a", pbkdf2, "admin = true"), "invalid couchdb_users[0].password_hash: uses \"pbkdf2-sha256\""),
-            (login("a", &hash, "admin = true\nuser = \"u\""), "invalid couchdb_users[0]: needs exactly one of"),
-            (login("a", &hash, ""), "invalid couchdb_users[0]: needs exactly one of"),
+            (login("a", &hash, "admin = true\nuser = \"u\""), "invalid couchdb_users[0]: takes at most one of"),
+            (
+                login("a", &hash, "roles = [\"_admin\"]"),
+                "invalid couchdb_users[0].roles[0]: must be non-empty, not start with `_`",
+            ),
+            (login("a", &hash, "user = \"u\"\nroles = [\"ok\", \"_reader\"]"), "invalid couchdb_users[0].roles[1]"),
+            (login("a", &hash, "roles = [\"\"]"), "invalid couchdb_users[0].roles[0]"),
             (login("a:b", &hash, "admin = true"), "invalid couchdb_users[0].name: must be non-empty"),
             (login("", &hash, "admin = true"), "invalid couchdb_users[0].name"),
             (login("a", &hash, "user = \"u:1\""), "invalid couchdb_users[0].user"),
@@ -1125,6 +1194,7 @@ pub(super) mod tests {
             (format!("couchdb_session_secret = \"{}\"", "zz".repeat(16)), "invalid couchdb_session_secret"),
             ("couchdb_session_timeout_secs = 0".into(), "invalid couchdb_session_timeout_secs: must be from 1"),
             ("couchdb_users = \"alice-no-scope\"".into(), "invalid couchdb_users[0]: entries must be NAME:SCOPE:PHC"),
+            (format!("couchdb_users = \"a::{hash}:ok,_admin\""), "invalid couchdb_users[0].roles[1]"),
         ];
         for (toml, expected) in cases {
             let message = fails(toml.clone());
@@ -1134,12 +1204,67 @@ pub(super) mod tests {
 
     #[tokio::test]
     async fn the_compact_form_of_couchdb_users_is_read() {
-        let compact = format!("admin:*:{} ;\n alice:user_123:{}", cheap_hash("admin-pw"), cheap_hash("alice-pw"));
+        let compact = format!(
+            "admin:*:{} ;\n alice:user_123:{}; carol::{}:readers,editors",
+            cheap_hash("admin-pw"),
+            cheap_hash("alice-pw"),
+            cheap_hash("carol-pw")
+        );
         let toml = format!("couchdb_users = \"{}\"", compact.replace('\n', "\\n"));
         let auth = CouchAuth::from_settings(&settings(&toml).unwrap()).unwrap();
         assert_eq!(auth.authenticate(&basic("admin", "admin-pw")).await.unwrap(), Some(Principal::Admin));
         let alice = auth.authenticate(&basic("alice", "alice-pw")).await.unwrap();
         assert_eq!(alice, Some(Principal::User("user_123".into())));
+        // An empty scope: no data-store user; the fourth part: roles.
+        let carol = auth.identify(&basic("carol", "carol-pw")).await.unwrap();
+        assert_eq!((carol.principal, carol.roles), (None, vec!["readers".to_owned(), "editors".to_owned()]));
+    }
+
+    /// A login may carry roles, and may be neither admin nor a data-store user: then it has no
+    /// principal, the data-store routes refuse it with 403 (not 401: it did log in), and other
+    /// databases see its name and roles. `_session` reports `_admin` first, then the roles.
+    #[tokio::test]
+    async fn logins_carry_roles_and_may_have_no_data_store_user() {
+        let toml = format!(
+            "[[couchdb_users]]\nname = \"root\"\npassword_hash = \"{}\"\nadmin = true\nroles = [\"ops\"]\n\
+             [[couchdb_users]]\nname = \"alice\"\npassword_hash = \"{}\"\nuser = \"u1\"\nroles = [\"readers\"]\n\
+             [[couchdb_users]]\nname = \"carol\"\npassword_hash = \"{}\"\nroles = [\"readers\", \"editors\"]\n\
+             [[couchdb_users]]\nname = \"dave\"\npassword_hash = \"{}\"\n",
+            cheap_hash("pw"),
+            cheap_hash("pw"),
+            cheap_hash("pw"),
+            cheap_hash("pw")
+        );
+        let auth = CouchAuth::from_settings(&settings(&toml).unwrap()).unwrap();
+        let root = auth.identify(&basic("root", "pw")).await.unwrap();
+        assert_eq!(root.session_roles(), vec!["_admin", "ops"]);
+        assert!(root.is_server_admin() && root.user_ctx().server_admin);
+        let alice = auth.identify(&basic("alice", "pw")).await.unwrap();
+        assert_eq!(alice.require().unwrap(), &Principal::User("u1".into()));
+        assert_eq!(alice.session_roles(), vec!["readers"]);
+        assert!(!alice.is_server_admin());
+        let carol = auth.identify(&basic("carol", "pw")).await.unwrap();
+        assert_eq!(carol.principal, None);
+        assert_eq!(carol.session_roles(), vec!["readers", "editors"]);
+        let refused = carol.require().unwrap_err();
+        assert_eq!((refused.status, refused.reason.as_str()), (StatusCode::FORBIDDEN, NO_DATA_STORE_USER));
+        assert!(carol.require_login().is_ok());
+        let ctx = carol.user_ctx();
+        assert_eq!(
+            (ctx.name, ctx.roles, ctx.server_admin),
+            (Some("carol"), &["readers".to_owned(), "editors".to_owned()][..], false)
+        );
+        let dave = auth.identify(&basic("dave", "pw")).await.unwrap();
+        assert_eq!((dave.principal.clone(), dave.roles.len()), (None, 0));
+        assert_eq!(dave.require().unwrap_err().status, StatusCode::FORBIDDEN);
+        let anonymous = auth.identify(&HeaderMap::new()).await.unwrap();
+        assert_eq!(anonymous.require_login().unwrap_err().status, StatusCode::UNAUTHORIZED);
+        assert_eq!(anonymous.require().unwrap_err().status, StatusCode::UNAUTHORIZED);
+        // `POST /_session` reports the same roles.
+        let (roles, _) = auth.log_in("carol", "pw", None, unix_now()).await.unwrap().unwrap();
+        assert_eq!(roles, vec!["readers", "editors"]);
+        let (roles, _) = auth.log_in("root", "pw", None, unix_now()).await.unwrap().unwrap();
+        assert_eq!(roles, vec!["_admin", "ops"]);
     }
 
     #[test]

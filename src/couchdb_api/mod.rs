@@ -162,7 +162,8 @@ fn router(state: CouchState, query_limit: request::EndpointLimit) -> Router {
         .route("/{db}/_revs_diff", post(bulk::revs_diff))
         .route("/{db}/_changes", get(changes::get_changes).post(changes::post_changes))
         .route_layer(from_fn_with_state(query_limit, request::limit_bodies));
-    let authenticated = Router::new()
+    // The server's own endpoints take any login, a login of the other databases only too.
+    let server_endpoints = Router::new()
         .route("/_all_dbs", get(database::all_dbs))
         .route("/_dbs_info", post(database::dbs_info))
         .route("/_active_tasks", get(server::active_tasks))
@@ -171,6 +172,9 @@ fn router(state: CouchState, query_limit: request::EndpointLimit) -> Router {
         .route("/_scheduler/docs", get(server::scheduler_docs))
         .route("/_node/{node}", get(server::node))
         .route("/_uuids", get(server::uuids))
+        .route_layer(from_fn(authenticate_login));
+    // The data-store database's routes act for a principal (admin or one data-store user).
+    let data_store = Router::new()
         .route(
             "/{db}",
             get(server::db_info).put(server::create_db).post(document::post_document).delete(server::delete_db),
@@ -193,12 +197,13 @@ fn router(state: CouchState, query_limit: request::EndpointLimit) -> Router {
         )
         .route("/{db}/{docid}/{*attachment}", any(document::attachment))
         .merge(queries)
-        .route_layer(from_fn(authenticate));
+        .route_layer(from_fn(authenticate))
+        .merge(server_endpoints);
     Router::new()
         .route("/", get(server::welcome))
         .route("/_up", get(server::up))
         .route("/_session", get(get_session).post(post_session).delete(delete_session))
-        .merge(authenticated)
+        .merge(data_store)
         .fallback(server::no_route)
         .method_not_allowed_fallback(server::method_not_allowed)
         // Before routing, so every method reaches a database's own routes (the data-store
@@ -210,8 +215,8 @@ fn router(state: CouchState, query_limit: request::EndpointLimit) -> Router {
         .with_state(state)
 }
 
-/// Middleware on every database route: the request must act for someone (CouchDB's 401
-/// otherwise); handlers get that [`Principal`].
+/// Middleware on every data-store database route: the request must act for someone (CouchDB's
+/// 401 otherwise; 403 for a login with no data-store user); handlers get that [`Principal`].
 async fn authenticate(mut request: Request, next: Next) -> Response {
     if let Err(refusal) = require_principal(&mut request) {
         return refusal.into_response();
@@ -219,7 +224,25 @@ async fn authenticate(mut request: Request, next: Next) -> Response {
     next.run(request).await
 }
 
-/// Puts the [`Principal`] the request acts for into its extensions, or answers CouchDB's 401.
+/// Middleware on the server's own endpoints: any login (CouchDB's 401 without one); handlers
+/// read the request's [`auth::Identity`].
+async fn authenticate_login(request: Request, next: Next) -> Response {
+    if let Err(refusal) = require_login(&request) {
+        return refusal.into_response();
+    }
+    next.run(request).await
+}
+
+/// A request made with a login (or to the open API), or CouchDB's 401.
+pub(crate) fn require_login(request: &Request) -> std::result::Result<(), CouchError> {
+    match request.extensions().get::<auth::Identity>() {
+        Some(identity) => identity.require_login(),
+        None => Err(CouchError::internal("the request was not identified")),
+    }
+}
+
+/// Puts the [`Principal`] the request acts for into its extensions, or answers CouchDB's 401 (403
+/// for a login with no data-store user).
 pub(crate) fn require_principal(request: &mut Request) -> std::result::Result<(), CouchError> {
     let principal = match request.extensions().get::<auth::Identity>().map(auth::Identity::require) {
         Some(Ok(principal)) => principal.clone(),

@@ -212,8 +212,8 @@ async fn post_session_at(
     let next = redirect_target(query)?;
     let form = LoginForm::parse(headers, body)?;
     Ok(match auth.log_in(&form.name, &form.password, peer, now).await? {
-        Some((principal, cookie)) => {
-            let body = json!({ "ok": true, "name": form.name, "roles": principal.roles() });
+        Some((roles, cookie)) => {
+            let body = json!({ "ok": true, "name": form.name, "roles": roles });
             let status = if next.is_some() { StatusCode::FOUND } else { StatusCode::OK };
             session_response(status, &body, cookie, next)
         }
@@ -247,7 +247,7 @@ fn session_info(identity: &Identity, query: Option<&str>) -> Result<Response, Co
     }
     let body = json!({
         "ok": true,
-        "userCtx": { "name": identity.name, "roles": identity.roles() },
+        "userCtx": { "name": identity.name, "roles": identity.session_roles() },
         "info": info,
     });
     let mut response = json_response(StatusCode::OK, &body);

@@ -1,6 +1,8 @@
 //! Databases themselves: `PUT`/`GET`/`HEAD`/`DELETE /{db}`, `GET /_all_dbs`, `POST /_dbs_info`,
 //! `_revs_limit`, `_security`, and the maintenance endpoints that have nothing to do here
-//! (`_compact`, `_view_cleanup`, `_ensure_full_commit`), answered as CouchDB answers them.
+//! (`_compact`, `_view_cleanup`, `_ensure_full_commit`), answered as CouchDB answers them, with
+//! CouchDB's checks: server admins create and delete databases and read `_dbs_info`; a database's
+//! admins change its `_security` and `_revs_limit` and compact it; its members read the rest.
 
 use std::collections::HashMap;
 
@@ -10,7 +12,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use serde_json::{json, Value};
 
 use super::{db_name, OpenDb};
-use crate::couchdb_api::access::Principal;
+use crate::couchdb_api::auth::Identity;
 use crate::couchdb_api::error::CouchError;
 use crate::couchdb_api::request::{bool_param, integer_param, json_param};
 use crate::couchdb_api::server::{db_info_json, live_document_count};
@@ -18,20 +20,22 @@ use crate::couchdb_api::{json, Answer, CouchState};
 use crate::database::Database;
 use crate::error::ErrorKind;
 
-fn admin_only(principal: &Principal) -> Result<(), CouchError> {
-    match principal {
-        Principal::Admin => Ok(()),
-        Principal::User(_) => Err(CouchError::unauthorized("You are not a server admin.")),
+/// CouchDB's 401 for a server-admin endpoint asked by anyone else.
+fn server_admin_only(identity: &Identity) -> Result<(), CouchError> {
+    if identity.is_server_admin() {
+        Ok(())
+    } else {
+        Err(CouchError::unauthorized("You are not a server admin."))
     }
 }
 
 /// `PUT /{db}`: 201 `{"ok":true}`; 412 `file_exists` when it exists.
 pub async fn create_db(
     State(state): State<CouchState>,
-    Extension(principal): Extension<Principal>,
+    Extension(identity): Extension<Identity>,
     Path(db): Path<String>,
 ) -> Answer {
-    admin_only(&principal)?;
+    server_admin_only(&identity)?;
     let name = db_name(&db)?;
     match state.databases.create(&name).await {
         Ok(_) => {
@@ -53,10 +57,10 @@ pub async fn create_db(
 /// `DELETE /{db}`: everything of it removed from the backend.
 pub async fn delete_db(
     State(state): State<CouchState>,
-    Extension(principal): Extension<Principal>,
+    Extension(identity): Extension<Identity>,
     Path(db): Path<String>,
 ) -> Answer {
-    admin_only(&principal)?;
+    server_admin_only(&identity)?;
     let name = db_name(&db)?;
     if state.databases.delete(&name).await? {
         Ok(json(StatusCode::OK, json!({ "ok": true })))
@@ -131,11 +135,11 @@ pub async fn all_dbs(State(state): State<CouchState>, Query(params): Query<HashM
 /// `POST /_dbs_info` `{"keys": [...]}`: each database's info, or `{"error": "not_found"}`.
 pub async fn dbs_info(
     State(state): State<CouchState>,
-    Extension(principal): Extension<Principal>,
+    Extension(identity): Extension<Identity>,
     headers: HeaderMap,
     body: Body,
 ) -> Answer {
-    admin_only(&principal)?;
+    server_admin_only(&identity)?;
     let request = state.bodies.read_object(&headers, body).await?;
     let Some(Value::Array(keys)) = request.value.get("keys") else {
         return Err(CouchError::bad_request("`keys` member must exist."));
@@ -179,9 +183,9 @@ pub async fn get_revs_limit(opened: OpenDb) -> Answer {
     Ok(json(StatusCode::OK, json!(opened.db.revs_limit().await?)))
 }
 
-/// `PUT /{db}/_revs_limit` with a positive integer body.
+/// `PUT /{db}/_revs_limit` with a positive integer body; database admins only.
 pub async fn put_revs_limit(State(state): State<CouchState>, opened: OpenDb, headers: HeaderMap, body: Body) -> Answer {
-    admin_only(&opened.principal)?;
+    opened.access.require_db_admin()?;
     let value = state.bodies.read_json(&headers, body).await?.map(|b| b.value);
     let limit = match value.as_ref().and_then(Value::as_u64) {
         Some(limit) if limit > 0 => usize::try_from(limit).unwrap_or(usize::MAX),
@@ -191,14 +195,15 @@ pub async fn put_revs_limit(State(state): State<CouchState>, opened: OpenDb, hea
     Ok(json(StatusCode::OK, json!({ "ok": true })))
 }
 
-/// `GET /{db}/_security`.
+/// `GET /{db}/_security`: members may read it, as in CouchDB.
 pub async fn get_security(opened: OpenDb) -> Answer {
     Ok(json(StatusCode::OK, opened.db.settings().await?.security))
 }
 
-/// `PUT /{db}/_security`: `admins` and `members`, each `{names, roles}` of strings.
+/// `PUT /{db}/_security`: `admins` and `members`, each `{names, roles}` of strings; database
+/// admins only.
 pub async fn put_security(State(state): State<CouchState>, opened: OpenDb, headers: HeaderMap, body: Body) -> Answer {
-    admin_only(&opened.principal)?;
+    opened.access.require_db_admin()?;
     let security = state.bodies.read_object(&headers, body).await?.value;
     for group in ["admins", "members"] {
         let Some(value) = security.get(group) else { continue };
@@ -217,7 +222,7 @@ pub async fn put_security(State(state): State<CouchState>, opened: OpenDb, heade
 /// `POST /{db}/_compact`, `_compact/{ddoc}`, `_view_cleanup`: accepted, nothing to do (the
 /// backend keeps no old revision bodies to compact away, and no view indexes yet).
 pub async fn compact(opened: OpenDb<std::collections::HashMap<String, String>>, headers: HeaderMap) -> Answer {
-    admin_only(&opened.principal)?;
+    opened.access.require_db_admin_to_compact()?;
     crate::couchdb_api::request::require_json_content_type(&headers)?;
     Ok(json(StatusCode::ACCEPTED, json!({ "ok": true })))
 }

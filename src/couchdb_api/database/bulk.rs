@@ -11,6 +11,7 @@ use futures::stream::{self, StreamExt};
 use serde_json::{json, Map, Value};
 
 use super::{leaf_json, refused, DocOptions, OpenDb};
+use crate::couchdb_api::access::DbAccess;
 use crate::couchdb_api::bulk::{BulkGetRequest, MAX_BULK_DOCS};
 use crate::couchdb_api::error::CouchError;
 use crate::couchdb_api::{json, Answer, CouchState};
@@ -97,8 +98,9 @@ pub async fn bulk_docs(State(state): State<CouchState>, opened: OpenDb, headers:
         order[group].1.push((position, doc));
     }
     let db = &opened.db;
+    let access = opened.access;
     let results: Vec<Vec<(usize, Option<Value>)>> = stream::iter(order)
-        .map(|(id, docs)| async move { write_group(db, &id, docs, new_edits).await })
+        .map(|(id, docs)| async move { write_group(db, access, &id, docs, new_edits).await })
         .buffer_unordered(CONCURRENCY)
         .collect()
         .await;
@@ -113,9 +115,19 @@ pub async fn bulk_docs(State(state): State<CouchState>, opened: OpenDb, headers:
 
 /// The documents of `_bulk_docs` with one id, in request order: local documents written one by
 /// one, the others applied to the document's tree in one read and one save. Each gets its answer
-/// row (`None` for a replicated write that succeeded).
-async fn write_group(db: &Database, id: &str, docs: Vec<Positioned>, new_edits: bool) -> Vec<(usize, Option<Value>)> {
+/// row (`None` for a replicated write that succeeded). A design document written by a member is
+/// refused in its rows alone (CouchDB's per-document `forbidden`), replicated or not.
+async fn write_group(
+    db: &Database,
+    access: DbAccess,
+    id: &str,
+    docs: Vec<Positioned>,
+    new_edits: bool,
+) -> Vec<(usize, Option<Value>)> {
     let row_error = |err: CouchError| Some(err.to_row(id));
+    if let Err(refused) = access.check_write(id) {
+        return docs.into_iter().map(|(position, _)| (position, row_error(refused.clone()))).collect();
+    }
     let mut rows = Vec::with_capacity(docs.len());
     if let Some(name) = id.strip_prefix(LOCAL_PREFIX) {
         // A local document in a bulk request is written as by `PUT /{db}/_local/{name}`.
@@ -299,9 +311,7 @@ pub async fn missing_revs(State(state): State<CouchState>, opened: OpenDb, heade
 
 /// `POST /{db}/_purge` `{id: [revs]}`: those leaves removed for good.
 pub async fn purge(State(state): State<CouchState>, opened: OpenDb, headers: HeaderMap, body: Body) -> Answer {
-    if !matches!(opened.principal, crate::couchdb_api::access::Principal::Admin) {
-        return Err(CouchError::unauthorized("You are not a server admin."));
-    }
+    opened.access.require_server_admin()?;
     let wanted = revs_request(&state, &headers, body).await?;
     let mut purged = Map::new();
     for (id, revs) in wanted {

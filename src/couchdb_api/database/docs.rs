@@ -15,6 +15,7 @@ use serde_json::{json, Map, Value};
 
 use super::{leaf_json, refused, DocOptions, OpenDb};
 use crate::backend::Precondition;
+use crate::couchdb_api::access::DbAccess;
 use crate::couchdb_api::error::{CouchError, CouchResult};
 use crate::couchdb_api::request::{bool_param, json_param};
 use crate::couchdb_api::response::{etag, not_modified};
@@ -51,7 +52,7 @@ pub async fn document(
     body: Body,
 ) -> Answer {
     let id = opened.params.docid.clone();
-    one_document(&state, &opened.db, &id, method, &params, &headers, body).await
+    one_document(&state, &opened, &id, method, &params, &headers, body).await
 }
 
 /// `/{db}/_design/{ddoc}`: a design document is a document (its functions run in issue 26).
@@ -64,7 +65,7 @@ pub async fn design_document(
     body: Body,
 ) -> Answer {
     let id = format!("_design/{}", opened.params.ddoc);
-    one_document(&state, &opened.db, &id, method, &params, &headers, body).await
+    one_document(&state, &opened, &id, method, &params, &headers, body).await
 }
 
 /// `/{db}/_design/{ddoc}/...`: views, shows, lists, updates and design attachments.
@@ -82,23 +83,30 @@ pub async fn attachment(_opened: OpenDb<HashMap<String, String>>) -> Answer {
     Err(CouchError::not_supported("standalone attachments"))
 }
 
-async fn one_document(
+/// One document, every method; writes of a design document (by `PUT`, `DELETE` or as `COPY`'s
+/// destination) need a database admin, as CouchDB's `validate_doc_update` checks.
+async fn one_document<T>(
     state: &CouchState,
-    db: &Database,
+    opened: &OpenDb<T>,
     id: &str,
     method: Method,
     params: &HashMap<String, String>,
     headers: &HeaderMap,
     body: Body,
 ) -> Answer {
+    let db = &opened.db;
     match method.as_str() {
         "GET" | "HEAD" => read_document(db, id, params, headers).await,
         "PUT" => {
+            opened.access.check_write(id)?;
             let doc = read_doc_body(state, headers, body).await?;
             put_document(db, id, doc, params, headers).await
         }
-        "DELETE" => delete_document(db, id, params, headers).await,
-        "COPY" => copy_document(db, id, params, headers).await,
+        "DELETE" => {
+            opened.access.check_write(id)?;
+            delete_document(db, id, params, headers).await
+        }
+        "COPY" => copy_document(db, opened.access, id, params, headers).await,
         _ => Ok(crate::couchdb_api::server::method_not_allowed().await),
     }
 }
@@ -303,6 +311,7 @@ pub async fn post_document(
         Some(id) => id.clone(),
         None => new_id()?,
     };
+    opened.access.check_write(&id)?;
     check_size(&opened.db, &id, &doc)?;
     let rev = edit(&opened.db, &id, doc.rev.clone(), doc.deleted, doc.body).await?;
     if params.get("batch").is_some_and(|mode| mode == "ok") {
@@ -325,7 +334,13 @@ async fn delete_document(db: &Database, id: &str, params: &HashMap<String, Strin
 }
 
 /// `COPY /{db}/{docid}` with `Destination: target` or `target?rev=R`.
-async fn copy_document(db: &Database, id: &str, params: &HashMap<String, String>, headers: &HeaderMap) -> Answer {
+async fn copy_document(
+    db: &Database,
+    access: DbAccess,
+    id: &str,
+    params: &HashMap<String, String>,
+    headers: &HeaderMap,
+) -> Answer {
     let destination = headers
         .get("destination")
         .and_then(|v| v.to_str().ok())
@@ -336,6 +351,7 @@ async fn copy_document(db: &Database, id: &str, params: &HashMap<String, String>
     };
     let target = percent_encoding::percent_decode_str(target).decode_utf8_lossy().into_owned();
     check_id(&target).map_err(refused)?;
+    access.check_write(&target)?;
     let Some(state) = db.read(id).await? else { return Err(CouchError::not_found("missing")) };
     let leaf = match params.get("rev") {
         Some(rev) => state.tree.leaf(rev).ok_or_else(|| CouchError::not_found("missing"))?,

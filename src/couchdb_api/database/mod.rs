@@ -5,7 +5,8 @@
 //! database other than the data-store one (and is not one of the server's own `_` endpoints)
 //! comes here; everything else goes to the data-store router unchanged. Each handler opens its
 //! database with the [`OpenDb`] extractor, which answers CouchDB's 400 for an illegal name, 404
-//! for a database that does not exist and 403 for a login its `_security` does not admit.
+//! for a database that does not exist and 403 for a login its `_security` does not admit, and
+//! hands the handler what that login may do there ([`DbAccess`], see [`super::access`]).
 //!
 //! - [`admin`]: creating, reading and deleting databases, `_all_dbs`, `_dbs_info`, settings.
 //! - [`docs`]: one document: read with every option, write, delete, local documents.
@@ -35,7 +36,8 @@ use tower::ServiceExt;
 
 pub(crate) use admin::{all_dbs, dbs_info};
 
-use super::access::Principal;
+use super::access::{db_access, not_admitted, DbAccess};
+use super::auth::Identity;
 use super::error::CouchError;
 use super::CouchState;
 use crate::backend::catalog::DbName;
@@ -78,7 +80,7 @@ pub(crate) fn router(state: CouchState) -> Router {
 /// everything else continues to the data-store router.
 pub(crate) async fn dispatch(
     axum::extract::State(state): axum::extract::State<CouchState>,
-    mut request: Request,
+    request: Request,
     next: Next,
 ) -> Response {
     let first = request.uri().path().trim_start_matches('/').split('/').next().unwrap_or_default();
@@ -86,8 +88,9 @@ pub(crate) async fn dispatch(
     if first.is_empty() || first.starts_with('_') || *first == *state.db {
         return next.run(request).await;
     }
-    // Every database route acts for someone, as the data-store routes do.
-    if let Err(refusal) = super::require_principal(&mut request) {
+    // Every database route needs a login, as the data-store routes do; its `_security` decides
+    // the rest.
+    if let Err(refusal) = super::require_login(&request) {
         return refusal.into_response();
     }
     let request = match forward_if_native(&state, &first, request).await {
@@ -116,18 +119,18 @@ async fn forward_if_native(state: &CouchState, name: &str, request: Request) -> 
         Ok(Some(db)) if db.backend().forwards_requests() => db,
         _ => return Err(request),
     };
-    let Some(principal) = request.extensions().get::<Principal>().cloned() else { return Err(request) };
-    Ok(forward(state, &db, &principal, &below, request).await.unwrap_or_else(IntoResponse::into_response))
+    let Some(identity) = request.extensions().get::<Identity>().cloned() else { return Err(request) };
+    Ok(forward(state, &db, &identity, &below, request).await.unwrap_or_else(IntoResponse::into_response))
 }
 
 async fn forward(
     state: &CouchState,
     db: &Database,
-    principal: &Principal,
+    identity: &Identity,
     below: &str,
     request: Request,
 ) -> Result<Response, CouchError> {
-    admit(db, principal).await?;
+    let access = admit(db, identity).await?;
     for segment in below.split('/') {
         let decoded = percent_encoding::percent_decode_str(segment).decode_utf8_lossy();
         if decoded == "." || decoded == ".." {
@@ -136,6 +139,8 @@ async fn forward(
     }
     let (parts, body) = request.into_parts();
     let (body, _share) = state.bodies.read_bytes(&parts.headers, body).await?;
+    let destination = parts.headers.get("destination").and_then(|value| value.to_str().ok());
+    check_forwarded(access, &parts.method, below, destination, &body)?;
     let forwarded = crate::backend::DesignRequest {
         method: parts.method,
         path: below.to_owned(),
@@ -175,9 +180,6 @@ async fn route(state: &CouchState, request: Request) -> Response {
     *forwarded.version_mut() = parts.version;
     *forwarded.headers_mut() = parts.headers;
     let extensions = forwarded.extensions_mut();
-    if let Some(principal) = parts.extensions.get::<Principal>() {
-        extensions.insert(principal.clone());
-    }
     if let Some(identity) = parts.extensions.get::<super::auth::Identity>() {
         extensions.insert(identity.clone());
     }
@@ -191,10 +193,11 @@ async fn route(state: &CouchState, request: Request) -> Response {
     }
 }
 
-/// An open database the request may use, with the route's other path parameters in `T`.
+/// An open database the request may use, what its login may do there, and the route's other
+/// path parameters in `T`.
 pub(crate) struct OpenDb<T = DbOnly> {
     pub db: Arc<Database>,
-    pub principal: Principal,
+    pub access: DbAccess,
     pub params: T,
 }
 
@@ -217,9 +220,9 @@ impl<T: DeserializeOwned + Send> FromRequestParts<CouchState> for OpenDb<T> {
             .map_err(IntoResponse::into_response)?;
         let name =
             db_name(params.get("db").map(String::as_str).unwrap_or_default()).map_err(IntoResponse::into_response)?;
-        let principal = parts
+        let identity = parts
             .extensions
-            .get::<Principal>()
+            .get::<Identity>()
             .cloned()
             .ok_or_else(|| CouchError::internal("the request was not identified").into_response())?;
         let db = match state.databases.open(&name).await {
@@ -227,30 +230,122 @@ impl<T: DeserializeOwned + Send> FromRequestParts<CouchState> for OpenDb<T> {
             Ok(None) => return Err(CouchError::no_database().into_response()),
             Err(err) => return Err(CouchError::from(err).into_response()),
         };
-        admit(&db, &principal).await.map_err(IntoResponse::into_response)?;
+        let access = admit(&db, &identity).await.map_err(IntoResponse::into_response)?;
         let Path(params) = Path::<T>::from_request_parts(parts, state).await.map_err(IntoResponse::into_response)?;
-        Ok(OpenDb { db, principal, params })
+        Ok(OpenDb { db, access, params })
     }
 }
 
-/// Whether the principal may use the database: server admins always; another login when the
-/// database's `_security` names it among its members or admins. A database with no members is
-/// admin-only here (CouchDB 3's default for new databases, `default_security = admin_only`).
-async fn admit(db: &Database, principal: &Principal) -> Result<(), CouchError> {
-    let Principal::User(name) = principal else { return Ok(()) };
-    let security = db.settings().await?.security;
-    let named = |group: &str| {
-        security
-            .get(group)
-            .and_then(|g| g.get("names"))
-            .and_then(Value::as_array)
-            .is_some_and(|names| names.iter().any(|n| n.as_str() == Some(name.as_str())))
-    };
-    if named("members") || named("admins") {
-        Ok(())
-    } else {
-        Err(CouchError::forbidden("You are not allowed to access this db."))
+/// What the login may do on the database ([`db_access`]: server admins everything, then its
+/// `_security` by name and role), or CouchDB's 401/403 when it may not use it.
+async fn admit(db: &Database, identity: &Identity) -> Result<DbAccess, CouchError> {
+    let who = identity.user_ctx();
+    if who.server_admin {
+        return Ok(DbAccess::ServerAdmin);
     }
+    let security = security_of(db).await?;
+    db_access(&security, who).ok_or_else(|| not_admitted(who))
+}
+
+/// The database's `_security` object: where it is kept here, or on a backend whose databases stay
+/// native (the CouchDB backend, which is passed `PUT /{db}/_security` as it came), that
+/// database's own.
+pub(crate) async fn security_of(db: &Database) -> Result<Value, CouchError> {
+    if !db.backend().forwards_requests() {
+        return Ok(db.settings().await?.security);
+    }
+    let asked = crate::backend::DesignRequest {
+        method: axum::http::Method::GET,
+        path: "_security".to_owned(),
+        query: None,
+        headers: vec![("accept".to_owned(), "application/json".to_owned())],
+        body: axum::body::Bytes::new(),
+    };
+    let Some(answer) = db.backend().design_request(asked).await? else {
+        return Err(CouchError::internal("the backend forwards requests but did not answer GET _security"));
+    };
+    let status = answer.status;
+    let mut body = Vec::new();
+    let mut chunks = answer.body;
+    while let Some(chunk) = futures::StreamExt::next(&mut chunks).await {
+        body.extend_from_slice(&chunk?);
+        if body.len() > MAX_SECURITY_BYTES {
+            return Err(CouchError::internal("the backend's _security object is over 1 MiB"));
+        }
+    }
+    if !(200..300).contains(&status) {
+        return Err(CouchError::internal(format!("the backend answered GET _security with status {status}")));
+    }
+    serde_json::from_slice(&body)
+        .map_err(|e| CouchError::internal(format!("the backend's _security object is not JSON: {e}")))
+}
+
+/// The most of a native database's `_security` object read (a few names and roles in practice).
+const MAX_SECURITY_BYTES: usize = 1 << 20;
+
+/// What a request passed as it came to a native database needs beyond membership, as CouchDB
+/// checks it: `_security` and `_revs_limit` changes, design document writes (by path, by
+/// `COPY`'s destination, by `POST /{db}` or in `_bulk_docs`), and index changes (which write
+/// design documents) need a database admin (403); compaction a database admin (401); `_purge` a
+/// server admin (401). A design function (`_design/{ddoc}/_view/…`, `_update/…`) is a member's.
+///
+/// A `_bulk_docs` with one design document among others is refused whole here, where CouchDB
+/// would refuse that document alone: the request is passed on as it came, so it cannot be split.
+fn check_forwarded(
+    access: DbAccess,
+    method: &axum::http::Method,
+    below: &str,
+    destination: Option<&str>,
+    body: &[u8],
+) -> Result<(), CouchError> {
+    use axum::http::Method;
+    if access == DbAccess::ServerAdmin {
+        return Ok(());
+    }
+    let reads = matches!(*method, Method::GET | Method::HEAD);
+    // Empty segments are skipped, as CouchDB's path split skips them: `/{db}//_security` is its
+    // `_security`.
+    let mut segments = below
+        .split('/')
+        .filter(|segment| !segment.is_empty())
+        .map(|segment| percent_encoding::percent_decode_str(segment).decode_utf8_lossy());
+    let first = segments.next().unwrap_or_default();
+    match first.as_ref() {
+        "_purge" | "_purged_infos_limit" => return access.require_server_admin(),
+        "_compact" | "_view_cleanup" => return access.require_db_admin_to_compact(),
+        "_security" | "_revs_limit" if !reads => return access.require_db_admin(),
+        "_index" if !reads => return access.require_db_admin(),
+        _ => {}
+    }
+    // `_design/{ddoc}` (or `_design%2F{ddoc}` as one segment) and its attachments are the design
+    // document; `_design/{ddoc}/_view/…` and the other `_`-functions run it.
+    let design_document = if first == "_design" {
+        segments.nth(1).is_none_or(|part| !part.starts_with('_'))
+    } else {
+        first.starts_with("_design/")
+    };
+    if design_document && !reads {
+        access.require_db_admin()?;
+    }
+    if method.as_str() == "COPY" {
+        let target = destination.map(|d| percent_encoding::percent_decode_str(d).decode_utf8_lossy().into_owned());
+        if target.is_some_and(|target| target.starts_with("_design/")) {
+            access.require_db_admin()?;
+        }
+    }
+    if *method == Method::POST && (first.is_empty() || first == "_bulk_docs") {
+        let value: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+        let is_design =
+            |doc: &Value| doc.get("_id").and_then(Value::as_str).is_some_and(|id| id.starts_with("_design/"));
+        let writes_design = match value.get("docs") {
+            Some(Value::Array(docs)) if !first.is_empty() => docs.iter().any(is_design),
+            _ => is_design(&value),
+        };
+        if writes_design {
+            access.require_db_admin()?;
+        }
+    }
+    Ok(())
 }
 
 /// What a document read adds to the document (CouchDB's query options).
@@ -307,4 +402,70 @@ pub(crate) fn leaf_json(id: &str, tree: &RevTree, leaf: &Leaf, options: DocOptio
 /// A refusal of a client's document, as CouchDB answers it (400).
 pub(crate) fn refused(refusal: crate::database::document::Refusal) -> CouchError {
     CouchError::new(axum::http::StatusCode::BAD_REQUEST, refusal.error, refusal.reason)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::{Method, StatusCode};
+
+    fn status(access: DbAccess, method: Method, below: &str, destination: Option<&str>, body: &str) -> StatusCode {
+        match check_forwarded(access, &method, below, destination, body.as_bytes()) {
+            Ok(()) => StatusCode::OK,
+            Err(refused) => refused.status,
+        }
+    }
+
+    /// A forwarded request (method, path below the database, `Destination`, body) and the status
+    /// of its check for a member, a database admin and a server admin.
+    type Case<'a> = (Method, &'a str, Option<&'a str>, &'a str, [StatusCode; 3]);
+
+    /// What a member, a database admin and a server admin may pass on to a native database.
+    #[test]
+    fn forwarded_requests_are_checked_as_couchdb_checks_them() {
+        use DbAccess::{DbAdmin, Member, ServerAdmin};
+        let (ok, forbidden, unauthorized) = (StatusCode::OK, StatusCode::FORBIDDEN, StatusCode::UNAUTHORIZED);
+        let copy = Method::from_bytes(b"COPY").unwrap();
+        let cases: Vec<Case> = vec![
+            // Documents, local documents, reads of anything, design functions: members.
+            (Method::PUT, "doc", None, "{}", [ok, ok, ok]),
+            (Method::POST, "", None, r#"{"_id":"doc"}"#, [ok, ok, ok]),
+            (Method::POST, "_bulk_docs", None, r#"{"docs":[{"_id":"a"},{"b":1}]}"#, [ok, ok, ok]),
+            (Method::PUT, "_local/cp", None, "{}", [ok, ok, ok]),
+            (Method::GET, "_security", None, "", [ok, ok, ok]),
+            (Method::GET, "_design/app", None, "", [ok, ok, ok]),
+            (Method::GET, "_design/app/_view/v", None, "", [ok, ok, ok]),
+            (Method::POST, "_design/app/_view/v", None, r#"{"keys":[1]}"#, [ok, ok, ok]),
+            (Method::PUT, "_design/app/_update/u/doc", None, "{}", [ok, ok, ok]),
+            (copy.clone(), "doc", Some("other"), "", [ok, ok, ok]),
+            // Design documents, `_security`, `_revs_limit`, indexes: database admins (403).
+            (Method::PUT, "_design/app", None, "{}", [forbidden, ok, ok]),
+            (Method::DELETE, "_design/app", None, "", [forbidden, ok, ok]),
+            (Method::PUT, "_design%2Fapp", None, "{}", [forbidden, ok, ok]),
+            (Method::PUT, "_design/app/logo.png", None, "", [forbidden, ok, ok]),
+            (Method::PUT, "_design//app", None, "{}", [forbidden, ok, ok]),
+            (Method::PUT, "/_security", None, "{}", [forbidden, ok, ok]),
+            (Method::POST, "//_compact", None, "", [unauthorized, ok, ok]),
+            (Method::POST, "/", None, r#"{"_id":"_design/app"}"#, [forbidden, ok, ok]),
+            (copy.clone(), "doc", Some("_design/app"), "", [forbidden, ok, ok]),
+            (copy.clone(), "doc", Some("_design%2Fapp?rev=1-a"), "", [forbidden, ok, ok]),
+            (Method::POST, "", None, r#"{"_id":"_design/app"}"#, [forbidden, ok, ok]),
+            (Method::POST, "_bulk_docs", None, r#"{"docs":[{"_id":"a"},{"_id":"_design/app"}]}"#, [forbidden, ok, ok]),
+            (Method::PUT, "_security", None, "{}", [forbidden, ok, ok]),
+            (Method::PUT, "_revs_limit", None, "5", [forbidden, ok, ok]),
+            (Method::POST, "_index", None, "{}", [forbidden, ok, ok]),
+            (Method::DELETE, "_index/_design/i/json/x", None, "", [forbidden, ok, ok]),
+            // Compaction: database admins (401); purge: server admins (401).
+            (Method::POST, "_compact", None, "", [unauthorized, ok, ok]),
+            (Method::POST, "_compact/app", None, "", [unauthorized, ok, ok]),
+            (Method::POST, "_view_cleanup", None, "", [unauthorized, ok, ok]),
+            (Method::POST, "_purge", None, "{}", [unauthorized, unauthorized, ok]),
+            (Method::PUT, "_purged_infos_limit", None, "5", [unauthorized, unauthorized, ok]),
+        ];
+        for (method, below, destination, body, expected) in cases {
+            let got =
+                [Member, DbAdmin, ServerAdmin].map(|access| status(access, method.clone(), below, destination, body));
+            assert_eq!(got, expected, "{method} {below} {destination:?} {body}");
+        }
+    }
 }

@@ -186,12 +186,19 @@ fn cheap_hash(password: &str) -> String {
 fn couch_logins(settings: &mut Settings) {
     use agentstore::config::{CouchUserSetting, CouchUsersSetting};
     settings.couchdb_users = CouchUsersSetting::List(vec![
-        CouchUserSetting { name: "admin".into(), password_hash: cheap_hash("admin-pw"), user: None, admin: true },
+        CouchUserSetting {
+            name: "admin".into(),
+            password_hash: cheap_hash("admin-pw"),
+            user: None,
+            admin: true,
+            roles: Vec::new(),
+        },
         CouchUserSetting {
             name: "alice".into(),
             password_hash: cheap_hash("alice-pw"),
             user: Some("alice".into()),
             admin: false,
+            roles: Vec::new(),
         },
     ]);
 }

@@ -19,6 +19,7 @@ mod documents;
 mod logins;
 mod mango;
 mod replication;
+mod roles;
 mod server;
 
 use std::io::Write;
@@ -78,6 +79,7 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
             Box::pin(databases::deleting_a_database_under_writers_and_a_feed(e))
         }),
         ("server_probes", |e| Box::pin(databases::server_probes(e))),
+        ("roles_and_security", |e| Box::pin(roles::roles_and_security(e))),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
@@ -87,7 +89,11 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
             trials.push(
                 Trial::test(format!("couchdb_api::{name}::{backend_name}"), move || {
                     block_on(async move {
-                        let logins = (name == "per_user_logins").then(logins::logins_config).transpose()?;
+                        let logins = match name {
+                            "per_user_logins" => Some(logins::logins_config()?),
+                            "roles_and_security" => Some(roles::roles_config()?),
+                            _ => None,
+                        };
                         let endpoint = Endpoint::start(fresh, backend_name, logins).await?;
                         case(endpoint).await
                     })
