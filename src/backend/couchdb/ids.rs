@@ -65,7 +65,7 @@ impl CouchDbBackend {
         limit: usize,
         page_token: Option<&str>,
     ) -> Result<Page<StoredDocument>> {
-        self.id_range_page(range, limit, page_token, |doc| {
+        self.id_range_page(range, limit, page_token, |_, doc| {
             let doc = serde_json::from_str(doc.get()).map_err(|e| unreadable_page(&e))?;
             from_couch_doc(doc, LISTING)
         })
@@ -80,20 +80,22 @@ impl CouchDbBackend {
         limit: usize,
         page_token: Option<&str>,
     ) -> Result<Page<DocumentText>> {
-        self.id_range_page(range, limit, page_token, |doc| {
-            let head: DocHead = serde_json::from_str(doc.get()).map_err(|e| unreadable_page(&e))?;
-            Ok(DocumentText { id: head.id.into_owned(), rev: Revision(head.rev.into_owned()), json: doc.to_owned() })
+        self.id_range_page(range, limit, page_token, |row, doc| {
+            let rev = row.value.as_ref().map(|value| value.rev.to_string()).ok_or_else(|| {
+                Error::new(ErrorKind::Internal, format!("CouchDB listed document {:?} without its revision", row.id))
+            })?;
+            Ok(DocumentText { id: row.id.to_string(), rev: Revision(rev), json: doc.to_owned() })
         })
         .await
     }
 
-    /// One page of the documents in `range`, each made by `item` from its JSON text.
+    /// One page of the documents in `range`, each made by `item` from its row and its JSON text.
     async fn id_range_page<T>(
         &self,
         range: &IdRange,
         limit: usize,
         page_token: Option<&str>,
-        item: impl Fn(&RawValue) -> Result<T>,
+        item: impl Fn(&RangeRow<'_>, &RawValue) -> Result<T>,
     ) -> Result<Page<T>>
     where
         T: Listed,
@@ -114,22 +116,27 @@ impl CouchDbBackend {
             // One row for the document the read starts at (already returned), one to learn
             // whether more follow.
             let wanted = limit + 1 - items.len() + usize::from(after.is_some()) + std::mem::take(&mut design_rows);
+            let ticket = self.counts.ticket();
             let text = self.read_id_range(range, after.as_deref(), wanted).await?;
             let reply: RangeReply<'_> = serde_json::from_slice(&text).map_err(|e| unreadable_page(&e))?;
+            // Every answer carries the database's document count: the next `total_rows` needs
+            // no request of its own (see [`super::counts`]).
+            if let Some(total) = reply.total_rows {
+                self.counts.remember_total(ticket, total);
+            }
             let full = reply.rows.len() == wanted;
             let mut last_row_id = None;
             for row in reply.rows {
-                let id = row.id;
-                let already_returned = after.as_deref() == Some(&*id);
-                let data = (range.include_design || !is_design_doc(&id))
-                    && !id.starts_with(LOCAL_PREFIX)
-                    && range.contains(&id);
+                let already_returned = after.as_deref() == Some(&*row.id);
+                let data = (range.include_design || !is_design_doc(&row.id))
+                    && !row.id.starts_with(LOCAL_PREFIX)
+                    && range.contains(&row.id);
                 if !already_returned && data {
                     if let Some(doc) = row.doc {
-                        items.push(item(doc)?);
+                        items.push(item(&row, doc)?);
                     }
                 }
-                last_row_id = Some(id.into_owned());
+                last_row_id = Some(row.id.into_owned());
             }
             if items.len() > limit {
                 items.truncate(limit);
@@ -145,7 +152,7 @@ impl CouchDbBackend {
     }
 
     /// One `_all_docs` read of `limit` rows of `range`, from `after` (inclusive) when given: the
-    /// answer's text, read by the caller into [`RangeReply`].
+    /// answer's text, read by the caller into [`RangeReply`] (take a count ticket before it).
     async fn read_id_range(&self, range: &IdRange, after: Option<&str>, limit: usize) -> Result<bytes::Bytes> {
         let mut query = vec![("include_docs", "true".to_owned()), ("limit", limit.to_string())];
         if range.descending {
@@ -163,16 +170,7 @@ impl CouchDbBackend {
         if high_end_open && self.pouchdb_server().await? {
             query.push((if range.descending { "startkey" } else { "endkey" }, json_key(POUCHDB_HIGH_END)));
         }
-        let ticket = self.counts.ticket();
-        let text = self.client.read_text(&self.client.url(&["_all_docs"]), &query, LISTING).await?;
-        // Every answer carries the database's document count: the next `total_rows` needs no
-        // request of its own (see [`super::counts`]). Read from the head of the answer only.
-        if let Ok(head) = serde_json::from_slice::<TotalRows>(&text) {
-            if let Some(total) = head.total_rows {
-                self.counts.remember_total(ticket, total);
-            }
-        }
-        Ok(text)
+        self.client.read_text(&self.client.url(&["_all_docs"]), &query, LISTING).await
     }
 }
 
@@ -180,10 +178,11 @@ impl CouchDbBackend {
 /// were doing, in errors.
 const LISTING: &str = "list documents in id order";
 
-/// An `_all_docs` answer with `include_docs=true`, read without building values: each row's id
-/// and its document's text (`key` and `value` are skipped).
+/// An `_all_docs` answer with `include_docs=true`, read in one pass without building values: the
+/// document count, and each row's id and its document's text (`key` and `value` are skipped).
 #[derive(Deserialize)]
 struct RangeReply<'a> {
+    total_rows: Option<u64>,
     #[serde(borrow)]
     rows: Vec<RangeRow<'a>>,
 }
@@ -193,21 +192,15 @@ struct RangeRow<'a> {
     #[serde(borrow)]
     id: Cow<'a, str>,
     #[serde(borrow, default)]
+    value: Option<RowValue<'a>>,
+    #[serde(borrow, default)]
     doc: Option<&'a RawValue>,
 }
 
-/// The document count at the head of an `_all_docs` answer (the rows skipped unread).
+/// A row's `value`: the listed revision.
 #[derive(Deserialize)]
-struct TotalRows {
-    total_rows: Option<u64>,
-}
-
-/// A listed document's `_id` and `_rev`, its other members skipped.
-#[derive(Deserialize)]
-struct DocHead<'a> {
-    #[serde(rename = "_id", borrow)]
-    id: Cow<'a, str>,
-    #[serde(rename = "_rev", borrow)]
+struct RowValue<'a> {
+    #[serde(borrow)]
     rev: Cow<'a, str>,
 }
 
