@@ -92,7 +92,15 @@ async fn every_name(state: &CouchState) -> crate::Result<Vec<String>> {
 
 /// `GET /_all_dbs` with `startkey`/`endkey` (JSON strings), `limit`, `skip`, `descending`,
 /// `inclusive_end`.
-pub async fn all_dbs(State(state): State<CouchState>, Query(params): Query<HashMap<String, String>>) -> Answer {
+///
+/// Server admins only, as CouchDB 3 answers it by default (`[chttpd] admin_only_all_dbs = true`):
+/// the names of every database are not for every login to read.
+pub async fn all_dbs(
+    State(state): State<CouchState>,
+    Extension(identity): Extension<Identity>,
+    Query(params): Query<HashMap<String, String>>,
+) -> Answer {
+    server_admin_only(&identity)?;
     let param = |name: &str| params.get(name).map(String::as_str);
     let key = |names: [&str; 2]| -> Result<Option<String>, CouchError> {
         for name in names {

@@ -137,7 +137,9 @@ pub(super) async fn roles_and_security(e: Endpoint) -> TestResult {
     check(session.body["userCtx"] == json!({ "name": "admin", "roles": ["_admin"] }), || {
         format!("admin's _session: {}", session.body)
     })?;
-    as_login("carol", Method::GET, "/_all_dbs", None).await?.expect(200, "carol lists databases")?;
+    // Database names are for server admins (CouchDB 3's default `admin_only_all_dbs = true`).
+    let refused = as_login("carol", Method::GET, "/_all_dbs", None).await?.expect(401, "carol lists databases")?;
+    check(refused.body["reason"] == "You are not a server admin.", || format!("_all_dbs: {}", refused.body))?;
 
     // The data-store database refuses a login of the other databases only, with a reason...
     for path in [format!("/{DB}"), format!("/{DB}/_all_docs"), format!("/{DB}/_changes")] {
