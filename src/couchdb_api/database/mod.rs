@@ -334,18 +334,135 @@ fn check_forwarded(
         }
     }
     if *method == Method::POST && (first.is_empty() || first == "_bulk_docs") {
-        let value: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
-        let is_design =
-            |doc: &Value| doc.get("_id").and_then(Value::as_str).is_some_and(|id| id.starts_with("_design/"));
-        let writes_design = match value.get("docs") {
-            Some(Value::Array(docs)) if !first.is_empty() => docs.iter().any(is_design),
-            _ => is_design(&value),
-        };
-        if writes_design {
+        // Every `_id` the body names is looked at, duplicates included: a JSON parser that keeps
+        // the last of two `_id` members must not let a design document past a check that the
+        // backend's parser (which may keep the first) then writes. A body that is not JSON is
+        // the backend's to refuse; it names no id here.
+        let ids = BodyIds::of(body, !first.is_empty());
+        if ids.ids.iter().any(|id| id.starts_with("_design/")) {
             access.require_db_admin()?;
         }
     }
     Ok(())
+}
+
+/// Every `_id` member of a posted document, or of each document of a `_bulk_docs` body's `docs`,
+/// duplicates included.
+#[derive(Default)]
+struct BodyIds {
+    ids: Vec<String>,
+}
+
+impl BodyIds {
+    fn of(body: &[u8], bulk: bool) -> Self {
+        let mut ids = BodyIds::default();
+        let mut deserializer = serde_json::Deserializer::from_slice(body);
+        let _ = serde::Deserializer::deserialize_any(&mut deserializer, IdCollector { ids: &mut ids.ids, bulk });
+        ids
+    }
+}
+
+/// Walks one JSON object: `_id` strings are collected; with `bulk`, so are those of the
+/// objects in `docs`. Everything else is skipped unread.
+struct IdCollector<'a> {
+    ids: &'a mut Vec<String>,
+    bulk: bool,
+}
+
+impl<'de> serde::de::Visitor<'de> for IdCollector<'_> {
+    type Value = ();
+
+    fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+        formatter.write_str("a JSON object")
+    }
+
+    // Values that are not objects name no id (and a `docs` entry that is one is CouchDB's to
+    // refuse): skipped, so the walk goes on to the next document.
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+        Ok(())
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            match key.as_ref() {
+                "_id" => match map.next_value::<Value>()? {
+                    Value::String(id) => self.ids.push(id),
+                    _ => {}
+                },
+                "docs" if self.bulk => {
+                    map.next_value_seed(DocsSeed { ids: &mut *self.ids })?;
+                }
+                _ => {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `docs` of a `_bulk_docs` body: each object's `_id`s collected.
+struct DocsSeed<'a> {
+    ids: &'a mut Vec<String>,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for DocsSeed<'_> {
+    type Value = ();
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for DocsSeed<'_> {
+    type Value = ();
+
+    fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+        formatter.write_str("an array of documents")
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element_seed(DocSeed { ids: &mut *self.ids })?.is_some() {}
+        Ok(())
+    }
+}
+
+/// One document of `docs`.
+struct DocSeed<'a> {
+    ids: &'a mut Vec<String>,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for DocSeed<'_> {
+    type Value = ();
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(IdCollector { ids: self.ids, bulk: false })
+    }
 }
 
 /// What a document read adds to the document (CouchDB's query options).
@@ -406,6 +523,21 @@ pub(crate) fn refused(refusal: crate::database::document::Refusal) -> CouchError
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn every_id_of_a_posted_body_is_seen_duplicates_included() {
+        let ids = |body: &str, bulk: bool| BodyIds::of(body.as_bytes(), bulk).ids;
+        assert_eq!(ids(r#"{"_id":"_design/x","_id":"plain","n":1.5}"#, false), ["_design/x", "plain"]);
+        assert_eq!(
+            ids(
+                r#"{"new_edits":true,"docs":[1,"s",null,[{"_id":"no"}],{"a":{"_id":"inner"},"_id":"a"},{"_id":"_design/d"}]}"#,
+                true
+            ),
+            ["a", "_design/d"],
+            "each document's own _id, after entries that are not documents"
+        );
+        assert!(ids("not json", false).is_empty());
+    }
+
     use super::*;
     use axum::http::{Method, StatusCode};
 
