@@ -410,10 +410,11 @@ impl<'de> serde::de::Visitor<'de> for IdCollector<'_> {
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
         while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
             match key.as_ref() {
-                "_id" => match map.next_value::<Value>()? {
-                    Value::String(id) => self.ids.push(id),
-                    _ => {}
-                },
+                "_id" => {
+                    if let Value::String(id) = map.next_value::<Value>()? {
+                        self.ids.push(id);
+                    }
+                }
                 "docs" if self.bulk => {
                     map.next_value_seed(DocsSeed { ids: &mut *self.ids })?;
                 }
