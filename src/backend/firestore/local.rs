@@ -1,13 +1,15 @@
-//! Local documents: the `{collection}_local` collection, revision `0-N`.
+//! Local documents: the `{collection}_local` collection, revision `0-N`; listed in `_id` order by
+//! a query on that collection (Firestore's automatic single-field index on `_id`, no composite
+//! index to deploy).
 
 use serde_json::{json, Map, Value};
 
 use super::backend::FirestoreBackend;
 use super::codec;
-use super::core::{fields_of, text};
+use super::core::{all_of, field_filter, fields_of, text, MAX_PAGE};
 use super::layout::{self};
 use crate::backend::revision::next_local_revision;
-use crate::backend::{Precondition, Revision, StoredDocument, LOCAL_PREFIX};
+use crate::backend::{IdRange, Page, Precondition, Revision, StoredDocument, LOCAL_PREFIX};
 use crate::error::{Error, ErrorKind, Result};
 
 /// Tries of a local-document write with no precondition that keeps meeting other writers.
@@ -30,6 +32,70 @@ impl FirestoreBackend {
         let rev = text(document, &format!("/fields/{}/stringValue", layout::REV)).to_owned();
         let body = codec::decode(&id, fields, &[])?;
         Ok(Some((StoredDocument { id, rev: Revision(rev), body }, text(document, "/updateTime").to_owned())))
+    }
+
+    /// One page of local documents whose names lie in `range`, in name order: one query over the
+    /// local collection's `_id` (`_local/{name}`, so `_id` order is name order), from the page
+    /// token (the last `_id` returned). Its cost is the page's reads.
+    pub(super) async fn list_local(
+        &self,
+        range: &IdRange,
+        limit: usize,
+        page_token: Option<&str>,
+    ) -> Result<Page<StoredDocument>> {
+        let limit = limit.clamp(1, MAX_PAGE);
+        let (low_op, high_op, direction) = match (range.descending, range.inclusive_end) {
+            (false, true) => ("GREATER_THAN_OR_EQUAL", "LESS_THAN_OR_EQUAL", "ASCENDING"),
+            (false, false) => ("GREATER_THAN_OR_EQUAL", "LESS_THAN", "ASCENDING"),
+            (true, true) => ("LESS_THAN_OR_EQUAL", "GREATER_THAN_OR_EQUAL", "DESCENDING"),
+            (true, false) => ("LESS_THAN_OR_EQUAL", "GREATER_THAN", "DESCENDING"),
+        };
+        if let (Some(start), Some(end)) = (&range.start, &range.end) {
+            let (start, end) = (start.as_bytes(), end.as_bytes());
+            let empty = if range.descending { start < end } else { start > end };
+            if empty || (start == end && !range.inclusive_end) {
+                return Ok(Page { items: Vec::new(), next: None });
+            }
+        }
+        let as_id = |name: &str| json!({ "stringValue": format!("{LOCAL_PREFIX}{name}") });
+        let mut filters = Vec::new();
+        if let Some(start) = &range.start {
+            filters.push(field_filter(codec::ID, low_op, as_id(start)));
+        }
+        if let Some(end) = &range.end {
+            filters.push(field_filter(codec::ID, high_op, as_id(end)));
+        }
+        let mut query = json!({
+            "from": [{ "collectionId": self.client.local_collection() }],
+            "orderBy": [{ "field": { "fieldPath": codec::ID }, "direction": direction }],
+            "limit": limit,
+        });
+        if !filters.is_empty() {
+            query["where"] = all_of(filters);
+        }
+        if let Some(after) = page_token {
+            query["startAt"] = json!({ "values": [{ "stringValue": after }], "before": false });
+        }
+        let doing = "list local documents";
+        let answer = self.run_raw_query(&query, None, doing).await?;
+        let mut items = Vec::with_capacity(answer.documents.len());
+        for document in &answer.documents {
+            let fields = fields_of(document);
+            let Some(id) = codec::stored_id(fields).filter(|id| id.starts_with(LOCAL_PREFIX)) else {
+                return Err(Error::new(
+                    ErrorKind::Corrupt,
+                    format!("local document {:?} has no `_local/` id", text(document, "/name")),
+                ));
+            };
+            let rev = text(document, &format!("/fields/{}/stringValue", layout::REV)).to_owned();
+            let body = codec::decode(id, fields, &[])?;
+            items.push(StoredDocument { id: id.to_owned(), rev: Revision(rev), body });
+        }
+        let next = match items.last() {
+            Some(last) if answer.documents.len() >= limit => Some(last.id.clone()),
+            _ => None,
+        };
+        Ok(Page { items, next })
     }
 
     pub(super) async fn write_local(

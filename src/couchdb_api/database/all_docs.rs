@@ -1,7 +1,10 @@
 //! `GET/POST /{db}/_all_docs` and `GET /{db}/_design_docs` of a database: documents whose winning
 //! revision is live, in id order (raw collation), or the documents `keys` names (deleted ones
 //! as `value.deleted`). Parameters are read as for the data-store database
-//! ([`crate::couchdb_api::all_docs`]); rows are streamed one backend page at a time.
+//! ([`crate::couchdb_api::all_docs`]); rows are streamed one backend page at a time. Also
+//! `GET/POST /{db}/_local_docs`: the clients' local documents, answered as the data-store
+//! database's are ([`crate::couchdb_api::local_docs`]); the engine's own locals (revision trees
+//! of deleted documents, settings) are never listed.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -36,6 +39,37 @@ pub async fn post_all_docs(
 ) -> Answer {
     let request = parse_request(&post_fields(&state, &params, &headers, body).await?)?;
     answer(opened.db, request).await
+}
+
+/// `GET /{db}/_local_docs`.
+pub async fn get_local_docs(opened: OpenDb, Query(params): Query<HashMap<String, String>>) -> Answer {
+    let request = parse_request(&query_fields(&params)?)?;
+    local_docs_answer(opened.db, request).await
+}
+
+/// `POST /{db}/_local_docs`.
+pub async fn post_local_docs(
+    State(state): State<CouchState>,
+    opened: OpenDb,
+    Query(params): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Answer {
+    let request = parse_request(&post_fields(&state, &params, &headers, body).await?)?;
+    local_docs_answer(opened.db, request).await
+}
+
+async fn local_docs_answer(db: Arc<Database>, request: AllDocsRequest) -> Answer {
+    let listing = Arc::clone(&db);
+    let fetch = move |names: IdRange, want: usize, token: Option<String>| {
+        let db = Arc::clone(&listing);
+        async move { db.local_docs(&names, want, token.as_deref()).await }
+    };
+    let get = move |name: String| {
+        let db = Arc::clone(&db);
+        async move { db.get_local(&name).await }
+    };
+    crate::couchdb_api::local_docs::answer(request, fetch, get).await
 }
 
 /// `GET /{db}/_design_docs`: `_all_docs` over the design documents' ids.
