@@ -16,6 +16,7 @@ mod changes;
 mod data_store;
 mod databases;
 mod documents;
+mod local_docs;
 mod logins;
 mod mango;
 mod replication;
@@ -78,6 +79,7 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
             Box::pin(databases::deleting_a_database_under_writers_and_a_feed(e))
         }),
         ("server_probes", |e| Box::pin(databases::server_probes(e))),
+        ("local_docs_listings", |e| Box::pin(local_docs::local_docs_listings(e))),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
@@ -87,7 +89,8 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
             trials.push(
                 Trial::test(format!("couchdb_api::{name}::{backend_name}"), move || {
                     block_on(async move {
-                        let logins = (name == "per_user_logins").then(logins::logins_config).transpose()?;
+                        let with_logins = matches!(name, "per_user_logins" | "local_docs_listings");
+                        let logins = with_logins.then(logins::logins_config).transpose()?;
                         let endpoint = Endpoint::start(fresh, backend_name, logins).await?;
                         case(endpoint).await
                     })
