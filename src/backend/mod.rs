@@ -177,9 +177,10 @@ impl IdRange {
         let prefixed = |id: &String| format!("{prefix}{id}");
         // The first text after every text that starts with `prefix`: its last character's
         // successor (UTF-8 byte order is code point order).
-        let past = prefix.char_indices().last().and_then(|(at, last)| {
-            char::from_u32(u32::from(last) + 1).map(|next| format!("{}{next}", &prefix[..at]))
-        });
+        let past = prefix
+            .char_indices()
+            .last()
+            .and_then(|(at, last)| char::from_u32(u32::from(last) + 1).map(|next| format!("{}{next}", &prefix[..at])));
         let mut range = self.clone();
         if self.descending {
             range.start = self.start.as_ref().map(prefixed).or(past);

@@ -221,7 +221,12 @@ impl DocumentBackend for MeteredBackend {
         timed!(self, "delete_local", self.inner.delete_local(name, rev))
     }
 
-    async fn local_docs(&self, range: &IdRange, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
+    async fn local_docs(
+        &self,
+        range: &IdRange,
+        limit: usize,
+        page_token: Option<&str>,
+    ) -> Result<Page<StoredDocument>> {
         timed!(self, "local_docs", self.inner.local_docs(range, limit, page_token))
     }
 

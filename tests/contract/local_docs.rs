@@ -74,9 +74,13 @@ pub async fn local_docs_list_names_in_order_by_range_and_page(ctx: Ctx) {
     let updated = b.put_local("c", &body(json!({ "n": "again" })), Precondition::None).await.expect("rewrite");
     assert_eq!(updated.as_str(), "0-2");
     // A document beside them is no local document.
-    b.put("u:ns:a2V5", &body(json!({ "userId": "u", "namespace": "ns", "key": "key", "value": 1 })), Precondition::None)
-        .await
-        .expect("put");
+    b.put(
+        "u:ns:a2V5",
+        &body(json!({ "userId": "u", "namespace": "ns", "key": "key", "value": 1 })),
+        Precondition::None,
+    )
+    .await
+    .expect("put");
     if listing_refused(&ctx).await {
         return;
     }

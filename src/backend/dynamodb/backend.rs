@@ -673,7 +673,12 @@ impl DocumentBackend for DynamoDbBackend {
         self.remove_local(name, rev).await
     }
 
-    async fn local_docs(&self, range: &IdRange, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
+    async fn local_docs(
+        &self,
+        range: &IdRange,
+        limit: usize,
+        page_token: Option<&str>,
+    ) -> Result<Page<StoredDocument>> {
         self.local_docs_page(range, limit, page_token).await
     }
 

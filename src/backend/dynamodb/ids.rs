@@ -193,10 +193,14 @@ impl DynamoDbBackend {
             names.push(name.to_owned());
         }
         let next = if more { names.last().map(|name| encode_after(&as_id(name))) } else { None };
-        let items: Vec<Option<StoredDocument>> = futures::stream::iter(names.iter().map(|name| self.read_local(name)))
-            .buffered(LOCAL_READS)
-            .try_collect()
-            .await?;
+        // A plain loop, not an iterator adapter: a closure here trips rustc's higher-ranked
+        // `Send` check on the boxed future.
+        let mut reads = Vec::with_capacity(names.len());
+        for name in &names {
+            reads.push(self.read_local(name));
+        }
+        let items: Vec<Option<StoredDocument>> =
+            futures::stream::iter(reads).buffered(LOCAL_READS).try_collect().await?;
         Ok(Page { items: items.into_iter().flatten().collect(), next })
     }
 

@@ -6,9 +6,9 @@ use serde_json::{Map, Value};
 
 use super::core::LOCAL;
 use super::error::map_redb;
+use super::ids::{all_docs_bounds, is_empty_range};
 use super::write::Tables;
 use crate::backend::revision::{local_number, local_revision, next_local_revision};
-use super::ids::{all_docs_bounds, is_empty_range};
 use crate::backend::{IdRange, Page, Precondition, Revision, StoredDocument, LOCAL_PREFIX};
 use crate::error::{Error, ErrorKind, Result};
 
@@ -40,7 +40,12 @@ pub(super) fn get(db: &Database, name: &str) -> Result<Option<StoredDocument>> {
 
 /// One page of local documents whose names lie in `range`, after the name `after`: one range read
 /// of the `local` table, so its cost is the page's.
-pub(super) fn list(db: &Database, range: &IdRange, after: Option<String>, limit: usize) -> Result<Page<StoredDocument>> {
+pub(super) fn list(
+    db: &Database,
+    range: &IdRange,
+    after: Option<String>,
+    limit: usize,
+) -> Result<Page<StoredDocument>> {
     let txn = db.begin_read().map_err(map_redb("begin read"))?;
     let local = txn.open_table(LOCAL).map_err(map_redb("open local table"))?;
     let (lower, upper) = all_docs_bounds(range, after.as_deref());

@@ -477,7 +477,12 @@ impl DocumentBackend for FirestoreBackend {
         self.remove_local(name, rev).await
     }
 
-    async fn local_docs(&self, range: &IdRange, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
+    async fn local_docs(
+        &self,
+        range: &IdRange,
+        limit: usize,
+        page_token: Option<&str>,
+    ) -> Result<Page<StoredDocument>> {
         self.list_local(range, limit, page_token).await
     }
 

@@ -103,7 +103,12 @@ pub trait Layered: Send + Sync + 'static {
         self.inner().delete_local(name, rev).await
     }
 
-    async fn local_docs(&self, range: &IdRange, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
+    async fn local_docs(
+        &self,
+        range: &IdRange,
+        limit: usize,
+        page_token: Option<&str>,
+    ) -> Result<Page<StoredDocument>> {
         self.inner().local_docs(range, limit, page_token).await
     }
 
@@ -230,7 +235,12 @@ impl<L: Layered> DocumentBackend for L {
         Layered::delete_local(self, name, rev).await
     }
 
-    async fn local_docs(&self, range: &IdRange, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
+    async fn local_docs(
+        &self,
+        range: &IdRange,
+        limit: usize,
+        page_token: Option<&str>,
+    ) -> Result<Page<StoredDocument>> {
         Layered::local_docs(self, range, limit, page_token).await
     }
 

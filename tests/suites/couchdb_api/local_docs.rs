@@ -54,54 +54,60 @@ pub(super) async fn local_docs_listings(e: Endpoint) -> TestResult {
 /// A database kept by agentstore (forwarded whole to the backend's own on the CouchDB backend,
 /// where the same answers are the server's).
 async fn engine_database(e: &Endpoint) -> TestResult {
-    let admin = |method: Method, path: &str, body: Option<Value>| call_as(e, "admin", method, path, body);
-    admin(Method::PUT, "/ldocs", None).await?.expect(201, "PUT /ldocs")?;
+    call_as(e, "admin", Method::PUT, "/ldocs", None).await?.expect(201, "PUT /ldocs")?;
     // The engine keeps locals of its own: a deleted document's tree, the settings.
-    let written = admin(Method::PUT, "/ldocs/gone", Some(json!({"v": 1}))).await?.expect(201, "PUT gone")?;
-    admin(Method::DELETE, &format!("/ldocs/gone?rev={}", written.rev()?), None).await?.expect(200, "DELETE gone")?;
-    admin(Method::PUT, "/ldocs/_revs_limit", Some(json!(7))).await?.expect(200, "_revs_limit")?;
+    let written =
+        call_as(e, "admin", Method::PUT, "/ldocs/gone", Some(json!({"v": 1}))).await?.expect(201, "PUT gone")?;
+    call_as(e, "admin", Method::DELETE, &format!("/ldocs/gone?rev={}", written.rev()?), None)
+        .await?
+        .expect(200, "DELETE gone")?;
+    call_as(e, "admin", Method::PUT, "/ldocs/_revs_limit", Some(json!(7))).await?.expect(200, "_revs_limit")?;
     for name in ["cp-c", "cp-a", "cp-b"] {
         let path = format!("/ldocs/_local/{name}");
-        admin(Method::PUT, &path, Some(json!({ "name": name }))).await?.expect(201, "a client's local")?;
+        call_as(e, "admin", Method::PUT, &path, Some(json!({ "name": name })))
+            .await?
+            .expect(201, "a client's local")?;
     }
-    let all = admin(Method::GET, "/ldocs/_local_docs", None).await?.expect(200, "_local_docs")?;
+    let all = call_as(e, "admin", Method::GET, "/ldocs/_local_docs", None).await?.expect(200, "_local_docs")?;
     check(all.body["total_rows"].is_null() && all.body["offset"].is_null(), || format!("{}", all.body))?;
     check(row_ids(&all) == ids(&["cp-a", "cp-b", "cp-c"]), || format!("only the clients' locals: {}", all.body))?;
     let first = &all.body["rows"][0];
     check(*first == json!({"id": "_local/cp-a", "key": "_local/cp-a", "value": {"rev": "0-1"}}), || {
         format!("a row: {first}")
     })?;
-    let paged = admin(Method::GET, "/ldocs/_local_docs?include_docs=true&skip=1&limit=1&update_seq=true", None)
-        .await?
-        .expect(200, "skip, limit, include_docs")?;
+    let paged =
+        call_as(e, "admin", Method::GET, "/ldocs/_local_docs?include_docs=true&skip=1&limit=1&update_seq=true", None)
+            .await?
+            .expect(200, "skip, limit, include_docs")?;
     check(row_ids(&paged) == ids(&["cp-b"]), || format!("skip 1 limit 1: {}", paged.body))?;
     let doc = &paged.body["rows"][0]["doc"];
     check(*doc == json!({"_id": "_local/cp-b", "_rev": "0-1", "name": "cp-b"}), || format!("doc: {doc}"))?;
     check(paged.body.get("update_seq") == Some(&Value::Null), || format!("update_seq: {}", paged.body))?;
     let down = format!("/ldocs/_local_docs?descending=true&startkey={}", key("_local/cp-b"));
-    let down = admin(Method::GET, &down, None).await?.expect(200, "descending")?;
+    let down = call_as(e, "admin", Method::GET, &down, None).await?.expect(200, "descending")?;
     check(row_ids(&down) == ids(&["cp-b", "cp-a"]), || format!("descending from cp-b: {}", down.body))?;
     let exclusive =
         format!("/ldocs/_local_docs?startkey={}&endkey={}&inclusive_end=false", key("_local/cp-b"), key("_local/cp-c"));
-    let exclusive = admin(Method::GET, &exclusive, None).await?.expect(200, "exclusive end")?;
+    let exclusive = call_as(e, "admin", Method::GET, &exclusive, None).await?.expect(200, "exclusive end")?;
     check(row_ids(&exclusive) == ids(&["cp-b"]), || format!("[cp-b, cp-c): {}", exclusive.body))?;
     // Keys without the prefix compare as raw bytes with the `_local/` ids: "a" after them all.
-    let above = admin(Method::GET, &format!("/ldocs/_local_docs?startkey={}", key("a")), None).await?;
+    let above = call_as(e, "admin", Method::GET, &format!("/ldocs/_local_docs?startkey={}", key("a")), None).await?;
     check(row_ids(&above.expect(200, "startkey a")?).is_empty(), || "from \"a\": rows".to_owned())?;
-    let below = admin(Method::GET, &format!("/ldocs/_local_docs?endkey={}", key("a")), None).await?;
+    let below = call_as(e, "admin", Method::GET, &format!("/ldocs/_local_docs?endkey={}", key("a")), None).await?;
     check(row_ids(&below.expect(200, "endkey a")?).len() == 3, || "up to \"a\": every row".to_owned())?;
     let keys = json!({"keys": ["_local/cp-c", "_local/missing", "cp-a", "_local/cp-a"]});
-    let by_keys = admin(Method::POST, "/ldocs/_local_docs", Some(keys)).await?.expect(200, "POST keys")?;
+    let by_keys =
+        call_as(e, "admin", Method::POST, "/ldocs/_local_docs", Some(keys)).await?.expect(200, "POST keys")?;
     let expected = json!([
         {"id": "_local/cp-c", "key": "_local/cp-c", "value": {"rev": "0-1"}},
         {"key": "_local/missing", "error": "not_found"},
         {"id": "_local/cp-a", "key": "_local/cp-a", "value": {"rev": "0-1"}},
     ]);
     check(by_keys.body["rows"] == expected, || format!("keys (the unprefixed one dropped): {}", by_keys.body))?;
-    admin(Method::DELETE, "/ldocs/_local/cp-b", None).await?.expect(200, "DELETE cp-b")?;
-    let left = admin(Method::GET, "/ldocs/_local_docs", None).await?.expect(200, "after the deletion")?;
+    call_as(e, "admin", Method::DELETE, "/ldocs/_local/cp-b", None).await?.expect(200, "DELETE cp-b")?;
+    let left = call_as(e, "admin", Method::GET, "/ldocs/_local_docs", None).await?.expect(200, "after the deletion")?;
     check(row_ids(&left) == ids(&["cp-a", "cp-c"]), || format!("a deleted local is gone: {}", left.body))?;
-    admin(Method::DELETE, "/ldocs", None).await?.expect(200, "DELETE /ldocs")?;
+    call_as(e, "admin", Method::DELETE, "/ldocs", None).await?.expect(200, "DELETE /ldocs")?;
     Ok(())
 }
 
@@ -138,8 +144,9 @@ async fn data_store_database(e: &Endpoint) -> TestResult {
     check(by_keys.body["rows"] == expected, || format!("alice's keys: {}", by_keys.body))?;
     // `keys` is bounded as `_all_docs`' is (docs/bounds.md): 400 naming the limit.
     let too_many: Vec<String> = (0..10_001).map(|n| format!("_local/k{n}")).collect();
-    let refused = call_as(e, "alice", Method::POST, &format!("/{DB}/_local_docs"), Some(json!({ "keys": too_many })));
-    let refused = refused.await?.expect(400, "10,001 keys")?;
+    let path = format!("/{DB}/_local_docs");
+    let refused = call_as(e, "alice", Method::POST, &path, Some(json!({ "keys": too_many }))).await?;
+    let refused = refused.expect(400, "10,001 keys")?;
     check(refused.body["reason"].as_str().is_some_and(|r| r.contains("10000")), || format!("{}", refused.body))?;
     let all = list("admin", "").await?;
     let every = ids(&["alice:cp-1", "bob:cp-1", "bob:cp-2", "cp-0"]);
