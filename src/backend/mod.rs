@@ -194,6 +194,15 @@ impl IdRange {
         range
     }
 
+    /// Whether no id can lie inside: the ends are reversed for the range's direction, or equal with
+    /// the end excluded. (CouchDB answers reversed ends with a 400; a listing answers nothing.)
+    pub fn holds_nothing(&self) -> bool {
+        let (Some(start), Some(end)) = (&self.start, &self.end) else { return false };
+        let (start, end) = (start.as_bytes(), end.as_bytes());
+        let reversed = if self.descending { start < end } else { start > end };
+        reversed || (start == end && !self.inclusive_end)
+    }
+
     /// Whether `id` lies inside the range (both ends checked, in the range's direction).
     pub fn contains(&self, id: &str) -> bool {
         let id = id.as_bytes();
@@ -656,6 +665,11 @@ mod tests {
         assert_eq!(from, range(Some("u:c"), Some("u:"), true, true));
         let all = range(Some("x"), None, true, false);
         assert_eq!(all.under_prefix(""), all);
+        assert!(!open.holds_nothing() && !open_descending.holds_nothing() && !all.holds_nothing());
+        assert!(range(Some("b"), Some("a"), true, false).holds_nothing());
+        assert!(range(Some("a"), Some("b"), true, true).holds_nothing());
+        assert!(range(Some("a"), Some("a"), false, false).holds_nothing());
+        assert!(!range(Some("a"), Some("a"), true, true).holds_nothing());
         for id in ["doc:", "doc:a", "doc:\u{10FFFF}"] {
             assert!(open.contains(id) && open_descending.contains(id), "{id}");
         }

@@ -7,8 +7,8 @@
 //! both, so re-creating it starts again at `0-1`.
 //!
 //! Listing: `GET /db/_local_docs?include_docs=true` (CouchDB 2.0 and later), its `startkey`,
-//! `endkey` (the `_local/` ids of the range's names), `inclusive_end`, `descending` and `limit`
-//! from the range; paged as `_all_docs` is ([`super::ids`]): the token is the last id returned,
+//! `endkey` (the `_local/` ids of the range's names, an open end closed at the prefix's),
+//! `inclusive_end`, `descending` and `limit` from the range; paged as `_all_docs` is ([`super::ids`]): the token is the last id returned,
 //! the next page starts at it with one row more and drops it, and one row beyond the page tells
 //! whether another follows. CouchDB leaves its own system locals (`_local/purge-…`,
 //! `_local/shard-sync-…`) out unless asked. pouchdb-server 4.2.0 has no such listing (nor any
@@ -51,29 +51,24 @@ impl CouchDbBackend {
             return Err(no_local_listing("pouchdb-server has no `_local_docs`"));
         }
         let limit = limit.max(1);
-        let id_of = |name: &String| format!("{LOCAL_PREFIX}{name}");
-        let (start, end) = (range.start.as_ref().map(id_of), range.end.as_ref().map(id_of));
-        if let (Some(start), Some(end)) = (&start, &end) {
-            // CouchDB answers reversed ends with a 400; nothing lies between them.
-            let reversed = if range.descending { start < end } else { start > end };
-            if reversed || (start == end && !range.inclusive_end) {
-                return Ok(Page { items: Vec::new(), next: None });
-            }
+        let ids = range.under_prefix(LOCAL_PREFIX);
+        if ids.holds_nothing() {
+            return Ok(Page { items: Vec::new(), next: None });
         }
         let after = page_token.map(str::to_owned);
         // The row of the document the read starts at (already returned), and one to learn
         // whether more follow.
         let wanted = limit + 1 + usize::from(after.is_some());
         let mut query = vec![("include_docs", "true".to_owned()), ("limit", wanted.to_string())];
-        if range.descending {
+        if ids.descending {
             query.push(("descending", "true".to_owned()));
         }
-        if let Some(from) = after.as_ref().or(start.as_ref()) {
+        if let Some(from) = after.as_ref().or(ids.start.as_ref()) {
             query.push(("startkey", json_key(from)));
         }
-        if let Some(end) = &end {
+        if let Some(end) = &ids.end {
             query.push(("endkey", json_key(end)));
-            query.push(("inclusive_end", range.inclusive_end.to_string()));
+            query.push(("inclusive_end", ids.inclusive_end.to_string()));
         }
         let doing = "list local documents";
         let reply = self.client.read(Method::GET, &self.client.url(&["_local_docs"]), &query, None, doing).await?;

@@ -124,30 +124,43 @@ impl DynamoDbBackend {
         if descending_from_empty {
             return Ok(Page { items: Vec::new(), next: None });
         }
-        let limit = limit.max(1);
-        let reader = IdReader { backend: self, range, after, shard_base: 0 };
-        let chunk = ShardedMerge::<IdReader>::chunk_for(limit, SHARD_COUNT);
-        let mut merge = ShardedMerge::new(reader, SHARD_COUNT, chunk, range.descending);
         let listed = |entry: &IdEntry| {
             !entry.hidden
                 && !entry.id.starts_with(LOCAL_PREFIX)
                 && (range.include_design || !entry.id.starts_with(DESIGN_PREFIX))
         };
+        let (ids, next) = self.merged_ids(range, after, 0, limit, listed).await?;
+        // Bodies by consistent reads; an id deleted since the index read drops out.
+        let items = self.get_many(&ids).await?.into_iter().flatten().collect();
+        Ok(Page { items, next })
+    }
+
+    /// Up to `limit` ids in `range` after `after` that `listed` keeps, merged in order from the
+    /// id index's shards `shard_base..shard_base + SHARD_COUNT`, and the token of the next page
+    /// when more follow.
+    async fn merged_ids(
+        &self,
+        range: &IdRange,
+        after: Option<String>,
+        shard_base: u32,
+        limit: usize,
+        listed: impl Fn(&IdEntry) -> bool,
+    ) -> Result<(Vec<String>, Option<String>)> {
+        let limit = limit.max(1);
+        let reader = IdReader { backend: self, range, after, shard_base };
+        let chunk = ShardedMerge::<IdReader>::chunk_for(limit, SHARD_COUNT);
+        let mut merge = ShardedMerge::new(reader, SHARD_COUNT, chunk, range.descending);
         let mut ids = Vec::with_capacity(limit);
-        let mut more = false;
         while let Some(entry) = merge.next().await? {
             if listed(&entry) {
                 if ids.len() == limit {
-                    more = true;
-                    break;
+                    let next = ids.last().map(|id: &String| encode_after(id));
+                    return Ok((ids, next));
                 }
                 ids.push(entry.id);
             }
         }
-        let next = if more { ids.last().map(|id| encode_after(id)) } else { None };
-        // Bodies by consistent reads; an id deleted since the index read drops out.
-        let items = self.get_many(&ids).await?.into_iter().flatten().collect();
-        Ok(Page { items, next })
+        Ok((ids, None))
     }
 
     /// `local_docs(range, limit, token)`: the local shards of the id index merged like
@@ -165,39 +178,19 @@ impl DynamoDbBackend {
     ) -> Result<Page<StoredDocument>> {
         self.require_layout("_local_docs").await?;
         let after = page_token.map(decode_after).transpose()?;
-        let as_id = |name: &String| format!("{LOCAL_PREFIX}{name}");
-        // The index holds ids: the range of names is the range of `_local/{name}`, never empty
-        // text, so no bound reaches a key condition as "".
-        let ids = IdRange {
-            start: range.start.as_ref().map(as_id),
-            end: range.end.as_ref().map(as_id),
-            inclusive_end: range.inclusive_end,
-            descending: range.descending,
-            include_design: true,
-        };
-        let limit = limit.max(1);
-        let reader = IdReader { backend: self, range: &ids, after, shard_base: layout::LOCAL_SHARD_BASE };
-        let chunk = ShardedMerge::<IdReader>::chunk_for(limit, SHARD_COUNT);
-        let mut merge = ShardedMerge::new(reader, SHARD_COUNT, chunk, range.descending);
-        let mut names = Vec::with_capacity(limit);
-        let mut more = false;
-        while let Some(entry) = merge.next().await? {
-            let Some(name) = entry.id.strip_prefix(LOCAL_PREFIX) else { continue };
-            if entry.hidden {
-                continue;
-            }
-            if names.len() == limit {
-                more = true;
-                break;
-            }
-            names.push(name.to_owned());
+        // The index holds ids: the names' range as `_local/{name}`, closed at the prefix's ends,
+        // so no bound reaches a key condition as "".
+        let id_range = range.under_prefix(LOCAL_PREFIX);
+        if id_range.holds_nothing() {
+            return Ok(Page { items: Vec::new(), next: None });
         }
-        let next = if more { names.last().map(|name| encode_after(&as_id(name))) } else { None };
+        let listed = |entry: &IdEntry| !entry.hidden && entry.id.starts_with(LOCAL_PREFIX);
+        let (ids, next) = self.merged_ids(&id_range, after, layout::LOCAL_SHARD_BASE, limit, listed).await?;
         // A plain loop, not an iterator adapter: a closure here trips rustc's higher-ranked
         // `Send` check on the boxed future.
-        let mut reads = Vec::with_capacity(names.len());
-        for name in &names {
-            reads.push(self.read_local(name));
+        let mut reads = Vec::with_capacity(ids.len());
+        for id in &ids {
+            reads.push(self.read_local(&id[LOCAL_PREFIX.len()..]));
         }
         let items: Vec<Option<StoredDocument>> =
             futures::stream::iter(reads).buffered(LOCAL_READS).try_collect().await?;

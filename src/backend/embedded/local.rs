@@ -6,7 +6,7 @@ use serde_json::{Map, Value};
 
 use super::core::LOCAL;
 use super::error::map_redb;
-use super::ids::{all_docs_bounds, is_empty_range};
+use super::ids::page_bounds;
 use super::write::Tables;
 use crate::backend::revision::{local_number, local_revision, next_local_revision};
 use crate::backend::{IdRange, Page, Precondition, Revision, StoredDocument, LOCAL_PREFIX};
@@ -48,11 +48,10 @@ pub(super) fn list(
 ) -> Result<Page<StoredDocument>> {
     let txn = db.begin_read().map_err(map_redb("begin read"))?;
     let local = txn.open_table(LOCAL).map_err(map_redb("open local table"))?;
-    let (lower, upper) = all_docs_bounds(range, after.as_deref());
-    if is_empty_range(&lower, &upper) {
+    let Some(bounds) = page_bounds(range, after.as_deref()) else {
         return Ok(Page { items: Vec::new(), next: None });
-    }
-    let entries = local.range::<&str>((lower, upper)).map_err(map_redb("read local documents"))?;
+    };
+    let entries = local.range::<&str>(bounds).map_err(map_redb("read local documents"))?;
     let entries: Box<dyn Iterator<Item = _>> =
         if range.descending { Box::new(entries.rev()) } else { Box::new(entries) };
     let mut items = Vec::with_capacity(limit.min(1024));

@@ -44,35 +44,28 @@ impl FirestoreBackend {
         page_token: Option<&str>,
     ) -> Result<Page<StoredDocument>> {
         let limit = limit.clamp(1, MAX_PAGE);
-        let (low_op, high_op, direction) = match (range.descending, range.inclusive_end) {
+        let ids = range.under_prefix(LOCAL_PREFIX);
+        if ids.holds_nothing() {
+            return Ok(Page { items: Vec::new(), next: None });
+        }
+        let (low_op, high_op, direction) = match (ids.descending, ids.inclusive_end) {
             (false, true) => ("GREATER_THAN_OR_EQUAL", "LESS_THAN_OR_EQUAL", "ASCENDING"),
             (false, false) => ("GREATER_THAN_OR_EQUAL", "LESS_THAN", "ASCENDING"),
             (true, true) => ("LESS_THAN_OR_EQUAL", "GREATER_THAN_OR_EQUAL", "DESCENDING"),
             (true, false) => ("LESS_THAN_OR_EQUAL", "GREATER_THAN", "DESCENDING"),
         };
-        if let (Some(start), Some(end)) = (&range.start, &range.end) {
-            let (start, end) = (start.as_bytes(), end.as_bytes());
-            let empty = if range.descending { start < end } else { start > end };
-            if empty || (start == end && !range.inclusive_end) {
-                return Ok(Page { items: Vec::new(), next: None });
-            }
-        }
-        let as_id = |name: &str| json!({ "stringValue": format!("{LOCAL_PREFIX}{name}") });
         let mut filters = Vec::new();
-        if let Some(start) = &range.start {
-            filters.push(field_filter(codec::ID, low_op, as_id(start)));
-        }
-        if let Some(end) = &range.end {
-            filters.push(field_filter(codec::ID, high_op, as_id(end)));
+        for (op, bound) in [(low_op, &ids.start), (high_op, &ids.end)] {
+            if let Some(id) = bound {
+                filters.push(field_filter(codec::ID, op, json!({ "stringValue": id })));
+            }
         }
         let mut query = json!({
             "from": [{ "collectionId": self.client.local_collection() }],
+            "where": all_of(filters),
             "orderBy": [{ "field": { "fieldPath": codec::ID }, "direction": direction }],
             "limit": limit,
         });
-        if !filters.is_empty() {
-            query["where"] = all_of(filters);
-        }
         if let Some(after) = page_token {
             query["startAt"] = json!({ "values": [{ "stringValue": after }], "before": false });
         }
