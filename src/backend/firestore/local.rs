@@ -6,7 +6,8 @@ use serde_json::{json, Map, Value};
 
 use super::backend::FirestoreBackend;
 use super::codec;
-use super::core::{all_of, field_filter, fields_of, text, MAX_PAGE};
+use super::core::{fields_of, text, MAX_PAGE};
+use super::ids::id_range_query;
 use super::layout::{self};
 use crate::backend::revision::next_local_revision;
 use crate::backend::{IdRange, Page, Precondition, Revision, StoredDocument, LOCAL_PREFIX};
@@ -48,27 +49,7 @@ impl FirestoreBackend {
         if ids.holds_nothing() {
             return Ok(Page { items: Vec::new(), next: None });
         }
-        let (low_op, high_op, direction) = match (ids.descending, ids.inclusive_end) {
-            (false, true) => ("GREATER_THAN_OR_EQUAL", "LESS_THAN_OR_EQUAL", "ASCENDING"),
-            (false, false) => ("GREATER_THAN_OR_EQUAL", "LESS_THAN", "ASCENDING"),
-            (true, true) => ("LESS_THAN_OR_EQUAL", "GREATER_THAN_OR_EQUAL", "DESCENDING"),
-            (true, false) => ("LESS_THAN_OR_EQUAL", "GREATER_THAN", "DESCENDING"),
-        };
-        let mut filters = Vec::new();
-        for (op, bound) in [(low_op, &ids.start), (high_op, &ids.end)] {
-            if let Some(id) = bound {
-                filters.push(field_filter(codec::ID, op, json!({ "stringValue": id })));
-            }
-        }
-        let mut query = json!({
-            "from": [{ "collectionId": self.client.local_collection() }],
-            "where": all_of(filters),
-            "orderBy": [{ "field": { "fieldPath": codec::ID }, "direction": direction }],
-            "limit": limit,
-        });
-        if let Some(after) = page_token {
-            query["startAt"] = json!({ "values": [{ "stringValue": after }], "before": false });
-        }
+        let query = id_range_query(&self.client.local_collection(), &ids, Vec::new(), limit, page_token);
         let doing = "list local documents";
         let answer = self.run_raw_query(&query, None, doing).await?;
         let mut items = Vec::with_capacity(answer.documents.len());
