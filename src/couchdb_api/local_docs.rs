@@ -17,15 +17,16 @@
 use std::collections::HashMap;
 use std::future::Future;
 
-use axum::body::{Body, Bytes};
-use axum::extract::{Extension, Query, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
-use axum::response::IntoResponse;
+use axum::extract::{Extension, FromRequest, Query, Request, State};
+use axum::http::{Method, StatusCode};
+use axum::response::{IntoResponse, Response};
 use futures::stream::{self, StreamExt, TryStreamExt};
 use serde_json::{json, Value};
 
 use super::access::Principal;
-use super::all_docs::{keys_page, paged_rows, parse_request, post_fields, query_fields, AllDocsRequest};
+use super::all_docs::{
+    keys_page, paged_rows, parse_request, post_fields, query_fields, streamed_listing, AllDocsRequest,
+};
 use super::error::CouchError;
 use super::served_db::ServedDb;
 use super::{json, Answer, CouchState};
@@ -35,27 +36,35 @@ use crate::error::ErrorKind;
 /// Local documents read at once for a `keys` request.
 const KEY_READS: usize = 16;
 
-/// `GET /{db}/_local_docs` of the data-store database.
-pub async fn get_local_docs(
-    State(state): State<CouchState>,
-    Extension(principal): Extension<Principal>,
-    _served: ServedDb,
-    Query(params): Query<HashMap<String, String>>,
-) -> Answer {
-    let request = parse_request(&query_fields(&params)?)?;
-    data_store_answer(&state, &principal, request).await
+/// `_all_docs`' parameters of a `_local_docs` request: from the query string, and for a `POST`
+/// from its JSON body over them, read as `_all_docs` reads them. One extractor serves both
+/// methods, so each database's handler is one function.
+pub(crate) struct ListingRequest(pub AllDocsRequest);
+
+impl FromRequest<CouchState> for ListingRequest {
+    type Rejection = Response;
+
+    async fn from_request(request: Request, state: &CouchState) -> Result<Self, Self::Rejection> {
+        let (parts, body) = request.into_parts();
+        let Query(params) =
+            Query::<HashMap<String, String>>::try_from_uri(&parts.uri).map_err(IntoResponse::into_response)?;
+        let fields = if parts.method == Method::POST {
+            post_fields(state, &params, &parts.headers, body).await
+        } else {
+            query_fields(&params)
+        };
+        let request = fields.and_then(|fields| parse_request(&fields)).map_err(IntoResponse::into_response)?;
+        Ok(ListingRequest(request))
+    }
 }
 
-/// `POST /{db}/_local_docs` of the data-store database: parameters in the body.
-pub async fn post_local_docs(
+/// `GET/POST /{db}/_local_docs` of the data-store database.
+pub async fn local_docs(
     State(state): State<CouchState>,
     Extension(principal): Extension<Principal>,
     _served: ServedDb,
-    Query(params): Query<HashMap<String, String>>,
-    headers: HeaderMap,
-    body: Body,
+    ListingRequest(request): ListingRequest,
 ) -> Answer {
-    let request = parse_request(&post_fields(&state, &params, &headers, body).await?)?;
     data_store_answer(&state, &principal, request).await
 }
 
@@ -201,15 +210,10 @@ where
     let mut rows = Box::pin(paged_rows(fetch_names, render, request.skip, request.limit));
     // The first page is read before the status is sent, so a refusal is an error status.
     let first = rows.next().await.transpose().map_err(listing_error)?;
+    // The head's members, then the rows: the object's text without its closing brace.
     let opening = head.to_string();
-    let opening = format!("{},\"rows\":[", &opening[..opening.len() - 1]);
-    let body = stream::once(async move { Ok::<_, crate::Error>(Bytes::from(opening)) })
-        .chain(stream::iter(first.map(Ok)))
-        .chain(rows)
-        .chain(stream::once(async { Ok(Bytes::from_static(b"\n]}\n")) }));
-    let mut response = Body::from_stream(body).into_response();
-    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    Ok(response)
+    let opening = format!("{},\"rows\":[", opening.strip_suffix('}').unwrap_or(&opening));
+    Ok(streamed_listing(opening, first, rows))
 }
 
 #[cfg(test)]

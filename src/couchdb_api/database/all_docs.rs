@@ -11,14 +11,16 @@ use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Query, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
-use axum::response::IntoResponse;
-use futures::stream::{self, StreamExt};
+use axum::http::{HeaderMap, StatusCode};
+use futures::stream::StreamExt;
 use serde_json::{json, Value};
 
 use super::{leaf_json, DocOptions, OpenDb};
 use crate::backend::IdRange;
-use crate::couchdb_api::all_docs::{keys_page, paged_rows, parse_request, post_fields, query_fields, AllDocsRequest};
+use crate::couchdb_api::all_docs::{
+    keys_page, paged_rows, parse_request, post_fields, query_fields, streamed_listing, AllDocsRequest,
+};
+use crate::couchdb_api::local_docs::ListingRequest;
 use crate::couchdb_api::server::live_document_count;
 use crate::couchdb_api::{json, Answer, CouchState};
 use crate::database::{Database, DocState};
@@ -41,21 +43,8 @@ pub async fn post_all_docs(
     answer(opened.db, request).await
 }
 
-/// `GET /{db}/_local_docs`.
-pub async fn get_local_docs(opened: OpenDb, Query(params): Query<HashMap<String, String>>) -> Answer {
-    let request = parse_request(&query_fields(&params)?)?;
-    local_docs_answer(opened.db, request).await
-}
-
-/// `POST /{db}/_local_docs`.
-pub async fn post_local_docs(
-    State(state): State<CouchState>,
-    opened: OpenDb,
-    Query(params): Query<HashMap<String, String>>,
-    headers: HeaderMap,
-    body: Body,
-) -> Answer {
-    let request = parse_request(&post_fields(&state, &params, &headers, body).await?)?;
+/// `GET/POST /{db}/_local_docs`.
+pub async fn local_docs(opened: OpenDb, ListingRequest(request): ListingRequest) -> Answer {
     local_docs_answer(opened.db, request).await
 }
 
@@ -144,13 +133,7 @@ async fn answer(db: Arc<Database>, mut request: AllDocsRequest) -> Answer {
     let range = request.range.clone();
     let mut rows = Box::pin(range_rows(db, range, request));
     let first = rows.next().await.transpose()?;
-    let body = stream::once(async move { Ok::<_, crate::Error>(Bytes::from(head)) })
-        .chain(stream::iter(first.map(Ok)))
-        .chain(rows)
-        .chain(stream::once(async { Ok(Bytes::from_static(b"\n]}\n")) }));
-    let mut response = Body::from_stream(body).into_response();
-    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    Ok(response)
+    Ok(streamed_listing(head, first, rows))
 }
 
 /// The rows of a range, one backend page at a time ([`paged_rows`]).

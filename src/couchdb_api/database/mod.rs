@@ -49,7 +49,7 @@ pub(crate) fn router(state: CouchState) -> Router {
         .route("/{db}/", get(admin::db_info).put(admin::create_db).delete(admin::delete_db).post(docs::post_document))
         .route("/{db}/_all_docs", get(all_docs::get_all_docs).post(all_docs::post_all_docs))
         .route("/{db}/_design_docs", get(all_docs::get_design_docs))
-        .route("/{db}/_local_docs", get(all_docs::get_local_docs).post(all_docs::post_local_docs))
+        .route("/{db}/_local_docs", get(all_docs::local_docs).post(all_docs::local_docs))
         .route("/{db}/_bulk_docs", post(bulk::bulk_docs))
         .route("/{db}/_bulk_get", post(bulk::bulk_get))
         .route("/{db}/_revs_diff", post(bulk::revs_diff))
