@@ -75,7 +75,7 @@ impl FirestoreBackend {
             return Ok(Page { items: Vec::new(), next: None });
         }
         let live = field_filter(layout::DELETED, "EQUAL", json!({ "booleanValue": false }));
-        let query = id_range_query(&self.client.collection(), range, vec![live], limit, page_token);
+        let query = id_range_query(self.client.collection(), range, vec![live], limit, page_token);
         let answer = self.run_raw_query(&query, None, "list documents in id order").await?;
         let next = match answer.documents.last() {
             Some(last) if answer.documents.len() >= limit => Some(self.id_of(last)),
