@@ -1,6 +1,7 @@
 //! `GET/POST /{db}/_local_docs`: local documents (replication checkpoints) listed as `_all_docs`
-//! lists documents, for every database; the data-store database's handlers are here, the other
-//! databases' in [`super::database`], both answering through [`answer`].
+//! lists documents, for every database: the data-store database's handler is here, the other
+//! databases' in [`super::database`], both reading the request with [`ListingRequest`] and
+//! answering through [`answer`].
 //!
 //! As CouchDB 3.4.3 answers it (`couch_mrview.erl`, `fabric_view_all_docs.erl`): rows
 //! `{"id":"_local/x","key":"_local/x","value":{"rev":"0-N"}}` in raw id order, `total_rows` and
