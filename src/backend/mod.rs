@@ -166,6 +166,43 @@ impl IdRange {
         IdRange { start: None, end: None, inclusive_end: true, descending: false, include_design: false }
     }
 
+    /// The same range over ids stored under `prefix` (`prefix` put before both ends), cut to the
+    /// ids that start with it: an open end becomes the prefix's own end. A descending range open
+    /// at the top starts at the id just past the prefix's ids (inclusive: a caller drops an id that
+    /// does not start with `prefix`).
+    pub fn under_prefix(&self, prefix: &str) -> IdRange {
+        if prefix.is_empty() {
+            return self.clone();
+        }
+        let prefixed = |id: &String| format!("{prefix}{id}");
+        // The first text after every text that starts with `prefix`: its last character's
+        // successor (UTF-8 byte order is code point order).
+        let past = prefix
+            .char_indices()
+            .last()
+            .and_then(|(at, last)| char::from_u32(u32::from(last) + 1).map(|next| format!("{}{next}", &prefix[..at])));
+        let mut range = self.clone();
+        if self.descending {
+            range.start = self.start.as_ref().map(prefixed).or(past);
+            range.end = Some(self.end.as_ref().map_or_else(|| prefix.to_owned(), prefixed));
+            range.inclusive_end = self.end.is_none() || self.inclusive_end;
+        } else {
+            range.start = Some(self.start.as_ref().map_or_else(|| prefix.to_owned(), prefixed));
+            range.end = self.end.as_ref().map(prefixed).or(past);
+            range.inclusive_end = self.end.is_some() && self.inclusive_end;
+        }
+        range
+    }
+
+    /// Whether no id can lie inside: the ends are reversed for the range's direction, or equal with
+    /// the end excluded. (CouchDB answers reversed ends with a 400; a listing answers nothing.)
+    pub fn holds_nothing(&self) -> bool {
+        let (Some(start), Some(end)) = (&self.start, &self.end) else { return false };
+        let (start, end) = (start.as_bytes(), end.as_bytes());
+        let reversed = if self.descending { start < end } else { start > end };
+        reversed || (start == end && !self.inclusive_end)
+    }
+
     /// Whether `id` lies inside the range (both ends checked, in the range's direction).
     pub fn contains(&self, id: &str) -> bool {
         let id = id.as_bytes();
@@ -372,6 +409,16 @@ pub trait DocumentBackend: Send + Sync + 'static {
     /// Deletes the local document `_local/{name}` if its revision is still `rev` (no tombstone).
     async fn delete_local(&self, name: &str, rev: &Revision) -> Result<()>;
 
+    /// One page (at most `limit`) of the local documents whose *names* lie in `range` (the bounds
+    /// are names, without `_local/`, compared as UTF-8 bytes like ids in `all_docs`;
+    /// `include_design` means nothing here), in name order (reversed with `descending`), each
+    /// with its id `_local/{name}`, revision `0-N` and body; pass `next` back to continue. A
+    /// deleted local document is gone, so never listed. Callers that keep locals of their own
+    /// beside their clients' (the engine's `tree:`/`db:` names) give a range that holds only the
+    /// clients' names, and drop anything else the page holds.
+    async fn local_docs(&self, range: &IdRange, limit: usize, page_token: Option<&str>)
+        -> Result<Page<StoredDocument>>;
+
     /// Whether the store has this release's layout.
     async fn layout(&self) -> Result<LayoutState>;
 
@@ -480,6 +527,24 @@ impl DocumentText {
         })?;
         Ok(DocumentText { id: doc.id.clone(), rev: doc.rev.clone(), json })
     }
+}
+
+/// A page of [`DocumentBackend::local_docs`] over names stored under `prefix` (a database's or a
+/// user's), as its owner names them: `_local/{prefix}{name}` shown as `_local/{name}`, and any
+/// document whose name does not start with `prefix` dropped (a range open at the top of a prefix
+/// ends at the first name past it, inclusive: [`IdRange::under_prefix`]).
+pub fn shown_without_prefix(page: Page<StoredDocument>, prefix: &str) -> Page<StoredDocument> {
+    let stored = format!("{LOCAL_PREFIX}{prefix}");
+    let items = page
+        .items
+        .into_iter()
+        .filter_map(|mut doc| {
+            let name = doc.id.strip_prefix(&stored)?;
+            doc.id = format!("{LOCAL_PREFIX}{name}");
+            Some(doc)
+        })
+        .collect();
+    Page { items, next: page.next }
 }
 
 /// The distinct ids of a `get_many` request, in first-seen order: batch reads ask for each once
@@ -609,5 +674,54 @@ pub async fn open(url: &BackendUrl) -> Result<Arc<dyn DocumentBackend>> {
         BackendUrl::CouchDb(config) => Ok(Arc::new(couchdb::CouchDbBackend::open(config).await?)),
         BackendUrl::DynamoDb(config) => Ok(Arc::new(dynamodb::DynamoDbBackend::open(config).await?)),
         BackendUrl::Firestore(config) => Ok(Arc::new(firestore::FirestoreBackend::open(config).await?)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn range(start: Option<&str>, end: Option<&str>, inclusive_end: bool, descending: bool) -> IdRange {
+        IdRange {
+            start: start.map(str::to_owned),
+            end: end.map(str::to_owned),
+            inclusive_end,
+            descending,
+            include_design: false,
+        }
+    }
+
+    #[test]
+    fn a_range_under_a_prefix_holds_only_that_prefix_s_ids() {
+        let open = range(None, None, true, false).under_prefix("doc:");
+        assert_eq!(open, range(Some("doc:"), Some("doc;"), false, false));
+        let open_descending = range(None, None, true, true).under_prefix("doc:");
+        assert_eq!(open_descending, range(Some("doc;"), Some("doc:"), true, true));
+        let bounded = range(Some("a"), Some("c"), false, false).under_prefix("alice:");
+        assert_eq!(bounded, range(Some("alice:a"), Some("alice:c"), false, false));
+        let from = range(Some("c"), None, true, true).under_prefix("u:");
+        assert_eq!(from, range(Some("u:c"), Some("u:"), true, true));
+        let all = range(Some("x"), None, true, false);
+        assert_eq!(all.under_prefix(""), all);
+        assert!(!open.holds_nothing() && !open_descending.holds_nothing() && !all.holds_nothing());
+        assert!(range(Some("b"), Some("a"), true, false).holds_nothing());
+        assert!(range(Some("a"), Some("b"), true, true).holds_nothing());
+        assert!(range(Some("a"), Some("a"), false, false).holds_nothing());
+        assert!(!range(Some("a"), Some("a"), true, true).holds_nothing());
+        for id in ["doc:", "doc:a", "doc:\u{10FFFF}"] {
+            assert!(open.contains(id) && open_descending.contains(id), "{id}");
+        }
+        for id in ["doc", "doc;", "doc;a", "tree:doc:a", "db:settings"] {
+            assert!(!open.contains(id), "{id}");
+        }
+    }
+
+    #[test]
+    fn locals_under_a_prefix_are_shown_without_it() {
+        let local = |id: &str| StoredDocument { id: id.into(), rev: Revision("0-1".into()), body: Map::new() };
+        let page = Page { items: vec![local("_local/alice:cp"), local("_local/alice;x")], next: Some("t".into()) };
+        let shown = shown_without_prefix(page, "alice:");
+        assert_eq!(shown.items.iter().map(|d| d.id.as_str()).collect::<Vec<_>>(), ["_local/cp"]);
+        assert_eq!(shown.next.as_deref(), Some("t"));
     }
 }

@@ -367,6 +367,23 @@ fn range_rows(
     paged_rows(fetch, render, request.skip, request.limit).boxed()
 }
 
+/// A listing's answer streamed: `head` (the JSON up to and including `"rows":[`), the first
+/// page's rows (read before the status is sent, so a failure there is an error status), the
+/// rest as they are read, then the closing `]}`.
+pub(crate) fn streamed_listing(
+    head: String,
+    first: Option<Bytes>,
+    rest: impl futures::Stream<Item = crate::Result<Bytes>> + Send + 'static,
+) -> axum::response::Response {
+    let body = stream::once(async move { Ok::<_, crate::Error>(Bytes::from(head)) })
+        .chain(stream::iter(first.map(Ok)))
+        .chain(rest)
+        .chain(stream::once(async { Ok(Bytes::from_static(b"\n]}\n")) }));
+    let mut response = Body::from_stream(body).into_response();
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
 /// A listing's rows as JSON text chunks (`,` between rows), one page at a time: `fetch(want,
 /// token)` reads a page, `render` writes an item's row (`None`: the item is not shown and does not
 /// count), after `skip` shown rows and up to `limit` of them. Each page asks for no more items

@@ -10,7 +10,8 @@
 //! Each request is authenticated first ([`auth`]: Basic or an `AuthSession` cookie from
 //! [`session`], resolved to an [`access::Principal`]); handlers live in one module
 //! per part of the API: the server and database ([`server`]), documents ([`document`]), bulk
-//! and replication endpoints ([`bulk`]), `_all_docs` ([`all_docs`]), `_changes`
+//! and replication endpoints ([`bulk`]), `_all_docs` ([`all_docs`]), `_local_docs`
+//! ([`local_docs`]), `_changes`
 //! ([`changes`]) and design documents ([`design`], passed through where the backend runs them).
 //! Responses follow CouchDB 3.x field for field: `docs/couchdb-api.md` lists what is supported
 //! and how it differs.
@@ -25,6 +26,7 @@ mod database;
 mod design;
 mod document;
 pub mod error;
+mod local_docs;
 pub mod mango;
 mod query;
 mod request;
@@ -185,6 +187,7 @@ fn router(state: CouchState, query_limit: request::EndpointLimit) -> Router {
             get(server::db_info).put(server::create_db).post(document::post_document).delete(server::delete_db),
         )
         .route("/{db}/_all_docs", get(all_docs::get_all_docs).post(all_docs::post_all_docs))
+        .route("/{db}/_local_docs", get(local_docs::local_docs).post(local_docs::local_docs))
         .route("/{db}/_index/{*rest}", axum::routing::delete(query::delete_index))
         .route("/{db}/_bulk_docs", post(bulk::bulk_docs))
         .route("/{db}/_bulk_get", post(bulk::bulk_get))

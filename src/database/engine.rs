@@ -397,6 +397,15 @@ impl Database {
         self.while_open(self.backend.delete_local(&format!("{CLIENT_LOCAL_PREFIX}{name}"), rev)).await
     }
 
+    /// One page of the clients' local documents whose names (without `_local/`) lie in `range`,
+    /// in name order, each with its client id `_local/{name}`; the engine's own locals (trees,
+    /// settings) are never in it. Pass `next` back to continue.
+    pub async fn local_docs(&self, range: &IdRange, limit: usize, token: Option<&str>) -> Result<Page<StoredDocument>> {
+        let names = range.under_prefix(CLIENT_LOCAL_PREFIX);
+        let page = self.while_open(self.backend.local_docs(&names, limit, token)).await?;
+        Ok(crate::backend::shown_without_prefix(page, CLIENT_LOCAL_PREFIX))
+    }
+
     /// The database's settings (`_revs_limit`, `_security`).
     pub async fn settings(&self) -> Result<DbSettings> {
         let Some(stored) = self.while_open(self.backend.get_local(SETTINGS_NAME)).await? else {

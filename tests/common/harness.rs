@@ -44,6 +44,10 @@ pub struct Ctx {
     /// Why this test server cannot list a database whose name holds `/` under its name, when it
     /// cannot (pouchdb-server's `_all_dbs` leaves the `/` out; Apache CouchDB lists it).
     pub slash_names_unlisted: Option<String>,
+    /// Why this test server cannot list local documents, when it cannot (pouchdb-server has no
+    /// `_local_docs`; Apache CouchDB 2.0 and later have): the listing must then be refused with
+    /// an error that says so, never answered empty.
+    pub no_local_listing: Option<String>,
     /// The backend's URL as `backend::open` and `open_catalog` take it (for the embedded store
     /// too: its catalog's files go beside the test's data-store file).
     pub backend_url: String,
@@ -121,6 +125,7 @@ async fn fresh_firestore() -> Result<Ctx, String> {
         url: Some(url.clone()),
         no_purge: None,
         slash_names_unlisted: None,
+        no_local_listing: None,
         backend_url: url,
         _keep_alive: Box::new(()),
     })
@@ -140,6 +145,7 @@ async fn fresh_dynamodb() -> Result<Ctx, String> {
         url: Some(url.clone()),
         no_purge: None,
         slash_names_unlisted: None,
+        no_local_listing: None,
         backend_url: url,
         _keep_alive: Box::new(()),
     })
@@ -160,6 +166,8 @@ async fn fresh_couchdb() -> Result<Ctx, String> {
         .then(|| format!("{} answers _purge with 400 only_multipart_accepted (Apache CouchDB purges)", server.product));
     let slash_names_unlisted = (!server.exact_numbers)
         .then(|| format!("{} lists database a/b as ab in _all_dbs (Apache CouchDB lists a/b)", server.product));
+    let no_local_listing = (!server.exact_numbers)
+        .then(|| format!("{} has no _local_docs (Apache CouchDB lists local documents)", server.product));
     Ok(Ctx {
         backend: Arc::new(backend),
         backend_name: "couchdb",
@@ -167,6 +175,7 @@ async fn fresh_couchdb() -> Result<Ctx, String> {
         url: Some(url.clone()),
         no_purge,
         slash_names_unlisted,
+        no_local_listing,
         backend_url: url,
         _keep_alive: Box::new(()),
     })
@@ -183,6 +192,7 @@ async fn fresh_embedded() -> Result<Ctx, String> {
         url: None,
         no_purge: None,
         slash_names_unlisted: None,
+        no_local_listing: None,
         backend_url: format!("embedded:{}", file.display()),
         _keep_alive: Box::new(dir),
     })

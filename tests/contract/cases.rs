@@ -68,7 +68,14 @@ pub fn all() -> Vec<Case> {
     cases.extend(replication_cases());
     cases.extend(rev_tree_cases());
     cases.extend(catalog_cases());
+    cases.extend(local_docs_cases());
     cases
+}
+
+/// Listing local documents (`local_docs.rs`).
+fn local_docs_cases() -> Vec<Case> {
+    use crate::local_docs::*;
+    cases![local_docs_list_names_in_order_by_range_and_page, local_docs_of_a_database_are_its_clients_only]
 }
 
 /// A CouchDB database's revision trees over the backend (`rev_trees.rs`).

@@ -7,6 +7,7 @@ mod common;
 mod cases;
 mod catalog;
 mod document_model;
+mod local_docs;
 mod replication;
 mod rev_trees;
 mod writer;

@@ -276,6 +276,58 @@ async fn local_documents() {
     assert!(all_changes(&backend, None, 10).await.0.is_empty());
 }
 
+/// Every local document listed: (id, revision).
+async fn listed_locals(backend: &DynamoDbBackend) -> Vec<(String, String)> {
+    let page = backend.local_docs(&IdRange::all(), 10, None).await.expect("local_docs");
+    page.items.into_iter().map(|doc| (doc.id, doc.rev.0)).collect()
+}
+
+/// A local document written before local documents had a shard (no `_shard`: in no index) is
+/// not listed until the upgrade stamps it, or its next write does; a current one is listed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_documents_of_an_earlier_release_are_listed_after_the_upgrade() {
+    let backend = open(&table_name("oldlocal"), true, "").await;
+    let table = backend_table(&backend);
+    for name in ["old-a", "old-b"] {
+        let item = HashMap::from([
+            ("_id".to_owned(), AttributeValue::S(format!("_local/{name}"))),
+            ("_rev".to_owned(), AttributeValue::S("0-3".into())),
+            ("_json".to_owned(), AttributeValue::S(json!({ "name": name }).to_string())),
+        ]);
+        backend.client().put_item().table_name(&table).set_item(Some(item)).send().await.expect("an old local");
+    }
+    backend.put_local("new", &body("u1", "cp", 1), Precondition::MustNotExist).await.unwrap();
+    assert_eq!(
+        listed_locals(&backend).await,
+        [("_local/new".to_owned(), "0-1".to_owned())],
+        "old ones are in no index"
+    );
+    // Its next write lists one; the upgrade stamps the other, keeping its revision and body.
+    backend.put_local("old-b", &Map::new(), Precondition::MatchRevision(Revision("0-3".into()))).await.unwrap();
+    let (mut upgraded, mut token) = (0, None);
+    loop {
+        let step = backend.upgrade_page(token.as_deref(), 2).await.unwrap();
+        upgraded += step.upgraded;
+        token = step.next;
+        if token.is_none() {
+            break;
+        }
+    }
+    assert_eq!(upgraded, 1, "only the local document without a shard");
+    let expected: Vec<(String, String)> = [("old-a", "0-3"), ("old-b", "0-4"), ("new", "0-1")]
+        .iter()
+        .map(|(n, r)| (format!("_local/{n}"), r.to_string()))
+        .collect();
+    let mut sorted = expected.clone();
+    sorted.sort();
+    assert_eq!(listed_locals(&backend).await, sorted);
+    let old = backend.get_local("old-a").await.unwrap().expect("still there");
+    assert_eq!(Value::Object(old.body), json!({ "name": "old-a" }));
+    // Still no document anywhere else.
+    assert!(backend.all_docs(&IdRange::all(), 10, None).await.unwrap().items.is_empty());
+    assert!(backend.scan(10, None).await.unwrap().items.is_empty());
+}
+
 // ---------------------------------------------------------------------------------------------
 // Tables written by the previous release.
 // ---------------------------------------------------------------------------------------------

@@ -710,6 +710,15 @@ impl DocumentBackend for CouchDbBackend {
         self.remove_local(name, rev).await
     }
 
+    async fn local_docs(
+        &self,
+        range: &IdRange,
+        limit: usize,
+        page_token: Option<&str>,
+    ) -> Result<Page<StoredDocument>> {
+        self.list_local(range, limit, page_token).await
+    }
+
     /// A CouchDB database is used as the existing system left it: nothing to upgrade, and the
     /// existing system may keep writing to it.
     async fn layout(&self) -> Result<LayoutState> {

@@ -5,16 +5,25 @@
 //! `DELETE ?rev=`: both servers check the revision of such a PUT, while pouchdb-server 4.2.0 deletes
 //! a local document on `DELETE` whatever revision is named. A deleted local document is gone on
 //! both, so re-creating it starts again at `0-1`.
+//!
+//! Listing: `GET /db/_local_docs?include_docs=true` (CouchDB 2.0 and later), its `startkey`,
+//! `endkey` (the `_local/` ids of the range's names, an open end closed at the prefix's),
+//! `inclusive_end`, `descending` and `limit` from the range; paged as `_all_docs` is ([`super::ids`]): the token is the last id returned,
+//! the next page starts at it with one row more and drops it, and one row beyond the page tells
+//! whether another follows. CouchDB leaves its own system locals (`_local/purge-…`,
+//! `_local/shard-sync-…`) out unless asked. pouchdb-server 4.2.0 has no such listing (nor any
+//! other way to enumerate local documents): there the listing is refused with an error that says
+//! so, never answered empty.
 
 use reqwest::{Method, StatusCode};
 use serde_json::{Map, Value};
 
-use super::backend::{from_couch_doc, revision_of, CouchDbBackend, UNCONDITIONAL_WRITE_ATTEMPTS};
+use super::backend::{from_couch_doc, json_key, revision_of, take_array, CouchDbBackend, UNCONDITIONAL_WRITE_ATTEMPTS};
 use super::codec::to_couch_doc;
 use super::error::from_status;
 use crate::backend::revision::local_number;
-use crate::backend::{Precondition, Revision, StoredDocument, LOCAL_PREFIX};
-use crate::error::{Error, Result};
+use crate::backend::{IdRange, Page, Precondition, Revision, StoredDocument, LOCAL_PREFIX};
+use crate::error::{Error, ErrorKind, Result};
 
 impl CouchDbBackend {
     fn local_url(&self, name: &str) -> String {
@@ -29,6 +38,65 @@ impl CouchDbBackend {
             StatusCode::NOT_FOUND => Ok(None),
             status => Err(from_status(status, &reply.body, &format!("read local document {name:?}"))),
         }
+    }
+
+    /// One page of the local documents whose names lie in `range` (see the module's doc).
+    pub(super) async fn list_local(
+        &self,
+        range: &IdRange,
+        limit: usize,
+        page_token: Option<&str>,
+    ) -> Result<Page<StoredDocument>> {
+        if self.pouchdb_server().await? {
+            return Err(no_local_listing("pouchdb-server has no `_local_docs`"));
+        }
+        let limit = limit.max(1);
+        let ids = range.under_prefix(LOCAL_PREFIX);
+        if ids.holds_nothing() {
+            return Ok(Page { items: Vec::new(), next: None });
+        }
+        let after = page_token.map(str::to_owned);
+        // The row of the document the read starts at (already returned), and one to learn
+        // whether more follow.
+        let wanted = limit + 1 + usize::from(after.is_some());
+        let mut query = vec![("include_docs", "true".to_owned()), ("limit", wanted.to_string())];
+        if ids.descending {
+            query.push(("descending", "true".to_owned()));
+        }
+        if let Some(from) = after.as_ref().or(ids.start.as_ref()) {
+            query.push(("startkey", json_key(from)));
+        }
+        if let Some(end) = &ids.end {
+            query.push(("endkey", json_key(end)));
+            query.push(("inclusive_end", ids.inclusive_end.to_string()));
+        }
+        let doing = "list local documents";
+        let reply = self.client.read(Method::GET, &self.client.url(&["_local_docs"]), &query, None, doing).await?;
+        match reply.status {
+            StatusCode::OK => {}
+            // CouchDB 1.x reads `_local_docs` as a document id it refuses or cannot find.
+            StatusCode::BAD_REQUEST | StatusCode::NOT_FOUND if reply.body.get("rows").is_none() => {
+                return Err(no_local_listing("this CouchDB server has no `_local_docs` (CouchDB 2.0 and later have)"))
+            }
+            status => return Err(from_status(status, &reply.body, doing)),
+        }
+        let mut items = Vec::with_capacity(limit.min(1024) + 1);
+        for row in take_array(reply.body, "rows", "_local_docs")? {
+            let Value::Object(mut row) = row else { continue };
+            let Some(id) = row.get("id").and_then(Value::as_str) else { continue };
+            if after.as_deref() == Some(id) || !id.starts_with(LOCAL_PREFIX) {
+                continue;
+            }
+            if let Some(doc) = row.remove("doc").filter(|doc| !doc.is_null()) {
+                items.push(from_couch_doc(doc, doing)?);
+            }
+        }
+        if items.len() > limit {
+            items.truncate(limit);
+            let next = items.last().map(|doc| doc.id.clone());
+            return Ok(Page { items, next });
+        }
+        Ok(Page { items, next: None })
     }
 
     pub(super) async fn write_local(
@@ -98,4 +166,9 @@ fn check_local_revision(name: &str, rev: &Revision) -> Result<()> {
     } else {
         Err(Error::conflict(format!("local document {name:?} is not at revision {rev} (local revisions are 0-N)")))
     }
+}
+
+/// The refusal of a listing of local documents on a server that cannot list them.
+fn no_local_listing(why: &str) -> Error {
+    Error::new(ErrorKind::Misconfigured, format!("cannot list local documents: {why}"))
 }

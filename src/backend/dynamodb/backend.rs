@@ -673,6 +673,15 @@ impl DocumentBackend for DynamoDbBackend {
         self.remove_local(name, rev).await
     }
 
+    async fn local_docs(
+        &self,
+        range: &IdRange,
+        limit: usize,
+        page_token: Option<&str>,
+    ) -> Result<Page<StoredDocument>> {
+        self.local_docs_page(range, limit, page_token).await
+    }
+
     async fn layout(&self) -> Result<LayoutState> {
         self.layout_state().await
     }

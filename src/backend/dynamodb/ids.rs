@@ -1,5 +1,6 @@
 //! Documents in id order over the sharded id index (docs/dynamodb-layout.md), merged across
-//! shards like the feed ([`crate::backend::raw::sharded`]), and erasure by id prefix.
+//! shards like the feed ([`crate::backend::raw::sharded`]), local documents in name order over
+//! the same index's local shards, and erasure by id prefix.
 
 use std::collections::HashMap;
 
@@ -16,6 +17,9 @@ use crate::backend::raw::sharded::{Chunk, ShardReader, ShardedMerge};
 use crate::backend::{DocumentBackend, IdRange, LayoutState, Page, StoredDocument, LOCAL_PREFIX};
 use crate::error::{Error, ErrorKind, Result};
 
+/// Local documents read at once by `local_docs` (one consistent `GetItem` each).
+const LOCAL_READS: usize = 16;
+
 /// Ids that `all_docs` never lists besides tombstones: local and design documents.
 const DESIGN_PREFIX: &str = "_design/";
 
@@ -31,6 +35,9 @@ struct IdReader<'a> {
     backend: &'a DynamoDbBackend,
     range: &'a IdRange,
     after: Option<String>,
+    /// Added to the merge's shard numbers: 0 for documents, [`layout::LOCAL_SHARD_BASE`] for
+    /// local documents.
+    shard_base: u32,
 }
 
 #[async_trait]
@@ -52,7 +59,7 @@ impl ShardReader for IdReader<'_> {
             .index_name(ID_INDEX)
             .scan_index_forward(!self.range.descending)
             .expression_attribute_names("#shard", SHARD)
-            .expression_attribute_values(":shard", shard_value(shard))
+            .expression_attribute_values(":shard", shard_value(self.shard_base + shard))
             .limit(limit_of(limit))
             .set_exclusive_start_key(cursor);
         // The near end bounds the query; the far end is checked on the entries read.
@@ -117,30 +124,77 @@ impl DynamoDbBackend {
         if descending_from_empty {
             return Ok(Page { items: Vec::new(), next: None });
         }
-        let limit = limit.max(1);
-        let reader = IdReader { backend: self, range, after };
-        let chunk = ShardedMerge::<IdReader>::chunk_for(limit, SHARD_COUNT);
-        let mut merge = ShardedMerge::new(reader, SHARD_COUNT, chunk, range.descending);
         let listed = |entry: &IdEntry| {
             !entry.hidden
                 && !entry.id.starts_with(LOCAL_PREFIX)
                 && (range.include_design || !entry.id.starts_with(DESIGN_PREFIX))
         };
+        let (ids, next) = self.merged_ids(range, after, 0, limit, listed).await?;
+        // Bodies by consistent reads; an id deleted since the index read drops out.
+        let items = self.get_many(&ids).await?.into_iter().flatten().collect();
+        Ok(Page { items, next })
+    }
+
+    /// Up to `limit` ids in `range` after `after` that `listed` keeps, merged in order from the
+    /// id index's shards `shard_base..shard_base + SHARD_COUNT`, and the token of the next page
+    /// when more follow.
+    async fn merged_ids(
+        &self,
+        range: &IdRange,
+        after: Option<String>,
+        shard_base: u32,
+        limit: usize,
+        listed: impl Fn(&IdEntry) -> bool,
+    ) -> Result<(Vec<String>, Option<String>)> {
+        let limit = limit.max(1);
+        let reader = IdReader { backend: self, range, after, shard_base };
+        let chunk = ShardedMerge::<IdReader>::chunk_for(limit, SHARD_COUNT);
+        let mut merge = ShardedMerge::new(reader, SHARD_COUNT, chunk, range.descending);
         let mut ids = Vec::with_capacity(limit);
-        let mut more = false;
         while let Some(entry) = merge.next().await? {
             if listed(&entry) {
                 if ids.len() == limit {
-                    more = true;
-                    break;
+                    let next = ids.last().map(|id: &String| encode_after(id));
+                    return Ok((ids, next));
                 }
                 ids.push(entry.id);
             }
         }
-        let next = if more { ids.last().map(|id| encode_after(id)) } else { None };
-        // Bodies by consistent reads; an id deleted since the index read drops out.
-        let items = self.get_many(&ids).await?.into_iter().flatten().collect();
-        Ok(Page { items, next })
+        Ok((ids, None))
+    }
+
+    /// `local_docs(range, limit, token)`: the local shards of the id index merged like
+    /// `all_docs`' (a page of `L` reads about `L + 16 × chunk` index entries, in about 16 + 16
+    /// small Queries, whatever the table's size), then each listed one by a consistent `GetItem`
+    /// ([`LOCAL_READS`] at once): one deleted since the index read drops out. The index is
+    /// eventually consistent, so a local document written a moment ago may be missing from a
+    /// page. Local documents written before local shards existed are in no index until their
+    /// next write (or `agentstore upgrade`, which stamps them).
+    pub(super) async fn local_docs_page(
+        &self,
+        range: &IdRange,
+        limit: usize,
+        page_token: Option<&str>,
+    ) -> Result<Page<StoredDocument>> {
+        self.require_layout("_local_docs").await?;
+        let after = page_token.map(decode_after).transpose()?;
+        // The index holds ids: the names' range as `_local/{name}`, closed at the prefix's ends,
+        // so no bound reaches a key condition as "".
+        let id_range = range.under_prefix(LOCAL_PREFIX);
+        if id_range.holds_nothing() {
+            return Ok(Page { items: Vec::new(), next: None });
+        }
+        let listed = |entry: &IdEntry| !entry.hidden && entry.id.starts_with(LOCAL_PREFIX);
+        let (ids, next) = self.merged_ids(&id_range, after, layout::LOCAL_SHARD_BASE, limit, listed).await?;
+        // A plain loop, not an iterator adapter: a closure here trips rustc's higher-ranked
+        // `Send` check on the boxed future.
+        let mut reads = Vec::with_capacity(ids.len());
+        for id in &ids {
+            reads.push(self.read_local(&id[LOCAL_PREFIX.len()..]));
+        }
+        let items: Vec<Option<StoredDocument>> =
+            futures::stream::iter(reads).buffered(LOCAL_READS).try_collect().await?;
+        Ok(Page { items: items.into_iter().flatten().collect(), next })
     }
 
     /// `erase_prefix(prefix)`: every item whose id starts with `prefix` (documents, tombstones,

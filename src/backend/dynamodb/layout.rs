@@ -38,6 +38,13 @@ pub const ID_INDEX: &str = "agentstore-ids";
 /// How many shards the indexes are split into. Part of the layout: every process of a table must
 /// agree, so it is recorded in the layout marker.
 pub const SHARD_COUNT: u32 = 16;
+/// The first of the shards that hold local documents (`_local/…`) in the id index: a local
+/// document's `_shard` is this plus [`shard_of`] its id, so local documents sit in the id index
+/// under hash keys of their own, never in the shards `0..SHARD_COUNT` that `all_docs`, erasure
+/// and counts read, and `local_docs` reads only these (spread over [`SHARD_COUNT`] keys like the
+/// documents, so a burst of local writes, such as a database's deletion trees, is no hot
+/// partition). Local documents have no `_seq`, so the feed index never holds them.
+pub const LOCAL_SHARD_BASE: u32 = SHARD_COUNT;
 /// The layout this release writes.
 pub const LAYOUT_VERSION: u32 = 2;
 /// The layout marker's id: `_agentstore/` is no data-store id (those are `user:namespace:key`)
@@ -49,6 +56,11 @@ pub const MARKER_ID: &str = "_agentstore/layout";
 pub fn shard_of(id: &str) -> u32 {
     let digest = Sha256::digest(id.as_bytes());
     u32::from_be_bytes([digest[0], digest[1], digest[2], digest[3]]) % SHARD_COUNT
+}
+
+/// The id-index shard of a local document's id ([`LOCAL_SHARD_BASE`]).
+pub fn local_shard_of(id: &str) -> u32 {
+    LOCAL_SHARD_BASE + shard_of(id)
 }
 
 /// Milliseconds since the epoch by this machine's clock.

@@ -1,7 +1,8 @@
 //! Local documents (`_local/{name}`, replication checkpoints) on DynamoDB: items with that id, the
-//! body as JSON text in `_json`, revision `0-N`, and none of the attributes any index is keyed on
-//! (no `userId`, `namespace`, `_shard`, `_seq`), so no listing, feed or id order ever sees them;
-//! scans skip them by their id.
+//! body as JSON text in `_json`, revision `0-N`, no `userId`, `namespace` or `_seq` (so neither
+//! the user index nor the feed ever sees them; scans skip them by their id), and a `_shard` of the
+//! local shards ([`super::layout::LOCAL_SHARD_BASE`]), which puts them in the id index apart from
+//! the documents: `local_docs` lists them from there ([`super::ids`]).
 
 use std::collections::HashMap;
 
@@ -11,7 +12,7 @@ use serde_json::{Map, Value};
 use super::backend::DynamoDbBackend;
 use super::codec;
 use super::error::{map_sdk, map_sdk_write};
-use super::layout::LOCAL_BODY;
+use super::layout::{local_shard_of, LOCAL_BODY, SHARD};
 use crate::backend::revision::next_local_revision;
 use crate::backend::{Precondition, Revision, StoredDocument, LOCAL_PREFIX};
 use crate::error::{Error, ErrorKind, Result};
@@ -57,6 +58,7 @@ impl DynamoDbBackend {
                 (codec::ID.to_owned(), AttributeValue::S(id.clone())),
                 (codec::REV.to_owned(), AttributeValue::S(rev.0.clone())),
                 (LOCAL_BODY.to_owned(), AttributeValue::S(json.clone())),
+                (SHARD.to_owned(), AttributeValue::N(local_shard_of(&id).to_string())),
             ]);
             let request = self.client().put_item().table_name(self.table()).set_item(Some(item));
             let request = match &current {

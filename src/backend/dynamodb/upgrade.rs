@@ -174,7 +174,8 @@ impl DynamoDbBackend {
 
     /// One step of the upgrade: a consistent scan page, each old main item given its shard and a
     /// feed position (conditional on the revision read, so a concurrent write, which writes the
-    /// new layout itself, wins), each chunk item its shard (so erasure finds it by id).
+    /// new layout itself, wins), each chunk item its shard (so erasure finds it by id), each old
+    /// local document its local shard (so `local_docs` finds it), conditional on its revision.
     pub(super) async fn upgrade_step(&self, page_token: Option<&str>, limit: usize) -> Result<UpgradePage> {
         if page_token.is_none() {
             self.create_missing_indexes().await?;
@@ -203,18 +204,28 @@ impl DynamoDbBackend {
     /// Stamps one item if it lacks the new layout; whether it did.
     async fn upgrade_item(&self, item: &Item) -> Result<bool> {
         let Some(id) = codec::string_attribute(item, codec::ID) else { return Ok(false) };
-        let local_or_meta = item.contains_key(META) || id.starts_with(LOCAL_PREFIX);
-        if local_or_meta || item.contains_key(SHARD) {
+        let local = id.starts_with(LOCAL_PREFIX);
+        if item.contains_key(META) || item.contains_key(SHARD) {
             return Ok(false);
         }
+        let shard = if local { local_shard_of(id) } else { shard_of(id) };
         let mut update = self
             .client()
             .update_item()
             .table_name(self.table())
             .set_key(Some(Self::key(id)))
             .expression_attribute_names("#shard", SHARD)
-            .expression_attribute_values(":shard", AttributeValue::N(shard_of(id).to_string()));
-        update = if codec::is_chunk(item) {
+            .expression_attribute_values(":shard", AttributeValue::N(shard.to_string()));
+        update = if local {
+            // A local document written before local shards existed: its shard puts it in the id
+            // index for `local_docs` (no position: local documents are never fed).
+            let Some(rev) = item.get(codec::REV) else { return Ok(false) };
+            update
+                .update_expression("SET #shard = :shard")
+                .condition_expression("#rev = :rev")
+                .expression_attribute_names("#rev", codec::REV)
+                .expression_attribute_values(":rev", rev.clone())
+        } else if codec::is_chunk(item) {
             update
                 .update_expression("SET #shard = :shard")
                 .condition_expression("attribute_exists(#id)")

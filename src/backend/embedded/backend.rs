@@ -257,6 +257,16 @@ impl DocumentBackend for EmbeddedBackend {
         self.write(1, move |tables| local::delete(tables, &name, &expected)).await
     }
 
+    async fn local_docs(
+        &self,
+        range: &IdRange,
+        limit: usize,
+        page_token: Option<&str>,
+    ) -> Result<Page<StoredDocument>> {
+        let (range, after, limit) = (range.clone(), page_token.map(str::to_owned), limit.max(1));
+        self.blocking(move |db| local::list(db, &range, after, limit)).await
+    }
+
     async fn layout(&self) -> Result<LayoutState> {
         self.blocking(core::layout).await
     }

@@ -33,6 +33,13 @@ pub(super) fn all_docs_bounds<'a>(range: &'a IdRange, after: Option<&'a str>) ->
     }
 }
 
+/// The bounds of a page of `range` after `after`, ascending; `None` when nothing lies between
+/// them.
+pub(super) fn page_bounds<'a>(range: &'a IdRange, after: Option<&'a str>) -> Option<(Bound<&'a str>, Bound<&'a str>)> {
+    let (lower, upper) = all_docs_bounds(range, after);
+    (!is_empty_range(&lower, &upper)).then_some((lower, upper))
+}
+
 /// Whether `(lower, upper)` is an empty range (redb panics on a range whose start is past its end).
 pub(super) fn is_empty_range(lower: &Bound<&str>, upper: &Bound<&str>) -> bool {
     match (lower, upper) {
@@ -92,11 +99,10 @@ pub(super) fn all_docs(
 ) -> Result<Page<StoredDocument>> {
     let txn = db.begin_read().map_err(map_redb("begin read"))?;
     let docs = txn.open_table(DOCS).map_err(map_redb("open docs table"))?;
-    let (lower, upper) = all_docs_bounds(range, after.as_deref());
-    if is_empty_range(&lower, &upper) {
+    let Some(bounds) = page_bounds(range, after.as_deref()) else {
         return Ok(Page { items: Vec::new(), next: None });
-    }
-    id_ordered_page(&docs, (lower, upper), range.descending, range.include_design, limit)
+    };
+    id_ordered_page(&docs, bounds, range.descending, range.include_design, limit)
 }
 
 /// Erases up to [`ERASE_BATCH`] documents and tombstones whose ids start with `prefix`; how many.

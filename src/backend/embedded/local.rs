@@ -1,13 +1,15 @@
-//! `_local/` documents (replication checkpoints): the `local` table, revision `0-N`.
+//! `_local/` documents (replication checkpoints): the `local` table, keyed by name, revision
+//! `0-N`; listed in name order by a range of that table.
 
 use redb::{Database, ReadableDatabase, ReadableTable};
 use serde_json::{Map, Value};
 
 use super::core::LOCAL;
 use super::error::map_redb;
+use super::ids::page_bounds;
 use super::write::Tables;
 use crate::backend::revision::{local_number, local_revision, next_local_revision};
-use crate::backend::{Precondition, Revision, StoredDocument, LOCAL_PREFIX};
+use crate::backend::{IdRange, Page, Precondition, Revision, StoredDocument, LOCAL_PREFIX};
 use crate::error::{Error, ErrorKind, Result};
 
 /// A local document's record: its revision number, then the JSON body.
@@ -34,6 +36,35 @@ pub(super) fn get(db: &Database, name: &str) -> Result<Option<StoredDocument>> {
     };
     let (n, body) = decode_local(name, guard.value())?;
     Ok(Some(StoredDocument { id: format!("{LOCAL_PREFIX}{name}"), rev: local_revision(n), body }))
+}
+
+/// One page of local documents whose names lie in `range`, after the name `after`: one range read
+/// of the `local` table, so its cost is the page's.
+pub(super) fn list(
+    db: &Database,
+    range: &IdRange,
+    after: Option<String>,
+    limit: usize,
+) -> Result<Page<StoredDocument>> {
+    let txn = db.begin_read().map_err(map_redb("begin read"))?;
+    let local = txn.open_table(LOCAL).map_err(map_redb("open local table"))?;
+    let Some(bounds) = page_bounds(range, after.as_deref()) else {
+        return Ok(Page { items: Vec::new(), next: None });
+    };
+    let entries = local.range::<&str>(bounds).map_err(map_redb("read local documents"))?;
+    let entries: Box<dyn Iterator<Item = _>> =
+        if range.descending { Box::new(entries.rev()) } else { Box::new(entries) };
+    let mut items = Vec::with_capacity(limit.min(1024));
+    for entry in entries {
+        let (name, record) = entry.map_err(map_redb("read local documents"))?;
+        if items.len() == limit {
+            let next = items.last().map(|doc: &StoredDocument| doc.id[LOCAL_PREFIX.len()..].to_owned());
+            return Ok(Page { items, next });
+        }
+        let (n, body) = decode_local(name.value(), record.value())?;
+        items.push(StoredDocument { id: format!("{LOCAL_PREFIX}{}", name.value()), rev: local_revision(n), body });
+    }
+    Ok(Page { items, next: None })
 }
 
 /// Writes the local document `name` (its body encoded as `json`) if `precondition` holds.

@@ -477,6 +477,15 @@ impl DocumentBackend for FirestoreBackend {
         self.remove_local(name, rev).await
     }
 
+    async fn local_docs(
+        &self,
+        range: &IdRange,
+        limit: usize,
+        page_token: Option<&str>,
+    ) -> Result<Page<StoredDocument>> {
+        self.list_local(range, limit, page_token).await
+    }
+
     async fn layout(&self) -> Result<LayoutState> {
         self.layout_state().await
     }

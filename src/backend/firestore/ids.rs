@@ -14,6 +14,40 @@ use crate::error::Result;
 /// document may take several with its chunks).
 pub(super) const ERASE_PAGE: usize = 100;
 
+/// A structured query over `collection` in `_id` order through `range` (its direction and ends
+/// as `_id` filters, besides `filters`), at most `limit` documents, after the `_id` `after`.
+pub(super) fn id_range_query(
+    collection: &str,
+    range: &IdRange,
+    mut filters: Vec<Value>,
+    limit: usize,
+    after: Option<&str>,
+) -> Value {
+    let (low_op, high_op, direction) = match (range.descending, range.inclusive_end) {
+        (false, true) => ("GREATER_THAN_OR_EQUAL", "LESS_THAN_OR_EQUAL", "ASCENDING"),
+        (false, false) => ("GREATER_THAN_OR_EQUAL", "LESS_THAN", "ASCENDING"),
+        (true, true) => ("LESS_THAN_OR_EQUAL", "GREATER_THAN_OR_EQUAL", "DESCENDING"),
+        (true, false) => ("LESS_THAN_OR_EQUAL", "GREATER_THAN", "DESCENDING"),
+    };
+    for (op, bound) in [(low_op, &range.start), (high_op, &range.end)] {
+        if let Some(id) = bound {
+            filters.push(field_filter(codec::ID, op, json!({ "stringValue": id })));
+        }
+    }
+    let mut query = json!({
+        "from": [{ "collectionId": collection }],
+        "orderBy": [{ "field": { "fieldPath": codec::ID }, "direction": direction }],
+        "limit": limit,
+    });
+    if !filters.is_empty() {
+        query["where"] = all_of(filters);
+    }
+    if let Some(after) = after {
+        query["startAt"] = json!({ "values": [{ "stringValue": after }], "before": false });
+    }
+    query
+}
+
 impl FirestoreBackend {
     pub(super) fn name_of_document<'a>(&self, document: &'a Value) -> &'a str {
         let name = text(document, "/name");
@@ -37,45 +71,11 @@ impl FirestoreBackend {
     ) -> Result<Page<StoredDocument>> {
         self.require_layout("all_docs").await?;
         let limit = limit.clamp(1, MAX_PAGE);
-        let (low_op, high_op, direction) = if range.descending {
-            (
-                "LESS_THAN_OR_EQUAL",
-                if range.inclusive_end { "GREATER_THAN_OR_EQUAL" } else { "GREATER_THAN" },
-                "DESCENDING",
-            )
-        } else {
-            ("GREATER_THAN_OR_EQUAL", if range.inclusive_end { "LESS_THAN_OR_EQUAL" } else { "LESS_THAN" }, "ASCENDING")
-        };
-        let empty = match (&range.start, &range.end) {
-            (Some(start), Some(end)) => {
-                let (start, end) = (start.as_bytes(), end.as_bytes());
-                if range.descending {
-                    start < end || (start == end && !range.inclusive_end)
-                } else {
-                    start > end || (start == end && !range.inclusive_end)
-                }
-            }
-            _ => false,
-        };
-        if empty {
+        if range.holds_nothing() {
             return Ok(Page { items: Vec::new(), next: None });
         }
-        let mut filters = vec![field_filter(layout::DELETED, "EQUAL", json!({ "booleanValue": false }))];
-        if let Some(start) = &range.start {
-            filters.push(field_filter(codec::ID, low_op, json!({ "stringValue": start })));
-        }
-        if let Some(end) = &range.end {
-            filters.push(field_filter(codec::ID, high_op, json!({ "stringValue": end })));
-        }
-        let mut query = json!({
-            "from": [{ "collectionId": self.client.collection() }],
-            "where": all_of(filters),
-            "orderBy": [{ "field": { "fieldPath": codec::ID }, "direction": direction }],
-            "limit": limit,
-        });
-        if let Some(after) = page_token {
-            query["startAt"] = json!({ "values": [{ "stringValue": after }], "before": false });
-        }
+        let live = field_filter(layout::DELETED, "EQUAL", json!({ "booleanValue": false }));
+        let query = id_range_query(self.client.collection(), range, vec![live], limit, page_token);
         let answer = self.run_raw_query(&query, None, "list documents in id order").await?;
         let next = match answer.documents.last() {
             Some(last) if answer.documents.len() >= limit => Some(self.id_of(last)),

@@ -1,13 +1,16 @@
-//! Local documents: the `{collection}_local` collection, revision `0-N`.
+//! Local documents: the `{collection}_local` collection, revision `0-N`; listed in `_id` order by
+//! a query on that collection (Firestore's automatic single-field index on `_id`, no composite
+//! index to deploy).
 
 use serde_json::{json, Map, Value};
 
 use super::backend::FirestoreBackend;
 use super::codec;
-use super::core::{fields_of, text};
+use super::core::{fields_of, text, MAX_PAGE};
+use super::ids::id_range_query;
 use super::layout::{self};
 use crate::backend::revision::next_local_revision;
-use crate::backend::{Precondition, Revision, StoredDocument, LOCAL_PREFIX};
+use crate::backend::{IdRange, Page, Precondition, Revision, StoredDocument, LOCAL_PREFIX};
 use crate::error::{Error, ErrorKind, Result};
 
 /// Tries of a local-document write with no precondition that keeps meeting other writers.
@@ -30,6 +33,43 @@ impl FirestoreBackend {
         let rev = text(document, &format!("/fields/{}/stringValue", layout::REV)).to_owned();
         let body = codec::decode(&id, fields, &[])?;
         Ok(Some((StoredDocument { id, rev: Revision(rev), body }, text(document, "/updateTime").to_owned())))
+    }
+
+    /// One page of local documents whose names lie in `range`, in name order: one query over the
+    /// local collection's `_id` (`_local/{name}`, so `_id` order is name order), from the page
+    /// token (the last `_id` returned). Its cost is the page's reads.
+    pub(super) async fn list_local(
+        &self,
+        range: &IdRange,
+        limit: usize,
+        page_token: Option<&str>,
+    ) -> Result<Page<StoredDocument>> {
+        let limit = limit.clamp(1, MAX_PAGE);
+        let ids = range.under_prefix(LOCAL_PREFIX);
+        if ids.holds_nothing() {
+            return Ok(Page { items: Vec::new(), next: None });
+        }
+        let query = id_range_query(&self.client.local_collection(), &ids, Vec::new(), limit, page_token);
+        let doing = "list local documents";
+        let answer = self.run_raw_query(&query, None, doing).await?;
+        let mut items = Vec::with_capacity(answer.documents.len());
+        for document in &answer.documents {
+            let fields = fields_of(document);
+            let Some(id) = codec::stored_id(fields).filter(|id| id.starts_with(LOCAL_PREFIX)) else {
+                return Err(Error::new(
+                    ErrorKind::Corrupt,
+                    format!("local document {:?} has no `_local/` id", text(document, "/name")),
+                ));
+            };
+            let rev = text(document, &format!("/fields/{}/stringValue", layout::REV)).to_owned();
+            let body = codec::decode(id, fields, &[])?;
+            items.push(StoredDocument { id: id.to_owned(), rev: Revision(rev), body });
+        }
+        let next = match items.last() {
+            Some(last) if answer.documents.len() >= limit => Some(last.id.clone()),
+            _ => None,
+        };
+        Ok(Page { items, next })
     }
 
     pub(super) async fn write_local(

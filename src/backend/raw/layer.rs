@@ -103,6 +103,15 @@ pub trait Layered: Send + Sync + 'static {
         self.inner().delete_local(name, rev).await
     }
 
+    async fn local_docs(
+        &self,
+        range: &IdRange,
+        limit: usize,
+        page_token: Option<&str>,
+    ) -> Result<Page<StoredDocument>> {
+        self.inner().local_docs(range, limit, page_token).await
+    }
+
     async fn layout(&self) -> Result<LayoutState> {
         self.inner().layout().await
     }
@@ -233,6 +242,15 @@ impl<L: Layered> DocumentBackend for L {
 
     async fn delete_local(&self, name: &str, rev: &Revision) -> Result<()> {
         Layered::delete_local(self, name, rev).await
+    }
+
+    async fn local_docs(
+        &self,
+        range: &IdRange,
+        limit: usize,
+        page_token: Option<&str>,
+    ) -> Result<Page<StoredDocument>> {
+        Layered::local_docs(self, range, limit, page_token).await
     }
 
     async fn layout(&self) -> Result<LayoutState> {

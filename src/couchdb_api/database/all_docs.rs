@@ -1,21 +1,26 @@
 //! `GET/POST /{db}/_all_docs` and `GET /{db}/_design_docs` of a database: documents whose winning
 //! revision is live, in id order (raw collation), or the documents `keys` names (deleted ones
 //! as `value.deleted`). Parameters are read as for the data-store database
-//! ([`crate::couchdb_api::all_docs`]); rows are streamed one backend page at a time.
+//! ([`crate::couchdb_api::all_docs`]); rows are streamed one backend page at a time. Also
+//! `GET/POST /{db}/_local_docs`: the clients' local documents, answered as the data-store
+//! database's are ([`crate::couchdb_api::local_docs`]); the engine's own locals (revision trees
+//! of deleted documents, settings) are never listed.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Query, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
-use axum::response::IntoResponse;
-use futures::stream::{self, StreamExt};
+use axum::http::{HeaderMap, StatusCode};
+use futures::stream::StreamExt;
 use serde_json::{json, Value};
 
 use super::{leaf_json, DocOptions, OpenDb};
 use crate::backend::IdRange;
-use crate::couchdb_api::all_docs::{keys_page, paged_rows, parse_request, post_fields, query_fields, AllDocsRequest};
+use crate::couchdb_api::all_docs::{
+    keys_page, paged_rows, parse_request, post_fields, query_fields, streamed_listing, AllDocsRequest,
+};
+use crate::couchdb_api::local_docs::ListingRequest;
 use crate::couchdb_api::server::live_document_count;
 use crate::couchdb_api::{json, Answer, CouchState};
 use crate::database::{Database, DocState};
@@ -36,6 +41,24 @@ pub async fn post_all_docs(
 ) -> Answer {
     let request = parse_request(&post_fields(&state, &params, &headers, body).await?)?;
     answer(opened.db, request).await
+}
+
+/// `GET/POST /{db}/_local_docs`.
+pub async fn local_docs(opened: OpenDb, ListingRequest(request): ListingRequest) -> Answer {
+    local_docs_answer(opened.db, request).await
+}
+
+async fn local_docs_answer(db: Arc<Database>, request: AllDocsRequest) -> Answer {
+    let listing = Arc::clone(&db);
+    let fetch = move |names: IdRange, want: usize, token: Option<String>| {
+        let db = Arc::clone(&listing);
+        async move { db.local_docs(&names, want, token.as_deref()).await }
+    };
+    let get = move |name: String| {
+        let db = Arc::clone(&db);
+        async move { db.get_local(&name).await }
+    };
+    crate::couchdb_api::local_docs::answer(request, fetch, get).await
 }
 
 /// `GET /{db}/_design_docs`: `_all_docs` over the design documents' ids.
@@ -110,13 +133,7 @@ async fn answer(db: Arc<Database>, mut request: AllDocsRequest) -> Answer {
     let range = request.range.clone();
     let mut rows = Box::pin(range_rows(db, range, request));
     let first = rows.next().await.transpose()?;
-    let body = stream::once(async move { Ok::<_, crate::Error>(Bytes::from(head)) })
-        .chain(stream::iter(first.map(Ok)))
-        .chain(rows)
-        .chain(stream::once(async { Ok(Bytes::from_static(b"\n]}\n")) }));
-    let mut response = Body::from_stream(body).into_response();
-    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    Ok(response)
+    Ok(streamed_listing(head, first, rows))
 }
 
 /// The rows of a range, one backend page at a time ([`paged_rows`]).

@@ -11,7 +11,7 @@
 //! - [`admin`]: creating, reading and deleting databases, `_all_dbs`, `_dbs_info`, settings.
 //! - [`docs`]: one document: read with every option, write, delete, local documents.
 //! - [`bulk`]: `_bulk_docs`, `_bulk_get`, `_revs_diff`, `_missing_revs`, `_purge`.
-//! - [`all_docs`]: `_all_docs` and `_design_docs`.
+//! - [`all_docs`]: `_all_docs`, `_design_docs` and `_local_docs`.
 //! - `_changes` is the data-store database's feed machinery ([`super::changes`]) over this
 //!   database's rows.
 
@@ -51,6 +51,7 @@ pub(crate) fn router(state: CouchState) -> Router {
         .route("/{db}/", get(admin::db_info).put(admin::create_db).delete(admin::delete_db).post(docs::post_document))
         .route("/{db}/_all_docs", get(all_docs::get_all_docs).post(all_docs::post_all_docs))
         .route("/{db}/_design_docs", get(all_docs::get_design_docs))
+        .route("/{db}/_local_docs", get(all_docs::local_docs).post(all_docs::local_docs))
         .route("/{db}/_bulk_docs", post(bulk::bulk_docs))
         .route("/{db}/_bulk_get", post(bulk::bulk_get))
         .route("/{db}/_revs_diff", post(bulk::revs_diff))

@@ -289,3 +289,62 @@ async fn erasure_on_a_server_without_purge_fails_before_writing() {
     let requests = received(&server).await;
     assert_eq!(count(&requests, "POST", &format!("/{DB}/_changes")), 0, "no filtered feed is read");
 }
+
+/// A local document row of `_local_docs?include_docs=true` as CouchDB 3.x documents it
+/// (`couch_mrview.erl`: id and key the whole id, `value.rev` the `0-N` revision), written by hand:
+/// no transcript of `_local_docs` was recorded.
+fn local_row(name: &str, n: u64) -> Value {
+    let id = format!("_local/{name}");
+    json!({ "id": id, "key": id, "value": { "rev": "0-1" }, "doc": { "_id": id, "_rev": "0-1", "n": n } })
+}
+
+/// `local_docs` reads CouchDB's `_local_docs` (pouchdb-server, the contract suite's CouchDB, has
+/// none): the names' range as `_local/` ids closed at the prefix's ends, one row beyond the page,
+/// and the next page from the last id, whose row is dropped; a server without the listing is a
+/// refusal naming it, never an empty page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_documents_are_listed_from_local_docs_in_pages() {
+    let server = MockServer::start().await;
+    let backend = open_backend(&server).await;
+    let path = format!("/{DB}/_local_docs");
+    let answer = |rows: Vec<Value>| json_response(200, json!({ "total_rows": null, "offset": null, "rows": rows }));
+    Mock::given(method("GET"))
+        .and(wiremock::matchers::path(path.as_str()))
+        .and(query_param("include_docs", "true"))
+        .and(query_param("limit", "3"))
+        .and(query_param("startkey", "\"_local/\""))
+        .and(query_param("endkey", "\"_local0\""))
+        .and(query_param("inclusive_end", "false"))
+        .and(query_param_is_missing("descending"))
+        .respond_with(answer(vec![local_row("a", 1), local_row("b", 2), local_row("c", 3)]))
+        .mount(&server)
+        .await;
+    Mock::given(method("GET"))
+        .and(wiremock::matchers::path(path.as_str()))
+        .and(query_param("limit", "4"))
+        .and(query_param("startkey", "\"_local/b\""))
+        .respond_with(answer(vec![local_row("b", 2), local_row("c", 3)]))
+        .mount(&server)
+        .await;
+    let first = backend.local_docs(&agentstore::backend::IdRange::all(), 2, None).await.expect("first page");
+    let ids: Vec<&str> = first.items.iter().map(|doc| doc.id.as_str()).collect();
+    assert_eq!(ids, ["_local/a", "_local/b"]);
+    assert_eq!((first.items[1].rev.as_str(), &first.items[1].body["n"]), ("0-1", &json!(2)));
+    assert_eq!(first.next.as_deref(), Some("_local/b"));
+    let second = backend.local_docs(&agentstore::backend::IdRange::all(), 2, first.next.as_deref()).await;
+    let second = second.expect("second page");
+    assert_eq!(second.items.iter().map(|doc| doc.id.as_str()).collect::<Vec<_>>(), ["_local/c"]);
+    assert_eq!(second.next, None);
+
+    // CouchDB 1.x (and pouchdb-server) read `_local_docs` as a missing document.
+    let old = MockServer::start().await;
+    let backend = open_backend(&old).await;
+    Mock::given(method("GET"))
+        .and(wiremock::matchers::path(path.as_str()))
+        .respond_with(json_response(404, json!({ "error": "not_found", "reason": "missing" })))
+        .mount(&old)
+        .await;
+    let refused = backend.local_docs(&agentstore::backend::IdRange::all(), 2, None).await.expect_err("no listing");
+    assert_eq!(refused.kind(), ErrorKind::Misconfigured, "{refused}");
+    assert!(refused.to_string().contains("_local_docs"), "{refused}");
+}

@@ -131,6 +131,10 @@ impl DocumentBackend for FaultyBackend {
         self.fail()
     }
 
+    async fn local_docs(&self, _: &IdRange, _: usize, _: Option<&str>) -> agentstore::Result<Page<StoredDocument>> {
+        self.fail()
+    }
+
     async fn layout(&self) -> agentstore::Result<LayoutState> {
         self.fail()
     }

@@ -16,6 +16,7 @@ mod changes;
 mod data_store;
 mod databases;
 mod documents;
+mod local_docs;
 mod logins;
 mod mango;
 mod replication;
@@ -80,6 +81,7 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         }),
         ("server_probes", |e| Box::pin(databases::server_probes(e))),
         ("roles_and_security", |e| Box::pin(roles::roles_and_security(e))),
+        ("local_docs_listings", |e| Box::pin(local_docs::local_docs_listings(e))),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
@@ -90,7 +92,7 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
                 Trial::test(format!("couchdb_api::{name}::{backend_name}"), move || {
                     block_on(async move {
                         let logins = match name {
-                            "per_user_logins" => Some(logins::logins_config()?),
+                            "per_user_logins" | "local_docs_listings" => Some(logins::logins_config()?),
                             "roles_and_security" => Some(roles::roles_config()?),
                             _ => None,
                         };
