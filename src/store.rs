@@ -363,8 +363,9 @@ impl DataStore {
     /// `new_edits: false`): the limits checked and the namespace indexed as for any write, then
     /// the backend decides by the stored revisions (see [`DocumentBackend::put_replicated`]).
     pub async fn put_replicated(&self, id: &DocumentId, incoming: &ReplicatedRevision) -> Result<ReplicatedOutcome> {
+        // A deletion's fields are kept in its tombstone: within the same limits.
+        self.check_document(&incoming.body)?;
         if !incoming.deleted {
-            self.check_document(&incoming.body)?;
             self.ensure_namespace(id.namespace()).await?;
         }
         self.backend.put_replicated(id.as_str(), incoming).await

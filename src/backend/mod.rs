@@ -239,7 +239,8 @@ pub struct ReplicatedRevision {
     /// `_revisions` expanded to full revision ids, newest first, starting with `rev`.
     pub ancestry: Vec<String>,
     pub deleted: bool,
-    /// Every field except `_id`/`_rev`/`_revisions`/`_deleted`; empty (and ignored) when deleted.
+    /// Every field except `_id`/`_rev`/`_revisions`/`_deleted`. A deleted revision's fields are
+    /// kept in its tombstone, as CouchDB keeps them ([`DocumentBackend::get_deleted`]).
     pub body: Map<String, Value>,
 }
 
@@ -371,6 +372,12 @@ pub trait DocumentBackend: Send + Sync + 'static {
     /// A document's current revision, whether it is deleted, and its revision ancestry; `None`
     /// when the id was never written or was erased.
     async fn revisions(&self, id: &str) -> Result<Option<RevisionInfo>>;
+
+    /// A deleted document's tombstone: its revision and the fields its deletion carried (a
+    /// replicated deleted revision's body; empty for a plain delete), as CouchDB keeps them and
+    /// answers them to `?rev=`, `open_revs`, `_bulk_get` and `_changes?include_docs`. `None`
+    /// when the document is live, was never written or was erased.
+    async fn get_deleted(&self, id: &str) -> Result<Option<StoredDocument>>;
 
     /// One page of the change feed after `since` (`None`: from the start, every live document and
     /// tombstone). Each document appears once in a page, at its latest revision; cost is

@@ -18,7 +18,7 @@ use serde_json::{json, Map, Value};
 
 use super::access::Principal;
 use super::data_document::{self, parse_rev, IncomingDocument};
-use super::document::{doc_json, replicate, tombstone_json, write};
+use super::document::{deletion_fields, doc_json, replicate, tombstone_json, write};
 use super::error::{CouchError, CouchResult};
 use super::request::bool_param;
 use super::served_db::ServedDb;
@@ -322,11 +322,17 @@ async fn bulk_get_one(state: &CouchState, principal: &Principal, item: &Value, r
         Some(AnsweredState::Live(doc)) => {
             doc_json(doc, if revs { info.as_ref().filter(|i| i.rev == doc.rev) } else { None })
         }
-        Some(AnsweredState::Tombstone(info)) => tombstone_json(id, info, revs),
         // Without a revision CouchDB 3.4.3 answers a deleted document with its tombstone,
         // `{"ok": {…, "_deleted": true}}` (measured in issue 22), not an error.
+        Some(AnsweredState::Tombstone(info)) => match deletion_fields(state, id, info).await {
+            Ok(fields) => tombstone_json(id, info, &fields, revs),
+            Err(err) => return error(&err.error, &err.reason),
+        },
         None if wanted.is_none() && info.as_ref().is_some_and(|i| i.deleted) => match &info {
-            Some(info) => tombstone_json(id, info, revs),
+            Some(info) => match deletion_fields(state, id, info).await {
+                Ok(fields) => tombstone_json(id, info, &fields, revs),
+                Err(err) => return error(&err.error, &err.reason),
+            },
             None => return error("not_found", "missing"),
         },
         None => return error("not_found", "missing"),

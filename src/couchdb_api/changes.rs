@@ -31,7 +31,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::{ConnectInfo, Extension, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::IntoResponse;
-use futures::stream;
+use futures::stream::{self, StreamExt, TryStreamExt};
 use serde_json::{json, Map, Value};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -43,7 +43,7 @@ use super::error::{CouchError, CouchResult};
 use super::request::{bool_param, json_param};
 use super::served_db::ServedDb;
 use super::{Answer, CouchState};
-use crate::backend::{Change, DocumentBackend};
+use crate::backend::{Change, DocumentBackend, StoredDocument};
 use crate::changes::{read_page, resolve_since, DeliveredTail, FeedPage, PollBackoff, DEFAULT_PAGE};
 use crate::config::Settings;
 use crate::database::Database;
@@ -675,10 +675,25 @@ async fn rows_of(cursor: &Cursor, changes: &[Change]) -> crate::Result<Vec<Value
     } else {
         HashMap::new()
     };
+    // A deletion's fields, kept in its tombstone, belong to its document as CouchDB shows it (and
+    // a `_selector` filter matches them).
+    let tombstones = if needs_docs {
+        let deleted: Vec<String> = visible.iter().filter(|c| c.deleted).map(|c| c.id.clone()).collect();
+        tombstones_of(cursor.backend.as_ref(), &deleted).await?
+    } else {
+        HashMap::new()
+    };
     let mut rows = Vec::with_capacity(visible.len());
     for change in visible {
         let doc = if change.deleted {
-            json!({ "_id": change.id, "_rev": change.rev.as_str(), "_deleted": true })
+            let mut doc = Map::new();
+            doc.insert("_id".into(), change.id.clone().into());
+            doc.insert("_rev".into(), change.rev.as_str().into());
+            if let Some(fields) = tombstones.get(&change.id).filter(|t| t.rev == change.rev) {
+                doc.extend(fields.body.iter().map(|(name, value)| (name.clone(), value.clone())));
+            }
+            doc.insert("_deleted".into(), Value::Bool(true));
+            Value::Object(doc)
         } else {
             match docs.get(&change.id) {
                 Some(doc) => doc_json(doc, None),
@@ -783,6 +798,24 @@ async fn database_rows(database: &Database, request: &ChangesRequest, changes: &
     }
     Ok(rows)
 }
+
+/// The tombstones of deleted changes, read a few at a time, by id.
+async fn tombstones_of(
+    backend: &dyn DocumentBackend,
+    ids: &[String],
+) -> crate::Result<HashMap<String, StoredDocument>> {
+    // A plain loop, not an iterator adapter: a closure here trips rustc's higher-ranked `Send`
+    // check on the feed's boxed stream.
+    let mut reads = Vec::with_capacity(ids.len());
+    for id in ids {
+        reads.push(backend.get_deleted(id));
+    }
+    let found: Vec<Option<StoredDocument>> = stream::iter(reads).buffered(TOMBSTONE_READS).try_collect().await?;
+    Ok(found.into_iter().flatten().map(|doc| (doc.id.clone(), doc)).collect())
+}
+
+/// Tombstone reads in flight at once for one page of a feed.
+const TOMBSTONE_READS: usize = 16;
 
 #[cfg(test)]
 mod tests {

@@ -108,7 +108,8 @@ async fn missing_or_tombstone(
     };
     match (info, wanted) {
         (Some(info), Some(rev)) if info.deleted && leads_to(&info, rev) => {
-            let mut response = json(StatusCode::OK, tombstone_json(id, &info, revs));
+            let fields = deletion_fields(state, id, &info).await?;
+            let mut response = json(StatusCode::OK, tombstone_json(id, &info, &fields, revs));
             response.headers_mut().insert(header::ETAG, etag(info.rev.as_str()));
             Ok(response)
         }
@@ -126,16 +127,31 @@ pub(crate) fn doc_json(doc: &StoredDocument, info: Option<&RevisionInfo>) -> Val
     value
 }
 
-/// A deleted document: `{_id, _rev, _deleted: true}`, with `_revisions` when asked.
-pub(crate) fn tombstone_json(id: &str, info: &RevisionInfo, revs: bool) -> Value {
-    let mut doc = Map::new();
+/// A deleted document: `{_id, _rev, …the fields its deletion carried, _deleted: true}` (CouchDB's
+/// order), with `_revisions` when asked.
+pub(crate) fn tombstone_json(id: &str, info: &RevisionInfo, fields: &Map<String, Value>, revs: bool) -> Value {
+    let mut doc = Map::with_capacity(fields.len() + 4);
     doc.insert("_id".into(), id.into());
     doc.insert("_rev".into(), info.rev.as_str().into());
+    doc.extend(fields.iter().map(|(name, value)| (name.clone(), value.clone())));
     doc.insert("_deleted".into(), true.into());
     if revs {
         doc.insert("_revisions".into(), revisions_json(info));
     }
     Value::Object(doc)
+}
+
+/// The fields the deletion at `info.rev` carried, read from the stored tombstone (none when the
+/// tombstone moved on since `info` was read: the next read answers the newer one).
+pub(crate) async fn deletion_fields(
+    state: &CouchState,
+    id: &str,
+    info: &RevisionInfo,
+) -> CouchResult<Map<String, Value>> {
+    Ok(match state.store.backend().get_deleted(id).await? {
+        Some(tombstone) if tombstone.rev == info.rev => tombstone.body,
+        _ => Map::new(),
+    })
 }
 
 fn revisions_json(info: &RevisionInfo) -> Value {
@@ -178,7 +194,7 @@ async fn open_revs_answer(
         }
     };
     let current = match &info {
-        Some(info) if info.deleted => Some(tombstone_json(id, info, revs)),
+        Some(info) if info.deleted => Some(tombstone_json(id, info, &deletion_fields(state, id, info).await?, revs)),
         Some(info) => match state.store.backend().get(id).await? {
             Some(doc) if doc.rev == info.rev => Some(doc_json(&doc, revs.then_some(info))),
             // Changed between the two reads: the newer state is answered by the next request.
@@ -319,7 +335,8 @@ pub(crate) async fn write(
 ) -> CouchResult<Revision> {
     if incoming.deleted {
         return match rev {
-            Some(rev) => delete_at(state, incoming.id.as_str(), &rev).await,
+            Some(rev) if incoming.body.is_empty() => delete_at(state, incoming.id.as_str(), &rev).await,
+            Some(rev) => tombstone_with_fields(state, incoming, &rev).await,
             None => tombstone_without_revision(state, incoming).await,
         };
     }
@@ -353,6 +370,31 @@ async fn tombstone_without_revision(state: &CouchState, incoming: IncomingDocume
     let tombstone = ReplicatedRevision { rev: rev.clone(), ancestry, deleted: true, body: incoming.body };
     match state.store.put_replicated(&incoming.id, &tombstone).await? {
         ReplicatedOutcome::Applied => Ok(rev),
+        _ => Err(CouchError::conflict()),
+    }
+}
+
+/// A deletion at `rev` that carries fields, which CouchDB keeps in the tombstone: the tombstone
+/// goes in as a revision made here, the child of `rev`, through the replicated-write path that
+/// keeps a deleted revision's body on every backend. `rev` must be the live current revision
+/// (else 409, as for any stale write); a writer that got in between the check and the write
+/// holds a live child of `rev`, which wins over this deletion, and the deletion is a conflict.
+async fn tombstone_with_fields(
+    state: &CouchState,
+    incoming: IncomingDocument,
+    rev: &Revision,
+) -> CouchResult<Revision> {
+    let id = incoming.id.as_str();
+    let current = state.store.backend().revisions(id).await?;
+    let Some(current) = current.filter(|info| !info.deleted && &info.rev == rev) else {
+        return Err(deletion_refused(state, id).await);
+    };
+    let parent = RevisionId::parse(current.rev.as_str()).ok_or_else(CouchError::conflict)?;
+    let minted = RevisionId::next_after(Some(parent.generation))?.to_revision();
+    let ancestry = vec![minted.as_str().to_owned(), current.rev.as_str().to_owned()];
+    let tombstone = ReplicatedRevision { rev: minted.clone(), ancestry, deleted: true, body: incoming.body };
+    match state.store.put_replicated(&incoming.id, &tombstone).await? {
+        ReplicatedOutcome::Applied => Ok(minted),
         _ => Err(CouchError::conflict()),
     }
 }

@@ -198,6 +198,10 @@ impl DocumentBackend for MeteredBackend {
         timed!(self, "revisions", self.inner.revisions(id))
     }
 
+    async fn get_deleted(&self, id: &str) -> Result<Option<StoredDocument>> {
+        timed!(self, "get_deleted", self.inner.get_deleted(id))
+    }
+
     async fn changes(&self, since: Option<&str>, limit: usize) -> Result<ChangesPage> {
         timed!(self, "changes", self.inner.changes(since, limit))
     }
@@ -314,6 +318,9 @@ mod tests {
             unused()
         }
         async fn revisions(&self, _: &str) -> Result<Option<RevisionInfo>> {
+            unused()
+        }
+        async fn get_deleted(&self, _: &str) -> Result<Option<StoredDocument>> {
             unused()
         }
         async fn changes(&self, _: Option<&str>, _: usize) -> Result<ChangesPage> {

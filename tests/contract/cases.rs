@@ -113,6 +113,7 @@ fn replication_cases() -> Vec<Case> {
         divergent_branches_keep_couchdbs_winner,
         the_feed_shows_applied_writes_once_and_no_noops,
         malformed_replicated_revisions_change_nothing,
+        a_deletions_fields_are_kept_in_its_tombstone,
     ]
 }
 

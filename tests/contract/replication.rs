@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use agentstore::backend::{
-    DocumentBackend, Precondition, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo,
+    DocumentBackend, IdRange, Precondition, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo,
 };
 use agentstore::ErrorKind;
 use serde_json::{json, Map, Value};
@@ -264,4 +264,52 @@ pub async fn malformed_replicated_revisions_change_nothing(ctx: Ctx) {
     let mut order = Vec::new();
     follow_until(b, Some(start), &mut view, &mut order, |v| v.contains_key(&marker)).await;
     assert_eq!(order, [marker], "refused revisions left the feed alone");
+}
+
+/// A deletion that carries fields keeps them in its tombstone, as CouchDB does (it answers them
+/// to `?rev=`, `open_revs`, `_bulk_get` and `_changes?include_docs`): exactly as sent, numbers
+/// and text included. A plain delete keeps none; a live or unknown document has no tombstone; and
+/// the kept fields never make the tombstone visible to the data-store listings.
+pub async fn a_deletions_fields_are_kept_in_its_tombstone(ctx: Ctx) {
+    let store = ctx.store().await;
+    let b = ctx.backend.as_ref();
+    let id = id_of("u", "ns", "k");
+    let (first, second) = (rev(1, 'a'), rev(2, 'b'));
+    assert_eq!(b.put_replicated(&id, &live(std::slice::from_ref(&first), json!(1))).await.unwrap(), Applied);
+    assert_eq!(b.get_deleted(&id).await.unwrap(), None, "a live document has no tombstone");
+    let fields: Map<String, Value> = json!({
+        "userId": "u", "namespace": "ns", "key": "k",
+        "value": {"price": 1.5, "count": 12345, "text": "é – 🚀", "none": null},
+        "reason": "gone"
+    })
+    .as_object()
+    .cloned()
+    .unwrap();
+    let deletion = ReplicatedRevision { body: fields.clone(), ..deleted(&[second.clone(), first]) };
+    assert_eq!(b.put_replicated(&id, &deletion).await.unwrap(), Applied);
+    assert_eq!(b.get(&id).await.unwrap(), None);
+    let tombstone = b.get_deleted(&id).await.unwrap().expect("the tombstone");
+    assert_eq!((tombstone.id.as_str(), tombstone.rev.as_str()), (id.as_str(), second.as_str()));
+    assert_eq!(
+        serde_json::to_string(&tombstone.body).unwrap(),
+        serde_json::to_string(&fields).unwrap(),
+        "the deletion's fields, exactly as sent"
+    );
+    assert!(store.list_keys("u", "ns").await.unwrap().is_empty(), "the tombstone is not listed");
+    assert!(store.list_namespaces("u").await.unwrap().is_empty(), "nor its namespace");
+    let listed = b.all_docs(&IdRange::all(), 10, None).await.unwrap().items;
+    assert!(listed.is_empty(), "nor in id order: {listed:?}");
+
+    // A plain delete keeps no fields.
+    let plain = id_of("u", "ns", "plain");
+    let live_rev = b.put(&plain, &body("u", "ns", "plain", json!(2)), Precondition::MustNotExist).await.unwrap();
+    let gone = b.delete(&plain, &live_rev).await.unwrap();
+    let tombstone = b.get_deleted(&plain).await.unwrap().expect("the plain tombstone");
+    assert_eq!((tombstone.rev, tombstone.body), (gone, Map::new()));
+
+    // Re-created over its tombstone, the document has none; an unknown id never had one.
+    let third = rev(3, 'c');
+    assert_eq!(b.put_replicated(&id, &live(&[third, second], json!(3))).await.unwrap(), Applied);
+    assert_eq!(b.get_deleted(&id).await.unwrap(), None, "live again");
+    assert_eq!(b.get_deleted(&id_of("u", "ns", "never")).await.unwrap(), None);
 }

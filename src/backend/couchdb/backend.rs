@@ -666,6 +666,25 @@ impl DocumentBackend for CouchDbBackend {
         self.revision_info(id).await
     }
 
+    /// CouchDB keeps a deletion's fields in its tombstone itself: the tombstone's revision, then
+    /// that revision read (`?rev=` answers a deleted revision with its fields).
+    async fn get_deleted(&self, id: &str) -> Result<Option<StoredDocument>> {
+        let Some(info) = self.revision_info(id).await?.filter(|info| info.deleted) else { return Ok(None) };
+        let query = [("rev", info.rev.as_str().to_owned())];
+        let doing = "read a tombstone";
+        let reply = self.client.read(Method::GET, &self.document_url(id), &query, None, doing).await?;
+        match reply.status {
+            StatusCode::OK => {
+                let mut doc = from_couch_doc(reply.body, doing)?;
+                doc.body.remove("_deleted");
+                Ok(Some(doc))
+            }
+            // Purged or compacted away between the two reads.
+            StatusCode::NOT_FOUND => Ok(None),
+            status => Err(from_status(status, &reply.body, &format!("read the tombstone of {id:?}"))),
+        }
+    }
+
     async fn changes(&self, since: Option<&str>, limit: usize) -> Result<ChangesPage> {
         self.changes_page(since, limit).await
     }

@@ -65,9 +65,8 @@ impl CouchDbBackend {
         incoming: &ReplicatedRevision,
         checked: &CheckedRevision,
     ) -> Result<()> {
-        let empty = serde_json::Map::new();
-        let body = if incoming.deleted { &empty } else { &incoming.body };
-        let mut doc = to_couch_doc(id, body, Some(&incoming.rev), self.number_model().await?)?;
+        // A deletion's fields go with it: CouchDB keeps them in the tombstone.
+        let mut doc = to_couch_doc(id, &incoming.body, Some(&incoming.rev), self.number_model().await?)?;
         let ids: Vec<&str> = incoming.ancestry.iter().map(|rev| rev.split_once('-').map_or("", |(_, id)| id)).collect();
         doc["_revisions"] = json!({ "start": checked.rev.generation, "ids": ids });
         if incoming.deleted {

@@ -494,6 +494,18 @@ impl DocumentBackend for DynamoDbBackend {
         }
     }
 
+    async fn get_deleted(&self, id: &str) -> Result<Option<StoredDocument>> {
+        let output = self.consistent_get(id).send().await.map_err(|e| map_sdk(e, "read a tombstone"))?;
+        match output.item {
+            Some(item) if !layout::is_hidden(&item) && layout::is_tombstone(&item) => {
+                let rev = codec::string_attribute(&item, codec::REV).unwrap_or("").to_owned();
+                let body = layout::deleted_body(id, &item)?;
+                Ok(Some(StoredDocument { id: id.to_owned(), rev: Revision(rev), body }))
+            }
+            _ => Ok(None),
+        }
+    }
+
     async fn get_many(&self, ids: &[String]) -> Result<Vec<Option<StoredDocument>>> {
         crate::backend::batched_get_many(ids, BATCH_GET_MAX, BATCH_GET_CONCURRENCY, |ids| self.read_keys(ids)).await
     }

@@ -19,6 +19,9 @@ use crate::error::{Error, ErrorKind, Result};
 pub const ANCESTRY: &str = "_anc";
 /// `true` on a tombstone.
 pub const DELETED: &str = "_deleted";
+/// The fields a deletion carried, gzip-compressed JSON, on a tombstone that has any. Not native
+/// attributes: a tombstone must stay out of the `userId`/`namespace` index.
+pub const DELETED_BODY: &str = "_deletedBody";
 /// The document's shard: hash key of both document-model indexes.
 pub const SHARD: &str = "_shard";
 /// The feed position of the document's latest write.
@@ -115,6 +118,32 @@ pub fn is_hidden(item: &Item) -> bool {
 
 pub fn is_tombstone(item: &Item) -> bool {
     matches!(item.get(DELETED), Some(AttributeValue::Bool(true)))
+}
+
+/// The attribute holding the fields a deletion carried; `None` when it carried none (`TooLarge`
+/// past [`crate::backend::raw::compressed::MAX_TOMBSTONE_BODY_BYTES`] compressed).
+pub fn deleted_body_attribute(
+    id: &str,
+    body: &serde_json::Map<String, serde_json::Value>,
+) -> Result<Option<AttributeValue>> {
+    let compressed = crate::backend::raw::compressed::compress_deletion(id, body, "DynamoDB")?;
+    Ok(compressed.map(|bytes| AttributeValue::B(aws_sdk_dynamodb::primitives::Blob::new(bytes))))
+}
+
+/// The fields a tombstone's deletion carried (empty when none).
+pub fn deleted_body(id: &str, item: &Item) -> Result<serde_json::Map<String, serde_json::Value>> {
+    match item.get(DELETED_BODY) {
+        Some(AttributeValue::B(bytes)) => {
+            crate::backend::raw::compressed::decompress(bytes.as_ref().to_vec(), &[], |problem| {
+                Error::new(ErrorKind::Corrupt, format!("DynamoDB tombstone {id:?} {problem}"))
+            })
+        }
+        Some(_) => Err(Error::new(
+            ErrorKind::Corrupt,
+            format!("DynamoDB tombstone {id:?} has a {DELETED_BODY} that is not binary"),
+        )),
+        None => Ok(serde_json::Map::new()),
+    }
 }
 
 /// The feed attributes a write stamps on an item: its shard and a fresh position.

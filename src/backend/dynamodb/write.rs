@@ -244,7 +244,11 @@ impl DynamoDbBackend {
             }
             let ancestry = checked.stored_ancestry(self.revs_limit());
             let (item, extra_chunks) = if incoming.deleted {
-                (tombstone_item(id, rev, ancestry), 0)
+                let mut item = tombstone_item(id, rev, ancestry);
+                if let Some(body) = layout::deleted_body_attribute(id, &incoming.body)? {
+                    item.insert(layout::DELETED_BODY.into(), body);
+                }
+                (item, 0)
             } else {
                 let encoded = codec::encode(id, rev.as_str(), &incoming.body)?;
                 let mut item = encoded.item;

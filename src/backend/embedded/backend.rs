@@ -208,6 +208,11 @@ impl DocumentBackend for EmbeddedBackend {
         self.blocking(move |db| core::revisions(db, &id)).await
     }
 
+    async fn get_deleted(&self, id: &str) -> Result<Option<StoredDocument>> {
+        let id = id.to_owned();
+        self.blocking(move |db| core::get_deleted(db, &id)).await
+    }
+
     async fn changes(&self, since: Option<&str>, limit: usize) -> Result<ChangesPage> {
         let since = since.map(feed::decode_feed_token).transpose()?.unwrap_or(0);
         let limit = limit.max(1);

@@ -144,6 +144,22 @@ pub(super) fn revision_info_in(
     Ok(RevisionInfo { rev: header.rev.to_revision(), deleted, ancestry: remembered })
 }
 
+/// The tombstone under `id` with the fields its deletion carried (empty when none).
+pub(super) fn get_deleted(db: &Database, id: &str) -> Result<Option<StoredDocument>> {
+    let txn = db.begin_read().map_err(map_redb("begin read"))?;
+    let tombstones = txn.open_table(TOMBSTONES).map_err(map_redb("open tombstones table"))?;
+    let Some(guard) = tombstones.get(id).map_err(map_redb("read tombstone"))? else { return Ok(None) };
+    let (header, json) = codec::split(id, guard.value())?;
+    let body = if json.is_empty() {
+        Map::new()
+    } else {
+        serde_json::from_slice(json).map_err(|e| {
+            Error::new(ErrorKind::Corrupt, format!("embedded store: tombstone {id:?} holds no JSON object: {e}"))
+        })?
+    };
+    Ok(Some(stored(id, header, body)))
+}
+
 /// The live documents stored under `ids`, in one read transaction (one consistent snapshot).
 pub(super) fn get_many(db: &Database, ids: &[String]) -> Result<Vec<Option<StoredDocument>>> {
     let txn = db.begin_read().map_err(map_redb("begin read"))?;

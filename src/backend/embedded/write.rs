@@ -37,15 +37,19 @@ pub(super) struct ReplicatedWrite {
     /// The incoming revision without its body (what the rules look at).
     incoming: ReplicatedRevision,
     checked: CheckedRevision,
-    /// The encoded body; `None` for a tombstone.
-    json: Option<Vec<u8>>,
+    /// The encoded body: a live document's, or the fields a deletion carried (empty for none).
+    json: Vec<u8>,
     index_key: Option<IndexKey>,
 }
 
 impl ReplicatedWrite {
     pub(super) fn new(id: &str, incoming: &ReplicatedRevision) -> Result<Self> {
         let checked = replicated::check(id, incoming)?;
-        let json = if incoming.deleted { None } else { Some(codec::encode_json(id, &incoming.body)?) };
+        let json = if incoming.deleted && incoming.body.is_empty() {
+            Vec::new()
+        } else {
+            codec::encode_json(id, &incoming.body)?
+        };
         let index_key = if incoming.deleted { None } else { index_key(&incoming.body) };
         let incoming = ReplicatedRevision {
             rev: incoming.rev.clone(),
@@ -189,19 +193,18 @@ impl<'t> Tables<'t> {
         let packed = write.checked.stored_ancestry(self.revs_limit);
         let seq = self.record_version(id, &packed, existing.as_ref().and_then(|e| e.header().seq))?;
         let rev = &write.checked.rev;
-        match &write.json {
-            None => {
-                self.tombstones
-                    .insert(id, codec::encode(rev, seq, b"").as_slice())
-                    .map_err(map_redb("write tombstone"))?;
+        if write.incoming.deleted {
+            self.tombstones
+                .insert(id, codec::encode(rev, seq, &write.json).as_slice())
+                .map_err(map_redb("write tombstone"))?;
+        } else {
+            self.docs
+                .insert(id, codec::encode(rev, seq, &write.json).as_slice())
+                .map_err(map_redb("write document"))?;
+            if let Some((user, ns)) = &write.index_key {
+                self.index.insert((user.as_str(), ns.as_str(), id), ()).map_err(map_redb("update index"))?;
             }
-            Some(json) => {
-                self.docs.insert(id, codec::encode(rev, seq, json).as_slice()).map_err(map_redb("write document"))?;
-                if let Some((user, ns)) = &write.index_key {
-                    self.index.insert((user.as_str(), ns.as_str(), id), ()).map_err(map_redb("update index"))?;
-                }
-            }
-        };
+        }
         Ok(ReplicatedOutcome::Applied)
     }
 

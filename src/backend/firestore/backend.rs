@@ -374,6 +374,22 @@ impl DocumentBackend for FirestoreBackend {
         Err(inconsistent(&format!("read document {id:?}")))
     }
 
+    async fn get_deleted(&self, id: &str) -> Result<Option<StoredDocument>> {
+        let doing = format!("read the tombstone of {id:?}");
+        let name = self.client.document_name(&codec::document_id(id));
+        let reply = self.batch_get(std::slice::from_ref(&name), &doing).await?;
+        let found = reply.as_array().and_then(|entries| entries.iter().find_map(|e| e.get("found")));
+        let Some(document) = found else { return Ok(None) };
+        let state = StoredState::of(document);
+        if !state.deleted {
+            return Ok(None);
+        }
+        let empty = Map::new();
+        let fields = document.get("fields").and_then(Value::as_object).unwrap_or(&empty);
+        let body = layout::deleted_body(id, fields)?;
+        Ok(Some(StoredDocument { id: id.to_owned(), rev: state.rev, body }))
+    }
+
     async fn get_many(&self, ids: &[String]) -> Result<Vec<Option<StoredDocument>>> {
         crate::backend::batched_get_many(ids, BATCH_GET_MAX, BATCH_GET_CONCURRENCY, |ids| self.read_names(ids)).await
     }

@@ -157,6 +157,31 @@ pub fn tombstone_fields(id: &str, rev: &RevisionId, ancestry: &PackedAncestry) -
     fields
 }
 
+/// The fields a deletion carried, gzip-compressed JSON in a `bytesValue`, on a tombstone that
+/// has any (not the body's own fields: a tombstone matches no query).
+pub const DELETED_BODY: &str = "_deletedBody";
+
+/// The field holding the fields a deletion carried; `None` when it carried none (`TooLarge`
+/// past [`crate::backend::raw::compressed::MAX_TOMBSTONE_BODY_BYTES`] compressed).
+pub fn deleted_body_field(id: &str, body: &Map<String, Value>) -> crate::error::Result<Option<Value>> {
+    let compressed = crate::backend::raw::compressed::compress_deletion(id, body, "Firestore")?;
+    Ok(compressed.map(|bytes| json!({ "bytesValue": BASE64.encode(bytes) })))
+}
+
+/// The fields a tombstone's deletion carried (empty when none).
+pub fn deleted_body(id: &str, fields: &Map<String, Value>) -> crate::error::Result<Map<String, Value>> {
+    let corrupt = |problem: &str| {
+        crate::error::Error::new(crate::error::ErrorKind::Corrupt, format!("Firestore tombstone {id:?} {problem}"))
+    };
+    let Some(field) = fields.get(DELETED_BODY) else { return Ok(Map::new()) };
+    let bytes = field
+        .get("bytesValue")
+        .and_then(Value::as_str)
+        .and_then(|text| BASE64.decode(text).ok())
+        .ok_or_else(|| corrupt(&format!("has a {DELETED_BODY} that is not base64 bytes")))?;
+    crate::backend::raw::compressed::decompress(bytes, &[], corrupt)
+}
+
 /// What the feed and the upgrade read of each document.
 pub(super) const FEED_FIELDS: [&str; 6] = [codec::ID, REV, REVS, DELETED, CHANGED_AT, codec::CHUNKS];
 

@@ -160,13 +160,18 @@ impl FirestoreBackend {
         let checked = replicated::check(id, incoming)?;
         let ancestry = checked.stored_ancestry(self.config.revs_limit);
         let body = (!incoming.deleted).then_some(&incoming.body);
+        // A deletion's fields go in its tombstone (the main write, the first of the plan).
+        let deleted_body = if incoming.deleted { layout::deleted_body_field(id, &incoming.body)? } else { None };
         for _ in 0..CONSISTENT_READ_TRIES {
             let current = self.read_state(id).await?;
             let outcome = replicated::judge(incoming, current.as_ref().map(StoredState::info).as_ref());
             if outcome != ReplicatedOutcome::Applied {
                 return Ok(outcome);
             }
-            let plan = self.plan_version(id, body, &checked.rev, &ancestry, current.as_ref())?;
+            let mut plan = self.plan_version(id, body, &checked.rev, &ancestry, current.as_ref())?;
+            if let Some(field) = deleted_body.as_ref() {
+                plan.writes[0]["update"]["fields"][layout::DELETED_BODY] = field.clone();
+            }
             match self.commit_planned(id, plan).await {
                 Err(e) if e.is_conflict() => continue,
                 outcome => return outcome.map(|_| ReplicatedOutcome::Applied),

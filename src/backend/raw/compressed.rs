@@ -41,6 +41,31 @@ pub fn compress(id: &str, body: &Map<String, Value>) -> Result<Compressed> {
         .map_err(|e| Error::new(ErrorKind::Internal, format!("cannot compress document {id:?}")).with_source(e))
 }
 
+/// The most a deletion's fields take, compressed, in a tombstone of a store that keeps them in
+/// the tombstone's own record (DynamoDB, Firestore: tombstones are not chunked).
+pub const MAX_TOMBSTONE_BODY_BYTES: usize = 350_000;
+
+/// The fields a deletion of `id` carried, compressed for its tombstone; `None` when it carried
+/// none. Past [`MAX_TOMBSTONE_BODY_BYTES`] compressed, `TooLarge` naming the bound and `store`.
+pub fn compress_deletion(id: &str, body: &Map<String, Value>, store: &str) -> Result<Option<Vec<u8>>> {
+    if body.is_empty() {
+        return Ok(None);
+    }
+    let compressed = compress(id, body)?;
+    if compressed.bytes.len() > MAX_TOMBSTONE_BODY_BYTES {
+        return Err(Error::new(
+            ErrorKind::TooLarge,
+            format!(
+                "the deletion of {id:?} carries {} bytes of fields ({} compressed); a {store} tombstone keeps at \
+                 most {MAX_TOMBSTONE_BODY_BYTES} compressed",
+                compressed.json_bytes,
+                compressed.bytes.len()
+            ),
+        ));
+    }
+    Ok(Some(compressed.bytes))
+}
+
 /// The body whose stream starts with `first` and continues in `extra_chunks`, in order;
 /// `corrupt` turns a problem ("has a _body that …") into the adapter's error for this document.
 pub fn decompress(

@@ -71,6 +71,10 @@ pub trait Layered: Send + Sync + 'static {
         self.inner().revisions(id).await
     }
 
+    async fn get_deleted(&self, id: &str) -> Result<Option<StoredDocument>> {
+        self.inner().get_deleted(id).await
+    }
+
     async fn changes(&self, since: Option<&str>, limit: usize) -> Result<ChangesPage> {
         self.inner().changes(since, limit).await
     }
@@ -210,6 +214,10 @@ impl<L: Layered> DocumentBackend for L {
 
     async fn revisions(&self, id: &str) -> Result<Option<RevisionInfo>> {
         Layered::revisions(self, id).await
+    }
+
+    async fn get_deleted(&self, id: &str) -> Result<Option<StoredDocument>> {
+        Layered::get_deleted(self, id).await
     }
 
     async fn changes(&self, since: Option<&str>, limit: usize) -> Result<ChangesPage> {

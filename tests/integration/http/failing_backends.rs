@@ -99,6 +99,10 @@ impl DocumentBackend for FaultyBackend {
         self.fail()
     }
 
+    async fn get_deleted(&self, _: &str) -> agentstore::Result<Option<StoredDocument>> {
+        self.fail()
+    }
+
     async fn changes(&self, _: Option<&str>, _: usize) -> agentstore::Result<ChangesPage> {
         self.fail()
     }

@@ -246,3 +246,70 @@ pub(super) async fn local_documents_unchecked(e: Endpoint) -> TestResult {
     e.delete(&format!("{path}?rev=0-7")).await?.expect(200, "DELETE with a stale rev")?;
     same_error(&e.get(&format!("/{DB}/_local/")).await?, "020-doc-get-missing")
 }
+
+/// A deletion that carries fields keeps them in its tombstone, as CouchDB 3.4.3 does: `?rev=`,
+/// `open_revs`, `_bulk_get` and `_changes?include_docs` answer them, and a `_selector` filter
+/// matches them. By `PUT` with `_deleted` and by `_bulk_docs` alike; a plain `DELETE` keeps none.
+pub(super) async fn deletion_fields(e: Endpoint) -> TestResult {
+    let id = "user_123:default:Z29uZQ==";
+    let path = format!("/{DB}/{id}");
+    let doc = json!({"_id": id, "userId": "user_123", "namespace": "default", "key": "gone", "value": 1});
+    let rev1 = e.put(&path, doc.clone()).await?.expect(201, "PUT create")?.rev()?;
+    let mut deletion = doc.clone();
+    deletion["_rev"] = json!(rev1);
+    deletion["_deleted"] = json!(true);
+    deletion["value"] = json!({"last": 1.5, "text": "é"});
+    deletion["reason"] = json!("archived");
+    let rev2 = e.put(&path, deletion).await?.expect(200, "PUT with _deleted and fields")?.rev()?;
+    check(rev2.starts_with("2-"), || format!("the deletion's revision {rev2}"))?;
+    e.get(&path).await?.expect(404, "GET of the deleted document")?;
+    let kept = |doc: &Value, what: &str| {
+        check(
+            doc["_deleted"] == true
+                && doc["_rev"] == rev2.as_str()
+                && doc["reason"] == "archived"
+                && doc["value"] == json!({"last": 1.5, "text": "é"}),
+            || format!("{what}: {doc}"),
+        )
+    };
+    let by_rev = e.get(&format!("{path}?rev={rev2}")).await?.expect(200, "GET ?rev= of the tombstone")?;
+    kept(&by_rev.body, "GET ?rev=")?;
+    let open = e.get(&format!("{path}?open_revs=all")).await?.expect(200, "open_revs=all")?;
+    kept(&open.body[0]["ok"], "open_revs=all")?;
+    let bulk = e.post(&format!("/{DB}/_bulk_get"), json!({"docs": [{"id": id}]})).await?.expect(200, "_bulk_get")?;
+    kept(&bulk.body["results"][0]["docs"][0]["ok"], "_bulk_get")?;
+    let feed = e.get(&format!("/{DB}/_changes?include_docs=true")).await?.expect(200, "_changes")?;
+    let row = feed.body["results"].as_array().and_then(|rows| rows.iter().find(|r| r["id"] == id)).cloned();
+    kept(&row.unwrap_or_default()["doc"], "_changes?include_docs")?;
+    let selected = e
+        .post(&format!("/{DB}/_changes?filter=_selector"), json!({"selector": {"reason": "archived"}}))
+        .await?
+        .expect(200, "_changes filtered by the deletion's field")?;
+    check(selected.body["results"].as_array().is_some_and(|rows| rows.len() == 1 && rows[0]["id"] == id), || {
+        format!("the _selector filter matches the tombstone's fields: {}", selected.body)
+    })?;
+
+    // By `_bulk_docs`, and a plain DELETE beside it.
+    let other = "user_123:default:YnVsaw==";
+    let body = json!({"_id": other, "userId": "user_123", "namespace": "default", "key": "bulk", "value": 2});
+    let rev = e.put(&format!("/{DB}/{other}"), body.clone()).await?.expect(201, "PUT bulk")?.rev()?;
+    let mut bulk_deletion = body;
+    bulk_deletion["_rev"] = json!(rev);
+    bulk_deletion["_deleted"] = json!(true);
+    bulk_deletion["reason"] = json!("bulk");
+    let written =
+        e.post(&format!("/{DB}/_bulk_docs"), json!({"docs": [bulk_deletion]})).await?.expect(201, "_bulk_docs")?;
+    let bulk_rev = written.body[0]["rev"].as_str().unwrap_or_default().to_owned();
+    let tombstone = e.get(&format!("/{DB}/{other}?rev={bulk_rev}")).await?.expect(200, "GET ?rev= after _bulk_docs")?;
+    check(tombstone.body["reason"] == "bulk" && tombstone.body["_deleted"] == true, || {
+        format!("_bulk_docs deletion: {}", tombstone.body)
+    })?;
+    let plain = "user_123:default:cGxhaW4=";
+    let body = json!({"_id": plain, "userId": "user_123", "namespace": "default", "key": "plain", "value": 3});
+    let rev = e.put(&format!("/{DB}/{plain}"), body).await?.expect(201, "PUT plain")?.rev()?;
+    let gone = e.delete(&format!("/{DB}/{plain}?rev={rev}")).await?.expect(200, "DELETE")?.rev()?;
+    let tombstone = e.get(&format!("/{DB}/{plain}?rev={gone}")).await?.expect(200, "GET ?rev= of a plain delete")?;
+    check(tombstone.body == json!({"_id": plain, "_rev": gone, "_deleted": true}), || {
+        format!("a plain delete's tombstone: {}", tombstone.body)
+    })
+}

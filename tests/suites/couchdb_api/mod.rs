@@ -52,6 +52,7 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("server_and_database", |e| Box::pin(server::server_and_database(e))),
         ("every_db_route_refuses_other_databases", |e| Box::pin(server::every_db_route_refuses_other_databases(e))),
         ("document_lifecycle", |e| Box::pin(documents::document_lifecycle(e))),
+        ("deletion_fields", |e| Box::pin(documents::deletion_fields(e))),
         ("data_store_rules", |e| Box::pin(data_store::data_store_rules(e))),
         ("bulk_docs_and_bulk_get", |e| Box::pin(bulk::bulk_docs_and_bulk_get(e))),
         ("all_docs", |e| Box::pin(all_docs::all_docs(e))),
