@@ -156,6 +156,8 @@ pub(crate) type DocumentPredicate = Box<dyn Fn(&Value) -> bool + Send + Sync>;
 enum Filter {
     All,
     DocIds(HashSet<String>),
+    /// CouchDB's built-in `_design`: design documents' changes only.
+    Design,
     Selector(DocumentPredicate),
 }
 
@@ -294,9 +296,10 @@ fn parse_request(
         None => Filter::All,
         Some("_doc_ids") => Filter::DocIds(doc_ids(param("doc_ids"), body)?),
         Some("_selector") => Filter::Selector(selector(body)?),
+        Some("_design") => Filter::Design,
         Some(other) => {
             return Err(CouchError::bad_request(format!(
-            "filter {other:?} is not supported: agentstore runs no design-document filters; use _doc_ids or _selector"
+            "filter {other:?} is not supported: agentstore runs no design-document filters; use _doc_ids, _selector or _design"
         )))
         }
     };
@@ -664,6 +667,7 @@ async fn rows_of(cursor: &Cursor, changes: &[Change]) -> crate::Result<Vec<Value
         .filter(|c| cursor.principal.may_access_id(&c.id))
         .filter(|c| match &request.filter {
             Filter::DocIds(ids) => ids.contains(&c.id),
+            Filter::Design => c.id.starts_with("_design/"),
             _ => true,
         })
         .collect();
@@ -765,6 +769,7 @@ async fn database_rows(database: &Database, request: &ChangesRequest, changes: &
         .iter()
         .filter(|c| match &request.filter {
             Filter::DocIds(ids) => ids.contains(&c.id),
+            Filter::Design => c.id.starts_with("_design/"),
             _ => true,
         })
         .collect();
