@@ -379,6 +379,8 @@ async fn tombstone_without_revision(state: &CouchState, incoming: IncomingDocume
 /// keeps a deleted revision's body on every backend. `rev` must be the live current revision
 /// (else 409, as for any stale write); a writer that got in between the check and the write
 /// holds a live child of `rev`, which wins over this deletion, and the deletion is a conflict.
+/// Two deletions of `rev` racing there both delete the document; CouchDB's winner rule between
+/// the two tombstones decides whose fields stay (CouchDB would answer the second with 409).
 async fn tombstone_with_fields(
     state: &CouchState,
     incoming: IncomingDocument,
