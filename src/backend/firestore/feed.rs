@@ -5,8 +5,10 @@
 //! that every write committed at or before its `floor` (a read time) has been reported. The next
 //! sweep reads, at one snapshot `R`, the documents with `_changedAt > floor - W` in
 //! (`_changedAt`, `__name__`) order, skips those whose `updateTime <= floor` (reported already),
-//! and when it reaches the end the new floor is `R`. A sweep longer than one page keeps its
-//! snapshot and a cursor in the token, so every page of it reads the same committed state.
+//! and when it reaches the end the new floor is the latest `updateTime` it saw (or the old floor
+//! when it saw nothing later): every write committed by then was reported, and unlike `R` it does
+//! not move while nothing is written. A sweep longer than one page keeps its snapshot and a cursor
+//! in the token, so every page of it reads the same committed state, and ends at the floor `R`.
 
 use chrono::{DateTime, SecondsFormat, Utc};
 
@@ -41,9 +43,35 @@ pub struct Sweep {
 
 const SEPARATOR: char = '~';
 
+/// The floor of a sweep from the start of the feed that found nothing: nothing was committed by
+/// then, so it is true of every store, and it does not move while the store stays empty.
+pub const START_FLOOR: &str = "1970-01-01T00:00:00Z";
+
 impl FeedToken {
     pub fn after_sweep(read_time: &str) -> FeedToken {
         FeedToken { floor: Some(read_time.to_owned()), sweep: None }
+    }
+
+    /// The token after a sweep that began at this token, read at one snapshot, and looked at
+    /// every document committed by then that it had to (`update_times`: their commit times): a
+    /// floor at the latest of those commit times, or this token's floor when it is later (or
+    /// none was seen), or [`START_FLOOR`] when there is neither.
+    ///
+    /// Any time between this floor and the sweep's snapshot is a valid floor: every write
+    /// committed in between was visible at the snapshot, inside the sweep's filter, and reported
+    /// (the proof in docs/firestore-layout.md). The latest commit time seen is the one that stays
+    /// the same while nothing is written, so two reads with no write between answer the same
+    /// `last_seq`, as CouchDB's do; the snapshot would move with every read. It is also the
+    /// lowest such floor that re-reports nothing: every change reported committed by it.
+    pub fn after_complete_sweep<'a>(&self, update_times: impl IntoIterator<Item = &'a str>) -> FeedToken {
+        let mut latest = self.floor.as_deref().and_then(|floor| Some((timestamp(floor)?, floor)));
+        for update_time in update_times {
+            let Some(committed) = timestamp(update_time) else { continue };
+            if latest.is_none_or(|(time, _)| committed > time) {
+                latest = Some((committed, update_time));
+            }
+        }
+        FeedToken::after_sweep(latest.map_or(START_FLOOR, |(_, text)| text))
     }
 
     pub fn parse(text: &str) -> Result<FeedToken> {
@@ -94,6 +122,11 @@ impl FeedToken {
     }
 }
 
+/// The commit times (`updateTime`) of documents a query answered.
+fn update_times(documents: &[Value]) -> impl Iterator<Item = &str> {
+    documents.iter().map(|document| text(document, "/updateTime"))
+}
+
 pub fn timestamp(text: &str) -> Option<DateTime<Utc>> {
     DateTime::parse_from_rfc3339(text).ok().map(|t| t.with_timezone(&Utc))
 }
@@ -135,7 +168,12 @@ impl FirestoreBackend {
         let last = self.sweep_changes(&token, &snapshot, &answer.documents, limit, &mut changes);
         let last_seq = match last {
             Some(position) if full => position,
-            // The sweep reached the end: everything committed by its read time is reported.
+            // A sweep that began with this read and ended in it looked at every document of the
+            // sweep here: the floor is the latest commit among them.
+            _ if token.sweep.is_none() => token.after_complete_sweep(update_times(&answer.documents)).render(),
+            // The end of a sweep of several pages: everything committed by its snapshot is
+            // reported. This read is not at the present (below), so the next one, a sweep from
+            // this floor, says the end, with a floor that then stays put.
             _ => FeedToken::after_sweep(&snapshot).render(),
         };
         // A full query page leaves the sweep open, however many of its documents were reported
@@ -230,6 +268,7 @@ impl FirestoreBackend {
         // A page filled inside the window (writes that committed late, rare): the sweep goes on
         // from the last of them.
         let mut full = changes.len() >= limit;
+        let mut looked_at: Vec<Value> = Vec::new();
         if changes.len() < limit {
             let mut after = self.feed_query(limit - changes.len());
             after["where"] = field_filter(layout::CHANGED_AT, "GREATER_THAN", json!({ "timestampValue": floor }));
@@ -238,10 +277,15 @@ impl FirestoreBackend {
             if let Some(position) = self.sweep_changes(token, &snapshot, &later.documents, limit, &mut changes) {
                 last = Some(position);
             }
+            looked_at = later.documents;
         }
         let (last_seq, pending) = match last {
             Some(position) if full => (position, None),
-            _ => (FeedToken::after_sweep(&snapshot).render(), Some(0)),
+            // Not full: every document of the window and after it was looked at.
+            _ => {
+                let floor = token.after_complete_sweep(update_times(&answer.documents).chain(update_times(&looked_at)));
+                (floor.render(), Some(0))
+            }
         };
         Ok(Some(ChangesPage { changes, last_seq, pending, unsettled: 0 }))
     }
@@ -294,5 +338,25 @@ mod tests {
         assert!(token.reported("2026-01-01T00:00:10Z"));
         assert!(!token.reported("2026-01-01T00:00:10.000001Z"));
         assert!(!FeedToken::default().reported("2026-01-01T00:00:10Z"));
+    }
+
+    #[test]
+    pub(super) fn a_complete_sweep_ends_at_the_latest_commit_it_saw_or_keeps_its_floor() {
+        let token = FeedToken::after_sweep("2026-01-01T00:00:10Z");
+        // Compared as times, not as text: `.5Z` is later than `.25Z` and than a whole second.
+        let seen = ["2026-01-01T00:00:09Z", "2026-01-01T00:00:11.5Z", "2026-01-01T00:00:11.25Z", "not a time"];
+        assert_eq!(token.after_complete_sweep(seen), FeedToken::after_sweep("2026-01-01T00:00:11.5Z"));
+        // Nothing committed after the floor: the floor stays.
+        assert_eq!(token.after_complete_sweep(["2026-01-01T00:00:09.999Z"]), token);
+        assert_eq!(token.after_complete_sweep([]), token);
+        // From the start: the latest commit seen, or the start floor for an empty feed.
+        assert_eq!(
+            FeedToken::default().after_complete_sweep(["2026-01-01T00:00:01Z"]),
+            FeedToken::after_sweep("2026-01-01T00:00:01Z")
+        );
+        let start = FeedToken::default().after_complete_sweep([]);
+        assert_eq!(start, FeedToken::after_sweep(START_FLOOR));
+        assert_eq!(FeedToken::parse(&start.render()).unwrap(), start);
+        assert!(!start.reported("1970-01-01T00:00:00.000001Z"));
     }
 }
