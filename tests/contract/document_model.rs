@@ -504,7 +504,9 @@ pub async fn last_seq_stays_while_nothing_is_written(ctx: Ctx) {
     // The stable tokens still lead to what is written next.
     let later = id_of("u", "stable", "later");
     b.put(&later, &body("u", "stable", "later", json!(1)), Precondition::MustNotExist).await.unwrap();
-    for (since, what) in [(&token_again, "the settled last_seq"), (&recent_again, "the last_seq right after the writes")] {
+    for (since, what) in
+        [(&token_again, "the settled last_seq"), (&recent_again, "the last_seq right after the writes")]
+    {
         let (seen, _, _) = one_read_to_the_end(b, Some(since), 1).await;
         assert!(seen.contains(&later), "a read from {what} ended without the later write (saw {seen:?})");
     }
