@@ -494,6 +494,14 @@ pub async fn last_seq_stays_while_nothing_is_written(ctx: Ctx) {
     let (seen_again, settled_again, _) = one_read_to_the_end(b, None, 10).await;
     assert_eq!((&seen, &seen_again), (&ids.to_vec(), &ids.to_vec()), "the settled feed from the start");
     assert_eq!(settled_first, settled_again, "two reads from the start once the writes settled");
+    // So do the rows' `seq`s (CouchDB's descending `_changes` answers its last row's as `last_seq`).
+    let row_seqs = || async {
+        let page = b.changes(None, 10).await.expect("changes");
+        page.changes.into_iter().map(|change| change.seq).collect::<Vec<String>>()
+    };
+    let first_rows = row_seqs().await;
+    pause().await;
+    assert_eq!(first_rows, row_seqs().await, "the rows' seqs of two reads from the start");
     let from_token = Some(settled_first.as_str());
     let (nothing, token_first, _) = one_read_to_the_end(b, from_token, 1).await;
     pause().await;
@@ -504,9 +512,11 @@ pub async fn last_seq_stays_while_nothing_is_written(ctx: Ctx) {
     // The stable tokens still lead to what is written next.
     let later = id_of("u", "stable", "later");
     b.put(&later, &body("u", "stable", "later", json!(1)), Precondition::MustNotExist).await.unwrap();
-    for (since, what) in
-        [(&token_again, "the settled last_seq"), (&recent_again, "the last_seq right after the writes")]
-    {
+    for (since, what) in [
+        (&token_again, "the settled last_seq"),
+        (&recent_again, "the last_seq right after the writes"),
+        (&first_rows[0], "the first row's seq"),
+    ] {
         let (seen, _, _) = one_read_to_the_end(b, Some(since), 1).await;
         assert!(seen.contains(&later), "a read from {what} ended without the later write (saw {seen:?})");
     }

@@ -122,6 +122,37 @@ impl FeedToken {
     }
 }
 
+/// Gives each row of a sweep that began with this read and ended in it (`changes`, committed at
+/// `committed`) a floor for its `seq` instead of a position in the sweep, which names the sweep's
+/// snapshot and so changes with every read: the last row's is the sweep's `end` floor, and each
+/// earlier row's is just below the earliest commit among the rows after it (not past `end`, not
+/// below the token's floor). A reader that stops at a row misses nothing from it: every write
+/// committed after the token's floor and by the snapshot is a row of the sweep, so one committed
+/// by the row's floor is that row or one before it; what was committed later is read again
+/// (a row after it, or a write made since). Like `last_seq`, a row's `seq` then stays the same
+/// while nothing is written (CouchDB's descending `_changes` answers the first change's as its
+/// `last_seq`).
+fn floors_of_rows(token: &FeedToken, end: &FeedToken, changes: &mut [Change], committed: &[String]) {
+    let lowest = token.floor.clone().unwrap_or_else(|| START_FLOOR.to_owned());
+    let Some(lowest_time) = timestamp(&lowest) else { return };
+    let Some(mut floor) = end.floor.clone() else { return };
+    let Some(mut floor_time) = timestamp(&floor) else { return };
+    for (change, committed) in changes.iter_mut().zip(committed).rev() {
+        change.seq = FeedToken::after_sweep(&floor).render();
+        // The rows before this one must leave it unreported: a floor below its commit time (when
+        // that cannot be read, the lowest floor). Any step below does; a microsecond keeps the
+        // floor a time Firestore holds exactly (its timestamps have microseconds).
+        let below = timestamp(committed).map_or(lowest_time, |time| time - chrono::Duration::microseconds(1));
+        if below < floor_time {
+            (floor, floor_time) = if below > lowest_time {
+                (below.to_rfc3339_opts(SecondsFormat::AutoSi, true), below)
+            } else {
+                (lowest.clone(), lowest_time)
+            };
+        }
+    }
+}
+
 /// The commit times (`updateTime`) of documents a query answered.
 fn update_times(documents: &[Value]) -> impl Iterator<Item = &str> {
     documents.iter().map(|document| text(document, "/updateTime"))
@@ -165,12 +196,17 @@ impl FirestoreBackend {
             .ok_or_else(|| super::error::bad_body("read the change feed", "runQuery answered no readTime"))?;
         let full = answer.documents.len() >= limit;
         let mut changes = Vec::with_capacity(answer.documents.len());
-        let last = self.sweep_changes(&token, &snapshot, &answer.documents, limit, &mut changes);
+        let mut committed = Vec::with_capacity(answer.documents.len());
+        let last = self.sweep_changes(&token, &snapshot, &answer.documents, limit, &mut changes, &mut committed);
         let last_seq = match last {
             Some(position) if full => position,
             // A sweep that began with this read and ended in it looked at every document of the
-            // sweep here: the floor is the latest commit among them.
-            _ if token.sweep.is_none() => token.after_complete_sweep(update_times(&answer.documents)).render(),
+            // sweep here: the floor is the latest commit among them, and each row's is a floor too.
+            _ if token.sweep.is_none() => {
+                let end = token.after_complete_sweep(update_times(&answer.documents));
+                floors_of_rows(&token, &end, &mut changes, &committed);
+                end.render()
+            }
             // The end of a sweep of several pages: everything committed by its snapshot is
             // reported. This read is not at the present (below), so the next one, a sweep from
             // this floor, says the end, with a floor that then stays put.
@@ -202,7 +238,8 @@ impl FirestoreBackend {
     }
 
     /// Appends the changes among `documents` (one sweep's, at `snapshot`) not reported before
-    /// `token`, until `changes` holds `limit`; the position of the last document looked at.
+    /// `token`, until `changes` holds `limit`, and their commit times to `committed`; the position
+    /// of the last document looked at.
     pub(super) fn sweep_changes(
         &self,
         token: &FeedToken,
@@ -210,6 +247,7 @@ impl FirestoreBackend {
         documents: &[Value],
         limit: usize,
         changes: &mut Vec<Change>,
+        committed: &mut Vec<String>,
     ) -> Option<String> {
         let mut last = None;
         for document in documents {
@@ -227,6 +265,7 @@ impl FirestoreBackend {
             .render();
             // Committed at or before the floor: the sweep that set the floor reported it.
             if !token.reported(text(document, "/updateTime")) {
+                committed.push(text(document, "/updateTime").to_owned());
                 let state = StoredState::of(document);
                 changes.push(Change {
                     seq: position.clone(),
@@ -263,8 +302,8 @@ impl FirestoreBackend {
         }
         let snapshot =
             answer.read_time.ok_or_else(|| super::error::bad_body(doing, "runQuery answered no readTime"))?;
-        let mut changes = Vec::new();
-        let mut last = self.sweep_changes(token, &snapshot, &answer.documents, limit, &mut changes);
+        let (mut changes, mut committed) = (Vec::new(), Vec::new());
+        let mut last = self.sweep_changes(token, &snapshot, &answer.documents, limit, &mut changes, &mut committed);
         // A page filled inside the window (writes that committed late, rare): the sweep goes on
         // from the last of them.
         let mut full = changes.len() >= limit;
@@ -274,7 +313,9 @@ impl FirestoreBackend {
             after["where"] = field_filter(layout::CHANGED_AT, "GREATER_THAN", json!({ "timestampValue": floor }));
             let later = self.run_raw_query(&after, Some(&snapshot), doing).await?;
             full = later.documents.len() >= limit - changes.len();
-            if let Some(position) = self.sweep_changes(token, &snapshot, &later.documents, limit, &mut changes) {
+            if let Some(position) =
+                self.sweep_changes(token, &snapshot, &later.documents, limit, &mut changes, &mut committed)
+            {
                 last = Some(position);
             }
             looked_at = later.documents;
@@ -283,8 +324,9 @@ impl FirestoreBackend {
             Some(position) if full => (position, None),
             // Not full: every document of the window and after it was looked at.
             _ => {
-                let floor = token.after_complete_sweep(update_times(&answer.documents).chain(update_times(&looked_at)));
-                (floor.render(), Some(0))
+                let end = token.after_complete_sweep(update_times(&answer.documents).chain(update_times(&looked_at)));
+                floors_of_rows(token, &end, &mut changes, &committed);
+                (end.render(), Some(0))
             }
         };
         Ok(Some(ChangesPage { changes, last_seq, pending, unsettled: 0 }))
@@ -307,6 +349,7 @@ impl FirestoreBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::Revision;
 
     #[test]
     pub(super) fn tokens_round_trip_and_refuse_garbage() {
@@ -338,6 +381,47 @@ mod tests {
         assert!(token.reported("2026-01-01T00:00:10Z"));
         assert!(!token.reported("2026-01-01T00:00:10.000001Z"));
         assert!(!FeedToken::default().reported("2026-01-01T00:00:10Z"));
+    }
+
+    #[test]
+    pub(super) fn each_row_of_a_complete_sweep_gets_a_floor_below_the_commits_after_it() {
+        let token = FeedToken::after_sweep("2026-01-01T00:00:10Z");
+        let committed =
+            ["2026-01-01T00:00:12Z", "2026-01-01T00:00:11Z", "2026-01-01T00:00:13Z", "2026-01-01T00:00:10.5Z"];
+        let end = token.after_complete_sweep(committed);
+        let mut changes: Vec<Change> = (0..4)
+            .map(|n| Change {
+                seq: format!("position {n}"),
+                id: format!("d{n}"),
+                rev: Revision(format!("1-{n}")),
+                deleted: false,
+            })
+            .collect();
+        let committed = committed.map(str::to_owned);
+        floors_of_rows(&token, &end, &mut changes, &committed);
+        let seqs: Vec<&str> = changes.iter().map(|c| c.seq.as_str()).collect();
+        // Row 0 is committed at 12 s, but row 1 at 11 s and row 3 at 10.5 s come after it: a
+        // reader stopping at row 0 has not seen them, so its floor stays below 10.5 s.
+        assert_eq!(
+            seqs,
+            [
+                "2026-01-01T00:00:10.499999Z",
+                "2026-01-01T00:00:10.499999Z",
+                "2026-01-01T00:00:10.499999Z",
+                "2026-01-01T00:00:13Z",
+            ]
+        );
+        // Each row's floor covers its own commit only when no earlier commit follows it.
+        let in_order = ["2026-01-01T00:00:11Z", "2026-01-01T00:00:12Z"].map(str::to_owned);
+        let mut two = changes[..2].to_vec();
+        floors_of_rows(&token, &token.after_complete_sweep(in_order.iter().map(String::as_str)), &mut two, &in_order);
+        assert_eq!((two[0].seq.as_str(), two[1].seq.as_str()), ("2026-01-01T00:00:11.999999Z", "2026-01-01T00:00:12Z"));
+        // Never below the token's floor, and from the start never below the start floor.
+        let unreadable = ["2026-01-01T00:00:11Z".to_owned(), "yesterday".to_owned()];
+        floors_of_rows(&token, &FeedToken::after_sweep("2026-01-01T00:00:11Z"), &mut two, &unreadable);
+        assert_eq!(two[0].seq, "2026-01-01T00:00:10Z");
+        floors_of_rows(&FeedToken::default(), &FeedToken::after_sweep("2026-01-01T00:00:11Z"), &mut two, &unreadable);
+        assert_eq!(two[0].seq, START_FLOOR);
     }
 
     #[test]
