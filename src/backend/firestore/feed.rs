@@ -125,8 +125,8 @@ impl FeedToken {
 /// Gives each row of a sweep that began with this read and ended in it (`changes`, committed at
 /// `committed`) a floor for its `seq` instead of a position in the sweep, which names the sweep's
 /// snapshot and so changes with every read: the last row's is the sweep's `end` floor, and each
-/// earlier row's is just below the earliest commit among the rows after it (not past `end`, not
-/// below the token's floor). A reader that stops at a row misses nothing from it: every write
+/// earlier row's is just below the earliest commit among the rows after it (not past `end`); a
+/// row whose floor that way would not be past the token's keeps its position in the sweep. A reader that stops at a row misses nothing from it: every write
 /// committed after the token's floor and by the snapshot is a row of the sweep, so one committed
 /// by the row's floor is that row or one before it; what was committed later is read again
 /// (a row after it, or a write made since). Like `last_seq`, a row's `seq` then stays the same
@@ -138,7 +138,14 @@ fn floors_of_rows(token: &FeedToken, end: &FeedToken, changes: &mut [Change], co
     let Some(mut floor) = end.floor.clone() else { return };
     let Some(mut floor_time) = timestamp(&floor) else { return };
     for (change, committed) in changes.iter_mut().zip(committed).rev() {
-        change.seq = FeedToken::after_sweep(&floor).render();
+        // Only a floor past the token's: a reader that resumes from a row must get past it. A row
+        // whose floor would be the token's own (a row after it committed first, just past the
+        // token's floor) keeps its position in the sweep, which resumes after the row; with its
+        // floor, a filtered read (`_doc_ids`) that hides the rows after it answered the same rows
+        // with the same `seq` again and again, and a replicator never ended.
+        if floor_time > lowest_time {
+            change.seq = FeedToken::after_sweep(&floor).render();
+        }
         // The rows before this one must leave it unreported: a floor below its commit time (when
         // that cannot be read, the lowest floor). Any step below does; a microsecond keeps the
         // floor a time Firestore holds exactly (its timestamps have microseconds).
@@ -418,10 +425,17 @@ mod tests {
         assert_eq!((two[0].seq.as_str(), two[1].seq.as_str()), ("2026-01-01T00:00:11.999999Z", "2026-01-01T00:00:12Z"));
         // Never below the token's floor, and from the start never below the start floor.
         let unreadable = ["2026-01-01T00:00:11Z".to_owned(), "yesterday".to_owned()];
+        // A row whose floor would not be past the token's keeps its position in the sweep, so a
+        // reader resuming from it gets past it.
+        two[0].seq = "position 0".to_owned();
         floors_of_rows(&token, &FeedToken::after_sweep("2026-01-01T00:00:11Z"), &mut two, &unreadable);
-        assert_eq!(two[0].seq, "2026-01-01T00:00:10Z");
+        assert_eq!((two[0].seq.as_str(), two[1].seq.as_str()), ("position 0", "2026-01-01T00:00:11Z"));
+        let just_past = ["2026-01-01T00:00:11Z", "2026-01-01T00:00:10.000001Z"].map(str::to_owned);
+        two[0].seq = "position 0".to_owned();
+        floors_of_rows(&token, &FeedToken::after_sweep("2026-01-01T00:00:11Z"), &mut two, &just_past);
+        assert_eq!(two[0].seq, "position 0");
         floors_of_rows(&FeedToken::default(), &FeedToken::after_sweep("2026-01-01T00:00:11Z"), &mut two, &unreadable);
-        assert_eq!(two[0].seq, START_FLOOR);
+        assert_eq!(two[0].seq, "position 0");
     }
 
     #[test]
