@@ -128,6 +128,7 @@ fn document_model_cases() -> Vec<Case> {
         change_feed_is_ordered_complete_and_resumable,
         a_read_from_a_row_seq_reaches_the_present,
         acknowledged_writes_are_in_the_next_read,
+        last_seq_stays_while_nothing_is_written,
         a_follower_never_misses_a_committed_write,
         all_docs_pages_in_raw_id_order_both_ways,
         local_documents_are_kept_apart,

@@ -428,6 +428,100 @@ pub async fn acknowledged_writes_are_in_the_next_read(ctx: Ctx) {
     read_to_the_end(b, Some(start), &truth, "from before the writes, after the settle window").await;
 }
 
+/// One read of the feed from `since` to its end (`pending: Some(0)`) in pages of `limit`: the ids
+/// in the order reported, the last `last_seq` and how many of the changes were unsettled.
+async fn one_read_to_the_end(
+    backend: &dyn DocumentBackend,
+    since: Option<&str>,
+    limit: usize,
+) -> (Vec<String>, String, usize) {
+    let (mut ids, mut unsettled) = (Vec::new(), 0);
+    let mut since = since.map(str::to_owned);
+    for _ in 0..100 {
+        let page = backend.changes(since.as_deref(), limit).await.expect("changes");
+        ids.extend(page.changes.into_iter().map(|change| change.id));
+        unsettled += page.unsettled;
+        if page.pending == Some(0) {
+            return (ids, page.last_seq, unsettled);
+        }
+        since = Some(page.last_seq);
+    }
+    panic!("the feed did not reach its end in 100 pages");
+}
+
+/// Two reads of the feed to its end with no write between them answer the same `last_seq`, from
+/// the start and from a token: CouchDB's names the last change, so it stays while nothing
+/// changes (PouchDB's tests compare two reads, and a replicator handed a new one by its last,
+/// empty read writes its checkpoint again). The clock moves between the reads, as it does
+/// between a replicator's. And a write made after that is in the next read from either token.
+pub async fn last_seq_stays_while_nothing_is_written(ctx: Ctx) {
+    let b = ctx.backend.as_ref();
+    let pause = || tokio::time::sleep(Duration::from_millis(5));
+
+    let (none, empty_first, _) = one_read_to_the_end(b, None, 10).await;
+    pause().await;
+    let (_, empty_again, _) = one_read_to_the_end(b, None, 10).await;
+    assert!(none.is_empty(), "an empty store's feed reported {none:?}");
+    assert_eq!(empty_first, empty_again, "two reads of an empty feed from the start");
+
+    let ids = ["a", "b", "c"].map(|k| id_of("u", "stable", k));
+    for (key, id) in ["a", "b", "c"].iter().zip(&ids) {
+        b.put(id, &body("u", "stable", key, json!(1)), Precondition::MustNotExist).await.unwrap();
+    }
+    // At once: a backend with a settle window reports these writes in its unsettled tail, and a
+    // write may settle between the two reads (then the token says so, and may differ).
+    let (seen, recent_first, unsettled_first) = one_read_to_the_end(b, None, 10).await;
+    pause().await;
+    let (_, recent_again, unsettled_again) = one_read_to_the_end(b, None, 10).await;
+    assert_eq!(seen, ids, "the feed from the start right after the writes");
+    if unsettled_first == unsettled_again {
+        assert_eq!(recent_first, recent_again, "two reads from the start right after the writes");
+    }
+
+    // Once every write has settled, the answer is the same however far the clock moves.
+    tokio::time::sleep(b.change_feed_delay()).await;
+    let started = Instant::now();
+    loop {
+        let (seen, _, unsettled) = one_read_to_the_end(b, None, 10).await;
+        if unsettled == 0 && seen == ids {
+            break;
+        }
+        assert!(started.elapsed() < FEED_DEADLINE, "the writes did not settle within {FEED_DEADLINE:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (seen, settled_first, _) = one_read_to_the_end(b, None, 10).await;
+    pause().await;
+    let (seen_again, settled_again, _) = one_read_to_the_end(b, None, 10).await;
+    assert_eq!((&seen, &seen_again), (&ids.to_vec(), &ids.to_vec()), "the settled feed from the start");
+    assert_eq!(settled_first, settled_again, "two reads from the start once the writes settled");
+    // So do the rows' `seq`s (CouchDB's descending `_changes` answers its last row's as `last_seq`).
+    let row_seqs = || async {
+        let page = b.changes(None, 10).await.expect("changes");
+        page.changes.into_iter().map(|change| change.seq).collect::<Vec<String>>()
+    };
+    let first_rows = row_seqs().await;
+    pause().await;
+    assert_eq!(first_rows, row_seqs().await, "the rows' seqs of two reads from the start");
+    let from_token = Some(settled_first.as_str());
+    let (nothing, token_first, _) = one_read_to_the_end(b, from_token, 1).await;
+    pause().await;
+    let (nothing_again, token_again, _) = one_read_to_the_end(b, from_token, 1).await;
+    assert!(nothing.is_empty() && nothing_again.is_empty(), "new changes with no write: {nothing:?} {nothing_again:?}");
+    assert_eq!(token_first, token_again, "two reads from the last_seq of a read to the end");
+
+    // The stable tokens still lead to what is written next.
+    let later = id_of("u", "stable", "later");
+    b.put(&later, &body("u", "stable", "later", json!(1)), Precondition::MustNotExist).await.unwrap();
+    for (since, what) in [
+        (&token_again, "the settled last_seq"),
+        (&recent_again, "the last_seq right after the writes"),
+        (&first_rows[0], "the first row's seq"),
+    ] {
+        let (seen, _, _) = one_read_to_the_end(b, Some(since), 1).await;
+        assert!(seen.contains(&later), "a read from {what} ended without the later write (saw {seen:?})");
+    }
+}
+
 /// Writers in several processes create, update and delete documents (several users and
 /// namespaces, ids shared between processes so their writes conflict) while this process follows
 /// the feed; afterwards the follower's view equals every document's final state. On the embedded

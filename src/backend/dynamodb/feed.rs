@@ -111,6 +111,13 @@ fn after(position: &str) -> String {
     format!("{position}-")
 }
 
+/// The position every stamped position lies past: the bound of the clock's millisecond 0 (a
+/// position is stamped with a clock past 1970). A read from the start of the feed that finds no
+/// settled change resumes from it.
+fn lowest_position() -> String {
+    layout::position_after_millis(0)
+}
+
 /// Reads the feed index from `low` to `high` (both inclusive), merged across shards, into
 /// `changes` until it holds `limit` entries; whether the index ran out first. An index that has not
 /// yet dropped a document's previous entry can show it twice; the later position is its latest.
@@ -161,10 +168,19 @@ impl DynamoDbBackend {
             let last_seq = changes.last().map_or_else(|| high.clone(), |c| c.seq.clone());
             return Ok(ChangesPage { changes, last_seq, pending: None, unsettled: 0 });
         }
+        // Every settled change up to the last one seen has been returned, and the settled range
+        // past it up to the bound was read empty (no write can land there any more: that is what
+        // settled means), so a token naming that change instead of the bound misses nothing and
+        // re-reads only an empty range. Unlike the bound, it stays the same while nothing is
+        // written: two reads with no write between answer the same `last_seq`, as CouchDB's do.
+        // With nothing settled seen, it is the token's own position, or from the start of the
+        // feed the lowest position (every stamp lies past it).
+        let settled_seen = changes.last().map(|c| c.seq.clone()).or_else(|| token.as_ref().map(|t| t.settled.clone()));
         let boundary = match &token {
             Some(t) if t.settled > high => t.settled.clone(),
             _ => high,
         };
+        let resume_from = settled_seen.unwrap_or_else(lowest_position);
         // The unsettled tail: past the boundary and past what an earlier read delivered.
         let tail_from = match delivered.as_deref() {
             Some(d) if d > boundary.as_str() => d.to_owned(),
@@ -182,10 +198,10 @@ impl DynamoDbBackend {
                 FeedToken::new(&change.seq, delivered.as_deref()).render()
             } else {
                 last_delivered = Some(std::mem::take(&mut change.seq));
-                FeedToken::new(&boundary, last_delivered.as_deref()).render()
+                FeedToken::new(&resume_from, last_delivered.as_deref()).render()
             };
         }
-        let last_seq = FeedToken::new(&boundary, last_delivered.as_deref()).render();
+        let last_seq = FeedToken::new(&resume_from, last_delivered.as_deref()).render();
         Ok(ChangesPage { changes, last_seq, pending: tail_done.then_some(0), unsettled })
     }
 
@@ -233,5 +249,8 @@ mod tests {
         let bound = layout::position_after_millis(5);
         assert!(bound < after(&bound) && after(&bound) < layout::position_after_millis(6));
         assert!(later < layout::position_after_millis(layout::MAX_POSITION_MILLIS));
+        // A read from the lowest position reads every stamped position, and it is a valid token.
+        assert!(after(&lowest_position()) < earlier);
+        assert_eq!(FeedToken::parse(&lowest_position()).unwrap().settled, lowest_position());
     }
 }

@@ -5,8 +5,10 @@
 //! that every write committed at or before its `floor` (a read time) has been reported. The next
 //! sweep reads, at one snapshot `R`, the documents with `_changedAt > floor - W` in
 //! (`_changedAt`, `__name__`) order, skips those whose `updateTime <= floor` (reported already),
-//! and when it reaches the end the new floor is `R`. A sweep longer than one page keeps its
-//! snapshot and a cursor in the token, so every page of it reads the same committed state.
+//! and when it reaches the end the new floor is the latest `updateTime` it saw (or the old floor
+//! when it saw nothing later): every write committed by then was reported, and unlike `R` it does
+//! not move while nothing is written. A sweep longer than one page keeps its snapshot and a cursor
+//! in the token, so every page of it reads the same committed state, and ends at the floor `R`.
 
 use chrono::{DateTime, SecondsFormat, Utc};
 
@@ -41,9 +43,35 @@ pub struct Sweep {
 
 const SEPARATOR: char = '~';
 
+/// The floor of a sweep from the start of the feed that found nothing: nothing was committed by
+/// then, so it is true of every store, and it does not move while the store stays empty.
+pub const START_FLOOR: &str = "1970-01-01T00:00:00Z";
+
 impl FeedToken {
     pub fn after_sweep(read_time: &str) -> FeedToken {
         FeedToken { floor: Some(read_time.to_owned()), sweep: None }
+    }
+
+    /// The token after a sweep that began at this token, read at one snapshot, and looked at
+    /// every document committed by then that it had to (`update_times`: their commit times): a
+    /// floor at the latest of those commit times, or this token's floor when it is later (or
+    /// none was seen), or [`START_FLOOR`] when there is neither.
+    ///
+    /// Any time between this floor and the sweep's snapshot is a valid floor: every write
+    /// committed in between was visible at the snapshot, inside the sweep's filter, and reported
+    /// (the proof in docs/firestore-layout.md). The latest commit time seen is the one that stays
+    /// the same while nothing is written, so two reads with no write between answer the same
+    /// `last_seq`, as CouchDB's do; the snapshot would move with every read. It is also the
+    /// lowest such floor that re-reports nothing: every change reported committed by it.
+    pub fn after_complete_sweep<'a>(&self, update_times: impl IntoIterator<Item = &'a str>) -> FeedToken {
+        let mut latest = self.floor.as_deref().and_then(|floor| Some((timestamp(floor)?, floor)));
+        for update_time in update_times {
+            let Some(committed) = timestamp(update_time) else { continue };
+            if latest.is_none_or(|(time, _)| committed > time) {
+                latest = Some((committed, update_time));
+            }
+        }
+        FeedToken::after_sweep(latest.map_or(START_FLOOR, |(_, text)| text))
     }
 
     pub fn parse(text: &str) -> Result<FeedToken> {
@@ -94,6 +122,49 @@ impl FeedToken {
     }
 }
 
+/// Gives each row of a sweep that began with this read and ended in it (`changes`, committed at
+/// `committed`) a floor for its `seq` instead of a position in the sweep, which names the sweep's
+/// snapshot and so changes with every read: the last row's is the sweep's `end` floor, and each
+/// earlier row's is just below the earliest commit among the rows after it (not past `end`); a
+/// row whose floor that way would not be past the token's keeps its position in the sweep. A reader that stops at a row misses nothing from it: every write
+/// committed after the token's floor and by the snapshot is a row of the sweep, so one committed
+/// by the row's floor is that row or one before it; what was committed later is read again
+/// (a row after it, or a write made since). Like `last_seq`, a row's `seq` then stays the same
+/// while nothing is written (CouchDB's descending `_changes` answers the first change's as its
+/// `last_seq`).
+fn floors_of_rows(token: &FeedToken, end: &FeedToken, changes: &mut [Change], committed: &[String]) {
+    let lowest = token.floor.clone().unwrap_or_else(|| START_FLOOR.to_owned());
+    let Some(lowest_time) = timestamp(&lowest) else { return };
+    let Some(mut floor) = end.floor.clone() else { return };
+    let Some(mut floor_time) = timestamp(&floor) else { return };
+    for (change, committed) in changes.iter_mut().zip(committed).rev() {
+        // Only a floor past the token's: a reader that resumes from a row must get past it. A row
+        // whose floor would be the token's own (a row after it committed first, just past the
+        // token's floor) keeps its position in the sweep, which resumes after the row; with its
+        // floor, a filtered read (`_doc_ids`) that hides the rows after it answered the same rows
+        // with the same `seq` again and again, and a replicator never ended.
+        if floor_time > lowest_time {
+            change.seq = FeedToken::after_sweep(&floor).render();
+        }
+        // The rows before this one must leave it unreported: a floor below its commit time (when
+        // that cannot be read, the lowest floor). Any step below does; a microsecond keeps the
+        // floor a time Firestore holds exactly (its timestamps have microseconds).
+        let below = timestamp(committed).map_or(lowest_time, |time| time - chrono::Duration::microseconds(1));
+        if below < floor_time {
+            (floor, floor_time) = if below > lowest_time {
+                (below.to_rfc3339_opts(SecondsFormat::AutoSi, true), below)
+            } else {
+                (lowest.clone(), lowest_time)
+            };
+        }
+    }
+}
+
+/// The commit times (`updateTime`) of documents a query answered.
+fn update_times(documents: &[Value]) -> impl Iterator<Item = &str> {
+    documents.iter().map(|document| text(document, "/updateTime"))
+}
+
 pub fn timestamp(text: &str) -> Option<DateTime<Utc>> {
     DateTime::parse_from_rfc3339(text).ok().map(|t| t.with_timezone(&Utc))
 }
@@ -132,10 +203,20 @@ impl FirestoreBackend {
             .ok_or_else(|| super::error::bad_body("read the change feed", "runQuery answered no readTime"))?;
         let full = answer.documents.len() >= limit;
         let mut changes = Vec::with_capacity(answer.documents.len());
-        let last = self.sweep_changes(&token, &snapshot, &answer.documents, limit, &mut changes);
+        let mut committed = Vec::with_capacity(answer.documents.len());
+        let last = self.sweep_changes(&token, &snapshot, &answer.documents, limit, &mut changes, &mut committed);
         let last_seq = match last {
             Some(position) if full => position,
-            // The sweep reached the end: everything committed by its read time is reported.
+            // A sweep that began with this read and ended in it looked at every document of the
+            // sweep here: the floor is the latest commit among them, and each row's is a floor too.
+            _ if token.sweep.is_none() => {
+                let end = token.after_complete_sweep(update_times(&answer.documents));
+                floors_of_rows(&token, &end, &mut changes, &committed);
+                end.render()
+            }
+            // The end of a sweep of several pages: everything committed by its snapshot is
+            // reported. This read is not at the present (below), so the next one, a sweep from
+            // this floor, says the end, with a floor that then stays put.
             _ => FeedToken::after_sweep(&snapshot).render(),
         };
         // A full query page leaves the sweep open, however many of its documents were reported
@@ -164,7 +245,8 @@ impl FirestoreBackend {
     }
 
     /// Appends the changes among `documents` (one sweep's, at `snapshot`) not reported before
-    /// `token`, until `changes` holds `limit`; the position of the last document looked at.
+    /// `token`, until `changes` holds `limit`, and their commit times to `committed`; the position
+    /// of the last document looked at.
     pub(super) fn sweep_changes(
         &self,
         token: &FeedToken,
@@ -172,6 +254,7 @@ impl FirestoreBackend {
         documents: &[Value],
         limit: usize,
         changes: &mut Vec<Change>,
+        committed: &mut Vec<String>,
     ) -> Option<String> {
         let mut last = None;
         for document in documents {
@@ -189,6 +272,7 @@ impl FirestoreBackend {
             .render();
             // Committed at or before the floor: the sweep that set the floor reported it.
             if !token.reported(text(document, "/updateTime")) {
+                committed.push(text(document, "/updateTime").to_owned());
                 let state = StoredState::of(document);
                 changes.push(Change {
                     seq: position.clone(),
@@ -225,23 +309,32 @@ impl FirestoreBackend {
         }
         let snapshot =
             answer.read_time.ok_or_else(|| super::error::bad_body(doing, "runQuery answered no readTime"))?;
-        let mut changes = Vec::new();
-        let mut last = self.sweep_changes(token, &snapshot, &answer.documents, limit, &mut changes);
+        let (mut changes, mut committed) = (Vec::new(), Vec::new());
+        let mut last = self.sweep_changes(token, &snapshot, &answer.documents, limit, &mut changes, &mut committed);
         // A page filled inside the window (writes that committed late, rare): the sweep goes on
         // from the last of them.
         let mut full = changes.len() >= limit;
+        let mut looked_at: Vec<Value> = Vec::new();
         if changes.len() < limit {
             let mut after = self.feed_query(limit - changes.len());
             after["where"] = field_filter(layout::CHANGED_AT, "GREATER_THAN", json!({ "timestampValue": floor }));
             let later = self.run_raw_query(&after, Some(&snapshot), doing).await?;
             full = later.documents.len() >= limit - changes.len();
-            if let Some(position) = self.sweep_changes(token, &snapshot, &later.documents, limit, &mut changes) {
+            if let Some(position) =
+                self.sweep_changes(token, &snapshot, &later.documents, limit, &mut changes, &mut committed)
+            {
                 last = Some(position);
             }
+            looked_at = later.documents;
         }
         let (last_seq, pending) = match last {
             Some(position) if full => (position, None),
-            _ => (FeedToken::after_sweep(&snapshot).render(), Some(0)),
+            // Not full: every document of the window and after it was looked at.
+            _ => {
+                let end = token.after_complete_sweep(update_times(&answer.documents).chain(update_times(&looked_at)));
+                floors_of_rows(token, &end, &mut changes, &committed);
+                (end.render(), Some(0))
+            }
         };
         Ok(Some(ChangesPage { changes, last_seq, pending, unsettled: 0 }))
     }
@@ -263,6 +356,7 @@ impl FirestoreBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::Revision;
 
     #[test]
     pub(super) fn tokens_round_trip_and_refuse_garbage() {
@@ -294,5 +388,73 @@ mod tests {
         assert!(token.reported("2026-01-01T00:00:10Z"));
         assert!(!token.reported("2026-01-01T00:00:10.000001Z"));
         assert!(!FeedToken::default().reported("2026-01-01T00:00:10Z"));
+    }
+
+    #[test]
+    pub(super) fn each_row_of_a_complete_sweep_gets_a_floor_below_the_commits_after_it() {
+        let token = FeedToken::after_sweep("2026-01-01T00:00:10Z");
+        let committed =
+            ["2026-01-01T00:00:12Z", "2026-01-01T00:00:11Z", "2026-01-01T00:00:13Z", "2026-01-01T00:00:10.5Z"];
+        let end = token.after_complete_sweep(committed);
+        let mut changes: Vec<Change> = (0..4)
+            .map(|n| Change {
+                seq: format!("position {n}"),
+                id: format!("d{n}"),
+                rev: Revision(format!("1-{n}")),
+                deleted: false,
+            })
+            .collect();
+        let committed = committed.map(str::to_owned);
+        floors_of_rows(&token, &end, &mut changes, &committed);
+        let seqs: Vec<&str> = changes.iter().map(|c| c.seq.as_str()).collect();
+        // Row 0 is committed at 12 s, but row 1 at 11 s and row 3 at 10.5 s come after it: a
+        // reader stopping at row 0 has not seen them, so its floor stays below 10.5 s.
+        assert_eq!(
+            seqs,
+            [
+                "2026-01-01T00:00:10.499999Z",
+                "2026-01-01T00:00:10.499999Z",
+                "2026-01-01T00:00:10.499999Z",
+                "2026-01-01T00:00:13Z",
+            ]
+        );
+        // Each row's floor covers its own commit only when no earlier commit follows it.
+        let in_order = ["2026-01-01T00:00:11Z", "2026-01-01T00:00:12Z"].map(str::to_owned);
+        let mut two = changes[..2].to_vec();
+        floors_of_rows(&token, &token.after_complete_sweep(in_order.iter().map(String::as_str)), &mut two, &in_order);
+        assert_eq!((two[0].seq.as_str(), two[1].seq.as_str()), ("2026-01-01T00:00:11.999999Z", "2026-01-01T00:00:12Z"));
+        // Never below the token's floor, and from the start never below the start floor.
+        let unreadable = ["2026-01-01T00:00:11Z".to_owned(), "yesterday".to_owned()];
+        // A row whose floor would not be past the token's keeps its position in the sweep, so a
+        // reader resuming from it gets past it.
+        two[0].seq = "position 0".to_owned();
+        floors_of_rows(&token, &FeedToken::after_sweep("2026-01-01T00:00:11Z"), &mut two, &unreadable);
+        assert_eq!((two[0].seq.as_str(), two[1].seq.as_str()), ("position 0", "2026-01-01T00:00:11Z"));
+        let just_past = ["2026-01-01T00:00:11Z", "2026-01-01T00:00:10.000001Z"].map(str::to_owned);
+        two[0].seq = "position 0".to_owned();
+        floors_of_rows(&token, &FeedToken::after_sweep("2026-01-01T00:00:11Z"), &mut two, &just_past);
+        assert_eq!(two[0].seq, "position 0");
+        floors_of_rows(&FeedToken::default(), &FeedToken::after_sweep("2026-01-01T00:00:11Z"), &mut two, &unreadable);
+        assert_eq!(two[0].seq, "position 0");
+    }
+
+    #[test]
+    pub(super) fn a_complete_sweep_ends_at_the_latest_commit_it_saw_or_keeps_its_floor() {
+        let token = FeedToken::after_sweep("2026-01-01T00:00:10Z");
+        // Compared as times, not as text: `.5Z` is later than `.25Z` and than a whole second.
+        let seen = ["2026-01-01T00:00:09Z", "2026-01-01T00:00:11.5Z", "2026-01-01T00:00:11.25Z", "not a time"];
+        assert_eq!(token.after_complete_sweep(seen), FeedToken::after_sweep("2026-01-01T00:00:11.5Z"));
+        // Nothing committed after the floor: the floor stays.
+        assert_eq!(token.after_complete_sweep(["2026-01-01T00:00:09.999Z"]), token);
+        assert_eq!(token.after_complete_sweep([]), token);
+        // From the start: the latest commit seen, or the start floor for an empty feed.
+        assert_eq!(
+            FeedToken::default().after_complete_sweep(["2026-01-01T00:00:01Z"]),
+            FeedToken::after_sweep("2026-01-01T00:00:01Z")
+        );
+        let start = FeedToken::default().after_complete_sweep([]);
+        assert_eq!(start, FeedToken::after_sweep(START_FLOOR));
+        assert_eq!(FeedToken::parse(&start.render()).unwrap(), start);
+        assert!(!start.reported("1970-01-01T00:00:00.000001Z"));
     }
 }
