@@ -300,6 +300,37 @@ pub async fn a_deletions_fields_are_kept_in_its_tombstone(ctx: Ctx) {
     let listed = b.all_docs(&IdRange::all(), 10, None).await.unwrap().items;
     assert!(listed.is_empty(), "nor in id order: {listed:?}");
 
+    // Where a tombstone is one record (DynamoDB, Firestore) its fields take at most 350,000 bytes
+    // compressed: past it the deletion is refused naming the bound, and nothing changes.
+    let other = id_of("u", "ns", "big");
+    let (big_first, big_second) = (rev(1, 'd'), rev(2, 'e'));
+    assert_eq!(b.put_replicated(&other, &live(std::slice::from_ref(&big_first), json!(0))).await.unwrap(), Applied);
+    let mut noise = String::with_capacity(900_000);
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    while noise.len() < 900_000 {
+        // Text gzip cannot shrink much: pseudo-random letters.
+        state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        noise.push(char::from(b'a' + (state >> 59) as u8 % 26));
+    }
+    let mut big = body("u", "ns", "big", json!(noise));
+    big.insert("reason".into(), json!("too big for one record"));
+    let big_deletion = ReplicatedRevision { body: big.clone(), ..deleted(&[big_second.clone(), big_first.clone()]) };
+    let one_record = ["dynamodb", "firestore"].contains(&ctx.backend_name);
+    match b.put_replicated(&other, &big_deletion).await {
+        Ok(outcome) => {
+            assert!(!one_record, "{} took a tombstone past its bound", ctx.backend_name);
+            assert_eq!(outcome, Applied, "{}", ctx.backend_name);
+            let kept = b.get_deleted(&other).await.unwrap().expect("the big tombstone");
+            assert_eq!(kept.body, big, "a store that takes it keeps it whole");
+        }
+        Err(err) => {
+            assert_eq!(err.kind(), ErrorKind::TooLarge, "{err}");
+            assert!(err.message().contains("350000"), "names the bound: {}", err.message());
+            assert!(one_record, "{}: {err}", ctx.backend_name);
+            assert_eq!(revisions(b, &other).await.rev.as_str(), big_first, "nothing changed");
+        }
+    }
+
     // A plain delete keeps no fields.
     let plain = id_of("u", "ns", "plain");
     let live_rev = b.put(&plain, &body("u", "ns", "plain", json!(2)), Precondition::MustNotExist).await.unwrap();
