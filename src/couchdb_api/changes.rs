@@ -38,7 +38,7 @@ use tokio::time::Instant;
 
 use super::access::Principal;
 use super::auth::Identity;
-use super::document::doc_json;
+use super::document::{doc_json, tombstone_body};
 use super::error::{CouchError, CouchResult};
 use super::request::{bool_param, json_param};
 use super::served_db::ServedDb;
@@ -690,14 +690,8 @@ async fn rows_of(cursor: &Cursor, changes: &[Change]) -> crate::Result<Vec<Value
     let mut rows = Vec::with_capacity(visible.len());
     for change in visible {
         let doc = if change.deleted {
-            let mut doc = Map::new();
-            doc.insert("_id".into(), change.id.clone().into());
-            doc.insert("_rev".into(), change.rev.as_str().into());
-            if let Some(fields) = tombstones.get(&change.id).filter(|t| t.rev == change.rev) {
-                doc.extend(fields.body.iter().map(|(name, value)| (name.clone(), value.clone())));
-            }
-            doc.insert("_deleted".into(), Value::Bool(true));
-            Value::Object(doc)
+            let kept = tombstones.get(&change.id).filter(|t| t.rev == change.rev).map(|t| &t.body);
+            Value::Object(tombstone_body(&change.id, change.rev.as_str(), kept.unwrap_or(&Map::new())))
         } else {
             match docs.get(&change.id) {
                 Some(doc) => doc_json(doc, None),

@@ -130,15 +130,21 @@ pub(crate) fn doc_json(doc: &StoredDocument, info: Option<&RevisionInfo>) -> Val
 /// A deleted document: `{_id, _rev, …the fields its deletion carried, _deleted: true}` (CouchDB's
 /// order), with `_revisions` when asked.
 pub(crate) fn tombstone_json(id: &str, info: &RevisionInfo, fields: &Map<String, Value>, revs: bool) -> Value {
-    let mut doc = Map::with_capacity(fields.len() + 4);
-    doc.insert("_id".into(), id.into());
-    doc.insert("_rev".into(), info.rev.as_str().into());
-    doc.extend(fields.iter().map(|(name, value)| (name.clone(), value.clone())));
-    doc.insert("_deleted".into(), true.into());
+    let mut doc = tombstone_body(id, info.rev.as_str(), fields);
     if revs {
         doc.insert("_revisions".into(), revisions_json(info));
     }
     Value::Object(doc)
+}
+
+/// `{_id, _rev, …the fields its deletion carried, _deleted: true}`, CouchDB's tombstone.
+pub(crate) fn tombstone_body(id: &str, rev: &str, fields: &Map<String, Value>) -> Map<String, Value> {
+    let mut doc = Map::with_capacity(fields.len() + 4);
+    doc.insert("_id".into(), id.into());
+    doc.insert("_rev".into(), rev.into());
+    doc.extend(fields.iter().map(|(name, value)| (name.clone(), value.clone())));
+    doc.insert("_deleted".into(), true.into());
+    doc
 }
 
 /// The fields the deletion at `info.rev` carried, read from the stored tombstone (none when the
