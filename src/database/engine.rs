@@ -41,6 +41,10 @@ const SETTINGS_NAME: &str = "db:settings";
 /// Attempts of one write against other writers of the same document before giving up with a
 /// conflict the client may retry.
 pub const MAX_TRIES: usize = 16;
+/// Writers of one document in this process take turns on one of this many locks (keyed by the
+/// id's hash), so they never spend their tries against each other: [`MAX_TRIES`] is only for
+/// writers in other processes. Bounded memory whatever the number of ids.
+const WRITE_LOCK_STRIPES: usize = 64;
 
 /// A document's revision tree as stored, with what the next save must match.
 #[derive(Debug, Clone)]
@@ -106,6 +110,7 @@ pub struct Database {
     dropped: AtomicBool,
     revs_limit: AtomicUsize,
     max_document_bytes: usize,
+    write_locks: Box<[tokio::sync::Mutex<()>]>,
 }
 
 impl Database {
@@ -117,6 +122,7 @@ impl Database {
             dropped: AtomicBool::new(false),
             revs_limit: AtomicUsize::new(0),
             max_document_bytes: DEFAULT_MAX_DOCUMENT_BYTES,
+            write_locks: (0..WRITE_LOCK_STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
         }
     }
 
@@ -219,8 +225,17 @@ impl Database {
         self.while_open(self.write_batch_once_open(id, writes)).await
     }
 
+    /// The lock this process's writers of `id` take turns on.
+    fn write_lock(&self, id: &str) -> &tokio::sync::Mutex<()> {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        id.hash(&mut hasher);
+        &self.write_locks[(hasher.finish() as usize) % self.write_locks.len()]
+    }
+
     async fn write_batch_once_open(&self, id: &str, writes: &[Write]) -> Result<Vec<Result<Written>>> {
         let revs_limit = self.revs_limit().await?;
+        let _turn = self.write_lock(id).lock().await;
         for _ in 0..MAX_TRIES {
             let state = self.read(id).await?;
             let mut tree = state.as_ref().map(|s| s.tree.clone()).unwrap_or_default();
@@ -257,6 +272,7 @@ impl Database {
     }
 
     async fn purge_once_open(&self, id: &str, revs: &[String]) -> Result<Vec<String>> {
+        let _turn = self.write_lock(id).lock().await;
         for _ in 0..MAX_TRIES {
             let Some(state) = self.read(id).await? else { return Ok(Vec::new()) };
             let mut tree = state.tree.clone();
