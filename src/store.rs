@@ -368,7 +368,8 @@ impl DataStore {
         if !incoming.deleted {
             self.ensure_namespace(id.namespace()).await?;
         }
-        self.backend.put_replicated(id.as_str(), incoming).await
+        // Every branch is kept: a revision that loses to the winner stays as a conflict.
+        self.backend.put_branch(id.as_str(), incoming).await
     }
 
     /// The limits a whole document must meet: its `value` and `metadata` within the size limit.
@@ -525,10 +526,15 @@ impl DataStore {
         match (existing, expect) {
             (None, _) => Ok(None),
             (Some(doc), Expect::Any) => self.delete_document(doc, deadline).await,
-            (Some(doc), _) => match self.backend.delete(&doc.id, &doc.rev).await {
-                Ok(tombstone) => Ok(Some(tombstone)),
-                Err(e) if e.is_not_found() => Err(Error::conflict(format!("document {id} was deleted concurrently"))),
+            (Some(doc), _) => match self.delete_other_leaves(&doc.id).await.and(Ok(())) {
                 Err(e) => Err(e),
+                Ok(()) => match self.backend.delete(&doc.id, &doc.rev).await {
+                    Ok(tombstone) => Ok(Some(tombstone)),
+                    Err(e) if e.is_not_found() => {
+                        Err(Error::conflict(format!("document {id} was deleted concurrently")))
+                    }
+                    Err(e) => Err(e),
+                },
             },
         }
     }
@@ -537,6 +543,7 @@ impl DataStore {
     /// revision, `None` when the document was gone. The caller holds the document's turn, or
     /// deletes in bulk (no turn, no deadline).
     async fn delete_document(&self, doc: StoredDocument, deadline: Deadline) -> Result<Option<Revision>> {
+        self.delete_other_leaves(&doc.id).await?;
         let mut rev = doc.rev;
         for _ in 0..=self.options.max_conflict_retries {
             deadline.check(&doc.id)?;
@@ -551,6 +558,27 @@ impl DataStore {
             }
         }
         Err(Error::conflict(format!("document {:?} kept changing while being deleted", doc.id)))
+    }
+
+    /// Deletes every live leaf but the winner (conflicts a replicator brought in), so that deleting
+    /// the winner next deletes the key, as a data-store delete means, instead of making a
+    /// conflict the winner as a CouchDB delete of one revision would.
+    async fn delete_other_leaves(&self, id: &str) -> Result<()> {
+        let Some(tree) = self.backend.revision_tree(id).await? else { return Ok(()) };
+        for leaf in tree.leaves().into_iter().skip(1).filter(|leaf| !leaf.deleted) {
+            let tombstone = crate::backend::revision::RevisionId::next_after(Some(leaf.path.start))?.to_revision();
+            let mut ancestry = vec![tombstone.as_str().to_owned()];
+            ancestry.extend(leaf.path.revs());
+            let deletion = ReplicatedRevision {
+                rev: tombstone,
+                ancestry,
+                deleted: true,
+                body: Map::new(),
+                precondition: Precondition::None,
+            };
+            self.backend.put_branch(id, &deletion).await?;
+        }
+        Ok(())
     }
 
     /// Deletes one listed document in a bulk delete, in its turn with this process's other
@@ -644,6 +672,7 @@ impl DataStore {
                 return Ok(erased);
             }
             self.backend.erase_prefix(&prefix).await?;
+            self.backend.erase_branches(&prefix).await?;
             erased += live;
             if live == 0 {
                 return Ok(erased);

@@ -4,6 +4,7 @@
 //! composite IDs with revision preconditions, and answer paged queries by `userId` (+ `namespace`).
 //! The data-store semantics live once, in [`crate::store::DataStore`].
 
+pub mod branches;
 pub mod catalog;
 pub mod couchdb;
 pub mod dynamodb;
@@ -11,6 +12,7 @@ pub mod embedded;
 pub mod firestore;
 pub mod raw;
 pub mod replicated;
+pub mod rev_tree;
 pub mod revision;
 pub mod url;
 
@@ -242,6 +244,12 @@ pub struct ReplicatedRevision {
     /// Every field except `_id`/`_rev`/`_revisions`/`_deleted`. A deleted revision's fields are
     /// kept in its tombstone, as CouchDB keeps them ([`DocumentBackend::get_deleted`]).
     pub body: Map<String, Value>,
+    /// What the stored revision (live or a tombstone) must be for the write to apply, besides
+    /// the winner rule: `MustNotExist` (nothing stored), `MatchRevision` (that revision), or
+    /// `None`. A caller that keeps a document's other branches itself ([`branches`]) decided the
+    /// write against the state it read; any other state is answered `KeptCurrent`, nothing
+    /// written.
+    pub precondition: Precondition,
 }
 
 /// What [`DocumentBackend::put_replicated`] did.
@@ -483,6 +491,29 @@ pub trait DocumentBackend: Send + Sync + 'static {
     /// instead of keeping revision trees itself. `false`, the default, elsewhere.
     fn forwards_requests(&self) -> bool {
         false
+    }
+
+    /// The whole revision tree of a data-store document: its winner (the record every other
+    /// call reads) and every other leaf, each with its path and body. `None` when nothing is
+    /// stored for the id. The default keeps the other leaves beside the record ([`branches`]);
+    /// a backend that keeps branches natively answers from them.
+    async fn revision_tree(&self, id: &str) -> Result<Option<rev_tree::RevTree>> {
+        Ok(branches::read(self, id).await?.map(|read| read.tree))
+    }
+
+    /// [`DocumentBackend::put_replicated`] keeping every branch, as CouchDB does: an incoming
+    /// revision that loses to the winner is kept as a leaf of the tree (`KeptCurrent`), one that
+    /// wins moves the previous winner among the other leaves (`Applied`). The default keeps the
+    /// other leaves beside the record ([`branches::graft`]).
+    async fn put_branch(&self, id: &str, incoming: &ReplicatedRevision) -> Result<ReplicatedOutcome> {
+        branches::graft(self, id, incoming).await
+    }
+
+    /// Removes the other branches kept for every id starting with `prefix` (an erasure, after
+    /// [`DocumentBackend::erase_prefix`]). The default removes what [`branches`] keeps beside the
+    /// records; a backend whose `erase_prefix` removes whole trees has nothing left to do.
+    async fn erase_branches(&self, prefix: &str) -> Result<()> {
+        branches::erase(self, prefix).await
     }
 
     /// The documents with these ids, one answer per id, in order (`None` for a missing one).

@@ -2,14 +2,15 @@
 //! incoming revisions are well formed, and what a well-formed one does to the stored state.
 //!
 //! A replicator sends revisions made elsewhere with their ancestry. CouchDB keeps every branch of
-//! a document's revision tree and shows the winner; this store keeps one revision per document, so
-//! it keeps the revision CouchDB would show: replicas that exchange the same revisions then agree
-//! on every document, whatever order the revisions arrive in (see docs/document-model.md).
+//! a document's revision tree and shows the winner; a backend record holds one revision, so these
+//! rules decide which revision the record holds: the one CouchDB would show. Replicas that exchange
+//! the same revisions then agree on every document, whatever order the revisions arrive in (see
+//! docs/document-model.md); the other branches are kept beside the record ([`super::branches`]).
 
 use std::cmp::Ordering;
 
 use crate::backend::revision::{generation_of, PackedAncestry, RevisionId};
-use crate::backend::{ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo, LOCAL_PREFIX};
+use crate::backend::{Precondition, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo, LOCAL_PREFIX};
 use crate::error::{Error, Result};
 
 /// The prefix of design documents' ids, which hold no data and are never replicated in.
@@ -71,9 +72,24 @@ pub fn check(id: &str, incoming: &ReplicatedRevision) -> Result<CheckedRevision>
 }
 
 /// What a (checked) incoming revision does to the stored state (`None`: the id was never written
-/// or was erased). `Applied` means the caller writes it; the others write nothing.
+/// or was erased). `Applied` means the caller writes it; the others write nothing. An incoming
+/// revision whose precondition the stored state does not meet is `KeptCurrent`; the stored
+/// revision itself with a precondition naming it is `Applied` (a rewrite in place).
 pub fn judge(incoming: &ReplicatedRevision, stored: Option<&RevisionInfo>) -> ReplicatedOutcome {
+    let holds = match (&incoming.precondition, stored) {
+        (Precondition::None, _) | (Precondition::MustNotExist, None) => true,
+        (Precondition::MatchRevision(expected), Some(current)) => &current.rev == expected,
+        (Precondition::MustNotExist, Some(_)) | (Precondition::MatchRevision(_), None) => false,
+    };
+    if !holds {
+        return ReplicatedOutcome::KeptCurrent;
+    }
     let Some(current) = stored else { return ReplicatedOutcome::Applied };
+    if incoming.precondition == Precondition::MatchRevision(incoming.rev.clone()) && current.rev == incoming.rev {
+        // The stored revision written again, on purpose: a caller that keeps other branches
+        // beside the record moves the document in the change feed so (a new losing leaf).
+        return ReplicatedOutcome::Applied;
+    }
     if current.rev == incoming.rev || current.ancestry.revisions().any(|known| known == incoming.rev) {
         return ReplicatedOutcome::AlreadyKnown;
     }
@@ -128,6 +144,7 @@ mod tests {
             ancestry: ancestry.to_vec(),
             deleted,
             body: Map::new(),
+            precondition: Precondition::None,
         }
     }
 
@@ -170,6 +187,27 @@ mod tests {
         assert_eq!(judge(&incoming(&[rev(6, '1')], true), Some(&tombstone)), Applied, "higher generation");
         assert_eq!(judge(&incoming(&[rev(5, 'd')], true), Some(&tombstone)), KeptCurrent, "smaller id");
         assert_eq!(judge(&incoming(&[rev(1, '1')], false), None), Applied, "nothing stored");
+    }
+
+    #[test]
+    fn a_precondition_is_met_before_the_winner_rule() {
+        use ReplicatedOutcome::*;
+        let current = stored(&[rev(2, 'b'), rev(1, 'a')], false);
+        let with = |ancestry: &[String], precondition: Precondition| ReplicatedRevision {
+            precondition,
+            ..incoming(ancestry, false)
+        };
+        let descendant = [rev(3, 'c'), rev(2, 'b')];
+        let on = |r: String| Precondition::MatchRevision(Revision(r));
+        assert_eq!(judge(&with(&descendant, on(rev(2, 'b'))), Some(&current)), Applied);
+        assert_eq!(judge(&with(&descendant, on(rev(2, 'f'))), Some(&current)), KeptCurrent, "another revision");
+        assert_eq!(judge(&with(&descendant, Precondition::MustNotExist), Some(&current)), KeptCurrent);
+        assert_eq!(judge(&with(&descendant, Precondition::MustNotExist), None), Applied);
+        assert_eq!(judge(&with(&descendant, on(rev(2, 'b'))), None), KeptCurrent, "nothing stored");
+        // The stored revision itself, named by its precondition: written again in place.
+        let same = [rev(2, 'b'), rev(1, 'a')];
+        assert_eq!(judge(&with(&same, on(rev(2, 'b'))), Some(&current)), Applied);
+        assert_eq!(judge(&with(&same, Precondition::None), Some(&current)), AlreadyKnown);
     }
 
     #[test]

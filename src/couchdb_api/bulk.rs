@@ -335,7 +335,23 @@ async fn bulk_get_one(state: &CouchState, principal: &Principal, item: &Value, r
             },
             None => return error("not_found", "missing"),
         },
-        None => return error("not_found", "missing"),
+        // Another leaf than the winner: a conflict.
+        None => match wanted {
+            Some(rev) => match super::branches::tree_of(state, id).await {
+                Ok(Some(tree)) => match tree.leaf(rev).or_else(|| {
+                    latest.then(|| tree.leaves().into_iter().find(|leaf| leaf.path.revs().iter().any(|r| r == rev)))?
+                }) {
+                    Some(leaf) => {
+                        let options = super::database::DocOptions { revs, ..Default::default() };
+                        super::database::leaf_json(id, &tree, leaf, options)
+                    }
+                    None => return error("not_found", "missing"),
+                },
+                Ok(None) => return error("not_found", "missing"),
+                Err(err) => return error(&err.error, &err.reason),
+            },
+            None => return error("not_found", "missing"),
+        },
     };
     json!({ "id": id, "docs": [{ "ok": doc }] })
 }
@@ -427,7 +443,23 @@ async fn revs_diff_one(
         info.map(|info| info.ancestry.revisions().map(|r| r.0).chain([info.rev.0]).collect()).unwrap_or_default();
     let missing: Vec<Value> =
         revs.into_iter().filter(|rev| rev.as_str().is_some_and(|rev| !known.contains(rev))).collect();
-    Ok((!missing.is_empty()).then(|| (id, json!({ "missing": missing }))))
+    if missing.is_empty() {
+        return Ok(None);
+    }
+    // Not on the winner's branch: the other branches may hold them.
+    let Some(tree) = super::branches::tree_of(state, &id).await? else {
+        return Ok(Some((id, json!({ "missing": missing }))));
+    };
+    let asked: Vec<String> = missing.iter().filter_map(Value::as_str).map(str::to_owned).collect();
+    let (missing, possible_ancestors) = tree.missing(&asked);
+    if missing.is_empty() {
+        return Ok(None);
+    }
+    let mut entry = json!({ "missing": missing });
+    if !possible_ancestors.is_empty() {
+        entry["possible_ancestors"] = Value::from(possible_ancestors);
+    }
+    Ok(Some((id, entry)))
 }
 
 /// `POST /{db}/_ensure_full_commit`: every acknowledged write is already durable.

@@ -27,6 +27,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::backend::rev_tree::RevTree;
 use axum::body::{Body, Bytes};
 use axum::extract::{ConnectInfo, Extension, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -687,9 +688,19 @@ async fn rows_of(cursor: &Cursor, changes: &[Change]) -> crate::Result<Vec<Value
     } else {
         HashMap::new()
     };
+    // Every leaf (`style=all_docs`) and `_conflicts` come from each document's tree.
+    let wants_trees = request.all_leaves || (request.conflicts && request.include_docs);
+    let trees: HashMap<String, RevTree> = if wants_trees {
+        let ids: Vec<String> = visible.iter().map(|c| c.id.clone()).collect();
+        let trees = super::branches::trees_of(cursor.backend.as_ref(), &ids).await?;
+        ids.into_iter().zip(trees).filter_map(|(id, tree)| tree.map(|tree| (id, tree))).collect()
+    } else {
+        HashMap::new()
+    };
     let mut rows = Vec::with_capacity(visible.len());
     for change in visible {
-        let doc = if change.deleted {
+        let tree = trees.get(&change.id);
+        let mut doc = if change.deleted {
             let kept = tombstones.get(&change.id).filter(|t| t.rev == change.rev).map(|t| &t.body);
             Value::Object(tombstone_body(&change.id, change.rev.as_str(), kept.unwrap_or(&Map::new())))
         } else {
@@ -699,12 +710,21 @@ async fn rows_of(cursor: &Cursor, changes: &[Change]) -> crate::Result<Vec<Value
                 None => Value::Null,
             }
         };
+        if request.conflicts {
+            super::branches::add_conflicts(&mut doc, tree);
+        }
         if let Filter::Selector(matches) = &request.filter {
             if !matches(&doc) {
                 continue;
             }
         }
-        let mut row = json!({ "seq": change.seq, "id": change.id, "changes": [{ "rev": change.rev.as_str() }] });
+        // The row's revision first, then the tree's other leaves in CouchDB's order.
+        let mut leaves = vec![json!({ "rev": change.rev.as_str() })];
+        if let (true, Some(tree)) = (request.all_leaves, tree) {
+            let others = tree.leaves().into_iter().map(|leaf| leaf.rev()).filter(|rev| rev != change.rev.as_str());
+            leaves.extend(others.map(|rev| json!({ "rev": rev })));
+        }
+        let mut row = json!({ "seq": change.seq, "id": change.id, "changes": leaves });
         if change.deleted {
             row["deleted"] = Value::Bool(true);
         }

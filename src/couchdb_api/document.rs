@@ -4,11 +4,10 @@
 //! `_rev`, `?rev=` or `If-Match` (they must agree), a write without one creates (a deletion without
 //! one writes a tombstone where nothing live is), and a stale one is 409 `conflict`; `DELETE` of a
 //! missing or deleted document is 404. `_local/` documents are written and deleted without a
-//! revision check, as CouchDB 3 keeps them. Reads give the current revision; an older revision is `missing`, since each
-//! backend keeps only a document's winning revision and its ancestry (CouchDB's `_revs_limit`
-//! worth of ids), not old bodies; with `?latest=true` an ancestor is answered by the current
-//! revision, as CouchDB answers with its branch's leaf. `?revs=true` adds `_revisions`; `?open_revs=` answers a JSON
-//! array as PouchDB's replicator reads it.
+//! revision check, as CouchDB 3 keeps them. A plain read gives the winning revision from the
+//! record alone; a read that names another leaf or asks for conflicts is answered from the whole
+//! revision tree ([`super::branches`]). An inner revision is `missing` (its body is not kept);
+//! with `?latest=true` it is answered by its branch's leaf. `?revs=true` adds `_revisions`.
 
 use std::collections::HashMap;
 
@@ -20,6 +19,7 @@ use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
 use serde_json::{json, Map, Value};
 
 use super::access::Principal;
+use super::branches;
 use super::data_document::{self, id_kind, parse_rev, IdKind, IncomingDocument};
 use super::design;
 use super::error::{CouchError, CouchResult};
@@ -51,6 +51,9 @@ pub async fn get_document(
         }
     }
     principal.check_id(&docid)?;
+    if branches::wants_tree(&params) {
+        return branches::read(&state, &docid, &params, &headers).await;
+    }
     let backend = state.store.backend();
     let revs = bool_param("revs", params.get("revs").map(String::as_str), false)?;
     let latest = bool_param("latest", params.get("latest").map(String::as_str), false)?;
@@ -79,7 +82,9 @@ pub async fn get_document(
             }
             doc_json(&doc, revs.then_some(&info))
         }
-        (_, wanted) => return missing_or_tombstone(&state, &docid, wanted.as_ref(), revs, latest).await,
+        // Another leaf than the winner (a conflict), or a tombstone.
+        (_, Some(_)) => return branches::read(&state, &docid, &params, &headers).await,
+        (None, None) => return missing_or_tombstone(&state, &docid, None, revs, latest).await,
     };
     let rev = doc.get("_rev").and_then(Value::as_str).unwrap_or_default().to_owned();
     if not_modified(&headers, &rev) {
@@ -341,16 +346,37 @@ pub(crate) async fn write(
 ) -> CouchResult<Revision> {
     if incoming.deleted {
         return match rev {
-            Some(rev) if incoming.body.is_empty() => delete_at(state, incoming.id.as_str(), &rev).await,
-            Some(rev) => tombstone_with_fields(state, incoming, &rev).await,
+            Some(rev) => delete_revision(state, incoming, &rev).await,
             None => tombstone_without_revision(state, incoming).await,
         };
     }
-    let precondition = match rev {
-        Some(rev) => Precondition::MatchRevision(rev),
-        None => Precondition::MustNotExist,
+    let Some(rev) = rev else {
+        return Ok(state.store.put_document(&incoming.id, &incoming.body, Precondition::MustNotExist).await?);
     };
-    Ok(state.store.put_document(&incoming.id, &incoming.body, precondition).await?)
+    match state.store.put_document(&incoming.id, &incoming.body, Precondition::MatchRevision(rev.clone())).await {
+        // Not the winner's revision: a losing leaf's, or stale.
+        Err(err) if err.is_conflict() => {
+            branches::write_after_conflict(state, incoming.id.as_str(), &rev, false, incoming.body).await
+        }
+        written => Ok(written?),
+    }
+}
+
+/// A deletion naming `rev`. A document with conflicts has the leaf `rev` deleted in its tree
+/// (the best remaining leaf becomes the winner, as in CouchDB); any other takes the usual path.
+async fn delete_revision(state: &CouchState, incoming: IncomingDocument, rev: &Revision) -> CouchResult<Revision> {
+    let id = incoming.id.as_str();
+    if let Some(tree) = branches::tree_of(state, id).await?.filter(branches::has_conflicts) {
+        return match branches::write_leaf(state, id, &tree, rev, true, incoming.body).await? {
+            Some(tombstone) => Ok(tombstone),
+            None => Err(CouchError::conflict()),
+        };
+    }
+    if incoming.body.is_empty() {
+        delete_at(state, id, rev).await
+    } else {
+        tombstone_with_fields(state, incoming, rev).await
+    }
 }
 
 /// A deletion that names no revision. CouchDB treats it as any write without `_rev`: refused
@@ -373,7 +399,13 @@ async fn tombstone_without_revision(state: &CouchState, incoming: IncomingDocume
     let rev = minted.to_revision();
     let mut ancestry = vec![rev.as_str().to_owned()];
     ancestry.extend(parent.map(|parent| parent.to_revision().as_str().to_owned()));
-    let tombstone = ReplicatedRevision { rev: rev.clone(), ancestry, deleted: true, body: incoming.body };
+    let tombstone = ReplicatedRevision {
+        rev: rev.clone(),
+        ancestry,
+        deleted: true,
+        body: incoming.body,
+        precondition: Precondition::None,
+    };
     match state.store.put_replicated(&incoming.id, &tombstone).await? {
         ReplicatedOutcome::Applied => Ok(rev),
         _ => Err(CouchError::conflict()),
@@ -400,7 +432,13 @@ async fn tombstone_with_fields(
     let parent = RevisionId::parse(current.rev.as_str()).ok_or_else(CouchError::conflict)?;
     let minted = RevisionId::next_after(Some(parent.generation))?.to_revision();
     let ancestry = vec![minted.as_str().to_owned(), current.rev.as_str().to_owned()];
-    let tombstone = ReplicatedRevision { rev: minted.clone(), ancestry, deleted: true, body: incoming.body };
+    let tombstone = ReplicatedRevision {
+        rev: minted.clone(),
+        ancestry,
+        deleted: true,
+        body: incoming.body,
+        precondition: Precondition::None,
+    };
     match state.store.put_replicated(&incoming.id, &tombstone).await? {
         ReplicatedOutcome::Applied => Ok(minted),
         _ => Err(CouchError::conflict()),
@@ -421,7 +459,13 @@ pub(crate) async fn replicate(state: &CouchState, incoming: IncomingDocument) ->
     let rev = incoming.rev.as_deref().ok_or_else(|| CouchError::bad_request("a replicated document needs _rev"))?;
     let rev = parse_rev(rev)?;
     let ancestry = ancestry_of(&rev, incoming.revisions.as_ref())?;
-    let replicated = ReplicatedRevision { rev, ancestry, deleted: incoming.deleted, body: incoming.body };
+    let replicated = ReplicatedRevision {
+        rev,
+        ancestry,
+        deleted: incoming.deleted,
+        body: incoming.body,
+        precondition: Precondition::None,
+    };
     Ok(state.store.put_replicated(&incoming.id, &replicated).await?)
 }
 
@@ -483,6 +527,12 @@ pub async fn delete_document(
     let Some(rev) = write_revision(None, &params, &headers)? else {
         return Err(deletion_refused(&state, &docid).await);
     };
+    if let Some(tree) = branches::tree_of(&state, &docid).await?.filter(branches::has_conflicts) {
+        return match branches::write_leaf(&state, &docid, &tree, &rev, true, Map::new()).await? {
+            Some(tombstone) => Ok(written(&state, StatusCode::OK, &docid, tombstone.as_str())),
+            None => Err(deletion_refused(&state, &docid).await),
+        };
+    }
     match state.store.backend().delete(&docid, &rev).await {
         Ok(tombstone) => Ok(written(&state, StatusCode::OK, &docid, tombstone.as_str())),
         Err(err) if err.is_not_found() || err.is_conflict() => Err(deletion_refused(&state, &docid).await),
@@ -623,6 +673,13 @@ fn check_local_name(name: &str) -> CouchResult<()> {
     // there: 404 `not_found`/`missing` (measured on CouchDB 3.4.3 in issue 22).
     if name.is_empty() {
         return Err(CouchError::not_found("missing"));
+    }
+    // Where the data-store database keeps each document's conflicts: never a client's.
+    if name.starts_with(crate::backend::branches::SIDE_PREFIX) {
+        return Err(CouchError::forbidden(format!(
+            "local document names starting with {:?} are reserved for the revision trees of this database",
+            crate::backend::branches::SIDE_PREFIX
+        )));
     }
     Ok(())
 }

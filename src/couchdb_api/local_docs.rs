@@ -77,7 +77,10 @@ async fn data_store_answer(state: &CouchState, principal: &Principal, request: A
     let fetch = move |names: IdRange, want: usize, token: Option<String>| {
         let (backend, prefix) = listing.clone();
         async move {
-            let page = backend.local_docs(&names.under_prefix(&prefix), want, token.as_deref()).await?;
+            let mut page = backend.local_docs(&names.under_prefix(&prefix), want, token.as_deref()).await?;
+            // The conflicts kept beside documents are no client's local documents.
+            let reserved = format!("{LOCAL_PREFIX}{}", crate::backend::branches::SIDE_PREFIX);
+            page.items.retain(|doc| !doc.id.starts_with(&reserved));
             Ok(shown_without_prefix(page, &prefix))
         }
     };

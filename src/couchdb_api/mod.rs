@@ -19,6 +19,7 @@
 pub mod access;
 mod all_docs;
 pub mod auth;
+mod branches;
 mod bulk;
 mod changes;
 pub mod data_document;

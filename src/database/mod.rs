@@ -10,7 +10,7 @@
 
 pub mod document;
 pub mod engine;
-pub mod rev_tree;
+pub use crate::backend::rev_tree;
 pub mod seq;
 
 use std::collections::HashMap;

@@ -11,6 +11,7 @@ use axum::response::Response;
 use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder};
 use serde_json::{Map, Value};
 
+use crate::backend::rev_tree::RevTree;
 use crate::backend::{
     BulkWrite, ChangesPage, DesignRequest, DesignResponse, DocumentBackend, DocumentText, IdRange, LayoutState, Page,
     Precondition, Query, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo, StoredDocument, UpgradePage,
@@ -131,6 +132,18 @@ impl DocumentBackend for MeteredBackend {
 
     async fn put_replicated(&self, id: &str, incoming: &ReplicatedRevision) -> Result<ReplicatedOutcome> {
         timed!(self, "put_replicated", self.inner.put_replicated(id, incoming))
+    }
+
+    async fn put_branch(&self, id: &str, incoming: &ReplicatedRevision) -> Result<ReplicatedOutcome> {
+        timed!(self, "put_branch", self.inner.put_branch(id, incoming))
+    }
+
+    async fn revision_tree(&self, id: &str) -> Result<Option<RevTree>> {
+        timed!(self, "revision_tree", self.inner.revision_tree(id))
+    }
+
+    async fn erase_branches(&self, prefix: &str) -> Result<()> {
+        timed!(self, "erase_branches", self.inner.erase_branches(prefix))
     }
 
     async fn query(&self, query: &Query, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
@@ -395,6 +408,18 @@ mod tests {
             self.record("forwards_requests");
             true
         }
+        async fn revision_tree(&self, _: &str) -> Result<Option<RevTree>> {
+            self.record("revision_tree");
+            Ok(Some(RevTree::default()))
+        }
+        async fn put_branch(&self, _: &str, _: &ReplicatedRevision) -> Result<ReplicatedOutcome> {
+            self.record("put_branch");
+            Ok(ReplicatedOutcome::AlreadyKnown)
+        }
+        async fn erase_branches(&self, _: &str) -> Result<()> {
+            self.record("erase_branches");
+            Ok(())
+        }
     }
 
     /// The decorator must reach the adapter's own implementation of each default-bodied method:
@@ -412,8 +437,12 @@ mod tests {
             ancestry: vec![format!("1-{}", "a".repeat(32))],
             deleted: false,
             body: Map::new(),
+            precondition: Precondition::None,
         };
         assert_eq!(metered.put_replicated("u:n:k", &incoming).await.unwrap(), ReplicatedOutcome::KeptCurrent);
+        assert_eq!(metered.put_branch("u:n:k", &incoming).await.unwrap(), ReplicatedOutcome::AlreadyKnown);
+        assert_eq!(metered.revision_tree("u:n:k").await.unwrap(), Some(RevTree::default()));
+        metered.erase_branches("u:").await.unwrap();
         let everything =
             IdRange { start: None, end: None, inclusive_end: true, descending: false, include_design: false };
         assert!(metered.all_docs_text(&everything, 1, None).await.unwrap().items.is_empty());
@@ -439,6 +468,9 @@ mod tests {
                 "design_document_count",
                 "get_many",
                 "put_replicated",
+                "put_branch",
+                "revision_tree",
+                "erase_branches",
                 "all_docs_text",
                 "design_request",
                 "url",

@@ -66,6 +66,7 @@ pub fn all() -> Vec<Case> {
     ];
     cases.extend(document_model_cases());
     cases.extend(replication_cases());
+    cases.extend(branch_cases());
     cases.extend(rev_tree_cases());
     cases.extend(catalog_cases());
     cases.extend(local_docs_cases());
@@ -114,6 +115,19 @@ fn replication_cases() -> Vec<Case> {
         the_feed_shows_applied_writes_once_and_no_noops,
         malformed_replicated_revisions_change_nothing,
         a_deletions_fields_are_kept_in_its_tombstone,
+    ]
+}
+
+/// The data-store database's conflicts (`branches.rs`).
+fn branch_cases() -> Vec<Case> {
+    use crate::branches::*;
+    cases![
+        losing_branches_are_kept_with_their_bodies,
+        deleting_the_winner_promotes_a_conflict_and_deleting_it_resolves,
+        replicated_writes_meet_their_precondition,
+        the_facade_reads_the_winner_and_deletes_every_leaf,
+        a_new_conflict_moves_the_document_in_the_feed,
+        erasure_removes_every_branch,
     ]
 }
 

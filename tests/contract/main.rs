@@ -4,6 +4,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod branches;
 mod cases;
 mod catalog;
 mod document_model;

@@ -20,25 +20,27 @@ use ReplicatedOutcome::{AlreadyKnown, Applied, KeptCurrent};
 /// generation order as their digits do (CouchDB's tie-break between branches), and no two
 /// generations share an id (as real revision ids never do; pouchdb-server mixes up a tree whose
 /// parent and child have the same id).
-fn rev(generation: u64, digit: char) -> String {
+pub(crate) fn rev(generation: u64, digit: char) -> String {
     format!("{generation}-{}{:x}", digit.to_string().repeat(31), generation % 16)
 }
 
-fn live(ancestry: &[String], value: Value) -> ReplicatedRevision {
+pub(crate) fn live(ancestry: &[String], value: Value) -> ReplicatedRevision {
     ReplicatedRevision {
         rev: Revision(ancestry[0].clone()),
         ancestry: ancestry.to_vec(),
         deleted: false,
         body: body("u", "ns", "k", value),
+        precondition: Precondition::None,
     }
 }
 
-fn deleted(ancestry: &[String]) -> ReplicatedRevision {
+pub(crate) fn deleted(ancestry: &[String]) -> ReplicatedRevision {
     ReplicatedRevision {
         rev: Revision(ancestry[0].clone()),
         ancestry: ancestry.to_vec(),
         deleted: true,
         body: Map::new(),
+        precondition: Precondition::None,
     }
 }
 

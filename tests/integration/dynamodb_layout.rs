@@ -678,7 +678,13 @@ async fn a_database_counts_its_live_documents_exactly_at_once() {
     let current = db.revisions("u:ns:c").await.expect("revisions").expect("c exists");
     let next = RevisionId::next_after(Some(generation(&current.rev))).expect("revision").to_revision();
     let ancestry = vec![next.as_str().to_owned(), current.rev.as_str().to_owned()];
-    let replicated = agentstore::backend::ReplicatedRevision { rev: next, ancestry, deleted: true, body: Map::new() };
+    let replicated = agentstore::backend::ReplicatedRevision {
+        rev: next,
+        ancestry,
+        deleted: true,
+        body: Map::new(),
+        precondition: agentstore::backend::Precondition::None,
+    };
     db.put_replicated("u:ns:c", &replicated).await.expect("replicated delete");
     assert_eq!(counts().await, (Some(34), Some(34)), "a replicated tombstone");
 

@@ -448,6 +448,8 @@ async fn replicated_writes_keep_the_index_and_cut_the_ancestry() {
         ancestry: ancestry.clone(),
         deleted: false,
         body: body("u", "new", "k", json!(4)),
+
+        precondition: agentstore::backend::Precondition::None,
     };
     assert_eq!(backend.put_replicated(&id, &incoming).await.unwrap(), ReplicatedOutcome::Applied);
     let query =
@@ -464,6 +466,8 @@ async fn replicated_writes_keep_the_index_and_cut_the_ancestry() {
         ancestry: vec![format!("5-{}", "5".repeat(32)), ancestry[0].clone()],
         deleted: true,
         body: Map::new(),
+
+        precondition: agentstore::backend::Precondition::None,
     };
     assert_eq!(backend.put_replicated(&id, &tombstone).await.unwrap(), ReplicatedOutcome::Applied);
     assert!(backend.query(&query("new"), 10, None).await.unwrap().items.is_empty(), "a tombstone is not indexed");

@@ -558,6 +558,21 @@ impl DocumentBackend for CouchDbBackend {
         written
     }
 
+    async fn put_branch(&self, id: &str, incoming: &ReplicatedRevision) -> Result<ReplicatedOutcome> {
+        let written = self.put_branch_revision(id, incoming).await;
+        self.wrote(id);
+        written
+    }
+
+    async fn revision_tree(&self, id: &str) -> Result<Option<crate::backend::rev_tree::RevTree>> {
+        self.leaves_tree(id).await
+    }
+
+    /// `erase_prefix` purges every revision of each id: no branch is left anywhere.
+    async fn erase_branches(&self, _prefix: &str) -> Result<()> {
+        Ok(())
+    }
+
     async fn query(&self, query: &Query, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
         let limit = limit.max(1);
         let mut selector = Map::new();

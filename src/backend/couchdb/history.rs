@@ -13,6 +13,7 @@ use serde_json::{json, Value};
 
 use super::backend::{take_array, CouchDbBackend};
 use super::error::from_status;
+use crate::backend::rev_tree::{RevPath, RevTree};
 use crate::backend::{Ancestry, Revision, RevisionInfo};
 use crate::error::{Error, ErrorKind, Result};
 
@@ -46,6 +47,36 @@ impl CouchDbBackend {
             }
         }
         Err(Error::conflict(format!("document {id:?} kept changing while its revisions were read")))
+    }
+
+    /// Every leaf of the document's tree, CouchDB's own (`?open_revs=all&revs=true`, asked for
+    /// as JSON); `None` when CouchDB knows no revision of the id.
+    pub(super) async fn leaves_tree(&self, id: &str) -> Result<Option<RevTree>> {
+        let query = [("open_revs", "all".to_owned()), ("revs", "true".to_owned())];
+        let doing = "read every leaf of a document";
+        let reply = self.client.read(Method::GET, &self.document_url(id), &query, None, doing).await?;
+        match reply.status {
+            StatusCode::OK => {}
+            StatusCode::NOT_FOUND => return Ok(None),
+            status => return Err(from_status(status, &reply.body, &format!("read every leaf of {id:?}"))),
+        }
+        let corrupt =
+            |what: &str| Error::new(ErrorKind::Internal, format!("CouchDB answered {what} for the leaves of {id:?}"));
+        let Value::Array(answers) = reply.body else { return Err(corrupt("no array")) };
+        let mut tree = RevTree::default();
+        for answer in answers {
+            let Some(Value::Object(mut doc)) = answer.get("ok").cloned() else { continue };
+            let path = doc
+                .remove("_revisions")
+                .as_ref()
+                .and_then(RevPath::from_revisions)
+                .ok_or_else(|| corrupt("a leaf without _revisions"))?;
+            let deleted = doc.remove("_deleted") == Some(Value::Bool(true));
+            doc.remove("_id");
+            doc.remove("_rev");
+            tree.merge(path, deleted, doc, usize::MAX);
+        }
+        Ok((!tree.is_empty()).then_some(tree))
     }
 
     /// `GET /db/id?revs=true` (of the current revision, or of `rev`); `None` on 404.

@@ -58,6 +58,35 @@ impl CouchDbBackend {
         Ok(ReplicatedOutcome::Applied)
     }
 
+    /// A replicated revision kept with every branch, as CouchDB keeps it natively: written as
+    /// sent (nothing deleted after it), then `Applied` when it is the winner.
+    pub(super) async fn put_branch_revision(
+        &self,
+        id: &str,
+        incoming: &ReplicatedRevision,
+    ) -> Result<ReplicatedOutcome> {
+        let checked = replicated::check(id, incoming)?;
+        if self.leaves_tree(id).await?.is_some_and(|tree| tree.contains(incoming.rev.as_str())) {
+            return Ok(ReplicatedOutcome::AlreadyKnown);
+        }
+        let unknown = match self.send_new_edits_false(id, incoming, &checked).await {
+            Ok(()) => None,
+            Err(err) if err.kind() == ErrorKind::OutcomeUnknown => Some(err),
+            Err(err) => return Err(err),
+        };
+        let after = self.revision_info(id).await?;
+        if after.as_ref().map(|a| &a.rev) == Some(&incoming.rev) {
+            return Ok(ReplicatedOutcome::Applied);
+        }
+        match (unknown, self.leaves_tree(id).await?) {
+            (_, Some(tree)) if tree.contains(incoming.rev.as_str()) => Ok(ReplicatedOutcome::KeptCurrent),
+            (Some(err), _) => Err(err),
+            (None, _) => {
+                Err(Error::new(ErrorKind::Internal, format!("CouchDB did not keep {} of {id:?}", incoming.rev)))
+            }
+        }
+    }
+
     /// `_bulk_docs` with `new_edits: false` of the incoming revision.
     async fn send_new_edits_false(
         &self,

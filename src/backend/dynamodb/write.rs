@@ -256,13 +256,18 @@ impl DynamoDbBackend {
                 self.write_chunks(id, rev.as_str(), &encoded.extra_chunks).await?;
                 (item, encoded.extra_chunks.len())
             };
+            // A rewrite in place (the same revision, see `replicated::judge`) wrote the same
+            // chunks under the same ids as the item it replaces: none of them is garbage.
+            let rewrite = current.as_ref().is_some_and(|c| &c.revision_info().rev == rev);
             match self.replace_item(id, item, current.as_ref(), rev).await {
                 Ok(old) => {
-                    self.delete_replaced_chunks(id, old.as_ref()).await;
+                    if !rewrite {
+                        self.delete_replaced_chunks(id, old.as_ref()).await;
+                    }
                     return Ok(ReplicatedOutcome::Applied);
                 }
                 Err(err) => {
-                    if err.kind() != ErrorKind::OutcomeUnknown && extra_chunks > 0 {
+                    if err.kind() != ErrorKind::OutcomeUnknown && extra_chunks > 0 && !rewrite {
                         self.delete_chunks(id, rev.as_str(), extra_chunks).await;
                     }
                     if !err.is_conflict() {

@@ -56,6 +56,8 @@ impl ReplicatedWrite {
             ancestry: incoming.ancestry.clone(),
             deleted: incoming.deleted,
             body: Map::new(),
+
+            precondition: incoming.precondition.clone(),
         };
         Ok(ReplicatedWrite { id: id.to_owned(), incoming, checked, json, index_key })
     }

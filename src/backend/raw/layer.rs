@@ -10,6 +10,7 @@
 use async_trait::async_trait;
 use serde_json::{Map, Value};
 
+use crate::backend::rev_tree::RevTree;
 use crate::backend::{
     BulkWrite, ChangesPage, DesignRequest, DesignResponse, DocumentBackend, DocumentText, IdRange, LayoutState, Page,
     Precondition, Query, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo, StoredDocument, UpgradePage,
@@ -41,6 +42,18 @@ pub trait Layered: Send + Sync + 'static {
 
     async fn put_replicated(&self, id: &str, incoming: &ReplicatedRevision) -> Result<ReplicatedOutcome> {
         self.inner().put_replicated(id, incoming).await
+    }
+
+    async fn put_branch(&self, id: &str, incoming: &ReplicatedRevision) -> Result<ReplicatedOutcome> {
+        self.inner().put_branch(id, incoming).await
+    }
+
+    async fn revision_tree(&self, id: &str) -> Result<Option<RevTree>> {
+        self.inner().revision_tree(id).await
+    }
+
+    async fn erase_branches(&self, prefix: &str) -> Result<()> {
+        self.inner().erase_branches(prefix).await
     }
 
     async fn query(&self, query: &Query, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
@@ -186,6 +199,18 @@ impl<L: Layered> DocumentBackend for L {
 
     async fn put_replicated(&self, id: &str, incoming: &ReplicatedRevision) -> Result<ReplicatedOutcome> {
         Layered::put_replicated(self, id, incoming).await
+    }
+
+    async fn put_branch(&self, id: &str, incoming: &ReplicatedRevision) -> Result<ReplicatedOutcome> {
+        Layered::put_branch(self, id, incoming).await
+    }
+
+    async fn revision_tree(&self, id: &str) -> Result<Option<RevTree>> {
+        Layered::revision_tree(self, id).await
+    }
+
+    async fn erase_branches(&self, prefix: &str) -> Result<()> {
+        Layered::erase_branches(self, prefix).await
     }
 
     async fn query(&self, query: &Query, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {

@@ -21,8 +21,8 @@ use crate::couchdb_api::request::{bool_param, json_param};
 use crate::couchdb_api::response::{etag, not_modified};
 use crate::couchdb_api::{json, Answer, CouchState};
 use crate::database::document::{self, check_id, ClientDoc};
-use crate::database::rev_tree::{parse_rev, Leaf};
-use crate::database::{Database, DocState, Write, Written};
+use crate::database::rev_tree::{parse_rev, Leaf, RevTree};
+use crate::database::{Database, Write, Written};
 use crate::error::ErrorKind;
 
 type Params = Query<HashMap<String, String>>;
@@ -124,25 +124,36 @@ fn read_options(params: &HashMap<String, String>) -> CouchResult<DocOptions> {
 }
 
 async fn read_document(db: &Database, id: &str, params: &HashMap<String, String>, headers: &HeaderMap) -> Answer {
+    let state = db.read(id).await?;
+    answer_read(id, state.map(|state| state.tree).as_ref(), params, headers)
+}
+
+/// A read of one document from its revision tree (`None`: nothing stored), with every query
+/// option CouchDB takes. Shared by every database, the data-store one included.
+pub(crate) fn answer_read(
+    id: &str,
+    tree: Option<&RevTree>,
+    params: &HashMap<String, String>,
+    headers: &HeaderMap,
+) -> Answer {
     let options = read_options(params)?;
     let latest = bool_param("latest", params.get("latest").map(String::as_str), false)?;
     if let Some(open_revs) = params.get("open_revs") {
-        let state = db.read(id).await?;
-        return Ok(json(StatusCode::OK, open_revs_answer(id, state.as_ref(), open_revs, options, latest)?));
+        return Ok(json(StatusCode::OK, open_revs_answer(id, tree, open_revs, options, latest)?));
     }
-    let Some(state) = db.read(id).await? else { return Err(CouchError::not_found("missing")) };
+    let Some(tree) = tree else { return Err(CouchError::not_found("missing")) };
     let leaf = match params.get("rev") {
         Some(rev) => {
             parse_rev(rev).ok_or_else(|| CouchError::bad_request("Invalid rev format"))?;
-            find_leaf(&state, rev, latest).ok_or_else(|| CouchError::not_found("missing"))?
+            find_leaf(tree, rev, latest).ok_or_else(|| CouchError::not_found("missing"))?
         }
-        None => match state.tree.winner() {
+        None => match tree.winner() {
             Some(winner) if !winner.deleted => winner,
             Some(_) => return Err(CouchError::not_found("deleted")),
             None => return Err(CouchError::not_found("missing")),
         },
     };
-    let doc = leaf_json(id, &state.tree, leaf, options);
+    let doc = leaf_json(id, tree, leaf, options);
     let rev = leaf.path.leaf_rev();
     if not_modified(headers, &rev) {
         let mut response = StatusCode::NOT_MODIFIED.into_response();
@@ -155,30 +166,30 @@ async fn read_document(db: &Database, id: &str, params: &HashMap<String, String>
 }
 
 /// The leaf a read of `rev` answers: that leaf, or with `latest` the leaf whose branch holds it.
-fn find_leaf<'a>(state: &'a DocState, rev: &str, latest: bool) -> Option<&'a Leaf> {
-    if let Some(leaf) = state.tree.leaf(rev) {
+fn find_leaf<'a>(tree: &'a RevTree, rev: &str, latest: bool) -> Option<&'a Leaf> {
+    if let Some(leaf) = tree.leaf(rev) {
         return Some(leaf);
     }
     if !latest {
         return None;
     }
-    state.tree.leaves().into_iter().find(|leaf| leaf.path.revs().iter().any(|known| known == rev))
+    tree.leaves().into_iter().find(|leaf| leaf.path.revs().iter().any(|known| known == rev))
 }
 
 /// `?open_revs=all` (every leaf) or `?open_revs=[...]` (`{"ok": doc}` or `{"missing": rev}` each).
 fn open_revs_answer(
     id: &str,
-    state: Option<&DocState>,
+    tree: Option<&RevTree>,
     open_revs: &str,
     options: DocOptions,
     latest: bool,
 ) -> CouchResult<Value> {
     let options = DocOptions { revs_info: false, conflicts: false, deleted_conflicts: false, ..options };
     if open_revs == "all" {
-        let Some(state) = state else { return Err(CouchError::not_found("missing")) };
-        let leaves = state.tree.leaves();
+        let Some(tree) = tree else { return Err(CouchError::not_found("missing")) };
+        let leaves = tree.leaves();
         return Ok(Value::Array(
-            leaves.into_iter().map(|leaf| json!({ "ok": leaf_json(id, &state.tree, leaf, options) })).collect(),
+            leaves.into_iter().map(|leaf| json!({ "ok": leaf_json(id, tree, leaf, options) })).collect(),
         ));
     }
     let wanted = match json_param("open_revs", Some(open_revs))? {
@@ -194,10 +205,10 @@ fn open_revs_answer(
             return Err(CouchError::bad_request("open_revs must be an array of revision strings"));
         };
         parse_rev(&rev).ok_or_else(|| CouchError::bad_request("Invalid rev format"))?;
-        match state.and_then(|state| find_leaf(state, &rev, latest).map(|leaf| (state, leaf))) {
-            Some((state, leaf)) => {
+        match tree.and_then(|tree| find_leaf(tree, &rev, latest).map(|leaf| (tree, leaf))) {
+            Some((tree, leaf)) => {
                 if answered.insert(leaf.path.leaf_rev()) {
-                    answer.push(json!({ "ok": leaf_json(id, &state.tree, leaf, options) }));
+                    answer.push(json!({ "ok": leaf_json(id, tree, leaf, options) }));
                 }
             }
             None => answer.push(json!({ "missing": rev })),

@@ -58,6 +58,7 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("all_docs", |e| Box::pin(all_docs::all_docs(e))),
         ("changes_feeds", |e| Box::pin(changes::changes_feeds(e))),
         ("replication_peer", |e| Box::pin(replication::replication_peer(e))),
+        ("data_store_conflicts", |e| Box::pin(replication::data_store_conflicts(e))),
         ("local_documents", |e| Box::pin(documents::local_documents(e))),
         ("gzip_and_chunked_bodies", |e| Box::pin(server::gzip_and_chunked_bodies(e))),
         ("design_documents", |e| Box::pin(documents::design_documents(e))),

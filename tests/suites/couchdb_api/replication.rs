@@ -74,3 +74,69 @@ pub(super) async fn replication_peer(e: Endpoint) -> TestResult {
     let commit = e.post(&format!("/{DB}/_ensure_full_commit"), json!({})).await?.expect(201, "_ensure_full_commit")?;
     check(commit.body["instance_start_time"] == "0", || format!("{}", commit.body))
 }
+
+/// The data-store database keeps conflicts as CouchDB does: a replicated branch that loses is
+/// kept with its body (`?conflicts`, `?rev=`, `?open_revs=all`, `_revs_diff`, `_bulk_get`,
+/// `_changes?style=all_docs`), deleting it resolves the conflict, deleting the winner makes the
+/// best live conflict the winner, and the local documents that hold the branches are no client's.
+pub(super) async fn data_store_conflicts(e: Endpoint) -> TestResult {
+    let original = doc("user_c", "conf", "a", json!("one"));
+    let id = original["_id"].as_str().unwrap_or_default().to_owned();
+    let rev1 = e.put(&path_of(&id), original.clone()).await?.expect(201, "create")?.rev()?;
+    let root = rev1.split_once('-').map(|(_, hash)| hash.to_owned()).unwrap_or_default();
+    let hex = |c: char| std::iter::repeat_n(c, 32).collect::<String>();
+    let branch = |c: char, value: &str| {
+        let mut doc = original.clone();
+        doc["_rev"] = json!(format!("2-{}", hex(c)));
+        doc["_revisions"] = json!({"start": 2, "ids": [hex(c), root.clone()]});
+        doc["value"] = json!(value);
+        doc
+    };
+    let docs = json!([branch('c', "middle"), branch('f', "winner"), branch('0', "lowest")]);
+    e.post(&format!("/{DB}/_bulk_docs"), json!({"docs": docs, "new_edits": false}))
+        .await?
+        .expect(201, "three branches")?;
+    let (winner, middle, lowest) = (format!("2-{}", hex('f')), format!("2-{}", hex('c')), format!("2-{}", hex('0')));
+    let read = e.get(&format!("{}?conflicts=true", path_of(&id))).await?.expect(200, "conflicts=true")?;
+    check(read.body["_rev"] == json!(winner) && read.body["_conflicts"] == json!([middle, lowest]), || {
+        format!("the winner with its conflicts: {}", read.body)
+    })?;
+    let loser = e.get(&format!("{}?rev={lowest}", path_of(&id))).await?.expect(200, "a losing leaf")?;
+    check(loser.body["value"] == "lowest", || format!("a losing leaf keeps its body: {}", loser.body))?;
+    let leaves = e.get(&format!("{}?open_revs=all", path_of(&id))).await?.expect(200, "open_revs=all")?;
+    check(leaves.body.as_array().map(Vec::len) == Some(3), || format!("open_revs=all: {}", leaves.body))?;
+    let diff = e
+        .post(&format!("/{DB}/_revs_diff"), json!({ id.clone(): [lowest, format!("3-{}", hex('9'))] }))
+        .await?
+        .expect(200, "_revs_diff")?;
+    check(diff.body[&id]["missing"] == json!([format!("3-{}", hex('9'))]), || format!("_revs_diff: {}", diff.body))?;
+    let fetched = e
+        .post(&format!("/{DB}/_bulk_get"), json!({"docs": [{"id": id, "rev": middle}]}))
+        .await?
+        .expect(200, "_bulk_get of a conflict")?;
+    check(fetched.body["results"][0]["docs"][0]["ok"]["value"] == "middle", || format!("{}", fetched.body))?;
+    let feed = e
+        .get(&format!("/{DB}/_changes?style=all_docs&filter=_doc_ids&doc_ids=[\"{id}\"]"))
+        .await?
+        .expect(200, "_changes?style=all_docs")?;
+    check(feed.body["results"][0]["changes"].as_array().map(Vec::len) == Some(3), || {
+        format!("every leaf in the feed: {}", feed.body)
+    })?;
+    // Resolving: deleting a losing leaf leaves the others.
+    e.delete(&format!("{}?rev={lowest}", path_of(&id))).await?.expect(200, "delete a conflict")?;
+    let after = e.get(&format!("{}?conflicts=true&deleted_conflicts=true", path_of(&id))).await?.expect(200, "read")?;
+    check(
+        after.body["_rev"] == json!(winner)
+            && after.body["_conflicts"] == json!([middle])
+            && after.body["_deleted_conflicts"].as_array().map(Vec::len) == Some(1),
+        || format!("one conflict resolved: {}", after.body),
+    )?;
+    // Deleting the winner makes the live conflict the winner, as in CouchDB.
+    e.delete(&format!("{}?rev={winner}", path_of(&id))).await?.expect(200, "delete the winner")?;
+    let promoted = e.get(&path_of(&id)).await?.expect(200, "the conflict won")?;
+    check(promoted.body["_rev"] == json!(middle) && promoted.body["value"] == "middle", || {
+        format!("promoted: {}", promoted.body)
+    })?;
+    let reserved = e.put(&format!("/{DB}/_local/:leaves:{id}"), json!({"x": 1})).await?;
+    check(reserved.status == 403, || format!("a reserved local name: {} {}", reserved.status, reserved.body))
+}

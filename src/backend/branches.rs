@@ -1,0 +1,292 @@
+//! Every branch of a data-store document's revision tree (CouchDB's conflicts) on backends whose
+//! records hold one revision each: the default of [`DocumentBackend::revision_tree`] and
+//! [`DocumentBackend::put_branch`]. The CouchDB backend keeps branches natively and overrides both.
+//!
+//! ## Storage
+//! The document's record holds its winning revision, so everything that reads records (the REST
+//! API, the facade, listings, counts, the index, the change feed) sees the winner and nothing
+//! else, as before. The other leaves of the tree, each with its path and body, live in the local
+//! document `:leaves:{id}` ([`side_name`]). No client can name it: a per-user login's local
+//! documents are named `{user}:…` and user ids are never empty, and an admin's `_local/` names
+//! starting with [`SIDE_PREFIX`] are refused by the CouchDB face.
+//!
+//! ## Writes
+//! A replicated revision is merged into the tree read from both places with CouchDB's rules
+//! ([`RevTree::merge`]); then, in this order, so that a crash between two steps never loses a
+//! leaf: the local document is saved with every leaf but the new winner (compare-and-swap on its
+//! revision), and when the winner changed the new winner is written to the record with a
+//! precondition on the record's revision as read. A record revision or local revision that
+//! changed in between makes the write start again from a fresh read ([`GRAFT_ATTEMPTS`]). The
+//! local document may therefore hold a leaf the record also holds, or an ancestor of a leaf:
+//! merging rebuilds the tree from paths, so such entries fall away on the next read.
+//!
+//! A new losing leaf rewrites the record as it is (the same revision, a precondition naming it:
+//! [`super::replicated::judge`]'s rewrite in place), so the document moves in the change feed as
+//! in CouchDB and a replica that already read past it learns of the new branch.
+
+use serde_json::{Map, Value};
+
+use super::rev_tree::{Leaf, MergeOutcome, RevPath, RevTree};
+use super::{DocumentBackend, Precondition, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo};
+use crate::error::{Error, ErrorKind, Result};
+
+/// The start of every local document name that holds a document's other leaves.
+pub const SIDE_PREFIX: &str = ":leaves:";
+/// The field of that local document holding the leaves.
+const LEAVES_FIELD: &str = "leaves";
+/// Rounds of read, merge and save against other writers of one document before a conflict.
+pub const GRAFT_ATTEMPTS: usize = 16;
+/// How many revisions each side leaf's path keeps (CouchDB's default `_revs_limit`).
+const SIDE_REVS_LIMIT: usize = super::DEFAULT_REVS_LIMIT;
+
+/// The local document that holds `id`'s other leaves.
+pub fn side_name(id: &str) -> String {
+    format!("{SIDE_PREFIX}{id}")
+}
+
+/// A document's tree as read, with what the next save must match.
+#[derive(Debug, Clone)]
+pub struct ReadTree {
+    pub tree: RevTree,
+    /// The record's revision (the winner, live or a tombstone) as read; `None`: no record.
+    record: Option<RevisionInfo>,
+    /// The revision of the local document holding the other leaves, `None`: there is none.
+    side_rev: Option<Revision>,
+    /// The leaves the local document held as read.
+    side_leaves: Vec<Leaf>,
+}
+
+/// The tree of `id`: the record's revision (its path and body) and the leaves kept beside it.
+/// `None` when nothing is stored for the id.
+pub async fn read<B: DocumentBackend + ?Sized>(backend: &B, id: &str) -> Result<Option<ReadTree>> {
+    for _ in 0..GRAFT_ATTEMPTS {
+        if let Some(read) = read_once(backend, id).await? {
+            return Ok(read);
+        }
+    }
+    Err(Error::conflict(format!("document {id:?} kept changing while its revision tree was read")))
+}
+
+/// One consistent read; `None` (outer) when the record changed between its two reads.
+async fn read_once<B: DocumentBackend + ?Sized>(backend: &B, id: &str) -> Result<Option<Option<ReadTree>>> {
+    let record = backend.revisions(id).await?;
+    let body = match &record {
+        None => None,
+        Some(info) => {
+            let stored = if info.deleted { backend.get_deleted(id).await? } else { backend.get(id).await? };
+            match stored {
+                Some(doc) if doc.rev == info.rev => Some(doc.body),
+                // A tombstone of an older layout may carry no body record.
+                None if info.deleted => Some(Map::new()),
+                _ => return Ok(None),
+            }
+        }
+    };
+    let side = backend.get_local(&side_name(id)).await?;
+    let side_rev = side.as_ref().map(|doc| doc.rev.clone());
+    let side_leaves = match &side {
+        Some(doc) => leaves_of(id, &doc.body)?,
+        None => Vec::new(),
+    };
+    let Some(info) = record else {
+        // Leaves with no record are what an erasure left behind: nothing is stored.
+        return Ok(Some(None));
+    };
+    let mut tree = RevTree::default();
+    let path = RevPath { start: info.ancestry.start, ids: info.ancestry.ids.clone() };
+    tree.merge(path, info.deleted, body.unwrap_or_default(), usize::MAX);
+    for leaf in &side_leaves {
+        tree.merge(leaf.path.clone(), leaf.deleted, leaf.body.clone(), usize::MAX);
+    }
+    Ok(Some(Some(ReadTree { tree, record: Some(info), side_rev, side_leaves })))
+}
+
+fn leaves_of(id: &str, body: &Map<String, Value>) -> Result<Vec<Leaf>> {
+    match body.get(LEAVES_FIELD) {
+        None => Ok(Vec::new()),
+        Some(leaves) => serde_json::from_value(leaves.clone())
+            .map_err(|err| Error::new(ErrorKind::Corrupt, format!("the other leaves of {id:?} do not parse: {err}"))),
+    }
+}
+
+/// Merges a replicated revision into `id`'s tree, keeping every branch (CouchDB's
+/// `new_edits: false`): `Applied` when it is the winner now, `KeptCurrent` when it is kept as a
+/// losing leaf, `AlreadyKnown` when the tree held it.
+pub async fn graft<B: DocumentBackend + ?Sized>(
+    backend: &B,
+    id: &str,
+    incoming: &ReplicatedRevision,
+) -> Result<ReplicatedOutcome> {
+    super::replicated::check(id, incoming)?;
+    let path = path_of(incoming)?;
+    for _ in 0..GRAFT_ATTEMPTS {
+        let Some(current) = read(backend, id).await? else {
+            let first = ReplicatedRevision { precondition: Precondition::MustNotExist, ..incoming.clone() };
+            match backend.put_replicated(id, &first).await? {
+                ReplicatedOutcome::Applied => return Ok(ReplicatedOutcome::Applied),
+                _ => continue,
+            }
+        };
+        let mut tree = current.tree.clone();
+        let merged = tree.merge(path.clone(), incoming.deleted, incoming.body.clone(), SIDE_REVS_LIMIT);
+        if merged == MergeOutcome::AlreadyKnown {
+            return Ok(ReplicatedOutcome::AlreadyKnown);
+        }
+        match save(backend, id, &current, &tree, incoming).await? {
+            Some(outcome) => return Ok(outcome),
+            None => continue,
+        }
+    }
+    Err(Error::conflict(format!(
+        "Document update conflict: {GRAFT_ATTEMPTS} attempts met other writers of {id:?}; try again"
+    )))
+}
+
+/// Saves the merged `tree` over `current`; `None` when another writer got in between.
+async fn save<B: DocumentBackend + ?Sized>(
+    backend: &B,
+    id: &str,
+    current: &ReadTree,
+    tree: &RevTree,
+    incoming: &ReplicatedRevision,
+) -> Result<Option<ReplicatedOutcome>> {
+    let record = current.record.as_ref().ok_or_else(|| Error::conflict("the record went away"))?;
+    let leaves = tree.leaves();
+    let winner = (*leaves.first().ok_or_else(|| Error::conflict("an empty tree"))?).clone();
+    let winner_rev = winner.rev();
+    let incoming_rev = incoming.rev.as_str();
+    // A promotion: the winner is neither the record's revision nor the incoming one (the
+    // incoming revision deleted the record's, and another leaf is the best left). The promoted
+    // leaf stays beside the record until it is in the record.
+    let promoted = winner_rev != record.rev.as_str() && winner_rev != incoming_rev;
+    let side: Vec<Leaf> =
+        leaves.iter().filter(|leaf| promoted || leaf.rev() != winner_rev).map(|leaf| (*leaf).clone()).collect();
+    if !save_side(backend, id, current, side).await? {
+        return Ok(None);
+    }
+    if winner_rev == record.rev.as_str() {
+        // The record written again as it is, so the document moves in the change feed and a
+        // replica downstream learns of the new leaf (CouchDB's feed moves on every tree change).
+        let rewrite = ReplicatedRevision {
+            rev: record.rev.clone(),
+            ancestry: winner.path.revs(),
+            deleted: winner.deleted,
+            body: winner.body.clone(),
+            precondition: Precondition::MatchRevision(record.rev.clone()),
+        };
+        // Not applied only when the record changed meanwhile: that write moved the document.
+        backend.put_replicated(id, &rewrite).await?;
+        return Ok(Some(ReplicatedOutcome::KeptCurrent));
+    }
+    let mut record_rev = record.rev.clone();
+    let descends_from_record = incoming.ancestry.iter().any(|rev| rev == record.rev.as_str());
+    if winner_rev == incoming_rev || descends_from_record {
+        // The incoming revision goes to the record if it is still as read: it wins, or it
+        // extends the record's revision (a deletion, after which the promoted leaf wins).
+        let write = ReplicatedRevision { precondition: Precondition::MatchRevision(record_rev), ..incoming.clone() };
+        if backend.put_replicated(id, &write).await? != ReplicatedOutcome::Applied {
+            return Ok(None);
+        }
+        if !promoted {
+            return Ok(Some(ReplicatedOutcome::Applied));
+        }
+        record_rev = incoming.rev.clone();
+    }
+    // The promoted leaf wins over what the record holds now (live over deleted, or the higher
+    // of two deletions). Failing here leaves the promoted leaf beside the record, where the next
+    // write of the document finds it and the tree's winner is computed anew.
+    let promote = ReplicatedRevision {
+        rev: Revision(winner_rev),
+        ancestry: winner.path.revs(),
+        deleted: winner.deleted,
+        body: winner.body.clone(),
+        precondition: Precondition::MatchRevision(record_rev),
+    };
+    match backend.put_replicated(id, &promote).await? {
+        ReplicatedOutcome::Applied => Ok(Some(ReplicatedOutcome::KeptCurrent)),
+        _ => Ok(None),
+    }
+}
+
+/// Writes the local document of other leaves when they changed; `false` when it changed since it
+/// was read.
+async fn save_side<B: DocumentBackend + ?Sized>(
+    backend: &B,
+    id: &str,
+    current: &ReadTree,
+    side: Vec<Leaf>,
+) -> Result<bool> {
+    if side == current.side_leaves {
+        return Ok(true);
+    }
+    let name = side_name(id);
+    let outcome = match (&current.side_rev, side.is_empty()) {
+        (None, true) => return Ok(true),
+        (Some(rev), true) => backend.delete_local(&name, rev).await,
+        (rev, false) => {
+            let mut body = Map::new();
+            body.insert(
+                LEAVES_FIELD.into(),
+                serde_json::to_value(&side).map_err(|err| Error::new(ErrorKind::Internal, err.to_string()))?,
+            );
+            let precondition = match rev {
+                Some(rev) => Precondition::MatchRevision(rev.clone()),
+                None => Precondition::MustNotExist,
+            };
+            backend.put_local(&name, &body, precondition).await.map(|_| ())
+        }
+    };
+    match outcome {
+        Ok(()) => Ok(true),
+        Err(err) if err.is_conflict() || err.is_not_found() => Ok(false),
+        Err(err) => Err(err),
+    }
+}
+
+/// The path of an incoming (checked) revision: its ancestry as generation and ids.
+fn path_of(incoming: &ReplicatedRevision) -> Result<RevPath> {
+    let start = super::revision::generation_of(&incoming.rev)
+        .ok_or_else(|| Error::invalid("_rev", format!("{:?} has no generation", incoming.rev.as_str())))?;
+    let ids = incoming
+        .ancestry
+        .iter()
+        .map(|rev| rev.split_once('-').map(|(_, id)| id.to_owned()))
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| Error::invalid("_revisions", "an ancestry entry is not N-id"))?;
+    Ok(RevPath { start, ids })
+}
+
+/// Removes the other leaves kept for every id starting with `prefix` (an erasure: `erase_prefix`
+/// does not reach local documents). Page size of the listing.
+const ERASE_PAGE: usize = 100;
+
+/// The default of [`DocumentBackend::erase_branches`].
+pub async fn erase<B: DocumentBackend + ?Sized>(backend: &B, prefix: &str) -> Result<()> {
+    let start = side_name(prefix);
+    let range = super::IdRange {
+        start: Some(start.clone()),
+        end: None,
+        inclusive_end: true,
+        descending: false,
+        include_design: false,
+    };
+    loop {
+        let page = backend.local_docs(&range, ERASE_PAGE, None).await?;
+        let mine: Vec<_> = page
+            .items
+            .into_iter()
+            .filter(|doc| doc.id.strip_prefix(super::LOCAL_PREFIX).is_some_and(|name| name.starts_with(&start)))
+            .collect();
+        if mine.is_empty() {
+            return Ok(());
+        }
+        for doc in mine {
+            let name = doc.id.strip_prefix(super::LOCAL_PREFIX).unwrap_or(&doc.id);
+            match backend.delete_local(name, &doc.rev).await {
+                Ok(()) => {}
+                Err(err) if err.is_not_found() || err.is_conflict() => {}
+                Err(err) => return Err(err),
+            }
+        }
+    }
+}
