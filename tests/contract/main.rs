@@ -4,6 +4,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod attachments;
 mod cases;
 mod catalog;
 mod document_model;
