@@ -365,6 +365,16 @@ impl<'a> Upload<'a> {
             self.md5.update(&bytes);
             self.sha256.update(&bytes);
             while !bytes.is_empty() {
+                if self.buffer.is_empty() && bytes.len() >= self.chunk_bytes {
+                    // A whole chunk in the item: written as it is, not copied.
+                    let chunk = bytes.split_to(self.chunk_bytes);
+                    self.put(backend, chunk).await?;
+                    continue;
+                }
+                if self.buffer.is_empty() {
+                    // One allocation per chunk, not a doubling series of them.
+                    self.buffer.reserve(self.chunk_bytes);
+                }
                 let room = self.chunk_bytes - self.buffer.len();
                 let taken = bytes.split_to(room.min(bytes.len()));
                 self.buffer.extend_from_slice(&taken);
@@ -379,8 +389,14 @@ impl<'a> Upload<'a> {
         Ok(())
     }
 
+    /// Writes the chunk being filled.
     async fn flush(&mut self, backend: &dyn DocumentBackend) -> Result<()> {
         let chunk = self.buffer.split().freeze();
+        self.put(backend, chunk).await
+    }
+
+    /// Writes the next chunk.
+    async fn put(&mut self, backend: &dyn DocumentBackend, chunk: Bytes) -> Result<()> {
         // Counted before the write: a write that fails may still have landed, and the chunks
         // counted are the ones deleted when the upload is discarded.
         self.chunks += 1;
@@ -494,24 +510,30 @@ mod tests {
         assert_eq!(couchdb_digest(&vec![0u8; 1 << 20]), "md5-ttgbNgpWctgMJ0MPORU+LA==");
     }
 
-    /// Fed in pieces that straddle chunk boundaries, the digests and chunks are those of the
-    /// whole; the SHA-256 of "hello" is `printf hello | sha256sum`'s.
+    /// Fed in pieces that straddle chunk boundaries every way (smaller than a chunk, a whole
+    /// one, several, after a partial one), the digests and chunks are those of the whole; the
+    /// SHA-256 of "hello" is `printf hello | sha256sum`'s.
     #[tokio::test]
     async fn an_upload_in_pieces_digests_the_whole() {
         let dir = tempfile::tempdir().unwrap();
         let backend: Arc<dyn DocumentBackend> =
             Arc::new(crate::backend::embedded::EmbeddedBackend::open(&dir.path().join("a.redb")).await.unwrap());
-        let pieces: Vec<Result<Bytes>> = vec![Ok(Bytes::from_static(b"he")), Ok(Bytes::from_static(b"llo"))];
-        let mut upload = Upload::new("u1-a", 2);
-        upload.run(backend.as_ref(), futures::stream::iter(pieces), 5).await.unwrap();
-        let stored = upload.finish();
-        assert_eq!(stored.sha256, "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824");
-        assert_eq!(stored.digest, "md5-XUFAKrxLKna5cZ2REBfFkg==");
-        assert_eq!((stored.length, stored.chunks), (5, 3));
-        let chunks: Vec<Option<Bytes>> =
-            futures::future::try_join_all((0..4).map(|n| backend.get_attachment_chunk("u1-a", n))).await.unwrap();
-        let expected = [Some(&b"he"[..]), Some(b"ll"), Some(b"o"), None];
-        assert_eq!(chunks.iter().map(Option::as_deref).collect::<Vec<_>>(), expected);
+        let splits: [&[&[u8]]; 4] =
+            [&[b"he", b"llo"], &[b"h", b"ello"], &[b"hello"], &[b"h", b"e", b"l", b"", b"l", b"o"]];
+        for (n, pieces) in splits.iter().enumerate() {
+            let blob = format!("u1-{n}");
+            let items: Vec<Result<Bytes>> = pieces.iter().map(|p| Ok(Bytes::copy_from_slice(p))).collect();
+            let mut upload = Upload::new(&blob, 2);
+            upload.run(backend.as_ref(), futures::stream::iter(items), 5).await.unwrap();
+            let stored = upload.finish();
+            assert_eq!(stored.sha256, "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824");
+            assert_eq!(stored.digest, "md5-XUFAKrxLKna5cZ2REBfFkg==");
+            assert_eq!((stored.length, stored.chunks), (5, 3));
+            let chunks: Vec<Option<Bytes>> =
+                futures::future::try_join_all((0..4).map(|i| backend.get_attachment_chunk(&blob, i))).await.unwrap();
+            let expected = [Some(&b"he"[..]), Some(b"ll"), Some(b"o"), None];
+            assert_eq!(chunks.iter().map(Option::as_deref).collect::<Vec<_>>(), expected, "{pieces:?}");
+        }
     }
 
     #[test]
