@@ -6,10 +6,12 @@
 //! whose databases keep CouchDB's own attachments, each case checks that the calls refuse.
 
 use std::collections::{BTreeSet, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use agentstore::backend::catalog::{open_catalog, Catalog, DbName};
+use agentstore::backend::raw::layer::Layered;
 use agentstore::backend::{BackendUrl, DocumentBackend, IdRange, Precondition, Projection, Query};
 use agentstore::database::attachments::{AttachmentStore, StoredBlob, MANIFEST_PREFIX};
 use agentstore::database::Database;
@@ -183,29 +185,53 @@ pub async fn attachments_round_trip_byte_exact(ctx: Ctx) {
     assert_eq!(blobs(b, 100).await.len(), 5, "one blob per non-empty content");
 }
 
+/// The backend, counting the chunks read through it.
+struct CountingChunkReads {
+    inner: Arc<dyn DocumentBackend>,
+    reads: Arc<AtomicU64>,
+}
+
+#[async_trait::async_trait]
+impl Layered for CountingChunkReads {
+    fn inner(&self) -> &dyn DocumentBackend {
+        self.inner.as_ref()
+    }
+
+    async fn get_attachment_chunk(&self, blob: &str, index: u64) -> agentstore::Result<Option<Bytes>> {
+        self.reads.fetch_add(1, Ordering::SeqCst);
+        self.inner.get_attachment_chunk(blob, index).await
+    }
+}
+
 pub async fn attachment_ranges_read_only_what_they_cover(ctx: Ctx) {
     if not_applicable(&ctx).await {
         return;
     }
     let chunk = ctx.backend.attachment_chunk_bytes() as u64;
-    let store = AttachmentStore::new(Arc::clone(&ctx.backend));
+    let reads = Arc::new(AtomicU64::new(0));
+    let counted = CountingChunkReads { inner: Arc::clone(&ctx.backend), reads: Arc::clone(&reads) };
+    let store = AttachmentStore::new(Arc::new(counted));
     let len = 2 * chunk + 100;
     let whole = content(7, len);
     let written = stored(&store, 7, len).await;
+    // Each range with the chunks it covers.
     let ranges = [
-        0..1,
-        0..len,
-        chunk - 1..chunk + 1,
-        chunk..chunk,
-        chunk - 5..2 * chunk + 5,
-        2 * chunk..len,
-        len - 1..len,
-        3..chunk,
-        len..len,
+        (0..1, 1),
+        (0..len, 3),
+        (chunk - 1..chunk + 1, 2),
+        (chunk..chunk, 0),
+        (chunk - 5..2 * chunk + 5, 3),
+        (2 * chunk..len, 1),
+        (len - 1..len, 1),
+        (3..chunk, 1),
+        (chunk..2 * chunk, 1),
+        (len..len, 0),
     ];
-    for range in ranges {
+    for (range, chunks) in ranges {
+        let before = reads.load(Ordering::SeqCst);
         let read = read_all(&store, &written.sha256, Some(range.clone())).await;
         assert!(read == whole[range.start as usize..range.end as usize], "range {range:?} of {len}");
+        assert_eq!(reads.load(Ordering::SeqCst) - before, chunks, "chunks read for {range:?}");
     }
     let past = store.read(&written.sha256, Some(len - 1..len + 1)).await.err().expect("a range past the end");
     assert_eq!(past.kind(), ErrorKind::InvalidInput, "{past}");
