@@ -558,9 +558,10 @@ pub trait DocumentBackend: Send + Sync + 'static {
 pub const MAX_ATTACHMENT_BLOB_LEN: usize = 100;
 
 /// Checks an attachment blob name: 1 to [`MAX_ATTACHMENT_BLOB_LEN`] ASCII letters, digits, `-`
-/// and `_`. Every backend builds record keys from it (`{blob}/{index}`, `{blob}.{index}`), so
-/// it must hold no separator, nothing a key escapes, and nothing that sorts below `-` (the
-/// DynamoDB and Firestore listings skip a blob's chunks by the key just past them).
+/// and `_`. Backends build record keys from it (`_attachment/{blob}/{index}` on DynamoDB,
+/// `{blob}.{index}` on Firestore), so it holds neither separator nor anything a key escapes:
+/// every key of a blob's chunks then starts with `{blob}/` (or `{blob}.`), and the DynamoDB
+/// listing skips them all by the key `{blob}/g`, past every hex index.
 pub fn check_attachment_blob(blob: &str) -> Result<()> {
     let well_formed = !blob.is_empty()
         && blob.len() <= MAX_ATTACHMENT_BLOB_LEN
@@ -583,8 +584,8 @@ pub fn attachments_unsupported(store: &str) -> crate::error::Error {
     crate::error::Error::new(
         crate::error::ErrorKind::Misconfigured,
         format!(
-            "{store} keeps no attachment chunks: attachments of its databases are CouchDB's own, reached by \
-             forwarding the request"
+            "{store} keeps no attachment chunks (the CouchDB backend's databases keep CouchDB's own \
+             attachments, reached by forwarding the request)"
         ),
     )
 }

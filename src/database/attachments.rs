@@ -13,8 +13,9 @@
 //! before, or a concurrent upload of them won), it is touched and the new chunks deleted, so the
 //! bytes are kept once. A reader finds bytes only through a manifest, and a manifest is written
 //! after its chunks: an upload cut short (a client that disconnects, an error item in the
-//! stream, a body past the bound) deletes what it wrote and leaves nothing a reader can see; one
-//! cut short by a crash leaves chunks without a manifest, which garbage collection frees.
+//! stream, a body past the bound, its task dropped mid-way) deletes what it wrote and leaves
+//! nothing a reader can see; one cut short by a crash leaves chunks without a manifest, which
+//! garbage collection frees.
 //!
 //! Local-document names: the engine keeps its clients' local documents under `doc:`, deleted
 //! documents' trees under `tree:` and its settings as `db:settings`
@@ -119,28 +120,28 @@ impl AttachmentStore {
             return Err(attachments_unsupported(&self.backend.describe()));
         }
         let blob = new_blob_name();
+        // Dropped before the end (the request's task cancelled: a client gone, a shutdown),
+        // the upload's chunks are deleted by a task of their own.
+        let mut guard = DiscardOnDrop { backend: Some(Arc::clone(&self.backend)), blob: blob.clone() };
         let mut upload = Upload::new(&blob, chunk_bytes);
         let written = upload.run(self.backend.as_ref(), stream, max_bytes).await;
         let stored = match written {
             Ok(()) => upload.finish(),
             Err(err) => {
                 self.discard(&blob, upload.chunks).await;
+                guard.disarm();
                 return Err(err);
             }
         };
-        match self.record(&stored).await {
-            Ok(kept) => {
-                if kept.blob != stored.blob {
-                    // The same bytes were stored before: they stay there, these go.
-                    self.discard(&stored.blob, stored.chunks).await;
-                }
-                Ok(kept)
-            }
-            Err(err) => {
-                self.discard(&stored.blob, stored.chunks).await;
-                Err(err)
-            }
+        let recorded = self.record(&stored).await;
+        match &recorded {
+            // The same bytes were stored before: they stay there, these go.
+            Ok(kept) if kept.blob != stored.blob => self.discard(&stored.blob, stored.chunks).await,
+            Ok(_) => {}
+            Err(_) => self.discard(&stored.blob, stored.chunks).await,
         }
+        guard.disarm();
+        recorded
     }
 
     /// Deletes the chunks of an upload that will not be kept. A failure is logged, not
@@ -281,6 +282,35 @@ impl AttachmentStore {
                 return Ok(collected);
             }
         }
+    }
+}
+
+/// Deletes an upload's chunks from a task of its own when the upload is dropped unfinished.
+struct DiscardOnDrop {
+    /// `None` once the upload has ended and dealt with its chunks itself.
+    backend: Option<Arc<dyn DocumentBackend>>,
+    blob: String,
+}
+
+impl DiscardOnDrop {
+    fn disarm(&mut self) {
+        self.backend = None;
+    }
+}
+
+impl Drop for DiscardOnDrop {
+    fn drop(&mut self) {
+        let Some(backend) = self.backend.take() else { return };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(blob = %self.blob, "an attachment upload was dropped outside a runtime; its chunks wait for garbage collection");
+            return;
+        };
+        let blob = std::mem::take(&mut self.blob);
+        runtime.spawn(async move {
+            if let Err(err) = backend.delete_attachment_blob(&blob).await {
+                tracing::warn!(blob, error = %err, "left the chunks of a dropped attachment upload for garbage collection");
+            }
+        });
     }
 }
 

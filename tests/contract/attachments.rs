@@ -284,6 +284,31 @@ pub async fn interrupted_and_oversized_uploads_leave_nothing(ctx: Ctx) {
     assert_eq!((err.kind(), err.message()), (ErrorKind::Unavailable, "the client went away"));
     assert!(blobs(b, 10).await.is_empty(), "no chunk left behind");
     assert!(manifests(b).await.is_empty(), "no manifest");
+    // An upload whose task is dropped after writing a chunk (a request cancelled mid-body):
+    // its chunks are deleted by a task of their own.
+    let (reached, reached_rx) = tokio::sync::oneshot::channel::<()>();
+    let stalled = generated(17, chunk).chain(futures::stream::once(async move {
+        let _ = reached.send(());
+        futures::future::pending::<agentstore::Result<Bytes>>().await
+    }));
+    let upload = {
+        let store = store.clone();
+        tokio::spawn(async move { store.write(stalled, UNBOUNDED).await })
+    };
+    reached_rx.await.expect("the upload wrote its first chunk and waits for more");
+    assert_eq!(blobs(b, 10).await.len(), 1, "the chunk written so far");
+    upload.abort();
+    assert!(upload.await.expect_err("aborted").is_cancelled());
+    let mut left = blobs(b, 10).await;
+    for _ in 0..600 {
+        if left.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        left = blobs(b, 10).await;
+    }
+    assert!(left.is_empty(), "a dropped upload's chunks are deleted: {left:?}");
+    assert!(manifests(b).await.is_empty(), "no manifest");
     // One past the bound: refused naming the setting, nothing left.
     let err = store.write(generated(16, 2 * chunk + 1), 2 * chunk).await.expect_err("over the bound");
     assert_eq!(err.kind(), ErrorKind::TooLarge, "{err}");
