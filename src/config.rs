@@ -118,6 +118,11 @@ pub struct Settings {
     /// Largest document body on a database besides the data-store one, in bytes of its JSON
     /// (CouchDB's `max_document_size`); past it, 413 `document_too_large`.
     pub couchdb_max_document_bytes: usize,
+    /// Largest attachment on a database besides the data-store one, in bytes (CouchDB's
+    /// `max_attachment_size`); past it, 413. Unset (the default) means no bound, as CouchDB's
+    /// default `infinity`: attachments stream through in chunks, so their size costs storage,
+    /// never memory.
+    pub couchdb_max_attachment_bytes: Option<u64>,
     /// Most names one `POST /_dbs_info` may ask about (CouchDB's
     /// `max_db_number_for_dbs_info_req`).
     pub couchdb_max_dbs_info_keys: usize,
@@ -394,6 +399,12 @@ impl Settings {
                 return Err(Error::invalid(field, "must be at least 1"));
             }
         }
+        if self.couchdb_max_attachment_bytes == Some(0) {
+            return Err(Error::invalid(
+                "couchdb_max_attachment_bytes",
+                "must be at least 1 (leave it unset for no bound)",
+            ));
+        }
         if self.couchdb_changes_min_heartbeat_ms > self.couchdb_changes_timeout_ms {
             return Err(Error::invalid(
                 "couchdb_changes_min_heartbeat_ms",
@@ -446,6 +457,11 @@ impl Settings {
         self.max_body_bytes.unwrap_or_else(|| self.max_value_bytes.saturating_mul(4).saturating_add(64 * 1024))
     }
 
+    /// The largest attachment stored (`couchdb_max_attachment_bytes`; no bound when unset).
+    pub fn couchdb_attachment_limit(&self) -> u64 {
+        self.couchdb_max_attachment_bytes.unwrap_or(u64::MAX)
+    }
+
     /// The CouchDB API's request-body limit.
     pub fn couchdb_request_limit(&self) -> usize {
         self.couchdb_max_request_bytes.unwrap_or(64 << 20).max(self.body_limit())
@@ -493,6 +509,8 @@ mod tests {
         assert_eq!(settings.couchdb_max_feeds_per_login, 16);
         assert_eq!(settings.couchdb_max_open_databases, 128);
         assert_eq!(settings.couchdb_max_document_bytes, 8_000_000);
+        assert_eq!(settings.couchdb_max_attachment_bytes, None, "no bound, as CouchDB's `infinity`");
+        assert_eq!(settings.couchdb_attachment_limit(), u64::MAX);
         assert_eq!(settings.couchdb_max_dbs_info_keys, 100);
         assert_eq!(settings.couchdb_max_descending_changes, 100_000);
         assert_eq!(
@@ -507,10 +525,13 @@ mod tests {
             ("couchdb_changes_timeout_ms = 0", "couchdb_changes_timeout_ms"),
             ("couchdb_changes_min_heartbeat_ms = 70000", "couchdb_changes_min_heartbeat_ms"),
             ("couchdb_lockout_max_entries = 0", "couchdb_lockout_max_entries"),
+            ("couchdb_max_attachment_bytes = 0", "couchdb_max_attachment_bytes"),
         ] {
             let message = load(toml).err().map(|e| e.to_string()).unwrap_or_default();
             assert!(message.contains(field), "{toml}: {message:?}");
         }
         assert_eq!(load("couchdb_lockout_threshold = 0").unwrap().couchdb_lockout_threshold, 0, "0 turns it off");
+        let bounded = load("couchdb_max_attachment_bytes = 1048576").unwrap();
+        assert_eq!(bounded.couchdb_attachment_limit(), 1 << 20);
     }
 }

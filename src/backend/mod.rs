@@ -516,6 +516,46 @@ pub trait DocumentBackend: Send + Sync + 'static {
         branches::erase(self, prefix).await
     }
 
+    /// The most bytes one attachment chunk record of this backend holds (what
+    /// [`crate::database::attachments::AttachmentStore`] cuts attachments into): DynamoDB's item
+    /// and Firestore's document bounds less room for the record's key and names, 1 MiB on the
+    /// embedded store. `0`, the default, on a backend that keeps no attachment bytes itself
+    /// (the CouchDB backend, whose databases keep CouchDB's own attachments).
+    fn attachment_chunk_bytes(&self) -> usize {
+        0
+    }
+
+    /// Stores chunk `index` of the attachment blob `blob` (a name of
+    /// [`check_attachment_blob`]'s form), raw bytes, at most [`DocumentBackend::attachment_chunk_bytes`]
+    /// of them, replacing a chunk stored there before. Chunk records are invisible to every
+    /// other call (listings, feed, counts, scans, queries, local documents, reads by id) and
+    /// removed with the database. The default refuses: the backend keeps no attachment bytes.
+    async fn put_attachment_chunk(&self, blob: &str, index: u64, bytes: bytes::Bytes) -> Result<()> {
+        let _ = (blob, index, bytes);
+        Err(attachments_unsupported(&self.describe()))
+    }
+
+    /// Chunk `index` of the blob `blob` as stored, or `None`. The default refuses.
+    async fn get_attachment_chunk(&self, blob: &str, index: u64) -> Result<Option<bytes::Bytes>> {
+        let _ = (blob, index);
+        Err(attachments_unsupported(&self.describe()))
+    }
+
+    /// Deletes every chunk of the blob `blob` (none is an answer of 0, not an error); returns
+    /// how many were deleted. The default refuses.
+    async fn delete_attachment_blob(&self, blob: &str) -> Result<u64> {
+        let _ = blob;
+        Err(attachments_unsupported(&self.describe()))
+    }
+
+    /// One page (at most `limit`) of the names of every blob with at least one chunk stored,
+    /// each once, in an order the backend chooses; pass `next` back to continue (garbage
+    /// collection reads them all). The default refuses.
+    async fn attachment_blobs(&self, limit: usize, page_token: Option<&str>) -> Result<Page<String>> {
+        let _ = (limit, page_token);
+        Err(attachments_unsupported(&self.describe()))
+    }
+
     /// The documents with these ids, one answer per id, in order (`None` for a missing one).
     /// The default runs bounded concurrent `get`s; an adapter may override it with a batch read.
     async fn get_many(&self, ids: &[String]) -> Result<Vec<Option<StoredDocument>>> {
@@ -543,6 +583,42 @@ pub trait DocumentBackend: Send + Sync + 'static {
         let items = page.items.iter().map(DocumentText::of).collect::<Result<_>>()?;
         Ok(Page { items, next: page.next })
     }
+}
+
+/// The longest attachment blob name a backend takes.
+pub const MAX_ATTACHMENT_BLOB_LEN: usize = 100;
+
+/// Checks an attachment blob name: 1 to [`MAX_ATTACHMENT_BLOB_LEN`] ASCII letters, digits, `-`
+/// and `_`. Backends build record keys from it (`_attachment/{blob}/{index}` on DynamoDB,
+/// `{blob}.{index}` on Firestore), so it holds neither separator nor anything a key escapes:
+/// every key of a blob's chunks then starts with `{blob}/` (or `{blob}.`), and the DynamoDB
+/// listing skips them all by the key `{blob}/g`, past every hex index.
+pub fn check_attachment_blob(blob: &str) -> Result<()> {
+    let well_formed = !blob.is_empty()
+        && blob.len() <= MAX_ATTACHMENT_BLOB_LEN
+        && blob.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if well_formed {
+        Ok(())
+    } else {
+        Err(crate::error::Error::invalid(
+            "attachment blob",
+            format!("{blob:?} is not 1 to {MAX_ATTACHMENT_BLOB_LEN} ASCII letters, digits, '-' and '_'"),
+        ))
+    }
+}
+
+/// The error of the attachment-chunk methods on a backend that keeps no attachment bytes itself.
+/// `Misconfigured` (a 500 if it ever reached a client): no other kind fits a call the backend
+/// does not serve, and the CouchDB backend, the one that refuses, forwards its databases'
+/// attachment requests to CouchDB instead of calling these.
+pub fn attachments_unsupported(store: &str) -> crate::error::Error {
+    crate::error::Error::new(
+        crate::error::ErrorKind::Misconfigured,
+        format!(
+            "{store} keeps no attachment chunks (the CouchDB backend's databases keep CouchDB's own \
+             attachments, reached by forwarding the request)"
+        ),
+    )
 }
 
 /// A listed document as JSON text: its id and revision, and the whole document (`_id`, `_rev`,

@@ -6,8 +6,10 @@
 //! - [`rev_tree`]: the revision tree and CouchDB's rules on it (pure).
 //! - [`engine`]: one database: how a tree is stored in the backend and changed atomically.
 //! - [`document`]: CouchDB's rules for a client's document (ids, special fields, size).
+//! - [`attachments`]: attachment bytes, chunked into the backend and addressed by SHA-256.
 //! - [`Databases`] (here): the open databases of the server, over the backend's catalog.
 
+pub mod attachments;
 pub mod document;
 pub mod engine;
 pub use crate::backend::rev_tree;

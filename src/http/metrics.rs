@@ -267,6 +267,26 @@ impl DocumentBackend for MeteredBackend {
     async fn finish_upgrade(&self) -> Result<()> {
         timed!(self, "finish_upgrade", self.inner.finish_upgrade())
     }
+
+    fn attachment_chunk_bytes(&self) -> usize {
+        self.inner.attachment_chunk_bytes()
+    }
+
+    async fn put_attachment_chunk(&self, blob: &str, index: u64, bytes: bytes::Bytes) -> Result<()> {
+        timed!(self, "put_attachment_chunk", self.inner.put_attachment_chunk(blob, index, bytes))
+    }
+
+    async fn get_attachment_chunk(&self, blob: &str, index: u64) -> Result<Option<bytes::Bytes>> {
+        timed!(self, "get_attachment_chunk", self.inner.get_attachment_chunk(blob, index))
+    }
+
+    async fn delete_attachment_blob(&self, blob: &str) -> Result<u64> {
+        timed!(self, "delete_attachment_blob", self.inner.delete_attachment_blob(blob))
+    }
+
+    async fn attachment_blobs(&self, limit: usize, page_token: Option<&str>) -> Result<Page<String>> {
+        timed!(self, "attachment_blobs", self.inner.attachment_blobs(limit, page_token))
+    }
 }
 
 #[cfg(test)]
@@ -420,6 +440,26 @@ mod tests {
             self.record("erase_branches");
             Ok(())
         }
+        fn attachment_chunk_bytes(&self) -> usize {
+            self.record("attachment_chunk_bytes");
+            11
+        }
+        async fn put_attachment_chunk(&self, _: &str, _: u64, _: bytes::Bytes) -> Result<()> {
+            self.record("put_attachment_chunk");
+            Ok(())
+        }
+        async fn get_attachment_chunk(&self, _: &str, _: u64) -> Result<Option<bytes::Bytes>> {
+            self.record("get_attachment_chunk");
+            Ok(Some(bytes::Bytes::from_static(b"chunk")))
+        }
+        async fn delete_attachment_blob(&self, _: &str) -> Result<u64> {
+            self.record("delete_attachment_blob");
+            Ok(2)
+        }
+        async fn attachment_blobs(&self, _: usize, _: Option<&str>) -> Result<Page<String>> {
+            self.record("attachment_blobs");
+            Ok(Page { items: vec!["blob".into()], next: None })
+        }
     }
 
     /// The decorator must reach the adapter's own implementation of each default-bodied method:
@@ -460,6 +500,11 @@ mod tests {
         let range = IdRange { start: Some("cp".into()), ..IdRange::all() };
         let listed = metered.local_docs(&range, 1, None).await.unwrap();
         assert_eq!((listed.items[0].id.as_str(), listed.next.as_deref()), ("_local/cp", Some("after")));
+        assert_eq!(metered.attachment_chunk_bytes(), 11);
+        metered.put_attachment_chunk("b", 0, bytes::Bytes::from_static(b"x")).await.unwrap();
+        assert_eq!(metered.get_attachment_chunk("b", 0).await.unwrap().as_deref(), Some(&b"chunk"[..]));
+        assert_eq!(metered.delete_attachment_blob("b").await.unwrap(), 2);
+        assert_eq!(metered.attachment_blobs(10, None).await.unwrap().items, ["blob"]);
         assert_eq!(
             *inner.called.lock().unwrap(),
             [
@@ -475,7 +520,12 @@ mod tests {
                 "design_request",
                 "url",
                 "forwards_requests",
-                "local_docs"
+                "local_docs",
+                "attachment_chunk_bytes",
+                "put_attachment_chunk",
+                "get_attachment_chunk",
+                "delete_attachment_blob",
+                "attachment_blobs"
             ]
         );
     }

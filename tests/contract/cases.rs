@@ -70,7 +70,22 @@ pub fn all() -> Vec<Case> {
     cases.extend(rev_tree_cases());
     cases.extend(catalog_cases());
     cases.extend(local_docs_cases());
+    cases.extend(attachment_cases());
     cases
+}
+
+/// Attachment bytes (`attachments.rs`).
+fn attachment_cases() -> Vec<Case> {
+    use crate::attachments::*;
+    cases![
+        attachments_round_trip_byte_exact,
+        attachment_ranges_read_only_what_they_cover,
+        identical_attachments_are_stored_once,
+        interrupted_and_oversized_uploads_leave_nothing,
+        garbage_collection_keeps_referenced_and_fresh_bytes,
+        attachment_chunks_are_invisible_to_documents,
+        a_dropped_database_takes_its_attachments,
+    ]
 }
 
 /// Listing local documents (`local_docs.rs`).

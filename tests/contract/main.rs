@@ -4,6 +4,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod attachments;
 mod branches;
 mod cases;
 mod catalog;

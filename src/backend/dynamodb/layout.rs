@@ -109,9 +109,11 @@ pub fn check_position(token: &str) -> Result<()> {
     }
 }
 
-/// Whether an item is no document of the data store: a chunk, a local document or bookkeeping.
+/// Whether an item is no document of the data store: a body chunk, an attachment chunk, a local
+/// document or bookkeeping.
 pub fn is_hidden(item: &Item) -> bool {
     codec::is_chunk(item)
+        || item.contains_key(super::attachments::ATTACHMENT_OF)
         || item.contains_key(META)
         || codec::string_attribute(item, codec::ID).is_some_and(|id| id.starts_with(LOCAL_PREFIX))
 }

@@ -18,7 +18,9 @@
 //! - [`upgrade`]: the layout marker, creating the indexes, and the upgrade of the previous
 //!   release's items.
 //! - [`catalog`]: the databases besides the data store's, a table each.
+//! - [`attachments`]: attachment chunks, an item each, under id-index shards of their own.
 
+pub mod attachments;
 mod backend;
 pub mod catalog;
 pub mod codec;

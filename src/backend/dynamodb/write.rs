@@ -120,13 +120,15 @@ impl DynamoDbBackend {
     pub(super) async fn read_current(&self, id: &str) -> Result<Option<Current>> {
         let output = self
             .consistent_get(id)
-            .projection_expression("#id, #rev, #del, #anc, #meta, #chunk")
+            .projection_expression("#id, #rev, #del, #anc, #meta, #chunk, #att")
             .expression_attribute_names("#id", codec::ID)
             .expression_attribute_names("#rev", codec::REV)
             .expression_attribute_names("#del", DELETED)
             .expression_attribute_names("#anc", ANCESTRY)
             .expression_attribute_names("#meta", layout::META)
             .expression_attribute_names("#chunk", codec::CHUNK_OF)
+            // An attachment chunk's mark, so `Current::from_item` sees it hidden.
+            .expression_attribute_names("#att", super::attachments::ATTACHMENT_OF)
             .send()
             .await
             .map_err(|e| map_sdk(e, "read a document's revision"))?;

@@ -20,7 +20,7 @@ use serde_json::{Map, Value};
 use super::error::{join_error, map_redb};
 use super::group_commit::{job_of, GroupCommit};
 use super::write::{EncodedWrite, ReplicatedWrite, Tables};
-use super::{codec, core, feed, ids, local};
+use super::{attachments, codec, core, feed, ids, local};
 use crate::backend::{
     BulkWrite, ChangesPage, DocumentBackend, IdRange, LayoutState, Page, Precondition, Query, ReplicatedOutcome,
     ReplicatedRevision, Revision, RevisionInfo, StoredDocument, UpgradePage, DEFAULT_REVS_LIMIT,
@@ -324,6 +324,57 @@ impl DocumentBackend for EmbeddedBackend {
     async fn exact_count(&self) -> Result<Option<u64>> {
         self.blocking(core::count).await
     }
+
+    fn attachment_chunk_bytes(&self) -> usize {
+        attachments::CHUNK_BYTES
+    }
+
+    async fn put_attachment_chunk(&self, blob: &str, index: u64, bytes: bytes::Bytes) -> Result<()> {
+        crate::backend::check_attachment_blob(blob)?;
+        check_chunk_size(bytes.len())?;
+        let blob = blob.to_owned();
+        self.write(attachments::CHUNK_WEIGHT, move |tables| attachments::put(tables, &blob, index, &bytes)).await
+    }
+
+    async fn get_attachment_chunk(&self, blob: &str, index: u64) -> Result<Option<bytes::Bytes>> {
+        crate::backend::check_attachment_blob(blob)?;
+        let blob = blob.to_owned();
+        self.blocking(move |db| attachments::get(db, &blob, index)).await
+    }
+
+    async fn delete_attachment_blob(&self, blob: &str) -> Result<u64> {
+        crate::backend::check_attachment_blob(blob)?;
+        let mut deleted = 0;
+        loop {
+            let blob = blob.to_owned();
+            let batch =
+                self.write(attachments::CHUNK_WEIGHT, move |tables| attachments::delete_batch(tables, &blob)).await?;
+            deleted += batch;
+            if batch < attachments::DELETE_BATCH as u64 {
+                return Ok(deleted);
+            }
+        }
+    }
+
+    async fn attachment_blobs(&self, limit: usize, page_token: Option<&str>) -> Result<Page<String>> {
+        let after = page_token.map(|token| crate::backend::check_attachment_blob(token).map(|()| token.to_owned()));
+        let (after, limit) = (after.transpose()?, limit.max(1));
+        self.blocking(move |db| attachments::list(db, after, limit)).await
+    }
+}
+
+/// Refuses a chunk larger than the backend's chunk size (the attachment store never writes one).
+fn check_chunk_size(len: usize) -> Result<()> {
+    if len > attachments::CHUNK_BYTES {
+        return Err(Error::new(
+            ErrorKind::TooLarge,
+            format!(
+                "an attachment chunk of {len} bytes; the embedded store takes at most {}",
+                attachments::CHUNK_BYTES
+            ),
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -48,6 +48,7 @@ pub(super) fn create_tables(db: &Database) -> Result<()> {
         txn.open_table(FEED).map_err(map_redb("open feed table"))?;
         txn.open_table(ANCESTRY).map_err(map_redb("open ancestry table"))?;
         txn.open_table(LOCAL).map_err(map_redb("open local table"))?;
+        txn.open_table(super::attachments::ATTACHMENT_CHUNKS).map_err(map_redb("open attachment table"))?;
         let mut meta = txn.open_table(META).map_err(map_redb("open meta table"))?;
         let empty = docs.is_empty().map_err(map_redb("count documents"))?
             && tombstones.is_empty().map_err(map_redb("count tombstones"))?;

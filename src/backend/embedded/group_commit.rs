@@ -38,7 +38,7 @@ const MAX_GROUP: usize = 256;
 /// The most documents one group writes (a job larger than this, such as one big bulk write,
 /// goes alone): a write transaction keeps its changed pages in memory until it commits, so this
 /// bounds what concurrent bulk writers (an import, a migration) make one commit hold.
-const MAX_GROUP_DOCUMENTS: usize = 4_096;
+pub(super) const MAX_GROUP_DOCUMENTS: usize = 4_096;
 
 /// A write: runs against the group's tables and says how it ended.
 pub(super) type Job = Box<dyn for<'t> FnOnce(&mut Tables<'t>) -> JobEnd + Send>;

@@ -21,6 +21,8 @@
 //! - `ancestry`: `_id` → the last `revs_limit` revision tokens, newest first (16 bytes each).
 //! - `local`: `_local/` documents (replication checkpoints), revision `0-N`, apart from the rest.
 //! - `meta`: the next feed position and the layout version.
+//! - `attachment_chunks`: `(blob, index)` → the raw bytes of one chunk of an attachment,
+//!   invisible to everything but the attachment calls ([`attachments`]).
 //!
 //! Every table is updated in the same write transaction, so they never disagree after a crash.
 //! Concurrent writes share transactions ([`group_commit`]): one fsync'd commit for every write
@@ -40,7 +42,9 @@
 //! - [`ids`]: documents in id order, erasure by prefix.
 //! - [`local`]: `_local/` documents.
 //! - [`group_commit`]: concurrent writes sharing one fsync'd transaction.
+//! - [`attachments`]: attachment chunks.
 
+mod attachments;
 mod backend;
 mod codec;
 mod core;

@@ -85,6 +85,7 @@ pub(super) struct Tables<'t> {
     pub(super) feed: Table<'t, u64, &'static str>,
     pub(super) ancestry: Table<'t, &'static str, &'static [u8]>,
     pub(super) local: Table<'t, &'static str, &'static [u8]>,
+    pub(super) attachment_chunks: Table<'t, (&'static str, u64), &'static [u8]>,
     pub(super) meta: Table<'t, &'static str, u64>,
     pub(super) next_seq: u64,
     /// Whether feed entries were removed without a later one added (an erasure): the floor must
@@ -105,6 +106,9 @@ impl<'t> Tables<'t> {
             feed,
             ancestry: txn.open_table(ANCESTRY).map_err(map_redb("open ancestry table"))?,
             local: txn.open_table(LOCAL).map_err(map_redb("open local table"))?,
+            attachment_chunks: txn
+                .open_table(super::attachments::ATTACHMENT_CHUNKS)
+                .map_err(map_redb("open attachment table"))?,
             meta,
             next_seq,
             feed_shrunk: false,

@@ -548,4 +548,24 @@ impl DocumentBackend for FirestoreBackend {
             Err(e) => Err(e),
         }
     }
+
+    fn attachment_chunk_bytes(&self) -> usize {
+        super::attachments::CHUNK_BYTES
+    }
+
+    async fn put_attachment_chunk(&self, blob: &str, index: u64, bytes: bytes::Bytes) -> Result<()> {
+        self.put_chunk(blob, index, bytes).await
+    }
+
+    async fn get_attachment_chunk(&self, blob: &str, index: u64) -> Result<Option<bytes::Bytes>> {
+        self.get_chunk(blob, index).await
+    }
+
+    async fn delete_attachment_blob(&self, blob: &str) -> Result<u64> {
+        self.delete_blob(blob).await
+    }
+
+    async fn attachment_blobs(&self, limit: usize, page_token: Option<&str>) -> Result<Page<String>> {
+        self.list_blobs(limit, page_token).await
+    }
 }

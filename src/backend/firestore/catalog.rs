@@ -4,7 +4,7 @@
 //!
 //! The marker holds the database's name, an instance id drawn at creation, and whether it is
 //! being dropped. The database's collections are `db_documents` (with their chunk
-//! subcollections), `db_documents_local` and `db_documents_meta`, under
+//! subcollections), `db_documents_local`, `db_documents_meta` and `db_documents_attachments`, under
 //! `{marker}/instances/{instance}`: the adapter's sibling collections (`{collection}_local`,
 //! `{collection}_meta`) stay inside the database; a re-created database (a new instance) never
 //! sees an old one's documents, even one a handle of another process wrote after the drop; and
@@ -107,9 +107,12 @@ impl FirestoreCatalog {
     /// read: a concurrent drop or create may have finished it first).
     async fn finish_drop(&self, name: &DbName, marker: &Marker) -> Result<()> {
         let parent = self.instance_path(name, &marker.instance);
-        for collection in
-            [format!("{DATA_COLLECTION}_local"), format!("{DATA_COLLECTION}_meta"), DATA_COLLECTION.into()]
-        {
+        for collection in [
+            format!("{DATA_COLLECTION}_local"),
+            format!("{DATA_COLLECTION}_meta"),
+            format!("{DATA_COLLECTION}_attachments"),
+            DATA_COLLECTION.into(),
+        ] {
             self.delete_all(&parent, &collection).await?;
         }
         let delete = json!({ "delete": marker.name, "currentDocument": { "updateTime": marker.update_time } });

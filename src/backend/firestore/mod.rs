@@ -17,7 +17,9 @@
 //! - [`layout`]: the document model's fields: stored revisions, ancestry, tombstones, feed time.
 //! - [`upgrade`]: the layout marker and the upgrade of documents of the previous release.
 //! - [`catalog`]: the databases besides the data store's, each under its marker document.
+//! - [`attachments`]: attachment chunks, a document each in a collection beside the data's.
 
+mod attachments;
 mod backend;
 pub mod catalog;
 pub mod codec;

@@ -177,6 +177,26 @@ pub trait Layered: Send + Sync + 'static {
     fn forwards_requests(&self) -> bool {
         self.inner().forwards_requests()
     }
+
+    fn attachment_chunk_bytes(&self) -> usize {
+        self.inner().attachment_chunk_bytes()
+    }
+
+    async fn put_attachment_chunk(&self, blob: &str, index: u64, bytes: bytes::Bytes) -> Result<()> {
+        self.inner().put_attachment_chunk(blob, index, bytes).await
+    }
+
+    async fn get_attachment_chunk(&self, blob: &str, index: u64) -> Result<Option<bytes::Bytes>> {
+        self.inner().get_attachment_chunk(blob, index).await
+    }
+
+    async fn delete_attachment_blob(&self, blob: &str) -> Result<u64> {
+        self.inner().delete_attachment_blob(blob).await
+    }
+
+    async fn attachment_blobs(&self, limit: usize, page_token: Option<&str>) -> Result<Page<String>> {
+        self.inner().attachment_blobs(limit, page_token).await
+    }
 }
 
 #[async_trait]
@@ -333,5 +353,25 @@ impl<L: Layered> DocumentBackend for L {
 
     fn forwards_requests(&self) -> bool {
         Layered::forwards_requests(self)
+    }
+
+    fn attachment_chunk_bytes(&self) -> usize {
+        Layered::attachment_chunk_bytes(self)
+    }
+
+    async fn put_attachment_chunk(&self, blob: &str, index: u64, bytes: bytes::Bytes) -> Result<()> {
+        Layered::put_attachment_chunk(self, blob, index, bytes).await
+    }
+
+    async fn get_attachment_chunk(&self, blob: &str, index: u64) -> Result<Option<bytes::Bytes>> {
+        Layered::get_attachment_chunk(self, blob, index).await
+    }
+
+    async fn delete_attachment_blob(&self, blob: &str) -> Result<u64> {
+        Layered::delete_attachment_blob(self, blob).await
+    }
+
+    async fn attachment_blobs(&self, limit: usize, page_token: Option<&str>) -> Result<Page<String>> {
+        Layered::attachment_blobs(self, limit, page_token).await
     }
 }

@@ -1,0 +1,461 @@
+//! Attachment bytes on every backend that keeps them itself (`DocumentBackend`'s attachment
+//! chunks and [`AttachmentStore`] over them): byte-exact round trips of every size around the
+//! backend's chunk size and of 64 MiB, ranges across chunk boundaries, identical content stored
+//! once, interrupted and over-limit uploads leaving nothing, garbage collection, chunks invisible
+//! to every document call, and a dropped database taking its chunks. On the CouchDB backend,
+//! whose databases keep CouchDB's own attachments, each case checks that the calls refuse.
+
+use std::collections::{BTreeSet, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentstore::backend::catalog::{open_catalog, Catalog, DbName};
+use agentstore::backend::raw::layer::Layered;
+use agentstore::backend::{BackendUrl, DocumentBackend, IdRange, Precondition, Projection, Query};
+use agentstore::database::attachments::{AttachmentStore, StoredBlob, MANIFEST_PREFIX};
+use agentstore::database::Database;
+use agentstore::{Error, ErrorKind};
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+use md5::Md5;
+use serde_json::{json, Map, Value};
+use sha2::{Digest, Sha256};
+
+use crate::harness::Ctx;
+
+/// No bound on the size (the setting's default).
+const UNBOUNDED: u64 = u64::MAX;
+/// Bytes per item of the generated streams: prime, so items straddle every chunk boundary.
+const PIECE: u64 = 65_521;
+
+/// A byte of the content `seed` makes, at `offset`: splitmix64 of the seed and the 8-byte word
+/// the offset falls in, so no two chunks of a stream hold the same bytes.
+fn byte_at(seed: u64, offset: u64) -> u8 {
+    let mut z = (seed ^ (offset / 8).wrapping_mul(0x9E37_79B9_7F4A_7C15)).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z >> ((offset % 8) * 8)) as u8
+}
+
+fn content(seed: u64, len: u64) -> Vec<u8> {
+    (0..len).map(|offset| byte_at(seed, offset)).collect()
+}
+
+/// The content `seed` makes, `len` bytes, generated item by item (never held whole).
+fn generated(seed: u64, len: u64) -> impl Stream<Item = agentstore::Result<Bytes>> + Send + 'static {
+    futures::stream::unfold(0u64, move |offset| async move {
+        (offset < len).then(|| {
+            let end = (offset + PIECE).min(len);
+            let piece: Vec<u8> = (offset..end).map(|at| byte_at(seed, at)).collect();
+            (Ok(Bytes::from(piece)), end)
+        })
+    })
+}
+
+/// The SHA-256 (hex) and MD5 digest (`md5-` + base64) of the content `seed` makes, computed
+/// here with the hash crates directly, apart from the store's code.
+fn expected_digests(seed: u64, len: u64) -> (String, String) {
+    let (mut sha, mut md5) = (Sha256::new(), Md5::new());
+    let mut offset = 0;
+    while offset < len {
+        let end = (offset + PIECE).min(len);
+        let piece: Vec<u8> = (offset..end).map(|at| byte_at(seed, at)).collect();
+        sha.update(&piece);
+        md5.update(&piece);
+        offset = end;
+    }
+    use base64::Engine as _;
+    (hex::encode(sha.finalize()), format!("md5-{}", base64::engine::general_purpose::STANDARD.encode(md5.finalize())))
+}
+
+/// Reads a stream to its end: the SHA-256 (hex) and length of what it gave.
+async fn hash_of(mut stream: impl Stream<Item = agentstore::Result<Bytes>> + Unpin) -> (String, u64) {
+    let (mut sha, mut len) = (Sha256::new(), 0u64);
+    while let Some(piece) = stream.next().await {
+        let piece = piece.expect("a chunk of the read");
+        sha.update(&piece);
+        len += piece.len() as u64;
+    }
+    (hex::encode(sha.finalize()), len)
+}
+
+async fn read_all(store: &AttachmentStore, sha256: &str, range: Option<std::ops::Range<u64>>) -> Vec<u8> {
+    let mut stream = store.read(sha256, range).await.expect("read");
+    let mut out = Vec::new();
+    while let Some(piece) = stream.next().await {
+        out.extend_from_slice(&piece.expect("a chunk of the read"));
+    }
+    out
+}
+
+/// Every blob name the backend lists, page by page with `limit`, each checked listed once.
+async fn blobs(b: &dyn DocumentBackend, limit: usize) -> BTreeSet<String> {
+    let (mut all, mut token) = (BTreeSet::new(), None::<String>);
+    for _ in 0..1000 {
+        let page = b.attachment_blobs(limit, token.as_deref()).await.expect("attachment_blobs");
+        assert!(page.items.len() <= limit, "a page of {} where {limit} were asked", page.items.len());
+        for blob in page.items {
+            assert!(all.insert(blob.clone()), "{blob} listed twice");
+        }
+        token = page.next;
+        if token.is_none() {
+            return all;
+        }
+    }
+    panic!("attachment_blobs kept paging");
+}
+
+/// The manifests (`_local/att:…`) the backend holds.
+async fn manifests(b: &dyn DocumentBackend) -> Vec<String> {
+    let range = IdRange::all().under_prefix(MANIFEST_PREFIX);
+    let page = b.local_docs(&range, 1000, None).await.expect("local_docs");
+    page.items.into_iter().map(|doc| doc.id).filter(|id| id.starts_with("_local/att:")).collect()
+}
+
+fn body(value: Value) -> Map<String, Value> {
+    match value {
+        Value::Object(map) => map,
+        other => panic!("not an object: {other}"),
+    }
+}
+
+/// On a backend that keeps no attachment bytes (the CouchDB backend, whose databases keep
+/// CouchDB's own), checks that every attachment call refuses naming the backend, and returns
+/// `true`: the case does not apply.
+async fn not_applicable(ctx: &Ctx) -> bool {
+    let b = ctx.backend.as_ref();
+    let keeps_none = b.attachment_chunk_bytes() == 0;
+    assert_eq!(keeps_none, ctx.backend_name == "couchdb", "only the CouchDB backend keeps no attachment chunks");
+    if !keeps_none {
+        return false;
+    }
+    let store = b.describe();
+    let refusals = [
+        b.put_attachment_chunk("u1-a", 0, Bytes::from_static(b"x")).await.err(),
+        b.get_attachment_chunk("u1-a", 0).await.err(),
+        b.delete_attachment_blob("u1-a").await.err(),
+        b.attachment_blobs(10, None).await.err(),
+        AttachmentStore::new(Arc::clone(&ctx.backend)).write(generated(1, 0), UNBOUNDED).await.err(),
+    ];
+    for refusal in refusals {
+        let refusal = refusal.expect("an attachment call on a backend that keeps no attachment chunks");
+        assert_eq!(refusal.kind(), ErrorKind::Misconfigured, "{refusal}");
+        assert!(refusal.to_string().contains(&store), "the refusal names the backend: {refusal}");
+    }
+    let (empty_sha256, _) = expected_digests(1, 0);
+    let manifest = b.get_local(&format!("{MANIFEST_PREFIX}{empty_sha256}")).await.expect("get_local");
+    assert!(manifest.is_none(), "a refused upload records nothing");
+    println!(
+        "{}: not applicable: its databases keep CouchDB's own attachments (requests are forwarded); \
+         the attachment calls refuse as they must",
+        ctx.backend_name
+    );
+    true
+}
+
+async fn stored(store: &AttachmentStore, seed: u64, len: u64) -> StoredBlob {
+    store.write(generated(seed, len), UNBOUNDED).await.expect("write")
+}
+
+pub async fn attachments_round_trip_byte_exact(ctx: Ctx) {
+    if not_applicable(&ctx).await {
+        return;
+    }
+    let b = ctx.backend.as_ref();
+    let chunk = b.attachment_chunk_bytes() as u64;
+    let store = AttachmentStore::new(Arc::clone(&ctx.backend));
+    for (seed, len) in [(1, 0), (2, 1), (3, chunk), (4, chunk + 1), (5, 2 * chunk + 3), (6, 64 << 20)] {
+        let written = stored(&store, seed, len).await;
+        let (sha256, digest) = expected_digests(seed, len);
+        assert_eq!((&written.sha256, &written.digest, written.length), (&sha256, &digest, len), "{len} bytes");
+        assert_eq!(written.chunks, len.div_ceil(chunk), "{len} bytes in chunks of {chunk}");
+        assert_eq!(store.stat(&sha256).await.expect("stat"), Some(written.clone()));
+        let (read_sha, read_len) = hash_of(store.read(&sha256, None).await.expect("read")).await;
+        assert_eq!((read_sha, read_len), (sha256, len), "{len} bytes read back exactly");
+        // Chunk by chunk through the trait: each as large as the backend says, the last the rest.
+        if len > 0 {
+            let last = written.chunks - 1;
+            let tail = b.get_attachment_chunk(&written.blob, last).await.expect("chunk").expect("the last chunk");
+            assert_eq!(tail.len() as u64, len - last * chunk);
+            assert!(b.get_attachment_chunk(&written.blob, written.chunks).await.expect("past the end").is_none());
+        }
+    }
+    assert_eq!(blobs(b, 100).await.len(), 5, "one blob per non-empty content");
+}
+
+/// The backend, counting the chunks read through it.
+struct CountingChunkReads {
+    inner: Arc<dyn DocumentBackend>,
+    reads: Arc<AtomicU64>,
+}
+
+#[async_trait::async_trait]
+impl Layered for CountingChunkReads {
+    fn inner(&self) -> &dyn DocumentBackend {
+        self.inner.as_ref()
+    }
+
+    async fn get_attachment_chunk(&self, blob: &str, index: u64) -> agentstore::Result<Option<Bytes>> {
+        self.reads.fetch_add(1, Ordering::SeqCst);
+        self.inner.get_attachment_chunk(blob, index).await
+    }
+}
+
+pub async fn attachment_ranges_read_only_what_they_cover(ctx: Ctx) {
+    if not_applicable(&ctx).await {
+        return;
+    }
+    let chunk = ctx.backend.attachment_chunk_bytes() as u64;
+    let reads = Arc::new(AtomicU64::new(0));
+    let counted = CountingChunkReads { inner: Arc::clone(&ctx.backend), reads: Arc::clone(&reads) };
+    let store = AttachmentStore::new(Arc::new(counted));
+    let len = 2 * chunk + 100;
+    let whole = content(7, len);
+    let written = stored(&store, 7, len).await;
+    // Each range with the chunks it covers.
+    let ranges = [
+        (0..1, 1),
+        (0..len, 3),
+        (chunk - 1..chunk + 1, 2),
+        (chunk..chunk, 0),
+        (chunk - 5..2 * chunk + 5, 3),
+        (2 * chunk..len, 1),
+        (len - 1..len, 1),
+        (3..chunk, 1),
+        (chunk..2 * chunk, 1),
+        (len..len, 0),
+    ];
+    for (range, chunks) in ranges {
+        let before = reads.load(Ordering::SeqCst);
+        let read = read_all(&store, &written.sha256, Some(range.clone())).await;
+        assert!(read == whole[range.start as usize..range.end as usize], "range {range:?} of {len}");
+        assert_eq!(reads.load(Ordering::SeqCst) - before, chunks, "chunks read for {range:?}");
+    }
+    let past = store.read(&written.sha256, Some(len - 1..len + 1)).await.err().expect("a range past the end");
+    assert_eq!(past.kind(), ErrorKind::InvalidInput, "{past}");
+    let missing = store.read(&"0".repeat(64), None).await.err().expect("bytes never stored");
+    assert_eq!(missing.kind(), ErrorKind::NotFound, "{missing}");
+    assert_eq!(store.stat(&"0".repeat(64)).await.expect("stat"), None);
+    assert_eq!(store.stat("not-a-sha").await.err().map(|e| e.kind()), Some(ErrorKind::InvalidInput));
+}
+
+pub async fn identical_attachments_are_stored_once(ctx: Ctx) {
+    if not_applicable(&ctx).await {
+        return;
+    }
+    let b = ctx.backend.as_ref();
+    let chunk = b.attachment_chunk_bytes() as u64;
+    let store = AttachmentStore::new(Arc::clone(&ctx.backend));
+    let first = stored(&store, 8, chunk + 1).await;
+    let second = stored(&store, 8, chunk + 1).await;
+    assert_eq!(first, second, "the same bytes answer the same manifest, blob included");
+    assert_eq!(blobs(b, 10).await, BTreeSet::from([first.blob.clone()]), "stored once");
+    // Two uploads of the same bytes at once: one blob stays, both answer it.
+    let (a, c) = tokio::join!(stored(&store, 9, 2 * chunk), stored(&store, 9, 2 * chunk));
+    assert_eq!(a.blob, c.blob);
+    // Other bytes are another blob; listed page by page, each once.
+    for seed in 10..14 {
+        stored(&store, seed, 10).await;
+    }
+    let all = blobs(b, 100).await;
+    assert_eq!(all.len(), 6, "{all:?}");
+    for limit in [1, 2, 5] {
+        assert_eq!(blobs(b, limit).await, all, "paged by {limit}");
+    }
+    assert_eq!(manifests(b).await.len(), 6);
+    let (sha256, _) = expected_digests(8, chunk + 1);
+    let (read, _) = hash_of(store.read(&sha256, None).await.expect("read")).await;
+    assert_eq!(read, sha256);
+}
+
+pub async fn interrupted_and_oversized_uploads_leave_nothing(ctx: Ctx) {
+    if not_applicable(&ctx).await {
+        return;
+    }
+    let b = ctx.backend.as_ref();
+    let chunk = b.attachment_chunk_bytes() as u64;
+    let store = AttachmentStore::new(Arc::clone(&ctx.backend));
+    // A client that goes away after a chunk and a half.
+    let cut = generated(15, chunk + chunk / 2)
+        .chain(futures::stream::iter([Err(Error::new(ErrorKind::Unavailable, "the client went away"))]));
+    let err = store.write(cut, UNBOUNDED).await.expect_err("an interrupted upload fails");
+    assert_eq!((err.kind(), err.message()), (ErrorKind::Unavailable, "the client went away"));
+    assert!(blobs(b, 10).await.is_empty(), "no chunk left behind");
+    assert!(manifests(b).await.is_empty(), "no manifest");
+    // An upload whose task is dropped after writing a chunk (a request cancelled mid-body):
+    // its chunks are deleted by a task of their own.
+    let (reached, reached_rx) = tokio::sync::oneshot::channel::<()>();
+    let stalled = generated(17, chunk).chain(futures::stream::once(async move {
+        let _ = reached.send(());
+        futures::future::pending::<agentstore::Result<Bytes>>().await
+    }));
+    let upload = {
+        let store = store.clone();
+        tokio::spawn(async move { store.write(stalled, UNBOUNDED).await })
+    };
+    reached_rx.await.expect("the upload wrote its first chunk and waits for more");
+    assert_eq!(blobs(b, 10).await.len(), 1, "the chunk written so far");
+    upload.abort();
+    assert!(upload.await.expect_err("aborted").is_cancelled());
+    let mut left = blobs(b, 10).await;
+    for _ in 0..600 {
+        if left.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        left = blobs(b, 10).await;
+    }
+    assert!(left.is_empty(), "a dropped upload's chunks are deleted: {left:?}");
+    assert!(manifests(b).await.is_empty(), "no manifest");
+    // One past the bound: refused naming the setting, nothing left.
+    let err = store.write(generated(16, 2 * chunk + 1), 2 * chunk).await.expect_err("over the bound");
+    assert_eq!(err.kind(), ErrorKind::TooLarge, "{err}");
+    assert!(err.to_string().contains("couchdb_max_attachment_bytes"), "{err}");
+    assert!(blobs(b, 10).await.is_empty(), "no chunk left behind");
+    assert!(manifests(b).await.is_empty(), "no manifest");
+    // Exactly at the bound is stored.
+    let at_bound = store.write(generated(16, 2 * chunk), 2 * chunk).await.expect("at the bound");
+    assert_eq!(at_bound.length, 2 * chunk);
+}
+
+pub async fn garbage_collection_keeps_referenced_and_fresh_bytes(ctx: Ctx) {
+    if not_applicable(&ctx).await {
+        return;
+    }
+    let b = ctx.backend.as_ref();
+    let chunk = b.attachment_chunk_bytes() as u64;
+    let store = AttachmentStore::new(Arc::clone(&ctx.backend));
+    let referenced = stored(&store, 20, chunk + 1).await;
+    let unreferenced = stored(&store, 21, 2 * chunk + 1).await;
+    let fresh_unreferenced = stored(&store, 22, 5).await;
+    // Time passes for the first two: their manifests say they were stored in 1970.
+    for kept in [&referenced, &unreferenced] {
+        let name = format!("{MANIFEST_PREFIX}{}", kept.sha256);
+        let mut manifest = b.get_local(&name).await.expect("get_local").expect("the manifest");
+        manifest.body.insert("stored_ms".into(), json!(1000));
+        b.put_local(&name, &manifest.body, Precondition::MatchRevision(manifest.rev)).await.expect("age it");
+    }
+    // A crash left an upload of 1970 without a manifest; an upload in progress has none yet.
+    let old_orphan = "u1000-00000000000000aa";
+    let in_progress = format!(
+        "u{}-00000000000000bb",
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis()
+    );
+    for blob in [old_orphan, in_progress.as_str()] {
+        b.put_attachment_chunk(blob, 0, Bytes::from_static(b"partial")).await.expect("put chunk");
+    }
+    let collected = store.collect_garbage(&HashSet::from([referenced.sha256.clone()])).await.expect("collect");
+    assert_eq!((collected.manifests, collected.blobs), (1, 2), "{collected:?}");
+    assert_eq!(collected.chunks, unreferenced.chunks + 1, "{collected:?}");
+    let left = blobs(b, 10).await;
+    let expected = BTreeSet::from([referenced.blob.clone(), fresh_unreferenced.blob.clone(), in_progress.clone()]);
+    assert_eq!(left, expected);
+    assert!(store.stat(&unreferenced.sha256).await.expect("stat").is_none());
+    let (read, _) = hash_of(store.read(&referenced.sha256, None).await.expect("read")).await;
+    assert_eq!(read, referenced.sha256, "referenced bytes intact");
+    assert!(store.stat(&fresh_unreferenced.sha256).await.expect("stat").is_some(), "young manifests stay");
+    // With no grace, everything unreferenced goes; the referenced bytes still stay.
+    let sweeping = store.clone().with_grace(Duration::ZERO);
+    let collected = sweeping.collect_garbage(&HashSet::from([referenced.sha256.clone()])).await.expect("collect");
+    assert_eq!((collected.manifests, collected.blobs), (1, 2), "{collected:?}");
+    assert_eq!(blobs(b, 10).await, BTreeSet::from([referenced.blob.clone()]));
+    assert_eq!(manifests(b).await, [format!("_local/{MANIFEST_PREFIX}{}", referenced.sha256)]);
+    // Stored again after its manifest went, the same bytes are a new blob that reads back.
+    let again = stored(&store, 21, 2 * chunk + 1).await;
+    assert_ne!(again.blob, unreferenced.blob);
+    let (read, _) = hash_of(store.read(&again.sha256, None).await.expect("read")).await;
+    assert_eq!(read, unreferenced.sha256);
+}
+
+pub async fn attachment_chunks_are_invisible_to_documents(ctx: Ctx) {
+    if not_applicable(&ctx).await {
+        return;
+    }
+    let b = ctx.backend.as_ref();
+    let chunk = b.attachment_chunk_bytes() as u64;
+    let doc = json!({ "userId": "u", "namespace": "ns", "key": "k", "value": 1 });
+    b.put("u:ns:k", &body(doc), Precondition::MustNotExist).await.expect("put");
+    let store = AttachmentStore::new(Arc::clone(&ctx.backend));
+    let written = stored(&store, 30, 3 * chunk + 7).await;
+    let ids = |docs: Vec<agentstore::backend::StoredDocument>| docs.into_iter().map(|d| d.id).collect::<Vec<_>>();
+    let everything = IdRange { include_design: true, ..IdRange::all() };
+    assert_eq!(ids(b.all_docs(&everything, 100, None).await.expect("all_docs").items), ["u:ns:k"]);
+    let texts = b.all_docs_text(&everything, 100, None).await.expect("all_docs_text").items;
+    assert_eq!(texts.iter().map(|t| t.id.as_str()).collect::<Vec<_>>(), ["u:ns:k"]);
+    let feed = b.changes(None, 100).await.expect("changes");
+    assert_eq!(feed.changes.iter().map(|c| c.id.as_str()).collect::<Vec<_>>(), ["u:ns:k"]);
+    if let Some(count) = b.exact_count().await.expect("exact_count") {
+        assert_eq!(count, 1, "chunks are not counted");
+    }
+    // Every page of the scan: a page may end early, even empty (DynamoDB reads at most 1 MB of
+    // items a page, chunk items included, and drops those).
+    let (mut scanned, mut token) = (Vec::new(), None::<String>);
+    for _ in 0..1000 {
+        let page = b.scan(100, token.as_deref()).await.expect("scan");
+        scanned.extend(ids(page.items));
+        token = page.next;
+        if token.is_none() {
+            break;
+        }
+    }
+    assert!(token.is_none(), "the scan kept paging");
+    assert_eq!(scanned, ["u:ns:k"]);
+    let query = Query { user_id: "u".into(), namespace: None, projection: Projection::All };
+    assert_eq!(ids(b.query(&query, 100, None).await.expect("query").items), ["u:ns:k"]);
+    // Only the manifest among the local documents; none at all in a database's clients' listing.
+    let locals = ids(b.local_docs(&IdRange::all(), 100, None).await.expect("local_docs").items);
+    assert_eq!(locals, [format!("_local/{MANIFEST_PREFIX}{}", written.sha256)]);
+    let database = Database::new("contract".into(), Arc::clone(&ctx.backend));
+    assert!(database.local_docs(&IdRange::all(), 100, None).await.expect("local_docs").items.is_empty());
+    // Reads by the ids a chunk is kept under on any backend answer nothing.
+    let chunk_ids: Vec<String> = [
+        format!("_attachment/{}/{:016x}", written.blob, 0),
+        format!("{}.{:016x}", written.blob, 0),
+        written.blob.clone(),
+    ]
+    .into();
+    for id in &chunk_ids {
+        assert!(b.get(id).await.expect("get").is_none(), "{id}");
+        assert!(b.get_deleted(id).await.expect("get_deleted").is_none(), "{id}");
+        assert!(b.revisions(id).await.expect("revisions").is_none(), "{id}");
+    }
+    assert!(b.get_many(&chunk_ids).await.expect("get_many").iter().all(Option::is_none));
+    // Erasing every document by prefix leaves the bytes (garbage collection frees them).
+    if ctx.no_purge.is_none() {
+        b.erase_prefix("u:").await.expect("erase");
+        let (read, _) = hash_of(store.read(&written.sha256, None).await.expect("read")).await;
+        assert_eq!(read, written.sha256);
+    }
+}
+
+pub async fn a_dropped_database_takes_its_attachments(ctx: Ctx) {
+    if not_applicable(&ctx).await {
+        return;
+    }
+    let url: BackendUrl = ctx.backend_url.parse().expect("the harness's backend URL parses");
+    let catalog = open_catalog(&url).await.expect("open_catalog");
+    let name = DbName::parse(&format!("att{}x{}", std::process::id(), ctx.backend_name)).expect("a name");
+    let database = catalog.create(&name).await.expect("create");
+    let chunk = database.attachment_chunk_bytes() as u64;
+    let store = AttachmentStore::new(Arc::clone(&database));
+    let written = stored(&store, 40, 2 * chunk + 1).await;
+    assert_eq!(blobs(database.as_ref(), 10).await, BTreeSet::from([written.blob.clone()]));
+    assert!(Catalog::delete(catalog.as_ref(), &name).await.expect("drop"));
+    match ctx.backend_name {
+        // The file is deleted; a handle opened before keeps its unlinked file until it is let
+        // go, when the space is freed.
+        "embedded" => println!("embedded: the dropped database's file is deleted with its chunks"),
+        // The table or the instance's documents are gone: the handle opened before lists no
+        // chunk (or cannot find its table).
+        _ => match database.attachment_blobs(10, None).await {
+            Ok(page) => assert!(page.items.is_empty(), "chunks left after the drop: {:?}", page.items),
+            Err(err) => assert_eq!(err.kind(), ErrorKind::Misconfigured, "{err}"),
+        },
+    }
+    let recreated = catalog.create(&name).await.expect("create again");
+    assert!(blobs(recreated.as_ref(), 10).await.is_empty(), "a re-created database starts without chunks");
+    assert!(manifests(recreated.as_ref()).await.is_empty());
+    assert!(Catalog::delete(catalog.as_ref(), &name).await.expect("drop again"));
+}
