@@ -123,6 +123,11 @@ pub struct Settings {
     /// default `infinity`: attachments stream through in chunks, so their size costs storage,
     /// never memory.
     pub couchdb_max_attachment_bytes: Option<u64>,
+    /// How long attachment bytes no revision references are kept before `_compact` or a
+    /// document's deletion frees them, in seconds (docs/attachments.md, "When bytes are freed"):
+    /// an upload in progress and bytes just stored for a document write about to reference them
+    /// must not be freed under it. 86400 (a day) by default; 0 frees at once (tests).
+    pub couchdb_attachment_grace_secs: u64,
     /// Most names one `POST /_dbs_info` may ask about (CouchDB's
     /// `max_db_number_for_dbs_info_req`).
     pub couchdb_max_dbs_info_keys: usize,
@@ -307,6 +312,7 @@ impl Settings {
             .and_then(|b| b.set_default("couchdb_max_feeds_per_login", 16u64))
             .and_then(|b| b.set_default("couchdb_max_open_databases", 128u64))
             .and_then(|b| b.set_default("couchdb_max_document_bytes", 8_000_000u64))
+            .and_then(|b| b.set_default("couchdb_attachment_grace_secs", 86_400u64))
             .and_then(|b| b.set_default("couchdb_max_dbs_info_keys", 100u64))
             .and_then(|b| b.set_default("couchdb_max_descending_changes", 100_000u64))
             .and_then(|b| b.set_default("couchdb_lockout_threshold", 5u64))
@@ -510,6 +516,7 @@ mod tests {
         assert_eq!(settings.couchdb_max_open_databases, 128);
         assert_eq!(settings.couchdb_max_document_bytes, 8_000_000);
         assert_eq!(settings.couchdb_max_attachment_bytes, None, "no bound, as CouchDB's `infinity`");
+        assert_eq!(settings.couchdb_attachment_grace_secs, 86_400, "a day, as the storage layer's grace");
         assert_eq!(settings.couchdb_attachment_limit(), u64::MAX);
         assert_eq!(settings.couchdb_max_dbs_info_keys, 100);
         assert_eq!(settings.couchdb_max_descending_changes, 100_000);

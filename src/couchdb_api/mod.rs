@@ -114,7 +114,11 @@ impl CouchApp {
             feeds: Arc::new(changes::FeedBounds::from_settings(settings)),
             databases: Arc::new(
                 crate::database::Databases::from_url(databases_url, settings.couchdb_max_open_databases)
-                    .with_max_document_bytes(settings.couchdb_max_document_bytes),
+                    .with_max_document_bytes(settings.couchdb_max_document_bytes)
+                    .with_attachment_bounds(
+                        settings.couchdb_attachment_limit(),
+                        Duration::from_secs(settings.couchdb_attachment_grace_secs),
+                    ),
             ),
             max_dbs_info_keys: settings.couchdb_max_dbs_info_keys,
             database_router: axum::Router::new(),

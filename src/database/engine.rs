@@ -19,12 +19,15 @@
 //! authority, the local tree only for a tombstone. A live record whose winner is deleted (left by
 //! a crash in the middle of saving a deleted document) reads as deleted.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-use super::rev_tree::{EditError, MergeOutcome, RevPath, RevTree};
+use super::attachments::{AttachmentStore, GarbageCollected};
+use super::doc_attachments;
+use super::rev_tree::{parse_rev, EditError, MergeOutcome, RevPath, RevTree};
 use crate::backend::revision::random_token;
 use crate::backend::{
     Change, DocumentBackend, IdRange, Page, Precondition, Revision, StoredDocument, DEFAULT_REVS_LIMIT,
@@ -111,6 +114,20 @@ pub struct Database {
     revs_limit: AtomicUsize,
     max_document_bytes: usize,
     write_locks: Box<[tokio::sync::Mutex<()>]>,
+    /// The attachment bytes of the documents ([`doc_attachments`]).
+    attachments: AttachmentStore,
+    /// The largest attachment stored (`couchdb_max_attachment_bytes`).
+    max_attachment_bytes: u64,
+    /// Whether a garbage collection of attachment bytes is running, and whether another was
+    /// asked for meanwhile (writes that drop references ask; one runs at a time).
+    collecting: Arc<Collecting>,
+}
+
+/// The state of the background collection of attachment bytes.
+#[derive(Default)]
+struct Collecting {
+    running: AtomicBool,
+    again: AtomicBool,
 }
 
 impl Database {
@@ -118,12 +135,70 @@ impl Database {
     pub fn new(name: String, backend: Arc<dyn DocumentBackend>) -> Self {
         Database {
             name,
-            backend,
             dropped: AtomicBool::new(false),
             revs_limit: AtomicUsize::new(0),
             max_document_bytes: DEFAULT_MAX_DOCUMENT_BYTES,
             write_locks: (0..WRITE_LOCK_STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
+            attachments: AttachmentStore::new(Arc::clone(&backend)),
+            max_attachment_bytes: u64::MAX,
+            collecting: Arc::default(),
+            backend,
         }
+    }
+
+    /// The largest attachment stored and how long unreferenced bytes are kept
+    /// ([`AttachmentStore::with_grace`]).
+    pub fn with_attachment_bounds(self, max_attachment_bytes: u64, grace: std::time::Duration) -> Self {
+        let attachments = self.attachments.clone().with_grace(grace);
+        Database { max_attachment_bytes, attachments, ..self }
+    }
+
+    /// The attachment bytes of this database's documents.
+    pub fn attachments(&self) -> &AttachmentStore {
+        &self.attachments
+    }
+
+    /// The largest attachment stored (`couchdb_max_attachment_bytes`).
+    pub fn max_attachment_bytes(&self) -> u64 {
+        self.max_attachment_bytes
+    }
+
+    /// Frees the attachment bytes no leaf of any document references any more (past the grace
+    /// period): every document's tree is read, page by page, for the SHA-256s its leaves keep.
+    pub async fn collect_attachment_garbage(&self) -> Result<GarbageCollected> {
+        self.while_open(collect(Arc::clone(&self.backend), self.attachments.clone())).await
+    }
+
+    /// Asks for a collection in the background (a write dropped references): one runs at a time
+    /// per database; asked while one runs, another follows it.
+    fn collect_soon(&self) {
+        if self.attachments_unsupported() {
+            return;
+        }
+        self.collecting.again.store(true, Ordering::SeqCst);
+        if self.collecting.running.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            self.collecting.running.store(false, Ordering::SeqCst);
+            return;
+        };
+        let (backend, store, collecting) =
+            (Arc::clone(&self.backend), self.attachments.clone(), Arc::clone(&self.collecting));
+        let name = self.name.clone();
+        runtime.spawn(async move {
+            while collecting.again.swap(false, Ordering::SeqCst) {
+                if let Err(err) = collect(Arc::clone(&backend), store.clone()).await {
+                    tracing::warn!(database = %name, error = %err, "collecting unreferenced attachment bytes failed");
+                }
+            }
+            collecting.running.store(false, Ordering::SeqCst);
+        });
+    }
+
+    /// Whether the backend keeps no attachment bytes of its own (the CouchDB backend).
+    fn attachments_unsupported(&self) -> bool {
+        self.backend.attachment_chunk_bytes() == 0
     }
 
     /// The largest document body this database takes, in bytes of its JSON.
@@ -239,7 +314,7 @@ impl Database {
         for _ in 0..MAX_TRIES {
             let state = self.read(id).await?;
             let mut tree = state.as_ref().map(|s| s.tree.clone()).unwrap_or_default();
-            let answers = apply_all(&mut tree, writes, revs_limit)?;
+            let answers = apply_all(id, &mut tree, writes, revs_limit)?;
             let changed = answers.iter().any(|answer| {
                 matches!(answer, Ok(Written::Edited(_)))
                     || matches!(answer, Ok(Written::Merged(outcome)) if *outcome != MergeOutcome::AlreadyKnown)
@@ -248,7 +323,12 @@ impl Database {
                 return Ok(answers);
             }
             match self.save(id, state.as_ref(), &tree).await {
-                Ok(()) => return Ok(answers),
+                Ok(()) => {
+                    if let Some(before) = &state {
+                        self.collect_if_dropped(&before.tree, &tree);
+                    }
+                    return Ok(answers);
+                }
                 Err(err) if err.kind() == ErrorKind::Conflict => continue,
                 Err(err) => return Err(err),
             }
@@ -282,12 +362,31 @@ impl Database {
             }
             let saved = if tree.is_empty() { self.erase(id).await } else { self.save(id, Some(&state), &tree).await };
             match saved {
-                Ok(()) => return Ok(purged),
+                Ok(()) => {
+                    self.collect_if_dropped(&state.tree, &tree);
+                    return Ok(purged);
+                }
                 Err(err) if err.kind() == ErrorKind::Conflict => continue,
                 Err(err) => return Err(err),
             }
         }
         Err(Error::conflict(format!("purge of {id:?} kept meeting other writers; try again")))
+    }
+
+    /// Asks for a collection when `after` references fewer attachment bytes than `before` (a
+    /// deleted document's, a removed attachment's, a purged leaf's).
+    fn collect_if_dropped(&self, before: &RevTree, after: &RevTree) {
+        let referenced = |tree: &RevTree| {
+            let mut set = HashSet::new();
+            for leaf in tree.leaves() {
+                doc_attachments::referenced(&leaf.body, &mut set);
+            }
+            set
+        };
+        let before = referenced(before);
+        if !before.is_empty() && !before.is_subset(&referenced(after)) {
+            self.collect_soon();
+        }
     }
 
     /// Erases every trace of one document.
@@ -477,32 +576,148 @@ impl Database {
 
 /// Writes applied to a tree in memory, in order, one answer each. Replicated writes only (a
 /// replicator's request) are merged in one rebuild of the tree ([`RevTree::merge_all`]).
-fn apply_all(tree: &mut RevTree, writes: &[Write], revs_limit: usize) -> Result<Vec<Result<Written>>> {
+fn apply_all(id: &str, tree: &mut RevTree, writes: &[Write], revs_limit: usize) -> Result<Vec<Result<Written>>> {
     let replicated: Option<Vec<_>> = writes
         .iter()
         .map(|write| match write {
-            Write::Replicated { path, deleted, body } => Some((path.clone(), *deleted, body.clone())),
+            Write::Replicated { path, deleted, body } => Some((path, *deleted, body)),
             Write::Edit { .. } => None,
         })
         .collect();
-    if let Some(paths) = replicated {
-        return Ok(tree.merge_all(paths, revs_limit).into_iter().map(|outcome| Ok(Written::Merged(outcome))).collect());
+    if let Some(replicated) = replicated {
+        // Stubs are resolved against the tree as read; a write whose stub names nothing is
+        // answered alone and left out of the merge.
+        let mut answers: Vec<Option<Result<Written>>> = Vec::with_capacity(replicated.len());
+        let mut paths = Vec::with_capacity(replicated.len());
+        let mut slots = Vec::with_capacity(replicated.len());
+        for (path, deleted, body) in replicated {
+            match replicated_body(id, tree, path, body) {
+                Ok(body) => {
+                    slots.push(answers.len());
+                    answers.push(None);
+                    paths.push((path.clone(), deleted, body));
+                }
+                Err(err) => answers.push(Some(Err(err))),
+            }
+        }
+        for (slot, outcome) in slots.into_iter().zip(tree.merge_all(paths, revs_limit)) {
+            answers[slot] = Some(Ok(Written::Merged(outcome)));
+        }
+        return Ok(answers
+            .into_iter()
+            .map(|answer| {
+                answer.unwrap_or_else(|| Err(Error::new(ErrorKind::Internal, "a replicated write was not answered")))
+            })
+            .collect());
     }
-    Ok(writes.iter().map(|write| apply(tree, write, revs_limit)).collect())
+    Ok(writes.iter().map(|write| apply(id, tree, write, revs_limit)).collect())
+}
+
+/// A replicated revision's body with its attachments resolved: stubs against the nearest leaf
+/// of the tree that is on the revision's path (CouchDB's replicated-update stub merge).
+fn replicated_body(id: &str, tree: &RevTree, path: &RevPath, body: &Map<String, Value>) -> Result<Map<String, Value>> {
+    let mut body = body.clone();
+    if doc_attachments::has_attachments(&body) {
+        let revs = path.revs();
+        let ancestor = revs.iter().find_map(|rev| tree.leaf(rev));
+        doc_attachments::resolve(id, &mut body, ancestor.map(|leaf| &leaf.body), path.start, true)?;
+    }
+    Ok(body)
+}
+
+/// An edit's body with its attachments resolved against the leaf it edits: the parent it names,
+/// or for the re-creation of a deleted document, the deleted winner it extends.
+fn edit_body(id: &str, tree: &RevTree, parent: Option<&str>, body: &Map<String, Value>) -> Result<Map<String, Value>> {
+    let mut body = body.clone();
+    if !doc_attachments::has_attachments(&body) {
+        return Ok(body);
+    }
+    // An edit the tree refuses (a parent that is no leaf, no parent over a live document) is a
+    // conflict before its stubs are looked at, as in CouchDB: it is left for `RevTree::edit`.
+    let base = match parent {
+        Some(rev) => match tree.leaf(rev) {
+            Some(leaf) => Some(leaf),
+            None => return Ok(body),
+        },
+        None if tree.is_empty() => None,
+        None if tree.is_deleted() => tree.winner(),
+        None => return Ok(body),
+    };
+    let generation = match parent.and_then(parse_rev) {
+        Some((generation, _)) => generation.saturating_add(1),
+        None => base.map_or(1, |leaf| leaf.path.start.saturating_add(1)),
+    };
+    doc_attachments::resolve(id, &mut body, base.map(|leaf| &leaf.body), generation, false)?;
+    Ok(body)
+}
+
+/// Every SHA-256 a leaf of a document references, read page by page: live records, and the
+/// trees of deleted documents (those whose id has no live record: a re-created document's old
+/// tree record is left behind and no longer its tree).
+async fn referenced_attachments(backend: &dyn DocumentBackend) -> Result<HashSet<String>> {
+    const PAGE: usize = 200;
+    let mut referenced = HashSet::new();
+    let documents = IdRange { include_design: true, ..IdRange::all() };
+    let mut token: Option<String> = None;
+    loop {
+        let page = backend.all_docs(&documents, PAGE, token.as_deref()).await?;
+        for doc in &page.items {
+            for leaf in tree_of(&doc.body, &doc.id)?.leaves() {
+                doc_attachments::referenced(&leaf.body, &mut referenced);
+            }
+        }
+        token = page.next;
+        if token.is_none() {
+            break;
+        }
+    }
+    let trees = IdRange::all().under_prefix(TREE_PREFIX);
+    loop {
+        let page = backend.local_docs(&trees, PAGE, token.as_deref()).await?;
+        let ids: Vec<String> = page
+            .items
+            .iter()
+            .map(|doc| {
+                let name = doc.id.strip_prefix(crate::backend::LOCAL_PREFIX).unwrap_or(&doc.id);
+                name.strip_prefix(TREE_PREFIX).unwrap_or(name).to_owned()
+            })
+            .collect();
+        let live = backend.get_many(&ids).await?;
+        for (doc, record) in page.items.iter().zip(live) {
+            if record.is_some() {
+                continue;
+            }
+            for leaf in tree_of(&doc.body, &doc.id)?.leaves() {
+                doc_attachments::referenced(&leaf.body, &mut referenced);
+            }
+        }
+        token = page.next;
+        if token.is_none() {
+            return Ok(referenced);
+        }
+    }
+}
+
+/// One collection of a database's attachment bytes.
+async fn collect(backend: Arc<dyn DocumentBackend>, store: AttachmentStore) -> Result<GarbageCollected> {
+    let referenced = referenced_attachments(backend.as_ref()).await?;
+    store.collect_garbage(&referenced).await
 }
 
 /// One write applied to a tree in memory: an edit's new revision (or its conflict), a merge's
 /// outcome.
-fn apply(tree: &mut RevTree, write: &Write, revs_limit: usize) -> Result<Written> {
+fn apply(id: &str, tree: &mut RevTree, write: &Write, revs_limit: usize) -> Result<Written> {
     match write {
         Write::Edit { parent, deleted, body } => {
             let new_id = hex::encode(random_token()?);
-            tree.edit(parent.as_deref(), &new_id, *deleted, body.clone(), revs_limit)
+            let body = edit_body(id, tree, parent.as_deref(), body)?;
+            tree.edit(parent.as_deref(), &new_id, *deleted, body, revs_limit)
                 .map(Written::Edited)
                 .map_err(|EditError::Conflict| Error::conflict("Document update conflict."))
         }
         Write::Replicated { path, deleted, body } => {
-            Ok(Written::Merged(tree.merge(path.clone(), *deleted, body.clone(), revs_limit)))
+            let body = replicated_body(id, tree, path, body)?;
+            Ok(Written::Merged(tree.merge(path.clone(), *deleted, body, revs_limit)))
         }
     }
 }

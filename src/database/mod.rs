@@ -7,9 +7,11 @@
 //! - [`engine`]: one database: how a tree is stored in the backend and changed atomically.
 //! - [`document`]: CouchDB's rules for a client's document (ids, special fields, size).
 //! - [`attachments`]: attachment bytes, chunked into the backend and addressed by SHA-256.
+//! - [`doc_attachments`]: `_attachments` in documents: stubs, inline data, carried stubs.
 //! - [`Databases`] (here): the open databases of the server, over the backend's catalog.
 
 pub mod attachments;
+pub mod doc_attachments;
 pub mod document;
 pub mod engine;
 pub use crate::backend::rev_tree;
@@ -38,6 +40,10 @@ pub struct Databases {
     max_open: usize,
     /// Largest document body (`couchdb_max_document_bytes`), given to each database opened.
     max_document_bytes: usize,
+    /// Largest attachment (`couchdb_max_attachment_bytes`) and how long unreferenced bytes stay
+    /// (`couchdb_attachment_grace_secs`), given to each database opened.
+    max_attachment_bytes: u64,
+    attachment_grace: std::time::Duration,
 }
 
 struct OpenDatabase {
@@ -58,6 +64,8 @@ impl Databases {
             open: Mutex::new(HashMap::new()),
             max_open: max_open.max(1),
             max_document_bytes: engine::DEFAULT_MAX_DOCUMENT_BYTES,
+            max_attachment_bytes: u64::MAX,
+            attachment_grace: attachments::DEFAULT_GRACE,
         }
     }
 
@@ -70,12 +78,29 @@ impl Databases {
             open: Mutex::new(HashMap::new()),
             max_open: max_open.max(1),
             max_document_bytes: engine::DEFAULT_MAX_DOCUMENT_BYTES,
+            max_attachment_bytes: u64::MAX,
+            attachment_grace: attachments::DEFAULT_GRACE,
         }
     }
 
     /// The largest document body the databases take (`couchdb_max_document_bytes`).
     pub fn with_max_document_bytes(self, max_document_bytes: usize) -> Self {
         Databases { max_document_bytes: max_document_bytes.max(1), ..self }
+    }
+
+    /// The largest attachment the databases store (`couchdb_max_attachment_bytes`) and how long
+    /// bytes no revision references are kept (`couchdb_attachment_grace_secs`).
+    pub fn with_attachment_bounds(self, max_attachment_bytes: u64, grace: std::time::Duration) -> Self {
+        Databases { max_attachment_bytes: max_attachment_bytes.max(1), attachment_grace: grace, ..self }
+    }
+
+    /// A database of these settings over its namespace's backend.
+    fn database(&self, name: &DbName, backend: Arc<dyn crate::backend::DocumentBackend>) -> Arc<Database> {
+        Arc::new(
+            Database::new(name.to_string(), backend)
+                .with_max_document_bytes(self.max_document_bytes)
+                .with_attachment_bounds(self.max_attachment_bytes, self.attachment_grace),
+        )
     }
 
     /// The catalog, opened now if it was not; `None` where the backend keeps no others.
@@ -119,8 +144,7 @@ impl Databases {
     pub async fn create(&self, name: &DbName) -> Result<Arc<Database>> {
         let mut open = self.open.lock().await;
         let backend = self.catalog().await?.create(name).await?;
-        let database =
-            Arc::new(Database::new(name.to_string(), backend).with_max_document_bytes(self.max_document_bytes));
+        let database = self.database(name, backend);
         self.keep(&mut open, name, &database).await;
         Ok(database)
     }
@@ -134,8 +158,7 @@ impl Databases {
         }
         let Some(catalog) = self.opened_catalog().await? else { return Ok(None) };
         let Some(backend) = catalog.open(name).await? else { return Ok(None) };
-        let database =
-            Arc::new(Database::new(name.to_string(), backend).with_max_document_bytes(self.max_document_bytes));
+        let database = self.database(name, backend);
         self.keep(&mut open, name, &database).await;
         Ok(Some(database))
     }

@@ -145,7 +145,7 @@ async fn write_group(
     let mut writes = Vec::with_capacity(docs.len());
     let mut positions = Vec::with_capacity(docs.len());
     for (position, body) in docs {
-        match to_write(db, id, body, new_edits) {
+        match to_write(db, id, body, new_edits).await {
             Ok(write) => {
                 writes.push(write);
                 positions.push(position);
@@ -166,8 +166,7 @@ async fn write_group(
             match answer {
                 Ok(Written::Edited(rev)) => Some(json!({ "ok": true, "id": id, "rev": rev })),
                 Ok(Written::Merged(_)) => None,
-                Err(err) if err.kind() == crate::error::ErrorKind::Conflict => row_error(CouchError::conflict()),
-                Err(err) => row_error(err.into()),
+                Err(err) => row_error(super::attachments::write_error(err)),
             },
         ));
     }
@@ -175,9 +174,11 @@ async fn write_group(
 }
 
 /// A bulk document as a write (checked again here: the request was checked as a whole first).
-fn to_write(db: &Database, id: &str, body: Map<String, Value>, new_edits: bool) -> Result<Write, CouchError> {
+/// Inline attachments are stored first ([`super::attachments::prepare`]).
+async fn to_write(db: &Database, id: &str, body: Map<String, Value>, new_edits: bool) -> Result<Write, CouchError> {
     check_id(id).map_err(refused)?;
-    let doc = document::parse(body).map_err(refused)?;
+    let mut doc = document::parse(body).map_err(refused)?;
+    super::attachments::prepare(db, &mut doc.body).await?;
     super::docs::check_size(db, id, &doc)?;
     if new_edits {
         return Ok(Write::Edit { parent: doc.rev, deleted: doc.deleted, body: doc.body });
@@ -195,17 +196,25 @@ pub async fn bulk_get(
     body: Body,
 ) -> Answer {
     let BulkGetRequest { docs, revs, latest } = BulkGetRequest::read(&state, &params, &headers, body).await?;
+    let inline = super::attachments::inline_wanted(&params)?;
     let db = &opened.db;
     let options = DocOptions { revs, ..DocOptions::default() };
+    let inline = &inline;
     let results: Vec<Value> = stream::iter(docs)
-        .map(|item| async move { bulk_get_one(db, &item, options, latest).await })
+        .map(|item| async move { bulk_get_one(db, &item, options, latest, inline.as_ref()).await })
         .buffered(CONCURRENCY)
         .collect()
         .await;
     Ok(json(StatusCode::OK, json!({ "results": results })))
 }
 
-async fn bulk_get_one(db: &Database, item: &Value, options: DocOptions, latest: bool) -> Value {
+async fn bulk_get_one(
+    db: &Database,
+    item: &Value,
+    options: DocOptions,
+    latest: bool,
+    inline: Option<&super::attachments::Inline>,
+) -> Value {
     let Some(id) = item.get("id").and_then(Value::as_str) else {
         return json!({ "id": null, "docs": [{ "error": { "id": null, "rev": null, "error": "bad_request", "reason": "an entry needs an id" } }] });
     };
@@ -219,24 +228,20 @@ async fn bulk_get_one(db: &Database, item: &Value, options: DocOptions, latest: 
         }
     };
     let Some(state) = state else { return json!({ "id": id, "docs": [error("not_found", "missing")] }) };
-    let doc = match wanted {
-        None => match state.tree.winner() {
-            Some(winner) => json!({ "ok": leaf_json(id, &state.tree, winner, options) }),
-            None => error("not_found", "missing"),
-        },
-        Some(rev) => {
-            let leaf = state.tree.leaf(rev).or_else(|| {
-                latest
-                    .then(|| state.tree.leaves().into_iter().find(|l| l.path.revs().iter().any(|r| r == rev)))
-                    .flatten()
-            });
-            match leaf {
-                Some(leaf) => json!({ "ok": leaf_json(id, &state.tree, leaf, options) }),
-                None => error("not_found", "missing"),
-            }
-        }
+    let leaf = match wanted {
+        None => state.tree.winner(),
+        Some(rev) => state.tree.leaf(rev).or_else(|| {
+            latest.then(|| state.tree.leaves().into_iter().find(|l| l.path.revs().iter().any(|r| r == rev))).flatten()
+        }),
     };
-    json!({ "id": id, "docs": [doc] })
+    let Some(leaf) = leaf else { return json!({ "id": id, "docs": [error("not_found", "missing")] }) };
+    let mut doc = leaf_json(id, &state.tree, leaf, options);
+    if let Some(inline) = inline {
+        if let Err(err) = super::attachments::inline_into(db, leaf, &mut doc, inline).await {
+            return json!({ "id": id, "docs": [error(&err.error, &err.reason)] });
+        }
+    }
+    json!({ "id": id, "docs": [{ "ok": doc }] })
 }
 
 /// The `{id: [revs]}` body of `_revs_diff` and `_missing_revs`.

@@ -78,11 +78,6 @@ pub async fn mango(_opened: OpenDb<HashMap<String, String>>) -> Answer {
     Err(CouchError::not_supported("Mango queries and indexes on this database"))
 }
 
-/// `/{db}/{docid}/{attachment}`.
-pub async fn attachment(_opened: OpenDb<HashMap<String, String>>) -> Answer {
-    Err(CouchError::not_supported("standalone attachments"))
-}
-
 /// One document, every method; writes of a design document (by `PUT`, `DELETE` or as `COPY`'s
 /// destination) need a database admin, as CouchDB's `validate_doc_update` checks.
 async fn one_document<T>(
@@ -125,7 +120,62 @@ fn read_options(params: &HashMap<String, String>) -> CouchResult<DocOptions> {
 
 async fn read_document(db: &Database, id: &str, params: &HashMap<String, String>, headers: &HeaderMap) -> Answer {
     let state = db.read(id).await?;
-    answer_read(id, state.map(|state| state.tree).as_ref(), params, headers)
+    let tree = state.map(|state| state.tree);
+    let Some(inline) = super::attachments::inline_wanted(params)? else {
+        return answer_read(id, tree.as_ref(), params, headers);
+    };
+    // Attachments with their bytes: each leaf answered gets them from the store.
+    match read_value(id, tree.as_ref(), params, headers)? {
+        ReadValue::Doc(mut doc, rev) => {
+            if let Some(leaf) = tree.as_ref().and_then(|tree| tree.leaf(&rev)) {
+                super::attachments::inline_into(db, leaf, &mut doc, &inline).await?;
+            }
+            Ok(doc_response(doc, &rev))
+        }
+        ReadValue::OpenRevs(mut answer) => {
+            if let (Some(tree), Value::Array(items)) = (tree.as_ref(), &mut answer) {
+                for item in items {
+                    let Some(doc) = item.get_mut("ok") else { continue };
+                    let rev = doc.get("_rev").and_then(Value::as_str).unwrap_or_default().to_owned();
+                    if let Some(leaf) = tree.leaf(&rev) {
+                        super::attachments::inline_into(db, leaf, doc, &inline).await?;
+                    }
+                }
+            }
+            Ok(json(StatusCode::OK, answer))
+        }
+        other => Ok(other.into_response()),
+    }
+}
+
+/// What a read answers, before it is a response.
+enum ReadValue {
+    /// `If-None-Match` names the revision read.
+    NotModified(String),
+    /// One leaf as shown, and its revision.
+    Doc(Value, String),
+    /// The answer of `open_revs`.
+    OpenRevs(Value),
+}
+
+impl ReadValue {
+    fn into_response(self) -> Response {
+        match self {
+            ReadValue::NotModified(rev) => {
+                let mut response = StatusCode::NOT_MODIFIED.into_response();
+                response.headers_mut().insert(header::ETAG, etag(&rev));
+                response
+            }
+            ReadValue::Doc(doc, rev) => doc_response(doc, &rev),
+            ReadValue::OpenRevs(answer) => json(StatusCode::OK, answer),
+        }
+    }
+}
+
+fn doc_response(doc: Value, rev: &str) -> Response {
+    let mut response = json(StatusCode::OK, doc);
+    response.headers_mut().insert(header::ETAG, etag(rev));
+    response
 }
 
 /// A read of one document from its revision tree (`None`: nothing stored), with every query
@@ -136,10 +186,19 @@ pub(crate) fn answer_read(
     params: &HashMap<String, String>,
     headers: &HeaderMap,
 ) -> Answer {
+    Ok(read_value(id, tree, params, headers)?.into_response())
+}
+
+fn read_value(
+    id: &str,
+    tree: Option<&RevTree>,
+    params: &HashMap<String, String>,
+    headers: &HeaderMap,
+) -> CouchResult<ReadValue> {
     let options = read_options(params)?;
     let latest = bool_param("latest", params.get("latest").map(String::as_str), false)?;
     if let Some(open_revs) = params.get("open_revs") {
-        return Ok(json(StatusCode::OK, open_revs_answer(id, tree, open_revs, options, latest)?));
+        return Ok(ReadValue::OpenRevs(open_revs_answer(id, tree, open_revs, options, latest)?));
     }
     let Some(tree) = tree else { return Err(CouchError::not_found("missing")) };
     let leaf = match params.get("rev") {
@@ -153,16 +212,11 @@ pub(crate) fn answer_read(
             None => return Err(CouchError::not_found("missing")),
         },
     };
-    let doc = leaf_json(id, tree, leaf, options);
     let rev = leaf.path.leaf_rev();
     if not_modified(headers, &rev) {
-        let mut response = StatusCode::NOT_MODIFIED.into_response();
-        response.headers_mut().insert(header::ETAG, etag(&rev));
-        return Ok(response);
+        return Ok(ReadValue::NotModified(rev));
     }
-    let mut response = json(StatusCode::OK, doc);
-    response.headers_mut().insert(header::ETAG, etag(&rev));
-    Ok(response)
+    Ok(ReadValue::Doc(leaf_json(id, tree, leaf, options), rev))
 }
 
 /// The leaf a read of `rev` answers: that leaf, or with `latest` the leaf whose branch holds it.
@@ -257,16 +311,19 @@ async fn put_document(
     headers: &HeaderMap,
 ) -> Answer {
     check_id(id).map_err(refused)?;
-    let doc = document::parse(body).map_err(refused)?;
-    check_size(db, id, &doc)?;
+    let mut doc = document::parse(body).map_err(refused)?;
     let new_edits = bool_param("new_edits", params.get("new_edits").map(String::as_str), true)?;
+    super::attachments::prepare(db, &mut doc.body).await?;
+    check_size(db, id, &doc)?;
     let rev = if new_edits {
         let parent = write_revision(doc.rev.as_deref(), params, headers)?;
         edit(db, id, parent, doc.deleted, doc.body).await?
     } else {
         let path = document::replicated_path(&doc).map_err(refused)?;
         let rev = path.leaf_rev();
-        db.write(id, &Write::Replicated { path, deleted: doc.deleted, body: doc.body }).await?;
+        db.write(id, &Write::Replicated { path, deleted: doc.deleted, body: doc.body })
+            .await
+            .map_err(super::attachments::write_error)?;
         rev
     };
     if params.get("batch").is_some_and(|mode| mode == "ok") {
@@ -286,8 +343,7 @@ pub(crate) async fn edit(
     match db.write(id, &Write::Edit { parent, deleted, body }).await {
         Ok(Written::Edited(rev)) => Ok(rev),
         Ok(Written::Merged(_)) => Err(CouchError::internal("an edit was answered as a merge")),
-        Err(err) if err.kind() == ErrorKind::Conflict => Err(CouchError::conflict()),
-        Err(err) => Err(err.into()),
+        Err(err) => Err(super::attachments::write_error(err)),
     }
 }
 
@@ -317,12 +373,13 @@ pub async fn post_document(
         let rev = write_local(&opened.db, &name, body).await?;
         return Ok(json(StatusCode::CREATED, json!({ "ok": true, "id": format!("_local/{name}"), "rev": rev })));
     }
-    let doc = document::parse(body).map_err(refused)?;
+    let mut doc = document::parse(body).map_err(refused)?;
     let id = match &doc.id {
         Some(id) => id.clone(),
         None => new_id()?,
     };
     opened.access.check_write(&id)?;
+    super::attachments::prepare(&opened.db, &mut doc.body).await?;
     check_size(&opened.db, &id, &doc)?;
     let rev = edit(&opened.db, &id, doc.rev.clone(), doc.deleted, doc.body).await?;
     if params.get("batch").is_some_and(|mode| mode == "ok") {

@@ -10,6 +10,7 @@
 //!
 //! - [`admin`]: creating, reading and deleting databases, `_all_dbs`, `_dbs_info`, settings.
 //! - [`docs`]: one document: read with every option, write, delete, local documents.
+//! - [`attachments`]: standalone attachments, and `_attachments` in reads and writes.
 //! - [`bulk`]: `_bulk_docs`, `_bulk_get`, `_revs_diff`, `_missing_revs`, `_purge`.
 //! - [`all_docs`]: `_all_docs`, `_design_docs` and `_local_docs`.
 //! - `_changes` is the data-store database's feed machinery ([`super::changes`]) over this
@@ -17,6 +18,7 @@
 
 mod admin;
 mod all_docs;
+mod attachments;
 mod bulk;
 mod docs;
 
@@ -73,7 +75,7 @@ pub(crate) fn router(state: CouchState) -> Router {
         .route("/{db}/_design/{ddoc}", any(docs::design_document))
         .route("/{db}/_design/{ddoc}/{*rest}", any(docs::design_function))
         .route("/{db}/{docid}", any(docs::document))
-        .route("/{db}/{docid}/{*attachment}", any(docs::attachment))
+        .route("/{db}/{docid}/{*attachment}", any(attachments::attachment))
         .fallback(super::server::no_route)
         .with_state(state)
 }
@@ -485,7 +487,17 @@ pub(crate) fn leaf_json(id: &str, tree: &RevTree, leaf: &Leaf, options: DocOptio
     doc.insert("_id".into(), Value::from(id));
     doc.insert("_rev".into(), Value::from(leaf.path.leaf_rev()));
     for (name, value) in &leaf.body {
-        doc.insert(name.clone(), value.clone());
+        let shown = match (name.as_str(), value) {
+            // Stubs as CouchDB shows them, never the field naming where the bytes are.
+            (crate::database::doc_attachments::ATTACHMENTS, Value::Object(attachments)) => Value::Object(
+                attachments
+                    .iter()
+                    .map(|(name, att)| (name.clone(), crate::database::doc_attachments::shown_stub(att)))
+                    .collect(),
+            ),
+            _ => value.clone(),
+        };
+        doc.insert(name.clone(), shown);
     }
     if leaf.deleted {
         doc.insert("_deleted".into(), Value::Bool(true));

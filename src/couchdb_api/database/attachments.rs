@@ -1,0 +1,408 @@
+//! Attachments on the CouchDB face of a database besides the data-store one: the standalone
+//! routes `GET/HEAD/PUT/DELETE /{db}/{docid}/{attachment}` (names may hold `/`), and what reads
+//! and writes of whole documents do with `_attachments` (`attachments=true`, `atts_since`,
+//! inline `data` stored before the write). The storage is [`crate::database::attachments`], the
+//! rules of stubs [`crate::database::doc_attachments`].
+
+use std::collections::HashMap;
+use std::ops::Range;
+
+use axum::body::Body;
+use axum::extract::{Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use futures::{StreamExt, TryStreamExt};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use super::OpenDb;
+use crate::couchdb_api::error::{CouchError, CouchResult};
+use crate::couchdb_api::request::{bool_param, json_param};
+use crate::couchdb_api::{json, Answer, CouchState};
+use crate::database::doc_attachments::{self, KeptAttachment, MissingStub, ATTACHMENTS, DEFAULT_CONTENT_TYPE};
+use crate::database::rev_tree::{parse_rev, Leaf, RevTree};
+use crate::database::Database;
+use crate::error::{Error, ErrorKind};
+
+#[derive(Deserialize)]
+pub(crate) struct AttachmentPath {
+    docid: String,
+    attachment: String,
+}
+
+/// Which attachments a read shows with their bytes: none (stubs, the default), all
+/// (`attachments=true`), or those newer than the revisions `atts_since` names.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Inline {
+    /// `atts_since`: only attachments whose `revpos` is past the newest of these revisions on
+    /// the leaf's path.
+    since: Option<Vec<String>>,
+}
+
+/// What a read's query asks of attachments; `None`: stubs only. `att_encoding_info` is read
+/// and changes nothing: attachments are kept as sent, never compressed, so there is no
+/// encoding to report.
+pub(crate) fn inline_wanted(params: &HashMap<String, String>) -> CouchResult<Option<Inline>> {
+    let all = bool_param("attachments", params.get("attachments").map(String::as_str), false)?;
+    bool_param("att_encoding_info", params.get("att_encoding_info").map(String::as_str), false)?;
+    let since = match json_param("atts_since", params.get("atts_since").map(String::as_str))? {
+        None => None,
+        Some(Value::Array(revs)) => Some(revs.into_iter().filter_map(|rev| rev.as_str().map(str::to_owned)).collect()),
+        Some(_) => return Err(CouchError::bad_request("atts_since must be a JSON array of revisions")),
+    };
+    // `atts_since` implies attachments, as CouchDB's parser adds the option with it.
+    Ok((all || since.is_some()).then_some(Inline { since }))
+}
+
+/// The generation below which a leaf's attachments stay stubs: the newest revision of the leaf's
+/// path that `since` names (CouchDB's `find_ancestor_rev_pos`), 0 when none is or none given.
+fn since_generation(leaf: &Leaf, since: Option<&[String]>) -> u64 {
+    let Some(since) = since else { return 0 };
+    leaf.path.revs().iter().find(|rev| since.contains(rev)).and_then(|rev| parse_rev(rev)).map_or(0, |(gen, _)| gen)
+}
+
+/// Puts the bytes of `leaf`'s attachments into `doc` (the leaf as shown) as `inline` asks.
+pub(crate) async fn inline_into(db: &Database, leaf: &Leaf, doc: &mut Value, inline: &Inline) -> CouchResult<()> {
+    let Some(Value::Object(attachments)) = leaf.body.get(ATTACHMENTS) else { return Ok(()) };
+    let since = since_generation(leaf, inline.since.as_deref());
+    let mut shown = Map::with_capacity(attachments.len());
+    for (name, attachment) in attachments {
+        let kept = doc_attachments::kept(&leaf.body, name);
+        let value = match kept {
+            Some(kept) if kept.revpos > since => {
+                let bytes = read_all(db, &kept).await?;
+                doc_attachments::shown_inline(&kept, &bytes)
+            }
+            _ => doc_attachments::shown_stub(attachment),
+        };
+        shown.insert(name.clone(), value);
+    }
+    if let Value::Object(doc) = doc {
+        doc.insert(ATTACHMENTS.into(), Value::Object(shown));
+    }
+    Ok(())
+}
+
+/// The whole bytes of an attachment (for inline `data`, which JSON holds whole anyway).
+async fn read_all(db: &Database, kept: &KeptAttachment) -> CouchResult<Vec<u8>> {
+    let mut stream = db.attachments().read(&kept.sha256, None).await?;
+    let mut bytes = Vec::with_capacity(usize::try_from(kept.length).unwrap_or(0));
+    while let Some(chunk) = stream.next().await {
+        bytes.extend_from_slice(&chunk?);
+    }
+    Ok(bytes)
+}
+
+/// A write's error as CouchDB answers it: 412 `missing_stub`, 413 `attachment_too_large`, else
+/// as any error.
+pub(crate) fn write_error(err: Error) -> CouchError {
+    let source = std::error::Error::source(&err);
+    if let Some(missing) = source.and_then(|source| source.downcast_ref::<MissingStub>()) {
+        return CouchError::new(StatusCode::PRECONDITION_FAILED, "missing_stub", missing.reason.clone());
+    }
+    if let Some(large) = source.and_then(|source| source.downcast_ref::<doc_attachments::AttachmentTooLarge>()) {
+        return CouchError::new(StatusCode::PAYLOAD_TOO_LARGE, "attachment_too_large", large.name.clone());
+    }
+    if err.kind() == ErrorKind::Conflict {
+        return CouchError::conflict();
+    }
+    err.into()
+}
+
+/// Stores the bytes of a client's inline attachments before its write
+/// ([`doc_attachments::prepare`]).
+pub(crate) async fn prepare(db: &Database, body: &mut Map<String, Value>) -> CouchResult<()> {
+    if !body.contains_key(ATTACHMENTS) {
+        return Ok(());
+    }
+    doc_attachments::prepare(db.attachments(), db.max_attachment_bytes(), body, &HashMap::new())
+        .await
+        .map_err(write_error)
+}
+
+/// `/{db}/{docid}/{attachment}`, every method.
+pub async fn attachment(
+    State(_state): State<CouchState>,
+    opened: OpenDb<AttachmentPath>,
+    method: Method,
+    Query(params): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Answer {
+    let (id, name) = (opened.params.docid.clone(), opened.params.attachment.clone());
+    let db = &opened.db;
+    match method.as_str() {
+        "GET" => read(db, &id, &name, &params, &headers, true).await,
+        "HEAD" => read(db, &id, &name, &params, &headers, false).await,
+        "PUT" => {
+            opened.access.check_write(&id)?;
+            put(db, &id, &name, &params, &headers, body).await
+        }
+        "DELETE" => {
+            opened.access.check_write(&id)?;
+            delete(db, &id, &name, &params, &headers).await
+        }
+        _ => Ok(crate::couchdb_api::server::method_not_allowed().await),
+    }
+}
+
+fn missing_attachment() -> CouchError {
+    CouchError::not_found("Document is missing attachment")
+}
+
+/// The leaf a read answers: `?rev=` or the live winner.
+fn read_leaf<'a>(tree: &'a RevTree, params: &HashMap<String, String>) -> CouchResult<&'a Leaf> {
+    match params.get("rev") {
+        Some(rev) => {
+            parse_rev(rev).ok_or_else(|| CouchError::bad_request("Invalid rev format"))?;
+            tree.leaf(rev).ok_or_else(|| CouchError::not_found("missing"))
+        }
+        None => match tree.winner() {
+            Some(winner) if !winner.deleted => Ok(winner),
+            Some(_) => Err(CouchError::not_found("deleted")),
+            None => Err(CouchError::not_found("missing")),
+        },
+    }
+}
+
+/// `GET`/`HEAD`: the bytes streamed from the store, with CouchDB's headers; `If-None-Match` on
+/// the digest answers 304; one `Range: bytes=…` answers 206 (416 when it lies past the end).
+async fn read(
+    db: &Database,
+    id: &str,
+    name: &str,
+    params: &HashMap<String, String>,
+    headers: &HeaderMap,
+    with_body: bool,
+) -> Answer {
+    let Some(state) = db.read(id).await? else { return Err(CouchError::not_found("missing")) };
+    let leaf = read_leaf(&state.tree, params)?;
+    let kept = doc_attachments::kept(&leaf.body, name).ok_or_else(missing_attachment)?;
+    let md5 = kept.digest.strip_prefix("md5-").unwrap_or(&kept.digest).to_owned();
+    let etag = HeaderValue::from_str(&format!("\"{md5}\"")).unwrap_or_else(|_| HeaderValue::from_static("\"\""));
+    if crate::couchdb_api::response::not_modified(headers, &md5) {
+        let mut response = StatusCode::NOT_MODIFIED.into_response();
+        response.headers_mut().insert(header::ETAG, etag);
+        return Ok(response);
+    }
+    let range = match headers.get(header::RANGE).and_then(|v| v.to_str().ok()) {
+        Some(asked) => match byte_range(asked, kept.length) {
+            RangeAsked::Whole => None,
+            RangeAsked::Part(range) => Some(range),
+            RangeAsked::Unsatisfiable => {
+                let mut response = CouchError::new(
+                    StatusCode::RANGE_NOT_SATISFIABLE,
+                    "requested_range_not_satisfiable",
+                    "Requested range not satisfiable",
+                )
+                .into_response();
+                if let Ok(value) = HeaderValue::from_str(&format!("bytes */{}", kept.length)) {
+                    response.headers_mut().insert(header::CONTENT_RANGE, value);
+                }
+                return Ok(response);
+            }
+        },
+        None => None,
+    };
+    let (status, length) = match &range {
+        Some(range) => (StatusCode::PARTIAL_CONTENT, range.end - range.start),
+        None => (StatusCode::OK, kept.length),
+    };
+    let body = if with_body {
+        let stream = db.attachments().read(&kept.sha256, range.clone()).await?;
+        Body::from_stream(stream.map_err(|err| std::io::Error::other(err.to_string())))
+    } else {
+        Body::empty()
+    };
+    let mut response = (status, body).into_response();
+    let out = response.headers_mut();
+    let content_type =
+        HeaderValue::from_str(&kept.content_type).unwrap_or_else(|_| HeaderValue::from_static(DEFAULT_CONTENT_TYPE));
+    out.insert(header::CONTENT_TYPE, content_type);
+    out.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
+    out.insert(header::ETAG, etag);
+    out.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    if let Ok(value) = HeaderValue::from_str(&md5) {
+        out.insert("content-md5", value);
+    }
+    if let Some(range) = &range {
+        let shown = format!("bytes {}-{}/{}", range.start, range.end - 1, kept.length);
+        if let Ok(value) = HeaderValue::from_str(&shown) {
+            out.insert(header::CONTENT_RANGE, value);
+        }
+    }
+    Ok(response)
+}
+
+/// What a `Range` header asks of `length` bytes.
+#[derive(Debug, PartialEq, Eq)]
+enum RangeAsked {
+    /// Not one byte range this answers (another unit, several ranges, unreadable): the whole
+    /// bytes, as HTTP lets a server ignore a `Range`.
+    Whole,
+    Part(Range<u64>),
+    Unsatisfiable,
+}
+
+/// `bytes=a-b`, `bytes=a-` or `bytes=-n` (the last n bytes).
+fn byte_range(asked: &str, length: u64) -> RangeAsked {
+    let Some(spec) = asked.trim().strip_prefix("bytes=") else { return RangeAsked::Whole };
+    if spec.contains(',') {
+        return RangeAsked::Whole;
+    }
+    let Some((first, last)) = spec.trim().split_once('-') else { return RangeAsked::Whole };
+    let (first, last) = (first.trim(), last.trim());
+    let number = |text: &str| text.parse::<u64>().ok();
+    let (start, end) = match (first.is_empty(), last.is_empty()) {
+        (true, true) => return RangeAsked::Whole,
+        (true, false) => {
+            let Some(suffix) = number(last) else { return RangeAsked::Whole };
+            if suffix == 0 || length == 0 {
+                return RangeAsked::Unsatisfiable;
+            }
+            (length.saturating_sub(suffix), length - 1)
+        }
+        (false, _) => {
+            let Some(start) = number(first) else { return RangeAsked::Whole };
+            let end = if last.is_empty() {
+                length.saturating_sub(1)
+            } else {
+                let Some(end) = number(last) else { return RangeAsked::Whole };
+                if end < start {
+                    return RangeAsked::Whole;
+                }
+                end.min(length.saturating_sub(1))
+            };
+            if start >= length {
+                return RangeAsked::Unsatisfiable;
+            }
+            (start, end)
+        }
+    };
+    RangeAsked::Part(start..end + 1)
+}
+
+/// The leaf a standalone write edits: the one `rev` (or `If-Match`) names, none for a new
+/// document or the re-creation of a deleted one; 409 as any write that names no leaf.
+fn write_base<'a>(tree: Option<&'a RevTree>, rev: Option<&str>) -> CouchResult<Option<&'a Leaf>> {
+    match (tree, rev) {
+        (None, None) => Ok(None),
+        (None, Some(_)) => Err(CouchError::conflict()),
+        (Some(tree), Some(rev)) => match tree.leaf(rev) {
+            Some(leaf) if !tree.is_deleted() => Ok(Some(leaf)),
+            _ => Err(CouchError::conflict()),
+        },
+        (Some(tree), None) if tree.is_empty() || tree.is_deleted() => Ok(None),
+        (Some(_), None) => Err(CouchError::conflict()),
+    }
+}
+
+/// `PUT`: the body streamed into the store, then a new revision with the attachment.
+async fn put(
+    db: &Database,
+    id: &str,
+    name: &str,
+    params: &HashMap<String, String>,
+    headers: &HeaderMap,
+    body: Body,
+) -> Answer {
+    crate::database::document::check_id(id).map_err(super::refused)?;
+    if name.starts_with('_') {
+        return Err(CouchError::bad_request("Attachment name '_' prefix is reserved."));
+    }
+    let rev = crate::couchdb_api::document::named_revision(None, params, headers)?.map(str::to_owned);
+    if let Some(rev) = &rev {
+        parse_rev(rev).ok_or_else(|| CouchError::bad_request("Invalid rev format"))?;
+    }
+    let state = db.read(id).await?;
+    // Checked before the bytes are read, so a conflicting upload is refused at once (the write
+    // checks again against concurrent writers).
+    write_base(state.as_ref().map(|s| &s.tree), rev.as_deref())?;
+    let content_type =
+        headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or(DEFAULT_CONTENT_TYPE).to_owned();
+    let stream = body
+        .into_data_stream()
+        .map_err(|err| Error::new(ErrorKind::InvalidInput, format!("the attachment's body could not be read: {err}")));
+    let stored = db.attachments().write(stream, db.max_attachment_bytes()).await.map_err(|err| match err.kind() {
+        ErrorKind::TooLarge => write_error(doc_attachments::too_large(name)),
+        _ => write_error(err),
+    })?;
+    if let Some(sent) = headers.get("content-md5").and_then(|v| v.to_str().ok()) {
+        if format!("md5-{}", sent.trim()) != stored.digest {
+            return Err(CouchError::new(
+                StatusCode::BAD_REQUEST,
+                "content_md5_mismatch",
+                "Possible message corruption.",
+            ));
+        }
+    }
+    let mut new_body = match write_base(db.read(id).await?.as_ref().map(|s| &s.tree), rev.as_deref())? {
+        Some(leaf) => leaf.body.clone(),
+        None => Map::new(),
+    };
+    let attachments = new_body.entry(ATTACHMENTS).or_insert_with(|| Value::Object(Map::new()));
+    if !attachments.is_object() {
+        *attachments = Value::Object(Map::new());
+    }
+    if let Value::Object(attachments) = attachments {
+        attachments.insert(name.to_owned(), doc_attachments::kept_stub(&content_type, None, &stored, true));
+    }
+    let new_rev = write_edit(db, id, rev, new_body).await?;
+    Ok(written(StatusCode::CREATED, id, &new_rev))
+}
+
+/// `DELETE`: a new revision without the attachment.
+async fn delete(db: &Database, id: &str, name: &str, params: &HashMap<String, String>, headers: &HeaderMap) -> Answer {
+    let Some(rev) = crate::couchdb_api::document::named_revision(None, params, headers)?.map(str::to_owned) else {
+        return Err(CouchError::conflict());
+    };
+    parse_rev(&rev).ok_or_else(|| CouchError::bad_request("Invalid rev format"))?;
+    let Some(state) = db.read(id).await? else { return Err(CouchError::not_found("missing")) };
+    let Some(leaf) = write_base(Some(&state.tree), Some(&rev))? else { return Err(CouchError::conflict()) };
+    let mut new_body = leaf.body.clone();
+    let removed = match new_body.get_mut(ATTACHMENTS) {
+        Some(Value::Object(attachments)) => attachments.remove(name).is_some(),
+        _ => false,
+    };
+    if !removed {
+        return Err(missing_attachment());
+    }
+    if new_body.get(ATTACHMENTS).and_then(Value::as_object).is_some_and(Map::is_empty) {
+        new_body.remove(ATTACHMENTS);
+    }
+    let new_rev = write_edit(db, id, Some(rev), new_body).await?;
+    Ok(written(StatusCode::OK, id, &new_rev))
+}
+
+async fn write_edit(db: &Database, id: &str, parent: Option<String>, body: Map<String, Value>) -> CouchResult<String> {
+    let write = crate::database::Write::Edit { parent, deleted: false, body };
+    match db.write(id, &write).await {
+        Ok(crate::database::Written::Edited(rev)) => Ok(rev),
+        Ok(crate::database::Written::Merged(_)) => Err(CouchError::internal("an edit was answered as a merge")),
+        Err(err) => Err(write_error(err)),
+    }
+}
+
+fn written(status: StatusCode, id: &str, rev: &str) -> Response {
+    let mut response = json(status, json!({ "ok": true, "id": id, "rev": rev }));
+    response.headers_mut().insert(header::ETAG, crate::couchdb_api::response::etag(rev));
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_ranges_as_http_reads_them() {
+        assert_eq!(byte_range("bytes=0-3", 10), RangeAsked::Part(0..4));
+        assert_eq!(byte_range("bytes=5-", 10), RangeAsked::Part(5..10));
+        assert_eq!(byte_range("bytes=-3", 10), RangeAsked::Part(7..10));
+        assert_eq!(byte_range("bytes=8-20", 10), RangeAsked::Part(8..10));
+        assert_eq!(byte_range("bytes=10-12", 10), RangeAsked::Unsatisfiable);
+        assert_eq!(byte_range("bytes=0-0", 0), RangeAsked::Unsatisfiable);
+        assert_eq!(byte_range("bytes=0-1,4-5", 10), RangeAsked::Whole);
+        assert_eq!(byte_range("items=0-1", 10), RangeAsked::Whole);
+        assert_eq!(byte_range("bytes=4-2", 10), RangeAsked::Whole);
+    }
+}
