@@ -15,6 +15,7 @@ use axum::http::{HeaderMap, StatusCode};
 use futures::stream::StreamExt;
 use serde_json::{json, Value};
 
+use super::attachments::{inline_into, inline_wanted, Inline};
 use super::{leaf_json, DocOptions, OpenDb};
 use crate::backend::IdRange;
 use crate::couchdb_api::all_docs::{
@@ -28,7 +29,8 @@ use crate::database::{Database, DocState};
 /// `GET /{db}/_all_docs`.
 pub async fn get_all_docs(opened: OpenDb, Query(params): Query<HashMap<String, String>>) -> Answer {
     let request = parse_request(&query_fields(&params)?)?;
-    answer(opened.db, request).await
+    let inline = inline_wanted(&params)?;
+    answer(opened.db, request, inline).await
 }
 
 /// `POST /{db}/_all_docs`.
@@ -40,7 +42,8 @@ pub async fn post_all_docs(
     body: Body,
 ) -> Answer {
     let request = parse_request(&post_fields(&state, &params, &headers, body).await?)?;
-    answer(opened.db, request).await
+    let inline = inline_wanted(&params)?;
+    answer(opened.db, request, inline).await
 }
 
 /// `GET/POST /{db}/_local_docs`.
@@ -76,20 +79,45 @@ pub async fn get_design_docs(opened: OpenDb, Query(params): Query<HashMap<String
             range.inclusive_end = false;
         }
     }
-    answer(opened.db, request).await
+    answer(opened.db, request, None).await
 }
 
-fn row(id: &str, state: &DocState, request: &AllDocsRequest) -> Option<Value> {
+/// The row of a live document; `doc` is its document already shown with attachments inline
+/// (`include_docs=true&attachments=true`), else it is shown here with stubs.
+fn row(id: &str, state: &DocState, request: &AllDocsRequest, doc: Option<&Value>) -> Option<Value> {
     let winner = state.tree.winner()?;
     let mut row = json!({ "id": id, "key": id, "value": { "rev": winner.path.leaf_rev() } });
     if request.include_docs {
-        let options = DocOptions { conflicts: request.conflicts, ..DocOptions::default() };
-        row["doc"] = leaf_json(id, &state.tree, winner, options);
+        row["doc"] = match doc {
+            Some(doc) => doc.clone(),
+            None => shown_doc(id, state, request)?,
+        };
     }
     Some(row)
 }
 
-async fn answer(db: Arc<Database>, mut request: AllDocsRequest) -> Answer {
+/// The winner of a live document as a row shows it.
+fn shown_doc(id: &str, state: &DocState, request: &AllDocsRequest) -> Option<Value> {
+    let winner = state.tree.winner()?;
+    let options = DocOptions { conflicts: request.conflicts, ..DocOptions::default() };
+    Some(leaf_json(id, &state.tree, winner, options))
+}
+
+/// The winner shown with its attachments' bytes, when the request asks for them.
+async fn inlined_doc(
+    db: &Database,
+    id: &str,
+    state: &DocState,
+    request: &AllDocsRequest,
+    inline: Option<&Inline>,
+) -> crate::couchdb_api::error::CouchResult<Option<Value>> {
+    let (Some(inline), true) = (inline, request.include_docs) else { return Ok(None) };
+    let (Some(winner), Some(mut doc)) = (state.tree.winner(), shown_doc(id, state, request)) else { return Ok(None) };
+    inline_into(db, winner, &mut doc, inline).await?;
+    Ok(Some(doc))
+}
+
+async fn answer(db: Arc<Database>, mut request: AllDocsRequest, inline: Option<Inline>) -> Answer {
     // Design documents are documents of a database, listed as CouchDB lists them.
     request.range.include_design = true;
     let total_rows = db.while_open(live_document_count(db.backend().as_ref())).await?;
@@ -99,7 +127,10 @@ async fn answer(db: Arc<Database>, mut request: AllDocsRequest) -> Answer {
         let mut rows = Vec::with_capacity(keys.len());
         for (key, state) in keys.iter().zip(states) {
             rows.push(match state {
-                Some(state) if !state.deleted() => row(key, &state, &request).unwrap_or(Value::Null),
+                Some(state) if !state.deleted() => {
+                    let doc = inlined_doc(&db, key, &state, &request, inline.as_ref()).await?;
+                    row(key, &state, &request, doc.as_ref()).unwrap_or(Value::Null)
+                }
                 Some(state) => {
                     let mut row =
                         json!({ "id": key, "key": key, "value": { "rev": state.winner_rev(), "deleted": true } });
@@ -131,7 +162,7 @@ async fn answer(db: Arc<Database>, mut request: AllDocsRequest) -> Answer {
     }
     head.push_str("\"rows\":[");
     let range = request.range.clone();
-    let mut rows = Box::pin(range_rows(db, range, request));
+    let mut rows = Box::pin(range_rows(db, range, request, inline));
     let first = rows.next().await.transpose()?;
     Ok(streamed_listing(head, first, rows))
 }
@@ -141,14 +172,31 @@ fn range_rows(
     db: Arc<Database>,
     range: IdRange,
     request: AllDocsRequest,
+    inline: Option<Inline>,
 ) -> impl futures::Stream<Item = crate::Result<Bytes>> {
     let (skip, limit) = (request.skip, request.limit);
     let request = Arc::new(request);
+    let inline = Arc::new(inline);
+    let fetching = Arc::clone(&request);
     let fetch = move |want: usize, token: Option<String>| {
         let db = Arc::clone(&db);
         let range = range.clone();
-        async move { db.all_docs(&range, want, token.as_deref()).await }
+        let (request, inline) = (Arc::clone(&fetching), Arc::clone(&inline));
+        async move {
+            let page = db.all_docs(&range, want, token.as_deref()).await?;
+            // Attachments inline are read here, a page at a time: rendering is not async.
+            let mut items = Vec::with_capacity(page.items.len());
+            for (id, state) in page.items {
+                let doc = inlined_doc(&db, &id, &state, &request, inline.as_ref().as_ref())
+                    .await
+                    .map_err(|err| crate::Error::new(crate::error::ErrorKind::Internal, err.reason))?;
+                items.push((id, state, doc));
+            }
+            Ok(crate::backend::Page { items, next: page.next })
+        }
     };
-    let render = move |(id, state): &(String, DocState)| Ok(row(id, state, &request).map(|row| row.to_string()));
+    let render = move |(id, state, doc): &(String, DocState, Option<Value>)| {
+        Ok(row(id, state, &request, doc.as_ref()).map(|row| row.to_string()))
+    };
     paged_rows(fetch, render, skip, limit)
 }
