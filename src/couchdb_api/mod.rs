@@ -91,6 +91,8 @@ impl CouchState {
 /// The CouchDB API, configured and ready to serve on a listener.
 pub struct CouchApp {
     router: Router,
+    /// The databases besides the data-store one, as the routes share them.
+    databases: Arc<crate::database::Databases>,
     open: bool,
     stopping: tokio::sync::watch::Sender<bool>,
 }
@@ -125,7 +127,13 @@ impl CouchApp {
         };
         let state = CouchState { database_router: database::router(state.clone()), ..state };
         let open = state.auth.is_open();
-        Ok(CouchApp { router: router(state, request::Bodies::query_limit(settings)), open, stopping })
+        let databases = Arc::clone(&state.databases);
+        Ok(CouchApp { router: router(state, request::Bodies::query_limit(settings)), databases, open, stopping })
+    }
+
+    /// The databases besides the data-store one this API serves (tests look at their storage).
+    pub fn databases(&self) -> Arc<crate::database::Databases> {
+        Arc::clone(&self.databases)
     }
 
     /// Whether requests need no credentials (no CouchDB users configured).

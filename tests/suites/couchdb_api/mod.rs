@@ -11,6 +11,7 @@
 //! helpers; each topic file opens with what it covers.
 
 mod all_docs;
+mod attachments;
 mod bulk;
 mod changes;
 mod data_store;
@@ -84,6 +85,10 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("server_probes", |e| Box::pin(databases::server_probes(e))),
         ("roles_and_security", |e| Box::pin(roles::roles_and_security(e))),
         ("local_docs_listings", |e| Box::pin(local_docs::local_docs_listings(e))),
+        ("attachments_in_documents", |e| Box::pin(attachments::attachments_in_documents(e))),
+        ("attachments_standalone", |e| Box::pin(attachments::attachments_standalone(e))),
+        ("attachments_stored_once_and_freed", |e| Box::pin(attachments::attachments_stored_once_and_freed(e))),
+        ("attachments_64_mib_round_trip", |e| Box::pin(attachments::attachments_64_mib_round_trip(e))),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
@@ -96,6 +101,8 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
                         let logins = match name {
                             "per_user_logins" | "local_docs_listings" => Some(logins::logins_config()?),
                             "roles_and_security" => Some(roles::roles_config()?),
+                            "attachments_in_documents" => Some(attachments::BOUNDED_CONFIG.to_owned()),
+                            "attachments_stored_once_and_freed" => Some(attachments::FREE_AT_ONCE_CONFIG.to_owned()),
                             _ => None,
                         };
                         let endpoint = Endpoint::start(fresh, backend_name, logins).await?;
@@ -114,6 +121,8 @@ struct Endpoint {
     root: String,
     backend: &'static str,
     client: reqwest::Client,
+    /// The databases besides the data-store one, to look at their storage.
+    databases: Arc<agentstore::database::Databases>,
     _ctx: harness::Ctx,
     _stop: tokio::sync::oneshot::Sender<()>,
 }
@@ -135,6 +144,7 @@ impl Endpoint {
         // window or not (issue 22), so no trial waits one out.
         let store = Arc::new(DataStore::open(Arc::clone(&ctx.backend), StoreOptions::default()).await?);
         let app = CouchApp::build(store, &settings)?;
+        let databases = app.databases();
         let listener = bind("127.0.0.1:0", &app, false).await?;
         let addr = listener.local_addr()?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -145,7 +155,14 @@ impl Endpoint {
                 })
                 .await;
         });
-        Ok(Endpoint { root: format!("http://{addr}"), backend, client: reqwest::Client::new(), _ctx: ctx, _stop: stop })
+        Ok(Endpoint {
+            root: format!("http://{addr}"),
+            backend,
+            client: reqwest::Client::new(),
+            databases,
+            _ctx: ctx,
+            _stop: stop,
+        })
     }
 
     fn url(&self, path: &str) -> String {
