@@ -93,7 +93,8 @@ pub(super) async fn attachments_in_documents(e: Endpoint) -> TestResult {
     let read = e.get(&format!("/{db}/doc")).await?.expect(200, "GET")?;
     if kept_here(&e) {
         // couch_att:to_json of a stub: content_type, revpos, digest, length, stub.
-        let stub = json!({"content_type": "text/plain", "revpos": 1, "digest": HELLO_DIGEST, "length": 5, "stub": true});
+        let stub =
+            json!({"content_type": "text/plain", "revpos": 1, "digest": HELLO_DIGEST, "length": 5, "stub": true});
         check(read.body["_attachments"]["hello.txt"] == stub, || format!("stub: {}", read.body))?;
         check(read.body["_attachments"]["hello.txt"].to_string() == stub.to_string(), || {
             format!("stub fields in CouchDB's order: {}", read.body)
@@ -110,11 +111,18 @@ pub(super) async fn attachments_in_documents(e: Endpoint) -> TestResult {
 
     // An update carrying the stub and adding an attachment: revpos 1 stays, the new one is 2.
     let bytes: Vec<u8> = vec![0, 1, 2, 255, 254, 10, 13];
+    // CouchDB carries a bare `{"stub": true}` by name; pouchdb-server (behind the CouchDB
+    // backend here) finds a stub by its digest, so there the stub is sent whole.
+    let stub = if kept_here(&e) {
+        json!({"stub": true})
+    } else {
+        json!({"stub": true, "content_type": "text/plain", "digest": HELLO_DIGEST, "length": 5, "revpos": 1})
+    };
     let second = e
         .put(
             &format!("/{db}/doc"),
             json!({"_rev": rev1, "v": 2, "_attachments": {
-                "hello.txt": {"stub": true},
+                "hello.txt": stub,
                 "b.bin": {"content_type": "application/octet-stream", "data": BASE64.encode(&bytes)}
             }}),
         )
@@ -129,18 +137,21 @@ pub(super) async fn attachments_in_documents(e: Endpoint) -> TestResult {
     let b = all.body["_attachments"]["b.bin"]["data"].as_str().map(|d| BASE64.decode(d));
     check(matches!(&b, Some(Ok(decoded)) if *decoded == bytes), || format!("binary bytes exact: {}", all.body))?;
 
-    // atts_since: only attachments newer than the newest named revision on the leaf's path.
-    let since = e.get(&format!("/{db}/doc?atts_since={}", encode(&json!([rev1]).to_string()))).await?;
-    let since = since.expect(200, "atts_since=[rev1]")?;
-    check(
-        since.body["_attachments"]["hello.txt"]["stub"] == true
-            && since.body["_attachments"]["hello.txt"].get("data").is_none()
-            && since.body["_attachments"]["b.bin"]["data"].is_string(),
-        || format!("atts_since=[rev1]: {}", since.body),
-    )?;
-    let since = e.get(&format!("/{db}/doc?atts_since={}", encode(&json!([rev2]).to_string()))).await?;
-    let since = since.expect(200, "atts_since=[rev2]")?;
-    check(since.body["_attachments"]["b.bin"]["stub"] == true, || format!("atts_since=[rev2]: {}", since.body))?;
+    // atts_since: only attachments newer than the newest named revision on the leaf's path
+    // (pouchdb-server, behind the CouchDB backend here, ignores it).
+    if kept_here(&e) {
+        let since = e.get(&format!("/{db}/doc?atts_since={}", encode(&json!([rev1]).to_string()))).await?;
+        let since = since.expect(200, "atts_since=[rev1]")?;
+        check(
+            since.body["_attachments"]["hello.txt"]["stub"] == true
+                && since.body["_attachments"]["hello.txt"].get("data").is_none()
+                && since.body["_attachments"]["b.bin"]["data"].is_string(),
+            || format!("atts_since=[rev1]: {}", since.body),
+        )?;
+        let since = e.get(&format!("/{db}/doc?atts_since={}", encode(&json!([rev2]).to_string()))).await?;
+        let since = since.expect(200, "atts_since=[rev2]")?;
+        check(since.body["_attachments"]["b.bin"]["stub"] == true, || format!("atts_since=[rev2]: {}", since.body))?;
+    }
 
     // A stub the parent does not have: 412 missing_stub (couch_doc:merge_stubs).
     let missing = e
@@ -265,18 +276,25 @@ pub(super) async fn attachments_standalone(e: Endpoint) -> TestResult {
     let rev1 = rev1["rev"].as_str().unwrap_or_default().to_owned();
     check(rev1.starts_with("1-"), || format!("a new document's revision: {rev1}"))?;
     let got = raw(&e, Method::GET, &unicode_path, &[], Vec::new()).await?;
-    check(got.status == StatusCode::OK && got.body == b"bonjour", || format!("GET unicode: {} {:?}", got.status, got.body))?;
+    check(got.status == StatusCode::OK && got.body == b"bonjour", || {
+        format!("GET unicode: {} {:?}", got.status, got.body)
+    })?;
     check(got.header("content-type").is_some_and(|t| t.starts_with("text/plain")), || {
         format!("Content-Type: {:?}", got.header("content-type"))
     })?;
     let md5 = md5_base64(b"bonjour");
     if kept_here(&e) {
         check(got.header("etag") == Some(&format!("\"{md5}\"")), || format!("ETag: {:?}", got.header("etag")))?;
-        check(got.header("content-md5") == Some(md5.as_str()), || format!("Content-MD5: {:?}", got.header("content-md5")))?;
+        check(got.header("content-md5") == Some(md5.as_str()), || {
+            format!("Content-MD5: {:?}", got.header("content-md5"))
+        })?;
         let head = raw(&e, Method::HEAD, &unicode_path, &[], Vec::new()).await?;
         check(head.status == StatusCode::OK && head.body.is_empty(), || format!("HEAD: {}", head.status))?;
-        check(head.header("content-length") == Some("7"), || format!("HEAD length: {:?}", head.header("content-length")))?;
-        let cached = raw(&e, Method::GET, &unicode_path, &[("if-none-match", &format!("\"{md5}\""))], Vec::new()).await?;
+        check(head.header("content-length") == Some("7"), || {
+            format!("HEAD length: {:?}", head.header("content-length"))
+        })?;
+        let cached =
+            raw(&e, Method::GET, &unicode_path, &[("if-none-match", &format!("\"{md5}\""))], Vec::new()).await?;
         check(cached.status == StatusCode::NOT_MODIFIED && cached.body.is_empty(), || {
             format!("If-None-Match: {}", cached.status)
         })?;
@@ -300,7 +318,8 @@ pub(super) async fn attachments_standalone(e: Endpoint) -> TestResult {
 
     // An empty attachment.
     let empty_path = format!("/{db}/doc/empty");
-    let put = raw(&e, Method::PUT, &format!("{empty_path}?rev={rev2}"), &[("content-type", "text/plain")], Vec::new()).await?;
+    let put = raw(&e, Method::PUT, &format!("{empty_path}?rev={rev2}"), &[("content-type", "text/plain")], Vec::new())
+        .await?;
     check(put.status == StatusCode::CREATED, || format!("PUT empty: {} {:?}", put.status, put.body))?;
     let rev3: Value = serde_json::from_slice(&put.body)?;
     let rev3 = rev3["rev"].as_str().unwrap_or_default().to_owned();
@@ -423,8 +442,9 @@ pub(super) async fn attachments_64_mib_round_trip(e: Endpoint) -> TestResult {
     let db = fresh_db(&e, "big").await?;
     let bytes = pseudo_random(64 << 20);
     let sent = hex::encode(sha2::Sha256::digest(&bytes));
-    let put = raw(&e, Method::PUT, &format!("/{db}/big/data.bin"), &[("content-type", "application/octet-stream")], bytes)
-        .await?;
+    let put =
+        raw(&e, Method::PUT, &format!("/{db}/big/data.bin"), &[("content-type", "application/octet-stream")], bytes)
+            .await?;
     check(put.status == StatusCode::CREATED, || format!("PUT 64 MiB: {} {:?}", put.status, put.body))?;
     let response = e.client.get(e.url(&format!("/{db}/big/data.bin"))).send().await?;
     check(response.status() == StatusCode::OK, || format!("GET 64 MiB: {}", response.status()))?;
@@ -437,7 +457,9 @@ pub(super) async fn attachments_64_mib_round_trip(e: Endpoint) -> TestResult {
         hasher.update(&chunk);
     }
     let received = hex::encode(hasher.finalize());
-    check(length == 64 << 20 && received == sent, || format!("64 MiB round trip: {length} bytes, sha256 {received} vs {sent}"))?;
+    check(length == 64 << 20 && received == sent, || {
+        format!("64 MiB round trip: {length} bytes, sha256 {received} vs {sent}")
+    })?;
     let doc = e.get(&format!("/{db}/big")).await?.expect(200, "GET big")?;
     check(doc.body["_attachments"]["data.bin"]["length"] == 64 << 20, || format!("64 MiB stub: {}", doc.body))?;
     Ok(())
