@@ -430,7 +430,8 @@ async fn copy_document(
 }
 
 /// `GET /{db}/_local/{name}`.
-pub async fn get_local(opened: OpenDb<LocalName>) -> Answer {
+pub async fn get_local(opened: OpenDb<LocalName>, uri: axum::http::Uri) -> Answer {
+    check_local_path(&uri)?;
     let name = local_name(&opened.params.name)?;
     let doc = opened.db.get_local(name).await?.ok_or_else(|| CouchError::not_found("missing"))?;
     let mut body = Map::new();
@@ -445,9 +446,11 @@ pub async fn get_local(opened: OpenDb<LocalName>) -> Answer {
 pub async fn put_local(
     State(state): State<CouchState>,
     opened: OpenDb<LocalName>,
+    uri: axum::http::Uri,
     headers: HeaderMap,
     body: Body,
 ) -> Answer {
+    check_local_path(&uri)?;
     let name = local_name(&opened.params.name)?.to_owned();
     let body = read_doc_body(&state, &headers, body).await?;
     let deleting = body.get("_deleted") == Some(&Value::Bool(true));
@@ -459,8 +462,11 @@ pub async fn put_local(
 /// Writes (or with `_deleted`, deletes) a local document; its new revision (`0-0` once deleted).
 pub(crate) async fn write_local(db: &Database, name: &str, mut body: Map<String, Value>) -> CouchResult<String> {
     local_name(name)?;
-    // Revision fields mean nothing on a local document (it has no history): CouchDB drops them.
-    for special in ["_id", "_rev", "_revisions", "_conflicts", "_deleted_conflicts", "_revs_info", "_local_seq"] {
+    // Revision fields mean nothing on a local document (it has no history): CouchDB drops them,
+    // and its attachments, which a local document does not keep.
+    for special in
+        ["_id", "_rev", "_revisions", "_conflicts", "_deleted_conflicts", "_revs_info", "_local_seq", "_attachments"]
+    {
         body.remove(special);
     }
     if body.remove("_deleted") == Some(Value::Bool(true)) {
@@ -471,7 +477,8 @@ pub(crate) async fn write_local(db: &Database, name: &str, mut body: Map<String,
 }
 
 /// `DELETE /{db}/_local/{name}`: 404 when there is none.
-pub async fn delete_local(opened: OpenDb<LocalName>) -> Answer {
+pub async fn delete_local(opened: OpenDb<LocalName>, uri: axum::http::Uri) -> Answer {
+    check_local_path(&uri)?;
     let name = local_name(&opened.params.name)?.to_owned();
     if !delete_local_any(&opened.db, &name).await? {
         return Err(CouchError::not_found("missing"));
@@ -491,6 +498,16 @@ async fn delete_local_any(db: &Database, name: &str) -> CouchResult<bool> {
         }
     }
     Err(CouchError::conflict())
+}
+
+/// `/{db}/_local/{name}/{more}` (a `/` in the raw path, not `%2F` in the name) names an
+/// attachment of a local document: CouchDB's 400, local documents keep none.
+fn check_local_path(uri: &axum::http::Uri) -> CouchResult<()> {
+    let below = uri.path().split_once("/_local/").map(|(_, name)| name).unwrap_or_default();
+    if below.contains('/') {
+        return Err(CouchError::bad_request("_local documents do not accept attachments."));
+    }
+    Ok(())
 }
 
 fn local_name(name: &str) -> CouchResult<&str> {
