@@ -129,18 +129,33 @@ pub async fn attachment(
     headers: HeaderMap,
     body: Body,
 ) -> Answer {
-    let (id, name) = (opened.params.docid.clone(), opened.params.attachment.clone());
-    let db = &opened.db;
+    let (id, name) = (&opened.params.docid, &opened.params.attachment);
+    one_attachment(&opened.db, opened.access, id, name, method, &params, &headers, body).await
+}
+
+/// One attachment of document `id` (a design document's too), every method; writes need what
+/// writing the document needs.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn one_attachment(
+    db: &Database,
+    access: crate::couchdb_api::access::DbAccess,
+    id: &str,
+    name: &str,
+    method: Method,
+    params: &HashMap<String, String>,
+    headers: &HeaderMap,
+    body: Body,
+) -> Answer {
     match method.as_str() {
-        "GET" => read(db, &id, &name, &params, &headers, true).await,
-        "HEAD" => read(db, &id, &name, &params, &headers, false).await,
+        "GET" => read(db, id, name, params, headers, true).await,
+        "HEAD" => read(db, id, name, params, headers, false).await,
         "PUT" => {
-            opened.access.check_write(&id)?;
-            put(db, &id, &name, &params, &headers, body).await
+            access.check_write(id)?;
+            put(db, id, name, params, headers, body).await
         }
         "DELETE" => {
-            opened.access.check_write(&id)?;
-            delete(db, &id, &name, &params, &headers).await
+            access.check_write(id)?;
+            delete(db, id, name, params, headers).await
         }
         _ => Ok(crate::couchdb_api::server::method_not_allowed().await),
     }

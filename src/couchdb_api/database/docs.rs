@@ -68,9 +68,23 @@ pub async fn design_document(
     one_document(&state, &opened, &id, method, &params, &headers, body).await
 }
 
-/// `/{db}/_design/{ddoc}/...`: views, shows, lists, updates and design attachments.
-pub async fn design_function(_opened: OpenDb<HashMap<String, String>>) -> Answer {
-    Err(CouchError::not_supported("running design documents (views, shows, lists, updates) on this database"))
+/// `/{db}/_design/{ddoc}/...`: an attachment of the design document (a name not starting with
+/// `_`), or a view, show, list or update function (501 until they run here, issue 26).
+pub async fn design_function(
+    opened: OpenDb<HashMap<String, String>>,
+    method: Method,
+    Query(params): Params,
+    headers: HeaderMap,
+    body: Body,
+) -> Answer {
+    let rest = opened.params.get("rest").cloned().unwrap_or_default();
+    if rest.starts_with('_') || rest.is_empty() {
+        return Err(CouchError::not_supported(
+            "running design documents (views, shows, lists, updates) on this database",
+        ));
+    }
+    let id = format!("_design/{}", opened.params.get("ddoc").map(String::as_str).unwrap_or_default());
+    super::attachments::one_attachment(&opened.db, opened.access, &id, &rest, method, &params, &headers, body).await
 }
 
 /// `_find`, `_explain`, `_index` on a database other than the data-store one.

@@ -369,6 +369,12 @@ pub(super) async fn attachments_standalone(e: Endpoint) -> TestResult {
     let doc = e.get(&format!("/{db}/doc")).await?.expect(200, "GET doc")?;
     check(doc.body["_attachments"].get(unicode).is_none(), || format!("after DELETE: {}", doc.body))?;
     check(doc.body["_attachments"]["empty"]["stub"] == true, || format!("others stay: {}", doc.body))?;
+    // A design document's attachment (`_design/{name}/{att}`, a name not starting with `_`).
+    let logo = format!("/{db}/_design/app/logo.png");
+    let put = raw(&e, Method::PUT, &logo, &[("content-type", "image/png")], vec![137, 80, 78, 71]).await?;
+    check(put.status == StatusCode::CREATED, || format!("PUT a design attachment: {} {:?}", put.status, put.body))?;
+    let got = raw(&e, Method::GET, &logo, &[], Vec::new()).await?;
+    check(got.status == StatusCode::OK && got.body == [137, 80, 78, 71], || format!("GET {logo}: {}", got.status))?;
     let missing = e.get(&format!("/{db}/nodoc/x")).await?.expect(404, "GET an attachment of no document")?;
     check(missing.body["error"] == "not_found", || format!("no document: {}", missing.body))?;
     Ok(())
