@@ -123,6 +123,13 @@ pub(super) async fn data_store_conflicts(e: Endpoint) -> TestResult {
     check(feed.body["results"][0]["changes"].as_array().map(Vec::len) == Some(3), || {
         format!("every leaf in the feed: {}", feed.body)
     })?;
+    let listed = e
+        .get(&format!("/{DB}/_all_docs?include_docs=true&conflicts=true&startkey=\"{id}\"&endkey=\"{id}\""))
+        .await?
+        .expect(200, "_all_docs?conflicts=true")?;
+    check(listed.body["rows"][0]["doc"]["_conflicts"] == json!([middle, lowest]), || {
+        format!("_all_docs with conflicts: {}", listed.body)
+    })?;
     // Resolving: deleting a losing leaf leaves the others.
     e.delete(&format!("{}?rev={lowest}", path_of(&id))).await?.expect(200, "delete a conflict")?;
     let after = e.get(&format!("{}?conflicts=true&deleted_conflicts=true", path_of(&id))).await?.expect(200, "read")?;
