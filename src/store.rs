@@ -564,6 +564,9 @@ impl DataStore {
     /// the winner next deletes the key, as a data-store delete means, instead of making a
     /// conflict the winner as a CouchDB delete of one revision would.
     async fn delete_other_leaves(&self, id: &str) -> Result<()> {
+        if !self.backend.has_branches(id).await? {
+            return Ok(());
+        }
         let Some(tree) = self.backend.revision_tree(id).await? else { return Ok(()) };
         for leaf in tree.leaves().into_iter().skip(1).filter(|leaf| !leaf.deleted) {
             let tombstone = crate::backend::revision::RevisionId::next_after(Some(leaf.path.start))?.to_revision();
