@@ -34,6 +34,9 @@ use crate::model::{fields, timestamp, DocumentId, Limits};
 
 /// How many namespaces the "already indexed" cache remembers before it starts over. Ensuring is
 /// idempotent, so forgetting costs one extra index call, never correctness.
+/// Passes of count-then-erase an erasure makes before it reports that documents keep being
+/// listed (a loop that could otherwise run forever).
+const PURGE_PASSES: usize = 20;
 const ENSURED_NAMESPACES_CAP: usize = 100_000;
 /// How many deletes of one listing page run at once.
 const DELETE_CONCURRENCY: usize = 8;
@@ -668,8 +671,8 @@ impl DataStore {
         let prefix = format!("{user_id}:");
         let mut erased = 0;
         // Count what is live, erase everything under the prefix, and go again while documents
-        // written meanwhile are still listed.
-        loop {
+        // written meanwhile are still listed; a bounded number of times.
+        for _ in 0..PURGE_PASSES {
             let live = self.count_matching(&query).await?;
             if live == 0 && erased > 0 {
                 return Ok(erased);
@@ -681,6 +684,10 @@ impl DataStore {
                 return Ok(erased);
             }
         }
+        Err(Error::conflict(format!(
+            "documents of user {user_id:?} are still listed after {PURGE_PASSES} erasure passes: writers keep \
+             adding them, or a stored document names the user without its id starting with {prefix:?}"
+        )))
     }
 
     /// How many documents a query lists.
