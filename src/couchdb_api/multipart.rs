@@ -30,6 +30,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
@@ -38,11 +39,11 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures::future::BoxFuture;
 use futures::stream::{self, BoxStream};
-use futures::{FutureExt, Stream, StreamExt};
+use futures::{FutureExt, Stream, StreamExt, TryStreamExt};
 use serde_json::{Map, Value};
 
 use super::error::{CouchError, CouchResult};
-use super::request::{Bodies, JsonBody};
+use super::request::Bodies;
 use crate::error::{Error, ErrorKind};
 
 /// Most parts one `multipart/related` upload may have, the JSON part included: the same bound as
@@ -196,17 +197,17 @@ pub(crate) struct StoredAttachment<T> {
 /// unread, so the caller can check the document (revision, permissions) before any byte is
 /// stored.
 pub(crate) struct RelatedUpload {
-    document: JsonBody,
+    document: Value,
     following: Vec<FollowingAttachment>,
     parts: multer::Multipart<'static>,
+    flow: Arc<Flow>,
     limits: RelatedLimits,
 }
 
 /// A `multipart/related` upload read to its end.
 pub(crate) struct RelatedDocument<T> {
-    /// The JSON part (its `_attachments` entries still say `follows: true`), holding its share of
-    /// the body budgets until dropped.
-    pub document: JsonBody,
+    /// The JSON part (its `_attachments` entries still say `follows: true`).
+    pub document: Value,
     /// The attachments, in the order they came.
     pub attachments: Vec<StoredAttachment<T>>,
 }
@@ -231,7 +232,8 @@ impl RelatedUpload {
                 ));
             }
         }
-        let source = OneChunkPerPoll::new(body.into_data_stream());
+        let flow = Arc::new(Flow::default());
+        let source = BodyPieces::new(body.into_data_stream(), Arc::clone(&flow));
         let mut parts = multer::Multipart::new(source, boundary);
         let first = match parts.next_field().await {
             Ok(Some(field)) => field,
@@ -256,21 +258,29 @@ impl RelatedUpload {
                 "Content-Type must be application/json",
             ));
         }
-        // Read like any JSON body: the endpoint's limit, the body budgets, the parse budget.
-        let document = bodies.read_json(&HeaderMap::new(), Body::from_stream(first)).await?;
-        let Some(document) = document else {
+        flow.part_begun();
+        // Read like any JSON body: the endpoint's limit, the body budgets, the parse budget. The
+        // budgets' shares go with the `JsonBody` once parsed: held while the attachments stream
+        // (minutes, for a large one) they would stall every other body on the face. The tree
+        // stays bounded by the limit it was read within.
+        let delivered = Arc::clone(&flow);
+        let json_part = first.inspect_ok(move |chunk| {
+            delivered.delivered.fetch_add(chunk.len() as u64, Ordering::SeqCst);
+        });
+        let document = bodies.read_json(&HeaderMap::new(), Body::from_stream(json_part)).await?;
+        let Some(document) = document.map(|body| body.value) else {
             return Err(CouchError::bad_request("Document must be a JSON object"));
         };
-        let Some(object) = document.value.as_object() else {
+        let Some(object) = document.as_object() else {
             return Err(CouchError::bad_request("Document must be a JSON object"));
         };
         let following = following_attachments(object, limits)?;
-        Ok(RelatedUpload { document, following, parts, limits })
+        Ok(RelatedUpload { document, following, parts, flow, limits })
     }
 
     /// The document, as its JSON part says (entries of attachments to come say `follows: true`).
     pub fn document(&self) -> &Value {
-        &self.document.value
+        &self.document
     }
 
     /// The attachments whose parts follow, in order.
@@ -301,9 +311,11 @@ impl RelatedUpload {
                 }
                 Err(err) => return Err(malformed(&err)),
             };
+            self.flow.part_begun();
             let state = Arc::new(Mutex::new(PartState::default()));
             let bytes = AttachmentBytes {
                 field: Some(field),
+                flow: Arc::clone(&self.flow),
                 name: attachment.name.clone(),
                 expected: attachment.part_length,
                 max: self.limits.max_attachment_bytes,
@@ -427,7 +439,11 @@ fn too_large(name: &str) -> CouchError {
 }
 
 fn malformed(err: &multer::Error) -> CouchError {
-    CouchError::bad_request(format!("malformed multipart body: {err}"))
+    // The cause (a body read failing, the framing bound) is multer's error's source.
+    match std::error::Error::source(err) {
+        Some(cause) => CouchError::bad_request(format!("malformed multipart body: {err}: {cause}")),
+        None => CouchError::bad_request(format!("malformed multipart body: {err}")),
+    }
 }
 
 /// What the parser learned about a part while the sink read it.
@@ -444,6 +460,7 @@ struct PartState {
 /// body breaks off. Only the chunk being handed over is held.
 pub(crate) struct AttachmentBytes {
     field: Option<multer::Field<'static>>,
+    flow: Arc<Flow>,
     name: String,
     expected: Option<u64>,
     max: u64,
@@ -474,6 +491,7 @@ impl Stream for AttachmentBytes {
         match field.poll_next_unpin(cx) {
             Poll::Pending => Poll::Pending,
             Poll::Ready(Some(Ok(chunk))) => {
+                this.flow.delivered.fetch_add(chunk.len() as u64, Ordering::SeqCst);
                 this.received = this.received.saturating_add(chunk.len() as u64);
                 if this.expected.is_some_and(|expected| this.received > expected) {
                     // CouchDB's words (`couch_att:write_streamed_attachment`).
@@ -500,36 +518,107 @@ impl Stream for AttachmentBytes {
     }
 }
 
-/// A body stream that hands the parser one chunk per poll. `multer` pulls chunks from its source
-/// until the source is pending, so a body arriving faster than the store takes it (a fast client,
-/// a slow backend, a test's ready stream) would pile up in the parser's buffer; yielding after
-/// each chunk (and waking at once) bounds that buffer to one chunk and a boundary's tail.
-struct OneChunkPerPoll<S> {
-    inner: S,
-    just_yielded: bool,
+/// The largest piece of the body handed to the parser at once: a body chunk larger than this
+/// (hyper's come as large as its read buffer) is split, without copying.
+const BODY_PIECE_BYTES: usize = 64 << 10;
+/// Bytes of the body the parser may take, since the last part began, that no part delivered:
+/// a boundary, a part's headers and the data buffered between polls take a few pieces; past it a
+/// part's headers never end (or the preamble never does), and the body is refused instead of
+/// filling memory.
+const MAX_UNDELIVERED_BYTES: u64 = 1 << 20;
+
+/// Counts shared by the body stream and the parts: bytes handed to the parser, bytes the parts
+/// delivered (JSON and attachments), and the difference of the two when the last part began.
+#[derive(Default)]
+struct Flow {
+    taken: AtomicU64,
+    delivered: AtomicU64,
+    baseline: AtomicU64,
 }
 
-impl<S> OneChunkPerPoll<S> {
-    fn new(inner: S) -> Self {
-        OneChunkPerPoll { inner, just_yielded: false }
+impl Flow {
+    /// Bytes taken and not delivered.
+    fn held(&self) -> u64 {
+        self.taken.load(Ordering::SeqCst).saturating_sub(self.delivered.load(Ordering::SeqCst))
+    }
+
+    /// A part's headers are read: what the parser took for framing so far no longer counts.
+    fn part_begun(&self) {
+        self.baseline.store(self.held(), Ordering::SeqCst);
+    }
+
+    /// Bytes taken and not delivered since the last part began.
+    fn undelivered(&self) -> u64 {
+        self.held().saturating_sub(self.baseline.load(Ordering::SeqCst))
     }
 }
 
-impl<S: Stream + Unpin> Stream for OneChunkPerPoll<S> {
-    type Item = S::Item;
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<S::Item>> {
+/// The request body as the parser reads it: one piece of at most [`BODY_PIECE_BYTES`] per poll,
+/// and no more once the parser holds [`MAX_UNDELIVERED_BYTES`] no part delivered.
+///
+/// `multer` pulls chunks from its source until the source is pending, so a body arriving faster
+/// than the store takes it (a fast client, a slow backend, a test's ready stream) would pile up
+/// whole in its buffer; yielding after each piece (and waking at once) bounds that buffer to a
+/// few pieces. And it looks for the end of a part's headers in everything it holds, so headers
+/// that never end would grow the buffer without bound: the undelivered count stops that.
+struct BodyPieces<S> {
+    inner: S,
+    flow: Arc<Flow>,
+    rest: Option<Bytes>,
+    just_yielded: bool,
+    failed: bool,
+}
+
+impl<S> BodyPieces<S> {
+    fn new(inner: S, flow: Arc<Flow>) -> Self {
+        BodyPieces { inner, flow, rest: None, just_yielded: false, failed: false }
+    }
+}
+
+impl<S, E> Stream for BodyPieces<S>
+where
+    S: Stream<Item = Result<Bytes, E>> + Unpin,
+    E: Into<BoxError>,
+{
+    type Item = Result<Bytes, BoxError>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
+        if this.failed {
+            return Poll::Ready(None);
+        }
         if this.just_yielded {
             this.just_yielded = false;
             cx.waker().wake_by_ref();
             return Poll::Pending;
         }
-        let item = this.inner.poll_next_unpin(cx);
-        if matches!(item, Poll::Ready(Some(_))) {
-            this.just_yielded = true;
+        if this.flow.undelivered() > MAX_UNDELIVERED_BYTES {
+            this.failed = true;
+            return Poll::Ready(Some(Err(format!(
+                "more than {MAX_UNDELIVERED_BYTES} bytes of part headers or framing (headers that never end?)"
+            )
+            .into())));
         }
-        item
+        let mut chunk = match this.rest.take() {
+            Some(rest) => rest,
+            None => match this.inner.poll_next_unpin(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Ready(Some(Err(err))) => {
+                    this.failed = true;
+                    return Poll::Ready(Some(Err(err.into())));
+                }
+                Poll::Ready(Some(Ok(chunk))) => chunk,
+            },
+        };
+        if chunk.len() > BODY_PIECE_BYTES {
+            this.rest = Some(chunk.split_off(BODY_PIECE_BYTES));
+        }
+        this.flow.taken.fetch_add(chunk.len() as u64, Ordering::SeqCst);
+        this.just_yielded = true;
+        Poll::Ready(Some(Ok(chunk)))
     }
 }
 
@@ -863,9 +952,7 @@ fn quoted_string_body(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use std::convert::Infallible;
-    use std::sync::atomic::{AtomicU64, Ordering};
 
-    use futures::TryStreamExt;
     use serde_json::json;
     use sha2::{Digest, Sha256};
 
@@ -911,7 +998,7 @@ mod tests {
         let bodies = bodies();
         let upload = RelatedUpload::read(&bodies, &headers, body, limits).await?;
         let done = upload.store_attachments(keep).await?;
-        Ok((done.document.value.clone(), done.attachments.into_iter().map(|a| a.stored).collect()))
+        Ok((done.document, done.attachments.into_iter().map(|a| a.stored).collect()))
     }
 
     async fn upload_bytes(boundary: &str, body: Vec<u8>) -> CouchResult<(Value, Vec<(String, Vec<u8>)>)> {
@@ -1273,9 +1360,58 @@ mod tests {
         assert_eq!(*digest, expected.finalize(), "the bytes arrive exact");
         assert_eq!(handed.load(Ordering::SeqCst), (CHUNK * CHUNKS) as u64);
         let peak = peak.load(Ordering::SeqCst);
-        // A few chunks, not the part: without `OneChunkPerPoll` the parser takes all 16 MiB at once.
+        // A few chunks, not the part: without `BodyPieces` the parser takes all 16 MiB at once.
         assert!(peak <= 4 * CHUNK as u64, "the parser held {peak} bytes at once of a 16 MiB part");
         assert!(*largest <= 4 * CHUNK, "the sink got a chunk of {largest} bytes");
+    }
+
+    /// Part headers that never end are refused once the parser holds about a MiB of them, not
+    /// read (and buffered) to the end of the body.
+    #[tokio::test]
+    async fn headers_that_never_end_are_refused_early() {
+        const CHUNK: usize = 64 << 10;
+        let taken = Arc::new(AtomicU64::new(0));
+        let counted = Arc::clone(&taken);
+        let json = doc_with(&[("a", 1)]);
+        let mut head = b"--B\r\nContent-Type: application/json\r\n\r\n".to_vec();
+        head.extend_from_slice(&json);
+        head.extend_from_slice(b"\r\n--B\r\nX-Endless: ");
+        let endless = stream::iter(0..256).map(move |_| {
+            counted.fetch_add(CHUNK as u64, Ordering::SeqCst);
+            Ok::<_, Infallible>(Bytes::from(vec![b'x'; CHUNK]))
+        });
+        let source = stream::once(async move { Ok::<_, Infallible>(Bytes::from(head)) }).chain(endless);
+        let headers = related_headers("multipart/related; boundary=B");
+        let err = upload(headers, Body::from_stream(source), RelatedLimits::new(None)).await.err().unwrap();
+        assert_eq!(err.status, StatusCode::BAD_REQUEST);
+        assert!(err.reason.contains("headers"), "{}", err.reason);
+        let taken = taken.load(Ordering::SeqCst);
+        assert!(taken < 2 * MIB as u64, "read {taken} bytes of endless headers");
+    }
+
+    /// A body chunk larger than a piece (hyper hands over what it read) reaches the sink in
+    /// pieces.
+    #[tokio::test]
+    async fn large_body_chunks_are_handed_over_in_pieces() {
+        let big = vec![7u8; 3 * MIB];
+        let json = doc_with(&[("big", big.len() as u64)]);
+        let body = handmade("B", &[("Content-Type: application/json", &json), ("X-A: 1", &big)], "--B--");
+        let sink = |_: FollowingAttachment, bytes: AttachmentBytes| async move {
+            let sizes: Vec<usize> = bytes
+                .map_ok(|chunk| chunk.len())
+                .try_collect()
+                .await
+                .map_err(|e: Error| CouchError::internal(e.to_string()))?;
+            Ok(sizes)
+        };
+        let headers = related_headers("multipart/related; boundary=B");
+        let bodies = bodies();
+        let upload = RelatedUpload::read(&bodies, &headers, Body::from(body), RelatedLimits::new(None)).await.unwrap();
+        let done = upload.store_attachments(sink).await.unwrap();
+        let sizes = &done.attachments[0].stored;
+        assert_eq!(sizes.iter().sum::<usize>(), big.len());
+        let largest = sizes.iter().max().copied().unwrap_or(0);
+        assert!(largest <= 4 * BODY_PIECE_BYTES, "a chunk of {largest} bytes");
     }
 
     /// A `multipart/mixed` answer read back by `multer` itself, an independent parser, part by
