@@ -311,6 +311,14 @@ impl RelatedUpload {
                 }
                 Err(err) => return Err(malformed(&err)),
             };
+            if field.headers().is_empty() {
+                // A part without a header line is misread by the parser (its bytes up to the next
+                // blank line are taken for headers), so it is refused rather than stored wrong.
+                return Err(CouchError::bad_request(format!(
+                    "the part of attachment {:?} has no header lines; send at least its Content-Type",
+                    attachment.name
+                )));
+            }
             self.flow.part_begun();
             let state = Arc::new(Mutex::new(PartState::default()));
             let bytes = AttachmentBytes {
@@ -1230,6 +1238,14 @@ mod tests {
         cut.truncate(cut.len() - "bc\r\n--B--".len());
         assert_eq!(refused("B", cut).await.status, StatusCode::BAD_REQUEST);
 
+        // A part without header lines, whose bytes would otherwise be misread.
+        let mut headerless = b"--B\r\nContent-Type: application/json\r\n\r\n".to_vec();
+        headerless.extend_from_slice(&json);
+        headerless.extend_from_slice(b"\r\n--B\r\n\r\nX\r\n\r\nabc\r\n--B--");
+        let err = refused("B", headerless).await;
+        assert_eq!(err.status, StatusCode::BAD_REQUEST);
+        assert!(err.reason.contains("no header lines"), "{}", err.reason);
+
         // Malformed `follows` entries.
         let bad_length = br#"{"_attachments":{"a":{"follows":true,"length":-1}}}"#;
         let err = refused("B", handmade("B", &[("Content-Type: application/json", bad_length)], "--B--")).await;
@@ -1254,7 +1270,7 @@ mod tests {
     async fn bounds_hold() {
         // An attachment past the bound: refused from its declared length, before any byte…
         let json = doc_with(&[("big", 11)]);
-        let body = handmade("B", &[("Content-Type: application/json", &json), ("", b"01234567890")], "--B--");
+        let body = handmade("B", &[("Content-Type: application/json", &json), ("X-A: 1", b"01234567890")], "--B--");
         let headers = related_headers("multipart/related; boundary=B");
         let limits = RelatedLimits { max_attachment_bytes: 10, max_parts: 10 };
         let err = upload(headers.clone(), Body::from(body), limits).await.err().unwrap();
