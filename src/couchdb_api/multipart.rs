@@ -130,10 +130,11 @@ pub(crate) struct RelatedLimits {
 }
 
 impl RelatedLimits {
-    /// Attachments of at most `max_attachment_bytes` (none when `None`), at most
+    /// Attachments of at most `max_attachment_bytes` (`u64::MAX`: no bound, as
+    /// `Database::max_attachment_bytes` gives it when the setting is unset), at most
     /// [`MAX_RELATED_PARTS`] parts.
-    pub fn new(max_attachment_bytes: Option<u64>) -> Self {
-        RelatedLimits { max_attachment_bytes: max_attachment_bytes.unwrap_or(u64::MAX), max_parts: MAX_RELATED_PARTS }
+    pub fn new(max_attachment_bytes: u64) -> Self {
+        RelatedLimits { max_attachment_bytes, max_parts: MAX_RELATED_PARTS }
     }
 }
 
@@ -260,9 +261,9 @@ impl RelatedUpload {
         }
         flow.part_begun();
         // Read like any JSON body: the endpoint's limit, the body budgets, the parse budget. The
-        // budgets' shares go with the `JsonBody` once parsed: held while the attachments stream
-        // (minutes, for a large one) they would stall every other body on the face. The tree
-        // stays bounded by the limit it was read within.
+        // budgets' shares are given back (with the `JsonBody`) as soon as it is parsed: held while
+        // the attachments stream (minutes, for a large one) they would stall the other bodies of
+        // the face. The tree stays bounded by the limit it was read within.
         let delivered = Arc::clone(&flow);
         let json_part = first.inspect_ok(move |chunk| {
             delivered.delivered.fetch_add(chunk.len() as u64, Ordering::SeqCst);
@@ -1011,7 +1012,7 @@ mod tests {
 
     async fn upload_bytes(boundary: &str, body: Vec<u8>) -> CouchResult<(Value, Vec<(String, Vec<u8>)>)> {
         let headers = related_headers(&format!("multipart/related; boundary=\"{boundary}\""));
-        upload(headers, Body::from(body), RelatedLimits::new(None)).await
+        upload(headers, Body::from(body), RelatedLimits::new(u64::MAX)).await
     }
 
     fn fixed(bytes: &'static [u8]) -> impl FnOnce() -> futures::future::Ready<crate::error::Result<ByteStream>> {
@@ -1094,7 +1095,7 @@ mod tests {
         let response = related_response(DocumentWithAttachments::new(document, outgoing).unwrap()).unwrap();
         let headers = related_headers(response.headers()[header::CONTENT_TYPE].to_str().unwrap());
         let body = body_bytes(response).await;
-        let (value, stored) = upload(headers, Body::from(body), RelatedLimits::new(None)).await.unwrap();
+        let (value, stored) = upload(headers, Body::from(body), RelatedLimits::new(u64::MAX)).await.unwrap();
         assert_eq!(value["n"], 1);
         assert_eq!(value["_attachments"]["first.txt"]["follows"], true);
         assert_eq!(value["_attachments"]["first.txt"].get("stub"), None);
@@ -1143,7 +1144,8 @@ mod tests {
         );
         let headers = related_headers("multipart/related; boundary=Q9xZ");
         let bodies = bodies();
-        let upload = RelatedUpload::read(&bodies, &headers, Body::from(body), RelatedLimits::new(None)).await.unwrap();
+        let upload =
+            RelatedUpload::read(&bodies, &headers, Body::from(body), RelatedLimits::new(u64::MAX)).await.unwrap();
         assert_eq!(
             upload.following(),
             &[FollowingAttachment {
@@ -1186,7 +1188,7 @@ mod tests {
         assert!(upload_bytes("B", ok(b"abc")).await.is_ok());
 
         // No boundary.
-        let err = upload(related_headers("multipart/related"), Body::from(ok(b"abc")), RelatedLimits::new(None))
+        let err = upload(related_headers("multipart/related"), Body::from(ok(b"abc")), RelatedLimits::new(u64::MAX))
             .await
             .err()
             .unwrap();
@@ -1262,7 +1264,7 @@ mod tests {
         let mut headers = related_headers("multipart/related; boundary=B");
         headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
         let body = handmade("B", &[("Content-Type: application/json", &json)], "--B--");
-        let err = upload(headers, Body::from(body), RelatedLimits::new(None)).await.err().unwrap();
+        let err = upload(headers, Body::from(body), RelatedLimits::new(u64::MAX)).await.err().unwrap();
         assert_eq!(err.status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
     }
 
@@ -1300,7 +1302,7 @@ mod tests {
         // The JSON part, by the request limit of `Bodies`.
         let json = serde_json::to_vec(&json!({"pad": "x".repeat(MIB)})).unwrap();
         let body = handmade("B", &[("Content-Type: application/json", &json)], "--B--");
-        let err = upload(headers, Body::from(body), RelatedLimits::new(None)).await.err().unwrap();
+        let err = upload(headers, Body::from(body), RelatedLimits::new(u64::MAX)).await.err().unwrap();
         assert_eq!(err.status, StatusCode::PAYLOAD_TOO_LARGE);
     }
 
@@ -1311,7 +1313,8 @@ mod tests {
             handmade("B", &[("Content-Type: application/json", &json), ("Content-Type: text/plain", b"abc")], "--B--");
         let headers = related_headers("multipart/related; boundary=B");
         let bodies = bodies();
-        let upload = RelatedUpload::read(&bodies, &headers, Body::from(body), RelatedLimits::new(None)).await.unwrap();
+        let upload =
+            RelatedUpload::read(&bodies, &headers, Body::from(body), RelatedLimits::new(u64::MAX)).await.unwrap();
         let unavailable = |_: FollowingAttachment, _: AttachmentBytes| async {
             Err::<(), _>(CouchError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "backend down"))
         };
@@ -1369,8 +1372,9 @@ mod tests {
         };
         let headers = related_headers("multipart/related; boundary=B");
         let bodies = bodies();
-        let upload =
-            RelatedUpload::read(&bodies, &headers, Body::from_stream(source), RelatedLimits::new(None)).await.unwrap();
+        let upload = RelatedUpload::read(&bodies, &headers, Body::from_stream(source), RelatedLimits::new(u64::MAX))
+            .await
+            .unwrap();
         let done = upload.store_attachments(sink).await.unwrap();
         let (digest, largest) = &done.attachments[0].stored;
         assert_eq!(*digest, expected.finalize(), "the bytes arrive exact");
@@ -1398,7 +1402,7 @@ mod tests {
         });
         let source = stream::once(async move { Ok::<_, Infallible>(Bytes::from(head)) }).chain(endless);
         let headers = related_headers("multipart/related; boundary=B");
-        let err = upload(headers, Body::from_stream(source), RelatedLimits::new(None)).await.err().unwrap();
+        let err = upload(headers, Body::from_stream(source), RelatedLimits::new(u64::MAX)).await.err().unwrap();
         assert_eq!(err.status, StatusCode::BAD_REQUEST);
         assert!(err.reason.contains("headers"), "{}", err.reason);
         let taken = taken.load(Ordering::SeqCst);
@@ -1422,7 +1426,8 @@ mod tests {
         };
         let headers = related_headers("multipart/related; boundary=B");
         let bodies = bodies();
-        let upload = RelatedUpload::read(&bodies, &headers, Body::from(body), RelatedLimits::new(None)).await.unwrap();
+        let upload =
+            RelatedUpload::read(&bodies, &headers, Body::from(body), RelatedLimits::new(u64::MAX)).await.unwrap();
         let done = upload.store_attachments(sink).await.unwrap();
         let sizes = &done.attachments[0].stored;
         assert_eq!(sizes.iter().sum::<usize>(), big.len());
