@@ -34,6 +34,9 @@ use crate::model::{fields, timestamp, DocumentId, Limits};
 
 /// How many namespaces the "already indexed" cache remembers before it starts over. Ensuring is
 /// idempotent, so forgetting costs one extra index call, never correctness.
+/// Passes of count-then-erase an erasure makes before it reports that documents keep being
+/// listed (a loop that could otherwise run forever).
+const PURGE_PASSES: usize = 20;
 const ENSURED_NAMESPACES_CAP: usize = 100_000;
 /// How many deletes of one listing page run at once.
 const DELETE_CONCURRENCY: usize = 8;
@@ -564,6 +567,9 @@ impl DataStore {
     /// the winner next deletes the key, as a data-store delete means, instead of making a
     /// conflict the winner as a CouchDB delete of one revision would.
     async fn delete_other_leaves(&self, id: &str) -> Result<()> {
+        if !self.backend.has_branches(id).await? {
+            return Ok(());
+        }
         let Some(tree) = self.backend.revision_tree(id).await? else { return Ok(()) };
         for leaf in tree.leaves().into_iter().skip(1).filter(|leaf| !leaf.deleted) {
             let tombstone = crate::backend::revision::RevisionId::next_after(Some(leaf.path.start))?.to_revision();
@@ -665,8 +671,8 @@ impl DataStore {
         let prefix = format!("{user_id}:");
         let mut erased = 0;
         // Count what is live, erase everything under the prefix, and go again while documents
-        // written meanwhile are still listed.
-        loop {
+        // written meanwhile are still listed; a bounded number of times.
+        for _ in 0..PURGE_PASSES {
             let live = self.count_matching(&query).await?;
             if live == 0 && erased > 0 {
                 return Ok(erased);
@@ -678,6 +684,10 @@ impl DataStore {
                 return Ok(erased);
             }
         }
+        Err(Error::conflict(format!(
+            "documents of user {user_id:?} are still listed after {PURGE_PASSES} erasure passes: writers keep \
+             adding them, or a stored document names the user without its id starting with {prefix:?}"
+        )))
     }
 
     /// How many documents a query lists.

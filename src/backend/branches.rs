@@ -120,6 +120,24 @@ pub async fn graft<B: DocumentBackend + ?Sized>(
     super::replicated::check(id, incoming)?;
     let path = path_of(incoming)?;
     for _ in 0..GRAFT_ATTEMPTS {
+        // The usual replication: a revision the record knows, or a live child of the record's
+        // revision, which wins over every other leaf (its generation is higher than the
+        // winner's) and leaves them as they are: decided from the record alone.
+        if let Some(record) = backend.revisions(id).await? {
+            let known = record.rev == incoming.rev || record.ancestry.revisions().any(|rev| rev == incoming.rev);
+            if known {
+                return Ok(ReplicatedOutcome::AlreadyKnown);
+            }
+            let extends = incoming.ancestry.iter().any(|rev| rev == record.rev.as_str());
+            if extends && !incoming.deleted {
+                let write =
+                    ReplicatedRevision { precondition: Precondition::MatchRevision(record.rev), ..incoming.clone() };
+                match backend.put_replicated(id, &write).await? {
+                    ReplicatedOutcome::Applied => return Ok(ReplicatedOutcome::Applied),
+                    _ => continue,
+                }
+            }
+        }
         let Some(current) = read(backend, id).await? else {
             let first = ReplicatedRevision { precondition: Precondition::MustNotExist, ..incoming.clone() };
             match backend.put_replicated(id, &first).await? {

@@ -501,6 +501,14 @@ pub trait DocumentBackend: Send + Sync + 'static {
         Ok(branches::read(self, id).await?.map(|read| read.tree))
     }
 
+    /// Whether the document may have leaves besides its winner (conflicts or deleted leaves):
+    /// `false` means [`DocumentBackend::revision_tree`] would answer the winner alone. A cheap
+    /// check for writes that only need the tree when there is more than the winner; the
+    /// default looks for the local document [`branches`] keeps them in.
+    async fn has_branches(&self, id: &str) -> Result<bool> {
+        Ok(self.get_local(&branches::side_name(id)).await?.is_some())
+    }
+
     /// [`DocumentBackend::put_replicated`] keeping every branch, as CouchDB does: an incoming
     /// revision that loses to the winner is kept as a leaf of the tree (`KeptCurrent`), one that
     /// wins moves the previous winner among the other leaves (`Applied`). The default keeps the

@@ -317,6 +317,27 @@ impl serde::Serialize for TextRow<'_> {
     }
 }
 
+/// Adds `_conflicts` to each listed document that has any (`conflicts=true`), read from its
+/// revision tree; the document's text is otherwise passed on as listed.
+async fn with_conflicts(backend: &dyn DocumentBackend, docs: &mut [DocumentText]) -> crate::Result<()> {
+    let ids: Vec<String> = docs.iter().map(|doc| doc.id.clone()).collect();
+    let trees = super::branches::trees_of(backend, &ids).await?;
+    for (doc, tree) in docs.iter_mut().zip(trees) {
+        let conflicts = tree.map(|tree| tree.conflicts()).unwrap_or_default();
+        let text = doc.json.get();
+        let Some(open) = text.trim_end().strip_suffix('}') else { continue };
+        if conflicts.is_empty() {
+            continue;
+        }
+        let separator = if open.trim_end().ends_with('{') { "" } else { "," };
+        let added = format!("{open}{separator}\"_conflicts\":{}}}", Value::from(conflicts));
+        doc.json = serde_json::value::RawValue::from_string(added).map_err(|e| {
+            crate::Error::new(crate::error::ErrorKind::Internal, format!("cannot add _conflicts to a row: {e}"))
+        })?;
+    }
+    Ok(())
+}
+
 /// A row's `value`: `{"rev": …}`.
 struct RevValue<'a>(&'a str);
 
@@ -340,10 +361,17 @@ fn range_rows(
         crate::Error::new(crate::error::ErrorKind::Internal, format!("cannot write an _all_docs row: {e}"))
     };
     if request.include_docs {
+        let conflicts = request.conflicts;
         let fetch = move |want: usize, token: Option<String>| {
             let backend = backend.clone();
             let range = range.clone();
-            async move { backend.all_docs_text(&range, want, token.as_deref()).await }
+            async move {
+                let mut page = backend.all_docs_text(&range, want, token.as_deref()).await?;
+                if conflicts {
+                    with_conflicts(backend.as_ref(), &mut page.items).await?;
+                }
+                Ok(page)
+            }
         };
         let render = move |doc: &DocumentText| {
             if !principal.may_access_id(&doc.id) {

@@ -49,6 +49,15 @@ pub(crate) fn has_conflicts(tree: &RevTree) -> bool {
     tree.leaves().len() > 1
 }
 
+/// The tree of `id` when it has leaves besides its winner (`None`: the winner alone, or nothing
+/// stored): a write that only needs the tree then costs one cheap check.
+pub(crate) async fn tree_with_branches(state: &CouchState, id: &str) -> CouchResult<Option<RevTree>> {
+    if !state.store.backend().has_branches(id).await? {
+        return Ok(None);
+    }
+    Ok(tree_of(state, id).await?.filter(has_conflicts))
+}
+
 /// A write (`deleted` or not, with `body`) on the leaf `rev` of a document with several leaves:
 /// the leaf's child, merged into the tree. `None` when `rev` is not a leaf (the caller answers
 /// as for a stale revision).

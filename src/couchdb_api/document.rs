@@ -366,7 +366,7 @@ pub(crate) async fn write(
 /// (the best remaining leaf becomes the winner, as in CouchDB); any other takes the usual path.
 async fn delete_revision(state: &CouchState, incoming: IncomingDocument, rev: &Revision) -> CouchResult<Revision> {
     let id = incoming.id.as_str();
-    if let Some(tree) = branches::tree_of(state, id).await?.filter(branches::has_conflicts) {
+    if let Some(tree) = branches::tree_with_branches(state, id).await? {
         return match branches::write_leaf(state, id, &tree, rev, true, incoming.body).await? {
             Some(tombstone) => Ok(tombstone),
             None => Err(CouchError::conflict()),
@@ -527,7 +527,7 @@ pub async fn delete_document(
     let Some(rev) = write_revision(None, &params, &headers)? else {
         return Err(deletion_refused(&state, &docid).await);
     };
-    if let Some(tree) = branches::tree_of(&state, &docid).await?.filter(branches::has_conflicts) {
+    if let Some(tree) = branches::tree_with_branches(&state, &docid).await? {
         return match branches::write_leaf(&state, &docid, &tree, &rev, true, Map::new()).await? {
             Some(tombstone) => Ok(written(&state, StatusCode::OK, &docid, tombstone.as_str())),
             None => Err(deletion_refused(&state, &docid).await),

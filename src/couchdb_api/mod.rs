@@ -29,6 +29,7 @@ mod document;
 pub mod error;
 mod local_docs;
 pub mod mango;
+mod multipart;
 mod query;
 mod request;
 mod response;

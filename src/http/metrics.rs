@@ -146,6 +146,10 @@ impl DocumentBackend for MeteredBackend {
         timed!(self, "erase_branches", self.inner.erase_branches(prefix))
     }
 
+    async fn has_branches(&self, id: &str) -> Result<bool> {
+        timed!(self, "has_branches", self.inner.has_branches(id))
+    }
+
     async fn query(&self, query: &Query, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
         timed!(self, "query", self.inner.query(query, limit, page_token))
     }
@@ -440,6 +444,10 @@ mod tests {
             self.record("erase_branches");
             Ok(())
         }
+        async fn has_branches(&self, _: &str) -> Result<bool> {
+            self.record("has_branches");
+            Ok(true)
+        }
         fn attachment_chunk_bytes(&self) -> usize {
             self.record("attachment_chunk_bytes");
             11
@@ -483,6 +491,7 @@ mod tests {
         assert_eq!(metered.put_branch("u:n:k", &incoming).await.unwrap(), ReplicatedOutcome::AlreadyKnown);
         assert_eq!(metered.revision_tree("u:n:k").await.unwrap(), Some(RevTree::default()));
         metered.erase_branches("u:").await.unwrap();
+        assert!(metered.has_branches("u:n:k").await.unwrap());
         let everything =
             IdRange { start: None, end: None, inclusive_end: true, descending: false, include_design: false };
         assert!(metered.all_docs_text(&everything, 1, None).await.unwrap().items.is_empty());
@@ -516,6 +525,7 @@ mod tests {
                 "put_branch",
                 "revision_tree",
                 "erase_branches",
+                "has_branches",
                 "all_docs_text",
                 "design_request",
                 "url",

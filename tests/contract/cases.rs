@@ -154,6 +154,7 @@ fn document_model_cases() -> Vec<Case> {
         bulk_write_applies_writes_to_one_id_in_order,
         tombstones_are_invisible_to_every_listing,
         erasure_leaves_no_trace_of_the_user,
+        erasure_that_keeps_finding_documents_ends,
         change_feed_is_ordered_complete_and_resumable,
         a_read_from_a_row_seq_reaches_the_present,
         acknowledged_writes_are_in_the_next_read,

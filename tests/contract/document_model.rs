@@ -236,6 +236,22 @@ pub async fn erasure_leaves_no_trace_of_the_user(ctx: Ctx) {
     assert_eq!(store.list_keys("stays", "ns").await.unwrap(), ["b", "c", "d"]);
 }
 
+/// An erasure that keeps finding the user's documents (here one whose body names the user under
+/// another user's id, which no write path accepts but a store can hold) ends with an error after
+/// a bounded number of passes instead of running forever.
+pub async fn erasure_that_keeps_finding_documents_ends(ctx: Ctx) {
+    let store = ctx.store().await;
+    let b = ctx.backend.as_ref();
+    let foreign = id_of("other", "ns", "k");
+    b.put(&foreign, &body("gone", "ns", "k", json!(1)), Precondition::MustNotExist).await.unwrap();
+    // No id starts with `gone:`, so even a server that cannot erase (`Ctx::no_purge`) is never
+    // asked to: the answer is the same everywhere.
+    let err = store.purge_user("gone").await.expect_err("the document under another id stays listed");
+    assert_eq!(err.kind(), ErrorKind::Conflict, "{err}");
+    assert!(err.message().contains("erasure passes"), "{err}");
+    assert!(b.get(&foreign).await.unwrap().is_some(), "another user's id is not erased");
+}
+
 /// On a test server that cannot erase without trace (`Ctx::no_purge`), checks that erasure is
 /// refused with an error that says why, and returns `true` (the caller then checks nothing
 /// changed). Everywhere else `false`: the caller checks the erasure itself.

@@ -568,6 +568,10 @@ impl DocumentBackend for CouchDbBackend {
         self.leaves_tree(id).await
     }
 
+    async fn has_branches(&self, id: &str) -> Result<bool> {
+        Ok(self.leaves_tree(id).await?.is_some_and(|tree| tree.leaves().len() > 1))
+    }
+
     /// `erase_prefix` purges every revision of each id: no branch is left anywhere.
     async fn erase_branches(&self, _prefix: &str) -> Result<()> {
         Ok(())

@@ -21,12 +21,10 @@ use serde_json::Value;
 use super::backend::DynamoDbBackend;
 use super::codec::{self, Item};
 use super::error::{map_sdk, map_sdk_write};
-use super::layout::{self, shard_value, ID_INDEX, SHARD, SHARD_COUNT};
+use super::layout::{self, shard_value, ATTACHMENT_OF, ID_INDEX, SHARD, SHARD_COUNT};
 use crate::backend::{check_attachment_blob, Page};
 use crate::error::{Error, ErrorKind, Result};
 
-/// The blob a chunk item belongs to; its presence marks the item as a chunk.
-pub const ATTACHMENT_OF: &str = "_attachmentOf";
 /// The chunk's bytes.
 const DATA: &str = "_data";
 /// The first id-index shard of attachment chunks, past the documents' and the local documents'.
@@ -85,6 +83,11 @@ fn decode_token(token: &str) -> Result<(u32, String)> {
 }
 
 impl DynamoDbBackend {
+    /// [`CHUNK_BYTES`], for the trait implementation.
+    pub(super) fn attachment_chunk_size(&self) -> usize {
+        CHUNK_BYTES
+    }
+
     pub(super) async fn put_chunk(&self, blob: &str, index: u64, bytes: Bytes) -> Result<()> {
         check_attachment_blob(blob)?;
         if bytes.len() > CHUNK_BYTES {

@@ -707,7 +707,7 @@ impl DocumentBackend for DynamoDbBackend {
     }
 
     fn attachment_chunk_bytes(&self) -> usize {
-        super::attachments::CHUNK_BYTES
+        self.attachment_chunk_size()
     }
 
     async fn put_attachment_chunk(&self, blob: &str, index: u64, bytes: bytes::Bytes) -> Result<()> {

@@ -16,6 +16,9 @@ use crate::backend::LOCAL_PREFIX;
 use crate::error::{Error, ErrorKind, Result};
 
 /// The packed revision ancestry (16 bytes a revision, newest first).
+/// The blob an attachment chunk item belongs to; its presence marks the item as a chunk
+/// (`attachments.rs`).
+pub const ATTACHMENT_OF: &str = "_attachmentOf";
 pub const ANCESTRY: &str = "_anc";
 /// `true` on a tombstone.
 pub const DELETED: &str = "_deleted";
@@ -113,7 +116,7 @@ pub fn check_position(token: &str) -> Result<()> {
 /// document or bookkeeping.
 pub fn is_hidden(item: &Item) -> bool {
     codec::is_chunk(item)
-        || item.contains_key(super::attachments::ATTACHMENT_OF)
+        || item.contains_key(ATTACHMENT_OF)
         || item.contains_key(META)
         || codec::string_attribute(item, codec::ID).is_some_and(|id| id.starts_with(LOCAL_PREFIX))
 }

@@ -128,7 +128,7 @@ impl DynamoDbBackend {
             .expression_attribute_names("#meta", layout::META)
             .expression_attribute_names("#chunk", codec::CHUNK_OF)
             // An attachment chunk's mark, so `Current::from_item` sees it hidden.
-            .expression_attribute_names("#att", super::attachments::ATTACHMENT_OF)
+            .expression_attribute_names("#att", layout::ATTACHMENT_OF)
             .send()
             .await
             .map_err(|e| map_sdk(e, "read a document's revision"))?;

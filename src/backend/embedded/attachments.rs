@@ -8,15 +8,13 @@
 use std::ops::Bound;
 
 use bytes::Bytes;
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, ReadableDatabase, ReadableTable};
 
+use super::core::ATTACHMENT_CHUNKS;
 use super::error::map_redb;
 use super::write::Tables;
 use crate::backend::Page;
 use crate::error::Result;
-
-/// `(blob, index)` → the chunk's bytes.
-pub(super) const ATTACHMENT_CHUNKS: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("attachment_chunks");
 
 /// Bytes per chunk: 1 MiB. A chunk is read and written whole, so this is what one read or write
 /// of an attachment holds in memory; large enough that the per-record cost (a B-tree entry, a

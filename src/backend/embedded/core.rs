@@ -16,6 +16,8 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::model::fields;
 
 /// Live documents: `_id` → record (see [`codec`]).
+/// `(blob, index)` → an attachment chunk's bytes (`attachments.rs`).
+pub(super) const ATTACHMENT_CHUNKS: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("attachment_chunks");
 pub(super) const DOCS: TableDefinition<&str, &[u8]> = TableDefinition::new("docs");
 /// Deleted documents: `_id` → record with an empty body.
 pub(super) const TOMBSTONES: TableDefinition<&str, &[u8]> = TableDefinition::new("tombstones");
@@ -48,7 +50,7 @@ pub(super) fn create_tables(db: &Database) -> Result<()> {
         txn.open_table(FEED).map_err(map_redb("open feed table"))?;
         txn.open_table(ANCESTRY).map_err(map_redb("open ancestry table"))?;
         txn.open_table(LOCAL).map_err(map_redb("open local table"))?;
-        txn.open_table(super::attachments::ATTACHMENT_CHUNKS).map_err(map_redb("open attachment table"))?;
+        txn.open_table(ATTACHMENT_CHUNKS).map_err(map_redb("open attachment table"))?;
         let mut meta = txn.open_table(META).map_err(map_redb("open meta table"))?;
         let empty = docs.is_empty().map_err(map_redb("count documents"))?
             && tombstones.is_empty().map_err(map_redb("count tombstones"))?;

@@ -107,7 +107,7 @@ impl<'t> Tables<'t> {
             ancestry: txn.open_table(ANCESTRY).map_err(map_redb("open ancestry table"))?,
             local: txn.open_table(LOCAL).map_err(map_redb("open local table"))?,
             attachment_chunks: txn
-                .open_table(super::attachments::ATTACHMENT_CHUNKS)
+                .open_table(super::core::ATTACHMENT_CHUNKS)
                 .map_err(map_redb("open attachment table"))?,
             meta,
             next_seq,

@@ -43,6 +43,11 @@ fn document_id(blob: &str, index: u64) -> String {
 }
 
 impl FirestoreBackend {
+    /// [`CHUNK_BYTES`], for the trait implementation.
+    pub(super) fn attachment_chunk_size(&self) -> usize {
+        CHUNK_BYTES
+    }
+
     fn attachment_collection(&self) -> String {
         format!("{}_attachments", self.client.collection())
     }

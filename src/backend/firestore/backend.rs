@@ -550,7 +550,7 @@ impl DocumentBackend for FirestoreBackend {
     }
 
     fn attachment_chunk_bytes(&self) -> usize {
-        super::attachments::CHUNK_BYTES
+        self.attachment_chunk_size()
     }
 
     async fn put_attachment_chunk(&self, blob: &str, index: u64, bytes: bytes::Bytes) -> Result<()> {

@@ -56,6 +56,10 @@ pub trait Layered: Send + Sync + 'static {
         self.inner().erase_branches(prefix).await
     }
 
+    async fn has_branches(&self, id: &str) -> Result<bool> {
+        self.inner().has_branches(id).await
+    }
+
     async fn query(&self, query: &Query, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
         self.inner().query(query, limit, page_token).await
     }
@@ -231,6 +235,10 @@ impl<L: Layered> DocumentBackend for L {
 
     async fn erase_branches(&self, prefix: &str) -> Result<()> {
         Layered::erase_branches(self, prefix).await
+    }
+
+    async fn has_branches(&self, id: &str) -> Result<bool> {
+        Layered::has_branches(self, id).await
     }
 
     async fn query(&self, query: &Query, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
