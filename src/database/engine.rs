@@ -635,6 +635,7 @@ fn edit_body(id: &str, tree: &RevTree, parent: Option<&str>, body: &Map<String, 
     // An edit the tree refuses (a parent that is no leaf, no parent over a live document) is a
     // conflict before its stubs are looked at, as in CouchDB: it is left for `RevTree::edit`.
     let base = match parent {
+        Some(_) if tree.is_deleted() => return Ok(body),
         Some(rev) => match tree.leaf(rev) {
             Some(leaf) => Some(leaf),
             None => return Ok(body),

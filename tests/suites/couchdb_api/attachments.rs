@@ -185,6 +185,10 @@ pub(super) async fn attachments_in_documents(e: Endpoint) -> TestResult {
             .await?
             .expect(412, "a stub of another digest")?;
         check(other.body["error"] == "missing_stub", || format!("other digest: {}", other.body))?;
+        // An edit of a revision that is no leaf is a conflict before its stubs are looked at.
+        e.put(&format!("/{db}/doc"), json!({"_rev": rev1, "_attachments": {"nope.txt": {"stub": true}}}))
+            .await?
+            .expect(409, "a stale revision with a stub of nothing")?;
     }
 
     // An update that names no attachment drops them (CouchDB keeps only what the update sends).
