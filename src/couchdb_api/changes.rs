@@ -177,6 +177,9 @@ struct ChangesRequest {
     all_leaves: bool,
     /// `conflicts=true`: documents carry `_conflicts` (with `include_docs`).
     conflicts: bool,
+    /// `attachments=true` / `atts_since` (with `include_docs`, on databases besides the data-store
+    /// one): attachments with their bytes instead of stubs.
+    inline: Option<super::database::Inline>,
     /// `feed=eventsource`: a continuous feed framed as server-sent events (`data:` and `id:`
     /// lines per row, heartbeats as `event: heartbeat`), as CouchDB frames it.
     eventsource: bool,
@@ -322,6 +325,7 @@ fn parse_request(
         descending,
         eventsource,
         conflicts: bool_param("conflicts", param("conflicts"), false)?,
+        inline: super::database::inline_wanted(params)?,
     })
 }
 
@@ -795,7 +799,12 @@ async fn database_rows(database: &Database, request: &ChangesRequest, changes: &
         let Some(state) = state else { continue };
         let Some(winner) = state.tree.winner() else { continue };
         let options = super::database::DocOptions { conflicts: request.conflicts, ..Default::default() };
-        let doc = super::database::leaf_json(&change.id, &state.tree, winner, options);
+        let mut doc = super::database::leaf_json(&change.id, &state.tree, winner, options);
+        if let (true, Some(inline)) = (request.include_docs, &request.inline) {
+            super::database::inline_into(database, winner, &mut doc, inline)
+                .await
+                .map_err(|err| crate::Error::new(crate::error::ErrorKind::Internal, err.reason))?;
+        }
         if let Filter::Selector(matches) = &request.filter {
             if !matches(&doc) {
                 continue;

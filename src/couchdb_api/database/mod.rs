@@ -37,6 +37,7 @@ use serde_json::{Map, Value};
 use tower::ServiceExt;
 
 pub(crate) use admin::{all_dbs, dbs_info};
+pub(crate) use attachments::{inline_into, inline_wanted, Inline};
 pub(crate) use docs::answer_read;
 
 use super::access::{db_access, not_admitted, DbAccess};

@@ -221,6 +221,13 @@ pub(super) async fn attachments_in_documents(e: Endpoint) -> TestResult {
     check(listed.body["rows"][0]["doc"]["_attachments"]["a.txt"]["data"] == hello, || {
         format!("_all_docs: {}", listed.body)
     })?;
+    let feed = e
+        .get(&format!("/{db}/_changes?include_docs=true&attachments=true&filter=_doc_ids&doc_ids=[%22bd%22]"))
+        .await?
+        .expect(200, "_changes attachments=true")?;
+    check(feed.body["results"][0]["doc"]["_attachments"]["a.txt"]["data"] == hello, || {
+        format!("_changes: {}", feed.body)
+    })?;
     let stubs = e.get(&format!("/{db}/_all_docs?include_docs=true&key=%22bd%22")).await?.expect(200, "_all_docs")?;
     check(stubs.body["rows"][0]["doc"]["_attachments"]["a.txt"]["stub"] == true, || {
         format!("_all_docs stubs: {}", stubs.body)
