@@ -19,6 +19,7 @@ use super::OpenDb;
 use crate::couchdb_api::error::{CouchError, CouchResult};
 use crate::couchdb_api::request::{bool_param, json_param};
 use crate::couchdb_api::{json, Answer, CouchState};
+use crate::database::attachments::StoredBlob;
 use crate::database::doc_attachments::{self, KeptAttachment, MissingStub, ATTACHMENTS, DEFAULT_CONTENT_TYPE};
 use crate::database::rev_tree::{parse_rev, Leaf, RevTree};
 use crate::database::Database;
@@ -112,12 +113,59 @@ pub(crate) fn write_error(err: Error) -> CouchError {
 /// Stores the bytes of a client's inline attachments before its write
 /// ([`doc_attachments::prepare`]).
 pub(crate) async fn prepare(db: &Database, body: &mut Map<String, Value>) -> CouchResult<()> {
+    prepare_with(db, body, &HashMap::new()).await
+}
+
+/// [`prepare`] for a document whose attachments marked `follows: true` came as parts of a
+/// `multipart/related` body and are stored already (`followed`, by name).
+pub(crate) async fn prepare_with(
+    db: &Database,
+    body: &mut Map<String, Value>,
+    followed: &HashMap<String, StoredBlob>,
+) -> CouchResult<()> {
     if !body.contains_key(ATTACHMENTS) {
         return Ok(());
     }
-    doc_attachments::prepare(db.attachments(), db.max_attachment_bytes(), body, &HashMap::new())
-        .await
-        .map_err(write_error)
+    doc_attachments::prepare(db.attachments(), db.max_attachment_bytes(), body, followed).await.map_err(write_error)
+}
+
+/// A `multipart/related` document body (CouchDB's replicator's `PUT`): the document, and each
+/// attachment part streamed into the database's attachment store as it arrives. Attachments
+/// sent encoded (`encoding: gzip`) are refused: nothing here keeps encoded bytes, and bytes
+/// stored as sent would not match their digest.
+pub(crate) async fn read_related(
+    state: &CouchState,
+    db: &Database,
+    headers: &HeaderMap,
+    body: Body,
+) -> CouchResult<(Map<String, Value>, HashMap<String, StoredBlob>)> {
+    use crate::couchdb_api::multipart::{AttachmentBytes, FollowingAttachment, RelatedLimits, RelatedUpload};
+    let max = db.max_attachment_bytes();
+    let upload = RelatedUpload::read(&state.bodies, headers, body, RelatedLimits::new(max)).await?;
+    let store = db.attachments().clone();
+    let stored = upload
+        .store_attachments(move |attachment: FollowingAttachment, bytes: AttachmentBytes| {
+            let store = store.clone();
+            async move {
+                if let Some(encoding) = attachment.encoding.filter(|e| e != "identity") {
+                    return Err(CouchError::new(
+                        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                        "bad_content_type",
+                        format!(
+                            "attachment {} is sent with encoding {encoding}: send its bytes unencoded",
+                            attachment.name
+                        ),
+                    ));
+                }
+                store.write(bytes, max).await.map_err(write_error)
+            }
+        })
+        .await?;
+    let followed = stored.attachments.into_iter().map(|a| (a.attachment.name, a.stored)).collect();
+    match stored.document {
+        Value::Object(doc) => Ok((doc, followed)),
+        _ => Err(CouchError::bad_request("Document must be a JSON object")),
+    }
 }
 
 /// `/{db}/{docid}/{attachment}`, every method.

@@ -108,8 +108,13 @@ async fn one_document<T>(
         "GET" | "HEAD" => read_document(db, id, params, headers).await,
         "PUT" => {
             opened.access.check_write(id)?;
+            if crate::couchdb_api::multipart::is_multipart_related(headers) {
+                // What CouchDB's replicator sends: the document, then each attachment's bytes.
+                let (doc, followed) = super::attachments::read_related(state, db, headers, body).await?;
+                return put_document(db, id, doc, &followed, params, headers).await;
+            }
             let doc = read_doc_body(state, headers, body).await?;
-            put_document(db, id, doc, params, headers).await
+            put_document(db, id, doc, &HashMap::new(), params, headers).await
         }
         "DELETE" => {
             opened.access.check_write(id)?;
@@ -321,13 +326,14 @@ async fn put_document(
     db: &Database,
     id: &str,
     body: Map<String, Value>,
+    followed: &HashMap<String, crate::database::attachments::StoredBlob>,
     params: &HashMap<String, String>,
     headers: &HeaderMap,
 ) -> Answer {
     check_id(id).map_err(refused)?;
     let mut doc = document::parse(body).map_err(refused)?;
     let new_edits = bool_param("new_edits", params.get("new_edits").map(String::as_str), true)?;
-    super::attachments::prepare(db, &mut doc.body).await?;
+    super::attachments::prepare_with(db, &mut doc.body, followed).await?;
     check_size(db, id, &doc)?;
     let rev = if new_edits {
         let parent = write_revision(doc.rev.as_deref(), params, headers)?;

@@ -89,6 +89,7 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("attachments_standalone", |e| Box::pin(attachments::attachments_standalone(e))),
         ("attachments_stored_once_and_freed", |e| Box::pin(attachments::attachments_stored_once_and_freed(e))),
         ("attachments_64_mib_round_trip", |e| Box::pin(attachments::attachments_64_mib_round_trip(e))),
+        ("attachments_multipart_upload", |e| Box::pin(attachments::attachments_multipart_upload(e))),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
