@@ -91,11 +91,12 @@ struct Client {
 const BACKUP_UNSUPPORTED: &str =
     "pouchdb-server's GET /db has no doc_del_count, so couchrestore refuses every target as \
      not empty";
-const CLIENTS: [Client; 16] = [
+const CLIENTS: [Client; 17] = [
     Client::node("nano", "nano.js", &[]),
     Client::node("nano_databases", "nano-databases.js", &[]),
     Client::node("pouchdb_conflicts", "pouchdb-conflicts.js", &[]),
     Client::node("pouchdb_datastore_conflicts", "pouchdb-datastore-conflicts.js", &[]),
+    Client::node("pouchdb_attachments", "pouchdb-attachments.js", &[]),
     Client::python("python_couchdb_databases", "python_couchdb_databases.py"),
     Client::node("pouchdb", "pouchdb.js", &[]),
     Client::node("pouchdb_replicate", "pouchdb-replicate.js", &[]),
