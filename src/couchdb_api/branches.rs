@@ -99,7 +99,8 @@ pub(crate) async fn write_after_conflict(
 /// How many trees a listing reads at once.
 const TREE_READS: usize = 16;
 
-/// The trees of many documents, one per id, in order (`None`: nothing stored).
+/// The trees of many documents, one per id, in order (`None`: nothing stored, or the winner
+/// alone).
 pub(crate) async fn trees_of(
     backend: &dyn crate::backend::DocumentBackend,
     ids: &[String],
@@ -109,9 +110,19 @@ pub(crate) async fn trees_of(
     // check on the boxed futures.
     let mut reads = Vec::with_capacity(ids.len());
     for id in ids {
-        reads.push(backend.revision_tree(id));
+        reads.push(tree_if_branched(backend, id));
     }
     futures::stream::iter(reads).buffered(TREE_READS).try_collect().await
+}
+
+/// The tree of `id` when it has leaves besides its winner, else `None`: a listing (every
+/// replication reads `_changes?style=all_docs`) pays one cheap check per row, and the whole
+/// tree only for documents with branches.
+async fn tree_if_branched(backend: &dyn crate::backend::DocumentBackend, id: &str) -> crate::Result<Option<RevTree>> {
+    if !backend.has_branches(id).await? {
+        return Ok(None);
+    }
+    backend.revision_tree(id).await
 }
 
 /// Adds `_conflicts` to a document read for a listing, when it has any.

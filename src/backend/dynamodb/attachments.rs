@@ -142,21 +142,9 @@ impl DynamoDbBackend {
         let mut next_index = 0;
         let mut cursor: Option<Item> = None;
         loop {
-            let output = self
-                .client()
-                .query()
-                .table_name(self.table())
-                .index_name(ID_INDEX)
-                .key_condition_expression("#shard = :shard AND begins_with(#id, :prefix)")
-                .expression_attribute_names("#shard", SHARD)
-                .expression_attribute_names("#id", codec::ID)
-                .expression_attribute_values(":shard", shard_value(blob_shard(blob)))
-                .expression_attribute_values(":prefix", AttributeValue::S(blob_prefix(blob)))
-                .limit(LIST_PAGE)
-                .set_exclusive_start_key(cursor.take())
-                .send()
-                .await
-                .map_err(|e| map_sdk(e, "find the chunks of an attachment"))?;
+            let prefix = blob_prefix(blob);
+            let doing = "find the chunks of an attachment";
+            let output = self.query_id_prefix(blob_shard(blob), &prefix, Some(LIST_PAGE), cursor.take(), doing).await?;
             let ids: Vec<String> = output
                 .items()
                 .iter()

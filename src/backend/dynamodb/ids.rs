@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 
 use async_trait::async_trait;
+use aws_sdk_dynamodb::operation::query::QueryOutput;
 use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, Select, WriteRequest};
 use futures::{StreamExt, TryStreamExt};
 use serde_json::Value;
@@ -197,6 +198,32 @@ impl DynamoDbBackend {
         Ok(Page { items: items.into_iter().flatten().collect(), next })
     }
 
+    /// One page of the id index in `shard`: the items whose ids start with `prefix`, from
+    /// `cursor`, at most `limit` when given (erasure and attachment chunks find their ids so).
+    pub(super) async fn query_id_prefix(
+        &self,
+        shard: u32,
+        prefix: &str,
+        limit: Option<i32>,
+        cursor: Option<Item>,
+        doing: &str,
+    ) -> Result<QueryOutput> {
+        self.client()
+            .query()
+            .table_name(self.table())
+            .index_name(ID_INDEX)
+            .key_condition_expression("#shard = :shard AND begins_with(#id, :prefix)")
+            .expression_attribute_names("#shard", SHARD)
+            .expression_attribute_names("#id", codec::ID)
+            .expression_attribute_values(":shard", shard_value(shard))
+            .expression_attribute_values(":prefix", AttributeValue::S(prefix.to_owned()))
+            .set_limit(limit)
+            .set_exclusive_start_key(cursor)
+            .send()
+            .await
+            .map_err(|e| map_sdk(e, doing))
+    }
+
     /// `erase_prefix(prefix)`: every item whose id starts with `prefix` (documents, tombstones,
     /// chunk items) found through the id index, shard by shard, deleted outright.
     pub(super) async fn erase_ids_with_prefix(&self, prefix: &str) -> Result<u64> {
@@ -210,20 +237,7 @@ impl DynamoDbBackend {
         for shard in 0..SHARD_COUNT {
             let mut cursor: Option<Item> = None;
             loop {
-                let output = self
-                    .client()
-                    .query()
-                    .table_name(self.table())
-                    .index_name(ID_INDEX)
-                    .key_condition_expression("#shard = :shard AND begins_with(#id, :prefix)")
-                    .expression_attribute_names("#shard", SHARD)
-                    .expression_attribute_names("#id", codec::ID)
-                    .expression_attribute_values(":shard", shard_value(shard))
-                    .expression_attribute_values(":prefix", AttributeValue::S(prefix.to_owned()))
-                    .set_exclusive_start_key(cursor.take())
-                    .send()
-                    .await
-                    .map_err(|e| map_sdk(e, "find ids to erase"))?;
+                let output = self.query_id_prefix(shard, prefix, None, cursor.take(), "find ids to erase").await?;
                 erased += self.erase_items(output.items()).await?;
                 cursor = output.last_evaluated_key;
                 if cursor.is_none() {
