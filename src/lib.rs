@@ -29,6 +29,7 @@ pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod upgrade;
+pub mod views;
 
 pub use error::{Error, ErrorKind, Result};
 pub use store::DataStore;

@@ -7,8 +7,8 @@ use std::cmp::Ordering;
 
 use serde_json::{Map, Value};
 
-use super::collate::{compare, compare_raw};
 use super::selector::{Cond, Selector};
+use crate::views::collation::{compare, compare_raw};
 
 /// What a path leads to inside a document.
 enum Lookup<'a> {

@@ -25,7 +25,6 @@ use base64::Engine;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
-use super::collate::{compare, compare_raw};
 use super::eval::matches;
 use super::index::{ChosenIndex, IndexCatalog, QueryKind};
 use super::request::{invalid_bookmark, parse_request, restrict_to_user, FindRequest, Sort, NO_BOOKMARK};
@@ -34,6 +33,7 @@ use super::MangoError;
 use crate::backend::{DocumentBackend, IdRange, Page, Projection, Query, StoredDocument};
 use crate::model::fields;
 use crate::model::validate::json_size;
+use crate::views::collation::{compare, compare_raw};
 
 /// The most matching documents a sorted query may have: their sort keys are held in memory.
 pub const SORT_CAP: usize = 10_000;

@@ -2,8 +2,8 @@
 //! any [`crate::backend::DocumentBackend`].
 //!
 //! - [`selector`]: a selector's JSON parsed and normalized into an AST, as CouchDB normalizes it.
-//! - [`collate`]: CouchDB's JSON collation (type order, numbers by value, strings by the Unicode
-//!   Collation Algorithm).
+//! - CouchDB's JSON collation (type order, numbers by value, strings by the Unicode Collation
+//!   Algorithm) is shared with the views: [`crate::views::collation`].
 //! - [`eval`]: whether a document matches a selector.
 //! - [`find`]: the `_find` request, its validation, paging, bookmarks, sort and projection.
 //! - [`index`]: the index catalog behind `_index`, and `_explain`.
@@ -13,7 +13,6 @@
 //! Errors are [`MangoError`], the `{status, error, reason}` shape of the CouchDB API's error, so
 //! the HTTP layer converts one into the other field for field.
 
-pub mod collate;
 pub mod eval;
 pub mod find;
 pub mod index;

@@ -9,8 +9,8 @@ use std::cmp::Ordering;
 
 use serde_json::Value;
 
-use super::collate::compare;
 use super::selector::{join_field, Cond, Selector};
+use crate::views::collation::compare;
 
 /// One end of a range: below or above every value (CouchDB's `mango_json:min()`/`max()`), or a
 /// value.

@@ -41,6 +41,12 @@ pub fn compare_strings(a: &str, b: &str) -> Ordering {
     collator().compare(a, b)
 }
 
+/// Appends the string's ICU sort key (root locale, tertiary strength) to `out`: comparing two
+/// sort keys byte by byte orders them as [`compare_strings`] does. It holds no zero byte.
+pub fn write_string_sort_key(text: &str, out: &mut Vec<u8>) {
+    let Ok(()) = collator().write_sort_key_to(text, out);
+}
+
 /// Compares two JSON values in CouchDB's collation.
 pub fn compare(a: &Value, b: &Value) -> Ordering {
     match (a, b) {
