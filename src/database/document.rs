@@ -5,11 +5,11 @@
 //! `_revisions` are taken out; `_attachments` stays in the body; `_conflicts`,
 //! `_deleted_conflicts`, `_revs_info` and `_local_seq` (fields of CouchDB's own answers, which
 //! clients send back) are dropped; any other field starting with `_` is refused with
-//! `doc_validation`.
+//! `doc_validation`. And how a stored leaf is shown as a document again ([`leaf_json`]).
 
 use serde_json::{Map, Value};
 
-use super::rev_tree::{parse_rev, RevPath};
+use super::rev_tree::{parse_rev, Leaf, RevPath, RevTree};
 
 /// Why CouchDB refuses a document: its error name and reason (always a 400 unless said).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -119,6 +119,64 @@ pub fn replicated_path(doc: &ClientDoc) -> Result<RevPath, Refusal> {
         Some((start, id)) => Ok(RevPath { start, ids: vec![id.to_owned()] }),
         None => Err(Refusal::new("bad_request", "a document written with new_edits=false needs a _rev")),
     }
+}
+
+/// What a document read adds to the document (CouchDB's query options).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DocOptions {
+    pub revs: bool,
+    pub revs_info: bool,
+    pub conflicts: bool,
+    pub deleted_conflicts: bool,
+}
+
+/// A leaf as CouchDB answers it: `_id`, `_rev`, the body, `_deleted` for a deleted leaf, then
+/// what `options` ask for (`_revs_info`, `_conflicts`, `_deleted_conflicts` only for the
+/// winner, as CouchDB gives them).
+pub fn leaf_json(id: &str, tree: &RevTree, leaf: &Leaf, options: DocOptions) -> Value {
+    let mut doc = Map::with_capacity(leaf.body.len() + 4);
+    doc.insert("_id".into(), Value::from(id));
+    doc.insert("_rev".into(), Value::from(leaf.path.leaf_rev()));
+    for (name, value) in &leaf.body {
+        let shown = match (name.as_str(), value) {
+            // Stubs as CouchDB shows them, never the field naming where the bytes are.
+            (super::doc_attachments::ATTACHMENTS, Value::Object(attachments)) => Value::Object(
+                attachments.iter().map(|(name, att)| (name.clone(), super::doc_attachments::shown_stub(att))).collect(),
+            ),
+            _ => value.clone(),
+        };
+        doc.insert(name.clone(), shown);
+    }
+    if leaf.deleted {
+        doc.insert("_deleted".into(), Value::Bool(true));
+    }
+    if options.revs {
+        doc.insert("_revisions".into(), leaf.path.to_revisions());
+    }
+    let is_winner = tree.winner().is_some_and(|winner| winner.path.leaf_rev() == leaf.path.leaf_rev());
+    if is_winner {
+        if options.revs_info {
+            let info: Vec<Value> = tree
+                .revs_info()
+                .into_iter()
+                .map(|(rev, status)| serde_json::json!({ "rev": rev, "status": status.as_str() }))
+                .collect();
+            doc.insert("_revs_info".into(), Value::Array(info));
+        }
+        if options.conflicts {
+            let conflicts = tree.conflicts();
+            if !conflicts.is_empty() {
+                doc.insert("_conflicts".into(), Value::from(conflicts));
+            }
+        }
+        if options.deleted_conflicts {
+            let deleted = tree.deleted_conflicts();
+            if !deleted.is_empty() {
+                doc.insert("_deleted_conflicts".into(), Value::from(deleted));
+            }
+        }
+    }
+    Value::Object(doc)
 }
 
 #[cfg(test)]

@@ -121,6 +121,8 @@ pub struct Database {
     /// Whether a garbage collection of attachment bytes is running, and whether another was
     /// asked for meanwhile (writes that drop references ask; one runs at a time).
     collecting: Arc<Collecting>,
+    /// The database's incarnation as the view index knows it (`crate::views`), once read.
+    views_incarnation: std::sync::OnceLock<String>,
 }
 
 /// The state of the background collection of attachment bytes.
@@ -142,6 +144,7 @@ impl Database {
             attachments: AttachmentStore::new(Arc::clone(&backend)),
             max_attachment_bytes: u64::MAX,
             collecting: Arc::default(),
+            views_incarnation: std::sync::OnceLock::new(),
             backend,
         }
     }
@@ -204,6 +207,16 @@ impl Database {
     /// The largest document body this database takes, in bytes of its JSON.
     pub fn with_max_document_bytes(self, max_document_bytes: usize) -> Self {
         Database { max_document_bytes, ..self }
+    }
+
+    /// The incarnation the view index read for this database, if it did yet.
+    pub fn views_incarnation(&self) -> Option<String> {
+        self.views_incarnation.get().cloned()
+    }
+
+    /// Remembers the database's incarnation; the first one remembered wins.
+    pub fn remember_views_incarnation(&self, incarnation: String) -> String {
+        self.views_incarnation.get_or_init(|| incarnation).clone()
     }
 
     pub fn max_document_bytes(&self) -> usize {

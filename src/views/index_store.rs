@@ -62,7 +62,7 @@ pub struct IndexRow {
 }
 
 /// A range of rows within one view, in row-key bytes after the group and view prefix.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct RowRange {
     pub low: Bound<Vec<u8>>,
     pub high: Bound<Vec<u8>>,

@@ -6,8 +6,52 @@
 //! - [`sort_key`]: byte strings that sort in that collation, the index's row keys.
 //! - [`index_store`]: the index file: rows, back-index and each group's feed position.
 //! - [`builtin_reduce`]: `_count`, `_sum`, `_stats`, `_approx_count_distinct`.
+//! - [`design`]: a design document's views, and the signature that names their index.
+//! - [`updater`]: catching a view group up with the change feed.
+//! - [`query`]: a query's parameters, checked, and the key ranges they select.
+//! - [`run`]: answering a query from the index (rows, or grouped reductions).
 
 pub mod builtin_reduce;
 pub mod collation;
+pub mod design;
 pub mod index_store;
+pub mod query;
+pub mod run;
 pub mod sort_key;
+pub mod updater;
+
+use builtin_reduce::ReduceError;
+
+/// Why a view could not be read, in CouchDB's terms (the HTTP layer maps each to its answer).
+#[derive(Debug)]
+pub enum ViewError {
+    /// `query_parse_error` (400): a parameter CouchDB refuses.
+    QueryParse(String),
+    /// `bad_request` (400): a parameter that is not JSON where JSON is expected.
+    BadRequest(String),
+    /// `not_found` (404), with CouchDB's reason (`missing`, `missing_named_view`, …).
+    NotFound(String),
+    /// `invalid_design_doc` (400): the design document's views cannot be built.
+    InvalidDesign(String),
+    /// `builtin_reduce_error`: a built-in reduce refused a value.
+    Reduce(ReduceError),
+    /// A JavaScript function failed as a whole (compilation, time, memory): CouchDB's error name
+    /// and reason.
+    Function { error: String, reason: String },
+    /// The store or the index file failed.
+    Storage(crate::error::Error),
+}
+
+impl std::fmt::Display for ViewError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ViewError::QueryParse(reason) | ViewError::BadRequest(reason) | ViewError::NotFound(reason) => {
+                f.write_str(reason)
+            }
+            ViewError::InvalidDesign(reason) => write!(f, "invalid design document: {reason}"),
+            ViewError::Reduce(error) => write!(f, "{}", error.reason),
+            ViewError::Function { error, reason } => write!(f, "{error}: {reason}"),
+            ViewError::Storage(error) => write!(f, "{error}"),
+        }
+    }
+}

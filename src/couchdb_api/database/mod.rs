@@ -33,7 +33,7 @@ use axum::routing::{any, get, post};
 use axum::Router;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
-use serde_json::{Map, Value};
+use serde_json::Value;
 use tower::ServiceExt;
 
 pub(crate) use admin::{all_dbs, dbs_info};
@@ -45,7 +45,6 @@ use super::auth::Identity;
 use super::error::CouchError;
 use super::CouchState;
 use crate::backend::catalog::DbName;
-use crate::database::rev_tree::{Leaf, RevTree};
 use crate::database::Database;
 
 /// The routes of a database other than the data-store one.
@@ -471,66 +470,7 @@ impl<'de> serde::de::DeserializeSeed<'de> for DocSeed<'_> {
     }
 }
 
-/// What a document read adds to the document (CouchDB's query options).
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct DocOptions {
-    pub revs: bool,
-    pub revs_info: bool,
-    pub conflicts: bool,
-    pub deleted_conflicts: bool,
-}
-
-/// A leaf as CouchDB answers it: `_id`, `_rev`, the body, `_deleted` for a deleted leaf, then
-/// what `options` ask for (`_revs_info`, `_conflicts`, `_deleted_conflicts` only for the
-/// winner, as CouchDB gives them).
-pub(crate) fn leaf_json(id: &str, tree: &RevTree, leaf: &Leaf, options: DocOptions) -> Value {
-    let mut doc = Map::with_capacity(leaf.body.len() + 4);
-    doc.insert("_id".into(), Value::from(id));
-    doc.insert("_rev".into(), Value::from(leaf.path.leaf_rev()));
-    for (name, value) in &leaf.body {
-        let shown = match (name.as_str(), value) {
-            // Stubs as CouchDB shows them, never the field naming where the bytes are.
-            (crate::database::doc_attachments::ATTACHMENTS, Value::Object(attachments)) => Value::Object(
-                attachments
-                    .iter()
-                    .map(|(name, att)| (name.clone(), crate::database::doc_attachments::shown_stub(att)))
-                    .collect(),
-            ),
-            _ => value.clone(),
-        };
-        doc.insert(name.clone(), shown);
-    }
-    if leaf.deleted {
-        doc.insert("_deleted".into(), Value::Bool(true));
-    }
-    if options.revs {
-        doc.insert("_revisions".into(), leaf.path.to_revisions());
-    }
-    let is_winner = tree.winner().is_some_and(|winner| winner.path.leaf_rev() == leaf.path.leaf_rev());
-    if is_winner {
-        if options.revs_info {
-            let info: Vec<Value> = tree
-                .revs_info()
-                .into_iter()
-                .map(|(rev, status)| serde_json::json!({ "rev": rev, "status": status.as_str() }))
-                .collect();
-            doc.insert("_revs_info".into(), Value::Array(info));
-        }
-        if options.conflicts {
-            let conflicts = tree.conflicts();
-            if !conflicts.is_empty() {
-                doc.insert("_conflicts".into(), Value::from(conflicts));
-            }
-        }
-        if options.deleted_conflicts {
-            let deleted = tree.deleted_conflicts();
-            if !deleted.is_empty() {
-                doc.insert("_deleted_conflicts".into(), Value::from(deleted));
-            }
-        }
-    }
-    Value::Object(doc)
-}
+pub(crate) use crate::database::document::{leaf_json, DocOptions};
 
 /// A refusal of a client's document, as CouchDB answers it (400).
 pub(crate) fn refused(refusal: crate::database::document::Refusal) -> CouchError {

@@ -1,0 +1,358 @@
+//! Answering a checked query ([`super::query::Plan`]) from a group's rows.
+//!
+//! Rows are read on a blocking thread and handed over through a bounded channel, so an answer of
+//! any size streams with [`CHANNEL_ROWS`] rows in flight: the caller writes them out as they come
+//! (a map answer) or folds them into groups (a reduce answer, where only the current group's
+//! rows are held, reduced every [`REDUCE_CHUNK`] rows and rereduced at the group's end).
+
+use std::ops::{Bound, ControlFlow};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use super::builtin_reduce::{Builtin, Reducer};
+use super::design::{DesignViews, ReduceFn};
+use super::index_store::{IndexRow, IndexStore, RowRange};
+use super::query::{group_key, Grouping};
+use super::sort_key;
+use super::ViewError;
+
+/// Rows in flight between the index scan and the answer.
+pub const CHANNEL_ROWS: usize = 256;
+/// Rows of one group reduced at a time before rereducing.
+pub const REDUCE_CHUNK: usize = 1000;
+
+/// Runs JavaScript reduce functions.
+#[async_trait]
+pub trait JsReducer: Send + Sync {
+    async fn reduce(&self, design: &DesignViews, view: &str, rows: Vec<(Value, Value)>) -> Result<Value, ViewError>;
+    async fn rereduce(&self, design: &DesignViews, view: &str, values: Vec<Value>) -> Result<Value, ViewError>;
+}
+
+/// Where a map answer starts, and its rows as they are read.
+pub struct MapRows {
+    /// Rows of the view before the first one answered (CouchDB's `offset`).
+    pub offset: u64,
+    pub rows: mpsc::Receiver<Result<IndexRow, ViewError>>,
+}
+
+/// Streams the rows of view `view` (group `number`) in `ranges`, after skipping `skip` and up to
+/// `limit` in all.
+pub async fn map_rows(
+    store: Arc<IndexStore>,
+    number: u64,
+    view: usize,
+    ranges: Vec<RowRange>,
+    descending: bool,
+    skip: u64,
+    limit: Option<u64>,
+) -> Result<MapRows, ViewError> {
+    let before = {
+        let store = Arc::clone(&store);
+        let first = ranges.first().cloned().unwrap_or_else(RowRange::all);
+        tokio::task::spawn_blocking(move || rows_before(&store, number, view, &first, descending))
+            .await
+            .map_err(task_failed)?
+            .map_err(ViewError::Storage)?
+    };
+    let (sender, receiver) = mpsc::channel(CHANNEL_ROWS);
+    tokio::task::spawn_blocking(move || {
+        let mut to_skip = skip;
+        let mut left = limit.unwrap_or(u64::MAX);
+        for range in &ranges {
+            if left == 0 {
+                break;
+            }
+            let scanned = store.scan(number, view, range, descending, |row| {
+                if to_skip > 0 {
+                    to_skip -= 1;
+                    return ControlFlow::Continue(());
+                }
+                if left == 0 || sender.blocking_send(Ok(row)).is_err() {
+                    return ControlFlow::Break(());
+                }
+                left -= 1;
+                ControlFlow::Continue(())
+            });
+            if let Err(err) = scanned {
+                let _ = sender.blocking_send(Err(ViewError::Storage(err)));
+                return;
+            }
+        }
+    });
+    Ok(MapRows { offset: before + skip, rows: receiver })
+}
+
+/// How many rows of the view come before `range` in the scan's direction.
+fn rows_before(
+    store: &IndexStore,
+    number: u64,
+    view: usize,
+    range: &RowRange,
+    descending: bool,
+) -> crate::error::Result<u64> {
+    let outside = if descending {
+        match &range.high {
+            Bound::Unbounded => return Ok(0),
+            Bound::Included(bytes) => RowRange { low: Bound::Excluded(bytes.clone()), high: Bound::Unbounded },
+            Bound::Excluded(bytes) => RowRange { low: Bound::Included(bytes.clone()), high: Bound::Unbounded },
+        }
+    } else {
+        match &range.low {
+            Bound::Unbounded => return Ok(0),
+            Bound::Included(bytes) => RowRange { low: Bound::Unbounded, high: Bound::Excluded(bytes.clone()) },
+            Bound::Excluded(bytes) => RowRange { low: Bound::Unbounded, high: Bound::Included(bytes.clone()) },
+        }
+    };
+    let mut count = 0u64;
+    store.scan(number, view, &outside, false, |_| {
+        count += 1;
+        ControlFlow::Continue(())
+    })?;
+    Ok(count)
+}
+
+/// The reduce function of a view, ready to run.
+pub enum ReduceRunner<'a> {
+    Builtin(Builtin),
+    JavaScript { engine: &'a dyn JsReducer, design: &'a DesignViews, view: &'a str },
+}
+
+impl<'a> ReduceRunner<'a> {
+    pub fn of(reduce: &ReduceFn, engine: &'a dyn JsReducer, design: &'a DesignViews, view: &'a str) -> Self {
+        match reduce {
+            ReduceFn::Builtin(builtin) => ReduceRunner::Builtin(*builtin),
+            ReduceFn::JavaScript(_) => ReduceRunner::JavaScript { engine, design, view },
+        }
+    }
+
+    async fn reduce(&self, rows: Vec<(Value, Value)>) -> Result<Value, ViewError> {
+        match self {
+            ReduceRunner::Builtin(builtin) => builtin.reduce(&rows).map_err(ViewError::Reduce),
+            ReduceRunner::JavaScript { engine, design, view } => engine.reduce(design, view, rows).await,
+        }
+    }
+
+    async fn rereduce(&self, values: Vec<Value>) -> Result<Value, ViewError> {
+        match self {
+            ReduceRunner::Builtin(builtin) => builtin.rereduce(&values).map_err(ViewError::Reduce),
+            ReduceRunner::JavaScript { engine, design, view } => engine.rereduce(design, view, values).await,
+        }
+    }
+
+    fn finish(&self, value: Value) -> Value {
+        match self {
+            ReduceRunner::Builtin(builtin) => builtin.finish(value),
+            ReduceRunner::JavaScript { .. } => value,
+        }
+    }
+}
+
+/// One group being folded.
+struct OpenGroup {
+    key: Value,
+    sort_key: Vec<u8>,
+    rows: Vec<(Value, Value)>,
+    partials: Vec<Value>,
+}
+
+impl OpenGroup {
+    fn new(key: Value) -> Self {
+        OpenGroup { sort_key: sort_key::encode(&key), key, rows: Vec::new(), partials: Vec::new() }
+    }
+
+    async fn take(&mut self, row: IndexRow, reducer: &ReduceRunner<'_>) -> Result<(), ViewError> {
+        self.rows.push((json!([row.key, row.id]), row.value));
+        if self.rows.len() >= REDUCE_CHUNK {
+            let rows = std::mem::take(&mut self.rows);
+            self.partials.push(reducer.reduce(rows).await?);
+        }
+        Ok(())
+    }
+
+    async fn close(mut self, reducer: &ReduceRunner<'_>) -> Result<(Value, Value), ViewError> {
+        let value = if self.partials.is_empty() {
+            reducer.reduce(std::mem::take(&mut self.rows)).await?
+        } else {
+            if !self.rows.is_empty() {
+                let last = reducer.reduce(std::mem::take(&mut self.rows)).await?;
+                self.partials.push(last);
+            }
+            reducer.rereduce(self.partials).await?
+        };
+        Ok((self.key, reducer.finish(value)))
+    }
+}
+
+/// The reduce answer's rows: `(key, value)` per group, after `skip`, at most `limit`.
+#[allow(clippy::too_many_arguments)]
+pub async fn reduce_rows(
+    store: Arc<IndexStore>,
+    number: u64,
+    view: usize,
+    ranges: Vec<RowRange>,
+    descending: bool,
+    grouping: Grouping,
+    reducer: &ReduceRunner<'_>,
+    skip: u64,
+    limit: Option<u64>,
+) -> Result<Vec<(Value, Value)>, ViewError> {
+    let (sender, mut receiver) = mpsc::channel::<Result<IndexRow, ViewError>>(CHANNEL_ROWS);
+    let scan = tokio::task::spawn_blocking(move || {
+        for range in &ranges {
+            let scanned = store.scan(number, view, range, descending, |row| {
+                if sender.blocking_send(Ok(row)).is_err() {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                }
+            });
+            if let Err(err) = scanned {
+                let _ = sender.blocking_send(Err(ViewError::Storage(err)));
+                return;
+            }
+        }
+    });
+    let mut answer = Vec::new();
+    let mut to_skip = skip;
+    let limit = limit.unwrap_or(u64::MAX);
+    let mut open: Option<OpenGroup> = None;
+    let mut emit = |group: (Value, Value), answer: &mut Vec<(Value, Value)>| {
+        if to_skip > 0 {
+            to_skip -= 1;
+        } else {
+            answer.push(group);
+        }
+    };
+    while let Some(row) = receiver.recv().await {
+        let row = row?;
+        let key = group_key(&row.key, grouping);
+        let same = open.as_ref().is_some_and(|group| group.sort_key == sort_key::encode(&key));
+        if !same {
+            if let Some(done) = open.take() {
+                emit(done.close(reducer).await?, &mut answer);
+                if answer.len() as u64 >= limit {
+                    break;
+                }
+            }
+            open = Some(OpenGroup::new(key));
+        }
+        if let Some(group) = open.as_mut() {
+            group.take(row, reducer).await?;
+        }
+    }
+    drop(receiver);
+    if let Some(done) = open.take() {
+        if (answer.len() as u64) < limit {
+            emit(done.close(reducer).await?, &mut answer);
+        }
+    }
+    scan.await.map_err(task_failed)?;
+    Ok(answer)
+}
+
+fn task_failed(err: tokio::task::JoinError) -> ViewError {
+    ViewError::Storage(crate::error::Error::new(crate::error::ErrorKind::Internal, format!("view scan task: {err}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::views::index_store::MappedDoc;
+    use crate::views::query::{Plan, ViewQuery};
+
+    struct NoJs;
+
+    #[async_trait]
+    impl JsReducer for NoJs {
+        async fn reduce(&self, _: &DesignViews, _: &str, _: Vec<(Value, Value)>) -> Result<Value, ViewError> {
+            Err(ViewError::Function { error: "none".into(), reason: "no engine in this test".into() })
+        }
+        async fn rereduce(&self, _: &DesignViews, _: &str, _: Vec<Value>) -> Result<Value, ViewError> {
+            Err(ViewError::Function { error: "none".into(), reason: "no engine in this test".into() })
+        }
+    }
+
+    /// A store with one group of one view: documents `d0..d{n}` emitting `[i % 3, i]` → `i`.
+    fn store_with(n: usize) -> (tempfile::TempDir, Arc<IndexStore>, u64) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(IndexStore::open(&dir.path().join("v.redb")).unwrap());
+        let group = store.group("g", 1).unwrap();
+        let docs: Vec<MappedDoc> = (0..n)
+            .map(|i| MappedDoc { id: format!("d{i:03}"), rows: vec![vec![(json!([i % 3, i]), json!(i))]] })
+            .collect();
+        store.apply("g", &docs, "s").unwrap();
+        (dir, store, group.number)
+    }
+
+    async fn query_map(store: &Arc<IndexStore>, number: u64, pairs: &[(&str, &str)]) -> (u64, Vec<String>) {
+        let query = ViewQuery::parse(pairs.iter().copied()).unwrap();
+        let Plan::Map { ranges } = query.plan(false).unwrap() else { panic!("not a map plan") };
+        let mut answer =
+            map_rows(Arc::clone(store), number, 0, ranges, query.descending, query.skip, query.limit).await.unwrap();
+        let mut ids = Vec::new();
+        while let Some(row) = answer.rows.recv().await {
+            ids.push(row.unwrap().id);
+        }
+        (answer.offset, ids)
+    }
+
+    #[tokio::test]
+    async fn map_queries_select_skip_limit_and_reverse() {
+        let (_dir, store, number) = store_with(9);
+        let (offset, ids) = query_map(&store, number, &[("startkey", "[1]"), ("endkey", "[1, {}]")]).await;
+        assert_eq!((offset, ids), (3, vec!["d001".into(), "d004".into(), "d007".into()]));
+        let (_, ids) =
+            query_map(&store, number, &[("startkey", "[2, {}]"), ("endkey", "[2]"), ("descending", "true")]).await;
+        assert_eq!(ids, ["d008", "d005", "d002"]);
+        let (offset, ids) = query_map(&store, number, &[("skip", "2"), ("limit", "3")]).await;
+        assert_eq!((offset, ids), (2, vec!["d006".into(), "d001".into(), "d004".into()]));
+        let (_, ids) = query_map(&store, number, &[("keys", "[[2, 5], [0, 0], [9]]")]).await;
+        assert_eq!(ids, ["d005", "d000"]);
+        let (_, ids) =
+            query_map(&store, number, &[("startkey", "[0]"), ("endkey", "[1, 1]"), ("inclusive_end", "false")]).await;
+        assert_eq!(ids, ["d000", "d003", "d006"]);
+        let (_, ids) =
+            query_map(&store, number, &[("key", "[1, 4]"), ("startkey_docid", "d004"), ("endkey_docid", "d004")]).await;
+        assert_eq!(ids, ["d004"]);
+    }
+
+    #[tokio::test]
+    async fn reduces_group_by_level_and_exact_keys() {
+        let (_dir, store, number) = store_with(9);
+        let design =
+            DesignViews::parse(&json!({"_id": "_design/d", "views": {"v": {"map": "f", "reduce": "_sum"}}})).unwrap();
+        let reducer = ReduceRunner::of(&ReduceFn::Builtin(Builtin::Sum), &NoJs, &design, "v");
+        let run = |grouping, skip, limit| {
+            reduce_rows(Arc::clone(&store), number, 0, vec![RowRange::all()], false, grouping, &reducer, skip, limit)
+        };
+        assert_eq!(run(Grouping::All, 0, None).await.unwrap(), vec![(json!(null), json!(36))]);
+        assert_eq!(
+            run(Grouping::Level(1), 0, None).await.unwrap(),
+            vec![(json!([0]), json!(9)), (json!([1]), json!(12)), (json!([2]), json!(15))]
+        );
+        assert_eq!(run(Grouping::Level(1), 1, Some(1)).await.unwrap(), vec![(json!([1]), json!(12))]);
+        assert_eq!(
+            run(Grouping::Exact, 0, Some(2)).await.unwrap(),
+            vec![(json!([0, 0]), json!(0)), (json!([0, 3]), json!(3))]
+        );
+        let counted = ReduceRunner::Builtin(Builtin::Count);
+        let total =
+            reduce_rows(Arc::clone(&store), number, 0, vec![RowRange::all()], true, Grouping::All, &counted, 0, None);
+        assert_eq!(total.await.unwrap(), vec![(json!(null), json!(9))]);
+    }
+
+    #[tokio::test]
+    async fn big_groups_are_reduced_in_chunks_and_rereduced() {
+        let (_dir, store, number) = store_with(2_500);
+        let stats = ReduceRunner::Builtin(Builtin::Stats);
+        let rows =
+            reduce_rows(Arc::clone(&store), number, 0, vec![RowRange::all()], false, Grouping::All, &stats, 0, None);
+        let value = &rows.await.unwrap()[0].1;
+        assert_eq!(value["count"], json!(2_500));
+        assert_eq!(value["sum"], json!(2_500 * 2_499 / 2));
+        assert_eq!(value["max"], json!(2_499));
+    }
+}
