@@ -128,6 +128,11 @@ pub struct Settings {
     /// an upload in progress and bytes just stored for a document write about to reference them
     /// must not be freed under it. 86400 (a day) by default; 0 frees at once (tests).
     pub couchdb_attachment_grace_secs: u64,
+    /// Where this process keeps its view indexes (docs/views.md): a directory of its own per
+    /// serving process. Unset: beside the store file on the embedded store, else
+    /// `$XDG_STATE_HOME/agentstore/views` (or `~/.local/state/agentstore/views`, or
+    /// `./agentstore-views`), one file per backend.
+    pub couchdb_view_index_dir: Option<String>,
     /// Most names one `POST /_dbs_info` may ask about (CouchDB's
     /// `max_db_number_for_dbs_info_req`).
     pub couchdb_max_dbs_info_keys: usize,
@@ -461,6 +466,28 @@ impl Settings {
     /// The request body limit in force.
     pub fn body_limit(&self) -> usize {
         self.max_body_bytes.unwrap_or_else(|| self.max_value_bytes.saturating_mul(4).saturating_add(64 * 1024))
+    }
+
+    /// The view index file of this process (`couchdb_view_index_dir`, docs/views.md).
+    pub fn view_index_path(&self) -> Result<PathBuf> {
+        let url = self.backend_url()?;
+        // One file per backend, named so two backends never share one.
+        let digest = <sha2::Sha256 as sha2::Digest>::digest(self.backend.as_bytes());
+        let named: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+        if let Some(dir) = &self.couchdb_view_index_dir {
+            return Ok(PathBuf::from(dir).join(format!("views-{named}.redb")));
+        }
+        if let BackendUrl::Embedded { path, .. } = &url {
+            let mut file = path.clone().into_os_string();
+            file.push(".views.redb");
+            return Ok(PathBuf::from(file));
+        }
+        let state = std::env::var_os("XDG_STATE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".local/state")))
+            .map(|base| base.join("agentstore/views"))
+            .unwrap_or_else(|| PathBuf::from("agentstore-views"));
+        Ok(state.join(format!("views-{named}.redb")))
     }
 
     /// The largest attachment stored (`couchdb_max_attachment_bytes`; no bound when unset).

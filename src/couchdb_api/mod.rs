@@ -74,6 +74,8 @@ pub(crate) struct CouchState {
     pub databases: Arc<crate::database::Databases>,
     /// Most names one `POST /_dbs_info` may ask about (`couchdb_max_dbs_info_keys`).
     pub max_dbs_info_keys: usize,
+    /// Their views ([`crate::views`]): the index file and the engine running design functions.
+    pub views: Arc<crate::views::service::Views>,
     /// Their routes ([`database::router`]); empty inside those routes' own state.
     pub database_router: axum::Router,
 }
@@ -124,6 +126,10 @@ impl CouchApp {
                     ),
             ),
             max_dbs_info_keys: settings.couchdb_max_dbs_info_keys,
+            views: Arc::new(crate::views::service::Views::new(
+                settings.view_index_path()?,
+                Arc::new(crate::views::service::NoEngine),
+            )),
             database_router: axum::Router::new(),
         };
         let state = CouchState { database_router: database::router(state.clone()), ..state };

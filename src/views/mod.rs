@@ -10,6 +10,7 @@
 //! - [`updater`]: catching a view group up with the change feed.
 //! - [`query`]: a query's parameters, checked, and the key ranges they select.
 //! - [`run`]: answering a query from the index (rows, or grouped reductions).
+//! - [`service`]: this process's views: the index file, opened on first use, and the engine.
 
 pub mod builtin_reduce;
 pub mod collation;
@@ -17,6 +18,7 @@ pub mod design;
 pub mod index_store;
 pub mod query;
 pub mod run;
+pub mod service;
 pub mod sort_key;
 pub mod updater;
 

@@ -13,6 +13,7 @@
 //! - [`attachments`]: standalone attachments, and `_attachments` in reads and writes.
 //! - [`bulk`]: `_bulk_docs`, `_bulk_get`, `_revs_diff`, `_missing_revs`, `_purge`.
 //! - [`all_docs`]: `_all_docs`, `_design_docs` and `_local_docs`.
+//! - [`views`]: `_view` queries, `_info` and `_view_cleanup` ([`crate::views`]).
 //! - `_changes` is the data-store database's feed machinery ([`super::changes`]) over this
 //!   database's rows.
 
@@ -21,6 +22,7 @@ mod all_docs;
 mod attachments;
 mod bulk;
 mod docs;
+mod views;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -69,10 +71,13 @@ pub(crate) fn router(state: CouchState) -> Router {
         .route("/{db}/_security", get(admin::get_security).put(admin::put_security))
         .route("/{db}/_compact", post(admin::compact))
         .route("/{db}/_compact/{ddoc}", post(admin::compact))
-        .route("/{db}/_view_cleanup", post(admin::compact))
+        .route("/{db}/_view_cleanup", post(views::view_cleanup))
         .route("/{db}/_ensure_full_commit", post(admin::ensure_full_commit))
         .route("/{db}/_local/{*name}", get(docs::get_local).put(docs::put_local).delete(docs::delete_local))
         .route("/{db}/_design/{ddoc}", any(docs::design_document))
+        .route("/{db}/_design/{ddoc}/_view/{view}", any(views::view))
+        .route("/{db}/_design/{ddoc}/_view/{view}/queries", post(views::view_queries))
+        .route("/{db}/_design/{ddoc}/_info", get(views::design_info))
         .route("/{db}/_design/{ddoc}/{*rest}", any(docs::design_function))
         .route("/{db}/{docid}", any(docs::document))
         .route("/{db}/{docid}/{*attachment}", any(attachments::attachment))

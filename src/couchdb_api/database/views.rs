@@ -1,0 +1,341 @@
+//! Views of a database whose backend does not forward requests (the embedded store, DynamoDB,
+//! Firestore): `GET/POST /{db}/_design/{ddoc}/_view/{view}`, `POST …/_view/{view}/queries`,
+//! `GET /{db}/_design/{ddoc}/_info` and `POST /{db}/_view_cleanup`, answered from this process's
+//! index ([`crate::views`]). Over the CouchDB backend these requests are forwarded before they
+//! reach here, and CouchDB answers them itself.
+//!
+//! Anyone who may read the database may query its views (a view holds only that database's
+//! documents), as in CouchDB.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, Method, StatusCode};
+use futures::stream::{self, StreamExt};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use super::{leaf_json, DocOptions, OpenDb};
+use crate::backend::IdRange;
+use crate::couchdb_api::all_docs::streamed_listing;
+use crate::couchdb_api::error::{CouchError, CouchResult};
+use crate::couchdb_api::{json, Answer, CouchState};
+use crate::database::Database;
+use crate::views::design::DesignViews;
+use crate::views::index_store::IndexRow;
+use crate::views::query::{Plan, Update, ViewQuery};
+use crate::views::run::{map_rows, reduce_rows, ReduceRunner};
+use crate::views::updater::ReadyGroup;
+use crate::views::ViewError;
+
+/// Rows whose documents are read together for `include_docs`.
+const DOCS_PER_READ: usize = 64;
+
+#[derive(Deserialize)]
+pub(crate) struct ViewPath {
+    ddoc: String,
+    view: String,
+}
+
+#[derive(Deserialize)]
+pub(crate) struct DesignPath {
+    ddoc: String,
+}
+
+impl From<ViewError> for CouchError {
+    fn from(err: ViewError) -> Self {
+        match err {
+            ViewError::QueryParse(reason) => CouchError::new(StatusCode::BAD_REQUEST, "query_parse_error", reason),
+            ViewError::BadRequest(reason) => CouchError::bad_request(reason),
+            ViewError::NotFound(reason) => CouchError::not_found(reason),
+            ViewError::InvalidDesign(reason) => CouchError::new(StatusCode::BAD_REQUEST, "invalid_design_doc", reason),
+            ViewError::Reduce(error) => CouchError::new(StatusCode::BAD_REQUEST, "builtin_reduce_error", error.reason),
+            ViewError::Function { error, reason } => CouchError::new(StatusCode::BAD_REQUEST, error, reason),
+            ViewError::Storage(error) => CouchError::from(error),
+        }
+    }
+}
+
+/// `GET/POST /{db}/_design/{ddoc}/_view/{view}`.
+pub async fn view(
+    State(state): State<CouchState>,
+    opened: OpenDb<ViewPath>,
+    method: Method,
+    Query(params): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Answer {
+    let mut query = ViewQuery::parse(params.iter().map(|(k, v)| (k.as_str(), v.as_str())))?;
+    if method == Method::POST {
+        if let Some(body) = read_object(&state, &headers, body).await? {
+            query.merge_body(&body)?;
+        }
+    } else if method != Method::GET && method != Method::HEAD {
+        return Err(method_not_allowed("GET,HEAD,POST"));
+    }
+    let design = load_design(&opened.db, &opened.params.ddoc).await?;
+    answer(&state, &opened.db, &design, &opened.params.view, query).await
+}
+
+/// `POST /{db}/_design/{ddoc}/_view/{view}/queries`: several queries of one view, answered in
+/// order as `{"results": [...]}`.
+pub async fn view_queries(
+    State(state): State<CouchState>,
+    opened: OpenDb<ViewPath>,
+    Query(params): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Answer {
+    let body = read_object(&state, &headers, body).await?.unwrap_or_default();
+    let Some(Value::Array(queries)) = body.get("queries") else {
+        return Err(CouchError::bad_request("`queries` member must be an array"));
+    };
+    let design = load_design(&opened.db, &opened.params.ddoc).await?;
+    let mut results = Vec::with_capacity(queries.len());
+    for each in queries {
+        let Value::Object(fields) = each else {
+            return Err(CouchError::bad_request("each query must be an object"));
+        };
+        let mut query = ViewQuery::parse(params.iter().map(|(k, v)| (k.as_str(), v.as_str())))?;
+        query.merge_body(fields)?;
+        let response = answer(&state, &opened.db, &design, &opened.params.view, query).await?;
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .map_err(|err| CouchError::internal(format!("view answer: {err}")))?;
+        results.push(serde_json::from_slice::<Value>(&bytes).map_err(|err| CouchError::internal(err.to_string()))?);
+    }
+    Ok(json(StatusCode::OK, json!({ "results": results })))
+}
+
+/// `GET /{db}/_design/{ddoc}/_info`.
+pub async fn design_info(State(state): State<CouchState>, opened: OpenDb<DesignPath>) -> Answer {
+    let design = load_design(&opened.db, &opened.params.ddoc).await?;
+    let indexer = state.views.indexer().await?;
+    let group = indexer.current(&opened.db, &design).await?;
+    let language = match design.language {
+        crate::views::design::Language::JavaScript => "javascript",
+        crate::views::design::Language::Query => "query",
+    };
+    Ok(json(
+        StatusCode::OK,
+        json!({
+            "name": opened.params.ddoc,
+            "view_index": {
+                "signature": design.signature,
+                "language": language,
+                "sizes": {"active": 0, "external": 0, "file": 0},
+                "update_seq": shown_seq(&group),
+                "purge_seq": 0,
+                "updater_running": false,
+                "compact_running": false,
+                "waiting_clients": 0,
+                "waiting_commit": false,
+            }
+        }),
+    ))
+}
+
+/// `POST /{db}/_view_cleanup`: drops the indexes no design document of the database uses.
+pub async fn view_cleanup(State(state): State<CouchState>, opened: OpenDb, headers: HeaderMap) -> Answer {
+    opened.access.require_db_admin_to_compact()?;
+    crate::couchdb_api::request::require_json_content_type(&headers)?;
+    let mut keep = Vec::new();
+    let range = IdRange {
+        start: Some("_design/".into()),
+        end: Some("_design0".into()),
+        inclusive_end: false,
+        descending: false,
+        include_design: true,
+    };
+    let mut token: Option<String> = None;
+    loop {
+        let page = opened.db.all_docs(&range, 100, token.as_deref()).await?;
+        for (id, state) in &page.items {
+            if let Some(winner) = state.tree.winner() {
+                let doc = leaf_json(id, &state.tree, winner, DocOptions::default());
+                if let Ok(design) = DesignViews::parse(&doc) {
+                    keep.push(design.signature);
+                }
+            }
+        }
+        match page.next {
+            Some(next) => token = Some(next),
+            None => break,
+        }
+    }
+    let dropped = state.views.indexer().await?.clean_up(&opened.db, &keep).await?;
+    tracing::debug!(database = opened.db.name(), dropped, "view cleanup");
+    Ok(json(StatusCode::ACCEPTED, json!({ "ok": true })))
+}
+
+fn method_not_allowed(allowed: &str) -> CouchError {
+    CouchError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", format!("Only {allowed} allowed"))
+}
+
+async fn read_object(state: &CouchState, headers: &HeaderMap, body: Body) -> CouchResult<Option<Map<String, Value>>> {
+    match state.bodies.read_json(headers, body).await? {
+        None => Ok(None),
+        Some(body) => match body.value {
+            Value::Object(map) => Ok(Some(map)),
+            _ => Err(CouchError::bad_request("Request body must be a JSON object")),
+        },
+    }
+}
+
+/// The design document `_design/{name}`'s views (404 `missing` / `deleted` as CouchDB).
+async fn load_design(db: &Database, name: &str) -> CouchResult<DesignViews> {
+    let id = format!("_design/{name}");
+    let state = db.read(&id).await?.ok_or_else(|| CouchError::not_found("missing"))?;
+    if state.deleted() {
+        return Err(CouchError::not_found("deleted"));
+    }
+    let winner = state.tree.winner().ok_or_else(|| CouchError::not_found("missing"))?;
+    let doc = leaf_json(&id, &state.tree, winner, DocOptions::default());
+    DesignViews::parse(&doc).map_err(|invalid| ViewError::InvalidDesign(invalid.0).into())
+}
+
+/// The group's feed position as CouchDB shows a sequence.
+fn shown_seq(group: &ReadyGroup) -> Value {
+    match &group.state.checkpoint {
+        Some(token) => Value::from(crate::database::seq::show(token)),
+        None => Value::from(0),
+    }
+}
+
+async fn answer(
+    state: &CouchState,
+    db: &Arc<Database>,
+    design: &DesignViews,
+    view_name: &str,
+    query: ViewQuery,
+) -> Answer {
+    let (number, spec) = design.view(view_name).ok_or_else(|| CouchError::not_found("missing_named_view"))?;
+    let plan = query.plan(spec.reduce.is_some())?;
+    let indexer = Arc::clone(state.views.indexer().await?);
+    let group = match query.update {
+        Update::True => indexer.catch_up(db, design).await?,
+        Update::False => indexer.current(db, design).await?,
+        Update::Lazy => {
+            let group = indexer.current(db, design).await?;
+            let (db, design, indexer) = (Arc::clone(db), design.clone(), Arc::clone(&indexer));
+            tokio::spawn(async move {
+                if let Err(err) = indexer.catch_up(&db, &design).await {
+                    tracing::warn!(database = db.name(), design = design.id, %err, "lazy view update failed");
+                }
+            });
+            group
+        }
+    };
+    let store = Arc::clone(indexer.store());
+    match plan {
+        Plan::Reduce { ranges, grouping } => {
+            let reduce = spec.reduce.as_ref().ok_or_else(|| CouchError::internal("a reduce plan without a reduce"))?;
+            let reducer = ReduceRunner::of(reduce, state.views.reducer(), design, view_name);
+            let rows = reduce_rows(
+                store,
+                group.state.number,
+                number,
+                ranges,
+                query.descending,
+                grouping,
+                &reducer,
+                query.skip,
+                query.limit,
+            )
+            .await?;
+            let rows: Vec<Value> = rows.into_iter().map(|(key, value)| json!({"key": key, "value": value})).collect();
+            let mut body = json!({ "rows": rows });
+            if query.update_seq {
+                body["update_seq"] = shown_seq(&group);
+            }
+            Ok(json(StatusCode::OK, body))
+        }
+        Plan::Map { ranges } => {
+            let total_rows = group.state.row_counts.get(number).copied().unwrap_or(0);
+            let answer =
+                map_rows(store, group.state.number, number, ranges, query.descending, query.skip, query.limit).await?;
+            let mut head = format!("{{\"total_rows\":{total_rows},\"offset\":{}", answer.offset);
+            if query.update_seq {
+                head.push_str(&format!(",\"update_seq\":{}", shown_seq(&group)));
+            }
+            head.push_str(",\"rows\":[\n");
+            let docs = query.include_docs.then(|| {
+                (Arc::clone(db), DocOptions { conflicts: query.conflicts.unwrap_or(false), ..DocOptions::default() })
+            });
+            Ok(streamed_listing(head, None, rendered_rows(answer.rows, docs)))
+        }
+    }
+}
+
+/// The map rows as JSON text chunks, documents read in batches when `docs` is given.
+fn rendered_rows(
+    rows: tokio::sync::mpsc::Receiver<Result<IndexRow, ViewError>>,
+    docs: Option<(Arc<Database>, DocOptions)>,
+) -> impl futures::Stream<Item = crate::Result<Bytes>> + Send + 'static {
+    struct Cursor {
+        rows: tokio::sync::mpsc::Receiver<Result<IndexRow, ViewError>>,
+        docs: Option<(Arc<Database>, DocOptions)>,
+        first: bool,
+    }
+    let cursor = Cursor { rows, docs, first: true };
+    stream::try_unfold(cursor, |mut cursor| async move {
+        let Some(first) = cursor.rows.recv().await else {
+            return Ok(None);
+        };
+        let mut batch = vec![first];
+        while batch.len() < DOCS_PER_READ {
+            match cursor.rows.try_recv() {
+                Ok(row) => batch.push(row),
+                Err(_) => break,
+            }
+        }
+        let batch: Vec<IndexRow> = batch
+            .into_iter()
+            .collect::<Result<_, ViewError>>()
+            .map_err(|err| crate::Error::new(crate::error::ErrorKind::Internal, err.to_string()))?;
+        let shown_docs = match &cursor.docs {
+            Some((db, options)) => Some(included_docs(db, &batch, *options).await?),
+            None => None,
+        };
+        let mut chunk = String::new();
+        for (i, row) in batch.iter().enumerate() {
+            if !cursor.first {
+                chunk.push_str(",\n");
+            }
+            cursor.first = false;
+            let mut shown = json!({"id": row.id, "key": row.key, "value": row.value});
+            if let Some(docs) = &shown_docs {
+                shown["doc"] = docs.get(i).cloned().unwrap_or(Value::Null);
+            }
+            chunk.push_str(&shown.to_string());
+        }
+        Ok(Some((Bytes::from(chunk), cursor)))
+    })
+    .boxed()
+}
+
+/// The document each row includes: the one a value `{"_id": …}` links to, else the row's own;
+/// `null` when it does not exist or is deleted.
+async fn included_docs(db: &Database, rows: &[IndexRow], options: DocOptions) -> crate::Result<Vec<Value>> {
+    let ids: Vec<String> = rows
+        .iter()
+        .map(|row| row.value.get("_id").and_then(Value::as_str).map(str::to_owned).unwrap_or_else(|| row.id.clone()))
+        .collect();
+    let states = db.read_many(&ids).await?;
+    Ok(ids
+        .iter()
+        .zip(rows)
+        .zip(states)
+        .map(|((id, row), state)| {
+            let Some(state) = state else { return Value::Null };
+            let wanted_rev = row.value.get("_rev").and_then(Value::as_str);
+            let leaf = match wanted_rev {
+                Some(rev) => state.tree.leaves().into_iter().find(|leaf| leaf.path.leaf_rev() == rev),
+                None => state.tree.winner().filter(|winner| !winner.deleted),
+            };
+            leaf.map(|leaf| leaf_json(id, &state.tree, leaf, options)).unwrap_or(Value::Null)
+        })
+        .collect())
+}

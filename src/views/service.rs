@@ -1,0 +1,124 @@
+//! The views of one `serve` process: its index file, opened on first use, and the engine that
+//! runs design documents' functions.
+//!
+//! The file is opened lazily so a process that never answers a view never takes it: redb locks
+//! its file, so two processes on one machine must be given two index files
+//! (`couchdb_view_index_dir`), and only a process that uses views needs one.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::index_store::IndexStore;
+use super::run::JsReducer;
+use super::updater::{Mapper, ViewIndexer};
+use super::ViewError;
+use crate::error::{Error, ErrorKind};
+
+/// What runs a design document's functions: map functions and JavaScript reduces.
+pub trait ViewEngine: Mapper + JsReducer {}
+
+impl<T: Mapper + JsReducer> ViewEngine for T {}
+
+/// This process's views.
+pub struct Views {
+    path: PathBuf,
+    engine: Arc<dyn ViewEngine>,
+    indexer: tokio::sync::OnceCell<Arc<ViewIndexer>>,
+}
+
+impl Views {
+    /// Views kept in the index file at `path`, their functions run by `engine`.
+    pub fn new(path: PathBuf, engine: Arc<dyn ViewEngine>) -> Self {
+        Views { path, engine, indexer: tokio::sync::OnceCell::new() }
+    }
+
+    /// Where the index file is.
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+
+    /// The indexer, its file opened on the first call.
+    pub async fn indexer(&self) -> Result<&Arc<ViewIndexer>, ViewError> {
+        self.indexer
+            .get_or_try_init(|| async {
+                let path = self.path.clone();
+                let store = tokio::task::spawn_blocking(move || IndexStore::open(&path))
+                    .await
+                    .map_err(|err| {
+                        ViewError::Storage(Error::new(ErrorKind::Internal, format!("open view index: {err}")))
+                    })?
+                    .map_err(|err| {
+                        ViewError::Storage(Error::new(
+                            err.kind(),
+                            format!(
+                                "{err} (each serving process needs an index file of its own: couchdb_view_index_dir)"
+                            ),
+                        ))
+                    })?;
+                let mapper: Arc<dyn Mapper> = Arc::new(EngineMapper(Arc::clone(&self.engine)));
+                Ok(Arc::new(ViewIndexer::new(Arc::new(store), mapper)))
+            })
+            .await
+    }
+
+    /// The engine's reduce side.
+    pub fn reducer(&self) -> &dyn JsReducer {
+        self.engine.as_ref()
+    }
+}
+
+/// The engine seen as a [`Mapper`] only.
+struct EngineMapper(Arc<dyn ViewEngine>);
+
+#[async_trait::async_trait]
+impl Mapper for EngineMapper {
+    async fn map(
+        &self,
+        design: &super::design::DesignViews,
+        docs: Vec<Arc<serde_json::Value>>,
+    ) -> Result<Vec<Vec<Vec<(serde_json::Value, serde_json::Value)>>>, ViewError> {
+        self.0.map(design, docs).await
+    }
+}
+
+/// An engine that runs nothing: JavaScript views answer CouchDB's error naming what is missing.
+pub struct NoEngine;
+
+fn no_javascript() -> ViewError {
+    ViewError::Function {
+        error: "not_implemented".into(),
+        reason: "this server runs no JavaScript design functions yet".into(),
+    }
+}
+
+#[async_trait::async_trait]
+impl Mapper for NoEngine {
+    async fn map(
+        &self,
+        _: &super::design::DesignViews,
+        _: Vec<Arc<serde_json::Value>>,
+    ) -> Result<Vec<Vec<Vec<(serde_json::Value, serde_json::Value)>>>, ViewError> {
+        Err(no_javascript())
+    }
+}
+
+#[async_trait::async_trait]
+impl JsReducer for NoEngine {
+    async fn reduce(
+        &self,
+        _: &super::design::DesignViews,
+        _: &str,
+        _: Vec<(serde_json::Value, serde_json::Value)>,
+    ) -> Result<serde_json::Value, ViewError> {
+        Err(no_javascript())
+    }
+
+    async fn rereduce(
+        &self,
+        _: &super::design::DesignViews,
+        _: &str,
+        _: Vec<serde_json::Value>,
+    ) -> Result<serde_json::Value, ViewError> {
+        Err(no_javascript())
+    }
+}
