@@ -133,6 +133,14 @@ pub struct Settings {
     /// `$XDG_STATE_HOME/agentstore/views` (or `~/.local/state/agentstore/views`, or
     /// `./agentstore-views`), one file per backend.
     pub couchdb_view_index_dir: Option<String>,
+    /// Longest one call of a design document's JavaScript may run, in milliseconds (CouchDB's
+    /// `os_process_timeout`): a map, reduce, validation or filter function past it is stopped
+    /// and the request answered 400 `os_process_error` (docs/design-documents.md).
+    pub couchdb_js_timeout_ms: u64,
+    /// Memory of each JavaScript worker's runtime, in bytes; a function past it is stopped.
+    pub couchdb_js_memory_bytes: usize,
+    /// JavaScript worker threads (0: one per core).
+    pub couchdb_js_workers: usize,
     /// Most names one `POST /_dbs_info` may ask about (CouchDB's
     /// `max_db_number_for_dbs_info_req`).
     pub couchdb_max_dbs_info_keys: usize,
@@ -318,6 +326,9 @@ impl Settings {
             .and_then(|b| b.set_default("couchdb_max_open_databases", 128u64))
             .and_then(|b| b.set_default("couchdb_max_document_bytes", 8_000_000u64))
             .and_then(|b| b.set_default("couchdb_attachment_grace_secs", 86_400u64))
+            .and_then(|b| b.set_default("couchdb_js_timeout_ms", 5_000u64))
+            .and_then(|b| b.set_default("couchdb_js_memory_bytes", 64u64 << 20))
+            .and_then(|b| b.set_default("couchdb_js_workers", 0u64))
             .and_then(|b| b.set_default("couchdb_max_dbs_info_keys", 100u64))
             .and_then(|b| b.set_default("couchdb_max_descending_changes", 100_000u64))
             .and_then(|b| b.set_default("couchdb_lockout_threshold", 5u64))
@@ -394,6 +405,8 @@ impl Settings {
             ("idle_timeout_secs", self.idle_timeout_secs),
             ("body_read_timeout_secs", self.body_read_timeout_secs),
             ("couchdb_changes_timeout_ms", self.couchdb_changes_timeout_ms),
+            ("couchdb_js_timeout_ms", self.couchdb_js_timeout_ms),
+            ("couchdb_js_memory_bytes", as_u64(self.couchdb_js_memory_bytes)),
             ("couchdb_changes_min_heartbeat_ms", self.couchdb_changes_min_heartbeat_ms),
             ("couchdb_changes_max_feed_secs", self.couchdb_changes_max_feed_secs),
             ("couchdb_lockout_secs", self.couchdb_lockout_secs),
@@ -468,26 +481,27 @@ impl Settings {
         self.max_body_bytes.unwrap_or_else(|| self.max_value_bytes.saturating_mul(4).saturating_add(64 * 1024))
     }
 
-    /// The view index file of this process (`couchdb_view_index_dir`, docs/views.md).
-    pub fn view_index_path(&self) -> Result<PathBuf> {
-        let url = self.backend_url()?;
+    /// The view index file of this process over the backend `url` (described as `describe`):
+    /// `couchdb_view_index_dir`, else beside an embedded store's file, else the user's state
+    /// directory (docs/views.md).
+    pub fn view_index_path(&self, url: Option<&BackendUrl>, describe: &str) -> PathBuf {
         // One file per backend, named so two backends never share one.
-        let digest = <sha2::Sha256 as sha2::Digest>::digest(self.backend.as_bytes());
+        let digest = <sha2::Sha256 as sha2::Digest>::digest(describe.as_bytes());
         let named: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
         if let Some(dir) = &self.couchdb_view_index_dir {
-            return Ok(PathBuf::from(dir).join(format!("views-{named}.redb")));
+            return PathBuf::from(dir).join(format!("views-{named}.redb"));
         }
-        if let BackendUrl::Embedded { path, .. } = &url {
+        if let Some(BackendUrl::Embedded { path, .. }) = url {
             let mut file = path.clone().into_os_string();
             file.push(".views.redb");
-            return Ok(PathBuf::from(file));
+            return PathBuf::from(file);
         }
         let state = std::env::var_os("XDG_STATE_HOME")
             .map(PathBuf::from)
             .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".local/state")))
             .map(|base| base.join("agentstore/views"))
             .unwrap_or_else(|| PathBuf::from("agentstore-views"));
-        Ok(state.join(format!("views-{named}.redb")))
+        state.join(format!("views-{named}.redb"))
     }
 
     /// The largest attachment stored (`couchdb_max_attachment_bytes`; no bound when unset).

@@ -108,6 +108,7 @@ impl CouchApp {
         let bodies = request::Bodies::from_settings(settings);
         let server_uuid = server::stable_uuid(&store.backend().describe());
         let databases_url = store.backend().url();
+        let view_index = settings.view_index_path(databases_url.as_ref(), &store.backend().describe());
         let auth = Arc::new(auth::CouchAuth::from_settings(settings)?);
         let state = CouchState {
             auth,
@@ -126,10 +127,7 @@ impl CouchApp {
                     ),
             ),
             max_dbs_info_keys: settings.couchdb_max_dbs_info_keys,
-            views: Arc::new(crate::views::service::Views::new(
-                settings.view_index_path()?,
-                Arc::new(crate::views::service::NoEngine),
-            )),
+            views: Arc::new(crate::views::service::Views::new(view_index, Arc::new(crate::views::service::NoEngine))),
             database_router: axum::Router::new(),
         };
         let state = CouchState { database_router: database::router(state.clone()), ..state };

@@ -125,6 +125,7 @@ struct Endpoint {
     /// The databases besides the data-store one, to look at their storage.
     databases: Arc<agentstore::database::Databases>,
     _ctx: harness::Ctx,
+    _config_dir: tempfile::TempDir,
     _stop: tokio::sync::oneshot::Sender<()>,
 }
 
@@ -138,7 +139,11 @@ impl Endpoint {
         let ctx = fresh().await.map_err(|e| Failed::from(format!("{backend} unavailable: {e}")))?;
         let config_dir = tempfile::tempdir()?;
         let config_file = config_dir.path().join("agentstore.toml");
-        std::fs::write(&config_file, config.unwrap_or_default())?;
+        // Each endpoint's view indexes in a directory of its own (the file is locked while open).
+        let views = config_dir.path().join("views");
+        let config =
+            format!("{}\ncouchdb_view_index_dir = {:?}\n", config.unwrap_or_default(), views.display().to_string());
+        std::fs::write(&config_file, config)?;
         let settings =
             Settings::load(Some(&config_file), &Overrides::default()).map_err(|e| Failed::from(e.to_string()))?;
         // Every backend with its default settings: a write shows in `_changes` at once, settle
@@ -162,6 +167,7 @@ impl Endpoint {
             client: reqwest::Client::new(),
             databases,
             _ctx: ctx,
+            _config_dir: config_dir,
             _stop: stop,
         })
     }
