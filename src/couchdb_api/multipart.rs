@@ -1620,6 +1620,85 @@ mod tests {
         );
     }
 
+    fn gzip(bytes: &[u8]) -> Vec<u8> {
+        use std::io::Write as _;
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        encoder.write_all(bytes).unwrap();
+        encoder.finish().unwrap()
+    }
+
+    /// `bytes` as a stream of `piece`-byte chunks.
+    fn pieces(bytes: Vec<u8>, piece: usize) -> ByteStream {
+        let chunks: Vec<crate::error::Result<Bytes>> =
+            bytes.chunks(piece).map(|chunk| Ok(Bytes::copy_from_slice(chunk))).collect();
+        stream::iter(chunks).boxed()
+    }
+
+    #[tokio::test]
+    async fn gzip_parts_decode_exactly_whatever_the_pieces() {
+        let text: Vec<u8> = (0..50_000u32).flat_map(|i| format!("{i} ").into_bytes()).chain(binary().to_vec()).collect();
+        let encoded = gzip(&text);
+        for piece in [1, 7, 1024, 65_536, encoded.len()] {
+            let decoded: Vec<Bytes> = Gunzip::new("t", pieces(encoded.clone(), piece)).try_collect().await.unwrap();
+            assert_eq!(decoded.concat(), text, "in pieces of {piece}");
+        }
+        // Two members one after the other decode as one.
+        let mut two = gzip(b"first ");
+        two.extend(gzip(b"second"));
+        let decoded: Vec<Bytes> = Gunzip::new("t", pieces(two, 5)).try_collect().await.unwrap();
+        assert_eq!(decoded.concat(), b"first second");
+        // Empty content.
+        let decoded: Vec<Bytes> = Gunzip::new("t", pieces(gzip(b""), 3)).try_collect().await.unwrap();
+        assert!(decoded.concat().is_empty());
+    }
+
+    #[tokio::test]
+    async fn bytes_that_are_not_gzip_or_cut_short_are_errors() {
+        let err = Gunzip::new("x.txt", pieces(b"plainly not gzip".to_vec(), 4)).try_collect::<Vec<Bytes>>().await;
+        let err = err.err().unwrap();
+        assert_eq!(err.kind(), ErrorKind::InvalidInput);
+        assert!(err.to_string().contains("x.txt"), "{err}");
+        let encoded = gzip(&binary().repeat(10));
+        for cut in [encoded.len() - 1, encoded.len() - 8, encoded.len() / 2, 5] {
+            let cut = encoded[..cut].to_vec();
+            let result = Gunzip::new("t", pieces(cut, 100)).try_collect::<Vec<Bytes>>().await;
+            assert_eq!(result.err().map(|e| e.kind()), Some(ErrorKind::InvalidInput));
+        }
+        // An error of the bytes themselves passes through.
+        let failing = stream::iter(vec![Err(Error::new(ErrorKind::TooLarge, "past the bound"))]).boxed();
+        let result = Gunzip::new("t", failing).try_collect::<Vec<Bytes>>().await;
+        assert_eq!(result.err().map(|e| e.kind()), Some(ErrorKind::TooLarge));
+    }
+
+    /// 256 MiB of zeros in about 256 KiB: decoded in pieces of about a MiB at most, and a reader
+    /// that stops early (the attachment store past its bound) stops the decoding there.
+    #[tokio::test]
+    async fn a_gzip_bomb_decodes_a_bounded_piece_at_a_time() {
+        let bomb = gzip(&vec![0u8; 256 << 20]);
+        assert!(bomb.len() < 1 << 20, "{} bytes", bomb.len());
+        let taken = Arc::new(AtomicU64::new(0));
+        let counted = Arc::clone(&taken);
+        let encoded = pieces(bomb.clone(), 64 << 10)
+            .inspect_ok(move |chunk| {
+                counted.fetch_add(chunk.len() as u64, Ordering::SeqCst);
+            })
+            .boxed();
+        let mut decoded = Gunzip::new("bomb", encoded);
+        let mut total = 0usize;
+        let mut largest = 0usize;
+        while let Some(chunk) = decoded.next().await {
+            let chunk = chunk.unwrap();
+            largest = largest.max(chunk.len());
+            total += chunk.len();
+            if total > 4 * MIB {
+                break;
+            }
+        }
+        assert!(largest <= 2 * MIB, "a decoded piece of {largest} bytes");
+        let taken = taken.load(Ordering::SeqCst);
+        assert!(taken <= 2 * (64 << 10), "read {taken} compressed bytes to decode {total}");
+    }
+
     #[tokio::test]
     async fn stored_bytes_of_the_wrong_length_cut_the_answer_off() {
         let document = json!({"_attachments": {"a": stub("text/plain", 5)}});
