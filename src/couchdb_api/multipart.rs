@@ -1031,6 +1031,67 @@ pub(crate) fn mixed_response(leaves: Vec<OpenRevsLeaf>) -> CouchResult<Response>
     Ok(response)
 }
 
+/// The multipart type a `_bulk_get` answer takes, as CouchDB 3.4 decides it
+/// (`chttpd_db:bulk_get_is_multipart`): only for a client that does **not** accept
+/// `application/json` (so never for one sending no `Accept`, or `*/*`) and accepts
+/// `multipart/mixed` (preferred) or `multipart/related`.
+pub(crate) fn bulk_get_multipart_type(headers: &HeaderMap) -> Option<&'static str> {
+    if accepts(headers, "application/json") {
+        return None;
+    }
+    ["multipart/mixed", "multipart/related"].into_iter().find(|media| accepts(headers, media))
+}
+
+/// One answer of a multipart `_bulk_get`.
+pub(crate) enum BulkGetPart {
+    /// A leaf of document `id`, at revision `rev`, with the attachments that follow it.
+    Found { id: String, rev: String, document: DocumentWithAttachments },
+    /// An error, as CouchDB writes it in a part: `{"rev","error","reason"}` for a revision,
+    /// `{"id","rev","error","reason"}` for a document.
+    Error(Value),
+}
+
+/// `POST /{db}/_bulk_get` for a client that wants multipart ([`bulk_get_multipart_type`]):
+/// 200, chunked, of type `media` (CouchDB's `bulk_get_ret_multipart` and
+/// `send_docs_multipart_bulk_get`). Its framing is not `open_revs`'s: boundaries are `--` and 32
+/// hex digits; each part is preceded by `\r\n--B`; a leaf with attachments to send is
+/// `X-Doc-Id`, `X-Rev-Id` and `Content-Type: multipart/related; boundary=I` (unquoted), one
+/// without is `Content-Type: application/json`; an error is `application/json; error="true"`;
+/// the body ends `\r\n--B--\r\n`, or is empty when no document was asked for.
+pub(crate) fn bulk_get_response(media: &str, parts: Vec<BulkGetPart>) -> CouchResult<Response> {
+    let outer = format!("--{}", new_boundary()?);
+    let inner = format!("--{}", new_boundary()?);
+    let asked = !parts.is_empty();
+    let mut segments = Vec::new();
+    for part in parts {
+        segments.push(Segment::Fixed(Bytes::from(format!("\r\n--{outer}"))));
+        match part {
+            BulkGetPart::Found { id, rev, document } => {
+                let headers = if document.attachments.is_empty() {
+                    "\r\nContent-Type: application/json\r\n\r\n".to_owned()
+                } else {
+                    format!(
+                        "\r\nX-Doc-Id: {}\r\nX-Rev-Id: {}\r\nContent-Type: multipart/related; boundary={inner}\r\n\r\n",
+                        header_text(&id),
+                        header_text(&rev)
+                    )
+                };
+                segments.push(Segment::Fixed(Bytes::from(headers)));
+                document.segments(&inner, &mut segments);
+            }
+            BulkGetPart::Error(error) => segments.push(Segment::Fixed(Bytes::from(format!(
+                "\r\nContent-Type: application/json; error=\"true\"\r\n\r\n{error}"
+            )))),
+        }
+    }
+    if asked {
+        segments.push(Segment::Fixed(Bytes::from(format!("\r\n--{outer}--\r\n"))));
+    }
+    let mut response = (StatusCode::OK, segments_body(segments)).into_response();
+    response.headers_mut().insert(header::CONTENT_TYPE, header_value(&format!("{media}; boundary=\"{outer}\""))?);
+    Ok(response)
+}
+
 fn header_value(text: &str) -> CouchResult<HeaderValue> {
     HeaderValue::from_str(text).map_err(|e| CouchError::internal(format!("{text:?} is no header value: {e}")))
 }
@@ -1636,7 +1697,8 @@ mod tests {
 
     #[tokio::test]
     async fn gzip_parts_decode_exactly_whatever_the_pieces() {
-        let text: Vec<u8> = (0..50_000u32).flat_map(|i| format!("{i} ").into_bytes()).chain(binary().to_vec()).collect();
+        let text: Vec<u8> =
+            (0..50_000u32).flat_map(|i| format!("{i} ").into_bytes()).chain(binary().to_vec()).collect();
         let encoded = gzip(&text);
         for piece in [1, 7, 1024, 65_536, encoded.len()] {
             let decoded: Vec<Bytes> = Gunzip::new("t", pieces(encoded.clone(), piece)).try_collect().await.unwrap();

@@ -118,6 +118,77 @@ pub(crate) fn with_following(
     DocumentWithAttachments::new(doc, following)
 }
 
+/// `POST /{db}/_bulk_get` for a client that wants multipart (`media`, from
+/// [`crate::couchdb_api::multipart::bulk_get_multipart_type`]): the same documents as the JSON
+/// answer (the leaf `rev` names, or with `latest` the leaf of its branch, else the winner), each
+/// with every attachment's bytes following it but those the entry's `atts_since` leaves as
+/// stubs (CouchDB's multipart `_bulk_get` sends attachments whether or not `attachments=true`
+/// is given).
+pub(crate) async fn bulk_get_multipart(
+    db: &Database,
+    docs: Vec<Value>,
+    options: super::DocOptions,
+    latest: bool,
+    media: &'static str,
+) -> crate::couchdb_api::Answer {
+    let parts: Vec<crate::couchdb_api::multipart::BulkGetPart> = futures::stream::iter(docs)
+        .map(|item| async move { bulk_get_part(db, &item, options, latest).await })
+        .buffered(16)
+        .collect()
+        .await;
+    crate::couchdb_api::multipart::bulk_get_response(media, parts)
+}
+
+async fn bulk_get_part(
+    db: &Database,
+    item: &Value,
+    options: super::DocOptions,
+    latest: bool,
+) -> crate::couchdb_api::multipart::BulkGetPart {
+    use crate::couchdb_api::multipart::BulkGetPart;
+    let wanted = item.get("rev").and_then(Value::as_str);
+    let Some(id) = item.get("id").and_then(Value::as_str) else {
+        return BulkGetPart::Error(
+            json!({"id": null, "rev": wanted, "error": "bad_request", "reason": "an entry needs an id"}),
+        );
+    };
+    let document_error = |error: &str, reason: &str| {
+        BulkGetPart::Error(json!({"id": id, "rev": wanted.unwrap_or("undefined"), "error": error, "reason": reason}))
+    };
+    let missing = || match wanted {
+        // CouchDB's part for a revision not found.
+        Some(rev) => BulkGetPart::Error(json!({"rev": rev, "error": "not_found", "reason": "missing"})),
+        None => document_error("not_found", "missing"),
+    };
+    let state = match db.read(id).await {
+        Ok(Some(state)) => state,
+        Ok(None) => return missing(),
+        Err(err) => {
+            let err = CouchError::from(err);
+            return document_error(&err.error, &err.reason);
+        }
+    };
+    let leaf = match wanted {
+        None => state.tree.winner(),
+        Some(rev) => state.tree.leaf(rev).or_else(|| {
+            latest
+                .then(|| state.tree.leaves().into_iter().find(|leaf| leaf.path.revs().iter().any(|r| r == rev)))
+                .flatten()
+        }),
+    };
+    let Some(leaf) = leaf else { return missing() };
+    let since = match item.get("atts_since") {
+        Some(Value::Array(revs)) => Some(revs.iter().filter_map(|rev| rev.as_str().map(str::to_owned)).collect()),
+        _ => None,
+    };
+    let rev = leaf.path.leaf_rev();
+    let doc = super::leaf_json(id, &state.tree, leaf, options);
+    match with_following(db, leaf, doc, &Inline { since }) {
+        Ok(document) => BulkGetPart::Found { id: id.to_owned(), rev, document },
+        Err(err) => document_error(&err.error, &err.reason),
+    }
+}
+
 /// The whole bytes of an attachment (for inline `data`, which JSON holds whole anyway).
 async fn read_all(db: &Database, kept: &KeptAttachment) -> CouchResult<Vec<u8>> {
     let mut stream = db.attachments().read(&kept.sha256, None).await?;

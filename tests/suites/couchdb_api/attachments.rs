@@ -770,6 +770,63 @@ pub(super) async fn attachments_multipart_answers(e: Endpoint) -> TestResult {
     check(inline.body["_attachments"]["added.txt"]["data"] == BASE64.encode(&added), || {
         format!("inline: {}", inline.body)
     })?;
+    // `_bulk_get` for a client accepting multipart/mixed and not JSON (CouchDB's rule): every
+    // attachment follows its leaf but those the entry's `atts_since` leaves as stubs.
+    let asked = json!({"docs": [
+        {"id": "doc", "rev": rev2}, {"id": "doc", "rev": missing}, {"id": "nodoc"},
+        {"id": "doc", "rev": rev2, "atts_since": [rev2]},
+    ]});
+    let request = serde_json::to_vec(&asked)?;
+    let got = raw(
+        &e,
+        Method::POST,
+        &format!("/{db}/_bulk_get?revs=true"),
+        &[("accept", "multipart/mixed"), ("content-type", "application/json")],
+        request.clone(),
+    )
+    .await?;
+    let content_type = got.header("content-type").unwrap_or_default().to_owned();
+    check(got.status == StatusCode::OK && content_type.starts_with("multipart/mixed; boundary=\"--"), || {
+        format!("_bulk_get multipart: {} {content_type:?} {}", got.status, String::from_utf8_lossy(&got.body))
+    })?;
+    let parts = parts_of(&content_type, got.body).await?;
+    check(parts.len() == 4, || format!("_bulk_get: {} parts, not 4", parts.len()))?;
+    let header = |part: &Part, name: &str| part.headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    check(
+        header(&parts[0], "x-doc-id").as_deref() == Some("doc") && header(&parts[0], "x-rev-id") == Some(rev2.clone()),
+        || format!("_bulk_get part headers: {:?}", parts[0].headers),
+    )?;
+    let (doc, mut sent) = related_document(content_type_of(&parts[0].headers), parts[0].bytes.clone()).await?;
+    sent.sort();
+    check(doc["_rev"] == rev2 && doc["_revisions"]["start"] == 2 && sent == expected, || {
+        format!("_bulk_get's document: {doc}")
+    })?;
+    let errors: Vec<Value> =
+        parts[1..3].iter().map(|part| serde_json::from_slice(&part.bytes)).collect::<Result<_, _>>()?;
+    check(
+        parts[1..3].iter().all(|part| content_type_of(&part.headers) == "application/json; error=\"true\"")
+            && errors[0] == json!({"rev": missing, "error": "not_found", "reason": "missing"})
+            && errors[1] == json!({"id": "nodoc", "rev": "undefined", "error": "not_found", "reason": "missing"}),
+        || format!("_bulk_get errors: {errors:?}"),
+    )?;
+    check(content_type_of(&parts[3].headers) == "application/json", || {
+        format!("nothing to send: {:?}", content_type_of(&parts[3].headers))
+    })?;
+    let stubs: Value = serde_json::from_slice(&parts[3].bytes)?;
+    check(stubs["_attachments"]["added.txt"]["stub"] == true, || format!("_bulk_get atts_since: {stubs}"))?;
+    // A client accepting JSON too gets JSON, as from CouchDB.
+    let got = raw(
+        &e,
+        Method::POST,
+        &format!("/{db}/_bulk_get"),
+        &[("accept", "multipart/mixed, application/json"), ("content-type", "application/json")],
+        request,
+    )
+    .await?;
+    check(got.header("content-type").is_some_and(|t| t.starts_with("application/json")), || {
+        format!("_bulk_get accepting JSON too: {:?}", got.header("content-type"))
+    })?;
+
     // Without attachments=true, a document is JSON whatever the client accepts.
     let got = raw(&e, Method::GET, &format!("/{db}/doc"), &related, Vec::new()).await?;
     check(got.header("content-type") == Some("application/json"), || {
