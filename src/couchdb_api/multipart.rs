@@ -1,8 +1,11 @@
 //! CouchDB's multipart bodies, streamed both ways: reading a `multipart/related` document upload
-//! (`PUT /{db}/{doc}`, also `?new_edits=false` from CouchDB's replicator) and writing
-//! `multipart/related` (`GET /{db}/{doc}?attachments=true`) and `multipart/mixed`
-//! (`GET /{db}/{doc}?open_revs=…`) answers. Attachment bytes pass through as streams and are
-//! never held whole; only the document's JSON is read into memory, within the request limits.
+//! (`PUT /{db}/{doc}`, also `?new_edits=false` from CouchDB's replicator), decoding its
+//! gzip-encoded attachment parts ([`Gunzip`]), and writing `multipart/related`
+//! (`GET /{db}/{doc}?attachments=true`), `multipart/mixed` (`GET /{db}/{doc}?open_revs=…`) and
+//! `_bulk_get` ([`bulk_get_response`], a framing of its own) answers, and deciding from `Accept`
+//! when to ([`accepts`], [`bulk_get_multipart_type`]). Attachment bytes pass through as streams
+//! and are never held whole; only the document's JSON is read into memory, within the request
+//! limits.
 //!
 //! ## Framing (CouchDB 3.x, `couch_httpd_multipart.erl` and `chttpd_db.erl`)
 //! A `multipart/related` document is `--B`, `\r\nContent-Type: application/json\r\n\r\n`, the
