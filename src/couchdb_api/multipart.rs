@@ -1764,6 +1764,78 @@ mod tests {
         assert!(taken <= 2 * (64 << 10), "read {taken} compressed bytes to decode {total}");
     }
 
+    /// `_bulk_get`'s framing, byte for byte as CouchDB's `send_docs_multipart_bulk_get` writes it,
+    /// and read back by `multer`; no document asked for is an empty body.
+    #[tokio::test]
+    async fn a_bulk_get_answer_is_framed_as_couchdb_frames_it() {
+        let plain = json!({"_id": "p", "_rev": "1-a"});
+        let with = json!({"_id": "w", "_rev": "2-b", "_attachments": {"a.txt": stub("text/plain", 5)}});
+        let hello = OutgoingAttachment::new("a.txt", "text/plain", 5, fixed(b"hello"));
+        let parts = vec![
+            BulkGetPart::Found {
+                id: "p".to_owned(),
+                rev: "1-a".to_owned(),
+                document: DocumentWithAttachments::new(plain.clone(), Vec::new()).unwrap(),
+            },
+            BulkGetPart::Found {
+                id: "w".to_owned(),
+                rev: "2-b".to_owned(),
+                document: DocumentWithAttachments::new(with, vec![hello]).unwrap(),
+            },
+            BulkGetPart::Error(json!({"rev": "3-c", "error": "not_found", "reason": "missing"})),
+        ];
+        let response = bulk_get_response("multipart/mixed", parts).unwrap();
+        let content_type = response.headers()[header::CONTENT_TYPE].to_str().unwrap().to_owned();
+        let outer = boundary_of(&content_type);
+        assert!(outer.starts_with("--") && outer.len() == 34, "{outer}");
+        assert_eq!(content_type, format!("multipart/mixed; boundary=\"{outer}\""));
+        let body = String::from_utf8(body_bytes(response).await.to_vec()).unwrap();
+        let inner_at = body.find("boundary=--").unwrap() + "boundary=".len();
+        let inner = &body[inner_at..inner_at + 34];
+        let expected = format!(
+            "\r\n--{outer}\r\nContent-Type: application/json\r\n\r\n{plain}\
+             \r\n--{outer}\r\nX-Doc-Id: w\r\nX-Rev-Id: 2-b\r\nContent-Type: multipart/related; boundary={inner}\r\n\r\n\
+             --{inner}\r\nContent-Type: application/json\r\n\r\n\
+             {{\"_id\":\"w\",\"_rev\":\"2-b\",\"_attachments\":{{\"a.txt\":{{\"content_type\":\"text/plain\",\"revpos\":1,\
+             \"digest\":\"md5-AAAAAAAAAAAAAAAAAAAAAA==\",\"length\":5,\"follows\":true}}}}}}\
+             \r\n--{inner}\r\nContent-Disposition: attachment; filename=\"a.txt\"\r\nContent-Type: text/plain\r\n\
+             Content-Length: 5\r\n\r\nhello\r\n--{inner}--\
+             \r\n--{outer}\r\nContent-Type: application/json; error=\"true\"\r\n\r\n\
+             {{\"rev\":\"3-c\",\"error\":\"not_found\",\"reason\":\"missing\"}}\
+             \r\n--{outer}--\r\n"
+        );
+        assert_eq!(body, expected);
+        let mut read = multer::Multipart::new(stream::once(async move { Ok::<_, Infallible>(body) }), outer);
+        let mut count = 0;
+        while read.next_field().await.unwrap().is_some() {
+            count += 1;
+        }
+        assert_eq!(count, 3);
+
+        let response = bulk_get_response("multipart/related", Vec::new()).unwrap();
+        assert!(response.headers()[header::CONTENT_TYPE].to_str().unwrap().starts_with("multipart/related; boundary="));
+        assert!(body_bytes(response).await.is_empty());
+    }
+
+    #[test]
+    fn bulk_get_is_multipart_only_without_json() {
+        let with = |accept: Option<&str>| {
+            let mut headers = HeaderMap::new();
+            if let Some(accept) = accept {
+                headers.insert(header::ACCEPT, HeaderValue::from_str(accept).unwrap());
+            }
+            bulk_get_multipart_type(&headers)
+        };
+        assert_eq!(with(None), None);
+        assert_eq!(with(Some("*/*")), None);
+        assert_eq!(with(Some("application/json")), None);
+        assert_eq!(with(Some("multipart/mixed, application/json")), None);
+        assert_eq!(with(Some("multipart/mixed")), Some("multipart/mixed"));
+        assert_eq!(with(Some("multipart/related")), Some("multipart/related"));
+        assert_eq!(with(Some("multipart/*")), Some("multipart/mixed"));
+        assert_eq!(with(Some("multipart/mixed;q=0, multipart/related")), Some("multipart/related"));
+    }
+
     #[tokio::test]
     async fn stored_bytes_of_the_wrong_length_cut_the_answer_off() {
         let document = json!({"_attachments": {"a": stub("text/plain", 5)}});
