@@ -1,8 +1,11 @@
 //! CouchDB's multipart bodies, streamed both ways: reading a `multipart/related` document upload
-//! (`PUT /{db}/{doc}`, also `?new_edits=false` from CouchDB's replicator) and writing
-//! `multipart/related` (`GET /{db}/{doc}?attachments=true`) and `multipart/mixed`
-//! (`GET /{db}/{doc}?open_revs=…`) answers. Attachment bytes pass through as streams and are
-//! never held whole; only the document's JSON is read into memory, within the request limits.
+//! (`PUT /{db}/{doc}`, also `?new_edits=false` from CouchDB's replicator), decoding its
+//! gzip-encoded attachment parts ([`Gunzip`]), and writing `multipart/related`
+//! (`GET /{db}/{doc}?attachments=true`), `multipart/mixed` (`GET /{db}/{doc}?open_revs=…`) and
+//! `_bulk_get` ([`bulk_get_response`], a framing of its own) answers, and deciding from `Accept`
+//! when to ([`accepts`], [`bulk_get_multipart_type`]). Attachment bytes pass through as streams
+//! and are never held whole; only the document's JSON is read into memory, within the request
+//! limits.
 //!
 //! ## Framing (CouchDB 3.x, `couch_httpd_multipart.erl` and `chttpd_db.erl`)
 //! A `multipart/related` document is `--B`, `\r\nContent-Type: application/json\r\n\r\n`, the
@@ -23,10 +26,6 @@
 //! parameter, or `application/json; error="true"`); PouchDB's replicator never asks for
 //! multipart (it fetches attachments one by one), so CouchDB's replicator is the reader that
 //! matters. docs/attachments.md ("Multipart") states the bounds and the differences.
-
-// Called by the document handlers that serve attachments (issue 25, branch att-docs), merged
-// after this module: until then nothing outside the tests calls it.
-#![cfg_attr(not(test), allow(dead_code))]
 
 use std::future::Future;
 use std::pin::Pin;
@@ -153,6 +152,10 @@ pub(crate) struct FollowingAttachment {
     /// The bytes the part must carry: `encoded_length` (else `length`) when encoded, `length`
     /// otherwise; `None` when the entry gives no length (then the part's end ends the bytes).
     pub part_length: Option<u64>,
+    /// The entry's `digest` when it is CouchDB's `md5-…`: the MD5 of the part's bytes as sent
+    /// (encoded ones when encoded, as CouchDB checks it); other digests are not checked, as
+    /// CouchDB ignores them.
+    pub digest: Option<String>,
 }
 
 /// Where the attachments of an upload go: called once per attachment, in order, with the bytes
@@ -280,11 +283,13 @@ impl RelatedUpload {
     }
 
     /// The document, as its JSON part says (entries of attachments to come say `follows: true`).
+    #[cfg(test)]
     pub fn document(&self) -> &Value {
         &self.document
     }
 
     /// The attachments whose parts follow, in order.
+    #[cfg(test)]
     pub fn following(&self) -> &[FollowingAttachment] {
         &self.following
     }
@@ -418,7 +423,10 @@ fn following_attachments(
             Some(_) => optional_length(name, entry, "encoded_length")?.or(length),
             None => length,
         };
-        if part_length.is_some_and(|bytes| bytes > limits.max_attachment_bytes) {
+        // The bound is on the bytes stored, which are the decoded ones: a declared `length` past
+        // it is refused before any byte is read, as an encoded length past it is.
+        let past_bound = |bytes: Option<u64>| bytes.is_some_and(|bytes| bytes > limits.max_attachment_bytes);
+        if past_bound(part_length) || past_bound(length) {
             return Err(too_large(name));
         }
         let content_type = match entry.get("content_type") {
@@ -428,7 +436,8 @@ fn following_attachments(
                 return Err(CouchError::bad_request(format!("attachment {name:?}: content_type must be a string")))
             }
         };
-        following.push(FollowingAttachment { name: name.clone(), content_type, length, encoding, part_length });
+        let digest = entry.get("digest").and_then(Value::as_str).filter(|d| d.starts_with("md5-")).map(str::to_owned);
+        following.push(FollowingAttachment { name: name.clone(), content_type, length, encoding, part_length, digest });
     }
     Ok(following)
 }
@@ -632,6 +641,104 @@ where
 }
 
 // ---------------------------------------------------------------------------------------------
+// Decoding gzip-encoded attachment parts
+// ---------------------------------------------------------------------------------------------
+
+/// Compressed bytes written into the decoder at once: deflate expands a byte to at most about
+/// 1,032, so one slice decodes to at most about a MiB whatever the input (a gzip bomb included).
+const GUNZIP_INPUT_SLICE: usize = 1 << 10;
+/// Decoded bytes handed on at once (when that many are ready).
+const GUNZIP_OUTPUT_CHUNK: usize = 64 << 10;
+
+/// The decoded bytes of a gzip stream, decoded as the compressed bytes arrive: what CouchDB's
+/// replicator sends for an attachment its source keeps compressed (`encoding: "gzip"`). Memory
+/// holds one compressed piece and at most about a MiB of decoded bytes, whatever the ratio; the
+/// bound on what is decoded is the reader's (the attachment store stops reading past
+/// `couchdb_max_attachment_bytes`, and nothing more is decoded). Bytes that are not gzip, or
+/// end before the gzip trailer, end the stream with an `InvalidInput` error.
+pub(crate) struct Gunzip {
+    inner: ByteStream,
+    name: String,
+    decoder: flate2::write::MultiGzDecoder<Vec<u8>>,
+    input: Bytes,
+    /// The compressed bytes have ended and the trailer was checked: what is decoded is all.
+    ended: bool,
+    done: bool,
+}
+
+impl Gunzip {
+    /// Decodes `encoded`, the gzip bytes of attachment `name`.
+    pub fn new(name: impl Into<String>, encoded: ByteStream) -> Self {
+        Gunzip {
+            inner: encoded,
+            name: name.into(),
+            decoder: flate2::write::MultiGzDecoder::new(Vec::new()),
+            input: Bytes::new(),
+            ended: false,
+            done: false,
+        }
+    }
+
+    fn undecodable(&mut self, err: &std::io::Error) -> Poll<Option<crate::error::Result<Bytes>>> {
+        self.done = true;
+        Poll::Ready(Some(Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!("attachment {:?} is sent as gzip, and its bytes do not decode: {err}", self.name),
+        ))))
+    }
+
+    fn decoded(&mut self) -> Poll<Option<crate::error::Result<Bytes>>> {
+        Poll::Ready(Some(Ok(Bytes::from(std::mem::take(self.decoder.get_mut())))))
+    }
+}
+
+impl Stream for Gunzip {
+    type Item = crate::error::Result<Bytes>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        use std::io::Write as _;
+        let this = self.get_mut();
+        loop {
+            if this.done {
+                return Poll::Ready(None);
+            }
+            let ready = this.decoder.get_ref().len();
+            if ready >= GUNZIP_OUTPUT_CHUNK || (this.ended && ready > 0) {
+                return this.decoded();
+            }
+            if this.ended {
+                this.done = true;
+                return Poll::Ready(None);
+            }
+            if !this.input.is_empty() {
+                let slice = this.input.split_to(this.input.len().min(GUNZIP_INPUT_SLICE));
+                if let Err(err) = this.decoder.write_all(&slice) {
+                    return this.undecodable(&err);
+                }
+                continue;
+            }
+            match this.inner.poll_next_unpin(cx) {
+                Poll::Pending if ready > 0 => return this.decoded(),
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Some(Ok(chunk))) => this.input = chunk,
+                Poll::Ready(Some(Err(err))) => {
+                    this.done = true;
+                    return Poll::Ready(Some(Err(err)));
+                }
+                Poll::Ready(None) => {
+                    // Checks the trailer (CRC and length): bytes cut short are an error, not a
+                    // shorter attachment.
+                    if let Err(err) = this.decoder.try_finish() {
+                        return this.undecodable(&err);
+                    }
+                    this.ended = true;
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Writing multipart/related and multipart/mixed answers
 // ---------------------------------------------------------------------------------------------
 
@@ -666,7 +773,10 @@ impl OutgoingAttachment {
         }
     }
 
-    /// The same attachment, sent encoded (`length` is then the encoded length).
+    /// The same attachment, sent encoded (`length` is then the encoded length). This server keeps
+    /// attachments decoded and sends them so (docs/attachments.md, "Compression"), so only the
+    /// framing test sends encoded parts.
+    #[cfg(test)]
     pub fn with_encoding(self, encoding: impl Into<String>) -> Self {
         OutgoingAttachment { encoding: Some(encoding.into()), ..self }
     }
@@ -924,6 +1034,67 @@ pub(crate) fn mixed_response(leaves: Vec<OpenRevsLeaf>) -> CouchResult<Response>
     Ok(response)
 }
 
+/// The multipart type a `_bulk_get` answer takes, as CouchDB 3.4 decides it
+/// (`chttpd_db:bulk_get_is_multipart`): only for a client that does **not** accept
+/// `application/json` (so never for one sending no `Accept`, or `*/*`) and accepts
+/// `multipart/mixed` (preferred) or `multipart/related`.
+pub(crate) fn bulk_get_multipart_type(headers: &HeaderMap) -> Option<&'static str> {
+    if accepts(headers, "application/json") {
+        return None;
+    }
+    ["multipart/mixed", "multipart/related"].into_iter().find(|media| accepts(headers, media))
+}
+
+/// One answer of a multipart `_bulk_get`.
+pub(crate) enum BulkGetPart {
+    /// A leaf of document `id`, at revision `rev`, with the attachments that follow it.
+    Found { id: String, rev: String, document: DocumentWithAttachments },
+    /// An error, as CouchDB writes it in a part: `{"rev","error","reason"}` for a revision,
+    /// `{"id","rev","error","reason"}` for a document.
+    Error(Value),
+}
+
+/// `POST /{db}/_bulk_get` for a client that wants multipart ([`bulk_get_multipart_type`]):
+/// 200, chunked, of type `media` (CouchDB's `bulk_get_ret_multipart` and
+/// `send_docs_multipart_bulk_get`). Its framing is not `open_revs`'s: boundaries are `--` and 32
+/// hex digits; each part is preceded by `\r\n--B`; a leaf with attachments to send is
+/// `X-Doc-Id`, `X-Rev-Id` and `Content-Type: multipart/related; boundary=I` (unquoted), one
+/// without is `Content-Type: application/json`; an error is `application/json; error="true"`;
+/// the body ends `\r\n--B--\r\n`, or is empty when no document was asked for.
+pub(crate) fn bulk_get_response(media: &str, parts: Vec<BulkGetPart>) -> CouchResult<Response> {
+    let outer = format!("--{}", new_boundary()?);
+    let inner = format!("--{}", new_boundary()?);
+    let asked = !parts.is_empty();
+    let mut segments = Vec::new();
+    for part in parts {
+        segments.push(Segment::Fixed(Bytes::from(format!("\r\n--{outer}"))));
+        match part {
+            BulkGetPart::Found { id, rev, document } => {
+                let headers = if document.attachments.is_empty() {
+                    "\r\nContent-Type: application/json\r\n\r\n".to_owned()
+                } else {
+                    format!(
+                        "\r\nX-Doc-Id: {}\r\nX-Rev-Id: {}\r\nContent-Type: multipart/related; boundary={inner}\r\n\r\n",
+                        header_text(&id),
+                        header_text(&rev)
+                    )
+                };
+                segments.push(Segment::Fixed(Bytes::from(headers)));
+                document.segments(&inner, &mut segments);
+            }
+            BulkGetPart::Error(error) => segments.push(Segment::Fixed(Bytes::from(format!(
+                "\r\nContent-Type: application/json; error=\"true\"\r\n\r\n{error}"
+            )))),
+        }
+    }
+    if asked {
+        segments.push(Segment::Fixed(Bytes::from(format!("\r\n--{outer}--\r\n"))));
+    }
+    let mut response = (StatusCode::OK, segments_body(segments)).into_response();
+    response.headers_mut().insert(header::CONTENT_TYPE, header_value(&format!("{media}; boundary=\"{outer}\""))?);
+    Ok(response)
+}
+
 fn header_value(text: &str) -> CouchResult<HeaderValue> {
     HeaderValue::from_str(text).map_err(|e| CouchError::internal(format!("{text:?} is no header value: {e}")))
 }
@@ -1154,6 +1325,7 @@ mod tests {
                 length: Some(3),
                 encoding: None,
                 part_length: Some(3),
+                digest: None,
             }]
         );
         assert_eq!(upload.document()["a"], 1);
@@ -1510,6 +1682,158 @@ mod tests {
                 ("z.gz".to_owned(), "text/plain".to_owned(), Some("gzip".to_owned()), b"\x1f\x8b\x08\x00".to_vec()),
             ]
         );
+    }
+
+    fn gzip(bytes: &[u8]) -> Vec<u8> {
+        use std::io::Write as _;
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        encoder.write_all(bytes).unwrap();
+        encoder.finish().unwrap()
+    }
+
+    /// `bytes` as a stream of `piece`-byte chunks.
+    fn pieces(bytes: Vec<u8>, piece: usize) -> ByteStream {
+        let chunks: Vec<crate::error::Result<Bytes>> =
+            bytes.chunks(piece).map(|chunk| Ok(Bytes::copy_from_slice(chunk))).collect();
+        stream::iter(chunks).boxed()
+    }
+
+    #[tokio::test]
+    async fn gzip_parts_decode_exactly_whatever_the_pieces() {
+        let text: Vec<u8> =
+            (0..50_000u32).flat_map(|i| format!("{i} ").into_bytes()).chain(binary().to_vec()).collect();
+        let encoded = gzip(&text);
+        for piece in [1, 7, 1024, 65_536, encoded.len()] {
+            let decoded: Vec<Bytes> = Gunzip::new("t", pieces(encoded.clone(), piece)).try_collect().await.unwrap();
+            assert_eq!(decoded.concat(), text, "in pieces of {piece}");
+        }
+        // Two members one after the other decode as one.
+        let mut two = gzip(b"first ");
+        two.extend(gzip(b"second"));
+        let decoded: Vec<Bytes> = Gunzip::new("t", pieces(two, 5)).try_collect().await.unwrap();
+        assert_eq!(decoded.concat(), b"first second");
+        // Empty content.
+        let decoded: Vec<Bytes> = Gunzip::new("t", pieces(gzip(b""), 3)).try_collect().await.unwrap();
+        assert!(decoded.concat().is_empty());
+    }
+
+    #[tokio::test]
+    async fn bytes_that_are_not_gzip_or_cut_short_are_errors() {
+        let err = Gunzip::new("x.txt", pieces(b"plainly not gzip".to_vec(), 4)).try_collect::<Vec<Bytes>>().await;
+        let err = err.err().unwrap();
+        assert_eq!(err.kind(), ErrorKind::InvalidInput);
+        assert!(err.to_string().contains("x.txt"), "{err}");
+        let encoded = gzip(&binary().repeat(10));
+        for cut in [encoded.len() - 1, encoded.len() - 8, encoded.len() / 2, 5] {
+            let cut = encoded[..cut].to_vec();
+            let result = Gunzip::new("t", pieces(cut, 100)).try_collect::<Vec<Bytes>>().await;
+            assert_eq!(result.err().map(|e| e.kind()), Some(ErrorKind::InvalidInput));
+        }
+        // An error of the bytes themselves passes through.
+        let failing = stream::iter(vec![Err(Error::new(ErrorKind::TooLarge, "past the bound"))]).boxed();
+        let result = Gunzip::new("t", failing).try_collect::<Vec<Bytes>>().await;
+        assert_eq!(result.err().map(|e| e.kind()), Some(ErrorKind::TooLarge));
+    }
+
+    /// 256 MiB of zeros in about 256 KiB: decoded in pieces of about a MiB at most, and a reader
+    /// that stops early (the attachment store past its bound) stops the decoding there.
+    #[tokio::test]
+    async fn a_gzip_bomb_decodes_a_bounded_piece_at_a_time() {
+        let bomb = gzip(&vec![0u8; 256 << 20]);
+        assert!(bomb.len() < 1 << 20, "{} bytes", bomb.len());
+        let taken = Arc::new(AtomicU64::new(0));
+        let counted = Arc::clone(&taken);
+        let encoded = pieces(bomb.clone(), 64 << 10)
+            .inspect_ok(move |chunk| {
+                counted.fetch_add(chunk.len() as u64, Ordering::SeqCst);
+            })
+            .boxed();
+        let mut decoded = Gunzip::new("bomb", encoded);
+        let mut total = 0usize;
+        let mut largest = 0usize;
+        while let Some(chunk) = decoded.next().await {
+            let chunk = chunk.unwrap();
+            largest = largest.max(chunk.len());
+            total += chunk.len();
+            if total > 4 * MIB {
+                break;
+            }
+        }
+        assert!(largest <= 2 * MIB, "a decoded piece of {largest} bytes");
+        let taken = taken.load(Ordering::SeqCst);
+        assert!(taken <= 2 * (64 << 10), "read {taken} compressed bytes to decode {total}");
+    }
+
+    /// `_bulk_get`'s framing, byte for byte as CouchDB's `send_docs_multipart_bulk_get` writes it,
+    /// and read back by `multer`; no document asked for is an empty body.
+    #[tokio::test]
+    async fn a_bulk_get_answer_is_framed_as_couchdb_frames_it() {
+        let plain = json!({"_id": "p", "_rev": "1-a"});
+        let with = json!({"_id": "w", "_rev": "2-b", "_attachments": {"a.txt": stub("text/plain", 5)}});
+        let hello = OutgoingAttachment::new("a.txt", "text/plain", 5, fixed(b"hello"));
+        let parts = vec![
+            BulkGetPart::Found {
+                id: "p".to_owned(),
+                rev: "1-a".to_owned(),
+                document: DocumentWithAttachments::new(plain.clone(), Vec::new()).unwrap(),
+            },
+            BulkGetPart::Found {
+                id: "w".to_owned(),
+                rev: "2-b".to_owned(),
+                document: DocumentWithAttachments::new(with, vec![hello]).unwrap(),
+            },
+            BulkGetPart::Error(json!({"rev": "3-c", "error": "not_found", "reason": "missing"})),
+        ];
+        let response = bulk_get_response("multipart/mixed", parts).unwrap();
+        let content_type = response.headers()[header::CONTENT_TYPE].to_str().unwrap().to_owned();
+        let outer = boundary_of(&content_type);
+        assert!(outer.starts_with("--") && outer.len() == 34, "{outer}");
+        assert_eq!(content_type, format!("multipart/mixed; boundary=\"{outer}\""));
+        let body = String::from_utf8(body_bytes(response).await.to_vec()).unwrap();
+        let inner_at = body.find("boundary=--").unwrap() + "boundary=".len();
+        let inner = &body[inner_at..inner_at + 34];
+        let expected = format!(
+            "\r\n--{outer}\r\nContent-Type: application/json\r\n\r\n{plain}\
+             \r\n--{outer}\r\nX-Doc-Id: w\r\nX-Rev-Id: 2-b\r\nContent-Type: multipart/related; boundary={inner}\r\n\r\n\
+             --{inner}\r\nContent-Type: application/json\r\n\r\n\
+             {{\"_id\":\"w\",\"_rev\":\"2-b\",\"_attachments\":{{\"a.txt\":{{\"content_type\":\"text/plain\",\"revpos\":1,\
+             \"digest\":\"md5-AAAAAAAAAAAAAAAAAAAAAA==\",\"length\":5,\"follows\":true}}}}}}\
+             \r\n--{inner}\r\nContent-Disposition: attachment; filename=\"a.txt\"\r\nContent-Type: text/plain\r\n\
+             Content-Length: 5\r\n\r\nhello\r\n--{inner}--\
+             \r\n--{outer}\r\nContent-Type: application/json; error=\"true\"\r\n\r\n\
+             {{\"rev\":\"3-c\",\"error\":\"not_found\",\"reason\":\"missing\"}}\
+             \r\n--{outer}--\r\n"
+        );
+        assert_eq!(body, expected);
+        let mut read = multer::Multipart::new(stream::once(async move { Ok::<_, Infallible>(body) }), outer);
+        let mut count = 0;
+        while read.next_field().await.unwrap().is_some() {
+            count += 1;
+        }
+        assert_eq!(count, 3);
+
+        let response = bulk_get_response("multipart/related", Vec::new()).unwrap();
+        assert!(response.headers()[header::CONTENT_TYPE].to_str().unwrap().starts_with("multipart/related; boundary="));
+        assert!(body_bytes(response).await.is_empty());
+    }
+
+    #[test]
+    fn bulk_get_is_multipart_only_without_json() {
+        let with = |accept: Option<&str>| {
+            let mut headers = HeaderMap::new();
+            if let Some(accept) = accept {
+                headers.insert(header::ACCEPT, HeaderValue::from_str(accept).unwrap());
+            }
+            bulk_get_multipart_type(&headers)
+        };
+        assert_eq!(with(None), None);
+        assert_eq!(with(Some("*/*")), None);
+        assert_eq!(with(Some("application/json")), None);
+        assert_eq!(with(Some("multipart/mixed, application/json")), None);
+        assert_eq!(with(Some("multipart/mixed")), Some("multipart/mixed"));
+        assert_eq!(with(Some("multipart/related")), Some("multipart/related"));
+        assert_eq!(with(Some("multipart/*")), Some("multipart/mixed"));
+        assert_eq!(with(Some("multipart/mixed;q=0, multipart/related")), Some("multipart/related"));
     }
 
     #[tokio::test]

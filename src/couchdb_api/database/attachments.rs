@@ -6,20 +6,24 @@
 
 use std::collections::HashMap;
 use std::ops::Range;
+use std::sync::{Arc, Mutex};
 
 use axum::body::Body;
 use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine as _;
 use futures::{StreamExt, TryStreamExt};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use super::OpenDb;
 use crate::couchdb_api::error::{CouchError, CouchResult};
+use crate::couchdb_api::multipart::Gunzip;
 use crate::couchdb_api::request::{bool_param, json_param};
 use crate::couchdb_api::{json, Answer, CouchState};
-use crate::database::attachments::StoredBlob;
+use crate::database::attachments::{AttachmentStore, StoredBlob};
 use crate::database::doc_attachments::{self, KeptAttachment, MissingStub, ATTACHMENTS, DEFAULT_CONTENT_TYPE};
 use crate::database::rev_tree::{parse_rev, Leaf, RevTree};
 use crate::database::Database;
@@ -84,6 +88,107 @@ pub(crate) async fn inline_into(db: &Database, leaf: &Leaf, doc: &mut Value, inl
     Ok(())
 }
 
+/// `doc` (the leaf as shown, stubs) ready for a multipart answer: each attachment kept here whose
+/// `revpos` is past `inline`'s `atts_since` (every one without it) follows the JSON as a part,
+/// its entry saying `follows: true`; the others stay stubs. The bytes are opened from the store
+/// only when the answer reaches the part, and streamed.
+pub(crate) fn with_following(
+    db: &Database,
+    leaf: &Leaf,
+    doc: Value,
+    inline: &Inline,
+) -> CouchResult<crate::couchdb_api::multipart::DocumentWithAttachments> {
+    use crate::couchdb_api::multipart::{DocumentWithAttachments, OutgoingAttachment};
+    let since = since_generation(leaf, inline.since.as_deref());
+    let names = match leaf.body.get(ATTACHMENTS) {
+        Some(Value::Object(attachments)) => attachments.keys().cloned().collect(),
+        _ => Vec::new(),
+    };
+    let mut following = Vec::with_capacity(names.len());
+    for name in names {
+        let Some(kept) = doc_attachments::kept(&leaf.body, &name).filter(|kept| kept.revpos > since) else {
+            continue;
+        };
+        let store = db.attachments().clone();
+        let sha256 = kept.sha256;
+        following.push(OutgoingAttachment::new(name, kept.content_type, kept.length, move || async move {
+            store.read(&sha256, None).await
+        }));
+    }
+    DocumentWithAttachments::new(doc, following)
+}
+
+/// `POST /{db}/_bulk_get` for a client that wants multipart (`media`, from
+/// [`crate::couchdb_api::multipart::bulk_get_multipart_type`]): the same documents as the JSON
+/// answer (the leaf `rev` names, or with `latest` the leaf of its branch, else the winner), each
+/// with every attachment's bytes following it but those the entry's `atts_since` leaves as
+/// stubs (CouchDB's multipart `_bulk_get` sends attachments whether or not `attachments=true`
+/// is given).
+pub(crate) async fn bulk_get_multipart(
+    db: &Database,
+    docs: Vec<Value>,
+    options: super::DocOptions,
+    latest: bool,
+    media: &'static str,
+) -> crate::couchdb_api::Answer {
+    let parts: Vec<crate::couchdb_api::multipart::BulkGetPart> = futures::stream::iter(docs)
+        .map(|item| async move { bulk_get_part(db, &item, options, latest).await })
+        .buffered(16)
+        .collect()
+        .await;
+    crate::couchdb_api::multipart::bulk_get_response(media, parts)
+}
+
+async fn bulk_get_part(
+    db: &Database,
+    item: &Value,
+    options: super::DocOptions,
+    latest: bool,
+) -> crate::couchdb_api::multipart::BulkGetPart {
+    use crate::couchdb_api::multipart::BulkGetPart;
+    let wanted = item.get("rev").and_then(Value::as_str);
+    let Some(id) = item.get("id").and_then(Value::as_str) else {
+        return BulkGetPart::Error(
+            json!({"id": null, "rev": wanted, "error": "bad_request", "reason": "an entry needs an id"}),
+        );
+    };
+    let document_error = |error: &str, reason: &str| {
+        BulkGetPart::Error(json!({"id": id, "rev": wanted.unwrap_or("undefined"), "error": error, "reason": reason}))
+    };
+    let missing = || match wanted {
+        // CouchDB's part for a revision not found.
+        Some(rev) => BulkGetPart::Error(json!({"rev": rev, "error": "not_found", "reason": "missing"})),
+        None => document_error("not_found", "missing"),
+    };
+    let state = match db.read(id).await {
+        Ok(Some(state)) => state,
+        Ok(None) => return missing(),
+        Err(err) => {
+            let err = CouchError::from(err);
+            return document_error(&err.error, &err.reason);
+        }
+    };
+    let leaf = match wanted {
+        None => state.tree.winner(),
+        Some(rev) => state.tree.leaf(rev).or_else(|| {
+            latest
+                .then(|| state.tree.leaves().into_iter().find(|leaf| leaf.path.revs().iter().any(|r| r == rev)))
+                .flatten()
+        }),
+    };
+    let Some(leaf) = leaf else { return missing() };
+    let since = match item.get("atts_since") {
+        Some(Value::Array(revs)) => Some(revs.iter().filter_map(|rev| rev.as_str().map(str::to_owned)).collect()),
+        _ => None,
+    };
+    let rev = leaf.path.leaf_rev();
+    let doc = super::leaf_json(id, &state.tree, leaf, options);
+    match with_following(db, leaf, doc, &Inline { since }) {
+        Ok(document) => BulkGetPart::Found { id: id.to_owned(), rev, document },
+        Err(err) => document_error(&err.error, &err.reason),
+    }
+}
+
 /// The whole bytes of an attachment (for inline `data`, which JSON holds whole anyway).
 async fn read_all(db: &Database, kept: &KeptAttachment) -> CouchResult<Vec<u8>> {
     let mut stream = db.attachments().read(&kept.sha256, None).await?;
@@ -130,9 +235,8 @@ pub(crate) async fn prepare_with(
 }
 
 /// A `multipart/related` document body (CouchDB's replicator's `PUT`): the document, and each
-/// attachment part streamed into the database's attachment store as it arrives. Attachments
-/// sent encoded (`encoding: gzip`) are refused: nothing here keeps encoded bytes, and bytes
-/// stored as sent would not match their digest.
+/// attachment part streamed into the database's attachment store as it arrives
+/// ([`store_part`]: gzip-encoded parts decoded on the way, digests checked).
 pub(crate) async fn read_related(
     state: &CouchState,
     db: &Database,
@@ -146,25 +250,76 @@ pub(crate) async fn read_related(
     let stored = upload
         .store_attachments(move |attachment: FollowingAttachment, bytes: AttachmentBytes| {
             let store = store.clone();
-            async move {
-                if let Some(encoding) = attachment.encoding.filter(|e| e != "identity") {
-                    return Err(CouchError::new(
-                        StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                        "bad_content_type",
-                        format!(
-                            "attachment {} is sent with encoding {encoding}: send its bytes unencoded",
-                            attachment.name
-                        ),
-                    ));
-                }
-                store.write(bytes, max).await.map_err(write_error)
-            }
+            async move { store_part(&store, max, &attachment, bytes).await }
         })
         .await?;
     let followed = stored.attachments.into_iter().map(|a| (a.attachment.name, a.stored)).collect();
     match stored.document {
         Value::Object(doc) => Ok((doc, followed)),
         _ => Err(CouchError::bad_request("Document must be a JSON object")),
+    }
+}
+
+/// One attachment part into the store, within `max` bytes stored.
+///
+/// Bytes sent as they are (no `encoding`, or `identity`) are stored as sent. Bytes sent
+/// `encoding: "gzip"` (what CouchDB's replicator sends for an attachment its source keeps
+/// compressed, a compressible type by default) are decoded as they stream and the decoded bytes
+/// stored, bounded as any attachment (a gzip bomb stops at `max`: 413, nothing kept); their
+/// `length` must be what they decode to. Any other encoding is 415. The entry's `md5-` digest is
+/// checked against the bytes as sent (the encoded ones when encoded), as CouchDB checks it
+/// (`couch_db:with_stream`); what is stored, and shown from then on, is the digest of the
+/// decoded bytes, which are what this server serves.
+async fn store_part(
+    store: &AttachmentStore,
+    max: u64,
+    attachment: &crate::couchdb_api::multipart::FollowingAttachment,
+    bytes: crate::couchdb_api::multipart::AttachmentBytes,
+) -> CouchResult<StoredBlob> {
+    use md5::Digest as _;
+    let name = attachment.name.as_str();
+    let refused = |err: Error| match err.kind() {
+        ErrorKind::TooLarge => write_error(doc_attachments::too_large(name)),
+        _ => write_error(err),
+    };
+    match attachment.encoding.as_deref() {
+        None | Some("identity") => {
+            let stored = store.write(bytes, max).await.map_err(refused)?;
+            check_sent_digest(attachment, &stored.digest)?;
+            Ok(stored)
+        }
+        Some("gzip") => {
+            let md5 = Arc::new(Mutex::new(md5::Md5::new()));
+            let seen = Arc::clone(&md5);
+            let encoded = bytes
+                .inspect_ok(move |chunk| seen.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).update(chunk))
+                .boxed();
+            let stored = store.write(Gunzip::new(name, encoded), max).await.map_err(refused)?;
+            let sent = std::mem::take(&mut *md5.lock().unwrap_or_else(|poisoned| poisoned.into_inner()));
+            check_sent_digest(attachment, &format!("md5-{}", BASE64.encode(sent.finalize())))?;
+            if let Some(length) = attachment.length.filter(|length| *length != stored.length) {
+                return Err(CouchError::bad_request(format!(
+                    "attachment {name:?} decodes to {} bytes, its length says {length}",
+                    stored.length
+                )));
+            }
+            Ok(stored)
+        }
+        Some(encoding) => Err(CouchError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "bad_content_type",
+            format!("attachment {name:?} is sent with encoding {encoding:?}; only gzip (or none) is read"),
+        )),
+    }
+}
+
+/// CouchDB's check of a part's bytes against the digest its entry gives (none given: no check).
+fn check_sent_digest(attachment: &crate::couchdb_api::multipart::FollowingAttachment, sent: &str) -> CouchResult<()> {
+    match &attachment.digest {
+        Some(digest) if digest != sent => {
+            Err(CouchError::new(StatusCode::BAD_REQUEST, "content_md5_mismatch", "Possible message corruption."))
+        }
+        _ => Ok(()),
     }
 }
 

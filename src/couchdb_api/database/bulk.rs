@@ -187,7 +187,8 @@ async fn to_write(db: &Database, id: &str, body: Map<String, Value>, new_edits: 
     Ok(Write::Replicated { path, deleted: doc.deleted, body: doc.body })
 }
 
-/// `POST /{db}/_bulk_get` `{"docs": [{"id", "rev"?}]}` with `?revs=true`, `?latest=true`.
+/// `POST /{db}/_bulk_get` `{"docs": [{"id", "rev"?}]}` with `?revs=true`, `?latest=true`; as
+/// multipart to a client that wants it and not JSON ([`super::attachments::bulk_get_multipart`]).
 pub async fn bulk_get(
     State(state): State<CouchState>,
     opened: OpenDb,
@@ -199,6 +200,10 @@ pub async fn bulk_get(
     let inline = super::attachments::inline_wanted(&params)?;
     let db = &opened.db;
     let options = DocOptions { revs, ..DocOptions::default() };
+    if let Some(media) = crate::couchdb_api::multipart::bulk_get_multipart_type(&headers) {
+        // A client that wants multipart and not JSON, as CouchDB decides it.
+        return super::attachments::bulk_get_multipart(db, docs, options, latest, media).await;
+    }
     let inline = &inline;
     let results: Vec<Value> = stream::iter(docs)
         .map(|item| async move { bulk_get_one(db, &item, options, latest, inline.as_ref()).await })

@@ -1,8 +1,11 @@
 //! One document of a database: `GET`/`HEAD` with CouchDB's read options (`rev`, `revs`,
-//! `revs_info`, `conflicts`, `deleted_conflicts`, `meta`, `open_revs`, `latest`), `PUT` (also
-//! `new_edits=false`), `POST /{db}`, `DELETE`, `COPY`, design documents as documents, and local
-//! documents (`_local/{name}`, never replicated, revision `0-N`, written whatever `_rev` says, as
-//! CouchDB 3 does).
+//! `revs_info`, `conflicts`, `deleted_conflicts`, `meta`, `open_revs`, `latest`, and
+//! `attachments`/`atts_since`), answered as JSON or, to a client that accepts it as CouchDB
+//! decides, as `multipart/mixed` (`open_revs`) or `multipart/related` (`attachments=true`) with
+//! the attachments' bytes streamed from the store; `PUT` (also `new_edits=false`, also a
+//! `multipart/related` body), `POST /{db}`, `DELETE`, `COPY`, design documents as documents, and
+//! local documents (`_local/{name}`, never replicated, revision `0-N`, written whatever `_rev`
+//! says, as CouchDB 3 does).
 
 use std::collections::HashMap;
 
@@ -17,9 +20,11 @@ use super::{leaf_json, refused, DocOptions, OpenDb};
 use crate::backend::Precondition;
 use crate::couchdb_api::access::DbAccess;
 use crate::couchdb_api::error::{CouchError, CouchResult};
+use crate::couchdb_api::multipart;
 use crate::couchdb_api::request::{bool_param, json_param};
 use crate::couchdb_api::response::{etag, not_modified};
 use crate::couchdb_api::{json, Answer, CouchState};
+use crate::database::doc_attachments::has_attachments;
 use crate::database::document::{self, check_id, ClientDoc};
 use crate::database::rev_tree::{parse_rev, Leaf, RevTree};
 use crate::database::{Database, Write, Written};
@@ -140,13 +145,32 @@ fn read_options(params: &HashMap<String, String>) -> CouchResult<DocOptions> {
 async fn read_document(db: &Database, id: &str, params: &HashMap<String, String>, headers: &HeaderMap) -> Answer {
     let state = db.read(id).await?;
     let tree = state.map(|state| state.tree);
-    let Some(inline) = super::attachments::inline_wanted(params)? else {
+    let inline = super::attachments::inline_wanted(params)?;
+    if params.contains_key("open_revs") && multipart::accepts(headers, "multipart/mixed") {
+        // What CouchDB's replicator reads (`?revs=true&open_revs=[…]&latest=true&atts_since=[…]`
+        // with `Accept: multipart/mixed`, never `attachments=true`): CouchDB sends every
+        // attachment's bytes in this answer, except those `atts_since` leaves as stubs.
+        let inline = inline.unwrap_or_default();
+        return open_revs_mixed(id, tree.as_ref(), params, |leaf, doc| {
+            super::attachments::with_following(db, leaf, doc, &inline)
+        });
+    }
+    let Some(inline) = inline else {
         return answer_read(id, tree.as_ref(), params, headers);
     };
     // Attachments with their bytes: each leaf answered gets them from the store.
     match read_value(id, tree.as_ref(), params, headers)? {
         ReadValue::Doc(mut doc, rev) => {
             if let Some(leaf) = tree.as_ref().and_then(|tree| tree.leaf(&rev)) {
+                // CouchDB's `send_doc_efficiently`: a document with attachments, asked for with
+                // them by a client accepting `multipart/related`, is sent as that (plain JSON,
+                // stubs, when `atts_since` leaves no attachment to send).
+                if has_attachments(&leaf.body) && multipart::accepts(headers, "multipart/related") {
+                    let document = super::attachments::with_following(db, leaf, doc, &inline)?;
+                    let mut response = multipart::related_response(document)?;
+                    response.headers_mut().insert(header::ETAG, etag(&rev));
+                    return Ok(response);
+                }
                 super::attachments::inline_into(db, leaf, &mut doc, &inline).await?;
             }
             Ok(doc_response(doc, &rev))
@@ -165,6 +189,30 @@ async fn read_document(db: &Database, id: &str, params: &HashMap<String, String>
         }
         other => Ok(other.into_response()),
     }
+}
+
+/// `?open_revs=…` for a client accepting `multipart/mixed` (CouchDB's `send_docs_multipart`):
+/// one part per leaf answered, each the leaf as `follow` makes it (with the attachments that
+/// follow it), and `{"missing": REV}` parts; 404 for `open_revs=all` of nothing stored.
+fn open_revs_mixed(
+    id: &str,
+    tree: Option<&RevTree>,
+    params: &HashMap<String, String>,
+    mut follow: impl FnMut(&Leaf, Value) -> CouchResult<multipart::DocumentWithAttachments>,
+) -> Answer {
+    let options = read_options(params)?;
+    let latest = bool_param("latest", params.get("latest").map(String::as_str), false)?;
+    let open_revs = params.get("open_revs").map(String::as_str).unwrap_or("all");
+    let mut parts = Vec::new();
+    for opened in open_revs_leaves(tree, open_revs, latest)? {
+        parts.push(match opened {
+            Opened::Leaf(tree, leaf) => {
+                multipart::OpenRevsLeaf::Found(follow(leaf, leaf_json(id, tree, leaf, open_revs_options(options)))?)
+            }
+            Opened::Missing(rev) => multipart::OpenRevsLeaf::Missing(rev),
+        });
+    }
+    multipart::mixed_response(parts)
 }
 
 /// What a read answers, before it is a response.
@@ -205,6 +253,11 @@ pub(crate) fn answer_read(
     params: &HashMap<String, String>,
     headers: &HeaderMap,
 ) -> Answer {
+    if params.contains_key("open_revs") && multipart::accepts(headers, "multipart/mixed") {
+        // Bodies without attachments kept here (the data-store database keeps none; the other
+        // databases' reads send theirs in `read_document`): each leaf is an `application/json` part.
+        return open_revs_mixed(id, tree, params, |_, doc| multipart::DocumentWithAttachments::new(doc, Vec::new()));
+    }
     Ok(read_value(id, tree, params, headers)?.into_response())
 }
 
@@ -249,7 +302,62 @@ fn find_leaf<'a>(tree: &'a RevTree, rev: &str, latest: bool) -> Option<&'a Leaf>
     tree.leaves().into_iter().find(|leaf| leaf.path.revs().iter().any(|known| known == rev))
 }
 
-/// `?open_revs=all` (every leaf) or `?open_revs=[...]` (`{"ok": doc}` or `{"missing": rev}` each).
+/// A leaf `open_revs` answers, or a revision it does not find.
+enum Opened<'a> {
+    /// The leaf, and the tree it is a leaf of.
+    Leaf(&'a RevTree, &'a Leaf),
+    Missing(String),
+}
+
+/// The options `open_revs` answers with: `revs` only (CouchDB shows no `_revs_info` or
+/// `_conflicts` there).
+fn open_revs_options(options: DocOptions) -> DocOptions {
+    DocOptions { revs_info: false, conflicts: false, deleted_conflicts: false, ..options }
+}
+
+/// `?open_revs=all` (every leaf; 404 when nothing is stored) or `?open_revs=[...]` (each
+/// revision's leaf, or missing), in the order asked.
+fn open_revs_leaves<'a>(tree: Option<&'a RevTree>, open_revs: &str, latest: bool) -> CouchResult<Vec<Opened<'a>>> {
+    if open_revs == "all" {
+        let Some(tree) = tree else { return Err(CouchError::not_found("missing")) };
+        return Ok(tree.leaves().into_iter().map(|leaf| Opened::Leaf(tree, leaf)).collect());
+    }
+    let wanted = match json_param("open_revs", Some(open_revs))? {
+        Some(Value::Array(items)) => items,
+        _ => return Err(CouchError::bad_request("open_revs must be `all` or a JSON array of revisions")),
+    };
+    let mut opened = Vec::with_capacity(wanted.len());
+    // With `latest`, a revision answers every leaf descending from it (CouchDB's
+    // `couch_key_tree:get_key_leafs`), and revisions of one branch lead to the same leaves,
+    // each answered once.
+    let mut answered = std::collections::HashSet::new();
+    for item in wanted {
+        let Value::String(rev) = item else {
+            return Err(CouchError::bad_request("open_revs must be an array of revision strings"));
+        };
+        parse_rev(&rev).ok_or_else(|| CouchError::bad_request("Invalid rev format"))?;
+        let Some(tree) = tree else {
+            opened.push(Opened::Missing(rev));
+            continue;
+        };
+        let leaves: Vec<&Leaf> = match tree.leaf(&rev) {
+            Some(leaf) => vec![leaf],
+            None if latest => tree.leaves().into_iter().filter(|leaf| leaf.path.revs().contains(&rev)).collect(),
+            None => Vec::new(),
+        };
+        if leaves.is_empty() {
+            opened.push(Opened::Missing(rev));
+        }
+        for leaf in leaves {
+            if answered.insert(leaf.path.leaf_rev()) {
+                opened.push(Opened::Leaf(tree, leaf));
+            }
+        }
+    }
+    Ok(opened)
+}
+
+/// `?open_revs=…` as JSON: `{"ok": doc}` or `{"missing": rev}` each.
 fn open_revs_answer(
     id: &str,
     tree: Option<&RevTree>,
@@ -257,36 +365,14 @@ fn open_revs_answer(
     options: DocOptions,
     latest: bool,
 ) -> CouchResult<Value> {
-    let options = DocOptions { revs_info: false, conflicts: false, deleted_conflicts: false, ..options };
-    if open_revs == "all" {
-        let Some(tree) = tree else { return Err(CouchError::not_found("missing")) };
-        let leaves = tree.leaves();
-        return Ok(Value::Array(
-            leaves.into_iter().map(|leaf| json!({ "ok": leaf_json(id, tree, leaf, options) })).collect(),
-        ));
-    }
-    let wanted = match json_param("open_revs", Some(open_revs))? {
-        Some(Value::Array(items)) => items,
-        _ => return Err(CouchError::bad_request("open_revs must be `all` or a JSON array of revisions")),
-    };
-    let mut answer = Vec::with_capacity(wanted.len());
-    // With `latest`, revisions of one branch lead to one leaf, answered once (CouchDB's
-    // `open_revs` with `latest` gives each leaf once).
-    let mut answered = std::collections::HashSet::new();
-    for item in wanted {
-        let Value::String(rev) = item else {
-            return Err(CouchError::bad_request("open_revs must be an array of revision strings"));
-        };
-        parse_rev(&rev).ok_or_else(|| CouchError::bad_request("Invalid rev format"))?;
-        match tree.and_then(|tree| find_leaf(tree, &rev, latest).map(|leaf| (tree, leaf))) {
-            Some((tree, leaf)) => {
-                if answered.insert(leaf.path.leaf_rev()) {
-                    answer.push(json!({ "ok": leaf_json(id, tree, leaf, options) }));
-                }
-            }
-            None => answer.push(json!({ "missing": rev })),
-        }
-    }
+    let options = open_revs_options(options);
+    let answer = open_revs_leaves(tree, open_revs, latest)?
+        .into_iter()
+        .map(|opened| match opened {
+            Opened::Leaf(tree, leaf) => json!({ "ok": leaf_json(id, tree, leaf, options) }),
+            Opened::Missing(rev) => json!({ "missing": rev }),
+        })
+        .collect();
     Ok(Value::Array(answer))
 }
 

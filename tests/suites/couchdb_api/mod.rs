@@ -90,6 +90,8 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("attachments_stored_once_and_freed", |e| Box::pin(attachments::attachments_stored_once_and_freed(e))),
         ("attachments_64_mib_round_trip", |e| Box::pin(attachments::attachments_64_mib_round_trip(e))),
         ("attachments_multipart_upload", |e| Box::pin(attachments::attachments_multipart_upload(e))),
+        ("attachments_multipart_answers", |e| Box::pin(attachments::attachments_multipart_answers(e))),
+        ("attachments_gzip_parts", |e| Box::pin(attachments::attachments_gzip_parts(e))),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
@@ -102,7 +104,9 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
                         let logins = match name {
                             "per_user_logins" | "local_docs_listings" => Some(logins::logins_config()?),
                             "roles_and_security" => Some(roles::roles_config()?),
-                            "attachments_in_documents" => Some(attachments::BOUNDED_CONFIG.to_owned()),
+                            "attachments_in_documents" | "attachments_gzip_parts" => {
+                                Some(attachments::BOUNDED_CONFIG.to_owned())
+                            }
                             "attachments_stored_once_and_freed" => Some(attachments::FREE_AT_ONCE_CONFIG.to_owned()),
                             _ => None,
                         };
