@@ -130,6 +130,10 @@ pub struct Database {
 struct Collecting {
     running: AtomicBool,
     again: AtomicBool,
+    /// Held by every collection while it runs: a `_compact` waits for a background collection
+    /// in progress (whose deletions it would otherwise meet half done and take as kept) and then
+    /// makes its own whole pass, so its 202 means the bytes are freed.
+    one_at_a_time: tokio::sync::Mutex<()>,
 }
 
 impl Database {
@@ -169,6 +173,7 @@ impl Database {
     /// Frees the attachment bytes no leaf of any document references any more (past the grace
     /// period): every document's tree is read, page by page, for the SHA-256s its leaves keep.
     pub async fn collect_attachment_garbage(&self) -> Result<GarbageCollected> {
+        let _alone = self.collecting.one_at_a_time.lock().await;
         self.while_open(collect(Arc::clone(&self.backend), self.attachments.clone())).await
     }
 
@@ -191,6 +196,7 @@ impl Database {
         let name = self.name.clone();
         runtime.spawn(async move {
             while collecting.again.swap(false, Ordering::SeqCst) {
+                let _alone = collecting.one_at_a_time.lock().await;
                 if let Err(err) = collect(Arc::clone(&backend), store.clone()).await {
                     tracing::warn!(database = %name, error = %err, "collecting unreferenced attachment bytes failed");
                 }
