@@ -172,7 +172,7 @@
 
   global.emit = function (key, value) {
     if (mode === "map") {
-      rows.push([key, errorToJson(value)]);
+      rows[rows.length] = [key, errorToJson(value)];
     } else if (mode === "filter_view") {
       emitted = true;
     }
@@ -203,7 +203,7 @@
     },
     useViews: function (paths) {
       mapFuns = [];
-      for (var i = 0; i < paths.length; i++) mapFuns.push(funs[paths[i]]);
+      for (var i = 0; i < paths.length; i++) mapFuns[i] = funs[paths[i]];
     },
     // One document through the chosen map functions: per view, its rows or the text of what
     // it threw (that view skips the document).
@@ -217,12 +217,12 @@
           rows = [];
           try {
             mapFuns[i](doc);
-            out.push(rows);
+            out[out.length] = rows;
           } catch (thrown) {
             if (isFatal(thrown)) rethrowFatal(thrown);
             var message = "function raised exception " + describe(thrown);
             if (doc && doc._id !== undefined) message += " with doc._id " + doc._id;
-            out.push(message);
+            out[out.length] = message;
           }
         }
       } finally {
