@@ -46,9 +46,9 @@ pub(super) fn run(limits: JsLimits, queue: &Mutex<Receiver<Job>>) {
         let Ok(job) = job else { return };
         if std::panic::catch_unwind(AssertUnwindSafe(|| job(&mut worker))).is_err() {
             tracing::error!("a JavaScript call panicked; its worker's runtime is replaced");
-            worker.broken = true;
+            worker.broken.set(true);
         }
-        if worker.broken {
+        if worker.broken.get() {
             if let Err(e) = worker.rebuild() {
                 tracing::error!(error = %e, "a JavaScript worker could not replace its runtime");
                 return;
@@ -83,7 +83,7 @@ pub(super) struct Worker {
     uses: u64,
     /// Set when a call ran out of time or memory (or panicked): the runtime is replaced
     /// before the next job.
-    broken: bool,
+    broken: Cell<bool>,
 }
 
 /// A function's path in the design document, as CouchDB names it in errors.
@@ -95,14 +95,14 @@ impl Worker {
     fn new(limits: JsLimits) -> Result<Self, JsError> {
         let deadline = Rc::new(Deadline::default());
         let runtime = new_runtime(&limits, &deadline)?;
-        Ok(Worker { realms: Vec::new(), runtime, limits, deadline, uses: 0, broken: false })
+        Ok(Worker { realms: Vec::new(), runtime, limits, deadline, uses: 0, broken: Cell::new(false) })
     }
 
     fn rebuild(&mut self) -> Result<(), JsError> {
         self.realms.clear();
         self.deadline = Rc::new(Deadline::default());
         self.runtime = new_runtime(&self.limits, &self.deadline)?;
-        self.broken = false;
+        self.broken.set(false);
         Ok(())
     }
 
@@ -166,7 +166,7 @@ impl Worker {
                     return Ok(None);
                 }
                 let value: rquickjs::Value =
-                    ctx.eval_with_options(couch_function_source(&source).into_owned(), { sloppy(&name) })?;
+                    ctx.eval_with_options(couch_function_source(&source).into_owned(), sloppy(&name))?;
                 if !value.is_function() {
                     return Ok(Some(false));
                 }
@@ -204,7 +204,7 @@ impl Worker {
             self.compile(realm, ddoc, &["views", view, "map"])?;
         }
         let realm = &self.realms[realm];
-        let outcome = realm.context.with(|ctx| {
+        realm.context.with(|ctx| {
             let host = self.host(&ctx, realm)?;
             self.arm();
             let chosen =
@@ -222,9 +222,7 @@ impl Worker {
                 outcomes.push(parse_map_answer(&answer, views.len(), &ddoc.id)?);
             }
             Ok(outcomes)
-        });
-        self.note_failure(&outcome);
-        outcome
+        })
     }
 
     pub(super) fn reduce(
@@ -318,7 +316,7 @@ impl Worker {
         docs: &[Arc<Value>],
     ) -> Result<Vec<bool>, JsError> {
         let realm_ref = &self.realms[realm];
-        let outcome = realm_ref.context.with(|ctx| {
+        realm_ref.context.with(|ctx| {
             let host = self.host(&ctx, realm_ref)?;
             let fun: Function = host.get(method).map_err(|e| self.classify(&ctx, e, name))?;
             let mut passed = Vec::with_capacity(docs.len());
@@ -330,9 +328,7 @@ impl Worker {
                 passed.push(answer.map_err(|e| self.classify(&ctx, e, name))?);
             }
             Ok(passed)
-        });
-        self.note_failure(&outcome);
-        outcome
+        })
     }
 
     /// Runs `call` against the realm's host object under the call deadline.
@@ -344,7 +340,7 @@ impl Worker {
         call: impl for<'js> FnOnce(&Object<'js>) -> rquickjs::Result<T>,
     ) -> Result<T, JsError> {
         let realm_ref = &self.realms[realm];
-        let outcome = realm_ref.context.with(|ctx| {
+        realm_ref.context.with(|ctx| {
             let host = self.host(&ctx, realm_ref)?;
             self.arm();
             let answer = call(&host);
@@ -354,9 +350,7 @@ impl Worker {
                 tracing::debug!(call = what, function = name, error = %error, "JavaScript call failed");
                 error
             })
-        });
-        self.note_failure(&outcome);
-        outcome
+        })
     }
 
     fn host<'js>(&self, ctx: &Ctx<'js>, realm: &Realm) -> Result<Object<'js>, JsError> {
@@ -372,15 +366,10 @@ impl Worker {
         self.deadline.at.set(None);
     }
 
+    /// Out of memory: the runtime is replaced after this job.
     fn fail_memory(&self) -> JsError {
+        self.broken.set(true);
         JsError::OutOfMemory { limit: self.limits.memory_bytes }
-    }
-
-    /// Marks the runtime for replacement after a call that ran out of time or memory.
-    fn note_failure<T>(&mut self, outcome: &Result<T, JsError>) {
-        if matches!(outcome, Err(JsError::Timeout { .. } | JsError::OutOfMemory { .. })) {
-            self.broken = true;
-        }
     }
 
     /// What a failed call means. Reads (and so clears) the pending exception.
@@ -388,6 +377,7 @@ impl Worker {
         if self.deadline.fired.get() {
             // The interrupt's exception is uncatchable and still pending: clear it.
             let _ = ctx.catch();
+            self.broken.set(true);
             return JsError::Timeout { limit: self.limits.call_timeout };
         }
         match error {
