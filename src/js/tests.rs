@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::worker::couch_function_source;
+use super::worker::{couch_function_source, replace_lone_surrogates};
 use super::*;
 
 fn limits() -> JsLimits {
@@ -221,6 +221,26 @@ fn sources_compile_as_couchdb_reads_them() {
     assert_eq!(couch_function_source("function f(doc){}"), "function f(doc){}");
     assert_eq!(couch_function_source("functional(1)"), "functional(1)");
     assert_eq!(couch_function_source("(function(doc){})"), "(function(doc){})");
+}
+
+#[tokio::test]
+async fn strings_cross_as_utf8_and_lone_surrogates_become_replacement_characters() {
+    let ddoc = design(json!({"views": {"v": {"map": "function(doc) {
+        emit(doc.value.split('').reverse().join(''), doc.word.toLowerCase());
+        emit(doc.word.length, doc.word.substring(1, 3));
+    }"}}}));
+    let out = engine()
+        .map(&ddoc, &views(&["v"]), docs(vec![json!({"_id": "a", "value": "\u{1F4A5}", "word": "ÄÜö"})]))
+        .await
+        .expect("map runs");
+    assert_eq!(emitted(&out[0], 0), &vec![(json!("\u{FFFD}\u{FFFD}"), json!("äüö")), (json!(3), json!("Üö"))]);
+}
+
+#[test]
+fn lone_surrogate_escapes_are_replaced_and_pairs_kept() {
+    assert_eq!(replace_lone_surrogates(r#"["\ud83d\udca5"]"#), r#"["\ud83d\udca5"]"#);
+    assert_eq!(replace_lone_surrogates(r#"["\udca5\ud83d"]"#), r#"["\ufffd\ufffd"]"#);
+    assert_eq!(replace_lone_surrogates(r#"["\\ud83d", "\ud83dx"]"#), r#"["\\ud83d", "\ufffdx"]"#);
 }
 
 #[tokio::test]

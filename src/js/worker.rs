@@ -242,7 +242,7 @@ impl Worker {
         });
         let answer = answer?;
         // `[result]`: the result may be undefined, which JSON writes as null inside an array.
-        match serde_json::from_str::<Value>(&answer) {
+        match parse_js_json(&answer) {
             Ok(Value::Array(mut items)) if items.len() == 1 => Ok(items.remove(0)),
             _ => Err(JsError::Internal(format!("a reduce answered what is not a one-element array: {answer}"))),
         }
@@ -256,8 +256,8 @@ impl Worker {
             let validate: Function = host.get("validate")?;
             validate.call::<_, rquickjs::String>((args,))?.to_string()
         })?;
-        let answer: Value = serde_json::from_str(&answer)
-            .map_err(|e| JsError::Internal(format!("a validation answer is not JSON: {e}")))?;
+        let answer: Value =
+            parse_js_json(&answer).map_err(|e| JsError::Internal(format!("a validation answer is not JSON: {e}")))?;
         let Some(rejected) = answer.get("rejected") else {
             return Ok(Validation::Allowed);
         };
@@ -435,7 +435,7 @@ fn describe_thrown<'js>(ctx: &Ctx<'js>, thrown: &rquickjs::Value<'js>) -> (Strin
         }
     }
     let json = ctx.json_stringify(thrown.clone()).ok().flatten().and_then(|text| text.to_string().ok());
-    if let Some(Value::Array(items)) = json.as_deref().and_then(|t| serde_json::from_str(t).ok()) {
+    if let Some(Value::Array(items)) = json.as_deref().and_then(|t| parse_js_json(t).ok()) {
         if let [Value::String(level), Value::String(kind), reason] = items.as_slice() {
             if level == "error" || level == "fatal" {
                 let reason = match reason {
@@ -452,10 +452,58 @@ fn describe_thrown<'js>(ctx: &Ctx<'js>, thrown: &rquickjs::Value<'js>) -> (Strin
     ("unnamed_error".into(), text)
 }
 
+/// JSON written by the engine's `JSON.stringify`, read back. JavaScript strings may hold lone
+/// UTF-16 surrogates (a string reversed by code unit), which `JSON.stringify` writes as `\udXXX`
+/// escapes and serde_json rightly refuses; like couchjs, which replaces them when it encodes
+/// UTF-8, each becomes U+FFFD.
+fn parse_js_json(text: &str) -> serde_json::Result<Value> {
+    serde_json::from_str(&replace_lone_surrogates(text))
+}
+
+pub(super) fn replace_lone_surrogates(text: &str) -> Cow<'_, str> {
+    fn surrogate_at(bytes: &[u8], at: usize) -> Option<u16> {
+        if bytes.get(at) != Some(&b'\\') || bytes.get(at + 1) != Some(&b'u') {
+            return None;
+        }
+        let hex = std::str::from_utf8(bytes.get(at + 2..at + 6)?).ok()?;
+        let unit = u16::from_str_radix(hex, 16).ok()?;
+        (0xD800..=0xDFFF).contains(&unit).then_some(unit)
+    }
+    if !text.contains("\\ud") && !text.contains("\\uD") {
+        return Cow::Borrowed(text);
+    }
+    let bytes = text.as_bytes();
+    let mut out = String::with_capacity(text.len());
+    let mut copied = 0;
+    let mut at = 0;
+    while at < bytes.len() {
+        if bytes[at] != b'\\' {
+            at += 1;
+            continue;
+        }
+        match surrogate_at(bytes, at) {
+            // A high surrogate followed by a low one: a valid pair, kept.
+            Some(0xD800..=0xDBFF) if surrogate_at(bytes, at + 6).is_some_and(|low| low >= 0xDC00) => {
+                at += 12;
+            }
+            Some(_) => {
+                out.push_str(&text[copied..at]);
+                out.push_str("\\ufffd");
+                at += 6;
+                copied = at;
+            }
+            // Any other escape, `\\` included: skip the escaped character.
+            None => at += 2,
+        }
+    }
+    out.push_str(&text[copied..]);
+    Cow::Owned(out)
+}
+
 /// `mapDoc`'s answer: per view, an array of `[key, value]` rows or the text of what it threw.
 fn parse_map_answer(answer: &str, views: usize, ddoc_id: &str) -> Result<MapOutcome, JsError> {
     let bad = |why: &str| JsError::Internal(format!("a map answer {why}: {answer}"));
-    let Ok(Value::Array(per_view)) = serde_json::from_str::<Value>(answer) else {
+    let Ok(Value::Array(per_view)) = parse_js_json(answer) else {
         return Err(bad("is not a JSON array"));
     };
     if per_view.len() != views {
