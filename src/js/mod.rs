@@ -57,7 +57,8 @@ pub struct JsLimits {
     pub stack_bytes: usize,
     /// Worker threads, each with its own runtime.
     pub workers: usize,
-    /// Calls waiting for a worker before new ones are refused with [`JsError::Busy`].
+    /// Calls waiting for a worker before new ones are refused with [`JsError::Busy`] (0: a
+    /// call is taken only when a worker is idle).
     pub queue: usize,
     /// Design documents each worker keeps compiled.
     pub cached_design_docs: usize,
@@ -92,6 +93,8 @@ pub struct DesignCode {
 }
 
 impl DesignCode {
+    /// Digests the body (serializing it once): build one per design document revision and
+    /// reuse it for every call.
     pub fn new(id: impl Into<String>, rev: impl Into<String>, doc: Arc<Value>) -> Self {
         let id = id.into();
         let rev = rev.into();

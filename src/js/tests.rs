@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::worker::{couch_function_source, replace_lone_surrogates};
+use super::worker::{bounded_line, couch_function_source, replace_lone_surrogates};
 use super::*;
 
 fn limits() -> JsLimits {
@@ -140,18 +140,20 @@ async fn require_reads_views_lib_nested_relative_and_cached() {
                     "double": "var base = require('./base'); exports.double = function(x) { return base.times(x, 2); };",
                     "base": "exports.times = function(a, b) { return a * b; };",
                     "up": "module.exports = require('../counter');"
-                }
+                },
+                "broken": "throw new Error('bad module');"
             },
             "uses": {"map": "function(doc) { var m = require('views/lib/math/double'); var c = require('views/lib/counter'); var u = require('views/lib/math/up'); emit(m.double(doc.n), [c.loads(), u === c]); }"},
             "missing": {"map": "function(doc) { require('views/lib/nothing'); emit(1, 1); }"},
-            "outside": {"map": "function(doc) { require('validate_doc_update'); emit(1, 1); }"}
+            "outside": {"map": "function(doc) { require('validate_doc_update'); emit(1, 1); }"},
+            "broken": {"map": "function(doc) { require('views/lib/broken'); emit(1, 1); }"}
         },
         "validate_doc_update": "function() {}"
     }));
     let out = engine()
         .map(
             &ddoc,
-            &views(&["uses", "missing", "outside"]),
+            &views(&["uses", "missing", "outside", "broken"]),
             docs(vec![json!({"_id": "a", "n": 3}), json!({"_id": "b", "n": 5})]),
         )
         .await
@@ -167,6 +169,13 @@ async fn require_reads_views_lib_nested_relative_and_cached() {
                 }
                 other => panic!("expected a require error, got {other:?}"),
             }
+        }
+        match &outcome.views[3] {
+            ViewRows::Threw(message) => {
+                assert!(message.contains("compilation_error"), "{message}");
+                assert!(message.contains("bad module"), "{message}");
+            }
+            other => panic!("expected a module error, got {other:?}"),
         }
     }
 }
@@ -234,6 +243,16 @@ async fn strings_cross_as_utf8_and_lone_surrogates_become_replacement_characters
         .await
         .expect("map runs");
     assert_eq!(emitted(&out[0], 0), &vec![(json!("\u{FFFD}\u{FFFD}"), json!("äüö")), (json!(3), json!("Üö"))]);
+}
+
+#[test]
+fn log_lines_are_bounded_on_a_character_boundary() {
+    assert_eq!(bounded_line("short"), ("short", false));
+    let long = "é".repeat(5000);
+    let (kept, cut) = bounded_line(&long);
+    assert!(cut);
+    assert_eq!(kept.len(), 4096);
+    assert!(long.starts_with(kept));
 }
 
 #[test]

@@ -537,12 +537,19 @@ fn parse_map_answer(answer: &str, views: usize, ddoc_id: &str) -> Result<MapOutc
 
 /// A design document's `log()` line (and a map function's throw), bounded, to our log.
 fn log_line(ddoc_id: &str, message: &str) {
+    let (kept, cut) = bounded_line(message);
+    let more = if cut { " …" } else { "" };
+    tracing::info!(target: "agentstore::js", design_doc = ddoc_id, "{kept}{more}");
+}
+
+/// The first [`LOG_LINE_BYTES`] of `message` at most (on a character boundary), and whether
+/// anything was cut.
+pub(super) fn bounded_line(message: &str) -> (&str, bool) {
     let mut end = message.len().min(LOG_LINE_BYTES);
     while !message.is_char_boundary(end) {
         end -= 1;
     }
-    let cut = if end < message.len() { " …" } else { "" };
-    tracing::info!(target: "agentstore::js", design_doc = ddoc_id, "{}{}", &message[..end], cut);
+    (&message[..end], end < message.len())
 }
 
 /// The source as CouchDB's QuickJS compiles it: its parser takes a statement that starts with
