@@ -62,6 +62,20 @@ pub struct JsLimits {
     pub queue: usize,
     /// Design documents each worker keeps compiled.
     pub cached_design_docs: usize,
+    /// What a JavaScript reduce whose output does not shrink gets (CouchDB's
+    /// `query_server_config/reduce_limit`, on by default).
+    pub reduce_limit: ReduceLimit,
+}
+
+/// CouchDB's `reduce_limit`: a JavaScript reduce whose JSON output is over 5000 bytes and more
+/// than half the size of its input is refused (`true`), logged (`log`) or let through (`false`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReduceLimit {
+    /// The call fails with [`JsError::Thrown`], error `reduce_overflow_error`.
+    Refuse,
+    /// A warning is logged and the reduction returned.
+    Log,
+    Off,
 }
 
 /// The most stack rquickjs passes on to QuickJS (above it, it sets no limit at all).
@@ -77,6 +91,7 @@ impl Default for JsLimits {
             workers: cores,
             queue: 64 * cores,
             cached_design_docs: 32,
+            reduce_limit: ReduceLimit::Refuse,
         }
     }
 }
@@ -155,7 +170,8 @@ pub enum JsError {
     Missing { function: String },
     /// A function threw what ends the call: any throw from a filter, an Error object from
     /// `validate_doc_update`, `throw "fatal_error"` from a map function. `error` is the
-    /// error's name or CouchDB's error kind, `message` its text.
+    /// error's name or CouchDB's error kind, `message` its text. A reduce that does not shrink
+    /// (see [`ReduceLimit`]) is `reduce_overflow_error`.
     Thrown { error: String, message: String },
     /// Every worker is busy and the queue is full.
     Busy,

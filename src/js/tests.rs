@@ -17,6 +17,7 @@ fn limits() -> JsLimits {
         workers: 1,
         queue: 16,
         cached_design_docs: 4,
+        reduce_limit: ReduceLimit::Refuse,
     }
 }
 
@@ -509,6 +510,30 @@ async fn reduce_and_rereduce() {
     assert_eq!(rereduced, json!({"n": 3, "total": 6.5, "keys": null}));
     // CouchDB logs a reduce that throws and reduces to null.
     assert_eq!(engine.reduce(&ddoc, "broken", vec![(json!(["k", "d"]), json!(1))]).await, Ok(Value::Null));
+}
+
+#[tokio::test]
+async fn a_reduce_that_does_not_shrink_is_refused_as_couchdb_refuses_it() {
+    let ddoc = design(json!({"views": {"all": {
+        "map": "function(doc) {}",
+        "reduce": "function(keys, values, rereduce) { return values; }"
+    }}}));
+    let rows: Vec<(Value, Value)> =
+        (0..400).map(|i| (json!([i, format!("doc{i}")]), json!(format!("value number {i:08}")))).collect();
+    let small: Vec<(Value, Value)> = rows[..10].to_vec();
+    let refused = engine().reduce(&ddoc, "all", rows.clone()).await;
+    assert!(
+        matches!(refused, Err(JsError::Thrown { ref error, .. }) if error == "reduce_overflow_error"),
+        "{refused:?}"
+    );
+    // Under the threshold, the same function answers.
+    let answered = engine().reduce(&ddoc, "all", small).await.expect("small reduce");
+    assert_eq!(answered.as_array().map(Vec::len), Some(10));
+    for limit in [ReduceLimit::Log, ReduceLimit::Off] {
+        let lenient = JsEngine::new(JsLimits { reduce_limit: limit, ..limits() }).expect("engine");
+        let answered = lenient.reduce(&ddoc, "all", rows.clone()).await.expect("let through");
+        assert_eq!(answered.as_array().map(Vec::len), Some(400));
+    }
 }
 
 #[tokio::test]

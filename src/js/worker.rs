@@ -16,10 +16,15 @@ use rquickjs::context::EvalOptions;
 use rquickjs::{Context, Ctx, Function, Object, Persistent, Runtime};
 use serde_json::Value;
 
-use super::{DesignCode, Job, JsError, JsLimits, MapOutcome, Validation, ViewRows};
+use super::{DesignCode, Job, JsError, JsLimits, MapOutcome, ReduceLimit, Validation, ViewRows};
 
 /// The JavaScript side of a realm (see the file's opening comment).
 const PRELUDE: &str = include_str!("prelude.js");
+
+/// CouchDB's `reduce_limit_threshold` and `reduce_limit_ratio` defaults: reductions up to this
+/// many bytes of JSON are never refused, longer ones when more than 1/ratio of the input.
+const REDUCE_LIMIT_THRESHOLD: usize = 5000;
+const REDUCE_LIMIT_RATIO: f64 = 2.0;
 
 /// The longest `log()` line passed on to our log, in bytes; the rest is cut.
 const LOG_LINE_BYTES: usize = 4096;
@@ -236,16 +241,43 @@ impl Worker {
         let name = format!("views.{view}.reduce");
         self.compile(realm, ddoc, &["views", view, "reduce"])?;
         let input = input.to_string();
+        let input_bytes = input.len();
         let answer = self.call_host(realm, "reduce", &name, |host| {
             let reduce: Function = host.get("reduce")?;
             reduce.call::<_, rquickjs::String>((name.as_str(), input, rereduce))?.to_string()
         });
         let answer = answer?;
+        self.check_reduce_growth(&ddoc.id, &name, input_bytes, answer.len())?;
         // `[result]`: the result may be undefined, which JSON writes as null inside an array.
         match parse_js_json(&answer) {
             Ok(Value::Array(mut items)) if items.len() == 1 => Ok(items.remove(0)),
             _ => Err(JsError::Internal(format!("a reduce answered what is not a one-element array: {answer}"))),
         }
+    }
+
+    /// CouchDB's `reduce_limit`: a reduction longer than [`REDUCE_LIMIT_THRESHOLD`] bytes of
+    /// JSON that is more than half as long as its input does not shrink, and so would grow
+    /// without bound up the tree.
+    fn check_reduce_growth(
+        &self,
+        ddoc_id: &str,
+        name: &str,
+        input_bytes: usize,
+        output_bytes: usize,
+    ) -> Result<(), JsError> {
+        let grows =
+            output_bytes > REDUCE_LIMIT_THRESHOLD && output_bytes as f64 * REDUCE_LIMIT_RATIO > input_bytes as f64;
+        if !grows || self.limits.reduce_limit == ReduceLimit::Off {
+            return Ok(());
+        }
+        let message = format!(
+            "the reduce function does not shrink its input: {input_bytes} bytes in, {output_bytes} bytes out ({ddoc_id} {name})"
+        );
+        if self.limits.reduce_limit == ReduceLimit::Log {
+            tracing::warn!(target: "agentstore::js", design_doc = ddoc_id, "{message}");
+            return Ok(());
+        }
+        Err(JsError::Thrown { error: "reduce_overflow_error".into(), message })
     }
 
     pub(super) fn validate(&mut self, ddoc: &DesignCode, args: &Value) -> Result<Validation, JsError> {
