@@ -401,7 +401,7 @@ async fn paced_write(store: &DataStore, n: u64, docs: usize) -> Result<(), Strin
             let created = n - n % 20;
             let (user, namespace, _) = place(created as usize);
             let key = format!("new{created}");
-            if n % 20 == 0 {
+            if n.is_multiple_of(20) {
                 store.set(&user, &namespace, &key, value(0, n), None, Some("follow-bench")).await.map_err(fail)?;
             } else {
                 store.delete(&user, &namespace, &key).await.map_err(fail)?;

@@ -10,6 +10,7 @@
 //!   bringing a store to this release's layout (`upgrade`).
 //! - [`http`]: the REST API over the facade (`agentstore serve`).
 //! - [`couchdb_api`]: CouchDB's HTTP API over the facade, for existing CouchDB clients.
+//! - [`js`]: the JavaScript engine for design documents (map, reduce, validation, filters).
 //! - [`server`]: what both faces share as servers: listener and loopback rule, accept loop and
 //!   connection limits, body budgets, panics, the shutdown signal.
 //! - [`config`] and [`cli`]: settings and the `agentstore` command.
@@ -22,6 +23,7 @@ pub mod couchdb_api;
 pub mod database;
 pub mod error;
 pub mod http;
+pub mod js;
 pub mod migrate;
 pub mod model;
 pub mod server;

@@ -152,7 +152,7 @@ impl PackedAncestry {
 
     /// Whether the stored bytes are whole tokens.
     pub fn is_well_formed(&self) -> bool {
-        self.0.len() % TOKEN_BYTES == 0
+        self.0.len().is_multiple_of(TOKEN_BYTES)
     }
 
     /// CouchDB's `_revisions` for a document whose current generation is `start`.

@@ -145,7 +145,7 @@ fn spec_body(user: &str, namespace: &str, key: &str, value: Value, n: usize) -> 
         "createdAt": format!("2026-02-0{}T10:00:00Z", 1 + n % 5),
         "updatedAt": format!("2026-02-0{}T11:{:02}:00Z", 1 + n % 5, n % 60),
     }));
-    if n % 2 == 0 {
+    if n.is_multiple_of(2) {
         body.insert("lastAccessedAt".into(), json!(format!("2026-02-0{}T12:00:00Z", 1 + n % 5)));
     }
     body

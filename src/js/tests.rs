@@ -1,0 +1,625 @@
+//! Unit tests of the JavaScript engine: CouchDB's API as functions see it, the bounds, the
+//! pool, and a printed (not asserted) throughput of a trivial map.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::worker::{bounded_line, couch_function_source, replace_lone_surrogates};
+use super::*;
+
+fn limits() -> JsLimits {
+    JsLimits {
+        call_timeout: Duration::from_secs(5),
+        memory_bytes: 32 << 20,
+        stack_bytes: 1 << 20,
+        workers: 1,
+        queue: 16,
+        cached_design_docs: 4,
+        reduce_limit: ReduceLimit::Refuse,
+    }
+}
+
+fn engine() -> JsEngine {
+    JsEngine::new(limits()).expect("engine starts")
+}
+
+fn design(doc: Value) -> DesignCode {
+    let id = doc["_id"].as_str().unwrap_or("_design/test").to_owned();
+    DesignCode::new(id, "1-a", Arc::new(doc))
+}
+
+fn docs(values: Vec<Value>) -> Vec<Arc<Value>> {
+    values.into_iter().map(Arc::new).collect()
+}
+
+fn views(names: &[&str]) -> Vec<String> {
+    names.iter().map(|n| (*n).to_owned()).collect()
+}
+
+fn rows(pairs: Vec<(Value, Value)>) -> ViewRows {
+    ViewRows::Emitted(pairs)
+}
+
+/// The rows of one view for one document, or a panic naming what came instead.
+fn emitted(outcome: &MapOutcome, view: usize) -> &Vec<(Value, Value)> {
+    match &outcome.views[view] {
+        ViewRows::Emitted(rows) => rows,
+        other => panic!("view {view} did not emit: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn map_emits_rows_in_order_one_list_per_view() {
+    let ddoc = design(json!({
+        "_id": "_design/app",
+        "views": {
+            "by_tag": {"map": "  // tags, one row each\n function (doc) {\n  for (var i = 0; i < doc.tags.length; i++) emit(doc.tags[i], i);\n};\n"},
+            "by_id": {"map": "/* ids */ function(doc) { emit(doc._id, null); emit([doc._id, 2], {n: doc.n}); }"},
+            "none": {"map": "function(doc) { if (doc.never) emit(1, 1); }"}
+        }
+    }));
+    let out = engine()
+        .map(
+            &ddoc,
+            &views(&["by_id", "by_tag", "none"]),
+            docs(vec![json!({"_id": "a", "n": 1, "tags": ["z", "y", "x"]}), json!({"_id": "b", "n": 2.5, "tags": []})]),
+        )
+        .await
+        .expect("map runs");
+    assert_eq!(out.len(), 2);
+    assert_eq!(
+        out[0].views,
+        vec![
+            rows(vec![(json!("a"), Value::Null), (json!(["a", 2]), json!({"n": 1}))]),
+            rows(vec![(json!("z"), json!(0)), (json!("y"), json!(1)), (json!("x"), json!(2))]),
+            rows(vec![]),
+        ]
+    );
+    assert_eq!(
+        out[1].views,
+        vec![rows(vec![(json!("b"), Value::Null), (json!(["b", 2]), json!({"n": 2.5}))]), rows(vec![]), rows(vec![]),]
+    );
+}
+
+#[tokio::test]
+async fn a_throw_skips_only_that_document_in_that_view() {
+    let ddoc = design(json!({
+        "views": {
+            "fragile": {"map": "function(doc) { emit(doc.inner.value, 1); }"},
+            "sturdy": {"map": "function(doc) { emit(doc._id, 1); }"},
+            "objects": {"map": "function(doc) { if (doc._id == 'b') throw {not: 'an error'}; emit(1, 1); }"}
+        }
+    }));
+    let out = engine()
+        .map(
+            &ddoc,
+            &views(&["fragile", "sturdy", "objects"]),
+            docs(vec![
+                json!({"_id": "a", "inner": {"value": "v"}}),
+                json!({"_id": "b"}),
+                json!({"_id": "c", "inner": {"value": "w"}}),
+            ]),
+        )
+        .await
+        .expect("map runs");
+    assert_eq!(emitted(&out[0], 0), &vec![(json!("v"), json!(1))]);
+    match &out[1].views[0] {
+        ViewRows::Threw(message) => {
+            assert!(message.contains("TypeError"), "{message}");
+            assert!(message.contains("doc._id b"), "{message}");
+        }
+        other => panic!("expected a throw, got {other:?}"),
+    }
+    assert_eq!(emitted(&out[1], 1), &vec![(json!("b"), json!(1))]);
+    match &out[1].views[2] {
+        ViewRows::Threw(message) => assert!(message.contains(r#"{"not":"an error"}"#), "{message}"),
+        other => panic!("expected a throw, got {other:?}"),
+    }
+    assert_eq!(emitted(&out[2], 0), &vec![(json!("w"), json!(1))]);
+}
+
+#[tokio::test]
+async fn fatal_error_ends_the_map_call() {
+    let ddoc = design(json!({"views": {"v": {"map": "function(doc) { throw 'fatal_error'; }"}}}));
+    let err =
+        engine().map(&ddoc, &views(&["v"]), docs(vec![json!({"_id": "a"})])).await.expect_err("fatal_error aborts");
+    assert_eq!(
+        err,
+        JsError::Thrown { error: "map_runtime_error".into(), message: "function raised 'fatal_error'".into() }
+    );
+}
+
+#[tokio::test]
+async fn require_reads_views_lib_nested_relative_and_cached() {
+    let ddoc = design(json!({
+        "views": {
+            "lib": {
+                "counter": "globalThis.loads = (globalThis.loads || 0) + 1; exports.loads = function() { return globalThis.loads; };",
+                "math": {
+                    "double": "var base = require('./base'); exports.double = function(x) { return base.times(x, 2); };",
+                    "base": "exports.times = function(a, b) { return a * b; };",
+                    "up": "module.exports = require('../counter');"
+                },
+                "broken": "throw new Error('bad module');"
+            },
+            "uses": {"map": "function(doc) { var m = require('views/lib/math/double'); var c = require('views/lib/counter'); var u = require('views/lib/math/up'); emit(m.double(doc.n), [c.loads(), u === c]); }"},
+            "missing": {"map": "function(doc) { require('views/lib/nothing'); emit(1, 1); }"},
+            "outside": {"map": "function(doc) { require('validate_doc_update'); emit(1, 1); }"},
+            "broken": {"map": "function(doc) { require('views/lib/broken'); emit(1, 1); }"}
+        },
+        "validate_doc_update": "function() {}"
+    }));
+    let out = engine()
+        .map(
+            &ddoc,
+            &views(&["uses", "missing", "outside", "broken"]),
+            docs(vec![json!({"_id": "a", "n": 3}), json!({"_id": "b", "n": 5})]),
+        )
+        .await
+        .expect("map runs");
+    // The counter module ran once for both documents, and '../counter' is the same module.
+    assert_eq!(emitted(&out[0], 0), &vec![(json!(6), json!([1, true]))]);
+    assert_eq!(emitted(&out[1], 0), &vec![(json!(10), json!([1, true]))]);
+    for outcome in &out {
+        for view in [1, 2] {
+            match &outcome.views[view] {
+                ViewRows::Threw(message) => {
+                    assert!(message.contains("invalid_require_path"), "{message}")
+                }
+                other => panic!("expected a require error, got {other:?}"),
+            }
+        }
+        match &outcome.views[3] {
+            ViewRows::Threw(message) => {
+                assert!(message.contains("compilation_error"), "{message}");
+                assert!(message.contains("bad module"), "{message}");
+            }
+            other => panic!("expected a module error, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn ddoc_functions_require_from_the_whole_design_document() {
+    let ddoc = design(json!({
+        "helpers": {"rules": "exports.allowed = function(doc) { return doc.kind === 'ok'; };"},
+        "filters": {"by_rule": "function(doc, req) { return require('helpers/rules').allowed(doc); }"}
+    }));
+    let passed = engine()
+        .filter(&ddoc, "by_rule", docs(vec![json!({"kind": "ok"}), json!({"kind": "no"})]), &json!({}))
+        .await
+        .expect("filter runs");
+    assert_eq!(passed, vec![true, false]);
+}
+
+#[tokio::test]
+async fn compile_errors_name_the_function() {
+    let ddoc = design(json!({
+        "views": {
+            "syntax": {"map": "function(doc) { emit(doc._id, ; }"},
+            "number": {"map": "42"},
+            "named": {"map": "function byId(doc) { emit(doc._id, null); }"},
+            "object": {"map": {"not": "a string"}},
+            "ok": {"map": "function(doc) { emit(1, 1); }"}
+        }
+    }));
+    let engine = engine();
+    let one = docs(vec![json!({"_id": "a"})]);
+    for view in ["syntax", "number", "named", "object"] {
+        match engine.map(&ddoc, &views(&[view]), one.clone()).await {
+            Err(JsError::Compile { function, .. }) => {
+                assert_eq!(function, format!("views.{view}.map"))
+            }
+            other => panic!("{view}: expected a compile error, got {other:?}"),
+        }
+    }
+    match engine.map(&ddoc, &views(&["absent"]), one.clone()).await {
+        Err(JsError::Missing { function }) => assert_eq!(function, "views.absent.map"),
+        other => panic!("expected a missing function, got {other:?}"),
+    }
+    // The realm is still good after the failures.
+    let out = engine.map(&ddoc, &views(&["ok"]), one).await.expect("map");
+    assert_eq!(emitted(&out[0], 0), &vec![(json!(1), json!(1))]);
+}
+
+#[test]
+fn sources_compile_as_couchdb_reads_them() {
+    assert_eq!(couch_function_source("function(doc){}"), "0,function(doc){}");
+    assert_eq!(couch_function_source(" // c\n/* d */ function (doc) {};"), " // c\n/* d */ 0,function (doc) {};");
+    assert_eq!(couch_function_source("function f(doc){}"), "function f(doc){}");
+    assert_eq!(couch_function_source("functional(1)"), "functional(1)");
+    assert_eq!(couch_function_source("(function(doc){})"), "(function(doc){})");
+}
+
+#[tokio::test]
+async fn strings_cross_as_utf8_and_lone_surrogates_become_replacement_characters() {
+    let ddoc = design(json!({"views": {"v": {"map": "function(doc) {
+        emit(doc.value.split('').reverse().join(''), doc.word.toLowerCase());
+        emit(doc.word.length, doc.word.substring(1, 3));
+    }"}}}));
+    let out = engine()
+        .map(&ddoc, &views(&["v"]), docs(vec![json!({"_id": "a", "value": "\u{1F4A5}", "word": "ÄÜö"})]))
+        .await
+        .expect("map runs");
+    assert_eq!(emitted(&out[0], 0), &vec![(json!("\u{FFFD}\u{FFFD}"), json!("äüö")), (json!(3), json!("Üö"))]);
+}
+
+#[test]
+fn log_lines_are_bounded_on_a_character_boundary() {
+    assert_eq!(bounded_line("short"), ("short", false));
+    let long = "é".repeat(5000);
+    let (kept, cut) = bounded_line(&long);
+    assert!(cut);
+    assert_eq!(kept.len(), 4096);
+    assert!(long.starts_with(kept));
+}
+
+#[test]
+fn lone_surrogate_escapes_are_replaced_and_pairs_kept() {
+    assert_eq!(replace_lone_surrogates(r#"["\ud83d\udca5"]"#), r#"["\ud83d\udca5"]"#);
+    assert_eq!(replace_lone_surrogates(r#"["\udca5\ud83d"]"#), r#"["\ufffd\ufffd"]"#);
+    assert_eq!(replace_lone_surrogates(r#"["\\ud83d", "\ud83dx"]"#), r#"["\\ud83d", "\ufffdx"]"#);
+}
+
+#[tokio::test]
+async fn helpers_sum_tojson_isarray_log_and_frozen_documents() {
+    let ddoc = design(json!({
+        "views": {"v": {"map": "function(doc) {
+            log('plain line'); log({an: 'object'}); log(new Error('boom'));
+            emit('sum', sum(doc.values));
+            emit('toJSON', toJSON({a: [1, 'b']}));
+            emit('isArray', [isArray(doc.values), isArray(doc), isArray('x')]);
+            try { undefined_function(); } catch (e) { emit('error', e); }
+            doc.values = 'changed';
+            emit('frozen', doc.values);
+        }"}}
+    }));
+    let out = engine()
+        .map(&ddoc, &views(&["v"]), docs(vec![json!({"_id": "a", "values": [1, 2, 3.5]})]))
+        .await
+        .expect("map runs");
+    let got = emitted(&out[0], 0);
+    assert_eq!(got[0], (json!("sum"), json!(6.5)));
+    assert_eq!(got[1], (json!("toJSON"), json!(r#"{"a":[1,"b"]}"#)));
+    assert_eq!(got[2], (json!("isArray"), json!([true, false, false])));
+    assert_eq!(got[3].0, json!("error"));
+    assert_eq!(got[3].1["error"], json!("ReferenceError"));
+    assert!(got[3].1["message"].is_string());
+    assert_eq!(got[4], (json!("frozen"), json!([1, 2, 3.5])));
+}
+
+#[tokio::test]
+async fn no_file_system_network_timers_or_libc_modules() {
+    let ddoc = design(json!({
+        "views": {
+            "globals": {"map": "function(doc) {
+                var names = ['std', 'os', 'require_fs', 'setTimeout', 'setInterval', 'fetch', 'XMLHttpRequest',
+                             'print', 'readline', 'scriptArgs', 'process', 'Deno', 'evalcx', 'gc', 'Proxy', 'Promise'];
+                var out = {};
+                for (var i = 0; i < names.length; i++) out[names[i]] = typeof globalThis[names[i]];
+                emit('globals', out);
+                emit('present', [typeof JSON, typeof Math, typeof Date, typeof RegExp, typeof Map, typeof eval, String(2n ** 70n)]);
+            }"},
+            "fs": {"map": "function(doc) { emit('fs', typeof require('fs')); }"}
+        }
+    }));
+    let out = engine().map(&ddoc, &views(&["globals", "fs"]), docs(vec![json!({"_id": "a"})])).await.expect("map runs");
+    let got = emitted(&out[0], 0);
+    let globals = got[0].1.as_object().expect("an object");
+    for (name, kind) in globals {
+        assert_eq!(kind, "undefined", "{name} is reachable");
+    }
+    assert_eq!(
+        got[1].1,
+        json!(["object", "object", "function", "function", "function", "function", "1180591620717411303424"])
+    );
+    match &out[0].views[1] {
+        ViewRows::Threw(message) => assert!(message.contains("invalid_require_path"), "{message}"),
+        other => panic!("require('fs') answered {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn design_documents_do_not_see_each_others_globals() {
+    let tamper = design(json!({
+        "_id": "_design/tamper",
+        "views": {"v": {"map": "function(doc) { Array.prototype.push = function() { return 0; }; globalThis.secret = 1; JSON.stringify = function() { return '[]'; }; emit(1, 1); }"}}
+    }));
+    let victim = design(json!({
+        "_id": "_design/victim",
+        "views": {"v": {"map": "function(doc) { var a = []; a.push(1); emit(typeof secret, a.length); }"}}
+    }));
+    let engine = engine();
+    let one = docs(vec![json!({"_id": "a"})]);
+    engine.map(&tamper, &views(&["v"]), one.clone()).await.expect("tamper runs");
+    let out = engine.map(&victim, &views(&["v"]), one).await.expect("victim runs");
+    assert_eq!(emitted(&out[0], 0), &vec![(json!("undefined"), json!(1))]);
+}
+
+#[tokio::test]
+async fn compiled_code_is_keyed_by_content_not_only_id_and_rev() {
+    let first = DesignCode::new(
+        "_design/same",
+        "1-a",
+        Arc::new(json!({"views": {"v": {"map": "function(doc) { emit('first', 1); }"}}})),
+    );
+    let second = DesignCode::new(
+        "_design/same",
+        "1-a",
+        Arc::new(json!({"views": {"v": {"map": "function(doc) { emit('second', 1); }"}}})),
+    );
+    let engine = engine();
+    let one = docs(vec![json!({"_id": "a"})]);
+    let a = engine.map(&first, &views(&["v"]), one.clone()).await.expect("map");
+    let b = engine.map(&second, &views(&["v"]), one).await.expect("map");
+    assert_eq!(emitted(&a[0], 0)[0].0, json!("first"));
+    assert_eq!(emitted(&b[0], 0)[0].0, json!("second"));
+}
+
+#[tokio::test]
+async fn an_infinite_loop_is_stopped_and_the_engine_keeps_serving() {
+    let limit = Duration::from_millis(300);
+    let engine = JsEngine::new(JsLimits { call_timeout: limit, ..limits() }).expect("engine");
+    let ddoc = design(json!({"views": {
+        "spin": {"map": "function(doc) { while (true) {} }"},
+        "catches": {"map": "function(doc) { try { while (true) {} } catch (e) { emit('caught', 1); } }"},
+        "ok": {"map": "function(doc) { emit(doc._id, 1); }"}
+    }}));
+    let one = docs(vec![json!({"_id": "a"})]);
+    for view in ["spin", "catches"] {
+        let started = Instant::now();
+        let err = engine.map(&ddoc, &views(&[view]), one.clone()).await.expect_err("the loop is stopped");
+        assert_eq!(err, JsError::Timeout { limit });
+        // Stopped near the limit, not at some later point (a bound on correctness, generous
+        // for a loaded machine).
+        assert!(started.elapsed() < limit * 20, "{:?}", started.elapsed());
+    }
+    let out = engine.map(&ddoc, &views(&["ok"]), one).await.expect("the next call runs");
+    assert_eq!(emitted(&out[0], 0), &vec![(json!("a"), json!(1))]);
+}
+
+#[tokio::test]
+async fn a_memory_bomb_is_stopped_and_the_engine_keeps_serving() {
+    let engine = JsEngine::new(JsLimits { memory_bytes: 16 << 20, call_timeout: Duration::from_secs(60), ..limits() })
+        .expect("engine");
+    let ddoc = design(json!({"views": {
+        "bomb": {"map": "function(doc) { var all = []; while (true) all.push('x'.repeat(4096) + all.length); }"},
+        "string": {"map": "function(doc) { var s = 'r'; while (s.length < (64 << 20)) s = s + s; emit(1, JSON.stringify([s, s, s, s]).length); }"},
+        "ok": {"map": "function(doc) { emit(doc._id, 1); }"}
+    }}));
+    let one = docs(vec![json!({"_id": "a"})]);
+    for view in ["bomb", "string"] {
+        let err = engine.map(&ddoc, &views(&[view]), one.clone()).await.expect_err("the bomb is stopped");
+        assert_eq!(err, JsError::OutOfMemory { limit: 16 << 20 }, "{view}");
+    }
+    let out = engine.map(&ddoc, &views(&["ok"]), one).await.expect("the next call runs");
+    assert_eq!(emitted(&out[0], 0), &vec![(json!("a"), json!(1))]);
+}
+
+#[tokio::test]
+async fn deep_recursion_is_stopped() {
+    let ddoc = design(json!({"views": {
+        "deep": {"map": "function(doc) { function down(n) { return down(n + 1) + 1; } emit(down(0), 1); }"},
+        "shallow": {"map": "function(doc) { function down(n) { return n == 0 ? 0 : down(n - 1) + 1; } emit(down(200), 1); }"}
+    }}));
+    let engine = engine();
+    let one = docs(vec![json!({"_id": "a"})]);
+    let err = engine.map(&ddoc, &views(&["deep"]), one.clone()).await.expect_err("the recursion is stopped");
+    assert_eq!(err, JsError::StackOverflow);
+    let out = engine.map(&ddoc, &views(&["shallow"]), one).await.expect("the next call runs");
+    assert_eq!(emitted(&out[0], 0), &vec![(json!(200), json!(1))]);
+}
+
+#[tokio::test]
+async fn validate_doc_update_allows_forbids_and_refuses() {
+    let ddoc = design(json!({
+        "_id": "_design/rules",
+        "owner_field": "author",
+        "validate_doc_update": "function(newDoc, oldDoc, userCtx, secObj) {
+            if (!userCtx.name) throw({unauthorized: 'log in first'});
+            if (secObj.members.names.indexOf(userCtx.name) < 0) throw({forbidden: 'not a member of ' + userCtx.db});
+            if (oldDoc && oldDoc[this.owner_field] !== userCtx.name) throw({forbidden: 'not yours'});
+            if (newDoc.shout) throw('a plain string');
+            if (newDoc.other) throw({other_kind: 'other'});
+            if (newDoc.error) throw new TypeError('an error object');
+        }"
+    }));
+    let engine = engine();
+    let sec = json!({"members": {"names": ["ann"], "roles": []}, "admins": {}});
+    let ann = json!({"name": "ann", "roles": [], "db": "things"});
+    let bob = json!({"name": "bob", "roles": [], "db": "things"});
+    let nobody = json!({"name": null, "roles": [], "db": "things"});
+    let doc = json!({"_id": "d", "author": "ann"});
+    let check = |user: Value, new_doc: Value, old: Option<Value>| {
+        let engine = engine.clone();
+        let ddoc = ddoc.clone();
+        let sec = sec.clone();
+        async move { engine.validate(&ddoc, &new_doc, old.as_ref(), &user, &sec).await }
+    };
+    assert_eq!(check(ann.clone(), doc.clone(), None).await, Ok(Validation::Allowed));
+    assert_eq!(check(ann.clone(), doc.clone(), Some(doc.clone())).await, Ok(Validation::Allowed));
+    assert_eq!(check(nobody, doc.clone(), None).await, Ok(Validation::Unauthorized(json!("log in first"))));
+    assert_eq!(check(bob.clone(), doc.clone(), None).await, Ok(Validation::Forbidden(json!("not a member of things"))));
+    let theirs = json!({"_id": "d", "author": "carol"});
+    assert_eq!(check(ann.clone(), doc.clone(), Some(theirs)).await, Ok(Validation::Forbidden(json!("not yours"))));
+    assert_eq!(
+        check(ann.clone(), json!({"shout": true}), None).await,
+        Ok(Validation::UnknownError(json!("a plain string")))
+    );
+    assert_eq!(check(ann.clone(), json!({"other": true}), None).await, Ok(Validation::UnknownError(json!("other"))));
+    assert_eq!(
+        check(ann, json!({"error": true}), None).await,
+        Err(JsError::Thrown { error: "TypeError".into(), message: "an error object".into() })
+    );
+}
+
+#[tokio::test]
+async fn filters_see_the_request_and_view_filters_see_emits() {
+    let ddoc = design(json!({
+        "filters": {
+            "by_type": "function(doc, req) { return doc.type == req.query.type; }",
+            "truthy": "function(doc, req) { return doc.n; }",
+            "throws": "function(doc, req) { return doc.missing.field; }"
+        },
+        "views": {"typed": {"map": "function(doc) { if (doc.type) emit(doc.type, null); }"}}
+    }));
+    let engine = engine();
+    let batch = docs(vec![
+        json!({"_id": "a", "type": "post", "n": 0}),
+        json!({"_id": "b", "type": "comment", "n": 2}),
+        json!({"_id": "c"}),
+    ]);
+    let req = json!({"query": {"type": "post"}, "userCtx": {"name": null, "roles": []}});
+    assert_eq!(engine.filter(&ddoc, "by_type", batch.clone(), &req).await.expect("filter"), vec![true, false, false]);
+    assert_eq!(engine.filter(&ddoc, "truthy", batch.clone(), &req).await.expect("filter"), vec![false, true, false]);
+    assert!(matches!(
+        engine.filter(&ddoc, "throws", batch.clone(), &req).await,
+        Err(JsError::Thrown { ref error, .. }) if error == "TypeError"
+    ));
+    assert_eq!(engine.filter_view(&ddoc, "typed", batch).await.expect("view filter"), vec![true, true, false]);
+}
+
+#[tokio::test]
+async fn reduce_and_rereduce() {
+    let ddoc = design(json!({"views": {
+        "stats": {
+            "map": "function(doc) { emit(doc.k, doc.v); }",
+            "reduce": "function(keys, values, rereduce) {
+                if (rereduce) return {n: sum(values.map(function(r) { return r.n; })), total: sum(values.map(function(r) { return r.total; })), keys: null};
+                return {n: values.length, total: sum(values), keys: keys};
+            }"
+        },
+        "broken": {"map": "function(doc) {}", "reduce": "function(keys, values) { return values.nope.length; }"}
+    }}));
+    let engine = engine();
+    let reduced = engine
+        .reduce(&ddoc, "stats", vec![(json!(["x", "doc1"]), json!(2)), (json!(["y", "doc2"]), json!(3.5))])
+        .await
+        .expect("reduce");
+    assert_eq!(reduced, json!({"n": 2, "total": 5.5, "keys": [["x", "doc1"], ["y", "doc2"]]}));
+    let rereduced = engine
+        .rereduce(
+            &ddoc,
+            "stats",
+            vec![json!({"n": 2, "total": 5.5, "keys": null}), json!({"n": 1, "total": 1, "keys": null})],
+        )
+        .await
+        .expect("rereduce");
+    assert_eq!(rereduced, json!({"n": 3, "total": 6.5, "keys": null}));
+    // CouchDB logs a reduce that throws and reduces to null.
+    assert_eq!(engine.reduce(&ddoc, "broken", vec![(json!(["k", "d"]), json!(1))]).await, Ok(Value::Null));
+}
+
+#[tokio::test]
+async fn a_reduce_that_does_not_shrink_is_refused_as_couchdb_refuses_it() {
+    let ddoc = design(json!({"views": {"all": {
+        "map": "function(doc) {}",
+        "reduce": "function(keys, values, rereduce) { return values; }"
+    }}}));
+    let rows: Vec<(Value, Value)> =
+        (0..400).map(|i| (json!([i, format!("doc{i}")]), json!(format!("value number {i:08}")))).collect();
+    let small: Vec<(Value, Value)> = rows[..10].to_vec();
+    let refused = engine().reduce(&ddoc, "all", rows.clone()).await;
+    assert!(
+        matches!(refused, Err(JsError::Thrown { ref error, .. }) if error == "reduce_overflow_error"),
+        "{refused:?}"
+    );
+    // Under the threshold, the same function answers.
+    let answered = engine().reduce(&ddoc, "all", small).await.expect("small reduce");
+    assert_eq!(answered.as_array().map(Vec::len), Some(10));
+    for limit in [ReduceLimit::Log, ReduceLimit::Off] {
+        let lenient = JsEngine::new(JsLimits { reduce_limit: limit, ..limits() }).expect("engine");
+        let answered = lenient.reduce(&ddoc, "all", rows.clone()).await.expect("let through");
+        assert_eq!(answered.as_array().map(Vec::len), Some(400));
+    }
+}
+
+#[tokio::test]
+async fn a_full_queue_answers_busy_at_once() {
+    let engine = JsEngine::new(JsLimits { workers: 1, queue: 1, ..limits() }).expect("engine");
+    let (started_tx, started_rx) = std::sync::mpsc::channel::<()>();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let release_rx = std::sync::Mutex::new(release_rx);
+    // The worker takes this job and holds it until released.
+    let holding = tokio::spawn({
+        let engine = engine.clone();
+        async move {
+            engine
+                .run(move |_worker| {
+                    let _ = started_tx.send(());
+                    let _ = release_rx.lock().map(|rx| rx.recv());
+                    Ok(())
+                })
+                .await
+        }
+    });
+    tokio::task::spawn_blocking(move || started_rx.recv()).await.expect("join").expect("the worker started the job");
+    // This job waits in the queue (capacity 1), which is then full…
+    let (filler_tx, filler_rx) = tokio::sync::oneshot::channel::<u32>();
+    let filler: Job = Box::new(move |_worker| {
+        let _ = filler_tx.send(7);
+    });
+    assert!(engine.inner.jobs.try_send(filler).is_ok(), "the queue has room");
+    // …so the next call is refused without waiting.
+    assert_eq!(engine.run(|_worker| Ok(0)).await, Err(JsError::Busy));
+    let _ = release_tx.send(());
+    assert_eq!(holding.await.expect("join"), Ok(()));
+    assert_eq!(filler_rx.await, Ok(7));
+    // And the engine serves again.
+    assert_eq!(engine.run(|_worker| Ok(1)).await, Ok(1));
+}
+
+/// Throughput of a trivial map over 100,000 small documents, printed for the record
+/// (`cargo test --lib js::tests::throughput -- --nocapture`); nothing is asserted about speed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throughput_of_a_trivial_map_printed() {
+    const DOCS: usize = 100_000;
+    const BATCH: usize = 1_000;
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let engine = JsEngine::new(JsLimits { workers, ..limits() }).expect("engine");
+    let ddoc = design(
+        json!({"views": {"by_user": {"map": "function(doc) { if (doc.userId) emit([doc.userId, doc.namespace], null); }"}}}),
+    );
+    let all: Vec<Arc<Value>> = (0..DOCS)
+        .map(|i| {
+            Arc::new(json!({
+                "_id": format!("doc-{i:06}"),
+                "_rev": "1-abc",
+                "userId": format!("user-{}", i % 97),
+                "namespace": "notes",
+                "value": {"title": "a note", "n": i}
+            }))
+        })
+        .collect();
+    let view = views(&["by_user"]);
+    let started = Instant::now();
+    let mut pending = Vec::new();
+    for chunk in all.chunks(BATCH) {
+        let engine = engine.clone();
+        let ddoc = ddoc.clone();
+        let view = view.clone();
+        let chunk = chunk.to_vec();
+        pending.push(tokio::spawn(async move {
+            loop {
+                match engine.map(&ddoc, &view, chunk.clone()).await {
+                    Err(JsError::Busy) => tokio::time::sleep(Duration::from_millis(1)).await,
+                    other => return other,
+                }
+            }
+        }));
+    }
+    let mut rows = 0;
+    for task in pending {
+        let out = task.await.expect("join").expect("map");
+        rows += out.iter().map(|o| emitted(o, 0).len()).sum::<usize>();
+    }
+    let elapsed = started.elapsed();
+    assert_eq!(rows, DOCS);
+    println!(
+        "js map: {DOCS} docs in {:.2} s = {:.0} docs/s ({workers} workers, batches of {BATCH})",
+        elapsed.as_secs_f64(),
+        DOCS as f64 / elapsed.as_secs_f64()
+    );
+}
