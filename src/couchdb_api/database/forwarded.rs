@@ -81,16 +81,21 @@ pub(super) fn streamed_body(body: Body, bound: u64, passed: Arc<AtomicBool>) -> 
     DesignBody::Streamed(Box::pin(stream))
 }
 
-/// The 413 of a body past its bound.
-pub(super) fn too_large(bound: &StreamedBound) -> CouchError {
-    CouchError::new(
+/// The 413 of a body past its bound. The rest of the body is not read, so the connection closes
+/// after the answer, and says so: a client that reused it would send its next request into the
+/// unread bytes.
+pub(super) fn too_large(bound: &StreamedBound) -> axum::response::Response {
+    let refused = CouchError::new(
         StatusCode::PAYLOAD_TOO_LARGE,
         "too_large",
         format!(
             "the request body is larger than {} bytes, the most this server passes on ({})",
             bound.bytes, bound.setting
         ),
-    )
+    );
+    let mut response = axum::response::IntoResponse::into_response(refused);
+    response.headers_mut().insert(header::CONNECTION, axum::http::HeaderValue::from_static("close"));
+    response
 }
 
 /// A body stream held to a number of bytes.

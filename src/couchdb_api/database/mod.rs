@@ -172,7 +172,7 @@ async fn forward(
             let declared = parts.headers.get(axum::http::header::CONTENT_LENGTH);
             let declared = declared.and_then(|value| value.to_str().ok()?.trim().parse::<u64>().ok());
             if declared.is_some_and(|length| length > bound.bytes) {
-                return Err(forwarded::too_large(bound));
+                return Ok(forwarded::too_large(bound));
             }
             // Streamed bodies are PUTs, whose access does not depend on the body.
             check_forwarded(access, &parts.method, below, destination, &[])?;
@@ -200,7 +200,7 @@ async fn forward(
     };
     let answer = db.backend().design_request(forwarded_request).await;
     if let Some(bound) = streamed.as_ref().filter(|_| passed_bound.load(std::sync::atomic::Ordering::Acquire)) {
-        return Err(forwarded::too_large(bound));
+        return Ok(forwarded::too_large(bound));
     }
     let Some(answer) = answer? else {
         return Err(CouchError::internal("the backend forwards requests but did not take this one"));
