@@ -107,6 +107,10 @@ pub(super) async fn forwarded_ranges(e: Endpoint) -> TestResult {
             format!("{range}: Content-Length {:?}", part.header("content-length"))
         })?;
     }
+    let head = raw(&e, Method::HEAD, &path, &[], Vec::new().into()).await?;
+    check(head.status == StatusCode::OK && head.header("content-length") == Some("100000"), || {
+        format!("HEAD: status {}, Content-Length {:?}", head.status, head.header("content-length"))
+    })?;
     let past = raw(&e, Method::GET, &path, &[("range", "bytes=100000-")], Vec::new().into()).await?;
     check(past.status == StatusCode::RANGE_NOT_SATISFIABLE, || format!("past the end: status {}", past.status))?;
     let several = raw(&e, Method::GET, &path, &[("range", "bytes=0-1,5-6")], Vec::new().into()).await?;
