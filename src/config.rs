@@ -15,6 +15,11 @@ use crate::store::StoreOptions;
 /// The config file read when present and no other is named.
 pub const DEFAULT_CONFIG_FILE: &str = "agentstore.toml";
 
+/// The default `body_min_bytes_per_sec`: 16 KiB/s (128 kbit/s), below any link an upload is
+/// made over in practice, yet holding all of `max_connections`' default 1024 slots this way costs
+/// a client 16 MiB/s of sustained sending, where the trickle it bounds costs nothing.
+pub const DEFAULT_BODY_MIN_BYTES_PER_SEC: u64 = 16 << 10;
+
 /// Most connections `max_connections` may allow.
 pub const MAX_CONNECTIONS: usize = 1_000_000;
 /// Largest `max_inflight_body_bytes` and `max_inflight_parse_bytes` (budgets are counted in KiB
@@ -93,9 +98,14 @@ pub struct Settings {
     /// Largest request body the CouchDB API reads (after gzip decompression): `_bulk_docs` and
     /// restores send many documents at once. Default 64 MiB, never below the body limit.
     pub couchdb_max_request_bytes: Option<usize>,
-    /// A request body must arrive whole within this many seconds of the server starting to read
-    /// it (both APIs); a client that stalls gets 408.
+    /// How long a request body may go without a byte arriving, and the time every body gets
+    /// before `body_min_bytes_per_sec` is asked of it, in seconds (both APIs); a client past
+    /// either gets 408 (docs/bounds.md, "Request bodies").
     pub body_read_timeout_secs: u64,
+    /// Past its first `body_read_timeout_secs`, a request body must have kept arriving at this
+    /// average rate, in bytes per second: a big upload that keeps going finishes, a trickle is
+    /// cut (408). 0: no rate; every body must then arrive whole within `body_read_timeout_secs`.
+    pub body_min_bytes_per_sec: u64,
     /// Largest body of the CouchDB API's query endpoints (`_find`, `_explain`, `_index`,
     /// `POST _changes`, `_revs_diff`), after decompression.
     pub couchdb_max_query_bytes: usize,
@@ -317,6 +327,7 @@ impl Settings {
             .and_then(|b| b.set_default("max_inflight_parse_bytes", 128u64 << 20))
             .and_then(|b| b.set_default("couchdb_db", crate::model::COLLECTION))
             .and_then(|b| b.set_default("body_read_timeout_secs", 30u64))
+            .and_then(|b| b.set_default("body_min_bytes_per_sec", DEFAULT_BODY_MIN_BYTES_PER_SEC))
             .and_then(|b| b.set_default("couchdb_max_query_bytes", 1u64 << 20))
             .and_then(|b| b.set_default("couchdb_max_login_bytes", 16u64 << 10))
             .and_then(|b| b.set_default("couchdb_changes_timeout_ms", 60_000u64))
@@ -548,6 +559,8 @@ mod tests {
     fn the_bounds_have_defaults_and_refuse_unusable_values() {
         let settings = load("").unwrap();
         assert_eq!(settings.body_read_timeout_secs, 30);
+        assert_eq!(settings.body_min_bytes_per_sec, 16384, "16 KiB/s, 128 kbit/s");
+        assert_eq!(load("body_min_bytes_per_sec = 0").unwrap().body_min_bytes_per_sec, 0, "0: no rate, the old rule");
         assert_eq!(settings.couchdb_max_query_bytes, 1 << 20);
         assert_eq!(settings.couchdb_max_login_bytes, 16 << 10);
         assert_eq!(settings.couchdb_changes_timeout_ms, 60_000);

@@ -300,7 +300,7 @@ pub fn needs_upgrade(store: &str, feature: &str, why: &str) -> crate::error::Err
 /// update functions), for a backend that runs design documents itself
 /// ([`DocumentBackend::design_request`]); on a backend that forwards every request
 /// ([`DocumentBackend::forwards_requests`]), a request on any path below the database.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct DesignRequest {
     pub method: reqwest::Method,
     /// The path below the database, percent-encoded, without a leading `/`: starting `_design/`,
@@ -311,17 +311,49 @@ pub struct DesignRequest {
     /// The query string without `?`, as the client sent it.
     pub query: Option<String>,
     /// The headers a design request depends on (`Content-Type`, `Accept`, `If-Match`,
-    /// `If-None-Match`), lowercase names. `Authorization` and `Cookie` are never passed on,
-    /// whoever puts them here: the backend sends its own credentials.
+    /// `If-None-Match`, `Range`, …), lowercase names. `Authorization` and `Cookie` are never
+    /// passed on, whoever puts them here: the backend sends its own credentials. `Content-Length`
+    /// and `Content-Encoding` go only with a [`DesignBody::Streamed`] body, which is sent as the
+    /// client sent it (a whole body was read, and decompressed).
     pub headers: Vec<(String, String)>,
-    pub body: bytes::Bytes,
+    pub body: DesignBody,
 }
 
-/// The backend's answer to a [`DesignRequest`], its body streamed so a large view result is never
-/// held in memory at once.
+/// The body of a [`DesignRequest`].
+pub enum DesignBody {
+    /// Read whole (and decompressed): sent as it is, and again when a read is retried.
+    Whole(bytes::Bytes),
+    /// Passed on as it arrives, never held whole, and sent once: an attachment upload or a
+    /// `multipart/related` document write. An error item (the client went away, a bound was
+    /// passed) aborts the request to the backend, so a truncated body is never taken as whole.
+    Streamed(futures::stream::BoxStream<'static, std::result::Result<bytes::Bytes, BodyError>>),
+}
+
+/// Why a streamed [`DesignBody`] ended early.
+pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
+
+impl DesignBody {
+    /// No body.
+    pub fn empty() -> Self {
+        DesignBody::Whole(bytes::Bytes::new())
+    }
+}
+
+impl std::fmt::Debug for DesignBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DesignBody::Whole(bytes) => write!(f, "Whole({} bytes)", bytes.len()),
+            DesignBody::Streamed(_) => f.write_str("Streamed"),
+        }
+    }
+}
+
+/// The backend's answer to a [`DesignRequest`], its body streamed so a large view result or
+/// attachment is never held in memory at once.
 pub struct DesignResponse {
     pub status: u16,
-    /// `Content-Type` and `ETag`, lowercase names.
+    /// The headers a client of the answer reads (`Content-Type`, `ETag`, `Content-Length`,
+    /// `Content-Range`, …), lowercase names.
     pub headers: Vec<(String, String)>,
     pub body: futures::stream::BoxStream<'static, Result<bytes::Bytes>>,
 }

@@ -81,7 +81,7 @@ pub async fn run(
             .iter()
             .filter_map(|name| Some(((*name).to_owned(), headers.get(*name)?.to_str().ok()?.to_owned())))
             .collect(),
-        body,
+        body: crate::backend::DesignBody::Whole(body),
     };
     let Some(answer) = state.store.backend().design_request(request).await? else {
         return Err(not_supported());

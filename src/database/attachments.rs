@@ -52,10 +52,11 @@ use crate::error::{Error, ErrorKind, Result};
 pub const MANIFEST_PREFIX: &str = "att:";
 
 /// How long a blob without a manifest, or a manifest no revision references, is kept after it
-/// was written (or, for a manifest, last stored again): 24 hours. Far past any upload the server
-/// lets run (a request body must arrive within `body_read_timeout_secs`, 30 s by default; 1 GiB
-/// at 1 MB/s takes 17 minutes) and any gap between storing bytes and writing the document that
-/// references them; the cost is that bytes of an upload cut short by a crash take a day to go.
+/// was written (or, for a manifest, last stored again): 24 hours. Past any upload the server
+/// lets run (a request body is cut once it has taken half of `couchdb_attachment_grace_secs`,
+/// `src/server/conn.rs`; 1 GiB at 1 MB/s takes 17 minutes) and any gap between storing bytes and
+/// writing the document that references them; the cost is that bytes of an upload cut short by a
+/// crash take a day to go.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// Manifests and blob names read per page by garbage collection.

@@ -500,7 +500,7 @@ mod tests {
             path: "_design/d".into(),
             query: None,
             headers: Vec::new(),
-            body: bytes::Bytes::new(),
+            body: crate::backend::DesignBody::empty(),
         };
         assert_eq!(metered.design_request(design).await.unwrap().map(|answer| answer.status), Some(200));
         assert!(metered.url().is_none());

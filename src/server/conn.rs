@@ -9,11 +9,15 @@
 //!   `idle_timeout` is closed: idle keep-alive connections, clients that stop reading a response.
 //!   (It does not run while a request is handled, so it never cut a stalled body: the next bound
 //!   does.)
-//! - A request body must arrive whole within `body_read_timeout`, counted from when the handler
-//!   first asks for it (a body that stops, trickles, or a chunked body that never ends). The
-//!   handler then sees a read error, and whatever it answers is replaced by a 408 naming the bound:
-//!   one implementation for every router served here (the REST API and the CouchDB API), so
-//!   neither face holds a connection for a stalled body, and neither answers it with a 5xx.
+//! - A request body must keep arriving, counted from when the handler first asks for it: it is
+//!   cut when no byte arrived for `body_read_timeout` (a body that stops, or a chunked body that
+//!   never ends), when past its first `body_read_timeout` it has arrived at less than
+//!   `body_min_bytes_per_sec` on average (a trickle), or when it has taken `body_max_time` in all
+//!   (half the attachment grace period: bytes of an upload must not outlive it unreferenced).
+//!   A big upload that keeps going finishes, however long it is. The handler then sees a read
+//!   error, and whatever it answers is replaced by a 408 naming the bound: one implementation for
+//!   every router served here (the REST API and the CouchDB API), so neither face holds a
+//!   connection for a stalled body, and neither answers it with a 5xx.
 //! - Each request carries the peer's address (`ConnectInfo<SocketAddr>` in its extensions), for
 //!   limits kept per client (failed logins, long-lived feeds).
 //! - Closing is a *lingering* close: the server half-closes its side, then reads and discards what
@@ -29,7 +33,7 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -60,8 +64,48 @@ pub struct ConnectionLimits {
     pub idle_timeout: Duration,
     /// Most bytes a lingering close reads and discards.
     pub linger_bytes: usize,
-    /// Longest time a request body may take to arrive, from the handler's first read.
-    pub body_read_timeout: Duration,
+    /// The time bounds of a request body.
+    pub body: BodyTimeLimits,
+}
+
+/// How a request body must keep arriving, from the handler's first read (module documentation).
+#[derive(Debug, Clone, Copy)]
+pub struct BodyTimeLimits {
+    /// Longest time without a byte; also the time every body gets before the rate is asked.
+    pub idle: Duration,
+    /// Average rate a body must keep past its first `idle`, in bytes per second; 0: none, so a
+    /// body must arrive whole within `idle`.
+    pub min_bytes_per_sec: u64,
+    /// Longest time a body may take in all.
+    pub max_time: Duration,
+}
+
+impl BodyTimeLimits {
+    /// The limits `settings` give. The whole-body bound is half of `couchdb_attachment_grace_secs`
+    /// (never below `body_read_timeout_secs`): an upload's chunks are written before any manifest
+    /// names them, and garbage collection frees such chunks once they are older than the grace
+    /// period, so an upload must end well within it.
+    pub fn from_settings(settings: &Settings) -> Self {
+        let idle = Duration::from_secs(settings.body_read_timeout_secs);
+        BodyTimeLimits {
+            idle,
+            min_bytes_per_sec: settings.body_min_bytes_per_sec,
+            max_time: Duration::from_secs(settings.couchdb_attachment_grace_secs / 2).max(idle),
+        }
+    }
+
+    /// When a body that started at `started`, last moved at `last_progress` and has brought
+    /// `received` bytes so far is cut, and by which bound.
+    fn due(&self, started: Instant, last_progress: Instant, received: u64) -> (Instant, BodyCut) {
+        let idle = (last_progress + self.idle, BodyCut::Idle);
+        let earned = match self.min_bytes_per_sec {
+            0 => Duration::ZERO,
+            rate => Duration::try_from_secs_f64(received as f64 / rate as f64).unwrap_or(Duration::MAX),
+        };
+        let slow = (started + self.idle.saturating_add(earned.min(self.max_time)), BodyCut::Slow);
+        let total = (started + self.max_time, BodyCut::Total);
+        [idle, slow, total].into_iter().min_by_key(|(at, _)| *at).unwrap_or(idle)
+    }
 }
 
 impl ConnectionLimits {
@@ -73,13 +117,17 @@ impl ConnectionLimits {
             idle_timeout: Duration::from_secs(settings.idle_timeout_secs),
             // Enough to take in a whole body of twice the limit that the server refused early.
             linger_bytes: settings.body_limit().saturating_mul(2).saturating_add(1 << 20),
-            body_read_timeout: Duration::from_secs(settings.body_read_timeout_secs),
+            body: BodyTimeLimits::from_settings(settings),
         }
     }
 }
 
-/// The setting that bounds how long a request body may take to arrive (named in the 408).
+/// The setting that bounds how long a request body may go without a byte (named in the 408).
 pub const BODY_READ_TIMEOUT_SETTING: &str = "body_read_timeout_secs";
+/// The setting of the rate a request body must keep (named in the 408).
+pub const BODY_MIN_RATE_SETTING: &str = "body_min_bytes_per_sec";
+/// The setting the longest time of a whole body is drawn from (named in the 408).
+pub const BODY_MAX_TIME_SETTING: &str = "couchdb_attachment_grace_secs";
 
 /// Serves `router` on `listener` until `shutdown` resolves; then stops accepting, asks every
 /// connection to finish its request in flight and close, and waits up to `grace` for them.
@@ -154,21 +202,18 @@ async fn serve_connection(
         let activity = Arc::clone(&activity);
         move |request: hyper::Request<Incoming>| {
             let handling = activity.begin_request();
-            let timed_out = Arc::new(AtomicBool::new(false));
-            let timeout = limits.body_read_timeout;
-            let mut request = request.map(|body| Body::new(TimedBody::new(body, timeout, Arc::clone(&timed_out))));
+            let cut = Arc::new(CutFlag::default());
+            let bounds = limits.body;
+            let mut request = request.map(|body| Body::new(TimedBody::new(body, bounds, Arc::clone(&cut))));
             request.extensions_mut().insert(ConnectInfo(peer));
             let response = router.clone().oneshot(request);
             async move {
                 let response = response.await;
                 drop(handling);
                 // Whatever the handler made of the read error, the client stalled: a 4xx.
-                response.map(|response| {
-                    if timed_out.load(Ordering::Acquire) {
-                        body_timeout_response(response, timeout)
-                    } else {
-                        response
-                    }
+                response.map(|response| match cut.get() {
+                    Some(how) => body_timeout_response(response, how, &bounds),
+                    None => response,
                 })
             }
         }
@@ -349,31 +394,73 @@ impl AsyncWrite for TrackedStream {
     }
 }
 
-/// A request body that must arrive whole within a time, counted from its first read. Past it, the
-/// body ends with an error and `timed_out` is set, so the connection answers 408 whatever the
-/// handler made of the error.
+/// A request body held to [`BodyTimeLimits`], counted from its first read. Past them, the body
+/// ends with an error and `cut` records which bound it met, so the connection answers 408
+/// whatever the handler made of the error.
 struct TimedBody {
     inner: Incoming,
-    limit: Duration,
+    limits: BodyTimeLimits,
+    /// When the handler first found the body not ready, and when a byte last arrived.
+    started: Option<(Instant, Instant)>,
+    received: u64,
     deadline: Option<Pin<Box<Sleep>>>,
-    timed_out: Arc<AtomicBool>,
+    cut: Arc<CutFlag>,
 }
 
-/// The error a stalled body ends with.
+/// Which bound cut a body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BodyCut {
+    /// No byte for `body_read_timeout_secs`.
+    Idle,
+    /// Under `body_min_bytes_per_sec` on average past the first `body_read_timeout_secs`.
+    Slow,
+    /// Longer than the whole-body bound.
+    Total,
+}
+
+/// Which bound, if any, cut a request's body: set by the body, read by the connection.
+#[derive(Default)]
+struct CutFlag(AtomicU8);
+
+impl CutFlag {
+    fn set(&self, how: BodyCut) {
+        let code = match how {
+            BodyCut::Idle => 1,
+            BodyCut::Slow => 2,
+            BodyCut::Total => 3,
+        };
+        self.0.store(code, Ordering::Release);
+    }
+
+    fn get(&self) -> Option<BodyCut> {
+        match self.0.load(Ordering::Acquire) {
+            1 => Some(BodyCut::Idle),
+            2 => Some(BodyCut::Slow),
+            3 => Some(BodyCut::Total),
+            _ => None,
+        }
+    }
+}
+
+/// The error a body that met a bound ends with.
 #[derive(Debug)]
-struct BodyTimedOut(Duration);
+struct BodyTimedOut(String);
 
 impl std::fmt::Display for BodyTimedOut {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "the request body did not arrive within {} s", self.0.as_secs())
+        f.write_str(&self.0)
     }
 }
 
 impl std::error::Error for BodyTimedOut {}
 
 impl TimedBody {
-    fn new(inner: Incoming, limit: Duration, timed_out: Arc<AtomicBool>) -> Self {
-        TimedBody { inner, limit, deadline: None, timed_out }
+    fn new(inner: Incoming, limits: BodyTimeLimits, cut: Arc<CutFlag>) -> Self {
+        TimedBody { inner, limits, started: None, received: 0, deadline: None, cut }
+    }
+
+    fn cut_error(&self, how: BodyCut) -> Box<dyn std::error::Error + Send + Sync> {
+        Box::new(BodyTimedOut(cut_reason(how, &self.limits)))
     }
 }
 
@@ -382,18 +469,30 @@ impl hyper::body::Body for TimedBody {
     type Error = Box<dyn std::error::Error + Send + Sync>;
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        if self.timed_out.load(Ordering::Acquire) {
-            return Poll::Ready(Some(Err(Box::new(BodyTimedOut(self.limit)))));
+        if let Some(how) = self.cut.get() {
+            return Poll::Ready(Some(Err(self.cut_error(how))));
         }
         if let Poll::Ready(frame) = Pin::new(&mut self.inner).poll_frame(cx) {
+            if let Some(Ok(data)) = frame.as_ref().map(|frame| frame.as_ref().map(Frame::data_ref)) {
+                let arrived = data.map_or(0, |data| data.len() as u64);
+                self.received = self.received.saturating_add(arrived);
+                if let Some((_, last_progress)) = self.started.as_mut() {
+                    *last_progress = Instant::now();
+                }
+            }
             return Poll::Ready(frame.map(|frame| frame.map_err(Into::into)));
         }
-        let limit = self.limit;
-        let deadline = self.deadline.get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        let now = Instant::now();
+        let (started, last_progress) = *self.started.get_or_insert((now, now));
+        let (due, how) = self.limits.due(started, last_progress, self.received);
+        let deadline = self.deadline.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(due)));
+        if deadline.deadline() != due {
+            deadline.as_mut().reset(due);
+        }
         match deadline.as_mut().poll(cx) {
             Poll::Ready(()) => {
-                self.timed_out.store(true, Ordering::Release);
-                Poll::Ready(Some(Err(Box::new(BodyTimedOut(limit)))))
+                self.cut.set(how);
+                Poll::Ready(Some(Err(self.cut_error(how))))
             }
             Poll::Pending => Poll::Pending,
         }
@@ -408,9 +507,29 @@ impl hyper::body::Body for TimedBody {
     }
 }
 
+/// Why a body was cut, naming the setting that bounds it.
+fn cut_reason(how: BodyCut, limits: &BodyTimeLimits) -> String {
+    let idle = limits.idle.as_secs();
+    match how {
+        BodyCut::Idle => format!("no byte of the request body arrived for {idle} s ({BODY_READ_TIMEOUT_SETTING})"),
+        BodyCut::Slow if limits.min_bytes_per_sec == 0 => {
+            format!("the request body did not arrive within {idle} s ({BODY_READ_TIMEOUT_SETTING})")
+        }
+        BodyCut::Slow => format!(
+            "the request body arrived too slowly: past its first {idle} s ({BODY_READ_TIMEOUT_SETTING}) a body must \
+             keep arriving at {} bytes/s on average ({BODY_MIN_RATE_SETTING})",
+            limits.min_bytes_per_sec
+        ),
+        BodyCut::Total => format!(
+            "the request body took more than {} s, the longest a body may take (half of {BODY_MAX_TIME_SETTING})",
+            limits.max_time.as_secs()
+        ),
+    }
+}
+
 /// The 408 for a client whose body stalled: the handler's headers (request id, server name) with
 /// the error body both faces use, `{"error", "reason"}`, naming the bound and its setting.
-fn body_timeout_response(response: Response, limit: Duration) -> Response {
+fn body_timeout_response(response: Response, how: BodyCut, limits: &BodyTimeLimits) -> Response {
     let (mut parts, _) = response.into_parts();
     parts.status = StatusCode::REQUEST_TIMEOUT;
     for name in [header::CONTENT_LENGTH, header::CONTENT_ENCODING, header::TRANSFER_ENCODING, header::ETAG] {
@@ -418,12 +537,153 @@ fn body_timeout_response(response: Response, limit: Duration) -> Response {
     }
     parts.headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     parts.headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
-    let body = serde_json::json!({
-        "error": "request_timeout",
-        "reason": format!(
-            "the request body did not arrive within {} s ({BODY_READ_TIMEOUT_SETTING})",
-            limit.as_secs()
-        ),
-    });
+    let body = serde_json::json!({ "error": "request_timeout", "reason": cut_reason(how, limits) });
     Response::from_parts(parts, Body::from(body.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::routing::post;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    const SECOND: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn a_body_earns_time_by_what_it_brings_and_loses_it_by_stopping() {
+        let limits = BodyTimeLimits { idle: SECOND, min_bytes_per_sec: 1000, max_time: 60 * SECOND };
+        let start = Instant::now();
+        assert_eq!(
+            limits.due(start, start, 0),
+            (start + SECOND, BodyCut::Idle),
+            "nothing yet: the first second, and nothing came in it"
+        );
+        let later = start + 10 * SECOND;
+        assert_eq!(
+            limits.due(start, later, 20_000),
+            (later + SECOND, BodyCut::Idle),
+            "20 s earned, but a body that stops is cut a second after its last byte"
+        );
+        assert_eq!(
+            limits.due(start, start + 5 * SECOND + SECOND / 2, 5_000),
+            (start + 6 * SECOND, BodyCut::Slow),
+            "5,000 bytes earn 5 s past the first, however recent the last"
+        );
+        assert_eq!(limits.due(start, start + 59 * SECOND + SECOND / 2, 1 << 30), (start + 60 * SECOND, BodyCut::Total));
+        let whole = BodyTimeLimits { min_bytes_per_sec: 0, ..limits };
+        let moving = start + SECOND / 2;
+        assert_eq!(whole.due(start, moving, 1 << 30), (start + SECOND, BodyCut::Slow), "0: whole within the first");
+        let endless = BodyTimeLimits { min_bytes_per_sec: 1, ..limits };
+        assert_eq!(endless.due(start, start, u64::MAX).1, BodyCut::Idle, "no overflow");
+    }
+
+    /// Serves a route that reads the whole body and answers its length, with `body` limits.
+    async fn body_server(body: BodyTimeLimits) -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let router = Router::new().route(
+            "/",
+            post(|body: Body| async move {
+                match axum::body::to_bytes(body, usize::MAX).await {
+                    Ok(bytes) => (StatusCode::OK, bytes.len().to_string()),
+                    // Replaced by the 408 when a bound cut the body.
+                    Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+                }
+            }),
+        );
+        let limits = ConnectionLimits {
+            max_connections: 8,
+            header_read_timeout: 5 * SECOND,
+            idle_timeout: 60 * SECOND,
+            linger_bytes: 1 << 20,
+            body,
+        };
+        tokio::spawn(serve(listener, router, limits, std::future::pending(), SECOND));
+        addr
+    }
+
+    /// Sends a body of `declared` bytes as `first` bytes at once, then `piece` bytes every
+    /// `every` (until the server closes or all are sent); answers the status line's code and the
+    /// response body.
+    async fn send(addr: SocketAddr, declared: usize, first: usize, piece: usize, every: Duration) -> (u16, String) {
+        let stream = TcpStream::connect(addr).await.expect("connect");
+        let (mut reader, mut writer) = stream.into_split();
+        let head = format!("POST / HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {declared}\r\n\r\n");
+        let sender = tokio::spawn(async move {
+            writer.write_all(head.as_bytes()).await?;
+            writer.write_all(&vec![b'x'; first]).await?;
+            let mut sent = first;
+            while sent < declared && piece > 0 {
+                tokio::time::sleep(every).await;
+                let now = piece.min(declared - sent);
+                writer.write_all(&vec![b'x'; now]).await?;
+                sent += now;
+            }
+            // Keeps the write side open (a body that stops) until the reader is done.
+            std::future::pending::<()>().await;
+            Ok::<(), io::Error>(())
+        });
+        let mut response = Vec::new();
+        let _ = tokio::time::timeout(60 * SECOND, reader.read_to_end(&mut response)).await;
+        sender.abort();
+        let response = String::from_utf8_lossy(&response).into_owned();
+        let status = response.get(9..12).and_then(|code| code.parse().ok()).unwrap_or(0);
+        let body = response.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or_default();
+        (status, body)
+    }
+
+    fn reason(body: &str) -> String {
+        let value: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
+        assert_eq!(value["error"], "request_timeout", "{body}");
+        value["reason"].as_str().unwrap_or_default().to_owned()
+    }
+
+    const LIMITS: BodyTimeLimits =
+        BodyTimeLimits { idle: SECOND, min_bytes_per_sec: 1000, max_time: SECOND.saturating_mul(60) };
+
+    #[tokio::test]
+    async fn a_body_that_keeps_coming_finishes_past_the_first_timeout() {
+        let addr = body_server(LIMITS).await;
+        // 30,000 bytes over about 3 s: three times the timeout, at ten times the rate.
+        let (status, body) = send(addr, 30_000, 1_000, 1_000, Duration::from_millis(100)).await;
+        assert_eq!((status, body.as_str()), (200, "30000"));
+    }
+
+    #[tokio::test]
+    async fn a_trickle_is_cut_by_the_rate() {
+        let addr = body_server(LIMITS).await;
+        // 100 bytes/s, a byte never more than 100 ms apart: only the rate catches it.
+        let (status, body) = send(addr, 100_000, 10, 10, Duration::from_millis(100)).await;
+        assert_eq!(status, 408, "{body}");
+        let reason = reason(&body);
+        assert!(reason.contains("body_min_bytes_per_sec") && reason.contains("body_read_timeout_secs"), "{reason}");
+    }
+
+    #[tokio::test]
+    async fn a_body_that_stops_after_a_fast_start_is_cut_when_idle() {
+        let addr = body_server(LIMITS).await;
+        // 20,000 bytes at once earn 20 s of rate, but not a stall of more than a second.
+        let (status, body) = send(addr, 100_000, 20_000, 0, SECOND).await;
+        assert_eq!(status, 408, "{body}");
+        let reason = reason(&body);
+        assert!(reason.contains("no byte") && reason.contains("body_read_timeout_secs"), "{reason}");
+    }
+
+    #[tokio::test]
+    async fn the_whole_body_bound_holds_at_any_rate() {
+        let addr = body_server(BodyTimeLimits { max_time: 2 * SECOND, ..LIMITS }).await;
+        let (status, body) = send(addr, 1_000_000, 1_000, 1_000, Duration::from_millis(100)).await;
+        assert_eq!(status, 408, "{body}");
+        let reason = reason(&body);
+        assert!(reason.contains("couchdb_attachment_grace_secs"), "{reason}");
+    }
+
+    #[tokio::test]
+    async fn without_a_rate_a_body_must_arrive_within_the_timeout() {
+        let addr = body_server(BodyTimeLimits { min_bytes_per_sec: 0, ..LIMITS }).await;
+        let (status, body) = send(addr, 30_000, 1_000, 1_000, Duration::from_millis(100)).await;
+        assert_eq!(status, 408, "{body}");
+        let reason = reason(&body);
+        assert!(reason.contains("did not arrive within 1 s (body_read_timeout_secs)"), "{reason}");
+    }
 }

@@ -181,7 +181,7 @@ async fn forwarded_json(
             ("authorization".into(), "Basic d3Jvbmc6d3Jvbmc=".into()),
             ("cookie".into(), "AuthSession=not-ours".into()),
         ],
-        body: bytes::Bytes::from(body.to_owned()),
+        body: agentstore::backend::DesignBody::Whole(bytes::Bytes::from(body.to_owned())),
     };
     let answer = backend.design_request(request).await.expect("forwarded").expect("a forwarding backend answers");
     let bytes: Vec<bytes::Bytes> = answer.body.try_collect().await.expect("the answer's body");
@@ -200,7 +200,7 @@ pub async fn catalog_databases_forward_requests_where_the_backend_does(ctx: Ctx)
             path: "_all_docs".into(),
             query: None,
             headers: Vec::new(),
-            body: bytes::Bytes::new(),
+            body: agentstore::backend::DesignBody::empty(),
         };
         assert!(
             db.design_request(request).await.expect("answered").is_none(),

@@ -13,6 +13,7 @@ use serde_json::Value;
 use super::config::CouchConfig;
 use super::error::status_error;
 use crate::backend::raw::http::{self, Idempotency, RawReply, RetryPolicy};
+use crate::backend::{BodyError, DesignBody};
 use crate::error::Result;
 
 /// The name CouchDB goes by in errors.
@@ -37,24 +38,44 @@ pub(super) type Reply = RawReply;
 
 pub(super) struct CouchClient {
     http: reqwest::Client,
+    /// The client of requests passed through ([`CouchClient::pass_through`]): no total timeout,
+    /// since an attachment may take minutes to go either way; each request bounds the wait for
+    /// its answer itself, and its caller each wait for the next piece of the answer.
+    passing: reqwest::Client,
     config: CouchConfig,
     database_url: String,
 }
 
 /// Whether a client's header may go on to CouchDB: never the client's credentials (the backend
 /// authenticates as itself; the CouchDB API has already decided who may make the request), nor
-/// the connection's own headers.
-fn passes_on(name: &str) -> bool {
-    !["authorization", "cookie", "proxy-authorization", "host", "content-length", "connection", "transfer-encoding"]
-        .iter()
-        .any(|refused| name.eq_ignore_ascii_case(refused))
+/// the connection's own headers. The body's `Content-Length` and `Content-Encoding` go only with
+/// a body `streamed` as the client sent it: a whole body was read and decompressed, and the
+/// client sets the length of what it sends.
+fn passes_on(name: &str, streamed: bool) -> bool {
+    let refused = ["authorization", "cookie", "proxy-authorization", "host", "connection", "transfer-encoding"];
+    if refused.iter().any(|refused| name.eq_ignore_ascii_case(refused)) {
+        return false;
+    }
+    streamed || !(name.eq_ignore_ascii_case("content-length") || name.eq_ignore_ascii_case("content-encoding"))
 }
 
 impl CouchClient {
     pub fn new(config: &CouchConfig) -> Result<Self> {
         let http = http::client(SERVICE, config.timeout)?;
+        let passing = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5).min(config.timeout))
+            .pool_idle_timeout(Duration::from_secs(60))
+            .user_agent(concat!("agentstore/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| {
+                crate::error::Error::new(
+                    crate::error::ErrorKind::Misconfigured,
+                    format!("cannot build the {SERVICE} HTTP client"),
+                )
+                .with_source(e)
+            })?;
         let database_url = format!("{}{}", config.server, utf8_percent_encode(&config.database, SEGMENT));
-        Ok(CouchClient { http, config: config.clone(), database_url })
+        Ok(CouchClient { http, passing, config: config.clone(), database_url })
     }
 
     /// `{server}/{database}` plus escaped path segments.
@@ -133,18 +154,22 @@ impl CouchClient {
         url
     }
 
-    /// A request passed through below the database (design documents, or any path of a database
-    /// whose requests are all forwarded): `path_and_query` is already percent-encoded, and empty
-    /// (or a bare `?query`) for the database itself. The reply is returned unread, whatever its
-    /// status, so its body can be streamed; idempotent requests are retried while CouchDB is
-    /// unreachable or answers 503/429, others are sent once. The client's credentials
-    /// (`Authorization`, `Cookie`) never go through: ours replace them.
+    /// How long a request passed through waits for its answer once its body is sent, and then
+    /// for each piece of the answer's body: the backend URL's `timeout_secs`.
+    pub fn pass_through_timeout(&self) -> Duration {
+        self.config.timeout
+    }
+
+    /// Sends a request as a client made it, for [`super::design`]. A whole body is sent again
+    /// when a read is retried; a streamed one is sent once, as it arrives. The answer must begin
+    /// within [`Self::pass_through_timeout`] of the body's end (not of the request's start: an
+    /// upload may take long), and is returned as soon as its head arrives.
     pub async fn pass_through(
         &self,
         method: Method,
         path_and_query: &str,
         headers: &[(String, String)],
-        body: bytes::Bytes,
+        body: DesignBody,
         doing: &str,
     ) -> Result<reqwest::Response> {
         let url = match path_and_query {
@@ -157,15 +182,30 @@ impl CouchClient {
         } else {
             Idempotency::NotIdempotent
         };
-        let attempt = || async {
-            let mut request = self.http.request(method.clone(), &url).body(body.clone());
-            for (name, value) in headers.iter().filter(|(name, _)| passes_on(name)) {
+        let build = |streamed: bool| {
+            let mut request = self.passing.request(method.clone(), &url);
+            for (name, value) in headers.iter().filter(|(name, _)| passes_on(name, streamed)) {
                 request = request.header(name.as_str(), value.as_str());
             }
             if let Some(user) = &self.config.user {
                 request = request.basic_auth(user, self.config.password.as_deref());
             }
-            let response = request.send().await.map_err(|e| http::transport_error(SERVICE, e, idempotency, doing))?;
+            request
+        };
+        let whole = match body {
+            DesignBody::Whole(whole) => whole,
+            DesignBody::Streamed(stream) => {
+                let (sent, body_sent) = tokio::sync::oneshot::channel();
+                let stream = NoticeEnd { inner: stream, sent: Some(sent) };
+                let request = build(true).body(reqwest::Body::wrap_stream(stream));
+                return self.answer_of(request.send(), body_sent, idempotency, doing).await;
+            }
+        };
+        let attempt = || async {
+            let (sent, body_sent) = tokio::sync::oneshot::channel();
+            let _ = sent.send(());
+            let request = build(false).body(whole.clone());
+            let response = self.answer_of(request.send(), body_sent, idempotency, doing).await?;
             let status = response.status();
             if idempotency == Idempotency::Idempotent
                 && (status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS)
@@ -177,6 +217,26 @@ impl CouchClient {
         match idempotency {
             Idempotency::Idempotent => READ_RETRY.run(SERVICE, doing, attempt).await,
             Idempotency::NotIdempotent => attempt().await,
+        }
+    }
+
+    /// The answer to a request being sent, which must begin within the timeout of its body's end
+    /// (`body_sent` resolves then, or fails when the body was dropped unfinished).
+    async fn answer_of(
+        &self,
+        sending: impl std::future::Future<Output = reqwest::Result<reqwest::Response>>,
+        body_sent: tokio::sync::oneshot::Receiver<()>,
+        idempotency: Idempotency,
+        doing: &str,
+    ) -> Result<reqwest::Response> {
+        let timeout = self.config.timeout;
+        let deadline = async move {
+            let _ = body_sent.await;
+            tokio::time::sleep(timeout).await;
+        };
+        tokio::select! {
+            answer = sending => answer.map_err(|e| http::transport_error(SERVICE, e, idempotency, doing)),
+            () = deadline => Err(no_answer(idempotency, doing, timeout)),
         }
     }
 
@@ -204,17 +264,61 @@ impl CouchClient {
     }
 }
 
+/// A request passed through whose answer did not begin in time.
+fn no_answer(idempotency: Idempotency, doing: &str, timeout: Duration) -> crate::error::Error {
+    let (kind, applied) = match idempotency {
+        Idempotency::Idempotent => (crate::error::ErrorKind::Unavailable, ""),
+        Idempotency::NotIdempotent => (crate::error::ErrorKind::OutcomeUnknown, "; it may have been applied"),
+    };
+    crate::error::Error::new(
+        kind,
+        format!(
+            "{SERVICE} did not answer within {} s of the request while trying to {doing}{applied}",
+            timeout.as_secs()
+        ),
+    )
+}
+
+/// A streamed request body that tells when it has been sent whole.
+struct NoticeEnd {
+    inner: futures::stream::BoxStream<'static, std::result::Result<bytes::Bytes, BodyError>>,
+    sent: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl futures::Stream for NoticeEnd {
+    type Item = std::result::Result<bytes::Bytes, BodyError>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        let next = self.inner.as_mut().poll_next(cx);
+        if let std::task::Poll::Ready(None) = next {
+            if let Some(sent) = self.sent.take() {
+                let _ = sent.send(());
+            }
+        }
+        next
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn client_credentials_never_pass_on() {
-        for refused in ["authorization", "Authorization", "COOKIE", "proxy-authorization", "host", "content-length"] {
-            assert!(!passes_on(refused), "{refused}");
+        for streamed in [false, true] {
+            for refused in ["authorization", "Authorization", "COOKIE", "proxy-authorization", "host", "connection"] {
+                assert!(!passes_on(refused, streamed), "{refused}");
+            }
+            for passed in ["content-type", "accept", "if-match", "if-none-match", "range", "if-range", "content-md5"] {
+                assert!(passes_on(passed, streamed), "{passed}");
+            }
         }
-        for passed in ["content-type", "accept", "if-match", "if-none-match"] {
-            assert!(passes_on(passed), "{passed}");
+        for framing in ["content-length", "Content-Encoding"] {
+            assert!(!passes_on(framing, false), "{framing} of a body read whole and decompressed");
+            assert!(passes_on(framing, true), "{framing} of a body streamed as it came");
         }
     }
 }

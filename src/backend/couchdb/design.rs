@@ -4,17 +4,38 @@
 //! path below the database, the database itself included) goes the same way. Only the headers a
 //! request depends on go either way; our own credentials replace the client's (the CouchDB API has
 //! already decided who may make it).
+//!
+//! Bodies stream both ways: an attachment upload is passed on as it arrives
+//! ([`crate::backend::DesignBody::Streamed`]) and an answer's body as CouchDB sends it, so neither
+//! is held whole. No total timeout bounds them (a 1 GiB attachment takes minutes): the answer
+//! must begin within the backend URL's `timeout_secs` of the request body's end, and each piece
+//! of its body within as long of the one before.
 
-use futures::TryStreamExt;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt, TryStreamExt};
 
 use super::backend::CouchDbBackend;
 use super::core::SERVICE;
 use crate::backend::raw::http::{transport_error, Idempotency};
 use crate::backend::{DesignRequest, DesignResponse};
-use crate::error::Result;
+use crate::error::{Error, ErrorKind, Result};
 
-/// The answer's headers a client of a design request reads.
-const ANSWER_HEADERS: [&str; 2] = ["content-type", "etag"];
+/// The answer's headers a client of a passed request reads: the body's type, length, range and
+/// encoding (an attachment CouchDB keeps compressed is sent as it is kept), its validators, and
+/// what a write or an update function reports.
+const ANSWER_HEADERS: [&str; 10] = [
+    "content-type",
+    "content-length",
+    "content-range",
+    "accept-ranges",
+    "content-encoding",
+    "content-md5",
+    "etag",
+    "location",
+    "x-couch-id",
+    "x-couch-update-newrev",
+];
 
 impl CouchDbBackend {
     pub(super) async fn pass_design_request(&self, request: DesignRequest) -> Result<DesignResponse> {
@@ -35,8 +56,41 @@ impl CouchDbBackend {
             .collect();
         // The body arrives after the status: a break now is a transport failure of a read that
         // has begun, whatever the method.
-        let body =
-            response.bytes_stream().map_err(move |e| transport_error(SERVICE, e, Idempotency::Idempotent, &doing));
+        let body = response.bytes_stream().map_err({
+            let doing = doing.clone();
+            move |e| transport_error(SERVICE, e, Idempotency::Idempotent, &doing)
+        });
+        let body = each_within(body, self.client.pass_through_timeout(), doing);
         Ok(DesignResponse { status, headers, body: Box::pin(body) })
     }
+}
+
+/// `pieces`, ending with an error when the next piece does not come within `timeout` of the
+/// last (a backend that stalls mid-answer would otherwise hold the client's connection).
+fn each_within<S>(pieces: S, timeout: Duration, doing: String) -> impl Stream<Item = Result<bytes::Bytes>> + Send
+where
+    S: Stream<Item = Result<bytes::Bytes>> + Send + 'static,
+{
+    futures::stream::unfold((Box::pin(pieces), false), move |(mut pieces, ended)| {
+        let doing = doing.clone();
+        async move {
+            if ended {
+                return None;
+            }
+            match tokio::time::timeout(timeout, pieces.next()).await {
+                Ok(Some(piece)) => Some((piece, (pieces, false))),
+                Ok(None) => None,
+                Err(_) => {
+                    let stalled = Error::new(
+                        ErrorKind::Unavailable,
+                        format!(
+                            "{SERVICE} stopped sending its answer for {} s while trying to {doing}",
+                            timeout.as_secs()
+                        ),
+                    );
+                    Some((Err(stalled), (pieces, true)))
+                }
+            }
+        }
+    })
 }

@@ -22,6 +22,7 @@ mod all_docs;
 mod attachments;
 mod bulk;
 mod docs;
+mod forwarded;
 mod views;
 
 use std::collections::HashMap;
@@ -110,8 +111,20 @@ pub(crate) async fn dispatch(
 }
 
 /// The headers a forwarded request carries to the CouchDB backend (never the client's
-/// credentials: the backend's own are used).
-const FORWARDED_HEADERS: [&str; 5] = ["content-type", "accept", "if-match", "if-none-match", "destination"];
+/// credentials: the backend's own are used). `Content-Length` and `Content-Encoding` go only with
+/// a body streamed as it came ([`forwarded`]).
+const FORWARDED_HEADERS: [&str; 10] = [
+    "content-type",
+    "accept",
+    "if-match",
+    "if-none-match",
+    "if-range",
+    "range",
+    "destination",
+    "content-md5",
+    "content-length",
+    "content-encoding",
+];
 
 /// On a backend whose databases stay native (the CouchDB backend), every request on an existing
 /// database but its creation and deletion is passed to that database as it came, its answer
@@ -147,33 +160,128 @@ async fn forward(
         }
     }
     let (parts, body) = request.into_parts();
-    let (body, _share) = state.bodies.read_bytes(&parts.headers, body).await?;
     let destination = parts.headers.get("destination").and_then(|value| value.to_str().ok());
-    check_forwarded(access, &parts.method, below, destination, &body)?;
-    let forwarded = crate::backend::DesignRequest {
-        method: parts.method,
+    let streamed = forwarded::streamed_bound(
+        &parts.method,
+        below,
+        &parts.headers,
+        db.max_document_bytes(),
+        db.max_attachment_bytes(),
+    );
+    let passed_bound = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Kept until the answer is back: the body's share of the in-flight budgets.
+    let mut _share = None;
+    let body = match &streamed {
+        Some(bound) => {
+            let declared = parts.headers.get(axum::http::header::CONTENT_LENGTH);
+            let declared = declared.and_then(|value| value.to_str().ok()?.trim().parse::<u64>().ok());
+            if declared.is_some_and(|length| length > bound.bytes) {
+                return Ok(forwarded::too_large(bound));
+            }
+            // Streamed bodies are PUTs, whose access does not depend on the body.
+            check_forwarded(access, &parts.method, below, destination, &[])?;
+            forwarded::streamed_body(body, bound.bytes, Arc::clone(&passed_bound))
+        }
+        None => {
+            let (body, share) = state.bodies.read_bytes(&parts.headers, body).await?;
+            _share = Some(share);
+            check_forwarded(access, &parts.method, below, destination, &body)?;
+            crate::backend::DesignBody::Whole(body)
+        }
+    };
+    let range = parts.headers.get(axum::http::header::RANGE).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let if_range = parts.headers.get(axum::http::header::IF_RANGE).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let forwarded_request = crate::backend::DesignRequest {
+        method: parts.method.clone(),
         path: below.to_owned(),
         query: parts.uri.query().map(str::to_owned),
         headers: FORWARDED_HEADERS
             .iter()
+            .filter(|name| streamed.is_some() || !matches!(**name, "content-length" | "content-encoding"))
             .filter_map(|name| Some(((*name).to_owned(), parts.headers.get(*name)?.to_str().ok()?.to_owned())))
             .collect(),
         body,
     };
-    let Some(answer) = db.backend().design_request(forwarded).await? else {
+    let answer = db.backend().design_request(forwarded_request).await;
+    if let Some(bound) = streamed.as_ref().filter(|_| passed_bound.load(std::sync::atomic::Ordering::Acquire)) {
+        return Ok(forwarded::too_large(bound));
+    }
+    let Some(answer) = answer? else {
         return Err(CouchError::internal("the backend forwards requests but did not take this one"));
     };
     let status = axum::http::StatusCode::from_u16(answer.status)
         .map_err(|_| CouchError::internal(format!("the backend answered status {}", answer.status)))?;
-    let mut response = (status, axum::body::Body::from_stream(answer.body)).into_response();
+    let mut headers = axum::http::HeaderMap::new();
     for (name, value) in answer.headers {
         if let (Ok(name), Ok(value)) =
             (axum::http::HeaderName::try_from(name), axum::http::HeaderValue::try_from(value))
         {
-            response.headers_mut().insert(name, value);
+            headers.insert(name, value);
         }
     }
+    let cut = match range {
+        Some(range) if parts.method == axum::http::Method::GET && status == axum::http::StatusCode::OK => {
+            cut_to_range(below, &range, if_range.as_deref(), &headers)
+        }
+        _ => None,
+    };
+    let mut response = match cut {
+        None => (status, axum::body::Body::from_stream(answer.body)).into_response(),
+        Some(forwarded::RangeAsked::Part(start, end)) => {
+            let length = headers.get(axum::http::header::CONTENT_LENGTH).cloned();
+            let total = length.as_ref().and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+            headers.insert(axum::http::header::CONTENT_LENGTH, axum::http::HeaderValue::from(end - start));
+            if let Ok(value) = axum::http::HeaderValue::from_str(&format!("bytes {start}-{}/{total}", end - 1)) {
+                headers.insert(axum::http::header::CONTENT_RANGE, value);
+            }
+            let part = forwarded::slice(answer.body, start, end);
+            (axum::http::StatusCode::PARTIAL_CONTENT, axum::body::Body::from_stream(part)).into_response()
+        }
+        Some(_) => {
+            // Unsatisfiable: CouchDB's 416, the length the range was asked of.
+            let total = headers.get(axum::http::header::CONTENT_LENGTH).cloned();
+            let mut refused = CouchError::new(
+                axum::http::StatusCode::RANGE_NOT_SATISFIABLE,
+                "requested_range_not_satisfiable",
+                "Requested range not satisfiable",
+            )
+            .into_response();
+            if let Some(value) = total.as_ref().and_then(|v| v.to_str().ok()) {
+                if let Ok(value) = axum::http::HeaderValue::from_str(&format!("bytes */{value}")) {
+                    refused.headers_mut().insert(axum::http::header::CONTENT_RANGE, value);
+                }
+            }
+            return Ok(refused);
+        }
+    };
+    response.headers_mut().extend(headers);
     Ok(response)
+}
+
+/// The range to cut a backend's whole answer (200) to a `Range` on an attachment to, as CouchDB
+/// answers it itself ([`forwarded`]); `None` to pass the whole answer on: not an attachment, an
+/// `If-Range` the answer's `ETag` does not match, an answer of unknown length or one kept
+/// compressed (CouchDB serves no ranges of those), or a `Range` that asks for the whole.
+fn cut_to_range(
+    below: &str,
+    range: &str,
+    if_range: Option<&str>,
+    headers: &axum::http::HeaderMap,
+) -> Option<forwarded::RangeAsked> {
+    if !forwarded::names_attachment(below) || headers.contains_key(axum::http::header::CONTENT_ENCODING) {
+        return None;
+    }
+    if let Some(validator) = if_range {
+        let etag = headers.get(axum::http::header::ETAG).and_then(|v| v.to_str().ok());
+        if etag.is_none_or(|etag| etag.starts_with("W/") || etag != validator.trim()) {
+            return None;
+        }
+    }
+    let length = headers.get(axum::http::header::CONTENT_LENGTH)?.to_str().ok()?.trim().parse::<u64>().ok()?;
+    match forwarded::range_asked(range, length) {
+        forwarded::RangeAsked::Whole => None,
+        asked => Some(asked),
+    }
 }
 
 /// The database router's answer to a request (a fresh request with the same line, headers and
@@ -268,7 +376,7 @@ pub(crate) async fn security_of(db: &Database) -> Result<Value, CouchError> {
         path: "_security".to_owned(),
         query: None,
         headers: vec![("accept".to_owned(), "application/json".to_owned())],
-        body: axum::body::Bytes::new(),
+        body: crate::backend::DesignBody::empty(),
     };
     let Some(answer) = db.backend().design_request(asked).await? else {
         return Err(CouchError::internal("the backend forwards requests but did not answer GET _security"));

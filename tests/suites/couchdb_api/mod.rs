@@ -12,6 +12,7 @@
 
 mod all_docs;
 mod attachments;
+mod attachments_forwarded;
 mod bulk;
 mod changes;
 mod data_store;
@@ -92,6 +93,12 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("attachments_multipart_upload", |e| Box::pin(attachments::attachments_multipart_upload(e))),
         ("attachments_multipart_answers", |e| Box::pin(attachments::attachments_multipart_answers(e))),
         ("attachments_gzip_parts", |e| Box::pin(attachments::attachments_gzip_parts(e))),
+        ("forwarded_ranges", |e| Box::pin(attachments_forwarded::forwarded_ranges(e))),
+        ("forwarded_80_mib_round_trip", |e| Box::pin(attachments_forwarded::forwarded_80_mib_round_trip(e))),
+        ("forwarded_attachment_bound", |e| Box::pin(attachments_forwarded::forwarded_attachment_bound(e))),
+        ("interrupted_uploads_leave_nothing", |e| {
+            Box::pin(attachments_forwarded::interrupted_uploads_leave_nothing(e))
+        }),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
@@ -108,6 +115,7 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
                                 Some(attachments::BOUNDED_CONFIG.to_owned())
                             }
                             "attachments_stored_once_and_freed" => Some(attachments::FREE_AT_ONCE_CONFIG.to_owned()),
+                            "forwarded_attachment_bound" => Some(attachments_forwarded::BOUNDED_CONFIG.to_owned()),
                             _ => None,
                         };
                         let endpoint = Endpoint::start(fresh, backend_name, logins).await?;
