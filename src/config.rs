@@ -515,6 +515,19 @@ impl Settings {
         state.join(format!("views-{named}.redb"))
     }
 
+    /// The JavaScript engine's bounds (`couchdb_js_*`, docs/design-documents.md).
+    pub fn js_limits(&self) -> crate::js::JsLimits {
+        let defaults = crate::js::JsLimits::default();
+        let workers = if self.couchdb_js_workers == 0 { defaults.workers } else { self.couchdb_js_workers };
+        crate::js::JsLimits {
+            call_timeout: std::time::Duration::from_millis(self.couchdb_js_timeout_ms),
+            memory_bytes: self.couchdb_js_memory_bytes,
+            workers,
+            queue: 64 * workers,
+            ..defaults
+        }
+    }
+
     /// The largest attachment stored (`couchdb_max_attachment_bytes`; no bound when unset).
     pub fn couchdb_attachment_limit(&self) -> u64 {
         self.couchdb_max_attachment_bytes.unwrap_or(u64::MAX)

@@ -109,6 +109,8 @@ impl CouchApp {
         let server_uuid = server::stable_uuid(&store.backend().describe());
         let databases_url = store.backend().url();
         let view_index = settings.view_index_path(databases_url.as_ref(), &store.backend().describe());
+        let js = crate::js::JsEngine::new(settings.js_limits())
+            .map_err(|err| crate::error::Error::new(crate::error::ErrorKind::Internal, err.to_string()))?;
         let auth = Arc::new(auth::CouchAuth::from_settings(settings)?);
         let state = CouchState {
             auth,
@@ -127,7 +129,10 @@ impl CouchApp {
                     ),
             ),
             max_dbs_info_keys: settings.couchdb_max_dbs_info_keys,
-            views: Arc::new(crate::views::service::Views::new(view_index, Arc::new(crate::views::service::NoEngine))),
+            views: Arc::new(crate::views::service::Views::new(
+                view_index,
+                Arc::new(crate::views::javascript::JavaScriptViews::new(js)),
+            )),
             database_router: axum::Router::new(),
         };
         let state = CouchState { database_router: database::router(state.clone()), ..state };

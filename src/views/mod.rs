@@ -10,12 +10,14 @@
 //! - [`updater`]: catching a view group up with the change feed.
 //! - [`query`]: a query's parameters, checked, and the key ranges they select.
 //! - [`run`]: answering a query from the index (rows, or grouped reductions).
+//! - [`javascript`]: the JavaScript engine ([`crate::js`]) as the views' mapper and reducer.
 //! - [`service`]: this process's views: the index file, opened on first use, and the engine.
 
 pub mod builtin_reduce;
 pub mod collation;
 pub mod design;
 pub mod index_store;
+pub mod javascript;
 pub mod query;
 pub mod run;
 pub mod service;
@@ -40,6 +42,8 @@ pub enum ViewError {
     /// A JavaScript function failed as a whole (compilation, time, memory): CouchDB's error name
     /// and reason.
     Function { error: String, reason: String },
+    /// Every JavaScript worker is busy and its queue full (`couchdb_js_workers`): try again.
+    Busy,
     /// The store or the index file failed.
     Storage(crate::error::Error),
 }
@@ -53,6 +57,7 @@ impl std::fmt::Display for ViewError {
             ViewError::InvalidDesign(reason) => write!(f, "invalid design document: {reason}"),
             ViewError::Reduce(error) => write!(f, "{}", error.reason),
             ViewError::Function { error, reason } => write!(f, "{error}: {reason}"),
+            ViewError::Busy => f.write_str("every JavaScript worker is busy"),
             ViewError::Storage(error) => write!(f, "{error}"),
         }
     }

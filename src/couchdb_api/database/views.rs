@@ -53,6 +53,11 @@ impl From<ViewError> for CouchError {
             ViewError::InvalidDesign(reason) => CouchError::new(StatusCode::BAD_REQUEST, "invalid_design_doc", reason),
             ViewError::Reduce(error) => CouchError::new(StatusCode::BAD_REQUEST, "builtin_reduce_error", error.reason),
             ViewError::Function { error, reason } => CouchError::new(StatusCode::BAD_REQUEST, error, reason),
+            ViewError::Busy => CouchError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too_many_requests",
+                "every JavaScript worker is busy (couchdb_js_workers); try again",
+            ),
             ViewError::Storage(error) => CouchError::from(error),
         }
     }

@@ -24,6 +24,7 @@ mod mango;
 mod replication;
 mod roles;
 mod server;
+mod views;
 
 use std::io::Write;
 use std::sync::Arc;
@@ -91,6 +92,10 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("attachments_stored_once_and_freed", |e| Box::pin(attachments::attachments_stored_once_and_freed(e))),
         ("attachments_64_mib_round_trip", |e| Box::pin(attachments::attachments_64_mib_round_trip(e))),
         ("attachments_multipart_upload", |e| Box::pin(attachments::attachments_multipart_upload(e))),
+        ("views_map_and_collation", |e| Box::pin(views::views_map_and_collation(e))),
+        ("views_reduce", |e| Box::pin(views::views_reduce(e))),
+        ("views_follow_changes", |e| Box::pin(views::views_follow_changes(e))),
+        ("views_runaway_function", |e| Box::pin(views::views_runaway_function(e))),
         ("attachments_multipart_answers", |e| Box::pin(attachments::attachments_multipart_answers(e))),
         ("attachments_gzip_parts", |e| Box::pin(attachments::attachments_gzip_parts(e))),
         ("forwarded_ranges", |e| Box::pin(attachments_forwarded::forwarded_ranges(e))),
@@ -116,6 +121,7 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
                             }
                             "attachments_stored_once_and_freed" => Some(attachments::FREE_AT_ONCE_CONFIG.to_owned()),
                             "forwarded_attachment_bound" => Some(attachments_forwarded::BOUNDED_CONFIG.to_owned()),
+                            "views_runaway_function" => Some(views::JS_BOUNDS_CONFIG.to_owned()),
                             _ => None,
                         };
                         let endpoint = Endpoint::start(fresh, backend_name, logins).await?;
