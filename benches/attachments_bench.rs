@@ -19,11 +19,12 @@
 //!
 //! 1. `BENCH_SMALL_COUNT` (default 32) sequential `PUT`s of `BENCH_SMALL_MIB` (default 1) MiB,
 //!    each a new document (`PUT /{db}/{doc}/blob.bin`, no `rev`, `application/octet-stream`),
-//!    then as many sequential `GET`s of them;
+//!    then sequential `GET`s of them, `BENCH_GET_PASSES` (default 4) times over;
 //! 2. the same with `BENCH_LARGE_COUNT` (default 4) attachments of `BENCH_LARGE_MIB` (default
 //!    64) MiB;
 //! 3. `BENCH_CLIENTS` (default 4) concurrent clients, each on its own connection, each doing
-//!    `BENCH_ROUNDS` (default 8) `PUT`s of the small size, then the same clients `GET` them.
+//!    `BENCH_ROUNDS` (default 8) `PUT`s of the small size, then the same clients `GET` them
+//!    (`BENCH_GET_PASSES` times over).
 //!
 //! Every body is a slice of one buffer of pseudo-random (incompressible) bytes the bench holds
 //! once; each request's slice starts one byte further, so no two attachments are the same bytes
@@ -85,6 +86,9 @@ struct Config {
     clients: usize,
     /// `BENCH_ROUNDS` (default 8): small attachments each concurrent client puts, then gets.
     rounds: usize,
+    /// `BENCH_GET_PASSES` (default 4): how many times each `GET` phase reads what its `PUT`
+    /// phase wrote (reads are fast: one pass of 32 MiB is tens of milliseconds).
+    get_passes: usize,
     /// `BENCH_TARGETS` (default all): what is measured, in [`Kind::ALL`] order.
     targets: Vec<Kind>,
 }
@@ -100,6 +104,7 @@ impl Config {
             large_count: common::env_number("BENCH_LARGE_COUNT", 4usize)?,
             clients: common::env_number("BENCH_CLIENTS", 4usize)?,
             rounds: common::env_number("BENCH_ROUNDS", 8usize)?,
+            get_passes: common::env_number("BENCH_GET_PASSES", 4usize)?,
             targets: Kind::from_env()?,
         };
         for (name, value) in [
@@ -109,6 +114,7 @@ impl Config {
             ("BENCH_LARGE_COUNT", config.large_count),
             ("BENCH_CLIENTS", config.clients),
             ("BENCH_ROUNDS", config.rounds),
+            ("BENCH_GET_PASSES", config.get_passes),
         ] {
             if value == 0 {
                 return Err(format!("{name} must be at least 1"));
@@ -127,8 +133,9 @@ impl Config {
 
     /// The phases, in the order they run.
     fn phases(&self) -> [PhaseSpec; 6] {
-        let small = |op, clients, count| PhaseSpec { op, size: Size::Small, clients, count };
-        let large = |op| PhaseSpec { op, size: Size::Large, clients: 1, count: self.large_count };
+        let passes = |op| if op == Op::Get { self.get_passes } else { 1 };
+        let small = |op, clients, count| PhaseSpec { op, size: Size::Small, clients, count, passes: passes(op) };
+        let large = |op| PhaseSpec { op, size: Size::Large, clients: 1, count: self.large_count, passes: passes(op) };
         [
             small(Op::Put, 1, self.small_count),
             small(Op::Get, 1, self.small_count),
@@ -458,13 +465,15 @@ enum Size {
     Large,
 }
 
-/// One phase: `clients` clients each doing `count` requests of `op` on attachments of `size`.
+/// One phase: `clients` clients each doing `count` requests of `op` on attachments of `size`,
+/// `passes` times over.
 #[derive(Clone, Copy, Debug)]
 struct PhaseSpec {
     op: Op,
     size: Size,
     clients: usize,
     count: usize,
+    passes: usize,
 }
 
 impl PhaseSpec {
@@ -615,8 +624,8 @@ async fn run_phase(
         n => (0..n).map(|_| http_client()).collect::<Result<Vec<_>, _>>()?,
     };
     let client = |client: usize, http: reqwest::Client| async move {
-        let mut latencies = Vec::with_capacity(spec.count);
-        for round in 0..spec.count {
+        let mut latencies = Vec::with_capacity(spec.count * spec.passes);
+        for round in (0..spec.passes).flat_map(|_| 0..spec.count) {
             let (doc, index) = spec.document(config, client, round);
             let began = Instant::now();
             match spec.op {
@@ -654,7 +663,7 @@ async fn verify_bytes(
     payload: &Payload,
     size: Size,
 ) -> Result<String, String> {
-    let spec = PhaseSpec { op: Op::Get, size, clients: 1, count: 1 };
+    let spec = PhaseSpec { op: Op::Get, size, clients: 1, count: 1, passes: 1 };
     let (doc, index) = spec.document(config, 0, 0);
     let expected = sha256_hex(&payload.body(config, size, index));
     let mut hasher = Sha256::new();
