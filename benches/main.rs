@@ -15,6 +15,7 @@ mod counting_proxy;
 #[path = "../tests/common/servers.rs"]
 mod servers;
 
+mod attachments_bench;
 mod couchdb_api_bench;
 mod couchdb_auth;
 mod couchdb_overhead;
@@ -35,7 +36,7 @@ use std::process::ExitCode;
 type BenchMain = fn() -> ExitCode;
 
 /// Each bench by name, and its `main`.
-const BENCHES: [(&str, BenchMain); 13] = [
+const BENCHES: [(&str, BenchMain); 14] = [
     ("serve_load", serve_load::main),
     ("write_slot", write_slot::main),
     ("couchdb_overhead", couchdb_overhead::main),
@@ -51,6 +52,7 @@ const BENCHES: [(&str, BenchMain); 13] = [
     ("follow_bench", follow_bench::main),
     ("couchdb_api_bench", couchdb_api_bench::main),
     ("databases_bench", databases_bench::main),
+    ("attachments_bench", attachments_bench::main),
     ("mango_find", || {
         mango_find::main();
         ExitCode::SUCCESS

@@ -86,12 +86,22 @@ struct Client {
     per_user: bool,
     /// Why it cannot run against pouchdb-server, when it cannot.
     not_on_pouchdb_server: Option<&'static str>,
+    /// Why it cannot run on the endpoint's CouchDB backend when that backend's server is
+    /// pouchdb-server (it needs the server behind the endpoint to answer as CouchDB does).
+    not_over_pouchdb_server: Option<&'static str>,
 }
 
 const BACKUP_UNSUPPORTED: &str =
     "pouchdb-server's GET /db has no doc_del_count, so couchrestore refuses every target as \
      not empty";
-const CLIENTS: [Client; 17] = [
+/// Why couchbackup cannot back up or restore a database of the CouchDB backend over pouchdb-server
+/// (the data-store database is the endpoint's own, so the other couchbackup trials run there).
+const BACKUP_OVER_POUCHDB_SERVER: &str =
+    "the endpoint forwards the CouchDB backend's databases' requests to the server \
+     behind it: pouchdb-server 4.2.0 never answers POST /{db}/_bulk_get with {\"docs\":[]}, which couchbackup's \
+     full mode sends first (Apache CouchDB answers {\"results\":[]}), and its GET /{db} has no doc_del_count, so \
+     couchrestore refuses the target as not empty";
+const CLIENTS: [Client; 18] = [
     Client::node("nano", "nano.js", &[]),
     Client::node("nano_databases", "nano-databases.js", &[]),
     Client::node("pouchdb_conflicts", "pouchdb-conflicts.js", &[]),
@@ -113,6 +123,12 @@ const CLIENTS: [Client; 17] = [
         not_on_pouchdb_server: Some(BACKUP_UNSUPPORTED),
         ..Client::node("couchbackup_shallow", "couchbackup.js", &["shallow"])
     },
+    Client {
+        needs_empty: true,
+        not_on_pouchdb_server: Some(BACKUP_UNSUPPORTED),
+        not_over_pouchdb_server: Some(BACKUP_OVER_POUCHDB_SERVER),
+        ..Client::node("couchbackup_attachments_full", "couchbackup-attachments.js", &["full"])
+    },
     Client::python("ibmcloudant", "ibmcloudant_client.py"),
     Client::python("pycouchdb", "pycouchdb_client.py"),
     Client::python("aiocouch", "aiocouch_client.py"),
@@ -132,6 +148,7 @@ impl Client {
             needs_empty: false,
             per_user: false,
             not_on_pouchdb_server: None,
+            not_over_pouchdb_server: None,
         }
     }
 
@@ -201,9 +218,22 @@ fn endpoint_trials(args: &Arguments) -> Vec<Trial> {
         (client.per_user && without_users)
             .then_some("deselected by AGENTSTORE_CLIENTS_USERS=0 (the endpoint has no users: anonymous acts as admin)")
     };
+    // Whether the CouchDB backend's server is pouchdb-server (the server is already started by
+    // `announce` when the backend is selected; a listing starts nothing).
+    let over_pouchdb_server = !args.list
+        && selected.contains(&"couchdb")
+        && servers::couchdb().is_ok_and(|server| server.product.starts_with("pouchdb-server"));
+    let not_run_on = move |client: &Client, backend: &str| {
+        not_run(client).or(client.not_over_pouchdb_server.filter(|_| backend == "couchdb" && over_pouchdb_server))
+    };
     if !args.list {
         println!("  endpoint: {} serve --couchdb-listen, one per backend", binary().display());
         announce_clients(not_run);
+        for client in CLIENTS {
+            if let Some(reason) = not_run_on(&client, "couchdb").filter(|_| not_run(&client).is_none()) {
+                println!("  {}::couchdb NOT RUN: {reason}", client.name);
+            }
+        }
     }
     let mut trials = Vec::new();
     for (index, backend) in backends.iter().enumerate() {
@@ -213,7 +243,7 @@ fn endpoint_trials(args: &Arguments) -> Vec<Trial> {
                 let endpoint = shared_endpoint(index, name, fresh)?;
                 run_client(client, &endpoint, name, fresh)
             });
-            trials.push(trial.with_ignored_flag(!selected.contains(&name) || not_run(&client).is_some()));
+            trials.push(trial.with_ignored_flag(!selected.contains(&name) || not_run_on(&client, name).is_some()));
         }
     }
     trials
