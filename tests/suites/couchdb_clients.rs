@@ -101,7 +101,7 @@ const BACKUP_OVER_POUCHDB_SERVER: &str =
      behind it: pouchdb-server 4.2.0 never answers POST /{db}/_bulk_get with {\"docs\":[]}, which couchbackup's \
      full mode sends first (Apache CouchDB answers {\"results\":[]}), and its GET /{db} has no doc_del_count, so \
      couchrestore refuses the target as not empty";
-const CLIENTS: [Client; 18] = [
+const CLIENTS: [Client; 19] = [
     Client::node("nano", "nano.js", &[]),
     Client::node("nano_databases", "nano-databases.js", &[]),
     Client::node("pouchdb_conflicts", "pouchdb-conflicts.js", &[]),
@@ -128,6 +128,12 @@ const CLIENTS: [Client; 18] = [
         not_on_pouchdb_server: Some(BACKUP_UNSUPPORTED),
         not_over_pouchdb_server: Some(BACKUP_OVER_POUCHDB_SERVER),
         ..Client::node("couchbackup_attachments_full", "couchbackup-attachments.js", &["full"])
+    },
+    Client {
+        needs_empty: true,
+        not_on_pouchdb_server: Some(BACKUP_UNSUPPORTED),
+        not_over_pouchdb_server: Some(BACKUP_OVER_POUCHDB_SERVER),
+        ..Client::node("couchbackup_attachments_shallow", "couchbackup-attachments.js", &["shallow"])
     },
     Client::python("ibmcloudant", "ibmcloudant_client.py"),
     Client::python("pycouchdb", "pycouchdb_client.py"),

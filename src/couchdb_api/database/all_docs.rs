@@ -41,8 +41,20 @@ pub async fn post_all_docs(
     headers: HeaderMap,
     body: Body,
 ) -> Answer {
-    let request = parse_request(&post_fields(&state, &params, &headers, body).await?)?;
-    let inline = inline_wanted(&params)?;
+    let fields = post_fields(&state, &params, &headers, body).await?;
+    let request = parse_request(&fields)?;
+    // `attachments`, `atts_since` and `att_encoding_info` may come in the body too, as CouchDB
+    // reads them (the Cloudant SDK, and so couchbackup's shallow mode, sends them there).
+    let inline_params: HashMap<String, String> = ["attachments", "atts_since", "att_encoding_info"]
+        .into_iter()
+        .filter_map(|name| {
+            fields.get(name).map(|value| {
+                let text = value.as_str().map(str::to_owned).unwrap_or_else(|| value.to_string());
+                (name.to_owned(), text)
+            })
+        })
+        .collect();
+    let inline = inline_wanted(&inline_params)?;
     answer(opened.db, request, inline).await
 }
 
