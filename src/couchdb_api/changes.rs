@@ -160,6 +160,40 @@ enum Filter {
     /// CouchDB's built-in `_design`: design documents' changes only.
     Design,
     Selector(DocumentPredicate),
+    /// `filter=DDOC/NAME` (a design document's `filters.NAME`) or `filter=_view&view=DDOC/NAME`
+    /// (documents the view's map function emits for), as asked: resolved against the database's
+    /// design document into [`Filter::JavaScript`] before the feed starts.
+    Named {
+        ddoc: String,
+        name: String,
+        view: bool,
+    },
+    JavaScript(Arc<JsFilter>),
+}
+
+/// A design document's filter function, ready to run over each page's documents.
+pub(crate) struct JsFilter {
+    engine: crate::js::JsEngine,
+    code: crate::js::DesignCode,
+    name: String,
+    /// `_view`: the view's map function decides (emits anything or not).
+    view: bool,
+    /// CouchDB's request object (`req`): the query, the login's `userCtx`, the `secObj`.
+    req: Value,
+}
+
+impl JsFilter {
+    /// Which of `docs` pass.
+    async fn passes(&self, docs: Vec<Arc<Value>>) -> crate::Result<Vec<bool>> {
+        let answer = if self.view {
+            self.engine.filter_view(&self.code, &self.name, docs).await
+        } else {
+            self.engine.filter(&self.code, &self.name, docs, &self.req).await
+        };
+        answer.map_err(|err| {
+            crate::Error::new(crate::error::ErrorKind::InvalidInput, format!("filter {}: {err}", self.name))
+        })
+    }
 }
 
 /// The checked request.
@@ -204,8 +238,59 @@ pub async fn get_changes(
     Query(params): Query<HashMap<String, String>>,
 ) -> Answer {
     let request = parse_request(&params, None, &state.feeds)?;
+    refuse_named_filter(&request)?;
     let owner = feed_owner(identity.as_ref().map(|e| &e.0), peer.map(|e| e.0 .0));
     respond(&state, Asker { principal, owner }, request, None).await
+}
+
+/// The data-store database keeps no design documents here, so no design-document filter runs
+/// on its feed.
+fn refuse_named_filter(request: &ChangesRequest) -> CouchResult<()> {
+    match request.filter {
+        Filter::Named { .. } => Err(CouchError::bad_request(
+            "design-document filters are not run on the data-store database's feed; use _doc_ids, _selector or _design",
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Resolves `filter=DDOC/NAME` and `filter=_view` against the database's design document (404
+/// as CouchDB when it or the function is missing).
+async fn resolve_filter(
+    state: &CouchState,
+    db: &Database,
+    identity: Option<&Identity>,
+    params: &HashMap<String, String>,
+    request: &mut ChangesRequest,
+) -> CouchResult<()> {
+    let Filter::Named { ddoc, name, view } = &request.filter else { return Ok(()) };
+    let id = format!("_design/{ddoc}");
+    let stored = db.read(&id).await?.ok_or_else(|| CouchError::not_found("missing"))?;
+    let winner = stored.tree.winner().filter(|leaf| !leaf.deleted).ok_or_else(|| CouchError::not_found("deleted"))?;
+    let doc = super::database::leaf_json(&id, &stored.tree, winner, super::database::DocOptions::default());
+    let found =
+        if *view { doc["views"][name.as_str()]["map"].is_string() } else { doc["filters"][name.as_str()].is_string() };
+    if !found {
+        return Err(CouchError::not_found(format!("missing json key: {name}")));
+    }
+    let who = identity.map(Identity::user_ctx);
+    let req = json!({
+        "method": "GET",
+        "query": params,
+        "userCtx": {
+            "db": db.name(),
+            "name": who.as_ref().and_then(|who| who.name),
+            "roles": who.as_ref().map(|who| who.roles.to_vec()).unwrap_or_default(),
+        },
+        "secObj": super::database::security_of(db).await?,
+        "info": {"db_name": db.name()},
+        "headers": {},
+        "body": "undefined",
+    });
+    let code = crate::js::DesignCode::new(id, winner.path.leaf_rev(), Arc::new(doc));
+    let filter = JsFilter { engine: state.js.clone(), code, name: name.clone(), view: *view, req };
+    request.filter = Filter::JavaScript(Arc::new(filter));
+    Ok(())
 }
 
 /// `GET /{db}/_changes` of a database other than the data-store one.
@@ -216,7 +301,8 @@ pub(crate) async fn get_database_changes(
     peer: Option<Extension<ConnectInfo<SocketAddr>>>,
     Query(params): Query<HashMap<String, String>>,
 ) -> Answer {
-    let request = parse_request(&params, None, &state.feeds)?;
+    let mut request = parse_request(&params, None, &state.feeds)?;
+    resolve_filter(&state, &opened.db, identity.as_ref().map(|e| &e.0), &params, &mut request).await?;
     let owner = feed_owner(identity.as_ref().map(|e| &e.0), peer.map(|e| e.0 .0));
     respond(&state, Asker { principal: Principal::Admin, owner }, request, Some(opened.db)).await
 }
@@ -233,7 +319,8 @@ pub(crate) async fn post_database_changes(
 ) -> Answer {
     let owner = feed_owner(identity.as_ref().map(|e| &e.0), peer.map(|e| e.0 .0));
     let body = read_body(&state, &headers, body).await?;
-    let request = parse_request(&params, body.as_ref(), &state.feeds)?;
+    let mut request = parse_request(&params, body.as_ref(), &state.feeds)?;
+    resolve_filter(&state, &opened.db, identity.as_ref().map(|e| &e.0), &params, &mut request).await?;
     respond(&state, Asker { principal: Principal::Admin, owner }, request, Some(opened.db)).await
 }
 
@@ -262,6 +349,7 @@ pub async fn post_changes(
     let owner = feed_owner(identity.as_ref().map(|e| &e.0), peer.map(|e| e.0 .0));
     let body = read_body(&state, &headers, body).await?;
     let request = parse_request(&params, body.as_ref(), &state.feeds)?;
+    refuse_named_filter(&request)?;
     respond(&state, Asker { principal, owner }, request, None).await
 }
 
@@ -301,11 +389,22 @@ fn parse_request(
         Some("_doc_ids") => Filter::DocIds(doc_ids(param("doc_ids"), body)?),
         Some("_selector") => Filter::Selector(selector(body)?),
         Some("_design") => Filter::Design,
-        Some(other) => {
-            return Err(CouchError::bad_request(format!(
-            "filter {other:?} is not supported: agentstore runs no design-document filters; use _doc_ids, _selector or _design"
-        )))
+        Some("_view") => {
+            let Some((ddoc, name)) = param("view").and_then(|view| view.split_once('/')) else {
+                return Err(CouchError::bad_request("`view` filter parameter is not provided."));
+            };
+            Filter::Named { ddoc: ddoc.to_owned(), name: name.to_owned(), view: true }
         }
+        Some(other) => match other.split_once('/') {
+            Some((ddoc, name)) if !ddoc.is_empty() && !name.is_empty() => {
+                Filter::Named { ddoc: ddoc.to_owned(), name: name.to_owned(), view: false }
+            }
+            _ => {
+                return Err(CouchError::bad_request(format!(
+                    "filter {other:?} is not one of _doc_ids, _selector, _design, _view or DDOC/NAME"
+                )))
+            }
+        },
     };
     let since = match param("since") {
         Some(text) => Some(text.to_owned()),
@@ -793,8 +892,15 @@ async fn database_rows(database: &Database, request: &ChangesRequest, changes: &
         .collect();
     let ids: Vec<String> = wanted.iter().map(|c| c.id.clone()).collect();
     let states = database.read_many(&ids).await?;
+    let passed = match &request.filter {
+        Filter::JavaScript(filter) => Some(filter_page(filter, &wanted, &states).await?),
+        _ => None,
+    };
     let mut rows = Vec::with_capacity(wanted.len());
-    for (change, state) in wanted.into_iter().zip(states) {
+    for (index, (change, state)) in wanted.into_iter().zip(states).enumerate() {
+        if passed.as_ref().is_some_and(|passed| !passed.get(index).copied().unwrap_or(false)) {
+            continue;
+        }
         // Purged since the feed read: nothing left to report.
         let Some(state) = state else { continue };
         let Some(winner) = state.tree.winner() else { continue };
@@ -825,6 +931,34 @@ async fn database_rows(database: &Database, request: &ChangesRequest, changes: &
         rows.push(row);
     }
     Ok(rows)
+}
+
+/// Which changes of a page pass a design document's filter: each document as the function sees
+/// it (the winner, `_deleted` when deleted), one engine call for the page.
+async fn filter_page(
+    filter: &JsFilter,
+    changes: &[&Change],
+    states: &[Option<crate::database::DocState>],
+) -> crate::Result<Vec<bool>> {
+    let mut docs = Vec::with_capacity(changes.len());
+    let mut at = Vec::with_capacity(changes.len());
+    for (index, (change, state)) in changes.iter().zip(states).enumerate() {
+        let Some(winner) = state.as_ref().and_then(|state| state.tree.winner().map(|winner| (state, winner))) else {
+            continue;
+        };
+        let (state, winner) = winner;
+        let options = super::database::DocOptions::default();
+        docs.push(Arc::new(super::database::leaf_json(&change.id, &state.tree, winner, options)));
+        at.push(index);
+    }
+    let mut passed = vec![false; changes.len()];
+    if docs.is_empty() {
+        return Ok(passed);
+    }
+    for (index, ok) in at.into_iter().zip(filter.passes(docs).await?) {
+        passed[index] = ok;
+    }
+    Ok(passed)
 }
 
 /// The tombstones of deleted changes, read a few at a time, by id.
@@ -863,7 +997,13 @@ mod tests {
         let events = parse(&[("feed", "eventsource")]).unwrap();
         assert!(events.eventsource && events.feed == Feed::Continuous);
         assert!(parse(&[("descending", "true")]).unwrap().descending);
-        assert!(parse(&[("filter", "app/by_user")]).is_err());
+        assert!(matches!(parse(&[("filter", "app/by_user")]).unwrap().filter, Filter::Named { view: false, .. }));
+        assert!(matches!(
+            parse(&[("filter", "_view"), ("view", "app/v")]).unwrap().filter,
+            Filter::Named { view: true, .. }
+        ));
+        assert!(parse(&[("filter", "_view")]).is_err());
+        assert!(parse(&[("filter", "nonsense")]).is_err());
         let ids = parse(&[("filter", "_doc_ids"), ("doc_ids", "[\"a\"]")]).unwrap();
         assert!(matches!(ids.filter, Filter::DocIds(ref set) if set.contains("a")));
         let continuous = parse(&[("feed", "continuous"), ("heartbeat", "5000")]).unwrap();

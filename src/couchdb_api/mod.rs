@@ -76,6 +76,8 @@ pub(crate) struct CouchState {
     pub max_dbs_info_keys: usize,
     /// Their views ([`crate::views`]): the index file and the engine running design functions.
     pub views: Arc<crate::views::service::Views>,
+    /// The JavaScript engine running design documents' functions (views, filters).
+    pub js: crate::js::JsEngine,
     /// Their routes ([`database::router`]); empty inside those routes' own state.
     pub database_router: axum::Router,
 }
@@ -131,8 +133,9 @@ impl CouchApp {
             max_dbs_info_keys: settings.couchdb_max_dbs_info_keys,
             views: Arc::new(crate::views::service::Views::new(
                 view_index,
-                Arc::new(crate::views::javascript::JavaScriptViews::new(js)),
+                Arc::new(crate::views::javascript::JavaScriptViews::new(js.clone())),
             )),
+            js,
             database_router: axum::Router::new(),
         };
         let state = CouchState { database_router: database::router(state.clone()), ..state };
