@@ -205,7 +205,7 @@ impl StoreCommand {
 /// behind (malformed, refused by the target, unreadable lines; the report lists them).
 pub fn exit_code(kind: ErrorKind) -> u8 {
     match kind {
-        ErrorKind::InvalidInput | ErrorKind::TooLarge => 2,
+        ErrorKind::InvalidInput | ErrorKind::TooLarge | ErrorKind::Forbidden | ErrorKind::LoginRequired => 2,
         ErrorKind::NotFound => 3,
         ErrorKind::Conflict => 4,
         ErrorKind::Unavailable

@@ -33,6 +33,12 @@ pub enum ErrorKind {
     /// A write was sent and no definite answer came back (the connection broke or timed out after
     /// sending, or a gateway timed out): it may or may not have been applied.
     OutcomeUnknown,
+    /// A database's validation function refused the write (CouchDB's 403 `forbidden`); the
+    /// message is the function's.
+    Forbidden,
+    /// A database's validation function refused the write until the client logs in (CouchDB's
+    /// 401 `unauthorized`); the message is the function's.
+    LoginRequired,
     /// Anything else: a bug or an unexpected backend answer.
     Internal,
 }
@@ -51,6 +57,8 @@ impl ErrorKind {
             ErrorKind::Corrupt => "corrupt_document",
             ErrorKind::DeadlineExceeded => "deadline_exceeded",
             ErrorKind::OutcomeUnknown => "outcome_unknown",
+            ErrorKind::Forbidden => "forbidden",
+            ErrorKind::LoginRequired => "unauthorized",
             ErrorKind::Internal => "internal",
         }
     }

@@ -79,6 +79,9 @@ impl From<Error> for CouchError {
             ErrorKind::InvalidInput => (StatusCode::BAD_REQUEST, "bad_request"),
             ErrorKind::NotFound => (StatusCode::NOT_FOUND, "not_found"),
             ErrorKind::Conflict => return CouchError::conflict(),
+            // A validation function's own message, as CouchDB answers it.
+            ErrorKind::Forbidden => return CouchError::forbidden(err.message().to_owned()),
+            ErrorKind::LoginRequired => return CouchError::unauthorized(err.message().to_owned()),
             ErrorKind::TooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "document_too_large"),
             ErrorKind::Unavailable | ErrorKind::DeadlineExceeded => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             ErrorKind::OutcomeUnknown => (StatusCode::GATEWAY_TIMEOUT, "outcome_unknown"),

@@ -36,6 +36,7 @@ mod response;
 mod served_db;
 mod server;
 pub mod session;
+mod validation;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -128,7 +129,8 @@ impl CouchApp {
                     .with_attachment_bounds(
                         settings.couchdb_attachment_limit(),
                         Duration::from_secs(settings.couchdb_attachment_grace_secs),
-                    ),
+                    )
+                    .with_write_guard(Arc::new(validation::DesignValidation::new(js.clone()))),
             ),
             max_dbs_info_keys: settings.couchdb_max_dbs_info_keys,
             views: Arc::new(crate::views::service::Views::new(

@@ -123,6 +123,8 @@ pub struct Database {
     collecting: Arc<Collecting>,
     /// The database's incarnation as the view index knows it (`crate::views`), once read.
     views_incarnation: std::sync::OnceLock<String>,
+    /// What checks each write against the validation functions ([`super::write_guard`]).
+    write_guard: Option<Arc<dyn super::write_guard::WriteGuard>>,
 }
 
 /// The state of the background collection of attachment bytes.
@@ -149,6 +151,7 @@ impl Database {
             max_attachment_bytes: u64::MAX,
             collecting: Arc::default(),
             views_incarnation: std::sync::OnceLock::new(),
+            write_guard: None,
             backend,
         }
     }
@@ -213,6 +216,11 @@ impl Database {
     /// The largest document body this database takes, in bytes of its JSON.
     pub fn with_max_document_bytes(self, max_document_bytes: usize) -> Self {
         Database { max_document_bytes, ..self }
+    }
+
+    /// Checks every write with `guard` before it is applied.
+    pub fn with_write_guard(self, write_guard: Option<Arc<dyn super::write_guard::WriteGuard>>) -> Self {
+        Database { write_guard, ..self }
     }
 
     /// The incarnation the view index read for this database, if it did yet.
@@ -327,13 +335,40 @@ impl Database {
         &self.write_locks[(hasher.finish() as usize) % self.write_locks.len()]
     }
 
+    /// The guard's verdict on each write: `None` for writes it lets happen (all of them when
+    /// there is no guard, and for design and local documents, which it does not check).
+    async fn guard(&self, id: &str, state: Option<&DocState>, writes: &[Write]) -> Result<Vec<Option<Error>>> {
+        let Some(guard) = &self.write_guard else {
+            return Ok(writes.iter().map(|_| None).collect());
+        };
+        if id.starts_with("_design/") || id.starts_with("_local/") {
+            return Ok(writes.iter().map(|_| None).collect());
+        }
+        let proposed = super::write_guard::proposed(id, state, writes);
+        let mut verdicts = guard.check(self, &proposed).await?;
+        verdicts.resize_with(writes.len(), || None);
+        Ok(verdicts)
+    }
+
     async fn write_batch_once_open(&self, id: &str, writes: &[Write]) -> Result<Vec<Result<Written>>> {
         let revs_limit = self.revs_limit().await?;
         let _turn = self.write_lock(id).lock().await;
         for _ in 0..MAX_TRIES {
             let state = self.read(id).await?;
             let mut tree = state.as_ref().map(|s| s.tree.clone()).unwrap_or_default();
-            let answers = apply_all(id, &mut tree, writes, revs_limit)?;
+            let refused = self.guard(id, state.as_ref(), writes).await?;
+            let allowed: Vec<Write> =
+                writes.iter().zip(&refused).filter(|(_, refusal)| refusal.is_none()).map(|(w, _)| w.clone()).collect();
+            let mut applied = apply_all(id, &mut tree, &allowed, revs_limit)?.into_iter();
+            let answers: Vec<Result<Written>> = refused
+                .into_iter()
+                .map(|refusal| match refusal {
+                    Some(err) => Err(err),
+                    None => applied
+                        .next()
+                        .unwrap_or_else(|| Err(Error::new(ErrorKind::Internal, "a write was not answered"))),
+                })
+                .collect();
             let changed = answers.iter().any(|answer| {
                 matches!(answer, Ok(Written::Edited(_)))
                     || matches!(answer, Ok(Written::Merged(outcome)) if *outcome != MergeOutcome::AlreadyKnown)
@@ -345,6 +380,9 @@ impl Database {
                 Ok(()) => {
                     if let Some(before) = &state {
                         self.collect_if_dropped(&before.tree, &tree);
+                    }
+                    if let (true, Some(guard)) = (id.starts_with("_design/"), &self.write_guard) {
+                        guard.design_changed(self);
                     }
                     return Ok(answers);
                 }

@@ -16,6 +16,7 @@ pub mod document;
 pub mod engine;
 pub use crate::backend::rev_tree;
 pub mod seq;
+pub mod write_guard;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -44,6 +45,8 @@ pub struct Databases {
     /// (`couchdb_attachment_grace_secs`), given to each database opened.
     max_attachment_bytes: u64,
     attachment_grace: std::time::Duration,
+    /// What checks writes against the databases' validation functions, if anything.
+    write_guard: Option<Arc<dyn write_guard::WriteGuard>>,
 }
 
 struct OpenDatabase {
@@ -66,6 +69,7 @@ impl Databases {
             max_document_bytes: engine::DEFAULT_MAX_DOCUMENT_BYTES,
             max_attachment_bytes: u64::MAX,
             attachment_grace: attachments::DEFAULT_GRACE,
+            write_guard: None,
         }
     }
 
@@ -80,6 +84,7 @@ impl Databases {
             max_document_bytes: engine::DEFAULT_MAX_DOCUMENT_BYTES,
             max_attachment_bytes: u64::MAX,
             attachment_grace: attachments::DEFAULT_GRACE,
+            write_guard: None,
         }
     }
 
@@ -94,12 +99,18 @@ impl Databases {
         Databases { max_attachment_bytes: max_attachment_bytes.max(1), attachment_grace: grace, ..self }
     }
 
+    /// Every database checks its writes with `guard` (CouchDB's `validate_doc_update`).
+    pub fn with_write_guard(self, guard: Arc<dyn write_guard::WriteGuard>) -> Self {
+        Databases { write_guard: Some(guard), ..self }
+    }
+
     /// A database of these settings over its namespace's backend.
     fn database(&self, name: &DbName, backend: Arc<dyn crate::backend::DocumentBackend>) -> Arc<Database> {
         Arc::new(
             Database::new(name.to_string(), backend)
                 .with_max_document_bytes(self.max_document_bytes)
-                .with_attachment_bounds(self.max_attachment_bytes, self.attachment_grace),
+                .with_attachment_bounds(self.max_attachment_bytes, self.attachment_grace)
+                .with_write_guard(self.write_guard.clone()),
         )
     }
 

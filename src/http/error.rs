@@ -44,6 +44,8 @@ impl From<Error> for ApiError {
             ErrorKind::InvalidInput => (StatusCode::BAD_REQUEST, "bad_request"),
             ErrorKind::NotFound => (StatusCode::NOT_FOUND, "not_found"),
             ErrorKind::Conflict => (StatusCode::CONFLICT, "conflict"),
+            ErrorKind::Forbidden => (StatusCode::FORBIDDEN, "forbidden"),
+            ErrorKind::LoginRequired => (StatusCode::UNAUTHORIZED, "unauthorized"),
             ErrorKind::TooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "too_large"),
             ErrorKind::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             // Gave up before sending the next attempt: nothing applied, the client may retry.

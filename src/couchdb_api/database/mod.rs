@@ -297,14 +297,17 @@ async fn route(state: &CouchState, request: Request) -> Response {
     *forwarded.version_mut() = parts.version;
     *forwarded.headers_mut() = parts.headers;
     let extensions = forwarded.extensions_mut();
+    // Who writes, for the databases' validation functions (`validate_doc_update`'s `userCtx`).
+    let mut writer = serde_json::json!({ "name": null, "roles": [] });
     if let Some(identity) = parts.extensions.get::<super::auth::Identity>() {
+        writer = serde_json::json!({ "name": identity.user_ctx().name, "roles": identity.session_roles() });
         extensions.insert(identity.clone());
     }
     if let Some(peer) = parts.extensions.get::<axum::extract::ConnectInfo<std::net::SocketAddr>>() {
         extensions.insert(*peer);
     }
     let router = state.database_router.clone();
-    match router.oneshot(forwarded).await {
+    match super::validation::as_writer(writer, router.oneshot(forwarded)).await {
         Ok(response) => response,
         Err(never) => match never {},
     }

@@ -368,3 +368,75 @@ pub(super) async fn changes_filters(e: Endpoint) -> TestResult {
         format!("a missing design document: {} {}", no_ddoc.status, no_ddoc.body)
     })
 }
+
+/// `validate_doc_update` on every write path: a single `PUT`, `_bulk_docs` (one row refused, the
+/// others written), replicated revisions (`new_edits: false`), a standalone attachment; with
+/// `oldDoc`, `userCtx.db` and both refusals (`forbidden` 403, `unauthorized` 401). Design
+/// documents are not validated.
+pub(super) async fn validate_doc_update(e: Endpoint) -> TestResult {
+    let db = fresh_db(&e, "validate").await?;
+    let function = "function(newDoc, oldDoc, userCtx, secObj) {
+        if (newDoc.type === 'bad') { throw({forbidden: 'no bad documents'}); }
+        if (newDoc.needsLogin) { throw({unauthorized: 'log in first'}); }
+        if (oldDoc && oldDoc.locked && !newDoc._deleted) { throw({forbidden: 'locked'}); }
+        if (newDoc.db && newDoc.db !== userCtx.db) { throw({forbidden: 'wrong db ' + userCtx.db}); }
+    }";
+    e.put(&format!("/{db}/_design/rules"), json!({"validate_doc_update": function, "type": "bad"}))
+        .await?
+        .expect(201, "a design document is not validated")?;
+    let refused = e.put(&format!("/{db}/one"), json!({"type": "bad"})).await?.expect(403, "a refused PUT")?;
+    check(refused.body == json!({"error": "forbidden", "reason": "no bad documents"}), || refused.body.to_string())?;
+    let login = e.put(&format!("/{db}/two"), json!({"needsLogin": true})).await?.expect(401, "unauthorized")?;
+    check(login.body["reason"] == json!("log in first"), || login.body.to_string())?;
+    if e.backend != "couchdb" {
+        // pouchdb-server gives validation functions no `userCtx.db`.
+        e.put(&format!("/{db}/three"), json!({"db": db})).await?.expect(201, "userCtx.db is the database")?;
+    }
+    let locked = e.put(&format!("/{db}/lock"), json!({"locked": true})).await?.expect(201, "PUT locked")?.rev()?;
+    e.put(&format!("/{db}/lock"), json!({"_rev": locked, "locked": false})).await?.expect(403, "oldDoc is read")?;
+    e.call(Method::DELETE, &format!("/{db}/lock?rev={locked}"), None).await?.expect(200, "a deletion passes")?;
+
+    let rows = e
+        .post(
+            &format!("/{db}/_bulk_docs"),
+            json!({"docs": [{"_id": "b1", "type": "ok"}, {"_id": "b2", "type": "bad"}]}),
+        )
+        .await?
+        .expect(201, "_bulk_docs")?;
+    let row = |id: &str| rows.body.as_array().into_iter().flatten().find(|row| row["id"] == json!(id)).cloned();
+    check(
+        row("b1").is_some_and(|r| r["ok"] == json!(true))
+            && row("b2").is_some_and(|r| r["error"] == json!("forbidden")),
+        || rows.body.to_string(),
+    )?;
+    e.get(&format!("/{db}/b2")).await?.expect(404, "the refused row was not written")?;
+
+    let replicated = json!({"new_edits": false, "docs": [
+        {"_id": "r1", "_rev": "1-aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", "type": "bad"},
+        {"_id": "r2", "_rev": "1-bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb", "type": "ok"}
+    ]});
+    let rows = e.post(&format!("/{db}/_bulk_docs"), replicated).await?.expect(201, "replicated _bulk_docs")?;
+    check(
+        rows.body
+            .as_array()
+            .is_some_and(|rows| rows.iter().any(|row| row["id"] == json!("r1") && row["error"] == json!("forbidden"))),
+        || format!("a replicated revision is validated: {}", rows.body),
+    )?;
+    e.get(&format!("/{db}/r1")).await?.expect(404, "the refused revision was not written")?;
+    e.get(&format!("/{db}/r2")).await?.expect(200, "the other revision was")?;
+
+    let bad = e.put(&format!("/{db}/att"), json!({"type": "ok"})).await?.expect(201, "PUT att")?.rev()?;
+    let edit = e.put(&format!("/{db}/att"), json!({"_rev": bad, "type": "bad"})).await?;
+    check(edit.status == StatusCode::FORBIDDEN, || format!("an edit to a refused shape: {}", edit.status))?;
+    let locked_att = e.put(&format!("/{db}/latt"), json!({"locked": true})).await?.expect(201, "PUT latt")?.rev()?;
+    let response = e
+        .client
+        .put(e.url(&format!("/{db}/latt/file.txt?rev={locked_att}")))
+        .header("Content-Type", "text/plain")
+        .body("hello")
+        .send()
+        .await?;
+    check(response.status() == StatusCode::FORBIDDEN, || {
+        format!("a standalone attachment is a write to the document: {}", response.status())
+    })
+}

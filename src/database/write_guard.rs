@@ -1,0 +1,72 @@
+//! A check every write to a document runs before it is applied: CouchDB's
+//! `validate_doc_update`, whose functions live in the database's design documents and run in
+//! the JavaScript engine ([`crate::couchdb_api`] installs the guard; this layer only asks it).
+//!
+//! The guard sees each proposed document as CouchDB passes it to the functions: the new body with
+//! `_id`, the `_rev` it was written against (a replicated revision's own), `_deleted` for a
+//! deletion, attachments as stubs; and the current winner (`null` when there is none or it is
+//! deleted). Design documents and local documents are not checked, as in CouchDB (design
+//! documents need a database admin instead).
+
+use async_trait::async_trait;
+use serde_json::{Map, Value};
+
+use super::doc_attachments::{shown_stub, ATTACHMENTS};
+use super::engine::{Database, DocState, Write};
+use crate::error::{Error, Result};
+
+/// One write as the validation functions see it.
+pub struct ProposedWrite {
+    pub new_doc: Value,
+    pub old_doc: Option<Value>,
+}
+
+/// Decides whether writes may happen.
+#[async_trait]
+pub trait WriteGuard: Send + Sync {
+    /// For each proposed write, `None` to let it happen or the error refusing it
+    /// (`ErrorKind::Forbidden` / `ErrorKind::LoginRequired`).
+    async fn check(&self, db: &Database, writes: &[ProposedWrite]) -> Result<Vec<Option<Error>>>;
+
+    /// A design document of `db` changed through this process: its functions may have.
+    fn design_changed(&self, db: &Database);
+}
+
+/// The proposed documents of `writes` to `id` over the document as read.
+pub fn proposed(id: &str, state: Option<&DocState>, writes: &[Write]) -> Vec<ProposedWrite> {
+    let old_doc = state.and_then(|state| {
+        let winner = state.tree.winner().filter(|leaf| !leaf.deleted)?;
+        Some(super::document::leaf_json(id, &state.tree, winner, super::document::DocOptions::default()))
+    });
+    writes
+        .iter()
+        .map(|write| {
+            let (rev, deleted, body) = match write {
+                Write::Edit { parent, deleted, body } => (parent.clone(), *deleted, body),
+                Write::Replicated { path, deleted, body } => (Some(path.leaf_rev()), *deleted, body),
+            };
+            ProposedWrite { new_doc: shown(id, rev, deleted, body), old_doc: old_doc.clone() }
+        })
+        .collect()
+}
+
+fn shown(id: &str, rev: Option<String>, deleted: bool, body: &Map<String, Value>) -> Value {
+    let mut doc = Map::with_capacity(body.len() + 3);
+    doc.insert("_id".into(), Value::from(id));
+    if let Some(rev) = rev {
+        doc.insert("_rev".into(), Value::from(rev));
+    }
+    for (name, value) in body {
+        let value = match (name.as_str(), value) {
+            (ATTACHMENTS, Value::Object(attachments)) => Value::Object(
+                attachments.iter().map(|(name, attachment)| (name.clone(), shown_stub(attachment))).collect(),
+            ),
+            _ => value.clone(),
+        };
+        doc.insert(name.clone(), value);
+    }
+    if deleted {
+        doc.insert("_deleted".into(), Value::Bool(true));
+    }
+    Value::Object(doc)
+}
