@@ -74,7 +74,7 @@ pub async fn design_document(
 }
 
 /// `/{db}/_design/{ddoc}/...`: an attachment of the design document (a name not starting with
-/// `_`), or a view, show, list or update function (501 until they run here, issue 26).
+/// `_`), or a show, list, update function or rewrite: 501 (views have routes of their own).
 pub async fn design_function(
     opened: OpenDb<HashMap<String, String>>,
     method: Method,
@@ -85,7 +85,7 @@ pub async fn design_function(
     let rest = opened.params.get("rest").cloned().unwrap_or_default();
     if rest.starts_with('_') || rest.is_empty() {
         return Err(CouchError::not_supported(
-            "running design documents (views, shows, lists, updates) on this database",
+            "shows, lists, update functions and rewrites (deprecated in CouchDB 3; views, validation and filters run here)",
         ));
     }
     let id = format!("_design/{}", opened.params.get("ddoc").map(String::as_str).unwrap_or_default());
