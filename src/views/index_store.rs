@@ -4,8 +4,8 @@
 //! Tables:
 //! - `view_rows`: `group (u64 BE) · view (u16 BE) · sort key of the emitted key · escaped doc id ·
 //!   emit number (u32 BE)` → JSON `[key, id, value]`. One ordered scan answers any key range of a
-//!   view in CouchDB's collation ([`super::sort_key`]); equal keys order by document id, then in
-//!   emit order, as CouchDB orders them.
+//!   view in CouchDB's collation ([`super::sort_key`]); equal keys order by document id, then one
+//!   document's rows by value in Erlang's term order, as CouchDB orders them.
 //! - `view_back`: `group · doc id` → the row keys the document's last mapping wrote, so the
 //!   next one removes exactly those (CouchDB's back-index).
 //! - `view_groups`: group name → [`GroupState`] (JSON): its number, the feed position it has
@@ -207,7 +207,13 @@ impl IndexStore {
                 }
                 let mut written = Vec::new();
                 for (view, emitted) in doc.rows.iter().enumerate().take(state.row_counts.len()) {
-                    for (emit, (key, value)) in emitted.iter().enumerate() {
+                    // A document's rows with equal keys come back ordered by value, as CouchDB
+                    // sorts a document's key/value pairs (Erlang's term order) before storing.
+                    let mut emitted: Vec<&(Value, Value)> = emitted.iter().collect();
+                    emitted.sort_by(|a, b| {
+                        super::collation::compare(&a.0, &b.0).then_with(|| super::collation::compare_raw(&a.1, &b.1))
+                    });
+                    for (emit, (key, value)) in emitted.into_iter().enumerate() {
                         let row_key = row_key(state.number, view, key, &doc.id, emit);
                         let stored = serde_json::to_vec(&(key, &doc.id, value))
                             .map_err(|err| Error::new(ErrorKind::Internal, format!("encode view row: {err}")))?;

@@ -199,11 +199,17 @@ pub async fn reduce_rows(
     skip: u64,
     limit: Option<u64>,
 ) -> Result<Vec<(Value, Value)>, ViewError> {
-    let (sender, mut receiver) = mpsc::channel::<Result<IndexRow, ViewError>>(CHANNEL_ROWS);
+    let limit = limit.unwrap_or(u64::MAX);
+    if limit == 0 {
+        return Ok(Vec::new());
+    }
+    // Each row with the number of its range: with `keys`, every key is its own group even when
+    // a key repeats (CouchDB folds each key of `keys` apart).
+    let (sender, mut receiver) = mpsc::channel::<Result<(usize, IndexRow), ViewError>>(CHANNEL_ROWS);
     let scan = tokio::task::spawn_blocking(move || {
-        for range in &ranges {
+        for (number_of_range, range) in ranges.iter().enumerate() {
             let scanned = store.scan(number, view, range, descending, |row| {
-                if sender.blocking_send(Ok(row)).is_err() {
+                if sender.blocking_send(Ok((number_of_range, row))).is_err() {
                     ControlFlow::Break(())
                 } else {
                     ControlFlow::Continue(())
@@ -217,34 +223,35 @@ pub async fn reduce_rows(
     });
     let mut answer = Vec::new();
     let mut to_skip = skip;
-    let limit = limit.unwrap_or(u64::MAX);
-    let mut open: Option<OpenGroup> = None;
+    let mut open: Option<(usize, OpenGroup)> = None;
     let mut emit = |group: (Value, Value), answer: &mut Vec<(Value, Value)>| {
         if to_skip > 0 {
             to_skip -= 1;
-        } else {
+        } else if (answer.len() as u64) < limit {
             answer.push(group);
         }
     };
-    while let Some(row) = receiver.recv().await {
-        let row = row?;
+    while let Some(item) = receiver.recv().await {
+        let (range, row) = item?;
         let key = group_key(&row.key, grouping);
-        let same = open.as_ref().is_some_and(|group| group.sort_key == sort_key::encode(&key));
+        let same = open
+            .as_ref()
+            .is_some_and(|(open_range, group)| *open_range == range && group.sort_key == sort_key::encode(&key));
         if !same {
-            if let Some(done) = open.take() {
+            if let Some((_, done)) = open.take() {
                 emit(done.close(reducer).await?, &mut answer);
                 if answer.len() as u64 >= limit {
                     break;
                 }
             }
-            open = Some(OpenGroup::new(key));
+            open = Some((range, OpenGroup::new(key)));
         }
-        if let Some(group) = open.as_mut() {
+        if let Some((_, group)) = open.as_mut() {
             group.take(row, reducer).await?;
         }
     }
     drop(receiver);
-    if let Some(done) = open.take() {
+    if let Some((_, done)) = open.take() {
         if (answer.len() as u64) < limit {
             emit(done.close(reducer).await?, &mut answer);
         }

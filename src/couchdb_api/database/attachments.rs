@@ -41,7 +41,7 @@ pub(crate) struct AttachmentPath {
 pub(crate) struct Inline {
     /// `atts_since`: only attachments whose `revpos` is past the newest of these revisions on
     /// the leaf's path.
-    since: Option<Vec<String>>,
+    pub since: Option<Vec<String>>,
 }
 
 /// What a read's query asks of attachments; `None`: stubs only. `att_encoding_info` is read

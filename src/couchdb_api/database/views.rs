@@ -266,22 +266,32 @@ async fn answer(
                 head.push_str(&format!(",\"update_seq\":{}", shown_seq(&group)));
             }
             head.push_str(",\"rows\":[\n");
-            let docs = query.include_docs.then(|| {
-                (Arc::clone(db), DocOptions { conflicts: query.conflicts.unwrap_or(false), ..DocOptions::default() })
+            let docs = query.include_docs.then(|| IncludedDocs {
+                db: Arc::clone(db),
+                options: DocOptions { conflicts: query.conflicts.unwrap_or(false), ..DocOptions::default() },
+                inline: query.attachments.then_some(super::attachments::Inline { since: None }),
             });
             Ok(streamed_listing(head, None, rendered_rows(answer.rows, docs)))
         }
     }
 }
 
+/// What `include_docs` adds to each row: the documents of this database, shown with these
+/// options, attachments inline when `attachments=true`.
+struct IncludedDocs {
+    db: Arc<Database>,
+    options: DocOptions,
+    inline: Option<super::attachments::Inline>,
+}
+
 /// The map rows as JSON text chunks, documents read in batches when `docs` is given.
 fn rendered_rows(
     rows: tokio::sync::mpsc::Receiver<Result<IndexRow, ViewError>>,
-    docs: Option<(Arc<Database>, DocOptions)>,
+    docs: Option<IncludedDocs>,
 ) -> impl futures::Stream<Item = crate::Result<Bytes>> + Send + 'static {
     struct Cursor {
         rows: tokio::sync::mpsc::Receiver<Result<IndexRow, ViewError>>,
-        docs: Option<(Arc<Database>, DocOptions)>,
+        docs: Option<IncludedDocs>,
         first: bool,
     }
     let cursor = Cursor { rows, docs, first: true };
@@ -301,7 +311,7 @@ fn rendered_rows(
             .collect::<Result<_, ViewError>>()
             .map_err(|err| crate::Error::new(crate::error::ErrorKind::Internal, err.to_string()))?;
         let shown_docs = match &cursor.docs {
-            Some((db, options)) => Some(included_docs(db, &batch, *options).await?),
+            Some(included) => Some(included_docs(included, &batch).await?),
             None => None,
         };
         let mut chunk = String::new();
@@ -323,24 +333,34 @@ fn rendered_rows(
 
 /// The document each row includes: the one a value `{"_id": …}` links to, else the row's own;
 /// `null` when it does not exist or is deleted.
-async fn included_docs(db: &Database, rows: &[IndexRow], options: DocOptions) -> crate::Result<Vec<Value>> {
+async fn included_docs(included: &IncludedDocs, rows: &[IndexRow]) -> crate::Result<Vec<Value>> {
     let ids: Vec<String> = rows
         .iter()
         .map(|row| row.value.get("_id").and_then(Value::as_str).map(str::to_owned).unwrap_or_else(|| row.id.clone()))
         .collect();
-    let states = db.read_many(&ids).await?;
-    Ok(ids
-        .iter()
-        .zip(rows)
-        .zip(states)
-        .map(|((id, row), state)| {
-            let Some(state) = state else { return Value::Null };
-            let wanted_rev = row.value.get("_rev").and_then(Value::as_str);
-            let leaf = match wanted_rev {
-                Some(rev) => state.tree.leaves().into_iter().find(|leaf| leaf.path.leaf_rev() == rev),
-                None => state.tree.winner().filter(|winner| !winner.deleted),
-            };
-            leaf.map(|leaf| leaf_json(id, &state.tree, leaf, options)).unwrap_or(Value::Null)
-        })
-        .collect())
+    let states = included.db.read_many(&ids).await?;
+    let mut docs = Vec::with_capacity(rows.len());
+    for ((id, row), state) in ids.iter().zip(rows).zip(states) {
+        let Some(state) = state else {
+            docs.push(Value::Null);
+            continue;
+        };
+        let wanted_rev = row.value.get("_rev").and_then(Value::as_str);
+        let leaf = match wanted_rev {
+            Some(rev) => state.tree.leaves().into_iter().find(|leaf| leaf.path.leaf_rev() == rev),
+            None => state.tree.winner().filter(|winner| !winner.deleted),
+        };
+        let Some(leaf) = leaf else {
+            docs.push(Value::Null);
+            continue;
+        };
+        let mut doc = leaf_json(id, &state.tree, leaf, included.options);
+        if let Some(inline) = &included.inline {
+            super::attachments::inline_into(&included.db, leaf, &mut doc, inline)
+                .await
+                .map_err(|err| crate::Error::new(crate::error::ErrorKind::Internal, err.reason))?;
+        }
+        docs.push(doc);
+    }
+    Ok(docs)
 }

@@ -97,6 +97,7 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("views_follow_changes", |e| Box::pin(views::views_follow_changes(e))),
         ("views_runaway_function", |e| Box::pin(views::views_runaway_function(e))),
         ("changes_filters", |e| Box::pin(views::changes_filters(e))),
+        ("views_emit_order_and_attachments", |e| Box::pin(views::views_emit_order_and_attachments(e))),
         ("validate_doc_update", |e| Box::pin(views::validate_doc_update(e))),
         ("attachments_multipart_answers", |e| Box::pin(attachments::attachments_multipart_answers(e))),
         ("attachments_gzip_parts", |e| Box::pin(attachments::attachments_gzip_parts(e))),

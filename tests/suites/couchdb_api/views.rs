@@ -440,3 +440,29 @@ pub(super) async fn validate_doc_update(e: Endpoint) -> TestResult {
         format!("a standalone attachment is a write to the document: {}", response.status())
     })
 }
+
+/// A document's rows with one key come back ordered by value (CouchDB sorts a document's
+/// key/value pairs), and `include_docs=true&attachments=true` inlines attachments' bytes.
+pub(super) async fn views_emit_order_and_attachments(e: Endpoint) -> TestResult {
+    let db = fresh_db(&e, "order").await?;
+    let doc = json!({"_attachments": {"a.txt": {"content_type": "text/plain", "data": "aGVsbG8="}}});
+    e.put(&format!("/{db}/d"), doc).await?.expect(201, "PUT d")?;
+    e.put(
+        &format!("/{db}/_design/o"),
+        json!({"views": {"v": {"map": "function(doc) { emit('k', 'multiple'); emit('k', null); emit('k', 'crayon'); }"}}}),
+    )
+    .await?
+    .expect(201, "PUT design document")?;
+    let answer = e.get(&format!("/{db}/_design/o/_view/v")).await?.expect(200, "view")?;
+    let values: Vec<Value> =
+        answer.body["rows"].as_array().into_iter().flatten().map(|row| row["value"].clone()).collect();
+    check(values == vec![json!(null), json!("crayon"), json!("multiple")], || {
+        format!("one document's rows: {values:?}")
+    })?;
+    let inline = e
+        .get(&format!("/{db}/_design/o/_view/v?include_docs=true&attachments=true&limit=1"))
+        .await?
+        .expect(200, "include_docs with attachments")?;
+    let attachment = &inline.body["rows"][0]["doc"]["_attachments"]["a.txt"];
+    check(attachment["data"] == json!("aGVsbG8="), || format!("attachments inline: {}", inline.body))
+}
