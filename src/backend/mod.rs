@@ -168,6 +168,17 @@ impl IdRange {
         IdRange { start: None, end: None, inclusive_end: true, descending: false, include_design: false }
     }
 
+    /// Every design document (`_design/…`), ascending.
+    pub fn design_documents() -> Self {
+        IdRange {
+            start: Some("_design/".into()),
+            end: Some("_design0".into()),
+            inclusive_end: false,
+            descending: false,
+            include_design: true,
+        }
+    }
+
     /// The same range over ids stored under `prefix` (`prefix` put before both ends), cut to the
     /// ids that start with it: an open end becomes the prefix's own end. A descending range open
     /// at the top starts at the id just past the prefix's ids (inclusive: a caller drops an id that

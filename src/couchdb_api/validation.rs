@@ -60,13 +60,7 @@ impl DesignValidation {
                 return Ok(Arc::clone(functions));
             }
         }
-        let range = IdRange {
-            start: Some("_design/".into()),
-            end: Some("_design0".into()),
-            inclusive_end: false,
-            descending: false,
-            include_design: true,
-        };
+        let range = IdRange::design_documents();
         let mut functions = Vec::new();
         let mut token: Option<String> = None;
         loop {

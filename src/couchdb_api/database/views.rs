@@ -147,13 +147,7 @@ pub async fn view_cleanup(State(state): State<CouchState>, opened: OpenDb, heade
     opened.access.require_db_admin_to_compact()?;
     crate::couchdb_api::request::require_json_content_type(&headers)?;
     let mut keep = Vec::new();
-    let range = IdRange {
-        start: Some("_design/".into()),
-        end: Some("_design0".into()),
-        inclusive_end: false,
-        descending: false,
-        include_design: true,
-    };
+    let range = IdRange::design_documents();
     let mut token: Option<String> = None;
     loop {
         let page = opened.db.all_docs(&range, 100, token.as_deref()).await?;

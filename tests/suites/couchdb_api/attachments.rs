@@ -34,13 +34,8 @@ fn kept_here(e: &Endpoint) -> bool {
     e.backend != "couchdb"
 }
 
-/// A database of its own for one trial (the CouchDB backend's server is shared by trials).
 async fn fresh_db(e: &Endpoint, tag: &str) -> Result<String, Failed> {
-    let mut random = [0u8; 6];
-    getrandom::fill(&mut random).map_err(|err| err.to_string())?;
-    let name = format!("att-{tag}-{}", hex::encode(random));
-    e.call(Method::PUT, &format!("/{name}"), None).await?.expect(201, "PUT database")?;
-    Ok(name)
+    fresh_db_named(e, "att", tag).await
 }
 
 fn encode(path: &str) -> String {

@@ -50,13 +50,8 @@ async fn patient(e: Endpoint) -> Result<Endpoint, Failed> {
     Endpoint::start(patient_couchdb, "couchdb", None).await
 }
 
-/// A database of its own for one trial (the CouchDB backend's server is shared by trials).
 async fn fresh_db(e: &Endpoint, tag: &str) -> Result<String, Failed> {
-    let mut random = [0u8; 6];
-    getrandom::fill(&mut random).map_err(|err| err.to_string())?;
-    let name = format!("fwd-{tag}-{}", hex::encode(random));
-    e.call(Method::PUT, &format!("/{name}"), None).await?.expect(201, "PUT database")?;
-    Ok(name)
+    fresh_db_named(e, "fwd", tag).await
 }
 
 /// Deterministic bytes that do not repeat chunk by chunk (xorshift, seeded).

@@ -261,6 +261,16 @@ impl Answer {
     }
 }
 
+/// A database of its own for one trial, named `{prefix}-{tag}-{random}` (the CouchDB backend's
+/// server is shared by trials).
+async fn fresh_db_named(e: &Endpoint, prefix: &str, tag: &str) -> Result<String, Failed> {
+    let mut random = [0u8; 6];
+    getrandom::fill(&mut random).map_err(|err| err.to_string())?;
+    let name = format!("{prefix}-{tag}-{}", hex::encode(random));
+    e.call(Method::PUT, &format!("/{name}"), None).await?.expect(201, "PUT database")?;
+    Ok(name)
+}
+
 /// A transcript of the real CouchDB 3.4.3.
 fn fixture(name: &str) -> Value {
     let path = format!("{}/fixtures/couchdb-3.4.3/{name}.json", env!("CARGO_MANIFEST_DIR"));

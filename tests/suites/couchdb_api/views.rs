@@ -15,11 +15,7 @@ use super::*;
 pub(super) const JS_BOUNDS_CONFIG: &str = "couchdb_js_timeout_ms = 500\n";
 
 async fn fresh_db(e: &Endpoint, tag: &str) -> Result<String, Failed> {
-    let mut random = [0u8; 6];
-    getrandom::fill(&mut random).map_err(|err| err.to_string())?;
-    let name = format!("views-{tag}-{}", hex::encode(random));
-    e.call(Method::PUT, &format!("/{name}"), None).await?.expect(201, "PUT database")?;
-    Ok(name)
+    fresh_db_named(e, "views", tag).await
 }
 
 async fn bulk(e: &Endpoint, db: &str, docs: Vec<Value>) -> TestResult {
