@@ -352,13 +352,15 @@ pub(super) async fn changes_filters(e: Endpoint) -> TestResult {
     check(ids(&gone) == ["b"], || format!("deleted documents reach the filter: {}", gone.body))?;
     let viewed = e.get(&format!("/{db}/_changes?filter=_view&view=f/big")).await?.expect(200, "_view filter")?;
     check(ids(&viewed) == ["c"], || format!("filter=_view: {}", viewed.body))?;
+    if e.backend == "couchdb" {
+        // pouchdb-server 4.2.0 dies on a filter it cannot find (an unhandled rejection in
+        // pouchdb-changes-filter), taking every later trial of the shared server with it.
+        return Ok(());
+    }
     let missing = e.get(&format!("/{db}/_changes?filter=f/nope")).await?;
     check(missing.status == StatusCode::NOT_FOUND, || {
         format!("a missing filter: {} {}", missing.status, missing.body)
     })?;
-    if e.backend == "couchdb" {
-        return Ok(()); // pouchdb-server fails a filter of a missing design document with a 5xx
-    }
     let no_ddoc = e.get(&format!("/{db}/_changes?filter=zz/by_type")).await?;
     check(no_ddoc.status == StatusCode::NOT_FOUND, || {
         format!("a missing design document: {} {}", no_ddoc.status, no_ddoc.body)
