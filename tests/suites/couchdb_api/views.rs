@@ -12,7 +12,7 @@
 use super::*;
 
 /// A map function taking 0.5 s of the engine's time at most (the runaway case).
-pub(super) const JS_BOUNDS_CONFIG: &str = "couchdb_js_timeout_ms = 500\n";
+pub(super) const JS_BOUNDS_CONFIG: &str = "couchdb_js_timeout_ms = 500\ncouchdb_js_memory_bytes = 16777216\n";
 
 async fn fresh_db(e: &Endpoint, tag: &str) -> Result<String, Failed> {
     fresh_db_named(e, "views", tag).await
@@ -303,6 +303,23 @@ pub(super) async fn views_runaway_function(e: Endpoint) -> TestResult {
     let stopped = e.get(&format!("/{db}/_design/bad/_view/loop")).await?;
     check(stopped.status.is_client_error(), || format!("a runaway map function: {} {}", stopped.status, stopped.body))?;
     check(stopped.body["error"] == json!("os_process_error"), || format!("CouchDB's error: {}", stopped.body))?;
+    check(stopped.body["reason"].as_str().is_some_and(|r| r.contains("couchdb_js_timeout_ms")), || {
+        format!("the answer names the bound: {}", stopped.body)
+    })?;
+    // A map function that allocates without end is stopped by the memory bound (16 MiB here).
+    e.put(
+        &format!("/{db}/_design/bomb"),
+        json!({"views": {"grow": {"map": "function(doc) { var a = []; while (true) { a.push(new Array(100000).join('x') + a.length); } }"}}}),
+    )
+    .await?
+    .expect(201, "PUT memory bomb design document")?;
+    let bombed = e.get(&format!("/{db}/_design/bomb/_view/grow")).await?;
+    check(bombed.status.is_client_error() && bombed.body["error"] == json!("os_process_error"), || {
+        format!("a memory bomb: {} {}", bombed.status, bombed.body)
+    })?;
+    check(bombed.body["reason"].as_str().is_some_and(|r| r.contains("couchdb_js_memory_bytes")), || {
+        format!("the answer names the bound: {}", bombed.body)
+    })?;
     let good = e.get(&format!("/{db}/_design/good/_view/ok")).await?.expect(200, "another view after it")?;
     check(keys_of(&good) == vec![json!(1)], || format!("the server keeps answering: {}", good.body))
 }
