@@ -98,6 +98,13 @@ fn message(value: &Value) -> String {
 
 #[async_trait]
 impl WriteGuard for DesignValidation {
+    async fn applies(&self, db: &Database) -> Result<bool> {
+        if WRITER.try_with(|_| ()).is_err() {
+            return Ok(false);
+        }
+        Ok(!self.functions(db).await?.is_empty())
+    }
+
     async fn check(&self, db: &Database, writes: &[ProposedWrite]) -> Result<Vec<Option<Error>>> {
         let mut verdicts: Vec<Option<Error>> = writes.iter().map(|_| None).collect();
         let Ok(mut user_ctx) = WRITER.try_with(Value::clone) else { return Ok(verdicts) };

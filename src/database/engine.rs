@@ -341,7 +341,7 @@ impl Database {
         let Some(guard) = &self.write_guard else {
             return Ok(writes.iter().map(|_| None).collect());
         };
-        if id.starts_with("_design/") || id.starts_with("_local/") {
+        if id.starts_with("_design/") || id.starts_with("_local/") || !guard.applies(self).await? {
             return Ok(writes.iter().map(|_| None).collect());
         }
         let proposed = super::write_guard::proposed(id, state, writes);

@@ -24,6 +24,10 @@ pub struct ProposedWrite {
 /// Decides whether writes may happen.
 #[async_trait]
 pub trait WriteGuard: Send + Sync {
+    /// Whether writes to `db` are checked at all now (any validation function, and a writer to
+    /// check): when not, no proposed document is built (a bulk write's bodies are not copied).
+    async fn applies(&self, db: &Database) -> Result<bool>;
+
     /// For each proposed write, `None` to let it happen or the error refusing it
     /// (`ErrorKind::Forbidden` / `ErrorKind::LoginRequired`).
     async fn check(&self, db: &Database, writes: &[ProposedWrite]) -> Result<Vec<Option<Error>>>;
