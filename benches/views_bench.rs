@@ -563,9 +563,11 @@ impl PhaseResult {
         self.latencies.get(index).map_or(f64::NAN, |d| d.as_secs_f64() * 1e3)
     }
 
-    /// `1,234 (2.1 / 9.8)`: queries/s (median / p99 ms).
+    /// `1,234 (2.1 / 9.8)`: queries/s (median / p99 ms); under 10 queries/s with a decimal.
     fn cell(&self) -> String {
-        format!("{} ({:.1} / {:.1})", thousands(self.per_s()), self.quantile_ms(0.5), self.quantile_ms(0.99))
+        let per_s = self.per_s();
+        let rate = if per_s < 10.0 { format!("{per_s:.1}") } else { thousands(per_s) };
+        format!("{rate} ({:.1} / {:.1})", self.quantile_ms(0.5), self.quantile_ms(0.99))
     }
 
     fn to_json(&self) -> Value {
