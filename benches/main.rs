@@ -28,6 +28,7 @@ mod hot_key;
 mod mango_find;
 mod migrate_bench;
 mod serve_load;
+mod views_bench;
 mod write_slot;
 
 use std::process::ExitCode;
@@ -36,7 +37,7 @@ use std::process::ExitCode;
 type BenchMain = fn() -> ExitCode;
 
 /// Each bench by name, and its `main`.
-const BENCHES: [(&str, BenchMain); 14] = [
+const BENCHES: [(&str, BenchMain); 15] = [
     ("serve_load", serve_load::main),
     ("write_slot", write_slot::main),
     ("couchdb_overhead", couchdb_overhead::main),
@@ -53,6 +54,7 @@ const BENCHES: [(&str, BenchMain); 14] = [
     ("couchdb_api_bench", couchdb_api_bench::main),
     ("databases_bench", databases_bench::main),
     ("attachments_bench", attachments_bench::main),
+    ("views_bench", views_bench::main),
     ("mango_find", || {
         mango_find::main();
         ExitCode::SUCCESS

@@ -1,0 +1,979 @@
+//! Design-document views and Mango json indexes over CouchDB's HTTP API (issue 26): the index
+//! build of a JavaScript map view with a `_sum` reduce, query throughput under concurrent
+//! clients, an incremental update, and a `_find` on a json index, on agentstore over each backend
+//! and on pouchdb-server directly, in one run and one table.
+//!
+//! Run it with `cargo bench --bench benches -- views_bench`. The targets, in this order
+//! (`BENCH_TARGETS`, a comma-separated subset of the names in brackets):
+//!
+//! - `agentstore serve --couchdb-listen` (the release binary cargo built for the bench, no logins
+//!   configured, so every request is admin), one process per target, over: the embedded store, a
+//!   fresh redb file in a temporary directory [`embedded`]; DynamoDB, dynalite [`dynamodb`]; the
+//!   Firestore emulator [`firestore`]; the CouchDB backend, the tests' pouchdb-server in memory,
+//!   to which agentstore forwards views and `_find` [`couchdb`]. The servers behind the last three
+//!   are the tests' (`tests/common/servers.rs`, which the `AGENTSTORE_TEST_*` variables redirect);
+//! - pouchdb-server 4.2.0 directly, a process of its own per target: over LevelDB (its default,
+//!   files in a temporary directory) [`pouchdb-leveldb`] and `--in-memory` [`pouchdb-memory`].
+//!
+//! On each target, in a fresh database (not the data-store one):
+//!
+//! 1. **load**: `BENCH_DOCS` (default 100,000) documents `{"_id": "d000042", "type": "t2", "n": 42,
+//!    "tag": "g42"}` (`type` one of 10, `tag` one of 100) by `POST /{db}/_bulk_docs` in batches of
+//!    `BENCH_BATCH` (default 1,000), `BENCH_LOAD_CLIENTS` (default 4) batches in flight; timed on
+//!    its own, every row's answer checked;
+//! 2. **build**: `PUT /{db}/_design/bench` with the view `v`, map
+//!    `function (doc) { emit(doc.type, doc.n); }` and reduce `_sum`, then the first
+//!    `GET /{db}/_design/bench/_view/v?limit=1`, which builds the index: build docs/s is the
+//!    document count over that request's wall time. Its answer, the reduced total, must be the sum
+//!    of every `n`;
+//! 3. **queries**: `BENCH_CLIENTS` (default 16) concurrent clients, each on a keep-alive
+//!    connection of its own, for `BENCH_SECONDS` (default 10) each: (a) `key`: the map query
+//!    `?key="t3"&limit=10&reduce=false` (`reduce=false` because the view has a reduce: without it
+//!    CouchDB would answer the key's reduction), 10 rows; (b) `group`: `?group=true` over the whole
+//!    view, the 10 types' sums; (c) `include_docs`: `?key="t7"&reduce=false&include_docs=true&limit=10`,
+//!    10 rows with their documents. Every answer is parsed and its row count checked;
+//! 4. **incremental**: `BENCH_EXTRA_DOCS` (default 1,000) more documents in one `_bulk_docs`, then
+//!    `?update=true&limit=1` timed: its total must include them;
+//! 5. **Mango**: `POST /{db}/_index` of a json index on `n` (a value field), the first `_find`
+//!    `{"selector": {"n": {"$gte": X, "$lt": X + 10}}, "limit": 10}` timed (pouchdb-server builds
+//!    its index then), then the same `_find` with varying `X` by the concurrent clients for
+//!    `BENCH_SECONDS`, 10 documents each. A target that answers `_index` with 501 (agentstore's
+//!    databases besides the data-store one, until issue 26's Mango indexes land) is shown as
+//!    `not yet (501)`; that is not a failure.
+//!
+//! Memory: the server process's resident memory (`VmRSS` of `/proc/PID/status`) after the load,
+//! and its peak (`VmHWM`) during the build, reset before it (`5` written to
+//! `/proc/PID/clear_refs`). For the targets over a backend that is agentstore's process, not the
+//! backend server's.
+//!
+//! A failed request or check fails its target's remaining steps (shown as `failed`) and the bench
+//! (exit 1); the other targets still run. One table goes to stdout, the JSON to
+//! `target/bench/views_bench.json`. The issue's goals (index build at 3x and queries at 5x a real
+//! CouchDB 3.4.3 on the same machine) cannot be checked: no CouchDB runs on this machine.
+//!
+//! `cargo test --all-targets` also builds and runs the bench binary (without `--bench`); it then
+//! only prints how to run it and exits 0.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::common;
+use crate::common::serve::Server;
+use crate::servers;
+
+use common::{bench_main, describe, run_suffix, write_report};
+
+const NAME: &str = "views_bench";
+const BIN: &str = env!("CARGO_BIN_EXE_agentstore");
+/// Per-request timeout: an index build over a slow backend may take minutes.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(3600);
+/// How long a pouchdb-server started here may take to answer `GET /`.
+const POUCHDB_STARTUP: Duration = Duration::from_secs(30);
+/// Distinct values of `type` (the view's key) and of `tag`.
+const TYPES: usize = 10;
+const TAGS: usize = 100;
+/// Rows each query asks for, and each `_find` range's width.
+const PAGE: usize = 10;
+/// The design document and its view.
+const DESIGN: &str = "_design/bench";
+const VIEW: &str = "/_design/bench/_view/v";
+
+// ---- settings ----
+
+struct Config {
+    /// `BENCH_DOCS` (default 100,000): documents loaded before the index is built.
+    docs: usize,
+    /// `BENCH_BATCH` (default 1,000): documents per `_bulk_docs`.
+    batch: usize,
+    /// `BENCH_LOAD_CLIENTS` (default 4): `_bulk_docs` requests in flight while loading.
+    load_clients: usize,
+    /// `BENCH_CLIENTS` (default 16): concurrent query clients.
+    clients: usize,
+    /// `BENCH_SECONDS` (default 10): how long each query phase runs.
+    seconds: u64,
+    /// `BENCH_EXTRA_DOCS` (default 1,000): documents written before the incremental update.
+    extra_docs: usize,
+    /// `BENCH_TARGETS` (default all): what is measured, in [`Kind::ALL`] order.
+    targets: Vec<Kind>,
+}
+
+impl Config {
+    fn from_env() -> Result<Self, String> {
+        let config = Config {
+            docs: common::env_number("BENCH_DOCS", 100_000usize)?,
+            batch: common::env_number("BENCH_BATCH", 1_000usize)?,
+            load_clients: common::env_number("BENCH_LOAD_CLIENTS", 4usize)?,
+            clients: common::env_number("BENCH_CLIENTS", 16usize)?,
+            seconds: common::env_number("BENCH_SECONDS", 10u64)?,
+            extra_docs: common::env_number("BENCH_EXTRA_DOCS", 1_000usize)?,
+            targets: Kind::from_env()?,
+        };
+        for (name, value) in [
+            ("BENCH_DOCS", config.docs),
+            ("BENCH_BATCH", config.batch),
+            ("BENCH_LOAD_CLIENTS", config.load_clients),
+            ("BENCH_CLIENTS", config.clients),
+            ("BENCH_SECONDS", config.seconds as usize),
+            ("BENCH_EXTRA_DOCS", config.extra_docs),
+        ] {
+            if value == 0 {
+                return Err(format!("{name} must be at least 1"));
+            }
+        }
+        if config.docs < TYPES * PAGE {
+            return Err(format!("BENCH_DOCS must be at least {} (each type needs {PAGE} rows)", TYPES * PAGE));
+        }
+        Ok(config)
+    }
+}
+
+// ---- targets ----
+
+/// What is measured.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Kind {
+    Embedded,
+    DynamoDb,
+    Firestore,
+    CouchDb,
+    PouchLevelDb,
+    PouchMemory,
+}
+
+impl Kind {
+    const ALL: [Kind; 6] =
+        [Kind::Embedded, Kind::DynamoDb, Kind::Firestore, Kind::CouchDb, Kind::PouchLevelDb, Kind::PouchMemory];
+
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Embedded => "embedded",
+            Kind::DynamoDb => "dynamodb",
+            Kind::Firestore => "firestore",
+            Kind::CouchDb => "couchdb",
+            Kind::PouchLevelDb => "pouchdb-leveldb",
+            Kind::PouchMemory => "pouchdb-memory",
+        }
+    }
+
+    /// `BENCH_TARGETS`, in [`Kind::ALL`] order whatever order it names them in.
+    fn from_env() -> Result<Vec<Kind>, String> {
+        let names = std::env::var("BENCH_TARGETS").unwrap_or_default();
+        if names.trim().is_empty() {
+            return Ok(Kind::ALL.to_vec());
+        }
+        let mut wanted = Vec::new();
+        for name in names.split(',').map(str::trim) {
+            let kind = Kind::ALL.into_iter().find(|k| k.name() == name).ok_or_else(|| {
+                let known: Vec<&str> = Kind::ALL.iter().map(|k| k.name()).collect();
+                format!("BENCH_TARGETS names unknown target {name:?} (known: {})", known.join(", "))
+            })?;
+            wanted.push(kind);
+        }
+        Ok(Kind::ALL.into_iter().filter(|k| wanted.contains(k)).collect())
+    }
+}
+
+/// A pouchdb-server process started here; killed when dropped.
+struct PouchProcess {
+    child: Child,
+}
+
+impl Drop for PouchProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The server process of a target, stopped by [`Running::stop`] (or when dropped).
+enum Process {
+    Agentstore(Server),
+    Pouch(PouchProcess),
+}
+
+/// A target being measured.
+struct Running {
+    /// For the table: `agentstore, embedded store`, `pouchdb-server 4.2.0, LevelDB`.
+    label: String,
+    /// `http://127.0.0.1:PORT`, no credentials.
+    root: String,
+    /// Basic credentials sent with every request.
+    login: Option<(String, String)>,
+    /// The process whose memory is read.
+    pid: u32,
+    process: Process,
+    /// The store's or pouchdb-server's directory, removed after the process stops.
+    _dir: tempfile::TempDir,
+}
+
+impl Running {
+    fn start(kind: Kind) -> Result<Running, String> {
+        let dir = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
+        let table = format!("views_bench_{}", run_suffix());
+        let (backend, label) = match kind {
+            Kind::Embedded => {
+                (format!("embedded:{}", dir.path().join("bench.redb").display()), "agentstore, embedded store".into())
+            }
+            Kind::DynamoDb => {
+                let server = servers::dynamodb()?;
+                (server.table_url(&table), format!("agentstore over DynamoDB ({})", server.product))
+            }
+            Kind::Firestore => {
+                let server = servers::firestore()?;
+                (server.collection_url(&table), format!("agentstore over Firestore ({})", server.product))
+            }
+            Kind::CouchDb => {
+                let server = servers::couchdb()?;
+                (server.database_url(&table), format!("agentstore over CouchDB ({}, in memory)", server.product))
+            }
+            Kind::PouchLevelDb | Kind::PouchMemory => return start_pouchdb(dir, kind == Kind::PouchMemory),
+        };
+        let server = Server::start_with_couchdb(BIN, &backend, dir.path())?;
+        let db_url = server.couchdb.clone().ok_or("the server printed no CouchDB API address")?;
+        let root =
+            db_url.rsplit_once('/').map(|(root, _)| root.to_owned()).ok_or("no server root in the CouchDB URL")?;
+        let pid = server.pid();
+        Ok(Running { label, root, login: None, pid, process: Process::Agentstore(server), _dir: dir })
+    }
+
+    fn stop(self) -> Result<(), String> {
+        match self.process {
+            Process::Agentstore(server) => server.stop(),
+            Process::Pouch(process) => {
+                drop(process);
+                Ok(())
+            }
+        }
+    }
+
+    fn request(&self, http: &reqwest::Client, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let request =
+            http.request(method, format!("{}{path}", self.root)).header(reqwest::header::ACCEPT, "application/json");
+        match &self.login {
+            Some((user, password)) => request.basic_auth(user, Some(password)),
+            None => request,
+        }
+    }
+
+    /// Sends a request (with `body` as JSON, if any) and parses its answer: `Ok(Ok(json))` for a
+    /// 2xx, `Ok(Err((status, text)))` for any other status, `Err` when no answer came.
+    async fn call(
+        &self,
+        http: &reqwest::Client,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<Result<Value, (u16, String)>, String> {
+        let what = format!("{method} {path}");
+        let mut request = self.request(http, method, path);
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        let response = request.send().await.map_err(|e| format!("{what}: {}", describe(&e)))?;
+        let status = response.status();
+        let bytes = response.bytes().await.map_err(|e| format!("{what}: reading the answer: {}", describe(&e)))?;
+        if !status.is_success() {
+            let text = String::from_utf8_lossy(&bytes[..bytes.len().min(300)]).into_owned();
+            return Ok(Err((status.as_u16(), text)));
+        }
+        serde_json::from_slice(&bytes)
+            .map(Ok)
+            .map_err(|e| format!("{what}: not JSON ({e}): {}", String::from_utf8_lossy(&bytes[..bytes.len().min(300)])))
+    }
+
+    /// As [`Running::call`], any status but a 2xx being an error.
+    async fn expect_success(
+        &self,
+        http: &reqwest::Client,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<Value, String> {
+        let what = format!("{method} {path}");
+        self.call(http, method, path, body).await?.map_err(|(status, text)| format!("{what}: status {status}: {text}"))
+    }
+}
+
+/// pouchdb-server from `node_modules`, in `dir` (where it keeps `config.json`, its log and, over
+/// LevelDB, its databases), with an admin so that it needs credentials as CouchDB does.
+fn start_pouchdb(dir: tempfile::TempDir, in_memory: bool) -> Result<Running, String> {
+    let binary = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("node_modules/.bin/pouchdb-server");
+    if !binary.exists() {
+        return Err(format!("pouchdb-server is not installed at {}: run `npm ci` in the repository", binary.display()));
+    }
+    std::fs::write(dir.path().join("config.json"), r#"{"admins":{"admin":"password"}}"#)
+        .map_err(|e| format!("writing pouchdb-server's config.json: {e}"))?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map_err(|e| format!("no free port: {e}"))?
+        .port();
+    let log = std::fs::File::create(dir.path().join("server.log")).map_err(|e| format!("pouchdb-server's log: {e}"))?;
+    let log_err = log.try_clone().map_err(|e| format!("pouchdb-server's log: {e}"))?;
+    let mut command = Command::new(&binary);
+    command.args(["--host", "127.0.0.1", "--port", &port.to_string(), "--no-stdout-logs"]);
+    if in_memory {
+        command.arg("--in-memory");
+    }
+    // `.bin/pouchdb-server` is a script run by `env node`, which execs node: the child's pid is
+    // node's, the process whose memory is read.
+    let child = command
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(log_err)
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", binary.display()))?;
+    let process = PouchProcess { child };
+    let root = format!("http://127.0.0.1:{port}");
+    let version = wait_for_pouchdb(&root, dir.path())?;
+    let mode = if in_memory { "--in-memory" } else { "LevelDB" };
+    Ok(Running {
+        label: format!("pouchdb-server {version}, {mode}"),
+        root,
+        login: Some(("admin".into(), "password".into())),
+        pid: process.child.id(),
+        process: Process::Pouch(process),
+        _dir: dir,
+    })
+}
+
+/// Polls `GET /` until pouchdb-server answers; its version.
+fn wait_for_pouchdb(root: &str, dir: &Path) -> Result<String, String> {
+    let host_port = root.trim_start_matches("http://");
+    let started = Instant::now();
+    loop {
+        if let Some(version) = welcome_version(host_port) {
+            return Ok(version);
+        }
+        if started.elapsed() > POUCHDB_STARTUP {
+            return Err(format!(
+                "pouchdb-server did not answer on {root} within {POUCHDB_STARTUP:?}; its log is {}",
+                dir.join("server.log").display()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The `version` of a CouchDB-protocol server's `GET /` answer, if it gives one.
+fn welcome_version(host_port: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(host_port).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(stream, "GET / HTTP/1.1\r\nHost: {host_port}\r\nConnection: close\r\n\r\n").ok()?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).ok()?;
+    let text = String::from_utf8_lossy(&response);
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    if !head.starts_with("HTTP/1.1 200") {
+        return None;
+    }
+    // A chunked answer has its chunk sizes on lines of their own.
+    let json = body.lines().find(|line| line.trim_start().starts_with('{'))?;
+    let welcome: Value = serde_json::from_str(json).ok()?;
+    welcome["version"].as_str().map(str::to_owned)
+}
+
+// ---- memory ----
+
+/// A field of `/proc/PID/status`, KiB.
+fn status_kib(pid: u32, field: &str) -> Result<u64, String> {
+    let path = format!("/proc/{pid}/status");
+    let status = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':')?.split_whitespace().next()?.parse().ok())
+        .ok_or_else(|| format!("{path} has no {field}"))
+}
+
+/// Resets the process's peak resident memory (`VmHWM`) to its current one; whether it could.
+fn reset_peak(pid: u32) -> bool {
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").is_ok()
+}
+
+// ---- the documents ----
+
+/// The `i`-th document: `type` and `tag` cycle, `n` is `i`.
+fn document(i: usize) -> Value {
+    json!({ "_id": format!("d{i:07}"), "type": format!("t{}", i % TYPES), "n": i, "tag": format!("g{}", i % TAGS) })
+}
+
+/// The sum of `n` over the first `count` documents: the view's reduced total.
+fn total_of(count: usize) -> u64 {
+    let count = count as u64;
+    count * count.saturating_sub(1) / 2
+}
+
+/// A client with one keep-alive connection.
+fn http_client() -> Result<reqwest::Client, String> {
+    reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(1)
+        .tcp_nodelay(true)
+        .timeout(REQUEST_TIMEOUT)
+        .build()
+        .map_err(|e| format!("HTTP client: {}", describe(&e)))
+}
+
+/// `POST /{db}/_bulk_docs` of documents `from..to`; every row must be a new revision.
+async fn bulk_docs(target: &Running, http: &reqwest::Client, db: &str, from: usize, to: usize) -> Result<(), String> {
+    let docs: Vec<Value> = (from..to).map(document).collect();
+    let path = format!("/{db}/_bulk_docs");
+    let answer = target.expect_success(http, reqwest::Method::POST, &path, Some(&json!({ "docs": docs }))).await?;
+    let rows = answer.as_array().ok_or_else(|| format!("POST {path}: answered {answer}, not an array"))?;
+    if rows.len() != to - from {
+        return Err(format!("POST {path}: {} rows for {} documents", rows.len(), to - from));
+    }
+    if let Some(bad) = rows.iter().find(|row| !row["rev"].as_str().is_some_and(|rev| rev.starts_with("1-"))) {
+        return Err(format!("POST {path}: a row is {bad}, not a first revision"));
+    }
+    Ok(())
+}
+
+/// Loads documents `from..to`, `clients` batches in flight.
+async fn load(
+    target: &Running,
+    db: &str,
+    from: usize,
+    to: usize,
+    batch: usize,
+    clients: usize,
+) -> Result<Duration, String> {
+    let connections = (0..clients).map(|_| http_client()).collect::<Result<Vec<_>, _>>()?;
+    let batches: Vec<(usize, usize)> =
+        (from..to).step_by(batch).map(|start| (start, (start + batch).min(to))).collect();
+    let started = Instant::now();
+    let outcomes = futures::future::join_all(connections.iter().enumerate().map(|(client, http)| {
+        let mine: Vec<(usize, usize)> = batches.iter().copied().skip(client).step_by(clients).collect();
+        async move {
+            for (start, end) in mine {
+                bulk_docs(target, http, db, start, end).await?;
+            }
+            Ok::<_, String>(())
+        }
+    }))
+    .await;
+    let elapsed = started.elapsed();
+    outcomes.into_iter().collect::<Result<Vec<_>, _>>()?;
+    Ok(elapsed)
+}
+
+/// The reduced total a `?limit=1` (reduce) view query answered.
+fn reduced_total(answer: &Value) -> Option<u64> {
+    let rows = answer["rows"].as_array()?;
+    match rows.as_slice() {
+        [] => Some(0),
+        [row] => row["value"].as_f64().map(|v| v as u64),
+        _ => None,
+    }
+}
+
+// ---- the query phases ----
+
+/// A query the concurrent clients repeat.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Query {
+    /// `?key="t3"&limit=10&reduce=false`.
+    Key,
+    /// `?group=true`.
+    Group,
+    /// `?key="t7"&reduce=false&include_docs=true&limit=10`.
+    IncludeDocs,
+    /// `_find` of a range of `n` through the json index.
+    Find,
+}
+
+impl Query {
+    const VIEWS: [Query; 3] = [Query::Key, Query::Group, Query::IncludeDocs];
+
+    fn label(self) -> &'static str {
+        match self {
+            Query::Key => "key",
+            Query::Group => "group",
+            Query::IncludeDocs => "include_docs",
+            Query::Find => "_find",
+        }
+    }
+
+    /// The request of the `round`-th call: method, path, body.
+    fn request(self, db: &str, docs: usize, round: u64) -> (reqwest::Method, String, Option<Value>) {
+        let view = |query: &str| (reqwest::Method::GET, format!("/{db}{VIEW}?{query}"), None);
+        match self {
+            Query::Key => view(&format!("key=%22t3%22&limit={PAGE}&reduce=false")),
+            Query::Group => view("group=true"),
+            Query::IncludeDocs => view(&format!("key=%22t7%22&reduce=false&include_docs=true&limit={PAGE}")),
+            Query::Find => {
+                // Ranges spread over the documents, each of PAGE values of `n`, all present.
+                let from = (spread(round) % (docs - PAGE)) as u64;
+                let body = json!({ "selector": { "n": { "$gte": from, "$lt": from + PAGE as u64 } }, "limit": PAGE });
+                (reqwest::Method::POST, format!("/{db}/_find"), Some(body))
+            }
+        }
+    }
+
+    /// Whether `answer` is what this query must answer.
+    fn check(self, answer: &Value) -> Result<(), String> {
+        let (list, expected) = match self {
+            Query::Find => ("docs", PAGE),
+            Query::Group => ("rows", TYPES),
+            Query::Key | Query::IncludeDocs => ("rows", PAGE),
+        };
+        let items = answer[list].as_array().ok_or_else(|| format!("no {list:?} in {answer}"))?;
+        if items.len() != expected {
+            return Err(format!("{} {list}, not {expected}", items.len()));
+        }
+        let wrong = match self {
+            Query::Key => items.iter().find(|row| row["key"] != "t3"),
+            Query::IncludeDocs => items.iter().find(|row| row["key"] != "t7" || row["doc"]["type"] != "t7"),
+            Query::Group | Query::Find => None,
+        };
+        match wrong {
+            Some(item) => Err(format!("a wrong item: {item}")),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A well-spread index for the `round`-th call (splitmix64).
+fn spread(round: u64) -> usize {
+    let mut z = round.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    (z ^ (z >> 31)) as usize
+}
+
+/// What one query phase measured.
+struct PhaseResult {
+    query: Query,
+    elapsed: Duration,
+    /// Every call's wall time, sorted.
+    latencies: Vec<Duration>,
+}
+
+impl PhaseResult {
+    fn per_s(&self) -> f64 {
+        self.latencies.len() as f64 / self.elapsed.as_secs_f64().max(f64::MIN_POSITIVE)
+    }
+
+    fn quantile_ms(&self, q: f64) -> f64 {
+        let index = ((self.latencies.len() as f64 * q).ceil() as usize).saturating_sub(1);
+        self.latencies.get(index).map_or(f64::NAN, |d| d.as_secs_f64() * 1e3)
+    }
+
+    /// `1,234 (2.1 / 9.8)`: queries/s (median / p99 ms); under 10 queries/s with a decimal.
+    fn cell(&self) -> String {
+        let per_s = self.per_s();
+        let rate = if per_s < 10.0 { format!("{per_s:.1}") } else { thousands(per_s) };
+        format!("{rate} ({:.1} / {:.1})", self.quantile_ms(0.5), self.quantile_ms(0.99))
+    }
+
+    fn to_json(&self) -> Value {
+        json!({
+            "query": self.query.label(),
+            "calls": self.latencies.len(),
+            "elapsed_s": self.elapsed.as_secs_f64(),
+            "per_s": self.per_s(),
+            "median_ms": self.quantile_ms(0.5),
+            "p99_ms": self.quantile_ms(0.99),
+            "max_ms": self.latencies.last().map(|d| d.as_secs_f64() * 1e3),
+        })
+    }
+}
+
+/// `config.clients` clients, each on a connection of its own, repeating `query` for
+/// `config.seconds`. The clients are futures of this task, not tasks: each mostly waits on its
+/// socket.
+async fn run_phase(target: &Running, db: &str, config: &Config, query: Query) -> Result<PhaseResult, String> {
+    let connections = (0..config.clients).map(|_| http_client()).collect::<Result<Vec<_>, _>>()?;
+    let duration = Duration::from_secs(config.seconds);
+    let docs = config.docs;
+    let clients = config.clients as u64;
+    let started = Instant::now();
+    let outcomes = futures::future::join_all(connections.iter().enumerate().map(|(client, http)| async move {
+        let mut latencies = Vec::new();
+        let mut round = client as u64;
+        while started.elapsed() < duration {
+            let (method, path, body) = query.request(db, docs, round);
+            let began = Instant::now();
+            let answer = target.expect_success(http, method.clone(), &path, body.as_ref()).await?;
+            latencies.push(began.elapsed());
+            query.check(&answer).map_err(|e| format!("{method} {path}: {e}"))?;
+            round += clients;
+        }
+        Ok::<_, String>(latencies)
+    }))
+    .await;
+    let elapsed = started.elapsed();
+    let mut latencies = Vec::new();
+    for outcome in outcomes {
+        latencies.extend(outcome?);
+    }
+    latencies.sort();
+    Ok(PhaseResult { query, elapsed, latencies })
+}
+
+// ---- one target ----
+
+/// What the Mango step found.
+enum Mango {
+    /// `_index` answered 501: json indexes are not served on this database yet.
+    NotYet(String),
+    /// The index's first `_find`, then the concurrent phase.
+    Measured { create: Duration, first_find: Duration, phase: PhaseResult },
+}
+
+/// Everything measured on one target.
+struct Measured {
+    kind: Kind,
+    label: String,
+    load: Option<Duration>,
+    rss_after_load_kib: Option<u64>,
+    build: Option<Duration>,
+    build_peak_kib: Option<Result<u64, String>>,
+    phases: Vec<PhaseResult>,
+    incremental: Option<Duration>,
+    mango: Option<Mango>,
+    /// Why the target stopped early, if it did.
+    error: Option<String>,
+}
+
+async fn measure(target: &Running, kind: Kind, config: &Config) -> Measured {
+    let mut measured = Measured {
+        kind,
+        label: target.label.clone(),
+        load: None,
+        rss_after_load_kib: None,
+        build: None,
+        build_peak_kib: None,
+        phases: Vec::new(),
+        incremental: None,
+        mango: None,
+        error: None,
+    };
+    if let Err(e) = measure_steps(target, config, &mut measured).await {
+        println!("  FAILED: {e}");
+        measured.error = Some(e);
+    }
+    measured
+}
+
+async fn measure_steps(target: &Running, config: &Config, measured: &mut Measured) -> Result<(), String> {
+    let http = http_client()?;
+    let db = format!("views_bench_{}", run_suffix());
+    println!("{}: {}/{db}", target.label, target.root);
+    target.expect_success(&http, reqwest::Method::PUT, &format!("/{db}"), None).await?;
+
+    let load_time = load(target, &db, 0, config.docs, config.batch, config.load_clients).await?;
+    measured.load = Some(load_time);
+    measured.rss_after_load_kib = status_kib(target.pid, "VmRSS").ok();
+    println!(
+        "  load      {} docs in {:.1} s: {} docs/s",
+        config.docs,
+        load_time.as_secs_f64(),
+        thousands(config.docs as f64 / load_time.as_secs_f64())
+    );
+
+    let design = json!({
+        "language": "javascript",
+        "views": { "v": { "map": "function (doc) { emit(doc.type, doc.n); }", "reduce": "_sum" } },
+    });
+    target.expect_success(&http, reqwest::Method::PUT, &format!("/{db}/{DESIGN}"), Some(&design)).await?;
+    let path = format!("/{db}{VIEW}?limit=1");
+    let peak_measured = reset_peak(target.pid);
+    let started = Instant::now();
+    let answer = target.expect_success(&http, reqwest::Method::GET, &path, None).await?;
+    let build = started.elapsed();
+    measured.build_peak_kib = Some(if peak_measured {
+        status_kib(target.pid, "VmHWM")
+    } else {
+        Err(format!("/proc/{}/clear_refs cannot be written", target.pid))
+    });
+    let expected = total_of(config.docs);
+    if reduced_total(&answer) != Some(expected) {
+        return Err(format!("GET {path}: answered {answer}, the total is {expected}"));
+    }
+    measured.build = Some(build);
+    println!(
+        "  build     {:.1} s: {} docs/s, peak RSS {}",
+        build.as_secs_f64(),
+        thousands(config.docs as f64 / build.as_secs_f64()),
+        measured
+            .build_peak_kib
+            .as_ref()
+            .map_or("-".to_owned(), |peak| peak.as_ref().map_or_else(|e| e.clone(), |k| mib(*k)))
+    );
+
+    for query in Query::VIEWS {
+        let phase = run_phase(target, &db, config, query).await?;
+        println!("  {:<13} {} q/s (median / p99 ms)", query.label(), phase.cell());
+        measured.phases.push(phase);
+    }
+
+    let total = config.docs + config.extra_docs;
+    load(target, &db, config.docs, total, config.extra_docs, 1).await?;
+    let path = format!("/{db}{VIEW}?update=true&limit=1");
+    let started = Instant::now();
+    let answer = target.expect_success(&http, reqwest::Method::GET, &path, None).await?;
+    let incremental = started.elapsed();
+    if reduced_total(&answer) != Some(total_of(total)) {
+        return Err(format!("GET {path}: answered {answer}, the total is {}", total_of(total)));
+    }
+    measured.incremental = Some(incremental);
+    println!("  +{} docs, update=true: {:.1} ms", config.extra_docs, incremental.as_secs_f64() * 1e3);
+
+    let mango = measure_mango(target, &http, &db, config).await?;
+    match &mango {
+        Mango::NotYet(why) => println!("  _find     not yet: {why}"),
+        Mango::Measured { create, first_find, phase } => println!(
+            "  _find     index {:.1} ms, first _find {:.1} s, then {} q/s (median / p99 ms)",
+            create.as_secs_f64() * 1e3,
+            first_find.as_secs_f64(),
+            phase.cell()
+        ),
+    }
+    measured.mango = Some(mango);
+
+    // Frees what the backend servers hold before the next target runs.
+    target.expect_success(&http, reqwest::Method::DELETE, &format!("/{db}"), None).await?;
+    Ok(())
+}
+
+async fn measure_mango(target: &Running, http: &reqwest::Client, db: &str, config: &Config) -> Result<Mango, String> {
+    let path = format!("/{db}/_index");
+    let index = json!({ "index": { "fields": ["n"] }, "name": "by-n", "type": "json" });
+    let started = Instant::now();
+    match target.call(http, reqwest::Method::POST, &path, Some(&index)).await? {
+        Ok(_) => {}
+        Err((501, text)) => return Ok(Mango::NotYet(format!("POST {path}: 501 {text}"))),
+        Err((status, text)) => return Err(format!("POST {path}: status {status}: {text}")),
+    }
+    let create = started.elapsed();
+    let total = config.docs + config.extra_docs;
+    let (method, path, body) = Query::Find.request(db, total, 0);
+    let started = Instant::now();
+    let answer = target.expect_success(http, method.clone(), &path, body.as_ref()).await?;
+    let first_find = started.elapsed();
+    Query::Find.check(&answer).map_err(|e| format!("{method} {path}: {e}"))?;
+    let phase = run_phase(target, db, config, Query::Find).await?;
+    Ok(Mango::Measured { create, first_find, phase })
+}
+
+// ---- reporting ----
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|text| text.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".to_owned())
+}
+
+fn mib(kib: u64) -> String {
+    format!("{:.0}", kib as f64 / 1024.0)
+}
+
+/// `12,345` (rounded).
+fn thousands(value: f64) -> String {
+    if !value.is_finite() {
+        return "-".to_owned();
+    }
+    let digits = format!("{:.0}", value);
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// A Markdown table (pasted as is into docs/views-bench.md).
+fn markdown(header: &[&str], rows: &[Vec<String>]) -> String {
+    let line = |cells: &[String]| format!("| {} |\n", cells.join(" | "));
+    let header: Vec<String> = header.iter().map(|h| (*h).to_owned()).collect();
+    let mut out = line(&header);
+    out.push_str(&line(&header.iter().map(|_| "---".to_owned()).collect::<Vec<_>>()));
+    for row in rows {
+        out.push_str(&line(row));
+    }
+    out
+}
+
+fn table(config: &Config, results: &[Measured]) -> String {
+    let header = [
+        "target",
+        "load docs/s",
+        "RSS after load MiB",
+        "build s",
+        "build docs/s",
+        "peak RSS build MiB",
+        "key q/s (p50 / p99 ms)",
+        "group q/s (p50 / p99 ms)",
+        "include_docs q/s (p50 / p99 ms)",
+        "+docs update=true ms",
+        "_find index s",
+        "_find q/s (p50 / p99 ms)",
+    ];
+    let mut rows = Vec::new();
+    for m in results {
+        // After the step that failed, `failed` once, then `-`.
+        let mut failed_shown = m.error.is_none();
+        let mut cell = |value: Option<String>| match value {
+            Some(text) => text,
+            None if !failed_shown => {
+                failed_shown = true;
+                "failed".to_owned()
+            }
+            None => "-".to_owned(),
+        };
+        let mut row = vec![m.label.clone()];
+        row.push(cell(m.load.map(|d| thousands(config.docs as f64 / d.as_secs_f64()))));
+        row.push(m.rss_after_load_kib.map_or("-".to_owned(), mib));
+        row.push(cell(m.build.map(|d| format!("{:.1}", d.as_secs_f64()))));
+        row.push(m.build.map_or("-".to_owned(), |d| thousands(config.docs as f64 / d.as_secs_f64())));
+        row.push(match &m.build_peak_kib {
+            Some(Ok(kib)) => mib(*kib),
+            Some(Err(_)) => "not measured".to_owned(),
+            None => "-".to_owned(),
+        });
+        for i in 0..Query::VIEWS.len() {
+            row.push(cell(m.phases.get(i).map(PhaseResult::cell)));
+        }
+        row.push(cell(m.incremental.map(|d| format!("{:.1}", d.as_secs_f64() * 1e3))));
+        match &m.mango {
+            Some(Mango::NotYet(_)) => {
+                row.push("not yet (501)".to_owned());
+                row.push("not yet (501)".to_owned());
+            }
+            Some(Mango::Measured { create, first_find, phase }) => {
+                // pouchdb-server builds a json index when it is created, CouchDB at the first
+                // `_find`: the two together are the build, whichever does it.
+                row.push(format!("{:.1}", (*create + *first_find).as_secs_f64()));
+                row.push(phase.cell());
+            }
+            None => {
+                row.push(cell(None));
+                row.push(cell(None));
+            }
+        }
+        rows.push(row);
+    }
+    markdown(&header, &rows)
+}
+
+fn measured_json(config: &Config, m: &Measured) -> Value {
+    let per_s = |d: Option<Duration>, count: usize| d.map(|d| count as f64 / d.as_secs_f64());
+    let mango = match &m.mango {
+        None => Value::Null,
+        Some(Mango::NotYet(why)) => json!({ "not_yet": why }),
+        Some(Mango::Measured { create, first_find, phase }) => json!({
+            "create_index_s": create.as_secs_f64(),
+            "first_find_s": first_find.as_secs_f64(),
+            "phase": phase.to_json(),
+        }),
+    };
+    json!({
+        "target": m.kind.name(),
+        "server": m.label,
+        "load_s": m.load.map(|d| d.as_secs_f64()),
+        "load_docs_per_s": per_s(m.load, config.docs),
+        "rss_after_load_kib": m.rss_after_load_kib,
+        "build_s": m.build.map(|d| d.as_secs_f64()),
+        "build_docs_per_s": per_s(m.build, config.docs),
+        "build_peak_rss_kib": m.build_peak_kib.as_ref().and_then(|p| p.as_ref().ok()),
+        "queries": m.phases.iter().map(PhaseResult::to_json).collect::<Vec<_>>(),
+        "incremental_update_s": m.incremental.map(|d| d.as_secs_f64()),
+        "mango": mango,
+        "error": m.error,
+    })
+}
+
+pub fn main() -> std::process::ExitCode {
+    bench_main(NAME, run)
+}
+
+fn run() -> Result<bool, String> {
+    let config = Config::from_env()?;
+    let nproc = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let load_before = load_average();
+    let targets: Vec<&str> = config.targets.iter().map(|k| k.name()).collect();
+    println!(
+        "{NAME}: nproc {nproc}, load average {load_before}; {} documents (_bulk_docs of {}, {} in flight), {} \
+         clients x {} s per query, +{} documents; targets: {}",
+        config.docs,
+        config.batch,
+        config.load_clients,
+        config.clients,
+        config.seconds,
+        config.extra_docs,
+        targets.join(", ")
+    );
+    println!("binary: {BIN}");
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| format!("tokio runtime: {e}"))?;
+    let mut results = Vec::new();
+    let mut loads = vec![json!({ "before": load_before })];
+    for &kind in &config.targets {
+        let measured = match Running::start(kind) {
+            Ok(target) => {
+                let measured = runtime.block_on(measure(&target, kind, &config));
+                if let Err(e) = target.stop() {
+                    println!("  stopping it: {e}");
+                }
+                measured
+            }
+            Err(e) => {
+                println!("{}: did not start: {e}", kind.name());
+                Measured {
+                    kind,
+                    label: kind.name().to_owned(),
+                    load: None,
+                    rss_after_load_kib: None,
+                    build: None,
+                    build_peak_kib: None,
+                    phases: Vec::new(),
+                    incremental: None,
+                    mango: None,
+                    error: Some(format!("did not start: {e}")),
+                }
+            }
+        };
+        let load = load_average();
+        println!("  load average after it: {load}");
+        loads.push(json!({ "after": kind.name(), "load_average": load }));
+        results.push(measured);
+    }
+    drop(runtime);
+    println!();
+    print!("{}", table(&config, &results));
+    println!(
+        "\n(build: the first view query after the design document, over {} documents; q/s: {} clients, {} s each; \
+         RSS: the server process, agentstore's for the agentstore targets; no real CouchDB 3.4.3 here, so the \
+         issue's goals against it are not checked)",
+        config.docs, config.clients, config.seconds
+    );
+    let passed = results.iter().all(|m| m.error.is_none());
+    for m in results.iter().filter(|m| m.error.is_some()) {
+        eprintln!("{NAME}: {}: {}", m.label, m.error.as_deref().unwrap_or_default());
+    }
+    let report = json!({
+        "benchmark": NAME,
+        "nproc": nproc,
+        "load_averages": loads,
+        "docs": config.docs,
+        "batch": config.batch,
+        "load_clients": config.load_clients,
+        "clients": config.clients,
+        "seconds": config.seconds,
+        "extra_docs": config.extra_docs,
+        "passed": passed,
+        "targets": results.iter().map(|m| measured_json(&config, m)).collect::<Vec<_>>(),
+    });
+    write_report(NAME, &report)?;
+    if !passed {
+        eprintln!("{NAME}: FAILED");
+    }
+    Ok(passed)
+}
