@@ -47,8 +47,6 @@
 //! `cargo test --all-targets` also builds and runs the bench binary (without `--bench`); it then
 //! only prints how to run it and exits 0.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -56,8 +54,7 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 use crate::common;
-use crate::common::serve::Server;
-use crate::servers;
+use crate::common::targets::{load_average, mib, reset_peak, status_kib, Kind, Running};
 
 use common::{bench_main, describe, run_suffix, write_report};
 
@@ -68,8 +65,6 @@ const MIB: usize = 1 << 20;
 const ATTACHMENT: &str = "blob.bin";
 /// Per-request timeout: a request that takes longer is an error.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(600);
-/// How long a pouchdb-server started here may take to answer `GET /`.
-const POUCHDB_STARTUP: Duration = Duration::from_secs(30);
 
 // ---- settings ----
 
@@ -154,133 +149,9 @@ impl Config {
     }
 }
 
-// ---- targets ----
-
-/// What is measured.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Kind {
-    Embedded,
-    DynamoDb,
-    Firestore,
-    CouchDb,
-    PouchLevelDb,
-    PouchMemory,
-}
-
-impl Kind {
-    const ALL: [Kind; 6] =
-        [Kind::Embedded, Kind::DynamoDb, Kind::Firestore, Kind::CouchDb, Kind::PouchLevelDb, Kind::PouchMemory];
-
-    fn name(self) -> &'static str {
-        match self {
-            Kind::Embedded => "embedded",
-            Kind::DynamoDb => "dynamodb",
-            Kind::Firestore => "firestore",
-            Kind::CouchDb => "couchdb",
-            Kind::PouchLevelDb => "pouchdb-leveldb",
-            Kind::PouchMemory => "pouchdb-memory",
-        }
-    }
-
-    /// `BENCH_TARGETS`, in [`Kind::ALL`] order whatever order it names them in.
-    fn from_env() -> Result<Vec<Kind>, String> {
-        let names = std::env::var("BENCH_TARGETS").unwrap_or_default();
-        if names.trim().is_empty() {
-            return Ok(Kind::ALL.to_vec());
-        }
-        let mut wanted = Vec::new();
-        for name in names.split(',').map(str::trim) {
-            let kind = Kind::ALL.into_iter().find(|k| k.name() == name).ok_or_else(|| {
-                let known: Vec<&str> = Kind::ALL.iter().map(|k| k.name()).collect();
-                format!("BENCH_TARGETS names unknown target {name:?} (known: {})", known.join(", "))
-            })?;
-            wanted.push(kind);
-        }
-        Ok(Kind::ALL.into_iter().filter(|k| wanted.contains(k)).collect())
-    }
-}
-
-/// A pouchdb-server process started here; killed when dropped.
-struct PouchProcess {
-    child: Child,
-}
-
-impl Drop for PouchProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// The server process of a target, stopped by [`Running::stop`] (or when dropped).
-enum Process {
-    Agentstore(Server),
-    Pouch(PouchProcess),
-}
-
-/// A target being measured.
-struct Running {
-    /// For the table: `agentstore, embedded store`, `pouchdb-server 4.2.0, LevelDB`.
-    label: String,
-    /// `http://127.0.0.1:PORT`, no credentials.
-    root: String,
-    /// Basic credentials sent with every request.
-    login: Option<(String, String)>,
-    /// The process whose memory is read.
-    pid: u32,
-    process: Process,
-    /// The store's or pouchdb-server's directory, removed after the process stops.
-    _dir: tempfile::TempDir,
-}
+// ---- targets: benches/common/targets.rs ----
 
 impl Running {
-    fn start(kind: Kind) -> Result<Running, String> {
-        let dir = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
-        let table = format!("attachments_bench_{}", run_suffix());
-        let (backend, label) = match kind {
-            Kind::Embedded => {
-                (format!("embedded:{}", dir.path().join("bench.redb").display()), "agentstore, embedded store".into())
-            }
-            Kind::DynamoDb => {
-                let server = servers::dynamodb()?;
-                (server.table_url(&table), format!("agentstore over DynamoDB ({})", server.product))
-            }
-            Kind::Firestore => {
-                let server = servers::firestore()?;
-                (server.collection_url(&table), format!("agentstore over Firestore ({})", server.product))
-            }
-            Kind::CouchDb => {
-                let server = servers::couchdb()?;
-                (server.database_url(&table), format!("agentstore over CouchDB ({}, in memory)", server.product))
-            }
-            Kind::PouchLevelDb | Kind::PouchMemory => return start_pouchdb(dir, kind == Kind::PouchMemory),
-        };
-        let server = Server::start_with_couchdb(BIN, &backend, dir.path())?;
-        let db_url = server.couchdb.clone().ok_or("the server printed no CouchDB API address")?;
-        let root =
-            db_url.rsplit_once('/').map(|(root, _)| root.to_owned()).ok_or("no server root in the CouchDB URL")?;
-        let pid = server.pid();
-        Ok(Running { label, root, login: None, pid, process: Process::Agentstore(server), _dir: dir })
-    }
-
-    fn stop(self) -> Result<(), String> {
-        match self.process {
-            Process::Agentstore(server) => server.stop(),
-            Process::Pouch(process) => {
-                drop(process);
-                Ok(())
-            }
-        }
-    }
-
-    fn request(&self, http: &reqwest::Client, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
-        let request = http.request(method, format!("{}{path}", self.root));
-        match &self.login {
-            Some((user, password)) => request.basic_auth(user, Some(password)),
-            None => request,
-        }
-    }
-
     /// A JSON request without a body whose answer must be a 2xx `{"ok": true, ...}`.
     async fn expect_ok(&self, http: &reqwest::Client, method: reqwest::Method, path: &str) -> Result<Value, String> {
         let response = self
@@ -306,103 +177,6 @@ async fn ok_answer(what: &str, response: reqwest::Response) -> Result<Value, Str
         return Err(format!("{what}: answered {answer}"));
     }
     Ok(answer)
-}
-
-/// pouchdb-server from `node_modules`, in `dir` (where it keeps `config.json`, its log and, over
-/// LevelDB, its databases), with an admin so that it needs credentials as CouchDB does.
-fn start_pouchdb(dir: tempfile::TempDir, in_memory: bool) -> Result<Running, String> {
-    let binary = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("node_modules/.bin/pouchdb-server");
-    if !binary.exists() {
-        return Err(format!("pouchdb-server is not installed at {}: run `npm ci` in the repository", binary.display()));
-    }
-    std::fs::write(dir.path().join("config.json"), r#"{"admins":{"admin":"password"}}"#)
-        .map_err(|e| format!("writing pouchdb-server's config.json: {e}"))?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .map_err(|e| format!("no free port: {e}"))?
-        .port();
-    let log = std::fs::File::create(dir.path().join("server.log")).map_err(|e| format!("pouchdb-server's log: {e}"))?;
-    let log_err = log.try_clone().map_err(|e| format!("pouchdb-server's log: {e}"))?;
-    let mut command = Command::new(&binary);
-    command.args(["--host", "127.0.0.1", "--port", &port.to_string(), "--no-stdout-logs"]);
-    if in_memory {
-        command.arg("--in-memory");
-    }
-    // `.bin/pouchdb-server` is a script run by `env node`, which execs node: the child's pid is
-    // node's, the process whose memory is read.
-    let child = command
-        .current_dir(dir.path())
-        .stdin(Stdio::null())
-        .stdout(log)
-        .stderr(log_err)
-        .spawn()
-        .map_err(|e| format!("cannot start {}: {e}", binary.display()))?;
-    let process = PouchProcess { child };
-    let root = format!("http://127.0.0.1:{port}");
-    let version = wait_for_pouchdb(&root, dir.path())?;
-    let mode = if in_memory { "--in-memory" } else { "LevelDB" };
-    Ok(Running {
-        label: format!("pouchdb-server {version}, {mode}"),
-        root,
-        login: Some(("admin".into(), "password".into())),
-        pid: process.child.id(),
-        process: Process::Pouch(process),
-        _dir: dir,
-    })
-}
-
-/// Polls `GET /` until pouchdb-server answers; its version.
-fn wait_for_pouchdb(root: &str, dir: &Path) -> Result<String, String> {
-    let host_port = root.trim_start_matches("http://");
-    let started = Instant::now();
-    loop {
-        if let Some(version) = welcome_version(host_port) {
-            return Ok(version);
-        }
-        if started.elapsed() > POUCHDB_STARTUP {
-            return Err(format!(
-                "pouchdb-server did not answer on {root} within {POUCHDB_STARTUP:?}; its log is {}",
-                dir.join("server.log").display()
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// The `version` of a CouchDB-protocol server's `GET /` answer, if it gives one.
-fn welcome_version(host_port: &str) -> Option<String> {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(host_port).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    write!(stream, "GET / HTTP/1.1\r\nHost: {host_port}\r\nConnection: close\r\n\r\n").ok()?;
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response).ok()?;
-    let text = String::from_utf8_lossy(&response);
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    if !head.starts_with("HTTP/1.1 200") {
-        return None;
-    }
-    // A chunked answer has its chunk sizes on lines of their own.
-    let json = body.lines().find(|line| line.trim_start().starts_with('{'))?;
-    let welcome: Value = serde_json::from_str(json).ok()?;
-    welcome["version"].as_str().map(str::to_owned)
-}
-
-// ---- memory ----
-
-/// A field of `/proc/PID/status`, KiB.
-fn status_kib(pid: u32, field: &str) -> Result<u64, String> {
-    let path = format!("/proc/{pid}/status");
-    let status = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':')?.split_whitespace().next()?.parse().ok())
-        .ok_or_else(|| format!("{path} has no {field}"))
-}
-
-/// Resets the process's peak resident memory (`VmHWM`) to its current one; whether it could.
-fn reset_peak(pid: u32) -> bool {
-    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").is_ok()
 }
 
 // ---- the bodies ----
@@ -753,16 +527,6 @@ async fn measure_phases(
 
 // ---- reporting ----
 
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|text| text.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "unknown".to_owned())
-}
-
-fn mib(kib: u64) -> String {
-    format!("{:.0}", kib as f64 / 1024.0)
-}
-
 /// A Markdown table (pasted as is into docs/attachments-bench.md).
 fn markdown(header: &[String], rows: &[Vec<String>]) -> String {
     let line = |cells: &[String]| format!("| {} |\n", cells.join(" | "));
@@ -879,7 +643,7 @@ fn run() -> Result<bool, String> {
     let mut results = Vec::new();
     let mut loads = vec![json!({ "before": load_before })];
     for &kind in &config.targets {
-        let measured = match Running::start(kind) {
+        let measured = match Running::start(kind, NAME) {
             Ok(target) => {
                 let measured = runtime.block_on(measure(&target, kind, &config, &payload));
                 if let Err(e) = target.stop() {

@@ -8,6 +8,7 @@
 //! - [`bulk`]: `bulk_write` throughput from concurrent callers;
 //! - [`report`]: the stdout tables, the failure summary and the JSON report;
 //! - [`serve`]: a spawned `agentstore serve` for the HTTP benches.
+//! - [`targets`]: the targets the HTTP benches measure side by side, pouchdb-server among them.
 //!
 //! A bench supplies its raw side by implementing [`load::Bench`] (and [`bulk::BulkBench`] for a
 //! bulk phase) and keeps everything backend-specific (its raw calls, server, verification) to
@@ -18,6 +19,7 @@ pub mod facade;
 pub mod load;
 pub mod report;
 pub mod serve;
+pub mod targets;
 pub mod workload;
 
 use std::path::PathBuf;
