@@ -11,6 +11,7 @@
 //! - [`query`]: a query's parameters, checked, and the key ranges they select.
 //! - [`run`]: answering a query from the index (rows, or grouped reductions).
 //! - [`javascript`]: the JavaScript engine ([`crate::js`]) as the views' mapper and reducer.
+//! - [`mango_map`]: the map of Mango `json` indexes (`language: "query"`), run in Rust.
 //! - [`service`]: this process's views: the index file, opened on first use, and the engine.
 
 pub mod builtin_reduce;
@@ -18,6 +19,7 @@ pub mod collation;
 pub mod design;
 pub mod index_store;
 pub mod javascript;
+pub mod mango_map;
 pub mod query;
 pub mod run;
 pub mod service;

@@ -92,9 +92,17 @@ pub async fn design_function(
     super::attachments::one_attachment(&opened.db, opened.access, &id, &rest, method, &params, &headers, body).await
 }
 
-/// `_find`, `_explain`, `_index` on a database other than the data-store one.
-pub async fn mango(_opened: OpenDb<HashMap<String, String>>) -> Answer {
-    Err(CouchError::not_supported("Mango queries and indexes on this database"))
+/// `_find`, `_explain`, `_index` on a database other than the data-store one
+/// ([`super::mango`]).
+pub async fn mango(
+    State(state): State<CouchState>,
+    opened: OpenDb<HashMap<String, String>>,
+    method: Method,
+    uri: axum::http::Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Answer {
+    super::mango::route(&state, opened, method, &uri, headers, body).await
 }
 
 /// One document, every method; writes of a design document (by `PUT`, `DELETE` or as `COPY`'s

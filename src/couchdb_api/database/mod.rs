@@ -23,6 +23,7 @@ mod attachments;
 mod bulk;
 mod docs;
 mod forwarded;
+mod mango;
 mod views;
 
 use std::collections::HashMap;

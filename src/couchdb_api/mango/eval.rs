@@ -26,6 +26,15 @@ pub fn matches(selector: &Selector, document: &Map<String, Value>) -> bool {
     matches_in(selector, Root::Object(document))
 }
 
+/// The value at `path` in a document, as a selector sees it (`None`: missing, or a path through
+/// a scalar); what a JSON index reads for each of its columns (`mango_native_proc`).
+pub fn field_value<'a>(document: &'a Map<String, Value>, path: &[String]) -> Option<&'a Value> {
+    match lookup(Root::Object(document), path) {
+        Lookup::Found(value) => Some(value),
+        Lookup::NotFound | Lookup::BadPath => None,
+    }
+}
+
 /// The value a selector is evaluated against: a whole document or an element inside one.
 #[derive(Clone, Copy)]
 enum Root<'a> {

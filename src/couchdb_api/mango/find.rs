@@ -1,34 +1,45 @@
 //! `POST /{db}/_find`: the request (validated in [`super::request`] as CouchDB 3.4.3 validates
-//! it) answered by paging the backend and filtering with the selector.
+//! it), the index chosen as CouchDB chooses it ([`IndexCatalog::choose`]), and the answer paged,
+//! filtered with the whole selector, sorted and projected. One engine for every database: where
+//! the candidate documents come from is a [`FindSource`], opened by the database's
+//! [`FindSources`] once the index is chosen.
 //!
-//! Where the documents come from: a selector that fixes `userId` with `$eq` (always the case for a
-//! per-user login) reads the backend's `userId`/`namespace` index ([`DocumentBackend::query`]),
-//! narrowed to the namespace when that is fixed too; anything else pages every document
-//! ([`DocumentBackend::all_docs`]). Either way the backend is read [`SCAN_PAGE`] documents at a
-//! time, so memory stays bounded by a page plus the answer, never the store.
+//! - The data-store database ([`find`]): its indexes are definitions only, so its source is the
+//!   backend. A selector that fixes `userId` with `$eq` (always the case for a per-user login)
+//!   reads the backend's `userId`/`namespace` index ([`DocumentBackend::query`]), narrowed to the
+//!   namespace when that is fixed too; anything else pages every document
+//!   ([`DocumentBackend::all_docs`]).
+//! - Other databases ([`super::database`]): a chosen JSON index is a view read over its key
+//!   range, in the index's order; without one, `_all_docs`.
+//!
+//! Either way the source is read [`SCAN_PAGE`] documents at a time, so memory stays bounded by a
+//! page plus the answer, never the store.
 //!
 //! Bookmarks are opaque (base64url JSON) and resume exactly where the previous page stopped: the
-//! backend's page token, how far into that page the answer went, and the last id returned. A
-//! client looping on `bookmark` until a short page sees each match once and terminates.
+//! position the source gave after the last document returned (for the backend: its page token,
+//! how far into that page the answer went, and the last id returned; for an index: the last
+//! row's key and id). A client looping on `bookmark` until a short page sees each match once and
+//! terminates.
 //!
-//! `sort` needs every match before the first page can be cut, so sorting keeps each match's sort
-//! key and id (not the document) and refuses, with a 400 naming the cap, a query matching more
-//! than [`SORT_CAP`] documents; the page's documents are then read by id. An answer is built in
+//! A `sort` that the source does not serve (the data-store database's, always) needs every
+//! match before the first page can be cut, so sorting keeps each match's sort key and id (not
+//! the document) and refuses, with a 400 naming the cap, a query matching more than
+//! [`SORT_CAP`] documents; the page's documents are then read by id. An answer is built in
 //! memory, so one holding more than [`MAX_ANSWER_BYTES`] of documents is refused the same way
 //! (ask for a smaller `limit` and follow the bookmark).
 
 use std::cmp::Ordering;
 use std::time::Instant;
 
+use async_trait::async_trait;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
 use super::eval::matches;
-use super::index::{ChosenIndex, IndexCatalog, QueryKind};
+use super::index::{ChosenIndex, IndexCatalog, IndexDef, QueryKind};
 use super::request::{invalid_bookmark, parse_request, restrict_to_user, FindRequest, Sort, NO_BOOKMARK};
-use super::selector::Selector;
 use super::MangoError;
 use crate::backend::{DocumentBackend, IdRange, Page, Projection, Query, StoredDocument};
 use crate::model::fields;
@@ -53,71 +64,174 @@ fn partition_not_supported() -> MangoError {
     MangoError::bad_request("query_parse_error", "`partition` parameter is not supported on this db")
 }
 
-/// Where a query's candidate documents are read from.
+/// One document a source read: its id, the document as the selector sees it (`_id`, `_rev`, then
+/// the body), and where a scan resumes to continue after it.
+pub struct Candidate {
+    pub id: String,
+    pub doc: Map<String, Value>,
+    pub after: Value,
+}
+
+/// A page of candidates, and where the next page starts (`None`: the scan is over).
+pub struct CandidatePage {
+    pub items: Vec<Candidate>,
+    pub next: Option<Value>,
+}
+
+/// Where a query's candidate documents come from: the one thing that differs between the
+/// data-store database (its backend, paged and filtered) and the other databases (a view-backed
+/// JSON index's key range, or `_all_docs`). The engine in this file does the rest.
+#[async_trait]
+pub trait FindSource: Send + Sync {
+    /// A short tag naming the scan in a bookmark, so a bookmark is not replayed on another.
+    fn tag(&self) -> String;
+    /// Whether candidates come in the query's `sort` order (an index that serves the sort), so
+    /// the engine pages them as they come instead of sorting every match in memory.
+    fn serves_sort(&self) -> bool;
+    /// Candidates from `from` (a position an earlier [`Candidate::after`] or
+    /// [`CandidatePage::next`] gave; `None`: the start). Design and local documents are never
+    /// candidates. `wanted` is how many more matches the query needs: a source may read fewer
+    /// than [`SCAN_PAGE`] rows then (any number is correct; it only saves reads).
+    async fn read(&self, from: Option<&Value>, wanted: usize) -> Result<CandidatePage, MangoError>;
+    /// The documents with these ids, as candidates are shown, in order; missing ones left out.
+    async fn fetch(&self, ids: &[String]) -> Result<Vec<Map<String, Value>>, MangoError>;
+}
+
+/// Opens the source for a query once its index is chosen (`None`: no JSON index, `_all_docs`).
+#[async_trait]
+pub trait FindSources: Send + Sync {
+    async fn open(&self, request: &FindRequest, index: Option<&IndexDef>)
+        -> Result<Box<dyn FindSource + '_>, MangoError>;
+}
+
+/// The data-store database's sources: its backend, whatever the index (its indexes are
+/// definitions only). A selector that fixes `userId` with `$eq` reads the backend's
+/// `userId`/`namespace` index; anything else pages every document.
+struct BackendSources<'a> {
+    backend: &'a dyn DocumentBackend,
+}
+
+#[async_trait]
+impl FindSources for BackendSources<'_> {
+    async fn open(
+        &self,
+        request: &FindRequest,
+        _index: Option<&IndexDef>,
+    ) -> Result<Box<dyn FindSource + '_>, MangoError> {
+        let text = |field: &str| request.selector.required_equal(&[field]).and_then(Value::as_str).map(str::to_owned);
+        let scan = match text(fields::USER_ID) {
+            Some(user_id) => BackendScan::ByUser { user_id, namespace: text(fields::NAMESPACE) },
+            None => BackendScan::AllDocs,
+        };
+        Ok(Box::new(BackendSource { backend: self.backend, scan }))
+    }
+}
+
+/// What a backend source pages.
 #[derive(Debug, Clone, PartialEq)]
-enum Source {
+enum BackendScan {
     /// The backend's `userId` (+ `namespace`) index.
     ByUser { user_id: String, namespace: Option<String> },
     /// Every document, in id order.
     AllDocs,
 }
 
-impl Source {
-    fn for_selector(selector: &Selector) -> Self {
-        let text = |field: &str| selector.required_equal(&[field]).and_then(Value::as_str).map(str::to_owned);
-        match text(fields::USER_ID) {
-            Some(user_id) => Source::ByUser { user_id, namespace: text(fields::NAMESPACE) },
-            None => Source::AllDocs,
-        }
-    }
+struct BackendSource<'a> {
+    backend: &'a dyn DocumentBackend,
+    scan: BackendScan,
+}
 
-    /// A short tag naming the source in a bookmark, so a bookmark is not replayed on another.
-    fn tag(&self) -> String {
-        match self {
-            Source::ByUser { user_id, namespace } => format!("user:{user_id}:{}", namespace.as_deref().unwrap_or("*")),
-            Source::AllDocs => "all".into(),
-        }
-    }
+/// A position in a backend scan: re-read the backend page fetched with `token`, continue after
+/// `offset` items (after the item `last_id` if it moved).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct BackendPosition {
+    #[serde(rename = "t")]
+    token: Option<String>,
+    #[serde(rename = "o")]
+    offset: usize,
+    #[serde(rename = "l")]
+    last_id: Option<String>,
+}
 
-    async fn page(
-        &self,
-        backend: &dyn DocumentBackend,
-        token: Option<&str>,
-    ) -> Result<Page<StoredDocument>, MangoError> {
-        Ok(match self {
-            Source::ByUser { user_id, namespace } => {
+impl BackendSource<'_> {
+    async fn backend_page(&self, token: Option<&str>) -> Result<Page<StoredDocument>, MangoError> {
+        Ok(match &self.scan {
+            BackendScan::ByUser { user_id, namespace } => {
                 let query =
                     Query { user_id: user_id.clone(), namespace: namespace.clone(), projection: Projection::All };
-                backend.query(&query, SCAN_PAGE, token).await?
+                self.backend.query(&query, SCAN_PAGE, token).await?
             }
-            Source::AllDocs => backend.all_docs(&IdRange::all(), SCAN_PAGE, token).await?,
+            BackendScan::AllDocs => self.backend.all_docs(&IdRange::all(), SCAN_PAGE, token).await?,
         })
     }
+}
+
+#[async_trait]
+impl FindSource for BackendSource<'_> {
+    fn tag(&self) -> String {
+        match &self.scan {
+            BackendScan::ByUser { user_id, namespace } => {
+                format!("user:{user_id}:{}", namespace.as_deref().unwrap_or("*"))
+            }
+            BackendScan::AllDocs => "all".into(),
+        }
+    }
+
+    fn serves_sort(&self) -> bool {
+        false
+    }
+
+    async fn read(&self, from: Option<&Value>, _wanted: usize) -> Result<CandidatePage, MangoError> {
+        let position = match from {
+            None => BackendPosition { token: None, offset: 0, last_id: None },
+            Some(value) => serde_json::from_value(value.clone())
+                .map_err(|_| invalid_bookmark(&Value::String("(a position of another scan)".into())))?,
+        };
+        let page = self.backend_page(position.token.as_deref()).await?;
+        let first =
+            resume_index(&page.items, position.offset, position.last_id.as_deref(), self.scan == BackendScan::AllDocs);
+        let mut items = Vec::new();
+        for (at, doc) in page.items.iter().enumerate().skip(first) {
+            let Some(object) = candidate(doc) else { continue };
+            let after = BackendPosition { token: position.token.clone(), offset: at + 1, last_id: Some(doc.id.clone()) };
+            items.push(Candidate { id: doc.id.clone(), doc: object, after: position_json(&after) });
+        }
+        let next = page.next.map(|token| position_json(&BackendPosition { token: Some(token), offset: 0, last_id: None }));
+        Ok(CandidatePage { items, next })
+    }
+
+    async fn fetch(&self, ids: &[String]) -> Result<Vec<Map<String, Value>>, MangoError> {
+        let mut docs = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(SCAN_PAGE) {
+            docs.extend(self.backend.get_many(chunk).await?.iter().flatten().filter_map(candidate));
+        }
+        Ok(docs)
+    }
+}
+
+fn position_json(position: &BackendPosition) -> Value {
+    serde_json::to_value(position).unwrap_or(Value::Null)
 }
 
 /// Where the next page of a query starts.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "k")]
 enum Bookmark {
-    /// Unsorted: re-read the backend page fetched with `token`, continue after `offset` items
-    /// (after the item `last_id` if it moved); `done` when the scan reached the end.
+    /// In the source's order: continue from `position` (`None`: the start); `done` when the scan
+    /// reached the end.
     #[serde(rename = "s")]
     Scan {
         #[serde(rename = "src")]
         source: String,
-        #[serde(rename = "t")]
-        token: Option<String>,
-        #[serde(rename = "o")]
-        offset: usize,
-        #[serde(rename = "l")]
-        last_id: Option<String>,
+        #[serde(rename = "p")]
+        position: Option<Value>,
         #[serde(rename = "d")]
         done: bool,
     },
-    /// Sorted, before the first match (a page of `limit: 0`, or no match yet).
+    /// Sorted in memory, before the first match (a page of `limit: 0`, or no match yet).
     #[serde(rename = "b")]
     SortedStart,
-    /// Sorted: continue after the match with these sort keys and id.
+    /// Sorted in memory: continue after the match with these sort keys and id.
     #[serde(rename = "o")]
     Sorted {
         #[serde(rename = "key")]
@@ -140,10 +254,12 @@ impl Bookmark {
     }
 }
 
-/// What a run over the backend found.
+/// What a run over the source found.
 struct Outcome {
     docs: Vec<Value>,
     bookmark: String,
+    /// Candidates read: each is an index row (or stored record) and its document, so CouchDB's
+    /// `total_keys_examined` and `total_docs_examined` are both this.
     examined: u64,
 }
 
@@ -181,6 +297,18 @@ pub async fn find_with_limits(
     indexes: &IndexCatalog,
     limits: FindLimits,
 ) -> Result<Value, MangoError> {
+    find_in(&BackendSources { backend }, request, only_user, indexes, limits).await
+}
+
+/// Runs a `_find` request over `sources` with the database's `indexes`: the index chosen as
+/// CouchDB chooses it, then the source it opens read, filtered, paged and projected.
+pub async fn find_in(
+    sources: &dyn FindSources,
+    request: &Value,
+    only_user: Option<&str>,
+    indexes: &IndexCatalog,
+    limits: FindLimits,
+) -> Result<Value, MangoError> {
     let started = Instant::now();
     let mut parsed = parse_request(request)?;
     // Decided on the client's own selector, before a login's restriction is added to it.
@@ -212,12 +340,16 @@ pub async fn find_with_limits(
     if !parsed.partition.is_empty() {
         return Err(partition_not_supported());
     }
-    let source = Source::for_selector(&parsed.selector);
+    let index = match choice.index {
+        ChosenIndex::Json(index) => Some(index),
+        ChosenIndex::AllDocs | ChosenIndex::NoneUsable => None,
+    };
+    let source = sources.open(&parsed, index).await?;
     let bookmark = parsed.bookmark.as_deref().map(Bookmark::decode).transpose()?;
-    let mut outcome = if parsed.sort.fields.is_empty() {
-        run_unsorted(backend, &parsed, &source, bookmark, limits).await?
+    let mut outcome = if parsed.sort.fields.is_empty() || source.serves_sort() {
+        run_in_order(source.as_ref(), &parsed, bookmark, limits).await?
     } else {
-        run_sorted(backend, &parsed, &source, bookmark, limits).await?
+        run_sorted(source.as_ref(), &parsed, bookmark, limits).await?
     };
     if parsed.bookmark.is_none() && outcome.docs.is_empty() {
         // CouchDB's bookmark is the last row's key, or the request's own bookmark when no row was
@@ -226,11 +358,12 @@ pub async fn find_with_limits(
     }
 
     let mut warnings = choice.warnings;
-    if choice.index == ChosenIndex::AllDocs {
+    if index.is_none() {
         warnings.push(NO_INDEX_WARNING.into());
     }
     let returned = outcome.docs.len() as u64;
-    let ratio = if returned == 0 { outcome.examined as f64 } else { outcome.examined as f64 / returned as f64 };
+    let examined = outcome.examined;
+    let ratio = if returned == 0 { examined as f64 } else { examined as f64 / returned as f64 };
     if ratio > INDEX_SCAN_WARNING_THRESHOLD {
         warnings.push(SCAN_RATIO_WARNING.into());
     }
@@ -285,73 +418,64 @@ fn resume_index(items: &[StoredDocument], offset: usize, last_id: Option<&str>, 
     offset.saturating_sub(1).min(items.len())
 }
 
-/// An unsorted query: pages of the backend in its order, filtered, skipped and cut at `limit`.
-async fn run_unsorted(
-    backend: &dyn DocumentBackend,
+/// A query answered in the source's order (no sort, or an index that serves it): pages of
+/// candidates filtered, skipped and cut at `limit`.
+async fn run_in_order(
+    source: &dyn FindSource,
     request: &FindRequest,
-    source: &Source,
     bookmark: Option<Bookmark>,
     limits: FindLimits,
 ) -> Result<Outcome, MangoError> {
     let tag = source.tag();
-    let (mut token, offset, last_id) = match bookmark {
-        None => (None, 0, None),
-        Some(Bookmark::Scan { source: from, token, offset, last_id, done }) if from == tag => {
+    let mut from = match bookmark {
+        None => None,
+        Some(Bookmark::Scan { source: scanned, position, done }) if scanned == tag => {
             if done || request.limit == 0 {
-                let again = Bookmark::Scan { source: from, token, offset, last_id, done };
+                let again = Bookmark::Scan { source: scanned, position, done };
                 return Ok(Outcome { docs: Vec::new(), bookmark: again.encode(), examined: 0 });
             }
-            (token, offset, last_id)
+            position
         }
         Some(_) => return Err(invalid_bookmark(&Value::String(request.bookmark.clone().unwrap_or_default()))),
     };
-    let start_bookmark =
-        Bookmark::Scan { source: tag.clone(), token: token.clone(), offset, last_id: last_id.clone(), done: false };
     if request.limit == 0 {
-        return Ok(Outcome { docs: Vec::new(), bookmark: start_bookmark.encode(), examined: 0 });
+        let start = Bookmark::Scan { source: tag, position: from, done: false };
+        return Ok(Outcome { docs: Vec::new(), bookmark: start.encode(), examined: 0 });
     }
-    let mut resume = Some((offset, last_id));
-    let (mut docs, mut examined, mut skipped) = (AnswerDocs::new(limits.answer_bytes), 0u64, 0u64);
+    let mut docs = AnswerDocs::new(limits.answer_bytes);
+    let (mut examined, mut skipped) = (0u64, 0u64);
     loop {
-        let page = source.page(backend, token.as_deref()).await?;
-        let first = match resume.take() {
-            Some((offset, last_id)) => {
-                resume_index(&page.items, offset, last_id.as_deref(), *source == Source::AllDocs)
-            }
-            None => 0,
-        };
-        for (at, doc) in page.items.iter().enumerate().skip(first) {
-            let Some(object) = candidate(doc) else { continue };
+        let wanted = saturating(request.limit.saturating_add(request.skip).saturating_sub(docs.len() as u64 + skipped));
+        let page = source.read(from.as_ref(), wanted).await?;
+        for item in page.items {
             examined += 1;
-            if !matches(&request.selector, &object) {
+            if !matches(&request.selector, &item.doc) {
                 continue;
             }
             if skipped < request.skip {
                 skipped += 1;
                 continue;
             }
-            docs.push(project(object, &request.fields))?;
+            docs.push(project(item.doc, &request.fields))?;
             if docs.len() as u64 == request.limit {
-                let next =
-                    Bookmark::Scan { source: tag, token, offset: at + 1, last_id: Some(doc.id.clone()), done: false };
+                let next = Bookmark::Scan { source: tag, position: Some(item.after), done: false };
                 return Ok(Outcome { docs: docs.docs, bookmark: next.encode(), examined });
             }
         }
         match page.next {
-            Some(next) => token = Some(next),
+            Some(next) => from = Some(next),
             None => break,
         }
     }
-    let end = Bookmark::Scan { source: tag, token, offset: 0, last_id: None, done: true };
+    let end = Bookmark::Scan { source: tag, position: from, done: true };
     Ok(Outcome { docs: docs.docs, bookmark: end.encode(), examined })
 }
 
-/// A sorted query: every match's sort key and id (at most [`SORT_CAP`]), sorted, the page cut
-/// after the bookmark, then the page's documents read by id.
+/// A query sorted in memory: every match's sort key and id (at most [`SORT_CAP`]), sorted, the
+/// page cut after the bookmark, then the page's documents read by id.
 async fn run_sorted(
-    backend: &dyn DocumentBackend,
+    source: &dyn FindSource,
     request: &FindRequest,
-    source: &Source,
     bookmark: Option<Bookmark>,
     limits: FindLimits,
 ) -> Result<Outcome, MangoError> {
@@ -371,7 +495,7 @@ async fn run_sorted(
             ascending
         }
     };
-    let (mut matched, examined) = collect_sort_keys(backend, request, source, limits.sort_cap).await?;
+    let (mut matched, examined) = collect_sort_keys(source, request, limits.sort_cap).await?;
     matched.sort_by(order);
     let start = match &after {
         Some(position) => matched.partition_point(|entry| order(entry, position) != Ordering::Greater),
@@ -381,13 +505,11 @@ async fn run_sorted(
         matched.into_iter().skip(start).skip(saturating(request.skip)).take(saturating(request.limit)).collect();
     let ids: Vec<String> = page.iter().map(|(_, id)| id.clone()).collect();
     let mut docs = AnswerDocs::new(limits.answer_bytes);
-    for chunk in ids.chunks(SCAN_PAGE) {
-        // A document changed since its key was read is checked again and left out if it no
-        // longer matches (the page is then short by it, as a concurrent write can make any page).
-        for object in backend.get_many(chunk).await?.iter().flatten().filter_map(candidate) {
-            if matches(&request.selector, &object) {
-                docs.push(project(object, &request.fields))?;
-            }
+    // A document changed since its key was read is checked again and left out if it no longer
+    // matches (the page is then short by it, as a concurrent write can make any page).
+    for object in source.fetch(&ids).await? {
+        if matches(&request.selector, &object) {
+            docs.push(project(object, &request.fields))?;
         }
     }
     let docs = docs.docs;
@@ -457,25 +579,23 @@ fn compare_keys(sort: &Sort, a: &[Value], b: &[Value]) -> Ordering {
         .unwrap_or(Ordering::Equal)
 }
 
-/// Every match's sort key and id; documents missing a sort field are left out, as a CouchDB
-/// index leaves them out.
+/// Every match's sort key and id, and how many documents were examined; documents missing a
+/// sort field are left out, as a CouchDB index leaves them out.
 async fn collect_sort_keys(
-    backend: &dyn DocumentBackend,
+    source: &dyn FindSource,
     request: &FindRequest,
-    source: &Source,
     sort_cap: usize,
 ) -> Result<(Vec<(Vec<Value>, String)>, u64), MangoError> {
-    let (mut matched, mut examined, mut token) = (Vec::new(), 0u64, None::<String>);
+    let (mut matched, mut examined, mut from) = (Vec::new(), 0u64, None::<Value>);
     loop {
-        let page = source.page(backend, token.as_deref()).await?;
-        for doc in &page.items {
-            let Some(object) = candidate(doc) else { continue };
+        let page = source.read(from.as_ref(), SCAN_PAGE).await?;
+        for item in &page.items {
             examined += 1;
-            if !matches(&request.selector, &object) {
+            if !matches(&request.selector, &item.doc) {
                 continue;
             }
             let keys: Option<Vec<Value>> =
-                request.sort.fields.iter().map(|(path, _)| value_at(&object, path).cloned()).collect();
+                request.sort.fields.iter().map(|(path, _)| value_at(&item.doc, path).cloned()).collect();
             let Some(keys) = keys else { continue };
             if matched.len() == sort_cap {
                 return Err(MangoError::bad_request(
@@ -486,10 +606,10 @@ async fn collect_sort_keys(
                     ),
                 ));
             }
-            matched.push((keys, doc.id.clone()));
+            matched.push((keys, item.id.clone()));
         }
         match page.next {
-            Some(next) => token = Some(next),
+            Some(next) => from = Some(next),
             None => return Ok((matched, examined)),
         }
     }
@@ -548,13 +668,8 @@ mod tests {
 
     #[test]
     fn bookmarks_round_trip_and_reject_garbage() {
-        let b = Bookmark::Scan {
-            source: "all".into(),
-            token: Some("t".into()),
-            offset: 3,
-            last_id: Some("id".into()),
-            done: false,
-        };
+        let position = BackendPosition { token: Some("t".into()), offset: 3, last_id: Some("id".into()) };
+        let b = Bookmark::Scan { source: "all".into(), position: Some(position_json(&position)), done: false };
         assert_eq!(Bookmark::decode(&b.encode()).unwrap(), b);
         let e = Bookmark::decode("not-a-bookmark").unwrap_err();
         // Fixture 035.

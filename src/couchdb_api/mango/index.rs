@@ -54,7 +54,7 @@ impl IndexDef {
         }
     }
 
-    fn field_names(&self) -> Vec<String> {
+    pub fn field_names(&self) -> Vec<String> {
         self.fields.iter().map(|(f, _)| f.clone()).collect()
     }
 
@@ -112,6 +112,12 @@ impl Default for IndexCatalog {
 }
 
 impl IndexCatalog {
+    /// The catalog of a database other than the data-store one: the JSON indexes its query
+    /// design documents define, and no built-in index.
+    pub fn of_design_documents(indexes: Vec<IndexDef>) -> IndexCatalog {
+        IndexCatalog { indexes, revision: None }
+    }
+
     /// The catalog as a partitioned query sees it: no JSON index (none here is partitioned), only
     /// `_all_docs`. For choosing an index only, never saved.
     pub fn without_json_indexes(&self) -> IndexCatalog {
@@ -249,7 +255,7 @@ fn builtin_is_fixed() -> MangoError {
     )
 }
 
-fn design_id(ddoc: &str) -> String {
+pub fn design_id(ddoc: &str) -> String {
     if ddoc.starts_with("_design/") {
         ddoc.to_owned()
     } else {
@@ -260,7 +266,7 @@ fn design_id(ddoc: &str) -> String {
 /// Validates a `POST _index` body as CouchDB does (`mango_opts:validate_idx_create`): the
 /// definition, and for a named index without `ddoc` the design document an earlier version of
 /// this server gave it.
-fn parse_index_request(request: &Value) -> Result<(IndexDef, Option<String>), MangoError> {
+pub fn parse_index_request(request: &Value) -> Result<(IndexDef, Option<String>), MangoError> {
     let Value::Object(body) = request else {
         return Err(MangoError::bad_request("bad_request", "Request body must be a JSON object"));
     };
@@ -273,6 +279,10 @@ fn parse_index_request(request: &Value) -> Result<(IndexDef, Option<String>), Ma
         return Err(MangoError::bad_request("missing_required_key", "Missing required key: index"));
     };
     let kind = optional_string(body, "type")?.unwrap_or("json");
+    if kind == "text" || kind == "nouveau" {
+        // CouchDB without its search service (`mango_idx:get_idx_type`): this server has none.
+        return Err(MangoError::new(StatusCode::SERVICE_UNAVAILABLE, "required index service unavailable", kind));
+    }
     if kind != "json" {
         return Err(MangoError::bad_request("invalid_index", format!("Invalid type for index: {kind}")));
     }
@@ -532,9 +542,19 @@ pub async fn explain(
     db_name: &str,
     only_user: Option<&str>,
 ) -> Result<Value, MangoError> {
+    let catalog = IndexCatalog::load(backend).await?;
+    explain_with(catalog, request, db_name, only_user)
+}
+
+/// [`explain`] over a catalog already loaded (any database's).
+pub fn explain_with(
+    mut catalog: IndexCatalog,
+    request: &Value,
+    db_name: &str,
+    only_user: Option<&str>,
+) -> Result<Value, MangoError> {
     let parsed = parse_request(request)?;
     let selector = restrict_to_user(parsed.selector.clone(), only_user);
-    let mut catalog = IndexCatalog::load(backend).await?;
     if !parsed.partition.is_empty() {
         catalog = catalog.without_json_indexes();
     }
@@ -621,20 +641,10 @@ pub async fn explain(
     Ok(answer)
 }
 
-/// The key range CouchDB would read from a JSON index: the leading columns the selector fixes
-/// with `$eq`, up to `<MAX>`.
+/// The key range CouchDB would read from a JSON index ([`super::range::key_range`]), as its
+/// `_explain` shows it (`<MAX>` for the value above every other).
 fn index_range(index: &IndexDef, selector: &Selector, descending: bool) -> Value {
-    let mut start = Vec::new();
-    for (field, _) in &index.fields {
-        let path = parse_field(field).unwrap_or_default();
-        let path: Vec<&str> = path.iter().map(String::as_str).collect();
-        match selector.required_equal(&path) {
-            Some(value) => start.push(value.clone()),
-            None => break,
-        }
-    }
-    let mut end = start.clone();
-    end.push(Value::String("<MAX>".into()));
+    let (start, end) = super::range::key_range(&index.field_names(), selector, &Value::String("<MAX>".into()));
     let (start_key, end_key) = if descending { (end, start) } else { (start, end) };
     json!({ "include_docs": true, "view_type": "map", "reduce": false, "partition": null,
         "start_key": start_key, "end_key": end_key, "direction": if descending { "rev" } else { "fwd" },

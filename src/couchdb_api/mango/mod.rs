@@ -1,11 +1,15 @@
 //! Mango, CouchDB's query language: `POST /{db}/_find`, `_explain` and `_index`, answered over
-//! any [`crate::backend::DocumentBackend`].
+//! the data-store database's [`crate::backend::DocumentBackend`] and over every other database
+//! ([`database`]).
 //!
 //! - [`selector`]: a selector's JSON parsed and normalized into an AST, as CouchDB normalizes it.
 //! - CouchDB's JSON collation (type order, numbers by value, strings by the Unicode Collation
 //!   Algorithm) is shared with the views: [`crate::views::collation`].
 //! - [`eval`]: whether a document matches a selector.
-//! - [`find`]: the `_find` request, its validation, paging, bookmarks, sort and projection.
+//! - [`find`]: the `_find` request, its validation, paging, bookmarks, sort and projection, one
+//!   engine over a [`find::FindSource`] per kind of database.
+//! - [`database`]: Mango on the other databases: JSON indexes as `language: "query"` design
+//!   documents, built as views, read by `_find`.
 //! - [`index`]: the index catalog behind `_index`, and `_explain`.
 //! - [`range`]: the key ranges CouchDB derives from a selector, which steer its index choice.
 //! - [`index_cache`]: the catalog remembered for a few seconds between queries.
@@ -13,6 +17,7 @@
 //! Errors are [`MangoError`], the `{status, error, reason}` shape of the CouchDB API's error, so
 //! the HTTP layer converts one into the other field for field.
 
+pub mod database;
 pub mod eval;
 pub mod find;
 pub mod index;

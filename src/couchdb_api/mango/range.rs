@@ -1,7 +1,7 @@
 //! The key ranges CouchDB derives from a selector to read an index (`mango_idx_view:field_ranges`
 //! in 3.4.3): for each indexable field, its conditions under `$and` narrowed to one interval in
-//! CouchDB's collation. No backend reads such a range; what it decides here is what it decides in
-//! CouchDB: which index is chosen (how many of the selector's ranged fields an index's leading
+//! CouchDB's collation. They decide what they decide in CouchDB: the key range a view-backed JSON
+//! index is read over ([`key_range`]), which index is chosen (how many of the selector's ranged fields an index's leading
 //! columns cover) and whether a query reads nothing at all (an empty range on the chosen index's
 //! first column, where CouchDB answers `{"docs": []}` without a scan).
 
@@ -59,6 +59,40 @@ pub fn field_ranges(selector: &Selector) -> Vec<FieldRange> {
 /// CouchDB's `composite_prefix`: the ranges of an index's leading columns that have one.
 pub fn index_prefix<'a>(columns: &[String], ranges: &'a [FieldRange]) -> Vec<&'a FieldRange> {
     columns.iter().map_while(|column| ranges.iter().find(|(field, _)| field == column)).collect()
+}
+
+/// The key range an index with these columns is read over for `selector`: the first key and the
+/// last (inclusive; the last ends with `max`, a value above every other). Columns fixed by `$eq`
+/// lead both ends; the first column that is not adds its low end to the start and its high end
+/// to the end, as CouchDB's `start_key`/`end_key` do, and later columns are left open (the whole
+/// selector is applied to every document read, so a wider range only costs reads).
+pub fn key_range(columns: &[String], selector: &Selector, max: &Value) -> (Vec<Value>, Vec<Value>) {
+    let indexable = selector.indexable_fields();
+    let (mut start, mut end) = (Vec::new(), Vec::new());
+    for column in columns {
+        if !indexable.contains(column) {
+            break;
+        }
+        let Some(interval) = range(selector, column, full()) else { break };
+        match (&interval.low, &interval.high) {
+            (Bound::Value(low), Bound::Value(high)) if interval.low_op == Op::Eq && interval.high_op == Op::Eq => {
+                start.push(low.clone());
+                end.push(high.clone());
+                continue;
+            }
+            (low, high) => {
+                if let Bound::Value(low) = low {
+                    start.push(low.clone());
+                }
+                if let Bound::Value(high) = high {
+                    end.push(high.clone());
+                }
+                break;
+            }
+        }
+    }
+    end.push(max.clone());
+    (start, end)
 }
 
 fn full() -> Interval {
@@ -165,6 +199,20 @@ mod tests {
     fn ranges(selector: Value) -> Vec<(String, bool)> {
         let selector = parse(selector.as_object().unwrap()).unwrap();
         field_ranges(&selector)
+    }
+
+    #[test]
+    fn key_ranges_lead_with_equalities_then_one_interval() {
+        let selector = |v: Value| parse(v.as_object().unwrap()).unwrap();
+        let columns = |names: &[&str]| names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>();
+        let max = json!("<MAX>");
+        let (start, end) = key_range(&columns(&["a", "b", "c"]), &selector(json!({"a": 1, "b": {"$gt": 2, "$lte": 9}, "c": 3})), &max);
+        assert_eq!((start, end), (vec![json!(1), json!(2)], vec![json!(1), json!(9), max.clone()]));
+        let (start, end) = key_range(&columns(&["a"]), &selector(json!({"a": {"$lt": 5}})), &max);
+        assert_eq!((start, end), (vec![], vec![json!(5), max.clone()]));
+        // A column the selector does not range leaves the rest open.
+        let (start, end) = key_range(&columns(&["x", "a"]), &selector(json!({"a": 1})), &max);
+        assert_eq!((start, end), (vec![], vec![max]));
     }
 
     #[test]

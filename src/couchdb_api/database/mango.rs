@@ -1,0 +1,69 @@
+//! Mango's routes on a database other than the data-store one whose backend does not forward
+//! requests (over the CouchDB backend these are forwarded before they reach here):
+//! `POST /{db}/_find`, `POST /{db}/_explain`, `GET/POST /{db}/_index` and
+//! `DELETE /{db}/_index/{ddoc}/json/{name}`, answered by [`crate::couchdb_api::mango::database`].
+//!
+//! Anyone who may read the database may query it; creating or deleting an index writes a design
+//! document, so it needs a database admin, as in CouchDB.
+
+use std::collections::HashMap;
+
+use axum::body::Body;
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
+
+use super::OpenDb;
+use crate::couchdb_api::error::CouchError;
+use crate::couchdb_api::mango::database::{self as mango_db, DatabaseIndexes};
+use crate::couchdb_api::{json, Answer, CouchState};
+
+/// Every Mango route of the database router, told apart by the path below `/{db}`.
+pub async fn route(
+    state: &CouchState,
+    opened: OpenDb<HashMap<String, String>>,
+    method: Method,
+    uri: &Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Answer {
+    let below: Vec<&str> = uri.path().trim_start_matches('/').splitn(2, '/').nth(1).unwrap_or("").split('/').collect();
+    let db = &opened.db;
+    match (below.as_slice(), &method) {
+        (["_find"], &Method::POST) => {
+            let request = state.bodies.read_object(&headers, body).await?;
+            let indexes = DatabaseIndexes::load(db).await?;
+            Ok(json(StatusCode::OK, mango_db::find(db, &state.views, &indexes, &request.value).await?))
+        }
+        (["_explain"], &Method::POST) => {
+            let request = state.bodies.read_object(&headers, body).await?;
+            let indexes = DatabaseIndexes::load(db).await?;
+            Ok(json(StatusCode::OK, mango_db::explain(indexes, &request.value, db.name())?))
+        }
+        (["_index"], &Method::GET) => Ok(json(StatusCode::OK, DatabaseIndexes::load(db).await?.catalog.to_json())),
+        (["_index"], &Method::POST) => {
+            opened.access.require_db_admin()?;
+            let request = state.bodies.read_object(&headers, body).await?;
+            Ok(json(StatusCode::OK, mango_db::create_index(db, &request.value).await?))
+        }
+        (["_index"], _) => Err(method_not_allowed("GET,POST")),
+        // `_index/{ddoc}/{type}/{name}` or `_index/_design/{ddoc}/{type}/{name}`.
+        (["_index", "_design", ddoc, kind, name] | ["_index", ddoc, kind, name], method) => {
+            if method != Method::DELETE {
+                return Err(method_not_allowed("DELETE"));
+            }
+            opened.access.require_db_admin()?;
+            let (ddoc, kind, name) = (decode(ddoc), decode(kind), decode(name));
+            Ok(json(StatusCode::OK, mango_db::delete_index(db, &ddoc, &kind, &name).await?))
+        }
+        (["_find" | "_explain"], _) => Err(method_not_allowed("POST")),
+        _ => Err(CouchError::not_found("missing")),
+    }
+}
+
+/// A path segment, percent-decoded.
+fn decode(segment: &str) -> String {
+    percent_encoding::percent_decode_str(segment).decode_utf8_lossy().into_owned()
+}
+
+fn method_not_allowed(allowed: &str) -> CouchError {
+    CouchError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", format!("Only {allowed} allowed"))
+}

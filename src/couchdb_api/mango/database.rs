@@ -1,0 +1,478 @@
+//! Mango on the databases other than the data-store one ([`crate::database::Database`], with
+//! revision trees), as CouchDB 3.4.3 does it: a JSON index IS a design document with
+//! `language: "query"`, one view per index (`map: {fields: {field: dir, …},
+//! partial_filter_selector}`, `reduce: "_count"`, `options.def`), so it replicates and lists as
+//! CouchDB's do, and it is built as a view group ([`crate::views`], mapped in Rust by
+//! [`crate::views::mango_map`]) incrementally from the change feed.
+//!
+//! - [`DatabaseIndexes::load`]: the database's catalog, read from its query design documents
+//!   (no built-in index here).
+//! - [`create_index`] / [`delete_index`]: `POST /{db}/_index` and
+//!   `DELETE /{db}/_index/{ddoc}/json/{name}`, edits of those design documents.
+//! - [`find`]: the engine of [`super::find`] over this database: a chosen JSON index is read over
+//!   its key range ([`ViewSource`]), otherwise `_all_docs` ([`AllDocsSource`]).
+
+use std::collections::HashMap;
+use std::ops::ControlFlow;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use axum::http::StatusCode;
+use serde_json::{json, Map, Value};
+
+use super::find::{find_in, Candidate, CandidatePage, FindLimits, FindSource, FindSources, SCAN_PAGE};
+use super::index::{design_id, parse_index_request, IndexCatalog, IndexDef};
+use super::request::FindRequest;
+use super::{erlang_term, MangoError};
+use crate::backend::IdRange;
+use crate::database::document::{leaf_json, DocOptions};
+use crate::database::{Database, DocState, Write, Written};
+use crate::error::ErrorKind;
+use crate::views::design::DesignViews;
+use crate::views::index_store::{IndexStore, RowRange};
+use crate::views::mango_map::JsonIndexMap;
+use crate::views::query::{Plan, ViewQuery};
+use crate::views::service::Views;
+use crate::views::ViewError;
+
+/// The fewest index rows one read of a JSON index takes.
+const MIN_VIEW_PAGE: usize = 25;
+/// Design documents read per page while listing a database's indexes.
+const DESIGN_PAGE: usize = 100;
+
+/// A database's JSON indexes and the design documents that define them.
+pub struct DatabaseIndexes {
+    pub catalog: IndexCatalog,
+    designs: HashMap<String, DesignViews>,
+}
+
+impl DatabaseIndexes {
+    /// Reads every query design document of `db` (CouchDB's `mango_idx:list`): each of its views
+    /// that is a valid index definition is an index; others are left out, as CouchDB leaves
+    /// them out.
+    pub async fn load(db: &Database) -> Result<DatabaseIndexes, MangoError> {
+        let mut indexes = Vec::new();
+        let mut designs = HashMap::new();
+        let range = IdRange::design_documents();
+        let mut token: Option<String> = None;
+        loop {
+            let page = db.all_docs(&range, DESIGN_PAGE, token.as_deref()).await?;
+            for (id, state) in &page.items {
+                let Some(doc) = winner_json(id, state, DocOptions::default()) else { continue };
+                if doc.get("language").and_then(Value::as_str) != Some("query") {
+                    continue;
+                }
+                let Ok(design) = DesignViews::parse(&Value::Object(doc)) else { continue };
+                indexes.extend(design.views.iter().filter_map(|view| index_of(id, &view.name, &view.map)));
+                designs.insert(id.clone(), design);
+            }
+            match page.next {
+                Some(next) => token = Some(next),
+                None => break,
+            }
+        }
+        Ok(DatabaseIndexes { catalog: IndexCatalog::of_design_documents(indexes), designs })
+    }
+}
+
+/// The index a query design document's view defines, if its `map` is a valid definition.
+fn index_of(ddoc: &str, name: &str, map: &Value) -> Option<IndexDef> {
+    JsonIndexMap::parse(map)?;
+    let fields = match map.get("fields")? {
+        Value::Object(fields) => fields
+            .iter()
+            .map(|(field, direction)| Some((field.clone(), direction.as_str()?.to_owned())))
+            .collect::<Option<Vec<_>>>()?,
+        _ => return None,
+    };
+    let partial_filter_selector = match map.get("partial_filter_selector") {
+        Some(Value::Object(selector)) if !selector.is_empty() => Some(Value::Object(selector.clone())),
+        _ => None,
+    };
+    Some(IndexDef { ddoc: ddoc.to_owned(), name: name.to_owned(), fields, partial_filter_selector })
+}
+
+/// The live winner of a document as JSON, `None` when it is deleted.
+fn winner_json(id: &str, state: &DocState, options: DocOptions) -> Option<Map<String, Value>> {
+    let winner = state.tree.winner().filter(|leaf| !leaf.deleted)?;
+    match leaf_json(id, &state.tree, winner, options) {
+        Value::Object(doc) => Some(doc),
+        _ => None,
+    }
+}
+
+/// The view an index is stored as (`mango_idx_view:make_view`): its map is the definition with
+/// the fields as an object and the partial filter (`{}` when none), its reduce `_count`, and
+/// `options.def` the `index` object of the request.
+fn index_view(index: &IndexDef, requested: &Value) -> Result<Value, MangoError> {
+    let fields: Map<String, Value> =
+        index.fields.iter().map(|(field, direction)| (field.clone(), Value::String(direction.clone()))).collect();
+    let partial = match &index.partial_filter_selector {
+        Some(Value::Object(selector)) => super::selector::parse(selector)?.to_json(),
+        _ => json!({}),
+    };
+    Ok(json!({
+        "map": { "fields": fields, "partial_filter_selector": partial },
+        "reduce": "_count",
+        "options": { "def": requested },
+    }))
+}
+
+/// `POST /{db}/_index`: the index added to (or replaced in) its design document, created with
+/// `language: "query"` when missing: `{"result": "created"|"exists", "id", "name"}`.
+pub async fn create_index(db: &Database, request: &Value) -> Result<Value, MangoError> {
+    let (index, _) = parse_index_request(request)?;
+    let view = index_view(&index, &request["index"])?;
+    let state = db.read(&index.ddoc).await?;
+    let existing = state.as_ref().and_then(|state| winner_json(&index.ddoc, state, DocOptions::default()));
+    let parent = existing.as_ref().and_then(|doc| doc.get("_rev")).and_then(Value::as_str).map(str::to_owned);
+    let mut body = match existing {
+        // A deleted (or never written) design document starts again as a query one.
+        None => Map::from_iter([("language".to_owned(), json!("query"))]),
+        Some(mut doc) => {
+            doc.remove("_id");
+            doc.remove("_rev");
+            doc.remove("_conflicts");
+            match doc.get("language") {
+                Some(Value::String(language)) if language == "query" => doc,
+                other => {
+                    let shown = match other {
+                        Some(value) => format!("{{<<\"language\">>,{}}}", erlang_term(value)),
+                        None => "false".into(),
+                    };
+                    return Err(MangoError::bad_request(
+                        "invalid_ddoc_lang",
+                        format!("Existing design doc has an invalid language: {shown}"),
+                    ));
+                }
+            }
+        }
+    };
+    let before = body.clone();
+    let views = body.entry("views").or_insert_with(|| Value::Object(Map::new()));
+    if !views.is_object() {
+        *views = Value::Object(Map::new());
+    }
+    if let Value::Object(views) = views {
+        views.insert(index.name.clone(), view);
+    }
+    let answer = |result: &str| json!({ "result": result, "id": index.ddoc, "name": index.name });
+    if parent.is_some() && body == before {
+        return Ok(answer("exists"));
+    }
+    save_design(db, &index.ddoc, parent, false, body).await?;
+    Ok(answer("created"))
+}
+
+/// `DELETE /{db}/_index/{ddoc}/{type}/{name}`: the index's view removed from its design
+/// document, and the design document deleted when nothing but `language` is left.
+pub async fn delete_index(db: &Database, ddoc: &str, kind: &str, name: &str) -> Result<Value, MangoError> {
+    let ddoc = design_id(ddoc);
+    let indexes = DatabaseIndexes::load(db).await?;
+    let known = kind == "json" && indexes.catalog.indexes.iter().any(|index| index.ddoc == ddoc && index.name == name);
+    let missing = || MangoError::new(StatusCode::NOT_FOUND, "not_found", "missing");
+    if !known {
+        return Err(missing());
+    }
+    let state = db.read(&ddoc).await?.ok_or_else(missing)?;
+    let mut doc = winner_json(&ddoc, &state, DocOptions::default()).ok_or_else(missing)?;
+    let parent = doc.get("_rev").and_then(Value::as_str).map(str::to_owned);
+    doc.remove("_id");
+    doc.remove("_rev");
+    let emptied = match doc.get_mut("views") {
+        Some(Value::Object(views)) => {
+            views.remove(name);
+            views.is_empty()
+        }
+        _ => return Err(missing()),
+    };
+    if emptied {
+        doc.remove("views");
+    }
+    let only_language = doc.len() == 1 && doc.get("language") == Some(&json!("query"));
+    if only_language {
+        save_design(db, &ddoc, parent, true, Map::new()).await?;
+    } else {
+        save_design(db, &ddoc, parent, false, doc).await?;
+    }
+    Ok(json!({ "ok": true }))
+}
+
+/// Writes a design document edit; a conflict is CouchDB's `error_saving_ddoc`.
+async fn save_design(
+    db: &Database,
+    id: &str,
+    parent: Option<String>,
+    deleted: bool,
+    body: Map<String, Value>,
+) -> Result<(), MangoError> {
+    match db.write(id, &Write::Edit { parent, deleted, body }).await {
+        Ok(Written::Edited(_) | Written::Merged(_)) => Ok(()),
+        Err(err) if err.kind() == ErrorKind::Conflict => Err(MangoError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "error_saving_ddoc",
+            "Encountered a conflict while saving the design document.",
+        )),
+        Err(err) => Err(err.into()),
+    }
+}
+
+/// `POST /{db}/_find` over `db`, its indexes read from `views`.
+pub async fn find(
+    db: &Arc<Database>,
+    views: &Views,
+    indexes: &DatabaseIndexes,
+    request: &Value,
+) -> Result<Value, MangoError> {
+    let sources = DatabaseSources { db, views, designs: &indexes.designs };
+    find_in(&sources, request, None, &indexes.catalog, FindLimits::default()).await
+}
+
+/// Opens the source a query reads once its index is chosen.
+struct DatabaseSources<'a> {
+    db: &'a Arc<Database>,
+    views: &'a Views,
+    designs: &'a HashMap<String, DesignViews>,
+}
+
+fn view_failure(err: ViewError) -> MangoError {
+    super::super::error::CouchError::from(err).into()
+}
+
+impl From<super::super::error::CouchError> for MangoError {
+    fn from(err: super::super::error::CouchError) -> Self {
+        MangoError::new(err.status, err.error, err.reason)
+    }
+}
+
+#[async_trait]
+impl FindSources for DatabaseSources<'_> {
+    async fn open(
+        &self,
+        request: &FindRequest,
+        index: Option<&IndexDef>,
+    ) -> Result<Box<dyn FindSource + '_>, MangoError> {
+        let options = DocOptions { conflicts: request.conflicts, ..DocOptions::default() };
+        let descending = request.sort.direction == "desc";
+        let Some(index) = index else {
+            let sort = request.sort_field_names();
+            let by_id = sort.is_empty() || sort == ["_id"];
+            return Ok(Box::new(AllDocsSource {
+                db: self.db,
+                options,
+                descending: by_id && descending,
+                serves_sort: by_id,
+            }));
+        };
+        let design = self.designs.get(&index.ddoc).ok_or_else(|| {
+            MangoError::new(StatusCode::INTERNAL_SERVER_ERROR, "unknown_error", "an index without its design document")
+        })?;
+        let (view, _) = design.view(&index.name).ok_or_else(|| {
+            MangoError::new(StatusCode::INTERNAL_SERVER_ERROR, "unknown_error", "an index without its view")
+        })?;
+        let indexer = self.views.indexer().await.map_err(view_failure)?;
+        // `update: false` reads the index as it is (CouchDB's `update=false`); otherwise it is
+        // brought up to date with the database first, so a query sees every earlier write.
+        let group = if request.update {
+            indexer.catch_up(self.db, design).await
+        } else {
+            indexer.current(self.db, design).await
+        }
+        .map_err(view_failure)?;
+        let (start, end) = super::range::key_range(&index.field_names(), &request.selector, &max_key());
+        Ok(Box::new(ViewSource {
+            db: self.db,
+            store: Arc::clone(indexer.store()),
+            group: group.state.number,
+            view,
+            tag: format!("view:{}:{}", index.ddoc, index.name),
+            start,
+            end,
+            descending,
+            options,
+        }))
+    }
+}
+
+/// A key above every key a JSON index holds (CouchDB's `?MAX_JSON_OBJ`): objects sort after
+/// every other type, and this key after any other object's first key.
+fn max_key() -> Value {
+    json!({ "\u{10FFFF}": null })
+}
+
+/// A JSON index's rows over the query's key range, in key order (reversed for `desc`), each
+/// row's document read from the database.
+struct ViewSource<'a> {
+    db: &'a Arc<Database>,
+    store: Arc<IndexStore>,
+    group: u64,
+    view: usize,
+    tag: String,
+    start: Vec<Value>,
+    end: Vec<Value>,
+    descending: bool,
+    options: DocOptions,
+}
+
+impl ViewSource<'_> {
+    /// The row range from `after` (a row's key and id: continue past it) or the range's start.
+    fn range(&self, after: Option<(&Value, &str)>) -> Option<RowRange> {
+        let (low, high) = (Value::Array(self.start.clone()), Value::Array(self.end.clone()));
+        let mut query = ViewQuery { descending: self.descending, ..ViewQuery::default() };
+        let (first, last) = if self.descending { (high, low) } else { (low, high) };
+        match after {
+            Some((key, id)) => {
+                query.start_key = Some(key.clone());
+                query.start_docid = Some(id.to_owned());
+            }
+            None => query.start_key = Some(first),
+        }
+        query.end_key = Some(last);
+        match query.plan(false) {
+            Ok(Plan::Map { mut ranges }) if ranges.len() == 1 => ranges.pop(),
+            // A start past the end: nothing left to read.
+            _ => None,
+        }
+    }
+}
+
+#[async_trait]
+impl FindSource for ViewSource<'_> {
+    fn tag(&self) -> String {
+        self.tag.clone()
+    }
+
+    fn serves_sort(&self) -> bool {
+        // A chosen index can serve the sort (`mango_idx_view:is_usable` checked it): its columns
+        // before the sort's are fixed by `$eq`, so its order is the sort's.
+        true
+    }
+
+    async fn read(&self, from: Option<&Value>, wanted: usize) -> Result<CandidatePage, MangoError> {
+        let after = match from {
+            None => None,
+            Some(position) => match (position.get("key"), position.get("id").and_then(Value::as_str)) {
+                (Some(key), Some(id)) => Some((key.clone(), id.to_owned())),
+                _ => return Err(super::request::invalid_bookmark(&Value::String("(another scan's position)".into()))),
+            },
+        };
+        let Some(range) = self.range(after.as_ref().map(|(key, id)| (key, id.as_str()))) else {
+            return Ok(CandidatePage { items: Vec::new(), next: None });
+        };
+        let (store, group, view, descending) = (Arc::clone(&self.store), self.group, self.view, self.descending);
+        // Small pages for a small `limit`, but not so small that a selective filter costs many
+        // round trips.
+        let wanted = wanted.clamp(MIN_VIEW_PAGE, SCAN_PAGE) + usize::from(after.is_some());
+        let rows = tokio::task::spawn_blocking(move || {
+            let mut rows = Vec::new();
+            store
+                .scan(group, view, &range, descending, |row| {
+                    rows.push(row);
+                    if rows.len() >= wanted {
+                        ControlFlow::Break(())
+                    } else {
+                        ControlFlow::Continue(())
+                    }
+                })
+                .map(|()| rows)
+        })
+        .await
+        .map_err(|err| MangoError::new(StatusCode::INTERNAL_SERVER_ERROR, "unknown_error", err.to_string()))??;
+        let full = rows.len() >= wanted;
+        let mut rows = rows;
+        // The range starts at the row the position names: it was answered already.
+        if let Some((key, id)) = &after {
+            if rows.first().is_some_and(|row| row.id == *id && row.key == *key) {
+                rows.remove(0);
+            }
+        }
+        let next = match (full, rows.last()) {
+            (true, Some(last)) => Some(json!({ "key": last.key, "id": last.id })),
+            _ => None,
+        };
+        let ids: Vec<String> = rows.iter().map(|row| row.id.clone()).collect();
+        let states = self.db.read_many(&ids).await?;
+        let mut items = Vec::with_capacity(rows.len());
+        for (row, state) in rows.iter().zip(states) {
+            // A document deleted since the index was read is no longer a match.
+            let Some(doc) = state.as_ref().and_then(|state| winner_json(&row.id, state, self.options)) else { continue };
+            items.push(Candidate { id: row.id.clone(), doc, after: json!({ "key": row.key, "id": row.id }) });
+        }
+        Ok(CandidatePage { items, next })
+    }
+
+    async fn fetch(&self, ids: &[String]) -> Result<Vec<Map<String, Value>>, MangoError> {
+        fetch_docs(self.db, ids, self.options).await
+    }
+}
+
+/// The database's documents in id order (`_all_docs`), design documents left out.
+struct AllDocsSource<'a> {
+    db: &'a Arc<Database>,
+    options: DocOptions,
+    descending: bool,
+    serves_sort: bool,
+}
+
+#[async_trait]
+impl FindSource for AllDocsSource<'_> {
+    fn tag(&self) -> String {
+        if self.descending { "all_docs:desc" } else { "all_docs" }.into()
+    }
+
+    fn serves_sort(&self) -> bool {
+        self.serves_sort
+    }
+
+    async fn read(&self, from: Option<&Value>, _wanted: usize) -> Result<CandidatePage, MangoError> {
+        // A position: the id the range starts at (`s`, left out when `x`), and the backend's
+        // token for a later page of that range (`t`).
+        let text = |name: &str| from.and_then(|p| p.get(name)).and_then(Value::as_str).map(str::to_owned);
+        let (start, token) = (text("s"), text("t"));
+        let exclusive = from.and_then(|p| p.get("x")).and_then(Value::as_bool).unwrap_or(false);
+        let range = IdRange {
+            start: start.clone(),
+            end: None,
+            inclusive_end: true,
+            descending: self.descending,
+            include_design: true,
+        };
+        let page = self.db.all_docs(&range, SCAN_PAGE, token.as_deref()).await?;
+        let mut items = Vec::with_capacity(page.items.len());
+        for (id, state) in &page.items {
+            if id.starts_with("_design/") || (exclusive && start.as_deref() == Some(id.as_str())) {
+                continue;
+            }
+            let Some(doc) = winner_json(id, state, self.options) else { continue };
+            items.push(Candidate { id: id.clone(), doc, after: json!({ "s": id, "x": true }) });
+        }
+        let next = page.next.map(|next| json!({ "s": start, "t": next, "x": exclusive }));
+        Ok(CandidatePage { items, next })
+    }
+
+    async fn fetch(&self, ids: &[String]) -> Result<Vec<Map<String, Value>>, MangoError> {
+        fetch_docs(self.db, ids, self.options).await
+    }
+}
+
+/// The live documents with these ids, in order (design documents never).
+async fn fetch_docs(db: &Database, ids: &[String], options: DocOptions) -> Result<Vec<Map<String, Value>>, MangoError> {
+    let mut docs = Vec::with_capacity(ids.len());
+    for chunk in ids.chunks(SCAN_PAGE) {
+        let states = db.read_many(chunk).await?;
+        for (id, state) in chunk.iter().zip(states) {
+            if id.starts_with("_design/") {
+                continue;
+            }
+            if let Some(doc) = state.as_ref().and_then(|state| winner_json(id, state, options)) {
+                docs.push(doc);
+            }
+        }
+    }
+    Ok(docs)
+}
+
+/// `POST /{db}/_explain` over `db`'s indexes.
+pub fn explain(indexes: DatabaseIndexes, request: &Value, db_name: &str) -> Result<Value, MangoError> {
+    super::index::explain_with(indexes.catalog, request, db_name, None)
+}
