@@ -51,6 +51,7 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
     let cases: Vec<(&str, TrialFn)> = vec![
         ("mango_over_http", |e| Box::pin(mango::mango_over_http(e))),
         ("mango_answers_as_couchdb", |e| Box::pin(mango::mango_answers_as_couchdb(e))),
+        ("mango_json_indexes", |e| Box::pin(mango::mango_json_indexes(e))),
         ("per_user_logins", |e| Box::pin(logins::per_user_logins(e))),
         ("server_and_database", |e| Box::pin(server::server_and_database(e))),
         ("every_db_route_refuses_other_databases", |e| Box::pin(server::every_db_route_refuses_other_databases(e))),
