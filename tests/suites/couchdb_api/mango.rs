@@ -196,7 +196,8 @@ fn found_ids(answer: &Answer) -> Vec<String> {
 /// the index follows writes and deletes, nested fields index, `text` is refused, and a deleted
 /// index no longer serves a sort. Expected answers are computed here from the documents written.
 /// On the CouchDB backend the requests are forwarded (pouchdb-server, whose Mango has no
-/// bookmarks and no text refusal of CouchDB's shape): those two checks are skipped there.
+/// bookmarks, no text refusal of CouchDB's shape, does not filter partial indexes and fails
+/// `DELETE _index/…`): those checks are skipped there.
 pub(super) async fn mango_json_indexes(e: Endpoint) -> TestResult {
     let db = fresh_db_named(&e, "mango", "json").await?;
     let docs: Vec<Value> = (0..30)
@@ -269,7 +270,7 @@ pub(super) async fn mango_json_indexes(e: Endpoint) -> TestResult {
     let ranked = e
         .post(
             &format!("/{db}/_find"),
-            json!({"selector": {"meta.rank": {"$lt": 5}}, "sort": [{"meta.rank": "desc"}], "fields": ["_id"]}),
+            json!({"selector": {"meta.rank": {"$lte": 4}}, "sort": [{"meta.rank": "desc"}], "fields": ["_id"]}),
         )
         .await?
         .expect(200, "nested _find")?;
@@ -290,7 +291,8 @@ pub(super) async fn mango_json_indexes(e: Endpoint) -> TestResult {
     let mut got = found_ids(&through);
     got.sort();
     in_a.sort();
-    check(got == in_a, || format!("the partial index's documents: {got:?}"))?;
+    // pouchdb-server (the CouchDB backend's stand-in here) does not filter its partial indexes.
+    check(e.backend == "couchdb" || got == in_a, || format!("the partial index's documents: {got:?}"))?;
     let chosen = e
         .post(&format!("/{db}/_explain"), json!({"selector": {"n": {"$gte": 0}}}))
         .await?
@@ -322,6 +324,10 @@ pub(super) async fn mango_json_indexes(e: Endpoint) -> TestResult {
         })?;
     }
 
+    if e.backend == "couchdb" {
+        // pouchdb-server fails `DELETE _index/…` (500 without `_design/`, 404 with it).
+        return Ok(());
+    }
     e.call(Method::DELETE, &format!("/{db}/_index/by-n/json/by-n"), None).await?.expect(200, "DELETE the index")?;
     e.get(&format!("/{db}/_design/by-n")).await?.expect(404, "its design document, deleted")?;
     let unsorted =
