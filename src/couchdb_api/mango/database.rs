@@ -476,3 +476,175 @@ async fn fetch_docs(db: &Database, ids: &[String], options: DocOptions) -> Resul
 pub fn explain(indexes: DatabaseIndexes, request: &Value, db_name: &str) -> Result<Value, MangoError> {
     super::index::explain_with(indexes.catalog, request, db_name, None)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::catalog::{DbName, EmbeddedCatalog};
+    use crate::backend::embedded::EmbeddedOptions;
+    use crate::database::Databases;
+    use crate::views::run::JsReducer;
+    use crate::views::updater::Mapper;
+
+    /// An engine for databases without JavaScript design documents: any call is a failure, so a
+    /// test passing proves the JSON indexes never reached it.
+    struct NoJavaScript;
+
+    fn refused() -> ViewError {
+        ViewError::Function { error: "no_javascript".into(), reason: "this test runs no JavaScript".into() }
+    }
+
+    #[async_trait]
+    impl Mapper for NoJavaScript {
+        async fn map(&self, _: &DesignViews, _: Vec<Arc<Value>>) -> Result<Vec<Vec<Vec<(Value, Value)>>>, ViewError> {
+            Err(refused())
+        }
+    }
+
+    #[async_trait]
+    impl JsReducer for NoJavaScript {
+        async fn reduce(&self, _: &DesignViews, _: &str, _: Vec<(Value, Value)>) -> Result<Value, ViewError> {
+            Err(refused())
+        }
+        async fn rereduce(&self, _: &DesignViews, _: &str, _: Vec<Value>) -> Result<Value, ViewError> {
+            Err(refused())
+        }
+    }
+
+    struct Fixture {
+        _dir: tempfile::TempDir,
+        db: Arc<Database>,
+        views: Views,
+    }
+
+    async fn fixture() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let catalog = Arc::new(EmbeddedCatalog::new(&dir.path().join("store.redb"), EmbeddedOptions::default()));
+        let databases = Databases::new(Some(catalog), 4);
+        let db = databases.create(&DbName::parse("app").unwrap()).await.unwrap();
+        let views = Views::new(dir.path().join("views.redb"), Arc::new(NoJavaScript));
+        Fixture { _dir: dir, db, views }
+    }
+
+    async fn put(db: &Database, id: &str, body: Value) {
+        let body = body.as_object().cloned().unwrap_or_default();
+        db.write(id, &Write::Edit { parent: None, deleted: false, body }).await.unwrap();
+    }
+
+    async fn run(f: &Fixture, request: &Value) -> Value {
+        let indexes = DatabaseIndexes::load(&f.db).await.unwrap();
+        find(&f.db, &f.views, &indexes, request).await.unwrap()
+    }
+
+    /// Pages `request` with its bookmark until a short page; calls `between` after each page.
+    async fn page_all(f: &Fixture, request: Value, page: u64) -> (Vec<Value>, Vec<Value>) {
+        let (mut docs, mut answers, mut bookmark) = (Vec::new(), Vec::new(), None::<Value>);
+        for _ in 0..100 {
+            let mut asked = request.clone();
+            asked["limit"] = json!(page);
+            if let Some(bookmark) = &bookmark {
+                asked["bookmark"] = bookmark.clone();
+            }
+            let answer = run(f, &asked).await;
+            let got = answer["docs"].as_array().cloned().unwrap_or_default();
+            let short = (got.len() as u64) < page;
+            docs.extend(got);
+            bookmark = Some(answer["bookmark"].clone());
+            answers.push(answer);
+            if short {
+                break;
+            }
+        }
+        (docs, answers)
+    }
+
+    #[tokio::test]
+    async fn a_json_index_is_read_in_key_order_across_many_index_pages() {
+        let f = fixture().await;
+        for i in 0..130u64 {
+            put(&f.db, &format!("d{i:03}"), json!({"n": i % 13, "odd": i % 2 == 1})).await;
+        }
+        let created = create_index(&f.db, &json!({"index": {"fields": ["n"]}, "ddoc": "n", "name": "n"})).await.unwrap();
+        assert_eq!(created, json!({"result": "created", "id": "_design/n", "name": "n"}));
+        // Half the rows fail the selector, so every page reads several index pages.
+        let request = json!({"selector": {"n": {"$gte": 0}, "odd": true}, "sort": ["n"], "fields": ["_id", "n"]});
+        let (docs, answers) = page_all(&f, request, 7).await;
+        let mut expected: Vec<(u64, String)> =
+            (0..130u64).filter(|i| i % 2 == 1).map(|i| (i % 13, format!("d{i:03}"))).collect();
+        expected.sort();
+        let got: Vec<(u64, String)> =
+            docs.iter().map(|d| (d["n"].as_u64().unwrap(), d["_id"].as_str().unwrap().to_owned())).collect();
+        assert_eq!(got, expected);
+        assert!(answers.iter().all(|a| a.get("warning").is_none()), "the index serves the query");
+    }
+
+    #[tokio::test]
+    async fn paging_over_an_index_survives_writes_between_pages() {
+        let f = fixture().await;
+        for i in 0..40u64 {
+            put(&f.db, &format!("d{i:03}"), json!({"n": i})).await;
+        }
+        create_index(&f.db, &json!({"index": {"fields": ["n"]}, "ddoc": "n", "name": "n"})).await.unwrap();
+        let first = run(&f, &json!({"selector": {"n": {"$gte": 0}}, "limit": 10, "fields": ["_id"]})).await;
+        assert_eq!(first["docs"][9]["_id"], "d009");
+        // The last document returned is deleted and one is added past the bookmark.
+        let state = f.db.read("d009").await.unwrap().unwrap();
+        let rev = state.winner_rev();
+        f.db.write("d009", &Write::Edit { parent: rev, deleted: true, body: Map::new() }).await.unwrap();
+        put(&f.db, "new", json!({"n": 10.5})).await;
+        let request = json!({"selector": {"n": {"$gte": 0}}, "limit": 3, "fields": ["_id"], "bookmark": first["bookmark"]});
+        let next = run(&f, &request).await;
+        assert_eq!(next["docs"], json!([{"_id": "d010"}, {"_id": "new"}, {"_id": "d011"}]));
+    }
+
+    #[tokio::test]
+    async fn without_an_index_every_document_is_paged_once_with_the_warning() {
+        let f = fixture().await;
+        for i in 0..450u64 {
+            put(&f.db, &format!("d{i:03}"), json!({"k": i})).await;
+        }
+        put(&f.db, "_design/js", json!({"views": {}})).await;
+        let (docs, answers) = page_all(&f, json!({"selector": {"k": {"$gte": 0}}, "fields": ["_id"]}), 100).await;
+        let ids: Vec<&str> = docs.iter().filter_map(|d| d["_id"].as_str()).collect();
+        let expected: Vec<String> = (0..450).map(|i| format!("d{i:03}")).collect();
+        assert_eq!(ids, expected, "id order, each once, design documents left out");
+        assert!(answers[0]["warning"].as_str().is_some_and(|w| w.starts_with("No matching index found")));
+    }
+
+    #[tokio::test]
+    async fn indexes_are_query_design_documents_created_found_and_deleted_as_couchdb_does() {
+        let f = fixture().await;
+        put(&f.db, "a", json!({"x": {"y": 1}})).await;
+        let request = json!({"index": {"fields": ["x.y"]}});
+        let created = create_index(&f.db, &request).await.unwrap();
+        assert_eq!(created["result"], "created");
+        let ddoc = created["id"].as_str().unwrap().to_owned();
+        assert_eq!(create_index(&f.db, &request).await.unwrap()["result"], "exists");
+        let listed = DatabaseIndexes::load(&f.db).await.unwrap().catalog.to_json();
+        assert_eq!(listed["total_rows"], 2);
+        assert_eq!(listed["indexes"][1]["def"], json!({"fields": [{"x.y": "asc"}]}));
+        let stored = winner_json(&ddoc, &f.db.read(&ddoc).await.unwrap().unwrap(), DocOptions::default()).unwrap();
+        assert_eq!(stored["language"], "query");
+        let name = created["name"].as_str().unwrap();
+        assert_eq!(stored["views"][name]["reduce"], "_count");
+        assert_eq!(stored["views"][name]["options"]["def"], request["index"]);
+
+        // A second index in the same design document, then both deleted: the document goes.
+        let second = json!({"index": {"fields": ["z"]}, "ddoc": ddoc, "name": "z"});
+        assert_eq!(create_index(&f.db, &second).await.unwrap()["result"], "created");
+        assert_eq!(delete_index(&f.db, &ddoc, "json", name).await.unwrap(), json!({"ok": true}));
+        assert!(!f.db.read(&ddoc).await.unwrap().unwrap().deleted(), "the other index keeps it");
+        let missing = delete_index(&f.db, &ddoc, "json", name).await.unwrap_err();
+        assert_eq!((missing.status.as_u16(), missing.error.as_str()), (404, "not_found"));
+        delete_index(&f.db, &ddoc, "json", "z").await.unwrap();
+        assert!(f.db.read(&ddoc).await.unwrap().unwrap().deleted());
+        // And made again on top of the deleted one.
+        assert_eq!(create_index(&f.db, &request).await.unwrap()["result"], "created");
+
+        put(&f.db, "_design/js", json!({"views": {"v": {"map": "function(d){}"}}})).await;
+        let refused =
+            create_index(&f.db, &json!({"index": {"fields": ["q"]}, "ddoc": "js", "name": "q"})).await.unwrap_err();
+        assert_eq!((refused.status.as_u16(), refused.error.as_str()), (400, "invalid_ddoc_lang"));
+        assert_eq!(refused.reason, "Existing design doc has an invalid language: false");
+    }
+}
