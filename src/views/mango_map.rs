@@ -69,7 +69,9 @@ pub fn map_documents(design: &DesignViews, docs: &[std::sync::Arc<Value>]) -> Ve
         .map(|doc| {
             maps.iter()
                 .map(|map| match (map, doc.as_object()) {
-                    (Some(map), Some(object)) => map.key(object).map(|key| vec![(key, Value::Null)]).unwrap_or_default(),
+                    (Some(map), Some(object)) => {
+                        map.key(object).map(|key| vec![(key, Value::Null)]).unwrap_or_default()
+                    }
                     _ => Vec::new(),
                 })
                 .collect()
@@ -107,8 +109,10 @@ mod tests {
     fn a_partial_filter_selector_decides_which_documents_are_indexed() {
         let design = design(json!({"p": {"map": {"fields": {"n": "asc"},
             "partial_filter_selector": {"type": {"$ne": "draft"}}}, "reduce": "_count"}}));
-        let docs: Vec<Arc<Value>> =
-            vec![Arc::new(json!({"_id": "1", "n": 1, "type": "post"})), Arc::new(json!({"_id": "2", "n": 2, "type": "draft"}))];
+        let docs: Vec<Arc<Value>> = vec![
+            Arc::new(json!({"_id": "1", "n": 1, "type": "post"})),
+            Arc::new(json!({"_id": "2", "n": 2, "type": "draft"})),
+        ];
         let rows = map_documents(&design, &docs);
         assert_eq!(rows[0][0].len(), 1);
         assert!(rows[1][0].is_empty());

@@ -25,7 +25,8 @@ pub async fn route(
     headers: HeaderMap,
     body: Body,
 ) -> Answer {
-    let below: Vec<&str> = uri.path().trim_start_matches('/').splitn(2, '/').nth(1).unwrap_or("").split('/').collect();
+    let below_db = uri.path().trim_start_matches('/').split_once('/').map_or("", |(_, below)| below);
+    let below: Vec<&str> = below_db.split('/').collect();
     let db = &opened.db;
     match (below.as_slice(), &method) {
         (["_find"], &Method::POST) => {

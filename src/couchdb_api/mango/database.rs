@@ -395,7 +395,9 @@ impl FindSource for ViewSource<'_> {
         let mut items = Vec::with_capacity(rows.len());
         for (row, state) in rows.iter().zip(states) {
             // A document deleted since the index was read is no longer a match.
-            let Some(doc) = state.as_ref().and_then(|state| winner_json(&row.id, state, self.options)) else { continue };
+            let Some(doc) = state.as_ref().and_then(|state| winner_json(&row.id, state, self.options)) else {
+                continue;
+            };
             items.push(Candidate { id: row.id.clone(), doc, after: json!({ "key": row.key, "id": row.id }) });
         }
         Ok(CandidatePage { items, next })
@@ -564,7 +566,8 @@ mod tests {
         for i in 0..130u64 {
             put(&f.db, &format!("d{i:03}"), json!({"n": i % 13, "odd": i % 2 == 1})).await;
         }
-        let created = create_index(&f.db, &json!({"index": {"fields": ["n"]}, "ddoc": "n", "name": "n"})).await.unwrap();
+        let created =
+            create_index(&f.db, &json!({"index": {"fields": ["n"]}, "ddoc": "n", "name": "n"})).await.unwrap();
         assert_eq!(created, json!({"result": "created", "id": "_design/n", "name": "n"}));
         // Half the rows fail the selector, so every page reads several index pages.
         let request = json!({"selector": {"n": {"$gte": 0}, "odd": true}, "sort": ["n"], "fields": ["_id", "n"]});
@@ -592,7 +595,8 @@ mod tests {
         let rev = state.winner_rev();
         f.db.write("d009", &Write::Edit { parent: rev, deleted: true, body: Map::new() }).await.unwrap();
         put(&f.db, "new", json!({"n": 10.5})).await;
-        let request = json!({"selector": {"n": {"$gte": 0}}, "limit": 3, "fields": ["_id"], "bookmark": first["bookmark"]});
+        let request =
+            json!({"selector": {"n": {"$gte": 0}}, "limit": 3, "fields": ["_id"], "bookmark": first["bookmark"]});
         let next = run(&f, &request).await;
         assert_eq!(next["docs"], json!([{"_id": "d010"}, {"_id": "new"}, {"_id": "d011"}]));
     }

@@ -100,8 +100,11 @@ pub trait FindSource: Send + Sync {
 /// Opens the source for a query once its index is chosen (`None`: no JSON index, `_all_docs`).
 #[async_trait]
 pub trait FindSources: Send + Sync {
-    async fn open(&self, request: &FindRequest, index: Option<&IndexDef>)
-        -> Result<Box<dyn FindSource + '_>, MangoError>;
+    async fn open(
+        &self,
+        request: &FindRequest,
+        index: Option<&IndexDef>,
+    ) -> Result<Box<dyn FindSource + '_>, MangoError>;
 }
 
 /// The data-store database's sources: its backend, whatever the index (its indexes are
@@ -193,10 +196,12 @@ impl FindSource for BackendSource<'_> {
         let mut items = Vec::new();
         for (at, doc) in page.items.iter().enumerate().skip(first) {
             let Some(object) = candidate(doc) else { continue };
-            let after = BackendPosition { token: position.token.clone(), offset: at + 1, last_id: Some(doc.id.clone()) };
+            let after =
+                BackendPosition { token: position.token.clone(), offset: at + 1, last_id: Some(doc.id.clone()) };
             items.push(Candidate { id: doc.id.clone(), doc: object, after: position_json(&after) });
         }
-        let next = page.next.map(|token| position_json(&BackendPosition { token: Some(token), offset: 0, last_id: None }));
+        let next =
+            page.next.map(|token| position_json(&BackendPosition { token: Some(token), offset: 0, last_id: None }));
         Ok(CandidatePage { items, next })
     }
 

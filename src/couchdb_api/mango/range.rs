@@ -206,7 +206,8 @@ mod tests {
         let selector = |v: Value| parse(v.as_object().unwrap()).unwrap();
         let columns = |names: &[&str]| names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>();
         let max = json!("<MAX>");
-        let (start, end) = key_range(&columns(&["a", "b", "c"]), &selector(json!({"a": 1, "b": {"$gt": 2, "$lte": 9}, "c": 3})), &max);
+        let (start, end) =
+            key_range(&columns(&["a", "b", "c"]), &selector(json!({"a": 1, "b": {"$gt": 2, "$lte": 9}, "c": 3})), &max);
         assert_eq!((start, end), (vec![json!(1), json!(2)], vec![json!(1), json!(9), max.clone()]));
         let (start, end) = key_range(&columns(&["a"]), &selector(json!({"a": {"$lt": 5}})), &max);
         assert_eq!((start, end), (vec![], vec![json!(5), max.clone()]));

@@ -216,9 +216,10 @@ pub(super) async fn mango_json_indexes(e: Endpoint) -> TestResult {
     let again = e.post(&format!("/{db}/_index"), by_n).await?.expect(200, "POST _index again")?;
     check(again.body["result"] == "exists", || format!("the same index again: {}", again.body))?;
     let ddoc = e.get(&format!("/{db}/_design/by-n")).await?.expect(200, "the index's design document")?;
-    check(ddoc.body["language"] == "query" && ddoc.body["views"]["by-n"]["map"]["fields"] == json!({"n": "asc"}), || {
-        format!("an index is a query design document: {}", ddoc.body)
-    })?;
+    check(
+        ddoc.body["language"] == "query" && ddoc.body["views"]["by-n"]["map"]["fields"] == json!({"n": "asc"}),
+        || format!("an index is a query design document: {}", ddoc.body),
+    )?;
     let listed = e.get(&format!("/{db}/_index")).await?.expect(200, "GET _index")?;
     let by_n_listed = listed.body["indexes"].as_array().into_iter().flatten().find(|i| i["name"] == "by-n").cloned();
     check(
@@ -229,7 +230,8 @@ pub(super) async fn mango_json_indexes(e: Endpoint) -> TestResult {
     )?;
 
     // Sorted by the index: n, then the document id (a view's order for equal keys).
-    let mut expected: Vec<(u64, String)> = (0..30u64).filter(|i| i % 10 >= 3).map(|i| (i % 10, format!("p{i:02}"))).collect();
+    let mut expected: Vec<(u64, String)> =
+        (0..30u64).filter(|i| i % 10 >= 3).map(|i| (i % 10, format!("p{i:02}"))).collect();
     expected.sort();
     let expected: Vec<String> = expected.into_iter().map(|(_, id)| id).collect();
     let query = json!({"selector": {"n": {"$gte": 3}}, "sort": ["n"], "fields": ["_id", "n"]});
@@ -297,7 +299,9 @@ pub(super) async fn mango_json_indexes(e: Endpoint) -> TestResult {
         .post(&format!("/{db}/_explain"), json!({"selector": {"n": {"$gte": 0}}}))
         .await?
         .expect(200, "_explain without use_index")?;
-    check(chosen.body["index"]["name"] == "by-n", || format!("a partial index is not chosen: {}", chosen.body["index"]))?;
+    check(chosen.body["index"]["name"] == "by-n", || {
+        format!("a partial index is not chosen: {}", chosen.body["index"])
+    })?;
 
     // Writes and deletes after the index was built are in the next query.
     e.put(&format!("/{db}/zz"), json!({"n": 5})).await?.expect(201, "PUT zz")?;
