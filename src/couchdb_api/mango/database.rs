@@ -582,6 +582,42 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_key_range_keeps_every_match_of_begins_with_and_closed_intervals() {
+        let f = fixture().await;
+        let names = ["ab", "abc", "abz", "abé", "ab😀", "ab\u{FFFD}", "aa", "b", "AB", "abA"];
+        for (i, name) in names.iter().enumerate() {
+            put(&f.db, &format!("d{i}"), json!({"name": name, "n": i})).await;
+        }
+        for (ddoc, fields) in [("nm", json!(["name"])), ("nmn", json!(["name", "n"]))] {
+            let request = json!({"index": {"fields": fields}, "ddoc": ddoc, "name": ddoc});
+            create_index(&f.db, &request).await.unwrap();
+        }
+        let found = |answer: Value| {
+            let mut names: Vec<String> =
+                answer["docs"].as_array().unwrap().iter().map(|d| d["name"].as_str().unwrap().to_owned()).collect();
+            names.sort();
+            names
+        };
+        let begins = run(&f, &json!({"selector": {"name": {"$beginsWith": "ab"}}})).await;
+        assert!(begins.get("warning").is_none(), "the index serves it: {begins}");
+        let mut expected: Vec<String> = names.iter().filter(|n| n.starts_with("ab")).map(|n| (*n).to_owned()).collect();
+        expected.sort();
+        assert_eq!(found(begins), expected);
+        let closed = run(&f, &json!({"selector": {"name": "abc", "n": {"$gte": 1, "$lte": 1}}})).await;
+        assert!(closed.get("warning").is_none(), "an index serves it: {closed}");
+        assert_eq!(found(closed), ["abc"]);
+        let between = run(&f, &json!({"selector": {"name": {"$gt": "aa", "$lt": "b"}}})).await;
+        let mut expected: Vec<String> = names
+            .iter()
+            .filter(|n| crate::views::collation::compare_strings(n, "aa").is_gt())
+            .filter(|n| crate::views::collation::compare_strings(n, "b").is_lt())
+            .map(|n| (*n).to_owned())
+            .collect();
+        expected.sort();
+        assert_eq!(found(between), expected);
+    }
+
+    #[tokio::test]
     async fn paging_over_an_index_survives_writes_between_pages() {
         let f = fixture().await;
         for i in 0..40u64 {
