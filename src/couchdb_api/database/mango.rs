@@ -39,7 +39,10 @@ pub async fn route(
             let indexes = DatabaseIndexes::load(db).await?;
             Ok(json(StatusCode::OK, mango_db::explain(indexes, &request.value, db.name())?))
         }
-        (["_index"], &Method::GET) => Ok(json(StatusCode::OK, DatabaseIndexes::load(db).await?.catalog.to_json())),
+        (["_index"], &Method::GET) => {
+            let listed = DatabaseIndexes::load(db).await?.catalog.to_json();
+            Ok(json(StatusCode::OK, page_of_listing(listed, uri.query().unwrap_or(""))?))
+        }
         (["_index"], &Method::POST) => {
             opened.access.require_db_admin()?;
             let request = state.bodies.read_object(&headers, body).await?;
@@ -58,6 +61,37 @@ pub async fn route(
         (["_find" | "_explain"], _) => Err(method_not_allowed("POST")),
         _ => Err(CouchError::not_found("missing")),
     }
+}
+
+/// `GET _index?limit=&skip=` (`mango_httpd:handle_index_req`): `total_rows` counts every index,
+/// `indexes` holds the page; a limit under 1, a negative skip or a non-integer is CouchDB's 500
+/// `invalid_list_index_params`.
+fn page_of_listing(mut listed: serde_json::Value, query: &str) -> Result<serde_json::Value, CouchError> {
+    let invalid = || {
+        CouchError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "invalid_list_index_params",
+            "Index parameter ranges: limit > 1, skip > 0",
+        )
+    };
+    let total = listed["indexes"].as_array().map_or(0, Vec::len) as i64;
+    let (mut limit, mut skip) = (total, 0i64);
+    for (key, value) in url::form_urlencoded::parse(query.as_bytes()) {
+        match key.as_ref() {
+            "limit" => limit = value.parse().map_err(|_| invalid())?,
+            "skip" => skip = value.parse().map_err(|_| invalid())?,
+            _ => {}
+        }
+    }
+    if limit < 1 || skip < 0 {
+        return Err(invalid());
+    }
+    let skip = usize::try_from(skip.min(total)).unwrap_or(0);
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    if let Some(indexes) = listed["indexes"].as_array_mut() {
+        *indexes = indexes.iter().skip(skip).take(limit).cloned().collect();
+    }
+    Ok(listed)
 }
 
 /// A path segment, percent-decoded.

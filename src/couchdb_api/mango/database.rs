@@ -271,9 +271,10 @@ impl FindSources for DatabaseSources<'_> {
             MangoError::new(StatusCode::INTERNAL_SERVER_ERROR, "unknown_error", "an index without its view")
         })?;
         let indexer = self.views.indexer().await.map_err(view_failure)?;
-        // `update: false` reads the index as it is (CouchDB's `update=false`); otherwise it is
-        // brought up to date with the database first, so a query sees every earlier write.
-        let group = if request.update {
+        // `update: false` (or `stale: "ok"`) reads the index as it is, as CouchDB's does;
+        // otherwise it is brought up to date with the database first, so a query sees every
+        // earlier write.
+        let group = if request.update && !request.stale {
             indexer.catch_up(self.db, design).await
         } else {
             indexer.current(self.db, design).await
