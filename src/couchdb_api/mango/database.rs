@@ -275,9 +275,9 @@ impl FindSources for DatabaseSources<'_> {
         // otherwise it is brought up to date with the database first, so a query sees every
         // earlier write.
         let group = if request.update && !request.stale {
-            indexer.catch_up(self.db, design).await
+            indexer.catch_up(self.db.as_ref(), design).await
         } else {
-            indexer.current(self.db, design).await
+            indexer.current(self.db.as_ref(), design).await
         }
         .map_err(view_failure)?;
         let (start, end) = super::range::key_range(&index.field_names(), &request.selector, &max_key());
