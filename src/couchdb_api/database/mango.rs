@@ -1,7 +1,7 @@
 //! Mango's routes on a database other than the data-store one whose backend does not forward
 //! requests (over the CouchDB backend these are forwarded before they reach here):
-//! `POST /{db}/_find`, `POST /{db}/_explain`, `GET/POST /{db}/_index` and
-//! `DELETE /{db}/_index/{ddoc}/json/{name}`, answered by [`crate::couchdb_api::mango::database`].
+//! `POST /{db}/_find`, `POST /{db}/_explain`, `GET/POST /{db}/_index`,
+//! `DELETE /{db}/_index/{ddoc}/json/{name}` and `POST /{db}/_index/_bulk_delete`, answered by [`crate::couchdb_api::mango::database`].
 //!
 //! Anyone who may read the database may query it; creating or deleting an index writes a design
 //! document, so it needs a database admin, as in CouchDB.
@@ -49,6 +49,12 @@ pub async fn route(
             Ok(json(StatusCode::OK, mango_db::create_index(db, &request.value).await?))
         }
         (["_index"], _) => Err(method_not_allowed("GET,POST")),
+        (["_index", "_bulk_delete"], &Method::POST) => {
+            opened.access.require_db_admin()?;
+            let request = state.bodies.read_object(&headers, body).await?;
+            Ok(json(StatusCode::OK, mango_db::bulk_delete(db, &request.value).await?))
+        }
+        (["_index", "_bulk_delete"], _) => Err(method_not_allowed("POST")),
         // `_index/{ddoc}/{type}/{name}` or `_index/_design/{ddoc}/{type}/{name}`.
         (["_index", "_design", ddoc, kind, name] | ["_index", ddoc, kind, name], method) => {
             if method != Method::DELETE {

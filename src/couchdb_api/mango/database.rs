@@ -7,8 +7,9 @@
 //!
 //! - [`DatabaseIndexes::load`]: the database's catalog, read from its query design documents
 //!   (no built-in index here).
-//! - [`create_index`] / [`delete_index`]: `POST /{db}/_index` and
-//!   `DELETE /{db}/_index/{ddoc}/json/{name}`, edits of those design documents.
+//! - [`create_index`] / [`delete_index`] / [`bulk_delete`]: `POST /{db}/_index`,
+//!   `DELETE /{db}/_index/{ddoc}/json/{name}` and `POST /{db}/_index/_bulk_delete`, edits of
+//!   those design documents.
 //! - [`find`]: the engine of [`super::find`] over this database: a chosen JSON index is read over
 //!   its key range ([`ViewSource`]), otherwise `_all_docs` ([`AllDocsSource`]).
 
@@ -198,6 +199,61 @@ pub async fn delete_index(db: &Database, ddoc: &str, kind: &str, name: &str) -> 
     Ok(json!({ "ok": true }))
 }
 
+/// `POST /{db}/_index/_bulk_delete` (`{"docids": [...], "w"?}`): for each design document, its
+/// index deleted when it holds exactly one (CouchDB's `mango_idx:delete` with a filter on the
+/// design document), else `not_found`: `{"success": [{"id", "ok"}], "fail": [{"id", "error"}]}`,
+/// each list in CouchDB's order (the last design document first).
+pub async fn bulk_delete(db: &Database, request: &Value) -> Result<Value, MangoError> {
+    let Value::Object(body) = request else {
+        return Err(MangoError::bad_request("bad_request", "Request body must be a JSON object"));
+    };
+    let Some(ids) = body.get("docids") else {
+        return Err(MangoError::bad_request("missing_required_key", "Missing required key: docids"));
+    };
+    let Value::Array(ids) = ids else {
+        return Err(MangoError::bad_request(
+            "invalid_bulk_docs",
+            format!("Bulk Delete requires an array of non-null docids. Docids: {}", erlang_term(ids)),
+        ));
+    };
+    let ids = ids
+        .iter()
+        .map(|id| {
+            id.as_str().map(str::to_owned).ok_or_else(|| {
+                MangoError::bad_request("invalid_index_name", format!("Invalid index name: {}", erlang_term(id)))
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if let Some(w) = body.get("w") {
+        if w.as_u64().is_none_or(|w| w == 0) {
+            return Err(MangoError::bad_request(
+                "invalid_pos_integer",
+                format!("{} is not an integer greater than zero", erlang_term(w)),
+            ));
+        }
+    }
+    if let Some(unknown) = body.keys().find(|key| *key != "docids" && *key != "w") {
+        return Err(MangoError::bad_request("invalid_key", format!("Invalid key {unknown} for this request.")));
+    }
+    let (mut success, mut fail) = (Vec::new(), Vec::new());
+    for id in ids {
+        let ddoc = design_id(&id);
+        let indexes = DatabaseIndexes::load(db).await?;
+        let mut of_ddoc = indexes.catalog.indexes.iter().filter(|index| index.ddoc == ddoc);
+        let outcome = match (of_ddoc.next(), of_ddoc.next()) {
+            (Some(only), None) => delete_index(db, &ddoc, "json", &only.name.clone()).await.map(|_| ()),
+            _ => Err(MangoError::new(StatusCode::NOT_FOUND, "not_found", "missing")),
+        };
+        match outcome {
+            Ok(()) => success.push(json!({ "id": ddoc, "ok": true })),
+            Err(err) => fail.push(json!({ "id": ddoc, "error": err.error })),
+        }
+    }
+    success.reverse();
+    fail.reverse();
+    Ok(json!({ "success": success, "fail": fail }))
+}
+
 /// Writes a design document edit; a conflict is CouchDB's `error_saving_ddoc`.
 async fn save_design(
     db: &Database,
@@ -235,14 +291,9 @@ struct DatabaseSources<'a> {
     designs: &'a HashMap<String, DesignViews>,
 }
 
+/// A view index failure, answered as the view routes answer it.
 fn view_failure(err: ViewError) -> MangoError {
     super::super::error::CouchError::from(err).into()
-}
-
-impl From<super::super::error::CouchError> for MangoError {
-    fn from(err: super::super::error::CouchError) -> Self {
-        MangoError::new(err.status, err.error, err.reason)
-    }
 }
 
 #[async_trait]
@@ -681,6 +732,18 @@ mod tests {
         assert!(f.db.read(&ddoc).await.unwrap().unwrap().deleted());
         // And made again on top of the deleted one.
         assert_eq!(create_index(&f.db, &request).await.unwrap()["result"], "created");
+
+        // `_bulk_delete`: a design document with one index loses it; one without is `not_found`.
+        let one = json!({"index": {"fields": ["w"]}, "ddoc": "one", "name": "w"});
+        create_index(&f.db, &one).await.unwrap();
+        let answer = bulk_delete(&f.db, &json!({"docids": ["one", "_design/none"]})).await.unwrap();
+        assert_eq!(
+            answer,
+            json!({"success": [{"id": "_design/one", "ok": true}], "fail": [{"id": "_design/none", "error": "not_found"}]})
+        );
+        assert!(f.db.read("_design/one").await.unwrap().unwrap().deleted());
+        let refused = bulk_delete(&f.db, &json!({"docids": "one"})).await.unwrap_err();
+        assert_eq!(refused.error, "invalid_bulk_docs");
 
         put(&f.db, "_design/js", json!({"views": {"v": {"map": "function(d){}"}}})).await;
         let refused =

@@ -81,6 +81,14 @@ impl From<crate::error::Error> for MangoError {
     }
 }
 
+impl From<super::error::CouchError> for MangoError {
+    /// A failure of the layers a Mango request uses (the view index, document reads), in the
+    /// same shape.
+    fn from(error: super::error::CouchError) -> Self {
+        MangoError::new(error.status, error.error, error.reason)
+    }
+}
+
 impl From<MangoError> for super::error::CouchError {
     fn from(error: MangoError) -> Self {
         super::error::CouchError::new(error.status, error.error, error.reason)
