@@ -27,6 +27,7 @@ use serde_json::{Map, Value};
 
 use super::attachments::{AttachmentStore, GarbageCollected};
 use super::doc_attachments;
+use super::rev_id;
 use super::rev_tree::{parse_rev, EditError, MergeOutcome, RevPath, RevTree};
 use crate::backend::revision::random_token;
 use crate::backend::{
@@ -767,8 +768,17 @@ async fn collect(backend: Arc<dyn DocumentBackend>, store: AttachmentStore) -> R
 fn apply(id: &str, tree: &mut RevTree, write: &Write, revs_limit: usize) -> Result<Written> {
     match write {
         Write::Edit { parent, deleted, body } => {
-            let new_id = hex::encode(random_token()?);
             let body = edit_body(id, tree, parent.as_deref(), body)?;
+            // A re-creation of a deleted document extends the deleted winner, so CouchDB
+            // computes its id from that revision.
+            let extended = match parent {
+                Some(parent) => Some(parent.clone()),
+                None => tree.is_deleted().then(|| tree.winner().map(|leaf| leaf.rev())).flatten(),
+            };
+            let new_id = match rev_id::edit_rev_id(extended.as_deref(), *deleted, &body) {
+                Some(computed) => computed,
+                None => hex::encode(random_token()?),
+            };
             tree.edit(parent.as_deref(), &new_id, *deleted, body, revs_limit)
                 .map(Written::Edited)
                 .map_err(|EditError::Conflict| Error::conflict("Document update conflict."))
