@@ -118,7 +118,7 @@ pub async fn view_queries(
 pub async fn design_info(State(state): State<CouchState>, opened: OpenDb<DesignPath>) -> Answer {
     let design = load_design(&opened.db, &opened.params.ddoc).await?;
     let indexer = state.views.indexer().await?;
-    let group = indexer.current(&opened.db, &design).await?;
+    let group = indexer.current(opened.db.as_ref(), &design).await?;
     let language = match design.language {
         crate::views::design::Language::JavaScript => "javascript",
         crate::views::design::Language::Query => "query",
@@ -164,7 +164,7 @@ pub async fn view_cleanup(State(state): State<CouchState>, opened: OpenDb, heade
             None => break,
         }
     }
-    let dropped = state.views.indexer().await?.clean_up(&opened.db, &keep).await?;
+    let dropped = state.views.indexer().await?.clean_up(opened.db.as_ref(), &keep).await?;
     tracing::debug!(database = opened.db.name(), dropped, "view cleanup");
     Ok(json(StatusCode::ACCEPTED, json!({ "ok": true })))
 }
@@ -214,13 +214,13 @@ async fn answer(
     let plan = query.plan(spec.reduce.is_some())?;
     let indexer = Arc::clone(state.views.indexer().await?);
     let group = match query.update {
-        Update::True => indexer.catch_up(db, design).await?,
-        Update::False => indexer.current(db, design).await?,
+        Update::True => indexer.catch_up(db.as_ref(), design).await?,
+        Update::False => indexer.current(db.as_ref(), design).await?,
         Update::Lazy => {
-            let group = indexer.current(db, design).await?;
+            let group = indexer.current(db.as_ref(), design).await?;
             let (db, design, indexer) = (Arc::clone(db), design.clone(), Arc::clone(&indexer));
             tokio::spawn(async move {
-                if let Err(err) = indexer.catch_up(&db, &design).await {
+                if let Err(err) = indexer.catch_up(db.as_ref(), &design).await {
                     tracing::warn!(database = db.name(), design = design.id, %err, "lazy view update failed");
                 }
             });
