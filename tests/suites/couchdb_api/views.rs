@@ -481,3 +481,99 @@ pub(super) async fn views_emit_order_and_attachments(e: Endpoint) -> TestResult 
     let attachment = &inline.body["rows"][0]["doc"]["_attachments"]["a.txt"];
     check(attachment["data"] == json!("aGVsbG8="), || format!("attachments inline: {}", inline.body))
 }
+
+/// Views on the data-store database itself (issue 26): a design document kept by this server on
+/// the embedded store, DynamoDB and Firestore (CouchDB's own over the CouchDB backend), its views
+/// following writes, edits, deletions and conflicts of data documents incrementally, `update=false`
+/// then `true`, `include_docs`, `…/queries`, `_info` and `_view_cleanup`; the local documents
+/// that hold design documents are no client's, and `validate_doc_update` is refused there.
+pub(super) async fn data_store_views(e: Endpoint) -> TestResult {
+    let design = format!("/{DB}/_design/t");
+    e.put(
+        &design,
+        json!({"views": {
+            "by_ns": {"map": "function(doc) { emit(doc.namespace, 1); }", "reduce": "_count"},
+            "by_value": {"map": "function(doc) { emit(doc.value, doc.key); }"},
+            "conflicted": {"map": "function(doc) { if (doc._conflicts) emit(doc._id, doc._conflicts.length); }"}
+        }}),
+    )
+    .await?
+    .expect(201, "PUT a design document on the data-store database")?;
+    let (a, b, c) =
+        (doc("user_1", "x", "a", json!(1)), doc("user_1", "x", "b", json!(2)), doc("user_2", "x", "c", json!(3)));
+    let a_rev = e.put(&path_of(a["_id"].as_str().unwrap_or_default()), a.clone()).await?.expect(201, "PUT a")?.rev()?;
+    let b_rev = e.put(&path_of(b["_id"].as_str().unwrap_or_default()), b.clone()).await?.expect(201, "PUT b")?.rev()?;
+    let count = |answer: &Answer| answer.body["rows"][0]["value"].clone();
+    let first = e.get(&format!("{design}/_view/by_ns?key=%22x%22")).await?.expect(200, "first query")?;
+    check(count(&first) == json!(2), || format!("after two writes: {}", first.body))?;
+
+    e.put(&path_of(c["_id"].as_str().unwrap_or_default()), c.clone()).await?.expect(201, "PUT c")?;
+    if e.backend != "couchdb" {
+        // pouchdb-server answers `update=false` from an index it may have updated already.
+        let stale = e.get(&format!("{design}/_view/by_ns?key=%22x%22&update=false")).await?.expect(200, "stale")?;
+        check(count(&stale) == json!(2), || format!("update=false reads the index as it was: {}", stale.body))?;
+    }
+    let fresh = e.get(&format!("{design}/_view/by_ns?key=%22x%22")).await?.expect(200, "fresh")?;
+    check(count(&fresh) == json!(3), || format!("a write is in the next query: {}", fresh.body))?;
+
+    // A deletion and an edit that moves a document to another namespace.
+    let a_path = path_of(a["_id"].as_str().unwrap_or_default());
+    e.delete(&format!("{a_path}?rev={a_rev}")).await?.expect(200, "DELETE a")?;
+    let mut moved = b.clone();
+    moved["_rev"] = json!(b_rev);
+    moved["value"] = json!(20);
+    e.put(&path_of(b["_id"].as_str().unwrap_or_default()), moved).await?.expect(201, "edit b")?;
+    let grouped = e.get(&format!("{design}/_view/by_ns?group=true")).await?.expect(200, "grouped")?;
+    check(grouped.body["rows"] == json!([{"key": "x", "value": 2}]), || format!("after a delete: {}", grouped.body))?;
+    let values = e.get(&format!("{design}/_view/by_value?include_docs=true")).await?.expect(200, "include_docs")?;
+    check(keys_of(&values) == vec![json!(3), json!(20)], || format!("after an edit: {}", values.body))?;
+    check(
+        values.body["rows"][1]["doc"]["value"] == json!(20)
+            && values.body["rows"][1]["doc"]["_id"] == b["_id"]
+            && values.body["rows"][1]["value"] == json!("b"),
+        || format!("include_docs shows the current document: {}", values.body),
+    )?;
+
+    // A conflicting branch of `c`, written as a replicator would: the map function sees it.
+    let mut branch = c.clone();
+    branch["_rev"] = json!("1-ffffffffffffffffffffffffffffffff");
+    e.post(&format!("/{DB}/_bulk_docs"), json!({"docs": [branch], "new_edits": false}))
+        .await?
+        .expect(201, "replicated branch")?;
+    let conflicted = e.get(&format!("{design}/_view/conflicted")).await?.expect(200, "conflicts view")?;
+    check(conflicted.body["rows"] == json!([{"id": c["_id"], "key": c["_id"], "value": 1}]), || {
+        format!("_conflicts in the map function: {}", conflicted.body)
+    })?;
+
+    // The local documents keeping design documents are not a client's to read, write or list.
+    for name in [":design:t", ":views:incarnation"] {
+        e.get(&format!("/{DB}/_local/{name}")).await?.expect(403, "a reserved local document")?;
+    }
+    if e.backend == "couchdb" {
+        // pouchdb-server answers `…/queries` with 400 `only_multipart_accepted`, the CouchDB
+        // backend lists no `_local_docs`, and the rest is this server's own.
+        return Ok(());
+    }
+    let locals = e.get(&format!("/{DB}/_local_docs")).await?.expect(200, "_local_docs")?;
+    check(ids_of(&locals).iter().all(|id| !id.starts_with("_local/:")), || format!("_local_docs: {}", locals.body))?;
+    let queries = json!({"queries": [{"keys": [3]}, {"descending": true, "limit": 1}]});
+    let several = e.post(&format!("{design}/_view/by_value/queries"), queries).await?.expect(200, "queries")?;
+    let results = several.body["results"].as_array().cloned().unwrap_or_default();
+    check(
+        results.len() == 2 && results[0]["rows"][0]["key"] == json!(3) && results[1]["rows"][0]["key"] == json!(20),
+        || format!("/queries: {}", several.body),
+    )?;
+
+    let info = e.get(&format!("{design}/_info")).await?.expect(200, "_info")?;
+    check(info.body["name"] == "t" && info.body["view_index"]["signature"].is_string(), || {
+        format!("_info: {}", info.body)
+    })?;
+    e.post(&format!("/{DB}/_view_cleanup"), json!({})).await?.expect(202, "_view_cleanup")?;
+    let after_cleanup = e.get(&format!("{design}/_view/by_ns?group=true&update=false")).await?.expect(200, "kept")?;
+    check(after_cleanup.body == grouped.body, || format!("the index in use is kept: {}", after_cleanup.body))?;
+    let validating = json!({"validate_doc_update": "function(newDoc) { throw({forbidden: 'no'}); }"});
+    let refused = e.put(&format!("/{DB}/_design/guard"), validating).await?.expect(501, "validate_doc_update")?;
+    check(refused.body["reason"].as_str().is_some_and(|r| r.contains("validate_doc_update")), || {
+        format!("the refusal names what is missing: {}", refused.body)
+    })
+}
