@@ -222,6 +222,7 @@ fn router(state: CouchState, query_limit: request::EndpointLimit) -> Router {
             get(server::db_info).put(server::create_db).post(document::post_document).delete(server::delete_db),
         )
         .route("/{db}/_all_docs", get(all_docs::get_all_docs).post(all_docs::post_all_docs))
+        .route("/{db}/_design_docs", get(all_docs::get_design_docs))
         .route("/{db}/_local_docs", get(local_docs::local_docs).post(local_docs::local_docs))
         .route("/{db}/_index/{*rest}", axum::routing::delete(query::delete_index))
         .route("/{db}/_bulk_docs", post(bulk::bulk_docs))
