@@ -456,7 +456,9 @@ async fn design_docs_listed(backend: &dyn DocumentBackend, principal: &Principal
 /// A range's pages in three parts, in the range's direction: the backend's ids on one side of the
 /// design documents, the design documents (`designs`, ascending, all in the range), the
 /// backend's ids on the other side. The page token says which part a page continues
-/// (`0:`, `1:`, `2:`, then the backend's own token).
+/// (`0:`, `1:`, `2:`, then the backend's own token). Without design documents, the range is
+/// read whole with the backend's own tokens: one backend request per page, as before there were
+/// any (and always over the CouchDB backend, which lists its own).
 fn spliced<T: Clone + Send + Sync + 'static>(
     fetch: impl Fn(IdRange, usize, Option<String>) -> futures::future::BoxFuture<'static, crate::Result<Page<T>>>
         + Clone
@@ -471,10 +473,15 @@ fn spliced<T: Clone + Send + Sync + 'static>(
     if range.descending {
         designs.reverse();
     }
+    let whole = designs.is_empty().then_some(range);
     let designs = std::sync::Arc::new(designs);
     move |want, token| {
         let (fetch, first, last, designs) = (fetch.clone(), first.clone(), last.clone(), designs.clone());
+        let whole = whole.clone();
         async move {
+            if let Some(range) = whole {
+                return fetch(range, want, token).await;
+            }
             let (part, inner) = match token.as_deref() {
                 None => ("0", None),
                 Some(token) => {
