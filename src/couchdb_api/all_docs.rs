@@ -653,6 +653,77 @@ async fn key_rows(
 mod tests {
     use super::*;
 
+    fn range(start: Option<&str>, end: Option<&str>, descending: bool) -> IdRange {
+        IdRange {
+            start: start.map(str::to_owned),
+            end: end.map(str::to_owned),
+            inclusive_end: true,
+            descending,
+            include_design: false,
+        }
+    }
+
+    #[test]
+    fn a_range_is_split_around_the_design_documents_in_both_directions() {
+        for descending in [false, true] {
+            let whole = range(None, None, descending);
+            let (below, above) = (part_of(&whole, DESIGN_PREFIX, true), part_of(&whole, DESIGN_PREFIX, false));
+            for (id, low) in [("A1:x:a", true), ("Z:x:a", true), ("a:x:a", false), ("user_1:x:a", false)] {
+                assert_eq!((below.contains(id), above.contains(id)), (low, !low), "{id}, descending {descending}");
+            }
+        }
+        // A range on one side only leaves the other part empty.
+        assert!(part_of(&range(Some("A"), Some("B"), false), DESIGN_PREFIX, false).holds_nothing());
+        assert!(part_of(&range(Some("u"), Some("v"), false), DESIGN_PREFIX, true).holds_nothing());
+        assert!(part_of(&range(Some("B"), Some("A"), true), DESIGN_PREFIX, false).holds_nothing());
+        assert!(part_of(&range(Some("v"), Some("u"), true), DESIGN_PREFIX, true).holds_nothing());
+    }
+
+    /// Every id `spliced` pages through, `want` at a time, over a backend holding `ids`.
+    async fn spliced_ids(ids: &[&str], designs: &[&str], whole: IdRange, want: usize) -> (Vec<String>, usize) {
+        let stored: Vec<String> = ids.iter().map(|id| (*id).to_owned()).collect();
+        let reads = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = std::sync::Arc::clone(&reads);
+        let fetch = move |range: IdRange, want: usize, token: Option<String>| {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let mut listed: Vec<String> = stored.iter().filter(|id| range.contains(id)).cloned().collect();
+            if range.descending {
+                listed.reverse();
+            }
+            let from: usize = token.as_deref().and_then(|t| t.parse().ok()).unwrap_or(0);
+            let items: Vec<String> = listed.iter().skip(from).take(want).cloned().collect();
+            let next = (from + want < listed.len()).then(|| (from + want).to_string());
+            async move { Ok(Page { items, next }) }.boxed()
+        };
+        let pages = spliced(fetch, whole, designs.iter().map(|id| (*id).to_owned()).collect());
+        let (mut seen, mut token) = (Vec::new(), None);
+        loop {
+            let page = pages(want, token).await.unwrap();
+            seen.extend(page.items);
+            match page.next {
+                Some(next) => token = Some(next),
+                None => break,
+            }
+        }
+        (seen, reads.load(std::sync::atomic::Ordering::SeqCst))
+    }
+
+    #[tokio::test]
+    async fn design_documents_are_listed_between_the_two_parts_of_a_range() {
+        let ids = ["A1", "B2", "u1", "u2", "u3"];
+        let designs = ["_design/a", "_design/b"];
+        let ascending = ["A1", "B2", "_design/a", "_design/b", "u1", "u2", "u3"];
+        let (seen, _) = spliced_ids(&ids, &designs, range(None, None, false), 2).await;
+        assert_eq!(seen, ascending);
+        let (seen, _) = spliced_ids(&ids, &designs, range(None, None, true), 2).await;
+        assert_eq!(seen, ascending.iter().rev().copied().collect::<Vec<_>>());
+        let (seen, _) = spliced_ids(&ids, &designs, range(Some("B"), Some("u2"), false), 1).await;
+        assert_eq!(seen, ["B2", "_design/a", "_design/b", "u1", "u2"]);
+        // Without design documents the range is read whole: one backend read per page.
+        let (seen, reads) = spliced_ids(&ids, &[], range(None, None, false), 5).await;
+        assert_eq!((seen, reads), (ids.iter().map(|id| (*id).to_owned()).collect::<Vec<_>>(), 1));
+    }
+
     #[test]
     fn a_user_range_is_cut_to_its_ids_in_both_directions() {
         let alice = Principal::User("alice".into());
