@@ -244,7 +244,7 @@ pub(crate) async fn info_answer(state: &CouchState, viewed: &Viewed, ddoc: &str)
                 "signature": design.signature,
                 "language": language,
                 "sizes": {"active": 0, "external": 0, "file": 0},
-                "update_seq": shown_seq(&group),
+                "update_seq": shown_seq(viewed, &group),
                 "purge_seq": 0,
                 "updater_running": false,
                 "compact_running": false,
@@ -285,11 +285,13 @@ async fn read_object(state: &CouchState, headers: &HeaderMap, body: Body) -> Cou
     }
 }
 
-/// The group's feed position as CouchDB shows a sequence.
-fn shown_seq(group: &ReadyGroup) -> Value {
-    match &group.state.checkpoint {
-        Some(token) => Value::from(crate::database::seq::show(token)),
-        None => Value::from(0),
+/// The group's feed position as the database's `_changes` shows a sequence.
+fn shown_seq(viewed: &Viewed, group: &ReadyGroup) -> Value {
+    match (&group.state.checkpoint, viewed) {
+        (None, _) => Value::from(0),
+        (Some(token), Viewed::Database(_)) => Value::from(crate::database::seq::show(token)),
+        // The data-store database's feed shows its backend's tokens as they are.
+        (Some(token), Viewed::DataStore(_)) => Value::from(token.as_str()),
     }
 }
 
@@ -338,7 +340,7 @@ async fn answer(
             let rows: Vec<Value> = rows.into_iter().map(|(key, value)| json!({"key": key, "value": value})).collect();
             let mut body = json!({ "rows": rows });
             if query.update_seq {
-                body["update_seq"] = shown_seq(&group);
+                body["update_seq"] = shown_seq(viewed, &group);
             }
             Ok(json(StatusCode::OK, body))
         }
@@ -348,7 +350,7 @@ async fn answer(
                 map_rows(store, group.state.number, number, ranges, query.descending, query.skip, query.limit).await?;
             let mut head = format!("{{\"total_rows\":{total_rows},\"offset\":{}", answer.offset);
             if query.update_seq {
-                head.push_str(&format!(",\"update_seq\":{}", shown_seq(&group)));
+                head.push_str(&format!(",\"update_seq\":{}", shown_seq(viewed, &group)));
             }
             head.push_str(",\"rows\":[\n");
             let docs = query.include_docs.then(|| IncludedDocs {
