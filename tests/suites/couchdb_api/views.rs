@@ -552,6 +552,8 @@ pub(super) async fn data_store_views(e: Endpoint) -> TestResult {
     if e.backend == "couchdb" {
         // `_view_cleanup` passes through to the database as design requests do (so does
         // `_design_docs`, which pouchdb-server does not have: it answers 404).
+        // The feed is read here, the design document is CouchDB's: its filters are refused.
+        e.get(&format!("/{DB}/_changes?filter=t/x")).await?.expect(400, "a named filter over CouchDB")?;
         let cleanup = e.post(&format!("/{DB}/_view_cleanup"), json!({})).await?;
         check(cleanup.status.is_success(), || format!("_view_cleanup: {} {}", cleanup.status, cleanup.body))?;
         // pouchdb-server answers `…/queries` with 400 `only_multipart_accepted`, the CouchDB
@@ -575,6 +577,7 @@ pub(super) async fn data_store_views(e: Endpoint) -> TestResult {
     e.post(&format!("/{DB}/_view_cleanup"), json!({})).await?.expect(202, "_view_cleanup")?;
     let after_cleanup = e.get(&format!("{design}/_view/by_ns?group=true&update=false")).await?.expect(200, "kept")?;
     check(after_cleanup.body == grouped.body, || format!("the index in use is kept: {}", after_cleanup.body))?;
+    data_store_filters(&e, &[b["_id"].clone(), c["_id"].clone()], &c["_id"]).await?;
     // `update_seq` is a position of the data-store database's own feed, as `_changes` shows it
     // (DynamoDB's feed may move its end once its settle window passes: checked where exact).
     let with_seq = e.get(&format!("{design}/_view/by_ns?update_seq=true")).await?.expect(200, "update_seq")?;
@@ -638,4 +641,39 @@ async fn data_store_listings(e: &Endpoint, live: &[Value]) -> TestResult {
     check(ids(&designs) == vec![json!("_design/t")], || format!("_design_docs: {}", designs.body))?;
     let info = e.get(&format!("/{DB}")).await?.expect(200, "database info")?;
     check(!counted || info.body["doc_count"] == json!(ascending.len()), || format!("doc_count: {}", info.body))
+}
+
+/// The data-store database's feed with a kept design document's filter (`filter=DDOC/NAME`, a
+/// query parameter reaching it as `req.query`) and with `filter=_view` (the documents `conflicted`
+/// of `_design/t` emits for): `live` are the live documents of namespace `x`, `conflicted` the
+/// one with a conflict.
+async fn data_store_filters(e: &Endpoint, live: &[Value], conflicted: &Value) -> TestResult {
+    let filters = json!({"filters": {"by_ns": "function(doc, req) { return doc.namespace === req.query.ns; }"}});
+    e.put(&format!("/{DB}/_design/f"), filters).await?.expect(201, "PUT a design document with a filter")?;
+    let feed_ids = |answer: &Answer| -> Vec<Value> {
+        let mut ids: Vec<Value> =
+            answer.body["results"].as_array().into_iter().flatten().map(|row| row["id"].clone()).collect();
+        ids.sort_by(|a, b| a.as_str().cmp(&b.as_str()));
+        ids
+    };
+    let by_ns = e.get(&format!("/{DB}/_changes?filter=f/by_ns&ns=x")).await?.expect(200, "filter=f/by_ns")?;
+    check(feed_ids(&by_ns) == live, || format!("filter=f/by_ns&ns=x: {}", by_ns.body))?;
+    let none = e.get(&format!("/{DB}/_changes?filter=f/by_ns&ns=y")).await?.expect(200, "filter, no match")?;
+    check(feed_ids(&none).is_empty(), || format!("filter=f/by_ns&ns=y: {}", none.body))?;
+    let viewed = e
+        // The filter sees `_conflicts` when the feed is asked for them, as CouchDB opens the
+        // documents for it (`couch_changes:open_revs`).
+        .get(&format!("/{DB}/_changes?filter=_view&view=t/conflicted&include_docs=true&conflicts=true"))
+        .await?
+        .expect(200, "filter=_view")?;
+    check(feed_ids(&viewed) == [conflicted.clone()] && viewed.body["results"][0]["doc"]["_id"] == *conflicted, || {
+        format!("filter=_view: {}", viewed.body)
+    })?;
+    e.get(&format!("/{DB}/_changes?filter=f/none")).await?.expect(404, "a missing filter")?;
+    e.get(&format!("/{DB}/_changes?filter=nothing/by_ns")).await?.expect(404, "a missing design document")?;
+    let gone = e.get(&format!("/{DB}/_design/f")).await?.expect(200, "GET _design/f")?.body;
+    e.delete(&format!("/{DB}/_design/f?rev={}", gone["_rev"].as_str().unwrap_or_default()))
+        .await?
+        .expect(200, "DELETE _design/f")?;
+    Ok(())
 }
