@@ -15,6 +15,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::{Extension, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::IntoResponse;
+use futures::future::FutureExt;
 use futures::stream::{self, StreamExt};
 use serde_json::{json, Map, Value};
 
@@ -25,7 +26,7 @@ use super::error::{CouchError, CouchResult};
 use super::request::{bool_param, integer_param, json_param};
 use super::served_db::ServedDb;
 use super::{json, Answer, CouchState};
-use crate::backend::{DocumentBackend, DocumentText, IdRange, StoredDocument};
+use crate::backend::{DocumentBackend, DocumentText, IdRange, Page, StoredDocument};
 
 /// Documents asked of the backend per page while streaming a range.
 const PAGE: usize = 500;
@@ -50,6 +51,39 @@ pub async fn get_all_docs(
     Query(params): Query<HashMap<String, String>>,
 ) -> Answer {
     let request = parse_request(&query_fields(&params)?)?;
+    answer(&state, &principal, request).await
+}
+
+/// `GET /{db}/_design_docs`: `_all_docs` over the design documents' ids (passed to a backend that
+/// runs its own design documents).
+pub async fn get_design_docs(
+    State(state): State<CouchState>,
+    Extension(principal): Extension<Principal>,
+    _served: ServedDb,
+    Query(params): Query<HashMap<String, String>>,
+    uri: axum::http::Uri,
+) -> Answer {
+    if state.store.backend().forwards_requests() {
+        let (method, path) = (axum::http::Method::GET, "_design_docs".to_owned());
+        return super::design::run(&state, &principal, method, path, uri.query(), &HeaderMap::new(), Body::empty())
+            .await;
+    }
+    let mut request = parse_request(&query_fields(&params)?)?;
+    let (low, high) = (DESIGN_PREFIX.to_owned(), "_design0".to_owned());
+    let range = &mut request.range;
+    if range.descending {
+        range.start = Some(range.start.take().map_or(high.clone(), |start| start.min(high.clone())));
+        if range.end.as_ref().is_none_or(|end| *end <= low) {
+            range.end = Some(low);
+            range.inclusive_end = true;
+        }
+    } else {
+        range.start = Some(range.start.take().map_or(low.clone(), |start| start.max(low)));
+        if range.end.as_ref().is_none_or(|end| *end >= high) {
+            range.end = Some(high);
+            range.inclusive_end = false;
+        }
+    }
     answer(&state, &principal, request).await
 }
 
@@ -188,10 +222,14 @@ pub(crate) fn parse_request(fields: &Map<String, Value>) -> CouchResult<AllDocsR
 
 async fn answer(state: &CouchState, principal: &Principal, request: AllDocsRequest) -> Answer {
     let backend = state.store.backend().clone();
+    let designs = design_docs_listed(backend.as_ref(), principal).await?;
     let total_rows = super::server::live_document_count(backend.as_ref()).await?;
+    // CouchDB counts and lists design documents with the others (fixture 046: 41 documents and 2
+    // design documents make `total_rows` 43).
+    let total_rows = total_rows + designs.len() as u64;
     if let Some(keys) = &request.keys {
         let keys = keys_page(keys, &request);
-        let rows = key_rows(backend.as_ref(), principal, &keys, request.include_docs).await?;
+        let rows = key_rows(backend.as_ref(), principal, &keys, request.include_docs, &designs).await?;
         let mut body = json!({ "total_rows": total_rows, "offset": null, "rows": rows });
         // CouchDB answers `update_seq` with `null` when `keys` are given
         // (`fabric_view_all_docs.erl`: `{update_seq, null}` in the keys branch's meta).
@@ -212,7 +250,8 @@ async fn answer(state: &CouchState, principal: &Principal, request: AllDocsReque
         head.push_str(&format!("\"update_seq\":{},", Value::from(seq)));
     }
     head.push_str("\"rows\":[");
-    let mut rows = Box::pin(range_rows(backend, principal.clone(), range, request));
+    let designs: Vec<StoredDocument> = designs.into_iter().filter(|doc| range.contains(&doc.id)).collect();
+    let mut rows = Box::pin(range_rows(backend, principal.clone(), range, request, designs));
     // The first page is read before the status is sent, so a backend that refuses the range
     // answers with an error status, not a 200 cut short after `"rows":[`. A failure on a later
     // page can only end the body early: the chunked transfer then ends without its last chunk,
@@ -350,21 +389,23 @@ impl serde::Serialize for RevValue<'_> {
     }
 }
 
-/// The rows of a range, as JSON text chunks (`,` between rows), one backend page at a time.
+/// The rows of a range, as JSON text chunks (`,` between rows), one backend page at a time, with
+/// `designs` (the design documents in the range, kept by this server) in their place in id order.
 fn range_rows(
     backend: std::sync::Arc<dyn DocumentBackend>,
     principal: Principal,
     range: IdRange,
     request: AllDocsRequest,
+    designs: Vec<StoredDocument>,
 ) -> futures::stream::BoxStream<'static, crate::Result<Bytes>> {
     let unwritable = |e: serde_json::Error| {
         crate::Error::new(crate::error::ErrorKind::Internal, format!("cannot write an _all_docs row: {e}"))
     };
     if request.include_docs {
         let conflicts = request.conflicts;
-        let fetch = move |want: usize, token: Option<String>| {
+        let designs = designs.iter().map(DocumentText::of).collect::<crate::Result<Vec<_>>>();
+        let fetch = move |range: IdRange, want: usize, token: Option<String>| {
             let backend = backend.clone();
-            let range = range.clone();
             async move {
                 let mut page = backend.all_docs_text(&range, want, token.as_deref()).await?;
                 if conflicts {
@@ -372,27 +413,119 @@ fn range_rows(
                 }
                 Ok(page)
             }
+            .boxed()
         };
         let render = move |doc: &DocumentText| {
-            if !principal.may_access_id(&doc.id) {
+            if !doc.id.starts_with(DESIGN_PREFIX) && !principal.may_access_id(&doc.id) {
                 return Ok(None);
             }
             serde_json::to_string(&TextRow(doc)).map(Some).map_err(unwritable)
         };
-        return paged_rows(fetch, render, request.skip, request.limit).boxed();
+        return match designs {
+            Ok(designs) => paged_rows(spliced(fetch, range, designs), render, request.skip, request.limit).boxed(),
+            Err(err) => stream::once(async move { Err(err) }).boxed(),
+        };
     }
-    let fetch = move |want: usize, token: Option<String>| {
+    let fetch = move |range: IdRange, want: usize, token: Option<String>| {
         let backend = backend.clone();
-        let range = range.clone();
-        async move { backend.all_docs(&range, want, token.as_deref()).await }
+        async move { backend.all_docs(&range, want, token.as_deref()).await }.boxed()
     };
     let render = move |doc: &StoredDocument| {
-        if !principal.may_access_id(&doc.id) {
+        if !doc.id.starts_with(DESIGN_PREFIX) && !principal.may_access_id(&doc.id) {
             return Ok(None);
         }
         serde_json::to_string(&RowText(doc)).map(Some).map_err(unwritable)
     };
-    paged_rows(fetch, render, request.skip, request.limit).boxed()
+    paged_rows(spliced(fetch, range, designs), render, request.skip, request.limit).boxed()
+}
+
+/// Where design documents sit among ids: no data-store id starts with `_`, so every one sorts
+/// either below `_design/` or above every `_design/…` id.
+const DESIGN_PREFIX: &str = "_design/";
+
+/// The design documents an `_all_docs` listing shows: those this server keeps for the data-store
+/// database (none where the backend runs its own, the CouchDB backend), to admins only, as every
+/// design document is here.
+async fn design_docs_listed(backend: &dyn DocumentBackend, principal: &Principal) -> CouchResult<Vec<StoredDocument>> {
+    if backend.forwards_requests() || principal.only_user().is_some() {
+        return Ok(Vec::new());
+    }
+    Ok(super::data_design::live_design_docs(backend).await?)
+}
+
+/// A range's pages in three parts, in the range's direction: the backend's ids on one side of the
+/// design documents, the design documents (`designs`, ascending, all in the range), the
+/// backend's ids on the other side. The page token says which part a page continues
+/// (`0:`, `1:`, `2:`, then the backend's own token). Without design documents, the range is
+/// read whole with the backend's own tokens: one backend request per page, as before there were
+/// any (and always over the CouchDB backend, which lists its own).
+fn spliced<T: Clone + Send + Sync + 'static>(
+    fetch: impl Fn(IdRange, usize, Option<String>) -> futures::future::BoxFuture<'static, crate::Result<Page<T>>>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    range: IdRange,
+    mut designs: Vec<T>,
+) -> impl Fn(usize, Option<String>) -> futures::future::BoxFuture<'static, crate::Result<Page<T>>> + Clone {
+    let (below, above) = (part_of(&range, DESIGN_PREFIX, true), part_of(&range, DESIGN_PREFIX, false));
+    let (first, last) = if range.descending { (above, below) } else { (below, above) };
+    if range.descending {
+        designs.reverse();
+    }
+    let whole = designs.is_empty().then_some(range);
+    let designs = std::sync::Arc::new(designs);
+    move |want, token| {
+        let (fetch, first, last, designs) = (fetch.clone(), first.clone(), last.clone(), designs.clone());
+        let whole = whole.clone();
+        async move {
+            if let Some(range) = whole {
+                return fetch(range, want, token).await;
+            }
+            let (part, inner) = match token.as_deref() {
+                None => ("0", None),
+                Some(token) => {
+                    let (part, inner) = token.split_at(token.len().min(2));
+                    (part.trim_end_matches(':'), Some(inner.to_owned()).filter(|inner| !inner.is_empty()))
+                }
+            };
+            let within = |part: &IdRange| !part.holds_nothing();
+            match part {
+                "0" if within(&first) => {
+                    let page = fetch(first, want, inner).await?;
+                    let next = page.next.map_or_else(|| "1:".to_owned(), |next| format!("0:{next}"));
+                    Ok(Page { items: page.items, next: Some(next) })
+                }
+                "0" | "1" => Ok(Page { items: designs.as_ref().clone(), next: Some("2:".to_owned()) }),
+                _ if within(&last) => {
+                    let page = fetch(last, want, inner).await?;
+                    Ok(Page { items: page.items, next: page.next.map(|next| format!("2:{next}")) })
+                }
+                _ => Ok(Page { items: Vec::new(), next: None }),
+            }
+        }
+        .boxed()
+    }
+}
+
+/// The part of `range` holding the ids below `split` (`below`), or those from `split` on.
+fn part_of(range: &IdRange, split: &str, below: bool) -> IdRange {
+    let mut part = range.clone();
+    let split_id = Some(split.to_owned());
+    match (range.descending, below) {
+        (false, true) if range.end.as_deref().is_none_or(|end| end >= split) => {
+            part.end = split_id;
+            part.inclusive_end = false;
+        }
+        (false, false) if range.start.as_deref().is_none_or(|start| start < split) => part.start = split_id,
+        (true, true) if range.start.as_deref().is_none_or(|start| start >= split) => part.start = split_id,
+        (true, false) if range.end.as_deref().is_none_or(|end| end < split) => {
+            part.end = split_id;
+            part.inclusive_end = true;
+        }
+        _ => {}
+    }
+    part
 }
 
 /// A listing's answer streamed: `head` (the JSON up to and including `"rows":[`), the first
@@ -485,11 +618,13 @@ async fn key_rows(
     principal: &Principal,
     keys: &[String],
     include_docs: bool,
+    designs: &[StoredDocument],
 ) -> CouchResult<Vec<Value>> {
-    let visible: Vec<String> = keys.iter().filter(|k| principal.may_access_id(k)).cloned().collect();
+    let visible: Vec<String> =
+        keys.iter().filter(|k| !k.starts_with(DESIGN_PREFIX) && principal.may_access_id(k)).cloned().collect();
     let found = backend.get_many(&visible).await?;
     let mut by_id: HashMap<&str, &StoredDocument> = HashMap::new();
-    for doc in found.iter().flatten() {
+    for doc in found.iter().flatten().chain(designs) {
         by_id.insert(doc.id.as_str(), doc);
     }
     let mut rows = Vec::with_capacity(keys.len());
@@ -498,7 +633,8 @@ async fn key_rows(
             rows.push(row(doc, include_docs));
             continue;
         }
-        let info = if principal.may_access_id(key) { backend.revisions(key).await? } else { None };
+        let visible = !key.starts_with(DESIGN_PREFIX) && principal.may_access_id(key);
+        let info = if visible { backend.revisions(key).await? } else { None };
         match info {
             Some(info) if info.deleted => {
                 let mut row = json!({ "id": key, "key": key, "value": { "rev": info.rev.as_str(), "deleted": true } });
@@ -516,6 +652,77 @@ async fn key_rows(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn range(start: Option<&str>, end: Option<&str>, descending: bool) -> IdRange {
+        IdRange {
+            start: start.map(str::to_owned),
+            end: end.map(str::to_owned),
+            inclusive_end: true,
+            descending,
+            include_design: false,
+        }
+    }
+
+    #[test]
+    fn a_range_is_split_around_the_design_documents_in_both_directions() {
+        for descending in [false, true] {
+            let whole = range(None, None, descending);
+            let (below, above) = (part_of(&whole, DESIGN_PREFIX, true), part_of(&whole, DESIGN_PREFIX, false));
+            for (id, low) in [("A1:x:a", true), ("Z:x:a", true), ("a:x:a", false), ("user_1:x:a", false)] {
+                assert_eq!((below.contains(id), above.contains(id)), (low, !low), "{id}, descending {descending}");
+            }
+        }
+        // A range on one side only leaves the other part empty.
+        assert!(part_of(&range(Some("A"), Some("B"), false), DESIGN_PREFIX, false).holds_nothing());
+        assert!(part_of(&range(Some("u"), Some("v"), false), DESIGN_PREFIX, true).holds_nothing());
+        assert!(part_of(&range(Some("B"), Some("A"), true), DESIGN_PREFIX, false).holds_nothing());
+        assert!(part_of(&range(Some("v"), Some("u"), true), DESIGN_PREFIX, true).holds_nothing());
+    }
+
+    /// Every id `spliced` pages through, `want` at a time, over a backend holding `ids`.
+    async fn spliced_ids(ids: &[&str], designs: &[&str], whole: IdRange, want: usize) -> (Vec<String>, usize) {
+        let stored: Vec<String> = ids.iter().map(|id| (*id).to_owned()).collect();
+        let reads = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = std::sync::Arc::clone(&reads);
+        let fetch = move |range: IdRange, want: usize, token: Option<String>| {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let mut listed: Vec<String> = stored.iter().filter(|id| range.contains(id)).cloned().collect();
+            if range.descending {
+                listed.reverse();
+            }
+            let from: usize = token.as_deref().and_then(|t| t.parse().ok()).unwrap_or(0);
+            let items: Vec<String> = listed.iter().skip(from).take(want).cloned().collect();
+            let next = (from + want < listed.len()).then(|| (from + want).to_string());
+            async move { Ok(Page { items, next }) }.boxed()
+        };
+        let pages = spliced(fetch, whole, designs.iter().map(|id| (*id).to_owned()).collect());
+        let (mut seen, mut token) = (Vec::new(), None);
+        loop {
+            let page = pages(want, token).await.unwrap();
+            seen.extend(page.items);
+            match page.next {
+                Some(next) => token = Some(next),
+                None => break,
+            }
+        }
+        (seen, reads.load(std::sync::atomic::Ordering::SeqCst))
+    }
+
+    #[tokio::test]
+    async fn design_documents_are_listed_between_the_two_parts_of_a_range() {
+        let ids = ["A1", "B2", "u1", "u2", "u3"];
+        let designs = ["_design/a", "_design/b"];
+        let ascending = ["A1", "B2", "_design/a", "_design/b", "u1", "u2", "u3"];
+        let (seen, _) = spliced_ids(&ids, &designs, range(None, None, false), 2).await;
+        assert_eq!(seen, ascending);
+        let (seen, _) = spliced_ids(&ids, &designs, range(None, None, true), 2).await;
+        assert_eq!(seen, ascending.iter().rev().copied().collect::<Vec<_>>());
+        let (seen, _) = spliced_ids(&ids, &designs, range(Some("B"), Some("u2"), false), 1).await;
+        assert_eq!(seen, ["B2", "_design/a", "_design/b", "u1", "u2"]);
+        // Without design documents the range is read whole: one backend read per page.
+        let (seen, reads) = spliced_ids(&ids, &[], range(None, None, false), 5).await;
+        assert_eq!((seen, reads), (ids.iter().map(|id| (*id).to_owned()).collect::<Vec<_>>(), 1));
+    }
 
     #[test]
     fn a_user_range_is_cut_to_its_ids_in_both_directions() {

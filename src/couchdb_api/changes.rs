@@ -237,21 +237,37 @@ pub async fn get_changes(
     _served: ServedDb,
     Query(params): Query<HashMap<String, String>>,
 ) -> Answer {
-    let request = parse_request(&params, None, &state.feeds)?;
-    refuse_named_filter(&request)?;
+    let mut request = parse_request(&params, None, &state.feeds)?;
+    resolve_data_store_filter(&state, &principal, identity.as_ref().map(|e| &e.0), &params, &mut request).await?;
     let owner = feed_owner(identity.as_ref().map(|e| &e.0), peer.map(|e| e.0 .0));
     respond(&state, Asker { principal, owner }, request, None).await
 }
 
-/// The data-store database keeps no design documents here, so no design-document filter runs
-/// on its feed.
-fn refuse_named_filter(request: &ChangesRequest) -> CouchResult<()> {
-    match request.filter {
-        Filter::Named { .. } => Err(CouchError::bad_request(
-            "design-document filters are not run on the data-store database's feed; use _doc_ids, _selector or _design",
-        )),
-        _ => Ok(()),
+/// Resolves `filter=DDOC/NAME` and `filter=_view` on the data-store database against the design
+/// documents this server keeps for it (admins only, as every design document there). Over a
+/// backend that runs its own design documents (CouchDB) the feed is read here but the design
+/// document is the database's, so such a filter is refused (400).
+async fn resolve_data_store_filter(
+    state: &CouchState,
+    principal: &Principal,
+    identity: Option<&Identity>,
+    params: &HashMap<String, String>,
+    request: &mut ChangesRequest,
+) -> CouchResult<()> {
+    let Filter::Named { ddoc, .. } = &request.filter else { return Ok(()) };
+    if state.store.backend().forwards_requests() {
+        return Err(CouchError::bad_request(
+            "design-document filters are not run on the data-store database's feed over this backend; use _doc_ids, _selector or _design",
+        ));
     }
+    if principal.only_user().is_some() {
+        return Err(CouchError::forbidden(
+            "design documents are open to admins only: a view reads every user's documents",
+        ));
+    }
+    let doc = state.data_store_views.design_doc(ddoc).await?;
+    // The data-store database has no `_security` object: CouchDB's default, an empty one.
+    install_named_filter(state, &state.db, doc, json!({}), identity, params, request)
 }
 
 /// Resolves `filter=DDOC/NAME` and `filter=_view` against the database's design document (404
@@ -263,11 +279,27 @@ async fn resolve_filter(
     params: &HashMap<String, String>,
     request: &mut ChangesRequest,
 ) -> CouchResult<()> {
-    let Filter::Named { ddoc, name, view } = &request.filter else { return Ok(()) };
+    let Filter::Named { ddoc, .. } = &request.filter else { return Ok(()) };
     let id = format!("_design/{ddoc}");
     let stored = db.read(&id).await?.ok_or_else(|| CouchError::not_found("missing"))?;
     let winner = stored.tree.winner().filter(|leaf| !leaf.deleted).ok_or_else(|| CouchError::not_found("deleted"))?;
     let doc = super::database::leaf_json(&id, &stored.tree, winner, super::database::DocOptions::default());
+    let sec_obj = super::database::security_of(db).await?;
+    install_named_filter(state, db.name(), doc, sec_obj, identity, params, request)
+}
+
+/// Makes a named filter of `request` the JavaScript filter of the design document `doc` (its
+/// winning revision as CouchDB shows it), with CouchDB's `req` for the function.
+fn install_named_filter(
+    state: &CouchState,
+    db_name: &str,
+    doc: Value,
+    sec_obj: Value,
+    identity: Option<&Identity>,
+    params: &HashMap<String, String>,
+    request: &mut ChangesRequest,
+) -> CouchResult<()> {
+    let Filter::Named { name, view, .. } = &request.filter else { return Ok(()) };
     let found =
         if *view { doc["views"][name.as_str()]["map"].is_string() } else { doc["filters"][name.as_str()].is_string() };
     if !found {
@@ -278,16 +310,18 @@ async fn resolve_filter(
         "method": "GET",
         "query": params,
         "userCtx": {
-            "db": db.name(),
+            "db": db_name,
             "name": who.as_ref().and_then(|who| who.name),
             "roles": who.as_ref().map(|who| who.roles.to_vec()).unwrap_or_default(),
         },
-        "secObj": super::database::security_of(db).await?,
-        "info": {"db_name": db.name()},
+        "secObj": sec_obj,
+        "info": {"db_name": db_name},
         "headers": {},
         "body": "undefined",
     });
-    let code = crate::js::DesignCode::new(id, winner.path.leaf_rev(), Arc::new(doc));
+    let id = doc["_id"].as_str().unwrap_or_default().to_owned();
+    let rev = doc["_rev"].as_str().unwrap_or_default().to_owned();
+    let code = crate::js::DesignCode::new(id, rev, Arc::new(doc));
     let filter = JsFilter { engine: state.js.clone(), code, name: name.clone(), view: *view, req };
     request.filter = Filter::JavaScript(Arc::new(filter));
     Ok(())
@@ -348,8 +382,8 @@ pub async fn post_changes(
 ) -> Answer {
     let owner = feed_owner(identity.as_ref().map(|e| &e.0), peer.map(|e| e.0 .0));
     let body = read_body(&state, &headers, body).await?;
-    let request = parse_request(&params, body.as_ref(), &state.feeds)?;
-    refuse_named_filter(&request)?;
+    let mut request = parse_request(&params, body.as_ref(), &state.feeds)?;
+    resolve_data_store_filter(&state, &principal, identity.as_ref().map(|e| &e.0), &params, &mut request).await?;
     respond(&state, Asker { principal, owner }, request, None).await
 }
 
@@ -775,7 +809,7 @@ async fn rows_of(cursor: &Cursor, changes: &[Change]) -> crate::Result<Vec<Value
             _ => true,
         })
         .collect();
-    let needs_docs = request.include_docs || matches!(request.filter, Filter::Selector(_));
+    let needs_docs = request.include_docs || matches!(request.filter, Filter::Selector(_) | Filter::JavaScript(_));
     let docs = if needs_docs {
         let ids: Vec<String> = visible.iter().filter(|c| !c.deleted).map(|c| c.id.clone()).collect();
         let found = cursor.backend.get_many(&ids).await?;
@@ -800,7 +834,8 @@ async fn rows_of(cursor: &Cursor, changes: &[Change]) -> crate::Result<Vec<Value
     } else {
         HashMap::new()
     };
-    let mut rows = Vec::with_capacity(visible.len());
+    // The documents each change shows (and a filter sees), in feed order.
+    let mut shown = Vec::with_capacity(visible.len());
     for change in visible {
         let tree = trees.get(&change.id);
         let mut doc = if change.deleted {
@@ -821,6 +856,17 @@ async fn rows_of(cursor: &Cursor, changes: &[Change]) -> crate::Result<Vec<Value
                 continue;
             }
         }
+        shown.push((change, doc));
+    }
+    // A design document's filter runs over the page's documents in one engine call.
+    if let Filter::JavaScript(filter) = &request.filter {
+        let docs = shown.iter().map(|(_, doc)| Arc::new(doc.clone())).collect();
+        let passed = filter.passes(docs).await?;
+        shown = shown.into_iter().zip(passed).filter_map(|(each, passed)| passed.then_some(each)).collect();
+    }
+    let mut rows = Vec::with_capacity(shown.len());
+    for (change, doc) in shown {
+        let tree = trees.get(&change.id);
         // The row's revision first, then the tree's other leaves in CouchDB's order.
         let mut leaves = vec![json!({ "rev": change.rev.as_str() })];
         if let (true, Some(tree)) = (request.all_leaves, tree) {

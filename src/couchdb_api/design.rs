@@ -1,12 +1,14 @@
-//! Design documents: `/{db}/_design/…` (the document itself, `_view`, `_show`, `_list`,
-//! `_update`, `_info`, …).
+//! Design documents: `/{db}/_design/…` of the data-store database (the document itself,
+//! `_view`, `_info`, `_show`, `_list`, `_update`, …), and its `_view_cleanup` and
+//! `_design_docs`.
 //!
-//! They hold code (map functions, validation functions) that only CouchDB runs. Over the CouchDB
-//! backend a request is passed to the database unchanged and its answer streamed back
+//! Over the CouchDB backend, which runs design documents itself, a request is passed to the
+//! database unchanged and its answer streamed back
 //! ([`DocumentBackend::design_request`](crate::backend::DocumentBackend::design_request)), so an
-//! existing deployment's views keep answering; over the other backends it is CouchDB's
-//! `501 not_implemented`, naming what is missing. Design documents are for admins only here:
-//! a view reads every user's documents, which a per-user login must not see.
+//! existing deployment's views keep answering as CouchDB answers them. Over the other backends
+//! this process keeps the design documents and answers their views ([`super::data_design`]).
+//! Design documents are for admins only here: a view reads every user's documents, which a
+//! per-user login must not see.
 
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
@@ -26,7 +28,7 @@ const PASSED_HEADERS: [&str; 4] = ["content-type", "accept", "if-match", "if-non
 /// Escapes a design document's name as one path segment (everything but RFC 3986 unreserved).
 const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
 
-/// What cannot run over this backend.
+/// What a backend that neither runs design documents nor lets this process keep them answers.
 pub fn not_supported() -> CouchError {
     CouchError::not_supported("design documents (views, shows, lists, update and validation functions)")
 }
@@ -57,7 +59,7 @@ pub fn path_of_id(id: &str) -> String {
     format!("_design/{}", utf8_percent_encode(name, SEGMENT))
 }
 
-/// Runs a design request through the backend, or answers why it cannot run.
+/// Runs a design request: through the backend where it runs design documents, else here.
 pub async fn run(
     state: &CouchState,
     principal: &Principal,
@@ -71,6 +73,9 @@ pub async fn run(
         return Err(CouchError::forbidden(
             "design documents are open to admins only: a view reads every user's documents",
         ));
+    }
+    if !state.store.backend().forwards_requests() {
+        return super::data_design::answer(state, method, &path, query, headers, body).await;
     }
     let (body, _share) = state.bodies.read_bytes(headers, body).await?;
     let request = DesignRequest {
@@ -110,6 +115,26 @@ pub async fn design_request(
     let answer = match path_below_db(uri.path()) {
         Ok(path) => run(&state, &principal, method, path, uri.query(), &headers, body).await,
         Err(err) => Err(err),
+    };
+    answer.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// `POST /{db}/_view_cleanup`: passed to a backend that runs design documents, else the indexes
+/// of this process that no design document uses are dropped.
+pub async fn view_cleanup(
+    axum::extract::State(state): axum::extract::State<CouchState>,
+    axum::extract::Extension(principal): axum::extract::Extension<Principal>,
+    _served: ServedDb,
+    uri: axum::http::Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let answer = if state.store.backend().forwards_requests() {
+        run(&state, &principal, Method::POST, "_view_cleanup".to_owned(), uri.query(), &headers, body).await
+    } else if principal.only_user().is_some() {
+        Err(CouchError::forbidden("_view_cleanup is open to admins only"))
+    } else {
+        super::data_design::view_cleanup(&state, &headers).await
     };
     answer.unwrap_or_else(IntoResponse::into_response)
 }

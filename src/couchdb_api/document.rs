@@ -489,7 +489,7 @@ fn ancestry_of(rev: &Revision, revisions: Option<&Value>) -> CouchResult<Vec<Str
 }
 
 /// CouchDB's answer to a write: `{"ok": true, "id", "rev"}` with `ETag` and `Location`.
-fn written(state: &CouchState, status: StatusCode, id: &str, rev: &str) -> Response {
+pub(crate) fn written(state: &CouchState, status: StatusCode, id: &str, rev: &str) -> Response {
     let mut response = json(status, json!({ "ok": true, "id": id, "rev": rev }));
     let headers = response.headers_mut();
     headers.insert(header::ETAG, etag(rev));
@@ -674,11 +674,14 @@ fn check_local_name(name: &str) -> CouchResult<()> {
     if name.is_empty() {
         return Err(CouchError::not_found("missing"));
     }
-    // Where the data-store database keeps each document's conflicts: never a client's.
-    if name.starts_with(crate::backend::branches::SIDE_PREFIX) {
+    // Where the data-store database keeps each document's conflicts, its design documents and
+    // its views' incarnation: never a client's.
+    if super::data_design::is_reserved_local(name) {
         return Err(CouchError::forbidden(format!(
-            "local document names starting with {:?} are reserved for the revision trees of this database",
-            crate::backend::branches::SIDE_PREFIX
+            "local document names starting with {:?}, {:?} or {:?} are reserved for this database's own records",
+            crate::backend::branches::SIDE_PREFIX,
+            super::data_design::DESIGN_SIDE_PREFIX,
+            ":views:"
         )));
     }
     Ok(())

@@ -78,9 +78,10 @@ async fn data_store_answer(state: &CouchState, principal: &Principal, request: A
         let (backend, prefix) = listing.clone();
         async move {
             let mut page = backend.local_docs(&names.under_prefix(&prefix), want, token.as_deref()).await?;
-            // The conflicts kept beside documents are no client's local documents.
-            let reserved = format!("{LOCAL_PREFIX}{}", crate::backend::branches::SIDE_PREFIX);
-            page.items.retain(|doc| !doc.id.starts_with(&reserved));
+            // The conflicts, design documents and incarnation this database keeps for itself are
+            // no client's local documents.
+            page.items
+                .retain(|doc| !doc.id.strip_prefix(LOCAL_PREFIX).is_some_and(super::data_design::is_reserved_local));
             Ok(shown_without_prefix(page, &prefix))
         }
     };

@@ -22,6 +22,7 @@ pub mod auth;
 mod branches;
 mod bulk;
 mod changes;
+pub mod data_design;
 pub mod data_document;
 mod database;
 mod design;
@@ -79,6 +80,9 @@ pub(crate) struct CouchState {
     pub views: Arc<crate::views::service::Views>,
     /// The JavaScript engine running design documents' functions (views, filters).
     pub js: crate::js::JsEngine,
+    /// The data-store database as the source of its views' indexes (where its backend does not
+    /// run design documents itself).
+    pub data_store_views: Arc<data_design::DataStoreSource>,
     /// Their routes ([`database::router`]); empty inside those routes' own state.
     pub database_router: axum::Router,
 }
@@ -115,7 +119,10 @@ impl CouchApp {
         let js = crate::js::JsEngine::new(settings.js_limits())
             .map_err(|err| crate::error::Error::new(crate::error::ErrorKind::Internal, err.to_string()))?;
         let auth = Arc::new(auth::CouchAuth::from_settings(settings)?);
+        let data_store_views =
+            Arc::new(data_design::DataStoreSource::new(Arc::clone(store.backend()), &settings.couchdb_db));
         let state = CouchState {
+            data_store_views,
             auth,
             store,
             db: Arc::from(settings.couchdb_db.as_str()),
@@ -215,6 +222,7 @@ fn router(state: CouchState, query_limit: request::EndpointLimit) -> Router {
             get(server::db_info).put(server::create_db).post(document::post_document).delete(server::delete_db),
         )
         .route("/{db}/_all_docs", get(all_docs::get_all_docs).post(all_docs::post_all_docs))
+        .route("/{db}/_design_docs", get(all_docs::get_design_docs))
         .route("/{db}/_local_docs", get(local_docs::local_docs).post(local_docs::local_docs))
         .route("/{db}/_index/{*rest}", axum::routing::delete(query::delete_index))
         .route("/{db}/_bulk_docs", post(bulk::bulk_docs))
@@ -222,6 +230,7 @@ fn router(state: CouchState, query_limit: request::EndpointLimit) -> Router {
         .route("/{db}/_ensure_full_commit", post(bulk::ensure_full_commit))
         .route("/{db}/_local/{*name}", get(document::get_local).put(document::put_local).delete(document::delete_local))
         .route("/{db}/_design/{*rest}", any(design::design_request))
+        .route("/{db}/_view_cleanup", post(design::view_cleanup))
         .route(
             "/{db}/{docid}",
             get(document::get_document).put(document::put_document).delete(document::delete_document),

@@ -7,6 +7,8 @@
 //! - [`index_store`]: the index file: rows, back-index and each group's feed position.
 //! - [`builtin_reduce`]: `_count`, `_sum`, `_stats`, `_approx_count_distinct`.
 //! - [`design`]: a design document's views, and the signature that names their index.
+//! - [`source`]: [`ViewSource`], where a group's documents come from: a database's change feed
+//!   and its documents as a map function sees them (every database, the data-store one too).
 //! - [`updater`]: catching a view group up with the change feed.
 //! - [`query`]: a query's parameters, checked, and the key ranges they select.
 //! - [`run`]: answering a query from the index (rows, or grouped reductions).
@@ -24,9 +26,11 @@ pub mod query;
 pub mod run;
 pub mod service;
 pub mod sort_key;
+pub mod source;
 pub mod updater;
 
 use builtin_reduce::ReduceError;
+pub use source::{SourceDoc, SourcePage, ViewSource};
 
 /// Why a view could not be read, in CouchDB's terms (the HTTP layer maps each to its answer).
 #[derive(Debug)]

@@ -1,5 +1,6 @@
 //! Bringing a view group up to date: reading the database's change feed from the group's
-//! checkpoint, mapping what changed, and writing the rows with the new checkpoint.
+//! checkpoint ([`ViewSource`], any database: the data-store one or another), mapping what
+//! changed, and writing the rows with the new checkpoint.
 //!
 //! One update of a group runs at a time in this process (a lock per group); a query that wants
 //! the index current waits for the running update, then runs its own catch-up, which finds
@@ -14,23 +15,15 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use super::design::DesignViews;
 use super::index_store::{GroupState, IndexStore, MappedDoc};
+use super::source::{SourceDoc, ViewSource};
 use super::ViewError;
-use crate::backend::Precondition;
-use crate::database::document::{leaf_json, DocOptions};
-use crate::database::{Database, DocState};
 
 /// Documents read from the feed and mapped per step.
 pub const FEED_PAGE: usize = 128;
-
-/// The backend's own local document holding the database's incarnation: a random id made when
-/// a view is first built over it. A database deleted and created again under the same name has
-/// a new one, so no index of the old database is ever read for the new one. Not a client's
-/// local document (those are kept under another prefix), so no client can change it.
-const INCARNATION_DOC: &str = "views-incarnation";
 
 /// Runs map functions (JavaScript, or Mango's field maps).
 #[async_trait]
@@ -67,18 +60,18 @@ impl ViewIndexer {
         &self.store
     }
 
-    /// The group of `design` over `db` as it is, creating it empty if it does not exist.
-    pub async fn current(&self, db: &Database, design: &DesignViews) -> Result<ReadyGroup, ViewError> {
-        let name = group_name(db, design).await?;
+    /// The group of `design` over `source` as it is, creating it empty if it does not exist.
+    pub async fn current(&self, source: &dyn ViewSource, design: &DesignViews) -> Result<ReadyGroup, ViewError> {
+        let name = format!("{}{}", source.group_prefix().await?, design.signature);
         let store = Arc::clone(&self.store);
         let views = design.views.len();
         let (name, state) = blocking(move || store.group(&name, views).map(|state| (name, state))).await?;
         Ok(ReadyGroup { name, state })
     }
 
-    /// The group of `design` over `db`, brought up to the end of the feed as of now.
-    pub async fn catch_up(&self, db: &Database, design: &DesignViews) -> Result<ReadyGroup, ViewError> {
-        let mut group = self.current(db, design).await?;
+    /// The group of `design` over `source`, brought up to the end of the feed as of now.
+    pub async fn catch_up(&self, source: &dyn ViewSource, design: &DesignViews) -> Result<ReadyGroup, ViewError> {
+        let mut group = self.current(source, design).await?;
         let lock = self.lock_of(&group.name);
         let _updating = lock.lock().await;
         // Another update may have run while this one waited: start from the recorded state.
@@ -88,41 +81,34 @@ impl ViewIndexer {
             group.state = state;
         }
         loop {
-            let page =
-                db.backend().changes(group.state.checkpoint.as_deref(), FEED_PAGE).await.map_err(ViewError::Storage)?;
-            if page.changes.is_empty() {
+            let page = source.feed_page(group.state.checkpoint.as_deref(), FEED_PAGE).await?;
+            if page.docs.is_empty() {
                 if group.state.checkpoint.as_deref() != Some(page.last_seq.as_str()) {
                     group.state = self.apply(&group.name, Vec::new(), page.last_seq).await?;
                 }
                 break;
             }
-            let states = db.read_changes(&page.changes).await.map_err(ViewError::Storage)?;
-            let mapped = self.map_page(design, &page.changes, states).await?;
+            let mapped = self.map_page(design, page.docs).await?;
             group.state = self.apply(&group.name, mapped, page.last_seq).await?;
-            if page.pending == Some(0) {
+            if page.complete {
                 break;
             }
         }
         Ok(group)
     }
 
-    async fn map_page(
-        &self,
-        design: &DesignViews,
-        changes: &[crate::backend::Change],
-        states: Vec<Option<DocState>>,
-    ) -> Result<Vec<MappedDoc>, ViewError> {
-        let mut mapped = Vec::with_capacity(changes.len());
+    async fn map_page(&self, design: &DesignViews, docs: Vec<SourceDoc>) -> Result<Vec<MappedDoc>, ViewError> {
+        let mut mapped = Vec::with_capacity(docs.len());
         let mut inputs = Vec::new();
         let mut input_ids = Vec::new();
-        for (change, state) in changes.iter().zip(states) {
-            match state.as_ref().and_then(|state| map_input(&change.id, state, design)) {
+        for SourceDoc { id, doc } in docs {
+            match doc.filter(|_| is_mapped(&id, design)) {
                 Some(doc) => {
-                    input_ids.push(change.id.clone());
+                    input_ids.push(id);
                     inputs.push(Arc::new(doc));
                 }
                 // Deleted, never indexed, or not for this group: its rows (if any) go.
-                None => mapped.push(MappedDoc { id: change.id.clone(), rows: Vec::new() }),
+                None => mapped.push(MappedDoc { id, rows: Vec::new() }),
             }
         }
         if !inputs.is_empty() {
@@ -145,10 +131,10 @@ impl ViewIndexer {
         Arc::clone(updating.entry(name.to_owned()).or_default())
     }
 
-    /// Drops every group of `db` that no design document in `keep` (signatures) uses: CouchDB's
-    /// `_view_cleanup`. Returns how many were dropped.
-    pub async fn clean_up(&self, db: &Database, keep: &[String]) -> Result<usize, ViewError> {
-        let prefix = format!("{}\u{0}{}\u{0}", db.name(), incarnation(db).await?);
+    /// Drops every group of `source` that no design document in `keep` (signatures) uses:
+    /// CouchDB's `_view_cleanup`. Returns how many were dropped.
+    pub async fn clean_up(&self, source: &dyn ViewSource, keep: &[String]) -> Result<usize, ViewError> {
+        let prefix = source.group_prefix().await?;
         let store = Arc::clone(&self.store);
         let keep: Vec<String> = keep.iter().map(|signature| format!("{prefix}{signature}")).collect();
         blocking(move || {
@@ -164,55 +150,10 @@ impl ViewIndexer {
     }
 }
 
-/// The document a map function sees: the winning revision with `_id`, `_rev` and `_conflicts`
-/// (CouchDB passes conflicts, so a view can find conflicted documents); `None` when it is not
-/// mapped (deleted, local, or a design document the group does not include).
-fn map_input(id: &str, state: &DocState, design: &DesignViews) -> Option<Value> {
-    if state.deleted() || id.starts_with("_local/") || (id.starts_with("_design/") && !design.include_design) {
-        return None;
-    }
-    let winner = state.tree.winner()?;
-    Some(leaf_json(id, &state.tree, winner, DocOptions { conflicts: true, ..DocOptions::default() }))
-}
-
-/// The group's name in the store: database, incarnation, signature.
-async fn group_name(db: &Database, design: &DesignViews) -> Result<String, ViewError> {
-    Ok(format!("{}\u{0}{}\u{0}{}", db.name(), incarnation(db).await?, design.signature))
-}
-
-/// The database's incarnation ([`INCARNATION_DOC`]), made on first use.
-async fn incarnation(db: &Database) -> Result<String, ViewError> {
-    if let Some(known) = db.views_incarnation() {
-        return Ok(known);
-    }
-    let backend = db.backend();
-    let read = |doc: Option<crate::backend::StoredDocument>| {
-        doc.and_then(|doc| doc.body.get("id").and_then(Value::as_str).map(str::to_owned))
-    };
-    let id = match read(backend.get_local(INCARNATION_DOC).await.map_err(ViewError::Storage)?) {
-        Some(id) => id,
-        None => {
-            let mut random = [0u8; 16];
-            getrandom::fill(&mut random).map_err(|err| {
-                ViewError::Storage(crate::error::Error::new(
-                    crate::error::ErrorKind::Internal,
-                    format!("no random id: {err}"),
-                ))
-            })?;
-            let mut body = Map::new();
-            body.insert("id".into(), Value::from(random.iter().map(|b| format!("{b:02x}")).collect::<String>()));
-            match backend.put_local(INCARNATION_DOC, &body, Precondition::MustNotExist).await {
-                Ok(_) => body.get("id").and_then(Value::as_str).unwrap_or_default().to_owned(),
-                // Another process made it first: read theirs.
-                Err(err) if err.kind() == crate::error::ErrorKind::Conflict => {
-                    read(backend.get_local(INCARNATION_DOC).await.map_err(ViewError::Storage)?)
-                        .ok_or_else(|| ViewError::Storage(err))?
-                }
-                Err(err) => return Err(ViewError::Storage(err)),
-            }
-        }
-    };
-    Ok(db.remember_views_incarnation(id))
+/// Whether a (live) document is mapped by `design`'s group: never a local document, a design
+/// document only with `options.include_design`.
+fn is_mapped(id: &str, design: &DesignViews) -> bool {
+    !id.starts_with("_local/") && (!id.starts_with("_design/") || design.include_design)
 }
 
 /// Runs store work on a blocking thread.
@@ -304,13 +245,13 @@ mod tests {
             }
         }
         db.write("_design/d", &edit(None, json!({"type": "design"}))).await.unwrap();
-        let group = indexer.catch_up(&db, &design).await.unwrap();
+        let group = indexer.catch_up(db.as_ref(), &design).await.unwrap();
         let keys: Vec<Value> = rows(&indexer, &group, by_type).into_iter().map(|(k, _)| k).collect();
         assert_eq!(keys, [json!("a"), json!("b"), json!("c")], "design documents are not mapped");
         assert_eq!(mapper.mapped.load(Ordering::SeqCst), 3);
 
         // Nothing changed: nothing is mapped again.
-        indexer.catch_up(&db, &design).await.unwrap();
+        indexer.catch_up(db.as_ref(), &design).await.unwrap();
         assert_eq!(mapper.mapped.load(Ordering::SeqCst), 3);
 
         // An update, a delete, and a conflicting branch: only those are mapped.
@@ -320,9 +261,9 @@ mod tests {
             .unwrap();
         let branch = crate::database::rev_tree::RevPath::from_revisions(&json!({"start": 1, "ids": ["ffff"]})).unwrap();
         db.write("doc2", &Write::Replicated { path: branch, deleted: false, body: Default::default() }).await.unwrap();
-        let stale = indexer.current(&db, &design).await.unwrap();
+        let stale = indexer.current(db.as_ref(), &design).await.unwrap();
         assert_eq!(rows(&indexer, &stale, by_type).len(), 3, "update=false reads the index as it was");
-        let group = indexer.catch_up(&db, &design).await.unwrap();
+        let group = indexer.catch_up(db.as_ref(), &design).await.unwrap();
         assert_eq!(mapper.mapped.load(Ordering::SeqCst), 5, "the deleted document is not mapped");
         let by_type_rows = rows(&indexer, &group, by_type);
         assert_eq!(by_type_rows.iter().map(|(_, id)| id.as_str()).collect::<Vec<_>>(), ["doc2", "doc0"]);

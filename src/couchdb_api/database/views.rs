@@ -1,11 +1,18 @@
-//! Views of a database whose backend does not forward requests (the embedded store, DynamoDB,
-//! Firestore): `GET/POST /{db}/_design/{ddoc}/_view/{view}`, `POST …/_view/{view}/queries`,
-//! `GET /{db}/_design/{ddoc}/_info` and `POST /{db}/_view_cleanup`, answered from this process's
-//! index ([`crate::views`]). Over the CouchDB backend these requests are forwarded before they
-//! reach here, and CouchDB answers them itself.
+//! Views answered from this process's index ([`crate::views`]), on every database whose
+//! backend does not forward requests (the embedded store, DynamoDB, Firestore): the databases
+//! of [`crate::database`] and the data-store database alike. `GET/POST
+//! /{db}/_design/{ddoc}/_view/{view}`, `POST …/_view/{view}/queries`, `GET
+//! /{db}/_design/{ddoc}/_info` and `POST /{db}/_view_cleanup`. Over the CouchDB backend these
+//! requests are forwarded before they reach here, and CouchDB answers them itself.
 //!
-//! Anyone who may read the database may query its views (a view holds only that database's
-//! documents), as in CouchDB.
+//! What differs between the two kinds of database is one parameter, [`Viewed`]: where the
+//! design documents are read, the change feed the index follows ([`crate::views::ViewSource`]),
+//! and how `include_docs` reads documents. Everything else (parameters, plans, answers) is the
+//! same code.
+//!
+//! On a database of [`crate::database`], anyone who may read it may query its views (a view
+//! holds only that database's documents), as in CouchDB. On the data-store database, views are
+//! for admins ([`crate::couchdb_api::design`]): a view reads every user's documents.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -20,6 +27,7 @@ use serde_json::{json, Map, Value};
 use super::{leaf_json, DocOptions, OpenDb};
 use crate::backend::IdRange;
 use crate::couchdb_api::all_docs::streamed_listing;
+use crate::couchdb_api::data_design::DataStoreSource;
 use crate::couchdb_api::error::{CouchError, CouchResult};
 use crate::couchdb_api::{json, Answer, CouchState};
 use crate::database::Database;
@@ -28,7 +36,7 @@ use crate::views::index_store::IndexRow;
 use crate::views::query::{Plan, Update, ViewQuery};
 use crate::views::run::{map_rows, reduce_rows, ReduceRunner};
 use crate::views::updater::ReadyGroup;
-use crate::views::ViewError;
+use crate::views::{ViewError, ViewSource};
 
 /// Rows whose documents are read together for `include_docs`.
 const DOCS_PER_READ: usize = 64;
@@ -63,6 +71,76 @@ impl From<ViewError> for CouchError {
     }
 }
 
+/// The database a view request is on: what differs between the data-store database and the
+/// others.
+#[derive(Clone)]
+pub(crate) enum Viewed {
+    /// A database of [`crate::database`] (every one besides the data-store database).
+    Database(Arc<Database>),
+    /// The data-store database, over its backend ([`crate::couchdb_api::data_design`]).
+    DataStore(Arc<DataStoreSource>),
+}
+
+impl Viewed {
+    fn source(&self) -> Arc<dyn ViewSource> {
+        match self {
+            Viewed::Database(db) => Arc::clone(db) as Arc<dyn ViewSource>,
+            Viewed::DataStore(source) => Arc::clone(source) as Arc<dyn ViewSource>,
+        }
+    }
+
+    /// The design document `_design/{name}`'s views (404 `missing` / `deleted` as CouchDB).
+    async fn design(&self, name: &str) -> CouchResult<DesignViews> {
+        let id = format!("_design/{name}");
+        let doc = match self {
+            Viewed::Database(db) => {
+                let state = db.read(&id).await?.ok_or_else(|| CouchError::not_found("missing"))?;
+                if state.deleted() {
+                    return Err(CouchError::not_found("deleted"));
+                }
+                let winner = state.tree.winner().ok_or_else(|| CouchError::not_found("missing"))?;
+                leaf_json(&id, &state.tree, winner, DocOptions::default())
+            }
+            Viewed::DataStore(source) => source.design_doc(name).await?,
+        };
+        DesignViews::parse(&doc).map_err(|invalid| ViewError::InvalidDesign(invalid.0).into())
+    }
+
+    /// The signatures of every live design document's views (`_view_cleanup` keeps them).
+    async fn signatures(&self) -> CouchResult<Vec<String>> {
+        let mut keep = Vec::new();
+        match self {
+            Viewed::Database(db) => {
+                let range = IdRange::design_documents();
+                let mut token: Option<String> = None;
+                loop {
+                    let page = db.all_docs(&range, 100, token.as_deref()).await?;
+                    for (id, state) in &page.items {
+                        if let Some(winner) = state.tree.winner() {
+                            let doc = leaf_json(id, &state.tree, winner, DocOptions::default());
+                            if let Ok(design) = DesignViews::parse(&doc) {
+                                keep.push(design.signature);
+                            }
+                        }
+                    }
+                    match page.next {
+                        Some(next) => token = Some(next),
+                        None => break,
+                    }
+                }
+            }
+            Viewed::DataStore(source) => {
+                for doc in source.design_docs().await? {
+                    if let Ok(design) = DesignViews::parse(&doc) {
+                        keep.push(design.signature);
+                    }
+                }
+            }
+        }
+        Ok(keep)
+    }
+}
+
 /// `GET/POST /{db}/_design/{ddoc}/_view/{view}`.
 pub async fn view(
     State(state): State<CouchState>,
@@ -72,16 +150,32 @@ pub async fn view(
     headers: HeaderMap,
     body: Body,
 ) -> Answer {
+    let viewed = Viewed::Database(Arc::clone(&opened.db));
+    view_answer(&state, &viewed, &opened.params.ddoc, &opened.params.view, method, &params, &headers, body).await
+}
+
+/// A view's answer, on any database: the query from `params` and, for a `POST`, the body.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn view_answer(
+    state: &CouchState,
+    viewed: &Viewed,
+    ddoc: &str,
+    view: &str,
+    method: Method,
+    params: &HashMap<String, String>,
+    headers: &HeaderMap,
+    body: Body,
+) -> Answer {
     let mut query = ViewQuery::parse(params.iter().map(|(k, v)| (k.as_str(), v.as_str())))?;
     if method == Method::POST {
-        if let Some(body) = read_object(&state, &headers, body).await? {
+        if let Some(body) = read_object(state, headers, body).await? {
             query.merge_body(&body)?;
         }
     } else if method != Method::GET && method != Method::HEAD {
         return Err(method_not_allowed("GET,HEAD,POST"));
     }
-    let design = load_design(&opened.db, &opened.params.ddoc).await?;
-    answer(&state, &opened.db, &design, &opened.params.view, query).await
+    let design = viewed.design(ddoc).await?;
+    answer(state, viewed, &design, view, query).await
 }
 
 /// `POST /{db}/_design/{ddoc}/_view/{view}/queries`: several queries of one view, answered in
@@ -93,11 +187,25 @@ pub async fn view_queries(
     headers: HeaderMap,
     body: Body,
 ) -> Answer {
-    let body = read_object(&state, &headers, body).await?.unwrap_or_default();
+    let viewed = Viewed::Database(Arc::clone(&opened.db));
+    queries_answer(&state, &viewed, &opened.params.ddoc, &opened.params.view, &params, &headers, body).await
+}
+
+/// The answer of `…/_view/{view}/queries`, on any database.
+pub(crate) async fn queries_answer(
+    state: &CouchState,
+    viewed: &Viewed,
+    ddoc: &str,
+    view: &str,
+    params: &HashMap<String, String>,
+    headers: &HeaderMap,
+    body: Body,
+) -> Answer {
+    let body = read_object(state, headers, body).await?.unwrap_or_default();
     let Some(Value::Array(queries)) = body.get("queries") else {
         return Err(CouchError::bad_request("`queries` member must be an array"));
     };
-    let design = load_design(&opened.db, &opened.params.ddoc).await?;
+    let design = viewed.design(ddoc).await?;
     let mut results = Vec::with_capacity(queries.len());
     for each in queries {
         let Value::Object(fields) = each else {
@@ -105,7 +213,7 @@ pub async fn view_queries(
         };
         let mut query = ViewQuery::parse(params.iter().map(|(k, v)| (k.as_str(), v.as_str())))?;
         query.merge_body(fields)?;
-        let response = answer(&state, &opened.db, &design, &opened.params.view, query).await?;
+        let response = answer(state, viewed, &design, view, query).await?;
         let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
             .await
             .map_err(|err| CouchError::internal(format!("view answer: {err}")))?;
@@ -116,9 +224,14 @@ pub async fn view_queries(
 
 /// `GET /{db}/_design/{ddoc}/_info`.
 pub async fn design_info(State(state): State<CouchState>, opened: OpenDb<DesignPath>) -> Answer {
-    let design = load_design(&opened.db, &opened.params.ddoc).await?;
+    info_answer(&state, &Viewed::Database(Arc::clone(&opened.db)), &opened.params.ddoc).await
+}
+
+/// The answer of `_design/{ddoc}/_info`, on any database.
+pub(crate) async fn info_answer(state: &CouchState, viewed: &Viewed, ddoc: &str) -> Answer {
+    let design = viewed.design(ddoc).await?;
     let indexer = state.views.indexer().await?;
-    let group = indexer.current(&opened.db, &design).await?;
+    let group = indexer.current(viewed.source().as_ref(), &design).await?;
     let language = match design.language {
         crate::views::design::Language::JavaScript => "javascript",
         crate::views::design::Language::Query => "query",
@@ -126,12 +239,12 @@ pub async fn design_info(State(state): State<CouchState>, opened: OpenDb<DesignP
     Ok(json(
         StatusCode::OK,
         json!({
-            "name": opened.params.ddoc,
+            "name": ddoc,
             "view_index": {
                 "signature": design.signature,
                 "language": language,
                 "sizes": {"active": 0, "external": 0, "file": 0},
-                "update_seq": shown_seq(&group),
+                "update_seq": shown_seq(viewed, &group),
                 "purge_seq": 0,
                 "updater_running": false,
                 "compact_running": false,
@@ -145,27 +258,16 @@ pub async fn design_info(State(state): State<CouchState>, opened: OpenDb<DesignP
 /// `POST /{db}/_view_cleanup`: drops the indexes no design document of the database uses.
 pub async fn view_cleanup(State(state): State<CouchState>, opened: OpenDb, headers: HeaderMap) -> Answer {
     opened.access.require_db_admin_to_compact()?;
-    crate::couchdb_api::request::require_json_content_type(&headers)?;
-    let mut keep = Vec::new();
-    let range = IdRange::design_documents();
-    let mut token: Option<String> = None;
-    loop {
-        let page = opened.db.all_docs(&range, 100, token.as_deref()).await?;
-        for (id, state) in &page.items {
-            if let Some(winner) = state.tree.winner() {
-                let doc = leaf_json(id, &state.tree, winner, DocOptions::default());
-                if let Ok(design) = DesignViews::parse(&doc) {
-                    keep.push(design.signature);
-                }
-            }
-        }
-        match page.next {
-            Some(next) => token = Some(next),
-            None => break,
-        }
-    }
-    let dropped = state.views.indexer().await?.clean_up(&opened.db, &keep).await?;
-    tracing::debug!(database = opened.db.name(), dropped, "view cleanup");
+    cleanup_answer(&state, &Viewed::Database(Arc::clone(&opened.db)), &headers).await
+}
+
+/// The answer of `_view_cleanup`, on any database (its caller checked who asks).
+pub(crate) async fn cleanup_answer(state: &CouchState, viewed: &Viewed, headers: &HeaderMap) -> Answer {
+    crate::couchdb_api::request::require_json_content_type(headers)?;
+    let keep = viewed.signatures().await?;
+    let source = viewed.source();
+    let dropped = state.views.indexer().await?.clean_up(source.as_ref(), &keep).await?;
+    tracing::debug!(database = source.name(), dropped, "view cleanup");
     Ok(json(StatusCode::ACCEPTED, json!({ "ok": true })))
 }
 
@@ -183,29 +285,19 @@ async fn read_object(state: &CouchState, headers: &HeaderMap, body: Body) -> Cou
     }
 }
 
-/// The design document `_design/{name}`'s views (404 `missing` / `deleted` as CouchDB).
-async fn load_design(db: &Database, name: &str) -> CouchResult<DesignViews> {
-    let id = format!("_design/{name}");
-    let state = db.read(&id).await?.ok_or_else(|| CouchError::not_found("missing"))?;
-    if state.deleted() {
-        return Err(CouchError::not_found("deleted"));
-    }
-    let winner = state.tree.winner().ok_or_else(|| CouchError::not_found("missing"))?;
-    let doc = leaf_json(&id, &state.tree, winner, DocOptions::default());
-    DesignViews::parse(&doc).map_err(|invalid| ViewError::InvalidDesign(invalid.0).into())
-}
-
-/// The group's feed position as CouchDB shows a sequence.
-fn shown_seq(group: &ReadyGroup) -> Value {
-    match &group.state.checkpoint {
-        Some(token) => Value::from(crate::database::seq::show(token)),
-        None => Value::from(0),
+/// The group's feed position as the database's `_changes` shows a sequence.
+fn shown_seq(viewed: &Viewed, group: &ReadyGroup) -> Value {
+    match (&group.state.checkpoint, viewed) {
+        (None, _) => Value::from(0),
+        (Some(token), Viewed::Database(_)) => Value::from(crate::database::seq::show(token)),
+        // The data-store database's feed shows its backend's tokens as they are.
+        (Some(token), Viewed::DataStore(_)) => Value::from(token.as_str()),
     }
 }
 
 async fn answer(
     state: &CouchState,
-    db: &Arc<Database>,
+    viewed: &Viewed,
     design: &DesignViews,
     view_name: &str,
     query: ViewQuery,
@@ -213,15 +305,16 @@ async fn answer(
     let (number, spec) = design.view(view_name).ok_or_else(|| CouchError::not_found("missing_named_view"))?;
     let plan = query.plan(spec.reduce.is_some())?;
     let indexer = Arc::clone(state.views.indexer().await?);
+    let source = viewed.source();
     let group = match query.update {
-        Update::True => indexer.catch_up(db, design).await?,
-        Update::False => indexer.current(db, design).await?,
+        Update::True => indexer.catch_up(source.as_ref(), design).await?,
+        Update::False => indexer.current(source.as_ref(), design).await?,
         Update::Lazy => {
-            let group = indexer.current(db, design).await?;
-            let (db, design, indexer) = (Arc::clone(db), design.clone(), Arc::clone(&indexer));
+            let group = indexer.current(source.as_ref(), design).await?;
+            let (design, indexer) = (design.clone(), Arc::clone(&indexer));
             tokio::spawn(async move {
-                if let Err(err) = indexer.catch_up(&db, &design).await {
-                    tracing::warn!(database = db.name(), design = design.id, %err, "lazy view update failed");
+                if let Err(err) = indexer.catch_up(source.as_ref(), &design).await {
+                    tracing::warn!(database = source.name(), design = design.id, %err, "lazy view update failed");
                 }
             });
             group
@@ -247,7 +340,7 @@ async fn answer(
             let rows: Vec<Value> = rows.into_iter().map(|(key, value)| json!({"key": key, "value": value})).collect();
             let mut body = json!({ "rows": rows });
             if query.update_seq {
-                body["update_seq"] = shown_seq(&group);
+                body["update_seq"] = shown_seq(viewed, &group);
             }
             Ok(json(StatusCode::OK, body))
         }
@@ -257,11 +350,11 @@ async fn answer(
                 map_rows(store, group.state.number, number, ranges, query.descending, query.skip, query.limit).await?;
             let mut head = format!("{{\"total_rows\":{total_rows},\"offset\":{}", answer.offset);
             if query.update_seq {
-                head.push_str(&format!(",\"update_seq\":{}", shown_seq(&group)));
+                head.push_str(&format!(",\"update_seq\":{}", shown_seq(viewed, &group)));
             }
             head.push_str(",\"rows\":[\n");
             let docs = query.include_docs.then(|| IncludedDocs {
-                db: Arc::clone(db),
+                viewed: viewed.clone(),
                 options: DocOptions { conflicts: query.conflicts.unwrap_or(false), ..DocOptions::default() },
                 inline: query.attachments.then_some(super::attachments::Inline { since: None }),
             });
@@ -271,9 +364,9 @@ async fn answer(
 }
 
 /// What `include_docs` adds to each row: the documents of this database, shown with these
-/// options, attachments inline when `attachments=true`.
+/// options, attachments inline when `attachments=true` (the data-store database keeps none).
 struct IncludedDocs {
-    db: Arc<Database>,
+    viewed: Viewed,
     options: DocOptions,
     inline: Option<super::attachments::Inline>,
 }
@@ -332,7 +425,15 @@ async fn included_docs(included: &IncludedDocs, rows: &[IndexRow]) -> crate::Res
         .iter()
         .map(|row| row.value.get("_id").and_then(Value::as_str).map(str::to_owned).unwrap_or_else(|| row.id.clone()))
         .collect();
-    let states = included.db.read_many(&ids).await?;
+    let db = match &included.viewed {
+        Viewed::Database(db) => db,
+        Viewed::DataStore(source) => {
+            let wanted: Vec<Option<&str>> =
+                rows.iter().map(|row| row.value.get("_rev").and_then(Value::as_str)).collect();
+            return source.included_docs(&ids, &wanted, included.options.conflicts).await;
+        }
+    };
+    let states = db.read_many(&ids).await?;
     let mut docs = Vec::with_capacity(rows.len());
     for ((id, row), state) in ids.iter().zip(rows).zip(states) {
         let Some(state) = state else {
@@ -350,7 +451,7 @@ async fn included_docs(included: &IncludedDocs, rows: &[IndexRow]) -> crate::Res
         };
         let mut doc = leaf_json(id, &state.tree, leaf, included.options);
         if let Some(inline) = &included.inline {
-            super::attachments::inline_into(&included.db, leaf, &mut doc, inline)
+            super::attachments::inline_into(db, leaf, &mut doc, inline)
                 .await
                 .map_err(|err| crate::Error::new(crate::error::ErrorKind::Internal, err.reason))?;
         }

@@ -100,6 +100,7 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("changes_filters", |e| Box::pin(views::changes_filters(e))),
         ("views_emit_order_and_attachments", |e| Box::pin(views::views_emit_order_and_attachments(e))),
         ("validate_doc_update", |e| Box::pin(views::validate_doc_update(e))),
+        ("data_store_views", |e| Box::pin(views::data_store_views(e))),
         ("attachments_multipart_answers", |e| Box::pin(attachments::attachments_multipart_answers(e))),
         ("attachments_gzip_parts", |e| Box::pin(attachments::attachments_gzip_parts(e))),
         ("forwarded_ranges", |e| Box::pin(attachments_forwarded::forwarded_ranges(e))),

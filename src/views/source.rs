@@ -1,0 +1,126 @@
+//! Where a view group's documents come from: [`ViewSource`], a database's change feed read one
+//! page at a time, each changed document as CouchDB shows it to a map function, and the name an
+//! index of that database is kept under.
+//!
+//! Two databases implement it: every database besides the data-store one ([`Database`], here),
+//! and the data-store database (`crate::couchdb_api`, over its `DocumentBackend` and the
+//! data-store rules). The updater ([`super::updater`]) and anything else kept from a feed
+//! (Mango's JSON indexes) read only this trait, so they work the same over both.
+
+use async_trait::async_trait;
+use serde_json::{Map, Value};
+
+use super::ViewError;
+use crate::backend::{DocumentBackend, Precondition, StoredDocument};
+use crate::database::document::{leaf_json, DocOptions};
+use crate::database::Database;
+
+/// One page of a database's change feed, with each changed document read.
+#[derive(Debug, Clone, Default)]
+pub struct SourcePage {
+    /// Each changed document once, in feed order.
+    pub docs: Vec<SourceDoc>,
+    /// Where the next page starts (CouchDB's `last_seq`): every change up to it is in `docs` or
+    /// an earlier page.
+    pub last_seq: String,
+    /// Whether this page reaches the end of the feed as this read saw it (the backend's
+    /// `pending == Some(0)`): every write acknowledged before the read is then in it or before.
+    pub complete: bool,
+}
+
+/// One changed document of a [`SourcePage`].
+#[derive(Debug, Clone)]
+pub struct SourceDoc {
+    pub id: String,
+    /// The winning revision as CouchDB passes it to a map function: `_id`, `_rev`, the body, and
+    /// `_conflicts` when it has any; `None` when the document is deleted (or gone since the feed
+    /// was read: its deletion comes later in the feed).
+    pub doc: Option<Value>,
+}
+
+/// A database whose change feed indexes (views, Mango's JSON indexes) are built from.
+#[async_trait]
+pub trait ViewSource: Send + Sync {
+    /// The database's name, as groups and logs name it.
+    fn name(&self) -> &str;
+
+    /// The database's incarnation: a random id made the first time an index is built over it and
+    /// kept in the database itself, so that a database deleted and created again under the same
+    /// name never reads an index of the one before.
+    async fn incarnation(&self) -> Result<String, ViewError>;
+
+    /// The changes after `since` (`None`: from the start), at most `limit` documents.
+    async fn feed_page(&self, since: Option<&str>, limit: usize) -> Result<SourcePage, ViewError>;
+
+    /// The prefix of every group's name over this database: name and incarnation.
+    async fn group_prefix(&self) -> Result<String, ViewError> {
+        Ok(format!("{}\u{0}{}\u{0}", self.name(), self.incarnation().await?))
+    }
+}
+
+/// The local document of a database's engine holding its incarnation. Not a client's local
+/// document (those are kept under another prefix), so no client can change it.
+const INCARNATION_DOC: &str = "views-incarnation";
+
+#[async_trait]
+impl ViewSource for Database {
+    fn name(&self) -> &str {
+        Database::name(self)
+    }
+
+    async fn incarnation(&self) -> Result<String, ViewError> {
+        if let Some(known) = self.views_incarnation() {
+            return Ok(known);
+        }
+        let id = kept_incarnation(self.backend().as_ref(), INCARNATION_DOC).await?;
+        Ok(self.remember_views_incarnation(id))
+    }
+
+    async fn feed_page(&self, since: Option<&str>, limit: usize) -> Result<SourcePage, ViewError> {
+        let page = self.backend().changes(since, limit).await.map_err(ViewError::Storage)?;
+        let states = self.read_changes(&page.changes).await.map_err(ViewError::Storage)?;
+        let docs = page
+            .changes
+            .into_iter()
+            .zip(states)
+            .map(|(change, state)| {
+                let doc = state.filter(|state| !state.deleted()).and_then(|state| {
+                    let winner = state.tree.winner()?;
+                    Some(leaf_json(
+                        &change.id,
+                        &state.tree,
+                        winner,
+                        DocOptions { conflicts: true, ..DocOptions::default() },
+                    ))
+                });
+                SourceDoc { id: change.id, doc }
+            })
+            .collect();
+        Ok(SourcePage { docs, last_seq: page.last_seq, complete: page.pending == Some(0) })
+    }
+}
+
+/// The incarnation kept in the local document `name` of `backend`, made (a random id) when
+/// there is none yet; when another process makes it first, theirs is read.
+pub async fn kept_incarnation(backend: &dyn DocumentBackend, name: &str) -> Result<String, ViewError> {
+    let read =
+        |doc: Option<StoredDocument>| doc.and_then(|doc| doc.body.get("id").and_then(Value::as_str).map(str::to_owned));
+    if let Some(id) = read(backend.get_local(name).await.map_err(ViewError::Storage)?) {
+        return Ok(id);
+    }
+    let mut random = [0u8; 16];
+    getrandom::fill(&mut random).map_err(|err| {
+        ViewError::Storage(crate::error::Error::new(crate::error::ErrorKind::Internal, format!("no random id: {err}")))
+    })?;
+    let id: String = random.iter().map(|b| format!("{b:02x}")).collect();
+    let mut body = Map::new();
+    body.insert("id".into(), Value::from(id.clone()));
+    match backend.put_local(name, &body, Precondition::MustNotExist).await {
+        Ok(_) => Ok(id),
+        // Another process made it first: read theirs.
+        Err(err) if err.kind() == crate::error::ErrorKind::Conflict => {
+            read(backend.get_local(name).await.map_err(ViewError::Storage)?).ok_or(ViewError::Storage(err))
+        }
+        Err(err) => Err(ViewError::Storage(err)),
+    }
+}
