@@ -313,7 +313,11 @@ pub async fn run(source: Side, target: Side, options: MoveOptions, stop: StopSig
     if mover.options.progress != ProgressMode::None {
         eprintln!("{}", board.line());
     }
-    let verification = if status == MoveStatus::Complete && mover.options.verify {
+    // Following forever ends at a signal while the source may still be written: nothing to compare.
+    let verification = if status == MoveStatus::Complete
+        && mover.options.verify
+        && mover.options.follow != FollowMode::Forever
+    {
         let names: Vec<String> = mover.reports.keys().cloned().collect();
         Some(
             verify::verify(&mover.source, &mover.target, &names, mover.options.batch_size, mover.options.max_issues)

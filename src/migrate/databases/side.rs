@@ -226,6 +226,9 @@ impl Side {
                 let mut missing = Vec::new();
                 for ((id, revs), state) in wanted.iter().zip(states) {
                     let lacking = match state {
+                        // A save a crash cut short: every leaf is sent again, and the write
+                        // finishes the save (`Database::half_written`).
+                        Some(state) if database.half_written(id, Some(&state)).await? => revs.clone(),
                         Some(state) => state.tree.missing(revs).0,
                         None => revs.clone(),
                     };

@@ -26,6 +26,10 @@ pub struct DbVerify {
     pub extra_at_target: u64,
     /// Leaves both have that differ (body, deletion, ancestry or attachments).
     pub different: u64,
+    /// Documents each side's change feed lists (a document the target holds but does not list
+    /// would never reach the target's own replicators).
+    pub source_documents: u64,
+    pub target_documents: u64,
     pub security_equal: bool,
     pub revs_limit_equal: bool,
     /// The first documents (`id rev: what`) that differ.
@@ -38,6 +42,7 @@ impl DbVerify {
             && self.missing_at_target == 0
             && self.extra_at_target == 0
             && self.different == 0
+            && self.source_documents == self.target_documents
             && self.security_equal
             && self.revs_limit_equal
     }
@@ -90,6 +95,7 @@ async fn verify_database(source: &Side, target: &Side, db: &str, batch: usize, m
     let mut since = Value::Null;
     loop {
         let page = source.changes(db, &since, batch).await?;
+        result.source_documents += page.docs.len() as u64;
         let wanted: Vec<(String, Vec<String>)> = page.docs.iter().map(|d| (d.id.clone(), d.leaves.clone())).collect();
         let theirs = target.read_leaves(db, &wanted, false).await?;
         let mut at_target: HashMap<(String, String), Map<String, Value>> = HashMap::with_capacity(theirs.len());
@@ -121,6 +127,7 @@ async fn verify_database(source: &Side, target: &Side, db: &str, batch: usize, m
     let mut since = Value::Null;
     loop {
         let page = target.changes(db, &since, batch).await?;
+        result.target_documents += page.docs.len() as u64;
         let wanted: Vec<(String, Vec<String>)> = page.docs.iter().map(|d| (d.id.clone(), d.leaves.clone())).collect();
         for (id, revs) in source.missing(db, &wanted).await? {
             result.extra_at_target += revs.len() as u64;
