@@ -111,7 +111,6 @@ async fn post(http: &reqwest::Client, url: &str, body: &Value) -> Result<Value, 
 /// Seeds the source; the documents, leaves and attachments written.
 async fn seed(http: &reqwest::Client, root: &str, config: &Config) -> Result<(usize, usize, usize), String> {
     let (mut docs, mut leaves, mut attachments) = (0, 0, 0);
-    let attachment = BASE64.encode((0..ATTACHMENT_BYTES).map(|i| (i * 7 + 3) as u8).collect::<Vec<u8>>());
     let per_db = config.docs.div_ceil(config.databases);
     for n in 0..config.databases {
         let db = db_name(n);
@@ -128,8 +127,11 @@ async fn seed(http: &reqwest::Client, root: &str, config: &Config) -> Result<(us
             let mut doc = json!({"_id": id, "_rev": format!("1-{global:032x}"), "n": global, "kind": "bench",
                 "text": "a body of about one hundred and fifty bytes, like a small record of an application", "tags": ["a", "b"]});
             if config.attachment_percent > 0 && global % (100 / config.attachment_percent.min(100)) == 7 {
+                // Bytes of its own per document, with its number in them.
+                let mut bytes: Vec<u8> = (global as u64).to_le_bytes().to_vec();
+                bytes.extend((0..ATTACHMENT_BYTES - 8).map(|b| (b * 7 + global * 13) as u8));
                 doc["_attachments"] =
-                    json!({"blob.bin": {"content_type": "application/octet-stream", "data": attachment}});
+                    json!({"blob.bin": {"content_type": "application/octet-stream", "data": BASE64.encode(bytes)}});
                 attachments += 1;
             }
             batch.push(doc);

@@ -149,7 +149,9 @@ async fn seed(server: &str, db: &str, docs: usize) -> Result<(), String> {
         if i % 10 == 3 {
             doc["_attachments"] = json!({
                 "blob.bin": {"content_type": "application/octet-stream", "data": BASE64.encode(bytes_of(300 + i, i))},
-                "note.txt": {"content_type": "text/plain", "data": BASE64.encode(format!("note {i}"))}
+                "note.txt": {"content_type": "text/plain", "data": BASE64.encode(format!("note {i}"))},
+                // The same bytes in many documents (content-addressed: uploaded concurrently).
+                "logo.png": {"content_type": "image/png", "data": BASE64.encode(bytes_of(2048, 0))}
             });
         }
         batch.push(doc);

@@ -152,6 +152,8 @@ pub enum MoveStatus {
     Complete,
     /// SIGINT/SIGTERM stopped the copy before every database was copied; the same command resumes.
     Interrupted,
+    /// `--follow` ended by SIGINT/SIGTERM after the copy (its normal end).
+    Stopped,
 }
 
 /// One database in the report.
@@ -313,11 +315,9 @@ pub async fn run(source: Side, target: Side, options: MoveOptions, stop: StopSig
     if mover.options.progress != ProgressMode::None {
         eprintln!("{}", board.line());
     }
-    // Following forever ends at a signal while the source may still be written: nothing to compare.
-    let verification = if status == MoveStatus::Complete
-        && mover.options.verify
-        && mover.options.follow != FollowMode::Forever
-    {
+    // Following forever ends at a signal (`Stopped`) while the source may still be written:
+    // nothing to compare then.
+    let verification = if status == MoveStatus::Complete && mover.options.verify {
         let names: Vec<String> = mover.reports.keys().cloned().collect();
         Some(
             verify::verify(&mover.source, &mover.target, &names, mover.options.batch_size, mover.options.max_issues)
@@ -382,11 +382,11 @@ impl Mover {
             FollowMode::Forever => loop {
                 let mut stop = self.stop.clone();
                 tokio::select! {
-                    _ = stop.raised() => break,
+                    _ = stop.raised() => return Ok(MoveStatus::Stopped),
                     _ = tokio::time::sleep(POLL_INTERVAL) => {}
                 }
                 if !self.pass().await? {
-                    break;
+                    return Ok(MoveStatus::Stopped);
                 }
             },
         }

@@ -26,6 +26,8 @@ use crate::replication_client::{ChangedDoc, CouchClient, FeedPage};
 /// Documents of one page written to a local database at once (each document's leaves in one
 /// write of its tree).
 const WRITE_CONCURRENCY: usize = 16;
+/// Attempts at storing a leaf's attachments against concurrent uploads of the same bytes.
+const PREPARE_ATTEMPTS: u64 = 8;
 /// Open databases a local side keeps (each is a file handle or a client).
 const MAX_OPEN: usize = 64;
 
@@ -335,14 +337,7 @@ async fn write_group(database: &Database, id: &str, docs: Vec<Map<String, Value>
                 continue;
             }
         };
-        if let Err(err) = doc_attachments::prepare(
-            database.attachments(),
-            database.max_attachment_bytes(),
-            &mut parsed.body,
-            &HashMap::new(),
-        )
-        .await
-        {
+        if let Err(err) = prepare_attachments(database, &mut parsed.body).await {
             if matches!(err.kind(), ErrorKind::InvalidInput | ErrorKind::TooLarge) {
                 failures.push(refused("attachment", err.message().to_owned()));
                 continue;
@@ -362,6 +357,35 @@ async fn write_group(database: &Database, id: &str, docs: Vec<Map<String, Value>
         }
     }
     Ok(failures)
+}
+
+/// Stores a leaf's inline attachments ([`doc_attachments::prepare`]). Bytes are
+/// content-addressed, so leaves written at once that carry the same attachment (branches of one
+/// document, copies across documents) upload the same blob concurrently, and the store answers
+/// all but one with a conflict: those are tried again (the blob is then found stored).
+async fn prepare_attachments(database: &Database, body: &mut Map<String, Value>) -> Result<()> {
+    let mut attempt = 0u64;
+    loop {
+        let mut prepared = body.clone();
+        match doc_attachments::prepare(
+            database.attachments(),
+            database.max_attachment_bytes(),
+            &mut prepared,
+            &HashMap::new(),
+        )
+        .await
+        {
+            Ok(()) => {
+                *body = prepared;
+                return Ok(());
+            }
+            Err(err) if err.kind() == ErrorKind::Conflict && attempt < PREPARE_ATTEMPTS => {
+                attempt += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(10 * attempt)).await;
+            }
+            Err(err) => return Err(err),
+        }
+    }
 }
 
 /// Puts the bytes of every attachment the leaf keeps into `doc` (the leaf as shown) as base64.
