@@ -155,7 +155,7 @@ impl CouchClient {
     }
 
     /// Sends a request that must succeed (2xx); any other status is an error naming CouchDB's.
-    async fn expect(&self, method: Method, url: Url, body: Option<&Value>) -> Result<Value> {
+    async fn answer_ok(&self, method: Method, url: Url, body: Option<&Value>) -> Result<Value> {
         let shown = format!("{method} {}", redact(&url));
         let (status, value) = self.send(method, url, body).await?;
         if status.is_success() {
@@ -166,7 +166,7 @@ impl CouchClient {
 
     /// `GET /`: checks the server answers as a CouchDB does.
     pub async fn welcome(&self) -> Result<Value> {
-        let value = self.expect(Method::GET, self.url(&[], &[])?, None).await?;
+        let value = self.answer_ok(Method::GET, self.url(&[], &[])?, None).await?;
         // CouchDB says `"couchdb": "Welcome"`, pouchdb-server `"express-pouchdb": "Welcome!"`.
         if value.get("couchdb").is_none() && value.get("express-pouchdb").is_none() {
             return Err(Error::invalid("url", format!("{} does not answer as a CouchDB server", self.describe())));
@@ -176,7 +176,7 @@ impl CouchClient {
 
     /// `GET /_all_dbs`.
     pub async fn all_dbs(&self) -> Result<Vec<String>> {
-        let value = self.expect(Method::GET, self.url(&["_all_dbs"], &[])?, None).await?;
+        let value = self.answer_ok(Method::GET, self.url(&["_all_dbs"], &[])?, None).await?;
         let Value::Array(names) = value else {
             return Err(Error::new(ErrorKind::Unavailable, "_all_dbs did not answer a list"));
         };
@@ -218,12 +218,12 @@ impl CouchClient {
 
     /// `GET /{db}/_security`.
     pub async fn security(&self, db: &str) -> Result<Value> {
-        self.expect(Method::GET, self.url(&[db, "_security"], &[])?, None).await
+        self.answer_ok(Method::GET, self.url(&[db, "_security"], &[])?, None).await
     }
 
     /// `PUT /{db}/_security`.
     pub async fn put_security(&self, db: &str, security: &Value) -> Result<()> {
-        self.expect(Method::PUT, self.url(&[db, "_security"], &[])?, Some(security)).await.map(|_| ())
+        self.answer_ok(Method::PUT, self.url(&[db, "_security"], &[])?, Some(security)).await.map(|_| ())
     }
 
     /// `GET /{db}/_revs_limit`; `None` where the server has no such route (pouchdb-server).
@@ -248,7 +248,7 @@ impl CouchClient {
             Value::String(text) => query.push(("since", text.clone())),
             other => query.push(("since", other.to_string())),
         }
-        let value = self.expect(Method::GET, self.url(&[db, "_changes"], &query)?, None).await?;
+        let value = self.answer_ok(Method::GET, self.url(&[db, "_changes"], &query)?, None).await?;
         let rows = value.get("results").and_then(Value::as_array).cloned().unwrap_or_default();
         let mut docs = Vec::with_capacity(rows.len());
         for row in &rows {
@@ -280,7 +280,8 @@ impl CouchClient {
             return Ok(Vec::new());
         }
         let body: Map<String, Value> = wanted.iter().map(|(id, revs)| (id.clone(), json!(revs))).collect();
-        let value = self.expect(Method::POST, self.url(&[db, "_revs_diff"], &[])?, Some(&Value::Object(body))).await?;
+        let value =
+            self.answer_ok(Method::POST, self.url(&[db, "_revs_diff"], &[])?, Some(&Value::Object(body))).await?;
         let Value::Object(answer) = value else {
             return Err(Error::new(ErrorKind::Unavailable, "_revs_diff did not answer an object"));
         };
@@ -318,7 +319,7 @@ impl CouchClient {
             query.push(("attachments", "true".to_owned()));
         }
         let body = json!({ "docs": asked, "revs": true, "attachments": attachments });
-        let value = self.expect(Method::POST, self.url(&[db, "_bulk_get"], &query)?, Some(&body)).await?;
+        let value = self.answer_ok(Method::POST, self.url(&[db, "_bulk_get"], &query)?, Some(&body)).await?;
         let results = value.get("results").and_then(Value::as_array).cloned().unwrap_or_default();
         let mut docs = Vec::with_capacity(asked.len());
         for result in results {
@@ -338,7 +339,7 @@ impl CouchClient {
             return Ok(Vec::new());
         }
         let body = json!({ "docs": docs, "new_edits": false });
-        let value = self.expect(Method::POST, self.url(&[db, "_bulk_docs"], &[])?, Some(&body)).await?;
+        let value = self.answer_ok(Method::POST, self.url(&[db, "_bulk_docs"], &[])?, Some(&body)).await?;
         let rows = value.as_array().cloned().unwrap_or_default();
         Ok(rows.into_iter().filter(|row| row.get("error").is_some()).collect())
     }
