@@ -8,6 +8,7 @@
 //! - [`builtin_reduce`]: `_count`, `_sum`, `_stats`, `_approx_count_distinct`.
 //! - [`design`]: a design document's views, and the signature that names their index.
 //! - [`updater`]: catching a view group up with the change feed.
+//! - [`freshness`]: concurrent catch-ups of one group sharing a feed read.
 //! - [`query`]: a query's parameters, checked, and the key ranges they select.
 //! - [`run`]: answering a query from the index (rows, or grouped reductions).
 //! - [`javascript`]: the JavaScript engine ([`crate::js`]) as the views' mapper and reducer.
@@ -16,6 +17,7 @@
 pub mod builtin_reduce;
 pub mod collation;
 pub mod design;
+pub mod freshness;
 pub mod index_store;
 pub mod javascript;
 pub mod query;

@@ -78,6 +78,10 @@ impl ViewIndexer {
 
     /// The group of `design` over `db`, brought up to the end of the feed as of now.
     pub async fn catch_up(&self, db: &Database, design: &DesignViews) -> Result<ReadyGroup, ViewError> {
+        // Queries waiting together share a feed read that began after each of them arrived.
+        if let Some(shared) = super::freshness::shared_catch_up(self, db, design).await {
+            return shared;
+        }
         let mut group = self.current(db, design).await?;
         let lock = self.lock_of(&group.name);
         let _updating = lock.lock().await;
