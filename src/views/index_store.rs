@@ -790,7 +790,7 @@ impl IndexStore {
             blocks
                 .insert(block.start.as_slice(), summary.encode()?.as_slice())
                 .map_err(|e| self.fail("write block", e))?;
-            if block.dirty || count > BLOCK_MAX || count < BLOCK_MIN {
+            if block.dirty || !(BLOCK_MIN..=BLOCK_MAX).contains(&count) {
                 to_rebuild.push((block.start, block.dirty));
             }
         }
