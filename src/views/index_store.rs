@@ -10,19 +10,29 @@
 //!   next one removes exactly those (CouchDB's back-index).
 //! - `view_groups`: group name → [`GroupState`] (JSON): its number, the feed position it has
 //!   reached, and row counts per view.
+//! - `view_blocks`: `group · view · start` → [`BlockSummary`]: the view's rows cut into blocks of
+//!   consecutive rows ([`BLOCK_ROWS`] aimed at), each keyed by where it starts and holding its row
+//!   count and its `_sum` and `_stats` partial reductions. A row belongs to the block with the
+//!   greatest start at or below its key; a view's first block starts at the view prefix itself, so
+//!   every row has one. Counting the rows before a key (CouchDB's `offset`) adds whole blocks'
+//!   counts and scans within one block; a built-in reduce over a range takes whole blocks'
+//!   partials and scans only the edges (docs/views.md, "Index file").
 //! - `view_meta`: the next group number.
 //!
 //! Everything here is synchronous (redb is); callers run it on blocking threads. One write
-//! transaction per batch of mapped documents: a batch's rows and the feed position they reach
-//! commit together, so a crash never leaves rows ahead of or behind the recorded position.
+//! transaction per batch of mapped documents: a batch's rows, their blocks' summaries and the feed
+//! position they reach commit together, so a crash never leaves rows ahead of or behind the
+//! recorded position, or a block's summary apart from its rows.
 
 use std::ops::{Bound, ControlFlow};
 use std::path::{Path, PathBuf};
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::builtin_reduce::{Builtin, Reducer};
 use super::sort_key;
 use crate::error::{Error, ErrorKind, Result};
 
@@ -30,7 +40,25 @@ const ROWS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("view_rows");
 const BACK: TableDefinition<&[u8], &[u8]> = TableDefinition::new("view_back");
 const GROUPS: TableDefinition<&str, &[u8]> = TableDefinition::new("view_groups");
 const META: TableDefinition<&str, u64> = TableDefinition::new("view_meta");
+const BLOCKS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("view_blocks");
 const NEXT_GROUP: &str = "next_group";
+
+/// The layout of a group's tables, recorded in [`GroupState::format`] with the sort-key format:
+/// a group written in another layout (before `view_blocks`, say) is dropped and rebuilt.
+const LAYOUT: &str = "rows+blocks/1";
+
+/// The format a group written now records: the sort-key encoding and the table layout.
+pub fn current_format() -> String {
+    format!("{} {LAYOUT}", sort_key::FORMAT)
+}
+
+/// Rows a block aims at: small enough that scanning one is cheap, large enough that a view of
+/// millions of rows has thousands of blocks, not millions.
+pub const BLOCK_ROWS: u64 = 256;
+/// A block grown past this many rows is cut into blocks of about [`BLOCK_ROWS`].
+pub const BLOCK_MAX: u64 = 2 * BLOCK_ROWS;
+/// A block shrunk below this many rows is merged with its neighbour.
+pub const BLOCK_MIN: u64 = BLOCK_ROWS / 4;
 
 /// A view group's state as recorded with its rows.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -41,8 +69,124 @@ pub struct GroupState {
     pub checkpoint: Option<String>,
     /// Rows per view, in the group's view order.
     pub row_counts: Vec<u64>,
-    /// The sort-key format the rows were written with ([`sort_key::FORMAT`]).
+    /// The sort-key format and table layout the rows were written with ([`current_format`]).
     pub format: String,
+}
+
+/// What a block of consecutive rows of a view holds: its row count and partial reductions, for
+/// answering counts and built-in reduces without reading its rows.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BlockSummary {
+    pub count: u64,
+    /// `_sum` of the block's values; `None` when the block is empty or `_sum` refuses one of its
+    /// values (a query then reads the block's rows, and meets the refusal there).
+    pub sum: Option<Value>,
+    /// `_stats` of the block's values, `None` likewise.
+    pub stats: Option<Value>,
+}
+
+impl BlockSummary {
+    fn empty() -> Self {
+        BlockSummary { count: 0, sum: None, stats: None }
+    }
+
+    /// The summary of these values (rows as `(ignored key, value)`).
+    fn of(values: &[(Value, Value)]) -> Self {
+        if values.is_empty() {
+            return BlockSummary::empty();
+        }
+        BlockSummary {
+            count: values.len() as u64,
+            sum: Builtin::Sum.reduce(values).ok(),
+            stats: Builtin::Stats.reduce(values).ok(),
+        }
+    }
+
+    /// This summary with `more` rows added (their summary).
+    fn joined(self, more: BlockSummary) -> Self {
+        if self.count == 0 {
+            return more;
+        }
+        if more.count == 0 {
+            return self;
+        }
+        let join = |builtin: Builtin, a: Option<Value>, b: Option<Value>| match (a, b) {
+            (Some(a), Some(b)) => builtin.rereduce(&[a, b]).ok(),
+            _ => None,
+        };
+        BlockSummary {
+            count: self.count + more.count,
+            sum: join(Builtin::Sum, self.sum, more.sum),
+            stats: join(Builtin::Stats, self.stats, more.stats),
+        }
+    }
+
+    /// `count (u64 BE) · length of the _sum JSON (u32 BE) · _sum JSON · _stats JSON`, an absent
+    /// partial written as no bytes; the count first, so counting reads 8 bytes.
+    fn encode(&self) -> Result<Vec<u8>> {
+        let json = |partial: &Option<Value>| match partial {
+            Some(value) => serde_json::to_vec(value)
+                .map_err(|err| Error::new(ErrorKind::Internal, format!("encode view block: {err}"))),
+            None => Ok(Vec::new()),
+        };
+        let (sum, stats) = (json(&self.sum)?, json(&self.stats)?);
+        let mut bytes = Vec::with_capacity(12 + sum.len() + stats.len());
+        bytes.extend_from_slice(&self.count.to_be_bytes());
+        bytes.extend_from_slice(&(sum.len() as u32).to_be_bytes());
+        bytes.extend_from_slice(&sum);
+        bytes.extend_from_slice(&stats);
+        Ok(bytes)
+    }
+
+    fn decode(bytes: &[u8]) -> Result<Self> {
+        let corrupt = || Error::new(ErrorKind::Corrupt, "view block summary: truncated".to_owned());
+        let count = block_count(bytes)?;
+        let sum_len = bytes.get(8..12).ok_or_else(corrupt)?;
+        let sum_len = u32::from_be_bytes([sum_len[0], sum_len[1], sum_len[2], sum_len[3]]) as usize;
+        let sum = bytes.get(12..12 + sum_len).ok_or_else(corrupt)?;
+        let stats = &bytes[12 + sum_len..];
+        let json = |part: &[u8]| -> Result<Option<Value>> {
+            if part.is_empty() {
+                return Ok(None);
+            }
+            serde_json::from_slice(part)
+                .map(Some)
+                .map_err(|err| Error::new(ErrorKind::Corrupt, format!("view block summary: {err}")))
+        };
+        Ok(BlockSummary { count, sum: json(sum)?, stats: json(stats)? })
+    }
+}
+
+/// The row count of an encoded [`BlockSummary`], without decoding the rest.
+fn block_count(bytes: &[u8]) -> Result<u64> {
+    let head =
+        bytes.get(..8).ok_or_else(|| Error::new(ErrorKind::Corrupt, "view block summary: truncated".to_owned()))?;
+    Ok(u64::from_be_bytes([head[0], head[1], head[2], head[3], head[4], head[5], head[6], head[7]]))
+}
+
+/// What a scan of a range for a reduce yields: a row, or a whole block of rows in the range taken
+/// at once.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Piece {
+    Row(IndexRow),
+    /// Every row of a block, all within the range. `first_key` and `last_key` are its first and
+    /// last rows' emitted keys when the scan was asked for them (`null` otherwise).
+    Block {
+        summary: BlockSummary,
+        first_key: Value,
+        last_key: Value,
+    },
+}
+
+/// One change to a row made by [`IndexStore::apply`], for updating its block afterwards.
+struct RowChange {
+    /// The row's full key.
+    key: Vec<u8>,
+    /// Rows added (1), removed (-1) or replaced (0).
+    delta: i64,
+    /// The value of a row newly added; `None` for a removal or a replacement, which make the
+    /// block's partials unknown until its rows are read again.
+    added: Option<Value>,
 }
 
 /// One document's mapping: per view (in the group's order), the `(key, value)` rows it emitted.
@@ -106,6 +250,7 @@ impl IndexStore {
             txn.open_table(BACK).map_err(|e| store.fail("create tables", e))?;
             txn.open_table(GROUPS).map_err(|e| store.fail("create tables", e))?;
             txn.open_table(META).map_err(|e| store.fail("create tables", e))?;
+            txn.open_table(BLOCKS).map_err(|e| store.fail("create tables", e))?;
         }
         txn.commit().map_err(|e| store.fail("create tables", e))?;
         Ok(store)
@@ -116,10 +261,10 @@ impl IndexStore {
     }
 
     /// The group named `name` with `views` views, created empty when missing (or when its rows
-    /// were written in another sort-key format: then its old rows are dropped first).
+    /// were written in another format, [`current_format`]: then its old rows are dropped first).
     pub fn group(&self, name: &str, views: usize) -> Result<GroupState> {
         if let Some(state) = self.read_group(name)? {
-            if state.format == sort_key::FORMAT && state.row_counts.len() == views {
+            if state.format == current_format() && state.row_counts.len() == views {
                 return Ok(state);
             }
         }
@@ -131,7 +276,7 @@ impl IndexStore {
                 None => None,
             };
             match existing {
-                Some(state) if state.format == sort_key::FORMAT && state.row_counts.len() == views => state,
+                Some(state) if state.format == current_format() && state.row_counts.len() == views => state,
                 stale => {
                     if let Some(stale) = stale {
                         self.erase_rows(&txn, stale.number)?;
@@ -139,12 +284,8 @@ impl IndexStore {
                     let mut meta = txn.open_table(META).map_err(|e| self.fail("open meta", e))?;
                     let number = meta.get(NEXT_GROUP).map_err(|e| self.fail("read meta", e))?.map_or(1, |v| v.value());
                     meta.insert(NEXT_GROUP, number + 1).map_err(|e| self.fail("write meta", e))?;
-                    let state = GroupState {
-                        number,
-                        checkpoint: None,
-                        row_counts: vec![0; views],
-                        format: sort_key::FORMAT.to_owned(),
-                    };
+                    let state =
+                        GroupState { number, checkpoint: None, row_counts: vec![0; views], format: current_format() };
                     groups.insert(name, encode_state(&state)?.as_slice()).map_err(|e| self.fail("write group", e))?;
                     state
                 }
@@ -191,6 +332,7 @@ impl IndexStore {
             };
             let mut rows = txn.open_table(ROWS).map_err(|e| self.fail("open rows", e))?;
             let mut back = txn.open_table(BACK).map_err(|e| self.fail("open back-index", e))?;
+            let mut changes = Vec::new();
             for doc in docs {
                 let back_key = back_key(state.number, &doc.id);
                 let old = back
@@ -199,6 +341,7 @@ impl IndexStore {
                     .map(|v| v.value().to_vec());
                 for row_key in old.as_deref().map(split_keys).unwrap_or_default() {
                     if rows.remove(row_key).map_err(|e| self.fail("remove row", e))?.is_some() {
+                        changes.push(RowChange { key: row_key.to_vec(), delta: -1, added: None });
                         let view = view_of(row_key);
                         if let Some(count) = state.row_counts.get_mut(view) {
                             *count = count.saturating_sub(1);
@@ -223,6 +366,9 @@ impl IndexStore {
                             .is_none()
                         {
                             state.row_counts[view] += 1;
+                            changes.push(RowChange { key: row_key.clone(), delta: 1, added: Some(value.clone()) });
+                        } else {
+                            changes.push(RowChange { key: row_key.clone(), delta: 0, added: None });
                         }
                         written.extend_from_slice(&(row_key.len() as u32).to_be_bytes());
                         written.extend_from_slice(&row_key);
@@ -233,6 +379,8 @@ impl IndexStore {
                         .map_err(|e| self.fail("write back-index", e))?;
                 }
             }
+            let mut blocks = txn.open_table(BLOCKS).map_err(|e| self.fail("open blocks", e))?;
+            self.update_blocks(&rows, &mut blocks, changes)?;
             state.checkpoint = Some(checkpoint.to_owned());
             groups.insert(name, encode_state(&state)?.as_slice()).map_err(|e| self.fail("write group", e))?;
             state
@@ -252,22 +400,250 @@ impl IndexStore {
         mut each: impl FnMut(IndexRow) -> ControlFlow<()>,
     ) -> Result<()> {
         let prefix = view_prefix(number, view);
-        let low = match &range.low {
-            Bound::Included(bytes) => Bound::Included(join(&prefix, bytes)),
-            Bound::Excluded(bytes) => Bound::Excluded(join(&prefix, bytes)),
-            Bound::Unbounded => Bound::Included(prefix.clone()),
-        };
-        let high = match &range.high {
-            Bound::Included(bytes) => Bound::Included(join(&prefix, bytes)),
-            Bound::Excluded(bytes) => Bound::Excluded(join(&prefix, bytes)),
-            Bound::Unbounded => Bound::Excluded(next_prefix(&prefix)),
-        };
+        let (low, high) = full_bounds(&prefix, range);
         if bounds_are_empty(&low, &high) {
             return Ok(());
         }
         let txn = self.db.begin_read().map_err(|e| self.fail("begin read", e))?;
         let rows = txn.open_table(ROWS).map_err(|e| self.fail("open rows", e))?;
-        let bounds: (Bound<&[u8]>, Bound<&[u8]>) = (as_slice(&low), as_slice(&high));
+        // Whether `each` broke off is no matter: nothing follows.
+        let _ = self.scan_rows(&rows, &low, &high, descending, &mut each)?;
+        Ok(())
+    }
+
+    /// How many rows of view `view` lie below `bound`, an upper bound in row-key bytes after the
+    /// view prefix (`Excluded(k)`: the rows before `k`; `Included(k)`: those at or before it).
+    /// Whole blocks' counts, then a scan within the one block `bound` falls in.
+    pub fn count_below(&self, number: u64, view: usize, bound: &Bound<Vec<u8>>) -> Result<u64> {
+        let prefix = view_prefix(number, view);
+        let (low, high) = full_bounds(&prefix, &RowRange { low: Bound::Unbounded, high: bound.clone() });
+        let txn = self.db.begin_read().map_err(|e| self.fail("begin read", e))?;
+        let rows = txn.open_table(ROWS).map_err(|e| self.fail("open rows", e))?;
+        let blocks = txn.open_table(BLOCKS).map_err(|e| self.fail("open blocks", e))?;
+        let at = match &high {
+            Bound::Included(bytes) | Bound::Excluded(bytes) => bytes.clone(),
+            Bound::Unbounded => next_prefix(&prefix),
+        };
+        let Some((start, _)) = self.block_at(&blocks, &prefix, &at)? else {
+            return self.count_rows(&rows, &low, &high);
+        };
+        let mut total = 0;
+        for entry in
+            blocks.range::<&[u8]>(prefix.as_slice()..start.as_slice()).map_err(|e| self.fail("read blocks", e))?
+        {
+            let (_, summary) = entry.map_err(|e| self.fail("read blocks", e))?;
+            total += block_count(summary.value())?;
+        }
+        Ok(total + self.count_rows(&rows, &Bound::Included(start), &high)?)
+    }
+
+    /// How many rows of view `view` lie above `bound`, a lower bound in row-key bytes after the
+    /// view prefix (`Excluded(k)`: the rows after `k`; `Included(k)`: those at or after it).
+    pub fn count_above(&self, number: u64, view: usize, bound: &Bound<Vec<u8>>) -> Result<u64> {
+        let prefix = view_prefix(number, view);
+        let (low, high) = full_bounds(&prefix, &RowRange { low: bound.clone(), high: Bound::Unbounded });
+        let txn = self.db.begin_read().map_err(|e| self.fail("begin read", e))?;
+        let rows = txn.open_table(ROWS).map_err(|e| self.fail("open rows", e))?;
+        let blocks = txn.open_table(BLOCKS).map_err(|e| self.fail("open blocks", e))?;
+        let at = match &low {
+            Bound::Included(bytes) | Bound::Excluded(bytes) => bytes.clone(),
+            Bound::Unbounded => prefix.clone(),
+        };
+        let Some((start, _)) = self.block_at(&blocks, &prefix, &at)? else {
+            return self.count_rows(&rows, &low, &high);
+        };
+        let view_end = next_prefix(&prefix);
+        let end = self.block_end(&blocks, &prefix, &start)?;
+        let mut total = self.count_rows(&rows, &low, &Bound::Excluded(end.clone()))?;
+        if end < view_end {
+            for entry in
+                blocks.range::<&[u8]>(end.as_slice()..view_end.as_slice()).map_err(|e| self.fail("read blocks", e))?
+            {
+                let (_, summary) = entry.map_err(|e| self.fail("read blocks", e))?;
+                total += block_count(summary.value())?;
+            }
+        }
+        Ok(total)
+    }
+
+    /// Calls `each` with the rows of view `view` within `range`, in key order (or reversed), until
+    /// it breaks, as [`IndexStore::scan`] does, but hands over a block of rows lying wholly within
+    /// the range as one [`Piece::Block`] when `take_whole` accepts it (given its summary and, when
+    /// `with_keys`, its first and last rows' keys; `null` otherwise). A block it refuses comes
+    /// row by row. Only the range's edges, at most a block at each end, are always read row by
+    /// row.
+    #[allow(clippy::too_many_arguments)]
+    pub fn scan_pieces(
+        &self,
+        number: u64,
+        view: usize,
+        range: &RowRange,
+        descending: bool,
+        with_keys: bool,
+        mut take_whole: impl FnMut(&BlockSummary, &Value, &Value) -> bool,
+        mut each: impl FnMut(Piece) -> ControlFlow<()>,
+    ) -> Result<()> {
+        let prefix = view_prefix(number, view);
+        let view_end = next_prefix(&prefix);
+        let (low, high) = full_bounds(&prefix, range);
+        if bounds_are_empty(&low, &high) {
+            return Ok(());
+        }
+        let txn = self.db.begin_read().map_err(|e| self.fail("begin read", e))?;
+        let rows = txn.open_table(ROWS).map_err(|e| self.fail("open rows", e))?;
+        let blocks = txn.open_table(BLOCKS).map_err(|e| self.fail("open blocks", e))?;
+        let (low_bytes, high_bytes) = match (&low, &high) {
+            (Bound::Included(l) | Bound::Excluded(l), Bound::Included(h) | Bound::Excluded(h)) => {
+                (l.clone(), h.clone())
+            }
+            _ => (prefix.clone(), view_end.clone()),
+        };
+        // Every row below a block's `end` is within the range's upper bound.
+        let ends_within = |end: &[u8]| end <= high_bytes.as_slice();
+        // Every row at or after a block's `start` is within the range's lower bound.
+        let starts_within = |start: &[u8]| match &low {
+            Bound::Excluded(l) => start > l.as_slice(),
+            _ => start >= low_bytes.as_slice(),
+        };
+        let mut whole = Whole { with_keys, take_whole: &mut take_whole, each: &mut each };
+        let read_blocks = |e| self.fail("read blocks", e);
+        if !descending {
+            let mut cursor = low.clone();
+            let mut pending: Option<(Vec<u8>, Vec<u8>)> = None;
+            let mut iter = blocks
+                .range::<&[u8]>((Bound::Included(low_bytes.as_slice()), Bound::Excluded(view_end.as_slice())))
+                .map_err(read_blocks)?;
+            loop {
+                let next = match iter.next() {
+                    Some(entry) => {
+                        let (start, summary) = entry.map_err(read_blocks)?;
+                        Some((start.value().to_vec(), summary.value().to_vec()))
+                    }
+                    None => None,
+                };
+                let next_start = next.as_ref().map_or_else(|| view_end.clone(), |(start, _)| start.clone());
+                if let Some((start, summary)) = pending.take() {
+                    if !ends_within(&next_start) {
+                        break;
+                    }
+                    let before = Bound::Excluded(start.clone());
+                    if self
+                        .scan_rows(&rows, &cursor, &before, false, &mut |row| (whole.each)(Piece::Row(row)))?
+                        .is_break()
+                        || self.whole_block(&rows, &mut whole, &start, &next_start, &summary, false)?.is_break()
+                    {
+                        return Ok(());
+                    }
+                    cursor = Bound::Included(next_start.clone());
+                }
+                let Some((start, summary)) = next else { break };
+                if starts_within(&start) {
+                    pending = Some((start, summary));
+                }
+            }
+            let _ = self.scan_rows(&rows, &cursor, &high, false, &mut |row| (whole.each)(Piece::Row(row)))?;
+        } else {
+            let mut cursor = high.clone();
+            let mut end = if high_bytes < view_end {
+                let mut after = blocks
+                    .range::<&[u8]>((Bound::Excluded(high_bytes.as_slice()), Bound::Excluded(view_end.as_slice())))
+                    .map_err(read_blocks)?;
+                match after.next() {
+                    Some(entry) => entry.map_err(read_blocks)?.0.value().to_vec(),
+                    None => view_end.clone(),
+                }
+            } else {
+                view_end.clone()
+            };
+            let top = if high_bytes < view_end {
+                Bound::Included(high_bytes.as_slice())
+            } else {
+                Bound::Excluded(view_end.as_slice())
+            };
+            let candidates =
+                blocks.range::<&[u8]>((Bound::Included(low_bytes.as_slice()), top)).map_err(read_blocks)?;
+            for entry in candidates.rev() {
+                let (start, summary) = entry.map_err(read_blocks)?;
+                let (start, summary) = (start.value().to_vec(), summary.value().to_vec());
+                let block_end = std::mem::replace(&mut end, start.clone());
+                if !ends_within(&block_end) {
+                    continue;
+                }
+                if !starts_within(&start) {
+                    break;
+                }
+                let after = Bound::Included(block_end.clone());
+                if self.scan_rows(&rows, &after, &cursor, true, &mut |row| (whole.each)(Piece::Row(row)))?.is_break()
+                    || self.whole_block(&rows, &mut whole, &start, &block_end, &summary, true)?.is_break()
+                {
+                    return Ok(());
+                }
+                cursor = Bound::Excluded(start);
+            }
+            let _ = self.scan_rows(&rows, &low, &cursor, true, &mut |row| (whole.each)(Piece::Row(row)))?;
+        }
+        Ok(())
+    }
+
+    /// A block wholly within a scanned range: one piece if `whole` takes it, else its rows.
+    fn whole_block<T: ReadableTable<&'static [u8], &'static [u8]>>(
+        &self,
+        rows: &T,
+        whole: &mut Whole<'_, impl FnMut(&BlockSummary, &Value, &Value) -> bool, impl FnMut(Piece) -> ControlFlow<()>>,
+        start: &[u8],
+        end: &[u8],
+        summary: &[u8],
+        descending: bool,
+    ) -> Result<ControlFlow<()>> {
+        let summary = BlockSummary::decode(summary)?;
+        if summary.count == 0 {
+            return Ok(ControlFlow::Continue(()));
+        }
+        let (first_key, last_key) =
+            if whole.with_keys { self.edge_keys(rows, start, end)? } else { (Value::Null, Value::Null) };
+        if (whole.take_whole)(&summary, &first_key, &last_key) {
+            return Ok((whole.each)(Piece::Block { summary, first_key, last_key }));
+        }
+        let (low, high) = (Bound::Included(start.to_vec()), Bound::Excluded(end.to_vec()));
+        self.scan_rows(rows, &low, &high, descending, &mut |row| (whole.each)(Piece::Row(row)))
+    }
+
+    /// The keys of the first and last rows in `[start, end)`.
+    fn edge_keys<T: ReadableTable<&'static [u8], &'static [u8]>>(
+        &self,
+        rows: &T,
+        start: &[u8],
+        end: &[u8],
+    ) -> Result<(Value, Value)> {
+        let mut iter = rows.range::<&[u8]>(start..end).map_err(|e| self.fail("scan rows", e))?;
+        let key_of = |entry: Option<ScannedEntry>| -> Result<Value> {
+            let Some(entry) = entry else { return Ok(Value::Null) };
+            let (_, stored) = entry.map_err(|e| self.fail("scan rows", e))?;
+            let (key, _, _): (Value, IgnoredAny, IgnoredAny) = serde_json::from_slice(stored.value())
+                .map_err(|err| Error::new(ErrorKind::Corrupt, format!("view row: {err}")))?;
+            Ok(key)
+        };
+        let first = key_of(iter.next())?;
+        let last = match iter.next_back() {
+            Some(entry) => key_of(Some(entry))?,
+            None => first.clone(),
+        };
+        Ok((first, last))
+    }
+
+    /// Calls `each` with the rows between two full-key bounds; says whether it broke.
+    fn scan_rows<T: ReadableTable<&'static [u8], &'static [u8]>>(
+        &self,
+        rows: &T,
+        low: &Bound<Vec<u8>>,
+        high: &Bound<Vec<u8>>,
+        descending: bool,
+        each: &mut dyn FnMut(IndexRow) -> ControlFlow<()>,
+    ) -> Result<ControlFlow<()>> {
+        if bounds_are_empty(low, high) {
+            return Ok(ControlFlow::Continue(()));
+        }
+        let bounds: (Bound<&[u8]>, Bound<&[u8]>) = (as_slice(low), as_slice(high));
         let iter = rows.range::<&[u8]>(bounds).map_err(|e| self.fail("scan rows", e))?;
         let mut visit = |entry: ScannedEntry| {
             let (_, stored) = entry.map_err(|e| self.fail("scan rows", e))?;
@@ -278,15 +654,217 @@ impl IndexStore {
         if descending {
             for entry in iter.rev() {
                 if visit(entry)?.is_break() {
-                    break;
+                    return Ok(ControlFlow::Break(()));
                 }
             }
         } else {
             for entry in iter {
                 if visit(entry)?.is_break() {
-                    break;
+                    return Ok(ControlFlow::Break(()));
                 }
             }
+        }
+        Ok(ControlFlow::Continue(()))
+    }
+
+    /// How many rows lie between two full-key bounds (keys only: no row is decoded).
+    fn count_rows<T: ReadableTable<&'static [u8], &'static [u8]>>(
+        &self,
+        rows: &T,
+        low: &Bound<Vec<u8>>,
+        high: &Bound<Vec<u8>>,
+    ) -> Result<u64> {
+        if bounds_are_empty(low, high) {
+            return Ok(0);
+        }
+        let bounds: (Bound<&[u8]>, Bound<&[u8]>) = (as_slice(low), as_slice(high));
+        let mut count = 0;
+        for entry in rows.range::<&[u8]>(bounds).map_err(|e| self.fail("count rows", e))? {
+            entry.map_err(|e| self.fail("count rows", e))?;
+            count += 1;
+        }
+        Ok(count)
+    }
+
+    /// The block holding `key` (a full row key of the view with prefix `prefix`): its start and
+    /// summary. `None` when the view has no block yet.
+    fn block_at<T: ReadableTable<&'static [u8], &'static [u8]>>(
+        &self,
+        blocks: &T,
+        prefix: &[u8],
+        key: &[u8],
+    ) -> Result<Option<(Vec<u8>, BlockSummary)>> {
+        let mut iter = blocks.range::<&[u8]>(prefix..=key).map_err(|e| self.fail("read blocks", e))?;
+        match iter.next_back() {
+            Some(entry) => {
+                let (start, summary) = entry.map_err(|e| self.fail("read blocks", e))?;
+                Ok(Some((start.value().to_vec(), BlockSummary::decode(summary.value())?)))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Where the block starting at `start` ends: the next block's start, or the view's end.
+    fn block_end<T: ReadableTable<&'static [u8], &'static [u8]>>(
+        &self,
+        blocks: &T,
+        prefix: &[u8],
+        start: &[u8],
+    ) -> Result<Vec<u8>> {
+        let view_end = next_prefix(prefix);
+        let bounds: (Bound<&[u8]>, Bound<&[u8]>) = (Bound::Excluded(start), Bound::Excluded(view_end.as_slice()));
+        if start >= view_end.as_slice() {
+            return Ok(view_end);
+        }
+        let mut iter = blocks.range::<&[u8]>(bounds).map_err(|e| self.fail("read blocks", e))?;
+        match iter.next() {
+            Some(entry) => Ok(entry.map_err(|e| self.fail("read blocks", e))?.0.value().to_vec()),
+            None => Ok(view_end),
+        }
+    }
+
+    /// The start of the block before the one starting at `start`, if any.
+    fn block_before<T: ReadableTable<&'static [u8], &'static [u8]>>(
+        &self,
+        blocks: &T,
+        prefix: &[u8],
+        start: &[u8],
+    ) -> Result<Option<Vec<u8>>> {
+        if start <= prefix {
+            return Ok(None);
+        }
+        let mut iter = blocks.range::<&[u8]>(prefix..start).map_err(|e| self.fail("read blocks", e))?;
+        match iter.next_back() {
+            Some(entry) => Ok(Some(entry.map_err(|e| self.fail("read blocks", e))?.0.value().to_vec())),
+            None => Ok(None),
+        }
+    }
+
+    /// Brings the blocks the rows in `changes` belong to up to date: counts and partials folded
+    /// in for added rows; a block that lost or replaced rows, grew past [`BLOCK_MAX`] or shrank
+    /// below [`BLOCK_MIN`] is rebuilt from its rows (split, or merged with a neighbour).
+    fn update_blocks(
+        &self,
+        rows: &redb::Table<&'static [u8], &'static [u8]>,
+        blocks: &mut redb::Table<&'static [u8], &'static [u8]>,
+        mut changes: Vec<RowChange>,
+    ) -> Result<()> {
+        struct Touched {
+            start: Vec<u8>,
+            old: BlockSummary,
+            delta: i64,
+            dirty: bool,
+            added: Vec<(Value, Value)>,
+        }
+        changes.sort_by(|a, b| a.key.cmp(&b.key));
+        let mut touched: Vec<Touched> = Vec::new();
+        let mut end = Vec::new();
+        for change in changes {
+            if touched.is_empty() || change.key >= end {
+                let prefix = change
+                    .key
+                    .get(..VIEW_PREFIX_LEN)
+                    .ok_or_else(|| Error::new(ErrorKind::Internal, "a view row key without its prefix".to_owned()))?;
+                let (start, old) = self
+                    .block_at(&*blocks, prefix, &change.key)?
+                    .unwrap_or_else(|| (prefix.to_vec(), BlockSummary::empty()));
+                end = self.block_end(&*blocks, prefix, &start)?;
+                touched.push(Touched { start, old, delta: 0, dirty: false, added: Vec::new() });
+            }
+            if let Some(block) = touched.last_mut() {
+                block.delta += change.delta;
+                match change.added {
+                    Some(value) => block.added.push((Value::Null, value)),
+                    None => block.dirty = true,
+                }
+            }
+        }
+        let mut to_rebuild = Vec::new();
+        for block in touched {
+            let count = u64::try_from(block.old.count as i64 + block.delta).unwrap_or(0);
+            let summary = if block.dirty {
+                BlockSummary { count, sum: None, stats: None }
+            } else {
+                block.old.joined(BlockSummary::of(&block.added))
+            };
+            blocks
+                .insert(block.start.as_slice(), summary.encode()?.as_slice())
+                .map_err(|e| self.fail("write block", e))?;
+            if block.dirty || !(BLOCK_MIN..=BLOCK_MAX).contains(&count) {
+                to_rebuild.push((block.start, block.dirty));
+            }
+        }
+        for (start, dirty) in to_rebuild {
+            let count = match blocks.get(start.as_slice()).map_err(|e| self.fail("read block", e))? {
+                Some(summary) => block_count(summary.value())?,
+                // Merged into its neighbour by an earlier rebuild.
+                None => continue,
+            };
+            let prefix = start[..VIEW_PREFIX_LEN].to_vec();
+            let prefix = prefix.as_slice();
+            let view_end = next_prefix(prefix);
+            let end = self.block_end(&*blocks, prefix, &start)?;
+            let span = if count < BLOCK_MIN {
+                if let Some(before) = self.block_before(&*blocks, prefix, &start)? {
+                    (before, end)
+                } else if end < view_end {
+                    let after_end = self.block_end(&*blocks, prefix, &end)?;
+                    (start, after_end)
+                } else if dirty {
+                    (start, end)
+                } else {
+                    continue;
+                }
+            } else {
+                (start, end)
+            };
+            self.rebuild_blocks(rows, blocks, prefix, &span.0, &span.1)?;
+        }
+        Ok(())
+    }
+
+    /// Replaces the blocks in `[start, end)` (of the view with prefix `prefix`) with blocks made
+    /// from its rows: one if they are at most [`BLOCK_MAX`], else even blocks of about
+    /// [`BLOCK_ROWS`]. The first keeps `start`, so a view's first block stays at its prefix.
+    fn rebuild_blocks(
+        &self,
+        rows: &redb::Table<&'static [u8], &'static [u8]>,
+        blocks: &mut redb::Table<&'static [u8], &'static [u8]>,
+        prefix: &[u8],
+        start: &[u8],
+        end: &[u8],
+    ) -> Result<()> {
+        let (low, high) = (Bound::Included(start.to_vec()), Bound::Excluded(end.to_vec()));
+        let total = self.count_rows(rows, &low, &high)?;
+        let pieces = if total > BLOCK_MAX { total.div_ceil(BLOCK_ROWS) } else { 1 };
+        let mut made: Vec<(Vec<u8>, BlockSummary)> = Vec::new();
+        let mut piece_start = start.to_vec();
+        let mut values = Vec::new();
+        let mut piece = 0;
+        if total > 0 {
+            let bounds: (Bound<&[u8]>, Bound<&[u8]>) = (as_slice(&low), as_slice(&high));
+            for (index, entry) in rows.range::<&[u8]>(bounds).map_err(|e| self.fail("scan rows", e))?.enumerate() {
+                let (key, stored) = entry.map_err(|e| self.fail("scan rows", e))?;
+                if piece + 1 < pieces && index as u64 == (piece + 1) * total / pieces {
+                    made.push((std::mem::replace(&mut piece_start, key.value().to_vec()), BlockSummary::of(&values)));
+                    values.clear();
+                    piece += 1;
+                }
+                let (_, _, value): (IgnoredAny, IgnoredAny, Value) = serde_json::from_slice(stored.value())
+                    .map_err(|err| Error::new(ErrorKind::Corrupt, format!("view row: {err}")))?;
+                values.push((Value::Null, value));
+            }
+        }
+        made.push((piece_start, BlockSummary::of(&values)));
+        blocks.retain_in::<&[u8], _>(start..end, |_, _| false).map_err(|e| self.fail("rewrite blocks", e))?;
+        for (block_start, summary) in made {
+            // An empty span keeps no block, except a view's first (every row needs one below it).
+            if summary.count == 0 && block_start.as_slice() != prefix {
+                continue;
+            }
+            blocks
+                .insert(block_start.as_slice(), summary.encode()?.as_slice())
+                .map_err(|e| self.fail("write block", e))?;
         }
         Ok(())
     }
@@ -318,6 +896,10 @@ impl IndexStore {
         let mut back = txn.open_table(BACK).map_err(|e| self.fail("open back-index", e))?;
         back.retain_in::<&[u8], _>(prefix.as_slice()..end.as_slice(), |_, _| false)
             .map_err(|e| self.fail("erase back-index", e))?;
+        let mut blocks = txn.open_table(BLOCKS).map_err(|e| self.fail("open blocks", e))?;
+        blocks
+            .retain_in::<&[u8], _>(prefix.as_slice()..end.as_slice(), |_, _| false)
+            .map_err(|e| self.fail("erase blocks", e))?;
         Ok(())
     }
 }
@@ -334,6 +916,31 @@ fn encode_state(state: &GroupState) -> Result<Vec<u8>> {
 
 fn decode_state(bytes: &[u8]) -> Result<GroupState> {
     serde_json::from_slice(bytes).map_err(|err| Error::new(ErrorKind::Corrupt, format!("view group state: {err}")))
+}
+
+/// What [`IndexStore::scan_pieces`] does with a block wholly within its range.
+struct Whole<'a, T, E> {
+    with_keys: bool,
+    take_whole: &'a mut T,
+    each: &'a mut E,
+}
+
+/// The bytes of a view's prefix: group number (8) and view number (2).
+const VIEW_PREFIX_LEN: usize = 10;
+
+/// A range within a view as bounds on full row keys (never unbounded: the view's own bounds).
+fn full_bounds(prefix: &[u8], range: &RowRange) -> (Bound<Vec<u8>>, Bound<Vec<u8>>) {
+    let low = match &range.low {
+        Bound::Included(bytes) => Bound::Included(join(prefix, bytes)),
+        Bound::Excluded(bytes) => Bound::Excluded(join(prefix, bytes)),
+        Bound::Unbounded => Bound::Included(prefix.to_vec()),
+    };
+    let high = match &range.high {
+        Bound::Included(bytes) => Bound::Included(join(prefix, bytes)),
+        Bound::Excluded(bytes) => Bound::Excluded(join(prefix, bytes)),
+        Bound::Unbounded => Bound::Excluded(next_prefix(prefix)),
+    };
+    (low, high)
 }
 
 fn view_prefix(number: u64, view: usize) -> Vec<u8> {
@@ -412,7 +1019,7 @@ fn bounds_are_empty(low: &Bound<Vec<u8>>, high: &Bound<Vec<u8>>) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use serde_json::json;
 
@@ -502,5 +1109,289 @@ mod tests {
             })
             .unwrap();
         assert_eq!(first.as_deref(), Some("d6"));
+    }
+
+    /// A deterministic pseudo-random source (xorshift64*), so a failing case can be replayed.
+    pub(crate) struct Random(u64);
+
+    impl Random {
+        pub(crate) fn new(seed: u64) -> Self {
+            Random(seed.max(1))
+        }
+
+        pub(crate) fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        }
+
+        /// A number in `0..bound`.
+        pub(crate) fn below(&mut self, bound: u64) -> u64 {
+            self.next() % bound.max(1)
+        }
+    }
+
+    /// A random emitted key: mostly `[a, b]` arrays (for group levels), some numbers, strings
+    /// and shorter arrays, with many repeats.
+    pub(crate) fn random_key(random: &mut Random) -> Value {
+        match random.below(10) {
+            0 => json!(random.below(20)),
+            1 => json!(format!("s{}", random.below(15))),
+            2 => json!([random.below(6)]),
+            _ => json!([random.below(6), random.below(12), random.below(3)]),
+        }
+    }
+
+    /// Random documents out of `ids` ids for a two-view group: view 0 emits 0 to 3 rows with
+    /// integer values; view 1 one row whose value is now and then a string (which `_sum` and
+    /// `_stats` refuse). A document with no rows is a deletion.
+    pub(crate) fn random_docs(random: &mut Random, count: usize, ids: u64) -> Vec<MappedDoc> {
+        (0..count)
+            .map(|_| {
+                let id = format!("d{:05}", random.below(ids));
+                if random.below(8) == 0 {
+                    return MappedDoc { id, rows: vec![vec![], vec![]] };
+                }
+                let first = (0..random.below(4))
+                    .map(|_| (random_key(random), json!(random.below(1000) as i64 - 300)))
+                    .collect();
+                let value = if random.below(3000) == 0 { json!("not a number") } else { json!(random.below(50)) };
+                MappedDoc { id, rows: vec![first, vec![(random_key(random), value)]] }
+            })
+            .collect()
+    }
+
+    /// A store whose group `g` (two views) went through `rounds` random batches.
+    pub(crate) fn random_store(seed: u64, rounds: usize) -> (tempfile::TempDir, IndexStore, u64) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = IndexStore::open(&dir.path().join("views.redb")).unwrap();
+        let number = store.group("g", 2).unwrap().number;
+        let mut random = Random::new(seed);
+        for round in 0..rounds {
+            let size = [1, 20, 300, 1500][random.below(4) as usize];
+            let docs = random_docs(&mut random, size, 4000);
+            store.apply("g", &docs, &format!("s{round}")).unwrap();
+        }
+        (dir, store, number)
+    }
+
+    fn blocks_of(store: &IndexStore, number: u64, view: usize) -> Vec<(Vec<u8>, BlockSummary)> {
+        let prefix = view_prefix(number, view);
+        let end = next_prefix(&prefix);
+        let txn = store.db.begin_read().unwrap();
+        let blocks = txn.open_table(BLOCKS).unwrap();
+        let found = blocks
+            .range::<&[u8]>(prefix.as_slice()..end.as_slice())
+            .unwrap()
+            .map(|entry| {
+                let (start, summary) = entry.unwrap();
+                (start.value().to_vec(), BlockSummary::decode(summary.value()).unwrap())
+            })
+            .collect();
+        found
+    }
+
+    /// Every block of the view holds the count and partials of exactly its rows, the first
+    /// starts at the view's prefix, none is over [`BLOCK_MAX`], and only the first is under
+    /// [`BLOCK_MIN`].
+    fn check_blocks(store: &IndexStore, number: u64, view: usize) {
+        let prefix = view_prefix(number, view);
+        let blocks = blocks_of(store, number, view);
+        let state_rows = all_rows(store, number, view, false).len() as u64;
+        if state_rows == 0 && blocks.is_empty() {
+            return;
+        }
+        assert_eq!(blocks[0].0, prefix, "the first block starts at the view's prefix");
+        let mut counted = 0;
+        for (index, (start, summary)) in blocks.iter().enumerate() {
+            let high = match blocks.get(index + 1) {
+                Some((next, _)) => Bound::Excluded(next[VIEW_PREFIX_LEN..].to_vec()),
+                None => Bound::Unbounded,
+            };
+            let mut values = Vec::new();
+            store
+                .scan(
+                    number,
+                    view,
+                    &RowRange { low: Bound::Included(start[VIEW_PREFIX_LEN..].to_vec()), high },
+                    false,
+                    |row| {
+                        values.push((Value::Null, row.value));
+                        ControlFlow::Continue(())
+                    },
+                )
+                .unwrap();
+            assert_eq!(summary, &BlockSummary::of(&values), "block {index} of {}", blocks.len());
+            assert!(summary.count <= BLOCK_MAX, "block {index} has {} rows", summary.count);
+            if index > 0 {
+                assert!(summary.count >= BLOCK_MIN, "block {index} has {} rows", summary.count);
+            }
+            counted += summary.count;
+        }
+        assert_eq!(counted, state_rows);
+    }
+
+    /// A random bound within view rows: a key's sort key, with or without an id after it, or
+    /// past every row of the key.
+    fn random_bound(random: &mut Random) -> Bound<Vec<u8>> {
+        let mut bytes = sort_key::encode(&random_key(random));
+        match random.below(3) {
+            0 => sort_key::escape_into(format!("d{:05}", random.below(4000)).as_bytes(), &mut bytes),
+            1 => bytes.push(sort_key::AFTER_ALL),
+            _ => {}
+        }
+        if random.below(2) == 0 {
+            Bound::Included(bytes)
+        } else {
+            Bound::Excluded(bytes)
+        }
+    }
+
+    fn plain_count(store: &IndexStore, number: u64, view: usize, range: RowRange) -> u64 {
+        let mut count = 0;
+        store
+            .scan(number, view, &range, false, |_| {
+                count += 1;
+                ControlFlow::Continue(())
+            })
+            .unwrap();
+        count
+    }
+
+    #[test]
+    fn blocks_follow_random_inserts_updates_and_deletes() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = IndexStore::open(&dir.path().join("views.redb")).unwrap();
+        let number = store.group("g", 2).unwrap().number;
+        let mut random = Random::new(26);
+        let mut saw_many_blocks = false;
+        for round in 0..40 {
+            let size = [1, 20, 300, 1500][random.below(4) as usize];
+            let docs = random_docs(&mut random, size, 4000);
+            store.apply("g", &docs, &format!("s{round}")).unwrap();
+            check_blocks(&store, number, 0);
+            check_blocks(&store, number, 1);
+            saw_many_blocks |= blocks_of(&store, number, 0).len() > 10;
+        }
+        assert!(saw_many_blocks, "the random data never made more than 10 blocks");
+        // Deleting every document leaves each view one empty block.
+        let ids: Vec<MappedDoc> =
+            (0..4000).map(|i| MappedDoc { id: format!("d{i:05}"), rows: vec![vec![], vec![]] }).collect();
+        let state = store.apply("g", &ids, "gone").unwrap();
+        assert_eq!(state.row_counts, vec![0, 0]);
+        for view in 0..2 {
+            check_blocks(&store, number, view);
+            assert_eq!(blocks_of(&store, number, view).len(), 1);
+        }
+    }
+
+    #[test]
+    fn block_counts_agree_with_counting_rows() {
+        let (_dir, store, number) = random_store(7, 12);
+        let mut random = Random::new(8);
+        for _ in 0..300 {
+            let view = random.below(2) as usize;
+            let bound = random_bound(&mut random);
+            let below = store.count_below(number, view, &bound).unwrap();
+            assert_eq!(
+                below,
+                plain_count(&store, number, view, RowRange { low: Bound::Unbounded, high: bound.clone() })
+            );
+            let above = store.count_above(number, view, &bound).unwrap();
+            assert_eq!(above, plain_count(&store, number, view, RowRange { low: bound, high: Bound::Unbounded }));
+        }
+    }
+
+    #[test]
+    fn pieces_cover_exactly_the_rows_of_a_range() {
+        let (_dir, store, number) = random_store(11, 10);
+        let mut random = Random::new(12);
+        let mut blocks_taken = 0;
+        for _ in 0..200 {
+            let view = random.below(2) as usize;
+            let (a, b) = (random_bound(&mut random), random_bound(&mut random));
+            let range = match (&a, &b) {
+                (Bound::Included(x) | Bound::Excluded(x), Bound::Included(y) | Bound::Excluded(y)) if x > y => {
+                    RowRange { low: b, high: a }
+                }
+                _ => RowRange { low: a, high: b },
+            };
+            let range = match random.below(5) {
+                0 => RowRange { low: Bound::Unbounded, high: range.high },
+                1 => RowRange { low: range.low, high: Bound::Unbounded },
+                _ => range,
+            };
+            let descending = random.below(2) == 0;
+            let mut plain = Vec::new();
+            store
+                .scan(number, view, &range, descending, |row| {
+                    plain.push(row);
+                    ControlFlow::Continue(())
+                })
+                .unwrap();
+            // Blocks taken at random: the rows left out are exactly those the blocks stand for.
+            let mut rows = Vec::new();
+            let mut in_blocks = BlockSummary::empty();
+            let mut skipped = 0u64;
+            store
+                .scan_pieces(
+                    number,
+                    view,
+                    &range,
+                    descending,
+                    true,
+                    |_, _, _| random.below(3) != 0,
+                    |piece| {
+                        match piece {
+                            Piece::Row(row) => rows.push(row),
+                            Piece::Block { summary, first_key, last_key } => {
+                                assert!(summary.count > 0);
+                                let (first, last) = (sort_key::encode(&first_key), sort_key::encode(&last_key));
+                                assert!(first <= last);
+                                skipped += summary.count;
+                                in_blocks = std::mem::replace(&mut in_blocks, BlockSummary::empty()).joined(summary);
+                                blocks_taken += 1;
+                            }
+                        }
+                        ControlFlow::Continue(())
+                    },
+                )
+                .unwrap();
+            assert_eq!(rows.len() as u64 + skipped, plain.len() as u64);
+            let mut plain_left = plain.clone();
+            plain_left.retain(|row| rows.contains(row));
+            assert_eq!(rows, plain_left, "rows come in the scan's order");
+            let left_out: Vec<(Value, Value)> =
+                plain.iter().filter(|row| !rows.contains(row)).map(|row| (Value::Null, row.value.clone())).collect();
+            let expected = BlockSummary::of(&left_out);
+            assert_eq!(in_blocks.count, expected.count);
+            assert_eq!(in_blocks.sum, expected.sum);
+        }
+        assert!(blocks_taken > 50, "only {blocks_taken} blocks were taken whole");
+    }
+
+    #[test]
+    fn groups_written_in_an_older_format_are_rebuilt() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = IndexStore::open(&dir.path().join("views.redb")).unwrap();
+        let old = store.group("g", 1).unwrap();
+        store.apply("g", &[doc("a", vec![vec![(json!(1), json!(1))]])], "s1").unwrap();
+        // As a file written before blocks existed records it.
+        let txn = store.db.begin_write().unwrap();
+        {
+            let mut groups = txn.open_table(GROUPS).unwrap();
+            let mut state = old.clone();
+            state.format = sort_key::FORMAT.to_owned();
+            state.checkpoint = Some("s1".into());
+            groups.insert("g", encode_state(&state).unwrap().as_slice()).unwrap();
+        }
+        txn.commit().unwrap();
+        let fresh = store.group("g", 1).unwrap();
+        assert_ne!(fresh.number, old.number);
+        assert_eq!(fresh.checkpoint, None);
+        assert_eq!(fresh.format, current_format());
+        assert!(all_rows(&store, old.number, 0, false).is_empty());
+        assert!(blocks_of(&store, old.number, 0).is_empty());
     }
 }

@@ -10,6 +10,7 @@
 //! - [`source`]: [`ViewSource`], where a group's documents come from: a database's change feed
 //!   and its documents as a map function sees them (every database, the data-store one too).
 //! - [`updater`]: catching a view group up with the change feed.
+//! - [`freshness`]: concurrent catch-ups of one group sharing a feed read.
 //! - [`query`]: a query's parameters, checked, and the key ranges they select.
 //! - [`run`]: answering a query from the index (rows, or grouped reductions).
 //! - [`javascript`]: the JavaScript engine ([`crate::js`]) as the views' mapper and reducer.
@@ -19,6 +20,7 @@
 pub mod builtin_reduce;
 pub mod collation;
 pub mod design;
+pub mod freshness;
 pub mod index_store;
 pub mod javascript;
 pub mod mango_map;

@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 
 use super::builtin_reduce::{Builtin, Reducer};
 use super::design::{DesignViews, ReduceFn};
-use super::index_store::{IndexRow, IndexStore, RowRange};
+use super::index_store::{BlockSummary, IndexRow, IndexStore, Piece, RowRange};
 use super::query::{group_key, Grouping};
 use super::sort_key;
 use super::ViewError;
@@ -85,7 +85,9 @@ pub async fn map_rows(
     Ok(MapRows { offset: before + skip, rows: receiver })
 }
 
-/// How many rows of the view come before `range` in the scan's direction.
+/// How many rows of the view come before `range` in the scan's direction, from the index's
+/// block counts ([`IndexStore::count_below`]): a sum over blocks plus a scan within one block,
+/// not a count of every row before the range.
 fn rows_before(
     store: &IndexStore,
     number: u64,
@@ -93,25 +95,19 @@ fn rows_before(
     range: &RowRange,
     descending: bool,
 ) -> crate::error::Result<u64> {
-    let outside = if descending {
+    if descending {
         match &range.high {
-            Bound::Unbounded => return Ok(0),
-            Bound::Included(bytes) => RowRange { low: Bound::Excluded(bytes.clone()), high: Bound::Unbounded },
-            Bound::Excluded(bytes) => RowRange { low: Bound::Included(bytes.clone()), high: Bound::Unbounded },
+            Bound::Unbounded => Ok(0),
+            Bound::Included(bytes) => store.count_above(number, view, &Bound::Excluded(bytes.clone())),
+            Bound::Excluded(bytes) => store.count_above(number, view, &Bound::Included(bytes.clone())),
         }
     } else {
         match &range.low {
-            Bound::Unbounded => return Ok(0),
-            Bound::Included(bytes) => RowRange { low: Bound::Unbounded, high: Bound::Excluded(bytes.clone()) },
-            Bound::Excluded(bytes) => RowRange { low: Bound::Unbounded, high: Bound::Included(bytes.clone()) },
+            Bound::Unbounded => Ok(0),
+            Bound::Included(bytes) => store.count_below(number, view, &Bound::Excluded(bytes.clone())),
+            Bound::Excluded(bytes) => store.count_below(number, view, &Bound::Included(bytes.clone())),
         }
-    };
-    let mut count = 0u64;
-    store.scan(number, view, &outside, false, |_| {
-        count += 1;
-        ControlFlow::Continue(())
-    })?;
-    Ok(count)
+    }
 }
 
 /// The reduce function of a view, ready to run.
@@ -148,6 +144,31 @@ impl<'a> ReduceRunner<'a> {
             ReduceRunner::JavaScript { .. } => value,
         }
     }
+
+    /// The built-in whose partials the index keeps per block, if this is one.
+    fn with_block_partials(&self) -> Option<Builtin> {
+        match self {
+            ReduceRunner::Builtin(builtin @ (Builtin::Count | Builtin::Sum | Builtin::Stats)) => Some(*builtin),
+            _ => None,
+        }
+    }
+}
+
+/// A block's partial reduction for `builtin`, when the index has it.
+fn block_partial(builtin: Builtin, summary: &BlockSummary) -> Option<Value> {
+    match builtin {
+        Builtin::Count => Some(json!(summary.count)),
+        Builtin::Sum => summary.sum.clone(),
+        Builtin::Stats => summary.stats.clone(),
+        Builtin::ApproxCountDistinct => None,
+    }
+}
+
+/// What the reduce fold takes: a row, or a block's partial reduction with its first row's key
+/// (every row of the block in one group).
+enum Folded {
+    Row(IndexRow),
+    Partial { key: Value, partial: Value },
 }
 
 /// One group being folded.
@@ -172,6 +193,20 @@ impl OpenGroup {
         Ok(())
     }
 
+    /// Takes a block's partial reduction, after the rows before it (kept in order).
+    async fn take_partial(&mut self, partial: Value, reducer: &ReduceRunner<'_>) -> Result<(), ViewError> {
+        if !self.rows.is_empty() {
+            let rows = std::mem::take(&mut self.rows);
+            self.partials.push(reducer.reduce(rows).await?);
+        }
+        self.partials.push(partial);
+        if self.partials.len() >= REDUCE_CHUNK {
+            let partials = std::mem::take(&mut self.partials);
+            self.partials.push(reducer.rereduce(partials).await?);
+        }
+        Ok(())
+    }
+
     async fn close(mut self, reducer: &ReduceRunner<'_>) -> Result<(Value, Value), ViewError> {
         let value = if self.partials.is_empty() {
             reducer.reduce(std::mem::take(&mut self.rows)).await?
@@ -187,6 +222,14 @@ impl OpenGroup {
 }
 
 /// The reduce answer's rows: `(key, value)` per group, after `skip`, at most `limit`.
+///
+/// `_count`, `_sum` and `_stats` take the partial reductions the index keeps per block for every
+/// block wholly within the range and within one group, and read only the other rows. Should that
+/// meet a refusal (a value `_sum` or `_stats` cannot take), the answer is computed again from the
+/// rows alone, so the refusal is the one a plain scan meets first. JavaScript reduces and
+/// `_approx_count_distinct` always read the rows: the index keeps no partials for them (a
+/// JavaScript partial would have to be computed by the engine whenever a block changes, for
+/// views whose reduce may never be queried).
 #[allow(clippy::too_many_arguments)]
 pub async fn reduce_rows(
     store: Arc<IndexStore>,
@@ -199,22 +242,87 @@ pub async fn reduce_rows(
     skip: u64,
     limit: Option<u64>,
 ) -> Result<Vec<(Value, Value)>, ViewError> {
+    if let Some(builtin) = reducer.with_block_partials() {
+        let with_blocks = fold_groups(
+            Arc::clone(&store),
+            number,
+            view,
+            ranges.clone(),
+            descending,
+            grouping,
+            Some(builtin),
+            reducer,
+            skip,
+            limit,
+        )
+        .await;
+        match with_blocks {
+            Err(ViewError::Reduce(_)) => {}
+            answered => return answered,
+        }
+    }
+    fold_groups(store, number, view, ranges, descending, grouping, None, reducer, skip, limit).await
+}
+
+/// [`reduce_rows`] from the rows alone (`blocks` is `None`), or with blocks' partials for that
+/// built-in.
+#[allow(clippy::too_many_arguments)]
+async fn fold_groups(
+    store: Arc<IndexStore>,
+    number: u64,
+    view: usize,
+    ranges: Vec<RowRange>,
+    descending: bool,
+    grouping: Grouping,
+    blocks: Option<Builtin>,
+    reducer: &ReduceRunner<'_>,
+    skip: u64,
+    limit: Option<u64>,
+) -> Result<Vec<(Value, Value)>, ViewError> {
     let limit = limit.unwrap_or(u64::MAX);
     if limit == 0 {
         return Ok(Vec::new());
     }
     // Each row with the number of its range: with `keys`, every key is its own group even when
     // a key repeats (CouchDB folds each key of `keys` apart).
-    let (sender, mut receiver) = mpsc::channel::<Result<(usize, IndexRow), ViewError>>(CHANNEL_ROWS);
+    let (sender, mut receiver) = mpsc::channel::<Result<(usize, Folded), ViewError>>(CHANNEL_ROWS);
     let scan = tokio::task::spawn_blocking(move || {
         for (number_of_range, range) in ranges.iter().enumerate() {
-            let scanned = store.scan(number, view, range, descending, |row| {
-                if sender.blocking_send(Ok((number_of_range, row))).is_err() {
+            let send = |folded: Folded| {
+                if sender.blocking_send(Ok((number_of_range, folded))).is_err() {
                     ControlFlow::Break(())
                 } else {
                     ControlFlow::Continue(())
                 }
-            });
+            };
+            let scanned = match blocks {
+                None => store.scan(number, view, range, descending, |row| send(Folded::Row(row))),
+                Some(builtin) => store.scan_pieces(
+                    number,
+                    view,
+                    range,
+                    descending,
+                    grouping != Grouping::All,
+                    |summary, first, last| {
+                        block_partial(builtin, summary).is_some()
+                            && (grouping == Grouping::All
+                                || sort_key::encode(&group_key(first, grouping))
+                                    == sort_key::encode(&group_key(last, grouping)))
+                    },
+                    |piece| match piece {
+                        Piece::Row(row) => send(Folded::Row(row)),
+                        // The group's key as a plain scan shows it: its first row's in the scan's
+                        // order.
+                        Piece::Block { summary, first_key, last_key } => match block_partial(builtin, &summary) {
+                            Some(partial) => {
+                                let key = if descending { last_key } else { first_key };
+                                send(Folded::Partial { key, partial })
+                            }
+                            None => ControlFlow::Break(()),
+                        },
+                    },
+                ),
+            };
             if let Err(err) = scanned {
                 let _ = sender.blocking_send(Err(ViewError::Storage(err)));
                 return;
@@ -232,8 +340,12 @@ pub async fn reduce_rows(
         }
     };
     while let Some(item) = receiver.recv().await {
-        let (range, row) = item?;
-        let key = group_key(&row.key, grouping);
+        let (range, folded) = item?;
+        let row_key = match &folded {
+            Folded::Row(row) => &row.key,
+            Folded::Partial { key, .. } => key,
+        };
+        let key = group_key(row_key, grouping);
         let same = open
             .as_ref()
             .is_some_and(|(open_range, group)| *open_range == range && group.sort_key == sort_key::encode(&key));
@@ -247,7 +359,10 @@ pub async fn reduce_rows(
             open = Some((range, OpenGroup::new(key)));
         }
         if let Some((_, group)) = open.as_mut() {
-            group.take(row, reducer).await?;
+            match folded {
+                Folded::Row(row) => group.take(row, reducer).await?,
+                Folded::Partial { partial, .. } => group.take_partial(partial, reducer).await?,
+            }
         }
     }
     drop(receiver);
@@ -361,5 +476,164 @@ mod tests {
         assert_eq!(value["count"], json!(2_500));
         assert_eq!(value["sum"], json!(2_500 * 2_499 / 2));
         assert_eq!(value["max"], json!(2_499));
+    }
+
+    /// A random view query's parameters over [`index_store::tests::random_key`]'s keys.
+    fn random_query(random: &mut Random, reduce: bool) -> Vec<(&'static str, String)> {
+        use crate::views::index_store::tests::random_key;
+        let mut pairs = Vec::new();
+        let descending = random.below(3) == 0;
+        match random.below(6) {
+            0 => {}
+            1 => pairs.push(("key", random_key(random).to_string())),
+            _ => {
+                let (mut a, mut b) = (random_key(random), random_key(random));
+                if crate::views::collation::compare(&a, &b) == std::cmp::Ordering::Greater {
+                    std::mem::swap(&mut a, &mut b);
+                }
+                if descending {
+                    std::mem::swap(&mut a, &mut b);
+                }
+                if random.below(4) != 0 {
+                    pairs.push(("startkey", a.to_string()));
+                }
+                if random.below(4) != 0 {
+                    pairs.push(("endkey", b.to_string()));
+                }
+                if random.below(4) == 0 {
+                    pairs.push(("inclusive_end", "false".to_owned()));
+                }
+            }
+        }
+        if descending {
+            pairs.push(("descending", "true".to_owned()));
+        }
+        if random.below(3) == 0 {
+            pairs.push(("skip", random.below(30).to_string()));
+        }
+        if random.below(3) == 0 {
+            pairs.push(("limit", random.below(40).to_string()));
+        }
+        if reduce {
+            match random.below(4) {
+                0 => {}
+                1 => pairs.push(("group", "true".to_owned())),
+                level => pairs.push(("group_level", (level - 1).to_string())),
+            }
+        } else {
+            pairs.push(("reduce", "false".to_owned()));
+        }
+        pairs
+    }
+
+    use crate::views::index_store::tests::{random_store, Random};
+
+    #[tokio::test]
+    async fn reduces_from_block_partials_match_reducing_every_row() {
+        let (_dir, store, number) = random_store(26, 14);
+        let store = Arc::new(store);
+        let mut random = Random::new(2026);
+        let mut refused = 0;
+        let mut answered_rows = 0;
+        for _ in 0..400 {
+            let pairs = random_query(&mut random, true);
+            let query = ViewQuery::parse(pairs.iter().map(|(name, value)| (*name, value.as_str()))).unwrap();
+            let Ok(Plan::Reduce { ranges, grouping }) = query.plan(true) else { continue };
+            let view = random.below(2) as usize;
+            let builtin = [Builtin::Count, Builtin::Sum, Builtin::Stats][random.below(3) as usize];
+            let reducer = ReduceRunner::Builtin(builtin);
+            let (desc, skip, limit) = (query.descending, query.skip, query.limit);
+            let with_blocks =
+                reduce_rows(Arc::clone(&store), number, view, ranges.clone(), desc, grouping, &reducer, skip, limit)
+                    .await;
+            let plain =
+                fold_groups(Arc::clone(&store), number, view, ranges, desc, grouping, None, &reducer, skip, limit)
+                    .await;
+            match (with_blocks, plain) {
+                (Ok(fast), Ok(slow)) => {
+                    answered_rows += slow.len();
+                    assert_eq!(fast, slow, "{builtin:?} view {view} {pairs:?}");
+                }
+                (Err(ViewError::Reduce(fast)), Err(ViewError::Reduce(slow))) => {
+                    refused += 1;
+                    assert_eq!(fast, slow, "{builtin:?} view {view} {pairs:?}");
+                }
+                (fast, slow) => panic!("{builtin:?} view {view} {pairs:?}: {fast:?} vs {slow:?}"),
+            }
+        }
+        assert!(refused > 0, "no query met a refused value");
+        assert!(answered_rows > 1000, "only {answered_rows} groups answered");
+    }
+
+    #[tokio::test]
+    async fn offsets_from_block_counts_match_counting_rows() {
+        let (_dir, store, number) = random_store(5, 12);
+        let store = Arc::new(store);
+        let mut random = Random::new(55);
+        for _ in 0..300 {
+            let pairs = random_query(&mut random, false);
+            let query = ViewQuery::parse(pairs.iter().map(|(name, value)| (*name, value.as_str()))).unwrap();
+            let Ok(Plan::Map { ranges }) = query.plan(true) else { continue };
+            let view = random.below(2) as usize;
+            let mut answer =
+                map_rows(Arc::clone(&store), number, view, ranges.clone(), query.descending, query.skip, query.limit)
+                    .await
+                    .unwrap();
+            let mut rows = Vec::new();
+            while let Some(row) = answer.rows.recv().await {
+                rows.push(row.unwrap());
+            }
+            // The plain answer: every row of the view in the query's order; the offset is where
+            // the first in the range stands.
+            let mut every = Vec::new();
+            store
+                .scan(number, view, &RowRange::all(), query.descending, |row| {
+                    every.push(row);
+                    ControlFlow::Continue(())
+                })
+                .unwrap();
+            let mut in_range = Vec::new();
+            store
+                .scan(number, view, &ranges[0], query.descending, |row| {
+                    in_range.push(row);
+                    ControlFlow::Continue(())
+                })
+                .unwrap();
+            // The rows on the near side of the range, counted one by one.
+            let outside = match (query.descending, &ranges[0]) {
+                (false, RowRange { low: Bound::Included(bytes), .. }) => {
+                    Some(RowRange { low: Bound::Unbounded, high: Bound::Excluded(bytes.clone()) })
+                }
+                (false, RowRange { low: Bound::Excluded(bytes), .. }) => {
+                    Some(RowRange { low: Bound::Unbounded, high: Bound::Included(bytes.clone()) })
+                }
+                (true, RowRange { high: Bound::Included(bytes), .. }) => {
+                    Some(RowRange { low: Bound::Excluded(bytes.clone()), high: Bound::Unbounded })
+                }
+                (true, RowRange { high: Bound::Excluded(bytes), .. }) => {
+                    Some(RowRange { low: Bound::Included(bytes.clone()), high: Bound::Unbounded })
+                }
+                _ => None,
+            };
+            let mut before = 0;
+            if let Some(outside) = outside {
+                store
+                    .scan(number, view, &outside, false, |_| {
+                        before += 1;
+                        ControlFlow::Continue(())
+                    })
+                    .unwrap();
+            }
+            if let Some(first) = in_range.first() {
+                assert_eq!(every.iter().position(|row| row == first), Some(before as usize), "{pairs:?}");
+            }
+            assert_eq!(answer.offset, before + query.skip, "{pairs:?}");
+            let expected: Vec<IndexRow> = in_range
+                .into_iter()
+                .skip(query.skip as usize)
+                .take(query.limit.map_or(usize::MAX, |limit| limit as usize))
+                .collect();
+            assert_eq!(rows, expected, "{pairs:?}");
+        }
     }
 }

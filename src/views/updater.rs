@@ -71,6 +71,10 @@ impl ViewIndexer {
 
     /// The group of `design` over `source`, brought up to the end of the feed as of now.
     pub async fn catch_up(&self, source: &dyn ViewSource, design: &DesignViews) -> Result<ReadyGroup, ViewError> {
+        // Queries waiting together share a feed read that began after each of them arrived.
+        if let Some(shared) = super::freshness::shared_catch_up(self, source, design).await {
+            return shared;
+        }
         let mut group = self.current(source, design).await?;
         let lock = self.lock_of(&group.name);
         let _updating = lock.lock().await;

@@ -1,6 +1,7 @@
 //! The CouchDB backend URL:
-//! `couchdb+http://USER:PASS@HOST:PORT/DATABASE?create=true&timeout_secs=30&revs_limit=1000&count_max_age_ms=1000`
-//! (or `couchdb+https://`). `count_max_age_ms` bounds how stale a remembered document count may
+//! `couchdb+http://USER:PASS@HOST:PORT/DATABASE?create=true&timeout_secs=30&query_timeout_secs=600&revs_limit=1000&count_max_age_ms=1000`
+//! (or `couchdb+https://`). `query_timeout_secs` is how long a passed view or Mango query waits
+//! for its answer to begin (CouchDB builds the index first; [`QUERY_TIMEOUT`]). `count_max_age_ms` bounds how stale a remembered document count may
 //! be (see [`super::counts`]; `0` asks CouchDB every time). The database defaults to `agent_data_store`; it is created at startup
 //! only with `create=true`. Credentials may instead come from the `couchdb_user` /
 //! `couchdb_password` settings (`AGENTSTORE_COUCHDB_USER` / `AGENTSTORE_COUCHDB_PASSWORD`), which
@@ -17,6 +18,12 @@ use crate::error::Result;
 /// How errors name this adapter's URL.
 const ADAPTER: &str = "CouchDB";
 
+/// The default `query_timeout_secs`: CouchDB answers the first query of a view (or of a Mango
+/// index) only once the index is built, which takes minutes on a large database (pouchdb-server
+/// needed 66 s for 100,000 documents, docs/views-bench.md); CouchDB itself keeps such a request
+/// open as long as the build takes. Ten minutes, so a stalled backend still frees the request.
+pub const QUERY_TIMEOUT: Duration = Duration::from_secs(600);
+
 /// The default database, as the spec names the collection.
 pub const DEFAULT_DATABASE: &str = crate::model::COLLECTION;
 
@@ -32,6 +39,10 @@ pub struct CouchConfig {
     pub create: bool,
     /// Timeout of one HTTP request.
     pub timeout: Duration,
+    /// How long a passed request that may build an index first (a view, `_find`) waits for its
+    /// answer to begin (`query_timeout_secs`, [`QUERY_TIMEOUT`] by default, never below
+    /// `timeout`).
+    pub query_timeout: Duration,
     /// How many revision ids `revisions` reports at most. CouchDB keeps its own `_revs_limit`
     /// per database (1000 unless changed) and this never changes it: the answer is the shorter
     /// of the two.
@@ -68,10 +79,12 @@ impl CouchConfig {
         let params = QueryParams::parse(
             ADAPTER,
             url.query().unwrap_or(""),
-            &["create", "timeout_secs", "revs_limit", "count_max_age_ms"],
+            &["create", "timeout_secs", "query_timeout_secs", "revs_limit", "count_max_age_ms"],
         )?;
         let create = params.flag("create")?.unwrap_or(false);
         let timeout = Duration::from_secs(params.whole("timeout_secs", 0..=u64::MAX)?.unwrap_or(30).max(1));
+        let query_timeout =
+            params.whole("query_timeout_secs", 0..=u64::MAX)?.map_or(QUERY_TIMEOUT, Duration::from_secs).max(timeout);
         let revs_limit = params.revs_limit(usize::MAX)?;
         let count_max_age = params
             .whole("count_max_age_ms", 0..=u64::MAX)?
@@ -81,7 +94,7 @@ impl CouchConfig {
         server.set_query(None);
         let _ = server.set_username("");
         let _ = server.set_password(None);
-        Ok(CouchConfig { server, database, user, password, create, timeout, revs_limit, count_max_age })
+        Ok(CouchConfig { server, database, user, password, create, timeout, query_timeout, revs_limit, count_max_age })
     }
 
     /// The URL with the password hidden.
@@ -131,6 +144,12 @@ mod tests {
         assert_eq!(c.revs_limit, crate::backend::DEFAULT_REVS_LIMIT);
         assert_eq!(CouchConfig::parse("couchdb+http://h/db?revs_limit=3").unwrap().revs_limit, 3);
         assert_eq!(c.count_max_age, super::super::counts::DEFAULT_MAX_AGE);
+        assert_eq!((c.timeout, c.query_timeout), (Duration::from_secs(30), QUERY_TIMEOUT));
+        let waits = CouchConfig::parse("couchdb+http://h/db?timeout_secs=5&query_timeout_secs=7200").unwrap();
+        assert_eq!((waits.timeout, waits.query_timeout), (Duration::from_secs(5), Duration::from_secs(7200)));
+        // Never shorter than any other request's wait.
+        let short = CouchConfig::parse("couchdb+http://h/db?timeout_secs=50&query_timeout_secs=1").unwrap();
+        assert_eq!(short.query_timeout, Duration::from_secs(50));
         let fresh = CouchConfig::parse("couchdb+http://h/db?count_max_age_ms=0").unwrap();
         assert_eq!(fresh.count_max_age, Duration::ZERO);
         assert_eq!(c.redacted(), "couchdb+http://admin:***@127.0.0.1:5984/my_db");
@@ -155,6 +174,7 @@ mod tests {
             "couchdb+http://h/db?revs_limit=0",
             "couchdb+http://h/db?revs_limit=many",
             "couchdb+http://h/db?count_max_age_ms=-1",
+            "couchdb+http://h/db?query_timeout_secs=soon",
         ] {
             let err = CouchConfig::parse(bad).unwrap_err();
             assert!(err.to_string().contains("CouchDB URL"), "{bad}: {err}");

@@ -160,16 +160,23 @@ impl CouchClient {
         self.config.timeout
     }
 
+    /// How long a passed request that may build an index before answering (a view, `_find`)
+    /// waits for its answer to begin: the backend URL's `query_timeout_secs`.
+    pub fn query_timeout(&self) -> Duration {
+        self.config.query_timeout
+    }
+
     /// Sends a request as a client made it, for [`super::design`]. A whole body is sent again
     /// when a read is retried; a streamed one is sent once, as it arrives. The answer must begin
-    /// within [`Self::pass_through_timeout`] of the body's end (not of the request's start: an
-    /// upload may take long), and is returned as soon as its head arrives.
+    /// within `answer_within` of the body's end (not of the request's start: an upload may take
+    /// long), and is returned as soon as its head arrives.
     pub async fn pass_through(
         &self,
         method: Method,
         path_and_query: &str,
         headers: &[(String, String)],
         body: DesignBody,
+        answer_within: Duration,
         doing: &str,
     ) -> Result<reqwest::Response> {
         let url = match path_and_query {
@@ -198,14 +205,14 @@ impl CouchClient {
                 let (sent, body_sent) = tokio::sync::oneshot::channel();
                 let stream = NoticeEnd { inner: stream, sent: Some(sent) };
                 let request = build(true).body(reqwest::Body::wrap_stream(stream));
-                return self.answer_of(request.send(), body_sent, idempotency, doing).await;
+                return self.answer_of(request.send(), body_sent, answer_within, idempotency, doing).await;
             }
         };
         let attempt = || async {
             let (sent, body_sent) = tokio::sync::oneshot::channel();
             let _ = sent.send(());
             let request = build(false).body(whole.clone());
-            let response = self.answer_of(request.send(), body_sent, idempotency, doing).await?;
+            let response = self.answer_of(request.send(), body_sent, answer_within, idempotency, doing).await?;
             let status = response.status();
             if idempotency == Idempotency::Idempotent
                 && (status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS)
@@ -220,16 +227,16 @@ impl CouchClient {
         }
     }
 
-    /// The answer to a request being sent, which must begin within the timeout of its body's end
+    /// The answer to a request being sent, which must begin within `timeout` of its body's end
     /// (`body_sent` resolves then, or fails when the body was dropped unfinished).
     async fn answer_of(
         &self,
         sending: impl std::future::Future<Output = reqwest::Result<reqwest::Response>>,
         body_sent: tokio::sync::oneshot::Receiver<()>,
+        timeout: Duration,
         idempotency: Idempotency,
         doing: &str,
     ) -> Result<reqwest::Response> {
-        let timeout = self.config.timeout;
         let deadline = async move {
             let _ = body_sent.await;
             tokio::time::sleep(timeout).await;

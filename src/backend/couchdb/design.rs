@@ -9,7 +9,9 @@
 //! ([`crate::backend::DesignBody::Streamed`]) and an answer's body as CouchDB sends it, so neither
 //! is held whole. No total timeout bounds them (a 1 GiB attachment takes minutes): the answer
 //! must begin within the backend URL's `timeout_secs` of the request body's end, and each piece
-//! of its body within as long of the one before.
+//! of its body within as long of the one before. A view or Mango query
+//! ([`may_build_an_index`]) waits `query_timeout_secs` for its answer to begin instead: CouchDB
+//! answers it only once the index is built.
 
 use std::time::Duration;
 
@@ -44,8 +46,15 @@ impl CouchDbBackend {
             Some(query) => format!("{}?{query}", request.path),
             None => request.path.clone(),
         };
-        let response =
-            self.client.pass_through(request.method, &path_and_query, &request.headers, request.body, &doing).await?;
+        let answer_within = if may_build_an_index(&request.path) {
+            self.client.query_timeout()
+        } else {
+            self.client.pass_through_timeout()
+        };
+        let response = self
+            .client
+            .pass_through(request.method, &path_and_query, &request.headers, request.body, answer_within, &doing)
+            .await?;
         let status = response.status().as_u16();
         let headers = ANSWER_HEADERS
             .iter()
@@ -63,6 +72,18 @@ impl CouchDbBackend {
         let body = each_within(body, self.client.pass_through_timeout(), doing);
         Ok(DesignResponse { status, headers, body: Box::pin(body) })
     }
+}
+
+/// Whether CouchDB may build an index before answering a request on `path` (below the database,
+/// percent-encoded): a view (`_design/{ddoc}/_view/{view}`, its `/queries`), a list function
+/// over a view (`_design/{ddoc}/_list/…`), a Mango query (`_find`, `_explain`) or index
+/// creation (`_index`; pouchdb-server builds the index then).
+pub(super) fn may_build_an_index(path: &str) -> bool {
+    let segments: Vec<&str> = path.split('/').collect();
+    matches!(
+        segments.as_slice(),
+        ["_design", ddoc, "_view" | "_list", _, ..] if !ddoc.is_empty()
+    ) || matches!(segments.as_slice(), ["_find" | "_explain" | "_index", ..])
 }
 
 /// `pieces`, ending with an error when the next piece does not come within `timeout` of the
@@ -93,4 +114,35 @@ where
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::may_build_an_index;
+
+    #[test]
+    fn views_and_mango_queries_wait_for_index_builds() {
+        for path in [
+            "_design/bench/_view/v",
+            "_design/bench/_view/v/queries",
+            "_design/d%2Fx/_list/l/v",
+            "_find",
+            "_explain",
+            "_index",
+        ] {
+            assert!(may_build_an_index(path), "{path}");
+        }
+        for path in [
+            "",
+            "_all_docs",
+            "_changes",
+            "doc",
+            "doc/_view/v",
+            "_design/bench",
+            "_design/bench/att",
+            "_design//_view/v",
+        ] {
+            assert!(!may_build_an_index(path), "{path}");
+        }
+    }
 }
