@@ -31,6 +31,8 @@ pub mod selector;
 
 #[cfg(test)]
 mod backend_tests;
+#[cfg(test)]
+mod data_store_tests;
 
 use axum::http::StatusCode;
 use serde_json::Value;
