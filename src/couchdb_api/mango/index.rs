@@ -573,8 +573,9 @@ fn can_use_sort(columns: &[String], sort: &[String], selector: &Selector) -> boo
 }
 
 /// `POST /{db}/_explain`: what `_find` would do with this request, in CouchDB's shape (fixture
-/// 040). `mrargs` shows the key range CouchDB would read from the chosen index; this server
-/// reads the backend instead (see docs/couchdb-api.md).
+/// 040). `mrargs` shows the key range CouchDB would read from the chosen index, which is what
+/// this server reads from a created index where it builds them (for the built-in index, and
+/// over the CouchDB backend, it reads the backend instead: docs/couchdb-api.md).
 pub async fn explain(
     backend: &dyn DocumentBackend,
     request: &Value,

@@ -150,9 +150,7 @@ struct Endpoint {
     client: reqwest::Client,
     /// The databases besides the data-store one, to look at their storage.
     databases: Arc<agentstore::database::Databases>,
-    /// The data-store facade the API serves (the REST API's `purge_user` is its call).
-    store: Arc<DataStore>,
-    ctx: harness::Ctx,
+    _ctx: harness::Ctx,
     _config_dir: tempfile::TempDir,
     _stop: tokio::sync::oneshot::Sender<()>,
 }
@@ -177,7 +175,7 @@ impl Endpoint {
         // Every backend with its default settings: a write shows in `_changes` at once, settle
         // window or not (issue 22), so no trial waits one out.
         let store = Arc::new(DataStore::open(Arc::clone(&ctx.backend), StoreOptions::default()).await?);
-        let app = CouchApp::build(Arc::clone(&store), &settings)?;
+        let app = CouchApp::build(store, &settings)?;
         let databases = app.databases();
         let listener = bind("127.0.0.1:0", &app, false).await?;
         let addr = listener.local_addr()?;
@@ -194,8 +192,7 @@ impl Endpoint {
             backend,
             client: reqwest::Client::new(),
             databases,
-            store,
-            ctx,
+            _ctx: ctx,
             _config_dir: config_dir,
             _stop: stop,
         })
