@@ -717,9 +717,7 @@ impl DataStore {
                 Err(err) => return Err(err),
             }
         }
-        Err(Error::conflict(
-            "the view indexes' incarnation kept changing while a purge ended it; purge the user again",
-        ))
+        Err(Error::conflict("the view indexes' incarnation kept changing while a purge ended it; purge the user again"))
     }
 
     /// How many documents a query lists.

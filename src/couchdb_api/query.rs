@@ -28,10 +28,8 @@ pub async fn find(
     // A CouchDB backend would build its own indexes, but the catalog is this server's: there the
     // created indexes stay definitions and the backend is paged. Elsewhere they are view groups
     // in this process's index file, over the data-store database's feed.
-    let views = (!backend.forwards_requests()).then(|| mango::DataStoreViews {
-        views: state.views.as_ref(),
-        source: state.data_store_views.as_ref(),
-    });
+    let views = (!backend.forwards_requests())
+        .then(|| mango::DataStoreViews { views: state.views.as_ref(), source: state.data_store_views.as_ref() });
     let answer =
         mango::find_on_data_store(backend.as_ref(), views, &request.value, principal.only_user(), &catalog).await?;
     Ok(json(StatusCode::OK, answer))

@@ -219,8 +219,7 @@ async fn a_partial_index_holds_only_its_documents() {
     let partial = json!({"index": {"fields": ["value"], "partial_filter_selector": {"userId": "user_1"}},
         "ddoc": "partial", "name": "user-1"});
     create_index(f.backend.as_ref(), &partial).await.unwrap();
-    let answer =
-        f.find(&json!({"selector": {"value": {"$gte": 0}}, "use_index": "partial", "limit": 100}), None).await;
+    let answer = f.find(&json!({"selector": {"value": {"$gte": 0}}, "use_index": "partial", "limit": 100}), None).await;
     assert!(answer.get("warning").is_none(), "the partial index serves it: {answer}");
     assert_eq!(ids(&answer), in_index_order(&docs, |d| d["userId"] == "user_1"));
 }

@@ -75,9 +75,8 @@ impl IndexDef {
             "language": "query",
             "views": { self.name.as_str(): { "map": super::database::index_map(self)?, "reduce": "_count" } },
         });
-        DesignViews::parse(&doc).map_err(|invalid| {
-            MangoError::new(StatusCode::INTERNAL_SERVER_ERROR, "invalid_design_doc", invalid.0)
-        })
+        DesignViews::parse(&doc)
+            .map_err(|invalid| MangoError::new(StatusCode::INTERNAL_SERVER_ERROR, "invalid_design_doc", invalid.0))
     }
 
     pub fn field_names(&self) -> Vec<String> {

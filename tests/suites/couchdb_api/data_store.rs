@@ -211,7 +211,12 @@ pub(super) async fn data_store_indexes_and_purge(e: Endpoint) -> TestResult {
     }
     let view_path = format!("/{DB}/_design/t/_view/by_user");
     let keys_of = |answer: &Answer| -> Vec<String> {
-        answer.body["rows"].as_array().into_iter().flatten().filter_map(|r| r["key"].as_str().map(str::to_owned)).collect()
+        answer.body["rows"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|r| r["key"].as_str().map(str::to_owned))
+            .collect()
     };
     let before = admin(Method::GET, &view_path, None).await?.expect(200, "the view")?;
     check(keys_of(&before).iter().filter(|k| *k == "alice").count() == 7, || format!("the view: {}", before.body))?;
