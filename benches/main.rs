@@ -20,6 +20,7 @@ mod couchdb_api_bench;
 mod couchdb_auth;
 mod couchdb_overhead;
 mod databases_bench;
+mod deployment_bench;
 mod dynamodb_bench;
 mod feed_bench;
 mod firestore_bench;
@@ -37,7 +38,7 @@ use std::process::ExitCode;
 type BenchMain = fn() -> ExitCode;
 
 /// Each bench by name, and its `main`.
-const BENCHES: [(&str, BenchMain); 15] = [
+const BENCHES: [(&str, BenchMain); 16] = [
     ("serve_load", serve_load::main),
     ("write_slot", write_slot::main),
     ("couchdb_overhead", couchdb_overhead::main),
@@ -53,6 +54,7 @@ const BENCHES: [(&str, BenchMain); 15] = [
     ("follow_bench", follow_bench::main),
     ("couchdb_api_bench", couchdb_api_bench::main),
     ("databases_bench", databases_bench::main),
+    ("deployment_bench", deployment_bench::main),
     ("attachments_bench", attachments_bench::main),
     ("views_bench", views_bench::main),
     ("mango_find", || {

@@ -5,7 +5,8 @@
 //! - [`backend`]: the [`backend::DocumentBackend`] trait and its adapters.
 //! - [`store`]: [`store::DataStore`], the facade with the data-store semantics (metadata merge,
 //!   access tracking, listings), written once for every backend.
-//! - [`migrate`]: `migrate`, `verify`, `export`, `import` between any two backends.
+//! - [`migrate`]: `migrate`, `verify`, `export`, `import` between any two backends, and moving a
+//!   whole deployment's databases ([`migrate::databases`], over [`replication_client`] for servers).
 //! - [`changes`] and [`upgrade`]: reading the change feed (`changes`, `GET /v1/changes`) and
 //!   bringing a store to this release's layout (`upgrade`).
 //! - [`http`]: the REST API over the facade (`agentstore serve`).
@@ -26,6 +27,7 @@ pub mod http;
 pub mod js;
 pub mod migrate;
 pub mod model;
+pub mod replication_client;
 pub mod server;
 pub mod store;
 #[cfg(feature = "testing")]

@@ -374,7 +374,10 @@ impl Database {
                 matches!(answer, Ok(Written::Edited(_)))
                     || matches!(answer, Ok(Written::Merged(outcome)) if *outcome != MergeOutcome::AlreadyKnown)
             });
-            if !changed {
+            // Nothing new, but a save that a crash cut short (the tree written, the record not)
+            // is finished now: else the document stays out of the feed and `_all_docs` for good,
+            // since every later replicated write of its leaves changes nothing.
+            if !changed && !(self.half_written(id, state.as_ref()).await?) {
                 return Ok(answers);
             }
             match self.save(id, state.as_ref(), &tree).await {
@@ -394,6 +397,19 @@ impl Database {
         Err(Error::conflict(format!(
             "Document update conflict: {MAX_TRIES} attempts met other writers of {id:?}; try again"
         )))
+    }
+
+    /// Whether `state` is what a save cut short by a crash leaves: the document's tree written
+    /// as its local tree record (the first write of a save from nothing or from a tombstone) but
+    /// neither its live record nor a backend tombstone after it. Such a document reads as it
+    /// should but is missing from the change feed (and, when live, from `_all_docs`); writing it
+    /// again (any write, or a replicated one of a leaf it has) repairs it.
+    pub async fn half_written(&self, id: &str, state: Option<&DocState>) -> Result<bool> {
+        let Some(state) = state else { return Ok(false) };
+        if state.record_rev.is_some() || state.local_rev.is_none() {
+            return Ok(false);
+        }
+        Ok(self.while_open(self.backend.get_deleted(id)).await?.is_none())
     }
 
     /// Applies one write atomically against other writers; retries when another writer got in

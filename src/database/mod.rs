@@ -284,4 +284,57 @@ mod tests {
         assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
         assert_eq!(err.message(), "Database does not exist.");
     }
+
+    /// A backend whose next `put` of a document fails, as a process killed between the two
+    /// writes of a save would leave it.
+    struct CrashBeforeRecord {
+        inner: Arc<dyn crate::backend::DocumentBackend>,
+        armed: std::sync::atomic::AtomicBool,
+    }
+
+    #[async_trait::async_trait]
+    impl crate::backend::raw::layer::Layered for CrashBeforeRecord {
+        fn inner(&self) -> &dyn crate::backend::DocumentBackend {
+            self.inner.as_ref()
+        }
+
+        async fn put(
+            &self,
+            id: &str,
+            body: &serde_json::Map<String, serde_json::Value>,
+            precondition: crate::backend::Precondition,
+        ) -> Result<crate::backend::Revision> {
+            if self.armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                return Err(Error::new(ErrorKind::Unavailable, "killed"));
+            }
+            self.inner.put(id, body, precondition).await
+        }
+    }
+
+    /// A save cut short after the tree was written but before the record is finished by the next
+    /// replicated write of the same leaf (which changes nothing in the tree), so the document
+    /// reaches the change feed; a replicator resuming after a crash relies on it.
+    #[tokio::test]
+    async fn a_save_cut_short_is_finished_by_a_replicated_write_of_a_known_leaf() {
+        use crate::database::rev_tree::RevPath;
+        let dir = tempfile::tempdir().unwrap();
+        let inner: Arc<dyn crate::backend::DocumentBackend> =
+            Arc::new(crate::backend::embedded::EmbeddedBackend::open(&dir.path().join("d.redb")).await.unwrap());
+        let layer = Arc::new(CrashBeforeRecord { inner, armed: std::sync::atomic::AtomicBool::new(true) });
+        let database = Database::new("d".into(), layer.clone());
+        let write = Write::Replicated {
+            path: RevPath { start: 1, ids: vec!["abc".into()] },
+            deleted: false,
+            body: body(serde_json::json!({"v": 1})),
+        };
+        assert!(database.write("doc", &write).await.is_err(), "the first save is cut short");
+        let state = database.read("doc").await.unwrap();
+        assert!(database.half_written("doc", state.as_ref()).await.unwrap());
+        assert!(database.backend().changes(None, 10).await.unwrap().changes.is_empty(), "not in the feed yet");
+        database.write("doc", &write).await.unwrap();
+        let state = database.read("doc").await.unwrap();
+        assert!(!database.half_written("doc", state.as_ref()).await.unwrap());
+        let feed = database.backend().changes(None, 10).await.unwrap().changes;
+        assert_eq!(feed.iter().map(|c| c.id.as_str()).collect::<Vec<_>>(), ["doc"], "in the feed once finished");
+    }
 }

@@ -7,6 +7,7 @@ use clap::Args;
 use serde::Serialize;
 
 use super::census;
+use super::databases::{MoveOptions, Selection, Side as DbSide};
 use super::progress::ProgressMode;
 use super::sink::ConflictPolicy;
 use super::transform::AccessTracking;
@@ -84,6 +85,25 @@ pub struct MigrateArgs {
     /// read back (the cutover: stop the writers first). Implies --follow
     #[arg(long)]
     pub until_caught_up: bool,
+    /// Move every database but the data-store one instead of data-store documents: revision
+    /// trees, attachments, design documents, `_security`, `_revs_limit` (see
+    /// docs/migration.md#moving-a-whole-deployment); --from and --to may then also be http(s)://
+    /// CouchDB-protocol server URLs, and --checkpoint names a directory
+    #[arg(long)]
+    pub all_databases: bool,
+    /// Only the databases of this name or pattern (`*`, `?`; repeatable; implies --all-databases)
+    #[arg(long = "db", value_name = "PATTERN")]
+    pub dbs: Vec<String>,
+    /// Leave out the databases of this name or pattern (repeatable; with --all-databases)
+    #[arg(long = "exclude", value_name = "PATTERN")]
+    pub excludes: Vec<String>,
+    /// With --all-databases: delete at the target a database this move copied that is gone
+    /// from the source (without it, such a database is only reported)
+    #[arg(long)]
+    pub delete_missing: bool,
+    /// With --all-databases: databases copied at once
+    #[arg(long, value_name = "N", default_value_t = super::databases::DEFAULT_DATABASES_AT_ONCE)]
+    pub databases_at_once: usize,
     #[command(flatten)]
     pub pipeline: PipelineArgs,
 }
@@ -153,6 +173,18 @@ pub struct VerifyArgs {
     /// Also write the JSON report to this file
     #[arg(long, value_name = "FILE")]
     pub report: Option<PathBuf>,
+    /// Move every database but the data-store one instead of data-store documents: revision
+    /// trees, attachments, design documents, `_security`, `_revs_limit` (see
+    /// docs/migration.md#moving-a-whole-deployment); --from and --to may then also be http(s)://
+    /// CouchDB-protocol server URLs, and --checkpoint names a directory
+    #[arg(long)]
+    pub all_databases: bool,
+    /// Only the databases of this name or pattern (`*`, `?`; repeatable; implies --all-databases)
+    #[arg(long = "db", value_name = "PATTERN")]
+    pub dbs: Vec<String>,
+    /// Leave out the databases of this name or pattern (repeatable; with --all-databases)
+    #[arg(long = "exclude", value_name = "PATTERN")]
+    pub excludes: Vec<String>,
 }
 
 fn check_sizes(batch_size: usize, concurrency: usize) -> Result<()> {
@@ -269,6 +301,12 @@ async fn run_job(job: Job, report_file: Option<&Path>, stop: super::follow::Stop
 pub async fn migrate(args: MigrateArgs, settings: &Settings) -> Result<u8> {
     // Handlers first, so a signal while the two sides are opened is a clean stop too.
     let stop = Box::pin(crate::server::shutdown_signal());
+    if args.all_databases || !args.dbs.is_empty() {
+        return migrate_databases(args, settings, stop).await;
+    }
+    if !args.excludes.is_empty() || args.delete_missing {
+        return Err(Error::invalid("exclude", "--exclude and --delete-missing go with --all-databases or --db"));
+    }
     let mut options = args.pipeline.options(settings, args.on_conflict)?;
     options.verify = !args.no_verify;
     options.follow = match (args.follow, args.until_caught_up) {
@@ -303,6 +341,9 @@ pub async fn import(args: ImportArgs, settings: &Settings) -> Result<u8> {
 
 /// `verify`; returns the exit status (0 identical, [`super::EXIT_DIFFERENT`] otherwise).
 pub async fn verify_command(args: VerifyArgs, settings: &Settings) -> Result<u8> {
+    if args.all_databases || !args.dbs.is_empty() {
+        return verify_databases(args, settings).await;
+    }
     check_sizes(args.batch_size, args.concurrency)?;
     let filter = check_filter(settings, &args.users, &args.namespaces)?;
     let (source, _) = open_backend(Side::Source, &args.from, settings, true).await?;
@@ -320,4 +361,78 @@ pub async fn verify_command(args: VerifyArgs, settings: &Settings) -> Result<u8>
     let report = verify(&source, &target, &options).await?;
     emit(&report, args.report.as_deref())?;
     Ok(report.exit_code())
+}
+
+/// Opens the two sides of a deployment move and checks both answer (a missing embedded source is
+/// refused: opening it would create an empty store).
+async fn open_sides(from: &str, to: &str, settings: &Settings) -> Result<(DbSide, DbSide)> {
+    let open = |side: &'static str, text: &str| -> Result<DbSide> {
+        let context =
+            |err: Error| Error::new(err.kind(), format!("{side} {text:?}: {}", err.message())).with_source(err);
+        DbSide::parse(text, settings).map_err(context)
+    };
+    let (source, target) = (open("source", from)?, open("target", to)?);
+    if let Ok(BackendUrl::Embedded { path, .. }) = settings.resolve_backend_url(from) {
+        if !path.exists() && !path.with_extension("redb.databases").exists() {
+            return Err(Error::invalid("from", format!("source {}: the file does not exist", path.display())));
+        }
+    }
+    for (side, named) in [(&source, "source"), (&target, "target")] {
+        side.check().await.map_err(|err| {
+            Error::new(err.kind(), format!("{named} {}: {}", side.name(), err.message())).with_source(err)
+        })?;
+    }
+    if source.name() == target.name() {
+        return Err(Error::invalid("to", format!("source and target are the same ({})", source.name())));
+    }
+    Ok((source, target))
+}
+
+/// `migrate --all-databases` / `--db`; returns the exit status.
+async fn migrate_databases(args: MigrateArgs, settings: &Settings, stop: super::follow::StopSignal) -> Result<u8> {
+    let pipeline = &args.pipeline;
+    check_sizes(pipeline.batch_size, pipeline.concurrency)?;
+    if !pipeline.users.is_empty() || !pipeline.namespaces.is_empty() {
+        return Err(Error::invalid("user", "--user and --namespace select data-store documents, not databases"));
+    }
+    if pipeline.dry_run {
+        return Err(Error::invalid("dry-run", "--dry-run is not supported with --all-databases"));
+    }
+    if !(1..=MAX_CONCURRENCY).contains(&args.databases_at_once) {
+        return Err(Error::invalid("databases-at-once", format!("must be 1 to {MAX_CONCURRENCY}")));
+    }
+    let (source, target) = open_sides(&args.from, &args.to, settings).await?;
+    let options = MoveOptions {
+        selection: Selection { include: args.dbs.clone(), exclude: args.excludes.clone() },
+        batch_size: pipeline.batch_size,
+        databases_at_once: args.databases_at_once,
+        checkpoint: pipeline.checkpoint.clone(),
+        restart: pipeline.restart,
+        follow: match (args.follow, args.until_caught_up) {
+            (_, true) => super::FollowMode::UntilCaughtUp,
+            (true, false) => super::FollowMode::Forever,
+            (false, false) => super::FollowMode::Off,
+        },
+        delete_missing: args.delete_missing,
+        verify: !args.no_verify,
+        progress: match pipeline.progress {
+            ProgressMode::None => ProgressMode::None,
+            _ => ProgressMode::Log,
+        },
+        max_issues: pipeline.max_issues,
+    };
+    let report = super::databases::run(source, target, options, stop).await?;
+    emit(&report, pipeline.report.as_deref())?;
+    Ok(report.exit_code())
+}
+
+/// `verify --all-databases` / `--db`; returns the exit status.
+async fn verify_databases(args: VerifyArgs, settings: &Settings) -> Result<u8> {
+    check_sizes(args.batch_size, args.concurrency)?;
+    let (source, target) = open_sides(&args.from, &args.to, settings).await?;
+    let selection = Selection { include: args.dbs.clone(), exclude: args.excludes.clone() };
+    let names: Vec<String> = source.list().await?.into_iter().filter(|name| selection.admits(name)).collect();
+    let report = super::databases::verify::verify(&source, &target, &names, args.batch_size, args.max_ids).await?;
+    emit(&report, args.report.as_deref())?;
+    Ok(if report.passed { 0 } else { super::EXIT_DIFFERENT })
 }

@@ -21,11 +21,15 @@
 //! With the defaults (500, 4) that is 5,500 documents.
 //!
 //! [`verify`] compares two backends document by document with the same rules.
+//!
+//! [`databases`] moves every other database (revision trees, attachments, settings) between
+//! backends and CouchDB-protocol servers: `migrate --all-databases`.
 
 pub mod canonical;
 pub mod census;
 pub mod checkpoint;
 pub mod command;
+pub mod databases;
 pub mod follow;
 pub mod journal;
 pub mod progress;

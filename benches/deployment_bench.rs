@@ -1,0 +1,363 @@
+//! Moving a whole deployment (issue 27): `agentstore migrate --all-databases` from a
+//! pouchdb-server into each backend, and the same copy done by pouchdb-server's own replicator
+//! (`POST /_replicate`), in one run.
+//!
+//! Run it with `cargo bench --bench benches -- deployment_bench`. The source is pouchdb-server
+//! 4.2.0 `--in-memory` (started as the other benches start it, `common/targets.rs`) holding
+//! `BENCH_DATABASES` (default 20) databases of `BENCH_DOCS` (default 200,000) documents in all,
+//! written with `new_edits: false`: `BENCH_CONFLICT_PERCENT` (default 5) % of them with two
+//! leaves (a conflict), `BENCH_ATTACHMENT_PERCENT` (default 1) % with a 4 KiB attachment, the rest
+//! a ~150-byte body, plus one design document per database. Then, in order:
+//!
+//! 1. for each target of `BENCH_TARGETS` (default `embedded,dynamodb,firestore`; the tests' local
+//!    servers: a fresh redb file, dynalite, the Firestore emulator): the release binary's
+//!    `migrate --all-databases --db 'bench_*' --no-verify --progress none` into a fresh store,
+//!    timed from start to exit; its report gives the documents and leaves copied and its peak
+//!    RSS (`VmHWM`). Then `verify --all-databases` compares the two sides leaf for leaf (timed
+//!    apart); any difference fails the bench;
+//! 2. `replicator → pouchdb-server`: a second pouchdb-server `--in-memory` pulls every database
+//!    from the source with `POST /_replicate` (`create_target: true`), 4 databases at once (as
+//!    `migrate` copies 4 at once by default);
+//! 3. `replicator → agentstore (embedded)`: the source pouchdb-server pushes every database with
+//!    `POST /_replicate` into `agentstore serve --couchdb-listen` over a fresh embedded store (the
+//!    standard alternative to `migrate`, docs/migration.md), 4 at once.
+//!
+//! Rates are documents (changed documents of the source feeds) per second of wall clock. One
+//! table goes to stdout, the JSON to `target/bench/deployment_bench.json`. A failed copy, a
+//! failed replication or a verification that differs fails the bench (exit 1).
+//!
+//! `cargo test --all-targets` also builds and runs the bench binary (without `--bench`); it then
+//! only prints how to run it and exits 0.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine as _;
+use futures::StreamExt;
+use serde_json::{json, Value};
+
+use crate::common;
+use crate::common::targets::{Kind, Running};
+use crate::servers;
+
+use common::report::aligned;
+use common::{bench_main, env_number, run_suffix, write_report};
+
+const NAME: &str = "deployment_bench";
+const BIN: &str = env!("CARGO_BIN_EXE_agentstore");
+/// Documents per `_bulk_docs` while seeding.
+const SEED_BATCH: usize = 1000;
+/// Databases copied at once by the replicator runs (`migrate`'s default too).
+const AT_ONCE: usize = 4;
+const ATTACHMENT_BYTES: usize = 4096;
+
+struct Config {
+    databases: usize,
+    docs: usize,
+    conflict_percent: usize,
+    attachment_percent: usize,
+    targets: Vec<String>,
+}
+
+fn config() -> Result<Config, String> {
+    let targets = std::env::var("BENCH_TARGETS").unwrap_or_else(|_| "embedded,dynamodb,firestore".into());
+    Ok(Config {
+        databases: env_number("BENCH_DATABASES", 20usize)?.max(1),
+        docs: env_number("BENCH_DOCS", 200_000usize)?,
+        conflict_percent: env_number("BENCH_CONFLICT_PERCENT", 5usize)?,
+        attachment_percent: env_number("BENCH_ATTACHMENT_PERCENT", 1usize)?,
+        targets: targets.split(',').map(|t| t.trim().to_owned()).filter(|t| !t.is_empty()).collect(),
+    })
+}
+
+pub fn main() -> std::process::ExitCode {
+    bench_main(NAME, run)
+}
+
+fn run() -> Result<bool, String> {
+    let config = config()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("tokio runtime: {e}"))?;
+    runtime.block_on(measure(config))
+}
+
+/// A source database's name.
+fn db_name(n: usize) -> String {
+    format!("bench_d{n:02}")
+}
+
+/// `http://admin:password@HOST:PORT` of a pouchdb-server started by [`Running::start`].
+fn with_login(running: &Running) -> String {
+    match &running.login {
+        Some((user, password)) => running.root.replacen("http://", &format!("http://{user}:{password}@"), 1),
+        None => running.root.clone(),
+    }
+}
+
+async fn post(http: &reqwest::Client, url: &str, body: &Value) -> Result<Value, String> {
+    let response = http.post(url).json(body).send().await.map_err(|e| format!("POST {url}: {e}"))?;
+    let status = response.status();
+    let value: Value = response.json().await.map_err(|e| format!("POST {url}: {e}"))?;
+    if !status.is_success() {
+        return Err(format!("POST {url}: {status} {value}"));
+    }
+    Ok(value)
+}
+
+/// Seeds the source; the documents, leaves and attachments written.
+async fn seed(http: &reqwest::Client, root: &str, config: &Config) -> Result<(usize, usize, usize), String> {
+    let (mut docs, mut leaves, mut attachments) = (0, 0, 0);
+    let per_db = config.docs.div_ceil(config.databases);
+    for n in 0..config.databases {
+        let db = db_name(n);
+        let response = http.put(format!("{root}/{db}")).send().await.map_err(|e| format!("PUT {db}: {e}"))?;
+        if !response.status().is_success() {
+            return Err(format!("PUT {db}: {}", response.status()));
+        }
+        let mut batch = vec![
+            json!({"_id": "_design/app", "_rev": "1-d0", "views": {"by_n": {"map": "function (doc) { emit(doc.n, null); }"}}}),
+        ];
+        for i in 0..per_db.min(config.docs.saturating_sub(docs)) {
+            let global = n * per_db + i;
+            let id = format!("doc{i:07}");
+            let mut doc = json!({"_id": id, "_rev": format!("1-{global:032x}"), "n": global, "kind": "bench",
+                "text": "a body of about one hundred and fifty bytes, like a small record of an application", "tags": ["a", "b"]});
+            if config.attachment_percent > 0 && global % (100 / config.attachment_percent.min(100)) == 7 {
+                // Bytes of its own per document, with its number in them.
+                let mut bytes: Vec<u8> = (global as u64).to_le_bytes().to_vec();
+                bytes.extend((0..ATTACHMENT_BYTES - 8).map(|b| (b * 7 + global * 13) as u8));
+                doc["_attachments"] =
+                    json!({"blob.bin": {"content_type": "application/octet-stream", "data": BASE64.encode(bytes)}});
+                attachments += 1;
+            }
+            batch.push(doc);
+            leaves += 1;
+            if config.conflict_percent > 0 && global % (100 / config.conflict_percent.min(100)) == 3 {
+                for branch in ["a", "b"] {
+                    batch.push(json!({"_id": id, "_rev": format!("2-{branch}{global:031x}"),
+                        "_revisions": {"start": 2, "ids": [format!("{branch}{global:031x}"), format!("{global:032x}")]},
+                        "n": global, "branch": branch}));
+                    leaves += 1;
+                }
+                leaves -= 1; // the first leaf is now the branches' parent
+            }
+            docs += 1;
+            if batch.len() >= SEED_BATCH {
+                post(http, &format!("{root}/{db}/_bulk_docs"), &json!({"docs": batch, "new_edits": false})).await?;
+                batch = Vec::new();
+            }
+        }
+        if !batch.is_empty() {
+            post(http, &format!("{root}/{db}/_bulk_docs"), &json!({"docs": batch, "new_edits": false})).await?;
+        }
+    }
+    Ok((docs + config.databases, leaves + config.databases, attachments))
+}
+
+/// One measured copy.
+struct Measured {
+    label: String,
+    seconds: f64,
+    docs: u64,
+    leaves: Option<u64>,
+    peak_rss_mib: Option<f64>,
+    verify_seconds: Option<f64>,
+    ok: bool,
+    note: String,
+}
+
+impl Measured {
+    fn rate(&self) -> f64 {
+        self.docs as f64 / self.seconds.max(0.001)
+    }
+}
+
+/// `migrate --all-databases` into `target`, then `verify`.
+fn migrate_into(source: &str, target: &str, label: &str, dir: &std::path::Path) -> Result<Measured, String> {
+    let started = Instant::now();
+    let output = Command::new(BIN)
+        .args(["migrate", "--from", source, "--to", target, "--all-databases", "--db", "bench_*"])
+        .args(["--no-verify", "--progress", "none", "--checkpoint"])
+        .arg(dir.join(format!("cp-{label}")))
+        .current_dir(dir)
+        .output()
+        .map_err(|e| format!("cannot run {BIN}: {e}"))?;
+    let seconds = started.elapsed().as_secs_f64();
+    let report: Value = serde_json::from_slice(&output.stdout).map_err(|e| {
+        format!("migrate into {label} printed no report ({e}); stderr: {}", String::from_utf8_lossy(&output.stderr))
+    })?;
+    let mut ok = output.status.success() && report["status"] == "complete" && report["totals"]["failed"] == 0;
+    let started = Instant::now();
+    let verify = Command::new(BIN)
+        .args(["verify", "--from", source, "--to", target, "--all-databases", "--db", "bench_*", "--progress", "none"])
+        .current_dir(dir)
+        .output()
+        .map_err(|e| format!("cannot run {BIN}: {e}"))?;
+    let verify_seconds = started.elapsed().as_secs_f64();
+    let verified: Value = serde_json::from_slice(&verify.stdout).unwrap_or(Value::Null);
+    let passed = verify.status.success() && verified["passed"] == true;
+    ok &= passed;
+    Ok(Measured {
+        label: format!("migrate → {label}"),
+        seconds,
+        docs: report["totals"]["docs_seen"].as_u64().unwrap_or(0),
+        leaves: report["totals"]["leaves_written"].as_u64(),
+        peak_rss_mib: report["peak_rss_bytes"].as_f64().map(|b| b / 1048576.0),
+        verify_seconds: Some(verify_seconds),
+        ok,
+        note: if passed {
+            format!("verify: {} leaves equal", verified["leaves"])
+        } else {
+            format!("verify FAILED: {}", String::from_utf8_lossy(&verify.stdout).chars().take(400).collect::<String>())
+        },
+    })
+}
+
+/// The replicator of the server at `runner` copying every database from `source` to `target`
+/// (URLs with credentials), `AT_ONCE` at a time.
+async fn replicate(
+    http: &reqwest::Client,
+    runner: &str,
+    source: &str,
+    target: &str,
+    databases: usize,
+    label: &str,
+    docs: u64,
+) -> Measured {
+    let started = Instant::now();
+    let results: Vec<Result<Value, String>> = futures::stream::iter(0..databases)
+        .map(|n| {
+            let body = json!({"source": format!("{source}/{}", db_name(n)), "target": format!("{target}/{}", db_name(n)), "create_target": true});
+            async move { post(http, &format!("{runner}/_replicate"), &body).await }
+        })
+        .buffer_unordered(AT_ONCE)
+        .collect()
+        .await;
+    let seconds = started.elapsed().as_secs_f64();
+    let failures: Vec<String> = results
+        .iter()
+        .filter_map(|r| match r {
+            Err(e) => Some(e.clone()),
+            Ok(v) if v["ok"] != true => Some(v.to_string()),
+            Ok(_) => None,
+        })
+        .collect();
+    let written: u64 =
+        results.iter().filter_map(|r| r.as_ref().ok()).map(|v| v["docs_written"].as_u64().unwrap_or(0)).sum();
+    Measured {
+        label: label.to_owned(),
+        seconds,
+        docs,
+        leaves: Some(written),
+        peak_rss_mib: None,
+        verify_seconds: None,
+        ok: failures.is_empty(),
+        note: if failures.is_empty() {
+            format!("docs_written {written} (the replicator's count)")
+        } else {
+            format!("FAILED: {}", failures.join("; ").chars().take(400).collect::<String>())
+        },
+    }
+}
+
+fn target_url(kind: &str, dir: &std::path::Path) -> Result<String, String> {
+    let name = format!("deploy_{}", run_suffix());
+    match kind {
+        "embedded" => Ok(format!("embedded:{}", dir.join("target.redb").display())),
+        "dynamodb" => Ok(servers::dynamodb()?.table_url(&name)),
+        "firestore" => Ok(servers::firestore()?.collection_url(&name)),
+        other => Err(format!("BENCH_TARGETS: unknown target {other:?} (embedded, dynamodb, firestore)")),
+    }
+}
+
+async fn measure(config: Config) -> Result<bool, String> {
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(3600)).build().map_err(|e| e.to_string())?;
+    let source = Running::start(Kind::PouchMemory, NAME)?;
+    let source_url = with_login(&source);
+    println!(
+        "{NAME}: seeding {} ({}) with {} databases, {} documents, {} % conflicts, {} % attachments of {ATTACHMENT_BYTES} bytes",
+        source.label, source.root, config.databases, config.docs, config.conflict_percent, config.attachment_percent
+    );
+    let started = Instant::now();
+    let (docs, leaves, attachments) = seed(&http, &source_url, &config).await?;
+    println!(
+        "{NAME}: seeded {docs} documents ({leaves} leaves, {attachments} attachments) in {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+    let mut results = Vec::new();
+    for kind in &config.targets {
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let target = target_url(kind, dir.path())?;
+        println!("{NAME}: migrate into {kind}…");
+        let measured = migrate_into(&source_url, &target, kind, dir.path())?;
+        println!("{NAME}:   {:.1}s, {:.0} docs/s, {}", measured.seconds, measured.rate(), measured.note);
+        results.push(measured);
+    }
+    println!("{NAME}: pouchdb-server's replicator into a second pouchdb-server…");
+    let second = Running::start(Kind::PouchMemory, NAME)?;
+    let second_url = with_login(&second);
+    let measured = replicate(
+        &http,
+        &second_url,
+        &source_url,
+        &second_url,
+        config.databases,
+        "replicator → pouchdb-server",
+        docs as u64,
+    )
+    .await;
+    println!("{NAME}:   {:.1}s, {:.0} docs/s, {}", measured.seconds, measured.rate(), measured.note);
+    results.push(measured);
+    second.stop()?;
+    println!("{NAME}: pouchdb-server's replicator into agentstore serve (embedded)…");
+    let agentstore = Running::start(Kind::Embedded, NAME)?;
+    let agentstore_url = agentstore.root.clone();
+    let measured = replicate(
+        &http,
+        &source_url,
+        &source_url,
+        &agentstore_url,
+        config.databases,
+        "replicator → agentstore (embedded)",
+        docs as u64,
+    )
+    .await;
+    println!("{NAME}:   {:.1}s, {:.0} docs/s, {}", measured.seconds, measured.rate(), measured.note);
+    results.push(measured);
+    agentstore.stop()?;
+    source.stop()?;
+
+    let rows: Vec<Vec<String>> = results
+        .iter()
+        .map(|m| {
+            vec![
+                m.label.clone(),
+                format!("{:.1}", m.seconds),
+                format!("{:.0}", m.rate()),
+                m.leaves.map_or("-".into(), |l| l.to_string()),
+                m.peak_rss_mib.map_or("-".into(), |r| format!("{r:.0}")),
+                m.verify_seconds.map_or("-".into(), |s| format!("{s:.1}")),
+                if m.ok { "ok".into() } else { "FAILED".into() },
+            ]
+        })
+        .collect();
+    println!("\n{}", aligned(&["copy", "seconds", "docs/s", "leaves", "peak RSS MiB", "verify s", "result"], &rows, 1));
+    let json_rows: Vec<Value> = results
+        .iter()
+        .map(|m| {
+            json!({"copy": m.label, "seconds": m.seconds, "docs_per_second": m.rate(), "documents": m.docs,
+                "leaves": m.leaves, "peak_rss_mib": m.peak_rss_mib, "verify_seconds": m.verify_seconds, "ok": m.ok, "note": m.note})
+        })
+        .collect();
+    write_report(
+        NAME,
+        &json!({"databases": config.databases, "documents": docs, "leaves": leaves, "attachments": attachments,
+            "conflict_percent": config.conflict_percent, "attachment_percent": config.attachment_percent,
+            "load_average": common::targets::load_average(), "results": json_rows}),
+    )?;
+    Ok(results.iter().all(|m| m.ok))
+}

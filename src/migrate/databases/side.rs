@@ -1,0 +1,419 @@
+//! One end of a deployment move: a backend's databases in this process ([`Databases`] over the
+//! embedded store, DynamoDB or Firestore) or a CouchDB-protocol server over HTTP
+//! ([`CouchClient`]). Both answer the same few questions of the replication protocol, in its
+//! terms: list the databases, their settings, a page of a feed with every leaf, which leaves are
+//! missing (`_revs_diff`), the leaves themselves with `_revisions` and inline attachments
+//! (`_bulk_get`), and a replicated write (`_bulk_docs` with `new_edits: false`).
+//!
+//! A leaf travels as CouchDB shows it: `_id`, `_rev`, `_revisions`, `_deleted` for a deleted
+//! leaf, the body, and `_attachments` with each attachment's bytes as base64 `data` (with its
+//! `revpos`, `digest` and `content_type`) or, for a read without bodies, as stubs.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use futures::{StreamExt, TryStreamExt};
+use serde_json::{json, Map, Value};
+
+use crate::backend::catalog::DbName;
+use crate::backend::BackendUrl;
+use crate::database::doc_attachments::{self, ATTACHMENTS};
+use crate::database::document::{self, DocOptions};
+use crate::database::{Database, Databases, Write};
+use crate::error::{Error, ErrorKind, Result};
+use crate::replication_client::{ChangedDoc, CouchClient, FeedPage};
+
+/// Documents of one page written to a local database at once (each document's leaves in one
+/// write of its tree).
+const WRITE_CONCURRENCY: usize = 16;
+/// Attempts at storing a leaf's attachments against concurrent uploads of the same bytes.
+const PREPARE_ATTEMPTS: u64 = 8;
+/// Open databases a local side keeps (each is a file handle or a client).
+const MAX_OPEN: usize = 64;
+
+/// A database's settings as moved: `_security`, and `_revs_limit` where the side knows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    pub security: Value,
+    pub revs_limit: Option<u64>,
+}
+
+/// One end of a deployment move. Cheap to clone.
+#[derive(Clone)]
+pub enum Side {
+    /// A backend's databases, opened in this process.
+    Local { databases: Arc<Databases>, name: String },
+    /// A CouchDB-protocol server.
+    Remote(CouchClient),
+}
+
+impl Side {
+    /// The side a command-line text names: an `http(s)://` server URL, a `couchdb+http(s)://`
+    /// backend URL (its server: the databases of a CouchDB backend are that server's own), or any
+    /// other backend URL, whose databases are opened here.
+    pub fn parse(text: &str, settings: &crate::config::Settings) -> Result<Self> {
+        if text.starts_with("http://") || text.starts_with("https://") {
+            return Ok(Side::Remote(CouchClient::new(text)?));
+        }
+        let url = settings.resolve_backend_url(text)?;
+        if let BackendUrl::CouchDb(config) = &url {
+            let mut server = config.server.clone();
+            if let Some(user) = &config.user {
+                let _ = server.set_username(user);
+                let _ = server.set_password(config.password.as_deref());
+            }
+            return Ok(Side::Remote(CouchClient::new(server.as_str())?));
+        }
+        let name = url.to_string();
+        Ok(Side::Local { databases: Arc::new(Databases::from_url(Some(url), MAX_OPEN)), name })
+    }
+
+    /// The side in reports and checkpoints (no credentials).
+    pub fn name(&self) -> String {
+        match self {
+            Side::Local { name, .. } => name.clone(),
+            Side::Remote(client) => client.describe(),
+        }
+    }
+
+    /// Checks the side answers.
+    pub async fn check(&self) -> Result<()> {
+        match self {
+            Side::Local { databases, .. } => databases.list().await.map(|_| ()),
+            Side::Remote(client) => client.welcome().await.map(|_| ()),
+        }
+    }
+
+    async fn open(databases: &Databases, db: &str) -> Result<Option<Arc<Database>>> {
+        databases.open(&DbName::parse(db)?).await
+    }
+
+    async fn must_open(databases: &Databases, db: &str) -> Result<Arc<Database>> {
+        Self::open(databases, db).await?.ok_or_else(|| Error::not_found(format!("database {db:?} does not exist")))
+    }
+
+    /// Every database's name.
+    pub async fn list(&self) -> Result<Vec<String>> {
+        match self {
+            Side::Local { databases, .. } => {
+                Ok(databases.list().await?.into_iter().map(|name| name.as_str().to_owned()).collect())
+            }
+            Side::Remote(client) => client.all_dbs().await,
+        }
+    }
+
+    /// Creates the database unless it exists; `true` when this call created it.
+    pub async fn ensure(&self, db: &str) -> Result<bool> {
+        match self {
+            Side::Local { databases, .. } => {
+                let name = DbName::parse(db)?;
+                if databases.open(&name).await?.is_some() {
+                    return Ok(false);
+                }
+                match databases.create(&name).await {
+                    Ok(_) => Ok(true),
+                    Err(err) if err.kind() == ErrorKind::Conflict => Ok(false),
+                    Err(err) => Err(err),
+                }
+            }
+            Side::Remote(client) => client.create_db(db).await,
+        }
+    }
+
+    /// Deletes the database; `false` when there was none.
+    pub async fn delete(&self, db: &str) -> Result<bool> {
+        match self {
+            Side::Local { databases, .. } => databases.delete(&DbName::parse(db)?).await,
+            Side::Remote(client) => client.delete_db(db).await,
+        }
+    }
+
+    /// Whether the database exists.
+    pub async fn exists(&self, db: &str) -> Result<bool> {
+        match self {
+            Side::Local { databases, .. } => Ok(Self::open(databases, db).await?.is_some()),
+            Side::Remote(client) => Ok(client.db_info(db).await?.is_some()),
+        }
+    }
+
+    /// About how many documents (deleted ones included where the side says) the feed holds, for
+    /// progress; `None` when the side cannot tell cheaply.
+    pub async fn estimate(&self, db: &str) -> Result<Option<u64>> {
+        match self {
+            Side::Local { databases, .. } => match Self::open(databases, db).await? {
+                Some(database) => database.backend().approximate_count().await,
+                None => Ok(None),
+            },
+            Side::Remote(client) => Ok(client.db_info(db).await?.map(|info| {
+                info.get("doc_count").and_then(Value::as_u64).unwrap_or(0)
+                    + info.get("doc_del_count").and_then(Value::as_u64).unwrap_or(0)
+            })),
+        }
+    }
+
+    pub async fn settings(&self, db: &str) -> Result<Settings> {
+        match self {
+            Side::Local { databases, .. } => {
+                let settings = Self::must_open(databases, db).await?.settings().await?;
+                Ok(Settings { security: settings.security, revs_limit: Some(settings.revs_limit as u64) })
+            }
+            Side::Remote(client) => {
+                Ok(Settings { security: client.security(db).await?, revs_limit: client.revs_limit(db).await? })
+            }
+        }
+    }
+
+    /// Writes the settings; `_revs_limit` only where known and taken (pouchdb-server has none).
+    pub async fn put_settings(&self, db: &str, settings: &Settings) -> Result<()> {
+        match self {
+            Side::Local { databases, .. } => {
+                let database = Self::must_open(databases, db).await?;
+                let security = settings.security.clone();
+                let revs_limit = settings.revs_limit.and_then(|n| usize::try_from(n).ok()).filter(|n| *n > 0);
+                database
+                    .update_settings(|stored| {
+                        stored.security = security.clone();
+                        if let Some(limit) = revs_limit {
+                            stored.revs_limit = limit;
+                        }
+                    })
+                    .await
+                    .map(|_| ())
+            }
+            Side::Remote(client) => {
+                client.put_security(db, &settings.security).await?;
+                if let Some(limit) = settings.revs_limit {
+                    if !client.put_revs_limit(db, limit).await? {
+                        tracing::warn!(database = db, "the target did not take _revs_limit; it keeps its own");
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// One page of the database's feed after `since` (`Value::Null`: from the start), each
+    /// changed document with every leaf.
+    pub async fn changes(&self, db: &str, since: &Value, limit: usize) -> Result<FeedPage> {
+        match self {
+            Side::Local { databases, .. } => {
+                let database = Self::must_open(databases, db).await?;
+                let since_token = match since {
+                    Value::Null => None,
+                    Value::String(text) => Some(text.clone()),
+                    other => Some(other.to_string()),
+                };
+                let page = database.while_open(database.backend().changes(since_token.as_deref(), limit)).await?;
+                let states = database.read_changes(&page.changes).await?;
+                let mut docs = Vec::with_capacity(page.changes.len());
+                for (change, state) in page.changes.iter().zip(states) {
+                    let Some(state) = state else { continue };
+                    let leaves = state.tree.leaves().iter().map(|leaf| leaf.path.leaf_rev()).collect();
+                    docs.push(ChangedDoc { id: change.id.clone(), leaves });
+                }
+                let at_end = page.changes.is_empty() || page.pending == Some(0);
+                Ok(FeedPage { docs, last_seq: Value::String(page.last_seq), at_end })
+            }
+            Side::Remote(client) => client.changes(db, since, limit).await,
+        }
+    }
+
+    /// Of the leaves named, those this side lacks (per document).
+    pub async fn missing(&self, db: &str, wanted: &[(String, Vec<String>)]) -> Result<Vec<(String, Vec<String>)>> {
+        match self {
+            Side::Local { databases, .. } => {
+                let Some(database) = Self::open(databases, db).await? else { return Ok(wanted.to_vec()) };
+                let ids: Vec<String> = wanted.iter().map(|(id, _)| id.clone()).collect();
+                let states = database.read_many(&ids).await?;
+                let mut missing = Vec::new();
+                for ((id, revs), state) in wanted.iter().zip(states) {
+                    let lacking = match state {
+                        // A save a crash cut short: every leaf is sent again, and the write
+                        // finishes the save (`Database::half_written`).
+                        Some(state) if database.half_written(id, Some(&state)).await? => revs.clone(),
+                        Some(state) => state.tree.missing(revs).0,
+                        None => revs.clone(),
+                    };
+                    if !lacking.is_empty() {
+                        missing.push((id.clone(), lacking));
+                    }
+                }
+                Ok(missing)
+            }
+            Side::Remote(client) => client.revs_diff(db, wanted).await,
+        }
+    }
+
+    /// The leaves named, as documents with `_revisions`; with `attachments`, every attachment's
+    /// bytes inline, else stubs. A leaf this side does not have is left out.
+    pub async fn read_leaves(
+        &self,
+        db: &str,
+        wanted: &[(String, Vec<String>)],
+        attachments: bool,
+    ) -> Result<Vec<Map<String, Value>>> {
+        match self {
+            Side::Local { databases, .. } => {
+                let Some(database) = Self::open(databases, db).await? else { return Ok(Vec::new()) };
+                let ids: Vec<String> = wanted.iter().map(|(id, _)| id.clone()).collect();
+                let states = database.read_many(&ids).await?;
+                let options = DocOptions { revs: true, ..DocOptions::default() };
+                let mut docs = Vec::new();
+                for ((id, revs), state) in wanted.iter().zip(states) {
+                    let Some(state) = state else { continue };
+                    for rev in revs {
+                        let Some(leaf) = state.tree.leaf(rev) else { continue };
+                        let Value::Object(mut doc) = document::leaf_json(id, &state.tree, leaf, options) else {
+                            continue;
+                        };
+                        if attachments {
+                            inline_attachments(&database, &leaf.body, &mut doc).await?;
+                        }
+                        docs.push(doc);
+                    }
+                }
+                Ok(docs)
+            }
+            Side::Remote(client) => client.bulk_get(db, wanted, attachments).await,
+        }
+    }
+
+    /// Stores replicated leaves (`new_edits: false`, each with its `_revisions`); returns the
+    /// leaves refused, as `{id, rev, error, reason}` rows.
+    pub async fn write_leaves(&self, db: &str, docs: Vec<Map<String, Value>>) -> Result<Vec<Value>> {
+        match self {
+            Side::Local { databases, .. } => {
+                let database = Self::must_open(databases, db).await?;
+                let mut groups: Vec<(String, Vec<Map<String, Value>>)> = Vec::new();
+                let mut index: HashMap<String, usize> = HashMap::new();
+                for doc in docs {
+                    let id = doc.get("_id").and_then(Value::as_str).unwrap_or_default().to_owned();
+                    match index.get(&id) {
+                        Some(&at) => groups[at].1.push(doc),
+                        None => {
+                            index.insert(id.clone(), groups.len());
+                            groups.push((id, vec![doc]));
+                        }
+                    }
+                }
+                let database = &database;
+                let failures: Vec<Vec<Value>> = futures::stream::iter(groups)
+                    .map(|(id, docs)| async move { write_group(database, &id, docs).await })
+                    .buffer_unordered(WRITE_CONCURRENCY)
+                    .try_collect()
+                    .await?;
+                Ok(failures.into_iter().flatten().collect())
+            }
+            Side::Remote(client) => client.bulk_docs_replicated(db, docs).await,
+        }
+    }
+}
+
+/// The leaves of one document written in one write of its tree. A leaf refused before the write
+/// (a malformed document) is a failure row; an error of the write itself stops the move (the
+/// backend failed, and retrying the page is the safe course).
+async fn write_group(database: &Database, id: &str, docs: Vec<Map<String, Value>>) -> Result<Vec<Value>> {
+    let mut failures = Vec::new();
+    let mut writes = Vec::with_capacity(docs.len());
+    let mut revs = Vec::with_capacity(docs.len());
+    for doc in docs {
+        let rev = doc.get("_rev").and_then(Value::as_str).unwrap_or("").to_owned();
+        let refused = |error: &str, reason: String| json!({ "id": id, "rev": rev, "error": error, "reason": reason });
+        if let Err(refusal) = document::check_id(id) {
+            failures.push(refused(refusal.error, refusal.reason));
+            continue;
+        }
+        let mut parsed = match document::parse(doc) {
+            Ok(parsed) => parsed,
+            Err(refusal) => {
+                failures.push(refused(refusal.error, refusal.reason));
+                continue;
+            }
+        };
+        let path = match document::replicated_path(&parsed) {
+            Ok(path) => path,
+            Err(refusal) => {
+                failures.push(refused(refusal.error, refusal.reason));
+                continue;
+            }
+        };
+        if let Err(err) = prepare_attachments(database, &mut parsed.body).await {
+            if matches!(err.kind(), ErrorKind::InvalidInput | ErrorKind::TooLarge) {
+                failures.push(refused("attachment", err.message().to_owned()));
+                continue;
+            }
+            return Err(err);
+        }
+        writes.push(Write::Replicated { path, deleted: parsed.deleted, body: parsed.body });
+        revs.push(rev);
+    }
+    if writes.is_empty() {
+        return Ok(failures);
+    }
+    let answers = database.write_batch(id, &writes).await?;
+    for (answer, rev) in answers.into_iter().zip(revs) {
+        if let Err(err) = answer {
+            failures.push(json!({ "id": id, "rev": rev, "error": err.kind().as_str(), "reason": err.message() }));
+        }
+    }
+    Ok(failures)
+}
+
+/// Stores a leaf's inline attachments ([`doc_attachments::prepare`]). Bytes are
+/// content-addressed, so leaves written at once that carry the same attachment (branches of one
+/// document, copies across documents) upload the same blob concurrently, and the store answers
+/// all but one with a conflict: those are tried again (the blob is then found stored).
+async fn prepare_attachments(database: &Database, body: &mut Map<String, Value>) -> Result<()> {
+    let mut attempt = 0u64;
+    loop {
+        let mut prepared = body.clone();
+        match doc_attachments::prepare(
+            database.attachments(),
+            database.max_attachment_bytes(),
+            &mut prepared,
+            &HashMap::new(),
+        )
+        .await
+        {
+            Ok(()) => {
+                *body = prepared;
+                return Ok(());
+            }
+            Err(err) if err.kind() == ErrorKind::Conflict && attempt < PREPARE_ATTEMPTS => {
+                attempt += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(10 * attempt)).await;
+            }
+            Err(err) => return Err(err),
+        }
+    }
+}
+
+/// Puts the bytes of every attachment the leaf keeps into `doc` (the leaf as shown) as base64.
+async fn inline_attachments(
+    database: &Database,
+    body: &Map<String, Value>,
+    doc: &mut Map<String, Value>,
+) -> Result<()> {
+    let Some(Value::Object(attachments)) = body.get(ATTACHMENTS) else { return Ok(()) };
+    let mut shown = Map::with_capacity(attachments.len());
+    for (name, attachment) in attachments {
+        let value = match doc_attachments::kept(body, name) {
+            Some(kept) => {
+                let chunks: Vec<bytes::Bytes> =
+                    database.attachments().read(&kept.sha256, None).await?.try_collect().await?;
+                let bytes = chunks.concat();
+                if bytes.len() as u64 != kept.length {
+                    return Err(Error::new(
+                        ErrorKind::Corrupt,
+                        format!("attachment {name} of a document holds {} bytes, not {}", bytes.len(), kept.length),
+                    ));
+                }
+                doc_attachments::shown_inline(&kept, &bytes)
+            }
+            None => doc_attachments::shown_stub(attachment),
+        };
+        shown.insert(name.clone(), value);
+    }
+    doc.insert(ATTACHMENTS.into(), Value::Object(shown));
+    Ok(())
+}

@@ -1,0 +1,401 @@
+//! The HTTP side of moving a deployment: a client of CouchDB's replication protocol for any
+//! CouchDB-protocol server (Apache CouchDB, pouchdb-server, or an agentstore `serve` with its
+//! CouchDB face). `agentstore migrate --all-databases` reads and writes a server's databases
+//! through it ([`crate::migrate::databases`]); everything this project says to a CouchDB server
+//! for that is here.
+//!
+//! What it uses, all of it in CouchDB 2.x/3.x and pouchdb-server:
+//! `GET /_all_dbs`, `GET|PUT|DELETE /{db}`, `GET|PUT /{db}/_security`, `GET|PUT /{db}/_revs_limit`
+//! (pouchdb-server has no such route: read as unknown, written as best effort),
+//! `GET /{db}/_changes?style=all_docs&since=&limit=`, `POST /{db}/_revs_diff`,
+//! `POST /{db}/_bulk_get?revs=true&attachments=true` (JSON, attachments as base64) and
+//! `POST /{db}/_bulk_docs` with `new_edits: false`.
+//!
+//! Credentials come from the URL's user info and are sent as HTTP basic authentication; the URL
+//! is only ever shown redacted ([`CouchClient::describe`]).
+
+use std::time::Duration;
+
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine as _;
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Map, Value};
+use url::Url;
+
+use crate::error::{Error, ErrorKind, Result};
+
+/// Characters of a database name or document id that stay as they are in a path segment; every
+/// other one (`/` above all, which CouchDB names may hold) is percent-encoded.
+const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'_').remove(b'-').remove(b'.').remove(b'~');
+/// How long one request may take, attachments included.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(300);
+/// Attempts of a request that failed for a reason that may pass (connection, 5xx, 429).
+const ATTEMPTS: u32 = 5;
+
+/// One change of a database's feed with every leaf of the document (`style=all_docs`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChangedDoc {
+    pub id: String,
+    /// Every leaf revision, deleted ones included.
+    pub leaves: Vec<String>,
+}
+
+/// One page of a database's change feed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FeedPage {
+    pub docs: Vec<ChangedDoc>,
+    /// Where the next page starts (CouchDB's `last_seq`: a string on CouchDB 2+, a number on
+    /// pouchdb-server; kept as sent).
+    pub last_seq: Value,
+    /// Whether this page reached the end of the feed as the server saw it.
+    pub at_end: bool,
+}
+
+/// A client of one CouchDB-protocol server.
+#[derive(Clone)]
+pub struct CouchClient {
+    http: reqwest::Client,
+    /// The server's root, without credentials, ending in `/`.
+    base: Url,
+    user: Option<String>,
+    password: Option<String>,
+}
+
+impl CouchClient {
+    /// A client of the server at `url` (`http(s)://[user:password@]host:port[/prefix]`).
+    pub fn new(url: &str) -> Result<Self> {
+        let mut base = Url::parse(url).map_err(|e| Error::invalid("url", format!("{url:?} is not a URL: {e}")))?;
+        if !matches!(base.scheme(), "http" | "https") {
+            return Err(Error::invalid("url", format!("{} is not an http(s) URL", redact(&base))));
+        }
+        let user = (!base.username().is_empty()).then(|| decode(base.username()));
+        let password = base.password().map(decode);
+        let _ = base.set_username("");
+        let _ = base.set_password(None);
+        base.set_query(None);
+        base.set_fragment(None);
+        if !base.path().ends_with('/') {
+            let path = format!("{}/", base.path());
+            base.set_path(&path);
+        }
+        let http = reqwest::Client::builder()
+            .timeout(REQUEST_TIMEOUT)
+            .pool_max_idle_per_host(16)
+            .build()
+            .map_err(|e| Error::new(ErrorKind::Internal, "cannot build an HTTP client").with_source(e))?;
+        Ok(CouchClient { http, base, user, password })
+    }
+
+    /// The server's URL without credentials.
+    pub fn describe(&self) -> String {
+        self.base.as_str().trim_end_matches('/').to_owned()
+    }
+
+    fn url(&self, segments: &[&str], query: &[(&str, String)]) -> Result<Url> {
+        let path: Vec<String> = segments.iter().map(|s| utf8_percent_encode(s, SEGMENT).to_string()).collect();
+        let mut url = self
+            .base
+            .join(&path.join("/"))
+            .map_err(|e| Error::new(ErrorKind::Internal, format!("cannot form a URL under {}: {e}", self.base)))?;
+        if !query.is_empty() {
+            url.query_pairs_mut().extend_pairs(query.iter().map(|(k, v)| (*k, v.as_str())));
+        }
+        Ok(url)
+    }
+
+    /// Sends one request (retrying what may pass) and returns its status and JSON body.
+    async fn send(&self, method: Method, url: Url, body: Option<&Value>) -> Result<(StatusCode, Value)> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let mut request = self.http.request(method.clone(), url.clone()).header("accept", "application/json");
+            if let Some(user) = &self.user {
+                request = request.basic_auth(user, self.password.as_deref());
+            }
+            if let Some(body) = body {
+                request = request.json(body);
+            }
+            let outcome = async {
+                let response = request.send().await?;
+                let status = response.status();
+                let bytes = response.bytes().await?;
+                Ok::<_, reqwest::Error>((status, bytes))
+            }
+            .await;
+            let shown = format!("{method} {}", redact(&url));
+            match outcome {
+                Ok((status, bytes)) => {
+                    let retry = status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS;
+                    if retry && attempt < ATTEMPTS {
+                        tokio::time::sleep(backoff(attempt)).await;
+                        continue;
+                    }
+                    let value = if bytes.is_empty() {
+                        Value::Null
+                    } else {
+                        serde_json::from_slice(&bytes).map_err(|e| {
+                            Error::new(
+                                ErrorKind::Unavailable,
+                                format!("{shown}: the answer ({status}) is not JSON: {e}"),
+                            )
+                        })?
+                    };
+                    return Ok((status, value));
+                }
+                Err(err) if attempt < ATTEMPTS => {
+                    tracing::debug!(error = %err, request = %shown, "retrying");
+                    tokio::time::sleep(backoff(attempt)).await;
+                }
+                Err(err) => {
+                    return Err(Error::new(ErrorKind::Unavailable, format!("{shown}: {err}")).with_source(err));
+                }
+            }
+        }
+    }
+
+    /// Sends a request that must succeed (2xx); any other status is an error naming CouchDB's.
+    async fn answer_ok(&self, method: Method, url: Url, body: Option<&Value>) -> Result<Value> {
+        let shown = format!("{method} {}", redact(&url));
+        let (status, value) = self.send(method, url, body).await?;
+        if status.is_success() {
+            return Ok(value);
+        }
+        Err(status_error(&shown, status, &value))
+    }
+
+    /// `GET /`: checks the server answers as a CouchDB does.
+    pub async fn welcome(&self) -> Result<Value> {
+        let value = self.answer_ok(Method::GET, self.url(&[], &[])?, None).await?;
+        // CouchDB says `"couchdb": "Welcome"`, pouchdb-server `"express-pouchdb": "Welcome!"`.
+        if value.get("couchdb").is_none() && value.get("express-pouchdb").is_none() {
+            return Err(Error::invalid("url", format!("{} does not answer as a CouchDB server", self.describe())));
+        }
+        Ok(value)
+    }
+
+    /// `GET /_all_dbs`.
+    pub async fn all_dbs(&self) -> Result<Vec<String>> {
+        let value = self.answer_ok(Method::GET, self.url(&["_all_dbs"], &[])?, None).await?;
+        let Value::Array(names) = value else {
+            return Err(Error::new(ErrorKind::Unavailable, "_all_dbs did not answer a list"));
+        };
+        Ok(names.into_iter().filter_map(|n| n.as_str().map(str::to_owned)).collect())
+    }
+
+    /// `GET /{db}`; `None` when it does not exist.
+    pub async fn db_info(&self, db: &str) -> Result<Option<Value>> {
+        let url = self.url(&[db], &[])?;
+        let shown = format!("GET {}", redact(&url));
+        match self.send(Method::GET, url, None).await? {
+            (status, value) if status.is_success() => Ok(Some(value)),
+            (StatusCode::NOT_FOUND, _) => Ok(None),
+            (status, value) => Err(status_error(&shown, status, &value)),
+        }
+    }
+
+    /// `PUT /{db}`; `false` when it existed already.
+    pub async fn create_db(&self, db: &str) -> Result<bool> {
+        let url = self.url(&[db], &[])?;
+        let shown = format!("PUT {}", redact(&url));
+        match self.send(Method::PUT, url, None).await? {
+            (status, _) if status.is_success() => Ok(true),
+            (StatusCode::PRECONDITION_FAILED, _) => Ok(false),
+            (status, value) => Err(status_error(&shown, status, &value)),
+        }
+    }
+
+    /// `DELETE /{db}`; `false` when there was none.
+    pub async fn delete_db(&self, db: &str) -> Result<bool> {
+        let url = self.url(&[db], &[])?;
+        let shown = format!("DELETE {}", redact(&url));
+        match self.send(Method::DELETE, url, None).await? {
+            (status, _) if status.is_success() => Ok(true),
+            (StatusCode::NOT_FOUND, _) => Ok(false),
+            (status, value) => Err(status_error(&shown, status, &value)),
+        }
+    }
+
+    /// `GET /{db}/_security`.
+    pub async fn security(&self, db: &str) -> Result<Value> {
+        self.answer_ok(Method::GET, self.url(&[db, "_security"], &[])?, None).await
+    }
+
+    /// `PUT /{db}/_security`.
+    pub async fn put_security(&self, db: &str, security: &Value) -> Result<()> {
+        self.answer_ok(Method::PUT, self.url(&[db, "_security"], &[])?, Some(security)).await.map(|_| ())
+    }
+
+    /// `GET /{db}/_revs_limit`; `None` where the server has no such route (pouchdb-server).
+    pub async fn revs_limit(&self, db: &str) -> Result<Option<u64>> {
+        match self.send(Method::GET, self.url(&[db, "_revs_limit"], &[])?, None).await? {
+            (status, value) if status.is_success() => Ok(value.as_u64()),
+            _ => Ok(None),
+        }
+    }
+
+    /// `PUT /{db}/_revs_limit`; `false` where the server refuses or has no such route.
+    pub async fn put_revs_limit(&self, db: &str, limit: u64) -> Result<bool> {
+        let (status, _) = self.send(Method::PUT, self.url(&[db, "_revs_limit"], &[])?, Some(&json!(limit))).await?;
+        Ok(status.is_success())
+    }
+
+    /// One page of `GET /{db}/_changes?style=all_docs` after `since` (`Value::Null`: the start).
+    pub async fn changes(&self, db: &str, since: &Value, limit: usize) -> Result<FeedPage> {
+        let mut query = vec![("style", "all_docs".to_owned()), ("limit", limit.to_string())];
+        match since {
+            Value::Null => {}
+            Value::String(text) => query.push(("since", text.clone())),
+            other => query.push(("since", other.to_string())),
+        }
+        let value = self.answer_ok(Method::GET, self.url(&[db, "_changes"], &query)?, None).await?;
+        let rows = value.get("results").and_then(Value::as_array).cloned().unwrap_or_default();
+        let mut docs = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let Some(id) = row.get("id").and_then(Value::as_str) else { continue };
+            if id.starts_with("_local/") {
+                continue;
+            }
+            let leaves = row
+                .get("changes")
+                .and_then(Value::as_array)
+                .map(|changes| {
+                    changes.iter().filter_map(|c| c.get("rev").and_then(Value::as_str).map(str::to_owned)).collect()
+                })
+                .unwrap_or_default();
+            docs.push(ChangedDoc { id: id.to_owned(), leaves });
+        }
+        let last_seq = match value.get("last_seq") {
+            Some(seq) if !seq.is_null() => seq.clone(),
+            _ => rows.last().and_then(|row| row.get("seq")).cloned().unwrap_or_else(|| since.clone()),
+        };
+        let pending = value.get("pending").and_then(Value::as_u64);
+        let at_end = rows.len() < limit || pending == Some(0);
+        Ok(FeedPage { docs, last_seq, at_end })
+    }
+
+    /// `POST /{db}/_revs_diff`: for each document, the revisions the server lacks.
+    pub async fn revs_diff(&self, db: &str, wanted: &[(String, Vec<String>)]) -> Result<Vec<(String, Vec<String>)>> {
+        if wanted.is_empty() {
+            return Ok(Vec::new());
+        }
+        let body: Map<String, Value> = wanted.iter().map(|(id, revs)| (id.clone(), json!(revs))).collect();
+        let value =
+            self.answer_ok(Method::POST, self.url(&[db, "_revs_diff"], &[])?, Some(&Value::Object(body))).await?;
+        let Value::Object(answer) = value else {
+            return Err(Error::new(ErrorKind::Unavailable, "_revs_diff did not answer an object"));
+        };
+        let mut missing = Vec::new();
+        for (id, _) in wanted {
+            let Some(entry) = answer.get(id) else { continue };
+            let revs: Vec<String> = entry
+                .get("missing")
+                .and_then(Value::as_array)
+                .map(|revs| revs.iter().filter_map(|r| r.as_str().map(str::to_owned)).collect())
+                .unwrap_or_default();
+            if !revs.is_empty() {
+                missing.push((id.clone(), revs));
+            }
+        }
+        Ok(missing)
+    }
+
+    /// `POST /{db}/_bulk_get?revs=true[&attachments=true]`: each asked leaf as a document with
+    /// `_revisions` (and its attachments inline when `attachments`); a leaf the server does not
+    /// have is left out.
+    pub async fn bulk_get(
+        &self,
+        db: &str,
+        wanted: &[(String, Vec<String>)],
+        attachments: bool,
+    ) -> Result<Vec<Map<String, Value>>> {
+        let asked: Vec<Value> =
+            wanted.iter().flat_map(|(id, revs)| revs.iter().map(move |rev| json!({ "id": id, "rev": rev }))).collect();
+        if asked.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut query = vec![("revs", "true".to_owned())];
+        if attachments {
+            query.push(("attachments", "true".to_owned()));
+        }
+        let body = json!({ "docs": asked, "revs": true, "attachments": attachments });
+        let value = self.answer_ok(Method::POST, self.url(&[db, "_bulk_get"], &query)?, Some(&body)).await?;
+        let results = value.get("results").and_then(Value::as_array).cloned().unwrap_or_default();
+        let mut docs = Vec::with_capacity(asked.len());
+        for result in results {
+            for entry in result.get("docs").and_then(Value::as_array).cloned().unwrap_or_default() {
+                if let Some(Value::Object(doc)) = entry.get("ok") {
+                    docs.push(doc.clone());
+                }
+            }
+        }
+        Ok(docs)
+    }
+
+    /// `POST /{db}/_bulk_docs` with `new_edits: false`: the documents' revisions stored with
+    /// their ancestry as they are. Returns the rows that failed (`{id, error, reason}`).
+    pub async fn bulk_docs_replicated(&self, db: &str, docs: Vec<Map<String, Value>>) -> Result<Vec<Value>> {
+        if docs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let body = json!({ "docs": docs, "new_edits": false });
+        let value = self.answer_ok(Method::POST, self.url(&[db, "_bulk_docs"], &[])?, Some(&body)).await?;
+        let rows = value.as_array().cloned().unwrap_or_default();
+        Ok(rows.into_iter().filter(|row| row.get("error").is_some()).collect())
+    }
+}
+
+/// The pause before attempt `attempt + 1`.
+fn backoff(attempt: u32) -> Duration {
+    Duration::from_millis(200u64.saturating_mul(1 << attempt.min(5)))
+}
+
+/// A URL's user info, percent-decoded.
+fn decode(text: &str) -> String {
+    percent_encoding::percent_decode_str(text).decode_utf8_lossy().into_owned()
+}
+
+/// A URL as shown in messages: without credentials.
+pub fn redact(url: &Url) -> String {
+    let mut shown = url.clone();
+    let _ = shown.set_username("");
+    let _ = shown.set_password(None);
+    shown.to_string()
+}
+
+/// An error for a status CouchDB answered, with its `error` and `reason`.
+fn status_error(request: &str, status: StatusCode, body: &Value) -> Error {
+    let error = body.get("error").and_then(Value::as_str).unwrap_or("");
+    let reason = body.get("reason").and_then(Value::as_str).unwrap_or("");
+    let kind = match status {
+        StatusCode::UNAUTHORIZED => ErrorKind::Unauthorized,
+        StatusCode::FORBIDDEN => ErrorKind::Forbidden,
+        StatusCode::NOT_FOUND => ErrorKind::NotFound,
+        StatusCode::CONFLICT | StatusCode::PRECONDITION_FAILED => ErrorKind::Conflict,
+        StatusCode::BAD_REQUEST => ErrorKind::InvalidInput,
+        StatusCode::PAYLOAD_TOO_LARGE => ErrorKind::TooLarge,
+        _ => ErrorKind::Unavailable,
+    };
+    Error::new(kind, format!("{request}: {status} {error} {reason}").trim_end().to_owned())
+}
+
+/// The bytes of an inline attachment (`data`, base64), as sent.
+pub fn attachment_bytes(attachment: &Value) -> Option<Vec<u8>> {
+    attachment.get("data").and_then(Value::as_str).and_then(|data| BASE64.decode(data.as_bytes()).ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_leave_the_url_and_names_are_encoded() {
+        let client = CouchClient::new("http://admin:p%40ss@127.0.0.1:5984").unwrap();
+        assert_eq!(client.describe(), "http://127.0.0.1:5984");
+        assert_eq!(client.user.as_deref(), Some("admin"));
+        assert_eq!(client.password.as_deref(), Some("p@ss"));
+        let url = client.url(&["a/b", "_changes"], &[("since", "0".into())]).unwrap();
+        assert_eq!(url.as_str(), "http://127.0.0.1:5984/a%2Fb/_changes?since=0");
+        assert!(CouchClient::new("ftp://x").is_err());
+    }
+}

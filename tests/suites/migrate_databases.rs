@@ -1,0 +1,441 @@
+//! Moving a whole deployment (`migrate --all-databases`/`--db`) end to end, with the real binary:
+//! several databases with conflicts, deleted leaves, deleted documents, attachments (every byte
+//! value), design documents, `_security` and a local document, on a CouchDB-protocol server
+//! (the harness's pouchdb-server, or `AGENTSTORE_TEST_COUCHDB_URL`), copied to each selected
+//! backend and back to a second pouchdb-server started here, then compared leaf for leaf and
+//! byte for byte over HTTP by this module's own reads (not the tool's). `kill -9` in the copy and
+//! in `--follow` with writers writing into several databases, resumed, then `--until-caught-up`,
+//! compared the same way.
+//!
+//! Needs the `couchdb` backend selected (it is the source); each backend trial needs its backend.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Child, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine as _;
+use libtest_mimic::{Arguments, Trial};
+use serde_json::{json, Value};
+
+use crate::common::harness::{self, Ctx};
+use crate::common::servers;
+use crate::common::{agentstore, block_on, check, TestResult};
+
+/// A unique prefix per trial: the source server is shared by every trial of the process.
+/// What the harness gives for a fresh, empty backend.
+type FreshFn = fn() -> harness::BoxFuture<Result<Ctx, String>>;
+
+static PREFIX_COUNTER: AtomicUsize = AtomicUsize::new(0);
+static SECOND_SERVER: OnceLock<Result<String, String>> = OnceLock::new();
+
+pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
+    let (backends, selected) = harness::announce("migrate_databases suite", args.list)?;
+    let couch = selected.contains(&"couchdb");
+    let mut trials = Vec::new();
+    for backend in backends.iter().filter(|b| b.name != "couchdb") {
+        let fresh = backend.fresh;
+        let name = backend.name;
+        trials.push(
+            Trial::test(format!("migrate_databases::round_trip::couchdb_to_{name}_and_back"), move || {
+                block_on(round_trip(name, fresh))
+            })
+            .with_ignored_flag(!(couch && selected.contains(&name))),
+        );
+    }
+    trials.push(
+        Trial::test("migrate_databases::crash::kill_9_in_copy_and_in_follow_with_writers", || {
+            block_on(kill_9_in_copy_and_follow())
+        })
+        .with_ignored_flag(!(couch && selected.contains(&"embedded"))),
+    );
+    Some(trials)
+}
+
+fn prefix() -> String {
+    format!("dm{}x{}", std::process::id(), PREFIX_COUNTER.fetch_add(1, Ordering::Relaxed))
+}
+
+/// The harness's CouchDB-protocol server (the source).
+fn source_server() -> Result<String, String> {
+    servers::couchdb().map(|server| server.url)
+}
+
+/// A second pouchdb-server (in memory) for the way back, started once per process under a
+/// watchdog that stops it when this process is gone.
+fn second_server() -> Result<String, String> {
+    SECOND_SERVER.get_or_init(start_second_server).clone()
+}
+
+fn start_second_server() -> Result<String, String> {
+    let binary = Path::new(env!("CARGO_MANIFEST_DIR")).join("node_modules/.bin/pouchdb-server");
+    if !binary.exists() {
+        return Err(format!("pouchdb-server is not installed at {}: run `npm ci`", binary.display()));
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| format!("no free port: {e}"))?;
+    let dir = std::env::temp_dir().join(format!("agentstore-pouchdb-back-{}-{port}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    std::fs::write(dir.join("config.json"), r#"{"admins":{"admin":"password"}}"#).map_err(|e| e.to_string())?;
+    let script = format!(
+        "'{}' --in-memory --host 127.0.0.1 --port {port} >server.log 2>&1 & child=$!\n\
+         trap 'kill $child 2>/dev/null' EXIT INT TERM\n\
+         while kill -0 {parent} 2>/dev/null && kill -0 $child 2>/dev/null; do sleep 0.5; done",
+        binary.display(),
+        parent = std::process::id()
+    );
+    std::process::Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .current_dir(&dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot start pouchdb-server: {e}"))?;
+    let started = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if started.elapsed() > Duration::from_secs(30) {
+            return Err(format!("the second pouchdb-server did not start; its log is in {}", dir.display()));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    Ok(format!("http://admin:password@127.0.0.1:{port}"))
+}
+
+/// One HTTP request to a CouchDB-protocol server; the status and the JSON answer.
+async fn call(method: reqwest::Method, url: &str, body: Option<Value>) -> Result<(u16, Value), String> {
+    let client = reqwest::Client::new();
+    let mut request = client.request(method.clone(), url).header("accept", "application/json");
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    let response = request.send().await.map_err(|e| format!("{method} {url}: {e}"))?;
+    let status = response.status().as_u16();
+    let text = response.text().await.map_err(|e| format!("{method} {url}: {e}"))?;
+    let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    Ok((status, value))
+}
+
+async fn ok(method: reqwest::Method, url: &str, body: Option<Value>) -> Result<Value, String> {
+    let (status, value) = call(method.clone(), url, body).await?;
+    if !(200..300).contains(&status) {
+        return Err(format!("{method} {url}: {status} {value}"));
+    }
+    Ok(value)
+}
+
+/// Attachment bytes: every byte value, shifted by `salt`, `len` long.
+fn bytes_of(len: usize, salt: usize) -> Vec<u8> {
+    (0..len).map(|i| ((i + salt) % 256) as u8).collect()
+}
+
+/// A database with conflicts, deleted leaves, deleted documents, attachments, a design document,
+/// `_security` and a local document.
+async fn seed(server: &str, db: &str, docs: usize) -> Result<(), String> {
+    let base = format!("{server}/{db}");
+    ok(reqwest::Method::PUT, &base, None).await?;
+    let security = json!({"admins": {"names": ["boss"], "roles": []}, "members": {"names": [], "roles": [db]}});
+    ok(reqwest::Method::PUT, &format!("{base}/_security"), Some(security)).await?;
+    let mut batch = Vec::new();
+    for i in 0..docs {
+        let mut doc = json!({"_id": format!("doc{i:04}"), "n": i, "text": format!("document {i} of {db}"), "nested": {"list": [i, "x", null, true]}});
+        if i % 10 == 3 {
+            doc["_attachments"] = json!({
+                "blob.bin": {"content_type": "application/octet-stream", "data": BASE64.encode(bytes_of(300 + i, i))},
+                "note.txt": {"content_type": "text/plain", "data": BASE64.encode(format!("note {i}"))},
+                // The same bytes in many documents (content-addressed: uploaded concurrently).
+                "logo.png": {"content_type": "image/png", "data": BASE64.encode(bytes_of(2048, 0))}
+            });
+        }
+        batch.push(doc);
+    }
+    batch.push(json!({"_id": "_design/app", "language": "javascript", "views": {"by_n": {"map": "function (doc) { emit(doc.n, null); }"}}}));
+    let written = ok(reqwest::Method::POST, &format!("{base}/_bulk_docs"), Some(json!({ "docs": batch }))).await?;
+    let revs: BTreeMap<String, String> = written
+        .as_array()
+        .map(|rows| {
+            rows.iter()
+                .filter_map(|r| Some((r.get("id")?.as_str()?.to_owned(), r.get("rev")?.as_str()?.to_owned())))
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut branches = Vec::new();
+    for i in (0..docs).filter(|i| i % 7 == 1) {
+        let id = format!("doc{i:04}");
+        let Some(rev) = revs.get(&id) else { return Err(format!("no revision for {id}")) };
+        let first = rev.split_once('-').map(|(_, hash)| hash.to_owned()).unwrap_or_default();
+        branches.push(json!({"_id": id, "_rev": format!("2-a{i:05}"), "_revisions": {"start": 2, "ids": [format!("a{i:05}"), first]}, "side": "a"}));
+        branches.push(json!({"_id": id, "_rev": format!("2-b{i:05}"), "_revisions": {"start": 2, "ids": [format!("b{i:05}"), first]}, "side": "b"}));
+        if i % 14 == 1 {
+            // A deleted leaf on the b branch: a deleted conflict.
+            branches.push(json!({"_id": id, "_rev": format!("3-c{i:05}"), "_revisions": {"start": 3, "ids": [format!("c{i:05}"), format!("b{i:05}"), first]}, "_deleted": true}));
+        }
+    }
+    ok(reqwest::Method::POST, &format!("{base}/_bulk_docs"), Some(json!({"docs": branches, "new_edits": false})))
+        .await?;
+    for i in (0..docs).filter(|i| i % 11 == 5 && i % 7 != 1) {
+        let id = format!("doc{i:04}");
+        if let Some(rev) = revs.get(&id) {
+            ok(reqwest::Method::DELETE, &format!("{base}/{id}?rev={rev}"), None).await?;
+        }
+    }
+    ok(reqwest::Method::PUT, &format!("{base}/_local/peer-checkpoint"), Some(json!({"last_seq": 42}))).await?;
+    Ok(())
+}
+
+/// Every leaf of every document of a database (`id rev` → the leaf with `_revisions` and its
+/// attachments' bytes), and `_security`, as read over HTTP.
+async fn snapshot(server: &str, db: &str) -> Result<BTreeMap<String, Value>, String> {
+    let base = format!("{server}/{db}");
+    let mut leaves = BTreeMap::new();
+    leaves.insert("_security".to_owned(), ok(reqwest::Method::GET, &format!("{base}/_security"), None).await?);
+    let changes = ok(reqwest::Method::GET, &format!("{base}/_changes?style=all_docs"), None).await?;
+    for row in changes["results"].as_array().cloned().unwrap_or_default() {
+        let id = row["id"].as_str().unwrap_or_default().to_owned();
+        let encoded = percent_encoding::utf8_percent_encode(&id, percent_encoding::NON_ALPHANUMERIC).to_string();
+        let url = format!("{base}/{encoded}?open_revs=all&revs=true&attachments=true");
+        let found = ok(reqwest::Method::GET, &url, None).await?;
+        for entry in found.as_array().cloned().unwrap_or_default() {
+            let Some(doc) = entry.get("ok") else { return Err(format!("{id}: a leaf listed is missing: {entry}")) };
+            let rev = doc["_rev"].as_str().unwrap_or_default();
+            leaves.insert(format!("{id} {rev}"), doc.clone());
+        }
+        let listed = row["changes"].as_array().map_or(0, Vec::len);
+        let read = leaves.keys().filter(|k| k.starts_with(&format!("{id} "))).count();
+        if listed != read {
+            return Err(format!("{id}: _changes lists {listed} leaves, open_revs=all gave {read}"));
+        }
+    }
+    Ok(leaves)
+}
+
+/// The two servers' copies of `db` are equal leaf for leaf and byte for byte.
+async fn same_database(a: &str, b: &str, db: &str) -> TestResult {
+    let (left, right) = (snapshot(a, db).await?, snapshot(b, db).await?);
+    check(left.len() > 2, || format!("{db}: the source snapshot holds only {} entries", left.len()))?;
+    for (key, value) in &left {
+        match right.get(key) {
+            None => return Err(format!("{db}: {key} is missing after the round trip").into()),
+            Some(other) if other != value => {
+                return Err(format!("{db}: {key} differs:\n  before {value}\n  after  {other}").into())
+            }
+            Some(_) => {}
+        }
+    }
+    for key in right.keys() {
+        check(left.contains_key(key), || format!("{db}: {key} appeared in the round trip"))?;
+    }
+    Ok(())
+}
+
+/// Runs the binary to its end; its exit status and its JSON report.
+fn run(dir: &Path, args: &[String]) -> Result<(i32, Value), String> {
+    let output = agentstore(dir).args(args).output().map_err(|e| format!("cannot run agentstore: {e}"))?;
+    let code = output.status.code().unwrap_or(-1);
+    let report = serde_json::from_slice(&output.stdout).unwrap_or(Value::Null);
+    if report.is_null() {
+        return Err(format!(
+            "agentstore {args:?} exited {code} with no report; stderr: {}",
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    Ok((code, report))
+}
+
+fn migrate_args(from: &str, to: &str, pattern: &str, checkpoint: &Path, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = ["migrate", "--from", from, "--to", to, "--db", pattern, "--progress", "none"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    args.extend(["--checkpoint".to_owned(), checkpoint.display().to_string()]);
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
+/// A finished move's report: complete, nothing refused, read back equal.
+fn check_complete(report: &Value, code: i32, databases: usize) -> TestResult {
+    check(code == 0, || format!("exit status {code}; report {report}"))?;
+    check(report["status"] == "complete", || format!("status {}", report["status"]))?;
+    check(report["totals"]["failed"] == 0, || format!("refused leaves: {report}"))?;
+    check(report["verification"]["passed"] == true, || format!("read-back failed: {}", report["verification"]))?;
+    let listed = report["databases"].as_array().map_or(0, Vec::len);
+    check(listed == databases, || format!("{listed} databases in the report, {databases} expected"))
+}
+
+/// The backend URL a trial's fresh backend gives, for the binary.
+async fn backend_url(fresh: FreshFn, dir: &Path, name: &str) -> Result<(String, Option<Ctx>), String> {
+    if name == "embedded" {
+        return Ok((format!("embedded:{}", dir.join("target.redb").display()), None));
+    }
+    let ctx = fresh().await?;
+    Ok((ctx.backend_url.clone(), Some(ctx)))
+}
+
+async fn round_trip(name: &'static str, fresh: FreshFn) -> TestResult {
+    let (source, back) = (source_server()?, second_server()?);
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let (target, _ctx) = backend_url(fresh, dir.path(), name).await?;
+    let prefix = prefix();
+    let dbs: Vec<String> = ["a", "b", "c"].iter().map(|s| format!("{prefix}_{s}")).collect();
+    for (n, db) in dbs.iter().enumerate() {
+        seed(&source, db, 30 + 10 * n).await?;
+    }
+    let pattern = format!("{prefix}_*");
+    let (code, report) = run(
+        dir.path(),
+        &migrate_args(&source, &target, &pattern, &dir.path().join("cp-there"), &["--batch-size", "7"]),
+    )?;
+    check_complete(&report, code, 3)?;
+    let leaves = report["totals"]["leaves_written"].as_u64().unwrap_or(0);
+    check(leaves > 100, || format!("only {leaves} leaves written"))?;
+    let (code, report) = run(dir.path(), &migrate_args(&target, &back, &pattern, &dir.path().join("cp-back"), &[]))?;
+    check_complete(&report, code, 3)?;
+    for db in &dbs {
+        same_database(&source, &back, db).await?;
+        let (status, _) = call(reqwest::Method::GET, &format!("{back}/{db}/_local/peer-checkpoint"), None).await?;
+        check(status == 404, || format!("{db}: the local document was copied ({status})"))?;
+    }
+    // The tool's own comparison can fail: one more leaf at the far end is a difference.
+    let extra = json!({"docs": [{"_id": "doc0000", "_rev": "9-ffff", "v": 1}], "new_edits": false});
+    ok(reqwest::Method::POST, &format!("{back}/{}/_bulk_docs", dbs[0]), Some(extra)).await?;
+    let verify: Vec<String> =
+        ["verify", "--from", &source, "--to", &back, "--db", &pattern].iter().map(|s| s.to_string()).collect();
+    let (code, report) = run(dir.path(), &verify)?;
+    check(code == 6, || format!("verify exited {code} after a leaf was added: {report}"))?;
+    check(report["databases"][0]["extra_at_target"] == 1, || format!("verify report: {report}"))
+}
+
+/// Writes into the databases until told to stop: new documents, edits, deletions and replicated
+/// conflicts, spread over every database.
+async fn write_until(
+    server: String,
+    dbs: Vec<String>,
+    stop: Arc<AtomicBool>,
+    tag: &'static str,
+) -> Result<u64, String> {
+    let mut written = 0u64;
+    let mut i = 0usize;
+    while !stop.load(Ordering::Relaxed) {
+        let db = &dbs[i % dbs.len()];
+        let base = format!("{server}/{db}");
+        let id = format!("{tag}{i:05}");
+        let created = ok(reqwest::Method::PUT, &format!("{base}/{id}"), Some(json!({"i": i}))).await?;
+        let rev = created["rev"].as_str().unwrap_or_default().to_owned();
+        match i % 4 {
+            1 => {
+                ok(reqwest::Method::PUT, &format!("{base}/{id}"), Some(json!({"_rev": rev, "i": i, "edited": true})))
+                    .await?;
+            }
+            2 => {
+                ok(reqwest::Method::DELETE, &format!("{base}/{id}?rev={rev}"), None).await?;
+            }
+            3 => {
+                let first = rev.split_once('-').map(|(_, h)| h.to_owned()).unwrap_or_default();
+                let branch = json!({"docs": [{"_id": id, "_rev": "2-feed", "_revisions": {"start": 2, "ids": ["feed", first]}, "w": 1}], "new_edits": false});
+                ok(reqwest::Method::POST, &format!("{base}/_bulk_docs"), Some(branch)).await?;
+            }
+            _ => {}
+        }
+        written += 1;
+        i += 1;
+    }
+    Ok(written)
+}
+
+fn spawn(dir: &Path, args: &[String]) -> Result<Child, String> {
+    agentstore(dir).args(args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().map_err(|e| e.to_string())
+}
+
+/// Waits for a child without blocking the runtime; its exit code, `None` after `limit`.
+async fn wait(child: &mut Child, limit: Duration) -> Result<Option<i32>, String> {
+    let started = Instant::now();
+    while started.elapsed() < limit {
+        if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
+            return Ok(Some(status.code().unwrap_or(-1)));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(None)
+}
+
+async fn kill_9_in_copy_and_follow() -> TestResult {
+    let (source, back) = (source_server()?, second_server()?);
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let target = format!("embedded:{}", dir.path().join("target.redb").display());
+    let prefix = prefix();
+    let dbs: Vec<String> = ["a", "b", "c", "d"].iter().map(|s| format!("{prefix}_{s}")).collect();
+    for db in &dbs {
+        seed(&source, db, 150).await?;
+    }
+    let pattern = format!("{prefix}_*");
+    let checkpoint = dir.path().join("cp");
+    // The copy, killed at pseudo-random moments (the seed is printed for a rerun).
+    let seed_value =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
+    println!("kill_9 seed {seed_value}");
+    let mut state = seed_value | 1;
+    let mut kills = 0;
+    let copy = migrate_args(&source, &target, &pattern, &checkpoint, &["--batch-size", "5", "--no-verify"]);
+    for _ in 0..5 {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let delay = Duration::from_millis(150 + state % 600);
+        let mut child = spawn(dir.path(), &copy)?;
+        match wait(&mut child, delay).await? {
+            Some(code) => {
+                check(code == 0, || format!("the copy exited {code}"))?;
+                break;
+            }
+            None => {
+                child.kill().map_err(|e| e.to_string())?; // SIGKILL
+                let _ = child.wait();
+                kills += 1;
+            }
+        }
+    }
+    println!("copy killed {kills} times");
+    let (code, report) = run(dir.path(), &migrate_args(&source, &target, &pattern, &checkpoint, &[]))?;
+    check_complete(&report, code, 4)?;
+    // Following, with writers in every database; the follower killed once and started again.
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = ["w", "x"]
+        .into_iter()
+        .map(|tag| tokio::spawn(write_until(source.clone(), dbs.clone(), Arc::clone(&stop), tag)))
+        .collect();
+    let follow = migrate_args(&source, &target, &pattern, &checkpoint, &["--follow", "--batch-size", "5"]);
+    let mut follower = spawn(dir.path(), &follow)?;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    check(follower.try_wait().map_err(|e| e.to_string())?.is_none(), || "the follower ended by itself".into())?;
+    follower.kill().map_err(|e| e.to_string())?;
+    let _ = follower.wait();
+    let mut follower = spawn(dir.path(), &follow)?;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut written = 0;
+    for writer in writers {
+        written += writer.await.map_err(|e| e.to_string())??;
+    }
+    check(written > 20, || format!("the writers wrote only {written} documents"))?;
+    // SIGTERM ends following cleanly.
+    unsafe { libc::kill(follower.id() as i32, libc::SIGTERM) };
+    let code = wait(&mut follower, Duration::from_secs(30)).await?;
+    check(code == Some(0), || format!("the follower exited {code:?} on SIGTERM"))?;
+    let (code, report) =
+        run(dir.path(), &migrate_args(&source, &target, &pattern, &checkpoint, &["--until-caught-up"]))?;
+    check_complete(&report, code, 4)?;
+    // Back to the second server, and compared by this module's own reads.
+    let (code, report) = run(dir.path(), &migrate_args(&target, &back, &pattern, &dir.path().join("cp-back"), &[]))?;
+    check_complete(&report, code, 4)?;
+    for db in &dbs {
+        same_database(&source, &back, db).await?;
+    }
+    Ok(())
+}
