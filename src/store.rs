@@ -32,6 +32,12 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::model::document::{self, Access};
 use crate::model::{fields, timestamp, DocumentId, Limits};
 
+/// The local document naming the incarnation of the data-store database's view indexes (kept by
+/// `crate::couchdb_api::data_design`, where this process builds them). `purge_user` removes it,
+/// which ends every index built over documents it erased (docs/design-documents.md).
+pub const VIEWS_INCARNATION_DOC: &str = ":views:incarnation";
+/// How often ending the views' incarnation is tried when another process replaces it meanwhile.
+const INCARNATION_END_ATTEMPTS: usize = 5;
 /// How many namespaces the "already indexed" cache remembers before it starts over. Ensuring is
 /// idempotent, so forgetting costs one extra index call, never correctness.
 /// Passes of count-then-erase an erasure makes before it reports that documents keep being
@@ -675,12 +681,14 @@ impl DataStore {
         for _ in 0..PURGE_PASSES {
             let live = self.count_matching(&query).await?;
             if live == 0 && erased > 0 {
+                self.end_views_incarnation().await?;
                 return Ok(erased);
             }
             self.backend.erase_prefix(&prefix).await?;
             self.backend.erase_branches(&prefix).await?;
             erased += live;
             if live == 0 {
+                self.end_views_incarnation().await?;
                 return Ok(erased);
             }
         }
@@ -688,6 +696,28 @@ impl DataStore {
             "documents of user {user_id:?} are still listed after {PURGE_PASSES} erasure passes: writers keep \
              adding them, or a stored document names the user without its id starting with {prefix:?}"
         )))
+    }
+
+    /// After a purge: the erased documents' feed entries are gone, so no index update would
+    /// remove their rows from the view indexes (the data-store database's views and Mango
+    /// indexes, built by this server where the backend does not run design documents). Removing
+    /// the incarnation document makes every process that indexes this store start new indexes,
+    /// built from the feed without them, and drop the old ones. Over the CouchDB backend, which
+    /// indexes its own documents and updates its indexes after a purge, there is nothing to do.
+    async fn end_views_incarnation(&self) -> Result<()> {
+        if self.backend.forwards_requests() {
+            return Ok(());
+        }
+        for _ in 0..INCARNATION_END_ATTEMPTS {
+            let Some(kept) = self.backend.get_local(VIEWS_INCARNATION_DOC).await? else { return Ok(()) };
+            match self.backend.delete_local(VIEWS_INCARNATION_DOC, &kept.rev).await {
+                Ok(()) => return Ok(()),
+                // Replaced meanwhile (perhaps by an index built during the erasure): end that one.
+                Err(err) if err.is_conflict() || err.kind() == ErrorKind::NotFound => continue,
+                Err(err) => return Err(err),
+            }
+        }
+        Err(Error::conflict("the view indexes' incarnation kept changing while a purge ended it; purge the user again"))
     }
 
     /// How many documents a query lists.

@@ -119,8 +119,15 @@ impl CouchApp {
         let js = crate::js::JsEngine::new(settings.js_limits())
             .map_err(|err| crate::error::Error::new(crate::error::ErrorKind::Internal, err.to_string()))?;
         let auth = Arc::new(auth::CouchAuth::from_settings(settings)?);
-        let data_store_views =
-            Arc::new(data_design::DataStoreSource::new(Arc::clone(store.backend()), &settings.couchdb_db));
+        let views = Arc::new(crate::views::service::Views::new(
+            view_index,
+            Arc::new(crate::views::javascript::JavaScriptViews::new(js.clone())),
+        ));
+        let data_store_views = Arc::new(data_design::DataStoreSource::new(
+            Arc::clone(store.backend()),
+            &settings.couchdb_db,
+            Arc::clone(&views),
+        ));
         let state = CouchState {
             data_store_views,
             auth,
@@ -140,10 +147,7 @@ impl CouchApp {
                     .with_write_guard(Arc::new(validation::DesignValidation::new(js.clone()))),
             ),
             max_dbs_info_keys: settings.couchdb_max_dbs_info_keys,
-            views: Arc::new(crate::views::service::Views::new(
-                view_index,
-                Arc::new(crate::views::javascript::JavaScriptViews::new(js.clone())),
-            )),
+            views,
             js,
             database_router: axum::Router::new(),
         };

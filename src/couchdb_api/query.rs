@@ -25,7 +25,13 @@ pub async fn find(
     let request = state.bodies.read_object(&headers, body).await?;
     let backend = state.store.backend();
     let catalog = mango::IndexCatalog::load(backend.as_ref()).await?;
-    let answer = mango::find(backend.as_ref(), &request.value, principal.only_user(), &catalog).await?;
+    // A CouchDB backend would build its own indexes, but the catalog is this server's: there the
+    // created indexes stay definitions and the backend is paged. Elsewhere they are view groups
+    // in this process's index file, over the data-store database's feed.
+    let views = (!backend.forwards_requests())
+        .then(|| mango::DataStoreViews { views: state.views.as_ref(), source: state.data_store_views.as_ref() });
+    let answer =
+        mango::find_on_data_store(backend.as_ref(), views, &request.value, principal.only_user(), &catalog).await?;
     Ok(json(StatusCode::OK, answer))
 }
 
@@ -48,8 +54,9 @@ pub async fn list_indexes(State(state): State<CouchState>, _served: ServedDb) ->
     Ok(json(StatusCode::OK, mango::list_indexes(state.store.backend().as_ref()).await?))
 }
 
-/// `POST /{db}/_index`: indexes are recorded, and `_find` takes them into account when it picks
-/// a plan and checks a sort; only admins define them, as in CouchDB.
+/// `POST /{db}/_index`: indexes are recorded in the catalog; `_find` chooses among them as CouchDB
+/// does and builds a chosen one (as a view group) on its first use; only admins define them, as
+/// in CouchDB.
 pub async fn create_index(
     State(state): State<CouchState>,
     Extension(principal): Extension<Principal>,

@@ -135,6 +135,8 @@ impl Viewed {
                         keep.push(design.signature);
                     }
                 }
+                // Its created Mango indexes are groups too, recorded in the index catalog.
+                keep.extend(source.mango_index_signatures().await?);
             }
         }
         Ok(keep)

@@ -11,10 +11,9 @@
 //!   `DELETE /{db}/_index/{ddoc}/json/{name}` and `POST /{db}/_index/_bulk_delete`, edits of
 //!   those design documents.
 //! - [`find`]: the engine of [`super::find`] over this database: a chosen JSON index is read over
-//!   its key range ([`ViewSource`]), otherwise `_all_docs` ([`AllDocsSource`]).
+//!   its key range ([`index_source`]), otherwise `_all_docs` ([`AllDocsSource`]).
 
 use std::collections::HashMap;
-use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -23,6 +22,7 @@ use serde_json::{json, Map, Value};
 
 use super::find::{find_in, Candidate, CandidatePage, FindLimits, FindSource, FindSources, SCAN_PAGE};
 use super::index::{design_id, parse_index_request, IndexCatalog, IndexDef};
+use super::index_source::{self, RowDocs};
 use super::request::FindRequest;
 use super::{erlang_term, MangoError};
 use crate::backend::IdRange;
@@ -30,14 +30,9 @@ use crate::database::document::{leaf_json, DocOptions};
 use crate::database::{Database, DocState, Write, Written};
 use crate::error::ErrorKind;
 use crate::views::design::DesignViews;
-use crate::views::index_store::{IndexStore, RowRange};
 use crate::views::mango_map::JsonIndexMap;
-use crate::views::query::{Plan, ViewQuery};
 use crate::views::service::Views;
-use crate::views::ViewError;
 
-/// The fewest index rows one read of a JSON index takes.
-const MIN_VIEW_PAGE: usize = 25;
 /// Design documents read per page while listing a database's indexes.
 const DESIGN_PAGE: usize = 100;
 
@@ -106,17 +101,20 @@ fn winner_json(id: &str, state: &DocState, options: DocOptions) -> Option<Map<St
 /// the fields as an object and the partial filter (`{}` when none), its reduce `_count`, and
 /// `options.def` the `index` object of the request.
 fn index_view(index: &IndexDef, requested: &Value) -> Result<Value, MangoError> {
+    Ok(json!({ "map": index_map(index)?, "reduce": "_count", "options": { "def": requested } }))
+}
+
+/// An index's `map` as its view holds it: `{"fields": {field: direction, …},
+/// "partial_filter_selector": {…}}` (normalized, `{}` when none), what
+/// [`crate::views::mango_map`] maps documents with.
+pub(super) fn index_map(index: &IndexDef) -> Result<Value, MangoError> {
     let fields: Map<String, Value> =
         index.fields.iter().map(|(field, direction)| (field.clone(), Value::String(direction.clone()))).collect();
     let partial = match &index.partial_filter_selector {
         Some(Value::Object(selector)) => super::selector::parse(selector)?.to_json(),
         _ => json!({}),
     };
-    Ok(json!({
-        "map": { "fields": fields, "partial_filter_selector": partial },
-        "reduce": "_count",
-        "options": { "def": requested },
-    }))
+    Ok(json!({ "fields": fields, "partial_filter_selector": partial }))
 }
 
 /// `POST /{db}/_index`: the index added to (or replaced in) its design document, created with
@@ -291,11 +289,6 @@ struct DatabaseSources<'a> {
     designs: &'a HashMap<String, DesignViews>,
 }
 
-/// A view index failure, answered as the view routes answer it.
-fn view_failure(err: ViewError) -> MangoError {
-    super::super::error::CouchError::from(err).into()
-}
-
 #[async_trait]
 impl FindSources for DatabaseSources<'_> {
     async fn open(
@@ -318,145 +311,31 @@ impl FindSources for DatabaseSources<'_> {
         let design = self.designs.get(&index.ddoc).ok_or_else(|| {
             MangoError::new(StatusCode::INTERNAL_SERVER_ERROR, "unknown_error", "an index without its design document")
         })?;
-        let (view, _) = design.view(&index.name).ok_or_else(|| {
-            MangoError::new(StatusCode::INTERNAL_SERVER_ERROR, "unknown_error", "an index without its view")
-        })?;
-        let indexer = self.views.indexer().await.map_err(view_failure)?;
-        // `update: false` (or `stale: "ok"`) reads the index as it is, as CouchDB's does;
-        // otherwise it is brought up to date with the database first, so a query sees every
-        // earlier write.
-        let group = if request.update && !request.stale {
-            indexer.catch_up(self.db.as_ref(), design).await
-        } else {
-            indexer.current(self.db.as_ref(), design).await
-        }
-        .map_err(view_failure)?;
-        let (start, end) = super::range::key_range(&index.field_names(), &request.selector, &max_key());
-        Ok(Box::new(ViewSource {
-            db: self.db,
-            store: Arc::clone(indexer.store()),
-            group: group.state.number,
-            view,
-            tag: format!("view:{}:{}", index.ddoc, index.name),
-            start,
-            end,
-            descending,
-            options,
-        }))
+        let docs = Box::new(DatabaseDocs { db: self.db, options });
+        Ok(Box::new(index_source::open(self.views, self.db.as_ref(), design, index, request, docs).await?))
     }
 }
 
-/// A key above every key a JSON index holds (CouchDB's `?MAX_JSON_OBJ`): objects sort after
-/// every other type, and this key after any other object's first key.
-fn max_key() -> Value {
-    json!({ "\u{10FFFF}": null })
-}
-
-/// A JSON index's rows over the query's key range, in key order (reversed for `desc`), each
-/// row's document read from the database.
-struct ViewSource<'a> {
+/// The winners of this database's documents, as an index's rows name them.
+struct DatabaseDocs<'a> {
     db: &'a Arc<Database>,
-    store: Arc<IndexStore>,
-    group: u64,
-    view: usize,
-    tag: String,
-    start: Vec<Value>,
-    end: Vec<Value>,
-    descending: bool,
     options: DocOptions,
 }
 
-impl ViewSource<'_> {
-    /// The row range from `after` (a row's key and id: continue past it) or the range's start.
-    fn range(&self, after: Option<(&Value, &str)>) -> Option<RowRange> {
-        let (low, high) = (Value::Array(self.start.clone()), Value::Array(self.end.clone()));
-        let mut query = ViewQuery { descending: self.descending, ..ViewQuery::default() };
-        let (first, last) = if self.descending { (high, low) } else { (low, high) };
-        match after {
-            Some((key, id)) => {
-                query.start_key = Some(key.clone());
-                query.start_docid = Some(id.to_owned());
-            }
-            None => query.start_key = Some(first),
-        }
-        query.end_key = Some(last);
-        match query.plan(false) {
-            Ok(Plan::Map { mut ranges }) if ranges.len() == 1 => ranges.pop(),
-            // A start past the end: nothing left to read.
-            _ => None,
-        }
-    }
-}
-
 #[async_trait]
-impl FindSource for ViewSource<'_> {
-    fn tag(&self) -> String {
-        self.tag.clone()
-    }
-
-    fn serves_sort(&self) -> bool {
-        // A chosen index can serve the sort (`mango_idx_view:is_usable` checked it): its columns
-        // before the sort's are fixed by `$eq`, so its order is the sort's.
-        true
-    }
-
-    async fn read(&self, from: Option<&Value>, wanted: usize) -> Result<CandidatePage, MangoError> {
-        let after = match from {
-            None => None,
-            Some(position) => match (position.get("key"), position.get("id").and_then(Value::as_str)) {
-                (Some(key), Some(id)) => Some((key.clone(), id.to_owned())),
-                _ => return Err(super::request::invalid_bookmark(&Value::String("(another scan's position)".into()))),
-            },
-        };
-        let Some(range) = self.range(after.as_ref().map(|(key, id)| (key, id.as_str()))) else {
-            return Ok(CandidatePage { items: Vec::new(), next: None });
-        };
-        let (store, group, view, descending) = (Arc::clone(&self.store), self.group, self.view, self.descending);
-        // Small pages for a small `limit`, but not so small that a selective filter costs many
-        // round trips.
-        let wanted = wanted.clamp(MIN_VIEW_PAGE, SCAN_PAGE) + usize::from(after.is_some());
-        let rows = tokio::task::spawn_blocking(move || {
-            let mut rows = Vec::new();
-            store
-                .scan(group, view, &range, descending, |row| {
-                    rows.push(row);
-                    if rows.len() >= wanted {
-                        ControlFlow::Break(())
-                    } else {
-                        ControlFlow::Continue(())
-                    }
-                })
-                .map(|()| rows)
-        })
-        .await
-        .map_err(|err| MangoError::new(StatusCode::INTERNAL_SERVER_ERROR, "unknown_error", err.to_string()))??;
-        let full = rows.len() >= wanted;
-        let mut rows = rows;
-        // The range starts at the row the position names: it was answered already.
-        if let Some((key, id)) = &after {
-            if rows.first().is_some_and(|row| row.id == *id && row.key == *key) {
-                rows.remove(0);
-            }
-        }
-        let next = match (full, rows.last()) {
-            (true, Some(last)) => Some(json!({ "key": last.key, "id": last.id })),
-            _ => None,
-        };
-        let ids: Vec<String> = rows.iter().map(|row| row.id.clone()).collect();
-        let states = self.db.read_many(&ids).await?;
-        let mut items = Vec::with_capacity(rows.len());
-        for (row, state) in rows.iter().zip(states) {
-            // A document deleted since the index was read is no longer a match.
-            let Some(doc) = state.as_ref().and_then(|state| winner_json(&row.id, state, self.options)) else {
-                continue;
-            };
-            items.push(Candidate { id: row.id.clone(), doc, after: json!({ "key": row.key, "id": row.id }) });
-        }
-        Ok(CandidatePage { items, next })
-    }
-
-    async fn fetch(&self, ids: &[String]) -> Result<Vec<Map<String, Value>>, MangoError> {
-        fetch_docs(self.db, ids, self.options).await
+impl RowDocs for DatabaseDocs<'_> {
+    async fn read(&self, ids: &[String]) -> Result<Vec<Option<Map<String, Value>>>, MangoError> {
+        let states = self.db.read_many(ids).await?;
+        Ok(ids
+            .iter()
+            .zip(states)
+            .map(|(id, state)| {
+                if id.starts_with("_design/") {
+                    return None;
+                }
+                state.as_ref().and_then(|state| winner_json(id, state, self.options))
+            })
+            .collect())
     }
 }
 
@@ -539,6 +418,7 @@ mod tests {
     use crate::database::Databases;
     use crate::views::run::JsReducer;
     use crate::views::updater::Mapper;
+    use crate::views::ViewError;
 
     /// An engine for databases without JavaScript design documents: any call is a failure, so a
     /// test passing proves the JSON indexes never reached it.

@@ -4,11 +4,14 @@
 //! the candidate documents come from is a [`FindSource`], opened by the database's
 //! [`FindSources`] once the index is chosen.
 //!
-//! - The data-store database ([`find`]): its indexes are definitions only, so its source is the
-//!   backend. A selector that fixes `userId` with `$eq` (always the case for a per-user login)
-//!   reads the backend's `userId`/`namespace` index ([`DocumentBackend::query`]), narrowed to the
-//!   namespace when that is fixed too; anything else pages every document
-//!   ([`DocumentBackend::all_docs`]).
+//! - The data-store database ([`find_on_data_store`]): a chosen JSON index created with
+//!   `POST _index` is a view group built over its feed and read over its key range, as on the
+//!   other databases ([`super::index_source`]), where this process builds indexes (the embedded
+//!   store, DynamoDB, Firestore). Otherwise (the built-in `idx-user-namespace`, no JSON index, or
+//!   the CouchDB backend) its source is the backend: a selector that fixes `userId` with `$eq`
+//!   (always the case for a per-user login) reads the backend's `userId`/`namespace` index
+//!   ([`DocumentBackend::query`]), narrowed to the namespace when that is fixed too; anything
+//!   else pages every document ([`DocumentBackend::all_docs`]).
 //! - Other databases ([`super::database`]): a chosen JSON index is a view read over its key
 //!   range, in the index's order; without one, `_all_docs`.
 //!
@@ -21,7 +24,7 @@
 //! row's key and id). A client looping on `bookmark` until a short page sees each match once and
 //! terminates.
 //!
-//! A `sort` that the source does not serve (the data-store database's, always) needs every
+//! A `sort` that the source does not serve (the data-store database's backend) needs every
 //! match before the first page can be cut, so sorting keeps each match's sort key and id (not
 //! the document) and refuses, with a 400 naming the cap, a query matching more than
 //! [`SORT_CAP`] documents; the page's documents are then read by id. An answer is built in
@@ -39,12 +42,15 @@ use serde_json::{json, Map, Value};
 
 use super::eval::matches;
 use super::index::{ChosenIndex, IndexCatalog, IndexDef, QueryKind};
+use super::index_source::{self, RowDocs};
 use super::request::{invalid_bookmark, parse_request, restrict_to_user, FindRequest, Sort, NO_BOOKMARK};
 use super::MangoError;
 use crate::backend::{DocumentBackend, IdRange, Page, Projection, Query, StoredDocument};
 use crate::model::fields;
 use crate::model::validate::json_size;
 use crate::views::collation::{compare, compare_raw};
+use crate::views::service::Views;
+use crate::views::ViewSource;
 
 /// The most matching documents a sorted query may have: their sort keys are held in memory.
 pub const SORT_CAP: usize = 10_000;
@@ -107,11 +113,21 @@ pub trait FindSources: Send + Sync {
     ) -> Result<Box<dyn FindSource + '_>, MangoError>;
 }
 
-/// The data-store database's sources: its backend, whatever the index (its indexes are
-/// definitions only). A selector that fixes `userId` with `$eq` reads the backend's
-/// `userId`/`namespace` index; anything else pages every document.
+/// Where this process builds the data-store database's created JSON indexes: its index file
+/// and the data-store database as a view source (its feed). Absent over the CouchDB backend.
+#[derive(Clone, Copy)]
+pub struct DataStoreViews<'a> {
+    pub views: &'a Views,
+    pub source: &'a dyn ViewSource,
+}
+
+/// The data-store database's sources. A chosen created JSON index is read as a view group when
+/// `views` is there. Otherwise the backend: a selector that fixes `userId` with `$eq` reads the
+/// backend's `userId`/`namespace` index (also what the built-in `idx-user-namespace` stands
+/// for); anything else pages every document.
 struct BackendSources<'a> {
     backend: &'a dyn DocumentBackend,
+    views: Option<DataStoreViews<'a>>,
 }
 
 #[async_trait]
@@ -119,8 +135,14 @@ impl FindSources for BackendSources<'_> {
     async fn open(
         &self,
         request: &FindRequest,
-        _index: Option<&IndexDef>,
+        index: Option<&IndexDef>,
     ) -> Result<Box<dyn FindSource + '_>, MangoError> {
+        if let (Some(index), Some(indexed)) = (index.filter(|index| !index.is_standard()), self.views) {
+            let design = index.data_store_design()?;
+            let docs = Box::new(BackendDocs { backend: self.backend });
+            let source = index_source::open(indexed.views, indexed.source, &design, index, request, docs).await?;
+            return Ok(Box::new(source));
+        }
         let text = |field: &str| request.selector.required_equal(&[field]).and_then(Value::as_str).map(str::to_owned);
         let scan = match text(fields::USER_ID) {
             Some(user_id) => BackendScan::ByUser { user_id, namespace: text(fields::NAMESPACE) },
@@ -214,6 +236,22 @@ impl FindSource for BackendSource<'_> {
     }
 }
 
+/// The data-store database's documents, as an index's rows name them.
+struct BackendDocs<'a> {
+    backend: &'a dyn DocumentBackend,
+}
+
+#[async_trait]
+impl RowDocs for BackendDocs<'_> {
+    async fn read(&self, ids: &[String]) -> Result<Vec<Option<Map<String, Value>>>, MangoError> {
+        let mut docs = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(SCAN_PAGE) {
+            docs.extend(self.backend.get_many(chunk).await?.iter().map(|doc| doc.as_ref().and_then(candidate)));
+        }
+        Ok(docs)
+    }
+}
+
 fn position_json(position: &BackendPosition) -> Value {
     serde_json::to_value(position).unwrap_or(Value::Null)
 }
@@ -268,8 +306,8 @@ struct Outcome {
     examined: u64,
 }
 
-/// Runs a `_find` request over the backend: `{"docs", "bookmark", "warning"?, "execution_stats"?}`.
-/// `only_user` restricts the answer to documents whose `userId` is that user's.
+/// Runs a `_find` request over the backend alone (every index a definition):
+/// `{"docs", "bookmark", "warning"?, "execution_stats"?}`. `only_user` restricts the answer to documents whose `userId` is that user's.
 pub async fn find(
     backend: &dyn DocumentBackend,
     request: &Value,
@@ -302,7 +340,20 @@ pub async fn find_with_limits(
     indexes: &IndexCatalog,
     limits: FindLimits,
 ) -> Result<Value, MangoError> {
-    find_in(&BackendSources { backend }, request, only_user, indexes, limits).await
+    find_in(&BackendSources { backend, views: None }, request, only_user, indexes, limits).await
+}
+
+/// Runs a `_find` request on the data-store database: its created JSON indexes read as view
+/// groups when `views` is given (the backends this process builds indexes for), the backend
+/// paged and filtered otherwise.
+pub async fn find_on_data_store(
+    backend: &dyn DocumentBackend,
+    views: Option<DataStoreViews<'_>>,
+    request: &Value,
+    only_user: Option<&str>,
+    indexes: &IndexCatalog,
+) -> Result<Value, MangoError> {
+    find_in(&BackendSources { backend, views }, request, only_user, indexes, FindLimits::default()).await
 }
 
 /// Runs a `_find` request over `sources` with the database's `indexes`: the index chosen as

@@ -1,16 +1,18 @@
 //! The Mango index catalog: `GET/POST /{db}/_index`, `DELETE /{db}/_index/{ddoc}/json/{name}`,
 //! `POST /{db}/_explain`, and the choice of index a `_find` would make.
 //!
-//! No backend builds CouchDB views, so an "index" here is a definition only: the service answers
-//! every query by paging the backend (its `userId`/`namespace` index, or all documents) and
-//! filtering. The catalog still decides what CouchDB decides from its indexes, so clients see
-//! the same behaviour: whether a `sort` is allowed (an index must cover it, fixture 038), whether
-//! the "no matching index" warning is given, and what `_explain` reports.
+//! The catalog decides what CouchDB decides from its indexes, so clients see the same
+//! behaviour: which index serves a query, whether a `sort` is allowed (an index must cover it,
+//! fixture 038), whether the "no matching index" warning is given, and what `_explain` reports.
 //!
-//! `idx-user-namespace` (fields `userId`, `namespace`) is always present, under the design
-//! document id a CouchDB 3.4.3 gave it (fixture 010). Indexes created with `POST _index` are kept
-//! in the local document `_local/agentstore-mango-indexes`, so they survive restarts, are never
-//! replicated, and cost no listing of design documents.
+//! On the data-store database, `idx-user-namespace` (fields `userId`, `namespace`) is always
+//! present, under the design document id a CouchDB 3.4.3 gave it (fixture 010), and served by
+//! the backend's own `userId`/`namespace` index. Indexes created with `POST _index` are kept in
+//! the local document `_local/agentstore-mango-indexes`, so they survive restarts, are never
+//! replicated, and cost no listing of design documents; where this process builds indexes (the
+//! embedded store, DynamoDB, Firestore) each is built as a view group from its definition
+//! ([`IndexDef::data_store_design`]) and `_find` reads it ([`super::index_source`]); over the
+//! CouchDB backend they stay definitions and `_find` pages the backend.
 
 use axum::http::StatusCode;
 use serde_json::{json, Map, Value};
@@ -21,6 +23,7 @@ use super::request::{parse_request, parse_sort, restrict_to_user};
 use super::selector::{join_field, parse_field, Selector};
 use super::{erlang_term, MangoError};
 use crate::backend::{DocumentBackend, Precondition};
+use crate::views::design::DesignViews;
 
 /// The local document holding the created indexes' definitions.
 pub const CATALOG_DOCUMENT: &str = "agentstore-mango-indexes";
@@ -52,6 +55,28 @@ impl IndexDef {
             fields: STANDARD_INDEX_FIELDS.iter().map(|f| ((*f).to_owned(), "asc".to_owned())).collect(),
             partial_filter_selector: None,
         }
+    }
+
+    /// Whether this is the data-store database's built-in `idx-user-namespace`, which the
+    /// backend's own `userId`/`namespace` index serves.
+    pub fn is_standard(&self) -> bool {
+        self.ddoc == STANDARD_INDEX_DDOC && self.name == STANDARD_INDEX_NAME
+    }
+
+    /// The design document a created index of the data-store database is built as: one
+    /// `language: "query"` view named after the index, as CouchDB would store it (without
+    /// `options.def`, which changes no row). It is never stored: the catalog document is the
+    /// index's record, and this is rebuilt from it for the view index ([`crate::views`]). Its
+    /// group's signature covers the name, the fields and the partial filter, so creating or
+    /// deleting one index never rebuilds another.
+    pub fn data_store_design(&self) -> Result<DesignViews, MangoError> {
+        let doc = json!({
+            "_id": self.ddoc,
+            "language": "query",
+            "views": { self.name.as_str(): { "map": super::database::index_map(self)?, "reduce": "_count" } },
+        });
+        DesignViews::parse(&doc)
+            .map_err(|invalid| MangoError::new(StatusCode::INTERNAL_SERVER_ERROR, "invalid_design_doc", invalid.0))
     }
 
     pub fn field_names(&self) -> Vec<String> {
@@ -189,6 +214,19 @@ impl IndexCatalog {
         listed.extend(sorted.into_iter().map(IndexDef::to_json));
         json!({ "total_rows": listed.len(), "indexes": listed })
     }
+}
+
+/// The view group signatures of the data-store database's created JSON indexes: what its
+/// `_view_cleanup` keeps beside its design documents' groups.
+pub async fn data_store_signatures(backend: &dyn DocumentBackend) -> Result<Vec<String>, MangoError> {
+    let catalog = IndexCatalog::load_stored(backend).await?;
+    Ok(catalog
+        .indexes
+        .iter()
+        .filter(|index| !index.is_standard())
+        .filter_map(|index| index.data_store_design().ok())
+        .map(|design| design.signature)
+        .collect())
 }
 
 /// `GET /{db}/_index`.
@@ -534,8 +572,9 @@ fn can_use_sort(columns: &[String], sort: &[String], selector: &Selector) -> boo
 }
 
 /// `POST /{db}/_explain`: what `_find` would do with this request, in CouchDB's shape (fixture
-/// 040). `mrargs` shows the key range CouchDB would read from the chosen index; this server
-/// reads the backend instead (see docs/couchdb-api.md).
+/// 040). `mrargs` shows the key range CouchDB would read from the chosen index, which is what
+/// this server reads from a created index where it builds them (for the built-in index, and
+/// over the CouchDB backend, it reads the backend instead: docs/couchdb-api.md).
 pub async fn explain(
     backend: &dyn DocumentBackend,
     request: &Value,

@@ -10,6 +10,8 @@
 //!   engine over a [`find::FindSource`] per kind of database.
 //! - [`database`]: Mango on the other databases: JSON indexes as `language: "query"` design
 //!   documents, built as views, read by `_find`.
+//! - [`index_source`]: a JSON index's view group read as a `_find` source, on any database this
+//!   process builds indexes for (the data-store database's created indexes too).
 //! - [`index`]: the index catalog behind `_index`, and `_explain`.
 //! - [`range`]: the key ranges CouchDB derives from a selector, which steer its index choice.
 //! - [`index_cache`]: the catalog remembered for a few seconds between queries.
@@ -22,17 +24,20 @@ pub mod eval;
 pub mod find;
 pub mod index;
 mod index_cache;
+pub mod index_source;
 pub mod range;
 pub mod request;
 pub mod selector;
 
 #[cfg(test)]
 mod backend_tests;
+#[cfg(test)]
+mod data_store_tests;
 
 use axum::http::StatusCode;
 use serde_json::Value;
 
-pub use find::{find, find_with_limits, FindLimits};
+pub use find::{find, find_on_data_store, find_with_limits, DataStoreViews, FindLimits};
 pub use index::{create_index, delete_index, explain, list_indexes, IndexCatalog};
 
 /// A Mango request's failure as CouchDB reports it: HTTP status, `error` and `reason`.

@@ -3,7 +3,7 @@
 
 use super::*;
 
-const PASSWORD: &str = "correct horse";
+pub(super) const PASSWORD: &str = "correct horse";
 
 /// An admin login and two per-user logins, all with [`PASSWORD`].
 pub(super) fn logins_config() -> Result<String, Failed> {

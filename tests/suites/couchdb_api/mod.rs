@@ -67,6 +67,7 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("gzip_and_chunked_bodies", |e| Box::pin(server::gzip_and_chunked_bodies(e))),
         ("design_documents", |e| Box::pin(documents::design_documents(e))),
         ("data_store_field_types", |e| Box::pin(data_store::data_store_field_types(e))),
+        ("data_store_indexes_and_purge", |e| Box::pin(data_store::data_store_indexes_and_purge(e))),
         ("bulk_docs_whole_request_errors", |e| Box::pin(bulk::bulk_docs_whole_request_errors(e))),
         ("bulk_docs_all_or_nothing", |e| Box::pin(bulk::bulk_docs_all_or_nothing(e))),
         ("all_docs_keys_paging", |e| Box::pin(all_docs::all_docs_keys_paging(e))),
@@ -119,7 +120,9 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
                 Trial::test(format!("couchdb_api::{name}::{backend_name}"), move || {
                     block_on(async move {
                         let logins = match name {
-                            "per_user_logins" | "local_docs_listings" => Some(logins::logins_config()?),
+                            "per_user_logins" | "local_docs_listings" | "data_store_indexes_and_purge" => {
+                                Some(logins::logins_config()?)
+                            }
                             "roles_and_security" => Some(roles::roles_config()?),
                             "attachments_in_documents" | "attachments_gzip_parts" => {
                                 Some(attachments::BOUNDED_CONFIG.to_owned())
