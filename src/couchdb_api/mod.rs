@@ -121,7 +121,7 @@ impl CouchApp {
         let auth = Arc::new(auth::CouchAuth::from_settings(settings)?);
         let views = Arc::new(crate::views::service::Views::new(
             view_index,
-            Arc::new(crate::views::javascript::JavaScriptViews::new(js.clone())),
+            Arc::new(mango::index_map::WithMangoIndexes(crate::views::javascript::JavaScriptViews::new(js.clone()))),
         ));
         let data_store_views = Arc::new(data_design::DataStoreSource::new(
             Arc::clone(store.backend()),

@@ -14,7 +14,6 @@
 //! - [`query`]: a query's parameters, checked, and the key ranges they select.
 //! - [`run`]: answering a query from the index (rows, or grouped reductions).
 //! - [`javascript`]: the JavaScript engine ([`crate::js`]) as the views' mapper and reducer.
-//! - [`mango_map`]: the map of Mango `json` indexes (`language: "query"`), run in Rust.
 //! - [`service`]: this process's views: the index file, opened on first use, and the engine.
 
 pub mod builtin_reduce;
@@ -23,7 +22,6 @@ pub mod design;
 pub mod freshness;
 pub mod index_store;
 pub mod javascript;
-pub mod mango_map;
 pub mod query;
 pub mod run;
 pub mod service;

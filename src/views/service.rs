@@ -67,8 +67,7 @@ impl Views {
     }
 }
 
-/// The engine seen as a [`Mapper`] only, for JavaScript design documents; query design documents
-/// (Mango indexes) are mapped by [`super::mango_map`].
+/// The engine seen as a [`Mapper`] only.
 struct EngineMapper(Arc<dyn ViewEngine>);
 
 #[async_trait::async_trait]
@@ -78,10 +77,6 @@ impl Mapper for EngineMapper {
         design: &super::design::DesignViews,
         docs: Vec<Arc<serde_json::Value>>,
     ) -> Result<Vec<Vec<Vec<(serde_json::Value, serde_json::Value)>>>, ViewError> {
-        // Mango's json indexes are mapped in Rust; only JavaScript reaches the engine.
-        match design.language {
-            super::design::Language::Query => Ok(super::mango_map::map_documents(design, &docs)),
-            super::design::Language::JavaScript => self.0.map(design, docs).await,
-        }
+        self.0.map(design, docs).await
     }
 }

@@ -61,7 +61,8 @@ async fn fixture() -> Fixture {
     let embedded = EmbeddedBackend::open(&dir.path().join("store.redb")).await.expect("open embedded store");
     embedded.ensure_standard_indexes().await.expect("indexes");
     let backend: Arc<dyn DocumentBackend> = Arc::new(embedded);
-    let views = Arc::new(Views::new(dir.path().join("views.redb"), Arc::new(NoJavaScript)));
+    let views =
+        Arc::new(Views::new(dir.path().join("views.redb"), Arc::new(super::index_map::WithMangoIndexes(NoJavaScript))));
     let source = DataStoreSource::new(Arc::clone(&backend), DB, Arc::clone(&views));
     Fixture { _dir: dir, backend, views, source }
 }

@@ -3,7 +3,7 @@
 //! `language: "query"`, one view per index (`map: {fields: {field: dir, …},
 //! partial_filter_selector}`, `reduce: "_count"`, `options.def`), so it replicates and lists as
 //! CouchDB's do, and it is built as a view group ([`crate::views`], mapped in Rust by
-//! [`crate::views::mango_map`]) incrementally from the change feed.
+//! [`super::index_map`]) incrementally from the change feed.
 //!
 //! - [`DatabaseIndexes::load`]: the database's catalog, read from its query design documents
 //!   (no built-in index here).
@@ -22,6 +22,7 @@ use serde_json::{json, Map, Value};
 
 use super::find::{find_in, Candidate, CandidatePage, FindLimits, FindSource, FindSources, SCAN_PAGE};
 use super::index::{design_id, parse_index_request, IndexCatalog, IndexDef};
+use super::index_map::JsonIndexMap;
 use super::index_source::{self, RowDocs};
 use super::request::FindRequest;
 use super::{erlang_term, MangoError};
@@ -30,7 +31,6 @@ use crate::database::document::{leaf_json, DocOptions};
 use crate::database::{Database, DocState, Write, Written};
 use crate::error::ErrorKind;
 use crate::views::design::DesignViews;
-use crate::views::mango_map::JsonIndexMap;
 use crate::views::service::Views;
 
 /// Design documents read per page while listing a database's indexes.
@@ -106,7 +106,7 @@ fn index_view(index: &IndexDef, requested: &Value) -> Result<Value, MangoError> 
 
 /// An index's `map` as its view holds it: `{"fields": {field: direction, …},
 /// "partial_filter_selector": {…}}` (normalized, `{}` when none), what
-/// [`crate::views::mango_map`] maps documents with.
+/// [`super::index_map`] maps documents with.
 pub(super) fn index_map(index: &IndexDef) -> Result<Value, MangoError> {
     let fields: Map<String, Value> =
         index.fields.iter().map(|(field, direction)| (field.clone(), Value::String(direction.clone()))).collect();
@@ -456,7 +456,10 @@ mod tests {
         let catalog = Arc::new(EmbeddedCatalog::new(&dir.path().join("store.redb"), EmbeddedOptions::default()));
         let databases = Databases::new(Some(catalog), 4);
         let db = databases.create(&DbName::parse("app").unwrap()).await.unwrap();
-        let views = Views::new(dir.path().join("views.redb"), Arc::new(NoJavaScript));
+        let views = Views::new(
+            dir.path().join("views.redb"),
+            Arc::new(super::super::index_map::WithMangoIndexes(NoJavaScript)),
+        );
         Fixture { _dir: dir, db, views }
     }
 

@@ -1,5 +1,5 @@
 //! A JSON index read as a `_find` source, on any database whose indexes this process builds: the
-//! index's view group ([`crate::views`], mapped in Rust by [`crate::views::mango_map`]) brought
+//! index's view group ([`crate::views`], mapped in Rust by [`super::index_map`]) brought
 //! up to date over the database's feed (any [`ViewSource`]: another database, or the data-store
 //! database), then read over the key range the selector gives, in key order (reversed for a
 //! `desc` sort), each row's document read through [`RowDocs`].

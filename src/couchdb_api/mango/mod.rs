@@ -24,6 +24,7 @@ pub mod eval;
 pub mod find;
 pub mod index;
 mod index_cache;
+pub mod index_map;
 pub mod index_source;
 pub mod range;
 pub mod request;

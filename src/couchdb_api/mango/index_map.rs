@@ -9,9 +9,17 @@
 
 use serde_json::{Map, Value};
 
-use super::design::DesignViews;
-use crate::couchdb_api::mango::eval::{field_value, matches};
-use crate::couchdb_api::mango::selector::{self, parse_field, Selector};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use super::eval::{field_value, matches};
+use super::selector::{self, parse_field, Selector};
+use crate::views::design::{DesignViews, Language};
+use crate::views::run::JsReducer;
+use crate::views::service::ViewEngine;
+use crate::views::updater::Mapper;
+use crate::views::ViewError;
 
 /// One view of a query design document, ready to map documents.
 #[derive(Debug, Clone)]
@@ -63,7 +71,7 @@ impl JsonIndexMap {
 
 /// The rows of each document for each view of `design` (a query design document), in the
 /// shape [`super::updater::Mapper::map`] returns.
-pub fn map_documents(design: &DesignViews, docs: &[std::sync::Arc<Value>]) -> Vec<Vec<Vec<(Value, Value)>>> {
+pub fn map_documents(design: &DesignViews, docs: &[Arc<Value>]) -> Vec<Vec<Vec<(Value, Value)>>> {
     let maps: Vec<Option<JsonIndexMap>> = design.views.iter().map(|view| JsonIndexMap::parse(&view.map)).collect();
     docs.iter()
         .map(|doc| {
@@ -77,6 +85,36 @@ pub fn map_documents(design: &DesignViews, docs: &[std::sync::Arc<Value>]) -> Ve
                 .collect()
         })
         .collect()
+}
+
+/// The functions of this server's design documents: query design documents (Mango indexes)
+/// mapped here in Rust, every other one by the JavaScript engine `E`. The views module runs
+/// whatever engine it is given; Mango's part is plugged in here, so views never depend on Mango.
+pub struct WithMangoIndexes<E>(pub E);
+
+#[async_trait]
+impl<E: ViewEngine> Mapper for WithMangoIndexes<E> {
+    async fn map(
+        &self,
+        design: &DesignViews,
+        docs: Vec<Arc<Value>>,
+    ) -> Result<Vec<Vec<Vec<(Value, Value)>>>, ViewError> {
+        match design.language {
+            Language::Query => Ok(map_documents(design, &docs)),
+            Language::JavaScript => self.0.map(design, docs).await,
+        }
+    }
+}
+
+#[async_trait]
+impl<E: ViewEngine> JsReducer for WithMangoIndexes<E> {
+    async fn reduce(&self, design: &DesignViews, view: &str, rows: Vec<(Value, Value)>) -> Result<Value, ViewError> {
+        self.0.reduce(design, view, rows).await
+    }
+
+    async fn rereduce(&self, design: &DesignViews, view: &str, values: Vec<Value>) -> Result<Value, ViewError> {
+        self.0.rereduce(design, view, values).await
+    }
 }
 
 #[cfg(test)]
