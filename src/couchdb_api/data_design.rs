@@ -57,7 +57,6 @@ use crate::backend::rev_tree::{EditError, RevTree};
 use crate::backend::revision::random_token;
 use crate::backend::{DocumentBackend, IdRange, Precondition, Revision, StoredDocument, DEFAULT_REVS_LIMIT};
 use crate::error::{Error, ErrorKind};
-use crate::views::service::Views;
 use crate::views::source::kept_incarnation;
 use crate::views::{SourceDoc, SourcePage, ViewError, ViewSource};
 
@@ -173,46 +172,16 @@ pub(crate) async fn live_design_docs(backend: &dyn DocumentBackend) -> crate::Re
 pub struct DataStoreSource {
     backend: Arc<dyn DocumentBackend>,
     name: String,
-    /// The index file its groups are kept in, where groups of an incarnation it no longer has
-    /// are dropped.
-    views: Arc<Views>,
-    /// The incarnation this process last read, `None` before the first read.
-    seen_incarnation: std::sync::Mutex<Option<String>>,
 }
 
 impl DataStoreSource {
-    pub fn new(backend: Arc<dyn DocumentBackend>, name: &str, views: Arc<Views>) -> Self {
-        DataStoreSource { backend, name: name.to_owned(), views, seen_incarnation: std::sync::Mutex::new(None) }
+    pub fn new(backend: Arc<dyn DocumentBackend>, name: &str) -> Self {
+        DataStoreSource { backend, name: name.to_owned() }
     }
 
     /// The view group signatures of its created Mango indexes (`_view_cleanup` keeps them).
     pub(crate) async fn mango_index_signatures(&self) -> CouchResult<Vec<String>> {
         Ok(super::mango::index::data_store_signatures(self.backend.as_ref()).await?)
-    }
-
-    /// Drops from the index file every group of this database kept under another incarnation
-    /// than `current`: after a `purge_user` (which ends the incarnation) their rows hold the
-    /// purged user's data, and nothing reads them again.
-    async fn drop_other_incarnations(&self, current: &str) -> Result<usize, ViewError> {
-        let indexer = self.views.indexer().await?;
-        let store = Arc::clone(indexer.store());
-        let (database, kept) = (format!("{}\u{0}", self.name), format!("{}\u{0}{current}\u{0}", self.name));
-        let dropped = tokio::task::spawn_blocking(move || -> crate::Result<usize> {
-            let mut dropped = 0;
-            for name in store.group_names(&database)? {
-                if !name.starts_with(&kept) && store.drop_group(&name)? {
-                    dropped += 1;
-                }
-            }
-            Ok(dropped)
-        })
-        .await
-        .map_err(|err| ViewError::Storage(Error::new(ErrorKind::Internal, format!("view index task: {err}"))))?
-        .map_err(ViewError::Storage)?;
-        if dropped > 0 {
-            tracing::info!(database = %self.name, dropped, "dropped the view groups of an ended incarnation (a purge)");
-        }
-        Ok(dropped)
     }
 
     /// The live design document `_design/{name}` as CouchDB shows it (404 `missing`/`deleted`).
@@ -268,19 +237,9 @@ impl ViewSource for DataStoreSource {
     /// Read from the backend at every call, not remembered: `purge_user` ends the incarnation
     /// (removes its local document) so that every process's groups of this database, holding
     /// rows of the purged documents, are left for new ones built from the feed the purge erased
-    /// from. A process that finds a new incarnation drops the old groups from its file.
+    /// from. The indexer drops the old groups from its file when it sees a new incarnation.
     async fn incarnation(&self) -> Result<String, ViewError> {
-        let current = kept_incarnation(self.backend.as_ref(), INCARNATION_DOC).await?;
-        let changed = {
-            let mut seen = self.seen_incarnation.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            let changed = seen.as_deref() != Some(current.as_str());
-            *seen = Some(current.clone());
-            changed
-        };
-        if changed {
-            self.drop_other_incarnations(&current).await?;
-        }
-        Ok(current)
+        kept_incarnation(self.backend.as_ref(), INCARNATION_DOC).await
     }
 
     async fn feed_page(&self, since: Option<&str>, limit: usize) -> Result<SourcePage, ViewError> {

@@ -123,11 +123,8 @@ impl CouchApp {
             view_index,
             Arc::new(mango::index_map::WithMangoIndexes(crate::views::javascript::JavaScriptViews::new(js.clone()))),
         ));
-        let data_store_views = Arc::new(data_design::DataStoreSource::new(
-            Arc::clone(store.backend()),
-            &settings.couchdb_db,
-            Arc::clone(&views),
-        ));
+        let data_store_views =
+            Arc::new(data_design::DataStoreSource::new(Arc::clone(store.backend()), &settings.couchdb_db));
         let state = CouchState {
             data_store_views,
             auth,

@@ -122,11 +122,18 @@ pub struct Database {
     /// Whether a garbage collection of attachment bytes is running, and whether another was
     /// asked for meanwhile (writes that drop references ask; one runs at a time).
     collecting: Arc<Collecting>,
-    /// The database's incarnation as the view index knows it (`crate::views`), once read.
-    views_incarnation: std::sync::OnceLock<String>,
+    /// The database's incarnation as the view index knows it (`crate::views`), once read;
+    /// forgotten when a purge ends it.
+    views_incarnation: std::sync::Mutex<Option<String>>,
     /// What checks each write against the validation functions ([`super::write_guard`]).
     write_guard: Option<Arc<dyn super::write_guard::WriteGuard>>,
 }
+
+/// The backend's own local document holding the database's incarnation for view indexes: a
+/// random id made when an index is first built over the database ([`crate::views::source`]).
+/// Not a client's local document (those are kept under another prefix), so no client can change
+/// it.
+pub const VIEWS_INCARNATION_DOC: &str = "views-incarnation";
 
 /// The state of the background collection of attachment bytes.
 #[derive(Default)]
@@ -151,7 +158,7 @@ impl Database {
             attachments: AttachmentStore::new(Arc::clone(&backend)),
             max_attachment_bytes: u64::MAX,
             collecting: Arc::default(),
-            views_incarnation: std::sync::OnceLock::new(),
+            views_incarnation: std::sync::Mutex::new(None),
             write_guard: None,
             backend,
         }
@@ -226,12 +233,35 @@ impl Database {
 
     /// The incarnation the view index read for this database, if it did yet.
     pub fn views_incarnation(&self) -> Option<String> {
-        self.views_incarnation.get().cloned()
+        self.views_incarnation.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
     }
 
     /// Remembers the database's incarnation; the first one remembered wins.
     pub fn remember_views_incarnation(&self, incarnation: String) -> String {
-        self.views_incarnation.get_or_init(|| incarnation).clone()
+        self.views_incarnation
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get_or_insert(incarnation)
+            .clone()
+    }
+
+    /// Ends the database's view incarnation ([`VIEWS_INCARNATION_DOC`]): every index built over
+    /// it is left for a new one, built from the feed as it is now. A purge that erases a document
+    /// erases its feed entry too, so no index update would ever remove its rows; this makes them
+    /// go. This process forgets the incarnation at once; another `serve` process over the same
+    /// backend reads it again when it reopens the database (docs/views.md, "Purges").
+    async fn end_views_incarnation(&self) -> Result<()> {
+        for _ in 0..MAX_TRIES {
+            let Some(kept) = self.backend.get_local(VIEWS_INCARNATION_DOC).await? else { break };
+            match self.backend.delete_local(VIEWS_INCARNATION_DOC, &kept.rev).await {
+                Ok(()) => break,
+                // Replaced meanwhile: end that one.
+                Err(err) if err.kind() == ErrorKind::Conflict || err.kind() == ErrorKind::NotFound => continue,
+                Err(err) => return Err(err),
+            }
+        }
+        *self.views_incarnation.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
+        Ok(())
     }
 
     pub fn max_document_bytes(&self) -> usize {
@@ -487,7 +517,7 @@ impl Database {
         if let Some(local) = self.backend.get_local(&tree_name).await? {
             self.backend.delete_local(&tree_name, &local.rev).await?;
         }
-        Ok(())
+        self.end_views_incarnation().await
     }
 
     /// Saves `tree` over `state` with the backend's preconditions (`Conflict` if another writer

@@ -58,10 +58,6 @@ pub trait ViewSource: Send + Sync {
     }
 }
 
-/// The local document of a database's engine holding its incarnation. Not a client's local
-/// document (those are kept under another prefix), so no client can change it.
-const INCARNATION_DOC: &str = "views-incarnation";
-
 #[async_trait]
 impl ViewSource for Database {
     fn name(&self) -> &str {
@@ -72,7 +68,7 @@ impl ViewSource for Database {
         if let Some(known) = self.views_incarnation() {
             return Ok(known);
         }
-        let id = kept_incarnation(self.backend().as_ref(), INCARNATION_DOC).await?;
+        let id = kept_incarnation(self.backend().as_ref(), crate::database::engine::VIEWS_INCARNATION_DOC).await?;
         Ok(self.remember_views_incarnation(id))
     }
 

@@ -42,6 +42,8 @@ pub struct ViewIndexer {
     store: Arc<IndexStore>,
     mapper: Arc<dyn Mapper>,
     updating: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Each database's group prefix (name and incarnation) as this process last saw it.
+    prefixes: Mutex<HashMap<String, String>>,
 }
 
 /// A group ready to be read: its name in the store and its state.
@@ -53,16 +55,47 @@ pub struct ReadyGroup {
 
 impl ViewIndexer {
     pub fn new(store: Arc<IndexStore>, mapper: Arc<dyn Mapper>) -> Self {
-        ViewIndexer { store, mapper, updating: Mutex::new(HashMap::new()) }
+        ViewIndexer { store, mapper, updating: Mutex::new(HashMap::new()), prefixes: Mutex::new(HashMap::new()) }
     }
 
     pub fn store(&self) -> &Arc<IndexStore> {
         &self.store
     }
 
+    /// The prefix of `source`'s groups ([`ViewSource::group_prefix`]). When it is not the one this
+    /// process saw last (the first use, or the incarnation ended: a purge, or the database deleted
+    /// and created again), every group of the database kept under another incarnation is dropped
+    /// from the file: nothing reads those again, and a purge's rows must not stay on disk.
+    async fn prefix_of(&self, source: &dyn ViewSource) -> Result<String, ViewError> {
+        let prefix = source.group_prefix().await?;
+        let database = format!("{}\u{0}", source.name());
+        let changed = {
+            let mut seen = self.prefixes.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            seen.insert(database.clone(), prefix.clone()).as_deref() != Some(prefix.as_str())
+        };
+        if changed {
+            let store = Arc::clone(&self.store);
+            let kept = prefix.clone();
+            let dropped = blocking(move || {
+                let mut dropped = 0usize;
+                for name in store.group_names(&database)? {
+                    if !name.starts_with(&kept) && store.drop_group(&name)? {
+                        dropped += 1;
+                    }
+                }
+                Ok(dropped)
+            })
+            .await?;
+            if dropped > 0 {
+                tracing::info!(database = %source.name(), dropped, "dropped the view groups of an ended incarnation");
+            }
+        }
+        Ok(prefix)
+    }
+
     /// The group of `design` over `source` as it is, creating it empty if it does not exist.
     pub async fn current(&self, source: &dyn ViewSource, design: &DesignViews) -> Result<ReadyGroup, ViewError> {
-        let name = format!("{}{}", source.group_prefix().await?, design.signature);
+        let name = format!("{}{}", self.prefix_of(source).await?, design.signature);
         let store = Arc::clone(&self.store);
         let views = design.views.len();
         let (name, state) = blocking(move || store.group(&name, views).map(|state| (name, state))).await?;
@@ -138,7 +171,7 @@ impl ViewIndexer {
     /// Drops every group of `source` that no design document in `keep` (signatures) uses:
     /// CouchDB's `_view_cleanup`. Returns how many were dropped.
     pub async fn clean_up(&self, source: &dyn ViewSource, keep: &[String]) -> Result<usize, ViewError> {
-        let prefix = source.group_prefix().await?;
+        let prefix = self.prefix_of(source).await?;
         let store = Arc::clone(&self.store);
         let keep: Vec<String> = keep.iter().map(|signature| format!("{prefix}{signature}")).collect();
         blocking(move || {
@@ -275,5 +308,39 @@ mod tests {
         assert_eq!(conflicts.len(), 1, "the map function sees _conflicts");
         assert_eq!(conflicts[0].1, "doc2");
         assert_eq!(group.state.row_counts, vec![2, 1]);
+    }
+    /// A purge that erases a document erases its feed entry too; the purge ends the database's
+    /// incarnation, so the next catch-up builds a new group without the document, and the old
+    /// group (with its rows) leaves the index file.
+    #[tokio::test]
+    async fn a_purged_document_leaves_no_row_and_no_old_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let catalog = Arc::new(EmbeddedCatalog::new(&dir.path().join("store.redb"), EmbeddedOptions::default()));
+        let databases = Databases::new(Some(catalog), 4);
+        let db = databases.create(&DbName::parse("app").unwrap()).await.unwrap();
+        let store = Arc::new(IndexStore::open(&dir.path().join("views.redb")).unwrap());
+        let indexer = ViewIndexer::new(store, Arc::new(TypeMapper { mapped: AtomicUsize::new(0) }));
+        let design = DesignViews::parse(&json!({"_id": "_design/d", "views": {
+            "by_type": {"map": "…"}, "conflicted": {"map": "…"}}}))
+        .unwrap();
+        let by_type = design.view("by_type").unwrap().0;
+        let kept = match db.write("kept", &edit(None, json!({"type": "k"}))).await.unwrap() {
+            crate::database::Written::Edited(rev) => rev,
+            other => panic!("unexpected {other:?}"),
+        };
+        let purged = match db.write("secret", &edit(None, json!({"type": "s"}))).await.unwrap() {
+            crate::database::Written::Edited(rev) => rev,
+            other => panic!("unexpected {other:?}"),
+        };
+        let before = indexer.catch_up(db.as_ref(), &design).await.unwrap();
+        assert_eq!(rows(&indexer, &before, by_type).len(), 2);
+
+        assert_eq!(db.purge("secret", &[purged]).await.unwrap().len(), 1);
+        let after = indexer.catch_up(db.as_ref(), &design).await.unwrap();
+        let ids: Vec<String> = rows(&indexer, &after, by_type).into_iter().map(|(_, id)| id).collect();
+        assert_eq!(ids, ["kept"], "the purged document's row is gone");
+        assert_ne!(after.name, before.name, "a new incarnation's group");
+        assert_eq!(indexer.store().read_group(&before.name).unwrap(), None, "the old group left the file");
+        assert!(!kept.is_empty());
     }
 }

@@ -63,7 +63,7 @@ async fn fixture() -> Fixture {
     let backend: Arc<dyn DocumentBackend> = Arc::new(embedded);
     let views =
         Arc::new(Views::new(dir.path().join("views.redb"), Arc::new(super::index_map::WithMangoIndexes(NoJavaScript))));
-    let source = DataStoreSource::new(Arc::clone(&backend), DB, Arc::clone(&views));
+    let source = DataStoreSource::new(Arc::clone(&backend), DB);
     Fixture { _dir: dir, backend, views, source }
 }
 
