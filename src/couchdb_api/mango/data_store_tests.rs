@@ -6,7 +6,6 @@
 use std::ops::ControlFlow;
 use std::sync::Arc;
 
-use async_trait::async_trait;
 use serde_json::{json, Map, Value};
 
 use super::index::IndexCatalog;
@@ -15,39 +14,11 @@ use crate::backend::embedded::EmbeddedBackend;
 use crate::backend::{DocumentBackend, Precondition};
 use crate::couchdb_api::data_design::DataStoreSource;
 use crate::store::{DataStore, StoreOptions};
-use crate::views::design::DesignViews;
 use crate::views::index_store::RowRange;
-use crate::views::run::JsReducer;
 use crate::views::service::Views;
-use crate::views::updater::Mapper;
-use crate::views::{ViewError, ViewSource};
+use crate::views::ViewSource;
 
 const DB: &str = "agent_data_store";
-
-/// An engine that fails every call: the JSON indexes are mapped in Rust, so a test passing
-/// proves they never reached JavaScript.
-struct NoJavaScript;
-
-fn refused() -> ViewError {
-    ViewError::Function { error: "no_javascript".into(), reason: "this test runs no JavaScript".into() }
-}
-
-#[async_trait]
-impl Mapper for NoJavaScript {
-    async fn map(&self, _: &DesignViews, _: Vec<Arc<Value>>) -> Result<Vec<Vec<Vec<(Value, Value)>>>, ViewError> {
-        Err(refused())
-    }
-}
-
-#[async_trait]
-impl JsReducer for NoJavaScript {
-    async fn reduce(&self, _: &DesignViews, _: &str, _: Vec<(Value, Value)>) -> Result<Value, ViewError> {
-        Err(refused())
-    }
-    async fn rereduce(&self, _: &DesignViews, _: &str, _: Vec<Value>) -> Result<Value, ViewError> {
-        Err(refused())
-    }
-}
 
 struct Fixture {
     _dir: tempfile::TempDir,
@@ -61,8 +32,10 @@ async fn fixture() -> Fixture {
     let embedded = EmbeddedBackend::open(&dir.path().join("store.redb")).await.expect("open embedded store");
     embedded.ensure_standard_indexes().await.expect("indexes");
     let backend: Arc<dyn DocumentBackend> = Arc::new(embedded);
-    let views =
-        Arc::new(Views::new(dir.path().join("views.redb"), Arc::new(super::index_map::WithMangoIndexes(NoJavaScript))));
+    let views = Arc::new(Views::new(
+        dir.path().join("views.redb"),
+        Arc::new(super::index_map::WithMangoIndexes(super::index_map::NoJavaScript)),
+    ));
     let source = DataStoreSource::new(Arc::clone(&backend), DB);
     Fixture { _dir: dir, backend, views, source }
 }

@@ -416,34 +416,6 @@ mod tests {
     use crate::backend::catalog::{DbName, EmbeddedCatalog};
     use crate::backend::embedded::EmbeddedOptions;
     use crate::database::Databases;
-    use crate::views::run::JsReducer;
-    use crate::views::updater::Mapper;
-    use crate::views::ViewError;
-
-    /// An engine for databases without JavaScript design documents: any call is a failure, so a
-    /// test passing proves the JSON indexes never reached it.
-    struct NoJavaScript;
-
-    fn refused() -> ViewError {
-        ViewError::Function { error: "no_javascript".into(), reason: "this test runs no JavaScript".into() }
-    }
-
-    #[async_trait]
-    impl Mapper for NoJavaScript {
-        async fn map(&self, _: &DesignViews, _: Vec<Arc<Value>>) -> Result<Vec<Vec<Vec<(Value, Value)>>>, ViewError> {
-            Err(refused())
-        }
-    }
-
-    #[async_trait]
-    impl JsReducer for NoJavaScript {
-        async fn reduce(&self, _: &DesignViews, _: &str, _: Vec<(Value, Value)>) -> Result<Value, ViewError> {
-            Err(refused())
-        }
-        async fn rereduce(&self, _: &DesignViews, _: &str, _: Vec<Value>) -> Result<Value, ViewError> {
-            Err(refused())
-        }
-    }
 
     struct Fixture {
         _dir: tempfile::TempDir,
@@ -458,7 +430,7 @@ mod tests {
         let db = databases.create(&DbName::parse("app").unwrap()).await.unwrap();
         let views = Views::new(
             dir.path().join("views.redb"),
-            Arc::new(super::super::index_map::WithMangoIndexes(NoJavaScript)),
+            Arc::new(super::super::index_map::WithMangoIndexes(super::super::index_map::NoJavaScript)),
         );
         Fixture { _dir: dir, db, views }
     }

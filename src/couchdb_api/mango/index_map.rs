@@ -117,6 +117,35 @@ impl<E: ViewEngine> JsReducer for WithMangoIndexes<E> {
     }
 }
 
+/// For tests: an engine that fails every call, so a test passing proves the JSON indexes were
+/// mapped here and never reached JavaScript.
+#[cfg(test)]
+pub(crate) struct NoJavaScript;
+
+#[cfg(test)]
+fn no_javascript() -> ViewError {
+    ViewError::Function { error: "no_javascript".into(), reason: "this test runs no JavaScript".into() }
+}
+
+#[cfg(test)]
+#[async_trait]
+impl Mapper for NoJavaScript {
+    async fn map(&self, _: &DesignViews, _: Vec<Arc<Value>>) -> Result<Vec<Vec<Vec<(Value, Value)>>>, ViewError> {
+        Err(no_javascript())
+    }
+}
+
+#[cfg(test)]
+#[async_trait]
+impl JsReducer for NoJavaScript {
+    async fn reduce(&self, _: &DesignViews, _: &str, _: Vec<(Value, Value)>) -> Result<Value, ViewError> {
+        Err(no_javascript())
+    }
+    async fn rereduce(&self, _: &DesignViews, _: &str, _: Vec<Value>) -> Result<Value, ViewError> {
+        Err(no_javascript())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
