@@ -232,3 +232,246 @@ impl Database {
         Ok(outcomes)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    use serde_json::{json, Map, Value};
+
+    use super::*;
+    use crate::backend::embedded::EmbeddedBackend;
+    use crate::backend::{DocumentBackend, Revision};
+    use crate::database::rev_tree::RevPath;
+
+    fn body(value: Value) -> Map<String, Value> {
+        value.as_object().cloned().unwrap_or_default()
+    }
+
+    fn leaf(start: u64, ids: &[&str], deleted: bool, value: Value) -> Write {
+        Write::Replicated {
+            path: RevPath { start, ids: ids.iter().map(|id| (*id).to_owned()).collect() },
+            deleted,
+            body: body(value),
+        }
+    }
+
+    async fn embedded(dir: &tempfile::TempDir, file: &str) -> Arc<dyn DocumentBackend> {
+        Arc::new(EmbeddedBackend::open(&dir.path().join(file)).await.unwrap())
+    }
+
+    /// What an answer says, comparable (errors by kind).
+    fn shown(answers: &DocumentAnswers) -> Vec<std::result::Result<Written, ErrorKind>> {
+        match answers {
+            Ok(answers) => answers.iter().map(|a| a.as_ref().map(Clone::clone).map_err(Error::kind)).collect(),
+            Err(err) => vec![Err(err.kind())],
+        }
+    }
+
+    /// Documents in every state a save starts from (never written, live, deleted, re-created,
+    /// already known, half a batch refused) and an id given twice.
+    async fn history(database: &Database) {
+        let setup = [
+            ("live", leaf(1, &["a1"], false, json!({"v": 1}))),
+            ("gone", leaf(1, &["g1"], false, json!({"v": 1}))),
+            ("gone", leaf(2, &["g2", "g1"], true, json!({}))),
+            ("known", leaf(1, &["k1"], false, json!({"v": 1}))),
+            ("_design/d", leaf(1, &["d1"], false, json!({"views": {}}))),
+        ];
+        for (id, write) in setup {
+            database.write(id, &write).await.unwrap();
+        }
+    }
+
+    fn page() -> Vec<(String, Vec<Write>)> {
+        vec![
+            ("new".into(), vec![leaf(3, &["n3", "n2", "n1"], false, json!({"v": 3}))]),
+            (
+                "live".into(),
+                vec![leaf(2, &["a2", "a1"], false, json!({"v": 2})), leaf(2, &["b2", "a1"], false, json!({"v": 9}))],
+            ),
+            ("gone".into(), vec![leaf(3, &["g3", "g2", "g1"], false, json!({"back": true}))]),
+            ("known".into(), vec![leaf(1, &["k1"], false, json!({"v": 1}))]),
+            ("deleting".into(), vec![leaf(1, &["x1"], true, json!({}))]),
+            ("live".into(), vec![leaf(3, &["a3", "a2", "a1"], true, json!({}))]),
+            ("_design/d".into(), vec![leaf(2, &["d2", "d1"], false, json!({"views": {"v": {}}}))]),
+            (
+                "guarded".into(),
+                vec![leaf(1, &["ok1"], false, json!({})), leaf(1, &["no1"], false, json!({"forbidden": true}))],
+            ),
+            (
+                "stub".into(),
+                vec![leaf(1, &["s1"], false, json!({"_attachments": {"f": {"stub": true, "digest": "md5-x"}}}))],
+            ),
+        ]
+    }
+
+    /// Refuses every proposed document with `"forbidden": true` (a `validate_doc_update`).
+    struct RefuseForbidden;
+
+    #[async_trait::async_trait]
+    impl crate::database::write_guard::WriteGuard for RefuseForbidden {
+        async fn applies(&self, _: &Database) -> Result<bool> {
+            Ok(true)
+        }
+
+        async fn check(
+            &self,
+            _: &Database,
+            writes: &[crate::database::write_guard::ProposedWrite],
+        ) -> Result<Vec<Option<Error>>> {
+            Ok(writes
+                .iter()
+                .map(|write| {
+                    (write.new_doc.get("forbidden") == Some(&Value::Bool(true)))
+                        .then(|| Error::new(ErrorKind::Forbidden, "forbidden"))
+                })
+                .collect())
+        }
+
+        fn design_changed(&self, _: &Database) {}
+    }
+
+    /// `write_many` answers and stores each document exactly as `write_batch` called once per
+    /// document does, and every changed document reaches the change feed.
+    #[tokio::test]
+    async fn many_documents_are_written_as_one_by_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let guard: Arc<dyn crate::database::write_guard::WriteGuard> = Arc::new(RefuseForbidden);
+        let one_by_one =
+            Database::new("a".into(), embedded(&dir, "a.redb").await).with_write_guard(Some(Arc::clone(&guard)));
+        let bulk = Database::new("b".into(), embedded(&dir, "b.redb").await).with_write_guard(Some(guard));
+        history(&one_by_one).await;
+        history(&bulk).await;
+        let documents = page();
+        let mut expected = Vec::new();
+        for (id, writes) in &documents {
+            expected.push(shown(&one_by_one.write_batch(id, writes).await));
+        }
+        let answers = bulk.write_many(&documents).await.unwrap();
+        assert_eq!(answers.iter().map(shown).collect::<Vec<_>>(), expected);
+        assert!(expected.iter().flatten().any(|a| a == &Err(ErrorKind::Forbidden)), "the guard refused a write");
+        assert!(expected.iter().flatten().filter(|a| a.is_err()).count() >= 2, "a stub naming nothing is refused too");
+        for id in ["new", "live", "gone", "known", "deleting", "_design/d", "guarded", "stub"] {
+            let (a, b) = (one_by_one.read(id).await.unwrap(), bulk.read(id).await.unwrap());
+            assert_eq!(a.map(|s| s.tree), b.map(|s| s.tree), "{id}");
+        }
+        let feed: HashSet<String> =
+            bulk.backend().changes(None, 100).await.unwrap().changes.into_iter().map(|c| c.id).collect();
+        for id in ["new", "live", "gone", "known", "deleting", "_design/d", "guarded"] {
+            assert!(feed.contains(id), "{id} is in the feed");
+        }
+        let live = bulk.read("live").await.unwrap().unwrap().tree;
+        assert!(live.leaf("3-a3").is_some_and(|leaf| leaf.deleted), "the repeated id's group was applied after");
+    }
+
+    /// The revisions stored beyond `revs_limit` are stemmed in the bulk path too.
+    #[tokio::test]
+    async fn revs_limit_stems_bulk_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let database = Database::new("d".into(), embedded(&dir, "d.redb").await);
+        database.update_settings(|settings| settings.revs_limit = 2).await.unwrap();
+        let documents = vec![("doc".to_owned(), vec![leaf(4, &["r4", "r3", "r2", "r1"], false, json!({}))])];
+        database.write_many(&documents).await.unwrap();
+        let tree = database.read("doc").await.unwrap().unwrap().tree;
+        let winner = tree.winner().unwrap();
+        assert_eq!(winner.path.revs(), ["4-r4", "3-r3"]);
+    }
+
+    /// A backend on which another writer changes `target` just before a bulk write lands.
+    struct Interloper {
+        inner: Arc<dyn DocumentBackend>,
+        target: String,
+        armed: AtomicBool,
+    }
+
+    #[async_trait::async_trait]
+    impl crate::backend::raw::layer::Layered for Interloper {
+        fn inner(&self) -> &dyn DocumentBackend {
+            self.inner.as_ref()
+        }
+
+        async fn bulk_write(&self, writes: Vec<BulkWrite>) -> Result<Vec<Result<Revision>>> {
+            if self.armed.swap(false, Ordering::SeqCst) {
+                let other = Database::new("other".into(), Arc::clone(&self.inner));
+                other.write(&self.target, &leaf(2, &["other2", "o1"], false, json!({"by": "other"}))).await?;
+            }
+            self.inner.bulk_write(writes).await
+        }
+    }
+
+    /// A document another writer changed between the bulk read and the bulk save is read again
+    /// and written alone: both writers' leaves are kept, the other documents of the page saved.
+    #[tokio::test]
+    async fn a_concurrent_writer_is_retried_per_document() {
+        let dir = tempfile::tempdir().unwrap();
+        let inner = embedded(&dir, "d.redb").await;
+        let layer = Arc::new(Interloper { inner, target: "doc".into(), armed: AtomicBool::new(false) });
+        let database = Database::new("d".into(), layer.clone());
+        database.write("doc", &leaf(1, &["o1"], false, json!({}))).await.unwrap();
+        layer.armed.store(true, Ordering::SeqCst);
+        let documents = vec![
+            ("doc".to_owned(), vec![leaf(2, &["mine2", "o1"], false, json!({"by": "me"}))]),
+            ("fresh".to_owned(), vec![leaf(1, &["f1"], false, json!({}))]),
+        ];
+        let answers = database.write_many(&documents).await.unwrap();
+        assert!(answers.iter().all(|a| a.as_ref().is_ok_and(|a| a.iter().all(Result::is_ok))), "{answers:?}");
+        assert!(!layer.armed.load(Ordering::SeqCst), "the other writer did write");
+        let tree = database.read("doc").await.unwrap().unwrap().tree;
+        let mut leaves: Vec<String> = tree.leaves().iter().map(|leaf| leaf.rev()).collect();
+        leaves.sort();
+        assert_eq!(leaves, ["2-mine2", "2-other2"]);
+        assert!(database.read("fresh").await.unwrap().is_some());
+    }
+
+    /// A backend whose next bulk write fails before writing, as a process killed between a
+    /// page's local trees and its records would leave it.
+    struct CrashBeforeRecords {
+        inner: Arc<dyn DocumentBackend>,
+        armed: AtomicBool,
+    }
+
+    #[async_trait::async_trait]
+    impl crate::backend::raw::layer::Layered for CrashBeforeRecords {
+        fn inner(&self) -> &dyn DocumentBackend {
+            self.inner.as_ref()
+        }
+
+        async fn bulk_write(&self, writes: Vec<BulkWrite>) -> Result<Vec<Result<Revision>>> {
+            if self.armed.swap(false, Ordering::SeqCst) {
+                return Err(Error::new(ErrorKind::Unavailable, "killed"));
+            }
+            self.inner.bulk_write(writes).await
+        }
+    }
+
+    /// A bulk save cut short after the local trees leaves every new document readable with its
+    /// whole tree (never half a document), and writing the page again finishes them into the
+    /// feed, as a resumed migration does.
+    #[tokio::test]
+    async fn a_bulk_save_cut_short_is_finished_by_writing_the_page_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let inner = embedded(&dir, "d.redb").await;
+        let layer = Arc::new(CrashBeforeRecords { inner, armed: AtomicBool::new(true) });
+        let database = Database::new("d".into(), layer.clone());
+        let documents: Vec<(String, Vec<Write>)> = (0..5)
+            .map(|n| (format!("doc{n}"), vec![leaf(2, &["b", "a"], false, json!({"n": n})), leaf(2, &["c", "a"], false, json!({}))]))
+            .collect();
+        assert!(database.write_many(&documents).await.is_err(), "the first save is cut short");
+        for (id, _) in &documents {
+            let state = database.read(id).await.unwrap().expect("the tree was written");
+            assert_eq!(state.tree.leaves().len(), 2, "{id}: both leaves or none");
+            assert!(database.half_written(id, Some(&state)).await.unwrap());
+        }
+        assert!(database.backend().changes(None, 10).await.unwrap().changes.is_empty());
+        let answers = database.write_many(&documents).await.unwrap();
+        assert!(answers.iter().all(|a| a.as_ref().is_ok_and(|a| a.iter().all(Result::is_ok))));
+        let feed = database.backend().changes(None, 10).await.unwrap().changes;
+        assert_eq!(feed.len(), documents.len(), "every document reaches the feed once finished");
+        for (id, _) in &documents {
+            let state = database.read(id).await.unwrap();
+            assert!(!database.half_written(id, state.as_ref()).await.unwrap());
+        }
+    }
+}
