@@ -27,8 +27,8 @@ use std::collections::HashSet;
 
 use futures::{StreamExt, TryStreamExt};
 
-use super::{gone_is_conflict, record_of, Applied, DocState, Written, TREE_PREFIX};
-use crate::backend::{BulkWrite, Precondition};
+use super::{gone_is_conflict, record_of, tree_of, Applied, DocState, Written, TREE_PREFIX};
+use crate::backend::{BulkWrite, Precondition, StoredDocument};
 use crate::database::rev_tree::RevTree;
 use crate::database::{Database, Write};
 use crate::error::{Error, ErrorKind, Result};
@@ -105,15 +105,13 @@ impl Database {
         }
 
         let mut outcomes: Vec<(Pending, Saved)> = self.save_in_bulk(documents, in_bulk).await?;
-        let saved_alone: Vec<(Pending, Saved)> = futures::stream::iter(alone)
-            .map(|pending| async move {
-                let id = documents[pending.slot].0.as_str();
-                let saved = Saved::of(self.save(id, pending.state.as_ref(), &pending.tree).await);
-                (pending, saved)
-            })
-            .buffered(CONCURRENCY)
-            .collect()
-            .await;
+        // Plain loops of futures, not closures in iterator adapters: those trip rustc's
+        // higher-ranked `Send` check where an HTTP handler awaits this.
+        let mut saving = Vec::with_capacity(alone.len());
+        for pending in alone {
+            saving.push(self.save_alone(&documents[pending.slot].0, pending));
+        }
+        let saved_alone: Vec<(Pending, Saved)> = futures::stream::iter(saving).buffered(CONCURRENCY).collect().await;
         outcomes.extend(saved_alone);
 
         let mut again = Vec::new();
@@ -129,14 +127,13 @@ impl Database {
             }
         }
         // Met another writer: read again and retried, one document at a time each.
-        let retried: Vec<(usize, DocumentAnswers)> = futures::stream::iter(again)
-            .map(|slot| async move {
-                let (id, writes) = &documents[slot];
-                (slot, self.write_batch_once_open(id, writes).await)
-            })
-            .buffer_unordered(CONCURRENCY)
-            .collect()
-            .await;
+        let mut retrying = Vec::with_capacity(again.len());
+        for slot in again {
+            let (id, writes) = &documents[slot];
+            retrying.push(async move { (slot, self.write_batch_once_open(id, writes).await) });
+        }
+        let retried: Vec<(usize, DocumentAnswers)> =
+            futures::stream::iter(retrying).buffer_unordered(CONCURRENCY).collect().await;
         for (slot, answers) in retried {
             results[slot] = Some(answers);
         }
@@ -156,20 +153,27 @@ impl Database {
     /// local trees of those without a live record, several at once.
     async fn read_states(&self, ids: &[String]) -> Result<Vec<Option<DocState>>> {
         let records = self.backend.get_many(ids).await?;
-        futures::stream::iter(ids.iter().zip(records))
-            .map(|(id, record)| async move {
-                match record {
-                    Some(record) => Ok(Some(DocState {
-                        tree: super::tree_of(&record.body, id)?,
-                        record_rev: Some(record.rev),
-                        local_rev: None,
-                    })),
-                    None => self.read_tombstone(id).await,
-                }
-            })
-            .buffered(CONCURRENCY)
-            .try_collect()
-            .await
+        let mut reading = Vec::with_capacity(ids.len());
+        for (id, record) in ids.iter().zip(records) {
+            reading.push(self.state_of(id, record));
+        }
+        futures::stream::iter(reading).buffered(CONCURRENCY).try_collect().await
+    }
+
+    /// A document's state from its record as read, or else from its local tree.
+    async fn state_of(&self, id: &str, record: Option<StoredDocument>) -> Result<Option<DocState>> {
+        match record {
+            Some(record) => {
+                Ok(Some(DocState { tree: tree_of(&record.body, id)?, record_rev: Some(record.rev), local_rev: None }))
+            }
+            None => self.read_tombstone(id).await,
+        }
+    }
+
+    /// A document saved alone, as `write_batch` saves it.
+    async fn save_alone(&self, id: &str, pending: Pending) -> (Pending, Saved) {
+        let saved = Saved::of(self.save(id, pending.state.as_ref(), &pending.tree).await);
+        (pending, saved)
     }
 
     /// Saves documents whose tree is live: the local trees of those without a live record
@@ -183,35 +187,12 @@ impl Database {
         let mut outcomes = Vec::with_capacity(pending.len());
         let mut records = Vec::with_capacity(pending.len());
         let mut writing = Vec::with_capacity(pending.len());
-        let with_local_first: Vec<(Pending, Saved, Option<BulkWrite>)> = futures::stream::iter(pending)
-            .map(|pending| async move {
-                let id = documents[pending.slot].0.as_str();
-                let record = match record_of(&pending.tree) {
-                    Ok(record) => record,
-                    Err(err) => return (pending, Saved::Failed(err), None),
-                };
-                let record_rev = pending.state.as_ref().and_then(|s| s.record_rev.clone());
-                if let Some(rev) = record_rev {
-                    let write = BulkWrite { id: id.to_owned(), body: record, precondition: Precondition::MatchRevision(rev) };
-                    return (pending, Saved::Done, Some(write));
-                }
-                let precondition = match pending.state.as_ref().and_then(|s| s.local_rev.clone()) {
-                    Some(local_rev) => Precondition::MatchRevision(local_rev),
-                    None => Precondition::MustNotExist,
-                };
-                let local = self.backend.put_local(&format!("{TREE_PREFIX}{id}"), &record, precondition).await;
-                match Saved::of(local) {
-                    Saved::Done => {
-                        let write =
-                            BulkWrite { id: id.to_owned(), body: record, precondition: Precondition::MustNotExist };
-                        (pending, Saved::Done, Some(write))
-                    }
-                    refused => (pending, refused, None),
-                }
-            })
-            .buffered(CONCURRENCY)
-            .collect()
-            .await;
+        let mut firsts = Vec::with_capacity(pending.len());
+        for pending in pending {
+            firsts.push(self.local_first(&documents[pending.slot].0, pending));
+        }
+        let with_local_first: Vec<(Pending, Saved, Option<BulkWrite>)> =
+            futures::stream::iter(firsts).buffered(CONCURRENCY).collect().await;
         for (pending, saved, write) in with_local_first {
             match write {
                 Some(write) => {
@@ -230,6 +211,33 @@ impl Database {
         }
         outcomes.extend(writing.into_iter().zip(written).map(|(pending, result)| (pending, Saved::of(result))));
         Ok(outcomes)
+    }
+
+    /// A live tree's record as one write of the bulk write: on the record's revision when it
+    /// is live, else (a creation, a re-creation over a tombstone) once its local tree is
+    /// written on the revision read.
+    async fn local_first(&self, id: &str, pending: Pending) -> (Pending, Saved, Option<BulkWrite>) {
+        let record = match record_of(&pending.tree) {
+            Ok(record) => record,
+            Err(err) => return (pending, Saved::Failed(err), None),
+        };
+        let record_rev = pending.state.as_ref().and_then(|s| s.record_rev.clone());
+        if let Some(rev) = record_rev {
+            let write = BulkWrite { id: id.to_owned(), body: record, precondition: Precondition::MatchRevision(rev) };
+            return (pending, Saved::Done, Some(write));
+        }
+        let precondition = match pending.state.as_ref().and_then(|s| s.local_rev.clone()) {
+            Some(local_rev) => Precondition::MatchRevision(local_rev),
+            None => Precondition::MustNotExist,
+        };
+        let local = self.backend.put_local(&format!("{TREE_PREFIX}{id}"), &record, precondition).await;
+        match Saved::of(local) {
+            Saved::Done => {
+                let write = BulkWrite { id: id.to_owned(), body: record, precondition: Precondition::MustNotExist };
+                (pending, Saved::Done, Some(write))
+            }
+            refused => (pending, refused, None),
+        }
     }
 }
 
@@ -456,7 +464,12 @@ mod tests {
         let layer = Arc::new(CrashBeforeRecords { inner, armed: AtomicBool::new(true) });
         let database = Database::new("d".into(), layer.clone());
         let documents: Vec<(String, Vec<Write>)> = (0..5)
-            .map(|n| (format!("doc{n}"), vec![leaf(2, &["b", "a"], false, json!({"n": n})), leaf(2, &["c", "a"], false, json!({}))]))
+            .map(|n| {
+                (
+                    format!("doc{n}"),
+                    vec![leaf(2, &["b", "a"], false, json!({"n": n})), leaf(2, &["c", "a"], false, json!({}))],
+                )
+            })
             .collect();
         assert!(database.write_many(&documents).await.is_err(), "the first save is cut short");
         for (id, _) in &documents {
