@@ -89,11 +89,28 @@ impl Database {
         let mut alone: Vec<Pending> = Vec::new();
         for (slot, state) in bulk.into_iter().zip(states) {
             let (id, writes) = &documents[slot];
-            let Applied { tree, answers, changed } = self.applied(id, state.as_ref(), writes, revs_limit).await?;
+            // A failure here (the guard's, a read of the tombstone) is this document's alone,
+            // as it is in `write_batch`.
+            let Applied { tree, answers, changed } = match self.applied(id, state.as_ref(), writes, revs_limit).await {
+                Ok(applied) => applied,
+                Err(err) => {
+                    results[slot] = Some(Err(err));
+                    continue;
+                }
+            };
             // As in `write_batch`: a half-written document is finished even when nothing is new.
-            if !changed && !(self.half_written(id, state.as_ref()).await?) {
-                results[slot] = Some(Ok(answers));
-                continue;
+            if !changed {
+                match self.half_written(id, state.as_ref()).await {
+                    Ok(false) => {
+                        results[slot] = Some(Ok(answers));
+                        continue;
+                    }
+                    Ok(true) => {}
+                    Err(err) => {
+                        results[slot] = Some(Err(err));
+                        continue;
+                    }
+                }
             }
             let live = tree.winner().is_some_and(|leaf| !leaf.deleted);
             let pending = Pending { slot, state, tree, answers };
@@ -272,7 +289,7 @@ mod tests {
     /// What an answer says, comparable (errors by kind).
     fn shown(answers: &DocumentAnswers) -> Vec<std::result::Result<Written, ErrorKind>> {
         match answers {
-            Ok(answers) => answers.iter().map(|a| a.as_ref().map(Clone::clone).map_err(Error::kind)).collect(),
+            Ok(answers) => answers.iter().map(|a| a.as_ref().cloned().map_err(Error::kind)).collect(),
             Err(err) => vec![Err(err.kind())],
         }
     }
