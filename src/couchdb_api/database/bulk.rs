@@ -112,8 +112,8 @@ pub async fn bulk_docs(State(state): State<CouchState>, opened: OpenDb, headers:
     } else {
         // A replicator's request: every document made ready, then written many at a time
         // (`Database::write_many`: one batched read and one bulk write of records per call).
-        // Plain loops of futures, not closures in iterator adapters: those trip rustc's
-        // higher-ranked `Send` check here.
+        // Plain loops of futures, as in `Database::write_many`: closures in iterator adapters
+        // can trip rustc's higher-ranked `Send` check under an axum handler.
         let mut preparing = Vec::with_capacity(order.len());
         for (id, docs) in order {
             preparing.push(prepare_group(db, access, id, docs, new_edits));
