@@ -19,6 +19,10 @@
 //! authority, the local tree only for a tombstone. A live record whose winner is deleted (left by
 //! a crash in the middle of saving a deleted document) reads as deleted.
 
+mod bulk;
+
+pub use bulk::DocumentAnswers;
+
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -89,6 +93,14 @@ pub enum Written {
     Edited(String),
     /// A replicated revision was merged (or was already known).
     Merged(MergeOutcome),
+}
+
+/// Writes applied to a document's tree in memory, not yet saved.
+struct Applied {
+    tree: RevTree,
+    answers: Vec<Result<Written>>,
+    /// Whether the tree differs from the one read (else there is nothing to save).
+    changed: bool,
 }
 
 /// The per-database settings CouchDB keeps beside the documents.
@@ -386,24 +398,7 @@ impl Database {
         let _turn = self.write_lock(id).lock().await;
         for _ in 0..MAX_TRIES {
             let state = self.read(id).await?;
-            let mut tree = state.as_ref().map(|s| s.tree.clone()).unwrap_or_default();
-            let refused = self.guard(id, state.as_ref(), writes).await?;
-            let allowed: Vec<Write> =
-                writes.iter().zip(&refused).filter(|(_, refusal)| refusal.is_none()).map(|(w, _)| w.clone()).collect();
-            let mut applied = apply_all(id, &mut tree, &allowed, revs_limit)?.into_iter();
-            let answers: Vec<Result<Written>> = refused
-                .into_iter()
-                .map(|refusal| match refusal {
-                    Some(err) => Err(err),
-                    None => applied
-                        .next()
-                        .unwrap_or_else(|| Err(Error::new(ErrorKind::Internal, "a write was not answered"))),
-                })
-                .collect();
-            let changed = answers.iter().any(|answer| {
-                matches!(answer, Ok(Written::Edited(_)))
-                    || matches!(answer, Ok(Written::Merged(outcome)) if *outcome != MergeOutcome::AlreadyKnown)
-            });
+            let Applied { tree, answers, changed } = self.applied(id, state.as_ref(), writes, revs_limit).await?;
             // Nothing new, but a save that a crash cut short (the tree written, the record not)
             // is finished now: else the document stays out of the feed and `_all_docs` for good,
             // since every later replicated write of its leaves changes nothing.
@@ -412,12 +407,7 @@ impl Database {
             }
             match self.save(id, state.as_ref(), &tree).await {
                 Ok(()) => {
-                    if let Some(before) = &state {
-                        self.collect_if_dropped(&before.tree, &tree);
-                    }
-                    if let (true, Some(guard)) = (id.starts_with("_design/"), &self.write_guard) {
-                        guard.design_changed(self);
-                    }
+                    self.saved(id, state.as_ref(), &tree);
                     return Ok(answers);
                 }
                 Err(err) if err.kind() == ErrorKind::Conflict => continue,
@@ -427,6 +417,47 @@ impl Database {
         Err(Error::conflict(format!(
             "Document update conflict: {MAX_TRIES} attempts met other writers of {id:?}; try again"
         )))
+    }
+
+    /// `writes` applied in memory to the document's tree as read (`state`), after the write
+    /// guard's verdicts: the tree to save, one answer per write, and whether the tree changed.
+    async fn applied(
+        &self,
+        id: &str,
+        state: Option<&DocState>,
+        writes: &[Write],
+        revs_limit: usize,
+    ) -> Result<Applied> {
+        let mut tree = state.map(|s| s.tree.clone()).unwrap_or_default();
+        let refused = self.guard(id, state, writes).await?;
+        let allowed: Vec<Write> =
+            writes.iter().zip(&refused).filter(|(_, refusal)| refusal.is_none()).map(|(w, _)| w.clone()).collect();
+        let mut applied = apply_all(id, &mut tree, &allowed, revs_limit)?.into_iter();
+        let answers: Vec<Result<Written>> = refused
+            .into_iter()
+            .map(|refusal| match refusal {
+                Some(err) => Err(err),
+                None => {
+                    applied.next().unwrap_or_else(|| Err(Error::new(ErrorKind::Internal, "a write was not answered")))
+                }
+            })
+            .collect();
+        let changed = answers.iter().any(|answer| {
+            matches!(answer, Ok(Written::Edited(_)))
+                || matches!(answer, Ok(Written::Merged(outcome)) if *outcome != MergeOutcome::AlreadyKnown)
+        });
+        Ok(Applied { tree, answers, changed })
+    }
+
+    /// What follows a successful save of `tree` over `before`: attachment bytes it no longer
+    /// references are collected, and a design document's change reaches the write guard.
+    fn saved(&self, id: &str, before: Option<&DocState>, tree: &RevTree) {
+        if let Some(before) = before {
+            self.collect_if_dropped(&before.tree, tree);
+        }
+        if let (true, Some(guard)) = (id.starts_with("_design/"), &self.write_guard) {
+            guard.design_changed(self);
+        }
     }
 
     /// Whether `state` is what a save cut short by a crash leaves: the document's tree written

@@ -24,6 +24,10 @@ const LOCAL_PREFIX: &str = "_local/";
 
 /// Documents of one bulk request written at once (each document's writes stay in order).
 const CONCURRENCY: usize = 16;
+/// Documents of a replicator's request written in one [`Database::write_many`] call.
+const DOCUMENTS_PER_WRITE: usize = 100;
+/// `write_many` calls of one request at once.
+const WRITES_AT_ONCE: usize = 4;
 
 /// A document of a bulk request with its place in the request.
 type Positioned = (usize, Map<String, Value>);
@@ -99,11 +103,29 @@ pub async fn bulk_docs(State(state): State<CouchState>, opened: OpenDb, headers:
     }
     let db = &opened.db;
     let access = opened.access;
-    let results: Vec<Vec<(usize, Option<Value>)>> = stream::iter(order)
-        .map(|(id, docs)| async move { write_group(db, access, &id, docs, new_edits).await })
-        .buffer_unordered(CONCURRENCY)
-        .collect()
-        .await;
+    let results: Vec<Vec<(usize, Option<Value>)>> = if new_edits {
+        stream::iter(order)
+            .map(|(id, docs)| async move { write_group(db, access, id, docs, new_edits).await })
+            .buffer_unordered(CONCURRENCY)
+            .collect()
+            .await
+    } else {
+        // A replicator's request: every document made ready, then written many at a time
+        // (`Database::write_many`: one batched read and one bulk write of records per call).
+        // Plain loops of futures, as in `Database::write_many`: closures in iterator adapters
+        // can trip rustc's higher-ranked `Send` check under an axum handler.
+        let mut preparing = Vec::with_capacity(order.len());
+        for (id, docs) in order {
+            preparing.push(prepare_group(db, access, id, docs, new_edits));
+        }
+        let ready: Vec<Ready> = stream::iter(preparing).buffered(CONCURRENCY).collect().await;
+        let mut writing = Vec::new();
+        let mut ready = ready.into_iter().peekable();
+        while ready.peek().is_some() {
+            writing.push(write_replicated(db, ready.by_ref().take(DOCUMENTS_PER_WRITE).collect()));
+        }
+        stream::iter(writing).buffer_unordered(WRITES_AT_ONCE).collect().await
+    };
     let mut answers = early;
     for (position, row) in results.into_iter().flatten() {
         answers[position] = row;
@@ -120,19 +142,39 @@ pub async fn bulk_docs(State(state): State<CouchState>, opened: OpenDb, headers:
 async fn write_group(
     db: &Database,
     access: DbAccess,
-    id: &str,
+    id: String,
     docs: Vec<Positioned>,
     new_edits: bool,
 ) -> Vec<(usize, Option<Value>)> {
-    let row_error = |err: CouchError| Some(err.to_row(id));
-    if let Err(refused) = access.check_write(id) {
-        return docs.into_iter().map(|(position, _)| (position, row_error(refused.clone()))).collect();
+    let Ready { id, mut rows, writes, positions } = prepare_group(db, access, id, docs, new_edits).await;
+    if !writes.is_empty() {
+        rows.extend(answer_rows(&id, positions, db.write_batch(&id, &writes).await));
     }
-    let mut rows = Vec::with_capacity(docs.len());
+    rows
+}
+
+/// The documents of one id made ready to write: the rows answered already (refusals, local
+/// documents, which are written here), and the writes with their places in the request.
+struct Ready {
+    id: String,
+    rows: Vec<(usize, Option<Value>)>,
+    writes: Vec<Write>,
+    positions: Vec<usize>,
+}
+
+/// Checks the documents of one id, stores their inline attachments and writes the local ones.
+async fn prepare_group(db: &Database, access: DbAccess, id: String, docs: Vec<Positioned>, new_edits: bool) -> Ready {
+    let row_error = |err: CouchError| Some(err.to_row(&id));
+    let mut ready =
+        Ready { id: id.clone(), rows: Vec::with_capacity(docs.len()), writes: Vec::new(), positions: Vec::new() };
+    if let Err(refused) = access.check_write(&id) {
+        ready.rows = docs.into_iter().map(|(position, _)| (position, row_error(refused.clone()))).collect();
+        return ready;
+    }
     if let Some(name) = id.strip_prefix(LOCAL_PREFIX) {
         // A local document in a bulk request is written as by `PUT /{db}/_local/{name}`.
         for (position, body) in docs {
-            rows.push((
+            ready.rows.push((
                 position,
                 match super::docs::write_local(db, name, body).await {
                     Ok(rev) => Some(json!({ "ok": true, "id": id, "rev": rev })),
@@ -140,35 +182,76 @@ async fn write_group(
                 },
             ));
         }
-        return rows;
+        return ready;
     }
-    let mut writes = Vec::with_capacity(docs.len());
-    let mut positions = Vec::with_capacity(docs.len());
     for (position, body) in docs {
-        match to_write(db, id, body, new_edits).await {
+        match to_write(db, &id, body, new_edits).await {
             Ok(write) => {
-                writes.push(write);
-                positions.push(position);
+                ready.writes.push(write);
+                ready.positions.push(position);
             }
-            Err(err) => rows.push((position, row_error(err))),
+            Err(err) => ready.rows.push((position, row_error(err))),
         }
     }
-    let answers = match db.write_batch(id, &writes).await {
+    ready
+}
+
+/// The rows of one document's writes, from the engine's answers.
+fn answer_rows(
+    id: &str,
+    positions: Vec<usize>,
+    answers: crate::error::Result<Vec<crate::error::Result<Written>>>,
+) -> Vec<(usize, Option<Value>)> {
+    let row_error = |err: CouchError| Some(err.to_row(id));
+    let answers = match answers {
         Ok(answers) => answers,
         Err(err) => {
             let err = CouchError::from(err);
-            return rows.into_iter().chain(positions.into_iter().map(|p| (p, row_error(err.clone())))).collect();
+            return positions.into_iter().map(|p| (p, row_error(err.clone()))).collect();
         }
     };
-    for (position, answer) in positions.into_iter().zip(answers) {
-        rows.push((
-            position,
-            match answer {
+    positions
+        .into_iter()
+        .zip(answers)
+        .map(|(position, answer)| {
+            let row = match answer {
                 Ok(Written::Edited(rev)) => Some(json!({ "ok": true, "id": id, "rev": rev })),
                 Ok(Written::Merged(_)) => None,
                 Err(err) => row_error(super::attachments::write_error(err)),
-            },
-        ));
+            };
+            (position, row)
+        })
+        .collect()
+}
+
+/// Many documents' replicated writes in one [`Database::write_many`] call; a failure of the
+/// whole call answers each of their writes with it.
+async fn write_replicated(db: &Database, chunk: Vec<Ready>) -> Vec<(usize, Option<Value>)> {
+    let mut rows = Vec::new();
+    let mut documents = Vec::with_capacity(chunk.len());
+    let mut positions = Vec::with_capacity(chunk.len());
+    for ready in chunk {
+        rows.extend(ready.rows);
+        if !ready.writes.is_empty() {
+            positions.push(ready.positions);
+            documents.push((ready.id, ready.writes));
+        }
+    }
+    if documents.is_empty() {
+        return rows;
+    }
+    match db.write_many(&documents).await {
+        Ok(answers) => {
+            for ((id, _), (positions, answers)) in documents.iter().zip(positions.into_iter().zip(answers)) {
+                rows.extend(answer_rows(id, positions, answers));
+            }
+        }
+        Err(err) => {
+            let err = CouchError::from(err);
+            for ((id, _), positions) in documents.iter().zip(positions) {
+                rows.extend(positions.into_iter().map(|p| (p, Some(err.to_row(id)))));
+            }
+        }
     }
     rows
 }

@@ -23,9 +23,13 @@ use crate::database::{Database, Databases, Write};
 use crate::error::{Error, ErrorKind, Result};
 use crate::replication_client::{ChangedDoc, CouchClient, FeedPage};
 
-/// Documents of one page written to a local database at once (each document's leaves in one
-/// write of its tree).
+/// Documents of one page made ready at once (their leaves checked, their attachments stored).
 const WRITE_CONCURRENCY: usize = 16;
+/// Documents written in one [`Database::write_many`] call: one batched read and one bulk write
+/// of their records each.
+const DOCUMENTS_PER_WRITE: usize = 100;
+/// `write_many` calls of one page at once (the backend's own calls overlap inside each too).
+const WRITES_AT_ONCE: usize = 4;
 /// Attempts at storing a leaf's attachments against concurrent uploads of the same bytes.
 const PREPARE_ATTEMPTS: u64 = 8;
 /// Open databases a local side keeps (each is a file handle or a client).
@@ -297,9 +301,15 @@ impl Side {
                     }
                 }
                 let database = &database;
-                let failures: Vec<Vec<Value>> = futures::stream::iter(groups)
-                    .map(|(id, docs)| async move { write_group(database, &id, docs).await })
-                    .buffer_unordered(WRITE_CONCURRENCY)
+                let prepared: Vec<Prepared> = futures::stream::iter(groups)
+                    .map(|(id, docs)| async move { prepare_group(database, id, docs).await })
+                    .buffered(WRITE_CONCURRENCY)
+                    .try_collect()
+                    .await?;
+                let chunks: Vec<Vec<Prepared>> = chunked(prepared, DOCUMENTS_PER_WRITE);
+                let failures: Vec<Vec<Value>> = futures::stream::iter(chunks)
+                    .map(|chunk| async move { write_chunk(database, chunk).await })
+                    .buffer_unordered(WRITES_AT_ONCE)
                     .try_collect()
                     .await?;
                 Ok(failures.into_iter().flatten().collect())
@@ -309,17 +319,25 @@ impl Side {
     }
 }
 
-/// The leaves of one document written in one write of its tree. A leaf refused before the write
-/// (a malformed document) is a failure row; an error of the write itself stops the move (the
-/// backend failed, and retrying the page is the safe course).
-async fn write_group(database: &Database, id: &str, docs: Vec<Map<String, Value>>) -> Result<Vec<Value>> {
+/// One document's leaves made ready to write: the writes, the revision each is of, and the
+/// rows of the leaves refused before the write.
+struct Prepared {
+    id: String,
+    writes: Vec<Write>,
+    revs: Vec<String>,
+    failures: Vec<Value>,
+}
+
+/// The leaves of one document checked and their attachments stored. A leaf refused here (a
+/// malformed document) is a failure row; a failure of the store stops the move.
+async fn prepare_group(database: &Database, id: String, docs: Vec<Map<String, Value>>) -> Result<Prepared> {
     let mut failures = Vec::new();
     let mut writes = Vec::with_capacity(docs.len());
     let mut revs = Vec::with_capacity(docs.len());
     for doc in docs {
         let rev = doc.get("_rev").and_then(Value::as_str).unwrap_or("").to_owned();
         let refused = |error: &str, reason: String| json!({ "id": id, "rev": rev, "error": error, "reason": reason });
-        if let Err(refusal) = document::check_id(id) {
+        if let Err(refusal) = document::check_id(&id) {
             failures.push(refused(refusal.error, refusal.reason));
             continue;
         }
@@ -347,13 +365,42 @@ async fn write_group(database: &Database, id: &str, docs: Vec<Map<String, Value>
         writes.push(Write::Replicated { path, deleted: parsed.deleted, body: parsed.body });
         revs.push(rev);
     }
-    if writes.is_empty() {
+    Ok(Prepared { id, writes, revs, failures })
+}
+
+/// `items` in order, in chunks of at most `size`.
+fn chunked<T>(items: Vec<T>, size: usize) -> Vec<Vec<T>> {
+    let mut chunks = Vec::with_capacity(items.len().div_ceil(size.max(1)));
+    let mut items = items.into_iter().peekable();
+    while items.peek().is_some() {
+        chunks.push(items.by_ref().take(size.max(1)).collect());
+    }
+    chunks
+}
+
+/// Many documents' leaves written at once, each document's in one write of its tree
+/// ([`Database::write_many`]); returns the failure rows. An error of a document's write itself
+/// stops the move (the backend failed, and retrying the page is the safe course).
+async fn write_chunk(database: &Database, chunk: Vec<Prepared>) -> Result<Vec<Value>> {
+    let mut failures = Vec::new();
+    let mut documents = Vec::with_capacity(chunk.len());
+    let mut revs = Vec::with_capacity(chunk.len());
+    for prepared in chunk {
+        failures.extend(prepared.failures);
+        if !prepared.writes.is_empty() {
+            revs.push((prepared.id.clone(), prepared.revs));
+            documents.push((prepared.id, prepared.writes));
+        }
+    }
+    if documents.is_empty() {
         return Ok(failures);
     }
-    let answers = database.write_batch(id, &writes).await?;
-    for (answer, rev) in answers.into_iter().zip(revs) {
-        if let Err(err) = answer {
-            failures.push(json!({ "id": id, "rev": rev, "error": err.kind().as_str(), "reason": err.message() }));
+    let answers = database.write_many(&documents).await?;
+    for (answers, (id, revs)) in answers.into_iter().zip(revs) {
+        for (answer, rev) in answers?.into_iter().zip(revs) {
+            if let Err(err) = answer {
+                failures.push(json!({ "id": id, "rev": rev, "error": err.kind().as_str(), "reason": err.message() }));
+            }
         }
     }
     Ok(failures)

@@ -1,0 +1,507 @@
+//! Many documents' writes at once ([`Database::write_many`]): what a replicator's page costs
+//! when each document's write is one read and one save of its own is paid once per page instead.
+//!
+//! The documents' states are read in one batched read (`get_many`, then the local trees of the
+//! ids without a live record), every document's writes are applied in memory exactly as
+//! [`Database::write_batch`] applies them (the same guard, merge, stemming and attachment
+//! resolution), and the saves are grouped:
+//! - a live record whose tree stays live is one write of the record on its revision, and all of
+//!   them go in one `bulk_write` (every adapter checks each item's precondition on its own: the
+//!   embedded store in its transaction, DynamoDB with a conditional put per item, Firestore with
+//!   a precondition per write, CouchDB with each document's `_rev`);
+//! - a document created, or re-created over its tombstone, first writes its local tree on the
+//!   revision read (the compare-and-swap every save from a tombstone is serialized on), and only
+//!   after that its record, in the same one `bulk_write`. A crash between the two leaves what a
+//!   crash inside [`Database::write_batch`] leaves, a half-written document, which the next write
+//!   of it finishes ([`Database::half_written`]);
+//! - anything else (a deletion, a document staying deleted) is saved alone as `write_batch`
+//!   saves it.
+//!
+//! A document whose save met another writer (any failed precondition) is written again alone
+//! through [`Database::write_batch`], which reads it again and retries, so conflicts between
+//! writers are resolved per document exactly as before. The bulk pass takes none of the
+//! per-id write locks: they only spare this process's writers their tries against each other,
+//! and a bulk pass holding most of them would serialize every other writer behind it.
+
+use std::collections::HashSet;
+
+use futures::{StreamExt, TryStreamExt};
+
+use super::{gone_is_conflict, record_of, tree_of, Applied, DocState, Written, TREE_PREFIX};
+use crate::backend::{BulkWrite, Precondition, StoredDocument};
+use crate::database::rev_tree::RevTree;
+use crate::database::{Database, Write};
+use crate::error::{Error, ErrorKind, Result};
+
+/// Local trees read, and documents saved alone, at once.
+const CONCURRENCY: usize = 16;
+
+/// One document's answers: one per write, or the error that stopped its save.
+pub type DocumentAnswers = Result<Vec<Result<Written>>>;
+
+/// A document of the bulk pass whose tree changed, between the read and the save.
+struct Pending {
+    slot: usize,
+    state: Option<DocState>,
+    tree: RevTree,
+    answers: Vec<Result<Written>>,
+}
+
+/// How a saved document fared.
+enum Saved {
+    Done,
+    /// Another writer got in first: written again alone.
+    Conflict,
+    Failed(Error),
+}
+
+impl Saved {
+    fn of<T>(result: Result<T>) -> Saved {
+        match result.map_err(gone_is_conflict) {
+            Ok(_) => Saved::Done,
+            Err(err) if err.kind() == ErrorKind::Conflict => Saved::Conflict,
+            Err(err) => Saved::Failed(err),
+        }
+    }
+}
+
+impl Database {
+    /// Applies each document's writes as [`Database::write_batch`] does, for many documents in
+    /// a few backend calls (see the module's documentation); one answer per document, in order.
+    /// An id given twice has its second group applied after its first. The outer error is for a
+    /// failure of the whole call (the database deleted, a read or a bulk write that failed).
+    pub async fn write_many(&self, documents: &[(String, Vec<Write>)]) -> Result<Vec<DocumentAnswers>> {
+        self.while_open(self.write_many_once_open(documents)).await
+    }
+
+    async fn write_many_once_open(&self, documents: &[(String, Vec<Write>)]) -> Result<Vec<DocumentAnswers>> {
+        let revs_limit = self.revs_limit().await?;
+        let mut results: Vec<Option<DocumentAnswers>> = documents.iter().map(|_| None).collect();
+        // The first group of each id goes in the bulk pass; a repeated id's later groups are
+        // written alone after it, in order.
+        let mut seen = HashSet::new();
+        let (bulk, repeated): (Vec<usize>, Vec<usize>) =
+            (0..documents.len()).partition(|&slot| seen.insert(documents[slot].0.as_str()));
+        let ids: Vec<String> = bulk.iter().map(|&slot| documents[slot].0.clone()).collect();
+        let states = self.read_states(&ids).await?;
+
+        let mut in_bulk: Vec<Pending> = Vec::new();
+        let mut alone: Vec<Pending> = Vec::new();
+        for (slot, state) in bulk.into_iter().zip(states) {
+            let (id, writes) = &documents[slot];
+            // A failure here (the guard's, a read of the tombstone) is this document's alone,
+            // as it is in `write_batch`.
+            let Applied { tree, answers, changed } = match self.applied(id, state.as_ref(), writes, revs_limit).await {
+                Ok(applied) => applied,
+                Err(err) => {
+                    results[slot] = Some(Err(err));
+                    continue;
+                }
+            };
+            // As in `write_batch`: a half-written document is finished even when nothing is new.
+            if !changed {
+                match self.half_written(id, state.as_ref()).await {
+                    Ok(false) => {
+                        results[slot] = Some(Ok(answers));
+                        continue;
+                    }
+                    Ok(true) => {}
+                    Err(err) => {
+                        results[slot] = Some(Err(err));
+                        continue;
+                    }
+                }
+            }
+            let live = tree.winner().is_some_and(|leaf| !leaf.deleted);
+            let pending = Pending { slot, state, tree, answers };
+            if live {
+                in_bulk.push(pending);
+            } else {
+                alone.push(pending);
+            }
+        }
+
+        let mut outcomes: Vec<(Pending, Saved)> = self.save_in_bulk(documents, in_bulk).await?;
+        // Plain loops of futures, not closures in iterator adapters: those trip rustc's
+        // higher-ranked `Send` check where an HTTP handler awaits this.
+        let mut saving = Vec::with_capacity(alone.len());
+        for pending in alone {
+            saving.push(self.save_alone(&documents[pending.slot].0, pending));
+        }
+        let saved_alone: Vec<(Pending, Saved)> = futures::stream::iter(saving).buffered(CONCURRENCY).collect().await;
+        outcomes.extend(saved_alone);
+
+        let mut again = Vec::new();
+        for (pending, saved) in outcomes {
+            let id = documents[pending.slot].0.as_str();
+            match saved {
+                Saved::Done => {
+                    self.saved(id, pending.state.as_ref(), &pending.tree);
+                    results[pending.slot] = Some(Ok(pending.answers));
+                }
+                Saved::Conflict => again.push(pending.slot),
+                Saved::Failed(err) => results[pending.slot] = Some(Err(err)),
+            }
+        }
+        // Met another writer: read again and retried, one document at a time each.
+        let mut retrying = Vec::with_capacity(again.len());
+        for slot in again {
+            let (id, writes) = &documents[slot];
+            retrying.push(async move { (slot, self.write_batch_once_open(id, writes).await) });
+        }
+        let retried: Vec<(usize, DocumentAnswers)> =
+            futures::stream::iter(retrying).buffer_unordered(CONCURRENCY).collect().await;
+        for (slot, answers) in retried {
+            results[slot] = Some(answers);
+        }
+        for slot in repeated {
+            let (id, writes) = &documents[slot];
+            results[slot] = Some(self.write_batch_once_open(id, writes).await);
+        }
+        Ok(results
+            .into_iter()
+            .map(|result| {
+                result.unwrap_or_else(|| Err(Error::new(ErrorKind::Internal, "a document's writes were not answered")))
+            })
+            .collect())
+    }
+
+    /// The states of distinct documents, in order: their records in one batched read, then the
+    /// local trees of those without a live record, several at once.
+    async fn read_states(&self, ids: &[String]) -> Result<Vec<Option<DocState>>> {
+        let records = self.backend.get_many(ids).await?;
+        let mut reading = Vec::with_capacity(ids.len());
+        for (id, record) in ids.iter().zip(records) {
+            reading.push(self.state_of(id, record));
+        }
+        futures::stream::iter(reading).buffered(CONCURRENCY).try_collect().await
+    }
+
+    /// A document's state from its record as read, or else from its local tree.
+    async fn state_of(&self, id: &str, record: Option<StoredDocument>) -> Result<Option<DocState>> {
+        match record {
+            Some(record) => {
+                Ok(Some(DocState { tree: tree_of(&record.body, id)?, record_rev: Some(record.rev), local_rev: None }))
+            }
+            None => self.read_tombstone(id).await,
+        }
+    }
+
+    /// A document saved alone, as `write_batch` saves it.
+    async fn save_alone(&self, id: &str, pending: Pending) -> (Pending, Saved) {
+        let saved = Saved::of(self.save(id, pending.state.as_ref(), &pending.tree).await);
+        (pending, saved)
+    }
+
+    /// Saves documents whose tree is live: the local trees of those without a live record
+    /// first (each on the revision read), then every record in one `bulk_write`.
+    async fn save_in_bulk(
+        &self,
+        documents: &[(String, Vec<Write>)],
+        pending: Vec<Pending>,
+    ) -> Result<Vec<(Pending, Saved)>> {
+        self.check_open()?;
+        let mut outcomes = Vec::with_capacity(pending.len());
+        let mut records = Vec::with_capacity(pending.len());
+        let mut writing = Vec::with_capacity(pending.len());
+        let mut firsts = Vec::with_capacity(pending.len());
+        for pending in pending {
+            firsts.push(self.local_first(&documents[pending.slot].0, pending));
+        }
+        let with_local_first: Vec<(Pending, Saved, Option<BulkWrite>)> =
+            futures::stream::iter(firsts).buffered(CONCURRENCY).collect().await;
+        for (pending, saved, write) in with_local_first {
+            match write {
+                Some(write) => {
+                    records.push(write);
+                    writing.push(pending);
+                }
+                None => outcomes.push((pending, saved)),
+            }
+        }
+        if records.is_empty() {
+            return Ok(outcomes);
+        }
+        let written = self.backend.bulk_write(records).await?;
+        if written.len() != writing.len() {
+            return Err(Error::new(ErrorKind::Internal, "the backend answered a bulk write with too few results"));
+        }
+        outcomes.extend(writing.into_iter().zip(written).map(|(pending, result)| (pending, Saved::of(result))));
+        Ok(outcomes)
+    }
+
+    /// A live tree's record as one write of the bulk write: on the record's revision when it
+    /// is live, else (a creation, a re-creation over a tombstone) once its local tree is
+    /// written on the revision read.
+    async fn local_first(&self, id: &str, pending: Pending) -> (Pending, Saved, Option<BulkWrite>) {
+        let record = match record_of(&pending.tree) {
+            Ok(record) => record,
+            Err(err) => return (pending, Saved::Failed(err), None),
+        };
+        let record_rev = pending.state.as_ref().and_then(|s| s.record_rev.clone());
+        if let Some(rev) = record_rev {
+            let write = BulkWrite { id: id.to_owned(), body: record, precondition: Precondition::MatchRevision(rev) };
+            return (pending, Saved::Done, Some(write));
+        }
+        let precondition = match pending.state.as_ref().and_then(|s| s.local_rev.clone()) {
+            Some(local_rev) => Precondition::MatchRevision(local_rev),
+            None => Precondition::MustNotExist,
+        };
+        let local = self.backend.put_local(&format!("{TREE_PREFIX}{id}"), &record, precondition).await;
+        match Saved::of(local) {
+            Saved::Done => {
+                let write = BulkWrite { id: id.to_owned(), body: record, precondition: Precondition::MustNotExist };
+                (pending, Saved::Done, Some(write))
+            }
+            refused => (pending, refused, None),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    use serde_json::{json, Map, Value};
+
+    use super::*;
+    use crate::backend::embedded::EmbeddedBackend;
+    use crate::backend::{DocumentBackend, Revision};
+    use crate::database::rev_tree::RevPath;
+
+    fn body(value: Value) -> Map<String, Value> {
+        value.as_object().cloned().unwrap_or_default()
+    }
+
+    fn leaf(start: u64, ids: &[&str], deleted: bool, value: Value) -> Write {
+        Write::Replicated {
+            path: RevPath { start, ids: ids.iter().map(|id| (*id).to_owned()).collect() },
+            deleted,
+            body: body(value),
+        }
+    }
+
+    async fn embedded(dir: &tempfile::TempDir, file: &str) -> Arc<dyn DocumentBackend> {
+        Arc::new(EmbeddedBackend::open(&dir.path().join(file)).await.unwrap())
+    }
+
+    /// What an answer says, comparable (errors by kind).
+    fn shown(answers: &DocumentAnswers) -> Vec<std::result::Result<Written, ErrorKind>> {
+        match answers {
+            Ok(answers) => answers.iter().map(|a| a.as_ref().cloned().map_err(Error::kind)).collect(),
+            Err(err) => vec![Err(err.kind())],
+        }
+    }
+
+    /// Documents in every state a save starts from (never written, live, deleted, re-created,
+    /// already known, half a batch refused) and an id given twice.
+    async fn history(database: &Database) {
+        let setup = [
+            ("live", leaf(1, &["a1"], false, json!({"v": 1}))),
+            ("gone", leaf(1, &["g1"], false, json!({"v": 1}))),
+            ("gone", leaf(2, &["g2", "g1"], true, json!({}))),
+            ("known", leaf(1, &["k1"], false, json!({"v": 1}))),
+            ("_design/d", leaf(1, &["d1"], false, json!({"views": {}}))),
+        ];
+        for (id, write) in setup {
+            database.write(id, &write).await.unwrap();
+        }
+    }
+
+    fn page() -> Vec<(String, Vec<Write>)> {
+        vec![
+            ("new".into(), vec![leaf(3, &["n3", "n2", "n1"], false, json!({"v": 3}))]),
+            (
+                "live".into(),
+                vec![leaf(2, &["a2", "a1"], false, json!({"v": 2})), leaf(2, &["b2", "a1"], false, json!({"v": 9}))],
+            ),
+            ("gone".into(), vec![leaf(3, &["g3", "g2", "g1"], false, json!({"back": true}))]),
+            ("known".into(), vec![leaf(1, &["k1"], false, json!({"v": 1}))]),
+            ("deleting".into(), vec![leaf(1, &["x1"], true, json!({}))]),
+            ("live".into(), vec![leaf(3, &["a3", "a2", "a1"], true, json!({}))]),
+            ("_design/d".into(), vec![leaf(2, &["d2", "d1"], false, json!({"views": {"v": {}}}))]),
+            (
+                "guarded".into(),
+                vec![leaf(1, &["ok1"], false, json!({})), leaf(1, &["no1"], false, json!({"forbidden": true}))],
+            ),
+            (
+                "stub".into(),
+                vec![leaf(1, &["s1"], false, json!({"_attachments": {"f": {"stub": true, "digest": "md5-x"}}}))],
+            ),
+        ]
+    }
+
+    /// Refuses every proposed document with `"forbidden": true` (a `validate_doc_update`).
+    struct RefuseForbidden;
+
+    #[async_trait::async_trait]
+    impl crate::database::write_guard::WriteGuard for RefuseForbidden {
+        async fn applies(&self, _: &Database) -> Result<bool> {
+            Ok(true)
+        }
+
+        async fn check(
+            &self,
+            _: &Database,
+            writes: &[crate::database::write_guard::ProposedWrite],
+        ) -> Result<Vec<Option<Error>>> {
+            Ok(writes
+                .iter()
+                .map(|write| {
+                    (write.new_doc.get("forbidden") == Some(&Value::Bool(true)))
+                        .then(|| Error::new(ErrorKind::Forbidden, "forbidden"))
+                })
+                .collect())
+        }
+
+        fn design_changed(&self, _: &Database) {}
+    }
+
+    /// `write_many` answers and stores each document exactly as `write_batch` called once per
+    /// document does, and every changed document reaches the change feed.
+    #[tokio::test]
+    async fn many_documents_are_written_as_one_by_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let guard: Arc<dyn crate::database::write_guard::WriteGuard> = Arc::new(RefuseForbidden);
+        let one_by_one =
+            Database::new("a".into(), embedded(&dir, "a.redb").await).with_write_guard(Some(Arc::clone(&guard)));
+        let bulk = Database::new("b".into(), embedded(&dir, "b.redb").await).with_write_guard(Some(guard));
+        history(&one_by_one).await;
+        history(&bulk).await;
+        let documents = page();
+        let mut expected = Vec::new();
+        for (id, writes) in &documents {
+            expected.push(shown(&one_by_one.write_batch(id, writes).await));
+        }
+        let answers = bulk.write_many(&documents).await.unwrap();
+        assert_eq!(answers.iter().map(shown).collect::<Vec<_>>(), expected);
+        assert!(expected.iter().flatten().any(|a| a == &Err(ErrorKind::Forbidden)), "the guard refused a write");
+        assert!(expected.iter().flatten().filter(|a| a.is_err()).count() >= 2, "a stub naming nothing is refused too");
+        for id in ["new", "live", "gone", "known", "deleting", "_design/d", "guarded", "stub"] {
+            let (a, b) = (one_by_one.read(id).await.unwrap(), bulk.read(id).await.unwrap());
+            assert_eq!(a.map(|s| s.tree), b.map(|s| s.tree), "{id}");
+        }
+        let feed: HashSet<String> =
+            bulk.backend().changes(None, 100).await.unwrap().changes.into_iter().map(|c| c.id).collect();
+        for id in ["new", "live", "gone", "known", "deleting", "_design/d", "guarded"] {
+            assert!(feed.contains(id), "{id} is in the feed");
+        }
+        let live = bulk.read("live").await.unwrap().unwrap().tree;
+        assert!(live.leaf("3-a3").is_some_and(|leaf| leaf.deleted), "the repeated id's group was applied after");
+    }
+
+    /// The revisions stored beyond `revs_limit` are stemmed in the bulk path too.
+    #[tokio::test]
+    async fn revs_limit_stems_bulk_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let database = Database::new("d".into(), embedded(&dir, "d.redb").await);
+        database.update_settings(|settings| settings.revs_limit = 2).await.unwrap();
+        let documents = vec![("doc".to_owned(), vec![leaf(4, &["r4", "r3", "r2", "r1"], false, json!({}))])];
+        database.write_many(&documents).await.unwrap();
+        let tree = database.read("doc").await.unwrap().unwrap().tree;
+        let winner = tree.winner().unwrap();
+        assert_eq!(winner.path.revs(), ["4-r4", "3-r3"]);
+    }
+
+    /// A backend on which another writer changes `target` just before a bulk write lands.
+    struct Interloper {
+        inner: Arc<dyn DocumentBackend>,
+        target: String,
+        armed: AtomicBool,
+    }
+
+    #[async_trait::async_trait]
+    impl crate::backend::raw::layer::Layered for Interloper {
+        fn inner(&self) -> &dyn DocumentBackend {
+            self.inner.as_ref()
+        }
+
+        async fn bulk_write(&self, writes: Vec<BulkWrite>) -> Result<Vec<Result<Revision>>> {
+            if self.armed.swap(false, Ordering::SeqCst) {
+                let other = Database::new("other".into(), Arc::clone(&self.inner));
+                other.write(&self.target, &leaf(2, &["other2", "o1"], false, json!({"by": "other"}))).await?;
+            }
+            self.inner.bulk_write(writes).await
+        }
+    }
+
+    /// A document another writer changed between the bulk read and the bulk save is read again
+    /// and written alone: both writers' leaves are kept, the other documents of the page saved.
+    #[tokio::test]
+    async fn a_concurrent_writer_is_retried_per_document() {
+        let dir = tempfile::tempdir().unwrap();
+        let inner = embedded(&dir, "d.redb").await;
+        let layer = Arc::new(Interloper { inner, target: "doc".into(), armed: AtomicBool::new(false) });
+        let database = Database::new("d".into(), layer.clone());
+        database.write("doc", &leaf(1, &["o1"], false, json!({}))).await.unwrap();
+        layer.armed.store(true, Ordering::SeqCst);
+        let documents = vec![
+            ("doc".to_owned(), vec![leaf(2, &["mine2", "o1"], false, json!({"by": "me"}))]),
+            ("fresh".to_owned(), vec![leaf(1, &["f1"], false, json!({}))]),
+        ];
+        let answers = database.write_many(&documents).await.unwrap();
+        assert!(answers.iter().all(|a| a.as_ref().is_ok_and(|a| a.iter().all(Result::is_ok))), "{answers:?}");
+        assert!(!layer.armed.load(Ordering::SeqCst), "the other writer did write");
+        let tree = database.read("doc").await.unwrap().unwrap().tree;
+        let mut leaves: Vec<String> = tree.leaves().iter().map(|leaf| leaf.rev()).collect();
+        leaves.sort();
+        assert_eq!(leaves, ["2-mine2", "2-other2"]);
+        assert!(database.read("fresh").await.unwrap().is_some());
+    }
+
+    /// A backend whose next bulk write fails before writing, as a process killed between a
+    /// page's local trees and its records would leave it.
+    struct CrashBeforeRecords {
+        inner: Arc<dyn DocumentBackend>,
+        armed: AtomicBool,
+    }
+
+    #[async_trait::async_trait]
+    impl crate::backend::raw::layer::Layered for CrashBeforeRecords {
+        fn inner(&self) -> &dyn DocumentBackend {
+            self.inner.as_ref()
+        }
+
+        async fn bulk_write(&self, writes: Vec<BulkWrite>) -> Result<Vec<Result<Revision>>> {
+            if self.armed.swap(false, Ordering::SeqCst) {
+                return Err(Error::new(ErrorKind::Unavailable, "killed"));
+            }
+            self.inner.bulk_write(writes).await
+        }
+    }
+
+    /// A bulk save cut short after the local trees leaves every new document readable with its
+    /// whole tree (never half a document), and writing the page again finishes them into the
+    /// feed, as a resumed migration does.
+    #[tokio::test]
+    async fn a_bulk_save_cut_short_is_finished_by_writing_the_page_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let inner = embedded(&dir, "d.redb").await;
+        let layer = Arc::new(CrashBeforeRecords { inner, armed: AtomicBool::new(true) });
+        let database = Database::new("d".into(), layer.clone());
+        let documents: Vec<(String, Vec<Write>)> = (0..5)
+            .map(|n| {
+                (
+                    format!("doc{n}"),
+                    vec![leaf(2, &["b", "a"], false, json!({"n": n})), leaf(2, &["c", "a"], false, json!({}))],
+                )
+            })
+            .collect();
+        assert!(database.write_many(&documents).await.is_err(), "the first save is cut short");
+        for (id, _) in &documents {
+            let state = database.read(id).await.unwrap().expect("the tree was written");
+            assert_eq!(state.tree.leaves().len(), 2, "{id}: both leaves or none");
+            assert!(database.half_written(id, Some(&state)).await.unwrap());
+        }
+        assert!(database.backend().changes(None, 10).await.unwrap().changes.is_empty());
+        let answers = database.write_many(&documents).await.unwrap();
+        assert!(answers.iter().all(|a| a.as_ref().is_ok_and(|a| a.iter().all(Result::is_ok))));
+        let feed = database.backend().changes(None, 10).await.unwrap().changes;
+        assert_eq!(feed.len(), documents.len(), "every document reaches the feed once finished");
+        for (id, _) in &documents {
+            let state = database.read(id).await.unwrap();
+            assert!(!database.half_written(id, state.as_ref()).await.unwrap());
+        }
+    }
+}
