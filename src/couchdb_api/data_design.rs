@@ -382,15 +382,7 @@ fn check_body(body: &Map<String, Value>) -> CouchResult<()> {
 /// `COPY /{db}/_design/{name}` with `Destination: _design/{target}` (or `…?rev=R`): only to
 /// another design document, since a data document's id is made of its fields.
 async fn copy(state: &CouchState, name: &str, params: &HashMap<String, String>, headers: &HeaderMap) -> Answer {
-    let destination = headers
-        .get("destination")
-        .and_then(|v| v.to_str().ok())
-        .ok_or_else(|| CouchError::bad_request("Destination header is mandatory for COPY."))?;
-    let (target, target_rev) = match destination.split_once("?rev=") {
-        Some((target, rev)) => (target, Some(rev.to_owned())),
-        None => (destination, None),
-    };
-    let target = percent_decode_str(target).decode_utf8_lossy().into_owned();
+    let (target, target_rev) = super::request::copy_destination(headers)?;
     let Some(target_name) = target.strip_prefix("_design/").filter(|name| !name.is_empty()) else {
         return Err(CouchError::forbidden(format!(
             "{target:?} is not a design document: a design document is copied only to another one here"

@@ -218,6 +218,20 @@ fn content_encoding(headers: &HeaderMap) -> CouchResult<Encoding> {
 }
 
 /// Whether the request says its body is JSON (CouchDB demands it where it validates the type).
+/// A `COPY` request's `Destination` header: the target id (percent-decoded) and the revision it
+/// names with `?rev=`, if any (400 when the header is missing, as CouchDB).
+pub fn copy_destination(headers: &HeaderMap) -> CouchResult<(String, Option<String>)> {
+    let destination = headers
+        .get("destination")
+        .and_then(|v| v.to_str().ok())
+        .ok_or_else(|| CouchError::bad_request("Destination header is mandatory for COPY."))?;
+    let (target, target_rev) = match destination.split_once("?rev=") {
+        Some((target, rev)) => (target, Some(rev.to_owned())),
+        None => (destination, None),
+    };
+    Ok((percent_encoding::percent_decode_str(target).decode_utf8_lossy().into_owned(), target_rev))
+}
+
 pub fn require_json_content_type(headers: &HeaderMap) -> CouchResult<()> {
     let is_json = headers
         .get(header::CONTENT_TYPE)
@@ -333,6 +347,16 @@ mod tests {
     use super::*;
     use flate2::write::GzEncoder;
     use std::io::Write;
+
+    #[test]
+    fn copy_destinations_are_read_as_couchdb_reads_them() {
+        let mut headers = HeaderMap::new();
+        assert_eq!(copy_destination(&headers).map_err(|e| e.status.as_u16()), Err(400));
+        headers.insert("destination", "_design/b%2Fc".parse().unwrap());
+        assert_eq!(copy_destination(&headers).ok(), Some(("_design/b/c".to_owned(), None)));
+        headers.insert("destination", "target?rev=2-abc".parse().unwrap());
+        assert_eq!(copy_destination(&headers).ok(), Some(("target".to_owned(), Some("2-abc".to_owned()))));
+    }
 
     fn gzip(bytes: &[u8]) -> Vec<u8> {
         let mut encoder = GzEncoder::new(Vec::new(), flate2::Compression::default());

@@ -523,15 +523,7 @@ async fn copy_document(
     params: &HashMap<String, String>,
     headers: &HeaderMap,
 ) -> Answer {
-    let destination = headers
-        .get("destination")
-        .and_then(|v| v.to_str().ok())
-        .ok_or_else(|| CouchError::bad_request("Destination header is mandatory for COPY."))?;
-    let (target, target_rev) = match destination.split_once("?rev=") {
-        Some((target, rev)) => (target, Some(rev.to_owned())),
-        None => (destination, None),
-    };
-    let target = percent_encoding::percent_decode_str(target).decode_utf8_lossy().into_owned();
+    let (target, target_rev) = crate::couchdb_api::request::copy_destination(headers)?;
     check_id(&target).map_err(refused)?;
     access.check_write(&target)?;
     let Some(state) = db.read(id).await? else { return Err(CouchError::not_found("missing")) };
