@@ -416,8 +416,18 @@ async fn kill_9_in_copy_and_follow() -> TestResult {
     check(follower.try_wait().map_err(|e| e.to_string())?.is_none(), || "the follower ended by itself".into())?;
     follower.kill().map_err(|e| e.to_string())?;
     let _ = follower.wait();
-    let mut follower = spawn(dir.path(), &follow)?;
+    let follower_report = dir.path().join("follower-report.json");
+    let mut follower = agentstore(dir.path())
+        .args(&follow)
+        .stdout(std::fs::File::create(&follower_report).map_err(|e| e.to_string())?)
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| e.to_string())?;
     tokio::time::sleep(Duration::from_millis(1500)).await;
+    // `_security` is not in the feed: the follower must notice a change by asking again.
+    let security = json!({ "admins": { "names": [], "roles": [] }, "members": { "names": ["changed-while-following"], "roles": [] } });
+    ok(reqwest::Method::PUT, &format!("{source}/{}/_security", dbs[0]), Some(security.clone())).await?;
+    tokio::time::sleep(Duration::from_millis(6500)).await;
     stop.store(true, Ordering::Relaxed);
     let mut written = 0;
     for writer in writers {
@@ -428,6 +438,12 @@ async fn kill_9_in_copy_and_follow() -> TestResult {
     unsafe { libc::kill(follower.id() as i32, libc::SIGTERM) };
     let code = wait(&mut follower, Duration::from_secs(30)).await?;
     check(code == Some(0), || format!("the follower exited {code:?} on SIGTERM"))?;
+    let report: Value = serde_json::from_slice(&std::fs::read(&follower_report).map_err(|e| e.to_string())?)
+        .map_err(|e| format!("the follower's report: {e}"))?;
+    let followed = report["databases"].as_array().and_then(|all| all.iter().find(|d| d["name"] == dbs[0].as_str()));
+    check(followed.is_some_and(|d| d["settings_updated"] == 1 && d["security"] == security), || {
+        format!("the follower did not copy the changed _security: {followed:?}")
+    })?;
     let (code, report) =
         run(dir.path(), &migrate_args(&source, &target, &pattern, &checkpoint, &["--until-caught-up"]))?;
     check_complete(&report, code, 4)?;

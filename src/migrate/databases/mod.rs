@@ -26,6 +26,8 @@
 //! again each pass, so one created at the source meanwhile is created and copied. A database that
 //! has a checkpoint but is gone from the source is reported; it is deleted at the target only
 //! with `--delete-missing`. `--until-caught-up` makes one more pass after the copy and stops.
+//! `_security` and `_revs_limit` are not in the feed: following reads them again every
+//! [`SETTINGS_INTERVAL`] (and on the last pass of `--until-caught-up`) and copies a change.
 
 pub mod checkpoint;
 pub mod side;
@@ -47,6 +49,7 @@ use crate::backend::catalog::DbName;
 use crate::error::{Error, Result};
 use crate::replication_client::FeedPage;
 use checkpoint::{Checkpoints, Counts, DbCheckpoint, MoveIdentity};
+use side::Settings;
 pub use side::Side;
 use verify::VerifyReport;
 
@@ -56,6 +59,10 @@ pub const DEFAULT_DATABASES_AT_ONCE: usize = 4;
 const POLL_INTERVAL: Duration = Duration::from_millis(500);
 /// How often progress is printed.
 const PROGRESS_INTERVAL: Duration = Duration::from_secs(2);
+/// How often `--follow` reads each database's `_security` and `_revs_limit` again: they change
+/// outside the feed, so only asking tells; every 0.5 s pass asking would double an idle
+/// follow's requests.
+const SETTINGS_INTERVAL: Duration = Duration::from_secs(5);
 
 /// What `local_documents` says in every report.
 pub const LOCAL_DOCUMENTS: &str = "not copied: they are peers' replication checkpoints, naming positions in the \
@@ -164,9 +171,12 @@ pub struct DbReport {
     pub created: bool,
     /// Whether the source feed was read to its end (by this run or one before).
     pub copied: bool,
-    /// The settings copied: `_security` and, where the source knows it, `_revs_limit`.
+    /// The settings copied: `_security` and, where the source knows it, `_revs_limit` (the last
+    /// ones, when following copied a change).
     pub security: Value,
     pub revs_limit: Option<u64>,
+    /// Changes of those settings at the source that following copied after the first copy.
+    pub settings_updated: u64,
     /// This run's work.
     pub this_run: Counts,
     /// Every run's work.
@@ -306,6 +316,8 @@ pub async fn run(source: Side, target: Side, options: MoveOptions, stop: StopSig
         deleted_at_source: Vec::new(),
         deleted_at_target: Vec::new(),
         passes: 0,
+        settings_copied: Mutex::new(BTreeMap::new()),
+        settings_checked: None,
     };
     let outcome = mover.run_passes().await;
     if let Some(ticker) = ticker {
@@ -362,12 +374,16 @@ struct Mover {
     deleted_at_source: Vec<String>,
     deleted_at_target: Vec<String>,
     passes: u64,
+    /// The settings this run last wrote at the target, per database.
+    settings_copied: Mutex<BTreeMap<String, Settings>>,
+    /// When the settings were last read from the source.
+    settings_checked: Option<Instant>,
 }
 
 impl Mover {
     /// The copy pass, then following as asked.
     async fn run_passes(&mut self) -> Result<MoveStatus> {
-        if !self.pass().await? {
+        if !self.pass(true).await? {
             return Ok(MoveStatus::Interrupted);
         }
         match self.options.follow {
@@ -375,7 +391,7 @@ impl Mover {
             FollowMode::UntilCaughtUp => {
                 // The copy pass read every feed to its end after this run began: one more pass
                 // takes what came during the copy and databases created meanwhile.
-                if !self.pass().await? {
+                if !self.pass(true).await? {
                     return Ok(MoveStatus::Interrupted);
                 }
             }
@@ -385,7 +401,8 @@ impl Mover {
                     _ = stop.raised() => return Ok(MoveStatus::Stopped),
                     _ = tokio::time::sleep(POLL_INTERVAL) => {}
                 }
-                if !self.pass().await? {
+                let settings_due = self.settings_checked.is_none_or(|at| at.elapsed() >= SETTINGS_INTERVAL);
+                if !self.pass(settings_due).await? {
                     return Ok(MoveStatus::Stopped);
                 }
             },
@@ -393,10 +410,14 @@ impl Mover {
         Ok(MoveStatus::Complete)
     }
 
-    /// One pass over every selected database; `false` when stopped before it ended.
-    async fn pass(&mut self) -> Result<bool> {
+    /// One pass over every selected database, reading their settings again when
+    /// `settings_due`; `false` when stopped before it ended.
+    async fn pass(&mut self, settings_due: bool) -> Result<bool> {
         self.passes += 1;
         let first = self.passes == 1;
+        if settings_due {
+            self.settings_checked = Some(Instant::now());
+        }
         let names: Vec<String> =
             self.source.list().await?.into_iter().filter(|name| self.options.selection.admits(name)).collect();
         self.board.selected_dbs.store(names.len() as u64, Ordering::Relaxed);
@@ -418,7 +439,7 @@ impl Mover {
         let this = &*self;
         let results: Vec<(String, Result<(DbReport, bool)>)> = futures::stream::iter(names)
             .map(|name| async move {
-                let result = this.copy_database(&name, first).await;
+                let result = this.copy_database(&name, first, settings_due).await;
                 (name, result)
             })
             .buffer_unordered(this.options.databases_at_once.max(1))
@@ -434,6 +455,11 @@ impl Mover {
                 Some(existing) => {
                     existing.created |= report.created;
                     existing.copied = report.copied;
+                    if report.settings_updated > 0 {
+                        existing.security = report.security;
+                        existing.revs_limit = report.revs_limit;
+                        existing.settings_updated += report.settings_updated;
+                    }
                     existing.this_run.add(&report.this_run);
                     existing.all_runs = report.all_runs;
                     let room = self.options.max_issues.saturating_sub(existing.failures.len());
@@ -459,19 +485,37 @@ impl Mover {
         Ok(Fetched { page, leaves })
     }
 
+    /// Copies the database's settings when this run has not, or when they changed at the source
+    /// since this run copied them; whether they were written.
+    async fn copy_settings(&self, db: &str, report: &mut DbReport) -> Result<bool> {
+        let settings = self.source.settings(db).await?;
+        let known = self.settings_copied.lock().ok().and_then(|copied| copied.get(db).cloned());
+        if known.as_ref() == Some(&settings) {
+            return Ok(false);
+        }
+        self.target.put_settings(db, &settings).await?;
+        report.security = settings.security.clone();
+        report.revs_limit = settings.revs_limit;
+        if let Ok(mut copied) = self.settings_copied.lock() {
+            copied.insert(db.to_owned(), settings);
+        }
+        Ok(known.is_some())
+    }
+
     /// Copies one database from its checkpoint to the end of its source feed; the report of this
-    /// pass and whether it got to the end (not stopped).
-    async fn copy_database(&self, db: &str, first: bool) -> Result<(DbReport, bool)> {
+    /// pass and whether it got to the end (not stopped). Its settings are copied on the first
+    /// pass, and on a later one (`settings_due`) when they changed at the source.
+    async fn copy_database(&self, db: &str, first: bool, settings_due: bool) -> Result<(DbReport, bool)> {
         let mut state: DbCheckpoint = self.checkpoints.load(db)?;
         let mut report = DbReport { name: db.to_owned(), ..DbReport::default() };
         if first || !state.prepared {
             report.created = self.target.ensure(db).await?;
-            let settings = self.source.settings(db).await?;
-            self.target.put_settings(db, &settings).await?;
-            report.security = settings.security;
-            report.revs_limit = settings.revs_limit;
+            self.copy_settings(db, &mut report).await?;
             state.prepared = true;
             self.checkpoints.save(db, &state)?;
+        } else if settings_due && self.copy_settings(db, &mut report).await? {
+            report.settings_updated = 1;
+            tracing::info!(database = db, "copied a change of _security or _revs_limit at the source");
         }
         let expected = match state.copied {
             true => 0,
