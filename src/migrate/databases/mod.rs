@@ -7,10 +7,32 @@
 //!
 //! **How one database is copied.** The replication protocol's loop, with each end a [`Side`]:
 //! read a page of the source feed with every leaf (`style=all_docs`); ask the target which of
-//! those leaves it lacks (`_revs_diff`); read those leaves from the source with their ancestry
-//! and attachment bytes (`_bulk_get?revs=true&attachments=true`); write them to the target as
-//! replicated revisions (`new_edits: false`); then record the feed position after the page in
-//! the database's checkpoint. While a page is written the next one is read.
+//! those leaves it lacks (`_revs_diff`); read those leaves from the source with their ancestry,
+//! attachments as stubs (`_bulk_get?revs=true`); write them to the target as replicated
+//! revisions (`new_edits: false`), their attachments' bytes fetched as below; then record the
+//! feed position after the page in the database's checkpoint. While a page is written the next
+//! one is read (stubs only).
+//!
+//! **Memory.** Attachment bytes are never gathered per page. A leaf without attachments is
+//! written as read. A leaf whose attachments add up to at most [`INLINE_ATTACHMENT_BYTES`]
+//! (256 KiB) travels inline: such leaves are read again with their bytes as base64
+//! (`_bulk_get?attachments=true`) and written in groups of at most [`INLINE_GROUP_BYTES`] (4 MiB)
+//! of attachment bytes, one group at a time. Every other leaf is written on its own with its
+//! attachments streamed one at a time from the source to the target
+//! ([`Side::write_leaf_streamed`]), a chunk at a time (the store's chunk, 256 KiB to 1 MiB, or
+//! what the connection hands over). So a database being copied holds at most one inline group
+//! (its base64 text, parsed JSON and request body: about 5 × 4 MiB) plus one streamed chunk,
+//! plus the page of stubs being written and the next one read, whatever the attachments' sizes;
+//! the whole move holds that times `--databases-at-once` (4 by default: about 100 MiB at most,
+//! with the process's own 30 to 60 MiB). One exception: when the target is a CouchDB-protocol
+//! server, a leaf with an attachment whose name pouchdb-server's multipart reader would change
+//! (a backslash, `%22`, `&#`, a control character) travels inline whatever its size.
+//!
+//! **Too large.** An attachment longer than the target takes (a backend's
+//! `couchdb_max_attachment_bytes`, checked from the stub before any byte moves; a server's 413)
+//! refuses its leaf with a failure row naming it (`attachment_too_large`), as does one whose bytes
+//! are not as long as its stub says or whose digest differs; the move goes on, and ends with
+//! exit status 7.
 //!
 //! **Crashes.** A checkpoint moves only after its page is written, so after `kill -9` the pages
 //! since are read again; the target then lacks nothing of what was written (`_revs_diff`), and a
@@ -52,6 +74,10 @@ use verify::VerifyReport;
 
 /// Databases copied at once by default.
 pub const DEFAULT_DATABASES_AT_ONCE: usize = 4;
+/// A leaf whose attachments add up to at most this many bytes travels inline (base64 in JSON).
+pub const INLINE_ATTACHMENT_BYTES: u64 = 256 << 10;
+/// Attachment bytes (as the stubs count them) of the inline leaves read and written at once.
+pub const INLINE_GROUP_BYTES: u64 = 4 << 20;
 /// The pause between two passes of `--follow` that found nothing to do.
 const POLL_INTERVAL: Duration = Duration::from_millis(500);
 /// How often progress is printed.
@@ -262,10 +288,87 @@ impl Board {
     }
 }
 
-/// One page read from the source and what of it the target lacks.
+/// One page read from the source and what of it the target lacks, as stubs.
 struct Fetched {
     page: FeedPage,
     leaves: Vec<Map<String, Value>>,
+}
+
+/// How a leaf's attachments travel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Travel {
+    /// No attachments: the leaf as read.
+    Plain,
+    /// Inline, read again with its bytes; the bytes its attachments add up to.
+    Inline(u64),
+    /// Each attachment streamed on its own.
+    Streamed,
+}
+
+/// The attachment bytes a stub (or an inline attachment) stands for; `None` when it says not.
+fn attachment_length(attachment: &Value) -> Option<u64> {
+    attachment
+        .get("length")
+        .and_then(Value::as_u64)
+        .or_else(|| attachment.get("data").and_then(Value::as_str).map(|data| data.len() as u64 / 4 * 3))
+}
+
+/// How `leaf` (read as stubs) travels to a target of this kind (module doc, "Memory").
+fn travel(leaf: &Map<String, Value>, remote_target: bool) -> Travel {
+    let Some(Value::Object(attachments)) = leaf.get("_attachments") else { return Travel::Plain };
+    if attachments.is_empty() {
+        return Travel::Plain;
+    }
+    // An attachment that does not say its length is counted as a whole inline share.
+    let bytes: u64 = attachments
+        .values()
+        .map(|a| attachment_length(a).unwrap_or(INLINE_ATTACHMENT_BYTES))
+        .fold(0, u64::saturating_add);
+    let streamable = attachments.values().all(|a| a.get("length").and_then(Value::as_u64).is_some())
+        && (!remote_target || side::can_stream(leaf));
+    if bytes <= INLINE_ATTACHMENT_BYTES || !streamable {
+        Travel::Inline(bytes)
+    } else {
+        Travel::Streamed
+    }
+}
+
+/// A page's leaves sorted by how they travel: those without attachments, the inline ones in
+/// groups of at most [`INLINE_GROUP_BYTES`] (as `(id, revs)` to read again), the streamed ones.
+#[derive(Debug, Default)]
+struct Plan {
+    plain: Vec<Map<String, Value>>,
+    inline_groups: Vec<Vec<(String, Vec<String>)>>,
+    streamed: Vec<Map<String, Value>>,
+}
+
+fn plan(leaves: Vec<Map<String, Value>>, remote_target: bool) -> Plan {
+    let mut plan = Plan::default();
+    let mut group: Vec<(String, Vec<String>)> = Vec::new();
+    let mut group_bytes = 0u64;
+    for leaf in leaves {
+        match travel(&leaf, remote_target) {
+            Travel::Plain => plan.plain.push(leaf),
+            Travel::Streamed => plan.streamed.push(leaf),
+            Travel::Inline(bytes) => {
+                if !group.is_empty() && group_bytes.saturating_add(bytes) > INLINE_GROUP_BYTES {
+                    plan.inline_groups.push(std::mem::take(&mut group));
+                    group_bytes = 0;
+                }
+                group_bytes = group_bytes.saturating_add(bytes);
+                let text = |field: &str| leaf.get(field).and_then(Value::as_str).unwrap_or_default().to_owned();
+                let (id, rev) = (text("_id"), text("_rev"));
+                match group.last_mut() {
+                    Some((last, revs)) if *last == id => revs.push(rev),
+                    _ => group.push((id, vec![rev])),
+                }
+            }
+        }
+    }
+    if !group.is_empty() {
+        plan.inline_groups.push(group);
+    }
+    plan
 }
 
 /// Runs a move until it is done, stopped by `stop`, or (following forever) stopped.
@@ -455,8 +558,24 @@ impl Mover {
         }
         let wanted: Vec<(String, Vec<String>)> = page.docs.iter().map(|d| (d.id.clone(), d.leaves.clone())).collect();
         let missing = self.target.missing(db, &wanted).await?;
-        let leaves = self.source.read_leaves(db, &missing, true).await?;
+        let leaves = self.source.read_leaves(db, &missing, false).await?;
         Ok(Fetched { page, leaves })
+    }
+
+    /// Writes a page's leaves (read as stubs) to the target, their attachments' bytes moved as
+    /// the module doc's "Memory" says; the refusal rows.
+    async fn write_page(&self, db: &str, leaves: Vec<Map<String, Value>>) -> Result<Vec<Value>> {
+        let plan = plan(leaves, matches!(self.target, Side::Remote(_)));
+        let mut failures =
+            if plan.plain.is_empty() { Vec::new() } else { self.target.write_leaves(db, plan.plain).await? };
+        for group in plan.inline_groups {
+            let docs = self.source.read_leaves(db, &group, true).await?;
+            failures.extend(self.target.write_leaves(db, docs).await?);
+        }
+        for leaf in plan.streamed {
+            failures.extend(self.target.write_leaf_streamed(db, leaf, &self.source).await?);
+        }
+        Ok(failures)
     }
 
     /// Copies one database from its checkpoint to the end of its source feed; the report of this
@@ -490,14 +609,11 @@ impl Mover {
             for leaf in &leaves {
                 if let Some(Value::Object(attachments)) = leaf.get("_attachments") {
                     counts.attachments += attachments.len() as u64;
-                    counts.attachment_bytes += attachments
-                        .values()
-                        .map(|a| a.get("data").and_then(Value::as_str).map_or(0, |d| d.len() as u64 * 3 / 4))
-                        .sum::<u64>();
+                    counts.attachment_bytes += attachments.values().filter_map(attachment_length).sum::<u64>();
                 }
             }
             let stopping = self.stop.is_raised();
-            let write = self.target.write_leaves(db, leaves);
+            let write = self.write_page(db, leaves);
             let failures = if page.at_end || stopping {
                 write.await?
             } else {
