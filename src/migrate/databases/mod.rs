@@ -659,4 +659,50 @@ mod tests {
         let everything = Selection::default();
         assert!(everything.admits("a/b") && !everything.admits("_users") && !everything.admits("_replicator"));
     }
+
+    fn leaf(id: &str, rev: &str, attachments: Value) -> Map<String, Value> {
+        let mut leaf = Map::new();
+        leaf.insert("_id".into(), Value::from(id));
+        leaf.insert("_rev".into(), Value::from(rev));
+        if !attachments.is_null() {
+            leaf.insert("_attachments".into(), attachments);
+        }
+        leaf
+    }
+
+    fn stub(length: u64) -> Value {
+        serde_json::json!({"content_type": "application/octet-stream", "revpos": 1, "digest": "md5-x", "length": length, "stub": true})
+    }
+
+    /// Leaves without attachments go as read; small ones inline in groups of at most
+    /// INLINE_GROUP_BYTES (a document's leaves side by side); larger ones streamed; a name
+    /// pouchdb-server would change keeps a leaf inline only for a server target.
+    #[test]
+    fn leaves_travel_by_their_attachments_sizes() {
+        let small = INLINE_ATTACHMENT_BYTES / 2;
+        let leaves = vec![
+            leaf("plain", "1-a", Value::Null),
+            leaf("s1", "1-a", serde_json::json!({"a": stub(small), "b": stub(small)})),
+            leaf("s1", "2-b", serde_json::json!({"a": stub(small)})),
+            leaf("big", "1-a", serde_json::json!({"a": stub(small), "b": stub(small + 1)})),
+            leaf("odd", "1-a", serde_json::json!({"x\\y": stub(INLINE_ATTACHMENT_BYTES * 4)})),
+        ];
+        let local = plan(leaves.clone(), false);
+        assert_eq!(local.plain.len(), 1);
+        assert_eq!(local.inline_groups, vec![vec![("s1".to_owned(), vec!["1-a".to_owned(), "2-b".to_owned()])]]);
+        let streamed: Vec<&Value> = local.streamed.iter().map(|l| &l["_id"]).collect();
+        assert_eq!(streamed, vec!["big", "odd"]);
+        let remote = plan(leaves, true);
+        assert_eq!(remote.streamed.len(), 1);
+        assert_eq!(remote.inline_groups.concat().len(), 2);
+
+        // Groups close before they pass INLINE_GROUP_BYTES of attachment bytes.
+        let many: Vec<Map<String, Value>> = (0..40)
+            .map(|i| leaf(&format!("d{i}"), "1-a", serde_json::json!({"a": stub(INLINE_ATTACHMENT_BYTES)})))
+            .collect();
+        let grouped = plan(many, false);
+        let per_group = (INLINE_GROUP_BYTES / INLINE_ATTACHMENT_BYTES) as usize;
+        assert_eq!(grouped.inline_groups.len(), 40usize.div_ceil(per_group));
+        assert!(grouped.inline_groups.iter().all(|group| group.len() <= per_group));
+    }
 }

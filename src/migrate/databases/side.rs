@@ -655,3 +655,27 @@ async fn inline_attachments(
     doc.insert(ATTACHMENTS.into(), Value::Object(shown));
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn collected(chunks: &[&'static [u8]], length: u64) -> Vec<Result<usize>> {
+        let part = AttachmentPart { name: "a.bin".into(), content_type: DEFAULT_CONTENT_TYPE.into(), length };
+        let chunks: Vec<Result<Bytes>> = chunks.iter().map(|c| Ok(Bytes::from_static(c))).collect();
+        let source = futures::stream::iter(chunks).boxed();
+        futures::executor::block_on(exact_length(source, &part).map(|item| item.map(|b| b.len())).collect())
+    }
+
+    /// Bytes pass as they come when as long as the stub says; more or fewer end in an error.
+    #[test]
+    fn streams_are_held_to_the_stubs_length() {
+        let exact = collected(&[b"abc", b"de"], 5);
+        assert_eq!(exact.iter().map(|r| *r.as_ref().unwrap()).collect::<Vec<_>>(), vec![3, 2]);
+        let long = collected(&[b"abc", b"def"], 5);
+        assert!(long[1].as_ref().is_err_and(|e| e.kind() == ErrorKind::Corrupt));
+        let short = collected(&[b"abc"], 5);
+        assert_eq!(short.len(), 2);
+        assert!(short[1].as_ref().is_err_and(|e| e.message().contains("sent 3 bytes")));
+    }
+}
