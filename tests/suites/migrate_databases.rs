@@ -58,6 +58,12 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         );
     }
     trials.push(
+        Trial::test("migrate_databases::large_attachments::through_agentstore_couchdb_face", || {
+            block_on(large_attachments_through_face())
+        })
+        .with_ignored_flag(!(couch && selected.contains(&"embedded"))),
+    );
+    trials.push(
         Trial::test("migrate_databases::large_attachments::kill_9_mid_attachment_then_resume", || {
             block_on(kill_9_mid_attachment())
         })
@@ -632,4 +638,69 @@ async fn too_large_is_refused() -> TestResult {
     check(code == 6, || format!("verify exited {code}: {report}"))?;
     let db_report = &report["databases"][0];
     check(db_report["missing_at_target"] == 2 && db_report["different"] == 0, || format!("verify: {report}"))
+}
+
+/// An `agentstore serve --couchdb-listen` over a fresh embedded store, stopped (SIGKILL) when
+/// dropped.
+struct Face {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Face {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_face(dir: &Path) -> Result<Face, String> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| format!("no free port: {e}"))?;
+    let store = format!("embedded:{}", dir.join("face.redb").display());
+    let child = agentstore(dir)
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--couchdb-listen",
+            &format!("127.0.0.1:{port}"),
+            "--backend",
+            &store,
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot start agentstore serve: {e}"))?;
+    let face = Face { child, url: format!("http://127.0.0.1:{port}") };
+    let started = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if started.elapsed() > Duration::from_secs(30) {
+            return Err("agentstore serve --couchdb-listen did not start".into());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(face)
+}
+
+/// Large attachments through agentstore's own CouchDB face both ways: into it as multipart
+/// `PUT ?new_edits=false`, out of it as `GET /{db}/{doc}/{name}?rev=`; from a backend to the face,
+/// from the face to a second pouchdb-server, compared with the source byte for byte.
+async fn large_attachments_through_face() -> TestResult {
+    let (source, back) = (source_server()?, second_server()?);
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let face = start_face(dir.path())?;
+    let store = format!("embedded:{}", dir.path().join("first.redb").display());
+    let prefix = prefix();
+    let db = format!("{prefix}_face");
+    seed_large(&source, &db, 3, LARGE).await?;
+    for (step, (from, to)) in [(&source, &store), (&store, &face.url), (&face.url, &back)].into_iter().enumerate() {
+        let checkpoint = dir.path().join(format!("cp{step}"));
+        let (code, report) = run(dir.path(), &migrate_args(from, to, &db, &checkpoint, &["--batch-size", "2"]))?;
+        check_complete(&report, code, 1)?;
+        check(moved_bytes(&report) >= 7 * LARGE as u64, || format!("step {step} moved only {report}"))?;
+    }
+    same_database(&source, &back, &db).await
 }
