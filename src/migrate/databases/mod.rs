@@ -31,8 +31,7 @@
 //! **Too large.** An attachment longer than the target takes (a backend's
 //! `couchdb_max_attachment_bytes`, checked from the stub before any byte moves; a server's 413)
 //! refuses its leaf with a failure row naming it (`attachment_too_large`), as does one whose bytes
-//! are not as long as its stub says or whose digest differs; the move goes on, and ends with
-//! exit status 7.
+//! are not as long as its stub says; the move goes on, and ends with exit status 7.
 //!
 //! **Crashes.** A checkpoint moves only after its page is written, so after `kill -9` the pages
 //! since are read again; the target then lacks nothing of what was written (`_revs_diff`), and a
