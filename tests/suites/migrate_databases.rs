@@ -603,7 +603,7 @@ async fn kill_9_mid_attachment() -> TestResult {
 
 /// With the target's `couchdb_max_attachment_bytes` below the large attachments, each leaf that
 /// carries one is refused with a row naming the attachment, everything else is copied, and the
-/// move exits 7 (leaves refused), not a crash.
+/// move exits 7 (leaves refused; the read-back's missing leaves are those), not a crash.
 async fn too_large_is_refused() -> TestResult {
     let source = source_server()?;
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
@@ -611,7 +611,7 @@ async fn too_large_is_refused() -> TestResult {
     let prefix = prefix();
     let db = format!("{prefix}_bound");
     seed_large(&source, &db, 2, LARGE).await?;
-    let args = migrate_args(&source, &target, &db, &dir.path().join("cp"), &["--no-verify"]);
+    let args = migrate_args(&source, &target, &db, &dir.path().join("cp"), &[]);
     let output = agentstore(dir.path())
         .env("AGENTSTORE_COUCHDB_MAX_ATTACHMENT_BYTES", (LARGE - 1).to_string())
         .args(&args)
@@ -631,6 +631,10 @@ async fn too_large_is_refused() -> TestResult {
         check(reason.contains("attachment ") && reason.contains(".bin"), || format!("reason names nothing: {reason}"))?;
     }
     check(report["totals"]["failed"] == 2, || format!("totals: {}", report["totals"]))?;
+    let read_back = &report["verification"]["databases"][0];
+    check(report["verification"]["passed"] == false && read_back["missing_at_target"] == 2, || {
+        format!("the read-back should name the 2 refused leaves as missing: {}", report["verification"])
+    })?;
     // What fits was copied: only the two refused leaves are missing.
     let verify: Vec<String> =
         ["verify", "--from", &source, "--to", &target, "--db", &db].iter().map(|s| s.to_string()).collect();

@@ -227,17 +227,36 @@ pub struct MoveReport {
 }
 
 impl MoveReport {
-    /// 8 interrupted, 6 the read-back found a difference, 7 leaves were refused, else 0.
+    /// 8 interrupted, 6 the read-back found a difference the report does not explain, 7 leaves
+    /// were refused, else 0 (as plain `migrate`'s statuses, docs/migration.md).
     pub fn exit_code(&self) -> u8 {
         if self.status == MoveStatus::Interrupted {
             super::EXIT_INTERRUPTED
-        } else if self.verification.as_ref().is_some_and(|v| !v.passed) {
+        } else if self.verification.as_ref().is_some_and(|v| !v.passed && !self.refusals_explain(v)) {
             super::EXIT_DIFFERENT
         } else if self.totals.failed > 0 {
             super::EXIT_INCOMPLETE
         } else {
             0
         }
+    }
+
+    /// Whether the read-back's differences are the leaves this run's report names as refused:
+    /// in every database only leaves missing at the target (and so documents missing from its
+    /// feed), no more of them than the target refused this run (a leaf refused before is sent
+    /// and refused again), and nothing else different.
+    fn refusals_explain(&self, verification: &VerifyReport) -> bool {
+        verification.databases.iter().all(|db| {
+            let refused = self.databases.iter().find(|r| r.name == db.name).map_or(0, |r| r.this_run.failed);
+            !db.missing_database
+                && db.extra_at_target == 0
+                && db.different == 0
+                && db.security_equal
+                && db.revs_limit_equal
+                && db.missing_at_target <= refused
+                && db.source_documents.saturating_sub(db.target_documents) <= db.missing_at_target
+                && db.target_documents <= db.source_documents
+        })
     }
 }
 
@@ -657,6 +676,49 @@ mod tests {
         assert!(!selection.admits("db-tmp1") && !selection.admits("other"));
         let everything = Selection::default();
         assert!(everything.admits("a/b") && !everything.admits("_users") && !everything.admits("_replicator"));
+    }
+
+    /// Refused leaves make the status 7 even though the read-back misses them; anything the
+    /// refusals do not explain is 6.
+    #[test]
+    fn refused_leaves_explain_the_read_back() {
+        let refused = Counts { failed: 2, ..Counts::default() };
+        let database = DbReport { name: "db".into(), this_run: refused, ..DbReport::default() };
+        let read_back = verify::DbVerify {
+            name: "db".into(),
+            leaves: 10,
+            missing_at_target: 2,
+            source_documents: 8,
+            target_documents: 7,
+            security_equal: true,
+            revs_limit_equal: true,
+            ..verify::DbVerify::default()
+        };
+        let report = |read_back: verify::DbVerify| MoveReport {
+            command: "migrate",
+            mode: "databases",
+            from: "a".into(),
+            to: "b".into(),
+            status: MoveStatus::Complete,
+            checkpoint: String::new(),
+            elapsed_seconds: 0.0,
+            passes: 1,
+            databases: vec![database.clone()],
+            totals: refused,
+            docs_per_second: 0.0,
+            deleted_at_source: Vec::new(),
+            deleted_at_target: Vec::new(),
+            local_documents: LOCAL_DOCUMENTS,
+            verification: Some(VerifyReport { passed: false, databases: vec![read_back], leaves: 10 }),
+            peak_rss_bytes: None,
+        };
+        assert_eq!(report(read_back.clone()).exit_code(), crate::migrate::EXIT_INCOMPLETE);
+        let more_missing = verify::DbVerify { missing_at_target: 3, ..read_back.clone() };
+        assert_eq!(report(more_missing).exit_code(), crate::migrate::EXIT_DIFFERENT);
+        let different = verify::DbVerify { different: 1, ..read_back.clone() };
+        assert_eq!(report(different).exit_code(), crate::migrate::EXIT_DIFFERENT);
+        let extra = verify::DbVerify { extra_at_target: 1, ..read_back };
+        assert_eq!(report(extra).exit_code(), crate::migrate::EXIT_DIFFERENT);
     }
 
     fn leaf(id: &str, rev: &str, attachments: Value) -> Map<String, Value> {
