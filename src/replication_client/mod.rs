@@ -350,12 +350,12 @@ impl CouchClient {
         }
         let body = json!({ "docs": asked, "revs": true, "attachments": attachments });
         let value = self.answer_ok(Method::POST, self.url(&[db, "_bulk_get"], &query)?, Some(&body)).await?;
-        let results = value.get("results").and_then(Value::as_array).cloned().unwrap_or_default();
+        // Taken apart by value: with attachments inline, a copy would hold their bytes again.
         let mut docs = Vec::with_capacity(asked.len());
-        for result in results {
-            for entry in result.get("docs").and_then(Value::as_array).cloned().unwrap_or_default() {
-                if let Some(Value::Object(doc)) = entry.get("ok") {
-                    docs.push(doc.clone());
+        for mut result in take_array(value, "results") {
+            for mut entry in take_array(result.take(), "docs") {
+                if let Some(Value::Object(doc)) = entry.get_mut("ok").map(Value::take) {
+                    docs.push(doc);
                 }
             }
         }
@@ -368,7 +368,11 @@ impl CouchClient {
         if docs.is_empty() {
             return Ok(Vec::new());
         }
-        let body = json!({ "docs": docs, "new_edits": false });
+        // Built by moving the documents in: a copy would hold their inline attachments again.
+        let mut body = Map::with_capacity(2);
+        body.insert("docs".into(), Value::Array(docs.into_iter().map(Value::Object).collect()));
+        body.insert("new_edits".into(), Value::Bool(false));
+        let body = Value::Object(body);
         let value = self.answer_ok(Method::POST, self.url(&[db, "_bulk_docs"], &[])?, Some(&body)).await?;
         let rows = value.as_array().cloned().unwrap_or_default();
         Ok(rows.into_iter().filter(|row| row.get("error").is_some()).collect())
@@ -553,6 +557,17 @@ fn doc_segments<'a>(db: &'a str, id: &'a str) -> Vec<&'a str> {
     match id.strip_prefix("_design/") {
         Some(name) => vec![db, "_design", name],
         None => vec![db, id],
+    }
+}
+
+/// The array `field` of a JSON object, taken out of it (empty when it is not there).
+fn take_array(value: Value, field: &str) -> Vec<Value> {
+    match value {
+        Value::Object(mut object) => match object.remove(field) {
+            Some(Value::Array(items)) => items,
+            _ => Vec::new(),
+        },
+        _ => Vec::new(),
     }
 }
 
