@@ -21,7 +21,7 @@
 //! attachments streamed one at a time from the source to the target
 //! ([`Side::write_leaf_streamed`]), a chunk at a time (the store's chunk, 256 KiB to 1 MiB, or
 //! what the connection hands over). So a database being copied holds at most one inline group
-//! (its base64 text, parsed JSON and request body: about 5 × 4 MiB) plus one streamed chunk,
+//! (its base64 text, parsed JSON and request body: a few times 4 MiB) plus one streamed chunk,
 //! plus the page of stubs being written and the next one read, whatever the attachments' sizes;
 //! the whole move holds that times `--databases-at-once` (4 by default: about 100 MiB at most,
 //! with the process's own 30 to 60 MiB). One exception: when the target is a CouchDB-protocol
