@@ -557,9 +557,11 @@ async fn large_attachments_round_trip(name: &'static str, fresh: FreshFn) -> Tes
     Ok(())
 }
 
-/// A copy of large attachments killed (SIGKILL) again and again while their bytes stream, then
-/// resumed: the target ends equal to the source, verified, and equal byte for byte once moved
-/// back to a second server.
+/// A copy of large attachments killed (SIGKILL) again and again while their bytes stream into the
+/// embedded store's attachment store, then resumed: the target equal to the source, verified,
+/// and equal byte for byte once moved on to a second server. (The way back is not killed:
+/// pouchdb-server 4.2.0 exits when a multipart upload is cut off, its `multiparty` reader
+/// throwing "Request aborted" uncaught; docs/migration.md says so.)
 async fn kill_9_mid_attachment() -> TestResult {
     let (source, back) = (source_server()?, second_server()?);
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
@@ -567,12 +569,12 @@ async fn kill_9_mid_attachment() -> TestResult {
     let prefix = prefix();
     let db = format!("{prefix}_kill");
     seed_large(&source, &db, 8, 3 * LARGE).await?;
-    let checkpoint = dir.path().join("cp");
-    let copy = migrate_args(&source, &target, &db, &checkpoint, &["--batch-size", "1", "--no-verify"]);
     let seed_value =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
     println!("kill_9_mid_attachment seed {seed_value}");
     let mut state = seed_value | 1;
+    let checkpoint = dir.path().join("cp");
+    let copy = migrate_args(&source, &target, &db, &checkpoint, &["--batch-size", "1", "--no-verify"]);
     let mut kills = 0;
     for _ in 0..4 {
         state ^= state << 13;
