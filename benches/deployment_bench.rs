@@ -6,8 +6,9 @@
 //! 4.2.0 `--in-memory` (started as the other benches start it, `common/targets.rs`) holding
 //! `BENCH_DATABASES` (default 20) databases of `BENCH_DOCS` (default 200,000) documents in all,
 //! written with `new_edits: false`: `BENCH_CONFLICT_PERCENT` (default 5) % of them with two
-//! leaves (a conflict), `BENCH_ATTACHMENT_PERCENT` (default 1) % with a 4 KiB attachment, the rest
-//! a ~150-byte body, plus one design document per database. Then, in order:
+//! leaves (a conflict), `BENCH_ATTACHMENT_PERCENT` (default 1) % with an attachment of
+//! `BENCH_ATTACHMENT_BYTES` (default 4096) bytes of its own, the rest a ~150-byte body, plus one
+//! design document per database. Then, in order:
 //!
 //! 1. for each target of `BENCH_TARGETS` (default `embedded,dynamodb,firestore`; the tests' local
 //!    servers: a fresh redb file, dynalite, the Firestore emulator): the release binary's
@@ -21,6 +22,15 @@
 //! 3. `replicator → agentstore (embedded)`: the source pouchdb-server pushes every database with
 //!    `POST /_replicate` into `agentstore serve --couchdb-listen` over a fresh embedded store (the
 //!    standard alternative to `migrate`, docs/migration.md), 4 at once.
+//!
+//! `BENCH_REPLICATORS=0` leaves out steps 2 and 3 (pouchdb-server's replicator holds every
+//! attachment whole, so the attachment-heavy variant below is run without it).
+//!
+//! **Attachment-heavy variant** (memory bound of `migrate`, docs/migration.md): attachments far
+//! larger than the inline bound, many times more bytes in all than the peak RSS allowed, e.g.
+//! `BENCH_TARGETS=embedded BENCH_REPLICATORS=0 BENCH_DATABASES=4 BENCH_DOCS=1000
+//! BENCH_ATTACHMENT_PERCENT=10 BENCH_ATTACHMENT_BYTES=6000000`; the table's `att MiB` column is
+//! the attachment bytes the copy moved, beside its peak RSS.
 //!
 //! Rates are documents (changed documents of the source feeds) per second of wall clock. One
 //! table goes to stdout, the JSON to `target/bench/deployment_bench.json`. A failed copy, a
@@ -50,14 +60,17 @@ const BIN: &str = env!("CARGO_BIN_EXE_agentstore");
 const SEED_BATCH: usize = 1000;
 /// Databases copied at once by the replicator runs (`migrate`'s default too).
 const AT_ONCE: usize = 4;
-const ATTACHMENT_BYTES: usize = 4096;
+/// Attachment bytes (before base64) per `_bulk_docs` while seeding, besides [`SEED_BATCH`].
+const SEED_BATCH_ATTACHMENT_BYTES: usize = 16 << 20;
 
 struct Config {
     databases: usize,
     docs: usize,
     conflict_percent: usize,
     attachment_percent: usize,
+    attachment_bytes: usize,
     targets: Vec<String>,
+    replicators: bool,
 }
 
 fn config() -> Result<Config, String> {
@@ -67,6 +80,8 @@ fn config() -> Result<Config, String> {
         docs: env_number("BENCH_DOCS", 200_000usize)?,
         conflict_percent: env_number("BENCH_CONFLICT_PERCENT", 5usize)?,
         attachment_percent: env_number("BENCH_ATTACHMENT_PERCENT", 1usize)?,
+        attachment_bytes: env_number("BENCH_ATTACHMENT_BYTES", 4096usize)?.max(8),
+        replicators: env_number("BENCH_REPLICATORS", 1usize)? != 0,
         targets: targets.split(',').map(|t| t.trim().to_owned()).filter(|t| !t.is_empty()).collect(),
     })
 }
@@ -118,6 +133,7 @@ async fn seed(http: &reqwest::Client, root: &str, config: &Config) -> Result<(us
         if !response.status().is_success() {
             return Err(format!("PUT {db}: {}", response.status()));
         }
+        let mut batch_attachment_bytes = 0usize;
         let mut batch = vec![
             json!({"_id": "_design/app", "_rev": "1-d0", "views": {"by_n": {"map": "function (doc) { emit(doc.n, null); }"}}}),
         ];
@@ -129,7 +145,8 @@ async fn seed(http: &reqwest::Client, root: &str, config: &Config) -> Result<(us
             if config.attachment_percent > 0 && global % (100 / config.attachment_percent.min(100)) == 7 {
                 // Bytes of its own per document, with its number in them.
                 let mut bytes: Vec<u8> = (global as u64).to_le_bytes().to_vec();
-                bytes.extend((0..ATTACHMENT_BYTES - 8).map(|b| (b * 7 + global * 13) as u8));
+                bytes.extend((0..config.attachment_bytes - 8).map(|b| (b * 7 + global * 13) as u8));
+                batch_attachment_bytes += bytes.len();
                 doc["_attachments"] =
                     json!({"blob.bin": {"content_type": "application/octet-stream", "data": BASE64.encode(bytes)}});
                 attachments += 1;
@@ -146,9 +163,10 @@ async fn seed(http: &reqwest::Client, root: &str, config: &Config) -> Result<(us
                 leaves -= 1; // the first leaf is now the branches' parent
             }
             docs += 1;
-            if batch.len() >= SEED_BATCH {
+            if batch.len() >= SEED_BATCH || batch_attachment_bytes >= SEED_BATCH_ATTACHMENT_BYTES {
                 post(http, &format!("{root}/{db}/_bulk_docs"), &json!({"docs": batch, "new_edits": false})).await?;
                 batch = Vec::new();
+                batch_attachment_bytes = 0;
             }
         }
         if !batch.is_empty() {
@@ -164,6 +182,8 @@ struct Measured {
     seconds: f64,
     docs: u64,
     leaves: Option<u64>,
+    /// Attachment bytes the copy moved, MiB (`migrate`'s report).
+    attachment_mib: Option<f64>,
     peak_rss_mib: Option<f64>,
     verify_seconds: Option<f64>,
     ok: bool,
@@ -206,6 +226,7 @@ fn migrate_into(source: &str, target: &str, label: &str, dir: &std::path::Path) 
         seconds,
         docs: report["totals"]["docs_seen"].as_u64().unwrap_or(0),
         leaves: report["totals"]["leaves_written"].as_u64(),
+        attachment_mib: report["totals"]["attachment_bytes"].as_f64().map(|b| b / 1048576.0),
         peak_rss_mib: report["peak_rss_bytes"].as_f64().map(|b| b / 1048576.0),
         verify_seconds: Some(verify_seconds),
         ok,
@@ -253,6 +274,7 @@ async fn replicate(
         seconds,
         docs,
         leaves: Some(written),
+        attachment_mib: None,
         peak_rss_mib: None,
         verify_seconds: None,
         ok: failures.is_empty(),
@@ -262,6 +284,43 @@ async fn replicate(
             format!("FAILED: {}", failures.join("; ").chars().take(400).collect::<String>())
         },
     }
+}
+
+/// Steps 2 and 3 (module doc): pouchdb-server's replicator into a second pouchdb-server, and
+/// into `agentstore serve` over the embedded store.
+async fn replicators(
+    http: &reqwest::Client,
+    source_url: &str,
+    config: &Config,
+    docs: u64,
+    results: &mut Vec<Measured>,
+) -> Result<(), String> {
+    println!("{NAME}: pouchdb-server's replicator into a second pouchdb-server…");
+    let second = Running::start(Kind::PouchMemory, NAME)?;
+    let second_url = with_login(&second);
+    let measured =
+        replicate(http, &second_url, source_url, &second_url, config.databases, "replicator → pouchdb-server", docs)
+            .await;
+    println!("{NAME}:   {:.1}s, {:.0} docs/s, {}", measured.seconds, measured.rate(), measured.note);
+    results.push(measured);
+    second.stop()?;
+    println!("{NAME}: pouchdb-server's replicator into agentstore serve (embedded)…");
+    let agentstore = Running::start(Kind::Embedded, NAME)?;
+    let agentstore_url = agentstore.root.clone();
+    let measured = replicate(
+        http,
+        source_url,
+        source_url,
+        &agentstore_url,
+        config.databases,
+        "replicator → agentstore (embedded)",
+        docs,
+    )
+    .await;
+    println!("{NAME}:   {:.1}s, {:.0} docs/s, {}", measured.seconds, measured.rate(), measured.note);
+    results.push(measured);
+    agentstore.stop()?;
+    Ok(())
 }
 
 fn target_url(kind: &str, dir: &std::path::Path) -> Result<String, String> {
@@ -279,8 +338,14 @@ async fn measure(config: Config) -> Result<bool, String> {
     let source = Running::start(Kind::PouchMemory, NAME)?;
     let source_url = with_login(&source);
     println!(
-        "{NAME}: seeding {} ({}) with {} databases, {} documents, {} % conflicts, {} % attachments of {ATTACHMENT_BYTES} bytes",
-        source.label, source.root, config.databases, config.docs, config.conflict_percent, config.attachment_percent
+        "{NAME}: seeding {} ({}) with {} databases, {} documents, {} % conflicts, {} % attachments of {} bytes",
+        source.label,
+        source.root,
+        config.databases,
+        config.docs,
+        config.conflict_percent,
+        config.attachment_percent,
+        config.attachment_bytes
     );
     let started = Instant::now();
     let (docs, leaves, attachments) = seed(&http, &source_url, &config).await?;
@@ -297,38 +362,9 @@ async fn measure(config: Config) -> Result<bool, String> {
         println!("{NAME}:   {:.1}s, {:.0} docs/s, {}", measured.seconds, measured.rate(), measured.note);
         results.push(measured);
     }
-    println!("{NAME}: pouchdb-server's replicator into a second pouchdb-server…");
-    let second = Running::start(Kind::PouchMemory, NAME)?;
-    let second_url = with_login(&second);
-    let measured = replicate(
-        &http,
-        &second_url,
-        &source_url,
-        &second_url,
-        config.databases,
-        "replicator → pouchdb-server",
-        docs as u64,
-    )
-    .await;
-    println!("{NAME}:   {:.1}s, {:.0} docs/s, {}", measured.seconds, measured.rate(), measured.note);
-    results.push(measured);
-    second.stop()?;
-    println!("{NAME}: pouchdb-server's replicator into agentstore serve (embedded)…");
-    let agentstore = Running::start(Kind::Embedded, NAME)?;
-    let agentstore_url = agentstore.root.clone();
-    let measured = replicate(
-        &http,
-        &source_url,
-        &source_url,
-        &agentstore_url,
-        config.databases,
-        "replicator → agentstore (embedded)",
-        docs as u64,
-    )
-    .await;
-    println!("{NAME}:   {:.1}s, {:.0} docs/s, {}", measured.seconds, measured.rate(), measured.note);
-    results.push(measured);
-    agentstore.stop()?;
+    if config.replicators {
+        replicators(&http, &source_url, &config, docs as u64, &mut results).await?;
+    }
     source.stop()?;
 
     let rows: Vec<Vec<String>> = results
@@ -339,24 +375,29 @@ async fn measure(config: Config) -> Result<bool, String> {
                 format!("{:.1}", m.seconds),
                 format!("{:.0}", m.rate()),
                 m.leaves.map_or("-".into(), |l| l.to_string()),
+                m.attachment_mib.map_or("-".into(), |b| format!("{b:.0}")),
                 m.peak_rss_mib.map_or("-".into(), |r| format!("{r:.0}")),
                 m.verify_seconds.map_or("-".into(), |s| format!("{s:.1}")),
                 if m.ok { "ok".into() } else { "FAILED".into() },
             ]
         })
         .collect();
-    println!("\n{}", aligned(&["copy", "seconds", "docs/s", "leaves", "peak RSS MiB", "verify s", "result"], &rows, 1));
+    println!(
+        "\n{}",
+        aligned(&["copy", "seconds", "docs/s", "leaves", "att MiB", "peak RSS MiB", "verify s", "result"], &rows, 1)
+    );
     let json_rows: Vec<Value> = results
         .iter()
         .map(|m| {
             json!({"copy": m.label, "seconds": m.seconds, "docs_per_second": m.rate(), "documents": m.docs,
-                "leaves": m.leaves, "peak_rss_mib": m.peak_rss_mib, "verify_seconds": m.verify_seconds, "ok": m.ok, "note": m.note})
+                "leaves": m.leaves, "attachment_mib": m.attachment_mib, "peak_rss_mib": m.peak_rss_mib, "verify_seconds": m.verify_seconds, "ok": m.ok, "note": m.note})
         })
         .collect();
     write_report(
         NAME,
         &json!({"databases": config.databases, "documents": docs, "leaves": leaves, "attachments": attachments,
             "conflict_percent": config.conflict_percent, "attachment_percent": config.attachment_percent,
+            "attachment_bytes": config.attachment_bytes,
             "load_average": common::targets::load_average(), "results": json_rows}),
     )?;
     Ok(results.iter().all(|m| m.ok))

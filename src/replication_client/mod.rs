@@ -8,16 +8,28 @@
 //! `GET /_all_dbs`, `GET|PUT|DELETE /{db}`, `GET|PUT /{db}/_security`, `GET|PUT /{db}/_revs_limit`
 //! (pouchdb-server has no such route: read as unknown, written as best effort),
 //! `GET /{db}/_changes?style=all_docs&since=&limit=`, `POST /{db}/_revs_diff`,
-//! `POST /{db}/_bulk_get?revs=true&attachments=true` (JSON, attachments as base64) and
-//! `POST /{db}/_bulk_docs` with `new_edits: false`.
+//! `POST /{db}/_bulk_get?revs=true[&attachments=true]` (JSON; attachments as stubs, or as base64
+//! for small ones), `POST /{db}/_bulk_docs` with `new_edits: false`, and for attachments too large
+//! to travel inline (`crate::migrate::databases`, "Memory"): `GET /{db}/{doc}/{name}?rev=` (the
+//! bytes streamed) and `PUT /{db}/{doc}?new_edits=false` as `multipart/related`, the document's
+//! JSON then each attachment's bytes streamed as a part. CouchDB reads the parts in the order the
+//! JSON's `follows` entries come and ignores their headers; pouchdb-server (express-pouchdb with
+//! `multiparty`) instead takes each part's name from its `Content-Disposition` filename and its
+//! type from its `Content-Type`, so both headers are sent, and the body's exact `Content-Length`
+//! (never chunked).
 //!
 //! Credentials come from the URL's user info and are sent as HTTP basic authentication; the URL
 //! is only ever shown redacted ([`CouchClient::describe`]).
 
+use std::future::Future;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
+use bytes::Bytes;
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Map, Value};
@@ -32,6 +44,24 @@ const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'_').remove(b'-').remove(b'
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(300);
 /// Attempts of a request that failed for a reason that may pass (connection, 5xx, 429).
 const ATTEMPTS: u32 = 5;
+
+/// Attachment bytes as they stream, in the chunks they come in.
+pub type ByteStream = BoxStream<'static, Result<Bytes>>;
+
+/// One attachment part of a `multipart/related` upload: its name, type and exact length.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttachmentPart {
+    pub name: String,
+    pub content_type: String,
+    pub length: u64,
+}
+
+/// Whether pouchdb-server's multipart reader (`multiparty`) gives back `name` exactly as sent in
+/// a `Content-Disposition` filename: it cuts at a backslash and decodes `%22` and `&#N;`, and
+/// header values end at a line break. Names it would change cannot travel as parts.
+pub fn part_name_survives(name: &str) -> bool {
+    !name.contains('\\') && !name.contains("%22") && !name.contains("&#") && !name.chars().any(char::is_control)
+}
 
 /// One change of a database's feed with every leaf of the document (`style=all_docs`).
 #[derive(Debug, Clone, PartialEq)]
@@ -320,12 +350,12 @@ impl CouchClient {
         }
         let body = json!({ "docs": asked, "revs": true, "attachments": attachments });
         let value = self.answer_ok(Method::POST, self.url(&[db, "_bulk_get"], &query)?, Some(&body)).await?;
-        let results = value.get("results").and_then(Value::as_array).cloned().unwrap_or_default();
+        // Taken apart by value: with attachments inline, a copy would hold their bytes again.
         let mut docs = Vec::with_capacity(asked.len());
-        for result in results {
-            for entry in result.get("docs").and_then(Value::as_array).cloned().unwrap_or_default() {
-                if let Some(Value::Object(doc)) = entry.get("ok") {
-                    docs.push(doc.clone());
+        for mut result in take_array(value, "results") {
+            for mut entry in take_array(result.take(), "docs") {
+                if let Some(Value::Object(doc)) = entry.get_mut("ok").map(Value::take) {
+                    docs.push(doc);
                 }
             }
         }
@@ -338,10 +368,206 @@ impl CouchClient {
         if docs.is_empty() {
             return Ok(Vec::new());
         }
-        let body = json!({ "docs": docs, "new_edits": false });
+        // Built by moving the documents in: a copy would hold their inline attachments again.
+        let mut body = Map::with_capacity(2);
+        body.insert("docs".into(), Value::Array(docs.into_iter().map(Value::Object).collect()));
+        body.insert("new_edits".into(), Value::Bool(false));
+        let body = Value::Object(body);
         let value = self.answer_ok(Method::POST, self.url(&[db, "_bulk_docs"], &[])?, Some(&body)).await?;
         let rows = value.as_array().cloned().unwrap_or_default();
         Ok(rows.into_iter().filter(|row| row.get("error").is_some()).collect())
+    }
+
+    /// `GET /{db}/{doc}/{name}?rev=`: the bytes of one attachment of one leaf, streamed as they
+    /// arrive (no `Accept-Encoding` is sent, so CouchDB answers the bytes themselves even where
+    /// it keeps them compressed). Connection failures and 5xx before the answer are retried;
+    /// `NotFound` when the server has no such leaf or attachment.
+    pub async fn attachment(&self, db: &str, id: &str, rev: &str, name: &str) -> Result<ByteStream> {
+        let mut segments = doc_segments(db, id);
+        segments.push(name);
+        let url = self.url(&segments, &[("rev", rev.to_owned())])?;
+        let shown = format!("GET {}", redact(&url));
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let mut request = self.http.get(url.clone());
+            if let Some(user) = &self.user {
+                request = request.basic_auth(user, self.password.as_deref());
+            }
+            match request.send().await {
+                Ok(response) if response.status().is_success() => {
+                    let shown = shown.clone();
+                    return Ok(response
+                        .bytes_stream()
+                        .map_err(move |err| {
+                            Error::new(ErrorKind::Unavailable, format!("{shown}: the bytes stopped: {err}"))
+                                .with_source(err)
+                        })
+                        .boxed());
+                }
+                Ok(response) => {
+                    let status = response.status();
+                    let retry = status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS;
+                    if retry && attempt < ATTEMPTS {
+                        tokio::time::sleep(backoff(attempt)).await;
+                        continue;
+                    }
+                    let bytes = response.bytes().await.unwrap_or_default();
+                    let value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+                    return Err(status_error(&shown, status, &value));
+                }
+                Err(err) if attempt < ATTEMPTS => {
+                    tracing::debug!(error = %err, request = %shown, "retrying");
+                    tokio::time::sleep(backoff(attempt)).await;
+                }
+                Err(err) => {
+                    return Err(Error::new(ErrorKind::Unavailable, format!("{shown}: {err}")).with_source(err));
+                }
+            }
+        }
+    }
+
+    /// `PUT /{db}/{doc}?new_edits=false` as `multipart/related`: `doc` (the leaf with
+    /// `_revisions`; each attachment in `parts` marked `follows: true` with its `length`) then
+    /// each part's bytes, from `open(part)`, streamed. Only one part's bytes are read at a time,
+    /// and only as the connection takes them. A failure reading the bytes (`open`, or its stream)
+    /// is returned as it came, not retried here; a connection failure or a 5xx is retried with
+    /// the bytes opened again. Returns the refusal (`{id, rev, error, reason}`) when the server
+    /// refused the leaf with a 4xx.
+    pub async fn put_replicated_multipart<F, Fut>(
+        &self,
+        db: &str,
+        doc: &Map<String, Value>,
+        parts: &[AttachmentPart],
+        open: F,
+    ) -> Result<Option<Value>>
+    where
+        F: Fn(AttachmentPart) -> Fut + Clone + Send + Sync + 'static,
+        Fut: Future<Output = Result<ByteStream>> + Send + 'static,
+    {
+        let id = doc.get("_id").and_then(Value::as_str).unwrap_or_default().to_owned();
+        let rev = doc.get("_rev").and_then(Value::as_str).unwrap_or_default().to_owned();
+        let url = self.url(&doc_segments(db, &id), &[("new_edits", "false".to_owned())])?;
+        let shown = format!("PUT {}", redact(&url));
+        let mut random = [0u8; 16];
+        getrandom::fill(&mut random)
+            .map_err(|e| Error::new(ErrorKind::Internal, format!("no random multipart boundary: {e}")))?;
+        let boundary: String = random.iter().map(|b| format!("{b:02x}")).collect();
+        let json = serde_json::to_vec(doc)
+            .map_err(|e| Error::new(ErrorKind::Internal, format!("cannot serialize {id}: {e}")))?;
+        let head =
+            Bytes::from([format!("--{boundary}\r\nContent-Type: application/json\r\n\r\n").as_bytes(), &json].concat());
+        let part_heads: Vec<Bytes> = parts
+            .iter()
+            .map(|part| {
+                Bytes::from(format!(
+                    "\r\n--{boundary}\r\nContent-Disposition: attachment; filename=\"{}\"\r\nContent-Type: {}\r\nContent-Length: {}\r\n\r\n",
+                    part.name.replace('"', "\\\""),
+                    part.content_type.replace(['\r', '\n'], " "),
+                    part.length
+                ))
+            })
+            .collect();
+        let tail = Bytes::from(format!("\r\n--{boundary}--"));
+        let total = head.len() as u64
+            + part_heads.iter().map(|h| h.len() as u64).sum::<u64>()
+            + parts.iter().map(|p| p.length).sum::<u64>()
+            + tail.len() as u64;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            // The first failure of the bytes' own source, kept apart from the connection's.
+            let source_failure: Arc<Mutex<Option<Error>>> = Arc::new(Mutex::new(None));
+            let pairs: Vec<(AttachmentPart, Bytes)> = parts.iter().cloned().zip(part_heads.iter().cloned()).collect();
+            let pieces = pairs.into_iter().map({
+                let open = open.clone();
+                let source_failure = Arc::clone(&source_failure);
+                move |(part, part_head)| {
+                    let open = open.clone();
+                    let source_failure = Arc::clone(&source_failure);
+                    let bytes = futures::stream::once(async move { open(part).await }).try_flatten();
+                    futures::stream::once(async move { Ok::<Bytes, Error>(part_head) }).chain(bytes).map(move |item| {
+                        item.map_err(|err| {
+                            let message = err.message().to_owned();
+                            if let Ok(mut slot) = source_failure.lock() {
+                                slot.get_or_insert(err);
+                            }
+                            std::io::Error::other(message)
+                        })
+                    })
+                }
+            });
+            let (head, tail) = (head.clone(), tail.clone());
+            let body = futures::stream::once(async move { Ok::<Bytes, std::io::Error>(head) })
+                .chain(futures::stream::iter(pieces).flatten())
+                .chain(futures::stream::once(async move { Ok(tail) }));
+            let mut request = self
+                .http
+                .put(url.clone())
+                .header("accept", "application/json")
+                .header("content-type", format!("multipart/related; boundary=\"{boundary}\""))
+                .header("content-length", total)
+                .body(reqwest::Body::wrap_stream(body));
+            if let Some(user) = &self.user {
+                request = request.basic_auth(user, self.password.as_deref());
+            }
+            let outcome = async {
+                let response = request.send().await?;
+                let status = response.status();
+                let bytes = response.bytes().await?;
+                Ok::<_, reqwest::Error>((status, bytes))
+            }
+            .await;
+            if let Some(err) = source_failure.lock().ok().and_then(|mut slot| slot.take()) {
+                return Err(err);
+            }
+            match outcome {
+                Ok((status, _)) if status.is_success() => return Ok(None),
+                Ok((status, _))
+                    if (status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS) && attempt < ATTEMPTS =>
+                {
+                    tokio::time::sleep(backoff(attempt)).await;
+                }
+                Ok((status, bytes)) if status.is_client_error() => {
+                    let value: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+                    let error = value.get("error").and_then(Value::as_str).unwrap_or("refused").to_owned();
+                    let reason = value.get("reason").and_then(Value::as_str).map(str::to_owned);
+                    let reason = reason.unwrap_or_else(|| format!("{shown}: {status}"));
+                    return Ok(Some(json!({ "id": id, "rev": rev, "error": error, "reason": reason })));
+                }
+                Ok((status, bytes)) => {
+                    let value: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+                    return Err(status_error(&shown, status, &value));
+                }
+                Err(err) if attempt < ATTEMPTS => {
+                    tracing::debug!(error = %err, request = %shown, "retrying");
+                    tokio::time::sleep(backoff(attempt)).await;
+                }
+                Err(err) => {
+                    return Err(Error::new(ErrorKind::Unavailable, format!("{shown}: {err}")).with_source(err));
+                }
+            }
+        }
+    }
+}
+
+/// The path segments of a document: a design document's `_design/` keeps its literal `/` (as
+/// CouchDB's clients send it), every other id is one segment.
+fn doc_segments<'a>(db: &'a str, id: &'a str) -> Vec<&'a str> {
+    match id.strip_prefix("_design/") {
+        Some(name) => vec![db, "_design", name],
+        None => vec![db, id],
+    }
+}
+
+/// The array `field` of a JSON object, taken out of it (empty when it is not there).
+fn take_array(value: Value, field: &str) -> Vec<Value> {
+    match value {
+        Value::Object(mut object) => match object.remove(field) {
+            Some(Value::Array(items)) => items,
+            _ => Vec::new(),
+        },
+        _ => Vec::new(),
     }
 }
 

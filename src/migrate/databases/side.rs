@@ -8,20 +8,30 @@
 //! A leaf travels as CouchDB shows it: `_id`, `_rev`, `_revisions`, `_deleted` for a deleted
 //! leaf, the body, and `_attachments` with each attachment's bytes as base64 `data` (with its
 //! `revpos`, `digest` and `content_type`) or, for a read without bodies, as stubs.
+//!
+//! Attachments too large to travel inline go one at a time as streams
+//! ([`Side::attachment`], [`Side::write_leaf_streamed`]): from a backend's attachment store or
+//! `GET /{db}/{doc}/{name}?rev=`, into a backend's attachment store (then written as `follows`,
+//! [`doc_attachments::prepare`]'s `followed` map) or a multipart `PUT ?new_edits=false`. Only a
+//! chunk of each is in memory at a time (the backend's chunk size, or what the connection hands
+//! over). Each stream is held to the length its stub says ([`exact_length`]); bytes stored whose
+//! digest is not the stub's are logged (the read-back compares digests).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use serde_json::{json, Map, Value};
 
 use crate::backend::catalog::DbName;
 use crate::backend::BackendUrl;
-use crate::database::doc_attachments::{self, ATTACHMENTS};
+use crate::database::attachments::StoredBlob;
+use crate::database::doc_attachments::{self, ATTACHMENTS, DEFAULT_CONTENT_TYPE};
 use crate::database::document::{self, DocOptions};
 use crate::database::{Database, Databases, Write};
 use crate::error::{Error, ErrorKind, Result};
-use crate::replication_client::{ChangedDoc, CouchClient, FeedPage};
+use crate::replication_client::{self, AttachmentPart, ByteStream, ChangedDoc, CouchClient, FeedPage};
 
 /// Documents of one page made ready at once (their leaves checked, their attachments stored).
 const WRITE_CONCURRENCY: usize = 16;
@@ -69,7 +79,12 @@ impl Side {
             return Ok(Side::Remote(CouchClient::new(server.as_str())?));
         }
         let name = url.to_string();
-        Ok(Side::Local { databases: Arc::new(Databases::from_url(Some(url), MAX_OPEN)), name })
+        // The same bound on attachments as the server over these databases keeps.
+        let databases = Databases::from_url(Some(url), MAX_OPEN).with_attachment_bounds(
+            settings.couchdb_attachment_limit(),
+            std::time::Duration::from_secs(settings.couchdb_attachment_grace_secs),
+        );
+        Ok(Side::Local { databases: Arc::new(databases), name })
     }
 
     /// The side in reports and checkpoints (no credentials).
@@ -288,35 +303,215 @@ impl Side {
         match self {
             Side::Local { databases, .. } => {
                 let database = Self::must_open(databases, db).await?;
-                let mut groups: Vec<(String, Vec<Map<String, Value>>)> = Vec::new();
-                let mut index: HashMap<String, usize> = HashMap::new();
-                for doc in docs {
-                    let id = doc.get("_id").and_then(Value::as_str).unwrap_or_default().to_owned();
-                    match index.get(&id) {
-                        Some(&at) => groups[at].1.push(doc),
-                        None => {
-                            index.insert(id.clone(), groups.len());
-                            groups.push((id, vec![doc]));
-                        }
-                    }
-                }
-                let database = &database;
-                let prepared: Vec<Prepared> = futures::stream::iter(groups)
-                    .map(|(id, docs)| async move { prepare_group(database, id, docs).await })
-                    .buffered(WRITE_CONCURRENCY)
-                    .try_collect()
-                    .await?;
-                let chunks: Vec<Vec<Prepared>> = chunked(prepared, DOCUMENTS_PER_WRITE);
-                let failures: Vec<Vec<Value>> = futures::stream::iter(chunks)
-                    .map(|chunk| async move { write_chunk(database, chunk).await })
-                    .buffer_unordered(WRITES_AT_ONCE)
-                    .try_collect()
-                    .await?;
-                Ok(failures.into_iter().flatten().collect())
+                write_local(&database, docs.into_iter().map(|doc| (doc, HashMap::new())).collect()).await
             }
             Side::Remote(client) => client.bulk_docs_replicated(db, docs).await,
         }
     }
+
+    /// The bytes of attachment `name` of leaf `rev` of document `id`, streamed: from the
+    /// attachment store a chunk at a time, or from the server as they arrive. `NotFound` when the
+    /// side has no such leaf or attachment.
+    pub async fn attachment(&self, db: &str, id: &str, rev: &str, name: &str) -> Result<ByteStream> {
+        match self {
+            Side::Local { databases, .. } => {
+                let database = Self::must_open(databases, db).await?;
+                let states = database.read_many(&[id.to_owned()]).await?;
+                let gone = || Error::not_found(format!("{id} {rev}: no attachment {name} at the source"));
+                let Some(Some(state)) = states.into_iter().next() else { return Err(gone()) };
+                let Some(leaf) = state.tree.leaf(rev) else { return Err(gone()) };
+                let Some(kept) = doc_attachments::kept(&leaf.body, name) else { return Err(gone()) };
+                database.attachments().read(&kept.sha256, None).await
+            }
+            Side::Remote(client) => client.attachment(db, id, rev, name).await,
+        }
+    }
+
+    /// Stores one replicated leaf read as stubs (`new_edits: false`, with its `_revisions`), its
+    /// attachments' bytes streamed from `source` one attachment at a time; an attachment with
+    /// inline `data` travels as it is. Returns the refusal rows, as [`Side::write_leaves`]: an
+    /// attachment past the target's largest (`couchdb_max_attachment_bytes`, or the server's
+    /// 413), one the source no longer has, or bytes not as long as the stub says refuse the
+    /// leaf, naming the attachment; the move goes on.
+    pub async fn write_leaf_streamed(&self, db: &str, leaf: Map<String, Value>, source: &Side) -> Result<Vec<Value>> {
+        let id = leaf.get("_id").and_then(Value::as_str).unwrap_or_default().to_owned();
+        let rev = leaf.get("_rev").and_then(Value::as_str).unwrap_or_default().to_owned();
+        let refused =
+            |error: &str, reason: String| vec![json!({ "id": id, "rev": rev, "error": error, "reason": reason })];
+        let mut doc = leaf;
+        let mut parts = Vec::new();
+        if let Some(Value::Object(attachments)) = doc.get_mut(ATTACHMENTS) {
+            for (name, attachment) in attachments.iter_mut() {
+                let Value::Object(fields) = attachment else { continue };
+                if fields.contains_key("data") {
+                    continue;
+                }
+                let Some(length) = fields.get("length").and_then(Value::as_u64) else {
+                    return Ok(refused("attachment", format!("attachment {name} has no length at the source")));
+                };
+                let content_type =
+                    fields.get("content_type").and_then(Value::as_str).unwrap_or(DEFAULT_CONTENT_TYPE).to_owned();
+                fields.remove("stub");
+                // The bytes come as they are (no `Accept-Encoding` asked for them), never encoded.
+                fields.remove("encoding");
+                fields.remove("encoded_length");
+                fields.insert("follows".into(), Value::Bool(true));
+                parts.push(AttachmentPart { name: name.clone(), content_type, length });
+            }
+        }
+        let digests: HashMap<String, String> = doc
+            .get(ATTACHMENTS)
+            .and_then(Value::as_object)
+            .map(|attachments| {
+                attachments
+                    .iter()
+                    .filter_map(|(name, a)| Some((name.clone(), a.get("digest")?.as_str()?.to_owned())))
+                    .collect()
+            })
+            .unwrap_or_default();
+        match self {
+            Side::Local { databases, .. } => {
+                let database = Self::must_open(databases, db).await?;
+                let max = database.max_attachment_bytes();
+                let mut followed: HashMap<String, StoredBlob> = HashMap::with_capacity(parts.len());
+                for part in parts {
+                    let name = &part.name;
+                    if part.length > max {
+                        return Ok(refused("attachment_too_large", too_large_reason(name, part.length, max)));
+                    }
+                    let bytes = match source.attachment(db, &id, &rev, name).await {
+                        Ok(bytes) => bytes,
+                        Err(err) if err.kind() == ErrorKind::NotFound => {
+                            return Ok(refused("not_found", err.message().to_owned()));
+                        }
+                        Err(err) => return Err(err),
+                    };
+                    let stored = match database.attachments().write(exact_length(bytes, &part), max).await {
+                        Ok(stored) => stored,
+                        Err(err) if err.kind() == ErrorKind::TooLarge => {
+                            return Ok(refused("attachment_too_large", too_large_reason(name, part.length, max)));
+                        }
+                        Err(err) if err.kind() == ErrorKind::Corrupt => {
+                            return Ok(refused("attachment", err.message().to_owned()));
+                        }
+                        Err(err) => return Err(err),
+                    };
+                    // Apache CouchDB keeps attachments of its `compressible_types` gzipped and
+                    // gives the MD5 of the compressed bytes as their digest, while serving the
+                    // bytes themselves: the bytes are right, the digest is another one. Such a
+                    // leaf is written (as the inline path writes it) and the read-back names it.
+                    if let Some(digest) = digests.get(name).filter(|digest| **digest != stored.digest) {
+                        tracing::warn!(
+                            database = db, id = %id, rev = %rev, attachment = %name, source = %digest,
+                            stored = %stored.digest, "the attachment's bytes do not have the digest the source gives"
+                        );
+                    }
+                    followed.insert(part.name, stored);
+                }
+                write_local(&database, vec![(doc, followed)]).await
+            }
+            Side::Remote(client) => {
+                if parts.is_empty() {
+                    return client.bulk_docs_replicated(db, vec![doc]).await;
+                }
+                let (source, db_name, doc_id, doc_rev) = (source.clone(), db.to_owned(), id.clone(), rev.clone());
+                let open = move |part: AttachmentPart| {
+                    let (source, db_name, doc_id, doc_rev) =
+                        (source.clone(), db_name.clone(), doc_id.clone(), doc_rev.clone());
+                    async move {
+                        let bytes = source.attachment(&db_name, &doc_id, &doc_rev, &part.name).await?;
+                        Ok(exact_length(bytes, &part))
+                    }
+                };
+                match client.put_replicated_multipart(db, &doc, &parts, open).await {
+                    Ok(refusal) => Ok(refusal.into_iter().collect()),
+                    Err(err) if err.kind() == ErrorKind::NotFound => Ok(refused("not_found", err.message().to_owned())),
+                    Err(err) if err.kind() == ErrorKind::Corrupt => Ok(refused("attachment", err.message().to_owned())),
+                    Err(err) => Err(err),
+                }
+            }
+        }
+    }
+}
+
+/// Whether a leaf read as stubs can have its attachments streamed to this kind of target:
+/// every name must reach a pouchdb-server intact as a part's filename
+/// ([`replication_client::part_name_survives`]). A leaf that cannot travels inline.
+pub fn can_stream(leaf: &Map<String, Value>) -> bool {
+    leaf.get(ATTACHMENTS)
+        .and_then(Value::as_object)
+        .is_none_or(|attachments| attachments.keys().all(|name| replication_client::part_name_survives(name)))
+}
+
+fn too_large_reason(name: &str, length: u64, max: u64) -> String {
+    format!("attachment {name} holds {length} bytes, more than the target takes (couchdb_max_attachment_bytes {max})")
+}
+
+/// `bytes` held to the `length` the stub says: an error item as soon as more come, or at the
+/// end when fewer came (a source that changed or cut off), so nothing short or long is stored.
+pub fn exact_length(bytes: ByteStream, part: &AttachmentPart) -> ByteStream {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let (expected, name) = (part.length, part.name.clone());
+    let seen = Arc::new(AtomicU64::new(0));
+    let counter = Arc::clone(&seen);
+    let over = name.clone();
+    let counted = bytes.map(move |item: Result<Bytes>| {
+        let chunk = item?;
+        let so_far = counter.fetch_add(chunk.len() as u64, Ordering::Relaxed) + chunk.len() as u64;
+        if so_far > expected {
+            return Err(Error::new(
+                ErrorKind::Corrupt,
+                format!("attachment {over}: the source sent more than the {expected} bytes its stub says"),
+            ));
+        }
+        Ok(chunk)
+    });
+    // Once the bytes are done, one more item, an error, when they came short.
+    let short = futures::stream::once(async move {
+        let got = seen.load(Ordering::Relaxed);
+        (got < expected).then(|| {
+            Err(Error::new(
+                ErrorKind::Corrupt,
+                format!("attachment {name}: the source sent {got} bytes, its stub says {expected}"),
+            ))
+        })
+    })
+    .filter_map(|item| async move { item });
+    counted.chain(short).boxed()
+}
+
+/// Replicated leaves written to a local database, each with the attachments already stored for
+/// its `follows` entries; the refusal rows.
+async fn write_local(
+    database: &Arc<Database>,
+    docs: Vec<(Map<String, Value>, HashMap<String, StoredBlob>)>,
+) -> Result<Vec<Value>> {
+    type Leaf = (Map<String, Value>, HashMap<String, StoredBlob>);
+    let mut groups: Vec<(String, Vec<Leaf>)> = Vec::new();
+    let mut index: HashMap<String, usize> = HashMap::new();
+    for (doc, followed) in docs {
+        let id = doc.get("_id").and_then(Value::as_str).unwrap_or_default().to_owned();
+        match index.get(&id) {
+            Some(&at) => groups[at].1.push((doc, followed)),
+            None => {
+                index.insert(id.clone(), groups.len());
+                groups.push((id, vec![(doc, followed)]));
+            }
+        }
+    }
+    let database = &**database;
+    let prepared: Vec<Prepared> = futures::stream::iter(groups)
+        .map(|(id, docs)| async move { prepare_group(database, id, docs).await })
+        .buffered(WRITE_CONCURRENCY)
+        .try_collect()
+        .await?;
+    let chunks: Vec<Vec<Prepared>> = chunked(prepared, DOCUMENTS_PER_WRITE);
+    let failures: Vec<Vec<Value>> = futures::stream::iter(chunks)
+        .map(|chunk| async move { write_chunk(database, chunk).await })
+        .buffer_unordered(WRITES_AT_ONCE)
+        .try_collect()
+        .await?;
+    Ok(failures.into_iter().flatten().collect())
 }
 
 /// One document's leaves made ready to write: the writes, the revision each is of, and the
@@ -330,11 +525,15 @@ struct Prepared {
 
 /// The leaves of one document checked and their attachments stored. A leaf refused here (a
 /// malformed document) is a failure row; a failure of the store stops the move.
-async fn prepare_group(database: &Database, id: String, docs: Vec<Map<String, Value>>) -> Result<Prepared> {
+async fn prepare_group(
+    database: &Database,
+    id: String,
+    docs: Vec<(Map<String, Value>, HashMap<String, StoredBlob>)>,
+) -> Result<Prepared> {
     let mut failures = Vec::new();
     let mut writes = Vec::with_capacity(docs.len());
     let mut revs = Vec::with_capacity(docs.len());
-    for doc in docs {
+    for (doc, followed) in docs {
         let rev = doc.get("_rev").and_then(Value::as_str).unwrap_or("").to_owned();
         let refused = |error: &str, reason: String| json!({ "id": id, "rev": rev, "error": error, "reason": reason });
         if let Err(refusal) = document::check_id(&id) {
@@ -355,7 +554,7 @@ async fn prepare_group(database: &Database, id: String, docs: Vec<Map<String, Va
                 continue;
             }
         };
-        if let Err(err) = prepare_attachments(database, &mut parsed.body).await {
+        if let Err(err) = prepare_attachments(database, &mut parsed.body, &followed).await {
             if matches!(err.kind(), ErrorKind::InvalidInput | ErrorKind::TooLarge) {
                 failures.push(refused("attachment", err.message().to_owned()));
                 continue;
@@ -410,17 +609,16 @@ async fn write_chunk(database: &Database, chunk: Vec<Prepared>) -> Result<Vec<Va
 /// content-addressed, so leaves written at once that carry the same attachment (branches of one
 /// document, copies across documents) upload the same blob concurrently, and the store answers
 /// all but one with a conflict: those are tried again (the blob is then found stored).
-async fn prepare_attachments(database: &Database, body: &mut Map<String, Value>) -> Result<()> {
+async fn prepare_attachments(
+    database: &Database,
+    body: &mut Map<String, Value>,
+    followed: &HashMap<String, StoredBlob>,
+) -> Result<()> {
     let mut attempt = 0u64;
     loop {
         let mut prepared = body.clone();
-        match doc_attachments::prepare(
-            database.attachments(),
-            database.max_attachment_bytes(),
-            &mut prepared,
-            &HashMap::new(),
-        )
-        .await
+        match doc_attachments::prepare(database.attachments(), database.max_attachment_bytes(), &mut prepared, followed)
+            .await
         {
             Ok(()) => {
                 *body = prepared;
@@ -463,4 +661,28 @@ async fn inline_attachments(
     }
     doc.insert(ATTACHMENTS.into(), Value::Object(shown));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn collected(chunks: &[&'static [u8]], length: u64) -> Vec<Result<usize>> {
+        let part = AttachmentPart { name: "a.bin".into(), content_type: DEFAULT_CONTENT_TYPE.into(), length };
+        let chunks: Vec<Result<Bytes>> = chunks.iter().map(|c| Ok(Bytes::from_static(c))).collect();
+        let source = futures::stream::iter(chunks).boxed();
+        futures::executor::block_on(exact_length(source, &part).map(|item| item.map(|b| b.len())).collect())
+    }
+
+    /// Bytes pass as they come when as long as the stub says; more or fewer end in an error.
+    #[test]
+    fn streams_are_held_to_the_stubs_length() {
+        let exact = collected(&[b"abc", b"de"], 5);
+        assert_eq!(exact.iter().map(|r| *r.as_ref().unwrap()).collect::<Vec<_>>(), vec![3, 2]);
+        let long = collected(&[b"abc", b"def"], 5);
+        assert!(long[1].as_ref().is_err_and(|e| e.kind() == ErrorKind::Corrupt));
+        let short = collected(&[b"abc"], 5);
+        assert_eq!(short.len(), 2);
+        assert!(short[1].as_ref().is_err_and(|e| e.message().contains("sent 3 bytes")));
+    }
 }
