@@ -338,22 +338,46 @@ impl Database {
 
     /// The states of many documents, one per id, in order.
     pub async fn read_many(&self, ids: &[String]) -> Result<Vec<Option<DocState>>> {
-        self.while_open(async {
-            let records = self.backend.get_many(ids).await?;
-            let mut states = Vec::with_capacity(ids.len());
-            for (id, record) in ids.iter().zip(records) {
-                states.push(match record {
-                    Some(record) => Some(DocState {
-                        tree: tree_of(&record.body, id)?,
-                        record_rev: Some(record.rev),
-                        local_rev: None,
-                    }),
-                    None => self.read_tombstone(id).await?,
-                });
+        self.while_open(self.read_states(ids)).await
+    }
+
+    /// The states of many documents, in order: their records in one batched read, then the
+    /// local trees of those without a live record in another (`get_many_local`).
+    async fn read_states(&self, ids: &[String]) -> Result<Vec<Option<DocState>>> {
+        let records = self.backend.get_many(ids).await?;
+        if records.len() != ids.len() {
+            return Err(Error::new(ErrorKind::Internal, "the backend answered a batched read with too few documents"));
+        }
+        let without_record: Vec<String> = ids
+            .iter()
+            .zip(&records)
+            .filter(|(_, record)| record.is_none())
+            .map(|(id, _)| format!("{TREE_PREFIX}{id}"))
+            .collect();
+        let mut trees = if without_record.is_empty() {
+            Vec::new().into_iter()
+        } else {
+            let trees = self.backend.get_many_local(&without_record).await?;
+            if trees.len() != without_record.len() {
+                return Err(Error::new(ErrorKind::Internal, "the backend answered a batched read with too few trees"));
             }
-            Ok(states)
-        })
-        .await
+            trees.into_iter()
+        };
+        let mut states = Vec::with_capacity(ids.len());
+        for (id, record) in ids.iter().zip(records) {
+            states.push(match record {
+                Some(record) => {
+                    Some(DocState { tree: tree_of(&record.body, id)?, record_rev: Some(record.rev), local_rev: None })
+                }
+                None => match trees.next().flatten() {
+                    Some(local) => {
+                        Some(DocState { tree: tree_of(&local.body, id)?, record_rev: None, local_rev: Some(local.rev) })
+                    }
+                    None => None,
+                },
+            });
+        }
+        Ok(states)
     }
 
     /// The states behind a page of the backend's change feed: each change's document as it is now.
@@ -462,13 +486,18 @@ impl Database {
 
     /// Whether `state` is what a save cut short by a crash leaves: the document's tree written
     /// as its local tree record (the first write of a save from nothing or from a tombstone) but
-    /// neither its live record nor a backend tombstone after it. Such a document reads as it
+    /// neither its live record nor a backend tombstone after it; or a live tree written as the
+    /// local tree of a tombstone (a re-creation, whose record was to replace the tombstone: a
+    /// deletion writes its local tree with the deleted winner). Such a document reads as it
     /// should but is missing from the change feed (and, when live, from `_all_docs`); writing it
     /// again (any write, or a replicated one of a leaf it has) repairs it.
     pub async fn half_written(&self, id: &str, state: Option<&DocState>) -> Result<bool> {
         let Some(state) = state else { return Ok(false) };
         if state.record_rev.is_some() || state.local_rev.is_none() {
             return Ok(false);
+        }
+        if !state.deleted() {
+            return Ok(true);
         }
         Ok(self.while_open(self.backend.get_deleted(id)).await?.is_none())
     }

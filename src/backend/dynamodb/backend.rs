@@ -677,6 +677,18 @@ impl DocumentBackend for DynamoDbBackend {
         self.read_local(name).await
     }
 
+    async fn get_many_local(&self, names: &[String]) -> Result<Vec<Option<StoredDocument>>> {
+        crate::backend::batched_get_many(names, BATCH_GET_MAX, BATCH_GET_CONCURRENCY, |names| {
+            self.read_local_keys(names)
+        })
+        .await
+    }
+
+    fn checks_never_written(&self) -> bool {
+        // A create's condition is `attribute_not_exists`, which a tombstone item fails.
+        true
+    }
+
     async fn put_local(&self, name: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Revision> {
         self.write_local(name, body, precondition).await
     }
