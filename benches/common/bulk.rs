@@ -111,6 +111,7 @@ fn precondition_name(precondition: &Precondition) -> &'static str {
     match precondition {
         Precondition::None => "None",
         Precondition::MustNotExist => "MustNotExist",
+        Precondition::NeverWritten => "NeverWritten",
         Precondition::MatchRevision(_) => "MatchRevision",
     }
 }

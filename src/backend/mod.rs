@@ -32,7 +32,8 @@ pub use url::BackendUrl;
 /// migrated.
 pub const LOCAL_PREFIX: &str = "_local/";
 
-/// How many `get`s the default [`DocumentBackend::get_many`] keeps in flight.
+/// How many `get`s the default [`DocumentBackend::get_many`] keeps in flight (and `get_local`s
+/// the default [`DocumentBackend::get_many_local`]).
 const GET_MANY_CONCURRENCY: usize = 16;
 
 /// An opaque revision: CouchDB's `_rev`, or whatever version marker the backend keeps.
@@ -79,6 +80,14 @@ pub enum Precondition {
     MatchRevision(Revision),
     /// Write whatever is there (migration's overwrite policy).
     None,
+    /// Create only, where the id holds neither a document nor a tombstone (never written, or
+    /// erased): fail with a conflict otherwise. [`Precondition::MustNotExist`] re-creates over a
+    /// tombstone; this one does not, so a writer that read nothing under an id can create it
+    /// without first serializing on what a deletion left. Only an adapter whose
+    /// [`DocumentBackend::checks_never_written`] says so checks it; any other answers every such
+    /// write with a conflict and writes nothing. On a local document (which leaves no tombstone)
+    /// it is `MustNotExist`.
+    NeverWritten,
 }
 
 /// Which fields a query returns besides the id and revision.
@@ -617,6 +626,27 @@ pub trait DocumentBackend: Send + Sync + 'static {
             lookups.push(self.get(id));
         }
         futures::stream::iter(lookups).buffered(GET_MANY_CONCURRENCY).try_collect().await
+    }
+
+    /// The local documents with these names, one answer per name, in order (`None` for a
+    /// missing one), as [`DocumentBackend::get_local`] answers each. The default runs bounded
+    /// concurrent `get_local`s; an adapter may override it with a batch read.
+    async fn get_many_local(&self, names: &[String]) -> Result<Vec<Option<StoredDocument>>> {
+        // A plain loop, as in `get_many`.
+        let mut lookups = Vec::with_capacity(names.len());
+        for name in names {
+            lookups.push(self.get_local(name));
+        }
+        futures::stream::iter(lookups).buffered(GET_MANY_CONCURRENCY).try_collect().await
+    }
+
+    /// Whether `put` and `bulk_write` check [`Precondition::NeverWritten`] atomically (the
+    /// embedded store in its transaction, DynamoDB's `attribute_not_exists`, Firestore's
+    /// `exists: false`, all of which a tombstone fails). `false`, the default, for a backend
+    /// that cannot tell a tombstone apart in the write itself (CouchDB re-creates a deleted
+    /// document on a create): it answers every such write with a conflict.
+    fn checks_never_written(&self) -> bool {
+        false
     }
 
     /// [`DocumentBackend::all_docs`] with each document as JSON text (`_id`, `_rev`, then the

@@ -77,9 +77,12 @@ pub fn check(id: &str, incoming: &ReplicatedRevision) -> Result<CheckedRevision>
 /// revision itself with a precondition naming it is `Applied` (a rewrite in place).
 pub fn judge(incoming: &ReplicatedRevision, stored: Option<&RevisionInfo>) -> ReplicatedOutcome {
     let holds = match (&incoming.precondition, stored) {
-        (Precondition::None, _) | (Precondition::MustNotExist, None) => true,
+        (Precondition::None, _) | (Precondition::MustNotExist | Precondition::NeverWritten, None) => true,
         (Precondition::MatchRevision(expected), Some(current)) => &current.rev == expected,
-        (Precondition::MustNotExist, Some(_)) | (Precondition::MatchRevision(_), None) => false,
+        // `stored` is a tombstone's too: never written means nothing at all.
+        (Precondition::MustNotExist | Precondition::NeverWritten, Some(_)) | (Precondition::MatchRevision(_), None) => {
+            false
+        }
     };
     if !holds {
         return ReplicatedOutcome::KeptCurrent;

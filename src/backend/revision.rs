@@ -85,7 +85,10 @@ pub fn local_number(rev: &Revision) -> Option<u64> {
 /// `current` revision (`None`: there is none); a conflict otherwise.
 pub fn next_local_revision(id: &str, precondition: &Precondition, current: Option<&Revision>) -> Result<Revision> {
     match (precondition, current) {
-        (Precondition::MustNotExist, Some(_)) => Err(Error::conflict(format!("document {id:?} already exists"))),
+        // A deleted local document is gone: never written and absent are one state.
+        (Precondition::MustNotExist | Precondition::NeverWritten, Some(_)) => {
+            Err(Error::conflict(format!("document {id:?} already exists")))
+        }
         (Precondition::MatchRevision(expected), None) => {
             Err(Error::conflict(format!("document {id:?} does not exist, so it is not at revision {expected}")))
         }

@@ -338,22 +338,46 @@ impl Database {
 
     /// The states of many documents, one per id, in order.
     pub async fn read_many(&self, ids: &[String]) -> Result<Vec<Option<DocState>>> {
-        self.while_open(async {
-            let records = self.backend.get_many(ids).await?;
-            let mut states = Vec::with_capacity(ids.len());
-            for (id, record) in ids.iter().zip(records) {
-                states.push(match record {
-                    Some(record) => Some(DocState {
-                        tree: tree_of(&record.body, id)?,
-                        record_rev: Some(record.rev),
-                        local_rev: None,
-                    }),
-                    None => self.read_tombstone(id).await?,
-                });
+        self.while_open(self.read_states(ids)).await
+    }
+
+    /// The states of many documents, in order: their records in one batched read, then the
+    /// local trees of those without a live record in another (`get_many_local`).
+    async fn read_states(&self, ids: &[String]) -> Result<Vec<Option<DocState>>> {
+        let records = self.backend.get_many(ids).await?;
+        if records.len() != ids.len() {
+            return Err(Error::new(ErrorKind::Internal, "the backend answered a batched read with too few documents"));
+        }
+        let without_record: Vec<String> = ids
+            .iter()
+            .zip(&records)
+            .filter(|(_, record)| record.is_none())
+            .map(|(id, _)| format!("{TREE_PREFIX}{id}"))
+            .collect();
+        let mut trees = if without_record.is_empty() {
+            Vec::new().into_iter()
+        } else {
+            let trees = self.backend.get_many_local(&without_record).await?;
+            if trees.len() != without_record.len() {
+                return Err(Error::new(ErrorKind::Internal, "the backend answered a batched read with too few trees"));
             }
-            Ok(states)
-        })
-        .await
+            trees.into_iter()
+        };
+        let mut states = Vec::with_capacity(ids.len());
+        for (id, record) in ids.iter().zip(records) {
+            states.push(match record {
+                Some(record) => {
+                    Some(DocState { tree: tree_of(&record.body, id)?, record_rev: Some(record.rev), local_rev: None })
+                }
+                None => match trees.next().flatten() {
+                    Some(local) => {
+                        Some(DocState { tree: tree_of(&local.body, id)?, record_rev: None, local_rev: Some(local.rev) })
+                    }
+                    None => None,
+                },
+            });
+        }
+        Ok(states)
     }
 
     /// The states behind a page of the backend's change feed: each change's document as it is now.
@@ -462,13 +486,18 @@ impl Database {
 
     /// Whether `state` is what a save cut short by a crash leaves: the document's tree written
     /// as its local tree record (the first write of a save from nothing or from a tombstone) but
-    /// neither its live record nor a backend tombstone after it. Such a document reads as it
+    /// neither its live record nor a backend tombstone after it; or a live tree written as the
+    /// local tree of a tombstone (a re-creation, whose record was to replace the tombstone: a
+    /// deletion writes its local tree with the deleted winner). Such a document reads as it
     /// should but is missing from the change feed (and, when live, from `_all_docs`); writing it
     /// again (any write, or a replicated one of a leaf it has) repairs it.
     pub async fn half_written(&self, id: &str, state: Option<&DocState>) -> Result<bool> {
         let Some(state) = state else { return Ok(false) };
         if state.record_rev.is_some() || state.local_rev.is_none() {
             return Ok(false);
+        }
+        if !state.deleted() {
+            return Ok(true);
         }
         Ok(self.while_open(self.backend.get_deleted(id)).await?.is_none())
     }
@@ -598,7 +627,16 @@ impl Database {
                 self.backend.put_local(&tree_name, &record, precondition).await.map_err(gone_is_conflict)?;
                 // A new document, one re-created over its tombstone, or one that stays deleted:
                 // in the last case it is written live and deleted again, so it moves in the feed.
-                let rev = self.backend.put(id, &record, Precondition::MustNotExist).await.map_err(gone_is_conflict)?;
+                // From nothing, the record is created only where still nothing is, where the
+                // backend can tell: another writer may have read the local tree just written,
+                // carried it on and deleted it meanwhile, and a create over that tombstone would
+                // drop what it wrote.
+                let create = if state.is_none() && self.backend.checks_never_written() {
+                    Precondition::NeverWritten
+                } else {
+                    Precondition::MustNotExist
+                };
+                let rev = self.backend.put(id, &record, create).await.map_err(gone_is_conflict)?;
                 if !live {
                     self.backend.delete(id, &rev).await.map_err(gone_is_conflict)?;
                 }
@@ -893,4 +931,58 @@ fn record_of(tree: &RevTree) -> Result<Map<String, Value>> {
     let mut record = Map::new();
     record.insert(TREE_FIELD.into(), tree);
     Ok(record)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::backend::embedded::EmbeddedBackend;
+
+    fn replicated(start: u64, ids: &[&str], deleted: bool) -> Write {
+        let path = RevPath { start, ids: ids.iter().map(|id| (*id).to_owned()).collect() };
+        Write::Replicated { path, deleted, body: Map::new() }
+    }
+
+    /// A backend on which, just before the next create of a record, another writer reads the
+    /// local tree that write put first, carries it on with a deletion of its leaf and saves
+    /// it (a tombstone).
+    struct DeletedMeanwhile {
+        inner: Arc<dyn DocumentBackend>,
+        armed: AtomicBool,
+    }
+
+    #[async_trait::async_trait]
+    impl crate::backend::raw::layer::Layered for DeletedMeanwhile {
+        fn inner(&self) -> &dyn DocumentBackend {
+            self.inner.as_ref()
+        }
+
+        async fn put(&self, id: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Revision> {
+            if self.armed.swap(false, Ordering::SeqCst) {
+                let other = Database::new("other".into(), Arc::clone(&self.inner));
+                other.write(id, &replicated(2, &["b", "a"], true)).await?;
+            }
+            self.inner.put(id, body, precondition).await
+        }
+    }
+
+    /// A write from nothing overtaken between its local tree and its record by a writer that
+    /// deleted what it wrote does not create its record over that tombstone: it reads again,
+    /// and the deletion stands.
+    #[tokio::test]
+    async fn a_creation_overtaken_by_a_deletion_does_not_undo_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let inner: Arc<dyn DocumentBackend> =
+            Arc::new(EmbeddedBackend::open(&dir.path().join("d.redb")).await.unwrap());
+        let layer = Arc::new(DeletedMeanwhile { inner, armed: AtomicBool::new(true) });
+        let database = Database::new("d".into(), layer.clone());
+        database.write("x", &replicated(1, &["a"], false)).await.unwrap();
+        assert!(!layer.armed.load(Ordering::SeqCst), "the other writer wrote");
+        let state = database.read("x").await.unwrap().expect("written");
+        assert!(state.deleted(), "the deletion stands: {:?}", state.tree.leaves());
+        assert_eq!(state.winner_rev().as_deref(), Some("2-b"));
+    }
 }

@@ -190,6 +190,14 @@ impl DocumentBackend for MeteredBackend {
         timed!(self, "get_many", self.inner.get_many(ids))
     }
 
+    async fn get_many_local(&self, names: &[String]) -> Result<Vec<Option<StoredDocument>>> {
+        timed!(self, "get_many_local", self.inner.get_many_local(names))
+    }
+
+    fn checks_never_written(&self) -> bool {
+        self.inner.checks_never_written()
+    }
+
     async fn all_docs_text(
         &self,
         range: &IdRange,
@@ -416,6 +424,14 @@ mod tests {
             self.record("get_many");
             Ok(vec![None; ids.len()])
         }
+        async fn get_many_local(&self, names: &[String]) -> Result<Vec<Option<StoredDocument>>> {
+            self.record("get_many_local");
+            Ok(vec![None; names.len()])
+        }
+        fn checks_never_written(&self) -> bool {
+            self.record("checks_never_written");
+            true
+        }
         async fn all_docs_text(&self, _: &IdRange, _: usize, _: Option<&str>) -> Result<Page<DocumentText>> {
             self.record("all_docs_text");
             Ok(Page { items: Vec::new(), next: None })
@@ -480,6 +496,8 @@ mod tests {
         assert_eq!(metered.exact_count().await.unwrap(), Some(5));
         assert_eq!(metered.design_document_count().await.unwrap(), Some(3));
         assert_eq!(metered.get_many(&["a".into(), "b".into()]).await.unwrap(), vec![None, None]);
+        assert_eq!(metered.get_many_local(&["a".into()]).await.unwrap(), vec![None]);
+        assert!(metered.checks_never_written());
         let incoming = ReplicatedRevision {
             rev: Revision(format!("1-{}", "a".repeat(32))),
             ancestry: vec![format!("1-{}", "a".repeat(32))],
@@ -521,6 +539,8 @@ mod tests {
                 "exact_count",
                 "design_document_count",
                 "get_many",
+                "get_many_local",
+                "checks_never_written",
                 "put_replicated",
                 "put_branch",
                 "revision_tree",

@@ -106,6 +106,8 @@ fn rev_tree_cases() -> Vec<Case> {
         concurrent_writers_of_deleted_trees_lose_nothing,
         purge_removes_leaves_and_documents,
         design_documents_are_listed,
+        a_page_of_new_documents_is_written_in_a_few_batched_calls,
+        a_tombstone_left_during_a_page_is_not_written_over,
     ]
 }
 
@@ -162,6 +164,8 @@ fn document_model_cases() -> Vec<Case> {
         a_follower_never_misses_a_committed_write,
         all_docs_pages_in_raw_id_order_both_ways,
         local_documents_are_kept_apart,
+        never_written_creates_fail_over_tombstones,
+        get_many_local_answers_every_name_in_order,
     ]
 }
 

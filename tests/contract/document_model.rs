@@ -783,3 +783,81 @@ pub async fn local_documents_are_kept_apart(ctx: Ctx) {
     let again = b.put_local("repl-1", &checkpoint(1), Precondition::MustNotExist).await.unwrap();
     assert_eq!(again.as_str(), "0-1", "a deleted local document starts again");
 }
+
+// ---- creates that fail over tombstones, batched local reads ----
+
+/// `NeverWritten` creates where nothing was ever written and fails over a live document and over
+/// a tombstone alike (where `MustNotExist` re-creates), in `put` and in `bulk_write`, leaving
+/// what it met untouched; an erased id counts as never written. A backend that cannot check it
+/// (`checks_never_written` false) answers every such write with a conflict and writes nothing.
+pub async fn never_written_creates_fail_over_tombstones(ctx: Ctx) {
+    let b = ctx.backend.as_ref();
+    let (fresh, live, gone) = (id_of("nw", "ns", "fresh"), id_of("nw", "ns", "live"), id_of("nw", "ns", "gone"));
+    let value = |key: &str| body("nw", "ns", key, json!(1));
+    let live_rev = b.put(&live, &value("live"), Precondition::MustNotExist).await.unwrap();
+    let gone_rev = b.put(&gone, &value("gone"), Precondition::MustNotExist).await.unwrap();
+    let tombstone = b.delete(&gone, &gone_rev).await.unwrap();
+    let never_written = |id: &String, key: &str| BulkWrite {
+        id: id.clone(),
+        body: value(key),
+        precondition: Precondition::NeverWritten,
+    };
+    let results = b
+        .bulk_write(vec![never_written(&fresh, "fresh"), never_written(&live, "live"), never_written(&gone, "gone")])
+        .await
+        .unwrap();
+    let kinds: Vec<Option<ErrorKind>> = results.iter().map(|r| r.as_ref().err().map(|e| e.kind())).collect();
+    let (gone_now, live_now) = (revisions(b, &gone).await, revisions(b, &live).await);
+    assert_eq!((gone_now.rev, gone_now.deleted), (tombstone.clone(), true), "the tombstone is untouched");
+    assert_eq!((live_now.rev, live_now.deleted), (live_rev.clone(), false), "the live document is untouched");
+    if !b.checks_never_written() {
+        assert_eq!(kinds, [Some(ErrorKind::Conflict); 3], "{results:?}");
+        assert_eq!(b.revisions(&fresh).await.unwrap(), None, "nothing written");
+        let err = b.put(&fresh, &value("fresh"), Precondition::NeverWritten).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Conflict, "{err}");
+        assert_eq!(b.revisions(&fresh).await.unwrap(), None, "nothing written");
+        return;
+    }
+    assert_eq!(kinds, [None, Some(ErrorKind::Conflict), Some(ErrorKind::Conflict)], "{results:?}");
+    let created = results[0].as_ref().unwrap();
+    assert_eq!(generation(created), 1);
+    assert_eq!(b.get(&fresh).await.unwrap().map(|doc| doc.rev), Some(created.clone()));
+    for id in [&fresh, &live, &gone] {
+        let err = b.put(id, &value("again"), Precondition::NeverWritten).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Conflict, "{id}: {err}");
+    }
+    assert_eq!(revisions(b, &gone).await.rev, tombstone, "the tombstone is untouched");
+    let single = id_of("nw", "ns", "single");
+    assert_eq!(generation(&b.put(&single, &value("single"), Precondition::NeverWritten).await.unwrap()), 1);
+    let back = b.put(&gone, &value("gone"), Precondition::MustNotExist).await.expect("MustNotExist re-creates");
+    assert!(generation(&back) > generation(&tombstone));
+    if ctx.no_purge.is_none() {
+        b.erase_prefix(&gone).await.unwrap();
+        assert_eq!(b.revisions(&gone).await.unwrap(), None);
+        b.put(&gone, &value("gone"), Precondition::NeverWritten).await.expect("an erased id was never written");
+    }
+}
+
+/// `get_many_local` answers each name as `get_local` does, in order: missing names, a name
+/// asked twice, and more names than one batch read takes.
+pub async fn get_many_local_answers_every_name_in_order(ctx: Ctx) {
+    let b = ctx.backend.as_ref();
+    let names: Vec<String> = (0..130).map(|n| format!("tree:many-{n:03}")).collect();
+    for (n, name) in names.iter().enumerate().filter(|(n, _)| n % 3 == 0) {
+        let body = match json!({ "n": n, "text": "é\u{1F600}" }) {
+            Value::Object(map) => map,
+            _ => unreachable!(),
+        };
+        b.put_local(name, &body, Precondition::MustNotExist).await.unwrap();
+    }
+    let mut asked = names.clone();
+    asked.push(names[3].clone());
+    asked.push("tree:never".into());
+    let many = b.get_many_local(&asked).await.unwrap();
+    assert_eq!(many.len(), asked.len());
+    for (name, found) in asked.iter().zip(&many) {
+        assert_eq!(found, &b.get_local(name).await.unwrap(), "{name}");
+    }
+    assert_eq!(many.iter().filter(|found| found.is_some()).count(), 44 + 1);
+    assert_eq!(b.get_many_local(&[]).await.unwrap(), Vec::new());
+}

@@ -1,12 +1,15 @@
 //! A CouchDB database's documents on every backend ([`agentstore::database::Database`] over the
 //! fresh backend): every leaf of a revision tree kept with its body, CouchDB's winner, deletion
 //! and re-creation, the feed moving on every change to a tree, concurrent writers losing
-//! nothing, purge, and design documents listed.
+//! nothing, purge, and design documents listed; a replicator's page written in a few batched
+//! calls, and its creates never written over a tombstone another writer left meanwhile.
 
-use std::collections::BTreeSet;
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
-use agentstore::backend::IdRange;
+use agentstore::backend::raw::layer::Layered;
+use agentstore::backend::{BulkWrite, DocumentBackend, IdRange, Precondition, Revision, StoredDocument};
 use agentstore::database::rev_tree::RevPath;
 use agentstore::database::{Database, Write, Written};
 use agentstore::ErrorKind;
@@ -222,4 +225,174 @@ pub async fn design_documents_are_listed(ctx: Ctx) {
     let listed = db.all_docs(&range, 10, None).await.expect("all_docs");
     let ids: Vec<&str> = listed.items.iter().map(|(id, _)| id.as_str()).collect();
     assert_eq!(ids, vec!["_design/app", "plain"]);
+}
+
+/// A backend that counts the calls a database makes to it, by name.
+struct CountingCalls {
+    inner: Arc<dyn DocumentBackend>,
+    calls: Mutex<BTreeMap<&'static str, usize>>,
+}
+
+impl CountingCalls {
+    fn count(&self, call: &'static str) {
+        *self.calls.lock().unwrap_or_else(|e| e.into_inner()).entry(call).or_default() += 1;
+    }
+
+    fn taken(&self) -> BTreeMap<&'static str, usize> {
+        std::mem::take(&mut *self.calls.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+#[async_trait::async_trait]
+impl Layered for CountingCalls {
+    fn inner(&self) -> &dyn DocumentBackend {
+        self.inner.as_ref()
+    }
+
+    async fn get(&self, id: &str) -> agentstore::Result<Option<StoredDocument>> {
+        self.count("get");
+        self.inner.get(id).await
+    }
+
+    async fn get_many(&self, ids: &[String]) -> agentstore::Result<Vec<Option<StoredDocument>>> {
+        self.count("get_many");
+        self.inner.get_many(ids).await
+    }
+
+    async fn get_local(&self, name: &str) -> agentstore::Result<Option<StoredDocument>> {
+        self.count("get_local");
+        self.inner.get_local(name).await
+    }
+
+    async fn get_many_local(&self, names: &[String]) -> agentstore::Result<Vec<Option<StoredDocument>>> {
+        self.count("get_many_local");
+        self.inner.get_many_local(names).await
+    }
+
+    async fn get_deleted(&self, id: &str) -> agentstore::Result<Option<StoredDocument>> {
+        self.count("get_deleted");
+        self.inner.get_deleted(id).await
+    }
+
+    async fn put(
+        &self,
+        id: &str,
+        body: &Map<String, Value>,
+        precondition: Precondition,
+    ) -> agentstore::Result<Revision> {
+        self.count("put");
+        self.inner.put(id, body, precondition).await
+    }
+
+    async fn put_local(
+        &self,
+        name: &str,
+        body: &Map<String, Value>,
+        precondition: Precondition,
+    ) -> agentstore::Result<Revision> {
+        self.count("put_local");
+        self.inner.put_local(name, body, precondition).await
+    }
+
+    async fn delete(&self, id: &str, rev: &Revision) -> agentstore::Result<Revision> {
+        self.count("delete");
+        self.inner.delete(id, rev).await
+    }
+
+    async fn bulk_write(&self, writes: Vec<BulkWrite>) -> agentstore::Result<Vec<agentstore::Result<Revision>>> {
+        self.count("bulk_write");
+        self.inner.bulk_write(writes).await
+    }
+}
+
+/// A replicator's page (`Database::write_many`) of new documents, re-creations over tombstones
+/// and a live document's new leaf costs two batched reads and one bulk write, plus a local tree
+/// written for each re-creation (and, on a backend that cannot check `NeverWritten`, for each
+/// new document too): never a read per document. Every document is stored as sent.
+pub async fn a_page_of_new_documents_is_written_in_a_few_batched_calls(ctx: Ctx) {
+    let layer = Arc::new(CountingCalls { inner: Arc::clone(&ctx.backend), calls: Mutex::default() });
+    let db = Database::new("contract".into(), layer.clone());
+    for n in 0..2 {
+        let id = format!("back-{n}");
+        db.write(&id, &replicated(1, &["a"], false, json!({}))).await.expect("created");
+        db.write(&id, &replicated(2, &["d", "a"], true, json!({}))).await.expect("deleted");
+    }
+    db.write("live", &replicated(1, &["a"], false, json!({}))).await.expect("created");
+    let mut page: Vec<(String, Vec<Write>)> = (0..20)
+        .map(|n| {
+            let first = replicated(2, &["b", "a"], false, json!({"n": n}));
+            (format!("new-{n:02}"), vec![first, replicated(2, &["c", "a"], false, json!({"other": n}))])
+        })
+        .collect();
+    for id in ["back-0", "back-1", "live"] {
+        page.push((id.to_owned(), vec![replicated(2, &["e", "a"], false, json!({"again": id}))]));
+    }
+    layer.taken();
+    let answers = db.write_many(&page).await.expect("write_many");
+    for ((id, _), answer) in page.iter().zip(&answers) {
+        let answer = answer.as_ref().unwrap_or_else(|e| panic!("{id}: {e}"));
+        assert!(answer.iter().all(|a| matches!(a, Ok(Written::Merged(_)))), "{id}: {answer:?}");
+    }
+    let local_trees = if ctx.backend.checks_never_written() { 2 } else { 22 };
+    let expected: BTreeMap<&str, usize> =
+        [("bulk_write", 1), ("get_many", 1), ("get_many_local", 1), ("put_local", local_trees)].into();
+    assert_eq!(layer.taken(), expected);
+    for n in 0..20 {
+        let state = db.read(&format!("new-{n:02}")).await.expect("read").expect("written");
+        assert_eq!(leaf_revs(&state).into_iter().collect::<BTreeSet<_>>(), ["2-b", "2-c"].map(String::from).into());
+        assert!(!state.deleted());
+    }
+    for id in ["back-0", "back-1"] {
+        let state = db.read(id).await.expect("read").expect("written");
+        assert_eq!(leaf_revs(&state).into_iter().collect::<BTreeSet<_>>(), ["2-d", "2-e"].map(String::from).into());
+        assert!(!state.deleted(), "{id} is back");
+    }
+    let listed = db.all_docs(&IdRange::all(), 100, None).await.expect("all_docs");
+    assert_eq!(listed.items.len(), 23, "every document of the page is listed live");
+}
+
+/// A backend on which another writer creates `target` and deletes it again just before the
+/// next bulk write lands, leaving a tombstone where a page read nothing.
+struct TombstoneMeanwhile {
+    inner: Arc<dyn DocumentBackend>,
+    target: &'static str,
+    armed: AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl Layered for TombstoneMeanwhile {
+    fn inner(&self) -> &dyn DocumentBackend {
+        self.inner.as_ref()
+    }
+
+    async fn bulk_write(&self, writes: Vec<BulkWrite>) -> agentstore::Result<Vec<agentstore::Result<Revision>>> {
+        if self.armed.swap(false, Ordering::SeqCst) {
+            let other = Database::new("contract".into(), Arc::clone(&self.inner));
+            other.write(self.target, &replicated(1, &["o1"], false, json!({"by": "other"}))).await?;
+            other.write(self.target, &replicated(2, &["o2", "o1"], true, json!({}))).await?;
+        }
+        self.inner.bulk_write(writes).await
+    }
+}
+
+/// A page's create of an id it read as never written, over which another writer left a
+/// tombstone meanwhile, does not write over it: both writers' leaves are kept.
+pub async fn a_tombstone_left_during_a_page_is_not_written_over(ctx: Ctx) {
+    let layer = Arc::new(TombstoneMeanwhile { inner: Arc::clone(&ctx.backend), target: "raced", armed: true.into() });
+    let db = Database::new("contract".into(), layer.clone());
+    let page = vec![
+        ("raced".to_owned(), vec![replicated(1, &["m1"], false, json!({"by": "me"}))]),
+        ("calm".to_owned(), vec![replicated(1, &["c1"], false, json!({}))]),
+    ];
+    let answers = db.write_many(&page).await.expect("write_many");
+    assert!(answers.iter().all(|a| a.as_ref().is_ok_and(|a| a.iter().all(Result::is_ok))), "{answers:?}");
+    assert!(!layer.armed.load(Ordering::SeqCst), "the other writer wrote");
+    let state = db.read("raced").await.expect("read").expect("written");
+    let mut leaves: Vec<(String, bool)> = state.tree.leaves().iter().map(|l| (l.path.leaf_rev(), l.deleted)).collect();
+    leaves.sort();
+    assert_eq!(leaves, [("1-m1".to_owned(), false), ("2-o2".to_owned(), true)]);
+    assert!(!state.deleted());
+    let listed = db.all_docs(&IdRange::all(), 10, None).await.expect("all_docs");
+    let ids: Vec<&str> = listed.items.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(ids, ["calm", "raced"]);
 }

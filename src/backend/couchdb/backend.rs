@@ -243,6 +243,7 @@ impl CouchDbBackend {
     async fn put_document(&self, id: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Revision> {
         match precondition {
             Precondition::MustNotExist => self.put_with_rev(id, body, None).await,
+            Precondition::NeverWritten => Err(never_written_unchecked(id)),
             Precondition::MatchRevision(rev) => {
                 if !self.may_be_live_at(id, &rev).await? {
                     return Err(Error::conflict(format!("document {id:?} is deleted, not at revision {rev}")));
@@ -377,6 +378,10 @@ impl CouchDbBackend {
         let numbers = self.number_model().await?;
         for write in &writes {
             let rev = match &write.precondition {
+                Precondition::NeverWritten => {
+                    outcomes.push(Some(Err(never_written_unchecked(&write.id))));
+                    continue;
+                }
                 Precondition::MustNotExist => None,
                 Precondition::MatchRevision(rev) => Some(rev.clone()),
                 Precondition::None => {
@@ -496,6 +501,16 @@ fn bulk_result(id: &str, result: Value) -> Result<Revision> {
 
 pub(super) fn is_design_doc(id: &str) -> bool {
     id.starts_with("_design/")
+}
+
+/// The answer to a [`Precondition::NeverWritten`] write: CouchDB re-creates a deleted document
+/// on a create without `_rev`, so no request can refuse a tombstone; nothing is written, and the
+/// caller writes the document as it finds it ([`DocumentBackend::checks_never_written`]).
+fn never_written_unchecked(id: &str) -> Error {
+    Error::conflict(format!(
+        "document {id:?}: CouchDB cannot check that an id was never written (a create re-creates over a \
+         tombstone); nothing was written"
+    ))
 }
 
 #[async_trait]

@@ -106,7 +106,8 @@ impl CouchDbBackend {
         precondition: Precondition,
     ) -> Result<Revision> {
         match precondition {
-            Precondition::MustNotExist => self.put_local_with_rev(name, body, None).await,
+            // Local documents leave no tombstone.
+            Precondition::MustNotExist | Precondition::NeverWritten => self.put_local_with_rev(name, body, None).await,
             Precondition::MatchRevision(rev) => {
                 check_local_revision(name, &rev)?;
                 self.put_local_with_rev(name, body, Some(&rev)).await

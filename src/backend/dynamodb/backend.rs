@@ -432,13 +432,18 @@ impl DynamoDbBackend {
     async fn write_distinct_ids(&self, writes: Vec<BulkWrite>) -> Result<Vec<Result<Revision>>> {
         // Every write, unconditional ones too, writes conditionally on the revision it replaces
         // (BatchWriteItem carries no condition), several at a time; what they replace is read
-        // first in consistent batches.
-        let ids: Vec<String> = writes.iter().map(|w| w.id.clone()).collect();
-        let known = self.read_current_many(&ids).await?;
+        // first in consistent batches. A `NeverWritten` create replaces nothing or fails: it is
+        // not read, its condition `attribute_not_exists` is the whole check.
+        let ids: Vec<String> =
+            writes.iter().filter(|w| w.precondition != Precondition::NeverWritten).map(|w| w.id.clone()).collect();
+        let known = if ids.is_empty() { HashMap::new() } else { self.read_current_many(&ids).await? };
         let known = &known;
         Ok(futures::stream::iter(writes)
             .map(|write| async move {
-                let current = Some(known.get(&write.id).cloned());
+                let current = match write.precondition {
+                    Precondition::NeverWritten => Some(None),
+                    _ => Some(known.get(&write.id).cloned()),
+                };
                 self.put_document(&write.id, &write.body, write.precondition, current).await
             })
             .buffered(CONDITIONAL_WRITE_CONCURRENCY)
@@ -511,7 +516,9 @@ impl DocumentBackend for DynamoDbBackend {
     }
 
     async fn put(&self, id: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Revision> {
-        self.put_document(id, body, precondition, None).await
+        // A `NeverWritten` create replaces nothing or fails on its condition: nothing to read.
+        let known = (precondition == Precondition::NeverWritten).then_some(None);
+        self.put_document(id, body, precondition, known).await
     }
 
     async fn delete(&self, id: &str, rev: &Revision) -> Result<Revision> {
@@ -675,6 +682,18 @@ impl DocumentBackend for DynamoDbBackend {
 
     async fn get_local(&self, name: &str) -> Result<Option<StoredDocument>> {
         self.read_local(name).await
+    }
+
+    async fn get_many_local(&self, names: &[String]) -> Result<Vec<Option<StoredDocument>>> {
+        crate::backend::batched_get_many(names, BATCH_GET_MAX, BATCH_GET_CONCURRENCY, |names| {
+            self.read_local_keys(names)
+        })
+        .await
+    }
+
+    fn checks_never_written(&self) -> bool {
+        // A create's condition is `attribute_not_exists`, which a tombstone item fails.
+        true
     }
 
     async fn put_local(&self, name: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Revision> {

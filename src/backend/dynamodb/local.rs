@@ -27,19 +27,35 @@ fn local_id(name: &str) -> Result<String> {
     Ok(format!("{LOCAL_PREFIX}{name}"))
 }
 
+/// The local document an item `id` holds.
+fn local_of(id: String, item: &HashMap<String, AttributeValue>) -> Result<StoredDocument> {
+    let rev = codec::string_attribute(item, codec::REV).unwrap_or_default().to_owned();
+    let body = match codec::string_attribute(item, LOCAL_BODY).map(serde_json::from_str::<Map<String, Value>>) {
+        Some(Ok(body)) => body,
+        _ => return Err(Error::new(ErrorKind::Corrupt, format!("DynamoDB local document {id:?} has no JSON body"))),
+    };
+    Ok(StoredDocument { id, rev: Revision(rev), body })
+}
+
 impl DynamoDbBackend {
     pub(super) async fn read_local(&self, name: &str) -> Result<Option<StoredDocument>> {
         let id = local_id(name)?;
         let output = self.consistent_get(&id).send().await.map_err(|e| map_sdk(e, "read a local document"))?;
         let Some(item) = output.item else { return Ok(None) };
-        let rev = codec::string_attribute(&item, codec::REV).unwrap_or_default().to_owned();
-        let body = match codec::string_attribute(&item, LOCAL_BODY).map(serde_json::from_str::<Map<String, Value>>) {
-            Some(Ok(body)) => body,
-            _ => {
-                return Err(Error::new(ErrorKind::Corrupt, format!("DynamoDB local document {id:?} has no JSON body")))
-            }
-        };
-        Ok(Some(StoredDocument { id, rev: Revision(rev), body }))
+        local_of(id, &item).map(Some)
+    }
+
+    /// The local documents `names` (distinct, at most a BatchGetItem's keys) in one strongly
+    /// consistent BatchGetItem, each under the name asked for.
+    pub(super) async fn read_local_keys(&self, names: Vec<String>) -> Result<Vec<(String, StoredDocument)>> {
+        let ids = names.iter().map(|name| local_id(name)).collect::<Result<Vec<_>>>()?;
+        let mut found = Vec::with_capacity(ids.len());
+        for item in self.batch_get_with_retries(&ids).await? {
+            let Some(id) = codec::string_attribute(&item, codec::ID) else { continue };
+            let Some(name) = id.strip_prefix(LOCAL_PREFIX) else { continue };
+            found.push((name.to_owned(), local_of(id.to_owned(), &item)?));
+        }
+        Ok(found)
     }
 
     pub(super) async fn write_local(

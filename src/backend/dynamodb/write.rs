@@ -104,6 +104,9 @@ fn tombstone_item(id: &str, rev: &Revision, ancestry: PackedAncestry) -> Item {
 
 /// Whether a write under `precondition` may replace `current`.
 fn check_precondition(id: &str, precondition: &Precondition, current: Option<&Current>) -> Result<()> {
+    if *precondition == Precondition::NeverWritten && current.is_some() {
+        return Err(Error::conflict(format!("document {id:?} was written before (it is live or deleted)")));
+    }
     let live = current.filter(|c| !c.deleted);
     match (precondition, live) {
         (Precondition::MustNotExist, Some(_)) => Err(Error::conflict(format!("document {id:?} already exists"))),
@@ -445,6 +448,16 @@ mod tests {
         assert!(check_precondition("a", &Precondition::MatchRevision(tomb.rev.clone()), Some(&tomb)).is_err());
         assert!(check_precondition("a", &matching, None).unwrap_err().is_conflict());
         assert!(check_precondition("a", &Precondition::None, Some(&tomb)).is_ok());
+    }
+
+    /// `NeverWritten` is refused over a tombstone too, where `MustNotExist` re-creates.
+    #[test]
+    fn never_written_is_refused_over_a_tombstone() {
+        let live = current("3-00112233445566778899aabbccddeeff", false);
+        let tomb = current("4-00112233445566778899aabbccddeeff", true);
+        assert!(check_precondition("a", &Precondition::NeverWritten, None).is_ok());
+        assert!(check_precondition("a", &Precondition::NeverWritten, Some(&tomb)).unwrap_err().is_conflict());
+        assert!(check_precondition("a", &Precondition::NeverWritten, Some(&live)).unwrap_err().is_conflict());
     }
 
     #[test]

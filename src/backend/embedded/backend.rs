@@ -252,6 +252,16 @@ impl DocumentBackend for EmbeddedBackend {
         self.blocking(move |db| local::get(db, &name)).await
     }
 
+    async fn get_many_local(&self, names: &[String]) -> Result<Vec<Option<StoredDocument>>> {
+        let names = names.to_vec();
+        self.blocking(move |db| local::get_many(db, &names)).await
+    }
+
+    fn checks_never_written(&self) -> bool {
+        // `write_one` sees the tombstone table in the write's own transaction.
+        true
+    }
+
     async fn put_local(&self, name: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Revision> {
         let (name, json) = (name.to_owned(), codec::encode_json(name, body)?);
         self.write(1, move |tables| local::put(tables, &name, &json, &precondition)).await

@@ -38,6 +38,24 @@ pub(super) fn get(db: &Database, name: &str) -> Result<Option<StoredDocument>> {
     Ok(Some(StoredDocument { id: format!("{LOCAL_PREFIX}{name}"), rev: local_revision(n), body }))
 }
 
+/// The local documents `names`, in one read transaction (one consistent snapshot).
+pub(super) fn get_many(db: &Database, names: &[String]) -> Result<Vec<Option<StoredDocument>>> {
+    let txn = db.begin_read().map_err(map_redb("begin read"))?;
+    let local = txn.open_table(LOCAL).map_err(map_redb("open local table"))?;
+    let mut found = Vec::with_capacity(names.len());
+    for name in names {
+        let doc = match local.get(name.as_str()).map_err(map_redb("read local document"))? {
+            Some(guard) => {
+                let (n, body) = decode_local(name, guard.value())?;
+                Some(StoredDocument { id: format!("{LOCAL_PREFIX}{name}"), rev: local_revision(n), body })
+            }
+            None => None,
+        };
+        found.push(doc);
+    }
+    Ok(found)
+}
+
 /// One page of local documents whose names lie in `range`, after the name `after`: one range read
 /// of the `local` table, so its cost is the page's.
 pub(super) fn list(

@@ -224,6 +224,10 @@ impl<'t> Tables<'t> {
     /// Checks the precondition and writes one document.
     pub(super) fn write_one(&mut self, write: &EncodedWrite) -> Result<Revision> {
         let existing = self.existing(&write.id)?;
+        if write.precondition == Precondition::NeverWritten && existing.is_some() {
+            let id = &write.id;
+            return Err(Error::conflict(format!("document {id:?} was written before (it is live or deleted)")));
+        }
         let live = match &existing {
             Some(Existing::Live(header, _)) => Some(header.rev),
             _ => None,
@@ -300,7 +304,10 @@ impl<'t> Tables<'t> {
 /// whether never written or deleted).
 pub(super) fn check_precondition(id: &str, precondition: &Precondition, live: Option<StoredRevision>) -> Result<()> {
     match (precondition, live) {
-        (Precondition::MustNotExist, Some(_)) => Err(Error::conflict(format!("document {id:?} already exists"))),
+        // A tombstone in the way of `NeverWritten` is `write_one`'s to see: here is the live one.
+        (Precondition::MustNotExist | Precondition::NeverWritten, Some(_)) => {
+            Err(Error::conflict(format!("document {id:?} already exists")))
+        }
         (Precondition::MatchRevision(_), None) => Err(Error::conflict(format!("document {id:?} does not exist"))),
         (Precondition::MatchRevision(expected), Some(rev)) if !rev.matches(expected) => {
             let rev = rev.to_revision();

@@ -485,6 +485,18 @@ impl DocumentBackend for FirestoreBackend {
         Ok(self.read_local(name).await?.map(|(doc, _)| doc))
     }
 
+    async fn get_many_local(&self, names: &[String]) -> Result<Vec<Option<StoredDocument>>> {
+        crate::backend::batched_get_many(names, BATCH_GET_MAX, BATCH_GET_CONCURRENCY, |names| {
+            self.read_local_names(names)
+        })
+        .await
+    }
+
+    fn checks_never_written(&self) -> bool {
+        // A create's precondition is `exists: false`, which a tombstone document fails.
+        true
+    }
+
     async fn put_local(&self, name: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Revision> {
         self.write_local(name, body, precondition).await
     }

@@ -35,6 +35,24 @@ impl FirestoreBackend {
         Ok(Some((StoredDocument { id, rev: Revision(rev), body }, text(document, "/updateTime").to_owned())))
     }
 
+    /// The local documents `names` (distinct) in one `:batchGet`, each under the name asked
+    /// for.
+    pub(super) async fn read_local_names(&self, names: Vec<String>) -> Result<Vec<(String, StoredDocument)>> {
+        let resources: Vec<String> = names.iter().map(|name| self.local_name(name)).collect();
+        let asked: std::collections::HashMap<&str, &str> =
+            resources.iter().map(String::as_str).zip(names.iter().map(String::as_str)).collect();
+        let reply = self.batch_get_fields(&resources, None, "read local documents in a batch").await?;
+        let mut found = Vec::with_capacity(names.len());
+        for document in reply.as_array().into_iter().flatten().filter_map(|entry| entry.get("found")) {
+            let Some(&name) = asked.get(text(document, "/name")) else { continue };
+            let id = format!("{LOCAL_PREFIX}{name}");
+            let rev = text(document, &format!("/fields/{}/stringValue", layout::REV)).to_owned();
+            let body = codec::decode(&id, fields_of(document), &[])?;
+            found.push((name.to_owned(), StoredDocument { id, rev: Revision(rev), body }));
+        }
+        Ok(found)
+    }
+
     /// One page of local documents whose names lie in `range`, in name order: one query over the
     /// local collection's `_id` (`_local/{name}`, so `_id` order is name order), from the page
     /// token (the last `_id` returned). Its cost is the page's reads.
@@ -89,7 +107,7 @@ impl FirestoreBackend {
         for _ in 0..LOCAL_TRIES {
             // A create needs no read: the precondition `exists: false` is the check.
             let current = match precondition {
-                Precondition::MustNotExist => None,
+                Precondition::MustNotExist | Precondition::NeverWritten => None,
                 _ => self.read_local(name).await?,
             };
             let rev = next_local_revision(&id, &precondition, current.as_ref().map(|(doc, _)| &doc.rev))?;

@@ -95,6 +95,9 @@ impl FirestoreBackend {
             (Precondition::MustNotExist, Some(state)) if !state.deleted => {
                 return Err(Error::conflict(format!("document {id:?} already exists")))
             }
+            (Precondition::NeverWritten, Some(_)) => {
+                return Err(Error::conflict(format!("document {id:?} was written before (it is live or deleted)")))
+            }
             (Precondition::MatchRevision(rev), None) => return Err(stale(id, rev)),
             (Precondition::MatchRevision(rev), Some(state)) if state.deleted || &state.rev != rev => {
                 return Err(stale(id, rev))
@@ -292,7 +295,7 @@ impl FirestoreBackend {
             &writes
                 .iter()
                 .filter(|w| match &w.precondition {
-                    Precondition::MustNotExist => false,
+                    Precondition::MustNotExist | Precondition::NeverWritten => false,
                     Precondition::MatchRevision(rev) => legacy_state(rev).is_none(),
                     Precondition::None => true,
                 })
@@ -304,7 +307,7 @@ impl FirestoreBackend {
         let mut committed = Vec::new();
         for (slot, write) in writes.iter().enumerate() {
             let current = match &write.precondition {
-                Precondition::MustNotExist => None,
+                Precondition::MustNotExist | Precondition::NeverWritten => None,
                 Precondition::MatchRevision(rev) => legacy_state(rev).or_else(|| states.get(&write.id).cloned()),
                 Precondition::None => states.get(&write.id).cloned(),
             };
@@ -327,13 +330,17 @@ impl FirestoreBackend {
         }
         self.batch_write(plain, &mut results).await?;
         // A blind create that met a tombstone, or an overwrite that lost a race, is done again
-        // alone from a fresh read; a failed revision match stands.
+        // alone from a fresh read; a failed revision match stands, and so does a `NeverWritten`
+        // create that met anything (its `exists: false` is the whole check).
         let again: Vec<usize> = results
             .iter()
             .enumerate()
             .filter(|(slot, r)| {
                 matches!(r, Some(Err(e)) if e.is_conflict())
-                    && !matches!(writes[*slot].precondition, Precondition::MatchRevision(_))
+                    && !matches!(
+                        writes[*slot].precondition,
+                        Precondition::MatchRevision(_) | Precondition::NeverWritten
+                    )
             })
             .map(|(slot, _)| slot)
             .collect();
@@ -374,6 +381,11 @@ impl FirestoreBackend {
                     }
                     outcome => outcome,
                 }
+            }
+            Precondition::NeverWritten => {
+                // `exists: false` fails over a tombstone as over a live document.
+                let plan = self.plan_write(id, body, &precondition, None)?;
+                self.commit_planned(id, plan).await
             }
             Precondition::MatchRevision(rev) => {
                 let current = match legacy_state(rev) {

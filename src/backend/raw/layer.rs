@@ -161,6 +161,14 @@ pub trait Layered: Send + Sync + 'static {
         self.inner().get_many(ids).await
     }
 
+    async fn get_many_local(&self, names: &[String]) -> Result<Vec<Option<StoredDocument>>> {
+        self.inner().get_many_local(names).await
+    }
+
+    fn checks_never_written(&self) -> bool {
+        self.inner().checks_never_written()
+    }
+
     async fn all_docs_text(
         &self,
         range: &IdRange,
@@ -340,6 +348,14 @@ impl<L: Layered> DocumentBackend for L {
 
     async fn get_many(&self, ids: &[String]) -> Result<Vec<Option<StoredDocument>>> {
         Layered::get_many(self, ids).await
+    }
+
+    async fn get_many_local(&self, names: &[String]) -> Result<Vec<Option<StoredDocument>>> {
+        Layered::get_many_local(self, names).await
+    }
+
+    fn checks_never_written(&self) -> bool {
+        Layered::checks_never_written(self)
     }
 
     async fn all_docs_text(

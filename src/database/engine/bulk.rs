@@ -1,21 +1,33 @@
 //! Many documents' writes at once ([`Database::write_many`]): what a replicator's page costs
 //! when each document's write is one read and one save of its own is paid once per page instead.
 //!
-//! The documents' states are read in one batched read (`get_many`, then the local trees of the
-//! ids without a live record), every document's writes are applied in memory exactly as
-//! [`Database::write_batch`] applies them (the same guard, merge, stemming and attachment
-//! resolution), and the saves are grouped:
+//! The documents' states are read in two batched reads (`get_many` for the records, then
+//! `get_many_local` for the local trees of the ids without a live record), every document's
+//! writes are applied in memory exactly as [`Database::write_batch`] applies them (the same
+//! guard, merge, stemming and attachment resolution), and the saves are grouped:
 //! - a live record whose tree stays live is one write of the record on its revision, and all of
 //!   them go in one `bulk_write` (every adapter checks each item's precondition on its own: the
 //!   embedded store in its transaction, DynamoDB with a conditional put per item, Firestore with
 //!   a precondition per write, CouchDB with each document's `_rev`);
-//! - a document created, or re-created over its tombstone, first writes its local tree on the
+//! - a document under whose id nothing was read (no record, no local tree) is created in the
+//!   same `bulk_write` with [`Precondition::NeverWritten`], which fails over a tombstone as over
+//!   a live record: so it needs no local tree. A tombstone is what a re-creation must serialize
+//!   on (its local tree's revision), and whoever left one in the meantime makes the create fail,
+//!   and the document is written again alone (below), the local-tree way. A writer that wrote a
+//!   local tree under the id meanwhile without its record is either still writing (its record
+//!   then fails to be created and it reads again, finding this one) or was cut short before its
+//!   write was acknowledged; the record created here is then the document, the local tree left
+//!   behind unread (a live record is the authority);
+//! - a document re-created over its tombstone, or one a crash left half-written, or a creation on
+//!   a backend that cannot check `NeverWritten` (CouchDB), first writes its local tree on the
 //!   revision read (the compare-and-swap every save from a tombstone is serialized on), and only
 //!   after that its record, in the same one `bulk_write`. A crash between the two leaves what a
 //!   crash inside [`Database::write_batch`] leaves, a half-written document, which the next write
 //!   of it finishes ([`Database::half_written`]);
 //! - anything else (a deletion, a document staying deleted) is saved alone as `write_batch`
 //!   saves it.
+//!
+//! So a page of new documents costs two batched reads and one bulk write, whatever its size.
 //!
 //! A document whose save met another writer (any failed precondition) is written again alone
 //! through [`Database::write_batch`], which reads it again and retries, so conflicts between
@@ -25,15 +37,15 @@
 
 use std::collections::HashSet;
 
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 
-use super::{gone_is_conflict, record_of, tree_of, Applied, DocState, Written, TREE_PREFIX};
-use crate::backend::{BulkWrite, Precondition, StoredDocument};
+use super::{gone_is_conflict, record_of, Applied, DocState, Written, TREE_PREFIX};
+use crate::backend::{BulkWrite, Precondition};
 use crate::database::rev_tree::RevTree;
 use crate::database::{Database, Write};
 use crate::error::{Error, ErrorKind, Result};
 
-/// Local trees read, and documents saved alone, at once.
+/// Local trees written first, and documents saved alone or written again, at once.
 const CONCURRENCY: usize = 16;
 
 /// One document's answers: one per write, or the error that stopped its save.
@@ -166,27 +178,6 @@ impl Database {
             .collect())
     }
 
-    /// The states of distinct documents, in order: their records in one batched read, then the
-    /// local trees of those without a live record, several at once.
-    async fn read_states(&self, ids: &[String]) -> Result<Vec<Option<DocState>>> {
-        let records = self.backend.get_many(ids).await?;
-        let mut reading = Vec::with_capacity(ids.len());
-        for (id, record) in ids.iter().zip(records) {
-            reading.push(self.state_of(id, record));
-        }
-        futures::stream::iter(reading).buffered(CONCURRENCY).try_collect().await
-    }
-
-    /// A document's state from its record as read, or else from its local tree.
-    async fn state_of(&self, id: &str, record: Option<StoredDocument>) -> Result<Option<DocState>> {
-        match record {
-            Some(record) => {
-                Ok(Some(DocState { tree: tree_of(&record.body, id)?, record_rev: Some(record.rev), local_rev: None }))
-            }
-            None => self.read_tombstone(id).await,
-        }
-    }
-
     /// A document saved alone, as `write_batch` saves it.
     async fn save_alone(&self, id: &str, pending: Pending) -> (Pending, Saved) {
         let saved = Saved::of(self.save(id, pending.state.as_ref(), &pending.tree).await);
@@ -231,8 +222,10 @@ impl Database {
     }
 
     /// A live tree's record as one write of the bulk write: on the record's revision when it
-    /// is live, else (a creation, a re-creation over a tombstone) once its local tree is
-    /// written on the revision read.
+    /// is live; for an id under which nothing was read, as a create that fails over a tombstone
+    /// (`NeverWritten`, where the backend checks it); else (a re-creation over a tombstone, a
+    /// half-written document, a creation where the backend cannot check `NeverWritten`) once
+    /// its local tree is written on the revision read.
     async fn local_first(&self, id: &str, pending: Pending) -> (Pending, Saved, Option<BulkWrite>) {
         let record = match record_of(&pending.tree) {
             Ok(record) => record,
@@ -241,6 +234,10 @@ impl Database {
         let record_rev = pending.state.as_ref().and_then(|s| s.record_rev.clone());
         if let Some(rev) = record_rev {
             let write = BulkWrite { id: id.to_owned(), body: record, precondition: Precondition::MatchRevision(rev) };
+            return (pending, Saved::Done, Some(write));
+        }
+        if pending.state.is_none() && self.backend.checks_never_written() {
+            let write = BulkWrite { id: id.to_owned(), body: record, precondition: Precondition::NeverWritten };
             return (pending, Saved::Done, Some(write));
         }
         let precondition = match pending.state.as_ref().and_then(|s| s.local_rev.clone()) {
@@ -451,16 +448,23 @@ mod tests {
     }
 
     /// A backend whose next bulk write fails before writing, as a process killed between a
-    /// page's local trees and its records would leave it.
+    /// page's local trees and its records would leave it; `checks_never_written` says whether
+    /// it takes `NeverWritten` creates (as the embedded store, DynamoDB and Firestore do) or
+    /// not (as CouchDB).
     struct CrashBeforeRecords {
         inner: Arc<dyn DocumentBackend>,
         armed: AtomicBool,
+        checks_never_written: bool,
     }
 
     #[async_trait::async_trait]
     impl crate::backend::raw::layer::Layered for CrashBeforeRecords {
         fn inner(&self) -> &dyn DocumentBackend {
             self.inner.as_ref()
+        }
+
+        fn checks_never_written(&self) -> bool {
+            self.checks_never_written && self.inner.checks_never_written()
         }
 
         async fn bulk_write(&self, writes: Vec<BulkWrite>) -> Result<Vec<Result<Revision>>> {
@@ -471,23 +475,29 @@ mod tests {
         }
     }
 
-    /// A bulk save cut short after the local trees leaves every new document readable with its
-    /// whole tree (never half a document), and writing the page again finishes them into the
-    /// feed, as a resumed migration does.
-    #[tokio::test]
-    async fn a_bulk_save_cut_short_is_finished_by_writing_the_page_again() {
-        let dir = tempfile::tempdir().unwrap();
-        let inner = embedded(&dir, "d.redb").await;
-        let layer = Arc::new(CrashBeforeRecords { inner, armed: AtomicBool::new(true) });
-        let database = Database::new("d".into(), layer.clone());
-        let documents: Vec<(String, Vec<Write>)> = (0..5)
+    /// Five documents of two leaves each.
+    fn two_leaved_page() -> Vec<(String, Vec<Write>)> {
+        (0..5)
             .map(|n| {
                 (
                     format!("doc{n}"),
                     vec![leaf(2, &["b", "a"], false, json!({"n": n})), leaf(2, &["c", "a"], false, json!({}))],
                 )
             })
-            .collect();
+            .collect()
+    }
+
+    /// On a backend that cannot check `NeverWritten` (new documents go the local-tree way), a
+    /// bulk save cut short after the local trees leaves every new document readable with its
+    /// whole tree (never half a document), and writing the page again finishes them into the
+    /// feed, as a resumed migration does.
+    #[tokio::test]
+    async fn a_bulk_save_cut_short_is_finished_by_writing_the_page_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let inner = embedded(&dir, "d.redb").await;
+        let layer = Arc::new(CrashBeforeRecords { inner, armed: AtomicBool::new(true), checks_never_written: false });
+        let database = Database::new("d".into(), layer.clone());
+        let documents = two_leaved_page();
         assert!(database.write_many(&documents).await.is_err(), "the first save is cut short");
         for (id, _) in &documents {
             let state = database.read(id).await.unwrap().expect("the tree was written");
@@ -503,5 +513,232 @@ mod tests {
             let state = database.read(id).await.unwrap();
             assert!(!database.half_written(id, state.as_ref()).await.unwrap());
         }
+    }
+
+    /// Where the backend checks `NeverWritten`, new documents write nothing before their
+    /// records: a bulk save cut short leaves no trace of them (no record, no local tree), and
+    /// writing the page again writes each whole, into the feed once.
+    #[tokio::test]
+    async fn a_bulk_save_of_new_documents_cut_short_leaves_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let inner = embedded(&dir, "d.redb").await;
+        let layer = Arc::new(CrashBeforeRecords { inner, armed: AtomicBool::new(true), checks_never_written: true });
+        let database = Database::new("d".into(), layer.clone());
+        let documents = two_leaved_page();
+        assert!(database.write_many(&documents).await.is_err(), "the first save is cut short");
+        for (id, _) in &documents {
+            assert!(database.read(id).await.unwrap().is_none(), "{id}: nothing of it was written");
+            assert!(layer.get_local(&format!("{TREE_PREFIX}{id}")).await.unwrap().is_none(), "{id}: no local tree");
+        }
+        assert!(database.backend().changes(None, 10).await.unwrap().changes.is_empty());
+        let answers = database.write_many(&documents).await.unwrap();
+        assert!(answers.iter().all(|a| a.as_ref().is_ok_and(|a| a.iter().all(Result::is_ok))));
+        let feed = database.backend().changes(None, 10).await.unwrap().changes;
+        assert_eq!(feed.len(), documents.len(), "every document in the feed once");
+        for (id, _) in &documents {
+            let state = database.read(id).await.unwrap().expect("written");
+            assert_eq!(state.tree.leaves().len(), 2, "{id}: both leaves");
+            assert!(state.record_rev.is_some(), "{id}: a live record");
+        }
+    }
+
+    /// Documents re-created over their tombstones still go the local-tree way, on every
+    /// backend: a bulk save cut short between their local trees and their records leaves them
+    /// half-written (readable, live, missing from the feed's latest changes), and writing the
+    /// page again finishes them, although the tombstones are still there.
+    #[tokio::test]
+    async fn a_re_creation_cut_short_is_finished_by_writing_the_page_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let inner = embedded(&dir, "d.redb").await;
+        let layer = Arc::new(CrashBeforeRecords { inner, armed: AtomicBool::new(false), checks_never_written: true });
+        let database = Database::new("d".into(), layer.clone());
+        for n in 0..3 {
+            let id = format!("doc{n}");
+            database.write(&id, &leaf(1, &["a"], false, json!({}))).await.unwrap();
+            database.write(&id, &leaf(2, &["d", "a"], true, json!({}))).await.unwrap();
+        }
+        let documents: Vec<(String, Vec<Write>)> =
+            (0..3).map(|n| (format!("doc{n}"), vec![leaf(2, &["b", "a"], false, json!({"n": n}))])).collect();
+        layer.armed.store(true, Ordering::SeqCst);
+        assert!(database.write_many(&documents).await.is_err(), "the first save is cut short");
+        for (id, _) in &documents {
+            let state = database.read(id).await.unwrap().expect("the tree was written");
+            assert!(!state.deleted(), "{id}: its local tree holds the re-creation");
+            assert!(database.half_written(id, Some(&state)).await.unwrap(), "{id}: half-written");
+        }
+        let answers = database.write_many(&documents).await.unwrap();
+        assert!(answers.iter().all(|a| a.as_ref().is_ok_and(|a| a.iter().all(Result::is_ok))));
+        let feed = database.backend().changes(None, 10).await.unwrap().changes;
+        assert_eq!(feed.len(), documents.len());
+        assert!(feed.iter().all(|change| !change.deleted), "every re-created document is live in the feed");
+        for (id, _) in &documents {
+            let state = database.read(id).await.unwrap().expect("written");
+            assert!(state.record_rev.is_some(), "{id}: a live record");
+            assert!(!database.half_written(id, Some(&state)).await.unwrap());
+            assert_eq!(state.tree.leaves().len(), 2, "{id}: the deleted leaf and the new one");
+        }
+    }
+
+    /// A backend that counts the calls made to it, by name.
+    struct Counting {
+        inner: Arc<dyn DocumentBackend>,
+        calls: std::sync::Mutex<std::collections::BTreeMap<&'static str, usize>>,
+    }
+
+    impl Counting {
+        fn count(&self, call: &'static str) {
+            *self.calls.lock().unwrap().entry(call).or_default() += 1;
+        }
+
+        fn taken(&self) -> std::collections::BTreeMap<&'static str, usize> {
+            std::mem::take(&mut *self.calls.lock().unwrap())
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl crate::backend::raw::layer::Layered for Counting {
+        fn inner(&self) -> &dyn DocumentBackend {
+            self.inner.as_ref()
+        }
+
+        async fn get(&self, id: &str) -> Result<Option<crate::backend::StoredDocument>> {
+            self.count("get");
+            self.inner.get(id).await
+        }
+
+        async fn get_many(&self, ids: &[String]) -> Result<Vec<Option<crate::backend::StoredDocument>>> {
+            self.count("get_many");
+            self.inner.get_many(ids).await
+        }
+
+        async fn get_local(&self, name: &str) -> Result<Option<crate::backend::StoredDocument>> {
+            self.count("get_local");
+            self.inner.get_local(name).await
+        }
+
+        async fn get_many_local(&self, names: &[String]) -> Result<Vec<Option<crate::backend::StoredDocument>>> {
+            self.count("get_many_local");
+            self.inner.get_many_local(names).await
+        }
+
+        async fn get_deleted(&self, id: &str) -> Result<Option<crate::backend::StoredDocument>> {
+            self.count("get_deleted");
+            self.inner.get_deleted(id).await
+        }
+
+        async fn put(&self, id: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Revision> {
+            self.count("put");
+            self.inner.put(id, body, precondition).await
+        }
+
+        async fn put_local(
+            &self,
+            name: &str,
+            body: &Map<String, Value>,
+            precondition: Precondition,
+        ) -> Result<Revision> {
+            self.count("put_local");
+            self.inner.put_local(name, body, precondition).await
+        }
+
+        async fn delete(&self, id: &str, rev: &Revision) -> Result<Revision> {
+            self.count("delete");
+            self.inner.delete(id, rev).await
+        }
+
+        async fn bulk_write(&self, writes: Vec<BulkWrite>) -> Result<Vec<Result<Revision>>> {
+            self.count("bulk_write");
+            self.inner.bulk_write(writes).await
+        }
+    }
+
+    /// A page of new documents costs two batched reads and one bulk write, whatever its size:
+    /// no local-tree read or write per document. Re-creations over tombstones in a page cost
+    /// their local trees' writes, one each, and the page's reads stay batched.
+    #[tokio::test]
+    async fn a_page_of_new_documents_costs_three_batched_calls() {
+        let dir = tempfile::tempdir().unwrap();
+        let layer = Arc::new(Counting { inner: embedded(&dir, "d.redb").await, calls: Default::default() });
+        let database = Database::new("d".into(), layer.clone());
+        database.revs_limit().await.unwrap();
+        let documents: Vec<(String, Vec<Write>)> = (0..50)
+            .map(|n| {
+                let body = json!({"n": n});
+                (format!("doc{n:02}"), vec![leaf(2, &["b", "a"], false, body), leaf(2, &["c", "a"], false, json!({}))])
+            })
+            .collect();
+        layer.taken();
+        let answers = database.write_many(&documents).await.unwrap();
+        assert!(answers.iter().all(|a| a.as_ref().is_ok_and(|a| a.iter().all(Result::is_ok))));
+        assert_eq!(layer.taken(), [("bulk_write", 1), ("get_many", 1), ("get_many_local", 1)].into());
+        assert_eq!(database.backend().changes(None, 100).await.unwrap().changes.len(), documents.len());
+
+        for n in 0..3 {
+            database.write(&format!("doc{n:02}"), &leaf(3, &["x", "b", "a"], true, json!({}))).await.unwrap();
+            database.write(&format!("doc{n:02}"), &leaf(3, &["y", "c", "a"], true, json!({}))).await.unwrap();
+        }
+        let again: Vec<(String, Vec<Write>)> = (0..6)
+            .map(|n| (format!("doc{n:02}"), vec![leaf(3, &["z", "b", "a"], false, json!({"again": n}))]))
+            .collect();
+        layer.taken();
+        let answers = database.write_many(&again).await.unwrap();
+        assert!(answers.iter().all(|a| a.as_ref().is_ok_and(|a| a.iter().all(Result::is_ok))));
+        assert_eq!(
+            layer.taken(),
+            [("bulk_write", 1), ("get_many", 1), ("get_many_local", 1), ("put_local", 3)].into(),
+            "three re-creations write their local trees first, three live records do not"
+        );
+        for n in 0..6 {
+            let state = database.read(&format!("doc{n:02}")).await.unwrap().expect("written");
+            assert!(state.record_rev.is_some() && !state.deleted(), "doc{n:02} is live");
+        }
+    }
+
+    /// A backend on which another writer creates `target` and deletes it again just before the
+    /// next bulk write lands, leaving a tombstone where the page read nothing.
+    struct TombstoneMeanwhile {
+        inner: Arc<dyn DocumentBackend>,
+        target: String,
+        armed: AtomicBool,
+    }
+
+    #[async_trait::async_trait]
+    impl crate::backend::raw::layer::Layered for TombstoneMeanwhile {
+        fn inner(&self) -> &dyn DocumentBackend {
+            self.inner.as_ref()
+        }
+
+        async fn bulk_write(&self, writes: Vec<BulkWrite>) -> Result<Vec<Result<Revision>>> {
+            if self.armed.swap(false, Ordering::SeqCst) {
+                let other = Database::new("other".into(), Arc::clone(&self.inner));
+                other.write(&self.target, &leaf(1, &["o1"], false, json!({"by": "other"}))).await?;
+                other.write(&self.target, &leaf(2, &["o2", "o1"], true, json!({}))).await?;
+            }
+            self.inner.bulk_write(writes).await
+        }
+    }
+
+    /// A create of an id the page read as never written, over which another writer left a
+    /// tombstone meanwhile, fails (a tombstone is what creations serialize on) and is written
+    /// again alone: the other writer's deleted branch and the page's leaf are both kept.
+    #[tokio::test]
+    async fn a_tombstone_left_meanwhile_is_not_written_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let inner = embedded(&dir, "d.redb").await;
+        let layer = Arc::new(TombstoneMeanwhile { inner, target: "doc".into(), armed: AtomicBool::new(true) });
+        let database = Database::new("d".into(), layer.clone());
+        let documents = vec![
+            ("doc".to_owned(), vec![leaf(1, &["m1"], false, json!({"by": "me"}))]),
+            ("fresh".to_owned(), vec![leaf(1, &["f1"], false, json!({}))]),
+        ];
+        let answers = database.write_many(&documents).await.unwrap();
+        assert!(answers.iter().all(|a| a.as_ref().is_ok_and(|a| a.iter().all(Result::is_ok))), "{answers:?}");
+        assert!(!layer.armed.load(Ordering::SeqCst), "the other writer did write");
+        let state = database.read("doc").await.unwrap().expect("written");
+        let mut leaves: Vec<(String, bool)> = state.tree.leaves().iter().map(|l| (l.rev(), l.deleted)).collect();
+        leaves.sort();
+        assert_eq!(leaves, [("1-m1".to_owned(), false), ("2-o2".to_owned(), true)]);
+        assert!(state.record_rev.is_some(), "re-created over the tombstone: a live record");
+        assert!(database.read("fresh").await.unwrap().is_some());
     }
 }
