@@ -27,6 +27,7 @@
 //! has a checkpoint but is gone from the source is reported; it is deleted at the target only
 //! with `--delete-missing`. `--until-caught-up` makes one more pass after the copy and stops.
 
+pub mod archive;
 pub mod checkpoint;
 pub mod side;
 pub mod verify;
