@@ -185,6 +185,8 @@ struct LineReader {
     offset: u64,
     /// Lines read.
     line: u64,
+    /// Whether the last line read ended at the end of the file without its `\n`.
+    unterminated: bool,
 }
 
 impl LineReader {
@@ -195,7 +197,7 @@ impl LineReader {
         } else {
             Box::new(BufReader::with_capacity(1 << 20, file))
         };
-        Ok(LineReader { inner, path: path.to_path_buf(), max, offset: 0, line: 0 })
+        Ok(LineReader { inner, path: path.to_path_buf(), max, offset: 0, line: 0, unterminated: false })
     }
 
     fn read_error(&self, err: std::io::Error) -> Error {
@@ -235,6 +237,7 @@ impl LineReader {
                     return Ok(false);
                 }
                 self.line += 1;
+                self.unterminated = true;
                 return Ok(true);
             }
             let (take, done) = match available.iter().position(|b| *b == b'\n') {
@@ -284,7 +287,7 @@ pub fn check_file(path: &Path, max_line_bytes: u64) -> Result<FileSummary> {
         Error::new(
             ErrorKind::InvalidInput,
             format!(
-                "{} ends after line {} {what}: the file is truncated (or not a whole export); nothing was imported",
+                "{} ends after line {} {what}: the file is truncated (or not a whole export)",
                 path.display(),
                 reader.line
             ),
@@ -316,7 +319,13 @@ pub fn check_file(path: &Path, max_line_bytes: u64) -> Result<FileSummary> {
             });
         }
         let at = Place { path, line: reader.line };
-        match kind_of(&line, &at)? {
+        let kind = kind_of(&line, &at).map_err(|err| match reader.unterminated {
+            true => {
+                at.error(format!("is cut short (the file ends inside it): the file is truncated; {}", err.message()))
+            }
+            false => err,
+        })?;
+        match kind {
             Kind::Leaf => {
                 let Some((_, count, hasher)) = current.as_mut() else {
                     return Err(at.error("is a leaf outside any database".into()));
@@ -1055,7 +1064,11 @@ pub async fn import(target: Side, options: ImportOptions, stop: StopSignal) -> R
     let max = options.max_line_bytes;
     let summary = tokio::task::spawn_blocking(move || check_file(&input, max))
         .await
-        .map_err(|e| Error::new(ErrorKind::Internal, "the file check task failed").with_source(e))??;
+        .map_err(|e| Error::new(ErrorKind::Internal, "the file check task failed").with_source(e))?
+        .map_err(|err| {
+            Error::new(err.kind(), format!("{}; nothing was imported (the whole file is checked first)", err.message()))
+                .with_source(err)
+        })?;
     let checkpoint_path =
         options.checkpoint.clone().unwrap_or_else(|| default_checkpoint(&options.input, &target.name()));
     let fresh = ImportCheckpoint {
