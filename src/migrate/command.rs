@@ -521,6 +521,7 @@ async fn import_databases(args: ImportArgs, settings: &Settings) -> Result<u8> {
         checkpoint: pipeline.checkpoint.clone(),
         restart: pipeline.restart,
         max_line_bytes: args.databases.max_line_bytes(settings)?,
+        pages_at_once: pipeline.concurrency,
         progress: match pipeline.progress {
             ProgressMode::None => ProgressMode::None,
             _ => ProgressMode::Log,

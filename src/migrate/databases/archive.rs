@@ -18,16 +18,17 @@
 //! **Import** first reads the whole file and checks its structure (every end line present, the
 //! counts and digests equal): a truncated or altered file is refused before anything is written.
 //! Then it creates each database, sets its settings and writes its leaves in pages (asking the
-//! target first which leaves it lacks, as the move does); after each page the byte offset past
-//! it is saved in a checkpoint, so after `kill -9` the same command goes on from there. A leaf
+//! target first which leaves it lacks, as the move does; `pages_at_once` pages of a database at
+//! once, recorded in file order); after each page the byte offset past it is saved in a
+//! checkpoint, so after `kill -9` the same command goes on from there. A leaf
 //! written twice is merged as already known, so a re-run from any point is safe.
 //!
-//! **Memory** is bounded by pages: import holds at most three pages (one being written, one
-//! waiting, one being read), each at most `batch_size` leaves and [`PAGE_BYTES`] of lines (a
+//! **Memory** is bounded by pages: import holds at most `pages_at_once` pages being written, one
+//! waiting and one being read, each at most `batch_size` leaves and [`PAGE_BYTES`] of lines (a
 //! page holds at least one line), and refuses a line longer than `max_line_bytes` naming the
 //! limit; export holds two pages of the source's leaves.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
@@ -856,6 +857,8 @@ pub struct ImportOptions {
     pub checkpoint: Option<PathBuf>,
     pub restart: bool,
     pub max_line_bytes: u64,
+    /// Pages written at once (`--concurrency`): pages of one database overlap, databases do not.
+    pub pages_at_once: usize,
     pub progress: ProgressMode,
     /// Refused leaves named per database.
     pub max_issues: usize,
@@ -1125,10 +1128,17 @@ pub async fn import(target: Side, options: ImportOptions, stop: StopSignal) -> R
         })
     };
     let mut status = ArchiveStatus::Interrupted;
-    let mut this_run = ImportCounts::default();
+    let mut pages = Pages {
+        in_flight: VecDeque::new(),
+        this_run: ImportCounts::default(),
+        checkpoint: checkpoint_path.clone(),
+        max_issues: options.max_issues,
+    };
+    let pages_at_once = options.pages_at_once.max(1);
     while let Some(item) = items.recv().await {
         match item? {
             Item::Database(start) => {
+                pages.settle_all(&mut state, &board).await?;
                 let selected = options.selection.admits(&start.database);
                 let mut db = ImportedDb {
                     name: start.database.clone(),
@@ -1146,20 +1156,21 @@ pub async fn import(target: Side, options: ImportOptions, stop: StopSignal) -> R
                 state.current_selected = selected;
             }
             Item::Page { leaves, offset, line } => {
-                let Some(db) = state.current.as_mut() else {
+                if pages.in_flight.len() >= pages_at_once {
+                    pages.settle_one(&mut state, &board).await?;
+                }
+                let Some(db) = state.current.as_ref() else {
                     return Err(Error::new(ErrorKind::Internal, "a page of leaves outside a database"));
                 };
-                let counts = import_page(&target, db, leaves, options.max_issues).await?;
-                this_run.add(&counts);
-                db.counts.add(&counts);
-                board.done.fetch_add(counts.leaves_read, Ordering::Relaxed);
-                (state.offset, state.line) = (offset, line);
-                save_json(&checkpoint_path, &state)?;
+                let (target, name) = (target.clone(), db.name.clone());
+                let write = tokio::spawn(async move { import_page(&target, &name, leaves).await });
+                pages.in_flight.push_back((write, offset, line));
                 if stop.is_raised() {
                     break;
                 }
             }
             Item::DatabaseEnd { offset, line } => {
+                pages.settle_all(&mut state, &board).await?;
                 if let Some(db) = state.current.take() {
                     if state.current_selected {
                         state.done.push(db);
@@ -1181,6 +1192,9 @@ pub async fn import(target: Side, options: ImportOptions, stop: StopSignal) -> R
             }
         }
     }
+    // Pages being written are finished and recorded, stopped or not.
+    pages.settle_all(&mut state, &board).await?;
+    let this_run = pages.this_run;
     drop(items);
     let _ = reader.await;
     if status == ArchiveStatus::Complete {
@@ -1226,13 +1240,43 @@ pub async fn import(target: Side, options: ImportOptions, stop: StopSignal) -> R
     })
 }
 
-/// Writes the leaves of one page the target lacks; the page's counts.
-async fn import_page(
-    target: &Side,
-    db: &mut ImportedDb,
-    leaves: Vec<Map<String, Value>>,
+/// Pages being written, oldest first, each with the file position after it; recorded in order,
+/// so the checkpoint's offset never passes a page not yet written.
+struct Pages {
+    in_flight: VecDeque<(tokio::task::JoinHandle<Result<(ImportCounts, Vec<Value>)>>, u64, u64)>,
+    this_run: ImportCounts,
+    checkpoint: PathBuf,
     max_issues: usize,
-) -> Result<ImportCounts> {
+}
+
+impl Pages {
+    /// Waits for the oldest page and records it in the checkpoint.
+    async fn settle_one(&mut self, state: &mut ImportCheckpoint, board: &Board) -> Result<()> {
+        let Some((write, offset, line)) = self.in_flight.pop_front() else { return Ok(()) };
+        let (counts, failures) =
+            write.await.map_err(|e| Error::new(ErrorKind::Internal, "a page writer task failed").with_source(e))??;
+        let Some(db) = state.current.as_mut() else {
+            return Err(Error::new(ErrorKind::Internal, "a page of leaves outside a database"));
+        };
+        self.this_run.add(&counts);
+        db.counts.add(&counts);
+        let room = self.max_issues.saturating_sub(db.failures.len());
+        db.failures.extend(failures.into_iter().take(room));
+        board.done.fetch_add(counts.leaves_read, Ordering::Relaxed);
+        (state.offset, state.line) = (offset, line);
+        save_json(&self.checkpoint, state)
+    }
+
+    async fn settle_all(&mut self, state: &mut ImportCheckpoint, board: &Board) -> Result<()> {
+        while !self.in_flight.is_empty() {
+            self.settle_one(state, board).await?;
+        }
+        Ok(())
+    }
+}
+
+/// Writes the leaves of one page the target lacks; the page's counts and the leaves refused.
+async fn import_page(target: &Side, db: &str, leaves: Vec<Map<String, Value>>) -> Result<(ImportCounts, Vec<Value>)> {
     let mut counts = ImportCounts { leaves_read: leaves.len() as u64, ..ImportCounts::default() };
     let text =
         |leaf: &Map<String, Value>, field: &str| leaf.get(field).and_then(Value::as_str).unwrap_or_default().to_owned();
@@ -1242,7 +1286,7 @@ async fn import_page(
     }
     let wanted: Vec<(String, Vec<String>)> = wanted.into_iter().collect();
     let missing: HashSet<(String, String)> = target
-        .missing(&db.name, &wanted)
+        .missing(db, &wanted)
         .await?
         .into_iter()
         .flat_map(|(id, revs)| revs.into_iter().map(move |rev| (id.clone(), rev)))
@@ -1263,13 +1307,12 @@ async fn import_page(
         }
     }
     counts.leaves_written = sending.len() as u64;
+    let mut failures = Vec::new();
     if !sending.is_empty() {
-        let failures = target.write_leaves(&db.name, sending).await?;
+        failures = target.write_leaves(db, sending).await?;
         counts.failed = failures.len() as u64;
-        let room = max_issues.saturating_sub(db.failures.len());
-        db.failures.extend(failures.into_iter().take(room));
     }
-    Ok(counts)
+    Ok((counts, failures))
 }
 
 #[cfg(test)]
