@@ -1240,10 +1240,13 @@ pub async fn import(target: Side, options: ImportOptions, stop: StopSignal) -> R
     })
 }
 
+/// A page being written: its counts and the leaves the target refused.
+type PageWrite = tokio::task::JoinHandle<Result<(ImportCounts, Vec<Value>)>>;
+
 /// Pages being written, oldest first, each with the file position after it; recorded in order,
 /// so the checkpoint's offset never passes a page not yet written.
 struct Pages {
-    in_flight: VecDeque<(tokio::task::JoinHandle<Result<(ImportCounts, Vec<Value>)>>, u64, u64)>,
+    in_flight: VecDeque<(PageWrite, u64, u64)>,
     this_run: ImportCounts,
     checkpoint: PathBuf,
     max_issues: usize,
