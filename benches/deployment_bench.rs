@@ -18,7 +18,8 @@
 //! 2. with `BENCH_FILE` (default 1; 0 skips it): the same databases through a file
 //!    (docs/migration.md, "Whole databases in a file"): `export --db 'bench_*'` from the source
 //!    to an NDJSON file, then `import --all-databases` of it into a fresh embedded store, each
-//!    timed from start to exit, then `verify --all-databases` between the source and that store;
+//!    timed from start to exit, then `verify --all-databases` between the source and that store
+//!    (`BENCH_FILE_GZIP=1`: the file is `.ndjson.gz`, gzip-compressed);
 //! 3. `replicator → pouchdb-server`: a second pouchdb-server `--in-memory` pulls every database
 //!    from the source with `POST /_replicate` (`create_target: true`), 4 databases at once (as
 //!    `migrate` copies 4 at once by default);
@@ -63,6 +64,7 @@ struct Config {
     attachment_percent: usize,
     targets: Vec<String>,
     file: bool,
+    gzip: bool,
 }
 
 fn config() -> Result<Config, String> {
@@ -74,6 +76,7 @@ fn config() -> Result<Config, String> {
         attachment_percent: env_number("BENCH_ATTACHMENT_PERCENT", 1usize)?,
         targets: targets.split(',').map(|t| t.trim().to_owned()).filter(|t| !t.is_empty()).collect(),
         file: env_number("BENCH_FILE", 1usize)? != 0,
+        gzip: env_number("BENCH_FILE_GZIP", 0usize)? != 0,
     })
 }
 
@@ -238,15 +241,15 @@ fn timed(args: &[&str], dir: &std::path::Path) -> Result<(f64, Value, bool), Str
 
 /// `export` of the source to a file, then `import` of it into a fresh embedded store, then
 /// `verify` between the source and that store: two rows.
-fn through_a_file(source: &str, dir: &std::path::Path) -> Result<Vec<Measured>, String> {
-    let file = dir.join("deployment.ndjson");
+fn through_a_file(source: &str, dir: &std::path::Path, gzip: bool) -> Result<Vec<Measured>, String> {
+    let file = dir.join(if gzip { "deployment.ndjson.gz" } else { "deployment.ndjson" });
     let file_text = file.display().to_string();
     let target = format!("embedded:{}", dir.join("imported.redb").display());
     let export = ["export", "--from", source, "--db", "bench_*", "--progress", "none", "--out", &file_text];
     let (seconds, report, success) = timed(&export, dir)?;
     let file_mib = report["file_bytes"].as_f64().unwrap_or(0.0) / 1048576.0;
     let exported = Measured {
-        label: "export → file".into(),
+        label: if gzip { "export → file (.gz)".into() } else { "export → file".into() },
         seconds,
         docs: report["documents"].as_u64().unwrap_or(0),
         leaves: report["leaves"].as_u64(),
@@ -364,7 +367,7 @@ async fn measure(config: Config) -> Result<bool, String> {
     if config.file {
         println!("{NAME}: export to a file, import into embedded…");
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-        for measured in through_a_file(&source_url, dir.path())? {
+        for measured in through_a_file(&source_url, dir.path(), config.gzip)? {
             println!(
                 "{NAME}:   {}: {:.1}s, {:.0} docs/s, {}",
                 measured.label,
