@@ -141,7 +141,8 @@ pub struct ImportArgs {
     pub pipeline: PipelineArgs,
 }
 
-/// The flags of `export`/`import` of whole databases (docs/migration.md#whole-databases-in-a-file).
+/// The flags of `export`/`import` of whole databases
+/// (docs/migration.md#whole-databases-in-a-file-exportimport---all-databases).
 #[derive(Debug, Clone, Args)]
 pub struct DatabaseFileArgs {
     /// Whole databases (every database but the data-store one) instead of data-store documents:
