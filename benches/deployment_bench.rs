@@ -16,14 +16,19 @@
 //!    timed from start to exit; its report gives the documents and leaves copied and its peak
 //!    RSS (`VmHWM`). Then `verify --all-databases` compares the two sides leaf for leaf (timed
 //!    apart); any difference fails the bench;
-//! 2. `replicator → pouchdb-server`: a second pouchdb-server `--in-memory` pulls every database
+//! 2. with `BENCH_FILE` (default 1; 0 skips it): the same databases through a file
+//!    (docs/migration.md, "Whole databases in a file"): `export --db 'bench_*'` from the source
+//!    to an NDJSON file, then `import --all-databases` of it into a fresh embedded store, each
+//!    timed from start to exit, then `verify --all-databases` between the source and that store
+//!    (`BENCH_FILE_GZIP=1`: the file is `.ndjson.gz`, gzip-compressed);
+//! 3. `replicator → pouchdb-server`: a second pouchdb-server `--in-memory` pulls every database
 //!    from the source with `POST /_replicate` (`create_target: true`), 4 databases at once (as
 //!    `migrate` copies 4 at once by default);
-//! 3. `replicator → agentstore (embedded)`: the source pouchdb-server pushes every database with
+//! 4. `replicator → agentstore (embedded)`: the source pouchdb-server pushes every database with
 //!    `POST /_replicate` into `agentstore serve --couchdb-listen` over a fresh embedded store (the
 //!    standard alternative to `migrate`, docs/migration.md), 4 at once.
 //!
-//! `BENCH_REPLICATORS=0` leaves out steps 2 and 3 (pouchdb-server's replicator holds every
+//! `BENCH_REPLICATORS=0` leaves out steps 3 and 4 (pouchdb-server's replicator holds every
 //! attachment whole, so the attachment-heavy variant below is run without it).
 //!
 //! **Attachment-heavy variant** (memory bound of `migrate`, docs/migration.md): attachments far
@@ -71,6 +76,8 @@ struct Config {
     attachment_bytes: usize,
     targets: Vec<String>,
     replicators: bool,
+    file: bool,
+    gzip: bool,
 }
 
 fn config() -> Result<Config, String> {
@@ -83,6 +90,8 @@ fn config() -> Result<Config, String> {
         attachment_bytes: env_number("BENCH_ATTACHMENT_BYTES", 4096usize)?.max(8),
         replicators: env_number("BENCH_REPLICATORS", 1usize)? != 0,
         targets: targets.split(',').map(|t| t.trim().to_owned()).filter(|t| !t.is_empty()).collect(),
+        file: env_number("BENCH_FILE", 1usize)? != 0,
+        gzip: env_number("BENCH_FILE_GZIP", 0usize)? != 0,
     })
 }
 
@@ -238,6 +247,66 @@ fn migrate_into(source: &str, target: &str, label: &str, dir: &std::path::Path) 
     })
 }
 
+/// Runs the release binary to its end; the seconds it took, its JSON report, and whether it
+/// exited 0.
+fn timed(args: &[&str], dir: &std::path::Path) -> Result<(f64, Value, bool), String> {
+    let started = Instant::now();
+    let output =
+        Command::new(BIN).args(args).current_dir(dir).output().map_err(|e| format!("cannot run {BIN}: {e}"))?;
+    let seconds = started.elapsed().as_secs_f64();
+    let report: Value = serde_json::from_slice(&output.stdout).map_err(|e| {
+        format!("{args:?} printed no report ({e}); stderr: {}", String::from_utf8_lossy(&output.stderr))
+    })?;
+    Ok((seconds, report, output.status.success()))
+}
+
+/// `export` of the source to a file, then `import` of it into a fresh embedded store, then
+/// `verify` between the source and that store: two rows.
+fn through_a_file(source: &str, dir: &std::path::Path, gzip: bool) -> Result<Vec<Measured>, String> {
+    let file = dir.join(if gzip { "deployment.ndjson.gz" } else { "deployment.ndjson" });
+    let file_text = file.display().to_string();
+    let target = format!("embedded:{}", dir.join("imported.redb").display());
+    let export = ["export", "--from", source, "--db", "bench_*", "--progress", "none", "--out", &file_text];
+    let (seconds, report, success) = timed(&export, dir)?;
+    let file_mib = report["file_bytes"].as_f64().unwrap_or(0.0) / 1048576.0;
+    let exported = Measured {
+        label: if gzip { "export → file (.gz)".into() } else { "export → file".into() },
+        seconds,
+        docs: report["documents"].as_u64().unwrap_or(0),
+        leaves: report["leaves"].as_u64(),
+        attachment_mib: None,
+        peak_rss_mib: report["peak_rss_bytes"].as_f64().map(|b| b / 1048576.0),
+        verify_seconds: None,
+        ok: success && report["status"] == "complete",
+        note: format!("{file_mib:.0} MiB file"),
+    };
+    let import = ["import", "--to", &target, "--all-databases", "--progress", "none", "--in", &file_text];
+    let (seconds, report, success) = timed(&import, dir)?;
+    let mut ok = success && report["status"] == "complete" && report["totals"]["failed"] == 0;
+    let verify =
+        ["verify", "--from", source, "--to", &target, "--all-databases", "--db", "bench_*", "--progress", "none"];
+    let (verify_seconds, verified, verify_success) = timed(&verify, dir)?;
+    let passed = verify_success && verified["passed"] == true;
+    ok &= passed;
+    let imported = Measured {
+        label: "file → import (embedded)".into(),
+        seconds,
+        // The same documents as the export's: the import counts leaves, the rates compare documents.
+        docs: exported.docs,
+        leaves: report["totals"]["leaves_written"].as_u64(),
+        attachment_mib: None,
+        peak_rss_mib: report["peak_rss_bytes"].as_f64().map(|b| b / 1048576.0),
+        verify_seconds: Some(verify_seconds),
+        ok,
+        note: if passed {
+            format!("verify: {} leaves equal", verified["leaves"])
+        } else {
+            format!("verify FAILED: {}", verified.to_string().chars().take(400).collect::<String>())
+        },
+    };
+    Ok(vec![exported, imported])
+}
+
 /// The replicator of the server at `runner` copying every database from `source` to `target`
 /// (URLs with credentials), `AT_ONCE` at a time.
 async fn replicate(
@@ -361,6 +430,20 @@ async fn measure(config: Config) -> Result<bool, String> {
         let measured = migrate_into(&source_url, &target, kind, dir.path())?;
         println!("{NAME}:   {:.1}s, {:.0} docs/s, {}", measured.seconds, measured.rate(), measured.note);
         results.push(measured);
+    }
+    if config.file {
+        println!("{NAME}: export to a file, import into embedded…");
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        for measured in through_a_file(&source_url, dir.path(), config.gzip)? {
+            println!(
+                "{NAME}:   {}: {:.1}s, {:.0} docs/s, {}",
+                measured.label,
+                measured.seconds,
+                measured.rate(),
+                measured.note
+            );
+            results.push(measured);
+        }
     }
     if config.replicators {
         replicators(&http, &source_url, &config, docs as u64, &mut results).await?;

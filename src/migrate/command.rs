@@ -118,6 +118,8 @@ pub struct ExportArgs {
     #[arg(long, value_name = "FILE")]
     pub out: PathBuf,
     #[command(flatten)]
+    pub databases: DatabaseFileArgs,
+    #[command(flatten)]
     pub pipeline: PipelineArgs,
 }
 
@@ -134,7 +136,60 @@ pub struct ImportArgs {
     #[arg(long, value_enum, default_value_t = ConflictPolicy::Fail)]
     pub on_conflict: ConflictPolicy,
     #[command(flatten)]
+    pub databases: DatabaseFileArgs,
+    #[command(flatten)]
     pub pipeline: PipelineArgs,
+}
+
+/// The flags of `export`/`import` of whole databases
+/// (docs/migration.md#whole-databases-in-a-file-exportimport---all-databases).
+#[derive(Debug, Clone, Args)]
+pub struct DatabaseFileArgs {
+    /// Whole databases (every database but the data-store one) instead of data-store documents:
+    /// revision trees, attachments, design documents, `_security`, `_revs_limit`; --from (export)
+    /// and --to (import) may then also be http(s):// CouchDB-protocol server URLs, a FILE ending
+    /// in .gz is gzip-compressed, and import's --checkpoint names its checkpoint file
+    #[arg(long)]
+    pub all_databases: bool,
+    /// Only the databases of this name or pattern (`*`, `?`; repeatable; implies --all-databases)
+    #[arg(long = "db", value_name = "PATTERN")]
+    pub dbs: Vec<String>,
+    /// Leave out the databases of this name or pattern (repeatable; with --all-databases)
+    #[arg(long = "exclude", value_name = "PATTERN")]
+    pub excludes: Vec<String>,
+    /// With --all-databases: the longest line written or read (a leaf's line holds its attachments
+    /// as base64) [default: 256 MiB, or more to fit one attachment of couchdb_max_attachment_bytes]
+    #[arg(long, value_name = "BYTES")]
+    pub max_line_bytes: Option<u64>,
+}
+
+impl DatabaseFileArgs {
+    fn chosen(&self) -> bool {
+        self.all_databases || !self.dbs.is_empty()
+    }
+
+    /// Refuses the flags that go only with whole databases.
+    fn refuse_without(&self) -> Result<()> {
+        if !self.excludes.is_empty() || self.max_line_bytes.is_some() {
+            return Err(Error::invalid("exclude", "--exclude and --max-line-bytes go with --all-databases or --db"));
+        }
+        Ok(())
+    }
+
+    fn selection(&self) -> Selection {
+        Selection { include: self.dbs.clone(), exclude: self.excludes.clone() }
+    }
+
+    fn max_line_bytes(&self, settings: &Settings) -> Result<u64> {
+        match self.max_line_bytes {
+            Some(0) => Err(Error::invalid("max-line-bytes", "must be at least 1")),
+            Some(bytes) => Ok(bytes),
+            None => Ok(super::databases::archive::default_max_line_bytes(
+                settings.couchdb_max_document_bytes,
+                settings.couchdb_max_attachment_bytes,
+            )),
+        }
+    }
 }
 
 /// `agentstore verify`.
@@ -323,6 +378,10 @@ pub async fn migrate(args: MigrateArgs, settings: &Settings) -> Result<u8> {
 
 /// `export`; returns the exit status.
 pub async fn export(args: ExportArgs, settings: &Settings) -> Result<u8> {
+    if args.databases.chosen() {
+        return export_databases(args, settings).await;
+    }
+    args.databases.refuse_without()?;
     let options = args.pipeline.options(settings, ConflictPolicy::Fail)?;
     let (source, _) = open_backend(Side::Source, &args.from, settings, true).await?;
     let target = Endpoint::File(args.out.clone());
@@ -332,6 +391,10 @@ pub async fn export(args: ExportArgs, settings: &Settings) -> Result<u8> {
 
 /// `import`; returns the exit status.
 pub async fn import(args: ImportArgs, settings: &Settings) -> Result<u8> {
+    if args.databases.chosen() {
+        return import_databases(args, settings).await;
+    }
+    args.databases.refuse_without()?;
     let options = args.pipeline.options(settings, args.on_conflict)?;
     let source = input_file(&args.input)?;
     let (target, _) = open_backend(Side::Target, &args.to, settings, false).await?;
@@ -386,6 +449,89 @@ async fn open_sides(from: &str, to: &str, settings: &Settings) -> Result<(DbSide
         return Err(Error::invalid("to", format!("source and target are the same ({})", source.name())));
     }
     Ok((source, target))
+}
+
+/// Opens one side of a deployment export or import and checks it answers (a missing embedded
+/// source is refused: opening it would create an empty store).
+async fn open_side(named: &'static str, text: &str, settings: &Settings, must_exist: bool) -> Result<DbSide> {
+    let side = DbSide::parse(text, settings)
+        .map_err(|err| Error::new(err.kind(), format!("{named} {text:?}: {}", err.message())).with_source(err))?;
+    if must_exist {
+        if let Ok(BackendUrl::Embedded { path, .. }) = settings.resolve_backend_url(text) {
+            if !path.exists() && !path.with_extension("redb.databases").exists() {
+                return Err(Error::invalid("from", format!("{named} {}: the file does not exist", path.display())));
+            }
+        }
+    }
+    side.check().await.map_err(|err| {
+        Error::new(err.kind(), format!("{named} {}: {}", side.name(), err.message())).with_source(err)
+    })?;
+    Ok(side)
+}
+
+/// Refuses the data-store flags that mean nothing for whole databases.
+fn refuse_data_store_flags(pipeline: &PipelineArgs) -> Result<()> {
+    check_sizes(pipeline.batch_size, pipeline.concurrency)?;
+    if !pipeline.users.is_empty() || !pipeline.namespaces.is_empty() {
+        return Err(Error::invalid("user", "--user and --namespace select data-store documents, not databases"));
+    }
+    if pipeline.dry_run {
+        return Err(Error::invalid("dry-run", "--dry-run is not supported with --all-databases"));
+    }
+    Ok(())
+}
+
+/// `export --all-databases` / `--db`; returns the exit status.
+async fn export_databases(args: ExportArgs, settings: &Settings) -> Result<u8> {
+    let stop = Box::pin(crate::server::shutdown_signal());
+    let pipeline = &args.pipeline;
+    refuse_data_store_flags(pipeline)?;
+    if pipeline.checkpoint.is_some() {
+        return Err(Error::invalid("checkpoint", "an export of whole databases has no checkpoint: it starts over"));
+    }
+    let source = open_side("source", &args.from, settings, true).await?;
+    let options = super::databases::archive::ExportOptions {
+        selection: args.databases.selection(),
+        batch_size: pipeline.batch_size,
+        out: args.out.clone(),
+        replace: pipeline.restart,
+        max_line_bytes: args.databases.max_line_bytes(settings)?,
+        progress: match pipeline.progress {
+            ProgressMode::None => ProgressMode::None,
+            _ => ProgressMode::Log,
+        },
+    };
+    let report = super::databases::archive::export(source, options, stop).await?;
+    emit(&report, pipeline.report.as_deref())?;
+    Ok(report.exit_code())
+}
+
+/// `import --all-databases` / `--db`; returns the exit status.
+async fn import_databases(args: ImportArgs, settings: &Settings) -> Result<u8> {
+    let stop = Box::pin(crate::server::shutdown_signal());
+    let pipeline = &args.pipeline;
+    refuse_data_store_flags(pipeline)?;
+    if !args.input.is_file() {
+        return Err(Error::invalid("in", format!("{} is not a readable file", args.input.display())));
+    }
+    let target = open_side("target", &args.to, settings, false).await?;
+    let options = super::databases::archive::ImportOptions {
+        selection: args.databases.selection(),
+        batch_size: pipeline.batch_size,
+        input: args.input.clone(),
+        checkpoint: pipeline.checkpoint.clone(),
+        restart: pipeline.restart,
+        max_line_bytes: args.databases.max_line_bytes(settings)?,
+        pages_at_once: pipeline.concurrency,
+        progress: match pipeline.progress {
+            ProgressMode::None => ProgressMode::None,
+            _ => ProgressMode::Log,
+        },
+        max_issues: pipeline.max_issues,
+    };
+    let report = super::databases::archive::import(target, options, stop).await?;
+    emit(&report, pipeline.report.as_deref())?;
+    Ok(report.exit_code())
 }
 
 /// `migrate --all-databases` / `--db`; returns the exit status.

@@ -1,5 +1,5 @@
 //! The libtest-mimic suites that run on every selected backend, in one binary: migration
-//! (`migrate::…`), moving whole deployments (`migrate_databases::…`), live migration (`live_migrate::…`), the CouchDB API (`couchdb_api::…`) and
+//! (`migrate::…`), moving whole deployments (`migrate_databases::…`), whole databases through a file (`export_import::…`), live migration (`live_migrate::…`), the CouchDB API (`couchdb_api::…`) and
 //! real CouchDB clients against it (`couchdb_clients::…`). Each suite prints, before the run,
 //! which backends it runs against which server and what does NOT RUN and why; a filter such as
 //! `cargo test --test suites -- couchdb_api::` runs one suite.
@@ -14,6 +14,7 @@ mod common;
 
 mod couchdb_api;
 mod couchdb_clients;
+mod export_import;
 mod live_migrate;
 mod migrate;
 mod migrate_databases;
@@ -29,9 +30,14 @@ fn main() -> ExitCode {
     }
     let args = Arguments::from_args();
     let mut trials = Vec::new();
-    for suite in
-        [migrate::trials, migrate_databases::trials, live_migrate::trials, couchdb_api::trials, couchdb_clients::trials]
-    {
+    for suite in [
+        migrate::trials,
+        migrate_databases::trials,
+        export_import::trials,
+        live_migrate::trials,
+        couchdb_api::trials,
+        couchdb_clients::trials,
+    ] {
         let Some(suite_trials) = suite(&args) else {
             return ExitCode::FAILURE;
         };

@@ -27,7 +27,7 @@ use crate::common::{agentstore, block_on, check, TestResult};
 
 /// A unique prefix per trial: the source server is shared by every trial of the process.
 /// What the harness gives for a fresh, empty backend.
-type FreshFn = fn() -> harness::BoxFuture<Result<Ctx, String>>;
+pub(crate) type FreshFn = fn() -> harness::BoxFuture<Result<Ctx, String>>;
 
 static PREFIX_COUNTER: AtomicUsize = AtomicUsize::new(0);
 static SECOND_SERVER: OnceLock<Result<String, String>> = OnceLock::new();
@@ -84,18 +84,18 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
     Some(trials)
 }
 
-fn prefix() -> String {
+pub(crate) fn prefix() -> String {
     format!("dm{}x{}", std::process::id(), PREFIX_COUNTER.fetch_add(1, Ordering::Relaxed))
 }
 
 /// The harness's CouchDB-protocol server (the source).
-fn source_server() -> Result<String, String> {
+pub(crate) fn source_server() -> Result<String, String> {
     servers::couchdb().map(|server| server.url)
 }
 
 /// A second pouchdb-server (in memory) for the way back, started once per process under a
 /// watchdog that stops it when this process is gone.
-fn second_server() -> Result<String, String> {
+pub(crate) fn second_server() -> Result<String, String> {
     SECOND_SERVER.get_or_init(start_second_server).clone()
 }
 
@@ -139,7 +139,7 @@ fn start_second_server() -> Result<String, String> {
 }
 
 /// One HTTP request to a CouchDB-protocol server; the status and the JSON answer.
-async fn call(method: reqwest::Method, url: &str, body: Option<Value>) -> Result<(u16, Value), String> {
+pub(crate) async fn call(method: reqwest::Method, url: &str, body: Option<Value>) -> Result<(u16, Value), String> {
     let client = reqwest::Client::new();
     let mut request = client.request(method.clone(), url).header("accept", "application/json");
     if let Some(body) = body {
@@ -152,7 +152,7 @@ async fn call(method: reqwest::Method, url: &str, body: Option<Value>) -> Result
     Ok((status, value))
 }
 
-async fn ok(method: reqwest::Method, url: &str, body: Option<Value>) -> Result<Value, String> {
+pub(crate) async fn ok(method: reqwest::Method, url: &str, body: Option<Value>) -> Result<Value, String> {
     let (status, value) = call(method.clone(), url, body).await?;
     if !(200..300).contains(&status) {
         return Err(format!("{method} {url}: {status} {value}"));
@@ -167,7 +167,7 @@ fn bytes_of(len: usize, salt: usize) -> Vec<u8> {
 
 /// A database with conflicts, deleted leaves, deleted documents, attachments, a design document,
 /// `_security` and a local document.
-async fn seed(server: &str, db: &str, docs: usize) -> Result<(), String> {
+pub(crate) async fn seed(server: &str, db: &str, docs: usize) -> Result<(), String> {
     let base = format!("{server}/{db}");
     ok(reqwest::Method::PUT, &base, None).await?;
     let security = json!({"admins": {"names": ["boss"], "roles": []}, "members": {"names": [], "roles": [db]}});
@@ -246,7 +246,7 @@ async fn snapshot(server: &str, db: &str) -> Result<BTreeMap<String, Value>, Str
 }
 
 /// The two servers' copies of `db` are equal leaf for leaf and byte for byte.
-async fn same_database(a: &str, b: &str, db: &str) -> TestResult {
+pub(crate) async fn same_database(a: &str, b: &str, db: &str) -> TestResult {
     let (left, right) = (snapshot(a, db).await?, snapshot(b, db).await?);
     check(left.len() > 2, || format!("{db}: the source snapshot holds only {} entries", left.len()))?;
     for (key, value) in &left {
@@ -265,7 +265,7 @@ async fn same_database(a: &str, b: &str, db: &str) -> TestResult {
 }
 
 /// Runs the binary to its end; its exit status and its JSON report.
-fn run(dir: &Path, args: &[String]) -> Result<(i32, Value), String> {
+pub(crate) fn run(dir: &Path, args: &[String]) -> Result<(i32, Value), String> {
     let output = agentstore(dir).args(args).output().map_err(|e| format!("cannot run agentstore: {e}"))?;
     let code = output.status.code().unwrap_or(-1);
     let report = serde_json::from_slice(&output.stdout).unwrap_or(Value::Null);
@@ -299,7 +299,7 @@ fn check_complete(report: &Value, code: i32, databases: usize) -> TestResult {
 }
 
 /// The backend URL a trial's fresh backend gives, for the binary.
-async fn backend_url(fresh: FreshFn, dir: &Path, name: &str) -> Result<(String, Option<Ctx>), String> {
+pub(crate) async fn backend_url(fresh: FreshFn, dir: &Path, name: &str) -> Result<(String, Option<Ctx>), String> {
     if name == "embedded" {
         return Ok((format!("embedded:{}", dir.join("target.redb").display()), None));
     }
@@ -378,12 +378,12 @@ async fn write_until(
     Ok(written)
 }
 
-fn spawn(dir: &Path, args: &[String]) -> Result<Child, String> {
+pub(crate) fn spawn(dir: &Path, args: &[String]) -> Result<Child, String> {
     agentstore(dir).args(args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().map_err(|e| e.to_string())
 }
 
 /// Waits for a child without blocking the runtime; its exit code, `None` after `limit`.
-async fn wait(child: &mut Child, limit: Duration) -> Result<Option<i32>, String> {
+pub(crate) async fn wait(child: &mut Child, limit: Duration) -> Result<Option<i32>, String> {
     let started = Instant::now();
     while started.elapsed() < limit {
         if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {

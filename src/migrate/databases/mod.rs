@@ -50,6 +50,7 @@
 //! `_security` and `_revs_limit` are not in the feed: following reads them again every
 //! [`SETTINGS_INTERVAL`] (and on the last pass of `--until-caught-up`) and copies a change.
 
+pub mod archive;
 pub mod checkpoint;
 pub mod side;
 pub mod verify;
