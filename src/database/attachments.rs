@@ -458,6 +458,20 @@ pub fn couchdb_digest(bytes: &[u8]) -> String {
     md5_digest(md5)
 }
 
+/// CouchDB's digest of the bytes a stream yields, read a chunk at a time (never held whole).
+pub async fn couchdb_digest_of<S>(stream: S) -> Result<String>
+where
+    S: futures::Stream<Item = Result<Bytes>>,
+{
+    use futures::StreamExt;
+    let mut md5 = Md5::new();
+    let mut stream = std::pin::pin!(stream);
+    while let Some(chunk) = stream.next().await {
+        md5.update(&chunk?);
+    }
+    Ok(md5_digest(md5))
+}
+
 fn unix_millis() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)).unwrap_or(0)
 }

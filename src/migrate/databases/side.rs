@@ -15,7 +15,8 @@
 //! [`doc_attachments::prepare`]'s `followed` map) or a multipart `PUT ?new_edits=false`. Only a
 //! chunk of each is in memory at a time (the backend's chunk size, or what the connection hands
 //! over). Each stream is held to the length its stub says ([`exact_length`]); bytes stored whose
-//! digest is not the stub's are logged (the read-back compares digests).
+//! digest is not the stub's are logged (the read-back compares digests), but for an attachment
+//! the source keeps compressed (`encoding`), whose digest is dropped (verify.rs).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -353,7 +354,13 @@ impl Side {
                     fields.get("content_type").and_then(Value::as_str).unwrap_or(DEFAULT_CONTENT_TYPE).to_owned();
                 fields.remove("stub");
                 // The bytes come as they are (no `Accept-Encoding` asked for them), never encoded.
-                fields.remove("encoding");
+                // A source that keeps them compressed gives the MD5 of the compressed bytes as the
+                // digest (Apache CouchDB's `compressible_types`): the target would check the
+                // bytes against it and refuse them, so it computes its own (verify.rs compares
+                // such attachments by their bytes).
+                if fields.remove("encoding").is_some() {
+                    fields.remove("digest");
+                }
                 fields.remove("encoded_length");
                 fields.insert("follows".into(), Value::Bool(true));
                 parts.push(AttachmentPart { name: name.clone(), content_type, length });
@@ -396,10 +403,10 @@ impl Side {
                         }
                         Err(err) => return Err(err),
                     };
-                    // Apache CouchDB keeps attachments of its `compressible_types` gzipped and
-                    // gives the MD5 of the compressed bytes as their digest, while serving the
-                    // bytes themselves: the bytes are right, the digest is another one. Such a
-                    // leaf is written (as the inline path writes it) and the read-back names it.
+                    // A source that keeps an attachment compressed shows it with `encoding` (its
+                    // digest then dropped above). Any other digest the bytes do not have is
+                    // logged; the leaf is written as the inline path writes it, and the
+                    // read-back names it.
                     if let Some(digest) = digests.get(name).filter(|digest| **digest != stored.digest) {
                         tracing::warn!(
                             database = db, id = %id, rev = %rev, attachment = %name, source = %digest,

@@ -3,6 +3,13 @@
 //! (`_revisions`), the same body, and the same attachments (name, content type, `revpos`, length
 //! and digest: CouchDB's `md5-` digest of the bytes); the target must hold no leaf the source
 //! lacks; and `_security` (and `_revs_limit`, where both sides know it) must be equal.
+//!
+//! **Compressed attachments.** Apache CouchDB keeps attachments of its `compressible_types`
+//! (`text/*`, JSON, …) gzipped and gives the MD5 of the *compressed* bytes as their digest
+//! (`encoding: gzip` in a stub read with `att_encoding_info=true`), while it serves the bytes
+//! themselves. Any other end computes the digest of the bytes, so two copies of the same bytes
+//! show different digests. Such an attachment (`encoding` at either end) is compared by the
+//! digest of its bytes, read from both ends a chunk at a time, instead of the digests shown.
 
 use std::collections::{HashMap, HashSet};
 
@@ -10,6 +17,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use super::side::Side;
+use crate::database::attachments::couchdb_digest_of;
 use crate::error::Result;
 
 /// The comparison of one database.
@@ -114,7 +122,12 @@ async fn verify_database(source: &Side, target: &Side, db: &str, batch: usize, m
                     note(&mut result, format!("{id} {rev}: missing at the target"));
                 }
                 Some(theirs) => {
-                    if let Some(what) = difference(&leaf, theirs) {
+                    let compared = Compared::of(&leaf, theirs);
+                    let what = match compared.difference {
+                        Some(what) => Some(what),
+                        None => differing_bytes(source, target, db, &id, &rev, &compared.by_bytes).await?,
+                    };
+                    if let Some(what) = what {
                         result.different += 1;
                         note(&mut result, format!("{id} {rev}: {what}"));
                     }
@@ -151,24 +164,77 @@ fn key(leaf: &Map<String, Value>) -> (String, String) {
     (text("_id"), text("_rev"))
 }
 
-/// What differs between two copies of a leaf, if anything.
-fn difference(ours: &Map<String, Value>, theirs: &Map<String, Value>) -> Option<String> {
-    let (a, b) = (comparable(ours), comparable(theirs));
-    if a == b {
-        return None;
+/// Two copies of a leaf compared by what they show.
+struct Compared {
+    /// What differs, if anything.
+    difference: Option<String>,
+    /// Attachments whose digests say nothing (compressed at an end): to compare by their bytes.
+    by_bytes: Vec<String>,
+}
+
+impl Compared {
+    fn of(ours: &Map<String, Value>, theirs: &Map<String, Value>) -> Compared {
+        let by_bytes = compressed_attachments(ours, theirs);
+        let (a, b) = (comparable(ours, &by_bytes), comparable(theirs, &by_bytes));
+        if a == b {
+            return Compared { difference: None, by_bytes };
+        }
+        let mut fields: Vec<&String> = a.keys().chain(b.keys()).collect();
+        fields.sort();
+        fields.dedup();
+        let differing: Vec<String> =
+            fields.into_iter().filter(|field| a.get(*field) != b.get(*field)).map(|f| f.to_string()).collect();
+        Compared { difference: Some(format!("differs in {}", differing.join(", "))), by_bytes }
     }
-    let mut fields: Vec<&String> = a.keys().chain(b.keys()).collect();
-    fields.sort();
-    fields.dedup();
-    let differing: Vec<String> =
-        fields.into_iter().filter(|field| a.get(*field) != b.get(*field)).map(|f| f.to_string()).collect();
-    Some(format!("differs in {}", differing.join(", ")))
+}
+
+/// What differs between two copies of a leaf by what they show, if anything (attachments kept
+/// compressed compare without their digests: [`differing_bytes`] compares those).
+#[cfg(test)]
+fn difference(ours: &Map<String, Value>, theirs: &Map<String, Value>) -> Option<String> {
+    Compared::of(ours, theirs).difference
+}
+
+/// The attachments either copy shows as kept compressed (`encoding`).
+fn compressed_attachments(ours: &Map<String, Value>, theirs: &Map<String, Value>) -> Vec<String> {
+    let mut names = Vec::new();
+    for leaf in [ours, theirs] {
+        let Some(Value::Object(attachments)) = leaf.get("_attachments") else { continue };
+        for (name, attachment) in attachments {
+            if attachment.get("encoding").is_some() && !names.contains(name) {
+                names.push(name.clone());
+            }
+        }
+    }
+    names
+}
+
+/// Reads each named attachment of the leaf from both ends, a chunk at a time, and compares the
+/// digests of the bytes; what differs, if anything.
+async fn differing_bytes(
+    source: &Side,
+    target: &Side,
+    db: &str,
+    id: &str,
+    rev: &str,
+    names: &[String],
+) -> Result<Option<String>> {
+    for name in names {
+        let ours = couchdb_digest_of(source.attachment(db, id, rev, name).await?).await?;
+        let theirs = couchdb_digest_of(target.attachment(db, id, rev, name).await?).await?;
+        if ours != theirs {
+            return Ok(Some(format!(
+                "attachment {name} holds other bytes ({ours} at the source, {theirs} at the target)"
+            )));
+        }
+    }
+    Ok(None)
 }
 
 /// A leaf as compared: every field but `_attachments`, which is reduced to what identifies each
-/// attachment's bytes and metadata (stubs and inline attachments compare alike). `_deleted:
-/// false` is the same as no `_deleted`.
-fn comparable(leaf: &Map<String, Value>) -> Map<String, Value> {
+/// attachment's bytes and metadata (stubs and inline attachments compare alike; the digest is
+/// left out for the attachments of `by_bytes`). `_deleted: false` is the same as no `_deleted`.
+fn comparable(leaf: &Map<String, Value>, by_bytes: &[String]) -> Map<String, Value> {
     let mut shown = Map::with_capacity(leaf.len());
     for (name, value) in leaf {
         match (name.as_str(), value) {
@@ -178,6 +244,9 @@ fn comparable(leaf: &Map<String, Value>) -> Map<String, Value> {
                     .map(|(name, attachment)| {
                         let mut fields = Map::new();
                         for field in ["content_type", "revpos", "digest", "length"] {
+                            if field == "digest" && by_bytes.contains(name) {
+                                continue;
+                            }
                             if let Some(value) = attachment.get(field) {
                                 fields.insert(field.into(), value.clone());
                             }
@@ -223,5 +292,38 @@ mod tests {
         let mut deleted = stub.clone();
         deleted.insert("_deleted".into(), json!(true));
         assert!(difference(&stub, &deleted).is_some());
+    }
+
+    #[test]
+    fn compressed_attachments_are_compared_by_their_bytes_not_their_digests() {
+        // As Apache CouchDB shows a text attachment it keeps gzipped, and as any other end
+        // shows the same bytes.
+        let couchdb = object(json!({"_id": "a", "_rev": "1-x", "_revisions": {"start": 1, "ids": ["x"]},
+            "_attachments": {"t.txt": {"content_type": "text/plain", "revpos": 1, "digest": "md5-GZIPPED",
+                "length": 3, "stub": true, "encoding": "gzip", "encoded_length": 23}}}));
+        let other = object(json!({"_id": "a", "_rev": "1-x", "_revisions": {"start": 1, "ids": ["x"]},
+            "_attachments": {"t.txt": {"content_type": "text/plain", "revpos": 1, "digest": "md5-PLAIN",
+                "length": 3, "stub": true}}}));
+        let compared = Compared::of(&couchdb, &other);
+        assert_eq!(compared.difference, None);
+        assert_eq!(compared.by_bytes, vec!["t.txt".to_owned()]);
+        // Everything else is still compared.
+        let mut longer = other.clone();
+        longer["_attachments"]["t.txt"]["length"] = json!(4);
+        assert_eq!(Compared::of(&couchdb, &longer).difference.as_deref(), Some("differs in _attachments"));
+        // Without `encoding` at either end, digests are compared as shown.
+        let mut plain = couchdb.clone();
+        if let Some(Value::Object(fields)) = plain["_attachments"].get_mut("t.txt") {
+            fields.remove("encoding");
+        }
+        let compared = Compared::of(&plain, &other);
+        assert!(compared.difference.is_some() && compared.by_bytes.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_digest_of_streamed_bytes_is_couchdbs_digest() {
+        let chunks = vec![Ok(bytes::Bytes::from_static(b"ab")), Ok(bytes::Bytes::from_static(b"c"))];
+        let streamed = couchdb_digest_of(futures::stream::iter(chunks)).await.map_err(|e| e.to_string());
+        assert_eq!(streamed, Ok(crate::database::attachments::couchdb_digest(b"abc")));
     }
 }
