@@ -394,30 +394,28 @@ pub(crate) async fn wait(child: &mut Child, limit: Duration) -> Result<Option<i3
     Ok(None)
 }
 
-async fn kill_9_in_copy_and_follow() -> TestResult {
-    let (source, back) = (source_server()?, second_server()?);
-    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let target = format!("embedded:{}", dir.path().join("target.redb").display());
-    let prefix = prefix();
-    let dbs: Vec<String> = ["a", "b", "c", "d"].iter().map(|s| format!("{prefix}_{s}")).collect();
-    for db in &dbs {
-        seed(&source, db, 150).await?;
-    }
-    let pattern = format!("{prefix}_*");
-    let checkpoint = dir.path().join("cp");
-    // The copy, killed at pseudo-random moments (the seed is printed for a rerun).
+/// Runs `args` up to `runs` times, each killed (SIGKILL) after a pseudo-random delay of `base_ms`
+/// plus up to `spread_ms` unless it ends first (then it must exit 0); the kills made. The seed
+/// is printed under `label` for a rerun.
+async fn kill_at_random_moments(
+    dir: &Path,
+    args: &[String],
+    label: &str,
+    runs: usize,
+    base_ms: u64,
+    spread_ms: u64,
+) -> Result<usize, libtest_mimic::Failed> {
     let seed_value =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
-    println!("kill_9 seed {seed_value}");
+    println!("{label} seed {seed_value}");
     let mut state = seed_value | 1;
     let mut kills = 0;
-    let copy = migrate_args(&source, &target, &pattern, &checkpoint, &["--batch-size", "5", "--no-verify"]);
-    for _ in 0..5 {
+    for _ in 0..runs {
         state ^= state << 13;
         state ^= state >> 7;
         state ^= state << 17;
-        let delay = Duration::from_millis(150 + state % 600);
-        let mut child = spawn(dir.path(), &copy)?;
+        let delay = Duration::from_millis(base_ms + state % spread_ms);
+        let mut child = spawn(dir, args)?;
         match wait(&mut child, delay).await? {
             Some(code) => {
                 check(code == 0, || format!("the copy exited {code}"))?;
@@ -431,6 +429,23 @@ async fn kill_9_in_copy_and_follow() -> TestResult {
         }
     }
     println!("copy killed {kills} times");
+    Ok(kills)
+}
+
+async fn kill_9_in_copy_and_follow() -> TestResult {
+    let (source, back) = (source_server()?, second_server()?);
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let target = format!("embedded:{}", dir.path().join("target.redb").display());
+    let prefix = prefix();
+    let dbs: Vec<String> = ["a", "b", "c", "d"].iter().map(|s| format!("{prefix}_{s}")).collect();
+    for db in &dbs {
+        seed(&source, db, 150).await?;
+    }
+    let pattern = format!("{prefix}_*");
+    let checkpoint = dir.path().join("cp");
+    // The copy, killed at pseudo-random moments (the seed is printed for a rerun).
+    let copy = migrate_args(&source, &target, &pattern, &checkpoint, &["--batch-size", "5", "--no-verify"]);
+    kill_at_random_moments(dir.path(), &copy, "kill_9", 5, 150, 600).await?;
     let (code, report) = run(dir.path(), &migrate_args(&source, &target, &pattern, &checkpoint, &[]))?;
     check_complete(&report, code, 4)?;
     // Following, with writers in every database; the follower killed once and started again.
@@ -585,32 +600,9 @@ async fn kill_9_mid_attachment() -> TestResult {
     let prefix = prefix();
     let db = format!("{prefix}_kill");
     seed_large(&source, &db, 8, 3 * LARGE).await?;
-    let seed_value =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
-    println!("kill_9_mid_attachment seed {seed_value}");
-    let mut state = seed_value | 1;
     let checkpoint = dir.path().join("cp");
     let copy = migrate_args(&source, &target, &db, &checkpoint, &["--batch-size", "1", "--no-verify"]);
-    let mut kills = 0;
-    for _ in 0..4 {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        let delay = Duration::from_millis(300 + state % 500);
-        let mut child = spawn(dir.path(), &copy)?;
-        match wait(&mut child, delay).await? {
-            Some(code) => {
-                check(code == 0, || format!("the copy exited {code}"))?;
-                break;
-            }
-            None => {
-                child.kill().map_err(|e| e.to_string())?; // SIGKILL
-                let _ = child.wait();
-                kills += 1;
-            }
-        }
-    }
-    println!("copy killed {kills} times");
+    let kills = kill_at_random_moments(dir.path(), &copy, "kill_9_mid_attachment", 4, 300, 500).await?;
     check(kills > 0, || "the copy of ~80 MB of attachments ended before the first kill".into())?;
     let (code, report) = run(dir.path(), &migrate_args(&source, &target, &db, &checkpoint, &[]))?;
     check_complete(&report, code, 1)?;
