@@ -19,7 +19,7 @@ use serde_json::Value;
 
 use crate::common::{agentstore, block_on, check, harness, TestResult};
 use crate::migrate_databases::{
-    backend_url, call, prefix, run, same_database, second_server, seed, source_server, spawn, wait, FreshFn,
+    backend_url, call, prefix, run, same_database, second_server, seed, seed_three, source_server, spawn, wait, FreshFn,
 };
 
 pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
@@ -112,12 +112,7 @@ async fn round_trip(name: &'static str, fresh: FreshFn) -> TestResult {
     let (source, back) = (source_server()?, second_server()?);
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let (target, _ctx) = backend_url(fresh, dir.path(), name).await?;
-    let prefix = prefix();
-    let dbs: Vec<String> = ["a", "b", "c"].iter().map(|s| format!("{prefix}_{s}")).collect();
-    for (n, db) in dbs.iter().enumerate() {
-        seed(&source, db, 30 + 10 * n).await?;
-    }
-    let pattern = format!("{prefix}_*");
+    let (dbs, pattern) = seed_three(&source).await?;
     let file = dir.path().join("source.ndjson");
     let (code, report) = run(dir.path(), &export_args(&source, &pattern, &file, &["--batch-size", "7"]))?;
     let leaves = check_exported(&report, code, 3)?;

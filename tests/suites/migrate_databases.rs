@@ -307,16 +307,22 @@ pub(crate) async fn backend_url(fresh: FreshFn, dir: &Path, name: &str) -> Resul
     Ok((ctx.backend_url.clone(), Some(ctx)))
 }
 
+/// Three databases of a fresh name prefix seeded at `source` (30, 40 and 50 documents); their
+/// names and the pattern that selects them.
+pub(crate) async fn seed_three(source: &str) -> Result<(Vec<String>, String), String> {
+    let prefix = prefix();
+    let dbs: Vec<String> = ["a", "b", "c"].iter().map(|s| format!("{prefix}_{s}")).collect();
+    for (n, db) in dbs.iter().enumerate() {
+        seed(source, db, 30 + 10 * n).await?;
+    }
+    Ok((dbs, format!("{prefix}_*")))
+}
+
 async fn round_trip(name: &'static str, fresh: FreshFn) -> TestResult {
     let (source, back) = (source_server()?, second_server()?);
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let (target, _ctx) = backend_url(fresh, dir.path(), name).await?;
-    let prefix = prefix();
-    let dbs: Vec<String> = ["a", "b", "c"].iter().map(|s| format!("{prefix}_{s}")).collect();
-    for (n, db) in dbs.iter().enumerate() {
-        seed(&source, db, 30 + 10 * n).await?;
-    }
-    let pattern = format!("{prefix}_*");
+    let (dbs, pattern) = seed_three(&source).await?;
     let (code, report) = run(
         dir.path(),
         &migrate_args(&source, &target, &pattern, &dir.path().join("cp-there"), &["--batch-size", "7"]),
