@@ -190,9 +190,7 @@ impl JsFilter {
         } else {
             self.engine.filter(&self.code, &self.name, docs, &self.req).await
         };
-        answer.map_err(|err| {
-            crate::Error::new(crate::error::ErrorKind::InvalidInput, format!("filter {}: {err}", self.name))
-        })
+        answer.map_err(|err| super::validation::function_failure(&format!("filter {}", self.name), err))
     }
 }
 
@@ -321,7 +319,7 @@ fn install_named_filter(
     });
     let id = doc["_id"].as_str().unwrap_or_default().to_owned();
     let rev = doc["_rev"].as_str().unwrap_or_default().to_owned();
-    let code = crate::js::DesignCode::new(id, rev, Arc::new(doc));
+    let code = crate::js::DesignCode::new(db_name, id, rev, Arc::new(doc));
     let filter = JsFilter { engine: state.js.clone(), code, name: name.clone(), view: *view, req };
     request.filter = Filter::JavaScript(Arc::new(filter));
     Ok(())
@@ -549,7 +547,6 @@ enum Wake {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
-    Start,
     Reading,
     Finished,
 }
@@ -597,7 +594,7 @@ async fn respond(
         (Feed::Continuous, Some(_)) => state.feeds.max_life,
         _ => request.timeout,
     };
-    let cursor = Cursor {
+    let mut cursor = Cursor {
         backend,
         database,
         principal: asker.principal,
@@ -608,7 +605,7 @@ async fn respond(
         last_seq,
         pending: 0,
         rows_sent: 0,
-        phase: Phase::Start,
+        phase: Phase::Reading,
         backoff: PollBackoff::new(POLL_CEILING),
         first_page: Some(first_page),
         next_poll: None,
@@ -617,20 +614,31 @@ async fn respond(
         delivered: DeliveredTail::default(),
     };
     let eventsource = cursor.request.eventsource;
-    let body = stream::try_unfold(cursor, |mut cursor| async move {
+    // The first page's rows are made here too, before the status line: a design function that
+    // fails on them (a filter past `couchdb_js_timeout_ms`) is answered with its own status, as
+    // CouchDB answers an error that comes before its response has started.
+    let opening = if cursor.request.feed == Feed::Continuous { "" } else { "{\"results\":[" };
+    let first = format!("{opening}{}", step(&mut cursor).await?);
+    let body = stream::try_unfold((Some(first), cursor), |(first, mut cursor)| async move {
+        if let Some(first) = first {
+            return Ok(Some((Bytes::from(first), (None, cursor))));
+        }
         let chunk = match cursor.phase {
             Phase::Finished => return Ok::<_, crate::Error>(None),
-            Phase::Start => {
-                cursor.phase = Phase::Reading;
-                if cursor.request.feed == Feed::Continuous {
-                    String::new()
-                } else {
-                    "{\"results\":[".to_owned()
-                }
-            }
-            Phase::Reading => step(&mut cursor).await?,
+            Phase::Reading => match step(&mut cursor).await {
+                Ok(chunk) => chunk,
+                // A design function failed once the answer had begun: the feed ends with its
+                // error, after the rows sent so far (CouchDB cuts the connection there).
+                Err(err) => match answered(&err) {
+                    Some(answer) => {
+                        cursor.phase = Phase::Finished;
+                        error_tail(&cursor, cursor.pending, &answer.error, &answer.reason)
+                    }
+                    None => return Err(err),
+                },
+            },
         };
-        Ok(Some((Bytes::from(chunk), cursor)))
+        Ok(Some((Bytes::from(chunk), (None, cursor))))
     });
     let mut response = Body::from_stream(body).into_response();
     let content_type = if eventsource { "text/event-stream" } else { "application/json" };
@@ -671,9 +679,11 @@ async fn step(cursor: &mut Cursor) -> crate::Result<String> {
         }
     };
     cursor.delivered.drop_repeats(&mut page);
-    cursor.since = Some(page.last_seq.clone());
-    cursor.last_seq = page.last_seq.clone();
-    cursor.pending = page.pending;
+    let before = (
+        cursor.since.replace(page.last_seq.clone()),
+        std::mem::replace(&mut cursor.last_seq, page.last_seq.clone()),
+        std::mem::replace(&mut cursor.pending, page.pending),
+    );
     let rows = match rows_of(cursor, &page.changes).await {
         Ok(rows) => rows,
         // The database was deleted while the feed ran: it ends with CouchDB's error for a
@@ -682,7 +692,12 @@ async fn step(cursor: &mut Cursor) -> crate::Result<String> {
             cursor.phase = Phase::Finished;
             return Ok(deleted_database_tail(cursor));
         }
-        Err(err) => return Err(err),
+        // None of the page's rows were sent: a `last_seq` shown after this names the position
+        // before it, so a client that resumes from it misses nothing.
+        Err(err) => {
+            (cursor.since, cursor.last_seq, cursor.pending) = before;
+            return Err(err);
+        }
     };
     let mut chunk = String::new();
     for row in &rows {
@@ -760,18 +775,34 @@ fn finish(cursor: &mut Cursor) -> String {
     closing(cursor)
 }
 
-/// The end of a feed whose database was deleted under it: the error as the last line
-/// (continuous, eventsource) or as members after the rows, so the client reads why it ended.
+/// The end of a feed whose database was deleted under it.
 fn deleted_database_tail(cursor: &Cursor) -> String {
-    let error = json!({ "error": "not_found", "reason": "Database does not exist." });
+    error_tail(cursor, 0, "not_found", "Database does not exist.")
+}
+
+/// The end of a feed that stopped on an error after its answer began: the error as the last
+/// line (continuous, eventsource) or as members after the rows, so the client reads why it
+/// ended, and from which `last_seq` to resume.
+fn error_tail(cursor: &Cursor, pending: u64, error: &str, reason: &str) -> String {
+    let answer = json!({ "error": error, "reason": reason });
     match cursor.request.feed {
-        Feed::Continuous if cursor.request.eventsource => format!("event: error\ndata: {error}\n\n"),
-        Feed::Continuous => format!("{error}\n"),
+        Feed::Continuous if cursor.request.eventsource => format!("event: error\ndata: {answer}\n\n"),
+        Feed::Continuous => format!("{answer}\n"),
         _ => format!(
-            "\n],\"last_seq\":{},\"pending\":0,\"error\":\"not_found\",\"reason\":\"Database does not exist.\"}}\n",
-            Value::from(shown_seq(cursor, &cursor.last_seq))
+            "\n],\"last_seq\":{},\"pending\":{},\"error\":{},\"reason\":{}}}\n",
+            Value::from(shown_seq(cursor, &cursor.last_seq)),
+            pending,
+            Value::from(error),
+            Value::from(reason)
         ),
     }
+}
+
+/// CouchDB's answer to `err` when it is a design function's failure
+/// ([`super::validation::function_failure`]).
+fn answered(err: &crate::Error) -> Option<CouchError> {
+    let source = std::error::Error::source(err)?;
+    source.downcast_ref::<super::error::Answered>().map(|answered| answered.0.clone())
 }
 
 fn closing(cursor: &Cursor) -> String {

@@ -35,7 +35,8 @@
 //! `validate_doc_update`: the data-store database's writes go through the data-store rules
 //! ([`super::data_document`]) and the facade, not through the write guard of the other
 //! databases, so a validation function would never run; a design document holding one is
-//! refused (501) rather than stored and silently ignored. Attachments (the data-store
+//! refused (501) rather than stored and silently ignored. A design document whose view functions
+//! do not compile (400 `compilation_error`, as on every database). Attachments (the data-store
 //! database keeps none), and `new_edits=false` writes of design documents (a replicator's:
 //! refused as every `_design/` id is refused by `_bulk_docs` here).
 
@@ -336,6 +337,7 @@ async fn document(
                 ));
             }
             check_body(&parsed.body)?;
+            check_compiles(state, &id, &parsed.body).await?;
             let parent = super::document::named_revision(parsed.rev.as_deref(), params, headers)?.map(str::to_owned);
             let status = if parsed.deleted { StatusCode::OK } else { StatusCode::CREATED };
             let rev = edit(backend, name, parent.as_deref(), parsed.deleted, parsed.body).await?;
@@ -379,6 +381,17 @@ fn check_body(body: &Map<String, Value>) -> CouchResult<()> {
     Ok(())
 }
 
+/// CouchDB's check of a design document's view functions on write
+/// ([`super::validation::design_compile_error`]), for `_design/{name}` (`id`) with `body`.
+async fn check_compiles(state: &CouchState, id: &str, body: &Map<String, Value>) -> CouchResult<()> {
+    let mut doc = body.clone();
+    doc.insert("_id".into(), Value::from(id));
+    match super::validation::design_compile_error(&state.js, &state.db, &Value::Object(doc)).await {
+        Some(refusal) => Err(refusal),
+        None => Ok(()),
+    }
+}
+
 /// `COPY /{db}/_design/{name}` with `Destination: _design/{target}` (or `…?rev=R`): only to
 /// another design document, since a data document's id is made of its fields.
 async fn copy(state: &CouchState, name: &str, params: &HashMap<String, String>, headers: &HeaderMap) -> Answer {
@@ -394,6 +407,7 @@ async fn copy(state: &CouchState, name: &str, params: &HashMap<String, String>, 
         Some(rev) => tree.leaf(rev).ok_or_else(|| CouchError::not_found("missing"))?,
         None => tree.winner().filter(|w| !w.deleted).ok_or_else(|| CouchError::not_found("deleted"))?,
     };
+    check_compiles(state, &target, &leaf.body).await?;
     let rev = edit(backend, target_name, target_rev.as_deref(), false, leaf.body.clone()).await?;
     Ok(super::document::written(state, StatusCode::CREATED, &target, &rev))
 }

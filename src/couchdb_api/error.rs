@@ -73,8 +73,25 @@ impl CouchError {
     }
 }
 
+/// CouchDB's answer to an error made below the HTTP layer that already knows it (a design
+/// function's `compilation_error` or `os_process_error`), carried as the source of the crate's
+/// error so that every path answering that error answers it the same way.
+#[derive(Debug, Clone)]
+pub struct Answered(pub CouchError);
+
+impl std::fmt::Display for Answered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({})", self.0.error, self.0.status.as_u16())
+    }
+}
+
+impl std::error::Error for Answered {}
+
 impl From<Error> for CouchError {
     fn from(err: Error) -> Self {
+        if let Some(Answered(answer)) = std::error::Error::source(&err).and_then(|s| s.downcast_ref::<Answered>()) {
+            return answer.clone();
+        }
         let (status, error) = match err.kind() {
             ErrorKind::InvalidInput => (StatusCode::BAD_REQUEST, "bad_request"),
             ErrorKind::NotFound => (StatusCode::NOT_FOUND, "not_found"),

@@ -10,6 +10,12 @@
 //! The validation functions of a database are read from its design documents and kept for
 //! [`KEPT_FOR`]: a design document written through this process replaces them at once; one
 //! written through another process sharing the store is seen here within that time.
+//!
+//! A design document itself is checked as CouchDB checks it on every write, replicated ones
+//! included (`couch_mrview:validate`): each view's map function, and its reduce function unless
+//! built in, must compile ([`design_compile_error`]: 400 `compilation_error`), so a view never
+//! silently answers nothing. The data-store database's design documents are checked the same way
+//! ([`super::data_design`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -18,11 +24,14 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use serde_json::Value;
 
+use axum::http::StatusCode;
+
+use super::error::{Answered, CouchError};
 use crate::backend::IdRange;
 use crate::database::write_guard::{ProposedWrite, WriteGuard};
 use crate::database::Database;
 use crate::error::{Error, ErrorKind, Result};
-use crate::js::{DesignCode, JsEngine, Validation};
+use crate::js::{DesignCode, JsEngine, JsError, Validation};
 
 /// How long a database's validation functions are kept before they are read again.
 pub const KEPT_FOR: Duration = Duration::from_secs(2);
@@ -71,7 +80,7 @@ impl DesignValidation {
                     continue;
                 }
                 let doc = crate::database::document::leaf_json(id, &state.tree, winner, Default::default());
-                functions.push(DesignCode::new(id.clone(), winner.path.leaf_rev(), Arc::new(doc)));
+                functions.push(DesignCode::new(db.name(), id.clone(), winner.path.leaf_rev(), Arc::new(doc)));
             }
             match page.next {
                 Some(next) => token = Some(next),
@@ -90,6 +99,71 @@ impl DesignValidation {
     fn lock(&self) -> std::sync::MutexGuard<'_, KeptFunctions> {
         self.kept.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+}
+
+/// A design function's failure (`what` names the call) as the crate's error, carrying CouchDB's
+/// answer to it: `os_process_error` for the time and memory bounds, `compilation_error`, the
+/// thrown error's name, 429 when every worker is busy.
+pub(crate) fn function_failure(what: &str, err: JsError) -> Error {
+    answered(CouchError::from(crate::views::javascript::view_error(err)), what)
+}
+
+/// The crate's error for `answer` (kept as its source, so it is answered as it is).
+fn answered(answer: CouchError, what: &str) -> Error {
+    let kind = if answer.status.is_client_error() { ErrorKind::InvalidInput } else { ErrorKind::Internal };
+    Error::new(kind, format!("{what}: {}", answer.reason)).with_source(Answered(answer))
+}
+
+/// The view functions CouchDB compiles when a design document is written
+/// (`couch_mrview:validate`), for a design document in JavaScript (other languages are not
+/// compiled, as CouchDB lets a design document of a language it does not know be saved): each
+/// view with a `map` string, its map function, then its reduce function unless it is a
+/// built-in (`_sum`, …). `(function type, view name, path)`, in view name order.
+fn compiled_on_write(doc: &Value) -> Vec<(&'static str, String, Vec<String>)> {
+    if !matches!(doc.get("language"), None | Some(Value::Null)) && doc["language"] != "javascript" {
+        return Vec::new();
+    }
+    let Some(views) = doc.get("views").and_then(Value::as_object) else { return Vec::new() };
+    let mut functions = Vec::new();
+    for (name, view) in views {
+        if !view.get("map").is_some_and(Value::is_string) {
+            continue;
+        }
+        let path = |function: &str| vec!["views".to_owned(), name.clone(), function.to_owned()];
+        functions.push(("map", name.clone(), path("map")));
+        if view.get("reduce").and_then(Value::as_str).is_some_and(|reduce| !reduce.starts_with('_')) {
+            functions.push(("reduce", name.clone(), path("reduce")));
+        }
+    }
+    functions
+}
+
+/// Why the design document `doc` (with its `_id`) of `database` may not be written: the first
+/// view function that does not compile, as CouchDB answers it (400 `compilation_error`, "Compilation
+/// of the map function in the 'NAME' view failed: …"), or a bound the compilation ran past.
+pub(crate) async fn design_compile_error(engine: &JsEngine, database: &str, doc: &Value) -> Option<CouchError> {
+    let functions = compiled_on_write(doc);
+    if functions.is_empty() {
+        return None;
+    }
+    let id = doc["_id"].as_str().unwrap_or_default();
+    // Compiled in a realm of its own (no revision is the stored one's), so nothing it runs
+    // while compiling is seen by the stored design document's calls.
+    let code = DesignCode::new(database, id, "", Arc::new(doc.clone()));
+    for (kind, view, path) in functions {
+        match engine.compile(&code, path).await {
+            Ok(()) => {}
+            Err(JsError::Compile { message, .. }) => {
+                return Some(CouchError::new(
+                    StatusCode::BAD_REQUEST,
+                    "compilation_error",
+                    format!("Compilation of the {kind} function in the '{view}' view failed: {message}"),
+                ))
+            }
+            Err(other) => return Some(CouchError::from(crate::views::javascript::view_error(other))),
+        }
+    }
+    None
 }
 
 fn message(value: &Value) -> String {
@@ -120,9 +194,7 @@ impl WriteGuard for DesignValidation {
                     .engine
                     .validate(code, &write.new_doc, write.old_doc.as_ref(), &user_ctx, &security)
                     .await
-                    .map_err(|err| {
-                        Error::new(ErrorKind::InvalidInput, format!("validate_doc_update of {}: {err}", code.id))
-                    })?;
+                    .map_err(|err| function_failure(&format!("validate_doc_update of {}", code.id), err))?;
                 let refusal = match answer {
                     Validation::Allowed => continue,
                     Validation::Forbidden(reason) => Error::new(ErrorKind::Forbidden, message(&reason)),
@@ -134,6 +206,15 @@ impl WriteGuard for DesignValidation {
                 *verdict = Some(refusal);
                 break;
             }
+        }
+        Ok(verdicts)
+    }
+
+    async fn check_design(&self, db: &Database, writes: &[ProposedWrite]) -> Result<Vec<Option<Error>>> {
+        let mut verdicts = Vec::with_capacity(writes.len());
+        for write in writes {
+            let refusal = design_compile_error(&self.engine, db.name(), &write.new_doc).await;
+            verdicts.push(refusal.map(|answer| answered(answer, "the design document")));
         }
         Ok(verdicts)
     }

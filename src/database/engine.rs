@@ -403,18 +403,42 @@ impl Database {
     }
 
     /// The guard's verdict on each write: `None` for writes it lets happen (all of them when
-    /// there is no guard, and for design and local documents, which it does not check).
+    /// there is no guard, and for local documents, which it does not check; design documents
+    /// are checked by [`Database::design_guard`]).
     async fn guard(&self, id: &str, state: Option<&DocState>, writes: &[Write]) -> Result<Vec<Option<Error>>> {
         let Some(guard) = &self.write_guard else {
             return Ok(writes.iter().map(|_| None).collect());
         };
-        if id.starts_with("_design/") || id.starts_with("_local/") || !guard.applies(self).await? {
+        if id.starts_with("_design/") {
+            return self.design_guard(guard.as_ref(), id, state, writes).await;
+        }
+        if id.starts_with("_local/") || !guard.applies(self).await? {
             return Ok(writes.iter().map(|_| None).collect());
         }
         let proposed = super::write_guard::proposed(id, state, writes);
         let mut verdicts = guard.check(self, &proposed).await?;
         verdicts.resize_with(writes.len(), || None);
         Ok(verdicts)
+    }
+
+    /// The guard's verdict on each write of the design document `id`. A replicated revision
+    /// the tree has already is not checked: it changes nothing (CouchDB checks only new leaves).
+    async fn design_guard(
+        &self,
+        guard: &dyn super::write_guard::WriteGuard,
+        id: &str,
+        state: Option<&DocState>,
+        writes: &[Write],
+    ) -> Result<Vec<Option<Error>>> {
+        let known = |write: &Write| match (write, state) {
+            (Write::Replicated { path, .. }, Some(state)) => state.tree.contains(&path.leaf_rev()),
+            _ => false,
+        };
+        let checked: Vec<Write> = writes.iter().filter(|write| !known(write)).cloned().collect();
+        let mut verdicts = guard.check_design(self, &super::write_guard::proposed(id, state, &checked)).await?;
+        verdicts.resize_with(checked.len(), || None);
+        let mut verdicts = verdicts.into_iter();
+        Ok(writes.iter().map(|write| if known(write) { None } else { verdicts.next().flatten() }).collect())
     }
 
     async fn write_batch_once_open(&self, id: &str, writes: &[Write]) -> Result<Vec<Result<Written>>> {

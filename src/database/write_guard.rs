@@ -5,8 +5,10 @@
 //! The guard sees each proposed document as CouchDB passes it to the functions: the new body with
 //! `_id`, the `_rev` it was written against (a replicated revision's own), `_deleted` for a
 //! deletion, attachments as stubs; and the current winner (`null` when there is none or it is
-//! deleted). Design documents and local documents are not checked, as in CouchDB (design
-//! documents need a database admin instead).
+//! deleted). Local documents are not checked, as in CouchDB. Design documents are not given to
+//! the validation functions (they need a database admin instead); their own functions are
+//! checked instead ([`WriteGuard::check_design`]: CouchDB compiles a design document's view
+//! functions on every write of it, replicated ones included).
 
 use async_trait::async_trait;
 use serde_json::{Map, Value};
@@ -31,6 +33,13 @@ pub trait WriteGuard: Send + Sync {
     /// For each proposed write, `None` to let it happen or the error refusing it
     /// (`ErrorKind::Forbidden` / `ErrorKind::LoginRequired`).
     async fn check(&self, db: &Database, writes: &[ProposedWrite]) -> Result<Vec<Option<Error>>>;
+
+    /// For each proposed write of a design document, `None` to let it happen or the error
+    /// refusing it (a view function that does not compile). Runs for every writer, as CouchDB
+    /// checks every write of a design document; the default lets every write happen.
+    async fn check_design(&self, _db: &Database, writes: &[ProposedWrite]) -> Result<Vec<Option<Error>>> {
+        Ok(writes.iter().map(|_| None).collect())
+    }
 
     /// A design document of `db` changed through this process: its functions may have.
     fn design_changed(&self, db: &Database);

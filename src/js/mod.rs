@@ -23,9 +23,11 @@
 //! design: JSON lines over a pipe for every document, an OS process per worker).
 //!
 //! - [`worker`]: one worker thread: its runtime, realms, compilation and calls.
+//! - [`log`]: the bounds on what functions write to the server's log (`log()`, map throws).
 //! - `prelude.js`: the JavaScript side of a realm: CouchDB's API (`emit`, `sum`, `log`,
 //!   `toJSON`, `isArray`, `require`) and the loops the worker calls.
 
+mod log;
 mod worker;
 
 #[cfg(test)]
@@ -96,11 +98,16 @@ impl Default for JsLimits {
     }
 }
 
-/// A design document as the engine runs it. Compiled code is cached by a digest of the id,
-/// revision and body, never by id and revision alone: two databases may hold the same id and
-/// revision with different bodies, and one must never run the other's functions.
+/// A design document of one database as the engine runs it. Compiled code is cached by a
+/// digest of the database, id, revision and body: never by id and revision alone (two databases
+/// may hold the same id and revision with different bodies, and one must never run the other's
+/// functions), and never by content alone (identical design documents of two databases must not
+/// share a realm, or one database's functions would see globals the other's set).
 #[derive(Debug, Clone)]
 pub struct DesignCode {
+    /// The database the design document is in: its realm is its own, and its `log()` lines
+    /// count against this database's log budget.
+    pub database: String,
     pub id: String,
     pub rev: String,
     pub doc: Arc<Value>,
@@ -110,16 +117,21 @@ pub struct DesignCode {
 impl DesignCode {
     /// Digests the body (serializing it once): build one per design document revision and
     /// reuse it for every call.
-    pub fn new(id: impl Into<String>, rev: impl Into<String>, doc: Arc<Value>) -> Self {
+    pub fn new(database: impl Into<String>, id: impl Into<String>, rev: impl Into<String>, doc: Arc<Value>) -> Self {
+        let database = database.into();
         let id = id.into();
         let rev = rev.into();
         let mut hasher = Sha256::new();
+        // Lengths first: no database name and id can run together into another pair's bytes.
+        hasher.update((database.len() as u64).to_le_bytes());
+        hasher.update(database.as_bytes());
+        hasher.update((id.len() as u64).to_le_bytes());
         hasher.update(id.as_bytes());
         hasher.update([0]);
         hasher.update(rev.as_bytes());
         hasher.update([0]);
         hasher.update(doc.to_string().as_bytes());
-        DesignCode { id, rev, doc, key: hasher.finalize().into() }
+        DesignCode { database, id, rev, doc, key: hasher.finalize().into() }
     }
 }
 
@@ -214,6 +226,7 @@ pub struct JsEngine {
 struct EngineInner {
     jobs: SyncSender<Job>,
     limits: JsLimits,
+    log: Arc<log::LogBudget>,
 }
 
 impl JsEngine {
@@ -226,21 +239,29 @@ impl JsEngine {
         }
         let (jobs, queue) = mpsc::sync_channel::<Job>(limits.queue);
         let queue = Arc::new(Mutex::new(queue));
+        let log = Arc::new(log::LogBudget::new());
         for index in 0..limits.workers {
             let queue = Arc::clone(&queue);
+            let log = Arc::clone(&log);
             let worker_limits = limits.clone();
             // The thread's stack holds QuickJS's limit plus Rust's own frames around it.
             std::thread::Builder::new()
                 .name(format!("js-worker-{index}"))
                 .stack_size(limits.stack_bytes + (2 << 20))
-                .spawn(move || worker::run(worker_limits, &queue))
+                .spawn(move || worker::run(worker_limits, log, &queue))
                 .map_err(|e| JsError::Internal(format!("starting a worker thread: {e}")))?;
         }
-        Ok(JsEngine { inner: Arc::new(EngineInner { jobs, limits }) })
+        Ok(JsEngine { inner: Arc::new(EngineInner { jobs, limits, log }) })
     }
 
     pub fn limits(&self) -> &JsLimits {
         &self.inner.limits
+    }
+
+    /// Bytes of `log()` lines (and map throws) written to the server's log so far, within the
+    /// log budgets (`log.rs`).
+    pub fn logged_bytes(&self) -> u64 {
+        self.inner.log.written_bytes()
     }
 
     /// Queues `job` for a worker and awaits its answer; refuses at once when the queue is full.
@@ -328,6 +349,13 @@ impl JsEngine {
         let filter = filter.to_owned();
         let req = req.clone();
         self.run(move |worker| worker.filter(&ddoc, &filter, &docs, &req)).await
+    }
+
+    /// Compiles the function at `path` of the design document (`["views", NAME, "map"]`), as
+    /// CouchDB compiles a design document's view functions when it is written.
+    pub async fn compile(&self, ddoc: &DesignCode, path: Vec<String>) -> Result<(), JsError> {
+        let ddoc = ddoc.clone();
+        self.run(move |worker| worker.compile_path(&ddoc, &path)).await
     }
 
     /// `_changes?filter=_view&view=DDOC/NAME`: whether the view's map function emits anything

@@ -3,9 +3,9 @@
 // sum, log, toJSON, isArray, require) and returns the host object the worker calls: documents
 // and results cross as JSON text, parsed and written here with the realm's JSON, as couchjs does.
 //
-// The expression evaluates to a function taking the design document's JSON and the Rust log
-// sink; the worker calls it and keeps the object it returns.
-(function (ddocJson, hostLog) {
+// The expression evaluates to a function taking the design document's JSON, the Rust log
+// sink and the longest line it takes; the worker calls it and keeps the object it returns.
+(function (ddocJson, hostLog, logLineLimit) {
   "use strict";
   var parse = JSON.parse;
   var stringify = JSON.stringify;
@@ -182,9 +182,16 @@
     for (var i in values) total += values[i];
     return total;
   };
+  // A line crosses to the host cut to its limit, with its whole length when cut, so a huge
+  // message is never copied out of the engine (the host bounds lines and their rate).
   global.log = function (message) {
     if (typeof message !== "string") message = stringify(errorToJson(message));
-    hostLog(String(message));
+    message = String(message);
+    if (message.length > logLineLimit) {
+      hostLog(message.slice(0, logLineLimit), message.length);
+    } else {
+      hostLog(message, null);
+    }
   };
   global.toJSON = stringify;
   global.isArray = function (value) {

@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::worker::{bounded_line, couch_function_source, replace_lone_surrogates};
+use super::log::{bounded_line, DATABASE_LOG_BYTES_PER_MINUTE};
+use super::worker::{couch_function_source, replace_lone_surrogates};
 use super::*;
 
 fn limits() -> JsLimits {
@@ -27,7 +28,7 @@ fn engine() -> JsEngine {
 
 fn design(doc: Value) -> DesignCode {
     let id = doc["_id"].as_str().unwrap_or("_design/test").to_owned();
-    DesignCode::new(id, "1-a", Arc::new(doc))
+    DesignCode::new("db", id, "1-a", Arc::new(doc))
 }
 
 fn docs(values: Vec<Value>) -> Vec<Arc<Value>> {
@@ -341,11 +342,13 @@ async fn design_documents_do_not_see_each_others_globals() {
 #[tokio::test]
 async fn compiled_code_is_keyed_by_content_not_only_id_and_rev() {
     let first = DesignCode::new(
+        "db",
         "_design/same",
         "1-a",
         Arc::new(json!({"views": {"v": {"map": "function(doc) { emit('first', 1); }"}}})),
     );
     let second = DesignCode::new(
+        "db",
         "_design/same",
         "1-a",
         Arc::new(json!({"views": {"v": {"map": "function(doc) { emit('second', 1); }"}}})),
@@ -356,6 +359,93 @@ async fn compiled_code_is_keyed_by_content_not_only_id_and_rev() {
     let b = engine.map(&second, &views(&["v"]), one).await.expect("map");
     assert_eq!(emitted(&a[0], 0)[0].0, json!("first"));
     assert_eq!(emitted(&b[0], 0)[0].0, json!("second"));
+}
+
+#[tokio::test]
+async fn identical_design_documents_of_two_databases_do_not_share_globals() {
+    let ddoc = json!({"_id": "_design/same", "views": {"v": {"map":
+        "function(doc) { if (doc.secret) { globalThis.seen = (globalThis.seen || []).concat([doc.secret]); } emit(doc._id, globalThis.seen || null); }"
+    }}});
+    let alice = DesignCode::new("alice", "_design/same", "1-a", Arc::new(ddoc.clone()));
+    let carol = DesignCode::new("carol", "_design/same", "1-a", Arc::new(ddoc));
+    let engine = engine();
+    engine.map(&carol, &views(&["v"]), docs(vec![json!({"_id": "c", "secret": "secret0"})])).await.expect("carol maps");
+    let out = engine.map(&alice, &views(&["v"]), docs(vec![json!({"_id": "a"})])).await.expect("alice maps");
+    assert_eq!(emitted(&out[0], 0), &vec![(json!("a"), Value::Null)], "alice sees none of carol's globals");
+    let again = engine.map(&carol, &views(&["v"]), docs(vec![json!({"_id": "d"})])).await.expect("carol maps");
+    assert_eq!(emitted(&again[0], 0), &vec![(json!("d"), json!(["secret0"]))], "carol keeps her own");
+}
+
+/// Thrown values whose description never ends: a `name` or `message` getter, or a `toJSON`,
+/// that loops. Describing them is part of the call and bounded by its timeout.
+const ENDLESS_THROWS: [&str; 3] = [
+    "{ get name() { while (true) {} }, message: 'm', stack: '' }",
+    "{ name: 'E', get message() { while (true) {} }, stack: '' }",
+    "{ toJSON: function() { while (true) {} } }",
+];
+
+#[tokio::test]
+async fn a_thrown_value_whose_description_never_ends_is_stopped_at_the_time_bound() {
+    let limit = Duration::from_millis(300);
+    let engine = JsEngine::new(JsLimits { call_timeout: limit, ..limits() }).expect("engine");
+    let one = docs(vec![json!({"_id": "a"})]);
+    let user_ctx = json!({"name": null, "roles": []});
+    // Without the bound the worker never answers: the test fails at this wait instead of hanging.
+    let wait = limit * 40;
+    for thrown in ENDLESS_THROWS {
+        let ddoc = design(json!({
+            "views": {
+                // An InternalError ends a map call (as CouchDB's fatal errors do) and is described
+                // by the engine.
+                "fatal": {"map": format!("function(doc) {{ var e = {thrown}; e.name = 'InternalError'; throw e; }}")},
+                "ok": {"map": "function(doc) { emit(doc._id, 1); }"}
+            },
+            "validate_doc_update": format!("function(n, o, u, s) {{ throw {thrown}; }}"),
+            "filters": {"f": format!("function(doc, req) {{ throw {thrown}; }}")}
+        }));
+        let (new_doc, empty, fatal) = (json!({"_id": "x"}), json!({}), views(&["fatal"]));
+        let validated = tokio::time::timeout(wait, engine.validate(&ddoc, &new_doc, None, &user_ctx, &empty));
+        let validated = validated.await.map(|outcome| outcome.map(|_| ()));
+        let filtered = tokio::time::timeout(wait, engine.filter(&ddoc, "f", one.clone(), &empty));
+        let filtered = filtered.await.map(|outcome| outcome.map(|_| ()));
+        let mapped = tokio::time::timeout(wait, engine.map(&ddoc, &fatal, one.clone()));
+        let mapped = mapped.await.map(|outcome| outcome.map(|_| ()));
+        for (what, outcome) in [("validate", validated), ("filter", filtered), ("map", mapped)] {
+            assert!(matches!(outcome, Ok(Err(JsError::Timeout { .. }))), "{what} of {thrown}: {outcome:?}");
+        }
+        let ok = views(&["ok"]);
+        let out = tokio::time::timeout(wait, engine.map(&ddoc, &ok, one.clone()))
+            .await
+            .expect("the worker answers")
+            .expect("the next call runs");
+        assert_eq!(emitted(&out[0], 0), &vec![(json!("a"), json!(1))]);
+    }
+}
+
+#[tokio::test]
+async fn log_lines_are_cut_and_each_database_is_held_to_its_log_budget() {
+    let engine = engine();
+    // Each call logs 64 MiB in 16 KiB lines, far past the budget of its database.
+    let loud = |database: &str| {
+        DesignCode::new(
+            database,
+            "_design/loud",
+            "1-a",
+            Arc::new(json!({"views": {"v": {"map":
+                "function(doc) { var line = 'x'.repeat(16384); for (var i = 0; i < 4096; i++) log(line); emit(doc._id, 1); }"
+            }}})),
+        )
+    };
+    let one = docs(vec![json!({"_id": "a"})]);
+    engine.map(&loud("first"), &views(&["v"]), one.clone()).await.expect("the map runs");
+    let first = engine.logged_bytes();
+    // Lines are cut to 4 KiB, and the database's lines stop at its budget (plus refill while
+    // the call ran, on a slow machine at most a few seconds of it).
+    assert!(first <= DATABASE_LOG_BYTES_PER_MINUTE + DATABASE_LOG_BYTES_PER_MINUTE / 4, "{first} bytes logged");
+    assert!(first >= DATABASE_LOG_BYTES_PER_MINUTE / 2, "{first} bytes logged");
+    // Another database has a budget of its own.
+    engine.map(&loud("second"), &views(&["v"]), one).await.expect("the map runs");
+    assert!(engine.logged_bytes() - first >= DATABASE_LOG_BYTES_PER_MINUTE / 2);
 }
 
 #[tokio::test]

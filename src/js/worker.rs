@@ -16,6 +16,7 @@ use rquickjs::context::EvalOptions;
 use rquickjs::{Context, Ctx, Function, Object, Persistent, Runtime};
 use serde_json::Value;
 
+use super::log::{LogBudget, LOG_LINE_BYTES};
 use super::{DesignCode, Job, JsError, JsLimits, MapOutcome, ReduceLimit, Validation, ViewRows};
 
 /// The JavaScript side of a realm (see the file's opening comment).
@@ -26,16 +27,13 @@ const PRELUDE: &str = include_str!("prelude.js");
 const REDUCE_LIMIT_THRESHOLD: usize = 5000;
 const REDUCE_LIMIT_RATIO: f64 = 2.0;
 
-/// The longest `log()` line passed on to our log, in bytes; the rest is cut.
-const LOG_LINE_BYTES: usize = 4096;
-
 /// The intrinsics CouchDB's QuickJS gives a function's sandbox (besides the base objects):
 /// eval, JSON, RegExp, Map/Set and Date. No Promise, Proxy, typed arrays or WeakRef.
 type Intrinsics = (Date, Eval, Json, RegExpCompiler, RegExp, MapSet);
 
 /// Serves jobs from the shared queue until every engine handle is gone.
-pub(super) fn run(limits: JsLimits, queue: &Mutex<Receiver<Job>>) {
-    let mut worker = match Worker::new(limits) {
+pub(super) fn run(limits: JsLimits, log: Arc<LogBudget>, queue: &Mutex<Receiver<Job>>) {
+    let mut worker = match Worker::new(limits, log) {
         Ok(worker) => worker,
         Err(e) => {
             tracing::error!(error = %e, "a JavaScript worker could not start its runtime");
@@ -84,6 +82,8 @@ pub(super) struct Worker {
     realms: Vec<Realm>,
     runtime: Runtime,
     limits: JsLimits,
+    /// Where `log()` lines go, within the engine's log budgets.
+    log: Arc<LogBudget>,
     deadline: Rc<Deadline>,
     uses: u64,
     /// Set when a call ran out of time or memory (or panicked): the runtime is replaced
@@ -97,10 +97,10 @@ fn path_name(path: &[&str]) -> String {
 }
 
 impl Worker {
-    fn new(limits: JsLimits) -> Result<Self, JsError> {
+    fn new(limits: JsLimits, log: Arc<LogBudget>) -> Result<Self, JsError> {
         let deadline = Rc::new(Deadline::default());
         let runtime = new_runtime(&limits, &deadline)?;
-        Ok(Worker { realms: Vec::new(), runtime, limits, deadline, uses: 0, broken: Cell::new(false) })
+        Ok(Worker { realms: Vec::new(), runtime, limits, log, deadline, uses: 0, broken: Cell::new(false) })
     }
 
     fn rebuild(&mut self) -> Result<(), JsError> {
@@ -125,15 +125,18 @@ impl Worker {
         }
         let context = Context::custom::<Intrinsics>(&self.runtime).map_err(|_| self.fail_memory())?;
         let ddoc_json = ddoc.doc.to_string();
-        let ddoc_id = ddoc.id.clone();
+        let (database, ddoc_id) = (ddoc.database.clone(), ddoc.id.clone());
+        let budget = Arc::clone(&self.log);
         self.arm();
         let host = context.with(|ctx| {
             let made = (|| -> rquickjs::Result<_> {
-                let log = Function::new(ctx.clone(), move |message: String| {
-                    log_line(&ddoc_id, &message);
+                // `log()` hands over at most LOG_LINE_BYTES UTF-16 units of its message, with
+                // the whole length when it cut it.
+                let log = Function::new(ctx.clone(), move |message: String, length: Option<f64>| {
+                    budget.line(&database, &ddoc_id, &message, length.map(|units| units as usize));
                 })?;
                 let factory: Function = ctx.eval_with_options(PRELUDE, sloppy("prelude.js"))?;
-                let host: Object = factory.call((ddoc_json, log))?;
+                let host: Object = factory.call((ddoc_json, log, LOG_LINE_BYTES as f64))?;
                 Ok(Persistent::save(&ctx, host))
             })();
             made.map_err(|e| self.classify(&ctx, e, "the design document"))
@@ -181,20 +184,28 @@ impl Worker {
             })();
             match attempt {
                 Ok(None) | Ok(Some(true)) => Ok(()),
+                // CouchDB's messages (its `Couch.compileFunction`), the source quoted after them.
                 Ok(Some(false)) => Err(JsError::Compile {
                     function: name.clone(),
-                    message: "the source does not evaluate to a function".into(),
+                    message: format!("Expression does not eval to a function. ({source})"),
                 }),
                 Err(e) => match self.classify(&ctx, e, &name) {
-                    JsError::Thrown { error, message } => {
-                        Err(JsError::Compile { function: name.clone(), message: format!("{error}: {message}") })
-                    }
+                    JsError::Thrown { error, message } => Err(JsError::Compile {
+                        function: name.clone(),
+                        message: format!("{error}: {message} ({source})"),
+                    }),
                     other => Err(other),
                 },
             }
         });
         self.disarm();
         compiled
+    }
+
+    pub(super) fn compile_path(&mut self, ddoc: &DesignCode, path: &[String]) -> Result<(), JsError> {
+        let realm = self.realm(ddoc)?;
+        let path: Vec<&str> = path.iter().map(String::as_str).collect();
+        self.compile(realm, ddoc, &path)
     }
 
     pub(super) fn map(
@@ -224,7 +235,7 @@ impl Worker {
                 let answer = map_doc.call::<_, rquickjs::String>((doc_json,)).and_then(|text| text.to_string());
                 self.disarm();
                 let answer = answer.map_err(|e| self.classify(&ctx, e, "map"))?;
-                outcomes.push(parse_map_answer(&answer, views.len(), &ddoc.id)?);
+                outcomes.push(parse_map_answer(&answer, views.len(), ddoc, &self.log)?);
             }
             Ok(outcomes)
         })
@@ -404,18 +415,51 @@ impl Worker {
         JsError::OutOfMemory { limit: self.limits.memory_bytes }
     }
 
-    /// What a failed call means. Reads (and so clears) the pending exception.
+    /// Runs `work`, which may run a function's code, under a deadline of its own (the call's
+    /// one is restored after); `None` when that deadline passed, and then the runtime is
+    /// replaced after this job.
+    fn bounded<T>(&self, ctx: &Ctx<'_>, work: impl FnOnce() -> T) -> Option<T> {
+        let outer = self.deadline.at.get();
+        self.arm();
+        let done = work();
+        let fired = self.deadline.fired.get();
+        self.deadline.at.set(outer);
+        if fired {
+            // The interrupt's exception is uncatchable and may still be pending: clear it.
+            let _ = ctx.catch();
+            self.broken.set(true);
+            return None;
+        }
+        Some(done)
+    }
+
+    fn timed_out(&self) -> JsError {
+        self.broken.set(true);
+        JsError::Timeout { limit: self.limits.call_timeout }
+    }
+
+    /// What a failed call means. Reads (and so clears) the pending exception. Describing a
+    /// thrown value runs its code (a `name` or `message` getter, a `toJSON`): that runs under
+    /// the call timeout too, or a thrown object whose getter never returns would hold the
+    /// worker for ever.
     fn classify(&self, ctx: &Ctx<'_>, error: rquickjs::Error, name: &str) -> JsError {
         if self.deadline.fired.get() {
             // The interrupt's exception is uncatchable and still pending: clear it.
             let _ = ctx.catch();
-            self.broken.set(true);
-            return JsError::Timeout { limit: self.limits.call_timeout };
+            return self.timed_out();
         }
         match error {
             rquickjs::Error::Exception => {
                 let thrown = ctx.catch();
-                let (error, message) = describe_thrown(ctx, &thrown);
+                let described = self.bounded(ctx, || {
+                    let described = describe_thrown(ctx, &thrown);
+                    // A getter that threw leaves its exception pending: clear it.
+                    let _ = ctx.catch();
+                    described
+                });
+                let Some((error, message)) = described else {
+                    return self.timed_out();
+                };
                 if error == "InternalError" && message.contains("out of memory") {
                     return self.fail_memory();
                 }
@@ -533,7 +577,7 @@ pub(super) fn replace_lone_surrogates(text: &str) -> Cow<'_, str> {
 }
 
 /// `mapDoc`'s answer: per view, an array of `[key, value]` rows or the text of what it threw.
-fn parse_map_answer(answer: &str, views: usize, ddoc_id: &str) -> Result<MapOutcome, JsError> {
+fn parse_map_answer(answer: &str, views: usize, ddoc: &DesignCode, log: &LogBudget) -> Result<MapOutcome, JsError> {
     let bad = |why: &str| JsError::Internal(format!("a map answer {why}: {answer}"));
     let Ok(Value::Array(per_view)) = parse_js_json(answer) else {
         return Err(bad("is not a JSON array"));
@@ -558,30 +602,13 @@ fn parse_map_answer(answer: &str, views: usize, ddoc_id: &str) -> Result<MapOutc
                 outcome.views.push(ViewRows::Emitted(emitted));
             }
             Value::String(message) => {
-                log_line(ddoc_id, &message);
+                log.line(&ddoc.database, &ddoc.id, &message, None);
                 outcome.views.push(ViewRows::Threw(message));
             }
             _ => return Err(bad("has an entry that is neither rows nor a message")),
         }
     }
     Ok(outcome)
-}
-
-/// A design document's `log()` line (and a map function's throw), bounded, to our log.
-fn log_line(ddoc_id: &str, message: &str) {
-    let (kept, cut) = bounded_line(message);
-    let more = if cut { " …" } else { "" };
-    tracing::info!(target: "agentstore::js", design_doc = ddoc_id, "{kept}{more}");
-}
-
-/// The first [`LOG_LINE_BYTES`] of `message` at most (on a character boundary), and whether
-/// anything was cut.
-pub(super) fn bounded_line(message: &str) -> (&str, bool) {
-    let mut end = message.len().min(LOG_LINE_BYTES);
-    while !message.is_char_boundary(end) {
-        end -= 1;
-    }
-    (&message[..end], end < message.len())
 }
 
 /// The source as CouchDB's QuickJS compiles it: its parser takes a statement that starts with

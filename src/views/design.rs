@@ -53,6 +53,10 @@ pub struct DesignViews {
     pub signature: String,
     /// The whole design document, for the JavaScript engine (`require` reads its modules).
     pub doc: Arc<Value>,
+    /// The database the design document is in ([`DesignViews::in_database`]): its functions
+    /// run in a realm of that database's own. `None` until set; the JavaScript engine refuses
+    /// to run a design document whose database it does not know.
+    pub database: Option<String>,
 }
 
 /// Why a design document's views cannot be built: CouchDB's `invalid_design_doc` reason.
@@ -93,7 +97,23 @@ impl DesignViews {
         let local_seq = flag("local_seq");
         let lib = views_field.get("lib").cloned().unwrap_or(Value::Null);
         let signature = signature(language, &views, include_design, local_seq, &lib);
-        Ok(DesignViews { id, rev, language, views, include_design, local_seq, signature, doc: Arc::new(doc.clone()) })
+        Ok(DesignViews {
+            id,
+            rev,
+            language,
+            views,
+            include_design,
+            local_seq,
+            signature,
+            doc: Arc::new(doc.clone()),
+            database: None,
+        })
+    }
+
+    /// The same design document, known to be in the database `name`.
+    pub fn in_database(mut self, name: &str) -> Self {
+        self.database = Some(name.to_owned());
+        self
     }
 
     /// The view named `name` and its number, if the design document has it.

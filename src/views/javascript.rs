@@ -23,8 +23,16 @@ impl JavaScriptViews {
     }
 }
 
-fn code(design: &DesignViews) -> DesignCode {
-    DesignCode::new(design.id.clone(), design.rev.clone(), Arc::clone(&design.doc))
+/// The design document as the engine runs it, in its database's realm; refused when its
+/// database is not known, since a realm shared between databases would share their globals.
+fn code(design: &DesignViews) -> Result<DesignCode, ViewError> {
+    let Some(database) = &design.database else {
+        return Err(view_error(JsError::Internal(format!(
+            "{}: the design document's database is not known",
+            design.id
+        ))));
+    };
+    Ok(DesignCode::new(database.clone(), design.id.clone(), design.rev.clone(), Arc::clone(&design.doc)))
 }
 
 /// A failed call as CouchDB reports it: compilation errors as `compilation_error`, the time,
@@ -53,7 +61,7 @@ impl Mapper for JavaScriptViews {
         design: &DesignViews,
         docs: Vec<Arc<Value>>,
     ) -> Result<Vec<Vec<Vec<(Value, Value)>>>, ViewError> {
-        let outcomes = self.engine.map(&code(design), &design.view_names(), docs).await.map_err(view_error)?;
+        let outcomes = self.engine.map(&code(design)?, &design.view_names(), docs).await.map_err(view_error)?;
         Ok(outcomes
             .into_iter()
             .map(|outcome| {
@@ -73,10 +81,10 @@ impl Mapper for JavaScriptViews {
 #[async_trait]
 impl JsReducer for JavaScriptViews {
     async fn reduce(&self, design: &DesignViews, view: &str, rows: Vec<(Value, Value)>) -> Result<Value, ViewError> {
-        self.engine.reduce(&code(design), view, rows).await.map_err(view_error)
+        self.engine.reduce(&code(design)?, view, rows).await.map_err(view_error)
     }
 
     async fn rereduce(&self, design: &DesignViews, view: &str, values: Vec<Value>) -> Result<Value, ViewError> {
-        self.engine.rereduce(&code(design), view, values).await.map_err(view_error)
+        self.engine.rereduce(&code(design)?, view, values).await.map_err(view_error)
     }
 }

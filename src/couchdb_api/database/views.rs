@@ -103,7 +103,8 @@ impl Viewed {
             }
             Viewed::DataStore(source) => source.design_doc(name).await?,
         };
-        DesignViews::parse(&doc).map_err(|invalid| ViewError::InvalidDesign(invalid.0).into())
+        let design = DesignViews::parse(&doc).map_err(|invalid| ViewError::InvalidDesign(invalid.0))?;
+        Ok(design.in_database(self.source().name()))
     }
 
     /// The signatures of every live design document's views (`_view_cleanup` keeps them).

@@ -17,6 +17,7 @@ mod bulk;
 mod changes;
 mod data_store;
 mod databases;
+mod design_functions;
 mod documents;
 mod local_docs;
 mod logins;
@@ -110,6 +111,10 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("interrupted_uploads_leave_nothing", |e| {
             Box::pin(attachments_forwarded::interrupted_uploads_leave_nothing(e))
         }),
+        ("js_endless_thrown_values", |e| Box::pin(design_functions::js_endless_thrown_values(e))),
+        ("js_databases_kept_apart", |e| Box::pin(design_functions::js_databases_kept_apart(e))),
+        ("design_documents_must_compile", |e| Box::pin(design_functions::design_documents_must_compile(e))),
+        ("changes_filter_past_its_time_bound", |e| Box::pin(design_functions::changes_filter_past_its_time_bound(e))),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
@@ -130,6 +135,10 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
                             "attachments_stored_once_and_freed" => Some(attachments::FREE_AT_ONCE_CONFIG.to_owned()),
                             "forwarded_attachment_bound" => Some(attachments_forwarded::BOUNDED_CONFIG.to_owned()),
                             "views_runaway_function" => Some(views::JS_BOUNDS_CONFIG.to_owned()),
+                            "js_endless_thrown_values" | "changes_filter_past_its_time_bound" => {
+                                Some(design_functions::TWO_WORKERS_CONFIG.to_owned())
+                            }
+                            "js_databases_kept_apart" => Some(design_functions::ONE_WORKER_CONFIG.to_owned()),
                             _ => None,
                         };
                         let endpoint = Endpoint::start(fresh, backend_name, logins).await?;
