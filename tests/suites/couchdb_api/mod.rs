@@ -17,6 +17,7 @@ mod bulk;
 mod changes;
 mod data_store;
 mod databases;
+mod depth;
 mod documents;
 mod local_docs;
 mod logins;
@@ -110,6 +111,9 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("interrupted_uploads_leave_nothing", |e| {
             Box::pin(attachments_forwarded::interrupted_uploads_leave_nothing(e))
         }),
+        ("nesting_depth_on_databases", |e| Box::pin(depth::nesting_depth_on_databases(e))),
+        ("nesting_depth_on_the_data_store", |e| Box::pin(depth::nesting_depth_on_the_data_store(e))),
+        ("numbers_beyond_doubles", |e| Box::pin(depth::numbers_beyond_doubles(e))),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
