@@ -381,8 +381,10 @@ impl DataStore {
         self.backend.put_branch(id.as_str(), incoming).await
     }
 
-    /// The limits a whole document must meet: its `value` and `metadata` within the size limit.
+    /// The limits a whole document must meet: its `value` and `metadata` within the size limit,
+    /// the whole within the nesting depth.
     fn check_document(&self, body: &Map<String, Value>) -> Result<()> {
+        crate::model::depth::check_document_depth(body)?;
         if let Some(value) = body.get(fields::VALUE) {
             self.options.limits.check_value(value)?;
         }

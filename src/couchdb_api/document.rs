@@ -627,6 +627,7 @@ async fn local_put(
     // CouchDB 3 does not check a local document's revision: a write with a stale `_rev`, or none,
     // over an existing one succeeds (measured on CouchDB 3.4.3 in issue 22), which replicators
     // rely on when they write their checkpoints.
+    crate::model::depth::check_document_depth(&body)?;
     let rev = state.store.backend().put_local(&local_name, &body, Precondition::None).await?;
     Ok(json(StatusCode::CREATED, json!({ "ok": true, "id": format!("_local/{name}"), "rev": rev.as_str() })))
 }

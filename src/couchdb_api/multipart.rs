@@ -283,7 +283,6 @@ impl RelatedUpload {
     }
 
     /// The document, as its JSON part says (entries of attachments to come say `follows: true`).
-    #[cfg(test)]
     pub fn document(&self) -> &Value {
         &self.document
     }

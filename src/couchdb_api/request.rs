@@ -26,6 +26,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use super::error::{CouchError, CouchResult};
 use crate::config::Settings;
+use crate::model::depth::{parse_within, MAX_REQUEST_DEPTH};
 use crate::server::tree_size::estimate_tree_bytes;
 use crate::server::ByteBudget;
 
@@ -121,7 +122,7 @@ impl Bodies {
         }
         let invalid = |e: serde_json::Error| CouchError::bad_request(format!("invalid UTF-8 JSON: {e}"));
         // The tree's cost, measured before the tree exists.
-        let tree = estimate_tree_bytes(&bytes).map_err(invalid)?;
+        let tree = estimate_tree_bytes(&bytes, MAX_REQUEST_DEPTH).map_err(invalid)?;
         if tree > self.max_tree_bytes {
             return Err(CouchError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
@@ -135,7 +136,7 @@ impl Bodies {
         }
         let decoded_extra = if bytes.len() > raw.compressed { bytes.len() } else { 0 };
         let decoded = self.decoded.take(tree.saturating_add(decoded_extra)).await?;
-        let value = serde_json::from_slice(&bytes).map_err(invalid)?;
+        let value = parse_within(&bytes, MAX_REQUEST_DEPTH).map_err(invalid)?;
         Ok(Some(JsonBody { value, _share: Some(BodyShare { _raw: raw.share, _decoded: Some(decoded) }) }))
     }
 

@@ -38,6 +38,7 @@ use crate::backend::{
     Change, DocumentBackend, IdRange, Page, Precondition, Revision, StoredDocument, DEFAULT_REVS_LIMIT,
 };
 use crate::error::{Error, ErrorKind, Result};
+use crate::model::depth::check_document_depth;
 
 /// The one field of a backend record: the revision tree (the documents' own fields are inside
 /// it, so nothing can collide with it; not `_`-prefixed, which a CouchDB backend would refuse).
@@ -702,6 +703,7 @@ impl Database {
         body: &Map<String, Value>,
         precondition: Precondition,
     ) -> Result<Revision> {
+        check_document_depth(body)?;
         self.while_open(self.backend.put_local(&format!("{CLIENT_LOCAL_PREFIX}{name}"), body, precondition)).await
     }
 
@@ -905,6 +907,9 @@ async fn collect(backend: Arc<dyn DocumentBackend>, store: AttachmentStore) -> R
 /// One write applied to a tree in memory: an edit's new revision (or its conflict), a merge's
 /// outcome.
 fn apply(id: &str, tree: &mut RevTree, write: &Write, revs_limit: usize) -> Result<Written> {
+    let (Write::Edit { body, .. } | Write::Replicated { body, .. }) = write;
+    // Within the depth the stored record (the tree around the body) reads back at.
+    check_document_depth(body)?;
     match write {
         Write::Edit { parent, deleted, body } => {
             let body = edit_body(id, tree, parent.as_deref(), body)?;

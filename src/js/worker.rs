@@ -14,10 +14,12 @@ use std::time::Instant;
 use rquickjs::context::intrinsic::{Date, Eval, Json, MapSet, RegExp, RegExpCompiler};
 use rquickjs::context::EvalOptions;
 use rquickjs::{Context, Ctx, Function, Object, Persistent, Runtime};
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::log::{LogBudget, LOG_LINE_BYTES};
 use super::{DesignCode, Job, JsError, JsLimits, MapOutcome, ReduceLimit, Validation, ViewRows};
+use crate::model::depth::{parse_stored, text_depth, MAX_DOCUMENT_DEPTH};
 
 /// The JavaScript side of a realm (see the file's opening comment).
 const PRELUDE: &str = include_str!("prelude.js");
@@ -533,7 +535,7 @@ fn describe_thrown<'js>(ctx: &Ctx<'js>, thrown: &rquickjs::Value<'js>) -> (Strin
 /// escapes and serde_json rightly refuses; like couchjs, which replaces them when it encodes
 /// UTF-8, each becomes U+FFFD.
 fn parse_js_json(text: &str) -> serde_json::Result<Value> {
-    serde_json::from_str(&replace_lone_surrogates(text))
+    parse_stored(replace_lone_surrogates(text).as_bytes())
 }
 
 pub(super) fn replace_lone_surrogates(text: &str) -> Cow<'_, str> {
@@ -579,7 +581,9 @@ pub(super) fn replace_lone_surrogates(text: &str) -> Cow<'_, str> {
 /// `mapDoc`'s answer: per view, an array of `[key, value]` rows or the text of what it threw.
 fn parse_map_answer(answer: &str, views: usize, ddoc: &DesignCode, log: &LogBudget) -> Result<MapOutcome, JsError> {
     let bad = |why: &str| JsError::Internal(format!("a map answer {why}: {answer}"));
-    let Ok(Value::Array(per_view)) = parse_js_json(answer) else {
+    // Each view's answer is kept as text first (at any depth), so rows nested too deep fail
+    // their own view only, as a throw would.
+    let Ok(per_view) = serde_json::from_str::<Vec<Box<RawValue>>>(answer) else {
         return Err(bad("is not a JSON array"));
     };
     if per_view.len() != views {
@@ -587,6 +591,10 @@ fn parse_map_answer(answer: &str, views: usize, ddoc: &DesignCode, log: &LogBudg
     }
     let mut outcome = MapOutcome { views: Vec::with_capacity(views) };
     for entry in per_view {
+        let entry = match emitted_within_depth(entry.get()) {
+            Ok(entry) => entry,
+            Err(message) => Value::String(message),
+        };
         match entry {
             Value::Array(rows) => {
                 let mut emitted = Vec::with_capacity(rows.len());
@@ -609,6 +617,20 @@ fn parse_map_answer(answer: &str, views: usize, ddoc: &DesignCode, log: &LogBudg
         }
     }
     Ok(outcome)
+}
+
+/// One view's answer to a map call parsed, when every key and value it emitted is nested no
+/// deeper than a document may be ([`MAX_DOCUMENT_DEPTH`]: deeper rows would not read back from
+/// the index); else the message of the error it counts as.
+fn emitted_within_depth(view_answer: &str) -> Result<Value, String> {
+    // Rows are `[[key, value], …]`: two levels around each key and value.
+    let depth = text_depth(view_answer.as_bytes()).saturating_sub(2);
+    if depth > MAX_DOCUMENT_DEPTH {
+        return Err(format!(
+            "emitted a key or value nested {depth} levels deep; at most {MAX_DOCUMENT_DEPTH} are allowed (JSON nesting depth)"
+        ));
+    }
+    parse_js_json(view_answer).map_err(|err| format!("answered what is not JSON: {err}"))
 }
 
 /// The source as CouchDB's QuickJS compiles it: its parser takes a statement that starts with

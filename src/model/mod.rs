@@ -1,6 +1,7 @@
-//! The data model of `agent_data_store`: document IDs, field names, input validation and
+//! The data model of `agent_data_store`: document IDs, field names, input validation, nesting depth and
 //! timestamps, exactly as the schema spec defines them. Nothing here touches a backend.
 
+pub mod depth;
 pub mod document;
 pub mod id;
 pub mod number;

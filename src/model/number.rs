@@ -91,6 +91,29 @@ pub fn as_exact_double(text: &str) -> Result<f64, DoubleLoss> {
     }
 }
 
+/// Whether a number text is beyond what a 64-bit double holds: not an integer (a JSON parser
+/// such as CouchDB's keeps integers exactly at any size), and its nearest double is infinite
+/// (`1e400`, `-1e309`, `1.7976931348623159e308`). Tiny numbers (`1e-400`) round to zero, not
+/// beyond.
+pub fn is_beyond_doubles(text: &str) -> bool {
+    !is_integer_text(text) && !text.parse::<f64>().is_ok_and(f64::is_finite)
+}
+
+/// The first number in `value` that [`is_beyond_doubles`], as its text; searched without
+/// recursion.
+pub fn first_beyond_doubles(value: &Value) -> Option<String> {
+    let mut pending = vec![value];
+    while let Some(value) = pending.pop() {
+        match value {
+            Value::Number(number) if is_beyond_doubles(&number.to_string()) => return Some(number.to_string()),
+            Value::Array(items) => pending.extend(items.iter()),
+            Value::Object(fields) => pending.extend(fields.values()),
+            Value::Null | Value::Bool(_) | Value::Number(_) | Value::String(_) => {}
+        }
+    }
+    None
+}
+
 /// Calls `visit` on every number in `value` with its path (`value.items[3].price`, rooted at
 /// `root`), stopping at the first error. Numbers are visited mutably so a backend can rewrite a
 /// number's text to a form of the same value that it parses reliably.
@@ -142,6 +165,22 @@ pub fn try_for_each_number<E>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The rows of `fixtures/couchdb-numbers-3.4.3.json` CouchDB refused are exactly the texts
+    /// beyond doubles.
+    #[test]
+    fn numbers_beyond_doubles_are_those_couchdb_refuses() {
+        let recorded: Value =
+            serde_json::from_str(include_str!("../../fixtures/couchdb-numbers-3.4.3.json")).expect("the recording");
+        for row in recorded["rows"].as_array().expect("rows") {
+            let sent = row["sent"].as_str().expect("sent");
+            let refused = row["put_status"] == 400;
+            assert_eq!(is_beyond_doubles(sent), refused, "{sent}");
+        }
+        let doc: Value = serde_json::from_str(r#"{"a":[1,{"b":-1e400}],"c":1e-400}"#).unwrap();
+        assert_eq!(first_beyond_doubles(&doc).as_deref(), Some("-1e400"));
+        assert_eq!(first_beyond_doubles(&serde_json::json!({"big": 1e300})), None);
+    }
 
     #[test]
     fn equal_values_in_different_texts() {

@@ -19,11 +19,18 @@ pub(crate) const NUMBER_TOKEN: &str = "$serde_json::private::Number";
 
 /// The estimated memory of the tree `serde_json` would build from `bytes`, measured by a streaming
 /// pass that allocates nothing for the content. Errors
-/// are the JSON syntax errors parsing would meet (depth included), so a body that fails here is
-/// refused before any tree exists. Both faces' bodies are
-/// measured by it.
-pub(crate) fn estimate_tree_bytes(bytes: &[u8]) -> Result<usize, serde_json::Error> {
+/// are the JSON syntax errors parsing would meet, and nesting deeper than `max_depth`, so a body
+/// that fails here is refused before any tree exists. Both faces' bodies are measured by it.
+pub(crate) fn estimate_tree_bytes(bytes: &[u8], max_depth: usize) -> Result<usize, serde_json::Error> {
+    let depth = crate::model::depth::text_depth(bytes);
+    if depth > max_depth {
+        return Err(serde::de::Error::custom(format!(
+            "the body is nested {depth} levels deep; at most {max_depth} are read (JSON nesting depth)"
+        )));
+    }
     let mut de = serde_json::Deserializer::from_slice(bytes);
+    // The depth was bounded above (serde_json's own limit is below what a document may nest).
+    de.disable_recursion_limit();
     let measure = CompactSize.deserialize(&mut de)?;
     de.end()?;
     Ok(measure.cost)
@@ -168,11 +175,13 @@ mod tests {
         let numbers = format!("[{}1]", "1,".repeat(10_000));
         let text = format!("\"{}\"", "x".repeat(20_000));
         let (numbers_cost, text_cost) =
-            (estimate_tree_bytes(numbers.as_bytes()).unwrap(), estimate_tree_bytes(text.as_bytes()).unwrap());
+            (estimate_tree_bytes(numbers.as_bytes(), 8).unwrap(), estimate_tree_bytes(text.as_bytes(), 8).unwrap());
         assert!(numbers_cost > 10 * numbers.len(), "{numbers_cost} for {} bytes", numbers.len());
         assert!(text_cost < 2 * text.len(), "{text_cost} for {} bytes", text.len());
-        assert!(estimate_tree_bytes(b"{\"a\": [1, }").is_err());
-        assert!(estimate_tree_bytes(b"{} x").is_err());
-        assert!(estimate_tree_bytes(format!("{}{}", "[".repeat(200), "]".repeat(200)).as_bytes()).is_err());
+        assert!(estimate_tree_bytes(b"{\"a\": [1, }", 8).is_err());
+        assert!(estimate_tree_bytes(b"{} x", 8).is_err());
+        let nested = |depth: usize| format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+        assert!(estimate_tree_bytes(nested(200).as_bytes(), 200).is_ok(), "past serde_json's own limit");
+        assert!(estimate_tree_bytes(nested(201).as_bytes(), 200).is_err());
     }
 }

@@ -35,6 +35,7 @@ use serde_json::Value;
 use super::builtin_reduce::{Builtin, Reducer};
 use super::sort_key;
 use crate::error::{Error, ErrorKind, Result};
+use crate::model::depth::parse_stored;
 
 const ROWS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("view_rows");
 const BACK: TableDefinition<&[u8], &[u8]> = TableDefinition::new("view_back");
@@ -149,7 +150,7 @@ impl BlockSummary {
             if part.is_empty() {
                 return Ok(None);
             }
-            serde_json::from_slice(part)
+            parse_stored(part)
                 .map(Some)
                 .map_err(|err| Error::new(ErrorKind::Corrupt, format!("view block summary: {err}")))
         };
@@ -619,7 +620,7 @@ impl IndexStore {
         let key_of = |entry: Option<ScannedEntry>| -> Result<Value> {
             let Some(entry) = entry else { return Ok(Value::Null) };
             let (_, stored) = entry.map_err(|e| self.fail("scan rows", e))?;
-            let (key, _, _): (Value, IgnoredAny, IgnoredAny) = serde_json::from_slice(stored.value())
+            let (key, _, _): (Value, IgnoredAny, IgnoredAny) = parse_stored(stored.value())
                 .map_err(|err| Error::new(ErrorKind::Corrupt, format!("view row: {err}")))?;
             Ok(key)
         };
@@ -647,7 +648,7 @@ impl IndexStore {
         let iter = rows.range::<&[u8]>(bounds).map_err(|e| self.fail("scan rows", e))?;
         let mut visit = |entry: ScannedEntry| {
             let (_, stored) = entry.map_err(|e| self.fail("scan rows", e))?;
-            let (key, id, value): (Value, String, Value) = serde_json::from_slice(stored.value())
+            let (key, id, value): (Value, String, Value) = parse_stored(stored.value())
                 .map_err(|err| Error::new(ErrorKind::Corrupt, format!("view row: {err}")))?;
             Ok::<_, Error>(each(IndexRow { key, id, value }))
         };
@@ -850,7 +851,7 @@ impl IndexStore {
                     values.clear();
                     piece += 1;
                 }
-                let (_, _, value): (IgnoredAny, IgnoredAny, Value) = serde_json::from_slice(stored.value())
+                let (_, _, value): (IgnoredAny, IgnoredAny, Value) = parse_stored(stored.value())
                     .map_err(|err| Error::new(ErrorKind::Corrupt, format!("view row: {err}")))?;
                 values.push((Value::Null, value));
             }
@@ -915,7 +916,7 @@ fn encode_state(state: &GroupState) -> Result<Vec<u8>> {
 }
 
 fn decode_state(bytes: &[u8]) -> Result<GroupState> {
-    serde_json::from_slice(bytes).map_err(|err| Error::new(ErrorKind::Corrupt, format!("view group state: {err}")))
+    parse_stored(bytes).map_err(|err| Error::new(ErrorKind::Corrupt, format!("view group state: {err}")))
 }
 
 /// What [`IndexStore::scan_pieces`] does with a block wholly within its range.

@@ -9,6 +9,7 @@ use serde_json::Value;
 use super::index_store::RowRange;
 use super::sort_key::{self, AFTER_ALL};
 use super::ViewError;
+use crate::model::depth::{parse_within, text_depth, MAX_DOCUMENT_DEPTH};
 
 /// How a query wants the index brought up to date first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,7 +113,14 @@ fn parse_count(value: &str) -> Result<u64, ViewError> {
 }
 
 fn parse_json(name: &str, value: &str) -> Result<Value, ViewError> {
-    serde_json::from_str(value).map_err(|_| ViewError::BadRequest(format!("invalid JSON in `{name}`: {value}")))
+    let depth = text_depth(value.as_bytes());
+    if depth > MAX_DOCUMENT_DEPTH {
+        return Err(ViewError::BadRequest(format!(
+            "`{name}` is nested {depth} levels deep; at most {MAX_DOCUMENT_DEPTH} are allowed (JSON nesting depth)"
+        )));
+    }
+    parse_within(value.as_bytes(), MAX_DOCUMENT_DEPTH)
+        .map_err(|_| ViewError::BadRequest(format!("invalid JSON in `{name}`: {value}")))
 }
 
 impl ViewQuery {

@@ -66,7 +66,7 @@ impl CouchDbBackend {
         page_token: Option<&str>,
     ) -> Result<Page<StoredDocument>> {
         self.id_range_page(range, limit, page_token, |_, doc| {
-            let doc = serde_json::from_str(doc.get()).map_err(|e| unreadable_page(&e))?;
+            let doc = crate::model::depth::parse_stored(doc.get().as_bytes()).map_err(|e| unreadable_page(&e))?;
             from_couch_doc(doc, LISTING)
         })
         .await

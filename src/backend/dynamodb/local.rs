@@ -30,7 +30,9 @@ fn local_id(name: &str) -> Result<String> {
 /// The local document an item `id` holds.
 fn local_of(id: String, item: &HashMap<String, AttributeValue>) -> Result<StoredDocument> {
     let rev = codec::string_attribute(item, codec::REV).unwrap_or_default().to_owned();
-    let body = match codec::string_attribute(item, LOCAL_BODY).map(serde_json::from_str::<Map<String, Value>>) {
+    let body = match codec::string_attribute(item, LOCAL_BODY)
+        .map(|text| crate::model::depth::parse_stored::<Map<String, Value>>(text.as_bytes()))
+    {
         Some(Ok(body)) => body,
         _ => return Err(Error::new(ErrorKind::Corrupt, format!("DynamoDB local document {id:?} has no JSON body"))),
     };

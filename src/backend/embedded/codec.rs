@@ -134,7 +134,7 @@ pub(super) fn split<'a>(id: &str, record: &'a [u8]) -> Result<(Header, &'a [u8])
 /// The header and body of a live document's record.
 pub(super) fn decode(id: &str, record: &[u8]) -> Result<(Header, Map<String, Value>)> {
     let (header, json) = split(id, record)?;
-    let body = serde_json::from_slice(json).map_err(|e| {
+    let body = crate::model::depth::parse_stored(json).map_err(|e| {
         Error::new(ErrorKind::Corrupt, format!("embedded store: record {id:?} is not a JSON object: {e}"))
     })?;
     Ok((header, body))

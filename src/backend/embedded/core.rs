@@ -156,7 +156,7 @@ pub(super) fn get_deleted(db: &Database, id: &str) -> Result<Option<StoredDocume
     let body = if json.is_empty() {
         Map::new()
     } else {
-        serde_json::from_slice(json).map_err(|e| {
+        crate::model::depth::parse_stored(json).map_err(|e| {
             Error::new(ErrorKind::Corrupt, format!("embedded store: tombstone {id:?} holds no JSON object: {e}"))
         })?
     };

@@ -24,7 +24,7 @@ pub(super) fn decode_local(name: &str, record: &[u8]) -> Result<(u64, Map<String
     let corrupt = || Error::new(ErrorKind::Corrupt, format!("embedded store: local document {name:?} is damaged"));
     let (n, json) = record.split_at_checked(8).ok_or_else(corrupt)?;
     let n = u64::from_be_bytes(n.try_into().map_err(|_| corrupt())?);
-    Ok((n, serde_json::from_slice(json).map_err(|_| corrupt())?))
+    Ok((n, crate::model::depth::parse_stored(json).map_err(|_| corrupt())?))
 }
 
 /// The local document `name`.

@@ -80,7 +80,8 @@ pub fn decompress(
     flate2::read::GzDecoder::new(first.as_slice())
         .read_to_end(&mut json)
         .map_err(|e| corrupt(&format!("has a _body that does not decompress: {e}")))?;
-    serde_json::from_slice(&json).map_err(|e| corrupt(&format!("has a _body that is not a JSON object: {e}")))
+    crate::model::depth::parse_stored(&json)
+        .map_err(|e| corrupt(&format!("has a _body that is not a JSON object: {e}")))
 }
 
 #[cfg(test)]

@@ -100,7 +100,8 @@ pub fn reply_of(service: &str, status: StatusCode, bytes: &[u8], doing: &str) ->
     let body = if bytes.is_empty() {
         Value::Null
     } else {
-        match serde_json::from_slice(bytes) {
+        // A document read back (Firestore, CouchDB) is as deep as it was accepted, plus the reply's levels.
+        match crate::model::depth::parse_stored(bytes) {
             Ok(json) => json,
             Err(_) if !status.is_success() => Value::Null,
             Err(e) => return Err(unexpected_body(service, doing, e)),

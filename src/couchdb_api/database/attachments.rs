@@ -246,6 +246,7 @@ pub(crate) async fn read_related(
     use crate::couchdb_api::multipart::{AttachmentBytes, FollowingAttachment, RelatedLimits, RelatedUpload};
     let max = db.max_attachment_bytes();
     let upload = RelatedUpload::read(&state.bodies, headers, body, RelatedLimits::new(max)).await?;
+    super::docs::refuse_numbers_beyond_doubles(upload.document())?;
     let store = db.attachments().clone();
     let stored = upload
         .store_attachments(move |attachment: FollowingAttachment, bytes: AttachmentBytes| {

@@ -35,6 +35,7 @@ type Positioned = (usize, Map<String, Value>);
 /// `POST /{db}/_bulk_docs`.
 pub async fn bulk_docs(State(state): State<CouchState>, opened: OpenDb, headers: HeaderMap, body: Body) -> Answer {
     let request = state.bodies.read_object(&headers, body).await?.value;
+    super::docs::refuse_numbers_beyond_doubles(&request)?;
     let docs = match request.get("docs") {
         Some(Value::Array(docs)) => docs.clone(),
         _ => return Err(CouchError::bad_request("POST body must include `docs` parameter.")),

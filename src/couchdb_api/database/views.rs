@@ -220,7 +220,9 @@ pub(crate) async fn queries_answer(
         let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
             .await
             .map_err(|err| CouchError::internal(format!("view answer: {err}")))?;
-        results.push(serde_json::from_slice::<Value>(&bytes).map_err(|err| CouchError::internal(err.to_string()))?);
+        results.push(
+            crate::model::depth::parse_stored::<Value>(&bytes).map_err(|err| CouchError::internal(err.to_string()))?,
+        );
     }
     Ok(json(StatusCode::OK, json!({ "results": results })))
 }

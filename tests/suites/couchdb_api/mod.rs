@@ -17,6 +17,7 @@ mod bulk;
 mod changes;
 mod data_store;
 mod databases;
+mod depth;
 mod design_functions;
 mod documents;
 mod local_docs;
@@ -115,6 +116,9 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("js_databases_kept_apart", |e| Box::pin(design_functions::js_databases_kept_apart(e))),
         ("design_documents_must_compile", |e| Box::pin(design_functions::design_documents_must_compile(e))),
         ("changes_filter_past_its_time_bound", |e| Box::pin(design_functions::changes_filter_past_its_time_bound(e))),
+        ("nesting_depth_on_databases", |e| Box::pin(depth::nesting_depth_on_databases(e))),
+        ("nesting_depth_on_the_data_store", |e| Box::pin(depth::nesting_depth_on_the_data_store(e))),
+        ("numbers_beyond_doubles", |e| Box::pin(depth::numbers_beyond_doubles(e))),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
