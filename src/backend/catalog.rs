@@ -21,7 +21,11 @@ use super::embedded::{EmbeddedBackend, EmbeddedOptions};
 use super::{BackendUrl, DocumentBackend};
 use crate::error::{Error, ErrorKind, Result};
 
-/// CouchDB's longest database name (`couch_db:validate_dbname`'s limit).
+/// The longest database name kept. CouchDB 3.4.3's name rule has no length; its file system
+/// refuses a name one of whose `/`-separated segments passes 255 bytes with the shard's
+/// `.{timestamp}.couch` (238 for the last), answered 400 `database_name_too_long`. Here a name is
+/// one file or table name on every backend, so the whole name is held to 238 bytes (the same
+/// answer past it), which [`DbName::encoded_within`] fits into a file name whatever it holds.
 pub const MAX_DB_NAME_LEN: usize = 238;
 
 /// A database name that passed CouchDB's rule: a lowercase letter, then lowercase letters,
@@ -68,8 +72,33 @@ impl DbName {
         out
     }
 
-    /// The name an [`DbName::encoded`] text stands for; `None` for text no name encodes to.
+    /// The name as a namespace of at most `room` bytes where one must fit (a file name, a
+    /// DynamoDB table name): [`DbName::encoded`] when it fits, else one character per character,
+    /// `$()+/` written as the capitals of [`COMPACT`] (at most [`MAX_DB_NAME_LEN`] bytes). The
+    /// escaped form never holds a capital, so the two never meet, and a name gets the compact
+    /// form only where its escaped one did not fit, so names stored before keep theirs.
+    pub fn encoded_within(&self, room: usize) -> String {
+        let escaped = self.encoded();
+        if escaped.len() <= room {
+            return escaped;
+        }
+        self.0
+            .chars()
+            .map(|c| COMPACT.iter().find(|(plain, _)| *plain == c).map_or(c, |(_, capital)| *capital))
+            .collect()
+    }
+
+    /// The name an [`DbName::encoded`] or [`DbName::encoded_within`] text stands for; `None` for
+    /// text no name encodes to.
     pub fn decode(encoded: &str) -> Option<Self> {
+        if encoded.bytes().any(|b| b.is_ascii_uppercase()) {
+            let name: String = encoded
+                .chars()
+                .map(|c| COMPACT.iter().find(|(_, capital)| *capital == c).map_or(c, |(plain, _)| *plain))
+                .collect();
+            let parsed = DbName::parse(&name).ok()?;
+            return (parsed.encoded_within(0) == encoded).then_some(parsed);
+        }
         let mut out = Vec::with_capacity(encoded.len());
         let mut bytes = encoded.bytes();
         while let Some(b) = bytes.next() {
@@ -87,7 +116,19 @@ impl DbName {
         let parsed = DbName::parse(&name).ok()?;
         (parsed.encoded() == encoded).then_some(parsed)
     }
+
+    /// Whether `name` breaks CouchDB's rule by its length alone (CouchDB's 400
+    /// `database_name_too_long`, not `illegal_database_name`).
+    pub fn only_too_long(name: &str) -> bool {
+        name.len() > MAX_DB_NAME_LEN && name.get(..MAX_DB_NAME_LEN).is_some_and(|head| DbName::parse(head).is_ok())
+    }
 }
+
+/// The characters of a name [`DbName::encoded_within`] writes as capitals, and those capitals.
+const COMPACT: [(char, char); 5] = [('$', 'D'), ('(', 'L'), (')', 'R'), ('+', 'P'), ('/', 'S')];
+
+/// The longest file name the embedded catalog writes (`NAME_MAX` of Linux, macOS and Windows).
+const MAX_FILE_NAME: usize = 255;
 
 impl fmt::Display for DbName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -158,7 +199,7 @@ impl EmbeddedCatalog {
     }
 
     fn file(&self, name: &DbName) -> PathBuf {
-        self.directory.join(format!("{}.redb", name.encoded()))
+        self.directory.join(format!("{}{FILE_SUFFIX}", name.encoded_within(MAX_FILE_NAME - FILE_SUFFIX.len())))
     }
 
     /// Opens an existing database file. A database the server closed moments ago (it keeps a
@@ -177,6 +218,9 @@ impl EmbeddedCatalog {
         }
     }
 }
+
+/// What a database's file name ends with.
+const FILE_SUFFIX: &str = ".redb";
 
 /// Tries of [`EmbeddedCatalog::reopen`] (10 ms apart) while a closed handle lets go of its file.
 const REOPEN_TRIES: usize = 50;
@@ -245,7 +289,7 @@ impl Catalog for EmbeddedCatalog {
             Error::new(ErrorKind::Unavailable, format!("cannot list {}", self.directory.display())).with_source(err)
         })? {
             let file_name = entry.file_name();
-            let Some(stem) = file_name.to_str().and_then(|n| n.strip_suffix(".redb")) else { continue };
+            let Some(stem) = file_name.to_str().and_then(|n| n.strip_suffix(FILE_SUFFIX)) else { continue };
             if let Some(name) = DbName::decode(stem) {
                 names.push(name);
             }
@@ -280,5 +324,23 @@ mod tests {
         for bad in ["a.2F", "a.", "a.2", "A", "a.2e"] {
             assert_eq!(DbName::decode(bad), None, "{bad}");
         }
+    }
+
+    /// A name whose escaped form does not fit takes one character per character, and decodes
+    /// back; a name whose escaped form fits keeps it, and its compact text decodes to nothing.
+    #[test]
+    fn long_escaped_names_are_written_compactly() {
+        let long = DbName::parse(&format!("a{}", "/$()+".repeat(47))).unwrap();
+        let compact = long.encoded_within(250);
+        assert_eq!(compact.len(), long.as_str().len());
+        assert!(compact.starts_with("aSDLRP"), "{compact}");
+        assert!(compact.bytes().all(|b| b.is_ascii_alphanumeric()), "{compact}");
+        assert_eq!(DbName::decode(&compact), Some(long));
+        let short = DbName::parse("a/b").unwrap();
+        assert_eq!(short.encoded_within(250), "a.2fb");
+        assert_eq!(DbName::decode("aSb"), None, "a short name is never written compactly");
+        assert!(DbName::only_too_long(&"a/".repeat(120)));
+        assert!(!DbName::only_too_long("A"));
+        assert!(!DbName::only_too_long(&format!("{}é", "a".repeat(300))));
     }
 }

@@ -5,7 +5,7 @@
 //! from a POST body (the Cloudant SDKs send everything there). A range answer is streamed page by
 //! page, so a request without `limit` over a large store holds one backend page at a time. A
 //! per-user login's range is cut to its own ids. `total_rows` is the store's live document count
-//! where the backend knows it exactly; `offset` is only known when the range starts at the
+//! where the backend knows it exactly (0 for a per-user login, which must not watch others' writes); `offset` is only known when the range starts at the
 //! beginning, and is `null` otherwise (see docs/couchdb-api.md). With `keys`, `descending`,
 //! `skip` and `limit` pick from the keys as CouchDB's do, and `update_seq` is `null`.
 
@@ -223,10 +223,13 @@ pub(crate) fn parse_request(fields: &Map<String, Value>) -> CouchResult<AllDocsR
 async fn answer(state: &CouchState, principal: &Principal, request: AllDocsRequest) -> Answer {
     let backend = state.store.backend().clone();
     let designs = design_docs_listed(backend.as_ref(), principal).await?;
-    let total_rows = super::server::live_document_count(backend.as_ref()).await?;
     // CouchDB counts and lists design documents with the others (fixture 046: 41 documents and 2
-    // design documents make `total_rows` 43).
-    let total_rows = total_rows + designs.len() as u64;
+    // design documents make `total_rows` 43). A per-user login is shown 0: the store's count
+    // moves with every user's writes (docs/couchdb-api.md, "Counts").
+    let total_rows = match principal.only_user() {
+        Some(_) => 0,
+        None => super::server::live_document_count(backend.as_ref()).await? + designs.len() as u64,
+    };
     if let Some(keys) = &request.keys {
         let keys = keys_page(keys, &request);
         let rows = key_rows(backend.as_ref(), principal, &keys, request.include_docs, &designs).await?;

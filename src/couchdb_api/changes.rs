@@ -807,11 +807,14 @@ fn answered(err: &crate::Error) -> Option<CouchError> {
 
 fn closing(cursor: &Cursor) -> String {
     let last_seq = shown_seq(cursor, &cursor.last_seq);
-    let tail = json!({ "last_seq": last_seq, "pending": cursor.pending });
+    // `pending` counts every user's changes still to read: a per-user login is shown 0, so it
+    // cannot watch others' writes (docs/couchdb-api.md, "Counts").
+    let pending = if cursor.principal.only_user().is_some() { 0 } else { cursor.pending };
+    let tail = json!({ "last_seq": last_seq, "pending": pending });
     match cursor.request.feed {
         Feed::Continuous if cursor.request.eventsource => String::new(),
         Feed::Continuous => format!("{tail}\n"),
-        _ => format!("\n],\"last_seq\":{},\"pending\":{}}}\n", Value::from(last_seq), cursor.pending),
+        _ => format!("\n],\"last_seq\":{},\"pending\":{pending}}}\n", Value::from(last_seq)),
     }
 }
 

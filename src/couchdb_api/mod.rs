@@ -191,13 +191,12 @@ impl CouchApp {
 }
 
 fn router(state: CouchState, query_limit: request::EndpointLimit) -> Router {
-    // Endpoints whose bodies are a query, a selector or a list of revisions: small by nature, so
+    // Endpoints whose bodies are a query or a selector: small by nature, so
     // a small limit (`couchdb_max_query_bytes`); the rest take `couchdb_max_request_bytes`.
     let queries = Router::new()
         .route("/{db}/_find", post(query::find))
         .route("/{db}/_explain", post(query::explain))
         .route("/{db}/_index", get(query::list_indexes).post(query::create_index))
-        .route("/{db}/_revs_diff", post(bulk::revs_diff))
         .route("/{db}/_changes", get(changes::get_changes).post(changes::post_changes))
         .route_layer(from_fn_with_state(query_limit, request::limit_bodies));
     // The server's own endpoints take any login, a login of the other databases only too.
@@ -228,6 +227,9 @@ fn router(state: CouchState, query_limit: request::EndpointLimit) -> Router {
         .route("/{db}/_index/{*rest}", axum::routing::delete(query::delete_index))
         .route("/{db}/_bulk_docs", post(bulk::bulk_docs))
         .route("/{db}/_bulk_get", post(bulk::bulk_get))
+        // A replicator's list of revisions grows with the leaves of its batch's documents: the
+        // request limit, as on every other database (docs/bounds.md).
+        .route("/{db}/_revs_diff", post(bulk::revs_diff))
         .route("/{db}/_ensure_full_commit", post(bulk::ensure_full_commit))
         .route("/{db}/_local/{*name}", get(document::get_local).put(document::put_local).delete(document::delete_local))
         .route("/{db}/_design/{*rest}", any(design::design_request))

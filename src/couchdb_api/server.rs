@@ -2,12 +2,13 @@
 //! `GET/HEAD/PUT/DELETE /{db}`. One database is served; `PUT` of it answers 412 as CouchDB does for
 //! a database that exists (PouchDB and aiocouch create-if-missing), any other name is 404.
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{Extension, Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
+use super::auth::Identity;
 use super::error::CouchError;
 use super::served_db::ServedDb;
 use super::{json, Answer, CouchState};
@@ -87,8 +88,18 @@ pub async fn uuids(Query(params): Query<UuidsParams>) -> Answer {
     Ok(json(StatusCode::OK, json!({ "uuids": uuids })))
 }
 
-/// `GET /{db}` (and HEAD): the database's information, with the counts the backend can give.
-pub async fn db_info(State(state): State<CouchState>, _served: ServedDb) -> Answer {
+/// `GET /{db}` (and HEAD): the database's information, with the counts the backend can give. A
+/// per-user login is shown `doc_count` 0: the store's count moves with every user's writes, and
+/// counting its own documents would read them all (docs/couchdb-api.md, "Counts").
+pub async fn db_info(
+    State(state): State<CouchState>,
+    Extension(principal): Extension<super::access::Principal>,
+    _served: ServedDb,
+) -> Answer {
+    if principal.only_user().is_some() {
+        let update_seq = state.store.backend().change_position().await?;
+        return Ok(json(StatusCode::OK, db_info_json(&state.db, 0, &update_seq)));
+    }
     Ok(json(StatusCode::OK, data_store_info(&state).await?))
 }
 
@@ -137,8 +148,29 @@ pub async fn live_document_count(backend: &dyn crate::backend::DocumentBackend) 
     Ok(count)
 }
 
-/// `PUT /{db}`: the served database exists already (412, as CouchDB answers); no other can be made.
-pub async fn create_db(State(state): State<CouchState>, Path(db): Path<String>) -> Answer {
+/// CouchDB's 401 for a server-admin endpoint asked by anyone else
+/// (`chttpd:verify_is_server_admin`: 401 even for a login that is not an admin).
+pub(crate) fn server_admin_only(identity: &Identity) -> Result<(), CouchError> {
+    if identity.is_server_admin() {
+        Ok(())
+    } else {
+        Err(CouchError::unauthorized("You are not a server admin."))
+    }
+}
+
+/// CouchDB's system databases, the only names starting with `_` it takes.
+const SYSTEM_DATABASES: [&str; 3] = ["_users", "_replicator", "_global_changes"];
+
+/// `PUT /{db}` for the served database or a name starting with `_` (every other name goes to the
+/// databases' router): the served database exists already (412, as CouchDB answers); a name
+/// starting with `_` that is no system database breaks CouchDB's name rule (its 400
+/// `illegal_database_name`, after its server-admin check); CouchDB's system databases are not
+/// kept here.
+pub async fn create_db(
+    State(state): State<CouchState>,
+    Extension(identity): Extension<Identity>,
+    Path(db): Path<String>,
+) -> Answer {
     if *db == *state.db {
         return Err(CouchError::new(
             StatusCode::PRECONDITION_FAILED,
@@ -146,7 +178,13 @@ pub async fn create_db(State(state): State<CouchState>, Path(db): Path<String>) 
             "The database could not be created, the file already exists.",
         ));
     }
-    Err(CouchError::forbidden(format!("agentstore serves one database, {:?}; it cannot create others", &*state.db)))
+    server_admin_only(&identity)?;
+    if !SYSTEM_DATABASES.contains(&db.as_str()) {
+        return Err(super::database::db_name(&db)
+            .err()
+            .unwrap_or_else(|| CouchError::internal(format!("{db:?} starts with `_` yet passed the name rule"))));
+    }
+    Err(CouchError::forbidden(format!("agentstore does not keep CouchDB's system database {db}")))
 }
 
 /// `DELETE /{db}`: refused; the data store is not deleted through the API.
@@ -174,9 +212,11 @@ pub fn internal_error() -> Response {
 /// The node name the probes below report: one node, this process.
 const NODE_NAME: &str = "agentstore@localhost";
 
-/// `GET /_active_tasks`: no compaction, indexing or replication task ever runs here.
-pub async fn active_tasks() -> Response {
-    json(StatusCode::OK, json!([]))
+/// `GET /_active_tasks`: no compaction, indexing or replication task ever runs here. A server
+/// admin's, as CouchDB's (`chttpd_misc:handle_task_status_req`).
+pub async fn active_tasks(Extension(identity): Extension<Identity>) -> Answer {
+    server_admin_only(&identity)?;
+    Ok(json(StatusCode::OK, json!([])))
 }
 
 /// `GET /_membership`: a cluster of one node.
@@ -184,13 +224,16 @@ pub async fn membership() -> Response {
     json(StatusCode::OK, json!({ "all_nodes": [NODE_NAME], "cluster_nodes": [NODE_NAME] }))
 }
 
-/// `GET /_scheduler/jobs` and `/_scheduler/docs`: no replicator runs inside this server.
-pub async fn scheduler_jobs() -> Response {
-    json(StatusCode::OK, json!({ "total_rows": 0, "offset": 0, "jobs": [] }))
+/// `GET /_scheduler/jobs` and `/_scheduler/docs`: no replicator runs inside this server. A server
+/// admin's, as every `/_scheduler` path is CouchDB's (`chttpd_auth_request`).
+pub async fn scheduler_jobs(Extension(identity): Extension<Identity>) -> Answer {
+    server_admin_only(&identity)?;
+    Ok(json(StatusCode::OK, json!({ "total_rows": 0, "offset": 0, "jobs": [] })))
 }
 
-pub async fn scheduler_docs() -> Response {
-    json(StatusCode::OK, json!({ "total_rows": 0, "offset": 0, "docs": [] }))
+pub async fn scheduler_docs(Extension(identity): Extension<Identity>) -> Answer {
+    server_admin_only(&identity)?;
+    Ok(json(StatusCode::OK, json!({ "total_rows": 0, "offset": 0, "docs": [] })))
 }
 
 /// `GET /_node/_local` (and `/_node/{name}` for this node's name): the node's name.

@@ -21,9 +21,7 @@ pub mod seq;
 pub mod write_guard;
 
 use std::collections::HashMap;
-use std::sync::Arc;
-
-use tokio::sync::Mutex;
+use std::sync::{Arc, Weak};
 
 pub use engine::{Database, DocState, Write, Written};
 
@@ -37,8 +35,13 @@ pub struct Databases {
     /// besides the data-store one).
     source: Option<BackendUrl>,
     catalog: tokio::sync::OnceCell<Arc<dyn Catalog>>,
-    /// Open databases and when each was last asked for.
-    open: Mutex<HashMap<DbName, OpenDatabase>>,
+    /// Open databases and when each was last asked for. Held only while the map is read or
+    /// changed, never across a backend call.
+    open: std::sync::Mutex<HashMap<DbName, OpenDatabase>>,
+    /// One lock per name, held across the backend calls that create, open, close or delete that
+    /// database ([`NameLocks`]): a slow catalog call (a DynamoDB `CreateTable`) holds up requests
+    /// for its own name only.
+    name_locks: NameLocks,
     /// How many stay open at once (`couchdb_max_open_databases`).
     max_open: usize,
     /// Largest document body (`couchdb_max_document_bytes`), given to each database opened.
@@ -56,6 +59,33 @@ struct OpenDatabase {
     last_used: std::time::Instant,
 }
 
+/// A lock per database name, made when a request first needs it and gone when no request
+/// holds it (the map keeps weak handles, pruned as it grows), so it holds about as many entries
+/// as requests are under way.
+#[derive(Default)]
+struct NameLocks {
+    locks: std::sync::Mutex<HashMap<DbName, Weak<tokio::sync::Mutex<()>>>>,
+}
+
+/// Entries of [`NameLocks`] past which the ones nobody holds are dropped.
+const NAME_LOCKS_PRUNED_PAST: usize = 1024;
+
+impl NameLocks {
+    /// The lock of `name`, shared with every request holding it now.
+    fn of(&self, name: &DbName) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self.locks.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(lock) = locks.get(name).and_then(Weak::upgrade) {
+            return lock;
+        }
+        if locks.len() >= NAME_LOCKS_PRUNED_PAST {
+            locks.retain(|_, lock| lock.strong_count() > 0);
+        }
+        let lock = Arc::new(tokio::sync::Mutex::new(()));
+        locks.insert(name.clone(), Arc::downgrade(&lock));
+        lock
+    }
+}
+
 impl Databases {
     /// The databases of a catalog already open.
     pub fn new(catalog: Option<Arc<dyn Catalog>>, max_open: usize) -> Self {
@@ -66,7 +96,8 @@ impl Databases {
         Databases {
             source: None,
             catalog: opened,
-            open: Mutex::new(HashMap::new()),
+            open: std::sync::Mutex::new(HashMap::new()),
+            name_locks: NameLocks::default(),
             max_open: max_open.max(1),
             max_document_bytes: engine::DEFAULT_MAX_DOCUMENT_BYTES,
             max_attachment_bytes: u64::MAX,
@@ -81,7 +112,8 @@ impl Databases {
         Databases {
             source: url,
             catalog: tokio::sync::OnceCell::new(),
-            open: Mutex::new(HashMap::new()),
+            open: std::sync::Mutex::new(HashMap::new()),
+            name_locks: NameLocks::default(),
             max_open: max_open.max(1),
             max_document_bytes: engine::DEFAULT_MAX_DOCUMENT_BYTES,
             max_attachment_bytes: u64::MAX,
@@ -125,25 +157,56 @@ impl Databases {
         Ok(Some(self.catalog.get_or_try_init(|| crate::backend::catalog::open_catalog(url)).await?))
     }
 
+    /// The open-database map, for a moment (never held across an await).
+    fn open_map(&self) -> std::sync::MutexGuard<'_, HashMap<DbName, OpenDatabase>> {
+        self.open.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The database if it is open, marked as used now.
+    fn already_open(&self, name: &DbName) -> Option<Arc<Database>> {
+        let mut open = self.open_map();
+        let entry = open.get_mut(name)?;
+        entry.last_used = std::time::Instant::now();
+        Some(Arc::clone(&entry.database))
+    }
+
     /// Keeps one more open database within the bound: while too many are open, the least
-    /// recently used one that no request holds is closed (its catalog handle let go). Databases
-    /// in use are never closed, so the bound may be passed while that many are busy.
-    async fn keep(&self, open: &mut HashMap<DbName, OpenDatabase>, name: &DbName, database: &Arc<Database>) {
-        open.insert(
-            name.clone(),
-            OpenDatabase { database: Arc::clone(database), last_used: std::time::Instant::now() },
-        );
-        while open.len() > self.max_open {
-            let idle = open
+    /// recently used ones that no request holds are closed (their catalog handles let go).
+    /// Databases in use are never closed, so the bound may be passed while that many are busy.
+    async fn keep(&self, name: &DbName, database: &Arc<Database>) {
+        let idle: Vec<DbName> = {
+            let mut open = self.open_map();
+            open.insert(
+                name.clone(),
+                OpenDatabase { database: Arc::clone(database), last_used: std::time::Instant::now() },
+            );
+            let mut idle: Vec<(&DbName, std::time::Instant)> = open
                 .iter()
                 .filter(|(_, entry)| Arc::strong_count(&entry.database) == 1)
-                .min_by_key(|(_, entry)| entry.last_used)
-                .map(|(name, _)| name.clone());
-            let Some(idle) = idle else { break };
-            open.remove(&idle);
-            if let Some(catalog) = self.catalog.get() {
-                catalog.forget(&idle).await;
-            }
+                .map(|(name, entry)| (name, entry.last_used))
+                .collect();
+            idle.sort_by_key(|(_, last_used)| *last_used);
+            let excess = open.len().saturating_sub(self.max_open);
+            idle.into_iter().take(excess).map(|(name, _)| name.clone()).collect()
+        };
+        for name in idle {
+            self.close_if_idle(&name).await;
+        }
+    }
+
+    /// Closes `name` if no request holds it, under its name lock, so that no request opens it
+    /// again while the catalog lets go of its handle (a redb file is opened once per process).
+    /// A name whose lock is busy (a request opening or deleting it) is left alone.
+    async fn close_if_idle(&self, name: &DbName) {
+        let lock = self.name_locks.of(name);
+        let Ok(_held) = lock.try_lock() else { return };
+        let closed = {
+            let mut open = self.open_map();
+            let idle = open.get(name).is_some_and(|entry| Arc::strong_count(&entry.database) == 1);
+            idle && open.remove(name).is_some()
+        };
+        if let (true, Some(catalog)) = (closed, self.catalog.get()) {
+            catalog.forget(name).await;
         }
     }
 
@@ -155,32 +218,39 @@ impl Databases {
 
     /// Creates a database; `Conflict` when it exists (CouchDB's 412 `file_exists`).
     pub async fn create(&self, name: &DbName) -> Result<Arc<Database>> {
-        let mut open = self.open.lock().await;
+        let lock = self.name_locks.of(name);
+        let _held = lock.lock().await;
         let backend = self.catalog().await?.create(name).await?;
         let database = self.database(name, backend);
-        self.keep(&mut open, name, &database).await;
+        self.keep(name, &database).await;
         Ok(database)
     }
 
     /// The database, or `None` when it does not exist.
     pub async fn open(&self, name: &DbName) -> Result<Option<Arc<Database>>> {
-        let mut open = self.open.lock().await;
-        if let Some(entry) = open.get_mut(name) {
-            entry.last_used = std::time::Instant::now();
-            return Ok(Some(Arc::clone(&entry.database)));
+        if let Some(database) = self.already_open(name) {
+            return Ok(Some(database));
+        }
+        let lock = self.name_locks.of(name);
+        let _held = lock.lock().await;
+        // Opened by the request that held the lock before this one.
+        if let Some(database) = self.already_open(name) {
+            return Ok(Some(database));
         }
         let Some(catalog) = self.opened_catalog().await? else { return Ok(None) };
         let Some(backend) = catalog.open(name).await? else { return Ok(None) };
         let database = self.database(name, backend);
-        self.keep(&mut open, name, &database).await;
+        self.keep(name, &database).await;
         Ok(Some(database))
     }
 
     /// Deletes a database and everything in it; `false` when there was none. Requests still
     /// holding it fail with `NotFound` from now on.
     pub async fn delete(&self, name: &DbName) -> Result<bool> {
-        let mut open = self.open.lock().await;
-        if let Some(entry) = open.remove(name) {
+        let lock = self.name_locks.of(name);
+        let _held = lock.lock().await;
+        let removed = self.open_map().remove(name);
+        if let Some(entry) = removed {
             entry.database.mark_dropped();
         }
         match self.opened_catalog().await? {
@@ -226,7 +296,7 @@ mod tests {
         drop(databases.create(&names[1]).await.unwrap());
         drop(databases.create(&names[2]).await.unwrap());
         {
-            let open = databases.open.lock().await;
+            let open = databases.open_map();
             assert_eq!(open.len(), 2, "one idle database was closed");
             assert!(open.contains_key(&names[0]), "the database in use stays open");
             assert!(!open.contains_key(&names[1]), "the least recently used idle one was closed");
@@ -236,6 +306,84 @@ mod tests {
         assert!(again.read("doc").await.unwrap().is_none());
         let first = databases.open(&names[0]).await.unwrap().expect("open");
         assert!(first.read("doc").await.unwrap().is_some(), "documents survive closing and opening");
+    }
+
+    /// A catalog whose `create` and `open` of one name wait until released, as a DynamoDB
+    /// `CreateTable` or `DescribeTable` that takes its time; every other name is the embedded
+    /// catalog's at once.
+    struct SlowForOneName {
+        inner: EmbeddedCatalog,
+        slow: DbName,
+        entered: tokio::sync::Notify,
+        released: tokio::sync::Notify,
+    }
+
+    impl SlowForOneName {
+        async fn wait_if_slow(&self, name: &DbName) {
+            if *name == self.slow {
+                self.entered.notify_one();
+                self.released.notified().await;
+            }
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Catalog for SlowForOneName {
+        fn describe(&self) -> String {
+            self.inner.describe()
+        }
+        async fn create(&self, name: &DbName) -> Result<Arc<dyn crate::backend::DocumentBackend>> {
+            self.wait_if_slow(name).await;
+            self.inner.create(name).await
+        }
+        async fn open(&self, name: &DbName) -> Result<Option<Arc<dyn crate::backend::DocumentBackend>>> {
+            self.wait_if_slow(name).await;
+            self.inner.open(name).await
+        }
+        async fn delete(&self, name: &DbName) -> Result<bool> {
+            self.inner.delete(name).await
+        }
+        async fn list(&self) -> Result<Vec<DbName>> {
+            self.inner.list().await
+        }
+        async fn forget(&self, name: &DbName) {
+            self.inner.forget(name).await
+        }
+    }
+
+    /// While one database's creation waits on the backend, other databases open, are created and
+    /// are found missing: the wait holds up its own name only.
+    #[tokio::test]
+    async fn a_slow_catalog_call_holds_up_its_own_name_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("store.redb");
+        let name = |text: &str| DbName::parse(text).unwrap();
+        // Created before the server's databases exist, so opening it asks the catalog.
+        EmbeddedCatalog::new(&file, EmbeddedOptions::default()).create(&name("existing")).await.unwrap();
+        let catalog = Arc::new(SlowForOneName {
+            inner: EmbeddedCatalog::new(&file, EmbeddedOptions::default()),
+            slow: name("slow"),
+            entered: tokio::sync::Notify::new(),
+            released: tokio::sync::Notify::new(),
+        });
+        let databases = Arc::new(Databases::new(Some(catalog.clone()), 8));
+        let creating = {
+            let databases = Arc::clone(&databases);
+            tokio::spawn(async move { databases.create(&DbName::parse("slow").unwrap()).await.map(drop) })
+        };
+        catalog.entered.notified().await;
+        let others = async {
+            let existing = databases.open(&name("existing")).await.unwrap();
+            assert!(existing.is_some(), "an existing database opens");
+            databases.create(&name("fresh")).await.unwrap();
+            assert!(databases.open(&name("missing")).await.unwrap().is_none(), "a missing one is missing");
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(10), others)
+            .await
+            .expect("other databases answer while one creation waits on the backend");
+        catalog.released.notify_one();
+        creating.await.unwrap().unwrap();
+        assert!(databases.open(&name("slow")).await.unwrap().is_some(), "the slow one was created");
     }
 
     /// A backend whose table is removed while a request is on it (a DynamoDB `DeleteTable`

@@ -206,6 +206,14 @@ pub struct IndexRow {
     pub value: Value,
 }
 
+/// One page of rows read by [`IndexStore::page`], and the part of the range after it (`None`:
+/// the range is read to its end).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RowPage {
+    pub rows: Vec<IndexRow>,
+    pub rest: Option<RowRange>,
+}
+
 /// A range of rows within one view, in row-key bytes after the group and view prefix.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RowRange {
@@ -408,8 +416,41 @@ impl IndexStore {
         let txn = self.db.begin_read().map_err(|e| self.fail("begin read", e))?;
         let rows = txn.open_table(ROWS).map_err(|e| self.fail("open rows", e))?;
         // Whether `each` broke off is no matter: nothing follows.
-        let _ = self.scan_rows(&rows, &low, &high, descending, &mut each)?;
+        let _ = self.scan_rows(&rows, &low, &high, descending, &mut |_, row| each(row))?;
         Ok(())
+    }
+
+    /// At most `max` rows of view `view` of group `number` within `range`, in key order (or
+    /// reversed), read in one short read transaction, with the part of `range` after them
+    /// (`None` once the range is read to its end). A long answer is read page by page, so
+    /// nothing is held between pages: not a transaction, not a thread.
+    pub fn page(&self, number: u64, view: usize, range: &RowRange, descending: bool, max: usize) -> Result<RowPage> {
+        let prefix = view_prefix(number, view);
+        let (low, high) = full_bounds(&prefix, range);
+        let mut page = RowPage { rows: Vec::new(), rest: None };
+        if bounds_are_empty(&low, &high) || max == 0 {
+            return Ok(page);
+        }
+        let txn = self.db.begin_read().map_err(|e| self.fail("begin read", e))?;
+        let rows = txn.open_table(ROWS).map_err(|e| self.fail("open rows", e))?;
+        let mut last_key: Vec<u8> = Vec::new();
+        let _ = self.scan_rows(&rows, &low, &high, descending, &mut |full_key, row| {
+            page.rows.push(row);
+            if page.rows.len() < max {
+                return ControlFlow::Continue(());
+            }
+            last_key = full_key.get(VIEW_PREFIX_LEN..).unwrap_or_default().to_vec();
+            ControlFlow::Break(())
+        })?;
+        if page.rows.len() >= max {
+            let after = Bound::Excluded(last_key);
+            page.rest = Some(if descending {
+                RowRange { low: range.low.clone(), high: after }
+            } else {
+                RowRange { low: after, high: range.high.clone() }
+            });
+        }
+        Ok(page)
     }
 
     /// How many rows of view `view` lie below `bound`, an upper bound in row-key bytes after the
@@ -529,7 +570,7 @@ impl IndexStore {
                     }
                     let before = Bound::Excluded(start.clone());
                     if self
-                        .scan_rows(&rows, &cursor, &before, false, &mut |row| (whole.each)(Piece::Row(row)))?
+                        .scan_rows(&rows, &cursor, &before, false, &mut |_, row| (whole.each)(Piece::Row(row)))?
                         .is_break()
                         || self.whole_block(&rows, &mut whole, &start, &next_start, &summary, false)?.is_break()
                     {
@@ -542,7 +583,7 @@ impl IndexStore {
                     pending = Some((start, summary));
                 }
             }
-            let _ = self.scan_rows(&rows, &cursor, &high, false, &mut |row| (whole.each)(Piece::Row(row)))?;
+            let _ = self.scan_rows(&rows, &cursor, &high, false, &mut |_, row| (whole.each)(Piece::Row(row)))?;
         } else {
             let mut cursor = high.clone();
             let mut end = if high_bytes < view_end {
@@ -574,14 +615,14 @@ impl IndexStore {
                     break;
                 }
                 let after = Bound::Included(block_end.clone());
-                if self.scan_rows(&rows, &after, &cursor, true, &mut |row| (whole.each)(Piece::Row(row)))?.is_break()
+                if self.scan_rows(&rows, &after, &cursor, true, &mut |_, row| (whole.each)(Piece::Row(row)))?.is_break()
                     || self.whole_block(&rows, &mut whole, &start, &block_end, &summary, true)?.is_break()
                 {
                     return Ok(());
                 }
                 cursor = Bound::Excluded(start);
             }
-            let _ = self.scan_rows(&rows, &low, &cursor, true, &mut |row| (whole.each)(Piece::Row(row)))?;
+            let _ = self.scan_rows(&rows, &low, &cursor, true, &mut |_, row| (whole.each)(Piece::Row(row)))?;
         }
         Ok(())
     }
@@ -606,7 +647,7 @@ impl IndexStore {
             return Ok((whole.each)(Piece::Block { summary, first_key, last_key }));
         }
         let (low, high) = (Bound::Included(start.to_vec()), Bound::Excluded(end.to_vec()));
-        self.scan_rows(rows, &low, &high, descending, &mut |row| (whole.each)(Piece::Row(row)))
+        self.scan_rows(rows, &low, &high, descending, &mut |_, row| (whole.each)(Piece::Row(row)))
     }
 
     /// The keys of the first and last rows in `[start, end)`.
@@ -632,14 +673,15 @@ impl IndexStore {
         Ok((first, last))
     }
 
-    /// Calls `each` with the rows between two full-key bounds; says whether it broke.
+    /// Calls `each` with the rows between two full-key bounds, each with its full key; says
+    /// whether it broke.
     fn scan_rows<T: ReadableTable<&'static [u8], &'static [u8]>>(
         &self,
         rows: &T,
         low: &Bound<Vec<u8>>,
         high: &Bound<Vec<u8>>,
         descending: bool,
-        each: &mut dyn FnMut(IndexRow) -> ControlFlow<()>,
+        each: &mut dyn FnMut(&[u8], IndexRow) -> ControlFlow<()>,
     ) -> Result<ControlFlow<()>> {
         if bounds_are_empty(low, high) {
             return Ok(ControlFlow::Continue(()));
@@ -647,10 +689,10 @@ impl IndexStore {
         let bounds: (Bound<&[u8]>, Bound<&[u8]>) = (as_slice(low), as_slice(high));
         let iter = rows.range::<&[u8]>(bounds).map_err(|e| self.fail("scan rows", e))?;
         let mut visit = |entry: ScannedEntry| {
-            let (_, stored) = entry.map_err(|e| self.fail("scan rows", e))?;
+            let (full_key, stored) = entry.map_err(|e| self.fail("scan rows", e))?;
             let (key, id, value): (Value, String, Value) = parse_stored(stored.value())
                 .map_err(|err| Error::new(ErrorKind::Corrupt, format!("view row: {err}")))?;
-            Ok::<_, Error>(each(IndexRow { key, id, value }))
+            Ok::<_, Error>(each(full_key.value(), IndexRow { key, id, value }))
         };
         if descending {
             for entry in iter.rev() {

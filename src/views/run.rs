@@ -1,9 +1,13 @@
 //! Answering a checked query ([`super::query::Plan`]) from a group's rows.
 //!
-//! Rows are read on a blocking thread and handed over through a bounded channel, so an answer of
-//! any size streams with [`CHANNEL_ROWS`] rows in flight: the caller writes them out as they come
-//! (a map answer) or folds them into groups (a reduce answer, where only the current group's
-//! rows are held, reduced every [`REDUCE_CHUNK`] rows and rereduced at the group's end).
+//! Rows are handed over through a bounded channel, so an answer of any size streams with
+//! [`CHANNEL_ROWS`] rows in flight: the caller writes them out as they come (a map answer) or
+//! folds them into groups (a reduce answer, where only the current group's rows are held, reduced
+//! every [`REDUCE_CHUNK`] rows and rereduced at the group's end). A map answer, written to a
+//! client as it reads, is read a page ([`PAGE_ROWS`]) at a time, each page on the blocking pool
+//! in its own read transaction: a client that stops reading holds neither a thread nor a
+//! transaction. A reduce answer is folded whole before anything is written, so its scan never
+//! waits on a client.
 
 use std::ops::{Bound, ControlFlow};
 use std::sync::Arc;
@@ -21,6 +25,8 @@ use super::ViewError;
 
 /// Rows in flight between the index scan and the answer.
 pub const CHANNEL_ROWS: usize = 256;
+/// Rows of a map answer read from the index at a time, each page in its own read transaction.
+pub const PAGE_ROWS: usize = CHANNEL_ROWS;
 /// Rows of one group reduced at a time before rereducing.
 pub const REDUCE_CHUNK: usize = 1000;
 
@@ -58,31 +64,57 @@ pub async fn map_rows(
             .map_err(ViewError::Storage)?
     };
     let (sender, receiver) = mpsc::channel(CHANNEL_ROWS);
-    tokio::task::spawn_blocking(move || {
-        let mut to_skip = skip;
-        let mut left = limit.unwrap_or(u64::MAX);
-        for range in &ranges {
-            if left == 0 {
-                break;
-            }
-            let scanned = store.scan(number, view, range, descending, |row| {
-                if to_skip > 0 {
-                    to_skip -= 1;
-                    return ControlFlow::Continue(());
-                }
-                if left == 0 || sender.blocking_send(Ok(row)).is_err() {
-                    return ControlFlow::Break(());
-                }
-                left -= 1;
-                ControlFlow::Continue(())
-            });
-            if let Err(err) = scanned {
-                let _ = sender.blocking_send(Err(ViewError::Storage(err)));
+    tokio::spawn(send_rows(store, number, view, ranges, descending, skip, limit, sender));
+    Ok(MapRows { offset: before + skip, rows: receiver })
+}
+
+/// Reads the rows of `ranges` a page ([`PAGE_ROWS`]) at a time on the blocking pool and sends
+/// them from async code: while the client does not read, the channel fills and this task waits
+/// holding neither a thread nor a read transaction. It ends when the receiver is dropped.
+#[allow(clippy::too_many_arguments)]
+async fn send_rows(
+    store: Arc<IndexStore>,
+    number: u64,
+    view: usize,
+    ranges: Vec<RowRange>,
+    descending: bool,
+    skip: u64,
+    limit: Option<u64>,
+    sender: mpsc::Sender<Result<IndexRow, ViewError>>,
+) {
+    let mut to_skip = skip;
+    let mut left = limit.unwrap_or(u64::MAX);
+    for range in ranges {
+        let mut unread = Some(range);
+        while let Some(range) = unread.take() {
+            if left == 0 || sender.is_closed() {
                 return;
             }
+            let reading = Arc::clone(&store);
+            let page = tokio::task::spawn_blocking(move || reading.page(number, view, &range, descending, PAGE_ROWS))
+                .await
+                .map_err(task_failed)
+                .and_then(|page| page.map_err(ViewError::Storage));
+            let page = match page {
+                Ok(page) => page,
+                Err(err) => {
+                    let _ = sender.send(Err(err)).await;
+                    return;
+                }
+            };
+            for row in page.rows {
+                if to_skip > 0 {
+                    to_skip -= 1;
+                    continue;
+                }
+                if left == 0 || sender.send(Ok(row)).await.is_err() {
+                    return;
+                }
+                left -= 1;
+            }
+            unread = page.rest;
         }
-    });
-    Ok(MapRows { offset: before + skip, rows: receiver })
+    }
 }
 
 /// How many rows of the view come before `range` in the scan's direction, from the index's

@@ -123,14 +123,25 @@ impl DynamoCatalog {
 
 /// The table of database `name` beside the data-store table `data_store`; `InvalidInput` when it
 /// would be longer than DynamoDB allows.
+/// The table of database `name`, whether or not DynamoDB takes it: the name escaped, or written
+/// compactly where the escaped form would pass DynamoDB's 255 characters.
+fn table_name(data_store: &str, name: &DbName) -> String {
+    let prefix = format!("{data_store}{SEPARATOR}");
+    let room = MAX_TABLE_NAME.saturating_sub(prefix.len());
+    format!("{prefix}{}", name.encoded_within(room))
+}
+
+/// DynamoDB's longest table name.
+const MAX_TABLE_NAME: usize = 255;
+
 fn table_of(data_store: &str, name: &DbName) -> Result<String> {
-    let table = format!("{data_store}{SEPARATOR}{}", name.encoded());
+    let table = table_name(data_store, name);
     check_table_name(&table).map_err(|_| {
         Error::invalid(
             "database name",
             format!(
                 "\"{name}\" makes the DynamoDB table name {table:?} ({} characters); DynamoDB allows at most 255 (the \
-                 data-store table's name, {SEPARATOR:?}, and the name with each of $()+/ written as 3 characters)",
+                 data-store table's name, {SEPARATOR:?}, and the name)",
                 table.len()
             ),
         )
@@ -241,7 +252,7 @@ impl Catalog for DynamoCatalog {
         // `Send` check on the futures.
         let mut lookups = Vec::with_capacity(names.len());
         for name in &names {
-            lookups.push(self.status_of_table(format!("{prefix}{}", name.encoded())));
+            lookups.push(self.status_of_table(table_name(&self.base.table, name)));
         }
         let statuses: Vec<Result<Option<TableStatus>>> =
             futures::stream::iter(lookups).buffered(STATUS_CONCURRENCY).collect().await;

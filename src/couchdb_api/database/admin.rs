@@ -15,19 +15,10 @@ use super::{db_name, OpenDb};
 use crate::couchdb_api::auth::Identity;
 use crate::couchdb_api::error::CouchError;
 use crate::couchdb_api::request::{bool_param, integer_param, json_param};
-use crate::couchdb_api::server::{db_info_json, live_document_count};
+use crate::couchdb_api::server::{db_info_json, live_document_count, server_admin_only};
 use crate::couchdb_api::{json, Answer, CouchState};
 use crate::database::Database;
 use crate::error::ErrorKind;
-
-/// CouchDB's 401 for a server-admin endpoint asked by anyone else.
-fn server_admin_only(identity: &Identity) -> Result<(), CouchError> {
-    if identity.is_server_admin() {
-        Ok(())
-    } else {
-        Err(CouchError::unauthorized("You are not a server admin."))
-    }
-}
 
 /// `PUT /{db}`: 201 `{"ok":true}`; 412 `file_exists` when it exists.
 pub async fn create_db(

@@ -326,9 +326,18 @@ pub(crate) struct OpenDb<T = DbOnly> {
 #[derive(Deserialize)]
 pub(crate) struct DbOnly {}
 
-/// The `{db}` path segment checked against CouchDB's name rule (400 `illegal_database_name`).
+/// The `{db}` path segment checked against CouchDB's name rule (400 `illegal_database_name`), and
+/// against the length every backend keeps (400 `database_name_too_long`, CouchDB's answer to a
+/// name its file system refuses: docs/couchdb-api.md).
 pub(crate) fn db_name(text: &str) -> Result<DbName, CouchError> {
     DbName::parse(text).map_err(|err| {
+        if DbName::only_too_long(text) {
+            return CouchError::new(
+                axum::http::StatusCode::BAD_REQUEST,
+                "database_name_too_long",
+                format!("At least one path segment of `{text}` is too long."),
+            );
+        }
         CouchError::new(axum::http::StatusCode::BAD_REQUEST, "illegal_database_name", err.message().to_owned())
     })
 }

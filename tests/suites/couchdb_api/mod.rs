@@ -26,6 +26,8 @@ mod mango;
 mod replication;
 mod roles;
 mod server;
+mod server_rules;
+mod slow_readers;
 mod views;
 
 use std::io::Write;
@@ -119,6 +121,12 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("nesting_depth_on_databases", |e| Box::pin(depth::nesting_depth_on_databases(e))),
         ("nesting_depth_on_the_data_store", |e| Box::pin(depth::nesting_depth_on_the_data_store(e))),
         ("numbers_beyond_doubles", |e| Box::pin(depth::numbers_beyond_doubles(e))),
+        ("slow_readers_hold_no_threads", |e| Box::pin(slow_readers::slow_readers_hold_no_threads(e))),
+        ("admin_endpoints_names_and_headers", |e| Box::pin(server_rules::admin_endpoints_names_and_headers(e))),
+        ("revs_diff_takes_replicator_sized_bodies", |e| {
+            Box::pin(server_rules::revs_diff_takes_replicator_sized_bodies(e))
+        }),
+        ("per_user_counts_ignore_other_users", |e| Box::pin(server_rules::per_user_counts_ignore_other_users(e))),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
@@ -127,11 +135,13 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
             let backend_name = backend.name;
             trials.push(
                 Trial::test(format!("couchdb_api::{name}::{backend_name}"), move || {
-                    block_on(async move {
+                    run_trial(name, async move {
                         let logins = match name {
-                            "per_user_logins" | "local_docs_listings" | "data_store_indexes_and_purge" => {
-                                Some(logins::logins_config()?)
-                            }
+                            "per_user_logins"
+                            | "local_docs_listings"
+                            | "data_store_indexes_and_purge"
+                            | "admin_endpoints_names_and_headers"
+                            | "per_user_counts_ignore_other_users" => Some(logins::logins_config()?),
                             "roles_and_security" => Some(roles::roles_config()?),
                             "attachments_in_documents" | "attachments_gzip_parts" => {
                                 Some(attachments::BOUNDED_CONFIG.to_owned())
@@ -154,6 +164,21 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         }
     }
     Some(trials)
+}
+
+/// Runs a trial on the suite's runtime; the slow readers' trial on one with a small blocking
+/// pool ([`slow_readers::SLOW_READER_POOL`]), which an answer holding a thread would exhaust.
+fn run_trial(name: &str, trial: impl std::future::Future<Output = TestResult>) -> TestResult {
+    if name != "slow_readers_hold_no_threads" {
+        return block_on(trial);
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(slow_readers::SLOW_READER_POOL)
+        .enable_all()
+        .build()
+        .map_err(|e| Failed::from(format!("tokio runtime: {e}")))?
+        .block_on(trial)
 }
 
 /// The API over one fresh backend, serving until dropped.
