@@ -22,6 +22,7 @@ mod local_docs;
 mod logins;
 mod mango;
 mod replication;
+mod revisions_and_refusals;
 mod roles;
 mod server;
 mod views;
@@ -110,6 +111,9 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("interrupted_uploads_leave_nothing", |e| {
             Box::pin(attachments_forwarded::interrupted_uploads_leave_nothing(e))
         }),
+        ("revisions_as_couchdb", |e| Box::pin(revisions_and_refusals::revisions_as_couchdb(e))),
+        ("refused_writes_as_couchdb", |e| Box::pin(revisions_and_refusals::refused_writes_as_couchdb(e))),
+        ("statuses_as_couchdb", |e| Box::pin(revisions_and_refusals::statuses_as_couchdb(e))),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
