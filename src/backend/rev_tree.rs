@@ -310,18 +310,7 @@ impl RevTree {
         body: Map<String, Value>,
         revs_limit: usize,
     ) -> Result<String, EditError> {
-        let base = match parent {
-            None if self.leaves.is_empty() => None,
-            None if self.is_deleted() && !deleted => Some(self.winner_index().ok_or(EditError::Conflict)?),
-            None => return Err(EditError::Conflict),
-            Some(_) if self.is_deleted() => return Err(EditError::Conflict),
-            Some(parent) => {
-                let (generation, id) = parse_rev(parent).ok_or(EditError::Conflict)?;
-                let index = self.leaves.iter().position(|leaf| leaf.is(generation, id));
-                Some(index.ok_or(EditError::Conflict)?)
-            }
-        };
-        let path = match base {
+        let path = match self.edit_base(parent, deleted)? {
             None => RevPath { start: 1, ids: vec![new_id.to_owned()] },
             Some(index) => {
                 let start = self.leaves[index].path.start.checked_add(1).ok_or(EditError::Conflict)?;
@@ -336,6 +325,29 @@ impl RevTree {
         self.leaves.push(Leaf { path, deleted, body });
         self.stem(revs_limit);
         Ok(rev)
+    }
+
+    /// Whether [`RevTree::edit`] would refuse an edit naming `parent` as a conflict. CouchDB
+    /// checks this before a design document's `validate_doc_update` runs
+    /// (`couch_db:prep_and_validate_update`), so such an edit is 409 whatever validation says.
+    pub fn edit_conflicts(&self, parent: Option<&str>, deleted: bool) -> bool {
+        self.edit_base(parent, deleted).is_err()
+    }
+
+    /// The index of the leaf an edit extends (`None`: a new first revision), or its conflict:
+    /// the rules of [`RevTree::edit`].
+    fn edit_base(&self, parent: Option<&str>, deleted: bool) -> Result<Option<usize>, EditError> {
+        match parent {
+            None if self.leaves.is_empty() => Ok(None),
+            None if self.is_deleted() && !deleted => Ok(Some(self.winner_index().ok_or(EditError::Conflict)?)),
+            None => Err(EditError::Conflict),
+            Some(_) if self.is_deleted() => Err(EditError::Conflict),
+            Some(parent) => {
+                let (generation, id) = parse_rev(parent).ok_or(EditError::Conflict)?;
+                let index = self.leaves.iter().position(|leaf| leaf.is(generation, id));
+                Ok(Some(index.ok_or(EditError::Conflict)?))
+            }
+        }
     }
 
     /// A replicated revision (`new_edits=false`): its path as sent, merged as CouchDB's key tree

@@ -61,7 +61,9 @@ pub async fn bulk_docs(
     }
     let all_or_nothing = request.get("all_or_nothing") == Some(&Value::Bool(true));
     let parsed = parse_all(&state, &principal, docs, new_edits)?;
-    if new_edits && all_or_nothing {
+    // An empty request writes nothing either way: CouchDB answers it 201 `[]` before looking at
+    // `all_or_nothing` (`fabric_doc_update:go/3`).
+    if new_edits && all_or_nothing && !parsed.is_empty() {
         return Ok(all_or_nothing_refused(&parsed));
     }
     let results =
@@ -115,13 +117,18 @@ fn parse_all(
 /// one sent, `0-` for none), nothing written (`fabric_doc_update.erl`, `validate_atomic_update`,
 /// answered by `chttpd_db.erl` as 417).
 fn all_or_nothing_refused(parsed: &[ParsedDoc]) -> axum::response::Response {
-    let rows: Vec<Value> = parsed
-        .iter()
-        .map(|(reported, doc)| {
-            let (id, rev) = match doc {
-                Ok(doc) => (Value::from(doc.id.as_str()), doc.rev.clone().unwrap_or_else(|| "0-".into())),
-                Err(_) => (reported.clone(), "0-".into()),
-            };
+    all_or_nothing_answer(parsed.iter().map(|(reported, doc)| match doc {
+        Ok(doc) => (Value::from(doc.id.as_str()), doc.rev.clone()),
+        Err(_) => (reported.clone(), None),
+    }))
+}
+
+/// The 417 of [`all_or_nothing_refused`] from each document's id and the revision it names
+/// (`None`: `0-`), in request order; every database's `_bulk_docs` answers it.
+pub(crate) fn all_or_nothing_answer(docs: impl Iterator<Item = (Value, Option<String>)>) -> axum::response::Response {
+    let rows: Vec<Value> = docs
+        .map(|(id, rev)| {
+            let rev = rev.unwrap_or_else(|| "0-".into());
             json!({ "id": id, "rev": rev, "error": "not_implemented", "reason": "all_or_nothing is not supported" })
         })
         .collect();

@@ -51,6 +51,7 @@ pub async fn get_document(
         }
     }
     principal.check_id(&docid)?;
+    let params = super::database::without_empty_open_revs(&params);
     if branches::wants_tree(&params) {
         return branches::read(&state, &docid, &params, &headers).await;
     }
@@ -610,8 +611,9 @@ async fn local_put(
     let Value::Object(mut body) = doc.value else {
         return Err(CouchError::bad_request("Document must be a JSON object"));
     };
-    body.remove("_id");
-    let body_rev = match body.remove("_rev") {
+    crate::database::document::check_local(&body).map_err(crate::couchdb_api::database::refused)?;
+    body.shift_remove("_id");
+    let body_rev = match body.shift_remove("_rev") {
         Some(Value::String(rev)) => Some(rev),
         _ => None,
     };
@@ -619,7 +621,7 @@ async fn local_put(
     // refused as for any document, but it is not compared with the stored one (below).
     write_revision(body_rev.as_deref(), params, headers)?;
     let local_name = principal.local_name(name);
-    if body.remove("_deleted") == Some(Value::Bool(true)) {
+    if body.shift_remove("_deleted") == Some(Value::Bool(true)) {
         // A deletion by PUT writes whatever is there away; nothing there is nothing to do.
         delete_local_unchecked(state, &local_name).await?;
         return Ok(json(StatusCode::OK, json!({ "ok": true, "id": format!("_local/{name}"), "rev": "0-0" })));

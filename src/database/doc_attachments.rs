@@ -15,8 +15,9 @@
 //!    has its bytes stored and becomes a stub marked [`NEW_FIELD`]; a `stub: true` stays as the
 //!    client sent it.
 //! 2. [`resolve`] (inside the engine's write, against the revision tree it read): a new
-//!    attachment gets `revpos`, the generation of the revision being written (a replicated one
-//!    keeps the `revpos` it came with); a client's stub is replaced by the parent leaf's
+//!    attachment gets `revpos`, the generation of the revision being written (1 for the
+//!    re-creation of a deleted document, as in CouchDB; a replicated one keeps the `revpos` it
+//!    came with); a client's stub is replaced by the parent leaf's
 //!    attachment of that name (412 `missing_stub` when it has none, or one of another digest).
 //!
 //! Attachments a write does not name are not in the new revision, as in CouchDB.

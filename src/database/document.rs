@@ -5,7 +5,8 @@
 //! `_revisions` are taken out; `_attachments` stays in the body; `_conflicts`,
 //! `_deleted_conflicts`, `_revs_info` and `_local_seq` (fields of CouchDB's own answers, which
 //! clients send back) are dropped; any other field starting with `_` is refused with
-//! `doc_validation`. And how a stored leaf is shown as a document again ([`leaf_json`]).
+//! `doc_validation` (also in a local document: [`check_local`]). And how a stored leaf is shown as
+//! a document again ([`leaf_json`]).
 
 use serde_json::{Map, Value};
 
@@ -60,7 +61,12 @@ pub fn parse(doc: Map<String, Value>) -> Result<ClientDoc, Refusal> {
                 Value::String(rev) if parse_rev(&rev).is_some() => parsed.rev = Some(rev),
                 _ => return Err(Refusal::new("bad_request", "Invalid rev format")),
             },
-            "_deleted" => parsed.deleted = value == Value::Bool(true),
+            "_deleted" => match value {
+                Value::Bool(deleted) => parsed.deleted = deleted,
+                // `couch_doc:transfer_fields` takes `_deleted` only as a boolean; any other
+                // value falls to its unknown-member clause.
+                _ => return Err(bad_special_member("_deleted")),
+            },
             "_revisions" => match RevPath::from_revisions(&value) {
                 Some(path) => parsed.revisions = Some(path),
                 None => {
@@ -77,9 +83,7 @@ pub fn parse(doc: Map<String, Value>) -> Result<ClientDoc, Refusal> {
                 parsed.body.insert(name, value);
             }
             other if IGNORED.contains(&other) => {}
-            other if other.starts_with('_') => {
-                return Err(Refusal::new("doc_validation", format!("Bad special document member: {other}")))
-            }
+            other if other.starts_with('_') => return Err(bad_special_member(other)),
             _ => {
                 parsed.body.insert(name, value);
             }
@@ -91,6 +95,33 @@ pub fn parse(doc: Map<String, Value>) -> Result<ClientDoc, Refusal> {
     // With both, `_revisions` names the revisions (couch_doc:transfer_fields lets it replace what
     // `_rev` set); CouchDB does not check that they agree, and replicators rely on it.
     Ok(parsed)
+}
+
+/// CouchDB's refusal of a special member it does not know (or of `_deleted` not a boolean).
+fn bad_special_member(name: &str) -> Refusal {
+    Refusal::new("doc_validation", format!("Bad special document member: {name}"))
+}
+
+/// Checks the special members of a local document (`_local/{name}`) as CouchDB reads any
+/// document sent to it (`couch_doc:from_json_obj_validate`, for local documents too): an unknown
+/// member starting with `_`, or a `_deleted` that is not a boolean, is 400 `doc_validation`.
+/// Its `_rev` is not checked: local documents' revisions are `0-N` and not compared.
+pub fn check_local(doc: &Map<String, Value>) -> Result<(), Refusal> {
+    let known = |name: &str| {
+        ["_id", "_rev", "_revisions", "_attachments"].contains(&name)
+            || IGNORED.contains(&name)
+            || REPLICATION_FIELDS.contains(&name)
+    };
+    for (name, value) in doc {
+        let refused = match name.as_str() {
+            "_deleted" => !value.is_boolean(),
+            other => other.starts_with('_') && !known(other),
+        };
+        if refused {
+            return Err(bad_special_member(name));
+        }
+    }
+    Ok(())
 }
 
 /// CouchDB's id rule (`couch_doc:validate_docid`): not empty, valid UTF-8 (a Rust string
@@ -201,8 +232,20 @@ mod tests {
         assert_eq!(doc.body, object(json!({"_attachments": {}, "v": 1})));
         // couch_doc:transfer_fields: an unknown special member is a doc_validation error.
         assert_eq!(parse(object(json!({"_foo": 1}))).unwrap_err().error, "doc_validation");
+        assert_eq!(
+            parse(object(json!({"_deleted": "yes"}))).unwrap_err().reason,
+            "Bad special document member: _deleted"
+        );
         assert_eq!(parse(object(json!({"_rev": "x"}))).unwrap_err().reason, "Invalid rev format");
         assert_eq!(parse(object(json!({"_id": 1}))).unwrap_err().error, "bad_request");
+    }
+
+    #[test]
+    fn local_documents_are_refused_unknown_special_members() {
+        assert!(check_local(&object(json!({"_id": "_local/x", "_rev": "0-3", "_deleted": false, "v": 1}))).is_ok());
+        let refusal = check_local(&object(json!({"v": 1, "_zing": 2}))).unwrap_err();
+        assert_eq!((refusal.error, refusal.reason.as_str()), ("doc_validation", "Bad special document member: _zing"));
+        assert_eq!(check_local(&object(json!({"_deleted": 1}))).unwrap_err().error, "doc_validation");
     }
 
     #[test]

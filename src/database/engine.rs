@@ -405,7 +405,8 @@ impl Database {
 
     /// The guard's verdict on each write: `None` for writes it lets happen (all of them when
     /// there is no guard, and for local documents, which it does not check; design documents
-    /// are checked by [`Database::design_guard`]).
+    /// are checked by [`Database::design_guard`]) and for edits that conflict with the tree as
+    /// read (refused as conflicts when applied).
     async fn guard(&self, id: &str, state: Option<&DocState>, writes: &[Write]) -> Result<Vec<Option<Error>>> {
         let Some(guard) = &self.write_guard else {
             return Ok(writes.iter().map(|_| None).collect());
@@ -416,10 +417,28 @@ impl Database {
         if id.starts_with("_local/") || !guard.applies(self).await? {
             return Ok(writes.iter().map(|_| None).collect());
         }
-        let proposed = super::write_guard::proposed(id, state, writes);
+        // An edit the tree as read refuses is a conflict before validation runs, as in CouchDB
+        // (`couch_db:prep_and_validate_update` checks the revision first): the guard is not
+        // asked, and the edit fails as a conflict when applied.
+        let empty = RevTree::default();
+        let tree = state.map_or(&empty, |state| &state.tree);
+        let asked: Vec<bool> = writes
+            .iter()
+            .map(|write| match write {
+                Write::Edit { parent, deleted, .. } => !tree.edit_conflicts(parent.as_deref(), *deleted),
+                Write::Replicated { .. } => true,
+            })
+            .collect();
+        let checked: Vec<Write> =
+            writes.iter().zip(&asked).filter(|(_, asked)| **asked).map(|(write, _)| write.clone()).collect();
+        if checked.is_empty() {
+            return Ok(writes.iter().map(|_| None).collect());
+        }
+        let proposed = super::write_guard::proposed(id, state, &checked);
         let mut verdicts = guard.check(self, &proposed).await?;
-        verdicts.resize_with(writes.len(), || None);
-        Ok(verdicts)
+        verdicts.resize_with(checked.len(), || None);
+        let mut verdicts = verdicts.into_iter();
+        Ok(asked.into_iter().map(|asked| if asked { verdicts.next().flatten() } else { None }).collect())
     }
 
     /// The guard's verdict on each write of the design document `id`. A replicated revision
@@ -843,10 +862,10 @@ fn edit_body(id: &str, tree: &RevTree, parent: Option<&str>, body: &Map<String, 
         None if tree.is_deleted() => tree.winner(),
         None => return Ok(body),
     };
-    let generation = match parent.and_then(parse_rev) {
-        Some((generation, _)) => generation.saturating_add(1),
-        None => base.map_or(1, |leaf| leaf.path.start.saturating_add(1)),
-    };
+    // CouchDB gives new attachments the generation after the one the client named
+    // (`couch_db:set_new_att_revpos`), before a re-creation is moved onto the deleted branch:
+    // a re-created document's new attachments have `revpos` 1.
+    let generation = parent.and_then(parse_rev).map_or(1, |(generation, _)| generation.saturating_add(1));
     doc_attachments::resolve(id, &mut body, base.map(|leaf| &leaf.body), generation, false)?;
     Ok(body)
 }
@@ -914,12 +933,16 @@ fn apply(id: &str, tree: &mut RevTree, write: &Write, revs_limit: usize) -> Resu
         Write::Edit { parent, deleted, body } => {
             let body = edit_body(id, tree, parent.as_deref(), body)?;
             // A re-creation of a deleted document extends the deleted winner, so CouchDB
-            // computes its id from that revision.
-            let extended = match parent {
-                Some(parent) => Some(parent.clone()),
+            // computes its id from that revision (and its attachments as it sees them then).
+            let recreated = match parent {
+                Some(_) => None,
                 None => tree.is_deleted().then(|| tree.winner().map(|leaf| leaf.rev())).flatten(),
             };
-            let new_id = match rev_id::edit_rev_id(extended.as_deref(), *deleted, &body) {
+            let computed = match &recreated {
+                Some(deleted_winner) => Some(rev_id::recreation_rev_id(deleted_winner, &body)),
+                None => rev_id::edit_rev_id(parent.as_deref(), *deleted, &body),
+            };
+            let new_id = match computed {
                 Some(computed) => computed,
                 None => hex::encode(random_token()?),
             };

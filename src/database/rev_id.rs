@@ -11,7 +11,9 @@
 //!   revision); `OldRev` the parent's id as a binary (its 16 bytes when it is 32 hex digits), or
 //!   the integer 0 for a first revision;
 //! - `Body` the document as jiffy decodes it, `{[{Key, Value}, …]}` in the client's member order,
-//!   without the special members CouchDB takes out of the body (it keeps `_replication_*`);
+//!   without the special members CouchDB takes out of the body (it keeps `_replication_*`); an
+//!   array of integers 0..=255 only is an Erlang string (`STRING_EXT`, its bytes), as OTP writes
+//!   any such list;
 //! - `Atts` one `{Name, Type, MD5}` per attachment, in the reverse of the document's order.
 //!   An attachment without an MD5 makes CouchDB fall back to a random id; so do we.
 //!
@@ -36,6 +38,7 @@ mod tag {
     pub const ATOM: u8 = 100;
     pub const SMALL_TUPLE: u8 = 104;
     pub const NIL: u8 = 106;
+    pub const STRING: u8 = 107;
     pub const LIST: u8 = 108;
     pub const BINARY: u8 = 109;
     pub const SMALL_BIG: u8 = 110;
@@ -45,10 +48,34 @@ mod tag {
 /// The id (32 lowercase hex digits) of the revision an edit makes; `None` when CouchDB would
 /// pick a random one (an attachment without an MD5 digest).
 ///
-/// `parent` is the revision the edit extends (`N-id`): the one the client named, or for the
-/// re-creation of a deleted document, the deleted winner.
+/// `parent` is the revision the edit extends (`N-id`): the one the client named; `None` for a
+/// first revision. The re-creation of a deleted document is [`recreation_rev_id`].
 pub fn edit_rev_id(parent: Option<&str>, deleted: bool, body: &Map<String, Value>) -> Option<String> {
     let attachments = attachment_terms(body)?;
+    Some(hash_edit(parent, deleted, body, &AttachmentTerms::Digested(attachments)))
+}
+
+/// The id of the revision that re-creates a deleted document, extending its deleted winner
+/// `deleted_winner` (`N-id`).
+///
+/// CouchDB computes it late, in `couch_db_updater:merge_rev_tree`, when the attachments are
+/// already their on-disk tuples, from which `couch_att:fetch` reads no name, type or MD5: each
+/// attachment is hashed as `{undefined, undefined, undefined}`, whatever its bytes.
+pub fn recreation_rev_id(deleted_winner: &str, body: &Map<String, Value>) -> String {
+    let count = body.get(ATTACHMENTS).and_then(Value::as_object).map_or(0, Map::len);
+    hash_edit(Some(deleted_winner), false, body, &AttachmentTerms::Undigested(count))
+}
+
+/// The `Atts` of a hashed edit.
+enum AttachmentTerms {
+    /// Each attachment's `(name, content type, MD5)`, in document order.
+    Digested(Vec<(String, String, Vec<u8>)>),
+    /// So many attachments read as on-disk tuples (`{undefined, undefined, undefined}` each).
+    Undigested(usize),
+}
+
+/// The MD5 of `[Deleted, OldStart, OldRev, Body, Atts]`, in hex.
+fn hash_edit(parent: Option<&str>, deleted: bool, body: &Map<String, Value>, attachments: &AttachmentTerms) -> String {
     let mut term = TermWriter::new();
     term.list_header(5);
     term.atom(if deleted { "true" } else { "false" });
@@ -63,16 +90,29 @@ pub fn edit_rev_id(parent: Option<&str>, deleted: bool, body: &Map<String, Value
         }
     }
     term.object(body.iter().filter(|(key, _)| hashed_member(key)));
-    term.list_header(attachments.len());
-    for (name, content_type, md5) in attachments.iter().rev() {
-        term.tuple_header(3);
-        term.binary(name.as_bytes());
-        term.binary(content_type.as_bytes());
-        term.binary(md5);
+    match attachments {
+        AttachmentTerms::Digested(attachments) => {
+            term.list_header(attachments.len());
+            for (name, content_type, md5) in attachments.iter().rev() {
+                term.tuple_header(3);
+                term.binary(name.as_bytes());
+                term.binary(content_type.as_bytes());
+                term.binary(md5);
+            }
+        }
+        AttachmentTerms::Undigested(count) => {
+            term.list_header(*count);
+            for _ in 0..*count {
+                term.tuple_header(3);
+                for _ in 0..3 {
+                    term.atom("undefined");
+                }
+            }
+        }
     }
     term.nil();
     term.nil();
-    Some(hex::encode(term.finish()))
+    hex::encode(term.finish())
 }
 
 /// Whether a member of a stored body is in CouchDB's `Body`: every member but the special ones,
@@ -159,6 +199,13 @@ impl TermWriter {
         }
     }
 
+    /// `STRING_EXT`: a list of integers 0..=255, shorter than 65,536, as its bytes.
+    fn string(&mut self, bytes: &[u8]) {
+        self.byte(tag::STRING);
+        self.md5.update(u16::try_from(bytes.len()).unwrap_or(u16::MAX).to_be_bytes());
+        self.md5.update(bytes);
+    }
+
     fn nil(&mut self) {
         self.byte(tag::NIL);
     }
@@ -182,13 +229,17 @@ impl TermWriter {
             Value::Bool(flag) => self.atom(if *flag { "true" } else { "false" }),
             Value::Number(number) => self.number(number),
             Value::String(text) => self.binary(text.as_bytes()),
-            Value::Array(items) => {
-                self.list_header(items.len());
-                for item in items {
-                    self.value(item);
+            Value::Array(items) => match byte_string(items) {
+                // Erlang writes a list of small integers as bytes (`STRING_EXT`), not as a list.
+                Some(bytes) => self.string(&bytes),
+                None => {
+                    self.list_header(items.len());
+                    for item in items {
+                        self.value(item);
+                    }
+                    self.nil();
                 }
-                self.nil();
-            }
+            },
             Value::Object(members) => self.object(members.iter()),
         }
     }
@@ -236,6 +287,26 @@ impl TermWriter {
         self.byte(u8::from(negative));
         self.md5.update(&magnitude);
     }
+}
+
+/// The bytes of a JSON array that Erlang's external term format writes as a `STRING_EXT`: a
+/// non-empty list shorter than 65,536 whose every element is an integer 0..=255 as jiffy decodes
+/// it (no fraction, no exponent: `1.0` is a float); `None` for any other array.
+fn byte_string(items: &[Value]) -> Option<Vec<u8>> {
+    if items.is_empty() || items.len() > usize::from(u16::MAX) {
+        return None;
+    }
+    items
+        .iter()
+        .map(|item| match item {
+            Value::Number(number) => {
+                let text = number.to_string();
+                let integer = !text.contains(['.', 'e', 'E']);
+                integer.then(|| text.parse::<i64>().ok().and_then(|value| u8::try_from(value).ok())).flatten()
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 /// The base-256 digits (least significant first) of a non-negative decimal.
@@ -304,6 +375,20 @@ mod tests {
             reordered.insert(key.clone(), value.clone());
         }
         assert_ne!(id, edit_rev_id(Some("1-abc"), false, &reordered), "member order is part of the body");
+    }
+
+    /// Expected ids computed apart from this encoder, by Erlang/OTP itself:
+    /// `erlang:md5(term_to_binary([false, 0, 0, Body, []], [{minor_version, 1}]))` with `Body`
+    /// the jiffy form of each document.
+    #[test]
+    fn lists_of_small_integers_are_hashed_as_erlang_strings() {
+        let first = |body: Value| edit_rev_id(None, false, body.as_object().unwrap_or(&Map::new()));
+        assert_eq!(first(json!({"a": [1, 2, 3], "z": [0]})).as_deref(), Some("02a6620dd4160feb85213d951d769338"));
+        // Not strings: an integer past 255, a float, nested lists, negative integers.
+        assert_eq!(
+            first(json!({"b": [1, 256], "c": [1.0], "n": [[1, 2], [300], -1, [-1]]})).as_deref(),
+            Some("73be7cfab652188031c5e65b65cbb0de")
+        );
     }
 
     #[test]

@@ -506,14 +506,30 @@ fn byte_range(asked: &str, length: u64) -> RangeAsked {
 fn write_base<'a>(tree: Option<&'a RevTree>, rev: Option<&str>) -> CouchResult<Option<&'a Leaf>> {
     match (tree, rev) {
         (None, None) => Ok(None),
-        (None, Some(_)) => Err(CouchError::conflict()),
-        (Some(tree), Some(rev)) => match tree.leaf(rev) {
-            Some(leaf) if !tree.is_deleted() => Ok(Some(leaf)),
-            _ => Err(CouchError::conflict()),
-        },
         (Some(tree), None) if tree.is_empty() || tree.is_deleted() => Ok(None),
         (Some(_), None) => Err(CouchError::conflict()),
+        (tree, Some(rev)) => {
+            let leaf = named_leaf(tree, rev)?;
+            // Only a re-creation without a revision edits a deleted document.
+            if tree.is_some_and(RevTree::is_deleted) {
+                return Err(CouchError::conflict());
+            }
+            Ok(Some(leaf))
+        }
     }
+}
+
+/// The leaf (deleted or not) a standalone write names by `rev`. CouchDB opens that revision
+/// first (`fabric:open_revs`): one it does not know is 409 `not_found`/`missing_rev`; one it
+/// knows that is no leaf fails as the write would, 409 `conflict`.
+fn named_leaf<'a>(tree: Option<&'a RevTree>, rev: &str) -> CouchResult<&'a Leaf> {
+    let missing_rev = || CouchError::new(StatusCode::CONFLICT, "not_found", "missing_rev");
+    let Some(tree) = tree else { return Err(missing_rev()) };
+    if let Some(leaf) = tree.leaf(rev) {
+        return Ok(leaf);
+    }
+    let known = tree.leaves().iter().any(|leaf| leaf.path.revs().iter().any(|known| known == rev));
+    Err(if known { CouchError::conflict() } else { missing_rev() })
 }
 
 /// `PUT`: the body streamed into the store, then a new revision with the attachment.
@@ -564,30 +580,46 @@ async fn put(
         *attachments = Value::Object(Map::new());
     }
     if let Value::Object(attachments) = attachments {
+        // CouchDB puts the new attachment first and keeps the others in their order
+        // (`NewAtt ++ [A || A <- Atts, name(A) /= FileName]`): the order is part of the new
+        // revision's id.
+        let others = std::mem::take(attachments);
         attachments.insert(name.to_owned(), doc_attachments::kept_stub(&content_type, None, &stored, true));
+        attachments.extend(others.into_iter().filter(|(other, _)| other != name));
     }
     let new_rev = write_edit(db, id, rev, new_body).await?;
     Ok(written(StatusCode::CREATED, id, &new_rev))
 }
 
-/// `DELETE`: a new revision without the attachment.
+/// `DELETE`: a new revision without the attachment. As CouchDB, the document (or the revision
+/// named) and the attachment are looked for before the write: 404 when either is missing, 409
+/// `missing_rev` for a revision not known; a `DELETE` naming no revision of a document that has
+/// the attachment is then a conflict, as any write naming none.
 async fn delete(db: &Database, id: &str, name: &str, params: &HashMap<String, String>, headers: &HeaderMap) -> Answer {
-    let Some(rev) = crate::couchdb_api::document::named_revision(None, params, headers)?.map(str::to_owned) else {
+    let rev = crate::couchdb_api::document::named_revision(None, params, headers)?.map(str::to_owned);
+    if let Some(rev) = &rev {
+        parse_rev(rev).ok_or_else(|| CouchError::bad_request("Invalid rev format"))?;
+    }
+    let state = db.read(id).await?;
+    let tree = state.as_ref().map(|state| &state.tree);
+    let Some(rev) = rev else {
+        let Some(tree) = tree else { return Err(CouchError::not_found("missing")) };
+        let winner = read_leaf(tree, params)?;
+        doc_attachments::kept(&winner.body, name).ok_or_else(missing_attachment)?;
         return Err(CouchError::conflict());
     };
-    parse_rev(&rev).ok_or_else(|| CouchError::bad_request("Invalid rev format"))?;
-    let Some(state) = db.read(id).await? else { return Err(CouchError::not_found("missing")) };
-    let Some(leaf) = write_base(Some(&state.tree), Some(&rev))? else { return Err(CouchError::conflict()) };
+    let leaf = named_leaf(tree, &rev)?;
     let mut new_body = leaf.body.clone();
     let removed = match new_body.get_mut(ATTACHMENTS) {
-        Some(Value::Object(attachments)) => attachments.remove(name).is_some(),
+        Some(Value::Object(attachments)) => attachments.shift_remove(name).is_some(),
         _ => false,
     };
     if !removed {
         return Err(missing_attachment());
     }
+    write_base(tree, Some(&rev))?;
     if new_body.get(ATTACHMENTS).and_then(Value::as_object).is_some_and(Map::is_empty) {
-        new_body.remove(ATTACHMENTS);
+        new_body.shift_remove(ATTACHMENTS);
     }
     let new_rev = write_edit(db, id, Some(rev), new_body).await?;
     Ok(written(StatusCode::OK, id, &new_rev))

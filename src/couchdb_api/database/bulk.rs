@@ -16,7 +16,7 @@ use crate::couchdb_api::bulk::{BulkGetRequest, MAX_BULK_DOCS};
 use crate::couchdb_api::error::CouchError;
 use crate::couchdb_api::{json, Answer, CouchState};
 use crate::database::document::{self, check_id};
-use crate::database::rev_tree::parse_rev;
+use crate::database::rev_tree::{parse_rev, RevPath};
 use crate::database::{Database, Write, Written};
 
 /// The id prefix of local documents, which a bulk request may write too.
@@ -58,9 +58,12 @@ pub async fn bulk_docs(State(state): State<CouchState>, opened: OpenDb, headers:
         let Value::Object(doc) = doc else {
             return Err(CouchError::bad_request("Document must be a JSON object"));
         };
-        // A local document has no revision history: only its id is checked, as by its own route.
+        // A local document has no revision history: only its special members are checked, as
+        // by its own route.
         let local = doc.get("_id").and_then(Value::as_str).is_some_and(|id| id.starts_with(LOCAL_PREFIX));
-        if !local {
+        if local {
+            document::check_local(&doc).map_err(refused)?;
+        } else {
             if let Some(Value::String(id)) = doc.get("_id") {
                 check_id(id).map_err(refused)?;
             }
@@ -70,6 +73,10 @@ pub async fn bulk_docs(State(state): State<CouchState>, opened: OpenDb, headers:
             }
         }
         parsed.push(doc);
+    }
+    let all_or_nothing = request.get("all_or_nothing") == Some(&Value::Bool(true));
+    if new_edits && all_or_nothing && !parsed.is_empty() {
+        return all_or_nothing_refused(&parsed);
     }
     // Writes to one id keep their order: documents are grouped by id, groups run concurrently.
     let mut order: Vec<(String, Vec<Positioned>)> = Vec::new();
@@ -134,6 +141,23 @@ pub async fn bulk_docs(State(state): State<CouchState>, opened: OpenDb, headers:
     // With `new_edits: false` CouchDB answers only the documents that failed.
     let rows: Vec<Value> = answers.into_iter().flatten().collect();
     Ok(json(StatusCode::CREATED, Value::Array(rows)))
+}
+
+/// CouchDB 3's answer to `all_or_nothing: true` (417, one `not_implemented` row per document,
+/// nothing written; [`crate::couchdb_api::bulk::all_or_nothing_answer`]): each row names the
+/// document's id (a new one for a document without, as CouchDB gives it before refusing) and the
+/// revision it names, from `_revisions` or `_rev`.
+fn all_or_nothing_refused(docs: &[Map<String, Value>]) -> Answer {
+    let mut rows = Vec::with_capacity(docs.len());
+    for doc in docs {
+        let id = match doc.get("_id") {
+            Some(id) => id.clone(),
+            None => Value::from(super::docs::new_id()?),
+        };
+        let named = doc.get("_revisions").and_then(RevPath::from_revisions).map(|path| path.leaf_rev());
+        rows.push((id, named.or_else(|| doc.get("_rev").and_then(Value::as_str).map(str::to_owned))));
+    }
+    Ok(crate::couchdb_api::bulk::all_or_nothing_answer(rows.into_iter()))
 }
 
 /// The documents of `_bulk_docs` with one id, in request order: local documents written one by

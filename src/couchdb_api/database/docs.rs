@@ -151,6 +151,7 @@ fn read_options(params: &HashMap<String, String>) -> CouchResult<DocOptions> {
 }
 
 async fn read_document(db: &Database, id: &str, params: &HashMap<String, String>, headers: &HeaderMap) -> Answer {
+    let params = &without_empty_open_revs(params);
     let state = db.read(id).await?;
     let tree = state.map(|state| state.tree);
     let inline = super::attachments::inline_wanted(params)?;
@@ -253,6 +254,24 @@ fn doc_response(doc: Value, rev: &str) -> Response {
     response
 }
 
+/// A read's query without `open_revs` when it names no revision (`open_revs=[]`): CouchDB then
+/// reads the document as without it (`chttpd_db.erl`: an empty `open_revs` list is its default,
+/// a plain read), not an empty list of revisions.
+pub(crate) fn without_empty_open_revs(
+    params: &HashMap<String, String>,
+) -> std::borrow::Cow<'_, HashMap<String, String>> {
+    let empty = params
+        .get("open_revs")
+        .and_then(|open_revs| serde_json::from_str::<Value>(open_revs).ok())
+        .is_some_and(|open_revs| open_revs.as_array().is_some_and(Vec::is_empty));
+    if !empty {
+        return std::borrow::Cow::Borrowed(params);
+    }
+    let mut plain = params.clone();
+    plain.remove("open_revs");
+    std::borrow::Cow::Owned(plain)
+}
+
 /// A read of one document from its revision tree (`None`: nothing stored), with every query
 /// option CouchDB takes. Shared by every database, the data-store one included.
 pub(crate) fn answer_read(
@@ -261,6 +280,7 @@ pub(crate) fn answer_read(
     params: &HashMap<String, String>,
     headers: &HeaderMap,
 ) -> Answer {
+    let params = &without_empty_open_revs(params);
     if params.contains_key("open_revs") && multipart::accepts(headers, "multipart/mixed") {
         // Bodies without attachments kept here (the data-store database keeps none; the other
         // databases' reads send theirs in `read_document`): each leaf is an `application/json` part.
@@ -521,10 +541,30 @@ pub(crate) fn new_id() -> CouchResult<String> {
     Ok(hex::encode(bytes))
 }
 
+/// `DELETE /{db}/{docid}?rev=` (or `If-Match`). CouchDB opens the document before deleting it
+/// (`chttpd_db.erl`, `db_doc_req` DELETE), so one never written is 404 `missing` and a deleted
+/// one 404 `deleted`, whatever revision is named; else naming none, or a stale one, is 409. Here
+/// the deletion is tried first and the document looked at only when it fails.
 async fn delete_document(db: &Database, id: &str, params: &HashMap<String, String>, headers: &HeaderMap) -> Answer {
-    let Some(parent) = write_revision(None, params, headers)? else { return Err(CouchError::conflict()) };
-    let rev = edit(db, id, Some(parent), true, Map::new()).await?;
-    Ok(written(StatusCode::OK, db, id, &rev))
+    let Some(parent) = write_revision(None, params, headers)? else { return Err(deletion_refused(db, id).await) };
+    match edit(db, id, Some(parent), true, Map::new()).await {
+        Ok(rev) => Ok(written(StatusCode::OK, db, id, &rev)),
+        Err(err) if err.status == StatusCode::CONFLICT => Err(deletion_refused(db, id).await),
+        Err(err) => Err(err),
+    }
+}
+
+/// Why a `DELETE` was not applied: 404 `missing` or `deleted` when the document is not live,
+/// else 409 `conflict`.
+async fn deletion_refused(db: &Database, id: &str) -> CouchError {
+    match db.read(id).await {
+        Ok(state) => match state.and_then(|state| state.tree.winner().map(|winner| winner.deleted)) {
+            None => CouchError::not_found("missing"),
+            Some(true) => CouchError::not_found("deleted"),
+            Some(false) => CouchError::conflict(),
+        },
+        Err(err) => err.into(),
+    }
 }
 
 /// `COPY /{db}/{docid}` with `Destination: target` or `target?rev=R`.
@@ -580,14 +620,15 @@ pub async fn put_local(
 /// Writes (or with `_deleted`, deletes) a local document; its new revision (`0-0` once deleted).
 pub(crate) async fn write_local(db: &Database, name: &str, mut body: Map<String, Value>) -> CouchResult<String> {
     local_name(name)?;
+    document::check_local(&body).map_err(refused)?;
     // Revision fields mean nothing on a local document (it has no history): CouchDB drops them,
     // and its attachments, which a local document does not keep.
     for special in
         ["_id", "_rev", "_revisions", "_conflicts", "_deleted_conflicts", "_revs_info", "_local_seq", "_attachments"]
     {
-        body.remove(special);
+        body.shift_remove(special);
     }
-    if body.remove("_deleted") == Some(Value::Bool(true)) {
+    if body.shift_remove("_deleted") == Some(Value::Bool(true)) {
         delete_local_any(db, name).await?;
         return Ok("0-0".to_owned());
     }

@@ -42,7 +42,7 @@ use tower::ServiceExt;
 
 pub(crate) use admin::{all_dbs, dbs_info};
 pub(crate) use attachments::{inline_into, inline_wanted, Inline};
-pub(crate) use docs::answer_read;
+pub(crate) use docs::{answer_read, without_empty_open_revs};
 pub(crate) use views::{cleanup_answer, info_answer, queries_answer, view_answer, Viewed};
 
 use super::access::{db_access, not_admitted, DbAccess};

@@ -129,9 +129,9 @@ pub async fn create_index(db: &Database, request: &Value) -> Result<Value, Mango
         // A deleted (or never written) design document starts again as a query one.
         None => Map::from_iter([("language".to_owned(), json!("query"))]),
         Some(mut doc) => {
-            doc.remove("_id");
-            doc.remove("_rev");
-            doc.remove("_conflicts");
+            doc.shift_remove("_id");
+            doc.shift_remove("_rev");
+            doc.shift_remove("_conflicts");
             match doc.get("language") {
                 Some(Value::String(language)) if language == "query" => doc,
                 other => {
@@ -176,17 +176,17 @@ pub async fn delete_index(db: &Database, ddoc: &str, kind: &str, name: &str) -> 
     let state = db.read(&ddoc).await?.ok_or_else(missing)?;
     let mut doc = winner_json(&ddoc, &state, DocOptions::default()).ok_or_else(missing)?;
     let parent = doc.get("_rev").and_then(Value::as_str).map(str::to_owned);
-    doc.remove("_id");
-    doc.remove("_rev");
+    doc.shift_remove("_id");
+    doc.shift_remove("_rev");
     let emptied = match doc.get_mut("views") {
         Some(Value::Object(views)) => {
-            views.remove(name);
+            views.shift_remove(name);
             views.is_empty()
         }
         _ => return Err(missing()),
     };
     if emptied {
-        doc.remove("views");
+        doc.shift_remove("views");
     }
     let only_language = doc.len() == 1 && doc.get("language") == Some(&json!("query"));
     if only_language {

@@ -24,6 +24,7 @@ mod local_docs;
 mod logins;
 mod mango;
 mod replication;
+mod revisions_and_refusals;
 mod roles;
 mod server;
 mod server_rules;
@@ -127,6 +128,9 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
             Box::pin(server_rules::revs_diff_takes_replicator_sized_bodies(e))
         }),
         ("per_user_counts_ignore_other_users", |e| Box::pin(server_rules::per_user_counts_ignore_other_users(e))),
+        ("revisions_as_couchdb", |e| Box::pin(revisions_and_refusals::revisions_as_couchdb(e))),
+        ("refused_writes_as_couchdb", |e| Box::pin(revisions_and_refusals::refused_writes_as_couchdb(e))),
+        ("statuses_as_couchdb", |e| Box::pin(revisions_and_refusals::statuses_as_couchdb(e))),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
