@@ -20,6 +20,7 @@
 //! a crash in the middle of saving a deleted document) reads as deleted.
 
 mod bulk;
+mod client_local;
 
 pub use bulk::DocumentAnswers;
 
@@ -661,37 +662,6 @@ impl Database {
             }
         }
         Ok(Page { items, next: page.next })
-    }
-
-    /// A client's local document (`_local/{name}`).
-    pub async fn get_local(&self, name: &str) -> Result<Option<StoredDocument>> {
-        let stored = self.while_open(self.backend.get_local(&format!("{CLIENT_LOCAL_PREFIX}{name}"))).await?;
-        Ok(stored.map(|mut doc| {
-            doc.id = format!("_local/{name}");
-            doc
-        }))
-    }
-
-    pub async fn put_local(
-        &self,
-        name: &str,
-        body: &Map<String, Value>,
-        precondition: Precondition,
-    ) -> Result<Revision> {
-        self.while_open(self.backend.put_local(&format!("{CLIENT_LOCAL_PREFIX}{name}"), body, precondition)).await
-    }
-
-    pub async fn delete_local(&self, name: &str, rev: &Revision) -> Result<()> {
-        self.while_open(self.backend.delete_local(&format!("{CLIENT_LOCAL_PREFIX}{name}"), rev)).await
-    }
-
-    /// One page of the clients' local documents whose names (without `_local/`) lie in `range`,
-    /// in name order, each with its client id `_local/{name}`; the engine's own locals (trees,
-    /// settings) are never in it. Pass `next` back to continue.
-    pub async fn local_docs(&self, range: &IdRange, limit: usize, token: Option<&str>) -> Result<Page<StoredDocument>> {
-        let names = range.under_prefix(CLIENT_LOCAL_PREFIX);
-        let page = self.while_open(self.backend.local_docs(&names, limit, token)).await?;
-        Ok(crate::backend::shown_without_prefix(page, CLIENT_LOCAL_PREFIX))
     }
 
     /// The database's settings (`_revs_limit`, `_security`).

@@ -22,6 +22,7 @@ mod local_docs;
 mod logins;
 mod mango;
 mod replication;
+mod results_as_couchdb;
 mod roles;
 mod server;
 mod views;
@@ -110,6 +111,12 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("interrupted_uploads_leave_nothing", |e| {
             Box::pin(attachments_forwarded::interrupted_uploads_leave_nothing(e))
         }),
+        ("changes_filtered_descending_limit", |e| Box::pin(results_as_couchdb::changes_filtered_descending_limit(e))),
+        ("design_docs_count_design_documents", |e| Box::pin(results_as_couchdb::design_docs_count_design_documents(e))),
+        ("copy_destination_as_couchdb", |e| Box::pin(results_as_couchdb::copy_destination_as_couchdb(e))),
+        ("empty_id_reads", |e| Box::pin(results_as_couchdb::empty_id_reads(e))),
+        ("local_documents_as_couchdb", |e| Box::pin(results_as_couchdb::local_documents_as_couchdb(e))),
+        ("bulk_docs_changes_in_id_order", |e| Box::pin(results_as_couchdb::bulk_docs_changes_in_id_order(e))),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
