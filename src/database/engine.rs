@@ -315,6 +315,11 @@ impl Database {
 
     /// The document's stored state; `None` when it was never written (or was purged).
     pub async fn read(&self, id: &str) -> Result<Option<DocState>> {
+        // The empty id names no document (no database takes it), and a backend may not even be
+        // asked for it (a DynamoDB key, a Firestore document name is never empty).
+        if id.is_empty() {
+            return Ok(None);
+        }
         self.while_open(async {
             if let Some(record) = self.backend.get(id).await? {
                 return Ok(Some(DocState {
@@ -343,8 +348,18 @@ impl Database {
     }
 
     /// The states of many documents, in order: their records in one batched read, then the
-    /// local trees of those without a live record in another (`get_many_local`).
+    /// local trees of those without a live record in another (`get_many_local`). The empty id, which a client may name (`keys`, `_bulk_get`, `_revs_diff`), reads as
+    /// nothing, without asking the backend ([`Database::read`]).
     async fn read_states(&self, ids: &[String]) -> Result<Vec<Option<DocState>>> {
+        if !ids.iter().any(String::is_empty) {
+            return self.read_named_states(ids).await;
+        }
+        let named: Vec<String> = ids.iter().filter(|id| !id.is_empty()).cloned().collect();
+        let mut read = self.read_named_states(&named).await?.into_iter();
+        Ok(ids.iter().map(|id| if id.is_empty() { None } else { read.next().flatten() }).collect())
+    }
+
+    async fn read_named_states(&self, ids: &[String]) -> Result<Vec<Option<DocState>>> {
         let records = self.backend.get_many(ids).await?;
         if records.len() != ids.len() {
             return Err(Error::new(ErrorKind::Internal, "the backend answered a batched read with too few documents"));
