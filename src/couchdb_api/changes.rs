@@ -948,14 +948,40 @@ async fn descending_answer(
     }
     // A document changed twice during the reads is listed at its later change only.
     let mut seen = HashSet::new();
-    let mut newest_first: Vec<Change> = changes.into_iter().rev().filter(|c| seen.insert(c.id.clone())).collect();
-    if let Some(limit) = request.limit {
-        newest_first.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
-    }
-    let rows = database_rows(database, request, &newest_first).await?;
-    let last_seq = newest_first.last().map_or_else(|| since.clone().unwrap_or_else(|| "0".into()), |c| c.seq.clone());
+    let newest_first: Vec<Change> = changes.into_iter().rev().filter(|c| seen.insert(c.id.clone())).collect();
+    let (rows, last_change) = limited_rows(database, request, &newest_first).await?;
+    let last_seq = last_change.map_or_else(|| since.clone().unwrap_or_else(|| "0".into()), |c| c.seq.clone());
     let last_seq = crate::database::seq::show(&last_seq);
     Ok(super::json(StatusCode::OK, json!({ "results": rows, "last_seq": last_seq, "pending": 0 })))
+}
+
+/// The rows of `changes` (newest first) up to `limit`, counted after the filter as CouchDB counts
+/// them (`filter=_design&limit=2` is the two newest design-document changes, however many other
+/// changes are newer), read a page at a time; and the last change looked at.
+async fn limited_rows<'a>(
+    database: &Database,
+    request: &ChangesRequest,
+    changes: &'a [Change],
+) -> crate::Result<(Vec<Value>, Option<&'a Change>)> {
+    let limit = request.limit.map_or(usize::MAX, |limit| usize::try_from(limit).unwrap_or(usize::MAX));
+    let mut rows = Vec::new();
+    let mut last_change = if limit == 0 { None } else { changes.last() };
+    for page in changes.chunks(DEFAULT_PAGE) {
+        if rows.len() >= limit {
+            break;
+        }
+        let page_rows = database_rows(database, request, page).await?;
+        let wanted = limit - rows.len();
+        if page_rows.len() >= wanted {
+            rows.extend(page_rows.into_iter().take(wanted));
+            // The last row's change: its `seq` is the one the row shows.
+            let last_shown = rows.last().and_then(|row| row.get("id")).and_then(Value::as_str);
+            last_change = page.iter().find(|c| Some(c.id.as_str()) == last_shown);
+            break;
+        }
+        rows.extend(page_rows);
+    }
+    Ok((rows, last_change))
 }
 
 /// The rows of one page of a database's feed: each document's winning revision (every leaf

@@ -218,21 +218,61 @@ fn content_encoding(headers: &HeaderMap) -> CouchResult<Encoding> {
     }
 }
 
-/// Whether the request says its body is JSON (CouchDB demands it where it validates the type).
-/// A `COPY` request's `Destination` header: the target id (percent-decoded) and the revision it
-/// names with `?rev=`, if any (400 when the header is missing, as CouchDB).
+/// A `COPY` request's `Destination` header read as CouchDB 3.4.3 reads it
+/// (`couch_httpd_db:parse_copy_destination_header`, then `chttpd:unquote`): an absolute URL is
+/// refused; the part before a `?` is the target id, URL-decoded as a query string is (`%XX` and
+/// `+` as a space; the header's raw bytes kept, so UTF-8 sent unencoded is the id too); after
+/// the `?`, one `name=rev` pair names the revision the copy replaces. Answers the id and that
+/// revision (400 when the header is missing, as CouchDB; 400 `illegal_docid` when the id is not
+/// UTF-8).
 pub fn copy_destination(headers: &HeaderMap) -> CouchResult<(String, Option<String>)> {
     let destination = headers
         .get("destination")
-        .and_then(|v| v.to_str().ok())
+        .map(|v| v.as_bytes())
         .ok_or_else(|| CouchError::bad_request("Destination header is mandatory for COPY."))?;
-    let (target, target_rev) = match destination.split_once("?rev=") {
-        Some((target, rev)) => (target, Some(rev.to_owned())),
+    if destination.starts_with(b"http://") || destination.starts_with(b"https://") {
+        return Err(CouchError::bad_request("Destination URL must be relative."));
+    }
+    let (target, target_rev) = match destination.iter().position(|&byte| byte == b'?') {
         None => (destination, None),
+        Some(at) => (&destination[..at], Some(destination_rev(&destination[at + 1..])?)),
     };
-    Ok((percent_encoding::percent_decode_str(target).decode_utf8_lossy().into_owned(), target_rev))
+    let target = String::from_utf8(unquote_plus(target))
+        .map_err(|_| CouchError::new(StatusCode::BAD_REQUEST, "illegal_docid", "Document id must be valid UTF-8"))?;
+    Ok((target, target_rev))
 }
 
+/// The target id a `Destination` header names, for access checks before the request is passed
+/// on: decoded as [`copy_destination`] decodes it, invalid UTF-8 replaced.
+pub fn copy_destination_id(destination: &[u8]) -> String {
+    let target = destination.split(|&byte| byte == b'?').next().unwrap_or_default();
+    String::from_utf8_lossy(&unquote_plus(target)).into_owned()
+}
+
+/// The revision of a `Destination`'s `?name=rev` (CouchDB reads any name, and the revision as it
+/// stands, not URL-decoded).
+fn destination_rev(query: &[u8]) -> CouchResult<String> {
+    let malformed = || CouchError::bad_request("The Destination header's query must be one name=rev pair.");
+    if query.contains(&b'?') {
+        return Err(malformed());
+    }
+    let mut parts = query.split(|&byte| byte == b'=');
+    let (Some(_name), Some(rev), None) = (parts.next(), parts.next(), parts.next()) else { return Err(malformed()) };
+    let rev = std::str::from_utf8(rev).map_err(|_| CouchError::bad_request("Invalid rev format"))?;
+    match rev.split_once('-') {
+        Some((generation, _)) if !generation.is_empty() && generation.parse::<u64>().is_ok() => Ok(rev.to_owned()),
+        _ => Err(CouchError::bad_request("Invalid rev format")),
+    }
+}
+
+/// URL-decoding as a query string's values are decoded (mochiweb's `unquote`, which CouchDB's
+/// `chttpd:unquote` uses by default): `+` is a space, `%XX` a byte, any other `%` itself.
+fn unquote_plus(text: &[u8]) -> Vec<u8> {
+    let spaced: Vec<u8> = text.iter().map(|&byte| if byte == b'+' { b' ' } else { byte }).collect();
+    percent_encoding::percent_decode(&spaced).collect()
+}
+
+/// Whether the request says its body is JSON (CouchDB demands it where it validates the type).
 pub fn require_json_content_type(headers: &HeaderMap) -> CouchResult<()> {
     let is_json = headers
         .get(header::CONTENT_TYPE)
@@ -357,6 +397,18 @@ mod tests {
         assert_eq!(copy_destination(&headers).ok(), Some(("_design/b/c".to_owned(), None)));
         headers.insert("destination", "target?rev=2-abc".parse().unwrap());
         assert_eq!(copy_destination(&headers).ok(), Some(("target".to_owned(), Some("2-abc".to_owned()))));
+        // `+` is a space and raw UTF-8 bytes are the id's, as `chttpd:unquote` reads them.
+        headers.insert("destination", "a+b%2Bc".parse().unwrap());
+        assert_eq!(copy_destination(&headers).ok(), Some(("a b+c".to_owned(), None)));
+        headers.insert("destination", axum::http::HeaderValue::from_bytes("caf\u{e9}".as_bytes()).unwrap());
+        assert_eq!(copy_destination(&headers).ok(), Some(("caf\u{e9}".to_owned(), None)));
+        headers.insert("destination", axum::http::HeaderValue::from_bytes(b"bad\xff").unwrap());
+        assert_eq!(copy_destination(&headers).map_err(|e| e.error), Err("illegal_docid".into()));
+        for refused in ["http://host/db/x", "x?rev=abc", "x?rev=1-a=b", "x?a?rev=1-a", "x?rev"] {
+            headers.insert("destination", refused.parse().unwrap());
+            assert_eq!(copy_destination(&headers).map_err(|e| e.status.as_u16()), Err(400), "{refused}");
+        }
+        assert_eq!(copy_destination_id(b"_design%2Fx?rev=1-a"), "_design/x");
     }
 
     fn gzip(bytes: &[u8]) -> Vec<u8> {

@@ -20,6 +20,7 @@
 //! a crash in the middle of saving a deleted document) reads as deleted.
 
 mod bulk;
+mod client_local;
 
 pub use bulk::DocumentAnswers;
 
@@ -315,6 +316,11 @@ impl Database {
 
     /// The document's stored state; `None` when it was never written (or was purged).
     pub async fn read(&self, id: &str) -> Result<Option<DocState>> {
+        // The empty id names no document (no database takes it), and a backend may not even be
+        // asked for it (a DynamoDB key, a Firestore document name is never empty).
+        if id.is_empty() {
+            return Ok(None);
+        }
         self.while_open(async {
             if let Some(record) = self.backend.get(id).await? {
                 return Ok(Some(DocState {
@@ -343,8 +349,18 @@ impl Database {
     }
 
     /// The states of many documents, in order: their records in one batched read, then the
-    /// local trees of those without a live record in another (`get_many_local`).
+    /// local trees of those without a live record in another (`get_many_local`). The empty id, which a client may name (`keys`, `_bulk_get`, `_revs_diff`), reads as
+    /// nothing, without asking the backend ([`Database::read`]).
     async fn read_states(&self, ids: &[String]) -> Result<Vec<Option<DocState>>> {
+        if !ids.iter().any(String::is_empty) {
+            return self.read_named_states(ids).await;
+        }
+        let named: Vec<String> = ids.iter().filter(|id| !id.is_empty()).cloned().collect();
+        let mut read = self.read_named_states(&named).await?.into_iter();
+        Ok(ids.iter().map(|id| if id.is_empty() { None } else { read.next().flatten() }).collect())
+    }
+
+    async fn read_named_states(&self, ids: &[String]) -> Result<Vec<Option<DocState>>> {
         let records = self.backend.get_many(ids).await?;
         if records.len() != ids.len() {
             return Err(Error::new(ErrorKind::Internal, "the backend answered a batched read with too few documents"));
@@ -705,38 +721,6 @@ impl Database {
             }
         }
         Ok(Page { items, next: page.next })
-    }
-
-    /// A client's local document (`_local/{name}`).
-    pub async fn get_local(&self, name: &str) -> Result<Option<StoredDocument>> {
-        let stored = self.while_open(self.backend.get_local(&format!("{CLIENT_LOCAL_PREFIX}{name}"))).await?;
-        Ok(stored.map(|mut doc| {
-            doc.id = format!("_local/{name}");
-            doc
-        }))
-    }
-
-    pub async fn put_local(
-        &self,
-        name: &str,
-        body: &Map<String, Value>,
-        precondition: Precondition,
-    ) -> Result<Revision> {
-        check_document_depth(body)?;
-        self.while_open(self.backend.put_local(&format!("{CLIENT_LOCAL_PREFIX}{name}"), body, precondition)).await
-    }
-
-    pub async fn delete_local(&self, name: &str, rev: &Revision) -> Result<()> {
-        self.while_open(self.backend.delete_local(&format!("{CLIENT_LOCAL_PREFIX}{name}"), rev)).await
-    }
-
-    /// One page of the clients' local documents whose names (without `_local/`) lie in `range`,
-    /// in name order, each with its client id `_local/{name}`; the engine's own locals (trees,
-    /// settings) are never in it. Pass `next` back to continue.
-    pub async fn local_docs(&self, range: &IdRange, limit: usize, token: Option<&str>) -> Result<Page<StoredDocument>> {
-        let names = range.under_prefix(CLIENT_LOCAL_PREFIX);
-        let page = self.while_open(self.backend.local_docs(&names, limit, token)).await?;
-        Ok(crate::backend::shown_without_prefix(page, CLIENT_LOCAL_PREFIX))
     }
 
     /// The database's settings (`_revs_limit`, `_security`).

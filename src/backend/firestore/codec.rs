@@ -2,7 +2,8 @@
 //!
 //! Document ids: a composite id becomes a Firestore document id by escaping `%` and `/` (the only
 //! characters of a valid composite id Firestore refuses); an escaped id over Firestore's 1,500-byte
-//! limit is replaced by `%H` + the SHA-256 of the composite id. The original `_id` is always kept
+//! limit (or empty, `.`, `..`, `__…__`, which Firestore refuses as names) is replaced by `%H` + the
+//! SHA-256 of the composite id. The original `_id` is always kept
 //! in the document, so listings and scans never need to reverse the name.
 //!
 //! Bodies: stored as native Firestore values when Firestore holds every part exactly; otherwise
@@ -61,7 +62,10 @@ pub fn document_id(id: &str) -> String {
         }
     }
     let reserved = escaped.starts_with("__") && escaped.ends_with("__");
-    if escaped.len() > MAX_DOCUMENT_ID_BYTES || escaped == "." || escaped == ".." || reserved {
+    // The empty id is never written (no database takes it) but is read: a client may name `""`
+    // in `keys`, `_bulk_get` or `_revs_diff`, and a name ending in `/` is not a document's.
+    let refused = escaped.is_empty() || escaped == "." || escaped == "..";
+    if escaped.len() > MAX_DOCUMENT_ID_BYTES || refused || reserved {
         // `%H` never starts an escaped id: `%` is always followed by `25` or `2F` there.
         return format!("%H{}", hex::encode(Sha256::digest(id.as_bytes())));
     }
@@ -373,6 +377,7 @@ mod tests {
         assert!(name.starts_with("%H") && name.len() == 66);
         assert_eq!(composite_id(&name), None);
         assert!(document_id("__x__").starts_with("%H"));
+        assert!(document_id("").starts_with("%H"));
     }
 
     #[test]

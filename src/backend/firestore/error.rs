@@ -1,6 +1,7 @@
 //! Maps Firestore's answers into the crate's error kinds. Firestore reports errors as
 //! `{"error": {"code", "message", "status"}}` with a gRPC status name; the message keeps
-//! Firestore's own words, and transport and auth errors are kept as the source.
+//! Firestore's own words (less the resource names, which are the layout's and could reach a
+//! client in a reason), and transport and auth errors are kept as the source.
 
 use reqwest::StatusCode;
 use serde_json::Value;
@@ -28,7 +29,7 @@ pub(super) fn from_reply(status: StatusCode, body: &Value, idempotency: Idempote
     let message = body.pointer("/error/message").and_then(Value::as_str).unwrap_or("");
     let detail = match (name, message) {
         ("", "") => format!("HTTP {status}"),
-        _ => format!("HTTP {} {name}: {message}", status.as_u16()),
+        _ => format!("HTTP {} {name}: {}", status.as_u16(), without_resource_names(message)),
     };
     if name == "FAILED_PRECONDITION" && message.contains("index") {
         let link = message.split_whitespace().find(|w| w.starts_with("https://")).unwrap_or("(no link given)");
@@ -66,6 +67,23 @@ pub(super) fn from_reply(status: StatusCode, body: &Value, idempotency: Idempote
         _ => format!("Firestore could not {doing} ({detail})"),
     };
     Error::new(kind, message)
+}
+
+/// Firestore's words with every resource name (`projects/{p}/databases/{d}/documents/…`) left
+/// out: an error's reason may reach a client, and the names are the layout's, not the client's.
+fn without_resource_names(message: &str) -> String {
+    const NAME_START: &str = "projects/";
+    let mut shown = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(at) = rest.find(NAME_START) {
+        shown.push_str(&rest[..at]);
+        shown.push_str("(a document name)");
+        let name = &rest[at..];
+        let end = name.find(|c: char| c.is_whitespace() || c == '"' || c == '\'' || c == '`').unwrap_or(name.len());
+        rest = &name[end..];
+    }
+    shown.push_str(rest);
+    shown
 }
 
 /// A failure to get an access token from Google. gcp_auth reports a token endpoint it cannot
@@ -129,6 +147,15 @@ mod tests {
         }
         let (status, body) = reply(400, "INVALID_ARGUMENT", "Document exceeds the maximum allowed size");
         assert_eq!(from_reply(status, &body, Idempotency::NotIdempotent, "write").kind(), ErrorKind::TooLarge);
+    }
+
+    #[test]
+    fn resource_names_never_reach_a_reason() {
+        let message = "Document name \"projects/p/databases/(default)/documents/dbs/x/docs/\" lacks \"/\" at index 52.";
+        let (status, body) = reply(400, "INVALID_ARGUMENT", message);
+        let err = from_reply(status, &body, Idempotency::Idempotent, "read a document").to_string();
+        assert!(!err.contains("projects/") && !err.contains("documents/dbs"), "{err}");
+        assert!(err.contains("Document name \"(a document name)\" lacks"), "{err}");
     }
 
     #[test]

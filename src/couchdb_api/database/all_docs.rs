@@ -30,7 +30,7 @@ use crate::database::{Database, DocState};
 pub async fn get_all_docs(opened: OpenDb, Query(params): Query<HashMap<String, String>>) -> Answer {
     let request = parse_request(&query_fields(&params)?)?;
     let inline = inline_wanted(&params)?;
-    answer(opened.db, request, inline).await
+    answer(opened.db, request, inline, Listing::AllDocs).await
 }
 
 /// `POST /{db}/_all_docs`.
@@ -55,7 +55,7 @@ pub async fn post_all_docs(
         })
         .collect();
     let inline = inline_wanted(&inline_params)?;
-    answer(opened.db, request, inline).await
+    answer(opened.db, request, inline, Listing::AllDocs).await
 }
 
 /// `GET/POST /{db}/_local_docs`.
@@ -91,7 +91,37 @@ pub async fn get_design_docs(opened: OpenDb, Query(params): Query<HashMap<String
             range.inclusive_end = false;
         }
     }
-    answer(opened.db, request, None).await
+    answer(opened.db, request, None, Listing::DesignDocs).await
+}
+
+/// Which listing a request is: `_all_docs`, or `_design_docs` (CouchDB 3.4.3's `design`
+/// namespace: `couch_mrview:get_total_rows` counts the design documents alone, and
+/// `fabric_view_all_docs:filter_keys_by_namespace` drops `keys` that are not design ids).
+#[derive(Clone, Copy, PartialEq)]
+enum Listing {
+    AllDocs,
+    DesignDocs,
+}
+
+/// Design documents read per page when they are counted.
+const DESIGN_COUNT_PAGE: usize = 1000;
+
+/// `total_rows` of a listing: the database's live documents, or its live design documents
+/// (counted a page at a time: databases hold few of them).
+async fn total_rows(db: &Database, listing: Listing) -> crate::Result<u64> {
+    if listing == Listing::AllDocs {
+        return db.while_open(live_document_count(db.backend().as_ref())).await;
+    }
+    let range = IdRange::design_documents();
+    let (mut count, mut token) = (0u64, None::<String>);
+    loop {
+        let page = db.all_docs(&range, DESIGN_COUNT_PAGE, token.as_deref()).await?;
+        count += page.items.len() as u64;
+        match page.next {
+            Some(next) => token = Some(next),
+            None => return Ok(count),
+        }
+    }
 }
 
 /// The row of a live document; `doc` is its document already shown with attachments inline
@@ -129,12 +159,15 @@ async fn inlined_doc(
     Ok(Some(doc))
 }
 
-async fn answer(db: Arc<Database>, mut request: AllDocsRequest, inline: Option<Inline>) -> Answer {
+async fn answer(db: Arc<Database>, mut request: AllDocsRequest, inline: Option<Inline>, listing: Listing) -> Answer {
     // Design documents are documents of a database, listed as CouchDB lists them.
     request.range.include_design = true;
-    let total_rows = db.while_open(live_document_count(db.backend().as_ref())).await?;
+    let total_rows = total_rows(&db, listing).await?;
     if let Some(keys) = &request.keys {
-        let keys = keys_page(keys, &request);
+        let mut keys = keys_page(keys, &request);
+        if listing == Listing::DesignDocs {
+            keys.retain(|key| key.starts_with("_design/"));
+        }
         let states = db.read_many(&keys).await?;
         let mut rows = Vec::with_capacity(keys.len());
         for (key, state) in keys.iter().zip(states) {

@@ -109,14 +109,14 @@ pub async fn bulk_docs(State(state): State<CouchState>, opened: OpenDb, headers:
         });
         order[group].1.push((position, doc));
     }
+    // CouchDB numbers a request's changes in id order (`couch_db:group_alike_docs` sorts the
+    // documents by id, and `couch_db_updater:merge_rev_trees` gives each its sequence in turn):
+    // the groups are written in that order.
+    order.sort_by(|a, b| a.0.cmp(&b.0));
     let db = &opened.db;
     let access = opened.access;
     let results: Vec<Vec<(usize, Option<Value>)>> = if new_edits {
-        stream::iter(order)
-            .map(|(id, docs)| async move { write_group(db, access, id, docs, new_edits).await })
-            .buffer_unordered(CONCURRENCY)
-            .collect()
-            .await
+        write_edits_in_id_order(db, access, order).await
     } else {
         // A replicator's request: every document made ready, then written many at a time
         // (`Database::write_many`: one batched read and one bulk write of records per call).
@@ -130,7 +130,7 @@ pub async fn bulk_docs(State(state): State<CouchState>, opened: OpenDb, headers:
         let mut writing = Vec::new();
         let mut ready = ready.into_iter().peekable();
         while ready.peek().is_some() {
-            writing.push(write_replicated(db, ready.by_ref().take(DOCUMENTS_PER_WRITE).collect()));
+            writing.push(write_chunk(db, ready.by_ref().take(DOCUMENTS_PER_WRITE).collect()));
         }
         stream::iter(writing).buffer_unordered(WRITES_AT_ONCE).collect().await
     };
@@ -160,22 +160,39 @@ fn all_or_nothing_refused(docs: &[Map<String, Value>]) -> Answer {
     Ok(crate::couchdb_api::bulk::all_or_nothing_answer(rows.into_iter()))
 }
 
-/// The documents of `_bulk_docs` with one id, in request order: local documents written one by
-/// one, the others applied to the document's tree in one read and one save. Each gets its answer
-/// row (`None` for a replicated write that succeeded). A design document written by a member is
-/// refused in its rows alone (CouchDB's per-document `forbidden`), replicated or not.
-async fn write_group(
+/// A client's edits (`new_edits: true`), their groups given in id order, written so that their
+/// changes reach the feed in that order, as CouchDB's do: chunks of consecutive groups one
+/// after the other, each in one [`Database::write_many`] (whose records go in one bulk write, in
+/// order). A group that deletes is a chunk of its own, since `write_many` saves a deleted tree
+/// apart from, and after, the records it writes together.
+async fn write_edits_in_id_order(
     db: &Database,
     access: DbAccess,
-    id: String,
-    docs: Vec<Positioned>,
-    new_edits: bool,
-) -> Vec<(usize, Option<Value>)> {
-    let Ready { id, mut rows, writes, positions } = prepare_group(db, access, id, docs, new_edits).await;
-    if !writes.is_empty() {
-        rows.extend(answer_rows(&id, positions, db.write_batch(&id, &writes).await));
+    order: Vec<(String, Vec<Positioned>)>,
+) -> Vec<Vec<(usize, Option<Value>)>> {
+    // Plain loops of futures, as below: closures in iterator adapters can trip rustc's
+    // higher-ranked `Send` check under an axum handler.
+    let mut preparing = Vec::with_capacity(order.len());
+    for (id, docs) in order {
+        preparing.push(prepare_group(db, access, id, docs, true));
     }
-    rows
+    let ready: Vec<Ready> = stream::iter(preparing).buffered(CONCURRENCY).collect().await;
+    let mut results = Vec::new();
+    let mut chunk: Vec<Ready> = Vec::new();
+    for group in ready {
+        let deletes = group.writes.iter().any(|write| matches!(write, Write::Edit { deleted: true, .. }));
+        if !chunk.is_empty() && (deletes || chunk.len() == DOCUMENTS_PER_WRITE) {
+            results.push(write_chunk(db, std::mem::take(&mut chunk)).await);
+        }
+        chunk.push(group);
+        if deletes {
+            results.push(write_chunk(db, std::mem::take(&mut chunk)).await);
+        }
+    }
+    if !chunk.is_empty() {
+        results.push(write_chunk(db, chunk).await);
+    }
+    results
 }
 
 /// The documents of one id made ready to write: the rows answered already (refusals, local
@@ -187,7 +204,9 @@ struct Ready {
     positions: Vec<usize>,
 }
 
-/// Checks the documents of one id, stores their inline attachments and writes the local ones.
+/// Checks the documents of one id (in request order), stores their inline attachments and
+/// writes the local ones. A design document written by a member is refused in its rows alone
+/// (CouchDB's per-document `forbidden`), replicated or not.
 async fn prepare_group(db: &Database, access: DbAccess, id: String, docs: Vec<Positioned>, new_edits: bool) -> Ready {
     let row_error = |err: CouchError| Some(err.to_row(&id));
     let mut ready =
@@ -249,9 +268,10 @@ fn answer_rows(
         .collect()
 }
 
-/// Many documents' replicated writes in one [`Database::write_many`] call; a failure of the
+/// Many documents' writes (edits or replicated revisions) in one [`Database::write_many`] call;
+/// each gets its answer row (`None` for a replicated write that succeeded); a failure of the
 /// whole call answers each of their writes with it.
-async fn write_replicated(db: &Database, chunk: Vec<Ready>) -> Vec<(usize, Option<Value>)> {
+async fn write_chunk(db: &Database, chunk: Vec<Ready>) -> Vec<(usize, Option<Value>)> {
     let mut rows = Vec::new();
     let mut documents = Vec::with_capacity(chunk.len());
     let mut positions = Vec::with_capacity(chunk.len());
@@ -331,6 +351,14 @@ async fn bulk_get_one(
     let Some(id) = item.get("id").and_then(Value::as_str) else {
         return json!({ "id": null, "docs": [{ "error": { "id": null, "rev": null, "error": "bad_request", "reason": "an entry needs an id" } }] });
     };
+    // CouchDB checks the id first (`couch_db:validate_docid`), answering its refusal with a
+    // `null` revision; a local document's id passes there.
+    if !id.starts_with("_local/") {
+        if let Err(refusal) = check_id(id) {
+            let error = json!({ "id": id, "rev": null, "error": refusal.error, "reason": refusal.reason });
+            return json!({ "id": id, "docs": [{ "error": error }] });
+        }
+    }
     let wanted = item.get("rev").and_then(Value::as_str);
     let error = |error: &str, reason: &str| json!({ "error": { "id": id, "rev": wanted.unwrap_or("undefined"), "error": error, "reason": reason } });
     let state = match db.read(id).await {

@@ -17,7 +17,6 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use super::{leaf_json, refused, DocOptions, OpenDb};
-use crate::backend::Precondition;
 use crate::couchdb_api::access::DbAccess;
 use crate::couchdb_api::error::{CouchError, CouchResult};
 use crate::couchdb_api::multipart;
@@ -28,7 +27,6 @@ use crate::database::doc_attachments::has_attachments;
 use crate::database::document::{self, check_id, ClientDoc};
 use crate::database::rev_tree::{parse_rev, Leaf, RevTree};
 use crate::database::{Database, Write, Written};
-use crate::error::ErrorKind;
 
 type Params = Query<HashMap<String, String>>;
 
@@ -587,76 +585,117 @@ async fn copy_document(
     Ok(written(StatusCode::CREATED, db, &target, &rev))
 }
 
-/// `GET /{db}/_local/{name}`.
-pub async fn get_local(opened: OpenDb<LocalName>, uri: axum::http::Uri) -> Answer {
+/// `GET /{db}/_local/{name}`, as CouchDB 3.4.3 answers it: a local document has no revision tree
+/// and no sequence, so `rev=` (without `latest=true`) finds nothing (CouchDB looks for the
+/// revision among the documents' trees: 404 `missing`), `revs=true` shows `_revisions` with the
+/// one revision, and `local_seq`, `revs_info`, `conflicts` add nothing.
+pub async fn get_local(opened: OpenDb<LocalName>, uri: axum::http::Uri, Query(params): Params) -> Answer {
     check_local_path(&uri)?;
     let name = local_name(&opened.params.name)?;
+    let latest = bool_param("latest", params.get("latest").map(String::as_str), false)?;
+    if params.contains_key("rev") && !latest {
+        return Err(CouchError::not_found("missing"));
+    }
     let doc = opened.db.get_local(name).await?.ok_or_else(|| CouchError::not_found("missing"))?;
+    let revisions = bool_param("revs", params.get("revs").map(String::as_str), false)?.then(|| {
+        let number = doc.rev.0.strip_prefix("0-").unwrap_or_default().to_owned();
+        json!({ "start": 0, "ids": [number] })
+    });
     let mut body = Map::new();
     body.insert("_id".into(), Value::from(doc.id));
     body.insert("_rev".into(), Value::from(doc.rev.0));
     body.extend(doc.body);
+    if let Some(revisions) = revisions {
+        body.insert("_revisions".into(), revisions);
+    }
     Ok(json(StatusCode::OK, Value::Object(body)))
 }
 
-/// `PUT /{db}/_local/{name}`: written whatever revision the body names (CouchDB 3 does not check
-/// a local document's revision, and replicators rely on it for their checkpoints).
+/// `PUT /{db}/_local/{name}`: written at the revision after the one named (in the body, `?rev=`
+/// or `If-Match`), as CouchDB 3 writes local documents: their revision is never checked against
+/// the stored one, and replicators rely on it for their checkpoints.
 pub async fn put_local(
     State(state): State<CouchState>,
     opened: OpenDb<LocalName>,
     uri: axum::http::Uri,
+    Query(params): Params,
     headers: HeaderMap,
     body: Body,
 ) -> Answer {
     check_local_path(&uri)?;
     let name = local_name(&opened.params.name)?.to_owned();
-    let body = read_doc_body(&state, &headers, body).await?;
+    let mut body = read_doc_body(&state, &headers, body).await?;
+    let body_rev = match body.get("_rev") {
+        None => None,
+        Some(Value::String(rev)) => Some(rev.clone()),
+        Some(_) => return Err(CouchError::bad_request("Invalid rev format")),
+    };
+    if let Some(rev) = crate::couchdb_api::document::named_revision(body_rev.as_deref(), &params, &headers)? {
+        body.insert("_rev".into(), Value::from(rev));
+    }
     let deleting = body.get("_deleted") == Some(&Value::Bool(true));
     let rev = write_local(&opened.db, &name, body).await?;
     let status = if deleting { StatusCode::OK } else { StatusCode::CREATED };
     Ok(json(status, json!({ "ok": true, "id": format!("_local/{name}"), "rev": rev })))
 }
 
-/// Writes (or with `_deleted`, deletes) a local document; its new revision (`0-0` once deleted).
+/// Writes (or with `_deleted`, deletes) a local document; its new revision: `0-0` once deleted,
+/// else `0-{N+1}` after the `0-N` its `_rev` names, `0-1` without one.
 pub(crate) async fn write_local(db: &Database, name: &str, mut body: Map<String, Value>) -> CouchResult<String> {
     local_name(name)?;
     document::check_local(&body).map_err(refused)?;
+    let named = match body.get("_rev") {
+        None => None,
+        Some(Value::String(rev)) => Some(rev.as_str()),
+        Some(_) => return Err(CouchError::bad_request("Invalid rev format")),
+    };
+    let deleting = body.get("_deleted") == Some(&Value::Bool(true));
+    let number = if deleting { 0 } else { next_local_rev(named)? };
     // Revision fields mean nothing on a local document (it has no history): CouchDB drops them,
     // and its attachments, which a local document does not keep.
-    for special in
-        ["_id", "_rev", "_revisions", "_conflicts", "_deleted_conflicts", "_revs_info", "_local_seq", "_attachments"]
-    {
+    for special in [
+        "_id",
+        "_rev",
+        "_revisions",
+        "_conflicts",
+        "_deleted_conflicts",
+        "_revs_info",
+        "_local_seq",
+        "_attachments",
+        "_deleted",
+    ] {
         body.shift_remove(special);
     }
-    if body.shift_remove("_deleted") == Some(Value::Bool(true)) {
-        delete_local_any(db, name).await?;
+    if deleting {
+        db.delete_local(name).await?;
         return Ok("0-0".to_owned());
     }
-    Ok(db.put_local(name, &body, Precondition::None).await?.0)
+    Ok(db.put_local(name, &body, number).await?.0)
 }
 
-/// `DELETE /{db}/_local/{name}`: 404 when there is none.
+/// The number of a local document's next revision: one more than the `0-N` named, 1 when none
+/// is (`couch_db_updater:increment_local_doc_revs`); a revision of another form is CouchDB's
+/// `Invalid rev format` (a 400 here: CouchDB's updater answers it as an unknown 500).
+fn next_local_rev(named: Option<&str>) -> CouchResult<u64> {
+    let Some(rev) = named else { return Ok(1) };
+    let invalid = || CouchError::bad_request("Invalid rev format");
+    let (generation, number) = rev.split_once('-').ok_or_else(invalid)?;
+    let number: u64 = match generation {
+        "0" if number.bytes().all(|b| b.is_ascii_digit()) => number.parse().map_err(|_| invalid())?,
+        _ => return Err(invalid()),
+    };
+    number.checked_add(1).ok_or_else(invalid)
+}
+
+/// `DELETE /{db}/_local/{name}`: 404 when there is none; any revision (or none) deletes it,
+/// as CouchDB deletes local documents, at `0-0`.
 pub async fn delete_local(opened: OpenDb<LocalName>, uri: axum::http::Uri) -> Answer {
     check_local_path(&uri)?;
     let name = local_name(&opened.params.name)?.to_owned();
-    if !delete_local_any(&opened.db, &name).await? {
+    if !opened.db.delete_local(&name).await? {
         return Err(CouchError::not_found("missing"));
     }
     Ok(json(StatusCode::OK, json!({ "ok": true, "id": format!("_local/{name}"), "rev": "0-0" })))
-}
-
-/// Deletes a local document whatever its revision; `false` when there was none.
-async fn delete_local_any(db: &Database, name: &str) -> CouchResult<bool> {
-    for _ in 0..crate::database::engine::MAX_TRIES {
-        let Some(current) = db.get_local(name).await? else { return Ok(false) };
-        match db.delete_local(name, &current.rev).await {
-            Ok(()) => return Ok(true),
-            Err(err) if err.kind() == ErrorKind::NotFound => return Ok(false),
-            Err(err) if err.kind() == ErrorKind::Conflict => continue,
-            Err(err) => return Err(err.into()),
-        }
-    }
-    Err(CouchError::conflict())
 }
 
 /// `/{db}/_local/{name}/{more}` (a `/` in the raw path, not `%2F` in the name) names an

@@ -162,7 +162,13 @@ async fn forward(
         }
     }
     let (parts, body) = request.into_parts();
-    let destination = parts.headers.get("destination").and_then(|value| value.to_str().ok());
+    // Read as CouchDB reads it (raw bytes, `+` a space): a header that is not ASCII still names
+    // the id the backend will write, and is checked as that id.
+    let destination = parts
+        .headers
+        .get("destination")
+        .map(|value| crate::couchdb_api::request::copy_destination_id(value.as_bytes()));
+    let destination = destination.as_deref();
     let streamed = forwarded::streamed_bound(
         &parts.method,
         below,
@@ -422,6 +428,8 @@ const MAX_SECURITY_BYTES: usize = 1 << 20;
 ///
 /// A `_bulk_docs` with one design document among others is refused whole here, where CouchDB
 /// would refuse that document alone: the request is passed on as it came, so it cannot be split.
+/// `destination` is a `COPY`'s target id, read from its header by
+/// [`copy_destination_id`](crate::couchdb_api::request::copy_destination_id).
 fn check_forwarded(
     access: DbAccess,
     method: &axum::http::Method,
@@ -459,8 +467,7 @@ fn check_forwarded(
         access.require_db_admin()?;
     }
     if method.as_str() == "COPY" {
-        let target = destination.map(|d| percent_encoding::percent_decode_str(d).decode_utf8_lossy().into_owned());
-        if target.is_some_and(|target| target.starts_with("_design/")) {
+        if destination.is_some_and(|target| target.starts_with("_design/")) {
             access.require_db_admin()?;
         }
     }
@@ -625,7 +632,8 @@ mod tests {
     use axum::http::{Method, StatusCode};
 
     fn status(access: DbAccess, method: Method, below: &str, destination: Option<&str>, body: &str) -> StatusCode {
-        match check_forwarded(access, &method, below, destination, body.as_bytes()) {
+        let target = destination.map(|header| crate::couchdb_api::request::copy_destination_id(header.as_bytes()));
+        match check_forwarded(access, &method, below, target.as_deref(), body.as_bytes()) {
             Ok(()) => StatusCode::OK,
             Err(refused) => refused.status,
         }
@@ -664,6 +672,7 @@ mod tests {
             (Method::POST, "/", None, r#"{"_id":"_design/app"}"#, [forbidden, ok, ok]),
             (copy.clone(), "doc", Some("_design/app"), "", [forbidden, ok, ok]),
             (copy.clone(), "doc", Some("_design%2Fapp?rev=1-a"), "", [forbidden, ok, ok]),
+            (copy.clone(), "doc", Some("_design/caf\u{e9}"), "", [forbidden, ok, ok]),
             (Method::POST, "", None, r#"{"_id":"_design/app"}"#, [forbidden, ok, ok]),
             (Method::POST, "_bulk_docs", None, r#"{"docs":[{"_id":"a"},{"_id":"_design/app"}]}"#, [forbidden, ok, ok]),
             (Method::PUT, "_security", None, "{}", [forbidden, ok, ok]),

@@ -24,6 +24,7 @@ mod local_docs;
 mod logins;
 mod mango;
 mod replication;
+mod results_as_couchdb;
 mod revisions_and_refusals;
 mod roles;
 mod server;
@@ -131,6 +132,20 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("revisions_as_couchdb", |e| Box::pin(revisions_and_refusals::revisions_as_couchdb(e))),
         ("refused_writes_as_couchdb", |e| Box::pin(revisions_and_refusals::refused_writes_as_couchdb(e))),
         ("statuses_as_couchdb", |e| Box::pin(revisions_and_refusals::statuses_as_couchdb(e))),
+        ("same_as_couchdb_changes_filtered_descending_limit", |e| {
+            Box::pin(results_as_couchdb::changes_filtered_descending_limit(e))
+        }),
+        ("same_as_couchdb_design_docs_count_design_documents", |e| {
+            Box::pin(results_as_couchdb::design_docs_count_design_documents(e))
+        }),
+        ("same_as_couchdb_copy_destination_as_couchdb", |e| {
+            Box::pin(results_as_couchdb::copy_destination_as_couchdb(e))
+        }),
+        ("same_as_couchdb_empty_id_reads", |e| Box::pin(results_as_couchdb::empty_id_reads(e))),
+        ("same_as_couchdb_local_documents_as_couchdb", |e| Box::pin(results_as_couchdb::local_documents_as_couchdb(e))),
+        ("same_as_couchdb_bulk_docs_changes_in_id_order", |e| {
+            Box::pin(results_as_couchdb::bulk_docs_changes_in_id_order(e))
+        }),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
