@@ -198,8 +198,17 @@ async fn answer(db: Arc<Database>, mut request: AllDocsRequest, inline: Option<I
     } else {
         None
     };
-    let from_the_beginning =
-        request.range.start.as_deref().is_none_or(|start| start.is_empty() && !request.range.descending);
+    let from_the_beginning = match listing {
+        Listing::AllDocs => {
+            request.range.start.as_deref().is_none_or(|start| start.is_empty() && !request.range.descending)
+        }
+        // The range starts at the design documents' own first (or last) id unless the client
+        // started it further in: CouchDB's offset is counted within them.
+        Listing::DesignDocs => {
+            let first = if request.range.descending { "_design0" } else { "_design/" };
+            request.range.start.as_deref() == Some(first)
+        }
+    };
     let offset = if from_the_beginning { Value::from(request.skip) } else { Value::Null };
     let mut head = format!("{{\"total_rows\":{total_rows},\"offset\":{offset},");
     if let Some(seq) = update_seq {

@@ -466,10 +466,8 @@ fn check_forwarded(
     if design_document && !reads {
         access.require_db_admin()?;
     }
-    if method.as_str() == "COPY" {
-        if destination.is_some_and(|target| target.starts_with("_design/")) {
-            access.require_db_admin()?;
-        }
+    if method.as_str() == "COPY" && destination.is_some_and(|target| target.starts_with("_design/")) {
+        access.require_db_admin()?;
     }
     if *method == Method::POST && (first.is_empty() || first == "_bulk_docs") {
         // Every `_id` the body names is looked at, duplicates included: a JSON parser that keeps
