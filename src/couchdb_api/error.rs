@@ -73,8 +73,36 @@ impl CouchError {
     }
 }
 
+/// A CouchDB answer carried through a crate [`Error`] (code that returns those, such as the
+/// rows of a feed, calling code that answers CouchDB errors), given back as it was.
+#[derive(Debug)]
+pub(crate) struct Carried(pub CouchError);
+
+impl std::fmt::Display for Carried {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}: {}", self.0.status, self.0.error, self.0.reason)
+    }
+}
+
+impl std::error::Error for Carried {}
+
+impl CouchError {
+    /// This answer as a crate error that [`CouchError::from`] gives back unchanged.
+    pub(crate) fn carried(self) -> Error {
+        let kind = match self.status.as_u16() {
+            413 => ErrorKind::TooLarge,
+            400..=499 => ErrorKind::InvalidInput,
+            _ => ErrorKind::Internal,
+        };
+        Error::new(kind, self.reason.clone()).with_source(Carried(self))
+    }
+}
+
 impl From<Error> for CouchError {
     fn from(err: Error) -> Self {
+        if let Some(carried) = std::error::Error::source(&err).and_then(|source| source.downcast_ref::<Carried>()) {
+            return carried.0.clone();
+        }
         let (status, error) = match err.kind() {
             ErrorKind::InvalidInput => (StatusCode::BAD_REQUEST, "bad_request"),
             ErrorKind::NotFound => (StatusCode::NOT_FOUND, "not_found"),

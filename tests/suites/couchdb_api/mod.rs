@@ -22,6 +22,7 @@ mod local_docs;
 mod logins;
 mod mango;
 mod replication;
+mod revision_trees;
 mod roles;
 mod server;
 mod views;
@@ -110,6 +111,11 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("interrupted_uploads_leave_nothing", |e| {
             Box::pin(attachments_forwarded::interrupted_uploads_leave_nothing(e))
         }),
+        ("revision_tree_cost_follows_what_was_sent", |e| {
+            Box::pin(revision_trees::revision_tree_cost_follows_what_was_sent(e))
+        }),
+        ("attachments_gzip_ratio_bound", |e| Box::pin(attachments::attachments_gzip_ratio_bound(e))),
+        ("attachments_inline_budget", |e| Box::pin(attachments::attachments_inline_budget(e))),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
@@ -130,6 +136,10 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
                             "attachments_stored_once_and_freed" => Some(attachments::FREE_AT_ONCE_CONFIG.to_owned()),
                             "forwarded_attachment_bound" => Some(attachments_forwarded::BOUNDED_CONFIG.to_owned()),
                             "views_runaway_function" => Some(views::JS_BOUNDS_CONFIG.to_owned()),
+                            "revision_tree_cost_follows_what_was_sent" => {
+                                Some(revision_trees::TREE_BOUND_CONFIG.to_owned())
+                            }
+                            "attachments_inline_budget" => Some(attachments::INLINE_BUDGET_CONFIG.to_owned()),
                             _ => None,
                         };
                         let endpoint = Endpoint::start(fresh, backend_name, logins).await?;
