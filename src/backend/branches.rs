@@ -341,3 +341,44 @@ pub async fn erase<B: DocumentBackend + ?Sized>(backend: &B, prefix: &str) -> Re
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn leaf(start: u64, ids: &[&str]) -> Leaf {
+        let ids = ids.iter().map(|id| (*id).to_owned()).collect();
+        Leaf { path: RevPath { start, ids }, deleted: false, body: Map::new() }
+    }
+
+    /// The other leaves are written with each revision once and read back as written; the
+    /// previous release's array of leaves with whole paths is still read.
+    #[test]
+    fn side_leaves_are_stored_once_per_revision_and_read_in_either_form() {
+        let side = vec![leaf(3, &["c", "b", "a"]), leaf(3, &["d", "b", "a"])];
+        let stored = serde_json::to_value(StoredLeaves(&side)).unwrap();
+        assert_eq!(stored["r"].as_array().map(Vec::len), Some(4), "a, b, c and d once each: {stored}");
+        let mut body = Map::new();
+        body.insert(LEAVES_FIELD.into(), stored);
+        assert_eq!(leaves_of("x", &body).unwrap(), side);
+        body.insert(LEAVES_FIELD.into(), serde_json::to_value(&side).unwrap());
+        assert_eq!(leaves_of("x", &body).unwrap(), side);
+        body.insert(LEAVES_FIELD.into(), json!({"r": [{"i": "a", "p": 3}], "l": [{"r": 0}]}));
+        assert_eq!(leaves_of("x", &body).map_err(|err| err.kind()), Err(ErrorKind::Corrupt));
+    }
+
+    /// A new branch whose tree would pass the bound is refused; one that does not grow the tree
+    /// (already past it) is not.
+    #[test]
+    fn a_tree_past_the_bound_is_refused_when_it_grows() {
+        let mut body = Map::new();
+        body.insert("big".into(), json!("x".repeat(MAX_TREE_BYTES)));
+        let before = RevTree::default();
+        let mut after = RevTree::default();
+        after.merge(RevPath { start: 1, ids: vec!["a".into()] }, false, body, usize::MAX);
+        let err = check_tree_size("x", &before, &after).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::TooLarge);
+        assert!(check_tree_size("x", &after, &after).is_ok());
+    }
+}
