@@ -128,11 +128,27 @@ pub struct Settings {
     /// Largest document body on a database besides the data-store one, in bytes of its JSON
     /// (CouchDB's `max_document_size`); past it, 413 `document_too_large`.
     pub couchdb_max_document_bytes: usize,
+    /// Largest revision tree of one document on a database besides the data-store one, in bytes
+    /// as a read of the document holds it: every leaf's body (JSON) and the revision ids of its
+    /// whole path (docs/bounds.md). A write past it is refused with 413 naming this setting; a
+    /// replicator's thousands of branches off a long history cost leaves × history length.
+    pub couchdb_max_tree_bytes: usize,
     /// Largest attachment on a database besides the data-store one, in bytes (CouchDB's
     /// `max_attachment_size`); past it, 413. Unset (the default) means no bound, as CouchDB's
     /// default `infinity`: attachments stream through in chunks, so their size costs storage,
     /// never memory.
     pub couchdb_max_attachment_bytes: Option<u64>,
+    /// Most bytes a gzip-encoded attachment part (`encoding: "gzip"` in a `multipart/related`
+    /// upload) may decode to per compressed byte, plus 1 MiB; past it, 413 naming this setting.
+    /// Attachments are stored decoded (docs/attachments.md, "Compression"), so without it a MiB of
+    /// gzip could take 2 GiB of storage.
+    pub couchdb_max_gzip_ratio: u64,
+    /// Attachment bytes shown inline (`attachments=true` answered as JSON, base64 in the
+    /// document) being served at once, server-wide; each costs about four times its length in
+    /// memory until its answer is sent. A read waits for its share (429 after 30 s); one answer
+    /// whose inline attachments alone pass it is 413 naming this setting (read them as
+    /// multipart or one by one). Default 128 MiB.
+    pub couchdb_max_inflight_inline_bytes: usize,
     /// How long attachment bytes no revision references are kept before `_compact` or a
     /// document's deletion frees them, in seconds (docs/attachments.md, "When bytes are freed"):
     /// an upload in progress and bytes just stored for a document write about to reference them
@@ -336,6 +352,9 @@ impl Settings {
             .and_then(|b| b.set_default("couchdb_max_feeds_per_login", 16u64))
             .and_then(|b| b.set_default("couchdb_max_open_databases", 128u64))
             .and_then(|b| b.set_default("couchdb_max_document_bytes", 8_000_000u64))
+            .and_then(|b| b.set_default("couchdb_max_tree_bytes", 32u64 << 20))
+            .and_then(|b| b.set_default("couchdb_max_gzip_ratio", 100u64))
+            .and_then(|b| b.set_default("couchdb_max_inflight_inline_bytes", 128u64 << 20))
             .and_then(|b| b.set_default("couchdb_attachment_grace_secs", 86_400u64))
             .and_then(|b| b.set_default("couchdb_js_timeout_ms", 5_000u64))
             .and_then(|b| b.set_default("couchdb_js_memory_bytes", 64u64 << 20))
@@ -426,6 +445,9 @@ impl Settings {
             ("couchdb_max_feeds_per_login", as_u64(self.couchdb_max_feeds_per_login)),
             ("couchdb_max_open_databases", as_u64(self.couchdb_max_open_databases)),
             ("couchdb_max_document_bytes", as_u64(self.couchdb_max_document_bytes)),
+            ("couchdb_max_tree_bytes", as_u64(self.couchdb_max_tree_bytes)),
+            ("couchdb_max_gzip_ratio", self.couchdb_max_gzip_ratio),
+            ("couchdb_max_inflight_inline_bytes", as_u64(self.couchdb_max_inflight_inline_bytes)),
             ("couchdb_max_dbs_info_keys", as_u64(self.couchdb_max_dbs_info_keys)),
             ("couchdb_max_descending_changes", as_u64(self.couchdb_max_descending_changes)),
             ("couchdb_lockout_max_entries", as_u64(self.couchdb_lockout_max_entries)),

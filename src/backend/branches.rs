@@ -18,7 +18,9 @@
 //! precondition on the record's revision as read. A record revision or local revision that
 //! changed in between makes the write start again from a fresh read ([`GRAFT_ATTEMPTS`]). The
 //! local document may therefore hold a leaf the record also holds, or an ancestor of a leaf:
-//! merging rebuilds the tree from paths, so such entries fall away on the next read.
+//! merging rebuilds the tree from paths, so such entries fall away on the next read. The leaves
+//! are stored as a tree is ([`StoredLeaves`]: each revision once); the array of leaves with whole
+//! paths the previous release wrote is still read.
 //!
 //! A new losing leaf rewrites the record as it is (the same revision, a precondition naming it:
 //! [`super::replicated::judge`]'s rewrite in place), so the document moves in the change feed as
@@ -26,7 +28,9 @@
 
 use serde_json::{Map, Value};
 
-use super::rev_tree::{Leaf, MergeOutcome, RevPath, RevTree};
+use serde::Deserialize;
+
+use super::rev_tree::{Leaf, MergeOutcome, RevPath, RevTree, StoredLeaves, StoredTree};
 use super::{DocumentBackend, Precondition, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo};
 use crate::error::{Error, ErrorKind, Result};
 
@@ -38,6 +42,26 @@ const LEAVES_FIELD: &str = "leaves";
 pub const GRAFT_ATTEMPTS: usize = 16;
 /// How many revisions each side leaf's path keeps (CouchDB's default `_revs_limit`).
 const SIDE_REVS_LIMIT: usize = super::DEFAULT_REVS_LIMIT;
+
+/// The largest tree of one data-store document, in [`RevTree::held_bytes`] (what every read of
+/// it holds): the default of the other databases' `couchdb_max_tree_bytes`, a constant here
+/// since a backend's default method has no settings. Past it a new branch is refused (413).
+pub const MAX_TREE_BYTES: usize = 32 << 20;
+
+/// Refuses a merged tree past [`MAX_TREE_BYTES`] unless it is no larger than the tree read.
+fn check_tree_size(id: &str, before: &RevTree, after: &RevTree) -> Result<()> {
+    let held = after.held_bytes();
+    if held <= MAX_TREE_BYTES || held <= before.held_bytes() {
+        return Ok(());
+    }
+    Err(Error::new(
+        ErrorKind::TooLarge,
+        format!(
+            "the revision tree of {id:?} would hold about {held} bytes (its leaves' bodies and paths), more than \
+             the data-store database's bound of {MAX_TREE_BYTES}"
+        ),
+    ))
+}
 
 /// The local document that holds `id`'s other leaves.
 pub fn side_name(id: &str) -> String {
@@ -101,11 +125,18 @@ async fn read_once<B: DocumentBackend + ?Sized>(backend: &B, id: &str) -> Result
     Ok(Some(Some(ReadTree { tree, record: Some(info), side_rev, side_leaves })))
 }
 
+/// The other leaves a local document holds: in the stored form of a tree (each revision once,
+/// [`StoredLeaves`]), or, as the previous release wrote them, an array of leaves with whole paths.
 fn leaves_of(id: &str, body: &Map<String, Value>) -> Result<Vec<Leaf>> {
+    let unreadable =
+        |err: String| Error::new(ErrorKind::Corrupt, format!("the other leaves of {id:?} do not parse: {err}"));
     match body.get(LEAVES_FIELD) {
         None => Ok(Vec::new()),
-        Some(leaves) => serde_json::from_value(leaves.clone())
-            .map_err(|err| Error::new(ErrorKind::Corrupt, format!("the other leaves of {id:?} do not parse: {err}"))),
+        Some(leaves @ Value::Array(_)) => Vec::<Leaf>::deserialize(leaves).map_err(|err| unreadable(err.to_string())),
+        Some(stored) => StoredTree::deserialize(stored)
+            .map_err(|err| unreadable(err.to_string()))?
+            .into_leaves()
+            .map_err(unreadable),
     }
 }
 
@@ -150,6 +181,7 @@ pub async fn graft<B: DocumentBackend + ?Sized>(
         if merged == MergeOutcome::AlreadyKnown {
             return Ok(ReplicatedOutcome::AlreadyKnown);
         }
+        check_tree_size(id, &current.tree, &tree)?;
         match save(backend, id, &current, &tree, incoming).await? {
             Some(outcome) => return Ok(outcome),
             None => continue,
@@ -245,7 +277,8 @@ async fn save_side<B: DocumentBackend + ?Sized>(
             let mut body = Map::new();
             body.insert(
                 LEAVES_FIELD.into(),
-                serde_json::to_value(&side).map_err(|err| Error::new(ErrorKind::Internal, err.to_string()))?,
+                serde_json::to_value(StoredLeaves(&side))
+                    .map_err(|err| Error::new(ErrorKind::Internal, err.to_string()))?,
             );
             let precondition = match rev {
                 Some(rev) => Precondition::MatchRevision(rev.clone()),
@@ -306,5 +339,46 @@ pub async fn erase<B: DocumentBackend + ?Sized>(backend: &B, prefix: &str) -> Re
                 Err(err) => return Err(err),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn leaf(start: u64, ids: &[&str]) -> Leaf {
+        let ids = ids.iter().map(|id| (*id).to_owned()).collect();
+        Leaf { path: RevPath { start, ids }, deleted: false, body: Map::new() }
+    }
+
+    /// The other leaves are written with each revision once and read back as written; the
+    /// previous release's array of leaves with whole paths is still read.
+    #[test]
+    fn side_leaves_are_stored_once_per_revision_and_read_in_either_form() {
+        let side = vec![leaf(3, &["c", "b", "a"]), leaf(3, &["d", "b", "a"])];
+        let stored = serde_json::to_value(StoredLeaves(&side)).unwrap();
+        assert_eq!(stored["r"].as_array().map(Vec::len), Some(4), "a, b, c and d once each: {stored}");
+        let mut body = Map::new();
+        body.insert(LEAVES_FIELD.into(), stored);
+        assert_eq!(leaves_of("x", &body).unwrap(), side);
+        body.insert(LEAVES_FIELD.into(), serde_json::to_value(&side).unwrap());
+        assert_eq!(leaves_of("x", &body).unwrap(), side);
+        body.insert(LEAVES_FIELD.into(), json!({"r": [{"i": "a", "p": 3}], "l": [{"r": 0}]}));
+        assert_eq!(leaves_of("x", &body).map_err(|err| err.kind()), Err(ErrorKind::Corrupt));
+    }
+
+    /// A new branch whose tree would pass the bound is refused; one that does not grow the tree
+    /// (already past it) is not.
+    #[test]
+    fn a_tree_past_the_bound_is_refused_when_it_grows() {
+        let mut body = Map::new();
+        body.insert("big".into(), json!("x".repeat(MAX_TREE_BYTES)));
+        let before = RevTree::default();
+        let mut after = RevTree::default();
+        after.merge(RevPath { start: 1, ids: vec!["a".into()] }, false, body, usize::MAX);
+        let err = check_tree_size("x", &before, &after).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::TooLarge);
+        assert!(check_tree_size("x", &after, &after).is_ok());
     }
 }

@@ -3,7 +3,8 @@
 //! serde value stored inside a document record by the database engine.
 //!
 //! The tree is kept as its leaves, each with its path back to the root of its tree (CouchDB's
-//! `_revisions` form, ids newest first). Paths of leaves that share ancestors repeat them. Every
+//! `_revisions` form, ids newest first). In memory, paths of leaves that share ancestors repeat
+//! them; the stored form ([`stored`]) keeps each revision once. Every
 //! stored path runs up to the oldest revision its tree remembers, so the leaves describe the whole
 //! tree; replicated merges rebuild the tree from them (`Forest`) and follow
 //! `couch_key_tree:merge/2` on it. Non-leaf bodies are not kept: CouchDB drops them at compaction.
@@ -18,6 +19,10 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+
+pub use stored::{StoredLeaves, StoredTree};
+
+mod stored;
 
 /// `N-id` parsed: CouchDB's rule (N a positive integer without leading zeros, id non-empty).
 ///
@@ -177,17 +182,36 @@ impl Leaf {
     }
 }
 
+/// What a leaf costs in [`RevTree::held_bytes`] besides its body and ids (its generation,
+/// deletion flag and framing).
+const LEAF_OVERHEAD_BYTES: usize = 32;
+
 /// CouchDB's order of leaves, the winner first (`couch_doc:to_doc_info_path/1`: descending by
 /// not-deleted, then generation, then revision id).
 fn winner_order(a: &Leaf, b: &Leaf) -> Ordering {
     a.deleted.cmp(&b.deleted).then(b.path.start.cmp(&a.path.start)).then_with(|| id_order(b.id(), a.id()))
 }
 
-/// A document's revision tree, kept as its leaves (see the module's documentation).
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+/// A document's revision tree, kept as its leaves (see the module's documentation). Stored in
+/// the form of [`stored`]: each revision once.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[serde(try_from = "StoredTree")]
 pub struct RevTree {
-    #[serde(rename = "l", default, skip_serializing_if = "Vec::is_empty")]
     leaves: Vec<Leaf>,
+}
+
+impl Serialize for RevTree {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        StoredLeaves(&self.leaves).serialize(serializer)
+    }
+}
+
+impl TryFrom<StoredTree> for RevTree {
+    type Error = String;
+
+    fn try_from(stored: StoredTree) -> Result<Self, String> {
+        Ok(RevTree { leaves: stored.into_leaves()? })
+    }
 }
 
 /// What a replicated revision did to the tree (`couch_key_tree:merge/2`'s answer).
@@ -475,6 +499,19 @@ impl RevTree {
             leaf.path.ids.truncate(length);
         }
         self.normalise();
+    }
+
+    /// About the bytes a read of the tree holds: every leaf's body as compact JSON and the
+    /// revision ids of its whole path (a read expands each leaf's path, shared ancestors
+    /// repeated), each id counted as its JSON text. What `couchdb_max_tree_bytes` bounds.
+    pub fn held_bytes(&self) -> usize {
+        self.leaves
+            .iter()
+            .map(|leaf| {
+                let ids: usize = leaf.path.ids.iter().map(|id| id.len() + 3).sum();
+                crate::model::validate::json_size(&leaf.body).saturating_add(ids).saturating_add(LEAF_OVERHEAD_BYTES)
+            })
+            .fold(0, usize::saturating_add)
     }
 
     fn winner_index(&self) -> Option<usize> {
@@ -1093,17 +1130,48 @@ mod tests {
     }
 
     // The tree is stored per document: a compact serde form (short names, no `false`, no empty
-    // body) that reads back equal.
+    // body, each revision once) that reads back equal; the previous release's form (each leaf
+    // with its whole path) reads as the same tree.
     #[test]
     fn the_tree_round_trips_through_its_compact_serde_form() {
         let mut tree = conflicted();
         tree.edit(Some("2-b"), "z", true, Map::new(), LIMIT).unwrap();
         let text = serde_json::to_string(&tree).unwrap();
-        assert_eq!(text, r#"{"l":[{"p":{"s":2,"i":["c","a"]},"b":{"n":3}},{"p":{"s":3,"i":["z","b","a"]},"d":true}]}"#);
+        assert_eq!(
+            text,
+            r#"{"r":[{"i":"a","g":1},{"i":"c","p":0},{"i":"b","p":0},{"i":"z","p":2}],"l":[{"r":1,"b":{"n":3}},{"r":3,"d":true}]}"#
+        );
         let back: RevTree = serde_json::from_str(&text).unwrap();
         assert_eq!(back, tree);
+        let previous = r#"{"l":[{"p":{"s":2,"i":["c","a"]},"b":{"n":3}},{"p":{"s":3,"i":["z","b","a"]},"d":true}]}"#;
+        assert_eq!(serde_json::from_str::<RevTree>(previous).unwrap(), tree);
         assert_eq!(serde_json::to_string(&RevTree::default()).unwrap(), "{}");
         assert_eq!(serde_json::from_str::<RevTree>("{}").unwrap(), RevTree::default());
+        for corrupt in
+            [r#"{"r":[{"i":"a","p":0}],"l":[{"r":0}]}"#, r#"{"r":[{"i":"a","g":1}],"l":[{"r":1}]}"#, r#"{"l":[{}]}"#]
+        {
+            assert!(serde_json::from_str::<RevTree>(corrupt).is_err(), "{corrupt}");
+        }
+    }
+
+    // Issue 34: a comb (a long history and a branch off each of its revisions) stores each
+    // revision once, so its stored size follows the revisions sent, not branches × depth.
+    #[test]
+    fn a_comb_of_branches_stores_each_revision_once() {
+        let depth = 300;
+        let spine: Vec<String> = (1..=depth).rev().map(|n| format!("{n:032x}")).collect();
+        let mut tree = RevTree::default();
+        tree.merge(RevPath { start: depth, ids: spine.clone() }, false, Map::new(), LIMIT);
+        for (index, parent) in spine.iter().enumerate().skip(1) {
+            let generation = depth - u64::try_from(index).unwrap();
+            let branch = RevPath { start: generation + 1, ids: vec![format!("b{index}"), parent.clone()] };
+            tree.merge(branch, false, Map::new(), LIMIT);
+        }
+        assert_eq!(tree.leaves().len(), 300);
+        let stored = serde_json::to_string(&tree).unwrap();
+        // About 50 bytes a revision (600 of them); whole paths would be about 1.6 MB.
+        assert!(stored.len() < 600 * 60, "{} bytes stored", stored.len());
+        assert_eq!(serde_json::from_str::<RevTree>(&stored).unwrap(), tree);
     }
 
     // Every function is total: a stored tree with malformed paths (no ids, more ids than

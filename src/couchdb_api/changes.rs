@@ -985,8 +985,15 @@ async fn limited_rows<'a>(
 }
 
 /// The rows of one page of a database's feed: each document's winning revision (every leaf
-/// with `style=all_docs`), from its revision tree as it is now.
+/// with `style=all_docs`), from its revision tree as it is now. Attachments shown inline hold
+/// their shares of the inline budget while the page is built (or, within the request's
+/// handler, until its answer is sent).
 async fn database_rows(database: &Database, request: &ChangesRequest, changes: &[Change]) -> crate::Result<Vec<Value>> {
+    let (rows, _shares) = super::database::with_own_shares(page_rows(database, request, changes)).await;
+    rows
+}
+
+async fn page_rows(database: &Database, request: &ChangesRequest, changes: &[Change]) -> crate::Result<Vec<Value>> {
     database.check_open()?;
     let wanted: Vec<&Change> = changes
         .iter()
@@ -1013,9 +1020,7 @@ async fn database_rows(database: &Database, request: &ChangesRequest, changes: &
         let options = super::database::DocOptions { conflicts: request.conflicts, ..Default::default() };
         let mut doc = super::database::leaf_json(&change.id, &state.tree, winner, options);
         if let (true, Some(inline)) = (request.include_docs, &request.inline) {
-            super::database::inline_into(database, winner, &mut doc, inline)
-                .await
-                .map_err(|err| crate::Error::new(crate::error::ErrorKind::Internal, err.reason))?;
+            super::database::inline_into(database, winner, &mut doc, inline).await.map_err(CouchError::carried)?;
         }
         if let Filter::Selector(matches) = &request.filter {
             if !matches(&doc) {

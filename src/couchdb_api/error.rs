@@ -74,18 +74,31 @@ impl CouchError {
 }
 
 /// CouchDB's answer to an error made below the HTTP layer that already knows it (a design
-/// function's `compilation_error` or `os_process_error`), carried as the source of the crate's
-/// error so that every path answering that error answers it the same way.
+/// function's `compilation_error` or `os_process_error`, a bound an answer's rows passed), carried
+/// as the source of the crate's error so that every path answering that error answers it the same
+/// way: [`CouchError::from`] gives it back unchanged.
 #[derive(Debug, Clone)]
 pub struct Answered(pub CouchError);
 
 impl std::fmt::Display for Answered {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} ({})", self.0.error, self.0.status.as_u16())
+        write!(f, "{} ({}): {}", self.0.error, self.0.status.as_u16(), self.0.reason)
     }
 }
 
 impl std::error::Error for Answered {}
+
+impl CouchError {
+    /// This answer as a crate error that [`CouchError::from`] gives back unchanged.
+    pub(crate) fn carried(self) -> Error {
+        let kind = match self.status.as_u16() {
+            413 => ErrorKind::TooLarge,
+            400..=499 => ErrorKind::InvalidInput,
+            _ => ErrorKind::Internal,
+        };
+        Error::new(kind, self.reason.clone()).with_source(Answered(self))
+    }
+}
 
 impl From<Error> for CouchError {
     fn from(err: Error) -> Self {

@@ -137,6 +137,9 @@ impl CouchApp {
             databases: Arc::new(
                 crate::database::Databases::from_url(databases_url, settings.couchdb_max_open_databases)
                     .with_max_document_bytes(settings.couchdb_max_document_bytes)
+                    .with_max_tree_bytes(settings.couchdb_max_tree_bytes)
+                    .with_max_gzip_ratio(settings.couchdb_max_gzip_ratio)
+                    .with_inline_budget(settings.couchdb_max_inflight_inline_bytes)
                     .with_attachment_bounds(
                         settings.couchdb_attachment_limit(),
                         Duration::from_secs(settings.couchdb_attachment_grace_secs),
@@ -252,6 +255,9 @@ fn router(state: CouchState, query_limit: request::EndpointLimit) -> Router {
         // Before routing, so every method reaches a database's own routes (the data-store
         // routes take fewer methods); after identification, which it needs.
         .layer(from_fn_with_state(state.clone(), database::dispatch))
+        // Outside the dispatch, so the inline attachments of every database's answers are held
+        // in the server-wide budget until the answer is sent.
+        .layer(from_fn(database::hold_inline_until_sent))
         .layer(from_fn_with_state(Arc::clone(&state.auth), auth::identify_request))
         .layer(crate::server::catch_panics("couchdb", server::internal_error))
         .layer(from_fn(response::couchdb_headers))

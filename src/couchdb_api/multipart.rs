@@ -27,6 +27,7 @@
 //! multipart (it fetches attachments one by one), so CouchDB's replicator is the reader that
 //! matters. docs/attachments.md ("Multipart") states the bounds and the differences.
 
+use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -648,6 +649,25 @@ where
 const GUNZIP_INPUT_SLICE: usize = 1 << 10;
 /// Decoded bytes handed on at once (when that many are ready).
 const GUNZIP_OUTPUT_CHUNK: usize = 64 << 10;
+/// Decoded bytes any gzip part may have whatever its ratio, on top of `couchdb_max_gzip_ratio`
+/// times its compressed bytes: small attachments of very repetitive text compress past any
+/// ratio worth setting (10 KiB of spaces is a few dozen bytes of gzip).
+pub(crate) const GUNZIP_RATIO_ALLOWANCE: u64 = 1 << 20;
+
+/// Why a gzip part was cut: it decoded to more than `couchdb_max_gzip_ratio` times its
+/// compressed bytes (plus [`GUNZIP_RATIO_ALLOWANCE`]). Carried as the source of the error.
+#[derive(Debug)]
+pub(crate) struct DecodedPastRatio {
+    pub reason: String,
+}
+
+impl fmt::Display for DecodedPastRatio {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.reason)
+    }
+}
+
+impl std::error::Error for DecodedPastRatio {}
 
 /// The decoded bytes of a gzip stream, decoded as the compressed bytes arrive: what CouchDB's
 /// replicator sends for an attachment its source keeps compressed (`encoding: "gzip"`). Memory
@@ -660,6 +680,11 @@ pub(crate) struct Gunzip {
     name: String,
     decoder: flate2::write::MultiGzDecoder<Vec<u8>>,
     input: Bytes,
+    /// Compressed bytes read so far, and decoded bytes handed on.
+    encoded: u64,
+    decoded: u64,
+    /// The most decoded bytes per compressed byte (`couchdb_max_gzip_ratio`; `None`: no bound).
+    max_ratio: Option<u64>,
     /// The compressed bytes have ended and the trailer was checked: what is decoded is all.
     ended: bool,
     done: bool,
@@ -673,9 +698,19 @@ impl Gunzip {
             name: name.into(),
             decoder: flate2::write::MultiGzDecoder::new(Vec::new()),
             input: Bytes::new(),
+            encoded: 0,
+            decoded: 0,
+            max_ratio: None,
             ended: false,
             done: false,
         }
+    }
+
+    /// Ends the stream with a `TooLarge` error ([`DecodedPastRatio`]) once the bytes decoded
+    /// pass `max_ratio` times the compressed bytes read so far plus [`GUNZIP_RATIO_ALLOWANCE`]:
+    /// a gzip bomb stops after about that many bytes, whatever it would decode to.
+    pub fn with_max_ratio(self, max_ratio: u64) -> Self {
+        Gunzip { max_ratio: Some(max_ratio), ..self }
     }
 
     fn undecodable(&mut self, err: &std::io::Error) -> Poll<Option<crate::error::Result<Bytes>>> {
@@ -687,7 +722,21 @@ impl Gunzip {
     }
 
     fn decoded(&mut self) -> Poll<Option<crate::error::Result<Bytes>>> {
-        Poll::Ready(Some(Ok(Bytes::from(std::mem::take(self.decoder.get_mut())))))
+        let piece = Bytes::from(std::mem::take(self.decoder.get_mut()));
+        self.decoded = self.decoded.saturating_add(piece.len() as u64);
+        if let Some(ratio) = self.max_ratio {
+            let allowed = self.encoded.saturating_mul(ratio).saturating_add(GUNZIP_RATIO_ALLOWANCE);
+            if self.decoded > allowed {
+                self.done = true;
+                let reason = format!(
+                    "attachment {:?} decodes to more than {ratio} times its {} bytes of gzip (couchdb_max_gzip_ratio)",
+                    self.name, self.encoded
+                );
+                let err = Error::new(ErrorKind::TooLarge, reason.clone()).with_source(DecodedPastRatio { reason });
+                return Poll::Ready(Some(Err(err)));
+            }
+        }
+        Poll::Ready(Some(Ok(piece)))
     }
 }
 
@@ -719,7 +768,10 @@ impl Stream for Gunzip {
             match this.inner.poll_next_unpin(cx) {
                 Poll::Pending if ready > 0 => return this.decoded(),
                 Poll::Pending => return Poll::Pending,
-                Poll::Ready(Some(Ok(chunk))) => this.input = chunk,
+                Poll::Ready(Some(Ok(chunk))) => {
+                    this.encoded = this.encoded.saturating_add(chunk.len() as u64);
+                    this.input = chunk;
+                }
                 Poll::Ready(Some(Err(err))) => {
                     this.done = true;
                     return Poll::Ready(Some(Err(err)));

@@ -3,7 +3,9 @@
 //!
 //! ## Storage
 //! A document whose winning leaf is live is one backend document under its own id, body
-//! `{"revtree": <RevTree>}` (every leaf with its body). A document whose winning leaf is deleted is
+//! `{"revtree": <RevTree>}` (every leaf with its body; each revision stored once,
+//! `rev_tree::stored`). A write that would make a tree larger than `couchdb_max_tree_bytes`
+//! ([`RevTree::held_bytes`], what every read of the document holds) is refused. A document whose winning leaf is deleted is
 //! a backend tombstone, its tree kept in the backend's local document `tree:{id}` (backend
 //! tombstones carry no body). So the backend's own machinery serves the database unchanged: id
 //! order for `_all_docs`, the change feed (every change to a tree moves the document in it),
@@ -28,6 +30,7 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::attachments::{AttachmentStore, GarbageCollected};
@@ -121,6 +124,19 @@ impl Default for DbSettings {
 /// CouchDB's default `max_document_size`: 8,000,000 bytes of a document's JSON.
 pub const DEFAULT_MAX_DOCUMENT_BYTES: usize = 8_000_000;
 
+/// The default largest revision tree of one document, in [`RevTree::held_bytes`]
+/// (`couchdb_max_tree_bytes`): four documents of CouchDB's largest size with their histories.
+pub const DEFAULT_MAX_TREE_BYTES: usize = 32 << 20;
+
+/// The default of `couchdb_max_gzip_ratio`: text and JSON compress 3 to 20 times, deflate at
+/// most about 1,032 times (what a gzip bomb reaches).
+pub const DEFAULT_MAX_GZIP_RATIO: u64 = 100;
+
+/// The default of `couchdb_max_inflight_inline_bytes`: attachment bytes shown inline
+/// (`attachments=true` as JSON) being served at once, server-wide; each costs about four times
+/// its length in memory (the bytes, their base64 in the document and in the answer).
+pub const DEFAULT_MAX_INFLIGHT_INLINE_BYTES: usize = 128 << 20;
+
 /// One database. Cheap to share; calls after the database was deleted fail with `NotFound`.
 pub struct Database {
     name: String,
@@ -128,11 +144,20 @@ pub struct Database {
     dropped: AtomicBool,
     revs_limit: AtomicUsize,
     max_document_bytes: usize,
+    /// The largest revision tree of one document ([`RevTree::held_bytes`],
+    /// `couchdb_max_tree_bytes`).
+    max_tree_bytes: usize,
     write_locks: Box<[tokio::sync::Mutex<()>]>,
     /// The attachment bytes of the documents ([`doc_attachments`]).
     attachments: AttachmentStore,
     /// The largest attachment stored (`couchdb_max_attachment_bytes`).
     max_attachment_bytes: u64,
+    /// The most bytes a gzip-encoded attachment part may decode to per compressed byte
+    /// (`couchdb_max_gzip_ratio`).
+    max_gzip_ratio: u64,
+    /// Attachment bytes shown inline (base64 in JSON) being served at once, shared by every
+    /// database of the server (`couchdb_max_inflight_inline_bytes`).
+    inline_budget: Arc<crate::server::budget::ByteBudget>,
     /// Whether a garbage collection of attachment bytes is running, and whether another was
     /// asked for meanwhile (writes that drop references ask; one runs at a time).
     collecting: Arc<Collecting>,
@@ -168,9 +193,12 @@ impl Database {
             dropped: AtomicBool::new(false),
             revs_limit: AtomicUsize::new(0),
             max_document_bytes: DEFAULT_MAX_DOCUMENT_BYTES,
+            max_tree_bytes: DEFAULT_MAX_TREE_BYTES,
             write_locks: (0..WRITE_LOCK_STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
             attachments: AttachmentStore::new(Arc::clone(&backend)),
             max_attachment_bytes: u64::MAX,
+            max_gzip_ratio: DEFAULT_MAX_GZIP_RATIO,
+            inline_budget: Arc::new(crate::server::budget::ByteBudget::new(DEFAULT_MAX_INFLIGHT_INLINE_BYTES)),
             collecting: Arc::default(),
             views_incarnation: std::sync::Mutex::new(None),
             write_guard: None,
@@ -193,6 +221,28 @@ impl Database {
     /// The largest attachment stored (`couchdb_max_attachment_bytes`).
     pub fn max_attachment_bytes(&self) -> u64 {
         self.max_attachment_bytes
+    }
+
+    /// The most bytes a gzip-encoded attachment part may decode to per compressed byte.
+    pub fn with_max_gzip_ratio(self, max_gzip_ratio: u64) -> Self {
+        Database { max_gzip_ratio, ..self }
+    }
+
+    /// Shows attachments inline within `budget`, shared with the server's other databases.
+    pub fn with_inline_budget(self, inline_budget: Arc<crate::server::budget::ByteBudget>) -> Self {
+        Database { inline_budget, ..self }
+    }
+
+    /// The server-wide budget of attachment bytes shown inline at once
+    /// (`couchdb_max_inflight_inline_bytes`).
+    pub fn inline_budget(&self) -> &crate::server::budget::ByteBudget {
+        &self.inline_budget
+    }
+
+    /// `couchdb_max_gzip_ratio`: a gzip part decoding to more than this many times its
+    /// compressed bytes (plus a MiB) is refused.
+    pub fn max_gzip_ratio(&self) -> u64 {
+        self.max_gzip_ratio
     }
 
     /// Frees the attachment bytes no leaf of any document references any more (past the grace
@@ -238,6 +288,11 @@ impl Database {
     /// The largest document body this database takes, in bytes of its JSON.
     pub fn with_max_document_bytes(self, max_document_bytes: usize) -> Self {
         Database { max_document_bytes, ..self }
+    }
+
+    /// The largest revision tree of one document this database keeps ([`RevTree::held_bytes`]).
+    pub fn with_max_tree_bytes(self, max_tree_bytes: usize) -> Self {
+        Database { max_tree_bytes, ..self }
     }
 
     /// Checks every write with `guard` before it is applied.
@@ -530,7 +585,28 @@ impl Database {
             matches!(answer, Ok(Written::Edited(_)))
                 || matches!(answer, Ok(Written::Merged(outcome)) if *outcome != MergeOutcome::AlreadyKnown)
         });
+        if changed {
+            self.check_tree_size(id, state, &tree)?;
+        }
         Ok(Applied { tree, answers, changed })
+    }
+
+    /// Refuses a tree past `couchdb_max_tree_bytes` (every read of the document would hold it),
+    /// unless it is no larger than the tree read: a document stored before the bound, or under a
+    /// larger one, can still be edited, deleted and purged down.
+    fn check_tree_size(&self, id: &str, state: Option<&DocState>, tree: &RevTree) -> Result<()> {
+        let held = tree.held_bytes();
+        if held <= self.max_tree_bytes || state.is_some_and(|state| held <= state.tree.held_bytes()) {
+            return Ok(());
+        }
+        Err(Error::new(
+            ErrorKind::TooLarge,
+            format!(
+                "the revision tree of {id:?} would hold about {held} bytes (its leaves' bodies and paths), more than \
+                 couchdb_max_tree_bytes ({})",
+                self.max_tree_bytes
+            ),
+        ))
     }
 
     /// What follows a successful save of `tree` over `before`: attachment bytes it no longer
@@ -956,7 +1032,8 @@ fn tree_of(body: &Map<String, Value>, id: &str) -> Result<RevTree> {
     let Some(tree) = body.get(TREE_FIELD) else {
         return Err(Error::new(ErrorKind::Corrupt, format!("document {id:?} has no revision tree")));
     };
-    serde_json::from_value(tree.clone())
+    // Read from the record in place, not from a copy of it.
+    RevTree::deserialize(tree)
         .map_err(|e| Error::new(ErrorKind::Corrupt, format!("document {id:?} has an unreadable revision tree: {e}")))
 }
 

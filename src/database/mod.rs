@@ -46,10 +46,19 @@ pub struct Databases {
     max_open: usize,
     /// Largest document body (`couchdb_max_document_bytes`), given to each database opened.
     max_document_bytes: usize,
+    /// Largest revision tree of one document (`couchdb_max_tree_bytes`), given to each database
+    /// opened.
+    max_tree_bytes: usize,
     /// Largest attachment (`couchdb_max_attachment_bytes`) and how long unreferenced bytes stay
     /// (`couchdb_attachment_grace_secs`), given to each database opened.
     max_attachment_bytes: u64,
     attachment_grace: std::time::Duration,
+    /// The most a gzip-encoded attachment part decodes to per compressed byte
+    /// (`couchdb_max_gzip_ratio`), given to each database opened.
+    max_gzip_ratio: u64,
+    /// Attachment bytes shown inline being served at once (`couchdb_max_inflight_inline_bytes`),
+    /// one budget shared by every database.
+    inline_budget: Arc<crate::server::budget::ByteBudget>,
     /// What checks writes against the databases' validation functions, if anything.
     write_guard: Option<Arc<dyn write_guard::WriteGuard>>,
 }
@@ -100,8 +109,11 @@ impl Databases {
             name_locks: NameLocks::default(),
             max_open: max_open.max(1),
             max_document_bytes: engine::DEFAULT_MAX_DOCUMENT_BYTES,
+            max_tree_bytes: engine::DEFAULT_MAX_TREE_BYTES,
             max_attachment_bytes: u64::MAX,
             attachment_grace: attachments::DEFAULT_GRACE,
+            max_gzip_ratio: engine::DEFAULT_MAX_GZIP_RATIO,
+            inline_budget: Arc::new(crate::server::budget::ByteBudget::new(engine::DEFAULT_MAX_INFLIGHT_INLINE_BYTES)),
             write_guard: None,
         }
     }
@@ -116,8 +128,11 @@ impl Databases {
             name_locks: NameLocks::default(),
             max_open: max_open.max(1),
             max_document_bytes: engine::DEFAULT_MAX_DOCUMENT_BYTES,
+            max_tree_bytes: engine::DEFAULT_MAX_TREE_BYTES,
             max_attachment_bytes: u64::MAX,
             attachment_grace: attachments::DEFAULT_GRACE,
+            max_gzip_ratio: engine::DEFAULT_MAX_GZIP_RATIO,
+            inline_budget: Arc::new(crate::server::budget::ByteBudget::new(engine::DEFAULT_MAX_INFLIGHT_INLINE_BYTES)),
             write_guard: None,
         }
     }
@@ -127,10 +142,27 @@ impl Databases {
         Databases { max_document_bytes: max_document_bytes.max(1), ..self }
     }
 
+    /// The largest revision tree of one document the databases keep (`couchdb_max_tree_bytes`).
+    pub fn with_max_tree_bytes(self, max_tree_bytes: usize) -> Self {
+        Databases { max_tree_bytes: max_tree_bytes.max(1), ..self }
+    }
+
     /// The largest attachment the databases store (`couchdb_max_attachment_bytes`) and how long
     /// bytes no revision references are kept (`couchdb_attachment_grace_secs`).
     pub fn with_attachment_bounds(self, max_attachment_bytes: u64, grace: std::time::Duration) -> Self {
         Databases { max_attachment_bytes: max_attachment_bytes.max(1), attachment_grace: grace, ..self }
+    }
+
+    /// The most a gzip-encoded attachment part may decode to per compressed byte
+    /// (`couchdb_max_gzip_ratio`).
+    pub fn with_max_gzip_ratio(self, max_gzip_ratio: u64) -> Self {
+        Databases { max_gzip_ratio: max_gzip_ratio.max(1), ..self }
+    }
+
+    /// The server-wide budget of attachment bytes shown inline at once
+    /// (`couchdb_max_inflight_inline_bytes`).
+    pub fn with_inline_budget(self, bytes: usize) -> Self {
+        Databases { inline_budget: Arc::new(crate::server::budget::ByteBudget::new(bytes.max(1))), ..self }
     }
 
     /// Every database checks its writes with `guard` (CouchDB's `validate_doc_update`).
@@ -143,6 +175,9 @@ impl Databases {
         Arc::new(
             Database::new(name.to_string(), backend)
                 .with_max_document_bytes(self.max_document_bytes)
+                .with_max_tree_bytes(self.max_tree_bytes)
+                .with_max_gzip_ratio(self.max_gzip_ratio)
+                .with_inline_budget(Arc::clone(&self.inline_budget))
                 .with_attachment_bounds(self.max_attachment_bytes, self.attachment_grace)
                 .with_write_guard(self.write_guard.clone()),
         )

@@ -13,6 +13,8 @@ const PERMIT_BYTES: usize = 1024;
 pub struct ByteBudget {
     permits: Arc<Semaphore>,
     total_permits: u32,
+    /// The bytes it was made of.
+    total_bytes: usize,
 }
 
 /// A budget can no longer be taken: the server is stopping (each face answers its own 503).
@@ -23,7 +25,12 @@ impl ByteBudget {
     /// A budget of `bytes` (at least one permit).
     pub fn new(bytes: usize) -> Self {
         let total_permits = permits(bytes);
-        ByteBudget { permits: Arc::new(Semaphore::new(total_permits as usize)), total_permits }
+        ByteBudget { permits: Arc::new(Semaphore::new(total_permits as usize)), total_permits, total_bytes: bytes }
+    }
+
+    /// The bytes the budget was made of.
+    pub fn total_bytes(&self) -> usize {
+        self.total_bytes
     }
 
     /// Waits for `bytes` of the budget (all of it, if `bytes` is more); the share is given back

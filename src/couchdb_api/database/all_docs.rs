@@ -21,6 +21,7 @@ use crate::backend::IdRange;
 use crate::couchdb_api::all_docs::{
     keys_page, paged_rows, parse_request, post_fields, query_fields, streamed_listing, AllDocsRequest,
 };
+use crate::couchdb_api::error::CouchError;
 use crate::couchdb_api::local_docs::ListingRequest;
 use crate::couchdb_api::server::live_document_count;
 use crate::couchdb_api::{json, Answer, CouchState};
@@ -221,6 +222,10 @@ async fn answer(db: Arc<Database>, mut request: AllDocsRequest, inline: Option<I
     Ok(streamed_listing(head, first, rows))
 }
 
+/// A document of a range with its document shown inline, if asked, and (on a page's first) the
+/// page's shares of the inline budget.
+type RangeItem = (String, DocState, Option<Value>, Option<super::inline::PartShares>);
+
 /// The rows of a range, one backend page at a time ([`paged_rows`]).
 fn range_rows(
     db: Arc<Database>,
@@ -238,18 +243,28 @@ fn range_rows(
         let (request, inline) = (Arc::clone(&fetching), Arc::clone(&inline));
         async move {
             let page = db.all_docs(&range, want, token.as_deref()).await?;
-            // Attachments inline are read here, a page at a time: rendering is not async.
-            let mut items = Vec::with_capacity(page.items.len());
-            for (id, state) in page.items {
-                let doc = inlined_doc(&db, &id, &state, &request, inline.as_ref().as_ref())
-                    .await
-                    .map_err(|err| crate::Error::new(crate::error::ErrorKind::Internal, err.reason))?;
-                items.push((id, state, doc));
+            // Attachments inline are read here, a page at a time: rendering is not async. The
+            // page's shares of the inline budget are held with its first item until it is
+            // rendered (a page may be built after the request's handler returned).
+            let (items, shares) = super::inline::with_own_shares(async {
+                let mut items = Vec::with_capacity(page.items.len());
+                for (id, state) in page.items {
+                    let doc = inlined_doc(&db, &id, &state, &request, inline.as_ref().as_ref())
+                        .await
+                        .map_err(CouchError::carried)?;
+                    items.push((id, state, doc, None));
+                }
+                Ok::<_, crate::Error>(items)
+            })
+            .await;
+            let mut items = items?;
+            if let Some(first) = items.first_mut() {
+                first.3 = Some(shares);
             }
             Ok(crate::backend::Page { items, next: page.next })
         }
     };
-    let render = move |(id, state, doc): &(String, DocState, Option<Value>)| {
+    let render = move |(id, state, doc, _shares): &RangeItem| {
         Ok(row(id, state, &request, doc.as_ref()).map(|row| row.to_string()))
     };
     paged_rows(fetch, render, skip, limit)

@@ -66,15 +66,19 @@ fn since_generation(leaf: &Leaf, since: Option<&[String]>) -> u64 {
     leaf.path.revs().iter().find(|rev| since.contains(rev)).and_then(|rev| parse_rev(rev)).map_or(0, |(gen, _)| gen)
 }
 
-/// Puts the bytes of `leaf`'s attachments into `doc` (the leaf as shown) as `inline` asks.
+/// Puts the bytes of `leaf`'s attachments into `doc` (the leaf as shown) as `inline` asks, each
+/// within the server-wide budget of inline bytes ([`super::inline`]).
 pub(crate) async fn inline_into(db: &Database, leaf: &Leaf, doc: &mut Value, inline: &Inline) -> CouchResult<()> {
     let Some(Value::Object(attachments)) = leaf.body.get(ATTACHMENTS) else { return Ok(()) };
     let since = since_generation(leaf, inline.since.as_deref());
     let mut shown = Map::with_capacity(attachments.len());
+    // Shares taken outside a request's scope, held until the document is built.
+    let mut shares = Vec::new();
     for (name, attachment) in attachments {
         let kept = doc_attachments::kept(&leaf.body, name);
         let value = match kept {
             Some(kept) if kept.revpos > since => {
+                shares.push(super::inline::take_share(db, name, kept.length).await?);
                 let bytes = read_all(db, &kept).await?;
                 doc_attachments::shown_inline(&kept, &bytes)
             }
@@ -248,10 +252,11 @@ pub(crate) async fn read_related(
     let upload = RelatedUpload::read(&state.bodies, headers, body, RelatedLimits::new(max)).await?;
     super::docs::refuse_numbers_beyond_doubles(upload.document())?;
     let store = db.attachments().clone();
+    let bounds = PartBounds { max_bytes: max, max_gzip_ratio: db.max_gzip_ratio() };
     let stored = upload
         .store_attachments(move |attachment: FollowingAttachment, bytes: AttachmentBytes| {
             let store = store.clone();
-            async move { store_part(&store, max, &attachment, bytes).await }
+            async move { store_part(&store, bounds, &attachment, bytes).await }
         })
         .await?;
     let followed = stored.attachments.into_iter().map(|a| (a.attachment.name, a.stored)).collect();
@@ -261,27 +266,43 @@ pub(crate) async fn read_related(
     }
 }
 
-/// One attachment part into the store, within `max` bytes stored.
+/// What one attachment part may store: `couchdb_max_attachment_bytes` and, for a gzip part,
+/// `couchdb_max_gzip_ratio`.
+#[derive(Clone, Copy)]
+struct PartBounds {
+    max_bytes: u64,
+    max_gzip_ratio: u64,
+}
+
+/// One attachment part into the store, within `bounds.max_bytes` bytes stored.
 ///
 /// Bytes sent as they are (no `encoding`, or `identity`) are stored as sent. Bytes sent
 /// `encoding: "gzip"` (what CouchDB's replicator sends for an attachment its source keeps
 /// compressed, a compressible type by default) are decoded as they stream and the decoded bytes
-/// stored, bounded as any attachment (a gzip bomb stops at `max`: 413, nothing kept); their
+/// stored, bounded as any attachment and by `couchdb_max_gzip_ratio` (a gzip bomb stops at
+/// whichever comes first: 413, nothing kept); their
 /// `length` must be what they decode to. Any other encoding is 415. The entry's `md5-` digest is
 /// checked against the bytes as sent (the encoded ones when encoded), as CouchDB checks it
 /// (`couch_db:with_stream`); what is stored, and shown from then on, is the digest of the
 /// decoded bytes, which are what this server serves.
 async fn store_part(
     store: &AttachmentStore,
-    max: u64,
+    bounds: PartBounds,
     attachment: &crate::couchdb_api::multipart::FollowingAttachment,
     bytes: crate::couchdb_api::multipart::AttachmentBytes,
 ) -> CouchResult<StoredBlob> {
+    use crate::couchdb_api::multipart::DecodedPastRatio;
     use md5::Digest as _;
-    let name = attachment.name.as_str();
-    let refused = |err: Error| match err.kind() {
-        ErrorKind::TooLarge => write_error(doc_attachments::too_large(name)),
-        _ => write_error(err),
+    let (name, max) = (attachment.name.as_str(), bounds.max_bytes);
+    let refused = |err: Error| {
+        let past_ratio = std::error::Error::source(&err).and_then(|source| source.downcast_ref::<DecodedPastRatio>());
+        match (past_ratio, err.kind()) {
+            (Some(past), _) => {
+                CouchError::new(StatusCode::PAYLOAD_TOO_LARGE, "attachment_too_large", past.reason.clone())
+            }
+            (None, ErrorKind::TooLarge) => write_error(doc_attachments::too_large(name)),
+            (None, _) => write_error(err),
+        }
     };
     match attachment.encoding.as_deref() {
         None | Some("identity") => {
@@ -295,7 +316,8 @@ async fn store_part(
             let encoded = bytes
                 .inspect_ok(move |chunk| seen.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).update(chunk))
                 .boxed();
-            let stored = store.write(Gunzip::new(name, encoded), max).await.map_err(refused)?;
+            let decoded = Gunzip::new(name, encoded).with_max_ratio(bounds.max_gzip_ratio);
+            let stored = store.write(decoded, max).await.map_err(refused)?;
             let sent = std::mem::take(&mut *md5.lock().unwrap_or_else(|poisoned| poisoned.into_inner()));
             check_sent_digest(attachment, &format!("md5-{}", BASE64.encode(sent.finalize())))?;
             if let Some(length) = attachment.length.filter(|length| *length != stored.length) {

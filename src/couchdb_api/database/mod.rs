@@ -11,6 +11,7 @@
 //! - [`admin`]: creating, reading and deleting databases, `_all_dbs`, `_dbs_info`, settings.
 //! - [`docs`]: one document: read with every option, write, delete, local documents.
 //! - [`attachments`]: standalone attachments, and `_attachments` in reads and writes.
+//! - [`inline`]: the server-wide budget of attachment bytes answered inline.
 //! - [`bulk`]: `_bulk_docs`, `_bulk_get`, `_revs_diff`, `_missing_revs`, `_purge`.
 //! - [`all_docs`]: `_all_docs`, `_design_docs` and `_local_docs`.
 //! - [`views`]: `_view` queries, `_info` and `_view_cleanup` ([`crate::views`]).
@@ -23,6 +24,7 @@ mod attachments;
 mod bulk;
 mod docs;
 mod forwarded;
+mod inline;
 mod mango;
 mod views;
 
@@ -43,6 +45,7 @@ use tower::ServiceExt;
 pub(crate) use admin::{all_dbs, dbs_info};
 pub(crate) use attachments::{inline_into, inline_wanted, Inline};
 pub(crate) use docs::{answer_read, without_empty_open_revs};
+pub(crate) use inline::{hold_inline_until_sent, with_own_shares};
 pub(crate) use views::{cleanup_answer, info_answer, queries_answer, view_answer, Viewed};
 
 use super::access::{db_access, not_admitted, DbAccess};

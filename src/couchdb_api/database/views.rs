@@ -456,9 +456,7 @@ async fn included_docs(included: &IncludedDocs, rows: &[IndexRow]) -> crate::Res
         };
         let mut doc = leaf_json(id, &state.tree, leaf, included.options);
         if let Some(inline) = &included.inline {
-            super::attachments::inline_into(db, leaf, &mut doc, inline)
-                .await
-                .map_err(|err| crate::Error::new(crate::error::ErrorKind::Internal, err.reason))?;
+            super::attachments::inline_into(db, leaf, &mut doc, inline).await.map_err(CouchError::carried)?;
         }
         docs.push(doc);
     }

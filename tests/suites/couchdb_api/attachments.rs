@@ -974,3 +974,124 @@ pub(super) async fn attachments_gzip_parts(e: Endpoint) -> TestResult {
     check(got.body == small, || format!("inline data kept as sent: {} bytes", got.body.len()))?;
     Ok(())
 }
+
+/// Issue 34: a gzip part is stored decoded, so by default its decoding is bounded by
+/// `couchdb_max_gzip_ratio` (100 times its compressed bytes, plus a MiB), with no
+/// `couchdb_max_attachment_bytes` set: a bomb (16 MiB of zeros in about 16 KiB) is 413 naming
+/// the setting, nothing stored; text of an ordinary ratio is kept.
+pub(super) async fn attachments_gzip_ratio_bound(e: Endpoint) -> TestResult {
+    if !kept_here(&e) {
+        // The CouchDB backend's databases are CouchDB's own: it keeps encoded attachments itself.
+        return Ok(());
+    }
+    let db = fresh_db(&e, "gzratio").await?;
+    let bomb = gzip(&vec![0u8; 16 << 20])?;
+    let before = blob_count(&e, &db).await?;
+    let entry = json!({"content_type": "application/octet-stream", "length": 16 << 20, "encoding": "gzip",
+        "encoded_length": bomb.len()});
+    let refused = put_related(&e, &db, "bomb", "zeros.bin", entry, &bomb).await?;
+    let body: Value = serde_json::from_slice(&refused.body).unwrap_or_default();
+    check(
+        refused.status == StatusCode::PAYLOAD_TOO_LARGE
+            && body["error"] == "attachment_too_large"
+            && body["reason"].as_str().is_some_and(|reason| reason.contains("couchdb_max_gzip_ratio")),
+        || format!("a gzip bomb with no attachment bound: {} {body}", refused.status),
+    )?;
+    let gone = raw(&e, Method::GET, &format!("/{db}/bomb"), &[], Vec::new()).await?;
+    check(gone.status == StatusCode::NOT_FOUND, || format!("the bomb's document: {}", gone.status))?;
+    check(blob_count(&e, &db).await? == before, || "the bomb's bytes are not kept".to_owned())?;
+
+    let text: Vec<u8> = (0..100_000).flat_map(|i| format!("line {i} of a compressible text\n").into_bytes()).collect();
+    let encoded = gzip(&text)?;
+    let entry = json!({"content_type": "text/plain", "length": text.len(), "encoding": "gzip",
+        "encoded_length": encoded.len()});
+    let put = put_related(&e, &db, "text", "a.txt", entry, &encoded).await?;
+    check(put.status == StatusCode::CREATED, || {
+        format!("{} bytes of text in {} of gzip: {}", text.len(), encoded.len(), put.status)
+    })?;
+    let got = raw(&e, Method::GET, &format!("/{db}/text/a.txt"), &[], Vec::new()).await?;
+    check(got.body == text, || format!("text read back: {} bytes of {}", got.body.len(), text.len()))
+}
+
+/// A budget of inline attachment bytes small enough for a trial: 1 MiB.
+pub(super) const INLINE_BUDGET_CONFIG: &str = "couchdb_max_inflight_inline_bytes = 1048576\n";
+
+/// Issue 34: attachments answered inline (base64 in JSON, held whole) take their length from the
+/// server-wide `couchdb_max_inflight_inline_bytes` until the answer is sent: an answer that would
+/// pass it alone is 413 naming the setting (`GET ?attachments=true`, `open_revs`, `_all_docs`,
+/// a `_bulk_get` row), answers within it wait for each other and all succeed, and the streamed
+/// reads (multipart, standalone) take no share.
+pub(super) async fn attachments_inline_budget(e: Endpoint) -> TestResult {
+    if !kept_here(&e) {
+        // The CouchDB backend's databases are CouchDB's own: it answers their reads itself.
+        return Ok(());
+    }
+    let db = fresh_db(&e, "inline").await?;
+    let small: Vec<u8> = (0..256 << 10).map(|i: u32| (i % 251) as u8).collect();
+    let big: Vec<u8> = (0..3 << 19).map(|i: u32| (i % 241) as u8).collect();
+    for (id, bytes) in [("small", &small), ("big", &big)] {
+        let put = raw(
+            &e,
+            Method::PUT,
+            &format!("/{db}/{id}/a.bin"),
+            &[("content-type", "application/octet-stream")],
+            bytes.clone(),
+        )
+        .await?;
+        check(put.status == StatusCode::CREATED, || format!("PUT {id}: {}", put.status))?;
+    }
+    let json_accept = [("accept", "application/json")];
+    let names_setting = |body: &Value| {
+        body["error"] == "too_large"
+            && body["reason"].as_str().is_some_and(|reason| reason.contains("couchdb_max_inflight_inline_bytes"))
+    };
+
+    // 1.5 MiB inline passes the 1 MiB budget alone: refused, however it is asked for.
+    for path in [
+        format!("/{db}/big?attachments=true"),
+        format!("/{db}/big?open_revs=all&attachments=true"),
+        format!("/{db}/_all_docs?include_docs=true&attachments=true"),
+    ] {
+        let refused = raw(&e, Method::GET, &path, &json_accept, Vec::new()).await?;
+        let body: Value = serde_json::from_slice(&refused.body).unwrap_or_default();
+        check(refused.status == StatusCode::PAYLOAD_TOO_LARGE && names_setting(&body), || {
+            let shown: String = body.to_string().chars().take(300).collect();
+            format!("GET {path}: {} {shown}", refused.status)
+        })?;
+    }
+    let bulk = e.post(&format!("/{db}/_bulk_get?attachments=true"), json!({"docs": [{"id": "big"}]})).await?;
+    let row = &bulk.expect(200, "_bulk_get of big")?.body["results"][0]["docs"][0]["error"];
+    check(names_setting(row), || format!("_bulk_get of big: {row}"))?;
+    // The same document named 8 times: 2 MiB of one answer, past the budget from the 5th on.
+    let eight: Vec<Value> = (0..8).map(|_| json!({"id": "small"})).collect();
+    let bulk = e.post(&format!("/{db}/_bulk_get?attachments=true"), json!({"docs": eight})).await?;
+    let bulk = bulk.expect(200, "_bulk_get of small 8 times")?;
+    let results = bulk.body["results"].as_array().cloned().unwrap_or_default();
+    let refused = results.iter().filter(|result| names_setting(&result["docs"][0]["error"])).count();
+    let served =
+        results.iter().filter(|result| result["docs"][0]["ok"]["_attachments"]["a.bin"]["data"].is_string()).count();
+    check(refused == 4 && served == 4, || format!("_bulk_get of small 8 times: {served} served, {refused} refused"))?;
+
+    // Within the budget: eight concurrent readers of 256 KiB (2 MiB together) take turns, and
+    // every one is answered in full; the shares come back after each answer.
+    let small_inline = format!("/{db}/small?attachments=true");
+    let readers = (0..8).map(|_| raw(&e, Method::GET, &small_inline, &json_accept, Vec::new()));
+    for read in futures::future::join_all(readers).await {
+        let read = read?;
+        let body: Value = serde_json::from_slice(&read.body).unwrap_or_default();
+        let data = body["_attachments"]["a.bin"]["data"].as_str().unwrap_or_default();
+        check(read.status == StatusCode::OK && BASE64.decode(data).ok().as_deref() == Some(&small[..]), || {
+            format!("a concurrent inline read: {} {} bytes", read.status, read.body.len())
+        })?;
+    }
+
+    // Streamed reads take no share: the big attachment as multipart and on its own.
+    let related =
+        raw(&e, Method::GET, &format!("/{db}/big?attachments=true"), &[("accept", "multipart/related")], Vec::new())
+            .await?;
+    check(related.status == StatusCode::OK && related.body.len() > big.len(), || {
+        format!("big as multipart: {} {} bytes", related.status, related.body.len())
+    })?;
+    let alone = raw(&e, Method::GET, &format!("/{db}/big/a.bin"), &[], Vec::new()).await?;
+    check(alone.status == StatusCode::OK && alone.body == big, || format!("big on its own: {}", alone.status))
+}

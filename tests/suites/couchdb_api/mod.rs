@@ -25,6 +25,7 @@ mod logins;
 mod mango;
 mod replication;
 mod results_as_couchdb;
+mod revision_trees;
 mod revisions_and_refusals;
 mod roles;
 mod server;
@@ -146,6 +147,11 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("same_as_couchdb_bulk_docs_changes_in_id_order", |e| {
             Box::pin(results_as_couchdb::bulk_docs_changes_in_id_order(e))
         }),
+        ("revision_tree_cost_follows_what_was_sent", |e| {
+            Box::pin(revision_trees::revision_tree_cost_follows_what_was_sent(e))
+        }),
+        ("attachments_gzip_ratio_bound", |e| Box::pin(attachments::attachments_gzip_ratio_bound(e))),
+        ("attachments_inline_budget", |e| Box::pin(attachments::attachments_inline_budget(e))),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
@@ -172,6 +178,10 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
                                 Some(design_functions::TWO_WORKERS_CONFIG.to_owned())
                             }
                             "js_databases_kept_apart" => Some(design_functions::ONE_WORKER_CONFIG.to_owned()),
+                            "revision_tree_cost_follows_what_was_sent" => {
+                                Some(revision_trees::TREE_BOUND_CONFIG.to_owned())
+                            }
+                            "attachments_inline_budget" => Some(attachments::INLINE_BUDGET_CONFIG.to_owned()),
                             _ => None,
                         };
                         let endpoint = Endpoint::start(fresh, backend_name, logins).await?;
