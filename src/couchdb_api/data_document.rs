@@ -105,8 +105,9 @@ pub fn parse(
             return Err(CouchError::new(
                 axum::http::StatusCode::BAD_REQUEST,
                 "doc_validation",
-                "_deleted must be a boolean",
-            ))
+                // `couch_doc:transfer_fields` takes `_deleted` only as a boolean.
+                "Bad special document member: _deleted",
+            ));
         }
     };
     let revisions = body.remove("_revisions");

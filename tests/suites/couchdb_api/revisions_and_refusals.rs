@@ -105,6 +105,14 @@ pub(super) async fn refused_writes_as_couchdb(e: Endpoint) -> TestResult {
     let bulk = json!({"docs": [{"_id": "_local/x", "_zing": 1}]});
     same(&e.post(&format!("/{DB}/_bulk_docs"), bulk).await?, 400, zing, "data-store _bulk_docs with _local/_zing")?;
 
+    let not_boolean = json!({"error": "doc_validation", "reason": "Bad special document member: _deleted"});
+    let answer = e.put(&format!("/{db}/ds"), json!({"_deleted": "yes"})).await?;
+    same(&answer, 400, not_boolean.clone(), "_deleted not a boolean")?;
+    let mut data = doc("u34", "ns", "ds", json!(1));
+    data["_deleted"] = json!("yes");
+    let answer = e.put(&path_of(data["_id"].as_str().unwrap_or_default()), data).await?;
+    same(&answer, 400, not_boolean, "data-store _deleted not a boolean")?;
+
     let rev = e.put(&format!("/{db}/kept"), json!({"v": 1})).await?.expect(201, "PUT kept")?.rev()?;
     let request = json!({"all_or_nothing": true, "docs": [{"_id": "kept", "_rev": rev, "v": 2}, {"_id": "new"}]});
     let refused = |id: &str, rev: &str| json!({"id": id, "rev": rev, "error": "not_implemented", "reason": "all_or_nothing is not supported"});
