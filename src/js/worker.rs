@@ -620,8 +620,8 @@ fn parse_map_answer(answer: &str, views: usize, ddoc: &DesignCode, log: &LogBudg
 }
 
 /// One view's answer to a map call parsed, when every key and value it emitted is nested no
-/// deeper than a document may be ([`MAX_DOCUMENT_DEPTH`]: deeper rows would not read back from
-/// the index); else the message of the error it counts as.
+/// deeper than a document may be ([`MAX_DOCUMENT_DEPTH`], the bound the index's rows are read
+/// back within); else the message of the error it counts as.
 fn emitted_within_depth(view_answer: &str) -> Result<Value, String> {
     // Rows are `[[key, value], …]`: two levels around each key and value.
     let depth = text_depth(view_answer.as_bytes()).saturating_sub(2);
