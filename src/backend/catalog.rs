@@ -37,9 +37,8 @@ impl DbName {
     /// Checks `name` against CouchDB's rule; the error is CouchDB's `illegal_database_name` text.
     pub fn parse(name: &str) -> Result<Self> {
         let mut bytes = name.bytes();
-        let well_formed = matches!(bytes.next(), Some(b'a'..=b'z'))
-            && bytes.all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'_' | b'$' | b'(' | b')' | b'+' | b'-' | b'/'))
-            && name.len() <= MAX_DB_NAME_LEN;
+        let well_formed =
+            matches!(bytes.next(), Some(b'a'..=b'z')) && bytes.all(is_name_byte) && name.len() <= MAX_DB_NAME_LEN;
         if well_formed {
             Ok(DbName(name.to_owned()))
         } else {
@@ -88,16 +87,26 @@ impl DbName {
             .collect()
     }
 
-    /// The name an [`DbName::encoded`] or [`DbName::encoded_within`] text stands for; `None` for
-    /// text no name encodes to.
+    /// The name an [`DbName::encoded`] text stands for; `None` for text no name encodes to.
     pub fn decode(encoded: &str) -> Option<Self> {
+        DbName::decode_within(encoded, usize::MAX)
+    }
+
+    /// The name an [`DbName::encoded_within`]`(room)` text stands for; `None` for text no name
+    /// encodes to within that room.
+    pub fn decode_within(encoded: &str, room: usize) -> Option<Self> {
+        let parsed = DbName::decode_either(encoded)?;
+        (parsed.encoded_within(room) == encoded).then_some(parsed)
+    }
+
+    /// The name of an escaped or a compact text, not yet checked to be that name's text.
+    fn decode_either(encoded: &str) -> Option<Self> {
         if encoded.bytes().any(|b| b.is_ascii_uppercase()) {
             let name: String = encoded
                 .chars()
                 .map(|c| COMPACT.iter().find(|(_, capital)| *capital == c).map_or(c, |(plain, _)| *plain))
                 .collect();
-            let parsed = DbName::parse(&name).ok()?;
-            return (parsed.encoded_within(0) == encoded).then_some(parsed);
+            return DbName::parse(&name).ok();
         }
         let mut out = Vec::with_capacity(encoded.len());
         let mut bytes = encoded.bytes();
@@ -112,16 +121,21 @@ impl DbName {
                 out.push(b);
             }
         }
-        let name = String::from_utf8(out).ok()?;
-        let parsed = DbName::parse(&name).ok()?;
-        (parsed.encoded() == encoded).then_some(parsed)
+        DbName::parse(&String::from_utf8(out).ok()?).ok()
     }
 
     /// Whether `name` breaks CouchDB's rule by its length alone (CouchDB's 400
     /// `database_name_too_long`, not `illegal_database_name`).
     pub fn only_too_long(name: &str) -> bool {
-        name.len() > MAX_DB_NAME_LEN && name.get(..MAX_DB_NAME_LEN).is_some_and(|head| DbName::parse(head).is_ok())
+        name.len() > MAX_DB_NAME_LEN
+            && name.get(..MAX_DB_NAME_LEN).is_some_and(|head| DbName::parse(head).is_ok())
+            && name.bytes().all(is_name_byte)
     }
+}
+
+/// Whether `b` may follow a name's first letter (CouchDB's rule).
+fn is_name_byte(b: u8) -> bool {
+    matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'_' | b'$' | b'(' | b')' | b'+' | b'-' | b'/')
 }
 
 /// The characters of a name [`DbName::encoded_within`] writes as capitals, and those capitals.
@@ -290,7 +304,7 @@ impl Catalog for EmbeddedCatalog {
         })? {
             let file_name = entry.file_name();
             let Some(stem) = file_name.to_str().and_then(|n| n.strip_suffix(FILE_SUFFIX)) else { continue };
-            if let Some(name) = DbName::decode(stem) {
+            if let Some(name) = DbName::decode_within(stem, MAX_FILE_NAME - FILE_SUFFIX.len()) {
                 names.push(name);
             }
         }
@@ -335,10 +349,11 @@ mod tests {
         assert_eq!(compact.len(), long.as_str().len());
         assert!(compact.starts_with("aSDLRP"), "{compact}");
         assert!(compact.bytes().all(|b| b.is_ascii_alphanumeric()), "{compact}");
-        assert_eq!(DbName::decode(&compact), Some(long));
+        assert_eq!(DbName::decode_within(&compact, 250), Some(long.clone()));
+        assert_eq!(DbName::decode_within(&long.encoded(), 250), None, "a long name is never written escaped");
         let short = DbName::parse("a/b").unwrap();
         assert_eq!(short.encoded_within(250), "a.2fb");
-        assert_eq!(DbName::decode("aSb"), None, "a short name is never written compactly");
+        assert_eq!(DbName::decode_within("aSb", 250), None, "a short name is never written compactly");
         assert!(DbName::only_too_long(&"a/".repeat(120)));
         assert!(!DbName::only_too_long("A"));
         assert!(!DbName::only_too_long(&format!("{}é", "a".repeat(300))));

@@ -1,6 +1,8 @@
-//! The server root and the database: `GET /`, `/_up`, `/_all_dbs`, `/_uuids`, and
-//! `GET/HEAD/PUT/DELETE /{db}`. One database is served; `PUT` of it answers 412 as CouchDB does for
-//! a database that exists (PouchDB and aiocouch create-if-missing), any other name is 404.
+//! The server root and the data-store database: `GET /`, `/_up`, `/_uuids`, the probes
+//! (`_active_tasks`, `_scheduler`, `_membership`, `_node`), and `GET/HEAD/PUT/DELETE /{db}` of
+//! the data-store database. `PUT` of it answers 412 as CouchDB does for a database that exists
+//! (PouchDB and aiocouch create-if-missing); `PUT` of a name starting with `_` answers as CouchDB
+//! (other names are the databases' router's).
 
 use axum::extract::{Extension, Path, Query, State};
 use axum::http::StatusCode;

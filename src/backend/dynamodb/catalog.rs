@@ -239,7 +239,10 @@ impl Catalog for DynamoCatalog {
                 request = request.exclusive_start_table_name(start);
             }
             let output = request.send().await.map_err(|e| map_sdk(e, "list tables"))?;
-            names.extend(output.table_names().iter().filter_map(|t| DbName::decode(t.strip_prefix(&prefix)?)));
+            let room = MAX_TABLE_NAME.saturating_sub(prefix.len());
+            names.extend(
+                output.table_names().iter().filter_map(|t| DbName::decode_within(t.strip_prefix(&prefix)?, room)),
+            );
             match output.last_evaluated_table_name {
                 Some(last) => start = Some(last),
                 None => break,
