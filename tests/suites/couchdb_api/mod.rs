@@ -110,6 +110,9 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("interrupted_uploads_leave_nothing", |e| {
             Box::pin(attachments_forwarded::interrupted_uploads_leave_nothing(e))
         }),
+        ("views_queries_streamed", |e| Box::pin(views::views_queries_streamed(e))),
+        ("views_build_bounds", |e| Box::pin(views::views_build_bounds(e))),
+        ("views_grouping_and_key_order", |e| Box::pin(views::views_grouping_and_key_order(e))),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
@@ -130,6 +133,7 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
                             "attachments_stored_once_and_freed" => Some(attachments::FREE_AT_ONCE_CONFIG.to_owned()),
                             "forwarded_attachment_bound" => Some(attachments_forwarded::BOUNDED_CONFIG.to_owned()),
                             "views_runaway_function" => Some(views::JS_BOUNDS_CONFIG.to_owned()),
+                            "views_build_bounds" => Some(views::BUILD_BOUNDS_CONFIG.to_owned()),
                             _ => None,
                         };
                         let endpoint = Endpoint::start(fresh, backend_name, logins).await?;
