@@ -216,7 +216,9 @@ impl ViewIndexer {
                     "a map call answered no document",
                 )));
             }
-            for (id, rows) in ids.by_ref().zip(outcomes) {
+            // Outcomes first: `zip` takes from its first side before the second, and an id taken
+            // past the last outcome would be lost.
+            for (rows, id) in outcomes.into_iter().zip(ids.by_ref()) {
                 mapped += 1;
                 let (rows, bytes) = self.bounded(database, design, &id, rows);
                 batch.push(MappedDoc { id, rows });
