@@ -159,6 +159,21 @@ pub struct Settings {
     /// `$XDG_STATE_HOME/agentstore/views` (or `~/.local/state/agentstore/views`, or
     /// `./agentstore-views`), one file per backend.
     pub couchdb_view_index_dir: Option<String>,
+    /// Most rows one document may emit in one design document's views (together); a document
+    /// past it is left out of that index and logged (docs/views.md "Bounds").
+    pub couchdb_view_max_rows_per_doc: usize,
+    /// Largest emitted key, in bytes of its JSON (CouchDB's `couch_views` `key_size_limit`); a
+    /// document emitting a larger one is left out of the index and logged.
+    pub couchdb_view_max_key_bytes: usize,
+    /// Most bytes of JSON (keys and values) one document's rows may take in one design
+    /// document's views; a document past it is left out of the index and logged.
+    pub couchdb_view_max_doc_bytes: usize,
+    /// Bytes of mapped rows an index build holds before writing them (CouchDB's `[view_updater]
+    /// min_writer_size`).
+    pub couchdb_view_batch_bytes: usize,
+    /// Largest view index of one database (every design document's, as stored), in bytes; a
+    /// query that would index past it gets 413 `too_large` (`update=false` still answers).
+    pub couchdb_view_max_index_bytes: u64,
     /// Longest one call of a design document's JavaScript may run, in milliseconds (CouchDB's
     /// `os_process_timeout`): a map, reduce, validation or filter function past it is stopped
     /// and the request answered 400 `os_process_error` (docs/design-documents.md).
@@ -356,6 +371,11 @@ impl Settings {
             .and_then(|b| b.set_default("couchdb_max_gzip_ratio", 100u64))
             .and_then(|b| b.set_default("couchdb_max_inflight_inline_bytes", 128u64 << 20))
             .and_then(|b| b.set_default("couchdb_attachment_grace_secs", 86_400u64))
+            .and_then(|b| b.set_default("couchdb_view_max_rows_per_doc", 10_000u64))
+            .and_then(|b| b.set_default("couchdb_view_max_key_bytes", 8_000u64))
+            .and_then(|b| b.set_default("couchdb_view_max_doc_bytes", 16u64 << 20))
+            .and_then(|b| b.set_default("couchdb_view_batch_bytes", 16u64 << 20))
+            .and_then(|b| b.set_default("couchdb_view_max_index_bytes", 16u64 << 30))
             .and_then(|b| b.set_default("couchdb_js_timeout_ms", 5_000u64))
             .and_then(|b| b.set_default("couchdb_js_memory_bytes", 64u64 << 20))
             .and_then(|b| b.set_default("couchdb_js_workers", 0u64))
@@ -451,6 +471,11 @@ impl Settings {
             ("couchdb_max_dbs_info_keys", as_u64(self.couchdb_max_dbs_info_keys)),
             ("couchdb_max_descending_changes", as_u64(self.couchdb_max_descending_changes)),
             ("couchdb_lockout_max_entries", as_u64(self.couchdb_lockout_max_entries)),
+            ("couchdb_view_max_rows_per_doc", as_u64(self.couchdb_view_max_rows_per_doc)),
+            ("couchdb_view_max_key_bytes", as_u64(self.couchdb_view_max_key_bytes)),
+            ("couchdb_view_max_doc_bytes", as_u64(self.couchdb_view_max_doc_bytes)),
+            ("couchdb_view_batch_bytes", as_u64(self.couchdb_view_batch_bytes)),
+            ("couchdb_view_max_index_bytes", self.couchdb_view_max_index_bytes),
         ] {
             if value == 0 {
                 return Err(Error::invalid(field, "must be at least 1"));
@@ -546,7 +571,25 @@ impl Settings {
             memory_bytes: self.couchdb_js_memory_bytes,
             workers,
             queue: 64 * workers,
+            // Room for the JSON around the rows (brackets and commas, a few bytes a row), so a
+            // document within the views' bounds is always read; the views check the bounds.
+            map_answer_bytes: self
+                .couchdb_view_max_doc_bytes
+                .saturating_add(self.couchdb_view_max_rows_per_doc.saturating_mul(8))
+                .saturating_add(1024),
+            map_call_bytes: self.couchdb_view_batch_bytes,
             ..defaults
+        }
+    }
+
+    /// What building a view index may hold and write (`couchdb_view_*`, docs/views.md).
+    pub fn view_build_bounds(&self) -> crate::views::updater::BuildBounds {
+        crate::views::updater::BuildBounds {
+            max_rows_per_doc: self.couchdb_view_max_rows_per_doc,
+            max_key_bytes: self.couchdb_view_max_key_bytes,
+            max_doc_bytes: self.couchdb_view_max_doc_bytes,
+            batch_bytes: self.couchdb_view_batch_bytes,
+            max_index_bytes: self.couchdb_view_max_index_bytes,
         }
     }
 
@@ -614,6 +657,7 @@ mod tests {
             (5, 300, 10_000)
         );
         assert_eq!(settings.couchdb_max_queued_suspect_logins, 8);
+        assert_eq!(settings.view_build_bounds(), crate::views::updater::BuildBounds::default());
         for (toml, field) in [
             ("body_read_timeout_secs = 0", "body_read_timeout_secs"),
             ("couchdb_max_query_bytes = 0", "couchdb_max_query_bytes"),

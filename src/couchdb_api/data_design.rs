@@ -281,17 +281,19 @@ pub(crate) async fn answer(
     headers: &HeaderMap,
     body: Body,
 ) -> Answer {
-    let params: HashMap<String, String> =
+    // In the client's order: a view query reads its parameters in order, as CouchDB does.
+    let ordered: Vec<(String, String)> =
         query.map(|query| url::form_urlencoded::parse(query.as_bytes()).into_owned().collect()).unwrap_or_default();
+    let params: HashMap<String, String> = ordered.iter().cloned().collect();
     let segments: Vec<String> =
         path.split('/').skip(1).map(|segment| percent_decode_str(segment).decode_utf8_lossy().into_owned()).collect();
     let viewed = Viewed::DataStore(Arc::clone(&state.data_store_views));
     match segments.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
         [] | [""] => Err(CouchError::bad_request("a design document needs a name: _design/{name}")),
         [name] => document(state, method, name, &params, headers, body).await,
-        [name, "_view", view] => view_answer(state, &viewed, name, view, method, &params, headers, body).await,
+        [name, "_view", view] => view_answer(state, &viewed, name, view, method, &ordered, headers, body).await,
         [name, "_view", view, "queries"] if method == Method::POST => {
-            queries_answer(state, &viewed, name, view, &params, headers, body).await
+            queries_answer(state, &viewed, name, view, &ordered, headers, body).await
         }
         [name, "_info"] if method == Method::GET || method == Method::HEAD => info_answer(state, &viewed, name).await,
         [_, function, ..] if function.starts_with('_') => Err(CouchError::not_supported(

@@ -119,10 +119,15 @@ impl CouchApp {
         let js = crate::js::JsEngine::new(settings.js_limits())
             .map_err(|err| crate::error::Error::new(crate::error::ErrorKind::Internal, err.to_string()))?;
         let auth = Arc::new(auth::CouchAuth::from_settings(settings)?);
-        let views = Arc::new(crate::views::service::Views::new(
-            view_index,
-            Arc::new(mango::index_map::WithMangoIndexes(crate::views::javascript::JavaScriptViews::new(js.clone()))),
-        ));
+        let views = Arc::new(
+            crate::views::service::Views::new(
+                view_index,
+                Arc::new(mango::index_map::WithMangoIndexes(crate::views::javascript::JavaScriptViews::new(
+                    js.clone(),
+                ))),
+            )
+            .with_bounds(settings.view_build_bounds()),
+        );
         let data_store_views =
             Arc::new(data_design::DataStoreSource::new(Arc::clone(store.backend()), &settings.couchdb_db));
         let state = CouchState {

@@ -67,6 +67,15 @@ pub struct JsLimits {
     /// What a JavaScript reduce whose output does not shrink gets (CouchDB's
     /// `query_server_config/reduce_limit`, on by default).
     pub reduce_limit: ReduceLimit,
+    /// Longest map answer of one document (its rows as JSON text) that is read: a longer one
+    /// is not parsed, and the document gets no rows in any view (each view's outcome is
+    /// [`ViewRows::Threw`] with the reason), so one document's rows never cost more memory than
+    /// this (the views' `couchdb_view_max_doc_bytes` with room for the JSON around the rows).
+    pub map_answer_bytes: usize,
+    /// Bytes of map answers one [`JsEngine::map`] call gathers before it returns the documents
+    /// mapped so far (at least one): a batch of documents emitting large rows is held a part at
+    /// a time (the views' `couchdb_view_batch_bytes`).
+    pub map_call_bytes: usize,
 }
 
 /// CouchDB's `reduce_limit`: a JavaScript reduce whose JSON output is over 5000 bytes and more
@@ -94,6 +103,8 @@ impl Default for JsLimits {
             queue: 64 * cores,
             cached_design_docs: 32,
             reduce_limit: ReduceLimit::Refuse,
+            map_answer_bytes: usize::MAX,
+            map_call_bytes: usize::MAX,
         }
     }
 }
@@ -284,7 +295,9 @@ impl JsEngine {
     }
 
     /// Runs the named views' map functions over a batch of documents: per document, per view
-    /// (in `views` order), the rows it emitted or the message it threw.
+    /// (in `views` order), the rows it emitted or the message it threw. Past
+    /// [`JsLimits::map_call_bytes`] of answers it answers the first documents only (at least
+    /// one); the caller maps the rest in another call.
     pub async fn map(
         &self,
         ddoc: &DesignCode,

@@ -19,6 +19,8 @@ fn limits() -> JsLimits {
         queue: 16,
         cached_design_docs: 4,
         reduce_limit: ReduceLimit::Refuse,
+        map_answer_bytes: usize::MAX,
+        map_call_bytes: usize::MAX,
     }
 }
 
@@ -712,4 +714,26 @@ async fn throughput_of_a_trivial_map_printed() {
         elapsed.as_secs_f64(),
         DOCS as f64 / elapsed.as_secs_f64()
     );
+}
+
+/// A map answer longer than `map_answer_bytes` is not read: the document gets no rows, with the
+/// reason naming the views' setting; past `map_call_bytes` (here after the first two) a call answers the first documents.
+#[tokio::test]
+async fn map_answers_are_bounded_per_document_and_per_call() {
+    let ddoc = design(json!({"_id": "_design/big", "views": {
+        "v": {"map": "function(doc) { emit(doc._id, new Array(doc.size + 1).join('x')); }"}}}));
+    let bounded = JsEngine::new(JsLimits { map_answer_bytes: 500, map_call_bytes: 700, ..limits() }).expect("engine");
+    let input = docs(vec![
+        json!({"_id": "small", "size": 100}),
+        json!({"_id": "large", "size": 600}),
+        json!({"_id": "next", "size": 100}),
+        json!({"_id": "last", "size": 100}),
+    ]);
+    let outcomes = bounded.map(&ddoc, &views(&["v"]), input).await.expect("map");
+    assert_eq!(outcomes.len(), 2, "the call stops once its answers pass 700 bytes");
+    assert_eq!(emitted(&outcomes[0], 0).len(), 1);
+    match &outcomes[1].views[0] {
+        ViewRows::Threw(reason) => assert!(reason.contains("couchdb_view_max_doc_bytes"), "{reason}"),
+        other => panic!("a 600-byte row was read: {other:?}"),
+    }
 }

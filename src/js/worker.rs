@@ -231,16 +231,41 @@ impl Worker {
             chosen.map_err(|e| self.classify(&ctx, e, "map"))?;
             let map_doc: Function = host.get("mapDoc").map_err(|e| self.classify(&ctx, e, "map"))?;
             let mut outcomes = Vec::with_capacity(docs.len());
+            let mut answered_bytes = 0usize;
             for doc in docs {
                 let doc_json = doc.to_string();
                 self.arm();
                 let answer = map_doc.call::<_, rquickjs::String>((doc_json,)).and_then(|text| text.to_string());
                 self.disarm();
                 let answer = answer.map_err(|e| self.classify(&ctx, e, "map"))?;
-                outcomes.push(parse_map_answer(&answer, views.len(), ddoc, &self.log)?);
+                answered_bytes = answered_bytes.saturating_add(answer.len());
+                outcomes.push(self.map_outcome(&answer, views.len(), ddoc, doc)?);
+                if answered_bytes >= self.limits.map_call_bytes {
+                    break;
+                }
             }
             Ok(outcomes)
         })
+    }
+
+    /// One document's map answer read, unless it is longer than [`JsLimits::map_answer_bytes`]:
+    /// then it is not parsed, and the document gets no rows (logged, as CouchDB logs a document
+    /// it leaves out of an index).
+    fn map_outcome(&self, answer: &str, views: usize, ddoc: &DesignCode, doc: &Value) -> Result<MapOutcome, JsError> {
+        if answer.len() <= self.limits.map_answer_bytes {
+            return parse_map_answer(answer, views, ddoc, &self.log);
+        }
+        let reason = format!(
+            "its rows take {} bytes of JSON, past the {} a document may emit (couchdb_view_max_doc_bytes)",
+            answer.len(),
+            self.limits.map_answer_bytes
+        );
+        let doc_id = doc.get("_id").and_then(Value::as_str).unwrap_or_default();
+        // Through the design functions' log budget: a view whose every document emits too much
+        // must not flood the log either.
+        let line = format!("view rows of the document {doc_id:?} are left out of the index: {reason}");
+        self.log.line(&ddoc.database, &ddoc.id, &line, None);
+        Ok(MapOutcome { views: vec![ViewRows::Threw(reason); views] })
     }
 
     pub(super) fn reduce(

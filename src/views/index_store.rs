@@ -45,8 +45,9 @@ const BLOCKS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("view_blocks"
 const NEXT_GROUP: &str = "next_group";
 
 /// The layout of a group's tables, recorded in [`GroupState::format`] with the sort-key format:
-/// a group written in another layout (before `view_blocks`, say) is dropped and rebuilt.
-const LAYOUT: &str = "rows+blocks/1";
+/// a group written in another layout (before `view_blocks`, or before [`GroupState::stored_bytes`]
+/// was counted, say) is dropped and rebuilt.
+const LAYOUT: &str = "rows+blocks+bytes/1";
 
 /// The format a group written now records: the sort-key encoding and the table layout.
 pub fn current_format() -> String {
@@ -72,6 +73,10 @@ pub struct GroupState {
     pub row_counts: Vec<u64>,
     /// The sort-key format and table layout the rows were written with ([`current_format`]).
     pub format: String,
+    /// Bytes of the group's rows and back-index entries (keys and values as stored), the size a
+    /// database's index is bounded by (`couchdb_view_max_index_bytes`).
+    #[serde(default)]
+    pub stored_bytes: u64,
 }
 
 /// What a block of consecutive rows of a view holds: its row count and partial reductions, for
@@ -293,8 +298,13 @@ impl IndexStore {
                     let mut meta = txn.open_table(META).map_err(|e| self.fail("open meta", e))?;
                     let number = meta.get(NEXT_GROUP).map_err(|e| self.fail("read meta", e))?.map_or(1, |v| v.value());
                     meta.insert(NEXT_GROUP, number + 1).map_err(|e| self.fail("write meta", e))?;
-                    let state =
-                        GroupState { number, checkpoint: None, row_counts: vec![0; views], format: current_format() };
+                    let state = GroupState {
+                        number,
+                        checkpoint: None,
+                        row_counts: vec![0; views],
+                        format: current_format(),
+                        stored_bytes: 0,
+                    };
                     groups.insert(name, encode_state(&state)?.as_slice()).map_err(|e| self.fail("write group", e))?;
                     state
                 }
@@ -329,9 +339,42 @@ impl IndexStore {
         Ok(names)
     }
 
+    /// The bytes stored by every group whose name starts with `prefix` (a database's groups)
+    /// besides `except`.
+    pub fn stored_bytes_besides(&self, prefix: &str, except: &str) -> Result<u64> {
+        let txn = self.db.begin_read().map_err(|e| self.fail("begin read", e))?;
+        let groups = txn.open_table(GROUPS).map_err(|e| self.fail("open groups", e))?;
+        let mut total = 0u64;
+        for entry in groups.range(prefix..).map_err(|e| self.fail("list groups", e))? {
+            let (name, state) = entry.map_err(|e| self.fail("list groups", e))?;
+            if !name.value().starts_with(prefix) {
+                break;
+            }
+            if name.value() != except {
+                total = total.saturating_add(decode_state(state.value())?.stored_bytes);
+            }
+        }
+        Ok(total)
+    }
+
     /// Replaces each document's rows with its new mapping and records `checkpoint` as the
     /// group's feed position, in one transaction. Returns the new state.
     pub fn apply(&self, name: &str, docs: &[MappedDoc], checkpoint: &str) -> Result<GroupState> {
+        self.apply_within(name, docs, Some(checkpoint), u64::MAX)
+    }
+
+    /// [`Self::apply`], keeping the recorded feed position when `checkpoint` is `None` (part of a
+    /// feed page written before the rest of it is mapped: mapping those documents again replaces
+    /// their rows, so rows ahead of the position are harmless), and refused (`TooLarge`, nothing
+    /// written) when it would leave the group over `max_bytes` of [`GroupState::stored_bytes`]
+    /// and larger than it was. A write that shrinks the group is always taken.
+    pub fn apply_within(
+        &self,
+        name: &str,
+        docs: &[MappedDoc],
+        checkpoint: Option<&str>,
+        max_bytes: u64,
+    ) -> Result<GroupState> {
         let txn = self.db.begin_write().map_err(|e| self.fail("begin", e))?;
         let state = {
             let mut groups = txn.open_table(GROUPS).map_err(|e| self.fail("open groups", e))?;
@@ -339,6 +382,9 @@ impl IndexStore {
                 Some(bytes) => decode_state(bytes.value())?,
                 None => return Err(Error::new(ErrorKind::NotFound, format!("view group {name} was dropped"))),
             };
+            let bytes_before = state.stored_bytes;
+            // Added and removed apart, so neither underflows whatever the order.
+            let (mut added_bytes, mut removed_bytes) = (0u64, 0u64);
             let mut rows = txn.open_table(ROWS).map_err(|e| self.fail("open rows", e))?;
             let mut back = txn.open_table(BACK).map_err(|e| self.fail("open back-index", e))?;
             let mut changes = Vec::new();
@@ -348,8 +394,12 @@ impl IndexStore {
                     .remove(back_key.as_slice())
                     .map_err(|e| self.fail("read back-index", e))?
                     .map(|v| v.value().to_vec());
+                if let Some(old) = &old {
+                    removed_bytes += (back_key.len() + old.len()) as u64;
+                }
                 for row_key in old.as_deref().map(split_keys).unwrap_or_default() {
-                    if rows.remove(row_key).map_err(|e| self.fail("remove row", e))?.is_some() {
+                    if let Some(removed) = rows.remove(row_key).map_err(|e| self.fail("remove row", e))? {
+                        removed_bytes += (row_key.len() + removed.value().len()) as u64;
                         changes.push(RowChange { key: row_key.to_vec(), delta: -1, added: None });
                         let view = view_of(row_key);
                         if let Some(count) = state.row_counts.get_mut(view) {
@@ -369,11 +419,15 @@ impl IndexStore {
                         let row_key = row_key(state.number, view, key, &doc.id, emit);
                         let stored = serde_json::to_vec(&(key, &doc.id, value))
                             .map_err(|err| Error::new(ErrorKind::Internal, format!("encode view row: {err}")))?;
-                        if rows
+                        added_bytes += (row_key.len() + stored.len()) as u64;
+                        let replaced = rows
                             .insert(row_key.as_slice(), stored.as_slice())
                             .map_err(|e| self.fail("write row", e))?
-                            .is_none()
-                        {
+                            .map(|old| old.value().len());
+                        if let Some(old_len) = replaced {
+                            removed_bytes += (row_key.len() + old_len) as u64;
+                        }
+                        if replaced.is_none() {
                             state.row_counts[view] += 1;
                             changes.push(RowChange { key: row_key.clone(), delta: 1, added: Some(value.clone()) });
                         } else {
@@ -384,13 +438,27 @@ impl IndexStore {
                     }
                 }
                 if !written.is_empty() {
+                    added_bytes += (back_key.len() + written.len()) as u64;
                     back.insert(back_key.as_slice(), written.as_slice())
                         .map_err(|e| self.fail("write back-index", e))?;
                 }
             }
+            state.stored_bytes = (bytes_before + added_bytes).saturating_sub(removed_bytes);
+            if state.stored_bytes > max_bytes && state.stored_bytes > bytes_before {
+                // Dropping the transaction uncommitted leaves the group as it was.
+                return Err(Error::new(
+                    ErrorKind::TooLarge,
+                    format!(
+                        "this write would take the index to {} bytes, past its bound of {max_bytes}",
+                        state.stored_bytes
+                    ),
+                ));
+            }
             let mut blocks = txn.open_table(BLOCKS).map_err(|e| self.fail("open blocks", e))?;
             self.update_blocks(&rows, &mut blocks, changes)?;
-            state.checkpoint = Some(checkpoint.to_owned());
+            if let Some(checkpoint) = checkpoint {
+                state.checkpoint = Some(checkpoint.to_owned());
+            }
             groups.insert(name, encode_state(&state)?.as_slice()).map_err(|e| self.fail("write group", e))?;
             state
         };
@@ -1412,6 +1480,28 @@ pub(crate) mod tests {
             assert_eq!(in_blocks.sum, expected.sum);
         }
         assert!(blocks_taken > 50, "only {blocks_taken} blocks were taken whole");
+    }
+
+    /// A group counts the bytes it stores; a write that would take it past a bound and grow it
+    /// is refused whole, one that shrinks it is taken; a partial write keeps the position.
+    #[test]
+    fn stored_bytes_are_counted_and_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = IndexStore::open(&dir.path().join("views.redb")).unwrap();
+        store.group("g", 1).unwrap();
+        let big = |id: &str| doc(id, vec![vec![(json!(id), json!("x".repeat(500)))]]);
+        let first = store.apply("g", &[big("a"), big("b")], "s1").unwrap();
+        assert!(first.stored_bytes > 1_000, "{}", first.stored_bytes);
+        let refused = store.apply_within("g", &[big("c")], Some("s2"), first.stored_bytes + 100).unwrap_err();
+        assert_eq!(refused.kind(), ErrorKind::TooLarge);
+        assert_eq!(store.read_group("g").unwrap().as_ref(), Some(&first), "nothing of the refused write");
+        let shrunk = store.apply_within("g", &[doc("a", vec![vec![]])], Some("s2"), 10).unwrap();
+        assert!(shrunk.stored_bytes < first.stored_bytes / 2 + 100, "{}", shrunk.stored_bytes);
+        let partial = store.apply_within("g", &[doc("a", vec![vec![]])], None, u64::MAX).unwrap();
+        assert_eq!(partial.checkpoint.as_deref(), Some("s2"));
+        assert_eq!(partial.stored_bytes, shrunk.stored_bytes, "the same mapping again stores the same");
+        store.drop_group("g").unwrap();
+        assert_eq!(store.stored_bytes_besides("", "none").unwrap(), 0);
     }
 
     #[test]

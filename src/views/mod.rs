@@ -50,6 +50,9 @@ pub enum ViewError {
     Function { error: String, reason: String },
     /// Every JavaScript worker is busy and its queue full (`couchdb_js_workers`): try again.
     Busy,
+    /// Bringing the index up to date would take the database's index past
+    /// `couchdb_view_max_index_bytes` (the reason says so); `update=false` still answers.
+    IndexFull(String),
     /// The store or the index file failed.
     Storage(crate::error::Error),
 }
@@ -57,9 +60,10 @@ pub enum ViewError {
 impl std::fmt::Display for ViewError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            ViewError::QueryParse(reason) | ViewError::BadRequest(reason) | ViewError::NotFound(reason) => {
-                f.write_str(reason)
-            }
+            ViewError::QueryParse(reason)
+            | ViewError::BadRequest(reason)
+            | ViewError::NotFound(reason)
+            | ViewError::IndexFull(reason) => f.write_str(reason),
             ViewError::InvalidDesign(reason) => write!(f, "invalid design document: {reason}"),
             ViewError::Reduce(error) => write!(f, "{}", error.reason),
             ViewError::Function { error, reason } => write!(f, "{error}: {reason}"),

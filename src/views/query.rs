@@ -237,7 +237,10 @@ impl ViewQuery {
         Ok(())
     }
 
-    /// Checks the query against the view (`has_reduce`) and says what it does.
+    /// Checks the query against the view (`has_reduce`) and says what it does, in the order
+    /// `couch_mrview_util:validate_args` checks, so a query with several faults gets CouchDB's
+    /// first reason. A reduce view queried with `reduce=false` is a map view to these checks, as
+    /// CouchDB sets its `view_type`: grouping it is refused as on a map-only view.
     pub fn plan(&self, has_reduce: bool) -> Result<Plan, ViewError> {
         let grouping = match (self.group, self.group_level) {
             (Some(false), Some(level)) if level > 0 => {
@@ -253,21 +256,23 @@ impl ViewQuery {
             (None, has) => has,
             (Some(false), false) => false,
         };
-        if reduce {
-            if self.keys.is_some() && grouping != Some(Grouping::Exact) {
-                return Err(parse_error("Multi-key fetches for reduce views must use `group=true`"));
-            }
-            if self.include_docs {
-                return Err(parse_error("`include_docs` is invalid for reduce"));
-            }
-            if self.conflicts.is_some() {
-                return Err(parse_error("`conflicts` is invalid for reduce views."));
-            }
-        } else if grouping.is_some() && !has_reduce {
+        if reduce && grouping != Some(Grouping::Exact) && self.keys.is_some() {
+            return Err(parse_error("Multi-key fetches for reduce views must use `group=true`"));
+        }
+        // `keys: []` goes with a range (CouchDB's `{[], _, _}`); other keys go alone.
+        if self.keys.as_ref().is_some_and(|keys| !keys.is_empty())
+            && (self.start_key.is_some() || self.end_key.is_some())
+        {
+            return Err(parse_error("`keys` is incompatible with `key`, `start_key` and `end_key`"));
+        }
+        if !reduce && grouping.is_some() {
             return Err(parse_error("Invalid use of grouping on a map view."));
         }
-        if self.keys.is_some() && (self.start_key.is_some() || self.end_key.is_some()) {
-            return Err(parse_error("`keys` is incompatible with `key`, `start_key` and `end_key`"));
+        if reduce && self.include_docs {
+            return Err(parse_error("`include_docs` is invalid for reduce"));
+        }
+        if reduce && self.conflicts.is_some() {
+            return Err(parse_error("`conflicts` is invalid for reduce views."));
         }
         self.check_range()?;
         let ranges = match &self.keys {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use super::index_store::IndexStore;
 use super::run::JsReducer;
-use super::updater::{Mapper, ViewIndexer};
+use super::updater::{BuildBounds, Mapper, ViewIndexer};
 use super::ViewError;
 use crate::error::{Error, ErrorKind};
 
@@ -23,13 +23,19 @@ impl<T: Mapper + JsReducer> ViewEngine for T {}
 pub struct Views {
     path: PathBuf,
     engine: Arc<dyn ViewEngine>,
+    bounds: BuildBounds,
     indexer: tokio::sync::OnceCell<Arc<ViewIndexer>>,
 }
 
 impl Views {
     /// Views kept in the index file at `path`, their functions run by `engine`.
     pub fn new(path: PathBuf, engine: Arc<dyn ViewEngine>) -> Self {
-        Views { path, engine, indexer: tokio::sync::OnceCell::new() }
+        Views { path, engine, bounds: BuildBounds::default(), indexer: tokio::sync::OnceCell::new() }
+    }
+
+    /// These views built within `bounds` (the settings `couchdb_view_*`).
+    pub fn with_bounds(self, bounds: BuildBounds) -> Self {
+        Views { bounds, ..self }
     }
 
     /// Where the index file is.
@@ -56,7 +62,7 @@ impl Views {
                         ))
                     })?;
                 let mapper: Arc<dyn Mapper> = Arc::new(EngineMapper(Arc::clone(&self.engine)));
-                Ok(Arc::new(ViewIndexer::new(Arc::new(store), mapper)))
+                Ok(Arc::new(ViewIndexer::new(Arc::new(store), mapper).with_bounds(self.bounds)))
             })
             .await
     }

@@ -8,8 +8,13 @@
 //! saw it*: every write acknowledged before the update began is in the feed by then (the feed's
 //! guarantee, docs/change-feed.md), so a view read after a write reflects it.
 //!
-//! Memory is bounded by the page size: [`FEED_PAGE`] documents are read and mapped at a time,
-//! each within the database's `max_document_bytes`.
+//! Memory is bounded by the page size and [`BuildBounds`]: [`FEED_PAGE`] documents are read at a
+//! time, each within the database's `max_document_bytes`; their rows are held at most
+//! [`BuildBounds::batch_bytes`] at a time (written, then the page's next documents mapped), and a
+//! document whose rows pass a per-document bound is left out of the index and logged, as
+//! CouchDB's `couch_views` does with its key and value size limits. A database's index stops
+//! growing at [`BuildBounds::max_index_bytes`]: the catch-up that would pass it fails
+//! ([`ViewError::IndexFull`]) and writes nothing.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -25,11 +30,42 @@ use super::ViewError;
 /// Documents read from the feed and mapped per step.
 pub const FEED_PAGE: usize = 128;
 
+/// What building a group may hold and write: the settings `couchdb_view_max_rows_per_doc`,
+/// `couchdb_view_max_key_bytes`, `couchdb_view_max_doc_bytes`, `couchdb_view_batch_bytes` and
+/// `couchdb_view_max_index_bytes` (docs/bounds.md, docs/views.md "Bounds").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BuildBounds {
+    /// Most rows one document may emit in a group, its views together.
+    pub max_rows_per_doc: usize,
+    /// Largest key a row may have, in bytes of its JSON.
+    pub max_key_bytes: usize,
+    /// Most bytes of JSON (keys and values) one document's rows may take in a group.
+    pub max_doc_bytes: usize,
+    /// Bytes of mapped rows held before they are written.
+    pub batch_bytes: usize,
+    /// Largest index of one database, its groups together ([`GroupState::stored_bytes`]).
+    pub max_index_bytes: u64,
+}
+
+impl Default for BuildBounds {
+    fn default() -> Self {
+        BuildBounds {
+            max_rows_per_doc: 10_000,
+            max_key_bytes: 8_000,
+            max_doc_bytes: 16 << 20,
+            batch_bytes: 16 << 20,
+            max_index_bytes: 16 << 30,
+        }
+    }
+}
+
 /// Runs map functions (JavaScript, or Mango's field maps).
 #[async_trait]
 pub trait Mapper: Send + Sync {
     /// For each document, for each view of `design` (in its order), the rows it emitted; a
     /// document a map function threw for has no rows in that view (CouchDB skips it and logs).
+    /// A mapper may answer only the first documents (at least one), to bound what one call
+    /// holds; the caller maps the rest in further calls.
     async fn map(
         &self,
         design: &DesignViews,
@@ -41,6 +77,7 @@ pub trait Mapper: Send + Sync {
 pub struct ViewIndexer {
     store: Arc<IndexStore>,
     mapper: Arc<dyn Mapper>,
+    bounds: BuildBounds,
     updating: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Each database's group prefix (name and incarnation) as this process last saw it.
     prefixes: Mutex<HashMap<String, String>>,
@@ -55,7 +92,18 @@ pub struct ReadyGroup {
 
 impl ViewIndexer {
     pub fn new(store: Arc<IndexStore>, mapper: Arc<dyn Mapper>) -> Self {
-        ViewIndexer { store, mapper, updating: Mutex::new(HashMap::new()), prefixes: Mutex::new(HashMap::new()) }
+        ViewIndexer {
+            store,
+            mapper,
+            bounds: BuildBounds::default(),
+            updating: Mutex::new(HashMap::new()),
+            prefixes: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// This indexer building within `bounds`.
+    pub fn with_bounds(self, bounds: BuildBounds) -> Self {
+        ViewIndexer { bounds, ..self }
     }
 
     pub fn store(&self) -> &Arc<IndexStore> {
@@ -121,46 +169,123 @@ impl ViewIndexer {
             let page = source.feed_page(group.state.checkpoint.as_deref(), FEED_PAGE).await?;
             if page.docs.is_empty() {
                 if group.state.checkpoint.as_deref() != Some(page.last_seq.as_str()) {
-                    group.state = self.apply(&group.name, Vec::new(), page.last_seq).await?;
+                    group.state = self.apply(source.name(), &group.name, Vec::new(), Some(page.last_seq)).await?;
                 }
                 break;
             }
-            let mapped = self.map_page(design, page.docs).await?;
-            group.state = self.apply(&group.name, mapped, page.last_seq).await?;
-            if page.complete {
+            let complete = page.complete;
+            self.write_page(source.name(), &mut group, design, page).await?;
+            if complete {
                 break;
             }
         }
         Ok(group)
     }
 
-    async fn map_page(&self, design: &DesignViews, docs: Vec<SourceDoc>) -> Result<Vec<MappedDoc>, ViewError> {
-        let mut mapped = Vec::with_capacity(docs.len());
+    /// Maps a feed page's documents and writes their rows: a batch is written once its rows pass
+    /// [`BuildBounds::batch_bytes`] (keeping the recorded feed position), and the last one records
+    /// the page's end.
+    async fn write_page(
+        &self,
+        database: &str,
+        group: &mut ReadyGroup,
+        design: &DesignViews,
+        page: super::source::SourcePage,
+    ) -> Result<(), ViewError> {
+        let mut batch = Vec::with_capacity(page.docs.len());
+        let mut batch_bytes = 0usize;
         let mut inputs = Vec::new();
         let mut input_ids = Vec::new();
-        for SourceDoc { id, doc } in docs {
+        for SourceDoc { id, doc } in page.docs {
             match doc.filter(|_| is_mapped(&id, design)) {
                 Some(doc) => {
                     input_ids.push(id);
                     inputs.push(Arc::new(doc));
                 }
                 // Deleted, never indexed, or not for this group: its rows (if any) go.
-                None => mapped.push(MappedDoc { id, rows: Vec::new() }),
+                None => batch.push(MappedDoc { id, rows: Vec::new() }),
             }
         }
-        if !inputs.is_empty() {
-            let outcomes = self.mapper.map(design, inputs).await?;
-            for (id, rows) in input_ids.into_iter().zip(outcomes) {
-                mapped.push(MappedDoc { id, rows });
+        let mut ids = input_ids.into_iter();
+        let mut mapped = 0;
+        while mapped < inputs.len() {
+            let outcomes = self.mapper.map(design, inputs[mapped..].to_vec()).await?;
+            if outcomes.is_empty() {
+                return Err(ViewError::Storage(crate::error::Error::new(
+                    crate::error::ErrorKind::Internal,
+                    "a map call answered no document",
+                )));
+            }
+            // Outcomes first: `zip` takes from its first side before the second, and an id taken
+            // past the last outcome would be lost.
+            for (rows, id) in outcomes.into_iter().zip(ids.by_ref()) {
+                mapped += 1;
+                let (rows, bytes) = self.bounded(database, design, &id, rows);
+                batch.push(MappedDoc { id, rows });
+                batch_bytes += bytes;
+                if batch_bytes >= self.bounds.batch_bytes && mapped < inputs.len() {
+                    let written = std::mem::take(&mut batch);
+                    batch_bytes = 0;
+                    group.state = self.apply(database, &group.name, written, None).await?;
+                }
             }
         }
-        Ok(mapped)
+        group.state = self.apply(database, &group.name, batch, Some(page.last_seq)).await?;
+        Ok(())
     }
 
-    async fn apply(&self, name: &str, mapped: Vec<MappedDoc>, checkpoint: String) -> Result<GroupState, ViewError> {
+    /// A document's rows within the per-document bounds, with the bytes of their JSON; no rows
+    /// (the document is left out of every view of the group, and logged) past any of them, as
+    /// CouchDB's `couch_views` leaves out a document with a key or value past its size limits.
+    fn bounded(
+        &self,
+        database: &str,
+        design: &DesignViews,
+        id: &str,
+        rows: Vec<Vec<(Value, Value)>>,
+    ) -> (Vec<Vec<(Value, Value)>>, usize) {
+        match rows_past_bounds(&rows, &self.bounds) {
+            Ok(bytes) => (rows, bytes),
+            Err(past) => {
+                tracing::error!(
+                    database,
+                    design = %design.id,
+                    doc_id = id,
+                    "view rows of the document are left out of the index: {past}"
+                );
+                (Vec::new(), 0)
+            }
+        }
+    }
+
+    /// Writes `mapped` to the group (recording `checkpoint` when given) within what
+    /// [`BuildBounds::max_index_bytes`] leaves the group beside the database's other groups.
+    async fn apply(
+        &self,
+        database: &str,
+        name: &str,
+        mapped: Vec<MappedDoc>,
+        checkpoint: Option<String>,
+    ) -> Result<GroupState, ViewError> {
         let store = Arc::clone(&self.store);
         let name = name.to_owned();
-        blocking(move || store.apply(&name, &mapped, &checkpoint)).await
+        let database_prefix = format!("{database}\u{0}");
+        let max_index_bytes = self.bounds.max_index_bytes;
+        let applied = blocking(move || {
+            let others = store.stored_bytes_besides(&database_prefix, &name)?;
+            store.apply_within(&name, &mapped, checkpoint.as_deref(), max_index_bytes.saturating_sub(others))
+        })
+        .await;
+        applied.map_err(|err| match err {
+            ViewError::Storage(err) if err.kind() == crate::error::ErrorKind::TooLarge => {
+                ViewError::IndexFull(format!(
+                    "the view index of database {database} is at its bound of {max_index_bytes} bytes \
+                     (couchdb_view_max_index_bytes): {}; update=false answers from the index as it is",
+                    err.message()
+                ))
+            }
+            other => other,
+        })
     }
 
     fn lock_of(&self, name: &str) -> Arc<tokio::sync::Mutex<()>> {
@@ -185,6 +310,50 @@ impl ViewIndexer {
         })
         .await
     }
+}
+
+/// The bytes of JSON of a document's rows, or which bound they pass (naming its setting).
+fn rows_past_bounds(rows: &[Vec<(Value, Value)>], bounds: &BuildBounds) -> Result<usize, String> {
+    let count: usize = rows.iter().map(Vec::len).sum();
+    if count > bounds.max_rows_per_doc {
+        return Err(format!("{count} rows, past couchdb_view_max_rows_per_doc ({})", bounds.max_rows_per_doc));
+    }
+    let mut total = 0usize;
+    for (key, value) in rows.iter().flatten() {
+        let key_bytes = json_bytes(key);
+        if key_bytes > bounds.max_key_bytes {
+            return Err(format!(
+                "a key of {key_bytes} bytes, past couchdb_view_max_key_bytes ({})",
+                bounds.max_key_bytes
+            ));
+        }
+        total += key_bytes + json_bytes(value);
+        if total > bounds.max_doc_bytes {
+            return Err(format!(
+                "rows of over {total} bytes, past couchdb_view_max_doc_bytes ({})",
+                bounds.max_doc_bytes
+            ));
+        }
+    }
+    Ok(total)
+}
+
+/// The length of `value` written as compact JSON, without writing it anywhere.
+fn json_bytes(value: &Value) -> usize {
+    struct Counted(usize);
+    impl std::io::Write for Counted {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.len();
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut counted = Counted(0);
+    // Writing a `Value` to a writer that never fails cannot fail.
+    let _ = serde_json::to_writer(&mut counted, value);
+    counted.0
 }
 
 /// Whether a (live) document is mapped by `design`'s group: never a local document, a design
@@ -309,6 +478,70 @@ mod tests {
         assert_eq!(conflicts[0].1, "doc2");
         assert_eq!(group.state.row_counts, vec![2, 1]);
     }
+    /// Answers one document per call, emitting one row of about 1,000 bytes, and records how many
+    /// rows the index file held at each call.
+    struct OneAtATime {
+        store: Arc<IndexStore>,
+        rows_seen: Mutex<Vec<u64>>,
+    }
+
+    #[async_trait]
+    impl Mapper for OneAtATime {
+        async fn map(
+            &self,
+            _: &DesignViews,
+            docs: Vec<Arc<Value>>,
+        ) -> Result<Vec<Vec<Vec<(Value, Value)>>>, ViewError> {
+            let mut rows = 0;
+            for name in self.store.group_names("").unwrap() {
+                rows += self.store.read_group(&name).unwrap().map_or(0, |state| state.row_counts.iter().sum());
+            }
+            self.rows_seen.lock().unwrap().push(rows);
+            Ok(vec![vec![vec![(docs[0]["_id"].clone(), json!("x".repeat(1000)))]]])
+        }
+    }
+
+    /// A page whose rows pass `batch_bytes` is written in parts, its first documents' rows in the
+    /// file before the rest is mapped, and a mapper answering part of a call is called again for
+    /// the rest.
+    #[tokio::test]
+    async fn a_page_is_written_a_batch_of_bytes_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let catalog = Arc::new(EmbeddedCatalog::new(&dir.path().join("store.redb"), EmbeddedOptions::default()));
+        let databases = Databases::new(Some(catalog), 4);
+        let db = databases.create(&DbName::parse("app").unwrap()).await.unwrap();
+        for i in 0..6 {
+            db.write(&format!("doc{i}"), &edit(None, json!({"n": i}))).await.unwrap();
+        }
+        let store = Arc::new(IndexStore::open(&dir.path().join("views.redb")).unwrap());
+        let mapper = Arc::new(OneAtATime { store: Arc::clone(&store), rows_seen: Mutex::new(Vec::new()) });
+        let bounds = BuildBounds { batch_bytes: 2_500, ..BuildBounds::default() };
+        let indexer = ViewIndexer::new(store, mapper.clone()).with_bounds(bounds);
+        let design = DesignViews::parse(&json!({"_id": "_design/d", "views": {"v": {"map": "…"}}})).unwrap();
+        let group = indexer.catch_up(db.as_ref(), &design).await.unwrap();
+        assert_eq!(rows(&indexer, &group, 0).len(), 6);
+        assert_eq!(*mapper.rows_seen.lock().unwrap(), [0, 0, 0, 3, 3, 3], "three rows pass 2,500 bytes");
+        assert!(group.state.stored_bytes > 6_000, "{}", group.state.stored_bytes);
+    }
+
+    /// A document past a per-document bound is left out of the index; the others are kept.
+    #[test]
+    fn rows_past_a_bound_name_it() {
+        let bounds =
+            BuildBounds { max_rows_per_doc: 2, max_key_bytes: 10, max_doc_bytes: 40, ..BuildBounds::default() };
+        let row = |key: Value, value: Value| vec![(key, value)];
+        assert_eq!(
+            rows_past_bounds(&[row(json!("k"), json!(1)), row(json!(2), json!(null))], &bounds),
+            Ok(3 + 1 + 1 + 4)
+        );
+        let many = rows_past_bounds(&[vec![(json!(1), json!(1)); 3]], &bounds).unwrap_err();
+        assert!(many.contains("couchdb_view_max_rows_per_doc"), "{many}");
+        let key = rows_past_bounds(&[row(json!("a long key"), json!(1))], &bounds).unwrap_err();
+        assert!(key.contains("couchdb_view_max_key_bytes"), "{key}");
+        let total = rows_past_bounds(&[row(json!(1), json!("x".repeat(40)))], &bounds).unwrap_err();
+        assert!(total.contains("couchdb_view_max_doc_bytes"), "{total}");
+    }
+
     /// A purge that erases a document erases its feed entry too; the purge ends the database's
     /// incarnation, so the next catch-up builds a new group without the document, and the old
     /// group (with its rows) leaves the index file.

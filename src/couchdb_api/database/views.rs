@@ -14,13 +14,12 @@
 //! holds only that database's documents), as in CouchDB. On the data-store database, views are
 //! for admins ([`crate::couchdb_api::design`]): a view reads every user's documents.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, Method, StatusCode};
-use futures::stream::{self, StreamExt};
+use futures::stream::{self, BoxStream, StreamExt, TryStreamExt};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
@@ -40,6 +39,15 @@ use crate::views::{ViewError, ViewSource};
 
 /// Rows whose documents are read together for `include_docs`.
 const DOCS_PER_READ: usize = 64;
+
+/// Most queries one `POST …/_view/{view}/queries` may ask. CouchDB sets none (only its body
+/// limit); here every query is checked before the answer starts and each then streams, so the
+/// bound is on the work one request queues, not on memory (docs/bounds.md).
+pub const MAX_VIEW_QUERIES: usize = 1000;
+
+/// A query string's parameters in the order the client wrote them: CouchDB reads them in that
+/// order, so `key=1&end_key=3` and `end_key=3&key=1` differ (a later `key` sets both ends).
+pub(crate) type OrderedParams = Vec<(String, String)>;
 
 #[derive(Deserialize)]
 pub(crate) struct ViewPath {
@@ -66,6 +74,7 @@ impl From<ViewError> for CouchError {
                 "too_many_requests",
                 "every JavaScript worker is busy (couchdb_js_workers); try again",
             ),
+            ViewError::IndexFull(reason) => CouchError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", reason),
             ViewError::Storage(error) => CouchError::from(error),
         }
     }
@@ -149,7 +158,7 @@ pub async fn view(
     State(state): State<CouchState>,
     opened: OpenDb<ViewPath>,
     method: Method,
-    Query(params): Query<HashMap<String, String>>,
+    Query(params): Query<OrderedParams>,
     headers: HeaderMap,
     body: Body,
 ) -> Answer {
@@ -165,11 +174,11 @@ pub(crate) async fn view_answer(
     ddoc: &str,
     view: &str,
     method: Method,
-    params: &HashMap<String, String>,
+    params: &[(String, String)],
     headers: &HeaderMap,
     body: Body,
 ) -> Answer {
-    let mut query = ViewQuery::parse(params.iter().map(|(k, v)| (k.as_str(), v.as_str())))?;
+    let mut query = parsed_params(params)?;
     if method == Method::POST {
         if let Some(body) = read_object(state, headers, body).await? {
             query.merge_body(&body)?;
@@ -178,7 +187,11 @@ pub(crate) async fn view_answer(
         return Err(method_not_allowed("GET,HEAD,POST"));
     }
     let design = viewed.design(ddoc).await?;
-    answer(state, viewed, &design, view, query).await
+    Ok(prepared(state, viewed, &design, view, query).await?.into_response())
+}
+
+fn parsed_params(params: &[(String, String)]) -> Result<ViewQuery, ViewError> {
+    ViewQuery::parse(params.iter().map(|(k, v)| (k.as_str(), v.as_str())))
 }
 
 /// `POST /{db}/_design/{ddoc}/_view/{view}/queries`: several queries of one view, answered in
@@ -186,7 +199,7 @@ pub(crate) async fn view_answer(
 pub async fn view_queries(
     State(state): State<CouchState>,
     opened: OpenDb<ViewPath>,
-    Query(params): Query<HashMap<String, String>>,
+    Query(params): Query<OrderedParams>,
     headers: HeaderMap,
     body: Body,
 ) -> Answer {
@@ -194,13 +207,16 @@ pub async fn view_queries(
     queries_answer(&state, &viewed, &opened.params.ddoc, &opened.params.view, &params, &headers, body).await
 }
 
-/// The answer of `…/_view/{view}/queries`, on any database.
+/// The answer of `…/_view/{view}/queries`, on any database, streamed as CouchDB streams it:
+/// every query is checked first (a bad one is a 400 before anything is sent), then each is
+/// answered in turn, its rows written as they are read, so the answer holds one query's rows in
+/// flight at a time however many queries there are ([`MAX_VIEW_QUERIES`] at most).
 pub(crate) async fn queries_answer(
     state: &CouchState,
     viewed: &Viewed,
     ddoc: &str,
     view: &str,
-    params: &HashMap<String, String>,
+    params: &[(String, String)],
     headers: &HeaderMap,
     body: Body,
 ) -> Answer {
@@ -208,23 +224,63 @@ pub(crate) async fn queries_answer(
     let Some(Value::Array(queries)) = body.get("queries") else {
         return Err(CouchError::bad_request("`queries` member must be an array"));
     };
+    if queries.len() > MAX_VIEW_QUERIES {
+        return Err(CouchError::bad_request(format!(
+            "`queries` must not hold more than {MAX_VIEW_QUERIES} queries (MAX_VIEW_QUERIES)"
+        )));
+    }
     let design = viewed.design(ddoc).await?;
-    let mut results = Vec::with_capacity(queries.len());
+    let checked = checked_queries(params, queries, &design, view)?;
+    let mut queries = checked.into_iter();
+    let Some(first) = queries.next() else {
+        return Ok(streamed_listing("{\"results\":[".to_owned(), None, stream::empty()));
+    };
+    // The first answer is prepared before the status is sent, so its failure (an index that
+    // cannot be brought up to date, say) is an error status, as a single query's is.
+    let first = prepared(state, viewed, &design, view, first).await?.into_chunks();
+    let (state, viewed, design, view) = (state.clone(), viewed.clone(), design.clone(), view.to_owned());
+    let rest = stream::iter(queries)
+        .then(move |query| {
+            let (state, viewed, design, view) = (state.clone(), viewed.clone(), design.clone(), view.clone());
+            async move {
+                let answer = prepared(&state, &viewed, &design, &view, query)
+                    .await
+                    .map_err(|err| crate::Error::new(crate::error::ErrorKind::Internal, err.reason))?;
+                Ok::<_, crate::Error>(
+                    stream::once(async { Ok(Bytes::from_static(b",\n")) }).chain(answer.into_chunks()),
+                )
+            }
+        })
+        .try_flatten();
+    Ok(streamed_listing("{\"results\":[\n".to_owned(), None, first.chain(rest)))
+}
+
+/// Each query of a `queries` body parsed over the query string's parameters and checked
+/// against the view, as CouchDB does before it answers any: each starts from the query string
+/// without its `keys`, `group` and `group_level` (`couch_mrview_http:parse_params` clears them
+/// for every query).
+fn checked_queries(
+    params: &[(String, String)],
+    queries: &[Value],
+    design: &DesignViews,
+    view: &str,
+) -> CouchResult<Vec<ViewQuery>> {
+    let (_, spec) = design.view(view).ok_or_else(|| CouchError::not_found("missing_named_view"))?;
+    let mut base = parsed_params(params)?;
+    base.keys = None;
+    base.group = None;
+    base.group_level = None;
+    let mut checked = Vec::with_capacity(queries.len());
     for each in queries {
         let Value::Object(fields) = each else {
             return Err(CouchError::bad_request("each query must be an object"));
         };
-        let mut query = ViewQuery::parse(params.iter().map(|(k, v)| (k.as_str(), v.as_str())))?;
+        let mut query = base.clone();
         query.merge_body(fields)?;
-        let response = answer(state, viewed, &design, view, query).await?;
-        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
-            .await
-            .map_err(|err| CouchError::internal(format!("view answer: {err}")))?;
-        results.push(
-            crate::model::depth::parse_stored::<Value>(&bytes).map_err(|err| CouchError::internal(err.to_string()))?,
-        );
+        query.plan(spec.reduce.is_some())?;
+        checked.push(query);
     }
-    Ok(json(StatusCode::OK, json!({ "results": results })))
+    Ok(checked)
 }
 
 /// `GET /{db}/_design/{ddoc}/_info`.
@@ -300,13 +356,42 @@ fn shown_seq(viewed: &Viewed, group: &ReadyGroup) -> Value {
     }
 }
 
-async fn answer(
+/// One query's answer, ready to be written: a reduce's rows (held, as they are few next to the
+/// rows they reduce), or a map answer's head and its rows as they are read.
+enum Prepared {
+    Reduce(Value),
+    Map { head: String, rows: BoxStream<'static, crate::Result<Bytes>> },
+}
+
+impl Prepared {
+    /// The answer of a query on its own.
+    fn into_response(self) -> axum::response::Response {
+        match self {
+            Prepared::Reduce(body) => json(StatusCode::OK, body),
+            Prepared::Map { head, rows } => streamed_listing(head, None, rows),
+        }
+    }
+
+    /// The answer as JSON text chunks, to be written inside a larger answer (`queries`).
+    fn into_chunks(self) -> BoxStream<'static, crate::Result<Bytes>> {
+        match self {
+            Prepared::Reduce(body) => stream::once(async move { Ok(Bytes::from(body.to_string())) }).boxed(),
+            Prepared::Map { head, rows } => stream::once(async move { Ok(Bytes::from(head)) })
+                .chain(rows)
+                .chain(stream::once(async { Ok(Bytes::from_static(b"\n]}")) }))
+                .boxed(),
+        }
+    }
+}
+
+/// Brings the view's index up to date as `query` asks and starts its answer.
+async fn prepared(
     state: &CouchState,
     viewed: &Viewed,
     design: &DesignViews,
     view_name: &str,
     query: ViewQuery,
-) -> Answer {
+) -> CouchResult<Prepared> {
     let (number, spec) = design.view(view_name).ok_or_else(|| CouchError::not_found("missing_named_view"))?;
     let plan = query.plan(spec.reduce.is_some())?;
     let indexer = Arc::clone(state.views.indexer().await?);
@@ -347,7 +432,7 @@ async fn answer(
             if query.update_seq {
                 body["update_seq"] = shown_seq(viewed, &group);
             }
-            Ok(json(StatusCode::OK, body))
+            Ok(Prepared::Reduce(body))
         }
         Plan::Map { ranges } => {
             let total_rows = group.state.row_counts.get(number).copied().unwrap_or(0);
@@ -363,7 +448,7 @@ async fn answer(
                 options: DocOptions { conflicts: query.conflicts.unwrap_or(false), ..DocOptions::default() },
                 inline: query.attachments.then_some(super::attachments::Inline { since: None }),
             });
-            Ok(streamed_listing(head, None, rendered_rows(answer.rows, docs)))
+            Ok(Prepared::Map { head, rows: rendered_rows(answer.rows, docs) })
         }
     }
 }
@@ -380,7 +465,7 @@ struct IncludedDocs {
 fn rendered_rows(
     rows: tokio::sync::mpsc::Receiver<Result<IndexRow, ViewError>>,
     docs: Option<IncludedDocs>,
-) -> impl futures::Stream<Item = crate::Result<Bytes>> + Send + 'static {
+) -> BoxStream<'static, crate::Result<Bytes>> {
     struct Cursor {
         rows: tokio::sync::mpsc::Receiver<Result<IndexRow, ViewError>>,
         docs: Option<IncludedDocs>,

@@ -152,6 +152,9 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         }),
         ("attachments_gzip_ratio_bound", |e| Box::pin(attachments::attachments_gzip_ratio_bound(e))),
         ("attachments_inline_budget", |e| Box::pin(attachments::attachments_inline_budget(e))),
+        ("views_queries_streamed", |e| Box::pin(views::views_queries_streamed(e))),
+        ("views_build_bounds", |e| Box::pin(views::views_build_bounds(e))),
+        ("views_grouping_and_key_order", |e| Box::pin(views::views_grouping_and_key_order(e))),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
@@ -182,6 +185,7 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
                                 Some(revision_trees::TREE_BOUND_CONFIG.to_owned())
                             }
                             "attachments_inline_budget" => Some(attachments::INLINE_BUDGET_CONFIG.to_owned()),
+                            "views_build_bounds" => Some(views::BUILD_BOUNDS_CONFIG.to_owned()),
                             _ => None,
                         };
                         let endpoint = Endpoint::start(fresh, backend_name, logins).await?;

@@ -677,3 +677,226 @@ async fn data_store_filters(e: &Endpoint, live: &[Value], conflicted: &Value) ->
         .expect(200, "DELETE _design/f")?;
     Ok(())
 }
+
+/// Small view-build bounds (issue 34), so a handful of documents pass each: 5 rows, keys of 100
+/// bytes and 2,000 bytes of rows per document, 4 KiB batches, 30,000 bytes of index per database.
+pub(super) const BUILD_BOUNDS_CONFIG: &str = "couchdb_view_max_rows_per_doc = 5\ncouchdb_view_max_key_bytes = 100\n\
+     couchdb_view_max_doc_bytes = 2000\ncouchdb_view_batch_bytes = 4096\ncouchdb_view_max_index_bytes = 30000\n";
+
+/// Why a trial checking this server's own view code is skipped over the CouchDB backend, whose
+/// views are forwarded (pouchdb-server here) and bounded by that server.
+fn forwarded(e: &Endpoint, trial: &str) -> bool {
+    if e.backend == "couchdb" {
+        println!("{trial}: skipped on the CouchDB backend (its views are the forwarded server's)");
+    }
+    e.backend == "couchdb"
+}
+
+/// `…/_view/{view}/queries` (issue 34): answers as the single queries do, streamed (no
+/// `Content-Length`: the answer is written a query at a time, never held whole), every query
+/// checked before anything is sent, each starting from the query string without its `group`
+/// (CouchDB clears it per query), and at most `MAX_VIEW_QUERIES` (1,000) queries.
+pub(super) async fn views_queries_streamed(e: Endpoint) -> TestResult {
+    if forwarded(&e, "views_queries_streamed") {
+        return Ok(());
+    }
+    let db = fresh_db(&e, "queries").await?;
+    bulk(&e, &db, (0..30).map(|i| json!({"_id": format!("d{i:02}"), "n": i, "odd": i % 2 == 1})).collect()).await?;
+    e.put(
+        &format!("/{db}/_design/q"),
+        json!({"views": {"by_odd": {"map": "function(doc) { emit(doc.odd, doc.n); }", "reduce": "_sum"}}}),
+    )
+    .await?
+    .expect(201, "PUT design document")?;
+    let path = format!("/{db}/_design/q/_view/by_odd/queries");
+    let queries = json!({"queries": [
+        {"reduce": false, "key": true, "limit": 2},
+        {},
+        {"group": true},
+        {"reduce": false, "keys": [false, true], "limit": 3, "skip": 14}
+    ]});
+    let response = e.client.post(e.url(&path)).json(&queries).send().await?;
+    check(response.headers().get("content-length").is_none(), || {
+        format!("a queries answer is streamed, not held whole: headers {:?}", response.headers())
+    })?;
+    let answer = Answer::read(response).await?.expect(200, "queries")?;
+    let odd_sum: i64 = (0..30).filter(|i| i % 2 == 1).sum();
+    let even_sum: i64 = (0..30).filter(|i| i % 2 == 0).sum();
+    let results = &answer.body["results"];
+    check(results.as_array().map(Vec::len) == Some(4), || format!("four results: {}", answer.body))?;
+    check(
+        results[0]
+            == json!({"total_rows": 30, "offset": 15, "rows": [
+                {"id": "d01", "key": true, "value": 1}, {"id": "d03", "key": true, "value": 3}]}),
+        || format!("a map query: {}", results[0]),
+    )?;
+    check(results[1] == json!({"rows": [{"key": null, "value": odd_sum + even_sum}]}), || {
+        format!("a reduce: {}", results[1])
+    })?;
+    check(results[2] == json!({"rows": [{"key": false, "value": even_sum}, {"key": true, "value": odd_sum}]}), || {
+        format!("a grouped reduce: {}", results[2])
+    })?;
+    let ids: Vec<&str> = results[3]["rows"].as_array().into_iter().flatten().filter_map(|r| r["id"].as_str()).collect();
+    check(ids == ["d28", "d01", "d03"], || format!("keys, skip and limit: {}", results[3]))?;
+
+    // `group` of the query string is not each query's (CouchDB reads it for none of them).
+    let grouped_qs = e
+        .post(&format!("{path}?group=true"), json!({"queries": [{}]}))
+        .await?
+        .expect(200, "group in the query string")?;
+    check(grouped_qs.body["results"][0] == results[1], || format!("group=true not inherited: {}", grouped_qs.body))?;
+
+    // A bad query anywhere is a 400 before any answer.
+    let bad = e
+        .post(&path, json!({"queries": [{}, {"group": true, "reduce": false}]}))
+        .await?
+        .expect(400, "a bad second query")?;
+    check(bad.body["error"] == json!("query_parse_error"), || format!("the bad query's error: {}", bad.body))?;
+
+    // `update: false`: a thousand catch-ups would only read the feed a thousand times.
+    let too_many: Vec<Value> = (0..1001).map(|_| json!({"limit": 0, "reduce": false, "update": false})).collect();
+    let refused = e.post(&path, json!({ "queries": too_many })).await?.expect(400, "1,001 queries")?;
+    check(refused.body["reason"].as_str().is_some_and(|r| r.contains("MAX_VIEW_QUERIES")), || {
+        format!("the answer names the bound: {}", refused.body)
+    })?;
+    let at_most: Vec<Value> = (0..1000).map(|_| json!({"limit": 0, "reduce": false, "update": false})).collect();
+    let taken = e.post(&path, json!({ "queries": at_most })).await?.expect(200, "1,000 queries")?;
+    check(taken.body["results"].as_array().map(Vec::len) == Some(1000), || "1,000 results".to_owned())
+}
+
+/// Building a view within the bounds of `BUILD_BOUNDS_CONFIG` (issue 34): a document emitting too
+/// many rows, too large a key or too many bytes is left out of the index (CouchDB's
+/// `couch_views` leaves out a document past its key and value size limits) while the others are
+/// indexed; rows written across several batches are all there; and a database whose index would
+/// pass `couchdb_view_max_index_bytes` gets 413 naming it, while `update=false` still answers.
+pub(super) async fn views_build_bounds(e: Endpoint) -> TestResult {
+    if forwarded(&e, "views_build_bounds") {
+        return Ok(());
+    }
+    let db = fresh_db(&e, "bounds").await?;
+    let big = "x".repeat(1000);
+    bulk(
+        &e,
+        &db,
+        vec![
+            json!({"_id": "fits", "rows": 5, "key": "k", "value": "v"}),
+            json!({"_id": "many_rows", "rows": 6, "key": "k", "value": "v"}),
+            json!({"_id": "large_key", "rows": 1, "key": "y".repeat(120), "value": "v"}),
+            json!({"_id": "large_rows", "rows": 2, "key": "k", "value": big}),
+            json!({"_id": "also_fits", "rows": 1, "key": "k", "value": "x".repeat(1500)}),
+        ],
+    )
+    .await?;
+    e.put(
+        &format!("/{db}/_design/b"),
+        json!({"views": {"emits": {"map": "function(doc) { for (var i = 0; i < doc.rows; i++) emit(doc.key, doc.value); }"}}}),
+    )
+    .await?
+    .expect(201, "PUT design document")?;
+    let all = e.get(&format!("/{db}/_design/b/_view/emits?reduce=false")).await?.expect(200, "view within bounds")?;
+    let mut ids = ids_of(&all);
+    ids.dedup();
+    check(ids == ["also_fits", "fits"], || format!("only the documents within the bounds: {}", all.body))?;
+    check(all.body["total_rows"] == json!(6), || format!("six rows: {}", all.body["total_rows"]))?;
+
+    // 12 documents of about 700 bytes of rows each: more than one 4 KiB batch.
+    let batched: Vec<Value> = (0..12)
+        .map(|i| json!({"_id": format!("batch{i:02}"), "rows": 1, "key": i, "value": "z".repeat(700)}))
+        .collect();
+    bulk(&e, &db, batched).await?;
+    let after = e.get(&format!("/{db}/_design/b/_view/emits?startkey=0&endkey=100")).await?.expect(200, "batches")?;
+    let want: Vec<String> = (0..12).map(|i| format!("batch{i:02}")).collect();
+    check(ids_of(&after) == want, || format!("every row of every batch: {:?}", ids_of(&after)))?;
+
+    // Another database, whose rows pass 30,000 bytes: refused, naming the bound.
+    let full = fresh_db(&e, "full").await?;
+    e.put(
+        &format!("/{full}/_design/b"),
+        json!({"views": {"emits": {"map": "function(doc) { emit(doc._id, doc.value); }"}}}),
+    )
+    .await?
+    .expect(201, "PUT design document")?;
+    e.put(&format!("/{full}/first"), json!({"value": "small"})).await?.expect(201, "PUT first")?;
+    e.get(&format!("/{full}/_design/b/_view/emits")).await?.expect(200, "a small index")?;
+    let filler: Vec<Value> =
+        (0..40).map(|i| json!({"_id": format!("fill{i:02}"), "value": "w".repeat(1500)})).collect();
+    bulk(&e, &full, filler).await?;
+    let refused = e.get(&format!("/{full}/_design/b/_view/emits")).await?.expect(413, "past the index bound")?;
+    check(refused.body["error"] == json!("too_large"), || format!("the error: {}", refused.body))?;
+    check(refused.body["reason"].as_str().is_some_and(|r| r.contains("couchdb_view_max_index_bytes")), || {
+        format!("the answer names the bound: {}", refused.body)
+    })?;
+    // The batches written before the bound stay (their documents are mapped again next time).
+    let stale = e.get(&format!("/{full}/_design/b/_view/emits?update=false")).await?.expect(200, "update=false")?;
+    check(ids_of(&stale).contains(&"first".to_owned()) && ids_of(&stale).len() < 41, || {
+        format!("update=false answers the index as it is: {}", stale.body)
+    })?;
+    // The first database's index is its own: still answered.
+    e.get(&format!("/{db}/_design/b/_view/emits?limit=1")).await?.expect(200, "another database's index")?;
+    Ok(())
+}
+
+/// Query checks and key ranges as CouchDB 3.4.3 makes them (issue 34): grouping a view read with
+/// `reduce=false` is grouping a map view (`couch_mrview_util:validate_args` sets the view type
+/// first), and parameters are read in the order given, a later `key` setting both ends and a
+/// later `start_key`/`end_key` replacing one (`couch_mrview_http:parse_params` folds them in
+/// order), on map and reduce views alike.
+pub(super) async fn views_grouping_and_key_order(e: Endpoint) -> TestResult {
+    if forwarded(&e, "views_grouping_and_key_order") {
+        return Ok(());
+    }
+    let db = fresh_db(&e, "keyorder").await?;
+    bulk(&e, &db, (1..=5).map(|i| json!({"_id": format!("d{i}"), "n": i})).collect()).await?;
+    e.put(
+        &format!("/{db}/_design/k"),
+        json!({"views": {
+            "sum": {"map": "function(doc) { emit(doc.n, doc.n); }", "reduce": "_sum"},
+            "map": {"map": "function(doc) { emit(doc.n, doc.n); }"}
+        }}),
+    )
+    .await?
+    .expect(201, "PUT design document")?;
+    let view = |name: &str, query: &str| format!("/{db}/_design/k/_view/{name}?{query}");
+    for query in ["group=true&reduce=false", "group_level=1&reduce=false", "reduce=false&group=true"] {
+        let answer = e.get(&view("sum", query)).await?.expect(400, query)?;
+        check(
+            answer.body == json!({"error": "query_parse_error", "reason": "Invalid use of grouping on a map view."}),
+            || format!("{query}: {}", answer.body),
+        )?;
+    }
+    for query in ["group=true", "group_level=2"] {
+        let answer = e.get(&view("map", query)).await?.expect(400, query)?;
+        check(answer.body["reason"] == json!("Invalid use of grouping on a map view."), || {
+            format!("{query} on a map view: {}", answer.body)
+        })?;
+    }
+    // `group=false` and `group_level=0` group nothing: accepted on a map view, as CouchDB does.
+    e.get(&view("sum", "group=false&reduce=false")).await?.expect(200, "group=false&reduce=false")?;
+    e.get(&view("map", "group_level=0")).await?.expect(200, "group_level=0 on a map view")?;
+
+    let sum = |answer: &Answer| answer.body["rows"][0]["value"].clone();
+    for (query, want) in [
+        ("key=2&end_key=4", json!(2 + 3 + 4)),
+        ("end_key=4&key=2", json!(2)),
+        ("key=4&start_key=2", json!(2 + 3 + 4)),
+        ("start_key=2&key=4", json!(4)),
+        ("key=2&endkey=4&inclusive_end=false", json!(2 + 3)),
+    ] {
+        let reduced = e.get(&view("sum", query)).await?.expect(200, query)?;
+        check(sum(&reduced) == want, || format!("reduce, {query}: {}", reduced.body))?;
+        let mapped = e.get(&view("map", query)).await?.expect(200, query)?;
+        let total: i64 = mapped.body["rows"].as_array().into_iter().flatten().filter_map(|r| r["value"].as_i64()).sum();
+        check(json!(total) == want, || format!("map, {query}: {}", mapped.body))?;
+    }
+    // A later `key` past an earlier `end_key`'s end: CouchDB's range check, in that order.
+    let reversed = e.get(&view("sum", "start_key=4&end_key=2&key=3")).await?.expect(200, "key last")?;
+    check(sum(&reversed) == json!(3), || format!("key last sets both ends: {}", reversed.body))?;
+    let refused = e.get(&view("map", "key=4&end_key=2")).await?.expect(400, "a reversed range")?;
+    check(refused.body["error"] == json!("query_parse_error"), || format!("reversed: {}", refused.body))?;
+    // The same order in a POST body.
+    let posted = e
+        .post(&format!("/{db}/_design/k/_view/sum"), json!({"key": 2, "end_key": 4}))
+        .await?
+        .expect(200, "POST key then end_key")?;
+    check(sum(&posted) == json!(9), || format!("a body's order: {}", posted.body))
+}
