@@ -280,9 +280,11 @@ mod tests {
     #[test]
     fn tables_are_named_from_the_data_store_table_and_the_encoded_name() {
         assert_eq!(table_of("agent_data_store", &name("a/b")).unwrap(), "agent_data_store.db.a.2fb");
-        // 16 + 4 + 235 = 255 fits; one more does not, nor a name whose `/`s take 3 each.
+        // 16 + 4 + 235 = 255 fits; one more does not. A name whose `/`s would take 3 each
+        // escaped is written compactly (one character each) and fits as long as a plain one.
         assert!(table_of("agent_data_store", &name(&"a".repeat(235))).is_ok());
-        for too_long in ["a".repeat(236), format!("a{}", "/".repeat(80))] {
+        assert!(table_of("agent_data_store", &name(&format!("a{}", "/".repeat(234)))).is_ok());
+        for too_long in ["a".repeat(236), format!("a{}", "/".repeat(235))] {
             let err = table_of("agent_data_store", &name(&too_long)).unwrap_err();
             assert_eq!(err.kind(), ErrorKind::InvalidInput, "{too_long}");
         }
