@@ -164,7 +164,7 @@ impl CouchClient {
                     let value = if bytes.is_empty() {
                         Value::Null
                     } else {
-                        serde_json::from_slice(&bytes).map_err(|e| {
+                        crate::model::depth::parse_stored(&bytes).map_err(|e| {
                             Error::new(
                                 ErrorKind::Unavailable,
                                 format!("{shown}: the answer ({status}) is not JSON: {e}"),
@@ -417,7 +417,7 @@ impl CouchClient {
                         continue;
                     }
                     let bytes = response.bytes().await.unwrap_or_default();
-                    let value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+                    let value = crate::model::depth::parse_stored(&bytes).unwrap_or(Value::Null);
                     return Err(status_error(&shown, status, &value));
                 }
                 Err(err) if attempt < ATTEMPTS => {
@@ -533,14 +533,14 @@ impl CouchClient {
                     tokio::time::sleep(backoff(attempt)).await;
                 }
                 Ok((status, bytes)) if status.is_client_error() => {
-                    let value: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+                    let value: Value = crate::model::depth::parse_stored(&bytes).unwrap_or(Value::Null);
                     let error = value.get("error").and_then(Value::as_str).unwrap_or("refused").to_owned();
                     let reason = value.get("reason").and_then(Value::as_str).map(str::to_owned);
                     let reason = reason.unwrap_or_else(|| format!("{shown}: {status}"));
                     return Ok(Some(json!({ "id": id, "rev": rev, "error": error, "reason": reason })));
                 }
                 Ok((status, bytes)) => {
-                    let value: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+                    let value: Value = crate::model::depth::parse_stored(&bytes).unwrap_or(Value::Null);
                     return Err(status_error(&shown, status, &value));
                 }
                 Err(err) if attempt < ATTEMPTS => {

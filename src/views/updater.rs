@@ -14,7 +14,7 @@
 //! document whose rows pass a per-document bound is left out of the index and logged, as
 //! CouchDB's `couch_views` does with its key and value size limits. A database's index stops
 //! growing at [`BuildBounds::max_index_bytes`]: the catch-up that would pass it fails
-//! ([`ViewError::IndexFull`]) and writes nothing.
+//! ([`ViewError::IndexFull`]), writing nothing of the batch that would.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -139,8 +139,14 @@ enum Kind {
     FileEnd,
 }
 
+/// A line parsed at the depth stored documents are read at: a leaf line wraps a document of the
+/// deepest depth a database keeps in a few levels, past serde_json's default of 127.
+fn parse_line<T: serde::de::DeserializeOwned>(line: &[u8]) -> serde_json::Result<T> {
+    crate::model::depth::parse_stored(line)
+}
+
 fn kind_of(line: &[u8], at: &Place) -> Result<Kind> {
-    let probe: Probe = serde_json::from_slice(line).map_err(|e| at.error(format!("is not a JSON object: {e}")))?;
+    let probe: Probe = parse_line(line).map_err(|e| at.error(format!("is not a JSON object: {e}")))?;
     Ok(if probe.id.is_some() {
         Kind::Leaf
     } else if probe.format.is_some() {
@@ -157,7 +163,7 @@ fn kind_of(line: &[u8], at: &Place) -> Result<Kind> {
 }
 
 fn parse<T: serde::de::DeserializeOwned>(line: &[u8], at: &Place, what: &str) -> Result<T> {
-    serde_json::from_slice(line).map_err(|e| at.error(format!("is not a valid {what} line: {e}")))
+    parse_line(line).map_err(|e| at.error(format!("is not a valid {what} line: {e}")))
 }
 
 /// A line's place in the file, for messages.
@@ -1328,7 +1334,10 @@ mod tests {
     }
 
     fn sample() -> Vec<String> {
-        let leaf1 = r#"{"_id":"a","_rev":"1-x","_revisions":{"start":1,"ids":["x"]},"database":"not a control line"}"#;
+        sample_with(r#"{"_id":"a","_rev":"1-x","_revisions":{"start":1,"ids":["x"]},"database":"not a control line"}"#)
+    }
+
+    fn sample_with(leaf1: &str) -> Vec<String> {
         let leaf2 = r#"{"_id":"b","_rev":"1-y","_revisions":{"start":1,"ids":["y"]},"end":true}"#;
         let mut hasher = Sha256::new();
         for leaf in [leaf1, leaf2] {
@@ -1402,6 +1411,19 @@ mod tests {
         let err = check_file(&path, 100).expect_err("a long line");
         assert_eq!(err.kind(), ErrorKind::TooLarge);
         assert!(err.message().contains("line limit of 100 bytes"), "{err}");
+    }
+
+    #[test]
+    fn a_leaf_as_deep_as_a_database_keeps_is_read() {
+        // A document nested as deep as databases accept (its own object is level 1), which
+        // serde_json's default limit of 127 would refuse once the line's levels are around it.
+        let depth = crate::model::depth::MAX_DOCUMENT_DEPTH;
+        let nested = format!("{}{}", "[".repeat(depth - 1), "]".repeat(depth - 1));
+        let leaf = format!(r#"{{"_id":"a","_rev":"1-x","_revisions":{{"start":1,"ids":["x"]}},"deep":{nested}}}"#);
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("x.ndjson");
+        write(&path, &sample_with(&leaf));
+        assert_eq!(check_file(&path, DEFAULT_MAX_LINE_BYTES).expect("a deep leaf").leaves, 2);
     }
 
     #[test]
