@@ -216,6 +216,33 @@ impl EmbeddedCatalog {
         self.directory.join(format!("{}{FILE_SUFFIX}", name.encoded_within(MAX_FILE_NAME - FILE_SUFFIX.len())))
     }
 
+    /// Makes a database's file whole or not at all: redb writes a new file's header in steps, so
+    /// a process killed while creating `file` in place would leave a file that exists and never
+    /// opens ("not a redb database"), and the database could be neither opened nor created again.
+    /// The file is made under a temporary name in the same directory (one per database name, so
+    /// a retry after such a crash starts over from nothing), closed, and renamed into place; the
+    /// directory is synced so that an acknowledged creation survives a power cut.
+    async fn create_file(&self, name: &DbName, file: &Path) -> Result<EmbeddedBackend> {
+        use sha2::Digest;
+        let digest = sha2::Sha256::digest(name.as_str().as_bytes());
+        let creating = self.directory.join(format!("{CREATING_PREFIX}{}", hex::encode(&digest[..16])));
+        let unavailable = |what: &str, err: std::io::Error| {
+            Error::new(ErrorKind::Unavailable, format!("cannot {what} {}", creating.display())).with_source(err)
+        };
+        match tokio::fs::remove_file(&creating).await {
+            Err(err) if err.kind() != std::io::ErrorKind::NotFound => return Err(unavailable("remove", err)),
+            _ => {}
+        }
+        drop(EmbeddedBackend::open_with(&creating, self.options).await?);
+        tokio::fs::rename(&creating, file).await.map_err(|err| unavailable("rename", err))?;
+        let directory = self.directory.clone();
+        tokio::task::spawn_blocking(move || std::fs::File::open(&directory).and_then(|dir| dir.sync_all()))
+            .await
+            .map_err(|err| Error::new(ErrorKind::Internal, format!("syncing the databases' directory: {err}")))?
+            .map_err(|err| unavailable("sync the directory of", err))?;
+        self.reopen(file).await
+    }
+
     /// Opens an existing database file. A database the server closed moments ago (it keeps a
     /// bounded number open) may still be held by its last commit finishing on the blocking
     /// pool, and redb opens a file once per process: such an open is tried again briefly.
@@ -236,6 +263,10 @@ impl EmbeddedCatalog {
 /// What a database's file name ends with.
 const FILE_SUFFIX: &str = ".redb";
 
+/// How the name of a database file being created starts (never ends with [`FILE_SUFFIX`], so
+/// listings never show it).
+const CREATING_PREFIX: &str = ".creating-";
+
 /// Tries of [`EmbeddedCatalog::reopen`] (10 ms apart) while a closed handle lets go of its file.
 const REOPEN_TRIES: usize = 50;
 
@@ -251,7 +282,7 @@ impl Catalog for EmbeddedCatalog {
         if open.contains_key(name) || tokio::fs::try_exists(&file).await.unwrap_or(false) {
             return Err(Error::conflict("The database could not be created, the file already exists."));
         }
-        let backend = Arc::new(EmbeddedBackend::open_with(&file, self.options).await?);
+        let backend = Arc::new(self.create_file(name, &file).await?);
         open.insert(name.clone(), Arc::clone(&backend));
         Ok(backend)
     }
@@ -357,5 +388,27 @@ mod tests {
         assert!(DbName::only_too_long(&"a/".repeat(120)));
         assert!(!DbName::only_too_long("A"));
         assert!(!DbName::only_too_long(&format!("{}é", "a".repeat(300))));
+    }
+
+    /// What a process killed while creating a database leaves (the file under its temporary
+    /// name, half written) neither shows as a database nor stops the creation done again.
+    #[tokio::test]
+    async fn a_creation_cut_short_is_started_over() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let catalog = EmbeddedCatalog::new(&dir.path().join("store.redb"), EmbeddedOptions::default());
+        let name = DbName::parse("cut").expect("name");
+        catalog.create(&DbName::parse("other").expect("name")).await.expect("create another");
+        let leftovers: Vec<_> = std::fs::read_dir(&catalog.directory).expect("list").collect();
+        assert_eq!(leftovers.len(), 1, "only the database's own file is left once created");
+        use sha2::Digest;
+        let digest = sha2::Sha256::digest(b"cut");
+        let creating = catalog.directory.join(format!("{CREATING_PREFIX}{}", hex::encode(&digest[..16])));
+        std::fs::write(&creating, b"half a redb header").expect("write a half-made file");
+        assert!(catalog.open(&name).await.expect("open").is_none(), "a half-made database is not there");
+        assert_eq!(catalog.list().await.expect("list").len(), 1, "nor listed");
+        catalog.create(&name).await.expect("created again over what the crash left");
+        catalog.forget(&name).await;
+        assert!(catalog.open(&name).await.expect("open").is_some(), "and it opens");
+        assert!(!creating.exists(), "the temporary file became the database's");
     }
 }

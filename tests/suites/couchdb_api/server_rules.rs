@@ -35,30 +35,11 @@ pub(super) async fn admin_endpoints_names_and_headers(e: Endpoint) -> TestResult
     let body = json!({ "error": "illegal_database_name", "reason": illegal_name_reason("_name") });
     check(refused.body == body, || format!("PUT /_name: {}", refused.body))?;
 
-    // Long names: one of `$` (a single path segment for CouchDB, created up to 238 bytes) and one
-    // of `/` (segments for CouchDB), both created; past 238 bytes, CouchDB's
-    // `database_name_too_long`; never a 500.
-    let dollars = format!("a{}", "$".repeat(119));
-    let slashes = format!("b{}", "/b".repeat(59));
-    for name in [&dollars, &slashes] {
-        let path = format!("/{}", name.replace('$', "%24").replace('/', "%2F"));
-        as_login(&e, "admin", Method::PUT, &path).await?.expect(201, &format!("PUT {name}"))?;
-        let info = as_login(&e, "admin", Method::GET, &path).await?.expect(200, &format!("GET {name}"))?;
-        check(info.body["db_name"] == json!(name), || format!("db_name of {name}: {}", info.body))?;
-        as_login(&e, "admin", Method::DELETE, &path).await?.expect(200, &format!("DELETE {name}"))?;
+    // On the CouchDB backend the databases are the backend server's own (pouchdb-server in these
+    // tests), and so are its answers about their names.
+    if e.backend != "couchdb" {
+        long_names(&e).await?;
     }
-    let too_long = "c".repeat(239);
-    let refused = as_login(&e, "admin", Method::PUT, &format!("/{too_long}")).await?.expect(400, "239 bytes")?;
-    let body = json!({
-        "error": "database_name_too_long",
-        "reason": format!("At least one path segment of `{too_long}` is too long."),
-    });
-    check(refused.body == body, || format!("a 239-byte name: {}", refused.body))?;
-    let longest = format!("d{}", "$".repeat(237));
-    let created = as_login(&e, "admin", Method::PUT, &format!("/{}", longest.replace('$', "%24"))).await?;
-    check(created.status == 201 || (e.backend == "dynamodb" && created.status == 400), || {
-        format!("a 238-byte name: {} {}", created.status, created.body)
-    })?;
 
     // `Authorization: Basic: <base64>` (PouchDB's test helper) and other headers that are not
     // `Basic <credentials>` are ignored (`couch_httpd_auth:basic_name_pw`): an anonymous client.
@@ -128,4 +109,33 @@ pub(super) async fn per_user_counts_ignore_other_users(endpoint: Endpoint) -> Te
     }
     let info = as_login(e, "admin", Method::GET, &format!("/{DB}")).await?.expect(200, "GET db as admin")?;
     check(info.body["doc_count"] == json!(9), || format!("admin's doc_count: {}", info.body))
+}
+
+/// Long names: one of `$` (a single path segment for CouchDB, created up to 238 bytes) and one of
+/// `/` (segments for CouchDB), both created; past 238 bytes, CouchDB's `database_name_too_long`;
+/// never a 500.
+async fn long_names(e: &Endpoint) -> TestResult {
+    let dollars = format!("a{}", "$".repeat(119));
+    let slashes = format!("b{}", "/b".repeat(59));
+    for name in [&dollars, &slashes] {
+        let path = format!("/{}", name.replace('$', "%24").replace('/', "%2F"));
+        as_login(e, "admin", Method::PUT, &path).await?.expect(201, &format!("PUT {name}"))?;
+        let info = as_login(e, "admin", Method::GET, &path).await?.expect(200, &format!("GET {name}"))?;
+        check(info.body["db_name"] == json!(name), || format!("db_name of {name}: {}", info.body))?;
+        as_login(e, "admin", Method::DELETE, &path).await?.expect(200, &format!("DELETE {name}"))?;
+    }
+    let too_long = "c".repeat(239);
+    let refused = as_login(e, "admin", Method::PUT, &format!("/{too_long}")).await?.expect(400, "239 bytes")?;
+    let body = json!({
+        "error": "database_name_too_long",
+        "reason": format!("At least one path segment of `{too_long}` is too long."),
+    });
+    check(refused.body == body, || format!("a 239-byte name: {}", refused.body))?;
+    let longest = format!("d{}", "$".repeat(237));
+    let created = as_login(e, "admin", Method::PUT, &format!("/{}", longest.replace('$', "%24"))).await?;
+    check(created.status == 201 || (e.backend == "dynamodb" && created.status == 400), || {
+        format!("a 238-byte name: {} {}", created.status, created.body)
+    })?;
+
+    Ok(())
 }
