@@ -4,7 +4,7 @@
 //! ordered tokens, shared by every user: two of them compared tell a per-user login that another
 //! user wrote in between. Such a login is shown each position sealed instead: encrypted and
 //! authenticated (AES-256-GCM, from `ring`, already built for rustls) under a key of its own made
-//! from a fresh random salt, bound to the login's user, as base64url. Two seals of one position
+//! from a fresh random salt, bound to the login's user, padded to a fixed length, as base64url. Two seals of one position
 //! differ and none can be ordered. A `since` such a login sends is unsealed; one that does not
 //! unseal (another key or user, altered, a plain position) is read as `0`, so its feed starts
 //! over, which replication survives (it compares revisions) at the cost of re-reading.
@@ -29,6 +29,11 @@ use crate::error::{Error, ErrorKind, Result};
 const TOKEN_SALT_BYTES: usize = 16;
 /// AES-GCM's tag, closing each token.
 const TAG_BYTES: usize = 16;
+/// A position is padded (with NUL bytes, which no position holds) to a multiple of this before
+/// it is sealed, so a token's length does not tell how far the store has gone (the embedded
+/// store's positions are counters, which grow a digit now and then); every backend's positions
+/// fit in one block.
+const PAD_BLOCK_BYTES: usize = 64;
 /// What the HKDF extraction is salted with, naming this use of the session secret.
 const EXTRACT_SALT: &[u8] = b"agentstore couchdb feed positions";
 
@@ -75,6 +80,7 @@ impl PositionSeal {
             .map_err(|e| Error::new(ErrorKind::Internal, format!("no random salt for a feed position: {e}")))?;
         let key = self.token_key(&salt).ok_or_else(|| Error::new(ErrorKind::Internal, "feed position key"))?;
         let mut body = position.as_bytes().to_vec();
+        body.resize(position.len().div_ceil(PAD_BLOCK_BYTES).max(1) * PAD_BLOCK_BYTES, 0);
         key.seal_in_place_append_tag(zero_nonce(), Aad::from(user.as_bytes()), &mut body)
             .map_err(|_| Error::new(ErrorKind::Internal, "a feed position could not be sealed"))?;
         Ok(URL_SAFE_NO_PAD.encode([salt.as_slice(), &body].concat()))
@@ -90,7 +96,8 @@ impl PositionSeal {
         let key = self.token_key(salt)?;
         let mut body = body.to_vec();
         let position = key.open_in_place(zero_nonce(), Aad::from(user.as_bytes()), &mut body).ok()?;
-        String::from_utf8(position.to_vec()).ok()
+        let unpadded = position.iter().rposition(|&byte| byte != 0).map_or(0, |last| last + 1);
+        String::from_utf8(position[..unpadded].to_vec()).ok()
     }
 
     /// The key of the token opening with `salt`.
@@ -121,6 +128,8 @@ mod tests {
         let second = seal.shown(&alice(), "17-abc").unwrap();
         assert_ne!(first, second);
         assert!(!first.contains("17-abc"));
+        // Positions of different lengths make tokens of one length.
+        assert_eq!(seal.shown(&alice(), "9").unwrap().len(), seal.shown(&alice(), "1000000").unwrap().len());
         assert_eq!(seal.given(&alice(), Some(first)).as_deref(), Some("17-abc"));
         // Instances sharing the secret share tokens.
         let shared = PositionSeal::from_secret(&[3; 32]);
