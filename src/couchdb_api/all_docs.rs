@@ -241,7 +241,11 @@ async fn answer(state: &CouchState, principal: &Principal, request: AllDocsReque
         }
         return Ok(json(StatusCode::OK, body));
     }
-    let update_seq = if request.update_seq { Some(backend.change_position().await?) } else { None };
+    let update_seq = if request.update_seq {
+        Some(state.auth.sessions.positions().shown(principal, &backend.change_position().await?)?)
+    } else {
+        None
+    };
     // An ascending range from "" starts at the beginning too: no id sorts before "".
     let from_the_beginning =
         request.range.start.as_deref().is_none_or(|start| start.is_empty() && !request.range.descending);

@@ -5,7 +5,7 @@
 //!   change arrives or `timeout` passes; `continuous` writes one line per change as they come,
 //!   ending at `timeout` (unless `heartbeat` keeps it open) with a `last_seq` line.
 //! - `since` is `0`, `now` or a token from an earlier `last_seq`/`seq`. Tokens are opaque
-//!   strings; `pending` is always given, so replicators that cannot compare them know when they
+//!   strings (sealed for a per-user login on the data-store database, [`super::position_seal`]); `pending` is always given, so replicators that cannot compare them know when they
 //!   are done.
 //! - `filter=_doc_ids` (`doc_ids` in the query or body) and `filter=_selector` (a Mango selector in
 //!   the body) narrow the rows; a per-user login sees only its own documents. `style=all_docs`
@@ -41,6 +41,7 @@ use super::access::Principal;
 use super::auth::Identity;
 use super::document::{doc_json, tombstone_body};
 use super::error::{CouchError, CouchResult};
+use super::position_seal::PositionSeal;
 use super::request::{bool_param, json_param};
 use super::served_db::ServedDb;
 use super::{Answer, CouchState};
@@ -236,6 +237,7 @@ pub async fn get_changes(
     Query(params): Query<HashMap<String, String>>,
 ) -> Answer {
     let mut request = parse_request(&params, None, &state.feeds)?;
+    request.since = state.auth.sessions.positions().given(&principal, request.since.take());
     resolve_data_store_filter(&state, &principal, identity.as_ref().map(|e| &e.0), &params, &mut request).await?;
     let owner = feed_owner(identity.as_ref().map(|e| &e.0), peer.map(|e| e.0 .0));
     respond(&state, Asker { principal, owner }, request, None).await
@@ -381,6 +383,7 @@ pub async fn post_changes(
     let owner = feed_owner(identity.as_ref().map(|e| &e.0), peer.map(|e| e.0 .0));
     let body = read_body(&state, &headers, body).await?;
     let mut request = parse_request(&params, body.as_ref(), &state.feeds)?;
+    request.since = state.auth.sessions.positions().given(&principal, request.since.take());
     resolve_data_store_filter(&state, &principal, identity.as_ref().map(|e| &e.0), &params, &mut request).await?;
     respond(&state, Asker { principal, owner }, request, None).await
 }
@@ -516,6 +519,8 @@ struct Cursor {
     /// each document's revision tree.
     database: Option<Arc<Database>>,
     principal: Principal,
+    /// Seals the positions shown to a per-user login.
+    positions: PositionSeal,
     request: Arc<ChangesRequest>,
     since: Option<String>,
     last_seq: String,
@@ -598,6 +603,7 @@ async fn respond(
         backend,
         database,
         principal: asker.principal,
+        positions: state.auth.sessions.positions().clone(),
         deadline: now + lifetime,
         next_heartbeat: request.heartbeat.filter(|_| long_lived).map(|beat| now + beat),
         request: Arc::new(request),
@@ -632,7 +638,7 @@ async fn respond(
                 Err(err) => match answered(&err) {
                     Some(answer) => {
                         cursor.phase = Phase::Finished;
-                        error_tail(&cursor, cursor.pending, &answer.error, &answer.reason)
+                        error_tail(&cursor, cursor.pending, &answer.error, &answer.reason)?
                     }
                     None => return Err(err),
                 },
@@ -651,7 +657,7 @@ async fn step(cursor: &mut Cursor) -> crate::Result<String> {
     let request = Arc::clone(&cursor.request);
     let remaining = request.limit.map(|l| l.saturating_sub(cursor.rows_sent));
     if remaining == Some(0) {
-        return Ok(finish(cursor));
+        return finish(cursor);
     }
     if let Some(due) = cursor.next_poll {
         match wait_until(cursor, due).await {
@@ -659,7 +665,7 @@ async fn step(cursor: &mut Cursor) -> crate::Result<String> {
             // A heartbeat keeps proxies and clients from timing the connection out while idle.
             Wake::Heartbeat if request.eventsource => return Ok("event: heartbeat\ndata: \n\n".to_owned()),
             Wake::Heartbeat => return Ok("\n".to_owned()),
-            Wake::Finished => return Ok(finish(cursor)),
+            Wake::Finished => return finish(cursor),
         }
     }
     let mut page = match cursor.first_page.take() {
@@ -672,7 +678,7 @@ async fn step(cursor: &mut Cursor) -> crate::Result<String> {
                 // ends the feed naming that, not with a broken stream.
                 Err(_) if cursor.database.as_ref().is_some_and(|db| db.check_open().is_err()) => {
                     cursor.phase = Phase::Finished;
-                    return Ok(deleted_database_tail(cursor));
+                    return deleted_database_tail(cursor);
                 }
                 Err(err) => return Err(err),
             }
@@ -690,7 +696,7 @@ async fn step(cursor: &mut Cursor) -> crate::Result<String> {
         // missing database as its last line (the status has long been sent).
         Err(err) if err.kind() == ErrorKind::NotFound && cursor.database.is_some() => {
             cursor.phase = Phase::Finished;
-            return Ok(deleted_database_tail(cursor));
+            return deleted_database_tail(cursor);
         }
         // None of the page's rows were sent: a `last_seq` shown after this names the position
         // before it, so a client that resumes from it misses nothing.
@@ -730,7 +736,7 @@ async fn step(cursor: &mut Cursor) -> crate::Result<String> {
         Feed::Continuous => false,
     };
     if finished {
-        chunk.push_str(&finish(cursor));
+        chunk.push_str(&finish(cursor)?);
         return Ok(chunk);
     }
     if !at_end || !chunk.is_empty() {
@@ -739,7 +745,7 @@ async fn step(cursor: &mut Cursor) -> crate::Result<String> {
     // At the end with nothing new: the next step waits for the next poll on the back-off
     // schedule (writing heartbeats meanwhile), or ends.
     if *cursor.stopping.borrow() || Instant::now() >= cursor.deadline {
-        return Ok(finish(cursor));
+        return finish(cursor);
     }
     cursor.next_poll = Some(Instant::now() + cursor.backoff.idle());
     Ok(String::new())
@@ -770,32 +776,32 @@ async fn wait_until(cursor: &mut Cursor, due: Instant) -> Wake {
 }
 
 /// The closing text, and the stream marked finished.
-fn finish(cursor: &mut Cursor) -> String {
+fn finish(cursor: &mut Cursor) -> crate::Result<String> {
     cursor.phase = Phase::Finished;
     closing(cursor)
 }
 
 /// The end of a feed whose database was deleted under it.
-fn deleted_database_tail(cursor: &Cursor) -> String {
+fn deleted_database_tail(cursor: &Cursor) -> crate::Result<String> {
     error_tail(cursor, 0, "not_found", "Database does not exist.")
 }
 
 /// The end of a feed that stopped on an error after its answer began: the error as the last
 /// line (continuous, eventsource) or as members after the rows, so the client reads why it
 /// ended, and from which `last_seq` to resume.
-fn error_tail(cursor: &Cursor, pending: u64, error: &str, reason: &str) -> String {
+fn error_tail(cursor: &Cursor, pending: u64, error: &str, reason: &str) -> crate::Result<String> {
     let answer = json!({ "error": error, "reason": reason });
-    match cursor.request.feed {
+    Ok(match cursor.request.feed {
         Feed::Continuous if cursor.request.eventsource => format!("event: error\ndata: {answer}\n\n"),
         Feed::Continuous => format!("{answer}\n"),
         _ => format!(
             "\n],\"last_seq\":{},\"pending\":{},\"error\":{},\"reason\":{}}}\n",
-            Value::from(shown_seq(cursor, &cursor.last_seq)),
+            Value::from(shown_seq(cursor, &cursor.last_seq)?),
             pending,
             Value::from(error),
             Value::from(reason)
         ),
-    }
+    })
 }
 
 /// CouchDB's answer to `err` when it is a design function's failure
@@ -805,26 +811,26 @@ fn answered(err: &crate::Error) -> Option<CouchError> {
     source.downcast_ref::<super::error::Answered>().map(|answered| answered.0.clone())
 }
 
-fn closing(cursor: &Cursor) -> String {
-    let last_seq = shown_seq(cursor, &cursor.last_seq);
+fn closing(cursor: &Cursor) -> crate::Result<String> {
+    let last_seq = shown_seq(cursor, &cursor.last_seq)?;
     // `pending` counts every user's changes still to read: a per-user login is shown 0, so it
     // cannot watch others' writes (docs/couchdb-api.md, "Counts").
     let pending = if cursor.principal.only_user().is_some() { 0 } else { cursor.pending };
     let tail = json!({ "last_seq": last_seq, "pending": pending });
-    match cursor.request.feed {
+    Ok(match cursor.request.feed {
         Feed::Continuous if cursor.request.eventsource => String::new(),
         Feed::Continuous => format!("{tail}\n"),
         _ => format!("\n],\"last_seq\":{},\"pending\":{pending}}}\n", Value::from(last_seq)),
-    }
+    })
 }
 
 /// A feed position as the feed's database shows it (`N-token` for databases besides the
-/// data-store one, whose positions stay the backend's tokens).
-fn shown_seq(cursor: &Cursor, token: &str) -> String {
+/// data-store one, whose positions stay the backend's tokens, sealed for a per-user login).
+fn shown_seq(cursor: &Cursor, token: &str) -> crate::Result<String> {
     if cursor.database.is_some() && token != "0" {
-        crate::database::seq::show(token)
+        Ok(crate::database::seq::show(token))
     } else {
-        token.to_owned()
+        cursor.positions.shown(&cursor.principal, token)
     }
 }
 
@@ -907,7 +913,8 @@ async fn rows_of(cursor: &Cursor, changes: &[Change]) -> crate::Result<Vec<Value
             let others = tree.leaves().into_iter().map(|leaf| leaf.rev()).filter(|rev| rev != change.rev.as_str());
             leaves.extend(others.map(|rev| json!({ "rev": rev })));
         }
-        let mut row = json!({ "seq": change.seq, "id": change.id, "changes": leaves });
+        let seq = cursor.positions.shown(&cursor.principal, &change.seq)?;
+        let mut row = json!({ "seq": seq, "id": change.id, "changes": leaves });
         if change.deleted {
             row["deleted"] = Value::Bool(true);
         }

@@ -31,6 +31,7 @@ pub mod error;
 mod local_docs;
 pub mod mango;
 mod multipart;
+mod position_seal;
 mod query;
 mod request;
 mod response;

@@ -92,7 +92,8 @@ pub async fn uuids(Query(params): Query<UuidsParams>) -> Answer {
 
 /// `GET /{db}` (and HEAD): the database's information, with the counts the backend can give. A
 /// per-user login is shown `doc_count` 0: the store's count moves with every user's writes, and
-/// counting its own documents would read them all (docs/couchdb-api.md, "Counts").
+/// counting its own documents would read them all (docs/couchdb-api.md, "Counts"), and its
+/// `update_seq` sealed ([`super::position_seal`]).
 pub async fn db_info(
     State(state): State<CouchState>,
     Extension(principal): Extension<super::access::Principal>,
@@ -100,6 +101,7 @@ pub async fn db_info(
 ) -> Answer {
     if principal.only_user().is_some() {
         let update_seq = state.store.backend().change_position().await?;
+        let update_seq = state.auth.sessions.positions().shown(&principal, &update_seq)?;
         return Ok(json(StatusCode::OK, db_info_json(&state.db, 0, &update_seq)));
     }
     Ok(json(StatusCode::OK, data_store_info(&state).await?))

@@ -5,6 +5,7 @@
 //! covers the login's password hash, so changing a password ends its sessions. A cookie is valid
 //! for `couchdb_session_timeout_secs` after it was issued (the setting in force when it is read),
 //! and once more than a tenth of that has passed, responses carry a fresh one, as CouchDB's do.
+//! The secret also keys the feed positions sealed for per-user logins ([`super::position_seal`]).
 
 use axum::body::Bytes;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -15,6 +16,7 @@ use serde_json::{json, Map, Value};
 use sha2::Sha256;
 
 use super::auth::{json_response, unix_now, CouchAuth, CouchError, Identity, WRONG_CREDENTIALS};
+use super::position_seal::PositionSeal;
 use crate::config::Settings;
 use crate::error::{Error, Result};
 
@@ -33,6 +35,8 @@ const SIGNATURE_BYTES: usize = 32;
 pub struct SessionKey {
     secret: Vec<u8>,
     timeout_secs: u64,
+    /// Feed positions shown to per-user logins are sealed under a key derived from the secret.
+    positions: PositionSeal,
 }
 
 impl std::fmt::Debug for SessionKey {
@@ -62,7 +66,13 @@ pub enum CookieCheck {
 
 impl SessionKey {
     pub fn new(secret: Vec<u8>, timeout_secs: u64) -> Self {
-        SessionKey { secret, timeout_secs }
+        let positions = PositionSeal::from_secret(&secret);
+        SessionKey { secret, timeout_secs, positions }
+    }
+
+    /// The seal of feed positions shown to per-user logins (derived from the same secret).
+    pub fn positions(&self) -> &PositionSeal {
+        &self.positions
     }
 
     /// Reads `couchdb_session_secret` (hex, at least 32 digits) and `couchdb_session_timeout_secs`.

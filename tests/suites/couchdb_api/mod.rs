@@ -155,6 +155,7 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("views_queries_streamed", |e| Box::pin(views::views_queries_streamed(e))),
         ("views_build_bounds", |e| Box::pin(views::views_build_bounds(e))),
         ("views_grouping_and_key_order", |e| Box::pin(views::views_grouping_and_key_order(e))),
+        ("per_user_feed_positions_sealed", |e| Box::pin(server_rules::per_user_feed_positions_sealed(e))),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
@@ -169,7 +170,8 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
                             | "local_docs_listings"
                             | "data_store_indexes_and_purge"
                             | "admin_endpoints_names_and_headers"
-                            | "per_user_counts_ignore_other_users" => Some(logins::logins_config()?),
+                            | "per_user_counts_ignore_other_users"
+                            | "per_user_feed_positions_sealed" => Some(logins::logins_config()?),
                             "roles_and_security" => Some(roles::roles_config()?),
                             "attachments_in_documents" | "attachments_gzip_parts" => {
                                 Some(attachments::BOUNDED_CONFIG.to_owned())
