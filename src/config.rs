@@ -582,17 +582,6 @@ impl Settings {
         }
     }
 
-    /// What building a view index may hold and write (`couchdb_view_*`, docs/views.md).
-    pub fn view_build_bounds(&self) -> crate::views::updater::BuildBounds {
-        crate::views::updater::BuildBounds {
-            max_rows_per_doc: self.couchdb_view_max_rows_per_doc,
-            max_key_bytes: self.couchdb_view_max_key_bytes,
-            max_doc_bytes: self.couchdb_view_max_doc_bytes,
-            batch_bytes: self.couchdb_view_batch_bytes,
-            max_index_bytes: self.couchdb_view_max_index_bytes,
-        }
-    }
-
     /// The largest attachment stored (`couchdb_max_attachment_bytes`; no bound when unset).
     pub fn couchdb_attachment_limit(&self) -> u64 {
         self.couchdb_max_attachment_bytes.unwrap_or(u64::MAX)
@@ -657,7 +646,16 @@ mod tests {
             (5, 300, 10_000)
         );
         assert_eq!(settings.couchdb_max_queued_suspect_logins, 8);
-        assert_eq!(settings.view_build_bounds(), crate::views::updater::BuildBounds::default());
+        assert_eq!(
+            (
+                settings.couchdb_view_max_rows_per_doc,
+                settings.couchdb_view_max_key_bytes,
+                settings.couchdb_view_max_doc_bytes,
+                settings.couchdb_view_batch_bytes,
+                settings.couchdb_view_max_index_bytes
+            ),
+            (10_000, 8_000, 16 << 20, 16 << 20, 16 << 30)
+        );
         for (toml, field) in [
             ("body_read_timeout_secs = 0", "body_read_timeout_secs"),
             ("couchdb_max_query_bytes = 0", "couchdb_max_query_bytes"),

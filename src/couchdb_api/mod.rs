@@ -127,7 +127,7 @@ impl CouchApp {
                     js.clone(),
                 ))),
             )
-            .with_bounds(settings.view_build_bounds()),
+            .with_bounds(view_build_bounds(settings)),
         );
         let data_store_views =
             Arc::new(data_design::DataStoreSource::new(Arc::clone(store.backend()), &settings.couchdb_db));
@@ -353,4 +353,16 @@ pub(crate) type Answer = std::result::Result<Response, CouchError>;
 /// A JSON answer with a status.
 pub(crate) fn json(status: axum::http::StatusCode, body: serde_json::Value) -> Response {
     (status, axum::Json(body)).into_response()
+}
+
+/// What building a view index may hold and write (`couchdb_view_*`, docs/views.md), from the
+/// settings. Here rather than in `config`, which `views` would otherwise close a cycle with.
+fn view_build_bounds(settings: &Settings) -> crate::views::updater::BuildBounds {
+    crate::views::updater::BuildBounds {
+        max_rows_per_doc: settings.couchdb_view_max_rows_per_doc,
+        max_key_bytes: settings.couchdb_view_max_key_bytes,
+        max_doc_bytes: settings.couchdb_view_max_doc_bytes,
+        batch_bytes: settings.couchdb_view_batch_bytes,
+        max_index_bytes: settings.couchdb_view_max_index_bytes,
+    }
 }
