@@ -145,6 +145,18 @@ async fn deep_view_keys(e: &Endpoint, db: &str, fields: &(dyn Fn(&str) -> String
 
 /// A `_bulk_docs` of one document: written, or (past the limit) refused with a 400 naming the
 /// depth, for the whole request (its body is past what is read) or in the document's row.
+/// A PUT of a document `depth` deep: its revision when within the bound (201), `None` when
+/// refused past it (400 naming the nesting depth).
+fn put_written_or_refused(put: Deep, depth: usize) -> Result<Option<Value>, Failed> {
+    if depth <= MAX_DOCUMENT_DEPTH {
+        return Ok(Some(put.expect(201, &format!("PUT {depth} deep"))?.body["rev"].clone()));
+    }
+    check(put.status == 400 && put.body["reason"].as_str().is_some_and(|r| r.contains("nesting depth")), || {
+        format!("PUT {depth} deep: {} {:.300}", put.status, put.body)
+    })?;
+    Ok(None)
+}
+
 async fn bulk_written_or_refused(e: &Endpoint, db: &str, body: String, ok: bool) -> TestResult {
     let bulk = send(e, Method::POST, &format!("/{db}/_bulk_docs"), Some(body)).await?;
     let names_depth = |reason: &Value| reason.as_str().is_some_and(|r| r.contains("nesting depth"));
@@ -178,13 +190,8 @@ pub(super) async fn nesting_depth_on_databases(e: Endpoint) -> TestResult {
         let ok = depth <= MAX_DOCUMENT_DEPTH;
         let id = format!("d{depth}");
         let put = send(&e, Method::PUT, &format!("/{db}/{id}"), Some(nested_doc(&plain(&id), depth))).await?;
-        if ok {
-            revs.insert(id, put.expect(201, &format!("PUT {depth} deep"))?.body["rev"].clone());
-        } else {
-            check(
-                put.status == 400 && put.body["reason"].as_str().is_some_and(|r| r.contains("nesting depth")),
-                || format!("PUT {depth} deep: {} {:.300}", put.status, put.body),
-            )?;
+        if let Some(rev) = put_written_or_refused(put, depth)? {
+            revs.insert(id, rev);
         }
         let post =
             send(&e, Method::POST, &format!("/{db}"), Some(nested_doc(&plain(&format!("p{depth}")), depth))).await?;
@@ -233,13 +240,8 @@ pub(super) async fn nesting_depth_on_the_data_store(e: Endpoint) -> TestResult {
         let id = doc_id(&key, &fields);
         let put =
             send(&e, Method::PUT, &format!("/{db}/{}", percent(&id)), Some(nested_doc(&fields(&key), depth))).await?;
-        if ok {
-            revs.insert(id, put.expect(201, &format!("PUT {depth} deep"))?.body["rev"].clone());
-        } else {
-            check(
-                put.status == 400 && put.body["reason"].as_str().is_some_and(|r| r.contains("nesting depth")),
-                || format!("PUT {depth} deep: {} {:.300}", put.status, put.body),
-            )?;
+        if let Some(rev) = put_written_or_refused(put, depth)? {
+            revs.insert(id, rev);
         }
         let bulk = format!("{{\"docs\":[{}]}}", nested_doc(&fields(&format!("b{depth}")), depth));
         bulk_written_or_refused(&e, db, bulk, ok).await?;
