@@ -64,24 +64,27 @@ pub async fn map_rows(
             .map_err(ViewError::Storage)?
     };
     let (sender, receiver) = mpsc::channel(CHANNEL_ROWS);
-    tokio::spawn(send_rows(store, number, view, ranges, descending, skip, limit, sender));
+    let read = RowsRead { number, view, ranges, descending, skip, limit };
+    tokio::spawn(send_rows(store, read, sender));
     Ok(MapRows { offset: before + skip, rows: receiver })
 }
 
-/// Reads the rows of `ranges` a page ([`PAGE_ROWS`]) at a time on the blocking pool and sends
-/// them from async code: while the client does not read, the channel fills and this task waits
-/// holding neither a thread nor a read transaction. It ends when the receiver is dropped.
-#[allow(clippy::too_many_arguments)]
-async fn send_rows(
-    store: Arc<IndexStore>,
+/// What [`send_rows`] reads: view `view` of group `number` in `ranges`, `skip` rows skipped and
+/// at most `limit` sent.
+struct RowsRead {
     number: u64,
     view: usize,
     ranges: Vec<RowRange>,
     descending: bool,
     skip: u64,
     limit: Option<u64>,
-    sender: mpsc::Sender<Result<IndexRow, ViewError>>,
-) {
+}
+
+/// Reads the rows of `ranges` a page ([`PAGE_ROWS`]) at a time on the blocking pool and sends
+/// them from async code: while the client does not read, the channel fills and this task waits
+/// holding neither a thread nor a read transaction. It ends when the receiver is dropped.
+async fn send_rows(store: Arc<IndexStore>, read: RowsRead, sender: mpsc::Sender<Result<IndexRow, ViewError>>) {
+    let RowsRead { number, view, ranges, descending, skip, limit } = read;
     let mut to_skip = skip;
     let mut left = limit.unwrap_or(u64::MAX);
     for range in ranges {
