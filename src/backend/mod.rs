@@ -464,8 +464,15 @@ pub trait DocumentBackend: Send + Sync + 'static {
 
     /// Removes every document whose id starts with `prefix`, live ones and tombstones, with their
     /// ancestry and feed entries, leaving no trace of their ids (CouchDB's `_purge`); returns how
-    /// many ids were removed. Replicas elsewhere keep their copies until purged themselves.
+    /// many ids were removed. Replicas elsewhere keep their copies until purged themselves. Only
+    /// for a real prefix (a user's `{user}:`); one document is erased by [`Self::erase_id`].
     async fn erase_prefix(&self, prefix: &str) -> Result<u64>;
+
+    /// Removes the one document `id`, live or a tombstone, with its ancestry and feed entry,
+    /// leaving no trace of it and touching no other id, not even one that starts with `id`
+    /// (CouchDB's `_purge` of a document's last leaves); whether there was anything to remove.
+    /// The feed's end does not move back: a position handed out before stays at or before it.
+    async fn erase_id(&self, id: &str) -> Result<bool>;
 
     /// The local document `_local/{name}`, revision `0-N`.
     async fn get_local(&self, name: &str) -> Result<Option<StoredDocument>>;

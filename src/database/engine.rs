@@ -689,26 +689,9 @@ impl Database {
         }
     }
 
-    /// Erases every trace of one document.
+    /// Erases every trace of one document, and of no other (ids that start with it included).
     async fn erase(&self, id: &str) -> Result<()> {
-        // `erase_prefix` takes a prefix: erase the id's own record only when no other id starts
-        // with it, else there is no exact erase to call and the tree is emptied instead.
-        let range = IdRange {
-            start: Some(id.to_owned()),
-            end: None,
-            inclusive_end: true,
-            descending: false,
-            include_design: true,
-        };
-        let next = self.backend.all_docs(&range, 2, None).await?;
-        let shares_prefix = next.items.iter().any(|doc| doc.id != id && doc.id.starts_with(id));
-        if shares_prefix {
-            return Err(Error::new(
-                ErrorKind::InvalidInput,
-                format!("purging every leaf of {id:?} is not supported while other ids start with it"),
-            ));
-        }
-        self.backend.erase_prefix(id).await?;
+        self.backend.erase_id(id).await?;
         let tree_name = format!("{TREE_PREFIX}{id}");
         if let Some(local) = self.backend.get_local(&tree_name).await? {
             self.backend.delete_local(&tree_name, &local.rev).await?;

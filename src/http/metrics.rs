@@ -247,6 +247,10 @@ impl DocumentBackend for MeteredBackend {
         timed!(self, "erase_prefix", self.inner.erase_prefix(prefix))
     }
 
+    async fn erase_id(&self, id: &str) -> Result<bool> {
+        timed!(self, "erase_id", self.inner.erase_id(id))
+    }
+
     async fn get_local(&self, name: &str) -> Result<Option<StoredDocument>> {
         timed!(self, "get_local", self.inner.get_local(name))
     }
@@ -381,6 +385,9 @@ mod tests {
             unused()
         }
         async fn erase_prefix(&self, _: &str) -> Result<u64> {
+            unused()
+        }
+        async fn erase_id(&self, _: &str) -> Result<bool> {
             unused()
         }
         async fn get_local(&self, _: &str) -> Result<Option<StoredDocument>> {

@@ -166,6 +166,7 @@ fn document_model_cases() -> Vec<Case> {
         local_documents_are_kept_apart,
         never_written_creates_fail_over_tombstones,
         get_many_local_answers_every_name_in_order,
+        erasure_of_one_id_keeps_ids_that_start_with_it,
     ]
 }
 

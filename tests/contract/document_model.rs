@@ -252,6 +252,56 @@ pub async fn erasure_that_keeps_finding_documents_ends(ctx: Ctx) {
     assert!(b.get(&foreign).await.unwrap().is_some(), "another user's id is not erased");
 }
 
+/// `erase_id` removes one id, live or a tombstone, with its feed entry and (on DynamoDB and
+/// Firestore) its body's chunks, and nothing of any id that starts with it: a live one, a
+/// tombstone, one shaped like DynamoDB's chunk ids. A follower's position from before the erasure
+/// still reads the next write.
+pub async fn erasure_of_one_id_keeps_ids_that_start_with_it(ctx: Ctx) {
+    let b = ctx.backend.as_ref();
+    let one = id_of("ex", "ns", "one");
+    // 1.2 MB of noise: chunk items on DynamoDB, a chunk document on Firestore.
+    let big = json!({ "noise": crate::common::corpus::noise(1_200_000, 35) });
+    b.put(&one, &body("ex", "ns", "one", big), Precondition::MustNotExist).await.unwrap();
+    let live = format!("{one}1");
+    let live_rev = b.put(&live, &body("ex", "ns", "one1", json!(1)), Precondition::MustNotExist).await.unwrap();
+    let chunk_like = format!("{one}#chunk#1-x#1");
+    b.put(&chunk_like, &body("ex", "ns", "chunk-like", json!(2)), Precondition::MustNotExist).await.unwrap();
+    let gone = format!("{one}2");
+    let gone_rev = b.put(&gone, &body("ex", "ns", "one2", json!(3)), Precondition::MustNotExist).await.unwrap();
+    b.delete(&gone, &gone_rev).await.unwrap();
+    let tombstone = revisions(b, &gone).await.rev;
+    let kept = |view: &BTreeMap<String, (Revision, bool)>| view.len() >= 4;
+    let before = follow_until(b, None, &mut BTreeMap::new(), &mut Vec::new(), kept).await;
+    if let Some(why) = &ctx.no_purge {
+        let refused = b.erase_id(&one).await.expect_err("erasure without _purge must be refused");
+        assert_eq!(refused.kind(), ErrorKind::Misconfigured, "{why}: {refused}");
+        assert!(b.get(&one).await.unwrap().is_some(), "a refused erasure changes nothing");
+        return;
+    }
+
+    assert!(b.erase_id(&one).await.unwrap(), "the document was there");
+    assert_eq!(b.revisions(&one).await.unwrap(), None, "a trace of the erased id is left");
+    assert!(!b.erase_id(&one).await.unwrap(), "nothing left to erase");
+    assert_eq!(b.get(&live).await.unwrap().map(|doc| doc.rev), Some(live_rev.clone()), "a live id under it");
+    assert_eq!(b.get(&chunk_like).await.unwrap().map(|doc| doc.body["value"].clone()), Some(json!(2)));
+    assert_eq!(revisions(b, &gone).await.rev, tombstone, "a tombstone under it is kept");
+    let mut feed = BTreeMap::new();
+    follow_until(b, None, &mut feed, &mut Vec::new(), |view| view.len() >= 3).await;
+    let expected = BTreeMap::from([
+        (live.clone(), (live_rev, false)),
+        (chunk_like.clone(), (revisions(b, &chunk_like).await.rev, false)),
+        (gone.clone(), (tombstone, true)),
+    ]);
+    assert_eq!(feed, expected, "the feed keeps every other id, and only them");
+
+    // The erased id can be written again from nothing, and a follower from before the erasure
+    // reads that write next.
+    let again = b.put(&one, &body("ex", "ns", "one", json!(4)), Precondition::NeverWritten).await.expect("a new id");
+    let mut next = BTreeMap::new();
+    follow_until(b, before, &mut next, &mut Vec::new(), |view| view.contains_key(&one)).await;
+    assert_eq!(next[&one], (again, false), "the write after the erasure");
+}
+
 /// On a test server that cannot erase without trace (`Ctx::no_purge`), checks that erasure is
 /// refused with an error that says why, and returns `true` (the caller then checks nothing
 /// changed). Everywhere else `false`: the caller checks the erasure itself.

@@ -751,6 +751,12 @@ impl DocumentBackend for CouchDbBackend {
         erased
     }
 
+    async fn erase_id(&self, id: &str) -> Result<bool> {
+        let erased = self.purge_one_id(id).await;
+        self.counts.wrote_design();
+        erased
+    }
+
     async fn get_local(&self, name: &str) -> Result<Option<StoredDocument>> {
         self.read_local(name).await
     }

@@ -1,4 +1,4 @@
-//! Documents in id order, and erasure by id prefix.
+//! Documents in id order, and erasure by id prefix or of one id.
 //!
 //! Documents in id order on CouchDB: its own `_all_docs`.
 //!
@@ -297,6 +297,23 @@ impl CouchDbBackend {
             "documents under {prefix:?} kept being written during {PASSES} erasure passes; {erased} were erased, \
              run the erasure again once the writes stop"
         )))
+    }
+
+    /// `erase_id(id)`: every leaf of `id` purged, read again and purged again while a writer
+    /// adds leaves meanwhile (a bounded number of times); no other id is named to `_purge`.
+    pub(super) async fn purge_one_id(&self, id: &str) -> Result<bool> {
+        let mut erased = false;
+        for _ in 0..PASSES {
+            let Some(tree) = self.leaves_tree(id).await? else { return Ok(erased) };
+            if let Some(unsupported) = self.purge_unsupported().await? {
+                return Err(Error::new(ErrorKind::Misconfigured, format!("{unsupported}; {id:?} is kept")));
+            }
+            let revs: Vec<Value> = tree.leaves().iter().map(|leaf| Value::String(leaf.rev())).collect();
+            let mut batch = PurgeBatch { revs: revs.len(), ..PurgeBatch::default() };
+            batch.docs.insert(id.to_owned(), Value::Array(revs));
+            erased |= self.purge(batch).await? > 0;
+        }
+        Err(Error::conflict(format!("{id:?} kept being written during {PASSES} erasure passes; run the erasure again")))
     }
 
     /// One pass over the feed after `since`: purges every document under `prefix` it meets.

@@ -680,6 +680,10 @@ impl DocumentBackend for DynamoDbBackend {
         self.erase_ids_with_prefix(prefix).await
     }
 
+    async fn erase_id(&self, id: &str) -> Result<bool> {
+        self.erase_one_id(id).await
+    }
+
     async fn get_local(&self, name: &str) -> Result<Option<StoredDocument>> {
         self.read_local(name).await
     }

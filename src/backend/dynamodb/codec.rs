@@ -43,7 +43,12 @@ pub struct Encoded {
 /// The id of chunk `n` (1-based) of revision `rev` of `id`. Base64url (the last part of every
 /// valid id) has no `#`, so this never equals a document id of the data store.
 pub fn chunk_id(id: &str, rev: &str, n: usize) -> String {
-    format!("{id}#chunk#{rev}#{n}")
+    format!("{}{rev}#{n}", chunk_prefix(id))
+}
+
+/// The prefix every chunk id of `id` starts with (and which other documents' ids may share).
+pub fn chunk_prefix(id: &str) -> String {
+    format!("{id}#chunk#")
 }
 
 pub fn encode(id: &str, rev: &str, body: &Map<String, Value>) -> Result<Encoded> {

@@ -1,12 +1,12 @@
 //! Documents in id order over the sharded id index (docs/dynamodb-layout.md), merged across
 //! shards like the feed ([`crate::backend::raw::sharded`]), local documents in name order over
-//! the same index's local shards, and erasure by id prefix.
+//! the same index's local shards, and erasure by id prefix or of one id.
 
 use std::collections::HashMap;
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::operation::query::QueryOutput;
-use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, Select, WriteRequest};
+use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, ReturnValue, Select, WriteRequest};
 use futures::{StreamExt, TryStreamExt};
 use serde_json::Value;
 
@@ -230,15 +230,42 @@ impl DynamoDbBackend {
         if prefix.is_empty() {
             return Err(Error::invalid("prefix", "must not be empty: erasing every document is not an erasure"));
         }
+        self.erase_under(prefix, |_| true).await
+    }
+
+    /// `erase_id(id)`: the document's own item (live or a tombstone: its revision, ancestry and
+    /// feed entry are on it), then its chunk items, found under the chunk prefix and kept to
+    /// those whose `_chunkOf` is `id` (a document may have an id that starts like a chunk's).
+    /// The item goes first: a crash between leaves chunks nothing reads, never a document whose
+    /// chunks are gone.
+    pub(super) async fn erase_one_id(&self, id: &str) -> Result<bool> {
+        let removed = self
+            .client()
+            .delete_item()
+            .table_name(self.table())
+            .set_key(Some(Self::key(id)))
+            .return_values(ReturnValue::AllOld)
+            .send()
+            .await;
+        self.count_cache().wrote();
+        let removed = removed.map_err(|e| map_sdk(e, "erase a document"))?;
+        let own_chunk = |item: &Item| codec::string_attribute(item, codec::CHUNK_OF) == Some(id);
+        self.erase_under(&codec::chunk_prefix(id), own_chunk).await?;
+        Ok(removed.attributes.is_some())
+    }
+
+    /// Deletes every item under `prefix` that `keep` selects, through the id index (or a scan on
+    /// a table not yet upgraded); how many were documents.
+    async fn erase_under(&self, prefix: &str, keep: impl Fn(&Item) -> bool) -> Result<u64> {
         if self.layout_state().await? != LayoutState::Current {
-            return self.erase_by_scan(prefix).await;
+            return self.erase_by_scan(prefix, &keep).await;
         }
         let mut erased = 0;
         for shard in 0..SHARD_COUNT {
             let mut cursor: Option<Item> = None;
             loop {
                 let output = self.query_id_prefix(shard, prefix, None, cursor.take(), "find ids to erase").await?;
-                erased += self.erase_items(output.items()).await?;
+                erased += self.erase_selected(output.items(), &keep).await?;
                 cursor = output.last_evaluated_key;
                 if cursor.is_none() {
                     break;
@@ -251,7 +278,7 @@ impl DynamoDbBackend {
     /// Erasure on a table not yet upgraded: its older items are in no id index, so a consistent
     /// scan of the whole table finds them (cost proportional to the table, not the prefix), so
     /// that erasing a user keeps working before the upgrade.
-    async fn erase_by_scan(&self, prefix: &str) -> Result<u64> {
+    async fn erase_by_scan(&self, prefix: &str, keep: &impl Fn(&Item) -> bool) -> Result<u64> {
         tracing::warn!(table = %self.table(), "erasing by a full table scan: run `agentstore upgrade` to erase by index");
         let mut erased = 0;
         let mut cursor: Option<Item> = None;
@@ -270,7 +297,7 @@ impl DynamoDbBackend {
                 .send()
                 .await
                 .map_err(|e| map_sdk(e, "scan the table for ids to erase"))?;
-            erased += self.erase_items(output.items()).await?;
+            erased += self.erase_selected(output.items(), keep).await?;
             cursor = output.last_evaluated_key;
             if cursor.is_none() {
                 return Ok(erased);
@@ -278,8 +305,10 @@ impl DynamoDbBackend {
         }
     }
 
-    /// Deletes these items outright, 25 a BatchWriteItem; how many were documents (not chunks).
-    async fn erase_items(&self, items: &[Item]) -> Result<u64> {
+    /// Deletes the items `keep` selects outright, 25 a BatchWriteItem; how many were documents
+    /// (not chunks).
+    async fn erase_selected(&self, items: &[Item], keep: &impl Fn(&Item) -> bool) -> Result<u64> {
+        let items: Vec<&Item> = items.iter().filter(|item| keep(item)).collect();
         let ids: Vec<String> =
             items.iter().filter_map(|item| codec::string_attribute(item, codec::ID)).map(str::to_owned).collect();
         let documents = items.iter().filter(|item| !codec::is_chunk(item)).count() as u64;

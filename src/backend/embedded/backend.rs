@@ -247,6 +247,11 @@ impl DocumentBackend for EmbeddedBackend {
         }
     }
 
+    async fn erase_id(&self, id: &str) -> Result<bool> {
+        let id = id.to_owned();
+        self.write(1, move |tables| tables.erase(&id)).await
+    }
+
     async fn get_local(&self, name: &str) -> Result<Option<StoredDocument>> {
         let name = name.to_owned();
         self.blocking(move |db| local::get(db, &name)).await

@@ -31,7 +31,7 @@ pub(super) fn feed_tables(txn: &ReadTransaction, store: &str) -> Result<(MetaTab
 /// The changes after position `since`, at most `limit`, of the store `store` (for messages).
 pub(super) fn changes(db: &Database, store: &str, since: u64, limit: usize) -> Result<ChangesPage> {
     let txn = db.begin_read().map_err(map_redb("begin read"))?;
-    let (_, feed) = feed_tables(&txn, store)?;
+    let (meta, feed) = feed_tables(&txn, store)?;
     let docs = txn.open_table(DOCS).map_err(map_redb("open docs table"))?;
     let tombstones = txn.open_table(TOMBSTONES).map_err(map_redb("open tombstones table"))?;
     let mut changes = Vec::with_capacity(limit.min(1024));
@@ -56,7 +56,16 @@ pub(super) fn changes(db: &Database, store: &str, since: u64, limit: usize) -> R
         waiting += 1;
     }
     let pending = (waiting < PENDING_COUNT_BOUND).then_some(waiting as u64);
-    let last_seq = changes.last().map_or_else(|| since.to_string(), |c| c.seq.clone());
+    let last_returned = changes.last().map_or(Ok(since), |c| decode_feed_token(&c.seq))?;
+    let last_seq = if waiting > 0 {
+        last_returned
+    } else {
+        // The end of the feed in this snapshot: its position, which an erasure of the newest
+        // entries does not move back (the recorded floor), so a `last_seq` handed out before a
+        // purge is never ahead of one handed out after it.
+        last_returned.max(next_feed_position(&feed, &meta)? - 1)
+    };
+    let last_seq = last_seq.to_string();
     Ok(ChangesPage { changes, last_seq, pending, unsettled: 0 })
 }
 

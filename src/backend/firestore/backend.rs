@@ -481,6 +481,10 @@ impl DocumentBackend for FirestoreBackend {
         self.erase_ids_with_prefix(prefix).await
     }
 
+    async fn erase_id(&self, id: &str) -> Result<bool> {
+        self.erase_one_id(id).await
+    }
+
     async fn get_local(&self, name: &str) -> Result<Option<StoredDocument>> {
         Ok(self.read_local(name).await?.map(|(doc, _)| doc))
     }

@@ -1,5 +1,5 @@
-//! Documents in id order (`_id` order among live documents) and erasure by id prefix, and the
-//! composite id of a stored document.
+//! Documents in id order (`_id` order among live documents), erasure by id prefix or of one id,
+//! and the composite id of a stored document.
 
 use serde_json::{json, Value};
 
@@ -13,6 +13,9 @@ use crate::error::Result;
 /// Documents erased per query and commit (Firestore's limit on one commit is 500 writes; a
 /// document may take several with its chunks).
 pub(super) const ERASE_PAGE: usize = 100;
+
+/// Writes in one commit at most (Firestore's limit).
+const COMMIT_WRITES_MAX: usize = 500;
 
 /// A structured query over `collection` in `_id` order through `range` (its direction and ends
 /// as `_id` filters, besides `filters`), at most `limit` documents, after the `_id` `after`.
@@ -116,19 +119,47 @@ impl FirestoreBackend {
                     past_prefix = true;
                     break;
                 }
-                let document_id = self.name_of_document(document).to_owned();
-                writes.push(json!({ "delete": self.client.document_name(&document_id) }));
-                let chunks = codec::chunk_count(fields_of(document));
-                writes.extend((1..=chunks).map(|n| json!({ "delete": self.client.chunk_name(&document_id, n) })));
+                writes.extend(self.erasing_writes(document));
                 erased += 1;
                 after = Some(id);
             }
-            for group in writes.chunks(500) {
-                self.commit(group.to_vec(), &doing).await?;
-            }
+            self.commit_in_groups(&writes, &doing).await?;
             if past_prefix || !full {
                 return Ok(erased);
             }
         }
+    }
+
+    /// Deletes outright (no tombstone) the document whose `_id` is `id`, live or deleted, with
+    /// its chunk documents, and no other; whether there was one.
+    pub(super) async fn erase_one_id(&self, id: &str) -> Result<bool> {
+        let query = json!({
+            "select": select(&[codec::ID, codec::CHUNKS]),
+            "from": [{ "collectionId": self.client.collection() }],
+            "where": field_filter(codec::ID, "EQUAL", json!({ "stringValue": id })),
+            "limit": ERASE_PAGE,
+        });
+        let doing = format!("erase the document {id:?}");
+        let answer = self.run_raw_query(&query, None, &doing).await?;
+        let writes: Vec<Value> = answer.documents.iter().flat_map(|document| self.erasing_writes(document)).collect();
+        self.commit_in_groups(&writes, &doing).await?;
+        Ok(!answer.documents.is_empty())
+    }
+
+    /// Commits `writes` in as few commits as Firestore's limit on one allows.
+    async fn commit_in_groups(&self, writes: &[Value], doing: &str) -> Result<()> {
+        for group in writes.chunks(COMMIT_WRITES_MAX) {
+            self.commit(group.to_vec(), doing).await?;
+        }
+        Ok(())
+    }
+
+    /// The writes that delete one stored document and its chunk documents.
+    fn erasing_writes(&self, document: &Value) -> Vec<Value> {
+        let document_id = self.name_of_document(document);
+        let chunks = codec::chunk_count(fields_of(document));
+        std::iter::once(json!({ "delete": self.client.document_name(document_id) }))
+            .chain((1..=chunks).map(|n| json!({ "delete": self.client.chunk_name(document_id, n) })))
+            .collect()
     }
 }

@@ -112,6 +112,10 @@ pub trait Layered: Send + Sync + 'static {
         self.inner().erase_prefix(prefix).await
     }
 
+    async fn erase_id(&self, id: &str) -> Result<bool> {
+        self.inner().erase_id(id).await
+    }
+
     async fn get_local(&self, name: &str) -> Result<Option<StoredDocument>> {
         self.inner().get_local(name).await
     }
@@ -299,6 +303,10 @@ impl<L: Layered> DocumentBackend for L {
 
     async fn erase_prefix(&self, prefix: &str) -> Result<u64> {
         Layered::erase_prefix(self, prefix).await
+    }
+
+    async fn erase_id(&self, id: &str) -> Result<bool> {
+        Layered::erase_id(self, id).await
     }
 
     async fn get_local(&self, name: &str) -> Result<Option<StoredDocument>> {

@@ -123,6 +123,10 @@ impl DocumentBackend for FaultyBackend {
         self.fail()
     }
 
+    async fn erase_id(&self, _: &str) -> agentstore::Result<bool> {
+        self.fail()
+    }
+
     async fn get_local(&self, _: &str) -> agentstore::Result<Option<StoredDocument>> {
         self.fail()
     }
