@@ -17,7 +17,7 @@
 //! - [`write`]: replicated writes (`_bulk_docs` with `new_edits: false`).
 //! - [`feed`]: the change feed (`_changes`) and its current position (`update_seq`).
 //! - [`ids`]: documents in id order (`_all_docs`, design documents left out), erasure by prefix
-//!   (`_changes` with a `_selector` filter, then `_purge`).
+//!   (`_changes` with a `_selector` filter, then `_purge`) or of one id (its leaves, then `_purge`).
 //! - [`local`]: `_local/` documents.
 //! - [`history`]: revisions and ancestry (`?revs=true`), tombstones found through `_all_docs`.
 //! - [`counts`]: document counts remembered briefly, so `_all_docs` costs one request.

@@ -11,7 +11,7 @@
 //!   ([`crate::backend::raw::compressed`]) where not.
 //! - [`write`]: writes that continue generations and ancestry, tombstones, replicated writes.
 //! - [`feed`]: the change feed over the sharded feed index.
-//! - [`ids`]: documents in id order over the sharded id index, erasure by prefix.
+//! - [`ids`]: documents in id order over the sharded id index, erasure by prefix or of one id.
 //! - [`count`]: a database table's exact document count over the id index.
 //! - [`local`]: `_local/` documents.
 //! - [`layout`]: the document model's attributes and indexes.

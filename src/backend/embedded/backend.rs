@@ -660,4 +660,24 @@ mod tests {
             store.changes(Some(&follower), 10).await.unwrap().changes.into_iter().map(|c| c.id).collect();
         assert_eq!(seen, ["keep:ns:c"], "the follower sees the write made after the erasure");
     }
+
+    /// Erasing one id takes no other (not one that starts with it), and the end of the feed a
+    /// read reports stays where it was when the erased id was the newest change.
+    #[tokio::test]
+    async fn erasing_one_id_keeps_the_others_and_the_feed_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedBackend::open(&dir.path().join("store.redb")).await.unwrap();
+        let longer = store.put("abcd", &body("a", 1.into()), Precondition::MustNotExist).await.unwrap();
+        let tombstone = store.delete("abcd", &longer).await.unwrap();
+        store.put("abc", &body("b", 1.into()), Precondition::MustNotExist).await.unwrap();
+        let before = store.changes(None, 10).await.unwrap().last_seq;
+        assert!(store.erase_id("abc").await.unwrap());
+        assert!(!store.erase_id("abc").await.unwrap(), "nothing left to erase");
+        let after = store.changes(None, 10).await.unwrap();
+        let listed: Vec<(&str, bool)> = after.changes.iter().map(|c| (c.id.as_str(), c.deleted)).collect();
+        assert_eq!(listed, [("abcd", true)]);
+        assert_eq!(after.changes[0].rev, tombstone);
+        assert_eq!(after.last_seq, before, "the feed's end did not move back");
+        assert_eq!(store.changes(Some(&before), 10).await.unwrap().last_seq, before);
+    }
 }

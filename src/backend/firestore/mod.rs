@@ -12,7 +12,7 @@
 //!   exact, compressed and chunked JSON ([`crate::backend::raw::compressed`]) where not.
 //! - [`write`]: writes that continue generations and ancestry, tombstones, replicated writes.
 //! - [`feed`]: the change feed (`_changedAt` sweeps) and its positions.
-//! - [`ids`]: documents in id order, erasure by prefix.
+//! - [`ids`]: documents in id order, erasure by prefix or of one id.
 //! - [`local`]: `_local/` documents.
 //! - [`layout`]: the document model's fields: stored revisions, ancestry, tombstones, feed time.
 //! - [`upgrade`]: the layout marker and the upgrade of documents of the previous release.
