@@ -130,20 +130,17 @@ impl FirestoreBackend {
         }
     }
 
-    /// Deletes outright (no tombstone) the document whose `_id` is `id`, live or deleted, with
-    /// its chunk documents, and no other; whether there was one.
+    /// Deletes outright (no tombstone) the document `id`, live or deleted, with its chunk
+    /// documents, and no other: read by the name its id makes (its chunk count), then deleted by
+    /// that name; whether there was one.
     pub(super) async fn erase_one_id(&self, id: &str) -> Result<bool> {
-        let query = json!({
-            "select": select(&[codec::ID, codec::CHUNKS]),
-            "from": [{ "collectionId": self.client.collection() }],
-            "where": field_filter(codec::ID, "EQUAL", json!({ "stringValue": id })),
-            "limit": ERASE_PAGE,
-        });
         let doing = format!("erase the document {id:?}");
-        let answer = self.run_raw_query(&query, None, &doing).await?;
-        let writes: Vec<Value> = answer.documents.iter().flat_map(|document| self.erasing_writes(document)).collect();
-        self.commit_in_groups(&writes, &doing).await?;
-        Ok(!answer.documents.is_empty())
+        let name = self.client.document_name(&codec::document_id(id));
+        let reply = self.batch_get_fields(&[name], Some(&[codec::CHUNKS]), &doing).await?;
+        let found = reply.as_array().into_iter().flatten().find_map(|entry| entry.get("found"));
+        let Some(document) = found else { return Ok(false) };
+        self.commit_in_groups(&self.erasing_writes(document), &doing).await?;
+        Ok(true)
     }
 
     /// Commits `writes` in as few commits as Firestore's limit on one allows.
