@@ -3,7 +3,8 @@
 //!
 //! Parameters come from the query string (JSON-encoded keys, as nano and PouchDB send them) or
 //! from a POST body (the Cloudant SDKs send everything there). A range answer is streamed page by
-//! page, so a request without `limit` over a large store holds one backend page at a time. A
+//! page, so a request without `limit` over a large store holds one backend page at a time, each
+//! page sized from the rows before it to about [`PAGE_TARGET_BYTES`] ([`PageSizer`]). A
 //! per-user login's range is cut to its own ids. `total_rows` is the store's live document count
 //! where the backend knows it exactly (0 for a per-user login, which must not watch others' writes); `offset` is only known when the range starts at the
 //! beginning, and is `null` otherwise (see docs/couchdb-api.md). With `keys`, `descending`,
@@ -33,7 +34,7 @@ const PAGE: usize = 500;
 
 /// Rendered bytes each page of a streamed listing aims at, from the size of the rows read so
 /// far ([`PageSizer`]): what a connection whose client stops reading holds of the listing besides
-/// hyper's buffer (`max_write_buffer_bytes`), whatever the documents' size.
+/// hyper's buffer (`max_connection_buffer_bytes`), whatever the documents' size.
 pub(crate) const PAGE_TARGET_BYTES: usize = 256 * 1024;
 
 /// Rows the first page of a listing with documents (`include_docs`) asks for, before any row's

@@ -156,6 +156,7 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("views_build_bounds", |e| Box::pin(views::views_build_bounds(e))),
         ("views_grouping_and_key_order", |e| Box::pin(views::views_grouping_and_key_order(e))),
         ("per_user_feed_positions_sealed", |e| Box::pin(server_rules::per_user_feed_positions_sealed(e))),
+        ("listings_paged_by_bytes", |e| Box::pin(slow_readers::listings_paged_by_bytes(e))),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
