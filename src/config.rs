@@ -199,7 +199,19 @@ pub struct Settings {
     /// Password checks from peers with `couchdb_lockout_threshold` recent failed logins (any
     /// names) that may wait at once for their own (single) verification slot; past it, 429 at once.
     pub couchdb_max_queued_suspect_logins: usize,
+    /// Bytes hyper's buffer of one connection holds: an answer's bytes queued ahead of a client
+    /// that does not read (plus the one piece of the answer being queued), and the longest
+    /// request head (request line and headers; CouchDB 3.4.3 refuses a request line past 8 KB).
+    /// At least [`MIN_CONNECTION_BUFFER_BYTES`]. Both faces.
+    pub max_connection_buffer_bytes: usize,
 }
+
+/// The default `max_connection_buffer_bytes`: 64 KiB, chosen by measurement (docs/bounds.md,
+/// "Slow readers"): a 100 MB download is as fast as with hyper's own ~400 KiB, since the
+/// kernel's socket buffer, not this one, keeps the link busy.
+pub const DEFAULT_CONNECTION_BUFFER_BYTES: usize = 64 << 10;
+/// The least `max_connection_buffer_bytes` hyper takes.
+pub const MIN_CONNECTION_BUFFER_BYTES: usize = 8 << 10;
 
 /// Tokens: in a config file a list of `{ sha256 = "…", user = "…" }` or
 /// `{ sha256 = "…", admin = true }` tables; in the environment (`AGENTSTORE_TOKENS`) a
@@ -385,6 +397,7 @@ impl Settings {
             .and_then(|b| b.set_default("couchdb_lockout_secs", 300u64))
             .and_then(|b| b.set_default("couchdb_lockout_max_entries", 10_000u64))
             .and_then(|b| b.set_default("couchdb_max_queued_suspect_logins", 8u64))
+            .and_then(|b| b.set_default("max_connection_buffer_bytes", DEFAULT_CONNECTION_BUFFER_BYTES as u64))
             .map_err(bad)?;
         builder = match file {
             Some(path) => {
@@ -511,6 +524,12 @@ impl Settings {
             return Err(Error::invalid(
                 "max_inflight_parse_bytes",
                 format!("must be from 1 to {MAX_INFLIGHT_BODY_BYTES}"),
+            ));
+        }
+        if self.max_connection_buffer_bytes < MIN_CONNECTION_BUFFER_BYTES {
+            return Err(Error::invalid(
+                "max_connection_buffer_bytes",
+                format!("must be at least {MIN_CONNECTION_BUFFER_BYTES}"),
             ));
         }
         Ok(())
@@ -671,5 +690,14 @@ mod tests {
         assert_eq!(load("couchdb_lockout_threshold = 0").unwrap().couchdb_lockout_threshold, 0, "0 turns it off");
         let bounded = load("couchdb_max_attachment_bytes = 1048576").unwrap();
         assert_eq!(bounded.couchdb_attachment_limit(), 1 << 20);
+    }
+
+    /// hyper's buffer of a connection is a setting with hyper's minimum (hyper panics below it).
+    #[test]
+    fn the_connection_buffer_is_a_setting_of_at_least_hyper_s_minimum() {
+        assert_eq!(load("").unwrap().max_connection_buffer_bytes, 64 << 10);
+        assert_eq!(load("max_connection_buffer_bytes = 8192").unwrap().max_connection_buffer_bytes, 8192);
+        let message = load("max_connection_buffer_bytes = 8191").err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(message.contains("max_connection_buffer_bytes"), "{message:?}");
     }
 }

@@ -3,7 +3,8 @@
 //!
 //! Parameters come from the query string (JSON-encoded keys, as nano and PouchDB send them) or
 //! from a POST body (the Cloudant SDKs send everything there). A range answer is streamed page by
-//! page, so a request without `limit` over a large store holds one backend page at a time. A
+//! page, so a request without `limit` over a large store holds one backend page at a time, each
+//! page sized from the rows before it to about [`PAGE_TARGET_BYTES`] ([`PageSizer`]). A
 //! per-user login's range is cut to its own ids. `total_rows` is the store's live document count
 //! where the backend knows it exactly (0 for a per-user login, which must not watch others' writes); `offset` is only known when the range starts at the
 //! beginning, and is `null` otherwise (see docs/couchdb-api.md). With `keys`, `descending`,
@@ -28,8 +29,18 @@ use super::served_db::ServedDb;
 use super::{json, Answer, CouchState};
 use crate::backend::{DocumentBackend, DocumentText, IdRange, Page, StoredDocument};
 
-/// Documents asked of the backend per page while streaming a range.
+/// The most rows asked of the backend per page while streaming a range.
 const PAGE: usize = 500;
+
+/// Rendered bytes each page of a streamed listing aims at, from the size of the rows read so
+/// far ([`PageSizer`]): what a connection whose client stops reading holds of the listing besides
+/// hyper's buffer (`max_connection_buffer_bytes`), whatever the documents' size.
+pub(crate) const PAGE_TARGET_BYTES: usize = 256 * 1024;
+
+/// Rows the first page of a listing with documents (`include_docs`) asks for, before any row's
+/// size is known. A listing without documents starts at its largest page: its rows (an id and a
+/// revision) are small enough that [`PAGE`] of them stay well within [`PAGE_TARGET_BYTES`].
+pub(crate) const FIRST_PAGE_WITH_DOCS: usize = 64;
 
 /// The parameters, from the query string or the body, checked.
 pub(crate) struct AllDocsRequest {
@@ -429,7 +440,10 @@ fn range_rows(
             serde_json::to_string(&TextRow(doc)).map(Some).map_err(unwritable)
         };
         return match designs {
-            Ok(designs) => paged_rows(spliced(fetch, range, designs), render, request.skip, request.limit).boxed(),
+            Ok(designs) => {
+                let sizer = PageSizer::for_listing(true);
+                paged_rows(spliced(fetch, range, designs), render, request.skip, request.limit, sizer).boxed()
+            }
             Err(err) => stream::once(async move { Err(err) }).boxed(),
         };
     }
@@ -443,7 +457,8 @@ fn range_rows(
         }
         serde_json::to_string(&RowText(doc)).map(Some).map_err(unwritable)
     };
-    paged_rows(spliced(fetch, range, designs), render, request.skip, request.limit).boxed()
+    let sizer = PageSizer::for_listing(false);
+    paged_rows(spliced(fetch, range, designs), render, request.skip, request.limit, sizer).boxed()
 }
 
 /// Where design documents sit among ids: no data-store id starts with `_`, so every one sorts
@@ -552,15 +567,56 @@ pub(crate) fn streamed_listing(
     response
 }
 
+/// How many rows each page of a listing asks for. The first page's size is a guess; each next
+/// page asks for as many rows of the previous page's average rendered size as fit in
+/// [`PAGE_TARGET_BYTES`], at least one and at most `largest`. Small rows reach `largest` after
+/// one page (few backend round trips); rows of 100 KB make pages of two. The target is aimed
+/// at, not enforced: rows far larger than the previous page's make one page larger than it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PageSizer {
+    next: usize,
+    largest: usize,
+}
+
+impl PageSizer {
+    /// A sizer whose first page asks for `first` rows and no page for more than `largest`.
+    pub(crate) fn new(first: usize, largest: usize) -> Self {
+        let largest = largest.max(1);
+        PageSizer { next: first.clamp(1, largest), largest }
+    }
+
+    /// The sizer of an `_all_docs`-like listing: its first page [`FIRST_PAGE_WITH_DOCS`] rows when
+    /// the rows carry documents, [`PAGE`] otherwise.
+    pub(crate) fn for_listing(with_docs: bool) -> Self {
+        PageSizer::new(if with_docs { FIRST_PAGE_WITH_DOCS } else { PAGE }, PAGE)
+    }
+
+    /// Rows the next page asks for.
+    pub(crate) fn rows(&self) -> usize {
+        self.next
+    }
+
+    /// Takes in what a page rendered: `rows` rows of `bytes` in all. A page that rendered no
+    /// row (all hidden) tells nothing and leaves the size as it was.
+    pub(crate) fn saw(&mut self, rows: usize, bytes: usize) {
+        if rows == 0 {
+            return;
+        }
+        let average = bytes.div_ceil(rows).max(1);
+        self.next = (PAGE_TARGET_BYTES / average).clamp(1, self.largest);
+    }
+}
+
 /// A listing's rows as JSON text chunks (`,` between rows), one page at a time: `fetch(want,
 /// token)` reads a page, `render` writes an item's row (`None`: the item is not shown and does not
 /// count), after `skip` shown rows and up to `limit` of them. Each page asks for no more items
-/// than the rows still wanted ([`PAGE`] at most).
+/// than the rows still wanted, and no more than `sizer` gives for the rows seen so far.
 pub(crate) fn paged_rows<T, F, Fut, R>(
     fetch: F,
     render: R,
     skip: u64,
     limit: Option<u64>,
+    sizer: PageSizer,
 ) -> impl futures::Stream<Item = crate::Result<Bytes>>
 where
     F: Fn(usize, Option<String>) -> Fut + Clone,
@@ -574,6 +630,7 @@ where
         to_skip: u64,
         remaining: u64,
         first_row: bool,
+        sizer: PageSizer,
     }
     let cursor = Cursor {
         token: None,
@@ -582,6 +639,7 @@ where
         to_skip: skip,
         remaining: limit.unwrap_or(u64::MAX),
         first_row: true,
+        sizer,
     };
     stream::try_unfold(cursor, move |mut cursor| {
         let fetch = fetch.clone();
@@ -590,13 +648,17 @@ where
             if cursor.done || cursor.remaining == 0 || (cursor.started && cursor.token.is_none()) {
                 return Ok(None);
             }
-            let want = (cursor.remaining.saturating_add(cursor.to_skip)).min(PAGE as u64) as usize;
+            let wanted = cursor.remaining.saturating_add(cursor.to_skip);
+            let want = usize::try_from(wanted).unwrap_or(usize::MAX).min(cursor.sizer.rows());
             let page = fetch(want.max(1), cursor.token.take()).await?;
             cursor.started = true;
             cursor.token = page.next;
             let mut chunk = String::new();
+            let (mut rendered_rows, mut rendered_bytes) = (0, 0);
             for item in &page.items {
                 let Some(row) = render(item)? else { continue };
+                rendered_rows += 1;
+                rendered_bytes += row.len();
                 if cursor.to_skip > 0 {
                     cursor.to_skip -= 1;
                     continue;
@@ -613,6 +675,7 @@ where
                 chunk.push('\n');
                 chunk.push_str(&row);
             }
+            cursor.sizer.saw(rendered_rows, rendered_bytes);
             Ok(Some((Bytes::from(chunk), cursor)))
         }
     })
@@ -729,6 +792,51 @@ mod tests {
         // Without design documents the range is read whole: one backend read per page.
         let (seen, reads) = spliced_ids(&ids, &[], range(None, None, false), 5).await;
         assert_eq!((seen, reads), (ids.iter().map(|id| (*id).to_owned()).collect::<Vec<_>>(), 1));
+    }
+
+    /// The rows each page asks for while `paged_rows` lists `count` items rendered as rows of
+    /// `row_bytes` bytes each, `limit` of them at most, with a listing's sizer.
+    async fn page_sizes(count: usize, row_bytes: usize, limit: Option<u64>, with_docs: bool) -> Vec<usize> {
+        let asked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let asks = std::sync::Arc::clone(&asked);
+        let fetch = move |want: usize, token: Option<String>| {
+            asks.lock().unwrap().push(want);
+            let from: usize = token.as_deref().and_then(|t| t.parse().ok()).unwrap_or(0);
+            let until = (from + want).min(count);
+            let next = (until < count).then(|| until.to_string());
+            async move { Ok(Page { items: (from..until).collect::<Vec<usize>>(), next }) }
+        };
+        let render = move |_: &usize| Ok(Some("x".repeat(row_bytes)));
+        let sizer = PageSizer::for_listing(with_docs);
+        let chunks: Vec<Bytes> = paged_rows(fetch, render, 0, limit, sizer).map(|chunk| chunk.unwrap()).collect().await;
+        let rows: usize = chunks.iter().map(|chunk| chunk.iter().filter(|byte| **byte == b'\n').count()).sum();
+        assert_eq!(rows, limit.map_or(count, |limit| count.min(limit as usize)), "every row is listed once");
+        let asked = asked.lock().unwrap().clone();
+        asked
+    }
+
+    #[tokio::test]
+    async fn pages_are_sized_by_the_bytes_of_their_rows() {
+        // Documents of 100 KB: after the first page, pages of two rows (256 KiB at most).
+        let large = page_sizes(100, 100_000, None, true).await;
+        assert_eq!(large[0], FIRST_PAGE_WITH_DOCS);
+        assert!(large[1..].iter().all(|&rows| rows * 100_000 <= PAGE_TARGET_BYTES), "{large:?}");
+        // Documents of 50 bytes: the second page is the largest, so a listing of 564 rows costs
+        // two backend reads.
+        assert_eq!(page_sizes(564, 50, None, true).await, [FIRST_PAGE_WITH_DOCS, PAGE]);
+        // Rows without documents start at the largest page: one read for up to 500 rows.
+        assert_eq!(page_sizes(500, 90, None, false).await, [PAGE]);
+        // A limit below the first page is asked for as it is.
+        assert_eq!(page_sizes(100, 50, Some(20), true).await, [20]);
+        // Documents past the target: one row a page after the first.
+        let huge = page_sizes(70, 1_000_000, None, true).await;
+        assert_eq!(huge, [FIRST_PAGE_WITH_DOCS, 1, 1, 1, 1, 1, 1]);
+        // Rows of mixed sizes follow the previous page's average.
+        let mut sizer = PageSizer::for_listing(true);
+        sizer.saw(64, 64 * 2_100);
+        assert_eq!(sizer.rows(), PAGE_TARGET_BYTES / 2_100);
+        sizer.saw(0, 0);
+        assert_eq!(sizer.rows(), PAGE_TARGET_BYTES / 2_100, "a page of hidden rows changes nothing");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! `GET/POST /{db}/_changes`: the backend's change feed in CouchDB's shape.
 //!
-//! - `feed=normal` streams every change after `since` (up to `limit`), page by page, then
+//! - `feed=normal` streams every change after `since` (up to `limit`), page by page (pages sized
+//!   by their rows' bytes, as listings' are: [`super::all_docs::PageSizer`]), then
 //!   `last_seq` and `pending`; `longpoll` does the same but, with nothing to report, waits until a
 //!   change arrives or `timeout` passes; `continuous` writes one line per change as they come,
 //!   ending at `timeout` (unless `heartbeat` keeps it open) with a `last_seq` line.
@@ -38,6 +39,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::access::Principal;
+use super::all_docs::{PageSizer, FIRST_PAGE_WITH_DOCS};
 use super::auth::Identity;
 use super::document::{doc_json, tombstone_body};
 use super::error::{CouchError, CouchResult};
@@ -541,6 +543,8 @@ struct Cursor {
     delivered: DeliveredTail,
     /// This feed's place in its login's count of long-lived feeds.
     _slot: Option<FeedSlot>,
+    /// How many changes the next page reads, from the size of the rows so far.
+    sizer: PageSizer,
 }
 
 /// Why an idle feed woke up.
@@ -586,7 +590,10 @@ async fn respond(
     let since = resolve_since(backend.as_ref(), asked).await.map_err(malformed)?;
     // The first page is read here, before the status line: a `since` the backend does not know
     // is a 400 now, not a stream that breaks off.
-    let first_size = request.limit.map_or(DEFAULT_PAGE, |l| l.clamp(1, DEFAULT_PAGE as u64) as usize);
+    // Pages are sized by the bytes of their rows, as listings' are (a client that stops reading
+    // holds a page): documents make the first page small and the next ones follow their size.
+    let sizer = PageSizer::new(if request.include_docs { FIRST_PAGE_WITH_DOCS } else { DEFAULT_PAGE }, DEFAULT_PAGE);
+    let first_size = request.limit.map_or(sizer.rows(), |l| l.clamp(1, sizer.rows() as u64) as usize);
     let first_page = read_page(backend.as_ref(), since.as_deref(), first_size).await.map_err(malformed)?;
     let last_seq = match &since {
         Some(position) => position.clone(),
@@ -618,6 +625,7 @@ async fn respond(
         stopping: state.stopping.clone(),
         _slot: slot,
         delivered: DeliveredTail::default(),
+        sizer,
     };
     let eventsource = cursor.request.eventsource;
     // The first page's rows are made here too, before the status line: a design function that
@@ -671,7 +679,8 @@ async fn step(cursor: &mut Cursor) -> crate::Result<String> {
     let mut page = match cursor.first_page.take() {
         Some(page) => page,
         None => {
-            let page_size = remaining.map(|r| r.min(DEFAULT_PAGE as u64) as usize).unwrap_or(DEFAULT_PAGE);
+            let largest = cursor.sizer.rows();
+            let page_size = remaining.map(|r| r.min(largest as u64) as usize).unwrap_or(largest);
             match read_page(cursor.backend.as_ref(), cursor.since.as_deref(), page_size).await {
                 Ok(page) => page,
                 // A read that fails because the database was deleted (its table or file gone)
@@ -729,6 +738,8 @@ async fn step(cursor: &mut Cursor) -> crate::Result<String> {
     if !rows.is_empty() {
         cursor.backoff.reset();
     }
+    // Per change read, not per row sent: a filter's reads cost no memory once the page is done.
+    cursor.sizer.saw(page.changes.len(), chunk.len());
     let at_end = page.pending == 0;
     let finished = match request.feed {
         Feed::Normal => at_end,

@@ -26,7 +26,7 @@ use serde_json::{json, Value};
 
 use super::access::Principal;
 use super::all_docs::{
-    keys_page, paged_rows, parse_request, post_fields, query_fields, streamed_listing, AllDocsRequest,
+    keys_page, paged_rows, parse_request, post_fields, query_fields, streamed_listing, AllDocsRequest, PageSizer,
 };
 use super::error::CouchError;
 use super::served_db::ServedDb;
@@ -212,7 +212,8 @@ where
     let include_docs = request.include_docs;
     let fetch_names = move |want: usize, token: Option<String>| fetch(names.clone(), want, token);
     let render = move |doc: &StoredDocument| Ok(Some(row(doc, include_docs).to_string()));
-    let mut rows = Box::pin(paged_rows(fetch_names, render, request.skip, request.limit));
+    let mut rows =
+        Box::pin(paged_rows(fetch_names, render, request.skip, request.limit, PageSizer::for_listing(include_docs)));
     // The first page is read before the status is sent, so a refusal is an error status.
     let first = rows.next().await.transpose().map_err(listing_error)?;
     // The head's members, then the rows: the object's text without its closing brace.

@@ -18,6 +18,10 @@
 //!   error, and whatever it answers is replaced by a 408 naming the bound: one implementation for
 //!   every router served here (the REST API and the CouchDB API), so neither face holds a
 //!   connection for a stalled body, and neither answers it with a 5xx.
+//! - hyper's buffer of a connection holds at most `max_connection_buffer_bytes` (plus the piece
+//!   of an answer being queued): a client that stops reading a streamed answer holds that much
+//!   of it here (and the listing's page, docs/bounds.md "Slow readers"), not hyper's ~400 KB.
+//!   The same bound is hyper's longest request head.
 //! - Each request carries the peer's address (`ConnectInfo<SocketAddr>` in its extensions), for
 //!   limits kept per client (failed logins, long-lived feeds).
 //! - Closing is a *lingering* close: the server half-closes its side, then reads and discards what
@@ -66,6 +70,9 @@ pub struct ConnectionLimits {
     pub linger_bytes: usize,
     /// The time bounds of a request body.
     pub body: BodyTimeLimits,
+    /// hyper's buffer of one connection (`max_connection_buffer_bytes`): what an answer queues
+    /// ahead of a client that does not read, and the longest request head.
+    pub buffer_bytes: usize,
 }
 
 /// How a request body must keep arriving, from the handler's first read (module documentation).
@@ -118,6 +125,7 @@ impl ConnectionLimits {
             // Enough to take in a whole body of twice the limit that the server refused early.
             linger_bytes: settings.body_limit().saturating_mul(2).saturating_add(1 << 20),
             body: BodyTimeLimits::from_settings(settings),
+            buffer_bytes: settings.max_connection_buffer_bytes,
         }
     }
 }
@@ -220,6 +228,8 @@ async fn serve_connection(
     });
     let mut http1 = hyper::server::conn::http1::Builder::new();
     http1.timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout).keep_alive(true);
+    // hyper asserts its minimum; the setting is checked against it when loaded.
+    http1.max_buf_size(limits.buffer_bytes.max(crate::config::MIN_CONNECTION_BUFFER_BYTES));
     let connection = http1.serve_connection(io, service);
     tokio::pin!(connection);
     let mut stopping = *stop.borrow_and_update();
@@ -597,6 +607,7 @@ mod tests {
             idle_timeout: 60 * SECOND,
             linger_bytes: 1 << 20,
             body,
+            buffer_bytes: crate::config::DEFAULT_CONNECTION_BUFFER_BYTES,
         };
         tokio::spawn(serve(listener, router, limits, std::future::pending(), SECOND));
         addr

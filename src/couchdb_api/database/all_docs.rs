@@ -19,7 +19,7 @@ use super::attachments::{inline_into, inline_wanted, Inline};
 use super::{leaf_json, DocOptions, OpenDb};
 use crate::backend::IdRange;
 use crate::couchdb_api::all_docs::{
-    keys_page, paged_rows, parse_request, post_fields, query_fields, streamed_listing, AllDocsRequest,
+    keys_page, paged_rows, parse_request, post_fields, query_fields, streamed_listing, AllDocsRequest, PageSizer,
 };
 use crate::couchdb_api::error::CouchError;
 use crate::couchdb_api::local_docs::ListingRequest;
@@ -234,6 +234,7 @@ fn range_rows(
     inline: Option<Inline>,
 ) -> impl futures::Stream<Item = crate::Result<Bytes>> {
     let (skip, limit) = (request.skip, request.limit);
+    let sizer = PageSizer::for_listing(request.include_docs);
     let request = Arc::new(request);
     let inline = Arc::new(inline);
     let fetching = Arc::clone(&request);
@@ -267,5 +268,5 @@ fn range_rows(
     let render = move |(id, state, doc, _shares): &RangeItem| {
         Ok(row(id, state, &request, doc.as_ref()).map(|row| row.to_string()))
     };
-    paged_rows(fetch, render, skip, limit)
+    paged_rows(fetch, render, skip, limit, sizer)
 }

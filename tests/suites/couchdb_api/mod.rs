@@ -159,6 +159,7 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("per_user_feed_positions_sealed", |e| Box::pin(server_rules::per_user_feed_positions_sealed(e))),
         ("purge_keeps_other_ids_history", |e| Box::pin(purge::purge_keeps_other_ids_history(e))),
         ("purge_leaves_ids_starting_with_it", |e| Box::pin(purge::purge_leaves_ids_starting_with_it(e))),
+        ("listings_paged_by_bytes", |e| Box::pin(slow_readers::listings_paged_by_bytes(e))),
     ];
     let mut trials = Vec::new();
     for backend in &backends {

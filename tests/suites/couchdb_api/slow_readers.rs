@@ -89,3 +89,41 @@ pub(super) async fn slow_readers_hold_no_threads(e: Endpoint) -> TestResult {
     drop(unread);
     Ok(())
 }
+
+/// Documents of [`PAGED_DOC_BYTES`]: more than a listing's first page with documents (64 rows)
+/// and, together, several times the bytes a page aims at (256 KiB), so the pages after the first
+/// are sized from it.
+const PAGED_DOCS: usize = 150;
+const PAGED_DOC_BYTES: usize = 8000;
+
+/// Listings whose pages are sized by their rows' bytes (`_all_docs`, `_changes`, with documents)
+/// list every document once and in order, with `skip` and `limit` across pages, on every
+/// backend's tokens.
+pub(super) async fn listings_paged_by_bytes(e: Endpoint) -> TestResult {
+    let db = fresh_db_named(&e, "paged", "bytes").await?;
+    let fill = "p".repeat(PAGED_DOC_BYTES);
+    let docs: Vec<Value> = (0..PAGED_DOCS).map(|i| json!({ "_id": format!("d{i:03}"), "fill": fill })).collect();
+    e.post(&format!("/{db}/_bulk_docs"), json!({ "docs": docs })).await?.expect(201, "_bulk_docs")?;
+    let ids = |rows: &Value, doc_of: &dyn Fn(&Value) -> Value| -> Result<Vec<String>, Failed> {
+        let rows = rows.as_array().ok_or("rows are not an array")?;
+        let mut ids = Vec::with_capacity(rows.len());
+        for row in rows {
+            let doc = doc_of(row);
+            check(doc["fill"] == json!(fill), || format!("{}: its document is not whole", row["id"]))?;
+            ids.push(doc["_id"].as_str().unwrap_or_default().to_owned());
+        }
+        Ok(ids)
+    };
+    let expected = |from: usize, to: usize| (from..to).map(|i| format!("d{i:03}")).collect::<Vec<_>>();
+    let listed = e.get(&format!("/{db}/_all_docs?include_docs=true")).await?.expect(200, "_all_docs")?;
+    let seen = ids(&listed.body["rows"], &|row| row["doc"].clone())?;
+    check(seen == expected(0, PAGED_DOCS), || format!("_all_docs listed {seen:?}"))?;
+    let part = e.get(&format!("/{db}/_all_docs?include_docs=true&skip=70&limit=75")).await?.expect(200, "skip")?;
+    let seen = ids(&part.body["rows"], &|row| row["doc"].clone())?;
+    check(seen == expected(70, 145), || format!("skip=70&limit=75 listed {seen:?}"))?;
+    let changes = e.get(&format!("/{db}/_changes?include_docs=true")).await?.expect(200, "_changes")?;
+    let mut seen = ids(&changes.body["results"], &|row| row["doc"].clone())?;
+    seen.sort();
+    check(seen == expected(0, PAGED_DOCS), || format!("_changes listed {seen:?}"))?;
+    Ok(())
+}
