@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::log::{bounded_line, DATABASE_LOG_BYTES_PER_MINUTE};
+use super::log::{bounded_line, DATABASE_LOG_BYTES_PER_MINUTE, LOG_LINE_BYTES};
 use super::worker::{couch_function_source, replace_lone_surrogates};
 use super::*;
 
@@ -427,17 +427,15 @@ async fn a_thrown_value_whose_description_never_ends_is_stopped_at_the_time_boun
 #[tokio::test]
 async fn log_lines_are_cut_and_each_database_is_held_to_its_log_budget() {
     let engine = engine();
-    // Each call logs 64 MiB in 16 KiB lines, far past the budget of its database.
-    let loud = |database: &str| {
-        DesignCode::new(
-            database,
-            "_design/loud",
-            "1-a",
-            Arc::new(json!({"views": {"v": {"map":
-                "function(doc) { var line = 'x'.repeat(16384); for (var i = 0; i < 4096; i++) log(line); emit(doc._id, 1); }"
-            }}})),
-        )
+    // A map function logging `lines` lines of 16 KiB each for its document.
+    let logging = |database: &str, lines: usize| {
+        let map = format!(
+            "function(doc) {{ var line = 'x'.repeat(16384); for (var i = 0; i < {lines}; i++) log(line); emit(doc._id, 1); }}"
+        );
+        DesignCode::new(database, "_design/loud", "1-a", Arc::new(json!({"views": {"v": {"map": map}}})))
     };
+    // Each call logs 64 MiB, far past the budget of its database.
+    let loud = |database: &str| logging(database, 4096);
     let one = docs(vec![json!({"_id": "a"})]);
     engine.map(&loud("first"), &views(&["v"]), one.clone()).await.expect("the map runs");
     let first = engine.logged_bytes();
@@ -446,8 +444,14 @@ async fn log_lines_are_cut_and_each_database_is_held_to_its_log_budget() {
     assert!(first <= DATABASE_LOG_BYTES_PER_MINUTE + DATABASE_LOG_BYTES_PER_MINUTE / 4, "{first} bytes logged");
     assert!(first >= DATABASE_LOG_BYTES_PER_MINUTE / 2, "{first} bytes logged");
     // Another database has a budget of its own.
-    engine.map(&loud("second"), &views(&["v"]), one).await.expect("the map runs");
-    assert!(engine.logged_bytes() - first >= DATABASE_LOG_BYTES_PER_MINUTE / 2);
+    engine.map(&loud("second"), &views(&["v"]), one.clone()).await.expect("the map runs");
+    let second = engine.logged_bytes() - first;
+    assert!(second >= DATABASE_LOG_BYTES_PER_MINUTE / 2, "{second} bytes logged");
+    // A few long lines, well within every budget: each is written cut to LOG_LINE_BYTES (the
+    // budgets above would hold uncut lines too).
+    engine.map(&logging("few", 4), &views(&["v"]), one).await.expect("the map runs");
+    let few = engine.logged_bytes() - first - second;
+    assert_eq!(few, 4 * LOG_LINE_BYTES as u64, "4 lines of 16 KiB logged as {few} bytes");
 }
 
 #[tokio::test]
