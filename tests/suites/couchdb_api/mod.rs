@@ -156,6 +156,7 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("views_build_bounds", |e| Box::pin(views::views_build_bounds(e))),
         ("views_grouping_and_key_order", |e| Box::pin(views::views_grouping_and_key_order(e))),
         ("per_user_feed_positions_sealed", |e| Box::pin(server_rules::per_user_feed_positions_sealed(e))),
+        ("views_queries_bound_is_a_setting", |e| Box::pin(views::views_queries_bound_is_a_setting(e))),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
@@ -188,6 +189,7 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
                             }
                             "attachments_inline_budget" => Some(attachments::INLINE_BUDGET_CONFIG.to_owned()),
                             "views_build_bounds" => Some(views::BUILD_BOUNDS_CONFIG.to_owned()),
+                            "views_queries_bound_is_a_setting" => Some(views::VIEW_QUERIES_CONFIG.to_owned()),
                             _ => None,
                         };
                         let endpoint = Endpoint::start(fresh, backend_name, logins).await?;
@@ -246,8 +248,9 @@ impl Endpoint {
         let settings =
             Settings::load(Some(&config_file), &Overrides::default()).map_err(|e| Failed::from(e.to_string()))?;
         // Every backend with its default settings: a write shows in `_changes` at once, settle
-        // window or not (issue 22), so no trial waits one out.
-        let store = Arc::new(DataStore::open(Arc::clone(&ctx.backend), StoreOptions::default()).await?);
+        // window or not (issue 22), so no trial waits one out. The store's options are the
+        // trial's configuration (`couchdb_max_tree_bytes` bounds the data-store database too).
+        let store = Arc::new(DataStore::open(Arc::clone(&ctx.backend), settings.store_options()).await?);
         let app = CouchApp::build(store, &settings)?;
         let databases = app.databases();
         let listener = bind("127.0.0.1:0", &app, false).await?;
