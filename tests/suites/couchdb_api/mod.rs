@@ -157,6 +157,8 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("views_grouping_and_key_order", |e| Box::pin(views::views_grouping_and_key_order(e))),
         ("per_user_feed_positions_sealed", |e| Box::pin(server_rules::per_user_feed_positions_sealed(e))),
         ("views_queries_bound_is_a_setting", |e| Box::pin(views::views_queries_bound_is_a_setting(e))),
+        ("attachments_inline_wait_is_a_setting", |e| Box::pin(attachments::attachments_inline_wait_is_a_setting(e))),
+        ("data_store_tree_bound_is_the_setting", |e| Box::pin(revision_trees::data_store_tree_bound_is_the_setting(e))),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
@@ -190,6 +192,10 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
                             "attachments_inline_budget" => Some(attachments::INLINE_BUDGET_CONFIG.to_owned()),
                             "views_build_bounds" => Some(views::BUILD_BOUNDS_CONFIG.to_owned()),
                             "views_queries_bound_is_a_setting" => Some(views::VIEW_QUERIES_CONFIG.to_owned()),
+                            "attachments_inline_wait_is_a_setting" => Some(attachments::INLINE_WAIT_CONFIG.to_owned()),
+                            "data_store_tree_bound_is_the_setting" => {
+                                Some(revision_trees::SMALL_TREE_BOUND_CONFIG.to_owned())
+                            }
                             _ => None,
                         };
                         let endpoint = Endpoint::start(fresh, backend_name, logins).await?;
