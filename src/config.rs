@@ -128,9 +128,9 @@ pub struct Settings {
     /// Largest document body on a database besides the data-store one, in bytes of its JSON
     /// (CouchDB's `max_document_size`); past it, 413 `document_too_large`.
     pub couchdb_max_document_bytes: usize,
-    /// Largest revision tree of one document on a database besides the data-store one, in bytes
-    /// as a read of the document holds it: every leaf's body (JSON) and the revision ids of its
-    /// whole path (docs/bounds.md). A write past it is refused with 413 naming this setting; a
+    /// Largest revision tree of one document on any database, the data-store one included, in
+    /// bytes as a read of the document holds it: every leaf's body (JSON) and the revision ids of
+    /// its whole path (docs/bounds.md). A write past it is refused with 413 naming this setting; a
     /// replicator's thousands of branches off a long history cost leaves × history length.
     pub couchdb_max_tree_bytes: usize,
     /// Largest attachment on a database besides the data-store one, in bytes (CouchDB's
@@ -145,10 +145,14 @@ pub struct Settings {
     pub couchdb_max_gzip_ratio: u64,
     /// Attachment bytes shown inline (`attachments=true` answered as JSON, base64 in the
     /// document) being served at once, server-wide; each costs about four times its length in
-    /// memory until its answer is sent. A read waits for its share (429 after 30 s); one answer
-    /// whose inline attachments alone pass it is 413 naming this setting (read them as
-    /// multipart or one by one). Default 128 MiB.
+    /// memory until its answer is sent. A read waits for its share (429 after
+    /// `couchdb_inline_wait_ms`); one answer whose inline attachments alone pass it is 413 naming
+    /// this setting (read them as multipart or one by one). Default 128 MiB.
     pub couchdb_max_inflight_inline_bytes: usize,
+    /// Longest a read waits for its share of `couchdb_max_inflight_inline_bytes`, in
+    /// milliseconds; past it, 429 naming both settings. An answer that holds shares and waits for
+    /// more could otherwise wait for ever on another doing the same. Default 30000.
+    pub couchdb_inline_wait_ms: u64,
     /// How long attachment bytes no revision references are kept before `_compact` or a
     /// document's deletion frees them, in seconds (docs/attachments.md, "When bytes are freed"):
     /// an upload in progress and bytes just stored for a document write about to reference them
@@ -188,6 +192,20 @@ pub struct Settings {
     /// Longest database feed `_changes?descending=true` reads (it reads the whole feed to answer
     /// the newest first); longer ones are refused with 400.
     pub couchdb_max_descending_changes: usize,
+    /// Most queries one `POST …/_view/{view}/queries` may ask (CouchDB sets none); past it, 400
+    /// naming this setting. Each query is checked before the answer starts and then streams, so
+    /// this bounds the work one request queues, not memory. Default 1000.
+    pub couchdb_max_view_queries: usize,
+    /// Longest line a design function writes to the server's log (`log()`, a map function's
+    /// throw), in bytes; the rest is cut and the line says how long it was. Default 4096.
+    pub couchdb_js_log_line_bytes: usize,
+    /// Log bytes one database's design functions may write per minute (refilled continuously);
+    /// lines past it are dropped and counted in the log, the request still answered. Default
+    /// 1 MiB.
+    pub couchdb_js_log_bytes_per_minute: u64,
+    /// Log bytes the design functions of every database together may write per minute; as
+    /// above. Default 8 MiB.
+    pub couchdb_js_log_server_bytes_per_minute: u64,
     /// Failed logins per (name, peer address) after which that pair is locked out (403), like
     /// CouchDB's `chttpd_auth_lockout` `threshold`; 0 turns the lockout off.
     pub couchdb_lockout_threshold: u32,
@@ -382,6 +400,7 @@ impl Settings {
             .and_then(|b| b.set_default("couchdb_max_tree_bytes", 32u64 << 20))
             .and_then(|b| b.set_default("couchdb_max_gzip_ratio", 100u64))
             .and_then(|b| b.set_default("couchdb_max_inflight_inline_bytes", 128u64 << 20))
+            .and_then(|b| b.set_default("couchdb_inline_wait_ms", 30_000u64))
             .and_then(|b| b.set_default("couchdb_attachment_grace_secs", 86_400u64))
             .and_then(|b| b.set_default("couchdb_view_max_rows_per_doc", 10_000u64))
             .and_then(|b| b.set_default("couchdb_view_max_key_bytes", 8_000u64))
@@ -393,6 +412,10 @@ impl Settings {
             .and_then(|b| b.set_default("couchdb_js_workers", 0u64))
             .and_then(|b| b.set_default("couchdb_max_dbs_info_keys", 100u64))
             .and_then(|b| b.set_default("couchdb_max_descending_changes", 100_000u64))
+            .and_then(|b| b.set_default("couchdb_max_view_queries", 1_000u64))
+            .and_then(|b| b.set_default("couchdb_js_log_line_bytes", 4_096u64))
+            .and_then(|b| b.set_default("couchdb_js_log_bytes_per_minute", 1u64 << 20))
+            .and_then(|b| b.set_default("couchdb_js_log_server_bytes_per_minute", 8u64 << 20))
             .and_then(|b| b.set_default("couchdb_lockout_threshold", 5u64))
             .and_then(|b| b.set_default("couchdb_lockout_secs", 300u64))
             .and_then(|b| b.set_default("couchdb_lockout_max_entries", 10_000u64))
@@ -481,8 +504,13 @@ impl Settings {
             ("couchdb_max_tree_bytes", as_u64(self.couchdb_max_tree_bytes)),
             ("couchdb_max_gzip_ratio", self.couchdb_max_gzip_ratio),
             ("couchdb_max_inflight_inline_bytes", as_u64(self.couchdb_max_inflight_inline_bytes)),
+            ("couchdb_inline_wait_ms", self.couchdb_inline_wait_ms),
             ("couchdb_max_dbs_info_keys", as_u64(self.couchdb_max_dbs_info_keys)),
             ("couchdb_max_descending_changes", as_u64(self.couchdb_max_descending_changes)),
+            ("couchdb_max_view_queries", as_u64(self.couchdb_max_view_queries)),
+            ("couchdb_js_log_line_bytes", as_u64(self.couchdb_js_log_line_bytes)),
+            ("couchdb_js_log_bytes_per_minute", self.couchdb_js_log_bytes_per_minute),
+            ("couchdb_js_log_server_bytes_per_minute", self.couchdb_js_log_server_bytes_per_minute),
             ("couchdb_lockout_max_entries", as_u64(self.couchdb_lockout_max_entries)),
             ("couchdb_view_max_rows_per_doc", as_u64(self.couchdb_view_max_rows_per_doc)),
             ("couchdb_view_max_key_bytes", as_u64(self.couchdb_view_max_key_bytes)),
@@ -597,6 +625,11 @@ impl Settings {
                 .saturating_add(self.couchdb_view_max_rows_per_doc.saturating_mul(8))
                 .saturating_add(1024),
             map_call_bytes: self.couchdb_view_batch_bytes,
+            log: crate::js::LogLimits {
+                line_bytes: self.couchdb_js_log_line_bytes,
+                database_bytes_per_minute: self.couchdb_js_log_bytes_per_minute,
+                server_bytes_per_minute: self.couchdb_js_log_server_bytes_per_minute,
+            },
             ..defaults
         }
     }
@@ -624,6 +657,7 @@ impl Settings {
             max_conflict_retries: self.max_conflict_retries,
             page_size: self.page_size,
             deadline: None,
+            max_tree_bytes: self.couchdb_max_tree_bytes,
         }
     }
 }
@@ -665,6 +699,17 @@ mod tests {
             (5, 300, 10_000)
         );
         assert_eq!(settings.couchdb_max_queued_suspect_logins, 8);
+        assert_eq!(settings.couchdb_inline_wait_ms, 30_000);
+        assert_eq!(settings.couchdb_max_view_queries, 1_000);
+        assert_eq!(
+            (
+                settings.couchdb_js_log_line_bytes,
+                settings.couchdb_js_log_bytes_per_minute,
+                settings.couchdb_js_log_server_bytes_per_minute
+            ),
+            (4096, 1 << 20, 8 << 20)
+        );
+        assert_eq!(settings.store_options().max_tree_bytes, settings.couchdb_max_tree_bytes, "one tree bound");
         assert_eq!(
             (
                 settings.couchdb_view_max_rows_per_doc,
@@ -683,6 +728,11 @@ mod tests {
             ("couchdb_changes_min_heartbeat_ms = 70000", "couchdb_changes_min_heartbeat_ms"),
             ("couchdb_lockout_max_entries = 0", "couchdb_lockout_max_entries"),
             ("couchdb_max_attachment_bytes = 0", "couchdb_max_attachment_bytes"),
+            ("couchdb_inline_wait_ms = 0", "couchdb_inline_wait_ms"),
+            ("couchdb_max_view_queries = 0", "couchdb_max_view_queries"),
+            ("couchdb_js_log_line_bytes = 0", "couchdb_js_log_line_bytes"),
+            ("couchdb_js_log_bytes_per_minute = 0", "couchdb_js_log_bytes_per_minute"),
+            ("couchdb_js_log_server_bytes_per_minute = 0", "couchdb_js_log_server_bytes_per_minute"),
         ] {
             let message = load(toml).err().map(|e| e.to_string()).unwrap_or_default();
             assert!(message.contains(field), "{toml}: {message:?}");

@@ -102,6 +102,10 @@ pub struct StoreOptions {
     /// with [`ErrorKind::DeadlineExceeded`] (checked only where giving up leaves nothing applied);
     /// `None` waits as long as the retries allow. The server sets its request timeout here.
     pub deadline: Option<Duration>,
+    /// The largest revision tree of one document, as a read holds it (`couchdb_max_tree_bytes`,
+    /// the same bound as every other database's): a replicated revision that would grow a tree
+    /// past it is refused ([`DocumentBackend::put_branch`]).
+    pub max_tree_bytes: usize,
 }
 
 impl Default for StoreOptions {
@@ -112,6 +116,7 @@ impl Default for StoreOptions {
             max_conflict_retries: 100,
             page_size: 1000,
             deadline: None,
+            max_tree_bytes: crate::backend::rev_tree::DEFAULT_MAX_TREE_BYTES,
         }
     }
 }
@@ -378,7 +383,7 @@ impl DataStore {
             self.ensure_namespace(id.namespace()).await?;
         }
         // Every branch is kept: a revision that loses to the winner stays as a conflict.
-        self.backend.put_branch(id.as_str(), incoming).await
+        self.backend.put_branch(id.as_str(), incoming, self.options.max_tree_bytes).await
     }
 
     /// The limits a whole document must meet: its `value` and `metadata` within the size limit,
@@ -590,7 +595,7 @@ impl DataStore {
                 body: Map::new(),
                 precondition: Precondition::None,
             };
-            self.backend.put_branch(id, &deletion).await?;
+            self.backend.put_branch(id, &deletion, self.options.max_tree_bytes).await?;
         }
         Ok(())
     }

@@ -43,22 +43,19 @@ pub const GRAFT_ATTEMPTS: usize = 16;
 /// How many revisions each side leaf's path keeps (CouchDB's default `_revs_limit`).
 const SIDE_REVS_LIMIT: usize = super::DEFAULT_REVS_LIMIT;
 
-/// The largest tree of one data-store document, in [`RevTree::held_bytes`] (what every read of
-/// it holds): the default of the other databases' `couchdb_max_tree_bytes`, a constant here
-/// since a backend's default method has no settings. Past it a new branch is refused (413).
-pub const MAX_TREE_BYTES: usize = 32 << 20;
-
-/// Refuses a merged tree past [`MAX_TREE_BYTES`] unless it is no larger than the tree read.
-fn check_tree_size(id: &str, before: &RevTree, after: &RevTree) -> Result<()> {
+/// Refuses a merged tree past `max_tree_bytes` (`couchdb_max_tree_bytes`, the bound of every
+/// database) unless it is no larger than the tree read: a document stored under a larger
+/// setting can still be written down.
+fn check_tree_size(id: &str, before: &RevTree, after: &RevTree, max_tree_bytes: usize) -> Result<()> {
     let held = after.held_bytes();
-    if held <= MAX_TREE_BYTES || held <= before.held_bytes() {
+    if held <= max_tree_bytes || held <= before.held_bytes() {
         return Ok(());
     }
     Err(Error::new(
         ErrorKind::TooLarge,
         format!(
             "the revision tree of {id:?} would hold about {held} bytes (its leaves' bodies and paths), more than \
-             the data-store database's bound of {MAX_TREE_BYTES}"
+             couchdb_max_tree_bytes ({max_tree_bytes})"
         ),
     ))
 }
@@ -142,11 +139,13 @@ fn leaves_of(id: &str, body: &Map<String, Value>) -> Result<Vec<Leaf>> {
 
 /// Merges a replicated revision into `id`'s tree, keeping every branch (CouchDB's
 /// `new_edits: false`): `Applied` when it is the winner now, `KeptCurrent` when it is kept as a
-/// losing leaf, `AlreadyKnown` when the tree held it.
+/// losing leaf, `AlreadyKnown` when the tree held it. A merge that would grow the tree past
+/// `max_tree_bytes` is refused (`TooLarge`), nothing written.
 pub async fn graft<B: DocumentBackend + ?Sized>(
     backend: &B,
     id: &str,
     incoming: &ReplicatedRevision,
+    max_tree_bytes: usize,
 ) -> Result<ReplicatedOutcome> {
     super::replicated::check(id, incoming)?;
     let path = path_of(incoming)?;
@@ -181,7 +180,7 @@ pub async fn graft<B: DocumentBackend + ?Sized>(
         if merged == MergeOutcome::AlreadyKnown {
             return Ok(ReplicatedOutcome::AlreadyKnown);
         }
-        check_tree_size(id, &current.tree, &tree)?;
+        check_tree_size(id, &current.tree, &tree, max_tree_bytes)?;
         match save(backend, id, &current, &tree, incoming).await? {
             Some(outcome) => return Ok(outcome),
             None => continue,
@@ -373,12 +372,14 @@ mod tests {
     #[test]
     fn a_tree_past_the_bound_is_refused_when_it_grows() {
         let mut body = Map::new();
-        body.insert("big".into(), json!("x".repeat(MAX_TREE_BYTES)));
+        body.insert("big".into(), json!("x".repeat(1000)));
         let before = RevTree::default();
         let mut after = RevTree::default();
         after.merge(RevPath { start: 1, ids: vec!["a".into()] }, false, body, usize::MAX);
-        let err = check_tree_size("x", &before, &after).unwrap_err();
+        let err = check_tree_size("x", &before, &after, 1000).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::TooLarge);
-        assert!(check_tree_size("x", &after, &after).is_ok());
+        assert!(err.to_string().contains("couchdb_max_tree_bytes (1000)"), "{err}");
+        assert!(check_tree_size("x", &before, &after, 2000).is_ok(), "within the setting");
+        assert!(check_tree_size("x", &after, &after, 1000).is_ok());
     }
 }

@@ -571,9 +571,16 @@ pub trait DocumentBackend: Send + Sync + 'static {
     /// [`DocumentBackend::put_replicated`] keeping every branch, as CouchDB does: an incoming
     /// revision that loses to the winner is kept as a leaf of the tree (`KeptCurrent`), one that
     /// wins moves the previous winner among the other leaves (`Applied`). The default keeps the
-    /// other leaves beside the record ([`branches::graft`]).
-    async fn put_branch(&self, id: &str, incoming: &ReplicatedRevision) -> Result<ReplicatedOutcome> {
-        branches::graft(self, id, incoming).await
+    /// other leaves beside the record ([`branches::graft`]). A revision that would grow the
+    /// tree past `max_tree_bytes` ([`rev_tree::RevTree::held_bytes`], `couchdb_max_tree_bytes`)
+    /// is refused with [`crate::error::ErrorKind::TooLarge`] where the tree is kept here.
+    async fn put_branch(
+        &self,
+        id: &str,
+        incoming: &ReplicatedRevision,
+        max_tree_bytes: usize,
+    ) -> Result<ReplicatedOutcome> {
+        branches::graft(self, id, incoming, max_tree_bytes).await
     }
 
     /// Removes the other branches kept for every id starting with `prefix` (an erasure, after

@@ -24,6 +24,11 @@ pub use stored::{StoredLeaves, StoredTree};
 
 mod stored;
 
+/// The default largest revision tree of one document, in [`RevTree::held_bytes`]
+/// (`couchdb_max_tree_bytes`, one bound for every database): four documents of CouchDB's largest
+/// size with their histories.
+pub const DEFAULT_MAX_TREE_BYTES: usize = 32 << 20;
+
 /// `N-id` parsed: CouchDB's rule (N a positive integer without leading zeros, id non-empty).
 ///
 /// CouchDB also refuses an id of 32 characters that are not all hexadecimal (it decodes such ids

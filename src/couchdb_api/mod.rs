@@ -77,6 +77,8 @@ pub(crate) struct CouchState {
     pub databases: Arc<crate::database::Databases>,
     /// Most names one `POST /_dbs_info` may ask about (`couchdb_max_dbs_info_keys`).
     pub max_dbs_info_keys: usize,
+    /// Most queries one `POST …/_view/{view}/queries` may ask (`couchdb_max_view_queries`).
+    pub max_view_queries: usize,
     /// Their views ([`crate::views`]): the index file and the engine running design functions.
     pub views: Arc<crate::views::service::Views>,
     /// The JavaScript engine running design documents' functions (views, filters).
@@ -145,7 +147,10 @@ impl CouchApp {
                     .with_max_document_bytes(settings.couchdb_max_document_bytes)
                     .with_max_tree_bytes(settings.couchdb_max_tree_bytes)
                     .with_max_gzip_ratio(settings.couchdb_max_gzip_ratio)
-                    .with_inline_budget(settings.couchdb_max_inflight_inline_bytes)
+                    .with_inline_budget(
+                        settings.couchdb_max_inflight_inline_bytes,
+                        Duration::from_millis(settings.couchdb_inline_wait_ms),
+                    )
                     .with_attachment_bounds(
                         settings.couchdb_attachment_limit(),
                         Duration::from_secs(settings.couchdb_attachment_grace_secs),
@@ -153,6 +158,7 @@ impl CouchApp {
                     .with_write_guard(Arc::new(validation::DesignValidation::new(js.clone()))),
             ),
             max_dbs_info_keys: settings.couchdb_max_dbs_info_keys,
+            max_view_queries: settings.couchdb_max_view_queries,
             views,
             js,
             database_router: axum::Router::new(),

@@ -124,9 +124,7 @@ impl Default for DbSettings {
 /// CouchDB's default `max_document_size`: 8,000,000 bytes of a document's JSON.
 pub const DEFAULT_MAX_DOCUMENT_BYTES: usize = 8_000_000;
 
-/// The default largest revision tree of one document, in [`RevTree::held_bytes`]
-/// (`couchdb_max_tree_bytes`): four documents of CouchDB's largest size with their histories.
-pub const DEFAULT_MAX_TREE_BYTES: usize = 32 << 20;
+pub use crate::backend::rev_tree::DEFAULT_MAX_TREE_BYTES;
 
 /// The default of `couchdb_max_gzip_ratio`: text and JSON compress 3 to 20 times, deflate at
 /// most about 1,032 times (what a gzip bomb reaches).
@@ -136,6 +134,10 @@ pub const DEFAULT_MAX_GZIP_RATIO: u64 = 100;
 /// (`attachments=true` as JSON) being served at once, server-wide; each costs about four times
 /// its length in memory (the bytes, their base64 in the document and in the answer).
 pub const DEFAULT_MAX_INFLIGHT_INLINE_BYTES: usize = 128 << 20;
+
+/// The default of `couchdb_inline_wait_ms`: how long a read waits for its share of the inline
+/// budget before 429.
+pub const DEFAULT_INLINE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// One database. Cheap to share; calls after the database was deleted fail with `NotFound`.
 pub struct Database {
@@ -158,6 +160,9 @@ pub struct Database {
     /// Attachment bytes shown inline (base64 in JSON) being served at once, shared by every
     /// database of the server (`couchdb_max_inflight_inline_bytes`).
     inline_budget: Arc<crate::server::budget::ByteBudget>,
+    /// How long a read waits for its share of `inline_budget` before 429
+    /// (`couchdb_inline_wait_ms`).
+    inline_wait: std::time::Duration,
     /// Whether a garbage collection of attachment bytes is running, and whether another was
     /// asked for meanwhile (writes that drop references ask; one runs at a time).
     collecting: Arc<Collecting>,
@@ -199,6 +204,7 @@ impl Database {
             max_attachment_bytes: u64::MAX,
             max_gzip_ratio: DEFAULT_MAX_GZIP_RATIO,
             inline_budget: Arc::new(crate::server::budget::ByteBudget::new(DEFAULT_MAX_INFLIGHT_INLINE_BYTES)),
+            inline_wait: DEFAULT_INLINE_WAIT,
             collecting: Arc::default(),
             views_incarnation: std::sync::Mutex::new(None),
             write_guard: None,
@@ -228,15 +234,25 @@ impl Database {
         Database { max_gzip_ratio, ..self }
     }
 
-    /// Shows attachments inline within `budget`, shared with the server's other databases.
-    pub fn with_inline_budget(self, inline_budget: Arc<crate::server::budget::ByteBudget>) -> Self {
-        Database { inline_budget, ..self }
+    /// Shows attachments inline within `budget`, shared with the server's other databases, a
+    /// read waiting at most `wait` for its share.
+    pub fn with_inline_budget(
+        self,
+        inline_budget: Arc<crate::server::budget::ByteBudget>,
+        inline_wait: std::time::Duration,
+    ) -> Self {
+        Database { inline_budget, inline_wait, ..self }
     }
 
     /// The server-wide budget of attachment bytes shown inline at once
     /// (`couchdb_max_inflight_inline_bytes`).
     pub fn inline_budget(&self) -> &crate::server::budget::ByteBudget {
         &self.inline_budget
+    }
+
+    /// How long a read waits for its share of the inline budget (`couchdb_inline_wait_ms`).
+    pub fn inline_wait(&self) -> std::time::Duration {
+        self.inline_wait
     }
 
     /// `couchdb_max_gzip_ratio`: a gzip part decoding to more than this many times its

@@ -59,6 +59,8 @@ pub struct Databases {
     /// Attachment bytes shown inline being served at once (`couchdb_max_inflight_inline_bytes`),
     /// one budget shared by every database.
     inline_budget: Arc<crate::server::budget::ByteBudget>,
+    /// How long a read waits for its share of it (`couchdb_inline_wait_ms`).
+    inline_wait: std::time::Duration,
     /// What checks writes against the databases' validation functions, if anything.
     write_guard: Option<Arc<dyn write_guard::WriteGuard>>,
 }
@@ -114,6 +116,7 @@ impl Databases {
             attachment_grace: attachments::DEFAULT_GRACE,
             max_gzip_ratio: engine::DEFAULT_MAX_GZIP_RATIO,
             inline_budget: Arc::new(crate::server::budget::ByteBudget::new(engine::DEFAULT_MAX_INFLIGHT_INLINE_BYTES)),
+            inline_wait: engine::DEFAULT_INLINE_WAIT,
             write_guard: None,
         }
     }
@@ -133,6 +136,7 @@ impl Databases {
             attachment_grace: attachments::DEFAULT_GRACE,
             max_gzip_ratio: engine::DEFAULT_MAX_GZIP_RATIO,
             inline_budget: Arc::new(crate::server::budget::ByteBudget::new(engine::DEFAULT_MAX_INFLIGHT_INLINE_BYTES)),
+            inline_wait: engine::DEFAULT_INLINE_WAIT,
             write_guard: None,
         }
     }
@@ -160,9 +164,11 @@ impl Databases {
     }
 
     /// The server-wide budget of attachment bytes shown inline at once
-    /// (`couchdb_max_inflight_inline_bytes`).
-    pub fn with_inline_budget(self, bytes: usize) -> Self {
-        Databases { inline_budget: Arc::new(crate::server::budget::ByteBudget::new(bytes.max(1))), ..self }
+    /// (`couchdb_max_inflight_inline_bytes`) and how long a read waits for its share
+    /// (`couchdb_inline_wait_ms`).
+    pub fn with_inline_budget(self, bytes: usize, wait: std::time::Duration) -> Self {
+        let inline_budget = Arc::new(crate::server::budget::ByteBudget::new(bytes.max(1)));
+        Databases { inline_budget, inline_wait: wait, ..self }
     }
 
     /// Every database checks its writes with `guard` (CouchDB's `validate_doc_update`).
@@ -177,7 +183,7 @@ impl Databases {
                 .with_max_document_bytes(self.max_document_bytes)
                 .with_max_tree_bytes(self.max_tree_bytes)
                 .with_max_gzip_ratio(self.max_gzip_ratio)
-                .with_inline_budget(Arc::clone(&self.inline_budget))
+                .with_inline_budget(Arc::clone(&self.inline_budget), self.inline_wait)
                 .with_attachment_bounds(self.max_attachment_bytes, self.attachment_grace)
                 .with_write_guard(self.write_guard.clone()),
         )

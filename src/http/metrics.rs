@@ -134,8 +134,13 @@ impl DocumentBackend for MeteredBackend {
         timed!(self, "put_replicated", self.inner.put_replicated(id, incoming))
     }
 
-    async fn put_branch(&self, id: &str, incoming: &ReplicatedRevision) -> Result<ReplicatedOutcome> {
-        timed!(self, "put_branch", self.inner.put_branch(id, incoming))
+    async fn put_branch(
+        &self,
+        id: &str,
+        incoming: &ReplicatedRevision,
+        max_tree_bytes: usize,
+    ) -> Result<ReplicatedOutcome> {
+        timed!(self, "put_branch", self.inner.put_branch(id, incoming, max_tree_bytes))
     }
 
     async fn revision_tree(&self, id: &str) -> Result<Option<RevTree>> {
@@ -459,7 +464,7 @@ mod tests {
             self.record("revision_tree");
             Ok(Some(RevTree::default()))
         }
-        async fn put_branch(&self, _: &str, _: &ReplicatedRevision) -> Result<ReplicatedOutcome> {
+        async fn put_branch(&self, _: &str, _: &ReplicatedRevision, _: usize) -> Result<ReplicatedOutcome> {
             self.record("put_branch");
             Ok(ReplicatedOutcome::AlreadyKnown)
         }
@@ -513,7 +518,7 @@ mod tests {
             precondition: Precondition::None,
         };
         assert_eq!(metered.put_replicated("u:n:k", &incoming).await.unwrap(), ReplicatedOutcome::KeptCurrent);
-        assert_eq!(metered.put_branch("u:n:k", &incoming).await.unwrap(), ReplicatedOutcome::AlreadyKnown);
+        assert_eq!(metered.put_branch("u:n:k", &incoming, usize::MAX).await.unwrap(), ReplicatedOutcome::AlreadyKnown);
         assert_eq!(metered.revision_tree("u:n:k").await.unwrap(), Some(RevTree::default()));
         metered.erase_branches("u:").await.unwrap();
         assert!(metered.has_branches("u:n:k").await.unwrap());

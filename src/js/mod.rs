@@ -28,6 +28,7 @@
 //!   `toJSON`, `isArray`, `require`) and the loops the worker calls.
 
 mod log;
+pub use log::LogLimits;
 mod worker;
 
 #[cfg(test)]
@@ -76,6 +77,8 @@ pub struct JsLimits {
     /// mapped so far (at least one): a batch of documents emitting large rows is held a part at
     /// a time (the views' `couchdb_view_batch_bytes`).
     pub map_call_bytes: usize,
+    /// What design functions may write to the server's log (`couchdb_js_log_*`).
+    pub log: LogLimits,
 }
 
 /// CouchDB's `reduce_limit`: a JavaScript reduce whose JSON output is over 5000 bytes and more
@@ -105,6 +108,7 @@ impl Default for JsLimits {
             reduce_limit: ReduceLimit::Refuse,
             map_answer_bytes: usize::MAX,
             map_call_bytes: usize::MAX,
+            log: LogLimits::default(),
         }
     }
 }
@@ -250,7 +254,7 @@ impl JsEngine {
         }
         let (jobs, queue) = mpsc::sync_channel::<Job>(limits.queue);
         let queue = Arc::new(Mutex::new(queue));
-        let log = Arc::new(log::LogBudget::new());
+        let log = Arc::new(log::LogBudget::new(limits.log));
         for index in 0..limits.workers {
             let queue = Arc::clone(&queue);
             let log = Arc::clone(&log);

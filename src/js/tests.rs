@@ -6,7 +6,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::log::{bounded_line, DATABASE_LOG_BYTES_PER_MINUTE, LOG_LINE_BYTES};
+use super::log::{
+    bounded_line, DEFAULT_DATABASE_LOG_BYTES_PER_MINUTE as DATABASE_LOG_BYTES_PER_MINUTE,
+    DEFAULT_LOG_LINE_BYTES as LOG_LINE_BYTES,
+};
 use super::worker::{couch_function_source, replace_lone_surrogates};
 use super::*;
 
@@ -21,6 +24,7 @@ fn limits() -> JsLimits {
         reduce_limit: ReduceLimit::Refuse,
         map_answer_bytes: usize::MAX,
         map_call_bytes: usize::MAX,
+        log: LogLimits::default(),
     }
 }
 
@@ -251,9 +255,9 @@ async fn strings_cross_as_utf8_and_lone_surrogates_become_replacement_characters
 
 #[test]
 fn log_lines_are_bounded_on_a_character_boundary() {
-    assert_eq!(bounded_line("short"), ("short", false));
+    assert_eq!(bounded_line("short", 4096), ("short", false));
     let long = "é".repeat(5000);
-    let (kept, cut) = bounded_line(&long);
+    let (kept, cut) = bounded_line(&long, 4096);
     assert!(cut);
     assert_eq!(kept.len(), 4096);
     assert!(long.starts_with(kept));
@@ -452,6 +456,40 @@ async fn log_lines_are_cut_and_each_database_is_held_to_its_log_budget() {
     engine.map(&logging("few", 4), &views(&["v"]), one).await.expect("the map runs");
     let few = engine.logged_bytes() - first - second;
     assert_eq!(few, 4 * LOG_LINE_BYTES as u64, "4 lines of 16 KiB logged as {few} bytes");
+}
+
+/// The log bounds are settings (`couchdb_js_log_*`): an engine built from a configuration with
+/// small ones cuts a line at its line bound and holds each database, and all of them together,
+/// to their budgets; the map is answered whatever its functions log.
+#[tokio::test]
+async fn the_log_bounds_are_taken_from_the_settings() {
+    let dir = tempfile::tempdir().expect("a directory");
+    let file = dir.path().join("agentstore.toml");
+    let config = "couchdb_js_log_line_bytes = 64\ncouchdb_js_log_bytes_per_minute = 1000\n\
+                  couchdb_js_log_server_bytes_per_minute = 1500\ncouchdb_js_workers = 1\n";
+    std::fs::write(&file, config).expect("the configuration written");
+    let settings = crate::config::Settings::load(Some(&file), &crate::config::Overrides::default()).expect("settings");
+    let engine = JsEngine::new(settings.js_limits()).expect("engine");
+    let logs = |database: &str, lines: usize| {
+        let source =
+            format!("function(doc) {{ for (var i = 0; i < {lines}; i++) log('x'.repeat(1000)); emit(doc._id, 1); }}");
+        DesignCode::new(database, "_design/logs", "1-a", Arc::new(json!({"views": {"v": {"map": source}}})))
+    };
+    let one = docs(vec![json!({"_id": "a"})]);
+    // One line of 1,000 characters: cut to the setting's 64 bytes.
+    let out = engine.map(&logs("first", 1), &views(&["v"]), one.clone()).await.expect("the map runs");
+    assert_eq!(emitted(&out[0], 0), &vec![(json!("a"), json!(1))]);
+    assert_eq!(engine.logged_bytes(), 64, "one line cut at couchdb_js_log_line_bytes");
+    // 100 more lines (6,400 bytes): the database stops at its 1,000 bytes a minute (plus the
+    // refill of the seconds a loaded machine takes, about 17 bytes a second); the map is answered.
+    let out = engine.map(&logs("first", 100), &views(&["v"]), one.clone()).await.expect("the map runs");
+    assert_eq!(emitted(&out[0], 0), &vec![(json!("a"), json!(1))]);
+    let first = engine.logged_bytes();
+    assert!((900..=1200).contains(&first), "{first} bytes logged by one database");
+    // Another database has a budget of its own, but the server's 1,500 bytes bound both.
+    engine.map(&logs("second", 100), &views(&["v"]), one).await.expect("the map runs");
+    let both = engine.logged_bytes();
+    assert!(both > first && both <= 1700, "{both} bytes logged by two databases");
 }
 
 #[tokio::test]

@@ -17,7 +17,7 @@ use rquickjs::{Context, Ctx, Function, Object, Persistent, Runtime};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use super::log::{LogBudget, LOG_LINE_BYTES};
+use super::log::LogBudget;
 use super::{DesignCode, Job, JsError, JsLimits, MapOutcome, ReduceLimit, Validation, ViewRows};
 use crate::model::depth::{parse_stored, text_depth, MAX_DOCUMENT_DEPTH};
 
@@ -129,16 +129,17 @@ impl Worker {
         let ddoc_json = ddoc.doc.to_string();
         let (database, ddoc_id) = (ddoc.database.clone(), ddoc.id.clone());
         let budget = Arc::clone(&self.log);
+        let line_bytes = budget.line_bytes();
         self.arm();
         let host = context.with(|ctx| {
             let made = (|| -> rquickjs::Result<_> {
-                // `log()` hands over at most LOG_LINE_BYTES UTF-16 units of its message, with
+                // `log()` hands over at most `couchdb_js_log_line_bytes` UTF-16 units of its message, with
                 // the whole length when it cut it.
                 let log = Function::new(ctx.clone(), move |message: String, length: Option<f64>| {
                     budget.line(&database, &ddoc_id, &message, length.map(|units| units as usize));
                 })?;
                 let factory: Function = ctx.eval_with_options(PRELUDE, sloppy("prelude.js"))?;
-                let host: Object = factory.call((ddoc_json, log, LOG_LINE_BYTES as f64))?;
+                let host: Object = factory.call((ddoc_json, log, line_bytes as f64))?;
                 Ok(Persistent::save(&ctx, host))
             })();
             made.map_err(|e| self.classify(&ctx, e, "the design document"))

@@ -16,6 +16,9 @@ use crate::replication::{deleted, live, rev};
 
 use ReplicatedOutcome::{AlreadyKnown, Applied, KeptCurrent};
 
+/// The tree bound every write here is held to: the default of `couchdb_max_tree_bytes`.
+const TREE_BOUND: usize = agentstore::backend::rev_tree::DEFAULT_MAX_TREE_BYTES;
+
 async fn tree(b: &dyn DocumentBackend, id: &str) -> RevTree {
     b.revision_tree(id).await.expect("revision_tree").expect("a tree")
 }
@@ -43,15 +46,18 @@ pub async fn losing_branches_are_kept_with_their_bodies(ctx: Ctx) {
     let forward = id_of("u", "ns", "forward");
     let backward = id_of("u", "ns", "backward");
     for id in [&forward, &backward] {
-        assert_eq!(b.put_branch(id, &live(std::slice::from_ref(&root), json!("root"))).await.unwrap(), Applied);
+        assert_eq!(
+            b.put_branch(id, &live(std::slice::from_ref(&root), json!("root")), TREE_BOUND).await.unwrap(),
+            Applied
+        );
     }
     let mut outcomes = Vec::new();
     for branch in &branches {
-        outcomes.push(b.put_branch(&forward, branch).await.unwrap());
+        outcomes.push(b.put_branch(&forward, branch, TREE_BOUND).await.unwrap());
     }
     assert_eq!(outcomes, vec![Applied, Applied, Applied], "each one wins over the one before");
     for branch in branches.iter().rev() {
-        b.put_branch(&backward, branch).await.unwrap();
+        b.put_branch(&backward, branch, TREE_BOUND).await.unwrap();
     }
     for id in [&forward, &backward] {
         let tree = tree(b, id).await;
@@ -61,7 +67,7 @@ pub async fn losing_branches_are_kept_with_their_bodies(ctx: Ctx) {
         assert_eq!((record.rev.as_str(), &record.body["value"]), (rev(3, 'b').as_str(), &json!("b")));
         assert_eq!(b.revisions(id).await.unwrap().expect("revisions").rev.as_str(), rev(3, 'b'));
         for branch in &branches {
-            assert_eq!(b.put_branch(id, branch).await.unwrap(), AlreadyKnown, "{id}: sent again");
+            assert_eq!(b.put_branch(id, branch, TREE_BOUND).await.unwrap(), AlreadyKnown, "{id}: sent again");
         }
     }
 }
@@ -72,18 +78,18 @@ pub async fn deleting_the_winner_promotes_a_conflict_and_deleting_it_resolves(ct
     let b = ctx.backend.as_ref();
     let id = id_of("u", "ns", "k");
     let root = rev(1, 'a');
-    b.put_branch(&id, &live(std::slice::from_ref(&root), json!(0))).await.unwrap();
-    b.put_branch(&id, &live(&[rev(2, 'c'), root.clone()], json!("winner"))).await.unwrap();
-    b.put_branch(&id, &live(&[rev(2, 'b'), root.clone()], json!("loser"))).await.unwrap();
+    b.put_branch(&id, &live(std::slice::from_ref(&root), json!(0)), TREE_BOUND).await.unwrap();
+    b.put_branch(&id, &live(&[rev(2, 'c'), root.clone()], json!("winner")), TREE_BOUND).await.unwrap();
+    b.put_branch(&id, &live(&[rev(2, 'b'), root.clone()], json!("loser")), TREE_BOUND).await.unwrap();
     assert_eq!(shape(&tree(b, &id).await), (rev(2, 'c'), vec![rev(2, 'b')], vec![]));
 
-    let outcome = b.put_branch(&id, &deleted(&[rev(3, 'd'), rev(2, 'c'), root.clone()])).await.unwrap();
+    let outcome = b.put_branch(&id, &deleted(&[rev(3, 'd'), rev(2, 'c'), root.clone()]), TREE_BOUND).await.unwrap();
     assert_eq!(outcome, KeptCurrent, "the deletion is a leaf, but not the winner");
     assert_eq!(shape(&tree(b, &id).await), (rev(2, 'b'), vec![], vec![rev(3, 'd')]));
     let record = b.get(&id).await.unwrap().expect("the promoted conflict is the record");
     assert_eq!((record.rev.as_str(), &record.body["value"]), (rev(2, 'b').as_str(), &json!("loser")));
 
-    b.put_branch(&id, &deleted(&[rev(3, 'e'), rev(2, 'b'), root])).await.unwrap();
+    b.put_branch(&id, &deleted(&[rev(3, 'e'), rev(2, 'b'), root]), TREE_BOUND).await.unwrap();
     let tree = tree(b, &id).await;
     assert_eq!(shape(&tree), (rev(3, 'e'), vec![], vec![rev(3, 'd')]));
     assert!(b.get(&id).await.unwrap().is_none(), "every leaf deleted: the document is deleted");
@@ -146,11 +152,11 @@ pub async fn a_new_conflict_moves_the_document_in_the_feed(ctx: Ctx) {
     let b = ctx.backend.as_ref();
     let id = id_of("u", "ns", "k");
     let root = rev(1, 'a');
-    b.put_branch(&id, &live(std::slice::from_ref(&root), json!(0))).await.unwrap();
-    b.put_branch(&id, &live(&[rev(2, 'c'), root.clone()], json!("winner"))).await.unwrap();
+    b.put_branch(&id, &live(std::slice::from_ref(&root), json!(0)), TREE_BOUND).await.unwrap();
+    b.put_branch(&id, &live(&[rev(2, 'c'), root.clone()], json!("winner")), TREE_BOUND).await.unwrap();
     let before = b.revisions(&id).await.unwrap().expect("revisions");
     let position = b.change_position().await.expect("position");
-    assert_eq!(b.put_branch(&id, &live(&[rev(2, 'b'), root], json!("loser"))).await.unwrap(), KeptCurrent);
+    assert_eq!(b.put_branch(&id, &live(&[rev(2, 'b'), root], json!("loser")), TREE_BOUND).await.unwrap(), KeptCurrent);
     let (mut view, mut order) = (std::collections::BTreeMap::new(), Vec::new());
     crate::document_model::follow_until(b, Some(position), &mut view, &mut order, |seen| seen.contains_key(&id)).await;
     assert_eq!(view.get(&id).map(|(rev, _)| rev.as_str().to_owned()), Some(rev(2, 'c')), "{order:?}");
@@ -162,15 +168,15 @@ pub async fn a_new_conflict_moves_the_document_in_the_feed(ctx: Ctx) {
 pub async fn erasure_removes_every_branch(ctx: Ctx) {
     let b = ctx.backend.as_ref();
     let id = id_of("u", "ns", "k");
-    b.put_branch(&id, &live(&[rev(1, 'a')], json!("a"))).await.unwrap();
-    b.put_branch(&id, &live(&[rev(1, 'b')], json!("b"))).await.unwrap();
+    b.put_branch(&id, &live(&[rev(1, 'a')], json!("a")), TREE_BOUND).await.unwrap();
+    b.put_branch(&id, &live(&[rev(1, 'b')], json!("b")), TREE_BOUND).await.unwrap();
     let other = id_of("v", "ns", "k");
     let of_v = |ancestry: &[String], value: Value| ReplicatedRevision {
         body: body("v", "ns", "k", value),
         ..live(ancestry, json!(null))
     };
-    b.put_branch(&other, &of_v(&[rev(1, 'a')], json!("a"))).await.unwrap();
-    b.put_branch(&other, &of_v(&[rev(1, 'b')], json!("b"))).await.unwrap();
+    b.put_branch(&other, &of_v(&[rev(1, 'a')], json!("a")), TREE_BOUND).await.unwrap();
+    b.put_branch(&other, &of_v(&[rev(1, 'b')], json!("b")), TREE_BOUND).await.unwrap();
     if let Some(why) = &ctx.no_purge {
         println!("erasure of branches not checked on {}: {why}", ctx.backend_name);
         return;
@@ -181,6 +187,6 @@ pub async fn erasure_removes_every_branch(ctx: Ctx) {
     let kept: BTreeSet<String> = tree(b, &other).await.leaves().into_iter().map(|leaf| leaf.rev()).collect();
     assert_eq!(kept, [rev(1, 'a'), rev(1, 'b')].into_iter().collect(), "another user's branches stay");
     // Written again after the erasure, the id starts a new tree.
-    b.put_branch(&id, &live(&[rev(1, 'c')], json!("c"))).await.unwrap();
+    b.put_branch(&id, &live(&[rev(1, 'c')], json!("c")), TREE_BOUND).await.unwrap();
     assert_eq!(shape(&tree(b, &id).await), (rev(1, 'c'), vec![], vec![]));
 }

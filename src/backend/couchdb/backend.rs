@@ -573,7 +573,8 @@ impl DocumentBackend for CouchDbBackend {
         written
     }
 
-    async fn put_branch(&self, id: &str, incoming: &ReplicatedRevision) -> Result<ReplicatedOutcome> {
+    /// CouchDB keeps the tree and holds it to its own bounds: `max_tree_bytes` is not asked of it.
+    async fn put_branch(&self, id: &str, incoming: &ReplicatedRevision, _: usize) -> Result<ReplicatedOutcome> {
         let written = self.put_branch_revision(id, incoming).await;
         self.wrote(id);
         written

@@ -44,8 +44,13 @@ pub trait Layered: Send + Sync + 'static {
         self.inner().put_replicated(id, incoming).await
     }
 
-    async fn put_branch(&self, id: &str, incoming: &ReplicatedRevision) -> Result<ReplicatedOutcome> {
-        self.inner().put_branch(id, incoming).await
+    async fn put_branch(
+        &self,
+        id: &str,
+        incoming: &ReplicatedRevision,
+        max_tree_bytes: usize,
+    ) -> Result<ReplicatedOutcome> {
+        self.inner().put_branch(id, incoming, max_tree_bytes).await
     }
 
     async fn revision_tree(&self, id: &str) -> Result<Option<RevTree>> {
@@ -237,8 +242,13 @@ impl<L: Layered> DocumentBackend for L {
         Layered::put_replicated(self, id, incoming).await
     }
 
-    async fn put_branch(&self, id: &str, incoming: &ReplicatedRevision) -> Result<ReplicatedOutcome> {
-        Layered::put_branch(self, id, incoming).await
+    async fn put_branch(
+        &self,
+        id: &str,
+        incoming: &ReplicatedRevision,
+        max_tree_bytes: usize,
+    ) -> Result<ReplicatedOutcome> {
+        Layered::put_branch(self, id, incoming, max_tree_bytes).await
     }
 
     async fn revision_tree(&self, id: &str) -> Result<Option<RevTree>> {

@@ -6,7 +6,8 @@
 //! until the answer's body has been sent ([`hold_inline_until_sent`], a middleware over every
 //! route): four readers of a 200 MiB attachment wait for each other instead of holding 1.4 GiB.
 //!
-//! - A share waits at most [`INLINE_WAIT`], then 429 naming the setting: an answer that already
+//! - A share waits at most `couchdb_inline_wait_ms` ([`Database::inline_wait`]), then 429 naming
+//!   both settings: an answer that already
 //!   holds shares and waits for more could otherwise wait for ever on another doing the same.
 //! - One answer whose inline attachments together pass the whole budget can never be served: 413
 //!   naming the setting (the client reads them as multipart, `Accept: multipart/related`, or one
@@ -18,7 +19,6 @@
 //! Multipart answers and standalone attachment reads stream chunk by chunk and take no share.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use axum::body::{Body, HttpBody as _};
 use axum::extract::Request;
@@ -30,10 +30,6 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use crate::couchdb_api::error::{CouchError, CouchResult};
 use crate::database::Database;
-use crate::server::budget::ByteBudget;
-
-/// The longest a read waits for its share of the budget before 429.
-pub(crate) const INLINE_WAIT: Duration = Duration::from_secs(30);
 
 tokio::task_local! {
     /// The shares the answer being built holds, kept until its body is sent.
@@ -71,7 +67,7 @@ pub(crate) async fn with_own_shares<T>(work: impl std::future::Future<Output = T
 }
 
 /// Takes `length` bytes of `db`'s inline budget for attachment `name` of an answer: waits for
-/// them (at most [`INLINE_WAIT`], then 429), or 413 when this answer's shares would pass the
+/// them (at most [`Database::inline_wait`], then 429), or 413 when this answer's shares would pass the
 /// whole budget.
 pub(crate) async fn take_share(db: &Database, name: &str, length: u64) -> CouchResult<Share> {
     let budget = db.inline_budget();
@@ -90,7 +86,7 @@ pub(crate) async fn take_share(db: &Database, name: &str, length: u64) -> CouchR
         None => length,
     };
     let taken =
-        if answer_bytes > total { Err(past_budget(name, answer_bytes, total)) } else { wait_for(budget, length).await };
+        if answer_bytes > total { Err(past_budget(name, answer_bytes, total)) } else { wait_for(db, length).await };
     match (taken, &shares) {
         (Ok(permit), Some(shares)) => {
             lock(shares).permits.push(permit);
@@ -107,19 +103,20 @@ pub(crate) async fn take_share(db: &Database, name: &str, length: u64) -> CouchR
     }
 }
 
-/// `length` bytes of `budget`, waited for at most [`INLINE_WAIT`].
-async fn wait_for(budget: &ByteBudget, length: usize) -> CouchResult<OwnedSemaphorePermit> {
-    match tokio::time::timeout(INLINE_WAIT, budget.take(length)).await {
+/// `length` bytes of `db`'s inline budget, waited for at most its `couchdb_inline_wait_ms`.
+async fn wait_for(db: &Database, length: usize) -> CouchResult<OwnedSemaphorePermit> {
+    let (budget, wait) = (db.inline_budget(), db.inline_wait());
+    match tokio::time::timeout(wait, budget.take(length)).await {
         Ok(Ok(permit)) => Ok(permit),
         Ok(Err(stopping)) => Err(stopping.into()),
         Err(_waited) => Err(CouchError::new(
             StatusCode::TOO_MANY_REQUESTS,
             "too_many_requests",
             format!(
-                "attachments shown inline by other answers hold couchdb_max_inflight_inline_bytes ({}) for longer \
-                 than {} s; try again",
+                "attachments shown inline by other answers held couchdb_max_inflight_inline_bytes ({}) for longer \
+                 than couchdb_inline_wait_ms ({}); try again",
                 budget.total_bytes(),
-                INLINE_WAIT.as_secs()
+                wait.as_millis()
             ),
         )),
     }

@@ -40,11 +40,6 @@ use crate::views::{ViewError, ViewSource};
 /// Rows whose documents are read together for `include_docs`.
 const DOCS_PER_READ: usize = 64;
 
-/// Most queries one `POST …/_view/{view}/queries` may ask. CouchDB sets none (only its body
-/// limit); here every query is checked before the answer starts and each then streams, so the
-/// bound is on the work one request queues, not on memory (docs/bounds.md).
-pub const MAX_VIEW_QUERIES: usize = 1000;
-
 /// A query string's parameters in the order the client wrote them: CouchDB reads them in that
 /// order, so `key=1&end_key=3` and `end_key=3&key=1` differ (a later `key` sets both ends).
 pub(crate) type OrderedParams = Vec<(String, String)>;
@@ -210,7 +205,9 @@ pub async fn view_queries(
 /// The answer of `…/_view/{view}/queries`, on any database, streamed as CouchDB streams it:
 /// every query is checked first (a bad one is a 400 before anything is sent), then each is
 /// answered in turn, its rows written as they are read, so the answer holds one query's rows in
-/// flight at a time however many queries there are ([`MAX_VIEW_QUERIES`] at most).
+/// flight at a time however many queries there are (`couchdb_max_view_queries` at most: CouchDB
+/// sets none, only its body limit; the bound is on the work one request queues, not on memory,
+/// docs/bounds.md).
 pub(crate) async fn queries_answer(
     state: &CouchState,
     viewed: &Viewed,
@@ -224,9 +221,10 @@ pub(crate) async fn queries_answer(
     let Some(Value::Array(queries)) = body.get("queries") else {
         return Err(CouchError::bad_request("`queries` member must be an array"));
     };
-    if queries.len() > MAX_VIEW_QUERIES {
+    if queries.len() > state.max_view_queries {
         return Err(CouchError::bad_request(format!(
-            "`queries` must not hold more than {MAX_VIEW_QUERIES} queries (MAX_VIEW_QUERIES)"
+            "`queries` must not hold more than {} queries (couchdb_max_view_queries)",
+            state.max_view_queries
         )));
     }
     let design = viewed.design(ddoc).await?;

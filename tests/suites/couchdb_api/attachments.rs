@@ -1095,3 +1095,79 @@ pub(super) async fn attachments_inline_budget(e: Endpoint) -> TestResult {
     let alone = raw(&e, Method::GET, &format!("/{db}/big/a.bin"), &[], Vec::new()).await?;
     check(alone.status == StatusCode::OK && alone.body == big, || format!("big on its own: {}", alone.status))
 }
+
+/// A budget of 16 MiB of inline attachment bytes and a wait for a share of 0.5 s.
+pub(super) const INLINE_WAIT_CONFIG: &str =
+    "couchdb_max_inflight_inline_bytes = 16777216\ncouchdb_inline_wait_ms = 500\n";
+
+/// Issue 34: how long a read waits for its share of `couchdb_max_inflight_inline_bytes` is the
+/// setting `couchdb_inline_wait_ms`. A client that opens an answer with 12 MiB inline and does
+/// not read it holds its share; a second such read waits the setting's 0.5 s, then gets 429
+/// naming both settings; once the first client goes, the read is answered.
+pub(super) async fn attachments_inline_wait_is_a_setting(e: Endpoint) -> TestResult {
+    if !kept_here(&e) {
+        // The CouchDB backend's databases are CouchDB's own: it answers their reads itself.
+        return Ok(());
+    }
+    let db = fresh_db(&e, "inline-wait").await?;
+    let bytes: Vec<u8> = (0..12 << 20).map(|i: u32| (i % 251) as u8).collect();
+    let put = raw(
+        &e,
+        Method::PUT,
+        &format!("/{db}/held/a.bin"),
+        &[("content-type", "application/octet-stream")],
+        bytes.clone(),
+    )
+    .await?;
+    check(put.status == StatusCode::CREATED, || format!("PUT held: {}", put.status))?;
+    let path = format!("/{db}/held?attachments=true");
+
+    // The first reader takes its share when its answer is built, before the head is sent: once
+    // the head arrives the share is held, until the body has been sent: 16 MiB of base64, far
+    // more than a 4 KiB receive buffer and the server's socket buffer (4 MiB at most) take.
+    let mut unread = super::slow_readers::open_unread(&e.root, &path).await?;
+    let mut head = vec![0u8; 1024];
+    let read = tokio::time::timeout(Duration::from_secs(30), tokio::io::AsyncReadExt::read(&mut unread, &mut head))
+        .await
+        .map_err(|_| "the unread answer's head never came")??;
+    check(head[..read].starts_with(b"HTTP/1.1 200"), || {
+        format!("the unread answer: {}", String::from_utf8_lossy(&head[..read]))
+    })?;
+
+    let json_accept = [("accept", "application/json")];
+    let started = std::time::Instant::now();
+    let waited = raw(&e, Method::GET, &path, &json_accept, Vec::new()).await?;
+    let elapsed = started.elapsed();
+    let body: Value = serde_json::from_slice(&waited.body).unwrap_or_default();
+    check(
+        waited.status == StatusCode::TOO_MANY_REQUESTS
+            && body["error"] == "too_many_requests"
+            && body["reason"].as_str().is_some_and(|reason| {
+                reason.contains("couchdb_inline_wait_ms") && reason.contains("couchdb_max_inflight_inline_bytes")
+            }),
+        || {
+            let shown: String = body.to_string().chars().take(300).collect();
+            format!("a read while the budget is held: {} {shown}", waited.status)
+        },
+    )?;
+    check(elapsed >= Duration::from_millis(500) && elapsed < Duration::from_secs(10), || {
+        format!("the 429 came after {elapsed:?}, wanted the setting's 0.5 s")
+    })?;
+
+    // The first client goes: its share comes back and the read is answered.
+    drop(unread);
+    let mut last = String::new();
+    for _ in 0..40 {
+        let read = raw(&e, Method::GET, &path, &json_accept, Vec::new()).await?;
+        if read.status == StatusCode::OK {
+            let body: Value = serde_json::from_slice(&read.body).unwrap_or_default();
+            let data = body["_attachments"]["a.bin"]["data"].as_str().unwrap_or_default();
+            return check(BASE64.decode(data).ok().as_deref() == Some(&bytes[..]), || {
+                "the attachment read back".into()
+            });
+        }
+        last = format!("{}", read.status);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Err(format!("the read after the first client went: {last}").into())
+}

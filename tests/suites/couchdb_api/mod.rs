@@ -160,6 +160,9 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("purge_keeps_other_ids_history", |e| Box::pin(purge::purge_keeps_other_ids_history(e))),
         ("purge_leaves_ids_starting_with_it", |e| Box::pin(purge::purge_leaves_ids_starting_with_it(e))),
         ("listings_paged_by_bytes", |e| Box::pin(slow_readers::listings_paged_by_bytes(e))),
+        ("views_queries_bound_is_a_setting", |e| Box::pin(views::views_queries_bound_is_a_setting(e))),
+        ("attachments_inline_wait_is_a_setting", |e| Box::pin(attachments::attachments_inline_wait_is_a_setting(e))),
+        ("data_store_tree_bound_is_the_setting", |e| Box::pin(revision_trees::data_store_tree_bound_is_the_setting(e))),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
@@ -192,6 +195,11 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
                             }
                             "attachments_inline_budget" => Some(attachments::INLINE_BUDGET_CONFIG.to_owned()),
                             "views_build_bounds" => Some(views::BUILD_BOUNDS_CONFIG.to_owned()),
+                            "views_queries_bound_is_a_setting" => Some(views::VIEW_QUERIES_CONFIG.to_owned()),
+                            "attachments_inline_wait_is_a_setting" => Some(attachments::INLINE_WAIT_CONFIG.to_owned()),
+                            "data_store_tree_bound_is_the_setting" => {
+                                Some(revision_trees::SMALL_TREE_BOUND_CONFIG.to_owned())
+                            }
                             _ => None,
                         };
                         let endpoint = Endpoint::start(fresh, backend_name, logins).await?;
@@ -250,8 +258,9 @@ impl Endpoint {
         let settings =
             Settings::load(Some(&config_file), &Overrides::default()).map_err(|e| Failed::from(e.to_string()))?;
         // Every backend with its default settings: a write shows in `_changes` at once, settle
-        // window or not (issue 22), so no trial waits one out.
-        let store = Arc::new(DataStore::open(Arc::clone(&ctx.backend), StoreOptions::default()).await?);
+        // window or not (issue 22), so no trial waits one out. The store's options are the
+        // trial's configuration (`couchdb_max_tree_bytes` bounds the data-store database too).
+        let store = Arc::new(DataStore::open(Arc::clone(&ctx.backend), settings.store_options()).await?);
         let app = CouchApp::build(store, &settings)?;
         let databases = app.databases();
         let listener = bind("127.0.0.1:0", &app, false).await?;

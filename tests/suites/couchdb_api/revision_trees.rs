@@ -2,12 +2,13 @@
 //! (issue 34): a replicator's branches, each sent with its parent only, are stored with each
 //! revision once (the stored record grows with what was sent, not branches × history length),
 //! and a tree whose reads would hold more than `couchdb_max_tree_bytes` is refused with 413
-//! naming the setting. On the CouchDB backend the databases are CouchDB's own: nothing to check.
+//! naming the setting. The data-store database's trees are held to the same setting. On the
+//! CouchDB backend the databases are CouchDB's own: nothing to check.
 
 use libtest_mimic::Failed;
 use serde_json::{json, Value};
 
-use super::{fresh_db_named, Endpoint};
+use super::{fresh_db_named, Endpoint, DB};
 use crate::common::{check, TestResult};
 
 /// A bound small enough for a trial: 4 MiB of a tree as reads hold it.
@@ -96,4 +97,48 @@ pub(super) async fn revision_tree_cost_follows_what_was_sent(e: Endpoint) -> Tes
     let rev = winner.body["_rev"].as_str().unwrap_or_default().to_owned();
     e.put(&format!("/{db}/comb"), json!({"_rev": rev, "edited": true})).await?.expect(201, "an edit")?;
     Ok(())
+}
+
+/// A tree bound of 64 KiB: eight branches of 8 KiB values reach it.
+pub(super) const SMALL_TREE_BOUND_CONFIG: &str = "couchdb_max_tree_bytes = 65536\n";
+
+/// The data-store database's trees are held to `couchdb_max_tree_bytes` as every other
+/// database's are (issue 34): with it at 64 KiB, a replicator's branches of 8 KiB values are kept
+/// until the tree would pass it, and the ones past it are refused rows (413's
+/// `document_too_large`) naming the setting, nothing of them written.
+pub(super) async fn data_store_tree_bound_is_the_setting(e: Endpoint) -> TestResult {
+    if e.backend == "couchdb" {
+        // CouchDB keeps the data-store database's trees itself.
+        return Ok(());
+    }
+    let original = super::doc("user_t", "trees", "wide", json!("root"));
+    let id = original["_id"].as_str().unwrap_or_default().to_owned();
+    let rev1 = e.put(&super::path_of(&id), original.clone()).await?.expect(201, "create")?.rev()?;
+    let root = rev1.split_once('-').map(|(_, hash)| hash.to_owned()).unwrap_or_default();
+    let fill = "x".repeat(8 << 10);
+    let branches: Vec<Value> = (0..12u32)
+        .map(|n| {
+            let hash = format!("{n:032x}");
+            let mut branch = original.clone();
+            branch["_rev"] = json!(format!("2-{hash}"));
+            branch["_revisions"] = json!({"start": 2, "ids": [hash, root.clone()]});
+            branch["value"] = json!(format!("{n} {fill}"));
+            branch
+        })
+        .collect();
+    let written = e.post(&format!("/{DB}/_bulk_docs"), json!({"docs": branches, "new_edits": false})).await?;
+    let rows = written.expect(201, "12 branches of 8 KiB")?.body.as_array().cloned().unwrap_or_default();
+    let names_setting = |row: &Value| {
+        row["error"] == "document_too_large"
+            && row["reason"].as_str().is_some_and(|reason| reason.contains("couchdb_max_tree_bytes"))
+    };
+    check(!rows.is_empty() && rows.len() < 12 && rows.iter().all(names_setting), || {
+        let shown: String = Value::Array(rows.clone()).to_string().chars().take(600).collect();
+        format!("past 64 KiB of tree some branches are refused, naming the setting: {shown}")
+    })?;
+    let leaves = e.get(&format!("{}?open_revs=all", super::path_of(&id))).await?.expect(200, "every leaf")?;
+    let kept = leaves.body.as_array().map_or(0, Vec::len);
+    check(kept == 12 - rows.len(), || {
+        format!("{kept} leaves kept, {} refused of 12 (nothing refused written)", rows.len())
+    })
 }

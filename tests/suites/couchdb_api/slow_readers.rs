@@ -23,7 +23,7 @@ const ROWS_PER_DOC: usize = 2000;
 const VALUE_BYTES: usize = 1000;
 
 /// Opens `path` on a raw connection with a tiny receive buffer and never reads the answer.
-async fn open_unread(root: &str, path: &str) -> Result<tokio::net::TcpStream, Failed> {
+pub(super) async fn open_unread(root: &str, path: &str) -> Result<tokio::net::TcpStream, Failed> {
     let addr: std::net::SocketAddr =
         root.trim_start_matches("http://").parse().map_err(|e| format!("address of {root}: {e}"))?;
     let socket = tokio::net::TcpSocket::new_v4()?;
