@@ -358,15 +358,16 @@ impl Database {
         Ok(())
     }
 
-    /// Runs `work` on the open database. A failure that comes after the database was deleted is
-    /// its deletion's doing (a DynamoDB table or a redb file going away under a request): the
-    /// client gets CouchDB's `not_found`, not the backend's error about a missing table.
+    /// Runs `work` on the open database. Whatever `work` answers once the database has been
+    /// deleted under it is the deletion's doing (a DynamoDB table or a redb file going away, or
+    /// per-document failures inside a bulk answer, or a write into what is gone): the caller
+    /// gets CouchDB's `not_found` for the database, not the backend's error about a missing
+    /// table nor a success nobody can read back.
     pub async fn while_open<T>(&self, work: impl std::future::Future<Output = Result<T>>) -> Result<T> {
         self.check_open()?;
-        match work.await {
-            Err(_) if self.dropped.load(Ordering::SeqCst) => Err(Error::not_found("Database does not exist.")),
-            answer => answer,
-        }
+        let answer = work.await;
+        self.check_open()?;
+        answer
     }
 
     /// The document's stored state; `None` when it was never written (or was purged).

@@ -134,6 +134,9 @@ pub async fn bulk_docs(State(state): State<CouchState>, opened: OpenDb, headers:
         }
         stream::iter(writing).buffer_unordered(WRITES_AT_ONCE).collect().await
     };
+    // A database deleted while the request ran is CouchDB's 404 for the whole request, never a
+    // 201 whose rows say it is missing (PouchDB turns such a row into a 500).
+    db.check_open()?;
     let mut answers = early;
     for (position, row) in results.into_iter().flatten() {
         answers[position] = row;
@@ -338,6 +341,8 @@ pub async fn bulk_get(
         .buffered(CONCURRENCY)
         .collect()
         .await;
+    // Rows read while the database was being deleted name it missing: the request is a 404.
+    db.check_open()?;
     Ok(json(StatusCode::OK, json!({ "results": results })))
 }
 

@@ -23,6 +23,7 @@ mod documents;
 mod local_docs;
 mod logins;
 mod mango;
+mod missing_database;
 mod replication;
 mod results_as_couchdb;
 mod revision_trees;
@@ -156,6 +157,9 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("views_build_bounds", |e| Box::pin(views::views_build_bounds(e))),
         ("views_grouping_and_key_order", |e| Box::pin(views::views_grouping_and_key_order(e))),
         ("per_user_feed_positions_sealed", |e| Box::pin(server_rules::per_user_feed_positions_sealed(e))),
+        ("a_deleted_database_is_404_everywhere", |e| {
+            Box::pin(missing_database::a_deleted_database_is_404_everywhere(e))
+        }),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
