@@ -324,7 +324,7 @@ async fn route(state: &CouchState, request: Request) -> Response {
     *forwarded.headers_mut() = parts.headers;
     let extensions = forwarded.extensions_mut();
     // Who writes, for the databases' validation functions (`validate_doc_update`'s `userCtx`).
-    let mut writer = serde_json::json!({ "name": null, "roles": [] });
+    let mut writer = super::validation::anonymous_writer();
     if let Some(identity) = parts.extensions.get::<super::auth::Identity>() {
         writer = serde_json::json!({ "name": identity.user_ctx().name, "roles": identity.session_roles() });
         extensions.insert(identity.clone());
