@@ -23,6 +23,8 @@
 
 mod bulk;
 mod client_local;
+mod closing;
+pub use closing::DRAIN_WAIT;
 
 pub use bulk::DocumentAnswers;
 
@@ -142,6 +144,8 @@ pub struct Database {
     name: String,
     backend: Arc<dyn DocumentBackend>,
     dropped: AtomicBool,
+    /// The writes under way, which a deletion waits for ([`closing`]).
+    in_flight: closing::WritesInFlight,
     revs_limit: AtomicUsize,
     max_document_bytes: usize,
     /// The largest revision tree of one document ([`RevTree::held_bytes`],
@@ -191,6 +195,7 @@ impl Database {
         Database {
             name,
             dropped: AtomicBool::new(false),
+            in_flight: closing::WritesInFlight::default(),
             revs_limit: AtomicUsize::new(0),
             max_document_bytes: DEFAULT_MAX_DOCUMENT_BYTES,
             max_tree_bytes: DEFAULT_MAX_TREE_BYTES,
@@ -464,6 +469,7 @@ impl Database {
     /// once). Each write has its own answer; a conflicting edit fails alone. Retried as a whole
     /// when another writer got in between the read and the save.
     pub async fn write_batch(&self, id: &str, writes: &[Write]) -> Result<Vec<Result<Written>>> {
+        let _under_way = self.start_write()?;
         self.while_open(self.write_batch_once_open(id, writes)).await
     }
 
@@ -649,6 +655,7 @@ impl Database {
     /// Removes leaves (`_purge`); returns the revisions purged. A document left with no leaf is
     /// erased from the backend.
     pub async fn purge(&self, id: &str, revs: &[String]) -> Result<Vec<String>> {
+        let _under_way = self.start_write()?;
         self.while_open(self.purge_once_open(id, revs)).await
     }
 
