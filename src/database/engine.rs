@@ -20,6 +20,11 @@
 //! the whole tree) means a crash between them never loses a leaf: a live record is always the
 //! authority, the local tree only for a tombstone. A live record whose winner is deleted (left by
 //! a crash in the middle of saving a deleted document) reads as deleted.
+//!
+//! ## Deletion
+//! Deleting the database waits for the writes under way and refuses new ones ([`closing`]);
+//! from then on every call answers CouchDB's missing-database `NotFound`
+//! ([`Database::while_open`]).
 
 mod bulk;
 mod client_local;

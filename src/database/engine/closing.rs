@@ -78,3 +78,39 @@ impl Database {
         self.mark_dropped();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::embedded::EmbeddedBackend;
+    use crate::error::ErrorKind;
+    use std::sync::Arc;
+
+    /// A deletion waits for the write under way, refuses writes that start meanwhile, and marks
+    /// the database deleted once that write is done; past its wait it goes on anyway.
+    #[tokio::test]
+    async fn a_deletion_waits_for_the_writes_under_way() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = Arc::new(EmbeddedBackend::open(&dir.path().join("d.redb")).await.unwrap());
+        let db = Arc::new(Database::new("d".into(), backend));
+        let under_way = db.start_write().unwrap();
+        let closing = tokio::spawn({
+            let db = Arc::clone(&db);
+            async move { db.close(Duration::from_secs(30)).await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!closing.is_finished(), "the deletion waits for the write under way");
+        assert!(db.check_open().is_ok(), "the write under way still sees its database");
+        let late = db.start_write().err().map(|err| err.kind());
+        assert_eq!(late, Some(ErrorKind::NotFound), "a write starting after the deletion began");
+        drop(under_way);
+        tokio::time::timeout(Duration::from_secs(5), closing).await.unwrap().unwrap();
+        assert_eq!(db.check_open().err().map(|err| err.kind()), Some(ErrorKind::NotFound));
+
+        let stuck =
+            Database::new("s".into(), Arc::new(EmbeddedBackend::open(&dir.path().join("s.redb")).await.unwrap()));
+        let _never_ends = stuck.start_write().unwrap();
+        stuck.close(Duration::from_millis(20)).await;
+        assert!(stuck.check_open().is_err(), "deleted anyway past the wait");
+    }
+}
