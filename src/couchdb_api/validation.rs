@@ -5,7 +5,11 @@
 //!
 //! Who writes travels with the request: the database router runs each request inside
 //! [`as_writer`], and the guard reads that `userCtx` (`name`, `roles` with `_admin` for a server
-//! admin, `db`). Writes made outside a request (none today) are not checked.
+//! admin, `db`). The check fails closed: a write made where no request says who writes (a task
+//! spawned off a request, a caller outside HTTP) is checked as an anonymous login's
+//! ([`anonymous_writer`]), never let through unchecked. Only the CouchDB API's databases carry
+//! this guard; `migrate --all-databases` opens its own without one on purpose (it copies stored
+//! revisions as they are, as a file copy would, not a client's writes).
 //!
 //! The validation functions of a database are read from its design documents and kept for
 //! [`KEPT_FOR`]: a design document written through this process replaces them at once; one
@@ -46,6 +50,20 @@ tokio::task_local! {
 /// Runs `work` as a request of the login `user_ctx` (`{"name", "roles"}`).
 pub async fn as_writer<F: std::future::Future>(user_ctx: Value, work: F) -> F::Output {
     WRITER.scope(user_ctx, work).await
+}
+
+/// The `userCtx` of a write made where no request says who writes: a login with no name and
+/// no roles, the least a validation function can be asked to admit.
+pub fn anonymous_writer() -> Value {
+    serde_json::json!({ "name": null, "roles": [] })
+}
+
+/// Who makes the write under way: the request's login, or [`anonymous_writer`] outside one.
+fn current_writer() -> Value {
+    WRITER.try_with(Value::clone).unwrap_or_else(|_| {
+        tracing::debug!("a write outside a request is validated as an anonymous login's");
+        anonymous_writer()
+    })
 }
 
 /// Each database's validation functions and when they were read, by database name.
@@ -173,15 +191,12 @@ fn message(value: &Value) -> String {
 #[async_trait]
 impl WriteGuard for DesignValidation {
     async fn applies(&self, db: &Database) -> Result<bool> {
-        if WRITER.try_with(|_| ()).is_err() {
-            return Ok(false);
-        }
         Ok(!self.functions(db).await?.is_empty())
     }
 
     async fn check(&self, db: &Database, writes: &[ProposedWrite]) -> Result<Vec<Option<Error>>> {
         let mut verdicts: Vec<Option<Error>> = writes.iter().map(|_| None).collect();
-        let Ok(mut user_ctx) = WRITER.try_with(Value::clone) else { return Ok(verdicts) };
+        let mut user_ctx = current_writer();
         let functions = self.functions(db).await?;
         if functions.is_empty() {
             return Ok(verdicts);
@@ -221,5 +236,52 @@ impl WriteGuard for DesignValidation {
 
     fn design_changed(&self, db: &Database) {
         self.lock().remove(db.name());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::embedded::EmbeddedBackend;
+    use crate::database::Write;
+    use serde_json::json;
+
+    fn edit(body: Value) -> Write {
+        Write::Edit { parent: None, deleted: false, body: body.as_object().cloned().unwrap_or_default() }
+    }
+
+    /// A database whose validation function refuses a writer without a name.
+    async fn guarded(dir: &tempfile::TempDir) -> Arc<Database> {
+        let backend = Arc::new(EmbeddedBackend::open(&dir.path().join("v.redb")).await.unwrap());
+        let engine = JsEngine::new(crate::js::JsLimits::default()).unwrap();
+        let guard: Arc<dyn WriteGuard> = Arc::new(DesignValidation::new(engine));
+        let db = Arc::new(Database::new("v".into(), backend).with_write_guard(Some(guard)));
+        let validate = "function (newDoc, oldDoc, userCtx) { if (!userCtx.name) throw({forbidden: 'who writes?'}); }";
+        db.write("_design/v", &edit(json!({ "validate_doc_update": validate }))).await.unwrap();
+        db
+    }
+
+    /// A write where no request says who writes (made outside one, or from a task spawned off
+    /// one, which does not inherit it) is validated as an anonymous login's, never let through.
+    #[tokio::test]
+    async fn a_write_without_a_request_is_validated() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = guarded(&dir).await;
+        let outside = db.write("outside", &edit(json!({ "n": 1 }))).await.unwrap_err();
+        assert_eq!((outside.kind(), outside.message()), (ErrorKind::Forbidden, "who writes?"));
+
+        let alice = json!({ "name": "alice", "roles": [] });
+        let spawned = as_writer(alice.clone(), async {
+            let db = Arc::clone(&db);
+            tokio::spawn(async move { db.write("spawned", &edit(json!({ "n": 2 }))).await }).await.unwrap()
+        })
+        .await
+        .unwrap_err();
+        assert_eq!(spawned.kind(), ErrorKind::Forbidden);
+
+        as_writer(alice, db.write("named", &edit(json!({ "n": 3 })))).await.unwrap();
+        assert!(db.read("outside").await.unwrap().is_none());
+        assert!(db.read("spawned").await.unwrap().is_none());
+        assert!(db.read("named").await.unwrap().is_some());
     }
 }

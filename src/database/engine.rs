@@ -20,9 +20,16 @@
 //! the whole tree) means a crash between them never loses a leaf: a live record is always the
 //! authority, the local tree only for a tombstone. A live record whose winner is deleted (left by
 //! a crash in the middle of saving a deleted document) reads as deleted.
+//!
+//! ## Deletion
+//! Deleting the database waits for the writes under way and refuses new ones ([`closing`]);
+//! from then on every call answers CouchDB's missing-database `NotFound`
+//! ([`Database::while_open`]).
 
 mod bulk;
 mod client_local;
+mod closing;
+pub use closing::DRAIN_WAIT;
 
 pub use bulk::DocumentAnswers;
 
@@ -144,6 +151,8 @@ pub struct Database {
     name: String,
     backend: Arc<dyn DocumentBackend>,
     dropped: AtomicBool,
+    /// The writes under way, which a deletion waits for ([`closing`]).
+    in_flight: closing::WritesInFlight,
     revs_limit: AtomicUsize,
     max_document_bytes: usize,
     /// The largest revision tree of one document ([`RevTree::held_bytes`],
@@ -196,6 +205,7 @@ impl Database {
         Database {
             name,
             dropped: AtomicBool::new(false),
+            in_flight: closing::WritesInFlight::default(),
             revs_limit: AtomicUsize::new(0),
             max_document_bytes: DEFAULT_MAX_DOCUMENT_BYTES,
             max_tree_bytes: DEFAULT_MAX_TREE_BYTES,
@@ -374,15 +384,16 @@ impl Database {
         Ok(())
     }
 
-    /// Runs `work` on the open database. A failure that comes after the database was deleted is
-    /// its deletion's doing (a DynamoDB table or a redb file going away under a request): the
-    /// client gets CouchDB's `not_found`, not the backend's error about a missing table.
+    /// Runs `work` on the open database. Whatever `work` answers once the database has been
+    /// deleted under it is the deletion's doing (a DynamoDB table or a redb file going away, or
+    /// per-document failures inside a bulk answer, or a write into what is gone): the caller
+    /// gets CouchDB's `not_found` for the database, not the backend's error about a missing
+    /// table nor a success nobody can read back.
     pub async fn while_open<T>(&self, work: impl std::future::Future<Output = Result<T>>) -> Result<T> {
         self.check_open()?;
-        match work.await {
-            Err(_) if self.dropped.load(Ordering::SeqCst) => Err(Error::not_found("Database does not exist.")),
-            answer => answer,
-        }
+        let answer = work.await;
+        self.check_open()?;
+        answer
     }
 
     /// The document's stored state; `None` when it was never written (or was purged).
@@ -479,6 +490,7 @@ impl Database {
     /// once). Each write has its own answer; a conflicting edit fails alone. Retried as a whole
     /// when another writer got in between the read and the save.
     pub async fn write_batch(&self, id: &str, writes: &[Write]) -> Result<Vec<Result<Written>>> {
+        let _under_way = self.start_write()?;
         self.while_open(self.write_batch_once_open(id, writes)).await
     }
 
@@ -664,6 +676,7 @@ impl Database {
     /// Removes leaves (`_purge`); returns the revisions purged. A document left with no leaf is
     /// erased from the backend.
     pub async fn purge(&self, id: &str, revs: &[String]) -> Result<Vec<String>> {
+        let _under_way = self.start_write()?;
         self.while_open(self.purge_once_open(id, revs)).await
     }
 

@@ -285,14 +285,15 @@ impl Databases {
         Ok(Some(database))
     }
 
-    /// Deletes a database and everything in it; `false` when there was none. Requests still
-    /// holding it fail with `NotFound` from now on.
+    /// Deletes a database and everything in it; `false` when there was none. Writes already
+    /// under way on it finish first (at most [`engine::DRAIN_WAIT`]); requests still holding it
+    /// fail with `NotFound` from then on.
     pub async fn delete(&self, name: &DbName) -> Result<bool> {
         let lock = self.name_locks.of(name);
         let _held = lock.lock().await;
         let removed = self.open_map().remove(name);
         if let Some(entry) = removed {
-            entry.database.mark_dropped();
+            entry.database.close(engine::DRAIN_WAIT).await;
         }
         match self.opened_catalog().await? {
             Some(catalog) => catalog.delete(name).await,

@@ -52,8 +52,8 @@ struct Flight {
 /// A group by indexer (its address: one per process, more in tests), database and signature.
 type FlightKey = (usize, String, String);
 
-/// Every group's flight. One entry per group queried since the process started: a group name and
-/// its state, small beside the group's rows.
+/// Every group's flight. One entry per group queried, until its database is deleted
+/// ([`forget_database`]): a group name and its state, small beside the group's rows.
 fn flights() -> &'static Mutex<HashMap<FlightKey, Arc<Flight>>> {
     static FLIGHTS: OnceLock<Mutex<HashMap<FlightKey, Arc<Flight>>>> = OnceLock::new();
     FLIGHTS.get_or_init(Mutex::default)
@@ -63,6 +63,21 @@ fn flight_of(indexer: &ViewIndexer, source: &dyn ViewSource, design: &DesignView
     let key = (indexer as *const ViewIndexer as usize, source.name().to_owned(), design.signature.clone());
     let mut flights = flights().lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     Arc::clone(flights.entry(key).or_default())
+}
+
+/// Drops the flights of `indexer`'s groups over the deleted database `database`.
+pub(super) fn forget_database(indexer: &ViewIndexer, database: &str) {
+    let address = indexer as *const ViewIndexer as usize;
+    let mut flights = flights().lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    flights.retain(|(of, name, _), _| !(*of == address && name == database));
+}
+
+/// Flights kept for `indexer`'s groups over `database` (for the tests).
+#[cfg(test)]
+pub(super) fn flights_of(indexer: &ViewIndexer, database: &str) -> usize {
+    let address = indexer as *const ViewIndexer as usize;
+    let flights = flights().lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    flights.keys().filter(|(of, name, _)| *of == address && name == database).count()
 }
 
 /// What [`shared_catch_up`] returns: boxed, because the catch-up it runs calls it again (and a

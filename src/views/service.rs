@@ -67,6 +67,15 @@ impl Views {
             .await
     }
 
+    /// Forgets the deleted database `database` ([`ViewIndexer::forget_database`]); nothing to do
+    /// while no view has been asked for (the index file is not open).
+    pub async fn forget_database(&self, database: &str) -> Result<usize, ViewError> {
+        match self.indexer.get() {
+            Some(indexer) => indexer.forget_database(database).await,
+            None => Ok(0),
+        }
+    }
+
     /// The engine's reduce side.
     pub fn reducer(&self) -> &dyn JsReducer {
         self.engine.as_ref()

@@ -293,6 +293,37 @@ impl ViewIndexer {
         Arc::clone(updating.entry(name.to_owned()).or_default())
     }
 
+    /// Forgets the deleted database `database`: what this process keeps about it (its group
+    /// prefix, its groups' update locks, their shared catch-ups) and its groups in the index
+    /// file, so neither memory nor the file grows with databases created and deleted. Returns
+    /// how many groups were dropped from the file.
+    pub async fn forget_database(&self, database: &str) -> Result<usize, ViewError> {
+        let key = format!("{database}\u{0}");
+        self.prefixes.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(&key);
+        self.updating.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).retain(|name, _| !name.starts_with(&key));
+        super::freshness::forget_database(self, database);
+        let store = Arc::clone(&self.store);
+        blocking(move || {
+            let mut dropped = 0;
+            for name in store.group_names(&key)? {
+                if store.drop_group(&name)? {
+                    dropped += 1;
+                }
+            }
+            Ok(dropped)
+        })
+        .await
+    }
+
+    /// Entries this indexer keeps in memory about databases: group prefixes and update locks
+    /// (for the tests of [`ViewIndexer::forget_database`]).
+    #[cfg(test)]
+    pub(crate) fn kept_entries(&self) -> (usize, usize) {
+        let prefixes = self.prefixes.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).len();
+        let updating = self.updating.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).len();
+        (prefixes, updating)
+    }
+
     /// Drops every group of `source` that no design document in `keep` (signatures) uses:
     /// CouchDB's `_view_cleanup`. Returns how many were dropped.
     pub async fn clean_up(&self, source: &dyn ViewSource, keep: &[String]) -> Result<usize, ViewError> {
@@ -478,6 +509,38 @@ mod tests {
         assert_eq!(conflicts[0].1, "doc2");
         assert_eq!(group.state.row_counts, vec![2, 1]);
     }
+
+    /// Databases with views created, queried and deleted leave nothing behind: no group prefix,
+    /// update lock or shared catch-up in memory, no group in the index file; a database kept
+    /// keeps its own.
+    #[tokio::test]
+    async fn deleted_databases_leave_no_view_state() {
+        let dir = tempfile::tempdir().unwrap();
+        let catalog = Arc::new(EmbeddedCatalog::new(&dir.path().join("store.redb"), EmbeddedOptions::default()));
+        let databases = Databases::new(Some(catalog), 8);
+        let store = Arc::new(IndexStore::open(&dir.path().join("views.redb")).unwrap());
+        let indexer = ViewIndexer::new(Arc::clone(&store), Arc::new(TypeMapper { mapped: AtomicUsize::new(0) }));
+        let design = DesignViews::parse(&json!({"_id": "_design/d", "views": {"v": {"map": "…"}}})).unwrap();
+        let names: Vec<DbName> = (0..5).map(|n| DbName::parse(&format!("db{n}")).unwrap()).collect();
+        for name in &names {
+            let db = databases.create(name).await.unwrap();
+            db.write("doc", &edit(None, json!({"type": "t"}))).await.unwrap();
+            indexer.catch_up(db.as_ref(), &design).await.unwrap();
+        }
+        assert_eq!(indexer.kept_entries(), (5, 5));
+        for name in &names[1..] {
+            assert!(databases.delete(name).await.unwrap());
+            assert_eq!(indexer.forget_database(name.as_str()).await.unwrap(), 1, "{name}'s group dropped");
+        }
+        assert_eq!(indexer.kept_entries(), (1, 1), "only the database kept is remembered");
+        for name in &names[1..] {
+            assert_eq!(crate::views::freshness::flights_of(&indexer, name.as_str()), 0);
+            assert!(store.group_names(&format!("{name}\u{0}")).unwrap().is_empty());
+        }
+        assert_eq!(crate::views::freshness::flights_of(&indexer, "db0"), 1);
+        assert_eq!(store.group_names("db0\u{0}").unwrap().len(), 1);
+    }
+
     /// Answers one document per call, emitting one row of about 1,000 bytes, and records how many
     /// rows the index file held at each call.
     struct OneAtATime {

@@ -218,7 +218,14 @@ impl Catalog for DynamoCatalog {
         match self.client.delete_table().table_name(&table).send().await {
             Ok(_) => Ok(true),
             Err(e) if e.as_service_error().is_some_and(|s| s.is_resource_not_found_exception()) => Ok(false),
-            // A table being created (or already being deleted) cannot be deleted yet.
+            // A table already being deleted is a database deleted (a second DELETE is CouchDB's
+            // 404); one being created cannot be deleted yet.
+            Err(e)
+                if e.as_service_error().is_some_and(|s| s.is_resource_in_use_exception())
+                    && matches!(self.status(&table).await, Ok(None | Some(TableStatus::Deleting))) =>
+            {
+                Ok(false)
+            }
             Err(e) if e.as_service_error().is_some_and(|s| s.is_resource_in_use_exception()) => Err(Error::new(
                 ErrorKind::Unavailable,
                 format!("DynamoDB table {table:?} is being created or deleted; try again in a few seconds"),

@@ -54,6 +54,11 @@ pub async fn delete_db(
     server_admin_only(&identity)?;
     let name = db_name(&db)?;
     if state.databases.delete(&name).await? {
+        // The views' state of a deleted database is never read again: dropped, so it does not
+        // pile up as databases come and go. The database is gone whatever this answers.
+        if let Err(err) = state.views.forget_database(name.as_str()).await {
+            tracing::warn!(database = %name, %err, "kept the view state of a deleted database");
+        }
         Ok(json(StatusCode::OK, json!({ "ok": true })))
     } else {
         Err(CouchError::no_database())

@@ -134,6 +134,12 @@ pub async fn bulk_docs(State(state): State<CouchState>, opened: OpenDb, headers:
         }
         stream::iter(writing).buffer_unordered(WRITES_AT_ONCE).collect().await
     };
+    // A database deleted under the request's writes is CouchDB's 404 for the whole request,
+    // never a 201 whose rows say it is missing (PouchDB turns such a row into a 500). Writes
+    // that finished before the deletion (which waits for them) are answered as they went.
+    if results.iter().flatten().any(|(_, row)| row.as_ref().is_some_and(names_missing_database)) {
+        return Err(CouchError::no_database());
+    }
     let mut answers = early;
     for (position, row) in results.into_iter().flatten() {
         answers[position] = row;
@@ -141,6 +147,12 @@ pub async fn bulk_docs(State(state): State<CouchState>, opened: OpenDb, headers:
     // With `new_edits: false` CouchDB answers only the documents that failed.
     let rows: Vec<Value> = answers.into_iter().flatten().collect();
     Ok(json(StatusCode::CREATED, Value::Array(rows)))
+}
+
+/// Whether a document's row says its database does not exist (it was deleted meanwhile).
+fn names_missing_database(row: &Value) -> bool {
+    let missing = CouchError::no_database();
+    row["error"] == missing.error.as_str() && row["reason"] == missing.reason.as_str()
 }
 
 /// CouchDB 3's answer to `all_or_nothing: true` (417, one `not_implemented` row per document,
@@ -338,6 +350,8 @@ pub async fn bulk_get(
         .buffered(CONCURRENCY)
         .collect()
         .await;
+    // Rows read while the database was being deleted name it missing: the request is a 404.
+    db.check_open()?;
     Ok(json(StatusCode::OK, json!({ "results": results })))
 }
 

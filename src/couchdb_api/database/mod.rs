@@ -112,7 +112,22 @@ pub(crate) async fn dispatch(
         Ok(answer) => return answer,
         Err(request) => request,
     };
-    route(&state, request).await
+    let answer = route(&state, request).await;
+    missing_if_deleted(&state, &first, answer).await
+}
+
+/// A server error answered on a database that no longer exists was caused by its deletion
+/// racing the request (a table or file gone under a backend call that no engine check saw):
+/// CouchDB answers a missing database 404 `not_found`, whatever raced with it.
+async fn missing_if_deleted(state: &CouchState, name: &str, answer: Response) -> Response {
+    if !answer.status().is_server_error() {
+        return answer;
+    }
+    let Ok(name) = DbName::parse(name) else { return answer };
+    match state.databases.open(&name).await {
+        Ok(None) => CouchError::no_database().into_response(),
+        _ => answer,
+    }
 }
 
 /// The headers a forwarded request carries to the CouchDB backend (never the client's
@@ -309,7 +324,7 @@ async fn route(state: &CouchState, request: Request) -> Response {
     *forwarded.headers_mut() = parts.headers;
     let extensions = forwarded.extensions_mut();
     // Who writes, for the databases' validation functions (`validate_doc_update`'s `userCtx`).
-    let mut writer = serde_json::json!({ "name": null, "roles": [] });
+    let mut writer = super::validation::anonymous_writer();
     if let Some(identity) = parts.extensions.get::<super::auth::Identity>() {
         writer = serde_json::json!({ "name": identity.user_ctx().name, "roles": identity.session_roles() });
         extensions.insert(identity.clone());

@@ -83,6 +83,7 @@ impl Database {
     /// An id given twice has its second group applied after its first. The outer error is for a
     /// failure of the whole call (the database deleted, a read or a bulk write that failed).
     pub async fn write_many(&self, documents: &[(String, Vec<Write>)]) -> Result<Vec<DocumentAnswers>> {
+        let _under_way = self.start_write()?;
         self.while_open(self.write_many_once_open(documents)).await
     }
 

@@ -471,8 +471,56 @@ impl ExportReport {
 
 /// The text written, counted, and hashed per database.
 struct ArchiveWriter {
-    out: Box<dyn Write + Send>,
+    out: ExportSink<File>,
     hasher: Sha256,
+}
+
+/// Where an export's bytes go: a buffered file, or a gzip stream into one. It is finished
+/// explicitly ([`ExportSink::finish`]): dropping a gzip encoder writes its trailer and dropping a
+/// buffer writes its tail, each ignoring a failure, which would leave a truncated file renamed
+/// as a finished export.
+enum ExportSink<W: Write> {
+    Plain(BufWriter<W>),
+    Gzip(flate2::write::GzEncoder<BufWriter<W>>),
+}
+
+impl<W: Write> ExportSink<W> {
+    fn new(inner: W, gzip: bool) -> Self {
+        let buffered = BufWriter::with_capacity(1 << 20, inner);
+        if gzip {
+            ExportSink::Gzip(flate2::write::GzEncoder::new(buffered, flate2::Compression::fast()))
+        } else {
+            ExportSink::Plain(buffered)
+        }
+    }
+
+    /// Writes the last bytes (the gzip trailer, the buffer's tail) and answers whether they were
+    /// written.
+    fn finish(self) -> std::io::Result<W> {
+        let buffered = match self {
+            ExportSink::Plain(buffered) => buffered,
+            ExportSink::Gzip(encoder) => encoder.finish()?,
+        };
+        let mut inner = buffered.into_inner().map_err(std::io::IntoInnerError::into_error)?;
+        inner.flush()?;
+        Ok(inner)
+    }
+}
+
+impl<W: Write> Write for ExportSink<W> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        match self {
+            ExportSink::Plain(out) => out.write(bytes),
+            ExportSink::Gzip(out) => out.write(bytes),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            ExportSink::Plain(out) => out.flush(),
+            ExportSink::Gzip(out) => out.flush(),
+        }
+    }
 }
 
 impl ArchiveWriter {
@@ -554,6 +602,17 @@ async fn with_writer<T: Send + 'static>(
         let mut writer = writer;
         let result = work(&mut writer);
         result.map(|value| (writer, value))
+    })
+    .await
+    .map_err(|e| Error::new(ErrorKind::Internal, "the export writer task failed").with_source(e))?
+}
+
+/// Writes an export's last bytes ([`ExportSink::finish`]) and makes the file durable, off the
+/// async threads.
+async fn finish_export_file(writer: ArchiveWriter, partial: PathBuf) -> Result<()> {
+    tokio::task::spawn_blocking(move || {
+        let file = writer.out.finish().map_err(|e| io_error(&partial, "finish writing", e))?;
+        file.sync_all().map_err(|e| io_error(&partial, "fsync", e))
     })
     .await
     .map_err(|e| Error::new(ErrorKind::Internal, "the export writer task failed").with_source(e))?
@@ -669,12 +728,7 @@ pub async fn export(source: Side, options: ExportOptions, stop: StopSignal) -> R
     let partial = partial_path(out);
     let file = File::create(&partial).map_err(|e| io_error(&partial, "create", e))?;
     let gzip = is_gzip(out);
-    let sink: Box<dyn Write + Send> = if gzip {
-        Box::new(flate2::write::GzEncoder::new(BufWriter::with_capacity(1 << 20, file), flate2::Compression::fast()))
-    } else {
-        Box::new(BufWriter::with_capacity(1 << 20, file))
-    };
-    let mut writer = ArchiveWriter { out: sink, hasher: Sha256::new() };
+    let mut writer = ArchiveWriter { out: ExportSink::new(file, gzip), hasher: Sha256::new() };
     let header = Header {
         format: FORMAT.into(),
         version: VERSION,
@@ -705,26 +759,21 @@ pub async fn export(source: Side, options: ExportOptions, stop: StopSignal) -> R
     };
     let leaves: u64 = databases.iter().map(|d| d.leaves).sum();
     let end = FileEnd { end: FORMAT.into(), databases: databases.len() as u64, leaves };
+    // The last line, then the gzip trailer and the buffer's tail, each failure failing the
+    // export; then the bytes are made durable and the file takes its name.
+    let finishing = partial.clone();
     let finish = with_writer(writer, move |writer| {
-        writer.line(&end, false).map_err(|e| Error::new(ErrorKind::Internal, "write the export").with_source(e))?;
-        writer.out.flush().map_err(|e| Error::new(ErrorKind::Internal, "flush the export").with_source(e))?;
+        writer.line(&end, false).map_err(|e| io_error(&finishing, "write", e))?;
         Ok(())
     })
     .await;
-    let writer = match finish {
-        Ok((writer, ())) => writer,
-        Err(err) => {
-            let _ = std::fs::remove_file(&partial);
-            return Err(err);
-        }
+    let finish = match finish {
+        Ok((writer, ())) => finish_export_file(writer, partial.clone()).await,
+        Err(err) => Err(err),
     };
-    // Closing the encoder writes the gzip trailer; then the bytes are made durable and the
-    // file takes its name.
-    drop(writer);
-    let synced = File::open(&partial).and_then(|f| f.sync_all());
-    if let Err(e) = synced {
+    if let Err(err) = finish {
         let _ = std::fs::remove_file(&partial);
-        return Err(io_error(&partial, "fsync", e));
+        return Err(err);
     }
     std::fs::rename(&partial, out).map_err(|e| io_error(out, "rename the finished export to", e))?;
     if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -1327,6 +1376,44 @@ async fn import_page(target: &Side, db: &str, leaves: Vec<Map<String, Value>>) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A file that takes `room` bytes, then fails every write and flush (a full disk).
+    struct FillingUp {
+        room: usize,
+        taken: Vec<u8>,
+    }
+
+    impl Write for FillingUp {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            if self.taken.len() + bytes.len() > self.room {
+                return Err(std::io::Error::new(std::io::ErrorKind::StorageFull, "no space left"));
+            }
+            self.taken.extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Writing the gzip trailer (or a plain file's buffered tail) can fail after every line was
+    /// accepted: finishing the export says so, where dropping the writer would not.
+    #[test]
+    fn an_export_whose_last_bytes_fail_is_an_error() {
+        for gzip in [true, false] {
+            let mut sink = ExportSink::new(FillingUp { room: 0, taken: Vec::new() }, gzip);
+            sink.write_all(b"{\"format\":\"x\"}\n").expect("kept in the buffer");
+            let finished = sink.finish();
+            assert!(finished.is_err(), "gzip {gzip}: finishing into a full file succeeded");
+        }
+        let mut sink = ExportSink::new(FillingUp { room: 1 << 10, taken: Vec::new() }, true);
+        sink.write_all(b"line\n").expect("written");
+        let file = sink.finish().expect("finished with room to spare");
+        let mut text = String::new();
+        flate2::read::GzDecoder::new(&file.taken[..]).read_to_string(&mut text).expect("a whole gzip stream");
+        assert_eq!(text, "line\n");
+    }
 
     fn write(path: &Path, lines: &[String]) {
         let text: String = lines.iter().map(|l| format!("{l}\n")).collect();

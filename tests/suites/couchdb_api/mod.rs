@@ -24,6 +24,7 @@ mod local_docs;
 mod logins;
 mod mango;
 mod purge;
+mod missing_database;
 mod replication;
 mod results_as_couchdb;
 mod revision_trees;
@@ -163,6 +164,9 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("views_queries_bound_is_a_setting", |e| Box::pin(views::views_queries_bound_is_a_setting(e))),
         ("attachments_inline_wait_is_a_setting", |e| Box::pin(attachments::attachments_inline_wait_is_a_setting(e))),
         ("data_store_tree_bound_is_the_setting", |e| Box::pin(revision_trees::data_store_tree_bound_is_the_setting(e))),
+        ("a_deleted_database_is_404_everywhere", |e| {
+            Box::pin(missing_database::a_deleted_database_is_404_everywhere(e))
+        }),
     ];
     let mut trials = Vec::new();
     for backend in &backends {

@@ -1,0 +1,148 @@
+//! A database deleted while requests use it (issue 35): a live `_changes` with `filter=_view`,
+//! writers posting documents and `_bulk_docs`, and view queries building the index, all running
+//! when `DELETE /{db}` comes. CouchDB answers a missing database 404 `not_found` "Database does
+//! not exist." on every route (checked against CouchDB 3.4.3 with curl: GET, PUT and DELETE of a
+//! document, `_changes` with and without a filter, `_bulk_docs`, a view, DELETE and POST of the
+//! database), never a 5xx, and never a 201 whose rows say the database is missing (PouchDB's
+//! `db.post` turns such a row into an error with status 500). Creating it again is 201, then 412
+//! `file_exists`.
+
+use futures::StreamExt;
+
+use super::*;
+
+/// CouchDB's answer for a database that does not exist.
+fn missing_database() -> Value {
+    json!({"error": "not_found", "reason": "Database does not exist."})
+}
+
+/// One request a racing loop sends, and what it answered.
+struct Sent {
+    what: &'static str,
+    status: u16,
+    body: Value,
+}
+
+/// Sends `request` until the database is reported missing (or 400 times), keeping every answer.
+async fn until_missing(
+    client: reqwest::Client,
+    what: &'static str,
+    request: impl Fn(&reqwest::Client, u32) -> reqwest::RequestBuilder,
+) -> Vec<Sent> {
+    let mut sent = Vec::new();
+    for n in 0..400 {
+        let (status, body) = match request(&client, n).send().await {
+            Ok(answer) => {
+                let status = answer.status().as_u16();
+                let text = answer.text().await.unwrap_or_default();
+                (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+            }
+            Err(err) => (0, Value::String(err.to_string())),
+        };
+        let gone = status == 404;
+        sent.push(Sent { what, status, body });
+        if gone {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    sent
+}
+
+/// Every answer a racing loop got is a success or CouchDB's missing-database 404, a `_bulk_docs`
+/// success holds no row saying the database is missing, and the loop ended on the 404.
+fn raced_answers_are_couchdbs(sent: &[Sent]) -> TestResult {
+    for answer in sent {
+        let missing_row = answer.body.as_array().is_some_and(|rows| rows.iter().any(|row| row.get("error").is_some()));
+        let fine = match answer.status {
+            200 | 201 => !missing_row,
+            404 => answer.body == missing_database(),
+            _ => false,
+        };
+        check(fine, || format!("{}: {} {}", answer.what, answer.status, answer.body))?;
+    }
+    let last = sent.last().map(|answer| answer.status);
+    check(last == Some(404), || format!("{}: never saw the database missing ({last:?})", sent[0].what))
+}
+
+pub(super) async fn a_deleted_database_is_404_everywhere(e: Endpoint) -> TestResult {
+    if e.backend == "couchdb" {
+        println!("on the CouchDB backend a database is the backend server's, its answers forwarded");
+        return Ok(());
+    }
+    let db = fresh_db_named(&e, "gone", "raced").await?;
+    let design = json!({"views": {"by_n": {"map": "function (doc) { if (doc.n !== undefined) emit(doc.n, null); }"}}});
+    e.put(&format!("/{db}/_design/app"), design).await?.expect(201, "design document")?;
+    e.post(&format!("/{db}"), json!({"n": -1})).await?.expect(201, "first document")?;
+    let feed = e
+        .client
+        .get(e.url(&format!("/{db}/_changes?feed=continuous&filter=_view&view=app/by_n&heartbeat=500&timeout=20000")))
+        .send()
+        .await
+        .map_err(|err| Failed::from(format!("open the feed: {err}")))?;
+    check(feed.status().as_u16() == 200, || format!("the filtered feed opens: {}", feed.status()))?;
+    let mut feed = feed.bytes_stream();
+    let url = e.url(&format!("/{db}"));
+    let loops = [
+        tokio::spawn(until_missing(e.client.clone(), "POST /db", {
+            let url = url.clone();
+            move |client, n| client.post(&url).json(&json!({ "n": n }))
+        })),
+        tokio::spawn(until_missing(e.client.clone(), "_bulk_docs", {
+            let url = format!("{url}/_bulk_docs");
+            move |client, n| {
+                let docs: Vec<Value> = (0..10).map(|k| json!({ "n": n * 10 + k })).collect();
+                client.post(&url).json(&json!({ "docs": docs }))
+            }
+        })),
+        tokio::spawn(until_missing(e.client.clone(), "view query", {
+            let url = format!("{url}/_design/app/_view/by_n?limit=1");
+            move |client, _| client.get(&url)
+        })),
+    ];
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    e.delete(&format!("/{db}")).await?.expect(200, "DELETE the database while it is used")?;
+    for racing in loops {
+        let sent = racing.await.map_err(|err| Failed::from(format!("a racing loop: {err}")))?;
+        raced_answers_are_couchdbs(&sent)?;
+    }
+    let mut text = String::new();
+    let ended = tokio::time::timeout(Duration::from_secs(15), async {
+        while let Some(Ok(bytes)) = feed.next().await {
+            text.push_str(&String::from_utf8_lossy(&bytes));
+        }
+    })
+    .await;
+    check(ended.is_ok(), || format!("the filtered feed did not end after the delete: {text}"))?;
+    let last = text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or_default().to_owned();
+    check(serde_json::from_str::<Value>(&last).ok() == Some(missing_database()), || {
+        format!("the feed's last line is CouchDB's missing-database error: {last:?}")
+    })?;
+    every_route_answers_missing(&e, &db).await?;
+    e.call(Method::PUT, &format!("/{db}"), None).await?.expect(201, "created again")?;
+    let twice = e.call(Method::PUT, &format!("/{db}"), None).await?.expect(412, "created twice")?;
+    check(twice.body["error"] == "file_exists", || format!("PUT of an existing database: {}", twice.body))?;
+    e.delete(&format!("/{db}")).await?.expect(200, "DELETE again")?;
+    Ok(())
+}
+
+/// After the delete every request on the database is CouchDB's 404, exactly.
+async fn every_route_answers_missing(e: &Endpoint, db: &str) -> TestResult {
+    let requests: [(Method, String, Option<Value>); 9] = [
+        (Method::GET, format!("/{db}"), None),
+        (Method::PUT, format!("/{db}/doc"), Some(json!({"n": 1}))),
+        (Method::DELETE, format!("/{db}/doc?rev=1-0123456789abcdef0123456789abcdef"), None),
+        (Method::GET, format!("/{db}/_changes"), None),
+        (Method::GET, format!("/{db}/_changes?feed=longpoll&filter=_view&view=app/by_n"), None),
+        (Method::POST, format!("/{db}/_bulk_docs"), Some(json!({"docs": [{"n": 1}]}))),
+        (Method::GET, format!("/{db}/_design/app/_view/by_n"), None),
+        (Method::POST, format!("/{db}"), Some(json!({"n": 1}))),
+        (Method::DELETE, format!("/{db}"), None),
+    ];
+    for (method, path, body) in requests {
+        let what = format!("{method} {path} after the delete");
+        let answer = e.call(method, &path, body).await?.expect(404, &what)?;
+        check(answer.body == missing_database(), || format!("{what}: {}", answer.body))?;
+    }
+    Ok(())
+}
