@@ -223,9 +223,11 @@ pub async fn active_tasks(Extension(identity): Extension<Identity>) -> Answer {
     Ok(json(StatusCode::OK, json!([])))
 }
 
-/// `GET /_membership`: a cluster of one node.
-pub async fn membership() -> Response {
-    json(StatusCode::OK, json!({ "all_nodes": [NODE_NAME], "cluster_nodes": [NODE_NAME] }))
+/// `GET /_membership`: a cluster of one node. A server admin's, as CouchDB's (every `/_membership`
+/// and `/_node` path is in `chttpd_auth_request:server_authorization_check`'s admin list).
+pub async fn membership(Extension(identity): Extension<Identity>) -> Answer {
+    server_admin_only(&identity)?;
+    Ok(json(StatusCode::OK, json!({ "all_nodes": [NODE_NAME], "cluster_nodes": [NODE_NAME] })))
 }
 
 /// `GET /_scheduler/jobs` and `/_scheduler/docs`: no replicator runs inside this server. A server
@@ -240,8 +242,10 @@ pub async fn scheduler_docs(Extension(identity): Extension<Identity>) -> Answer 
     Ok(json(StatusCode::OK, json!({ "total_rows": 0, "offset": 0, "docs": [] })))
 }
 
-/// `GET /_node/_local` (and `/_node/{name}` for this node's name): the node's name.
-pub async fn node(Path(node): Path<String>) -> Answer {
+/// `GET /_node/_local` (and `/_node/{name}` for this node's name): the node's name. A server
+/// admin's, as `_membership`.
+pub async fn node(Extension(identity): Extension<Identity>, Path(node): Path<String>) -> Answer {
+    server_admin_only(&identity)?;
     if node != "_local" && node != NODE_NAME {
         return Err(CouchError::not_found(format!("no node named {node}")));
     }

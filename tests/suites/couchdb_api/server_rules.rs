@@ -21,8 +21,10 @@ async fn as_login(e: &Endpoint, login: &str, method: Method, path: &str) -> Resu
 
 pub(super) async fn admin_endpoints_names_and_headers(e: Endpoint) -> TestResult {
     // `_active_tasks` (`chttpd_misc:handle_task_status_req`) and every `_scheduler` path
-    // (`chttpd_auth_request:server_authorization_check`) are a server admin's: 401 otherwise.
-    for path in ["/_active_tasks", "/_scheduler/jobs", "/_scheduler/docs"] {
+    // (`chttpd_auth_request:server_authorization_check`) are a server admin's: 401 otherwise;
+    // so are `_membership` and `_node` (the same check; a real CouchDB 3.4.3 answered 401 to a
+    // login without roles for each of these paths, 2026-11-29).
+    for path in ["/_active_tasks", "/_scheduler/jobs", "/_scheduler/docs", "/_membership", "/_node/_local"] {
         let refused = as_login(&e, "alice", Method::GET, path).await?.expect(401, path)?;
         let body = json!({ "error": "unauthorized", "reason": "You are not a server admin." });
         check(refused.body == body, || format!("{path} as alice: {}", refused.body))?;
