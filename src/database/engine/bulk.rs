@@ -180,6 +180,9 @@ impl Database {
 
     /// A document saved alone, as `write_batch` saves it.
     async fn save_alone(&self, id: &str, pending: Pending) -> (Pending, Saved) {
+        if let Err(err) = self.keep_references(pending.state.as_ref(), &pending.tree).await {
+            return (pending, Saved::Failed(err));
+        }
         let saved = Saved::of(self.save(id, pending.state.as_ref(), &pending.tree).await);
         (pending, saved)
     }
@@ -227,6 +230,9 @@ impl Database {
     /// half-written document, a creation where the backend cannot check `NeverWritten`) once
     /// its local tree is written on the revision read.
     async fn local_first(&self, id: &str, pending: Pending) -> (Pending, Saved, Option<BulkWrite>) {
+        if let Err(err) = self.keep_references(pending.state.as_ref(), &pending.tree).await {
+            return (pending, Saved::Failed(err), None);
+        }
         let record = match record_of(&pending.tree) {
             Ok(record) => record,
             Err(err) => return (pending, Saved::Failed(err), None),
