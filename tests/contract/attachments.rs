@@ -596,4 +596,13 @@ async fn reference_during_collection(ctx: &Ctx, how: NewReference, prefix: &str)
     let stream = stream.unwrap_or_else(|err| panic!("{how:?}: a0's bytes were freed ({collected:?}): {err}"));
     let (read, len) = hash_of(stream).await;
     assert_eq!((read, len), (sha256, bytes.len() as u64), "{how:?}: a0's bytes read back");
+
+    // Bytes stored for a write and collected before it (no grace period): the write fails with
+    // a conflict instead of referencing nothing.
+    let mut late = body(json!({"_attachments": {"g.bin": {"data": "bGF0ZQ=="}}}));
+    doc_attachments::prepare(database.attachments(), UNBOUNDED, &mut late, &none).await.expect("store late bytes");
+    database.collect_attachment_garbage().await.expect("collect the unreferenced bytes");
+    let refused = database.write(&format!("{prefix}late"), &edit(late)).await.err().expect("the write refused");
+    assert_eq!(refused.kind(), ErrorKind::Conflict, "{how:?}: {refused}");
+    assert!(database.read(&format!("{prefix}late")).await.expect("read").is_none(), "{how:?}: nothing written");
 }
