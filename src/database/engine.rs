@@ -20,6 +20,11 @@
 //! the whole tree) means a crash between them never loses a leaf: a live record is always the
 //! authority, the local tree only for a tombstone. A live record whose winner is deleted (left by
 //! a crash in the middle of saving a deleted document) reads as deleted.
+//!
+//! Before each save, the manifests of the attachment bytes the tree references are touched
+//! ([`Database::keep_references`]), so that a collection running meanwhile, whose scan of the
+//! documents reads no snapshot, never frees bytes the save makes visible
+//! ([`crate::database::attachments`], "Why a reference is never freed").
 
 mod bulk;
 mod client_local;

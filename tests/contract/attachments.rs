@@ -602,7 +602,7 @@ async fn reference_during_collection(ctx: &Ctx, how: NewReference, prefix: &str)
     let mut late = body(json!({"_attachments": {"g.bin": {"data": "bGF0ZQ=="}}}));
     doc_attachments::prepare(database.attachments(), UNBOUNDED, &mut late, &none).await.expect("store late bytes");
     database.collect_attachment_garbage().await.expect("collect the unreferenced bytes");
-    let refused = database.write(&format!("{prefix}late"), &edit(late)).await.err().expect("the write refused");
+    let refused = database.write(&format!("{prefix}late"), &edit(late)).await.expect_err("the write refused");
     assert_eq!(refused.kind(), ErrorKind::Conflict, "{how:?}: {refused}");
     assert!(database.read(&format!("{prefix}late")).await.expect("read").is_none(), "{how:?}: nothing written");
 }

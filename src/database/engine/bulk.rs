@@ -28,6 +28,9 @@
 //!   saves it.
 //!
 //! So a page of new documents costs two batched reads and one bulk write, whatever its size.
+//! Each document that references attachment bytes first touches their manifests
+//! ([`Database::keep_references`], one batched read per document, a write only for a manifest
+//! stored more than half the grace period ago), as every save does.
 //!
 //! A document whose save met another writer (any failed precondition) is written again alone
 //! through [`Database::write_batch`], which reads it again and retries, so conflicts between
