@@ -606,3 +606,44 @@ async fn reference_during_collection(ctx: &Ctx, how: NewReference, prefix: &str)
     assert_eq!(refused.kind(), ErrorKind::Conflict, "{how:?}: {refused}");
     assert!(database.read(&format!("{prefix}late")).await.expect("read").is_none(), "{how:?}: nothing written");
 }
+
+/// What a save does to the manifests its tree references (`AttachmentStore::keep_referenced`):
+/// one stored within half the grace period is left as it is; an older one is stored again with a
+/// fresh time (a new revision, so a collection that listed it before deletes nothing); one that
+/// is gone fails the save when the reference is new, and is let be when the tree held it.
+pub async fn saves_touch_the_manifests_they_reference(ctx: Ctx) {
+    if not_applicable(&ctx).await {
+        return;
+    }
+    let b = ctx.backend.as_ref();
+    let store = AttachmentStore::new(Arc::clone(&ctx.backend)).with_grace(Duration::from_secs(3600));
+    let fresh = stored(&store, 60, 10).await;
+    let stale = stored(&store, 61, 10).await;
+    let name = |sha256: &str| format!("{MANIFEST_PREFIX}{sha256}");
+    let mut aged = b.get_local(&name(&stale.sha256)).await.expect("get_local").expect("the manifest");
+    aged.body.insert("stored_ms".into(), json!(1000));
+    b.put_local(&name(&stale.sha256), &aged.body, Precondition::MatchRevision(aged.rev)).await.expect("age it");
+    let before =
+        |sha256: String| async move { b.get_local(&name(&sha256)).await.expect("get_local").expect("manifest") };
+    let (fresh_before, stale_before) = (before(fresh.sha256.clone()).await, before(stale.sha256.clone()).await);
+
+    let both = HashSet::from([fresh.sha256.clone(), stale.sha256.clone()]);
+    store.keep_referenced(&both, &both).await.expect("keep both");
+    let fresh_after = before(fresh.sha256.clone()).await;
+    let stale_after = before(stale.sha256.clone()).await;
+    assert_eq!(fresh_after.rev, fresh_before.rev, "a fresh manifest is not written");
+    assert_ne!(stale_after.rev, stale_before.rev, "a stale manifest is stored again");
+    let stored_ms = stale_after.body.get("stored_ms").and_then(Value::as_u64).expect("stored_ms");
+    assert!(stored_ms > 1000, "with a fresh time: {stored_ms}");
+    for field in ["blob", "length", "digest", "chunks", "chunk_bytes"] {
+        assert_eq!(stale_after.body.get(field), stale_before.body.get(field), "{field} kept");
+    }
+    let (read, _) = hash_of(store.read(&stale.sha256, None).await.expect("read")).await;
+    assert_eq!(read, stale.sha256);
+
+    let gone = "0".repeat(64);
+    let with_gone = HashSet::from([fresh.sha256.clone(), gone.clone()]);
+    let refused = store.keep_referenced(&with_gone, &HashSet::from([gone.clone()])).await;
+    assert_eq!(refused.err().map(|err| err.kind()), Some(ErrorKind::Conflict), "a new reference to nothing");
+    store.keep_referenced(&with_gone, &HashSet::new()).await.expect("a reference the tree held already");
+}

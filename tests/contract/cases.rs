@@ -86,6 +86,7 @@ fn attachment_cases() -> Vec<Case> {
         attachment_chunks_are_invisible_to_documents,
         a_dropped_database_takes_its_attachments,
         a_reference_written_during_a_collection_keeps_its_bytes,
+        saves_touch_the_manifests_they_reference,
     ]
 }
 
