@@ -23,13 +23,27 @@
 //! ([`crate::database::Database::local_docs`]) shows a manifest.
 //!
 //! ## Freeing
-//! [`AttachmentStore::collect_garbage`] is given the SHA-256s the database's revisions still
-//! reference (the caller reads them: after compaction, or when documents go), and deletes every
-//! other manifest with its blob, then every blob without a manifest, unless either is younger
-//! than the grace period ([`DEFAULT_GRACE`]): an upload in progress has written chunks and no
-//! manifest yet, and a manifest just stored or touched may be about to be referenced by the
-//! document write that follows it. A dropped database takes its chunks with it (each backend's
-//! catalog removes the namespace whole).
+//! [`AttachmentStore::collect_garbage`] lists the manifests, then has the SHA-256s the
+//! database's revisions still reference read (by the caller's scan, after compaction or when
+//! documents go), and deletes every other manifest listed with its blob, then every blob without
+//! a manifest, unless either is younger than the grace period ([`DEFAULT_GRACE`]): an upload in
+//! progress has written chunks and no manifest yet, and a manifest just stored or touched may be
+//! about to be referenced by the document write that follows it. A dropped database takes its
+//! chunks with it (each backend's catalog removes the namespace whole).
+//!
+//! ## Why a reference is never freed
+//! The scan of references reads no snapshot: a document written behind it, or moved between its
+//! live record and its local tree while it runs, is not seen. So every document save first
+//! touches the manifest of each SHA-256 its tree references ([`AttachmentStore::keep_referenced`],
+//! called by the engine), and a collection deletes a manifest only on the revision it listed
+//! *before* the scan began, and only if that revision was already older than the grace period.
+//! A touch after the listing changed the revision (the deletion fails; the touch and the
+//! deletion are compare-and-swaps on the same record, so exactly one wins, and a touch that
+//! loses fails a write adding the reference); a touch before it made the manifest young. A
+//! touch is skipped for a manifest stored within half the grace period, so the rule holds for
+//! every save that ends within half the grace period of its touch. A manifest is only ever
+//! re-created by an upload, with the chunks of that upload, never over a blob being deleted.
+//! docs/attachments.md, "Why a reference is never freed".
 
 use std::collections::HashSet;
 use std::ops::Range;
@@ -224,49 +238,145 @@ impl AttachmentStore {
             .boxed())
     }
 
-    /// Deletes every manifest whose SHA-256 is not in `referenced` and every blob without a
-    /// manifest, each once it is older than the grace period (module doc). Safe while uploads and
-    /// reads run: a manifest is deleted on the revision read, so one touched meanwhile stays.
-    pub async fn collect_garbage(&self, referenced: &HashSet<String>) -> Result<GarbageCollected> {
+    /// Keeps the bytes of `referenced` (the SHA-256s a document's tree is about to reference)
+    /// from a collection running now: every manifest among them older than half the grace period
+    /// is touched (stored again on the revision read, with a fresh time), before the write that
+    /// makes the references visible (module doc, "Why a reference is never freed"). A manifest
+    /// that is gone fails the write with a conflict when its SHA-256 is in `new` (references the
+    /// document's tree did not hold before: the source of a `COPY` deleted and collected, an
+    /// upload collected before its write); one the tree held already is only logged, so that a
+    /// document whose bytes were lost stays writable.
+    pub async fn keep_referenced(&self, referenced: &HashSet<String>, new: &HashSet<String>) -> Result<()> {
+        if referenced.is_empty() {
+            return Ok(());
+        }
+        let shas: Vec<&String> = referenced.iter().collect();
+        let names: Vec<String> = shas.iter().map(|sha256| manifest_name(sha256)).collect();
+        let manifests = self.backend.get_many_local(&names).await?;
+        for (sha256, manifest) in shas.into_iter().zip(manifests) {
+            let kept = match manifest {
+                Some(manifest) => self.touch(sha256, manifest).await?,
+                None => false,
+            };
+            if kept {
+                continue;
+            }
+            if new.contains(sha256) {
+                return Err(Error::conflict(format!(
+                    "the bytes of attachment {sha256} were freed while this write was made (the document they came \
+                     from changed); try again"
+                )));
+            }
+            tracing::warn!(sha256, "a document keeps a reference to attachment bytes that are gone");
+        }
+        Ok(())
+    }
+
+    /// Touches the manifest of `sha256`, read as `manifest`, unless it was stored within half
+    /// the grace period; whether it stands (false: a collection deleted it first).
+    async fn touch(&self, sha256: &str, mut manifest: StoredDocument) -> Result<bool> {
+        let name = manifest_name(sha256);
+        for _ in 0..MANIFEST_TRIES {
+            if unix_millis().saturating_sub(stored_millis(&manifest)) < self.grace_millis() / 2 {
+                return Ok(true);
+            }
+            let mut body = manifest.body.clone();
+            body.insert("stored_ms".into(), Value::from(unix_millis()));
+            match self.backend.put_local(&name, &body, Precondition::MatchRevision(manifest.rev.clone())).await {
+                Ok(_) => return Ok(true),
+                Err(err) if matches!(err.kind(), ErrorKind::Conflict | ErrorKind::NotFound) => {}
+                Err(err) => return Err(err),
+            }
+            // Stored again by another writer (then fresh), or deleted by a collection.
+            match self.backend.get_local(&name).await? {
+                Some(again) => manifest = again,
+                None => return Ok(false),
+            }
+        }
+        Err(Error::conflict(format!(
+            "attachment {sha256}: its manifest kept changing under concurrent writers; try again"
+        )))
+    }
+
+    fn grace_millis(&self) -> u64 {
+        u64::try_from(self.grace.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Deletes every manifest no reference holds and every blob without a manifest, each once
+    /// it is older than the grace period (module doc). `scan_references` reads the SHA-256s the
+    /// database's revisions reference; it is called after the manifests are listed, and a
+    /// manifest is deleted only on the revision listed, so one touched since (by an upload of the
+    /// same bytes, or by a write about to reference it, [`AttachmentStore::keep_referenced`])
+    /// stays. Safe while uploads, reads and document writes run.
+    pub async fn collect_garbage<F, Fut>(&self, scan_references: F) -> Result<GarbageCollected>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<HashSet<String>>>,
+    {
         let now = unix_millis();
-        let grace = u64::try_from(self.grace.as_millis()).unwrap_or(u64::MAX);
+        let Listed { old, mut kept_blobs } = self.list_manifests(now).await?;
+        let referenced = scan_references().await?;
         let mut collected = GarbageCollected::default();
-        let mut kept_blobs = HashSet::new();
+        for manifest in old {
+            if referenced.contains(&manifest.stored.sha256) {
+                kept_blobs.insert(manifest.stored.blob);
+                continue;
+            }
+            match self.backend.delete_local(&manifest_name(&manifest.stored.sha256), &manifest.rev).await {
+                Ok(()) => {
+                    collected.manifests += 1;
+                    if manifest.stored.chunks > 0 {
+                        collected.chunks += self.backend.delete_attachment_blob(&manifest.stored.blob).await?;
+                        collected.blobs += 1;
+                    }
+                }
+                // Stored again since it was listed: it stays.
+                Err(err) if matches!(err.kind(), ErrorKind::Conflict | ErrorKind::NotFound) => {
+                    kept_blobs.insert(manifest.stored.blob);
+                }
+                Err(err) => return Err(err),
+            }
+        }
+        self.collect_orphan_blobs(now, &kept_blobs, &mut collected).await?;
+        Ok(collected)
+    }
+
+    /// Every manifest, page by page: those stored before `now` less the grace period (deletion
+    /// candidates, with the revision read), and the blobs of the others.
+    async fn list_manifests(&self, now: u64) -> Result<Listed> {
+        let grace = self.grace_millis();
+        let mut listed = Listed::default();
         let manifests = IdRange::all().under_prefix(MANIFEST_PREFIX);
         let mut token: Option<String> = None;
         loop {
             let page = self.backend.local_docs(&manifests, GC_PAGE, token.as_deref()).await?;
-            for doc in &page.items {
+            for doc in page.items {
                 let Some(sha256) = doc.id.strip_prefix(LOCAL_PREFIX).and_then(|n| n.strip_prefix(MANIFEST_PREFIX))
                 else {
                     continue;
                 };
-                let stored = parse_manifest(sha256, doc)?;
-                let stored_ms = stored_millis(doc);
-                if referenced.contains(sha256) || now.saturating_sub(stored_ms) < grace {
-                    kept_blobs.insert(stored.blob);
-                    continue;
-                }
-                match self.backend.delete_local(&manifest_name(sha256), &doc.rev).await {
-                    Ok(()) => {
-                        collected.manifests += 1;
-                        if stored.chunks > 0 {
-                            collected.chunks += self.backend.delete_attachment_blob(&stored.blob).await?;
-                            collected.blobs += 1;
-                        }
-                    }
-                    // Stored again since it was read: it stays.
-                    Err(err) if matches!(err.kind(), ErrorKind::Conflict | ErrorKind::NotFound) => {
-                        kept_blobs.insert(stored.blob);
-                    }
-                    Err(err) => return Err(err),
+                let stored = parse_manifest(sha256, &doc)?;
+                if now.saturating_sub(stored_millis(&doc)) < grace {
+                    listed.kept_blobs.insert(stored.blob);
+                } else {
+                    listed.old.push(ListedManifest { stored, rev: doc.rev });
                 }
             }
             token = page.next;
             if token.is_none() {
-                break;
+                return Ok(listed);
             }
         }
+    }
+
+    /// Deletes every blob older than the grace period at `now` that no manifest listed names.
+    async fn collect_orphan_blobs(
+        &self,
+        now: u64,
+        kept_blobs: &HashSet<String>,
+        collected: &mut GarbageCollected,
+    ) -> Result<()> {
+        let grace = self.grace_millis();
         let mut token: Option<String> = None;
         loop {
             let page = self.backend.attachment_blobs(GC_PAGE, token.as_deref()).await?;
@@ -280,10 +390,26 @@ impl AttachmentStore {
             }
             token = page.next;
             if token.is_none() {
-                return Ok(collected);
+                return Ok(());
             }
         }
     }
+}
+
+/// What a collection's listing of manifests found.
+#[derive(Default)]
+struct Listed {
+    /// Manifests older than the grace period: deleted unless referenced or stored again.
+    old: Vec<ListedManifest>,
+    /// The blobs of the younger manifests.
+    kept_blobs: HashSet<String>,
+}
+
+/// A manifest as a collection listed it.
+struct ListedManifest {
+    stored: StoredBlob,
+    /// The revision read: the manifest is deleted only if it is still this one.
+    rev: crate::backend::Revision,
 }
 
 /// Deletes an upload's chunks from a task of its own when the upload is dropped unfinished.

@@ -21,6 +21,11 @@
 //! authority, the local tree only for a tombstone. A live record whose winner is deleted (left by
 //! a crash in the middle of saving a deleted document) reads as deleted.
 //!
+//! Before each save, the manifests of the attachment bytes the tree references are touched
+//! ([`Database::keep_references`]), so that a collection running meanwhile, whose scan of the
+//! documents reads no snapshot, never frees bytes the save makes visible
+//! ([`crate::database::attachments`], "Why a reference is never freed").
+//!
 //! ## Deletion
 //! Deleting the database waits for the writes under way and refuses new ones ([`closing`]);
 //! from then on every call answers CouchDB's missing-database `NotFound`
@@ -572,6 +577,7 @@ impl Database {
             if !changed && !(self.half_written(id, state.as_ref()).await?) {
                 return Ok(answers);
             }
+            self.keep_references(state.as_ref(), &tree).await?;
             match self.save(id, state.as_ref(), &tree).await {
                 Ok(()) => {
                     self.saved(id, state.as_ref(), &tree);
@@ -689,7 +695,12 @@ impl Database {
             if purged.is_empty() {
                 return Ok(purged);
             }
-            let saved = if tree.is_empty() { self.erase(id).await } else { self.save(id, Some(&state), &tree).await };
+            let saved = if tree.is_empty() {
+                self.erase(id).await
+            } else {
+                self.keep_references(Some(&state), &tree).await?;
+                self.save(id, Some(&state), &tree).await
+            };
             match saved {
                 Ok(()) => {
                     self.collect_if_dropped(&state.tree, &tree);
@@ -705,17 +716,25 @@ impl Database {
     /// Asks for a collection when `after` references fewer attachment bytes than `before` (a
     /// deleted document's, a removed attachment's, a purged leaf's).
     fn collect_if_dropped(&self, before: &RevTree, after: &RevTree) {
-        let referenced = |tree: &RevTree| {
-            let mut set = HashSet::new();
-            for leaf in tree.leaves() {
-                doc_attachments::referenced(&leaf.body, &mut set);
-            }
-            set
-        };
-        let before = referenced(before);
-        if !before.is_empty() && !before.is_subset(&referenced(after)) {
+        let before = tree_references(before);
+        if !before.is_empty() && !before.is_subset(&tree_references(after)) {
             self.collect_soon();
         }
+    }
+
+    /// Touches the manifests of the attachment bytes `tree` references before it is saved over
+    /// `before`, so that a collection running meanwhile keeps them
+    /// ([`AttachmentStore::keep_referenced`]; docs/attachments.md, "Why a reference is never
+    /// freed"). Every save does it, not only those adding references: a save may move the tree
+    /// between its record and its local tree, past a collection's scan.
+    pub(super) async fn keep_references(&self, before: Option<&DocState>, tree: &RevTree) -> Result<()> {
+        let referenced = tree_references(tree);
+        if referenced.is_empty() || self.attachments_unsupported() {
+            return Ok(());
+        }
+        let held = before.map(|state| tree_references(&state.tree)).unwrap_or_default();
+        let new: HashSet<String> = referenced.difference(&held).cloned().collect();
+        self.attachments.keep_referenced(&referenced, &new).await
     }
 
     /// Erases every trace of one document, and of no other (ids that start with it included).
@@ -991,8 +1010,16 @@ async fn referenced_attachments(backend: &dyn DocumentBackend) -> Result<HashSet
 
 /// One collection of a database's attachment bytes.
 async fn collect(backend: Arc<dyn DocumentBackend>, store: AttachmentStore) -> Result<GarbageCollected> {
-    let referenced = referenced_attachments(backend.as_ref()).await?;
-    store.collect_garbage(&referenced).await
+    store.collect_garbage(|| async move { referenced_attachments(backend.as_ref()).await }).await
+}
+
+/// The SHA-256s the leaves of `tree` reference.
+fn tree_references(tree: &RevTree) -> HashSet<String> {
+    let mut referenced = HashSet::new();
+    for leaf in tree.leaves() {
+        doc_attachments::referenced(&leaf.body, &mut referenced);
+    }
+    referenced
 }
 
 /// One write applied to a tree in memory: an edit's new revision (or its conflict), a merge's

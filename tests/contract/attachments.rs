@@ -346,7 +346,8 @@ pub async fn garbage_collection_keeps_referenced_and_fresh_bytes(ctx: Ctx) {
     for blob in [old_orphan, in_progress.as_str()] {
         b.put_attachment_chunk(blob, 0, Bytes::from_static(b"partial")).await.expect("put chunk");
     }
-    let collected = store.collect_garbage(&HashSet::from([referenced.sha256.clone()])).await.expect("collect");
+    let collected =
+        store.collect_garbage(|| async { Ok(HashSet::from([referenced.sha256.clone()])) }).await.expect("collect");
     assert_eq!((collected.manifests, collected.blobs), (1, 2), "{collected:?}");
     assert_eq!(collected.chunks, unreferenced.chunks + 1, "{collected:?}");
     let left = blobs(b, 10).await;
@@ -358,7 +359,8 @@ pub async fn garbage_collection_keeps_referenced_and_fresh_bytes(ctx: Ctx) {
     assert!(store.stat(&fresh_unreferenced.sha256).await.expect("stat").is_some(), "young manifests stay");
     // With no grace, everything unreferenced goes; the referenced bytes still stay.
     let sweeping = store.clone().with_grace(Duration::ZERO);
-    let collected = sweeping.collect_garbage(&HashSet::from([referenced.sha256.clone()])).await.expect("collect");
+    let collected =
+        sweeping.collect_garbage(|| async { Ok(HashSet::from([referenced.sha256.clone()])) }).await.expect("collect");
     assert_eq!((collected.manifests, collected.blobs), (1, 2), "{collected:?}");
     assert_eq!(blobs(b, 10).await, BTreeSet::from([referenced.blob.clone()]));
     assert_eq!(manifests(b).await, [format!("_local/{MANIFEST_PREFIX}{}", referenced.sha256)]);
@@ -458,4 +460,190 @@ pub async fn a_dropped_database_takes_its_attachments(ctx: Ctx) {
     assert!(blobs(recreated.as_ref(), 10).await.is_empty(), "a re-created database starts without chunks");
     assert!(manifests(recreated.as_ref()).await.is_empty());
     assert!(Catalog::delete(catalog.as_ref(), &name).await.expect("drop again"));
+}
+
+/// The backend, pausing a collection's scan of the documents once between its first page and
+/// its second (issue 35): armed, the scan's first page (`all_docs` with design documents) is read
+/// one document long, and the request of the second waits for the test to resume it.
+struct PausedScan {
+    inner: Arc<dyn DocumentBackend>,
+    /// Told when the scan is paused; awaited to resume it. `None` once used (or never armed).
+    pause: std::sync::Mutex<Option<(tokio::sync::oneshot::Sender<()>, tokio::sync::oneshot::Receiver<()>)>>,
+}
+
+#[async_trait::async_trait]
+impl Layered for PausedScan {
+    fn inner(&self) -> &dyn DocumentBackend {
+        self.inner.as_ref()
+    }
+
+    async fn all_docs(
+        &self,
+        range: &IdRange,
+        limit: usize,
+        page_token: Option<&str>,
+    ) -> agentstore::Result<agentstore::backend::Page<agentstore::backend::StoredDocument>> {
+        let armed = self.pause.lock().expect("the pause's lock").is_some();
+        if !armed || !range.include_design {
+            return self.inner.all_docs(range, limit, page_token).await;
+        }
+        if page_token.is_none() {
+            return self.inner.all_docs(range, 1, None).await;
+        }
+        let taken = self.pause.lock().expect("the pause's lock").take();
+        if let Some((paused, resume)) = taken {
+            let _ = paused.send(());
+            let _ = resume.await;
+        }
+        self.inner.all_docs(range, limit, page_token).await
+    }
+}
+
+/// How the reference to the source's bytes is written while the collection is paused.
+#[derive(Debug, Clone, Copy)]
+enum NewReference {
+    /// `COPY /{db}/b` with `Destination: a0`: the source's leaf body, kept attachments and all,
+    /// written as a new document (what `copy_document` does).
+    Copy,
+    /// A replicator's `_bulk_docs` with `new_edits: false`: a new document whose attachment has
+    /// the same bytes, so its upload touches the existing manifest and stores nothing new.
+    ReplicatedSameBytes,
+}
+
+/// Issue 35, §1: a reference written while a collection runs keeps its bytes. `b` holds an
+/// attachment; a collection (no grace period) is paused after the first page of its scan of the
+/// documents (`a1`); meanwhile the reference is written into `a0` (which sorts before the page's
+/// end, so the scan does not see it) and `b` is deleted (so the scan finds no reference in it).
+/// Resumed, the collection must keep the bytes, and `a0`'s attachment reads back byte-exact, on
+/// every backend.
+pub async fn a_reference_written_during_a_collection_keeps_its_bytes(ctx: Ctx) {
+    if not_applicable(&ctx).await {
+        return;
+    }
+    // Each round's ids sort before the last's, so its scan's first page is its own filler.
+    for (how, prefix) in [(NewReference::Copy, "m-"), (NewReference::ReplicatedSameBytes, "f-")] {
+        reference_during_collection(&ctx, how, prefix).await;
+    }
+}
+
+async fn reference_during_collection(ctx: &Ctx, how: NewReference, prefix: &str) {
+    let [a0, a1, b] = ["a0", "a1", "b"].map(|id| format!("{prefix}{id}"));
+    use agentstore::database::doc_attachments;
+    use agentstore::database::{Write, Written};
+    let layer = Arc::new(PausedScan { inner: Arc::clone(&ctx.backend), pause: std::sync::Mutex::new(None) });
+    let database = Arc::new(
+        Database::new("contract".into(), Arc::clone(&layer) as Arc<dyn DocumentBackend>)
+            .with_attachment_bounds(UNBOUNDED, Duration::ZERO),
+    );
+    let bytes = content(50 + how as u64, 1000);
+    let (sha256, _) = expected_digests(50 + how as u64, 1000);
+    let with_attachment = || {
+        use base64::Engine as _;
+        let data = base64::engine::general_purpose::STANDARD.encode(&bytes);
+        body(json!({"v": 1, "_attachments": {"f.bin": {"content_type": "application/octet-stream", "data": data}}}))
+    };
+    let edit = |body: Map<String, Value>| Write::Edit { parent: None, deleted: false, body };
+    database.write(&a1, &edit(body(json!({"filler": true})))).await.expect("write a1");
+    let mut source = with_attachment();
+    let none = std::collections::HashMap::new();
+    doc_attachments::prepare(database.attachments(), UNBOUNDED, &mut source, &none).await.expect("store b's bytes");
+    let Written::Edited(b_rev) = database.write(&b, &edit(source)).await.expect("write b") else {
+        panic!("an edit answered as a merge");
+    };
+
+    let (paused_tx, paused) = tokio::sync::oneshot::channel();
+    let (resume, resume_rx) = tokio::sync::oneshot::channel();
+    *layer.pause.lock().expect("the pause's lock") = Some((paused_tx, resume_rx));
+    let collecting = tokio::spawn({
+        let database = Arc::clone(&database);
+        async move { database.collect_attachment_garbage().await }
+    });
+    tokio::time::timeout(Duration::from_secs(60), paused).await.expect("the scan pauses").expect("paused");
+
+    match how {
+        NewReference::Copy => {
+            let state = database.read(&b).await.expect("read b").expect("b exists");
+            let leaf = state.tree.winner().expect("b's winner");
+            database.write(&a0, &edit(leaf.body.clone())).await.expect("copy b to a0");
+        }
+        NewReference::ReplicatedSameBytes => {
+            let mut copy = with_attachment();
+            doc_attachments::prepare(database.attachments(), UNBOUNDED, &mut copy, &none).await.expect("store a0's");
+            let path = agentstore::database::rev_tree::RevPath { start: 1, ids: vec!["0123456789abcdef".into()] };
+            let answers = database
+                .write_many(&[(a0.clone(), vec![Write::Replicated { path, deleted: false, body: copy }])])
+                .await
+                .expect("write_many");
+            assert!(answers.iter().all(|answer| answer.as_ref().is_ok_and(|a| a.iter().all(Result::is_ok))));
+        }
+    }
+    let deletion = Write::Edit { parent: Some(b_rev), deleted: true, body: Map::new() };
+    database.write(&b, &deletion).await.expect("delete b");
+    let _ = resume.send(());
+    let collected = tokio::time::timeout(Duration::from_secs(60), collecting)
+        .await
+        .expect("the collection ends")
+        .expect("the collection's task")
+        .expect("the collection");
+    // And one more, after any the deletion asked for in the background.
+    database.collect_attachment_garbage().await.expect("a later collection");
+
+    let state = database.read(&a0).await.expect("read a0").expect("a0 exists");
+    let leaf = state.tree.winner().expect("a0's winner");
+    let kept = doc_attachments::kept(&leaf.body, "f.bin").expect("a0 keeps the attachment");
+    assert_eq!(kept.sha256, sha256, "{how:?}");
+    let stream = database.attachments().read(&kept.sha256, None).await;
+    let stream = stream.unwrap_or_else(|err| panic!("{how:?}: a0's bytes were freed ({collected:?}): {err}"));
+    let (read, len) = hash_of(stream).await;
+    assert_eq!((read, len), (sha256, bytes.len() as u64), "{how:?}: a0's bytes read back");
+
+    // Bytes stored for a write and collected before it (no grace period): the write fails with
+    // a conflict instead of referencing nothing.
+    let mut late = body(json!({"_attachments": {"g.bin": {"data": "bGF0ZQ=="}}}));
+    doc_attachments::prepare(database.attachments(), UNBOUNDED, &mut late, &none).await.expect("store late bytes");
+    database.collect_attachment_garbage().await.expect("collect the unreferenced bytes");
+    let refused = database.write(&format!("{prefix}late"), &edit(late)).await.expect_err("the write refused");
+    assert_eq!(refused.kind(), ErrorKind::Conflict, "{how:?}: {refused}");
+    assert!(database.read(&format!("{prefix}late")).await.expect("read").is_none(), "{how:?}: nothing written");
+}
+
+/// What a save does to the manifests its tree references (`AttachmentStore::keep_referenced`):
+/// one stored within half the grace period is left as it is; an older one is stored again with a
+/// fresh time (a new revision, so a collection that listed it before deletes nothing); one that
+/// is gone fails the save when the reference is new, and is let be when the tree held it.
+pub async fn saves_touch_the_manifests_they_reference(ctx: Ctx) {
+    if not_applicable(&ctx).await {
+        return;
+    }
+    let b = ctx.backend.as_ref();
+    let store = AttachmentStore::new(Arc::clone(&ctx.backend)).with_grace(Duration::from_secs(3600));
+    let fresh = stored(&store, 60, 10).await;
+    let stale = stored(&store, 61, 10).await;
+    let name = |sha256: &str| format!("{MANIFEST_PREFIX}{sha256}");
+    let mut aged = b.get_local(&name(&stale.sha256)).await.expect("get_local").expect("the manifest");
+    aged.body.insert("stored_ms".into(), json!(1000));
+    b.put_local(&name(&stale.sha256), &aged.body, Precondition::MatchRevision(aged.rev)).await.expect("age it");
+    let before =
+        |sha256: String| async move { b.get_local(&name(&sha256)).await.expect("get_local").expect("manifest") };
+    let (fresh_before, stale_before) = (before(fresh.sha256.clone()).await, before(stale.sha256.clone()).await);
+
+    let both = HashSet::from([fresh.sha256.clone(), stale.sha256.clone()]);
+    store.keep_referenced(&both, &both).await.expect("keep both");
+    let fresh_after = before(fresh.sha256.clone()).await;
+    let stale_after = before(stale.sha256.clone()).await;
+    assert_eq!(fresh_after.rev, fresh_before.rev, "a fresh manifest is not written");
+    assert_ne!(stale_after.rev, stale_before.rev, "a stale manifest is stored again");
+    let stored_ms = stale_after.body.get("stored_ms").and_then(Value::as_u64).expect("stored_ms");
+    assert!(stored_ms > 1000, "with a fresh time: {stored_ms}");
+    for field in ["blob", "length", "digest", "chunks", "chunk_bytes"] {
+        assert_eq!(stale_after.body.get(field), stale_before.body.get(field), "{field} kept");
+    }
+    let (read, _) = hash_of(store.read(&stale.sha256, None).await.expect("read")).await;
+    assert_eq!(read, stale.sha256);
+
+    let gone = "0".repeat(64);
+    let with_gone = HashSet::from([fresh.sha256.clone(), gone.clone()]);
+    let refused = store.keep_referenced(&with_gone, &HashSet::from([gone.clone()])).await;
+    assert_eq!(refused.err().map(|err| err.kind()), Some(ErrorKind::Conflict), "a new reference to nothing");
+    store.keep_referenced(&with_gone, &HashSet::new()).await.expect("a reference the tree held already");
 }

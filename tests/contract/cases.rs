@@ -85,6 +85,8 @@ fn attachment_cases() -> Vec<Case> {
         garbage_collection_keeps_referenced_and_fresh_bytes,
         attachment_chunks_are_invisible_to_documents,
         a_dropped_database_takes_its_attachments,
+        a_reference_written_during_a_collection_keeps_its_bytes,
+        saves_touch_the_manifests_they_reference,
     ]
 }
 

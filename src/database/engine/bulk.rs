@@ -28,6 +28,9 @@
 //!   saves it.
 //!
 //! So a page of new documents costs two batched reads and one bulk write, whatever its size.
+//! Each document that references attachment bytes first touches their manifests
+//! ([`Database::keep_references`], one batched read per document, a write only for a manifest
+//! stored more than half the grace period ago), as every save does.
 //!
 //! A document whose save met another writer (any failed precondition) is written again alone
 //! through [`Database::write_batch`], which reads it again and retries, so conflicts between
@@ -181,6 +184,9 @@ impl Database {
 
     /// A document saved alone, as `write_batch` saves it.
     async fn save_alone(&self, id: &str, pending: Pending) -> (Pending, Saved) {
+        if let Err(err) = self.keep_references(pending.state.as_ref(), &pending.tree).await {
+            return (pending, Saved::Failed(err));
+        }
         let saved = Saved::of(self.save(id, pending.state.as_ref(), &pending.tree).await);
         (pending, saved)
     }
@@ -228,6 +234,9 @@ impl Database {
     /// half-written document, a creation where the backend cannot check `NeverWritten`) once
     /// its local tree is written on the revision read.
     async fn local_first(&self, id: &str, pending: Pending) -> (Pending, Saved, Option<BulkWrite>) {
+        if let Err(err) = self.keep_references(pending.state.as_ref(), &pending.tree).await {
+            return (pending, Saved::Failed(err), None);
+        }
         let record = match record_of(&pending.tree) {
             Ok(record) => record,
             Err(err) => return (pending, Saved::Failed(err), None),
