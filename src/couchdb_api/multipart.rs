@@ -680,6 +680,11 @@ pub(crate) struct Gunzip {
     name: String,
     decoder: flate2::write::MultiGzDecoder<Vec<u8>>,
     input: Bytes,
+    /// Decoded bytes taken from the decoder and not yet handed on: handed on at most
+    /// [`GUNZIP_OUTPUT_CHUNK`] at a time, so the reader's own bound (the attachment's stated
+    /// length, `couchdb_max_attachment_bytes`) sees the first bytes past it before this stream's
+    /// ratio does, however the compressed bytes arrived.
+    pending: Bytes,
     /// Compressed bytes read so far, and decoded bytes handed on.
     encoded: u64,
     decoded: u64,
@@ -698,6 +703,7 @@ impl Gunzip {
             name: name.into(),
             decoder: flate2::write::MultiGzDecoder::new(Vec::new()),
             input: Bytes::new(),
+            pending: Bytes::new(),
             encoded: 0,
             decoded: 0,
             max_ratio: None,
@@ -722,7 +728,10 @@ impl Gunzip {
     }
 
     fn decoded(&mut self) -> Poll<Option<crate::error::Result<Bytes>>> {
-        let piece = Bytes::from(std::mem::take(self.decoder.get_mut()));
+        if self.pending.is_empty() {
+            self.pending = Bytes::from(std::mem::take(self.decoder.get_mut()));
+        }
+        let piece = self.pending.split_to(self.pending.len().min(GUNZIP_OUTPUT_CHUNK));
         self.decoded = self.decoded.saturating_add(piece.len() as u64);
         if let Some(ratio) = self.max_ratio {
             let allowed = self.encoded.saturating_mul(ratio).saturating_add(GUNZIP_RATIO_ALLOWANCE);
@@ -749,6 +758,9 @@ impl Stream for Gunzip {
         loop {
             if this.done {
                 return Poll::Ready(None);
+            }
+            if !this.pending.is_empty() {
+                return this.decoded();
             }
             let ready = this.decoder.get_ref().len();
             if ready >= GUNZIP_OUTPUT_CHUNK || (this.ended && ready > 0) {
@@ -1813,6 +1825,35 @@ mod tests {
         assert!(largest <= 2 * MIB, "a decoded piece of {largest} bytes");
         let taken = taken.load(Ordering::SeqCst);
         assert!(taken <= 2 * (64 << 10), "read {taken} compressed bytes to decode {total}");
+    }
+
+    /// A bomb arriving a few bytes at a time, with a ratio bound: its first decoded bytes are
+    /// handed on (at most [`GUNZIP_OUTPUT_CHUNK`] of them) before the ratio cuts it, so the
+    /// reader's own bound (an attachment's stated length) is the one that answers, however the
+    /// body was split on the wire (`couchdb_api::attachments_gzip_parts` once saw the ratio's
+    /// reason instead of the attachment's name).
+    #[tokio::test]
+    async fn a_bomb_hands_on_its_first_bytes_before_its_ratio_cuts_it() {
+        let bomb = gzip(&vec![0u8; 16 << 20]);
+        for piece in [7, 100, 1 << 10, 64 << 10] {
+            let mut decoded = Gunzip::new("bomb", pieces(bomb.clone(), piece)).with_max_ratio(100);
+            let first = decoded.next().await.expect("a first piece");
+            let first = first.unwrap_or_else(|err| panic!("pieces of {piece}: the first decoded piece is {err}"));
+            assert!(
+                !first.is_empty() && first.len() <= GUNZIP_OUTPUT_CHUNK,
+                "pieces of {piece}: {} bytes",
+                first.len()
+            );
+            let mut cut = false;
+            while let Some(next) = decoded.next().await {
+                if let Err(err) = next {
+                    assert_eq!(err.kind(), ErrorKind::TooLarge, "pieces of {piece}: {err}");
+                    cut = true;
+                    break;
+                }
+            }
+            assert!(cut, "pieces of {piece}: the ratio never cut the bomb");
+        }
     }
 
     /// `_bulk_get`'s framing, byte for byte as CouchDB's `send_docs_multipart_bulk_get` writes it,
