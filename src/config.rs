@@ -666,6 +666,19 @@ impl Settings {
 mod tests {
     use super::*;
 
+    /// `couchdb_js_log_*` become the JavaScript engine's log bounds (the engine's own test,
+    /// `js::tests::the_log_bounds_are_taken_from_the_settings`, shows it keeps to them).
+    #[test]
+    fn the_js_log_settings_reach_the_engine_s_limits() {
+        let dir = tempfile::tempdir().expect("a directory");
+        let file = dir.path().join("agentstore.toml");
+        let config = "couchdb_js_log_line_bytes = 64\ncouchdb_js_log_bytes_per_minute = 1000\n\
+                      couchdb_js_log_server_bytes_per_minute = 1500\n";
+        std::fs::write(&file, config).expect("the configuration written");
+        let log = Settings::load(Some(&file), &Overrides::default()).expect("settings").js_limits().log;
+        assert_eq!((log.line_bytes, log.database_bytes_per_minute, log.server_bytes_per_minute), (64, 1000, 1500));
+    }
+
     fn load(toml: &str) -> Result<Settings> {
         let dir = tempfile::tempdir().map_err(|e| Error::new(ErrorKind::Internal, e.to_string()))?;
         let path = dir.path().join("agentstore.toml");

@@ -458,18 +458,15 @@ async fn log_lines_are_cut_and_each_database_is_held_to_its_log_budget() {
     assert_eq!(few, 4 * LOG_LINE_BYTES as u64, "4 lines of 16 KiB logged as {few} bytes");
 }
 
-/// The log bounds are settings (`couchdb_js_log_*`): an engine built from a configuration with
-/// small ones cuts a line at its line bound and holds each database, and all of them together,
-/// to their budgets; the map is answered whatever its functions log.
+/// The log bounds are the engine's `JsLimits::log` (the settings `couchdb_js_log_*`,
+/// `config::tests::the_js_log_settings_reach_the_engine_s_limits`): an engine with small ones
+/// cuts a line at its line bound and holds each database, and all of them together, to their
+/// budgets; the map is answered whatever its functions log.
 #[tokio::test]
 async fn the_log_bounds_are_taken_from_the_settings() {
-    let dir = tempfile::tempdir().expect("a directory");
-    let file = dir.path().join("agentstore.toml");
-    let config = "couchdb_js_log_line_bytes = 64\ncouchdb_js_log_bytes_per_minute = 1000\n\
-                  couchdb_js_log_server_bytes_per_minute = 1500\ncouchdb_js_workers = 1\n";
-    std::fs::write(&file, config).expect("the configuration written");
-    let settings = crate::config::Settings::load(Some(&file), &crate::config::Overrides::default()).expect("settings");
-    let engine = JsEngine::new(settings.js_limits()).expect("engine");
+    let log = LogLimits { line_bytes: 64, database_bytes_per_minute: 1000, server_bytes_per_minute: 1500 };
+    let limits = JsLimits { workers: 1, queue: 64, log, ..JsLimits::default() };
+    let engine = JsEngine::new(limits).expect("engine");
     let logs = |database: &str, lines: usize| {
         let source =
             format!("function(doc) {{ for (var i = 0; i < {lines}; i++) log('x'.repeat(1000)); emit(doc._id, 1); }}");
