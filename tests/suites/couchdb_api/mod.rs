@@ -20,6 +20,7 @@ mod databases;
 mod depth;
 mod design_functions;
 mod documents;
+mod inner_bodies;
 mod local_docs;
 mod logins;
 mod mango;
@@ -159,6 +160,10 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("per_user_feed_positions_sealed", |e| Box::pin(server_rules::per_user_feed_positions_sealed(e))),
         ("purge_keeps_other_ids_history", |e| Box::pin(purge::purge_keeps_other_ids_history(e))),
         ("purge_leaves_ids_starting_with_it", |e| Box::pin(purge::purge_leaves_ids_starting_with_it(e))),
+        ("inner_bodies_kept_until_compaction", |e| Box::pin(inner_bodies::inner_bodies_kept_until_compaction(e))),
+        ("inner_bodies_freed_by_stemming_and_bounds", |e| {
+            Box::pin(inner_bodies::inner_bodies_freed_by_stemming_and_bounds(e))
+        }),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
@@ -191,6 +196,10 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
                             }
                             "attachments_inline_budget" => Some(attachments::INLINE_BUDGET_CONFIG.to_owned()),
                             "views_build_bounds" => Some(views::BUILD_BOUNDS_CONFIG.to_owned()),
+                            "inner_bodies_kept_until_compaction" => Some(attachments::FREE_AT_ONCE_CONFIG.to_owned()),
+                            "inner_bodies_freed_by_stemming_and_bounds" => {
+                                Some(inner_bodies::INNER_BODIES_BOUND_CONFIG.to_owned())
+                            }
                             _ => None,
                         };
                         let endpoint = Endpoint::start(fresh, backend_name, logins).await?;
