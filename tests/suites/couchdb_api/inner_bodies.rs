@@ -90,7 +90,12 @@ pub(super) async fn inner_bodies_kept_until_compaction(e: Endpoint) -> TestResul
         json!({ "a": 1, "_attachments": { "f.txt": { "content_type": "text/plain", "data": "aGVsbG8=" } } });
     let a1 = put(&e, &format!("/{db}/att"), with_file).await?;
     put(&e, &format!("/{db}/att?rev={a1}"), json!({ "a": 2 })).await?;
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    // Another document's purge makes a collection run (no grace period here); a deletion would
+    // not, its previous revision keeping its attachment.
+    let other = json!({ "_attachments": { "g.txt": { "content_type": "text/plain", "data": "Ynll" } } });
+    let o1 = put(&e, &format!("/{db}/other"), other).await?;
+    e.post(&format!("/{db}/_purge"), json!({ "other": [o1] })).await?.expect(201, "purge other")?;
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     let (status, bytes) = attachment(&e, &format!("/{db}/att/f.txt?rev={a1}")).await?;
     check(status == StatusCode::OK && bytes == b"hello", || {
         format!("the first revision's attachment: {status} {:?}", String::from_utf8_lossy(&bytes))
