@@ -1186,6 +1186,39 @@ mod tests {
         }
     }
 
+    fn edit(parent: Option<&str>, filler: usize) -> Write {
+        let mut body = Map::new();
+        body.insert("filler".into(), Value::from("x".repeat(filler)));
+        Write::Edit { parent: parent.map(str::to_owned), deleted: false, body }
+    }
+
+    /// A tree past `couchdb_max_tree_bytes` only because of its kept inner bodies loses the
+    /// oldest of them instead of refusing the write; a leaf alone past it is still refused.
+    #[tokio::test]
+    async fn kept_inner_bodies_give_way_to_the_tree_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend: Arc<dyn DocumentBackend> =
+            Arc::new(EmbeddedBackend::open(&dir.path().join("d.redb")).await.unwrap());
+        let database = Database::new("d".into(), backend)
+            .with_max_tree_bytes(3_500)
+            .with_inner_body_bounds(InnerBodyBounds { max_revisions: 100, max_bytes: usize::MAX });
+        let mut revs = Vec::new();
+        let mut parent: Option<String> = None;
+        for _ in 0..4 {
+            let Written::Edited(rev) = database.write("x", &edit(parent.as_deref(), 1_000)).await.unwrap() else {
+                panic!("an edit answers its revision");
+            };
+            parent = Some(rev.clone());
+            revs.push(rev);
+        }
+        let state = database.read("x").await.unwrap().expect("written");
+        assert!(state.tree.held_bytes() <= 3_500, "{} bytes held", state.tree.held_bytes());
+        assert!(state.tree.revision(&revs[0]).is_none(), "the oldest inner body went");
+        assert!(state.tree.revision(&revs[2]).is_some(), "the newest inner body stays");
+        let refused = database.write("x", &edit(parent.as_deref(), 4_000)).await.unwrap_err();
+        assert_eq!(refused.kind(), ErrorKind::TooLarge);
+    }
+
     /// A write from nothing overtaken between its local tree and its record by a writer that
     /// deleted what it wrote does not create its record over that tombstone: it reads again,
     /// and the deletion stands.
