@@ -133,6 +133,15 @@ pub struct Settings {
     /// its whole path (docs/bounds.md). A write past it is refused with 413 naming this setting; a
     /// replicator's thousands of branches off a long history cost leaves × history length.
     pub couchdb_max_tree_bytes: usize,
+    /// Most bodies of inner revisions (revisions that are no longer leaves) one document keeps on
+    /// a database besides the data-store one, as CouchDB keeps them until compaction: `GET
+    /// ?rev=` of an earlier revision, its attachments and `_revs_info` `available` answer until
+    /// `POST /{db}/_compact` drops them. A write that leaves more drops the oldest; 0 keeps none
+    /// (docs/couchdb-api.md, "Earlier revisions' bodies").
+    pub couchdb_inner_bodies_max_revisions: usize,
+    /// Most bytes (as JSON) of inner revisions' bodies one document keeps, the same way; a write
+    /// that leaves more drops the oldest; 0 keeps none. Each write of a document rewrites them.
+    pub couchdb_inner_bodies_max_bytes: usize,
     /// Largest attachment on a database besides the data-store one, in bytes (CouchDB's
     /// `max_attachment_size`); past it, 413. Unset (the default) means no bound, as CouchDB's
     /// default `infinity`: attachments stream through in chunks, so their size costs storage,
@@ -398,6 +407,8 @@ impl Settings {
             .and_then(|b| b.set_default("couchdb_max_open_databases", 128u64))
             .and_then(|b| b.set_default("couchdb_max_document_bytes", 8_000_000u64))
             .and_then(|b| b.set_default("couchdb_max_tree_bytes", 32u64 << 20))
+            .and_then(|b| b.set_default("couchdb_inner_bodies_max_revisions", 100u64))
+            .and_then(|b| b.set_default("couchdb_inner_bodies_max_bytes", 1u64 << 20))
             .and_then(|b| b.set_default("couchdb_max_gzip_ratio", 100u64))
             .and_then(|b| b.set_default("couchdb_max_inflight_inline_bytes", 128u64 << 20))
             .and_then(|b| b.set_default("couchdb_inline_wait_ms", 30_000u64))

@@ -7,7 +7,9 @@
 //! them; the stored form ([`stored`]) keeps each revision once. Every
 //! stored path runs up to the oldest revision its tree remembers, so the leaves describe the whole
 //! tree; replicated merges rebuild the tree from them (`Forest`) and follow
-//! `couch_key_tree:merge/2` on it. Non-leaf bodies are not kept: CouchDB drops them at compaction.
+//! `couch_key_tree:merge/2` on it. As in CouchDB, a revision that stops being a leaf keeps its
+//! body (an [`InnerBody`]) until compaction ([`RevTree::drop_inner_bodies`]), stemming, purge or
+//! the engine's bounds drop it; the ancestors a replicated path brings never had one.
 //!
 //! Revision ids are compared as CouchDB compares them: as bytes, except that an id of 32
 //! hexadecimal characters is the text of an MD5 and CouchDB holds (and orders) it as its 16
@@ -21,6 +23,23 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 pub use stored::{StoredLeaves, StoredTree};
+
+/// The body of a revision that is no longer a leaf (CouchDB keeps it until compaction), with its
+/// deletion flag.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InnerBody {
+    pub generation: u64,
+    pub id: String,
+    pub deleted: bool,
+    pub body: Map<String, Value>,
+}
+
+impl InnerBody {
+    /// What the body costs in [`RevTree::held_bytes`].
+    fn held_bytes(&self) -> usize {
+        crate::model::validate::json_size(&self.body).saturating_add(self.id.len()).saturating_add(LEAF_OVERHEAD_BYTES)
+    }
+}
 
 mod stored;
 
@@ -203,11 +222,13 @@ fn winner_order(a: &Leaf, b: &Leaf) -> Ordering {
 #[serde(try_from = "StoredTree")]
 pub struct RevTree {
     leaves: Vec<Leaf>,
+    /// Kept bodies of revisions on the leaves' paths that are not leaves, by generation then id.
+    inner: Vec<InnerBody>,
 }
 
 impl Serialize for RevTree {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        StoredLeaves(&self.leaves).serialize(serializer)
+        stored::StoredRevisions { leaves: &self.leaves, inner: &self.inner }.serialize(serializer)
     }
 }
 
@@ -215,7 +236,10 @@ impl TryFrom<StoredTree> for RevTree {
     type Error = String;
 
     fn try_from(stored: StoredTree) -> Result<Self, String> {
-        Ok(RevTree { leaves: stored.into_leaves()? })
+        let (leaves, inner) = stored.into_parts()?;
+        let mut tree = RevTree { leaves, inner };
+        tree.normalise();
+        Ok(tree)
     }
 }
 
@@ -344,6 +368,12 @@ impl RevTree {
             Some(index) => {
                 let start = self.leaves[index].path.start.checked_add(1).ok_or(EditError::Conflict)?;
                 let replaced = self.leaves.remove(index);
+                self.inner.push(InnerBody {
+                    generation: replaced.path.start,
+                    id: replaced.id().to_owned(),
+                    deleted: replaced.deleted,
+                    body: replaced.body,
+                });
                 let mut ids = Vec::with_capacity(replaced.path.ids.len() + 1);
                 ids.push(new_id.to_owned());
                 ids.extend(replaced.path.ids);
@@ -394,7 +424,7 @@ impl RevTree {
         paths: Vec<(RevPath, bool, Map<String, Value>)>,
         revs_limit: usize,
     ) -> Vec<MergeOutcome> {
-        let mut forest = Forest::from_leaves(std::mem::take(&mut self.leaves));
+        let mut forest = Forest::from_parts(std::mem::take(&mut self.leaves), std::mem::take(&mut self.inner));
         let mut outcomes = Vec::with_capacity(paths.len());
         for (mut path, deleted, body) in paths {
             path.drop_impossible_ids();
@@ -404,7 +434,7 @@ impl RevTree {
             }
             outcomes.push(forest.merge(path, LeafValue { deleted, body }));
         }
-        self.leaves = forest.into_leaves();
+        (self.leaves, self.inner) = forest.into_parts();
         self.stem(revs_limit);
         outcomes
     }
@@ -419,20 +449,79 @@ impl RevTree {
         self.leaves().into_iter().skip(1).filter(|leaf| leaf.deleted).map(Leaf::rev).collect()
     }
 
-    /// `_revs_info` of the winner's path: the winner `available` (or `deleted` if deleted), its
-    /// ancestors `missing` (their bodies are not kept, as after CouchDB's compaction).
+    /// `_revs_info` of the winner's path (`couch_db:doc_meta_info/3`): each revision whose body
+    /// is kept `available` (or `deleted` if it is a deletion), the others `missing` (compacted
+    /// away, stemmed, or brought by a replicated path without one).
     pub fn revs_info(&self) -> Vec<(String, RevStatus)> {
         let Some(winner) = self.winner() else {
             return Vec::new();
         };
-        let winner_status = if winner.deleted { RevStatus::Deleted } else { RevStatus::Available };
+        let status = |deleted: bool| if deleted { RevStatus::Deleted } else { RevStatus::Available };
         winner
             .path
-            .revs()
-            .into_iter()
+            .generations()
             .enumerate()
-            .map(|(index, rev)| (rev, if index == 0 { winner_status } else { RevStatus::Missing }))
+            .map(|(index, (generation, id))| {
+                let kept =
+                    if index == 0 { Some(winner.deleted) } else { self.inner_body(generation, id).map(|b| b.deleted) };
+                (format!("{generation}-{id}"), kept.map_or(RevStatus::Missing, status))
+            })
             .collect()
+    }
+
+    /// The revision `rev` as a client may read it: a leaf, or an inner revision whose body is
+    /// kept, with its path back as far as remembered (`GET ?rev=`, `open_revs`, an attachment of
+    /// an earlier revision). `None` when the tree has no body for it.
+    pub fn revision(&self, rev: &str) -> Option<std::borrow::Cow<'_, Leaf>> {
+        if let Some(leaf) = self.leaf(rev) {
+            return Some(std::borrow::Cow::Borrowed(leaf));
+        }
+        let (generation, id) = parse_rev(rev)?;
+        let inner = self.inner_body(generation, id)?;
+        let path = self.path_to(rev)?;
+        Some(std::borrow::Cow::Owned(Leaf { path, deleted: inner.deleted, body: inner.body.clone() }))
+    }
+
+    /// Every body the tree keeps: the leaves', then the inner revisions'.
+    pub fn bodies(&self) -> impl Iterator<Item = &Map<String, Value>> + '_ {
+        self.leaves.iter().map(|leaf| &leaf.body).chain(self.inner.iter().map(|inner| &inner.body))
+    }
+
+    /// The inner revisions' kept bodies, oldest first.
+    pub fn inner_bodies(&self) -> &[InnerBody] {
+        &self.inner
+    }
+
+    /// Compaction (`_compact`, `couch_bt_engine_compactor`): every inner revision's body goes;
+    /// whether there was any.
+    pub fn drop_inner_bodies(&mut self) -> bool {
+        let had = !self.inner.is_empty();
+        self.inner.clear();
+        had
+    }
+
+    /// Drops the oldest inner bodies until at most `max_count` are kept and they hold at most
+    /// `max_bytes` ([`InnerBody`]'s share of [`RevTree::held_bytes`]). Whether any went.
+    pub fn limit_inner_bodies(&mut self, max_count: usize, max_bytes: usize) -> bool {
+        let mut held = self.inner_held_bytes();
+        let mut dropped = 0;
+        while dropped < self.inner.len() && (self.inner.len() - dropped > max_count || held > max_bytes) {
+            held = held.saturating_sub(self.inner[dropped].held_bytes());
+            dropped += 1;
+        }
+        self.inner.drain(..dropped);
+        dropped > 0
+    }
+
+    /// The inner bodies' share of [`RevTree::held_bytes`].
+    pub fn inner_held_bytes(&self) -> usize {
+        self.inner.iter().map(InnerBody::held_bytes).fold(0, usize::saturating_add)
+    }
+
+    /// The kept body of the inner revision `generation`-`id`.
+    fn inner_body(&self, generation: u64, id: &str) -> Option<&InnerBody> {
+        let at = self.inner.binary_search_by(|inner| inner_order(inner, generation, id)).ok()?;
+        self.inner.get(at)
     }
 
     /// `_revs_diff` for one document: which of `revs` the tree lacks, and CouchDB's
@@ -510,6 +599,7 @@ impl RevTree {
     /// revision ids of its whole path (a read expands each leaf's path, shared ancestors
     /// repeated), each id counted as its JSON text. What `couchdb_max_tree_bytes` bounds.
     pub fn held_bytes(&self) -> usize {
+        let inner = self.inner_held_bytes();
         self.leaves
             .iter()
             .map(|leaf| {
@@ -517,6 +607,7 @@ impl RevTree {
                 crate::model::validate::json_size(&leaf.body).saturating_add(ids).saturating_add(LEAF_OVERHEAD_BYTES)
             })
             .fold(0, usize::saturating_add)
+            .saturating_add(inner)
     }
 
     fn winner_index(&self) -> Option<usize> {
@@ -524,14 +615,32 @@ impl RevTree {
     }
 
     /// Keeps the stored form canonical: malformed paths trimmed, leaves without a revision
-    /// dropped, leaves in the winner's order (so equal trees serialise alike).
+    /// dropped, leaves in the winner's order (so equal trees serialise alike); inner bodies only
+    /// of revisions still on a path that are not leaves (stemmed or purged ones go), once each,
+    /// oldest first.
     fn normalise(&mut self) {
         for leaf in &mut self.leaves {
             leaf.path.drop_impossible_ids();
         }
         self.leaves.retain(|leaf| !leaf.path.ids.is_empty());
         self.leaves.sort_by(winner_order);
+        if self.inner.is_empty() {
+            return;
+        }
+        self.inner.sort_by(|a, b| inner_order(a, b.generation, &b.id));
+        self.inner.dedup_by(|a, b| a.generation == b.generation && a.id == b.id);
+        let leaves = &self.leaves;
+        self.inner.retain(|inner| {
+            let (generation, id) = (inner.generation, inner.id.as_str());
+            let on_a_path = leaves.iter().any(|leaf| leaf.path.position(generation, id).is_some_and(|at| at > 0));
+            on_a_path && !leaves.iter().any(|leaf| leaf.is(generation, id))
+        });
     }
+}
+
+/// The order of kept inner bodies: by generation, then id as CouchDB orders them.
+fn inner_order(inner: &InnerBody, generation: u64, id: &str) -> Ordering {
+    inner.generation.cmp(&generation).then_with(|| id_order(&inner.id, id))
 }
 
 /// Where a rev `_revs_diff` asks for sorts: its generation and id, 0 and the text if it does not
@@ -566,13 +675,29 @@ struct Forest {
 
 impl Forest {
     /// The forest the leaves describe: each leaf's path merged in turn, as CouchDB's
-    /// `repair_tree` rebuilds a tree from its paths.
-    fn from_leaves(leaves: Vec<Leaf>) -> Forest {
+    /// `repair_tree` rebuilds a tree from its paths; then the kept inner bodies on their nodes.
+    fn from_parts(leaves: Vec<Leaf>, inner: Vec<InnerBody>) -> Forest {
         let mut forest = Forest::default();
         for mut leaf in leaves {
             leaf.path.drop_impossible_ids();
             if !leaf.path.ids.is_empty() {
                 forest.merge(leaf.path, LeafValue { deleted: leaf.deleted, body: leaf.body });
+            }
+        }
+        if !inner.is_empty() {
+            let mut nodes: std::collections::HashMap<(u64, &str), usize> = std::collections::HashMap::new();
+            for (index, node) in forest.nodes.iter().enumerate() {
+                nodes.entry((node.generation, node.id.as_str())).or_insert(index);
+            }
+            let placed: Vec<(usize, LeafValue)> = inner
+                .into_iter()
+                .filter_map(|inner| {
+                    let node = *nodes.get(&(inner.generation, inner.id.as_str()))?;
+                    Some((node, LeafValue { deleted: inner.deleted, body: inner.body }))
+                })
+                .collect();
+            for (node, value) in placed {
+                forest.nodes[node].value.get_or_insert(value);
             }
         }
         forest
@@ -715,8 +840,23 @@ impl Forest {
         self.roots.insert(place, root);
     }
 
-    /// Every leaf with its whole path back to its tree's root.
-    fn into_leaves(mut self) -> Vec<Leaf> {
+    /// Every leaf with its whole path back to its tree's root, and the bodies inner nodes keep
+    /// (an extended leaf's, as CouchDB keeps the old leaf's value in its tree).
+    fn into_parts(mut self) -> (Vec<Leaf>, Vec<InnerBody>) {
+        let inner: Vec<InnerBody> = self
+            .nodes
+            .iter_mut()
+            .filter(|node| !node.children.is_empty())
+            .filter_map(|node| {
+                let value = node.value.take()?;
+                Some(InnerBody {
+                    generation: node.generation,
+                    id: node.id.clone(),
+                    deleted: value.deleted,
+                    body: value.body,
+                })
+            })
+            .collect();
         let leaf_nodes: Vec<usize> =
             (0..self.nodes.len()).filter(|&node| self.nodes[node].children.is_empty()).collect();
         let mut leaves = Vec::with_capacity(leaf_nodes.len());
@@ -733,7 +873,7 @@ impl Forest {
             let (deleted, body) = value.map_or((false, Map::new()), |value| (value.deleted, value.body));
             leaves.push(Leaf { path: RevPath { start: self.nodes[node].generation, ids }, deleted, body });
         }
-        leaves
+        (leaves, inner)
     }
 }
 
@@ -1037,7 +1177,12 @@ mod tests {
     // its leaf record, `missing` when its body is gone (compaction drops non-leaf bodies).
     #[test]
     fn revs_info_reports_the_winners_path() {
-        let tree = conflicted();
+        let mut tree = conflicted();
+        assert_eq!(
+            tree.revs_info(),
+            vec![("2-c".to_owned(), RevStatus::Available), ("1-a".to_owned(), RevStatus::Available)]
+        );
+        assert!(tree.drop_inner_bodies());
         assert_eq!(
             tree.revs_info(),
             vec![("2-c".to_owned(), RevStatus::Available), ("1-a".to_owned(), RevStatus::Missing)]
@@ -1047,7 +1192,11 @@ mod tests {
         deleted.edit(Some("1-a"), "b", true, Map::new(), LIMIT).unwrap();
         let info = deleted.revs_info();
         assert_eq!(info[0], ("2-b".to_owned(), RevStatus::Deleted));
-        assert_eq!(info.iter().map(|(_, status)| status.as_str()).collect::<Vec<_>>(), ["deleted", "missing"]);
+        assert_eq!(info.iter().map(|(_, status)| status.as_str()).collect::<Vec<_>>(), ["deleted", "available"]);
+        // A re-creation keeps the deletion it extends as a deleted inner revision.
+        deleted.edit(None, "c", false, body(3), LIMIT).unwrap();
+        let statuses: Vec<_> = deleted.revs_info().into_iter().map(|(_, status)| status.as_str()).collect();
+        assert_eq!(statuses, ["available", "deleted", "available"]);
         assert!(RevTree::default().revs_info().is_empty());
     }
 
@@ -1144,10 +1293,12 @@ mod tests {
         let text = serde_json::to_string(&tree).unwrap();
         assert_eq!(
             text,
-            r#"{"r":[{"i":"a","g":1},{"i":"c","p":0},{"i":"b","p":0},{"i":"z","p":2}],"l":[{"r":1,"b":{"n":3}},{"r":3,"d":true}]}"#
+            r#"{"r":[{"i":"a","g":1},{"i":"c","p":0},{"i":"b","p":0},{"i":"z","p":2}],"l":[{"r":1,"b":{"n":3}},{"r":3,"d":true}],"n":[{"r":0,"b":{"n":1}},{"r":2,"b":{"n":2}}]}"#
         );
         let back: RevTree = serde_json::from_str(&text).unwrap();
         assert_eq!(back, tree);
+        // The previous release kept no inner bodies.
+        tree.drop_inner_bodies();
         let previous = r#"{"l":[{"p":{"s":2,"i":["c","a"]},"b":{"n":3}},{"p":{"s":3,"i":["z","b","a"]},"d":true}]}"#;
         assert_eq!(serde_json::from_str::<RevTree>(previous).unwrap(), tree);
         assert_eq!(serde_json::to_string(&RevTree::default()).unwrap(), "{}");
@@ -1157,6 +1308,55 @@ mod tests {
         {
             assert!(serde_json::from_str::<RevTree>(corrupt).is_err(), "{corrupt}");
         }
+    }
+
+    // CouchDB keeps a revision's body when it stops being a leaf (an edit, or a replicated path
+    // extending it) until compaction; the ancestors a replicated path brings have none; stemming
+    // and purge drop the bodies of the revisions they forget.
+    #[test]
+    fn inner_bodies_are_kept_until_dropped() {
+        let mut tree = RevTree::default();
+        tree.edit(None, "a", false, body(1), LIMIT).unwrap();
+        tree.edit(Some("1-a"), "b", false, body(2), LIMIT).unwrap();
+        tree.edit(Some("2-b"), "c", true, Map::new(), LIMIT).unwrap();
+        assert_eq!(tree.revision("1-a").unwrap().body, body(1));
+        let second = tree.revision("2-b").unwrap();
+        assert_eq!((second.path.clone(), second.deleted, second.body.clone()), (path(2, &["b", "a"]), false, body(2)));
+        assert!(tree.revision("3-c").unwrap().deleted);
+        assert_eq!(tree.merge(path(5, &["e", "d", "c", "b", "a"]), false, body(5), LIMIT), MergeOutcome::Extended);
+        assert!(tree.revision("3-c").is_some_and(|kept| kept.deleted), "the extended leaf keeps its value");
+        assert!(tree.revision("4-d").is_none(), "a replicated ancestor has no body");
+        assert_eq!(revs(tree.leaves()), strings(&["5-e"]));
+        let through_merge: RevTree = serde_json::from_str(&serde_json::to_string(&tree).unwrap()).unwrap();
+        assert_eq!(through_merge, tree);
+        tree.stem(4);
+        assert!(tree.revision("1-a").is_none() && tree.revision("2-b").is_some());
+        assert_eq!(tree.inner_bodies().len(), 2);
+        assert!(tree.drop_inner_bodies());
+        assert!(tree.revision("2-b").is_none() && !tree.drop_inner_bodies());
+        let mut purged = conflicted();
+        purged.purge(&strings(&["2-b", "2-c"]));
+        assert!(purged.is_empty() && purged.inner_bodies().is_empty());
+    }
+
+    // The engine's bounds on kept inner bodies drop the oldest first; they count in held_bytes.
+    #[test]
+    fn limiting_inner_bodies_drops_the_oldest() {
+        let mut tree = RevTree::default();
+        tree.edit(None, "a", false, body(1), LIMIT).unwrap();
+        for (parent, id) in [("1-a", "b"), ("2-b", "c"), ("3-c", "d")] {
+            tree.edit(Some(parent), id, false, body(1), LIMIT).unwrap();
+        }
+        let with_three = tree.held_bytes();
+        assert_eq!(tree.inner_bodies().len(), 3);
+        assert!(!tree.limit_inner_bodies(3, usize::MAX));
+        assert!(tree.limit_inner_bodies(2, usize::MAX));
+        assert!(tree.revision("1-a").is_none() && tree.revision("2-b").is_some());
+        assert!(tree.held_bytes() < with_three);
+        let one = tree.inner_bodies()[1].held_bytes();
+        assert!(tree.limit_inner_bodies(usize::MAX, one));
+        assert_eq!(tree.inner_bodies().iter().map(|kept| kept.generation).collect::<Vec<_>>(), [3]);
+        assert!(tree.limit_inner_bodies(0, usize::MAX) && tree.inner_bodies().is_empty());
     }
 
     // Issue 34: a comb (a long history and a branch off each of its revisions) stores each

@@ -146,6 +146,10 @@ impl CouchApp {
                 crate::database::Databases::from_url(databases_url, settings.couchdb_max_open_databases)
                     .with_max_document_bytes(settings.couchdb_max_document_bytes)
                     .with_max_tree_bytes(settings.couchdb_max_tree_bytes)
+                    .with_inner_body_bounds(crate::database::InnerBodyBounds {
+                        max_revisions: settings.couchdb_inner_bodies_max_revisions,
+                        max_bytes: settings.couchdb_inner_bodies_max_bytes,
+                    })
                     .with_max_gzip_ratio(settings.couchdb_max_gzip_ratio)
                     .with_inline_budget(
                         settings.couchdb_max_inflight_inline_bytes,

@@ -5,7 +5,8 @@
 //! A document whose winning leaf is live is one backend document under its own id, body
 //! `{"revtree": <RevTree>}` (every leaf with its body; each revision stored once,
 //! `rev_tree::stored`). A write that would make a tree larger than `couchdb_max_tree_bytes`
-//! ([`RevTree::held_bytes`], what every read of the document holds) is refused. A document whose winning leaf is deleted is
+//! ([`RevTree::held_bytes`], what every read of the document holds) is refused, once the oldest
+//! kept inner bodies no longer fit have been dropped. A document whose winning leaf is deleted is
 //! a backend tombstone, its tree kept in the backend's local document `tree:{id}` (backend
 //! tombstones carry no body). So the backend's own machinery serves the database unchanged: id
 //! order for `_all_docs`, the change feed (every change to a tree moves the document in it),
@@ -30,6 +31,13 @@
 //! Deleting the database waits for the writes under way and refuses new ones ([`closing`]);
 //! from then on every call answers CouchDB's missing-database `NotFound`
 //! ([`Database::while_open`]).
+//!
+//! ## Earlier revisions' bodies
+//! As in CouchDB, a revision that stops being a leaf keeps its body in the tree
+//! ([`rev_tree::InnerBody`](super::rev_tree::InnerBody)) until [`Database::compact`] drops every
+//! one (`POST /{db}/_compact`); each write keeps at most [`InnerBodyBounds`] of them per document
+//! (the oldest go first), and stemming by `_revs_limit` drops those of the revisions it forgets.
+//! Their attachments stay referenced, so the collector keeps their bytes until then.
 
 mod bulk;
 mod client_local;
@@ -133,6 +141,27 @@ impl Default for DbSettings {
     }
 }
 
+/// How many inner revisions' bodies one document keeps until compaction, checked at each write
+/// of it: the oldest are dropped past either bound (`couchdb_inner_bodies_max_revisions`,
+/// `couchdb_inner_bodies_max_bytes`; 0 keeps none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InnerBodyBounds {
+    pub max_revisions: usize,
+    /// In [`RevTree::inner_held_bytes`].
+    pub max_bytes: usize,
+}
+
+/// The default of `couchdb_inner_bodies_max_revisions`.
+pub const DEFAULT_INNER_BODIES_MAX_REVISIONS: usize = 100;
+/// The default of `couchdb_inner_bodies_max_bytes`.
+pub const DEFAULT_INNER_BODIES_MAX_BYTES: usize = 1 << 20;
+
+impl Default for InnerBodyBounds {
+    fn default() -> Self {
+        InnerBodyBounds { max_revisions: DEFAULT_INNER_BODIES_MAX_REVISIONS, max_bytes: DEFAULT_INNER_BODIES_MAX_BYTES }
+    }
+}
+
 /// CouchDB's default `max_document_size`: 8,000,000 bytes of a document's JSON.
 pub const DEFAULT_MAX_DOCUMENT_BYTES: usize = 8_000_000;
 
@@ -163,6 +192,8 @@ pub struct Database {
     /// The largest revision tree of one document ([`RevTree::held_bytes`],
     /// `couchdb_max_tree_bytes`).
     max_tree_bytes: usize,
+    /// How many inner revisions' bodies one document keeps until compaction.
+    inner_bodies: InnerBodyBounds,
     write_locks: Box<[tokio::sync::Mutex<()>]>,
     /// The attachment bytes of the documents ([`doc_attachments`]).
     attachments: AttachmentStore,
@@ -214,6 +245,7 @@ impl Database {
             revs_limit: AtomicUsize::new(0),
             max_document_bytes: DEFAULT_MAX_DOCUMENT_BYTES,
             max_tree_bytes: DEFAULT_MAX_TREE_BYTES,
+            inner_bodies: InnerBodyBounds::default(),
             write_locks: (0..WRITE_LOCK_STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
             attachments: AttachmentStore::new(Arc::clone(&backend)),
             max_attachment_bytes: u64::MAX,
@@ -276,8 +308,85 @@ impl Database {
         self.max_gzip_ratio
     }
 
-    /// Frees the attachment bytes no leaf of any document references any more (past the grace
-    /// period): every document's tree is read, page by page, for the SHA-256s its leaves keep.
+    /// `_compact`: drops every document's kept inner bodies ([`Database::drop_inner_bodies`]),
+    /// then frees the attachment bytes no longer referenced (where the backend keeps them).
+    pub async fn compact(&self) -> Result<Option<GarbageCollected>> {
+        self.while_open(self.drop_every_inner_body()).await?;
+        if self.attachments_unsupported() {
+            return Ok(None);
+        }
+        self.collect_attachment_garbage().await.map(Some)
+    }
+
+    /// Every document whose tree keeps inner bodies, page by page: live records, then the trees of
+    /// deleted documents; each is rewritten without them.
+    async fn drop_every_inner_body(&self) -> Result<()> {
+        const PAGE: usize = 200;
+        let documents = IdRange { include_design: true, ..IdRange::all() };
+        let mut token: Option<String> = None;
+        loop {
+            let page = self.backend.all_docs(&documents, PAGE, token.as_deref()).await?;
+            for doc in &page.items {
+                if !tree_of(&doc.body, &doc.id)?.inner_bodies().is_empty() {
+                    self.drop_inner_bodies(&doc.id).await?;
+                }
+            }
+            token = page.next;
+            if token.is_none() {
+                break;
+            }
+        }
+        let trees = IdRange::all().under_prefix(TREE_PREFIX);
+        loop {
+            let page = self.backend.local_docs(&trees, PAGE, token.as_deref()).await?;
+            for doc in &page.items {
+                if !tree_of(&doc.body, &doc.id)?.inner_bodies().is_empty() {
+                    self.drop_inner_bodies(tree_document_id(&doc.id)).await?;
+                }
+            }
+            token = page.next;
+            if token.is_none() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Rewrites one document's tree without its inner bodies, against other writers. A live
+    /// record is written again (so the document moves in the change feed, its revisions the
+    /// same); a deleted document's tree is rewritten in place (its tombstone stays).
+    async fn drop_inner_bodies(&self, id: &str) -> Result<()> {
+        let _turn = self.write_lock(id).lock().await;
+        for _ in 0..MAX_TRIES {
+            let Some(state) = self.read(id).await? else { return Ok(()) };
+            let mut tree = state.tree.clone();
+            if !tree.drop_inner_bodies() {
+                return Ok(());
+            }
+            let saved = match (&state.record_rev, &state.local_rev) {
+                (None, Some(local_rev)) => self
+                    .backend
+                    .put_local(
+                        &format!("{TREE_PREFIX}{id}"),
+                        &record_of(&tree)?,
+                        Precondition::MatchRevision(local_rev.clone()),
+                    )
+                    .await
+                    .map(|_| ())
+                    .map_err(gone_is_conflict),
+                _ => self.save(id, Some(&state), &tree).await,
+            };
+            match saved {
+                Ok(()) => return Ok(()),
+                Err(err) if err.kind() == ErrorKind::Conflict => continue,
+                Err(err) => return Err(err),
+            }
+        }
+        Err(Error::conflict(format!("compacting {id:?} kept meeting other writers; try again")))
+    }
+
+    /// Frees the attachment bytes no kept body of any document references any more (past the
+    /// grace period): every document's tree is read, page by page, for the SHA-256s its leaves
+    /// and kept inner bodies reference.
     pub async fn collect_attachment_garbage(&self) -> Result<GarbageCollected> {
         let _alone = self.collecting.one_at_a_time.lock().await;
         self.while_open(collect(Arc::clone(&self.backend), self.attachments.clone())).await
@@ -324,6 +433,11 @@ impl Database {
     /// The largest revision tree of one document this database keeps ([`RevTree::held_bytes`]).
     pub fn with_max_tree_bytes(self, max_tree_bytes: usize) -> Self {
         Database { max_tree_bytes, ..self }
+    }
+
+    /// How many inner revisions' bodies one document keeps until compaction.
+    pub fn with_inner_body_bounds(self, inner_bodies: InnerBodyBounds) -> Self {
+        Database { inner_bodies, ..self }
     }
 
     /// Checks every write with `guard` before it is applied.
@@ -620,16 +734,24 @@ impl Database {
                 || matches!(answer, Ok(Written::Merged(outcome)) if *outcome != MergeOutcome::AlreadyKnown)
         });
         if changed {
-            self.check_tree_size(id, state, &tree)?;
+            tree.limit_inner_bodies(self.inner_bodies.max_revisions, self.inner_bodies.max_bytes);
+            self.check_tree_size(id, state, &mut tree)?;
         }
         Ok(Applied { tree, answers, changed })
     }
 
     /// Refuses a tree past `couchdb_max_tree_bytes` (every read of the document would hold it),
     /// unless it is no larger than the tree read: a document stored before the bound, or under a
-    /// larger one, can still be edited, deleted and purged down.
-    fn check_tree_size(&self, id: &str, state: Option<&DocState>, tree: &RevTree) -> Result<()> {
-        let held = tree.held_bytes();
+    /// larger one, can still be edited, deleted and purged down. Kept inner bodies give way
+    /// first: a tree past the bound only because of them loses the oldest ones, as a compaction
+    /// would, rather than refuse the write.
+    fn check_tree_size(&self, id: &str, state: Option<&DocState>, tree: &mut RevTree) -> Result<()> {
+        let mut held = tree.held_bytes();
+        if held > self.max_tree_bytes {
+            let excess = held - self.max_tree_bytes;
+            tree.limit_inner_bodies(usize::MAX, tree.inner_held_bytes().saturating_sub(excess));
+            held = tree.held_bytes();
+        }
         if held <= self.max_tree_bytes || state.is_some_and(|state| held <= state.tree.held_bytes()) {
             return Ok(());
         }
@@ -961,7 +1083,7 @@ fn edit_body(id: &str, tree: &RevTree, parent: Option<&str>, body: &Map<String, 
     Ok(body)
 }
 
-/// Every SHA-256 a leaf of a document references, read page by page: live records, and the
+/// Every SHA-256 a kept body (a leaf's or an inner revision's) of a document references, read page by page: live records, and the
 /// trees of deleted documents (those whose id has no live record: a re-created document's old
 /// tree record is left behind and no longer its tree).
 async fn referenced_attachments(backend: &dyn DocumentBackend) -> Result<HashSet<String>> {
@@ -972,8 +1094,8 @@ async fn referenced_attachments(backend: &dyn DocumentBackend) -> Result<HashSet
     loop {
         let page = backend.all_docs(&documents, PAGE, token.as_deref()).await?;
         for doc in &page.items {
-            for leaf in tree_of(&doc.body, &doc.id)?.leaves() {
-                doc_attachments::referenced(&leaf.body, &mut referenced);
+            for body in tree_of(&doc.body, &doc.id)?.bodies() {
+                doc_attachments::referenced(body, &mut referenced);
             }
         }
         token = page.next;
@@ -984,21 +1106,14 @@ async fn referenced_attachments(backend: &dyn DocumentBackend) -> Result<HashSet
     let trees = IdRange::all().under_prefix(TREE_PREFIX);
     loop {
         let page = backend.local_docs(&trees, PAGE, token.as_deref()).await?;
-        let ids: Vec<String> = page
-            .items
-            .iter()
-            .map(|doc| {
-                let name = doc.id.strip_prefix(crate::backend::LOCAL_PREFIX).unwrap_or(&doc.id);
-                name.strip_prefix(TREE_PREFIX).unwrap_or(name).to_owned()
-            })
-            .collect();
+        let ids: Vec<String> = page.items.iter().map(|doc| tree_document_id(&doc.id).to_owned()).collect();
         let live = backend.get_many(&ids).await?;
         for (doc, record) in page.items.iter().zip(live) {
             if record.is_some() {
                 continue;
             }
-            for leaf in tree_of(&doc.body, &doc.id)?.leaves() {
-                doc_attachments::referenced(&leaf.body, &mut referenced);
+            for body in tree_of(&doc.body, &doc.id)?.bodies() {
+                doc_attachments::referenced(body, &mut referenced);
             }
         }
         token = page.next;
@@ -1008,16 +1123,22 @@ async fn referenced_attachments(backend: &dyn DocumentBackend) -> Result<HashSet
     }
 }
 
+/// The document whose deleted tree a `tree:` local document (as the backend lists it) holds.
+fn tree_document_id(local_id: &str) -> &str {
+    let name = local_id.strip_prefix(crate::backend::LOCAL_PREFIX).unwrap_or(local_id);
+    name.strip_prefix(TREE_PREFIX).unwrap_or(name)
+}
+
 /// One collection of a database's attachment bytes.
 async fn collect(backend: Arc<dyn DocumentBackend>, store: AttachmentStore) -> Result<GarbageCollected> {
     store.collect_garbage(|| async move { referenced_attachments(backend.as_ref()).await }).await
 }
 
-/// The SHA-256s the leaves of `tree` reference.
+/// The SHA-256s the bodies `tree` keeps reference: its leaves' and its kept inner revisions'.
 fn tree_references(tree: &RevTree) -> HashSet<String> {
     let mut referenced = HashSet::new();
-    for leaf in tree.leaves() {
-        doc_attachments::referenced(&leaf.body, &mut referenced);
+    for body in tree.bodies() {
+        doc_attachments::referenced(body, &mut referenced);
     }
     referenced
 }
@@ -1119,6 +1240,39 @@ mod tests {
             }
             self.inner.put(id, body, precondition).await
         }
+    }
+
+    fn edit(parent: Option<&str>, filler: usize) -> Write {
+        let mut body = Map::new();
+        body.insert("filler".into(), Value::from("x".repeat(filler)));
+        Write::Edit { parent: parent.map(str::to_owned), deleted: false, body }
+    }
+
+    /// A tree past `couchdb_max_tree_bytes` only because of its kept inner bodies loses the
+    /// oldest of them instead of refusing the write; a leaf alone past it is still refused.
+    #[tokio::test]
+    async fn kept_inner_bodies_give_way_to_the_tree_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend: Arc<dyn DocumentBackend> =
+            Arc::new(EmbeddedBackend::open(&dir.path().join("d.redb")).await.unwrap());
+        let database = Database::new("d".into(), backend)
+            .with_max_tree_bytes(3_500)
+            .with_inner_body_bounds(InnerBodyBounds { max_revisions: 100, max_bytes: usize::MAX });
+        let mut revs = Vec::new();
+        let mut parent: Option<String> = None;
+        for _ in 0..4 {
+            let Written::Edited(rev) = database.write("x", &edit(parent.as_deref(), 1_000)).await.unwrap() else {
+                panic!("an edit answers its revision");
+            };
+            parent = Some(rev.clone());
+            revs.push(rev);
+        }
+        let state = database.read("x").await.unwrap().expect("written");
+        assert!(state.tree.held_bytes() <= 3_500, "{} bytes held", state.tree.held_bytes());
+        assert!(state.tree.revision(&revs[0]).is_none(), "the oldest inner body went");
+        assert!(state.tree.revision(&revs[2]).is_some(), "the newest inner body stays");
+        let refused = database.write("x", &edit(parent.as_deref(), 4_000)).await.unwrap_err();
+        assert_eq!(refused.kind(), ErrorKind::TooLarge);
     }
 
     /// A write from nothing overtaken between its local tree and its record by a writer that

@@ -23,7 +23,7 @@ pub mod write_guard;
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 
-pub use engine::{Database, DocState, Write, Written};
+pub use engine::{Database, DocState, InnerBodyBounds, Write, Written};
 
 use crate::backend::catalog::{Catalog, DbName};
 use crate::backend::BackendUrl;
@@ -49,6 +49,9 @@ pub struct Databases {
     /// Largest revision tree of one document (`couchdb_max_tree_bytes`), given to each database
     /// opened.
     max_tree_bytes: usize,
+    /// How many inner revisions' bodies one document keeps until compaction
+    /// (`couchdb_inner_bodies_max_revisions`, `couchdb_inner_bodies_max_bytes`).
+    inner_bodies: engine::InnerBodyBounds,
     /// Largest attachment (`couchdb_max_attachment_bytes`) and how long unreferenced bytes stay
     /// (`couchdb_attachment_grace_secs`), given to each database opened.
     max_attachment_bytes: u64,
@@ -112,6 +115,7 @@ impl Databases {
             max_open: max_open.max(1),
             max_document_bytes: engine::DEFAULT_MAX_DOCUMENT_BYTES,
             max_tree_bytes: engine::DEFAULT_MAX_TREE_BYTES,
+            inner_bodies: engine::InnerBodyBounds::default(),
             max_attachment_bytes: u64::MAX,
             attachment_grace: attachments::DEFAULT_GRACE,
             max_gzip_ratio: engine::DEFAULT_MAX_GZIP_RATIO,
@@ -132,6 +136,7 @@ impl Databases {
             max_open: max_open.max(1),
             max_document_bytes: engine::DEFAULT_MAX_DOCUMENT_BYTES,
             max_tree_bytes: engine::DEFAULT_MAX_TREE_BYTES,
+            inner_bodies: engine::InnerBodyBounds::default(),
             max_attachment_bytes: u64::MAX,
             attachment_grace: attachments::DEFAULT_GRACE,
             max_gzip_ratio: engine::DEFAULT_MAX_GZIP_RATIO,
@@ -149,6 +154,11 @@ impl Databases {
     /// The largest revision tree of one document the databases keep (`couchdb_max_tree_bytes`).
     pub fn with_max_tree_bytes(self, max_tree_bytes: usize) -> Self {
         Databases { max_tree_bytes: max_tree_bytes.max(1), ..self }
+    }
+
+    /// How many inner revisions' bodies one document keeps until compaction.
+    pub fn with_inner_body_bounds(self, inner_bodies: engine::InnerBodyBounds) -> Self {
+        Databases { inner_bodies, ..self }
     }
 
     /// The largest attachment the databases store (`couchdb_max_attachment_bytes`) and how long
@@ -182,6 +192,7 @@ impl Databases {
             Database::new(name.to_string(), backend)
                 .with_max_document_bytes(self.max_document_bytes)
                 .with_max_tree_bytes(self.max_tree_bytes)
+                .with_inner_body_bounds(self.inner_bodies)
                 .with_max_gzip_ratio(self.max_gzip_ratio)
                 .with_inline_budget(Arc::clone(&self.inline_budget), self.inline_wait)
                 .with_attachment_bounds(self.max_attachment_bytes, self.attachment_grace)

@@ -11,7 +11,9 @@
 //! `r` lists the revisions, each after its parent: `i` its id, `p` its parent's index, or, on a
 //! revision whose parent is not remembered, `g` its generation. Each leaf names its revision
 //! (`r`) and carries its deletion flag and body as before. A leaf is read back with exactly the
-//! path it was written with. The previous release wrote every leaf with its whole path
+//! path it was written with. `n`, when present, lists the kept bodies of inner revisions (revisions
+//! that are no longer leaves, kept until compaction), each naming its revision as a leaf does;
+//! a release that does not know `n` reads the tree without them. The previous release wrote every leaf with its whole path
 //! (`{"p": {"s": N, "i": [...]}}` in place of `r`); such records are still read, and are written
 //! in this form by their next write.
 
@@ -21,7 +23,7 @@ use serde::ser::SerializeStruct;
 use serde::{Deserialize, Serialize, Serializer};
 use serde_json::{Map, Value};
 
-use super::{is_false, Leaf, RevPath};
+use super::{is_false, InnerBody, Leaf, RevPath};
 
 /// One revision as stored, borrowed from the leaves being written.
 #[derive(Serialize)]
@@ -45,13 +47,26 @@ struct LeafOut<'a> {
     body: &'a Map<String, Value>,
 }
 
-/// Leaves serialised in the stored form (the tree's, or the data-store database's side leaves).
+/// Leaves serialised in the stored form (the data-store database's side leaves).
 pub struct StoredLeaves<'a>(pub &'a [Leaf]);
 
 impl Serialize for StoredLeaves<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let (revisions, leaves) = shared_revisions(self.0);
-        let fields = usize::from(!revisions.is_empty()) + usize::from(!leaves.is_empty());
+        StoredRevisions { leaves: self.0, inner: &[] }.serialize(serializer)
+    }
+}
+
+/// A tree's leaves and kept inner bodies serialised in the stored form.
+pub(super) struct StoredRevisions<'a> {
+    pub leaves: &'a [Leaf],
+    pub inner: &'a [InnerBody],
+}
+
+impl Serialize for StoredRevisions<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let (revisions, leaves, inner) = shared_revisions(self.leaves, self.inner);
+        let fields =
+            usize::from(!revisions.is_empty()) + usize::from(!leaves.is_empty()) + usize::from(!inner.is_empty());
         let mut out = serializer.serialize_struct("RevTree", fields)?;
         if !revisions.is_empty() {
             out.serialize_field("r", &revisions)?;
@@ -59,15 +74,23 @@ impl Serialize for StoredLeaves<'_> {
         if !leaves.is_empty() {
             out.serialize_field("l", &leaves)?;
         }
+        if !inner.is_empty() {
+            out.serialize_field("n", &inner)?;
+        }
         out.end()
     }
 }
 
 /// Every leaf's path walked from its oldest revision, each revision kept once: a revision is
-/// the same one when its parent (or, with none, its generation) and its id are.
-fn shared_revisions(leaves: &[Leaf]) -> (Vec<RevisionOut<'_>>, Vec<LeafOut<'_>>) {
+/// the same one when its parent (or, with none, its generation) and its id are. Each kept inner
+/// body names the first revision of its generation and id (inner bodies not on a path are left
+/// out).
+type Shared<'a> = (Vec<RevisionOut<'a>>, Vec<LeafOut<'a>>, Vec<LeafOut<'a>>);
+
+fn shared_revisions<'a>(leaves: &'a [Leaf], inner: &'a [InnerBody]) -> Shared<'a> {
     let mut revisions: Vec<RevisionOut<'_>> = Vec::new();
     let mut known: HashMap<(Option<usize>, u64, &str), usize> = HashMap::new();
+    let mut by_revision: HashMap<(u64, &str), usize> = HashMap::new();
     let mut out = Vec::with_capacity(leaves.len());
     for leaf in leaves {
         let path = &leaf.path;
@@ -86,6 +109,9 @@ fn shared_revisions(leaves: &[Leaf]) -> (Vec<RevisionOut<'_>>, Vec<LeafOut<'_>>)
                 });
                 revisions.len() - 1
             });
+            if !inner.is_empty() {
+                by_revision.entry((generation, id.as_str())).or_insert(index);
+            }
             parent = Some(index);
         }
         // A path without ids (malformed; normalising drops it) has no revision to name.
@@ -93,7 +119,14 @@ fn shared_revisions(leaves: &[Leaf]) -> (Vec<RevisionOut<'_>>, Vec<LeafOut<'_>>)
             out.push(LeafOut { revision, deleted: leaf.deleted, body: &leaf.body });
         }
     }
-    (revisions, out)
+    let inner_out = inner
+        .iter()
+        .filter_map(|kept| {
+            let revision = *by_revision.get(&(kept.generation, kept.id.as_str()))?;
+            Some(LeafOut { revision, deleted: kept.deleted, body: &kept.body })
+        })
+        .collect();
+    (revisions, out, inner_out)
 }
 
 /// One revision as read.
@@ -127,6 +160,8 @@ pub struct StoredTree {
     revisions: Vec<RevisionIn>,
     #[serde(rename = "l", default)]
     leaves: Vec<LeafIn>,
+    #[serde(rename = "n", default)]
+    inner: Vec<LeafIn>,
 }
 
 impl StoredTree {
@@ -144,6 +179,28 @@ impl StoredTree {
             leaves.push(Leaf { path, deleted: leaf.deleted, body: leaf.body });
         }
         Ok(leaves)
+    }
+
+    /// The leaves ([`StoredTree::into_leaves`]) and the kept inner bodies.
+    pub(super) fn into_parts(mut self) -> Result<(Vec<Leaf>, Vec<InnerBody>), String> {
+        let stored_inner = std::mem::take(&mut self.inner);
+        let mut inner = Vec::with_capacity(stored_inner.len());
+        if !stored_inner.is_empty() {
+            let generations = generations(&self.revisions)?;
+            for kept in stored_inner {
+                let revision = kept.revision.ok_or_else(|| "an inner body names no revision".to_owned())?;
+                let (Some(generation), Some(stored)) = (generations.get(revision), self.revisions.get(revision)) else {
+                    return Err(format!("an inner body names revision {revision}, not stored"));
+                };
+                inner.push(InnerBody {
+                    generation: *generation,
+                    id: stored.id.clone(),
+                    deleted: kept.deleted,
+                    body: kept.body,
+                });
+            }
+        }
+        Ok((self.into_leaves()?, inner))
     }
 }
 

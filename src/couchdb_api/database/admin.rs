@@ -223,9 +223,9 @@ pub async fn put_security(State(state): State<CouchState>, opened: OpenDb, heade
     Ok(json(StatusCode::OK, json!({ "ok": true })))
 }
 
-/// `POST /{db}/_compact`, `_compact/{ddoc}`, `_view_cleanup`: the backend keeps no old revision
-/// bodies to compact away, and no view indexes yet; `_compact` of the database frees the
-/// attachment bytes no leaf references any more (past the grace period,
+/// `POST /{db}/_compact`, `_compact/{ddoc}`, `_view_cleanup`: `_compact` of the database drops
+/// the bodies inner revisions kept ([`crate::database::Database::compact`]) and frees the
+/// attachment bytes no kept body references any more (past the grace period,
 /// `couchdb_attachment_grace_secs`), before it answers, so a client that waits for the answer
 /// sees the storage freed.
 pub async fn compact(
@@ -236,8 +236,8 @@ pub async fn compact(
     opened.access.require_db_admin_to_compact()?;
     crate::couchdb_api::request::require_json_content_type(&headers)?;
     let whole_database = uri.path().trim_end_matches('/').ends_with("/_compact");
-    if whole_database && opened.db.backend().attachment_chunk_bytes() > 0 {
-        let collected = opened.db.collect_attachment_garbage().await?;
+    if whole_database {
+        let collected = opened.db.compact().await?;
         tracing::debug!(database = opened.db.name(), ?collected, "compaction freed attachment bytes");
     }
     Ok(json(StatusCode::ACCEPTED, json!({ "ok": true })))

@@ -173,14 +173,11 @@ async fn bulk_get_part(
         }
     };
     let leaf = match wanted {
-        None => state.tree.winner(),
-        Some(rev) => state.tree.leaf(rev).or_else(|| {
-            latest
-                .then(|| state.tree.leaves().into_iter().find(|leaf| leaf.path.revs().iter().any(|r| r == rev)))
-                .flatten()
-        }),
+        None => state.tree.winner().map(std::borrow::Cow::Borrowed),
+        Some(rev) => super::docs::find_leaf(&state.tree, rev, latest),
     };
     let Some(leaf) = leaf else { return missing() };
+    let leaf = leaf.as_ref();
     let since = match item.get("atts_since") {
         Some(Value::Array(revs)) => Some(revs.iter().filter_map(|rev| rev.as_str().map(str::to_owned)).collect()),
         _ => None,
@@ -391,15 +388,16 @@ fn missing_attachment() -> CouchError {
     CouchError::not_found("Document is missing attachment")
 }
 
-/// The leaf a read answers: `?rev=` or the live winner.
-fn read_leaf<'a>(tree: &'a RevTree, params: &HashMap<String, String>) -> CouchResult<&'a Leaf> {
+/// The revision a read answers: `?rev=` (a leaf, or an inner revision whose body is kept) or the
+/// live winner.
+fn read_leaf<'a>(tree: &'a RevTree, params: &HashMap<String, String>) -> CouchResult<std::borrow::Cow<'a, Leaf>> {
     match params.get("rev") {
         Some(rev) => {
             parse_rev(rev).ok_or_else(|| CouchError::bad_request("Invalid rev format"))?;
-            tree.leaf(rev).ok_or_else(|| CouchError::not_found("missing"))
+            tree.revision(rev).ok_or_else(|| CouchError::not_found("missing"))
         }
         None => match tree.winner() {
-            Some(winner) if !winner.deleted => Ok(winner),
+            Some(winner) if !winner.deleted => Ok(std::borrow::Cow::Borrowed(winner)),
             Some(_) => Err(CouchError::not_found("deleted")),
             None => Err(CouchError::not_found("missing")),
         },

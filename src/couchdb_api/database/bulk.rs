@@ -384,12 +384,11 @@ async fn bulk_get_one(
     };
     let Some(state) = state else { return json!({ "id": id, "docs": [error("not_found", "missing")] }) };
     let leaf = match wanted {
-        None => state.tree.winner(),
-        Some(rev) => state.tree.leaf(rev).or_else(|| {
-            latest.then(|| state.tree.leaves().into_iter().find(|l| l.path.revs().iter().any(|r| r == rev))).flatten()
-        }),
+        None => state.tree.winner().map(std::borrow::Cow::Borrowed),
+        Some(rev) => super::docs::find_leaf(&state.tree, rev, latest),
     };
     let Some(leaf) = leaf else { return json!({ "id": id, "docs": [error("not_found", "missing")] }) };
+    let leaf = leaf.as_ref();
     let mut doc = leaf_json(id, &state.tree, leaf, options);
     if let Some(inline) = inline {
         if let Err(err) = super::attachments::inline_into(db, leaf, &mut doc, inline).await {

@@ -7,6 +7,7 @@
 //! local documents (`_local/{name}`, never replicated, revision `0-N`, written whatever `_rev`
 //! says, as CouchDB 3 does).
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use axum::body::Body;
@@ -168,7 +169,8 @@ async fn read_document(db: &Database, id: &str, params: &HashMap<String, String>
     // Attachments with their bytes: each leaf answered gets them from the store.
     match read_value(id, tree.as_ref(), params, headers)? {
         ReadValue::Doc(mut doc, rev) => {
-            if let Some(leaf) = tree.as_ref().and_then(|tree| tree.leaf(&rev)) {
+            if let Some(leaf) = tree.as_ref().and_then(|tree| tree.revision(&rev)) {
+                let leaf = leaf.as_ref();
                 // CouchDB's `send_doc_efficiently`: a document with attachments, asked for with
                 // them by a client accepting `multipart/related`, is sent as that (plain JSON,
                 // stubs, when `atts_since` leaves no attachment to send).
@@ -187,8 +189,8 @@ async fn read_document(db: &Database, id: &str, params: &HashMap<String, String>
                 for item in items {
                     let Some(doc) = item.get_mut("ok") else { continue };
                     let rev = doc.get("_rev").and_then(Value::as_str).unwrap_or_default().to_owned();
-                    if let Some(leaf) = tree.leaf(&rev) {
-                        super::attachments::inline_into(db, leaf, doc, &inline).await?;
+                    if let Some(leaf) = tree.revision(&rev) {
+                        super::attachments::inline_into(db, &leaf, doc, &inline).await?;
                     }
                 }
             }
@@ -214,7 +216,7 @@ fn open_revs_mixed(
     for opened in open_revs_leaves(tree, open_revs, latest)? {
         parts.push(match opened {
             Opened::Leaf(tree, leaf) => {
-                multipart::OpenRevsLeaf::Found(follow(leaf, leaf_json(id, tree, leaf, open_revs_options(options)))?)
+                multipart::OpenRevsLeaf::Found(follow(&leaf, leaf_json(id, tree, &leaf, open_revs_options(options)))?)
             }
             Opened::Missing(rev) => multipart::OpenRevsLeaf::Missing(rev),
         });
@@ -305,7 +307,7 @@ fn read_value(
             find_leaf(tree, rev, latest).ok_or_else(|| CouchError::not_found("missing"))?
         }
         None => match tree.winner() {
-            Some(winner) if !winner.deleted => winner,
+            Some(winner) if !winner.deleted => Cow::Borrowed(winner),
             Some(_) => return Err(CouchError::not_found("deleted")),
             None => return Err(CouchError::not_found("missing")),
         },
@@ -314,24 +316,27 @@ fn read_value(
     if not_modified(headers, &rev) {
         return Ok(ReadValue::NotModified(rev));
     }
-    Ok(ReadValue::Doc(leaf_json(id, tree, leaf, options), rev))
+    Ok(ReadValue::Doc(leaf_json(id, tree, &leaf, options), rev))
 }
 
-/// The leaf a read of `rev` answers: that leaf, or with `latest` the leaf whose branch holds it.
-fn find_leaf<'a>(tree: &'a RevTree, rev: &str, latest: bool) -> Option<&'a Leaf> {
+/// The revision a read of `rev` answers: that leaf, with `latest` the leaf whose branch holds
+/// it, else the inner revision `rev` while its body is kept (until compaction).
+pub(super) fn find_leaf<'a>(tree: &'a RevTree, rev: &str, latest: bool) -> Option<Cow<'a, Leaf>> {
     if let Some(leaf) = tree.leaf(rev) {
-        return Some(leaf);
+        return Some(Cow::Borrowed(leaf));
     }
-    if !latest {
-        return None;
+    if latest {
+        if let Some(leaf) = tree.leaves().into_iter().find(|leaf| leaf.path.revs().iter().any(|known| known == rev)) {
+            return Some(Cow::Borrowed(leaf));
+        }
     }
-    tree.leaves().into_iter().find(|leaf| leaf.path.revs().iter().any(|known| known == rev))
+    tree.revision(rev)
 }
 
-/// A leaf `open_revs` answers, or a revision it does not find.
+/// A revision `open_revs` answers, or a revision it does not find.
 enum Opened<'a> {
-    /// The leaf, and the tree it is a leaf of.
-    Leaf(&'a RevTree, &'a Leaf),
+    /// The revision (a leaf, or an inner revision whose body is kept), and its tree.
+    Leaf(&'a RevTree, Cow<'a, Leaf>),
     Missing(String),
 }
 
@@ -346,7 +351,7 @@ fn open_revs_options(options: DocOptions) -> DocOptions {
 fn open_revs_leaves<'a>(tree: Option<&'a RevTree>, open_revs: &str, latest: bool) -> CouchResult<Vec<Opened<'a>>> {
     if open_revs == "all" {
         let Some(tree) = tree else { return Err(CouchError::not_found("missing")) };
-        return Ok(tree.leaves().into_iter().map(|leaf| Opened::Leaf(tree, leaf)).collect());
+        return Ok(tree.leaves().into_iter().map(|leaf| Opened::Leaf(tree, Cow::Borrowed(leaf))).collect());
     }
     let wanted = match json_param("open_revs", Some(open_revs))? {
         Some(Value::Array(items)) => items,
@@ -366,10 +371,18 @@ fn open_revs_leaves<'a>(tree: Option<&'a RevTree>, open_revs: &str, latest: bool
             opened.push(Opened::Missing(rev));
             continue;
         };
-        let leaves: Vec<&Leaf> = match tree.leaf(&rev) {
-            Some(leaf) => vec![leaf],
-            None if latest => tree.leaves().into_iter().filter(|leaf| leaf.path.revs().contains(&rev)).collect(),
+        let leaves: Vec<Cow<'_, Leaf>> = match tree.leaf(&rev) {
+            Some(leaf) => vec![Cow::Borrowed(leaf)],
+            None if latest => {
+                tree.leaves().into_iter().filter(|leaf| leaf.path.revs().contains(&rev)).map(Cow::Borrowed).collect()
+            }
             None => Vec::new(),
+        };
+        // Not a leaf (nor, with `latest`, below one): an inner revision answers while its body
+        // is kept.
+        let leaves = match (leaves.is_empty(), tree.revision(&rev)) {
+            (true, Some(inner)) => vec![inner],
+            _ => leaves,
         };
         if leaves.is_empty() {
             opened.push(Opened::Missing(rev));
@@ -395,7 +408,7 @@ fn open_revs_answer(
     let answer = open_revs_leaves(tree, open_revs, latest)?
         .into_iter()
         .map(|opened| match opened {
-            Opened::Leaf(tree, leaf) => json!({ "ok": leaf_json(id, tree, leaf, options) }),
+            Opened::Leaf(tree, leaf) => json!({ "ok": leaf_json(id, tree, &leaf, options) }),
             Opened::Missing(rev) => json!({ "missing": rev }),
         })
         .collect();
@@ -578,8 +591,10 @@ async fn copy_document(
     access.check_write(&target)?;
     let Some(state) = db.read(id).await? else { return Err(CouchError::not_found("missing")) };
     let leaf = match params.get("rev") {
-        Some(rev) => state.tree.leaf(rev).ok_or_else(|| CouchError::not_found("missing"))?,
-        None => state.tree.winner().filter(|w| !w.deleted).ok_or_else(|| CouchError::not_found("deleted"))?,
+        Some(rev) => state.tree.revision(rev).ok_or_else(|| CouchError::not_found("missing"))?,
+        None => {
+            Cow::Borrowed(state.tree.winner().filter(|w| !w.deleted).ok_or_else(|| CouchError::not_found("deleted"))?)
+        }
     };
     let rev = edit(db, &target, target_rev, false, leaf.body.clone()).await?;
     Ok(written(StatusCode::CREATED, db, &target, &rev))

@@ -389,7 +389,7 @@ pub(super) async fn attachments_standalone(e: Endpoint) -> TestResult {
 }
 
 /// The blobs (content-addressed bytes) a database's storage holds.
-async fn blob_count(e: &Endpoint, db: &str) -> Result<usize, Failed> {
+pub(super) async fn blob_count(e: &Endpoint, db: &str) -> Result<usize, Failed> {
     let name = agentstore::backend::catalog::DbName::parse(db).map_err(|err| err.to_string())?;
     let database = e.databases.open(&name).await?.ok_or("the database is not open")?;
     let mut count = 0;
