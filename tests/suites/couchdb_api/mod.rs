@@ -167,6 +167,7 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("data_store_tree_bound_is_the_setting", |e| Box::pin(revision_trees::data_store_tree_bound_is_the_setting(e))),
         ("a_deleted_database_is_404_everywhere", |e| {
             Box::pin(missing_database::a_deleted_database_is_404_everywhere(e))
+        }),
         ("inner_bodies_kept_until_compaction", |e| Box::pin(inner_bodies::inner_bodies_kept_until_compaction(e))),
         ("inner_bodies_freed_by_stemming_and_bounds", |e| {
             Box::pin(inner_bodies::inner_bodies_freed_by_stemming_and_bounds(e))
@@ -207,6 +208,7 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
                             "attachments_inline_wait_is_a_setting" => Some(attachments::INLINE_WAIT_CONFIG.to_owned()),
                             "data_store_tree_bound_is_the_setting" => {
                                 Some(revision_trees::SMALL_TREE_BOUND_CONFIG.to_owned())
+                            }
                             "inner_bodies_kept_until_compaction" => Some(attachments::FREE_AT_ONCE_CONFIG.to_owned()),
                             "inner_bodies_freed_by_stemming_and_bounds" => {
                                 Some(inner_bodies::INNER_BODIES_BOUND_CONFIG.to_owned())
