@@ -89,6 +89,7 @@ fn crash_sweep_cases() -> Vec<Case> {
         crash_sweep_promotion,
         crash_sweep_purge_leaf,
         crash_sweep_purge_document,
+        crash_sweep_purge_deleted,
         crash_sweep_attachment_upload,
         crash_sweep_collection,
         crash_sweep_copy,

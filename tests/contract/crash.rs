@@ -15,7 +15,7 @@
 //! trait's source, so a new trait method cannot pass by uncounted.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use agentstore::backend::raw::layer::Layered;
 use agentstore::backend::rev_tree::RevTree;
@@ -47,11 +47,25 @@ pub struct CrashLayer {
     cut: Cut,
     calls: AtomicUsize,
     cut_made: AtomicBool,
+    /// Set once the operation under test has returned: the calls of work it left running in
+    /// the background (a collection it asked for) are refused uncounted, as if the process
+    /// ended there, so the count is the operation's own.
+    ended: AtomicBool,
+    /// The methods called, in order (for the sweep's report of each operation's steps).
+    called: Mutex<Vec<&'static str>>,
 }
 
 impl CrashLayer {
     pub fn new(inner: Arc<dyn DocumentBackend>, limit: usize, cut: Cut) -> Self {
-        CrashLayer { inner, limit, cut, calls: AtomicUsize::new(0), cut_made: AtomicBool::new(false) }
+        CrashLayer {
+            inner,
+            limit,
+            cut,
+            calls: AtomicUsize::new(0),
+            cut_made: AtomicBool::new(false),
+            ended: AtomicBool::new(false),
+            called: Mutex::new(Vec::new()),
+        }
     }
 
     /// Whether a call has been cut yet.
@@ -64,7 +78,21 @@ impl CrashLayer {
         self.calls.load(Ordering::SeqCst)
     }
 
-    fn admit(&self) -> Admission {
+    /// Ends the process after the operation returned (see `ended`).
+    pub fn end(&self) {
+        self.ended.store(true, Ordering::SeqCst);
+    }
+
+    /// The methods called so far, in order.
+    pub fn called(&self) -> Vec<&'static str> {
+        self.called.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
+    }
+
+    fn admit(&self, method: &'static str) -> Admission {
+        if self.ended.load(Ordering::SeqCst) {
+            return Admission::Refuse;
+        }
+        self.called.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(method);
         let call = self.calls.fetch_add(1, Ordering::SeqCst);
         let admission = match self.cut {
             Cut::Stop if call >= self.limit => Admission::Refuse,
@@ -79,8 +107,8 @@ impl CrashLayer {
 
     /// Runs `call` (a future that has not started: nothing reaches storage before it is polled)
     /// as the crash point says.
-    async fn gate<T>(&self, call: impl std::future::Future<Output = Result<T>>) -> Result<T> {
-        match self.admit() {
+    async fn gate<T>(&self, method: &'static str, call: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+        match self.admit(method) {
             Admission::Pass => call.await,
             Admission::Refuse => Err(Error::new(
                 ErrorKind::Unavailable,
@@ -110,7 +138,7 @@ macro_rules! counted_layer {
             }
             $(
                 async fn $name(&self $(, $arg: $ty)*) -> $answer {
-                    self.gate(self.inner.$name($($arg),*)).await
+                    self.gate(stringify!($name), self.inner.$name($($arg),*)).await
                 }
             )*
         }

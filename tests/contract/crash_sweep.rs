@@ -55,6 +55,8 @@ enum Operation {
     PurgeLeaf,
     /// Purging the only leaf of a document, which erases it.
     PurgeDocument,
+    /// Purging the deleted leaf of a deleted document (its tombstone, then its local tree).
+    PurgeDeleted,
     /// A new attachment: the store's chunks, its manifest, then the document.
     AttachmentUpload,
     /// A collection of unreferenced attachment bytes, no grace period.
@@ -77,6 +79,7 @@ const OPERATIONS: &[Operation] = &[
     Operation::Promotion,
     Operation::PurgeLeaf,
     Operation::PurgeDocument,
+    Operation::PurgeDeleted,
     Operation::AttachmentUpload,
     Operation::Collection,
     Operation::Copy,
@@ -118,6 +121,8 @@ type Snapshots = BTreeMap<String, Option<DocSnapshot>>;
 struct Tally {
     crash_points: usize,
     repairs: usize,
+    /// The backend calls of the uncut run, in order.
+    steps: Vec<&'static str>,
     violations: Vec<String>,
 }
 
@@ -196,6 +201,9 @@ async fn set_up(operation: Operation, db: &Database, prefix: &str) -> Plan {
             plan.winner = state.winner_rev().expect("a winner");
         }
         Operation::ReplicatedPage | Operation::Copy => plan.ids.push(format!("{prefix}b")),
+        Operation::PurgeDeleted => {
+            plan.winner = edit(db, &a, Some(&plan.second), true, Map::new()).await.expect("set-up: deleted");
+        }
         Operation::Collection => {
             let b = format!("{prefix}b");
             let rev = edit(db, &b, None, false, with_attachment(Map::new(), "g.txt", ORPHANED_BYTES, &[]))
@@ -246,7 +254,9 @@ async fn run(operation: Operation, db: &Database, prefix: &str, plan: &Plan) -> 
                 vec![(a, vec![branch(&plan.first, "b0b0", json!({"branch": "b"}))]), (format!("{prefix}b"), vec![new])];
             acknowledged(db.write_many(&page).await?)
         }
-        Operation::PurgeLeaf => db.purge(&a, std::slice::from_ref(&plan.winner)).await.map(drop),
+        Operation::PurgeLeaf | Operation::PurgeDeleted => {
+            db.purge(&a, std::slice::from_ref(&plan.winner)).await.map(drop)
+        }
         Operation::PurgeDocument => db.purge(&a, std::slice::from_ref(&plan.second)).await.map(drop),
         Operation::AttachmentUpload => upload(db, &a, Some(&plan.second)).await,
         Operation::Collection => db.collect_attachment_garbage().await.map(drop),
@@ -484,6 +494,7 @@ async fn sweep(backend: &Arc<dyn DocumentBackend>, operation: Operation, cut: Cu
         let position_before = backend.change_position().await.expect("change_position");
         let layer = Arc::new(CrashLayer::new(Arc::clone(backend), k, cut));
         let answer = run(operation, &crashing_database(operation, Arc::clone(&layer)), &prefix, &plan).await;
+        layer.end();
         let cut_made = layer.cut_made();
         if !cut_made {
             if let Err(err) = &answer {
@@ -496,6 +507,7 @@ async fn sweep(backend: &Arc<dyn DocumentBackend>, operation: Operation, cut: Cu
         tally.repairs += repairs;
         tally.violations.extend(violations.into_iter().map(|v| format!("{cut:?} at call {k}: {v}")));
         if !cut_made {
+            tally.steps = layer.called();
             return tally;
         }
         tally.crash_points += 1;
@@ -527,11 +539,12 @@ async fn sweep_operation(ctx: Ctx, operation: Operation) {
     for cut in [Cut::Stop, Cut::LoseAnswer] {
         let tally = sweep(&ctx.backend, operation, cut, &expected).await;
         println!(
-            "crash sweep: {} {name} {cut:?}: {} crash points, {} repairing writes, {} violations",
+            "crash sweep: {} {name} {cut:?}: {} crash points, {} repairing writes, {} violations; steps: {}",
             ctx.backend_name,
             tally.crash_points,
             tally.repairs,
-            tally.violations.len()
+            tally.violations.len(),
+            tally.steps.join(" ")
         );
         failures.extend(tally.violations);
     }
@@ -563,6 +576,7 @@ swept! {
     crash_sweep_promotion => Promotion,
     crash_sweep_purge_leaf => PurgeLeaf,
     crash_sweep_purge_document => PurgeDocument,
+    crash_sweep_purge_deleted => PurgeDeleted,
     crash_sweep_attachment_upload => AttachmentUpload,
     crash_sweep_collection => Collection,
     crash_sweep_copy => Copy,
