@@ -12,10 +12,12 @@
 //! when it was last stored), only if none exists: when one does (the same bytes were stored
 //! before, or a concurrent upload of them won), it is touched and the new chunks deleted, so the
 //! bytes are kept once. A reader finds bytes only through a manifest, and a manifest is written
-//! after its chunks: an upload cut short (a client that disconnects, an error item in the
-//! stream, a body past the bound, its task dropped mid-way) deletes what it wrote and leaves
-//! nothing a reader can see; one cut short by a crash leaves chunks without a manifest, which
-//! garbage collection frees.
+//! after its chunks: an upload cut short while its bytes stream in (a client that disconnects,
+//! an error item in the stream, a body past the bound, its task dropped mid-way) deletes what it
+//! wrote and leaves nothing a reader can see; one cut short by a crash, or failing while its
+//! manifest is written (which may have been stored though its answer was lost), leaves its
+//! chunks, which garbage collection frees once no manifest names them
+//! (docs/design/crash-points.md).
 //!
 //! Local-document names: the engine keeps its clients' local documents under `doc:`, deleted
 //! documents' trees under `tree:` and its settings as `db:settings`
@@ -148,14 +150,18 @@ impl AttachmentStore {
                 return Err(err);
             }
         };
-        let recorded = self.record(&stored).await;
-        match &recorded {
-            // The same bytes were stored before: they stay there, these go.
-            Ok(kept) if kept.blob != stored.blob => self.discard(&stored.blob, stored.chunks).await,
-            Ok(_) => {}
-            Err(_) => self.discard(&stored.blob, stored.chunks).await,
-        }
+        // From here on the chunks are never deleted unless a manifest naming other chunks was
+        // read: a manifest write whose answer was lost (or whose task was dropped) may have
+        // stored the manifest naming these, and a later upload of the same bytes would keep it.
+        // Chunks no manifest names are freed by garbage collection after the grace period.
         guard.disarm();
+        let recorded = self.record(&stored).await;
+        if let Ok(kept) = &recorded {
+            if kept.blob != stored.blob {
+                // The same bytes were stored before: they stay there, these go.
+                self.discard(&stored.blob, stored.chunks).await;
+            }
+        }
         recorded
     }
 

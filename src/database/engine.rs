@@ -818,7 +818,7 @@ impl Database {
                 return Ok(purged);
             }
             let saved = if tree.is_empty() {
-                self.erase(id).await
+                self.erase(id, &state).await
             } else {
                 self.keep_references(Some(&state), &tree).await?;
                 self.save(id, Some(&state), &tree).await
@@ -859,12 +859,22 @@ impl Database {
         self.attachments.keep_referenced(&referenced, &new).await
     }
 
-    /// Erases every trace of one document, and of no other (ids that start with it included).
-    async fn erase(&self, id: &str) -> Result<()> {
-        self.backend.erase_id(id).await?;
+    /// Erases every trace of one document, and of no other (ids that start with it included),
+    /// the authority for its tree last, so that a crash in between leaves the document as it
+    /// was: a live record (`state` read with one) goes after the local tree, which is then only
+    /// an earlier tree left by a save from nothing (read, it would bring that tree back); a
+    /// deleted document's local tree goes after its tombstone (left alone, it reads as the
+    /// document before the purge, half written, finished by its next write).
+    async fn erase(&self, id: &str, state: &DocState) -> Result<()> {
+        if state.record_rev.is_none() {
+            self.backend.erase_id(id).await?;
+        }
         let tree_name = format!("{TREE_PREFIX}{id}");
         if let Some(local) = self.backend.get_local(&tree_name).await? {
             self.backend.delete_local(&tree_name, &local.rev).await?;
+        }
+        if state.record_rev.is_some() {
+            self.backend.erase_id(id).await?;
         }
         self.end_views_incarnation().await
     }

@@ -71,7 +71,32 @@ pub fn all() -> Vec<Case> {
     cases.extend(catalog_cases());
     cases.extend(local_docs_cases());
     cases.extend(attachment_cases());
+    cases.extend(crash_sweep_cases());
     cases
+}
+
+/// The crash-point sweep of the engine's operations (`crash_sweep.rs`, over `crash.rs`).
+fn crash_sweep_cases() -> Vec<Case> {
+    use crate::crash::every_storage_method_is_counted;
+    use crate::crash_sweep::*;
+    cases![
+        every_storage_method_is_counted,
+        crash_sweep_covers_every_operation,
+        crash_sweep_edit,
+        crash_sweep_delete,
+        crash_sweep_replicated_conflict,
+        crash_sweep_replicated_page,
+        crash_sweep_promotion,
+        crash_sweep_purge_leaf,
+        crash_sweep_purge_document,
+        crash_sweep_purge_deleted,
+        crash_sweep_attachment_upload,
+        crash_sweep_collection,
+        crash_sweep_copy,
+        crash_sweep_bulk_docs,
+        crash_sweep_batch_of_one_document,
+        crash_sweep_compact,
+    ]
 }
 
 /// Attachment bytes (`attachments.rs`).

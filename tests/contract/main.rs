@@ -8,6 +8,8 @@ mod attachments;
 mod branches;
 mod cases;
 mod catalog;
+mod crash;
+mod crash_sweep;
 mod document_model;
 mod local_docs;
 mod replication;

@@ -1,0 +1,225 @@
+//! The crash layer: a backend around another one that lets the first `k` storage calls through
+//! and then stands for a crash at that point, for the crash-point sweep (`crash_sweep.rs`,
+//! docs/design/crash-points.md).
+//!
+//! Two kinds of cut:
+//! - [`Cut::Stop`]: the process stopped after `k` calls. Call `k` (counting from 0) and every
+//!   later one fail with `Unavailable` without reaching storage. (A crash after call `k - 1`
+//!   committed but before its caller saw the answer leaves storage as `Stop` at `k` does.)
+//! - [`Cut::LoseAnswer`]: call `k` reaches storage, but its answer is lost (the caller gets
+//!   `Unavailable`, as after a timeout of a request that committed), and the process goes on:
+//!   every later call passes. This is the half of a crash point the caller's error handling sees.
+//!
+//! Every method of [`DocumentBackend`] that reaches storage is counted: the layer overrides them
+//! all through one macro, and [`every_storage_method_is_counted`] checks the list against the
+//! trait's source, so a new trait method cannot pass by uncounted.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use agentstore::backend::raw::layer::Layered;
+use agentstore::backend::rev_tree::RevTree;
+use agentstore::backend::{
+    BulkWrite, ChangesPage, DesignRequest, DesignResponse, DocumentBackend, DocumentText, IdRange, LayoutState, Page,
+    Precondition, Query, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo, StoredDocument, UpgradePage,
+};
+use agentstore::{Error, ErrorKind, Result};
+use serde_json::{Map, Value};
+
+/// How the `k`-th call is cut (module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cut {
+    Stop,
+    LoseAnswer,
+}
+
+/// What the layer does with one call.
+enum Admission {
+    Pass,
+    Refuse,
+    PassAndLoseAnswer,
+}
+
+/// The backend `inner` with a crash at its `limit`-th storage call.
+pub struct CrashLayer {
+    inner: Arc<dyn DocumentBackend>,
+    limit: usize,
+    cut: Cut,
+    calls: AtomicUsize,
+    cut_made: AtomicBool,
+    /// Set once the operation under test has returned: the calls of work it left running in
+    /// the background (a collection it asked for) are refused uncounted, as if the process
+    /// ended there, so the count is the operation's own.
+    ended: AtomicBool,
+    /// The methods called, in order (for the sweep's report of each operation's steps).
+    called: Mutex<Vec<&'static str>>,
+}
+
+impl CrashLayer {
+    pub fn new(inner: Arc<dyn DocumentBackend>, limit: usize, cut: Cut) -> Self {
+        CrashLayer {
+            inner,
+            limit,
+            cut,
+            calls: AtomicUsize::new(0),
+            cut_made: AtomicBool::new(false),
+            ended: AtomicBool::new(false),
+            called: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Whether a call has been cut yet.
+    pub fn cut_made(&self) -> bool {
+        self.cut_made.load(Ordering::SeqCst)
+    }
+
+    /// How many storage calls were asked for so far (cut ones included).
+    pub fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    /// Ends the process after the operation returned (see `ended`).
+    pub fn end(&self) {
+        self.ended.store(true, Ordering::SeqCst);
+    }
+
+    /// The methods called so far, in order.
+    pub fn called(&self) -> Vec<&'static str> {
+        self.called.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
+    }
+
+    fn admit(&self, method: &'static str) -> Admission {
+        if self.ended.load(Ordering::SeqCst) {
+            return Admission::Refuse;
+        }
+        self.called.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(method);
+        let call = self.calls.fetch_add(1, Ordering::SeqCst);
+        let admission = match self.cut {
+            Cut::Stop if call >= self.limit => Admission::Refuse,
+            Cut::LoseAnswer if call == self.limit => Admission::PassAndLoseAnswer,
+            _ => Admission::Pass,
+        };
+        if !matches!(admission, Admission::Pass) {
+            self.cut_made.store(true, Ordering::SeqCst);
+        }
+        admission
+    }
+
+    /// Runs `call` (a future that has not started: nothing reaches storage before it is polled)
+    /// as the crash point says.
+    async fn gate<T>(&self, method: &'static str, call: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+        match self.admit(method) {
+            Admission::Pass => call.await,
+            Admission::Refuse => Err(Error::new(
+                ErrorKind::Unavailable,
+                format!("crash layer: the process stopped after {} calls", self.limit),
+            )),
+            Admission::PassAndLoseAnswer => {
+                let _lost = call.await;
+                Err(Error::new(
+                    ErrorKind::Unavailable,
+                    format!("crash layer: the answer of call {} was lost", self.limit),
+                ))
+            }
+        }
+    }
+}
+
+/// The trait's methods that never reach storage (they describe the backend): forwarded uncounted.
+pub const DESCRIPTIVE: &[&str] =
+    &["describe", "change_feed_delay", "url", "forwards_requests", "attachment_chunk_bytes", "checks_never_written"];
+
+macro_rules! counted_layer {
+    ($(fn $name:ident(&self $(, $arg:ident: $ty:ty)*) -> $answer:ty;)*) => {
+        #[async_trait::async_trait]
+        impl Layered for CrashLayer {
+            fn inner(&self) -> &dyn DocumentBackend {
+                self.inner.as_ref()
+            }
+            $(
+                async fn $name(&self $(, $arg: $ty)*) -> $answer {
+                    self.gate(stringify!($name), self.inner.$name($($arg),*)).await
+                }
+            )*
+        }
+
+        /// The trait's methods the layer counts (every one that reaches storage).
+        pub const COUNTED: &[&str] = &[$(stringify!($name)),*];
+    };
+}
+
+counted_layer! {
+    fn get(&self, id: &str) -> Result<Option<StoredDocument>>;
+    fn put(&self, id: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Revision>;
+    fn delete(&self, id: &str, rev: &Revision) -> Result<Revision>;
+    fn put_replicated(&self, id: &str, incoming: &ReplicatedRevision) -> Result<ReplicatedOutcome>;
+    fn put_branch(&self, id: &str, incoming: &ReplicatedRevision, max_tree_bytes: usize) -> Result<ReplicatedOutcome>;
+    fn revision_tree(&self, id: &str) -> Result<Option<RevTree>>;
+    fn erase_branches(&self, prefix: &str) -> Result<()>;
+    fn has_branches(&self, id: &str) -> Result<bool>;
+    fn query(&self, query: &Query, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>>;
+    fn ensure_standard_indexes(&self) -> Result<()>;
+    fn ensure_namespace_indexed(&self, namespace: &str) -> Result<()>;
+    fn bulk_write(&self, writes: Vec<BulkWrite>) -> Result<Vec<Result<Revision>>>;
+    fn scan(&self, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>>;
+    fn health(&self) -> Result<()>;
+    fn revisions(&self, id: &str) -> Result<Option<RevisionInfo>>;
+    fn get_deleted(&self, id: &str) -> Result<Option<StoredDocument>>;
+    fn changes(&self, since: Option<&str>, limit: usize) -> Result<ChangesPage>;
+    fn change_position(&self) -> Result<String>;
+    fn all_docs(&self, range: &IdRange, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>>;
+    fn erase_prefix(&self, prefix: &str) -> Result<u64>;
+    fn erase_id(&self, id: &str) -> Result<bool>;
+    fn get_local(&self, name: &str) -> Result<Option<StoredDocument>>;
+    fn put_local(&self, name: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Revision>;
+    fn delete_local(&self, name: &str, rev: &Revision) -> Result<()>;
+    fn local_docs(&self, range: &IdRange, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>>;
+    fn layout(&self) -> Result<LayoutState>;
+    fn upgrade_page(&self, page_token: Option<&str>, limit: usize) -> Result<UpgradePage>;
+    fn finish_upgrade(&self) -> Result<()>;
+    fn approximate_count(&self) -> Result<Option<u64>>;
+    fn exact_count(&self) -> Result<Option<u64>>;
+    fn design_document_count(&self) -> Result<Option<u64>>;
+    fn get_many(&self, ids: &[String]) -> Result<Vec<Option<StoredDocument>>>;
+    fn get_many_local(&self, names: &[String]) -> Result<Vec<Option<StoredDocument>>>;
+    fn all_docs_text(&self, range: &IdRange, limit: usize, page_token: Option<&str>) -> Result<Page<DocumentText>>;
+    fn design_request(&self, request: DesignRequest) -> Result<Option<DesignResponse>>;
+    fn put_attachment_chunk(&self, blob: &str, index: u64, bytes: bytes::Bytes) -> Result<()>;
+    fn get_attachment_chunk(&self, blob: &str, index: u64) -> Result<Option<bytes::Bytes>>;
+    fn delete_attachment_blob(&self, blob: &str) -> Result<u64>;
+    fn attachment_blobs(&self, limit: usize, page_token: Option<&str>) -> Result<Page<String>>;
+}
+
+/// The method names of `DocumentBackend` as its source declares them.
+fn trait_methods() -> Vec<String> {
+    let source = include_str!("../../src/backend/mod.rs");
+    let start = source.find("pub trait DocumentBackend").expect("the trait's declaration");
+    let body = &source[start..];
+    let end = body.find("\n}\n").expect("the end of the trait");
+    body[..end]
+        .lines()
+        .filter_map(|line| {
+            let line = line.trim_start();
+            let rest = line.strip_prefix("async fn ").or_else(|| line.strip_prefix("fn "))?;
+            let name: String = rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+            (!name.is_empty()).then_some(name)
+        })
+        .collect()
+}
+
+/// Checks, as a contract case on any backend, that the layer counts every trait method that
+/// reaches storage and names no method the trait lacks.
+pub async fn every_storage_method_is_counted(_ctx: crate::harness::Ctx) {
+    let methods = trait_methods();
+    assert!(methods.len() >= 45, "read {} methods of DocumentBackend: {methods:?}", methods.len());
+    for method in &methods {
+        assert!(
+            COUNTED.contains(&method.as_str()) || DESCRIPTIVE.contains(&method.as_str()),
+            "DocumentBackend::{method} is not counted by the crash layer (tests/contract/crash.rs): add it to \
+             `counted_layer!` (or to DESCRIPTIVE if it never reaches storage)"
+        );
+    }
+    for listed in COUNTED.iter().chain(DESCRIPTIVE) {
+        assert!(methods.iter().any(|method| method == listed), "the crash layer lists {listed}, not in the trait");
+    }
+}
