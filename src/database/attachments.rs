@@ -190,13 +190,13 @@ impl AttachmentStore {
             let Some(existing) = self.backend.get_local(&name).await? else { continue };
             let kept = parse_manifest(&stored.sha256, &existing)?;
             // Touched, so a collection running now (which deletes on the revision it read)
-            // keeps it for another grace period.
-            match self.backend.put_local(&name, &manifest_body(&kept), Precondition::MatchRevision(existing.rev)).await
-            {
-                Ok(_) => return Ok(kept),
-                Err(err) if matches!(err.kind(), ErrorKind::Conflict | ErrorKind::NotFound) => {}
-                Err(err) => return Err(err),
+            // keeps it for another grace period; not written at all when it is fresh, so the
+            // uploads of one `_bulk_docs` carrying the same bytes many times never contend for
+            // the manifest (each write would move its revision under the others).
+            if self.touch(&stored.sha256, existing).await? {
+                return Ok(kept);
             }
+            // A collection deleted it meanwhile: ours is stored in its place on the next round.
         }
         Err(Error::conflict(format!(
             "attachment {}: its manifest kept changing under concurrent uploads; try again",
