@@ -75,10 +75,12 @@ pub fn all() -> Vec<Case> {
     cases
 }
 
-/// The crash-point sweep of the engine's operations (`crash_sweep.rs`, over `crash.rs`).
+/// The crash-point sweep of the engine's operations (`crash_sweep.rs`, over `crash.rs`) and of
+/// a migration's pages (`crash_sweep_migrate.rs`).
 fn crash_sweep_cases() -> Vec<Case> {
     use crate::crash::every_storage_method_is_counted;
     use crate::crash_sweep::*;
+    use crate::crash_sweep_migrate::*;
     cases![
         every_storage_method_is_counted,
         crash_sweep_covers_every_operation,
@@ -96,6 +98,8 @@ fn crash_sweep_cases() -> Vec<Case> {
         crash_sweep_bulk_docs,
         crash_sweep_batch_of_one_document,
         crash_sweep_compact,
+        crash_sweep_migrate_page,
+        crash_sweep_migrate_database_page,
     ]
 }
 

@@ -10,6 +10,7 @@ mod cases;
 mod catalog;
 mod crash;
 mod crash_sweep;
+mod crash_sweep_migrate;
 mod crash_sweep_views;
 mod document_model;
 mod local_docs;
