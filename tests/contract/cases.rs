@@ -75,10 +75,12 @@ pub fn all() -> Vec<Case> {
     cases
 }
 
-/// The crash-point sweep of the engine's operations (`crash_sweep.rs`, over `crash.rs`) and of
-/// a migration's pages (`crash_sweep_migrate.rs`).
+/// The crash-point sweep of the engine's operations (`crash_sweep.rs`, over `crash.rs`), of a
+/// migration's pages (`crash_sweep_migrate.rs`) and of creating and deleting a database
+/// (`crash_catalog.rs`).
 fn crash_sweep_cases() -> Vec<Case> {
     use crate::crash::every_storage_method_is_counted;
+    use crate::crash_catalog::*;
     use crate::crash_sweep::*;
     use crate::crash_sweep_migrate::*;
     cases![
@@ -100,6 +102,8 @@ fn crash_sweep_cases() -> Vec<Case> {
         crash_sweep_compact,
         crash_sweep_migrate_page,
         crash_sweep_migrate_database_page,
+        crash_sweep_create_and_delete_database,
+        crash_cut_inside_a_firestore_create_leaves_a_serving_database,
     ]
 }
 

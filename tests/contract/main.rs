@@ -9,6 +9,7 @@ mod branches;
 mod cases;
 mod catalog;
 mod crash;
+mod crash_catalog;
 mod crash_sweep;
 mod crash_sweep_migrate;
 mod crash_sweep_views;
