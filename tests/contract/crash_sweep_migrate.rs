@@ -34,9 +34,11 @@ use crate::harness::Ctx;
 
 /// More sink calls than a swept copy makes.
 const MAX_CRASH_POINTS: usize = 200;
-/// Documents at the source, and per page: three pages, the last one short.
+/// Data-store documents at the source, and per page: three pages, the last one short.
 const DOCUMENTS: usize = 5;
 const PAGE: usize = 2;
+/// Documents of the moved database (an attachment, a conflict, a deletion): two pages.
+const DATABASE_DOCUMENTS: usize = 3;
 
 /// Which copy is swept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,7 +89,7 @@ async fn database_source(dir: &Path, name: &DbName) -> Arc<Databases> {
     let catalog: Arc<dyn Catalog> = Arc::new(EmbeddedCatalog::new(&dir.join("source.redb"), Default::default()));
     let databases = Arc::new(Databases::new(Some(catalog), 4));
     let db = databases.create(name).await.expect("the source database");
-    for n in 0..DOCUMENTS {
+    for n in 0..DATABASE_DOCUMENTS {
         let id = format!("doc{n}");
         let first = edit(&db, &id, None, false, object(json!({"n": n}))).await.expect("a source document");
         match n {
@@ -101,10 +103,9 @@ async fn database_source(dir: &Path, name: &DbName) -> Arc<Databases> {
                 let branch = Write::Replicated { path, deleted: false, body: object(json!({"branch": true})) };
                 db.write(&id, &branch).await.expect("a conflict");
             }
-            2 => {
+            _ => {
                 edit(&db, &id, Some(&first), true, Map::new()).await.expect("a deletion");
             }
-            _ => {}
         }
     }
     databases
@@ -146,18 +147,18 @@ fn data_store_job(
 /// whether the cut was made.
 async fn data_store_point(
     catalog: &Arc<dyn Catalog>,
+    source: &Arc<dyn DocumentBackend>,
     k: usize,
     cut: Cut,
     steps: &mut Vec<&'static str>,
 ) -> (Vec<String>, bool) {
     let dir = tempfile::tempdir().expect("a directory");
-    let source = data_store_source(dir.path()).await;
     let name =
         DbName::parse(&format!("sweep-migrate-{}-{cut:?}-{k}", std::process::id()).to_lowercase()).expect("a name");
     let sink = catalog.create(&name).await.expect("the sink");
     let point = CrashPoint::new(k, cut);
     let layered: Arc<dyn DocumentBackend> = Arc::new(CrashLayer::at(Arc::clone(&sink), Arc::clone(&point)));
-    let answer = until_cut(&point, cut, migrate::run(data_store_job(&source, layered, dir.path(), false))).await;
+    let answer = until_cut(&point, cut, migrate::run(data_store_job(source, layered, dir.path(), false))).await;
     point.end();
     let cut_made = point.cut_made();
     if !cut_made {
@@ -167,7 +168,7 @@ async fn data_store_point(
         }
     }
     let mut violations = Vec::new();
-    match migrate::run(data_store_job(&source, Arc::clone(&sink), dir.path(), true)).await {
+    match migrate::run(data_store_job(source, Arc::clone(&sink), dir.path(), true)).await {
         Ok(report) => {
             if !report.verification.as_ref().is_some_and(|v| v.passed) {
                 violations.push(format!("the resumed migration's read-back: {:?}", report.verification));
@@ -176,7 +177,7 @@ async fn data_store_point(
         Err(err) => violations.push(format!("the resumed migration failed: {err}")),
     }
     let compared = verify(
-        &Endpoint::backend(Arc::clone(&source)),
+        &Endpoint::backend(Arc::clone(source)),
         &Endpoint::backend(Arc::clone(&sink)),
         &VerifyOptions::default(),
     )
@@ -240,9 +241,12 @@ async fn database_point(
 
 async fn sweep(catalog: &Arc<dyn Catalog>, copy: Copy, cut: Cut) -> Tally {
     let mut tally = Tally::default();
+    // The data-store source is only read: one for every crash point.
+    let dir = tempfile::tempdir().expect("a directory");
+    let source = data_store_source(dir.path()).await;
     for k in 0..MAX_CRASH_POINTS {
         let (violations, cut_made) = match copy {
-            Copy::DataStore => data_store_point(catalog, k, cut, &mut tally.steps).await,
+            Copy::DataStore => data_store_point(catalog, &source, k, cut, &mut tally.steps).await,
             Copy::Database => database_point(catalog, k, cut, &mut tally.steps).await,
         };
         tally.violations.extend(violations.into_iter().map(|v| format!("{cut:?} at call {k}: {v}")));
