@@ -136,7 +136,7 @@ pub fn object(value: Value) -> Map<String, Value> {
 }
 
 /// The name the swept database goes by (views name their groups after it).
-pub const DATABASE_NAME: &str = "crash-sweep";
+const DATABASE_NAME: &str = "crash-sweep";
 
 fn database(backend: Arc<dyn DocumentBackend>) -> Database {
     Database::new(DATABASE_NAME.into(), backend)
@@ -425,7 +425,7 @@ async fn check(
         upload(&db, &retry, None).await.expect("the client's retry of the upload");
         violations.extend(attachments_read_back(backend, &retry).await);
     }
-    violations.extend(views.compare_with_rebuild(backend).await);
+    violations.extend(views.compare_with_rebuild(&database(Arc::clone(backend))).await);
     without_grace(database(Arc::clone(backend))).collect_attachment_garbage().await.expect("collect");
     for id in &plan.ids {
         violations.extend(attachments_read_back(backend, id).await);

@@ -10,12 +10,17 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use agentstore::backend::DocumentBackend;
-use agentstore::database::Database;
+use agentstore::couchdb_api::data_design::DataStoreSource;
+use agentstore::store::StoreOptions;
 use agentstore::views::design::DesignViews;
 use agentstore::views::index_store::{IndexStore, RowRange};
 use agentstore::views::updater::{Mapper, ViewIndexer};
-use agentstore::views::ViewError;
+use agentstore::views::{ViewError, ViewSource};
+use agentstore::{DataStore, ErrorKind};
 use serde_json::{json, Value};
+
+use crate::crash::{CrashLayer, Cut};
+use crate::harness::Ctx;
 
 /// Emits each document under its id, with the whole document as CouchDB passes it to a map
 /// function (winner, `_rev`, `_conflicts`) as the value: any difference in what the index holds
@@ -51,21 +56,20 @@ impl ViewCheck {
 
     /// Brings the kept index up to date through a process of its own (before the operation:
     /// what the process that crashes had built).
-    pub async fn catch_up(&self, db: &Database) {
-        self.rows_of(&self.kept, db).await.expect("the view index caught up before the operation");
+    pub async fn catch_up(&self, source: &dyn ViewSource) {
+        self.rows_of(&self.kept, source).await.expect("the view index caught up before the operation");
     }
 
     /// After the restart: the kept index caught up by the new process, compared with an index
     /// built from scratch. The violations found.
-    pub async fn compare_with_rebuild(&self, backend: &Arc<dyn DocumentBackend>) -> Vec<String> {
-        let db = Database::new(crate::crash_sweep::DATABASE_NAME.into(), Arc::clone(backend));
-        let kept = match self.rows_of(&self.kept, &db).await {
+    pub async fn compare_with_rebuild(&self, source: &dyn ViewSource) -> Vec<String> {
+        let kept = match self.rows_of(&self.kept, source).await {
             Ok(rows) => rows,
             Err(err) => return vec![format!("the kept view index does not catch up: {err}")],
         };
         let fresh_dir = tempfile::tempdir_in(self.dir.path()).expect("a directory for the rebuild");
         let fresh = Arc::new(IndexStore::open(&fresh_dir.path().join("rebuilt.redb")).expect("the rebuild's file"));
-        let rebuilt = self.rows_of(&fresh, &db).await.expect("the view built from scratch");
+        let rebuilt = self.rows_of(&fresh, source).await.expect("the view built from scratch");
         if kept == rebuilt {
             return Vec::new();
         }
@@ -78,10 +82,11 @@ impl ViewCheck {
         )]
     }
 
-    /// Every row of the view, caught up over `db` by a new indexer (a process's) over `store`.
-    async fn rows_of(&self, store: &Arc<IndexStore>, db: &Database) -> Result<Vec<Row>, ViewError> {
+    /// Every row of the view, caught up over `source` by a new indexer (a process's) over
+    /// `store`.
+    async fn rows_of(&self, store: &Arc<IndexStore>, source: &dyn ViewSource) -> Result<Vec<Row>, ViewError> {
         let indexer = ViewIndexer::new(Arc::clone(store), Arc::new(WholeDocMapper));
-        let group = indexer.catch_up(db, &self.design).await?;
+        let group = indexer.catch_up(source, &self.design).await?;
         let mut rows = Vec::new();
         store
             .scan(group.state.number, 0, &RowRange::all(), false, |row| {
@@ -91,4 +96,60 @@ impl ViewCheck {
             .map_err(ViewError::Storage)?;
         Ok(rows)
     }
+}
+
+/// Most backend calls of the swept `purge_user`.
+const MAX_PURGE_CALLS: usize = 100;
+
+/// The crash-point sweep of the data-store database's `purge_user` against its views: its
+/// erasure takes the purged documents' feed entries, so only ending the data-store database's
+/// view incarnation removes their rows; a view index kept across a cut at any call must answer
+/// what one built from scratch answers (docs/design/crash-points.md, "Views").
+pub async fn crash_sweep_purge_user_views(ctx: Ctx) {
+    if ctx.backend_name == "couchdb" {
+        println!("couchdb: not applicable: CouchDB indexes its own documents and updates them after a purge");
+        return;
+    }
+    let source = DataStoreSource::new(Arc::clone(&ctx.backend), "agent_data_store");
+    let store = ctx.store().await;
+    store.set("kept", "ns", "k", json!({"kept": true}), None, None).await.expect("a kept document");
+    let mut violations = Vec::new();
+    for cut in [Cut::Stop, Cut::LoseAnswer] {
+        let views = ViewCheck::new();
+        let mut steps = Vec::new();
+        for k in 0..MAX_PURGE_CALLS {
+            let user = format!("purged{k}{}", if cut == Cut::Stop { "s" } else { "l" });
+            for key in ["a", "b"] {
+                store.set(&user, "ns", key, json!({"key": key}), None, None).await.expect("a document to purge");
+            }
+            views.catch_up(&source).await;
+            // `DataStore::open` makes one call (the standard indexes): the cut falls after it.
+            let layer = Arc::new(CrashLayer::new(Arc::clone(&ctx.backend), k + 1, cut));
+            let crashing = DataStore::open(Arc::clone(&layer) as Arc<dyn DocumentBackend>, StoreOptions::default())
+                .await
+                .expect("the store over the layer");
+            let answer = crashing.purge_user(&user).await;
+            layer.end();
+            let found = views.compare_with_rebuild(&source).await;
+            violations.extend(found.into_iter().map(|v| format!("{cut:?} at call {k}: {v}")));
+            // The purge retried, as after an error: it must finish and end the incarnation.
+            match store.purge_user(&user).await {
+                Ok(_) => {}
+                Err(err) if err.kind() == ErrorKind::NotFound => {}
+                Err(err) => panic!("purging {user} again: {err}"),
+            }
+            if !layer.cut_made() {
+                answer.expect("purge_user uncut");
+                steps = layer.called();
+                break;
+            }
+        }
+        println!("crash sweep: {} purge_user views {cut:?}; steps: {}", ctx.backend_name, steps.join(" "));
+    }
+    assert!(
+        violations.is_empty(),
+        "crash sweep: {} purge_user: violations:\n  {}",
+        ctx.backend_name,
+        violations.join("\n  ")
+    );
 }
