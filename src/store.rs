@@ -683,6 +683,10 @@ impl DataStore {
         let query = self.query(user_id, None, Projection::Fields(vec![]))?;
         let prefix = format!("{user_id}:");
         let mut erased = 0;
+        // The views' incarnation ends before the erasure too: a crash after the erasure would
+        // otherwise leave the purged rows in every index built before, for good (the feed no
+        // longer names them; docs/design/crash-points.md, "Views").
+        self.end_views_incarnation().await?;
         // Count what is live, erase everything under the prefix, and go again while documents
         // written meanwhile are still listed; a bounded number of times.
         for _ in 0..PURGE_PASSES {

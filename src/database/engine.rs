@@ -865,7 +865,14 @@ impl Database {
     /// an earlier tree left by a save from nothing (read, it would bring that tree back); a
     /// deleted document's local tree goes after its tombstone (left alone, it reads as the
     /// document before the purge, half written, finished by its next write).
+    ///
+    /// The view incarnation ends before the erasure as well as after it: its feed entry gone, the
+    /// document's rows would stay in an index built before for good, so a crash between the
+    /// erasure and the second end must find the indexes of before already ended (a crash before
+    /// the erasure only costs a rebuild). The second end drops an index built meanwhile
+    /// (docs/design/crash-points.md).
     async fn erase(&self, id: &str, state: &DocState) -> Result<()> {
+        self.end_views_incarnation().await?;
         if state.record_rev.is_none() {
             self.backend.erase_id(id).await?;
         }

@@ -75,10 +75,15 @@ pub fn all() -> Vec<Case> {
     cases
 }
 
-/// The crash-point sweep of the engine's operations (`crash_sweep.rs`, over `crash.rs`).
+/// The crash-point sweep of the engine's operations (`crash_sweep.rs`, over `crash.rs`), of a
+/// migration's pages (`crash_sweep_migrate.rs`) and of creating and deleting a database
+/// (`crash_catalog.rs`).
 fn crash_sweep_cases() -> Vec<Case> {
     use crate::crash::every_storage_method_is_counted;
+    use crate::crash_catalog::*;
     use crate::crash_sweep::*;
+    use crate::crash_sweep_migrate::*;
+    use crate::crash_sweep_views::crash_sweep_purge_user_views;
     cases![
         every_storage_method_is_counted,
         crash_sweep_covers_every_operation,
@@ -96,6 +101,11 @@ fn crash_sweep_cases() -> Vec<Case> {
         crash_sweep_bulk_docs,
         crash_sweep_batch_of_one_document,
         crash_sweep_compact,
+        crash_sweep_migrate_page,
+        crash_sweep_migrate_database_page,
+        crash_sweep_create_and_delete_database,
+        crash_cut_inside_a_firestore_create_leaves_a_serving_database,
+        crash_sweep_purge_user_views,
     ]
 }
 

@@ -12,11 +12,13 @@
 //!
 //! Every method of [`DocumentBackend`] that reaches storage is counted: the layer overrides them
 //! all through one macro, and [`every_storage_method_is_counted`] checks the list against the
-//! trait's source, so a new trait method cannot pass by uncounted.
+//! trait's source, so a new trait method cannot pass by uncounted. [`CrashingCatalog`] counts
+//! a catalog's own calls and those of every database it opens at one [`CrashPoint`].
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use agentstore::backend::catalog::{Catalog, DbName};
 use agentstore::backend::raw::layer::Layered;
 use agentstore::backend::rev_tree::RevTree;
 use agentstore::backend::{
@@ -40,9 +42,9 @@ enum Admission {
     PassAndLoseAnswer,
 }
 
-/// The backend `inner` with a crash at its `limit`-th storage call.
-pub struct CrashLayer {
-    inner: Arc<dyn DocumentBackend>,
+/// Where the crash falls, and what was called: shared by every backend of one process (the
+/// databases a catalog opens, [`CrashingCatalog`]), so the count runs over all of them.
+pub struct CrashPoint {
     limit: usize,
     cut: Cut,
     calls: AtomicUsize,
@@ -55,17 +57,16 @@ pub struct CrashLayer {
     called: Mutex<Vec<&'static str>>,
 }
 
-impl CrashLayer {
-    pub fn new(inner: Arc<dyn DocumentBackend>, limit: usize, cut: Cut) -> Self {
-        CrashLayer {
-            inner,
+impl CrashPoint {
+    pub fn new(limit: usize, cut: Cut) -> Arc<Self> {
+        Arc::new(CrashPoint {
             limit,
             cut,
             calls: AtomicUsize::new(0),
             cut_made: AtomicBool::new(false),
             ended: AtomicBool::new(false),
             called: Mutex::new(Vec::new()),
-        }
+        })
     }
 
     /// Whether a call has been cut yet.
@@ -88,6 +89,13 @@ impl CrashLayer {
         self.called.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
     }
 
+    /// Waits until a call has been cut (polled: the sweep's operations are short).
+    pub async fn cut_reached(&self) {
+        while !self.cut_made() {
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+    }
+
     fn admit(&self, method: &'static str) -> Admission {
         if self.ended.load(Ordering::SeqCst) {
             return Admission::Refuse;
@@ -107,7 +115,7 @@ impl CrashLayer {
 
     /// Runs `call` (a future that has not started: nothing reaches storage before it is polled)
     /// as the crash point says.
-    async fn gate<T>(&self, method: &'static str, call: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+    pub async fn gate<T>(&self, method: &'static str, call: impl std::future::Future<Output = Result<T>>) -> Result<T> {
         match self.admit(method) {
             Admission::Pass => call.await,
             Admission::Refuse => Err(Error::new(
@@ -125,6 +133,85 @@ impl CrashLayer {
     }
 }
 
+/// The backend `inner` with a crash at the `limit`-th storage call of its [`CrashPoint`].
+pub struct CrashLayer {
+    inner: Arc<dyn DocumentBackend>,
+    point: Arc<CrashPoint>,
+}
+
+impl CrashLayer {
+    pub fn new(inner: Arc<dyn DocumentBackend>, limit: usize, cut: Cut) -> Self {
+        Self::at(inner, CrashPoint::new(limit, cut))
+    }
+
+    /// `inner`, counted with the other backends sharing `point`.
+    pub fn at(inner: Arc<dyn DocumentBackend>, point: Arc<CrashPoint>) -> Self {
+        CrashLayer { inner, point }
+    }
+
+    pub fn cut_made(&self) -> bool {
+        self.point.cut_made()
+    }
+
+    pub fn calls(&self) -> usize {
+        self.point.calls()
+    }
+
+    pub fn end(&self) {
+        self.point.end()
+    }
+
+    pub fn called(&self) -> Vec<&'static str> {
+        self.point.called()
+    }
+}
+
+/// A catalog whose databases (and its own calls) crash at one shared [`CrashPoint`]: the sink
+/// of a deployment move, or the databases created and deleted by the catalog sweep.
+pub struct CrashingCatalog {
+    inner: Arc<dyn Catalog>,
+    point: Arc<CrashPoint>,
+}
+
+impl CrashingCatalog {
+    pub fn new(inner: Arc<dyn Catalog>, point: Arc<CrashPoint>) -> Self {
+        CrashingCatalog { inner, point }
+    }
+
+    fn layered(&self, backend: Arc<dyn DocumentBackend>) -> Arc<dyn DocumentBackend> {
+        Arc::new(CrashLayer::at(backend, Arc::clone(&self.point)))
+    }
+}
+
+#[async_trait::async_trait]
+impl Catalog for CrashingCatalog {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+
+    async fn create(&self, name: &DbName) -> Result<Arc<dyn DocumentBackend>> {
+        let created = self.point.gate("Catalog::create", self.inner.create(name)).await?;
+        Ok(self.layered(created))
+    }
+
+    async fn open(&self, name: &DbName) -> Result<Option<Arc<dyn DocumentBackend>>> {
+        let opened = self.point.gate("Catalog::open", self.inner.open(name)).await?;
+        Ok(opened.map(|backend| self.layered(backend)))
+    }
+
+    async fn delete(&self, name: &DbName) -> Result<bool> {
+        self.point.gate("Catalog::delete", self.inner.delete(name)).await
+    }
+
+    async fn list(&self) -> Result<Vec<DbName>> {
+        self.point.gate("Catalog::list", self.inner.list()).await
+    }
+
+    async fn forget(&self, name: &DbName) {
+        self.inner.forget(name).await
+    }
+}
+
 /// The trait's methods that never reach storage (they describe the backend): forwarded uncounted.
 pub const DESCRIPTIVE: &[&str] =
     &["describe", "change_feed_delay", "url", "forwards_requests", "attachment_chunk_bytes", "checks_never_written"];
@@ -138,7 +225,7 @@ macro_rules! counted_layer {
             }
             $(
                 async fn $name(&self $(, $arg: $ty)*) -> $answer {
-                    self.gate(stringify!($name), self.inner.$name($($arg),*)).await
+                    self.point.gate(stringify!($name), self.inner.$name($($arg),*)).await
                 }
             )*
         }

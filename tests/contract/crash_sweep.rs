@@ -7,8 +7,9 @@
 //! every document the operation touches is as before it or as after it (as after it when it was
 //! acknowledged), every document is in the change feed and every live one in `_all_docs`, the
 //! feed's position did not go back, no `tree:` local contradicts the record (`half_written`),
-//! and after a collection pass with no grace period every attachment a kept body references
-//! reads back byte-exact.
+//! after a collection pass with no grace period every attachment a kept body references reads
+//! back byte-exact, and a view index kept across the crash answers what one built from scratch
+//! answers (`crash_sweep_views.rs`).
 //!
 //! What a cut leaves is compared with a reference run of the same operation, uncut, on other
 //! documents: revision ids are computed from the edits, not from the document id, so the same
@@ -29,6 +30,7 @@ use futures::TryStreamExt;
 use serde_json::{json, Map, Value};
 
 use crate::crash::{CrashLayer, Cut};
+use crate::crash_sweep_views::ViewCheck;
 use crate::harness::Ctx;
 
 /// Operations whose sweep finds a violation not fixed yet: each is reported by name on every
@@ -126,15 +128,18 @@ struct Tally {
     violations: Vec<String>,
 }
 
-fn object(value: Value) -> Map<String, Value> {
+pub fn object(value: Value) -> Map<String, Value> {
     match value {
         Value::Object(map) => map,
         other => panic!("expected an object, got {other}"),
     }
 }
 
+/// The name the swept database goes by (views name their groups after it).
+const DATABASE_NAME: &str = "crash-sweep";
+
 fn database(backend: Arc<dyn DocumentBackend>) -> Database {
-    Database::new("crash-sweep".into(), backend)
+    Database::new(DATABASE_NAME.into(), backend)
 }
 
 fn without_grace(db: Database) -> Database {
@@ -143,7 +148,7 @@ fn without_grace(db: Database) -> Database {
 }
 
 /// A body with the inline attachment `name` holding `bytes`, and stubs for `kept` names.
-fn with_attachment(mut value: Map<String, Value>, name: &str, bytes: &str, kept: &[&str]) -> Map<String, Value> {
+pub fn with_attachment(mut value: Map<String, Value>, name: &str, bytes: &str, kept: &[&str]) -> Map<String, Value> {
     let mut attachments = Map::new();
     for stub in kept {
         attachments.insert((*stub).to_owned(), json!({"stub": true}));
@@ -155,7 +160,7 @@ fn with_attachment(mut value: Map<String, Value>, name: &str, bytes: &str, kept:
 }
 
 /// An edit as the document handlers make it: inline attachments stored first, then the write.
-async fn edit(
+pub async fn edit(
     db: &Database,
     id: &str,
     parent: Option<&str>,
@@ -347,16 +352,24 @@ struct Expected {
     after: Snapshots,
 }
 
+/// What a cut is checked against: the reference run's states, the feed's position before the
+/// operation, and the view index kept across the crash.
+struct Baseline<'a> {
+    expected: &'a Expected,
+    position_before: &'a str,
+    views: &'a ViewCheck,
+}
+
 /// The checks after a cut (module doc); the violations found, and how many repairs were made.
 async fn check(
     backend: &Arc<dyn DocumentBackend>,
     operation: Operation,
     prefix: &str,
     plan: &Plan,
-    expected: &Expected,
+    baseline: &Baseline<'_>,
     acknowledged: bool,
-    position_before: &str,
 ) -> (Vec<String>, usize) {
+    let Baseline { expected, position_before, views } = baseline;
     let db = database(Arc::clone(backend));
     let mut violations = Vec::new();
     let mut repairs = 0;
@@ -412,6 +425,7 @@ async fn check(
         upload(&db, &retry, None).await.expect("the client's retry of the upload");
         violations.extend(attachments_read_back(backend, &retry).await);
     }
+    violations.extend(views.compare_with_rebuild(&database(Arc::clone(backend))).await);
     without_grace(database(Arc::clone(backend))).collect_attachment_garbage().await.expect("collect");
     for id in &plan.ids {
         violations.extend(attachments_read_back(backend, id).await);
@@ -487,10 +501,14 @@ fn crashing_database(operation: Operation, layer: Arc<CrashLayer>) -> Database {
 /// The sweep of one operation, one kind of cut, on `backend`.
 async fn sweep(backend: &Arc<dyn DocumentBackend>, operation: Operation, cut: Cut, expected: &Expected) -> Tally {
     let plain = database(Arc::clone(backend));
+    let views = ViewCheck::new();
     let mut tally = Tally::default();
     for k in 0..MAX_CRASH_POINTS {
         let prefix = format!("{cut:?}{k}-");
         let plan = set_up(operation, &plain, &prefix).await;
+        // The index the crashing process had built (a process of its own: the set-up's
+        // database remembers an incarnation the last run's clean-up may have ended).
+        views.catch_up(&database(Arc::clone(backend))).await;
         let position_before = backend.change_position().await.expect("change_position");
         let layer = Arc::new(CrashLayer::new(Arc::clone(backend), k, cut));
         let answer = run(operation, &crashing_database(operation, Arc::clone(&layer)), &prefix, &plan).await;
@@ -501,8 +519,8 @@ async fn sweep(backend: &Arc<dyn DocumentBackend>, operation: Operation, cut: Cu
                 panic!("{operation:?} failed uncut after {} calls: {err}", layer.calls());
             }
         }
-        let (mut violations, repairs) =
-            check(backend, operation, &prefix, &plan, expected, answer.is_ok(), &position_before).await;
+        let baseline = Baseline { expected, position_before: &position_before, views: &views };
+        let (mut violations, repairs) = check(backend, operation, &prefix, &plan, &baseline, answer.is_ok()).await;
         violations.extend(clean_up(backend, &prefix, &plan).await);
         tally.repairs += repairs;
         tally.violations.extend(violations.into_iter().map(|v| format!("{cut:?} at call {k}: {v}")));

@@ -26,7 +26,7 @@ use super::codec;
 use super::config::FirestoreConfig;
 use super::core::{fields_of, select, Call, FirestoreClient};
 use crate::backend::catalog::{Catalog, DbName};
-use crate::backend::DocumentBackend;
+use crate::backend::{DocumentBackend, LayoutState};
 use crate::error::{Error, ErrorKind, Result};
 
 /// The collection id of every database's documents.
@@ -191,6 +191,19 @@ fn marker_of(document: &Value) -> Marker {
     }
 }
 
+/// Makes sure a database opened has its layout marker. `create` writes the database's marker,
+/// then its layout marker: a create cut between the two (a crash, a failed call) leaves a
+/// database that lists and takes writes, but whose feed and `_all_docs` would then refuse it as
+/// a store of an earlier release (documents, no layout marker). Every instance of a catalog
+/// database was made by this layout, so the marker is written at the first open, as DynamoDB's
+/// catalog does (docs/design/crash-points.md, "Creating and deleting a database").
+async fn ready(backend: &FirestoreBackend) -> Result<()> {
+    if let LayoutState::NeedsUpgrade(_) = backend.layout_state().await? {
+        backend.record_layout().await?;
+    }
+    Ok(())
+}
+
 #[async_trait]
 impl Catalog for FirestoreCatalog {
     fn describe(&self) -> String {
@@ -239,6 +252,7 @@ impl Catalog for FirestoreCatalog {
             }
         }
         let backend = Arc::new(self.backend_of(name, &marker.instance));
+        ready(&backend).await?;
         open.insert(name.clone(), (marker.instance, Arc::clone(&backend)));
         Ok(Some(backend))
     }
