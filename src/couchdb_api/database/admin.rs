@@ -73,7 +73,7 @@ pub async fn db_info(opened: OpenDb) -> Answer {
 async fn info_of(db: &Database) -> crate::Result<Value> {
     let backend = db.backend();
     let doc_count = db.while_open(live_document_count(backend.as_ref())).await?;
-    let update_seq = crate::database::seq::show(&db.while_open(backend.change_position()).await?);
+    let update_seq = db.while_open(crate::database::seq::current(backend.as_ref())).await?;
     Ok(db_info_json(db.name(), doc_count, &update_seq))
 }
 
