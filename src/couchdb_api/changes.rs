@@ -7,7 +7,8 @@
 //!   ending at `timeout` (unless `heartbeat` keeps it open) with a `last_seq` line.
 //! - `since` is `0`, `now` or a token from an earlier `last_seq`/`seq`. Tokens are opaque
 //!   strings (sealed for a per-user login on the data-store database, [`super::position_seal`]); `pending` is always given, so replicators that cannot compare them know when they
-//!   are done.
+//!   are done. Other databases show them `N-token`, `N` the position's rank in the feed, and
+//!   their `pending` is the feed's length less the rank ([`crate::database::seq`]).
 //! - `filter=_doc_ids` (`doc_ids` in the query or body) and `filter=_selector` (a Mango selector in
 //!   the body) narrow the rows; a per-user login sees only its own documents. `style=all_docs`
 //!   and `main_only` are the same here: a document has one leaf.

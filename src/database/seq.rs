@@ -70,11 +70,18 @@ fn leading_digits(token: &str) -> &str {
 /// A database's current position as it shows it (`update_seq`): the backend's position now,
 /// numbered by the feed's length where the backend counts it.
 pub async fn current(backend: &dyn DocumentBackend) -> crate::Result<String> {
+    current_and_length(backend).await.map(|(shown, _)| shown)
+}
+
+/// [`current`], and the feed's length where the backend counts it.
+pub async fn current_and_length(backend: &dyn DocumentBackend) -> crate::Result<(String, Option<u64>)> {
     let position = backend.change_position().await?;
-    Ok(match backend.feed_length().await? {
+    let length = backend.feed_length().await?;
+    let shown = match length {
         Some(length) => show_ranked(length, &position),
         None => show(&position),
-    })
+    };
+    Ok((shown, length))
 }
 
 /// The most feed entries read past a position to learn its rank ([`shown_position`]).
