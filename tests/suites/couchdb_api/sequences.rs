@@ -86,7 +86,18 @@ pub(super) async fn sequences_count_the_feed(e: Endpoint) -> TestResult {
     check_page(&longpoll, "longpoll from the second page's last_seq", &[9, 10], 10, 0)?;
     continuous_rows_are_numbered(&e, &db).await?;
     earlier_releases_positions_read_from_the_same_place(&e, &db, &first.body["last_seq"], &second).await?;
-    a_deletion_is_counted(&e, &db).await
+    a_deletion_is_counted(&e, &db).await?;
+    a_view_numbers_its_update_seq(&e).await
+}
+
+/// Three documents and a design document: the view's `update_seq` is `4-…` (CouchDB 3.4.3's).
+async fn a_view_numbers_its_update_seq(e: &Endpoint) -> TestResult {
+    let db = fresh_db_named(e, "seq", "view").await?;
+    let design = json!({ "_id": "_design/d", "views": { "v": { "map": "function (doc) { emit(doc._id, 1); }" } } });
+    let docs = json!({ "docs": [{ "_id": "a" }, { "_id": "b" }, { "_id": "c" }, design] });
+    e.post(&format!("/{db}/_bulk_docs"), docs).await?.expect(201, "_bulk_docs")?;
+    let view = e.get(&format!("/{db}/_design/d/_view/v?update_seq=true&limit=0")).await?.expect(200, "view")?;
+    check(n_of(&view.body["update_seq"])? == 4, || format!("the view's update_seq: {}", view.body))
 }
 
 /// After one of the ten is deleted CouchDB 3.4.3 answers `doc_count` 9 and `doc_del_count` 1
