@@ -522,6 +522,17 @@ pub trait DocumentBackend: Send + Sync + 'static {
         Ok(None)
     }
 
+    /// How many entries the change feed holds now (one per document, live or deleted: each at its
+    /// latest change; local documents never), counted without reading the documents, for the
+    /// `N` of the positions a database shows (`crate::database::seq`: a position's rank in the
+    /// feed). Exact for this process's own writes, and for other processes' within a bounded
+    /// age (the backend's `count_max_age_ms`). `None` when the backend cannot count them, or
+    /// when its positions carry such a number already (the embedded store's counter, CouchDB's
+    /// own `N`), the default.
+    async fn feed_length(&self) -> Result<Option<u64>> {
+        Ok(None)
+    }
+
     /// How many documents the store holds that are not data and that [`DocumentBackend::scan`]
     /// therefore never returns (CouchDB's design documents), so a migration can report what it
     /// left behind; `None` for a backend that keeps no such documents.

@@ -7,7 +7,8 @@
 //!   ending at `timeout` (unless `heartbeat` keeps it open) with a `last_seq` line.
 //! - `since` is `0`, `now` or a token from an earlier `last_seq`/`seq`. Tokens are opaque
 //!   strings (sealed for a per-user login on the data-store database, [`super::position_seal`]); `pending` is always given, so replicators that cannot compare them know when they
-//!   are done.
+//!   are done. Other databases show them `N-token`, `N` the position's rank in the feed, and
+//!   their `pending` is the feed's length less the rank ([`crate::database::seq`]).
 //! - `filter=_doc_ids` (`doc_ids` in the query or body) and `filter=_selector` (a Mango selector in
 //!   the body) narrow the rows; a per-user login sees only its own documents. `style=all_docs`
 //!   and `main_only` are the same here: a document has one leaf.
@@ -50,6 +51,7 @@ use super::{Answer, CouchState};
 use crate::backend::{Change, DocumentBackend, StoredDocument};
 use crate::changes::{read_page, resolve_since, DeliveredTail, FeedPage, PollBackoff, DEFAULT_PAGE};
 use crate::config::Settings;
+use crate::database::seq::{self, Ranks};
 use crate::database::Database;
 use crate::error::ErrorKind;
 
@@ -527,6 +529,10 @@ struct Cursor {
     since: Option<String>,
     last_seq: String,
     pending: u64,
+    /// On a database whose backend counts its feed: the rank (`N`) of `last_seq`, and at the
+    /// end the shown `N` and `pending` (`crate::database::seq`).
+    ranks: Option<Ranks>,
+    closing_ranks: Option<(u64, u64)>,
     rows_sent: u64,
     phase: Phase,
     /// When a waiting feed ends.
@@ -588,6 +594,11 @@ async fn respond(
         (_, asked) => asked,
     };
     let since = resolve_since(backend.as_ref(), asked).await.map_err(malformed)?;
+    // Where the backend counts its feed, `N` is a rank counted from the client's `since`.
+    let ranks = match &database {
+        Some(_) => backend.feed_length().await?.map(|length| Ranks::from_since(request.since.as_deref(), length)),
+        None => None,
+    };
     // The first page is read here, before the status line: a `since` the backend does not know
     // is a 400 now, not a stream that breaks off.
     // Pages are sized by the bytes of their rows, as listings' are (a client that stops reading
@@ -617,6 +628,8 @@ async fn respond(
         since,
         last_seq,
         pending: 0,
+        ranks,
+        closing_ranks: None,
         rows_sent: 0,
         phase: Phase::Reading,
         backoff: PollBackoff::new(POLL_CEILING),
@@ -665,7 +678,7 @@ async fn step(cursor: &mut Cursor) -> crate::Result<String> {
     let request = Arc::clone(&cursor.request);
     let remaining = request.limit.map(|l| l.saturating_sub(cursor.rows_sent));
     if remaining == Some(0) {
-        return finish(cursor);
+        return finish(cursor).await;
     }
     if let Some(due) = cursor.next_poll {
         match wait_until(cursor, due).await {
@@ -673,7 +686,7 @@ async fn step(cursor: &mut Cursor) -> crate::Result<String> {
             // A heartbeat keeps proxies and clients from timing the connection out while idle.
             Wake::Heartbeat if request.eventsource => return Ok("event: heartbeat\ndata: \n\n".to_owned()),
             Wake::Heartbeat => return Ok("\n".to_owned()),
-            Wake::Finished => return finish(cursor),
+            Wake::Finished => return finish(cursor).await,
         }
     }
     let mut page = match cursor.first_page.take() {
@@ -700,7 +713,12 @@ async fn step(cursor: &mut Cursor) -> crate::Result<String> {
         std::mem::replace(&mut cursor.pending, page.pending),
     );
     let rows = match rows_of(cursor, &page.changes).await {
-        Ok(rows) => rows,
+        Ok(rows) => {
+            if let Some(ranks) = &mut cursor.ranks {
+                ranks.advance(page.changes.len());
+            }
+            rows
+        }
         // The database was deleted while the feed ran: it ends with CouchDB's error for a
         // missing database as its last line (the status has long been sent).
         Err(err) if err.kind() == ErrorKind::NotFound && cursor.database.is_some() => {
@@ -747,7 +765,7 @@ async fn step(cursor: &mut Cursor) -> crate::Result<String> {
         Feed::Continuous => false,
     };
     if finished {
-        chunk.push_str(&finish(cursor)?);
+        chunk.push_str(&finish(cursor).await?);
         return Ok(chunk);
     }
     if !at_end || !chunk.is_empty() {
@@ -756,7 +774,7 @@ async fn step(cursor: &mut Cursor) -> crate::Result<String> {
     // At the end with nothing new: the next step waits for the next poll on the back-off
     // schedule (writing heartbeats meanwhile), or ends.
     if *cursor.stopping.borrow() || Instant::now() >= cursor.deadline {
-        return finish(cursor);
+        return finish(cursor).await;
     }
     cursor.next_poll = Some(Instant::now() + cursor.backoff.idle());
     Ok(String::new())
@@ -787,8 +805,14 @@ async fn wait_until(cursor: &mut Cursor, due: Instant) -> Wake {
 }
 
 /// The closing text, and the stream marked finished.
-fn finish(cursor: &mut Cursor) -> crate::Result<String> {
+async fn finish(cursor: &mut Cursor) -> crate::Result<String> {
     cursor.phase = Phase::Finished;
+    if let Some(ranks) = &cursor.ranks {
+        // The feed's length now closes the answer; a count that fails (the database deleted
+        // meanwhile) leaves the rank read so far and the read's own `pending`.
+        let length = cursor.backend.feed_length().await.ok().flatten();
+        cursor.closing_ranks = Some(length.map_or((ranks.at, cursor.pending), |n| ranks.closing(n, cursor.pending)));
+    }
     closing(cursor)
 }
 
@@ -807,7 +831,7 @@ fn error_tail(cursor: &Cursor, pending: u64, error: &str, reason: &str) -> crate
         Feed::Continuous => format!("{answer}\n"),
         _ => format!(
             "\n],\"last_seq\":{},\"pending\":{},\"error\":{},\"reason\":{}}}\n",
-            Value::from(shown_seq(cursor, &cursor.last_seq)?),
+            Value::from(shown_seq(cursor, &cursor.last_seq, cursor.ranks.map(|r| r.at))?),
             pending,
             Value::from(error),
             Value::from(reason)
@@ -823,10 +847,14 @@ fn answered(err: &crate::Error) -> Option<CouchError> {
 }
 
 fn closing(cursor: &Cursor) -> crate::Result<String> {
-    let last_seq = shown_seq(cursor, &cursor.last_seq)?;
+    let (rank, pending) = match cursor.closing_ranks {
+        Some((rank, pending)) => (Some(rank), pending),
+        None => (None, cursor.pending),
+    };
+    let last_seq = shown_seq(cursor, &cursor.last_seq, rank)?;
     // `pending` counts every user's changes still to read: a per-user login is shown 0, so it
     // cannot watch others' writes (docs/couchdb-api.md, "Counts").
-    let pending = if cursor.principal.only_user().is_some() { 0 } else { cursor.pending };
+    let pending = if cursor.principal.only_user().is_some() { 0 } else { pending };
     let tail = json!({ "last_seq": last_seq, "pending": pending });
     Ok(match cursor.request.feed {
         Feed::Continuous if cursor.request.eventsource => String::new(),
@@ -836,19 +864,21 @@ fn closing(cursor: &Cursor) -> crate::Result<String> {
 }
 
 /// A feed position as the feed's database shows it (`N-token` for databases besides the
-/// data-store one, whose positions stay the backend's tokens, sealed for a per-user login).
-fn shown_seq(cursor: &Cursor, token: &str) -> crate::Result<String> {
-    if cursor.database.is_some() && token != "0" {
-        Ok(crate::database::seq::show(token))
-    } else {
-        cursor.positions.shown(&cursor.principal, token)
+/// data-store one, `N` its `rank` where the feed is counted; the data-store database's positions
+/// stay the backend's tokens, sealed for a per-user login).
+fn shown_seq(cursor: &Cursor, token: &str, rank: Option<u64>) -> crate::Result<String> {
+    match rank {
+        _ if cursor.database.is_none() || token == "0" => cursor.positions.shown(&cursor.principal, token),
+        Some(rank) => Ok(seq::show_ranked(rank, token)),
+        None => Ok(seq::show(token)),
     }
 }
 
 /// The rows of one page that the request may see and wants.
 async fn rows_of(cursor: &Cursor, changes: &[Change]) -> crate::Result<Vec<Value>> {
     if let Some(database) = &cursor.database {
-        return database_rows(database, &cursor.request, changes).await;
+        let shown = seq::shown_all(cursor.ranks.as_ref(), changes.iter().map(|c| c.seq.as_str()));
+        return database_rows(database, &cursor.request, changes, &shown).await;
     }
     let request = &cursor.request;
     let visible: Vec<&Change> = changes
@@ -938,7 +968,9 @@ async fn rows_of(cursor: &Cursor, changes: &[Change]) -> crate::Result<Vec<Value
 }
 
 /// `descending=true` on a database: the whole feed read (each document once, at its latest
-/// change), newest first, cut to `limit`; `last_seq` is the oldest row's.
+/// change), newest first, cut to `limit`; `last_seq` is the oldest row's, and `pending` how many
+/// older changes were left out (CouchDB 3.4.3's answer). Where the backend counts its feed,
+/// each change's `N` is its rank in the feed read.
 async fn descending_answer(
     database: &Database,
     request: &ChangesRequest,
@@ -967,34 +999,49 @@ async fn descending_answer(
     // A document changed twice during the reads is listed at its later change only.
     let mut seen = HashSet::new();
     let newest_first: Vec<Change> = changes.into_iter().rev().filter(|c| seen.insert(c.id.clone())).collect();
-    let (rows, last_change) = limited_rows(database, request, &newest_first).await?;
-    let last_seq = last_change.map_or_else(|| since.clone().unwrap_or_else(|| "0".into()), |c| c.seq.clone());
-    let last_seq = crate::database::seq::show(&last_seq);
-    Ok(super::json(StatusCode::OK, json!({ "results": rows, "last_seq": last_seq, "pending": 0 })))
+    let counted = backend.feed_length().await?.is_some();
+    let shown: Vec<String> = newest_first
+        .iter()
+        .zip((1..=newest_first.len() as u64).rev())
+        .map(|(change, rank)| if counted { seq::show_ranked(rank, &change.seq) } else { seq::show(&change.seq) })
+        .collect();
+    let (rows, last_change) = limited_rows(database, request, &newest_first, &shown).await?;
+    let (last_seq, pending) = match last_change {
+        Some(index) => (shown[index].clone(), (newest_first.len() - index - 1) as u64),
+        None => {
+            let end = since.unwrap_or_else(|| "0".into());
+            let shown_end = if counted { seq::show_ranked(newest_first.len() as u64, &end) } else { seq::show(&end) };
+            (shown_end, 0)
+        }
+    };
+    Ok(super::json(StatusCode::OK, json!({ "results": rows, "last_seq": last_seq, "pending": pending })))
 }
 
-/// The rows of `changes` (newest first) up to `limit`, counted after the filter as CouchDB counts
-/// them (`filter=_design&limit=2` is the two newest design-document changes, however many other
-/// changes are newer), read a page at a time; and the last change looked at.
-async fn limited_rows<'a>(
+/// The rows of `changes` (newest first; `shown`, their `seq`s as shown) up to `limit`, counted
+/// after the filter as CouchDB counts them (`filter=_design&limit=2` is the two newest
+/// design-document changes, however many other changes are newer), read a page at a time; and
+/// the index of the last change looked at.
+async fn limited_rows(
     database: &Database,
     request: &ChangesRequest,
-    changes: &'a [Change],
-) -> crate::Result<(Vec<Value>, Option<&'a Change>)> {
+    changes: &[Change],
+    shown: &[String],
+) -> crate::Result<(Vec<Value>, Option<usize>)> {
     let limit = request.limit.map_or(usize::MAX, |limit| usize::try_from(limit).unwrap_or(usize::MAX));
     let mut rows = Vec::new();
-    let mut last_change = if limit == 0 { None } else { changes.last() };
-    for page in changes.chunks(DEFAULT_PAGE) {
+    let mut last_change = if limit == 0 { None } else { changes.len().checked_sub(1) };
+    for (number, (page, page_seqs)) in changes.chunks(DEFAULT_PAGE).zip(shown.chunks(DEFAULT_PAGE)).enumerate() {
         if rows.len() >= limit {
             break;
         }
-        let page_rows = database_rows(database, request, page).await?;
+        let page_rows = database_rows(database, request, page, page_seqs).await?;
         let wanted = limit - rows.len();
         if page_rows.len() >= wanted {
             rows.extend(page_rows.into_iter().take(wanted));
             // The last row's change: its `seq` is the one the row shows.
             let last_shown = rows.last().and_then(|row| row.get("id")).and_then(Value::as_str);
-            last_change = page.iter().find(|c| Some(c.id.as_str()) == last_shown);
+            last_change =
+                page.iter().position(|c| Some(c.id.as_str()) == last_shown).map(|at| number * DEFAULT_PAGE + at);
             break;
         }
         rows.extend(page_rows);
@@ -1006,21 +1053,33 @@ async fn limited_rows<'a>(
 /// with `style=all_docs`), from its revision tree as it is now. Attachments shown inline hold
 /// their shares of the inline budget while the page is built (or, within the request's
 /// handler, until its answer is sent).
-async fn database_rows(database: &Database, request: &ChangesRequest, changes: &[Change]) -> crate::Result<Vec<Value>> {
-    let (rows, _shares) = super::database::with_own_shares(page_rows(database, request, changes)).await;
+/// `shown` holds each change's `seq` as the rows show it.
+async fn database_rows(
+    database: &Database,
+    request: &ChangesRequest,
+    changes: &[Change],
+    shown: &[String],
+) -> crate::Result<Vec<Value>> {
+    let (rows, _shares) = super::database::with_own_shares(page_rows(database, request, changes, shown)).await;
     rows
 }
 
-async fn page_rows(database: &Database, request: &ChangesRequest, changes: &[Change]) -> crate::Result<Vec<Value>> {
+async fn page_rows(
+    database: &Database,
+    request: &ChangesRequest,
+    changes: &[Change],
+    shown: &[String],
+) -> crate::Result<Vec<Value>> {
     database.check_open()?;
-    let wanted: Vec<&Change> = changes
+    let (wanted, wanted_seqs): (Vec<&Change>, Vec<&String>) = changes
         .iter()
-        .filter(|c| match &request.filter {
+        .zip(shown)
+        .filter(|(c, _)| match &request.filter {
             Filter::DocIds(ids) => ids.contains(&c.id),
             Filter::Design => c.id.starts_with("_design/"),
             _ => true,
         })
-        .collect();
+        .unzip();
     let ids: Vec<String> = wanted.iter().map(|c| c.id.clone()).collect();
     let states = database.read_many(&ids).await?;
     let passed = match &request.filter {
@@ -1028,7 +1087,7 @@ async fn page_rows(database: &Database, request: &ChangesRequest, changes: &[Cha
         _ => None,
     };
     let mut rows = Vec::with_capacity(wanted.len());
-    for (index, (change, state)) in wanted.into_iter().zip(states).enumerate() {
+    for (index, ((change, state), shown_seq)) in wanted.into_iter().zip(states).zip(wanted_seqs).enumerate() {
         if passed.as_ref().is_some_and(|passed| !passed.get(index).copied().unwrap_or(false)) {
             continue;
         }
@@ -1050,7 +1109,7 @@ async fn page_rows(database: &Database, request: &ChangesRequest, changes: &[Cha
         } else {
             vec![json!({ "rev": winner.path.leaf_rev() })]
         };
-        let mut row = json!({ "seq": crate::database::seq::show(&change.seq), "id": change.id, "changes": leaves });
+        let mut row = json!({ "seq": shown_seq, "id": change.id, "changes": leaves });
         if winner.deleted {
             row["deleted"] = Value::Bool(true);
         }

@@ -1,22 +1,151 @@
-//! Feed positions as a database shows them: CouchDB 3's form `N-opaque`, where `N` counts
-//! roughly how far the feed is, and clients treat the whole as opaque. The backend's own
-//! position token is the part after the first `-`; `N` is its leading digits (the embedded
-//! store's position is a number, so its `N` is exact; other backends' tokens start with a time).
-//! PouchDB's checkpointer and its tests read `N` from such a sequence.
+//! Feed positions as a database shows them: CouchDB 3's form `N-opaque`, where clients treat the
+//! whole as opaque but read `N` as how far the feed is (PouchDB's checkpointer and its tests do,
+//! and replicators sum `pending` to show progress). The backend's own position token is the part
+//! after the first `-`, and only it positions a read.
+//!
+//! `N` is the position's **rank in the database's feed**: how many documents (live or deleted)
+//! have their latest change at or before it (the feed holds one entry per document). So a
+//! database at rest has `update_seq` `doc_count + doc_del_count`, a reader from `0` counts its
+//! rows, and `pending` after a page is the feed's length less the rank of the page's last
+//! position (docs/couchdb-api.md, "Sequences").
+//!
+//! - Where the backend's positions carry such a number already (the embedded store's counter,
+//!   CouchDB's own `N`), `N` is the token's leading digits ([`show`]): the backend counts
+//!   nothing more ([`crate::backend::DocumentBackend::feed_length`] is `None`).
+//! - Elsewhere (DynamoDB, Firestore, whose tokens are times) `N` is counted ([`Ranks`]): the
+//!   rank of the `since` an answer reads from (the `N` of a sequence this server issued, 0 from
+//!   the start, the feed's length for `now` or a token without one) plus each row's place in the
+//!   answer; at the end of the feed, the feed's length. The length is the backend's count,
+//!   remembered for a bounded time (its `count_max_age_ms`).
+//! - A rank is exact while the documents before the reader's position stay where they are. A
+//!   document changed again after a reader passed it moves to the end of the feed, so the reader's
+//!   `N` runs ahead by one until it reaches the end of the feed, where `N` is the count again; an
+//!   entry a DynamoDB reader is handed twice (once unsettled, once settled) counts twice the same
+//!   way. `N` is for progress, never for positioning.
 
-/// The backend's position `token` as a database shows it.
+use crate::backend::DocumentBackend;
+
+/// The backend's position `token` as a database shows it when the backend numbers its own
+/// positions: `N` is its leading digits.
 pub fn show(token: &str) -> String {
-    let digits: String = token.chars().take_while(char::is_ascii_digit).collect();
-    let n = if digits.is_empty() { "0" } else { digits.as_str() };
+    let digits = leading_digits(token);
+    let n = if digits.is_empty() { "0" } else { digits };
     format!("{n}-{token}")
+}
+
+/// The backend's position `token` at `rank` in the feed, as a database shows it.
+pub fn show_ranked(rank: u64, token: &str) -> String {
+    format!("{rank}-{token}")
 }
 
 /// The backend's position inside a sequence a client sends back: the part after `N-` when the
 /// text has that form, else the text itself (`0`, `now`, and tokens of earlier releases).
 pub fn read(text: &str) -> &str {
+    split(text).map_or(text, |(_, token)| token)
+}
+
+/// The rank a sequence this server issued carries: its `N` when that is not the token's own
+/// leading digits ([`show`]'s form, which an earlier release gave every backend, with a time for
+/// `N`). A rank that happens to equal them reads as no rank, and is counted again.
+pub fn rank_of(text: &str) -> Option<u64> {
+    let (n, token) = split(text)?;
+    if n == leading_digits(token) {
+        return None;
+    }
+    n.parse().ok()
+}
+
+fn split(text: &str) -> Option<(&str, &str)> {
     match text.split_once('-') {
-        Some((n, token)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => token,
-        _ => text,
+        Some((n, token)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => Some((n, token)),
+        _ => None,
+    }
+}
+
+fn leading_digits(token: &str) -> &str {
+    let end = token.bytes().position(|b| !b.is_ascii_digit()).unwrap_or(token.len());
+    &token[..end]
+}
+
+/// A database's current position as it shows it (`update_seq`): the backend's position now,
+/// numbered by the feed's length where the backend counts it.
+pub async fn current(backend: &dyn DocumentBackend) -> crate::Result<String> {
+    current_and_length(backend).await.map(|(shown, _)| shown)
+}
+
+/// [`current`], and the feed's length where the backend counts it.
+pub async fn current_and_length(backend: &dyn DocumentBackend) -> crate::Result<(String, Option<u64>)> {
+    let position = backend.change_position().await?;
+    let length = backend.feed_length().await?;
+    let shown = match length {
+        Some(length) => show_ranked(length, &position),
+        None => show(&position),
+    };
+    Ok((shown, length))
+}
+
+/// The most feed entries read past a position to learn its rank ([`shown_position`]).
+pub const RANK_READ_LIMIT: usize = crate::changes::DEFAULT_PAGE;
+
+/// An earlier position `token` of the feed as a database shows it (a view's `update_seq`): where
+/// the backend counts its feed, ranked as the feed's length less the entries after it, read up to
+/// [`RANK_READ_LIMIT`] of them (a view is seldom further behind); past that, or where the backend
+/// does not count, numbered by [`show`].
+pub async fn shown_position(backend: &dyn DocumentBackend, token: &str) -> crate::Result<String> {
+    let Some(length) = backend.feed_length().await? else { return Ok(show(token)) };
+    let after = crate::changes::read_page(backend, Some(token), RANK_READ_LIMIT).await?;
+    Ok(match after.pending {
+        0 => show_ranked(length.saturating_sub(after.changes.len() as u64), token),
+        _ => show(token),
+    })
+}
+
+/// The ranks of one feed answer on a backend that counts its feed (see the module's docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ranks {
+    /// The rank of the position the answer has read up to (its `last_seq` so far).
+    pub at: u64,
+}
+
+impl Ranks {
+    /// The ranks of an answer reading from `since` as the client gave it (`None`: the start),
+    /// on a feed `length` entries long now.
+    pub fn from_since(since: Option<&str>, length: u64) -> Ranks {
+        let at = match since {
+            None | Some("") | Some("0") => 0,
+            Some(text) => rank_of(text).unwrap_or(length),
+        };
+        Ranks { at }
+    }
+
+    /// The shown sequences of the next `tokens` of the feed after the rank so far, in order.
+    pub fn shown<'a>(&self, tokens: impl IntoIterator<Item = &'a str>) -> Vec<String> {
+        tokens.into_iter().zip(self.at + 1..).map(|(token, rank)| show_ranked(rank, token)).collect()
+    }
+
+    /// Past `entries` more of the feed.
+    pub fn advance(&mut self, entries: usize) {
+        self.at = self.at.saturating_add(entries as u64);
+    }
+
+    /// The rank of the answer's last position and its `pending`, the feed being `length` entries
+    /// long now: at its end (`waiting` 0) the length and 0; else the rank so far, and what is left
+    /// of the length past it, at least what the read saw waiting.
+    pub fn closing(&self, length: u64, waiting: u64) -> (u64, u64) {
+        if waiting == 0 {
+            (length, 0)
+        } else {
+            (self.at, length.saturating_sub(self.at).max(waiting))
+        }
+    }
+}
+
+/// The shown sequences of `tokens`: ranked after `ranks` when the feed is counted, else by the
+/// tokens' own numbers.
+pub fn shown_all<'a>(ranks: Option<&Ranks>, tokens: impl IntoIterator<Item = &'a str>) -> Vec<String> {
+    match ranks {
+        Some(ranks) => ranks.shown(tokens),
+        None => tokens.into_iter().map(show).collect(),
     }
 }
 
@@ -28,10 +157,45 @@ mod tests {
     fn shown_positions_read_back_to_the_token() {
         for token in ["1", "42", "1795686448525g~179568645352900000008fe5bcfe8", "abc", "7-x"] {
             assert_eq!(read(&show(token)), token, "{token}");
+            assert_eq!(read(&show_ranked(3, token)), token, "{token}");
         }
         assert_eq!(show("12"), "12-12");
         assert!(show("abc").starts_with("0-"));
         assert_eq!(read("0"), "0");
         assert_eq!(read("now"), "now");
+    }
+
+    #[test]
+    fn a_rank_is_read_back_but_an_earlier_release_s_time_is_not() {
+        let dynamodb = "0000000000000g~179595087521000001";
+        let firestore = "2026-11-29T12:00:00.5Z";
+        assert_eq!(rank_of(&show_ranked(0, dynamodb)), Some(0));
+        assert_eq!(rank_of(&show_ranked(7, firestore)), Some(7));
+        // Earlier releases showed the token's leading digits (a time): no rank.
+        assert_eq!(rank_of(&show(dynamodb)), None);
+        assert_eq!(rank_of(&show(firestore)), None);
+        assert_eq!(rank_of("1795686448525-1795686448525g~1"), None);
+        for none in ["0", "now", "", "abc", "-x", "x-1"] {
+            assert_eq!(rank_of(none), None, "{none}");
+        }
+    }
+
+    #[test]
+    fn ranks_count_from_since_and_close_on_the_length() {
+        assert_eq!(Ranks::from_since(None, 10).at, 0);
+        assert_eq!(Ranks::from_since(Some("0"), 10).at, 0);
+        assert_eq!(Ranks::from_since(Some("now"), 10).at, 10);
+        assert_eq!(Ranks::from_since(Some("4-2026-01-01T00:00:00Z"), 10).at, 4);
+        assert_eq!(Ranks::from_since(Some("2026-2026-01-01T00:00:00Z"), 10).at, 10);
+        let mut ranks = Ranks::from_since(None, 10);
+        assert_eq!(ranks.shown(["a", "b"]), ["1-a", "2-b"]);
+        ranks.advance(4);
+        assert_eq!(ranks.closing(10, 2), (4, 6));
+        assert_eq!(ranks.closing(10, 0), (10, 0));
+        // The read saw more waiting than the count says (a count a moment old): at least that.
+        ranks.advance(6);
+        assert_eq!(ranks.closing(10, 1), (10, 1));
+        assert_eq!(shown_all(None, ["12"]), ["12-12"]);
+        assert_eq!(shown_all(Some(&Ranks { at: 2 }), ["x"]), ["3-x"]);
     }
 }

@@ -187,6 +187,10 @@ impl DocumentBackend for MeteredBackend {
         timed!(self, "exact_count", self.inner.exact_count())
     }
 
+    async fn feed_length(&self) -> Result<Option<u64>> {
+        timed!(self, "feed_length", self.inner.feed_length())
+    }
+
     async fn design_document_count(&self) -> Result<Option<u64>> {
         timed!(self, "design_document_count", self.inner.design_document_count())
     }
@@ -428,6 +432,10 @@ mod tests {
             self.record("exact_count");
             Ok(Some(5))
         }
+        async fn feed_length(&self) -> Result<Option<u64>> {
+            self.record("feed_length");
+            Ok(Some(6))
+        }
         async fn design_document_count(&self) -> Result<Option<u64>> {
             self.record("design_document_count");
             Ok(Some(3))
@@ -506,6 +514,7 @@ mod tests {
         let metered = MeteredBackend::new(Arc::clone(&inner) as Arc<dyn DocumentBackend>, Arc::new(Metrics::new()));
         assert_eq!(metered.approximate_count().await.unwrap(), Some(7));
         assert_eq!(metered.exact_count().await.unwrap(), Some(5));
+        assert_eq!(metered.feed_length().await.unwrap(), Some(6));
         assert_eq!(metered.design_document_count().await.unwrap(), Some(3));
         assert_eq!(metered.get_many(&["a".into(), "b".into()]).await.unwrap(), vec![None, None]);
         assert_eq!(metered.get_many_local(&["a".into()]).await.unwrap(), vec![None]);
@@ -549,6 +558,7 @@ mod tests {
             [
                 "approximate_count",
                 "exact_count",
+                "feed_length",
                 "design_document_count",
                 "get_many",
                 "get_many_local",

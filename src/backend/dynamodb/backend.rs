@@ -26,9 +26,9 @@ use serde_json::{Map, Value};
 
 use super::codec::{self, Item};
 use super::config::DynamoConfig;
-use super::count::CountCache;
 use super::error::{map_sdk, map_sdk_write};
 use super::layout;
+use crate::backend::raw::count_cache::CountCache;
 use crate::backend::{
     BulkWrite, ChangesPage, DocumentBackend, IdRange, LayoutState, Page, Precondition, Projection, Query,
     ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo, StoredDocument, UpgradePage,
@@ -653,6 +653,10 @@ impl DocumentBackend for DynamoDbBackend {
     /// it is every user's data, and its `doc_count` stays `ItemCount` (docs/databases.md).
     async fn exact_count(&self) -> Result<Option<u64>> {
         self.live_document_count().await
+    }
+
+    async fn feed_length(&self) -> Result<Option<u64>> {
+        self.feed_entry_count().await
     }
 
     async fn revisions(&self, id: &str) -> Result<Option<RevisionInfo>> {

@@ -1,6 +1,7 @@
 //! Documents in id order over the sharded id index (docs/dynamodb-layout.md), merged across
 //! shards like the feed ([`crate::backend::raw::sharded`]), local documents in name order over
-//! the same index's local shards, and erasure by id prefix or of one id.
+//! the same index's local shards, erasure by id prefix or of one id, and the exact counts of a
+//! database table (live documents, feed entries).
 
 use std::collections::HashMap;
 
@@ -13,7 +14,8 @@ use serde_json::Value;
 use super::backend::DynamoDbBackend;
 use super::codec::{self, Item};
 use super::error::map_sdk;
-use super::layout::{self, limit_of, shard_value, DELETED, ID_INDEX, SHARD, SHARD_COUNT};
+use super::layout::{self, limit_of, shard_value, DELETED, FEED_INDEX, ID_INDEX, SHARD, SHARD_COUNT};
+use crate::backend::raw::count_cache::Counted;
 use crate::backend::raw::sharded::{Chunk, ShardReader, ShardedMerge};
 use crate::backend::{DocumentBackend, IdRange, LayoutState, Page, StoredDocument, LOCAL_PREFIX};
 use crate::error::{Error, ErrorKind, Result};
@@ -339,10 +341,19 @@ impl DynamoDbBackend {
     }
 }
 
-/// Shards counted at once (the exact count of a database table).
+/// Shards counted at once (the exact counts of a database table).
 const COUNT_CONCURRENCY: usize = 8;
 
-/// The exact document count of a database table, over the id index (`super::count` remembers it).
+/// The exact counts of a database table, each shard's partition of an index counted with
+/// `Select=COUNT` (`raw::count_cache` remembers them; docs/databases.md, "Document counts").
+///
+/// The id index (`agentstore-ids`, docs/dynamodb-layout.md) holds one entry per item that carries
+/// a shard: every document's main item (live or tombstone) and every body chunk item; local
+/// documents and the layout marker carry none of the shards counted. A live document is an entry
+/// that is neither a chunk (`_chunkOf`) nor a tombstone (`_deleted` = true); both are projected
+/// into the index, so the count reads index entries only (tens of bytes each). The feed index
+/// (`agentstore-feed`) holds one entry per document, live or tombstone (chunks and local
+/// documents have no `_seq`): counted whole, it is the length of the change feed.
 impl DynamoDbBackend {
     /// The exact count behind `exact_count` for a database table; `None` for the data-store
     /// table and for a table without this release's layout (its older items are in no id index).
@@ -350,23 +361,57 @@ impl DynamoDbBackend {
         if !self.counts_exactly() || self.layout_state().await? != LayoutState::Current {
             return Ok(None);
         }
-        let cache = self.count_cache();
-        if let Some(count) = cache.fresh() {
-            return Ok(Some(count));
+        let count = self.count_shards(|shard| self.count_shard(shard));
+        self.count_cache().get_or_count(Counted::LiveDocuments, count).await.map(Some)
+    }
+
+    /// The count behind `feed_length` for a database table: the feed index's entries; `None`
+    /// as for [`Self::live_document_count`].
+    pub(super) async fn feed_entry_count(&self) -> Result<Option<u64>> {
+        if !self.counts_exactly() || self.layout_state().await? != LayoutState::Current {
+            return Ok(None);
         }
-        let _turn = cache.counting.lock().await;
-        // The count this caller waited for may serve it.
-        if let Some(count) = cache.fresh() {
-            return Ok(Some(count));
-        }
-        let ticket = cache.ticket();
-        let count = futures::stream::iter(0..SHARD_COUNT)
-            .map(|shard| self.count_shard(shard))
+        let count = self.count_shards(|shard| self.count_feed_shard(shard));
+        self.count_cache().get_or_count(Counted::FeedEntries, count).await.map(Some)
+    }
+
+    /// The sum of `count_one` over every shard, [`COUNT_CONCURRENCY`] shards at once.
+    async fn count_shards<'a, F, C>(&'a self, count_one: C) -> Result<u64>
+    where
+        C: Fn(u32) -> F,
+        F: std::future::Future<Output = Result<u64>> + 'a,
+    {
+        futures::stream::iter(0..SHARD_COUNT)
+            .map(count_one)
             .buffer_unordered(COUNT_CONCURRENCY)
             .try_fold(0u64, |total, n| async move { Ok(total + n) })
-            .await?;
-        cache.remember(ticket, count);
-        Ok(Some(count))
+            .await
+    }
+
+    /// Entries in one shard of the feed index: `Select=COUNT` pages of at most 1 MB of entries.
+    async fn count_feed_shard(&self, shard: u32) -> Result<u64> {
+        let mut total = 0u64;
+        let mut cursor: Option<Item> = None;
+        loop {
+            let output = self
+                .client()
+                .query()
+                .table_name(self.table())
+                .index_name(FEED_INDEX)
+                .select(Select::Count)
+                .key_condition_expression("#shard = :shard")
+                .expression_attribute_names("#shard", SHARD)
+                .expression_attribute_values(":shard", shard_value(shard))
+                .set_exclusive_start_key(cursor.take())
+                .send()
+                .await
+                .map_err(|e| map_sdk(e, "count the entries of the change feed index"))?;
+            total += u64::try_from(output.count()).unwrap_or(0);
+            cursor = output.last_evaluated_key;
+            if cursor.is_none() {
+                return Ok(total);
+            }
+        }
     }
 
     /// Live documents in one shard of the id index: `Select=COUNT` pages, each at most 1 MB of

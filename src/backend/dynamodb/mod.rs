@@ -25,7 +25,6 @@ mod backend;
 pub mod catalog;
 pub mod codec;
 pub mod config;
-mod count;
 mod error;
 mod feed;
 mod ids;

@@ -23,6 +23,7 @@ use super::codec;
 use super::config::FirestoreConfig;
 use super::core::{Call, FirestoreClient};
 use super::layout::{self, StoredState};
+use crate::backend::raw::count_cache::{CountCache, Counted};
 use crate::backend::{
     BulkWrite, ChangesPage, DocumentBackend, IdRange, LayoutState, Page, Precondition, Projection, Query,
     ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo, StoredDocument, UpgradePage,
@@ -41,6 +42,9 @@ pub struct FirestoreBackend {
     pub(super) config: FirestoreConfig,
     /// Set once the collection is known to have this release's layout (it never goes back).
     pub(super) layout_current: AtomicBool,
+    /// The count of the feed's entries, remembered for `count_max_age_ms` or until this
+    /// backend's next commit.
+    counts: CountCache,
 }
 
 /// A query's documents and the read time Firestore answered it at.
@@ -70,7 +74,12 @@ impl FirestoreBackend {
 
     /// A backend over a client already made (the catalog's databases share one); no request.
     pub(super) fn with_client(client: FirestoreClient, config: &FirestoreConfig) -> Self {
-        FirestoreBackend { client, config: config.clone(), layout_current: AtomicBool::new(false) }
+        FirestoreBackend {
+            client,
+            config: config.clone(),
+            layout_current: AtomicBool::new(false),
+            counts: CountCache::new(config.count_max_age),
+        }
     }
 
     /// What a write needs to know of the stored document `id` (tombstones included), reading
@@ -147,9 +156,20 @@ impl FirestoreBackend {
         Ok((count, time))
     }
 
+    /// Commits `writes`; whatever the outcome, a count remembered before is not served again (a
+    /// commit that timed out may still have landed).
     pub(super) async fn commit(&self, writes: Vec<Value>, doing: &str) -> Result<Value> {
         let body = json!({ "writes": writes });
-        self.client.call(Method::POST, &self.client.method_url("commit"), Some(&body), Call::Write, doing).await
+        let answer =
+            self.client.call(Method::POST, &self.client.method_url("commit"), Some(&body), Call::Write, doing).await;
+        self.forget_counts();
+        answer
+    }
+
+    /// After a write of this backend (whatever its outcome): a count remembered before it is not
+    /// served again.
+    pub(super) fn forget_counts(&self) {
+        self.counts.wrote();
     }
 
     /// A stored document from Firestore's JSON, its chunks fetched when it has any.
@@ -546,6 +566,15 @@ impl DocumentBackend for FirestoreBackend {
         let tombstone = json!({ "fieldFilter": { "field": { "fieldPath": layout::DELETED }, "op": "EQUAL", "value": { "booleanValue": true } } });
         let (tombstones, _) = self.count(Some(tombstone), read_time.as_deref()).await?;
         Ok(Some(all.saturating_sub(tombstones)))
+    }
+
+    async fn feed_length(&self) -> Result<Option<u64>> {
+        // One COUNT aggregation over the collection (every document's one entry, live or a
+        // tombstone; chunks and local documents live in other collections), billed as one read
+        // per 1,000 index entries, remembered for `count_max_age_ms` or until this backend commits.
+        self.require_layout("the change feed").await?;
+        let count = async { self.count(None, None).await.map(|(all, _)| all) };
+        self.counts.get_or_count(Counted::FeedEntries, count).await.map(Some)
     }
 
     async fn health(&self) -> Result<()> {

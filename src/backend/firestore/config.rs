@@ -9,7 +9,8 @@
 //! `https://firestore.googleapis.com` (a regional endpoint, or a test server). `revs_limit=N`
 //! (default 1000, at most 2000 so the ancestry fits beside a full document) is how many revision
 //! ids each document remembers; `settle_ms=N` (default 5000) is the change feed's settle window
-//! (see `docs/firestore-layout.md`).
+//! (see `docs/firestore-layout.md`); `count_max_age_ms=N` (default 1000; `0` counts every time)
+//! is how long a count of the change feed's entries is served again (`raw::count_cache`).
 
 use std::time::Duration;
 
@@ -30,6 +31,8 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 pub const MAX_REVS_LIMIT: usize = 2000;
 /// How far before the last read time a change-feed sweep looks for late request times.
 pub const DEFAULT_SETTLE: Duration = Duration::from_secs(5);
+/// How long a count of the feed's entries is served again, unless this process writes first.
+pub const DEFAULT_COUNT_MAX_AGE: Duration = Duration::from_millis(1000);
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FirestoreConfig {
@@ -48,6 +51,8 @@ pub struct FirestoreConfig {
     pub revs_limit: usize,
     /// The change feed's settle window: the most a write's request time may precede its commit.
     pub settle: Duration,
+    /// How long a count of the feed's entries is served again (`count_max_age_ms`).
+    pub count_max_age: Duration,
     /// The document the collections live under (`{catalog collection}/{database}` for a
     /// database of the catalog, [`super::catalog`]); `None`, the data store's case: at the root
     /// of the Firestore database. Not a URL setting.
@@ -75,7 +80,17 @@ impl FirestoreConfig {
         let params = QueryParams::parse(
             ADAPTER,
             query,
-            &["database", "collection", "emulator", "credentials", "endpoint", "timeout_ms", "revs_limit", "settle_ms"],
+            &[
+                "database",
+                "collection",
+                "emulator",
+                "credentials",
+                "endpoint",
+                "timeout_ms",
+                "revs_limit",
+                "settle_ms",
+                "count_max_age_ms",
+            ],
         )?;
         let database = params.text("database").unwrap_or(DEFAULT_DATABASE);
         check_database(database).map_err(bad)?;
@@ -100,6 +115,9 @@ impl FirestoreConfig {
                 .map_or(DEFAULT_TIMEOUT, |ms| Duration::from_millis(ms.max(1))),
             revs_limit: params.revs_limit(MAX_REVS_LIMIT)?,
             settle: params.whole("settle_ms", 0..=u64::MAX)?.map_or(DEFAULT_SETTLE, Duration::from_millis),
+            count_max_age: params
+                .whole("count_max_age_ms", 0..=u64::from(u32::MAX))?
+                .map_or(DEFAULT_COUNT_MAX_AGE, Duration::from_millis),
             parent: None,
         };
         if config.emulator.is_none() && !endpoint_given {
@@ -227,7 +245,9 @@ mod tests {
         let c = FirestoreConfig::parse_with_env("firestore://?credentials=%2Fetc%2Fkey.json", None).unwrap();
         assert_eq!(c.project, None);
         assert_eq!(c.credentials.as_deref(), Some("/etc/key.json"));
-        assert_eq!((c.revs_limit, c.settle), (1000, DEFAULT_SETTLE));
+        assert_eq!((c.revs_limit, c.settle, c.count_max_age), (1000, DEFAULT_SETTLE, DEFAULT_COUNT_MAX_AGE));
+        let c = FirestoreConfig::parse_with_env("firestore://p?count_max_age_ms=0", None).unwrap();
+        assert_eq!(c.count_max_age, Duration::ZERO);
 
         let c = FirestoreConfig::parse_with_env("firestore://p?revs_limit=3&settle_ms=250", None).unwrap();
         assert_eq!((c.revs_limit, c.settle), (3, Duration::from_millis(250)));

@@ -258,8 +258,10 @@ impl FirestoreBackend {
                             Call::Write,
                             "write documents in bulk",
                         )
-                        .await?;
-                    Ok::<_, Error>((group, reply))
+                        .await;
+                    // Whatever the outcome (a write that timed out may have landed).
+                    self.forget_counts();
+                    Ok::<_, Error>((group, reply?))
                 })
                 .buffered(WRITE_CONCURRENCY)
                 .try_collect()

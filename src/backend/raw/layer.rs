@@ -162,6 +162,10 @@ pub trait Layered: Send + Sync + 'static {
         self.inner().exact_count().await
     }
 
+    async fn feed_length(&self) -> Result<Option<u64>> {
+        self.inner().feed_length().await
+    }
+
     async fn design_document_count(&self) -> Result<Option<u64>> {
         self.inner().design_document_count().await
     }
@@ -358,6 +362,10 @@ impl<L: Layered> DocumentBackend for L {
 
     async fn exact_count(&self) -> Result<Option<u64>> {
         Layered::exact_count(self).await
+    }
+
+    async fn feed_length(&self) -> Result<Option<u64>> {
+        Layered::feed_length(self).await
     }
 
     async fn design_document_count(&self) -> Result<Option<u64>> {

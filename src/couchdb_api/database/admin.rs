@@ -73,8 +73,14 @@ pub async fn db_info(opened: OpenDb) -> Answer {
 async fn info_of(db: &Database) -> crate::Result<Value> {
     let backend = db.backend();
     let doc_count = db.while_open(live_document_count(backend.as_ref())).await?;
-    let update_seq = crate::database::seq::show(&db.while_open(backend.change_position()).await?);
-    Ok(db_info_json(db.name(), doc_count, &update_seq))
+    let (update_seq, length) = db.while_open(crate::database::seq::current_and_length(backend.as_ref())).await?;
+    let mut info = db_info_json(db.name(), doc_count, &update_seq);
+    // Where the feed is counted (one entry per document, live or deleted), the deleted ones are
+    // what it holds beyond the live: `update_seq`'s `N` at rest is `doc_count + doc_del_count`.
+    if let Some(length) = length {
+        info["doc_del_count"] = Value::from(length.saturating_sub(doc_count));
+    }
+    Ok(info)
 }
 
 /// Every database's name: the data-store one and the backend's others, in byte order.

@@ -195,7 +195,7 @@ async fn answer(db: Arc<Database>, mut request: AllDocsRequest, inline: Option<I
         return Ok(json(StatusCode::OK, body));
     }
     let update_seq = if request.update_seq {
-        Some(crate::database::seq::show(&db.while_open(db.backend().change_position()).await?))
+        Some(db.while_open(crate::database::seq::current(db.backend().as_ref())).await?)
     } else {
         None
     };

@@ -303,7 +303,7 @@ pub(crate) async fn info_answer(state: &CouchState, viewed: &Viewed, ddoc: &str)
                 "signature": design.signature,
                 "language": language,
                 "sizes": {"active": 0, "external": 0, "file": 0},
-                "update_seq": shown_seq(viewed, &group),
+                "update_seq": shown_seq(viewed, &group).await?,
                 "purge_seq": 0,
                 "updater_running": false,
                 "compact_running": false,
@@ -345,13 +345,15 @@ async fn read_object(state: &CouchState, headers: &HeaderMap, body: Body) -> Cou
 }
 
 /// The group's feed position as the database's `_changes` shows a sequence.
-fn shown_seq(viewed: &Viewed, group: &ReadyGroup) -> Value {
-    match (&group.state.checkpoint, viewed) {
+async fn shown_seq(viewed: &Viewed, group: &ReadyGroup) -> crate::Result<Value> {
+    Ok(match (&group.state.checkpoint, viewed) {
         (None, _) => Value::from(0),
-        (Some(token), Viewed::Database(_)) => Value::from(crate::database::seq::show(token)),
+        (Some(token), Viewed::Database(db)) => {
+            Value::from(db.while_open(crate::database::seq::shown_position(db.backend().as_ref(), token)).await?)
+        }
         // The data-store database's feed shows its backend's tokens as they are.
         (Some(token), Viewed::DataStore(_)) => Value::from(token.as_str()),
-    }
+    })
 }
 
 /// One query's answer, ready to be written: a reduce's rows (held, as they are few next to the
@@ -428,7 +430,7 @@ async fn prepared(
             let rows: Vec<Value> = rows.into_iter().map(|(key, value)| json!({"key": key, "value": value})).collect();
             let mut body = json!({ "rows": rows });
             if query.update_seq {
-                body["update_seq"] = shown_seq(viewed, &group);
+                body["update_seq"] = shown_seq(viewed, &group).await?;
             }
             Ok(Prepared::Reduce(body))
         }
@@ -438,7 +440,7 @@ async fn prepared(
                 map_rows(store, group.state.number, number, ranges, query.descending, query.skip, query.limit).await?;
             let mut head = format!("{{\"total_rows\":{total_rows},\"offset\":{}", answer.offset);
             if query.update_seq {
-                head.push_str(&format!(",\"update_seq\":{}", shown_seq(viewed, &group)));
+                head.push_str(&format!(",\"update_seq\":{}", shown_seq(viewed, &group).await?));
             }
             head.push_str(",\"rows\":[\n");
             let docs = query.include_docs.then(|| IncludedDocs {

@@ -31,6 +31,7 @@ mod results_as_couchdb;
 mod revision_trees;
 mod revisions_and_refusals;
 mod roles;
+mod sequences;
 mod server;
 mod server_rules;
 mod slow_readers;
@@ -172,6 +173,7 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("inner_bodies_freed_by_stemming_and_bounds", |e| {
             Box::pin(inner_bodies::inner_bodies_freed_by_stemming_and_bounds(e))
         }),
+        ("sequences_count_the_feed", |e| Box::pin(sequences::sequences_count_the_feed(e))),
     ];
     let mut trials = Vec::new();
     for backend in &backends {

@@ -72,12 +72,14 @@ pub(super) async fn purge_keeps_other_ids_history(e: Endpoint) -> TestResult {
     check(changed(&after) == [("abcd".to_owned(), true)], || {
         format!("after purging abc, the feed must still list abcd's deletion (only): {}", after.body)
     })?;
-    let update_seq_after = update_seq(&e, &db).await?;
-    check(update_seq_after >= update_seq_before, || {
-        format!("update_seq went back from {update_seq_before} to {update_seq_after} with the purge")
-    })?;
     if e.backend == "embedded" {
-        // The embedded store's `N` is its exact position (other backends' is a time).
+        // The embedded store's `N` is its exact position; other backends' is the position's rank
+        // in the feed (`database::seq`), one less once a document's entry is purged from it. That
+        // the position itself does not go back is checked below: a checkpoint reads on.
+        let update_seq_after = update_seq(&e, &db).await?;
+        check(update_seq_after >= update_seq_before, || {
+            format!("update_seq went back from {update_seq_before} to {update_seq_after} with the purge")
+        })?;
         let (was, is) = (position_count(&checkpoint)?, position_count(&after.body["last_seq"])?);
         check(is >= was, || format!("_changes last_seq went back from {was} to {is} with the purge"))?;
     }
