@@ -7,6 +7,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use crate::error::{Error, ErrorKind};
+use crate::mango::MangoError;
 use crate::server::budget::Stopping;
 
 /// An error on its way to a CouchDB client.
@@ -145,6 +146,18 @@ impl IntoResponse for CouchError {
             headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
         response
+    }
+}
+
+impl From<MangoError> for CouchError {
+    /// Mango's refusals as Mango decided them; the failures below it (the store, a view index)
+    /// as every route answers them.
+    fn from(error: MangoError) -> Self {
+        match error {
+            MangoError::Refused(refusal) => CouchError::new(refusal.status, refusal.error, refusal.reason),
+            MangoError::Storage(error) => CouchError::from(error),
+            MangoError::View(error) => CouchError::from(error),
+        }
     }
 }
 

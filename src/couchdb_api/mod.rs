@@ -29,7 +29,6 @@ mod design;
 mod document;
 pub mod error;
 mod local_docs;
-pub mod mango;
 mod multipart;
 mod position_seal;
 mod query;
@@ -125,7 +124,7 @@ impl CouchApp {
         let views = Arc::new(
             crate::views::service::Views::new(
                 view_index,
-                Arc::new(mango::index_map::WithMangoIndexes(crate::views::javascript::JavaScriptViews::new(
+                Arc::new(crate::mango::index_map::WithMangoIndexes(crate::views::javascript::JavaScriptViews::new(
                     js.clone(),
                 ))),
             )
