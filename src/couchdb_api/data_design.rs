@@ -384,12 +384,12 @@ fn check_body(body: &Map<String, Value>) -> CouchResult<()> {
 }
 
 /// CouchDB's check of a design document's view functions on write
-/// ([`super::validation::design_compile_error`]), for `_design/{name}` (`id`) with `body`.
+/// ([`crate::database::validation::design_compile_error`]), for `_design/{name}` (`id`) with `body`.
 async fn check_compiles(state: &CouchState, id: &str, body: &Map<String, Value>) -> CouchResult<()> {
     let mut doc = body.clone();
     doc.insert("_id".into(), Value::from(id));
-    match super::validation::design_compile_error(&state.js, &state.db, &Value::Object(doc)).await {
-        Some(refusal) => Err(refusal),
+    match crate::database::validation::design_compile_error(&state.js, &state.db, &Value::Object(doc)).await {
+        Some(refusal) => Err(refusal.into()),
         None => Ok(()),
     }
 }

@@ -158,7 +158,7 @@ impl CouchApp {
                         settings.couchdb_attachment_limit(),
                         Duration::from_secs(settings.couchdb_attachment_grace_secs),
                     )
-                    .with_write_guard(Arc::new(validation::DesignValidation::new(js.clone()))),
+                    .with_write_guard(Arc::new(crate::database::validation::DesignValidation::new(js.clone()))),
             ),
             max_dbs_info_keys: settings.couchdb_max_dbs_info_keys,
             max_view_queries: settings.couchdb_max_view_queries,
