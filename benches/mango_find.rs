@@ -1,4 +1,4 @@
-//! Mango `_find` benchmark over the embedded store (issue 14's `src/couchdb_api/mango/`).
+//! Mango `_find` benchmark over the embedded store (issue 14's Mango, now `src/mango/`).
 //!
 //! Run it with `cargo bench --bench benches -- mango_find`. It writes `MANGO_BENCH_DOCS` documents (default
 //! 20,000: 20 users × 10 namespaces, a number `n` in 0..1000) to a fresh embedded store, then times
@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use agentstore::backend::embedded::EmbeddedBackend;
 use agentstore::backend::{BulkWrite, DocumentBackend, Precondition};
-use agentstore::couchdb_api::mango::{create_index, find, IndexCatalog};
+use agentstore::mango::{create_index, find, IndexCatalog};
 use serde_json::{json, Map, Value};
 
 const USERS: usize = 20;

@@ -11,6 +11,7 @@
 //!   bringing a store to this release's layout (`upgrade`).
 //! - [`http`]: the REST API over the facade (`agentstore serve`).
 //! - [`couchdb_api`]: CouchDB's HTTP API over the facade, for existing CouchDB clients.
+//! - [`mango`]: Mango, CouchDB's query language (`_find`, `_index`), below the CouchDB API.
 //! - [`js`]: the JavaScript engine for design documents (map, reduce, validation, filters).
 //! - [`server`]: what both faces share as servers: listener and loopback rule, accept loop and
 //!   connection limits, body budgets, panics, the shutdown signal.
@@ -25,6 +26,7 @@ pub mod database;
 pub mod error;
 pub mod http;
 pub mod js;
+pub mod mango;
 pub mod migrate;
 pub mod model;
 pub mod replication_client;

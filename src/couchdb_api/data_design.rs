@@ -22,7 +22,7 @@
 //! changed document as CouchDB shows it (with `_conflicts` from its revision tree), and an
 //! incarnation kept in the local document [`INCARNATION_DOC`]. The HTTP answers are the other
 //! databases' ([`super::database::Viewed`]). Its created Mango JSON indexes are groups over the
-//! same source ([`super::mango::index_source`]).
+//! same source ([`crate::mango::index_source`]).
 //!
 //! ## Purges
 //! `purge_user` erases a user's documents with their feed entries, so no feed page tells an
@@ -182,7 +182,7 @@ impl DataStoreSource {
 
     /// The view group signatures of its created Mango indexes (`_view_cleanup` keeps them).
     pub(crate) async fn mango_index_signatures(&self) -> CouchResult<Vec<String>> {
-        Ok(super::mango::index::data_store_signatures(self.backend.as_ref()).await?)
+        Ok(crate::mango::index::data_store_signatures(self.backend.as_ref()).await?)
     }
 
     /// The live design document `_design/{name}` as CouchDB shows it (404 `missing`/`deleted`).
@@ -384,12 +384,12 @@ fn check_body(body: &Map<String, Value>) -> CouchResult<()> {
 }
 
 /// CouchDB's check of a design document's view functions on write
-/// ([`super::validation::design_compile_error`]), for `_design/{name}` (`id`) with `body`.
+/// ([`crate::database::validation::design_compile_error`]), for `_design/{name}` (`id`) with `body`.
 async fn check_compiles(state: &CouchState, id: &str, body: &Map<String, Value>) -> CouchResult<()> {
     let mut doc = body.clone();
     doc.insert("_id".into(), Value::from(id));
-    match super::validation::design_compile_error(&state.js, &state.db, &Value::Object(doc)).await {
-        Some(refusal) => Err(refusal),
+    match crate::database::validation::design_compile_error(&state.js, &state.db, &Value::Object(doc)).await {
+        Some(refusal) => Err(refusal.into()),
         None => Ok(()),
     }
 }

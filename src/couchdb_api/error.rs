@@ -6,7 +6,9 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
+use crate::database::validation::FunctionFailure;
 use crate::error::{Error, ErrorKind};
+use crate::mango::MangoError;
 use crate::server::budget::Stopping;
 
 /// An error on its way to a CouchDB client.
@@ -102,8 +104,12 @@ impl CouchError {
 
 impl From<Error> for CouchError {
     fn from(err: Error) -> Self {
-        if let Some(Answered(answer)) = std::error::Error::source(&err).and_then(|s| s.downcast_ref::<Answered>()) {
+        let source = std::error::Error::source(&err);
+        if let Some(Answered(answer)) = source.and_then(|s| s.downcast_ref::<Answered>()) {
             return answer.clone();
+        }
+        if let Some(failure) = source.and_then(|s| s.downcast_ref::<FunctionFailure>()) {
+            return CouchError::from(failure.clone());
         }
         let (status, error) = match err.kind() {
             ErrorKind::InvalidInput => (StatusCode::BAD_REQUEST, "bad_request"),
@@ -145,6 +151,31 @@ impl IntoResponse for CouchError {
             headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
         response
+    }
+}
+
+impl From<MangoError> for CouchError {
+    /// Mango's refusals as Mango decided them; the failures below it (the store, a view index)
+    /// as every route answers them.
+    fn from(error: MangoError) -> Self {
+        match error {
+            MangoError::Refused(refusal) => CouchError::new(refusal.status, refusal.error, refusal.reason),
+            MangoError::Storage(error) => CouchError::from(error),
+            MangoError::View(error) => CouchError::from(error),
+        }
+    }
+}
+
+impl From<FunctionFailure> for CouchError {
+    /// A design function's failure as CouchDB answers it: `compilation_error` for a design
+    /// document's view that does not compile, else as a view's function failing.
+    fn from(failure: FunctionFailure) -> Self {
+        match failure {
+            FunctionFailure::Call(err) => CouchError::from(crate::views::javascript::view_error(err)),
+            FunctionFailure::ViewCompilation(reason) => {
+                CouchError::new(StatusCode::BAD_REQUEST, "compilation_error", reason)
+            }
+        }
     }
 }
 

@@ -29,7 +29,6 @@ mod design;
 mod document;
 pub mod error;
 mod local_docs;
-pub mod mango;
 mod multipart;
 mod position_seal;
 mod query;
@@ -125,7 +124,7 @@ impl CouchApp {
         let views = Arc::new(
             crate::views::service::Views::new(
                 view_index,
-                Arc::new(mango::index_map::WithMangoIndexes(crate::views::javascript::JavaScriptViews::new(
+                Arc::new(crate::mango::index_map::WithMangoIndexes(crate::views::javascript::JavaScriptViews::new(
                     js.clone(),
                 ))),
             )
@@ -159,7 +158,7 @@ impl CouchApp {
                         settings.couchdb_attachment_limit(),
                         Duration::from_secs(settings.couchdb_attachment_grace_secs),
                     )
-                    .with_write_guard(Arc::new(validation::DesignValidation::new(js.clone()))),
+                    .with_write_guard(Arc::new(crate::database::validation::DesignValidation::new(js.clone()))),
             ),
             max_dbs_info_keys: settings.couchdb_max_dbs_info_keys,
             max_view_queries: settings.couchdb_max_view_queries,

@@ -1,7 +1,8 @@
-//! Mango over HTTP: `POST /{db}/_find`, `POST /{db}/_explain`, `GET/POST /{db}/_index` and
-//! `DELETE /{db}/_index/{ddoc}/json/{name}`. The language, the plans and the paging live in
-//! [`super::mango`]; this module reads the requests, applies the login's restriction to its own
-//! user's documents, and answers.
+//! Mango over HTTP on the data-store database: `POST /{db}/_find`, `POST /{db}/_explain`,
+//! `GET/POST /{db}/_index` and `DELETE /{db}/_index/{ddoc}/json/{name}`. The language, the plans
+//! and the paging live in [`crate::mango`]; this module reads the requests, applies the login's
+//! restriction to its own user's documents, and answers (Mango's errors become CouchDB's answers
+//! in [`super::error`]).
 
 use axum::body::Body;
 use axum::extract::{Extension, State};
@@ -10,9 +11,9 @@ use serde_json::Value;
 
 use super::access::Principal;
 use super::error::CouchError;
-use super::mango;
 use super::served_db::{IndexPath, ServedDb};
 use super::{json, Answer, CouchState};
+use crate::mango;
 
 /// `POST /{db}/_find`.
 pub async fn find(

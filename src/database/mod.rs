@@ -9,6 +9,8 @@
 //! - [`document`]: CouchDB's rules for a client's document (ids, special fields, size).
 //! - [`attachments`]: attachment bytes, chunked into the backend and addressed by SHA-256.
 //! - [`doc_attachments`]: `_attachments` in documents: stubs, inline data, carried stubs.
+//! - [`write_guard`] and [`validation`]: the check before every write, and CouchDB's
+//!   `validate_doc_update` run as that check.
 //! - [`Databases`] (here): the open databases of the server, over the backend's catalog.
 
 pub mod attachments;
@@ -18,6 +20,7 @@ pub mod engine;
 pub mod rev_id;
 pub use crate::backend::rev_tree;
 pub mod seq;
+pub mod validation;
 pub mod write_guard;
 
 use std::collections::HashMap;

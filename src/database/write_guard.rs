@@ -1,6 +1,7 @@
 //! A check every write to a document runs before it is applied: CouchDB's
 //! `validate_doc_update`, whose functions live in the database's design documents and run in
-//! the JavaScript engine ([`crate::couchdb_api`] installs the guard; this layer only asks it).
+//! the JavaScript engine ([`super::validation`] is that guard, which the CouchDB API installs on
+//! its databases; the engine only asks it).
 //!
 //! The guard sees each proposed document as CouchDB passes it to the functions: the new body with
 //! `_id`, the `_rev` it was written against (a replicated revision's own), `_deleted` for a

@@ -1,7 +1,7 @@
 //! Mango's routes on a database other than the data-store one whose backend does not forward
 //! requests (over the CouchDB backend these are forwarded before they reach here):
 //! `POST /{db}/_find`, `POST /{db}/_explain`, `GET/POST /{db}/_index`,
-//! `DELETE /{db}/_index/{ddoc}/json/{name}` and `POST /{db}/_index/_bulk_delete`, answered by [`crate::couchdb_api::mango::database`].
+//! `DELETE /{db}/_index/{ddoc}/json/{name}` and `POST /{db}/_index/_bulk_delete`, answered by [`crate::mango::database`].
 //!
 //! Anyone who may read the database may query it; creating or deleting an index writes a design
 //! document, so it needs a database admin, as in CouchDB.
@@ -13,8 +13,8 @@ use axum::http::{HeaderMap, Method, StatusCode, Uri};
 
 use super::OpenDb;
 use crate::couchdb_api::error::CouchError;
-use crate::couchdb_api::mango::database::{self as mango_db, DatabaseIndexes};
 use crate::couchdb_api::{json, Answer, CouchState};
+use crate::mango::database::{self as mango_db, DatabaseIndexes};
 
 /// Every Mango route of the database router, told apart by the path below `/{db}`.
 pub async fn route(

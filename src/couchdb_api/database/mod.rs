@@ -53,6 +53,7 @@ use super::auth::Identity;
 use super::error::CouchError;
 use super::CouchState;
 use crate::backend::catalog::DbName;
+use crate::database::validation::{as_writer, Writer};
 use crate::database::Database;
 
 /// The routes of a database other than the data-store one.
@@ -324,16 +325,16 @@ async fn route(state: &CouchState, request: Request) -> Response {
     *forwarded.headers_mut() = parts.headers;
     let extensions = forwarded.extensions_mut();
     // Who writes, for the databases' validation functions (`validate_doc_update`'s `userCtx`).
-    let mut writer = super::validation::anonymous_writer();
+    let mut writer = Writer::anonymous();
     if let Some(identity) = parts.extensions.get::<super::auth::Identity>() {
-        writer = serde_json::json!({ "name": identity.user_ctx().name, "roles": identity.session_roles() });
+        writer = Writer { name: identity.user_ctx().name.map(str::to_owned), roles: identity.session_roles() };
         extensions.insert(identity.clone());
     }
     if let Some(peer) = parts.extensions.get::<axum::extract::ConnectInfo<std::net::SocketAddr>>() {
         extensions.insert(*peer);
     }
     let router = state.database_router.clone();
-    match super::validation::as_writer(writer, router.oneshot(forwarded)).await {
+    match as_writer(writer, router.oneshot(forwarded)).await {
         Ok(response) => response,
         Err(never) => match never {},
     }

@@ -3,7 +3,7 @@
 use super::*;
 
 /// `_find`, `_index`, `_explain` and the `_selector` feed filter over HTTP; the language itself
-/// is unit-tested in `src/couchdb_api/mango/`.
+/// is unit-tested in `src/mango/`.
 pub(super) async fn mango_over_http(e: Endpoint) -> TestResult {
     let docs: Vec<Value> = (0..60).map(|i| doc("user_123", "notes", &format!("note-{i:03}"), json!(i))).collect();
     let mut others: Vec<Value> = (0..5).map(|i| doc("user_456", "notes", &format!("note-{i:03}"), json!(i))).collect();

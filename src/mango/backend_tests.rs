@@ -112,7 +112,7 @@ async fn transcripts_035_to_038_errors() {
     let (_dir, backend) = fixture_store().await;
     for name in ["035", "036", "037", "038"] {
         let transcript = fixture(name);
-        let error = run(&backend, &transcript["request"]["body"]).await.expect_err(name);
+        let error = run(&backend, &transcript["request"]["body"]).await.expect_err(name).refusal();
         assert_eq!(error.status.as_u16() as u64, transcript["response"]["status"].as_u64().unwrap(), "{name}");
         assert_eq!(error.to_json(), transcript["response"]["body"], "{name}");
     }
@@ -160,14 +160,14 @@ async fn index_listing_creation_and_deletion_follow_transcripts_010_to_012() {
     assert_eq!(IndexCatalog::load(&backend).await.unwrap().indexes.len(), 2);
 
     assert_eq!(delete_index(&backend, &ddoc, "by-n").await.unwrap(), json!({"ok": true}));
-    assert_eq!(delete_index(&backend, &ddoc, "by-n").await.unwrap_err().status.as_u16(), 404);
+    assert_eq!(delete_index(&backend, &ddoc, "by-n").await.unwrap_err().refusal().status.as_u16(), 404);
     assert_eq!(
-        delete_index(&backend, STANDARD_INDEX_DDOC, "idx-user-namespace").await.unwrap_err().status.as_u16(),
+        delete_index(&backend, STANDARD_INDEX_DDOC, "idx-user-namespace").await.unwrap_err().refusal().status.as_u16(),
         403
     );
     assert_eq!(list_indexes(&backend).await.unwrap(), fixture("012")["response"]["body"]);
 
-    let missing = create_index(&backend, &json!({"name": "x"})).await.unwrap_err();
+    let missing = create_index(&backend, &json!({"name": "x"})).await.unwrap_err().refusal();
     assert_eq!(
         (missing.error.as_str(), missing.reason.as_str()),
         ("missing_required_key", "Missing required key: index")
@@ -299,7 +299,7 @@ async fn skip_limit_and_bookmark_at_the_end() {
 async fn sorted_queries_need_an_index_and_page_in_collation_order() {
     let (_dir, backend, docs) = generated_store().await;
     let sorted = json!({"selector": {"userId": "user_1", "n": {"$gt": 100}}, "sort": [{"n": "desc"}], "fields": ["_id", "n"], "limit": 11});
-    let refused = run(&backend, &sorted).await.unwrap_err();
+    let refused = run(&backend, &sorted).await.unwrap_err().refusal();
     assert_eq!(refused.error, "no_usable_index");
     create_index(&backend, &json!({"index": {"fields": ["n"]}})).await.unwrap();
 
@@ -338,7 +338,8 @@ async fn sorted_queries_need_an_index_and_page_in_collation_order() {
     let limits = FindLimits { sort_cap: 20, ..FindLimits::default() };
     let capped = find_with_limits(&backend, &sorted, None, &IndexCatalog::load(&backend).await.unwrap(), limits)
         .await
-        .unwrap_err();
+        .unwrap_err()
+        .refusal();
     assert_eq!(capped.status.as_u16(), 400);
     assert!(capped.reason.contains("at most 20"), "{}", capped.reason);
 }
@@ -445,7 +446,7 @@ async fn use_index_warns_or_refuses_when_the_index_does_not_serve_the_query() {
         warned["warning"],
         "_design/idx-user-namespace was not used because it does not contain a valid index for this query."
     );
-    let refused = run(&backend, &json!({"selector": {"key": "x"}, "use_index": ["6b616e35af647bddcf8e10c3787b8f7ef20b3545"], "allow_fallback": false})).await.unwrap_err();
+    let refused = run(&backend, &json!({"selector": {"key": "x"}, "use_index": ["6b616e35af647bddcf8e10c3787b8f7ef20b3545"], "allow_fallback": false})).await.unwrap_err().refusal();
     assert_eq!(
         (refused.error.as_str(), refused.reason.as_str()),
         ("invalid_index", "_design/6b616e35af647bddcf8e10c3787b8f7ef20b3545 specified by `use_index` could not be found or it is not suitable.")
@@ -458,7 +459,7 @@ async fn an_answer_over_the_byte_budget_is_refused_not_built() {
     let catalog = IndexCatalog::load(&backend).await.unwrap();
     let limits = FindLimits { answer_bytes: 4096, ..FindLimits::default() };
     let everything = json!({"selector": {"userId": "user_1"}, "limit": 1_000_000});
-    let refused = find_with_limits(&backend, &everything, None, &catalog, limits).await.unwrap_err();
+    let refused = find_with_limits(&backend, &everything, None, &catalog, limits).await.unwrap_err().refusal();
     assert_eq!((refused.status.as_u16(), refused.error.as_str()), (400, "answer_too_large"));
     assert!(refused.reason.contains("4096 bytes"), "{}", refused.reason);
     // Smaller pages of the same query fit, and so does a sorted page.
@@ -469,7 +470,7 @@ async fn an_answer_over_the_byte_budget_is_refused_not_built() {
     assert_eq!(paged["docs"].as_array().unwrap().len(), 10);
     let sorted = json!({"selector": {"userId": "user_1"}, "sort": ["namespace"], "limit": 1_000_000});
     assert_eq!(
-        find_with_limits(&backend, &sorted, None, &catalog, limits).await.unwrap_err().error,
+        find_with_limits(&backend, &sorted, None, &catalog, limits).await.unwrap_err().refusal().error,
         "answer_too_large"
     );
 }
@@ -550,7 +551,8 @@ async fn find_sort_rules_follow_couchdb_index_selection() {
     // when the selector has an indexable `_id` condition; an empty `$or` covers every field an
     // index requires.
     let (_dir, backend) = fixture_store().await;
-    let refused = run(&backend, &json!({"selector": {"userId": "user_123"}, "sort": ["_id"]})).await.unwrap_err();
+    let refused =
+        run(&backend, &json!({"selector": {"userId": "user_123"}, "sort": ["_id"]})).await.unwrap_err().refusal();
     assert_eq!((refused.status.as_u16(), refused.error.as_str()), (400, "no_usable_index"));
     let with_id = run(&backend, &json!({"selector": {"userId": "user_123", "_id": {"$gt": null}}, "sort": ["_id"]}))
         .await
@@ -559,7 +561,7 @@ async fn find_sort_rules_follow_couchdb_index_selection() {
     // `{"$or": []}` with a sort the built-in index has: served (and empty).
     let empty_or = run(&backend, &json!({"selector": {"$or": []}, "sort": ["userId"]})).await.unwrap();
     assert_eq!(empty_or, json!({"docs": []}));
-    let empty_or_by_id = run(&backend, &json!({"selector": {"$or": []}, "sort": ["_id"]})).await.unwrap_err();
+    let empty_or_by_id = run(&backend, &json!({"selector": {"$or": []}, "sort": ["_id"]})).await.unwrap_err().refusal();
     assert_eq!(empty_or_by_id.error, "no_usable_index");
     // `_explain` of a sort no index serves: 200 with `index: null` and no `mrargs`.
     let plan =
@@ -569,7 +571,7 @@ async fn find_sort_rules_follow_couchdb_index_selection() {
     assert!(plan["index_candidates"].as_array().unwrap().iter().all(|c| c["analysis"]["usable"] == false), "{plan}");
     // `allow_fallback: false` without `use_index` and a single usable index is CouchDB's
     // `invalid_index` (mango_cursor.erl `create`).
-    let lone = run(&backend, &json!({"selector": {"key": "x"}, "allow_fallback": false})).await.unwrap_err();
+    let lone = run(&backend, &json!({"selector": {"key": "x"}, "allow_fallback": false})).await.unwrap_err().refusal();
     assert_eq!(
         (lone.error.as_str(), lone.reason.as_str()),
         ("invalid_index", "You must specify an index with the `use_index` parameter.")
@@ -599,7 +601,7 @@ async fn index_creation_follows_couchdb_naming() {
     // `missing_required_key`.
     let empty = create_index(&backend, &json!({"index": {"fields": []}})).await.unwrap();
     assert_eq!(empty["result"], "created");
-    let missing = create_index(&backend, &json!({"index": {}})).await.unwrap_err();
+    let missing = create_index(&backend, &json!({"index": {}})).await.unwrap_err().refusal();
     assert_eq!(
         (missing.error.as_str(), missing.reason.as_str()),
         ("missing_required_key", "Missing required key: fields")
@@ -664,19 +666,20 @@ async fn a_partition_is_refused_as_couchdb_refuses_it_on_an_unpartitioned_databa
     // partitioned indexes (none here) so a sort is `no_usable_index`; otherwise `_all_docs` runs
     // and `couch_mrview_util:validate_all_docs_args` answers `query_parse_error`.
     let (_dir, backend) = fixture_store().await;
-    let refused = run(&backend, &json!({"selector": {"userId": "user_123"}, "partition": "p1"})).await.unwrap_err();
+    let refused =
+        run(&backend, &json!({"selector": {"userId": "user_123"}, "partition": "p1"})).await.unwrap_err().refusal();
     assert_eq!(
         (refused.status.as_u16(), refused.error.as_str(), refused.reason.as_str()),
         (400, "query_parse_error", "`partition` parameter is not supported on this db")
     );
     let sorted = json!({"selector": {"userId": "user_123"}, "sort": ["namespace"], "partition": "p1"});
-    assert_eq!(run(&backend, &sorted).await.unwrap_err().error, "no_usable_index");
+    assert_eq!(run(&backend, &sorted).await.unwrap_err().refusal().error, "no_usable_index");
     for (partition, reason) in [
         (json!("_p"), "Partition must not start with an underscore"),
         (json!("a:b"), "Partition must not contain a colon"),
         (json!(5), "Partition must be a string"),
     ] {
-        let e = run(&backend, &json!({"selector": {}, "partition": partition})).await.unwrap_err();
+        let e = run(&backend, &json!({"selector": {}, "partition": partition})).await.unwrap_err().refusal();
         assert_eq!((e.error.as_str(), e.reason.as_str()), ("illegal_partition", reason));
     }
     assert_eq!(run(&backend, &json!({"selector": {"$or": []}, "partition": "p1"})).await.unwrap(), json!({"docs": []}));

@@ -490,7 +490,7 @@ mod tests {
     }
 
     fn error(selector: Value) -> (u16, String, String) {
-        let e = parse(selector.as_object().unwrap()).unwrap_err();
+        let e = parse(selector.as_object().unwrap()).unwrap_err().refusal();
         (e.status.as_u16(), e.error, e.reason)
     }
 

@@ -285,7 +285,7 @@ mod tests {
     use super::*;
 
     fn error_of(body: Value) -> (u16, String, String) {
-        let e = parse_request(&body).unwrap_err();
+        let e = parse_request(&body).unwrap_err().refusal();
         (e.status.as_u16(), e.error, e.reason)
     }
 

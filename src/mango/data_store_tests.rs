@@ -2,21 +2,27 @@
 //! the chosen index's key range instead of paging the backend, in the index's order, filtered
 //! for a per-user login; a partial index holds only its documents; and `purge_user` leaves no row
 //! of the purged user in the index file.
+//!
+//! Mango reads the data-store database as any [`ViewSource`]; the HTTP layer's source of it
+//! (`crate::couchdb_api::data_design::DataStoreSource`) is above Mango, so these tests read the
+//! same feed and the same incarnation document through [`StoreFeed`] (documents without
+//! conflicts, which is all these tests write).
 
 use std::ops::ControlFlow;
 use std::sync::Arc;
 
+use async_trait::async_trait;
 use serde_json::{json, Map, Value};
 
 use super::index::IndexCatalog;
 use super::{create_index, find, find_on_data_store, DataStoreViews};
 use crate::backend::embedded::EmbeddedBackend;
 use crate::backend::{DocumentBackend, Precondition};
-use crate::couchdb_api::data_design::DataStoreSource;
-use crate::store::{DataStore, StoreOptions};
+use crate::store::{DataStore, StoreOptions, VIEWS_INCARNATION_DOC};
 use crate::views::index_store::RowRange;
 use crate::views::service::Views;
-use crate::views::ViewSource;
+use crate::views::source::kept_incarnation;
+use crate::views::{SourceDoc, SourcePage, ViewError, ViewSource};
 
 const DB: &str = "agent_data_store";
 
@@ -24,7 +30,40 @@ struct Fixture {
     _dir: tempfile::TempDir,
     backend: Arc<dyn DocumentBackend>,
     views: Arc<Views>,
-    source: DataStoreSource,
+    source: StoreFeed,
+}
+
+/// The data-store database's change feed as an index reads it: each live changed document as
+/// the backend stores it, the incarnation in the local document `purge_user` removes.
+struct StoreFeed {
+    backend: Arc<dyn DocumentBackend>,
+}
+
+#[async_trait]
+impl ViewSource for StoreFeed {
+    fn name(&self) -> &str {
+        DB
+    }
+
+    async fn incarnation(&self) -> Result<String, ViewError> {
+        kept_incarnation(self.backend.as_ref(), VIEWS_INCARNATION_DOC).await
+    }
+
+    async fn feed_page(&self, since: Option<&str>, limit: usize) -> Result<SourcePage, ViewError> {
+        let page = self.backend.changes(since, limit).await.map_err(ViewError::Storage)?;
+        let ids: Vec<String> = page.changes.iter().map(|change| change.id.clone()).collect();
+        let found = self.backend.get_many(&ids).await.map_err(ViewError::Storage)?;
+        let docs = page
+            .changes
+            .iter()
+            .zip(found)
+            .map(|(change, doc)| SourceDoc {
+                id: change.id.clone(),
+                doc: doc.filter(|_| !change.deleted).map(|doc| doc.to_json()),
+            })
+            .collect();
+        Ok(SourcePage { docs, last_seq: page.last_seq, complete: page.pending == Some(0) })
+    }
 }
 
 async fn fixture() -> Fixture {
@@ -36,7 +75,7 @@ async fn fixture() -> Fixture {
         dir.path().join("views.redb"),
         Arc::new(super::index_map::WithMangoIndexes(super::index_map::NoJavaScript)),
     ));
-    let source = DataStoreSource::new(Arc::clone(&backend), DB);
+    let source = StoreFeed { backend: Arc::clone(&backend) };
     Fixture { _dir: dir, backend, views, source }
 }
 

@@ -244,12 +244,23 @@ pub async fn bulk_delete(db: &Database, request: &Value) -> Result<Value, MangoE
         };
         match outcome {
             Ok(()) => success.push(json!({ "id": ddoc, "ok": true })),
-            Err(err) => fail.push(json!({ "id": ddoc, "error": err.error })),
+            Err(err) => fail.push(json!({ "id": ddoc, "error": failed_row_error(err)? })),
         }
     }
     success.reverse();
     fail.reverse();
     Ok(json!({ "success": success, "fail": fail }))
+}
+
+/// The `error` of a design document `_bulk_delete` could not change (CouchDB puts the error of
+/// the failed write there): Mango's own error name, or the store's kind of failure. A view
+/// index's failure (none is read by a deletion) fails the request.
+fn failed_row_error(err: MangoError) -> Result<String, MangoError> {
+    match err {
+        MangoError::Refused(refusal) => Ok(refusal.error),
+        MangoError::Storage(error) => Ok(error.kind().as_str().to_owned()),
+        view @ MangoError::View(_) => Err(view),
+    }
 }
 
 /// Writes a design document edit; a conflict is CouchDB's `error_saving_ddoc`.
@@ -581,7 +592,7 @@ mod tests {
         assert_eq!(create_index(&f.db, &second).await.unwrap()["result"], "created");
         assert_eq!(delete_index(&f.db, &ddoc, "json", name).await.unwrap(), json!({"ok": true}));
         assert!(!f.db.read(&ddoc).await.unwrap().unwrap().deleted(), "the other index keeps it");
-        let missing = delete_index(&f.db, &ddoc, "json", name).await.unwrap_err();
+        let missing = delete_index(&f.db, &ddoc, "json", name).await.unwrap_err().refusal();
         assert_eq!((missing.status.as_u16(), missing.error.as_str()), (404, "not_found"));
         delete_index(&f.db, &ddoc, "json", "z").await.unwrap();
         assert!(f.db.read(&ddoc).await.unwrap().unwrap().deleted());
@@ -597,12 +608,14 @@ mod tests {
             json!({"success": [{"id": "_design/one", "ok": true}], "fail": [{"id": "_design/none", "error": "not_found"}]})
         );
         assert!(f.db.read("_design/one").await.unwrap().unwrap().deleted());
-        let refused = bulk_delete(&f.db, &json!({"docids": "one"})).await.unwrap_err();
+        let refused = bulk_delete(&f.db, &json!({"docids": "one"})).await.unwrap_err().refusal();
         assert_eq!(refused.error, "invalid_bulk_docs");
 
         put(&f.db, "_design/js", json!({"views": {"v": {"map": "function(d){}"}}})).await;
-        let refused =
-            create_index(&f.db, &json!({"index": {"fields": ["q"]}, "ddoc": "js", "name": "q"})).await.unwrap_err();
+        let refused = create_index(&f.db, &json!({"index": {"fields": ["q"]}, "ddoc": "js", "name": "q"}))
+            .await
+            .unwrap_err()
+            .refusal();
         assert_eq!((refused.status.as_u16(), refused.error.as_str()), (400, "invalid_ddoc_lang"));
         assert_eq!(refused.reason, "Existing design doc has an invalid language: false");
     }

@@ -1,6 +1,8 @@
-//! Mango, CouchDB's query language: `POST /{db}/_find`, `_explain` and `_index`, answered over
-//! the data-store database's [`crate::backend::DocumentBackend`] and over every other database
-//! ([`database`]).
+//! Mango, CouchDB's query language (CouchDB's `mango` application): `_find`, `_explain` and
+//! `_index`, answered over the data-store database's [`crate::backend::DocumentBackend`] and over
+//! every other database ([`database`]). The HTTP routes that read the requests and send the
+//! answers are `crate::couchdb_api`'s (`query.rs`, `database/mango.rs`); nothing here knows HTTP
+//! requests, and nothing here uses the HTTP layer.
 //!
 //! - [`selector`]: a selector's JSON parsed and normalized into an AST, as CouchDB normalizes it.
 //! - CouchDB's JSON collation (type order, numbers by value, strings by the Unicode Collation
@@ -11,13 +13,17 @@
 //! - [`database`]: Mango on the other databases: JSON indexes as `language: "query"` design
 //!   documents, built as views, read by `_find`.
 //! - [`index_source`]: a JSON index's view group read as a `_find` source, on any database this
-//!   process builds indexes for (the data-store database's created indexes too).
+//!   process builds indexes for (the data-store database's created indexes too). A database is
+//!   read as a [`crate::views::ViewSource`] (its feed and incarnation), the trait the views'
+//!   engine reads, so the data-store database comes in as the HTTP layer's source of it.
 //! - [`index`]: the index catalog behind `_index`, and `_explain`.
 //! - [`range`]: the key ranges CouchDB derives from a selector, which steer its index choice.
 //! - [`index_cache`]: the catalog remembered for a few seconds between queries.
 //!
-//! Errors are [`MangoError`], the `{status, error, reason}` shape of the CouchDB API's error, so
-//! the HTTP layer converts one into the other field for field.
+//! Errors are [`MangoError`]: Mango's own refusals with the status, `error` and `reason` CouchDB's
+//! `mango_error` gives them, decided here, and the failures of the layers below (the store, a
+//! view index) carried as they are; the HTTP layer turns one into its answer
+//! (`crate::couchdb_api::error`).
 
 pub mod database;
 pub mod eval;
@@ -38,20 +44,40 @@ mod data_store_tests;
 use axum::http::StatusCode;
 use serde_json::Value;
 
+use crate::views::ViewError;
+
 pub use find::{find, find_on_data_store, find_with_limits, DataStoreViews, FindLimits};
 pub use index::{create_index, delete_index, explain, list_indexes, IndexCatalog};
 
-/// A Mango request's failure as CouchDB reports it: HTTP status, `error` and `reason`.
+/// Why a Mango request failed.
+#[derive(Debug)]
+pub enum MangoError {
+    /// Mango refused the request (or failed in its own terms) as CouchDB reports it.
+    Refused(Refusal),
+    /// The store under the database failed; it is answered as every route answers it.
+    Storage(crate::error::Error),
+    /// A JSON index's view group could not be built or read; answered as the views answer it.
+    View(ViewError),
+}
+
+/// A Mango refusal as CouchDB reports it (`mango_error:info/2`): HTTP status, `error` and `reason`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MangoError {
+pub struct Refusal {
     pub status: StatusCode,
     pub error: String,
     pub reason: String,
 }
 
+impl Refusal {
+    /// The response body CouchDB sends for this refusal.
+    pub fn to_json(&self) -> Value {
+        serde_json::json!({ "error": self.error, "reason": self.reason })
+    }
+}
+
 impl MangoError {
     pub fn new(status: StatusCode, error: impl Into<String>, reason: impl Into<String>) -> Self {
-        MangoError { status, error: error.into(), reason: reason.into() }
+        MangoError::Refused(Refusal { status, error: error.into(), reason: reason.into() })
     }
 
     /// A 400 with CouchDB's `error` code for the problem.
@@ -64,40 +90,57 @@ impl MangoError {
         Self::bad_request("bad_arg", format!("Bad argument for operator {operator}: {}", erlang_term(argument)))
     }
 
-    /// The response body CouchDB sends for this error.
-    pub fn to_json(&self) -> Value {
-        serde_json::json!({ "error": self.error, "reason": self.reason })
+    /// Whether another writer got in first (a write's revision precondition failed).
+    pub fn is_conflict(&self) -> bool {
+        match self {
+            MangoError::Refused(refusal) => refusal.status == StatusCode::CONFLICT,
+            MangoError::Storage(error) => error.is_conflict(),
+            MangoError::View(_) => false,
+        }
+    }
+
+    /// The refusal this is; a test's way to read statuses and reasons (panics on a failure of a
+    /// layer below).
+    #[cfg(test)]
+    pub(crate) fn refusal(self) -> Refusal {
+        match self {
+            MangoError::Refused(refusal) => refusal,
+            other => panic!("a failure below Mango, not a refusal: {other}"),
+        }
     }
 }
 
 impl std::fmt::Display for MangoError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} {}: {}", self.status.as_u16(), self.error, self.reason)
+        match self {
+            MangoError::Refused(Refusal { status, error, reason }) => {
+                write!(f, "{} {error}: {reason}", status.as_u16())
+            }
+            MangoError::Storage(error) => write!(f, "{error}"),
+            MangoError::View(error) => write!(f, "{error}"),
+        }
     }
 }
 
-impl std::error::Error for MangoError {}
+impl std::error::Error for MangoError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            MangoError::Storage(error) => Some(error),
+            MangoError::Refused(_) | MangoError::View(_) => None,
+        }
+    }
+}
 
 impl From<crate::error::Error> for MangoError {
-    /// A backend failure while answering a query, answered as every CouchDB API route answers it
-    /// (a 5xx keeps its details in the log).
+    /// A store failure while answering a query, carried as it is.
     fn from(error: crate::error::Error) -> Self {
-        let couch = super::error::CouchError::from(error);
-        MangoError::new(couch.status, couch.error, couch.reason)
+        MangoError::Storage(error)
     }
 }
 
-impl From<super::error::CouchError> for MangoError {
-    /// A failure of the layers a Mango request uses (the view index, document reads), in the
-    /// same shape.
-    fn from(error: super::error::CouchError) -> Self {
-        MangoError::new(error.status, error.error, error.reason)
-    }
-}
-
-impl From<MangoError> for super::error::CouchError {
-    fn from(error: MangoError) -> Self {
-        super::error::CouchError::new(error.status, error.error, error.reason)
+impl From<ViewError> for MangoError {
+    fn from(error: ViewError) -> Self {
+        MangoError::View(error)
     }
 }
 

@@ -198,7 +198,7 @@ impl IndexCatalog {
             }
             match catalog.save(backend).await {
                 Ok(()) => return Ok(answer),
-                Err(e) if e.status == StatusCode::CONFLICT => continue,
+                Err(e) if e.is_conflict() => continue,
                 Err(e) => return Err(e),
             }
         }

@@ -23,7 +23,7 @@ use crate::views::design::DesignViews;
 use crate::views::index_store::{IndexStore, RowRange};
 use crate::views::query::{Plan, ViewQuery};
 use crate::views::service::Views;
-use crate::views::{ViewError, ViewSource};
+use crate::views::ViewSource;
 
 /// The fewest index rows one read of a JSON index takes.
 const MIN_VIEW_PAGE: usize = 25;
@@ -35,11 +35,6 @@ pub trait RowDocs: Send + Sync {
     /// order asked; `None` for one that is deleted or missing (a row read before its deletion
     /// reached the index), and for design and local documents, which `_find` never returns.
     async fn read(&self, ids: &[String]) -> Result<Vec<Option<Map<String, Value>>>, MangoError>;
-}
-
-/// A view index failure, answered as the view routes answer it.
-pub fn view_failure(err: ViewError) -> MangoError {
-    super::super::error::CouchError::from(err).into()
 }
 
 /// The index `index` of `design` (its group) over `source`, opened for `request`: brought up to
@@ -56,13 +51,13 @@ pub async fn open<'a>(
     let (view, _) = design.view(&index.name).ok_or_else(|| {
         MangoError::new(StatusCode::INTERNAL_SERVER_ERROR, "unknown_error", "an index without its view")
     })?;
-    let indexer = views.indexer().await.map_err(view_failure)?;
+    let indexer = views.indexer().await.map_err(MangoError::View)?;
     let group = if request.update && !request.stale {
         indexer.catch_up(source, design).await
     } else {
         indexer.current(source, design).await
     }
-    .map_err(view_failure)?;
+    .map_err(MangoError::View)?;
     let (start, end) = super::range::key_range(&index.field_names(), &request.selector, &max_key());
     Ok(IndexSource {
         docs,

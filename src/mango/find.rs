@@ -727,7 +727,7 @@ mod tests {
         let position = BackendPosition { token: Some("t".into()), offset: 3, last_id: Some("id".into()) };
         let b = Bookmark::Scan { source: "all".into(), position: Some(position_json(&position)), done: false };
         assert_eq!(Bookmark::decode(&b.encode()).unwrap(), b);
-        let e = Bookmark::decode("not-a-bookmark").unwrap_err();
+        let e = Bookmark::decode("not-a-bookmark").unwrap_err().refusal();
         // Fixture 035.
         assert_eq!(
             (e.status.as_u16(), e.error.as_str(), e.reason.as_str()),
