@@ -96,7 +96,7 @@ pub enum Command {
     Import(crate::migrate::command::ImportArgs),
     /// Print the backend's change feed as NDJSON: one line per changed document (`seq`, `id`,
     /// `rev`, `deleted`), then `{"last_seq": …}`, the position to continue from with --since
-    Changes(crate::changes::ChangesArgs),
+    Changes(crate::feed::ChangesArgs),
     /// Bring a store written by an earlier release to this release's layout, in place: resumable
     /// (checkpoint file), idempotent, safe while the service runs; JSON report on stdout
     Upgrade(crate::upgrade::UpgradeArgs),
@@ -226,7 +226,7 @@ pub async fn run(cli: Cli, settings: Settings) -> Result<u8> {
         Command::Export(args) => return crate::migrate::command::export(args, &settings).await,
         Command::Import(args) => return crate::migrate::command::import(args, &settings).await,
         Command::Changes(args) => {
-            return crate::changes::run(open_existing_backend(&settings).await?, args).await.map(|()| 0)
+            return crate::feed::run(open_existing_backend(&settings).await?, args).await.map(|()| 0)
         }
         Command::Upgrade(args) => {
             return crate::upgrade::run(open_existing_backend(&settings).await?, args).await.map(|()| 0)

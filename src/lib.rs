@@ -6,8 +6,8 @@
 //! - [`store`]: [`store::DataStore`], the facade with the data-store semantics (metadata merge,
 //!   access tracking, listings), written once for every backend.
 //! - [`migrate`]: `migrate`, `verify`, `export`, `import` between any two backends, and moving a
-//!   whole deployment's databases ([`migrate::databases`], over [`replication_client`] for servers).
-//! - [`changes`] and [`upgrade`]: reading the change feed (`changes`, `GET /v1/changes`) and
+//!   whole deployment's databases ([`migrate::deployment`], over [`replication_client`] for servers).
+//! - [`feed`] and [`upgrade`]: reading the change feed (`changes`, `GET /v1/changes`) and
 //!   bringing a store to this release's layout (`upgrade`).
 //! - [`http`]: the REST API over the facade (`agentstore serve`).
 //! - [`couchdb_api`]: CouchDB's HTTP API over the facade, for existing CouchDB clients.
@@ -18,12 +18,12 @@
 //! - [`config`] and [`cli`]: settings and the `agentstore` command.
 
 pub mod backend;
-pub mod changes;
 pub mod cli;
 pub mod config;
 pub mod couchdb_api;
 pub mod database;
 pub mod error;
+pub mod feed;
 pub mod http;
 pub mod js;
 pub mod mango;

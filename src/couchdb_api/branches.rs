@@ -41,7 +41,7 @@ pub(crate) async fn read(
     headers: &HeaderMap,
 ) -> Answer {
     let tree = tree_of(state, id).await?;
-    super::database::answer_read(id, tree.as_ref(), params, headers)
+    super::db::answer_read(id, tree.as_ref(), params, headers)
 }
 
 /// Whether the document has leaves besides its winner.

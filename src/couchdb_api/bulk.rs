@@ -349,8 +349,8 @@ async fn bulk_get_one(state: &CouchState, principal: &Principal, item: &Value, r
                     latest.then(|| tree.leaves().into_iter().find(|leaf| leaf.path.revs().iter().any(|r| r == rev)))?
                 }) {
                     Some(leaf) => {
-                        let options = super::database::DocOptions { revs, ..Default::default() };
-                        super::database::leaf_json(id, &tree, leaf, options)
+                        let options = super::db::DocOptions { revs, ..Default::default() };
+                        super::db::leaf_json(id, &tree, leaf, options)
                     }
                     None => return error("not_found", "missing"),
                 },

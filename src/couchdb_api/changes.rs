@@ -49,11 +49,11 @@ use super::request::{bool_param, json_param};
 use super::served_db::ServedDb;
 use super::{Answer, CouchState};
 use crate::backend::{Change, DocumentBackend, StoredDocument};
-use crate::changes::{read_page, resolve_since, DeliveredTail, FeedPage, PollBackoff, DEFAULT_PAGE};
 use crate::config::Settings;
 use crate::database::seq::{self, Ranks};
 use crate::database::Database;
 use crate::error::ErrorKind;
+use crate::feed::{read_page, resolve_since, DeliveredTail, FeedPage, PollBackoff, DEFAULT_PAGE};
 
 /// The longest pause between two polls of an idle feed.
 const POLL_CEILING: Duration = Duration::from_secs(1);
@@ -216,7 +216,7 @@ struct ChangesRequest {
     conflicts: bool,
     /// `attachments=true` / `atts_since` (with `include_docs`, on databases besides the data-store
     /// one): attachments with their bytes instead of stubs.
-    inline: Option<super::database::Inline>,
+    inline: Option<super::db::Inline>,
     /// `feed=eventsource`: a continuous feed framed as server-sent events (`data:` and `id:`
     /// lines per row, heartbeats as `event: heartbeat`), as CouchDB frames it.
     eventsource: bool,
@@ -287,8 +287,8 @@ async fn resolve_filter(
     let id = format!("_design/{ddoc}");
     let stored = db.read(&id).await?.ok_or_else(|| CouchError::not_found("missing"))?;
     let winner = stored.tree.winner().filter(|leaf| !leaf.deleted).ok_or_else(|| CouchError::not_found("deleted"))?;
-    let doc = super::database::leaf_json(&id, &stored.tree, winner, super::database::DocOptions::default());
-    let sec_obj = super::database::security_of(db).await?;
+    let doc = super::db::leaf_json(&id, &stored.tree, winner, super::db::DocOptions::default());
+    let sec_obj = super::db::security_of(db).await?;
     install_named_filter(state, db.name(), doc, sec_obj, identity, params, request)
 }
 
@@ -334,7 +334,7 @@ fn install_named_filter(
 /// `GET /{db}/_changes` of a database other than the data-store one.
 pub(crate) async fn get_database_changes(
     State(state): State<CouchState>,
-    opened: super::database::OpenDb,
+    opened: super::db::OpenDb,
     identity: Option<Extension<Identity>>,
     peer: Option<Extension<ConnectInfo<SocketAddr>>>,
     Query(params): Query<HashMap<String, String>>,
@@ -348,7 +348,7 @@ pub(crate) async fn get_database_changes(
 /// `POST /{db}/_changes` of a database other than the data-store one.
 pub(crate) async fn post_database_changes(
     State(state): State<CouchState>,
-    opened: super::database::OpenDb,
+    opened: super::db::OpenDb,
     identity: Option<Extension<Identity>>,
     peer: Option<Extension<ConnectInfo<SocketAddr>>>,
     Query(params): Query<HashMap<String, String>>,
@@ -463,7 +463,7 @@ fn parse_request(
         descending,
         eventsource,
         conflicts: bool_param("conflicts", param("conflicts"), false)?,
-        inline: super::database::inline_wanted(params)?,
+        inline: super::db::inline_wanted(params)?,
     })
 }
 
@@ -1060,7 +1060,7 @@ async fn database_rows(
     changes: &[Change],
     shown: &[String],
 ) -> crate::Result<Vec<Value>> {
-    let (rows, _shares) = super::database::with_own_shares(page_rows(database, request, changes, shown)).await;
+    let (rows, _shares) = super::db::with_own_shares(page_rows(database, request, changes, shown)).await;
     rows
 }
 
@@ -1094,10 +1094,10 @@ async fn page_rows(
         // Purged since the feed read: nothing left to report.
         let Some(state) = state else { continue };
         let Some(winner) = state.tree.winner() else { continue };
-        let options = super::database::DocOptions { conflicts: request.conflicts, ..Default::default() };
-        let mut doc = super::database::leaf_json(&change.id, &state.tree, winner, options);
+        let options = super::db::DocOptions { conflicts: request.conflicts, ..Default::default() };
+        let mut doc = super::db::leaf_json(&change.id, &state.tree, winner, options);
         if let (true, Some(inline)) = (request.include_docs, &request.inline) {
-            super::database::inline_into(database, winner, &mut doc, inline).await.map_err(CouchError::carried)?;
+            super::db::inline_into(database, winner, &mut doc, inline).await.map_err(CouchError::carried)?;
         }
         if let Filter::Selector(matches) = &request.filter {
             if !matches(&doc) {
@@ -1135,8 +1135,8 @@ async fn filter_page(
             continue;
         };
         let (state, winner) = winner;
-        let options = super::database::DocOptions::default();
-        docs.push(Arc::new(super::database::leaf_json(&change.id, &state.tree, winner, options)));
+        let options = super::db::DocOptions::default();
+        docs.push(Arc::new(super::db::leaf_json(&change.id, &state.tree, winner, options)));
         at.push(index);
     }
     let mut passed = vec![false; changes.len()];

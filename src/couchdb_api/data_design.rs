@@ -21,7 +21,7 @@
 //! [`DataStoreSource`] is the data-store database as a [`ViewSource`]: its change feed, each
 //! changed document as CouchDB shows it (with `_conflicts` from its revision tree), and an
 //! incarnation kept in the local document [`INCARNATION_DOC`]. The HTTP answers are the other
-//! databases' ([`super::database::Viewed`]). Its created Mango JSON indexes are groups over the
+//! databases' ([`super::db::Viewed`]). Its created Mango JSON indexes are groups over the
 //! same source ([`crate::mango::index_source`]).
 //!
 //! ## Purges
@@ -49,9 +49,7 @@ use axum::http::{HeaderMap, Method, StatusCode};
 use percent_encoding::percent_decode_str;
 use serde_json::{Map, Value};
 
-use super::database::{
-    answer_read, cleanup_answer, info_answer, leaf_json, queries_answer, view_answer, DocOptions, Viewed,
-};
+use super::db::{answer_read, cleanup_answer, info_answer, leaf_json, queries_answer, view_answer, DocOptions, Viewed};
 use super::error::{CouchError, CouchResult};
 use super::{Answer, CouchState};
 use crate::backend::rev_tree::{EditError, RevTree};
@@ -329,7 +327,7 @@ async fn document(
             let Value::Object(doc) = doc.value else {
                 return Err(CouchError::bad_request("Document must be a JSON object"));
             };
-            let parsed = crate::database::document::parse(doc).map_err(super::database::refused)?;
+            let parsed = crate::database::document::parse(doc).map_err(super::db::refused)?;
             if parsed.id.as_deref().is_some_and(|sent| sent != id) {
                 return Err(CouchError::bad_request("Document id must match"));
             }

@@ -51,7 +51,7 @@ pub async fn get_document(
         }
     }
     principal.check_id(&docid)?;
-    let params = super::database::without_empty_open_revs(&params);
+    let params = super::db::without_empty_open_revs(&params);
     if branches::wants_tree(&params) {
         return branches::read(&state, &docid, &params, &headers).await;
     }
@@ -611,7 +611,7 @@ async fn local_put(
     let Value::Object(mut body) = doc.value else {
         return Err(CouchError::bad_request("Document must be a JSON object"));
     };
-    crate::database::document::check_local(&body).map_err(crate::couchdb_api::database::refused)?;
+    crate::database::document::check_local(&body).map_err(crate::couchdb_api::db::refused)?;
     body.shift_remove("_id");
     let body_rev = match body.shift_remove("_rev") {
         Some(Value::String(rev)) => Some(rev),

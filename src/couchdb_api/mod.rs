@@ -24,7 +24,7 @@ mod bulk;
 mod changes;
 pub mod data_design;
 pub mod data_document;
-mod database;
+mod db;
 mod design;
 mod document;
 pub mod error;
@@ -85,7 +85,7 @@ pub(crate) struct CouchState {
     /// The data-store database as the source of its views' indexes (where its backend does not
     /// run design documents itself).
     pub data_store_views: Arc<data_design::DataStoreSource>,
-    /// Their routes ([`database::router`]); empty inside those routes' own state.
+    /// Their routes ([`db::router`]); empty inside those routes' own state.
     pub database_router: axum::Router,
 }
 
@@ -166,7 +166,7 @@ impl CouchApp {
             js,
             database_router: axum::Router::new(),
         };
-        let state = CouchState { database_router: database::router(state.clone()), ..state };
+        let state = CouchState { database_router: db::router(state.clone()), ..state };
         let open = state.auth.is_open();
         let databases = Arc::clone(&state.databases);
         Ok(CouchApp { router: router(state, request::Bodies::query_limit(settings)), databases, open, stopping })
@@ -219,8 +219,8 @@ fn router(state: CouchState, query_limit: request::EndpointLimit) -> Router {
         .route_layer(from_fn_with_state(query_limit, request::limit_bodies));
     // The server's own endpoints take any login, a login of the other databases only too.
     let server_endpoints = Router::new()
-        .route("/_all_dbs", get(database::all_dbs))
-        .route("/_dbs_info", post(database::dbs_info))
+        .route("/_all_dbs", get(db::all_dbs))
+        .route("/_dbs_info", post(db::dbs_info))
         .route("/_active_tasks", get(server::active_tasks))
         .route("/_membership", get(server::membership))
         .route("/_scheduler/jobs", get(server::scheduler_jobs))
@@ -269,10 +269,10 @@ fn router(state: CouchState, query_limit: request::EndpointLimit) -> Router {
         .method_not_allowed_fallback(server::method_not_allowed)
         // Before routing, so every method reaches a database's own routes (the data-store
         // routes take fewer methods); after identification, which it needs.
-        .layer(from_fn_with_state(state.clone(), database::dispatch))
+        .layer(from_fn_with_state(state.clone(), db::dispatch))
         // Outside the dispatch, so the inline attachments of every database's answers are held
         // in the server-wide budget until the answer is sent.
-        .layer(from_fn(database::hold_inline_until_sent))
+        .layer(from_fn(db::hold_inline_until_sent))
         .layer(from_fn_with_state(Arc::clone(&state.auth), auth::identify_request))
         .layer(crate::server::catch_panics("couchdb", server::internal_error))
         .layer(from_fn(response::couchdb_headers))

@@ -20,8 +20,8 @@ use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM, NONCE_LEN};
 use ring::hkdf::{Prk, Salt, HKDF_SHA256};
 
 use super::access::Principal;
-use crate::changes::SINCE_NOW;
 use crate::error::{Error, ErrorKind, Result};
+use crate::feed::SINCE_NOW;
 
 /// Random bytes opening each token, from which the token's own key is derived. Each token gets a
 /// key of its own (and the all-zero nonce), so the number of tokens a key seals is not bounded

@@ -184,7 +184,7 @@ pub async fn create_db(
     }
     server_admin_only(&identity)?;
     if !SYSTEM_DATABASES.contains(&db.as_str()) {
-        return Err(super::database::db_name(&db)
+        return Err(super::db::db_name(&db)
             .err()
             .unwrap_or_else(|| CouchError::internal(format!("{db:?} starts with `_` yet passed the name rule"))));
     }

@@ -85,7 +85,7 @@ pub async fn current_and_length(backend: &dyn DocumentBackend) -> crate::Result<
 }
 
 /// The most feed entries read past a position to learn its rank ([`shown_position`]).
-pub const RANK_READ_LIMIT: usize = crate::changes::DEFAULT_PAGE;
+pub const RANK_READ_LIMIT: usize = crate::feed::DEFAULT_PAGE;
 
 /// An earlier position `token` of the feed as a database shows it (a view's `update_seq`): where
 /// the backend counts its feed, ranked as the feed's length less the entries after it, read up to
@@ -93,7 +93,7 @@ pub const RANK_READ_LIMIT: usize = crate::changes::DEFAULT_PAGE;
 /// does not count, numbered by [`show`].
 pub async fn shown_position(backend: &dyn DocumentBackend, token: &str) -> crate::Result<String> {
     let Some(length) = backend.feed_length().await? else { return Ok(show(token)) };
-    let after = crate::changes::read_page(backend, Some(token), RANK_READ_LIMIT).await?;
+    let after = crate::feed::read_page(backend, Some(token), RANK_READ_LIMIT).await?;
     Ok(match after.pending {
         0 => show_ranked(length.saturating_sub(after.changes.len() as u64), token),
         _ => show(token),

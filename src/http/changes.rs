@@ -21,8 +21,8 @@ use tokio::time::Instant;
 use super::error::ApiError;
 use super::routes::AppState;
 use crate::backend::{DocumentBackend, LayoutState};
-use crate::changes::{read_page, resolve_since, FeedPage, PollBackoff, DEFAULT_PAGE, MAX_PAGE};
 use crate::error::ErrorKind;
+use crate::feed::{read_page, resolve_since, FeedPage, PollBackoff, DEFAULT_PAGE, MAX_PAGE};
 
 /// The longpoll wait when the client names none (CouchDB's default).
 pub const DEFAULT_TIMEOUT_MS: u64 = 60_000;

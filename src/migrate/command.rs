@@ -7,7 +7,7 @@ use clap::Args;
 use serde::Serialize;
 
 use super::census;
-use super::databases::{MoveOptions, Selection, Side as DbSide};
+use super::deployment::{MoveOptions, Selection, Side as DbSide};
 use super::progress::ProgressMode;
 use super::sink::ConflictPolicy;
 use super::transform::AccessTracking;
@@ -102,7 +102,7 @@ pub struct MigrateArgs {
     #[arg(long)]
     pub delete_missing: bool,
     /// With --all-databases: databases copied at once
-    #[arg(long, value_name = "N", default_value_t = super::databases::DEFAULT_DATABASES_AT_ONCE)]
+    #[arg(long, value_name = "N", default_value_t = super::deployment::DEFAULT_DATABASES_AT_ONCE)]
     pub databases_at_once: usize,
     #[command(flatten)]
     pub pipeline: PipelineArgs,
@@ -184,7 +184,7 @@ impl DatabaseFileArgs {
         match self.max_line_bytes {
             Some(0) => Err(Error::invalid("max-line-bytes", "must be at least 1")),
             Some(bytes) => Ok(bytes),
-            None => Ok(super::databases::archive::default_max_line_bytes(
+            None => Ok(super::deployment::archive::default_max_line_bytes(
                 settings.couchdb_max_document_bytes,
                 settings.couchdb_max_attachment_bytes,
             )),
@@ -490,7 +490,7 @@ async fn export_databases(args: ExportArgs, settings: &Settings) -> Result<u8> {
         return Err(Error::invalid("checkpoint", "an export of whole databases has no checkpoint: it starts over"));
     }
     let source = open_side("source", &args.from, settings, true).await?;
-    let options = super::databases::archive::ExportOptions {
+    let options = super::deployment::archive::ExportOptions {
         selection: args.databases.selection(),
         batch_size: pipeline.batch_size,
         out: args.out.clone(),
@@ -501,7 +501,7 @@ async fn export_databases(args: ExportArgs, settings: &Settings) -> Result<u8> {
             _ => ProgressMode::Log,
         },
     };
-    let report = super::databases::archive::export(source, options, stop).await?;
+    let report = super::deployment::archive::export(source, options, stop).await?;
     emit(&report, pipeline.report.as_deref())?;
     Ok(report.exit_code())
 }
@@ -515,7 +515,7 @@ async fn import_databases(args: ImportArgs, settings: &Settings) -> Result<u8> {
         return Err(Error::invalid("in", format!("{} is not a readable file", args.input.display())));
     }
     let target = open_side("target", &args.to, settings, false).await?;
-    let options = super::databases::archive::ImportOptions {
+    let options = super::deployment::archive::ImportOptions {
         selection: args.databases.selection(),
         batch_size: pipeline.batch_size,
         input: args.input.clone(),
@@ -529,7 +529,7 @@ async fn import_databases(args: ImportArgs, settings: &Settings) -> Result<u8> {
         },
         max_issues: pipeline.max_issues,
     };
-    let report = super::databases::archive::import(target, options, stop).await?;
+    let report = super::deployment::archive::import(target, options, stop).await?;
     emit(&report, pipeline.report.as_deref())?;
     Ok(report.exit_code())
 }
@@ -567,7 +567,7 @@ async fn migrate_databases(args: MigrateArgs, settings: &Settings, stop: super::
         },
         max_issues: pipeline.max_issues,
     };
-    let report = super::databases::run(source, target, options, stop).await?;
+    let report = super::deployment::run(source, target, options, stop).await?;
     emit(&report, pipeline.report.as_deref())?;
     Ok(report.exit_code())
 }
@@ -578,7 +578,7 @@ async fn verify_databases(args: VerifyArgs, settings: &Settings) -> Result<u8> {
     let (source, target) = open_sides(&args.from, &args.to, settings).await?;
     let selection = Selection { include: args.dbs.clone(), exclude: args.excludes.clone() };
     let names: Vec<String> = source.list().await?.into_iter().filter(|name| selection.admits(name)).collect();
-    let report = super::databases::verify::verify(&source, &target, &names, args.batch_size, args.max_ids).await?;
+    let report = super::deployment::verify::verify(&source, &target, &names, args.batch_size, args.max_ids).await?;
     emit(&report, args.report.as_deref())?;
     Ok(if report.passed { 0 } else { super::EXIT_DIFFERENT })
 }

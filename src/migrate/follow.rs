@@ -38,8 +38,8 @@ use super::report::Ledger;
 use super::sink::{self, ConflictPolicy, Outgoing};
 use super::{Filter, Options};
 use crate::backend::{BulkWrite, DocumentBackend, Precondition, StoredDocument};
-use crate::changes::{read_page, FeedPage, PollBackoff};
 use crate::error::{Error, Result};
+use crate::feed::{read_page, FeedPage, PollBackoff};
 use crate::model::DocumentId;
 
 /// How many times a document is applied again when the target moves between the read and the
@@ -242,7 +242,7 @@ impl Follower<'_> {
 
     /// One page of changes after `position`.
     async fn read_changes(&self, position: &str) -> Result<FeedPage> {
-        let batch = self.options.batch_size.clamp(1, crate::changes::MAX_PAGE);
+        let batch = self.options.batch_size.clamp(1, crate::feed::MAX_PAGE);
         read_page(self.source.as_ref(), Some(position), batch)
             .await
             .map_err(|e| Error::new(e.kind(), "source: read the change feed").with_source(e))

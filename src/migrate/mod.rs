@@ -29,7 +29,7 @@ pub mod canonical;
 pub mod census;
 pub mod checkpoint;
 pub mod command;
-pub mod databases;
+pub mod deployment;
 pub mod follow;
 pub mod journal;
 pub mod progress;

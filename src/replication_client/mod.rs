@@ -1,7 +1,7 @@
 //! The HTTP side of moving a deployment: a client of CouchDB's replication protocol for any
 //! CouchDB-protocol server (Apache CouchDB, pouchdb-server, or an agentstore `serve` with its
 //! CouchDB face). `agentstore migrate --all-databases` reads and writes a server's databases
-//! through it ([`crate::migrate::databases`]); everything this project says to a CouchDB server
+//! through it ([`crate::migrate::deployment`]); everything this project says to a CouchDB server
 //! for that is here.
 //!
 //! What it uses, all of it in CouchDB 2.x/3.x and pouchdb-server:
@@ -10,7 +10,7 @@
 //! `GET /{db}/_changes?style=all_docs&since=&limit=`, `POST /{db}/_revs_diff`,
 //! `POST /{db}/_bulk_get?revs=true[&attachments=true]` (JSON; attachments as stubs, or as base64
 //! for small ones), `POST /{db}/_bulk_docs` with `new_edits: false`, and for attachments too large
-//! to travel inline (`crate::migrate::databases`, "Memory"): `GET /{db}/{doc}/{name}?rev=` (the
+//! to travel inline (`crate::migrate::deployment`, "Memory"): `GET /{db}/{doc}/{name}?rev=` (the
 //! bytes streamed) and `PUT /{db}/{doc}?new_edits=false` as `multipart/related`, the document's
 //! JSON then each attachment's bytes streamed as a part. CouchDB reads the parts in the order the
 //! JSON's `follows` entries come and ignores their headers; pouchdb-server (express-pouchdb with

@@ -21,8 +21,8 @@ use agentstore::backend::embedded::EmbeddedBackend;
 use agentstore::backend::{BackendUrl, BulkWrite, DocumentBackend, Precondition};
 use agentstore::database::rev_tree::RevPath;
 use agentstore::database::{Databases, Write};
-use agentstore::migrate::databases::side::Side;
-use agentstore::migrate::databases::{self, MoveOptions, Selection};
+use agentstore::migrate::deployment::side::Side;
+use agentstore::migrate::deployment::{self, MoveOptions, Selection};
 use agentstore::migrate::verify::{verify, VerifyOptions};
 use agentstore::migrate::{self, Endpoint, Job, JobKind, Options};
 use agentstore::model::id::encode_key;
@@ -216,7 +216,7 @@ async fn database_point(
         ..MoveOptions::default()
     };
     let never = || Box::pin(std::future::pending::<()>());
-    let answer = until_cut(&point, cut, databases::run(source.clone(), side(crashing), options(false), never())).await;
+    let answer = until_cut(&point, cut, deployment::run(source.clone(), side(crashing), options(false), never())).await;
     point.end();
     let cut_made = point.cut_made();
     if !cut_made {
@@ -226,7 +226,7 @@ async fn database_point(
         }
     }
     let mut violations = Vec::new();
-    match databases::run(source, side(Arc::clone(catalog)), options(true), never()).await {
+    match deployment::run(source, side(Arc::clone(catalog)), options(true), never()).await {
         Ok(report) => match &report.verification {
             Some(read_back) if read_back.passed && read_back.leaves > 0 => {}
             other => violations.push(format!("the resumed move's read-back: {other:?}")),
