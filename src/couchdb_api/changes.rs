@@ -596,7 +596,9 @@ async fn respond(
     let since = resolve_since(backend.as_ref(), asked).await.map_err(malformed)?;
     // Where the backend counts its feed, `N` is a rank counted from the client's `since`.
     let ranks = match &database {
-        Some(_) => backend.feed_length().await?.map(|length| Ranks::from_since(request.since.as_deref(), length)),
+        Some(_) => seq::counted_length(backend.as_ref())
+            .await?
+            .map(|length| Ranks::from_since(request.since.as_deref(), length)),
         None => None,
     };
     // The first page is read here, before the status line: a `since` the backend does not know
@@ -810,7 +812,7 @@ async fn finish(cursor: &mut Cursor) -> crate::Result<String> {
     if let Some(ranks) = &cursor.ranks {
         // The feed's length now closes the answer; a count that fails (the database deleted
         // meanwhile) leaves the rank read so far and the read's own `pending`.
-        let length = cursor.backend.feed_length().await.ok().flatten();
+        let length = seq::counted_length(cursor.backend.as_ref()).await.ok().flatten();
         cursor.closing_ranks = Some(length.map_or((ranks.at, cursor.pending), |n| ranks.closing(n, cursor.pending)));
     }
     closing(cursor)
@@ -999,18 +1001,28 @@ async fn descending_answer(
     // A document changed twice during the reads is listed at its later change only.
     let mut seen = HashSet::new();
     let newest_first: Vec<Change> = changes.into_iter().rev().filter(|c| seen.insert(c.id.clone())).collect();
-    let counted = backend.feed_length().await?.is_some();
+    // Ranked after the entries purges took out, as every other answer counts them.
+    let erased_before = match backend.feed_length().await? {
+        Some(_) => Some(seq::erased(backend.as_ref()).await?),
+        None => None,
+    };
     let shown: Vec<String> = newest_first
         .iter()
         .zip((1..=newest_first.len() as u64).rev())
-        .map(|(change, rank)| if counted { seq::show_ranked(rank, &change.seq) } else { seq::show(&change.seq) })
+        .map(|(change, rank)| match erased_before {
+            Some(erased) => seq::show_ranked(rank + erased, &change.seq),
+            None => seq::show(&change.seq),
+        })
         .collect();
     let (rows, last_change) = limited_rows(database, request, &newest_first, &shown).await?;
     let (last_seq, pending) = match last_change {
         Some(index) => (shown[index].clone(), (newest_first.len() - index - 1) as u64),
         None => {
             let end = since.unwrap_or_else(|| "0".into());
-            let shown_end = if counted { seq::show_ranked(newest_first.len() as u64, &end) } else { seq::show(&end) };
+            let shown_end = match erased_before {
+                Some(erased) => seq::show_ranked(newest_first.len() as u64 + erased, &end),
+                None => seq::show(&end),
+            };
             (shown_end, 0)
         }
     };

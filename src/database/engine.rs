@@ -818,6 +818,8 @@ impl Database {
                 return Ok(purged);
             }
             let saved = if tree.is_empty() {
+                // Counted first, so a feed's rank never goes back with the erasure (`seq`).
+                super::seq::count_erased(self.backend.as_ref()).await?;
                 self.erase(id, &state).await
             } else {
                 self.keep_references(Some(&state), &tree).await?;

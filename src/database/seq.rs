@@ -67,6 +67,55 @@ fn leading_digits(token: &str) -> &str {
     &token[..end]
 }
 
+/// The engine's local document counting the feed entries purges took out of the feed (a
+/// document purged whole leaves it), so that a rank, which counts the entries left, never goes
+/// back with a purge: it is added to the feed's length.
+const ERASED_NAME: &str = "db:erased";
+/// Attempts at counting one more erased entry against other purges of the database.
+const ERASED_TRIES: usize = 16;
+
+/// Counts one more feed entry taken out by a purge. Called before the erasure, so a crash
+/// between the two leaves `N` one ahead, never behind (and a purge retried against another
+/// writer counts again: `N` only runs ahead). One small write per document purged whole.
+pub async fn count_erased(backend: &dyn DocumentBackend) -> crate::Result<()> {
+    for _ in 0..ERASED_TRIES {
+        let stored = backend.get_local(ERASED_NAME).await?;
+        let (count, precondition) = match &stored {
+            Some(doc) => (
+                doc.body.get("count").and_then(serde_json::Value::as_u64).unwrap_or(0),
+                crate::backend::Precondition::MatchRevision(doc.rev.clone()),
+            ),
+            None => (0, crate::backend::Precondition::MustNotExist),
+        };
+        let mut body = serde_json::Map::new();
+        body.insert("count".into(), serde_json::Value::from(count.saturating_add(1)));
+        match backend.put_local(ERASED_NAME, &body, precondition).await {
+            Ok(_) => return Ok(()),
+            Err(err) if err.is_conflict() => continue,
+            Err(err) => return Err(err),
+        }
+    }
+    Err(crate::Error::conflict("other purges kept counting the feed's erased entries; try again"))
+}
+
+/// How many feed entries purges took out ([`count_erased`]).
+pub async fn erased(backend: &dyn DocumentBackend) -> crate::Result<u64> {
+    Ok(backend
+        .get_local(ERASED_NAME)
+        .await?
+        .and_then(|doc| doc.body.get("count").and_then(serde_json::Value::as_u64))
+        .unwrap_or(0))
+}
+
+/// The length ranks count against where the backend counts its feed: the entries it holds
+/// plus those purges took out ([`erased`]); `None` where the backend does not count.
+pub async fn counted_length(backend: &dyn DocumentBackend) -> crate::Result<Option<u64>> {
+    match backend.feed_length().await? {
+        Some(entries) => Ok(Some(entries.saturating_add(erased(backend).await?))),
+        None => Ok(None),
+    }
+}
+
 /// A database's current position as it shows it (`update_seq`): the backend's position now,
 /// numbered by the feed's length where the backend counts it.
 pub async fn current(backend: &dyn DocumentBackend) -> crate::Result<String> {
@@ -78,7 +127,7 @@ pub async fn current_and_length(backend: &dyn DocumentBackend) -> crate::Result<
     let position = backend.change_position().await?;
     let length = backend.feed_length().await?;
     let shown = match length {
-        Some(length) => show_ranked(length, &position),
+        Some(length) => show_ranked(length.saturating_add(erased(backend).await?), &position),
         None => show(&position),
     };
     Ok((shown, length))
@@ -92,7 +141,7 @@ pub const RANK_READ_LIMIT: usize = crate::feed::DEFAULT_PAGE;
 /// [`RANK_READ_LIMIT`] of them (a view is seldom further behind); past that, or where the backend
 /// does not count, numbered by [`show`].
 pub async fn shown_position(backend: &dyn DocumentBackend, token: &str) -> crate::Result<String> {
-    let Some(length) = backend.feed_length().await? else { return Ok(show(token)) };
+    let Some(length) = counted_length(backend).await? else { return Ok(show(token)) };
     let after = crate::feed::read_page(backend, Some(token), RANK_READ_LIMIT).await?;
     Ok(match after.pending {
         0 => show_ranked(length.saturating_sub(after.changes.len() as u64), token),
