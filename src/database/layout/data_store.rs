@@ -1,6 +1,9 @@
-//! Every branch of a data-store document's revision tree (CouchDB's conflicts) on backends whose
-//! records hold one revision each: the default of [`DocumentBackend::revision_tree`] and
-//! [`DocumentBackend::put_branch`]. The CouchDB backend keeps branches natively and overrides both.
+//! The data-store database's tree layout: every branch of a data-store document's revision tree
+//! (CouchDB's conflicts) on backends whose records hold one revision each. Every caller reaches a
+//! data-store tree through this module ([`revision_tree`], [`has_branches`], [`put_branch`],
+//! [`erase_branches`]); on a backend that keeps branches itself
+//! ([`DocumentBackend::keeps_branches`]: the CouchDB backend) each forwards to the backend's own
+//! method of the same name.
 //!
 //! ## Storage
 //! The document's record holds its winning revision, so everything that reads records (the REST
@@ -23,15 +26,15 @@
 //! paths the previous release wrote is still read.
 //!
 //! A new losing leaf rewrites the record as it is (the same revision, a precondition naming it:
-//! [`super::replicated::judge`]'s rewrite in place), so the document moves in the change feed as
+//! [`crate::backend::replicated::judge`]'s rewrite in place), so the document moves in the change feed as
 //! in CouchDB and a replica that already read past it learns of the new branch.
 
 use serde_json::{Map, Value};
 
 use serde::Deserialize;
 
-use super::rev_tree::{Leaf, MergeOutcome, RevPath, RevTree, StoredLeaves, StoredTree};
-use super::{DocumentBackend, Precondition, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo};
+use crate::backend::rev_tree::{Leaf, MergeOutcome, RevPath, RevTree, StoredLeaves, StoredTree};
+use crate::backend::{DocumentBackend, Precondition, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo};
 use crate::error::{Error, ErrorKind, Result};
 
 /// The start of every local document name that holds a document's other leaves.
@@ -41,7 +44,7 @@ const LEAVES_FIELD: &str = "leaves";
 /// Rounds of read, merge and save against other writers of one document before a conflict.
 pub const GRAFT_ATTEMPTS: usize = 16;
 /// How many revisions each side leaf's path keeps (CouchDB's default `_revs_limit`).
-const SIDE_REVS_LIMIT: usize = super::DEFAULT_REVS_LIMIT;
+const SIDE_REVS_LIMIT: usize = crate::backend::DEFAULT_REVS_LIMIT;
 
 /// Refuses a merged tree past `max_tree_bytes` (`couchdb_max_tree_bytes`, the bound of every
 /// database) unless it is no larger than the tree read: a document stored under a larger
@@ -77,9 +80,57 @@ pub struct ReadTree {
     side_leaves: Vec<Leaf>,
 }
 
+/// The whole revision tree of a data-store document: its winner (the record every other call
+/// reads) and every other leaf, each with its path and body. `None` when nothing is stored for
+/// the id.
+pub async fn revision_tree<B: DocumentBackend + ?Sized>(backend: &B, id: &str) -> Result<Option<RevTree>> {
+    if backend.keeps_branches() {
+        return backend.revision_tree(id).await;
+    }
+    Ok(read(backend, id).await?.map(|read| read.tree))
+}
+
+/// Whether the document may have leaves besides its winner (conflicts or deleted leaves):
+/// `false` means [`revision_tree`] would answer the winner alone. A cheap check (one local
+/// document read) for writes and listings that need the tree only when there is more than the
+/// winner.
+pub async fn has_branches<B: DocumentBackend + ?Sized>(backend: &B, id: &str) -> Result<bool> {
+    if backend.keeps_branches() {
+        return backend.has_branches(id).await;
+    }
+    Ok(backend.get_local(&side_name(id)).await?.is_some())
+}
+
+/// A replicated revision written keeping every branch, as CouchDB does (`new_edits: false`): one
+/// that loses to the winner is kept as a leaf of the tree (`KeptCurrent`), one that wins moves
+/// the previous winner among the other leaves (`Applied`), one the tree holds is `AlreadyKnown`.
+/// A revision that would grow the tree past `max_tree_bytes` ([`RevTree::held_bytes`],
+/// `couchdb_max_tree_bytes`) is refused with [`ErrorKind::TooLarge`] where the tree is laid out
+/// here.
+pub async fn put_branch<B: DocumentBackend + ?Sized>(
+    backend: &B,
+    id: &str,
+    incoming: &ReplicatedRevision,
+    max_tree_bytes: usize,
+) -> Result<ReplicatedOutcome> {
+    if backend.keeps_branches() {
+        return backend.put_branch(id, incoming, max_tree_bytes).await;
+    }
+    graft(backend, id, incoming, max_tree_bytes).await
+}
+
+/// Removes the other branches kept for every id starting with `prefix` (an erasure, after
+/// [`DocumentBackend::erase_prefix`], which does not reach local documents).
+pub async fn erase_branches<B: DocumentBackend + ?Sized>(backend: &B, prefix: &str) -> Result<()> {
+    if backend.keeps_branches() {
+        return backend.erase_branches(prefix).await;
+    }
+    erase_side_documents(backend, prefix).await
+}
+
 /// The tree of `id`: the record's revision (its path and body) and the leaves kept beside it.
 /// `None` when nothing is stored for the id.
-pub async fn read<B: DocumentBackend + ?Sized>(backend: &B, id: &str) -> Result<Option<ReadTree>> {
+async fn read<B: DocumentBackend + ?Sized>(backend: &B, id: &str) -> Result<Option<ReadTree>> {
     for _ in 0..GRAFT_ATTEMPTS {
         if let Some(read) = read_once(backend, id).await? {
             return Ok(read);
@@ -141,13 +192,13 @@ fn leaves_of(id: &str, body: &Map<String, Value>) -> Result<Vec<Leaf>> {
 /// `new_edits: false`): `Applied` when it is the winner now, `KeptCurrent` when it is kept as a
 /// losing leaf, `AlreadyKnown` when the tree held it. A merge that would grow the tree past
 /// `max_tree_bytes` is refused (`TooLarge`), nothing written.
-pub async fn graft<B: DocumentBackend + ?Sized>(
+async fn graft<B: DocumentBackend + ?Sized>(
     backend: &B,
     id: &str,
     incoming: &ReplicatedRevision,
     max_tree_bytes: usize,
 ) -> Result<ReplicatedOutcome> {
-    super::replicated::check(id, incoming)?;
+    crate::backend::replicated::check(id, incoming)?;
     let path = path_of(incoming)?;
     for _ in 0..GRAFT_ATTEMPTS {
         // The usual replication: a revision the record knows, or a live child of the record's
@@ -295,7 +346,7 @@ async fn save_side<B: DocumentBackend + ?Sized>(
 
 /// The path of an incoming (checked) revision: its ancestry as generation and ids.
 fn path_of(incoming: &ReplicatedRevision) -> Result<RevPath> {
-    let start = super::revision::generation_of(&incoming.rev)
+    let start = crate::backend::revision::generation_of(&incoming.rev)
         .ok_or_else(|| Error::invalid("_rev", format!("{:?} has no generation", incoming.rev.as_str())))?;
     let ids = incoming
         .ancestry
@@ -310,10 +361,10 @@ fn path_of(incoming: &ReplicatedRevision) -> Result<RevPath> {
 /// does not reach local documents). Page size of the listing.
 const ERASE_PAGE: usize = 100;
 
-/// The default of [`DocumentBackend::erase_branches`].
-pub async fn erase<B: DocumentBackend + ?Sized>(backend: &B, prefix: &str) -> Result<()> {
+/// The side documents of every id starting with `prefix`, removed page by page.
+async fn erase_side_documents<B: DocumentBackend + ?Sized>(backend: &B, prefix: &str) -> Result<()> {
     let start = side_name(prefix);
-    let range = super::IdRange {
+    let range = crate::backend::IdRange {
         start: Some(start.clone()),
         end: None,
         inclusive_end: true,
@@ -325,13 +376,15 @@ pub async fn erase<B: DocumentBackend + ?Sized>(backend: &B, prefix: &str) -> Re
         let mine: Vec<_> = page
             .items
             .into_iter()
-            .filter(|doc| doc.id.strip_prefix(super::LOCAL_PREFIX).is_some_and(|name| name.starts_with(&start)))
+            .filter(|doc| {
+                doc.id.strip_prefix(crate::backend::LOCAL_PREFIX).is_some_and(|name| name.starts_with(&start))
+            })
             .collect();
         if mine.is_empty() {
             return Ok(());
         }
         for doc in mine {
-            let name = doc.id.strip_prefix(super::LOCAL_PREFIX).unwrap_or(&doc.id);
+            let name = doc.id.strip_prefix(crate::backend::LOCAL_PREFIX).unwrap_or(&doc.id);
             match backend.delete_local(name, &doc.rev).await {
                 Ok(()) => {}
                 Err(err) if err.is_not_found() || err.is_conflict() => {}
