@@ -3,36 +3,47 @@
 //! data-store tree through this module ([`revision_tree`], [`has_branches`], [`put_branch`],
 //! [`erase_branches`]); on a backend that keeps branches itself
 //! ([`DocumentBackend::keeps_branches`]: the CouchDB backend) each forwards to the backend's own
-//! method of the same name.
+//! method of the same name. Elsewhere the tree is laid out by [`DataStoreLayout`], one of the
+//! engine's [`TreeLayout`]s.
 //!
 //! ## Storage
 //! The document's record holds its winning revision, so everything that reads records (the REST
 //! API, the facade, listings, counts, the index, the change feed) sees the winner and nothing
-//! else, as before. The other leaves of the tree, each with its path and body, live in the local
-//! document `:leaves:{id}` ([`side_name`]). No client can name it: a per-user login's local
-//! documents are named `{user}:…` and user ids are never empty, and an admin's `_local/` names
-//! starting with [`SIDE_PREFIX`] are refused by the CouchDB face.
+//! else, byte for byte as before this layout was the engine's. The other leaves of the tree, each
+//! with its path and body, live in the local document `:leaves:{id}` ([`side_name`]). No client
+//! can name it: a per-user login's local documents are named `{user}:…` and user ids are never
+//! empty, and an admin's `_local/` names starting with [`SIDE_PREFIX`] are refused by the CouchDB
+//! face. The leaves are stored as a tree is ([`StoredLeaves`]: each revision once); the array of
+//! leaves with whole paths the previous release wrote is still read. The side document may hold
+//! a leaf the record also holds, or an ancestor of a leaf: the tree is rebuilt from paths, so
+//! such entries fall away on reading.
 //!
 //! ## Writes
 //! A replicated revision is merged into the tree read from both places with CouchDB's rules
-//! ([`RevTree::merge`]); then, in this order, so that a crash between two steps never loses a
-//! leaf: the local document is saved with every leaf but the new winner (compare-and-swap on its
-//! revision), and when the winner changed the new winner is written to the record with a
-//! precondition on the record's revision as read. A record revision or local revision that
-//! changed in between makes the write start again from a fresh read ([`GRAFT_ATTEMPTS`]). The
-//! local document may therefore hold a leaf the record also holds, or an ancestor of a leaf:
-//! merging rebuilds the tree from paths, so such entries fall away on the next read. The leaves
-//! are stored as a tree is ([`StoredLeaves`]: each revision once); the array of leaves with whole
-//! paths the previous release wrote is still read.
+//! ([`RevTree::merge`]) and the tree is saved ([`DataStoreLayout`]'s `save`). A save that leaves
+//! the side document as it was is one write of the record. One that changes it (a new conflict,
+//! a promotion, a resolved conflict: the rare writes) follows the engine's crash-repair rule
+//! ([`super`]), in three steps:
+//! 1. the side document is written with every leaf of the new tree and the mark
+//!    [`UNFINISHED_FIELD`] (compare-and-swap on its revision as read);
+//! 2. the record is brought to the new winner, each write on the record's revision: rewritten in
+//!    place when it holds the winner already (a new losing leaf: the same revision, written again
+//!    so that the document moves in the change feed, as in CouchDB, and a replica that read past
+//!    it learns of the new branch); else, when the record's revision is no longer a leaf, the
+//!    leaf that extends it first (a deletion of the winner), then the winner;
+//! 3. the side document is written again without the mark and without the winner.
 //!
-//! A new losing leaf rewrites the record as it is (the same revision, a precondition naming it:
-//! [`crate::backend::replicated::judge`]'s rewrite in place), so the document moves in the change feed as
-//! in CouchDB and a replica that already read past it learns of the new branch.
+//! A crash after step 1 leaves the mark: the document's next write through this layout, and the
+//! next read of its tree, save the tree read over itself, which does steps 2 and 3. The
+//! cost of the rule: one more write (step 3) on the writes that change the side document.
+//! A record or side revision that changed in between makes the write start again from a fresh
+//! read ([`GRAFT_ATTEMPTS`]).
 
+use async_trait::async_trait;
+use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use serde::Deserialize;
-
+use super::{LaidOut, TreeLayout};
 use crate::backend::rev_tree::{Leaf, MergeOutcome, RevPath, RevTree, StoredLeaves, StoredTree};
 use crate::backend::{DocumentBackend, Precondition, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo};
 use crate::error::{Error, ErrorKind, Result};
@@ -41,44 +52,14 @@ use crate::error::{Error, ErrorKind, Result};
 pub const SIDE_PREFIX: &str = ":leaves:";
 /// The field of that local document holding the leaves.
 const LEAVES_FIELD: &str = "leaves";
+/// The field of that local document marking a save not finished yet (step 1 done, the record not
+/// yet brought to the winner): `true` when present. Absent from every side document a save
+/// finished, so those are byte for byte what the previous release wrote.
+pub const UNFINISHED_FIELD: &str = "unfinished";
 /// Rounds of read, merge and save against other writers of one document before a conflict.
 pub const GRAFT_ATTEMPTS: usize = 16;
 /// How many revisions each side leaf's path keeps (CouchDB's default `_revs_limit`).
 const SIDE_REVS_LIMIT: usize = crate::backend::DEFAULT_REVS_LIMIT;
-
-/// Refuses a merged tree past `max_tree_bytes` (`couchdb_max_tree_bytes`, the bound of every
-/// database) unless it is no larger than the tree read: a document stored under a larger
-/// setting can still be written down.
-fn check_tree_size(id: &str, before: &RevTree, after: &RevTree, max_tree_bytes: usize) -> Result<()> {
-    let held = after.held_bytes();
-    if held <= max_tree_bytes || held <= before.held_bytes() {
-        return Ok(());
-    }
-    Err(Error::new(
-        ErrorKind::TooLarge,
-        format!(
-            "the revision tree of {id:?} would hold about {held} bytes (its leaves' bodies and paths), more than \
-             couchdb_max_tree_bytes ({max_tree_bytes})"
-        ),
-    ))
-}
-
-/// The local document that holds `id`'s other leaves.
-pub fn side_name(id: &str) -> String {
-    format!("{SIDE_PREFIX}{id}")
-}
-
-/// A document's tree as read, with what the next save must match.
-#[derive(Debug, Clone)]
-pub struct ReadTree {
-    pub tree: RevTree,
-    /// The record's revision (the winner, live or a tombstone) as read; `None`: no record.
-    record: Option<RevisionInfo>,
-    /// The revision of the local document holding the other leaves, `None`: there is none.
-    side_rev: Option<Revision>,
-    /// The leaves the local document held as read.
-    side_leaves: Vec<Leaf>,
-}
 
 /// The whole revision tree of a data-store document: its winner (the record every other call
 /// reads) and every other leaf, each with its path and body. `None` when nothing is stored for
@@ -87,7 +68,7 @@ pub async fn revision_tree<B: DocumentBackend + ?Sized>(backend: &B, id: &str) -
     if backend.keeps_branches() {
         return backend.revision_tree(id).await;
     }
-    Ok(read(backend, id).await?.map(|read| read.tree))
+    Ok(super::read_repairing(&DataStoreLayout::new(backend), id).await?.map(|read| read.tree))
 }
 
 /// Whether the document may have leaves besides its winner (conflicts or deleted leaves):
@@ -128,63 +109,211 @@ pub async fn erase_branches<B: DocumentBackend + ?Sized>(backend: &B, prefix: &s
     erase_side_documents(backend, prefix).await
 }
 
-/// The tree of `id`: the record's revision (its path and body) and the leaves kept beside it.
-/// `None` when nothing is stored for the id.
-async fn read<B: DocumentBackend + ?Sized>(backend: &B, id: &str) -> Result<Option<ReadTree>> {
-    for _ in 0..GRAFT_ATTEMPTS {
-        if let Some(read) = read_once(backend, id).await? {
-            return Ok(read);
-        }
-    }
-    Err(Error::conflict(format!("document {id:?} kept changing while its revision tree was read")))
+/// What a save of a data-store tree must match: the two places as read.
+#[derive(Debug, Clone)]
+pub struct SideToken {
+    /// The record's revision (the winner, live or a tombstone) as read; `None`: no record.
+    record: Option<RevisionInfo>,
+    /// The revision of the local document holding the other leaves, `None`: there is none.
+    side_rev: Option<Revision>,
+    /// The leaves the local document held as read.
+    side_leaves: Vec<Leaf>,
+    /// Whether the local document carried the mark of an unfinished save.
+    marked: bool,
 }
 
-/// One consistent read; `None` (outer) when the record changed between its two reads.
-async fn read_once<B: DocumentBackend + ?Sized>(backend: &B, id: &str) -> Result<Option<Option<ReadTree>>> {
-    let record = backend.revisions(id).await?;
-    let body = match &record {
-        None => None,
-        Some(info) => {
-            let stored = if info.deleted { backend.get_deleted(id).await? } else { backend.get(id).await? };
-            match stored {
-                Some(doc) if doc.rev == info.rev => Some(doc.body),
-                // A tombstone of an older layout may carry no body record.
-                None if info.deleted => Some(Map::new()),
-                _ => return Ok(None),
+/// A data-store document's tree as read.
+pub type ReadTree = LaidOut<SideToken>;
+
+/// The data-store database's layout over `backend` (module doc).
+pub struct DataStoreLayout<'a, B: ?Sized> {
+    backend: &'a B,
+}
+
+impl<'a, B: DocumentBackend + ?Sized> DataStoreLayout<'a, B> {
+    pub fn new(backend: &'a B) -> Self {
+        DataStoreLayout { backend }
+    }
+
+    /// One consistent read; `None` (outer) when the record changed between its two reads.
+    async fn read_once(&self, id: &str) -> Result<Option<Option<ReadTree>>> {
+        let backend = self.backend;
+        let record = backend.revisions(id).await?;
+        let body = match &record {
+            None => None,
+            Some(info) => {
+                let stored = if info.deleted { backend.get_deleted(id).await? } else { backend.get(id).await? };
+                match stored {
+                    Some(doc) if doc.rev == info.rev => Some(doc.body),
+                    // A tombstone of an older layout may carry no body record.
+                    None if info.deleted => Some(Map::new()),
+                    _ => return Ok(None),
+                }
+            }
+        };
+        let side = backend.get_local(&side_name(id)).await?;
+        let side_rev = side.as_ref().map(|doc| doc.rev.clone());
+        let (side_leaves, marked) = match &side {
+            Some(doc) => (leaves_of(id, &doc.body)?, doc.body.get(UNFINISHED_FIELD) == Some(&Value::Bool(true))),
+            None => (Vec::new(), false),
+        };
+        let Some(info) = record else {
+            // Leaves with no record are what an erasure left behind: nothing is stored.
+            return Ok(Some(None));
+        };
+        let mut tree = RevTree::default();
+        let path = RevPath { start: info.ancestry.start, ids: info.ancestry.ids.clone() };
+        tree.merge(path, info.deleted, body.unwrap_or_default(), usize::MAX);
+        for leaf in &side_leaves {
+            tree.merge(leaf.path.clone(), leaf.deleted, leaf.body.clone(), usize::MAX);
+        }
+        let token = SideToken { record: Some(info), side_rev, side_leaves, marked };
+        Ok(Some(Some(LaidOut { tree, token })))
+    }
+
+    /// Writes the side document with `leaves` (and the mark when `unfinished`) over `rev`, or
+    /// deletes it when there is nothing to keep; its new revision. `Conflict` when it changed
+    /// since it was read.
+    async fn write_side(
+        &self,
+        id: &str,
+        rev: Option<&Revision>,
+        leaves: &[Leaf],
+        unfinished: bool,
+    ) -> Result<Option<Revision>> {
+        let name = side_name(id);
+        let written = if leaves.is_empty() && !unfinished {
+            match rev {
+                None => return Ok(None),
+                Some(rev) => self.backend.delete_local(&name, rev).await.map(|()| None),
+            }
+        } else {
+            let mut body = Map::new();
+            body.insert(
+                LEAVES_FIELD.into(),
+                serde_json::to_value(StoredLeaves(leaves))
+                    .map_err(|err| Error::new(ErrorKind::Internal, err.to_string()))?,
+            );
+            if unfinished {
+                body.insert(UNFINISHED_FIELD.into(), Value::Bool(true));
+            }
+            let precondition = match rev {
+                Some(rev) => Precondition::MatchRevision(rev.clone()),
+                None => Precondition::MustNotExist,
+            };
+            self.backend.put_local(&name, &body, precondition).await.map(Some)
+        };
+        written.map_err(|err| {
+            if err.is_conflict() || err.is_not_found() {
+                Error::conflict(format!("the other leaves of {id:?} changed under this write"))
+            } else {
+                err
+            }
+        })
+    }
+
+    /// Writes `leaf` to the record over `expected` (`None`: no record); `Conflict` when the record
+    /// is no longer as read.
+    async fn write_record(&self, id: &str, leaf: &Leaf, expected: Option<&Revision>) -> Result<()> {
+        let precondition = match expected {
+            Some(rev) => Precondition::MatchRevision(rev.clone()),
+            None => Precondition::MustNotExist,
+        };
+        let write = ReplicatedRevision {
+            rev: Revision(leaf.rev()),
+            ancestry: leaf.path.revs(),
+            deleted: leaf.deleted,
+            body: leaf.body.clone(),
+            precondition,
+        };
+        match self.backend.put_replicated(id, &write).await? {
+            ReplicatedOutcome::Applied => Ok(()),
+            _ => Err(Error::conflict(format!("the record of {id:?} changed under this write"))),
+        }
+    }
+
+    /// Step 2 of a save: the record brought to `tree`'s winner from what it held as read.
+    async fn bring_record_to_winner(&self, id: &str, record: Option<&RevisionInfo>, tree: &RevTree) -> Result<()> {
+        let winner = tree.winner().ok_or_else(|| Error::conflict(format!("the tree of {id:?} has no leaf")))?;
+        let Some(record) = record else { return self.write_record(id, winner, None).await };
+        let mut current = record.rev.clone();
+        let on_winner_branch = winner.path.revs().iter().any(|rev| *rev == current.as_str());
+        if !on_winner_branch && tree.leaf(current.as_str()).is_none() {
+            // The record's revision was extended off the winner's branch (the winner deleted, a
+            // conflict promoted): that leaf goes to the record first, which the winner then beats.
+            let extension =
+                tree.leaves().into_iter().find(|leaf| leaf.path.revs().iter().any(|rev| *rev == current.as_str()));
+            if let Some(extension) = extension {
+                self.write_record(id, extension, Some(&current)).await?;
+                current = Revision(extension.rev());
             }
         }
-    };
-    let side = backend.get_local(&side_name(id)).await?;
-    let side_rev = side.as_ref().map(|doc| doc.rev.clone());
-    let side_leaves = match &side {
-        Some(doc) => leaves_of(id, &doc.body)?,
-        None => Vec::new(),
-    };
-    let Some(info) = record else {
-        // Leaves with no record are what an erasure left behind: nothing is stored.
-        return Ok(Some(None));
-    };
-    let mut tree = RevTree::default();
-    let path = RevPath { start: info.ancestry.start, ids: info.ancestry.ids.clone() };
-    tree.merge(path, info.deleted, body.unwrap_or_default(), usize::MAX);
-    for leaf in &side_leaves {
-        tree.merge(leaf.path.clone(), leaf.deleted, leaf.body.clone(), usize::MAX);
+        // Written also when the record holds the winner already: rewritten in place, the
+        // document moves in the change feed.
+        self.write_record(id, winner, Some(&current)).await
     }
-    Ok(Some(Some(ReadTree { tree, record: Some(info), side_rev, side_leaves })))
 }
 
-/// The other leaves a local document holds: in the stored form of a tree (each revision once,
-/// [`StoredLeaves`]), or, as the previous release wrote them, an array of leaves with whole paths.
-fn leaves_of(id: &str, body: &Map<String, Value>) -> Result<Vec<Leaf>> {
-    let unreadable =
-        |err: String| Error::new(ErrorKind::Corrupt, format!("the other leaves of {id:?} do not parse: {err}"));
-    match body.get(LEAVES_FIELD) {
-        None => Ok(Vec::new()),
-        Some(leaves @ Value::Array(_)) => Vec::<Leaf>::deserialize(leaves).map_err(|err| unreadable(err.to_string())),
-        Some(stored) => StoredTree::deserialize(stored)
-            .map_err(|err| unreadable(err.to_string()))?
-            .into_leaves()
-            .map_err(unreadable),
+#[async_trait]
+impl<B: DocumentBackend + ?Sized> TreeLayout for DataStoreLayout<'_, B> {
+    type Token = SideToken;
+
+    /// The tree of `id`: the record's revision (its path and body) and the leaves kept beside it.
+    async fn read(&self, id: &str) -> Result<Option<ReadTree>> {
+        for _ in 0..GRAFT_ATTEMPTS {
+            if let Some(read) = self.read_once(id).await? {
+                return Ok(read);
+            }
+        }
+        Err(Error::conflict(format!("document {id:?} kept changing while its revision tree was read")))
+    }
+
+    async fn read_many(&self, ids: &[String]) -> Result<Vec<Option<ReadTree>>> {
+        let mut states = Vec::with_capacity(ids.len());
+        for id in ids {
+            states.push(self.read(id).await?);
+        }
+        Ok(states)
+    }
+
+    async fn save(&self, id: &str, before: Option<&ReadTree>, tree: &RevTree) -> Result<()> {
+        let winner_rev = tree.winner().map(Leaf::rev);
+        let final_side: Vec<Leaf> =
+            tree.leaves().into_iter().filter(|leaf| Some(leaf.rev()) != winner_rev).cloned().collect();
+        let (record, side_rev, side_leaves, marked) = match before {
+            Some(read) => (
+                read.token.record.as_ref(),
+                read.token.side_rev.clone(),
+                &read.token.side_leaves[..],
+                read.token.marked,
+            ),
+            None => (None, None, &[][..], false),
+        };
+        if !marked && final_side == side_leaves {
+            return self.bring_record_to_winner(id, record, tree).await;
+        }
+        let every_leaf: Vec<Leaf> = tree.leaves().into_iter().cloned().collect();
+        let marked_rev = self.write_side(id, side_rev.as_ref(), &every_leaf, true).await?;
+        self.bring_record_to_winner(id, record, tree).await?;
+        self.write_side(id, marked_rev.as_ref(), &final_side, false).await.map(|_| ())
+    }
+
+    /// The side document first, then the record: a crash in between leaves the winner alone,
+    /// never leaves beside no record that a later creation of the id would take up.
+    async fn erase(&self, id: &str, state: &ReadTree) -> Result<()> {
+        if let Some(rev) = &state.token.side_rev {
+            match self.backend.delete_local(&side_name(id), rev).await {
+                Ok(()) => {}
+                Err(err) if err.is_not_found() => {}
+                Err(err) if err.is_conflict() => return Err(Error::conflict("the other leaves changed")),
+                Err(err) => return Err(err),
+            }
+        }
+        self.backend.erase_id(id).await.map(|_| ())
+    }
+
+    async fn unfinished(&self, _id: &str, state: &ReadTree) -> Result<bool> {
+        Ok(state.token.marked)
     }
 }
 
@@ -200,6 +329,7 @@ async fn graft<B: DocumentBackend + ?Sized>(
 ) -> Result<ReplicatedOutcome> {
     crate::backend::replicated::check(id, incoming)?;
     let path = path_of(incoming)?;
+    let layout = DataStoreLayout::new(backend);
     for _ in 0..GRAFT_ATTEMPTS {
         // The usual replication: a revision the record knows, or a live child of the record's
         // revision, which wins over every other leaf (its generation is higher than the
@@ -219,128 +349,65 @@ async fn graft<B: DocumentBackend + ?Sized>(
                 }
             }
         }
-        let Some(current) = read(backend, id).await? else {
-            let first = ReplicatedRevision { precondition: Precondition::MustNotExist, ..incoming.clone() };
-            match backend.put_replicated(id, &first).await? {
-                ReplicatedOutcome::Applied => return Ok(ReplicatedOutcome::Applied),
-                _ => continue,
-            }
-        };
-        let mut tree = current.tree.clone();
+        let current = layout.read(id).await?;
+        let mut tree = current.as_ref().map(|read| read.tree.clone()).unwrap_or_default();
         let merged = tree.merge(path.clone(), incoming.deleted, incoming.body.clone(), SIDE_REVS_LIMIT);
-        if merged == MergeOutcome::AlreadyKnown {
+        let changed = merged != MergeOutcome::AlreadyKnown;
+        if !super::must_save(&layout, id, current.as_ref(), changed).await? {
             return Ok(ReplicatedOutcome::AlreadyKnown);
         }
-        check_tree_size(id, &current.tree, &tree, max_tree_bytes)?;
-        match save(backend, id, &current, &tree, incoming).await? {
-            Some(outcome) => return Ok(outcome),
-            None => continue,
+        let empty = RevTree::default();
+        check_tree_size(id, current.as_ref().map_or(&empty, |read| &read.tree), &tree, max_tree_bytes)?;
+        match layout.save(id, current.as_ref(), &tree).await {
+            Ok(()) => {}
+            Err(err) if err.is_conflict() => continue,
+            Err(err) => return Err(err),
         }
+        return Ok(match tree.winner() {
+            _ if !changed => ReplicatedOutcome::AlreadyKnown,
+            Some(winner) if winner.rev() == incoming.rev.as_str() => ReplicatedOutcome::Applied,
+            _ => ReplicatedOutcome::KeptCurrent,
+        });
     }
     Err(Error::conflict(format!(
         "Document update conflict: {GRAFT_ATTEMPTS} attempts met other writers of {id:?}; try again"
     )))
 }
 
-/// Saves the merged `tree` over `current`; `None` when another writer got in between.
-async fn save<B: DocumentBackend + ?Sized>(
-    backend: &B,
-    id: &str,
-    current: &ReadTree,
-    tree: &RevTree,
-    incoming: &ReplicatedRevision,
-) -> Result<Option<ReplicatedOutcome>> {
-    let record = current.record.as_ref().ok_or_else(|| Error::conflict("the record went away"))?;
-    let leaves = tree.leaves();
-    let winner = (*leaves.first().ok_or_else(|| Error::conflict("an empty tree"))?).clone();
-    let winner_rev = winner.rev();
-    let incoming_rev = incoming.rev.as_str();
-    // A promotion: the winner is neither the record's revision nor the incoming one (the
-    // incoming revision deleted the record's, and another leaf is the best left). The promoted
-    // leaf stays beside the record until it is in the record.
-    let promoted = winner_rev != record.rev.as_str() && winner_rev != incoming_rev;
-    let side: Vec<Leaf> =
-        leaves.iter().filter(|leaf| promoted || leaf.rev() != winner_rev).map(|leaf| (*leaf).clone()).collect();
-    if !save_side(backend, id, current, side).await? {
-        return Ok(None);
+/// Refuses a merged tree past `max_tree_bytes` (`couchdb_max_tree_bytes`, the bound of every
+/// database) unless it is no larger than the tree read: a document stored under a larger
+/// setting can still be written down.
+fn check_tree_size(id: &str, before: &RevTree, after: &RevTree, max_tree_bytes: usize) -> Result<()> {
+    let held = after.held_bytes();
+    if held <= max_tree_bytes || held <= before.held_bytes() {
+        return Ok(());
     }
-    if winner_rev == record.rev.as_str() {
-        // The record written again as it is, so the document moves in the change feed and a
-        // replica downstream learns of the new leaf (CouchDB's feed moves on every tree change).
-        let rewrite = ReplicatedRevision {
-            rev: record.rev.clone(),
-            ancestry: winner.path.revs(),
-            deleted: winner.deleted,
-            body: winner.body.clone(),
-            precondition: Precondition::MatchRevision(record.rev.clone()),
-        };
-        // Not applied only when the record changed meanwhile: that write moved the document.
-        backend.put_replicated(id, &rewrite).await?;
-        return Ok(Some(ReplicatedOutcome::KeptCurrent));
-    }
-    let mut record_rev = record.rev.clone();
-    let descends_from_record = incoming.ancestry.iter().any(|rev| rev == record.rev.as_str());
-    if winner_rev == incoming_rev || descends_from_record {
-        // The incoming revision goes to the record if it is still as read: it wins, or it
-        // extends the record's revision (a deletion, after which the promoted leaf wins).
-        let write = ReplicatedRevision { precondition: Precondition::MatchRevision(record_rev), ..incoming.clone() };
-        if backend.put_replicated(id, &write).await? != ReplicatedOutcome::Applied {
-            return Ok(None);
-        }
-        if !promoted {
-            return Ok(Some(ReplicatedOutcome::Applied));
-        }
-        record_rev = incoming.rev.clone();
-    }
-    // The promoted leaf wins over what the record holds now (live over deleted, or the higher
-    // of two deletions). Failing here leaves the promoted leaf beside the record, where the next
-    // write of the document finds it and the tree's winner is computed anew.
-    let promote = ReplicatedRevision {
-        rev: Revision(winner_rev),
-        ancestry: winner.path.revs(),
-        deleted: winner.deleted,
-        body: winner.body.clone(),
-        precondition: Precondition::MatchRevision(record_rev),
-    };
-    match backend.put_replicated(id, &promote).await? {
-        ReplicatedOutcome::Applied => Ok(Some(ReplicatedOutcome::KeptCurrent)),
-        _ => Ok(None),
-    }
+    Err(Error::new(
+        ErrorKind::TooLarge,
+        format!(
+            "the revision tree of {id:?} would hold about {held} bytes (its leaves' bodies and paths), more than \
+             couchdb_max_tree_bytes ({max_tree_bytes})"
+        ),
+    ))
 }
 
-/// Writes the local document of other leaves when they changed; `false` when it changed since it
-/// was read.
-async fn save_side<B: DocumentBackend + ?Sized>(
-    backend: &B,
-    id: &str,
-    current: &ReadTree,
-    side: Vec<Leaf>,
-) -> Result<bool> {
-    if side == current.side_leaves {
-        return Ok(true);
-    }
-    let name = side_name(id);
-    let outcome = match (&current.side_rev, side.is_empty()) {
-        (None, true) => return Ok(true),
-        (Some(rev), true) => backend.delete_local(&name, rev).await,
-        (rev, false) => {
-            let mut body = Map::new();
-            body.insert(
-                LEAVES_FIELD.into(),
-                serde_json::to_value(StoredLeaves(&side))
-                    .map_err(|err| Error::new(ErrorKind::Internal, err.to_string()))?,
-            );
-            let precondition = match rev {
-                Some(rev) => Precondition::MatchRevision(rev.clone()),
-                None => Precondition::MustNotExist,
-            };
-            backend.put_local(&name, &body, precondition).await.map(|_| ())
-        }
-    };
-    match outcome {
-        Ok(()) => Ok(true),
-        Err(err) if err.is_conflict() || err.is_not_found() => Ok(false),
-        Err(err) => Err(err),
+/// The local document that holds `id`'s other leaves.
+pub fn side_name(id: &str) -> String {
+    format!("{SIDE_PREFIX}{id}")
+}
+
+/// The other leaves a local document holds: in the stored form of a tree (each revision once,
+/// [`StoredLeaves`]), or, as the previous release wrote them, an array of leaves with whole paths.
+fn leaves_of(id: &str, body: &Map<String, Value>) -> Result<Vec<Leaf>> {
+    let unreadable =
+        |err: String| Error::new(ErrorKind::Corrupt, format!("the other leaves of {id:?} do not parse: {err}"));
+    match body.get(LEAVES_FIELD) {
+        None => Ok(Vec::new()),
+        Some(leaves @ Value::Array(_)) => Vec::<Leaf>::deserialize(leaves).map_err(|err| unreadable(err.to_string())),
+        Some(stored) => StoredTree::deserialize(stored)
+            .map_err(|err| unreadable(err.to_string()))?
+            .into_leaves()
+            .map_err(unreadable),
     }
 }
 
