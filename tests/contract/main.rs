@@ -10,6 +10,7 @@ mod cases;
 mod catalog;
 mod crash;
 mod crash_sweep;
+mod crash_sweep_data_store;
 mod document_model;
 mod local_docs;
 mod replication;
