@@ -31,7 +31,7 @@
 //! each step and this repair.
 
 pub mod data_store;
-
+pub mod record;
 use async_trait::async_trait;
 use futures::future::BoxFuture;
 
@@ -44,6 +44,18 @@ use crate::error::{ErrorKind, Result};
 pub struct LaidOut<T> {
     pub tree: RevTree,
     pub token: T,
+}
+
+impl<T> LaidOut<T> {
+    /// Whether the winning leaf is deleted (or there is none).
+    pub fn deleted(&self) -> bool {
+        self.tree.winner().is_none_or(|leaf| leaf.deleted)
+    }
+
+    /// The winning revision.
+    pub fn winner_rev(&self) -> Option<String> {
+        self.tree.winner().map(|leaf| leaf.path.leaf_rev())
+    }
 }
 
 /// What a tree layout does for the engine.
