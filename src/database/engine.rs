@@ -2,21 +2,25 @@
 //! is stored, read and changed atomically.
 //!
 //! ## Storage
-//! A document whose winning leaf is live is one backend document under its own id, body
-//! `{"revtree": <RevTree>}` (every leaf with its body; each revision stored once,
-//! `rev_tree::stored`). A write that would make a tree larger than `couchdb_max_tree_bytes`
-//! ([`RevTree::held_bytes`], what every read of the document holds) is refused, once the oldest
-//! kept inner bodies no longer fit have been dropped. A document whose winning leaf is deleted is
-//! a backend tombstone, its tree kept in the backend's local document `tree:{id}` (backend
+//! How a tree is laid out over the backend's records is the layout's
+//! ([`super::layout::record::RecordLayout`]): a document whose winning leaf is live is one
+//! backend document under its own id, body `{"revtree": <RevTree>}` (every leaf with its body;
+//! each revision stored once, `rev_tree::stored`); a document whose winning leaf is deleted is a
+//! backend tombstone, its tree kept in the backend's local document `tree:{id}` (backend
 //! tombstones carry no body). So the backend's own machinery serves the database unchanged: id
 //! order for `_all_docs`, the change feed (every change to a tree moves the document in it),
 //! exact live counts for `doc_count`, and chunking of large documents. The backend's own
-//! revision of a record is only a compare-and-swap token, never shown to clients.
+//! revision of a record is only a compare-and-swap token, never shown to clients. A write that
+//! would make a tree larger than `couchdb_max_tree_bytes` ([`RevTree::held_bytes`], what every
+//! read of the document holds) is refused, once the oldest kept inner bodies no longer fit have
+//! been dropped.
 //!
 //! ## Writes
 //! A write reads the document's state, applies the edit or merge to the tree, and saves it with
 //! the backend's preconditions (the record's revision, the local tree's revision); when another
-//! writer got there first it reads again and retries ([`MAX_TRIES`]). The order of the two writes
+//! writer got there first it reads again and retries ([`MAX_TRIES`]). A write that changes
+//! nothing still saves when the state read is a save a crash cut short (the engine's one
+//! crash-repair rule, [`super::layout::must_save`], shared with the data-store layout). The order of the two writes
 //! of a deletion (tree first, then the tombstone) and of a re-creation (the live record carries
 //! the whole tree) means a crash between them never loses a leaf: a live record is always the
 //! authority, the local tree only for a tombstone. A live record whose winner is deleted (left by
