@@ -293,7 +293,12 @@ impl<B: DocumentBackend + ?Sized> TreeLayout for DataStoreLayout<'_, B> {
             return self.bring_record_to_winner(id, record, tree).await;
         }
         let every_leaf: Vec<Leaf> = tree.leaves().into_iter().cloned().collect();
-        let marked_rev = self.write_side(id, side_rev.as_ref(), &every_leaf, true).await?;
+        // Finishing a save step 1 of which is stored as this one would write it: on from step 2.
+        let marked_rev = if marked && side_leaves == every_leaf.as_slice() {
+            side_rev
+        } else {
+            self.write_side(id, side_rev.as_ref(), &every_leaf, true).await?
+        };
         self.bring_record_to_winner(id, record, tree).await?;
         self.write_side(id, marked_rev.as_ref(), &final_side, false).await.map(|_| ())
     }
