@@ -10,7 +10,39 @@ use crate::backend::BackendUrl;
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::validate::DEFAULT_MAX_VALUE_BYTES;
 use crate::model::Limits;
-use crate::store::StoreOptions;
+
+/// Behaviour of the facade.
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    pub limits: Limits,
+    /// Whether `get` counts the read as an access (a write). Off makes reads read-only.
+    pub track_reads: bool,
+    /// How many times a conflicting read-modify-write is retried before giving up.
+    pub max_conflict_retries: usize,
+    /// Documents asked for per backend query page.
+    pub page_size: usize,
+    /// How long one `set`, tracked `get` or single-document `delete` may take before it gives up
+    /// with [`ErrorKind::DeadlineExceeded`] (checked only where giving up leaves nothing applied);
+    /// `None` waits as long as the retries allow. The server sets its request timeout here.
+    pub deadline: Option<std::time::Duration>,
+    /// The largest revision tree of one document, as a read holds it (`couchdb_max_tree_bytes`,
+    /// the same bound as every other database's): a replicated revision that would grow a tree
+    /// past it is refused ([`crate::database::layout::data_store::put_branch`]).
+    pub max_tree_bytes: usize,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            limits: Limits::default(),
+            track_reads: true,
+            max_conflict_retries: 100,
+            page_size: 1000,
+            deadline: None,
+            max_tree_bytes: crate::backend::rev_tree::DEFAULT_MAX_TREE_BYTES,
+        }
+    }
+}
 
 /// The config file read when present and no other is named.
 pub const DEFAULT_CONFIG_FILE: &str = "agentstore.toml";

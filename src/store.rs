@@ -28,9 +28,10 @@ use tokio::time::Instant;
 use crate::backend::{
     DocumentBackend, Precondition, Projection, Query, ReplicatedOutcome, ReplicatedRevision, Revision, StoredDocument,
 };
+use crate::database::layout::data_store;
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::document::{self, Access};
-use crate::model::{fields, timestamp, DocumentId, Limits};
+use crate::model::{fields, timestamp, DocumentId};
 
 /// The local document naming the incarnation of the data-store database's view indexes (kept by
 /// `crate::couchdb_api::data_design`, where this process builds them). `purge_user` removes it,
@@ -88,38 +89,9 @@ pub struct SetOptions<'a> {
 /// A stream of listing pages, each already checked out of the backend.
 pub type PageStream<T> = BoxStream<'static, Result<Vec<T>>>;
 
-/// Behaviour of the facade.
-#[derive(Debug, Clone)]
-pub struct StoreOptions {
-    pub limits: Limits,
-    /// Whether `get` counts the read as an access (a write). Off makes reads read-only.
-    pub track_reads: bool,
-    /// How many times a conflicting read-modify-write is retried before giving up.
-    pub max_conflict_retries: usize,
-    /// Documents asked for per backend query page.
-    pub page_size: usize,
-    /// How long one `set`, tracked `get` or single-document `delete` may take before it gives up
-    /// with [`ErrorKind::DeadlineExceeded`] (checked only where giving up leaves nothing applied);
-    /// `None` waits as long as the retries allow. The server sets its request timeout here.
-    pub deadline: Option<Duration>,
-    /// The largest revision tree of one document, as a read holds it (`couchdb_max_tree_bytes`,
-    /// the same bound as every other database's): a replicated revision that would grow a tree
-    /// past it is refused ([`DocumentBackend::put_branch`]).
-    pub max_tree_bytes: usize,
-}
-
-impl Default for StoreOptions {
-    fn default() -> Self {
-        StoreOptions {
-            limits: Limits::default(),
-            track_reads: true,
-            max_conflict_retries: 100,
-            page_size: 1000,
-            deadline: None,
-            max_tree_bytes: crate::backend::rev_tree::DEFAULT_MAX_TREE_BYTES,
-        }
-    }
-}
+/// Behaviour of the facade, declared beside the settings it is made from (so that the settings
+/// need not import the facade, which imports the engine's data-store layout).
+pub use crate::config::StoreOptions;
 
 /// The data store over one backend.
 pub struct DataStore {
@@ -383,7 +355,7 @@ impl DataStore {
             self.ensure_namespace(id.namespace()).await?;
         }
         // Every branch is kept: a revision that loses to the winner stays as a conflict.
-        self.backend.put_branch(id.as_str(), incoming, self.options.max_tree_bytes).await
+        data_store::put_branch(self.backend.as_ref(), id.as_str(), incoming, self.options.max_tree_bytes).await
     }
 
     /// The limits a whole document must meet: its `value` and `metadata` within the size limit,
@@ -580,10 +552,10 @@ impl DataStore {
     /// the winner next deletes the key, as a data-store delete means, instead of making a
     /// conflict the winner as a CouchDB delete of one revision would.
     async fn delete_other_leaves(&self, id: &str) -> Result<()> {
-        if !self.backend.has_branches(id).await? {
+        if !data_store::has_branches(self.backend.as_ref(), id).await? {
             return Ok(());
         }
-        let Some(tree) = self.backend.revision_tree(id).await? else { return Ok(()) };
+        let Some(tree) = data_store::revision_tree(self.backend.as_ref(), id).await? else { return Ok(()) };
         for leaf in tree.leaves().into_iter().skip(1).filter(|leaf| !leaf.deleted) {
             let tombstone = crate::backend::revision::RevisionId::next_after(Some(leaf.path.start))?.to_revision();
             let mut ancestry = vec![tombstone.as_str().to_owned()];
@@ -595,7 +567,7 @@ impl DataStore {
                 body: Map::new(),
                 precondition: Precondition::None,
             };
-            self.backend.put_branch(id, &deletion, self.options.max_tree_bytes).await?;
+            data_store::put_branch(self.backend.as_ref(), id, &deletion, self.options.max_tree_bytes).await?;
         }
         Ok(())
     }
@@ -696,7 +668,7 @@ impl DataStore {
                 return Ok(erased);
             }
             self.backend.erase_prefix(&prefix).await?;
-            self.backend.erase_branches(&prefix).await?;
+            data_store::erase_branches(self.backend.as_ref(), &prefix).await?;
             erased += live;
             if live == 0 {
                 self.end_views_incarnation().await?;

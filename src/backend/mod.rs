@@ -4,7 +4,6 @@
 //! composite IDs with revision preconditions, and answer paged queries by `userId` (+ `namespace`).
 //! The data-store semantics live once, in [`crate::store::DataStore`].
 
-pub mod branches;
 pub mod catalog;
 pub mod couchdb;
 pub mod dynamodb;
@@ -266,7 +265,8 @@ pub struct ReplicatedRevision {
     pub body: Map<String, Value>,
     /// What the stored revision (live or a tombstone) must be for the write to apply, besides
     /// the winner rule: `MustNotExist` (nothing stored), `MatchRevision` (that revision), or
-    /// `None`. A caller that keeps a document's other branches itself ([`branches`]) decided the
+    /// `None`. A caller that keeps a document's other branches itself (the engine's data-store layout,
+    /// `crate::database::layout::data_store`) decided the
     /// write against the state it read; any other state is answered `KeptCurrent`, nothing
     /// written.
     pub precondition: Precondition,
@@ -376,6 +376,19 @@ pub struct DesignResponse {
     /// `Content-Range`, …), lowercase names.
     pub headers: Vec<(String, String)>,
     pub body: futures::stream::BoxStream<'static, Result<bytes::Bytes>>,
+}
+
+/// The error of a branch method asked of a backend that keeps no branches itself
+/// ([`DocumentBackend::keeps_branches`]): a caller that skipped the engine's data-store layout.
+fn keeps_no_branches<B: DocumentBackend + ?Sized>(backend: &B, method: &str, id: &str) -> crate::error::Error {
+    crate::error::Error::new(
+        crate::error::ErrorKind::Internal,
+        format!(
+            "{method} of {id:?} asked of {}, which keeps no branches itself: data-store trees go through \
+             the engine's data-store layout",
+            backend.describe()
+        ),
+    )
 }
 
 /// What an adapter implements. Errors use [`crate::error::ErrorKind`]: a failed precondition is
@@ -563,42 +576,52 @@ pub trait DocumentBackend: Send + Sync + 'static {
         false
     }
 
-    /// The whole revision tree of a data-store document: its winner (the record every other
-    /// call reads) and every other leaf, each with its path and body. `None` when nothing is
-    /// stored for the id. The default keeps the other leaves beside the record ([`branches`]);
-    /// a backend that keeps branches natively answers from them.
+    /// Whether this backend keeps every branch of a data-store document's revision tree itself
+    /// (the CouchDB backend: CouchDB's own trees), answering [`DocumentBackend::revision_tree`],
+    /// [`DocumentBackend::has_branches`], [`DocumentBackend::put_branch`] and
+    /// [`DocumentBackend::erase_branches`] natively. `false`, the default: the tree is laid out
+    /// over the backend's records by the engine's data-store layout
+    /// (`crate::database::layout::data_store`, which every caller goes through; it calls the
+    /// four methods below only on a backend answering `true`).
+    fn keeps_branches(&self) -> bool {
+        false
+    }
+
+    /// The whole revision tree of a data-store document, on a backend that keeps branches
+    /// itself ([`DocumentBackend::keeps_branches`]): its winner (the record every other call
+    /// reads) and every other leaf, each with its path and body. `None` when nothing is stored
+    /// for the id. The default answers that the backend keeps no branches.
     async fn revision_tree(&self, id: &str) -> Result<Option<rev_tree::RevTree>> {
-        Ok(branches::read(self, id).await?.map(|read| read.tree))
+        Err(keeps_no_branches(self, "revision_tree", id))
     }
 
-    /// Whether the document may have leaves besides its winner (conflicts or deleted leaves):
-    /// `false` means [`DocumentBackend::revision_tree`] would answer the winner alone. A cheap
-    /// check for writes that only need the tree when there is more than the winner; the
-    /// default looks for the local document [`branches`] keeps them in.
+    /// Whether the document may have leaves besides its winner (conflicts or deleted leaves), on
+    /// a backend that keeps branches itself: `false` means [`DocumentBackend::revision_tree`]
+    /// would answer the winner alone. The default answers that the backend keeps no branches.
     async fn has_branches(&self, id: &str) -> Result<bool> {
-        Ok(self.get_local(&branches::side_name(id)).await?.is_some())
+        Err(keeps_no_branches(self, "has_branches", id))
     }
 
-    /// [`DocumentBackend::put_replicated`] keeping every branch, as CouchDB does: an incoming
-    /// revision that loses to the winner is kept as a leaf of the tree (`KeptCurrent`), one that
-    /// wins moves the previous winner among the other leaves (`Applied`). The default keeps the
-    /// other leaves beside the record ([`branches::graft`]). A revision that would grow the
-    /// tree past `max_tree_bytes` ([`rev_tree::RevTree::held_bytes`], `couchdb_max_tree_bytes`)
-    /// is refused with [`crate::error::ErrorKind::TooLarge`] where the tree is kept here.
+    /// [`DocumentBackend::put_replicated`] keeping every branch, as CouchDB does, on a backend
+    /// that keeps branches itself: an incoming revision that loses to the winner is kept as a
+    /// leaf of the tree (`KeptCurrent`), one that wins moves the previous winner among the other
+    /// leaves (`Applied`). `max_tree_bytes` is the bound of `couchdb_max_tree_bytes`, for a
+    /// backend that holds trees to it. The default answers that the backend keeps no branches.
     async fn put_branch(
         &self,
         id: &str,
         incoming: &ReplicatedRevision,
         max_tree_bytes: usize,
     ) -> Result<ReplicatedOutcome> {
-        branches::graft(self, id, incoming, max_tree_bytes).await
+        let _ = (incoming, max_tree_bytes);
+        Err(keeps_no_branches(self, "put_branch", id))
     }
 
     /// Removes the other branches kept for every id starting with `prefix` (an erasure, after
-    /// [`DocumentBackend::erase_prefix`]). The default removes what [`branches`] keeps beside the
-    /// records; a backend whose `erase_prefix` removes whole trees has nothing left to do.
+    /// [`DocumentBackend::erase_prefix`]), on a backend that keeps branches itself. The default
+    /// answers that the backend keeps no branches.
     async fn erase_branches(&self, prefix: &str) -> Result<()> {
-        branches::erase(self, prefix).await
+        Err(keeps_no_branches(self, "erase_branches", prefix))
     }
 
     /// The most bytes one attachment chunk record of this backend holds (what

@@ -2,7 +2,8 @@
 //! (`?conflicts`, `?deleted_conflicts`, `?revs_info`, `?meta`, `?open_revs`, `?rev=` of a losing
 //! leaf) and writes that name a losing leaf (an edit, or the deletion that resolves a conflict).
 //!
-//! The tree comes from [`crate::backend::DocumentBackend::revision_tree`] and is answered with
+//! The tree comes from the engine's data-store layout
+//! ([`crate::database::layout::data_store::revision_tree`]) and is answered with
 //! the same code as every other database's documents. A write to a losing leaf is a new
 //! revision, the leaf's child, merged into the tree through
 //! [`crate::store::DataStore::put_replicated`] (which keeps every branch), so the winner is
@@ -19,6 +20,7 @@ use super::{Answer, CouchState};
 use crate::backend::rev_tree::RevTree;
 use crate::backend::revision::RevisionId;
 use crate::backend::{Precondition, ReplicatedRevision, Revision};
+use crate::database::layout::data_store;
 
 /// Query options that need more than the winner.
 const TREE_OPTIONS: [&str; 5] = ["conflicts", "deleted_conflicts", "revs_info", "meta", "open_revs"];
@@ -30,7 +32,7 @@ pub(crate) fn wants_tree(params: &HashMap<String, String>) -> bool {
 
 /// The tree of `id` (`None`: nothing stored).
 pub(crate) async fn tree_of(state: &CouchState, id: &str) -> CouchResult<Option<RevTree>> {
-    Ok(state.store.backend().revision_tree(id).await?)
+    Ok(data_store::revision_tree(state.store.backend().as_ref(), id).await?)
 }
 
 /// A read answered from the document's whole tree.
@@ -52,7 +54,7 @@ pub(crate) fn has_conflicts(tree: &RevTree) -> bool {
 /// The tree of `id` when it has leaves besides its winner (`None`: the winner alone, or nothing
 /// stored): a write that only needs the tree then costs one cheap check.
 pub(crate) async fn tree_with_branches(state: &CouchState, id: &str) -> CouchResult<Option<RevTree>> {
-    if !state.store.backend().has_branches(id).await? {
+    if !data_store::has_branches(state.store.backend().as_ref(), id).await? {
         return Ok(None);
     }
     Ok(tree_of(state, id).await?.filter(has_conflicts))
@@ -119,10 +121,10 @@ pub(crate) async fn trees_of(
 /// replication reads `_changes?style=all_docs`) pays one cheap check per row, and the whole
 /// tree only for documents with branches.
 async fn tree_if_branched(backend: &dyn crate::backend::DocumentBackend, id: &str) -> crate::Result<Option<RevTree>> {
-    if !backend.has_branches(id).await? {
+    if !data_store::has_branches(backend, id).await? {
         return Ok(None);
     }
-    backend.revision_tree(id).await
+    data_store::revision_tree(backend, id).await
 }
 
 /// Adds `_conflicts` to a document read for a listing, when it has any.

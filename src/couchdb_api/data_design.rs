@@ -5,7 +5,7 @@
 //! ## Storage
 //! A design document `_design/{name}` is kept as the backend's local document
 //! `:design:{name}` ([`DESIGN_SIDE_PREFIX`]), as each document's conflicts are kept beside it
-//! (`:leaves:{id}`, [`crate::backend::branches`]): its revision tree, one branch (every write
+//! (`:leaves:{id}`, [`crate::database::layout::data_store`]): its revision tree, one branch (every write
 //! names the current revision, as CouchDB's `new_edits=true` writes do), deleted or not. No
 //! client can name these local documents (the CouchDB face refuses `_local/` names with these
 //! prefixes). A write reads the tree, edits it with CouchDB's rules
@@ -74,7 +74,9 @@ const LIST_PAGE: usize = 100;
 /// Whether a local document name is kept by this database for itself (conflicts, design
 /// documents, the views' incarnation): never a client's.
 pub fn is_reserved_local(name: &str) -> bool {
-    [crate::backend::branches::SIDE_PREFIX, DESIGN_SIDE_PREFIX, ":views:"].iter().any(|prefix| name.starts_with(prefix))
+    [crate::database::layout::data_store::SIDE_PREFIX, DESIGN_SIDE_PREFIX, ":views:"]
+        .iter()
+        .any(|prefix| name.starts_with(prefix))
 }
 
 /// The design document `_design/{name}`'s tree and its local document's revision.

@@ -682,7 +682,7 @@ fn check_local_name(name: &str) -> CouchResult<()> {
     if super::data_design::is_reserved_local(name) {
         return Err(CouchError::forbidden(format!(
             "local document names starting with {:?}, {:?} or {:?} are reserved for this database's own records",
-            crate::backend::branches::SIDE_PREFIX,
+            crate::database::layout::data_store::SIDE_PREFIX,
             super::data_design::DESIGN_SIDE_PREFIX,
             ":views:"
         )));

@@ -2,21 +2,25 @@
 //! is stored, read and changed atomically.
 //!
 //! ## Storage
-//! A document whose winning leaf is live is one backend document under its own id, body
-//! `{"revtree": <RevTree>}` (every leaf with its body; each revision stored once,
-//! `rev_tree::stored`). A write that would make a tree larger than `couchdb_max_tree_bytes`
-//! ([`RevTree::held_bytes`], what every read of the document holds) is refused, once the oldest
-//! kept inner bodies no longer fit have been dropped. A document whose winning leaf is deleted is
-//! a backend tombstone, its tree kept in the backend's local document `tree:{id}` (backend
+//! How a tree is laid out over the backend's records is the layout's
+//! ([`super::layout::record::RecordLayout`]): a document whose winning leaf is live is one
+//! backend document under its own id, body `{"revtree": <RevTree>}` (every leaf with its body;
+//! each revision stored once, `rev_tree::stored`); a document whose winning leaf is deleted is a
+//! backend tombstone, its tree kept in the backend's local document `tree:{id}` (backend
 //! tombstones carry no body). So the backend's own machinery serves the database unchanged: id
 //! order for `_all_docs`, the change feed (every change to a tree moves the document in it),
 //! exact live counts for `doc_count`, and chunking of large documents. The backend's own
-//! revision of a record is only a compare-and-swap token, never shown to clients.
+//! revision of a record is only a compare-and-swap token, never shown to clients. A write that
+//! would make a tree larger than `couchdb_max_tree_bytes` ([`RevTree::held_bytes`], what every
+//! read of the document holds) is refused, once the oldest kept inner bodies no longer fit have
+//! been dropped.
 //!
 //! ## Writes
 //! A write reads the document's state, applies the edit or merge to the tree, and saves it with
 //! the backend's preconditions (the record's revision, the local tree's revision); when another
-//! writer got there first it reads again and retries ([`MAX_TRIES`]). The order of the two writes
+//! writer got there first it reads again and retries ([`MAX_TRIES`]). A write that changes
+//! nothing still saves when the state read is a save a crash cut short (the engine's one
+//! crash-repair rule, [`super::layout::must_save`], shared with the data-store layout). The order of the two writes
 //! of a deletion (tree first, then the tombstone) and of a re-creation (the live record carries
 //! the whole tree) means a crash between them never loses a leaf: a live record is always the
 //! authority, the local tree only for a tombstone. A live record whose winner is deleted (left by
@@ -50,25 +54,23 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::attachments::{AttachmentStore, GarbageCollected};
 use super::doc_attachments;
+use super::layout::record::{
+    gone_is_conflict, record_of, tree_document_id, tree_of, RecordLayout, RecordToken, TREE_PREFIX,
+};
+use super::layout::{must_save, LaidOut, TreeLayout};
 use super::rev_id;
 use super::rev_tree::{parse_rev, EditError, MergeOutcome, RevPath, RevTree};
 use crate::backend::revision::random_token;
-use crate::backend::{
-    Change, DocumentBackend, IdRange, Page, Precondition, Revision, StoredDocument, DEFAULT_REVS_LIMIT,
-};
+use crate::backend::{Change, DocumentBackend, IdRange, Page, Precondition, StoredDocument, DEFAULT_REVS_LIMIT};
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::depth::check_document_depth;
 
-/// The one field of a backend record: the revision tree (the documents' own fields are inside
-/// it, so nothing can collide with it; not `_`-prefixed, which a CouchDB backend would refuse).
-const TREE_FIELD: &str = "revtree";
-/// Local-document names: the tree of a deleted document, a client's local document, settings.
-const TREE_PREFIX: &str = "tree:";
+/// Local-document names besides the layout's `tree:` ([`TREE_PREFIX`]): a client's local
+/// document, settings.
 const CLIENT_LOCAL_PREFIX: &str = "doc:";
 const SETTINGS_NAME: &str = "db:settings";
 /// Attempts of one write against other writers of the same document before giving up with a
@@ -79,28 +81,9 @@ pub const MAX_TRIES: usize = 16;
 /// writers in other processes. Bounded memory whatever the number of ids.
 const WRITE_LOCK_STRIPES: usize = 64;
 
-/// A document's revision tree as stored, with what the next save must match.
-#[derive(Debug, Clone)]
-pub struct DocState {
-    pub tree: RevTree,
-    /// The live backend record's revision (`None`: a tombstone, or never written).
-    record_rev: Option<Revision>,
-    /// For a tombstone, the revision of its local tree record as read with it: a write from the
-    /// tombstone is serialized on it.
-    local_rev: Option<Revision>,
-}
-
-impl DocState {
-    /// Whether the winning leaf is deleted.
-    pub fn deleted(&self) -> bool {
-        self.tree.winner().is_none_or(|leaf| leaf.deleted)
-    }
-
-    /// The winning revision.
-    pub fn winner_rev(&self) -> Option<String> {
-        self.tree.winner().map(|leaf| leaf.path.leaf_rev())
-    }
-}
+/// A document's revision tree as stored, with what the next save must match (the engine's
+/// layout, [`RecordLayout`]).
+pub type DocState = LaidOut<RecordToken>;
 
 /// One write to a document.
 #[derive(Debug, Clone)]
@@ -184,6 +167,8 @@ pub const DEFAULT_INLINE_WAIT: std::time::Duration = std::time::Duration::from_s
 pub struct Database {
     name: String,
     backend: Arc<dyn DocumentBackend>,
+    /// How each document's tree is laid out over the backend's records.
+    layout: RecordLayout,
     dropped: AtomicBool,
     /// The writes under way, which a deletion waits for ([`closing`]).
     in_flight: closing::WritesInFlight,
@@ -255,6 +240,7 @@ impl Database {
             collecting: Arc::default(),
             views_incarnation: std::sync::Mutex::new(None),
             write_guard: None,
+            layout: RecordLayout::new(Arc::clone(&backend)),
             backend,
         }
     }
@@ -362,7 +348,7 @@ impl Database {
             if !tree.drop_inner_bodies() {
                 return Ok(());
             }
-            let saved = match (&state.record_rev, &state.local_rev) {
+            let saved = match (&state.token.record_rev, &state.token.local_rev) {
                 (None, Some(local_rev)) => self
                     .backend
                     .put_local(
@@ -522,26 +508,7 @@ impl Database {
         if id.is_empty() {
             return Ok(None);
         }
-        self.while_open(async {
-            if let Some(record) = self.backend.get(id).await? {
-                return Ok(Some(DocState {
-                    tree: tree_of(&record.body, id)?,
-                    record_rev: Some(record.rev),
-                    local_rev: None,
-                }));
-            }
-            self.read_tombstone(id).await
-        })
-        .await
-    }
-
-    async fn read_tombstone(&self, id: &str) -> Result<Option<DocState>> {
-        match self.backend.get_local(&format!("{TREE_PREFIX}{id}")).await? {
-            Some(local) => {
-                Ok(Some(DocState { tree: tree_of(&local.body, id)?, record_rev: None, local_rev: Some(local.rev) }))
-            }
-            None => Ok(None),
-        }
+        self.while_open(self.layout.read(id)).await
     }
 
     /// The states of many documents, one per id, in order.
@@ -554,48 +521,11 @@ impl Database {
     /// nothing, without asking the backend ([`Database::read`]).
     async fn read_states(&self, ids: &[String]) -> Result<Vec<Option<DocState>>> {
         if !ids.iter().any(String::is_empty) {
-            return self.read_named_states(ids).await;
+            return self.layout.read_many(ids).await;
         }
         let named: Vec<String> = ids.iter().filter(|id| !id.is_empty()).cloned().collect();
-        let mut read = self.read_named_states(&named).await?.into_iter();
+        let mut read = self.layout.read_many(&named).await?.into_iter();
         Ok(ids.iter().map(|id| if id.is_empty() { None } else { read.next().flatten() }).collect())
-    }
-
-    async fn read_named_states(&self, ids: &[String]) -> Result<Vec<Option<DocState>>> {
-        let records = self.backend.get_many(ids).await?;
-        if records.len() != ids.len() {
-            return Err(Error::new(ErrorKind::Internal, "the backend answered a batched read with too few documents"));
-        }
-        let without_record: Vec<String> = ids
-            .iter()
-            .zip(&records)
-            .filter(|(_, record)| record.is_none())
-            .map(|(id, _)| format!("{TREE_PREFIX}{id}"))
-            .collect();
-        let mut trees = if without_record.is_empty() {
-            Vec::new().into_iter()
-        } else {
-            let trees = self.backend.get_many_local(&without_record).await?;
-            if trees.len() != without_record.len() {
-                return Err(Error::new(ErrorKind::Internal, "the backend answered a batched read with too few trees"));
-            }
-            trees.into_iter()
-        };
-        let mut states = Vec::with_capacity(ids.len());
-        for (id, record) in ids.iter().zip(records) {
-            states.push(match record {
-                Some(record) => {
-                    Some(DocState { tree: tree_of(&record.body, id)?, record_rev: Some(record.rev), local_rev: None })
-                }
-                None => match trees.next().flatten() {
-                    Some(local) => {
-                        Some(DocState { tree: tree_of(&local.body, id)?, record_rev: None, local_rev: Some(local.rev) })
-                    }
-                    None => None,
-                },
-            });
-        }
-        Ok(states)
     }
 
     /// The states behind a page of the backend's change feed: each change's document as it is now.
@@ -688,7 +618,7 @@ impl Database {
             // Nothing new, but a save that a crash cut short (the tree written, the record not)
             // is finished now: else the document stays out of the feed and `_all_docs` for good,
             // since every later replicated write of its leaves changes nothing.
-            if !changed && !(self.half_written(id, state.as_ref()).await?) {
+            if !must_save(&self.layout, id, state.as_ref(), changed).await? {
                 return Ok(answers);
             }
             self.keep_references(state.as_ref(), &tree).await?;
@@ -784,14 +714,10 @@ impl Database {
     /// should but is missing from the change feed (and, when live, from `_all_docs`); writing it
     /// again (any write, or a replicated one of a leaf it has) repairs it.
     pub async fn half_written(&self, id: &str, state: Option<&DocState>) -> Result<bool> {
-        let Some(state) = state else { return Ok(false) };
-        if state.record_rev.is_some() || state.local_rev.is_none() {
-            return Ok(false);
+        match state {
+            Some(state) => self.while_open(self.layout.unfinished(id, state)).await,
+            None => Ok(false),
         }
-        if !state.deleted() {
-            return Ok(true);
-        }
-        Ok(self.while_open(self.backend.get_deleted(id)).await?.is_none())
     }
 
     /// Applies one write atomically against other writers; retries when another writer got in
@@ -875,16 +801,7 @@ impl Database {
     /// (docs/design/crash-points.md).
     async fn erase(&self, id: &str, state: &DocState) -> Result<()> {
         self.end_views_incarnation().await?;
-        if state.record_rev.is_none() {
-            self.backend.erase_id(id).await?;
-        }
-        let tree_name = format!("{TREE_PREFIX}{id}");
-        if let Some(local) = self.backend.get_local(&tree_name).await? {
-            self.backend.delete_local(&tree_name, &local.rev).await?;
-        }
-        if state.record_rev.is_some() {
-            self.backend.erase_id(id).await?;
-        }
+        self.layout.erase(id, state).await?;
         self.end_views_incarnation().await
     }
 
@@ -897,60 +814,9 @@ impl Database {
     /// Whoever passes it holds every leaf acknowledged before; the writes after it (the local
     /// tree, the tombstone) only carry that tree on, and a later writer that overtakes them has
     /// read it already.
-    async fn save(&self, id: &str, state: Option<&DocState>, tree: &RevTree) -> Result<()> {
+    pub(super) async fn save(&self, id: &str, state: Option<&DocState>, tree: &RevTree) -> Result<()> {
         self.check_open()?;
-        let record = record_of(tree)?;
-        let live = tree.winner().is_some_and(|leaf| !leaf.deleted);
-        let tree_name = format!("{TREE_PREFIX}{id}");
-        match state.and_then(|s| s.record_rev.clone()) {
-            Some(rev) => {
-                let next =
-                    self.backend.put(id, &record, Precondition::MatchRevision(rev)).await.map_err(gone_is_conflict)?;
-                if !live {
-                    // The record now holds the tree with its deleted winner (reads treat it as
-                    // deleted); the local tree and the tombstone follow. Either may meet a later
-                    // writer, who read this tree from the record and carries it on: then this
-                    // write is done.
-                    let precondition = match self.backend.get_local(&tree_name).await? {
-                        Some(local) => Precondition::MatchRevision(local.rev),
-                        None => Precondition::MustNotExist,
-                    };
-                    match self.backend.put_local(&tree_name, &record, precondition).await {
-                        Ok(_) => {}
-                        Err(err) if err.kind() == ErrorKind::Conflict => return Ok(()),
-                        Err(err) => return Err(err),
-                    }
-                    match self.backend.delete(id, &next).await {
-                        Ok(_) => {}
-                        Err(err) if matches!(err.kind(), ErrorKind::Conflict | ErrorKind::NotFound) => {}
-                        Err(err) => return Err(err),
-                    }
-                }
-            }
-            None => {
-                let precondition = match state.and_then(|s| s.local_rev.clone()) {
-                    Some(local_rev) => Precondition::MatchRevision(local_rev),
-                    None => Precondition::MustNotExist,
-                };
-                self.backend.put_local(&tree_name, &record, precondition).await.map_err(gone_is_conflict)?;
-                // A new document, one re-created over its tombstone, or one that stays deleted:
-                // in the last case it is written live and deleted again, so it moves in the feed.
-                // From nothing, the record is created only where still nothing is, where the
-                // backend can tell: another writer may have read the local tree just written,
-                // carried it on and deleted it meanwhile, and a create over that tombstone would
-                // drop what it wrote.
-                let create = if state.is_none() && self.backend.checks_never_written() {
-                    Precondition::NeverWritten
-                } else {
-                    Precondition::MustNotExist
-                };
-                let rev = self.backend.put(id, &record, create).await.map_err(gone_is_conflict)?;
-                if !live {
-                    self.backend.delete(id, &rev).await.map_err(gone_is_conflict)?;
-                }
-            }
-        }
-        Ok(())
+        self.layout.save(id, state, tree).await
     }
 
     /// One page of documents whose winner is live, in id order, with their trees.
@@ -963,7 +829,7 @@ impl Database {
         let page = self.while_open(self.backend.all_docs(range, limit, token)).await?;
         let mut items = Vec::with_capacity(page.items.len());
         for StoredDocument { id, rev, body } in page.items {
-            let state = DocState { tree: tree_of(&body, &id)?, record_rev: Some(rev), local_rev: None };
+            let state = RecordLayout::state_of_record(&id, rev, &body)?;
             if !state.deleted() {
                 items.push((id, state));
             }
@@ -1142,12 +1008,6 @@ async fn referenced_attachments(backend: &dyn DocumentBackend) -> Result<HashSet
     }
 }
 
-/// The document whose deleted tree a `tree:` local document (as the backend lists it) holds.
-fn tree_document_id(local_id: &str) -> &str {
-    let name = local_id.strip_prefix(crate::backend::LOCAL_PREFIX).unwrap_or(local_id);
-    name.strip_prefix(TREE_PREFIX).unwrap_or(name)
-}
-
 /// One collection of a database's attachment bytes.
 async fn collect(backend: Arc<dyn DocumentBackend>, store: AttachmentStore) -> Result<GarbageCollected> {
     store.collect_garbage(|| async move { referenced_attachments(backend.as_ref()).await }).await
@@ -1196,35 +1056,6 @@ fn apply(id: &str, tree: &mut RevTree, write: &Write, revs_limit: usize) -> Resu
     }
 }
 
-/// A precondition that failed because the record went away under the write (another writer
-/// deleted or re-created it) is a conflict like any other: the write reads again.
-fn gone_is_conflict(err: Error) -> Error {
-    if err.kind() == ErrorKind::NotFound {
-        Error::conflict(format!("the document changed under this write: {}", err.message()))
-    } else {
-        err
-    }
-}
-
-/// The tree a stored body holds.
-fn tree_of(body: &Map<String, Value>, id: &str) -> Result<RevTree> {
-    let Some(tree) = body.get(TREE_FIELD) else {
-        return Err(Error::new(ErrorKind::Corrupt, format!("document {id:?} has no revision tree")));
-    };
-    // Read from the record in place, not from a copy of it.
-    RevTree::deserialize(tree)
-        .map_err(|e| Error::new(ErrorKind::Corrupt, format!("document {id:?} has an unreadable revision tree: {e}")))
-}
-
-/// The stored body of a tree.
-fn record_of(tree: &RevTree) -> Result<Map<String, Value>> {
-    let tree = serde_json::to_value(tree)
-        .map_err(|e| Error::new(ErrorKind::Internal, format!("cannot encode a revision tree: {e}")))?;
-    let mut record = Map::new();
-    record.insert(TREE_FIELD.into(), tree);
-    Ok(record)
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -1232,6 +1063,7 @@ mod tests {
 
     use super::*;
     use crate::backend::embedded::EmbeddedBackend;
+    use crate::backend::Revision;
 
     fn replicated(start: u64, ids: &[&str], deleted: bool) -> Write {
         let path = RevPath { start, ids: ids.iter().map(|id| (*id).to_owned()).collect() };

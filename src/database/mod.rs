@@ -5,6 +5,7 @@
 //!
 //! - [`rev_tree`]: the revision tree and CouchDB's rules on it (pure).
 //! - [`engine`]: one database: how a tree is stored in the backend and changed atomically.
+//! - [`layout`]: how a document's tree is laid out over the backend's records.
 //! - [`rev_id`]: new revision ids, computed from the edit as CouchDB computes them.
 //! - [`document`]: CouchDB's rules for a client's document (ids, special fields, size).
 //! - [`attachments`]: attachment bytes, chunked into the backend and addressed by SHA-256.
@@ -17,6 +18,7 @@ pub mod attachments;
 pub mod doc_attachments;
 pub mod document;
 pub mod engine;
+pub mod layout;
 pub mod rev_id;
 pub use crate::backend::rev_tree;
 pub mod seq;

@@ -228,6 +228,10 @@ impl DocumentBackend for MeteredBackend {
         self.inner.forwards_requests()
     }
 
+    fn keeps_branches(&self) -> bool {
+        self.inner.keeps_branches()
+    }
+
     async fn revisions(&self, id: &str) -> Result<Option<RevisionInfo>> {
         timed!(self, "revisions", self.inner.revisions(id))
     }
@@ -468,6 +472,10 @@ mod tests {
             self.record("forwards_requests");
             true
         }
+        fn keeps_branches(&self) -> bool {
+            self.record("keeps_branches");
+            true
+        }
         async fn revision_tree(&self, _: &str) -> Result<Option<RevTree>> {
             self.record("revision_tree");
             Ok(Some(RevTree::default()))
@@ -544,6 +552,7 @@ mod tests {
         assert_eq!(metered.design_request(design).await.unwrap().map(|answer| answer.status), Some(200));
         assert!(metered.url().is_none());
         assert!(metered.forwards_requests());
+        assert!(metered.keeps_branches());
         // A required method, but one a decorator could answer from another listing.
         let range = IdRange { start: Some("cp".into()), ..IdRange::all() };
         let listed = metered.local_docs(&range, 1, None).await.unwrap();
@@ -572,6 +581,7 @@ mod tests {
                 "design_request",
                 "url",
                 "forwards_requests",
+                "keeps_branches",
                 "local_docs",
                 "attachment_chunk_bytes",
                 "put_attachment_chunk",

@@ -1,5 +1,5 @@
-//! Contract cases for the data-store database's conflicts (`DocumentBackend::put_branch`,
-//! `revision_tree`, `erase_branches`) on every backend: losing branches are kept with their
+//! Contract cases for the data-store database's conflicts (the engine's data-store layout,
+//! `agentstore::database::layout::data_store`: `put_branch`, `revision_tree`, `erase_branches`) on every backend: losing branches are kept with their
 //! bodies whatever order they arrive in, the record every other call reads is the winner,
 //! deleting the winner promotes a live conflict, deleting a conflict resolves it, a facade delete
 //! removes the key whatever conflicts it had, and an erasure leaves no branch behind.
@@ -8,6 +8,7 @@ use std::collections::BTreeSet;
 
 use agentstore::backend::rev_tree::RevTree;
 use agentstore::backend::{DocumentBackend, Precondition, ReplicatedOutcome, ReplicatedRevision, Revision};
+use agentstore::database::layout::data_store;
 use serde_json::{json, Value};
 
 use crate::document_model::{body, id_of};
@@ -20,7 +21,7 @@ use ReplicatedOutcome::{AlreadyKnown, Applied, KeptCurrent};
 const TREE_BOUND: usize = agentstore::backend::rev_tree::DEFAULT_MAX_TREE_BYTES;
 
 async fn tree(b: &dyn DocumentBackend, id: &str) -> RevTree {
-    b.revision_tree(id).await.expect("revision_tree").expect("a tree")
+    data_store::revision_tree(b, id).await.expect("revision_tree").expect("a tree")
 }
 
 /// (winner, live conflicts, deleted conflicts) of a tree.
@@ -47,17 +48,17 @@ pub async fn losing_branches_are_kept_with_their_bodies(ctx: Ctx) {
     let backward = id_of("u", "ns", "backward");
     for id in [&forward, &backward] {
         assert_eq!(
-            b.put_branch(id, &live(std::slice::from_ref(&root), json!("root")), TREE_BOUND).await.unwrap(),
+            data_store::put_branch(b, id, &live(std::slice::from_ref(&root), json!("root")), TREE_BOUND).await.unwrap(),
             Applied
         );
     }
     let mut outcomes = Vec::new();
     for branch in &branches {
-        outcomes.push(b.put_branch(&forward, branch, TREE_BOUND).await.unwrap());
+        outcomes.push(data_store::put_branch(b, &forward, branch, TREE_BOUND).await.unwrap());
     }
     assert_eq!(outcomes, vec![Applied, Applied, Applied], "each one wins over the one before");
     for branch in branches.iter().rev() {
-        b.put_branch(&backward, branch, TREE_BOUND).await.unwrap();
+        data_store::put_branch(b, &backward, branch, TREE_BOUND).await.unwrap();
     }
     for id in [&forward, &backward] {
         let tree = tree(b, id).await;
@@ -67,7 +68,11 @@ pub async fn losing_branches_are_kept_with_their_bodies(ctx: Ctx) {
         assert_eq!((record.rev.as_str(), &record.body["value"]), (rev(3, 'b').as_str(), &json!("b")));
         assert_eq!(b.revisions(id).await.unwrap().expect("revisions").rev.as_str(), rev(3, 'b'));
         for branch in &branches {
-            assert_eq!(b.put_branch(id, branch, TREE_BOUND).await.unwrap(), AlreadyKnown, "{id}: sent again");
+            assert_eq!(
+                data_store::put_branch(b, id, branch, TREE_BOUND).await.unwrap(),
+                AlreadyKnown,
+                "{id}: sent again"
+            );
         }
     }
 }
@@ -78,18 +83,19 @@ pub async fn deleting_the_winner_promotes_a_conflict_and_deleting_it_resolves(ct
     let b = ctx.backend.as_ref();
     let id = id_of("u", "ns", "k");
     let root = rev(1, 'a');
-    b.put_branch(&id, &live(std::slice::from_ref(&root), json!(0)), TREE_BOUND).await.unwrap();
-    b.put_branch(&id, &live(&[rev(2, 'c'), root.clone()], json!("winner")), TREE_BOUND).await.unwrap();
-    b.put_branch(&id, &live(&[rev(2, 'b'), root.clone()], json!("loser")), TREE_BOUND).await.unwrap();
+    data_store::put_branch(b, &id, &live(std::slice::from_ref(&root), json!(0)), TREE_BOUND).await.unwrap();
+    data_store::put_branch(b, &id, &live(&[rev(2, 'c'), root.clone()], json!("winner")), TREE_BOUND).await.unwrap();
+    data_store::put_branch(b, &id, &live(&[rev(2, 'b'), root.clone()], json!("loser")), TREE_BOUND).await.unwrap();
     assert_eq!(shape(&tree(b, &id).await), (rev(2, 'c'), vec![rev(2, 'b')], vec![]));
 
-    let outcome = b.put_branch(&id, &deleted(&[rev(3, 'd'), rev(2, 'c'), root.clone()]), TREE_BOUND).await.unwrap();
+    let outcome =
+        data_store::put_branch(b, &id, &deleted(&[rev(3, 'd'), rev(2, 'c'), root.clone()]), TREE_BOUND).await.unwrap();
     assert_eq!(outcome, KeptCurrent, "the deletion is a leaf, but not the winner");
     assert_eq!(shape(&tree(b, &id).await), (rev(2, 'b'), vec![], vec![rev(3, 'd')]));
     let record = b.get(&id).await.unwrap().expect("the promoted conflict is the record");
     assert_eq!((record.rev.as_str(), &record.body["value"]), (rev(2, 'b').as_str(), &json!("loser")));
 
-    b.put_branch(&id, &deleted(&[rev(3, 'e'), rev(2, 'b'), root]), TREE_BOUND).await.unwrap();
+    data_store::put_branch(b, &id, &deleted(&[rev(3, 'e'), rev(2, 'b'), root]), TREE_BOUND).await.unwrap();
     let tree = tree(b, &id).await;
     assert_eq!(shape(&tree), (rev(3, 'e'), vec![], vec![rev(3, 'd')]));
     assert!(b.get(&id).await.unwrap().is_none(), "every leaf deleted: the document is deleted");
@@ -152,11 +158,14 @@ pub async fn a_new_conflict_moves_the_document_in_the_feed(ctx: Ctx) {
     let b = ctx.backend.as_ref();
     let id = id_of("u", "ns", "k");
     let root = rev(1, 'a');
-    b.put_branch(&id, &live(std::slice::from_ref(&root), json!(0)), TREE_BOUND).await.unwrap();
-    b.put_branch(&id, &live(&[rev(2, 'c'), root.clone()], json!("winner")), TREE_BOUND).await.unwrap();
+    data_store::put_branch(b, &id, &live(std::slice::from_ref(&root), json!(0)), TREE_BOUND).await.unwrap();
+    data_store::put_branch(b, &id, &live(&[rev(2, 'c'), root.clone()], json!("winner")), TREE_BOUND).await.unwrap();
     let before = b.revisions(&id).await.unwrap().expect("revisions");
     let position = b.change_position().await.expect("position");
-    assert_eq!(b.put_branch(&id, &live(&[rev(2, 'b'), root], json!("loser")), TREE_BOUND).await.unwrap(), KeptCurrent);
+    assert_eq!(
+        data_store::put_branch(b, &id, &live(&[rev(2, 'b'), root], json!("loser")), TREE_BOUND).await.unwrap(),
+        KeptCurrent
+    );
     let (mut view, mut order) = (std::collections::BTreeMap::new(), Vec::new());
     crate::document_model::follow_until(b, Some(position), &mut view, &mut order, |seen| seen.contains_key(&id)).await;
     assert_eq!(view.get(&id).map(|(rev, _)| rev.as_str().to_owned()), Some(rev(2, 'c')), "{order:?}");
@@ -168,25 +177,25 @@ pub async fn a_new_conflict_moves_the_document_in_the_feed(ctx: Ctx) {
 pub async fn erasure_removes_every_branch(ctx: Ctx) {
     let b = ctx.backend.as_ref();
     let id = id_of("u", "ns", "k");
-    b.put_branch(&id, &live(&[rev(1, 'a')], json!("a")), TREE_BOUND).await.unwrap();
-    b.put_branch(&id, &live(&[rev(1, 'b')], json!("b")), TREE_BOUND).await.unwrap();
+    data_store::put_branch(b, &id, &live(&[rev(1, 'a')], json!("a")), TREE_BOUND).await.unwrap();
+    data_store::put_branch(b, &id, &live(&[rev(1, 'b')], json!("b")), TREE_BOUND).await.unwrap();
     let other = id_of("v", "ns", "k");
     let of_v = |ancestry: &[String], value: Value| ReplicatedRevision {
         body: body("v", "ns", "k", value),
         ..live(ancestry, json!(null))
     };
-    b.put_branch(&other, &of_v(&[rev(1, 'a')], json!("a")), TREE_BOUND).await.unwrap();
-    b.put_branch(&other, &of_v(&[rev(1, 'b')], json!("b")), TREE_BOUND).await.unwrap();
+    data_store::put_branch(b, &other, &of_v(&[rev(1, 'a')], json!("a")), TREE_BOUND).await.unwrap();
+    data_store::put_branch(b, &other, &of_v(&[rev(1, 'b')], json!("b")), TREE_BOUND).await.unwrap();
     if let Some(why) = &ctx.no_purge {
         println!("erasure of branches not checked on {}: {why}", ctx.backend_name);
         return;
     }
     let store = ctx.store().await;
     store.purge_user("u").await.unwrap();
-    assert!(b.revision_tree(&id).await.unwrap().is_none(), "nothing of u's document is left");
+    assert!(data_store::revision_tree(b, &id).await.unwrap().is_none(), "nothing of u's document is left");
     let kept: BTreeSet<String> = tree(b, &other).await.leaves().into_iter().map(|leaf| leaf.rev()).collect();
     assert_eq!(kept, [rev(1, 'a'), rev(1, 'b')].into_iter().collect(), "another user's branches stay");
     // Written again after the erasure, the id starts a new tree.
-    b.put_branch(&id, &live(&[rev(1, 'c')], json!("c")), TREE_BOUND).await.unwrap();
+    data_store::put_branch(b, &id, &live(&[rev(1, 'c')], json!("c")), TREE_BOUND).await.unwrap();
     assert_eq!(shape(&tree(b, &id).await), (rev(1, 'c'), vec![], vec![]));
 }

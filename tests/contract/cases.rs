@@ -72,7 +72,19 @@ pub fn all() -> Vec<Case> {
     cases.extend(local_docs_cases());
     cases.extend(attachment_cases());
     cases.extend(crash_sweep_cases());
+    cases.extend(crash_sweep_data_store_cases());
     cases
+}
+
+/// The crash-point sweep of the data-store database's writes (`crash_sweep_data_store.rs`).
+fn crash_sweep_data_store_cases() -> Vec<Case> {
+    use crate::crash_sweep_data_store::*;
+    cases![
+        crash_sweep_data_store_conflict,
+        crash_sweep_data_store_promotion,
+        crash_sweep_data_store_edit_losing_leaf,
+        crash_sweep_data_store_resolve_conflict,
+    ]
 }
 
 /// The crash-point sweep of the engine's operations (`crash_sweep.rs`, over `crash.rs`), of a

@@ -213,8 +213,15 @@ impl Catalog for CrashingCatalog {
 }
 
 /// The trait's methods that never reach storage (they describe the backend): forwarded uncounted.
-pub const DESCRIPTIVE: &[&str] =
-    &["describe", "change_feed_delay", "url", "forwards_requests", "attachment_chunk_bytes", "checks_never_written"];
+pub const DESCRIPTIVE: &[&str] = &[
+    "describe",
+    "change_feed_delay",
+    "url",
+    "forwards_requests",
+    "attachment_chunk_bytes",
+    "checks_never_written",
+    "keeps_branches",
+];
 
 macro_rules! counted_layer {
     ($(fn $name:ident(&self $(, $arg:ident: $ty:ty)*) -> $answer:ty;)*) => {

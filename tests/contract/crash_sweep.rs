@@ -325,7 +325,7 @@ async fn snapshots(db: &Database, ids: &[String], prefix: &str) -> Snapshots {
 }
 
 /// Every id in the change feed, read from the start.
-async fn feed_ids(backend: &dyn DocumentBackend) -> BTreeSet<String> {
+pub(crate) async fn feed_ids(backend: &dyn DocumentBackend) -> BTreeSet<String> {
     let mut ids = BTreeSet::new();
     let mut since: Option<String> = None;
     for _ in 0..1000 {
@@ -341,7 +341,7 @@ async fn feed_ids(backend: &dyn DocumentBackend) -> BTreeSet<String> {
 }
 
 /// The leading number of a feed position (exact on the embedded store, a time on the others).
-fn position_number(position: &str) -> u128 {
+pub(crate) fn position_number(position: &str) -> u128 {
     let digits: String = position.chars().take_while(char::is_ascii_digit).collect();
     digits.parse().unwrap_or(0)
 }

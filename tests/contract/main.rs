@@ -11,6 +11,7 @@ mod catalog;
 mod crash;
 mod crash_catalog;
 mod crash_sweep;
+mod crash_sweep_data_store;
 mod crash_sweep_migrate;
 mod crash_sweep_views;
 mod document_model;

@@ -573,6 +573,11 @@ impl DocumentBackend for CouchDbBackend {
         written
     }
 
+    /// CouchDB keeps every document's tree itself.
+    fn keeps_branches(&self) -> bool {
+        true
+    }
+
     /// CouchDB keeps the tree and holds it to its own bounds: `max_tree_bytes` is not asked of it.
     async fn put_branch(&self, id: &str, incoming: &ReplicatedRevision, _: usize) -> Result<ReplicatedOutcome> {
         let written = self.put_branch_revision(id, incoming).await;

@@ -203,6 +203,10 @@ pub trait Layered: Send + Sync + 'static {
         self.inner().forwards_requests()
     }
 
+    fn keeps_branches(&self) -> bool {
+        self.inner().keeps_branches()
+    }
+
     fn attachment_chunk_bytes(&self) -> usize {
         self.inner().attachment_chunk_bytes()
     }
@@ -403,6 +407,10 @@ impl<L: Layered> DocumentBackend for L {
 
     fn forwards_requests(&self) -> bool {
         Layered::forwards_requests(self)
+    }
+
+    fn keeps_branches(&self) -> bool {
+        Layered::keeps_branches(self)
     }
 
     fn attachment_chunk_bytes(&self) -> usize {

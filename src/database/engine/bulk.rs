@@ -241,7 +241,7 @@ impl Database {
             Ok(record) => record,
             Err(err) => return (pending, Saved::Failed(err), None),
         };
-        let record_rev = pending.state.as_ref().and_then(|s| s.record_rev.clone());
+        let record_rev = pending.state.as_ref().and_then(|s| s.token.record_rev.clone());
         if let Some(rev) = record_rev {
             let write = BulkWrite { id: id.to_owned(), body: record, precondition: Precondition::MatchRevision(rev) };
             return (pending, Saved::Done, Some(write));
@@ -250,7 +250,7 @@ impl Database {
             let write = BulkWrite { id: id.to_owned(), body: record, precondition: Precondition::NeverWritten };
             return (pending, Saved::Done, Some(write));
         }
-        let precondition = match pending.state.as_ref().and_then(|s| s.local_rev.clone()) {
+        let precondition = match pending.state.as_ref().and_then(|s| s.token.local_rev.clone()) {
             Some(local_rev) => Precondition::MatchRevision(local_rev),
             None => Precondition::MustNotExist,
         };
@@ -548,7 +548,7 @@ mod tests {
         for (id, _) in &documents {
             let state = database.read(id).await.unwrap().expect("written");
             assert_eq!(state.tree.leaves().len(), 2, "{id}: both leaves");
-            assert!(state.record_rev.is_some(), "{id}: a live record");
+            assert!(state.token.record_rev.is_some(), "{id}: a live record");
         }
     }
 
@@ -583,7 +583,7 @@ mod tests {
         assert!(feed.iter().all(|change| !change.deleted), "every re-created document is live in the feed");
         for (id, _) in &documents {
             let state = database.read(id).await.unwrap().expect("written");
-            assert!(state.record_rev.is_some(), "{id}: a live record");
+            assert!(state.token.record_rev.is_some(), "{id}: a live record");
             assert!(!database.half_written(id, Some(&state)).await.unwrap());
             assert_eq!(state.tree.leaves().len(), 2, "{id}: the deleted leaf and the new one");
         }
@@ -700,7 +700,7 @@ mod tests {
         );
         for n in 0..6 {
             let state = database.read(&format!("doc{n:02}")).await.unwrap().expect("written");
-            assert!(state.record_rev.is_some() && !state.deleted(), "doc{n:02} is live");
+            assert!(state.token.record_rev.is_some() && !state.deleted(), "doc{n:02} is live");
         }
     }
 
@@ -748,7 +748,7 @@ mod tests {
         let mut leaves: Vec<(String, bool)> = state.tree.leaves().iter().map(|l| (l.rev(), l.deleted)).collect();
         leaves.sort();
         assert_eq!(leaves, [("1-m1".to_owned(), false), ("2-o2".to_owned(), true)]);
-        assert!(state.record_rev.is_some(), "re-created over the tombstone: a live record");
+        assert!(state.token.record_rev.is_some(), "re-created over the tombstone: a live record");
         assert!(database.read("fresh").await.unwrap().is_some());
     }
 }

@@ -1,0 +1,510 @@
+//! The data-store database's tree layout: every branch of a data-store document's revision tree
+//! (CouchDB's conflicts) on backends whose records hold one revision each. Every caller reaches a
+//! data-store tree through this module ([`revision_tree`], [`has_branches`], [`put_branch`],
+//! [`erase_branches`]); on a backend that keeps branches itself
+//! ([`DocumentBackend::keeps_branches`]: the CouchDB backend) each forwards to the backend's own
+//! method of the same name. Elsewhere the tree is laid out by [`DataStoreLayout`], one of the
+//! engine's [`TreeLayout`]s.
+//!
+//! ## Storage
+//! The document's record holds its winning revision, so everything that reads records (the REST
+//! API, the facade, listings, counts, the index, the change feed) sees the winner and nothing
+//! else, byte for byte as before this layout was the engine's. The other leaves of the tree, each
+//! with its path and body, live in the local document `:leaves:{id}` ([`side_name`]). No client
+//! can name it: a per-user login's local documents are named `{user}:…` and user ids are never
+//! empty, and an admin's `_local/` names starting with [`SIDE_PREFIX`] are refused by the CouchDB
+//! face. The leaves are stored as a tree is ([`StoredLeaves`]: each revision once); the array of
+//! leaves with whole paths the previous release wrote is still read. The side document may hold
+//! a leaf the record also holds, or an ancestor of a leaf: the tree is rebuilt from paths, so
+//! such entries fall away on reading.
+//!
+//! ## Writes
+//! A replicated revision is merged into the tree read from both places with CouchDB's rules
+//! ([`RevTree::merge`]) and the tree is saved ([`DataStoreLayout`]'s `save`). A save that leaves
+//! the side document as it was is one write of the record. One that changes it (a new conflict,
+//! a promotion, a resolved conflict: the rare writes) follows the engine's crash-repair rule
+//! ([`super`]), in three steps:
+//! 1. the side document is written with every leaf of the new tree and the mark
+//!    [`UNFINISHED_FIELD`] (compare-and-swap on its revision as read);
+//! 2. the record is brought to the new winner, each write on the record's revision: rewritten in
+//!    place when it holds the winner already (a new losing leaf: the same revision, written again
+//!    so that the document moves in the change feed, as in CouchDB, and a replica that read past
+//!    it learns of the new branch); else, when the record's revision is no longer a leaf, the
+//!    leaf that extends it first (a deletion of the winner), then the winner;
+//! 3. the side document is written again without the mark and without the winner.
+//!
+//! A crash after step 1 leaves the mark: the document's next write through this layout, and the
+//! next read of its tree, save the tree read over itself, which does steps 2 and 3. The
+//! cost of the rule: one more write (step 3) on the writes that change the side document.
+//! A record or side revision that changed in between makes the write start again from a fresh
+//! read ([`GRAFT_ATTEMPTS`]).
+
+use async_trait::async_trait;
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+use super::{LaidOut, TreeLayout};
+use crate::backend::rev_tree::{Leaf, MergeOutcome, RevPath, RevTree, StoredLeaves, StoredTree};
+use crate::backend::{DocumentBackend, Precondition, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo};
+use crate::error::{Error, ErrorKind, Result};
+
+/// The start of every local document name that holds a document's other leaves.
+pub const SIDE_PREFIX: &str = ":leaves:";
+/// The field of that local document holding the leaves.
+const LEAVES_FIELD: &str = "leaves";
+/// The field of that local document marking a save not finished yet (step 1 done, the record not
+/// yet brought to the winner): `true` when present. Absent from every side document a save
+/// finished, so those are byte for byte what the previous release wrote.
+pub const UNFINISHED_FIELD: &str = "unfinished";
+/// Rounds of read, merge and save against other writers of one document before a conflict.
+pub const GRAFT_ATTEMPTS: usize = 16;
+/// How many revisions each side leaf's path keeps (CouchDB's default `_revs_limit`).
+const SIDE_REVS_LIMIT: usize = crate::backend::DEFAULT_REVS_LIMIT;
+
+/// The whole revision tree of a data-store document: its winner (the record every other call
+/// reads) and every other leaf, each with its path and body. `None` when nothing is stored for
+/// the id.
+pub async fn revision_tree<B: DocumentBackend + ?Sized>(backend: &B, id: &str) -> Result<Option<RevTree>> {
+    if backend.keeps_branches() {
+        return backend.revision_tree(id).await;
+    }
+    Ok(super::read_repairing(&DataStoreLayout::new(backend), id).await?.map(|read| read.tree))
+}
+
+/// Whether the document may have leaves besides its winner (conflicts or deleted leaves):
+/// `false` means [`revision_tree`] would answer the winner alone. A cheap check (one local
+/// document read) for writes and listings that need the tree only when there is more than the
+/// winner.
+pub async fn has_branches<B: DocumentBackend + ?Sized>(backend: &B, id: &str) -> Result<bool> {
+    if backend.keeps_branches() {
+        return backend.has_branches(id).await;
+    }
+    Ok(backend.get_local(&side_name(id)).await?.is_some())
+}
+
+/// A replicated revision written keeping every branch, as CouchDB does (`new_edits: false`): one
+/// that loses to the winner is kept as a leaf of the tree (`KeptCurrent`), one that wins moves
+/// the previous winner among the other leaves (`Applied`), one the tree holds is `AlreadyKnown`.
+/// A revision that would grow the tree past `max_tree_bytes` ([`RevTree::held_bytes`],
+/// `couchdb_max_tree_bytes`) is refused with [`ErrorKind::TooLarge`] where the tree is laid out
+/// here.
+pub async fn put_branch<B: DocumentBackend + ?Sized>(
+    backend: &B,
+    id: &str,
+    incoming: &ReplicatedRevision,
+    max_tree_bytes: usize,
+) -> Result<ReplicatedOutcome> {
+    if backend.keeps_branches() {
+        return backend.put_branch(id, incoming, max_tree_bytes).await;
+    }
+    graft(backend, id, incoming, max_tree_bytes).await
+}
+
+/// Removes the other branches kept for every id starting with `prefix` (an erasure, after
+/// [`DocumentBackend::erase_prefix`], which does not reach local documents).
+pub async fn erase_branches<B: DocumentBackend + ?Sized>(backend: &B, prefix: &str) -> Result<()> {
+    if backend.keeps_branches() {
+        return backend.erase_branches(prefix).await;
+    }
+    erase_side_documents(backend, prefix).await
+}
+
+/// What a save of a data-store tree must match: the two places as read.
+#[derive(Debug, Clone)]
+pub struct SideToken {
+    /// The record's revision (the winner, live or a tombstone) as read; `None`: no record.
+    record: Option<RevisionInfo>,
+    /// The revision of the local document holding the other leaves, `None`: there is none.
+    side_rev: Option<Revision>,
+    /// The leaves the local document held as read.
+    side_leaves: Vec<Leaf>,
+    /// Whether the local document carried the mark of an unfinished save.
+    marked: bool,
+}
+
+/// A data-store document's tree as read.
+pub type ReadTree = LaidOut<SideToken>;
+
+/// The data-store database's layout over `backend` (module doc).
+pub struct DataStoreLayout<'a, B: ?Sized> {
+    backend: &'a B,
+}
+
+impl<'a, B: DocumentBackend + ?Sized> DataStoreLayout<'a, B> {
+    pub fn new(backend: &'a B) -> Self {
+        DataStoreLayout { backend }
+    }
+
+    /// One consistent read; `None` (outer) when the record changed between its two reads.
+    async fn read_once(&self, id: &str) -> Result<Option<Option<ReadTree>>> {
+        let backend = self.backend;
+        let record = backend.revisions(id).await?;
+        let body = match &record {
+            None => None,
+            Some(info) => {
+                let stored = if info.deleted { backend.get_deleted(id).await? } else { backend.get(id).await? };
+                match stored {
+                    Some(doc) if doc.rev == info.rev => Some(doc.body),
+                    // A tombstone of an older layout may carry no body record.
+                    None if info.deleted => Some(Map::new()),
+                    _ => return Ok(None),
+                }
+            }
+        };
+        let side = backend.get_local(&side_name(id)).await?;
+        let side_rev = side.as_ref().map(|doc| doc.rev.clone());
+        let (side_leaves, marked) = match &side {
+            Some(doc) => (leaves_of(id, &doc.body)?, doc.body.get(UNFINISHED_FIELD) == Some(&Value::Bool(true))),
+            None => (Vec::new(), false),
+        };
+        let Some(info) = record else {
+            // Leaves with no record are what an erasure left behind: nothing is stored.
+            return Ok(Some(None));
+        };
+        let mut tree = RevTree::default();
+        let path = RevPath { start: info.ancestry.start, ids: info.ancestry.ids.clone() };
+        tree.merge(path, info.deleted, body.unwrap_or_default(), usize::MAX);
+        for leaf in &side_leaves {
+            tree.merge(leaf.path.clone(), leaf.deleted, leaf.body.clone(), usize::MAX);
+        }
+        let token = SideToken { record: Some(info), side_rev, side_leaves, marked };
+        Ok(Some(Some(LaidOut { tree, token })))
+    }
+
+    /// Writes the side document with `leaves` (and the mark when `unfinished`) over `rev`, or
+    /// deletes it when there is nothing to keep; its new revision. `Conflict` when it changed
+    /// since it was read.
+    async fn write_side(
+        &self,
+        id: &str,
+        rev: Option<&Revision>,
+        leaves: &[Leaf],
+        unfinished: bool,
+    ) -> Result<Option<Revision>> {
+        let name = side_name(id);
+        let written = if leaves.is_empty() && !unfinished {
+            match rev {
+                None => return Ok(None),
+                Some(rev) => self.backend.delete_local(&name, rev).await.map(|()| None),
+            }
+        } else {
+            let mut body = Map::new();
+            body.insert(
+                LEAVES_FIELD.into(),
+                serde_json::to_value(StoredLeaves(leaves))
+                    .map_err(|err| Error::new(ErrorKind::Internal, err.to_string()))?,
+            );
+            if unfinished {
+                body.insert(UNFINISHED_FIELD.into(), Value::Bool(true));
+            }
+            let precondition = match rev {
+                Some(rev) => Precondition::MatchRevision(rev.clone()),
+                None => Precondition::MustNotExist,
+            };
+            self.backend.put_local(&name, &body, precondition).await.map(Some)
+        };
+        written.map_err(|err| {
+            if err.is_conflict() || err.is_not_found() {
+                Error::conflict(format!("the other leaves of {id:?} changed under this write"))
+            } else {
+                err
+            }
+        })
+    }
+
+    /// Writes `leaf` to the record over `expected` (`None`: no record); `Conflict` when the record
+    /// is no longer as read.
+    async fn write_record(&self, id: &str, leaf: &Leaf, expected: Option<&Revision>) -> Result<()> {
+        let precondition = match expected {
+            Some(rev) => Precondition::MatchRevision(rev.clone()),
+            None => Precondition::MustNotExist,
+        };
+        let write = ReplicatedRevision {
+            rev: Revision(leaf.rev()),
+            ancestry: leaf.path.revs(),
+            deleted: leaf.deleted,
+            body: leaf.body.clone(),
+            precondition,
+        };
+        match self.backend.put_replicated(id, &write).await? {
+            ReplicatedOutcome::Applied => Ok(()),
+            _ => Err(Error::conflict(format!("the record of {id:?} changed under this write"))),
+        }
+    }
+
+    /// Step 2 of a save: the record brought to `tree`'s winner from what it held as read.
+    async fn bring_record_to_winner(&self, id: &str, record: Option<&RevisionInfo>, tree: &RevTree) -> Result<()> {
+        let winner = tree.winner().ok_or_else(|| Error::conflict(format!("the tree of {id:?} has no leaf")))?;
+        let Some(record) = record else { return self.write_record(id, winner, None).await };
+        let mut current = record.rev.clone();
+        let on_winner_branch = winner.path.revs().iter().any(|rev| *rev == current.as_str());
+        if !on_winner_branch && tree.leaf(current.as_str()).is_none() {
+            // The record's revision was extended off the winner's branch (the winner deleted, a
+            // conflict promoted): that leaf goes to the record first, which the winner then beats.
+            let extension =
+                tree.leaves().into_iter().find(|leaf| leaf.path.revs().iter().any(|rev| *rev == current.as_str()));
+            if let Some(extension) = extension {
+                self.write_record(id, extension, Some(&current)).await?;
+                current = Revision(extension.rev());
+            }
+        }
+        // Written also when the record holds the winner already: rewritten in place, the
+        // document moves in the change feed.
+        self.write_record(id, winner, Some(&current)).await
+    }
+}
+
+#[async_trait]
+impl<B: DocumentBackend + ?Sized> TreeLayout for DataStoreLayout<'_, B> {
+    type Token = SideToken;
+
+    /// The tree of `id`: the record's revision (its path and body) and the leaves kept beside it.
+    async fn read(&self, id: &str) -> Result<Option<ReadTree>> {
+        for _ in 0..GRAFT_ATTEMPTS {
+            if let Some(read) = self.read_once(id).await? {
+                return Ok(read);
+            }
+        }
+        Err(Error::conflict(format!("document {id:?} kept changing while its revision tree was read")))
+    }
+
+    async fn read_many(&self, ids: &[String]) -> Result<Vec<Option<ReadTree>>> {
+        let mut states = Vec::with_capacity(ids.len());
+        for id in ids {
+            states.push(self.read(id).await?);
+        }
+        Ok(states)
+    }
+
+    async fn save(&self, id: &str, before: Option<&ReadTree>, tree: &RevTree) -> Result<()> {
+        let winner_rev = tree.winner().map(Leaf::rev);
+        let final_side: Vec<Leaf> =
+            tree.leaves().into_iter().filter(|leaf| Some(leaf.rev()) != winner_rev).cloned().collect();
+        let (record, side_rev, side_leaves, marked) = match before {
+            Some(read) => (
+                read.token.record.as_ref(),
+                read.token.side_rev.clone(),
+                &read.token.side_leaves[..],
+                read.token.marked,
+            ),
+            None => (None, None, &[][..], false),
+        };
+        if !marked && final_side == side_leaves {
+            return self.bring_record_to_winner(id, record, tree).await;
+        }
+        let every_leaf: Vec<Leaf> = tree.leaves().into_iter().cloned().collect();
+        // Finishing a save step 1 of which is stored as this one would write it: on from step 2.
+        let marked_rev = if marked && side_leaves == every_leaf.as_slice() {
+            side_rev
+        } else {
+            self.write_side(id, side_rev.as_ref(), &every_leaf, true).await?
+        };
+        self.bring_record_to_winner(id, record, tree).await?;
+        self.write_side(id, marked_rev.as_ref(), &final_side, false).await.map(|_| ())
+    }
+
+    /// The side document first, then the record: a crash in between leaves the winner alone,
+    /// never leaves beside no record that a later creation of the id would take up.
+    async fn erase(&self, id: &str, state: &ReadTree) -> Result<()> {
+        if let Some(rev) = &state.token.side_rev {
+            match self.backend.delete_local(&side_name(id), rev).await {
+                Ok(()) => {}
+                Err(err) if err.is_not_found() => {}
+                Err(err) if err.is_conflict() => return Err(Error::conflict("the other leaves changed")),
+                Err(err) => return Err(err),
+            }
+        }
+        self.backend.erase_id(id).await.map(|_| ())
+    }
+
+    async fn unfinished(&self, _id: &str, state: &ReadTree) -> Result<bool> {
+        Ok(state.token.marked)
+    }
+}
+
+/// Merges a replicated revision into `id`'s tree, keeping every branch (CouchDB's
+/// `new_edits: false`): `Applied` when it is the winner now, `KeptCurrent` when it is kept as a
+/// losing leaf, `AlreadyKnown` when the tree held it. A merge that would grow the tree past
+/// `max_tree_bytes` is refused (`TooLarge`), nothing written.
+async fn graft<B: DocumentBackend + ?Sized>(
+    backend: &B,
+    id: &str,
+    incoming: &ReplicatedRevision,
+    max_tree_bytes: usize,
+) -> Result<ReplicatedOutcome> {
+    crate::backend::replicated::check(id, incoming)?;
+    let path = path_of(incoming)?;
+    let layout = DataStoreLayout::new(backend);
+    for _ in 0..GRAFT_ATTEMPTS {
+        // The usual replication: a revision the record knows, or a live child of the record's
+        // revision, which wins over every other leaf (its generation is higher than the
+        // winner's) and leaves them as they are: decided from the record alone.
+        if let Some(record) = backend.revisions(id).await? {
+            let known = record.rev == incoming.rev || record.ancestry.revisions().any(|rev| rev == incoming.rev);
+            if known {
+                return Ok(ReplicatedOutcome::AlreadyKnown);
+            }
+            let extends = incoming.ancestry.iter().any(|rev| rev == record.rev.as_str());
+            if extends && !incoming.deleted {
+                let write =
+                    ReplicatedRevision { precondition: Precondition::MatchRevision(record.rev), ..incoming.clone() };
+                match backend.put_replicated(id, &write).await? {
+                    ReplicatedOutcome::Applied => return Ok(ReplicatedOutcome::Applied),
+                    _ => continue,
+                }
+            }
+        }
+        let current = layout.read(id).await?;
+        let mut tree = current.as_ref().map(|read| read.tree.clone()).unwrap_or_default();
+        let merged = tree.merge(path.clone(), incoming.deleted, incoming.body.clone(), SIDE_REVS_LIMIT);
+        let changed = merged != MergeOutcome::AlreadyKnown;
+        if !super::must_save(&layout, id, current.as_ref(), changed).await? {
+            return Ok(ReplicatedOutcome::AlreadyKnown);
+        }
+        let empty = RevTree::default();
+        check_tree_size(id, current.as_ref().map_or(&empty, |read| &read.tree), &tree, max_tree_bytes)?;
+        match layout.save(id, current.as_ref(), &tree).await {
+            Ok(()) => {}
+            Err(err) if err.is_conflict() => continue,
+            Err(err) => return Err(err),
+        }
+        return Ok(match tree.winner() {
+            _ if !changed => ReplicatedOutcome::AlreadyKnown,
+            Some(winner) if winner.rev() == incoming.rev.as_str() => ReplicatedOutcome::Applied,
+            _ => ReplicatedOutcome::KeptCurrent,
+        });
+    }
+    Err(Error::conflict(format!(
+        "Document update conflict: {GRAFT_ATTEMPTS} attempts met other writers of {id:?}; try again"
+    )))
+}
+
+/// Refuses a merged tree past `max_tree_bytes` (`couchdb_max_tree_bytes`, the bound of every
+/// database) unless it is no larger than the tree read: a document stored under a larger
+/// setting can still be written down.
+fn check_tree_size(id: &str, before: &RevTree, after: &RevTree, max_tree_bytes: usize) -> Result<()> {
+    let held = after.held_bytes();
+    if held <= max_tree_bytes || held <= before.held_bytes() {
+        return Ok(());
+    }
+    Err(Error::new(
+        ErrorKind::TooLarge,
+        format!(
+            "the revision tree of {id:?} would hold about {held} bytes (its leaves' bodies and paths), more than \
+             couchdb_max_tree_bytes ({max_tree_bytes})"
+        ),
+    ))
+}
+
+/// The local document that holds `id`'s other leaves.
+pub fn side_name(id: &str) -> String {
+    format!("{SIDE_PREFIX}{id}")
+}
+
+/// The other leaves a local document holds: in the stored form of a tree (each revision once,
+/// [`StoredLeaves`]), or, as the previous release wrote them, an array of leaves with whole paths.
+fn leaves_of(id: &str, body: &Map<String, Value>) -> Result<Vec<Leaf>> {
+    let unreadable =
+        |err: String| Error::new(ErrorKind::Corrupt, format!("the other leaves of {id:?} do not parse: {err}"));
+    match body.get(LEAVES_FIELD) {
+        None => Ok(Vec::new()),
+        Some(leaves @ Value::Array(_)) => Vec::<Leaf>::deserialize(leaves).map_err(|err| unreadable(err.to_string())),
+        Some(stored) => StoredTree::deserialize(stored)
+            .map_err(|err| unreadable(err.to_string()))?
+            .into_leaves()
+            .map_err(unreadable),
+    }
+}
+
+/// The path of an incoming (checked) revision: its ancestry as generation and ids.
+fn path_of(incoming: &ReplicatedRevision) -> Result<RevPath> {
+    let start = crate::backend::revision::generation_of(&incoming.rev)
+        .ok_or_else(|| Error::invalid("_rev", format!("{:?} has no generation", incoming.rev.as_str())))?;
+    let ids = incoming
+        .ancestry
+        .iter()
+        .map(|rev| rev.split_once('-').map(|(_, id)| id.to_owned()))
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| Error::invalid("_revisions", "an ancestry entry is not N-id"))?;
+    Ok(RevPath { start, ids })
+}
+
+/// Removes the other leaves kept for every id starting with `prefix` (an erasure: `erase_prefix`
+/// does not reach local documents). Page size of the listing.
+const ERASE_PAGE: usize = 100;
+
+/// The side documents of every id starting with `prefix`, removed page by page.
+async fn erase_side_documents<B: DocumentBackend + ?Sized>(backend: &B, prefix: &str) -> Result<()> {
+    let start = side_name(prefix);
+    let range = crate::backend::IdRange {
+        start: Some(start.clone()),
+        end: None,
+        inclusive_end: true,
+        descending: false,
+        include_design: false,
+    };
+    loop {
+        let page = backend.local_docs(&range, ERASE_PAGE, None).await?;
+        let mine: Vec<_> = page
+            .items
+            .into_iter()
+            .filter(|doc| {
+                doc.id.strip_prefix(crate::backend::LOCAL_PREFIX).is_some_and(|name| name.starts_with(&start))
+            })
+            .collect();
+        if mine.is_empty() {
+            return Ok(());
+        }
+        for doc in mine {
+            let name = doc.id.strip_prefix(crate::backend::LOCAL_PREFIX).unwrap_or(&doc.id);
+            match backend.delete_local(name, &doc.rev).await {
+                Ok(()) => {}
+                Err(err) if err.is_not_found() || err.is_conflict() => {}
+                Err(err) => return Err(err),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn leaf(start: u64, ids: &[&str]) -> Leaf {
+        let ids = ids.iter().map(|id| (*id).to_owned()).collect();
+        Leaf { path: RevPath { start, ids }, deleted: false, body: Map::new() }
+    }
+
+    /// The other leaves are written with each revision once and read back as written; the
+    /// previous release's array of leaves with whole paths is still read.
+    #[test]
+    fn side_leaves_are_stored_once_per_revision_and_read_in_either_form() {
+        let side = vec![leaf(3, &["c", "b", "a"]), leaf(3, &["d", "b", "a"])];
+        let stored = serde_json::to_value(StoredLeaves(&side)).unwrap();
+        assert_eq!(stored["r"].as_array().map(Vec::len), Some(4), "a, b, c and d once each: {stored}");
+        let mut body = Map::new();
+        body.insert(LEAVES_FIELD.into(), stored);
+        assert_eq!(leaves_of("x", &body).unwrap(), side);
+        body.insert(LEAVES_FIELD.into(), serde_json::to_value(&side).unwrap());
+        assert_eq!(leaves_of("x", &body).unwrap(), side);
+        body.insert(LEAVES_FIELD.into(), json!({"r": [{"i": "a", "p": 3}], "l": [{"r": 0}]}));
+        assert_eq!(leaves_of("x", &body).map_err(|err| err.kind()), Err(ErrorKind::Corrupt));
+    }
+
+    /// A new branch whose tree would pass the bound is refused; one that does not grow the tree
+    /// (already past it) is not.
+    #[test]
+    fn a_tree_past_the_bound_is_refused_when_it_grows() {
+        let mut body = Map::new();
+        body.insert("big".into(), json!("x".repeat(1000)));
+        let before = RevTree::default();
+        let mut after = RevTree::default();
+        after.merge(RevPath { start: 1, ids: vec!["a".into()] }, false, body, usize::MAX);
+        let err = check_tree_size("x", &before, &after, 1000).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::TooLarge);
+        assert!(err.to_string().contains("couchdb_max_tree_bytes (1000)"), "{err}");
+        assert!(check_tree_size("x", &before, &after, 2000).is_ok(), "within the setting");
+        assert!(check_tree_size("x", &after, &after, 1000).is_ok());
+    }
+}

@@ -1,0 +1,249 @@
+//! The engine's tree layout, every database but the data-store one: a document whose winning
+//! leaf is live is one backend record under its own id, body `{"revtree": <RevTree>}` (every leaf
+//! with its body); a document whose winning leaf is deleted is a backend tombstone, its tree kept
+//! in the local document `tree:{id}` ([`TREE_PREFIX`]). The record is the authority: a live record
+//! always holds the whole tree (even with a deleted winner, left by a crash in the middle of a
+//! deletion: it reads as deleted), the local tree is read only where there is no live record.
+//!
+//! A save from a live record is one compare-and-swap on the record's revision (then, for a
+//! deletion, the local tree and the tombstone carry the tree on); a save from a tombstone or
+//! nothing writes the local tree first (on its revision as read), then the record: the side
+//! place first, the record last, as the engine's crash-repair rule wants ([`super`]). A local
+//! tree with neither a live record nor the tombstone after it is an unfinished save
+//! ([`TreeLayout::unfinished`]), which saving the tree read over itself finishes.
+//! docs/design/crash-points.md has every step and crash point.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+use super::{LaidOut, TreeLayout};
+use crate::backend::rev_tree::RevTree;
+use crate::backend::{DocumentBackend, Precondition, Revision};
+use crate::error::{Error, ErrorKind, Result};
+
+/// The one field of a backend record: the revision tree (the documents' own fields are inside
+/// it, so nothing can collide with it; not `_`-prefixed, which a CouchDB backend would refuse).
+const TREE_FIELD: &str = "revtree";
+/// The local-document names holding the trees of deleted documents.
+pub(in crate::database) const TREE_PREFIX: &str = "tree:";
+
+/// What a save of the engine's layout must match.
+#[derive(Debug, Clone, Default)]
+pub struct RecordToken {
+    /// The live backend record's revision (`None`: a tombstone, or never written).
+    pub(in crate::database) record_rev: Option<Revision>,
+    /// For a tombstone, the revision of its local tree record as read with it: a write from the
+    /// tombstone is serialized on it.
+    pub(in crate::database) local_rev: Option<Revision>,
+}
+
+/// A document's tree as the engine's layout read it.
+pub type RecordState = LaidOut<RecordToken>;
+
+/// The engine's layout over one database's backend (module doc).
+pub struct RecordLayout {
+    backend: Arc<dyn DocumentBackend>,
+}
+
+impl RecordLayout {
+    pub fn new(backend: Arc<dyn DocumentBackend>) -> Self {
+        RecordLayout { backend }
+    }
+
+    /// The state a live record (`rev`, `body`) holds.
+    pub(in crate::database) fn state_of_record(
+        id: &str,
+        rev: Revision,
+        body: &Map<String, Value>,
+    ) -> Result<RecordState> {
+        Ok(LaidOut { tree: tree_of(body, id)?, token: RecordToken { record_rev: Some(rev), local_rev: None } })
+    }
+
+    /// The state a local tree (`rev`, `body`) holds, for an id without a live record.
+    fn state_of_tombstone(id: &str, rev: Revision, body: &Map<String, Value>) -> Result<RecordState> {
+        Ok(LaidOut { tree: tree_of(body, id)?, token: RecordToken { record_rev: None, local_rev: Some(rev) } })
+    }
+}
+
+#[async_trait]
+impl TreeLayout for RecordLayout {
+    type Token = RecordToken;
+
+    /// The live record, else the local tree of a tombstone.
+    async fn read(&self, id: &str) -> Result<Option<RecordState>> {
+        if let Some(record) = self.backend.get(id).await? {
+            return Ok(Some(Self::state_of_record(id, record.rev, &record.body)?));
+        }
+        match self.backend.get_local(&format!("{TREE_PREFIX}{id}")).await? {
+            Some(local) => Ok(Some(Self::state_of_tombstone(id, local.rev, &local.body)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The records in one batched read, then the local trees of those without a live record in
+    /// another (`get_many_local`).
+    async fn read_many(&self, ids: &[String]) -> Result<Vec<Option<RecordState>>> {
+        let records = self.backend.get_many(ids).await?;
+        if records.len() != ids.len() {
+            return Err(Error::new(ErrorKind::Internal, "the backend answered a batched read with too few documents"));
+        }
+        let without_record: Vec<String> = ids
+            .iter()
+            .zip(&records)
+            .filter(|(_, record)| record.is_none())
+            .map(|(id, _)| format!("{TREE_PREFIX}{id}"))
+            .collect();
+        let mut trees = if without_record.is_empty() {
+            Vec::new().into_iter()
+        } else {
+            let trees = self.backend.get_many_local(&without_record).await?;
+            if trees.len() != without_record.len() {
+                return Err(Error::new(ErrorKind::Internal, "the backend answered a batched read with too few trees"));
+            }
+            trees.into_iter()
+        };
+        let mut states = Vec::with_capacity(ids.len());
+        for (id, record) in ids.iter().zip(records) {
+            states.push(match record {
+                Some(record) => Some(Self::state_of_record(id, record.rev, &record.body)?),
+                None => match trees.next().flatten() {
+                    Some(local) => Some(Self::state_of_tombstone(id, local.rev, &local.body)?),
+                    None => None,
+                },
+            });
+        }
+        Ok(states)
+    }
+
+    /// Every save is serialized on one compare-and-swap: from a live record, on the record's
+    /// revision (the new tree goes into the record first, even when its winner is deleted);
+    /// from a tombstone (or nothing), on the revision of the tombstone's local tree read with it.
+    /// Whoever passes it holds every leaf acknowledged before; the writes after it (the local
+    /// tree, the tombstone) only carry that tree on, and a later writer that overtakes them has
+    /// read it already.
+    async fn save(&self, id: &str, state: Option<&RecordState>, tree: &RevTree) -> Result<()> {
+        let record = record_of(tree)?;
+        let live = tree.winner().is_some_and(|leaf| !leaf.deleted);
+        let tree_name = format!("{TREE_PREFIX}{id}");
+        match state.and_then(|s| s.token.record_rev.clone()) {
+            Some(rev) => {
+                let next =
+                    self.backend.put(id, &record, Precondition::MatchRevision(rev)).await.map_err(gone_is_conflict)?;
+                if !live {
+                    // The record now holds the tree with its deleted winner (reads treat it as
+                    // deleted); the local tree and the tombstone follow. Either may meet a later
+                    // writer, who read this tree from the record and carries it on: then this
+                    // write is done.
+                    let precondition = match self.backend.get_local(&tree_name).await? {
+                        Some(local) => Precondition::MatchRevision(local.rev),
+                        None => Precondition::MustNotExist,
+                    };
+                    match self.backend.put_local(&tree_name, &record, precondition).await {
+                        Ok(_) => {}
+                        Err(err) if err.kind() == ErrorKind::Conflict => return Ok(()),
+                        Err(err) => return Err(err),
+                    }
+                    match self.backend.delete(id, &next).await {
+                        Ok(_) => {}
+                        Err(err) if matches!(err.kind(), ErrorKind::Conflict | ErrorKind::NotFound) => {}
+                        Err(err) => return Err(err),
+                    }
+                }
+            }
+            None => {
+                let precondition = match state.and_then(|s| s.token.local_rev.clone()) {
+                    Some(local_rev) => Precondition::MatchRevision(local_rev),
+                    None => Precondition::MustNotExist,
+                };
+                self.backend.put_local(&tree_name, &record, precondition).await.map_err(gone_is_conflict)?;
+                // A new document, one re-created over its tombstone, or one that stays deleted:
+                // in the last case it is written live and deleted again, so it moves in the feed.
+                // From nothing, the record is created only where still nothing is, where the
+                // backend can tell: another writer may have read the local tree just written,
+                // carried it on and deleted it meanwhile, and a create over that tombstone would
+                // drop what it wrote.
+                let create = if state.is_none() && self.backend.checks_never_written() {
+                    Precondition::NeverWritten
+                } else {
+                    Precondition::MustNotExist
+                };
+                let rev = self.backend.put(id, &record, create).await.map_err(gone_is_conflict)?;
+                if !live {
+                    self.backend.delete(id, &rev).await.map_err(gone_is_conflict)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The authority for the tree last, so that a crash in between leaves the document as it
+    /// was: a live record goes after the local tree (then only an earlier tree left by a save
+    /// from nothing, which read would bring back); a deleted document's local tree goes after
+    /// its tombstone (left alone, it reads as the document before the purge, half written,
+    /// finished by its next write).
+    async fn erase(&self, id: &str, state: &RecordState) -> Result<()> {
+        if state.token.record_rev.is_none() {
+            self.backend.erase_id(id).await?;
+        }
+        let tree_name = format!("{TREE_PREFIX}{id}");
+        if let Some(local) = self.backend.get_local(&tree_name).await? {
+            self.backend.delete_local(&tree_name, &local.rev).await?;
+        }
+        if state.token.record_rev.is_some() {
+            self.backend.erase_id(id).await?;
+        }
+        Ok(())
+    }
+
+    /// The document's tree written as its local tree record (the first write of a save from
+    /// nothing or from a tombstone) but neither its live record nor a backend tombstone after it;
+    /// or a live tree written as the local tree of a tombstone (a re-creation, whose record was
+    /// to replace the tombstone).
+    async fn unfinished(&self, id: &str, state: &RecordState) -> Result<bool> {
+        if state.token.record_rev.is_some() || state.token.local_rev.is_none() {
+            return Ok(false);
+        }
+        if !state.deleted() {
+            return Ok(true);
+        }
+        Ok(self.backend.get_deleted(id).await?.is_none())
+    }
+}
+
+/// The document whose deleted tree a `tree:` local document (as the backend lists it) holds.
+pub(in crate::database) fn tree_document_id(local_id: &str) -> &str {
+    let name = local_id.strip_prefix(crate::backend::LOCAL_PREFIX).unwrap_or(local_id);
+    name.strip_prefix(TREE_PREFIX).unwrap_or(name)
+}
+
+/// A precondition that failed because the record went away under the write (another writer
+/// deleted or re-created it) is a conflict like any other: the write reads again.
+pub(in crate::database) fn gone_is_conflict(err: Error) -> Error {
+    if err.kind() == ErrorKind::NotFound {
+        Error::conflict(format!("the document changed under this write: {}", err.message()))
+    } else {
+        err
+    }
+}
+
+/// The tree a stored body holds.
+pub(in crate::database) fn tree_of(body: &Map<String, Value>, id: &str) -> Result<RevTree> {
+    let Some(tree) = body.get(TREE_FIELD) else {
+        return Err(Error::new(ErrorKind::Corrupt, format!("document {id:?} has no revision tree")));
+    };
+    // Read from the record in place, not from a copy of it.
+    RevTree::deserialize(tree)
+        .map_err(|e| Error::new(ErrorKind::Corrupt, format!("document {id:?} has an unreadable revision tree: {e}")))
+}
+
+/// The stored body of a tree.
+pub(in crate::database) fn record_of(tree: &RevTree) -> Result<Map<String, Value>> {
+    let tree = serde_json::to_value(tree)
+        .map_err(|e| Error::new(ErrorKind::Internal, format!("cannot encode a revision tree: {e}")))?;
+    let mut record = Map::new();
+    record.insert(TREE_FIELD.into(), tree);
+    Ok(record)
+}
