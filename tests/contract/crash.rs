@@ -273,6 +273,7 @@ counted_layer! {
     fn finish_upgrade(&self) -> Result<()>;
     fn approximate_count(&self) -> Result<Option<u64>>;
     fn exact_count(&self) -> Result<Option<u64>>;
+    fn feed_length(&self) -> Result<Option<u64>>;
     fn design_document_count(&self) -> Result<Option<u64>>;
     fn get_many(&self, ids: &[String]) -> Result<Vec<Option<StoredDocument>>>;
     fn get_many_local(&self, names: &[String]) -> Result<Vec<Option<StoredDocument>>>;
