@@ -1,10 +1,9 @@
 //! Who a request acts for, and what that lets it see.
 //!
 //! On the data-store database a request acts as a [`Principal`]. An admin sees every document. A
-//! per-user login sees and writes only the documents whose `userId` is its own. A data-store id
-//! starts with `{userId}:` and a user id never contains `:`, so the id alone says whose a document
-//! is: listings and feeds filter by id prefix without reading documents, and writes are checked
-//! against both the id and the `userId` field.
+//! per-user login sees and writes only the documents whose `userId` is its own. What that admits
+//! (ids, local names, listings' id ranges) is the data-store rules' [`Confinement`]
+//! ([`Principal::confinement`]), below HTTP, so the engine applies the same rule.
 //!
 //! On every other database what counts is the login's name and roles against the database's
 //! `_security` object, as CouchDB 3.4 decides it ([`db_access`]): server admins may do
@@ -21,6 +20,7 @@
 use serde_json::Value;
 
 use super::error::CouchError;
+use crate::database::data_store_rules::Confinement;
 
 /// Whom a request acts as on the data-store database.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,39 +40,14 @@ impl Principal {
         }
     }
 
-    /// Whether the document with this id belongs to what the principal may see.
-    pub fn may_access_id(&self, id: &str) -> bool {
+    /// What the principal may see and write, as the data-store rules decide it
+    /// ([`crate::database::data_store_rules::Confinement`]: which ids, which local names, which
+    /// id range a listing is clipped to).
+    pub fn confinement(&self) -> Confinement {
         match self {
-            Principal::Admin => true,
-            Principal::User(user) => id.strip_prefix(user.as_str()).is_some_and(|rest| rest.starts_with(':')),
+            Principal::Admin => Confinement::Everything,
+            Principal::User(user) => Confinement::User(user.clone()),
         }
-    }
-
-    /// The 403 for a document outside the principal's user.
-    pub fn check_id(&self, id: &str) -> Result<(), CouchError> {
-        if self.may_access_id(id) {
-            Ok(())
-        } else {
-            Err(CouchError::forbidden(format!(
-                "this login may only access documents of user {:?}",
-                self.only_user().unwrap_or_default()
-            )))
-        }
-    }
-
-    /// The name a `_local/{name}` document is stored under: per-user logins get their own
-    /// replication checkpoints, so one user cannot read or reset another's.
-    pub fn local_name(&self, name: &str) -> String {
-        match self {
-            Principal::Admin => name.to_owned(),
-            Principal::User(user) => format!("{user}:{name}"),
-        }
-    }
-
-    /// The id range a per-user login's listings are confined to: `[user:, user;)`, since `;`
-    /// is the byte after `:`.
-    pub fn id_bounds(&self) -> Option<(String, String)> {
-        self.only_user().map(|user| (format!("{user}:"), format!("{user};")))
     }
 }
 
@@ -268,16 +243,5 @@ mod tests {
         assert_eq!((anonymous.status, anonymous.error.as_str()), (StatusCode::UNAUTHORIZED, "unauthorized"));
         let named = not_admitted(login("x", &none));
         assert_eq!((named.status, named.reason.as_str()), (StatusCode::FORBIDDEN, NOT_ALLOWED_IN_DB));
-    }
-
-    #[test]
-    fn a_user_sees_only_ids_that_start_with_its_user_and_a_colon() {
-        let alice = Principal::User("alice".into());
-        assert!(alice.may_access_id("alice:ns:a2V5"));
-        assert!(!alice.may_access_id("alicia:ns:a2V5"));
-        assert!(!alice.may_access_id("alice"));
-        assert!(!alice.may_access_id("bob:ns:a2V5"));
-        assert!(Principal::Admin.may_access_id("bob:ns:a2V5"));
-        assert_eq!(alice.local_name("cp"), "alice:cp");
     }
 }

@@ -28,6 +28,9 @@ use super::request::{bool_param, integer_param, json_param};
 use super::served_db::ServedDb;
 use super::{json, Answer, CouchState};
 use crate::backend::{DocumentBackend, DocumentText, IdRange, Page, StoredDocument};
+// Where design documents sit among ids: no data-store id starts with `_`, so every one sorts
+// either below `_design/` or above every `_design/…` id.
+use crate::database::data_store_rules::{Confinement, DESIGN_PREFIX};
 
 /// The most rows asked of the backend per page while streaming a range.
 const PAGE: usize = 500;
@@ -262,14 +265,14 @@ async fn answer(state: &CouchState, principal: &Principal, request: AllDocsReque
         request.range.start.as_deref().is_none_or(|start| start.is_empty() && !request.range.descending);
     let offset =
         if from_the_beginning && principal.only_user().is_none() { Value::from(request.skip) } else { Value::Null };
-    let range = confine(request.range.clone(), principal);
+    let range = principal.confinement().clip(request.range.clone());
     let mut head = format!("{{\"total_rows\":{total_rows},\"offset\":{offset},");
     if let Some(seq) = update_seq {
         head.push_str(&format!("\"update_seq\":{},", Value::from(seq)));
     }
     head.push_str("\"rows\":[");
     let designs: Vec<StoredDocument> = designs.into_iter().filter(|doc| range.contains(&doc.id)).collect();
-    let mut rows = Box::pin(range_rows(backend, principal.clone(), range, request, designs));
+    let mut rows = Box::pin(range_rows(backend, principal.confinement(), range, request, designs));
     // The first page is read before the status is sent, so a backend that refuses the range
     // answers with an error status, not a 200 cut short after `"rows":[`. A failure on a later
     // page can only end the body early: the chunked transfer then ends without its last chunk,
@@ -309,29 +312,6 @@ pub(crate) fn keys_page(keys: &[String], request: &AllDocsRequest) -> Vec<String
     let ordered: Box<dyn Iterator<Item = &String>> =
         if request.range.descending { Box::new(keys.iter().rev()) } else { Box::new(keys.iter()) };
     ordered.skip(skip).take(limit).cloned().collect()
-}
-
-/// Cuts a range to a per-user login's ids, `[user:, user;)`.
-fn confine(mut range: IdRange, principal: &Principal) -> IdRange {
-    let Some((low, high)) = principal.id_bounds() else { return range };
-    if range.descending {
-        if range.start.as_ref().is_none_or(|s| *s > high) {
-            range.start = Some(high);
-        }
-        if range.end.as_ref().is_none_or(|e| *e < low) {
-            range.end = Some(low);
-            range.inclusive_end = true;
-        }
-    } else {
-        if range.start.as_ref().is_none_or(|s| *s < low) {
-            range.start = Some(low);
-        }
-        if range.end.as_ref().is_none_or(|e| *e > high) {
-            range.end = Some(high);
-            range.inclusive_end = false;
-        }
-    }
-    range
 }
 
 fn row(doc: &StoredDocument, include_docs: bool) -> Value {
@@ -411,7 +391,7 @@ impl serde::Serialize for RevValue<'_> {
 /// `designs` (the design documents in the range, kept by this server) in their place in id order.
 fn range_rows(
     backend: std::sync::Arc<dyn DocumentBackend>,
-    principal: Principal,
+    confinement: Confinement,
     range: IdRange,
     request: AllDocsRequest,
     designs: Vec<StoredDocument>,
@@ -434,7 +414,7 @@ fn range_rows(
             .boxed()
         };
         let render = move |doc: &DocumentText| {
-            if !doc.id.starts_with(DESIGN_PREFIX) && !principal.may_access_id(&doc.id) {
+            if !doc.id.starts_with(DESIGN_PREFIX) && !confinement.admits_id(&doc.id) {
                 return Ok(None);
             }
             serde_json::to_string(&TextRow(doc)).map(Some).map_err(unwritable)
@@ -452,7 +432,7 @@ fn range_rows(
         async move { backend.all_docs(&range, want, token.as_deref()).await }.boxed()
     };
     let render = move |doc: &StoredDocument| {
-        if !doc.id.starts_with(DESIGN_PREFIX) && !principal.may_access_id(&doc.id) {
+        if !doc.id.starts_with(DESIGN_PREFIX) && !confinement.admits_id(&doc.id) {
             return Ok(None);
         }
         serde_json::to_string(&RowText(doc)).map(Some).map_err(unwritable)
@@ -460,10 +440,6 @@ fn range_rows(
     let sizer = PageSizer::for_listing(false);
     paged_rows(spliced(fetch, range, designs), render, request.skip, request.limit, sizer).boxed()
 }
-
-/// Where design documents sit among ids: no data-store id starts with `_`, so every one sorts
-/// either below `_design/` or above every `_design/…` id.
-const DESIGN_PREFIX: &str = "_design/";
 
 /// The design documents an `_all_docs` listing shows: those this server keeps for the data-store
 /// database (none where the backend runs its own, the CouchDB backend), to admins only, as every
@@ -690,8 +666,9 @@ async fn key_rows(
     include_docs: bool,
     designs: &[StoredDocument],
 ) -> CouchResult<Vec<Value>> {
+    let confinement = principal.confinement();
     let visible: Vec<String> =
-        keys.iter().filter(|k| !k.starts_with(DESIGN_PREFIX) && principal.may_access_id(k)).cloned().collect();
+        keys.iter().filter(|k| !k.starts_with(DESIGN_PREFIX) && confinement.admits_id(k)).cloned().collect();
     let found = backend.get_many(&visible).await?;
     let mut by_id: HashMap<&str, &StoredDocument> = HashMap::new();
     for doc in found.iter().flatten().chain(designs) {
@@ -703,7 +680,7 @@ async fn key_rows(
             rows.push(row(doc, include_docs));
             continue;
         }
-        let visible = !key.starts_with(DESIGN_PREFIX) && principal.may_access_id(key);
+        let visible = !key.starts_with(DESIGN_PREFIX) && confinement.admits_id(key);
         let info = if visible { backend.revisions(key).await? } else { None };
         match info {
             Some(info) if info.deleted => {
@@ -837,21 +814,6 @@ mod tests {
         assert_eq!(sizer.rows(), PAGE_TARGET_BYTES / 2_100);
         sizer.saw(0, 0);
         assert_eq!(sizer.rows(), PAGE_TARGET_BYTES / 2_100, "a page of hidden rows changes nothing");
-    }
-
-    #[test]
-    fn a_user_range_is_cut_to_its_ids_in_both_directions() {
-        let alice = Principal::User("alice".into());
-        let range = confine(IdRange::all(), &alice);
-        assert_eq!(
-            (range.start.as_deref(), range.end.as_deref(), range.inclusive_end),
-            (Some("alice:"), Some("alice;"), false)
-        );
-        let descending = confine(IdRange { descending: true, ..IdRange::all() }, &alice);
-        assert_eq!((descending.start.as_deref(), descending.end.as_deref()), (Some("alice;"), Some("alice:")));
-        let inside = IdRange { start: Some("alice:b".into()), end: Some("alice:c".into()), ..IdRange::all() };
-        assert_eq!(confine(inside.clone(), &alice), inside);
-        assert_eq!(confine(IdRange::all(), &Principal::Admin), IdRange::all());
     }
 
     #[test]

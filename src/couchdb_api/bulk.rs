@@ -301,7 +301,7 @@ async fn bulk_get_one(state: &CouchState, principal: &Principal, item: &Value, r
     };
     let wanted = item.get("rev").and_then(Value::as_str);
     let error = |error: &str, reason: &str| json!({ "id": id, "docs": [{ "error": { "id": id, "rev": wanted.unwrap_or("undefined"), "error": error, "reason": reason } }] });
-    if !principal.may_access_id(id) {
+    if !principal.confinement().admits_id(id) {
         return error("forbidden", "this login may not read that user's documents");
     }
     let backend = state.store.backend();
@@ -442,7 +442,7 @@ async fn revs_diff_one(
         return Err(CouchError::bad_request(format!("the revisions of {id:?} must be an array")));
     };
     // Another user's documents are never sent to a per-user login's store: nothing is missing.
-    if !principal.may_access_id(&id) {
+    if !principal.confinement().admits_id(&id) {
         return Ok(None);
     }
     let info = state.store.backend().revisions(&id).await?;

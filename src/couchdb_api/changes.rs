@@ -264,11 +264,7 @@ async fn resolve_data_store_filter(
             "design-document filters are not run on the data-store database's feed over this backend; use _doc_ids, _selector or _design",
         ));
     }
-    if principal.only_user().is_some() {
-        return Err(CouchError::forbidden(
-            "design documents are open to admins only: a view reads every user's documents",
-        ));
-    }
+    principal.confinement().check_design()?;
     let doc = state.data_store_views.design_doc(ddoc).await?;
     // The data-store database has no `_security` object: CouchDB's default, an empty one.
     install_named_filter(state, &state.db, doc, json!({}), identity, params, request)
@@ -883,9 +879,10 @@ async fn rows_of(cursor: &Cursor, changes: &[Change]) -> crate::Result<Vec<Value
         return database_rows(database, &cursor.request, changes, &shown).await;
     }
     let request = &cursor.request;
+    let confinement = cursor.principal.confinement();
     let visible: Vec<&Change> = changes
         .iter()
-        .filter(|c| cursor.principal.may_access_id(&c.id))
+        .filter(|c| confinement.admits_id(&c.id))
         .filter(|c| match &request.filter {
             Filter::DocIds(ids) => ids.contains(&c.id),
             Filter::Design => c.id.starts_with("_design/"),

@@ -1,24 +1,23 @@
 //! Documents written through the CouchDB API must be data-store documents.
 //!
-//! A client's JSON document is checked here before it reaches the facade: its `_id` must be the
-//! composite id of its `userId`, `namespace` and `key` fields (derived from them when a `POST`
-//! names no `_id`), a per-user login may write only its own user's documents, and CouchDB's
-//! special members are taken apart (`_rev`, `_deleted`, `_revisions`) or refused (attachments).
-//! The data-store fields must have the spec's types (`model::document::check_field_types`);
-//! every other field is kept as sent. Violations of the data-store rules are `forbidden`, as a
-//! CouchDB `validate_doc_update` function answers them (replicators skip such documents);
-//! malformed requests are `bad_request`.
+//! A client's JSON document is taken apart here before it reaches the facade: CouchDB's special
+//! members are taken out (`_rev`, `_deleted`, `_revisions`), dropped (`_conflicts`, …) or refused
+//! (`doc_validation`), and what is left is checked by the data-store rules below HTTP
+//! ([`crate::database::data_store_rules`]: the `_id` made of the `userId`, `namespace` and `key`
+//! fields, derived from them when a `POST` names none; the login's confinement; the fields' types;
+//! attachments refused), whose refusals are `forbidden`, as a CouchDB `validate_doc_update`
+//! function answers them (replicators skip such documents). Malformed requests are
+//! `bad_request` (or CouchDB's own error name).
 
 use serde_json::{Map, Value};
 
 use super::access::Principal;
 use super::error::{CouchError, CouchResult};
 use crate::backend::{Revision, LOCAL_PREFIX};
-use crate::model::document::{self, fields};
+pub use crate::database::data_store_rules::DESIGN_PREFIX;
+use crate::database::data_store_rules::{self as rules, DataWrite};
+use crate::model::document::fields;
 use crate::model::{DocumentId, Limits};
-
-/// The prefix of design documents' ids.
-pub const DESIGN_PREFIX: &str = "_design/";
 
 /// A client document taken apart.
 #[derive(Debug)]
@@ -49,20 +48,8 @@ pub fn id_kind(id: &str) -> CouchResult<IdKind<'_>> {
     if id.starts_with(DESIGN_PREFIX) {
         return Ok(IdKind::Design);
     }
-    if id.is_empty() {
-        return Err(CouchError::new(
-            axum::http::StatusCode::BAD_REQUEST,
-            "illegal_docid",
-            "Document id must not be empty",
-        ));
-    }
-    if id.starts_with('_') {
-        return Err(CouchError::new(
-            axum::http::StatusCode::BAD_REQUEST,
-            "illegal_docid",
-            "Only reserved document ids may start with underscore.",
-        ));
-    }
+    // CouchDB's id rule, as every database applies it.
+    crate::database::document::check_id(id).map_err(super::db::refused)?;
     Ok(IdKind::Data)
 }
 
@@ -113,28 +100,21 @@ pub fn parse(
     let revisions = body.remove("_revisions");
     strip_special_members(&mut body)?;
     let id_text = path_id.map(str::to_owned).or(sent_id);
-    let id = data_id(id_text.as_deref(), &body, deleted, limits)?;
-    principal.check_id(id.as_str())?;
-    // A field of the wrong type would be stored, and the data-store operations on the REST face
-    // would then find the document unreadable (`corrupt_document`): refused here, naming the
-    // field, as a `validate_doc_update` function refuses a document (403 `forbidden`; replicators
-    // skip such a document and go on). A deletion's fields are not kept (docs/couchdb-api.md), so
-    // they are not checked: a replicated deletion is never refused for them.
-    if !deleted {
-        document::check_field_types(&body).map_err(|e| not_data_store(&e.to_string()))?;
+    if let Some(id) = &id_text {
+        id_kind(id)?;
     }
+    let write = DataWrite { id: id_text.as_deref(), deleted, body: &body };
+    let id = rules::check_write(write, &principal.confinement(), limits)?;
     Ok(IncomingDocument { id, rev, deleted, revisions, body })
 }
 
 /// Removes the special members CouchDB ignores on write and refuses the ones this server
-/// cannot keep.
+/// cannot keep: attachments (a data-store rule, checked first as before) and unknown `_` members.
 fn strip_special_members(body: &mut Map<String, Value>) -> CouchResult<()> {
     for ignored in ["_conflicts", "_deleted_conflicts", "_local_seq", "_revs_info"] {
         body.remove(ignored);
     }
-    if body.get("_attachments").is_some_and(|a| a.as_object().is_some_and(|m| !m.is_empty())) {
-        return Err(CouchError::forbidden("attachments are not supported: agentstore keeps JSON documents only"));
-    }
+    rules::refuse_attachments(body)?;
     body.remove("_attachments");
     if let Some(name) = body.keys().find(|k| k.starts_with('_')) {
         return Err(CouchError::new(
@@ -144,56 +124,6 @@ fn strip_special_members(body: &mut Map<String, Value>) -> CouchResult<()> {
         ));
     }
     Ok(())
-}
-
-/// The document's id: the one given, which must be the one the identity fields make, or one
-/// derived from those fields. A deletion carries no fields; its id alone must follow the scheme.
-fn data_id(given: Option<&str>, body: &Map<String, Value>, deleted: bool, limits: &Limits) -> CouchResult<DocumentId> {
-    let Some(id) = given else {
-        return expected_id(body, limits)?.ok_or_else(|| {
-            CouchError::forbidden(
-                "a document without _id needs string fields userId, namespace and key to derive it from",
-            )
-        });
-    };
-    match id_kind(id)? {
-        IdKind::Data => {}
-        IdKind::Local(_) | IdKind::Design => {
-            return Err(CouchError::forbidden(format!("{id:?} is not a data-store document id")))
-        }
-    }
-    if deleted {
-        return DocumentId::parse(id).map_err(|e| not_data_store(&e.to_string()));
-    }
-    match expected_id(body, limits)? {
-        None => {
-            Err(not_data_store("a document needs string fields userId, namespace and key, of which its _id is made"))
-        }
-        Some(derived) if derived.as_str() == id => Ok(derived),
-        Some(derived) => Err(not_data_store(&format!(
-            "_id {id:?} is not the id of its userId, namespace and key ({:?})",
-            derived.as_str()
-        ))),
-    }
-}
-
-/// The composite id the identity fields make, `None` when one of them is missing.
-fn expected_id(body: &Map<String, Value>, limits: &Limits) -> CouchResult<Option<DocumentId>> {
-    let field = |name: &str| match body.get(name) {
-        None => Ok(None),
-        Some(Value::String(text)) => Ok(Some(text.clone())),
-        Some(_) => Err(not_data_store(&format!("field {name} must be a string"))),
-    };
-    match (field(fields::USER_ID)?, field(fields::NAMESPACE)?, field(fields::KEY)?) {
-        (Some(user), Some(namespace), Some(key)) => {
-            DocumentId::new(&user, &namespace, &key, limits).map(Some).map_err(|e| not_data_store(&e.to_string()))
-        }
-        _ => Ok(None),
-    }
-}
-
-fn not_data_store(why: &str) -> CouchError {
-    CouchError::forbidden(format!("not a data-store document: {why}"))
 }
 
 /// A revision as clients send it: `N-<hex>`.

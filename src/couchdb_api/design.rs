@@ -69,11 +69,7 @@ pub async fn run(
     headers: &HeaderMap,
     body: Body,
 ) -> Answer {
-    if principal.only_user().is_some() {
-        return Err(CouchError::forbidden(
-            "design documents are open to admins only: a view reads every user's documents",
-        ));
-    }
+    principal.confinement().check_design()?;
     if !state.store.backend().forwards_requests() {
         return super::data_design::answer(state, method, &path, query, headers, body).await;
     }

@@ -50,7 +50,7 @@ pub async fn get_document(
             return design::run(&state, &principal, method, path, raw_query.as_deref(), &headers, Body::empty()).await;
         }
     }
-    principal.check_id(&docid)?;
+    principal.confinement().check_id(&docid)?;
     let params = super::db::without_empty_open_revs(&params);
     if branches::wants_tree(&params) {
         return branches::read(&state, &docid, &params, &headers).await;
@@ -520,7 +520,7 @@ pub async fn delete_document(
             return design::run(&state, &principal, method, path, query, &headers, Body::empty()).await;
         }
     }
-    principal.check_id(&docid)?;
+    principal.confinement().check_id(&docid)?;
     // CouchDB opens the document first, so deleting one that is missing or already deleted is
     // 404 `missing` / `deleted` whatever the revision (`chttpd_db.erl`, `db_doc_req` DELETE:
     // "check for the existence of the doc to handle the 404 case"). Here the delete is tried
@@ -589,7 +589,7 @@ async fn local_get(state: &CouchState, principal: &Principal, name: &str) -> Ans
     let doc = state
         .store
         .backend()
-        .get_local(&principal.local_name(name))
+        .get_local(&principal.confinement().local_name(name))
         .await?
         .ok_or_else(|| CouchError::not_found("missing"))?;
     let mut body = doc.body;
@@ -620,7 +620,7 @@ async fn local_put(
     // The revision is still read, so a body `_rev`, `?rev=` and `If-Match` that disagree are
     // refused as for any document, but it is not compared with the stored one (below).
     write_revision(body_rev.as_deref(), params, headers)?;
-    let local_name = principal.local_name(name);
+    let local_name = principal.confinement().local_name(name);
     if body.shift_remove("_deleted") == Some(Value::Bool(true)) {
         // A deletion by PUT writes whatever is there away; nothing there is nothing to do.
         delete_local_unchecked(state, &local_name).await?;
@@ -645,7 +645,7 @@ async fn local_delete(
     write_revision(None, params, headers)?;
     // As CouchDB: a missing one is 404 (the document is opened first), an existing one is
     // deleted whatever revision is named, or none.
-    if !delete_local_unchecked(state, &principal.local_name(name)).await? {
+    if !delete_local_unchecked(state, &principal.confinement().local_name(name)).await? {
         return Err(CouchError::not_found("missing"));
     }
     Ok(json(StatusCode::OK, json!({ "ok": true, "id": format!("_local/{name}"), "rev": "0-0" })))

@@ -71,7 +71,7 @@ pub async fn local_docs(
 
 /// The data-store database's local documents the principal may see: its own under its prefix.
 async fn data_store_answer(state: &CouchState, principal: &Principal, request: AllDocsRequest) -> Answer {
-    let prefix = principal.local_name("");
+    let prefix = principal.confinement().local_name("");
     let backend = state.store.backend().clone();
     let listing = (backend.clone(), prefix.clone());
     let fetch = move |names: IdRange, want: usize, token: Option<String>| {

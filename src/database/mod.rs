@@ -12,9 +12,12 @@
 //! - [`doc_attachments`]: `_attachments` in documents: stubs, inline data, carried stubs.
 //! - [`write_guard`] and [`validation`]: the check before every write, and CouchDB's
 //!   `validate_doc_update` run as that check.
+//! - [`data_store_rules`]: the data-store database's rules on its documents (ids made of their
+//!   fields, field types, per-user confinement), also run as that check.
 //! - [`Databases`] (here): the open databases of the server, over the backend's catalog.
 
 pub mod attachments;
+pub mod data_store_rules;
 pub mod doc_attachments;
 pub mod document;
 pub mod engine;

@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use serde_json::Value;
 
+use super::data_store_rules::Confinement;
 use super::write_guard::{ProposedWrite, WriteGuard};
 use super::Database;
 use crate::backend::IdRange;
@@ -45,13 +46,17 @@ pub const KEPT_FOR: Duration = Duration::from_secs(2);
 /// costs a read).
 const MAX_KEPT: usize = 1024;
 
-/// Who makes a write: the login a validation function sees as its `userCtx`.
+/// Who makes a write: the login a validation function sees as its `userCtx`, and what the
+/// data-store database's rules let it write ([`super::data_store_rules`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Writer {
     /// The login's name; `None` for an anonymous one.
     pub name: Option<String>,
     /// Its roles, `_admin` first for a server admin.
     pub roles: Vec<String>,
+    /// What it may write on the data-store database: `None` for a login without a data-store
+    /// user, and wherever no caller said who writes (the data-store rules then refuse every write).
+    pub data_store: Option<Confinement>,
 }
 
 impl Writer {
@@ -77,7 +82,7 @@ pub async fn as_writer<F: std::future::Future>(writer: Writer, work: F) -> F::Ou
 }
 
 /// Who makes the write under way: the caller's [`as_writer`], or [`Writer::anonymous`] outside one.
-fn current_writer() -> Writer {
+pub(super) fn current_writer() -> Writer {
     WRITER.try_with(Writer::clone).unwrap_or_else(|_| {
         tracing::debug!("a write outside a request is validated as an anonymous login's");
         Writer::anonymous()
@@ -311,7 +316,7 @@ mod tests {
         let outside = db.write("outside", &edit(json!({ "n": 1 }))).await.unwrap_err();
         assert_eq!((outside.kind(), outside.message()), (ErrorKind::Forbidden, "who writes?"));
 
-        let alice = Writer { name: Some("alice".into()), roles: Vec::new() };
+        let alice = Writer { name: Some("alice".into()), ..Writer::anonymous() };
         let spawned = as_writer(alice.clone(), async {
             let db = Arc::clone(&db);
             tokio::spawn(async move { db.write("spawned", &edit(json!({ "n": 2 }))).await }).await.unwrap()

@@ -10,8 +10,15 @@
 //! the validation functions (they need a database admin instead); their own functions are
 //! checked instead ([`WriteGuard::check_design`]: CouchDB compiles a design document's view
 //! functions on every write of it, replicated ones included).
+//!
+//! A database may need more than one guard (the data-store database: its own rules,
+//! [`super::data_store_rules::DataStoreRules`], and `validate_doc_update`): [`ChainedGuards`] asks
+//! them in turn, and a write's verdict is the first refusal.
+
+use std::sync::Arc;
 
 use async_trait::async_trait;
+use futures::future::BoxFuture;
 use serde_json::{Map, Value};
 
 use super::doc_attachments::{shown_stub, ATTACHMENTS};
@@ -19,6 +26,7 @@ use super::engine::{Database, DocState, Write};
 use crate::error::{Error, Result};
 
 /// One write as the validation functions see it.
+#[derive(Debug, Clone)]
 pub struct ProposedWrite {
     pub new_doc: Value,
     pub old_doc: Option<Value>,
@@ -44,6 +52,75 @@ pub trait WriteGuard: Send + Sync {
 
     /// A design document of `db` changed through this process: its functions may have.
     fn design_changed(&self, db: &Database);
+}
+
+/// Guards asked in turn: a write is refused by the first guard that refuses it, and the guards
+/// after it are not asked about it (a validation function does not run for a write already
+/// refused).
+pub struct ChainedGuards {
+    guards: Vec<Arc<dyn WriteGuard>>,
+}
+
+impl ChainedGuards {
+    /// The guards, in the order they are asked.
+    pub fn new(guards: Vec<Arc<dyn WriteGuard>>) -> Self {
+        ChainedGuards { guards }
+    }
+
+    /// The verdicts of every guard (through `ask`) on `writes`, the first refusal of each write
+    /// kept; each guard is asked only about the writes no guard before it refused.
+    async fn first_refusals<'a, F>(&'a self, writes: &[ProposedWrite], ask: F) -> Result<Vec<Option<Error>>>
+    where
+        F: Fn(&'a dyn WriteGuard, Vec<ProposedWrite>) -> BoxFuture<'a, Result<Vec<Option<Error>>>>,
+    {
+        let mut verdicts: Vec<Option<Error>> = writes.iter().map(|_| None).collect();
+        for guard in &self.guards {
+            let open: Vec<usize> = (0..writes.len()).filter(|&at| verdicts[at].is_none()).collect();
+            if open.is_empty() {
+                break;
+            }
+            let asked = open.iter().map(|&at| writes[at].clone()).collect();
+            let answers = ask(guard.as_ref(), asked).await?;
+            for (at, answer) in open.into_iter().zip(answers) {
+                verdicts[at] = answer;
+            }
+        }
+        Ok(verdicts)
+    }
+}
+
+#[async_trait]
+impl WriteGuard for ChainedGuards {
+    async fn applies(&self, db: &Database) -> Result<bool> {
+        for guard in &self.guards {
+            if guard.applies(db).await? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    async fn check(&self, db: &Database, writes: &[ProposedWrite]) -> Result<Vec<Option<Error>>> {
+        self.first_refusals(writes, |guard, asked| {
+            Box::pin(async move {
+                if !guard.applies(db).await? {
+                    return Ok(asked.iter().map(|_| None).collect());
+                }
+                guard.check(db, &asked).await
+            })
+        })
+        .await
+    }
+
+    async fn check_design(&self, db: &Database, writes: &[ProposedWrite]) -> Result<Vec<Option<Error>>> {
+        self.first_refusals(writes, |guard, asked| Box::pin(async move { guard.check_design(db, &asked).await })).await
+    }
+
+    fn design_changed(&self, db: &Database) {
+        for guard in &self.guards {
+            guard.design_changed(db);
+        }
+    }
 }
 
 /// The proposed documents of `writes` to `id` over the document as read.

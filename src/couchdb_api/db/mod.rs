@@ -324,10 +324,15 @@ async fn route(state: &CouchState, request: Request) -> Response {
     *forwarded.version_mut() = parts.version;
     *forwarded.headers_mut() = parts.headers;
     let extensions = forwarded.extensions_mut();
-    // Who writes, for the databases' validation functions (`validate_doc_update`'s `userCtx`).
+    // Who writes, for the databases' validation functions (`validate_doc_update`'s `userCtx`) and
+    // the data-store database's rules (its confinement).
     let mut writer = Writer::anonymous();
     if let Some(identity) = parts.extensions.get::<super::auth::Identity>() {
-        writer = Writer { name: identity.user_ctx().name.map(str::to_owned), roles: identity.session_roles() };
+        writer = Writer {
+            name: identity.user_ctx().name.map(str::to_owned),
+            roles: identity.session_roles(),
+            data_store: identity.principal.as_ref().map(super::access::Principal::confinement),
+        };
         extensions.insert(identity.clone());
     }
     if let Some(peer) = parts.extensions.get::<axum::extract::ConnectInfo<std::net::SocketAddr>>() {
