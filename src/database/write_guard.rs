@@ -161,3 +161,82 @@ fn shown(id: &str, rev: Option<String>, deleted: bool, body: &Map<String, Value>
     }
     Value::Object(doc)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+    use std::sync::Mutex;
+
+    /// Refuses the writes whose `n` is in `refused`, and remembers the `n`s it was asked about.
+    struct Refusing {
+        name: &'static str,
+        refused: Vec<i64>,
+        asked: Mutex<Vec<i64>>,
+    }
+
+    impl Refusing {
+        fn new(name: &'static str, refused: Vec<i64>) -> Arc<Self> {
+            Arc::new(Refusing { name, refused, asked: Mutex::default() })
+        }
+
+        fn asked(&self) -> Vec<i64> {
+            self.asked.lock().map(|asked| asked.clone()).unwrap_or_default()
+        }
+
+        fn verdicts(&self, writes: &[ProposedWrite]) -> Vec<Option<Error>> {
+            writes
+                .iter()
+                .map(|write| {
+                    let n = write.new_doc["n"].as_i64().unwrap_or_default();
+                    if let Ok(mut asked) = self.asked.lock() {
+                        asked.push(n);
+                    }
+                    self.refused.contains(&n).then(|| Error::new(ErrorKind::Forbidden, self.name))
+                })
+                .collect()
+        }
+    }
+
+    #[async_trait]
+    impl WriteGuard for Refusing {
+        async fn applies(&self, _db: &Database) -> Result<bool> {
+            Ok(true)
+        }
+        async fn check(&self, _db: &Database, writes: &[ProposedWrite]) -> Result<Vec<Option<Error>>> {
+            Ok(self.verdicts(writes))
+        }
+        async fn check_design(&self, _db: &Database, writes: &[ProposedWrite]) -> Result<Vec<Option<Error>>> {
+            Ok(self.verdicts(writes))
+        }
+        fn design_changed(&self, _db: &Database) {}
+    }
+
+    fn writes(ns: &[i64]) -> Vec<ProposedWrite> {
+        ns.iter().map(|n| ProposedWrite { new_doc: serde_json::json!({ "n": n }), old_doc: None }).collect()
+    }
+
+    #[tokio::test]
+    async fn a_chain_gives_each_write_its_first_refusal_and_asks_no_further() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend =
+            Arc::new(crate::backend::embedded::EmbeddedBackend::open(&dir.path().join("g.redb")).await.unwrap());
+        let db = Database::new("g".into(), backend);
+        let (first, second) = (Refusing::new("first", vec![1]), Refusing::new("second", vec![1, 2]));
+        let chain = ChainedGuards::new(vec![first.clone(), second.clone()]);
+        for design in [false, true] {
+            let verdicts = if design {
+                chain.check_design(&db, &writes(&[0, 1, 2])).await.unwrap()
+            } else {
+                chain.check(&db, &writes(&[0, 1, 2])).await.unwrap()
+            };
+            let shown: Vec<Option<String>> =
+                verdicts.iter().map(|v| v.as_ref().map(|e| e.message().to_owned())).collect();
+            assert_eq!(shown, vec![None, Some("first".into()), Some("second".into())], "design: {design}");
+        }
+        assert_eq!(first.asked(), vec![0, 1, 2, 0, 1, 2]);
+        assert_eq!(second.asked(), vec![0, 2, 0, 2], "a write the first guard refused is not asked again");
+        assert!(chain.applies(&db).await.unwrap());
+        assert!(!ChainedGuards::new(Vec::new()).applies(&db).await.unwrap());
+    }
+}
