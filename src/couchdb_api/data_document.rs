@@ -205,6 +205,49 @@ mod tests {
         assert!(parse(wrong, None, &Principal::Admin, &Limits::default()).is_ok());
     }
 
+    /// The rules' refusals, made below HTTP, reach the client as before: 403 `forbidden` with the
+    /// rule's reason, in the same order (attachments, then unknown members, then the id).
+    #[test]
+    fn the_rules_refusals_keep_their_status_name_and_reason() {
+        let answer = |doc: Value, principal: &Principal| {
+            let err = parse(doc, None, principal, &Limits::default()).unwrap_err();
+            (err.status.as_u16(), err.error, err.reason)
+        };
+        let forbidden = |reason: &str| (403, "forbidden".to_owned(), reason.to_owned());
+        assert_eq!(
+            answer(doc(), &Principal::User("someone".into())),
+            forbidden("this login may only access documents of user \"someone\"")
+        );
+        let mut attached = doc();
+        attached["_attachments"] = json!({ "a.txt": { "data": "aGk=" } });
+        attached["_foo"] = json!(1);
+        attached["key"] = json!("other");
+        assert_eq!(
+            answer(attached.clone(), &Principal::Admin),
+            forbidden("attachments are not supported: agentstore keeps JSON documents only")
+        );
+        attached.as_object_mut().unwrap().remove("_attachments");
+        assert_eq!(answer(attached, &Principal::Admin).1, "doc_validation");
+        let mut fieldless = json!({ "value": 1 });
+        assert_eq!(
+            answer(fieldless.clone(), &Principal::Admin),
+            forbidden("a document without _id needs string fields userId, namespace and key to derive it from")
+        );
+        fieldless["_id"] = json!("_design/x");
+        assert_eq!(answer(fieldless, &Principal::Admin), forbidden("\"_design/x\" is not a data-store document id"));
+        let mut mismatched = doc();
+        mismatched["key"] = json!("other");
+        assert_eq!(
+            answer(mismatched, &Principal::Admin),
+            forbidden(
+                "not a data-store document: _id \"user_123:default:Z3JlZXRpbmc=\" is not the id of its userId, \
+                 namespace and key (\"user_123:default:b3RoZXI=\")"
+            )
+        );
+        let empty = parse(json!({ "_id": "" }), None, &Principal::Admin, &Limits::default()).unwrap_err();
+        assert_eq!((empty.status.as_u16(), empty.error.as_str()), (400, "illegal_docid"));
+    }
+
     #[test]
     fn revisions_must_have_couchdbs_form() {
         assert!(parse_rev("1-abc").is_ok());

@@ -13,7 +13,8 @@
 //! picked the keys, as CouchDB drops them; a missing one is `{"key":…,"error":"not_found"}`.
 //!
 //! On the data-store database a per-user login lists only its own local documents (stored as
-//! `{user}:{name}`, [`Principal::local_name`]), shown without the prefix; an admin lists all.
+//! `{user}:{name}`, [`crate::database::data_store_rules::Confinement::local_name`]), shown
+//! without the prefix; an admin lists all.
 
 use std::collections::HashMap;
 use std::future::Future;
