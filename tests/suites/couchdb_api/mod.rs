@@ -25,6 +25,7 @@ mod local_docs;
 mod logins;
 mod mango;
 mod missing_database;
+mod paged_changes;
 mod purge;
 mod replication;
 mod results_as_couchdb;
@@ -174,6 +175,7 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
             Box::pin(inner_bodies::inner_bodies_freed_by_stemming_and_bounds(e))
         }),
         ("sequences_count_the_feed", |e| Box::pin(sequences::sequences_count_the_feed(e))),
+        ("paged_changes_list_each_change_once", |e| Box::pin(paged_changes::paged_changes_list_each_change_once(e))),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
