@@ -27,6 +27,7 @@ mod mango;
 mod missing_database;
 mod paged_changes;
 mod purge;
+mod purge_between_polls;
 mod replication;
 mod results_as_couchdb;
 mod revision_trees;
@@ -176,6 +177,9 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         }),
         ("sequences_count_the_feed", |e| Box::pin(sequences::sequences_count_the_feed(e))),
         ("paged_changes_list_each_change_once", |e| Box::pin(paged_changes::paged_changes_list_each_change_once(e))),
+        ("purge_between_polls_never_moves_n_back", |e| {
+            Box::pin(purge_between_polls::purge_between_polls_never_moves_n_back(e))
+        }),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
