@@ -208,7 +208,8 @@ impl DynamoDbBackend {
     /// `changes(since, limit)`: the settled positions after `since` up to the settle bound, then,
     /// once those are exhausted, the unsettled tail the index shows past it, merged across shards
     /// by (position, id). Every `seq` and `last_seq` handed out names a settled position (with the
-    /// tail already delivered past it), never a tail position alone.
+    /// tail already delivered past it, and the marks of the tail changes delivered: [`FeedToken`]),
+    /// never a tail position alone.
     pub(super) async fn changes_page(&self, since: Option<&str>, limit: usize) -> Result<ChangesPage> {
         self.require_layout("the change feed").await?;
         let token = since.map(FeedToken::parse).transpose()?;
