@@ -8,8 +8,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::*;
 
-/// Documents written while the reader pages, and how many of them are then updated once.
-const WRITTEN: usize = 24;
+/// Documents written while the reader pages, and how many of them are then updated once: 26
+/// changes in all, within one settle window, under the 32 tail changes a DynamoDB token
+/// remembers (`REMEMBERED_TAIL`; past it a change may come once more, by design).
+const WRITTEN: usize = 20;
 const UPDATED: usize = 6;
 
 pub(super) async fn paged_changes_list_each_change_once(e: Endpoint) -> TestResult {
