@@ -999,10 +999,7 @@ async fn descending_answer(
     let mut seen = HashSet::new();
     let newest_first: Vec<Change> = changes.into_iter().rev().filter(|c| seen.insert(c.id.clone())).collect();
     // Ranked after the entries purges took out, as every other answer counts them.
-    let erased_before = match backend.feed_length().await? {
-        Some(_) => Some(seq::erased(backend.as_ref()).await?),
-        None => None,
-    };
+    let erased_before = seq::counted(backend.as_ref()).await?.map(|(_, erased)| erased);
     let shown: Vec<String> = newest_first
         .iter()
         .zip((1..=newest_first.len() as u64).rev())

@@ -19,9 +19,10 @@
 //!   remembered for a bounded time (its `count_max_age_ms`).
 //! - A rank is exact while the documents before the reader's position stay where they are. A
 //!   document changed again after a reader passed it moves to the end of the feed, so the reader's
-//!   `N` runs ahead by one until it reaches the end of the feed, where `N` is the count again; an
-//!   entry a DynamoDB reader is handed twice (once unsettled, once settled) counts twice the same
-//!   way. `N` is for progress, never for positioning.
+//!   `N` runs ahead by one until it reaches the end of the feed, where `N` is the count again (so
+//!   does a DynamoDB tail change past the most a token remembers, which comes once more when it
+//!   settles). `N` is for progress, never for positioning: where the next page starts is the
+//!   token's alone (trial `couchdb_api::paged_changes_list_each_change_once`).
 
 use crate::backend::DocumentBackend;
 
@@ -90,7 +91,10 @@ pub async fn count_erased(backend: &dyn DocumentBackend) -> crate::Result<()> {
         let mut body = serde_json::Map::new();
         body.insert("count".into(), serde_json::Value::from(count.saturating_add(1)));
         match backend.put_local(ERASED_NAME, &body, precondition).await {
-            Ok(_) => return Ok(()),
+            Ok(_) => {
+                with_erased_seen(|seen| seen.remove(&backend.describe()));
+                return Ok(());
+            }
             Err(err) if err.is_conflict() => continue,
             Err(err) => return Err(err),
         }
@@ -98,7 +102,7 @@ pub async fn count_erased(backend: &dyn DocumentBackend) -> crate::Result<()> {
     Err(crate::Error::conflict("other purges kept counting the feed's erased entries; try again"))
 }
 
-/// How many feed entries purges took out ([`count_erased`]).
+/// How many feed entries purges took out ([`count_erased`]), read from the backend.
 pub async fn erased(backend: &dyn DocumentBackend) -> crate::Result<u64> {
     Ok(backend
         .get_local(ERASED_NAME)
@@ -107,13 +111,68 @@ pub async fn erased(backend: &dyn DocumentBackend) -> crate::Result<u64> {
         .unwrap_or(0))
 }
 
+/// How long an erased count read from a database's backend is served again while its feed's
+/// length stays the same: the default of the backends' own `count_max_age_ms`.
+pub const ERASED_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(1);
+/// The most databases whose erased count is remembered at once: past it the memory is cleared,
+/// which costs only a read each.
+pub const ERASED_REMEMBERED: usize = 4096;
+
+/// An erased count read, with the feed's length it was read after.
+#[derive(Clone, Copy)]
+struct ErasedSeen {
+    entries: u64,
+    erased: u64,
+    read_at: std::time::Instant,
+}
+
+/// The erased counts read lately, by the backend's description (a database's table or
+/// collection): so a `_changes` poll or `GET /{db}` costs no read of `db:erased` besides the
+/// feed's count, which the backend remembers itself (`crate::backend::raw::count_cache`).
+///
+/// A remembered count is served while the feed's length is the one it was read after and it is
+/// younger than [`ERASED_MAX_AGE`]; a purge in this process forgets it at once ([`count_erased`]).
+/// A purge anywhere counts its entry before it takes it out of the feed, so a length that moved
+/// (it went down by a purge) is followed by a fresh read of the count, which holds that purge:
+/// the sum never goes back. While the length stays, a purge elsewhere shows within the max age.
+static ERASED_SEEN: std::sync::Mutex<Option<std::collections::HashMap<String, ErasedSeen>>> =
+    std::sync::Mutex::new(None);
+
+fn with_erased_seen<T>(f: impl FnOnce(&mut std::collections::HashMap<String, ErasedSeen>) -> T) -> T {
+    let mut seen = ERASED_SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    f(seen.get_or_insert_with(Default::default))
+}
+
+/// The erased count of `backend`, whose feed is `entries` long now: the remembered one while it
+/// is fresh ([`ERASED_SEEN`]), else read (after the length: see there) and remembered.
+async fn erased_after(backend: &dyn DocumentBackend, entries: u64) -> crate::Result<u64> {
+    let key = backend.describe();
+    let remembered = with_erased_seen(|seen| seen.get(&key).copied());
+    if let Some(seen) = remembered.filter(|s| s.entries == entries && s.read_at.elapsed() < ERASED_MAX_AGE) {
+        return Ok(seen.erased);
+    }
+    let erased = erased(backend).await?;
+    with_erased_seen(|seen| {
+        if seen.len() >= ERASED_REMEMBERED && !seen.contains_key(&key) {
+            seen.clear();
+        }
+        seen.insert(key, ErasedSeen { entries, erased, read_at: std::time::Instant::now() });
+    });
+    Ok(erased)
+}
+
+/// The feed's length where the backend counts it, and the entries purges took out of it.
+pub async fn counted(backend: &dyn DocumentBackend) -> crate::Result<Option<(u64, u64)>> {
+    match backend.feed_length().await? {
+        Some(entries) => Ok(Some((entries, erased_after(backend, entries).await?))),
+        None => Ok(None),
+    }
+}
+
 /// The length ranks count against where the backend counts its feed: the entries it holds
 /// plus those purges took out ([`erased`]); `None` where the backend does not count.
 pub async fn counted_length(backend: &dyn DocumentBackend) -> crate::Result<Option<u64>> {
-    match backend.feed_length().await? {
-        Some(entries) => Ok(Some(entries.saturating_add(erased(backend).await?))),
-        None => Ok(None),
-    }
+    Ok(counted(backend).await?.map(|(entries, erased)| entries.saturating_add(erased)))
 }
 
 /// A database's current position as it shows it (`update_seq`): the backend's position now,
@@ -125,12 +184,11 @@ pub async fn current(backend: &dyn DocumentBackend) -> crate::Result<String> {
 /// [`current`], and the feed's length where the backend counts it.
 pub async fn current_and_length(backend: &dyn DocumentBackend) -> crate::Result<(String, Option<u64>)> {
     let position = backend.change_position().await?;
-    let length = backend.feed_length().await?;
-    let shown = match length {
-        Some(length) => show_ranked(length.saturating_add(erased(backend).await?), &position),
-        None => show(&position),
+    let shown = match counted(backend).await? {
+        Some((entries, erased)) => (show_ranked(entries.saturating_add(erased), &position), Some(entries)),
+        None => (show(&position), None),
     };
-    Ok((shown, length))
+    Ok(shown)
 }
 
 /// The most feed entries read past a position to learn its rank ([`shown_position`]).
@@ -201,6 +259,49 @@ pub fn shown_all<'a>(ranks: Option<&Ranks>, tokens: impl IntoIterator<Item = &'a
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A backend that counts its feed (`entries`, set by the test) over the embedded store, and
+    /// counts the reads of local documents.
+    struct Counting {
+        store: crate::backend::embedded::EmbeddedBackend,
+        entries: std::sync::atomic::AtomicU64,
+        local_reads: std::sync::atomic::AtomicU64,
+    }
+
+    #[async_trait::async_trait]
+    impl crate::backend::raw::layer::Layered for Counting {
+        fn inner(&self) -> &dyn DocumentBackend {
+            &self.store
+        }
+        async fn feed_length(&self) -> crate::Result<Option<u64>> {
+            Ok(Some(self.entries.load(std::sync::atomic::Ordering::SeqCst)))
+        }
+        async fn get_local(&self, name: &str) -> crate::Result<Option<crate::backend::StoredDocument>> {
+            self.local_reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.store.get_local(name).await
+        }
+    }
+
+    #[tokio::test]
+    async fn the_erased_count_is_read_once_while_the_feed_stays_and_again_after_a_purge() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = crate::backend::embedded::EmbeddedBackend::open(&dir.path().join("s.redb")).await.expect("open");
+        let backend = Counting { store, entries: 5.into(), local_reads: 0.into() };
+        let reads = || backend.local_reads.load(SeqCst);
+        assert_eq!(counted_length(&backend).await.expect("count"), Some(5));
+        assert_eq!(counted_length(&backend).await.expect("count"), Some(5));
+        assert_eq!(current_and_length(&backend).await.expect("current").1, Some(5));
+        assert_eq!(reads(), 1, "polls while the feed stays read db:erased once");
+        // A purge of this process: counted, then its entry taken out of the feed.
+        count_erased(&backend).await.expect("count erased");
+        backend.entries.store(4, SeqCst);
+        let before = reads();
+        assert_eq!(counted_length(&backend).await.expect("count"), Some(5), "N does not go back");
+        assert_eq!(reads(), before + 1, "the purge's count is read again");
+        assert_eq!(counted(&backend).await.expect("count"), Some((4, 1)));
+        assert_eq!(reads(), before + 1);
+    }
 
     #[test]
     fn shown_positions_read_back_to_the_token() {

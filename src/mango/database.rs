@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use axum::http::StatusCode;
+use http::StatusCode;
 use serde_json::{json, Map, Value};
 
 use super::find::{find_in, Candidate, CandidatePage, FindLimits, FindSource, FindSources, SCAN_PAGE};
@@ -252,14 +252,16 @@ pub async fn bulk_delete(db: &Database, request: &Value) -> Result<Value, MangoE
     Ok(json!({ "success": success, "fail": fail }))
 }
 
-/// The `error` of a design document `_bulk_delete` could not change (CouchDB puts the error of
-/// the failed write there): Mango's own error name, or the store's kind of failure. A view
-/// index's failure (none is read by a deletion) fails the request.
+/// The `error` of a design document `_bulk_delete` could not change: Mango's own error name
+/// (`not_found`, `error_saving_ddoc`), as CouchDB's `mango_idx:delete` answers it. A failure of
+/// the store (or of a view index, none of which a deletion reads) fails the whole request, as in
+/// CouchDB 3.4.3, where a failed write is thrown out of `fabric` rather than made a row: it is
+/// then answered with CouchDB's `error` and `reason` for it, as every route answers a storage
+/// failure (the deletions before it stay done, as there).
 fn failed_row_error(err: MangoError) -> Result<String, MangoError> {
     match err {
         MangoError::Refused(refusal) => Ok(refusal.error),
-        MangoError::Storage(error) => Ok(error.kind().as_str().to_owned()),
-        view @ MangoError::View(_) => Err(view),
+        below @ (MangoError::Storage(_) | MangoError::View(_)) => Err(below),
     }
 }
 
@@ -618,5 +620,50 @@ mod tests {
             .refusal();
         assert_eq!((refused.status.as_u16(), refused.error.as_str()), (400, "invalid_ddoc_lang"));
         assert_eq!(refused.reason, "Existing design doc has an invalid language: false");
+    }
+
+    /// A backend whose document writes fail as an unavailable store while `failing` is set.
+    struct Unavailable {
+        inner: crate::backend::embedded::EmbeddedBackend,
+        failing: std::sync::atomic::AtomicBool,
+    }
+
+    #[async_trait::async_trait]
+    impl crate::backend::raw::layer::Layered for Unavailable {
+        fn inner(&self) -> &dyn crate::backend::DocumentBackend {
+            &self.inner
+        }
+
+        async fn put(
+            &self,
+            id: &str,
+            body: &Map<String, Value>,
+            precondition: crate::backend::Precondition,
+        ) -> crate::Result<crate::backend::Revision> {
+            if self.failing.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(crate::Error::new(ErrorKind::Unavailable, "the store is down"));
+            }
+            crate::backend::DocumentBackend::put(&self.inner, id, body, precondition).await
+        }
+    }
+
+    /// CouchDB 3.4.3 makes a `_bulk_delete` row only of `not_found` (and of Mango's own errors);
+    /// a write the store fails is thrown and answered as the whole request's error, never a row
+    /// naming the store's kind of failure (`{"error": "unavailable"}` here before).
+    #[tokio::test]
+    async fn bulk_delete_fails_whole_when_the_store_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let inner = crate::backend::embedded::EmbeddedBackend::open(&dir.path().join("d.redb")).await.unwrap();
+        let backend = Arc::new(Unavailable { inner, failing: false.into() });
+        let db = Database::new("app".into(), backend.clone());
+        create_index(&db, &json!({"index": {"fields": ["w"]}, "ddoc": "one", "name": "w"})).await.unwrap();
+        backend.failing.store(true, std::sync::atomic::Ordering::SeqCst);
+        match bulk_delete(&db, &json!({"docids": ["one", "none"]})).await {
+            Err(MangoError::Storage(err)) => assert_eq!(err.kind(), ErrorKind::Unavailable),
+            other => panic!("the store's failure as a row or another error: {other:?}"),
+        }
+        backend.failing.store(false, std::sync::atomic::Ordering::SeqCst);
+        let answer = bulk_delete(&db, &json!({"docids": ["one", "none"]})).await.unwrap();
+        assert_eq!(answer["fail"], json!([{"id": "_design/none", "error": "not_found"}]));
     }
 }

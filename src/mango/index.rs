@@ -14,7 +14,7 @@
 //! ([`IndexDef::data_store_design`]) and `_find` reads it ([`super::index_source`]); over the
 //! CouchDB backend they stay definitions and `_find` pages the backend.
 
-use axum::http::StatusCode;
+use http::StatusCode;
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 

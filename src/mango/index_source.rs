@@ -12,7 +12,7 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use axum::http::StatusCode;
+use http::StatusCode;
 use serde_json::{json, Map, Value};
 
 use super::find::{Candidate, CandidatePage, FindSource, SCAN_PAGE};

@@ -41,7 +41,7 @@ mod backend_tests;
 #[cfg(test)]
 mod data_store_tests;
 
-use axum::http::StatusCode;
+use http::StatusCode;
 use serde_json::Value;
 
 use crate::views::ViewError;

@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 
 use async_trait::async_trait;
+use aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder;
 use aws_sdk_dynamodb::operation::query::QueryOutput;
 use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, ReturnValue, Select, WriteRequest};
 use futures::{StreamExt, TryStreamExt};
@@ -390,60 +391,55 @@ impl DynamoDbBackend {
 
     /// Entries in one shard of the feed index: `Select=COUNT` pages of at most 1 MB of entries.
     async fn count_feed_shard(&self, shard: u32) -> Result<u64> {
-        let mut total = 0u64;
-        let mut cursor: Option<Item> = None;
-        loop {
-            let output = self
-                .client()
-                .query()
-                .table_name(self.table())
-                .index_name(FEED_INDEX)
-                .select(Select::Count)
-                .key_condition_expression("#shard = :shard")
-                .expression_attribute_names("#shard", SHARD)
-                .expression_attribute_values(":shard", shard_value(shard))
-                .set_exclusive_start_key(cursor.take())
-                .send()
-                .await
-                .map_err(|e| map_sdk(e, "count the entries of the change feed index"))?;
-            total += u64::try_from(output.count()).unwrap_or(0);
-            cursor = output.last_evaluated_key;
-            if cursor.is_none() {
-                return Ok(total);
-            }
-        }
+        let query = self
+            .client()
+            .query()
+            .table_name(self.table())
+            .index_name(FEED_INDEX)
+            .key_condition_expression("#shard = :shard")
+            .expression_attribute_names("#shard", SHARD)
+            .expression_attribute_values(":shard", shard_value(shard));
+        count_pages(query, "count the entries of the change feed index").await
     }
 
     /// Live documents in one shard of the id index: `Select=COUNT` pages, each at most 1 MB of
     /// index entries read, filtered to entries that are neither chunks nor tombstones.
     async fn count_shard(&self, shard: u32) -> Result<u64> {
-        let mut total = 0u64;
-        let mut cursor: Option<Item> = None;
-        loop {
-            let output = self
-                .client()
-                .query()
-                .table_name(self.table())
-                .index_name(ID_INDEX)
-                .select(Select::Count)
-                .key_condition_expression("#shard = :shard")
-                // `NOT (x = true)` also holds where `_deleted` is absent (a comparison with a
-                // missing attribute is false): the entries `layout::is_tombstone` says are live.
-                .filter_expression("attribute_not_exists(#chunk) AND NOT (#deleted = :true)")
-                .expression_attribute_names("#shard", SHARD)
-                .expression_attribute_names("#chunk", codec::CHUNK_OF)
-                .expression_attribute_names("#deleted", DELETED)
-                .expression_attribute_values(":shard", shard_value(shard))
-                .expression_attribute_values(":true", AttributeValue::Bool(true))
-                .set_exclusive_start_key(cursor.take())
-                .send()
-                .await
-                .map_err(|e| map_sdk(e, "count the documents of the id index"))?;
-            total += u64::try_from(output.count()).unwrap_or(0);
-            cursor = output.last_evaluated_key;
-            if cursor.is_none() {
-                return Ok(total);
-            }
+        let query = self
+            .client()
+            .query()
+            .table_name(self.table())
+            .index_name(ID_INDEX)
+            .key_condition_expression("#shard = :shard")
+            // `NOT (x = true)` also holds where `_deleted` is absent (a comparison with a
+            // missing attribute is false): the entries `layout::is_tombstone` says are live.
+            .filter_expression("attribute_not_exists(#chunk) AND NOT (#deleted = :true)")
+            .expression_attribute_names("#shard", SHARD)
+            .expression_attribute_names("#chunk", codec::CHUNK_OF)
+            .expression_attribute_names("#deleted", DELETED)
+            .expression_attribute_values(":shard", shard_value(shard))
+            .expression_attribute_values(":true", AttributeValue::Bool(true));
+        count_pages(query, "count the documents of the id index").await
+    }
+}
+
+/// The entries `query` matches, summed over its `Select=COUNT` pages (DynamoDB ends a page after
+/// 1 MB of entries read, so one shard can take several); `what` names the count in an error.
+async fn count_pages(query: QueryFluentBuilder, what: &str) -> Result<u64> {
+    let mut total = 0u64;
+    let mut cursor: Option<Item> = None;
+    loop {
+        let output = query
+            .clone()
+            .select(Select::Count)
+            .set_exclusive_start_key(cursor.take())
+            .send()
+            .await
+            .map_err(|e| map_sdk(e, what))?;
+        total += u64::try_from(output.count()).unwrap_or(0);
+        cursor = output.last_evaluated_key;
+        if cursor.is_none() {
+            return Ok(total);
         }
     }
 }

@@ -25,7 +25,9 @@ mod local_docs;
 mod logins;
 mod mango;
 mod missing_database;
+mod paged_changes;
 mod purge;
+mod purge_between_polls;
 mod replication;
 mod results_as_couchdb;
 mod revision_trees;
@@ -174,6 +176,10 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
             Box::pin(inner_bodies::inner_bodies_freed_by_stemming_and_bounds(e))
         }),
         ("sequences_count_the_feed", |e| Box::pin(sequences::sequences_count_the_feed(e))),
+        ("paged_changes_list_each_change_once", |e| Box::pin(paged_changes::paged_changes_list_each_change_once(e))),
+        ("purge_between_polls_never_moves_n_back", |e| {
+            Box::pin(purge_between_polls::purge_between_polls_never_moves_n_back(e))
+        }),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
