@@ -39,13 +39,19 @@
 //! A record or side revision that changed in between makes the write start again from a fresh
 //! read ([`GRAFT_ATTEMPTS`]).
 
+use std::collections::HashSet;
+use std::sync::Arc;
+
 use async_trait::async_trait;
+use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::{LaidOut, TreeLayout};
+use super::{LaidOut, ScanCursor, ScanPage, TreeLayout};
 use crate::backend::rev_tree::{Leaf, MergeOutcome, RevPath, RevTree, StoredLeaves, StoredTree};
-use crate::backend::{DocumentBackend, Precondition, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo};
+use crate::backend::{
+    DocumentBackend, Precondition, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo, StoredDocument,
+};
 use crate::error::{Error, ErrorKind, Result};
 
 /// The start of every local document name that holds a document's other leaves.
@@ -68,7 +74,7 @@ pub async fn revision_tree<B: DocumentBackend + ?Sized>(backend: &B, id: &str) -
     if backend.keeps_branches() {
         return backend.revision_tree(id).await;
     }
-    Ok(super::read_repairing(&DataStoreLayout::new(backend), id).await?.map(|read| read.tree))
+    Ok(super::read_repairing(&DataStoreView::new(backend), id).await?.map(|read| read.tree))
 }
 
 /// Whether the document may have leaves besides its winner (conflicts or deleted leaves):
@@ -125,14 +131,77 @@ pub struct SideToken {
 /// A data-store document's tree as read.
 pub type ReadTree = LaidOut<SideToken>;
 
-/// The data-store database's layout over `backend` (module doc).
-pub struct DataStoreLayout<'a, B: ?Sized> {
+/// The data-store database's layout over the backend it owns (module doc): what the engine's
+/// data-store database holds ([`crate::database::Database::data_store`]). Each call goes through
+/// a [`DataStoreView`] of the backend, as the free functions here do, so both write the same
+/// records.
+pub struct DataStoreLayout {
+    backend: Arc<dyn DocumentBackend>,
+}
+
+impl DataStoreLayout {
+    pub fn new(backend: Arc<dyn DocumentBackend>) -> Self {
+        DataStoreLayout { backend }
+    }
+
+    fn view(&self) -> DataStoreView<'_, dyn DocumentBackend> {
+        DataStoreView::new(self.backend.as_ref())
+    }
+}
+
+#[async_trait]
+impl TreeLayout for DataStoreLayout {
+    type Token = SideToken;
+
+    async fn read(&self, id: &str) -> Result<Option<ReadTree>> {
+        self.view().read(id).await
+    }
+
+    async fn read_many(&self, ids: &[String]) -> Result<Vec<Option<ReadTree>>> {
+        self.view().read_many(ids).await
+    }
+
+    async fn save(&self, id: &str, before: Option<&ReadTree>, tree: &RevTree) -> Result<()> {
+        self.view().save(id, before, tree).await
+    }
+
+    async fn erase(&self, id: &str, state: &ReadTree) -> Result<()> {
+        self.view().erase(id, state).await
+    }
+
+    async fn unfinished(&self, id: &str, state: &ReadTree) -> Result<bool> {
+        self.view().unfinished(id, state).await
+    }
+
+    async fn listed(&self, documents: Vec<StoredDocument>) -> Result<Vec<(String, ReadTree)>> {
+        self.view().listed(documents).await
+    }
+
+    fn keeps_inner_bodies(&self) -> bool {
+        false
+    }
+
+    async fn inner_bodies_page(&self, cursor: Option<ScanCursor>, limit: usize) -> Result<ScanPage> {
+        self.view().inner_bodies_page(cursor, limit).await
+    }
+
+    async fn attachment_references(&self) -> Result<HashSet<String>> {
+        self.view().attachment_references().await
+    }
+}
+
+/// Listed documents whose trees are read at once ([`DataStoreLayout`]'s `listed`).
+const LISTED_READS_AT_ONCE: usize = 16;
+
+/// The data-store layout over a borrowed backend: what the free functions here (the facade's and
+/// the data-store handlers' calls) and [`DataStoreLayout`] use.
+pub struct DataStoreView<'a, B: ?Sized> {
     backend: &'a B,
 }
 
-impl<'a, B: DocumentBackend + ?Sized> DataStoreLayout<'a, B> {
+impl<'a, B: DocumentBackend + ?Sized> DataStoreView<'a, B> {
     pub fn new(backend: &'a B) -> Self {
-        DataStoreLayout { backend }
+        DataStoreView { backend }
     }
 
     /// One consistent read; `None` (outer) when the record changed between its two reads.
@@ -255,7 +324,7 @@ impl<'a, B: DocumentBackend + ?Sized> DataStoreLayout<'a, B> {
 }
 
 #[async_trait]
-impl<B: DocumentBackend + ?Sized> TreeLayout for DataStoreLayout<'_, B> {
+impl<B: DocumentBackend + ?Sized> TreeLayout for DataStoreView<'_, B> {
     type Token = SideToken;
 
     /// The tree of `id`: the record's revision (its path and body) and the leaves kept beside it.
@@ -320,6 +389,43 @@ impl<B: DocumentBackend + ?Sized> TreeLayout for DataStoreLayout<'_, B> {
     async fn unfinished(&self, _id: &str, state: &ReadTree) -> Result<bool> {
         Ok(state.token.marked)
     }
+
+    /// Each listed record's whole tree, read again with its other leaves (the listing holds the
+    /// winner only), a few at a time; those deleted meanwhile are left out.
+    async fn listed(&self, documents: Vec<StoredDocument>) -> Result<Vec<(String, ReadTree)>> {
+        let view = self;
+        let mut reads = Vec::with_capacity(documents.len());
+        for doc in documents {
+            let view = &view;
+            reads.push(async move { view.read(&doc.id).await.map(|state| (doc.id, state)) });
+        }
+        let read: Vec<Result<(String, Option<ReadTree>)>> =
+            futures::stream::iter(reads).buffered(LISTED_READS_AT_ONCE).collect().await;
+        let mut listed = Vec::with_capacity(read.len());
+        for item in read {
+            if let (id, Some(state)) = item? {
+                if !state.deleted() {
+                    listed.push((id, state));
+                }
+            }
+        }
+        Ok(listed)
+    }
+
+    /// None: the seed's layout has no place for an inner revision's body (a tree read holds its
+    /// leaves' bodies only), so none is ever kept.
+    fn keeps_inner_bodies(&self) -> bool {
+        false
+    }
+
+    async fn inner_bodies_page(&self, _cursor: Option<ScanCursor>, _limit: usize) -> Result<ScanPage> {
+        Ok(ScanPage::default())
+    }
+
+    /// None: a write carrying attachments is refused on the data-store database.
+    async fn attachment_references(&self) -> Result<HashSet<String>> {
+        Ok(HashSet::new())
+    }
 }
 
 /// Merges a replicated revision into `id`'s tree, keeping every branch (CouchDB's
@@ -334,7 +440,7 @@ async fn graft<B: DocumentBackend + ?Sized>(
 ) -> Result<ReplicatedOutcome> {
     crate::backend::replicated::check(id, incoming)?;
     let path = path_of(incoming)?;
-    let layout = DataStoreLayout::new(backend);
+    let layout = DataStoreView::new(backend);
     for _ in 0..GRAFT_ATTEMPTS {
         // The usual replication: a revision the record knows, or a live child of the record's
         // revision, which wins over every other leaf (its generation is higher than the

@@ -13,15 +13,17 @@
 //! ([`TreeLayout::unfinished`]), which saving the tree read over itself finishes.
 //! docs/design/crash-points.md has every step and crash point.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::{LaidOut, TreeLayout};
+use super::{LaidOut, ScanCursor, ScanPage, TreeLayout};
 use crate::backend::rev_tree::RevTree;
-use crate::backend::{DocumentBackend, Precondition, Revision};
+use crate::backend::{DocumentBackend, IdRange, Precondition, Revision, StoredDocument};
+use crate::database::doc_attachments;
 use crate::error::{Error, ErrorKind, Result};
 
 /// The one field of a backend record: the revision tree (the documents' own fields are inside
@@ -211,6 +213,114 @@ impl TreeLayout for RecordLayout {
         }
         Ok(self.backend.get_deleted(id).await?.is_none())
     }
+
+    /// Each listed record holds its whole tree: no read.
+    async fn listed(&self, documents: Vec<StoredDocument>) -> Result<Vec<(String, RecordState)>> {
+        let mut listed = Vec::with_capacity(documents.len());
+        for StoredDocument { id, rev, body } in documents {
+            let state = Self::state_of_record(&id, rev, &body)?;
+            if !state.deleted() {
+                listed.push((id, state));
+            }
+        }
+        Ok(listed)
+    }
+
+    fn keeps_inner_bodies(&self) -> bool {
+        true
+    }
+
+    /// Live records first, then the local trees of deleted documents.
+    async fn inner_bodies_page(&self, cursor: Option<ScanCursor>, limit: usize) -> Result<ScanPage> {
+        let (page, in_records) = match cursor {
+            None => (self.backend.all_docs(&every_record(), limit, None).await?, true),
+            Some(ScanCursor::Records(token)) => {
+                (self.backend.all_docs(&every_record(), limit, Some(&token)).await?, true)
+            }
+            Some(ScanCursor::SidePlaces(token)) => {
+                (self.backend.local_docs(&every_side_tree(), limit, token.as_deref()).await?, false)
+            }
+        };
+        let mut ids = Vec::new();
+        for doc in &page.items {
+            if !tree_of(&doc.body, &doc.id)?.inner_bodies().is_empty() {
+                ids.push(if in_records { doc.id.clone() } else { tree_document_id(&doc.id).to_owned() });
+            }
+        }
+        let next = match (page.next, in_records) {
+            (Some(token), true) => Some(ScanCursor::Records(token)),
+            (None, true) => Some(ScanCursor::SidePlaces(None)),
+            (Some(token), false) => Some(ScanCursor::SidePlaces(Some(token))),
+            (None, false) => None,
+        };
+        Ok(ScanPage { ids, next })
+    }
+
+    /// A live record is written again (so the document moves in the change feed, its revisions
+    /// the same); a deleted document's tree is rewritten in place (its tombstone stays).
+    async fn save_without_inner_bodies(&self, id: &str, state: &RecordState, tree: &RevTree) -> Result<()> {
+        match (&state.token.record_rev, &state.token.local_rev) {
+            (None, Some(local_rev)) => self
+                .backend
+                .put_local(
+                    &format!("{TREE_PREFIX}{id}"),
+                    &record_of(tree)?,
+                    Precondition::MatchRevision(local_rev.clone()),
+                )
+                .await
+                .map(|_| ())
+                .map_err(gone_is_conflict),
+            _ => self.save(id, Some(state), tree).await,
+        }
+    }
+
+    /// Read page by page: live records, and the trees of deleted documents (those whose id has
+    /// no live record: a re-created document's old tree record is left behind and no longer its
+    /// tree).
+    async fn attachment_references(&self) -> Result<HashSet<String>> {
+        const PAGE: usize = 200;
+        let mut referenced = HashSet::new();
+        let mut token: Option<String> = None;
+        loop {
+            let page = self.backend.all_docs(&every_record(), PAGE, token.as_deref()).await?;
+            for doc in &page.items {
+                for body in tree_of(&doc.body, &doc.id)?.bodies() {
+                    doc_attachments::referenced(body, &mut referenced);
+                }
+            }
+            token = page.next;
+            if token.is_none() {
+                break;
+            }
+        }
+        loop {
+            let page = self.backend.local_docs(&every_side_tree(), PAGE, token.as_deref()).await?;
+            let ids: Vec<String> = page.items.iter().map(|doc| tree_document_id(&doc.id).to_owned()).collect();
+            let live = self.backend.get_many(&ids).await?;
+            for (doc, record) in page.items.iter().zip(live) {
+                if record.is_some() {
+                    continue;
+                }
+                for body in tree_of(&doc.body, &doc.id)?.bodies() {
+                    doc_attachments::referenced(body, &mut referenced);
+                }
+            }
+            token = page.next;
+            if token.is_none() {
+                return Ok(referenced);
+            }
+        }
+    }
+}
+
+/// Every record of the database, design documents included.
+fn every_record() -> IdRange {
+    IdRange { include_design: true, ..IdRange::all() }
+}
+
+/// Every local tree of a deleted document.
+fn every_side_tree() -> IdRange {
+    IdRange::all().under_prefix(TREE_PREFIX)
 }
 
 /// The document whose deleted tree a `tree:` local document (as the backend lists it) holds.
