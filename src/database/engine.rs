@@ -1,8 +1,13 @@
 //! One CouchDB database kept in an ordinary [`DocumentBackend`]: how a document's revision tree
-//! is stored, read and changed atomically.
+//! is stored, read and changed atomically. The engine serves both tree layouts
+//! ([`super::layout::Layout`]): every database of the catalog over the engine's own
+//! ([`Database::new`]), and the data-store database over the seed's records
+//! ([`Database::data_store`]); every path that depends on where a tree is kept (reads, saves,
+//! erasure, the repair of a cut save, listing, compaction's and the collector's scans) asks the
+//! layout, and only the batched bulk path ([`bulk`]) groups the engine layout's record writes.
 //!
 //! ## Storage
-//! How a tree is laid out over the backend's records is the layout's
+//! How a tree is laid out over the backend's records is the layout's. The engine's layout
 //! ([`super::layout::record::RecordLayout`]): a document whose winning leaf is live is one
 //! backend document under its own id, body `{"revtree": <RevTree>}` (every leaf with its body;
 //! each revision stored once, `rev_tree::stored`); a document whose winning leaf is deleted is a
@@ -42,6 +47,18 @@
 //! one (`POST /{db}/_compact`); each write keeps at most [`InnerBodyBounds`] of them per document
 //! (the oldest go first), and stemming by `_revs_limit` drops those of the revisions it forgets.
 //! Their attachments stay referenced, so the collector keeps their bytes until then.
+//!
+//! ## The data-store database
+//! [`Database::data_store`] serves the data-store database over the store's own backend: each
+//! record is the seed's document holding the winning revision (its backend revision is the
+//! CouchDB `_rev`), written byte for byte as the data-store face's path writes it, the other
+//! leaves in `:leaves:{id}` ([`super::layout::data_store`]). It keeps no inner bodies (no place
+//! for them), no attachments (a write carrying some is refused), its clients' local documents
+//! under their own names and its own under names no client may write
+//! ([`super::layout::reserved_local_name`]); reads of a tree finish a save a crash cut short
+//! ([`super::layout::Layout::read_as_served`]), as the data-store face's reads always have. The
+//! CouchDB backend, which keeps the trees itself, is refused there: that database stays on the
+//! data-store face's path over the backend's native calls.
 
 mod bulk;
 mod client_local;

@@ -145,6 +145,8 @@ pub async fn engine_data_store_writes_what_the_data_store_face_writes(ctx: Ctx) 
     let after_create = stored(&store, key).await;
     let r2 = edited(&database, &id, edit(Some(&r1), false, seed(key, json!(2)))).await;
     let after_edit = stored(&store, key).await;
+    let edited_state = database.read(&id).await.expect("read").expect("a tree");
+    assert!(edited_state.tree.revision(&r1).is_none(), "no inner revision's body is kept on this database");
     let conflict = Write::Replicated {
         path: path_of(&[LOSER.to_owned(), r1.clone()]),
         deleted: false,

@@ -3,8 +3,10 @@
 //! data-store tree through this module ([`revision_tree`], [`has_branches`], [`put_branch`],
 //! [`erase_branches`]); on a backend that keeps branches itself
 //! ([`DocumentBackend::keeps_branches`]: the CouchDB backend) each forwards to the backend's own
-//! method of the same name. Elsewhere the tree is laid out by [`DataStoreLayout`], one of the
-//! engine's [`TreeLayout`]s.
+//! method of the same name. Elsewhere the tree is laid out by [`DataStoreView`] (over a borrowed
+//! backend: the free functions' calls), one of the engine's [`TreeLayout`]s, and by
+//! [`DataStoreLayout`], the same over the backend it owns: what the engine's data-store database
+//! holds (`crate::database::Database::data_store`). Both write the same records.
 //!
 //! ## Storage
 //! The document's record holds its winning revision, so everything that reads records (the REST
@@ -12,8 +14,8 @@
 //! else, byte for byte as before this layout was the engine's. The other leaves of the tree, each
 //! with its path and body, live in the local document `:leaves:{id}` ([`side_name`]). No client
 //! can name it: a per-user login's local documents are named `{user}:…` and user ids are never
-//! empty, and an admin's `_local/` names starting with [`SIDE_PREFIX`] are refused by the CouchDB
-//! face. The leaves are stored as a tree is ([`StoredLeaves`]: each revision once); the array of
+//! empty, and an admin's `_local/` names starting with [`SIDE_PREFIX`] are refused
+//! ([`super::reserved_local_name`], which both the data-store face and the engine check). The leaves are stored as a tree is ([`StoredLeaves`]: each revision once); the array of
 //! leaves with whole paths the previous release wrote is still read. The side document may hold
 //! a leaf the record also holds, or an ancestor of a leaf: the tree is rebuilt from paths, so
 //! such entries fall away on reading.

@@ -12,6 +12,14 @@
 //!   holding the winning revision (what the REST API and the facade read), the other leaves in
 //!   the local document `:leaves:{id}`.
 //!
+//! The engine (`crate::database::engine`) serves both: a database holds a [`Layout`], either
+//! layout behind one enum that is itself a [`TreeLayout`] (its token a [`LayoutToken`]), so the
+//! engine and its handlers stay one, non-generic type whichever layout a database has. What else
+//! depends on the layout is here too: the names of the local documents a database keeps
+//! ([`LocalNames`]; on the data-store database [`reserved_local_name`] is the one list of names
+//! no client may write, both faces check it), whether it keeps inner bodies, and how its trees
+//! are listed and scanned.
+//!
 //! ## The crash-repair rule
 //! A save that writes two places writes the side place first (the local document: the engine's
 //! `tree:{id}`, the data store's `:leaves:{id}`), in a form that says the save is not finished,
