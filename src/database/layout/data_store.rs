@@ -192,8 +192,9 @@ impl TreeLayout for DataStoreLayout {
     }
 }
 
-/// Listed documents whose trees are read at once ([`DataStoreLayout`]'s `listed`).
-const LISTED_READS_AT_ONCE: usize = 16;
+/// Documents whose trees one batched read (`read_many`: a page of the change feed or of
+/// `_all_docs`, a `_bulk_get`) reads at once, each tree being two or three backend reads.
+pub const READS_AT_ONCE: usize = 16;
 
 /// The data-store layout over a borrowed backend: what the free functions here (the facade's and
 /// the data-store handlers' calls) and [`DataStoreLayout`] use.
@@ -339,12 +340,14 @@ impl<B: DocumentBackend + ?Sized> TreeLayout for DataStoreView<'_, B> {
         Err(Error::conflict(format!("document {id:?} kept changing while its revision tree was read")))
     }
 
+    /// Each id's tree read as [`TreeLayout::read`] reads it, a few at a time
+    /// ([`READS_AT_ONCE`]), in order.
     async fn read_many(&self, ids: &[String]) -> Result<Vec<Option<ReadTree>>> {
-        let mut states = Vec::with_capacity(ids.len());
+        let mut reads = Vec::with_capacity(ids.len());
         for id in ids {
-            states.push(self.read(id).await?);
+            reads.push(self.read(id));
         }
-        Ok(states)
+        futures::stream::iter(reads).buffered(READS_AT_ONCE).collect::<Vec<_>>().await.into_iter().collect()
     }
 
     async fn save(&self, id: &str, before: Option<&ReadTree>, tree: &RevTree) -> Result<()> {
@@ -393,25 +396,15 @@ impl<B: DocumentBackend + ?Sized> TreeLayout for DataStoreView<'_, B> {
     }
 
     /// Each listed record's whole tree, read again with its other leaves (the listing holds the
-    /// winner only), a few at a time; those deleted meanwhile are left out.
+    /// winner only; [`TreeLayout::read_many`]); those deleted meanwhile are left out.
     async fn listed(&self, documents: Vec<StoredDocument>) -> Result<Vec<(String, ReadTree)>> {
-        let view = self;
-        let mut reads = Vec::with_capacity(documents.len());
-        for doc in documents {
-            let view = &view;
-            reads.push(async move { view.read(&doc.id).await.map(|state| (doc.id, state)) });
-        }
-        let read: Vec<Result<(String, Option<ReadTree>)>> =
-            futures::stream::iter(reads).buffered(LISTED_READS_AT_ONCE).collect().await;
-        let mut listed = Vec::with_capacity(read.len());
-        for item in read {
-            if let (id, Some(state)) = item? {
-                if !state.deleted() {
-                    listed.push((id, state));
-                }
-            }
-        }
-        Ok(listed)
+        let ids: Vec<String> = documents.into_iter().map(|doc| doc.id).collect();
+        let states = self.read_many(&ids).await?;
+        Ok(ids
+            .into_iter()
+            .zip(states)
+            .filter_map(|(id, state)| state.filter(|state| !state.deleted()).map(|state| (id, state)))
+            .collect())
     }
 
     /// None: the seed's layout has no place for an inner revision's body (a tree read holds its
