@@ -423,3 +423,22 @@ async fn read_repairing_unboxed<L: TreeLayout + ?Sized>(layout: &L, id: &str) ->
     }
     Ok(state)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The data-store database's own local names (and the engine's settings on it) are
+    /// reserved; no per-user login's name (`{user}:…`, the user never empty) can be one.
+    #[test]
+    fn the_data_store_databases_own_local_names_are_reserved() {
+        let own = DATA_STORE_LOCAL_NAMES;
+        for reserved in [":leaves:u:n:k", ":design:d", own.views_incarnation, own.settings] {
+            assert!(reserved_local_name(reserved), "{reserved}");
+        }
+        for client in ["checkpoint", "u:checkpoint", "u::leaves:x", "db:settings", "design:x"] {
+            assert!(!reserved_local_name(client), "{client}");
+        }
+        assert_eq!(own.client_prefix, "", "a client's `_local/x` is the backend's `x`, as before");
+    }
+}
