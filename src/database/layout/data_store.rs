@@ -130,6 +130,13 @@ pub struct SideToken {
     marked: bool,
 }
 
+impl SideToken {
+    /// Whether the side document as read carried the mark of an unfinished save.
+    pub fn marked(&self) -> bool {
+        self.marked
+    }
+}
+
 /// A data-store document's tree as read.
 pub type ReadTree = LaidOut<SideToken>;
 
@@ -148,6 +155,16 @@ impl DataStoreLayout {
 
     fn view(&self) -> DataStoreView<'_, dyn DocumentBackend> {
         DataStoreView::new(self.backend.as_ref())
+    }
+
+    /// [`DataStoreView::save_over`].
+    pub(super) async fn save_over(&self, id: &str, token: Option<&SideToken>, tree: &RevTree) -> Result<()> {
+        self.view().save_over(id, token, tree).await
+    }
+
+    /// [`DataStoreView::erase_of`].
+    pub(super) async fn erase_of(&self, id: &str, token: &SideToken) -> Result<()> {
+        self.view().erase_of(id, token).await
     }
 }
 
@@ -304,6 +321,44 @@ impl<'a, B: DocumentBackend + ?Sized> DataStoreView<'a, B> {
         }
     }
 
+    /// Saves `tree` over the places as read (`token`; `None`: nothing was stored): the module
+    /// doc's three steps where the side document changes, else the record alone.
+    pub async fn save_over(&self, id: &str, token: Option<&SideToken>, tree: &RevTree) -> Result<()> {
+        let winner_rev = tree.winner().map(Leaf::rev);
+        let final_side: Vec<Leaf> =
+            tree.leaves().into_iter().filter(|leaf| Some(leaf.rev()) != winner_rev).cloned().collect();
+        let (record, side_rev, side_leaves, marked) = match token {
+            Some(token) => (token.record.as_ref(), token.side_rev.clone(), &token.side_leaves[..], token.marked),
+            None => (None, None, &[][..], false),
+        };
+        if !marked && final_side == side_leaves {
+            return self.bring_record_to_winner(id, record, tree).await;
+        }
+        let every_leaf: Vec<Leaf> = tree.leaves().into_iter().cloned().collect();
+        // Finishing a save step 1 of which is stored as this one would write it: on from step 2.
+        let marked_rev = if marked && side_leaves == every_leaf.as_slice() {
+            side_rev
+        } else {
+            self.write_side(id, side_rev.as_ref(), &every_leaf, true).await?
+        };
+        self.bring_record_to_winner(id, record, tree).await?;
+        self.write_side(id, marked_rev.as_ref(), &final_side, false).await.map(|_| ())
+    }
+
+    /// The side document first, then the record: a crash in between leaves the winner alone,
+    /// never leaves beside no record that a later creation of the id would take up.
+    pub async fn erase_of(&self, id: &str, token: &SideToken) -> Result<()> {
+        if let Some(rev) = &token.side_rev {
+            match self.backend.delete_local(&side_name(id), rev).await {
+                Ok(()) => {}
+                Err(err) if err.is_not_found() => {}
+                Err(err) if err.is_conflict() => return Err(Error::conflict("the other leaves changed")),
+                Err(err) => return Err(err),
+            }
+        }
+        self.backend.erase_id(id).await.map(|_| ())
+    }
+
     /// Step 2 of a save: the record brought to `tree`'s winner from what it held as read.
     async fn bring_record_to_winner(&self, id: &str, record: Option<&RevisionInfo>, tree: &RevTree) -> Result<()> {
         let winner = tree.winner().ok_or_else(|| Error::conflict(format!("the tree of {id:?} has no leaf")))?;
@@ -351,44 +406,11 @@ impl<B: DocumentBackend + ?Sized> TreeLayout for DataStoreView<'_, B> {
     }
 
     async fn save(&self, id: &str, before: Option<&ReadTree>, tree: &RevTree) -> Result<()> {
-        let winner_rev = tree.winner().map(Leaf::rev);
-        let final_side: Vec<Leaf> =
-            tree.leaves().into_iter().filter(|leaf| Some(leaf.rev()) != winner_rev).cloned().collect();
-        let (record, side_rev, side_leaves, marked) = match before {
-            Some(read) => (
-                read.token.record.as_ref(),
-                read.token.side_rev.clone(),
-                &read.token.side_leaves[..],
-                read.token.marked,
-            ),
-            None => (None, None, &[][..], false),
-        };
-        if !marked && final_side == side_leaves {
-            return self.bring_record_to_winner(id, record, tree).await;
-        }
-        let every_leaf: Vec<Leaf> = tree.leaves().into_iter().cloned().collect();
-        // Finishing a save step 1 of which is stored as this one would write it: on from step 2.
-        let marked_rev = if marked && side_leaves == every_leaf.as_slice() {
-            side_rev
-        } else {
-            self.write_side(id, side_rev.as_ref(), &every_leaf, true).await?
-        };
-        self.bring_record_to_winner(id, record, tree).await?;
-        self.write_side(id, marked_rev.as_ref(), &final_side, false).await.map(|_| ())
+        self.save_over(id, before.map(|read| &read.token), tree).await
     }
 
-    /// The side document first, then the record: a crash in between leaves the winner alone,
-    /// never leaves beside no record that a later creation of the id would take up.
     async fn erase(&self, id: &str, state: &ReadTree) -> Result<()> {
-        if let Some(rev) = &state.token.side_rev {
-            match self.backend.delete_local(&side_name(id), rev).await {
-                Ok(()) => {}
-                Err(err) if err.is_not_found() => {}
-                Err(err) if err.is_conflict() => return Err(Error::conflict("the other leaves changed")),
-                Err(err) => return Err(err),
-            }
-        }
-        self.backend.erase_id(id).await.map(|_| ())
+        self.erase_of(id, &state.token).await
     }
 
     async fn unfinished(&self, _id: &str, state: &ReadTree) -> Result<bool> {

@@ -249,16 +249,13 @@ fn wrong_token() -> Error {
     Error::new(ErrorKind::Internal, "a document state read by one tree layout was handed to another")
 }
 
-fn record_state(state: &LaidOut<LayoutToken>) -> Result<LaidOut<record::RecordToken>> {
-    match &state.token {
-        LayoutToken::Record(token) => Ok(LaidOut { tree: state.tree.clone(), token: token.clone() }),
-        LayoutToken::DataStore(_) => Err(wrong_token()),
-    }
+fn record_token(token: &LayoutToken) -> Result<&record::RecordToken> {
+    token.record().ok_or_else(wrong_token)
 }
 
-fn side_state(state: &LaidOut<LayoutToken>) -> Result<LaidOut<data_store::SideToken>> {
-    match &state.token {
-        LayoutToken::DataStore(token) => Ok(LaidOut { tree: state.tree.clone(), token: token.clone() }),
+fn side_token(token: &LayoutToken) -> Result<&data_store::SideToken> {
+    match token {
+        LayoutToken::DataStore(token) => Ok(token),
         LayoutToken::Record(_) => Err(wrong_token()),
     }
 }
@@ -295,27 +292,27 @@ impl TreeLayout for Layout {
     async fn save(&self, id: &str, before: Option<&LaidOut<LayoutToken>>, tree: &RevTree) -> Result<()> {
         match self {
             Layout::Record(layout) => {
-                let before = before.map(record_state).transpose()?;
-                layout.save(id, before.as_ref(), tree).await
+                let token = before.map(|state| record_token(&state.token)).transpose()?;
+                layout.save_over(id, token, tree).await
             }
             Layout::DataStore(layout) => {
-                let before = before.map(side_state).transpose()?;
-                layout.save(id, before.as_ref(), tree).await
+                let token = before.map(|state| side_token(&state.token)).transpose()?;
+                layout.save_over(id, token, tree).await
             }
         }
     }
 
     async fn erase(&self, id: &str, state: &LaidOut<LayoutToken>) -> Result<()> {
         match self {
-            Layout::Record(layout) => layout.erase(id, &record_state(state)?).await,
-            Layout::DataStore(layout) => layout.erase(id, &side_state(state)?).await,
+            Layout::Record(layout) => layout.erase_of(id, record_token(&state.token)?).await,
+            Layout::DataStore(layout) => layout.erase_of(id, side_token(&state.token)?).await,
         }
     }
 
     async fn unfinished(&self, id: &str, state: &LaidOut<LayoutToken>) -> Result<bool> {
         match self {
-            Layout::Record(layout) => layout.unfinished(id, &record_state(state)?).await,
-            Layout::DataStore(layout) => layout.unfinished(id, &side_state(state)?).await,
+            Layout::Record(layout) => layout.unfinished_of(id, record_token(&state.token)?, state.deleted()).await,
+            Layout::DataStore(_) => Ok(side_token(&state.token)?.marked()),
         }
     }
 
@@ -352,8 +349,8 @@ impl TreeLayout for Layout {
 
     async fn save_without_inner_bodies(&self, id: &str, state: &LaidOut<LayoutToken>, tree: &RevTree) -> Result<()> {
         match self {
-            Layout::Record(layout) => layout.save_without_inner_bodies(id, &record_state(state)?, tree).await,
-            Layout::DataStore(layout) => layout.save_without_inner_bodies(id, &side_state(state)?, tree).await,
+            Layout::Record(layout) => layout.save_without_inner_bodies_of(id, record_token(&state.token)?, tree).await,
+            Layout::DataStore(layout) => layout.save_over(id, Some(side_token(&state.token)?), tree).await,
         }
     }
 
