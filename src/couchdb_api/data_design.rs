@@ -60,7 +60,7 @@ use crate::views::source::kept_incarnation;
 use crate::views::{SourceDoc, SourcePage, ViewError, ViewSource};
 
 /// The start of every local document name holding a design document.
-pub const DESIGN_SIDE_PREFIX: &str = ":design:";
+pub const DESIGN_SIDE_PREFIX: &str = crate::database::layout::DESIGN_SIDE_PREFIX;
 /// The local document holding the data-store database's incarnation for view indexes (the
 /// facade's `purge_user` removes it, [`crate::store::VIEWS_INCARNATION_DOC`]).
 pub const INCARNATION_DOC: &str = crate::store::VIEWS_INCARNATION_DOC;
@@ -74,9 +74,7 @@ const LIST_PAGE: usize = 100;
 /// Whether a local document name is kept by this database for itself (conflicts, design
 /// documents, the views' incarnation): never a client's.
 pub fn is_reserved_local(name: &str) -> bool {
-    [crate::database::layout::data_store::SIDE_PREFIX, DESIGN_SIDE_PREFIX, ":views:"]
-        .iter()
-        .any(|prefix| name.starts_with(prefix))
+    crate::database::layout::reserved_local_name(name)
 }
 
 /// The design document `_design/{name}`'s tree and its local document's revision.

@@ -677,14 +677,12 @@ fn check_local_name(name: &str) -> CouchResult<()> {
     if name.is_empty() {
         return Err(CouchError::not_found("missing"));
     }
-    // Where the data-store database keeps each document's conflicts, its design documents and
-    // its views' incarnation: never a client's.
+    // Where the data-store database keeps each document's conflicts, its design documents, its
+    // views' incarnation and the engine's settings: never a client's.
     if super::data_design::is_reserved_local(name) {
         return Err(CouchError::forbidden(format!(
-            "local document names starting with {:?}, {:?} or {:?} are reserved for this database's own records",
-            crate::database::layout::data_store::SIDE_PREFIX,
-            super::data_design::DESIGN_SIDE_PREFIX,
-            ":views:"
+            "local document names starting with any of {:?} are reserved for this database's own records",
+            crate::database::layout::RESERVED_LOCAL_PREFIXES
         )));
     }
     Ok(())

@@ -1,8 +1,13 @@
 //! One CouchDB database kept in an ordinary [`DocumentBackend`]: how a document's revision tree
-//! is stored, read and changed atomically.
+//! is stored, read and changed atomically. The engine serves both tree layouts
+//! ([`super::layout::Layout`]): every database of the catalog over the engine's own
+//! ([`Database::new`]), and the data-store database over the seed's records
+//! ([`Database::data_store`]); every path that depends on where a tree is kept (reads, saves,
+//! erasure, the repair of a cut save, listing, compaction's and the collector's scans) asks the
+//! layout, and only the batched bulk path ([`bulk`]) groups the engine layout's record writes.
 //!
 //! ## Storage
-//! How a tree is laid out over the backend's records is the layout's
+//! How a tree is laid out over the backend's records is the layout's. The engine's layout
 //! ([`super::layout::record::RecordLayout`]): a document whose winning leaf is live is one
 //! backend document under its own id, body `{"revtree": <RevTree>}` (every leaf with its body;
 //! each revision stored once, `rev_tree::stored`); a document whose winning leaf is deleted is a
@@ -42,6 +47,18 @@
 //! one (`POST /{db}/_compact`); each write keeps at most [`InnerBodyBounds`] of them per document
 //! (the oldest go first), and stemming by `_revs_limit` drops those of the revisions it forgets.
 //! Their attachments stay referenced, so the collector keeps their bytes until then.
+//!
+//! ## The data-store database
+//! [`Database::data_store`] serves the data-store database over the store's own backend: each
+//! record is the seed's document holding the winning revision (its backend revision is the
+//! CouchDB `_rev`), written byte for byte as the data-store face's path writes it, the other
+//! leaves in `:leaves:{id}` ([`super::layout::data_store`]). It keeps no inner bodies (no place
+//! for them), no attachments (a write carrying some is refused), its clients' local documents
+//! under their own names and its own under names no client may write
+//! ([`super::layout::reserved_local_name`]); reads of a tree finish a save a crash cut short
+//! ([`super::layout::Layout::read_as_served`]), as the data-store face's reads always have. The
+//! CouchDB backend, which keeps the trees itself, is refused there: that database stays on the
+//! data-store face's path over the backend's native calls.
 
 mod bulk;
 mod client_local;
@@ -58,21 +75,15 @@ use serde_json::{Map, Value};
 
 use super::attachments::{AttachmentStore, GarbageCollected};
 use super::doc_attachments;
-use super::layout::record::{
-    gone_is_conflict, record_of, tree_document_id, tree_of, RecordLayout, RecordToken, TREE_PREFIX,
-};
-use super::layout::{must_save, LaidOut, TreeLayout};
+use super::layout::record::{gone_is_conflict, record_of, TREE_PREFIX};
+use super::layout::{must_save, LaidOut, Layout, LayoutToken, LocalNames, TreeLayout};
 use super::rev_id;
 use super::rev_tree::{parse_rev, EditError, MergeOutcome, RevPath, RevTree};
 use crate::backend::revision::random_token;
-use crate::backend::{Change, DocumentBackend, IdRange, Page, Precondition, StoredDocument, DEFAULT_REVS_LIMIT};
+use crate::backend::{Change, DocumentBackend, IdRange, Page, Precondition, DEFAULT_REVS_LIMIT};
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::depth::check_document_depth;
 
-/// Local-document names besides the layout's `tree:` ([`TREE_PREFIX`]): a client's local
-/// document, settings.
-const CLIENT_LOCAL_PREFIX: &str = "doc:";
-const SETTINGS_NAME: &str = "db:settings";
 /// Attempts of one write against other writers of the same document before giving up with a
 /// conflict the client may retry.
 pub const MAX_TRIES: usize = 16;
@@ -81,9 +92,9 @@ pub const MAX_TRIES: usize = 16;
 /// writers in other processes. Bounded memory whatever the number of ids.
 const WRITE_LOCK_STRIPES: usize = 64;
 
-/// A document's revision tree as stored, with what the next save must match (the engine's
-/// layout, [`RecordLayout`]).
-pub type DocState = LaidOut<RecordToken>;
+/// A document's revision tree as stored, with what the next save must match (the database's
+/// layout's token, [`LayoutToken`]).
+pub type DocState = LaidOut<LayoutToken>;
 
 /// One write to a document.
 #[derive(Debug, Clone)]
@@ -167,8 +178,11 @@ pub const DEFAULT_INLINE_WAIT: std::time::Duration = std::time::Duration::from_s
 pub struct Database {
     name: String,
     backend: Arc<dyn DocumentBackend>,
-    /// How each document's tree is laid out over the backend's records.
-    layout: RecordLayout,
+    /// How each document's tree is laid out over the backend's records (shared with the
+    /// background collection of attachment bytes, which scans the stored trees).
+    layout: Arc<Layout>,
+    /// The local documents the database keeps, for itself and for its clients (its layout's).
+    local_names: LocalNames,
     dropped: AtomicBool,
     /// The writes under way, which a deletion waits for ([`closing`]).
     in_flight: closing::WritesInFlight,
@@ -206,7 +220,8 @@ pub struct Database {
 /// The backend's own local document holding the database's incarnation for view indexes: a
 /// random id made when an index is first built over the database ([`crate::views::source`]).
 /// Not a client's local document (those are kept under another prefix), so no client can change
-/// it.
+/// it. The engine's databases' name; the data-store database's is the facade's
+/// ([`crate::store::VIEWS_INCARNATION_DOC`]): [`Database::views_incarnation_doc`].
 pub const VIEWS_INCARNATION_DOC: &str = "views-incarnation";
 
 /// The state of the background collection of attachment bytes.
@@ -223,6 +238,36 @@ struct Collecting {
 impl Database {
     /// The database kept in `backend` (a namespace of its own: see [`crate::backend::catalog`]).
     pub fn new(name: String, backend: Arc<dyn DocumentBackend>) -> Self {
+        Self::over(name, Layout::record(Arc::clone(&backend)), backend)
+    }
+
+    /// The data-store database over the store's own backend (no namespace: its records are at
+    /// the backend's top level, where the facade and the REST API read them), laid out as the
+    /// seed's records ([`super::layout::data_store`]). What differs from the other databases:
+    /// - a client's `_local/x` is the backend's local document `x` as the data-store face names
+    ///   it; the engine's own local documents start with `:` ([`super::layout::reserved_local_name`]);
+    /// - no inner revision's body is kept (the layout has no place for one: its bounds are 0,
+    ///   `_compact` has nothing to drop);
+    /// - attachments are not supported: a write carrying `_attachments` is refused (403
+    ///   `forbidden`, as the data-store face refuses it), nothing is collected.
+    ///
+    /// Refused (`Misconfigured`) on a backend that keeps branches itself (the CouchDB backend,
+    /// [`DocumentBackend::keeps_branches`]): there the tree is CouchDB's own document, which
+    /// neither layout writes; the data-store database stays on the data-store face's path over
+    /// the backend's native calls until a layout over them is written.
+    pub fn data_store(name: String, backend: Arc<dyn DocumentBackend>) -> Result<Self> {
+        if backend.keeps_branches() {
+            return Err(Error::new(
+                ErrorKind::Misconfigured,
+                "the engine's data-store database needs a backend whose records hold one revision each; this backend \
+                 keeps revision trees itself (CouchDB), and its data-store database is served over its own calls",
+            ));
+        }
+        let database = Self::over(name, Layout::data_store(Arc::clone(&backend)), backend);
+        Ok(database.with_inner_body_bounds(InnerBodyBounds { max_revisions: 0, max_bytes: 0 }))
+    }
+
+    fn over(name: String, layout: Layout, backend: Arc<dyn DocumentBackend>) -> Self {
         Database {
             name,
             dropped: AtomicBool::new(false),
@@ -240,7 +285,8 @@ impl Database {
             collecting: Arc::default(),
             views_incarnation: std::sync::Mutex::new(None),
             write_guard: None,
-            layout: RecordLayout::new(Arc::clone(&backend)),
+            local_names: layout.local_names(),
+            layout: Arc::new(layout),
             backend,
         }
     }
@@ -304,42 +350,28 @@ impl Database {
         self.collect_attachment_garbage().await.map(Some)
     }
 
-    /// Every document whose tree keeps inner bodies, page by page: live records, then the trees of
-    /// deleted documents; each is rewritten without them.
+    /// Every document whose tree keeps inner bodies, page by page, as the layout finds them;
+    /// each is rewritten without them. Nothing where the layout keeps none.
     async fn drop_every_inner_body(&self) -> Result<()> {
         const PAGE: usize = 200;
-        let documents = IdRange { include_design: true, ..IdRange::all() };
-        let mut token: Option<String> = None;
-        loop {
-            let page = self.backend.all_docs(&documents, PAGE, token.as_deref()).await?;
-            for doc in &page.items {
-                if !tree_of(&doc.body, &doc.id)?.inner_bodies().is_empty() {
-                    self.drop_inner_bodies(&doc.id).await?;
-                }
-            }
-            token = page.next;
-            if token.is_none() {
-                break;
-            }
+        if !self.layout.keeps_inner_bodies() {
+            return Ok(());
         }
-        let trees = IdRange::all().under_prefix(TREE_PREFIX);
+        let mut cursor = None;
         loop {
-            let page = self.backend.local_docs(&trees, PAGE, token.as_deref()).await?;
-            for doc in &page.items {
-                if !tree_of(&doc.body, &doc.id)?.inner_bodies().is_empty() {
-                    self.drop_inner_bodies(tree_document_id(&doc.id)).await?;
-                }
+            let page = self.layout.inner_bodies_page(cursor, PAGE).await?;
+            for id in &page.ids {
+                self.drop_inner_bodies(id).await?;
             }
-            token = page.next;
-            if token.is_none() {
+            cursor = page.next;
+            if cursor.is_none() {
                 return Ok(());
             }
         }
     }
 
-    /// Rewrites one document's tree without its inner bodies, against other writers. A live
-    /// record is written again (so the document moves in the change feed, its revisions the
-    /// same); a deleted document's tree is rewritten in place (its tombstone stays).
+    /// Rewrites one document's tree without its inner bodies, against other writers, as its
+    /// layout does it ([`TreeLayout::save_without_inner_bodies`]).
     async fn drop_inner_bodies(&self, id: &str) -> Result<()> {
         let _turn = self.write_lock(id).lock().await;
         for _ in 0..MAX_TRIES {
@@ -348,20 +380,8 @@ impl Database {
             if !tree.drop_inner_bodies() {
                 return Ok(());
             }
-            let saved = match (&state.token.record_rev, &state.token.local_rev) {
-                (None, Some(local_rev)) => self
-                    .backend
-                    .put_local(
-                        &format!("{TREE_PREFIX}{id}"),
-                        &record_of(&tree)?,
-                        Precondition::MatchRevision(local_rev.clone()),
-                    )
-                    .await
-                    .map(|_| ())
-                    .map_err(gone_is_conflict),
-                _ => self.save(id, Some(&state), &tree).await,
-            };
-            match saved {
+            self.check_open()?;
+            match self.layout.save_without_inner_bodies(id, &state, &tree).await {
                 Ok(()) => return Ok(()),
                 Err(err) if err.kind() == ErrorKind::Conflict => continue,
                 Err(err) => return Err(err),
@@ -374,8 +394,11 @@ impl Database {
     /// grace period): every document's tree is read, page by page, for the SHA-256s its leaves
     /// and kept inner bodies reference.
     pub async fn collect_attachment_garbage(&self) -> Result<GarbageCollected> {
+        if self.attachments_unsupported() {
+            return Ok(GarbageCollected::default());
+        }
         let _alone = self.collecting.one_at_a_time.lock().await;
-        self.while_open(collect(Arc::clone(&self.backend), self.attachments.clone())).await
+        self.while_open(collect(Arc::clone(&self.layout), self.attachments.clone())).await
     }
 
     /// Asks for a collection in the background (a write dropped references): one runs at a time
@@ -392,13 +415,13 @@ impl Database {
             self.collecting.running.store(false, Ordering::SeqCst);
             return;
         };
-        let (backend, store, collecting) =
-            (Arc::clone(&self.backend), self.attachments.clone(), Arc::clone(&self.collecting));
+        let (layout, store, collecting) =
+            (Arc::clone(&self.layout), self.attachments.clone(), Arc::clone(&self.collecting));
         let name = self.name.clone();
         runtime.spawn(async move {
             while collecting.again.swap(false, Ordering::SeqCst) {
                 let _alone = collecting.one_at_a_time.lock().await;
-                if let Err(err) = collect(Arc::clone(&backend), store.clone()).await {
+                if let Err(err) = collect(Arc::clone(&layout), store.clone()).await {
                     tracing::warn!(database = %name, error = %err, "collecting unreferenced attachment bytes failed");
                 }
             }
@@ -406,9 +429,23 @@ impl Database {
         });
     }
 
-    /// Whether the backend keeps no attachment bytes of its own (the CouchDB backend).
-    fn attachments_unsupported(&self) -> bool {
-        self.backend.attachment_chunk_bytes() == 0
+    /// Whether this database keeps no attachments: the backend keeps no attachment bytes of its
+    /// own (the CouchDB backend), or the layout has no place for them (the data-store
+    /// database's seed records: [`Database::data_store`]).
+    pub fn attachments_unsupported(&self) -> bool {
+        self.backend.attachment_chunk_bytes() == 0 || matches!(*self.layout, Layout::DataStore(_))
+    }
+
+    /// Refuses a write carrying attachments where the database keeps none.
+    fn check_attachments_kept(&self, write: &Write) -> Result<()> {
+        let (Write::Edit { body, .. } | Write::Replicated { body, .. }) = write;
+        if matches!(*self.layout, Layout::DataStore(_)) && doc_attachments::has_attachments(body) {
+            return Err(Error::new(
+                ErrorKind::Forbidden,
+                "attachments are not supported on this database: agentstore keeps its data-store documents as JSON only",
+            ));
+        }
+        Ok(())
     }
 
     /// The largest document body this database takes, in bytes of its JSON.
@@ -452,8 +489,9 @@ impl Database {
     /// backend reads it again when it reopens the database (docs/views.md, "Purges").
     async fn end_views_incarnation(&self) -> Result<()> {
         for _ in 0..MAX_TRIES {
-            let Some(kept) = self.backend.get_local(VIEWS_INCARNATION_DOC).await? else { break };
-            match self.backend.delete_local(VIEWS_INCARNATION_DOC, &kept.rev).await {
+            let name = self.local_names.views_incarnation;
+            let Some(kept) = self.backend.get_local(name).await? else { break };
+            match self.backend.delete_local(name, &kept.rev).await {
                 Ok(()) => break,
                 // Replaced meanwhile: end that one.
                 Err(err) if err.kind() == ErrorKind::Conflict || err.kind() == ErrorKind::NotFound => continue,
@@ -470,6 +508,21 @@ impl Database {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The backend local document holding the database's incarnation for view indexes.
+    pub fn views_incarnation_doc(&self) -> &'static str {
+        self.local_names.views_incarnation
+    }
+
+    /// The local documents the database keeps, for itself and for its clients.
+    pub(super) fn local_names(&self) -> LocalNames {
+        self.local_names
+    }
+
+    /// The database's layout.
+    pub(super) fn layout(&self) -> &Layout {
+        &self.layout
     }
 
     pub fn backend(&self) -> &Arc<dyn DocumentBackend> {
@@ -508,7 +561,7 @@ impl Database {
         if id.is_empty() {
             return Ok(None);
         }
-        self.while_open(self.layout.read(id)).await
+        self.while_open(self.layout.read_as_served(id)).await
     }
 
     /// The states of many documents, one per id, in order.
@@ -618,7 +671,7 @@ impl Database {
             // Nothing new, but a save that a crash cut short (the tree written, the record not)
             // is finished now: else the document stays out of the feed and `_all_docs` for good,
             // since every later replicated write of its leaves changes nothing.
-            if !must_save(&self.layout, id, state.as_ref(), changed).await? {
+            if !must_save(self.layout.as_ref(), id, state.as_ref(), changed).await? {
                 return Ok(answers);
             }
             self.keep_references(state.as_ref(), &tree).await?;
@@ -646,7 +699,12 @@ impl Database {
         revs_limit: usize,
     ) -> Result<Applied> {
         let mut tree = state.map(|s| s.tree.clone()).unwrap_or_default();
-        let refused = self.guard(id, state, writes).await?;
+        let mut refused = self.guard(id, state, writes).await?;
+        for (write, refusal) in writes.iter().zip(refused.iter_mut()) {
+            if let Err(err) = self.check_attachments_kept(write) {
+                *refusal = Some(err);
+            }
+        }
         let allowed: Vec<Write> =
             writes.iter().zip(&refused).filter(|(_, refusal)| refusal.is_none()).map(|(w, _)| w.clone()).collect();
         let mut applied = apply_all(id, &mut tree, &allowed, revs_limit)?.into_iter();
@@ -827,19 +885,13 @@ impl Database {
         token: Option<&str>,
     ) -> Result<Page<(String, DocState)>> {
         let page = self.while_open(self.backend.all_docs(range, limit, token)).await?;
-        let mut items = Vec::with_capacity(page.items.len());
-        for StoredDocument { id, rev, body } in page.items {
-            let state = RecordLayout::state_of_record(&id, rev, &body)?;
-            if !state.deleted() {
-                items.push((id, state));
-            }
-        }
+        let items = self.while_open(self.layout.listed(page.items)).await?;
         Ok(Page { items, next: page.next })
     }
 
     /// The database's settings (`_revs_limit`, `_security`).
     pub async fn settings(&self) -> Result<DbSettings> {
-        let Some(stored) = self.while_open(self.backend.get_local(SETTINGS_NAME)).await? else {
+        let Some(stored) = self.while_open(self.backend.get_local(self.local_names.settings)).await? else {
             return Ok(DbSettings::default());
         };
         let revs_limit = stored
@@ -855,7 +907,7 @@ impl Database {
     /// Changes the settings with `change`, against other writers of them.
     pub async fn update_settings(&self, change: impl Fn(&mut DbSettings)) -> Result<DbSettings> {
         for _ in 0..MAX_TRIES {
-            let stored = self.while_open(self.backend.get_local(SETTINGS_NAME)).await?;
+            let stored = self.while_open(self.backend.get_local(self.local_names.settings)).await?;
             let mut settings = self.settings().await?;
             change(&mut settings);
             let mut body = Map::new();
@@ -865,7 +917,7 @@ impl Database {
                 Some(doc) => Precondition::MatchRevision(doc.rev),
                 None => Precondition::MustNotExist,
             };
-            match self.while_open(self.backend.put_local(SETTINGS_NAME, &body, precondition)).await {
+            match self.while_open(self.backend.put_local(self.local_names.settings, &body, precondition)).await {
                 Ok(_) => {
                     self.revs_limit.store(settings.revs_limit, Ordering::SeqCst);
                     return Ok(settings);
@@ -968,49 +1020,10 @@ fn edit_body(id: &str, tree: &RevTree, parent: Option<&str>, body: &Map<String, 
     Ok(body)
 }
 
-/// Every SHA-256 a kept body (a leaf's or an inner revision's) of a document references, read page by page: live records, and the
-/// trees of deleted documents (those whose id has no live record: a re-created document's old
-/// tree record is left behind and no longer its tree).
-async fn referenced_attachments(backend: &dyn DocumentBackend) -> Result<HashSet<String>> {
-    const PAGE: usize = 200;
-    let mut referenced = HashSet::new();
-    let documents = IdRange { include_design: true, ..IdRange::all() };
-    let mut token: Option<String> = None;
-    loop {
-        let page = backend.all_docs(&documents, PAGE, token.as_deref()).await?;
-        for doc in &page.items {
-            for body in tree_of(&doc.body, &doc.id)?.bodies() {
-                doc_attachments::referenced(body, &mut referenced);
-            }
-        }
-        token = page.next;
-        if token.is_none() {
-            break;
-        }
-    }
-    let trees = IdRange::all().under_prefix(TREE_PREFIX);
-    loop {
-        let page = backend.local_docs(&trees, PAGE, token.as_deref()).await?;
-        let ids: Vec<String> = page.items.iter().map(|doc| tree_document_id(&doc.id).to_owned()).collect();
-        let live = backend.get_many(&ids).await?;
-        for (doc, record) in page.items.iter().zip(live) {
-            if record.is_some() {
-                continue;
-            }
-            for body in tree_of(&doc.body, &doc.id)?.bodies() {
-                doc_attachments::referenced(body, &mut referenced);
-            }
-        }
-        token = page.next;
-        if token.is_none() {
-            return Ok(referenced);
-        }
-    }
-}
-
-/// One collection of a database's attachment bytes.
-async fn collect(backend: Arc<dyn DocumentBackend>, store: AttachmentStore) -> Result<GarbageCollected> {
-    store.collect_garbage(|| async move { referenced_attachments(backend.as_ref()).await }).await
+/// One collection of a database's attachment bytes: what every stored tree references is the
+/// layout's to find ([`TreeLayout::attachment_references`]).
+async fn collect(layout: Arc<Layout>, store: AttachmentStore) -> Result<GarbageCollected> {
+    store.collect_garbage(|| async move { layout.attachment_references().await }).await
 }
 
 /// The SHA-256s the bodies `tree` keeps reference: its leaves' and its kept inner revisions'.

@@ -1,11 +1,13 @@
 //! A CouchDB database on any backend: every database besides the data-store database keeps
 //! CouchDB's document rules and every leaf of each document's revision tree, stored inside the
 //! documents of an ordinary [`crate::backend::DocumentBackend`] opened on the database's own
-//! namespace ([`crate::backend::catalog`]).
+//! namespace ([`crate::backend::catalog`]). The engine can serve the data-store database too,
+//! over the seed's records at the backend's top level ([`Database::data_store`]).
 //!
 //! - [`rev_tree`]: the revision tree and CouchDB's rules on it (pure).
 //! - [`engine`]: one database: how a tree is stored in the backend and changed atomically.
-//! - [`layout`]: how a document's tree is laid out over the backend's records.
+//! - [`layout`]: how a document's tree is laid out over the backend's records (the engine's, the
+//!   data-store database's).
 //! - [`rev_id`]: new revision ids, computed from the edit as CouchDB computes them.
 //! - [`document`]: CouchDB's rules for a client's document (ids, special fields, size).
 //! - [`attachments`]: attachment bytes, chunked into the backend and addressed by SHA-256.

@@ -68,7 +68,7 @@ impl ViewSource for Database {
         if let Some(known) = self.views_incarnation() {
             return Ok(known);
         }
-        let id = kept_incarnation(self.backend().as_ref(), crate::database::engine::VIEWS_INCARNATION_DOC).await?;
+        let id = kept_incarnation(self.backend().as_ref(), self.views_incarnation_doc()).await?;
         Ok(self.remember_views_incarnation(id))
     }
 

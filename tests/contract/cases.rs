@@ -73,7 +73,19 @@ pub fn all() -> Vec<Case> {
     cases.extend(attachment_cases());
     cases.extend(crash_sweep_cases());
     cases.extend(crash_sweep_data_store_cases());
+    cases.extend(engine_data_store_cases());
     cases
+}
+
+/// The engine serving the data-store database (`engine_data_store.rs`).
+fn engine_data_store_cases() -> Vec<Case> {
+    use crate::engine_data_store::*;
+    cases![
+        engine_data_store_writes_what_the_data_store_face_writes,
+        engine_data_store_local_documents_keep_their_names,
+        engine_data_store_refuses_attachments,
+        engine_data_store_crash_in_a_conflict_is_repaired_by_the_next_write,
+    ]
 }
 
 /// The crash-point sweep of the data-store database's writes (`crash_sweep_data_store.rs`).

@@ -15,6 +15,7 @@ mod crash_sweep_data_store;
 mod crash_sweep_migrate;
 mod crash_sweep_views;
 mod document_model;
+mod engine_data_store;
 mod local_docs;
 mod replication;
 mod rev_trees;

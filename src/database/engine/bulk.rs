@@ -32,6 +32,11 @@
 //! ([`Database::keep_references`], one batched read per document, a write only for a manifest
 //! stored more than half the grace period ago), as every save does.
 //!
+//! The grouping is the engine's layout's ([`crate::database::layout::record`]): over another
+//! layout (the data-store database's, whose saves write the record and its side document in
+//! steps of their own) each document is written as [`Database::write_batch`] writes it, one
+//! after another in order.
+//!
 //! A document whose save met another writer (any failed precondition) is written again alone
 //! through [`Database::write_batch`], which reads it again and retries, so conflicts between
 //! writers are resolved per document exactly as before. The bulk pass takes none of the
@@ -91,6 +96,9 @@ impl Database {
     }
 
     async fn write_many_once_open(&self, documents: &[(String, Vec<Write>)]) -> Result<Vec<DocumentAnswers>> {
+        if self.layout().as_record().is_none() {
+            return Ok(self.write_each(documents).await);
+        }
         let revs_limit = self.revs_limit().await?;
         let mut results: Vec<Option<DocumentAnswers>> = documents.iter().map(|_| None).collect();
         // The first group of each id goes in the bulk pass; a repeated id's later groups are
@@ -182,6 +190,16 @@ impl Database {
             .collect())
     }
 
+    /// Each document's writes as `write_batch` applies them, one document after another (so a
+    /// repeated id's groups apply in order).
+    async fn write_each(&self, documents: &[(String, Vec<Write>)]) -> Vec<DocumentAnswers> {
+        let mut answers = Vec::with_capacity(documents.len());
+        for (id, writes) in documents {
+            answers.push(self.write_batch_once_open(id, writes).await);
+        }
+        answers
+    }
+
     /// A document saved alone, as `write_batch` saves it.
     async fn save_alone(&self, id: &str, pending: Pending) -> (Pending, Saved) {
         if let Err(err) = self.keep_references(pending.state.as_ref(), &pending.tree).await {
@@ -241,7 +259,15 @@ impl Database {
             Ok(record) => record,
             Err(err) => return (pending, Saved::Failed(err), None),
         };
-        let record_rev = pending.state.as_ref().and_then(|s| s.token.record_rev.clone());
+        let token = pending.state.as_ref().and_then(|s| s.token.record());
+        let (record_rev, local_rev) = match token {
+            Some(token) => (token.record_rev.clone(), token.local_rev.clone()),
+            None if pending.state.is_some() => {
+                let err = Error::new(ErrorKind::Internal, "the batched bulk path met a state of another layout");
+                return (pending, Saved::Failed(err), None);
+            }
+            None => (None, None),
+        };
         if let Some(rev) = record_rev {
             let write = BulkWrite { id: id.to_owned(), body: record, precondition: Precondition::MatchRevision(rev) };
             return (pending, Saved::Done, Some(write));
@@ -250,7 +276,7 @@ impl Database {
             let write = BulkWrite { id: id.to_owned(), body: record, precondition: Precondition::NeverWritten };
             return (pending, Saved::Done, Some(write));
         }
-        let precondition = match pending.state.as_ref().and_then(|s| s.token.local_rev.clone()) {
+        let precondition = match local_rev {
             Some(local_rev) => Precondition::MatchRevision(local_rev),
             None => Precondition::MustNotExist,
         };
@@ -548,7 +574,7 @@ mod tests {
         for (id, _) in &documents {
             let state = database.read(id).await.unwrap().expect("written");
             assert_eq!(state.tree.leaves().len(), 2, "{id}: both leaves");
-            assert!(state.token.record_rev.is_some(), "{id}: a live record");
+            assert!(state.token.record().is_some_and(|t| t.record_rev.is_some()), "{id}: a live record");
         }
     }
 
@@ -583,7 +609,7 @@ mod tests {
         assert!(feed.iter().all(|change| !change.deleted), "every re-created document is live in the feed");
         for (id, _) in &documents {
             let state = database.read(id).await.unwrap().expect("written");
-            assert!(state.token.record_rev.is_some(), "{id}: a live record");
+            assert!(state.token.record().is_some_and(|t| t.record_rev.is_some()), "{id}: a live record");
             assert!(!database.half_written(id, Some(&state)).await.unwrap());
             assert_eq!(state.tree.leaves().len(), 2, "{id}: the deleted leaf and the new one");
         }
@@ -700,7 +726,10 @@ mod tests {
         );
         for n in 0..6 {
             let state = database.read(&format!("doc{n:02}")).await.unwrap().expect("written");
-            assert!(state.token.record_rev.is_some() && !state.deleted(), "doc{n:02} is live");
+            assert!(
+                state.token.record().is_some_and(|t| t.record_rev.is_some()) && !state.deleted(),
+                "doc{n:02} is live"
+            );
         }
     }
 
@@ -748,7 +777,10 @@ mod tests {
         let mut leaves: Vec<(String, bool)> = state.tree.leaves().iter().map(|l| (l.rev(), l.deleted)).collect();
         leaves.sort();
         assert_eq!(leaves, [("1-m1".to_owned(), false), ("2-o2".to_owned(), true)]);
-        assert!(state.token.record_rev.is_some(), "re-created over the tombstone: a live record");
+        assert!(
+            state.token.record().is_some_and(|t| t.record_rev.is_some()),
+            "re-created over the tombstone: a live record"
+        );
         assert!(database.read("fresh").await.unwrap().is_some());
     }
 }

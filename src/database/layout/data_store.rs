@@ -3,8 +3,10 @@
 //! data-store tree through this module ([`revision_tree`], [`has_branches`], [`put_branch`],
 //! [`erase_branches`]); on a backend that keeps branches itself
 //! ([`DocumentBackend::keeps_branches`]: the CouchDB backend) each forwards to the backend's own
-//! method of the same name. Elsewhere the tree is laid out by [`DataStoreLayout`], one of the
-//! engine's [`TreeLayout`]s.
+//! method of the same name. Elsewhere the tree is laid out by [`DataStoreView`] (over a borrowed
+//! backend: the free functions' calls), one of the engine's [`TreeLayout`]s, and by
+//! [`DataStoreLayout`], the same over the backend it owns: what the engine's data-store database
+//! holds (`crate::database::Database::data_store`). Both write the same records.
 //!
 //! ## Storage
 //! The document's record holds its winning revision, so everything that reads records (the REST
@@ -12,8 +14,8 @@
 //! else, byte for byte as before this layout was the engine's. The other leaves of the tree, each
 //! with its path and body, live in the local document `:leaves:{id}` ([`side_name`]). No client
 //! can name it: a per-user login's local documents are named `{user}:…` and user ids are never
-//! empty, and an admin's `_local/` names starting with [`SIDE_PREFIX`] are refused by the CouchDB
-//! face. The leaves are stored as a tree is ([`StoredLeaves`]: each revision once); the array of
+//! empty, and an admin's `_local/` names starting with [`SIDE_PREFIX`] are refused
+//! ([`super::reserved_local_name`], which both the data-store face and the engine check). The leaves are stored as a tree is ([`StoredLeaves`]: each revision once); the array of
 //! leaves with whole paths the previous release wrote is still read. The side document may hold
 //! a leaf the record also holds, or an ancestor of a leaf: the tree is rebuilt from paths, so
 //! such entries fall away on reading.
@@ -39,13 +41,19 @@
 //! A record or side revision that changed in between makes the write start again from a fresh
 //! read ([`GRAFT_ATTEMPTS`]).
 
+use std::collections::HashSet;
+use std::sync::Arc;
+
 use async_trait::async_trait;
+use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::{LaidOut, TreeLayout};
+use super::{LaidOut, ScanCursor, ScanPage, TreeLayout};
 use crate::backend::rev_tree::{Leaf, MergeOutcome, RevPath, RevTree, StoredLeaves, StoredTree};
-use crate::backend::{DocumentBackend, Precondition, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo};
+use crate::backend::{
+    DocumentBackend, Precondition, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo, StoredDocument,
+};
 use crate::error::{Error, ErrorKind, Result};
 
 /// The start of every local document name that holds a document's other leaves.
@@ -68,7 +76,7 @@ pub async fn revision_tree<B: DocumentBackend + ?Sized>(backend: &B, id: &str) -
     if backend.keeps_branches() {
         return backend.revision_tree(id).await;
     }
-    Ok(super::read_repairing(&DataStoreLayout::new(backend), id).await?.map(|read| read.tree))
+    Ok(super::read_repairing(&DataStoreView::new(backend), id).await?.map(|read| read.tree))
 }
 
 /// Whether the document may have leaves besides its winner (conflicts or deleted leaves):
@@ -122,17 +130,98 @@ pub struct SideToken {
     marked: bool,
 }
 
+impl SideToken {
+    /// Whether the side document as read carried the mark of an unfinished save.
+    pub fn marked(&self) -> bool {
+        self.marked
+    }
+}
+
 /// A data-store document's tree as read.
 pub type ReadTree = LaidOut<SideToken>;
 
-/// The data-store database's layout over `backend` (module doc).
-pub struct DataStoreLayout<'a, B: ?Sized> {
+/// The data-store database's layout over the backend it owns (module doc): what the engine's
+/// data-store database holds ([`crate::database::Database::data_store`]). Each call goes through
+/// a [`DataStoreView`] of the backend, as the free functions here do, so both write the same
+/// records.
+pub struct DataStoreLayout {
+    backend: Arc<dyn DocumentBackend>,
+}
+
+impl DataStoreLayout {
+    pub fn new(backend: Arc<dyn DocumentBackend>) -> Self {
+        DataStoreLayout { backend }
+    }
+
+    fn view(&self) -> DataStoreView<'_, dyn DocumentBackend> {
+        DataStoreView::new(self.backend.as_ref())
+    }
+
+    /// [`DataStoreView::save_over`].
+    pub(super) async fn save_over(&self, id: &str, token: Option<&SideToken>, tree: &RevTree) -> Result<()> {
+        self.view().save_over(id, token, tree).await
+    }
+
+    /// [`DataStoreView::erase_of`].
+    pub(super) async fn erase_of(&self, id: &str, token: &SideToken) -> Result<()> {
+        self.view().erase_of(id, token).await
+    }
+}
+
+#[async_trait]
+impl TreeLayout for DataStoreLayout {
+    type Token = SideToken;
+
+    async fn read(&self, id: &str) -> Result<Option<ReadTree>> {
+        self.view().read(id).await
+    }
+
+    async fn read_many(&self, ids: &[String]) -> Result<Vec<Option<ReadTree>>> {
+        self.view().read_many(ids).await
+    }
+
+    async fn save(&self, id: &str, before: Option<&ReadTree>, tree: &RevTree) -> Result<()> {
+        self.view().save(id, before, tree).await
+    }
+
+    async fn erase(&self, id: &str, state: &ReadTree) -> Result<()> {
+        self.view().erase(id, state).await
+    }
+
+    async fn unfinished(&self, id: &str, state: &ReadTree) -> Result<bool> {
+        self.view().unfinished(id, state).await
+    }
+
+    async fn listed(&self, documents: Vec<StoredDocument>) -> Result<Vec<(String, ReadTree)>> {
+        self.view().listed(documents).await
+    }
+
+    fn keeps_inner_bodies(&self) -> bool {
+        false
+    }
+
+    async fn inner_bodies_page(&self, cursor: Option<ScanCursor>, limit: usize) -> Result<ScanPage> {
+        self.view().inner_bodies_page(cursor, limit).await
+    }
+
+    async fn attachment_references(&self) -> Result<HashSet<String>> {
+        self.view().attachment_references().await
+    }
+}
+
+/// Documents whose trees one batched read (`read_many`: a page of the change feed or of
+/// `_all_docs`, a `_bulk_get`) reads at once, each tree being two or three backend reads.
+pub const READS_AT_ONCE: usize = 16;
+
+/// The data-store layout over a borrowed backend: what the free functions here (the facade's and
+/// the data-store handlers' calls) and [`DataStoreLayout`] use.
+pub struct DataStoreView<'a, B: ?Sized> {
     backend: &'a B,
 }
 
-impl<'a, B: DocumentBackend + ?Sized> DataStoreLayout<'a, B> {
+impl<'a, B: DocumentBackend + ?Sized> DataStoreView<'a, B> {
     pub fn new(backend: &'a B) -> Self {
-        DataStoreLayout { backend }
+        DataStoreView { backend }
     }
 
     /// One consistent read; `None` (outer) when the record changed between its two reads.
@@ -232,6 +321,44 @@ impl<'a, B: DocumentBackend + ?Sized> DataStoreLayout<'a, B> {
         }
     }
 
+    /// Saves `tree` over the places as read (`token`; `None`: nothing was stored): the module
+    /// doc's three steps where the side document changes, else the record alone.
+    pub async fn save_over(&self, id: &str, token: Option<&SideToken>, tree: &RevTree) -> Result<()> {
+        let winner_rev = tree.winner().map(Leaf::rev);
+        let final_side: Vec<Leaf> =
+            tree.leaves().into_iter().filter(|leaf| Some(leaf.rev()) != winner_rev).cloned().collect();
+        let (record, side_rev, side_leaves, marked) = match token {
+            Some(token) => (token.record.as_ref(), token.side_rev.clone(), &token.side_leaves[..], token.marked),
+            None => (None, None, &[][..], false),
+        };
+        if !marked && final_side == side_leaves {
+            return self.bring_record_to_winner(id, record, tree).await;
+        }
+        let every_leaf: Vec<Leaf> = tree.leaves().into_iter().cloned().collect();
+        // Finishing a save step 1 of which is stored as this one would write it: on from step 2.
+        let marked_rev = if marked && side_leaves == every_leaf.as_slice() {
+            side_rev
+        } else {
+            self.write_side(id, side_rev.as_ref(), &every_leaf, true).await?
+        };
+        self.bring_record_to_winner(id, record, tree).await?;
+        self.write_side(id, marked_rev.as_ref(), &final_side, false).await.map(|_| ())
+    }
+
+    /// The side document first, then the record: a crash in between leaves the winner alone,
+    /// never leaves beside no record that a later creation of the id would take up.
+    pub async fn erase_of(&self, id: &str, token: &SideToken) -> Result<()> {
+        if let Some(rev) = &token.side_rev {
+            match self.backend.delete_local(&side_name(id), rev).await {
+                Ok(()) => {}
+                Err(err) if err.is_not_found() => {}
+                Err(err) if err.is_conflict() => return Err(Error::conflict("the other leaves changed")),
+                Err(err) => return Err(err),
+            }
+        }
+        self.backend.erase_id(id).await.map(|_| ())
+    }
+
     /// Step 2 of a save: the record brought to `tree`'s winner from what it held as read.
     async fn bring_record_to_winner(&self, id: &str, record: Option<&RevisionInfo>, tree: &RevTree) -> Result<()> {
         let winner = tree.winner().ok_or_else(|| Error::conflict(format!("the tree of {id:?} has no leaf")))?;
@@ -255,7 +382,7 @@ impl<'a, B: DocumentBackend + ?Sized> DataStoreLayout<'a, B> {
 }
 
 #[async_trait]
-impl<B: DocumentBackend + ?Sized> TreeLayout for DataStoreLayout<'_, B> {
+impl<B: DocumentBackend + ?Sized> TreeLayout for DataStoreView<'_, B> {
     type Token = SideToken;
 
     /// The tree of `id`: the record's revision (its path and body) and the leaves kept beside it.
@@ -268,57 +395,53 @@ impl<B: DocumentBackend + ?Sized> TreeLayout for DataStoreLayout<'_, B> {
         Err(Error::conflict(format!("document {id:?} kept changing while its revision tree was read")))
     }
 
+    /// Each id's tree read as [`TreeLayout::read`] reads it, a few at a time
+    /// ([`READS_AT_ONCE`]), in order.
     async fn read_many(&self, ids: &[String]) -> Result<Vec<Option<ReadTree>>> {
-        let mut states = Vec::with_capacity(ids.len());
+        let mut reads = Vec::with_capacity(ids.len());
         for id in ids {
-            states.push(self.read(id).await?);
+            reads.push(self.read(id));
         }
-        Ok(states)
+        futures::stream::iter(reads).buffered(READS_AT_ONCE).collect::<Vec<_>>().await.into_iter().collect()
     }
 
     async fn save(&self, id: &str, before: Option<&ReadTree>, tree: &RevTree) -> Result<()> {
-        let winner_rev = tree.winner().map(Leaf::rev);
-        let final_side: Vec<Leaf> =
-            tree.leaves().into_iter().filter(|leaf| Some(leaf.rev()) != winner_rev).cloned().collect();
-        let (record, side_rev, side_leaves, marked) = match before {
-            Some(read) => (
-                read.token.record.as_ref(),
-                read.token.side_rev.clone(),
-                &read.token.side_leaves[..],
-                read.token.marked,
-            ),
-            None => (None, None, &[][..], false),
-        };
-        if !marked && final_side == side_leaves {
-            return self.bring_record_to_winner(id, record, tree).await;
-        }
-        let every_leaf: Vec<Leaf> = tree.leaves().into_iter().cloned().collect();
-        // Finishing a save step 1 of which is stored as this one would write it: on from step 2.
-        let marked_rev = if marked && side_leaves == every_leaf.as_slice() {
-            side_rev
-        } else {
-            self.write_side(id, side_rev.as_ref(), &every_leaf, true).await?
-        };
-        self.bring_record_to_winner(id, record, tree).await?;
-        self.write_side(id, marked_rev.as_ref(), &final_side, false).await.map(|_| ())
+        self.save_over(id, before.map(|read| &read.token), tree).await
     }
 
-    /// The side document first, then the record: a crash in between leaves the winner alone,
-    /// never leaves beside no record that a later creation of the id would take up.
     async fn erase(&self, id: &str, state: &ReadTree) -> Result<()> {
-        if let Some(rev) = &state.token.side_rev {
-            match self.backend.delete_local(&side_name(id), rev).await {
-                Ok(()) => {}
-                Err(err) if err.is_not_found() => {}
-                Err(err) if err.is_conflict() => return Err(Error::conflict("the other leaves changed")),
-                Err(err) => return Err(err),
-            }
-        }
-        self.backend.erase_id(id).await.map(|_| ())
+        self.erase_of(id, &state.token).await
     }
 
     async fn unfinished(&self, _id: &str, state: &ReadTree) -> Result<bool> {
         Ok(state.token.marked)
+    }
+
+    /// Each listed record's whole tree, read again with its other leaves (the listing holds the
+    /// winner only; [`TreeLayout::read_many`]); those deleted meanwhile are left out.
+    async fn listed(&self, documents: Vec<StoredDocument>) -> Result<Vec<(String, ReadTree)>> {
+        let ids: Vec<String> = documents.into_iter().map(|doc| doc.id).collect();
+        let states = self.read_many(&ids).await?;
+        Ok(ids
+            .into_iter()
+            .zip(states)
+            .filter_map(|(id, state)| state.filter(|state| !state.deleted()).map(|state| (id, state)))
+            .collect())
+    }
+
+    /// None: the seed's layout has no place for an inner revision's body (a tree read holds its
+    /// leaves' bodies only), so none is ever kept.
+    fn keeps_inner_bodies(&self) -> bool {
+        false
+    }
+
+    async fn inner_bodies_page(&self, _cursor: Option<ScanCursor>, _limit: usize) -> Result<ScanPage> {
+        Ok(ScanPage::default())
+    }
+
+    /// None: a write carrying attachments is refused on the data-store database.
+    async fn attachment_references(&self) -> Result<HashSet<String>> {
+        Ok(HashSet::new())
     }
 }
 
@@ -334,7 +457,7 @@ async fn graft<B: DocumentBackend + ?Sized>(
 ) -> Result<ReplicatedOutcome> {
     crate::backend::replicated::check(id, incoming)?;
     let path = path_of(incoming)?;
-    let layout = DataStoreLayout::new(backend);
+    let layout = DataStoreView::new(backend);
     for _ in 0..GRAFT_ATTEMPTS {
         // The usual replication: a revision the record knows, or a live child of the record's
         // revision, which wins over every other leaf (its generation is higher than the

@@ -12,6 +12,14 @@
 //!   holding the winning revision (what the REST API and the facade read), the other leaves in
 //!   the local document `:leaves:{id}`.
 //!
+//! The engine (`crate::database::engine`) serves both: a database holds a [`Layout`], either
+//! layout behind one enum that is itself a [`TreeLayout`] (its token a [`LayoutToken`]), so the
+//! engine and its handlers stay one, non-generic type whichever layout a database has. What else
+//! depends on the layout is here too: the names of the local documents a database keeps
+//! ([`LocalNames`]; on the data-store database [`reserved_local_name`] is the one list of names
+//! no client may write, both faces check it), whether it keeps inner bodies, and how its trees
+//! are listed and scanned.
+//!
 //! ## The crash-repair rule
 //! A save that writes two places writes the side place first (the local document: the engine's
 //! `tree:{id}`, the data store's `:leaves:{id}`), in a form that says the save is not finished,
@@ -32,11 +40,15 @@
 
 pub mod data_store;
 pub mod record;
+use std::collections::HashSet;
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use futures::future::BoxFuture;
 
 use crate::backend::rev_tree::RevTree;
-use crate::error::{ErrorKind, Result};
+use crate::backend::{DocumentBackend, StoredDocument};
+use crate::error::{Error, ErrorKind, Result};
 
 /// A document's tree as a layout read it, with what the next save must match (`token`, opaque
 /// to the engine: the revisions of the places the layout read).
@@ -80,6 +92,274 @@ pub trait TreeLayout: Send + Sync {
 
     /// Whether `state` is what a save cut short by a crash leaves.
     async fn unfinished(&self, id: &str, state: &LaidOut<Self::Token>) -> Result<bool>;
+
+    /// The states of documents the backend's id order listed (`DocumentBackend::all_docs`, one
+    /// page), in order: those whose winner is live.
+    async fn listed(&self, documents: Vec<StoredDocument>) -> Result<Vec<(String, LaidOut<Self::Token>)>>;
+
+    /// Whether the layout has a place for inner revisions' bodies (else every save drops them:
+    /// the database keeps none, its bounds are 0).
+    fn keeps_inner_bodies(&self) -> bool;
+
+    /// One page of the ids whose stored trees keep inner bodies (what `_compact` rewrites),
+    /// after `cursor`; `limit` bounds the backend page read, not the ids answered.
+    async fn inner_bodies_page(&self, cursor: Option<ScanCursor>, limit: usize) -> Result<ScanPage>;
+
+    /// Rewrites a document's tree without its inner bodies (`tree`, read as `state`): by
+    /// default an ordinary save; a layout may do less (the engine's rewrites a deleted
+    /// document's side tree in place, its tombstone left as it is).
+    async fn save_without_inner_bodies(&self, id: &str, state: &LaidOut<Self::Token>, tree: &RevTree) -> Result<()> {
+        self.save(id, Some(state), tree).await
+    }
+
+    /// Every SHA-256 of attachment bytes a kept body (a leaf's or an inner revision's) of any
+    /// stored tree references: what the collector keeps.
+    async fn attachment_references(&self) -> Result<HashSet<String>>;
+}
+
+/// Where a scan over a layout's stored trees is: in the records' id order, or in its side
+/// places' (the backend's page tokens).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ScanCursor {
+    Records(String),
+    SidePlaces(Option<String>),
+}
+
+/// One page of a scan ([`TreeLayout::inner_bodies_page`]): `next` is `None` at its end.
+#[derive(Debug, Clone, Default)]
+pub struct ScanPage {
+    pub ids: Vec<String>,
+    pub next: Option<ScanCursor>,
+}
+
+/// The layout of one database ([`crate::database::Database`]): the engine serves both, so its
+/// handlers stay one, non-generic (`Arc<Database>`), whichever layout a database has. An enum
+/// rather than a type parameter of `Database` for that reason: every handler, Mango, the views'
+/// source and the write guard take the one `Database` type, and a dispatch per backend call
+/// costs nothing beside the call.
+pub enum Layout {
+    /// Every database but the data-store one ([`record`]).
+    Record(record::RecordLayout),
+    /// The data-store database ([`data_store`]).
+    DataStore(data_store::DataStoreLayout),
+}
+
+/// What a save of a [`Layout`] must match: the token of its layout.
+#[derive(Debug, Clone)]
+pub enum LayoutToken {
+    Record(record::RecordToken),
+    DataStore(data_store::SideToken),
+}
+
+impl LayoutToken {
+    /// The engine layout's token, `None` for another layout's.
+    pub fn record(&self) -> Option<&record::RecordToken> {
+        match self {
+            LayoutToken::Record(token) => Some(token),
+            LayoutToken::DataStore(_) => None,
+        }
+    }
+}
+
+/// The names of the local documents a database keeps for itself and for its clients, which
+/// depend on its layout: the engine's databases own their namespace, the data-store database
+/// shares the backend's top level with the facade and its clients' local documents as they were
+/// named before the engine served it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LocalNames {
+    /// The start of a client's local document `_local/{name}` (`{prefix}{name}`).
+    pub client_prefix: &'static str,
+    /// The database's settings (`_revs_limit`, `_security`).
+    pub settings: &'static str,
+    /// The database's incarnation for view indexes (`crate::views::source`).
+    pub views_incarnation: &'static str,
+}
+
+/// The engine's own local documents on its databases: every name but a client's `doc:…`.
+const RECORD_LOCAL_NAMES: LocalNames =
+    LocalNames { client_prefix: "doc:", settings: "db:settings", views_incarnation: "views-incarnation" };
+
+/// The start of the data-store database's design documents' local documents.
+pub const DESIGN_SIDE_PREFIX: &str = ":design:";
+/// The start of the data-store database's views' local documents.
+pub const VIEWS_SIDE_PREFIX: &str = ":views:";
+/// The start of the engine's own local documents on the data-store database (its settings).
+pub const ENGINE_SIDE_PREFIX: &str = ":db:";
+
+/// The data-store database's: a client's `_local/x` is the backend's local document `x` (a
+/// per-user login's `{user}:x`), as the data-store face has always named it; the engine's own
+/// start with `:`, which no per-user name can (user ids are never empty), under prefixes
+/// [`reserved_local_name`] refuses to an admin.
+const DATA_STORE_LOCAL_NAMES: LocalNames =
+    LocalNames { client_prefix: "", settings: ":db:settings", views_incarnation: ":views:incarnation" };
+
+/// The starts of the data-store database's local-document names it keeps for itself: every
+/// document's other leaves, design documents, views, the engine's settings.
+pub const RESERVED_LOCAL_PREFIXES: [&str; 4] =
+    [data_store::SIDE_PREFIX, DESIGN_SIDE_PREFIX, VIEWS_SIDE_PREFIX, ENGINE_SIDE_PREFIX];
+
+/// Whether a backend local-document name on the data-store database is one this server keeps
+/// for itself, never a client's: the one list both the data-store face and the engine check
+/// (an admin's `_local/{name}` is stored as `name`, so a name for which this holds is refused).
+pub fn reserved_local_name(name: &str) -> bool {
+    RESERVED_LOCAL_PREFIXES.iter().any(|prefix| name.starts_with(prefix))
+}
+
+impl Layout {
+    /// The engine's layout over `backend`.
+    pub fn record(backend: Arc<dyn DocumentBackend>) -> Self {
+        Layout::Record(record::RecordLayout::new(backend))
+    }
+
+    /// The data-store database's layout over `backend`.
+    pub fn data_store(backend: Arc<dyn DocumentBackend>) -> Self {
+        Layout::DataStore(data_store::DataStoreLayout::new(backend))
+    }
+
+    /// The local-document names of a database of this layout.
+    pub fn local_names(&self) -> LocalNames {
+        match self {
+            Layout::Record(_) => RECORD_LOCAL_NAMES,
+            Layout::DataStore(_) => DATA_STORE_LOCAL_NAMES,
+        }
+    }
+
+    /// One document's state as the engine serves a read of it: where the layout repairs on
+    /// reads (the data-store layout, whose tree reads always have: a replicator's `_revs_diff`
+    /// of a leaf a crash left out of the feed repairs it), an unfinished save finished first
+    /// ([`read_repairing`]); else as read (the engine's layout repairs on the next write).
+    pub async fn read_as_served(&self, id: &str) -> Result<Option<LaidOut<LayoutToken>>> {
+        match self {
+            Layout::Record(_) => self.read(id).await,
+            Layout::DataStore(_) => read_repairing(self, id).await,
+        }
+    }
+
+    /// The engine's layout, `None` for another: what the engine's batched bulk path needs.
+    pub fn as_record(&self) -> Option<&record::RecordLayout> {
+        match self {
+            Layout::Record(layout) => Some(layout),
+            Layout::DataStore(_) => None,
+        }
+    }
+}
+
+/// A state read by one layout handed to another: a bug, never a client's doing.
+fn wrong_token() -> Error {
+    Error::new(ErrorKind::Internal, "a document state read by one tree layout was handed to another")
+}
+
+fn record_token(token: &LayoutToken) -> Result<&record::RecordToken> {
+    token.record().ok_or_else(wrong_token)
+}
+
+fn side_token(token: &LayoutToken) -> Result<&data_store::SideToken> {
+    match token {
+        LayoutToken::DataStore(token) => Ok(token),
+        LayoutToken::Record(_) => Err(wrong_token()),
+    }
+}
+
+fn tokened<T>(state: LaidOut<T>, wrap: fn(T) -> LayoutToken) -> LaidOut<LayoutToken> {
+    LaidOut { tree: state.tree, token: wrap(state.token) }
+}
+
+#[async_trait]
+impl TreeLayout for Layout {
+    type Token = LayoutToken;
+
+    async fn read(&self, id: &str) -> Result<Option<LaidOut<LayoutToken>>> {
+        Ok(match self {
+            Layout::Record(layout) => layout.read(id).await?.map(|s| tokened(s, LayoutToken::Record)),
+            Layout::DataStore(layout) => layout.read(id).await?.map(|s| tokened(s, LayoutToken::DataStore)),
+        })
+    }
+
+    async fn read_many(&self, ids: &[String]) -> Result<Vec<Option<LaidOut<LayoutToken>>>> {
+        Ok(match self {
+            Layout::Record(layout) => {
+                layout.read_many(ids).await?.into_iter().map(|s| s.map(|s| tokened(s, LayoutToken::Record))).collect()
+            }
+            Layout::DataStore(layout) => layout
+                .read_many(ids)
+                .await?
+                .into_iter()
+                .map(|s| s.map(|s| tokened(s, LayoutToken::DataStore)))
+                .collect(),
+        })
+    }
+
+    async fn save(&self, id: &str, before: Option<&LaidOut<LayoutToken>>, tree: &RevTree) -> Result<()> {
+        match self {
+            Layout::Record(layout) => {
+                let token = before.map(|state| record_token(&state.token)).transpose()?;
+                layout.save_over(id, token, tree).await
+            }
+            Layout::DataStore(layout) => {
+                let token = before.map(|state| side_token(&state.token)).transpose()?;
+                layout.save_over(id, token, tree).await
+            }
+        }
+    }
+
+    async fn erase(&self, id: &str, state: &LaidOut<LayoutToken>) -> Result<()> {
+        match self {
+            Layout::Record(layout) => layout.erase_of(id, record_token(&state.token)?).await,
+            Layout::DataStore(layout) => layout.erase_of(id, side_token(&state.token)?).await,
+        }
+    }
+
+    async fn unfinished(&self, id: &str, state: &LaidOut<LayoutToken>) -> Result<bool> {
+        match self {
+            Layout::Record(layout) => layout.unfinished_of(id, record_token(&state.token)?, state.deleted()).await,
+            Layout::DataStore(_) => Ok(side_token(&state.token)?.marked()),
+        }
+    }
+
+    async fn listed(&self, documents: Vec<StoredDocument>) -> Result<Vec<(String, LaidOut<LayoutToken>)>> {
+        Ok(match self {
+            Layout::Record(layout) => layout
+                .listed(documents)
+                .await?
+                .into_iter()
+                .map(|(id, s)| (id, tokened(s, LayoutToken::Record)))
+                .collect(),
+            Layout::DataStore(layout) => layout
+                .listed(documents)
+                .await?
+                .into_iter()
+                .map(|(id, s)| (id, tokened(s, LayoutToken::DataStore)))
+                .collect(),
+        })
+    }
+
+    fn keeps_inner_bodies(&self) -> bool {
+        match self {
+            Layout::Record(layout) => layout.keeps_inner_bodies(),
+            Layout::DataStore(layout) => layout.keeps_inner_bodies(),
+        }
+    }
+
+    async fn inner_bodies_page(&self, cursor: Option<ScanCursor>, limit: usize) -> Result<ScanPage> {
+        match self {
+            Layout::Record(layout) => layout.inner_bodies_page(cursor, limit).await,
+            Layout::DataStore(layout) => layout.inner_bodies_page(cursor, limit).await,
+        }
+    }
+
+    async fn save_without_inner_bodies(&self, id: &str, state: &LaidOut<LayoutToken>, tree: &RevTree) -> Result<()> {
+        match self {
+            Layout::Record(layout) => layout.save_without_inner_bodies_of(id, record_token(&state.token)?, tree).await,
+            Layout::DataStore(layout) => layout.save_over(id, Some(side_token(&state.token)?), tree).await,
+        }
+    }
+
+    async fn attachment_references(&self) -> Result<HashSet<String>> {
+        match self {
+            Layout::Record(layout) => layout.attachment_references().await,
+            Layout::DataStore(layout) => layout.attachment_references().await,
+        }
+    }
 }
 
 /// How many times a read that found an unfinished save tries to finish it against other writers
@@ -139,4 +419,23 @@ async fn read_repairing_unboxed<L: TreeLayout + ?Sized>(layout: &L, id: &str) ->
         state = layout.read(id).await?;
     }
     Ok(state)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The data-store database's own local names (and the engine's settings on it) are
+    /// reserved; no per-user login's name (`{user}:…`, the user never empty) can be one.
+    #[test]
+    fn the_data_store_databases_own_local_names_are_reserved() {
+        let own = DATA_STORE_LOCAL_NAMES;
+        for reserved in [":leaves:u:n:k", ":design:d", own.views_incarnation, own.settings] {
+            assert!(reserved_local_name(reserved), "{reserved}");
+        }
+        for client in ["checkpoint", "u:checkpoint", "u::leaves:x", "db:settings", "design:x"] {
+            assert!(!reserved_local_name(client), "{client}");
+        }
+        assert_eq!(own.client_prefix, "", "a client's `_local/x` is the backend's `x`, as before");
+    }
 }

@@ -13,15 +13,17 @@
 //! ([`TreeLayout::unfinished`]), which saving the tree read over itself finishes.
 //! docs/design/crash-points.md has every step and crash point.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::{LaidOut, TreeLayout};
+use super::{LaidOut, ScanCursor, ScanPage, TreeLayout};
 use crate::backend::rev_tree::RevTree;
-use crate::backend::{DocumentBackend, Precondition, Revision};
+use crate::backend::{DocumentBackend, IdRange, Precondition, Revision, StoredDocument};
+use crate::database::doc_attachments;
 use crate::error::{Error, ErrorKind, Result};
 
 /// The one field of a backend record: the revision tree (the documents' own fields are inside
@@ -65,6 +67,123 @@ impl RecordLayout {
     /// The state a local tree (`rev`, `body`) holds, for an id without a live record.
     fn state_of_tombstone(id: &str, rev: Revision, body: &Map<String, Value>) -> Result<RecordState> {
         Ok(LaidOut { tree: tree_of(body, id)?, token: RecordToken { record_rev: None, local_rev: Some(rev) } })
+    }
+
+    /// Every save is serialized on one compare-and-swap: from a live record, on the record's
+    /// revision (the new tree goes into the record first, even when its winner is deleted);
+    /// from a tombstone (or nothing), on the revision of the tombstone's local tree read with it.
+    /// Whoever passes it holds every leaf acknowledged before; the writes after it (the local
+    /// tree, the tombstone) only carry that tree on, and a later writer that overtakes them has
+    /// read it already.
+    pub(super) async fn save_over(&self, id: &str, token: Option<&RecordToken>, tree: &RevTree) -> Result<()> {
+        let record = record_of(tree)?;
+        let live = tree.winner().is_some_and(|leaf| !leaf.deleted);
+        let tree_name = format!("{TREE_PREFIX}{id}");
+        match token.and_then(|t| t.record_rev.clone()) {
+            Some(rev) => {
+                let next =
+                    self.backend.put(id, &record, Precondition::MatchRevision(rev)).await.map_err(gone_is_conflict)?;
+                if !live {
+                    // The record now holds the tree with its deleted winner (reads treat it as
+                    // deleted); the local tree and the tombstone follow. Either may meet a later
+                    // writer, who read this tree from the record and carries it on: then this
+                    // write is done.
+                    let precondition = match self.backend.get_local(&tree_name).await? {
+                        Some(local) => Precondition::MatchRevision(local.rev),
+                        None => Precondition::MustNotExist,
+                    };
+                    match self.backend.put_local(&tree_name, &record, precondition).await {
+                        Ok(_) => {}
+                        Err(err) if err.kind() == ErrorKind::Conflict => return Ok(()),
+                        Err(err) => return Err(err),
+                    }
+                    match self.backend.delete(id, &next).await {
+                        Ok(_) => {}
+                        Err(err) if matches!(err.kind(), ErrorKind::Conflict | ErrorKind::NotFound) => {}
+                        Err(err) => return Err(err),
+                    }
+                }
+            }
+            None => {
+                let precondition = match token.and_then(|t| t.local_rev.clone()) {
+                    Some(local_rev) => Precondition::MatchRevision(local_rev),
+                    None => Precondition::MustNotExist,
+                };
+                self.backend.put_local(&tree_name, &record, precondition).await.map_err(gone_is_conflict)?;
+                // A new document, one re-created over its tombstone, or one that stays deleted:
+                // in the last case it is written live and deleted again, so it moves in the feed.
+                // From nothing, the record is created only where still nothing is, where the
+                // backend can tell: another writer may have read the local tree just written,
+                // carried it on and deleted it meanwhile, and a create over that tombstone would
+                // drop what it wrote.
+                let create = if token.is_none() && self.backend.checks_never_written() {
+                    Precondition::NeverWritten
+                } else {
+                    Precondition::MustNotExist
+                };
+                let rev = self.backend.put(id, &record, create).await.map_err(gone_is_conflict)?;
+                if !live {
+                    self.backend.delete(id, &rev).await.map_err(gone_is_conflict)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The authority for the tree last, so that a crash in between leaves the document as it
+    /// was: a live record goes after the local tree (then only an earlier tree left by a save
+    /// from nothing, which read would bring back); a deleted document's local tree goes after
+    /// its tombstone (left alone, it reads as the document before the purge, half written,
+    /// finished by its next write).
+    pub(super) async fn erase_of(&self, id: &str, token: &RecordToken) -> Result<()> {
+        if token.record_rev.is_none() {
+            self.backend.erase_id(id).await?;
+        }
+        let tree_name = format!("{TREE_PREFIX}{id}");
+        if let Some(local) = self.backend.get_local(&tree_name).await? {
+            self.backend.delete_local(&tree_name, &local.rev).await?;
+        }
+        if token.record_rev.is_some() {
+            self.backend.erase_id(id).await?;
+        }
+        Ok(())
+    }
+
+    /// The document's tree written as its local tree record (the first write of a save from
+    /// nothing or from a tombstone) but neither its live record nor a backend tombstone after it;
+    /// or a live tree written as the local tree of a tombstone (a re-creation, whose record was
+    /// to replace the tombstone).
+    pub(super) async fn unfinished_of(&self, id: &str, token: &RecordToken, deleted: bool) -> Result<bool> {
+        if token.record_rev.is_some() || token.local_rev.is_none() {
+            return Ok(false);
+        }
+        if !deleted {
+            return Ok(true);
+        }
+        Ok(self.backend.get_deleted(id).await?.is_none())
+    }
+
+    /// A live record is written again (so the document moves in the change feed, its revisions
+    /// the same); a deleted document's tree is rewritten in place (its tombstone stays).
+    pub(super) async fn save_without_inner_bodies_of(
+        &self,
+        id: &str,
+        token: &RecordToken,
+        tree: &RevTree,
+    ) -> Result<()> {
+        match (&token.record_rev, &token.local_rev) {
+            (None, Some(local_rev)) => self
+                .backend
+                .put_local(
+                    &format!("{TREE_PREFIX}{id}"),
+                    &record_of(tree)?,
+                    Precondition::MatchRevision(local_rev.clone()),
+                )
+                .await
+                .map(|_| ())
+                .map_err(gone_is_conflict),
+            _ => self.save_over(id, Some(token), tree).await,
+        }
     }
 }
 
@@ -118,99 +237,111 @@ impl TreeLayout for RecordLayout {
         Ok(states)
     }
 
-    /// Every save is serialized on one compare-and-swap: from a live record, on the record's
-    /// revision (the new tree goes into the record first, even when its winner is deleted);
-    /// from a tombstone (or nothing), on the revision of the tombstone's local tree read with it.
-    /// Whoever passes it holds every leaf acknowledged before; the writes after it (the local
-    /// tree, the tombstone) only carry that tree on, and a later writer that overtakes them has
-    /// read it already.
     async fn save(&self, id: &str, state: Option<&RecordState>, tree: &RevTree) -> Result<()> {
-        let record = record_of(tree)?;
-        let live = tree.winner().is_some_and(|leaf| !leaf.deleted);
-        let tree_name = format!("{TREE_PREFIX}{id}");
-        match state.and_then(|s| s.token.record_rev.clone()) {
-            Some(rev) => {
-                let next =
-                    self.backend.put(id, &record, Precondition::MatchRevision(rev)).await.map_err(gone_is_conflict)?;
-                if !live {
-                    // The record now holds the tree with its deleted winner (reads treat it as
-                    // deleted); the local tree and the tombstone follow. Either may meet a later
-                    // writer, who read this tree from the record and carries it on: then this
-                    // write is done.
-                    let precondition = match self.backend.get_local(&tree_name).await? {
-                        Some(local) => Precondition::MatchRevision(local.rev),
-                        None => Precondition::MustNotExist,
-                    };
-                    match self.backend.put_local(&tree_name, &record, precondition).await {
-                        Ok(_) => {}
-                        Err(err) if err.kind() == ErrorKind::Conflict => return Ok(()),
-                        Err(err) => return Err(err),
-                    }
-                    match self.backend.delete(id, &next).await {
-                        Ok(_) => {}
-                        Err(err) if matches!(err.kind(), ErrorKind::Conflict | ErrorKind::NotFound) => {}
-                        Err(err) => return Err(err),
-                    }
-                }
-            }
-            None => {
-                let precondition = match state.and_then(|s| s.token.local_rev.clone()) {
-                    Some(local_rev) => Precondition::MatchRevision(local_rev),
-                    None => Precondition::MustNotExist,
-                };
-                self.backend.put_local(&tree_name, &record, precondition).await.map_err(gone_is_conflict)?;
-                // A new document, one re-created over its tombstone, or one that stays deleted:
-                // in the last case it is written live and deleted again, so it moves in the feed.
-                // From nothing, the record is created only where still nothing is, where the
-                // backend can tell: another writer may have read the local tree just written,
-                // carried it on and deleted it meanwhile, and a create over that tombstone would
-                // drop what it wrote.
-                let create = if state.is_none() && self.backend.checks_never_written() {
-                    Precondition::NeverWritten
-                } else {
-                    Precondition::MustNotExist
-                };
-                let rev = self.backend.put(id, &record, create).await.map_err(gone_is_conflict)?;
-                if !live {
-                    self.backend.delete(id, &rev).await.map_err(gone_is_conflict)?;
-                }
-            }
-        }
-        Ok(())
+        self.save_over(id, state.map(|state| &state.token), tree).await
     }
 
-    /// The authority for the tree last, so that a crash in between leaves the document as it
-    /// was: a live record goes after the local tree (then only an earlier tree left by a save
-    /// from nothing, which read would bring back); a deleted document's local tree goes after
-    /// its tombstone (left alone, it reads as the document before the purge, half written,
-    /// finished by its next write).
     async fn erase(&self, id: &str, state: &RecordState) -> Result<()> {
-        if state.token.record_rev.is_none() {
-            self.backend.erase_id(id).await?;
-        }
-        let tree_name = format!("{TREE_PREFIX}{id}");
-        if let Some(local) = self.backend.get_local(&tree_name).await? {
-            self.backend.delete_local(&tree_name, &local.rev).await?;
-        }
-        if state.token.record_rev.is_some() {
-            self.backend.erase_id(id).await?;
-        }
-        Ok(())
+        self.erase_of(id, &state.token).await
     }
 
-    /// The document's tree written as its local tree record (the first write of a save from
-    /// nothing or from a tombstone) but neither its live record nor a backend tombstone after it;
-    /// or a live tree written as the local tree of a tombstone (a re-creation, whose record was
-    /// to replace the tombstone).
     async fn unfinished(&self, id: &str, state: &RecordState) -> Result<bool> {
-        if state.token.record_rev.is_some() || state.token.local_rev.is_none() {
-            return Ok(false);
-        }
-        if !state.deleted() {
-            return Ok(true);
-        }
-        Ok(self.backend.get_deleted(id).await?.is_none())
+        self.unfinished_of(id, &state.token, state.deleted()).await
     }
+
+    /// Each listed record holds its whole tree: no read.
+    async fn listed(&self, documents: Vec<StoredDocument>) -> Result<Vec<(String, RecordState)>> {
+        let mut listed = Vec::with_capacity(documents.len());
+        for StoredDocument { id, rev, body } in documents {
+            let state = Self::state_of_record(&id, rev, &body)?;
+            if !state.deleted() {
+                listed.push((id, state));
+            }
+        }
+        Ok(listed)
+    }
+
+    fn keeps_inner_bodies(&self) -> bool {
+        true
+    }
+
+    /// Live records first, then the local trees of deleted documents.
+    async fn inner_bodies_page(&self, cursor: Option<ScanCursor>, limit: usize) -> Result<ScanPage> {
+        let (page, in_records) = match cursor {
+            None => (self.backend.all_docs(&every_record(), limit, None).await?, true),
+            Some(ScanCursor::Records(token)) => {
+                (self.backend.all_docs(&every_record(), limit, Some(&token)).await?, true)
+            }
+            Some(ScanCursor::SidePlaces(token)) => {
+                (self.backend.local_docs(&every_side_tree(), limit, token.as_deref()).await?, false)
+            }
+        };
+        let mut ids = Vec::new();
+        for doc in &page.items {
+            if !tree_of(&doc.body, &doc.id)?.inner_bodies().is_empty() {
+                ids.push(if in_records { doc.id.clone() } else { tree_document_id(&doc.id).to_owned() });
+            }
+        }
+        let next = match (page.next, in_records) {
+            (Some(token), true) => Some(ScanCursor::Records(token)),
+            (None, true) => Some(ScanCursor::SidePlaces(None)),
+            (Some(token), false) => Some(ScanCursor::SidePlaces(Some(token))),
+            (None, false) => None,
+        };
+        Ok(ScanPage { ids, next })
+    }
+
+    async fn save_without_inner_bodies(&self, id: &str, state: &RecordState, tree: &RevTree) -> Result<()> {
+        self.save_without_inner_bodies_of(id, &state.token, tree).await
+    }
+
+    /// Read page by page: live records, and the trees of deleted documents (those whose id has
+    /// no live record: a re-created document's old tree record is left behind and no longer its
+    /// tree).
+    async fn attachment_references(&self) -> Result<HashSet<String>> {
+        const PAGE: usize = 200;
+        let mut referenced = HashSet::new();
+        let mut token: Option<String> = None;
+        loop {
+            let page = self.backend.all_docs(&every_record(), PAGE, token.as_deref()).await?;
+            for doc in &page.items {
+                for body in tree_of(&doc.body, &doc.id)?.bodies() {
+                    doc_attachments::referenced(body, &mut referenced);
+                }
+            }
+            token = page.next;
+            if token.is_none() {
+                break;
+            }
+        }
+        loop {
+            let page = self.backend.local_docs(&every_side_tree(), PAGE, token.as_deref()).await?;
+            let ids: Vec<String> = page.items.iter().map(|doc| tree_document_id(&doc.id).to_owned()).collect();
+            let live = self.backend.get_many(&ids).await?;
+            for (doc, record) in page.items.iter().zip(live) {
+                if record.is_some() {
+                    continue;
+                }
+                for body in tree_of(&doc.body, &doc.id)?.bodies() {
+                    doc_attachments::referenced(body, &mut referenced);
+                }
+            }
+            token = page.next;
+            if token.is_none() {
+                return Ok(referenced);
+            }
+        }
+    }
+}
+
+/// Every record of the database, design documents included.
+fn every_record() -> IdRange {
+    IdRange { include_design: true, ..IdRange::all() }
+}
+
+/// Every local tree of a deleted document.
+fn every_side_tree() -> IdRange {
+    IdRange::all().under_prefix(TREE_PREFIX)
 }
 
 /// The document whose deleted tree a `tree:` local document (as the backend lists it) holds.
