@@ -46,6 +46,7 @@
 mod bulk;
 mod client_local;
 mod closing;
+mod repairing;
 pub use closing::DRAIN_WAIT;
 
 pub use bulk::DocumentAnswers;
@@ -531,7 +532,10 @@ impl Database {
     /// The states behind a page of the backend's change feed: each change's document as it is now.
     pub async fn read_changes(&self, changes: &[Change]) -> Result<Vec<Option<DocState>>> {
         let ids: Vec<String> = changes.iter().map(|change| change.id.clone()).collect();
-        self.read_many(&ids).await
+        let states = self.read_many(&ids).await?;
+        let read = ids.iter().zip(&states).filter_map(|(id, state)| Some((id.as_str(), state.as_ref()?)));
+        self.finish_cut_deletions(read).await;
+        Ok(states)
     }
 
     /// Applies several writes to one document in order, in one read and one save (a bulk
@@ -828,12 +832,16 @@ impl Database {
     ) -> Result<Page<(String, DocState)>> {
         let page = self.while_open(self.backend.all_docs(range, limit, token)).await?;
         let mut items = Vec::with_capacity(page.items.len());
+        let mut cut_deletions = Vec::new();
         for StoredDocument { id, rev, body } in page.items {
             let state = RecordLayout::state_of_record(&id, rev, &body)?;
-            if !state.deleted() {
+            if state.deleted() {
+                cut_deletions.push((id, state));
+            } else {
                 items.push((id, state));
             }
         }
+        self.finish_cut_deletions(cut_deletions.iter().map(|(id, state)| (id.as_str(), state))).await;
         Ok(Page { items, next: page.next })
     }
 

@@ -201,9 +201,14 @@ impl TreeLayout for RecordLayout {
     /// The document's tree written as its local tree record (the first write of a save from
     /// nothing or from a tombstone) but neither its live record nor a backend tombstone after it;
     /// or a live tree written as the local tree of a tombstone (a re-creation, whose record was
-    /// to replace the tombstone).
+    /// to replace the tombstone); or a deletion cut after its record write (a live record holding
+    /// a deleted winner), whose tombstone is still to come: the backend counts the document live
+    /// (`doc_count`) until it does. Only the first case costs a backend read.
     async fn unfinished(&self, id: &str, state: &RecordState) -> Result<bool> {
-        if state.token.record_rev.is_some() || state.token.local_rev.is_none() {
+        if state.token.record_rev.is_some() {
+            return Ok(state.deleted());
+        }
+        if state.token.local_rev.is_none() {
             return Ok(false);
         }
         if !state.deleted() {

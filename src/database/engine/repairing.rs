@@ -1,0 +1,82 @@
+//! The engine's reads that repair: a save a crash cut short (`TreeLayout::unfinished`) is
+//! finished by the read that finds it, through the one crash-repair rule of
+//! [`crate::database::layout`] ([`read_repairing`], [`read_many_repairing`], [`finished`]), not
+//! only by the document's next write.
+//!
+//! Used where waiting for the next write would leave the document out of the feed for good: the
+//! reads a replicator decides what to send by (`_revs_diff`, `_missing_revs`, `_bulk_get`,
+//! `open_revs`: a replicator whose write was cut asks about the leaf it sent, finds it known and
+//! never sends it again), and the listings that meet a deletion cut before its tombstone
+//! (`_all_docs`, the change feed: such a record costs no read to recognize, and until it is
+//! finished the backend counts the document live in `doc_count`). docs/design/crash-points.md
+//! has every crash point and its repair.
+
+use async_trait::async_trait;
+
+use super::{Database, DocState};
+use crate::backend::rev_tree::RevTree;
+use crate::database::layout::record::RecordToken;
+use crate::database::layout::{finished, read_many_repairing, read_repairing, TreeLayout};
+use crate::error::Result;
+
+/// The engine's layout as a repairing read saves through it: each save counts as a write under
+/// way (a deletion of the database waits for it), takes its turn with this process's writers of
+/// the document, and touches the manifests of the attachment bytes the tree references first,
+/// as every save of the engine does (`Database::keep_references`).
+struct Finishing<'a>(&'a Database);
+
+#[async_trait]
+impl TreeLayout for Finishing<'_> {
+    type Token = RecordToken;
+
+    async fn read(&self, id: &str) -> Result<Option<DocState>> {
+        self.0.read(id).await
+    }
+
+    async fn read_many(&self, ids: &[String]) -> Result<Vec<Option<DocState>>> {
+        self.0.read_states(ids).await
+    }
+
+    async fn save(&self, id: &str, before: Option<&DocState>, tree: &RevTree) -> Result<()> {
+        let _under_way = self.0.start_write()?;
+        let _turn = self.0.write_lock(id).lock().await;
+        self.0.keep_references(before, tree).await?;
+        self.0.save(id, before, tree).await
+    }
+
+    async fn erase(&self, id: &str, state: &DocState) -> Result<()> {
+        self.0.layout.erase(id, state).await
+    }
+
+    async fn unfinished(&self, id: &str, state: &DocState) -> Result<bool> {
+        self.0.layout.unfinished(id, state).await
+    }
+}
+
+impl Database {
+    /// The document's state as [`Database::read`] answers it, a save a crash cut short finished
+    /// first (bounded; the state as read when finishing fails).
+    pub async fn read_repairing(&self, id: &str) -> Result<Option<DocState>> {
+        if id.is_empty() {
+            return Ok(None);
+        }
+        self.while_open(read_repairing(&Finishing(self), id)).await
+    }
+
+    /// The states of many documents as [`Database::read_many`] answers them, each save a crash
+    /// cut short among them finished first.
+    pub async fn read_many_repairing(&self, ids: &[String]) -> Result<Vec<Option<DocState>>> {
+        self.while_open(read_many_repairing(&Finishing(self), ids)).await
+    }
+
+    /// Finishes the deletions a listing met cut before their tombstone: live records whose
+    /// winner is deleted (no read needed to tell them). The listing answers as it read them
+    /// either way.
+    pub(super) async fn finish_cut_deletions<'s>(&self, states: impl Iterator<Item = (&'s str, &'s DocState)>) {
+        for (id, state) in states {
+            if state.token.record_rev.is_some() && state.deleted() {
+                finished(&Finishing(self), id, Some(state.clone())).await;
+            }
+        }
+    }
+}
