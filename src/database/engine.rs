@@ -46,8 +46,10 @@
 mod bulk;
 mod client_local;
 mod closing;
+mod purge_views;
 mod repairing;
 pub use closing::DRAIN_WAIT;
+pub use purge_views::MAX_PURGES_NAMED;
 
 pub use bulk::DocumentAnswers;
 
@@ -446,23 +448,9 @@ impl Database {
             .clone()
     }
 
-    /// Ends the database's view incarnation ([`VIEWS_INCARNATION_DOC`]): every index built over
-    /// it is left for a new one, built from the feed as it is now. A purge that erases a document
-    /// erases its feed entry too, so no index update would ever remove its rows; this makes them
-    /// go. This process forgets the incarnation at once; another `serve` process over the same
-    /// backend reads it again when it reopens the database (docs/views.md, "Purges").
-    async fn end_views_incarnation(&self) -> Result<()> {
-        for _ in 0..MAX_TRIES {
-            let Some(kept) = self.backend.get_local(VIEWS_INCARNATION_DOC).await? else { break };
-            match self.backend.delete_local(VIEWS_INCARNATION_DOC, &kept.rev).await {
-                Ok(()) => break,
-                // Replaced meanwhile: end that one.
-                Err(err) if err.kind() == ErrorKind::Conflict || err.kind() == ErrorKind::NotFound => continue,
-                Err(err) => return Err(err),
-            }
-        }
+    /// Forgets the incarnation this process knew (a purge ended it: [`purge_views`]).
+    fn forget_views_incarnation(&self) {
         *self.views_incarnation.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
-        Ok(())
     }
 
     pub fn max_document_bytes(&self) -> usize {
@@ -798,15 +786,15 @@ impl Database {
     /// deleted document's local tree goes after its tombstone (left alone, it reads as the
     /// document before the purge, half written, finished by its next write).
     ///
-    /// The view incarnation ends before the erasure as well as after it: its feed entry gone, the
-    /// document's rows would stay in an index built before for good, so a crash between the
-    /// erasure and the second end must find the indexes of before already ended (a crash before
-    /// the erasure only costs a rebuild). The second end drops an index built meanwhile
-    /// (docs/design/crash-points.md).
+    /// The view incarnation ends before the erasure, naming the purge, and after it: its feed
+    /// entry gone, the document's rows would stay in an index built before for good, so a crash
+    /// between the erasure and the second end must find the indexes of before already ended, and
+    /// an index built meanwhile under an incarnation naming the purge ([`purge_views`];
+    /// docs/design/crash-points.md).
     async fn erase(&self, id: &str, state: &DocState) -> Result<()> {
-        self.end_views_incarnation().await?;
+        self.begin_purge_for_views(id).await?;
         self.layout.erase(id, state).await?;
-        self.end_views_incarnation().await
+        self.end_purge_for_views(id).await
     }
 
     /// Saves `tree` over `state` with the backend's preconditions (`Conflict` if another writer
