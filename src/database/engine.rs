@@ -20,7 +20,8 @@
 //! the backend's preconditions (the record's revision, the local tree's revision); when another
 //! writer got there first it reads again and retries ([`MAX_TRIES`]). A write that changes
 //! nothing still saves when the state read is a save a crash cut short (the engine's one
-//! crash-repair rule, [`super::layout::must_save`], shared with the data-store layout). The order of the two writes
+//! crash-repair rule, [`super::layout::must_save`], shared with the data-store layout); so does
+//! a read a replicator decides what to send by ([`repairing`]). The order of the two writes
 //! of a deletion (tree first, then the tombstone) and of a re-creation (the live record carries
 //! the whole tree) means a crash between them never loses a leaf: a live record is always the
 //! authority, the local tree only for a tombstone. A live record whose winner is deleted (left by

@@ -22,10 +22,12 @@
 //! cut:
 //! - on the document's next write, even one that changes nothing (a replicated revision the
 //!   tree already holds): [`must_save`];
-//! - on the next read that loads the side place, where the layout repairs on reads
-//!   ([`read_repairing`]; the data-store layout's tree reads, so that a replicator's
-//!   `_revs_diff` of the leaf it sent before the crash, which finds it, repairs the document
-//!   instead of leaving it out of the feed for good).
+//! - on the next read that loads the side place where a replicator decides what to send
+//!   ([`read_repairing`], [`read_many_repairing`]: the data-store layout's tree reads; the
+//!   record layout's `_revs_diff`, `_missing_revs`, `_bulk_get` and `open_revs`), so that a
+//!   replicator's `_revs_diff` of the leaf it sent before the crash, which finds it, repairs the
+//!   document instead of leaving it out of the feed for good. Such a read answers even when the
+//!   repair fails ([`finished`]).
 //!
 //! docs/design/crash-points.md lists each layout's multi-step writes, the crash point after
 //! each step and this repair.

@@ -10,7 +10,8 @@
 //! nothing writes the local tree first (on its revision as read), then the record: the side
 //! place first, the record last, as the engine's crash-repair rule wants ([`super`]). A local
 //! tree with neither a live record nor the tombstone after it is an unfinished save
-//! ([`TreeLayout::unfinished`]), which saving the tree read over itself finishes.
+//! ([`TreeLayout::unfinished`]), and so is a live record holding a deleted winner (a deletion
+//! cut before its tombstone); saving the tree read over itself finishes either.
 //! docs/design/crash-points.md has every step and crash point.
 
 use std::sync::Arc;

@@ -15,6 +15,7 @@ mod attachments;
 mod attachments_forwarded;
 mod bulk;
 mod changes;
+mod crash_repairs;
 mod data_store;
 mod databases;
 mod depth;
@@ -174,6 +175,8 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
             Box::pin(inner_bodies::inner_bodies_freed_by_stemming_and_bounds(e))
         }),
         ("sequences_count_the_feed", |e| Box::pin(sequences::sequences_count_the_feed(e))),
+        ("replicator_reads_repair_a_cut_create", |e| Box::pin(crash_repairs::replicator_reads_repair_a_cut_create(e))),
+        ("listings_finish_a_cut_deletion", |e| Box::pin(crash_repairs::listings_finish_a_cut_deletion(e))),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
