@@ -501,9 +501,13 @@ impl Database {
         self.while_open(self.layout.read(id)).await
     }
 
-    /// The states of many documents, one per id, in order.
+    /// The states of many documents, one per id, in order (a deletion met cut before its
+    /// tombstone is finished: [`repairing`]).
     pub async fn read_many(&self, ids: &[String]) -> Result<Vec<Option<DocState>>> {
-        self.while_open(self.read_states(ids)).await
+        let states = self.while_open(self.read_states(ids)).await?;
+        let read = ids.iter().zip(&states).filter_map(|(id, state)| Some((id.as_str(), state.as_ref()?)));
+        self.finish_cut_deletions(read).await;
+        Ok(states)
     }
 
     /// The states of many documents, in order: their records in one batched read, then the
@@ -521,10 +525,7 @@ impl Database {
     /// The states behind a page of the backend's change feed: each change's document as it is now.
     pub async fn read_changes(&self, changes: &[Change]) -> Result<Vec<Option<DocState>>> {
         let ids: Vec<String> = changes.iter().map(|change| change.id.clone()).collect();
-        let states = self.read_many(&ids).await?;
-        let read = ids.iter().zip(&states).filter_map(|(id, state)| Some((id.as_str(), state.as_ref()?)));
-        self.finish_cut_deletions(read).await;
-        Ok(states)
+        self.read_many(&ids).await
     }
 
     /// Applies several writes to one document in order, in one read and one save (a bulk

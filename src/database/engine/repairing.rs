@@ -6,10 +6,10 @@
 //! Used where waiting for the next write would leave the document out of the feed for good: the
 //! reads a replicator decides what to send by (`_revs_diff`, `_missing_revs`, `_bulk_get`,
 //! `open_revs`: a replicator whose write was cut asks about the leaf it sent, finds it known and
-//! never sends it again), and the listings that meet a deletion cut before its tombstone
-//! (`_all_docs`, the change feed: such a record costs no read to recognize, and until it is
-//! finished the backend counts the document live in `doc_count`). docs/design/crash-points.md
-//! has every crash point and its repair.
+//! never sends it again), and the reads that meet a deletion cut before its tombstone
+//! (`_all_docs`, `Database::read_many` under the change feed, views and `keys=`: such a record
+//! costs no read to recognize, and until it is finished the backend counts the document live in
+//! `doc_count`). docs/design/crash-points.md has every crash point and its repair.
 
 use async_trait::async_trait;
 
