@@ -60,6 +60,9 @@ impl<T> LaidOut<T> {
     }
 }
 
+/// One document's state as a layout read it, `None` when nothing is stored for the id.
+pub type MaybeLaidOut<T> = Option<LaidOut<T>>;
+
 /// What a tree layout does for the engine.
 #[async_trait]
 pub trait TreeLayout: Send + Sync {
@@ -134,7 +137,7 @@ const FINISHING_AT_ONCE: usize = 16;
 pub fn read_many_repairing<'a, L: TreeLayout + ?Sized>(
     layout: &'a L,
     ids: &'a [String],
-) -> BoxFuture<'a, Result<Vec<Option<LaidOut<L::Token>>>>> {
+) -> BoxFuture<'a, Result<Vec<MaybeLaidOut<L::Token>>>> {
     Box::pin(async move {
         let states = layout.read_many(ids).await?;
         let mut answered = Vec::with_capacity(states.len());
