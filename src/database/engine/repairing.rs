@@ -21,7 +21,7 @@ use crate::error::Result;
 
 /// The engine's layout as a repairing read saves through it: each save counts as a write under
 /// way (a deletion of the database waits for it), takes its turn with this process's writers of
-/// the document, and touches the manifests of the attachment bytes the tree references first,
+/// the document when it is free, and touches the manifests of the attachment bytes the tree references first,
 /// as every save of the engine does (`Database::keep_references`).
 struct Finishing<'a>(&'a Database);
 
@@ -39,7 +39,10 @@ impl TreeLayout for Finishing<'_> {
 
     async fn save(&self, id: &str, before: Option<&DocState>, tree: &RevTree) -> Result<()> {
         let _under_way = self.0.start_write()?;
-        let _turn = self.0.write_lock(id).lock().await;
+        // Its turn when no writer of this process holds it, never waited for: a read may run
+        // under a write's turn (the write guard lists the design documents, and a stripe is shared
+        // by many ids), and the save is a compare-and-swap, right without the turn.
+        let _turn = self.0.write_lock(id).try_lock().ok();
         self.0.keep_references(before, tree).await?;
         self.0.save(id, before, tree).await
     }
@@ -78,5 +81,68 @@ impl Database {
                 finished(&Finishing(self), id, Some(state.clone())).await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use serde_json::Map;
+
+    use super::*;
+    use crate::backend::embedded::EmbeddedBackend;
+    use crate::backend::{DocumentBackend, IdRange, Precondition};
+    use crate::database::engine::{Write, Written};
+    use crate::database::layout::record::record_of;
+    use crate::database::write_guard::{ProposedWrite, WriteGuard};
+    use crate::error::Error;
+
+    /// A guard that lists every document before each write, as the validation guard lists the
+    /// design documents: a read under the write's turn.
+    struct ListsEveryDocument;
+
+    #[async_trait]
+    impl WriteGuard for ListsEveryDocument {
+        async fn applies(&self, db: &Database) -> Result<bool> {
+            db.all_docs(&IdRange::all(), 100, None).await?;
+            Ok(false)
+        }
+
+        async fn check(&self, _: &Database, writes: &[ProposedWrite]) -> Result<Vec<Option<Error>>> {
+            Ok(writes.iter().map(|_| None).collect())
+        }
+
+        fn design_changed(&self, _: &Database) {}
+    }
+
+    /// A deletion cut before its tombstone, met by a listing under a write's turn on the same
+    /// document: the listing finishes it without waiting for the turn (it would wait for ever),
+    /// and the write then applies over the finished deletion.
+    #[tokio::test]
+    async fn a_listing_under_a_writes_turn_finishes_a_cut_deletion() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend: Arc<dyn DocumentBackend> =
+            Arc::new(EmbeddedBackend::open(&dir.path().join("d.redb")).await.unwrap());
+        let db = Database::new("d".into(), Arc::clone(&backend)).with_write_guard(Some(Arc::new(ListsEveryDocument)));
+        let edit = |parent: Option<String>, deleted: bool| Write::Edit { parent, deleted, body: Map::new() };
+        let Written::Edited(first) = db.write("x", &edit(None, false)).await.unwrap() else { panic!("an edit") };
+        // The deletion's record write, and no more.
+        let state = db.read("x").await.unwrap().expect("written");
+        let mut tree = state.tree.clone();
+        let deleted = tree.edit(Some(&first), "d1", true, Map::new(), 1000).unwrap();
+        let rev = state.token.record_rev.clone().expect("a live record");
+        backend.put("x", &record_of(&tree).unwrap(), Precondition::MatchRevision(rev)).await.unwrap();
+        assert_eq!(backend.exact_count().await.unwrap(), Some(1), "counted live before the repair");
+
+        let recreated = tokio::time::timeout(std::time::Duration::from_secs(10), db.write("x", &edit(None, false)))
+            .await
+            .expect("the write does not wait on its own turn")
+            .unwrap();
+        assert!(matches!(recreated, Written::Edited(_)));
+        let state = db.read("x").await.unwrap().expect("written");
+        assert!(!state.deleted());
+        assert!(state.tree.contains(&deleted), "the deletion was kept: {:?}", state.tree.leaves());
+        assert_eq!(backend.exact_count().await.unwrap(), Some(1));
     }
 }
