@@ -25,7 +25,8 @@
 //! the backend's preconditions (the record's revision, the local tree's revision); when another
 //! writer got there first it reads again and retries ([`MAX_TRIES`]). A write that changes
 //! nothing still saves when the state read is a save a crash cut short (the engine's one
-//! crash-repair rule, [`super::layout::must_save`], shared with the data-store layout). The order of the two writes
+//! crash-repair rule, [`super::layout::must_save`], shared with the data-store layout); so does
+//! a read a replicator decides what to send by ([`repairing`]). The order of the two writes
 //! of a deletion (tree first, then the tombstone) and of a re-creation (the live record carries
 //! the whole tree) means a crash between them never loses a leaf: a live record is always the
 //! authority, the local tree only for a tombstone. A live record whose winner is deleted (left by
@@ -63,7 +64,10 @@
 mod bulk;
 mod client_local;
 mod closing;
+mod purge_views;
+mod repairing;
 pub use closing::DRAIN_WAIT;
+pub use purge_views::MAX_PURGES_NAMED;
 
 pub use bulk::DocumentAnswers;
 
@@ -482,24 +486,9 @@ impl Database {
             .clone()
     }
 
-    /// Ends the database's view incarnation ([`VIEWS_INCARNATION_DOC`]): every index built over
-    /// it is left for a new one, built from the feed as it is now. A purge that erases a document
-    /// erases its feed entry too, so no index update would ever remove its rows; this makes them
-    /// go. This process forgets the incarnation at once; another `serve` process over the same
-    /// backend reads it again when it reopens the database (docs/views.md, "Purges").
-    async fn end_views_incarnation(&self) -> Result<()> {
-        for _ in 0..MAX_TRIES {
-            let name = self.local_names.views_incarnation;
-            let Some(kept) = self.backend.get_local(name).await? else { break };
-            match self.backend.delete_local(name, &kept.rev).await {
-                Ok(()) => break,
-                // Replaced meanwhile: end that one.
-                Err(err) if err.kind() == ErrorKind::Conflict || err.kind() == ErrorKind::NotFound => continue,
-                Err(err) => return Err(err),
-            }
-        }
+    /// Forgets the incarnation this process knew (a purge ended it: [`purge_views`]).
+    fn forget_views_incarnation(&self) {
         *self.views_incarnation.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
-        Ok(())
     }
 
     pub fn max_document_bytes(&self) -> usize {
@@ -564,9 +553,13 @@ impl Database {
         self.while_open(self.layout.read_as_served(id)).await
     }
 
-    /// The states of many documents, one per id, in order.
+    /// The states of many documents, one per id, in order (a deletion met cut before its
+    /// tombstone is finished: [`repairing`]).
     pub async fn read_many(&self, ids: &[String]) -> Result<Vec<Option<DocState>>> {
-        self.while_open(self.read_states(ids)).await
+        let states = self.while_open(self.read_states(ids)).await?;
+        let read = ids.iter().zip(&states).filter_map(|(id, state)| Some((id.as_str(), state.as_ref()?)));
+        self.finish_cut_deletions(read).await;
+        Ok(states)
     }
 
     /// The states of many documents, in order: their records in one batched read, then the
@@ -852,15 +845,15 @@ impl Database {
     /// deleted document's local tree goes after its tombstone (left alone, it reads as the
     /// document before the purge, half written, finished by its next write).
     ///
-    /// The view incarnation ends before the erasure as well as after it: its feed entry gone, the
-    /// document's rows would stay in an index built before for good, so a crash between the
-    /// erasure and the second end must find the indexes of before already ended (a crash before
-    /// the erasure only costs a rebuild). The second end drops an index built meanwhile
-    /// (docs/design/crash-points.md).
+    /// The view incarnation ends before the erasure, naming the purge, and after it: its feed
+    /// entry gone, the document's rows would stay in an index built before for good, so a crash
+    /// between the erasure and the second end must find the indexes of before already ended, and
+    /// an index built meanwhile under an incarnation naming the purge ([`purge_views`];
+    /// docs/design/crash-points.md).
     async fn erase(&self, id: &str, state: &DocState) -> Result<()> {
-        self.end_views_incarnation().await?;
+        self.begin_purge_for_views(id).await?;
         self.layout.erase(id, state).await?;
-        self.end_views_incarnation().await
+        self.end_purge_for_views(id).await
     }
 
     /// Saves `tree` over `state` with the backend's preconditions (`Conflict` if another writer
@@ -885,7 +878,9 @@ impl Database {
         token: Option<&str>,
     ) -> Result<Page<(String, DocState)>> {
         let page = self.while_open(self.backend.all_docs(range, limit, token)).await?;
-        let items = self.while_open(self.layout.listed(page.items)).await?;
+        let listed = self.while_open(self.layout.listed(page.items)).await?;
+        let (cut_deletions, items): (Vec<_>, Vec<_>) = listed.into_iter().partition(|(_, state)| state.deleted());
+        self.finish_cut_deletions(cut_deletions.iter().map(|(id, state)| (id.as_str(), state))).await;
         Ok(Page { items, next: page.next })
     }
 

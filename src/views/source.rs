@@ -68,6 +68,8 @@ impl ViewSource for Database {
         if let Some(known) = self.views_incarnation() {
             return Ok(known);
         }
+        // A purge stopped between its erasure and its last step ends the incarnation here.
+        self.settle_views_purges().await.map_err(ViewError::Storage)?;
         let id = kept_incarnation(self.backend().as_ref(), self.views_incarnation_doc()).await?;
         Ok(self.remember_views_incarnation(id))
     }

@@ -107,7 +107,7 @@ fn crash_sweep_cases() -> Vec<Case> {
     use crate::crash_catalog::*;
     use crate::crash_sweep::*;
     use crate::crash_sweep_migrate::*;
-    use crate::crash_sweep_views::crash_sweep_purge_user_views;
+    use crate::crash_sweep_views::{crash_sweep_purge_user_views, crash_sweep_purge_views_queried_meanwhile};
     cases![
         every_storage_method_is_counted,
         crash_sweep_covers_every_operation,
@@ -130,6 +130,7 @@ fn crash_sweep_cases() -> Vec<Case> {
         crash_sweep_create_and_delete_database,
         crash_cut_inside_a_firestore_create_leaves_a_serving_database,
         crash_sweep_purge_user_views,
+        crash_sweep_purge_views_queried_meanwhile,
     ]
 }
 

@@ -2,8 +2,9 @@
 //! multi-step operation of [`Database`] is run over the crash layer (`crash.rs`) cut at its
 //! `k`-th backend call, for every `k` until it runs uncut, both ways (the process stopped; the
 //! answer of call `k` lost). After each cut the database is opened again over the backend
-//! without the layer ("restart"), a document a save left half written is finished by one
-//! ordinary write of a leaf it has (the documented repair), and the invariants are checked:
+//! without the layer ("restart"), a document a save left half written is finished by a
+//! replicator's `_revs_diff` of its leaves (no write: the documented repair), and the invariants
+//! are checked: `doc_count` counts what `_all_docs` lists,
 //! every document the operation touches is as before it or as after it (as after it when it was
 //! acknowledged), every document is in the change feed and every live one in `_all_docs`, the
 //! feed's position did not go back, no `tree:` local contradicts the record (`half_written`),
@@ -374,17 +375,9 @@ async fn check(
     let mut violations = Vec::new();
     let mut repairs = 0;
     for id in &plan.ids {
-        let state = db.read(id).await.expect("read");
-        if db.half_written(id, state.as_ref()).await.expect("half_written") {
-            let winner = state.as_ref().and_then(|state| state.tree.winner().cloned()).expect("a half-written winner");
-            let repair = Write::Replicated { path: winner.path.clone(), deleted: winner.deleted, body: winner.body };
-            db.write(id, &repair).await.expect("the repairing write");
-            repairs += 1;
-            let again = db.read(id).await.expect("read");
-            if db.half_written(id, again.as_ref()).await.expect("half_written") {
-                violations.push(format!("{id}: still half written after the repairing write"));
-            }
-        }
+        let (repaired, found) = repaired_by_revs_diff(&db, id).await;
+        repairs += usize::from(repaired);
+        violations.extend(found);
     }
     let now = snapshots(&db, &plan.ids, prefix).await;
     for (name, state) in &now {
@@ -396,6 +389,8 @@ async fn check(
         }
     }
     let feed = feed_ids(backend.as_ref()).await;
+    // Read before `_all_docs`, which finishes a deletion it meets cut before its tombstone.
+    let counted = backend.exact_count().await.expect("exact_count");
     let listed: BTreeSet<String> = db
         .all_docs(&IdRange::all(), 10_000, None)
         .await
@@ -414,6 +409,9 @@ async fn check(
             violations.push(format!("{name}: live {live}, but listed in _all_docs {}", listed.contains(id)));
         }
     }
+    if let Some(counted) = counted.filter(|counted| *counted != listed.len() as u64) {
+        violations.push(format!("doc_count is {counted}, but _all_docs lists {} documents", listed.len()));
+    }
     let position_after = backend.change_position().await.expect("change_position");
     if position_number(&position_after) < position_number(position_before) {
         violations.push(format!("the feed went back from {position_before} to {position_after}"));
@@ -431,6 +429,31 @@ async fn check(
         violations.extend(attachments_read_back(backend, id).await);
     }
     (violations, repairs)
+}
+
+/// The repair after a restart, as a replicator whose write was cut makes it: a `_revs_diff` of
+/// the document's leaves alone, no write (`Database::read_many_repairing`, what the handler
+/// reads). Whether the document was half written, and the violations: a leaf the answer calls
+/// missing, a save still unfinished after it.
+async fn repaired_by_revs_diff(db: &Database, id: &str) -> (bool, Vec<String>) {
+    let state = db.read(id).await.expect("read");
+    let half_written = db.half_written(id, state.as_ref()).await.expect("half_written");
+    let Some(state) = state else { return (false, Vec::new()) };
+    let leaves: Vec<String> = state.tree.leaves().into_iter().map(|leaf| leaf.path.leaf_rev()).collect();
+    let asked = db.read_many_repairing(&[id.to_owned()]).await.expect("_revs_diff's read");
+    let mut violations = Vec::new();
+    let missing = match asked.into_iter().next().flatten() {
+        Some(answered) => answered.tree.missing(&leaves).0,
+        None => leaves,
+    };
+    if !missing.is_empty() {
+        violations.push(format!("{id}: _revs_diff calls {missing:?} missing"));
+    }
+    let again = db.read(id).await.expect("read");
+    if db.half_written(id, again.as_ref()).await.expect("half_written") {
+        violations.push(format!("{id}: still half written after a _revs_diff of its leaves"));
+    }
+    (half_written, violations)
 }
 
 /// Every attachment a kept body of `id` references, read back and compared with its digest and
@@ -557,7 +580,7 @@ async fn sweep_operation(ctx: Ctx, operation: Operation) {
     for cut in [Cut::Stop, Cut::LoseAnswer] {
         let tally = sweep(&ctx.backend, operation, cut, &expected).await;
         println!(
-            "crash sweep: {} {name} {cut:?}: {} crash points, {} repairing writes, {} violations; steps: {}",
+            "crash sweep: {} {name} {cut:?}: {} crash points, {} repaired by a _revs_diff, {} violations; steps: {}",
             ctx.backend_name,
             tally.crash_points,
             tally.repairs,

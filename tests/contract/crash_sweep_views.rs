@@ -7,17 +7,20 @@
 //! crash that skipped it.
 
 use std::ops::ControlFlow;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use agentstore::backend::raw::layer::Layered;
 use agentstore::backend::DocumentBackend;
 use agentstore::couchdb_api::data_design::DataStoreSource;
+use agentstore::database::{Database, Write, Written};
 use agentstore::store::StoreOptions;
 use agentstore::views::design::DesignViews;
 use agentstore::views::index_store::{IndexStore, RowRange};
 use agentstore::views::updater::{Mapper, ViewIndexer};
 use agentstore::views::{ViewError, ViewSource};
 use agentstore::{DataStore, ErrorKind};
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 use crate::crash::{CrashLayer, Cut};
 use crate::harness::Ctx;
@@ -149,6 +152,92 @@ pub async fn crash_sweep_purge_user_views(ctx: Ctx) {
     assert!(
         violations.is_empty(),
         "crash sweep: {} purge_user: violations:\n  {}",
+        ctx.backend_name,
+        violations.join("\n  ")
+    );
+}
+
+/// The name of the database the engine's purge sweep runs on (views name their groups after it).
+const PURGED_DATABASE: &str = "crash-sweep-purge";
+
+/// A backend on which, just before the purge's erasure (its first `erase_id`), another process
+/// catches the kept view index up: a view queried between the purge's first step and its
+/// erasure, whose index holds the document about to be purged.
+struct ViewQueriedBeforeErasure {
+    inner: Arc<dyn DocumentBackend>,
+    views: Arc<ViewCheck>,
+    armed: AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl Layered for ViewQueriedBeforeErasure {
+    fn inner(&self) -> &dyn DocumentBackend {
+        self.inner.as_ref()
+    }
+
+    async fn erase_id(&self, id: &str) -> agentstore::Result<bool> {
+        if self.armed.swap(false, Ordering::SeqCst) {
+            self.views.catch_up(&Database::new(PURGED_DATABASE.into(), Arc::clone(&self.inner))).await;
+        }
+        self.inner.erase_id(id).await
+    }
+}
+
+/// The crash-point sweep of the engine's purge of a document's last leaf with a view queried
+/// by another process between its first step and its erasure (docs/design/crash-points.md,
+/// "Views"): after a cut at any call, a view index kept across it must answer what one built
+/// from scratch answers.
+pub async fn crash_sweep_purge_views_queried_meanwhile(ctx: Ctx) {
+    if ctx.backend_name == "couchdb" {
+        println!("couchdb: not applicable: the engine is not used there (CouchDB keeps its own trees)");
+        return;
+    }
+    let process = || Database::new(PURGED_DATABASE.into(), Arc::clone(&ctx.backend));
+    let created = |id: String| async move {
+        let write = Write::Edit { parent: None, deleted: false, body: Map::from_iter([("v".into(), json!(1))]) };
+        match process().write(&id, &write).await.expect("a document to purge") {
+            Written::Edited(rev) => rev,
+            other => panic!("an edit answered {other:?}"),
+        }
+    };
+    created("kept".into()).await;
+    let mut violations = Vec::new();
+    for cut in [Cut::Stop, Cut::LoseAnswer] {
+        let views = Arc::new(ViewCheck::new());
+        let mut steps = Vec::new();
+        for k in 0..MAX_PURGE_CALLS {
+            let id = format!("purged{k}{}", if cut == Cut::Stop { "s" } else { "l" });
+            let rev = created(id.clone()).await;
+            views.catch_up(&process()).await;
+            let querying = Arc::new(ViewQueriedBeforeErasure {
+                inner: Arc::clone(&ctx.backend),
+                views: Arc::clone(&views),
+                armed: AtomicBool::new(true),
+            });
+            let layer = Arc::new(CrashLayer::new(querying, k, cut));
+            let answer = Database::new(PURGED_DATABASE.into(), Arc::clone(&layer) as Arc<dyn DocumentBackend>)
+                .purge(&id, std::slice::from_ref(&rev))
+                .await;
+            layer.end();
+            let found = views.compare_with_rebuild(&process()).await;
+            violations.extend(found.into_iter().map(|v| format!("{cut:?} at call {k}: {v}")));
+            // The purge retried, as after an error.
+            process().purge(&id, std::slice::from_ref(&rev)).await.expect("the purge retried");
+            if !layer.cut_made() {
+                answer.expect("the purge uncut");
+                steps = layer.called();
+                break;
+            }
+        }
+        println!(
+            "crash sweep: {} purge with a view queried meanwhile {cut:?}; steps: {}",
+            ctx.backend_name,
+            steps.join(" ")
+        );
+    }
+    assert!(
+        violations.is_empty(),
+        "crash sweep: {} purge with a view queried meanwhile: violations:\n  {}",
         ctx.backend_name,
         violations.join("\n  ")
     );

@@ -164,7 +164,8 @@ async fn bulk_get_part(
         Some(rev) => BulkGetPart::Error(json!({"rev": rev, "error": "not_found", "reason": "missing"})),
         None => document_error("not_found", "missing"),
     };
-    let state = match db.read(id).await {
+    // A replicator's read, which repairs as `_bulk_get`'s JSON answer does (`bulk.rs`).
+    let state = match db.read_repairing(id).await {
         Ok(Some(state)) => state,
         Ok(None) => return missing(),
         Err(err) => {

@@ -1,6 +1,9 @@
 //! Many documents at once: `_bulk_docs` (client edits, or a replicator's revisions with
 //! `new_edits: false`), `_bulk_get`, `_revs_diff`, `_missing_revs` and `_purge`, answered from
-//! each document's revision tree.
+//! each document's revision tree. The reads a replicator decides what to send by
+//! (`_revs_diff`, `_missing_revs`, `_bulk_get`) repair what they read
+//! ([`Database::read_many_repairing`]): a leaf a crash left out of the feed is put back in it
+//! by the question that would otherwise stop the replicator from sending it again.
 
 use std::collections::HashMap;
 
@@ -375,7 +378,7 @@ async fn bulk_get_one(
     }
     let wanted = item.get("rev").and_then(Value::as_str);
     let error = |error: &str, reason: &str| json!({ "error": { "id": id, "rev": wanted.unwrap_or("undefined"), "error": error, "reason": reason } });
-    let state = match db.read(id).await {
+    let state = match db.read_repairing(id).await {
         Ok(state) => state,
         Err(err) => {
             let err = CouchError::from(err);
@@ -431,7 +434,7 @@ async fn revs_request(
 pub async fn revs_diff(State(state): State<CouchState>, opened: OpenDb, headers: HeaderMap, body: Body) -> Answer {
     let wanted = revs_request(&state, &headers, body).await?;
     let ids: Vec<String> = wanted.iter().map(|(id, _)| id.clone()).collect();
-    let states = opened.db.read_many(&ids).await?;
+    let states = opened.db.read_many_repairing(&ids).await?;
     let mut answer = Map::new();
     for ((id, revs), state) in wanted.into_iter().zip(states) {
         let (missing, ancestors) = match state {
@@ -454,7 +457,7 @@ pub async fn revs_diff(State(state): State<CouchState>, opened: OpenDb, headers:
 pub async fn missing_revs(State(state): State<CouchState>, opened: OpenDb, headers: HeaderMap, body: Body) -> Answer {
     let wanted = revs_request(&state, &headers, body).await?;
     let ids: Vec<String> = wanted.iter().map(|(id, _)| id.clone()).collect();
-    let states = opened.db.read_many(&ids).await?;
+    let states = opened.db.read_many_repairing(&ids).await?;
     let mut answer = Map::new();
     for ((id, revs), state) in wanted.into_iter().zip(states) {
         let missing = match state {

@@ -151,7 +151,8 @@ fn read_options(params: &HashMap<String, String>) -> CouchResult<DocOptions> {
 
 async fn read_document(db: &Database, id: &str, params: &HashMap<String, String>, headers: &HeaderMap) -> Answer {
     let params = &without_empty_open_revs(params);
-    let state = db.read(id).await?;
+    // `open_revs` is what a replicator fetches leaves by: that read repairs, as `_bulk_get` does.
+    let state = if params.contains_key("open_revs") { db.read_repairing(id).await? } else { db.read(id).await? };
     let tree = state.map(|state| state.tree);
     let inline = super::attachments::inline_wanted(params)?;
     if params.contains_key("open_revs") && multipart::accepts(headers, "multipart/mixed") {

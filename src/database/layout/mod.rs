@@ -30,10 +30,12 @@
 //! cut:
 //! - on the document's next write, even one that changes nothing (a replicated revision the
 //!   tree already holds): [`must_save`];
-//! - on the next read that loads the side place, where the layout repairs on reads
-//!   ([`read_repairing`]; the data-store layout's tree reads, so that a replicator's
-//!   `_revs_diff` of the leaf it sent before the crash, which finds it, repairs the document
-//!   instead of leaving it out of the feed for good).
+//! - on the next read that loads the side place where a replicator decides what to send
+//!   ([`read_repairing`], [`read_many_repairing`]: the data-store layout's tree reads; the
+//!   record layout's `_revs_diff`, `_missing_revs`, `_bulk_get` and `open_revs`), so that a
+//!   replicator's `_revs_diff` of the leaf it sent before the crash, which finds it, repairs the
+//!   document instead of leaving it out of the feed for good. Such a read answers even when the
+//!   repair fails ([`finished`]).
 //!
 //! docs/design/crash-points.md lists each layout's multi-step writes, the crash point after
 //! each step and this repair.
@@ -70,6 +72,9 @@ impl<T> LaidOut<T> {
     }
 }
 
+/// One document's state as a layout read it, `None` when nothing is stored for the id.
+pub type MaybeLaidOut<T> = Option<LaidOut<T>>;
+
 /// What a tree layout does for the engine.
 #[async_trait]
 pub trait TreeLayout: Send + Sync {
@@ -94,7 +99,8 @@ pub trait TreeLayout: Send + Sync {
     async fn unfinished(&self, id: &str, state: &LaidOut<Self::Token>) -> Result<bool>;
 
     /// The states of documents the backend's id order listed (`DocumentBackend::all_docs`, one
-    /// page), in order: those whose winner is live.
+    /// page), in order: every listed record's, also one whose winner is deleted (a deletion cut
+    /// before its tombstone, which the engine finishes and leaves out of the listing).
     async fn listed(&self, documents: Vec<StoredDocument>) -> Result<Vec<(String, LaidOut<Self::Token>)>>;
 
     /// Whether the layout has a place for inner revisions' bodies (else every save drops them:
@@ -398,27 +404,81 @@ pub fn read_repairing<'a, L: TreeLayout + ?Sized>(
     layout: &'a L,
     id: &'a str,
 ) -> BoxFuture<'a, Result<Option<LaidOut<L::Token>>>> {
-    Box::pin(read_repairing_unboxed(layout, id))
+    Box::pin(async move {
+        let state = layout.read(id).await?;
+        Ok(finished(layout, id, state).await)
+    })
 }
 
-async fn read_repairing_unboxed<L: TreeLayout + ?Sized>(layout: &L, id: &str) -> Result<Option<LaidOut<L::Token>>> {
-    let mut state = layout.read(id).await?;
+/// Unfinished saves finished at once among many documents' reads.
+const FINISHING_AT_ONCE: usize = 16;
+
+/// The rule on reads of many documents ([`read_repairing`] for each, in one batched read): one
+/// state per id, in order, each unfinished save among them finished first.
+pub fn read_many_repairing<'a, L: TreeLayout + ?Sized>(
+    layout: &'a L,
+    ids: &'a [String],
+) -> BoxFuture<'a, Result<Vec<MaybeLaidOut<L::Token>>>> {
+    Box::pin(async move {
+        let states = layout.read_many(ids).await?;
+        let mut answered = Vec::with_capacity(states.len());
+        let mut states = ids.iter().zip(states).peekable();
+        while states.peek().is_some() {
+            let finishing: Vec<_> =
+                states.by_ref().take(FINISHING_AT_ONCE).map(|(id, state)| finished(layout, id, state)).collect();
+            answered.extend(futures::future::join_all(finishing).await);
+        }
+        Ok(answered)
+    })
+}
+
+/// `state`, as read, with the save it shows unfinished finished: the tree read saved over
+/// itself, then read again, at most [`FINISH_ATTEMPTS`] times against other writers. Whatever
+/// fails on the way answers the last state read (the leaves are all there; only the record
+/// lags), so a read never fails for a repair it could not make.
+pub fn finished<'a, L: TreeLayout + ?Sized>(
+    layout: &'a L,
+    id: &'a str,
+    state: Option<LaidOut<L::Token>>,
+) -> BoxFuture<'a, Option<LaidOut<L::Token>>> {
+    Box::pin(finished_unboxed(layout, id, state))
+}
+
+async fn finished_unboxed<L: TreeLayout + ?Sized>(
+    layout: &L,
+    id: &str,
+    mut state: Option<LaidOut<L::Token>>,
+) -> Option<LaidOut<L::Token>> {
+    let unanswered = |err: crate::error::Error| {
+        tracing::warn!(id, error = %err, "finishing a save a crash cut short failed; answering the tree as read");
+    };
     for _ in 0..FINISH_ATTEMPTS {
-        let Some(read) = &state else { return Ok(None) };
-        if !layout.unfinished(id, read).await? {
-            return Ok(state);
+        let read = state.as_ref()?;
+        match layout.unfinished(id, read).await {
+            Ok(false) => return state,
+            Ok(true) => {}
+            Err(err) => {
+                unanswered(err);
+                return state;
+            }
         }
         match layout.save(id, Some(read), &read.tree).await {
             Ok(()) => {}
             Err(err) if err.kind() == ErrorKind::Conflict => {}
             Err(err) => {
-                tracing::warn!(id, error = %err, "finishing a save a crash cut short failed; answering the tree as read");
-                return Ok(state);
+                unanswered(err);
+                return state;
             }
         }
-        state = layout.read(id).await?;
+        match layout.read(id).await {
+            Ok(again) => state = again,
+            Err(err) => {
+                unanswered(err);
+                return state;
+            }
+        }
     }
-    Ok(state)
+    state
 }
 
 #[cfg(test)]

@@ -10,7 +10,8 @@
 //! nothing writes the local tree first (on its revision as read), then the record: the side
 //! place first, the record last, as the engine's crash-repair rule wants ([`super`]). A local
 //! tree with neither a live record nor the tombstone after it is an unfinished save
-//! ([`TreeLayout::unfinished`]), which saving the tree read over itself finishes.
+//! ([`TreeLayout::unfinished`]), and so is a live record holding a deleted winner (a deletion
+//! cut before its tombstone); saving the tree read over itself finishes either.
 //! docs/design/crash-points.md has every step and crash point.
 
 use std::collections::HashSet;
@@ -152,9 +153,14 @@ impl RecordLayout {
     /// The document's tree written as its local tree record (the first write of a save from
     /// nothing or from a tombstone) but neither its live record nor a backend tombstone after it;
     /// or a live tree written as the local tree of a tombstone (a re-creation, whose record was
-    /// to replace the tombstone).
+    /// to replace the tombstone); or a deletion cut after its record write (a live record holding
+    /// a deleted winner), whose tombstone is still to come: the backend counts the document live
+    /// (`doc_count`) until it does. Only the first case costs a backend read.
     pub(super) async fn unfinished_of(&self, id: &str, token: &RecordToken, deleted: bool) -> Result<bool> {
-        if token.record_rev.is_some() || token.local_rev.is_none() {
+        if token.record_rev.is_some() {
+            return Ok(deleted);
+        }
+        if token.local_rev.is_none() {
             return Ok(false);
         }
         if !deleted {
@@ -253,10 +259,7 @@ impl TreeLayout for RecordLayout {
     async fn listed(&self, documents: Vec<StoredDocument>) -> Result<Vec<(String, RecordState)>> {
         let mut listed = Vec::with_capacity(documents.len());
         for StoredDocument { id, rev, body } in documents {
-            let state = Self::state_of_record(&id, rev, &body)?;
-            if !state.deleted() {
-                listed.push((id, state));
-            }
+            listed.push((id.clone(), Self::state_of_record(&id, rev, &body)?));
         }
         Ok(listed)
     }

@@ -15,6 +15,7 @@ mod attachments;
 mod attachments_forwarded;
 mod bulk;
 mod changes;
+mod crash_repairs;
 mod data_store;
 mod databases;
 mod depth;
@@ -180,6 +181,8 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("purge_between_polls_never_moves_n_back", |e| {
             Box::pin(purge_between_polls::purge_between_polls_never_moves_n_back(e))
         }),
+        ("replicator_reads_repair_a_cut_create", |e| Box::pin(crash_repairs::replicator_reads_repair_a_cut_create(e))),
+        ("listings_finish_a_cut_deletion", |e| Box::pin(crash_repairs::listings_finish_a_cut_deletion(e))),
     ];
     let mut trials = Vec::new();
     for backend in &backends {

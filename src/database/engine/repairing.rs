@@ -1,0 +1,171 @@
+//! The engine's reads that repair: a save a crash cut short (`TreeLayout::unfinished`) is
+//! finished by the read that finds it, through the one crash-repair rule of
+//! [`crate::database::layout`] ([`read_repairing`], [`read_many_repairing`], [`finished`]), not
+//! only by the document's next write.
+//!
+//! Used where waiting for the next write would leave the document out of the feed for good: the
+//! reads a replicator decides what to send by (`_revs_diff`, `_missing_revs`, `_bulk_get`,
+//! `open_revs`: a replicator whose write was cut asks about the leaf it sent, finds it known and
+//! never sends it again), and the reads that meet a deletion cut before its tombstone
+//! (`_all_docs`, `Database::read_many` under the change feed, views and `keys=`: such a record
+//! costs no read to recognize, and until it is finished the backend counts the document live in
+//! `doc_count`). docs/design/crash-points.md has every crash point and its repair.
+
+use async_trait::async_trait;
+
+use super::{Database, DocState};
+use crate::backend::rev_tree::RevTree;
+use std::collections::HashSet;
+
+use crate::backend::StoredDocument;
+use crate::database::layout::{
+    finished, read_many_repairing, read_repairing, LaidOut, LayoutToken, ScanCursor, ScanPage, TreeLayout,
+};
+use crate::error::Result;
+
+/// The engine's layout as a repairing read saves through it: each save counts as a write under
+/// way (a deletion of the database waits for it), takes its turn with this process's writers of
+/// the document when it is free, and touches the manifests of the attachment bytes the tree references first,
+/// as every save of the engine does (`Database::keep_references`).
+struct Finishing<'a>(&'a Database);
+
+#[async_trait]
+impl TreeLayout for Finishing<'_> {
+    type Token = LayoutToken;
+
+    async fn read(&self, id: &str) -> Result<Option<DocState>> {
+        self.0.read(id).await
+    }
+
+    async fn read_many(&self, ids: &[String]) -> Result<Vec<Option<DocState>>> {
+        self.0.read_states(ids).await
+    }
+
+    async fn save(&self, id: &str, before: Option<&DocState>, tree: &RevTree) -> Result<()> {
+        let _under_way = self.0.start_write()?;
+        // Its turn when no writer of this process holds it, never waited for: a read may run
+        // under a write's turn (the write guard lists the design documents, and a stripe is shared
+        // by many ids), and the save is a compare-and-swap, right without the turn.
+        let _turn = self.0.write_lock(id).try_lock().ok();
+        self.0.keep_references(before, tree).await?;
+        self.0.save(id, before, tree).await
+    }
+
+    async fn erase(&self, id: &str, state: &DocState) -> Result<()> {
+        self.0.layout.erase(id, state).await
+    }
+
+    async fn unfinished(&self, id: &str, state: &DocState) -> Result<bool> {
+        self.0.layout.unfinished(id, state).await
+    }
+
+    // The rest as the database's own layout does it: a repairing read only reads, saves and
+    // checks.
+    async fn listed(&self, documents: Vec<StoredDocument>) -> Result<Vec<(String, LaidOut<LayoutToken>)>> {
+        self.0.layout.listed(documents).await
+    }
+
+    fn keeps_inner_bodies(&self) -> bool {
+        self.0.layout.keeps_inner_bodies()
+    }
+
+    async fn inner_bodies_page(&self, cursor: Option<ScanCursor>, limit: usize) -> Result<ScanPage> {
+        self.0.layout.inner_bodies_page(cursor, limit).await
+    }
+
+    async fn attachment_references(&self) -> Result<HashSet<String>> {
+        self.0.layout.attachment_references().await
+    }
+}
+
+impl Database {
+    /// The document's state as [`Database::read`] answers it, a save a crash cut short finished
+    /// first (bounded; the state as read when finishing fails).
+    pub async fn read_repairing(&self, id: &str) -> Result<Option<DocState>> {
+        if id.is_empty() {
+            return Ok(None);
+        }
+        self.while_open(read_repairing(&Finishing(self), id)).await
+    }
+
+    /// The states of many documents as [`Database::read_many`] answers them, each save a crash
+    /// cut short among them finished first.
+    pub async fn read_many_repairing(&self, ids: &[String]) -> Result<Vec<Option<DocState>>> {
+        self.while_open(read_many_repairing(&Finishing(self), ids)).await
+    }
+
+    /// Finishes the deletions a listing met cut before their tombstone: live records whose
+    /// winner is deleted (no read needed to tell them). The listing answers as it read them
+    /// either way.
+    pub(super) async fn finish_cut_deletions<'s>(&self, states: impl Iterator<Item = (&'s str, &'s DocState)>) {
+        for (id, state) in states {
+            let live_record = state.token.record().is_some_and(|token| token.record_rev.is_some());
+            if live_record && state.deleted() {
+                finished(&Finishing(self), id, Some(state.clone())).await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use serde_json::Map;
+
+    use super::*;
+    use crate::backend::embedded::EmbeddedBackend;
+    use crate::backend::{DocumentBackend, IdRange, Precondition};
+    use crate::database::engine::{Write, Written};
+    use crate::database::layout::record::record_of;
+    use crate::database::write_guard::{ProposedWrite, WriteGuard};
+    use crate::error::Error;
+
+    /// A guard that lists every document before each write, as the validation guard lists the
+    /// design documents: a read under the write's turn.
+    struct ListsEveryDocument;
+
+    #[async_trait]
+    impl WriteGuard for ListsEveryDocument {
+        async fn applies(&self, db: &Database) -> Result<bool> {
+            db.all_docs(&IdRange::all(), 100, None).await?;
+            Ok(false)
+        }
+
+        async fn check(&self, _: &Database, writes: &[ProposedWrite]) -> Result<Vec<Option<Error>>> {
+            Ok(writes.iter().map(|_| None).collect())
+        }
+
+        fn design_changed(&self, _: &Database) {}
+    }
+
+    /// A deletion cut before its tombstone, met by a listing under a write's turn on the same
+    /// document: the listing finishes it without waiting for the turn (it would wait for ever),
+    /// and the write then applies over the finished deletion.
+    #[tokio::test]
+    async fn a_listing_under_a_writes_turn_finishes_a_cut_deletion() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend: Arc<dyn DocumentBackend> =
+            Arc::new(EmbeddedBackend::open(&dir.path().join("d.redb")).await.unwrap());
+        let db = Database::new("d".into(), Arc::clone(&backend)).with_write_guard(Some(Arc::new(ListsEveryDocument)));
+        let edit = |parent: Option<String>, deleted: bool| Write::Edit { parent, deleted, body: Map::new() };
+        let Written::Edited(first) = db.write("x", &edit(None, false)).await.unwrap() else { panic!("an edit") };
+        // The deletion's record write, and no more.
+        let state = db.read("x").await.unwrap().expect("written");
+        let mut tree = state.tree.clone();
+        let deleted = tree.edit(Some(&first), "d1", true, Map::new(), 1000).unwrap();
+        let rev = state.token.record().and_then(|token| token.record_rev.clone()).expect("a live record");
+        backend.put("x", &record_of(&tree).unwrap(), Precondition::MatchRevision(rev)).await.unwrap();
+        assert_eq!(backend.exact_count().await.unwrap(), Some(1), "counted live before the repair");
+
+        let recreated = tokio::time::timeout(std::time::Duration::from_secs(10), db.write("x", &edit(None, false)))
+            .await
+            .expect("the write does not wait on its own turn")
+            .unwrap();
+        assert!(matches!(recreated, Written::Edited(_)));
+        let state = db.read("x").await.unwrap().expect("written");
+        assert!(!state.deleted());
+        assert!(state.tree.contains(&deleted), "the deletion was kept: {:?}", state.tree.leaves());
+        assert_eq!(backend.exact_count().await.unwrap(), Some(1));
+    }
+}
