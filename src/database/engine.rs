@@ -839,11 +839,10 @@ impl Database {
     }
 
     /// Erases every trace of one document, and of no other (ids that start with it included),
-    /// the authority for its tree last, so that a crash in between leaves the document as it
-    /// was: a live record (`state` read with one) goes after the local tree, which is then only
-    /// an earlier tree left by a save from nothing (read, it would bring that tree back); a
-    /// deleted document's local tree goes after its tombstone (left alone, it reads as the
-    /// document before the purge, half written, finished by its next write).
+    /// as its layout does ([`TreeLayout::erase`]): the authority for its tree last, so that a
+    /// crash in between leaves the document as it was (the engine layout: a live record after
+    /// the local tree, a deleted document's local tree after its tombstone; the data-store
+    /// layout: the side document before the record).
     ///
     /// The view incarnation ends before the erasure, naming the purge, and after it: its feed
     /// entry gone, the document's rows would stay in an index built before for good, so a crash
@@ -857,14 +856,9 @@ impl Database {
     }
 
     /// Saves `tree` over `state` with the backend's preconditions (`Conflict` if another writer
-    /// got in first, and the caller reads again).
-    ///
-    /// Every save is serialized on one compare-and-swap: from a live record, on the record's
-    /// revision (the new tree goes into the record first, even when its winner is deleted);
-    /// from a tombstone (or nothing), on the revision of the tombstone's local tree read with it.
-    /// Whoever passes it holds every leaf acknowledged before; the writes after it (the local
-    /// tree, the tombstone) only carry that tree on, and a later writer that overtakes them has
-    /// read it already.
+    /// got in first, and the caller reads again), as the database's layout writes it
+    /// ([`TreeLayout::save`]; the engine layout serializes every save on one compare-and-swap,
+    /// the data-store layout on the record's and its side document's revisions).
     pub(super) async fn save(&self, id: &str, state: Option<&DocState>, tree: &RevTree) -> Result<()> {
         self.check_open()?;
         self.layout.save(id, state, tree).await
