@@ -3,8 +3,8 @@
 //! again after the restart, must answer exactly what an index built from scratch over the
 //! database as it is then answers. An index cannot tell a purged document from an unchanged one
 //! (its feed entry is erased with it), so only the purge's ending of the database's view
-//! incarnation (`Database::end_views_incarnation`) removes its rows; this check is what sees a
-//! crash that skipped it.
+//! incarnation (`Database::erase`, `src/database/engine/purge_views.rs`) removes its rows; this
+//! check is what sees a crash that skipped it.
 
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, Ordering};
