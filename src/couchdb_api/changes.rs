@@ -1,4 +1,7 @@
-//! `GET/POST /{db}/_changes`: the backend's change feed in CouchDB's shape.
+//! `GET/POST /{db}/_changes`: a database's change feed in CouchDB's shape, one implementation
+//! ([`database_changes`]) for every database, the data-store one included (over its engine
+//! database, [`data_store_database`]; its routes' handlers are thin callers until the database
+//! router serves it).
 //!
 //! - `feed=normal` streams every change after `since` (up to `limit`), page by page (pages sized
 //!   by their rows' bytes, as listings' are: [`super::all_docs::PageSizer`]), then
@@ -6,12 +9,17 @@
 //!   change arrives or `timeout` passes; `continuous` writes one line per change as they come,
 //!   ending at `timeout` (unless `heartbeat` keeps it open) with a `last_seq` line.
 //! - `since` is `0`, `now` or a token from an earlier `last_seq`/`seq`. Tokens are opaque
-//!   strings (sealed for a per-user login on the data-store database, [`super::position_seal`]); `pending` is always given, so replicators that cannot compare them know when they
-//!   are done. Other databases show them `N-token`, `N` the position's rank in the feed, and
-//!   their `pending` is the feed's length less the rank ([`crate::database::seq`]).
-//! - `filter=_doc_ids` (`doc_ids` in the query or body) and `filter=_selector` (a Mango selector in
-//!   the body) narrow the rows; a per-user login sees only its own documents. `style=all_docs`
-//!   and `main_only` are the same here: a document has one leaf.
+//!   strings; `pending` is always given, so replicators that cannot compare them know when they
+//!   are done. Databases show them `N-token`, `N` the position's rank in the feed, and their
+//!   `pending` is the feed's length less the rank ([`crate::database::seq`]). The data-store
+//!   database shows the store's own tokens ([`SeqForm::StoreTokens`]: why there), sealed for a
+//!   per-user login ([`super::position_seal`]).
+//! - What the login may see is a parameter ([`Confinement`]): a per-user login on the data-store
+//!   database is answered rows of its own ids only, and its `pending` counts only them
+//!   ([`CONFINED_PENDING_READ_LIMIT`]).
+//! - `filter=_doc_ids` (`doc_ids` in the query or body), `filter=_selector` (a Mango selector in
+//!   the body), `_design`, `_view` and `DDOC/NAME` narrow the rows. `style=all_docs` lists every
+//!   leaf of a document's revision tree; `descending=true` reads the whole feed (bounded).
 //! - While waiting, the request ends at once when the server shuts down or the client goes away
 //!   (the connection task drops the stream). `heartbeat` writes a newline while idle.
 //! - Client-chosen waits are bounded ([`FeedBounds`]): `timeout` and `heartbeat` are clamped to
