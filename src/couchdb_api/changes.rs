@@ -978,10 +978,16 @@ async fn rows_of(cursor: &Cursor, changes: &[Change]) -> crate::Result<Vec<Value
     if let Some(database) = &cursor.database {
         let shown = match cursor.form {
             SeqForm::Ranked => seq::shown_all(cursor.ranks.as_ref(), changes.iter().map(|c| c.seq.as_str())),
-            SeqForm::StoreTokens => changes
-                .iter()
-                .map(|c| cursor.positions.shown_to(&cursor.request.confinement, &c.seq))
-                .collect::<crate::Result<_>>()?,
+            SeqForm::StoreTokens => {
+                // Only the login's own changes are sealed (a seal costs a random salt and a key).
+                let confinement = &cursor.request.confinement;
+                let own: Vec<Change> = changes.iter().filter(|c| confinement.admits_id(&c.id)).cloned().collect();
+                let shown = own
+                    .iter()
+                    .map(|c| cursor.positions.shown_to(confinement, &c.seq))
+                    .collect::<crate::Result<Vec<_>>>()?;
+                return database_rows(database, &cursor.request, &own, &shown).await;
+            }
         };
         return database_rows(database, &cursor.request, changes, &shown).await;
     }
