@@ -1,4 +1,7 @@
-//! `GET/POST /{db}/_changes`: the backend's change feed in CouchDB's shape.
+//! `GET/POST /{db}/_changes`: a database's change feed in CouchDB's shape, one implementation
+//! ([`database_changes`]) for every database, the data-store one included (over its engine
+//! database, [`data_store_database`]; its routes' handlers are thin callers until the database
+//! router serves it).
 //!
 //! - `feed=normal` streams every change after `since` (up to `limit`), page by page (pages sized
 //!   by their rows' bytes, as listings' are: [`super::all_docs::PageSizer`]), then
@@ -6,12 +9,17 @@
 //!   change arrives or `timeout` passes; `continuous` writes one line per change as they come,
 //!   ending at `timeout` (unless `heartbeat` keeps it open) with a `last_seq` line.
 //! - `since` is `0`, `now` or a token from an earlier `last_seq`/`seq`. Tokens are opaque
-//!   strings (sealed for a per-user login on the data-store database, [`super::position_seal`]); `pending` is always given, so replicators that cannot compare them know when they
-//!   are done. Other databases show them `N-token`, `N` the position's rank in the feed, and
-//!   their `pending` is the feed's length less the rank ([`crate::database::seq`]).
-//! - `filter=_doc_ids` (`doc_ids` in the query or body) and `filter=_selector` (a Mango selector in
-//!   the body) narrow the rows; a per-user login sees only its own documents. `style=all_docs`
-//!   and `main_only` are the same here: a document has one leaf.
+//!   strings; `pending` is always given, so replicators that cannot compare them know when they
+//!   are done. Databases show them `N-token`, `N` the position's rank in the feed, and their
+//!   `pending` is the feed's length less the rank ([`crate::database::seq`]). The data-store
+//!   database shows the store's own tokens ([`SeqForm::StoreTokens`]: why there), sealed for a
+//!   per-user login ([`super::position_seal`]).
+//! - What the login may see is a parameter ([`Confinement`]): a per-user login on the data-store
+//!   database is answered rows of its own ids only, and its `pending` counts only them
+//!   ([`CONFINED_PENDING_READ_LIMIT`]).
+//! - `filter=_doc_ids` (`doc_ids` in the query or body), `filter=_selector` (a Mango selector in
+//!   the body), `_design`, `_view` and `DDOC/NAME` narrow the rows. `style=all_docs` lists every
+//!   leaf of a document's revision tree; `descending=true` reads the whole feed (bounded).
 //! - While waiting, the request ends at once when the server shuts down or the client goes away
 //!   (the connection task drops the stream). `heartbeat` writes a newline while idle.
 //! - Client-chosen waits are bounded ([`FeedBounds`]): `timeout` and `heartbeat` are clamped to
@@ -50,6 +58,7 @@ use super::served_db::ServedDb;
 use super::{Answer, CouchState};
 use crate::backend::{Change, DocumentBackend, StoredDocument};
 use crate::config::Settings;
+use crate::database::data_store_rules::Confinement;
 use crate::database::seq::{self, Ranks};
 use crate::database::Database;
 use crate::error::ErrorKind;
@@ -220,18 +229,42 @@ struct ChangesRequest {
     /// `feed=eventsource`: a continuous feed framed as server-sent events (`data:` and `id:`
     /// lines per row, heartbeats as `event: heartbeat`), as CouchDB frames it.
     eventsource: bool,
-    /// `descending=true`: newest change first (databases besides the data-store one, whose feed
-    /// is read whole for it, up to `couchdb_max_descending_changes`).
+    /// `descending=true`: newest change first (the feed is read whole for it, up to
+    /// `couchdb_max_descending_changes`).
     descending: bool,
+    /// The ids the login may see (a per-user login on the data-store database: its own); rows of
+    /// other ids are never answered nor counted in `pending`.
+    confinement: Confinement,
 }
 
-/// Who asks for a feed: the principal it acts for, and whose feed count it goes to.
-pub struct Asker {
-    principal: Principal,
-    owner: String,
+/// Who asks for a feed: what it may see, who it is (for a design filter's `userCtx`), and whose
+/// feed count its long-lived feeds go to.
+pub(crate) struct FeedAsker {
+    pub confinement: Confinement,
+    pub identity: Option<Identity>,
+    pub peer: Option<SocketAddr>,
 }
 
-/// `GET /{db}/_changes`.
+impl FeedAsker {
+    /// Whose long-lived feeds this request counts against.
+    fn owner(&self) -> String {
+        feed_owner(self.identity.as_ref(), self.peer)
+    }
+}
+
+/// How a feed shows its positions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SeqForm {
+    /// `N-token`, `N` the rank ([`crate::database::seq`]): every database but the data-store one.
+    Ranked,
+    /// The backend's own tokens, sealed for a per-user login ([`super::position_seal`]): the
+    /// data-store database, whose `update_seq` (`GET /{db}`) and clients' stored checkpoints are
+    /// these tokens, and whose Firestore tokens hold a `-` that `N-token` could not tell apart.
+    StoreTokens,
+}
+
+/// `GET /{db}/_changes` of the data-store database: the one feed ([`database_changes`]) over its
+/// engine database, confined to what the login may see.
 pub async fn get_changes(
     State(state): State<CouchState>,
     Extension(principal): Extension<Principal>,
@@ -240,11 +273,94 @@ pub async fn get_changes(
     _served: ServedDb,
     Query(params): Query<HashMap<String, String>>,
 ) -> Answer {
-    let mut request = parse_request(&params, None, &state.feeds)?;
-    request.since = state.auth.sessions.positions().given(&principal, request.since.take());
-    resolve_data_store_filter(&state, &principal, identity.as_ref().map(|e| &e.0), &params, &mut request).await?;
-    let owner = feed_owner(identity.as_ref().map(|e| &e.0), peer.map(|e| e.0 .0));
-    respond(&state, Asker { principal, owner }, request, None).await
+    let asker =
+        FeedAsker { confinement: principal.confinement(), identity: identity.map(|e| e.0), peer: peer.map(|e| e.0 .0) };
+    data_store_changes(&state, asker, &params, None).await
+}
+
+/// `POST /{db}/_changes` of the data-store database: the same, with `doc_ids` or `selector` in
+/// the body.
+#[allow(clippy::too_many_arguments)]
+pub async fn post_changes(
+    State(state): State<CouchState>,
+    Extension(principal): Extension<Principal>,
+    identity: Option<Extension<Identity>>,
+    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
+    _served: ServedDb,
+    Query(params): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Answer {
+    let asker =
+        FeedAsker { confinement: principal.confinement(), identity: identity.map(|e| e.0), peer: peer.map(|e| e.0 .0) };
+    let body = read_body(&state, &headers, body).await?;
+    data_store_changes(&state, asker, &params, body).await
+}
+
+/// The data-store database's feed: over its engine database ([`data_store_database`]), or, on a
+/// backend that keeps revision trees itself (CouchDB, where no engine database can be laid over
+/// the data-store records), over the backend's own feed ([`native_data_store_changes`]).
+async fn data_store_changes(
+    state: &CouchState,
+    asker: FeedAsker,
+    params: &HashMap<String, String>,
+    body: Option<Map<String, Value>>,
+) -> Answer {
+    match data_store_database(state)? {
+        Some(db) => database_changes(state, db, asker, params, body).await,
+        None => native_data_store_changes(state, asker, params, body).await,
+    }
+}
+
+/// The data-store database as an engine database over the store's backend
+/// ([`Database::data_store`]); `None` on a backend that keeps revision trees itself.
+pub(crate) fn data_store_database(state: &CouchState) -> CouchResult<Option<Arc<Database>>> {
+    let backend = state.store.backend();
+    if backend.keeps_branches() {
+        return Ok(None);
+    }
+    Ok(Some(Arc::new(Database::data_store(state.db.to_string(), Arc::clone(backend))?)))
+}
+
+/// The data-store database's feed over a backend that keeps revision trees itself.
+async fn native_data_store_changes(
+    state: &CouchState,
+    asker: FeedAsker,
+    params: &HashMap<String, String>,
+    body: Option<Map<String, Value>>,
+) -> Answer {
+    let mut request = parse_request(params, body.as_ref(), &state.feeds)?;
+    request.since = state.auth.sessions.positions().given_by(&asker.confinement, request.since.take());
+    request.confinement = asker.confinement.clone();
+    resolve_data_store_filter(state, &asker, params, &mut request).await?;
+    respond(state, asker.owner(), request, None, SeqForm::StoreTokens).await
+}
+
+/// `GET/POST /{db}/_changes` of any database: the one feed. `db` is the database (the data-store
+/// one included: [`data_store_database`]); `asker.confinement` what the login may see there
+/// (`Everything` but for a per-user login on the data-store database). The data-store database
+/// shows the backend's own positions ([`SeqForm::StoreTokens`]), sealed for a per-user login,
+/// whose `since` is unsealed (one that does not unseal reads as `0`); the others `N-token`.
+pub(crate) async fn database_changes(
+    state: &CouchState,
+    db: Arc<Database>,
+    asker: FeedAsker,
+    params: &HashMap<String, String>,
+    body: Option<Map<String, Value>>,
+) -> Answer {
+    let form = if db.name() == &*state.db { SeqForm::StoreTokens } else { SeqForm::Ranked };
+    let mut request = parse_request(params, body.as_ref(), &state.feeds)?;
+    if form == SeqForm::StoreTokens {
+        request.since = state.auth.sessions.positions().given_by(&asker.confinement, request.since.take());
+    }
+    request.confinement = asker.confinement.clone();
+    // The data-store database's design documents are kept where its views read them
+    // (`state.data_store_views`), not in its engine records.
+    match form {
+        SeqForm::StoreTokens => resolve_data_store_filter(state, &asker, params, &mut request).await?,
+        SeqForm::Ranked => resolve_filter(state, &db, asker.identity.as_ref(), params, &mut request).await?,
+    }
+    respond(state, asker.owner(), request, Some(db), form).await
 }
 
 /// Resolves `filter=DDOC/NAME` and `filter=_view` on the data-store database against the design
@@ -253,8 +369,7 @@ pub async fn get_changes(
 /// document is the database's, so such a filter is refused (400).
 async fn resolve_data_store_filter(
     state: &CouchState,
-    principal: &Principal,
-    identity: Option<&Identity>,
+    asker: &FeedAsker,
     params: &HashMap<String, String>,
     request: &mut ChangesRequest,
 ) -> CouchResult<()> {
@@ -264,10 +379,10 @@ async fn resolve_data_store_filter(
             "design-document filters are not run on the data-store database's feed over this backend; use _doc_ids, _selector or _design",
         ));
     }
-    principal.confinement().check_design()?;
+    asker.confinement.check_design()?;
     let doc = state.data_store_views.design_doc(ddoc).await?;
     // The data-store database has no `_security` object: CouchDB's default, an empty one.
-    install_named_filter(state, &state.db, doc, json!({}), identity, params, request)
+    install_named_filter(state, &state.db, doc, json!({}), asker.identity.as_ref(), params, request)
 }
 
 /// Resolves `filter=DDOC/NAME` and `filter=_view` against the database's design document (404
@@ -327,7 +442,7 @@ fn install_named_filter(
     Ok(())
 }
 
-/// `GET /{db}/_changes` of a database other than the data-store one.
+/// `GET /{db}/_changes` of a database opened by the database router.
 pub(crate) async fn get_database_changes(
     State(state): State<CouchState>,
     opened: super::db::OpenDb,
@@ -335,13 +450,12 @@ pub(crate) async fn get_database_changes(
     peer: Option<Extension<ConnectInfo<SocketAddr>>>,
     Query(params): Query<HashMap<String, String>>,
 ) -> Answer {
-    let mut request = parse_request(&params, None, &state.feeds)?;
-    resolve_filter(&state, &opened.db, identity.as_ref().map(|e| &e.0), &params, &mut request).await?;
-    let owner = feed_owner(identity.as_ref().map(|e| &e.0), peer.map(|e| e.0 .0));
-    respond(&state, Asker { principal: Principal::Admin, owner }, request, Some(opened.db)).await
+    let asker =
+        FeedAsker { confinement: Confinement::Everything, identity: identity.map(|e| e.0), peer: peer.map(|e| e.0 .0) };
+    database_changes(&state, opened.db, asker, &params, None).await
 }
 
-/// `POST /{db}/_changes` of a database other than the data-store one.
+/// `POST /{db}/_changes` of a database opened by the database router.
 pub(crate) async fn post_database_changes(
     State(state): State<CouchState>,
     opened: super::db::OpenDb,
@@ -351,11 +465,10 @@ pub(crate) async fn post_database_changes(
     headers: HeaderMap,
     body: Body,
 ) -> Answer {
-    let owner = feed_owner(identity.as_ref().map(|e| &e.0), peer.map(|e| e.0 .0));
+    let asker =
+        FeedAsker { confinement: Confinement::Everything, identity: identity.map(|e| e.0), peer: peer.map(|e| e.0 .0) };
     let body = read_body(&state, &headers, body).await?;
-    let mut request = parse_request(&params, body.as_ref(), &state.feeds)?;
-    resolve_filter(&state, &opened.db, identity.as_ref().map(|e| &e.0), &params, &mut request).await?;
-    respond(&state, Asker { principal: Principal::Admin, owner }, request, Some(opened.db)).await
+    database_changes(&state, opened.db, asker, &params, body).await
 }
 
 async fn read_body(state: &CouchState, headers: &HeaderMap, body: Body) -> CouchResult<Option<Map<String, Value>>> {
@@ -366,26 +479,6 @@ async fn read_body(state: &CouchState, headers: &HeaderMap, body: Body) -> Couch
             _ => Err(CouchError::bad_request("Request body must be a JSON object")),
         },
     }
-}
-
-/// `POST /{db}/_changes`: the same, with `doc_ids` or `selector` in the body.
-#[allow(clippy::too_many_arguments)]
-pub async fn post_changes(
-    State(state): State<CouchState>,
-    Extension(principal): Extension<Principal>,
-    identity: Option<Extension<Identity>>,
-    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
-    _served: ServedDb,
-    Query(params): Query<HashMap<String, String>>,
-    headers: HeaderMap,
-    body: Body,
-) -> Answer {
-    let owner = feed_owner(identity.as_ref().map(|e| &e.0), peer.map(|e| e.0 .0));
-    let body = read_body(&state, &headers, body).await?;
-    let mut request = parse_request(&params, body.as_ref(), &state.feeds)?;
-    request.since = state.auth.sessions.positions().given(&principal, request.since.take());
-    resolve_data_store_filter(&state, &principal, identity.as_ref().map(|e| &e.0), &params, &mut request).await?;
-    respond(&state, Asker { principal, owner }, request, None).await
 }
 
 fn parse_request(
@@ -460,6 +553,7 @@ fn parse_request(
         eventsource,
         conflicts: bool_param("conflicts", param("conflicts"), false)?,
         inline: super::db::inline_wanted(params)?,
+        confinement: Confinement::Everything,
     })
 }
 
@@ -515,10 +609,11 @@ fn selector(body: Option<&Map<String, Value>>) -> CouchResult<DocumentPredicate>
 /// Where the stream is.
 struct Cursor {
     backend: Arc<dyn DocumentBackend>,
-    /// The database whose feed this is, when not the data-store database's: rows then come from
-    /// each document's revision tree.
+    /// The database whose feed this is: rows come from each document's revision tree. `None`
+    /// only for the data-store database on a backend that keeps trees itself (CouchDB).
     database: Option<Arc<Database>>,
-    principal: Principal,
+    /// How positions are shown.
+    form: SeqForm,
     /// Seals the positions shown to a per-user login.
     positions: PositionSeal,
     request: Arc<ChangesRequest>,
@@ -564,18 +659,20 @@ enum Phase {
 
 async fn respond(
     state: &CouchState,
-    asker: Asker,
+    owner: String,
     request: ChangesRequest,
     database: Option<Arc<Database>>,
+    form: SeqForm,
 ) -> CouchResult<axum::response::Response> {
+    let positions = state.auth.sessions.positions();
     if request.descending {
         return match database {
-            Some(database) => descending_answer(&database, &request, state.feeds.max_descending).await,
+            Some(database) => descending_answer(&database, &request, state.feeds.max_descending, form, positions).await,
             None => Err(CouchError::bad_request("descending=true is not supported on this database's _changes")),
         };
     }
     let long_lived = request.feed != Feed::Normal;
-    let slot = if long_lived { Some(state.feeds.take_slot(asker.owner)?) } else { None };
+    let slot = if long_lived { Some(state.feeds.take_slot(owner)?) } else { None };
     let backend = match &database {
         Some(database) => database.backend().clone(),
         None => state.store.backend().clone(),
@@ -585,17 +682,17 @@ async fn respond(
         _ => CouchError::from(err),
     };
     // A database shows positions as `N-token` (`crate::database::seq`); the backend reads the token.
-    let asked = match (&database, request.since.as_deref()) {
-        (Some(_), Some(text)) => Some(crate::database::seq::read(text)),
+    let asked = match (form, request.since.as_deref()) {
+        (SeqForm::Ranked, Some(text)) => Some(crate::database::seq::read(text)),
         (_, asked) => asked,
     };
     let since = resolve_since(backend.as_ref(), asked).await.map_err(malformed)?;
     // Where the backend counts its feed, `N` is a rank counted from the client's `since`.
-    let ranks = match &database {
-        Some(_) => seq::counted_length(backend.as_ref())
+    let ranks = match form {
+        SeqForm::Ranked => seq::counted_length(backend.as_ref())
             .await?
             .map(|length| Ranks::from_since(request.since.as_deref(), length)),
-        None => None,
+        SeqForm::StoreTokens => None,
     };
     // The first page is read here, before the status line: a `since` the backend does not know
     // is a 400 now, not a stream that breaks off.
@@ -618,8 +715,8 @@ async fn respond(
     let mut cursor = Cursor {
         backend,
         database,
-        principal: asker.principal,
-        positions: state.auth.sessions.positions().clone(),
+        form,
+        positions: positions.clone(),
         deadline: now + lifetime,
         next_heartbeat: request.heartbeat.filter(|_| long_lived).map(|beat| now + beat),
         request: Arc::new(request),
@@ -805,6 +902,11 @@ async fn wait_until(cursor: &mut Cursor, due: Instant) -> Wake {
 /// The closing text, and the stream marked finished.
 async fn finish(cursor: &mut Cursor) -> crate::Result<String> {
     cursor.phase = Phase::Finished;
+    // A per-user login is told how many of its own changes are left, never everyone's.
+    if cursor.pending > 0 && cursor.request.confinement.only_user().is_some() {
+        cursor.pending =
+            confined_pending(cursor.backend.as_ref(), cursor.since.as_deref(), &cursor.request.confinement).await?;
+    }
     if let Some(ranks) = &cursor.ranks {
         // The feed's length now closes the answer; a count that fails (the database deleted
         // meanwhile) leaves the rank read so far and the read's own `pending`.
@@ -850,9 +952,6 @@ fn closing(cursor: &Cursor) -> crate::Result<String> {
         None => (None, cursor.pending),
     };
     let last_seq = shown_seq(cursor, &cursor.last_seq, rank)?;
-    // `pending` counts every user's changes still to read: a per-user login is shown 0, so it
-    // cannot watch others' writes (docs/couchdb-api.md, "Counts").
-    let pending = if cursor.principal.only_user().is_some() { 0 } else { pending };
     let tail = json!({ "last_seq": last_seq, "pending": pending });
     Ok(match cursor.request.feed {
         Feed::Continuous if cursor.request.eventsource => String::new(),
@@ -866,7 +965,9 @@ fn closing(cursor: &Cursor) -> crate::Result<String> {
 /// stay the backend's tokens, sealed for a per-user login).
 fn shown_seq(cursor: &Cursor, token: &str, rank: Option<u64>) -> crate::Result<String> {
     match rank {
-        _ if cursor.database.is_none() || token == "0" => cursor.positions.shown(&cursor.principal, token),
+        _ if cursor.form == SeqForm::StoreTokens || token == "0" => {
+            cursor.positions.shown_to(&cursor.request.confinement, token)
+        }
         Some(rank) => Ok(seq::show_ranked(rank, token)),
         None => Ok(seq::show(token)),
     }
@@ -875,11 +976,23 @@ fn shown_seq(cursor: &Cursor, token: &str, rank: Option<u64>) -> crate::Result<S
 /// The rows of one page that the request may see and wants.
 async fn rows_of(cursor: &Cursor, changes: &[Change]) -> crate::Result<Vec<Value>> {
     if let Some(database) = &cursor.database {
-        let shown = seq::shown_all(cursor.ranks.as_ref(), changes.iter().map(|c| c.seq.as_str()));
+        let shown = match cursor.form {
+            SeqForm::Ranked => seq::shown_all(cursor.ranks.as_ref(), changes.iter().map(|c| c.seq.as_str())),
+            SeqForm::StoreTokens => {
+                // Only the login's own changes are sealed (a seal costs a random salt and a key).
+                let confinement = &cursor.request.confinement;
+                let own: Vec<Change> = changes.iter().filter(|c| confinement.admits_id(&c.id)).cloned().collect();
+                let shown = own
+                    .iter()
+                    .map(|c| cursor.positions.shown_to(confinement, &c.seq))
+                    .collect::<crate::Result<Vec<_>>>()?;
+                return database_rows(database, &cursor.request, &own, &shown).await;
+            }
+        };
         return database_rows(database, &cursor.request, changes, &shown).await;
     }
     let request = &cursor.request;
-    let confinement = cursor.principal.confinement();
+    let confinement = &request.confinement;
     let visible: Vec<&Change> = changes
         .iter()
         .filter(|c| confinement.admits_id(&c.id))
@@ -953,7 +1066,7 @@ async fn rows_of(cursor: &Cursor, changes: &[Change]) -> crate::Result<Vec<Value
             let others = tree.leaves().into_iter().map(|leaf| leaf.rev()).filter(|rev| rev != change.rev.as_str());
             leaves.extend(others.map(|rev| json!({ "rev": rev })));
         }
-        let seq = cursor.positions.shown(&cursor.principal, &change.seq)?;
+        let seq = cursor.positions.shown_to(confinement, &change.seq)?;
         let mut row = json!({ "seq": seq, "id": change.id, "changes": leaves });
         if change.deleted {
             row["deleted"] = Value::Bool(true);
@@ -974,6 +1087,8 @@ async fn descending_answer(
     database: &Database,
     request: &ChangesRequest,
     max_changes: usize,
+    form: SeqForm,
+    positions: &PositionSeal,
 ) -> CouchResult<axum::response::Response> {
     if request.feed != Feed::Normal {
         return Err(CouchError::bad_request("descending=true is only supported with feed=normal"));
@@ -995,29 +1110,35 @@ async fn descending_answer(
             break;
         }
     }
-    // A document changed twice during the reads is listed at its later change only.
+    // A document changed twice during the reads is listed at its later change only; a login
+    // confined to its own ids neither sees nor counts the others.
     let mut seen = HashSet::new();
-    let newest_first: Vec<Change> = changes.into_iter().rev().filter(|c| seen.insert(c.id.clone())).collect();
+    let newest_first: Vec<Change> = changes
+        .into_iter()
+        .rev()
+        .filter(|c| request.confinement.admits_id(&c.id) && seen.insert(c.id.clone()))
+        .collect();
     // Ranked after the entries purges took out, as every other answer counts them.
-    let erased_before = seq::counted(backend.as_ref()).await?.map(|(_, erased)| erased);
+    let erased_before = match form {
+        SeqForm::Ranked => seq::counted(backend.as_ref()).await?.map(|(_, erased)| erased),
+        SeqForm::StoreTokens => None,
+    };
+    let show_at = |rank: u64, token: &str| match (form, erased_before) {
+        (SeqForm::StoreTokens, _) => positions.shown_to(&request.confinement, token),
+        (SeqForm::Ranked, Some(erased)) => Ok(seq::show_ranked(rank + erased, token)),
+        (SeqForm::Ranked, None) => Ok(seq::show(token)),
+    };
     let shown: Vec<String> = newest_first
         .iter()
         .zip((1..=newest_first.len() as u64).rev())
-        .map(|(change, rank)| match erased_before {
-            Some(erased) => seq::show_ranked(rank + erased, &change.seq),
-            None => seq::show(&change.seq),
-        })
-        .collect();
+        .map(|(change, rank)| show_at(rank, &change.seq))
+        .collect::<crate::Result<_>>()?;
     let (rows, last_change) = limited_rows(database, request, &newest_first, &shown).await?;
     let (last_seq, pending) = match last_change {
         Some(index) => (shown[index].clone(), (newest_first.len() - index - 1) as u64),
         None => {
             let end = since.unwrap_or_else(|| "0".into());
-            let shown_end = match erased_before {
-                Some(erased) => seq::show_ranked(newest_first.len() as u64 + erased, &end),
-                None => seq::show(&end),
-            };
-            (shown_end, 0)
+            (show_at(newest_first.len() as u64, &end)?, 0)
         }
     };
     Ok(super::json(StatusCode::OK, json!({ "results": rows, "last_seq": last_seq, "pending": pending })))
@@ -1080,6 +1201,7 @@ async fn page_rows(
     let (wanted, wanted_seqs): (Vec<&Change>, Vec<&String>) = changes
         .iter()
         .zip(shown)
+        .filter(|(c, _)| request.confinement.admits_id(&c.id))
         .filter(|(c, _)| match &request.filter {
             Filter::DocIds(ids) => ids.contains(&c.id),
             Filter::Design => c.id.starts_with("_design/"),
@@ -1089,7 +1211,7 @@ async fn page_rows(
     let ids: Vec<String> = wanted.iter().map(|c| c.id.clone()).collect();
     let states = database.read_many(&ids).await?;
     let passed = match &request.filter {
-        Filter::JavaScript(filter) => Some(filter_page(filter, &wanted, &states).await?),
+        Filter::JavaScript(filter) => Some(filter_page(filter, &wanted, &states, request.conflicts).await?),
         _ => None,
     };
     let mut rows = Vec::with_capacity(wanted.len());
@@ -1128,11 +1250,13 @@ async fn page_rows(
 }
 
 /// Which changes of a page pass a design document's filter: each document as the function sees
-/// it (the winner, `_deleted` when deleted), one engine call for the page.
+/// it (the winner, `_deleted` when deleted, `_conflicts` when the feed asks for them, as CouchDB
+/// opens the documents for it: `couch_changes:open_revs`), one engine call for the page.
 async fn filter_page(
     filter: &JsFilter,
     changes: &[&Change],
     states: &[Option<crate::database::DocState>],
+    conflicts: bool,
 ) -> crate::Result<Vec<bool>> {
     let mut docs = Vec::with_capacity(changes.len());
     let mut at = Vec::with_capacity(changes.len());
@@ -1141,7 +1265,7 @@ async fn filter_page(
             continue;
         };
         let (state, winner) = winner;
-        let options = super::db::DocOptions::default();
+        let options = super::db::DocOptions { conflicts, ..Default::default() };
         docs.push(Arc::new(super::db::leaf_json(&change.id, &state.tree, winner, options)));
         at.push(index);
     }
@@ -1153,6 +1277,33 @@ async fn filter_page(
         passed[index] = ok;
     }
     Ok(passed)
+}
+
+/// The most feed entries read past a per-user login's `last_seq` to count its own changes left
+/// (`pending`): past them, the count so far, and at least 1, since more is left.
+pub const CONFINED_PENDING_READ_LIMIT: usize = 10 * DEFAULT_PAGE;
+
+/// How many changes after `since` are of ids `confinement` admits, read a page at a time up to
+/// [`CONFINED_PENDING_READ_LIMIT`] entries.
+async fn confined_pending(
+    backend: &dyn DocumentBackend,
+    since: Option<&str>,
+    confinement: &Confinement,
+) -> crate::Result<u64> {
+    let mut since = since.map(str::to_owned);
+    let (mut read, mut own) = (0usize, 0u64);
+    loop {
+        let page = read_page(backend, since.as_deref(), DEFAULT_PAGE).await?;
+        read += page.changes.len();
+        own += page.changes.iter().filter(|c| confinement.admits_id(&c.id)).count() as u64;
+        if page.pending == 0 || page.changes.is_empty() {
+            return Ok(own);
+        }
+        if read >= CONFINED_PENDING_READ_LIMIT {
+            return Ok(own.max(1));
+        }
+        since = Some(page.last_seq);
+    }
 }
 
 /// The tombstones of deleted changes, read a few at a time, by id.

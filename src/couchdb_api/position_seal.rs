@@ -20,6 +20,7 @@ use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM, NONCE_LEN};
 use ring::hkdf::{Prk, Salt, HKDF_SHA256};
 
 use super::access::Principal;
+use crate::database::data_store_rules::Confinement;
 use crate::error::{Error, ErrorKind, Result};
 use crate::feed::SINCE_NOW;
 
@@ -57,7 +58,13 @@ impl PositionSeal {
 
     /// `position` as `principal` is shown it: sealed for a per-user login, as it is otherwise.
     pub fn shown(&self, principal: &Principal, position: &str) -> Result<String> {
-        match principal.only_user() {
+        self.shown_to(&principal.confinement(), position)
+    }
+
+    /// `position` as a login confined to `confinement` is shown it: sealed for a per-user
+    /// login, as it is for one that sees everything.
+    pub fn shown_to(&self, confinement: &Confinement, position: &str) -> Result<String> {
+        match confinement.only_user() {
             Some(user) => self.seal(user, position),
             None => Ok(position.to_owned()),
         }
@@ -66,7 +73,12 @@ impl PositionSeal {
     /// The `since` a request gave, as the store reads it. For a per-user login the literal forms
     /// (empty, `0`, `now`) stand; a token is unsealed, and one that does not unseal is `0`.
     pub fn given(&self, principal: &Principal, since: Option<String>) -> Option<String> {
-        let Some(user) = principal.only_user() else { return since };
+        self.given_by(&principal.confinement(), since)
+    }
+
+    /// [`PositionSeal::given`] for a login confined to `confinement`.
+    pub fn given_by(&self, confinement: &Confinement, since: Option<String>) -> Option<String> {
+        let Some(user) = confinement.only_user() else { return since };
         match since.as_deref() {
             None | Some("") | Some("0") | Some(SINCE_NOW) => since,
             Some(token) => Some(self.unseal(user, token).unwrap_or_else(|| "0".to_owned())),

@@ -17,6 +17,7 @@ mod bulk;
 mod changes;
 mod crash_repairs;
 mod data_store;
+mod data_store_feed;
 mod databases;
 mod depth;
 mod design_functions;
@@ -183,6 +184,13 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         }),
         ("replicator_reads_repair_a_cut_create", |e| Box::pin(crash_repairs::replicator_reads_repair_a_cut_create(e))),
         ("listings_finish_a_cut_deletion", |e| Box::pin(crash_repairs::listings_finish_a_cut_deletion(e))),
+        ("data_store_feed_confined_to_the_login", |e| {
+            Box::pin(data_store_feed::data_store_feed_confined_to_the_login(e))
+        }),
+        ("data_store_feed_shows_every_leaf", |e| Box::pin(data_store_feed::data_store_feed_shows_every_leaf(e))),
+        ("data_store_feed_wakes_on_facade_writes", |e| {
+            Box::pin(data_store_feed::data_store_feed_wakes_on_facade_writes(e))
+        }),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
@@ -198,7 +206,8 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
                             | "data_store_indexes_and_purge"
                             | "admin_endpoints_names_and_headers"
                             | "per_user_counts_ignore_other_users"
-                            | "per_user_feed_positions_sealed" => Some(logins::logins_config()?),
+                            | "per_user_feed_positions_sealed"
+                            | "data_store_feed_confined_to_the_login" => Some(logins::logins_config()?),
                             "roles_and_security" => Some(roles::roles_config()?),
                             "attachments_in_documents" | "attachments_gzip_parts" => {
                                 Some(attachments::BOUNDED_CONFIG.to_owned())
