@@ -216,6 +216,9 @@ impl DataStore {
     /// Wraps `backend` and ensures its standard indexes (the startup step of the spec).
     pub async fn open(backend: Arc<dyn DocumentBackend>, options: StoreOptions) -> Result<Self> {
         backend.ensure_standard_indexes().await?;
+        // The data-store database's design documents as records, where a previous release kept
+        // them as local documents (`crate::upgrade`, which does the same).
+        crate::upgrade::move_data_store_design_documents(&backend).await?;
         Ok(DataStore {
             backend,
             options,

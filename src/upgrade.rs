@@ -6,6 +6,21 @@
 //! atomically like a migration's; a rerun resumes from it. The backend's steps are idempotent and
 //! safe to repeat from any earlier token, so a run killed between a page and its checkpoint only
 //! repeats that page. A store that is already current is left alone.
+//!
+//! ## The data-store database's design documents
+//! The previous release kept them as local documents `:design:{name}` (one branch each, outside
+//! the change feed and migrations); this one keeps them as the engine keeps every database's
+//! design documents: records `_design/{name}` of the data-store layout.
+//! [`move_data_store_design_documents`] moves each, every run of `upgrade` (whatever the rest of
+//! the layout says, since a release that wrote them may have run after an earlier upgrade), and
+//! the facade runs it too when it opens the store (`crate::store::DataStore::open`), so a server
+//! started on this release without `upgrade` serves them (an operator replacing the binary
+//! expects the design documents to stay; the move costs one listing of local documents when
+//! there is none to move). Each move is
+//! crash-safe and idempotent: the leaf is written first as a replicated revision with its whole
+//! path (so `_rev` and `_revisions` stay what clients hold; a revision the record has already is
+//! a no-op), the local document removed last, on the revision read (a copy another process moved
+//! or changed meanwhile is left for the next run).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -15,7 +30,10 @@ use clap::Args;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::backend::{DocumentBackend, LayoutState};
+use crate::backend::rev_tree::RevTree;
+use crate::backend::{DocumentBackend, IdRange, LayoutState, LOCAL_PREFIX};
+use crate::database::layout::DESIGN_SIDE_PREFIX;
+use crate::database::{Database, Write};
 use crate::error::{Error, ErrorKind, Result};
 use crate::migrate::checkpoint;
 use crate::migrate::progress::{Progress, ProgressMode, Snapshot};
@@ -27,6 +45,10 @@ const FORMAT: u32 = 1;
 /// For tests only: milliseconds to pause after each page, so a test can kill a run part-way
 /// through a small store.
 const PAGE_DELAY_ENV: &str = "AGENTSTORE_UPGRADE_PAGE_DELAY_MS";
+/// The field of a previous release's `:design:{name}` local document holding its revision tree.
+const DESIGN_TREE_FIELD: &str = "tree";
+/// Local documents read per page while moving design documents.
+const DESIGN_MOVE_PAGE: usize = 100;
 
 /// `agentstore upgrade`.
 #[derive(Debug, Clone, Args)]
@@ -121,6 +143,10 @@ pub async fn run(backend: Arc<dyn DocumentBackend>, args: UpgradeArgs) -> Result
     let name = backend.describe();
     let path = args.checkpoint.clone().unwrap_or_else(|| default_checkpoint_path(&name));
     let saved = load(&path, &name)?;
+    let moved = move_data_store_design_documents(&backend).await?;
+    if moved > 0 {
+        eprintln!("agentstore upgrade: moved {moved} design document(s) of the data-store database into records");
+    }
     if backend.layout().await? == LayoutState::Current {
         // Finished earlier (perhaps killed after `finish_upgrade`, before removing its file).
         checkpoint::remove(&path)?;
@@ -211,6 +237,60 @@ async fn upgrade_pages(
             tokio::time::sleep(delay).await;
         }
     }
+}
+
+/// Moves every design document of the data-store database the previous release kept as a local
+/// document `:design:{name}` into the record `_design/{name}` (module documentation); answers how
+/// many were moved. Nothing to do on a backend that keeps revision trees itself (the CouchDB
+/// backend runs its own design documents).
+pub async fn move_data_store_design_documents(backend: &Arc<dyn DocumentBackend>) -> Result<u64> {
+    if backend.keeps_branches() {
+        return Ok(0);
+    }
+    let database = Database::data_store(crate::model::COLLECTION.to_owned(), Arc::clone(backend))?;
+    let names = IdRange { inclusive_end: true, ..IdRange::all() }.under_prefix(DESIGN_SIDE_PREFIX);
+    let mut moved = 0;
+    let mut token: Option<String> = None;
+    loop {
+        let page = backend.local_docs(&names, DESIGN_MOVE_PAGE, token.as_deref()).await?;
+        for kept in &page.items {
+            let local = kept.id.strip_prefix(LOCAL_PREFIX).unwrap_or(&kept.id);
+            let Some(name) = local.strip_prefix(DESIGN_SIDE_PREFIX) else { continue };
+            move_design_document(&database, name, kept).await?;
+            match backend.delete_local(local, &kept.rev).await {
+                Ok(()) => moved += 1,
+                // Moved (or changed) by another process meanwhile: its run, or the next, settles it.
+                Err(err) if err.is_conflict() || err.kind() == ErrorKind::NotFound => {}
+                Err(err) => return Err(err),
+            }
+        }
+        match page.next {
+            Some(next) => token = Some(next),
+            None => return Ok(moved),
+        }
+    }
+}
+
+/// Writes every leaf of the design document `_design/{name}` kept in `kept` (a previous
+/// release's local document) as a replicated revision with its whole path.
+async fn move_design_document(database: &Database, name: &str, kept: &crate::backend::StoredDocument) -> Result<()> {
+    let tree: RevTree =
+        serde_json::from_value(kept.body.get(DESIGN_TREE_FIELD).cloned().unwrap_or_default()).map_err(|err| {
+            Error::new(
+                ErrorKind::Corrupt,
+                format!("the design document {name:?} kept as {:?} does not parse: {err}", kept.id),
+            )
+        })?;
+    let id = format!("_design/{name}");
+    let writes: Vec<Write> = tree
+        .leaves()
+        .into_iter()
+        .map(|leaf| Write::Replicated { path: leaf.path.clone(), deleted: leaf.deleted, body: leaf.body.clone() })
+        .collect();
+    for answer in database.write_batch(&id, &writes).await? {
+        answer?;
+    }
+    Ok(())
 }
 
 fn snapshot(state: &UpgradeCheckpoint) -> Snapshot {

@@ -3,19 +3,15 @@
 //! [`super::design`] passes requests to it).
 //!
 //! ## Storage
-//! A design document `_design/{name}` is kept as the backend's local document
-//! `:design:{name}` ([`DESIGN_SIDE_PREFIX`]), as each document's conflicts are kept beside it
-//! (`:leaves:{id}`, [`crate::database::layout::data_store`]): its revision tree, one branch (every write
-//! names the current revision, as CouchDB's `new_edits=true` writes do), deleted or not. No
-//! client can name these local documents (the CouchDB face refuses `_local/` names with these
-//! prefixes). A write reads the tree, edits it with CouchDB's rules
-//! ([`crate::backend::rev_tree::RevTree::edit`]) and saves it with a precondition on the local
-//! document's revision, starting again from a fresh read when another writer got in between.
-//!
-//! Local documents are not in the change feed and are not migrated (`agentstore migrate`
-//! copies documents), so design documents are neither: a view never maps a design document
-//! here (`options.include_design` has nothing to map), and a migration leaves them behind
-//! (docs/design-documents.md).
+//! A design document `_design/{name}` is a record of the data-store database as the engine keeps
+//! it ([`crate::database::Database::data_store`], the data-store layout): in the change feed, in
+//! `_all_docs` and `doc_count` for an admin, replicated and migrated like every other database's
+//! (CouchDB's behaviour). A write is the engine's edit (`new_edits=true`). The previous release
+//! kept each as a local document `:design:{name}` ([`DESIGN_SIDE_PREFIX`]);
+//! [`crate::upgrade::move_data_store_design_documents`] moves them into records (`agentstore
+//! upgrade`, and the facade when it opens the store). The facade never lists them: its queries
+//! are a user's documents. A view never maps a design document unless its design document asks
+//! (`options.include_design`).
 //!
 //! ## Views
 //! [`DataStoreSource`] is the data-store database as a [`ViewSource`]: its change feed, each
@@ -52,10 +48,9 @@ use serde_json::{Map, Value};
 use super::db::{answer_read, cleanup_answer, info_answer, leaf_json, queries_answer, view_answer, DocOptions, Viewed};
 use super::error::{CouchError, CouchResult};
 use super::{Answer, CouchState};
-use crate::backend::rev_tree::{EditError, RevTree};
-use crate::backend::revision::random_token;
-use crate::backend::{DocumentBackend, IdRange, Precondition, Revision, StoredDocument, DEFAULT_REVS_LIMIT};
-use crate::error::{Error, ErrorKind};
+use crate::backend::rev_tree::RevTree;
+use crate::backend::{DocumentBackend, IdRange, StoredDocument};
+use crate::database::{Database, Write, Written};
 use crate::views::source::kept_incarnation;
 use crate::views::{SourceDoc, SourcePage, ViewError, ViewSource};
 
@@ -64,10 +59,6 @@ pub const DESIGN_SIDE_PREFIX: &str = crate::database::layout::DESIGN_SIDE_PREFIX
 /// The local document holding the data-store database's incarnation for view indexes (the
 /// facade's `purge_user` removes it, [`crate::store::VIEWS_INCARNATION_DOC`]).
 pub const INCARNATION_DOC: &str = crate::store::VIEWS_INCARNATION_DOC;
-/// The field of a design document's local document holding its revision tree.
-const TREE_FIELD: &str = "tree";
-/// Rounds of read, edit and save against other writers of one design document before a 409.
-const WRITE_ATTEMPTS: usize = 16;
 /// Design documents read per page when all of them are listed.
 const LIST_PAGE: usize = 100;
 
@@ -77,94 +68,55 @@ pub fn is_reserved_local(name: &str) -> bool {
     crate::database::layout::reserved_local_name(name)
 }
 
-/// The design document `_design/{name}`'s tree and its local document's revision.
-async fn read_tree(backend: &dyn DocumentBackend, name: &str) -> crate::Result<Option<(RevTree, Revision)>> {
-    let Some(stored) = backend.get_local(&format!("{DESIGN_SIDE_PREFIX}{name}")).await? else { return Ok(None) };
-    Ok(Some((tree_of(name, &stored.body)?, stored.rev)))
+/// The data-store database as the engine serves it, for its design documents' records (its
+/// name is the views' business only, not needed here).
+fn engine(backend: &Arc<dyn DocumentBackend>) -> crate::Result<Database> {
+    Database::data_store(crate::model::COLLECTION.to_owned(), Arc::clone(backend))
 }
 
-fn tree_of(name: &str, body: &Map<String, Value>) -> crate::Result<RevTree> {
-    serde_json::from_value(body.get(TREE_FIELD).cloned().unwrap_or(Value::Null)).map_err(|err| {
-        Error::new(
-            ErrorKind::Corrupt,
-            format!("the design document {name:?} kept by this database does not parse: {err}"),
-        )
-    })
+/// The design document `_design/{name}`'s tree, `None` when nothing is stored for it.
+async fn read_tree(backend: &Arc<dyn DocumentBackend>, name: &str) -> crate::Result<Option<RevTree>> {
+    Ok(engine(backend)?.read(&format!("_design/{name}")).await?.map(|state| state.tree))
 }
 
-/// A new revision of `_design/{name}` over `parent` (CouchDB's `new_edits=true` rules): the new
-/// revision, or 409 `conflict`.
+/// A new revision of `_design/{name}` over `parent` (CouchDB's `new_edits=true` rules, the
+/// engine's write): the new revision, or 409 `conflict`.
 async fn edit(
-    backend: &dyn DocumentBackend,
+    backend: &Arc<dyn DocumentBackend>,
     name: &str,
     parent: Option<&str>,
     deleted: bool,
     body: Map<String, Value>,
 ) -> CouchResult<String> {
-    let local = format!("{DESIGN_SIDE_PREFIX}{name}");
-    for _ in 0..WRITE_ATTEMPTS {
-        let (mut tree, precondition) = match read_tree(backend, name).await? {
-            Some((tree, rev)) => (tree, Precondition::MatchRevision(rev)),
-            None => (RevTree::default(), Precondition::MustNotExist),
-        };
-        // A deletion of a document that is not there is CouchDB's 404, not a conflict.
-        if deleted && tree.winner().is_none_or(|winner| winner.deleted) {
+    let id = format!("_design/{name}");
+    let database = engine(backend)?;
+    // A deletion of a document that is not there is CouchDB's 404, not a conflict.
+    if deleted {
+        let tree = database.read(&id).await?.map(|state| state.tree).unwrap_or_default();
+        if tree.winner().is_none_or(|winner| winner.deleted) {
             return Err(CouchError::not_found(if tree.is_empty() { "missing" } else { "deleted" }));
         }
-        let new_id = hex::encode(random_token()?);
-        let rev = match tree.edit(parent, &new_id, deleted, body.clone(), DEFAULT_REVS_LIMIT) {
-            Ok(rev) => rev,
-            Err(EditError::Conflict) => return Err(CouchError::conflict()),
-        };
-        let mut stored = Map::new();
-        stored.insert(
-            TREE_FIELD.into(),
-            serde_json::to_value(&tree).map_err(|err| CouchError::internal(err.to_string()))?,
-        );
-        match backend.put_local(&local, &stored, precondition).await {
-            Ok(_) => return Ok(rev),
-            Err(err) if err.is_conflict() => continue,
-            Err(err) => return Err(err.into()),
-        }
     }
-    Err(CouchError::conflict())
-}
-
-/// Every design document kept (live or deleted), in id order: `(id, tree)`.
-async fn all_trees(backend: &dyn DocumentBackend) -> crate::Result<Vec<(String, RevTree)>> {
-    let names = IdRange { inclusive_end: true, ..IdRange::all() }.under_prefix(DESIGN_SIDE_PREFIX);
-    let mut found = Vec::new();
-    let mut token: Option<String> = None;
-    loop {
-        let page = backend.local_docs(&names, LIST_PAGE, token.as_deref()).await?;
-        for doc in &page.items {
-            let Some(name) =
-                doc.id.strip_prefix(crate::backend::LOCAL_PREFIX).and_then(|n| n.strip_prefix(DESIGN_SIDE_PREFIX))
-            else {
-                continue;
-            };
-            found.push((format!("_design/{name}"), tree_of(name, &doc.body)?));
-        }
-        match page.next {
-            Some(next) => token = Some(next),
-            None => break,
-        }
+    match database.write(&id, &Write::Edit { parent: parent.map(str::to_owned), deleted, body }).await? {
+        Written::Edited(rev) => Ok(rev),
+        Written::Merged(_) => Err(CouchError::internal("an edit was answered as a replicated revision")),
     }
-    found.sort_by(|a, b| a.0.cmp(&b.0));
-    Ok(found)
 }
 
 /// The live design documents, in id order, as `_all_docs` lists them: id, the winner's revision
-/// and the document.
+/// and the document (their records).
 pub(crate) async fn live_design_docs(backend: &dyn DocumentBackend) -> crate::Result<Vec<StoredDocument>> {
-    Ok(all_trees(backend)
-        .await?
-        .into_iter()
-        .filter_map(|(id, tree)| {
-            let winner = tree.winner().filter(|winner| !winner.deleted)?;
-            Some(StoredDocument { id: id.clone(), rev: Revision(winner.rev()), body: winner.body.clone() })
-        })
-        .collect())
+    let range = IdRange::design_documents();
+    let mut found = Vec::new();
+    let mut token: Option<String> = None;
+    loop {
+        let page = backend.all_docs(&range, LIST_PAGE, token.as_deref()).await?;
+        found.extend(page.items.into_iter().filter(|doc| doc.id.starts_with("_design/")));
+        match page.next {
+            Some(next) => token = Some(next),
+            None => return Ok(found),
+        }
+    }
 }
 
 /// The data-store database as a source of view indexes.
@@ -185,8 +137,7 @@ impl DataStoreSource {
 
     /// The live design document `_design/{name}` as CouchDB shows it (404 `missing`/`deleted`).
     pub(crate) async fn design_doc(&self, name: &str) -> CouchResult<Value> {
-        let (tree, _) =
-            read_tree(self.backend.as_ref(), name).await?.ok_or_else(|| CouchError::not_found("missing"))?;
+        let tree = read_tree(&self.backend, name).await?.ok_or_else(|| CouchError::not_found("missing"))?;
         let winner = tree.winner().ok_or_else(|| CouchError::not_found("missing"))?;
         if winner.deleted {
             return Err(CouchError::not_found("deleted"));
@@ -315,11 +266,11 @@ async fn document(
     headers: &HeaderMap,
     body: Body,
 ) -> Answer {
-    let backend = state.store.backend().as_ref();
+    let backend = state.store.backend();
     let id = format!("_design/{name}");
     match method.as_str() {
         "GET" | "HEAD" => {
-            let tree = read_tree(backend, name).await?.map(|(tree, _)| tree);
+            let tree = read_tree(backend, name).await?;
             answer_read(&id, tree.as_ref(), params, headers)
         }
         "PUT" => {
@@ -358,10 +309,10 @@ async fn document(
 
 /// CouchDB's answer to a `DELETE` without a revision: 404 for a missing or deleted document,
 /// else 409.
-async fn deletion_refused(backend: &dyn DocumentBackend, name: &str) -> CouchError {
+async fn deletion_refused(backend: &Arc<dyn DocumentBackend>, name: &str) -> CouchError {
     match read_tree(backend, name).await {
         Ok(None) => CouchError::not_found("missing"),
-        Ok(Some((tree, _))) if tree.winner().is_none_or(|winner| winner.deleted) => CouchError::not_found("deleted"),
+        Ok(Some(tree)) if tree.winner().is_none_or(|winner| winner.deleted) => CouchError::not_found("deleted"),
         Ok(Some(_)) => CouchError::conflict(),
         Err(err) => err.into(),
     }
@@ -401,8 +352,8 @@ async fn copy(state: &CouchState, name: &str, params: &HashMap<String, String>, 
             "{target:?} is not a design document: a design document is copied only to another one here"
         )));
     };
-    let backend = state.store.backend().as_ref();
-    let (tree, _) = read_tree(backend, name).await?.ok_or_else(|| CouchError::not_found("missing"))?;
+    let backend = state.store.backend();
+    let tree = read_tree(backend, name).await?.ok_or_else(|| CouchError::not_found("missing"))?;
     let leaf = match params.get("rev") {
         Some(rev) => tree.leaf(rev).ok_or_else(|| CouchError::not_found("missing"))?,
         None => tree.winner().filter(|w| !w.deleted).ok_or_else(|| CouchError::not_found("deleted"))?,

@@ -17,6 +17,7 @@ mod bulk;
 mod changes;
 mod crash_repairs;
 mod data_store;
+mod data_store_design;
 mod databases;
 mod depth;
 mod design_functions;
@@ -183,6 +184,9 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         }),
         ("replicator_reads_repair_a_cut_create", |e| Box::pin(crash_repairs::replicator_reads_repair_a_cut_create(e))),
         ("listings_finish_a_cut_deletion", |e| Box::pin(crash_repairs::listings_finish_a_cut_deletion(e))),
+        ("data_store_design_documents_are_records", |e| {
+            Box::pin(data_store_design::data_store_design_documents_are_records(e))
+        }),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
