@@ -11,7 +11,7 @@
 //! The previous release kept them as local documents `:design:{name}` (one branch each, outside
 //! the change feed and migrations); this one keeps them as the engine keeps every database's
 //! design documents: records `_design/{name}` of the data-store layout.
-//! [`move_data_store_design_documents`] moves each, every run of `upgrade` (whatever the rest of
+//! [`move_data_store_design_documents`] (`crate::store`) moves each, every run of `upgrade` (whatever the rest of
 //! the layout says, since a release that wrote them may have run after an earlier upgrade), and
 //! the facade runs it too when it opens the store (`crate::store::DataStore::open`), so a server
 //! started on this release without `upgrade` serves them (an operator replacing the binary
@@ -20,7 +20,9 @@
 //! crash-safe and idempotent: the leaf is written first as a replicated revision with its whole
 //! path (so `_rev` and `_revisions` stay what clients hold; a revision the record has already is
 //! a no-op), the local document removed last, on the revision read (a copy another process moved
-//! or changed meanwhile is left for the next run).
+//! or changed meanwhile is left for the next run). A move ends the data-store database's view
+//! incarnation, so index groups built over the previous release's source are built again, not
+//! read as this release's.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -30,13 +32,11 @@ use clap::Args;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::backend::rev_tree::RevTree;
-use crate::backend::{DocumentBackend, IdRange, LayoutState, LOCAL_PREFIX};
-use crate::database::layout::DESIGN_SIDE_PREFIX;
-use crate::database::{Database, Write};
+use crate::backend::{DocumentBackend, LayoutState};
 use crate::error::{Error, ErrorKind, Result};
 use crate::migrate::checkpoint;
 use crate::migrate::progress::{Progress, ProgressMode, Snapshot};
+use crate::store::move_data_store_design_documents;
 
 /// Largest `--batch`.
 const MAX_BATCH: usize = 10_000;
@@ -45,10 +45,6 @@ const FORMAT: u32 = 1;
 /// For tests only: milliseconds to pause after each page, so a test can kill a run part-way
 /// through a small store.
 const PAGE_DELAY_ENV: &str = "AGENTSTORE_UPGRADE_PAGE_DELAY_MS";
-/// The field of a previous release's `:design:{name}` local document holding its revision tree.
-const DESIGN_TREE_FIELD: &str = "tree";
-/// Local documents read per page while moving design documents.
-const DESIGN_MOVE_PAGE: usize = 100;
 
 /// `agentstore upgrade`.
 #[derive(Debug, Clone, Args)]
@@ -237,60 +233,6 @@ async fn upgrade_pages(
             tokio::time::sleep(delay).await;
         }
     }
-}
-
-/// Moves every design document of the data-store database the previous release kept as a local
-/// document `:design:{name}` into the record `_design/{name}` (module documentation); answers how
-/// many were moved. Nothing to do on a backend that keeps revision trees itself (the CouchDB
-/// backend runs its own design documents).
-pub async fn move_data_store_design_documents(backend: &Arc<dyn DocumentBackend>) -> Result<u64> {
-    if backend.keeps_branches() {
-        return Ok(0);
-    }
-    let database = Database::data_store(crate::model::COLLECTION.to_owned(), Arc::clone(backend))?;
-    let names = IdRange { inclusive_end: true, ..IdRange::all() }.under_prefix(DESIGN_SIDE_PREFIX);
-    let mut moved = 0;
-    let mut token: Option<String> = None;
-    loop {
-        let page = backend.local_docs(&names, DESIGN_MOVE_PAGE, token.as_deref()).await?;
-        for kept in &page.items {
-            let local = kept.id.strip_prefix(LOCAL_PREFIX).unwrap_or(&kept.id);
-            let Some(name) = local.strip_prefix(DESIGN_SIDE_PREFIX) else { continue };
-            move_design_document(&database, name, kept).await?;
-            match backend.delete_local(local, &kept.rev).await {
-                Ok(()) => moved += 1,
-                // Moved (or changed) by another process meanwhile: its run, or the next, settles it.
-                Err(err) if err.is_conflict() || err.kind() == ErrorKind::NotFound => {}
-                Err(err) => return Err(err),
-            }
-        }
-        match page.next {
-            Some(next) => token = Some(next),
-            None => return Ok(moved),
-        }
-    }
-}
-
-/// Writes every leaf of the design document `_design/{name}` kept in `kept` (a previous
-/// release's local document) as a replicated revision with its whole path.
-async fn move_design_document(database: &Database, name: &str, kept: &crate::backend::StoredDocument) -> Result<()> {
-    let tree: RevTree =
-        serde_json::from_value(kept.body.get(DESIGN_TREE_FIELD).cloned().unwrap_or_default()).map_err(|err| {
-            Error::new(
-                ErrorKind::Corrupt,
-                format!("the design document {name:?} kept as {:?} does not parse: {err}", kept.id),
-            )
-        })?;
-    let id = format!("_design/{name}");
-    let writes: Vec<Write> = tree
-        .leaves()
-        .into_iter()
-        .map(|leaf| Write::Replicated { path: leaf.path.clone(), deleted: leaf.deleted, body: leaf.body.clone() })
-        .collect();
-    for answer in database.write_batch(&id, &writes).await? {
-        answer?;
-    }
-    Ok(())
 }
 
 fn snapshot(state: &UpgradeCheckpoint) -> Snapshot {

@@ -14,15 +14,19 @@
 //! (`options.include_design`).
 //!
 //! ## Views
-//! [`DataStoreSource`] is the data-store database as a [`ViewSource`]: its change feed, each
-//! changed document as CouchDB shows it (with `_conflicts` from its revision tree), and an
-//! incarnation kept in the local document [`INCARNATION_DOC`]. The HTTP answers are the other
-//! databases' ([`super::db::Viewed`]). Its created Mango JSON indexes are groups over the
-//! same source ([`crate::mango::index_source`]).
+//! [`DataStoreSource`] is the data-store database as a [`ViewSource`]: the engine's source of
+//! its [`Database`] (its change feed, each changed document's winner with `_conflicts` from its
+//! tree, [`crate::views::source`]), and the engine's incarnation document of this layout
+//! ([`INCARNATION_DOC`]), read at every use rather than remembered. The HTTP answers are the
+//! other databases' ([`super::db::Viewed`]). Its created Mango JSON indexes are groups over the
+//! same source ([`crate::mango::index_source`]). What is left for the merge with the routing of
+//! the data-store database through `super::db`: its `Viewed` becomes the data-store
+//! `Database`'s, with the incarnation read as here, and this module goes.
 //!
 //! ## Purges
 //! `purge_user` erases a user's documents with their feed entries, so no feed page tells an
-//! index to remove their rows. It ends the incarnation instead (removes [`INCARNATION_DOC`]):
+//! index to remove their rows. It ends the incarnation instead
+//! ([`crate::store::end_data_store_views_incarnation`], no HTTP face needed):
 //! the incarnation is read at every index use, so every process then builds new groups from
 //! the feed without the purged documents, and drops the groups of the ended incarnation from
 //! its index file (at its next index use, or its first after a restart).
@@ -52,7 +56,7 @@ use crate::backend::rev_tree::RevTree;
 use crate::backend::{DocumentBackend, IdRange, StoredDocument};
 use crate::database::{Database, Write, Written};
 use crate::views::source::kept_incarnation;
-use crate::views::{SourceDoc, SourcePage, ViewError, ViewSource};
+use crate::views::{SourcePage, ViewError, ViewSource};
 
 /// The start of every local document name holding a design document.
 pub const DESIGN_SIDE_PREFIX: &str = crate::database::layout::DESIGN_SIDE_PREFIX;
@@ -119,15 +123,29 @@ pub(crate) async fn live_design_docs(backend: &dyn DocumentBackend) -> crate::Re
     }
 }
 
-/// The data-store database as a source of view indexes.
+/// The data-store database as a source of view indexes: the engine's source of its
+/// [`Database`] ([`crate::views::source`]), with the incarnation read at every use.
 pub struct DataStoreSource {
     backend: Arc<dyn DocumentBackend>,
     name: String,
+    /// The engine's data-store database; `None` over a backend that keeps revision trees itself
+    /// (the CouchDB backend runs its own views: nothing is indexed here).
+    database: Option<Database>,
 }
 
 impl DataStoreSource {
     pub fn new(backend: Arc<dyn DocumentBackend>, name: &str) -> Self {
-        DataStoreSource { backend, name: name.to_owned() }
+        let database = Database::data_store(name.to_owned(), Arc::clone(&backend)).ok();
+        DataStoreSource { backend, name: name.to_owned(), database }
+    }
+
+    fn database(&self) -> Result<&Database, ViewError> {
+        self.database.as_ref().ok_or_else(|| {
+            ViewError::Storage(crate::Error::new(
+                crate::error::ErrorKind::Misconfigured,
+                "this backend runs the data-store database's views itself",
+            ))
+        })
     }
 
     /// The view group signatures of its created Mango indexes (`_view_cleanup` keeps them).
@@ -184,38 +202,23 @@ impl ViewSource for DataStoreSource {
         &self.name
     }
 
-    /// Read from the backend at every call, not remembered: `purge_user` ends the incarnation
-    /// (removes its local document) so that every process's groups of this database, holding
-    /// rows of the purged documents, are left for new ones built from the feed the purge erased
-    /// from. The indexer drops the old groups from its file when it sees a new incarnation.
+    /// Read from the backend at every call, not remembered as the engine's databases remember
+    /// theirs: `purge_user` ends the incarnation (removes its local document, the engine's
+    /// [`crate::database::layout::LocalNames::views_incarnation`] of this layout) from the facade,
+    /// in this process or another, so that every process's groups of this database, holding rows
+    /// of the purged documents, are left for new ones built from the feed the purge erased from.
+    /// The indexer drops the old groups from its file when it sees a new incarnation. A `_purge`
+    /// stopped between its erasure and its last step is settled first, as the engine does.
     async fn incarnation(&self) -> Result<String, ViewError> {
-        kept_incarnation(self.backend.as_ref(), INCARNATION_DOC).await
+        let database = self.database()?;
+        database.settle_views_purges().await.map_err(ViewError::Storage)?;
+        kept_incarnation(self.backend.as_ref(), database.views_incarnation_doc()).await
     }
 
+    /// The engine's feed of the data-store database: each changed document's winner as CouchDB
+    /// shows it to a map function, `_conflicts` from its tree.
     async fn feed_page(&self, since: Option<&str>, limit: usize) -> Result<SourcePage, ViewError> {
-        let page = self.backend.changes(since, limit).await.map_err(ViewError::Storage)?;
-        let live: Vec<String> = page.changes.iter().filter(|c| !c.deleted).map(|c| c.id.clone()).collect();
-        let found = self.backend.get_many(&live).await.map_err(ViewError::Storage)?;
-        // CouchDB passes `_conflicts` to map functions: one cheap check per document, the tree
-        // read only for documents with branches.
-        let trees = super::branches::trees_of(self.backend.as_ref(), &live).await.map_err(ViewError::Storage)?;
-        let mut docs: HashMap<String, Value> = HashMap::with_capacity(live.len());
-        for ((id, doc), tree) in live.into_iter().zip(found).zip(trees) {
-            if let Some(doc) = doc {
-                let mut shown = doc.to_json();
-                super::branches::add_conflicts(&mut shown, tree.as_ref());
-                docs.insert(id, shown);
-            }
-        }
-        let docs = page
-            .changes
-            .into_iter()
-            .map(|change| {
-                let doc = if change.deleted { None } else { docs.remove(&change.id) };
-                SourceDoc { id: change.id, doc }
-            })
-            .collect();
-        Ok(SourcePage { docs, last_seq: page.last_seq, complete: page.pending == Some(0) })
+        ViewSource::feed_page(self.database()?, since, limit).await
     }
 }
 

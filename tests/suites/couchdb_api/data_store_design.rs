@@ -54,11 +54,21 @@ pub(super) async fn data_store_design_documents_are_records(e: Endpoint) -> Test
             .expect(201, "PUT a data document")?;
     }
 
+    // An index built before the move: the move ends its incarnation, so the groups built over the
+    // previous release's source are built again.
+    e.put(&format!("/{DB}/_design/new"), json!({"views": {"by_ns": {"map": BY_NS}}}))
+        .await?
+        .expect(201, "PUT a design document")?;
+    let before = e.get(&format!("/{DB}/_design/new/_view/by_ns")).await?.expect(200, "the view before the move")?;
+    let incarnation = |kept: Option<agentstore::backend::StoredDocument>| kept.map(|doc| doc.body["id"].clone());
+    let built_over = incarnation(backend.get_local(":views:incarnation").await?);
+    check(built_over.is_some(), || "no incarnation kept for the index".to_owned())?;
+
     // A design document the previous release kept, moved as `upgrade` moves it: its revision
     // and its ancestry stay; run again (a crash between the record and the removal of the
     // local document repeats the move) changes nothing.
     let current = old_layout_design(&backend, "old").await?;
-    let moved = agentstore::upgrade::move_data_store_design_documents(&backend).await?;
+    let moved = agentstore::store::move_data_store_design_documents(&backend).await?;
     check(moved == 1, || format!("moved {moved} design documents, wanted 1"))?;
     check(backend.get_local(":design:old").await?.is_none(), || "the local document is left behind".to_owned())?;
     let read = e
@@ -73,22 +83,26 @@ pub(super) async fn data_store_design_documents_are_records(e: Endpoint) -> Test
         || format!("the moved ancestry: {}", read.body),
     )?;
     old_layout_design(&backend, "old").await?;
-    let again = agentstore::upgrade::move_data_store_design_documents(&backend).await?;
+    let again = agentstore::store::move_data_store_design_documents(&backend).await?;
     let reread = e.get(&format!("/{DB}/_design/old?conflicts=true")).await?.expect(200, "GET after a repeated move")?;
     check(again == 1 && reread.body["_rev"] == json!(current) && reread.body.get("_conflicts").is_none(), || {
         format!("a repeated move changes nothing: moved {again}, {}", reread.body)
     })?;
 
-    // Its view answers as the view of a design document written here.
-    e.put(&format!("/{DB}/_design/new"), json!({"views": {"by_ns": {"map": BY_NS}}}))
-        .await?
-        .expect(201, "PUT a design document")?;
+    // Its view answers as the view of a design document written here, each from an index of
+    // the new incarnation, as before the move.
     let old_view = e.get(&format!("/{DB}/_design/old/_view/by_ns")).await?.expect(200, "the moved view")?;
     let new_view = e.get(&format!("/{DB}/_design/new/_view/by_ns")).await?.expect(200, "the new view")?;
     check(
-        old_view.body["rows"].as_array().map(Vec::len) == Some(3) && old_view.body["rows"] == new_view.body["rows"],
-        || format!("moved {} and new {}", old_view.body, new_view.body),
+        old_view.body["rows"].as_array().map(Vec::len) == Some(3)
+            && old_view.body["rows"] == new_view.body["rows"]
+            && new_view.body["rows"] == before.body["rows"],
+        || format!("moved {}, new {}, before the move {}", old_view.body, new_view.body, before.body),
     )?;
+    let rebuilt_over = incarnation(backend.get_local(":views:incarnation").await?);
+    check(rebuilt_over.is_some() && rebuilt_over != built_over, || {
+        format!("the index over the old source is rebuilt in a new incarnation: {built_over:?} then {rebuilt_over:?}")
+    })?;
     // An edit of the moved design document follows its revision.
     let mut edited = reread.body.clone();
     edited["language"] = json!("javascript");
