@@ -760,7 +760,11 @@ pub fn query_pages(backend: Arc<dyn DocumentBackend>, query: Query, page_size: u
                 }
                 Some(next) => Some(Some(next)),
             };
-            Ok(Some((page.items, next_state)))
+            // A design document is a record of the data-store database too; one holding a data
+            // document's identity fields matches a user's query on backends that query by field,
+            // and is never a data document of the facade.
+            let documents = page.items.into_iter().filter(|doc| !doc.id.starts_with(DESIGN_ID_PREFIX)).collect();
+            Ok(Some((documents, next_state)))
         }
     })
     .boxed()
@@ -787,6 +791,8 @@ pub async fn end_data_store_views_incarnation(backend: &dyn DocumentBackend) -> 
     Err(Error::conflict("the view indexes' incarnation kept changing while it was ended; try again"))
 }
 
+/// The start of a design document's id.
+const DESIGN_ID_PREFIX: &str = "_design/";
 /// The field of a previous release's `:design:{name}` local document holding its revision tree.
 const DESIGN_TREE_FIELD: &str = "tree";
 /// Local documents read per page while moving design documents.

@@ -125,10 +125,21 @@ pub(super) async fn data_store_design_documents_are_records(e: Endpoint) -> Test
         check(info.body["doc_count"] == json!(5), || format!("doc_count: {}", info.body))?;
     }
 
-    // The facade never shows a design document as a data document.
+    // The facade never shows a design document as a data document, not even one holding a data
+    // document's identity fields.
+    let fielded = json!({"userId": "user_1", "namespace": "z", "key": "k", "value": 9});
+    e.put(&format!("/{DB}/_design/fielded"), fielded).await?.expect(201, "PUT a design document with data fields")?;
+    let found = e
+        .post(&format!("/{DB}/_find"), json!({"selector": {"userId": "user_1", "namespace": "z"}}))
+        .await?
+        .expect(200, "_find by the identity fields")?;
+    check(found.body["docs"] == json!([]), || format!("_find shows no design document: {}", found.body))?;
     let store = DataStore::open(Arc::clone(&backend), StoreOptions::default()).await?;
-    check(store.list_namespaces("user_1").await? == ["x", "y"], || "namespaces of user_1".to_owned())?;
+    let namespaces = store.list_namespaces("user_1").await?;
+    check(namespaces == ["x", "y"], || format!("namespaces of user_1: {namespaces:?}"))?;
     check(store.list_keys("user_1", "x").await? == ["a"], || "keys of user_1/x".to_owned())?;
     check(store.get_all("user_2", "x").await?.len() == 1, || "entries of user_2/x".to_owned())?;
+    check(store.get_all("user_1", "z").await?.is_empty(), || "entries of user_1/z".to_owned())?;
+    check(store.list_keys("user_1", "z").await?.is_empty(), || "keys of user_1/z".to_owned())?;
     Ok(())
 }
