@@ -220,8 +220,11 @@ impl DataStore {
     pub async fn open(backend: Arc<dyn DocumentBackend>, options: StoreOptions) -> Result<Self> {
         backend.ensure_standard_indexes().await?;
         // The data-store database's design documents as records, where a previous release kept
-        // them as local documents (`crate::upgrade`, which does the same).
-        move_data_store_design_documents(&backend).await?;
+        // them as local documents (`crate::upgrade`, which does the same). Not a reason to refuse
+        // the data: a failure leaves them where they are for the next open or `upgrade`.
+        if let Err(err) = move_data_store_design_documents(&backend).await {
+            tracing::warn!(error = %err, "design documents of the data-store database not moved into records yet");
+        }
         Ok(DataStore {
             backend,
             options,

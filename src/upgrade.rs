@@ -16,7 +16,8 @@
 //! the facade runs it too when it opens the store (`crate::store::DataStore::open`), so a server
 //! started on this release without `upgrade` serves them (an operator replacing the binary
 //! expects the design documents to stay; the move costs one listing of local documents when
-//! there is none to move). Each move is
+//! there is none to move; a failure there is logged, not fatal: the data is served, the move
+//! waits for the next open or `upgrade`). Each move is
 //! crash-safe and idempotent: the leaf is written first as a replicated revision with its whole
 //! path (so `_rev` and `_revisions` stay what clients hold; a revision the record has already is
 //! a no-op), the local document removed last, on the revision read (a copy another process moved
