@@ -25,10 +25,13 @@ use serde_json::{Map, Value};
 use tokio::sync::{OnceCell, OwnedMutexGuard};
 use tokio::time::Instant;
 
+use crate::backend::rev_tree::RevTree;
 use crate::backend::{
-    DocumentBackend, Precondition, Projection, Query, ReplicatedOutcome, ReplicatedRevision, Revision, StoredDocument,
+    DocumentBackend, IdRange, Precondition, Projection, Query, ReplicatedOutcome, ReplicatedRevision, Revision,
+    StoredDocument, LOCAL_PREFIX,
 };
-use crate::database::layout::data_store;
+use crate::database::layout::{data_store, DESIGN_SIDE_PREFIX};
+use crate::database::{Database, Write};
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::document::{self, Access};
 use crate::model::{fields, timestamp, DocumentId};
@@ -216,6 +219,12 @@ impl DataStore {
     /// Wraps `backend` and ensures its standard indexes (the startup step of the spec).
     pub async fn open(backend: Arc<dyn DocumentBackend>, options: StoreOptions) -> Result<Self> {
         backend.ensure_standard_indexes().await?;
+        // The data-store database's design documents as records, where a previous release kept
+        // them as local documents (`crate::upgrade`, which does the same). Not a reason to refuse
+        // the data: a failure leaves them where they are for the next open or `upgrade`.
+        if let Err(err) = move_data_store_design_documents(&backend).await {
+            tracing::warn!(error = %err, "design documents of the data-store database not moved into records yet");
+        }
         Ok(DataStore {
             backend,
             options,
@@ -688,19 +697,7 @@ impl DataStore {
     /// built from the feed without them, and drop the old ones. Over the CouchDB backend, which
     /// indexes its own documents and updates its indexes after a purge, there is nothing to do.
     async fn end_views_incarnation(&self) -> Result<()> {
-        if self.backend.forwards_requests() {
-            return Ok(());
-        }
-        for _ in 0..INCARNATION_END_ATTEMPTS {
-            let Some(kept) = self.backend.get_local(VIEWS_INCARNATION_DOC).await? else { return Ok(()) };
-            match self.backend.delete_local(VIEWS_INCARNATION_DOC, &kept.rev).await {
-                Ok(()) => return Ok(()),
-                // Replaced meanwhile (perhaps by an index built during the erasure): end that one.
-                Err(err) if err.is_conflict() || err.kind() == ErrorKind::NotFound => continue,
-                Err(err) => return Err(err),
-            }
-        }
-        Err(Error::conflict("the view indexes' incarnation kept changing while a purge ended it; purge the user again"))
+        end_data_store_views_incarnation(self.backend.as_ref()).await
     }
 
     /// How many documents a query lists.
@@ -766,10 +763,102 @@ pub fn query_pages(backend: Arc<dyn DocumentBackend>, query: Query, page_size: u
                 }
                 Some(next) => Some(Some(next)),
             };
-            Ok(Some((page.items, next_state)))
+            // A design document is a record of the data-store database too; one holding a data
+            // document's identity fields matches a user's query on backends that query by field,
+            // and is never a data document of the facade.
+            let documents = page.items.into_iter().filter(|doc| !doc.id.starts_with(DESIGN_ID_PREFIX)).collect();
+            Ok(Some((documents, next_state)))
         }
     })
     .boxed()
+}
+
+/// Ends the data-store database's view incarnation (removes its local document,
+/// [`VIEWS_INCARNATION_DOC`]), against other writers of it: every process that indexes this store
+/// then builds new index groups from the feed and drops the old ones at its next index use.
+/// Needs no HTTP face: `purge_user` and the move of design documents call it. Over a backend
+/// that runs its own views (the CouchDB backend) there is nothing to do.
+pub async fn end_data_store_views_incarnation(backend: &dyn DocumentBackend) -> Result<()> {
+    if backend.forwards_requests() {
+        return Ok(());
+    }
+    for _ in 0..INCARNATION_END_ATTEMPTS {
+        let Some(kept) = backend.get_local(VIEWS_INCARNATION_DOC).await? else { return Ok(()) };
+        match backend.delete_local(VIEWS_INCARNATION_DOC, &kept.rev).await {
+            Ok(()) => return Ok(()),
+            // Replaced meanwhile (perhaps by an index built during the erasure): end that one.
+            Err(err) if err.is_conflict() || err.kind() == ErrorKind::NotFound => continue,
+            Err(err) => return Err(err),
+        }
+    }
+    Err(Error::conflict("the view indexes' incarnation kept changing while it was ended; try again"))
+}
+
+/// The start of a design document's id.
+const DESIGN_ID_PREFIX: &str = "_design/";
+/// The field of a previous release's `:design:{name}` local document holding its revision tree.
+const DESIGN_TREE_FIELD: &str = "tree";
+/// Local documents read per page while moving design documents.
+const DESIGN_MOVE_PAGE: usize = 100;
+
+/// Moves every design document of the data-store database the previous release kept as a local
+/// document `:design:{name}` into the record `_design/{name}` (module documentation); answers how
+/// many were moved. Nothing to do on a backend that keeps revision trees itself (the CouchDB
+/// backend runs its own design documents).
+pub async fn move_data_store_design_documents(backend: &Arc<dyn DocumentBackend>) -> Result<u64> {
+    if backend.keeps_branches() {
+        return Ok(0);
+    }
+    let database = Database::data_store(crate::model::COLLECTION.to_owned(), Arc::clone(backend))?;
+    let names = IdRange { inclusive_end: true, ..IdRange::all() }.under_prefix(DESIGN_SIDE_PREFIX);
+    let mut moved = 0;
+    let mut token: Option<String> = None;
+    loop {
+        let page = backend.local_docs(&names, DESIGN_MOVE_PAGE, token.as_deref()).await?;
+        for kept in &page.items {
+            let local = kept.id.strip_prefix(LOCAL_PREFIX).unwrap_or(&kept.id);
+            let Some(name) = local.strip_prefix(DESIGN_SIDE_PREFIX) else { continue };
+            move_design_document(&database, name, kept).await?;
+            match backend.delete_local(local, &kept.rev).await {
+                Ok(()) => moved += 1,
+                // Moved (or changed) by another process meanwhile: its run, or the next, settles it.
+                Err(err) if err.is_conflict() || err.kind() == ErrorKind::NotFound => {}
+                Err(err) => return Err(err),
+            }
+        }
+        match page.next {
+            Some(next) => token = Some(next),
+            None => break,
+        }
+    }
+    // Index groups built over the previous release's source are built again, not read as this
+    // release's (the same incarnation document: the engine's name on this layout).
+    if moved > 0 {
+        end_data_store_views_incarnation(backend.as_ref()).await?;
+    }
+    Ok(moved)
+}
+
+/// Writes every leaf of the design document `_design/{name}` kept in `kept` (a previous
+/// release's local document) as a replicated revision with its whole path.
+async fn move_design_document(database: &Database, name: &str, kept: &crate::backend::StoredDocument) -> Result<()> {
+    let tree: RevTree =
+        serde_json::from_value(kept.body.get(DESIGN_TREE_FIELD).cloned().unwrap_or_default()).map_err(|err| {
+            Error::new(
+                ErrorKind::Corrupt,
+                format!("the design document {name:?} kept as {:?} does not parse: {err}", kept.id),
+            )
+        })?;
+    let id = format!("_design/{name}");
+    let writes: Vec<Write> = tree
+        .leaves()
+        .into_iter()
+        .map(|leaf| Write::Replicated { path: leaf.path.clone(), deleted: leaf.deleted, body: leaf.body.clone() })
+        .collect();
+    for answer in database.write_batch(&id, &writes).await? {
+        answer?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

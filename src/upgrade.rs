@@ -6,6 +6,24 @@
 //! atomically like a migration's; a rerun resumes from it. The backend's steps are idempotent and
 //! safe to repeat from any earlier token, so a run killed between a page and its checkpoint only
 //! repeats that page. A store that is already current is left alone.
+//!
+//! ## The data-store database's design documents
+//! The previous release kept them as local documents `:design:{name}` (one branch each, outside
+//! the change feed and migrations); this one keeps them as the engine keeps every database's
+//! design documents: records `_design/{name}` of the data-store layout.
+//! [`move_data_store_design_documents`] (`crate::store`) moves each, every run of `upgrade` (whatever the rest of
+//! the layout says, since a release that wrote them may have run after an earlier upgrade), and
+//! the facade runs it too when it opens the store (`crate::store::DataStore::open`), so a server
+//! started on this release without `upgrade` serves them (an operator replacing the binary
+//! expects the design documents to stay; the move costs one listing of local documents when
+//! there is none to move; a failure there is logged, not fatal: the data is served, the move
+//! waits for the next open or `upgrade`). Each move is
+//! crash-safe and idempotent: the leaf is written first as a replicated revision with its whole
+//! path (so `_rev` and `_revisions` stay what clients hold; a revision the record has already is
+//! a no-op), the local document removed last, on the revision read (a copy another process moved
+//! or changed meanwhile is left for the next run). A move ends the data-store database's view
+//! incarnation, so index groups built over the previous release's source are built again, not
+//! read as this release's.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -19,6 +37,7 @@ use crate::backend::{DocumentBackend, LayoutState};
 use crate::error::{Error, ErrorKind, Result};
 use crate::migrate::checkpoint;
 use crate::migrate::progress::{Progress, ProgressMode, Snapshot};
+use crate::store::move_data_store_design_documents;
 
 /// Largest `--batch`.
 const MAX_BATCH: usize = 10_000;
@@ -121,6 +140,10 @@ pub async fn run(backend: Arc<dyn DocumentBackend>, args: UpgradeArgs) -> Result
     let name = backend.describe();
     let path = args.checkpoint.clone().unwrap_or_else(|| default_checkpoint_path(&name));
     let saved = load(&path, &name)?;
+    let moved = move_data_store_design_documents(&backend).await?;
+    if moved > 0 {
+        eprintln!("agentstore upgrade: moved {moved} design document(s) of the data-store database into records");
+    }
     if backend.layout().await? == LayoutState::Current {
         // Finished earlier (perhaps killed after `finish_upgrade`, before removing its file).
         checkpoint::remove(&path)?;

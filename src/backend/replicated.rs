@@ -13,9 +13,6 @@ use crate::backend::revision::{generation_of, PackedAncestry, RevisionId};
 use crate::backend::{Precondition, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo, LOCAL_PREFIX};
 use crate::error::{Error, Result};
 
-/// The prefix of design documents' ids, which hold no data and are never replicated in.
-const DESIGN_PREFIX: &str = "_design/";
-
 /// An incoming revision that passed [`check`]: its revision and the whole ancestry it came with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CheckedRevision {
@@ -40,8 +37,10 @@ pub fn check(id: &str, incoming: &ReplicatedRevision) -> Result<CheckedRevision>
     if id.is_empty() {
         return Err(Error::invalid("_id", "a replicated document needs an id"));
     }
-    if id.starts_with(LOCAL_PREFIX) || id.starts_with(DESIGN_PREFIX) {
-        return Err(Error::invalid("_id", format!("{id:?} is a local or design document, which is not replicated in")));
+    // Design documents are replicated as CouchDB replicates them: the data-store database keeps
+    // them as records of its layout, written as every record is (`crate::database::layout`).
+    if id.starts_with(LOCAL_PREFIX) {
+        return Err(Error::invalid("_id", format!("{id:?} is a local document, which is not replicated in")));
     }
     let rev = RevisionId::parse(incoming.rev.as_str()).ok_or_else(|| {
         Error::invalid("_rev", format!("{:?} is not N-<32 lowercase hex digits> with N at least 1", incoming.rev.0))

@@ -3,30 +3,30 @@
 //! [`super::design`] passes requests to it).
 //!
 //! ## Storage
-//! A design document `_design/{name}` is kept as the backend's local document
-//! `:design:{name}` ([`DESIGN_SIDE_PREFIX`]), as each document's conflicts are kept beside it
-//! (`:leaves:{id}`, [`crate::database::layout::data_store`]): its revision tree, one branch (every write
-//! names the current revision, as CouchDB's `new_edits=true` writes do), deleted or not. No
-//! client can name these local documents (the CouchDB face refuses `_local/` names with these
-//! prefixes). A write reads the tree, edits it with CouchDB's rules
-//! ([`crate::backend::rev_tree::RevTree::edit`]) and saves it with a precondition on the local
-//! document's revision, starting again from a fresh read when another writer got in between.
-//!
-//! Local documents are not in the change feed and are not migrated (`agentstore migrate`
-//! copies documents), so design documents are neither: a view never maps a design document
-//! here (`options.include_design` has nothing to map), and a migration leaves them behind
-//! (docs/design-documents.md).
+//! A design document `_design/{name}` is a record of the data-store database as the engine keeps
+//! it ([`crate::database::Database::data_store`], the data-store layout): in the change feed, in
+//! `_all_docs` and `doc_count` for an admin, replicated and migrated like every other database's
+//! (CouchDB's behaviour). A write is the engine's edit (`new_edits=true`). The previous release
+//! kept each as a local document `:design:{name}` ([`DESIGN_SIDE_PREFIX`]);
+//! [`crate::upgrade::move_data_store_design_documents`] moves them into records (`agentstore
+//! upgrade`, and the facade when it opens the store). The facade never lists them: its queries
+//! are a user's documents. A view never maps a design document unless its design document asks
+//! (`options.include_design`).
 //!
 //! ## Views
-//! [`DataStoreSource`] is the data-store database as a [`ViewSource`]: its change feed, each
-//! changed document as CouchDB shows it (with `_conflicts` from its revision tree), and an
-//! incarnation kept in the local document [`INCARNATION_DOC`]. The HTTP answers are the other
-//! databases' ([`super::db::Viewed`]). Its created Mango JSON indexes are groups over the
-//! same source ([`crate::mango::index_source`]).
+//! [`DataStoreSource`] is the data-store database as a [`ViewSource`]: the engine's source of
+//! its [`Database`] (its change feed, each changed document's winner with `_conflicts` from its
+//! tree, [`crate::views::source`]), and the engine's incarnation document of this layout
+//! ([`INCARNATION_DOC`]), read at every use rather than remembered. The HTTP answers are the
+//! other databases' ([`super::db::Viewed`]). Its created Mango JSON indexes are groups over the
+//! same source ([`crate::mango::index_source`]). What is left for the merge with the routing of
+//! the data-store database through `super::db`: its `Viewed` becomes the data-store
+//! `Database`'s, with the incarnation read as here, and this module goes.
 //!
 //! ## Purges
 //! `purge_user` erases a user's documents with their feed entries, so no feed page tells an
-//! index to remove their rows. It ends the incarnation instead (removes [`INCARNATION_DOC`]):
+//! index to remove their rows. It ends the incarnation instead
+//! ([`crate::store::end_data_store_views_incarnation`], no HTTP face needed):
 //! the incarnation is read at every index use, so every process then builds new groups from
 //! the feed without the purged documents, and drops the groups of the ended incarnation from
 //! its index file (at its next index use, or its first after a restart).
@@ -52,22 +52,17 @@ use serde_json::{Map, Value};
 use super::db::{answer_read, cleanup_answer, info_answer, leaf_json, queries_answer, view_answer, DocOptions, Viewed};
 use super::error::{CouchError, CouchResult};
 use super::{Answer, CouchState};
-use crate::backend::rev_tree::{EditError, RevTree};
-use crate::backend::revision::random_token;
-use crate::backend::{DocumentBackend, IdRange, Precondition, Revision, StoredDocument, DEFAULT_REVS_LIMIT};
-use crate::error::{Error, ErrorKind};
+use crate::backend::rev_tree::RevTree;
+use crate::backend::{DocumentBackend, IdRange, StoredDocument};
+use crate::database::{Database, Write, Written};
 use crate::views::source::kept_incarnation;
-use crate::views::{SourceDoc, SourcePage, ViewError, ViewSource};
+use crate::views::{SourcePage, ViewError, ViewSource};
 
 /// The start of every local document name holding a design document.
 pub const DESIGN_SIDE_PREFIX: &str = crate::database::layout::DESIGN_SIDE_PREFIX;
 /// The local document holding the data-store database's incarnation for view indexes (the
 /// facade's `purge_user` removes it, [`crate::store::VIEWS_INCARNATION_DOC`]).
 pub const INCARNATION_DOC: &str = crate::store::VIEWS_INCARNATION_DOC;
-/// The field of a design document's local document holding its revision tree.
-const TREE_FIELD: &str = "tree";
-/// Rounds of read, edit and save against other writers of one design document before a 409.
-const WRITE_ATTEMPTS: usize = 16;
 /// Design documents read per page when all of them are listed.
 const LIST_PAGE: usize = 100;
 
@@ -77,105 +72,80 @@ pub fn is_reserved_local(name: &str) -> bool {
     crate::database::layout::reserved_local_name(name)
 }
 
-/// The design document `_design/{name}`'s tree and its local document's revision.
-async fn read_tree(backend: &dyn DocumentBackend, name: &str) -> crate::Result<Option<(RevTree, Revision)>> {
-    let Some(stored) = backend.get_local(&format!("{DESIGN_SIDE_PREFIX}{name}")).await? else { return Ok(None) };
-    Ok(Some((tree_of(name, &stored.body)?, stored.rev)))
+/// The data-store database as the engine serves it, for its design documents' records (its
+/// name is the views' business only, not needed here).
+fn engine(backend: &Arc<dyn DocumentBackend>) -> crate::Result<Database> {
+    Database::data_store(crate::model::COLLECTION.to_owned(), Arc::clone(backend))
 }
 
-fn tree_of(name: &str, body: &Map<String, Value>) -> crate::Result<RevTree> {
-    serde_json::from_value(body.get(TREE_FIELD).cloned().unwrap_or(Value::Null)).map_err(|err| {
-        Error::new(
-            ErrorKind::Corrupt,
-            format!("the design document {name:?} kept by this database does not parse: {err}"),
-        )
-    })
+/// The design document `_design/{name}`'s tree, `None` when nothing is stored for it.
+async fn read_tree(backend: &Arc<dyn DocumentBackend>, name: &str) -> crate::Result<Option<RevTree>> {
+    Ok(engine(backend)?.read(&format!("_design/{name}")).await?.map(|state| state.tree))
 }
 
-/// A new revision of `_design/{name}` over `parent` (CouchDB's `new_edits=true` rules): the new
-/// revision, or 409 `conflict`.
+/// A new revision of `_design/{name}` over `parent` (CouchDB's `new_edits=true` rules, the
+/// engine's write): the new revision, or 409 `conflict`.
 async fn edit(
-    backend: &dyn DocumentBackend,
+    backend: &Arc<dyn DocumentBackend>,
     name: &str,
     parent: Option<&str>,
     deleted: bool,
     body: Map<String, Value>,
 ) -> CouchResult<String> {
-    let local = format!("{DESIGN_SIDE_PREFIX}{name}");
-    for _ in 0..WRITE_ATTEMPTS {
-        let (mut tree, precondition) = match read_tree(backend, name).await? {
-            Some((tree, rev)) => (tree, Precondition::MatchRevision(rev)),
-            None => (RevTree::default(), Precondition::MustNotExist),
-        };
-        // A deletion of a document that is not there is CouchDB's 404, not a conflict.
-        if deleted && tree.winner().is_none_or(|winner| winner.deleted) {
+    let id = format!("_design/{name}");
+    let database = engine(backend)?;
+    // A deletion of a document that is not there is CouchDB's 404, not a conflict.
+    if deleted {
+        let tree = database.read(&id).await?.map(|state| state.tree).unwrap_or_default();
+        if tree.winner().is_none_or(|winner| winner.deleted) {
             return Err(CouchError::not_found(if tree.is_empty() { "missing" } else { "deleted" }));
         }
-        let new_id = hex::encode(random_token()?);
-        let rev = match tree.edit(parent, &new_id, deleted, body.clone(), DEFAULT_REVS_LIMIT) {
-            Ok(rev) => rev,
-            Err(EditError::Conflict) => return Err(CouchError::conflict()),
-        };
-        let mut stored = Map::new();
-        stored.insert(
-            TREE_FIELD.into(),
-            serde_json::to_value(&tree).map_err(|err| CouchError::internal(err.to_string()))?,
-        );
-        match backend.put_local(&local, &stored, precondition).await {
-            Ok(_) => return Ok(rev),
-            Err(err) if err.is_conflict() => continue,
-            Err(err) => return Err(err.into()),
-        }
     }
-    Err(CouchError::conflict())
-}
-
-/// Every design document kept (live or deleted), in id order: `(id, tree)`.
-async fn all_trees(backend: &dyn DocumentBackend) -> crate::Result<Vec<(String, RevTree)>> {
-    let names = IdRange { inclusive_end: true, ..IdRange::all() }.under_prefix(DESIGN_SIDE_PREFIX);
-    let mut found = Vec::new();
-    let mut token: Option<String> = None;
-    loop {
-        let page = backend.local_docs(&names, LIST_PAGE, token.as_deref()).await?;
-        for doc in &page.items {
-            let Some(name) =
-                doc.id.strip_prefix(crate::backend::LOCAL_PREFIX).and_then(|n| n.strip_prefix(DESIGN_SIDE_PREFIX))
-            else {
-                continue;
-            };
-            found.push((format!("_design/{name}"), tree_of(name, &doc.body)?));
-        }
-        match page.next {
-            Some(next) => token = Some(next),
-            None => break,
-        }
+    match database.write(&id, &Write::Edit { parent: parent.map(str::to_owned), deleted, body }).await? {
+        Written::Edited(rev) => Ok(rev),
+        Written::Merged(_) => Err(CouchError::internal("an edit was answered as a replicated revision")),
     }
-    found.sort_by(|a, b| a.0.cmp(&b.0));
-    Ok(found)
 }
 
 /// The live design documents, in id order, as `_all_docs` lists them: id, the winner's revision
-/// and the document.
+/// and the document (their records).
 pub(crate) async fn live_design_docs(backend: &dyn DocumentBackend) -> crate::Result<Vec<StoredDocument>> {
-    Ok(all_trees(backend)
-        .await?
-        .into_iter()
-        .filter_map(|(id, tree)| {
-            let winner = tree.winner().filter(|winner| !winner.deleted)?;
-            Some(StoredDocument { id: id.clone(), rev: Revision(winner.rev()), body: winner.body.clone() })
-        })
-        .collect())
+    let range = IdRange::design_documents();
+    let mut found = Vec::new();
+    let mut token: Option<String> = None;
+    loop {
+        let page = backend.all_docs(&range, LIST_PAGE, token.as_deref()).await?;
+        found.extend(page.items.into_iter().filter(|doc| doc.id.starts_with("_design/")));
+        match page.next {
+            Some(next) => token = Some(next),
+            None => return Ok(found),
+        }
+    }
 }
 
-/// The data-store database as a source of view indexes.
+/// The data-store database as a source of view indexes: the engine's source of its
+/// [`Database`] ([`crate::views::source`]), with the incarnation read at every use.
 pub struct DataStoreSource {
     backend: Arc<dyn DocumentBackend>,
     name: String,
+    /// The engine's data-store database; `None` over a backend that keeps revision trees itself
+    /// (the CouchDB backend runs its own views: nothing is indexed here).
+    database: Option<Database>,
 }
 
 impl DataStoreSource {
     pub fn new(backend: Arc<dyn DocumentBackend>, name: &str) -> Self {
-        DataStoreSource { backend, name: name.to_owned() }
+        let database = Database::data_store(name.to_owned(), Arc::clone(&backend)).ok();
+        DataStoreSource { backend, name: name.to_owned(), database }
+    }
+
+    fn database(&self) -> Result<&Database, ViewError> {
+        self.database.as_ref().ok_or_else(|| {
+            ViewError::Storage(crate::Error::new(
+                crate::error::ErrorKind::Misconfigured,
+                "this backend runs the data-store database's views itself",
+            ))
+        })
     }
 
     /// The view group signatures of its created Mango indexes (`_view_cleanup` keeps them).
@@ -185,8 +155,7 @@ impl DataStoreSource {
 
     /// The live design document `_design/{name}` as CouchDB shows it (404 `missing`/`deleted`).
     pub(crate) async fn design_doc(&self, name: &str) -> CouchResult<Value> {
-        let (tree, _) =
-            read_tree(self.backend.as_ref(), name).await?.ok_or_else(|| CouchError::not_found("missing"))?;
+        let tree = read_tree(&self.backend, name).await?.ok_or_else(|| CouchError::not_found("missing"))?;
         let winner = tree.winner().ok_or_else(|| CouchError::not_found("missing"))?;
         if winner.deleted {
             return Err(CouchError::not_found("deleted"));
@@ -233,38 +202,23 @@ impl ViewSource for DataStoreSource {
         &self.name
     }
 
-    /// Read from the backend at every call, not remembered: `purge_user` ends the incarnation
-    /// (removes its local document) so that every process's groups of this database, holding
-    /// rows of the purged documents, are left for new ones built from the feed the purge erased
-    /// from. The indexer drops the old groups from its file when it sees a new incarnation.
+    /// Read from the backend at every call, not remembered as the engine's databases remember
+    /// theirs: `purge_user` ends the incarnation (removes its local document, the engine's
+    /// [`crate::database::layout::LocalNames::views_incarnation`] of this layout) from the facade,
+    /// in this process or another, so that every process's groups of this database, holding rows
+    /// of the purged documents, are left for new ones built from the feed the purge erased from.
+    /// The indexer drops the old groups from its file when it sees a new incarnation. A `_purge`
+    /// stopped between its erasure and its last step is settled first, as the engine does.
     async fn incarnation(&self) -> Result<String, ViewError> {
-        kept_incarnation(self.backend.as_ref(), INCARNATION_DOC).await
+        let database = self.database()?;
+        database.settle_views_purges().await.map_err(ViewError::Storage)?;
+        kept_incarnation(self.backend.as_ref(), database.views_incarnation_doc()).await
     }
 
+    /// The engine's feed of the data-store database: each changed document's winner as CouchDB
+    /// shows it to a map function, `_conflicts` from its tree.
     async fn feed_page(&self, since: Option<&str>, limit: usize) -> Result<SourcePage, ViewError> {
-        let page = self.backend.changes(since, limit).await.map_err(ViewError::Storage)?;
-        let live: Vec<String> = page.changes.iter().filter(|c| !c.deleted).map(|c| c.id.clone()).collect();
-        let found = self.backend.get_many(&live).await.map_err(ViewError::Storage)?;
-        // CouchDB passes `_conflicts` to map functions: one cheap check per document, the tree
-        // read only for documents with branches.
-        let trees = super::branches::trees_of(self.backend.as_ref(), &live).await.map_err(ViewError::Storage)?;
-        let mut docs: HashMap<String, Value> = HashMap::with_capacity(live.len());
-        for ((id, doc), tree) in live.into_iter().zip(found).zip(trees) {
-            if let Some(doc) = doc {
-                let mut shown = doc.to_json();
-                super::branches::add_conflicts(&mut shown, tree.as_ref());
-                docs.insert(id, shown);
-            }
-        }
-        let docs = page
-            .changes
-            .into_iter()
-            .map(|change| {
-                let doc = if change.deleted { None } else { docs.remove(&change.id) };
-                SourceDoc { id: change.id, doc }
-            })
-            .collect();
-        Ok(SourcePage { docs, last_seq: page.last_seq, complete: page.pending == Some(0) })
+        ViewSource::feed_page(self.database()?, since, limit).await
     }
 }
 
@@ -315,11 +269,11 @@ async fn document(
     headers: &HeaderMap,
     body: Body,
 ) -> Answer {
-    let backend = state.store.backend().as_ref();
+    let backend = state.store.backend();
     let id = format!("_design/{name}");
     match method.as_str() {
         "GET" | "HEAD" => {
-            let tree = read_tree(backend, name).await?.map(|(tree, _)| tree);
+            let tree = read_tree(backend, name).await?;
             answer_read(&id, tree.as_ref(), params, headers)
         }
         "PUT" => {
@@ -358,10 +312,10 @@ async fn document(
 
 /// CouchDB's answer to a `DELETE` without a revision: 404 for a missing or deleted document,
 /// else 409.
-async fn deletion_refused(backend: &dyn DocumentBackend, name: &str) -> CouchError {
+async fn deletion_refused(backend: &Arc<dyn DocumentBackend>, name: &str) -> CouchError {
     match read_tree(backend, name).await {
         Ok(None) => CouchError::not_found("missing"),
-        Ok(Some((tree, _))) if tree.winner().is_none_or(|winner| winner.deleted) => CouchError::not_found("deleted"),
+        Ok(Some(tree)) if tree.winner().is_none_or(|winner| winner.deleted) => CouchError::not_found("deleted"),
         Ok(Some(_)) => CouchError::conflict(),
         Err(err) => err.into(),
     }
@@ -401,8 +355,8 @@ async fn copy(state: &CouchState, name: &str, params: &HashMap<String, String>, 
             "{target:?} is not a design document: a design document is copied only to another one here"
         )));
     };
-    let backend = state.store.backend().as_ref();
-    let (tree, _) = read_tree(backend, name).await?.ok_or_else(|| CouchError::not_found("missing"))?;
+    let backend = state.store.backend();
+    let tree = read_tree(backend, name).await?.ok_or_else(|| CouchError::not_found("missing"))?;
     let leaf = match params.get("rev") {
         Some(rev) => tree.leaf(rev).ok_or_else(|| CouchError::not_found("missing"))?,
         None => tree.winner().filter(|w| !w.deleted).ok_or_else(|| CouchError::not_found("deleted"))?,

@@ -2,9 +2,9 @@
 //! page at a time, each changed document as CouchDB shows it to a map function, and the name an
 //! index of that database is kept under.
 //!
-//! Two databases implement it: every database besides the data-store one ([`Database`], here),
-//! and the data-store database (`crate::couchdb_api`, over its `DocumentBackend` and the
-//! data-store rules). The updater ([`super::updater`]) and anything else kept from a feed
+//! [`Database`] implements it, whatever its layout; the data-store database's source
+//! (`crate::couchdb_api::data_design`) is its `Database`'s feed with the incarnation read at every
+//! use, since the facade's `purge_user` ends it from any process. The updater ([`super::updater`]) and anything else kept from a feed
 //! (Mango's JSON indexes) read only this trait, so they work the same over both.
 
 use async_trait::async_trait;

@@ -17,6 +17,7 @@ mod bulk;
 mod changes;
 mod crash_repairs;
 mod data_store;
+mod data_store_design;
 mod data_store_feed;
 mod databases;
 mod depth;
@@ -190,6 +191,9 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("data_store_feed_shows_every_leaf", |e| Box::pin(data_store_feed::data_store_feed_shows_every_leaf(e))),
         ("data_store_feed_wakes_on_facade_writes", |e| {
             Box::pin(data_store_feed::data_store_feed_wakes_on_facade_writes(e))
+        }),
+        ("data_store_design_documents_are_records", |e| {
+            Box::pin(data_store_design::data_store_design_documents_are_records(e))
         }),
     ];
     let mut trials = Vec::new();

@@ -1,0 +1,145 @@
+//! The data-store database's design documents as the engine keeps every database's: records
+//! `_design/{name}` (in `_changes`, `_all_docs` and `doc_count` for an admin, never a data
+//! document of the facade), and a previous release's local document `:design:{name}` moved into
+//! such a record with its revisions (`agentstore upgrade`, and the facade when it opens the
+//! store), its view answering as a design document written here does. Skipped over the CouchDB
+//! backend, which runs its own design documents.
+
+use std::sync::Arc;
+
+use agentstore::backend::rev_tree::RevTree;
+use agentstore::backend::{DocumentBackend, Precondition};
+use agentstore::store::{DataStore, StoreOptions};
+use libtest_mimic::Failed;
+use serde_json::{json, Map};
+
+use super::{doc, path_of, Endpoint, DB};
+use crate::common::{check, TestResult};
+
+/// The map function both design documents hold.
+const BY_NS: &str = "function(doc) { if (doc.namespace) emit([doc.namespace, doc.key], doc.value); }";
+
+/// A previous release's local document keeping `_design/{name}`: its tree of two revisions,
+/// written as that release wrote it. Answers the tree's current revision.
+async fn old_layout_design(backend: &Arc<dyn DocumentBackend>, name: &str) -> Result<String, Failed> {
+    let mut body = Map::new();
+    body.insert("views".into(), json!({"by_ns": {"map": BY_NS}}));
+    let mut tree = RevTree::default();
+    let first =
+        tree.edit(None, "a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1", false, body.clone(), 1000).map_err(|e| format!("{e:?}"))?;
+    let second =
+        tree.edit(Some(&first), "b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2", false, body, 1000).map_err(|e| format!("{e:?}"))?;
+    put_old_layout(backend, name, &tree).await?;
+    Ok(second)
+}
+
+async fn put_old_layout(backend: &Arc<dyn DocumentBackend>, name: &str, tree: &RevTree) -> TestResult {
+    let mut kept = Map::new();
+    kept.insert("tree".into(), serde_json::to_value(tree)?);
+    backend.put_local(&format!(":design:{name}"), &kept, Precondition::None).await?;
+    Ok(())
+}
+
+pub(super) async fn data_store_design_documents_are_records(e: Endpoint) -> TestResult {
+    if e.backend == "couchdb" {
+        println!("data_store_design_documents_are_records: skipped on the CouchDB backend (its own design documents)");
+        return Ok(());
+    }
+    let backend = Arc::clone(&e._ctx.backend);
+    let data =
+        [doc("user_1", "x", "a", json!(1)), doc("user_1", "y", "b", json!(2)), doc("user_2", "x", "c", json!(3))];
+    for one in &data {
+        e.put(&path_of(one["_id"].as_str().unwrap_or_default()), one.clone())
+            .await?
+            .expect(201, "PUT a data document")?;
+    }
+
+    // An index built before the move: the move ends its incarnation, so the groups built over the
+    // previous release's source are built again.
+    e.put(&format!("/{DB}/_design/new"), json!({"views": {"by_ns": {"map": BY_NS}}}))
+        .await?
+        .expect(201, "PUT a design document")?;
+    let before = e.get(&format!("/{DB}/_design/new/_view/by_ns")).await?.expect(200, "the view before the move")?;
+    let incarnation = |kept: Option<agentstore::backend::StoredDocument>| kept.map(|doc| doc.body["id"].clone());
+    let built_over = incarnation(backend.get_local(":views:incarnation").await?);
+    check(built_over.is_some(), || "no incarnation kept for the index".to_owned())?;
+
+    // A design document the previous release kept, moved as `upgrade` moves it: its revision
+    // and its ancestry stay; run again (a crash between the record and the removal of the
+    // local document repeats the move) changes nothing.
+    let current = old_layout_design(&backend, "old").await?;
+    let moved = agentstore::store::move_data_store_design_documents(&backend).await?;
+    check(moved == 1, || format!("moved {moved} design documents, wanted 1"))?;
+    check(backend.get_local(":design:old").await?.is_none(), || "the local document is left behind".to_owned())?;
+    let read = e
+        .get(&format!("/{DB}/_design/old?revs=true&conflicts=true"))
+        .await?
+        .expect(200, "GET the moved design document")?;
+    check(read.body["_rev"] == json!(current), || format!("the moved revision: {}", read.body))?;
+    check(
+        read.body["_revisions"]
+            == json!({"start": 2, "ids": ["b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2", "a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1"]})
+            && read.body.get("_conflicts").is_none(),
+        || format!("the moved ancestry: {}", read.body),
+    )?;
+    old_layout_design(&backend, "old").await?;
+    let again = agentstore::store::move_data_store_design_documents(&backend).await?;
+    let reread = e.get(&format!("/{DB}/_design/old?conflicts=true")).await?.expect(200, "GET after a repeated move")?;
+    check(again == 1 && reread.body["_rev"] == json!(current) && reread.body.get("_conflicts").is_none(), || {
+        format!("a repeated move changes nothing: moved {again}, {}", reread.body)
+    })?;
+
+    // Its view answers as the view of a design document written here, each from an index of
+    // the new incarnation, as before the move.
+    let old_view = e.get(&format!("/{DB}/_design/old/_view/by_ns")).await?.expect(200, "the moved view")?;
+    let new_view = e.get(&format!("/{DB}/_design/new/_view/by_ns")).await?.expect(200, "the new view")?;
+    check(
+        old_view.body["rows"].as_array().map(Vec::len) == Some(3)
+            && old_view.body["rows"] == new_view.body["rows"]
+            && new_view.body["rows"] == before.body["rows"],
+        || format!("moved {}, new {}, before the move {}", old_view.body, new_view.body, before.body),
+    )?;
+    let rebuilt_over = incarnation(backend.get_local(":views:incarnation").await?);
+    check(rebuilt_over.is_some() && rebuilt_over != built_over, || {
+        format!("the index over the old source is rebuilt in a new incarnation: {built_over:?} then {rebuilt_over:?}")
+    })?;
+    // An edit of the moved design document follows its revision.
+    let mut edited = reread.body.clone();
+    edited["language"] = json!("javascript");
+    e.put(&format!("/{DB}/_design/old"), edited).await?.expect(201, "edit the moved design document")?;
+
+    // Records: in an admin's `_changes`, `_all_docs` once each, counted in `doc_count`.
+    let feed = e.get(&format!("/{DB}/_changes")).await?.expect(200, "_changes")?;
+    let fed: Vec<&str> =
+        feed.body["results"].as_array().into_iter().flatten().filter_map(|row| row["id"].as_str()).collect();
+    check(fed.contains(&"_design/old") && fed.contains(&"_design/new"), || format!("_changes: {}", feed.body))?;
+    let listed = e.get(&format!("/{DB}/_all_docs")).await?.expect(200, "_all_docs")?;
+    let ids: Vec<&str> =
+        listed.body["rows"].as_array().into_iter().flatten().filter_map(|row| row["id"].as_str()).collect();
+    let designs = ids.iter().filter(|id| id.starts_with("_design/")).count();
+    check(designs == 2 && ids.len() == 5, || format!("_all_docs: {}", listed.body))?;
+    // DynamoDB's counts are approximate.
+    if e.backend != "dynamodb" {
+        check(listed.body["total_rows"] == json!(5), || format!("total_rows: {}", listed.body))?;
+        let info = e.get(&format!("/{DB}")).await?.expect(200, "GET the database")?;
+        check(info.body["doc_count"] == json!(5), || format!("doc_count: {}", info.body))?;
+    }
+
+    // The facade never shows a design document as a data document, not even one holding a data
+    // document's identity fields.
+    let fielded = json!({"userId": "user_1", "namespace": "z", "key": "k", "value": 9});
+    e.put(&format!("/{DB}/_design/fielded"), fielded).await?.expect(201, "PUT a design document with data fields")?;
+    let found = e
+        .post(&format!("/{DB}/_find"), json!({"selector": {"userId": "user_1", "namespace": "z"}}))
+        .await?
+        .expect(200, "_find by the identity fields")?;
+    check(found.body["docs"] == json!([]), || format!("_find shows no design document: {}", found.body))?;
+    let store = DataStore::open(Arc::clone(&backend), StoreOptions::default()).await?;
+    let namespaces = store.list_namespaces("user_1").await?;
+    check(namespaces == ["x", "y"], || format!("namespaces of user_1: {namespaces:?}"))?;
+    check(store.list_keys("user_1", "x").await? == ["a"], || "keys of user_1/x".to_owned())?;
+    check(store.get_all("user_2", "x").await?.len() == 1, || "entries of user_2/x".to_owned())?;
+    check(store.get_all("user_1", "z").await?.is_empty(), || "entries of user_1/z".to_owned())?;
+    check(store.list_keys("user_1", "z").await?.is_empty(), || "keys of user_1/z".to_owned())?;
+    Ok(())
+}
