@@ -348,12 +348,21 @@ fn open_revs_options(options: DocOptions) -> DocOptions {
     DocOptions { revs_info: false, conflicts: false, deleted_conflicts: false, ..options }
 }
 
-/// `?open_revs=all` (every leaf; 404 when nothing is stored) or `?open_revs=[...]` (each
+/// `?open_revs=all` (every leaf in revision order; 404 when nothing is stored) or `?open_revs=[...]` (each
 /// revision's leaf, or missing), in the order asked.
 fn open_revs_leaves<'a>(tree: Option<&'a RevTree>, open_revs: &str, latest: bool) -> CouchResult<Vec<Opened<'a>>> {
     if open_revs == "all" {
         let Some(tree) = tree else { return Err(CouchError::not_found("missing")) };
-        return Ok(tree.leaves().into_iter().map(|leaf| Opened::Leaf(tree, Cow::Borrowed(leaf))).collect());
+        // CouchDB 3.4.3 answers every leaf in revision order (generation, then revision id),
+        // not the winner first.
+        let mut leaves = tree.leaves();
+        leaves.sort_by_cached_key(|leaf| {
+            leaf.path
+                .leaf_rev()
+                .split_once('-')
+                .map(|(generation, id)| (generation.parse::<u64>().unwrap_or(u64::MAX), id.to_owned()))
+        });
+        return Ok(leaves.into_iter().map(|leaf| Opened::Leaf(tree, Cow::Borrowed(leaf))).collect());
     }
     let wanted = match json_param("open_revs", Some(open_revs))? {
         Some(Value::Array(items)) => items,

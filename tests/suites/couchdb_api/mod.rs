@@ -17,6 +17,7 @@ mod bulk;
 mod changes;
 mod crash_repairs;
 mod data_store;
+mod data_store_engine;
 mod databases;
 mod depth;
 mod design_functions;
@@ -183,6 +184,11 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         }),
         ("replicator_reads_repair_a_cut_create", |e| Box::pin(crash_repairs::replicator_reads_repair_a_cut_create(e))),
         ("listings_finish_a_cut_deletion", |e| Box::pin(crash_repairs::listings_finish_a_cut_deletion(e))),
+        ("data_store_per_user_confined_on_every_read", |e| {
+            Box::pin(data_store_engine::per_user_confined_on_every_read(e))
+        }),
+        ("data_store_admin_replication_as_couchdb", |e| Box::pin(data_store_engine::admin_replication_as_couchdb(e))),
+        ("data_store_rest_reads_what_couchdb_wrote", |e| Box::pin(data_store_engine::rest_reads_what_couchdb_wrote(e))),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
@@ -198,7 +204,8 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
                             | "data_store_indexes_and_purge"
                             | "admin_endpoints_names_and_headers"
                             | "per_user_counts_ignore_other_users"
-                            | "per_user_feed_positions_sealed" => Some(logins::logins_config()?),
+                            | "per_user_feed_positions_sealed"
+                            | "data_store_per_user_confined_on_every_read" => Some(logins::logins_config()?),
                             "roles_and_security" => Some(roles::roles_config()?),
                             "attachments_in_documents" | "attachments_gzip_parts" => {
                                 Some(attachments::BOUNDED_CONFIG.to_owned())
