@@ -8,11 +8,16 @@
 //! and CouchDB itself.
 //!
 //! Each request is authenticated first ([`auth`]: Basic or an `AuthSession` cookie from
-//! [`session`], resolved to an [`access::Principal`]); handlers live in one module
-//! per part of the API: the server and database ([`server`]), documents ([`document`]), bulk
-//! and replication endpoints ([`bulk`]), `_all_docs` ([`all_docs`]), `_local_docs`
-//! ([`local_docs`]), `_changes`
-//! ([`changes`]) and design documents ([`design`], passed through where the backend runs them).
+//! [`session`], resolved to an [`access::Principal`]). Every database's documents are answered
+//! by one set of handlers, [`db`], over the engine ([`crate::database`]): the data-store database
+//! too on the embedded store, DynamoDB and Firestore (one engine database built at startup,
+//! [`CouchState::data_store_database`], its login's confinement applied by the handlers). The
+//! router here answers the server's endpoints and what of the data-store database the engine
+//! does not serve (yet, or on the CouchDB backend at all: `db::DATA_STORE_ROUTER_KEEPS`,
+//! ARCHITECTURE.md): the database itself ([`server`]), `_changes` ([`changes`]), design
+//! documents, views and Mango ([`design`], [`data_design`], [`query`]), `_all_docs`
+//! ([`all_docs`]); on the CouchDB backend also documents ([`document`]), bulk and replication
+//! endpoints ([`bulk`]) and `_local_docs` ([`local_docs`]).
 //! Responses follow CouchDB 3.x field for field: `docs/couchdb-api.md` lists what is supported
 //! and how it differs.
 
@@ -72,7 +77,8 @@ pub(crate) struct CouchState {
     pub stopping: tokio::sync::watch::Receiver<bool>,
     /// Bounds on `_changes` waits and long-lived feeds per login.
     pub feeds: Arc<changes::FeedBounds>,
-    /// The databases besides the data-store one.
+    /// The databases besides the data-store one (built with the same bounds as
+    /// [`Self::data_store_database`]).
     pub databases: Arc<crate::database::Databases>,
     /// Most names one `POST /_dbs_info` may ask about (`couchdb_max_dbs_info_keys`).
     pub max_dbs_info_keys: usize,

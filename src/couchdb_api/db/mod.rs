@@ -1,12 +1,18 @@
-//! The CouchDB API of every database besides the data-store one: documents of any shape under
-//! CouchDB's rules, with their whole revision trees ([`crate::database`]).
+//! The CouchDB API of every database: documents under CouchDB's rules, with their whole revision
+//! trees ([`crate::database`]), the data-store database's under its rules too.
 //!
 //! Requests reach this router through [`dispatch`]: a request whose first path segment names a
 //! database other than the data-store one (and is not one of the server's own `_` endpoints)
-//! comes here; everything else goes to the data-store router unchanged. Each handler opens its
-//! database with the [`OpenDb`] extractor, which answers CouchDB's 400 for an illegal name, 404
-//! for a database that does not exist and 403 for a login its `_security` does not admit, and
-//! hands the handler what that login may do there ([`DbAccess`], see [`super::access`]).
+//! comes here; so does a request on the data-store database where the engine serves it
+//! ([`CouchState::data_store_database`]; not the CouchDB backend) and the path is the engine's
+//! ([`engine_serves`]: all but [`DATA_STORE_ROUTER_KEEPS`]); everything else goes to the
+//! data-store router unchanged. Each handler opens its database with the [`OpenDb`] extractor,
+//! which answers CouchDB's 400 for an illegal name, 404 for a database that does not exist and
+//! 403 for a login its `_security` does not admit (on the data-store database: 401/403 for a
+//! request acting for no principal), and hands the handler what that login may do there
+//! ([`DbAccess`], see [`super::access`]) and which documents it may see ([`Confinement`]: a
+//! per-user login's own on the data-store database, everything elsewhere), which every handler
+//! that reads applies.
 //!
 //! - [`admin`]: creating, reading and deleting databases, `_all_dbs`, `_dbs_info`, settings.
 //! - [`docs`]: one document: read with every option, write, delete, local documents.
@@ -57,7 +63,7 @@ use crate::database::data_store_rules::Confinement;
 use crate::database::validation::{as_writer, Writer};
 use crate::database::Database;
 
-/// The routes of a database other than the data-store one.
+/// The routes of every database (the data-store one where the engine serves it).
 pub(crate) fn router(state: CouchState) -> Router {
     Router::new()
         .route("/{db}", get(admin::db_info).put(admin::create_db).delete(admin::delete_db).post(docs::post_document))
@@ -462,6 +468,9 @@ impl<T: DeserializeOwned + Send> FromRequestParts<CouchState> for OpenDb<T> {
     }
 }
 
+/// A database opened for a request: it, what the login may do there, what it may see.
+type Admission = (Arc<Database>, DbAccess, Confinement);
+
 /// The data-store database as the engine serves it, what the request's principal may do there and
 /// its confinement: an admin everything (a server admin's rights), a per-user login a member's
 /// rights on its own user's documents. CouchDB's 401 without a login, 403 for a login with no
@@ -471,7 +480,7 @@ fn data_store_admission(
     state: &CouchState,
     name: &DbName,
     identity: &Identity,
-) -> Option<Result<(Arc<Database>, DbAccess, Confinement), CouchError>> {
+) -> Option<Result<Admission, CouchError>> {
     let db = state.data_store_database.as_ref().filter(|_| name.as_str() == &*state.db)?;
     Some(identity.require().map(|principal| {
         let access = match principal {
