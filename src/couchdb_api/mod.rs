@@ -8,11 +8,16 @@
 //! and CouchDB itself.
 //!
 //! Each request is authenticated first ([`auth`]: Basic or an `AuthSession` cookie from
-//! [`session`], resolved to an [`access::Principal`]); handlers live in one module
-//! per part of the API: the server and database ([`server`]), documents ([`document`]), bulk
-//! and replication endpoints ([`bulk`]), `_all_docs` ([`all_docs`]), `_local_docs`
-//! ([`local_docs`]), `_changes`
-//! ([`changes`]) and design documents ([`design`], passed through where the backend runs them).
+//! [`session`], resolved to an [`access::Principal`]). Every database's documents are answered
+//! by one set of handlers, [`db`], over the engine ([`crate::database`]): the data-store database
+//! too on the embedded store, DynamoDB and Firestore (one engine database built at startup,
+//! [`CouchState::data_store_database`], its login's confinement applied by the handlers). The
+//! router here answers the server's endpoints and what of the data-store database the engine
+//! does not serve (yet, or on the CouchDB backend at all: `db::DATA_STORE_ROUTER_KEEPS`,
+//! ARCHITECTURE.md): the database itself ([`server`]), `_changes` ([`changes`]), design
+//! documents, views and Mango ([`design`], [`data_design`], [`query`]), `_all_docs`
+//! ([`all_docs`]); on the CouchDB backend also documents ([`document`]), bulk and replication
+//! endpoints ([`bulk`]) and `_local_docs` ([`local_docs`]).
 //! Responses follow CouchDB 3.x field for field: `docs/couchdb-api.md` lists what is supported
 //! and how it differs.
 
@@ -72,7 +77,8 @@ pub(crate) struct CouchState {
     pub stopping: tokio::sync::watch::Receiver<bool>,
     /// Bounds on `_changes` waits and long-lived feeds per login.
     pub feeds: Arc<changes::FeedBounds>,
-    /// The databases besides the data-store one.
+    /// The databases besides the data-store one (built with the same bounds as
+    /// [`Self::data_store_database`]).
     pub databases: Arc<crate::database::Databases>,
     /// Most names one `POST /_dbs_info` may ask about (`couchdb_max_dbs_info_keys`).
     pub max_dbs_info_keys: usize,
@@ -85,11 +91,21 @@ pub(crate) struct CouchState {
     /// The data-store database as the source of its views' indexes (where its backend does not
     /// run design documents itself).
     pub data_store_views: Arc<data_design::DataStoreSource>,
+    /// The data-store database as the engine serves it (through [`db::router`], like the
+    /// others), built once here: it is the facade's backend, not one of the catalog's databases,
+    /// so it is kept apart from [`crate::database::Databases`]' open-database bound. `None` on the
+    /// CouchDB backend, which keeps revision trees itself (the data-store router serves it).
+    pub data_store_database: Option<Arc<crate::database::Database>>,
     /// Their routes ([`db::router`]); empty inside those routes' own state.
     pub database_router: axum::Router,
 }
 
 impl CouchState {
+    /// Whether `db` is the data-store database as the engine serves it.
+    pub fn is_data_store(&self, db: &crate::database::Database) -> bool {
+        self.data_store_database.as_deref().is_some_and(|served| std::ptr::eq(served, db))
+    }
+
     /// A database path segment must name the served database.
     pub fn check_db(&self, db: &str) -> std::result::Result<(), CouchError> {
         if db == &*self.db {
@@ -132,7 +148,32 @@ impl CouchApp {
         );
         let data_store_views =
             Arc::new(data_design::DataStoreSource::new(Arc::clone(store.backend()), &settings.couchdb_db));
+        let databases = Arc::new(
+            crate::database::Databases::from_url(databases_url, settings.couchdb_max_open_databases)
+                .with_max_document_bytes(settings.couchdb_max_document_bytes)
+                .with_max_tree_bytes(settings.couchdb_max_tree_bytes)
+                .with_inner_body_bounds(crate::database::InnerBodyBounds {
+                    max_revisions: settings.couchdb_inner_bodies_max_revisions,
+                    max_bytes: settings.couchdb_inner_bodies_max_bytes,
+                })
+                .with_max_gzip_ratio(settings.couchdb_max_gzip_ratio)
+                .with_inline_budget(
+                    settings.couchdb_max_inflight_inline_bytes,
+                    Duration::from_millis(settings.couchdb_inline_wait_ms),
+                )
+                .with_attachment_bounds(
+                    settings.couchdb_attachment_limit(),
+                    Duration::from_secs(settings.couchdb_attachment_grace_secs),
+                )
+                .with_write_guard(Arc::new(crate::database::validation::DesignValidation::new(js.clone()))),
+        );
+        let data_store_database = if store.backend().keeps_branches() {
+            None
+        } else {
+            Some(databases.data_store(&settings.couchdb_db, Arc::clone(store.backend()), store.options().limits)?)
+        };
         let state = CouchState {
+            data_store_database,
             data_store_views,
             auth,
             store,
@@ -141,25 +182,7 @@ impl CouchApp {
             server_uuid: Arc::from(server_uuid.as_str()),
             stopping: stopping_seen,
             feeds: Arc::new(changes::FeedBounds::from_settings(settings)),
-            databases: Arc::new(
-                crate::database::Databases::from_url(databases_url, settings.couchdb_max_open_databases)
-                    .with_max_document_bytes(settings.couchdb_max_document_bytes)
-                    .with_max_tree_bytes(settings.couchdb_max_tree_bytes)
-                    .with_inner_body_bounds(crate::database::InnerBodyBounds {
-                        max_revisions: settings.couchdb_inner_bodies_max_revisions,
-                        max_bytes: settings.couchdb_inner_bodies_max_bytes,
-                    })
-                    .with_max_gzip_ratio(settings.couchdb_max_gzip_ratio)
-                    .with_inline_budget(
-                        settings.couchdb_max_inflight_inline_bytes,
-                        Duration::from_millis(settings.couchdb_inline_wait_ms),
-                    )
-                    .with_attachment_bounds(
-                        settings.couchdb_attachment_limit(),
-                        Duration::from_secs(settings.couchdb_attachment_grace_secs),
-                    )
-                    .with_write_guard(Arc::new(crate::database::validation::DesignValidation::new(js.clone()))),
-            ),
+            databases,
             max_dbs_info_keys: settings.couchdb_max_dbs_info_keys,
             max_view_queries: settings.couchdb_max_view_queries,
             views,

@@ -6,9 +6,10 @@
 //! - **A data document** ([`check_write`]): its `_id` is the composite id
 //!   `{userId}:{namespace}:{base64url(key)}` of its identity fields ([`crate::model::DocumentId`]),
 //!   derived from them when a `POST` names none ([`derived_id`]); the data-store fields have the
-//!   spec's types ([`crate::model::document::check_field_types`]); attachments and members starting
+//!   spec's types ([`crate::model::document::check_field_types`]) and `value` and `metadata` the
+//!   data-store size limit (a 413); attachments and members starting
 //!   with `_` are not kept. A deletion carries no fields: only its id must follow the scheme. A
-//!   replicated write (`new_edits: false`) is checked as an edit is. Every refusal is
+//!   replicated write (`new_edits: false`) is checked as an edit is. Every refusal but a size is
 //!   [`ErrorKind::Forbidden`] (CouchDB's 403 `forbidden`, as a `validate_doc_update` function
 //!   answers: replicators skip such a document and go on).
 //! - **Confinement** ([`Confinement`]): an admin login sees and writes everything; a per-user
@@ -171,8 +172,21 @@ pub fn check_write(write: DataWrite<'_>, confinement: &Confinement, limits: &Lim
     // for them.
     if !write.deleted {
         document::check_field_types(write.body).map_err(|e| not_data_store(&e.to_string()))?;
+        check_sizes(write.body, limits)?;
     }
     Ok(id)
+}
+
+/// `value` and `metadata` within the data-store size limit (`TooLarge`: a 413, as the REST face
+/// answers them), so that the data-store operations can read and update what was written.
+fn check_sizes(body: &Map<String, Value>, limits: &Limits) -> Result<()> {
+    if let Some(value) = body.get(fields::VALUE) {
+        limits.check_value(value)?;
+    }
+    if let Some(metadata) = body.get(fields::METADATA).filter(|metadata| metadata.is_object()) {
+        limits.check_metadata(metadata)?;
+    }
+    Ok(())
 }
 
 const ATTACHMENTS: &str = "_attachments";

@@ -210,6 +210,32 @@ impl Databases {
         )
     }
 
+    /// The data-store database `name` over the facade's `backend`, opened once at startup with
+    /// these databases' bounds; its writes are checked by its rules
+    /// ([`data_store_rules::DataStoreRules`], with the data-store `limits`) and then by the
+    /// databases' own guard (`validate_doc_update`). Inner revisions' bodies stay as
+    /// [`Database::data_store`] sets them. Refused on a backend that keeps revision trees itself
+    /// (CouchDB), whose data-store database is served over its own calls.
+    pub fn data_store(
+        &self,
+        name: &str,
+        backend: Arc<dyn crate::backend::DocumentBackend>,
+        limits: crate::model::Limits,
+    ) -> Result<Arc<Database>> {
+        let mut guards: Vec<Arc<dyn write_guard::WriteGuard>> =
+            vec![Arc::new(data_store_rules::DataStoreRules::new(limits))];
+        guards.extend(self.write_guard.clone());
+        Ok(Arc::new(
+            Database::data_store(name.to_owned(), backend)?
+                .with_max_document_bytes(self.max_document_bytes)
+                .with_max_tree_bytes(self.max_tree_bytes)
+                .with_max_gzip_ratio(self.max_gzip_ratio)
+                .with_inline_budget(Arc::clone(&self.inline_budget), self.inline_wait)
+                .with_attachment_bounds(self.max_attachment_bytes, self.attachment_grace)
+                .with_write_guard(Some(Arc::new(write_guard::ChainedGuards::new(guards)))),
+        ))
+    }
+
     /// The catalog, opened now if it was not; `None` where the backend keeps no others.
     async fn opened_catalog(&self) -> Result<Option<&Arc<dyn Catalog>>> {
         if let Some(catalog) = self.catalog.get() {

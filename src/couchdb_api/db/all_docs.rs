@@ -25,13 +25,18 @@ use crate::couchdb_api::error::CouchError;
 use crate::couchdb_api::local_docs::ListingRequest;
 use crate::couchdb_api::server::live_document_count;
 use crate::couchdb_api::{json, Answer, CouchState};
+use crate::database::data_store_rules::Confinement;
 use crate::database::{Database, DocState};
 
 /// `GET /{db}/_all_docs`.
-pub async fn get_all_docs(opened: OpenDb, Query(params): Query<HashMap<String, String>>) -> Answer {
+pub async fn get_all_docs(
+    State(state): State<CouchState>,
+    opened: OpenDb,
+    Query(params): Query<HashMap<String, String>>,
+) -> Answer {
     let request = parse_request(&query_fields(&params)?)?;
     let inline = inline_wanted(&params)?;
-    answer(opened.db, request, inline, Listing::AllDocs).await
+    answer(&state, opened, request, inline, Listing::AllDocs).await
 }
 
 /// `POST /{db}/_all_docs`.
@@ -56,29 +61,42 @@ pub async fn post_all_docs(
         })
         .collect();
     let inline = inline_wanted(&inline_params)?;
-    answer(opened.db, request, inline, Listing::AllDocs).await
+    answer(&state, opened, request, inline, Listing::AllDocs).await
 }
 
 /// `GET/POST /{db}/_local_docs`.
 pub async fn local_docs(opened: OpenDb, ListingRequest(request): ListingRequest) -> Answer {
-    local_docs_answer(opened.db, request).await
+    local_docs_answer(opened.db, &opened.confinement, request).await
 }
 
-async fn local_docs_answer(db: Arc<Database>, request: AllDocsRequest) -> Answer {
-    let listing = Arc::clone(&db);
+/// The local documents the login may see: a per-user login's own, stored under `{user}:`
+/// ([`Confinement::local_name`]) and shown under the names it gave them.
+async fn local_docs_answer(db: Arc<Database>, confinement: &Confinement, request: AllDocsRequest) -> Answer {
+    let prefix = confinement.local_name("");
+    let listing = (Arc::clone(&db), prefix.clone());
     let fetch = move |names: IdRange, want: usize, token: Option<String>| {
-        let db = Arc::clone(&listing);
-        async move { db.local_docs(&names, want, token.as_deref()).await }
+        let (db, prefix) = listing.clone();
+        async move {
+            let page = db.local_docs(&names.under_prefix(&prefix), want, token.as_deref()).await?;
+            Ok(crate::backend::shown_without_prefix(page, &prefix))
+        }
     };
     let get = move |name: String| {
-        let db = Arc::clone(&db);
-        async move { db.get_local(&name).await }
+        let (db, prefix) = (Arc::clone(&db), prefix.clone());
+        async move {
+            let stored = db.get_local(&format!("{prefix}{name}")).await?;
+            Ok(stored.map(|doc| crate::backend::StoredDocument { id: format!("_local/{name}"), ..doc }))
+        }
     };
     crate::couchdb_api::local_docs::answer(request, fetch, get).await
 }
 
 /// `GET /{db}/_design_docs`: `_all_docs` over the design documents' ids.
-pub async fn get_design_docs(opened: OpenDb, Query(params): Query<HashMap<String, String>>) -> Answer {
+pub async fn get_design_docs(
+    State(state): State<CouchState>,
+    opened: OpenDb,
+    Query(params): Query<HashMap<String, String>>,
+) -> Answer {
     let mut request = parse_request(&query_fields(&params)?)?;
     let (low, high) = ("_design/".to_owned(), "_design0".to_owned());
     let range = &mut request.range;
@@ -92,7 +110,7 @@ pub async fn get_design_docs(opened: OpenDb, Query(params): Query<HashMap<String
             range.inclusive_end = false;
         }
     }
-    answer(opened.db, request, None, Listing::DesignDocs).await
+    answer(&state, opened, request, None, Listing::DesignDocs).await
 }
 
 /// Which listing a request is: `_all_docs`, or `_design_docs` (CouchDB 3.4.3's `design`
@@ -160,16 +178,33 @@ async fn inlined_doc(
     Ok(Some(doc))
 }
 
-async fn answer(db: Arc<Database>, mut request: AllDocsRequest, inline: Option<Inline>, listing: Listing) -> Answer {
+async fn answer(
+    state: &CouchState,
+    opened: OpenDb,
+    mut request: AllDocsRequest,
+    inline: Option<Inline>,
+    listing: Listing,
+) -> Answer {
+    let OpenDb { db, confinement, .. } = opened;
+    let confinement = &confinement;
     // Design documents are documents of a database, listed as CouchDB lists them.
     request.range.include_design = true;
-    let total_rows = total_rows(&db, listing).await?;
+    // A per-user login is shown 0: the database's count moves with every user's writes
+    // (docs/couchdb-api.md, "Counts").
+    let total_rows = match confinement.only_user() {
+        Some(_) => 0,
+        None => total_rows(&db, listing).await?,
+    };
     if let Some(keys) = &request.keys {
         let mut keys = keys_page(keys, &request);
         if listing == Listing::DesignDocs {
             keys.retain(|key| key.starts_with("_design/"));
         }
-        let states = db.read_many(&keys).await?;
+        // Another user's documents are not found, as if they did not exist.
+        let visible: Vec<String> = keys.iter().filter(|key| confinement.admits_id(key)).cloned().collect();
+        let mut states = db.read_many(&visible).await?.into_iter();
+        let states: Vec<Option<DocState>> =
+            keys.iter().map(|key| if confinement.admits_id(key) { states.next().flatten() } else { None }).collect();
         let mut rows = Vec::with_capacity(keys.len());
         for (key, state) in keys.iter().zip(states) {
             rows.push(match state {
@@ -194,11 +229,7 @@ async fn answer(db: Arc<Database>, mut request: AllDocsRequest, inline: Option<I
         }
         return Ok(json(StatusCode::OK, body));
     }
-    let update_seq = if request.update_seq {
-        Some(db.while_open(crate::database::seq::current(db.backend().as_ref())).await?)
-    } else {
-        None
-    };
+    let update_seq = if request.update_seq { Some(update_seq(state, &db, confinement).await?) } else { None };
     let from_the_beginning = match listing {
         Listing::AllDocs => {
             request.range.start.as_deref().is_none_or(|start| start.is_empty() && !request.range.descending)
@@ -210,7 +241,9 @@ async fn answer(db: Arc<Database>, mut request: AllDocsRequest, inline: Option<I
             request.range.start.as_deref() == Some(first)
         }
     };
-    let offset = if from_the_beginning { Value::from(request.skip) } else { Value::Null };
+    let offset =
+        if from_the_beginning && confinement.only_user().is_none() { Value::from(request.skip) } else { Value::Null };
+    request.range = confinement.clip(request.range);
     let mut head = format!("{{\"total_rows\":{total_rows},\"offset\":{offset},");
     if let Some(seq) = update_seq {
         head.push_str(&format!("\"update_seq\":{},", Value::from(seq)));
@@ -220,6 +253,20 @@ async fn answer(db: Arc<Database>, mut request: AllDocsRequest, inline: Option<I
     let mut rows = Box::pin(range_rows(db, range, request, inline));
     let first = rows.next().await.transpose()?;
     Ok(streamed_listing(head, first, rows))
+}
+
+/// `update_seq` of a listing. The data-store database's feed is still its own router's
+/// (`_changes`, see [`super::DATA_STORE_ROUTER_KEEPS`]): its positions are that feed's, sealed
+/// for a per-user login as that feed seals them, so a listing's `update_seq` is a `since` it takes.
+async fn update_seq(state: &CouchState, db: &Database, confinement: &Confinement) -> crate::Result<String> {
+    if !state.is_data_store(db) {
+        return db.while_open(crate::database::seq::current(db.backend().as_ref())).await;
+    }
+    let principal = match confinement.only_user() {
+        Some(user) => crate::couchdb_api::Principal::User(user.to_owned()),
+        None => crate::couchdb_api::Principal::Admin,
+    };
+    state.auth.sessions.positions().shown(&principal, &db.backend().change_position().await?)
 }
 
 /// A document of a range with its document shown inline, if asked, and (on a page's first) the

@@ -248,7 +248,7 @@ pub(crate) async fn read_related(
     use crate::couchdb_api::multipart::{AttachmentBytes, FollowingAttachment, RelatedLimits, RelatedUpload};
     let max = db.max_attachment_bytes();
     let upload = RelatedUpload::read(&state.bodies, headers, body, RelatedLimits::new(max)).await?;
-    super::docs::refuse_numbers_beyond_doubles(upload.document())?;
+    super::docs::refuse_numbers_beyond_doubles(state, db, upload.document())?;
     let store = db.attachments().clone();
     let bounds = PartBounds { max_bytes: max, max_gzip_ratio: db.max_gzip_ratio() };
     let stored = upload

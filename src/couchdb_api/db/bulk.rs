@@ -18,6 +18,7 @@ use crate::couchdb_api::access::DbAccess;
 use crate::couchdb_api::bulk::{BulkGetRequest, MAX_BULK_DOCS};
 use crate::couchdb_api::error::CouchError;
 use crate::couchdb_api::{json, Answer, CouchState};
+use crate::database::data_store_rules::Confinement;
 use crate::database::document::{self, check_id};
 use crate::database::rev_tree::{parse_rev, RevPath};
 use crate::database::{Database, Write, Written};
@@ -38,7 +39,7 @@ type Positioned = (usize, Map<String, Value>);
 /// `POST /{db}/_bulk_docs`.
 pub async fn bulk_docs(State(state): State<CouchState>, opened: OpenDb, headers: HeaderMap, body: Body) -> Answer {
     let request = state.bodies.read_object(&headers, body).await?.value;
-    super::docs::refuse_numbers_beyond_doubles(&request)?;
+    super::docs::refuse_numbers_beyond_doubles(&state, &opened.db, &request)?;
     let docs = match request.get("docs") {
         Some(Value::Array(docs)) => docs.clone(),
         _ => return Err(CouchError::bad_request("POST body must include `docs` parameter.")),
@@ -72,7 +73,10 @@ pub async fn bulk_docs(State(state): State<CouchState>, opened: OpenDb, headers:
             }
             let checked = document::parse(doc.clone()).map_err(refused)?;
             if !new_edits && checked.rev.is_none() {
-                return Err(CouchError::bad_request("a document written with new_edits=false needs a _rev"));
+                // `validate_revs` in CouchDB's `chttpd_db.erl`.
+                return Err(CouchError::bad_request(
+                    "When `new_edits: false`, the document needs `_rev` or `_revisions` specified",
+                ));
             }
         }
         parsed.push(doc);
@@ -93,7 +97,7 @@ pub async fn bulk_docs(State(state): State<CouchState>, opened: OpenDb, headers:
                     Some(json!({ "id": null, "error": "bad_request", "reason": "Document id must be a string" }));
                 continue;
             }
-            None if new_edits => match super::docs::new_id() {
+            None if new_edits => match super::docs::id_for_new(&state, &opened.db, &doc) {
                 Ok(id) => id,
                 Err(err) => {
                     early[position] = Some(err.to_row(""));
@@ -117,7 +121,7 @@ pub async fn bulk_docs(State(state): State<CouchState>, opened: OpenDb, headers:
     // the groups are written in that order.
     order.sort_by(|a, b| a.0.cmp(&b.0));
     let db = &opened.db;
-    let access = opened.access;
+    let access = (opened.access, &opened.confinement);
     let results: Vec<Vec<(usize, Option<Value>)>> = if new_edits {
         write_edits_in_id_order(db, access, order).await
     } else {
@@ -182,7 +186,7 @@ fn all_or_nothing_refused(docs: &[Map<String, Value>]) -> Answer {
 /// apart from, and after, the records it writes together.
 async fn write_edits_in_id_order(
     db: &Database,
-    access: DbAccess,
+    access: Admitted<'_>,
     order: Vec<(String, Vec<Positioned>)>,
 ) -> Vec<Vec<(usize, Option<Value>)>> {
     // Plain loops of futures, as below: closures in iterator adapters can trip rustc's
@@ -219,14 +223,27 @@ struct Ready {
     positions: Vec<usize>,
 }
 
+/// What the login may do on the database, and which documents it may write.
+type Admitted<'a> = (DbAccess, &'a Confinement);
+
 /// Checks the documents of one id (in request order), stores their inline attachments and
 /// writes the local ones. A design document written by a member is refused in its rows alone
 /// (CouchDB's per-document `forbidden`), replicated or not.
-async fn prepare_group(db: &Database, access: DbAccess, id: String, docs: Vec<Positioned>, new_edits: bool) -> Ready {
+async fn prepare_group(
+    db: &Database,
+    (access, confinement): Admitted<'_>,
+    id: String,
+    docs: Vec<Positioned>,
+    new_edits: bool,
+) -> Ready {
     let row_error = |err: CouchError| Some(err.to_row(&id));
     let mut ready =
         Ready { id: id.clone(), rows: Vec::with_capacity(docs.len()), writes: Vec::new(), positions: Vec::new() };
-    if let Err(refused) = access.check_write(&id) {
+    let admitted = match id.strip_prefix(LOCAL_PREFIX) {
+        Some(_) => Ok(()),
+        None => confinement.check_id(&id).map_err(CouchError::from),
+    };
+    if let Err(refused) = admitted.and_then(|()| access.check_write(&id)) {
         ready.rows = docs.into_iter().map(|(position, _)| (position, row_error(refused.clone()))).collect();
         return ready;
     }
@@ -235,7 +252,7 @@ async fn prepare_group(db: &Database, access: DbAccess, id: String, docs: Vec<Po
         for (position, body) in docs {
             ready.rows.push((
                 position,
-                match super::docs::write_local(db, name, body).await {
+                match super::docs::write_local(db, &confinement.local_name(name), body).await {
                     Ok(rev) => Some(json!({ "ok": true, "id": id, "rev": rev })),
                     Err(err) => row_error(err),
                 },
@@ -343,13 +360,24 @@ pub async fn bulk_get(
     let inline = super::attachments::inline_wanted(&params)?;
     let db = &opened.db;
     let options = DocOptions { revs, ..DocOptions::default() };
-    if let Some(media) = crate::couchdb_api::multipart::bulk_get_multipart_type(&headers) {
+    let confinement = &opened.confinement;
+    let all_admitted =
+        docs.iter().all(|item| item.get("id").and_then(Value::as_str).is_none_or(|id| confinement.admits_id(id)));
+    // Multipart carries no per-entry refusal for another user's documents: such a request is
+    // answered in JSON, each of those entries a `forbidden` error.
+    let multipart = crate::couchdb_api::multipart::bulk_get_multipart_type(&headers).filter(|_| all_admitted);
+    if let Some(media) = multipart {
         // A client that wants multipart and not JSON, as CouchDB decides it.
         return super::attachments::bulk_get_multipart(db, docs, options, latest, media).await;
     }
     let inline = &inline;
     let results: Vec<Value> = stream::iter(docs)
-        .map(|item| async move { bulk_get_one(db, &item, options, latest, inline.as_ref()).await })
+        .map(|item| async move {
+            match refused_to(confinement, &item) {
+                Some(refusal) => refusal,
+                None => bulk_get_one(db, &item, options, latest, inline.as_ref()).await,
+            }
+        })
         .buffered(CONCURRENCY)
         .collect()
         .await;
@@ -401,6 +429,20 @@ async fn bulk_get_one(
     json!({ "id": id, "docs": [{ "ok": doc }] })
 }
 
+/// A `_bulk_get` entry for a document outside the login's confinement: a `forbidden` error of
+/// that entry alone, as the data-store database has always answered it.
+fn refused_to(confinement: &Confinement, item: &Value) -> Option<Value> {
+    let id = item.get("id").and_then(Value::as_str)?;
+    if confinement.admits_id(id) {
+        return None;
+    }
+    let wanted = item.get("rev").and_then(Value::as_str).unwrap_or("undefined");
+    let reason = "this login may not read that user's documents";
+    Some(
+        json!({ "id": id, "docs": [{ "error": { "id": id, "rev": wanted, "error": "forbidden", "reason": reason } }] }),
+    )
+}
+
 /// The `{id: [revs]}` body of `_revs_diff` and `_missing_revs`.
 async fn revs_request(
     state: &CouchState,
@@ -429,10 +471,18 @@ async fn revs_request(
     Ok(wanted)
 }
 
+/// The documents of a revision request the login may see. Another user's documents are never
+/// sent to a per-user login's replica, so nothing of them is missing: they are left out of the
+/// answer, as the data-store database has always answered.
+fn confined(confinement: &Confinement, mut wanted: Vec<(String, Vec<String>)>) -> Vec<(String, Vec<String>)> {
+    wanted.retain(|(id, _)| confinement.admits_id(id));
+    wanted
+}
+
 /// `POST /{db}/_revs_diff`: for each document, the revisions this database lacks, and which of
 /// its leaves may be their ancestors.
 pub async fn revs_diff(State(state): State<CouchState>, opened: OpenDb, headers: HeaderMap, body: Body) -> Answer {
-    let wanted = revs_request(&state, &headers, body).await?;
+    let wanted = confined(&opened.confinement, revs_request(&state, &headers, body).await?);
     let ids: Vec<String> = wanted.iter().map(|(id, _)| id.clone()).collect();
     let states = opened.db.read_many_repairing(&ids).await?;
     let mut answer = Map::new();
@@ -455,7 +505,7 @@ pub async fn revs_diff(State(state): State<CouchState>, opened: OpenDb, headers:
 
 /// `POST /{db}/_missing_revs`: the revisions this database lacks, per document.
 pub async fn missing_revs(State(state): State<CouchState>, opened: OpenDb, headers: HeaderMap, body: Body) -> Answer {
-    let wanted = revs_request(&state, &headers, body).await?;
+    let wanted = confined(&opened.confinement, revs_request(&state, &headers, body).await?);
     let ids: Vec<String> = wanted.iter().map(|(id, _)| id.clone()).collect();
     let states = opened.db.read_many_repairing(&ids).await?;
     let mut answer = Map::new();

@@ -116,6 +116,7 @@ async fn one_document<T>(
     body: Body,
 ) -> Answer {
     let db = &opened.db;
+    opened.confinement.check_id(id)?;
     match method.as_str() {
         "GET" | "HEAD" => read_document(db, id, params, headers).await,
         "PUT" => {
@@ -125,7 +126,7 @@ async fn one_document<T>(
                 let (doc, followed) = super::attachments::read_related(state, db, headers, body).await?;
                 return put_document(db, id, doc, &followed, params, headers).await;
             }
-            let doc = read_doc_body(state, headers, body).await?;
+            let doc = read_doc_body(state, db, headers, body).await?;
             put_document(db, id, doc, &HashMap::new(), params, headers).await
         }
         "DELETE" => {
@@ -347,12 +348,21 @@ fn open_revs_options(options: DocOptions) -> DocOptions {
     DocOptions { revs_info: false, conflicts: false, deleted_conflicts: false, ..options }
 }
 
-/// `?open_revs=all` (every leaf; 404 when nothing is stored) or `?open_revs=[...]` (each
+/// `?open_revs=all` (every leaf in revision order; 404 when nothing is stored) or `?open_revs=[...]` (each
 /// revision's leaf, or missing), in the order asked.
 fn open_revs_leaves<'a>(tree: Option<&'a RevTree>, open_revs: &str, latest: bool) -> CouchResult<Vec<Opened<'a>>> {
     if open_revs == "all" {
         let Some(tree) = tree else { return Err(CouchError::not_found("missing")) };
-        return Ok(tree.leaves().into_iter().map(|leaf| Opened::Leaf(tree, Cow::Borrowed(leaf))).collect());
+        // CouchDB 3.4.3 answers every leaf in revision order (generation, then revision id),
+        // not the winner first.
+        let mut leaves = tree.leaves();
+        leaves.sort_by_cached_key(|leaf| {
+            leaf.path
+                .leaf_rev()
+                .split_once('-')
+                .map(|(generation, id)| (generation.parse::<u64>().unwrap_or(u64::MAX), id.to_owned()))
+        });
+        return Ok(leaves.into_iter().map(|leaf| Opened::Leaf(tree, Cow::Borrowed(leaf))).collect());
     }
     let wanted = match json_param("open_revs", Some(open_revs))? {
         Some(Value::Array(items)) => items,
@@ -417,9 +427,14 @@ fn open_revs_answer(
 }
 
 /// A request body that must be one JSON object, within the document size limit.
-async fn read_doc_body(state: &CouchState, headers: &HeaderMap, body: Body) -> CouchResult<Map<String, Value>> {
+async fn read_doc_body(
+    state: &CouchState,
+    db: &Database,
+    headers: &HeaderMap,
+    body: Body,
+) -> CouchResult<Map<String, Value>> {
     let doc = state.bodies.read_object(headers, body).await?;
-    refuse_numbers_beyond_doubles(&doc.value)?;
+    refuse_numbers_beyond_doubles(state, db, &doc.value)?;
     match doc.value {
         Value::Object(map) => Ok(map),
         _ => Err(CouchError::bad_request("Document must be a JSON object")),
@@ -430,7 +445,10 @@ async fn read_doc_body(state: &CouchState, headers: &HeaderMap, body: Body) -> C
 /// fails on the whole body, so every write of a database answers as CouchDB 3.4.3 does
 /// (`fixtures/couchdb-numbers-3.4.3.json`, docs/numbers.md). The data-store database keeps such
 /// numbers exactly instead, as the REST API does.
-pub(crate) fn refuse_numbers_beyond_doubles(body: &Value) -> CouchResult<()> {
+pub(crate) fn refuse_numbers_beyond_doubles(state: &CouchState, db: &Database, body: &Value) -> CouchResult<()> {
+    if state.is_data_store(db) {
+        return Ok(());
+    }
     match crate::model::number::first_beyond_doubles(body) {
         Some(_) => Err(CouchError::bad_request("invalid UTF-8 JSON")),
         None => Ok(()),
@@ -473,6 +491,8 @@ async fn put_document(
     let new_edits = bool_param("new_edits", params.get("new_edits").map(String::as_str), true)?;
     super::attachments::prepare_with(db, &mut doc.body, followed).await?;
     check_size(db, id, &doc)?;
+    // CouchDB's `update_doc` answers a deletion 200 `ok`, a live document 201 `created`.
+    let status = if doc.deleted { StatusCode::OK } else { StatusCode::CREATED };
     let rev = if new_edits {
         let parent = write_revision(doc.rev.as_deref(), params, headers)?;
         edit(db, id, parent, doc.deleted, doc.body).await?
@@ -487,7 +507,7 @@ async fn put_document(
     if params.get("batch").is_some_and(|mode| mode == "ok") {
         return Ok(json(StatusCode::ACCEPTED, json!({ "ok": true, "id": id })));
     }
-    Ok(written(StatusCode::CREATED, db, id, &rev))
+    Ok(written(status, db, id, &rev))
 }
 
 /// A client's edit; 409 `conflict` when `parent` is not a leaf (or missing over a live document).
@@ -525,16 +545,18 @@ pub async fn post_document(
     headers: HeaderMap,
     body: Body,
 ) -> Answer {
-    let body = read_doc_body(&state, &headers, body).await?;
+    // CouchDB takes a new document as JSON only (`couch_httpd:validate_ctype`): 415 otherwise.
+    crate::couchdb_api::request::require_json_content_type(&headers)?;
+    let body = read_doc_body(&state, &opened.db, &headers, body).await?;
     if let Some(name) = body.get("_id").and_then(Value::as_str).and_then(|id| id.strip_prefix("_local/")) {
         let name = name.to_owned();
-        let rev = write_local(&opened.db, &name, body).await?;
+        let rev = write_local(&opened.db, &opened.confinement.local_name(&name), body).await?;
         return Ok(json(StatusCode::CREATED, json!({ "ok": true, "id": format!("_local/{name}"), "rev": rev })));
     }
     let mut doc = document::parse(body).map_err(refused)?;
     let id = match &doc.id {
         Some(id) => id.clone(),
-        None => new_id()?,
+        None => id_for_new(&state, &opened.db, &doc.body)?,
     };
     opened.access.check_write(&id)?;
     super::attachments::prepare(&opened.db, &mut doc.body).await?;
@@ -544,6 +566,16 @@ pub async fn post_document(
         return Ok(json(StatusCode::ACCEPTED, json!({ "ok": true, "id": id })));
     }
     Ok(written(StatusCode::CREATED, &opened.db, &id, &rev))
+}
+
+/// The id of a new document written without one: on the data-store database, the id its
+/// identity fields make (403 without them); elsewhere a new uuid ([`new_id`]).
+pub(crate) fn id_for_new(state: &CouchState, db: &Database, body: &Map<String, Value>) -> CouchResult<String> {
+    if !state.is_data_store(db) {
+        return new_id();
+    }
+    let id = crate::database::data_store_rules::derived_id(body, &state.store.options().limits)?;
+    Ok(id.as_str().to_owned())
 }
 
 /// A new document id: 128 random bits in hex, as CouchDB's default uuid algorithm.
@@ -612,13 +644,15 @@ pub async fn get_local(opened: OpenDb<LocalName>, uri: axum::http::Uri, Query(pa
     if params.contains_key("rev") && !latest {
         return Err(CouchError::not_found("missing"));
     }
-    let doc = opened.db.get_local(name).await?.ok_or_else(|| CouchError::not_found("missing"))?;
+    let stored = opened.confinement.local_name(name);
+    let doc = opened.db.get_local(&stored).await?.ok_or_else(|| CouchError::not_found("missing"))?;
     let revisions = bool_param("revs", params.get("revs").map(String::as_str), false)?.then(|| {
         let number = doc.rev.0.strip_prefix("0-").unwrap_or_default().to_owned();
         json!({ "start": 0, "ids": [number] })
     });
     let mut body = Map::new();
-    body.insert("_id".into(), Value::from(doc.id));
+    // The name asked, not the one it is stored under for a per-user login.
+    body.insert("_id".into(), Value::from(format!("_local/{name}")));
     body.insert("_rev".into(), Value::from(doc.rev.0));
     body.extend(doc.body);
     if let Some(revisions) = revisions {
@@ -640,7 +674,7 @@ pub async fn put_local(
 ) -> Answer {
     check_local_path(&uri)?;
     let name = local_name(&opened.params.name)?.to_owned();
-    let mut body = read_doc_body(&state, &headers, body).await?;
+    let mut body = read_doc_body(&state, &opened.db, &headers, body).await?;
     let body_rev = match body.get("_rev") {
         None => None,
         Some(Value::String(rev)) => Some(rev.clone()),
@@ -650,7 +684,7 @@ pub async fn put_local(
         body.insert("_rev".into(), Value::from(rev));
     }
     let deleting = body.get("_deleted") == Some(&Value::Bool(true));
-    let rev = write_local(&opened.db, &name, body).await?;
+    let rev = write_local(&opened.db, &opened.confinement.local_name(&name), body).await?;
     let status = if deleting { StatusCode::OK } else { StatusCode::CREATED };
     Ok(json(status, json!({ "ok": true, "id": format!("_local/{name}"), "rev": rev })))
 }
@@ -708,7 +742,7 @@ fn next_local_rev(named: Option<&str>) -> CouchResult<u64> {
 pub async fn delete_local(opened: OpenDb<LocalName>, uri: axum::http::Uri) -> Answer {
     check_local_path(&uri)?;
     let name = local_name(&opened.params.name)?.to_owned();
-    if !opened.db.delete_local(&name).await? {
+    if !opened.db.delete_local(&opened.confinement.local_name(&name)).await? {
         return Err(CouchError::not_found("missing"));
     }
     Ok(json(StatusCode::OK, json!({ "ok": true, "id": format!("_local/{name}"), "rev": "0-0" })))

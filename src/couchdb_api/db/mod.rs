@@ -1,12 +1,18 @@
-//! The CouchDB API of every database besides the data-store one: documents of any shape under
-//! CouchDB's rules, with their whole revision trees ([`crate::database`]).
+//! The CouchDB API of every database: documents under CouchDB's rules, with their whole revision
+//! trees ([`crate::database`]), the data-store database's under its rules too.
 //!
 //! Requests reach this router through [`dispatch`]: a request whose first path segment names a
 //! database other than the data-store one (and is not one of the server's own `_` endpoints)
-//! comes here; everything else goes to the data-store router unchanged. Each handler opens its
-//! database with the [`OpenDb`] extractor, which answers CouchDB's 400 for an illegal name, 404
-//! for a database that does not exist and 403 for a login its `_security` does not admit, and
-//! hands the handler what that login may do there ([`DbAccess`], see [`super::access`]).
+//! comes here; so does a request on the data-store database where the engine serves it
+//! ([`CouchState::data_store_database`]; not the CouchDB backend) and the path is the engine's
+//! ([`engine_serves`]: all but [`DATA_STORE_ROUTER_KEEPS`]); everything else goes to the
+//! data-store router unchanged. Each handler opens its database with the [`OpenDb`] extractor,
+//! which answers CouchDB's 400 for an illegal name, 404 for a database that does not exist and
+//! 403 for a login its `_security` does not admit (on the data-store database: 401/403 for a
+//! request acting for no principal), and hands the handler what that login may do there
+//! ([`DbAccess`], see [`super::access`]) and which documents it may see ([`Confinement`]: a
+//! per-user login's own on the data-store database, everything elsewhere), which every handler
+//! that reads applies.
 //!
 //! - [`admin`]: creating, reading and deleting databases, `_all_dbs`, `_dbs_info`, settings.
 //! - [`docs`]: one document: read with every option, write, delete, local documents.
@@ -53,10 +59,11 @@ use super::auth::Identity;
 use super::error::CouchError;
 use super::CouchState;
 use crate::backend::catalog::DbName;
+use crate::database::data_store_rules::Confinement;
 use crate::database::validation::{as_writer, Writer};
 use crate::database::Database;
 
-/// The routes of a database other than the data-store one.
+/// The routes of every database (the data-store one where the engine serves it).
 pub(crate) fn router(state: CouchState) -> Router {
     Router::new()
         .route("/{db}", get(admin::db_info).put(admin::create_db).delete(admin::delete_db).post(docs::post_document))
@@ -101,8 +108,14 @@ pub(crate) async fn dispatch(
 ) -> Response {
     let first = request.uri().path().trim_start_matches('/').split('/').next().unwrap_or_default();
     let first = percent_encoding::percent_decode_str(first).decode_utf8_lossy().into_owned();
-    if first.is_empty() || first.starts_with('_') || *first == *state.db {
+    if first.is_empty() || first.starts_with('_') {
         return next.run(request).await;
+    }
+    if *first == *state.db {
+        return match state.data_store_database {
+            Some(_) if engine_serves(request.method(), request.uri().path()) => serve_data_store(&state, request).await,
+            _ => next.run(request).await,
+        };
     }
     // Every database route needs a login, as the data-store routes do; its `_security` decides
     // the rest.
@@ -115,6 +128,54 @@ pub(crate) async fn dispatch(
     };
     let answer = route(&state, request).await;
     missing_if_deleted(&state, &first, answer).await
+}
+
+/// Parts of the data-store database's API still answered by the data-store router, by the
+/// segment below the database: its feed (`_changes`, brief dsfeed), its design documents, views
+/// and Mango queries (`_design`, `_design_docs`, `_view_cleanup`, `_find`, `_explain`, `_index`,
+/// brief dsdesign: they are kept as `:design:` local documents until that work makes them the
+/// engine's records), and the database-wide settings and maintenance it has no CouchDB
+/// counterpart for yet (`_security`, `_revs_limit`, `_purge`, `_compact`: see ARCHITECTURE.md).
+/// `_all_docs` too, for as long as design documents are those local documents: CouchDB lists
+/// design documents among the others, and the engine's listing does not see them yet (the
+/// `db/` handler already confines a per-user login's listing for when it serves it).
+const DATA_STORE_ROUTER_KEEPS: [&str; 13] = [
+    "_changes",
+    "_all_docs",
+    "_design",
+    "_design_docs",
+    "_view_cleanup",
+    "_find",
+    "_explain",
+    "_index",
+    "_security",
+    "_revs_limit",
+    "_purge",
+    "_purged_infos_limit",
+    "_compact",
+];
+
+/// Whether a request on the data-store database is the engine's ([`router`]): documents and
+/// their attachments, local documents, listings, the bulk and replication endpoints, and
+/// `POST /{db}`. The database itself (`GET`, `PUT`, `DELETE /{db}`) stays the data-store
+/// router's ([`super::server`]): it cannot be created or deleted through the API.
+fn engine_serves(method: &axum::http::Method, path: &str) -> bool {
+    let below = path.trim_start_matches('/').split_once('/').map(|(_, rest)| rest).unwrap_or("");
+    let segment = below.split('/').next().unwrap_or_default();
+    let segment = percent_encoding::percent_decode_str(segment).decode_utf8_lossy();
+    if segment.is_empty() {
+        return *method == axum::http::Method::POST;
+    }
+    !DATA_STORE_ROUTER_KEEPS.contains(&segment.as_ref()) && !segment.starts_with("_design/")
+}
+
+/// A request on the data-store database served by the engine: it acts for a principal (401
+/// without a login, 403 for a login with no data-store user), as every data-store route does.
+async fn serve_data_store(state: &CouchState, mut request: Request) -> Response {
+    if let Err(refusal) = super::require_principal(&mut request) {
+        return refusal.into_response();
+    }
+    route(state, request).await
 }
 
 /// A server error answered on a database that no longer exists was caused by its deletion
@@ -350,6 +411,9 @@ async fn route(state: &CouchState, request: Request) -> Response {
 pub(crate) struct OpenDb<T = DbOnly> {
     pub db: Arc<Database>,
     pub access: DbAccess,
+    /// What the login may read and write there: on the data-store database, its principal's
+    /// ([`Confinement::User`] for a per-user login); everything on the others.
+    pub confinement: Confinement,
     pub params: T,
 }
 
@@ -386,15 +450,57 @@ impl<T: DeserializeOwned + Send> FromRequestParts<CouchState> for OpenDb<T> {
             .get::<Identity>()
             .cloned()
             .ok_or_else(|| CouchError::internal("the request was not identified").into_response())?;
-        let db = match state.databases.open(&name).await {
-            Ok(Some(db)) => db,
-            Ok(None) => return Err(CouchError::no_database().into_response()),
-            Err(err) => return Err(CouchError::from(err).into_response()),
+        let (db, access, confinement) = match data_store_admission(state, &name, &identity) {
+            Some(admitted) => admitted.map_err(IntoResponse::into_response)?,
+            None => {
+                let db = match state.databases.open(&name).await {
+                    Ok(Some(db)) => db,
+                    Ok(None) => return Err(CouchError::no_database().into_response()),
+                    Err(err) => return Err(CouchError::from(err).into_response()),
+                };
+                let access = admit(&db, &identity).await.map_err(IntoResponse::into_response)?;
+                (db, access, Confinement::Everything)
+            }
         };
-        let access = admit(&db, &identity).await.map_err(IntoResponse::into_response)?;
+        confine_path(&confinement, &params).map_err(IntoResponse::into_response)?;
         let Path(params) = Path::<T>::from_request_parts(parts, state).await.map_err(IntoResponse::into_response)?;
-        Ok(OpenDb { db, access, params })
+        Ok(OpenDb { db, access, confinement, params })
     }
+}
+
+/// A database opened for a request: it, what the login may do there, what it may see.
+type Admission = (Arc<Database>, DbAccess, Confinement);
+
+/// The data-store database as the engine serves it, what the request's principal may do there and
+/// its confinement: an admin everything (a server admin's rights), a per-user login a member's
+/// rights on its own user's documents. CouchDB's 401 without a login, 403 for a login with no
+/// data-store user ([`Identity::require`]). `None` for any other database, or where the engine
+/// does not serve the data-store database (the CouchDB backend).
+fn data_store_admission(
+    state: &CouchState,
+    name: &DbName,
+    identity: &Identity,
+) -> Option<Result<Admission, CouchError>> {
+    let db = state.data_store_database.as_ref().filter(|_| name.as_str() == &*state.db)?;
+    Some(identity.require().map(|principal| {
+        let access = match principal {
+            super::access::Principal::Admin => DbAccess::ServerAdmin,
+            super::access::Principal::User(_) => DbAccess::Member,
+        };
+        (Arc::clone(db), access, principal.confinement())
+    }))
+}
+
+/// The document a path names (`{docid}`, with its attachments) must be one the login may use,
+/// and a design document's routes (`{ddoc}`) are an admin's on the data-store database.
+fn confine_path(confinement: &Confinement, params: &HashMap<String, String>) -> Result<(), CouchError> {
+    if let Some(id) = params.get("docid") {
+        confinement.check_id(id)?;
+    }
+    if params.contains_key("ddoc") {
+        confinement.check_design()?;
+    }
+    Ok(())
 }
 
 /// What the login may do on the database ([`db_access`]: server admins everything, then its

@@ -18,6 +18,7 @@ mod changes;
 mod crash_repairs;
 mod data_store;
 mod data_store_design;
+mod data_store_engine;
 mod data_store_feed;
 mod databases;
 mod depth;
@@ -195,6 +196,11 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("data_store_design_documents_are_records", |e| {
             Box::pin(data_store_design::data_store_design_documents_are_records(e))
         }),
+        ("data_store_per_user_confined_on_every_read", |e| {
+            Box::pin(data_store_engine::per_user_confined_on_every_read(e))
+        }),
+        ("data_store_admin_replication_as_couchdb", |e| Box::pin(data_store_engine::admin_replication_as_couchdb(e))),
+        ("data_store_rest_reads_what_couchdb_wrote", |e| Box::pin(data_store_engine::rest_reads_what_couchdb_wrote(e))),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
@@ -212,6 +218,7 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
                             | "per_user_counts_ignore_other_users"
                             | "per_user_feed_positions_sealed"
                             | "data_store_feed_confined_to_the_login" => Some(logins::logins_config()?),
+                            "data_store_per_user_confined_on_every_read" => Some(logins::logins_config()?),
                             "roles_and_security" => Some(roles::roles_config()?),
                             "attachments_in_documents" | "attachments_gzip_parts" => {
                                 Some(attachments::BOUNDED_CONFIG.to_owned())
