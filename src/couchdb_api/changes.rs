@@ -315,11 +315,7 @@ async fn data_store_changes(
 /// The data-store database as an engine database over the store's backend
 /// ([`Database::data_store`]); `None` on a backend that keeps revision trees itself.
 pub(crate) fn data_store_database(state: &CouchState) -> CouchResult<Option<Arc<Database>>> {
-    let backend = state.store.backend();
-    if backend.keeps_branches() {
-        return Ok(None);
-    }
-    Ok(Some(Arc::new(Database::data_store(state.db.to_string(), Arc::clone(backend))?)))
+    Ok(state.data_store_database.clone())
 }
 
 /// The data-store database's feed over a backend that keeps revision trees itself.
@@ -450,8 +446,7 @@ pub(crate) async fn get_database_changes(
     peer: Option<Extension<ConnectInfo<SocketAddr>>>,
     Query(params): Query<HashMap<String, String>>,
 ) -> Answer {
-    let asker =
-        FeedAsker { confinement: Confinement::Everything, identity: identity.map(|e| e.0), peer: peer.map(|e| e.0 .0) };
+    let asker = FeedAsker { confinement: opened.confinement, identity: identity.map(|e| e.0), peer: peer.map(|e| e.0 .0) };
     database_changes(&state, opened.db, asker, &params, None).await
 }
 
@@ -465,8 +460,7 @@ pub(crate) async fn post_database_changes(
     headers: HeaderMap,
     body: Body,
 ) -> Answer {
-    let asker =
-        FeedAsker { confinement: Confinement::Everything, identity: identity.map(|e| e.0), peer: peer.map(|e| e.0 .0) };
+    let asker = FeedAsker { confinement: opened.confinement, identity: identity.map(|e| e.0), peer: peer.map(|e| e.0 .0) };
     let body = read_body(&state, &headers, body).await?;
     database_changes(&state, opened.db, asker, &params, body).await
 }

@@ -139,9 +139,7 @@ pub(crate) async fn dispatch(
 /// `_all_docs` too, for as long as design documents are those local documents: CouchDB lists
 /// design documents among the others, and the engine's listing does not see them yet (the
 /// `db/` handler already confines a per-user login's listing for when it serves it).
-const DATA_STORE_ROUTER_KEEPS: [&str; 13] = [
-    "_changes",
-    "_all_docs",
+const DATA_STORE_ROUTER_KEEPS: [&str; 11] = [
     "_design",
     "_design_docs",
     "_view_cleanup",
