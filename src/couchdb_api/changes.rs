@@ -446,7 +446,8 @@ pub(crate) async fn get_database_changes(
     peer: Option<Extension<ConnectInfo<SocketAddr>>>,
     Query(params): Query<HashMap<String, String>>,
 ) -> Answer {
-    let asker = FeedAsker { confinement: opened.confinement, identity: identity.map(|e| e.0), peer: peer.map(|e| e.0 .0) };
+    let asker =
+        FeedAsker { confinement: opened.confinement, identity: identity.map(|e| e.0), peer: peer.map(|e| e.0 .0) };
     database_changes(&state, opened.db, asker, &params, None).await
 }
 
@@ -460,7 +461,8 @@ pub(crate) async fn post_database_changes(
     headers: HeaderMap,
     body: Body,
 ) -> Answer {
-    let asker = FeedAsker { confinement: opened.confinement, identity: identity.map(|e| e.0), peer: peer.map(|e| e.0 .0) };
+    let asker =
+        FeedAsker { confinement: opened.confinement, identity: identity.map(|e| e.0), peer: peer.map(|e| e.0 .0) };
     let body = read_body(&state, &headers, body).await?;
     database_changes(&state, opened.db, asker, &params, body).await
 }

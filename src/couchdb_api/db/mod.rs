@@ -131,14 +131,13 @@ pub(crate) async fn dispatch(
 }
 
 /// Parts of the data-store database's API still answered by the data-store router, by the
-/// segment below the database: its feed (`_changes`, brief dsfeed), its design documents, views
-/// and Mango queries (`_design`, `_design_docs`, `_view_cleanup`, `_find`, `_explain`, `_index`,
-/// brief dsdesign: they are kept as `:design:` local documents until that work makes them the
-/// engine's records), and the database-wide settings and maintenance it has no CouchDB
-/// counterpart for yet (`_security`, `_revs_limit`, `_purge`, `_compact`: see ARCHITECTURE.md).
-/// `_all_docs` too, for as long as design documents are those local documents: CouchDB lists
-/// design documents among the others, and the engine's listing does not see them yet (the
-/// `db/` handler already confines a per-user login's listing for when it serves it).
+/// segment below the database: its design documents' routes, views and Mango queries
+/// (`_design`, `_design_docs`, `_view_cleanup`, `_find`, `_explain`, `_index`: the design
+/// documents are the engine's records, but their views run over `DataStoreSource`, which reads
+/// the view incarnation fresh where the engine's `Database` caches it, and `purge_user` in another
+/// process must reach it), and the database-wide settings and maintenance the data-store
+/// database has never served (`_security`, `_revs_limit`, `_purge`, `_compact`: see
+/// ARCHITECTURE.md, "One set of CouchDB handlers").
 const DATA_STORE_ROUTER_KEEPS: [&str; 11] = [
     "_design",
     "_design_docs",
