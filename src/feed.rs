@@ -48,8 +48,7 @@ pub struct FeedPage {
     /// saw, the unsettled tail included (1 when the backend cannot tell: read again).
     pub pending: u64,
     /// How many of `changes`, at its end, are the unsettled tail: a reader from `last_seq` may be
-    /// handed them again, once, when they settle (on DynamoDB only those past the most its token
-    /// remembers, `REMEMBERED_TAIL`).
+    /// handed them again, once, when they settle.
     pub unsettled: usize,
 }
 

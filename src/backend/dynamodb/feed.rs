@@ -61,84 +61,48 @@ impl ShardReader for FeedReader<'_> {
 }
 
 /// A change feed token: the settled position every change up to which has been returned, and
-/// the last position of the unsettled tail already delivered past it, if any, with the marks of
-/// the tail changes delivered ([`mark_of`]). Written `<settled>`, `<settled>~<delivered>` or
-/// `<settled>~<delivered>~<marks>`; both positions are positions [`layout::check_position`]
-/// accepts, the marks [`MARK_DIGITS`] hex digits each, at most [`REMEMBERED_TAIL`] of them.
+/// the last position of the unsettled tail already delivered past it, if any. Written
+/// `<settled>` or `<settled>~<delivered>`; both parts are positions [`layout::check_position`]
+/// accepts.
 ///
 /// A read from a token reads the settled feed from `settled` (so a write that lands late, with a
 /// position below what was delivered, is still found) and the tail only after `delivered` (so a
 /// follower that polls within the settle window is not handed the same tail again and again).
-/// The settled read skips the changes whose marks the token carries: those the tail delivered,
-/// so that a reader continuing from the token is not handed them again when they settle, while a
-/// late write between them, which no mark names, is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct FeedToken {
     settled: String,
     delivered: Option<String>,
-    marks: Vec<String>,
 }
 
-/// Separates a token's parts (`~` needs no escaping in a URL).
+/// Separates a token's two positions (`~` needs no escaping in a URL).
 const TOKEN_SEPARATOR: char = '~';
-/// The most tail changes one token remembers as delivered: past them a tail change may come
-/// once more when it settles (a token stays under 700 characters).
-pub const REMEMBERED_TAIL: usize = 32;
-/// Hex digits of one mark (64 bits of a SHA-256).
-const MARK_DIGITS: usize = 16;
-
-/// The mark of a change read from the feed index (its `seq` still the index position): 64 bits
-/// of the SHA-256 of its id and position, which name one write.
-fn mark_of(change: &Change) -> String {
-    use sha2::{Digest, Sha256};
-    let mut hasher = Sha256::new();
-    hasher.update(change.id.as_bytes());
-    hasher.update([0]);
-    hasher.update(change.seq.as_bytes());
-    hex::encode(&hasher.finalize()[..MARK_DIGITS / 2])
-}
 
 impl FeedToken {
     fn parse(text: &str) -> Result<FeedToken> {
+        let (settled, delivered) = match text.split_once(TOKEN_SEPARATOR) {
+            Some((settled, delivered)) => (settled, Some(delivered)),
+            None => (text, None),
+        };
         let refuse =
             || Error::invalid("since", format!("{text:?} is not a change feed position of this DynamoDB backend"));
-        let mut parts = text.splitn(3, TOKEN_SEPARATOR);
-        let settled = parts.next().unwrap_or_default();
-        let delivered = parts.next();
-        let marks = parse_marks(parts.next().unwrap_or_default()).ok_or_else(refuse)?;
         layout::check_position(settled).map_err(|_| refuse())?;
         if let Some(delivered) = delivered {
             layout::check_position(delivered).map_err(|_| refuse())?;
         }
-        Ok(FeedToken { settled: settled.to_owned(), delivered: delivered.map(str::to_owned), marks })
+        Ok(FeedToken { settled: settled.to_owned(), delivered: delivered.map(str::to_owned) })
     }
 
-    /// The token for `settled`, keeping `delivered` and the `marks` only while it lies past it
-    /// (every mark names a change at or below `delivered`).
-    fn new(settled: &str, delivered: Option<&str>, marks: &[String]) -> FeedToken {
-        let delivered = delivered.filter(|d| *d > settled).map(str::to_owned);
-        let marks = if delivered.is_some() { marks.to_vec() } else { Vec::new() };
-        FeedToken { settled: settled.to_owned(), delivered, marks }
+    /// The token for `settled`, keeping `delivered` only while it lies past it.
+    fn new(settled: &str, delivered: Option<&str>) -> FeedToken {
+        FeedToken { settled: settled.to_owned(), delivered: delivered.filter(|d| *d > settled).map(str::to_owned) }
     }
 
     fn render(&self) -> String {
         match &self.delivered {
-            Some(delivered) if self.marks.is_empty() => format!("{}{TOKEN_SEPARATOR}{delivered}", self.settled),
-            Some(delivered) => {
-                format!("{}{TOKEN_SEPARATOR}{delivered}{TOKEN_SEPARATOR}{}", self.settled, self.marks.concat())
-            }
+            Some(delivered) => format!("{}{TOKEN_SEPARATOR}{delivered}", self.settled),
             None => self.settled.clone(),
         }
     }
-}
-
-/// A token's marks, concatenated; `None` when they are not [`MARK_DIGITS`] lowercase hex digits
-/// each, or more than [`REMEMBERED_TAIL`].
-fn parse_marks(text: &str) -> Option<Vec<String>> {
-    let well_formed = text.len().is_multiple_of(MARK_DIGITS)
-        && text.len() / MARK_DIGITS <= REMEMBERED_TAIL
-        && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
-    well_formed.then(|| text.as_bytes().chunks(MARK_DIGITS).map(|m| String::from_utf8_lossy(m).into_owned()).collect())
 }
 
 /// The first position after `position` in the index's order: `-` sorts before every digit, `g`
@@ -154,98 +118,64 @@ fn lowest_position() -> String {
     layout::position_after_millis(0)
 }
 
-/// What one read of the feed index between two positions found.
-struct IndexRead {
-    /// Whether the index ran out before the read held `limit` changes.
-    ran_out: bool,
-    /// The highest position read, skipped changes included.
-    last_position: Option<String>,
-    /// The position at which each mark of the token was found (and its change skipped).
-    found: Vec<(String, String)>,
-}
-
 /// Reads the feed index from `low` to `high` (both inclusive), merged across shards, into
-/// `changes` until it holds `limit` entries, skipping the changes whose marks are in `skip` (the
-/// tail a reader was handed already). An index that has not yet dropped a document's previous
-/// entry can show it twice; the later position is its latest.
+/// `changes` until it holds `limit` entries; whether the index ran out first. An index that has not
+/// yet dropped a document's previous entry can show it twice; the later position is its latest.
 async fn read_feed_into(
     backend: &DynamoDbBackend,
-    (low, high): (String, String),
-    skip: &[String],
+    low: String,
+    high: String,
     changes: &mut Vec<Change>,
     limit: usize,
-) -> Result<IndexRead> {
+) -> Result<bool> {
     let wanted = limit.saturating_sub(changes.len()).max(1);
     let reader = FeedReader { backend, low, high };
     let mut merge =
         ShardedMerge::new(reader, SHARD_COUNT, ShardedMerge::<FeedReader>::chunk_for(wanted, SHARD_COUNT), false);
-    let mut read = IndexRead { ran_out: false, last_position: None, found: Vec::new() };
     while changes.len() < limit {
-        let Some(change) = merge.next().await? else {
-            read.ran_out = true;
-            break;
-        };
-        read.last_position = Some(change.seq.clone());
-        if !skip.is_empty() {
-            let mark = mark_of(&change);
-            if skip.contains(&mark) {
-                read.found.push((mark, change.seq));
-                continue;
+        match merge.next().await? {
+            Some(change) => {
+                changes.retain(|c| c.id != change.id);
+                changes.push(change);
             }
+            None => return Ok(true),
         }
-        changes.retain(|c| c.id != change.id);
-        changes.push(change);
     }
-    Ok(read)
-}
-
-/// The marks of `marks` still ahead of a reader at `position`: those not found at or below it.
-fn marks_ahead_of(marks: &[String], found: &[(String, String)], position: &str) -> Vec<String> {
-    marks.iter().filter(|mark| !found.iter().any(|(m, at)| m == *mark && at.as_str() <= position)).cloned().collect()
+    Ok(false)
 }
 
 impl DynamoDbBackend {
     /// `changes(since, limit)`: the settled positions after `since` up to the settle bound, then,
     /// once those are exhausted, the unsettled tail the index shows past it, merged across shards
     /// by (position, id). Every `seq` and `last_seq` handed out names a settled position (with the
-    /// tail already delivered past it, and the marks of the tail changes delivered: [`FeedToken`]),
-    /// never a tail position alone.
+    /// tail already delivered past it), never a tail position alone.
     pub(super) async fn changes_page(&self, since: Option<&str>, limit: usize) -> Result<ChangesPage> {
         self.require_layout("the change feed").await?;
         let token = since.map(FeedToken::parse).transpose()?;
         let limit = limit.max(1);
         let high = self.settled_position();
         let delivered = token.as_ref().and_then(|t| t.delivered.clone());
-        let marks = token.as_ref().map(|t| t.marks.clone()).unwrap_or_default();
         let low = token.as_ref().map_or_else(|| "0".to_owned(), |t| after(&t.settled));
         let mut changes: Vec<Change> = Vec::with_capacity(limit);
         // A token's settled position can lie past this clock's bound (another process's clock
         // runs ahead, or the follower asked again within a millisecond): then nothing settled is
         // new, and the token's position stays the boundary.
-        let settled_read = match low > high {
-            true => IndexRead { ran_out: true, last_position: None, found: Vec::new() },
-            false => read_feed_into(self, (low, high.clone()), &marks, &mut changes, limit).await?,
-        };
-        let settled_token = |position: &str| {
-            FeedToken::new(position, delivered.as_deref(), &marks_ahead_of(&marks, &settled_read.found, position))
-                .render()
-        };
-        if !settled_read.ran_out {
+        let settled_done = low > high || read_feed_into(self, low, high.clone(), &mut changes, limit).await?;
+        if !settled_done {
             for change in &mut changes {
-                change.seq = settled_token(&change.seq);
+                change.seq = FeedToken::new(&change.seq, delivered.as_deref()).render();
             }
             let last_seq = changes.last().map_or_else(|| high.clone(), |c| c.seq.clone());
             return Ok(ChangesPage { changes, last_seq, pending: None, unsettled: 0 });
         }
-        // Every settled change up to the last one seen has been returned (or was delivered in a
-        // tail before, its mark found), and the settled range past it up to the bound was read
-        // empty (no write can land there any more: that is what settled means), so a token naming
-        // that change instead of the bound misses nothing and re-reads only an empty range. Unlike
-        // the bound, it stays the same while nothing is written: two reads with no write between
-        // answer the same `last_seq`, as CouchDB's do. With nothing settled seen, it is the
-        // token's own position, or from the start of the feed the lowest position (every stamp
-        // lies past it).
-        let settled_seen = settled_read.last_position.clone().or_else(|| token.as_ref().map(|t| t.settled.clone()));
+        // Every settled change up to the last one seen has been returned, and the settled range
+        // past it up to the bound was read empty (no write can land there any more: that is what
+        // settled means), so a token naming that change instead of the bound misses nothing and
+        // re-reads only an empty range. Unlike the bound, it stays the same while nothing is
+        // written: two reads with no write between answer the same `last_seq`, as CouchDB's do.
+        // With nothing settled seen, it is the token's own position, or from the start of the
+        // feed the lowest position (every stamp lies past it).
+        let settled_seen = changes.last().map(|c| c.seq.clone()).or_else(|| token.as_ref().map(|t| t.settled.clone()));
         let boundary = match &token {
             Some(t) if t.settled > high => t.settled.clone(),
             _ => high,
@@ -257,28 +187,22 @@ impl DynamoDbBackend {
             _ => boundary.clone(),
         };
         let tail_end = layout::position_after_millis(layout::MAX_POSITION_MILLIS);
-        let tail_read = read_feed_into(self, (after(&tail_from), tail_end), &[], &mut changes, limit).await?;
+        let tail_done = read_feed_into(self, after(&tail_from), tail_end, &mut changes, limit).await?;
         // Settled positions lie at or below the boundary, the tail's past it (a document whose
         // settled entry the tail superseded has left the settled part).
         let unsettled = changes.iter().filter(|c| c.seq > boundary).count();
         let settled_count = changes.len() - unsettled;
-        // The marks the tail's tokens carry: those of the reader's token not yet found, then one
-        // for each tail change delivered, up to the bound (past it a tail change may come again).
-        let mut tail_marks = marks_ahead_of(&marks, &settled_read.found, &resume_from);
         let mut last_delivered = delivered.clone();
         for (n, change) in changes.iter_mut().enumerate() {
-            if n < settled_count {
-                change.seq = settled_token(&change.seq);
-                continue;
-            }
-            if tail_marks.len() < REMEMBERED_TAIL {
-                tail_marks.push(mark_of(change));
-            }
-            last_delivered = Some(std::mem::take(&mut change.seq));
-            change.seq = FeedToken::new(&resume_from, last_delivered.as_deref(), &tail_marks).render();
+            change.seq = if n < settled_count {
+                FeedToken::new(&change.seq, delivered.as_deref()).render()
+            } else {
+                last_delivered = Some(std::mem::take(&mut change.seq));
+                FeedToken::new(&resume_from, last_delivered.as_deref()).render()
+            };
         }
-        let last_seq = FeedToken::new(&resume_from, last_delivered.as_deref(), &tail_marks).render();
-        Ok(ChangesPage { changes, last_seq, pending: tail_read.ran_out.then_some(0), unsettled })
+        let last_seq = FeedToken::new(&resume_from, last_delivered.as_deref()).render();
+        Ok(ChangesPage { changes, last_seq, pending: tail_done.then_some(0), unsettled })
     }
 
     /// The feed position up to which a change feed read now is complete: `now - settle`.
@@ -293,7 +217,7 @@ impl DynamoDbBackend {
     /// Writes stamped from this millisecond on, by this process's clock, show at once.
     pub(super) fn position_now(&self) -> String {
         let before_now = layout::position_after_millis(layout::now_millis().saturating_sub(1));
-        FeedToken::new(&self.settled_position(), Some(&before_now), &[]).render()
+        FeedToken::new(&self.settled_position(), Some(&before_now)).render()
     }
 }
 
@@ -305,40 +229,16 @@ mod tests {
     fn tokens_round_trip_keep_only_a_delivered_position_past_the_settled_one_and_refuse_garbage() {
         let settled = layout::position_after_millis(1_000);
         let delivered = layout::new_position();
-        let token = FeedToken::new(&settled, Some(&delivered), &[]);
+        let token = FeedToken::new(&settled, Some(&delivered));
         assert_eq!(token.render(), format!("{settled}~{delivered}"));
         assert_eq!(FeedToken::parse(&token.render()).unwrap(), token);
-        let change = Change { seq: delivered.clone(), id: "a".into(), rev: Revision("1-x".into()), deleted: false };
-        let marked = FeedToken::new(&settled, Some(&delivered), &[mark_of(&change), "0123456789abcdef".into()]);
-        assert_eq!(FeedToken::parse(&marked.render()).unwrap(), marked);
         // A delivered position at or below the settled one says nothing more: the plain form.
-        assert_eq!(FeedToken::new(&delivered, Some(&settled), &marked.marks).render(), delivered);
-        let plain = FeedToken { settled: delivered.clone(), delivered: None, marks: Vec::new() };
-        assert_eq!(FeedToken::parse(&delivered).unwrap(), plain);
-        let too_many = "0123456789abcdef".repeat(REMEMBERED_TAIL + 1);
-        for bad in [
-            "",
-            "~",
-            &format!("{settled}~"),
-            &format!("~{settled}"),
-            &format!("{settled}~x"),
-            "abc",
-            &format!("{settled}~{delivered}~0123"),
-            &format!("{settled}~{delivered}~0123456789ABCDEF"),
-            &format!("{settled}~{delivered}~{too_many}"),
-            &format!("{settled}~{delivered}~0123456789abcdef~"),
-        ] {
+        assert_eq!(FeedToken::new(&delivered, Some(&settled)).render(), delivered);
+        assert_eq!(FeedToken::parse(&delivered).unwrap(), FeedToken { settled: delivered.clone(), delivered: None });
+        for bad in ["", "~", &format!("{settled}~"), &format!("~{settled}"), &format!("{settled}~x"), "abc"] {
             let err = FeedToken::parse(bad).unwrap_err();
             assert!(err.message().contains("since"), "{bad:?}: {err}");
         }
-    }
-
-    #[test]
-    fn a_mark_stays_ahead_of_a_reader_until_found_at_or_below_its_position() {
-        let marks = vec!["a".repeat(MARK_DIGITS), "b".repeat(MARK_DIGITS)];
-        let found = vec![(marks[0].clone(), "0000000000005".to_owned())];
-        assert_eq!(marks_ahead_of(&marks, &found, "0000000000004"), marks);
-        assert_eq!(marks_ahead_of(&marks, &found, "0000000000005"), &marks[1..]);
     }
 
     #[test]
