@@ -179,7 +179,9 @@ async fn serve_data_store(state: &CouchState, mut request: Request) -> Response 
 /// racing the request (a table or file gone under a backend call that no engine check saw):
 /// CouchDB answers a missing database 404 `not_found`, whatever raced with it.
 async fn missing_if_deleted(state: &CouchState, name: &str, answer: Response) -> Response {
-    if !answer.status().is_server_error() {
+    // A 404 too: one about a part of the database (a view group dropped with it) is CouchDB's
+    // missing-database answer once the database is gone.
+    if !answer.status().is_server_error() && answer.status() != axum::http::StatusCode::NOT_FOUND {
         return answer;
     }
     let Ok(name) = DbName::parse(name) else { return answer };
