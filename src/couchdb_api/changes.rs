@@ -246,6 +246,15 @@ pub(crate) struct FeedAsker {
 }
 
 impl FeedAsker {
+    /// The asker of a request, from what its handler extracted.
+    fn of(
+        confinement: Confinement,
+        identity: Option<Extension<Identity>>,
+        peer: Option<Extension<ConnectInfo<SocketAddr>>>,
+    ) -> Self {
+        FeedAsker { confinement, identity: identity.map(|e| e.0), peer: peer.map(|e| e.0 .0) }
+    }
+
     /// Whose long-lived feeds this request counts against.
     fn owner(&self) -> String {
         feed_owner(self.identity.as_ref(), self.peer)
@@ -273,8 +282,7 @@ pub async fn get_changes(
     _served: ServedDb,
     Query(params): Query<HashMap<String, String>>,
 ) -> Answer {
-    let asker =
-        FeedAsker { confinement: principal.confinement(), identity: identity.map(|e| e.0), peer: peer.map(|e| e.0 .0) };
+    let asker = FeedAsker::of(principal.confinement(), identity, peer);
     data_store_changes(&state, asker, &params, None).await
 }
 
@@ -291,8 +299,7 @@ pub async fn post_changes(
     headers: HeaderMap,
     body: Body,
 ) -> Answer {
-    let asker =
-        FeedAsker { confinement: principal.confinement(), identity: identity.map(|e| e.0), peer: peer.map(|e| e.0 .0) };
+    let asker = FeedAsker::of(principal.confinement(), identity, peer);
     let body = read_body(&state, &headers, body).await?;
     data_store_changes(&state, asker, &params, body).await
 }
@@ -446,8 +453,7 @@ pub(crate) async fn get_database_changes(
     peer: Option<Extension<ConnectInfo<SocketAddr>>>,
     Query(params): Query<HashMap<String, String>>,
 ) -> Answer {
-    let asker =
-        FeedAsker { confinement: opened.confinement, identity: identity.map(|e| e.0), peer: peer.map(|e| e.0 .0) };
+    let asker = FeedAsker::of(opened.confinement, identity, peer);
     database_changes(&state, opened.db, asker, &params, None).await
 }
 
@@ -461,8 +467,7 @@ pub(crate) async fn post_database_changes(
     headers: HeaderMap,
     body: Body,
 ) -> Answer {
-    let asker =
-        FeedAsker { confinement: opened.confinement, identity: identity.map(|e| e.0), peer: peer.map(|e| e.0 .0) };
+    let asker = FeedAsker::of(opened.confinement, identity, peer);
     let body = read_body(&state, &headers, body).await?;
     database_changes(&state, opened.db, asker, &params, body).await
 }
