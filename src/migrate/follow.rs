@@ -181,10 +181,12 @@ impl Follower<'_> {
                     }
                 }
             };
-            // Settled changes only: the unsettled tail comes again, in settled order, once it
-            // settles (reading from `last_seq` never skips it), so applying it now would apply
-            // some documents twice and out of the order this loop promises.
-            let ids: Vec<String> = page.settled().iter().map(|change| change.id.clone()).collect();
+            // Every change of the page, the unsettled tail too: `last_seq` says the page was taken
+            // whole, so a read from it may skip the tail when it settles (a DynamoDB token names
+            // the tail it handed out). Each document's current state is read when it is applied,
+            // so a tail change applies no state out of the source's order, and one that does come
+            // again finds the target in sync.
+            let ids: Vec<String> = page.changes.iter().map(|change| change.id.clone()).collect();
             let changed = !ids.is_empty();
             // While a full page is applied, the next one is read: only reading a document's state
             // must wait for the page before it, and that happens inside `apply_page`.

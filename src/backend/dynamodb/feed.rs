@@ -61,48 +61,110 @@ impl ShardReader for FeedReader<'_> {
 }
 
 /// A change feed token: the settled position every change up to which has been returned, and
-/// the last position of the unsettled tail already delivered past it, if any. Written
-/// `<settled>` or `<settled>~<delivered>`; both parts are positions [`layout::check_position`]
-/// accepts.
+/// the last position of the unsettled tail already delivered past it, if any, with the marks of
+/// the tail changes delivered ([`mark_of`]). Written `<settled>`, `<settled>~<delivered>` or
+/// `<settled>~<delivered>~<marks>`; both positions are positions [`layout::check_position`]
+/// accepts, the marks [`MARK_DIGITS`] hex digits each, at most [`REMEMBERED_TAIL`] of them,
+/// oldest first.
 ///
 /// A read from a token reads the settled feed from `settled` (so a write that lands late, with a
 /// position below what was delivered, is still found) and the tail only after `delivered` (so a
 /// follower that polls within the settle window is not handed the same tail again and again).
+/// The settled read skips the changes whose marks the token carries: those the tail delivered,
+/// so that a reader continuing from the token is not handed them again when they settle, while a
+/// late write between them, which no mark names, is. A reader that continues from a token has
+/// therefore taken every change of the page that handed it out, the tail included (a follower
+/// that left the tail for later would lose it: `migrate --follow` applies the tail too).
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct FeedToken {
     settled: String,
     delivered: Option<String>,
+    marks: Vec<String>,
 }
 
-/// Separates a token's two positions (`~` needs no escaping in a URL).
+/// Separates a token's parts (`~` needs no escaping in a URL).
 const TOKEN_SEPARATOR: char = '~';
+/// The most tail changes one token remembers as delivered, one per document: past them the
+/// oldest is forgotten and may come once more when it settles (a token stays under 900
+/// characters).
+pub const REMEMBERED_TAIL: usize = 32;
+/// Hex digits of a mark's document part (32 bits of the SHA-256 of the id), by which a later
+/// write of the same document replaces the mark of an earlier one.
+const MARK_DOCUMENT_DIGITS: usize = 8;
+/// Hex digits of one mark: the document part, then 64 bits of the SHA-256 of id and position,
+/// which name one write.
+const MARK_DIGITS: usize = MARK_DOCUMENT_DIGITS + 16;
+
+/// The mark of a change read from the feed index (its `seq` still the index position).
+fn mark_of(change: &Change) -> String {
+    use sha2::{Digest, Sha256};
+    let document = Sha256::digest(change.id.as_bytes());
+    let mut write = Sha256::new();
+    write.update(change.id.as_bytes());
+    write.update([0]);
+    write.update(change.seq.as_bytes());
+    let write = write.finalize();
+    let document_bytes = MARK_DOCUMENT_DIGITS / 2;
+    format!("{}{}", hex::encode(&document[..document_bytes]), hex::encode(&write[..(MARK_DIGITS / 2) - document_bytes]))
+}
+
+/// Adds `mark` to the marks a token carries: it replaces the mark of an earlier write of the
+/// same document (that write is superseded, its entry gone from the index), and past
+/// [`REMEMBERED_TAIL`] the oldest mark is forgotten. Forgetting a mark costs at most a repeat,
+/// never a change.
+fn remember(marks: &mut Vec<String>, mark: String) {
+    marks.retain(|m| m.get(..MARK_DOCUMENT_DIGITS) != mark.get(..MARK_DOCUMENT_DIGITS));
+    if marks.len() >= REMEMBERED_TAIL {
+        marks.remove(0);
+    }
+    marks.push(mark);
+}
 
 impl FeedToken {
     fn parse(text: &str) -> Result<FeedToken> {
-        let (settled, delivered) = match text.split_once(TOKEN_SEPARATOR) {
-            Some((settled, delivered)) => (settled, Some(delivered)),
-            None => (text, None),
-        };
         let refuse =
             || Error::invalid("since", format!("{text:?} is not a change feed position of this DynamoDB backend"));
+        let mut parts = text.splitn(3, TOKEN_SEPARATOR);
+        let settled = parts.next().unwrap_or_default();
+        let delivered = parts.next();
+        let marks = match parts.next() {
+            Some(marks) => parse_marks(marks).ok_or_else(refuse)?,
+            None => Vec::new(),
+        };
         layout::check_position(settled).map_err(|_| refuse())?;
         if let Some(delivered) = delivered {
             layout::check_position(delivered).map_err(|_| refuse())?;
         }
-        Ok(FeedToken { settled: settled.to_owned(), delivered: delivered.map(str::to_owned) })
+        Ok(FeedToken { settled: settled.to_owned(), delivered: delivered.map(str::to_owned), marks })
     }
 
-    /// The token for `settled`, keeping `delivered` only while it lies past it.
-    fn new(settled: &str, delivered: Option<&str>) -> FeedToken {
-        FeedToken { settled: settled.to_owned(), delivered: delivered.filter(|d| *d > settled).map(str::to_owned) }
+    /// The token for `settled`, keeping `delivered` and the `marks` only while it lies past it
+    /// (every mark names a change at or below `delivered`).
+    fn new(settled: &str, delivered: Option<&str>, marks: &[String]) -> FeedToken {
+        let delivered = delivered.filter(|d| *d > settled).map(str::to_owned);
+        let marks = if delivered.is_some() { marks.to_vec() } else { Vec::new() };
+        FeedToken { settled: settled.to_owned(), delivered, marks }
     }
 
     fn render(&self) -> String {
         match &self.delivered {
-            Some(delivered) => format!("{}{TOKEN_SEPARATOR}{delivered}", self.settled),
+            Some(delivered) if self.marks.is_empty() => format!("{}{TOKEN_SEPARATOR}{delivered}", self.settled),
+            Some(delivered) => {
+                format!("{}{TOKEN_SEPARATOR}{delivered}{TOKEN_SEPARATOR}{}", self.settled, self.marks.concat())
+            }
             None => self.settled.clone(),
         }
     }
+}
+
+/// A token's marks, concatenated; `None` when there are none, when they are not [`MARK_DIGITS`]
+/// lowercase hex digits each, or when there are more than [`REMEMBERED_TAIL`].
+fn parse_marks(text: &str) -> Option<Vec<String>> {
+    let well_formed = !text.is_empty()
+        && text.len() % MARK_DIGITS == 0
+        && text.len() / MARK_DIGITS <= REMEMBERED_TAIL
+        && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    well_formed.then(|| text.as_bytes().chunks(MARK_DIGITS).map(|m| String::from_utf8_lossy(m).into_owned()).collect())
 }
 
 /// The first position after `position` in the index's order: `-` sorts before every digit, `g`
@@ -118,30 +180,54 @@ fn lowest_position() -> String {
     layout::position_after_millis(0)
 }
 
+/// What one read of the feed index between two positions found.
+struct IndexRead {
+    /// Whether the index ran out before the read held `limit` changes.
+    ran_out: bool,
+    /// The highest position read, skipped changes included.
+    last_position: Option<String>,
+    /// The position at which each mark of the token was found (and its change skipped).
+    found: Vec<(String, String)>,
+}
+
 /// Reads the feed index from `low` to `high` (both inclusive), merged across shards, into
-/// `changes` until it holds `limit` entries; whether the index ran out first. An index that has not
-/// yet dropped a document's previous entry can show it twice; the later position is its latest.
+/// `changes` until it holds `limit` entries, skipping the changes whose marks are in `skip` (the
+/// tail a reader was handed already). An index that has not yet dropped a document's previous
+/// entry can show it twice; the later position is its latest.
 async fn read_feed_into(
     backend: &DynamoDbBackend,
-    low: String,
-    high: String,
+    (low, high): (String, String),
+    skip: &[String],
     changes: &mut Vec<Change>,
     limit: usize,
-) -> Result<bool> {
+) -> Result<IndexRead> {
     let wanted = limit.saturating_sub(changes.len()).max(1);
     let reader = FeedReader { backend, low, high };
     let mut merge =
         ShardedMerge::new(reader, SHARD_COUNT, ShardedMerge::<FeedReader>::chunk_for(wanted, SHARD_COUNT), false);
+    let mut read = IndexRead { ran_out: false, last_position: None, found: Vec::new() };
     while changes.len() < limit {
-        match merge.next().await? {
-            Some(change) => {
-                changes.retain(|c| c.id != change.id);
-                changes.push(change);
+        let Some(change) = merge.next().await? else {
+            read.ran_out = true;
+            break;
+        };
+        read.last_position = Some(change.seq.clone());
+        if !skip.is_empty() {
+            let mark = mark_of(&change);
+            if skip.contains(&mark) {
+                read.found.push((mark, change.seq));
+                continue;
             }
-            None => return Ok(true),
         }
+        changes.retain(|c| c.id != change.id);
+        changes.push(change);
     }
-    Ok(false)
+    Ok(read)
+}
+
+/// The marks of `marks` still ahead of a reader at `position`: those not found at or below it.
+fn marks_ahead_of(marks: &[String], found: &[(String, String)], position: &str) -> Vec<String> {
+    marks.iter().filter(|mark| !found.iter().any(|(m, at)| m == *mark && at.as_str() <= position)).cloned().collect()
 }
 
 impl DynamoDbBackend {
@@ -155,27 +241,36 @@ impl DynamoDbBackend {
         let limit = limit.max(1);
         let high = self.settled_position();
         let delivered = token.as_ref().and_then(|t| t.delivered.clone());
+        let marks = token.as_ref().map(|t| t.marks.clone()).unwrap_or_default();
         let low = token.as_ref().map_or_else(|| "0".to_owned(), |t| after(&t.settled));
         let mut changes: Vec<Change> = Vec::with_capacity(limit);
         // A token's settled position can lie past this clock's bound (another process's clock
         // runs ahead, or the follower asked again within a millisecond): then nothing settled is
         // new, and the token's position stays the boundary.
-        let settled_done = low > high || read_feed_into(self, low, high.clone(), &mut changes, limit).await?;
-        if !settled_done {
+        let settled_read = match low > high {
+            true => IndexRead { ran_out: true, last_position: None, found: Vec::new() },
+            false => read_feed_into(self, (low, high.clone()), &marks, &mut changes, limit).await?,
+        };
+        let settled_token = |position: &str| {
+            FeedToken::new(position, delivered.as_deref(), &marks_ahead_of(&marks, &settled_read.found, position))
+                .render()
+        };
+        if !settled_read.ran_out {
             for change in &mut changes {
-                change.seq = FeedToken::new(&change.seq, delivered.as_deref()).render();
+                change.seq = settled_token(&change.seq);
             }
             let last_seq = changes.last().map_or_else(|| high.clone(), |c| c.seq.clone());
             return Ok(ChangesPage { changes, last_seq, pending: None, unsettled: 0 });
         }
-        // Every settled change up to the last one seen has been returned, and the settled range
-        // past it up to the bound was read empty (no write can land there any more: that is what
-        // settled means), so a token naming that change instead of the bound misses nothing and
-        // re-reads only an empty range. Unlike the bound, it stays the same while nothing is
-        // written: two reads with no write between answer the same `last_seq`, as CouchDB's do.
-        // With nothing settled seen, it is the token's own position, or from the start of the
-        // feed the lowest position (every stamp lies past it).
-        let settled_seen = changes.last().map(|c| c.seq.clone()).or_else(|| token.as_ref().map(|t| t.settled.clone()));
+        // Every settled change up to the last one seen has been returned (or was delivered in a
+        // tail before, its mark found), and the settled range past it up to the bound was read
+        // empty (no write can land there any more: that is what settled means), so a token naming
+        // that change instead of the bound misses nothing and re-reads only an empty range. Unlike
+        // the bound, it stays the same while nothing is written: two reads with no write between
+        // answer the same `last_seq`, as CouchDB's do. With nothing settled seen, it is the
+        // token's own position, or from the start of the feed the lowest position (every stamp
+        // lies past it).
+        let settled_seen = settled_read.last_position.clone().or_else(|| token.as_ref().map(|t| t.settled.clone()));
         let boundary = match &token {
             Some(t) if t.settled > high => t.settled.clone(),
             _ => high,
@@ -187,22 +282,26 @@ impl DynamoDbBackend {
             _ => boundary.clone(),
         };
         let tail_end = layout::position_after_millis(layout::MAX_POSITION_MILLIS);
-        let tail_done = read_feed_into(self, after(&tail_from), tail_end, &mut changes, limit).await?;
+        let tail_read = read_feed_into(self, (after(&tail_from), tail_end), &[], &mut changes, limit).await?;
         // Settled positions lie at or below the boundary, the tail's past it (a document whose
         // settled entry the tail superseded has left the settled part).
         let unsettled = changes.iter().filter(|c| c.seq > boundary).count();
         let settled_count = changes.len() - unsettled;
+        // The marks the tail's tokens carry: those of the reader's token not yet found, then one
+        // for each tail change delivered (past the bound the oldest may come again).
+        let mut tail_marks = marks_ahead_of(&marks, &settled_read.found, &resume_from);
         let mut last_delivered = delivered.clone();
         for (n, change) in changes.iter_mut().enumerate() {
-            change.seq = if n < settled_count {
-                FeedToken::new(&change.seq, delivered.as_deref()).render()
-            } else {
-                last_delivered = Some(std::mem::take(&mut change.seq));
-                FeedToken::new(&resume_from, last_delivered.as_deref()).render()
-            };
+            if n < settled_count {
+                change.seq = settled_token(&change.seq);
+                continue;
+            }
+            remember(&mut tail_marks, mark_of(change));
+            last_delivered = Some(std::mem::take(&mut change.seq));
+            change.seq = FeedToken::new(&resume_from, last_delivered.as_deref(), &tail_marks).render();
         }
-        let last_seq = FeedToken::new(&resume_from, last_delivered.as_deref()).render();
-        Ok(ChangesPage { changes, last_seq, pending: tail_done.then_some(0), unsettled })
+        let last_seq = FeedToken::new(&resume_from, last_delivered.as_deref(), &tail_marks).render();
+        Ok(ChangesPage { changes, last_seq, pending: tail_read.ran_out.then_some(0), unsettled })
     }
 
     /// The feed position up to which a change feed read now is complete: `now - settle`.
@@ -217,7 +316,7 @@ impl DynamoDbBackend {
     /// Writes stamped from this millisecond on, by this process's clock, show at once.
     pub(super) fn position_now(&self) -> String {
         let before_now = layout::position_after_millis(layout::now_millis().saturating_sub(1));
-        FeedToken::new(&self.settled_position(), Some(&before_now)).render()
+        FeedToken::new(&self.settled_position(), Some(&before_now), &[]).render()
     }
 }
 
@@ -229,16 +328,65 @@ mod tests {
     fn tokens_round_trip_keep_only_a_delivered_position_past_the_settled_one_and_refuse_garbage() {
         let settled = layout::position_after_millis(1_000);
         let delivered = layout::new_position();
-        let token = FeedToken::new(&settled, Some(&delivered));
+        let token = FeedToken::new(&settled, Some(&delivered), &[]);
         assert_eq!(token.render(), format!("{settled}~{delivered}"));
         assert_eq!(FeedToken::parse(&token.render()).unwrap(), token);
+        let change = Change { seq: delivered.clone(), id: "a".into(), rev: Revision("1-x".into()), deleted: false };
+        let other_mark = "0123456789abcdef01234567".to_owned();
+        let marked = FeedToken::new(&settled, Some(&delivered), &[mark_of(&change), other_mark]);
+        assert_eq!(FeedToken::parse(&marked.render()).unwrap(), marked);
         // A delivered position at or below the settled one says nothing more: the plain form.
-        assert_eq!(FeedToken::new(&delivered, Some(&settled)).render(), delivered);
-        assert_eq!(FeedToken::parse(&delivered).unwrap(), FeedToken { settled: delivered.clone(), delivered: None });
-        for bad in ["", "~", &format!("{settled}~"), &format!("~{settled}"), &format!("{settled}~x"), "abc"] {
+        assert_eq!(FeedToken::new(&delivered, Some(&settled), &marked.marks).render(), delivered);
+        let plain = FeedToken { settled: delivered.clone(), delivered: None, marks: Vec::new() };
+        assert_eq!(FeedToken::parse(&delivered).unwrap(), plain);
+        let too_many = "0123456789abcdef01234567".repeat(REMEMBERED_TAIL + 1);
+        for bad in [
+            "",
+            "~",
+            &format!("{settled}~"),
+            &format!("~{settled}"),
+            &format!("{settled}~x"),
+            "abc",
+            &format!("{settled}~{delivered}~"),
+            &format!("{settled}~{delivered}~0123456789abcdef"),
+            &format!("{settled}~{delivered}~0123456789ABCDEF01234567"),
+            &format!("{settled}~{delivered}~{too_many}"),
+            &format!("{settled}~{delivered}~0123456789abcdef01234567~"),
+        ] {
             let err = FeedToken::parse(bad).unwrap_err();
             assert!(err.message().contains("since"), "{bad:?}: {err}");
         }
+    }
+
+    #[test]
+    fn a_mark_stays_ahead_of_a_reader_until_found_at_or_below_its_position() {
+        let marks = vec!["a".repeat(MARK_DIGITS), "b".repeat(MARK_DIGITS)];
+        let found = vec![(marks[0].clone(), "0000000000005".to_owned())];
+        assert_eq!(marks_ahead_of(&marks, &found, "0000000000004"), marks);
+        assert_eq!(marks_ahead_of(&marks, &found, "0000000000005"), &marks[1..]);
+    }
+
+    #[test]
+    fn a_later_write_of_a_document_replaces_its_mark_and_the_oldest_mark_goes_first() {
+        let change = |id: &str| Change {
+            seq: layout::new_position(),
+            id: id.into(),
+            rev: Revision("1-x".into()),
+            deleted: false,
+        };
+        let (first_a, b, second_a) = (mark_of(&change("a")), mark_of(&change("b")), mark_of(&change("a")));
+        assert_eq!(first_a.len(), MARK_DIGITS);
+        assert_ne!(first_a, second_a, "two writes of one document have different marks");
+        let mut marks = Vec::new();
+        for mark in [&first_a, &b, &second_a] {
+            remember(&mut marks, mark.clone());
+        }
+        assert_eq!(marks, [b.clone(), second_a.clone()]);
+        for n in 0..REMEMBERED_TAIL {
+            remember(&mut marks, mark_of(&change(&format!("d{n}"))));
+        }
+        assert_eq!(marks.len(), REMEMBERED_TAIL);
+        assert!(!marks.contains(&b) && !marks.contains(&second_a), "the oldest marks are forgotten first");
     }
 
     #[test]
