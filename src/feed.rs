@@ -48,12 +48,14 @@ pub struct FeedPage {
     /// saw, the unsettled tail included (1 when the backend cannot tell: read again).
     pub pending: u64,
     /// How many of `changes`, at its end, are the unsettled tail: a reader from `last_seq` may be
-    /// handed them again, once, when they settle.
+    /// handed them again, once, when they settle (on DynamoDB only those past the most its token
+    /// remembers, `REMEMBERED_TAIL`). `last_seq` says the whole page was taken, tail included: a
+    /// reader that leaves the tail must not continue from it.
     pub unsettled: usize,
 }
 
 impl FeedPage {
-    /// The settled changes only (a follower that applies each change once, in settled order).
+    /// The settled changes only, before the unsettled tail.
     pub fn settled(&self) -> &[Change] {
         &self.changes[..self.changes.len() - self.unsettled.min(self.changes.len())]
     }

@@ -19,10 +19,10 @@
 //!   remembered for a bounded time (its `count_max_age_ms`).
 //! - A rank is exact while the documents before the reader's position stay where they are. A
 //!   document changed again after a reader passed it moves to the end of the feed, so the reader's
-//!   `N` runs ahead by one until it reaches the end of the feed, where `N` is the count again; an
-//!   entry a DynamoDB reader is handed twice (once unsettled, once settled) counts twice the same
-//!   way. `N` is for progress, never for positioning: where the next page starts is the token's
-//!   alone.
+//!   `N` runs ahead by one until it reaches the end of the feed, where `N` is the count again (so
+//!   does a DynamoDB tail change past the most a token remembers, which comes once more when it
+//!   settles). `N` is for progress, never for positioning: where the next page starts is the
+//!   token's alone (trial `couchdb_api::paged_changes_list_each_change_once`).
 
 use crate::backend::DocumentBackend;
 

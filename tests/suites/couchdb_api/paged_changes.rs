@@ -9,8 +9,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::*;
 
 /// Documents written while the reader pages, and how many of them are then updated once: 26
-/// changes in all, within one settle window, under the 32 tail changes a DynamoDB token
-/// remembers (`REMEMBERED_TAIL`; past it a change may come once more, by design).
+/// changes of 20 documents, within one settle window, under the 32 documents' tail changes a
+/// DynamoDB token remembers (`REMEMBERED_TAIL`; past it a change may come once more, by design).
 const WRITTEN: usize = 20;
 const UPDATED: usize = 6;
 
@@ -41,7 +41,29 @@ pub(super) async fn paged_changes_list_each_change_once(e: Endpoint) -> TestResu
     check(repeated.is_empty(), || format!("changes listed twice across pages: {repeated:?} (of {} rows)", rows.len()))?;
     let last_of: BTreeMap<&str, &str> = rows.iter().map(|(id, rev)| (id.as_str(), rev.as_str())).collect();
     let missing: Vec<_> = written.iter().filter(|(id, rev)| last_of.get(id.as_str()) != Some(&rev.as_str())).collect();
-    check(missing.is_empty(), || format!("writes whose last revision never came: {missing:?}"))
+    check(missing.is_empty(), || format!("writes whose last revision never came: {missing:?}"))?;
+    if e.backend == "dynamodb" {
+        a_token_carries_at_most_the_remembered_tail(&e, &db, &since).await?;
+    }
+    Ok(())
+}
+
+/// The most tail marks a DynamoDB token carries (`REMEMBERED_TAIL`, 32 of 24 hex digits each):
+/// a `since` with 32 is read, one with 33 is CouchDB's malformed-`since` 400.
+async fn a_token_carries_at_most_the_remembered_tail(e: &Endpoint, db: &str, since: &str) -> TestResult {
+    const REMEMBERED_TAIL: usize = 32;
+    const MARK: &str = "0123456789abcdef01234567";
+    let (rank, token) = since.split_once('-').ok_or_else(|| format!("a last_seq without N-: {since}"))?;
+    let settled = token.split('~').next().unwrap_or(token);
+    let with_marks = |count: usize| {
+        let since = format!("{rank}-{settled}~{settled}~{}", MARK.repeat(count));
+        let encoded = percent_encoding::utf8_percent_encode(&since, percent_encoding::NON_ALPHANUMERIC).to_string();
+        format!("/{db}/_changes?limit=3&since={encoded}")
+    };
+    e.get(&with_marks(REMEMBERED_TAIL)).await?.expect(200, "a since with as many marks as a token keeps")?;
+    let refused = e.get(&with_marks(REMEMBERED_TAIL + 1)).await?.expect(400, "a since with one mark too many")?;
+    let malformed = json!({ "error": "bad_request", "reason": "Malformed sequence supplied in 'since' parameter." });
+    check(refused.body == malformed, || format!("a since with one mark too many: {}", refused.body))
 }
 
 /// Writes [`WRITTEN`] documents one by one, then updates the first [`UPDATED`]; answers each
