@@ -161,7 +161,7 @@ impl FeedToken {
 /// lowercase hex digits each, or when there are more than [`REMEMBERED_TAIL`].
 fn parse_marks(text: &str) -> Option<Vec<String>> {
     let well_formed = !text.is_empty()
-        && text.len() % MARK_DIGITS == 0
+        && text.len().is_multiple_of(MARK_DIGITS)
         && text.len() / MARK_DIGITS <= REMEMBERED_TAIL
         && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
     well_formed.then(|| text.as_bytes().chunks(MARK_DIGITS).map(|m| String::from_utf8_lossy(m).into_owned()).collect())
