@@ -99,12 +99,22 @@ pub async fn db_info(
     Extension(principal): Extension<super::access::Principal>,
     _served: ServedDb,
 ) -> Answer {
-    if principal.only_user().is_some() {
-        let update_seq = state.store.backend().change_position().await?;
-        let update_seq = state.auth.sessions.positions().shown(&principal, &update_seq)?;
-        return Ok(json(StatusCode::OK, db_info_json(&state.db, 0, &update_seq)));
+    Ok(json(StatusCode::OK, data_store_info_seen_by(&state, &principal.confinement()).await?))
+}
+
+/// The data-store database's information as a login confined to `confinement` is shown it
+/// (`GET /{db}` through either router): everything for an admin ([`data_store_info`]); for a
+/// per-user login `doc_count` 0 and `update_seq` sealed.
+pub(crate) async fn data_store_info_seen_by(
+    state: &CouchState,
+    confinement: &crate::database::data_store_rules::Confinement,
+) -> crate::Result<Value> {
+    if confinement.only_user().is_none() {
+        return data_store_info(state).await;
     }
-    Ok(json(StatusCode::OK, data_store_info(&state).await?))
+    let update_seq = state.store.backend().change_position().await?;
+    let update_seq = state.auth.sessions.positions().shown_to(confinement, &update_seq)?;
+    Ok(db_info_json(&state.db, 0, &update_seq))
 }
 
 /// The data-store database's information (`GET /{db}`, `_dbs_info`).

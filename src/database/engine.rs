@@ -509,6 +509,12 @@ impl Database {
         self.local_names
     }
 
+    /// The backend local document counting the feed entries purges took out
+    /// ([`super::seq`]: what keeps the feed's `N` from going back).
+    pub fn erased_doc(&self) -> &'static str {
+        self.local_names.erased
+    }
+
     /// The database's layout.
     pub(super) fn layout(&self) -> &Layout {
         &self.layout
@@ -796,7 +802,7 @@ impl Database {
             }
             let saved = if tree.is_empty() {
                 // Counted first, so a feed's rank never goes back with the erasure (`seq`).
-                super::seq::count_erased(self.backend.as_ref()).await?;
+                super::seq::count_erased(self.backend.as_ref(), self.local_names.erased).await?;
                 self.erase(id, &state).await
             } else {
                 self.keep_references(Some(&state), &tree).await?;
