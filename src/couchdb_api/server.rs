@@ -1,8 +1,9 @@
 //! The server root and the data-store database: `GET /`, `/_up`, `/_uuids`, the probes
-//! (`_active_tasks`, `_scheduler`, `_membership`, `_node`), and `GET/HEAD/PUT/DELETE /{db}` of
-//! the data-store database. `PUT` of it answers 412 as CouchDB does for a database that exists
-//! (PouchDB and aiocouch create-if-missing); `PUT` of a name starting with `_` answers as CouchDB
-//! (other names are the databases' router's).
+//! (`_active_tasks`, `_scheduler`, `_membership`, `_node`), and `PUT/DELETE /{db}` of the
+//! data-store database (`GET/HEAD` too on the CouchDB backend; on the others the databases'
+//! router answers them, with [`data_store_info_seen_by`]). `PUT` of it answers 412 as CouchDB
+//! does for a database that exists (PouchDB and aiocouch create-if-missing); `PUT` of a name
+//! starting with `_` answers as CouchDB (other names are the databases' router's).
 
 use axum::extract::{Extension, Path, Query, State};
 use axum::http::StatusCode;
@@ -90,7 +91,8 @@ pub async fn uuids(Query(params): Query<UuidsParams>) -> Answer {
     Ok(json(StatusCode::OK, json!({ "uuids": uuids })))
 }
 
-/// `GET /{db}` (and HEAD): the database's information, with the counts the backend can give. A
+/// `GET /{db}` (and HEAD) on the CouchDB backend (the databases' router answers it on the others):
+/// the database's information, with the counts the backend can give. A
 /// per-user login is shown `doc_count` 0: the store's count moves with every user's writes, and
 /// counting its own documents would read them all (docs/couchdb-api.md, "Counts"), and its
 /// `update_seq` sealed ([`super::position_seal`]).

@@ -2,7 +2,9 @@
 //! `_revs_limit`, `_security`, and the maintenance endpoints that have nothing to do here
 //! (`_compact`, `_view_cleanup`, `_ensure_full_commit`), answered as CouchDB answers them, with
 //! CouchDB's checks: server admins create and delete databases and read `_dbs_info`; a database's
-//! admins change its `_security` and `_revs_limit` and compact it; its members read the rest.
+//! admins change its `_security` and `_revs_limit` and compact it; its members read the rest. On
+//! the data-store database an admin has a server admin's rights and a per-user login a member's,
+//! but never compacts it or changes its settings ([`super::OpenDb::check_database_wide`]).
 
 use std::collections::HashMap;
 
