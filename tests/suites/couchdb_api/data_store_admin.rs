@@ -229,7 +229,8 @@ pub(super) async fn data_store_purge_count_out_of_reach(e: Endpoint) -> TestResu
 }
 
 /// An admin's purge on the data-store database erases exactly the leaf named: a purged winner
-/// (the only leaf) is gone for the REST API too; a purged losing leaf leaves the record as it was.
+/// (the only leaf) is gone for the REST API too; a purged losing leaf leaves the record as it was;
+/// the winner alone of a document with other leaves is refused (400), every leaf purged.
 pub(super) async fn data_store_purge_by_admin(e: Endpoint) -> TestResult {
     if !engine_backend(&e) {
         return Ok(());
@@ -280,6 +281,22 @@ pub(super) async fn data_store_purge_by_admin(e: Endpoint) -> TestResult {
         format!("no conflict left: {}", read.body)
     })?;
 
+    // The winner purged while a conflict stands is refused (the record cannot go back to a
+    // losing leaf), nothing changed; with every leaf it is purged.
+    let c = format!("2-{}", "c".repeat(32));
+    e.post(&format!("/{DB}/_bulk_docs"), json!({ "new_edits": false, "docs": [branch(&c, "newer")] }))
+        .await?
+        .expect(201, "a conflict again")?;
+    let refused = e.post(&format!("/{DB}/_purge"), json!({ two.clone(): [c.clone()] })).await?;
+    check(
+        refused.status == StatusCode::BAD_REQUEST && refused.body["reason"].as_str().is_some_and(|r| r.contains(&c)),
+        || format!("purging the winner of a conflict: {} {}", refused.status, refused.body),
+    )?;
+    let record = store.peek("carol", "ns", "two").await?;
+    check(record.as_ref().is_some_and(|r| r.rev.as_str() == c), || format!("the record kept: {record:?}"))?;
+    e.post(&format!("/{DB}/_purge"), json!({ two.clone(): [c, b] })).await?.expect(201, "purge every leaf")?;
+    let gone = store.peek("carol", "ns", "two").await?;
+    check(gone.is_none(), || format!("the REST API after purging every leaf: {gone:?}"))?;
     Ok(())
 }
 
