@@ -689,11 +689,11 @@ async fn respond(
     };
     let since = resolve_since(backend.as_ref(), asked).await.map_err(malformed)?;
     // Where the backend counts its feed, `N` is a rank counted from the client's `since`.
-    let ranks = match form {
-        SeqForm::Ranked => seq::counted_length(backend.as_ref())
+    let ranks = match (form, database.as_deref()) {
+        (SeqForm::Ranked, Some(db)) => seq::counted_length(backend.as_ref(), db.erased_doc())
             .await?
             .map(|length| Ranks::from_since(request.since.as_deref(), length)),
-        SeqForm::StoreTokens => None,
+        _ => None,
     };
     // The first page is read here, before the status line: a `since` the backend does not know
     // is a 400 now, not a stream that breaks off.
@@ -911,7 +911,10 @@ async fn finish(cursor: &mut Cursor) -> crate::Result<String> {
     if let Some(ranks) = &cursor.ranks {
         // The feed's length now closes the answer; a count that fails (the database deleted
         // meanwhile) leaves the rank read so far and the read's own `pending`.
-        let length = seq::counted_length(cursor.backend.as_ref()).await.ok().flatten();
+        let length = match cursor.database.as_deref() {
+            Some(db) => seq::counted_length(cursor.backend.as_ref(), db.erased_doc()).await.ok().flatten(),
+            None => None,
+        };
         cursor.closing_ranks = Some(length.map_or((ranks.at, cursor.pending), |n| ranks.closing(n, cursor.pending)));
     }
     closing(cursor)
@@ -1121,7 +1124,7 @@ async fn descending_answer(
         .collect();
     // Ranked after the entries purges took out, as every other answer counts them.
     let erased_before = match form {
-        SeqForm::Ranked => seq::counted(backend.as_ref()).await?.map(|(_, erased)| erased),
+        SeqForm::Ranked => seq::counted(backend.as_ref(), database.erased_doc()).await?.map(|(_, erased)| erased),
         SeqForm::StoreTokens => None,
     };
     let show_at = |rank: u64, token: &str| match (form, erased_before) {

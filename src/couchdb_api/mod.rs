@@ -14,10 +14,10 @@
 //! [`CouchState::data_store_database`], its login's confinement applied by the handlers). The
 //! router here answers the server's endpoints and what of the data-store database the engine
 //! does not serve (yet, or on the CouchDB backend at all: `db::DATA_STORE_ROUTER_KEEPS`,
-//! ARCHITECTURE.md): the database itself ([`server`]), `_changes` ([`changes`]), design
-//! documents, views and Mango ([`design`], [`data_design`], [`query`]), `_all_docs`
-//! ([`all_docs`]); on the CouchDB backend also documents ([`document`]), bulk and replication
-//! endpoints ([`bulk`]) and `_local_docs` ([`local_docs`]).
+//! ARCHITECTURE.md): creating and deleting the database, refused ([`server`]), design documents,
+//! views and Mango ([`design`], [`data_design`], [`query`]); on the CouchDB backend also reading
+//! the database ([`server`]), documents ([`document`]), `_changes` ([`changes`]), `_all_docs`
+//! ([`all_docs`]), bulk and replication endpoints ([`bulk`]) and `_local_docs` ([`local_docs`]).
 //! Responses follow CouchDB 3.x field for field: `docs/couchdb-api.md` lists what is supported
 //! and how it differs.
 

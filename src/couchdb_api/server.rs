@@ -1,8 +1,9 @@
 //! The server root and the data-store database: `GET /`, `/_up`, `/_uuids`, the probes
-//! (`_active_tasks`, `_scheduler`, `_membership`, `_node`), and `GET/HEAD/PUT/DELETE /{db}` of
-//! the data-store database. `PUT` of it answers 412 as CouchDB does for a database that exists
-//! (PouchDB and aiocouch create-if-missing); `PUT` of a name starting with `_` answers as CouchDB
-//! (other names are the databases' router's).
+//! (`_active_tasks`, `_scheduler`, `_membership`, `_node`), and `PUT/DELETE /{db}` of the
+//! data-store database (`GET/HEAD` too on the CouchDB backend; on the others the databases'
+//! router answers them, with [`data_store_info_seen_by`]). `PUT` of it answers 412 as CouchDB
+//! does for a database that exists (PouchDB and aiocouch create-if-missing); `PUT` of a name
+//! starting with `_` answers as CouchDB (other names are the databases' router's).
 
 use axum::extract::{Extension, Path, Query, State};
 use axum::http::StatusCode;
@@ -90,7 +91,8 @@ pub async fn uuids(Query(params): Query<UuidsParams>) -> Answer {
     Ok(json(StatusCode::OK, json!({ "uuids": uuids })))
 }
 
-/// `GET /{db}` (and HEAD): the database's information, with the counts the backend can give. A
+/// `GET /{db}` (and HEAD) on the CouchDB backend (the databases' router answers it on the others):
+/// the database's information, with the counts the backend can give. A
 /// per-user login is shown `doc_count` 0: the store's count moves with every user's writes, and
 /// counting its own documents would read them all (docs/couchdb-api.md, "Counts"), and its
 /// `update_seq` sealed ([`super::position_seal`]).
@@ -99,12 +101,22 @@ pub async fn db_info(
     Extension(principal): Extension<super::access::Principal>,
     _served: ServedDb,
 ) -> Answer {
-    if principal.only_user().is_some() {
-        let update_seq = state.store.backend().change_position().await?;
-        let update_seq = state.auth.sessions.positions().shown(&principal, &update_seq)?;
-        return Ok(json(StatusCode::OK, db_info_json(&state.db, 0, &update_seq)));
+    Ok(json(StatusCode::OK, data_store_info_seen_by(&state, &principal.confinement()).await?))
+}
+
+/// The data-store database's information as a login confined to `confinement` is shown it
+/// (`GET /{db}` through either router): everything for an admin ([`data_store_info`]); for a
+/// per-user login `doc_count` 0 and `update_seq` sealed.
+pub(crate) async fn data_store_info_seen_by(
+    state: &CouchState,
+    confinement: &crate::database::data_store_rules::Confinement,
+) -> crate::Result<Value> {
+    if confinement.only_user().is_none() {
+        return data_store_info(state).await;
     }
-    Ok(json(StatusCode::OK, data_store_info(&state).await?))
+    let update_seq = state.store.backend().change_position().await?;
+    let update_seq = state.auth.sessions.positions().shown_to(confinement, &update_seq)?;
+    Ok(db_info_json(&state.db, 0, &update_seq))
 }
 
 /// The data-store database's information (`GET /{db}`, `_dbs_info`).

@@ -90,6 +90,22 @@ impl Confinement {
         }
     }
 
+    /// The refusal of what acts on the whole database (`what`: purging, compacting, changing its
+    /// settings) to a per-user login: the data-store database is every user's, and such a login
+    /// is confined to its own user's documents.
+    pub fn check_database_wide(&self, what: &str) -> Result<()> {
+        match self {
+            Confinement::Everything => Ok(()),
+            Confinement::User(user) => Err(Error::new(
+                ErrorKind::Forbidden,
+                format!(
+                    "a per-user login (user {user:?}) may not {what}: the data-store database is shared by every \
+                     user; an admin login may"
+                ),
+            )),
+        }
+    }
+
     /// The name the local document `_local/{name}` of this login is stored under: a per-user
     /// login's under `{user}:`, so one user never reads or resets another's checkpoints.
     pub fn local_name(&self, name: &str) -> String {

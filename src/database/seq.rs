@@ -68,19 +68,20 @@ fn leading_digits(token: &str) -> &str {
     &token[..end]
 }
 
-/// The engine's local document counting the feed entries purges took out of the feed (a
-/// document purged whole leaves it), so that a rank, which counts the entries left, never goes
-/// back with a purge: it is added to the feed's length.
-const ERASED_NAME: &str = "db:erased";
+// The engine's local document counting the feed entries purges took out of the feed (a document
+// purged whole leaves it), so that a rank, which counts the entries left, never goes back with a
+// purge: it is added to the feed's length. Its name is the database's layout's
+// (`crate::database::layout::LocalNames::erased`: `db:erased`, on the data-store database
+// `:db:erased`, out of every client's reach), handed in as `erased_name` below.
 /// Attempts at counting one more erased entry against other purges of the database.
 const ERASED_TRIES: usize = 16;
 
 /// Counts one more feed entry taken out by a purge. Called before the erasure, so a crash
 /// between the two leaves `N` one ahead, never behind (and a purge retried against another
 /// writer counts again: `N` only runs ahead). One small write per document purged whole.
-pub async fn count_erased(backend: &dyn DocumentBackend) -> crate::Result<()> {
+pub async fn count_erased(backend: &dyn DocumentBackend, erased_name: &str) -> crate::Result<()> {
     for _ in 0..ERASED_TRIES {
-        let stored = backend.get_local(ERASED_NAME).await?;
+        let stored = backend.get_local(erased_name).await?;
         let (count, precondition) = match &stored {
             Some(doc) => (
                 doc.body.get("count").and_then(serde_json::Value::as_u64).unwrap_or(0),
@@ -90,9 +91,9 @@ pub async fn count_erased(backend: &dyn DocumentBackend) -> crate::Result<()> {
         };
         let mut body = serde_json::Map::new();
         body.insert("count".into(), serde_json::Value::from(count.saturating_add(1)));
-        match backend.put_local(ERASED_NAME, &body, precondition).await {
+        match backend.put_local(erased_name, &body, precondition).await {
             Ok(_) => {
-                with_erased_seen(|seen| seen.remove(&backend.describe()));
+                with_erased_seen(|seen| seen.remove(&seen_key(backend, erased_name)));
                 return Ok(());
             }
             Err(err) if err.is_conflict() => continue,
@@ -103,9 +104,9 @@ pub async fn count_erased(backend: &dyn DocumentBackend) -> crate::Result<()> {
 }
 
 /// How many feed entries purges took out ([`count_erased`]), read from the backend.
-pub async fn erased(backend: &dyn DocumentBackend) -> crate::Result<u64> {
+pub async fn erased(backend: &dyn DocumentBackend, erased_name: &str) -> crate::Result<u64> {
     Ok(backend
-        .get_local(ERASED_NAME)
+        .get_local(erased_name)
         .await?
         .and_then(|doc| doc.body.get("count").and_then(serde_json::Value::as_u64))
         .unwrap_or(0))
@@ -127,7 +128,7 @@ struct ErasedSeen {
 }
 
 /// The erased counts read lately, by the backend's description (a database's table or
-/// collection): so a `_changes` poll or `GET /{db}` costs no read of `db:erased` besides the
+/// collection) and the count's name: so a `_changes` poll or `GET /{db}` costs no read of `db:erased` besides the
 /// feed's count, which the backend remembers itself (`crate::backend::raw::count_cache`).
 ///
 /// A remembered count is served while the feed's length is the one it was read after and it is
@@ -143,15 +144,21 @@ fn with_erased_seen<T>(f: impl FnOnce(&mut std::collections::HashMap<String, Era
     f(seen.get_or_insert_with(Default::default))
 }
 
+/// Where an erased count is remembered: the database's backend (its table or collection) and the
+/// count's name there.
+fn seen_key(backend: &dyn DocumentBackend, erased_name: &str) -> String {
+    format!("{}\n{erased_name}", backend.describe())
+}
+
 /// The erased count of `backend`, whose feed is `entries` long now: the remembered one while it
 /// is fresh ([`ERASED_SEEN`]), else read (after the length: see there) and remembered.
-async fn erased_after(backend: &dyn DocumentBackend, entries: u64) -> crate::Result<u64> {
-    let key = backend.describe();
+async fn erased_after(backend: &dyn DocumentBackend, erased_name: &str, entries: u64) -> crate::Result<u64> {
+    let key = seen_key(backend, erased_name);
     let remembered = with_erased_seen(|seen| seen.get(&key).copied());
     if let Some(seen) = remembered.filter(|s| s.entries == entries && s.read_at.elapsed() < ERASED_MAX_AGE) {
         return Ok(seen.erased);
     }
-    let erased = erased(backend).await?;
+    let erased = erased(backend, erased_name).await?;
     with_erased_seen(|seen| {
         if seen.len() >= ERASED_REMEMBERED && !seen.contains_key(&key) {
             seen.clear();
@@ -162,29 +169,32 @@ async fn erased_after(backend: &dyn DocumentBackend, entries: u64) -> crate::Res
 }
 
 /// The feed's length where the backend counts it, and the entries purges took out of it.
-pub async fn counted(backend: &dyn DocumentBackend) -> crate::Result<Option<(u64, u64)>> {
+pub async fn counted(backend: &dyn DocumentBackend, erased_name: &str) -> crate::Result<Option<(u64, u64)>> {
     match backend.feed_length().await? {
-        Some(entries) => Ok(Some((entries, erased_after(backend, entries).await?))),
+        Some(entries) => Ok(Some((entries, erased_after(backend, erased_name, entries).await?))),
         None => Ok(None),
     }
 }
 
 /// The length ranks count against where the backend counts its feed: the entries it holds
 /// plus those purges took out ([`erased`]); `None` where the backend does not count.
-pub async fn counted_length(backend: &dyn DocumentBackend) -> crate::Result<Option<u64>> {
-    Ok(counted(backend).await?.map(|(entries, erased)| entries.saturating_add(erased)))
+pub async fn counted_length(backend: &dyn DocumentBackend, erased_name: &str) -> crate::Result<Option<u64>> {
+    Ok(counted(backend, erased_name).await?.map(|(entries, erased)| entries.saturating_add(erased)))
 }
 
 /// A database's current position as it shows it (`update_seq`): the backend's position now,
 /// numbered by the feed's length where the backend counts it.
-pub async fn current(backend: &dyn DocumentBackend) -> crate::Result<String> {
-    current_and_length(backend).await.map(|(shown, _)| shown)
+pub async fn current(backend: &dyn DocumentBackend, erased_name: &str) -> crate::Result<String> {
+    current_and_length(backend, erased_name).await.map(|(shown, _)| shown)
 }
 
 /// [`current`], and the feed's length where the backend counts it.
-pub async fn current_and_length(backend: &dyn DocumentBackend) -> crate::Result<(String, Option<u64>)> {
+pub async fn current_and_length(
+    backend: &dyn DocumentBackend,
+    erased_name: &str,
+) -> crate::Result<(String, Option<u64>)> {
     let position = backend.change_position().await?;
-    let shown = match counted(backend).await? {
+    let shown = match counted(backend, erased_name).await? {
         Some((entries, erased)) => (show_ranked(entries.saturating_add(erased), &position), Some(entries)),
         None => (show(&position), None),
     };
@@ -198,8 +208,8 @@ pub const RANK_READ_LIMIT: usize = crate::feed::DEFAULT_PAGE;
 /// the backend counts its feed, ranked as the feed's length less the entries after it, read up to
 /// [`RANK_READ_LIMIT`] of them (a view is seldom further behind); past that, or where the backend
 /// does not count, numbered by [`show`].
-pub async fn shown_position(backend: &dyn DocumentBackend, token: &str) -> crate::Result<String> {
-    let Some(length) = counted_length(backend).await? else { return Ok(show(token)) };
+pub async fn shown_position(backend: &dyn DocumentBackend, erased_name: &str, token: &str) -> crate::Result<String> {
+    let Some(length) = counted_length(backend, erased_name).await? else { return Ok(show(token)) };
     let after = crate::feed::read_page(backend, Some(token), RANK_READ_LIMIT).await?;
     Ok(match after.pending {
         0 => show_ranked(length.saturating_sub(after.changes.len() as u64), token),
@@ -285,22 +295,24 @@ mod tests {
     #[tokio::test]
     async fn the_erased_count_is_read_once_while_the_feed_stays_and_again_after_a_purge() {
         use std::sync::atomic::Ordering::SeqCst;
+        const NAME: &str = "db:erased";
         let dir = tempfile::tempdir().expect("temp dir");
         let store = crate::backend::embedded::EmbeddedBackend::open(&dir.path().join("s.redb")).await.expect("open");
         let backend = Counting { store, entries: 5.into(), local_reads: 0.into() };
         let reads = || backend.local_reads.load(SeqCst);
-        assert_eq!(counted_length(&backend).await.expect("count"), Some(5));
-        assert_eq!(counted_length(&backend).await.expect("count"), Some(5));
-        assert_eq!(current_and_length(&backend).await.expect("current").1, Some(5));
+        assert_eq!(counted_length(&backend, NAME).await.expect("count"), Some(5));
+        assert_eq!(counted_length(&backend, NAME).await.expect("count"), Some(5));
+        assert_eq!(current_and_length(&backend, NAME).await.expect("current").1, Some(5));
         assert_eq!(reads(), 1, "polls while the feed stays read db:erased once");
         // A purge of this process: counted, then its entry taken out of the feed.
-        count_erased(&backend).await.expect("count erased");
+        count_erased(&backend, NAME).await.expect("count erased");
         backend.entries.store(4, SeqCst);
         let before = reads();
-        assert_eq!(counted_length(&backend).await.expect("count"), Some(5), "N does not go back");
+        assert_eq!(counted_length(&backend, NAME).await.expect("count"), Some(5), "N does not go back");
         assert_eq!(reads(), before + 1, "the purge's count is read again");
-        assert_eq!(counted(&backend).await.expect("count"), Some((4, 1)));
+        assert_eq!(counted(&backend, NAME).await.expect("count"), Some((4, 1)));
         assert_eq!(reads(), before + 1);
+        assert_eq!(erased(&backend, "other").await.expect("other name"), 0, "each name its own count");
     }
 
     #[test]

@@ -2,7 +2,9 @@
 //! `_revs_limit`, `_security`, and the maintenance endpoints that have nothing to do here
 //! (`_compact`, `_view_cleanup`, `_ensure_full_commit`), answered as CouchDB answers them, with
 //! CouchDB's checks: server admins create and delete databases and read `_dbs_info`; a database's
-//! admins change its `_security` and `_revs_limit` and compact it; its members read the rest.
+//! admins change its `_security` and `_revs_limit` and compact it; its members read the rest. On
+//! the data-store database an admin has a server admin's rights and a per-user login a member's,
+//! but never compacts it or changes its settings ([`super::OpenDb::check_database_wide`]).
 
 use std::collections::HashMap;
 
@@ -15,7 +17,7 @@ use super::{db_name, OpenDb};
 use crate::couchdb_api::auth::Identity;
 use crate::couchdb_api::error::CouchError;
 use crate::couchdb_api::request::{bool_param, integer_param, json_param};
-use crate::couchdb_api::server::{db_info_json, live_document_count, server_admin_only};
+use crate::couchdb_api::server::{data_store_info_seen_by, db_info_json, live_document_count, server_admin_only};
 use crate::couchdb_api::{json, Answer, CouchState};
 use crate::database::Database;
 use crate::error::ErrorKind;
@@ -65,15 +67,24 @@ pub async fn delete_db(
     }
 }
 
-/// `GET /{db}`: counts and the feed position.
-pub async fn db_info(opened: OpenDb) -> Answer {
-    Ok(json(StatusCode::OK, info_of(&opened.db).await?))
+/// `GET /{db}`: counts and the feed position. The data-store database answers as it always has
+/// ([`data_store_info_seen_by`]): its `update_seq` is the store's own token, as its `_changes`
+/// shows positions, and a per-user login sees neither the other users' count nor an unsealed
+/// position.
+pub async fn db_info(State(state): State<CouchState>, opened: OpenDb) -> Answer {
+    let info = if state.is_data_store(&opened.db) {
+        data_store_info_seen_by(&state, &opened.confinement).await?
+    } else {
+        info_of(&opened.db).await?
+    };
+    Ok(json(StatusCode::OK, info))
 }
 
 async fn info_of(db: &Database) -> crate::Result<Value> {
     let backend = db.backend();
     let doc_count = db.while_open(live_document_count(backend.as_ref())).await?;
-    let (update_seq, length) = db.while_open(crate::database::seq::current_and_length(backend.as_ref())).await?;
+    let (update_seq, length) =
+        db.while_open(crate::database::seq::current_and_length(backend.as_ref(), db.erased_doc())).await?;
     let mut info = db_info_json(db.name(), doc_count, &update_seq);
     // Where the feed is counted (one entry per document, live or deleted), the deleted ones are
     // what it holds beyond the live: `update_seq`'s `N` at rest is `doc_count + doc_del_count`.
@@ -195,6 +206,7 @@ pub async fn get_revs_limit(opened: OpenDb) -> Answer {
 
 /// `PUT /{db}/_revs_limit` with a positive integer body; database admins only.
 pub async fn put_revs_limit(State(state): State<CouchState>, opened: OpenDb, headers: HeaderMap, body: Body) -> Answer {
+    opened.check_database_wide("change its _revs_limit")?;
     opened.access.require_db_admin()?;
     let value = state.bodies.read_json(&headers, body).await?.map(|b| b.value);
     let limit = match value.as_ref().and_then(Value::as_u64) {
@@ -213,6 +225,7 @@ pub async fn get_security(opened: OpenDb) -> Answer {
 /// `PUT /{db}/_security`: `admins` and `members`, each `{names, roles}` of strings; database
 /// admins only.
 pub async fn put_security(State(state): State<CouchState>, opened: OpenDb, headers: HeaderMap, body: Body) -> Answer {
+    opened.check_database_wide("change its _security")?;
     opened.access.require_db_admin()?;
     let security = state.bodies.read_object(&headers, body).await?.value;
     for group in ["admins", "members"] {
@@ -239,6 +252,7 @@ pub async fn compact(
     uri: axum::http::Uri,
     headers: HeaderMap,
 ) -> Answer {
+    opened.check_database_wide("compact it")?;
     opened.access.require_db_admin_to_compact()?;
     crate::couchdb_api::request::require_json_content_type(&headers)?;
     let whole_database = uri.path().trim_end_matches('/').ends_with("/_compact");

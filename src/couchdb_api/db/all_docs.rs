@@ -260,7 +260,7 @@ async fn answer(
 /// for a per-user login as that feed seals them, so a listing's `update_seq` is a `since` it takes.
 async fn update_seq(state: &CouchState, db: &Database, confinement: &Confinement) -> crate::Result<String> {
     if !state.is_data_store(db) {
-        return db.while_open(crate::database::seq::current(db.backend().as_ref())).await;
+        return db.while_open(crate::database::seq::current(db.backend().as_ref(), db.erased_doc())).await;
     }
     let principal = match confinement.only_user() {
         Some(user) => crate::couchdb_api::Principal::User(user.to_owned()),

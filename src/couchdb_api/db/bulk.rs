@@ -523,6 +523,7 @@ pub async fn missing_revs(State(state): State<CouchState>, opened: OpenDb, heade
 
 /// `POST /{db}/_purge` `{id: [revs]}`: those leaves removed for good.
 pub async fn purge(State(state): State<CouchState>, opened: OpenDb, headers: HeaderMap, body: Body) -> Answer {
+    opened.check_database_wide("purge it")?;
     opened.access.require_server_admin()?;
     let wanted = revs_request(&state, &headers, body).await?;
     let mut purged = Map::new();

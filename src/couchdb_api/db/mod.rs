@@ -135,33 +135,21 @@ pub(crate) async fn dispatch(
 /// (`_design`, `_design_docs`, `_view_cleanup`, `_find`, `_explain`, `_index`: the design
 /// documents are the engine's records, but their views run over `DataStoreSource`, which reads
 /// the view incarnation fresh where the engine's `Database` caches it, and `purge_user` in another
-/// process must reach it), and the database-wide settings and maintenance the data-store
-/// database has never served (`_security`, `_revs_limit`, `_purge`, `_compact`: see
-/// ARCHITECTURE.md, "One set of CouchDB handlers").
-const DATA_STORE_ROUTER_KEEPS: [&str; 11] = [
-    "_design",
-    "_design_docs",
-    "_view_cleanup",
-    "_find",
-    "_explain",
-    "_index",
-    "_security",
-    "_revs_limit",
-    "_purge",
-    "_purged_infos_limit",
-    "_compact",
-];
+/// process must reach it: see ARCHITECTURE.md, "One set of CouchDB handlers").
+const DATA_STORE_ROUTER_KEEPS: [&str; 6] = ["_design", "_design_docs", "_view_cleanup", "_find", "_explain", "_index"];
 
 /// Whether a request on the data-store database is the engine's ([`router`]): documents and
-/// their attachments, local documents, listings, the bulk and replication endpoints, and
-/// `POST /{db}`. The database itself (`GET`, `PUT`, `DELETE /{db}`) stays the data-store
-/// router's ([`super::server`]): it cannot be created or deleted through the API.
+/// their attachments, local documents, listings, the bulk and replication endpoints, settings,
+/// `_purge` and `_compact`, and `GET`/`HEAD`/`POST /{db}`. `PUT` and `DELETE /{db}` stay the
+/// data-store router's ([`super::server`]): the database is never created or deleted through
+/// the API.
 fn engine_serves(method: &axum::http::Method, path: &str) -> bool {
     let below = path.trim_start_matches('/').split_once('/').map(|(_, rest)| rest).unwrap_or("");
     let segment = below.split('/').next().unwrap_or_default();
     let segment = percent_encoding::percent_decode_str(segment).decode_utf8_lossy();
     if segment.is_empty() {
-        return *method == axum::http::Method::POST;
+        use axum::http::Method;
+        return matches!(*method, Method::GET | Method::HEAD | Method::POST);
     }
     !DATA_STORE_ROUTER_KEEPS.contains(&segment.as_ref()) && !segment.starts_with("_design/")
 }
@@ -414,6 +402,15 @@ pub(crate) struct OpenDb<T = DbOnly> {
     /// ([`Confinement::User`] for a per-user login); everything on the others.
     pub confinement: Confinement,
     pub params: T,
+}
+
+impl<T> OpenDb<T> {
+    /// What acts on the whole database (`what`: purging, compacting, changing its settings) is
+    /// never a per-user login's on the data-store database, which every user shares: 403 naming
+    /// why, before CouchDB's own checks of the login's rights.
+    pub fn check_database_wide(&self, what: &str) -> Result<(), CouchError> {
+        Ok(self.confinement.check_database_wide(what)?)
+    }
 }
 
 #[derive(Deserialize)]

@@ -348,9 +348,9 @@ async fn read_object(state: &CouchState, headers: &HeaderMap, body: Body) -> Cou
 async fn shown_seq(viewed: &Viewed, group: &ReadyGroup) -> crate::Result<Value> {
     Ok(match (&group.state.checkpoint, viewed) {
         (None, _) => Value::from(0),
-        (Some(token), Viewed::Database(db)) => {
-            Value::from(db.while_open(crate::database::seq::shown_position(db.backend().as_ref(), token)).await?)
-        }
+        (Some(token), Viewed::Database(db)) => Value::from(
+            db.while_open(crate::database::seq::shown_position(db.backend().as_ref(), db.erased_doc(), token)).await?,
+        ),
         // The data-store database's feed shows its backend's tokens as they are.
         (Some(token), Viewed::DataStore(_)) => Value::from(token.as_str()),
     })

@@ -179,25 +179,38 @@ pub struct LocalNames {
     pub settings: &'static str,
     /// The database's incarnation for view indexes (`crate::views::source`).
     pub views_incarnation: &'static str,
+    /// The count of feed entries purges took out (`crate::database::seq`), which keeps a feed's
+    /// rank from going back.
+    pub erased: &'static str,
 }
 
 /// The engine's own local documents on its databases: every name but a client's `doc:…`.
-const RECORD_LOCAL_NAMES: LocalNames =
-    LocalNames { client_prefix: "doc:", settings: "db:settings", views_incarnation: "views-incarnation" };
+const RECORD_LOCAL_NAMES: LocalNames = LocalNames {
+    client_prefix: "doc:",
+    settings: "db:settings",
+    views_incarnation: "views-incarnation",
+    erased: "db:erased",
+};
 
 /// The start of the data-store database's design documents' local documents.
 pub const DESIGN_SIDE_PREFIX: &str = ":design:";
 /// The start of the data-store database's views' local documents.
 pub const VIEWS_SIDE_PREFIX: &str = ":views:";
-/// The start of the engine's own local documents on the data-store database (its settings).
+/// The start of the engine's own local documents on the data-store database (its settings, its
+/// purge count).
 pub const ENGINE_SIDE_PREFIX: &str = ":db:";
 
 /// The data-store database's: a client's `_local/x` is the backend's local document `x` (a
 /// per-user login's `{user}:x`), as the data-store face has always named it; the engine's own
 /// start with `:`, which no per-user name can (user ids are never empty), under prefixes
-/// [`reserved_local_name`] refuses to an admin.
-const DATA_STORE_LOCAL_NAMES: LocalNames =
-    LocalNames { client_prefix: "", settings: ":db:settings", views_incarnation: ":views:incarnation" };
+/// [`reserved_local_name`] refuses to an admin. (`db:erased` would be a per-user login `db`'s
+/// `_local/erased`: the purge count is `:db:erased`.)
+const DATA_STORE_LOCAL_NAMES: LocalNames = LocalNames {
+    client_prefix: "",
+    settings: ":db:settings",
+    views_incarnation: ":views:incarnation",
+    erased: ":db:erased",
+};
 
 /// The starts of the data-store database's local-document names it keeps for itself: every
 /// document's other leaves, design documents, views, the engine's settings.
@@ -490,10 +503,10 @@ mod tests {
     #[test]
     fn the_data_store_databases_own_local_names_are_reserved() {
         let own = DATA_STORE_LOCAL_NAMES;
-        for reserved in [":leaves:u:n:k", ":design:d", own.views_incarnation, own.settings] {
+        for reserved in [":leaves:u:n:k", ":design:d", own.views_incarnation, own.settings, own.erased] {
             assert!(reserved_local_name(reserved), "{reserved}");
         }
-        for client in ["checkpoint", "u:checkpoint", "u::leaves:x", "db:settings", "design:x"] {
+        for client in ["checkpoint", "u:checkpoint", "u::leaves:x", "db:settings", "db:erased", "design:x"] {
             assert!(!reserved_local_name(client), "{client}");
         }
         assert_eq!(own.client_prefix, "", "a client's `_local/x` is the backend's `x`, as before");

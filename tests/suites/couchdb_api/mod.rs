@@ -17,6 +17,7 @@ mod bulk;
 mod changes;
 mod crash_repairs;
 mod data_store;
+mod data_store_admin;
 mod data_store_design;
 mod data_store_engine;
 mod data_store_feed;
@@ -201,6 +202,9 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         }),
         ("data_store_admin_replication_as_couchdb", |e| Box::pin(data_store_engine::admin_replication_as_couchdb(e))),
         ("data_store_rest_reads_what_couchdb_wrote", |e| Box::pin(data_store_engine::rest_reads_what_couchdb_wrote(e))),
+        ("data_store_settings_by_login", |e| Box::pin(data_store_admin::data_store_settings_by_login(e))),
+        ("data_store_purge_count_out_of_reach", |e| Box::pin(data_store_admin::data_store_purge_count_out_of_reach(e))),
+        ("data_store_purge_by_admin", |e| Box::pin(data_store_admin::data_store_purge_by_admin(e))),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
@@ -219,6 +223,9 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
                             | "per_user_feed_positions_sealed"
                             | "data_store_feed_confined_to_the_login" => Some(logins::logins_config()?),
                             "data_store_per_user_confined_on_every_read" => Some(logins::logins_config()?),
+                            "data_store_settings_by_login" | "data_store_purge_count_out_of_reach" => {
+                                Some(data_store_admin::admin_logins_config()?)
+                            }
                             "roles_and_security" => Some(roles::roles_config()?),
                             "attachments_in_documents" | "attachments_gzip_parts" => {
                                 Some(attachments::BOUNDED_CONFIG.to_owned())
