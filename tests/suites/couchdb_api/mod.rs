@@ -201,6 +201,9 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         }),
         ("data_store_admin_replication_as_couchdb", |e| Box::pin(data_store_engine::admin_replication_as_couchdb(e))),
         ("data_store_rest_reads_what_couchdb_wrote", |e| Box::pin(data_store_engine::rest_reads_what_couchdb_wrote(e))),
+        ("a_feed_under_a_deletion_ends_never_500", |e| {
+            Box::pin(missing_database::a_feed_under_a_deletion_ends_never_500(e))
+        }),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
