@@ -31,6 +31,10 @@
 //!   feeds at once (429 past it).
 //! - The first page is read before the response starts, so a `since` the backend does not
 //!   recognise is CouchDB's 400 rather than a cut-off stream.
+//! - A database deleted under its feed: before the response starts, CouchDB's 404 (the reads run
+//!   while the database is open, [`while_open`], so a table gone under them is the deletion's,
+//!   not the backend's error); once it has started, the feed ends at its next step with its
+//!   ordinary closing, as CouchDB's does ([`deleted_database_tail`]).
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
