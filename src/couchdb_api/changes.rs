@@ -31,6 +31,10 @@
 //!   feeds at once (429 past it).
 //! - The first page is read before the response starts, so a `since` the backend does not
 //!   recognise is CouchDB's 400 rather than a cut-off stream.
+//! - A database deleted under its feed: before the response starts, CouchDB's 404 (the reads run
+//!   while the database is open, [`while_open`], so a table gone under them is the deletion's,
+//!   not the backend's error); once it has started, the feed ends at its next step with its
+//!   ordinary closing, as CouchDB's does ([`deleted_database_tail`]).
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -687,10 +691,11 @@ async fn respond(
         (SeqForm::Ranked, Some(text)) => Some(crate::database::seq::read(text)),
         (_, asked) => asked,
     };
-    let since = resolve_since(backend.as_ref(), asked).await.map_err(malformed)?;
+    let opened = database.as_deref();
+    let since = while_open(opened, resolve_since(backend.as_ref(), asked)).await.map_err(malformed)?;
     // Where the backend counts its feed, `N` is a rank counted from the client's `since`.
-    let ranks = match (form, database.as_deref()) {
-        (SeqForm::Ranked, Some(db)) => seq::counted_length(backend.as_ref(), db.erased_doc())
+    let ranks = match (form, opened) {
+        (SeqForm::Ranked, Some(db)) => while_open(opened, seq::counted_length(backend.as_ref(), db.erased_doc()))
             .await?
             .map(|length| Ranks::from_since(request.since.as_deref(), length)),
         _ => None,
@@ -701,7 +706,8 @@ async fn respond(
     // holds a page): documents make the first page small and the next ones follow their size.
     let sizer = PageSizer::new(if request.include_docs { FIRST_PAGE_WITH_DOCS } else { DEFAULT_PAGE }, DEFAULT_PAGE);
     let first_size = request.limit.map_or(sizer.rows(), |l| l.clamp(1, sizer.rows() as u64) as usize);
-    let first_page = read_page(backend.as_ref(), since.as_deref(), first_size).await.map_err(malformed)?;
+    let first_page =
+        while_open(opened, read_page(backend.as_ref(), since.as_deref(), first_size)).await.map_err(malformed)?;
     let last_seq = match &since {
         Some(position) => position.clone(),
         None => "0".to_owned(),
@@ -742,6 +748,10 @@ async fn respond(
     // CouchDB answers an error that comes before its response has started.
     let opening = if cursor.request.feed == Feed::Continuous { "" } else { "{\"results\":[" };
     let first = format!("{opening}{}", step(&mut cursor).await?);
+    // Deleted before anything was sent: CouchDB's 404 for a missing database, not a feed.
+    if let Some(database) = &cursor.database {
+        database.check_open()?;
+    }
     let body = stream::try_unfold((Some(first), cursor), |(first, mut cursor)| async move {
         if let Some(first) = first {
             return Ok(Some((Bytes::from(first), (None, cursor))));
@@ -787,6 +797,10 @@ async fn step(cursor: &mut Cursor) -> crate::Result<String> {
     }
     let mut page = match cursor.first_page.take() {
         Some(page) => page,
+        // Deleted while the feed waited: it ends now, as CouchDB's does.
+        None if cursor.database.as_ref().is_some_and(|db| db.check_open().is_err()) => {
+            return deleted_database_tail(cursor);
+        }
         None => {
             let largest = cursor.sizer.rows();
             let page_size = remaining.map(|r| r.min(largest as u64) as usize).unwrap_or(largest);
@@ -795,7 +809,6 @@ async fn step(cursor: &mut Cursor) -> crate::Result<String> {
                 // A read that fails because the database was deleted (its table or file gone)
                 // ends the feed naming that, not with a broken stream.
                 Err(_) if cursor.database.as_ref().is_some_and(|db| db.check_open().is_err()) => {
-                    cursor.phase = Phase::Finished;
                     return deleted_database_tail(cursor);
                 }
                 Err(err) => return Err(err),
@@ -818,7 +831,6 @@ async fn step(cursor: &mut Cursor) -> crate::Result<String> {
         // The database was deleted while the feed ran: it ends with CouchDB's error for a
         // missing database as its last line (the status has long been sent).
         Err(err) if err.kind() == ErrorKind::NotFound && cursor.database.is_some() => {
-            cursor.phase = Phase::Finished;
             return deleted_database_tail(cursor);
         }
         // None of the page's rows were sent: a `last_seq` shown after this names the position
@@ -920,9 +932,28 @@ async fn finish(cursor: &mut Cursor) -> crate::Result<String> {
     closing(cursor)
 }
 
-/// The end of a feed whose database was deleted under it.
-fn deleted_database_tail(cursor: &Cursor) -> crate::Result<String> {
-    error_tail(cursor, 0, "not_found", "Database does not exist.")
+/// The end of a feed whose database was deleted under it: CouchDB 3.4.3 ends such a feed at
+/// once with its ordinary closing (`last_seq` where the feed was, `pending` 0; nothing for
+/// eventsource), no error row; the feed's length is not counted, the database being gone.
+fn deleted_database_tail(cursor: &mut Cursor) -> crate::Result<String> {
+    cursor.phase = Phase::Finished;
+    cursor.pending = 0;
+    cursor.closing_ranks = cursor.ranks.map(|ranks| (ranks.at, 0));
+    closing(cursor)
+}
+
+/// `work` on the feed's database (`None`: the data-store database over a backend keeping its
+/// trees itself): once the database is deleted, whatever `work` answers is the deletion's doing
+/// (a DynamoDB table or Firestore collection gone under the read), so it is CouchDB's
+/// missing-database `NotFound`, whether or not a new database of the same name exists by then.
+async fn while_open<T>(
+    database: Option<&Database>,
+    work: impl std::future::Future<Output = crate::Result<T>>,
+) -> crate::Result<T> {
+    match database {
+        Some(database) => database.while_open(work).await,
+        None => work.await,
+    }
 }
 
 /// The end of a feed that stopped on an error after its answer began: the error as the last
@@ -1101,7 +1132,7 @@ async fn descending_answer(
     let mut since: Option<String> = None;
     let mut changes: Vec<Change> = Vec::new();
     loop {
-        let page = read_page(backend.as_ref(), since.as_deref(), DEFAULT_PAGE).await?;
+        let page = database.while_open(read_page(backend.as_ref(), since.as_deref(), DEFAULT_PAGE)).await?;
         changes.extend(page.changes);
         if changes.len() > max_changes {
             return Err(CouchError::bad_request(format!(
@@ -1124,7 +1155,9 @@ async fn descending_answer(
         .collect();
     // Ranked after the entries purges took out, as every other answer counts them.
     let erased_before = match form {
-        SeqForm::Ranked => seq::counted(backend.as_ref(), database.erased_doc()).await?.map(|(_, erased)| erased),
+        SeqForm::Ranked => {
+            database.while_open(seq::counted(backend.as_ref(), database.erased_doc())).await?.map(|(_, erased)| erased)
+        }
         SeqForm::StoreTokens => None,
     };
     let show_at = |rank: u64, token: &str| match (form, erased_before) {

@@ -5,7 +5,8 @@
 //! document, `_changes` with and without a filter, `_bulk_docs`, a view, DELETE and POST of the
 //! database), never a 5xx, and never a 201 whose rows say the database is missing (PouchDB's
 //! `db.post` turns such a row into an error with status 500). Creating it again is 201, then 412
-//! `file_exists`.
+//! `file_exists`. A live feed ends at the deletion with its ordinary closing, no error row (also
+//! checked with curl), even when a database of the same name is created again at once.
 
 use futures::StreamExt;
 
@@ -115,15 +116,21 @@ pub(super) async fn a_deleted_database_is_404_everywhere(e: Endpoint) -> TestRes
     .await;
     check(ended.is_ok(), || format!("the filtered feed did not end after the delete: {text}"))?;
     let last = text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or_default().to_owned();
-    check(serde_json::from_str::<Value>(&last).ok() == Some(missing_database()), || {
-        format!("the feed's last line is CouchDB's missing-database error: {last:?}")
-    })?;
+    check(closes_a_deleted_feed(&last), || format!("the feed's last line is CouchDB's closing: {last:?}"))?;
     every_route_answers_missing(&e, &db).await?;
     e.call(Method::PUT, &format!("/{db}"), None).await?.expect(201, "created again")?;
     let twice = e.call(Method::PUT, &format!("/{db}"), None).await?.expect(412, "created twice")?;
     check(twice.body["error"] == "file_exists", || format!("PUT of an existing database: {}", twice.body))?;
     e.delete(&format!("/{db}")).await?.expect(200, "DELETE again")?;
     Ok(())
+}
+
+/// Whether `line` is how CouchDB 3.4.3 ends a continuous feed whose database was deleted under
+/// it (checked with curl): its ordinary closing, `last_seq` where the feed was and `pending` 0,
+/// no error row.
+pub(super) fn closes_a_deleted_feed(line: &str) -> bool {
+    let closing = serde_json::from_str::<Value>(line).unwrap_or_default();
+    closing.get("last_seq").is_some() && closing["pending"] == 0 && closing.get("error").is_none()
 }
 
 /// After the delete every request on the database is CouchDB's 404, exactly.
@@ -144,5 +151,94 @@ async fn every_route_answers_missing(e: &Endpoint, db: &str) -> TestResult {
         let answer = e.call(method, &path, body).await?.expect(404, &what)?;
         check(answer.body == missing_database(), || format!("{what}: {}", answer.body))?;
     }
+    Ok(())
+}
+
+/// Plain `_changes` readers racing a deletion at once.
+const RACING_READERS: usize = 4;
+
+/// Reads a feed's body to its end, or to `within`: its text, and whether the body ended cleanly
+/// (`None`: it was still open; `Some(false)`: the connection broke off mid-body).
+async fn feed_text(answer: reqwest::Response, within: Duration) -> (String, Option<bool>) {
+    let mut body = answer.bytes_stream();
+    let mut text = String::new();
+    let ended = tokio::time::timeout(within, async {
+        while let Some(chunk) = body.next().await {
+            match chunk {
+                Ok(bytes) => text.push_str(&String::from_utf8_lossy(&bytes)),
+                Err(_) => return false,
+            }
+        }
+        true
+    })
+    .await;
+    (text, ended.ok())
+}
+
+/// Live feeds on a database deleted and at once created again (PouchDB's tests drop and re-make
+/// the same names while a live replication still polls them), and plain `_changes` reads racing
+/// the deletion. CouchDB 3.4.3 (checked with curl) ends a longpoll or continuous feed the moment
+/// its database is deleted, with its ordinary closing (`{"results":[],"last_seq":…,"pending":0}`
+/// for longpoll, a `{"last_seq":…,"pending":0}` line for continuous), and answers a read that
+/// comes after the deletion 404 `not_found`; nothing is ever a 5xx, whatever the new database of
+/// the same name holds.
+pub(super) async fn a_feed_under_a_deletion_ends_never_500(e: Endpoint) -> TestResult {
+    if e.backend == "couchdb" {
+        println!("on the CouchDB backend a database is the backend server's, its answers forwarded");
+        return Ok(());
+    }
+    let db = fresh_db_named(&e, "gone", "feeds").await?;
+    e.post(&format!("/{db}"), json!({"n": 0})).await?.expect(201, "first document")?;
+    let open = |query: &'static str| {
+        let url = e.url(&format!("/{db}/_changes?{query}"));
+        let client = e.client.clone();
+        async move {
+            let answer = client.get(&url).send().await.map_err(|err| Failed::from(format!("{query}: {err}")))?;
+            check(answer.status().as_u16() == 200, || format!("{query} opens: {}", answer.status()))?;
+            Ok::<_, Failed>(answer)
+        }
+    };
+    let longpoll = open("feed=longpoll&since=now&timeout=30000").await?;
+    let continuous = open("feed=continuous&since=now&timeout=30000").await?;
+    // A few readers at once, so that some read is under way when the table goes.
+    let reads: Vec<_> = (0..RACING_READERS)
+        .map(|_| {
+            tokio::spawn(until_missing(e.client.clone(), "GET _changes", {
+                let url = e.url(&format!("/{db}/_changes?since=0&style=all_docs"));
+                move |client, _| client.get(&url)
+            }))
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    e.delete(&format!("/{db}")).await?.expect(200, "DELETE the database under its feeds")?;
+    e.call(Method::PUT, &format!("/{db}"), None).await?.expect(201, "created again at once")?;
+    let mut wrong = Vec::new();
+    for racing in reads {
+        let sent = racing.await.map_err(|err| Failed::from(format!("the racing reads: {err}")))?;
+        wrong.extend(sent.into_iter().filter(|answer| match answer.status {
+            200 => answer.body.get("results").is_none() || answer.body.get("error").is_some(),
+            404 => answer.body != missing_database(),
+            _ => true,
+        }));
+    }
+    check(wrong.is_empty(), || {
+        let wrong: Vec<String> = wrong.iter().map(|a| format!("{}: {} {}", a.what, a.status, a.body)).collect();
+        format!("reads racing the deletion answered {} times not as CouchDB:\n{}", wrong.len(), wrong.join("\n"))
+    })?;
+    let within = Duration::from_secs(10);
+    let ((longpoll, longpoll_ended), (continuous, continuous_ended)) =
+        tokio::join!(feed_text(longpoll, within), feed_text(continuous, within));
+    for (what, text, ended) in [("longpoll", &longpoll, longpoll_ended), ("continuous", &continuous, continuous_ended)]
+    {
+        check(ended == Some(true), || format!("the {what} feed ends at the deletion, whole ({ended:?}): {text:?}"))?;
+    }
+    let closing: Value =
+        serde_json::from_str(longpoll.trim()).map_err(|err| format!("longpoll {longpoll:?}: {err}"))?;
+    check(closing["results"] == json!([]) && closing["pending"] == 0 && closing.get("error").is_none(), || {
+        format!("the longpoll feed closes as CouchDB's: {closing}")
+    })?;
+    let last = continuous.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or_default();
+    check(closes_a_deleted_feed(last), || format!("the continuous feed's last line is CouchDB's closing: {last:?}"))?;
+    e.delete(&format!("/{db}")).await?.expect(200, "DELETE the new database")?;
     Ok(())
 }

@@ -205,6 +205,9 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("data_store_settings_by_login", |e| Box::pin(data_store_admin::data_store_settings_by_login(e))),
         ("data_store_purge_count_out_of_reach", |e| Box::pin(data_store_admin::data_store_purge_count_out_of_reach(e))),
         ("data_store_purge_by_admin", |e| Box::pin(data_store_admin::data_store_purge_by_admin(e))),
+        ("a_feed_under_a_deletion_ends_never_500", |e| {
+            Box::pin(missing_database::a_feed_under_a_deletion_ends_never_500(e))
+        }),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
