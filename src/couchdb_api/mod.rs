@@ -167,11 +167,8 @@ impl CouchApp {
                 )
                 .with_write_guard(Arc::new(crate::database::validation::DesignValidation::new(js.clone()))),
         );
-        let data_store_database = if store.backend().keeps_branches() {
-            None
-        } else {
-            Some(databases.data_store(&settings.couchdb_db, Arc::clone(store.backend()), store.options().limits)?)
-        };
+        let data_store_database =
+            Some(databases.data_store(&settings.couchdb_db, Arc::clone(store.backend()), store.options().limits)?);
         let state = CouchState {
             data_store_database,
             data_store_views,

@@ -290,7 +290,10 @@ fn range_rows(
         let range = range.clone();
         let (request, inline) = (Arc::clone(&fetching), Arc::clone(&inline));
         async move {
-            let page = db.all_docs(&range, want, token.as_deref()).await?;
+            let page = match request.conflicts && request.include_docs {
+                true => db.all_docs_whole(&range, want, token.as_deref()).await?,
+                false => db.all_docs(&range, want, token.as_deref()).await?,
+            };
             // Attachments inline are read here, a page at a time: rendering is not async. The
             // page's shares of the inline budget are held with its first item until it is
             // rendered (a page may be built after the request's handler returned).
