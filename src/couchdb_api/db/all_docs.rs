@@ -187,8 +187,10 @@ async fn answer(
 ) -> Answer {
     let OpenDb { db, confinement, .. } = opened;
     let confinement = &confinement;
-    // Design documents are documents of a database, listed as CouchDB lists them.
-    request.range.include_design = true;
+    // Design documents are documents of a database, listed as CouchDB lists them; but not the
+    // data-store database's where its backend runs them itself (the CouchDB backend: its own
+    // index's design document is the backend's, and the data-store listings never showed them).
+    request.range.include_design = !(state.is_data_store(&db) && db.backend().forwards_requests());
     // A per-user login is shown 0: the database's count moves with every user's writes
     // (docs/couchdb-api.md, "Counts").
     let total_rows = match confinement.only_user() {
