@@ -183,9 +183,7 @@ pub(super) async fn deletions_as_couchdb(e: Endpoint) -> TestResult {
     // too: ARCHITECTURE.md).
     let again = e.put(&never_path, json!({"_id": never["_id"], "_deleted": true})).await?;
     let as_couchdb = again.status == StatusCode::CONFLICT && again.body["error"] == "conflict";
-    check(as_couchdb, || {
-        format!("a second deletion without a revision: {} {}", again.status, again.body)
-    })?;
+    check(as_couchdb, || format!("a second deletion without a revision: {} {}", again.status, again.body))?;
     // Re-creating after the deletion still works.
     e.put(&live_path, live.clone()).await?.expect(201, "re-create")?;
     // batch=ok: 202 without a revision, and the document is there.
