@@ -29,9 +29,6 @@ mod branches;
 mod changes;
 pub mod data_design;
 mod db;
-// `design::path_of_id` lost its last caller (the data-store router's single documents, the
-// engine's now); `design.rs` itself is being moved by another change, which drops it or this.
-#[allow(dead_code)]
 mod design;
 mod document;
 pub mod error;
@@ -260,6 +257,7 @@ fn router(state: CouchState, query_limit: request::EndpointLimit) -> Router {
         .route("/{db}/_index/{*rest}", axum::routing::delete(query::delete_index))
         .route("/{db}/_design/{*rest}", any(design::design_request))
         .route("/{db}/_view_cleanup", post(design::view_cleanup))
+        .route("/{db}/{docid}", get(document::by_id).put(document::by_id).delete(document::by_id))
         .merge(queries)
         .route_layer(from_fn(authenticate))
         .merge(server_endpoints);
