@@ -361,6 +361,16 @@ pub fn no_such_database() -> Error {
     Error::new(ErrorKind::NotFound, "Database does not exist.")
 }
 
+/// The data-store database over `backend` in the layout its backend needs: the seed's records,
+/// or the backend's own trees where it keeps them ([`Database::native_data_store`]).
+fn data_store_database(name: &str, backend: Arc<dyn crate::backend::DocumentBackend>) -> Result<Database> {
+    if backend.keeps_branches() {
+        Database::native_data_store(name.to_owned(), backend)
+    } else {
+        Database::data_store(name.to_owned(), backend)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -573,15 +583,5 @@ mod tests {
         assert!(!database.half_written("doc", state.as_ref()).await.unwrap());
         let feed = database.backend().changes(None, 10).await.unwrap().changes;
         assert_eq!(feed.iter().map(|c| c.id.as_str()).collect::<Vec<_>>(), ["doc"], "in the feed once finished");
-    }
-}
-
-/// The data-store database over `backend` in the layout its backend needs: the seed's records,
-/// or the backend's own trees where it keeps them ([`Database::native_data_store`]).
-fn data_store_database(name: &str, backend: Arc<dyn crate::backend::DocumentBackend>) -> Result<Database> {
-    if backend.keeps_branches() {
-        Database::native_data_store(name.to_owned(), backend)
-    } else {
-        Database::data_store(name.to_owned(), backend)
     }
 }

@@ -260,7 +260,7 @@ impl Layout {
     ) -> Result<Vec<native::StoredAs>> {
         match self {
             Layout::Native(layout) => {
-                let token = before.map(|state| native_state(state)).transpose()?;
+                let token = before.map(native_state).transpose()?;
                 layout.save_edited(id, token.as_ref(), tree, edited).await
             }
             _ => self.save(id, before, tree).await.map(|()| Vec::new()),
