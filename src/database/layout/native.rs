@@ -33,13 +33,12 @@ use async_trait::async_trait;
 use futures::StreamExt;
 use serde_json::Value;
 
+// Trees one batched read reads at once: the other data-store layout's bound (docs/bounds.md).
+use super::data_store::READS_AT_ONCE;
 use super::{LaidOut, ScanCursor, ScanPage, TreeLayout};
 use crate::backend::rev_tree::{parse_rev, Leaf, RevPath, RevTree};
 use crate::backend::{DocumentBackend, Precondition, ReplicatedRevision, Revision, StoredDocument};
 use crate::error::{Error, ErrorKind, Result};
-
-/// Documents whose trees one batched read reads at once (each tree one backend request).
-const READS_AT_ONCE: usize = 16;
 
 /// What a save of this layout must match: nothing of its own, the backend checks each write.
 #[derive(Debug, Clone, Default)]
