@@ -101,11 +101,10 @@ impl NativeLayout {
 
     /// An ordinary edit's leaf, written as the backend's own edit of its parent.
     async fn write_edit(&self, id: &str, before: &RevTree, leaf: &Leaf) -> Result<Revision> {
-        let parent = parent_rev(&leaf.path);
-        // A parent that is not a live leaf of the tree read: a creation (nothing read, or a
-        // re-creation extending a deleted winner, which the backend's write without a revision
-        // does as CouchDB does).
-        let live_parent = parent.filter(|rev| before.leaf(rev).is_some_and(|parent| !parent.deleted));
+        // On a live document the edit names its parent (any leaf, deleted or not, as CouchDB
+        // takes it); on nothing, or a deleted document, it is a creation: the backend's write
+        // without a revision, which re-creates over a deleted winner as CouchDB does.
+        let live_parent = parent_rev(&leaf.path).filter(|_| !before.is_deleted());
         let written = match (live_parent, leaf.deleted) {
             (Some(parent), true) if leaf.body.is_empty() => self.backend.delete(id, &Revision(parent)).await,
             (Some(parent), true) => {
