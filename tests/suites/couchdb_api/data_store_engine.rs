@@ -229,3 +229,33 @@ pub(super) async fn concurrent_edits_one_wins(e: Endpoint) -> TestResult {
     }
     Ok(())
 }
+
+/// An edit naming a deleted leaf of a live document (a conflict deleted, then edited again) is
+/// taken, as CouchDB 3.4.3 takes it: 201, the new revision the deleted leaf's child, the winner
+/// (a higher generation), the other live branch its conflict.
+pub(super) async fn edit_of_a_deleted_leaf(e: Endpoint) -> TestResult {
+    let first = doc("user_d", "ns", "revived", json!(1));
+    let id = first["_id"].as_str().unwrap_or_default().to_owned();
+    let rev1 = e.put(&path_of(&id), first.clone()).await?.expect(201, "the first revision")?.rev()?;
+    let root = rev1.split_once('-').map(|(_, hash)| hash.to_owned()).unwrap_or_default();
+    let (a, b) = ("a".repeat(32), "b".repeat(32));
+    let branch = |hash: &str, value: i64| {
+        let mut doc = doc("user_d", "ns", "revived", json!(value));
+        doc["_rev"] = json!(format!("2-{hash}"));
+        doc["_revisions"] = json!({ "start": 2, "ids": [hash, root.clone()] });
+        doc
+    };
+    e.post(&format!("/{DB}/_bulk_docs"), json!({ "new_edits": false, "docs": [branch(&a, 2), branch(&b, 3)] }))
+        .await?
+        .expect(201, "two replicated branches")?;
+    let deleted = e.delete(&format!("{}?rev=2-{a}", path_of(&id))).await?.expect(200, "the losing branch deleted")?;
+    let mut revived = first.clone();
+    revived["_rev"] = json!(deleted.rev()?);
+    revived["value"] = json!(9);
+    let edited = e.put(&path_of(&id), revived).await?.expect(201, "an edit of the deleted leaf")?.rev()?;
+    check(edited.starts_with("4-"), || format!("the deleted leaf's child: {edited}"))?;
+    let winner = e.get(&format!("{}?conflicts=true", path_of(&id))).await?.expect(200, "conflicts=true")?;
+    check(winner.body["_rev"] == edited && winner.body["_conflicts"] == json!([format!("2-{b}")]), || {
+        format!("the edit wins, 2-{b} its conflict: {}", winner.body)
+    })
+}

@@ -202,6 +202,7 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("data_store_admin_replication_as_couchdb", |e| Box::pin(data_store_engine::admin_replication_as_couchdb(e))),
         ("data_store_rest_reads_what_couchdb_wrote", |e| Box::pin(data_store_engine::rest_reads_what_couchdb_wrote(e))),
         ("data_store_concurrent_edits_one_wins", |e| Box::pin(data_store_engine::concurrent_edits_one_wins(e))),
+        ("data_store_edit_of_a_deleted_leaf", |e| Box::pin(data_store_engine::edit_of_a_deleted_leaf(e))),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
