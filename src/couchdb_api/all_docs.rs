@@ -21,8 +21,7 @@ use futures::stream::{self, StreamExt};
 use serde_json::{json, Map, Value};
 
 use super::access::Principal;
-use super::bulk::MAX_BULK_DOCS;
-use super::document::doc_json;
+use super::db::MAX_BULK_DOCS;
 use super::error::{CouchError, CouchResult};
 use super::request::{bool_param, integer_param, json_param};
 use super::served_db::ServedDb;
@@ -55,17 +54,6 @@ pub(crate) struct AllDocsRequest {
     pub update_seq: bool,
     /// `conflicts=true`: documents carry `_conflicts` (with `include_docs`).
     pub conflicts: bool,
-}
-
-/// `GET /{db}/_all_docs`.
-pub async fn get_all_docs(
-    State(state): State<CouchState>,
-    Extension(principal): Extension<Principal>,
-    _served: ServedDb,
-    Query(params): Query<HashMap<String, String>>,
-) -> Answer {
-    let request = parse_request(&query_fields(&params)?)?;
-    answer(&state, &principal, request).await
 }
 
 /// `GET /{db}/_design_docs`: `_all_docs` over the design documents' ids (passed to a backend that
@@ -121,19 +109,6 @@ pub(crate) fn query_fields(params: &HashMap<String, String>) -> CouchResult<Map<
         fields.insert(name.clone(), value);
     }
     Ok(fields)
-}
-
-/// `POST /{db}/_all_docs`: parameters in the body (and the query string, which the body overrides).
-pub async fn post_all_docs(
-    State(state): State<CouchState>,
-    Extension(principal): Extension<Principal>,
-    _served: ServedDb,
-    Query(params): Query<HashMap<String, String>>,
-    headers: HeaderMap,
-    body: Body,
-) -> Answer {
-    let request = parse_request(&post_fields(&state, &params, &headers, body).await?)?;
-    answer(&state, &principal, request).await
 }
 
 /// The fields of a `POST` request: its query string, then its body's members over them.
@@ -318,7 +293,7 @@ pub(crate) fn keys_page(keys: &[String], request: &AllDocsRequest) -> Vec<String
 fn row(doc: &StoredDocument, include_docs: bool) -> Value {
     let mut row = json!({ "id": doc.id, "key": doc.id, "value": { "rev": doc.rev.as_str() } });
     if include_docs {
-        row["doc"] = doc_json(doc, None);
+        row["doc"] = doc.to_json();
     }
     row
 }

@@ -1,7 +1,7 @@
 //! `GET/POST /{db}/_changes`: a database's change feed in CouchDB's shape, one implementation
-//! ([`database_changes`]) for every database, the data-store one included (over its engine
-//! database, [`data_store_database`]; its routes' handlers are thin callers until the database
-//! router serves it).
+//! ([`database_changes`]) for every database, the data-store one included on every backend (over
+//! its engine database, `CouchState::data_store_database`), reached through the database router
+//! (`super::db`).
 //!
 //! - `feed=normal` streams every change after `since` (up to `limit`), page by page (pages sized
 //!   by their rows' bytes, as listings' are: [`super::all_docs::PageSizer`]), then
@@ -41,26 +41,22 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::backend::rev_tree::RevTree;
 use axum::body::{Body, Bytes};
 use axum::extract::{ConnectInfo, Extension, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::IntoResponse;
-use futures::stream::{self, StreamExt, TryStreamExt};
+use futures::stream;
 use serde_json::{json, Map, Value};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::access::Principal;
 use super::all_docs::{PageSizer, FIRST_PAGE_WITH_DOCS};
 use super::auth::Identity;
-use super::document::{doc_json, tombstone_body};
 use super::error::{CouchError, CouchResult};
 use super::position_seal::PositionSeal;
 use super::request::{bool_param, json_param};
-use super::served_db::ServedDb;
 use super::{Answer, CouchState};
-use crate::backend::{Change, DocumentBackend, StoredDocument};
+use crate::backend::{Change, DocumentBackend};
 use crate::config::Settings;
 use crate::database::data_store_rules::Confinement;
 use crate::database::seq::{self, Ranks};
@@ -276,75 +272,8 @@ enum SeqForm {
     StoreTokens,
 }
 
-/// `GET /{db}/_changes` of the data-store database: the one feed ([`database_changes`]) over its
-/// engine database, confined to what the login may see.
-pub async fn get_changes(
-    State(state): State<CouchState>,
-    Extension(principal): Extension<Principal>,
-    identity: Option<Extension<Identity>>,
-    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
-    _served: ServedDb,
-    Query(params): Query<HashMap<String, String>>,
-) -> Answer {
-    let asker = FeedAsker::of(principal.confinement(), identity, peer);
-    data_store_changes(&state, asker, &params, None).await
-}
-
-/// `POST /{db}/_changes` of the data-store database: the same, with `doc_ids` or `selector` in
-/// the body.
-#[allow(clippy::too_many_arguments)]
-pub async fn post_changes(
-    State(state): State<CouchState>,
-    Extension(principal): Extension<Principal>,
-    identity: Option<Extension<Identity>>,
-    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
-    _served: ServedDb,
-    Query(params): Query<HashMap<String, String>>,
-    headers: HeaderMap,
-    body: Body,
-) -> Answer {
-    let asker = FeedAsker::of(principal.confinement(), identity, peer);
-    let body = read_body(&state, &headers, body).await?;
-    data_store_changes(&state, asker, &params, body).await
-}
-
-/// The data-store database's feed: over its engine database ([`data_store_database`]), or, on a
-/// backend that keeps revision trees itself (CouchDB, where no engine database can be laid over
-/// the data-store records), over the backend's own feed ([`native_data_store_changes`]).
-async fn data_store_changes(
-    state: &CouchState,
-    asker: FeedAsker,
-    params: &HashMap<String, String>,
-    body: Option<Map<String, Value>>,
-) -> Answer {
-    match data_store_database(state)? {
-        Some(db) => database_changes(state, db, asker, params, body).await,
-        None => native_data_store_changes(state, asker, params, body).await,
-    }
-}
-
-/// The data-store database as an engine database over the store's backend
-/// ([`Database::data_store`]); `None` on a backend that keeps revision trees itself.
-pub(crate) fn data_store_database(state: &CouchState) -> CouchResult<Option<Arc<Database>>> {
-    Ok(state.data_store_database.clone())
-}
-
-/// The data-store database's feed over a backend that keeps revision trees itself.
-async fn native_data_store_changes(
-    state: &CouchState,
-    asker: FeedAsker,
-    params: &HashMap<String, String>,
-    body: Option<Map<String, Value>>,
-) -> Answer {
-    let mut request = parse_request(params, body.as_ref(), &state.feeds)?;
-    request.since = state.auth.sessions.positions().given_by(&asker.confinement, request.since.take());
-    request.confinement = asker.confinement.clone();
-    resolve_data_store_filter(state, &asker, params, &mut request).await?;
-    respond(state, asker.owner(), request, None, SeqForm::StoreTokens).await
-}
-
 /// `GET/POST /{db}/_changes` of any database: the one feed. `db` is the database (the data-store
-/// one included: [`data_store_database`]); `asker.confinement` what the login may see there
+/// one included: `CouchState::data_store_database`); `asker.confinement` what the login may see there
 /// (`Everything` but for a per-user login on the data-store database). The data-store database
 /// shows the backend's own positions ([`SeqForm::StoreTokens`]), sealed for a per-user login,
 /// whose `since` is unsealed (one that does not unseal reads as `0`); the others `N-token`.
@@ -367,7 +296,7 @@ pub(crate) async fn database_changes(
         SeqForm::StoreTokens => resolve_data_store_filter(state, &asker, params, &mut request).await?,
         SeqForm::Ranked => resolve_filter(state, &db, asker.identity.as_ref(), params, &mut request).await?,
     }
-    respond(state, asker.owner(), request, Some(db), form).await
+    respond(state, asker.owner(), request, db, form).await
 }
 
 /// Resolves `filter=DDOC/NAME` and `filter=_view` on the data-store database against the design
@@ -614,9 +543,8 @@ fn selector(body: Option<&Map<String, Value>>) -> CouchResult<DocumentPredicate>
 /// Where the stream is.
 struct Cursor {
     backend: Arc<dyn DocumentBackend>,
-    /// The database whose feed this is: rows come from each document's revision tree. `None`
-    /// only for the data-store database on a backend that keeps trees itself (CouchDB).
-    database: Option<Arc<Database>>,
+    /// The database whose feed this is: rows come from each document's revision tree.
+    database: Arc<Database>,
     /// How positions are shown.
     form: SeqForm,
     /// Seals the positions shown to a per-user login.
@@ -666,22 +594,16 @@ async fn respond(
     state: &CouchState,
     owner: String,
     request: ChangesRequest,
-    database: Option<Arc<Database>>,
+    database: Arc<Database>,
     form: SeqForm,
 ) -> CouchResult<axum::response::Response> {
     let positions = state.auth.sessions.positions();
     if request.descending {
-        return match database {
-            Some(database) => descending_answer(&database, &request, state.feeds.max_descending, form, positions).await,
-            None => Err(CouchError::bad_request("descending=true is not supported on this database's _changes")),
-        };
+        return descending_answer(&database, &request, state.feeds.max_descending, form, positions).await;
     }
     let long_lived = request.feed != Feed::Normal;
     let slot = if long_lived { Some(state.feeds.take_slot(owner)?) } else { None };
-    let backend = match &database {
-        Some(database) => database.backend().clone(),
-        None => state.store.backend().clone(),
-    };
+    let backend = database.backend().clone();
     let malformed = |err: crate::Error| match err.kind() {
         ErrorKind::InvalidInput => CouchError::bad_request(MALFORMED_SINCE),
         _ => CouchError::from(err),
@@ -691,14 +613,14 @@ async fn respond(
         (SeqForm::Ranked, Some(text)) => Some(crate::database::seq::read(text)),
         (_, asked) => asked,
     };
-    let opened = database.as_deref();
-    let since = while_open(opened, resolve_since(backend.as_ref(), asked)).await.map_err(malformed)?;
+    let since = database.while_open(resolve_since(backend.as_ref(), asked)).await.map_err(malformed)?;
     // Where the backend counts its feed, `N` is a rank counted from the client's `since`.
-    let ranks = match (form, opened) {
-        (SeqForm::Ranked, Some(db)) => while_open(opened, seq::counted_length(backend.as_ref(), db.erased_doc()))
+    let ranks = match form {
+        SeqForm::Ranked => database
+            .while_open(seq::counted_length(backend.as_ref(), database.erased_doc()))
             .await?
             .map(|length| Ranks::from_since(request.since.as_deref(), length)),
-        _ => None,
+        SeqForm::StoreTokens => None,
     };
     // The first page is read here, before the status line: a `since` the backend does not know
     // is a 400 now, not a stream that breaks off.
@@ -707,7 +629,7 @@ async fn respond(
     let sizer = PageSizer::new(if request.include_docs { FIRST_PAGE_WITH_DOCS } else { DEFAULT_PAGE }, DEFAULT_PAGE);
     let first_size = request.limit.map_or(sizer.rows(), |l| l.clamp(1, sizer.rows() as u64) as usize);
     let first_page =
-        while_open(opened, read_page(backend.as_ref(), since.as_deref(), first_size)).await.map_err(malformed)?;
+        database.while_open(read_page(backend.as_ref(), since.as_deref(), first_size)).await.map_err(malformed)?;
     let last_seq = match &since {
         Some(position) => position.clone(),
         None => "0".to_owned(),
@@ -749,9 +671,7 @@ async fn respond(
     let opening = if cursor.request.feed == Feed::Continuous { "" } else { "{\"results\":[" };
     let first = format!("{opening}{}", step(&mut cursor).await?);
     // Deleted before anything was sent: CouchDB's 404 for a missing database, not a feed.
-    if let Some(database) = &cursor.database {
-        database.check_open()?;
-    }
+    cursor.database.check_open()?;
     let body = stream::try_unfold((Some(first), cursor), |(first, mut cursor)| async move {
         if let Some(first) = first {
             return Ok(Some((Bytes::from(first), (None, cursor))));
@@ -798,7 +718,7 @@ async fn step(cursor: &mut Cursor) -> crate::Result<String> {
     let mut page = match cursor.first_page.take() {
         Some(page) => page,
         // Deleted while the feed waited: it ends now, as CouchDB's does.
-        None if cursor.database.as_ref().is_some_and(|db| db.check_open().is_err()) => {
+        None if cursor.database.check_open().is_err() => {
             return deleted_database_tail(cursor);
         }
         None => {
@@ -808,7 +728,7 @@ async fn step(cursor: &mut Cursor) -> crate::Result<String> {
                 Ok(page) => page,
                 // A read that fails because the database was deleted (its table or file gone)
                 // ends the feed naming that, not with a broken stream.
-                Err(_) if cursor.database.as_ref().is_some_and(|db| db.check_open().is_err()) => {
+                Err(_) if cursor.database.check_open().is_err() => {
                     return deleted_database_tail(cursor);
                 }
                 Err(err) => return Err(err),
@@ -830,7 +750,7 @@ async fn step(cursor: &mut Cursor) -> crate::Result<String> {
         }
         // The database was deleted while the feed ran: it ends with CouchDB's error for a
         // missing database as its last line (the status has long been sent).
-        Err(err) if err.kind() == ErrorKind::NotFound && cursor.database.is_some() => {
+        Err(err) if err.kind() == ErrorKind::NotFound => {
             return deleted_database_tail(cursor);
         }
         // None of the page's rows were sent: a `last_seq` shown after this names the position
@@ -923,10 +843,7 @@ async fn finish(cursor: &mut Cursor) -> crate::Result<String> {
     if let Some(ranks) = &cursor.ranks {
         // The feed's length now closes the answer; a count that fails (the database deleted
         // meanwhile) leaves the rank read so far and the read's own `pending`.
-        let length = match cursor.database.as_deref() {
-            Some(db) => seq::counted_length(cursor.backend.as_ref(), db.erased_doc()).await.ok().flatten(),
-            None => None,
-        };
+        let length = seq::counted_length(cursor.backend.as_ref(), cursor.database.erased_doc()).await.ok().flatten();
         cursor.closing_ranks = Some(length.map_or((ranks.at, cursor.pending), |n| ranks.closing(n, cursor.pending)));
     }
     closing(cursor)
@@ -940,20 +857,6 @@ fn deleted_database_tail(cursor: &mut Cursor) -> crate::Result<String> {
     cursor.pending = 0;
     cursor.closing_ranks = cursor.ranks.map(|ranks| (ranks.at, 0));
     closing(cursor)
-}
-
-/// `work` on the feed's database (`None`: the data-store database over a backend keeping its
-/// trees itself): once the database is deleted, whatever `work` answers is the deletion's doing
-/// (a DynamoDB table or Firestore collection gone under the read), so it is CouchDB's
-/// missing-database `NotFound`, whether or not a new database of the same name exists by then.
-async fn while_open<T>(
-    database: Option<&Database>,
-    work: impl std::future::Future<Output = crate::Result<T>>,
-) -> crate::Result<T> {
-    match database {
-        Some(database) => database.while_open(work).await,
-        None => work.await,
-    }
 }
 
 /// The end of a feed that stopped on an error after its answer began: the error as the last
@@ -1010,108 +913,21 @@ fn shown_seq(cursor: &Cursor, token: &str, rank: Option<u64>) -> crate::Result<S
 
 /// The rows of one page that the request may see and wants.
 async fn rows_of(cursor: &Cursor, changes: &[Change]) -> crate::Result<Vec<Value>> {
-    if let Some(database) = &cursor.database {
-        let shown = match cursor.form {
-            SeqForm::Ranked => seq::shown_all(cursor.ranks.as_ref(), changes.iter().map(|c| c.seq.as_str())),
-            SeqForm::StoreTokens => {
-                // Only the login's own changes are sealed (a seal costs a random salt and a key).
-                let confinement = &cursor.request.confinement;
-                let own: Vec<Change> = changes.iter().filter(|c| confinement.admits_id(&c.id)).cloned().collect();
-                let shown = own
-                    .iter()
-                    .map(|c| cursor.positions.shown_to(confinement, &c.seq))
-                    .collect::<crate::Result<Vec<_>>>()?;
-                return database_rows(database, &cursor.request, &own, &shown).await;
-            }
-        };
-        return database_rows(database, &cursor.request, changes, &shown).await;
-    }
-    let request = &cursor.request;
-    let confinement = &request.confinement;
-    let visible: Vec<&Change> = changes
-        .iter()
-        .filter(|c| confinement.admits_id(&c.id))
-        .filter(|c| match &request.filter {
-            Filter::DocIds(ids) => ids.contains(&c.id),
-            Filter::Design => c.id.starts_with("_design/"),
-            _ => true,
-        })
-        .collect();
-    let needs_docs = request.include_docs || matches!(request.filter, Filter::Selector(_) | Filter::JavaScript(_));
-    let docs = if needs_docs {
-        let ids: Vec<String> = visible.iter().filter(|c| !c.deleted).map(|c| c.id.clone()).collect();
-        let found = cursor.backend.get_many(&ids).await?;
-        ids.into_iter().zip(found).filter_map(|(id, doc)| doc.map(|d| (id, d))).collect::<HashMap<_, _>>()
-    } else {
-        HashMap::new()
+    let database = &cursor.database;
+    let shown = match cursor.form {
+        SeqForm::Ranked => seq::shown_all(cursor.ranks.as_ref(), changes.iter().map(|c| c.seq.as_str())),
+        SeqForm::StoreTokens => {
+            // Only the login's own changes are sealed (a seal costs a random salt and a key).
+            let confinement = &cursor.request.confinement;
+            let own: Vec<Change> = changes.iter().filter(|c| confinement.admits_id(&c.id)).cloned().collect();
+            let shown = own
+                .iter()
+                .map(|c| cursor.positions.shown_to(confinement, &c.seq))
+                .collect::<crate::Result<Vec<_>>>()?;
+            return database_rows(database, &cursor.request, &own, &shown).await;
+        }
     };
-    // A deletion's fields, kept in its tombstone, belong to its document as CouchDB shows it (and
-    // a `_selector` filter matches them).
-    let tombstones = if needs_docs {
-        let deleted: Vec<String> = visible.iter().filter(|c| c.deleted).map(|c| c.id.clone()).collect();
-        tombstones_of(cursor.backend.as_ref(), &deleted).await?
-    } else {
-        HashMap::new()
-    };
-    // Every leaf (`style=all_docs`) and `_conflicts` come from each document's tree.
-    let wants_trees = request.all_leaves || (request.conflicts && request.include_docs);
-    let trees: HashMap<String, RevTree> = if wants_trees {
-        let ids: Vec<String> = visible.iter().map(|c| c.id.clone()).collect();
-        let trees = super::branches::trees_of(cursor.backend.as_ref(), &ids).await?;
-        ids.into_iter().zip(trees).filter_map(|(id, tree)| tree.map(|tree| (id, tree))).collect()
-    } else {
-        HashMap::new()
-    };
-    // The documents each change shows (and a filter sees), in feed order.
-    let mut shown = Vec::with_capacity(visible.len());
-    for change in visible {
-        let tree = trees.get(&change.id);
-        let mut doc = if change.deleted {
-            let kept = tombstones.get(&change.id).filter(|t| t.rev == change.rev).map(|t| &t.body);
-            Value::Object(tombstone_body(&change.id, change.rev.as_str(), kept.unwrap_or(&Map::new())))
-        } else {
-            match docs.get(&change.id) {
-                Some(doc) => doc_json(doc, None),
-                None if needs_docs => continue, // deleted between the feed read and the fetch: its tombstone comes later
-                None => Value::Null,
-            }
-        };
-        if request.conflicts {
-            super::branches::add_conflicts(&mut doc, tree);
-        }
-        if let Filter::Selector(matches) = &request.filter {
-            if !matches(&doc) {
-                continue;
-            }
-        }
-        shown.push((change, doc));
-    }
-    // A design document's filter runs over the page's documents in one engine call.
-    if let Filter::JavaScript(filter) = &request.filter {
-        let docs = shown.iter().map(|(_, doc)| Arc::new(doc.clone())).collect();
-        let passed = filter.passes(docs).await?;
-        shown = shown.into_iter().zip(passed).filter_map(|(each, passed)| passed.then_some(each)).collect();
-    }
-    let mut rows = Vec::with_capacity(shown.len());
-    for (change, doc) in shown {
-        let tree = trees.get(&change.id);
-        // The row's revision first, then the tree's other leaves in CouchDB's order.
-        let mut leaves = vec![json!({ "rev": change.rev.as_str() })];
-        if let (true, Some(tree)) = (request.all_leaves, tree) {
-            let others = tree.leaves().into_iter().map(|leaf| leaf.rev()).filter(|rev| rev != change.rev.as_str());
-            leaves.extend(others.map(|rev| json!({ "rev": rev })));
-        }
-        let seq = cursor.positions.shown_to(confinement, &change.seq)?;
-        let mut row = json!({ "seq": seq, "id": change.id, "changes": leaves });
-        if change.deleted {
-            row["deleted"] = Value::Bool(true);
-        }
-        if request.include_docs {
-            row["doc"] = doc;
-        }
-        rows.push(row);
-    }
-    Ok(rows)
+    database_rows(database, &cursor.request, changes, &shown).await
 }
 
 /// `descending=true` on a database: the whole feed read (each document once, at its latest
@@ -1342,24 +1158,6 @@ async fn confined_pending(
         since = Some(page.last_seq);
     }
 }
-
-/// The tombstones of deleted changes, read a few at a time, by id.
-async fn tombstones_of(
-    backend: &dyn DocumentBackend,
-    ids: &[String],
-) -> crate::Result<HashMap<String, StoredDocument>> {
-    // A plain loop, not an iterator adapter: a closure here trips rustc's higher-ranked `Send`
-    // check on the feed's boxed stream.
-    let mut reads = Vec::with_capacity(ids.len());
-    for id in ids {
-        reads.push(backend.get_deleted(id));
-    }
-    let found: Vec<Option<StoredDocument>> = stream::iter(reads).buffered(TOMBSTONE_READS).try_collect().await?;
-    Ok(found.into_iter().flatten().map(|doc| (doc.id.clone(), doc)).collect())
-}
-
-/// Tombstone reads in flight at once for one page of a feed.
-const TOMBSTONE_READS: usize = 16;
 
 #[cfg(test)]
 mod tests {

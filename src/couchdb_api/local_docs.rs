@@ -1,7 +1,6 @@
 //! `GET/POST /{db}/_local_docs`: local documents (replication checkpoints) listed as `_all_docs`
-//! lists documents, for every database: the data-store database's handler is here, the other
-//! databases' in [`super::database`], both reading the request with [`ListingRequest`] and
-//! answering through [`answer`].
+//! lists documents, for every database (the data-store one included): the handler is
+//! `super::db`'s, reading the request with [`ListingRequest`] and answering through [`answer`].
 //!
 //! As CouchDB 3.4.3 answers it (`couch_mrview.erl`, `fabric_view_all_docs.erl`): rows
 //! `{"id":"_local/x","key":"_local/x","value":{"rev":"0-N"}}` in raw id order, `total_rows` and
@@ -14,25 +13,23 @@
 //!
 //! On the data-store database a per-user login lists only its own local documents (stored as
 //! `{user}:{name}`, [`crate::database::data_store_rules::Confinement::local_name`]), shown
-//! without the prefix; an admin lists all.
+//! without the prefix; an admin lists all (the handler's `fetch` and `get` say which).
 
 use std::collections::HashMap;
 use std::future::Future;
 
-use axum::extract::{Extension, FromRequest, Query, Request, State};
+use axum::extract::{FromRequest, Query, Request};
 use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures::stream::{self, StreamExt, TryStreamExt};
 use serde_json::{json, Value};
 
-use super::access::Principal;
 use super::all_docs::{
     keys_page, paged_rows, parse_request, post_fields, query_fields, streamed_listing, AllDocsRequest, PageSizer,
 };
 use super::error::CouchError;
-use super::served_db::ServedDb;
 use super::{json, Answer, CouchState};
-use crate::backend::{shown_without_prefix, IdRange, Page, StoredDocument, LOCAL_PREFIX};
+use crate::backend::{IdRange, Page, StoredDocument, LOCAL_PREFIX};
 use crate::error::ErrorKind;
 
 /// Local documents read at once for a `keys` request.
@@ -58,42 +55,6 @@ impl FromRequest<CouchState> for ListingRequest {
         let request = fields.and_then(|fields| parse_request(&fields)).map_err(IntoResponse::into_response)?;
         Ok(ListingRequest(request))
     }
-}
-
-/// `GET/POST /{db}/_local_docs` of the data-store database.
-pub async fn local_docs(
-    State(state): State<CouchState>,
-    Extension(principal): Extension<Principal>,
-    _served: ServedDb,
-    ListingRequest(request): ListingRequest,
-) -> Answer {
-    data_store_answer(&state, &principal, request).await
-}
-
-/// The data-store database's local documents the principal may see: its own under its prefix.
-async fn data_store_answer(state: &CouchState, principal: &Principal, request: AllDocsRequest) -> Answer {
-    let prefix = principal.confinement().local_name("");
-    let backend = state.store.backend().clone();
-    let listing = (backend.clone(), prefix.clone());
-    let fetch = move |names: IdRange, want: usize, token: Option<String>| {
-        let (backend, prefix) = listing.clone();
-        async move {
-            let mut page = backend.local_docs(&names.under_prefix(&prefix), want, token.as_deref()).await?;
-            // The conflicts, design documents and incarnation this database keeps for itself are
-            // no client's local documents.
-            page.items
-                .retain(|doc| !doc.id.strip_prefix(LOCAL_PREFIX).is_some_and(super::data_design::is_reserved_local));
-            Ok(shown_without_prefix(page, &prefix))
-        }
-    };
-    let get = move |name: String| {
-        let (backend, prefix) = (backend.clone(), prefix.clone());
-        async move {
-            let stored = backend.get_local(&format!("{prefix}{name}")).await?;
-            Ok(stored.map(|doc| StoredDocument { id: format!("{LOCAL_PREFIX}{name}"), ..doc }))
-        }
-    };
-    answer(request, fetch, get).await
 }
 
 /// Where a client's `startkey`/`endkey` falls among local ids (`_local/{name}`), compared as raw

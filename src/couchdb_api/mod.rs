@@ -10,14 +10,15 @@
 //! Each request is authenticated first ([`auth`]: Basic or an `AuthSession` cookie from
 //! [`session`], resolved to an [`access::Principal`]). Every database's documents are answered
 //! by one set of handlers, [`db`], over the engine ([`crate::database`]): the data-store database
-//! too on the embedded store, DynamoDB and Firestore (one engine database built at startup,
-//! [`CouchState::data_store_database`], its login's confinement applied by the handlers). The
-//! router here answers the server's endpoints and what of the data-store database the engine
-//! does not serve (yet, or on the CouchDB backend at all: `db::DATA_STORE_ROUTER_KEEPS`,
-//! ARCHITECTURE.md): creating and deleting the database, refused ([`server`]), design documents,
-//! views and Mango ([`design`], [`data_design`], [`query`]); on the CouchDB backend also reading
-//! the database ([`server`]), documents ([`document`]), `_changes` ([`changes`]), `_all_docs`
-//! ([`all_docs`]), bulk and replication endpoints ([`bulk`]) and `_local_docs` ([`local_docs`]).
+//! too, on every backend (one engine database built at startup,
+//! [`CouchState::data_store_database`], its login's confinement applied by the handlers; on the
+//! CouchDB backend its tree layout is CouchDB's own trees, `crate::database::layout::native`),
+//! `_changes` included ([`changes`]). The router here answers the server's endpoints and what of
+//! the data-store database the engine does not serve (`db::DATA_STORE_ROUTER_KEEPS`,
+//! ARCHITECTURE.md): the database itself ([`server`]), design documents, views and Mango
+//! ([`design`], [`data_design`], [`query`]) and `_design_docs` ([`all_docs`]). What the handlers
+//! that went share stays in [`document`] (the revision a write names, a write's answer),
+//! [`local_docs`] (the `_local_docs` listing), [`branches`] (listed documents' conflicts).
 //! Responses follow CouchDB 3.x field for field: `docs/couchdb-api.md` lists what is supported
 //! and how it differs.
 
@@ -25,10 +26,8 @@ pub mod access;
 mod all_docs;
 pub mod auth;
 mod branches;
-mod bulk;
 mod changes;
 pub mod data_design;
-pub mod data_document;
 mod db;
 mod design;
 mod document;
@@ -93,9 +92,10 @@ pub(crate) struct CouchState {
     pub data_store_views: Arc<data_design::DataStoreSource>,
     /// The data-store database as the engine serves it (through [`db::router`], like the
     /// others), built once here: it is the facade's backend, not one of the catalog's databases,
-    /// so it is kept apart from [`crate::database::Databases`]' open-database bound. `None` on the
-    /// CouchDB backend, which keeps revision trees itself (the data-store router serves it).
-    pub data_store_database: Option<Arc<crate::database::Database>>,
+    /// so it is kept apart from [`crate::database::Databases`]' open-database bound. On the
+    /// CouchDB backend its tree layout is the backend's own trees
+    /// ([`crate::database::layout::native`]).
+    pub data_store_database: Arc<crate::database::Database>,
     /// Their routes ([`db::router`]); empty inside those routes' own state.
     pub database_router: axum::Router,
 }
@@ -103,7 +103,7 @@ pub(crate) struct CouchState {
 impl CouchState {
     /// Whether `db` is the data-store database as the engine serves it.
     pub fn is_data_store(&self, db: &crate::database::Database) -> bool {
-        self.data_store_database.as_deref().is_some_and(|served| std::ptr::eq(served, db))
+        std::ptr::eq(self.data_store_database.as_ref(), db)
     }
 
     /// A database path segment must name the served database.
@@ -167,11 +167,8 @@ impl CouchApp {
                 )
                 .with_write_guard(Arc::new(crate::database::validation::DesignValidation::new(js.clone()))),
         );
-        let data_store_database = if store.backend().keeps_branches() {
-            None
-        } else {
-            Some(databases.data_store(&settings.couchdb_db, Arc::clone(store.backend()), store.options().limits)?)
-        };
+        let data_store_database =
+            databases.data_store(&settings.couchdb_db, Arc::clone(store.backend()), store.options().limits)?;
         let state = CouchState {
             data_store_database,
             data_store_views,
@@ -238,7 +235,6 @@ fn router(state: CouchState, query_limit: request::EndpointLimit) -> Router {
         .route("/{db}/_find", post(query::find))
         .route("/{db}/_explain", post(query::explain))
         .route("/{db}/_index", get(query::list_indexes).post(query::create_index))
-        .route("/{db}/_changes", get(changes::get_changes).post(changes::post_changes))
         .route_layer(from_fn_with_state(query_limit, request::limit_bodies));
     // The server's own endpoints take any login, a login of the other databases only too.
     let server_endpoints = Router::new()
@@ -251,35 +247,17 @@ fn router(state: CouchState, query_limit: request::EndpointLimit) -> Router {
         .route("/_node/{node}", get(server::node))
         .route("/_uuids", get(server::uuids))
         .route_layer(from_fn(authenticate_login));
-    // The data-store database's routes act for a principal (admin or one data-store user).
+    // The data-store database's routes act for a principal (admin or one data-store user): what
+    // the engine's routes do not serve of it (`db::DATA_STORE_ROUTER_KEEPS`).
     let data_store = Router::new()
-        .route(
-            "/{db}",
-            get(server::db_info).put(server::create_db).post(document::post_document).delete(server::delete_db),
-        )
+        .route("/{db}", get(server::db_info).put(server::create_db).delete(server::delete_db))
         // PouchDB asks for the database with a trailing slash.
-        .route(
-            "/{db}/",
-            get(server::db_info).put(server::create_db).post(document::post_document).delete(server::delete_db),
-        )
-        .route("/{db}/_all_docs", get(all_docs::get_all_docs).post(all_docs::post_all_docs))
+        .route("/{db}/", get(server::db_info).put(server::create_db).delete(server::delete_db))
         .route("/{db}/_design_docs", get(all_docs::get_design_docs))
-        .route("/{db}/_local_docs", get(local_docs::local_docs).post(local_docs::local_docs))
         .route("/{db}/_index/{*rest}", axum::routing::delete(query::delete_index))
-        .route("/{db}/_bulk_docs", post(bulk::bulk_docs))
-        .route("/{db}/_bulk_get", post(bulk::bulk_get))
-        // A replicator's list of revisions grows with the leaves of its batch's documents: the
-        // request limit, as on every other database (docs/bounds.md).
-        .route("/{db}/_revs_diff", post(bulk::revs_diff))
-        .route("/{db}/_ensure_full_commit", post(bulk::ensure_full_commit))
-        .route("/{db}/_local/{*name}", get(document::get_local).put(document::put_local).delete(document::delete_local))
         .route("/{db}/_design/{*rest}", any(design::design_request))
         .route("/{db}/_view_cleanup", post(design::view_cleanup))
-        .route(
-            "/{db}/{docid}",
-            get(document::get_document).put(document::put_document).delete(document::delete_document),
-        )
-        .route("/{db}/{docid}/{*attachment}", any(document::attachment))
+        .route("/{db}/{docid}", get(document::by_id).put(document::by_id).delete(document::by_id))
         .merge(queries)
         .route_layer(from_fn(authenticate))
         .merge(server_endpoints);

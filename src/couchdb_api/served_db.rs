@@ -13,25 +13,13 @@ use serde::Deserialize;
 use super::CouchState;
 
 /// Proof that the request's `{db}` path parameter names the served database, with the route's
-/// other path parameters read by name into `T` (`/{db}/{docid}` gives [`DocId`]); routes with
+/// other path parameters read by name into `T` (`/{db}/_index/{*rest}` gives [`IndexPath`]); routes with
 /// `{db}` alone take the default, [`DbOnly`].
 pub(crate) struct ServedDb<T = DbOnly>(pub T);
 
 /// No path parameter beside `{db}`.
 #[derive(Deserialize)]
 pub(crate) struct DbOnly {}
-
-/// `/{db}/{docid}`.
-#[derive(Deserialize)]
-pub(crate) struct DocId {
-    pub docid: String,
-}
-
-/// `/{db}/_local/{*name}`.
-#[derive(Deserialize)]
-pub(crate) struct LocalName {
-    pub name: String,
-}
 
 /// `/{db}/_index/{*rest}`.
 #[derive(Deserialize)]

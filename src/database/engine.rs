@@ -256,19 +256,36 @@ impl Database {
     ///   `forbidden`, as the data-store face refuses it), nothing is collected.
     ///
     /// Refused (`Misconfigured`) on a backend that keeps branches itself (the CouchDB backend,
-    /// [`DocumentBackend::keeps_branches`]): there the tree is CouchDB's own document, which
-    /// neither layout writes; the data-store database stays on the data-store face's path over
-    /// the backend's native calls until a layout over them is written.
+    /// [`DocumentBackend::keeps_branches`]): there the tree is CouchDB's own document, laid out
+    /// by [`Database::native_data_store`] instead (callers that need the seed's records, such as
+    /// the data-store views' source, take the refusal to mean the backend runs its own views).
     pub fn data_store(name: String, backend: Arc<dyn DocumentBackend>) -> Result<Self> {
         if backend.keeps_branches() {
             return Err(Error::new(
                 ErrorKind::Misconfigured,
-                "the engine's data-store database needs a backend whose records hold one revision each; this backend \
-                 keeps revision trees itself (CouchDB), and its data-store database is served over its own calls",
+                "the data-store layout needs a backend whose records hold one revision each; this backend keeps \
+                 revision trees itself (CouchDB): its data-store database is Database::native_data_store",
             ));
         }
-        let database = Self::over(name, Layout::data_store(Arc::clone(&backend)), backend);
-        Ok(database.with_inner_body_bounds(InnerBodyBounds { max_revisions: 0, max_bytes: 0 }))
+        Ok(Self::data_store_laid_out(name, Layout::data_store(Arc::clone(&backend)), backend))
+    }
+
+    /// The data-store database over a backend that keeps revision trees itself (the CouchDB
+    /// backend, [`DocumentBackend::keeps_branches`]), laid out by [`super::layout::native`]: the
+    /// tree is the backend's own document, the backend checks each edit against its parent and
+    /// assigns its revision, which the write answers. Otherwise as [`Database::data_store`].
+    pub fn native_data_store(name: String, backend: Arc<dyn DocumentBackend>) -> Result<Self> {
+        if !backend.keeps_branches() {
+            return Err(Error::new(
+                ErrorKind::Misconfigured,
+                "the native data-store layout needs a backend that keeps revision trees itself",
+            ));
+        }
+        Ok(Self::data_store_laid_out(name, Layout::native(Arc::clone(&backend)), backend))
+    }
+
+    fn data_store_laid_out(name: String, layout: Layout, backend: Arc<dyn DocumentBackend>) -> Self {
+        Self::over(name, layout, backend).with_inner_body_bounds(InnerBodyBounds { max_revisions: 0, max_bytes: 0 })
     }
 
     fn over(name: String, layout: Layout, backend: Arc<dyn DocumentBackend>) -> Self {
@@ -437,13 +454,13 @@ impl Database {
     /// own (the CouchDB backend), or the layout has no place for them (the data-store
     /// database's seed records: [`Database::data_store`]).
     pub fn attachments_unsupported(&self) -> bool {
-        self.backend.attachment_chunk_bytes() == 0 || matches!(*self.layout, Layout::DataStore(_))
+        self.backend.attachment_chunk_bytes() == 0 || self.layout.is_data_store()
     }
 
     /// Refuses a write carrying attachments where the database keeps none.
     fn check_attachments_kept(&self, write: &Write) -> Result<()> {
         let (Write::Edit { body, .. } | Write::Replicated { body, .. }) = write;
-        if matches!(*self.layout, Layout::DataStore(_)) && doc_attachments::has_attachments(body) {
+        if self.layout.is_data_store() && doc_attachments::has_attachments(body) {
             return Err(Error::new(
                 ErrorKind::Forbidden,
                 "attachments are not supported on this database: agentstore keeps its data-store documents as JSON only",
@@ -666,7 +683,7 @@ impl Database {
         let _turn = self.write_lock(id).lock().await;
         for _ in 0..MAX_TRIES {
             let state = self.read(id).await?;
-            let Applied { tree, answers, changed } = self.applied(id, state.as_ref(), writes, revs_limit).await?;
+            let Applied { tree, mut answers, changed } = self.applied(id, state.as_ref(), writes, revs_limit).await?;
             // Nothing new, but a save that a crash cut short (the tree written, the record not)
             // is finished now: else the document stays out of the feed and `_all_docs` for good,
             // since every later replicated write of its leaves changes nothing.
@@ -674,7 +691,7 @@ impl Database {
                 return Ok(answers);
             }
             self.keep_references(state.as_ref(), &tree).await?;
-            match self.save(id, state.as_ref(), &tree).await {
+            match self.save_answering(id, state.as_ref(), &tree, &mut answers).await {
                 Ok(()) => {
                     self.saved(id, state.as_ref(), &tree);
                     return Ok(answers);
@@ -891,6 +908,35 @@ impl Database {
         self.layout.save(id, state, tree).await
     }
 
+    /// Saves `tree` over `state` as [`Database::save`] does, then answers each edit among
+    /// `answers` with the revision the layout stored it as (the backend's own where it assigns
+    /// revisions: [`super::layout::native`]).
+    async fn save_answering(
+        &self,
+        id: &str,
+        state: Option<&DocState>,
+        tree: &RevTree,
+        answers: &mut [Result<Written>],
+    ) -> Result<()> {
+        self.check_open()?;
+        let edited: Vec<String> = answers
+            .iter()
+            .filter_map(|answer| match answer {
+                Ok(Written::Edited(rev)) => Some(rev.clone()),
+                _ => None,
+            })
+            .collect();
+        let stored = self.layout.save_edited(id, state, tree, &edited).await?;
+        for answer in answers.iter_mut() {
+            if let Ok(Written::Edited(rev)) = answer {
+                if let Some(stored) = stored.iter().find(|stored| stored.computed == *rev) {
+                    *rev = stored.stored.clone();
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// One page of documents whose winner is live, in id order, with their trees.
     pub async fn all_docs(
         &self,
@@ -903,6 +949,25 @@ impl Database {
         let (cut_deletions, items): (Vec<_>, Vec<_>) = listed.into_iter().partition(|(_, state)| state.deleted());
         self.finish_cut_deletions(cut_deletions.iter().map(|(id, state)| (id.as_str(), state))).await;
         Ok(Page { items, next: page.next })
+    }
+
+    /// [`Database::all_docs`] with each listed document's whole tree: where the layout lists
+    /// the winners alone ([`Layout::lists_whole_trees`]: the backend's own trees), the page's
+    /// trees are read again (what `conflicts=true` shows).
+    pub async fn all_docs_whole(
+        &self,
+        range: &IdRange,
+        limit: usize,
+        token: Option<&str>,
+    ) -> Result<Page<(String, DocState)>> {
+        let page = self.all_docs(range, limit, token).await?;
+        if self.layout.lists_whole_trees() {
+            return Ok(page);
+        }
+        let ids: Vec<String> = page.items.iter().map(|(id, _)| id.clone()).collect();
+        let states = self.read_many(&ids).await?;
+        let items = page.items.into_iter().zip(states).map(|((id, listed), whole)| (id, whole.unwrap_or(listed)));
+        Ok(Page { items: items.filter(|(_, state)| !state.deleted()).collect(), next: page.next })
     }
 
     /// The database's settings (`_revs_limit`, `_security`).

@@ -214,8 +214,8 @@ impl Databases {
     /// these databases' bounds; its writes are checked by its rules
     /// ([`data_store_rules::DataStoreRules`], with the data-store `limits`) and then by the
     /// databases' own guard (`validate_doc_update`). Inner revisions' bodies stay as
-    /// [`Database::data_store`] sets them. Refused on a backend that keeps revision trees itself
-    /// (CouchDB), whose data-store database is served over its own calls.
+    /// [`Database::data_store`] sets them (its layout the backend's own trees on a backend
+    /// keeping them itself: CouchDB).
     pub fn data_store(
         &self,
         name: &str,
@@ -226,7 +226,7 @@ impl Databases {
             vec![Arc::new(data_store_rules::DataStoreRules::new(limits))];
         guards.extend(self.write_guard.clone());
         Ok(Arc::new(
-            Database::data_store(name.to_owned(), backend)?
+            data_store_database(name, backend)?
                 .with_max_document_bytes(self.max_document_bytes)
                 .with_max_tree_bytes(self.max_tree_bytes)
                 .with_max_gzip_ratio(self.max_gzip_ratio)
@@ -359,6 +359,16 @@ impl Databases {
 /// CouchDB's answer to a request on a database that does not exist.
 pub fn no_such_database() -> Error {
     Error::new(ErrorKind::NotFound, "Database does not exist.")
+}
+
+/// The data-store database over `backend` in the layout its backend needs: the seed's records,
+/// or the backend's own trees where it keeps them ([`Database::native_data_store`]).
+fn data_store_database(name: &str, backend: Arc<dyn crate::backend::DocumentBackend>) -> Result<Database> {
+    if backend.keeps_branches() {
+        Database::native_data_store(name.to_owned(), backend)
+    } else {
+        Database::data_store(name.to_owned(), backend)
+    }
 }
 
 #[cfg(test)]

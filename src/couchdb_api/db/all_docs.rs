@@ -187,8 +187,10 @@ async fn answer(
 ) -> Answer {
     let OpenDb { db, confinement, .. } = opened;
     let confinement = &confinement;
-    // Design documents are documents of a database, listed as CouchDB lists them.
-    request.range.include_design = true;
+    // Design documents are documents of a database, listed as CouchDB lists them; but not the
+    // data-store database's where its backend runs them itself (the CouchDB backend: its own
+    // index's design document is the backend's, and the data-store listings never showed them).
+    request.range.include_design = !(state.is_data_store(&db) && db.backend().forwards_requests());
     // A per-user login is shown 0: the database's count moves with every user's writes
     // (docs/couchdb-api.md, "Counts").
     let total_rows = match confinement.only_user() {
@@ -290,7 +292,10 @@ fn range_rows(
         let range = range.clone();
         let (request, inline) = (Arc::clone(&fetching), Arc::clone(&inline));
         async move {
-            let page = db.all_docs(&range, want, token.as_deref()).await?;
+            let page = match request.conflicts && request.include_docs {
+                true => db.all_docs_whole(&range, want, token.as_deref()).await?,
+                false => db.all_docs(&range, want, token.as_deref()).await?,
+            };
             // Attachments inline are read here, a page at a time: rendering is not async. The
             // page's shares of the inline budget are held with its first item until it is
             // rendered (a page may be built after the request's handler returned).

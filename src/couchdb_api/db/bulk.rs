@@ -15,8 +15,8 @@ use serde_json::{json, Map, Value};
 
 use super::{leaf_json, refused, DocOptions, OpenDb};
 use crate::couchdb_api::access::DbAccess;
-use crate::couchdb_api::bulk::{BulkGetRequest, MAX_BULK_DOCS};
-use crate::couchdb_api::error::CouchError;
+use crate::couchdb_api::error::{CouchError, CouchResult};
+use crate::couchdb_api::request::bool_param;
 use crate::couchdb_api::{json, Answer, CouchState};
 use crate::database::data_store_rules::Confinement;
 use crate::database::document::{self, check_id};
@@ -163,7 +163,7 @@ fn names_missing_database(row: &Value) -> bool {
 }
 
 /// CouchDB 3's answer to `all_or_nothing: true` (417, one `not_implemented` row per document,
-/// nothing written; [`crate::couchdb_api::bulk::all_or_nothing_answer`]): each row names the
+/// nothing written; [`all_or_nothing_answer`]): each row names the
 /// document's id (a new one for a document without, as CouchDB gives it before refusing) and the
 /// revision it names, from `_revisions` or `_rev`.
 fn all_or_nothing_refused(docs: &[Map<String, Value>]) -> Answer {
@@ -176,7 +176,7 @@ fn all_or_nothing_refused(docs: &[Map<String, Value>]) -> Answer {
         let named = doc.get("_revisions").and_then(RevPath::from_revisions).map(|path| path.leaf_rev());
         rows.push((id, named.or_else(|| doc.get("_rev").and_then(Value::as_str).map(str::to_owned))));
     }
-    Ok(crate::couchdb_api::bulk::all_or_nothing_answer(rows.into_iter()))
+    Ok(all_or_nothing_answer(rows.into_iter()))
 }
 
 /// A client's edits (`new_edits: true`), their groups given in id order, written so that their
@@ -532,4 +532,54 @@ pub async fn purge(State(state): State<CouchState>, opened: OpenDb, headers: Hea
         purged.insert(id, json!(removed));
     }
     Ok(json(StatusCode::CREATED, json!({ "purge_seq": null, "purged": purged })))
+}
+
+/// Most documents one `_bulk_docs` or `_bulk_get` request may name; the body limit bounds the
+/// bytes, this bounds the per-document work.
+pub const MAX_BULK_DOCS: usize = 10_000;
+
+/// A `_bulk_get` request, checked: the entries and the `revs` and `latest` options. Shared by
+/// the data-store database and every other one.
+pub(crate) struct BulkGetRequest {
+    pub docs: Vec<Value>,
+    pub revs: bool,
+    pub latest: bool,
+}
+
+impl BulkGetRequest {
+    pub(crate) async fn read(
+        state: &CouchState,
+        params: &HashMap<String, String>,
+        headers: &HeaderMap,
+        body: Body,
+    ) -> CouchResult<Self> {
+        let revs = bool_param("revs", params.get("revs").map(String::as_str), false)?;
+        let latest = bool_param("latest", params.get("latest").map(String::as_str), false)?;
+        let request = state.bodies.read_object(headers, body).await?;
+        let docs = match request.value {
+            Value::Object(mut map) => match map.remove("docs") {
+                Some(Value::Array(docs)) => docs,
+                _ => return Err(CouchError::bad_request("Missing JSON list of 'docs'.")),
+            },
+            _ => return Err(CouchError::bad_request("Missing JSON list of 'docs'.")),
+        };
+        if docs.len() > MAX_BULK_DOCS {
+            return Err(CouchError::bad_request(format!(
+                "a _bulk_get request may name at most {MAX_BULK_DOCS} documents"
+            )));
+        }
+        Ok(BulkGetRequest { docs, revs, latest })
+    }
+}
+
+/// The 417 of `all_or_nothing: true` (not supported) from each document's id and the revision it names
+/// (`None`: `0-`), in request order; every database's `_bulk_docs` answers it.
+pub(crate) fn all_or_nothing_answer(docs: impl Iterator<Item = (Value, Option<String>)>) -> axum::response::Response {
+    let rows: Vec<Value> = docs
+        .map(|(id, rev)| {
+            let rev = rev.unwrap_or_else(|| "0-".into());
+            json!({ "id": id, "rev": rev, "error": "not_implemented", "reason": "all_or_nothing is not supported" })
+        })
+        .collect();
+    json(StatusCode::EXPECTATION_FAILED, Value::Array(rows))
 }

@@ -4,7 +4,7 @@
 //! Requests reach this router through [`dispatch`]: a request whose first path segment names a
 //! database other than the data-store one (and is not one of the server's own `_` endpoints)
 //! comes here; so does a request on the data-store database where the engine serves it
-//! ([`CouchState::data_store_database`]; not the CouchDB backend) and the path is the engine's
+//! ([`CouchState::data_store_database`], on every backend) and the path is the engine's
 //! ([`engine_serves`]: all but [`DATA_STORE_ROUTER_KEEPS`]); everything else goes to the
 //! data-store router unchanged. Each handler opens its database with the [`OpenDb`] extractor,
 //! which answers CouchDB's 400 for an illegal name, 404 for a database that does not exist and
@@ -50,7 +50,8 @@ use tower::ServiceExt;
 
 pub(crate) use admin::{all_dbs, dbs_info};
 pub(crate) use attachments::{inline_into, inline_wanted, Inline};
-pub(crate) use docs::{answer_read, without_empty_open_revs};
+pub(crate) use bulk::MAX_BULK_DOCS;
+pub(crate) use docs::answer_read;
 pub(crate) use inline::{hold_inline_until_sent, with_own_shares};
 pub(crate) use views::{cleanup_answer, info_answer, queries_answer, view_answer, Viewed};
 
@@ -112,9 +113,9 @@ pub(crate) async fn dispatch(
         return next.run(request).await;
     }
     if *first == *state.db {
-        return match state.data_store_database {
-            Some(_) if engine_serves(request.method(), request.uri().path()) => serve_data_store(&state, request).await,
-            _ => next.run(request).await,
+        return match engine_serves(request.method(), request.uri().path()) {
+            true => serve_data_store(&state, request).await,
+            false => next.run(request).await,
         };
     }
     // Every database route needs a login, as the data-store routes do; its `_security` decides
@@ -477,7 +478,7 @@ fn data_store_admission(
     name: &DbName,
     identity: &Identity,
 ) -> Option<Result<Admission, CouchError>> {
-    let db = state.data_store_database.as_ref().filter(|_| name.as_str() == &*state.db)?;
+    let db = Some(&state.data_store_database).filter(|_| name.as_str() == &*state.db)?;
     Some(identity.require().map(|principal| {
         let access = match principal {
             super::access::Principal::Admin => DbAccess::ServerAdmin,

@@ -11,6 +11,10 @@
 //! - [`data_store`]: the data-store database's layout: the record is the seed's document
 //!   holding the winning revision (what the REST API and the facade read), the other leaves in
 //!   the local document `:leaves:{id}`.
+//! - [`native`]: the data-store database on a backend that keeps revision trees itself (the
+//!   CouchDB backend): the tree is the backend's own document, each new leaf written through the
+//!   backend's own calls (an edit checked by the backend against its parent, a replicated leaf
+//!   as sent), so the backend, not this server, decides between concurrent editors.
 //!
 //! The engine (`crate::database::engine`) serves both: a database holds a [`Layout`], either
 //! layout behind one enum that is itself a [`TreeLayout`] (its token a [`LayoutToken`]), so the
@@ -41,6 +45,7 @@
 //! each step and this repair.
 
 pub mod data_store;
+pub mod native;
 pub mod record;
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -148,6 +153,8 @@ pub enum Layout {
     Record(record::RecordLayout),
     /// The data-store database ([`data_store`]).
     DataStore(data_store::DataStoreLayout),
+    /// The data-store database on a backend keeping trees itself ([`native`]).
+    Native(native::NativeLayout),
 }
 
 /// What a save of a [`Layout`] must match: the token of its layout.
@@ -155,6 +162,7 @@ pub enum Layout {
 pub enum LayoutToken {
     Record(record::RecordToken),
     DataStore(data_store::SideToken),
+    Native(native::NativeToken),
 }
 
 impl LayoutToken {
@@ -162,7 +170,7 @@ impl LayoutToken {
     pub fn record(&self) -> Option<&record::RecordToken> {
         match self {
             LayoutToken::Record(token) => Some(token),
-            LayoutToken::DataStore(_) => None,
+            LayoutToken::DataStore(_) | LayoutToken::Native(_) => None,
         }
     }
 }
@@ -235,12 +243,47 @@ impl Layout {
         Layout::DataStore(data_store::DataStoreLayout::new(backend))
     }
 
+    /// The data-store database's layout over a backend keeping trees itself.
+    pub fn native(backend: Arc<dyn DocumentBackend>) -> Self {
+        Layout::Native(native::NativeLayout::new(backend))
+    }
+
+    /// Whether this is one of the data-store database's layouts.
+    pub fn is_data_store(&self) -> bool {
+        matches!(self, Layout::DataStore(_) | Layout::Native(_))
+    }
+
     /// The local-document names of a database of this layout.
     pub fn local_names(&self) -> LocalNames {
         match self {
             Layout::Record(_) => RECORD_LOCAL_NAMES,
-            Layout::DataStore(_) => DATA_STORE_LOCAL_NAMES,
+            Layout::DataStore(_) | Layout::Native(_) => DATA_STORE_LOCAL_NAMES,
         }
+    }
+
+    /// Saves `tree` over `before` ([`TreeLayout::save`]) where `edited` are the revisions this
+    /// save's ordinary edits computed; answers the revision each was stored as where the
+    /// backend assigns it (the [`native`] layout), nothing where it is stored as computed.
+    pub async fn save_edited(
+        &self,
+        id: &str,
+        before: Option<&LaidOut<LayoutToken>>,
+        tree: &RevTree,
+        edited: &[String],
+    ) -> Result<Vec<native::StoredAs>> {
+        match self {
+            Layout::Native(layout) => {
+                let token = before.map(native_state).transpose()?;
+                layout.save_edited(id, token.as_ref(), tree, edited).await
+            }
+            _ => self.save(id, before, tree).await.map(|()| Vec::new()),
+        }
+    }
+
+    /// Whether a listing's states hold whole trees (else only the winner: a `conflicts=true`
+    /// listing reads the listed documents' trees again).
+    pub fn lists_whole_trees(&self) -> bool {
+        !matches!(self, Layout::Native(_))
     }
 
     /// One document's state as the engine serves a read of it: where the layout repairs on
@@ -249,7 +292,7 @@ impl Layout {
     /// ([`read_repairing`]); else as read (the engine's layout repairs on the next write).
     pub async fn read_as_served(&self, id: &str) -> Result<Option<LaidOut<LayoutToken>>> {
         match self {
-            Layout::Record(_) => self.read(id).await,
+            Layout::Record(_) | Layout::Native(_) => self.read(id).await,
             Layout::DataStore(_) => read_repairing(self, id).await,
         }
     }
@@ -258,7 +301,7 @@ impl Layout {
     pub fn as_record(&self) -> Option<&record::RecordLayout> {
         match self {
             Layout::Record(layout) => Some(layout),
-            Layout::DataStore(_) => None,
+            Layout::DataStore(_) | Layout::Native(_) => None,
         }
     }
 }
@@ -275,7 +318,14 @@ fn record_token(token: &LayoutToken) -> Result<&record::RecordToken> {
 fn side_token(token: &LayoutToken) -> Result<&data_store::SideToken> {
     match token {
         LayoutToken::DataStore(token) => Ok(token),
-        LayoutToken::Record(_) => Err(wrong_token()),
+        _ => Err(wrong_token()),
+    }
+}
+
+fn native_state(state: &LaidOut<LayoutToken>) -> Result<native::NativeState> {
+    match state.token {
+        LayoutToken::Native(_) => Ok(LaidOut { tree: state.tree.clone(), token: native::NativeToken }),
+        _ => Err(wrong_token()),
     }
 }
 
@@ -291,6 +341,7 @@ impl TreeLayout for Layout {
         Ok(match self {
             Layout::Record(layout) => layout.read(id).await?.map(|s| tokened(s, LayoutToken::Record)),
             Layout::DataStore(layout) => layout.read(id).await?.map(|s| tokened(s, LayoutToken::DataStore)),
+            Layout::Native(layout) => layout.read(id).await?.map(|s| tokened(s, LayoutToken::Native)),
         })
     }
 
@@ -305,6 +356,9 @@ impl TreeLayout for Layout {
                 .into_iter()
                 .map(|s| s.map(|s| tokened(s, LayoutToken::DataStore)))
                 .collect(),
+            Layout::Native(layout) => {
+                layout.read_many(ids).await?.into_iter().map(|s| s.map(|s| tokened(s, LayoutToken::Native))).collect()
+            }
         })
     }
 
@@ -318,6 +372,10 @@ impl TreeLayout for Layout {
                 let token = before.map(|state| side_token(&state.token)).transpose()?;
                 layout.save_over(id, token, tree).await
             }
+            Layout::Native(layout) => {
+                let state = before.map(native_state).transpose()?;
+                layout.save(id, state.as_ref(), tree).await
+            }
         }
     }
 
@@ -325,6 +383,7 @@ impl TreeLayout for Layout {
         match self {
             Layout::Record(layout) => layout.erase_of(id, record_token(&state.token)?).await,
             Layout::DataStore(layout) => layout.erase_of(id, side_token(&state.token)?).await,
+            Layout::Native(layout) => layout.erase(id, &native_state(state)?).await,
         }
     }
 
@@ -332,6 +391,7 @@ impl TreeLayout for Layout {
         match self {
             Layout::Record(layout) => layout.unfinished_of(id, record_token(&state.token)?, state.deleted()).await,
             Layout::DataStore(_) => Ok(side_token(&state.token)?.marked()),
+            Layout::Native(layout) => layout.unfinished(id, &native_state(state)?).await,
         }
     }
 
@@ -349,6 +409,12 @@ impl TreeLayout for Layout {
                 .into_iter()
                 .map(|(id, s)| (id, tokened(s, LayoutToken::DataStore)))
                 .collect(),
+            Layout::Native(layout) => layout
+                .listed(documents)
+                .await?
+                .into_iter()
+                .map(|(id, s)| (id, tokened(s, LayoutToken::Native)))
+                .collect(),
         })
     }
 
@@ -356,6 +422,7 @@ impl TreeLayout for Layout {
         match self {
             Layout::Record(layout) => layout.keeps_inner_bodies(),
             Layout::DataStore(layout) => layout.keeps_inner_bodies(),
+            Layout::Native(layout) => layout.keeps_inner_bodies(),
         }
     }
 
@@ -363,6 +430,7 @@ impl TreeLayout for Layout {
         match self {
             Layout::Record(layout) => layout.inner_bodies_page(cursor, limit).await,
             Layout::DataStore(layout) => layout.inner_bodies_page(cursor, limit).await,
+            Layout::Native(layout) => layout.inner_bodies_page(cursor, limit).await,
         }
     }
 
@@ -370,6 +438,7 @@ impl TreeLayout for Layout {
         match self {
             Layout::Record(layout) => layout.save_without_inner_bodies_of(id, record_token(&state.token)?, tree).await,
             Layout::DataStore(layout) => layout.save_over(id, Some(side_token(&state.token)?), tree).await,
+            Layout::Native(layout) => layout.save(id, Some(&native_state(state)?), tree).await,
         }
     }
 
@@ -377,6 +446,7 @@ impl TreeLayout for Layout {
         match self {
             Layout::Record(layout) => layout.attachment_references().await,
             Layout::DataStore(layout) => layout.attachment_references().await,
+            Layout::Native(layout) => layout.attachment_references().await,
         }
     }
 }

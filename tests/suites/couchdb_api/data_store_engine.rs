@@ -1,6 +1,7 @@
 //! The data-store database served by the engine through the databases' handlers (issue 35 §2):
 //! a per-user login confined to its own documents on every read path, an admin's replication
-//! answered as CouchDB 3.4.3 answers it, and the REST API reading what the CouchDB face wrote.
+//! answered as CouchDB 3.4.3 answers it, the REST API reading what the CouchDB face wrote, and
+//! two servers over one store editing one document from the same revision: one 201, one 409.
 
 use super::logins::PASSWORD;
 use super::*;
@@ -13,10 +14,6 @@ fn as_user(e: &Endpoint, user: &str, method: Method, path: &str) -> reqwest::Req
 /// A per-user login reads, lists, `_bulk_get`s, `_revs_diff`s and `_missing_revs`es none of
 /// another user's documents, writes none, and its local documents are its own.
 pub(super) async fn per_user_confined_on_every_read(e: Endpoint) -> TestResult {
-    if e.backend == "couchdb" {
-        // The CouchDB backend's data-store database is not the engine's (ARCHITECTURE.md).
-        return Ok(());
-    }
     let alices = doc("alice", "ns", "mine", json!(1));
     let bobs = doc("bob", "ns", "his", json!(2));
     let seeded = as_user(&e, "admin", Method::POST, &format!("/{DB}/_bulk_docs"))
@@ -90,13 +87,17 @@ pub(super) async fn per_user_confined_on_every_read(e: Endpoint) -> TestResult {
     check(own.body["owner"] == "alice" && own.body["_id"] == "_local/checkpoint", || {
         format!("alice reads her own checkpoint under its name: {}", own.body)
     })?;
-    let listed = Answer::read(as_user(&e, "alice", Method::GET, &format!("/{DB}/_local_docs")).send().await?)
-        .await?
-        .expect(200, "alice _local_docs")?;
-    check(
-        listed.body["rows"].as_array().is_some_and(|rows| rows.len() == 1 && rows[0]["id"] == "_local/checkpoint"),
-        || format!("alice lists her own checkpoint only: {}", listed.body),
-    )?;
+    let listed = Answer::read(as_user(&e, "alice", Method::GET, &format!("/{DB}/_local_docs")).send().await?).await?;
+    if e.backend == "couchdb" && listed.status == StatusCode::NOT_IMPLEMENTED {
+        // pouchdb-server, the suite's CouchDB, has no local-document listing to pass on.
+        println!("couchdb: _local_docs refused by the backend: {}", listed.body);
+    } else {
+        let listed = listed.expect(200, "alice _local_docs")?;
+        check(
+            listed.body["rows"].as_array().is_some_and(|rows| rows.len() == 1 && rows[0]["id"] == "_local/checkpoint"),
+            || format!("alice lists her own checkpoint only: {}", listed.body),
+        )?;
+    }
     let stored =
         Answer::read(as_user(&e, "admin", Method::GET, &format!("/{DB}/_local/alice:checkpoint")).send().await?)
             .await?
@@ -192,4 +193,69 @@ pub(super) async fn rest_reads_what_couchdb_wrote(e: Endpoint) -> TestResult {
     e.delete(&format!("{}?rev={winner_rev}", path_of(&id))).await?.expect(200, "deleted")?;
     let read = store.get("user_w", "ns", "shared", None).await.map_err(|e| format!("get: {e}"))?;
     check(read.is_none(), || format!("the REST face no longer reads the deleted document: {read:?}"))
+}
+
+/// Two servers over one store (two processes, as far as the engine knows: each its own write
+/// queues) edit one data-store document from the same `_rev` at once: exactly one 201 and one
+/// 409, and the document has one leaf, never two acknowledged siblings. On the CouchDB backend
+/// the backend itself decides (its layout writes an edit as CouchDB's own, checked against the
+/// parent); elsewhere the layout's compare-and-swap does.
+pub(super) async fn concurrent_edits_one_wins(e: Endpoint) -> TestResult {
+    let other = e.beside().await?;
+    let first = doc("user_x", "ns", "contended", json!(0));
+    let id = first["_id"].as_str().unwrap_or_default().to_owned();
+    e.put(&path_of(&id), first.clone()).await?.expect(201, "created")?;
+    for round in 1..=5 {
+        let current = e.get(&path_of(&id)).await?.expect(200, "current")?.body["_rev"].clone();
+        let edit = |value: i64| {
+            let mut body = first.clone();
+            body["_rev"] = json!(current);
+            body["value"] = json!(value);
+            body
+        };
+        let path = path_of(&id);
+        let (one, two) = tokio::join!(e.put(&path, edit(round * 10 + 1)), other.put(&path, edit(round * 10 + 2)));
+        let mut statuses = [one?.status.as_u16(), two?.status.as_u16()];
+        statuses.sort_unstable();
+        check(statuses == [201, 409], || format!("round {round}: two edits of {current} answered {statuses:?}"))?;
+        let leaves = e
+            .client
+            .get(e.url(&format!("{}?open_revs=all", path_of(&id))))
+            .header("accept", "application/json")
+            .send()
+            .await?;
+        let leaves = Answer::read(leaves).await?.expect(200, "open_revs=all")?;
+        check(leaves.body.as_array().map(Vec::len) == Some(1), || format!("round {round}: leaves {}", leaves.body))?;
+    }
+    Ok(())
+}
+
+/// An edit naming a deleted leaf of a live document (a conflict deleted, then edited again) is
+/// taken, as CouchDB 3.4.3 takes it: 201, the new revision the deleted leaf's child, the winner
+/// (a higher generation), the other live branch its conflict.
+pub(super) async fn edit_of_a_deleted_leaf(e: Endpoint) -> TestResult {
+    let first = doc("user_d", "ns", "revived", json!(1));
+    let id = first["_id"].as_str().unwrap_or_default().to_owned();
+    let rev1 = e.put(&path_of(&id), first.clone()).await?.expect(201, "the first revision")?.rev()?;
+    let root = rev1.split_once('-').map(|(_, hash)| hash.to_owned()).unwrap_or_default();
+    let (a, b) = ("a".repeat(32), "b".repeat(32));
+    let branch = |hash: &str, value: i64| {
+        let mut doc = doc("user_d", "ns", "revived", json!(value));
+        doc["_rev"] = json!(format!("2-{hash}"));
+        doc["_revisions"] = json!({ "start": 2, "ids": [hash, root.clone()] });
+        doc
+    };
+    e.post(&format!("/{DB}/_bulk_docs"), json!({ "new_edits": false, "docs": [branch(&a, 2), branch(&b, 3)] }))
+        .await?
+        .expect(201, "two replicated branches")?;
+    let deleted = e.delete(&format!("{}?rev=2-{a}", path_of(&id))).await?.expect(200, "the losing branch deleted")?;
+    let mut revived = first.clone();
+    revived["_rev"] = json!(deleted.rev()?);
+    revived["value"] = json!(9);
+    let edited = e.put(&path_of(&id), revived).await?.expect(201, "an edit of the deleted leaf")?.rev()?;
+    check(edited.starts_with("4-"), || format!("the deleted leaf's child: {edited}"))?;
+    let winner = e.get(&format!("{}?conflicts=true", path_of(&id))).await?.expect(200, "conflicts=true")?;
+    check(winner.body["_rev"] == edited && winner.body["_conflicts"] == json!([format!("2-{b}")]), || {
+        format!("the edit wins, 2-{b} its conflict: {}", winner.body)
+    })
 }

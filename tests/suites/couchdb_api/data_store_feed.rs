@@ -82,20 +82,16 @@ pub(super) async fn data_store_feed_confined_to_the_login(endpoint: Endpoint) ->
         .await?
         .expect(200, "doc_ids")?;
     check(row_ids(&by_ids) == my_ids[2..], || format!("doc_ids with bob's id: {}", by_ids.body))?;
-    // Newest first, only hers (the data-store database answered 400 to `descending` before its
-    // feed was the databases' one; it still does over the CouchDB backend, where no engine
-    // database is laid over CouchDB's own trees: docs/couchdb-api.md), `pending` her older row.
-    let newest = as_login(e, "alice", Method::GET, &format!("/{DB}/_changes?descending=true&limit=2"), None).await?;
-    if e.backend == "couchdb" {
-        newest.expect(400, "descending over the CouchDB backend")?;
-    } else {
-        let newest = newest.expect(200, "descending")?;
-        let mut want = my_ids[1..].to_vec();
-        want.reverse();
-        check(row_ids(&newest) == want && newest.body["pending"] == json!(1), || {
-            format!("alice's descending feed: {}", newest.body)
-        })?;
-    }
+    // Newest first, only hers (the one feed of every database, on every backend), `pending` her
+    // older row.
+    let newest = as_login(e, "alice", Method::GET, &format!("/{DB}/_changes?descending=true&limit=2"), None)
+        .await?
+        .expect(200, "descending")?;
+    let mut want = my_ids[1..].to_vec();
+    want.reverse();
+    check(row_ids(&newest) == want && newest.body["pending"] == json!(1), || {
+        format!("alice's descending feed: {}", newest.body)
+    })?;
     // An admin's plain store position from an earlier answer still resumes (clients keep them).
     let admin_since = row_seqs(&admin_feed).get(1).and_then(Value::as_str).unwrap_or_default().to_owned();
     let resumed = as_login(e, "admin", Method::POST, &format!("/{DB}/_changes?since={admin_since}"), Some(json!({})))

@@ -208,6 +208,8 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("a_feed_under_a_deletion_ends_never_500", |e| {
             Box::pin(missing_database::a_feed_under_a_deletion_ends_never_500(e))
         }),
+        ("data_store_concurrent_edits_one_wins", |e| Box::pin(data_store_engine::concurrent_edits_one_wins(e))),
+        ("data_store_edit_of_a_deleted_leaf", |e| Box::pin(data_store_engine::edit_of_a_deleted_leaf(e))),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
@@ -282,6 +284,19 @@ fn run_trial(name: &str, trial: impl std::future::Future<Output = TestResult>) -
         .block_on(trial)
 }
 
+/// A second server over an [`Endpoint`]'s store ([`Endpoint::beside`]), serving until dropped.
+struct Beside {
+    root: String,
+    client: reqwest::Client,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+impl Beside {
+    async fn put(&self, path: &str, body: Value) -> Result<Answer, Failed> {
+        Answer::read(self.client.put(format!("{}{path}", self.root)).json(&body).send().await?).await
+    }
+}
+
 /// The API over one fresh backend, serving until dropped.
 struct Endpoint {
     root: String,
@@ -336,6 +351,25 @@ impl Endpoint {
             _config_dir: config_dir,
             _stop: stop,
         })
+    }
+
+    /// A second server over this endpoint's store (another process, as far as the engine knows:
+    /// its own facade, write queues and databases), serving until dropped.
+    async fn beside(&self) -> Result<Beside, Failed> {
+        let settings = Settings::load(None, &Overrides::default()).map_err(|e| Failed::from(e.to_string()))?;
+        let store = Arc::new(DataStore::open(Arc::clone(&self._ctx.backend), settings.store_options()).await?);
+        let app = CouchApp::build(store, &settings)?;
+        let listener = bind("127.0.0.1:0", &app, false).await?;
+        let addr = listener.local_addr()?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let _ = app
+                .serve(listener, &settings, async move {
+                    let _ = stopped.await;
+                })
+                .await;
+        });
+        Ok(Beside { root: format!("http://{addr}"), client: reqwest::Client::new(), _stop: stop })
     }
 
     fn url(&self, path: &str) -> String {
