@@ -55,7 +55,6 @@ use super::{Answer, CouchState};
 use crate::backend::rev_tree::RevTree;
 use crate::backend::{DocumentBackend, IdRange, StoredDocument};
 use crate::database::{Database, Write, Written};
-use crate::views::source::kept_incarnation;
 use crate::views::{SourcePage, ViewError, ViewSource};
 
 /// The start of every local document name holding a design document.
@@ -210,9 +209,7 @@ impl ViewSource for DataStoreSource {
     /// The indexer drops the old groups from its file when it sees a new incarnation. A `_purge`
     /// stopped between its erasure and its last step is settled first, as the engine does.
     async fn incarnation(&self) -> Result<String, ViewError> {
-        let database = self.database()?;
-        database.settle_views_purges().await.map_err(ViewError::Storage)?;
-        kept_incarnation(self.backend.as_ref(), database.views_incarnation_doc()).await
+        ViewSource::incarnation(self.database()?).await
     }
 
     /// The engine's feed of the data-store database: each changed document's winner as CouchDB
