@@ -14,10 +14,11 @@
 //! [`CouchState::data_store_database`], its login's confinement applied by the handlers). The
 //! router here answers the server's endpoints and what of the data-store database the engine
 //! does not serve (yet, or on the CouchDB backend at all: `db::DATA_STORE_ROUTER_KEEPS`,
-//! ARCHITECTURE.md): the database itself ([`server`]), `_changes` ([`changes`]), design
-//! documents, views and Mango ([`design`], [`data_design`], [`query`]), `_all_docs`
-//! ([`all_docs`]); on the CouchDB backend also documents ([`document`]), bulk and replication
-//! endpoints ([`bulk`]) and `_local_docs` ([`local_docs`]).
+//! ARCHITECTURE.md): the database itself and its settings ([`server`]); on the CouchDB backend
+//! also `_changes` ([`changes`]), documents ([`document`]), bulk and replication endpoints
+//! ([`bulk`]), `_all_docs` ([`all_docs`]), `_local_docs` ([`local_docs`]), and design documents,
+//! views and Mango passed to that backend or planned here ([`design`], [`data_design`],
+//! [`query`]).
 //! Responses follow CouchDB 3.x field for field: `docs/couchdb-api.md` lists what is supported
 //! and how it differs.
 
@@ -88,9 +89,6 @@ pub(crate) struct CouchState {
     pub views: Arc<crate::views::service::Views>,
     /// The JavaScript engine running design documents' functions (views, filters).
     pub js: crate::js::JsEngine,
-    /// The data-store database as the source of its views' indexes (where its backend does not
-    /// run design documents itself).
-    pub data_store_views: Arc<data_design::DataStoreSource>,
     /// The data-store database as the engine serves it (through [`db::router`], like the
     /// others), built once here: it is the facade's backend, not one of the catalog's databases,
     /// so it is kept apart from [`crate::database::Databases`]' open-database bound. `None` on the
@@ -146,8 +144,6 @@ impl CouchApp {
             )
             .with_bounds(view_build_bounds(settings)),
         );
-        let data_store_views =
-            Arc::new(data_design::DataStoreSource::new(Arc::clone(store.backend()), &settings.couchdb_db));
         let databases = Arc::new(
             crate::database::Databases::from_url(databases_url, settings.couchdb_max_open_databases)
                 .with_max_document_bytes(settings.couchdb_max_document_bytes)
@@ -174,7 +170,6 @@ impl CouchApp {
         };
         let state = CouchState {
             data_store_database,
-            data_store_views,
             auth,
             store,
             db: Arc::from(settings.couchdb_db.as_str()),

@@ -52,7 +52,6 @@ pub(crate) use admin::{all_dbs, dbs_info};
 pub(crate) use attachments::{inline_into, inline_wanted, Inline};
 pub(crate) use docs::{answer_read, without_empty_open_revs};
 pub(crate) use inline::{hold_inline_until_sent, with_own_shares};
-pub(crate) use views::{cleanup_answer, info_answer, queries_answer, view_answer, Viewed};
 
 use super::access::{db_access, not_admitted, DbAccess};
 use super::auth::Identity;
@@ -131,30 +130,15 @@ pub(crate) async fn dispatch(
 }
 
 /// Parts of the data-store database's API still answered by the data-store router, by the
-/// segment below the database: its design documents' routes, views and Mango queries
-/// (`_design`, `_design_docs`, `_view_cleanup`, `_find`, `_explain`, `_index`: the design
-/// documents are the engine's records, but their views run over `DataStoreSource`, which reads
-/// the view incarnation fresh where the engine's `Database` caches it, and `purge_user` in another
-/// process must reach it), and the database-wide settings and maintenance the data-store
+/// segment below the database: the database-wide settings and maintenance the data-store
 /// database has never served (`_security`, `_revs_limit`, `_purge`, `_compact`: see
-/// ARCHITECTURE.md, "One set of CouchDB handlers").
-const DATA_STORE_ROUTER_KEEPS: [&str; 11] = [
-    "_design",
-    "_design_docs",
-    "_view_cleanup",
-    "_find",
-    "_explain",
-    "_index",
-    "_security",
-    "_revs_limit",
-    "_purge",
-    "_purged_infos_limit",
-    "_compact",
-];
+/// ARCHITECTURE.md, "One set of CouchDB handlers"). Its design documents, views and Mango are the
+/// engine's, as on every database.
+const DATA_STORE_ROUTER_KEEPS: [&str; 5] = ["_security", "_revs_limit", "_purge", "_purged_infos_limit", "_compact"];
 
 /// Whether a request on the data-store database is the engine's ([`router`]): documents and
-/// their attachments, local documents, listings, the bulk and replication endpoints, and
-/// `POST /{db}`. The database itself (`GET`, `PUT`, `DELETE /{db}`) stays the data-store
+/// their attachments, design documents, views and Mango, local documents, listings, the bulk
+/// and replication endpoints, and `POST /{db}`. The database itself (`GET`, `PUT`, `DELETE /{db}`) stays the data-store
 /// router's ([`super::server`]): it cannot be created or deleted through the API.
 fn engine_serves(method: &axum::http::Method, path: &str) -> bool {
     let below = path.trim_start_matches('/').split_once('/').map(|(_, rest)| rest).unwrap_or("");
@@ -163,7 +147,12 @@ fn engine_serves(method: &axum::http::Method, path: &str) -> bool {
     if segment.is_empty() {
         return *method == axum::http::Method::POST;
     }
-    !DATA_STORE_ROUTER_KEEPS.contains(&segment.as_ref()) && !segment.starts_with("_design/")
+    !DATA_STORE_ROUTER_KEEPS.contains(&segment.as_ref())
+}
+
+/// Whether `db` is the data-store database as the engine serves it.
+pub(crate) fn is_data_store(state: &CouchState, db: &Arc<Database>) -> bool {
+    state.data_store_database.as_ref().is_some_and(|data_store| Arc::ptr_eq(data_store, db))
 }
 
 /// A request on the data-store database served by the engine: it acts for a principal (401
@@ -494,6 +483,9 @@ fn data_store_admission(
 /// and a design document's routes (`{ddoc}`) are an admin's on the data-store database.
 fn confine_path(confinement: &Confinement, params: &HashMap<String, String>) -> Result<(), CouchError> {
     if let Some(id) = params.get("docid") {
+        if id.starts_with(crate::database::data_store_rules::DESIGN_PREFIX) {
+            confinement.check_design()?;
+        }
         confinement.check_id(id)?;
     }
     if params.contains_key("ddoc") {

@@ -201,6 +201,10 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         }),
         ("data_store_admin_replication_as_couchdb", |e| Box::pin(data_store_engine::admin_replication_as_couchdb(e))),
         ("data_store_rest_reads_what_couchdb_wrote", |e| Box::pin(data_store_engine::rest_reads_what_couchdb_wrote(e))),
+        ("data_store_validate_doc_update", |e| Box::pin(data_store_design::data_store_validate_doc_update(e))),
+        ("data_store_replicated_design_documents", |e| {
+            Box::pin(data_store_design::data_store_replicated_design_documents(e))
+        }),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
