@@ -161,7 +161,25 @@ async fn serve_data_store(state: &CouchState, mut request: Request) -> Response 
     if let Err(refusal) = super::require_principal(&mut request) {
         return refusal.into_response();
     }
+    // As it always answered them (its design paths were passed to a backend once).
+    let path = request.uri().path();
+    let below = path.trim_start_matches('/').split_once('/').map_or("", |(_, below)| below);
+    if let Err(refusal) = refuse_dot_segments(below) {
+        return refusal.into_response();
+    }
     route(state, request).await
+}
+
+/// A path below a database with a `.` or `..` segment (encoded or not) is refused (400): resolved,
+/// it would leave what it names (a design document, or the database).
+fn refuse_dot_segments(below: &str) -> Result<(), CouchError> {
+    for segment in below.split('/') {
+        let decoded = percent_encoding::percent_decode_str(segment).decode_utf8_lossy();
+        if decoded == "." || decoded == ".." {
+            return Err(CouchError::bad_request(format!("database paths may not contain the segment {segment:?}")));
+        }
+    }
+    Ok(())
 }
 
 /// A server error answered on a database that no longer exists was caused by its deletion
@@ -223,12 +241,7 @@ async fn forward(
     request: Request,
 ) -> Result<Response, CouchError> {
     let access = admit(db, identity).await?;
-    for segment in below.split('/') {
-        let decoded = percent_encoding::percent_decode_str(segment).decode_utf8_lossy();
-        if decoded == "." || decoded == ".." {
-            return Err(CouchError::bad_request(format!("database paths may not contain the segment {segment:?}")));
-        }
-    }
+    refuse_dot_segments(below)?;
     let (parts, body) = request.into_parts();
     // Read as CouchDB reads it (raw bytes, `+` a space): a header that is not ASCII still names
     // the id the backend will write, and is checked as that id.
