@@ -64,7 +64,19 @@ use crate::database::Database;
 
 /// The routes of every database (the data-store one where the engine serves it).
 pub(crate) fn router(state: CouchState) -> Router {
+    // Bodies that are a query or a selector take `couchdb_max_query_bytes`, as on the data-store
+    // router (docs/bounds.md).
+    let queries = Router::new()
+        .route("/{db}/_find", post(docs::mango))
+        .route("/{db}/_explain", post(docs::mango))
+        .route("/{db}/_index", any(docs::mango))
+        .route("/{db}/_changes", get(super::changes::get_database_changes).post(super::changes::post_database_changes))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.bodies.query_endpoint_limit(),
+            super::request::limit_bodies,
+        ));
     Router::new()
+        .merge(queries)
         .route("/{db}", get(admin::db_info).put(admin::create_db).delete(admin::delete_db).post(docs::post_document))
         .route("/{db}/", get(admin::db_info).put(admin::create_db).delete(admin::delete_db).post(docs::post_document))
         .route("/{db}/_all_docs", get(all_docs::get_all_docs).post(all_docs::post_all_docs))
@@ -75,11 +87,7 @@ pub(crate) fn router(state: CouchState) -> Router {
         .route("/{db}/_revs_diff", post(bulk::revs_diff))
         .route("/{db}/_missing_revs", post(bulk::missing_revs))
         .route("/{db}/_purge", post(bulk::purge))
-        .route("/{db}/_find", post(docs::mango))
-        .route("/{db}/_explain", post(docs::mango))
-        .route("/{db}/_index", any(docs::mango))
         .route("/{db}/_index/{*rest}", any(docs::mango))
-        .route("/{db}/_changes", get(super::changes::get_database_changes).post(super::changes::post_database_changes))
         .route("/{db}/_revs_limit", get(admin::get_revs_limit).put(admin::put_revs_limit))
         .route("/{db}/_security", get(admin::get_security).put(admin::put_security))
         .route("/{db}/_compact", post(admin::compact))
