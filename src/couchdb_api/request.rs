@@ -83,6 +83,7 @@ impl Bodies {
         Bodies {
             default_limit: EndpointLimit { bytes: limit, setting: "couchdb_max_request_bytes" },
             login_limit: EndpointLimit { bytes: 64 << 10, setting: "couchdb_max_login_bytes" },
+            query_limit: EndpointLimit { bytes: limit, setting: "couchdb_max_query_bytes" },
             raw: ByteBudget::new(budget),
             decoded: ByteBudget::new(budget),
             max_tree_bytes: budget,
