@@ -75,7 +75,9 @@ async fn run(backend: &EmbeddedBackend, catalog: &IndexCatalog, mut request: Val
     let limit = request["limit"].as_u64().unwrap_or(25) as usize;
     let mut returned = 0;
     loop {
-        let answer = find(backend, &request, None, catalog).await.expect("find");
+        let answer = find(backend, &request, &agentstore::database::data_store_rules::Confinement::Everything, catalog)
+            .await
+            .expect("find");
         let page = answer["docs"].as_array().map_or(0, Vec::len);
         returned += page;
         if !follow || page < limit {

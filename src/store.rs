@@ -220,9 +220,10 @@ impl DataStore {
     pub async fn open(backend: Arc<dyn DocumentBackend>, options: StoreOptions) -> Result<Self> {
         backend.ensure_standard_indexes().await?;
         // The data-store database's design documents as records, where a previous release kept
-        // them as local documents (`crate::upgrade`, which does the same). Not a reason to refuse
+        // them as local documents (`crate::upgrade`, which does the same every run); once per
+        // store, not at every open (a scan of local documents). Not a reason to refuse
         // the data: a failure leaves them where they are for the next open or `upgrade`.
-        if let Err(err) = move_data_store_design_documents(&backend).await {
+        if let Err(err) = move_data_store_design_documents_once(&backend).await {
             tracing::warn!(error = %err, "design documents of the data-store database not moved into records yet");
         }
         Ok(DataStore {
@@ -800,6 +801,21 @@ const DESIGN_ID_PREFIX: &str = "_design/";
 const DESIGN_TREE_FIELD: &str = "tree";
 /// Local documents read per page while moving design documents.
 const DESIGN_MOVE_PAGE: usize = 100;
+/// The local document marking a store whose design documents were moved into records (a whole
+/// pass of [`move_data_store_design_documents`] finished): opening the store then scans nothing.
+/// Reserved (`:db:`), never a client's, and outside the `:design:` names the move scans.
+pub const DESIGN_MOVE_MARK: &str = ":db:design-documents-moved";
+
+/// [`move_data_store_design_documents`] unless a whole pass of it finished on this store before
+/// ([`DESIGN_MOVE_MARK`]): what opening the store runs. One read of the mark once it is there.
+/// A design document written as a local document after the mark (by a previous release still
+/// serving the store during an upgrade) is moved by `agentstore upgrade`, which always scans.
+pub async fn move_data_store_design_documents_once(backend: &Arc<dyn DocumentBackend>) -> Result<u64> {
+    if backend.keeps_branches() || backend.get_local(DESIGN_MOVE_MARK).await?.is_some() {
+        return Ok(0);
+    }
+    move_data_store_design_documents(backend).await
+}
 
 /// Moves every design document of the data-store database the previous release kept as a local
 /// document `:design:{name}` into the record `_design/{name}` (module documentation); answers how
@@ -836,6 +852,11 @@ pub async fn move_data_store_design_documents(backend: &Arc<dyn DocumentBackend>
     if moved > 0 {
         end_data_store_views_incarnation(backend.as_ref()).await?;
     }
+    // Every local design document there was is a record now: later opens need not look again.
+    // Written whatever another process wrote (the same mark): running this again is harmless.
+    let mut mark = serde_json::Map::new();
+    mark.insert("moved_at".into(), serde_json::Value::from(timestamp::now()));
+    backend.put_local(DESIGN_MOVE_MARK, &mark, Precondition::None).await?;
     Ok(moved)
 }
 
@@ -864,6 +885,38 @@ async fn move_design_document(database: &Database, name: &str, kept: &crate::bac
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Opening the store moves a previous release's design documents once: after a finished
+    /// pass (the mark) an open scans no local documents, while `upgrade`'s move still does, and
+    /// moving again changes nothing.
+    #[tokio::test]
+    async fn design_documents_are_moved_at_the_first_open_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend: Arc<dyn DocumentBackend> =
+            Arc::new(crate::backend::embedded::EmbeddedBackend::open(&dir.path().join("store.redb")).await.unwrap());
+        let old_layout = |name: &str| {
+            let mut tree = RevTree::default();
+            let mut body = serde_json::Map::new();
+            body.insert("views".into(), serde_json::json!({}));
+            tree.edit(None, "a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1", false, body, 1000).unwrap();
+            let mut kept = serde_json::Map::new();
+            kept.insert(DESIGN_TREE_FIELD.into(), serde_json::to_value(&tree).unwrap());
+            (format!("{DESIGN_SIDE_PREFIX}{name}"), kept)
+        };
+        let (first, kept) = old_layout("first");
+        backend.put_local(&first, &kept, Precondition::None).await.unwrap();
+        DataStore::open(Arc::clone(&backend), StoreOptions::default()).await.unwrap();
+        assert!(backend.get_local(&first).await.unwrap().is_none(), "moved at the first open");
+        assert!(backend.get_local(DESIGN_MOVE_MARK).await.unwrap().is_some(), "the pass is marked");
+
+        let (late, kept) = old_layout("late");
+        backend.put_local(&late, &kept, Precondition::None).await.unwrap();
+        DataStore::open(Arc::clone(&backend), StoreOptions::default()).await.unwrap();
+        assert!(backend.get_local(&late).await.unwrap().is_some(), "a later open scans nothing");
+        assert_eq!(move_data_store_design_documents(&backend).await.unwrap(), 1, "upgrade's move still scans");
+        assert_eq!(move_data_store_design_documents(&backend).await.unwrap(), 0, "and again changes nothing");
+        assert!(backend.get("_design/late").await.unwrap().is_some());
+    }
 
     /// Waiters that give up at their deadline, or are cancelled while waiting, give their place
     /// back: once the holder is done, no queue is left behind.

@@ -1,10 +1,7 @@
 //! The data-store database's conflicts where a listing of the data-store views' shows them
 //! (`super::data_design`, `conflicts=true` with `include_docs`): the trees of the listed
-//! documents that have branches ([`trees_of`]) and `_conflicts` added to a listed document
-//! ([`add_conflicts`]). Reads and writes of single documents and their leaves are the engine's
+//! documents that have branches ([`trees_of`]). Reads and writes of single documents and their leaves are the engine's
 //! on every backend (`super::db`).
-
-use serde_json::Value;
 
 use crate::backend::rev_tree::RevTree;
 use crate::database::layout::data_store;
@@ -36,12 +33,4 @@ async fn tree_if_branched(backend: &dyn crate::backend::DocumentBackend, id: &st
         return Ok(None);
     }
     data_store::revision_tree(backend, id).await
-}
-
-/// Adds `_conflicts` to a document read for a listing, when it has any.
-pub(crate) fn add_conflicts(doc: &mut Value, tree: Option<&RevTree>) {
-    let conflicts = tree.map(RevTree::conflicts).unwrap_or_default();
-    if let (Value::Object(doc), false) = (doc, conflicts.is_empty()) {
-        doc.insert("_conflicts".into(), Value::from(conflicts));
-    }
 }

@@ -290,10 +290,8 @@ pub(crate) async fn database_changes(
         request.since = state.auth.sessions.positions().given_by(&asker.confinement, request.since.take());
     }
     request.confinement = asker.confinement.clone();
-    // The data-store database's design documents are kept where its views read them
-    // (`state.data_store_views`), not in its engine records.
     match form {
-        SeqForm::StoreTokens => resolve_data_store_filter(state, &asker, params, &mut request).await?,
+        SeqForm::StoreTokens => resolve_data_store_filter(state, Some(&db), &asker, params, &mut request).await?,
         SeqForm::Ranked => resolve_filter(state, &db, asker.identity.as_ref(), params, &mut request).await?,
     }
     respond(state, asker.owner(), request, db, form).await
@@ -302,21 +300,23 @@ pub(crate) async fn database_changes(
 /// Resolves `filter=DDOC/NAME` and `filter=_view` on the data-store database against the design
 /// documents this server keeps for it (admins only, as every design document there). Over a
 /// backend that runs its own design documents (CouchDB) the feed is read here but the design
-/// document is the database's, so such a filter is refused (400).
+/// document is the database's, so such a filter is refused (400). `db` is the engine's data-store
+/// database (`None` on that backend).
 async fn resolve_data_store_filter(
     state: &CouchState,
+    db: Option<&Database>,
     asker: &FeedAsker,
     params: &HashMap<String, String>,
     request: &mut ChangesRequest,
 ) -> CouchResult<()> {
     let Filter::Named { ddoc, .. } = &request.filter else { return Ok(()) };
-    if state.store.backend().forwards_requests() {
+    let Some(db) = db.filter(|_| !state.store.backend().forwards_requests()) else {
         return Err(CouchError::bad_request(
             "design-document filters are not run on the data-store database's feed over this backend; use _doc_ids, _selector or _design",
         ));
-    }
+    };
     asker.confinement.check_design()?;
-    let doc = state.data_store_views.design_doc(ddoc).await?;
+    let doc = live_design_doc(db, ddoc).await?;
     // The data-store database has no `_security` object: CouchDB's default, an empty one.
     install_named_filter(state, &state.db, doc, json!({}), asker.identity.as_ref(), params, request)
 }
@@ -331,12 +331,18 @@ async fn resolve_filter(
     request: &mut ChangesRequest,
 ) -> CouchResult<()> {
     let Filter::Named { ddoc, .. } = &request.filter else { return Ok(()) };
+    let doc = live_design_doc(db, ddoc).await?;
+    let sec_obj = super::db::security_of(db).await?;
+    install_named_filter(state, db.name(), doc, sec_obj, identity, params, request)
+}
+
+/// The design document `_design/{ddoc}`'s winner as CouchDB shows it (404 as CouchDB when it is
+/// missing or deleted).
+async fn live_design_doc(db: &Database, ddoc: &str) -> CouchResult<Value> {
     let id = format!("_design/{ddoc}");
     let stored = db.read(&id).await?.ok_or_else(|| CouchError::not_found("missing"))?;
     let winner = stored.tree.winner().filter(|leaf| !leaf.deleted).ok_or_else(|| CouchError::not_found("deleted"))?;
-    let doc = super::db::leaf_json(&id, &stored.tree, winner, super::db::DocOptions::default());
-    let sec_obj = super::db::security_of(db).await?;
-    install_named_filter(state, db.name(), doc, sec_obj, identity, params, request)
+    Ok(super::db::leaf_json(&id, &stored.tree, winner, super::db::DocOptions::default()))
 }
 
 /// Makes a named filter of `request` the JavaScript filter of the design document `doc` (its

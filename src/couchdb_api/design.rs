@@ -2,11 +2,11 @@
 //! `_view`, `_info`, `_show`, `_list`, `_update`, …), and its `_view_cleanup` and
 //! `_design_docs`.
 //!
-//! Over the CouchDB backend, which runs design documents itself, a request is passed to the
-//! database unchanged and its answer streamed back
+//! The data-store router reaches these only over the CouchDB backend, which runs design documents
+//! itself: a request is passed to the database unchanged and its answer streamed back
 //! ([`DocumentBackend::design_request`](crate::backend::DocumentBackend::design_request)), so an
 //! existing deployment's views keep answering as CouchDB answers them. Over the other backends
-//! this process keeps the design documents and answers their views ([`super::data_design`]).
+//! the data-store database's design documents and views are the engine's (`super::db`).
 //! Design documents are for admins only here: a view reads every user's documents, which a
 //! per-user login must not see.
 
@@ -59,7 +59,8 @@ pub fn path_of_id(id: &str) -> String {
     format!("_design/{}", utf8_percent_encode(name, SEGMENT))
 }
 
-/// Runs a design request: through the backend where it runs design documents, else here.
+/// Runs a design request through the backend, which runs design documents (the CouchDB backend;
+/// no other reaches this router's design routes).
 pub async fn run(
     state: &CouchState,
     principal: &Principal,
@@ -70,9 +71,6 @@ pub async fn run(
     body: Body,
 ) -> Answer {
     principal.confinement().check_design()?;
-    if !state.store.backend().forwards_requests() {
-        return super::data_design::answer(state, method, &path, query, headers, body).await;
-    }
     let (body, _share) = state.bodies.read_bytes(headers, body).await?;
     let request = DesignRequest {
         method,
@@ -115,8 +113,7 @@ pub async fn design_request(
     answer.unwrap_or_else(IntoResponse::into_response)
 }
 
-/// `POST /{db}/_view_cleanup`: passed to a backend that runs design documents, else the indexes
-/// of this process that no design document uses are dropped.
+/// `POST /{db}/_view_cleanup`: passed to the backend, which runs design documents.
 pub async fn view_cleanup(
     axum::extract::State(state): axum::extract::State<CouchState>,
     axum::extract::Extension(principal): axum::extract::Extension<Principal>,
@@ -125,14 +122,9 @@ pub async fn view_cleanup(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let answer = if state.store.backend().forwards_requests() {
-        run(&state, &principal, Method::POST, "_view_cleanup".to_owned(), uri.query(), &headers, body).await
-    } else if principal.only_user().is_some() {
-        Err(CouchError::forbidden("_view_cleanup is open to admins only"))
-    } else {
-        super::data_design::view_cleanup(&state, &headers).await
-    };
-    answer.unwrap_or_else(IntoResponse::into_response)
+    run(&state, &principal, Method::POST, "_view_cleanup".to_owned(), uri.query(), &headers, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
 }
 
 #[cfg(test)]

@@ -1,6 +1,5 @@
 //! What every database's document writes share at the HTTP layer: the one revision a write
-//! names ([`named_revision`]: body `_rev`, `?rev=` and `If-Match` must agree) and CouchDB's
-//! answer to a write ([`written`]); and the data-store router's `/{db}/{docid}`
+//! names ([`named_revision`]: body `_rev`, `?rev=` and `If-Match` must agree); and the data-store router's `/{db}/{docid}`
 //! ([`by_id`]), which only ids the engine's routes leave to it reach: a design document named
 //! with its slash encoded (`_design%2Fname`, a design request) and the reserved names the
 //! router keeps (`_security`, …: refused as ids, as CouchDB refuses them). The data-store
@@ -10,15 +9,11 @@ use std::collections::HashMap;
 
 use axum::body::Body;
 use axum::extract::{Extension, Path, RawQuery, State};
-use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
-use axum::response::Response;
-use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
-use serde_json::json;
+use axum::http::{header, HeaderMap, Method};
 
 use super::access::Principal;
 use super::error::{CouchError, CouchResult};
-use super::response::etag;
-use super::{json, Answer, CouchState};
+use super::{Answer, CouchState};
 use crate::database::data_store_rules::DESIGN_PREFIX;
 
 /// The one revision a write names in its body (`_rev`), its query (`?rev=`) and `If-Match`,
@@ -42,19 +37,6 @@ pub(crate) fn named_revision<'a>(
         }
     }
     Ok(chosen)
-}
-
-/// CouchDB's answer to a write: `{"ok": true, "id", "rev"}` with `ETag` and `Location`.
-pub(crate) fn written(state: &CouchState, status: StatusCode, id: &str, rev: &str) -> Response {
-    let mut response = json(status, json!({ "ok": true, "id": id, "rev": rev }));
-    let headers = response.headers_mut();
-    headers.insert(header::ETAG, etag(rev));
-    let location =
-        format!("/{}/{}", utf8_percent_encode(&state.db, NON_ALPHANUMERIC), utf8_percent_encode(id, NON_ALPHANUMERIC));
-    if let Ok(location) = HeaderValue::from_str(&location) {
-        headers.insert(header::LOCATION, location);
-    }
-    response
 }
 
 /// `GET/HEAD/PUT/DELETE /{db}/{docid}` on the data-store router: a design document named with its

@@ -13,12 +13,13 @@
 //! too, on every backend (one engine database built at startup,
 //! [`CouchState::data_store_database`], its login's confinement applied by the handlers; on the
 //! CouchDB backend its tree layout is CouchDB's own trees, `crate::database::layout::native`),
-//! `_changes` included ([`changes`]). The router here answers the server's endpoints and what of
-//! the data-store database the engine does not serve (`db::DATA_STORE_ROUTER_KEEPS`,
-//! ARCHITECTURE.md): the database itself ([`server`]), design documents, views and Mango
-//! ([`design`], [`data_design`], [`query`]) and `_design_docs` ([`all_docs`]). What the handlers
-//! that went share stays in [`document`] (the revision a write names, a write's answer),
-//! [`local_docs`] (the `_local_docs` listing), [`branches`] (listed documents' conflicts).
+//! `_changes`, design documents, views and Mango included. The router here answers the server's
+//! endpoints and what of the data-store database the engine does not serve (ARCHITECTURE.md):
+//! creating and deleting it, refused ([`server`]), and on the CouchDB backend its design
+//! documents, views and Mango, which are that backend's own ([`design`], [`data_design`],
+//! [`query`], `_design_docs` in [`all_docs`]). What the handlers that went share stays in
+//! [`document`] (the revision a write names, a write's answer), [`local_docs`] (the
+//! `_local_docs` listing), [`branches`] (listed documents' conflicts).
 //! Responses follow CouchDB 3.x field for field: `docs/couchdb-api.md` lists what is supported
 //! and how it differs.
 
@@ -87,9 +88,6 @@ pub(crate) struct CouchState {
     pub views: Arc<crate::views::service::Views>,
     /// The JavaScript engine running design documents' functions (views, filters).
     pub js: crate::js::JsEngine,
-    /// The data-store database as the source of its views' indexes (where its backend does not
-    /// run design documents itself).
-    pub data_store_views: Arc<data_design::DataStoreSource>,
     /// The data-store database as the engine serves it (through [`db::router`], like the
     /// others), built once here: it is the facade's backend, not one of the catalog's databases,
     /// so it is kept apart from [`crate::database::Databases`]' open-database bound. On the
@@ -146,8 +144,6 @@ impl CouchApp {
             )
             .with_bounds(view_build_bounds(settings)),
         );
-        let data_store_views =
-            Arc::new(data_design::DataStoreSource::new(Arc::clone(store.backend()), &settings.couchdb_db));
         let databases = Arc::new(
             crate::database::Databases::from_url(databases_url, settings.couchdb_max_open_databases)
                 .with_max_document_bytes(settings.couchdb_max_document_bytes)
@@ -171,7 +167,6 @@ impl CouchApp {
             databases.data_store(&settings.couchdb_db, Arc::clone(store.backend()), store.options().limits)?;
         let state = CouchState {
             data_store_database,
-            data_store_views,
             auth,
             store,
             db: Arc::from(settings.couchdb_db.as_str()),
@@ -248,7 +243,7 @@ fn router(state: CouchState, query_limit: request::EndpointLimit) -> Router {
         .route("/_uuids", get(server::uuids))
         .route_layer(from_fn(authenticate_login));
     // The data-store database's routes act for a principal (admin or one data-store user): what
-    // the engine's routes do not serve of it (`db::DATA_STORE_ROUTER_KEEPS`).
+    // the engine's routes do not serve of it (`db::engine_serves`).
     let data_store = Router::new()
         .route("/{db}", get(server::db_info).put(server::create_db).delete(server::delete_db))
         // PouchDB asks for the database with a trailing slash.

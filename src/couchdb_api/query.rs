@@ -1,8 +1,9 @@
-//! Mango over HTTP on the data-store database: `POST /{db}/_find`, `POST /{db}/_explain`,
-//! `GET/POST /{db}/_index` and `DELETE /{db}/_index/{ddoc}/json/{name}`. The language, the plans
-//! and the paging live in [`crate::mango`]; this module reads the requests, applies the login's
-//! restriction to its own user's documents, and answers (Mango's errors become CouchDB's answers
-//! in [`super::error`]).
+//! Mango over HTTP on the data-store database over the CouchDB backend (the data-store router's;
+//! elsewhere that database's Mango routes are the engine's, `super::db`): `POST /{db}/_find`,
+//! `POST /{db}/_explain`, `GET/POST /{db}/_index` and `DELETE /{db}/_index/{ddoc}/json/{name}`.
+//! The language, the plans and the paging live in [`crate::mango`]; this module reads the
+//! requests, reads through the login's confinement, and answers (Mango's errors become CouchDB's
+//! answers in [`super::error`]). Also the `_selector` filter of `_changes`, on every database.
 
 use axum::body::Body;
 use axum::extract::{Extension, State};
@@ -27,26 +28,16 @@ pub async fn find(
     let backend = state.store.backend();
     let catalog = mango::IndexCatalog::load(backend.as_ref()).await?;
     // A CouchDB backend would build its own indexes, but the catalog is this server's: there the
-    // created indexes stay definitions and the backend is paged. Elsewhere they are view groups
-    // in this process's index file, over the data-store database's feed.
-    let views = (!backend.forwards_requests())
-        .then(|| mango::DataStoreViews { views: state.views.as_ref(), source: state.data_store_views.as_ref() });
+    // created indexes stay definitions and the backend is paged.
     let answer =
-        mango::find_on_data_store(backend.as_ref(), views, &request.value, principal.only_user(), &catalog).await?;
+        mango::find_on_data_store(backend.as_ref(), None, &request.value, &principal.confinement(), &catalog).await?;
     Ok(json(StatusCode::OK, answer))
 }
 
 /// `POST /{db}/_explain`.
-pub async fn explain(
-    State(state): State<CouchState>,
-    Extension(principal): Extension<Principal>,
-    _served: ServedDb,
-    headers: HeaderMap,
-    body: Body,
-) -> Answer {
+pub async fn explain(State(state): State<CouchState>, _served: ServedDb, headers: HeaderMap, body: Body) -> Answer {
     let request = state.bodies.read_object(&headers, body).await?;
-    let answer =
-        mango::explain(state.store.backend().as_ref(), &request.value, &state.db, principal.only_user()).await?;
+    let answer = mango::explain(state.store.backend().as_ref(), &request.value, &state.db).await?;
     Ok(json(StatusCode::OK, answer))
 }
 

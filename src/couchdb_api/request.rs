@@ -53,6 +53,8 @@ pub struct Bodies {
     /// The limit of endpoints the router gives none: `couchdb_max_request_bytes`.
     default_limit: EndpointLimit,
     login_limit: EndpointLimit,
+    /// The limit of the query endpoints' bodies ([`Bodies::query_limit`]).
+    query_limit: EndpointLimit,
     /// Raw body bytes being read.
     raw: ByteBudget,
     /// Decompressed bytes and estimated parsed trees.
@@ -81,6 +83,7 @@ impl Bodies {
         Bodies {
             default_limit: EndpointLimit { bytes: limit, setting: "couchdb_max_request_bytes" },
             login_limit: EndpointLimit { bytes: 64 << 10, setting: "couchdb_max_login_bytes" },
+            query_limit: EndpointLimit { bytes: limit, setting: "couchdb_max_query_bytes" },
             raw: ByteBudget::new(budget),
             decoded: ByteBudget::new(budget),
             max_tree_bytes: budget,
@@ -95,6 +98,7 @@ impl Bodies {
                 setting: "couchdb_max_request_bytes",
             },
             login_limit: EndpointLimit { bytes: settings.couchdb_max_login_bytes, setting: "couchdb_max_login_bytes" },
+            query_limit: Self::query_limit(settings),
             raw: ByteBudget::new(settings.inflight_body_budget()),
             decoded: ByteBudget::new(settings.max_inflight_parse_bytes),
             max_tree_bytes: settings.max_inflight_parse_bytes,
@@ -107,6 +111,12 @@ impl Bodies {
             bytes: settings.couchdb_max_query_bytes.min(settings.couchdb_request_limit()),
             setting: "couchdb_max_query_bytes",
         }
+    }
+
+    /// The limit of the query endpoints' bodies these bodies are read with
+    /// (`couchdb_max_query_bytes`), for a router's [`limit_bodies`] layer.
+    pub fn query_endpoint_limit(&self) -> EndpointLimit {
+        self.query_limit
     }
 
     /// The limit in force for the running handler.

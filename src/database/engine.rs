@@ -214,9 +214,6 @@ pub struct Database {
     /// Whether a garbage collection of attachment bytes is running, and whether another was
     /// asked for meanwhile (writes that drop references ask; one runs at a time).
     collecting: Arc<Collecting>,
-    /// The database's incarnation as the view index knows it (`crate::views`), once read;
-    /// forgotten when a purge ends it.
-    views_incarnation: std::sync::Mutex<Option<String>>,
     /// What checks each write against the validation functions ([`super::write_guard`]).
     write_guard: Option<Arc<dyn super::write_guard::WriteGuard>>,
 }
@@ -304,7 +301,6 @@ impl Database {
             inline_budget: Arc::new(crate::server::budget::ByteBudget::new(DEFAULT_MAX_INFLIGHT_INLINE_BYTES)),
             inline_wait: DEFAULT_INLINE_WAIT,
             collecting: Arc::default(),
-            views_incarnation: std::sync::Mutex::new(None),
             write_guard: None,
             local_names: layout.local_names(),
             layout: Arc::new(layout),
@@ -487,25 +483,6 @@ impl Database {
     /// Checks every write with `guard` before it is applied.
     pub fn with_write_guard(self, write_guard: Option<Arc<dyn super::write_guard::WriteGuard>>) -> Self {
         Database { write_guard, ..self }
-    }
-
-    /// The incarnation the view index read for this database, if it did yet.
-    pub fn views_incarnation(&self) -> Option<String> {
-        self.views_incarnation.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
-    }
-
-    /// Remembers the database's incarnation; the first one remembered wins.
-    pub fn remember_views_incarnation(&self, incarnation: String) -> String {
-        self.views_incarnation
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .get_or_insert(incarnation)
-            .clone()
-    }
-
-    /// Forgets the incarnation this process knew (a purge ended it: [`purge_views`]).
-    fn forget_views_incarnation(&self) {
-        *self.views_incarnation.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
     }
 
     pub fn max_document_bytes(&self) -> usize {

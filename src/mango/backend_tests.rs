@@ -11,6 +11,7 @@ use super::index::{IndexCatalog, STANDARD_INDEX_DDOC};
 use super::{create_index, delete_index, explain, find, find_with_limits, list_indexes, FindLimits};
 use crate::backend::embedded::EmbeddedBackend;
 use crate::backend::{DocumentBackend, Precondition};
+use crate::database::data_store_rules::Confinement;
 
 fn fixture(name: &str) -> Value {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures").join("couchdb-3.4.3");
@@ -50,7 +51,7 @@ async fn fixture_store() -> (tempfile::TempDir, EmbeddedBackend) {
 
 async fn run(backend: &EmbeddedBackend, request: &Value) -> Result<Value, super::MangoError> {
     let catalog = IndexCatalog::load(backend).await.expect("catalog");
-    find(backend, request, None, &catalog).await
+    find(backend, request, &Confinement::Everything, &catalog).await
 }
 
 fn without_revs(docs: &Value) -> Value {
@@ -178,7 +179,7 @@ async fn index_listing_creation_and_deletion_follow_transcripts_010_to_012() {
 async fn explain_matches_transcript_040() {
     let (_dir, backend) = fixture_store().await;
     let transcript = fixture("040");
-    let answer = explain(&backend, &transcript["request"]["body"], crate::model::COLLECTION, None).await.unwrap();
+    let answer = explain(&backend, &transcript["request"]["body"], crate::model::COLLECTION).await.unwrap();
     let expected = &transcript["response"]["body"];
     for key in [
         "dbname",
@@ -226,7 +227,14 @@ async fn page_through(backend: &EmbeddedBackend, mut request: Value, only_user: 
     let limit = request["limit"].as_u64().unwrap() as usize;
     let mut ids = Vec::new();
     for _ in 0..1000 {
-        let answer = find(backend, &request, only_user, &catalog).await.expect("find");
+        let answer = find(
+            backend,
+            &request,
+            &only_user.map_or(Confinement::Everything, |user| Confinement::User(user.into())),
+            &catalog,
+        )
+        .await
+        .expect("find");
         let docs = answer["docs"].as_array().unwrap();
         ids.extend(docs.iter().map(|d| d["_id"].as_str().unwrap().to_owned()));
         if docs.len() < limit {
@@ -336,10 +344,16 @@ async fn sorted_queries_need_an_index_and_page_in_collation_order() {
     }
 
     let limits = FindLimits { sort_cap: 20, ..FindLimits::default() };
-    let capped = find_with_limits(&backend, &sorted, None, &IndexCatalog::load(&backend).await.unwrap(), limits)
-        .await
-        .unwrap_err()
-        .refusal();
+    let capped = find_with_limits(
+        &backend,
+        &sorted,
+        &Confinement::Everything,
+        &IndexCatalog::load(&backend).await.unwrap(),
+        limits,
+    )
+    .await
+    .unwrap_err()
+    .refusal();
     assert_eq!(capped.status.as_u16(), 400);
     assert!(capped.reason.contains("at most 20"), "{}", capped.reason);
 }
@@ -354,7 +368,10 @@ async fn a_user_login_sees_only_its_documents() {
     assert_eq!(exactly_once(&ids), expected);
     // Asking for another user's documents gives nothing.
     let catalog = IndexCatalog::load(&backend).await.unwrap();
-    let other = find(&backend, &json!({"selector": {"userId": "user_0"}}), Some("user_2"), &catalog).await.unwrap();
+    let other =
+        find(&backend, &json!({"selector": {"userId": "user_0"}}), &Confinement::User("user_2".into()), &catalog)
+            .await
+            .unwrap();
     assert_eq!(other["docs"], json!([]));
 }
 
@@ -370,7 +387,7 @@ async fn paging_survives_the_last_returned_document_being_deleted() {
         let mut request = json!({"selector": selector, "fields": ["_id", "_rev"], "limit": 13});
         let (mut seen, mut deleted) = (Vec::new(), HashSet::new());
         loop {
-            let answer = find(&backend, &request, None, &catalog).await.unwrap();
+            let answer = find(&backend, &request, &Confinement::Everything, &catalog).await.unwrap();
             let page = answer["docs"].as_array().unwrap().clone();
             seen.extend(page.iter().map(|d| d["_id"].as_str().unwrap().to_owned()));
             if page.len() < 13 {
@@ -459,18 +476,30 @@ async fn an_answer_over_the_byte_budget_is_refused_not_built() {
     let catalog = IndexCatalog::load(&backend).await.unwrap();
     let limits = FindLimits { answer_bytes: 4096, ..FindLimits::default() };
     let everything = json!({"selector": {"userId": "user_1"}, "limit": 1_000_000});
-    let refused = find_with_limits(&backend, &everything, None, &catalog, limits).await.unwrap_err().refusal();
+    let refused = find_with_limits(&backend, &everything, &Confinement::Everything, &catalog, limits)
+        .await
+        .unwrap_err()
+        .refusal();
     assert_eq!((refused.status.as_u16(), refused.error.as_str()), (400, "answer_too_large"));
     assert!(refused.reason.contains("4096 bytes"), "{}", refused.reason);
     // Smaller pages of the same query fit, and so does a sorted page.
-    let paged =
-        find_with_limits(&backend, &json!({"selector": {"userId": "user_1"}, "limit": 10}), None, &catalog, limits)
-            .await
-            .unwrap();
+    let paged = find_with_limits(
+        &backend,
+        &json!({"selector": {"userId": "user_1"}, "limit": 10}),
+        &Confinement::Everything,
+        &catalog,
+        limits,
+    )
+    .await
+    .unwrap();
     assert_eq!(paged["docs"].as_array().unwrap().len(), 10);
     let sorted = json!({"selector": {"userId": "user_1"}, "sort": ["namespace"], "limit": 1_000_000});
     assert_eq!(
-        find_with_limits(&backend, &sorted, None, &catalog, limits).await.unwrap_err().refusal().error,
+        find_with_limits(&backend, &sorted, &Confinement::Everything, &catalog, limits)
+            .await
+            .unwrap_err()
+            .refusal()
+            .error,
         "answer_too_large"
     );
 }
@@ -522,7 +551,9 @@ async fn an_empty_or_or_and_finds_nothing_as_couchdb() {
     assert!(!plain["docs"].as_array().unwrap().is_empty());
     // A per-user login asking for `{"$or": []}` gets nothing too.
     let catalog = IndexCatalog::load(&backend).await.unwrap();
-    let own = find(&backend, &json!({"selector": {"$or": []}}), Some("user_123"), &catalog).await.unwrap();
+    let own = find(&backend, &json!({"selector": {"$or": []}}), &Confinement::User("user_123".into()), &catalog)
+        .await
+        .unwrap();
     assert_eq!(own, json!({"docs": []}));
 }
 
@@ -564,8 +595,7 @@ async fn find_sort_rules_follow_couchdb_index_selection() {
     let empty_or_by_id = run(&backend, &json!({"selector": {"$or": []}, "sort": ["_id"]})).await.unwrap_err().refusal();
     assert_eq!(empty_or_by_id.error, "no_usable_index");
     // `_explain` of a sort no index serves: 200 with `index: null` and no `mrargs`.
-    let plan =
-        explain(&backend, &json!({"selector": {"userId": "user_123"}, "sort": ["key"]}), "db", None).await.unwrap();
+    let plan = explain(&backend, &json!({"selector": {"userId": "user_123"}, "sort": ["key"]}), "db").await.unwrap();
     assert_eq!(plan["index"], Value::Null);
     assert!(plan.get("mrargs").is_none(), "{plan}");
     assert!(plan["index_candidates"].as_array().unwrap().iter().all(|c| c["analysis"]["usable"] == false), "{plan}");
@@ -627,10 +657,9 @@ async fn explain_selector_hints_see_through_and_only() {
     // mango_cursor.erl `extract_selector_hints` with mango_idx_view.erl `indexable_fields`
     // (3.4.3): fields under `$or` are not indexable; `$exists` is, whatever its argument.
     let (_dir, backend) = fixture_store().await;
-    let plan =
-        explain(&backend, &json!({"selector": {"$or": [{"a": 1}, {"b": 1}], "c": {"$exists": false}}}), "db", None)
-            .await
-            .unwrap();
+    let plan = explain(&backend, &json!({"selector": {"$or": [{"a": 1}, {"b": 1}], "c": {"$exists": false}}}), "db")
+        .await
+        .unwrap();
     assert_eq!(
         plan["selector_hints"],
         json!([{"type": "json", "indexable_fields": ["c"], "unindexable_fields": ["a", "b"]}])
@@ -652,7 +681,7 @@ async fn an_empty_range_on_the_chosen_index_reads_nothing() {
     create_index(&backend, &json!({"index": {"fields": ["n"]}})).await.unwrap();
     let contradiction = run(&backend, &json!({"selector": {"n": {"$gt": 5, "$lt": 3}}})).await.unwrap();
     assert_eq!(contradiction, json!({"docs": []}));
-    let plan = explain(&backend, &json!({"selector": {"n": {"$gt": 5, "$lt": 3}}}), "db", None).await.unwrap();
+    let plan = explain(&backend, &json!({"selector": {"n": {"$gt": 5, "$lt": 3}}}), "db").await.unwrap();
     assert_eq!((plan["mrargs"]["start_key"].clone(), plan["mrargs"]["end_key"].clone()), (Value::Null, Value::Null));
     // A satisfiable range runs as before.
     let found = run(&backend, &json!({"selector": {"n": {"$gt": 3, "$lt": 5}}, "fields": ["_id"]})).await.unwrap();
@@ -684,7 +713,6 @@ async fn a_partition_is_refused_as_couchdb_refuses_it_on_an_unpartitioned_databa
     }
     assert_eq!(run(&backend, &json!({"selector": {"$or": []}, "partition": "p1"})).await.unwrap(), json!({"docs": []}));
     // `_explain` does not run the query: `_all_docs`, with the partition in its options.
-    let plan =
-        explain(&backend, &json!({"selector": {"userId": "user_123"}, "partition": "p1"}), "db", None).await.unwrap();
+    let plan = explain(&backend, &json!({"selector": {"userId": "user_123"}, "partition": "p1"}), "db").await.unwrap();
     assert_eq!((plan["index"]["name"].clone(), plan["opts"]["partition"].clone()), (json!("_all_docs"), json!("p1")));
 }

@@ -3,26 +3,24 @@
 //! for a per-user login; a partial index holds only its documents; and `purge_user` leaves no row
 //! of the purged user in the index file.
 //!
-//! Mango reads the data-store database as any [`ViewSource`]; the HTTP layer's source of it
-//! (`crate::couchdb_api::data_design::DataStoreSource`) is above Mango, so these tests read the
-//! same feed and the same incarnation document through [`StoreFeed`] (documents without
-//! conflicts, which is all these tests write).
+//! Mango reads the data-store database as any [`ViewSource`]: its engine [`Database`], as the
+//! CouchDB API serves it.
 
 use std::ops::ControlFlow;
 use std::sync::Arc;
 
-use async_trait::async_trait;
 use serde_json::{json, Map, Value};
 
 use super::index::IndexCatalog;
 use super::{create_index, find, find_on_data_store, DataStoreViews};
 use crate::backend::embedded::EmbeddedBackend;
 use crate::backend::{DocumentBackend, Precondition};
-use crate::store::{DataStore, StoreOptions, VIEWS_INCARNATION_DOC};
+use crate::database::data_store_rules::Confinement;
+use crate::database::Database;
+use crate::store::{DataStore, StoreOptions};
 use crate::views::index_store::RowRange;
 use crate::views::service::Views;
-use crate::views::source::kept_incarnation;
-use crate::views::{SourceDoc, SourcePage, ViewError, ViewSource};
+use crate::views::ViewSource;
 
 const DB: &str = "agent_data_store";
 
@@ -30,40 +28,9 @@ struct Fixture {
     _dir: tempfile::TempDir,
     backend: Arc<dyn DocumentBackend>,
     views: Arc<Views>,
-    source: StoreFeed,
-}
-
-/// The data-store database's change feed as an index reads it: each live changed document as
-/// the backend stores it, the incarnation in the local document `purge_user` removes.
-struct StoreFeed {
-    backend: Arc<dyn DocumentBackend>,
-}
-
-#[async_trait]
-impl ViewSource for StoreFeed {
-    fn name(&self) -> &str {
-        DB
-    }
-
-    async fn incarnation(&self) -> Result<String, ViewError> {
-        kept_incarnation(self.backend.as_ref(), VIEWS_INCARNATION_DOC).await
-    }
-
-    async fn feed_page(&self, since: Option<&str>, limit: usize) -> Result<SourcePage, ViewError> {
-        let page = self.backend.changes(since, limit).await.map_err(ViewError::Storage)?;
-        let ids: Vec<String> = page.changes.iter().map(|change| change.id.clone()).collect();
-        let found = self.backend.get_many(&ids).await.map_err(ViewError::Storage)?;
-        let docs = page
-            .changes
-            .iter()
-            .zip(found)
-            .map(|(change, doc)| SourceDoc {
-                id: change.id.clone(),
-                doc: doc.filter(|_| !change.deleted).map(|doc| doc.to_json()),
-            })
-            .collect();
-        Ok(SourcePage { docs, last_seq: page.last_seq, complete: page.pending == Some(0) })
-    }
+    /// The data-store database as the CouchDB API serves it: its views read the incarnation
+    /// fresh at every use, so the facade's `purge_user` reaches them.
+    source: Database,
 }
 
 async fn fixture() -> Fixture {
@@ -75,7 +42,7 @@ async fn fixture() -> Fixture {
         dir.path().join("views.redb"),
         Arc::new(super::index_map::WithMangoIndexes(super::index_map::NoJavaScript)),
     ));
-    let source = StoreFeed { backend: Arc::clone(&backend) };
+    let source = Database::data_store(DB.into(), Arc::clone(&backend)).expect("the data-store database");
     Fixture { _dir: dir, backend, views, source }
 }
 
@@ -114,7 +81,8 @@ impl Fixture {
 
     async fn find(&self, request: &Value, only_user: Option<&str>) -> Value {
         let catalog = IndexCatalog::load(self.backend.as_ref()).await.expect("catalog");
-        find_on_data_store(self.backend.as_ref(), Some(self.indexed()), request, only_user, &catalog)
+        let confinement = only_user.map_or(Confinement::Everything, |user| Confinement::User(user.into()));
+        find_on_data_store(self.backend.as_ref(), Some(self.indexed()), request, &confinement, &catalog)
             .await
             .unwrap_or_else(|e| panic!("{request}: {e}"))
     }
@@ -153,7 +121,7 @@ async fn a_created_index_is_read_over_its_key_range_instead_of_the_backend() {
     assert_eq!(answer["execution_stats"]["total_docs_examined"], json!(16));
     // The backend alone answers the same documents by reading every one of them.
     let catalog = IndexCatalog::load(f.backend.as_ref()).await.unwrap();
-    let paged = find(f.backend.as_ref(), &request, None, &catalog).await.unwrap();
+    let paged = find(f.backend.as_ref(), &request, &Confinement::Everything, &catalog).await.unwrap();
     let (mut by_index, mut by_backend) = (ids(&answer), ids(&paged));
     by_index.sort();
     by_backend.sort();

@@ -27,6 +27,7 @@ use super::index_source::{self, RowDocs};
 use super::request::FindRequest;
 use super::{erlang_term, MangoError};
 use crate::backend::IdRange;
+use crate::database::data_store_rules::Confinement;
 use crate::database::document::{leaf_json, DocOptions};
 use crate::database::{Database, DocState, Write, Written};
 use crate::error::ErrorKind;
@@ -292,7 +293,7 @@ pub async fn find(
     request: &Value,
 ) -> Result<Value, MangoError> {
     let sources = DatabaseSources { db, views, designs: &indexes.designs };
-    find_in(&sources, request, None, &indexes.catalog, FindLimits::default()).await
+    find_in(&sources, request, &Confinement::Everything, &indexes.catalog, FindLimits::default()).await
 }
 
 /// Opens the source a query reads once its index is chosen.
@@ -420,7 +421,7 @@ async fn fetch_docs(db: &Database, ids: &[String], options: DocOptions) -> Resul
 
 /// `POST /{db}/_explain` over `db`'s indexes.
 pub fn explain(indexes: DatabaseIndexes, request: &Value, db_name: &str) -> Result<Value, MangoError> {
-    super::index::explain_with(indexes.catalog, request, db_name, None)
+    super::index::explain_with(indexes.catalog, request, db_name)
 }
 
 #[cfg(test)]

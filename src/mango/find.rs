@@ -9,9 +9,13 @@
 //!   other databases ([`super::index_source`]), where this process builds indexes (the embedded
 //!   store, DynamoDB, Firestore). Otherwise (the built-in `idx-user-namespace`, no JSON index, or
 //!   the CouchDB backend) its source is the backend: a selector that fixes `userId` with `$eq`
-//!   (always the case for a per-user login) reads the backend's `userId`/`namespace` index
-//!   ([`DocumentBackend::query`]), narrowed to the namespace when that is fixed too; anything
-//!   else pages every document ([`DocumentBackend::all_docs`]).
+//!   reads the backend's `userId`/`namespace` index ([`DocumentBackend::query`]), narrowed to the
+//!   namespace when that is fixed too; anything else pages the documents in id order
+//!   ([`DocumentBackend::all_docs`]), a per-user login's own id range only.
+//!
+//! A per-user login's query is the client's own (its selector is not rewritten): every source is
+//! read through the login's [`Confinement`], the one statement of what it may see
+//! ([`Confined`]: candidates outside it are never seen, as if absent).
 //! - Other databases ([`super::database`]): a chosen JSON index is a view read over its key
 //!   range, in the index's order; without one, `_all_docs`.
 //!
@@ -43,9 +47,10 @@ use serde_json::{json, Map, Value};
 use super::eval::matches;
 use super::index::{ChosenIndex, IndexCatalog, IndexDef, QueryKind};
 use super::index_source::{self, RowDocs};
-use super::request::{invalid_bookmark, parse_request, restrict_to_user, FindRequest, Sort, NO_BOOKMARK};
+use super::request::{invalid_bookmark, parse_request, FindRequest, Sort, NO_BOOKMARK};
 use super::MangoError;
 use crate::backend::{DocumentBackend, IdRange, Page, Projection, Query, StoredDocument};
+use crate::database::data_store_rules::Confinement;
 use crate::model::fields;
 use crate::model::validate::json_size;
 use crate::views::collation::{compare, compare_raw};
@@ -128,6 +133,8 @@ pub struct DataStoreViews<'a> {
 struct BackendSources<'a> {
     backend: &'a dyn DocumentBackend,
     views: Option<DataStoreViews<'a>>,
+    /// The login's: a scan of every document reads its id range only.
+    confinement: &'a Confinement,
 }
 
 #[async_trait]
@@ -146,9 +153,39 @@ impl FindSources for BackendSources<'_> {
         let text = |field: &str| request.selector.required_equal(&[field]).and_then(Value::as_str).map(str::to_owned);
         let scan = match text(fields::USER_ID) {
             Some(user_id) => BackendScan::ByUser { user_id, namespace: text(fields::NAMESPACE) },
-            None => BackendScan::AllDocs,
+            None => BackendScan::AllDocs(self.confinement.clip(IdRange::all())),
         };
         Ok(Box::new(BackendSource { backend: self.backend, scan }))
+    }
+}
+
+/// A source read through a login's [`Confinement`]: a candidate (or fetched document) outside
+/// it is left out before anything looks at it, as if it did not exist.
+struct Confined<'a> {
+    source: Box<dyn FindSource + 'a>,
+    confinement: &'a Confinement,
+}
+
+#[async_trait]
+impl FindSource for Confined<'_> {
+    fn tag(&self) -> String {
+        self.source.tag()
+    }
+
+    fn serves_sort(&self) -> bool {
+        self.source.serves_sort()
+    }
+
+    async fn read(&self, from: Option<&Value>, wanted: usize) -> Result<CandidatePage, MangoError> {
+        let mut page = self.source.read(from, wanted).await?;
+        page.items.retain(|item| self.confinement.admits_id(&item.id));
+        Ok(page)
+    }
+
+    async fn fetch(&self, ids: &[String]) -> Result<Vec<Map<String, Value>>, MangoError> {
+        let mut docs = self.source.fetch(ids).await?;
+        docs.retain(|doc| doc.get("_id").and_then(Value::as_str).is_some_and(|id| self.confinement.admits_id(id)));
+        Ok(docs)
     }
 }
 
@@ -157,8 +194,8 @@ impl FindSources for BackendSources<'_> {
 enum BackendScan {
     /// The backend's `userId` (+ `namespace`) index.
     ByUser { user_id: String, namespace: Option<String> },
-    /// Every document, in id order.
-    AllDocs,
+    /// Every document in this id range (all of them, or a per-user login's), in id order.
+    AllDocs(IdRange),
 }
 
 struct BackendSource<'a> {
@@ -189,7 +226,7 @@ impl BackendSource<'_> {
                 page.items.retain(|doc| !doc.id.starts_with("_design/"));
                 page
             }
-            BackendScan::AllDocs => self.backend.all_docs(&IdRange::all(), SCAN_PAGE, token).await?,
+            BackendScan::AllDocs(range) => self.backend.all_docs(range, SCAN_PAGE, token).await?,
         })
     }
 }
@@ -201,7 +238,7 @@ impl FindSource for BackendSource<'_> {
             BackendScan::ByUser { user_id, namespace } => {
                 format!("user:{user_id}:{}", namespace.as_deref().unwrap_or("*"))
             }
-            BackendScan::AllDocs => "all".into(),
+            BackendScan::AllDocs(_) => "all".into(),
         }
     }
 
@@ -216,8 +253,12 @@ impl FindSource for BackendSource<'_> {
                 .map_err(|_| invalid_bookmark(&Value::String("(a position of another scan)".into())))?,
         };
         let page = self.backend_page(position.token.as_deref()).await?;
-        let first =
-            resume_index(&page.items, position.offset, position.last_id.as_deref(), self.scan == BackendScan::AllDocs);
+        let first = resume_index(
+            &page.items,
+            position.offset,
+            position.last_id.as_deref(),
+            matches!(self.scan, BackendScan::AllDocs(_)),
+        );
         let mut items = Vec::new();
         for (at, doc) in page.items.iter().enumerate().skip(first) {
             let Some(object) = candidate(doc) else { continue };
@@ -310,14 +351,14 @@ struct Outcome {
 }
 
 /// Runs a `_find` request over the backend alone (every index a definition):
-/// `{"docs", "bookmark", "warning"?, "execution_stats"?}`. `only_user` restricts the answer to documents whose `userId` is that user's.
+/// `{"docs", "bookmark", "warning"?, "execution_stats"?}`, of the documents `confinement` admits.
 pub async fn find(
     backend: &dyn DocumentBackend,
     request: &Value,
-    only_user: Option<&str>,
+    confinement: &Confinement,
     indexes: &IndexCatalog,
 ) -> Result<Value, MangoError> {
-    find_with_limits(backend, request, only_user, indexes, FindLimits::default()).await
+    find_with_limits(backend, request, confinement, indexes, FindLimits::default()).await
 }
 
 /// Bounds on what one `_find` holds in memory; a query that would pass one is a 400 naming it.
@@ -339,11 +380,11 @@ impl Default for FindLimits {
 pub async fn find_with_limits(
     backend: &dyn DocumentBackend,
     request: &Value,
-    only_user: Option<&str>,
+    confinement: &Confinement,
     indexes: &IndexCatalog,
     limits: FindLimits,
 ) -> Result<Value, MangoError> {
-    find_in(&BackendSources { backend, views: None }, request, only_user, indexes, limits).await
+    find_in(&BackendSources { backend, views: None, confinement }, request, confinement, indexes, limits).await
 }
 
 /// Runs a `_find` request on the data-store database: its created JSON indexes read as view
@@ -353,26 +394,26 @@ pub async fn find_on_data_store(
     backend: &dyn DocumentBackend,
     views: Option<DataStoreViews<'_>>,
     request: &Value,
-    only_user: Option<&str>,
+    confinement: &Confinement,
     indexes: &IndexCatalog,
 ) -> Result<Value, MangoError> {
-    find_in(&BackendSources { backend, views }, request, only_user, indexes, FindLimits::default()).await
+    let sources = BackendSources { backend, views, confinement };
+    find_in(&sources, request, confinement, indexes, FindLimits::default()).await
 }
 
 /// Runs a `_find` request over `sources` with the database's `indexes`: the index chosen as
-/// CouchDB chooses it, then the source it opens read, filtered, paged and projected.
+/// CouchDB chooses it, then the source it opens read through `confinement`, filtered, paged and
+/// projected.
 pub async fn find_in(
     sources: &dyn FindSources,
     request: &Value,
-    only_user: Option<&str>,
+    confinement: &Confinement,
     indexes: &IndexCatalog,
     limits: FindLimits,
 ) -> Result<Value, MangoError> {
     let started = Instant::now();
-    let mut parsed = parse_request(request)?;
-    // Decided on the client's own selector, before a login's restriction is added to it.
+    let parsed = parse_request(request)?;
     let matches_nothing = parsed.selector.is_empty_combination();
-    parsed.selector = restrict_to_user(parsed.selector, only_user);
     // A partitioned query may use only partitioned indexes, and this database has none
     // (mango_idx.erl `filter_partition_indexes`).
     let unpartitioned;
@@ -403,12 +444,13 @@ pub async fn find_in(
         ChosenIndex::Json(index) => Some(index),
         ChosenIndex::AllDocs | ChosenIndex::NoneUsable => None,
     };
-    let source = sources.open(&parsed, index).await?;
+    let source = Confined { source: sources.open(&parsed, index).await?, confinement };
+    let source: &dyn FindSource = &source;
     let bookmark = parsed.bookmark.as_deref().map(Bookmark::decode).transpose()?;
     let mut outcome = if parsed.sort.fields.is_empty() || source.serves_sort() {
-        run_in_order(source.as_ref(), &parsed, bookmark, limits).await?
+        run_in_order(source, &parsed, bookmark, limits).await?
     } else {
-        run_sorted(source.as_ref(), &parsed, bookmark, limits).await?
+        run_sorted(source, &parsed, bookmark, limits).await?
     };
     if parsed.bookmark.is_none() && outcome.docs.is_empty() {
         // CouchDB's bookmark is the last row's key, or the request's own bookmark when no row was

@@ -19,7 +19,7 @@ use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 
 use super::range::{field_ranges, index_prefix, FieldRange};
-use super::request::{parse_request, parse_sort, restrict_to_user};
+use super::request::{parse_request, parse_sort};
 use super::selector::{join_field, parse_field, Selector};
 use super::{erlang_term, MangoError};
 use crate::backend::{DocumentBackend, Precondition};
@@ -575,25 +575,18 @@ fn can_use_sort(columns: &[String], sort: &[String], selector: &Selector) -> boo
 /// 040). `mrargs` shows the key range CouchDB would read from the chosen index, which is what
 /// this server reads from a created index where it builds them (for the built-in index, and
 /// over the CouchDB backend, it reads the backend instead: docs/couchdb-api.md).
-pub async fn explain(
-    backend: &dyn DocumentBackend,
-    request: &Value,
-    db_name: &str,
-    only_user: Option<&str>,
-) -> Result<Value, MangoError> {
+///
+/// A per-user login is shown the plan of its own request: `_find` runs that plan and reads it
+/// through the login's confinement ([`super::find`]), which does not change the plan.
+pub async fn explain(backend: &dyn DocumentBackend, request: &Value, db_name: &str) -> Result<Value, MangoError> {
     let catalog = IndexCatalog::load(backend).await?;
-    explain_with(catalog, request, db_name, only_user)
+    explain_with(catalog, request, db_name)
 }
 
 /// [`explain`] over a catalog already loaded (any database's).
-pub fn explain_with(
-    mut catalog: IndexCatalog,
-    request: &Value,
-    db_name: &str,
-    only_user: Option<&str>,
-) -> Result<Value, MangoError> {
+pub fn explain_with(mut catalog: IndexCatalog, request: &Value, db_name: &str) -> Result<Value, MangoError> {
     let parsed = parse_request(request)?;
-    let selector = restrict_to_user(parsed.selector.clone(), only_user);
+    let selector = parsed.selector.clone();
     if !parsed.partition.is_empty() {
         catalog = catalog.without_json_indexes();
     }

@@ -1,7 +1,8 @@
 //! Mango, CouchDB's query language (CouchDB's `mango` application): `_find`, `_explain` and
 //! `_index`, answered over the data-store database's [`crate::backend::DocumentBackend`] and over
 //! every other database ([`database`]). The HTTP routes that read the requests and send the
-//! answers are `crate::couchdb_api`'s (`query.rs`, `database/mango.rs`); nothing here knows HTTP
+//! answers are `crate::couchdb_api`'s (`db/mango.rs`; `query.rs` for the CouchDB backend's
+//! data-store database); nothing here knows HTTP
 //! requests, and nothing here uses the HTTP layer.
 //!
 //! - [`selector`]: a selector's JSON parsed and normalized into an AST, as CouchDB normalizes it.
@@ -15,7 +16,7 @@
 //! - [`index_source`]: a JSON index's view group read as a `_find` source, on any database this
 //!   process builds indexes for (the data-store database's created indexes too). A database is
 //!   read as a [`crate::views::ViewSource`] (its feed and incarnation), the trait the views'
-//!   engine reads, so the data-store database comes in as the HTTP layer's source of it.
+//!   engine reads: the data-store database's engine `Database` is one.
 //! - [`index`]: the index catalog behind `_index`, and `_explain`.
 //! - [`range`]: the key ranges CouchDB derives from a selector, which steer its index choice.
 //! - [`index_cache`]: the catalog remembered for a few seconds between queries.

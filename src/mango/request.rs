@@ -6,9 +6,8 @@
 
 use serde_json::Value;
 
-use super::selector::{self, parse_field, Cond, Selector};
+use super::selector::{self, parse_field, Selector};
 use super::{erlang_term, MangoError};
-use crate::model::fields;
 
 /// CouchDB's default `limit` (`[mango] default_limit`).
 pub const DEFAULT_LIMIT: u64 = 25;
@@ -260,21 +259,6 @@ pub(super) fn parse_fields(value: Option<&Value>) -> Result<Vec<(Vec<String>, St
             "invalid_fields",
             format!("Fields must be an array of strings, not: {}", erlang_term(other)),
         )),
-    }
-}
-
-/// The selector a per-user login's query runs with: its own, and `userId` equal to the user.
-pub fn restrict_to_user(selector: Selector, only_user: Option<&str>) -> Selector {
-    match only_user {
-        None => selector,
-        Some(user) => {
-            let own =
-                Selector::Field { path: vec![fields::USER_ID.into()], cond: Cond::Eq(Value::String(user.into())) };
-            match selector {
-                Selector::MatchAll => own,
-                other => Selector::And(vec![own, other]),
-            }
-        }
     }
 }
 

@@ -2,10 +2,10 @@
 //! page at a time, each changed document as CouchDB shows it to a map function, and the name an
 //! index of that database is kept under.
 //!
-//! [`Database`] implements it, whatever its layout; the data-store database's source
-//! (`crate::couchdb_api::data_design`) is its `Database`'s feed with the incarnation read at every
-//! use, since the facade's `purge_user` ends it from any process. The updater ([`super::updater`]) and anything else kept from a feed
-//! (Mango's JSON indexes) read only this trait, so they work the same over both.
+//! [`Database`] implements it, whatever its layout (the data-store database is one too); its
+//! incarnation is read at every use, since a purge, or the facade's `purge_user`, ends it from any
+//! process. The updater ([`super::updater`]) and anything else kept from a feed (Mango's JSON
+//! indexes) read only this trait.
 
 use async_trait::async_trait;
 use serde_json::{Map, Value};
@@ -64,14 +64,15 @@ impl ViewSource for Database {
         Database::name(self)
     }
 
+    /// Read at every use, never remembered: a purge (or the facade's `purge_user` on the
+    /// data-store database) in this process or another ends the incarnation, and the next index
+    /// use must build new groups rather than read ones holding the purged documents' rows. One
+    /// point read of a local document per use (docs/views.md, "Purges").
     async fn incarnation(&self) -> Result<String, ViewError> {
-        if let Some(known) = self.views_incarnation() {
-            return Ok(known);
+        if let Some(kept) = self.kept_views_incarnation().await.map_err(ViewError::Storage)? {
+            return Ok(kept);
         }
-        // A purge stopped between its erasure and its last step ends the incarnation here.
-        self.settle_views_purges().await.map_err(ViewError::Storage)?;
-        let id = kept_incarnation(self.backend().as_ref(), self.views_incarnation_doc()).await?;
-        Ok(self.remember_views_incarnation(id))
+        kept_incarnation(self.backend().as_ref(), self.views_incarnation_doc()).await
     }
 
     async fn feed_page(&self, since: Option<&str>, limit: usize) -> Result<SourcePage, ViewError> {

@@ -541,6 +541,37 @@ mod tests {
         assert_eq!(store.group_names("db0\u{0}").unwrap().len(), 1);
     }
 
+    /// Two `Database`s over one backend, as two serving processes hold them (issue 36): a purge
+    /// through one ends the view incarnation the other read before, so the other's next view
+    /// answer (even `update=false`) no longer holds the purged document's rows.
+    #[tokio::test]
+    async fn a_purge_through_another_database_reaches_this_ones_views() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend: Arc<dyn crate::backend::DocumentBackend> =
+            Arc::new(crate::backend::embedded::EmbeddedBackend::open(&dir.path().join("store.redb")).await.unwrap());
+        let serving = crate::database::Database::new("app".into(), Arc::clone(&backend));
+        let purging = crate::database::Database::new("app".into(), Arc::clone(&backend));
+        let store = Arc::new(IndexStore::open(&dir.path().join("views.redb")).unwrap());
+        let indexer = ViewIndexer::new(store, Arc::new(TypeMapper { mapped: AtomicUsize::new(0) }));
+        let design = DesignViews::parse(&json!({"_id": "_design/d", "views": {"v": {"map": "…"}}})).unwrap();
+        let mut revs = Vec::new();
+        for (id, kind) in [("kept", "a"), ("purged", "b")] {
+            match serving.write(id, &edit(None, json!({"type": kind}))).await.unwrap() {
+                crate::database::Written::Edited(rev) => revs.push(rev),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        let group = indexer.catch_up(&serving, &design).await.unwrap();
+        let ids = |rows: Vec<(Value, String)>| rows.into_iter().map(|(_, id)| id).collect::<Vec<_>>();
+        assert_eq!(ids(rows(&indexer, &group, 0)), ["kept", "purged"]);
+
+        purging.purge("purged", &[revs[1].clone()]).await.unwrap();
+        let stale = indexer.current(&serving, &design).await.unwrap();
+        assert!(!ids(rows(&indexer, &stale, 0)).contains(&"purged".to_owned()), "a stale read after the purge");
+        let fresh = indexer.catch_up(&serving, &design).await.unwrap();
+        assert_eq!(ids(rows(&indexer, &fresh, 0)), ["kept"]);
+    }
+
     /// Answers one document per call, emitting one row of about 1,000 bytes, and records how many
     /// rows the index file held at each call.
     struct OneAtATime {

@@ -12,7 +12,6 @@ use std::sync::Arc;
 
 use agentstore::backend::raw::layer::Layered;
 use agentstore::backend::DocumentBackend;
-use agentstore::couchdb_api::data_design::DataStoreSource;
 use agentstore::database::{Database, Write, Written};
 use agentstore::store::StoreOptions;
 use agentstore::views::design::DesignViews;
@@ -113,7 +112,10 @@ pub async fn crash_sweep_purge_user_views(ctx: Ctx) {
         println!("couchdb: not applicable: CouchDB indexes its own documents and updates them after a purge");
         return;
     }
-    let source = DataStoreSource::new(Arc::clone(&ctx.backend), "agent_data_store");
+    // The data-store database as the CouchDB API serves it (its views read the incarnation at
+    // every use).
+    let source =
+        Database::data_store("agent_data_store".into(), Arc::clone(&ctx.backend)).expect("the data-store database");
     let store = ctx.store().await;
     store.set("kept", "ns", "k", json!({"kept": true}), None, None).await.expect("a kept document");
     let mut violations = Vec::new();
@@ -126,8 +128,8 @@ pub async fn crash_sweep_purge_user_views(ctx: Ctx) {
                 store.set(&user, "ns", key, json!({"key": key}), None, None).await.expect("a document to purge");
             }
             views.catch_up(&source).await;
-            // `DataStore::open` makes two calls (the standard indexes, the listing of design
-            // documents a previous release kept as local documents): the cut falls after them.
+            // `DataStore::open` makes two calls (the standard indexes, the read of the mark of
+            // design documents moved into records, set by the first open): the cut falls after them.
             let layer = Arc::new(CrashLayer::new(Arc::clone(&ctx.backend), k + 2, cut));
             let crashing = DataStore::open(Arc::clone(&layer) as Arc<dyn DocumentBackend>, StoreOptions::default())
                 .await

@@ -257,9 +257,9 @@ async fn answer(
     Ok(streamed_listing(head, first, rows))
 }
 
-/// `update_seq` of a listing. The data-store database's feed is still its own router's
-/// (`_changes`, see [`super::DATA_STORE_ROUTER_KEEPS`]): its positions are that feed's, sealed
-/// for a per-user login as that feed seals them, so a listing's `update_seq` is a `since` it takes.
+/// `update_seq` of a listing. The data-store database's feed shows the store's own positions
+/// (`super::super::changes`): a listing's are that feed's, sealed for a per-user login as that
+/// feed seals them, so a listing's `update_seq` is a `since` it takes.
 async fn update_seq(state: &CouchState, db: &Database, confinement: &Confinement) -> crate::Result<String> {
     if !state.is_data_store(db) {
         return db.while_open(crate::database::seq::current(db.backend().as_ref(), db.erased_doc())).await;

@@ -1,10 +1,15 @@
-//! Mango's routes on a database other than the data-store one whose backend does not forward
-//! requests (over the CouchDB backend these are forwarded before they reach here):
-//! `POST /{db}/_find`, `POST /{db}/_explain`, `GET/POST /{db}/_index`,
-//! `DELETE /{db}/_index/{ddoc}/json/{name}` and `POST /{db}/_index/_bulk_delete`, answered by [`crate::mango::database`].
+//! Mango's routes on every database whose backend does not forward requests (over the CouchDB
+//! backend these are forwarded before they reach here, and the data-store database's are the
+//! data-store router's, `super::super::query`): `POST /{db}/_find`, `POST /{db}/_explain`,
+//! `GET/POST /{db}/_index`, `DELETE /{db}/_index/{ddoc}/json/{name}` and
+//! `POST /{db}/_index/_bulk_delete`, answered by [`crate::mango::database`], or on the
+//! data-store database by its own catalog and query planner ([`crate::mango::find_on_data_store`]:
+//! the seed's `userId`/`namespace` index, created indexes as view groups over its feed).
 //!
 //! Anyone who may read the database may query it; creating or deleting an index writes a design
-//! document, so it needs a database admin, as in CouchDB.
+//! document, so it needs a database admin, as in CouchDB. On the data-store database a per-user
+//! login's `_find` reads through its [`Confinement`](crate::database::data_store_rules::Confinement)
+//! (its own documents only), and its index writes are refused 401, as they always were there.
 
 use std::collections::HashMap;
 
@@ -27,6 +32,9 @@ pub async fn route(
 ) -> Answer {
     let below_db = uri.path().trim_start_matches('/').split_once('/').map_or("", |(_, below)| below);
     let below: Vec<&str> = below_db.split('/').collect();
+    if super::is_data_store(state, &opened.db) {
+        return data_store_route(state, &opened, &method, &below, uri, headers, body).await;
+    }
     let db = &opened.db;
     match (below.as_slice(), &method) {
         (["_find"], &Method::POST) => {
@@ -66,6 +74,65 @@ pub async fn route(
         }
         (["_find" | "_explain"], _) => Err(method_not_allowed("POST")),
         _ => Err(CouchError::not_found("missing")),
+    }
+}
+
+/// Mango's routes on the data-store database: its index catalog (the seed's index and the created
+/// ones), the data-store planner, the login's confinement.
+async fn data_store_route(
+    state: &CouchState,
+    opened: &OpenDb<HashMap<String, String>>,
+    method: &Method,
+    below: &[&str],
+    uri: &Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Answer {
+    let db = &opened.db;
+    let backend = db.backend().as_ref();
+    match (below, method) {
+        (["_find"], &Method::POST) => {
+            let request = state.bodies.read_object(&headers, body).await?;
+            let catalog = crate::mango::IndexCatalog::load(backend).await?;
+            let views = crate::mango::DataStoreViews { views: state.views.as_ref(), source: db.as_ref() };
+            let found =
+                crate::mango::find_on_data_store(backend, Some(views), &request.value, &opened.confinement, &catalog)
+                    .await?;
+            Ok(json(StatusCode::OK, found))
+        }
+        (["_explain"], &Method::POST) => {
+            let request = state.bodies.read_object(&headers, body).await?;
+            Ok(json(StatusCode::OK, crate::mango::explain(backend, &request.value, db.name()).await?))
+        }
+        (["_index"], &Method::GET) => {
+            let listed = crate::mango::list_indexes(backend).await?;
+            Ok(json(StatusCode::OK, page_of_listing(listed, uri.query().unwrap_or(""))?))
+        }
+        (["_index"], &Method::POST) => {
+            require_data_store_admin(opened)?;
+            let request = state.bodies.read_object(&headers, body).await?;
+            Ok(json(StatusCode::OK, crate::mango::create_index(backend, &request.value).await?))
+        }
+        (["_index"], _) => Err(method_not_allowed("GET,POST")),
+        (["_index", "_design", ddoc, kind, name] | ["_index", ddoc, kind, name], &Method::DELETE) => {
+            require_data_store_admin(opened)?;
+            if decode(kind) != "json" {
+                return Err(CouchError::bad_request("the path must be _index/{ddoc}/json/{name}"));
+            }
+            Ok(json(StatusCode::OK, crate::mango::delete_index(backend, &decode(ddoc), &decode(name)).await?))
+        }
+        (["_index", ..], _) => Err(method_not_allowed("DELETE")),
+        (["_find" | "_explain"], _) => Err(method_not_allowed("POST")),
+        _ => Err(CouchError::not_found("missing")),
+    }
+}
+
+/// A per-user login's index writes on the data-store database: the 401 that database has always
+/// answered (its indexes serve every user).
+fn require_data_store_admin(opened: &OpenDb<HashMap<String, String>>) -> Result<(), CouchError> {
+    match opened.confinement.only_user() {
+        None => Ok(()),
+        Some(_) => Err(CouchError::new(StatusCode::UNAUTHORIZED, "unauthorized", "You are not a db or server admin.")),
     }
 }
 

@@ -5,7 +5,8 @@
 //! database other than the data-store one (and is not one of the server's own `_` endpoints)
 //! comes here; so does a request on the data-store database where the engine serves it
 //! ([`CouchState::data_store_database`], on every backend) and the path is the engine's
-//! ([`engine_serves`]: all but [`DATA_STORE_ROUTER_KEEPS`]); everything else goes to the
+//! ([`engine_serves`]: all but creating and deleting it, and on the CouchDB backend
+//! [`NATIVE_DATA_STORE_ROUTER_KEEPS`]); everything else goes to the
 //! data-store router unchanged. Each handler opens its database with the [`OpenDb`] extractor,
 //! which answers CouchDB's 400 for an illegal name, 404 for a database that does not exist and
 //! 403 for a login its `_security` does not admit (on the data-store database: 401/403 for a
@@ -51,9 +52,7 @@ use tower::ServiceExt;
 pub(crate) use admin::{all_dbs, dbs_info};
 pub(crate) use attachments::{inline_into, inline_wanted, Inline};
 pub(crate) use bulk::MAX_BULK_DOCS;
-pub(crate) use docs::answer_read;
 pub(crate) use inline::{hold_inline_until_sent, with_own_shares};
-pub(crate) use views::{cleanup_answer, info_answer, queries_answer, view_answer, Viewed};
 
 use super::access::{db_access, not_admitted, DbAccess};
 use super::auth::Identity;
@@ -66,7 +65,19 @@ use crate::database::Database;
 
 /// The routes of every database (the data-store one where the engine serves it).
 pub(crate) fn router(state: CouchState) -> Router {
+    // Bodies that are a query or a selector take `couchdb_max_query_bytes`, as on the data-store
+    // router (docs/bounds.md).
+    let queries = Router::new()
+        .route("/{db}/_find", post(docs::mango))
+        .route("/{db}/_explain", post(docs::mango))
+        .route("/{db}/_index", any(docs::mango))
+        .route("/{db}/_changes", get(super::changes::get_database_changes).post(super::changes::post_database_changes))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.bodies.query_endpoint_limit(),
+            super::request::limit_bodies,
+        ));
     Router::new()
+        .merge(queries)
         .route("/{db}", get(admin::db_info).put(admin::create_db).delete(admin::delete_db).post(docs::post_document))
         .route("/{db}/", get(admin::db_info).put(admin::create_db).delete(admin::delete_db).post(docs::post_document))
         .route("/{db}/_all_docs", get(all_docs::get_all_docs).post(all_docs::post_all_docs))
@@ -77,11 +88,7 @@ pub(crate) fn router(state: CouchState) -> Router {
         .route("/{db}/_revs_diff", post(bulk::revs_diff))
         .route("/{db}/_missing_revs", post(bulk::missing_revs))
         .route("/{db}/_purge", post(bulk::purge))
-        .route("/{db}/_find", post(docs::mango))
-        .route("/{db}/_explain", post(docs::mango))
-        .route("/{db}/_index", any(docs::mango))
         .route("/{db}/_index/{*rest}", any(docs::mango))
-        .route("/{db}/_changes", get(super::changes::get_database_changes).post(super::changes::post_database_changes))
         .route("/{db}/_revs_limit", get(admin::get_revs_limit).put(admin::put_revs_limit))
         .route("/{db}/_security", get(admin::get_security).put(admin::put_security))
         .route("/{db}/_compact", post(admin::compact))
@@ -113,7 +120,8 @@ pub(crate) async fn dispatch(
         return next.run(request).await;
     }
     if *first == *state.db {
-        return match engine_serves(request.method(), request.uri().path()) {
+        let native = state.data_store_database.backend().keeps_branches();
+        return match engine_serves(request.method(), request.uri().path(), native) {
             true => serve_data_store(&state, request).await,
             false => next.run(request).await,
         };
@@ -131,28 +139,34 @@ pub(crate) async fn dispatch(
     missing_if_deleted(&state, &first, answer).await
 }
 
-/// Parts of the data-store database's API still answered by the data-store router, by the
-/// segment below the database: its design documents' routes, views and Mango queries
-/// (`_design`, `_design_docs`, `_view_cleanup`, `_find`, `_explain`, `_index`: the design
-/// documents are the engine's records, but their views run over `DataStoreSource`, which reads
-/// the view incarnation fresh where the engine's `Database` caches it, and `purge_user` in another
-/// process must reach it: see ARCHITECTURE.md, "One set of CouchDB handlers").
-const DATA_STORE_ROUTER_KEEPS: [&str; 6] = ["_design", "_design_docs", "_view_cleanup", "_find", "_explain", "_index"];
+/// What of the data-store database the data-store router still answers on a backend that keeps
+/// revision trees itself (CouchDB), by the segment below the database: its design documents,
+/// views and Mango, which are that backend's own (`_design/…` is passed to it: [`super::design`];
+/// Mango is planned over it: [`super::query`]). On every other backend they are the engine's.
+const NATIVE_DATA_STORE_ROUTER_KEEPS: [&str; 6] =
+    ["_design", "_design_docs", "_view_cleanup", "_find", "_explain", "_index"];
 
-/// Whether a request on the data-store database is the engine's ([`router`]): documents and
-/// their attachments, local documents, listings, the bulk and replication endpoints, settings,
-/// `_purge` and `_compact`, and `GET`/`HEAD`/`POST /{db}`. `PUT` and `DELETE /{db}` stay the
-/// data-store router's ([`super::server`]): the database is never created or deleted through
-/// the API.
-fn engine_serves(method: &axum::http::Method, path: &str) -> bool {
+/// Whether a request on the data-store database is the engine's ([`router`]): all of it but
+/// `PUT` and `DELETE /{db}`, which stay the data-store router's ([`super::server`]): the
+/// database is never created or deleted through the API; and, where the backend keeps trees
+/// itself (`native`), its design documents, views and Mango ([`NATIVE_DATA_STORE_ROUTER_KEEPS`]).
+fn engine_serves(method: &axum::http::Method, path: &str, native: bool) -> bool {
+    use axum::http::Method;
     let below = path.trim_start_matches('/').split_once('/').map(|(_, rest)| rest).unwrap_or("");
-    let segment = below.split('/').next().unwrap_or_default();
-    let segment = percent_encoding::percent_decode_str(segment).decode_utf8_lossy();
-    if segment.is_empty() {
-        use axum::http::Method;
+    if below.is_empty() {
         return matches!(*method, Method::GET | Method::HEAD | Method::POST);
     }
-    !DATA_STORE_ROUTER_KEEPS.contains(&segment.as_ref()) && !segment.starts_with("_design/")
+    if !native {
+        return true;
+    }
+    let segment = below.split('/').next().unwrap_or_default();
+    let segment = percent_encoding::percent_decode_str(segment).decode_utf8_lossy();
+    !NATIVE_DATA_STORE_ROUTER_KEEPS.contains(&segment.as_ref()) && !segment.starts_with("_design/")
+}
+
+/// Whether `db` is the data-store database as the engine serves it.
+pub(crate) fn is_data_store(state: &CouchState, db: &Arc<Database>) -> bool {
+    state.is_data_store(db)
 }
 
 /// A request on the data-store database served by the engine: it acts for a principal (401
@@ -161,7 +175,25 @@ async fn serve_data_store(state: &CouchState, mut request: Request) -> Response 
     if let Err(refusal) = super::require_principal(&mut request) {
         return refusal.into_response();
     }
+    // As it always answered them (its design paths were passed to a backend once).
+    let path = request.uri().path();
+    let below = path.trim_start_matches('/').split_once('/').map_or("", |(_, below)| below);
+    if let Err(refusal) = refuse_dot_segments(below) {
+        return refusal.into_response();
+    }
     route(state, request).await
+}
+
+/// A path below a database with a `.` or `..` segment (encoded or not) is refused (400): resolved,
+/// it would leave what it names (a design document, or the database).
+fn refuse_dot_segments(below: &str) -> Result<(), CouchError> {
+    for segment in below.split('/') {
+        let decoded = percent_encoding::percent_decode_str(segment).decode_utf8_lossy();
+        if decoded == "." || decoded == ".." {
+            return Err(CouchError::bad_request(format!("database paths may not contain the segment {segment:?}")));
+        }
+    }
+    Ok(())
 }
 
 /// A server error answered on a database that no longer exists was caused by its deletion
@@ -223,12 +255,7 @@ async fn forward(
     request: Request,
 ) -> Result<Response, CouchError> {
     let access = admit(db, identity).await?;
-    for segment in below.split('/') {
-        let decoded = percent_encoding::percent_decode_str(segment).decode_utf8_lossy();
-        if decoded == "." || decoded == ".." {
-            return Err(CouchError::bad_request(format!("database paths may not contain the segment {segment:?}")));
-        }
-    }
+    refuse_dot_segments(below)?;
     let (parts, body) = request.into_parts();
     // Read as CouchDB reads it (raw bytes, `+` a space): a header that is not ASCII still names
     // the id the backend will write, and is checked as that id.
@@ -492,6 +519,9 @@ fn data_store_admission(
 /// and a design document's routes (`{ddoc}`) are an admin's on the data-store database.
 fn confine_path(confinement: &Confinement, params: &HashMap<String, String>) -> Result<(), CouchError> {
     if let Some(id) = params.get("docid") {
+        if id.starts_with(crate::database::data_store_rules::DESIGN_PREFIX) {
+            confinement.check_design()?;
+        }
         confinement.check_id(id)?;
     }
     if params.contains_key("ddoc") {

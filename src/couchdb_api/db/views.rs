@@ -5,14 +5,16 @@
 //! /{db}/_design/{ddoc}/_info` and `POST /{db}/_view_cleanup`. Over the CouchDB backend these
 //! requests are forwarded before they reach here, and CouchDB answers them itself.
 //!
-//! What differs between the two kinds of database is one parameter, [`Viewed`]: where the
-//! design documents are read, the change feed the index follows ([`crate::views::ViewSource`]),
-//! and how `include_docs` reads documents. Everything else (parameters, plans, answers) is the
-//! same code.
+//! Every database is an engine [`Database`] and its own [`crate::views::ViewSource`] (its feed,
+//! its view incarnation read at every use, so a purge or `purge_user` in another process reaches
+//! the index). What the data-store database adds is in [`Viewed`]: `_view_cleanup` keeps its
+//! created Mango indexes' groups too, and `update_seq` shows its feed's positions as its
+//! `_changes` does (the backend's own tokens).
 //!
 //! On a database of [`crate::database`], anyone who may read it may query its views (a view
 //! holds only that database's documents), as in CouchDB. On the data-store database, views are
-//! for admins ([`crate::couchdb_api::design`]): a view reads every user's documents.
+//! for admins (`OpenDb` refuses a design document's routes to a per-user login): a view reads
+//! every user's documents.
 
 use std::sync::Arc;
 
@@ -26,7 +28,6 @@ use serde_json::{json, Map, Value};
 use super::{leaf_json, DocOptions, OpenDb};
 use crate::backend::IdRange;
 use crate::couchdb_api::all_docs::streamed_listing;
-use crate::couchdb_api::data_design::DataStoreSource;
 use crate::couchdb_api::error::{CouchError, CouchResult};
 use crate::couchdb_api::{json, Answer, CouchState};
 use crate::database::Database;
@@ -75,38 +76,33 @@ impl From<ViewError> for CouchError {
     }
 }
 
-/// The database a view request is on: what differs between the data-store database and the
-/// others.
+/// The database a view request is on, and whether it is the data-store database (what differs:
+/// its created Mango indexes' groups, the positions its feed shows).
 #[derive(Clone)]
-pub(crate) enum Viewed {
-    /// A database of [`crate::database`] (every one besides the data-store database).
-    Database(Arc<Database>),
-    /// The data-store database, over its backend ([`crate::couchdb_api::data_design`]).
-    DataStore(Arc<DataStoreSource>),
+pub(crate) struct Viewed {
+    db: Arc<Database>,
+    data_store: bool,
 }
 
 impl Viewed {
+    /// The opened database of a request.
+    fn of(state: &CouchState, db: &Arc<Database>) -> Self {
+        Viewed { db: Arc::clone(db), data_store: super::is_data_store(state, db) }
+    }
+
     fn source(&self) -> Arc<dyn ViewSource> {
-        match self {
-            Viewed::Database(db) => Arc::clone(db) as Arc<dyn ViewSource>,
-            Viewed::DataStore(source) => Arc::clone(source) as Arc<dyn ViewSource>,
-        }
+        Arc::clone(&self.db) as Arc<dyn ViewSource>
     }
 
     /// The design document `_design/{name}`'s views (404 `missing` / `deleted` as CouchDB).
     async fn design(&self, name: &str) -> CouchResult<DesignViews> {
         let id = format!("_design/{name}");
-        let doc = match self {
-            Viewed::Database(db) => {
-                let state = db.read(&id).await?.ok_or_else(|| CouchError::not_found("missing"))?;
-                if state.deleted() {
-                    return Err(CouchError::not_found("deleted"));
-                }
-                let winner = state.tree.winner().ok_or_else(|| CouchError::not_found("missing"))?;
-                leaf_json(&id, &state.tree, winner, DocOptions::default())
-            }
-            Viewed::DataStore(source) => source.design_doc(name).await?,
-        };
+        let state = self.db.read(&id).await?.ok_or_else(|| CouchError::not_found("missing"))?;
+        if state.deleted() {
+            return Err(CouchError::not_found("deleted"));
+        }
+        let winner = state.tree.winner().ok_or_else(|| CouchError::not_found("missing"))?;
+        let doc = leaf_json(&id, &state.tree, winner, DocOptions::default());
         let design = DesignViews::parse(&doc).map_err(|invalid| ViewError::InvalidDesign(invalid.0))?;
         Ok(design.in_database(self.source().name()))
     }
@@ -114,35 +110,26 @@ impl Viewed {
     /// The signatures of every live design document's views (`_view_cleanup` keeps them).
     async fn signatures(&self) -> CouchResult<Vec<String>> {
         let mut keep = Vec::new();
-        match self {
-            Viewed::Database(db) => {
-                let range = IdRange::design_documents();
-                let mut token: Option<String> = None;
-                loop {
-                    let page = db.all_docs(&range, 100, token.as_deref()).await?;
-                    for (id, state) in &page.items {
-                        if let Some(winner) = state.tree.winner() {
-                            let doc = leaf_json(id, &state.tree, winner, DocOptions::default());
-                            if let Ok(design) = DesignViews::parse(&doc) {
-                                keep.push(design.signature);
-                            }
-                        }
-                    }
-                    match page.next {
-                        Some(next) => token = Some(next),
-                        None => break,
-                    }
-                }
-            }
-            Viewed::DataStore(source) => {
-                for doc in source.design_docs().await? {
+        let range = IdRange::design_documents();
+        let mut token: Option<String> = None;
+        loop {
+            let page = self.db.all_docs(&range, 100, token.as_deref()).await?;
+            for (id, state) in &page.items {
+                if let Some(winner) = state.tree.winner() {
+                    let doc = leaf_json(id, &state.tree, winner, DocOptions::default());
                     if let Ok(design) = DesignViews::parse(&doc) {
                         keep.push(design.signature);
                     }
                 }
-                // Its created Mango indexes are groups too, recorded in the index catalog.
-                keep.extend(source.mango_index_signatures().await?);
             }
+            match page.next {
+                Some(next) => token = Some(next),
+                None => break,
+            }
+        }
+        if self.data_store {
+            // Its created Mango indexes are groups too, recorded in its index catalog.
+            keep.extend(crate::mango::index::data_store_signatures(self.db.backend().as_ref()).await?);
         }
         Ok(keep)
     }
@@ -157,13 +144,13 @@ pub async fn view(
     headers: HeaderMap,
     body: Body,
 ) -> Answer {
-    let viewed = Viewed::Database(Arc::clone(&opened.db));
+    let viewed = Viewed::of(&state, &opened.db);
     view_answer(&state, &viewed, &opened.params.ddoc, &opened.params.view, method, &params, &headers, body).await
 }
 
-/// A view's answer, on any database: the query from `params` and, for a `POST`, the body.
+/// A view's answer: the query from `params` and, for a `POST`, the body.
 #[allow(clippy::too_many_arguments)]
-pub(crate) async fn view_answer(
+async fn view_answer(
     state: &CouchState,
     viewed: &Viewed,
     ddoc: &str,
@@ -198,7 +185,7 @@ pub async fn view_queries(
     headers: HeaderMap,
     body: Body,
 ) -> Answer {
-    let viewed = Viewed::Database(Arc::clone(&opened.db));
+    let viewed = Viewed::of(&state, &opened.db);
     queries_answer(&state, &viewed, &opened.params.ddoc, &opened.params.view, &params, &headers, body).await
 }
 
@@ -208,7 +195,7 @@ pub async fn view_queries(
 /// flight at a time however many queries there are (`couchdb_max_view_queries` at most: CouchDB
 /// sets none, only its body limit; the bound is on the work one request queues, not on memory,
 /// docs/bounds.md).
-pub(crate) async fn queries_answer(
+async fn queries_answer(
     state: &CouchState,
     viewed: &Viewed,
     ddoc: &str,
@@ -283,11 +270,11 @@ fn checked_queries(
 
 /// `GET /{db}/_design/{ddoc}/_info`.
 pub async fn design_info(State(state): State<CouchState>, opened: OpenDb<DesignPath>) -> Answer {
-    info_answer(&state, &Viewed::Database(Arc::clone(&opened.db)), &opened.params.ddoc).await
+    info_answer(&state, &Viewed::of(&state, &opened.db), &opened.params.ddoc).await
 }
 
 /// The answer of `_design/{ddoc}/_info`, on any database.
-pub(crate) async fn info_answer(state: &CouchState, viewed: &Viewed, ddoc: &str) -> Answer {
+async fn info_answer(state: &CouchState, viewed: &Viewed, ddoc: &str) -> Answer {
     let design = viewed.design(ddoc).await?;
     let indexer = state.views.indexer().await?;
     let group = indexer.current(viewed.source().as_ref(), &design).await?;
@@ -317,11 +304,11 @@ pub(crate) async fn info_answer(state: &CouchState, viewed: &Viewed, ddoc: &str)
 /// `POST /{db}/_view_cleanup`: drops the indexes no design document of the database uses.
 pub async fn view_cleanup(State(state): State<CouchState>, opened: OpenDb, headers: HeaderMap) -> Answer {
     opened.access.require_db_admin_to_compact()?;
-    cleanup_answer(&state, &Viewed::Database(Arc::clone(&opened.db)), &headers).await
+    cleanup_answer(&state, &Viewed::of(&state, &opened.db), &headers).await
 }
 
 /// The answer of `_view_cleanup`, on any database (its caller checked who asks).
-pub(crate) async fn cleanup_answer(state: &CouchState, viewed: &Viewed, headers: &HeaderMap) -> Answer {
+async fn cleanup_answer(state: &CouchState, viewed: &Viewed, headers: &HeaderMap) -> Answer {
     crate::couchdb_api::request::require_json_content_type(headers)?;
     let keep = viewed.signatures().await?;
     let source = viewed.source();
@@ -346,13 +333,14 @@ async fn read_object(state: &CouchState, headers: &HeaderMap, body: Body) -> Cou
 
 /// The group's feed position as the database's `_changes` shows a sequence.
 async fn shown_seq(viewed: &Viewed, group: &ReadyGroup) -> crate::Result<Value> {
-    Ok(match (&group.state.checkpoint, viewed) {
-        (None, _) => Value::from(0),
-        (Some(token), Viewed::Database(db)) => Value::from(
+    let db = &viewed.db;
+    Ok(match &group.state.checkpoint {
+        None => Value::from(0),
+        // The data-store database's feed shows its backend's tokens as they are.
+        Some(token) if viewed.data_store => Value::from(token.as_str()),
+        Some(token) => Value::from(
             db.while_open(crate::database::seq::shown_position(db.backend().as_ref(), db.erased_doc(), token)).await?,
         ),
-        // The data-store database's feed shows its backend's tokens as they are.
-        (Some(token), Viewed::DataStore(_)) => Value::from(token.as_str()),
     })
 }
 
@@ -515,14 +503,7 @@ async fn included_docs(included: &IncludedDocs, rows: &[IndexRow]) -> crate::Res
         .iter()
         .map(|row| row.value.get("_id").and_then(Value::as_str).map(str::to_owned).unwrap_or_else(|| row.id.clone()))
         .collect();
-    let db = match &included.viewed {
-        Viewed::Database(db) => db,
-        Viewed::DataStore(source) => {
-            let wanted: Vec<Option<&str>> =
-                rows.iter().map(|row| row.value.get("_rev").and_then(Value::as_str)).collect();
-            return source.included_docs(&ids, &wanted, included.options.conflicts).await;
-        }
-    };
+    let db = &included.viewed.db;
     let states = db.read_many(&ids).await?;
     let mut docs = Vec::with_capacity(rows.len());
     for ((id, row), state) in ids.iter().zip(rows).zip(states) {

@@ -9,7 +9,7 @@
 //! other purge is named). An index built in between is built under the marked incarnation, and
 //! the erasure may come after it read the document; if the process stops before its last step,
 //! the next process that opens an index over the database finds the mark, sees the named document
-//! gone, and ends the incarnation itself ([`Database::settle_views_purges`]). A named document
+//! gone, and ends the incarnation itself ([`Database::kept_views_incarnation`]). A named document
 //! that still exists is a purge under way or one stopped before its erasure: its rows are right.
 //! docs/design/crash-points.md, "Views", has every step.
 
@@ -55,10 +55,13 @@ impl Database {
         self.replace_views_incarnation(|named| named.retain(|other| other != id)).await
     }
 
-    /// Before an index is opened over the database: a purge named by the kept incarnation whose
-    /// document is gone was stopped between its erasure and its last step; the incarnation is
-    /// ended for it here. Reads one document per purge named, only when one is.
-    pub async fn settle_views_purges(&self) -> Result<()> {
+    /// The database's view incarnation as it is kept now, read at every call (never remembered:
+    /// a purge or `purge_user` in another process ends it, and the next index use must see that).
+    /// A purge named by the kept incarnation whose document is gone was stopped between its
+    /// erasure and its last step; the incarnation is ended for it here first. One read of the
+    /// incarnation's local document, and one document per purge named, only when one is. `None`
+    /// when no incarnation is kept (the caller makes one) or one was just ended.
+    pub async fn kept_views_incarnation(&self) -> Result<Option<String>> {
         let kept = self.while_open(self.backend.get_local(self.views_incarnation_doc())).await?;
         let mut gone = Vec::new();
         for id in purging(kept.as_ref()) {
@@ -67,14 +70,14 @@ impl Database {
             }
         }
         if gone.is_empty() {
-            return Ok(());
+            return Ok(kept.and_then(|doc| doc.body.get("id").and_then(Value::as_str).map(str::to_owned)));
         }
-        self.replace_views_incarnation(|named| named.retain(|id| !gone.contains(id))).await
+        self.replace_views_incarnation(|named| named.retain(|id| !gone.contains(id))).await?;
+        Ok(None)
     }
 
     /// Ends the kept incarnation, against other writers of it: replaced by a new one naming the
     /// purges `change` leaves named, or deleted when it leaves none (the next index makes one).
-    /// This process forgets the incarnation it knew.
     async fn replace_views_incarnation(&self, change: impl Fn(&mut Vec<String>)) -> Result<()> {
         for _ in 0..MAX_TRIES {
             let kept = self.backend.get_local(self.views_incarnation_doc()).await?;
@@ -95,10 +98,7 @@ impl Database {
                 }
             };
             match written {
-                Ok(()) => {
-                    self.forget_views_incarnation();
-                    return Ok(());
-                }
+                Ok(()) => return Ok(()),
                 // Replaced meanwhile: end that one.
                 Err(err) if matches!(err.kind(), ErrorKind::Conflict | ErrorKind::NotFound) => continue,
                 Err(err) => return Err(err),

@@ -11,7 +11,7 @@ use agentstore::backend::rev_tree::RevTree;
 use agentstore::backend::{DocumentBackend, Precondition};
 use agentstore::store::{DataStore, StoreOptions};
 use libtest_mimic::Failed;
-use serde_json::{json, Map};
+use serde_json::{json, Map, Value};
 
 use super::{doc, path_of, Endpoint, DB};
 use crate::common::{check, TestResult};
@@ -142,4 +142,71 @@ pub(super) async fn data_store_design_documents_are_records(e: Endpoint) -> Test
     check(store.get_all("user_1", "z").await?.is_empty(), || "entries of user_1/z".to_owned())?;
     check(store.list_keys("user_1", "z").await?.is_empty(), || "keys of user_1/z".to_owned())?;
     Ok(())
+}
+
+/// A `validate_doc_update` in a design document of the data-store database runs on every write
+/// after the data-store rules, as on every other database (the guard chain `DataStoreRules`,
+/// then `validate_doc_update`): its `forbidden` is CouchDB's 403 for a single write and a row of
+/// `_bulk_docs`, with its `userCtx`; a write the data-store rules refuse is refused by them first.
+/// Removing the design document lifts its rule.
+pub(super) async fn data_store_validate_doc_update(e: Endpoint) -> TestResult {
+    if e.backend == "couchdb" {
+        println!("data_store_validate_doc_update: skipped on the CouchDB backend (its own design documents)");
+        return Ok(());
+    }
+    let guard = json!({"validate_doc_update": "function(newDoc, oldDoc, userCtx) { \
+        var who = userCtx.roles.indexOf('_admin') >= 0 ? 'an admin' : 'a user'; \
+        if (newDoc.value === 'bad') throw({forbidden: 'no bad values from ' + who}); }"});
+    let written =
+        e.put(&format!("/{DB}/_design/guard"), guard).await?.expect(201, "PUT a validating design document")?;
+    let good = doc("user_1", "ns", "good", json!("fine"));
+    e.put(&path_of(good["_id"].as_str().unwrap_or_default()), good.clone()).await?.expect(201, "a valid write")?;
+    let bad = doc("user_1", "ns", "bad", json!("bad"));
+    let refused = e.put(&path_of(bad["_id"].as_str().unwrap_or_default()), bad.clone()).await?.expect(403, "bad")?;
+    let from_the_function =
+        |body: &Value| body["reason"].as_str().is_some_and(|r| r.starts_with("no bad values from "));
+    check(refused.body["error"] == "forbidden" && from_the_function(&refused.body), || {
+        format!("validate_doc_update's refusal: {}", refused.body)
+    })?;
+    let docs = json!({"docs": [bad.clone(), doc("user_1", "ns", "ok", json!(1))]});
+    let bulk = e.post(&format!("/{DB}/_bulk_docs"), docs).await?.expect(201, "_bulk_docs")?;
+    check(
+        bulk.body[0]["error"] == "forbidden" && from_the_function(&bulk.body[0]) && bulk.body[1]["ok"] == json!(true),
+        || format!("_bulk_docs rows: {}", bulk.body),
+    )?;
+    // The data-store rules come first: a mismatched id is theirs to refuse.
+    let mut mismatched = doc("user_1", "ns", "other", json!("bad"));
+    mismatched["key"] = json!("not-other");
+    let first =
+        e.put(&path_of(mismatched["_id"].as_str().unwrap_or_default()), mismatched).await?.expect(403, "ids")?;
+    check(first.body["reason"].as_str().is_some_and(|reason| reason.contains("userId")), || {
+        format!("the data-store rules first: {}", first.body)
+    })?;
+    let rev = written.rev()?;
+    e.delete(&format!("/{DB}/_design/guard?rev={rev}")).await?.expect(200, "DELETE the design document")?;
+    e.put(&path_of(bad["_id"].as_str().unwrap_or_default()), bad).await?.expect(201, "no rule once it is deleted")?;
+    Ok(())
+}
+
+/// A replicator's write of a design document (`new_edits=false`) is an admin's on the
+/// data-store database as on CouchDB: by `PUT ?new_edits=false` and by `_bulk_docs`, the
+/// revision kept as sent.
+pub(super) async fn data_store_replicated_design_documents(e: Endpoint) -> TestResult {
+    if e.backend == "couchdb" {
+        println!("data_store_replicated_design_documents: skipped on the CouchDB backend (its own design documents)");
+        return Ok(());
+    }
+    let rev = "1-0123456789abcdef0123456789abcdef";
+    let body = json!({"_id": "_design/put", "_rev": rev, "views": {"v": {"map": BY_NS}}});
+    let put = e.put(&format!("/{DB}/_design/put?new_edits=false"), body).await?.expect(201, "PUT ?new_edits=false")?;
+    check(put.body["rev"] == rev, || format!("PUT ?new_edits=false: {}", put.body))?;
+    let bulk = json!({"new_edits": false, "docs": [{"_id": "_design/bulk", "_rev": rev, "views": {}}]});
+    let bulked = e.post(&format!("/{DB}/_bulk_docs"), bulk).await?.expect(201, "_bulk_docs new_edits=false")?;
+    check(bulked.body == json!([]), || format!("_bulk_docs new_edits=false: {}", bulked.body))?;
+    for id in ["_design/put", "_design/bulk"] {
+        let read = e.get(&format!("/{DB}/{id}")).await?.expect(200, "GET the replicated design document")?;
+        check(read.body["_rev"] == rev, || format!("{id}: {}", read.body))?;
+    }
+    let view = e.get(&format!("/{DB}/_design/put/_view/v")).await?.expect(200, "its view")?;
+    check(view.body["rows"].is_array(), || format!("the replicated design document's view: {}", view.body))
 }

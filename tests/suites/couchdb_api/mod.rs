@@ -210,6 +210,10 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         }),
         ("data_store_concurrent_edits_one_wins", |e| Box::pin(data_store_engine::concurrent_edits_one_wins(e))),
         ("data_store_edit_of_a_deleted_leaf", |e| Box::pin(data_store_engine::edit_of_a_deleted_leaf(e))),
+        ("data_store_validate_doc_update", |e| Box::pin(data_store_design::data_store_validate_doc_update(e))),
+        ("data_store_replicated_design_documents", |e| {
+            Box::pin(data_store_design::data_store_replicated_design_documents(e))
+        }),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
