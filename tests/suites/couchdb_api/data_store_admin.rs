@@ -230,7 +230,8 @@ pub(super) async fn data_store_purge_count_out_of_reach(e: Endpoint) -> TestResu
 
 /// An admin's purge on the data-store database erases exactly the leaf named: a purged winner
 /// (the only leaf) is gone for the REST API too; a purged losing leaf leaves the record as it was;
-/// the winner alone of a document with other leaves is refused (400), every leaf purged.
+/// a purged winner of a document with other leaves gives way to the next winner (CouchDB's
+/// rules), which the REST API reads too; then the last leaf purged.
 pub(super) async fn data_store_purge_by_admin(e: Endpoint) -> TestResult {
     if !engine_backend(&e) {
         return Ok(());
@@ -281,20 +282,29 @@ pub(super) async fn data_store_purge_by_admin(e: Endpoint) -> TestResult {
         format!("no conflict left: {}", read.body)
     })?;
 
-    // The winner purged while a conflict stands is refused (the record cannot go back to a
-    // losing leaf), nothing changed; with every leaf it is purged.
+    // The winner purged while a conflict stands: as in CouchDB, the next winner by its rules
+    // becomes the document, for the CouchDB face, `_all_docs`, the feed and the REST API alike.
     let c = format!("2-{}", "c".repeat(32));
     e.post(&format!("/{DB}/_bulk_docs"), json!({ "new_edits": false, "docs": [branch(&c, "newer")] }))
         .await?
         .expect(201, "a conflict again")?;
-    let refused = e.post(&format!("/{DB}/_purge"), json!({ two.clone(): [c.clone()] })).await?;
+    let purged = e.post(&format!("/{DB}/_purge"), json!({ two.clone(): [c.clone()] })).await?.expect(201, "winner")?;
+    check(purged.body["purged"][&two] == json!([c]), || format!("purging the winner of a conflict: {}", purged.body))?;
+    let read = e.get(&format!("{}?conflicts=true", path_of(&two))).await?.expect(200, "after the winner's purge")?;
     check(
-        refused.status == StatusCode::BAD_REQUEST && refused.body["reason"].as_str().is_some_and(|r| r.contains(&c)),
-        || format!("purging the winner of a conflict: {} {}", refused.status, refused.body),
+        read.body["_rev"] == b.as_str() && read.body["value"] == "winner" && read.body.get("_conflicts").is_none(),
+        || format!("the next winner after the winner's purge: {}", read.body),
     )?;
     let record = store.peek("carol", "ns", "two").await?;
-    check(record.as_ref().is_some_and(|r| r.rev.as_str() == c), || format!("the record kept: {record:?}"))?;
-    e.post(&format!("/{DB}/_purge"), json!({ two.clone(): [c, b] })).await?.expect(201, "purge every leaf")?;
+    check(record.as_ref().is_some_and(|r| r.rev.as_str() == b && r.body["value"] == "winner"), || {
+        format!("the REST API after the winner's purge: {record:?}")
+    })?;
+    let listed = e.post(&format!("/{DB}/_all_docs"), json!({ "keys": [two] })).await?.expect(200, "_all_docs")?;
+    check(listed.body["rows"][0]["value"]["rev"] == b.as_str(), || format!("_all_docs: {}", listed.body))?;
+    let feed = e.get(&format!("/{DB}/_changes")).await?.expect(200, "_changes")?;
+    let fed = feed.body["results"].as_array().and_then(|rows| rows.iter().find(|row| row["id"] == two.as_str()));
+    check(fed.is_some_and(|row| row["changes"] == json!([{ "rev": b }])), || format!("_changes: {}", feed.body))?;
+    e.post(&format!("/{DB}/_purge"), json!({ two.clone(): [b] })).await?.expect(201, "purge the last leaf")?;
     let gone = store.peek("carol", "ns", "two").await?;
     check(gone.is_none(), || format!("the REST API after purging every leaf: {gone:?}"))?;
     Ok(())
