@@ -908,6 +908,12 @@ async fn finish(cursor: &mut Cursor) -> crate::Result<String> {
         cursor.pending =
             confined_pending(cursor.backend.as_ref(), cursor.since.as_deref(), &cursor.request.confinement).await?;
     }
+    // At the end of the data-store database's feed (positions the store's own, no rank to carry
+    // `N`), `last_seq` never goes back with a purge of the feed's last entry.
+    if let (SeqForm::StoreTokens, 0, Some(db)) = (cursor.form, cursor.pending, cursor.database.as_deref()) {
+        let last_seq = cursor.last_seq.clone();
+        cursor.last_seq = seq::at_least_purge_floor(cursor.backend.as_ref(), db.erased_doc(), last_seq).await?;
+    }
     if let Some(ranks) = &cursor.ranks {
         // The feed's length now closes the answer; a count that fails (the database deleted
         // meanwhile) leaves the rank read so far and the read's own `pending`.
