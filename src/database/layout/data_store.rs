@@ -255,10 +255,10 @@ impl<'a, B: DocumentBackend + ?Sized> DataStoreView<'a, B> {
                 let path = RevPath { start: info.ancestry.start, ids: info.ancestry.ids.clone() };
                 tree.merge(path, info.deleted, body.unwrap_or_default(), usize::MAX);
             }
-            // A marked side document with no record is a save cut between erasing the record and
-            // writing its new winner (a purged winner): the side holds the whole tree, and
-            // finishing the save writes the record. Unmarked leaves with no record are what an
-            // erasure left behind: nothing is stored.
+            // A marked side document with no record is a save cut before its record write (one
+            // that erased the record of a purged winner, or a first save with several leaves):
+            // the side holds the whole tree, and finishing the save writes the record. Unmarked
+            // leaves with no record are what an erasure left behind: nothing is stored.
             None if marked && !side_leaves.is_empty() => {}
             None => return Ok(Some(None)),
         }
