@@ -13,7 +13,8 @@
 //!   are done. Databases show them `N-token`, `N` the position's rank in the feed, and their
 //!   `pending` is the feed's length less the rank ([`crate::database::seq`]). The data-store
 //!   database shows the store's own tokens ([`SeqForm::StoreTokens`]: why there), sealed for a
-//!   per-user login ([`super::position_seal`]).
+//!   per-user login ([`super::position_seal`]); at the end of its feed `last_seq` is never before
+//!   the latest purge's position ([`seq::at_least_purge_floor`]).
 //! - What the login may see is a parameter ([`Confinement`]): a per-user login on the data-store
 //!   database is answered rows of its own ids only, and its `pending` counts only them
 //!   ([`CONFINED_PENDING_READ_LIMIT`]).
