@@ -471,6 +471,14 @@ pub trait DocumentBackend: Send + Sync + 'static {
     /// itself shows later writes too (the unsettled tail).
     fn change_feed_delay(&self) -> std::time::Duration;
 
+    /// How two positions of this backend's feed (tokens it handed out: `last_seq`s, change
+    /// `seq`s, [`Self::change_position`]s) compare in feed order: `Less` when `a` lies before `b`.
+    /// `None` when it cannot tell (a token it does not read as a point of its feed, or a backend
+    /// whose positions say nothing of order). Reads nothing: decided from the tokens alone.
+    fn position_order(&self, _a: &str, _b: &str) -> Option<std::cmp::Ordering> {
+        None
+    }
+
     /// One page of live documents in `range`, in id order (raw UTF-8 collation; tombstones, local
     /// and design documents never included); pass `next` back to continue.
     async fn all_docs(&self, range: &IdRange, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>>;

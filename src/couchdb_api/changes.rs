@@ -13,7 +13,8 @@
 //!   are done. Databases show them `N-token`, `N` the position's rank in the feed, and their
 //!   `pending` is the feed's length less the rank ([`crate::database::seq`]). The data-store
 //!   database shows the store's own tokens ([`SeqForm::StoreTokens`]: why there), sealed for a
-//!   per-user login ([`super::position_seal`]).
+//!   per-user login ([`super::position_seal`]); at the end of its feed `last_seq` is never before
+//!   the latest purge's position ([`seq::at_least_purge_floor`]).
 //! - What the login may see is a parameter ([`Confinement`]): a per-user login on the data-store
 //!   database is answered rows of its own ids only, and its `pending` counts only them
 //!   ([`CONFINED_PENDING_READ_LIMIT`]).
@@ -845,6 +846,12 @@ async fn finish(cursor: &mut Cursor) -> crate::Result<String> {
     if cursor.pending > 0 && cursor.request.confinement.only_user().is_some() {
         cursor.pending =
             confined_pending(cursor.backend.as_ref(), cursor.since.as_deref(), &cursor.request.confinement).await?;
+    }
+    // At the end of the data-store database's feed (positions the store's own, no rank to carry
+    // `N`), `last_seq` never goes back with a purge of the feed's last entry.
+    if let (SeqForm::StoreTokens, 0, Some(db)) = (cursor.form, cursor.pending, cursor.database.as_deref()) {
+        let last_seq = cursor.last_seq.clone();
+        cursor.last_seq = seq::at_least_purge_floor(cursor.backend.as_ref(), db.erased_doc(), last_seq).await?;
     }
     if let Some(ranks) = &cursor.ranks {
         // The feed's length now closes the answer; a count that fails (the database deleted

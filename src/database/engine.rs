@@ -794,7 +794,6 @@ impl Database {
             if purged.is_empty() {
                 return Ok(purged);
             }
-            self.check_purge_keeps_record(id, &state, &tree, &purged)?;
             let saved = if tree.is_empty() {
                 // Counted first, so a feed's rank never goes back with the erasure (`seq`).
                 super::seq::count_erased(self.backend.as_ref(), self.local_names.erased).await?;
@@ -813,26 +812,6 @@ impl Database {
             }
         }
         Err(Error::conflict(format!("purge of {id:?} kept meeting other writers; try again")))
-    }
-
-    /// The data-store layout's record holds the winner, and a save moves it only forward (to a
-    /// leaf that beats it): purging the winner while other leaves stay would ask it to go back to
-    /// a losing one, which every save would refuse as a conflict. Refused at once instead (400
-    /// naming what may be purged), nothing changed; purging every leaf, or the losing ones, works.
-    fn check_purge_keeps_record(&self, id: &str, state: &DocState, after: &RevTree, purged: &[String]) -> Result<()> {
-        let Layout::DataStore(_) = &*self.layout else { return Ok(()) };
-        let winner = state.winner_rev();
-        if after.is_empty() || !winner.as_ref().is_some_and(|winner| purged.contains(winner)) {
-            return Ok(());
-        }
-        Err(Error::new(
-            ErrorKind::InvalidInput,
-            format!(
-                "{id:?}: on the data-store database the winning revision {} may be purged only with every other \
-                 leaf of the document (or purge the losing leaves alone)",
-                winner.unwrap_or_default()
-            ),
-        ))
     }
 
     /// Asks for a collection when `after` references fewer attachment bytes than `before` (a

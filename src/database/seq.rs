@@ -78,8 +78,12 @@ const ERASED_TRIES: usize = 16;
 
 /// Counts one more feed entry taken out by a purge. Called before the erasure, so a crash
 /// between the two leaves `N` one ahead, never behind (and a purge retried against another
-/// writer counts again: `N` only runs ahead). One small write per document purged whole.
+/// writer counts again: `N` only runs ahead). One small write per document purged whole. The
+/// same write records the feed's position before the erasure ([`POSITION_FIELD`]): a feed read
+/// to its end never answers a `last_seq` before it ([`purge_floor`]), though the erased entry may
+/// have been the feed's last.
 pub async fn count_erased(backend: &dyn DocumentBackend, erased_name: &str) -> crate::Result<()> {
+    let position = backend.change_position().await?;
     for _ in 0..ERASED_TRIES {
         let stored = backend.get_local(erased_name).await?;
         let (count, precondition) = match &stored {
@@ -91,6 +95,7 @@ pub async fn count_erased(backend: &dyn DocumentBackend, erased_name: &str) -> c
         };
         let mut body = serde_json::Map::new();
         body.insert("count".into(), serde_json::Value::from(count.saturating_add(1)));
+        body.insert(POSITION_FIELD.into(), serde_json::Value::from(position.as_str()));
         match backend.put_local(erased_name, &body, precondition).await {
             Ok(_) => {
                 with_erased_seen(|seen| seen.remove(&seen_key(backend, erased_name)));
@@ -101,6 +106,34 @@ pub async fn count_erased(backend: &dyn DocumentBackend, erased_name: &str) -> c
         }
     }
     Err(crate::Error::conflict("other purges kept counting the feed's erased entries; try again"))
+}
+
+/// The field of the erased count's local document holding the feed's position the latest purge
+/// read before its erasure.
+pub const POSITION_FIELD: &str = "position";
+
+/// The feed's position the latest purge read before erasing a document ([`count_erased`]);
+/// `None` before any. A read of the feed that reaches its end answers at least this position:
+/// a purge of the feed's last entry would otherwise move the end of a fresh read back on
+/// backends whose end is their last entry's position (DynamoDB, Firestore).
+pub async fn purge_floor(backend: &dyn DocumentBackend, erased_name: &str) -> crate::Result<Option<String>> {
+    Ok(backend.get_local(erased_name).await?.and_then(|doc| match doc.body.get(POSITION_FIELD) {
+        Some(serde_json::Value::String(position)) => Some(position.clone()),
+        _ => None,
+    }))
+}
+
+/// The `last_seq` a feed read that reached the end answers: `last_seq` itself, or the position
+/// of the latest purge ([`purge_floor`]) when the backend places `last_seq` before it (or it is
+/// the start of the feed, `0`).
+pub async fn at_least_purge_floor(
+    backend: &dyn DocumentBackend,
+    erased_name: &str,
+    last_seq: String,
+) -> crate::Result<String> {
+    let Some(floor) = purge_floor(backend, erased_name).await? else { return Ok(last_seq) };
+    let before = last_seq == "0" || backend.position_order(&last_seq, &floor) == Some(std::cmp::Ordering::Less);
+    Ok(if before { floor } else { last_seq })
 }
 
 /// How many feed entries purges took out ([`count_erased`]), read from the backend.

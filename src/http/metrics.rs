@@ -252,6 +252,10 @@ impl DocumentBackend for MeteredBackend {
         self.inner.change_feed_delay()
     }
 
+    fn position_order(&self, a: &str, b: &str) -> Option<std::cmp::Ordering> {
+        self.inner.position_order(a, b)
+    }
+
     async fn all_docs(&self, range: &IdRange, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
         timed!(self, "all_docs", self.inner.all_docs(range, limit, page_token))
     }

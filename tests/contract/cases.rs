@@ -96,6 +96,7 @@ fn crash_sweep_data_store_cases() -> Vec<Case> {
         crash_sweep_data_store_promotion,
         crash_sweep_data_store_edit_losing_leaf,
         crash_sweep_data_store_resolve_conflict,
+        crash_sweep_data_store_purge_winner,
     ]
 }
 

@@ -216,6 +216,7 @@ impl Catalog for CrashingCatalog {
 pub const DESCRIPTIVE: &[&str] = &[
     "describe",
     "change_feed_delay",
+    "position_order",
     "url",
     "forwards_requests",
     "attachment_chunk_bytes",

@@ -2,7 +2,7 @@
 //! windows of its tree layout; docs/design/crash-points.md, "The data-store layout"): each
 //! replicated write that changes a document's other leaves (a new conflict, the promotion of a
 //! leaf, an edit of a losing leaf, the deletion that resolves a conflict) is run through the
-//! facade ([`DataStore::put_replicated`], what the CouchDB face's writes of the data-store
+//! facade (a purge of a conflicted document's winner through the engine's data-store database) ([`DataStore::put_replicated`], what the CouchDB face's writes of the data-store
 //! database call) over the crash layer (`crash.rs`) cut at its `k`-th backend call, for every `k`
 //! until it runs uncut, both ways (the process stopped; the answer of call `k` lost).
 //!
@@ -26,6 +26,7 @@ use std::sync::Arc;
 
 use agentstore::backend::{DocumentBackend, IdRange, Precondition, ReplicatedRevision, Revision};
 use agentstore::database::layout::data_store;
+use agentstore::database::Database;
 use agentstore::store::{DataStore, StoreOptions};
 use agentstore::Result;
 use serde_json::{json, Map, Value};
@@ -54,6 +55,9 @@ enum Operation {
     EditLosingLeaf,
     /// The losing leaf deleted: the conflict resolved.
     ResolveConflict,
+    /// The winner of a conflicted document purged (`_purge` through the engine's data-store
+    /// database): the losing leaf becomes the winner, the record erased and written anew.
+    PurgeWinner,
 }
 
 /// One document as the checks compare it: its winner and every leaf with its body.
@@ -98,6 +102,7 @@ fn incoming(operation: Operation, key: &str) -> ReplicatedRevision {
         Operation::Promotion => revision(key, &[rev(3, 'd'), rev(2, 'c'), root], true, Value::Null),
         Operation::EditLosingLeaf => revision(key, &[rev(3, 'e'), rev(2, 'b'), root], false, json!("edited")),
         Operation::ResolveConflict => revision(key, &[rev(3, 'f'), rev(2, 'b'), root], true, Value::Null),
+        Operation::PurgeWinner => unreachable!("a purge writes no revision"),
     }
 }
 
@@ -105,6 +110,11 @@ fn incoming(operation: Operation, key: &str) -> ReplicatedRevision {
 async fn run(operation: Operation, backend: Arc<dyn DocumentBackend>, key: &str) -> Result<()> {
     let store = facade(backend).await?;
     let id = agentstore::model::DocumentId::parse(&id_of(USER, NAMESPACE, key))?;
+    if operation == Operation::PurgeWinner {
+        // The CouchDB face's `_purge` of the data-store database: the engine's database over it.
+        let database = Database::data_store(agentstore::model::COLLECTION.to_owned(), Arc::clone(store.backend()))?;
+        return database.purge(id.as_str(), &[rev(2, 'c')]).await.map(drop);
+    }
     store.put_replicated(&id, &incoming(operation, key)).await.map(drop)
 }
 
@@ -285,4 +295,8 @@ pub async fn crash_sweep_data_store_edit_losing_leaf(ctx: Ctx) {
 
 pub async fn crash_sweep_data_store_resolve_conflict(ctx: Ctx) {
     sweep_operation(ctx, Operation::ResolveConflict).await
+}
+
+pub async fn crash_sweep_data_store_purge_winner(ctx: Ctx) {
+    sweep_operation(ctx, Operation::PurgeWinner).await
 }

@@ -676,6 +676,10 @@ impl DocumentBackend for DynamoDbBackend {
         self.config.settle
     }
 
+    fn position_order(&self, a: &str, b: &str) -> Option<std::cmp::Ordering> {
+        super::feed::position_order(a, b)
+    }
+
     async fn all_docs(&self, range: &IdRange, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
         self.all_docs_page(range, limit, page_token).await
     }

@@ -95,6 +95,17 @@ const MARK_DOCUMENT_DIGITS: usize = 8;
 /// which name one write.
 const MARK_DIGITS: usize = MARK_DOCUMENT_DIGITS + 16;
 
+/// How two tokens compare in feed order: by the furthest position each names (the delivered one
+/// when past the settled one). Positions are fixed-width (13 digits of milliseconds, then a
+/// counter or `g`, which sorts after every counter of its millisecond): compared as text.
+pub(super) fn position_order(a: &str, b: &str) -> Option<std::cmp::Ordering> {
+    let furthest = |text: &str| {
+        let token = FeedToken::parse(text).ok()?;
+        Some(token.delivered.filter(|delivered| *delivered > token.settled).unwrap_or(token.settled))
+    };
+    Some(furthest(a)?.cmp(&furthest(b)?))
+}
+
 /// The mark of a change read from the feed index (its `seq` still the index position).
 fn mark_of(change: &Change) -> String {
     use sha2::{Digest, Sha256};

@@ -230,6 +230,11 @@ impl DocumentBackend for EmbeddedBackend {
         std::time::Duration::ZERO
     }
 
+    /// Positions are the feed's counter: compared as numbers.
+    fn position_order(&self, a: &str, b: &str) -> Option<std::cmp::Ordering> {
+        Some(a.parse::<u64>().ok()?.cmp(&b.parse::<u64>().ok()?))
+    }
+
     async fn all_docs(&self, range: &IdRange, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
         let (range, after, limit) = (range.clone(), page_token.map(str::to_owned), limit.max(1));
         self.blocking(move |db| ids::all_docs(db, &range, after, limit)).await

@@ -493,6 +493,10 @@ impl DocumentBackend for FirestoreBackend {
         self.config.settle
     }
 
+    fn position_order(&self, a: &str, b: &str) -> Option<std::cmp::Ordering> {
+        super::feed::position_order(a, b)
+    }
+
     async fn all_docs(&self, range: &IdRange, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
         self.id_order_page(range, limit, page_token).await
     }

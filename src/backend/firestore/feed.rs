@@ -169,6 +169,19 @@ pub fn timestamp(text: &str) -> Option<DateTime<Utc>> {
     DateTime::parse_from_rfc3339(text).ok().map(|t| t.with_timezone(&Utc))
 }
 
+/// How two tokens compare in feed order: by their floors' times. `None` for a token in the middle
+/// of a sweep (its floor says only where the sweep began) or one without a floor.
+pub(super) fn position_order(a: &str, b: &str) -> Option<std::cmp::Ordering> {
+    let floor = |text: &str| {
+        let token = FeedToken::parse(text).ok()?;
+        match (token.sweep, token.floor) {
+            (None, Some(floor)) => timestamp(&floor),
+            _ => None,
+        }
+    };
+    Some(floor(a)?.cmp(&floor(b)?))
+}
+
 impl FirestoreBackend {
     pub(super) async fn feed_page(&self, since: Option<&str>, limit: usize) -> Result<ChangesPage> {
         self.require_layout("the change feed").await?;

@@ -109,6 +109,10 @@ pub trait Layered: Send + Sync + 'static {
         self.inner().change_feed_delay()
     }
 
+    fn position_order(&self, a: &str, b: &str) -> Option<std::cmp::Ordering> {
+        self.inner().position_order(a, b)
+    }
+
     async fn all_docs(&self, range: &IdRange, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
         self.inner().all_docs(range, limit, page_token).await
     }
@@ -313,6 +317,10 @@ impl<L: Layered> DocumentBackend for L {
 
     fn change_feed_delay(&self) -> std::time::Duration {
         Layered::change_feed_delay(self)
+    }
+
+    fn position_order(&self, a: &str, b: &str) -> Option<std::cmp::Ordering> {
+        Layered::position_order(self, a, b)
     }
 
     async fn all_docs(&self, range: &IdRange, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {

@@ -32,7 +32,10 @@
 //!    place when it holds the winner already (a new losing leaf: the same revision, written again
 //!    so that the document moves in the change feed, as in CouchDB, and a replica that read past
 //!    it learns of the new branch); else, when the record's revision is no longer a leaf, the
-//!    leaf that extends it first (a deletion of the winner), then the winner;
+//!    leaf that extends it first (a deletion of the winner), then the winner; when no leaf holds
+//!    the record's revision (a purged winner), the record is erased and the winner written anew
+//!    (a crash between leaves the marked side document with no record: a read of it still finds
+//!    the tree and finishes the save);
 //! 3. the side document is written again without the mark and without the winner.
 //!
 //! A crash after step 1 leaves the mark: the document's next write through this layout, and the
@@ -246,17 +249,23 @@ impl<'a, B: DocumentBackend + ?Sized> DataStoreView<'a, B> {
             Some(doc) => (leaves_of(id, &doc.body)?, doc.body.get(UNFINISHED_FIELD) == Some(&Value::Bool(true))),
             None => (Vec::new(), false),
         };
-        let Some(info) = record else {
-            // Leaves with no record are what an erasure left behind: nothing is stored.
-            return Ok(Some(None));
-        };
         let mut tree = RevTree::default();
-        let path = RevPath { start: info.ancestry.start, ids: info.ancestry.ids.clone() };
-        tree.merge(path, info.deleted, body.unwrap_or_default(), usize::MAX);
+        match &record {
+            Some(info) => {
+                let path = RevPath { start: info.ancestry.start, ids: info.ancestry.ids.clone() };
+                tree.merge(path, info.deleted, body.unwrap_or_default(), usize::MAX);
+            }
+            // A marked side document with no record is a save cut before its record write (one
+            // that erased the record of a purged winner, or a first save with several leaves):
+            // the side holds the whole tree, and finishing the save writes the record. Unmarked
+            // leaves with no record are what an erasure left behind: nothing is stored.
+            None if marked && !side_leaves.is_empty() => {}
+            None => return Ok(Some(None)),
+        }
         for leaf in &side_leaves {
             tree.merge(leaf.path.clone(), leaf.deleted, leaf.body.clone(), usize::MAX);
         }
-        let token = SideToken { record: Some(info), side_rev, side_leaves, marked };
+        let token = SideToken { record, side_rev, side_leaves, marked };
         Ok(Some(Some(LaidOut { tree, token })))
     }
 
@@ -359,6 +368,19 @@ impl<'a, B: DocumentBackend + ?Sized> DataStoreView<'a, B> {
         self.backend.erase_id(id).await.map(|_| ())
     }
 
+    /// The record, holding `expected`, erased and `winner` written in its place: a record moved
+    /// to a leaf that does not descend from it (its own revision purged). Erased only when it
+    /// still holds `expected`; a crash between the two leaves no record beside the marked side
+    /// document, which a read finishes ([`Self::read_once`]).
+    async fn replace_record(&self, id: &str, expected: &Revision, winner: &Leaf) -> Result<()> {
+        match self.backend.revisions(id).await? {
+            Some(info) if info.rev == *expected => {}
+            _ => return Err(Error::conflict(format!("the record of {id:?} changed under this write"))),
+        }
+        self.backend.erase_id(id).await?;
+        self.write_record(id, winner, None).await
+    }
+
     /// Step 2 of a save: the record brought to `tree`'s winner from what it held as read.
     async fn bring_record_to_winner(&self, id: &str, record: Option<&RevisionInfo>, tree: &RevTree) -> Result<()> {
         let winner = tree.winner().ok_or_else(|| Error::conflict(format!("the tree of {id:?} has no leaf")))?;
@@ -370,9 +392,15 @@ impl<'a, B: DocumentBackend + ?Sized> DataStoreView<'a, B> {
             // conflict promoted): that leaf goes to the record first, which the winner then beats.
             let extension =
                 tree.leaves().into_iter().find(|leaf| leaf.path.revs().iter().any(|rev| *rev == current.as_str()));
-            if let Some(extension) = extension {
-                self.write_record(id, extension, Some(&current)).await?;
-                current = Revision(extension.rev());
+            match extension {
+                Some(extension) => {
+                    self.write_record(id, extension, Some(&current)).await?;
+                    current = Revision(extension.rev());
+                }
+                // No leaf holds the record's revision (it was purged): the record cannot move to
+                // a leaf it would beat, so it is erased and the winner written anew. The side
+                // document holds the whole tree with the mark meanwhile (step 1).
+                None => return self.replace_record(id, &current, winner).await,
             }
         }
         // Written also when the record holds the winner already: rewritten in place, the
