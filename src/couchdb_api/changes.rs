@@ -849,9 +849,10 @@ async fn finish(cursor: &mut Cursor) -> crate::Result<String> {
     }
     // At the end of the data-store database's feed (positions the store's own, no rank to carry
     // `N`), `last_seq` never goes back with a purge of the feed's last entry.
-    if let (SeqForm::StoreTokens, 0, Some(db)) = (cursor.form, cursor.pending, cursor.database.as_deref()) {
+    if let (SeqForm::StoreTokens, 0) = (cursor.form, cursor.pending) {
         let last_seq = cursor.last_seq.clone();
-        cursor.last_seq = seq::at_least_purge_floor(cursor.backend.as_ref(), db.erased_doc(), last_seq).await?;
+        let erased_doc = cursor.database.erased_doc();
+        cursor.last_seq = seq::at_least_purge_floor(cursor.backend.as_ref(), erased_doc, last_seq).await?;
     }
     if let Some(ranks) = &cursor.ranks {
         // The feed's length now closes the answer; a count that fails (the database deleted
