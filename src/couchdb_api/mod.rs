@@ -18,7 +18,7 @@
 //! creating and deleting it, refused ([`server`]), and on the CouchDB backend its design
 //! documents, views and Mango, which are that backend's own ([`design`], [`data_design`],
 //! [`query`], `_design_docs` in [`all_docs`]). What the handlers that went share stays in
-//! [`document`] (the revision a write names, a write's answer), [`local_docs`] (the
+//! [`document`] (the revision a write names), [`local_docs`] (the
 //! `_local_docs` listing), [`branches`] (listed documents' conflicts).
 //! Responses follow CouchDB 3.x field for field: `docs/couchdb-api.md` lists what is supported
 //! and how it differs.
