@@ -677,7 +677,7 @@ impl DocumentBackend for DynamoDbBackend {
     }
 
     fn position_order(&self, a: &str, b: &str) -> Option<std::cmp::Ordering> {
-        super::feed::position_order(a, b)
+        self.feed_position_order(a, b)
     }
 
     async fn all_docs(&self, range: &IdRange, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {

@@ -98,7 +98,7 @@ const MARK_DIGITS: usize = MARK_DOCUMENT_DIGITS + 16;
 /// How two tokens compare in feed order: by the furthest position each names (the delivered one
 /// when past the settled one). Positions are fixed-width (13 digits of milliseconds, then a
 /// counter or `g`, which sorts after every counter of its millisecond): compared as text.
-pub(super) fn position_order(a: &str, b: &str) -> Option<std::cmp::Ordering> {
+fn position_order(a: &str, b: &str) -> Option<std::cmp::Ordering> {
     let furthest = |text: &str| {
         let token = FeedToken::parse(text).ok()?;
         Some(token.delivered.filter(|delivered| *delivered > token.settled).unwrap_or(token.settled))
@@ -242,6 +242,11 @@ fn marks_ahead_of(marks: &[String], found: &[(String, String)], position: &str) 
 }
 
 impl DynamoDbBackend {
+    /// How two of this feed's tokens compare in feed order ([`position_order`]).
+    pub(super) fn feed_position_order(&self, a: &str, b: &str) -> Option<std::cmp::Ordering> {
+        position_order(a, b)
+    }
+
     /// `changes(since, limit)`: the settled positions after `since` up to the settle bound, then,
     /// once those are exhausted, the unsettled tail the index shows past it, merged across shards
     /// by (position, id). Every `seq` and `last_seq` handed out names a settled position (with the

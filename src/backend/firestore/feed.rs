@@ -171,7 +171,7 @@ pub fn timestamp(text: &str) -> Option<DateTime<Utc>> {
 
 /// How two tokens compare in feed order: by their floors' times. `None` for a token in the middle
 /// of a sweep (its floor says only where the sweep began) or one without a floor.
-pub(super) fn position_order(a: &str, b: &str) -> Option<std::cmp::Ordering> {
+fn position_order(a: &str, b: &str) -> Option<std::cmp::Ordering> {
     let floor = |text: &str| {
         let token = FeedToken::parse(text).ok()?;
         match (token.sweep, token.floor) {
@@ -183,6 +183,11 @@ pub(super) fn position_order(a: &str, b: &str) -> Option<std::cmp::Ordering> {
 }
 
 impl FirestoreBackend {
+    /// How two of this feed's tokens compare in feed order ([`position_order`]).
+    pub(super) fn feed_position_order(&self, a: &str, b: &str) -> Option<std::cmp::Ordering> {
+        position_order(a, b)
+    }
+
     pub(super) async fn feed_page(&self, since: Option<&str>, limit: usize) -> Result<ChangesPage> {
         self.require_layout("the change feed").await?;
         let token = since.map(FeedToken::parse).transpose()?.unwrap_or_default();
