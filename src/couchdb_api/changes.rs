@@ -4,7 +4,7 @@
 //! (`super::db`).
 //!
 //! - `feed=normal` streams every change after `since` (up to `limit`), page by page (pages sized
-//!   by their rows' bytes, as listings' are: [`super::all_docs::PageSizer`]), then
+//!   by their rows' bytes, as listings' are: [`super::listing::PageSizer`]), then
 //!   `last_seq` and `pending`; `longpoll` does the same but, with nothing to report, waits until a
 //!   change arrives or `timeout` passes; `continuous` writes one line per change as they come,
 //!   ending at `timeout` (unless `heartbeat` keeps it open) with a `last_seq` line.
@@ -51,9 +51,9 @@ use serde_json::{json, Map, Value};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::all_docs::{PageSizer, FIRST_PAGE_WITH_DOCS};
 use super::auth::Identity;
 use super::error::{CouchError, CouchResult};
+use super::listing::{PageSizer, FIRST_PAGE_WITH_DOCS};
 use super::position_seal::PositionSeal;
 use super::request::{bool_param, json_param};
 use super::{Answer, CouchState};
@@ -540,11 +540,16 @@ fn doc_ids(query: Option<&str>, body: Option<&Map<String, Value>>) -> CouchResul
     }
 }
 
+/// The `_selector` filter: a Mango selector ([`crate::mango`]) over each changed document.
 fn selector(body: Option<&Map<String, Value>>) -> CouchResult<DocumentPredicate> {
     let Some(selector) = body.and_then(|b| b.get("selector")) else {
         return Err(CouchError::bad_request("filter=_selector needs a `selector` object in the body"));
     };
-    super::query::selector_filter(selector)
+    let Value::Object(selector) = selector else {
+        return Err(CouchError::bad_request("Selector error: expected a JSON object"));
+    };
+    let parsed = crate::mango::selector::parse(selector)?;
+    Ok(Box::new(move |doc: &Value| doc.as_object().is_some_and(|doc| crate::mango::eval::matches(&parsed, doc))))
 }
 
 /// Where the stream is.

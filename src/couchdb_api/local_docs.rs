@@ -5,7 +5,7 @@
 //! As CouchDB 3.4.3 answers it (`couch_mrview.erl`, `fabric_view_all_docs.erl`): rows
 //! `{"id":"_local/x","key":"_local/x","value":{"rev":"0-N"}}` in raw id order, `total_rows` and
 //! `offset` `null` (CouchDB does not count local documents), `update_seq` `null` when asked. The
-//! parameters are `_all_docs`' ([`super::all_docs::parse_request`], with its `keys` bound).
+//! parameters are `_all_docs`' ([`super::listing::parse_request`], with its `keys` bound).
 //! `startkey`/`endkey` are compared with the full ids as raw bytes, as CouchDB compares them: a key
 //! without the `_local/` prefix is no name but lies below every local id (`"_"`, `"A"`) or above
 //! every one (`"a"`, `"_m"`). `keys` without the prefix are dropped, after `skip` and `limit`
@@ -24,10 +24,10 @@ use axum::response::{IntoResponse, Response};
 use futures::stream::{self, StreamExt, TryStreamExt};
 use serde_json::{json, Value};
 
-use super::all_docs::{
+use super::error::CouchError;
+use super::listing::{
     keys_page, paged_rows, parse_request, post_fields, query_fields, streamed_listing, AllDocsRequest, PageSizer,
 };
-use super::error::CouchError;
 use super::{json, Answer, CouchState};
 use crate::backend::{IdRange, Page, StoredDocument, LOCAL_PREFIX};
 use crate::error::ErrorKind;

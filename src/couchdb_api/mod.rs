@@ -8,39 +8,32 @@
 //! and CouchDB itself.
 //!
 //! Each request is authenticated first ([`auth`]: Basic or an `AuthSession` cookie from
-//! [`session`], resolved to an [`access::Principal`]). Every database's documents are answered
-//! by one set of handlers, [`db`], over the engine ([`crate::database`]): the data-store database
-//! too, on every backend (one engine database built at startup,
-//! [`CouchState::data_store_database`], its login's confinement applied by the handlers; on the
-//! CouchDB backend its tree layout is CouchDB's own trees, `crate::database::layout::native`),
-//! `_changes`, design documents, views and Mango included. The router here answers the server's
-//! endpoints and what of the data-store database the engine does not serve (ARCHITECTURE.md):
-//! creating and deleting it, refused ([`server`]), and on the CouchDB backend its design
-//! documents, views and Mango, which are that backend's own ([`design`], [`data_design`],
-//! [`query`], `_design_docs` in [`all_docs`]). What the handlers that went share stays in
-//! [`document`] (the revision a write names), [`local_docs`] (the
-//! `_local_docs` listing), [`branches`] (listed documents' conflicts).
+//! [`session`], resolved to an [`access::Principal`]). Every database is answered by one set of
+//! handlers, [`db`], over the engine ([`crate::database`]): the data-store database too, on every
+//! backend (one engine database built at startup, [`CouchState::data_store_database`], its
+//! login's confinement applied by the handlers; on the CouchDB backend its tree layout is
+//! CouchDB's own trees, `crate::database::layout::native`, and its design documents and views
+//! are passed to CouchDB as that backend's other databases' requests are). The router here
+//! answers the server's own endpoints ([`root`], `_all_dbs`, `_dbs_info`, `_session`) and hands
+//! every path below a database to [`db`]. What the handlers share stays here: the listings'
+//! parameters and paging ([`listing`]), the revision a write names ([`document`]) and the
+//! `_local_docs` listing ([`local_docs`]).
 //! Responses follow CouchDB 3.x field for field: `docs/couchdb-api.md` lists what is supported
 //! and how it differs.
 
 pub mod access;
-mod all_docs;
 pub mod auth;
-mod branches;
 mod changes;
-pub mod data_design;
 mod db;
-mod design;
 mod document;
 pub mod error;
+mod listing;
 mod local_docs;
 mod multipart;
 mod position_seal;
-mod query;
 mod request;
 mod response;
-mod served_db;
-mod server;
+mod root;
 pub mod session;
 mod validation;
 
@@ -103,15 +96,6 @@ impl CouchState {
     pub fn is_data_store(&self, db: &crate::database::Database) -> bool {
         std::ptr::eq(self.data_store_database.as_ref(), db)
     }
-
-    /// A database path segment must name the served database.
-    pub fn check_db(&self, db: &str) -> std::result::Result<(), CouchError> {
-        if db == &*self.db {
-            Ok(())
-        } else {
-            Err(CouchError::no_database())
-        }
-    }
 }
 
 /// The CouchDB API, configured and ready to serve on a listener.
@@ -129,7 +113,7 @@ impl CouchApp {
     pub fn build(store: Arc<DataStore>, settings: &Settings) -> Result<Self> {
         let (stopping, stopping_seen) = tokio::sync::watch::channel(false);
         let bodies = request::Bodies::from_settings(settings);
-        let server_uuid = server::stable_uuid(&store.backend().describe());
+        let server_uuid = root::stable_uuid(&store.backend().describe());
         let databases_url = store.backend().url();
         let view_index = settings.view_index_path(databases_url.as_ref(), &store.backend().describe());
         let js = crate::js::JsEngine::new(settings.js_limits())
@@ -184,7 +168,7 @@ impl CouchApp {
         let state = CouchState { database_router: db::router(state.clone()), ..state };
         let open = state.auth.is_open();
         let databases = Arc::clone(&state.databases);
-        Ok(CouchApp { router: router(state, request::Bodies::query_limit(settings)), databases, open, stopping })
+        Ok(CouchApp { router: router(state), databases, open, stopping })
     }
 
     /// The databases besides the data-store one this API serves (tests look at their storage).
@@ -223,59 +207,48 @@ impl CouchApp {
     }
 }
 
-fn router(state: CouchState, query_limit: request::EndpointLimit) -> Router {
-    // Endpoints whose bodies are a query or a selector: small by nature, so
-    // a small limit (`couchdb_max_query_bytes`); the rest take `couchdb_max_request_bytes`.
-    let queries = Router::new()
-        .route("/{db}/_find", post(query::find))
-        .route("/{db}/_explain", post(query::explain))
-        .route("/{db}/_index", get(query::list_indexes).post(query::create_index))
-        .route_layer(from_fn_with_state(query_limit, request::limit_bodies));
+fn router(state: CouchState) -> Router {
     // The server's own endpoints take any login, a login of the other databases only too.
     let server_endpoints = Router::new()
         .route("/_all_dbs", get(db::all_dbs))
         .route("/_dbs_info", post(db::dbs_info))
-        .route("/_active_tasks", get(server::active_tasks))
-        .route("/_membership", get(server::membership))
-        .route("/_scheduler/jobs", get(server::scheduler_jobs))
-        .route("/_scheduler/docs", get(server::scheduler_docs))
-        .route("/_node/{node}", get(server::node))
-        .route("/_uuids", get(server::uuids))
+        .route("/_active_tasks", get(root::active_tasks))
+        .route("/_membership", get(root::membership))
+        .route("/_scheduler/jobs", get(root::scheduler_jobs))
+        .route("/_scheduler/docs", get(root::scheduler_docs))
+        .route("/_node/{node}", get(root::node))
+        .route("/_uuids", get(root::uuids))
         .route_layer(from_fn(authenticate_login));
-    // The data-store database's routes act for a principal (admin or one data-store user): what
-    // the engine's routes do not serve of it (`db::engine_serves`).
-    let data_store = Router::new()
-        .route("/{db}", get(server::db_info).put(server::create_db).delete(server::delete_db))
-        // PouchDB asks for the database with a trailing slash.
-        .route("/{db}/", get(server::db_info).put(server::create_db).delete(server::delete_db))
-        .route("/{db}/_design_docs", get(all_docs::get_design_docs))
-        .route("/{db}/_index/{*rest}", axum::routing::delete(query::delete_index))
-        .route("/{db}/_design/{*rest}", any(design::design_request))
-        .route("/{db}/_view_cleanup", post(design::view_cleanup))
-        .route("/{db}/{docid}", get(document::by_id).put(document::by_id).delete(document::by_id))
-        .merge(queries)
+    // Names starting with `_` that no endpoint above takes (every other name is a database's,
+    // [`db::dispatch`]): no database here is named so. `PUT` is CouchDB's server-admin check
+    // and name rule ([`db::create_db`]); anything else is CouchDB's 404 for a missing database.
+    let underscored = Router::new()
+        .route("/{db}", get(root::no_such_database).put(db::create_db).delete(root::no_such_database))
+        // PouchDB asks for a database with a trailing slash.
+        .route("/{db}/", get(root::no_such_database).put(db::create_db).delete(root::no_such_database))
+        .route("/{db}/{*below}", any(root::no_such_database))
         .route_layer(from_fn(authenticate))
         .merge(server_endpoints);
     Router::new()
-        .route("/", get(server::welcome))
-        .route("/_up", get(server::up))
+        .route("/", get(root::welcome))
+        .route("/_up", get(root::up))
         .route("/_session", get(get_session).post(post_session).delete(delete_session))
-        .merge(data_store)
-        .fallback(server::no_route)
-        .method_not_allowed_fallback(server::method_not_allowed)
-        // Before routing, so every method reaches a database's own routes (the data-store
-        // routes take fewer methods); after identification, which it needs.
+        .merge(underscored)
+        .fallback(root::no_route)
+        .method_not_allowed_fallback(root::method_not_allowed)
+        // Before routing: every path below a database goes to the databases' routes.
+        // After identification, which it needs.
         .layer(from_fn_with_state(state.clone(), db::dispatch))
         // Outside the dispatch, so the inline attachments of every database's answers are held
         // in the server-wide budget until the answer is sent.
         .layer(from_fn(db::hold_inline_until_sent))
         .layer(from_fn_with_state(Arc::clone(&state.auth), auth::identify_request))
-        .layer(crate::server::catch_panics("couchdb", server::internal_error))
+        .layer(crate::server::catch_panics("couchdb", root::internal_error))
         .layer(from_fn(response::couchdb_headers))
         .with_state(state)
 }
 
-/// Middleware on every data-store database route: the request must act for someone (CouchDB's
+/// Middleware on the routes of names starting with `_`, as on the data-store database's: the request must act for someone (CouchDB's
 /// 401 otherwise; 403 for a login with no data-store user); handlers get that [`Principal`].
 async fn authenticate(mut request: Request, next: Next) -> Response {
     if let Err(refusal) = require_principal(&mut request) {

@@ -13,22 +13,34 @@ use axum::extract::{Extension, Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use serde_json::{json, Value};
 
+use super::info::{data_store_info, data_store_info_seen_by, db_info_json, live_document_count};
 use super::{db_name, OpenDb};
 use crate::couchdb_api::auth::Identity;
 use crate::couchdb_api::error::CouchError;
 use crate::couchdb_api::request::{bool_param, integer_param, json_param};
-use crate::couchdb_api::server::{data_store_info_seen_by, db_info_json, live_document_count, server_admin_only};
+use crate::couchdb_api::root::server_admin_only;
 use crate::couchdb_api::{json, Answer, CouchState};
 use crate::database::Database;
 use crate::error::ErrorKind;
 
-/// `PUT /{db}`: 201 `{"ok":true}`; 412 `file_exists` when it exists.
+/// `PUT /{db}`: 201 `{"ok":true}`; 412 `file_exists` when it exists. A server admin's, as in
+/// CouchDB (401 for anyone else, whatever the name). The data-store database is never created
+/// through the API: it exists (412, which PouchDB and aiocouch take as "create if missing"). A
+/// name starting with `_` reaches here only from the server's router: CouchDB's name rule
+/// refuses it (400 `illegal_database_name`) unless it names one of CouchDB's system databases,
+/// which are not kept here (403).
 pub async fn create_db(
     State(state): State<CouchState>,
     Extension(identity): Extension<Identity>,
     Path(db): Path<String>,
 ) -> Answer {
     server_admin_only(&identity)?;
+    if *db == *state.db {
+        return Err(database_exists());
+    }
+    if SYSTEM_DATABASES.contains(&db.as_str()) {
+        return Err(CouchError::forbidden(format!("agentstore does not keep CouchDB's system database {db}")));
+    }
     let name = db_name(&db)?;
     match state.databases.create(&name).await {
         Ok(_) => {
@@ -38,22 +50,34 @@ pub async fn create_db(
             }
             Ok(response)
         }
-        Err(err) if err.kind() == ErrorKind::Conflict => Err(CouchError::new(
-            StatusCode::PRECONDITION_FAILED,
-            "file_exists",
-            "The database could not be created, the file already exists.",
-        )),
+        Err(err) if err.kind() == ErrorKind::Conflict => Err(database_exists()),
         Err(err) => Err(err.into()),
     }
 }
 
-/// `DELETE /{db}`: everything of it removed from the backend.
+/// CouchDB's system databases, the only names starting with `_` it takes.
+const SYSTEM_DATABASES: [&str; 3] = ["_users", "_replicator", "_global_changes"];
+
+/// CouchDB's 412 for creating a database that exists.
+fn database_exists() -> CouchError {
+    CouchError::new(
+        StatusCode::PRECONDITION_FAILED,
+        "file_exists",
+        "The database could not be created, the file already exists.",
+    )
+}
+
+/// `DELETE /{db}`: everything of it removed from the backend. A server admin's, as in CouchDB
+/// (401 for anyone else); the data-store database is never deleted through the API (403).
 pub async fn delete_db(
     State(state): State<CouchState>,
     Extension(identity): Extension<Identity>,
     Path(db): Path<String>,
 ) -> Answer {
     server_admin_only(&identity)?;
+    if *db == *state.db {
+        return Err(CouchError::forbidden("agentstore does not delete its database through the CouchDB API"));
+    }
     let name = db_name(&db)?;
     if state.databases.delete(&name).await? {
         // The views' state of a deleted database is never read again: dropped, so it does not
@@ -191,7 +215,7 @@ pub async fn dbs_info(
         answer.push(match info {
             Some(info) => json!({ "key": text, "info": info }),
             None if text == &*state.db => {
-                json!({ "key": text, "info": crate::couchdb_api::server::data_store_info(&state).await? })
+                json!({ "key": text, "info": data_store_info(&state).await? })
             }
             None => json!({ "key": text, "error": "not_found" }),
         });

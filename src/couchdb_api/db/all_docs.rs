@@ -16,14 +16,14 @@ use futures::stream::StreamExt;
 use serde_json::{json, Value};
 
 use super::attachments::{inline_into, inline_wanted, Inline};
+use super::info::live_document_count;
 use super::{leaf_json, DocOptions, OpenDb};
 use crate::backend::IdRange;
-use crate::couchdb_api::all_docs::{
+use crate::couchdb_api::error::CouchError;
+use crate::couchdb_api::listing::{
     keys_page, paged_rows, parse_request, post_fields, query_fields, streamed_listing, AllDocsRequest, PageSizer,
 };
-use crate::couchdb_api::error::CouchError;
 use crate::couchdb_api::local_docs::ListingRequest;
-use crate::couchdb_api::server::live_document_count;
 use crate::couchdb_api::{json, Answer, CouchState};
 use crate::database::data_store_rules::Confinement;
 use crate::database::{Database, DocState};
@@ -187,10 +187,12 @@ async fn answer(
 ) -> Answer {
     let OpenDb { db, confinement, .. } = opened;
     let confinement = &confinement;
-    // Design documents are documents of a database, listed as CouchDB lists them; but not the
-    // data-store database's where its backend runs them itself (the CouchDB backend: its own
-    // index's design document is the backend's, and the data-store listings never showed them).
-    request.range.include_design = !(state.is_data_store(&db) && db.backend().forwards_requests());
+    // Design documents are documents of a database, listed as CouchDB lists them; but not in
+    // the data-store database's `_all_docs` where its backend runs them itself (the CouchDB
+    // backend: its own index's design document is the backend's, and the data-store listings
+    // never showed them). Its `_design_docs` lists them all, as that backend lists them.
+    let runs_own_designs = state.is_data_store(&db) && db.backend().forwards_requests();
+    request.range.include_design = listing == Listing::DesignDocs || !runs_own_designs;
     // A per-user login is shown 0: the database's count moves with every user's writes
     // (docs/couchdb-api.md, "Counts").
     let total_rows = match confinement.only_user() {

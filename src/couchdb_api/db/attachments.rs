@@ -381,7 +381,7 @@ pub(crate) async fn one_attachment(
             access.check_write(id)?;
             delete(db, id, name, params, headers).await
         }
-        _ => Ok(crate::couchdb_api::server::method_not_allowed().await),
+        _ => Ok(crate::couchdb_api::root::method_not_allowed().await),
     }
 }
 

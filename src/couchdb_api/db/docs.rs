@@ -134,7 +134,7 @@ async fn one_document<T>(
             delete_document(db, id, params, headers).await
         }
         "COPY" => copy_document(db, opened.access, id, params, headers).await,
-        _ => Ok(crate::couchdb_api::server::method_not_allowed().await),
+        _ => Ok(crate::couchdb_api::root::method_not_allowed().await),
     }
 }
 

@@ -30,6 +30,32 @@ use futures::Stream;
 use crate::backend::{BodyError, DesignBody};
 use crate::couchdb_api::error::CouchError;
 
+/// Escapes a design document's name as one path segment (everything but RFC 3986 unreserved).
+const NAME_SEGMENT: &percent_encoding::AsciiSet =
+    &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+
+/// The path below the database as it is passed to the backend: a design document named as one
+/// segment with its slash encoded (`_design%2F{name}`, as clients that escape a whole id send it)
+/// spelled `_design/{name}`. CouchDB answers the encoded form with a redirect to the other (301),
+/// which the client of this API would be sent to the backend to follow; read as the document,
+/// the answer is the one the redirect leads to.
+pub(super) fn design_path_spelled_out(below: &str) -> std::borrow::Cow<'_, str> {
+    let (first, rest) = match below.split_once('/') {
+        Some((first, rest)) => (first, Some(rest)),
+        None => (below, None),
+    };
+    let decoded = percent_encoding::percent_decode_str(first).decode_utf8_lossy();
+    let Some(name) = decoded.strip_prefix("_design/").filter(|_| !first.starts_with("_design/")) else {
+        return std::borrow::Cow::Borrowed(below);
+    };
+    let mut spelled = format!("_design/{}", percent_encoding::utf8_percent_encode(name, NAME_SEGMENT));
+    if let Some(rest) = rest {
+        spelled.push('/');
+        spelled.push_str(rest);
+    }
+    std::borrow::Cow::Owned(spelled)
+}
+
 /// A body streamed through, and what bounds it.
 pub(super) struct StreamedBound {
     pub bytes: u64,
@@ -227,6 +253,15 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_design_document_named_as_one_segment_is_spelled_out() {
+        assert_eq!(design_path_spelled_out("_design%2Fapp"), "_design/app");
+        assert_eq!(design_path_spelled_out("_design%2fdata%20store/att.txt"), "_design/data%20store/att.txt");
+        assert_eq!(design_path_spelled_out("_design/app/_view/v"), "_design/app/_view/v");
+        assert_eq!(design_path_spelled_out("doc%2Fwith%2Fslashes"), "doc%2Fwith%2Fslashes");
+        assert_eq!(design_path_spelled_out("_all_docs"), "_all_docs");
+    }
 
     fn bound(method: Method, below: &str, content_type: &str) -> Option<&'static str> {
         let mut headers = HeaderMap::new();

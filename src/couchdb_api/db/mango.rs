@@ -1,10 +1,12 @@
-//! Mango's routes on every database whose backend does not forward requests (over the CouchDB
-//! backend these are forwarded before they reach here, and the data-store database's are the
-//! data-store router's, `super::super::query`): `POST /{db}/_find`, `POST /{db}/_explain`,
-//! `GET/POST /{db}/_index`, `DELETE /{db}/_index/{ddoc}/json/{name}` and
-//! `POST /{db}/_index/_bulk_delete`, answered by [`crate::mango::database`], or on the
-//! data-store database by its own catalog and query planner ([`crate::mango::find_on_data_store`]:
-//! the seed's `userId`/`namespace` index, created indexes as view groups over its feed).
+//! Mango's routes on every database whose requests are not passed to the backend as they came
+//! (the CouchDB backend's databases other than the data-store one are forwarded before they reach
+//! here): `POST /{db}/_find`, `POST /{db}/_explain`, `GET/POST /{db}/_index`,
+//! `DELETE /{db}/_index/{ddoc}/json/{name}` and `POST /{db}/_index/_bulk_delete`, answered by
+//! [`crate::mango::database`], or on the data-store database (every backend) by its own catalog
+//! and query planner ([`crate::mango::find_on_data_store`]: the seed's `userId`/`namespace`
+//! index, created indexes as view groups over its feed; on the CouchDB backend, which runs design
+//! documents itself, created indexes stay definitions and the backend is read instead:
+//! [`data_store_views`]).
 //!
 //! Anyone who may read the database may query it; creating or deleting an index writes a design
 //! document, so it needs a database admin, as in CouchDB. On the data-store database a per-user
@@ -94,10 +96,9 @@ async fn data_store_route(
         (["_find"], &Method::POST) => {
             let request = state.bodies.read_object(&headers, body).await?;
             let catalog = crate::mango::IndexCatalog::load(backend).await?;
-            let views = crate::mango::DataStoreViews { views: state.views.as_ref(), source: db.as_ref() };
+            let views = data_store_views(state, db);
             let found =
-                crate::mango::find_on_data_store(backend, Some(views), &request.value, &opened.confinement, &catalog)
-                    .await?;
+                crate::mango::find_on_data_store(backend, views, &request.value, &opened.confinement, &catalog).await?;
             Ok(json(StatusCode::OK, found))
         }
         (["_explain"], &Method::POST) => {
@@ -125,6 +126,18 @@ async fn data_store_route(
         (["_find" | "_explain"], _) => Err(method_not_allowed("POST")),
         _ => Err(CouchError::not_found("missing")),
     }
+}
+
+/// The views the data-store database's created indexes are built as, or `None` on a backend that
+/// runs design documents itself (the CouchDB backend): there the catalog is still this server's,
+/// so a created index stays a definition and `_find` reads the backend (its `userId`/`namespace`
+/// index where the selector fixes `userId`, else every document a page at a time).
+fn data_store_views<'a>(
+    state: &'a CouchState,
+    db: &'a std::sync::Arc<crate::database::Database>,
+) -> Option<crate::mango::DataStoreViews<'a>> {
+    let runs_own_designs = db.backend().forwards_requests();
+    (!runs_own_designs).then(|| crate::mango::DataStoreViews { views: state.views.as_ref(), source: db.as_ref() })
 }
 
 /// A per-user login's index writes on the data-store database: the 401 that database has always

@@ -1,26 +1,31 @@
 //! The CouchDB API of every database: documents under CouchDB's rules, with their whole revision
 //! trees ([`crate::database`]), the data-store database's under its rules too.
 //!
-//! Requests reach this router through [`dispatch`]: a request whose first path segment names a
-//! database other than the data-store one (and is not one of the server's own `_` endpoints)
-//! comes here; so does a request on the data-store database where the engine serves it
-//! ([`CouchState::data_store_database`], on every backend) and the path is the engine's
-//! ([`engine_serves`]: all but creating and deleting it, and on the CouchDB backend
-//! [`NATIVE_DATA_STORE_ROUTER_KEEPS`]); everything else goes to the
-//! data-store router unchanged. Each handler opens its database with the [`OpenDb`] extractor,
-//! which answers CouchDB's 400 for an illegal name, 404 for a database that does not exist and
-//! 403 for a login its `_security` does not admit (on the data-store database: 401/403 for a
-//! request acting for no principal), and hands the handler what that login may do there
-//! ([`DbAccess`], see [`super::access`]) and which documents it may see ([`Confinement`]: a
+//! Requests reach this router through [`dispatch`]: every request whose first path segment names
+//! a database (anything but the server's own `_` endpoints), the data-store one included on every
+//! backend ([`CouchState::data_store_database`]). Each handler opens its database with the
+//! [`OpenDb`] extractor, which answers CouchDB's 400 for an illegal name, 404 for a database that
+//! does not exist and 403 for a login its `_security` does not admit (on the data-store database:
+//! 401/403 for a request acting for no principal), and hands the handler what that login may do
+//! there ([`DbAccess`], see [`super::access`]) and which documents it may see ([`Confinement`]: a
 //! per-user login's own on the data-store database, everything elsewhere), which every handler
 //! that reads applies.
 //!
-//! - [`admin`]: creating, reading and deleting databases, `_all_dbs`, `_dbs_info`, settings.
+//! On the CouchDB backend the databases other than the data-store one are passed to CouchDB as
+//! they came ([`forward_if_native`], [`forwarded`]); so are the data-store database's design
+//! documents, everything below them (views, shows, lists, updates, rewrites) and
+//! `_view_cleanup`, an admin's only ([`runs_on_the_backend`]), so an existing deployment's views
+//! answer as CouchDB answers them. Its documents, listings (`_design_docs` too), feed and Mango
+//! are this router's, over its native tree layout (`crate::database::layout::native`).
+//!
+//! - [`admin`]: creating, reading and deleting databases (never the data-store one), `_all_dbs`,
+//!   `_dbs_info`, settings; [`info`]: a database's information as a login is shown it.
 //! - [`docs`]: one document: read with every option, write, delete, local documents.
 //! - [`attachments`]: standalone attachments, and `_attachments` in reads and writes.
 //! - [`inline`]: the server-wide budget of attachment bytes answered inline.
 //! - [`bulk`]: `_bulk_docs`, `_bulk_get`, `_revs_diff`, `_missing_revs`, `_purge`.
 //! - [`all_docs`]: `_all_docs`, `_design_docs` and `_local_docs`.
+//! - [`mango`]: `_find`, `_explain`, `_index` ([`crate::mango`]).
 //! - [`views`]: `_view` queries, `_info` and `_view_cleanup` ([`crate::views`]).
 //! - `_changes` is the data-store database's feed machinery ([`super::changes`]) over this
 //!   database's rows.
@@ -31,6 +36,7 @@ mod attachments;
 mod bulk;
 mod docs;
 mod forwarded;
+mod info;
 mod inline;
 mod mango;
 mod views;
@@ -49,7 +55,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use tower::ServiceExt;
 
-pub(crate) use admin::{all_dbs, dbs_info};
+pub(crate) use admin::{all_dbs, create_db, dbs_info};
 pub(crate) use attachments::{inline_into, inline_wanted, Inline};
 pub(crate) use bulk::MAX_BULK_DOCS;
 pub(crate) use inline::{hold_inline_until_sent, with_own_shares};
@@ -63,10 +69,9 @@ use crate::database::data_store_rules::Confinement;
 use crate::database::validation::{as_writer, Writer};
 use crate::database::Database;
 
-/// The routes of every database (the data-store one where the engine serves it).
+/// The routes of every database, the data-store one included.
 pub(crate) fn router(state: CouchState) -> Router {
-    // Bodies that are a query or a selector take `couchdb_max_query_bytes`, as on the data-store
-    // router (docs/bounds.md).
+    // Bodies that are a query or a selector take `couchdb_max_query_bytes` (docs/bounds.md).
     let queries = Router::new()
         .route("/{db}/_find", post(docs::mango))
         .route("/{db}/_explain", post(docs::mango))
@@ -103,12 +108,12 @@ pub(crate) fn router(state: CouchState) -> Router {
         .route("/{db}/_design/{ddoc}/{*rest}", any(docs::design_function))
         .route("/{db}/{docid}", any(docs::document))
         .route("/{db}/{docid}/{*attachment}", any(attachments::attachment))
-        .fallback(super::server::no_route)
+        .fallback(super::root::no_route)
         .with_state(state)
 }
 
-/// Sends a request for a database other than the data-store one to that database's router;
-/// everything else continues to the data-store router.
+/// Sends a request below a database (the data-store one included) to the databases' router;
+/// the server's own endpoints (a first segment starting with `_`) continue to the server's.
 pub(crate) async fn dispatch(
     axum::extract::State(state): axum::extract::State<CouchState>,
     request: Request,
@@ -120,11 +125,7 @@ pub(crate) async fn dispatch(
         return next.run(request).await;
     }
     if *first == *state.db {
-        let native = state.data_store_database.backend().keeps_branches();
-        return match engine_serves(request.method(), request.uri().path(), native) {
-            true => serve_data_store(&state, request).await,
-            false => next.run(request).await,
-        };
+        return serve_data_store(&state, request).await;
     }
     // Every database route needs a login, as the data-store routes do; its `_security` decides
     // the rest.
@@ -137,31 +138,6 @@ pub(crate) async fn dispatch(
     };
     let answer = route(&state, request).await;
     missing_if_deleted(&state, &first, answer).await
-}
-
-/// What of the data-store database the data-store router still answers on a backend that keeps
-/// revision trees itself (CouchDB), by the segment below the database: its design documents,
-/// views and Mango, which are that backend's own (`_design/…` is passed to it: [`super::design`];
-/// Mango is planned over it: [`super::query`]). On every other backend they are the engine's.
-const NATIVE_DATA_STORE_ROUTER_KEEPS: [&str; 6] =
-    ["_design", "_design_docs", "_view_cleanup", "_find", "_explain", "_index"];
-
-/// Whether a request on the data-store database is the engine's ([`router`]): all of it but
-/// `PUT` and `DELETE /{db}`, which stay the data-store router's ([`super::server`]): the
-/// database is never created or deleted through the API; and, where the backend keeps trees
-/// itself (`native`), its design documents, views and Mango ([`NATIVE_DATA_STORE_ROUTER_KEEPS`]).
-fn engine_serves(method: &axum::http::Method, path: &str, native: bool) -> bool {
-    use axum::http::Method;
-    let below = path.trim_start_matches('/').split_once('/').map(|(_, rest)| rest).unwrap_or("");
-    if below.is_empty() {
-        return matches!(*method, Method::GET | Method::HEAD | Method::POST);
-    }
-    if !native {
-        return true;
-    }
-    let segment = below.split('/').next().unwrap_or_default();
-    let segment = percent_encoding::percent_decode_str(segment).decode_utf8_lossy();
-    !NATIVE_DATA_STORE_ROUTER_KEEPS.contains(&segment.as_ref()) && !segment.starts_with("_design/")
 }
 
 /// Whether `db` is the data-store database as the engine serves it.
@@ -181,7 +157,34 @@ async fn serve_data_store(state: &CouchState, mut request: Request) -> Response 
     if let Err(refusal) = refuse_dot_segments(below) {
         return refusal.into_response();
     }
+    if state.data_store_database.backend().forwards_requests() && runs_on_the_backend(below) {
+        let below = below.to_owned();
+        return forward_data_store_design(state, &below, request).await.unwrap_or_else(IntoResponse::into_response);
+    }
     route(state, request).await
+}
+
+/// Whether a path below the data-store database (as the client encoded it) is one a backend
+/// that runs design documents itself answers: a design document (`_design/{ddoc}`, also with its
+/// slash encoded) and everything below it (`_view`, `_info`, `_show`, `_list`, `_update`,
+/// `_rewrite`, attachments), and `_view_cleanup`. An existing deployment's views keep answering
+/// as the backing CouchDB answers them.
+fn runs_on_the_backend(below: &str) -> bool {
+    let first = below.split('/').next().unwrap_or_default();
+    let first = percent_encoding::percent_decode_str(first).decode_utf8_lossy();
+    (first == "_design" && below.len() > "_design/".len()) || first.starts_with("_design/") || first == "_view_cleanup"
+}
+
+/// A design path of the data-store database on the CouchDB backend ([`runs_on_the_backend`]),
+/// passed to it as the backend's other databases' requests are ([`forward`]): an admin's only,
+/// as every design route of the data-store database is (a view reads every user's documents).
+async fn forward_data_store_design(state: &CouchState, below: &str, request: Request) -> Result<Response, CouchError> {
+    let Some(identity) = request.extensions().get::<Identity>().cloned() else {
+        return Err(CouchError::internal("the request was not identified"));
+    };
+    let principal = identity.require()?;
+    principal.confinement().check_design()?;
+    forward(state, &state.data_store_database, &identity, below, request).await
 }
 
 /// A path below a database with a `.` or `..` segment (encoded or not) is refused (400): resolved,
@@ -256,6 +259,7 @@ async fn forward(
 ) -> Result<Response, CouchError> {
     let access = admit(db, identity).await?;
     refuse_dot_segments(below)?;
+    let below = &*forwarded::design_path_spelled_out(below);
     let (parts, body) = request.into_parts();
     // Read as CouchDB reads it (raw bytes, `+` a space): a header that is not ASCII still names
     // the id the backend will write, and is checked as that id.
@@ -390,7 +394,7 @@ fn cut_to_range(
 /// The database router's answer to a request (a fresh request with the same line, headers and
 /// body: see [`dispatch`]).
 async fn route(state: &CouchState, request: Request) -> Response {
-    // A fresh request with the same line, headers and body: the data-store router's path
+    // A fresh request with the same line, headers and body: the server router's path
     // parameters must not reach the database router's (which sets its own). What the layers
     // before this one learnt travels along: who the request acts for, and its peer.
     let (parts, body) = request.into_parts();

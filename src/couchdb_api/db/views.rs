@@ -27,8 +27,8 @@ use serde_json::{json, Map, Value};
 
 use super::{leaf_json, DocOptions, OpenDb};
 use crate::backend::IdRange;
-use crate::couchdb_api::all_docs::streamed_listing;
 use crate::couchdb_api::error::{CouchError, CouchResult};
+use crate::couchdb_api::listing::streamed_listing;
 use crate::couchdb_api::{json, Answer, CouchState};
 use crate::database::Database;
 use crate::views::design::DesignViews;

@@ -21,6 +21,7 @@ mod data_store_admin;
 mod data_store_design;
 mod data_store_engine;
 mod data_store_feed;
+mod data_store_routes;
 mod databases;
 mod depth;
 mod design_functions;
@@ -214,6 +215,10 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("data_store_replicated_design_documents", |e| {
             Box::pin(data_store_design::data_store_replicated_design_documents(e))
         }),
+        ("data_store_per_user_find_and_design_docs", |e| Box::pin(data_store_routes::per_user_find_and_design_docs(e))),
+        ("data_store_per_user_create_and_delete_database", |e| {
+            Box::pin(data_store_routes::per_user_create_and_delete_database(e))
+        }),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
@@ -231,7 +236,9 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
                             | "per_user_counts_ignore_other_users"
                             | "per_user_feed_positions_sealed"
                             | "data_store_feed_confined_to_the_login" => Some(logins::logins_config()?),
-                            "data_store_per_user_confined_on_every_read" => Some(logins::logins_config()?),
+                            "data_store_per_user_confined_on_every_read"
+                            | "data_store_per_user_find_and_design_docs"
+                            | "data_store_per_user_create_and_delete_database" => Some(logins::logins_config()?),
                             "data_store_settings_by_login" | "data_store_purge_count_out_of_reach" => {
                                 Some(data_store_admin::admin_logins_config()?)
                             }

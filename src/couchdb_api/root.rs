@@ -1,19 +1,15 @@
-//! The server root and the data-store database: `GET /`, `/_up`, `/_uuids`, the probes
-//! (`_active_tasks`, `_scheduler`, `_membership`, `_node`), and `PUT/DELETE /{db}` of the
-//! data-store database (`GET/HEAD` too on the CouchDB backend; on the others the databases'
-//! router answers them, with [`data_store_info_seen_by`]). `PUT` of it answers 412 as CouchDB
-//! does for a database that exists (PouchDB and aiocouch create-if-missing); `PUT` of a name
-//! starting with `_` answers as CouchDB (other names are the databases' router's).
+//! The server root and the node: `GET /`, `/_up`, `/_uuids`, the probes (`_active_tasks`,
+//! `_scheduler`, `_membership`, `_node`), the server admins' check, and the answers to paths and
+//! methods no route takes (and to a handler that panicked). Databases are [`super::db`]'s.
 
 use axum::extract::{Extension, Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde_json::{json, Value};
+use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use super::auth::Identity;
 use super::error::CouchError;
-use super::served_db::ServedDb;
 use super::{json, Answer, CouchState};
 
 /// The CouchDB API version reported: the 3.x API these endpoints follow. Clients gate features
@@ -91,74 +87,6 @@ pub async fn uuids(Query(params): Query<UuidsParams>) -> Answer {
     Ok(json(StatusCode::OK, json!({ "uuids": uuids })))
 }
 
-/// `GET /{db}` (and HEAD) on the CouchDB backend (the databases' router answers it on the others):
-/// the database's information, with the counts the backend can give. A
-/// per-user login is shown `doc_count` 0: the store's count moves with every user's writes, and
-/// counting its own documents would read them all (docs/couchdb-api.md, "Counts"), and its
-/// `update_seq` sealed ([`super::position_seal`]).
-pub async fn db_info(
-    State(state): State<CouchState>,
-    Extension(principal): Extension<super::access::Principal>,
-    _served: ServedDb,
-) -> Answer {
-    Ok(json(StatusCode::OK, data_store_info_seen_by(&state, &principal.confinement()).await?))
-}
-
-/// The data-store database's information as a login confined to `confinement` is shown it
-/// (`GET /{db}` through either router): everything for an admin ([`data_store_info`]); for a
-/// per-user login `doc_count` 0 and `update_seq` sealed.
-pub(crate) async fn data_store_info_seen_by(
-    state: &CouchState,
-    confinement: &crate::database::data_store_rules::Confinement,
-) -> crate::Result<Value> {
-    if confinement.only_user().is_none() {
-        return data_store_info(state).await;
-    }
-    let update_seq = state.store.backend().change_position().await?;
-    let update_seq = state.auth.sessions.positions().shown_to(confinement, &update_seq)?;
-    Ok(db_info_json(&state.db, 0, &update_seq))
-}
-
-/// The data-store database's information (`GET /{db}`, `_dbs_info`).
-pub(crate) async fn data_store_info(state: &CouchState) -> crate::Result<Value> {
-    let backend = state.store.backend();
-    // The design documents are records of the data-store database, counted with the others as
-    // CouchDB counts them (fixture 051: 41 documents and 2 design documents are `doc_count` 43).
-    let doc_count = live_document_count(backend.as_ref()).await?;
-    let update_seq = backend.change_position().await?;
-    Ok(db_info_json(&state.db, doc_count, &update_seq))
-}
-
-/// A database's information in CouchDB 3's shape (`GET /{db}`): the fields every client reads,
-/// the sizes and counts this server does not keep as 0.
-pub(crate) fn db_info_json(name: &str, doc_count: u64, update_seq: &str) -> Value {
-    json!({
-        "db_name": name,
-        "purge_seq": "0",
-        "update_seq": update_seq,
-        "sizes": { "file": 0, "external": 0, "active": 0 },
-        "props": {},
-        "doc_del_count": 0,
-        "doc_count": doc_count,
-        "disk_format_version": 8,
-        "compact_running": false,
-        "cluster": { "q": 1, "n": 1, "w": 1, "r": 1 },
-        "instance_start_time": "0"
-    })
-}
-
-/// How many data documents the store holds: exact where the backend counts without reading
-/// (its design documents left out, as `_all_docs` leaves them out), else the backend's estimate
-/// (DynamoDB's item count, some hours stale), else 0. Clients read it as a number
-/// (`doc_count`, `total_rows`), and couchrestore demands 0 of an empty target.
-pub async fn live_document_count(backend: &dyn crate::backend::DocumentBackend) -> crate::Result<u64> {
-    let count = match backend.exact_count().await? {
-        Some(count) => count.saturating_sub(backend.design_document_count().await?.unwrap_or(0)),
-        None => backend.approximate_count().await?.unwrap_or(0),
-    };
-    Ok(count)
-}
-
 /// CouchDB's 401 for a server-admin endpoint asked by anyone else
 /// (`chttpd:verify_is_server_admin`: 401 even for a login that is not an admin).
 pub(crate) fn server_admin_only(identity: &Identity) -> Result<(), CouchError> {
@@ -169,38 +97,10 @@ pub(crate) fn server_admin_only(identity: &Identity) -> Result<(), CouchError> {
     }
 }
 
-/// CouchDB's system databases, the only names starting with `_` it takes.
-const SYSTEM_DATABASES: [&str; 3] = ["_users", "_replicator", "_global_changes"];
-
-/// `PUT /{db}` for the served database or a name starting with `_` (every other name goes to the
-/// databases' router): the served database exists already (412, as CouchDB answers); a name
-/// starting with `_` that is no system database breaks CouchDB's name rule (its 400
-/// `illegal_database_name`, after its server-admin check); CouchDB's system databases are not
-/// kept here.
-pub async fn create_db(
-    State(state): State<CouchState>,
-    Extension(identity): Extension<Identity>,
-    Path(db): Path<String>,
-) -> Answer {
-    if *db == *state.db {
-        return Err(CouchError::new(
-            StatusCode::PRECONDITION_FAILED,
-            "file_exists",
-            "The database could not be created, the file already exists.",
-        ));
-    }
-    server_admin_only(&identity)?;
-    if !SYSTEM_DATABASES.contains(&db.as_str()) {
-        return Err(super::db::db_name(&db)
-            .err()
-            .unwrap_or_else(|| CouchError::internal(format!("{db:?} starts with `_` yet passed the name rule"))));
-    }
-    Err(CouchError::forbidden(format!("agentstore does not keep CouchDB's system database {db}")))
-}
-
-/// `DELETE /{db}`: refused; the data store is not deleted through the API.
-pub async fn delete_db(_served: ServedDb) -> Answer {
-    Err(CouchError::forbidden("agentstore does not delete its database through the CouchDB API"))
+/// Any path below a name starting with `_` that names no endpoint of the server: CouchDB's
+/// 404 for a database that does not exist (no database's name starts with `_` here).
+pub async fn no_such_database() -> Response {
+    CouchError::no_database().into_response()
 }
 
 /// Any path no route matches.
