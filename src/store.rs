@@ -36,8 +36,8 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::model::document::{self, Access};
 use crate::model::{fields, timestamp, DocumentId};
 
-/// The local document naming the incarnation of the data-store database's view indexes (kept by
-/// `crate::couchdb_api::data_design`, where this process builds them). `purge_user` removes it,
+/// The local document naming the incarnation of the data-store database's view indexes (where this
+/// process builds them: `crate::database::Database::kept_views_incarnation`). `purge_user` removes it,
 /// which ends every index built over documents it erased (docs/design-documents.md).
 pub const VIEWS_INCARNATION_DOC: &str = ":views:incarnation";
 /// How often ending the views' incarnation is tried when another process replaces it meanwhile.

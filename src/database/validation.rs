@@ -20,8 +20,8 @@
 //! A design document itself is checked as CouchDB checks it on every write, replicated ones
 //! included (`couch_mrview:validate`): each view's map function, and its reduce function unless
 //! built in, must compile ([`design_compile_error`]), so a view never silently answers nothing.
-//! The data-store database's design documents are checked the same way (by the CouchDB API's
-//! `data_design.rs`).
+//! The data-store database's design documents are checked the same way, through its write guard
+//! (on the CouchDB backend that database's design documents are CouchDB's, which checks them).
 //!
 //! A function's failure is the crate's error with a [`FunctionFailure`] as its source, which the
 //! HTTP layer answers as CouchDB does (`crate::couchdb_api::error`).
