@@ -502,8 +502,7 @@ type Admission = (Arc<Database>, DbAccess, Confinement);
 /// The data-store database as the engine serves it, what the request's principal may do there and
 /// its confinement: an admin everything (a server admin's rights), a per-user login a member's
 /// rights on its own user's documents. CouchDB's 401 without a login, 403 for a login with no
-/// data-store user ([`Identity::require`]). `None` for any other database, or where the engine
-/// does not serve the data-store database (the CouchDB backend).
+/// data-store user ([`Identity::require`]). `None` for any other database.
 fn data_store_admission(
     state: &CouchState,
     name: &DbName,
@@ -789,6 +788,17 @@ mod tests {
 
     use super::*;
     use axum::http::{Method, StatusCode};
+
+    /// The data-store database's paths the CouchDB backend answers itself, by the path below it.
+    #[test]
+    fn design_paths_and_view_cleanup_run_on_the_backend() {
+        for passed in ["_design/app", "_design/app/_view/v", "_design%2Fapp", "_design%2fapp/att", "_view_cleanup"] {
+            assert!(runs_on_the_backend(passed), "{passed}");
+        }
+        for served in ["_design", "_design/", "_design_docs", "_find", "_index", "_all_docs", "doc", "_local/x", ""] {
+            assert!(!runs_on_the_backend(served), "{served}");
+        }
+    }
 
     fn status(access: DbAccess, method: Method, below: &str, destination: Option<&str>, body: &str) -> StatusCode {
         let target = destination.map(|header| crate::couchdb_api::request::copy_destination_id(header.as_bytes()));
