@@ -33,6 +33,7 @@ mod missing_database;
 mod paged_changes;
 mod purge;
 mod purge_between_polls;
+mod purged_infos_limit;
 mod replication;
 mod results_as_couchdb;
 mod revision_trees;
@@ -214,6 +215,7 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("data_store_replicated_design_documents", |e| {
             Box::pin(data_store_design::data_store_replicated_design_documents(e))
         }),
+        ("purged_infos_limit_as_couchdb", |e| Box::pin(purged_infos_limit::purged_infos_limit_as_couchdb(e))),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
@@ -260,6 +262,7 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
                             "inner_bodies_freed_by_stemming_and_bounds" => {
                                 Some(inner_bodies::INNER_BODIES_BOUND_CONFIG.to_owned())
                             }
+                            "purged_infos_limit_as_couchdb" => Some(purged_infos_limit::config()?),
                             _ => None,
                         };
                         let endpoint = Endpoint::start(fresh, backend_name, logins).await?;
