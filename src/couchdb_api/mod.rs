@@ -80,7 +80,8 @@ pub(crate) struct CouchState {
     /// The databases besides the data-store one (built with the same bounds as
     /// [`Self::data_store_database`]).
     pub databases: Arc<crate::database::Databases>,
-    /// Most names one `POST /_dbs_info` may ask about (`couchdb_max_dbs_info_keys`).
+    /// Most names one `POST /_dbs_info` may ask about, and databases one `GET /_dbs_info` answers
+    /// (`couchdb_max_dbs_info_keys`).
     pub max_dbs_info_keys: usize,
     /// Most queries one `POST …/_view/{view}/queries` may ask (`couchdb_max_view_queries`).
     pub max_view_queries: usize,
@@ -234,7 +235,7 @@ fn router(state: CouchState, query_limit: request::EndpointLimit) -> Router {
     // The server's own endpoints take any login, a login of the other databases only too.
     let server_endpoints = Router::new()
         .route("/_all_dbs", get(db::all_dbs))
-        .route("/_dbs_info", post(db::dbs_info))
+        .route("/_dbs_info", get(db::get_dbs_info).post(db::dbs_info))
         .route("/_active_tasks", get(server::active_tasks))
         .route("/_membership", get(server::membership))
         .route("/_scheduler/jobs", get(server::scheduler_jobs))

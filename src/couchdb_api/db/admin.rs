@@ -1,11 +1,12 @@
-//! Databases themselves: `PUT`/`GET`/`HEAD`/`DELETE /{db}`, `GET /_all_dbs`, `POST /_dbs_info`,
-//! `_revs_limit`, `_purged_infos_limit`, `_security`, and the maintenance endpoints that have
-//! nothing to do here (`_compact`, `_view_cleanup`, `_ensure_full_commit`), answered as CouchDB
-//! answers them, with CouchDB's checks: server admins create and delete databases, read
-//! `_dbs_info` and read and change `_purged_infos_limit`; a database's
-//! admins change its `_security` and `_revs_limit` and compact it; its members read the rest. On
-//! the data-store database an admin has a server admin's rights and a per-user login a member's,
-//! but never compacts it or changes its settings ([`super::OpenDb::check_database_wide`]).
+//! Databases themselves: `PUT`/`GET`/`HEAD`/`DELETE /{db}`, `GET /_all_dbs`,
+//! `GET`/`POST /_dbs_info`, `_revs_limit`, `_purged_infos_limit`, `_security`, and the
+//! maintenance endpoints that have nothing to do here (`_compact`, `_view_cleanup`,
+//! `_ensure_full_commit`), answered as CouchDB answers them, with CouchDB's checks: server
+//! admins create and delete databases, read `_dbs_info` and read and change
+//! `_purged_infos_limit`; a database's admins change its `_security` and `_revs_limit` and
+//! compact it; its members read the rest. On the data-store database an admin has a server
+//! admin's rights and a per-user login a member's, but never compacts it or changes its settings
+//! ([`super::OpenDb::check_database_wide`]).
 
 use std::collections::HashMap;
 
@@ -116,6 +117,11 @@ pub async fn all_dbs(
     Query(params): Query<HashMap<String, String>>,
 ) -> Answer {
     server_admin_only(&identity)?;
+    Ok(json(StatusCode::OK, json!(selected_names(&state, &params).await?)))
+}
+
+/// The names `GET /_all_dbs` and `GET /_dbs_info` answer, selected by their parameters.
+async fn selected_names(state: &CouchState, params: &HashMap<String, String>) -> Result<Vec<String>, CouchError> {
     let param = |name: &str| params.get(name).map(String::as_str);
     let key = |names: [&str; 2]| -> Result<Option<String>, CouchError> {
         for name in names {
@@ -133,11 +139,11 @@ pub async fn all_dbs(
     let end = key(["endkey", "end_key"])?;
     let skip = integer_param("skip", param("skip"))?.unwrap_or(0);
     let limit = integer_param("limit", param("limit"))?;
-    let mut names = every_name(&state).await?;
+    let mut names = every_name(state).await?;
     if descending {
         names.reverse();
     }
-    let selected: Vec<String> = names
+    Ok(names
         .into_iter()
         .filter(|name| match &start {
             None => true,
@@ -151,8 +157,35 @@ pub async fn all_dbs(
         })
         .skip(usize::try_from(skip).unwrap_or(usize::MAX))
         .take(limit.map_or(usize::MAX, |l| usize::try_from(l).unwrap_or(usize::MAX)))
-        .collect();
-    Ok(json(StatusCode::OK, json!(selected)))
+        .collect())
+}
+
+/// `GET /_dbs_info` with `_all_dbs`' parameters: the info of each database they select, as
+/// `POST` answers it; one deleted since the listing is left out, as CouchDB leaves it out. At
+/// most `couchdb_max_dbs_info_keys` databases (CouchDB answers any number): a larger selection
+/// is 400 naming the setting, and `limit`/`startkey` page through them. Server admins only.
+pub async fn get_dbs_info(
+    State(state): State<CouchState>,
+    Extension(identity): Extension<Identity>,
+    Query(params): Query<HashMap<String, String>>,
+) -> Answer {
+    server_admin_only(&identity)?;
+    let names = selected_names(&state, &params).await?;
+    if names.len() > state.max_dbs_info_keys {
+        return Err(CouchError::bad_request(format!(
+            "GET /_dbs_info would answer {} databases, more than {} (couchdb_max_dbs_info_keys); page with limit \
+             and startkey",
+            names.len(),
+            state.max_dbs_info_keys
+        )));
+    }
+    let mut answer = Vec::with_capacity(names.len());
+    for name in names {
+        if let Some(info) = info_named(&state, &name).await? {
+            answer.push(json!({ "key": name, "info": info }));
+        }
+    }
+    Ok(json(StatusCode::OK, Value::Array(answer)))
 }
 
 /// `POST /_dbs_info` `{"keys": [...]}`: each database's info, or `{"error": "not_found"}`.
@@ -175,30 +208,31 @@ pub async fn dbs_info(
     }
     let mut answer = Vec::with_capacity(keys.len());
     for key in keys {
-        let Some(text) = key.as_str() else {
-            answer.push(json!({ "key": key, "error": "not_found" }));
-            continue;
-        };
-        let info = if text == &*state.db {
-            None
-        } else {
-            match db_name(text).ok() {
-                Some(name) => match state.databases.open(&name).await? {
-                    Some(db) => Some(info_of(&db).await?),
-                    None => None,
-                },
-                None => None,
-            }
+        let info = match key.as_str() {
+            Some(name) => info_named(&state, name).await?,
+            None => None,
         };
         answer.push(match info {
-            Some(info) => json!({ "key": text, "info": info }),
-            None if text == &*state.db => {
-                json!({ "key": text, "info": crate::couchdb_api::server::data_store_info(&state).await? })
-            }
-            None => json!({ "key": text, "error": "not_found" }),
+            Some(info) => json!({ "key": key, "info": info }),
+            None => json!({ "key": key, "error": "not_found" }),
         });
     }
     Ok(json(StatusCode::OK, Value::Array(answer)))
+}
+
+/// The info of the database `name` as `GET /{db}` shows it to a server admin; `None` when there
+/// is no such database (or it was deleted while it was read).
+async fn info_named(state: &CouchState, name: &str) -> crate::Result<Option<Value>> {
+    if name == &*state.db {
+        return Ok(Some(crate::couchdb_api::server::data_store_info(state).await?));
+    }
+    let Ok(name) = db_name(name) else { return Ok(None) };
+    let Some(db) = state.databases.open(&name).await? else { return Ok(None) };
+    match info_of(&db).await {
+        Ok(info) => Ok(Some(info)),
+        Err(err) if err.kind() == ErrorKind::NotFound => Ok(None),
+        Err(err) => Err(err),
+    }
 }
 
 /// `GET /{db}/_revs_limit`.

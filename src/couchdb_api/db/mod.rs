@@ -49,7 +49,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use tower::ServiceExt;
 
-pub(crate) use admin::{all_dbs, dbs_info};
+pub(crate) use admin::{all_dbs, dbs_info, get_dbs_info};
 pub(crate) use attachments::{inline_into, inline_wanted, Inline};
 pub(crate) use bulk::MAX_BULK_DOCS;
 pub(crate) use inline::{hold_inline_until_sent, with_own_shares};

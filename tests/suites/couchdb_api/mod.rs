@@ -22,6 +22,7 @@ mod data_store_design;
 mod data_store_engine;
 mod data_store_feed;
 mod databases;
+mod dbs_info;
 mod depth;
 mod design_functions;
 mod documents;
@@ -216,6 +217,7 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
             Box::pin(data_store_design::data_store_replicated_design_documents(e))
         }),
         ("purged_infos_limit_as_couchdb", |e| Box::pin(purged_infos_limit::purged_infos_limit_as_couchdb(e))),
+        ("get_dbs_info_as_couchdb", |e| Box::pin(dbs_info::get_dbs_info_as_couchdb(e))),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
@@ -263,6 +265,7 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
                                 Some(inner_bodies::INNER_BODIES_BOUND_CONFIG.to_owned())
                             }
                             "purged_infos_limit_as_couchdb" => Some(purged_infos_limit::config()?),
+                            "get_dbs_info_as_couchdb" => Some(dbs_info::DBS_INFO_CONFIG.to_owned()),
                             _ => None,
                         };
                         let endpoint = Endpoint::start(fresh, backend_name, logins).await?;
