@@ -228,7 +228,8 @@ pub struct Settings {
     /// JavaScript worker threads (0: one per core).
     pub couchdb_js_workers: usize,
     /// Most names one `POST /_dbs_info` may ask about (CouchDB's
-    /// `max_db_number_for_dbs_info_req`).
+    /// `max_db_number_for_dbs_info_req`), and most databases one `GET /_dbs_info` answers
+    /// (CouchDB has no bound there; `limit` and `startkey` page through them).
     pub couchdb_max_dbs_info_keys: usize,
     /// Longest database feed `_changes?descending=true` reads (it reads the whole feed to answer
     /// the newest first); longer ones are refused with 400.

@@ -17,11 +17,33 @@ pub struct CouchError {
     pub status: StatusCode,
     pub error: String,
     pub reason: String,
+    /// Made by [`CouchError::missing`] or [`CouchError::deleted`]: the answer is about a document
+    /// of a database that was open, and its response says so ([`DocumentNotFound`]).
+    document_not_found: bool,
 }
+
+/// Marks the response of a document-level 404 (`missing` or `deleted`: a document, revision or
+/// local document the open database does not have), so that the database router need not look
+/// the database up again to tell it from a database deleted under the request
+/// (`db::may_be_a_deleted_database`), and never reads the body to tell.
+#[derive(Debug, Clone, Copy)]
+pub struct DocumentNotFound;
 
 impl CouchError {
     pub fn new(status: StatusCode, error: impl Into<String>, reason: impl Into<String>) -> Self {
-        CouchError { status, error: error.into(), reason: reason.into() }
+        CouchError { status, error: error.into(), reason: reason.into(), document_not_found: false }
+    }
+
+    /// CouchDB's 404 `missing` for a document (or revision, or local document) the open database
+    /// does not have; its response is marked [`DocumentNotFound`].
+    pub fn missing() -> Self {
+        CouchError { document_not_found: true, ..CouchError::not_found("missing") }
+    }
+
+    /// CouchDB's 404 `deleted` for a document whose winning revision is a deletion; its response
+    /// is marked [`DocumentNotFound`].
+    pub fn deleted() -> Self {
+        CouchError { document_not_found: true, ..CouchError::not_found("deleted") }
     }
 
     pub fn bad_request(reason: impl Into<String>) -> Self {
@@ -149,6 +171,9 @@ impl IntoResponse for CouchError {
         let headers = response.headers_mut();
         if self.status == StatusCode::SERVICE_UNAVAILABLE {
             headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        if self.document_not_found {
+            response.extensions_mut().insert(DocumentNotFound);
         }
         response
     }

@@ -46,7 +46,7 @@ use axum::extract::{RawQuery, Request, State};
 use axum::http::HeaderMap;
 use axum::middleware::{from_fn, from_fn_with_state, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{any, get, post};
+use axum::routing::{any, get};
 use axum::Router;
 use tokio::net::TcpListener;
 
@@ -73,7 +73,8 @@ pub(crate) struct CouchState {
     /// The databases besides the data-store one (built with the same bounds as
     /// [`Self::data_store_database`]).
     pub databases: Arc<crate::database::Databases>,
-    /// Most names one `POST /_dbs_info` may ask about (`couchdb_max_dbs_info_keys`).
+    /// Most names one `POST /_dbs_info` may ask about, and databases one `GET /_dbs_info` answers
+    /// (`couchdb_max_dbs_info_keys`).
     pub max_dbs_info_keys: usize,
     /// Most queries one `POST …/_view/{view}/queries` may ask (`couchdb_max_view_queries`).
     pub max_view_queries: usize,
@@ -211,7 +212,7 @@ fn router(state: CouchState) -> Router {
     // The server's own endpoints take any login, a login of the other databases only too.
     let server_endpoints = Router::new()
         .route("/_all_dbs", get(db::all_dbs))
-        .route("/_dbs_info", post(db::dbs_info))
+        .route("/_dbs_info", get(db::get_dbs_info).post(db::dbs_info))
         .route("/_active_tasks", get(root::active_tasks))
         .route("/_membership", get(root::membership))
         .route("/_scheduler/jobs", get(root::scheduler_jobs))

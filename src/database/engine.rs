@@ -131,11 +131,23 @@ struct Applied {
 pub struct DbSettings {
     pub revs_limit: usize,
     pub security: Value,
+    /// `_purged_infos_limit`: in CouchDB, how many purge requests the database remembers for
+    /// its indexes and internal replication. The engine remembers none (a purge of a document's
+    /// last leaf ends the view incarnation instead: [`purge_views`]), so it is kept and answered
+    /// and bounds nothing (docs/couchdb-api.md).
+    pub purged_infos_limit: u64,
 }
+
+/// CouchDB's `_purged_infos_limit` of a new database (its database header's default).
+pub const DEFAULT_PURGED_INFOS_LIMIT: u64 = 1000;
 
 impl Default for DbSettings {
     fn default() -> Self {
-        DbSettings { revs_limit: DEFAULT_REVS_LIMIT, security: Value::Object(Map::new()) }
+        DbSettings {
+            revs_limit: DEFAULT_REVS_LIMIT,
+            security: Value::Object(Map::new()),
+            purged_infos_limit: DEFAULT_PURGED_INFOS_LIMIT,
+        }
     }
 }
 
@@ -926,7 +938,7 @@ impl Database {
         Ok(Page { items: items.filter(|(_, state)| !state.deleted()).collect(), next: page.next })
     }
 
-    /// The database's settings (`_revs_limit`, `_security`).
+    /// The database's settings (`_revs_limit`, `_security`, `_purged_infos_limit`).
     pub async fn settings(&self) -> Result<DbSettings> {
         let Some(stored) = self.while_open(self.backend.get_local(self.local_names.settings)).await? else {
             return Ok(DbSettings::default());
@@ -938,7 +950,9 @@ impl Database {
             .and_then(|n| usize::try_from(n).ok())
             .unwrap_or(DEFAULT_REVS_LIMIT);
         let security = stored.body.get("security").cloned().unwrap_or_else(|| Value::Object(Map::new()));
-        Ok(DbSettings { revs_limit, security })
+        let purged_infos_limit =
+            stored.body.get("purged_infos_limit").and_then(Value::as_u64).unwrap_or(DEFAULT_PURGED_INFOS_LIMIT);
+        Ok(DbSettings { revs_limit, security, purged_infos_limit })
     }
 
     /// Changes the settings with `change`, against other writers of them.
@@ -950,6 +964,7 @@ impl Database {
             let mut body = Map::new();
             body.insert("revs_limit".into(), Value::from(settings.revs_limit as u64));
             body.insert("security".into(), settings.security.clone());
+            body.insert("purged_infos_limit".into(), Value::from(settings.purged_infos_limit));
             let precondition = match stored {
                 Some(doc) => Precondition::MatchRevision(doc.rev),
                 None => Precondition::MustNotExist,

@@ -1,16 +1,19 @@
-//! Databases themselves: `PUT`/`GET`/`HEAD`/`DELETE /{db}`, `GET /_all_dbs`, `POST /_dbs_info`,
-//! `_revs_limit`, `_security`, and the maintenance endpoints that have nothing to do here
-//! (`_compact`, `_view_cleanup`, `_ensure_full_commit`), answered as CouchDB answers them, with
-//! CouchDB's checks: server admins create and delete databases and read `_dbs_info`; a database's
-//! admins change its `_security` and `_revs_limit` and compact it; its members read the rest. On
-//! the data-store database an admin has a server admin's rights and a per-user login a member's,
-//! but never compacts it or changes its settings ([`super::OpenDb::check_database_wide`]).
+//! Databases themselves: `PUT`/`GET`/`HEAD`/`DELETE /{db}`, `GET /_all_dbs`,
+//! `GET`/`POST /_dbs_info`, `_revs_limit`, `_purged_infos_limit`, `_security`, and the
+//! maintenance endpoints that have nothing to do here (`_compact`, `_view_cleanup`,
+//! `_ensure_full_commit`), answered as CouchDB answers them, with CouchDB's checks: server
+//! admins create and delete databases, read `_dbs_info` and read and change
+//! `_purged_infos_limit`; a database's admins change its `_security` and `_revs_limit` and
+//! compact it; its members read the rest. On the data-store database an admin has a server
+//! admin's rights and a per-user login a member's, but never compacts it or changes its settings
+//! ([`super::OpenDb::check_database_wide`]).
 
 use std::collections::HashMap;
 
 use axum::body::Body;
-use axum::extract::{Extension, Path, Query, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::extract::{Extension, FromRequestParts, Path, Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
 use super::info::{data_store_info, data_store_info_seen_by, db_info_json, live_document_count};
@@ -138,6 +141,11 @@ pub async fn all_dbs(
     Query(params): Query<HashMap<String, String>>,
 ) -> Answer {
     server_admin_only(&identity)?;
+    Ok(json(StatusCode::OK, json!(selected_names(&state, &params).await?)))
+}
+
+/// The names `GET /_all_dbs` and `GET /_dbs_info` answer, selected by their parameters.
+async fn selected_names(state: &CouchState, params: &HashMap<String, String>) -> Result<Vec<String>, CouchError> {
     let param = |name: &str| params.get(name).map(String::as_str);
     let key = |names: [&str; 2]| -> Result<Option<String>, CouchError> {
         for name in names {
@@ -155,11 +163,11 @@ pub async fn all_dbs(
     let end = key(["endkey", "end_key"])?;
     let skip = integer_param("skip", param("skip"))?.unwrap_or(0);
     let limit = integer_param("limit", param("limit"))?;
-    let mut names = every_name(&state).await?;
+    let mut names = every_name(state).await?;
     if descending {
         names.reverse();
     }
-    let selected: Vec<String> = names
+    Ok(names
         .into_iter()
         .filter(|name| match &start {
             None => true,
@@ -173,8 +181,35 @@ pub async fn all_dbs(
         })
         .skip(usize::try_from(skip).unwrap_or(usize::MAX))
         .take(limit.map_or(usize::MAX, |l| usize::try_from(l).unwrap_or(usize::MAX)))
-        .collect();
-    Ok(json(StatusCode::OK, json!(selected)))
+        .collect())
+}
+
+/// `GET /_dbs_info` with `_all_dbs`' parameters: the info of each database they select, as
+/// `POST` answers it; one deleted since the listing is left out, as CouchDB leaves it out. At
+/// most `couchdb_max_dbs_info_keys` databases (CouchDB answers any number): a larger selection
+/// is 400 naming the setting, and `limit`/`startkey` page through them. Server admins only.
+pub async fn get_dbs_info(
+    State(state): State<CouchState>,
+    Extension(identity): Extension<Identity>,
+    Query(params): Query<HashMap<String, String>>,
+) -> Answer {
+    server_admin_only(&identity)?;
+    let names = selected_names(&state, &params).await?;
+    if names.len() > state.max_dbs_info_keys {
+        return Err(CouchError::bad_request(format!(
+            "GET /_dbs_info would answer {} databases, more than {} (couchdb_max_dbs_info_keys); page with limit \
+             and startkey",
+            names.len(),
+            state.max_dbs_info_keys
+        )));
+    }
+    let mut answer = Vec::with_capacity(names.len());
+    for name in names {
+        if let Some(info) = info_named(&state, &name).await? {
+            answer.push(json!({ "key": name, "info": info }));
+        }
+    }
+    Ok(json(StatusCode::OK, Value::Array(answer)))
 }
 
 /// `POST /_dbs_info` `{"keys": [...]}`: each database's info, or `{"error": "not_found"}`.
@@ -197,30 +232,31 @@ pub async fn dbs_info(
     }
     let mut answer = Vec::with_capacity(keys.len());
     for key in keys {
-        let Some(text) = key.as_str() else {
-            answer.push(json!({ "key": key, "error": "not_found" }));
-            continue;
-        };
-        let info = if text == &*state.db {
-            None
-        } else {
-            match db_name(text).ok() {
-                Some(name) => match state.databases.open(&name).await? {
-                    Some(db) => Some(info_of(&db).await?),
-                    None => None,
-                },
-                None => None,
-            }
+        let info = match key.as_str() {
+            Some(name) => info_named(&state, name).await?,
+            None => None,
         };
         answer.push(match info {
-            Some(info) => json!({ "key": text, "info": info }),
-            None if text == &*state.db => {
-                json!({ "key": text, "info": data_store_info(&state).await? })
-            }
-            None => json!({ "key": text, "error": "not_found" }),
+            Some(info) => json!({ "key": key, "info": info }),
+            None => json!({ "key": key, "error": "not_found" }),
         });
     }
     Ok(json(StatusCode::OK, Value::Array(answer)))
+}
+
+/// The info of the database `name` as `GET /{db}` shows it to a server admin; `None` when there
+/// is no such database (or it was deleted while it was read).
+async fn info_named(state: &CouchState, name: &str) -> crate::Result<Option<Value>> {
+    if name == &*state.db {
+        return Ok(Some(data_store_info(state).await?));
+    }
+    let Ok(name) = db_name(name) else { return Ok(None) };
+    let Some(db) = state.databases.open(&name).await? else { return Ok(None) };
+    match info_of(&db).await {
+        Ok(info) => Ok(Some(info)),
+        Err(err) if err.kind() == ErrorKind::NotFound => Ok(None),
+        Err(err) => Err(err),
+    }
 }
 
 /// `GET /{db}/_revs_limit`.
@@ -239,6 +275,75 @@ pub async fn put_revs_limit(State(state): State<CouchState>, opened: OpenDb, hea
     };
     opened.db.update_settings(|settings| settings.revs_limit = limit).await?;
     Ok(json(StatusCode::OK, json!({ "ok": true })))
+}
+
+/// `GET/HEAD/PUT /{db}/_purged_infos_limit`, as CouchDB 3.4.3 answers it: for server admins
+/// only, checked before the database is opened (401 to anyone else, on a database that does not
+/// exist too); `GET` the number (1000 on a new database), `PUT` a positive integer, 405 for any
+/// other method. On the data-store database an admin has a server admin's rights and a per-user
+/// login a member's (401 reading it, 403 naming why changing it). What the number means here,
+/// where no purge history is kept: [`crate::database::engine::DbSettings::purged_infos_limit`].
+pub async fn purged_infos_limit(
+    State(state): State<CouchState>,
+    Extension(identity): Extension<Identity>,
+    Path(db): Path<String>,
+    request: axum::extract::Request,
+) -> Response {
+    // The data-store database's logins are admitted by its own rules ([`OpenDb`]).
+    if db != *state.db {
+        if let Err(refused) = server_admin_only(&identity) {
+            return refused.into_response();
+        }
+    }
+    let (mut parts, body) = request.into_parts();
+    let opened = match OpenDb::from_request_parts(&mut parts, &state).await {
+        Ok(opened) => opened,
+        Err(refusal) => return refusal,
+    };
+    let answer = match parts.method {
+        Method::GET | Method::HEAD => read_purged_infos_limit(&opened).await,
+        Method::PUT => put_purged_infos_limit(&state, &opened, &parts.headers, body).await,
+        _ => Ok(only_get_and_put()),
+    };
+    answer.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn read_purged_infos_limit(opened: &OpenDb) -> Answer {
+    opened.access.require_server_admin()?;
+    Ok(json(StatusCode::OK, json!(opened.db.settings().await?.purged_infos_limit)))
+}
+
+async fn put_purged_infos_limit(state: &CouchState, opened: &OpenDb, headers: &HeaderMap, body: Body) -> Answer {
+    opened.check_database_wide("change its _purged_infos_limit")?;
+    opened.access.require_server_admin()?;
+    // An empty body is not JSON to CouchDB either.
+    let Some(body) = state.bodies.read_json(headers, body).await? else {
+        return Err(CouchError::bad_request("invalid UTF-8 JSON"));
+    };
+    let limit = positive_purged_infos_limit(&body.value)?;
+    opened.db.update_settings(|settings| settings.purged_infos_limit = limit).await?;
+    Ok(json(StatusCode::OK, json!({ "ok": true })))
+}
+
+/// A `_purged_infos_limit` body: a JSON integer above 0. CouchDB takes any such integer; the
+/// largest kept here is `u64::MAX` (docs/bounds.md), a larger one is refused naming it.
+fn positive_purged_infos_limit(value: &Value) -> Result<u64, CouchError> {
+    if let Some(limit) = value.as_u64().filter(|limit| *limit > 0) {
+        return Ok(limit);
+    }
+    // An integer past `u64::MAX` is parsed as a float (serde_json's fallback for it).
+    if value.as_f64().is_some_and(|n| n >= u64::MAX as f64 && n.fract() == 0.0) {
+        return Err(CouchError::bad_request(format!("`purged_infos_limit` must be at most {} here", u64::MAX)));
+    }
+    Err(CouchError::bad_request("`purged_infos_limit` must be positive integer"))
+}
+
+/// CouchDB's 405 for `_purged_infos_limit`, with its `Allow`.
+fn only_get_and_put() -> Response {
+    let mut refused =
+        CouchError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "Only GET,PUT allowed").into_response();
+    refused.headers_mut().insert(header::ALLOW, HeaderValue::from_static("GET,PUT"));
+    refused
 }
 
 /// `GET /{db}/_security`: members may read it, as in CouchDB.

@@ -395,12 +395,12 @@ fn read_leaf<'a>(tree: &'a RevTree, params: &HashMap<String, String>) -> CouchRe
     match params.get("rev") {
         Some(rev) => {
             parse_rev(rev).ok_or_else(|| CouchError::bad_request("Invalid rev format"))?;
-            tree.revision(rev).ok_or_else(|| CouchError::not_found("missing"))
+            tree.revision(rev).ok_or_else(CouchError::missing)
         }
         None => match tree.winner() {
             Some(winner) if !winner.deleted => Ok(std::borrow::Cow::Borrowed(winner)),
-            Some(_) => Err(CouchError::not_found("deleted")),
-            None => Err(CouchError::not_found("missing")),
+            Some(_) => Err(CouchError::deleted()),
+            None => Err(CouchError::missing()),
         },
     }
 }
@@ -415,7 +415,7 @@ async fn read(
     headers: &HeaderMap,
     with_body: bool,
 ) -> Answer {
-    let Some(state) = db.read(id).await? else { return Err(CouchError::not_found("missing")) };
+    let Some(state) = db.read(id).await? else { return Err(CouchError::missing()) };
     let leaf = read_leaf(&state.tree, params)?;
     let kept = doc_attachments::kept(&leaf.body, name).ok_or_else(missing_attachment)?;
     let md5 = kept.digest.strip_prefix("md5-").unwrap_or(&kept.digest).to_owned();
@@ -624,7 +624,7 @@ async fn delete(db: &Database, id: &str, name: &str, params: &HashMap<String, St
     let state = db.read(id).await?;
     let tree = state.as_ref().map(|state| &state.tree);
     let Some(rev) = rev else {
-        let Some(tree) = tree else { return Err(CouchError::not_found("missing")) };
+        let Some(tree) = tree else { return Err(CouchError::missing()) };
         let winner = read_leaf(tree, params)?;
         doc_attachments::kept(&winner.body, name).ok_or_else(missing_attachment)?;
         return Err(CouchError::conflict());

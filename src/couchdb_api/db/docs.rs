@@ -302,16 +302,16 @@ fn read_value(
     if let Some(open_revs) = params.get("open_revs") {
         return Ok(ReadValue::OpenRevs(open_revs_answer(id, tree, open_revs, options, latest)?));
     }
-    let Some(tree) = tree else { return Err(CouchError::not_found("missing")) };
+    let Some(tree) = tree else { return Err(CouchError::missing()) };
     let leaf = match params.get("rev") {
         Some(rev) => {
             parse_rev(rev).ok_or_else(|| CouchError::bad_request("Invalid rev format"))?;
-            find_leaf(tree, rev, latest).ok_or_else(|| CouchError::not_found("missing"))?
+            find_leaf(tree, rev, latest).ok_or_else(CouchError::missing)?
         }
         None => match tree.winner() {
             Some(winner) if !winner.deleted => Cow::Borrowed(winner),
-            Some(_) => return Err(CouchError::not_found("deleted")),
-            None => return Err(CouchError::not_found("missing")),
+            Some(_) => return Err(CouchError::deleted()),
+            None => return Err(CouchError::missing()),
         },
     };
     let rev = leaf.path.leaf_rev();
@@ -352,7 +352,7 @@ fn open_revs_options(options: DocOptions) -> DocOptions {
 /// revision's leaf, or missing), in the order asked.
 fn open_revs_leaves<'a>(tree: Option<&'a RevTree>, open_revs: &str, latest: bool) -> CouchResult<Vec<Opened<'a>>> {
     if open_revs == "all" {
-        let Some(tree) = tree else { return Err(CouchError::not_found("missing")) };
+        let Some(tree) = tree else { return Err(CouchError::missing()) };
         // CouchDB 3.4.3 answers every leaf in revision order (generation, then revision id),
         // not the winner first.
         let mut leaves = tree.leaves();
@@ -603,8 +603,8 @@ async fn delete_document(db: &Database, id: &str, params: &HashMap<String, Strin
 async fn deletion_refused(db: &Database, id: &str) -> CouchError {
     match db.read(id).await {
         Ok(state) => match state.and_then(|state| state.tree.winner().map(|winner| winner.deleted)) {
-            None => CouchError::not_found("missing"),
-            Some(true) => CouchError::not_found("deleted"),
+            None => CouchError::missing(),
+            Some(true) => CouchError::deleted(),
             Some(false) => CouchError::conflict(),
         },
         Err(err) => err.into(),
@@ -622,12 +622,10 @@ async fn copy_document(
     let (target, target_rev) = crate::couchdb_api::request::copy_destination(headers)?;
     check_id(&target).map_err(refused)?;
     access.check_write(&target)?;
-    let Some(state) = db.read(id).await? else { return Err(CouchError::not_found("missing")) };
+    let Some(state) = db.read(id).await? else { return Err(CouchError::missing()) };
     let leaf = match params.get("rev") {
-        Some(rev) => state.tree.revision(rev).ok_or_else(|| CouchError::not_found("missing"))?,
-        None => {
-            Cow::Borrowed(state.tree.winner().filter(|w| !w.deleted).ok_or_else(|| CouchError::not_found("deleted"))?)
-        }
+        Some(rev) => state.tree.revision(rev).ok_or_else(CouchError::missing)?,
+        None => Cow::Borrowed(state.tree.winner().filter(|w| !w.deleted).ok_or_else(CouchError::deleted)?),
     };
     let rev = edit(db, &target, target_rev, false, leaf.body.clone()).await?;
     Ok(written(StatusCode::CREATED, db, &target, &rev))
@@ -642,10 +640,10 @@ pub async fn get_local(opened: OpenDb<LocalName>, uri: axum::http::Uri, Query(pa
     let name = local_name(&opened.params.name)?;
     let latest = bool_param("latest", params.get("latest").map(String::as_str), false)?;
     if params.contains_key("rev") && !latest {
-        return Err(CouchError::not_found("missing"));
+        return Err(CouchError::missing());
     }
     let stored = opened.confinement.local_name(name);
-    let doc = opened.db.get_local(&stored).await?.ok_or_else(|| CouchError::not_found("missing"))?;
+    let doc = opened.db.get_local(&stored).await?.ok_or_else(CouchError::missing)?;
     let revisions = bool_param("revs", params.get("revs").map(String::as_str), false)?.then(|| {
         let number = doc.rev.0.strip_prefix("0-").unwrap_or_default().to_owned();
         json!({ "start": 0, "ids": [number] })
@@ -743,7 +741,7 @@ pub async fn delete_local(opened: OpenDb<LocalName>, uri: axum::http::Uri) -> An
     check_local_path(&uri)?;
     let name = local_name(&opened.params.name)?.to_owned();
     if !opened.db.delete_local(&opened.confinement.local_name(&name)).await? {
-        return Err(CouchError::not_found("missing"));
+        return Err(CouchError::missing());
     }
     Ok(json(StatusCode::OK, json!({ "ok": true, "id": format!("_local/{name}"), "rev": "0-0" })))
 }
@@ -760,7 +758,7 @@ fn check_local_path(uri: &axum::http::Uri) -> CouchResult<()> {
 
 fn local_name(name: &str) -> CouchResult<&str> {
     if name.is_empty() {
-        return Err(CouchError::not_found("missing"));
+        return Err(CouchError::missing());
     }
     Ok(name)
 }

@@ -55,7 +55,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use tower::ServiceExt;
 
-pub(crate) use admin::{all_dbs, create_db, dbs_info};
+pub(crate) use admin::{all_dbs, create_db, dbs_info, get_dbs_info};
 pub(crate) use attachments::{inline_into, inline_wanted, Inline};
 pub(crate) use bulk::MAX_BULK_DOCS;
 pub(crate) use inline::{hold_inline_until_sent, with_own_shares};
@@ -95,6 +95,8 @@ pub(crate) fn router(state: CouchState) -> Router {
         .route("/{db}/_purge", post(bulk::purge))
         .route("/{db}/_index/{*rest}", any(docs::mango))
         .route("/{db}/_revs_limit", get(admin::get_revs_limit).put(admin::put_revs_limit))
+        .route("/{db}/_purged_infos_limit", any(admin::purged_infos_limit))
+        .route("/{db}/_purged_infos_limit/", any(admin::purged_infos_limit))
         .route("/{db}/_security", get(admin::get_security).put(admin::put_security))
         .route("/{db}/_compact", post(admin::compact))
         .route("/{db}/_compact/{ddoc}", post(admin::compact))
@@ -203,9 +205,7 @@ fn refuse_dot_segments(below: &str) -> Result<(), CouchError> {
 /// racing the request (a table or file gone under a backend call that no engine check saw):
 /// CouchDB answers a missing database 404 `not_found`, whatever raced with it.
 async fn missing_if_deleted(state: &CouchState, name: &str, answer: Response) -> Response {
-    // A 404 too: one about a part of the database (a view group dropped with it) is CouchDB's
-    // missing-database answer once the database is gone.
-    if !answer.status().is_server_error() && answer.status() != axum::http::StatusCode::NOT_FOUND {
+    if !may_be_a_deleted_database(&answer) {
         return answer;
     }
     let Ok(name) = DbName::parse(name) else { return answer };
@@ -213,6 +213,21 @@ async fn missing_if_deleted(state: &CouchState, name: &str, answer: Response) ->
         Ok(None) => CouchError::no_database().into_response(),
         _ => answer,
     }
+}
+
+/// Whether an answer may come from the database being deleted under the request, so that
+/// [`missing_if_deleted`] looks the database up: a server error, or a 404 about a part of the
+/// database (a view group dropped with it: CouchDB's missing-database answer once the database
+/// is gone). A document-level 404 (`missing`, `deleted`: [`CouchError::missing`]) was answered
+/// by the open database, whose reads after a deletion answer the missing database themselves
+/// ([`Database::while_open`]): the most common 404 costs no look-up. Told by the response's
+/// mark, never by its body.
+fn may_be_a_deleted_database(answer: &Response) -> bool {
+    let status = answer.status();
+    if status.is_server_error() {
+        return true;
+    }
+    status == axum::http::StatusCode::NOT_FOUND && answer.extensions().get::<super::error::DocumentNotFound>().is_none()
 }
 
 /// The headers a forwarded request carries to the CouchDB backend (never the client's
@@ -771,6 +786,28 @@ pub(crate) fn refused(refusal: crate::database::document::Refusal) -> CouchError
 
 #[cfg(test)]
 mod tests {
+    /// Only answers a deletion under the request can explain send the database router to look
+    /// the database up: never a document's `missing`/`deleted`, even though a route's own 404
+    /// (an unknown path) says `missing` too.
+    #[test]
+    fn only_answers_a_deletion_can_explain_are_looked_up() {
+        use axum::http::StatusCode;
+        let looked_up = |answer: Response| may_be_a_deleted_database(&answer);
+        assert!(!looked_up(CouchError::missing().into_response()), "a missing document");
+        assert!(!looked_up(CouchError::deleted().into_response()), "a deleted document");
+        let carried: CouchError = CouchError::missing().carried().into();
+        assert!(!looked_up(carried.into_response()), "a missing document carried through the crate's error");
+        assert!(looked_up(CouchError::not_found("missing").into_response()), "a route's own 404");
+        assert!(looked_up(CouchError::no_database().into_response()), "the missing database");
+        assert!(looked_up(CouchError::not_found("missing_named_view").into_response()), "a view gone with it");
+        assert!(looked_up(CouchError::internal("a table went away").into_response()), "a 500");
+        let unavailable = CouchError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "later");
+        assert!(looked_up(unavailable.into_response()), "a 503");
+        for status in [StatusCode::OK, StatusCode::CREATED, StatusCode::CONFLICT, StatusCode::BAD_REQUEST] {
+            assert!(!looked_up(CouchError::new(status, "x", "y").into_response()), "{status}");
+        }
+    }
+
     #[test]
     fn every_id_of_a_posted_body_is_seen_duplicates_included() {
         let ids = |body: &str, bulk: bool| BodyIds::of(body.as_bytes(), bulk).ids;
@@ -854,6 +891,7 @@ mod tests {
             (Method::POST, "_view_cleanup", None, "", [unauthorized, ok, ok]),
             (Method::POST, "_purge", None, "{}", [unauthorized, unauthorized, ok]),
             (Method::PUT, "_purged_infos_limit", None, "5", [unauthorized, unauthorized, ok]),
+            (Method::GET, "_purged_infos_limit", None, "", [unauthorized, unauthorized, ok]),
         ];
         for (method, below, destination, body, expected) in cases {
             let got =

@@ -97,11 +97,11 @@ impl Viewed {
     /// The design document `_design/{name}`'s views (404 `missing` / `deleted` as CouchDB).
     async fn design(&self, name: &str) -> CouchResult<DesignViews> {
         let id = format!("_design/{name}");
-        let state = self.db.read(&id).await?.ok_or_else(|| CouchError::not_found("missing"))?;
+        let state = self.db.read(&id).await?.ok_or_else(CouchError::missing)?;
         if state.deleted() {
-            return Err(CouchError::not_found("deleted"));
+            return Err(CouchError::deleted());
         }
-        let winner = state.tree.winner().ok_or_else(|| CouchError::not_found("missing"))?;
+        let winner = state.tree.winner().ok_or_else(CouchError::missing)?;
         let doc = leaf_json(&id, &state.tree, winner, DocOptions::default());
         let design = DesignViews::parse(&doc).map_err(|invalid| ViewError::InvalidDesign(invalid.0))?;
         Ok(design.in_database(self.source().name()))

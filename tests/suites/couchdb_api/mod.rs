@@ -23,6 +23,7 @@ mod data_store_engine;
 mod data_store_feed;
 mod data_store_routes;
 mod databases;
+mod dbs_info;
 mod depth;
 mod design_functions;
 mod documents;
@@ -34,6 +35,7 @@ mod missing_database;
 mod paged_changes;
 mod purge;
 mod purge_between_polls;
+mod purged_infos_limit;
 mod replication;
 mod results_as_couchdb;
 mod revision_trees;
@@ -219,6 +221,8 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("data_store_per_user_create_and_delete_database", |e| {
             Box::pin(data_store_routes::per_user_create_and_delete_database(e))
         }),
+        ("purged_infos_limit_as_couchdb", |e| Box::pin(purged_infos_limit::purged_infos_limit_as_couchdb(e))),
+        ("get_dbs_info_as_couchdb", |e| Box::pin(dbs_info::get_dbs_info_as_couchdb(e))),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
@@ -267,6 +271,8 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
                             "inner_bodies_freed_by_stemming_and_bounds" => {
                                 Some(inner_bodies::INNER_BODIES_BOUND_CONFIG.to_owned())
                             }
+                            "purged_infos_limit_as_couchdb" => Some(purged_infos_limit::config()?),
+                            "get_dbs_info_as_couchdb" => Some(dbs_info::DBS_INFO_CONFIG.to_owned()),
                             _ => None,
                         };
                         let endpoint = Endpoint::start(fresh, backend_name, logins).await?;
