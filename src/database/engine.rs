@@ -80,7 +80,7 @@ use serde_json::{Map, Value};
 use super::attachments::{AttachmentStore, GarbageCollected};
 use super::doc_attachments;
 use super::layout::record::{gone_is_conflict, record_of, TREE_PREFIX};
-use super::layout::{must_save, LaidOut, Layout, LayoutToken, LocalNames, TreeLayout};
+use super::layout::{must_save, LaidOut, Layout, LayoutToken, LocalNames, RepairableLayout, TreeLayout};
 use super::rev_id;
 use super::rev_tree::{parse_rev, EditError, MergeOutcome, RevPath, RevTree};
 use crate::backend::revision::random_token;
@@ -371,12 +371,10 @@ impl Database {
     /// each is rewritten without them. Nothing where the layout keeps none.
     async fn drop_every_inner_body(&self) -> Result<()> {
         const PAGE: usize = 200;
-        if !self.layout.keeps_inner_bodies() {
-            return Ok(());
-        }
+        let Some(kept) = self.layout.kept_bodies() else { return Ok(()) };
         let mut cursor = None;
         loop {
-            let page = self.layout.inner_bodies_page(cursor, PAGE).await?;
+            let page = kept.inner_bodies_page(cursor, PAGE).await?;
             for id in &page.ids {
                 self.drop_inner_bodies(id).await?;
             }
@@ -388,7 +386,7 @@ impl Database {
     }
 
     /// Rewrites one document's tree without its inner bodies, against other writers, as its
-    /// layout does it ([`TreeLayout::save_without_inner_bodies`]).
+    /// layout does it ([`super::layout::KeptBodies::save_without_inner_bodies`]).
     async fn drop_inner_bodies(&self, id: &str) -> Result<()> {
         let _turn = self.write_lock(id).lock().await;
         for _ in 0..MAX_TRIES {
@@ -398,7 +396,10 @@ impl Database {
                 return Ok(());
             }
             self.check_open()?;
-            match self.layout.save_without_inner_bodies(id, &state, &tree).await {
+            let kept = self.layout.kept_bodies().ok_or_else(|| {
+                Error::new(ErrorKind::Internal, "inner bodies found on a database whose layout keeps none")
+            })?;
+            match kept.save_without_inner_bodies(id, &state, &tree).await {
                 Ok(()) => return Ok(()),
                 Err(err) if err.kind() == ErrorKind::Conflict => continue,
                 Err(err) => return Err(err),
@@ -857,8 +858,9 @@ impl Database {
 
     /// Saves `tree` over `state` with the backend's preconditions (`Conflict` if another writer
     /// got in first, and the caller reads again), as the database's layout writes it
-    /// ([`TreeLayout::save`]; the engine layout serializes every save on one compare-and-swap,
-    /// the data-store layout on the record's and its side document's revisions).
+    /// ([`RepairableLayout::save`]; the engine layout serializes every save on one
+    /// compare-and-swap, the data-store layout on the record's and its side document's
+    /// revisions).
     pub(super) async fn save(&self, id: &str, state: Option<&DocState>, tree: &RevTree) -> Result<()> {
         self.check_open()?;
         self.layout.save(id, state, tree).await
@@ -1058,9 +1060,17 @@ fn edit_body(id: &str, tree: &RevTree, parent: Option<&str>, body: &Map<String, 
 }
 
 /// One collection of a database's attachment bytes: what every stored tree references is the
-/// layout's to find ([`TreeLayout::attachment_references`]).
+/// layout's to find ([`super::layout::KeptBodies::attachment_references`]; nothing where it
+/// keeps no bodies beyond the leaves').
 async fn collect(layout: Arc<Layout>, store: AttachmentStore) -> Result<GarbageCollected> {
-    store.collect_garbage(|| async move { layout.attachment_references().await }).await
+    store
+        .collect_garbage(|| async move {
+            match layout.kept_bodies() {
+                Some(kept) => kept.attachment_references().await,
+                None => Ok(HashSet::new()),
+            }
+        })
+        .await
 }
 
 /// The SHA-256s the bodies `tree` keeps reference: its leaves' and its kept inner revisions'.
