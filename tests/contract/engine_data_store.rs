@@ -363,3 +363,91 @@ async fn check_after_cut(database: &Database, id: &str, r2: &str, acknowledged: 
     }
     violations
 }
+
+/// A backend counting its tree reads: one by one, and batched.
+struct CountingTreeReads {
+    inner: Arc<dyn DocumentBackend>,
+    one_by_one: std::sync::atomic::AtomicUsize,
+    batched: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl agentstore::backend::raw::layer::Layered for CountingTreeReads {
+    fn inner(&self) -> &dyn DocumentBackend {
+        self.inner.as_ref()
+    }
+
+    async fn revision_tree(&self, id: &str) -> agentstore::Result<Option<agentstore::database::rev_tree::RevTree>> {
+        self.one_by_one.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.revision_tree(id).await
+    }
+
+    async fn revision_trees(
+        &self,
+        ids: &[String],
+    ) -> agentstore::Result<Vec<Option<agentstore::database::rev_tree::RevTree>>> {
+        self.batched.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.revision_trees(ids).await
+    }
+}
+
+/// On the native layout, a page of documents' trees (what a page of the change feed or a
+/// `conflicts=true` listing reads) is one batched read of the backend's, not one per row, and
+/// answers each tree as the document's own read does: every leaf of a conflicted document, a
+/// deleted document's tree, nothing for an id never written.
+pub async fn engine_data_store_a_page_of_trees_is_one_batched_read(ctx: Ctx) {
+    if !native(ctx.backend.as_ref()) {
+        println!("{}: not applicable: the data-store layout reads each tree in its records", ctx.backend_name);
+        return;
+    }
+    let layer = Arc::new(CountingTreeReads {
+        inner: Arc::clone(&ctx.backend),
+        one_by_one: Default::default(),
+        batched: Default::default(),
+    });
+    let database = engine(layer.clone());
+    let mut ids = Vec::new();
+    for n in 0..40 {
+        let key = format!("page{n:02}");
+        let id = id_of(USER, NAMESPACE, &key);
+        let r1 = edited(&database, &id, edit(None, false, seed(&key, json!(n)))).await;
+        if n % 4 == 1 {
+            // An edit, and a losing leaf beside it.
+            edited(&database, &id, edit(Some(&r1), false, seed(&key, json!("winner")))).await;
+            let path = path_of(&[LOSER.to_owned(), r1.clone()]);
+            database
+                .write(&id, &Write::Replicated { path, deleted: false, body: seed(&key, json!("loser")) })
+                .await
+                .expect("a conflict");
+        }
+        if n % 4 == 2 {
+            edited(&database, &id, edit(Some(&r1), true, Map::new())).await;
+        }
+        ids.push(id);
+    }
+    ids.push(id_of(USER, NAMESPACE, "never-written"));
+    let one_by_one: Vec<_> = {
+        let mut states = Vec::new();
+        for id in &ids {
+            states.push(database.read(id).await.expect("read").map(|state| state.tree));
+        }
+        states
+    };
+    layer.one_by_one.store(0, std::sync::atomic::Ordering::SeqCst);
+    layer.batched.store(0, std::sync::atomic::Ordering::SeqCst);
+    let page: Vec<_> = database
+        .read_many(&ids)
+        .await
+        .expect("read_many")
+        .into_iter()
+        .map(|state| state.map(|state| state.tree))
+        .collect();
+    assert_eq!(page, one_by_one, "the batched read answers each tree as its own read does");
+    assert!(page.iter().filter_map(Option::as_ref).any(|tree| tree.leaves().len() == 2), "a conflict is read whole");
+    assert!(page.last().is_some_and(Option::is_none), "nothing for an id never written");
+    let counted = (
+        layer.batched.load(std::sync::atomic::Ordering::SeqCst),
+        layer.one_by_one.load(std::sync::atomic::Ordering::SeqCst),
+    );
+    assert_eq!(counted, (1, 0), "one batched read for the page (batched, one by one)");
+}

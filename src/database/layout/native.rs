@@ -29,11 +29,8 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use futures::StreamExt;
 use serde_json::Value;
 
-// Trees one batched read reads at once: the other data-store layout's bound (docs/bounds.md).
-use super::data_store::READS_AT_ONCE;
 use super::{KeptBodies, LaidOut, RepairableLayout, TreeLayout};
 use crate::backend::rev_tree::{parse_rev, Leaf, RevPath, RevTree};
 use crate::backend::{DocumentBackend, Precondition, ReplicatedRevision, Revision, StoredDocument};
@@ -169,13 +166,14 @@ impl RepairableLayout for NativeLayout {
         Ok(self.backend.revision_tree(id).await?.filter(|tree| !tree.is_empty()).map(laid_out))
     }
 
+    /// The backend's batched read of the trees ([`DocumentBackend::revision_trees`]: one
+    /// request for a page of the change feed or of a listing, not one per row).
     async fn read_many(&self, ids: &[String]) -> Result<Vec<Option<NativeState>>> {
-        // Collected first: a closure over the ids trips rustc's higher-ranked `Send` check.
-        let mut reads = Vec::with_capacity(ids.len());
-        for id in ids {
-            reads.push(self.read(id));
+        let trees = self.backend.revision_trees(ids).await?;
+        if trees.len() != ids.len() {
+            return Err(Error::new(ErrorKind::Internal, "the backend answered a batched tree read with too few trees"));
         }
-        futures::stream::iter(reads).buffered(READS_AT_ONCE).collect::<Vec<_>>().await.into_iter().collect()
+        Ok(trees.into_iter().map(|tree| tree.filter(|tree| !tree.is_empty()).map(laid_out)).collect())
     }
 
     async fn save(&self, id: &str, before: Option<&NativeState>, tree: &RevTree) -> Result<()> {
