@@ -72,7 +72,7 @@ pub use purge_views::MAX_PURGES_NAMED;
 pub use bulk::DocumentAnswers;
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use serde_json::{Map, Value};
@@ -190,7 +190,8 @@ pub struct Database {
     dropped: AtomicBool,
     /// The writes under way, which a deletion waits for ([`closing`]).
     in_flight: closing::WritesInFlight,
-    revs_limit: AtomicUsize,
+    /// `_revs_limit` as last read, and when ([`Database::revs_limit`]).
+    revs_limit: std::sync::Mutex<Option<(usize, std::time::Instant)>>,
     max_document_bytes: usize,
     /// The largest revision tree of one document ([`RevTree::held_bytes`],
     /// `couchdb_max_tree_bytes`).
@@ -217,6 +218,11 @@ pub struct Database {
     /// What checks each write against the validation functions ([`super::write_guard`]).
     write_guard: Option<Arc<dyn super::write_guard::WriteGuard>>,
 }
+
+/// How long a database's `_revs_limit` as read is applied before it is read again
+/// ([`Database::revs_limit`]): how late a change made through another instance over the same
+/// backend reaches this one's writes (docs/bounds.md).
+pub const SETTINGS_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The backend's own local document holding the database's incarnation for view indexes: a
 /// random id made when an index is first built over the database ([`crate::views::source`]).
@@ -290,7 +296,7 @@ impl Database {
             name,
             dropped: AtomicBool::new(false),
             in_flight: closing::WritesInFlight::default(),
-            revs_limit: AtomicUsize::new(0),
+            revs_limit: std::sync::Mutex::new(None),
             max_document_bytes: DEFAULT_MAX_DOCUMENT_BYTES,
             max_tree_bytes: DEFAULT_MAX_TREE_BYTES,
             inner_bodies: InnerBodyBounds::default(),
@@ -958,7 +964,7 @@ impl Database {
             };
             match self.while_open(self.backend.put_local(self.local_names.settings, &body, precondition)).await {
                 Ok(_) => {
-                    self.revs_limit.store(settings.revs_limit, Ordering::SeqCst);
+                    self.remember_revs_limit(settings.revs_limit);
                     return Ok(settings);
                 }
                 Err(err) if err.kind() == ErrorKind::Conflict => continue,
@@ -968,16 +974,32 @@ impl Database {
         Err(Error::conflict("the database's settings kept changing under this write; try again"))
     }
 
-    /// `_revs_limit`, cached after the first read (this process is the only writer of it through
-    /// [`Database::update_settings`]).
+    /// `_revs_limit` as the next write applies it: read again when the value this instance read
+    /// is older than [`SETTINGS_MAX_AGE`], so that a change made through another instance over
+    /// the same backend (issue 36) holds here within that bound; one made through this instance
+    /// holds at once. A read per write would cost every write a round trip for a setting that
+    /// almost never changes, and a version check costs the same round trip as the read on every
+    /// backend; CouchDB itself applies a new limit at the next write, and a write inside the
+    /// bound only stems to the previous limit.
     pub async fn revs_limit(&self) -> Result<usize> {
-        let cached = self.revs_limit.load(Ordering::SeqCst);
-        if cached > 0 {
-            return Ok(cached);
+        if let Some((limit, read_at)) = *self.cached_revs_limit() {
+            if read_at.elapsed() < SETTINGS_MAX_AGE {
+                return Ok(limit);
+            }
         }
-        let limit = self.settings().await?.revs_limit.max(1);
-        self.revs_limit.store(limit, Ordering::SeqCst);
-        Ok(limit)
+        let limit = self.settings().await?.revs_limit;
+        Ok(self.remember_revs_limit(limit))
+    }
+
+    fn cached_revs_limit(&self) -> std::sync::MutexGuard<'_, Option<(usize, std::time::Instant)>> {
+        self.revs_limit.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Keeps `limit` (at least 1) as read now; answers it.
+    fn remember_revs_limit(&self, limit: usize) -> usize {
+        let limit = limit.max(1);
+        *self.cached_revs_limit() = Some((limit, std::time::Instant::now()));
+        limit
     }
 }
 
@@ -1128,6 +1150,31 @@ mod tests {
     fn replicated(start: u64, ids: &[&str], deleted: bool) -> Write {
         let path = RevPath { start, ids: ids.iter().map(|id| (*id).to_owned()).collect() };
         Write::Replicated { path, deleted, body: Map::new() }
+    }
+
+    /// Two instances over one backend (issue 36): a `_revs_limit` set through one is applied by
+    /// the other's writes once its own read of the setting is older than
+    /// [`SETTINGS_MAX_AGE`], not cached for good.
+    #[tokio::test]
+    async fn a_revs_limit_set_by_another_instance_holds_within_the_settings_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend: Arc<dyn DocumentBackend> =
+            Arc::new(EmbeddedBackend::open(&dir.path().join("d.redb")).await.unwrap());
+        let here = Database::new("d".into(), Arc::clone(&backend));
+        let there = Database::new("d".into(), Arc::clone(&backend));
+        let edit = |parent: Option<String>| Write::Edit { parent, deleted: false, body: Map::new() };
+        let Written::Edited(mut rev) = here.write("x", &edit(None)).await.unwrap() else { panic!("an edit") };
+        assert_eq!(here.revs_limit().await.unwrap(), DEFAULT_REVS_LIMIT);
+        there.update_settings(|settings| settings.revs_limit = 2).await.unwrap();
+        assert_eq!(there.revs_limit().await.unwrap(), 2, "at once on the instance that set it");
+        tokio::time::sleep(SETTINGS_MAX_AGE + std::time::Duration::from_millis(100)).await;
+        for _ in 0..4 {
+            let Written::Edited(next) = here.write("x", &edit(Some(rev))).await.unwrap() else { panic!("an edit") };
+            rev = next;
+        }
+        let state = here.read("x").await.unwrap().expect("written");
+        let winner = state.tree.winner().expect("a winner");
+        assert_eq!(winner.path.ids.len(), 2, "the writes stem to the limit set through the other instance");
     }
 
     /// A backend on which, just before the next create of a record, another writer reads the
