@@ -1,6 +1,7 @@
 //! The data-store database's tree layout on a backend that keeps revision trees itself
 //! ([`DocumentBackend::keeps_branches`]: the CouchDB backend). The tree is the backend's own
-//! document, read whole ([`DocumentBackend::revision_tree`]); a save writes each leaf the new
+//! document, read whole ([`DocumentBackend::revision_tree`]; a page of them in one batched read,
+//! [`DocumentBackend::revision_trees`]); a save writes each leaf the new
 //! tree has and the tree read had not through the backend's own calls, so that the backend's
 //! document stays what the REST API, the facade and CouchDB's own clients read:
 //! - a leaf an ordinary edit made (`new_edits=true`) is written as an edit the backend itself
