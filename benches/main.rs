@@ -28,6 +28,7 @@ mod follow_bench;
 mod hot_key;
 mod mango_find;
 mod migrate_bench;
+mod native_layout;
 mod serve_load;
 mod views_bench;
 mod write_slot;
@@ -38,7 +39,7 @@ use std::process::ExitCode;
 type BenchMain = fn() -> ExitCode;
 
 /// Each bench by name, and its `main`.
-const BENCHES: [(&str, BenchMain); 16] = [
+const BENCHES: [(&str, BenchMain); 17] = [
     ("serve_load", serve_load::main),
     ("write_slot", write_slot::main),
     ("couchdb_overhead", couchdb_overhead::main),
@@ -61,6 +62,7 @@ const BENCHES: [(&str, BenchMain); 16] = [
         mango_find::main();
         ExitCode::SUCCESS
     }),
+    ("native_layout", native_layout::main),
 ];
 
 fn main() -> ExitCode {

@@ -603,6 +603,13 @@ pub trait DocumentBackend: Send + Sync + 'static {
         Err(keeps_no_branches(self, "revision_tree", id))
     }
 
+    /// [`DocumentBackend::revision_tree`] of each of `ids`, one per id in order, in as few
+    /// requests as the backend allows: a page of a listing or of the change feed reads its trees
+    /// at once. The default answers that the backend keeps no branches.
+    async fn revision_trees(&self, ids: &[String]) -> Result<Vec<Option<rev_tree::RevTree>>> {
+        Err(keeps_no_branches(self, "revision_trees", ids.first().map_or("", String::as_str)))
+    }
+
     /// Whether the document may have leaves besides its winner (conflicts or deleted leaves), on
     /// a backend that keeps branches itself: `false` means [`DocumentBackend::revision_tree`]
     /// would answer the winner alone. The default answers that the backend keeps no branches.

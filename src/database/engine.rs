@@ -72,7 +72,7 @@ pub use purge_views::MAX_PURGES_NAMED;
 pub use bulk::DocumentAnswers;
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use serde_json::{Map, Value};
@@ -80,7 +80,7 @@ use serde_json::{Map, Value};
 use super::attachments::{AttachmentStore, GarbageCollected};
 use super::doc_attachments;
 use super::layout::record::{gone_is_conflict, record_of, TREE_PREFIX};
-use super::layout::{must_save, LaidOut, Layout, LayoutToken, LocalNames, TreeLayout};
+use super::layout::{must_save, LaidOut, Layout, LayoutToken, LocalNames, RepairableLayout, TreeLayout};
 use super::rev_id;
 use super::rev_tree::{parse_rev, EditError, MergeOutcome, RevPath, RevTree};
 use crate::backend::revision::random_token;
@@ -202,7 +202,8 @@ pub struct Database {
     dropped: AtomicBool,
     /// The writes under way, which a deletion waits for ([`closing`]).
     in_flight: closing::WritesInFlight,
-    revs_limit: AtomicUsize,
+    /// `_revs_limit` as last read, and when ([`Database::revs_limit`]).
+    revs_limit: std::sync::Mutex<Option<(usize, std::time::Instant)>>,
     max_document_bytes: usize,
     /// The largest revision tree of one document ([`RevTree::held_bytes`],
     /// `couchdb_max_tree_bytes`).
@@ -229,6 +230,11 @@ pub struct Database {
     /// What checks each write against the validation functions ([`super::write_guard`]).
     write_guard: Option<Arc<dyn super::write_guard::WriteGuard>>,
 }
+
+/// How long a database's `_revs_limit` as read is applied before it is read again
+/// ([`Database::revs_limit`]): how late a change made through another instance over the same
+/// backend reaches this one's writes (docs/bounds.md).
+pub const SETTINGS_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The backend's own local document holding the database's incarnation for view indexes: a
 /// random id made when an index is first built over the database ([`crate::views::source`]).
@@ -302,7 +308,7 @@ impl Database {
             name,
             dropped: AtomicBool::new(false),
             in_flight: closing::WritesInFlight::default(),
-            revs_limit: AtomicUsize::new(0),
+            revs_limit: std::sync::Mutex::new(None),
             max_document_bytes: DEFAULT_MAX_DOCUMENT_BYTES,
             max_tree_bytes: DEFAULT_MAX_TREE_BYTES,
             inner_bodies: InnerBodyBounds::default(),
@@ -383,12 +389,10 @@ impl Database {
     /// each is rewritten without them. Nothing where the layout keeps none.
     async fn drop_every_inner_body(&self) -> Result<()> {
         const PAGE: usize = 200;
-        if !self.layout.keeps_inner_bodies() {
-            return Ok(());
-        }
+        let Some(kept) = self.layout.kept_bodies() else { return Ok(()) };
         let mut cursor = None;
         loop {
-            let page = self.layout.inner_bodies_page(cursor, PAGE).await?;
+            let page = kept.inner_bodies_page(cursor, PAGE).await?;
             for id in &page.ids {
                 self.drop_inner_bodies(id).await?;
             }
@@ -400,7 +404,7 @@ impl Database {
     }
 
     /// Rewrites one document's tree without its inner bodies, against other writers, as its
-    /// layout does it ([`TreeLayout::save_without_inner_bodies`]).
+    /// layout does it ([`super::layout::KeptBodies::save_without_inner_bodies`]).
     async fn drop_inner_bodies(&self, id: &str) -> Result<()> {
         let _turn = self.write_lock(id).lock().await;
         for _ in 0..MAX_TRIES {
@@ -410,7 +414,10 @@ impl Database {
                 return Ok(());
             }
             self.check_open()?;
-            match self.layout.save_without_inner_bodies(id, &state, &tree).await {
+            let kept = self.layout.kept_bodies().ok_or_else(|| {
+                Error::new(ErrorKind::Internal, "inner bodies found on a database whose layout keeps none")
+            })?;
+            match kept.save_without_inner_bodies(id, &state, &tree).await {
                 Ok(()) => return Ok(()),
                 Err(err) if err.kind() == ErrorKind::Conflict => continue,
                 Err(err) => return Err(err),
@@ -869,8 +876,9 @@ impl Database {
 
     /// Saves `tree` over `state` with the backend's preconditions (`Conflict` if another writer
     /// got in first, and the caller reads again), as the database's layout writes it
-    /// ([`TreeLayout::save`]; the engine layout serializes every save on one compare-and-swap,
-    /// the data-store layout on the record's and its side document's revisions).
+    /// ([`RepairableLayout::save`]; the engine layout serializes every save on one
+    /// compare-and-swap, the data-store layout on the record's and its side document's
+    /// revisions).
     pub(super) async fn save(&self, id: &str, state: Option<&DocState>, tree: &RevTree) -> Result<()> {
         self.check_open()?;
         self.layout.save(id, state, tree).await
@@ -971,7 +979,7 @@ impl Database {
             };
             match self.while_open(self.backend.put_local(self.local_names.settings, &body, precondition)).await {
                 Ok(_) => {
-                    self.revs_limit.store(settings.revs_limit, Ordering::SeqCst);
+                    self.remember_revs_limit(settings.revs_limit);
                     return Ok(settings);
                 }
                 Err(err) if err.kind() == ErrorKind::Conflict => continue,
@@ -981,16 +989,32 @@ impl Database {
         Err(Error::conflict("the database's settings kept changing under this write; try again"))
     }
 
-    /// `_revs_limit`, cached after the first read (this process is the only writer of it through
-    /// [`Database::update_settings`]).
+    /// `_revs_limit` as the next write applies it: read again when the value this instance read
+    /// is older than [`SETTINGS_MAX_AGE`], so that a change made through another instance over
+    /// the same backend (issue 36) holds here within that bound; one made through this instance
+    /// holds at once. A read per write would cost every write a round trip for a setting that
+    /// almost never changes, and a version check costs the same round trip as the read on every
+    /// backend; CouchDB itself applies a new limit at the next write, and a write inside the
+    /// bound only stems to the previous limit.
     pub async fn revs_limit(&self) -> Result<usize> {
-        let cached = self.revs_limit.load(Ordering::SeqCst);
-        if cached > 0 {
-            return Ok(cached);
+        if let Some((limit, read_at)) = *self.cached_revs_limit() {
+            if read_at.elapsed() < SETTINGS_MAX_AGE {
+                return Ok(limit);
+            }
         }
-        let limit = self.settings().await?.revs_limit.max(1);
-        self.revs_limit.store(limit, Ordering::SeqCst);
-        Ok(limit)
+        let limit = self.settings().await?.revs_limit;
+        Ok(self.remember_revs_limit(limit))
+    }
+
+    fn cached_revs_limit(&self) -> std::sync::MutexGuard<'_, Option<(usize, std::time::Instant)>> {
+        self.revs_limit.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Keeps `limit` (at least 1) as read now; answers it.
+    fn remember_revs_limit(&self, limit: usize) -> usize {
+        let limit = limit.max(1);
+        *self.cached_revs_limit() = Some((limit, std::time::Instant::now()));
+        limit
     }
 }
 
@@ -1073,9 +1097,17 @@ fn edit_body(id: &str, tree: &RevTree, parent: Option<&str>, body: &Map<String, 
 }
 
 /// One collection of a database's attachment bytes: what every stored tree references is the
-/// layout's to find ([`TreeLayout::attachment_references`]).
+/// layout's to find ([`super::layout::KeptBodies::attachment_references`]; nothing where it
+/// keeps no bodies beyond the leaves').
 async fn collect(layout: Arc<Layout>, store: AttachmentStore) -> Result<GarbageCollected> {
-    store.collect_garbage(|| async move { layout.attachment_references().await }).await
+    store
+        .collect_garbage(|| async move {
+            match layout.kept_bodies() {
+                Some(kept) => kept.attachment_references().await,
+                None => Ok(HashSet::new()),
+            }
+        })
+        .await
 }
 
 /// The SHA-256s the bodies `tree` keeps reference: its leaves' and its kept inner revisions'.
@@ -1133,6 +1165,31 @@ mod tests {
     fn replicated(start: u64, ids: &[&str], deleted: bool) -> Write {
         let path = RevPath { start, ids: ids.iter().map(|id| (*id).to_owned()).collect() };
         Write::Replicated { path, deleted, body: Map::new() }
+    }
+
+    /// Two instances over one backend (issue 36): a `_revs_limit` set through one is applied by
+    /// the other's writes once its own read of the setting is older than
+    /// [`SETTINGS_MAX_AGE`], not cached for good.
+    #[tokio::test]
+    async fn a_revs_limit_set_by_another_instance_holds_within_the_settings_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend: Arc<dyn DocumentBackend> =
+            Arc::new(EmbeddedBackend::open(&dir.path().join("d.redb")).await.unwrap());
+        let here = Database::new("d".into(), Arc::clone(&backend));
+        let there = Database::new("d".into(), Arc::clone(&backend));
+        let edit = |parent: Option<String>| Write::Edit { parent, deleted: false, body: Map::new() };
+        let Written::Edited(mut rev) = here.write("x", &edit(None)).await.unwrap() else { panic!("an edit") };
+        assert_eq!(here.revs_limit().await.unwrap(), DEFAULT_REVS_LIMIT);
+        there.update_settings(|settings| settings.revs_limit = 2).await.unwrap();
+        assert_eq!(there.revs_limit().await.unwrap(), 2, "at once on the instance that set it");
+        tokio::time::sleep(SETTINGS_MAX_AGE + std::time::Duration::from_millis(100)).await;
+        for _ in 0..4 {
+            let Written::Edited(next) = here.write("x", &edit(Some(rev))).await.unwrap() else { panic!("an edit") };
+            rev = next;
+        }
+        let state = here.read("x").await.unwrap().expect("written");
+        let winner = state.tree.winner().expect("a winner");
+        assert_eq!(winner.path.ids.len(), 2, "the writes stem to the limit set through the other instance");
     }
 
     /// A backend on which, just before the next create of a record, another writer reads the

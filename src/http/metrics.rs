@@ -147,6 +147,10 @@ impl DocumentBackend for MeteredBackend {
         timed!(self, "revision_tree", self.inner.revision_tree(id))
     }
 
+    async fn revision_trees(&self, ids: &[String]) -> Result<Vec<Option<RevTree>>> {
+        timed!(self, "revision_trees", self.inner.revision_trees(ids))
+    }
+
     async fn erase_branches(&self, prefix: &str) -> Result<()> {
         timed!(self, "erase_branches", self.inner.erase_branches(prefix))
     }
@@ -484,6 +488,10 @@ mod tests {
             self.record("revision_tree");
             Ok(Some(RevTree::default()))
         }
+        async fn revision_trees(&self, ids: &[String]) -> Result<Vec<Option<RevTree>>> {
+            self.record("revision_trees");
+            Ok(ids.iter().map(|_| Some(RevTree::default())).collect())
+        }
         async fn put_branch(&self, _: &str, _: &ReplicatedRevision, _: usize) -> Result<ReplicatedOutcome> {
             self.record("put_branch");
             Ok(ReplicatedOutcome::AlreadyKnown)
@@ -541,6 +549,7 @@ mod tests {
         assert_eq!(metered.put_replicated("u:n:k", &incoming).await.unwrap(), ReplicatedOutcome::KeptCurrent);
         assert_eq!(metered.put_branch("u:n:k", &incoming, usize::MAX).await.unwrap(), ReplicatedOutcome::AlreadyKnown);
         assert_eq!(metered.revision_tree("u:n:k").await.unwrap(), Some(RevTree::default()));
+        assert_eq!(metered.revision_trees(&["u:n:k".into()]).await.unwrap(), vec![Some(RevTree::default())]);
         metered.erase_branches("u:").await.unwrap();
         assert!(metered.has_branches("u:n:k").await.unwrap());
         let everything =
@@ -579,6 +588,7 @@ mod tests {
                 "put_replicated",
                 "put_branch",
                 "revision_tree",
+                "revision_trees",
                 "erase_branches",
                 "has_branches",
                 "all_docs_text",

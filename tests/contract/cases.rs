@@ -85,6 +85,7 @@ fn engine_data_store_cases() -> Vec<Case> {
         engine_data_store_local_documents_keep_their_names,
         engine_data_store_refuses_attachments,
         engine_data_store_crash_in_a_conflict_is_repaired_by_the_next_write,
+        engine_data_store_a_page_of_trees_is_one_batched_read,
     ]
 }
 

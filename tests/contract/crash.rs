@@ -250,6 +250,7 @@ counted_layer! {
     fn put_replicated(&self, id: &str, incoming: &ReplicatedRevision) -> Result<ReplicatedOutcome>;
     fn put_branch(&self, id: &str, incoming: &ReplicatedRevision, max_tree_bytes: usize) -> Result<ReplicatedOutcome>;
     fn revision_tree(&self, id: &str) -> Result<Option<RevTree>>;
+    fn revision_trees(&self, ids: &[String]) -> Result<Vec<Option<RevTree>>>;
     fn erase_branches(&self, prefix: &str) -> Result<()>;
     fn has_branches(&self, id: &str) -> Result<bool>;
     fn query(&self, query: &Query, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>>;

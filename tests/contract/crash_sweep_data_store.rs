@@ -20,13 +20,21 @@
 //!
 //! What a cut leaves is compared with a reference run of the same write, uncut, on another id:
 //! the revisions are the same whatever the id.
+//!
+//! On the CouchDB backend, which keeps the trees itself, the data-store database is the engine's
+//! over the native layout (`src/database/layout/native.rs`): each write is swept through it
+//! (`Database::native_data_store`, `Write::Replicated`, what the CouchDB face's writes call
+//! there), with the same checks. The purge of a conflicted document's winner is deselected there,
+//! its reason printed: the native layout reaches the backend's `_purge` only through the erasure
+//! of a document's last leaf.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use agentstore::backend::{DocumentBackend, IdRange, Precondition, ReplicatedRevision, Revision};
 use agentstore::database::layout::data_store;
-use agentstore::database::Database;
+use agentstore::database::rev_tree::RevPath;
+use agentstore::database::{Database, Write};
 use agentstore::store::{DataStore, StoreOptions};
 use agentstore::Result;
 use serde_json::{json, Map, Value};
@@ -106,8 +114,12 @@ fn incoming(operation: Operation, key: &str) -> ReplicatedRevision {
     }
 }
 
-/// The write, through a facade over `backend`.
+/// The write, through a facade over `backend` (through the engine's data-store database over
+/// the native layout where the backend keeps the trees itself).
 async fn run(operation: Operation, backend: Arc<dyn DocumentBackend>, key: &str) -> Result<()> {
+    if backend.keeps_branches() {
+        return run_native(operation, backend, key).await;
+    }
     let store = facade(backend).await?;
     let id = agentstore::model::DocumentId::parse(&id_of(USER, NAMESPACE, key))?;
     if operation == Operation::PurgeWinner {
@@ -116,6 +128,17 @@ async fn run(operation: Operation, backend: Arc<dyn DocumentBackend>, key: &str)
         return database.purge(id.as_str(), &[rev(2, 'c')]).await.map(drop);
     }
     store.put_replicated(&id, &incoming(operation, key)).await.map(drop)
+}
+
+/// The write through the engine's data-store database over the native layout.
+async fn run_native(operation: Operation, backend: Arc<dyn DocumentBackend>, key: &str) -> Result<()> {
+    let database = Database::native_data_store(agentstore::model::COLLECTION.to_owned(), backend)?;
+    let id = id_of(USER, NAMESPACE, key);
+    let revision = incoming(operation, key);
+    let ids = revision.ancestry.iter().map(|rev| rev.split_once('-').map_or("", |(_, hash)| hash).to_owned());
+    let generation = revision.rev.as_str().split_once('-').and_then(|(n, _)| n.parse().ok()).unwrap_or(0);
+    let path = RevPath { start: generation, ids: ids.collect() };
+    database.write(&id, &Write::Replicated { path, deleted: revision.deleted, body: revision.body }).await.map(drop)
 }
 
 /// The tree of `id` as the CouchDB face reads it (the read that triggers the repair).
@@ -257,8 +280,11 @@ async fn reference(backend: &Arc<dyn DocumentBackend>, operation: Operation) -> 
 }
 
 async fn sweep_operation(ctx: Ctx, operation: Operation) {
-    if ctx.backend_name == "couchdb" {
-        println!("couchdb: not applicable: CouchDB keeps the data-store database's trees itself");
+    if ctx.backend.keeps_branches() && operation == Operation::PurgeWinner {
+        println!(
+            "native layout: crash_sweep_data_store_purge_winner: deselected: the native layout reaches the backend's \
+             _purge only through the erasure of a document's last leaf"
+        );
         return;
     }
     let expected = reference(&ctx.backend, operation).await;

@@ -589,6 +589,10 @@ impl DocumentBackend for CouchDbBackend {
         self.leaves_tree(id).await
     }
 
+    async fn revision_trees(&self, ids: &[String]) -> Result<Vec<Option<crate::backend::rev_tree::RevTree>>> {
+        self.leaves_trees(ids).await
+    }
+
     async fn has_branches(&self, id: &str) -> Result<bool> {
         Ok(self.leaves_tree(id).await?.is_some_and(|tree| tree.leaves().len() > 1))
     }

@@ -8,6 +8,7 @@
 //! `GET /db/id?rev=<tombstone>&revs=true`. `?deleted=true` is not used: pouchdb-server ignores it,
 //! and `?open_revs=all` would need multipart handling on CouchDB unless asked for JSON.
 
+use futures::StreamExt;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
@@ -63,20 +64,64 @@ impl CouchDbBackend {
         let corrupt =
             |what: &str| Error::new(ErrorKind::Internal, format!("CouchDB answered {what} for the leaves of {id:?}"));
         let Value::Array(answers) = reply.body else { return Err(corrupt("no array")) };
-        let mut tree = RevTree::default();
-        for answer in answers {
-            let Some(Value::Object(mut doc)) = answer.get("ok").cloned() else { continue };
-            let path = doc
-                .remove("_revisions")
-                .as_ref()
-                .and_then(RevPath::from_revisions)
-                .ok_or_else(|| corrupt("a leaf without _revisions"))?;
-            let deleted = doc.remove("_deleted") == Some(Value::Bool(true));
-            doc.remove("_id");
-            doc.remove("_rev");
-            tree.merge(path, deleted, doc, usize::MAX);
+        tree_of_leaves(id, answers)
+    }
+
+    /// Every leaf of each of `ids`' trees, one per id in order, by `POST _bulk_get?revs=true`
+    /// naming the ids alone, which CouchDB answers with every leaf of each (as `open_revs=all`
+    /// does), [`LEAVES_PER_BULK_GET`] ids a request: a page of a listing or of the change feed
+    /// costs a request, not one per row. pouchdb-server answers such a `_bulk_get` with the
+    /// winner alone (and nothing for a deleted document), so there each tree is read by itself,
+    /// [`LEAVES_READS_AT_ONCE`] at a time.
+    pub(super) async fn leaves_trees(&self, ids: &[String]) -> Result<Vec<Option<RevTree>>> {
+        if self.pouchdb_server().await? {
+            // Collected first: a closure over the ids trips rustc's higher-ranked `Send` check.
+            let mut reads = Vec::with_capacity(ids.len());
+            for id in ids {
+                reads.push(self.leaves_tree(id));
+            }
+            let stream = futures::stream::iter(reads).buffered(LEAVES_READS_AT_ONCE);
+            return stream.collect::<Vec<_>>().await.into_iter().collect();
         }
-        Ok((!tree.is_empty()).then_some(tree))
+        let mut trees = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(LEAVES_PER_BULK_GET) {
+            trees.extend(self.leaves_trees_at_once(chunk).await?);
+        }
+        Ok(trees)
+    }
+
+    async fn leaves_trees_at_once(&self, ids: &[String]) -> Result<Vec<Option<RevTree>>> {
+        let doing = "read every leaf of many documents";
+        let asked = json!({ "docs": ids.iter().map(|id| json!({ "id": id })).collect::<Vec<_>>() });
+        let url = self.client.url(&["_bulk_get"]);
+        let reply = self.client.read(Method::POST, &url, &[("revs", "true".to_owned())], Some(&asked), doing).await?;
+        if !reply.status.is_success() {
+            return Err(from_status(reply.status, &reply.body, doing));
+        }
+        let results = take_array(reply.body, "results", "_bulk_get")?;
+        if results.len() != ids.len() {
+            return Err(Error::new(
+                ErrorKind::Internal,
+                format!("CouchDB answered _bulk_get of {} ids with {} results", ids.len(), results.len()),
+            ));
+        }
+        let mut trees = Vec::with_capacity(ids.len());
+        for (id, mut result) in ids.iter().zip(results) {
+            if result.get("id").and_then(Value::as_str) != Some(id.as_str()) {
+                return Err(Error::new(
+                    ErrorKind::Internal,
+                    format!("CouchDB's _bulk_get answered out of order at {id:?}"),
+                ));
+            }
+            let Some(Value::Array(answers)) = result.get_mut("docs").map(Value::take) else {
+                return Err(Error::new(
+                    ErrorKind::Internal,
+                    format!("CouchDB's _bulk_get answered no docs for {id:?}"),
+                ));
+            };
+            trees.push(tree_of_leaves(id, answers)?);
+        }
+        Ok(trees)
     }
 
     /// `GET /db/id?revs=true` (of the current revision, or of `rev`); `None` on 404.
@@ -116,6 +161,34 @@ impl CouchDbBackend {
             }
         }
     }
+}
+
+/// Ids one `_bulk_get` of many documents' leaves names ([`CouchDbBackend::leaves_trees`]): a
+/// page of the change feed or a listing fits in one request.
+pub(super) const LEAVES_PER_BULK_GET: usize = 200;
+/// Trees read at once, one request each, where `_bulk_get` does not answer every leaf
+/// (pouchdb-server).
+const LEAVES_READS_AT_ONCE: usize = 16;
+
+/// The tree of `id`'s leaves as CouchDB answers them (`[{"ok": doc}, …]`, each with its
+/// `_revisions`; `{"error": …}` entries, a missing id's, are skipped); `None` with no leaf.
+fn tree_of_leaves(id: &str, answers: Vec<Value>) -> Result<Option<RevTree>> {
+    let corrupt =
+        |what: &str| Error::new(ErrorKind::Internal, format!("CouchDB answered {what} for the leaves of {id:?}"));
+    let mut tree = RevTree::default();
+    for mut answer in answers {
+        let Some(Value::Object(mut doc)) = answer.get_mut("ok").map(Value::take) else { continue };
+        let path = doc
+            .remove("_revisions")
+            .as_ref()
+            .and_then(RevPath::from_revisions)
+            .ok_or_else(|| corrupt("a leaf without _revisions"))?;
+        let deleted = doc.remove("_deleted") == Some(Value::Bool(true));
+        doc.remove("_id");
+        doc.remove("_rev");
+        tree.merge(path, deleted, doc, usize::MAX);
+    }
+    Ok((!tree.is_empty()).then_some(tree))
 }
 
 /// A document read with `revs=true` as a [`RevisionInfo`]: CouchDB's `_revisions` is already

@@ -57,6 +57,10 @@ pub trait Layered: Send + Sync + 'static {
         self.inner().revision_tree(id).await
     }
 
+    async fn revision_trees(&self, ids: &[String]) -> Result<Vec<Option<RevTree>>> {
+        self.inner().revision_trees(ids).await
+    }
+
     async fn erase_branches(&self, prefix: &str) -> Result<()> {
         self.inner().erase_branches(prefix).await
     }
@@ -265,6 +269,10 @@ impl<L: Layered> DocumentBackend for L {
 
     async fn revision_tree(&self, id: &str) -> Result<Option<RevTree>> {
         Layered::revision_tree(self, id).await
+    }
+
+    async fn revision_trees(&self, ids: &[String]) -> Result<Vec<Option<RevTree>>> {
+        Layered::revision_trees(self, ids).await
     }
 
     async fn erase_branches(&self, prefix: &str) -> Result<()> {

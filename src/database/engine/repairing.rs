@@ -1,4 +1,4 @@
-//! The engine's reads that repair: a save a crash cut short (`TreeLayout::unfinished`) is
+//! The engine's reads that repair: a save a crash cut short (`RepairableLayout::unfinished`) is
 //! finished by the read that finds it, through the one crash-repair rule of
 //! [`crate::database::layout`] ([`read_repairing`], [`read_many_repairing`], [`finished`]), not
 //! only by the document's next write.
@@ -15,12 +15,7 @@ use async_trait::async_trait;
 
 use super::{Database, DocState};
 use crate::backend::rev_tree::RevTree;
-use std::collections::HashSet;
-
-use crate::backend::StoredDocument;
-use crate::database::layout::{
-    finished, read_many_repairing, read_repairing, LaidOut, LayoutToken, ScanCursor, ScanPage, TreeLayout,
-};
+use crate::database::layout::{finished, read_many_repairing, read_repairing, LayoutToken, RepairableLayout};
 use crate::error::Result;
 
 /// The engine's layout as a repairing read saves through it: each save counts as a write under
@@ -30,7 +25,7 @@ use crate::error::Result;
 struct Finishing<'a>(&'a Database);
 
 #[async_trait]
-impl TreeLayout for Finishing<'_> {
+impl RepairableLayout for Finishing<'_> {
     type Token = LayoutToken;
 
     async fn read(&self, id: &str) -> Result<Option<DocState>> {
@@ -51,30 +46,8 @@ impl TreeLayout for Finishing<'_> {
         self.0.save(id, before, tree).await
     }
 
-    async fn erase(&self, id: &str, state: &DocState) -> Result<()> {
-        self.0.layout.erase(id, state).await
-    }
-
     async fn unfinished(&self, id: &str, state: &DocState) -> Result<bool> {
         self.0.layout.unfinished(id, state).await
-    }
-
-    // The rest as the database's own layout does it: a repairing read only reads, saves and
-    // checks.
-    async fn listed(&self, documents: Vec<StoredDocument>) -> Result<Vec<(String, LaidOut<LayoutToken>)>> {
-        self.0.layout.listed(documents).await
-    }
-
-    fn keeps_inner_bodies(&self) -> bool {
-        self.0.layout.keeps_inner_bodies()
-    }
-
-    async fn inner_bodies_page(&self, cursor: Option<ScanCursor>, limit: usize) -> Result<ScanPage> {
-        self.0.layout.inner_bodies_page(cursor, limit).await
-    }
-
-    async fn attachment_references(&self) -> Result<HashSet<String>> {
-        self.0.layout.attachment_references().await
     }
 }
 

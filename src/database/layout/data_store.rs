@@ -4,7 +4,8 @@
 //! [`erase_branches`]); on a backend that keeps branches itself
 //! ([`DocumentBackend::keeps_branches`]: the CouchDB backend) each forwards to the backend's own
 //! method of the same name. Elsewhere the tree is laid out by [`DataStoreView`] (over a borrowed
-//! backend: the free functions' calls), one of the engine's [`TreeLayout`]s, and by
+//! backend: the free functions' calls: what the crash-repair rule needs, [`RepairableLayout`]),
+//! and by
 //! [`DataStoreLayout`], the same over the backend it owns: what the engine's data-store database
 //! holds (`crate::database::Database::data_store`). Both write the same records.
 //!
@@ -44,7 +45,6 @@
 //! A record or side revision that changed in between makes the write start again from a fresh
 //! read ([`GRAFT_ATTEMPTS`]).
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -52,7 +52,7 @@ use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::{LaidOut, ScanCursor, ScanPage, TreeLayout};
+use super::{KeptBodies, LaidOut, RepairableLayout, TreeLayout};
 use crate::backend::rev_tree::{Leaf, MergeOutcome, RevPath, RevTree, StoredLeaves, StoredTree};
 use crate::backend::{
     DocumentBackend, Precondition, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo, StoredDocument,
@@ -172,7 +172,7 @@ impl DataStoreLayout {
 }
 
 #[async_trait]
-impl TreeLayout for DataStoreLayout {
+impl RepairableLayout for DataStoreLayout {
     type Token = SideToken;
 
     async fn read(&self, id: &str) -> Result<Option<ReadTree>> {
@@ -187,28 +187,26 @@ impl TreeLayout for DataStoreLayout {
         self.view().save(id, before, tree).await
     }
 
-    async fn erase(&self, id: &str, state: &ReadTree) -> Result<()> {
-        self.view().erase(id, state).await
-    }
-
     async fn unfinished(&self, id: &str, state: &ReadTree) -> Result<bool> {
         self.view().unfinished(id, state).await
+    }
+}
+
+#[async_trait]
+impl TreeLayout for DataStoreLayout {
+    async fn erase(&self, id: &str, state: &ReadTree) -> Result<()> {
+        self.view().erase_of(id, &state.token).await
     }
 
     async fn listed(&self, documents: Vec<StoredDocument>) -> Result<Vec<(String, ReadTree)>> {
         self.view().listed(documents).await
     }
 
-    fn keeps_inner_bodies(&self) -> bool {
-        false
-    }
-
-    async fn inner_bodies_page(&self, cursor: Option<ScanCursor>, limit: usize) -> Result<ScanPage> {
-        self.view().inner_bodies_page(cursor, limit).await
-    }
-
-    async fn attachment_references(&self) -> Result<HashSet<String>> {
-        self.view().attachment_references().await
+    /// None: the seed's layout has no place for an inner revision's body (a tree read holds its
+    /// leaves' bodies only), so none is ever kept; a write carrying attachments is refused on
+    /// the data-store database.
+    fn kept_bodies(&self) -> Option<&dyn KeptBodies<Token = SideToken>> {
+        None
     }
 }
 
@@ -368,6 +366,18 @@ impl<'a, B: DocumentBackend + ?Sized> DataStoreView<'a, B> {
         self.backend.erase_id(id).await.map(|_| ())
     }
 
+    /// Each listed record's whole tree, read again with its other leaves (the listing holds the
+    /// winner only; [`RepairableLayout::read_many`]); those deleted meanwhile are left out.
+    pub async fn listed(&self, documents: Vec<StoredDocument>) -> Result<Vec<(String, ReadTree)>> {
+        let ids: Vec<String> = documents.into_iter().map(|doc| doc.id).collect();
+        let states = self.read_many(&ids).await?;
+        Ok(ids
+            .into_iter()
+            .zip(states)
+            .filter_map(|(id, state)| state.filter(|state| !state.deleted()).map(|state| (id, state)))
+            .collect())
+    }
+
     /// The record, holding `expected`, erased and `winner` written in its place: a record moved
     /// to a leaf that does not descend from it (its own revision purged). Erased only when it
     /// still holds `expected`; a crash between the two leaves no record beside the marked side
@@ -410,7 +420,7 @@ impl<'a, B: DocumentBackend + ?Sized> DataStoreView<'a, B> {
 }
 
 #[async_trait]
-impl<B: DocumentBackend + ?Sized> TreeLayout for DataStoreView<'_, B> {
+impl<B: DocumentBackend + ?Sized> RepairableLayout for DataStoreView<'_, B> {
     type Token = SideToken;
 
     /// The tree of `id`: the record's revision (its path and body) and the leaves kept beside it.
@@ -423,7 +433,7 @@ impl<B: DocumentBackend + ?Sized> TreeLayout for DataStoreView<'_, B> {
         Err(Error::conflict(format!("document {id:?} kept changing while its revision tree was read")))
     }
 
-    /// Each id's tree read as [`TreeLayout::read`] reads it, a few at a time
+    /// Each id's tree read as [`RepairableLayout::read`] reads it, a few at a time
     /// ([`READS_AT_ONCE`]), in order.
     async fn read_many(&self, ids: &[String]) -> Result<Vec<Option<ReadTree>>> {
         let mut reads = Vec::with_capacity(ids.len());
@@ -437,39 +447,8 @@ impl<B: DocumentBackend + ?Sized> TreeLayout for DataStoreView<'_, B> {
         self.save_over(id, before.map(|read| &read.token), tree).await
     }
 
-    async fn erase(&self, id: &str, state: &ReadTree) -> Result<()> {
-        self.erase_of(id, &state.token).await
-    }
-
     async fn unfinished(&self, _id: &str, state: &ReadTree) -> Result<bool> {
         Ok(state.token.marked)
-    }
-
-    /// Each listed record's whole tree, read again with its other leaves (the listing holds the
-    /// winner only; [`TreeLayout::read_many`]); those deleted meanwhile are left out.
-    async fn listed(&self, documents: Vec<StoredDocument>) -> Result<Vec<(String, ReadTree)>> {
-        let ids: Vec<String> = documents.into_iter().map(|doc| doc.id).collect();
-        let states = self.read_many(&ids).await?;
-        Ok(ids
-            .into_iter()
-            .zip(states)
-            .filter_map(|(id, state)| state.filter(|state| !state.deleted()).map(|state| (id, state)))
-            .collect())
-    }
-
-    /// None: the seed's layout has no place for an inner revision's body (a tree read holds its
-    /// leaves' bodies only), so none is ever kept.
-    fn keeps_inner_bodies(&self) -> bool {
-        false
-    }
-
-    async fn inner_bodies_page(&self, _cursor: Option<ScanCursor>, _limit: usize) -> Result<ScanPage> {
-        Ok(ScanPage::default())
-    }
-
-    /// None: a write carrying attachments is refused on the data-store database.
-    async fn attachment_references(&self) -> Result<HashSet<String>> {
-        Ok(HashSet::new())
     }
 }
 

@@ -24,11 +24,18 @@
 //! no client may write, both faces check it), whether it keeps inner bodies, and how its trees
 //! are listed and scanned.
 //!
+//! Three traits, none with a default method (a wrapper that forwards a layout forwards each
+//! method or does not compile): [`RepairableLayout`], what the crash-repair rule below needs
+//! (read, save, tell an unfinished save), which the engine's repairing reads wrap; [`TreeLayout`]
+//! on top, what the engine needs besides (erase, listings, [`TreeLayout::kept_bodies`]); and
+//! [`KeptBodies`], the place for inner revisions' bodies and the attachments their bodies
+//! reference, which a layout without one (both data-store layouts) answers `None` for, once.
+//!
 //! ## The crash-repair rule
 //! A save that writes two places writes the side place first (the local document: the engine's
 //! `tree:{id}`, the data store's `:leaves:{id}`), in a form that says the save is not finished,
 //! and the record last: the record is what the change feed, `_all_docs` and the REST API read.
-//! A state read that shows an unfinished save ([`TreeLayout::unfinished`]: the data-store
+//! A state read that shows an unfinished save ([`RepairableLayout::unfinished`]: the data-store
 //! layout's mark, the engine layout's side tree without the record after it) is finished by the
 //! engine by saving the tree read over itself, which each layout makes do the steps the crash
 //! cut:
@@ -80,11 +87,15 @@ impl<T> LaidOut<T> {
 /// One document's state as a layout read it, `None` when nothing is stored for the id.
 pub type MaybeLaidOut<T> = Option<LaidOut<T>>;
 
-/// What a tree layout does for the engine.
+/// What the crash-repair rule needs of a layout ([`must_save`], [`read_repairing`],
+/// [`read_many_repairing`], [`finished`]): read a document's tree, tell a save a crash cut
+/// short, and save a tree (the tree read saved over itself finishes such a save). Kept apart
+/// from the engine's [`TreeLayout`] so that what wraps a layout for a repair (the engine's
+/// repairing reads) implements these four methods, every one of them, and nothing else.
 #[async_trait]
-pub trait TreeLayout: Send + Sync {
+pub trait RepairableLayout: Send + Sync {
     /// What a save must match, read with the tree.
-    type Token: Clone + Send + Sync + std::fmt::Debug;
+    type Token: Clone + Send + Sync + std::fmt::Debug + 'static;
 
     /// One document's state; `None` when nothing is stored for the id.
     async fn read(&self, id: &str) -> Result<Option<LaidOut<Self::Token>>>;
@@ -97,31 +108,42 @@ pub trait TreeLayout: Send + Sync {
     /// retries). Saving the tree read over itself finishes a save a crash cut short.
     async fn save(&self, id: &str, before: Option<&LaidOut<Self::Token>>, tree: &RevTree) -> Result<()>;
 
-    /// Erases every trace of one id (its last leaf purged), of no other id.
-    async fn erase(&self, id: &str, state: &LaidOut<Self::Token>) -> Result<()>;
-
     /// Whether `state` is what a save cut short by a crash leaves.
     async fn unfinished(&self, id: &str, state: &LaidOut<Self::Token>) -> Result<bool>;
+}
+
+/// What a tree layout does for the engine, on top of what the crash-repair rule needs.
+#[async_trait]
+pub trait TreeLayout: RepairableLayout {
+    /// Erases every trace of one id (its last leaf purged), of no other id.
+    async fn erase(&self, id: &str, state: &LaidOut<Self::Token>) -> Result<()>;
 
     /// The states of documents the backend's id order listed (`DocumentBackend::all_docs`, one
     /// page), in order: every listed record's, also one whose winner is deleted (a deletion cut
     /// before its tombstone, which the engine finishes and leaves out of the listing).
     async fn listed(&self, documents: Vec<StoredDocument>) -> Result<Vec<(String, LaidOut<Self::Token>)>>;
 
-    /// Whether the layout has a place for inner revisions' bodies (else every save drops them:
-    /// the database keeps none, its bounds are 0).
-    fn keeps_inner_bodies(&self) -> bool;
+    /// The layout's place for bodies beyond the leaves' (inner revisions' bodies until
+    /// `_compact`, and the attachment bytes any kept body references); `None` where it keeps
+    /// none (the data-store layouts: every save drops inner bodies, the database's bounds are 0,
+    /// and no attachment is taken).
+    fn kept_bodies(&self) -> Option<&dyn KeptBodies<Token = Self::Token>>;
+}
+
+/// What a layout that keeps bodies beyond the leaves' does ([`TreeLayout::kept_bodies`]).
+#[async_trait]
+pub trait KeptBodies: Send + Sync {
+    /// The token of the layout's states.
+    type Token: Clone + Send + Sync + std::fmt::Debug + 'static;
 
     /// One page of the ids whose stored trees keep inner bodies (what `_compact` rewrites),
     /// after `cursor`; `limit` bounds the backend page read, not the ids answered.
     async fn inner_bodies_page(&self, cursor: Option<ScanCursor>, limit: usize) -> Result<ScanPage>;
 
-    /// Rewrites a document's tree without its inner bodies (`tree`, read as `state`): by
-    /// default an ordinary save; a layout may do less (the engine's rewrites a deleted
-    /// document's side tree in place, its tombstone left as it is).
-    async fn save_without_inner_bodies(&self, id: &str, state: &LaidOut<Self::Token>, tree: &RevTree) -> Result<()> {
-        self.save(id, Some(state), tree).await
-    }
+    /// Rewrites a document's tree without its inner bodies (`tree`, read as `state`): an
+    /// ordinary save, or less where the layout can (the engine's rewrites a deleted document's
+    /// side tree in place, its tombstone left as it is).
+    async fn save_without_inner_bodies(&self, id: &str, state: &LaidOut<Self::Token>, tree: &RevTree) -> Result<()>;
 
     /// Every SHA-256 of attachment bytes a kept body (a leaf's or an inner revision's) of any
     /// stored tree references: what the collector keeps.
@@ -136,7 +158,7 @@ pub enum ScanCursor {
     SidePlaces(Option<String>),
 }
 
-/// One page of a scan ([`TreeLayout::inner_bodies_page`]): `next` is `None` at its end.
+/// One page of a scan ([`KeptBodies::inner_bodies_page`]): `next` is `None` at its end.
 #[derive(Debug, Clone, Default)]
 pub struct ScanPage {
     pub ids: Vec<String>,
@@ -261,7 +283,7 @@ impl Layout {
         }
     }
 
-    /// Saves `tree` over `before` ([`TreeLayout::save`]) where `edited` are the revisions this
+    /// Saves `tree` over `before` ([`RepairableLayout::save`]) where `edited` are the revisions this
     /// save's ordinary edits computed; answers the revision each was stored as where the
     /// backend assigns it (the [`native`] layout), nothing where it is stored as computed.
     pub async fn save_edited(
@@ -334,7 +356,7 @@ fn tokened<T>(state: LaidOut<T>, wrap: fn(T) -> LayoutToken) -> LaidOut<LayoutTo
 }
 
 #[async_trait]
-impl TreeLayout for Layout {
+impl RepairableLayout for Layout {
     type Token = LayoutToken;
 
     async fn read(&self, id: &str) -> Result<Option<LaidOut<LayoutToken>>> {
@@ -379,19 +401,22 @@ impl TreeLayout for Layout {
         }
     }
 
-    async fn erase(&self, id: &str, state: &LaidOut<LayoutToken>) -> Result<()> {
-        match self {
-            Layout::Record(layout) => layout.erase_of(id, record_token(&state.token)?).await,
-            Layout::DataStore(layout) => layout.erase_of(id, side_token(&state.token)?).await,
-            Layout::Native(layout) => layout.erase(id, &native_state(state)?).await,
-        }
-    }
-
     async fn unfinished(&self, id: &str, state: &LaidOut<LayoutToken>) -> Result<bool> {
         match self {
             Layout::Record(layout) => layout.unfinished_of(id, record_token(&state.token)?, state.deleted()).await,
             Layout::DataStore(_) => Ok(side_token(&state.token)?.marked()),
             Layout::Native(layout) => layout.unfinished(id, &native_state(state)?).await,
+        }
+    }
+}
+
+#[async_trait]
+impl TreeLayout for Layout {
+    async fn erase(&self, id: &str, state: &LaidOut<LayoutToken>) -> Result<()> {
+        match self {
+            Layout::Record(layout) => layout.erase_of(id, record_token(&state.token)?).await,
+            Layout::DataStore(layout) => layout.erase_of(id, side_token(&state.token)?).await,
+            Layout::Native(layout) => layout.erase(id, &native_state(state)?).await,
         }
     }
 
@@ -418,37 +443,60 @@ impl TreeLayout for Layout {
         })
     }
 
-    fn keeps_inner_bodies(&self) -> bool {
+    /// Where the database's own layout keeps them: this enum, which forwards to it with its
+    /// own token.
+    fn kept_bodies(&self) -> Option<&dyn KeptBodies<Token = LayoutToken>> {
         match self {
-            Layout::Record(layout) => layout.keeps_inner_bodies(),
-            Layout::DataStore(layout) => layout.keeps_inner_bodies(),
-            Layout::Native(layout) => layout.keeps_inner_bodies(),
+            Layout::Record(layout) => layout.kept_bodies().is_some(),
+            Layout::DataStore(layout) => layout.kept_bodies().is_some(),
+            Layout::Native(layout) => layout.kept_bodies().is_some(),
         }
+        .then_some(self as &dyn KeptBodies<Token = LayoutToken>)
     }
+}
+
+/// Reached through [`TreeLayout::kept_bodies`], which answers it only where the database's own
+/// layout keeps such bodies: each call goes to that layout's.
+#[async_trait]
+impl KeptBodies for Layout {
+    type Token = LayoutToken;
 
     async fn inner_bodies_page(&self, cursor: Option<ScanCursor>, limit: usize) -> Result<ScanPage> {
         match self {
-            Layout::Record(layout) => layout.inner_bodies_page(cursor, limit).await,
-            Layout::DataStore(layout) => layout.inner_bodies_page(cursor, limit).await,
-            Layout::Native(layout) => layout.inner_bodies_page(cursor, limit).await,
+            Layout::Record(layout) => kept(layout)?.inner_bodies_page(cursor, limit).await,
+            Layout::DataStore(layout) => kept(layout)?.inner_bodies_page(cursor, limit).await,
+            Layout::Native(layout) => kept(layout)?.inner_bodies_page(cursor, limit).await,
         }
     }
 
     async fn save_without_inner_bodies(&self, id: &str, state: &LaidOut<LayoutToken>, tree: &RevTree) -> Result<()> {
         match self {
-            Layout::Record(layout) => layout.save_without_inner_bodies_of(id, record_token(&state.token)?, tree).await,
-            Layout::DataStore(layout) => layout.save_over(id, Some(side_token(&state.token)?), tree).await,
-            Layout::Native(layout) => layout.save(id, Some(&native_state(state)?), tree).await,
+            Layout::Record(layout) => {
+                let state = LaidOut { tree: state.tree.clone(), token: record_token(&state.token)?.clone() };
+                kept(layout)?.save_without_inner_bodies(id, &state, tree).await
+            }
+            Layout::DataStore(layout) => {
+                let state = LaidOut { tree: state.tree.clone(), token: side_token(&state.token)?.clone() };
+                kept(layout)?.save_without_inner_bodies(id, &state, tree).await
+            }
+            Layout::Native(layout) => kept(layout)?.save_without_inner_bodies(id, &native_state(state)?, tree).await,
         }
     }
 
     async fn attachment_references(&self) -> Result<HashSet<String>> {
         match self {
-            Layout::Record(layout) => layout.attachment_references().await,
-            Layout::DataStore(layout) => layout.attachment_references().await,
-            Layout::Native(layout) => layout.attachment_references().await,
+            Layout::Record(layout) => kept(layout)?.attachment_references().await,
+            Layout::DataStore(layout) => kept(layout)?.attachment_references().await,
+            Layout::Native(layout) => kept(layout)?.attachment_references().await,
         }
     }
+}
+
+/// A layout's place for kept bodies, where [`Layout::kept_bodies`] said there is one.
+fn kept<L: TreeLayout>(layout: &L) -> Result<&dyn KeptBodies<Token = L::Token>> {
+    layout
+        .kept_bodies()
+        .ok_or_else(|| Error::new(ErrorKind::Internal, "kept bodies were asked of a tree layout that keeps none"))
 }
 
 /// How many times a read that found an unfinished save tries to finish it against other writers
@@ -462,7 +510,7 @@ pub const FINISH_ATTEMPTS: usize = 16;
 /// Boxed with its lifetimes named (as the trait's methods are): an `async fn` generic over the
 /// layout and its token's references trips rustc's higher-ranked `Send` check in the handlers
 /// that await it.
-pub fn must_save<'a, L: TreeLayout + ?Sized>(
+pub fn must_save<'a, L: RepairableLayout + ?Sized>(
     layout: &'a L,
     id: &'a str,
     state: Option<&'a LaidOut<L::Token>>,
@@ -483,7 +531,7 @@ pub fn must_save<'a, L: TreeLayout + ?Sized>(
 /// over itself, against other writers). The read answers even when finishing fails: the tree
 /// read holds every leaf already (the side place is written first), only the record lags.
 /// Boxed as [`must_save`] is.
-pub fn read_repairing<'a, L: TreeLayout + ?Sized>(
+pub fn read_repairing<'a, L: RepairableLayout + ?Sized>(
     layout: &'a L,
     id: &'a str,
 ) -> BoxFuture<'a, Result<Option<LaidOut<L::Token>>>> {
@@ -498,7 +546,7 @@ const FINISHING_AT_ONCE: usize = 16;
 
 /// The rule on reads of many documents ([`read_repairing`] for each, in one batched read): one
 /// state per id, in order, each unfinished save among them finished first.
-pub fn read_many_repairing<'a, L: TreeLayout + ?Sized>(
+pub fn read_many_repairing<'a, L: RepairableLayout + ?Sized>(
     layout: &'a L,
     ids: &'a [String],
 ) -> BoxFuture<'a, Result<Vec<MaybeLaidOut<L::Token>>>> {
@@ -519,7 +567,7 @@ pub fn read_many_repairing<'a, L: TreeLayout + ?Sized>(
 /// itself, then read again, at most [`FINISH_ATTEMPTS`] times against other writers. Whatever
 /// fails on the way answers the last state read (the leaves are all there; only the record
 /// lags), so a read never fails for a repair it could not make.
-pub fn finished<'a, L: TreeLayout + ?Sized>(
+pub fn finished<'a, L: RepairableLayout + ?Sized>(
     layout: &'a L,
     id: &'a str,
     state: Option<LaidOut<L::Token>>,
@@ -527,7 +575,7 @@ pub fn finished<'a, L: TreeLayout + ?Sized>(
     Box::pin(finished_unboxed(layout, id, state))
 }
 
-async fn finished_unboxed<L: TreeLayout + ?Sized>(
+async fn finished_unboxed<L: RepairableLayout + ?Sized>(
     layout: &L,
     id: &str,
     mut state: Option<LaidOut<L::Token>>,

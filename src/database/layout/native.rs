@@ -1,6 +1,7 @@
 //! The data-store database's tree layout on a backend that keeps revision trees itself
 //! ([`DocumentBackend::keeps_branches`]: the CouchDB backend). The tree is the backend's own
-//! document, read whole ([`DocumentBackend::revision_tree`]); a save writes each leaf the new
+//! document, read whole ([`DocumentBackend::revision_tree`]; a page of them in one batched read,
+//! [`DocumentBackend::revision_trees`]); a save writes each leaf the new
 //! tree has and the tree read had not through the backend's own calls, so that the backend's
 //! document stays what the REST API, the facade and CouchDB's own clients read:
 //! - a leaf an ordinary edit made (`new_edits=true`) is written as an edit the backend itself
@@ -19,23 +20,19 @@
 //!
 //! Crash repair: each backend write here is one atomic revision write of the backend's, and the
 //! document's tree is the backend's alone (no side place), so no save is ever unfinished
-//! ([`TreeLayout::unfinished`] is `false`); a crash between two leaves of one save (a
+//! ([`RepairableLayout::unfinished`] is `false`); a crash between two leaves of one save (a
 //! replicator's batch of several branches of one document) leaves the leaves written so far,
 //! each in the backend's feed, and the replicator sends the rest again
 //! (docs/design/crash-points.md). Inner revisions' bodies are the backend's (CouchDB keeps them
 //! until its compaction); this layout reads leaves only, so `?rev=` of an inner revision answers
 //! as on the other data-store layout (`missing`), and `_compact` is the backend's.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use futures::StreamExt;
 use serde_json::Value;
 
-// Trees one batched read reads at once: the other data-store layout's bound (docs/bounds.md).
-use super::data_store::READS_AT_ONCE;
-use super::{LaidOut, ScanCursor, ScanPage, TreeLayout};
+use super::{KeptBodies, LaidOut, RepairableLayout, TreeLayout};
 use crate::backend::rev_tree::{parse_rev, Leaf, RevPath, RevTree};
 use crate::backend::{DocumentBackend, Precondition, ReplicatedRevision, Revision, StoredDocument};
 use crate::error::{Error, ErrorKind, Result};
@@ -163,34 +160,38 @@ fn laid_out(tree: RevTree) -> NativeState {
 }
 
 #[async_trait]
-impl TreeLayout for NativeLayout {
+impl RepairableLayout for NativeLayout {
     type Token = NativeToken;
 
     async fn read(&self, id: &str) -> Result<Option<NativeState>> {
         Ok(self.backend.revision_tree(id).await?.filter(|tree| !tree.is_empty()).map(laid_out))
     }
 
+    /// The backend's batched read of the trees ([`DocumentBackend::revision_trees`]: one
+    /// request for a page of the change feed or of a listing, not one per row).
     async fn read_many(&self, ids: &[String]) -> Result<Vec<Option<NativeState>>> {
-        // Collected first: a closure over the ids trips rustc's higher-ranked `Send` check.
-        let mut reads = Vec::with_capacity(ids.len());
-        for id in ids {
-            reads.push(self.read(id));
+        let trees = self.backend.revision_trees(ids).await?;
+        if trees.len() != ids.len() {
+            return Err(Error::new(ErrorKind::Internal, "the backend answered a batched tree read with too few trees"));
         }
-        futures::stream::iter(reads).buffered(READS_AT_ONCE).collect::<Vec<_>>().await.into_iter().collect()
+        Ok(trees.into_iter().map(|tree| tree.filter(|tree| !tree.is_empty()).map(laid_out)).collect())
     }
 
     async fn save(&self, id: &str, before: Option<&NativeState>, tree: &RevTree) -> Result<()> {
         self.save_edited(id, before, tree, &[]).await.map(|_| ())
     }
 
-    /// The backend's own erasure of the id, exactly (CouchDB's `_purge` of every revision).
-    async fn erase(&self, id: &str, _state: &NativeState) -> Result<()> {
-        self.backend.erase_id(id).await.map(|_| ())
-    }
-
     /// Never: each backend write is atomic and there is no side place.
     async fn unfinished(&self, _id: &str, _state: &NativeState) -> Result<bool> {
         Ok(false)
+    }
+}
+
+#[async_trait]
+impl TreeLayout for NativeLayout {
+    /// The backend's own erasure of the id, exactly (CouchDB's `_purge` of every revision).
+    async fn erase(&self, id: &str, _state: &NativeState) -> Result<()> {
+        self.backend.erase_id(id).await.map(|_| ())
     }
 
     async fn listed(&self, documents: Vec<StoredDocument>) -> Result<Vec<(String, NativeState)>> {
@@ -200,18 +201,10 @@ impl TreeLayout for NativeLayout {
             .collect())
     }
 
-    /// The backend keeps inner bodies itself, until its own compaction; none here.
-    fn keeps_inner_bodies(&self) -> bool {
-        false
-    }
-
-    async fn inner_bodies_page(&self, _cursor: Option<ScanCursor>, _limit: usize) -> Result<ScanPage> {
-        Ok(ScanPage::default())
-    }
-
-    /// None: the data-store database takes no attachments.
-    async fn attachment_references(&self) -> Result<HashSet<String>> {
-        Ok(HashSet::new())
+    /// None here: the backend keeps inner bodies itself, until its own compaction, and the
+    /// data-store database takes no attachments.
+    fn kept_bodies(&self) -> Option<&dyn KeptBodies<Token = NativeToken>> {
+        None
     }
 }
 

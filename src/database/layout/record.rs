@@ -10,7 +10,7 @@
 //! nothing writes the local tree first (on its revision as read), then the record: the side
 //! place first, the record last, as the engine's crash-repair rule wants ([`super`]). A local
 //! tree with neither a live record nor the tombstone after it is an unfinished save
-//! ([`TreeLayout::unfinished`]), and so is a live record holding a deleted winner (a deletion
+//! ([`RepairableLayout::unfinished`]), and so is a live record holding a deleted winner (a deletion
 //! cut before its tombstone); saving the tree read over itself finishes either.
 //! docs/design/crash-points.md has every step and crash point.
 
@@ -21,7 +21,7 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::{LaidOut, ScanCursor, ScanPage, TreeLayout};
+use super::{KeptBodies, LaidOut, RepairableLayout, ScanCursor, ScanPage, TreeLayout};
 use crate::backend::rev_tree::RevTree;
 use crate::backend::{DocumentBackend, IdRange, Precondition, Revision, StoredDocument};
 use crate::database::doc_attachments;
@@ -194,7 +194,7 @@ impl RecordLayout {
 }
 
 #[async_trait]
-impl TreeLayout for RecordLayout {
+impl RepairableLayout for RecordLayout {
     type Token = RecordToken;
 
     /// The live record, else the local tree of a tombstone.
@@ -247,12 +247,15 @@ impl TreeLayout for RecordLayout {
         self.save_over(id, state.map(|state| &state.token), tree).await
     }
 
-    async fn erase(&self, id: &str, state: &RecordState) -> Result<()> {
-        self.erase_of(id, &state.token).await
-    }
-
     async fn unfinished(&self, id: &str, state: &RecordState) -> Result<bool> {
         self.unfinished_of(id, &state.token, state.deleted()).await
+    }
+}
+
+#[async_trait]
+impl TreeLayout for RecordLayout {
+    async fn erase(&self, id: &str, state: &RecordState) -> Result<()> {
+        self.erase_of(id, &state.token).await
     }
 
     /// Each listed record holds its whole tree: no read.
@@ -264,9 +267,14 @@ impl TreeLayout for RecordLayout {
         Ok(listed)
     }
 
-    fn keeps_inner_bodies(&self) -> bool {
-        true
+    fn kept_bodies(&self) -> Option<&dyn KeptBodies<Token = RecordToken>> {
+        Some(self)
     }
+}
+
+#[async_trait]
+impl KeptBodies for RecordLayout {
+    type Token = RecordToken;
 
     /// Live records first, then the local trees of deleted documents.
     async fn inner_bodies_page(&self, cursor: Option<ScanCursor>, limit: usize) -> Result<ScanPage> {
