@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agentstore::backend::{
-    BulkWrite, ChangesPage, DocumentBackend, IdRange, LayoutState, Precondition, Revision, RevisionInfo,
+    BulkWrite, ChangesPage, DocumentBackend, EraseOptions, IdRange, LayoutState, Precondition, Revision, RevisionInfo,
 };
 use agentstore::ErrorKind;
 use serde_json::{json, Value};
@@ -273,15 +273,16 @@ pub async fn erasure_of_one_id_keeps_ids_that_start_with_it(ctx: Ctx) {
     let kept = |view: &BTreeMap<String, (Revision, bool)>| view.len() >= 4;
     let before = follow_until(b, None, &mut BTreeMap::new(), &mut Vec::new(), kept).await;
     if let Some(why) = &ctx.no_purge {
-        let refused = b.erase_id(&one).await.expect_err("erasure without _purge must be refused");
+        let refused =
+            b.erase_id(&one, &EraseOptions::default()).await.expect_err("erasure without _purge must be refused");
         assert_eq!(refused.kind(), ErrorKind::Misconfigured, "{why}: {refused}");
         assert!(b.get(&one).await.unwrap().is_some(), "a refused erasure changes nothing");
         return;
     }
 
-    assert!(b.erase_id(&one).await.unwrap(), "the document was there");
+    assert!(b.erase_id(&one, &EraseOptions::default()).await.unwrap(), "the document was there");
     assert_eq!(b.revisions(&one).await.unwrap(), None, "a trace of the erased id is left");
-    assert!(!b.erase_id(&one).await.unwrap(), "nothing left to erase");
+    assert!(!b.erase_id(&one, &EraseOptions::default()).await.unwrap(), "nothing left to erase");
     assert_eq!(b.get(&live).await.unwrap().map(|doc| doc.rev), Some(live_rev.clone()), "a live id under it");
     assert_eq!(b.get(&chunk_like).await.unwrap().map(|doc| doc.body["value"].clone()), Some(json!(2)));
     assert_eq!(revisions(b, &gone).await.rev, tombstone, "a tombstone under it is kept");
