@@ -81,7 +81,12 @@ pub fn all() -> Vec<Case> {
 /// A purge racing another process's write (`purge_races.rs`).
 fn purge_race_cases() -> Vec<Case> {
     use crate::purge_races::*;
-    cases![a_write_inside_a_purge_survives, a_write_inside_a_data_store_purge_survives]
+    cases![
+        a_write_inside_a_purge_of_a_live_document_survives,
+        a_write_inside_a_purge_of_a_deleted_document_survives,
+        a_write_inside_a_data_store_purge_survives,
+        a_write_inside_a_data_store_winner_purge_survives,
+    ]
 }
 
 /// The engine serving the data-store database (`engine_data_store.rs`).
