@@ -132,7 +132,7 @@ pub async fn a_write_inside_a_purge_of_a_live_document_survives(ctx: Ctx) {
     arm(&layer, &writer, "live", edit(Some(&first), false, json!({"v": 2})));
     purge_meets_the_write(&purging, &writer, "live", &first, false).await;
     let winner = writer.read("live").await.expect("read").expect("live").tree.winner().expect("winner").rev();
-    assert_eq!(purging.purge("live", &[winner.clone()]).await.expect("purge"), vec![winner]);
+    assert_eq!(purging.purge("live", std::slice::from_ref(&winner)).await.expect("purge"), vec![winner]);
     assert!(writer.read("live").await.expect("read").is_none(), "purged");
 }
 

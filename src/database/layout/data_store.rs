@@ -568,6 +568,16 @@ fn check_tree_size(id: &str, before: &RevTree, after: &RevTree, max_tree_bytes: 
     ))
 }
 
+/// The revision of the winner among `leaves` (CouchDB's rule, [`RevTree::winner`]): what the
+/// record holds once a save of a tree with only these leaves is finished.
+fn winner_of(leaves: &[Leaf]) -> Option<String> {
+    let mut tree = RevTree::default();
+    for leaf in leaves {
+        tree.merge(leaf.path.clone(), leaf.deleted, Map::new(), usize::MAX);
+    }
+    tree.winner().map(Leaf::rev)
+}
+
 /// The local document that holds `id`'s other leaves.
 pub fn side_name(id: &str) -> String {
     format!("{SIDE_PREFIX}{id}")
@@ -679,14 +689,4 @@ mod tests {
         assert!(check_tree_size("x", &before, &after, 2000).is_ok(), "within the setting");
         assert!(check_tree_size("x", &after, &after, 1000).is_ok());
     }
-}
-
-/// The revision of the winner among `leaves` (CouchDB's rule, [`RevTree::winner`]): what the
-/// record holds once a save of a tree with only these leaves is finished.
-fn winner_of(leaves: &[Leaf]) -> Option<String> {
-    let mut tree = RevTree::default();
-    for leaf in leaves {
-        tree.merge(leaf.path.clone(), leaf.deleted, Map::new(), usize::MAX);
-    }
-    tree.winner().map(Leaf::rev)
 }
