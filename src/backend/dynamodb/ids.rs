@@ -472,3 +472,18 @@ fn revision_condition(expected: &Revision) -> (&'static str, Vec<(&'static str, 
         ("#rev = :rev", vec![(":rev", text)])
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_erasure_condition_matches_either_stored_form_of_a_numeric_revision() {
+        let (condition, values) = revision_condition(&Revision("2-abc".into()));
+        assert_eq!(condition, "#rev = :rev");
+        assert_eq!(values, vec![(":rev", AttributeValue::S("2-abc".into()))]);
+        let (condition, values) = revision_condition(&Revision("17".into()));
+        assert_eq!(condition, "#rev = :rev OR #rev = :revnumber");
+        assert_eq!(values[1], (":revnumber", AttributeValue::N("17".into())));
+    }
+}
