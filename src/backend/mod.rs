@@ -89,6 +89,37 @@ pub enum Precondition {
     NeverWritten,
 }
 
+/// The condition of an erasure ([`DocumentBackend::erase_id`]), checked by the backend in the
+/// erasure itself, as a [`Precondition`] is in a write: a caller that read the document and
+/// decided to erase what it read erases nothing another writer stored since (another process
+/// behind the same load balancer). `Default` erases whatever is stored.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EraseOptions {
+    /// Erase only while the id's stored revision, the live document's or its tombstone's (what
+    /// [`DocumentBackend::revisions`] answers), is this one; otherwise, nothing stored under the
+    /// id included, answer `Conflict` (as `put` does for [`Precondition::MatchRevision`]) and
+    /// erase nothing.
+    pub if_revision: Option<Revision>,
+    /// On a backend that keeps a document's whole revision tree itself
+    /// ([`DocumentBackend::keeps_branches`]: CouchDB), the leaves the caller read: only these
+    /// are purged, each only while it is still a leaf (CouchDB's `_purge` names the revisions it
+    /// removes), so a leaf written since is kept; `Conflict` when none of them was purged.
+    /// Ignored by a backend whose record holds one revision (`if_revision` says it all there).
+    pub only_leaves: Option<Vec<Revision>>,
+}
+
+impl EraseOptions {
+    /// Erase only while the stored revision is `rev`.
+    pub fn if_revision(rev: Revision) -> Self {
+        EraseOptions { if_revision: Some(rev), only_leaves: None }
+    }
+
+    /// Whether the erasure is conditional at all.
+    pub fn is_conditional(&self) -> bool {
+        self.if_revision.is_some() || self.only_leaves.is_some()
+    }
+}
+
 /// Which fields a query returns besides the id and revision.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Projection {
@@ -493,7 +524,9 @@ pub trait DocumentBackend: Send + Sync + 'static {
     /// leaving no trace of it and touching no other id, not even one that starts with `id`
     /// (CouchDB's `_purge` of a document's last leaves); whether there was anything to remove.
     /// The feed's end does not move back: a position handed out before stays at or before it.
-    async fn erase_id(&self, id: &str) -> Result<bool>;
+    /// Only while `options` hold, checked atomically with the erasure ([`EraseOptions`]: a
+    /// failed condition is `Conflict`, nothing erased).
+    async fn erase_id(&self, id: &str, options: &EraseOptions) -> Result<bool>;
 
     /// The local document `_local/{name}`, revision `0-N`.
     async fn get_local(&self, name: &str) -> Result<Option<StoredDocument>>;

@@ -13,8 +13,9 @@ use serde_json::{Map, Value};
 
 use crate::backend::rev_tree::RevTree;
 use crate::backend::{
-    BulkWrite, ChangesPage, DesignRequest, DesignResponse, DocumentBackend, DocumentText, IdRange, LayoutState, Page,
-    Precondition, Query, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo, StoredDocument, UpgradePage,
+    BulkWrite, ChangesPage, DesignRequest, DesignResponse, DocumentBackend, DocumentText, EraseOptions, IdRange,
+    LayoutState, Page, Precondition, Query, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo,
+    StoredDocument, UpgradePage,
 };
 use crate::error::Result;
 
@@ -268,8 +269,8 @@ impl DocumentBackend for MeteredBackend {
         timed!(self, "erase_prefix", self.inner.erase_prefix(prefix))
     }
 
-    async fn erase_id(&self, id: &str) -> Result<bool> {
-        timed!(self, "erase_id", self.inner.erase_id(id))
+    async fn erase_id(&self, id: &str, options: &EraseOptions) -> Result<bool> {
+        timed!(self, "erase_id", self.inner.erase_id(id, options))
     }
 
     async fn get_local(&self, name: &str) -> Result<Option<StoredDocument>> {
@@ -408,7 +409,7 @@ mod tests {
         async fn erase_prefix(&self, _: &str) -> Result<u64> {
             unused()
         }
-        async fn erase_id(&self, _: &str) -> Result<bool> {
+        async fn erase_id(&self, _: &str, _: &EraseOptions) -> Result<bool> {
             unused()
         }
         async fn get_local(&self, _: &str) -> Result<Option<StoredDocument>> {

@@ -74,7 +74,19 @@ pub fn all() -> Vec<Case> {
     cases.extend(crash_sweep_cases());
     cases.extend(crash_sweep_data_store_cases());
     cases.extend(engine_data_store_cases());
+    cases.extend(purge_race_cases());
     cases
+}
+
+/// A purge racing another process's write (`purge_races.rs`).
+fn purge_race_cases() -> Vec<Case> {
+    use crate::purge_races::*;
+    cases![
+        a_write_inside_a_purge_of_a_live_document_survives,
+        a_write_inside_a_purge_of_a_deleted_document_survives,
+        a_write_inside_a_data_store_purge_survives,
+        a_write_inside_a_data_store_winner_purge_survives,
+    ]
 }
 
 /// The engine serving the data-store database (`engine_data_store.rs`).
@@ -231,6 +243,7 @@ fn document_model_cases() -> Vec<Case> {
         never_written_creates_fail_over_tombstones,
         get_many_local_answers_every_name_in_order,
         erasure_of_one_id_keeps_ids_that_start_with_it,
+        erasure_on_a_stale_revision_is_a_conflict,
     ]
 }
 

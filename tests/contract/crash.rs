@@ -22,8 +22,9 @@ use agentstore::backend::catalog::{Catalog, DbName};
 use agentstore::backend::raw::layer::Layered;
 use agentstore::backend::rev_tree::RevTree;
 use agentstore::backend::{
-    BulkWrite, ChangesPage, DesignRequest, DesignResponse, DocumentBackend, DocumentText, IdRange, LayoutState, Page,
-    Precondition, Query, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo, StoredDocument, UpgradePage,
+    BulkWrite, ChangesPage, DesignRequest, DesignResponse, DocumentBackend, DocumentText, EraseOptions, IdRange,
+    LayoutState, Page, Precondition, Query, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo,
+    StoredDocument, UpgradePage,
 };
 use agentstore::{Error, ErrorKind, Result};
 use serde_json::{Map, Value};
@@ -265,7 +266,7 @@ counted_layer! {
     fn change_position(&self) -> Result<String>;
     fn all_docs(&self, range: &IdRange, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>>;
     fn erase_prefix(&self, prefix: &str) -> Result<u64>;
-    fn erase_id(&self, id: &str) -> Result<bool>;
+    fn erase_id(&self, id: &str, options: &EraseOptions) -> Result<bool>;
     fn get_local(&self, name: &str) -> Result<Option<StoredDocument>>;
     fn put_local(&self, name: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Revision>;
     fn delete_local(&self, name: &str, rev: &Revision) -> Result<()>;

@@ -178,11 +178,11 @@ impl Layered for ViewQueriedBeforeErasure {
         self.inner.as_ref()
     }
 
-    async fn erase_id(&self, id: &str) -> agentstore::Result<bool> {
+    async fn erase_id(&self, id: &str, options: &agentstore::backend::EraseOptions) -> agentstore::Result<bool> {
         if self.armed.swap(false, Ordering::SeqCst) {
             self.views.catch_up(&Database::new(PURGED_DATABASE.into(), Arc::clone(&self.inner))).await;
         }
-        self.inner.erase_id(id).await
+        self.inner.erase_id(id, options).await
     }
 }
 

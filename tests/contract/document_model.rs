@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agentstore::backend::{
-    BulkWrite, ChangesPage, DocumentBackend, IdRange, LayoutState, Precondition, Revision, RevisionInfo,
+    BulkWrite, ChangesPage, DocumentBackend, EraseOptions, IdRange, LayoutState, Precondition, Revision, RevisionInfo,
 };
 use agentstore::ErrorKind;
 use serde_json::{json, Value};
@@ -273,15 +273,16 @@ pub async fn erasure_of_one_id_keeps_ids_that_start_with_it(ctx: Ctx) {
     let kept = |view: &BTreeMap<String, (Revision, bool)>| view.len() >= 4;
     let before = follow_until(b, None, &mut BTreeMap::new(), &mut Vec::new(), kept).await;
     if let Some(why) = &ctx.no_purge {
-        let refused = b.erase_id(&one).await.expect_err("erasure without _purge must be refused");
+        let refused =
+            b.erase_id(&one, &EraseOptions::default()).await.expect_err("erasure without _purge must be refused");
         assert_eq!(refused.kind(), ErrorKind::Misconfigured, "{why}: {refused}");
         assert!(b.get(&one).await.unwrap().is_some(), "a refused erasure changes nothing");
         return;
     }
 
-    assert!(b.erase_id(&one).await.unwrap(), "the document was there");
+    assert!(b.erase_id(&one, &EraseOptions::default()).await.unwrap(), "the document was there");
     assert_eq!(b.revisions(&one).await.unwrap(), None, "a trace of the erased id is left");
-    assert!(!b.erase_id(&one).await.unwrap(), "nothing left to erase");
+    assert!(!b.erase_id(&one, &EraseOptions::default()).await.unwrap(), "nothing left to erase");
     assert_eq!(b.get(&live).await.unwrap().map(|doc| doc.rev), Some(live_rev.clone()), "a live id under it");
     assert_eq!(b.get(&chunk_like).await.unwrap().map(|doc| doc.body["value"].clone()), Some(json!(2)));
     assert_eq!(revisions(b, &gone).await.rev, tombstone, "a tombstone under it is kept");
@@ -300,6 +301,48 @@ pub async fn erasure_of_one_id_keeps_ids_that_start_with_it(ctx: Ctx) {
     let mut next = BTreeMap::new();
     follow_until(b, before, &mut next, &mut Vec::new(), |view| view.contains_key(&one)).await;
     assert_eq!(next[&one], (again, false), "the write after the erasure");
+}
+
+/// `erase_id` with a revision (`EraseOptions::if_revision`) erases only while the document is at
+/// it, live or a tombstone: a stale revision (another process wrote since) answers `Conflict`
+/// and leaves the document, its revision and its feed entry as they were; nothing stored under
+/// the id is a conflict too; the current revision erases.
+pub async fn erasure_on_a_stale_revision_is_a_conflict(ctx: Ctx) {
+    let b = ctx.backend.as_ref();
+    let live = id_of("cas", "ns", "live");
+    let first = b.put(&live, &body("cas", "ns", "live", json!(1)), Precondition::MustNotExist).await.unwrap();
+    let second =
+        b.put(&live, &body("cas", "ns", "live", json!(2)), Precondition::MatchRevision(first.clone())).await.unwrap();
+    let refused = b.erase_id(&live, &EraseOptions::if_revision(first)).await.expect_err("a stale revision");
+    assert_eq!(refused.kind(), ErrorKind::Conflict, "{refused}");
+    let kept = b.get(&live).await.unwrap().expect("the document is kept");
+    assert_eq!((kept.rev, kept.body["value"].clone()), (second.clone(), json!(2)), "as the later write left it");
+
+    let gone = id_of("cas", "ns", "gone");
+    let created = b.put(&gone, &body("cas", "ns", "gone", json!(3)), Precondition::MustNotExist).await.unwrap();
+    b.delete(&gone, &created).await.unwrap();
+    let tombstone = revisions(b, &gone).await.rev;
+    let refused = b.erase_id(&gone, &EraseOptions::if_revision(created)).await.expect_err("the live revision");
+    assert_eq!(refused.kind(), ErrorKind::Conflict, "a tombstone's revision is another: {refused}");
+    assert_eq!(revisions(b, &gone).await.rev, tombstone, "the tombstone is kept");
+    let never = id_of("cas", "ns", "never");
+    let refused = b.erase_id(&never, &EraseOptions::if_revision(second.clone())).await.expect_err("nothing stored");
+    assert_eq!(refused.kind(), ErrorKind::Conflict, "{refused}");
+
+    let mut feed = BTreeMap::new();
+    follow_until(b, None, &mut feed, &mut Vec::new(), |view| view.len() >= 2).await;
+    let expected = BTreeMap::from([(live.clone(), (second.clone(), false)), (gone.clone(), (tombstone.clone(), true))]);
+    assert_eq!(feed, expected, "a refused erasure leaves the feed as it was");
+
+    if let Some(why) = &ctx.no_purge {
+        let refused = b.erase_id(&live, &EraseOptions::if_revision(second)).await.expect_err("no _purge");
+        assert_eq!(refused.kind(), ErrorKind::Misconfigured, "{why}: {refused}");
+        return;
+    }
+    assert!(b.erase_id(&live, &EraseOptions::if_revision(second)).await.unwrap(), "at its revision: erased");
+    assert!(b.erase_id(&gone, &EraseOptions::if_revision(tombstone)).await.unwrap(), "a tombstone at its revision");
+    assert_eq!(b.revisions(&live).await.unwrap(), None, "no trace of the erased document");
+    assert_eq!(b.revisions(&gone).await.unwrap(), None, "no trace of the erased tombstone");
 }
 
 /// On a test server that cannot erase without trace (`Ctx::no_purge`), checks that erasure is

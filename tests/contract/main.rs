@@ -17,6 +17,7 @@ mod crash_sweep_views;
 mod document_model;
 mod engine_data_store;
 mod local_docs;
+mod purge_races;
 mod replication;
 mod rev_trees;
 mod writer;

@@ -13,9 +13,9 @@ use super::counts::CountCache;
 use super::error::from_status;
 use super::live::LiveRevisions;
 use crate::backend::{
-    BulkWrite, ChangesPage, DesignRequest, DesignResponse, DocumentBackend, DocumentText, IdRange, LayoutState, Page,
-    Precondition, Projection, Query, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo, StoredDocument,
-    UpgradePage,
+    BulkWrite, ChangesPage, DesignRequest, DesignResponse, DocumentBackend, DocumentText, EraseOptions, IdRange,
+    LayoutState, Page, Precondition, Projection, Query, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo,
+    StoredDocument, UpgradePage,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::fields;
@@ -761,8 +761,8 @@ impl DocumentBackend for CouchDbBackend {
         erased
     }
 
-    async fn erase_id(&self, id: &str) -> Result<bool> {
-        let erased = self.purge_one_id(id).await;
+    async fn erase_id(&self, id: &str, options: &EraseOptions) -> Result<bool> {
+        let erased = self.purge_one_id(id, options).await;
         self.counts.wrote_design();
         erased
     }

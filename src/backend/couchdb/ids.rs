@@ -55,7 +55,7 @@ use serde_json::{json, Map, Value};
 
 use super::backend::{from_couch_doc, is_design_doc, json_key, take_array, CouchDbBackend};
 use super::error::from_status;
-use crate::backend::{DocumentText, IdRange, Page, Revision, StoredDocument, LOCAL_PREFIX};
+use crate::backend::{DocumentText, EraseOptions, IdRange, Page, Revision, StoredDocument, LOCAL_PREFIX};
 use crate::error::{Error, ErrorKind, Result};
 
 impl CouchDbBackend {
@@ -301,7 +301,11 @@ impl CouchDbBackend {
 
     /// `erase_id(id)`: every leaf of `id` purged, read again and purged again while a writer
     /// adds leaves meanwhile (a bounded number of times); no other id is named to `_purge`.
-    pub(super) async fn purge_one_id(&self, id: &str) -> Result<bool> {
+    /// A conditional erasure is [`Self::purge_named_leaves`] instead.
+    pub(super) async fn purge_one_id(&self, id: &str, options: &EraseOptions) -> Result<bool> {
+        if options.is_conditional() {
+            return self.purge_named_leaves(id, options).await;
+        }
         let mut erased = false;
         for _ in 0..PASSES {
             let Some(tree) = self.leaves_tree(id).await? else { return Ok(erased) };
@@ -314,6 +318,45 @@ impl CouchDbBackend {
             erased |= self.purge(batch).await? > 0;
         }
         Err(Error::conflict(format!("{id:?} kept being written during {PASSES} erasure passes; run the erasure again")))
+    }
+
+    /// `erase_id(id)` under [`EraseOptions`]: one `_purge` naming the leaves the caller read
+    /// (`only_leaves`; else those read here, once the winner is found at `if_revision`).
+    /// CouchDB removes a named revision only while it is a leaf, in its own update of the
+    /// document, so a leaf written since (an edit extending a named leaf, a new branch) is kept:
+    /// the purge is conditional by construction, as `_purge` is in CouchDB. `Conflict` when the
+    /// winner is not `if_revision`, or when none of the named leaves was purged.
+    async fn purge_named_leaves(&self, id: &str, options: &EraseOptions) -> Result<bool> {
+        let read = match (&options.if_revision, &options.only_leaves) {
+            (None, Some(_)) => None,
+            _ => Some(
+                self.leaves_tree(id)
+                    .await?
+                    .ok_or_else(|| Error::conflict(format!("document {id:?} does not exist: not erased")))?,
+            ),
+        };
+        if let (Some(expected), Some(tree)) = (&options.if_revision, &read) {
+            let winner = tree.winner().map(|leaf| leaf.rev()).unwrap_or_default();
+            if winner != expected.as_str() {
+                return Err(Error::conflict(format!(
+                    "document {id:?} is at revision {winner}, not {expected}: not erased"
+                )));
+            }
+        }
+        let named: Vec<Value> = match (&options.only_leaves, &read) {
+            (Some(leaves), _) => leaves.iter().map(|rev| Value::String(rev.0.clone())).collect(),
+            (None, Some(tree)) => tree.leaves().iter().map(|leaf| Value::String(leaf.rev())).collect(),
+            (None, None) => Vec::new(),
+        };
+        if let Some(unsupported) = self.purge_unsupported().await? {
+            return Err(Error::new(ErrorKind::Misconfigured, format!("{unsupported}; {id:?} is kept")));
+        }
+        let mut batch = PurgeBatch { revs: named.len(), ..PurgeBatch::default() };
+        batch.docs.insert(id.to_owned(), Value::Array(named));
+        if self.purge(batch).await? == 0 {
+            return Err(Error::conflict(format!("no leaf of {id:?} named to the purge is a leaf still: not erased")));
+        }
+        Ok(true)
     }
 
     /// One pass over the feed after `since`: purges every document under `prefix` it meets.

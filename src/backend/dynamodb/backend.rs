@@ -30,7 +30,7 @@ use super::error::{map_sdk, map_sdk_write};
 use super::layout;
 use crate::backend::raw::count_cache::CountCache;
 use crate::backend::{
-    BulkWrite, ChangesPage, DocumentBackend, IdRange, LayoutState, Page, Precondition, Projection, Query,
+    BulkWrite, ChangesPage, DocumentBackend, EraseOptions, IdRange, LayoutState, Page, Precondition, Projection, Query,
     ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo, StoredDocument, UpgradePage,
 };
 use crate::error::{Error, ErrorKind, Result};
@@ -688,8 +688,8 @@ impl DocumentBackend for DynamoDbBackend {
         self.erase_ids_with_prefix(prefix).await
     }
 
-    async fn erase_id(&self, id: &str) -> Result<bool> {
-        self.erase_one_id(id).await
+    async fn erase_id(&self, id: &str, options: &EraseOptions) -> Result<bool> {
+        self.erase_one_id(id, options).await
     }
 
     async fn get_local(&self, name: &str) -> Result<Option<StoredDocument>> {

@@ -18,7 +18,9 @@ use super::error::map_sdk;
 use super::layout::{self, limit_of, shard_value, DELETED, FEED_INDEX, ID_INDEX, SHARD, SHARD_COUNT};
 use crate::backend::raw::count_cache::Counted;
 use crate::backend::raw::sharded::{Chunk, ShardReader, ShardedMerge};
-use crate::backend::{DocumentBackend, IdRange, LayoutState, Page, StoredDocument, LOCAL_PREFIX};
+use crate::backend::{
+    DocumentBackend, EraseOptions, IdRange, LayoutState, Page, Revision, StoredDocument, LOCAL_PREFIX,
+};
 use crate::error::{Error, ErrorKind, Result};
 
 /// Local documents read at once by `local_docs` (one consistent `GetItem` each).
@@ -240,18 +242,32 @@ impl DynamoDbBackend {
     /// feed entry are on it), then its chunk items, found under the chunk prefix and kept to
     /// those whose `_chunkOf` is `id` (a document may have an id that starts like a chunk's).
     /// The item goes first: a crash between leaves chunks nothing reads, never a document whose
-    /// chunks are gone.
-    pub(super) async fn erase_one_id(&self, id: &str) -> Result<bool> {
-        let removed = self
+    /// chunks are gone. With `options.if_revision`, the item's deletion carries a condition on
+    /// its `_rev` ([`revision_condition`]): DynamoDB checks it in the deletion, so a write that
+    /// landed since makes it a `Conflict` and nothing is erased.
+    pub(super) async fn erase_one_id(&self, id: &str, options: &EraseOptions) -> Result<bool> {
+        let mut request = self
             .client()
             .delete_item()
             .table_name(self.table())
             .set_key(Some(Self::key(id)))
-            .return_values(ReturnValue::AllOld)
-            .send()
-            .await;
+            .return_values(ReturnValue::AllOld);
+        if let Some(expected) = &options.if_revision {
+            let (condition, values) = revision_condition(expected);
+            request = request.condition_expression(condition).expression_attribute_names("#rev", codec::REV);
+            for (name, value) in values {
+                request = request.expression_attribute_values(name, value);
+            }
+        }
+        let removed = request.send().await;
         self.count_cache().wrote();
-        let removed = removed.map_err(|e| map_sdk(e, "erase a document"))?;
+        let removed = removed.map_err(|e| match (map_sdk(e, "erase a document"), &options.if_revision) {
+            (err, Some(expected)) if err.is_conflict() => {
+                Error::conflict(format!("document {id:?} is no longer at revision {expected}: not erased"))
+                    .with_source(err)
+            }
+            (err, _) => err,
+        })?;
         let own_chunk = |item: &Item| codec::string_attribute(item, codec::CHUNK_OF) == Some(id);
         self.erase_under(&codec::chunk_prefix(id), own_chunk).await?;
         Ok(removed.attributes.is_some())
@@ -441,5 +457,33 @@ async fn count_pages(query: QueryFluentBuilder, what: &str) -> Result<u64> {
         if cursor.is_none() {
             return Ok(total);
         }
+    }
+}
+
+/// The condition of a deletion that must find the item's `_rev` (`#rev`) at `expected`, and the
+/// values it names: an item of an older layout may hold its revision as a number, so a revision
+/// that reads as one matches either form.
+fn revision_condition(expected: &Revision) -> (&'static str, Vec<(&'static str, AttributeValue)>) {
+    let text = AttributeValue::S(expected.0.clone());
+    if !expected.0.is_empty() && expected.0.bytes().all(|b| b.is_ascii_digit()) {
+        let number = AttributeValue::N(expected.0.clone());
+        ("#rev = :rev OR #rev = :revnumber", vec![(":rev", text), (":revnumber", number)])
+    } else {
+        ("#rev = :rev", vec![(":rev", text)])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_erasure_condition_matches_either_stored_form_of_a_numeric_revision() {
+        let (condition, values) = revision_condition(&Revision("2-abc".into()));
+        assert_eq!(condition, "#rev = :rev");
+        assert_eq!(values, vec![(":rev", AttributeValue::S("2-abc".into()))]);
+        let (condition, values) = revision_condition(&Revision("17".into()));
+        assert_eq!(condition, "#rev = :rev OR #rev = :revnumber");
+        assert_eq!(values[1], (":revnumber", AttributeValue::N("17".into())));
     }
 }

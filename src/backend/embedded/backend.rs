@@ -22,8 +22,8 @@ use super::group_commit::{job_of, GroupCommit};
 use super::write::{EncodedWrite, ReplicatedWrite, Tables};
 use super::{attachments, codec, core, feed, ids, local};
 use crate::backend::{
-    BulkWrite, ChangesPage, DocumentBackend, IdRange, LayoutState, Page, Precondition, Query, ReplicatedOutcome,
-    ReplicatedRevision, Revision, RevisionInfo, StoredDocument, UpgradePage, DEFAULT_REVS_LIMIT,
+    BulkWrite, ChangesPage, DocumentBackend, EraseOptions, IdRange, LayoutState, Page, Precondition, Query,
+    ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo, StoredDocument, UpgradePage, DEFAULT_REVS_LIMIT,
 };
 use crate::error::{Error, ErrorKind, Result};
 
@@ -252,9 +252,9 @@ impl DocumentBackend for EmbeddedBackend {
         }
     }
 
-    async fn erase_id(&self, id: &str) -> Result<bool> {
-        let id = id.to_owned();
-        self.write(1, move |tables| tables.erase(&id)).await
+    async fn erase_id(&self, id: &str, options: &EraseOptions) -> Result<bool> {
+        let (id, if_revision) = (id.to_owned(), options.if_revision.clone());
+        self.write(1, move |tables| tables.erase(&id, if_revision.as_ref())).await
     }
 
     async fn get_local(&self, name: &str) -> Result<Option<StoredDocument>> {
@@ -676,8 +676,8 @@ mod tests {
         let tombstone = store.delete("abcd", &longer).await.unwrap();
         store.put("abc", &body("b", 1.into()), Precondition::MustNotExist).await.unwrap();
         let before = store.changes(None, 10).await.unwrap().last_seq;
-        assert!(store.erase_id("abc").await.unwrap());
-        assert!(!store.erase_id("abc").await.unwrap(), "nothing left to erase");
+        assert!(store.erase_id("abc", &EraseOptions::default()).await.unwrap());
+        assert!(!store.erase_id("abc", &EraseOptions::default()).await.unwrap(), "nothing left to erase");
         let after = store.changes(None, 10).await.unwrap();
         let listed: Vec<(&str, bool)> = after.changes.iter().map(|c| (c.id.as_str(), c.deleted)).collect();
         assert_eq!(listed, [("abcd", true)]);

@@ -119,7 +119,7 @@ pub(super) fn erase_batch(tables: &mut Tables<'_>, prefix: &str) -> Result<u64> 
     }
     let mut count = 0;
     for id in &ids {
-        count += u64::from(tables.erase(id)?);
+        count += u64::from(tables.erase(id, None)?);
     }
     Ok(count)
 }

@@ -264,9 +264,24 @@ impl<'t> Tables<'t> {
         Ok(rev.to_revision())
     }
 
-    /// Removes every trace of `id`; whether there was any.
-    pub(super) fn erase(&mut self, id: &str) -> Result<bool> {
-        let Some(existing) = self.existing(id)? else { return Ok(false) };
+    /// Removes every trace of `id`, only while its stored revision (live or a tombstone) is
+    /// `if_revision` when one is given (`Conflict` otherwise, nothing removed); whether there was
+    /// any. Checked in this transaction, so no write lands between the check and the erasure.
+    pub(super) fn erase(&mut self, id: &str, if_revision: Option<&Revision>) -> Result<bool> {
+        let existing = self.existing(id)?;
+        if let Some(expected) = if_revision {
+            match &existing {
+                Some(existing) if existing.header().rev.matches(expected) => {}
+                Some(existing) => {
+                    let rev = existing.header().rev.to_revision();
+                    return Err(Error::conflict(format!(
+                        "document {id:?} is at revision {rev}, not {expected}: not erased"
+                    )));
+                }
+                None => return Err(Error::conflict(format!("document {id:?} does not exist: not erased"))),
+            }
+        }
+        let Some(existing) = existing else { return Ok(false) };
         self.remove_record(id, &existing)?;
         if let Some(seq) = existing.header().seq {
             self.feed.remove(seq).map_err(map_redb("update feed"))?;

@@ -25,7 +25,7 @@ use super::core::{Call, FirestoreClient};
 use super::layout::{self, StoredState};
 use crate::backend::raw::count_cache::{CountCache, Counted};
 use crate::backend::{
-    BulkWrite, ChangesPage, DocumentBackend, IdRange, LayoutState, Page, Precondition, Projection, Query,
+    BulkWrite, ChangesPage, DocumentBackend, EraseOptions, IdRange, LayoutState, Page, Precondition, Projection, Query,
     ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo, StoredDocument, UpgradePage,
 };
 use crate::error::{Error, ErrorKind, Result};
@@ -505,8 +505,8 @@ impl DocumentBackend for FirestoreBackend {
         self.erase_ids_with_prefix(prefix).await
     }
 
-    async fn erase_id(&self, id: &str) -> Result<bool> {
-        self.erase_one_id(id).await
+    async fn erase_id(&self, id: &str, options: &EraseOptions) -> Result<bool> {
+        self.erase_one_id(id, options).await
     }
 
     async fn get_local(&self, name: &str) -> Result<Option<StoredDocument>> {

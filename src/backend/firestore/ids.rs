@@ -7,8 +7,8 @@ use super::backend::FirestoreBackend;
 use super::codec;
 use super::core::{all_of, field_filter, fields_of, select, text, MAX_PAGE};
 use super::layout::{self};
-use crate::backend::{IdRange, Page, StoredDocument};
-use crate::error::Result;
+use crate::backend::{EraseOptions, IdRange, Page, StoredDocument};
+use crate::error::{Error, Result};
 
 /// Documents erased per query and commit (Firestore's limit on one commit is 500 writes; a
 /// document may take several with its chunks).
@@ -131,15 +131,41 @@ impl FirestoreBackend {
     }
 
     /// Deletes outright (no tombstone) the document `id`, live or deleted, with its chunk
-    /// documents, and no other: read by the name its id makes (its chunk count), then deleted by
-    /// that name; whether there was one.
-    pub(super) async fn erase_one_id(&self, id: &str) -> Result<bool> {
+    /// documents, and no other: read by the name its id makes (its chunk count and revision),
+    /// then deleted by that name; whether there was one. With `options.if_revision`, the
+    /// revision read must be that one, and the deletion carries the `updateTime` read as its
+    /// precondition, in the same commit as the chunks' deletions when they fit in one: a write
+    /// that landed since makes it a `Conflict` and nothing is erased.
+    pub(super) async fn erase_one_id(&self, id: &str, options: &EraseOptions) -> Result<bool> {
         let doing = format!("erase the document {id:?}");
         let name = self.client.document_name(&codec::document_id(id));
-        let reply = self.batch_get_fields(&[name], Some(&[codec::CHUNKS]), &doing).await?;
+        let reply = self.batch_get_fields(&[name], Some(&layout::STATE_FIELDS), &doing).await?;
         let found = reply.as_array().into_iter().flatten().find_map(|entry| entry.get("found"));
-        let Some(document) = found else { return Ok(false) };
-        self.commit_in_groups(&self.erasing_writes(document), &doing).await?;
+        let mut writes = match (found, &options.if_revision) {
+            (None, None) => return Ok(false),
+            (None, Some(expected)) => {
+                return Err(Error::conflict(format!(
+                    "document {id:?} does not exist, not at revision {expected}: not erased"
+                )))
+            }
+            (Some(document), _) => self.erasing_writes(document),
+        };
+        if let (Some(document), Some(expected)) = (found, &options.if_revision) {
+            let state = layout::StoredState::of(document);
+            if state.rev != *expected {
+                let rev = state.rev;
+                return Err(Error::conflict(format!(
+                    "document {id:?} is at revision {rev}, not {expected}: not erased"
+                )));
+            }
+            writes[0]["currentDocument"] = json!({ "updateTime": state.update_time });
+        }
+        self.commit_in_groups(&writes, &doing).await.map_err(|err| match &options.if_revision {
+            Some(expected) if err.is_conflict() || err.is_not_found() => {
+                Error::conflict(format!("document {id:?} is no longer at revision {expected}: not erased"))
+            }
+            _ => err,
+        })?;
         Ok(true)
     }
 

@@ -12,8 +12,9 @@ use serde_json::{Map, Value};
 
 use crate::backend::rev_tree::RevTree;
 use crate::backend::{
-    BulkWrite, ChangesPage, DesignRequest, DesignResponse, DocumentBackend, DocumentText, IdRange, LayoutState, Page,
-    Precondition, Query, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo, StoredDocument, UpgradePage,
+    BulkWrite, ChangesPage, DesignRequest, DesignResponse, DocumentBackend, DocumentText, EraseOptions, IdRange,
+    LayoutState, Page, Precondition, Query, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo,
+    StoredDocument, UpgradePage,
 };
 use crate::error::Result;
 
@@ -125,8 +126,8 @@ pub trait Layered: Send + Sync + 'static {
         self.inner().erase_prefix(prefix).await
     }
 
-    async fn erase_id(&self, id: &str) -> Result<bool> {
-        self.inner().erase_id(id).await
+    async fn erase_id(&self, id: &str, options: &EraseOptions) -> Result<bool> {
+        self.inner().erase_id(id, options).await
     }
 
     async fn get_local(&self, name: &str) -> Result<Option<StoredDocument>> {
@@ -339,8 +340,8 @@ impl<L: Layered> DocumentBackend for L {
         Layered::erase_prefix(self, prefix).await
     }
 
-    async fn erase_id(&self, id: &str) -> Result<bool> {
-        Layered::erase_id(self, id).await
+    async fn erase_id(&self, id: &str, options: &EraseOptions) -> Result<bool> {
+        Layered::erase_id(self, id, options).await
     }
 
     async fn get_local(&self, name: &str) -> Result<Option<StoredDocument>> {

@@ -55,7 +55,8 @@ use serde_json::{Map, Value};
 use super::{KeptBodies, LaidOut, RepairableLayout, TreeLayout};
 use crate::backend::rev_tree::{Leaf, MergeOutcome, RevPath, RevTree, StoredLeaves, StoredTree};
 use crate::backend::{
-    DocumentBackend, Precondition, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo, StoredDocument,
+    DocumentBackend, EraseOptions, Precondition, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo,
+    StoredDocument,
 };
 use crate::error::{Error, ErrorKind, Result};
 
@@ -353,7 +354,11 @@ impl<'a, B: DocumentBackend + ?Sized> DataStoreView<'a, B> {
     }
 
     /// The side document first, then the record: a crash in between leaves the winner alone,
-    /// never leaves beside no record that a later creation of the id would take up.
+    /// never leaves beside no record that a later creation of the id would take up. Each only as
+    /// read, so a write another process made since survives (`Conflict`, and the purge reads
+    /// again): the side on its revision, the record on its own ([`EraseOptions`]). Read with no
+    /// record (a marked side, a save cut before its record write), the record a save finishing
+    /// it meanwhile wrote, the side's winner, is erased too; any other is a writer's.
     pub async fn erase_of(&self, id: &str, token: &SideToken) -> Result<()> {
         if let Some(rev) = &token.side_rev {
             match self.backend.delete_local(&side_name(id), rev).await {
@@ -363,7 +368,26 @@ impl<'a, B: DocumentBackend + ?Sized> DataStoreView<'a, B> {
                 Err(err) => return Err(err),
             }
         }
-        self.backend.erase_id(id).await.map(|_| ())
+        let expected = match &token.record {
+            Some(record) => record.rev.clone(),
+            None => match self.backend.revisions(id).await? {
+                None => return Ok(()),
+                Some(stored) if Some(stored.rev.as_str()) == winner_of(&token.side_leaves).as_deref() => stored.rev,
+                Some(_) => return Err(Error::conflict(format!("document {id:?} was written under this purge"))),
+            },
+        };
+        self.erase_record(id, expected).await
+    }
+
+    /// The record erased only while it holds `expected` (`Conflict` otherwise, nothing erased).
+    async fn erase_record(&self, id: &str, expected: Revision) -> Result<()> {
+        match self.backend.erase_id(id, &EraseOptions::if_revision(expected)).await {
+            Ok(_) => Ok(()),
+            Err(err) if err.is_conflict() || err.is_not_found() => {
+                Err(Error::conflict(format!("the record of {id:?} changed under this write")))
+            }
+            Err(err) => Err(err),
+        }
     }
 
     /// Each listed record's whole tree, read again with its other leaves (the listing holds the
@@ -379,15 +403,12 @@ impl<'a, B: DocumentBackend + ?Sized> DataStoreView<'a, B> {
     }
 
     /// The record, holding `expected`, erased and `winner` written in its place: a record moved
-    /// to a leaf that does not descend from it (its own revision purged). Erased only when it
-    /// still holds `expected`; a crash between the two leaves no record beside the marked side
-    /// document, which a read finishes ([`Self::read_once`]).
+    /// to a leaf that does not descend from it (its own revision purged). Erased only while it
+    /// still holds `expected`, checked by the backend in the erasure; a crash between the two
+    /// leaves no record beside the marked side document, which a read finishes
+    /// ([`Self::read_once`]).
     async fn replace_record(&self, id: &str, expected: &Revision, winner: &Leaf) -> Result<()> {
-        match self.backend.revisions(id).await? {
-            Some(info) if info.rev == *expected => {}
-            _ => return Err(Error::conflict(format!("the record of {id:?} changed under this write"))),
-        }
-        self.backend.erase_id(id).await?;
+        self.erase_record(id, expected.clone()).await?;
         self.write_record(id, winner, None).await
     }
 
@@ -524,6 +545,16 @@ fn check_tree_size(id: &str, before: &RevTree, after: &RevTree, max_tree_bytes: 
              couchdb_max_tree_bytes ({max_tree_bytes})"
         ),
     ))
+}
+
+/// The revision of the winner among `leaves` (CouchDB's rule, [`RevTree::winner`]): what the
+/// record holds once a save of a tree with only these leaves is finished.
+fn winner_of(leaves: &[Leaf]) -> Option<String> {
+    let mut tree = RevTree::default();
+    for leaf in leaves {
+        tree.merge(leaf.path.clone(), leaf.deleted, Map::new(), usize::MAX);
+    }
+    tree.winner().map(Leaf::rev)
 }
 
 /// The local document that holds `id`'s other leaves.

@@ -189,9 +189,12 @@ impl RepairableLayout for NativeLayout {
 
 #[async_trait]
 impl TreeLayout for NativeLayout {
-    /// The backend's own erasure of the id, exactly (CouchDB's `_purge` of every revision).
-    async fn erase(&self, id: &str, _state: &NativeState) -> Result<()> {
-        self.backend.erase_id(id).await.map(|_| ())
+    /// The backend's own erasure of the id, exactly: CouchDB's `_purge` of the leaves read, so
+    /// a leaf written since is kept ([`crate::backend::EraseOptions::only_leaves`]).
+    async fn erase(&self, id: &str, state: &NativeState) -> Result<()> {
+        let read = state.tree.leaves().into_iter().map(|leaf| Revision(leaf.rev())).collect();
+        let options = crate::backend::EraseOptions { only_leaves: Some(read), ..Default::default() };
+        self.backend.erase_id(id, &options).await.map(|_| ())
     }
 
     async fn listed(&self, documents: Vec<StoredDocument>) -> Result<Vec<(String, NativeState)>> {

@@ -23,7 +23,7 @@ use serde_json::{Map, Value};
 
 use super::{KeptBodies, LaidOut, RepairableLayout, ScanCursor, ScanPage, TreeLayout};
 use crate::backend::rev_tree::RevTree;
-use crate::backend::{DocumentBackend, IdRange, Precondition, Revision, StoredDocument};
+use crate::backend::{DocumentBackend, EraseOptions, IdRange, Precondition, Revision, StoredDocument};
 use crate::database::doc_attachments;
 use crate::error::{Error, ErrorKind, Result};
 
@@ -135,18 +135,45 @@ impl RecordLayout {
     /// was: a live record goes after the local tree (then only an earlier tree left by a save
     /// from nothing, which read would bring back); a deleted document's local tree goes after
     /// its tombstone (left alone, it reads as the document before the purge, half written,
-    /// finished by its next write).
+    /// finished by its next write). Only what was read is erased, so a write another process
+    /// made since survives: the record on its revision as read ([`EraseOptions`]), the tombstone
+    /// on its own ([`Self::erase_tombstone`]); else `Conflict`, and the purge reads again.
     pub(super) async fn erase_of(&self, id: &str, token: &RecordToken) -> Result<()> {
-        if token.record_rev.is_none() {
-            self.backend.erase_id(id).await?;
-        }
         let tree_name = format!("{TREE_PREFIX}{id}");
-        if let Some(local) = self.backend.get_local(&tree_name).await? {
-            self.backend.delete_local(&tree_name, &local.rev).await?;
+        match (&token.record_rev, &token.local_rev) {
+            (Some(record_rev), _) => {
+                if let Some(local) = self.backend.get_local(&tree_name).await? {
+                    self.backend.delete_local(&tree_name, &local.rev).await.map_err(gone_is_conflict)?;
+                }
+                let if_read = EraseOptions::if_revision(record_rev.clone());
+                self.backend.erase_id(id, &if_read).await.map_err(gone_is_conflict)?;
+            }
+            (None, local_rev) => {
+                self.erase_tombstone(id, &tree_name, local_rev.as_ref()).await?;
+                if let Some(local_rev) = local_rev {
+                    self.backend.delete_local(&tree_name, local_rev).await.map_err(gone_is_conflict)?;
+                }
+            }
         }
-        if token.record_rev.is_some() {
-            self.backend.erase_id(id).await?;
+        Ok(())
+    }
+
+    /// The tombstone of a document read deleted (its tree in the local tree at `local_rev`),
+    /// erased only while both are as read: its revision is read first, then the local tree is
+    /// checked unchanged (a writer re-creating the document writes the local tree first), then
+    /// the tombstone is erased on that revision. A writer that gets in after the check writes a
+    /// record the erasure misses or the deletion of the local tree meets (`Conflict` either
+    /// way). No tombstone (a save from nothing cut before its record) leaves nothing to erase.
+    async fn erase_tombstone(&self, id: &str, tree_name: &str, local_rev: Option<&Revision>) -> Result<()> {
+        let Some(stored) = self.backend.revisions(id).await? else { return Ok(()) };
+        if !stored.deleted {
+            return Err(Error::conflict(format!("document {id:?} was written again under this purge")));
         }
+        let local_now = self.backend.get_local(tree_name).await?.map(|local| local.rev);
+        if local_now.as_ref() != local_rev {
+            return Err(Error::conflict(format!("the tree of {id:?} changed under this purge")));
+        }
+        self.backend.erase_id(id, &EraseOptions::if_revision(stored.rev)).await.map_err(gone_is_conflict)?;
         Ok(())
     }
 

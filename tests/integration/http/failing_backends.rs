@@ -123,7 +123,7 @@ impl DocumentBackend for FaultyBackend {
         self.fail()
     }
 
-    async fn erase_id(&self, _: &str) -> agentstore::Result<bool> {
+    async fn erase_id(&self, _: &str, _: &agentstore::backend::EraseOptions) -> agentstore::Result<bool> {
         self.fail()
     }
 
