@@ -4,7 +4,7 @@
 //! settings of the database every user shares); a purge's effect on the REST API and the feed;
 //! and the purge count (`:db:erased`) out of every client's reach.
 
-use super::logins::PASSWORD;
+use super::logins::{as_login, PASSWORD};
 use super::*;
 
 /// An admin login and per-user logins for the users `alice` and `db` (whose `_local/erased`
@@ -18,22 +18,6 @@ pub(super) fn admin_logins_config() -> Result<String, Failed> {
         ));
     }
     Ok(config)
-}
-
-/// A request as `login` (Basic, [`PASSWORD`]), answered.
-async fn as_login(
-    e: &Endpoint,
-    login: &str,
-    method: Method,
-    path: &str,
-    body: Option<Value>,
-) -> Result<Answer, Failed> {
-    let mut request =
-        e.client.request(method, e.url(path)).header("Accept", "application/json").basic_auth(login, Some(PASSWORD));
-    if let Some(body) = body {
-        request = request.json(&body);
-    }
-    Answer::read(request.send().await?).await
 }
 
 /// The CouchDB backend's data-store database is not the engine's (ARCHITECTURE.md).
@@ -58,9 +42,6 @@ fn refused_to_per_user(answer: &Answer, what: &str) -> TestResult {
 /// `_revs_limit` as a CouchDB member does, and is refused the changes and `_compact` (403 naming
 /// why); `PUT`/`DELETE /{db}` are refused (401 to a per-user login, which is no server admin).
 pub(super) async fn data_store_settings_by_login(e: Endpoint) -> TestResult {
-    if !engine_backend(&e) {
-        return Ok(());
-    }
     let db = format!("/{DB}");
     let alices = doc("alice", "ns", "k", json!(1));
     let path = path_of(alices["_id"].as_str().unwrap_or_default());

@@ -9,22 +9,8 @@ use std::collections::BTreeSet;
 
 use agentstore::store::{DataStore, StoreOptions};
 
-use super::logins::PASSWORD;
+use super::logins::as_login;
 use super::*;
-
-async fn as_login(
-    e: &Endpoint,
-    login: &str,
-    method: Method,
-    path: &str,
-    body: Option<Value>,
-) -> Result<Answer, Failed> {
-    let mut request = e.client.request(method, e.url(path)).basic_auth(login, Some(PASSWORD));
-    if let Some(body) = body {
-        request = request.json(&body);
-    }
-    Answer::read(request.send().await?).await
-}
 
 fn row_ids(answer: &Answer) -> Vec<String> {
     answer.body["results"]

@@ -5,24 +5,8 @@
 //! server admin's as in CouchDB 3.4.3 (401 `unauthorized` for anyone else, checked against it
 //! with a member of `_users`), the database itself never created or deleted through the API.
 
-use super::logins::PASSWORD;
+use super::logins::as_login;
 use super::*;
-
-/// A request as `login` (Basic, [`PASSWORD`]), answered.
-async fn as_login(
-    e: &Endpoint,
-    login: &str,
-    method: Method,
-    path: &str,
-    body: Option<Value>,
-) -> Result<Answer, Failed> {
-    let mut request =
-        e.client.request(method, e.url(path)).header("Accept", "application/json").basic_auth(login, Some(PASSWORD));
-    if let Some(body) = body {
-        request = request.json(&body);
-    }
-    Answer::read(request.send().await?).await
-}
 
 /// The `_id`s of a `_find` answer's `docs`, or of a listing's `rows`.
 fn ids_in(answer: &Answer, list: &str) -> Vec<String> {

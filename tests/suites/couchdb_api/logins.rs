@@ -5,6 +5,22 @@ use super::*;
 
 pub(super) const PASSWORD: &str = "correct horse";
 
+/// A request as `login` (Basic, [`PASSWORD`]) with an optional JSON body, answered.
+pub(super) async fn as_login(
+    e: &Endpoint,
+    login: &str,
+    method: Method,
+    path: &str,
+    body: Option<Value>,
+) -> Result<Answer, Failed> {
+    let mut request =
+        e.client.request(method, e.url(path)).header("Accept", "application/json").basic_auth(login, Some(PASSWORD));
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    Answer::read(request.send().await?).await
+}
+
 /// An admin login and two per-user logins, all with [`PASSWORD`].
 pub(super) fn logins_config() -> Result<String, Failed> {
     let hash = agentstore::couchdb_api::auth::hash_password(PASSWORD)?;
