@@ -23,6 +23,10 @@ fn leaf_revs(answer: &Value) -> Vec<String> {
 }
 
 pub(super) async fn databases_lifecycle(e: Endpoint) -> TestResult {
+    with_databases_dropped(&e, &["zz-a", "zz-b"], databases_lifecycle_steps(&e)).await
+}
+
+async fn databases_lifecycle_steps(e: &Endpoint) -> TestResult {
     // On the CouchDB backend the server is shared with other trials, whose databases are listed
     // too: the listing checks look at this trial's names (`zz-…`, after every other) only.
     e.call(Method::PUT, "/zz-b", None).await?.expect(201, "PUT /zz-b")?;
@@ -85,6 +89,10 @@ pub(super) async fn databases_lifecycle(e: Endpoint) -> TestResult {
 }
 
 pub(super) async fn any_document_and_its_conflicts(e: Endpoint) -> TestResult {
+    with_databases_dropped(&e, &["docs", "designs"], any_document_and_its_conflicts_steps(&e)).await
+}
+
+async fn any_document_and_its_conflicts_steps(e: &Endpoint) -> TestResult {
     e.call(Method::PUT, "/docs", None).await?.expect(201, "PUT /docs")?;
     let shape = json!({"list": [1, "two", null, {"x": [true]}], "ünïcode key": {"": 1.5}, "n": -0.0001});
     let first = e.put("/docs/any", shape.clone()).await?.expect(201, "PUT any")?.rev()?;
@@ -177,6 +185,10 @@ pub(super) async fn any_document_and_its_conflicts(e: Endpoint) -> TestResult {
 }
 
 pub(super) async fn bad_input_on_databases(e: Endpoint) -> TestResult {
+    with_databases_dropped(&e, &["bad"], bad_input_on_databases_steps(&e)).await
+}
+
+async fn bad_input_on_databases_steps(e: &Endpoint) -> TestResult {
     e.call(Method::PUT, "/bad", None).await?.expect(201, "PUT /bad")?;
     if !kept_here(&e) {
         println!("bad input on the CouchDB backend is the backend server's to refuse (forwarded as sent)");
