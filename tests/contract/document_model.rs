@@ -296,8 +296,12 @@ pub async fn erasure_of_one_id_keeps_ids_that_start_with_it(ctx: Ctx) {
     assert_eq!(feed, expected, "the feed keeps every other id, and only them");
 
     // The erased id can be written again from nothing, and a follower from before the erasure
-    // reads that write next.
-    let again = b.put(&one, &body("ex", "ns", "one", json!(4)), Precondition::NeverWritten).await.expect("a new id");
+    // reads that write next. An erased id counts as never written where the backend can check
+    // that (`checks_never_written`); the CouchDB backend answers every such write with a conflict
+    // (a real CouchDB, whose `_purge` works, reaches this: pouchdb-server's erasure is refused
+    // above), so there it is a plain create.
+    let create = if b.checks_never_written() { Precondition::NeverWritten } else { Precondition::MustNotExist };
+    let again = b.put(&one, &body("ex", "ns", "one", json!(4)), create).await.expect("a new id");
     let mut next = BTreeMap::new();
     follow_until(b, before, &mut next, &mut Vec::new(), |view| view.contains_key(&one)).await;
     assert_eq!(next[&one], (again, false), "the write after the erasure");

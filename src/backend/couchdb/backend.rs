@@ -181,9 +181,15 @@ impl CouchDbBackend {
         let doc = to_couch_doc(id, body, rev, self.number_model().await?)?;
         let reply = self.client.send(Method::PUT, &self.document_url(id), &[], Some(&doc), "write a document").await?;
         match reply.status {
-            StatusCode::CREATED | StatusCode::ACCEPTED => {
+            // Apache CouchDB 3.4.3 answers a write carrying `_deleted: true` (a deletion keeping
+            // fields in its tombstone) 200, pouchdb-server 201; every other write 201 (202 when
+            // not yet on a quorum).
+            StatusCode::OK | StatusCode::CREATED | StatusCode::ACCEPTED => {
                 let rev = revision_of(&reply.body, "write a document")?;
-                self.live.remember(id, &rev);
+                // A tombstone's revision is never remembered as live ([`LiveRevisions`]).
+                if body.get("_deleted") != Some(&Value::Bool(true)) {
+                    self.live.remember(id, &rev);
+                }
                 Ok(rev)
             }
             StatusCode::CONFLICT => Err(Error::conflict(format!("document {id:?} was changed by another writer"))),
@@ -459,7 +465,9 @@ pub(super) fn from_couch_doc(doc: Value, doing: &str) -> Result<StoredDocument> 
             format!("CouchDB returned a non-object document while trying to {doing}"),
         ));
     };
-    let id = match body.remove(fields::ID) {
+    // `shift_remove`: the members keep the order CouchDB answered them in (a plain `remove`
+    // moves the last member, `_deleted` on a real CouchDB's tombstone, into the gap).
+    let id = match body.shift_remove(fields::ID) {
         Some(Value::String(id)) => id,
         _ => {
             return Err(Error::new(
@@ -468,7 +476,7 @@ pub(super) fn from_couch_doc(doc: Value, doing: &str) -> Result<StoredDocument> 
             ))
         }
     };
-    let rev = match body.remove(fields::REV) {
+    let rev = match body.shift_remove(fields::REV) {
         Some(Value::String(rev)) => rev,
         _ => return Err(Error::new(ErrorKind::Internal, format!("CouchDB returned document {id:?} without _rev"))),
     };
@@ -720,7 +728,7 @@ impl DocumentBackend for CouchDbBackend {
         match reply.status {
             StatusCode::OK => {
                 let mut doc = from_couch_doc(reply.body, doing)?;
-                doc.body.remove("_deleted");
+                doc.body.shift_remove("_deleted");
                 Ok(Some(doc))
             }
             // Purged or compacted away between the two reads.

@@ -2,9 +2,12 @@
 //! CouchDB never replicates, lists in `_all_docs` or feeds to `_changes`, and revises as `0-N`.
 //!
 //! A delete is `PUT /db/_local/name {"_rev": "0-N", "_deleted": true}` rather than
-//! `DELETE ?rev=`: both servers check the revision of such a PUT, while pouchdb-server 4.2.0 deletes
-//! a local document on `DELETE` whatever revision is named. A deleted local document is gone on
-//! both, so re-creating it starts again at `0-1`.
+//! `DELETE ?rev=`: pouchdb-server 4.2.0 checks the revision of such a PUT, while it deletes a local
+//! document on `DELETE` whatever revision is named. Apache CouchDB 3.4.3 checks no local
+//! document's revision at all (a stale one, or none over an existing document, is written), so
+//! every conditional write or delete reads the document first and refuses a stale revision itself
+//! (`check_local_at`: not atomic, two writers of one revision at one moment can both succeed).
+//! A deleted local document is gone on both, so re-creating it starts again at `0-1`.
 //!
 //! Listing: `GET /db/_local_docs?include_docs=true` (CouchDB 2.0 and later), its `startkey`,
 //! `endkey` (the `_local/` ids of the range's names, an open end closed at the prefix's),
@@ -107,9 +110,14 @@ impl CouchDbBackend {
     ) -> Result<Revision> {
         match precondition {
             // Local documents leave no tombstone.
-            Precondition::MustNotExist | Precondition::NeverWritten => self.put_local_with_rev(name, body, None).await,
+            Precondition::MustNotExist | Precondition::NeverWritten => {
+                if self.read_local(name).await?.is_some() {
+                    return Err(Error::conflict(format!("local document {name:?} already exists")));
+                }
+                self.put_local_with_rev(name, body, None).await
+            }
             Precondition::MatchRevision(rev) => {
-                check_local_revision(name, &rev)?;
+                self.check_local_at(name, &rev).await?;
                 self.put_local_with_rev(name, body, Some(&rev)).await
             }
             Precondition::None => {
@@ -126,7 +134,13 @@ impl CouchDbBackend {
     }
 
     pub(super) async fn remove_local(&self, name: &str, rev: &Revision) -> Result<()> {
-        check_local_revision(name, rev)?;
+        // A missing one is not found, a stale revision a conflict ([`Self::check_local_at`]).
+        if let Err(stale) = self.check_local_at(name, rev).await {
+            return match self.read_local(name).await? {
+                None => Err(Error::not_found(format!("local document {name:?} does not exist"))),
+                Some(_) => Err(stale),
+            };
+        }
         let mut deletion = Map::new();
         deletion.insert("_deleted".into(), true.into());
         match self.put_local_with_rev(name, &deletion, Some(rev)).await {
@@ -137,6 +151,22 @@ impl CouchDbBackend {
                 None => Err(Error::not_found(format!("local document {name:?} does not exist"))),
             },
             Err(e) => Err(e),
+        }
+    }
+
+    /// Apache CouchDB 3.4.3 checks no local document's revision (a write naming a stale one, or
+    /// none over an existing one, succeeds; checked with curl), so the precondition is checked
+    /// here by a read just before the write: a stale writer is refused, but two writers naming
+    /// the same revision at the same moment can both succeed (CouchDB offers no atomic check of a
+    /// local document). pouchdb-server 4.2.0 checks the written revision itself as well.
+    async fn check_local_at(&self, name: &str, rev: &Revision) -> Result<()> {
+        check_local_revision(name, rev)?;
+        match self.read_local(name).await? {
+            Some(current) if current.rev == *rev => Ok(()),
+            Some(current) => {
+                Err(Error::conflict(format!("local document {name:?} is at revision {}, not {rev}", current.rev)))
+            }
+            None => Err(Error::conflict(format!("local document {name:?} does not exist, not at revision {rev}"))),
         }
     }
 

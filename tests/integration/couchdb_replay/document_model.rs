@@ -127,6 +127,50 @@ async fn an_update_naming_a_tombstone_conflicts_instead_of_reviving_it() {
     assert_eq!(received(&server).await.iter().filter(|r| r.method.as_str() == "PUT").count(), 0);
 }
 
+/// A deletion keeping fields is a `PUT` carrying `_deleted: true`, which CouchDB 3.4.3 answers
+/// `200` with the tombstone's revision (no transcript: the status and body as a real CouchDB
+/// 3.4.3 answered it to curl; pouchdb-server answers 201). It used to be taken for a failure
+/// (500), and a tombstone's revision is never remembered as live: an update naming it looks
+/// first (`HEAD`: 404) and conflicts instead of reviving the document.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deletion_keeping_fields_is_answered_200_and_its_revision_is_not_live() {
+    let server = MockServer::start().await;
+    let backend = open_backend(&server).await;
+    let tombstone = "3-6e1627c58535c19af7eda31cb0af3e53";
+    Mock::given(method("PUT"))
+        .and(DecodedPath::new(&format!("/{DB}/{GREETING_ID}")))
+        .and(body_partial_json(json!({"_rev": GREETING_REV_2, "_deleted": true})))
+        .respond_with(json_response(200, json!({"ok": true, "id": GREETING_ID, "rev": tombstone})))
+        .mount(&server)
+        .await;
+    // The document is live when the deletion looks, deleted (023's 404) afterwards.
+    let deleted = transcript(23);
+    Mock::given(method("HEAD"))
+        .and(DecodedPath::new(&deleted.path))
+        .respond_with(ResponseTemplate::new(200).insert_header("content-type", "application/json"))
+        .up_to_n_times(1)
+        .with_priority(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("HEAD"))
+        .and(DecodedPath::new(&deleted.path))
+        .respond_with(ResponseTemplate::new(deleted.status).insert_header("content-type", "application/json"))
+        .mount(&server)
+        .await;
+    let mut deletion = write_body(&transcript(19));
+    deletion.insert("_deleted".into(), Value::Bool(true));
+    deletion.insert("reason".into(), json!("archived"));
+    let known = Precondition::MatchRevision(Revision(GREETING_REV_2.into()));
+    let written = backend.put(GREETING_ID, &deletion, known).await.expect("a deletion CouchDB answered 200");
+    assert_eq!(written.as_str(), tombstone);
+    let body = write_body(&transcript(19));
+    let err =
+        backend.put(GREETING_ID, &body, Precondition::MatchRevision(Revision(tombstone.into()))).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Conflict, "{err}");
+    let requests = received(&server).await;
+    assert_eq!(requests.iter().filter(|r| r.method.as_str() == "PUT").count(), 1, "the tombstone was not revived");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn facade_updates_and_deletes_need_no_look_for_tombstones() {
     let server = MockServer::start().await;

@@ -29,6 +29,9 @@ pub(super) const FREE_AT_ONCE_CONFIG: &str = "couchdb_attachment_grace_secs = 0\
 const HELLO_DIGEST: &str = "md5-XUFAKrxLKna5cZ2REBfFkg==";
 /// `printf '' | openssl md5 -binary | base64`.
 const EMPTY_DIGEST: &str = "md5-1B2M2Y8AsgTpgAmY7PhCfg==";
+/// The digest Apache CouchDB 3.4.3 gives an empty `text/plain` attachment: the MD5 of the gzip
+/// stream it keeps the (compressible) attachment as.
+const EMPTY_GZIPPED_DIGEST: &str = "md5-cCkGbCesb17xjWYNV0GXmg==";
 
 fn kept_here(e: &Endpoint) -> bool {
     e.backend != "couchdb"
@@ -337,7 +340,12 @@ pub(super) async fn attachments_standalone(e: Endpoint) -> TestResult {
     check(got.status == StatusCode::OK && got.body.is_empty(), || format!("GET empty: {} {:?}", got.status, got.body))?;
     let doc = e.get(&format!("/{db}/doc")).await?.expect(200, "GET doc")?;
     check(doc.body["_attachments"]["empty"]["length"] == 0, || format!("empty stub: {}", doc.body))?;
-    check(doc.body["_attachments"]["empty"]["digest"] == EMPTY_DIGEST, || format!("empty digest: {}", doc.body))?;
+    // On the CouchDB backend the database is the server's own, and so is the digest: Apache CouchDB
+    // 3.4.3 keeps a `text/*` attachment gzipped (`[attachments] compressible_types`) and answers
+    // the gzipped bytes' MD5 (checked with curl); pouchdb-server answers the bytes' own.
+    let digests = if kept_here(&e) { vec![EMPTY_DIGEST] } else { vec![EMPTY_DIGEST, EMPTY_GZIPPED_DIGEST] };
+    let digest = &doc.body["_attachments"]["empty"]["digest"];
+    check(digests.iter().any(|wanted| digest == wanted), || format!("empty digest: {}", doc.body))?;
 
     if kept_here(&e) {
         // Ranges: 206 with Content-Range; past the end 416 (chttpd's range handling).

@@ -23,6 +23,10 @@ fn leaf_revs(answer: &Value) -> Vec<String> {
 }
 
 pub(super) async fn databases_lifecycle(e: Endpoint) -> TestResult {
+    with_databases_dropped(&e, &["zz-a", "zz-b"], databases_lifecycle_steps(&e)).await
+}
+
+async fn databases_lifecycle_steps(e: &Endpoint) -> TestResult {
     // On the CouchDB backend the server is shared with other trials, whose databases are listed
     // too: the listing checks look at this trial's names (`zz-…`, after every other) only.
     e.call(Method::PUT, "/zz-b", None).await?.expect(201, "PUT /zz-b")?;
@@ -46,7 +50,7 @@ pub(super) async fn databases_lifecycle(e: Endpoint) -> TestResult {
     let from = e.get("/_all_dbs?startkey=%22zz-b%22").await?.expect(200, "_all_dbs from zz-b")?;
     check(from.body == json!(["zz-b"]), || format!("_all_dbs from zz-b: {}", from.body))?;
     let info = e.get("/zz-a").await?.expect(200, "GET /zz-a")?;
-    if kept_here(&e) {
+    if kept_here(e) {
         same_fields(&info.body, &couchdb_body("005-db-info"), "GET /zz-a", &[])?;
     }
     check(info.body["db_name"] == "zz-a" && info.body["doc_count"] == 0, || format!("GET /zz-a: {}", info.body))?;
@@ -85,6 +89,10 @@ pub(super) async fn databases_lifecycle(e: Endpoint) -> TestResult {
 }
 
 pub(super) async fn any_document_and_its_conflicts(e: Endpoint) -> TestResult {
+    with_databases_dropped(&e, &["docs", "designs"], any_document_and_its_conflicts_steps(&e)).await
+}
+
+async fn any_document_and_its_conflicts_steps(e: &Endpoint) -> TestResult {
     e.call(Method::PUT, "/docs", None).await?.expect(201, "PUT /docs")?;
     let shape = json!({"list": [1, "two", null, {"x": [true]}], "ünïcode key": {"": 1.5}, "n": -0.0001});
     let first = e.put("/docs/any", shape.clone()).await?.expect(201, "PUT any")?.rev()?;
@@ -98,7 +106,7 @@ pub(super) async fn any_document_and_its_conflicts(e: Endpoint) -> TestResult {
     e.put("/designs/_design/app", json!({"views": {}})).await?.expect(201, "PUT a design document")?;
     // (On the CouchDB backend the database is the server's own, and pouchdb-server 4.2.0 has no
     // `_design` filter: its 404 passes through.)
-    if kept_here(&e) {
+    if kept_here(e) {
         let designs = e.get("/designs/_changes?filter=_design").await?.expect(200, "_changes?filter=_design")?;
         let rows = designs.body["results"].as_array().into_iter().flatten();
         let ids: Vec<&str> = rows.filter_map(|r| r["id"].as_str()).collect();
@@ -107,7 +115,7 @@ pub(super) async fn any_document_and_its_conflicts(e: Endpoint) -> TestResult {
     // A stale revision is 409 conflict (CouchDB's update rule).
     let second = e.put("/docs/any", json!({"_rev": first, "v": 2})).await?.expect(201, "update")?.rev()?;
     let stale = e.put("/docs/any", json!({"_rev": first, "v": 3})).await?.expect(409, "a stale update")?;
-    if kept_here(&e) {
+    if kept_here(e) {
         same_error(&stale, "015-doc-put-conflict-stale-rev")?;
     }
     // A replicated branch from the first revision: a conflict, both leaves kept with bodies.
@@ -129,7 +137,7 @@ pub(super) async fn any_document_and_its_conflicts(e: Endpoint) -> TestResult {
     let loser = e.get(&format!("/docs/any?rev={second}&revs=true")).await?.expect(200, "GET the losing leaf")?;
     check(loser.body["v"] == 2 && loser.body["_revisions"]["start"] == 2, || format!("loser: {}", loser.body))?;
     // An inner revision's body is kept until compaction, as in CouchDB (issue 35).
-    if kept_here(&e) {
+    if kept_here(e) {
         let inner = e.get(&format!("/docs/any?rev={first}")).await?.expect(200, "an inner revision")?;
         check(inner.body["_rev"] == first.as_str(), || format!("the inner revision: {}", inner.body))?;
         let info = e.get("/docs/any?revs_info=true").await?.expect(200, "revs_info")?;
@@ -151,7 +159,7 @@ pub(super) async fn any_document_and_its_conflicts(e: Endpoint) -> TestResult {
     let diff = e.post("/docs/_revs_diff", json!({"any": ["3-abc", second]})).await?.expect(200, "_revs_diff")?;
     check(diff.body["any"]["missing"] == json!(["3-abc"]), || format!("_revs_diff: {}", diff.body))?;
     // pouchdb-server leaves `possible_ancestors` out; CouchDB gives the leaves below 3.
-    if kept_here(&e) {
+    if kept_here(e) {
         check(diff.body["any"]["possible_ancestors"].as_array().is_some_and(|a| a.len() == 2), || {
             format!("possible_ancestors: {}", diff.body)
         })?;
@@ -161,7 +169,7 @@ pub(super) async fn any_document_and_its_conflicts(e: Endpoint) -> TestResult {
     let resolved = e.get("/docs/any?conflicts=true&deleted_conflicts=true").await?.expect(200, "resolved")?;
     check(resolved.body.get("_conflicts").is_none(), || format!("resolved: {}", resolved.body))?;
     // pouchdb-server does not answer `deleted_conflicts`; CouchDB lists the deleted leaf.
-    if kept_here(&e) {
+    if kept_here(e) {
         check(resolved.body["_deleted_conflicts"].as_array().is_some_and(|d| d.len() == 1), || {
             format!("_deleted_conflicts: {}", resolved.body)
         })?;
@@ -170,15 +178,19 @@ pub(super) async fn any_document_and_its_conflicts(e: Endpoint) -> TestResult {
     let gone = e.delete("/docs/any?rev=2-ffffffffffffffffffffffffffffffff").await?.expect(200, "delete")?.rev()?;
     let deleted = e.get("/docs/any").await?.expect(404, "GET deleted")?;
     // CouchDB's reason is `deleted`; pouchdb-server says `missing`.
-    check(!kept_here(&e) || deleted.body["reason"] == "deleted", || format!("GET deleted: {}", deleted.body))?;
+    check(!kept_here(e) || deleted.body["reason"] == "deleted", || format!("GET deleted: {}", deleted.body))?;
     let back = e.put("/docs/any", json!({"back": true})).await?.expect(201, "write it again")?.rev()?;
     check(gone.starts_with("3-") && back.starts_with("4-"), || format!("generations: {gone} then {back}"))?;
     Ok(())
 }
 
 pub(super) async fn bad_input_on_databases(e: Endpoint) -> TestResult {
+    with_databases_dropped(&e, &["bad"], bad_input_on_databases_steps(&e)).await
+}
+
+async fn bad_input_on_databases_steps(e: &Endpoint) -> TestResult {
     e.call(Method::PUT, "/bad", None).await?.expect(201, "PUT /bad")?;
-    if !kept_here(&e) {
+    if !kept_here(e) {
         println!("bad input on the CouchDB backend is the backend server's to refuse (forwarded as sent)");
         return Ok(());
     }
