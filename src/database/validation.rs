@@ -1,8 +1,8 @@
 //! CouchDB's `validate_doc_update`, a rule of the database (as in CouchDB's `couch_db`, not its
-//! HTTP layer): every write to a document of a database besides the data-store one (single,
-//! bulk, replicated, attachments, multipart) is checked against each design document's validation
-//! function, run in the JavaScript engine, before it is applied ([`super::write_guard`] asks;
-//! [`DesignValidation`] answers).
+//! HTTP layer): every write to a document of a database (single, bulk, replicated, attachments,
+//! multipart; on the data-store database after its own rules, [`super::write_guard::ChainedGuards`]) is checked against
+//! each design document's validation function, run in the JavaScript engine, before it is applied
+//! ([`super::write_guard`] asks; [`DesignValidation`] answers).
 //!
 //! Who writes is data the caller hands in: [`as_writer`] runs a piece of work as a [`Writer`]
 //! (the CouchDB API runs each database request in it, with the request's login), and the guard
