@@ -120,6 +120,16 @@ mod tests {
     }
 
     #[test]
+    fn the_file_beside_an_embedded_store_is_one_slot() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let slots = IndexSlots::single(dir.path().join("store.redb.views.redb"), "couchdb_view_index_dir");
+        let held = claim(&slots).expect("the one slot");
+        let refused = claim(&slots).err().expect("no second slot").to_string();
+        assert!(refused.contains("couchdb_view_index_dir") && refused.contains("store.redb.views.redb"), "{refused}");
+        drop(held);
+    }
+
+    #[test]
     fn the_previous_release_file_becomes_slot_zero() {
         let dir = tempfile::tempdir().expect("temp dir");
         let slots = IndexSlots::in_directory(dir.path(), "views-t", 2, "couchdb_view_index_dir");
