@@ -51,7 +51,10 @@ pub struct ClaimedIndex {
 pub fn claim(slots: &IndexSlots) -> Result<ClaimedIndex> {
     adopt_legacy_file(slots);
     for path in &slots.files {
-        match IndexStore::try_open(path)? {
+        let opened = IndexStore::try_open(path).map_err(|err| {
+            Error::new(err.kind(), format!("{err} (the view index file; {} chooses its directory)", slots.setting))
+        })?;
+        match opened {
             Some(store) => {
                 tracing::info!(path = %path.display(), "view index file claimed");
                 return Ok(ClaimedIndex { path: path.clone(), store });
@@ -127,6 +130,16 @@ mod tests {
         let refused = claim(&slots).err().expect("no second slot").to_string();
         assert!(refused.contains("couchdb_view_index_dir") && refused.contains("store.redb.views.redb"), "{refused}");
         drop(held);
+    }
+
+    #[test]
+    fn a_file_that_cannot_be_made_names_its_path_and_the_setting() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let not_a_directory = dir.path().join("file");
+        std::fs::write(&not_a_directory, b"x").expect("a plain file");
+        let slots = IndexSlots::in_directory(&not_a_directory, "views-t", 2, "couchdb_view_index_dir");
+        let refused = claim(&slots).err().expect("no directory there").to_string();
+        assert!(refused.contains("couchdb_view_index_dir") && refused.contains("file"), "{refused}");
     }
 
     #[test]
