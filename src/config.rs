@@ -742,6 +742,7 @@ mod tests {
         assert_eq!(settings.couchdb_max_queued_suspect_logins, 8);
         assert_eq!(settings.couchdb_inline_wait_ms, 30_000);
         assert_eq!(settings.couchdb_max_view_queries, 1_000);
+        assert_eq!(settings.couchdb_view_index_slots, 16);
         assert_eq!(
             (
                 settings.couchdb_js_log_line_bytes,
