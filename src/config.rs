@@ -199,11 +199,16 @@ pub struct Settings {
     /// an upload in progress and bytes just stored for a document write about to reference them
     /// must not be freed under it. 86400 (a day) by default; 0 frees at once (tests).
     pub couchdb_attachment_grace_secs: u64,
-    /// Where this process keeps its view indexes (docs/views.md): a directory of its own per
-    /// serving process. Unset: beside the store file on the embedded store, else
-    /// `$XDG_STATE_HOME/agentstore/views` (or `~/.local/state/agentstore/views`, or
-    /// `./agentstore-views`), one file per backend.
+    /// Where this process keeps its view index (docs/views.md): each serving process claims a
+    /// free slot `views-{digest}-{k}.redb` there at startup, so processes on one host may share
+    /// the directory. Unset: beside the store file on the embedded store (one file: that store
+    /// admits one process), else `$XDG_STATE_HOME/agentstore/views` (or
+    /// `~/.local/state/agentstore/views`, or `./agentstore-views`).
     pub couchdb_view_index_dir: Option<String>,
+    /// Most view index files (slots) per backend in one directory, so most `serve` processes
+    /// over one backend on one host sharing `couchdb_view_index_dir`; one past it stops at
+    /// startup naming this setting. Default 16.
+    pub couchdb_view_index_slots: usize,
     /// Most rows one document may emit in one design document's views (together); a document
     /// past it is left out of that index and logged (docs/views.md "Bounds").
     pub couchdb_view_max_rows_per_doc: usize,
@@ -446,6 +451,7 @@ impl Settings {
             .and_then(|b| b.set_default("couchdb_max_inflight_inline_bytes", 128u64 << 20))
             .and_then(|b| b.set_default("couchdb_inline_wait_ms", 30_000u64))
             .and_then(|b| b.set_default("couchdb_attachment_grace_secs", 86_400u64))
+            .and_then(|b| b.set_default("couchdb_view_index_slots", 16u64))
             .and_then(|b| b.set_default("couchdb_view_max_rows_per_doc", 10_000u64))
             .and_then(|b| b.set_default("couchdb_view_max_key_bytes", 8_000u64))
             .and_then(|b| b.set_default("couchdb_view_max_doc_bytes", 16u64 << 20))
@@ -556,6 +562,7 @@ impl Settings {
             ("couchdb_js_log_bytes_per_minute", self.couchdb_js_log_bytes_per_minute),
             ("couchdb_js_log_server_bytes_per_minute", self.couchdb_js_log_server_bytes_per_minute),
             ("couchdb_lockout_max_entries", as_u64(self.couchdb_lockout_max_entries)),
+            ("couchdb_view_index_slots", as_u64(self.couchdb_view_index_slots)),
             ("couchdb_view_max_rows_per_doc", as_u64(self.couchdb_view_max_rows_per_doc)),
             ("couchdb_view_max_key_bytes", as_u64(self.couchdb_view_max_key_bytes)),
             ("couchdb_view_max_doc_bytes", as_u64(self.couchdb_view_max_doc_bytes)),
@@ -628,29 +635,6 @@ impl Settings {
     /// The request body limit in force.
     pub fn body_limit(&self) -> usize {
         self.max_body_bytes.unwrap_or_else(|| self.max_value_bytes.saturating_mul(4).saturating_add(64 * 1024))
-    }
-
-    /// The view index file of this process over the backend `url` (described as `describe`):
-    /// `couchdb_view_index_dir`, else beside an embedded store's file, else the user's state
-    /// directory (docs/views.md).
-    pub fn view_index_path(&self, url: Option<&BackendUrl>, describe: &str) -> PathBuf {
-        // One file per backend, named so two backends never share one.
-        let digest = <sha2::Sha256 as sha2::Digest>::digest(describe.as_bytes());
-        let named: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
-        if let Some(dir) = &self.couchdb_view_index_dir {
-            return PathBuf::from(dir).join(format!("views-{named}.redb"));
-        }
-        if let Some(BackendUrl::Embedded { path, .. }) = url {
-            let mut file = path.clone().into_os_string();
-            file.push(".views.redb");
-            return PathBuf::from(file);
-        }
-        let state = std::env::var_os("XDG_STATE_HOME")
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".local/state")))
-            .map(|base| base.join("agentstore/views"))
-            .unwrap_or_else(|| PathBuf::from("agentstore-views"));
-        state.join(format!("views-{named}.redb"))
     }
 
     /// The JavaScript engine's bounds (`couchdb_js_*`, docs/design-documents.md).
@@ -758,6 +742,7 @@ mod tests {
         assert_eq!(settings.couchdb_max_queued_suspect_logins, 8);
         assert_eq!(settings.couchdb_inline_wait_ms, 30_000);
         assert_eq!(settings.couchdb_max_view_queries, 1_000);
+        assert_eq!(settings.couchdb_view_index_slots, 16);
         assert_eq!(
             (
                 settings.couchdb_js_log_line_bytes,

@@ -116,18 +116,15 @@ impl CouchApp {
         let bodies = request::Bodies::from_settings(settings);
         let server_uuid = root::stable_uuid(&store.backend().describe());
         let databases_url = store.backend().url();
-        let view_index = settings.view_index_path(databases_url.as_ref(), &store.backend().describe());
+        let view_index = view_index_slots(settings, databases_url.as_ref(), &store.backend().describe());
         let js = crate::js::JsEngine::new(settings.js_limits())
             .map_err(|err| crate::error::Error::new(crate::error::ErrorKind::Internal, err.to_string()))?;
         let auth = Arc::new(auth::CouchAuth::from_settings(settings)?);
+        let engine: Arc<dyn crate::views::service::ViewEngine> = Arc::new(crate::mango::index_map::WithMangoIndexes(
+            crate::views::javascript::JavaScriptViews::new(js.clone()),
+        ));
         let views = Arc::new(
-            crate::views::service::Views::new(
-                view_index,
-                Arc::new(crate::mango::index_map::WithMangoIndexes(crate::views::javascript::JavaScriptViews::new(
-                    js.clone(),
-                ))),
-            )
-            .with_bounds(view_build_bounds(settings)),
+            claim_views(databases_url.as_ref(), &view_index, engine)?.with_bounds(view_build_bounds(settings)),
         );
         let databases = Arc::new(
             crate::database::Databases::from_url(databases_url, settings.couchdb_max_open_databases)
@@ -332,6 +329,55 @@ pub(crate) type Answer = std::result::Result<Response, CouchError>;
 /// A JSON answer with a status.
 pub(crate) fn json(status: axum::http::StatusCode, body: serde_json::Value) -> Response {
     (status, axum::Json(body)).into_response()
+}
+
+/// The view index files this process may claim over the backend `url` (described as
+/// `describe`), first tried first ([`crate::views::index_file`], docs/views.md): slots
+/// `views-{digest}-{k}.redb` in `couchdb_view_index_dir`, else the one file beside an embedded
+/// store's file (that store admits one process), else slots in the user's state directory. Here
+/// rather than in `config`, as [`view_build_bounds`] is.
+fn view_index_slots(
+    settings: &Settings,
+    url: Option<&crate::backend::BackendUrl>,
+    describe: &str,
+) -> crate::views::index_file::IndexSlots {
+    use crate::views::index_file::IndexSlots;
+    use std::path::{Path, PathBuf};
+    // One set of files per backend, named so two backends never share one.
+    let digest = <sha2::Sha256 as sha2::Digest>::digest(describe.as_bytes());
+    let named: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    let stem = format!("views-{named}");
+    let slots = settings.couchdb_view_index_slots;
+    if let Some(dir) = &settings.couchdb_view_index_dir {
+        return IndexSlots::in_directory(Path::new(dir), &stem, slots, "couchdb_view_index_dir");
+    }
+    if let Some(crate::backend::BackendUrl::Embedded { path, .. }) = url {
+        let mut file = path.clone().into_os_string();
+        file.push(".views.redb");
+        return IndexSlots::single(PathBuf::from(file), "couchdb_view_index_dir");
+    }
+    let state = std::env::var_os("XDG_STATE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".local/state")))
+        .map(|base| base.join("agentstore/views"))
+        .unwrap_or_else(|| PathBuf::from("agentstore-views"));
+    IndexSlots::in_directory(&state, &stem, slots, "couchdb_view_index_dir")
+}
+
+/// This process's views: over the CouchDB backend none are kept here (CouchDB indexes its own
+/// databases), so nothing is claimed; over the others the first free index slot is claimed now,
+/// and a process that cannot claim one stops here rather than at its first view query.
+fn claim_views(
+    url: Option<&crate::backend::BackendUrl>,
+    slots: &crate::views::index_file::IndexSlots,
+    engine: Arc<dyn crate::views::service::ViewEngine>,
+) -> Result<crate::views::service::Views> {
+    use crate::views::service::Views;
+    if matches!(url, Some(crate::backend::BackendUrl::CouchDb(_))) {
+        let unused = slots.files.first().cloned().unwrap_or_default();
+        return Ok(Views::new(unused, engine));
+    }
+    Ok(Views::claimed(crate::views::index_file::claim(slots)?, engine))
 }
 
 /// What building a view index may hold and write (`couchdb_view_*`, docs/views.md), from the

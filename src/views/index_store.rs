@@ -251,12 +251,22 @@ fn failure(path: &Path, doing: &str, err: impl Into<redb::Error>) -> Error {
 impl IndexStore {
     /// Opens (or creates) the index file at `path`.
     pub fn open(path: &Path) -> Result<Self> {
+        Self::try_open(path)?.ok_or_else(|| failure(path, "open", redb::Error::DatabaseAlreadyOpen))
+    }
+
+    /// Opens (or creates) the index file at `path`; `None` when another process (or another
+    /// opening in this one) holds it.
+    pub fn try_open(path: &Path) -> Result<Option<Self>> {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent).map_err(|err| {
                 Error::new(ErrorKind::Misconfigured, format!("view index directory {}: {err}", parent.display()))
             })?;
         }
-        let db = Database::create(path).map_err(|e| failure(path, "open", e))?;
+        let db = match Database::create(path) {
+            Ok(db) => db,
+            Err(redb::DatabaseError::DatabaseAlreadyOpen) => return Ok(None),
+            Err(err) => return Err(failure(path, "open", err)),
+        };
         let store = IndexStore { path: path.to_owned(), db };
         let txn = store.db.begin_write().map_err(|e| store.fail("begin", e))?;
         {
@@ -267,7 +277,7 @@ impl IndexStore {
             txn.open_table(BLOCKS).map_err(|e| store.fail("create tables", e))?;
         }
         txn.commit().map_err(|e| store.fail("create tables", e))?;
-        Ok(store)
+        Ok(Some(store))
     }
 
     fn fail(&self, doing: &str, err: impl Into<redb::Error>) -> Error {

@@ -14,12 +14,14 @@
 //! - [`query`]: a query's parameters, checked, and the key ranges they select.
 //! - [`run`]: answering a query from the index (rows, or grouped reductions).
 //! - [`javascript`]: the JavaScript engine ([`crate::js`]) as the views' mapper and reducer.
-//! - [`service`]: this process's views: the index file, opened on first use, and the engine.
+//! - [`index_file`]: which index file this process claims at startup (a slot no other holds).
+//! - [`service`]: this process's views: the index file and the engine.
 
 pub mod builtin_reduce;
 pub mod collation;
 pub mod design;
 pub mod freshness;
+pub mod index_file;
 pub mod index_store;
 pub mod javascript;
 pub mod query;

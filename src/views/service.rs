@@ -1,9 +1,9 @@
-//! The views of one `serve` process: its index file, opened on first use, and the engine that
-//! runs design documents' functions.
+//! The views of one `serve` process: its index file and the engine that runs design documents'
+//! functions.
 //!
-//! The file is opened lazily so a process that never answers a view never takes it: redb locks
-//! its file, so two processes on one machine must be given two index files
-//! (`couchdb_view_index_dir`), and only a process that uses views needs one.
+//! `serve` claims its index file at startup ([`super::index_file`]: a slot no other process
+//! holds) and hands it here ([`Views::claimed`]); [`Views::new`] opens a named file on first use
+//! instead (tests, and the CouchDB backend, whose views CouchDB keeps).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -22,6 +22,8 @@ impl<T: Mapper + JsReducer> ViewEngine for T {}
 /// This process's views.
 pub struct Views {
     path: PathBuf,
+    /// The index file claimed at startup, if it was; else it is opened on first use.
+    claimed: Option<Arc<IndexStore>>,
     engine: Arc<dyn ViewEngine>,
     bounds: BuildBounds,
     indexer: tokio::sync::OnceCell<Arc<ViewIndexer>>,
@@ -30,7 +32,12 @@ pub struct Views {
 impl Views {
     /// Views kept in the index file at `path`, their functions run by `engine`.
     pub fn new(path: PathBuf, engine: Arc<dyn ViewEngine>) -> Self {
-        Views { path, engine, bounds: BuildBounds::default(), indexer: tokio::sync::OnceCell::new() }
+        Views { path, claimed: None, engine, bounds: BuildBounds::default(), indexer: tokio::sync::OnceCell::new() }
+    }
+
+    /// Views kept in the index file `index` this process claimed ([`super::index_file::claim`]).
+    pub fn claimed(index: super::index_file::ClaimedIndex, engine: Arc<dyn ViewEngine>) -> Self {
+        Views { claimed: Some(Arc::new(index.store)), ..Views::new(index.path, engine) }
     }
 
     /// These views built within `bounds` (the settings `couchdb_view_*`).
@@ -47,24 +54,28 @@ impl Views {
     pub async fn indexer(&self) -> Result<&Arc<ViewIndexer>, ViewError> {
         self.indexer
             .get_or_try_init(|| async {
-                let path = self.path.clone();
-                let store = tokio::task::spawn_blocking(move || IndexStore::open(&path))
-                    .await
-                    .map_err(|err| {
-                        ViewError::Storage(Error::new(ErrorKind::Internal, format!("open view index: {err}")))
-                    })?
-                    .map_err(|err| {
-                        ViewError::Storage(Error::new(
-                            err.kind(),
-                            format!(
-                                "{err} (each serving process needs an index file of its own: couchdb_view_index_dir)"
-                            ),
-                        ))
-                    })?;
+                let store = match &self.claimed {
+                    Some(store) => Arc::clone(store),
+                    None => Arc::new(self.open_named_file().await?),
+                };
                 let mapper: Arc<dyn Mapper> = Arc::new(EngineMapper(Arc::clone(&self.engine)));
-                Ok(Arc::new(ViewIndexer::new(Arc::new(store), mapper).with_bounds(self.bounds)))
+                Ok(Arc::new(ViewIndexer::new(store, mapper).with_bounds(self.bounds)))
             })
             .await
+    }
+
+    /// Opens the file this was built with ([`Views::new`]).
+    async fn open_named_file(&self) -> Result<IndexStore, ViewError> {
+        let path = self.path.clone();
+        tokio::task::spawn_blocking(move || IndexStore::open(&path))
+            .await
+            .map_err(|err| ViewError::Storage(Error::new(ErrorKind::Internal, format!("open view index: {err}"))))?
+            .map_err(|err| {
+                ViewError::Storage(Error::new(
+                    err.kind(),
+                    format!("{err} (each serving process needs an index file of its own: couchdb_view_index_dir)"),
+                ))
+            })
     }
 
     /// Forgets the deleted database `database` ([`ViewIndexer::forget_database`]); nothing to do

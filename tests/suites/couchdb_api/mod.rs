@@ -45,6 +45,7 @@ mod sequences;
 mod server;
 mod server_rules;
 mod slow_readers;
+mod view_index_slots;
 mod views;
 
 use std::io::Write;
@@ -223,6 +224,9 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         }),
         ("purged_infos_limit_as_couchdb", |e| Box::pin(purged_infos_limit::purged_infos_limit_as_couchdb(e))),
         ("get_dbs_info_as_couchdb", |e| Box::pin(dbs_info::get_dbs_info_as_couchdb(e))),
+        ("views_servers_sharing_an_index_directory", |e| {
+            Box::pin(view_index_slots::servers_sharing_an_index_directory(e))
+        }),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
