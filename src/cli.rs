@@ -296,7 +296,7 @@ async fn serve(settings: &Settings) -> Result<()> {
     let couchdb = match &settings.couchdb_listen {
         None => None,
         Some(listen) => {
-            let couch = crate::couchdb_api::CouchApp::build(app.store(), settings)?;
+            let couch = crate::couchdb_api::CouchApp::build(app.store(), settings).await?;
             let listener = crate::couchdb_api::bind(listen, &couch, settings.allow_unauthenticated).await?;
             Some((couch, listener))
         }

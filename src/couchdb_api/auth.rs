@@ -373,6 +373,13 @@ impl CouchAuth {
         Ok(CouchAuth::new(logins, sessions, lockout, settings.couchdb_max_queued_suspect_logins))
     }
 
+    /// Signs sessions (and seals feed positions) under `secret` instead: the one kept in the
+    /// backend ([`super::shared_secret`]) when `couchdb_session_secret` is unset.
+    pub fn with_session_secret(self, secret: Vec<u8>) -> Self {
+        let sessions = SessionKey::new(secret, self.sessions.timeout_secs());
+        CouchAuth { sessions, ..self }
+    }
+
     fn new(
         logins: HashMap<String, Arc<Login>>,
         sessions: SessionKey,

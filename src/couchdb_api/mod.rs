@@ -35,6 +35,7 @@ mod request;
 mod response;
 mod root;
 pub mod session;
+pub mod shared_secret;
 mod validation;
 
 use std::future::Future;
@@ -110,8 +111,9 @@ pub struct CouchApp {
 
 impl CouchApp {
     /// Builds the API over `store` (shared with the REST API, so both see one set of write
-    /// queues and namespace caches).
-    pub fn build(store: Arc<DataStore>, settings: &Settings) -> Result<Self> {
+    /// queues and namespace caches). Without `couchdb_session_secret`, sessions are signed under
+    /// the secret kept in the backend ([`shared_secret`]), created there by the first instance.
+    pub async fn build(store: Arc<DataStore>, settings: &Settings) -> Result<Self> {
         let (stopping, stopping_seen) = tokio::sync::watch::channel(false);
         let bodies = request::Bodies::from_settings(settings);
         let server_uuid = root::stable_uuid(&store.backend().describe());
@@ -119,7 +121,11 @@ impl CouchApp {
         let view_index = settings.view_index_path(databases_url.as_ref(), &store.backend().describe());
         let js = crate::js::JsEngine::new(settings.js_limits())
             .map_err(|err| crate::error::Error::new(crate::error::ErrorKind::Internal, err.to_string()))?;
-        let auth = Arc::new(auth::CouchAuth::from_settings(settings)?);
+        let mut auth = auth::CouchAuth::from_settings(settings)?;
+        if settings.couchdb_session_secret.is_none() {
+            auth = auth.with_session_secret(shared_secret::load_or_create(store.backend().as_ref()).await?);
+        }
+        let auth = Arc::new(auth);
         let views = Arc::new(
             crate::views::service::Views::new(
                 view_index,

@@ -10,8 +10,8 @@
 //! over, which replication survives (it compares revisions) at the cost of re-reading.
 //!
 //! The key is derived with HKDF-SHA256 from the session secret ([`super::session::SessionKey`]):
-//! instances sharing `couchdb_session_secret` share tokens; without one the secret, and so every
-//! token, lasts as long as the process. Seal and unseal happen only where answers are built and
+//! instances sharing the secret (`couchdb_session_secret`, or when unset the one kept in the
+//! backend, [`super::shared_secret`]) share tokens. Seal and unseal happen only where answers are built and
 //! parameters read; inside, positions stay the store's.
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;

@@ -1,7 +1,8 @@
 //! CouchDB cookie sessions: the `AuthSession` cookie and the `/_session` handlers.
 //!
 //! The cookie is stateless: it carries the login name and the second it was issued, signed with
-//! HMAC-SHA256 under `couchdb_session_secret` (random per process when unset). The signature also
+//! HMAC-SHA256 under `couchdb_session_secret` (when unset, the secret kept in the backend,
+//! [`super::shared_secret`], shared by every instance over it). The signature also
 //! covers the login's password hash, so changing a password ends its sessions. A cookie is valid
 //! for `couchdb_session_timeout_secs` after it was issued (the setting in force when it is read),
 //! and once more than a tenth of that has passed, responses carry a fresh one, as CouchDB's do.
