@@ -112,7 +112,8 @@ pub struct CouchApp {
 impl CouchApp {
     /// Builds the API over `store` (shared with the REST API, so both see one set of write
     /// queues and namespace caches). Without `couchdb_session_secret`, sessions are signed under
-    /// the secret kept in the backend ([`shared_secret`]), created there by the first instance.
+    /// the secret kept in the backend ([`shared_secret`]), created there by the first instance
+    /// and re-read every [`shared_secret::SESSION_SECRET_REFRESH_SECS`].
     pub async fn build(store: Arc<DataStore>, settings: &Settings) -> Result<Self> {
         let (stopping, stopping_seen) = tokio::sync::watch::channel(false);
         let bodies = request::Bodies::from_settings(settings);
@@ -121,11 +122,12 @@ impl CouchApp {
         let view_index = settings.view_index_path(databases_url.as_ref(), &store.backend().describe());
         let js = crate::js::JsEngine::new(settings.js_limits())
             .map_err(|err| crate::error::Error::new(crate::error::ErrorKind::Internal, err.to_string()))?;
-        let mut auth = auth::CouchAuth::from_settings(settings)?;
+        let auth = Arc::new(auth::CouchAuth::from_settings(settings)?);
         if settings.couchdb_session_secret.is_none() {
-            auth = auth.with_session_secret(shared_secret::load_or_create(store.backend().as_ref()).await?);
+            let stored = shared_secret::load_or_create(store.backend().as_ref()).await?;
+            auth.use_session_secrets(stored.current, stored.previous);
+            shared_secret::keep_refreshed(&auth, store.backend());
         }
-        let auth = Arc::new(auth);
         let views = Arc::new(
             crate::views::service::Views::new(
                 view_index,

@@ -1,5 +1,6 @@
 //! Two CouchDB faces over one backend answer as one server: a session cookie from one is valid
-//! on the other, and a feed position sealed for a per-user login by one reads on the other.
+//! on the other, and a feed position sealed for a per-user login by one reads on the other, also
+//! after the shared secret is rotated.
 
 use super::logins::PASSWORD;
 use super::*;
@@ -34,5 +35,17 @@ pub(super) async fn sessions_valid_on_every_instance(endpoint: Endpoint) -> Test
         .expect(200, "alice's _changes on B since A's last_seq")?;
     let ids: Vec<&str> =
         rest.body["results"].as_array().into_iter().flatten().filter_map(|row| row["id"].as_str()).collect();
-    check(ids == [after["_id"].as_str().unwrap_or_default()], || format!("B's feed since A's position: {ids:?}"))
+    check(ids == [after["_id"].as_str().unwrap_or_default()], || format!("B's feed since A's position: {ids:?}"))?;
+    // After `agentstore rotate-session-secret`, an instance started since signs with the new
+    // secret and still accepts the cookie and the position signed under the previous one.
+    agentstore::couchdb_api::shared_secret::rotate(a._ctx.backend.as_ref()).await?;
+    let c = a.beside_configured().await?;
+    let on_c = |path: &str| c.client.get(format!("{}{path}", c.root)).header("Cookie", cookie.clone());
+    let who = Answer::read(on_c("/_session").send().await?).await?.expect(200, "GET /_session on C")?;
+    check(who.body["userCtx"]["name"] == json!("alice"), || format!("C sees A's cookie as {}", who.body))?;
+    let rest = Answer::read(on_c(&format!("/{DB}/_changes?since={query}")).send().await?)
+        .await?
+        .expect(200, "alice's _changes on C since A's last_seq")?;
+    let rows = rest.body["results"].as_array().map_or(0, Vec::len);
+    check(rows == 1, || format!("C's feed since A's position: {}", rest.body))
 }
