@@ -36,6 +36,14 @@ pub(super) async fn sessions_valid_on_every_instance(endpoint: Endpoint) -> Test
     let ids: Vec<&str> =
         rest.body["results"].as_array().into_iter().flatten().filter_map(|row| row["id"].as_str()).collect();
     check(ids == [after["_id"].as_str().unwrap_or_default()], || format!("B's feed since A's position: {ids:?}"))?;
+    // The secret's local document is the server's own: never served or listed, even to an admin.
+    let as_admin = |path: String| a.client.get(a.url(&path)).basic_auth("admin", Some(PASSWORD));
+    let direct = Answer::read(as_admin(format!("/{DB}/_local/%3Adb%3Asession-secret")).send().await?).await?;
+    let listed =
+        Answer::read(as_admin(format!("/{DB}/_local_docs")).send().await?).await?.expect(200, "_local_docs")?;
+    check(direct.status != StatusCode::OK && !listed.body.to_string().contains("session-secret"), || {
+        format!("the secret's document: {} {}; _local_docs: {}", direct.status, direct.body, listed.body)
+    })?;
     // After `agentstore rotate-session-secret`, an instance started since signs with the new
     // secret and still accepts the cookie and the position signed under the previous one.
     agentstore::couchdb_api::shared_secret::rotate(a._ctx.backend.as_ref()).await?;
