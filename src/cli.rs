@@ -100,6 +100,10 @@ pub enum Command {
     /// Bring a store written by an earlier release to this release's layout, in place: resumable
     /// (checkpoint file), idempotent, safe while the service runs; JSON report on stdout
     Upgrade(crate::upgrade::UpgradeArgs),
+    /// Replace the CouchDB API's session secret kept in the backend (used when
+    /// `couchdb_session_secret` is unset); sessions of the one replaced stay valid until the next
+    /// rotation, and every `serve` over the backend signs with the new one within 30 seconds
+    RotateSessionSecret,
 }
 
 /// The subcommands that use the store directly and print JSON.
@@ -231,6 +235,12 @@ pub async fn run(cli: Cli, settings: Settings) -> Result<u8> {
         Command::Upgrade(args) => {
             return crate::upgrade::run(open_existing_backend(&settings).await?, args).await.map(|()| 0)
         }
+        Command::RotateSessionSecret => {
+            let backend = open_existing_backend(&settings).await?;
+            crate::couchdb_api::shared_secret::rotate(backend.as_ref()).await?;
+            print_json(&serde_json::json!({ "ok": true }))?;
+            return Ok(0);
+        }
         Command::HashToken | Command::HashPassword | Command::Serve { .. } | Command::Store(_) => {}
     }
     run_service_command(cli.command, settings).await.map(|()| 0)
@@ -244,6 +254,7 @@ async fn run_service_command(command: Command, settings: Settings) -> Result<()>
         | Command::Export(_)
         | Command::Import(_)
         | Command::Changes(_)
+        | Command::RotateSessionSecret
         | Command::Upgrade(_) => Err(Error::new(ErrorKind::Internal, "this command is dispatched by run")),
         Command::HashToken => {
             let token = read_stdin(64 * 1024)?;
@@ -296,7 +307,7 @@ async fn serve(settings: &Settings) -> Result<()> {
     let couchdb = match &settings.couchdb_listen {
         None => None,
         Some(listen) => {
-            let couch = crate::couchdb_api::CouchApp::build(app.store(), settings)?;
+            let couch = crate::couchdb_api::CouchApp::build(app.store(), settings).await?;
             let listener = crate::couchdb_api::bind(listen, &couch, settings.allow_unauthenticated).await?;
             Some((couch, listener))
         }

@@ -90,8 +90,8 @@ pub struct Settings {
     /// Logins of the CouchDB API (see [`CouchUsersSetting`]); none: anonymous requests act as admin.
     #[serde(default)]
     pub couchdb_users: CouchUsersSetting,
-    /// Hex key signing the CouchDB API's `AuthSession` cookies; unset: random per process (sessions
-    /// end when it restarts).
+    /// Hex key signing the CouchDB API's `AuthSession` cookies; unset: the secret kept in the
+    /// backend (`couchdb_api::shared_secret`), created by the first instance and shared by all.
     pub couchdb_session_secret: Option<String>,
     /// How long an `AuthSession` cookie is valid, in seconds.
     pub couchdb_session_timeout_secs: u64,

@@ -373,6 +373,13 @@ impl CouchAuth {
         Ok(CouchAuth::new(logins, sessions, lockout, settings.couchdb_max_queued_suspect_logins))
     }
 
+    /// Signs sessions (and seals feed positions) under `current` from now on, still accepting
+    /// those of `previous`: the secrets kept in the backend ([`super::shared_secret`]) when
+    /// `couchdb_session_secret` is unset.
+    pub fn use_session_secrets(&self, current: Vec<u8>, previous: Option<Vec<u8>>) {
+        self.sessions.replace_secrets(current, previous);
+    }
+
     fn new(
         logins: HashMap<String, Arc<Login>>,
         sessions: SessionKey,

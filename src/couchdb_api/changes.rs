@@ -611,7 +611,7 @@ async fn respond(
 ) -> CouchResult<axum::response::Response> {
     let positions = state.auth.sessions.positions();
     if request.descending {
-        return descending_answer(&database, &request, state.feeds.max_descending, form, positions).await;
+        return descending_answer(&database, &request, state.feeds.max_descending, form, &positions).await;
     }
     let long_lived = request.feed != Feed::Normal;
     let slot = if long_lived { Some(state.feeds.take_slot(owner)?) } else { None };

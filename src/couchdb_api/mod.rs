@@ -35,6 +35,7 @@ mod request;
 mod response;
 mod root;
 pub mod session;
+pub mod shared_secret;
 mod validation;
 
 use std::future::Future;
@@ -110,8 +111,10 @@ pub struct CouchApp {
 
 impl CouchApp {
     /// Builds the API over `store` (shared with the REST API, so both see one set of write
-    /// queues and namespace caches).
-    pub fn build(store: Arc<DataStore>, settings: &Settings) -> Result<Self> {
+    /// queues and namespace caches). Without `couchdb_session_secret`, sessions are signed under
+    /// the secret kept in the backend ([`shared_secret`]), created there by the first instance
+    /// and re-read every [`shared_secret::SESSION_SECRET_REFRESH_SECS`].
+    pub async fn build(store: Arc<DataStore>, settings: &Settings) -> Result<Self> {
         let (stopping, stopping_seen) = tokio::sync::watch::channel(false);
         let bodies = request::Bodies::from_settings(settings);
         let server_uuid = root::stable_uuid(&store.backend().describe());
@@ -120,6 +123,11 @@ impl CouchApp {
         let js = crate::js::JsEngine::new(settings.js_limits())
             .map_err(|err| crate::error::Error::new(crate::error::ErrorKind::Internal, err.to_string()))?;
         let auth = Arc::new(auth::CouchAuth::from_settings(settings)?);
+        if settings.couchdb_session_secret.is_none() {
+            let stored = shared_secret::load_or_create(store.backend().as_ref()).await?;
+            auth.use_session_secrets(stored.current, stored.previous);
+            shared_secret::keep_refreshed(&auth, store.backend());
+        }
         let engine: Arc<dyn crate::views::service::ViewEngine> = Arc::new(crate::mango::index_map::WithMangoIndexes(
             crate::views::javascript::JavaScriptViews::new(js.clone()),
         ));

@@ -10,8 +10,8 @@
 //! over, which replication survives (it compares revisions) at the cost of re-reading.
 //!
 //! The key is derived with HKDF-SHA256 from the session secret ([`super::session::SessionKey`]):
-//! instances sharing `couchdb_session_secret` share tokens; without one the secret, and so every
-//! token, lasts as long as the process. Seal and unseal happen only where answers are built and
+//! instances sharing the secret (`couchdb_session_secret`, or when unset the one kept in the
+//! backend, [`super::shared_secret`]) share tokens. Seal and unseal happen only where answers are built and
 //! parameters read; inside, positions stay the store's.
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -42,6 +42,8 @@ const EXTRACT_SALT: &[u8] = b"agentstore couchdb feed positions";
 #[derive(Clone)]
 pub struct PositionSeal {
     root: Prk,
+    /// The root of the secret before the last rotation, whose tokens still unseal.
+    previous: Option<Prk>,
 }
 
 impl std::fmt::Debug for PositionSeal {
@@ -53,7 +55,13 @@ impl std::fmt::Debug for PositionSeal {
 impl PositionSeal {
     /// The seal derived from the session secret.
     pub fn from_secret(secret: &[u8]) -> Self {
-        PositionSeal { root: Salt::new(HKDF_SHA256, EXTRACT_SALT).extract(secret) }
+        PositionSeal::from_secrets(secret, None)
+    }
+
+    /// The seal derived from the current secret, which also unseals tokens of `previous`.
+    pub fn from_secrets(current: &[u8], previous: Option<&[u8]>) -> Self {
+        let extract = |secret: &[u8]| Salt::new(HKDF_SHA256, EXTRACT_SALT).extract(secret);
+        PositionSeal { root: extract(current), previous: previous.map(extract) }
     }
 
     /// `position` as `principal` is shown it: sealed for a per-user login, as it is otherwise.
@@ -98,26 +106,37 @@ impl PositionSeal {
         Ok(URL_SAFE_NO_PAD.encode([salt.as_slice(), &body].concat()))
     }
 
-    /// The position a token of `user` holds; `None` when it is not one.
+    /// The position a token of `user` holds, sealed under the current secret or the previous
+    /// one; `None` when it is not one.
     fn unseal(&self, user: &str, token: &str) -> Option<String> {
         let bytes = URL_SAFE_NO_PAD.decode(token).ok()?;
         if bytes.len() < TOKEN_SALT_BYTES + TAG_BYTES {
             return None;
         }
-        let (salt, body) = bytes.split_at(TOKEN_SALT_BYTES);
-        let key = self.token_key(salt)?;
-        let mut body = body.to_vec();
-        let position = key.open_in_place(zero_nonce(), Aad::from(user.as_bytes()), &mut body).ok()?;
-        let unpadded = position.iter().rposition(|&byte| byte != 0).map_or(0, |last| last + 1);
-        String::from_utf8(position[..unpadded].to_vec()).ok()
+        std::iter::once(&self.root).chain(&self.previous).find_map(|root| unseal_under(root, user, &bytes))
     }
 
     /// The key of the token opening with `salt`.
     fn token_key(&self, salt: &[u8]) -> Option<LessSafeKey> {
-        let info = [salt];
-        let material = self.root.expand(&info, &AES_256_GCM).ok()?;
-        Some(LessSafeKey::new(UnboundKey::from(material)))
+        token_key_under(&self.root, salt)
     }
+}
+
+/// The position a token's `bytes` hold when sealed for `user` under `root`.
+fn unseal_under(root: &Prk, user: &str, bytes: &[u8]) -> Option<String> {
+    let (salt, body) = bytes.split_at(TOKEN_SALT_BYTES);
+    let key = token_key_under(root, salt)?;
+    let mut body = body.to_vec();
+    let position = key.open_in_place(zero_nonce(), Aad::from(user.as_bytes()), &mut body).ok()?;
+    let unpadded = position.iter().rposition(|&byte| byte != 0).map_or(0, |last| last + 1);
+    String::from_utf8(position[..unpadded].to_vec()).ok()
+}
+
+/// The key under `root` of the token opening with `salt`.
+fn token_key_under(root: &Prk, salt: &[u8]) -> Option<LessSafeKey> {
+    let info = [salt];
+    let material = root.expand(&info, &AES_256_GCM).ok()?;
+    Some(LessSafeKey::new(UnboundKey::from(material)))
 }
 
 /// Each token's key seals once, so its nonce may be fixed.
@@ -145,7 +164,10 @@ mod tests {
         assert_eq!(seal.given(&alice(), Some(first)).as_deref(), Some("17-abc"));
         // Instances sharing the secret share tokens.
         let shared = PositionSeal::from_secret(&[3; 32]);
-        assert_eq!(shared.given(&alice(), Some(second)).as_deref(), Some("17-abc"));
+        assert_eq!(shared.given(&alice(), Some(second.clone())).as_deref(), Some("17-abc"));
+        // After a rotation, tokens sealed under the previous secret still unseal.
+        let rotated = PositionSeal::from_secrets(&[5; 32], Some(&[3; 32]));
+        assert_eq!(rotated.given(&alice(), Some(second)).as_deref(), Some("17-abc"));
     }
 
     #[test]

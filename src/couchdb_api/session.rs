@@ -1,11 +1,14 @@
 //! CouchDB cookie sessions: the `AuthSession` cookie and the `/_session` handlers.
 //!
 //! The cookie is stateless: it carries the login name and the second it was issued, signed with
-//! HMAC-SHA256 under `couchdb_session_secret` (random per process when unset). The signature also
+//! HMAC-SHA256 under `couchdb_session_secret` (when unset, the secret kept in the backend,
+//! [`super::shared_secret`], shared by every instance over it). The signature also
 //! covers the login's password hash, so changing a password ends its sessions. A cookie is valid
 //! for `couchdb_session_timeout_secs` after it was issued (the setting in force when it is read),
 //! and once more than a tenth of that has passed, responses carry a fresh one, as CouchDB's do.
 //! The secret also keys the feed positions sealed for per-user logins ([`super::position_seal`]).
+
+use std::sync::{Arc, RwLock};
 
 use axum::body::Bytes;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -33,8 +36,17 @@ const SIGNATURE_BYTES: usize = 32;
 
 /// The key and lifetime of session cookies.
 pub struct SessionKey {
-    secret: Vec<u8>,
+    /// Replaced whole when the secret kept in the backend is rotated ([`super::shared_secret`]).
+    secrets: RwLock<Arc<SessionSecrets>>,
     timeout_secs: u64,
+}
+
+/// The secrets sessions are signed and checked under.
+struct SessionSecrets {
+    /// Signs new cookies; checks cookies first.
+    current: Vec<u8>,
+    /// The secret before the last rotation: its cookies are still accepted.
+    previous: Option<Vec<u8>>,
     /// Feed positions shown to per-user logins are sealed under a key derived from the secret.
     positions: PositionSeal,
 }
@@ -66,13 +78,24 @@ pub enum CookieCheck {
 
 impl SessionKey {
     pub fn new(secret: Vec<u8>, timeout_secs: u64) -> Self {
-        let positions = PositionSeal::from_secret(&secret);
-        SessionKey { secret, timeout_secs, positions }
+        let secrets = RwLock::new(Arc::new(SessionSecrets::new(secret, None)));
+        SessionKey { secrets, timeout_secs }
+    }
+
+    /// Signs with `current` from now on, still accepting cookies and feed positions of `previous`.
+    pub fn replace_secrets(&self, current: Vec<u8>, previous: Option<Vec<u8>>) {
+        let replaced = Arc::new(SessionSecrets::new(current, previous));
+        *self.secrets.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = replaced;
+    }
+
+    /// The secrets in force.
+    fn secrets(&self) -> Arc<SessionSecrets> {
+        Arc::clone(&self.secrets.read().unwrap_or_else(|poisoned| poisoned.into_inner()))
     }
 
     /// The seal of feed positions shown to per-user logins (derived from the same secret).
-    pub fn positions(&self) -> &PositionSeal {
-        &self.positions
+    pub fn positions(&self) -> PositionSeal {
+        self.secrets().positions.clone()
     }
 
     /// Reads `couchdb_session_secret` (hex, at least 32 digits) and `couchdb_session_timeout_secs`.
@@ -111,8 +134,8 @@ impl SessionKey {
 
     /// The MAC of a session: issue time, name, and the login's password hash. The name is
     /// length-prefixed so that name and hash cannot be re-split.
-    fn mac(&self, name: &str, issued_at: u64, password_hash: &str) -> Hmac<Sha256> {
-        let mut mac = hmac_sha256(&self.secret);
+    fn mac(secret: &[u8], name: &str, issued_at: u64, password_hash: &str) -> Hmac<Sha256> {
+        let mut mac = hmac_sha256(secret);
         mac.update(&issued_at.to_be_bytes());
         mac.update(&(name.len() as u64).to_be_bytes());
         mac.update(name.as_bytes());
@@ -122,7 +145,7 @@ impl SessionKey {
 
     /// The cookie value: URL-safe base64 of issue time, signature and name.
     pub fn sign(&self, name: &str, password_hash: &str, issued_at: u64) -> String {
-        let signature = self.mac(name, issued_at, password_hash).finalize().into_bytes();
+        let signature = Self::mac(&self.secrets().current, name, issued_at, password_hash).finalize().into_bytes();
         let mut bytes = Vec::with_capacity(ISSUED_AT_BYTES + SIGNATURE_BYTES + name.len());
         bytes.extend_from_slice(&issued_at.to_be_bytes());
         bytes.extend_from_slice(&signature);
@@ -148,7 +171,11 @@ impl SessionKey {
 
     /// Whether a claim is signed by this key for this login, and still valid at `now`.
     pub fn check(&self, claim: &SessionClaim, password_hash: &str, now: u64) -> CookieCheck {
-        if self.mac(&claim.name, claim.issued_at, password_hash).verify_slice(&claim.signature).is_err() {
+        let secrets = self.secrets();
+        let signed_under = |secret: &Vec<u8>| {
+            Self::mac(secret, &claim.name, claim.issued_at, password_hash).verify_slice(&claim.signature).is_ok()
+        };
+        if !std::iter::once(&secrets.current).chain(&secrets.previous).any(signed_under) {
             return CookieCheck::BadSignature;
         }
         // A cookie from a clock ahead of ours counts as just issued.
@@ -169,6 +196,13 @@ impl SessionKey {
         );
         // Base64, digits and a formatted date are all visible ASCII.
         HeaderValue::try_from(text).unwrap_or_else(|_| clear_cookie())
+    }
+}
+
+impl SessionSecrets {
+    fn new(current: Vec<u8>, previous: Option<Vec<u8>>) -> Self {
+        let positions = PositionSeal::from_secrets(&current, previous.as_deref());
+        SessionSecrets { current, previous, positions }
     }
 }
 
@@ -666,10 +700,10 @@ mod tests {
         let loaded =
             settings(&format!("couchdb_session_secret = \"{}\"\ncouchdb_session_timeout_secs = 30", "0f".repeat(16)));
         let key = SessionKey::from_settings(&loaded.unwrap()).unwrap();
-        assert_eq!((key.secret, key.timeout_secs), (vec![0x0f; 16], 30));
+        assert_eq!((key.secrets().current.clone(), key.timeout_secs), (vec![0x0f; 16], 30));
         let default = SessionKey::from_settings(&settings("").unwrap()).unwrap();
-        assert_eq!((default.secret.len(), default.timeout_secs), (32, 600));
+        assert_eq!((default.secrets().current.len(), default.timeout_secs), (32, 600));
         let other = SessionKey::from_settings(&settings("").unwrap()).unwrap();
-        assert_ne!(default.secret, other.secret, "random per process");
+        assert_ne!(default.secrets().current, other.secrets().current, "random per process");
     }
 }

@@ -42,7 +42,7 @@ impl Front {
         let backend: Arc<dyn DocumentBackend> = Arc::new(CouchDbBackend::open(&config).await.expect("open"));
         let store = Arc::new(DataStore::open(backend, StoreOptions::default()).await.expect("open the store"));
         let settings = Settings::load(None, &Overrides::default()).expect("default settings");
-        let app = CouchApp::build(store, &settings).expect("build the API");
+        let app = CouchApp::build(store, &settings).await.expect("build the API");
         let listener = bind("127.0.0.1:0", &app, false).await.expect("bind");
         let api = format!("http://{}/{DB}", listener.local_addr().expect("address"));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

@@ -28,7 +28,7 @@ async fn couch_server_over(
     let backend = wrap(agentstore::backend::open(&url).await.expect("open embedded store"));
     let store =
         Arc::new(agentstore::store::DataStore::open(backend, settings.store_options()).await.expect("store opens"));
-    let app = agentstore::couchdb_api::CouchApp::build(store, &settings).expect("couch app builds");
+    let app = agentstore::couchdb_api::CouchApp::build(store, &settings).await.expect("couch app builds");
     let listener = agentstore::couchdb_api::bind("127.0.0.1:0", &app, false).await.expect("bind loopback");
     let addr = listener.local_addr().expect("local address");
     let (stop, stopped) = oneshot::channel::<()>();

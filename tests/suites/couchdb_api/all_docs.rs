@@ -183,7 +183,7 @@ pub(super) async fn all_docs_backend_failure(e: Endpoint) -> TestResult {
         std::fs::write(&config_file, "")?;
         let settings =
             Settings::load(Some(&config_file), &Overrides::default()).map_err(|e| Failed::from(e.to_string()))?;
-        let app = CouchApp::build(store, &settings)?;
+        let app = CouchApp::build(store, &settings).await?;
         let listener = bind("127.0.0.1:0", &app, false).await?;
         let root = format!("http://{}", listener.local_addr()?);
         let (_stop, stopped) = tokio::sync::oneshot::channel::<()>();

@@ -28,6 +28,7 @@ mod depth;
 mod design_functions;
 mod documents;
 mod inner_bodies;
+mod instances;
 mod local_docs;
 mod logins;
 mod mango;
@@ -227,6 +228,7 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("views_servers_sharing_an_index_directory", |e| {
             Box::pin(view_index_slots::servers_sharing_an_index_directory(e))
         }),
+        ("sessions_valid_on_every_instance", |e| Box::pin(instances::sessions_valid_on_every_instance(e))),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
@@ -243,7 +245,8 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
                             | "admin_endpoints_names_and_headers"
                             | "per_user_counts_ignore_other_users"
                             | "per_user_feed_positions_sealed"
-                            | "data_store_feed_confined_to_the_login" => Some(logins::logins_config()?),
+                            | "data_store_feed_confined_to_the_login"
+                            | "sessions_valid_on_every_instance" => Some(logins::logins_config()?),
                             "data_store_per_user_confined_on_every_read"
                             | "data_store_per_user_find_and_design_docs"
                             | "data_store_per_user_create_and_delete_database" => Some(logins::logins_config()?),
@@ -310,6 +313,8 @@ struct Beside {
     root: String,
     client: reqwest::Client,
     _stop: tokio::sync::oneshot::Sender<()>,
+    /// Its configuration and view indexes, when it has its own ([`Endpoint::beside_with`]).
+    _config_dir: Option<tempfile::TempDir>,
 }
 
 impl Beside {
@@ -351,7 +356,7 @@ impl Endpoint {
         // window or not (issue 22), so no trial waits one out. The store's options are the
         // trial's configuration (`couchdb_max_tree_bytes` bounds the data-store database too).
         let store = Arc::new(DataStore::open(Arc::clone(&ctx.backend), settings.store_options()).await?);
-        let app = CouchApp::build(store, &settings)?;
+        let app = CouchApp::build(store, &settings).await?;
         let databases = app.databases();
         let listener = bind("127.0.0.1:0", &app, false).await?;
         let addr = listener.local_addr()?;
@@ -378,8 +383,25 @@ impl Endpoint {
     /// its own facade, write queues and databases), serving until dropped.
     async fn beside(&self) -> Result<Beside, Failed> {
         let settings = Settings::load(None, &Overrides::default()).map_err(|e| Failed::from(e.to_string()))?;
+        self.serve_beside(settings, None).await
+    }
+
+    /// [`Endpoint::beside`] with this endpoint's configuration (the same logins and password
+    /// hashes), its view indexes its own.
+    async fn beside_configured(&self) -> Result<Beside, Failed> {
+        let config_dir = tempfile::tempdir()?;
+        let config_file = config_dir.path().join("agentstore.toml");
+        let ours = std::fs::read_to_string(self._config_dir.path().join("agentstore.toml"))?;
+        let views = |dir: &tempfile::TempDir| format!("{:?}", dir.path().join("views").display().to_string());
+        std::fs::write(&config_file, ours.replace(&views(&self._config_dir), &views(&config_dir)))?;
+        let settings =
+            Settings::load(Some(&config_file), &Overrides::default()).map_err(|e| Failed::from(e.to_string()))?;
+        self.serve_beside(settings, Some(config_dir)).await
+    }
+
+    async fn serve_beside(&self, settings: Settings, config_dir: Option<tempfile::TempDir>) -> Result<Beside, Failed> {
         let store = Arc::new(DataStore::open(Arc::clone(&self._ctx.backend), settings.store_options()).await?);
-        let app = CouchApp::build(store, &settings)?;
+        let app = CouchApp::build(store, &settings).await?;
         let listener = bind("127.0.0.1:0", &app, false).await?;
         let addr = listener.local_addr()?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -390,7 +412,12 @@ impl Endpoint {
                 })
                 .await;
         });
-        Ok(Beside { root: format!("http://{addr}"), client: reqwest::Client::new(), _stop: stop })
+        Ok(Beside {
+            root: format!("http://{addr}"),
+            client: reqwest::Client::new(),
+            _stop: stop,
+            _config_dir: config_dir,
+        })
     }
 
     fn url(&self, path: &str) -> String {

@@ -18,14 +18,14 @@ async fn serve_beside(e: &Endpoint, config: &std::path::Path) -> Result<Beside, 
             })
             .await;
     });
-    Ok(Beside { root: format!("http://{addr}"), client: reqwest::Client::new(), _stop: stop })
+    Ok(Beside { root: format!("http://{addr}"), client: reqwest::Client::new(), _stop: stop, _config_dir: None })
 }
 
 /// The API over `e`'s backend built with `config`: its own facade and views, as another process's.
 async fn build_beside(e: &Endpoint, config: &std::path::Path) -> Result<Result<CouchApp, String>, Failed> {
     let settings = Settings::load(Some(config), &Overrides::default()).map_err(|e| Failed::from(e.to_string()))?;
     let store = Arc::new(DataStore::open(Arc::clone(&e._ctx.backend), settings.store_options()).await?);
-    Ok(CouchApp::build(store, &settings).map_err(|err| err.to_string()))
+    Ok(CouchApp::build(store, &settings).await.map_err(|err| err.to_string()))
 }
 
 async fn view_rows(server: &Beside, path: &str) -> Result<Answer, Failed> {
