@@ -348,7 +348,7 @@ impl Endpoint {
         // Each endpoint's view indexes in a directory of its own (the file is locked while open).
         let views = config_dir.path().join("views");
         let config =
-            format!("{}\ncouchdb_view_index_dir = {:?}\n", config.unwrap_or_default(), views.display().to_string());
+            format!("couchdb_view_index_dir = {:?}\n{}\n", views.display().to_string(), config.unwrap_or_default());
         std::fs::write(&config_file, config)?;
         let settings =
             Settings::load(Some(&config_file), &Overrides::default()).map_err(|e| Failed::from(e.to_string()))?;
@@ -392,8 +392,12 @@ impl Endpoint {
         let config_dir = tempfile::tempdir()?;
         let config_file = config_dir.path().join("agentstore.toml");
         let ours = std::fs::read_to_string(self._config_dir.path().join("agentstore.toml"))?;
-        let views = |dir: &tempfile::TempDir| format!("{:?}", dir.path().join("views").display().to_string());
-        std::fs::write(&config_file, ours.replace(&views(&self._config_dir), &views(&config_dir)))?;
+        // Its own view index directory, whatever this endpoint's configuration says of one: first,
+        // as a top-level key (after a `[[couchdb_users]]` table it would be one of that table's).
+        let own_dir = format!("couchdb_view_index_dir = {:?}\n", config_dir.path().join("views").display().to_string());
+        let kept = ours.lines().filter(|line| !line.trim_start().starts_with("couchdb_view_index_dir"));
+        let config: String = std::iter::once(own_dir).chain(kept.map(|line| format!("{line}\n"))).collect();
+        std::fs::write(&config_file, config)?;
         let settings =
             Settings::load(Some(&config_file), &Overrides::default()).map_err(|e| Failed::from(e.to_string()))?;
         self.serve_beside(settings, Some(config_dir)).await
