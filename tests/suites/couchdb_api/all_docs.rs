@@ -177,10 +177,12 @@ pub(super) async fn all_docs_backend_failure(e: Endpoint) -> TestResult {
         let backend: Arc<dyn agentstore::backend::DocumentBackend> =
             Arc::new(FailingIdOrder { inner: Arc::clone(&e._ctx.backend), fail_first });
         let store = Arc::new(DataStore::open(backend, StoreOptions::default()).await?);
-        // An empty configuration file, as `Endpoint::start` without logins.
+        // A configuration file as `Endpoint::start` writes one without logins.
         let config_dir = tempfile::tempdir()?;
         let config_file = config_dir.path().join("agentstore.toml");
-        std::fs::write(&config_file, "")?;
+        // Its own view index directory: the store's default file is this endpoint's.
+        let views = config_dir.path().join("views").display().to_string();
+        std::fs::write(&config_file, format!("couchdb_view_index_dir = {views:?}\n"))?;
         let settings =
             Settings::load(Some(&config_file), &Overrides::default()).map_err(|e| Failed::from(e.to_string()))?;
         let app = CouchApp::build(store, &settings).await?;

@@ -9,6 +9,7 @@ use super::*;
 /// feed from the `last_seq` A sealed for her.
 pub(super) async fn sessions_valid_on_every_instance(endpoint: Endpoint) -> TestResult {
     let a = &endpoint;
+    let e_is_couchdb = endpoint.backend == "couchdb";
     let b = a.beside_configured().await?;
     let admin_writes = |docs: Vec<Value>| async move {
         let sent = a.client.post(a.url(&format!("/{DB}/_bulk_docs"))).basic_auth("admin", Some(PASSWORD));
@@ -39,8 +40,12 @@ pub(super) async fn sessions_valid_on_every_instance(endpoint: Endpoint) -> Test
     // The secret's local document is the server's own: never served or listed, even to an admin.
     let as_admin = |path: String| a.client.get(a.url(&path)).basic_auth("admin", Some(PASSWORD));
     let direct = Answer::read(as_admin(format!("/{DB}/_local/%3Adb%3Asession-secret")).send().await?).await?;
-    let listed =
-        Answer::read(as_admin(format!("/{DB}/_local_docs")).send().await?).await?.expect(200, "_local_docs")?;
+    let listed = Answer::read(as_admin(format!("/{DB}/_local_docs")).send().await?).await?;
+    // pouchdb-server, CI's stand-in for CouchDB, has no `_local_docs` (501 through the backend).
+    let listed = match (e_is_couchdb, listed.status) {
+        (true, StatusCode::NOT_IMPLEMENTED) => listed,
+        _ => listed.expect(200, "_local_docs")?,
+    };
     check(direct.status != StatusCode::OK && !listed.body.to_string().contains("session-secret"), || {
         format!("the secret's document: {} {}; _local_docs: {}", direct.status, direct.body, listed.body)
     })?;

@@ -29,7 +29,8 @@ async fn build_beside(e: &Endpoint, config: &std::path::Path) -> Result<Result<C
 }
 
 async fn view_rows(server: &Beside, path: &str) -> Result<Answer, Failed> {
-    Answer::read(server.client.get(format!("{}{path}", server.root)).send().await?).await
+    Answer::read(server.client.get(format!("{}{path}", server.root)).header("Accept", "application/json").send().await?)
+        .await
 }
 
 /// Two servers with one `couchdb_view_index_dir` both answer a view; a third, past
