@@ -4,21 +4,11 @@
 
 use super::*;
 
-/// A server over `e`'s backend with the settings in `config` (TOML), serving until dropped.
+/// A server over `e`'s backend with the settings in `config` (TOML), serving until dropped (the
+/// harness's [`Endpoint::serve_beside`]).
 async fn serve_beside(e: &Endpoint, config: &std::path::Path) -> Result<Beside, Failed> {
-    let app = build_beside(e, config).await?.map_err(Failed::from)?;
     let settings = Settings::load(Some(config), &Overrides::default()).map_err(|e| Failed::from(e.to_string()))?;
-    let listener = bind("127.0.0.1:0", &app, false).await?;
-    let addr = listener.local_addr()?;
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(async move {
-        let _ = app
-            .serve(listener, &settings, async move {
-                let _ = stopped.await;
-            })
-            .await;
-    });
-    Ok(Beside { root: format!("http://{addr}"), client: reqwest::Client::new(), _stop: stop, _config_dir: None })
+    e.serve_beside(settings, None).await
 }
 
 /// The API over `e`'s backend built with `config`: its own facade and views, as another process's.
