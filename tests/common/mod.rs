@@ -1,4 +1,4 @@
-//! What the test binaries share: the round-trip value corpus, JSON comparison by exact decimal
+//! What the test binaries share: a deployment of several instances behind HAProxy (`balancer`), the round-trip value corpus, JSON comparison by exact decimal
 //! value, the local test servers, the backends the suites run on (`harness`), the counting
 //! proxy, and the small helpers below (one runtime per libtest-mimic trial, the `check` those
 //! trials use, the `agentstore` command, the timestamp shape, documents in the spec's shape).
@@ -10,6 +10,7 @@
 // warning even when public.
 #![allow(dead_code)]
 
+pub mod balancer;
 pub mod corpus;
 pub mod counting_proxy;
 pub mod harness;
