@@ -275,6 +275,31 @@ impl Deployment {
 
     /// Each balanced server's name and whether HAProxy has it UP after a passing layer-7 check.
     pub fn server_states(&self) -> Result<Vec<(String, bool)>, String> {
+        Ok(self
+            .server_stats()?
+            .into_iter()
+            .map(|server| {
+                let up = server.get("status") == Some("UP") && server.get("check_status") == Some("L7OK");
+                (server.name, up)
+            })
+            .collect())
+    }
+
+    /// How many requests (HAProxy's `scur`: streams, a continuous feed among them) each balanced
+    /// instance has in progress, by index.
+    pub fn sessions(&self) -> Result<Vec<u64>, String> {
+        let stats = self.server_stats()?;
+        Ok((0..self.instances.len())
+            .map(|index| {
+                let name = format!("instance{index}");
+                let server = stats.iter().find(|server| server.name == name);
+                server.and_then(|server| server.get("scur")).and_then(|n| n.parse().ok()).unwrap_or(0)
+            })
+            .collect())
+    }
+
+    /// HAProxy's `show stat` rows of the balanced servers.
+    fn server_stats(&self) -> Result<Vec<ServerStat>, String> {
         let socket = self.stats_socket();
         let mut stream = UnixStream::connect(&socket).map_err(|e| format!("{}: {e}", socket.display()))?;
         stream.set_read_timeout(Some(Duration::from_secs(2))).map_err(|e| e.to_string())?;
@@ -282,17 +307,16 @@ impl Deployment {
         let mut csv = String::new();
         stream.read_to_string(&mut csv).map_err(|e| format!("haproxy stats socket: {e}"))?;
         let mut lines = csv.lines();
-        let header: Vec<&str> = lines.next().unwrap_or_default().trim_start_matches("# ").split(',').collect();
-        let column = |name: &str| header.iter().position(|h| *h == name).ok_or(format!("no {name} column: {csv}"));
-        let (proxy, server, status, check) =
-            (column("pxname")?, column("svname")?, column("status")?, column("check_status")?);
+        let header: Vec<String> =
+            lines.next().unwrap_or_default().trim_start_matches("# ").split(',').map(str::to_owned).collect();
+        let column = |name: &str| header.iter().position(|h| h == name).ok_or(format!("no {name} column: {csv}"));
+        let (proxy, server) = (column("pxname")?, column("svname")?);
         Ok(lines
-            .map(|line| line.split(',').collect::<Vec<_>>())
-            .filter(|fields| fields.get(proxy) == Some(&BACKEND_SECTION))
-            .filter(|fields| fields.get(server).is_some_and(|name| *name != "BACKEND"))
-            .map(|fields| {
-                let up = fields.get(status) == Some(&"UP") && fields.get(check) == Some(&"L7OK");
-                (fields.get(server).copied().unwrap_or_default().to_owned(), up)
+            .map(|line| line.split(',').map(str::to_owned).collect::<Vec<_>>())
+            .filter(|fields| fields.get(proxy).is_some_and(|name| name == BACKEND_SECTION))
+            .filter_map(|fields| {
+                let name = fields.get(server).filter(|name| *name != "BACKEND")?.clone();
+                Some(ServerStat { name, header: header.clone(), fields })
             })
             .collect())
     }
@@ -332,6 +356,20 @@ impl Drop for Deployment {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+}
+
+/// One server's row of HAProxy's `show stat`.
+struct ServerStat {
+    name: String,
+    header: Vec<String>,
+    fields: Vec<String>,
+}
+
+impl ServerStat {
+    fn get(&self, column: &str) -> Option<&str> {
+        let index = self.header.iter().position(|h| h == column)?;
+        self.fields.get(index).map(String::as_str)
     }
 }
 

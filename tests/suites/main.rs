@@ -1,6 +1,7 @@
 //! The libtest-mimic suites that run on every selected backend, in one binary: migration
 //! (`migrate::…`), moving whole deployments (`migrate_databases::…`), whole databases through a file (`export_import::…`), live migration (`live_migrate::…`), the CouchDB API (`couchdb_api::…`) and
-//! real CouchDB clients against it (`couchdb_clients::…`). Each suite prints, before the run,
+//! real CouchDB clients against it (`couchdb_clients::…`), and three instances behind HAProxy
+//! (`balancer::…`). Each suite prints, before the run,
 //! which backends it runs against which server and what does NOT RUN and why; a filter such as
 //! `cargo test --test suites -- couchdb_api::` runs one suite.
 //!
@@ -12,6 +13,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod balancer;
 mod couchdb_api;
 mod couchdb_clients;
 mod export_import;
@@ -37,6 +39,7 @@ fn main() -> ExitCode {
         live_migrate::trials,
         couchdb_api::trials,
         couchdb_clients::trials,
+        balancer::trials,
     ] {
         let Some(suite_trials) = suite(&args) else {
             return ExitCode::FAILURE;
