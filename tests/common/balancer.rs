@@ -230,6 +230,8 @@ impl Deployment {
              \x20   timeout server 5m\n\
              \x20   # continuous _changes feeds and live replications stay open for as long as they run\n\
              \x20   timeout tunnel 1h\n\
+             \x20   # CouchDB clients read every answer as JSON: PouchDB's HTTP adapter dies on an HTML error page\n\
+             {errors}\
              \n\
              frontend couchdb\n\
              \x20   bind 127.0.0.1:{port}\n\
@@ -241,6 +243,7 @@ impl Deployment {
              \x20   http-check expect status 200\n\
              \x20   default-server inter 1s fall 2 rise 1\n\
              {servers}",
+            errors = balancer_errors(),
             socket = self.stats_socket().display(),
             port = self.balancer_port,
         )
@@ -357,6 +360,22 @@ impl Drop for Deployment {
             let _ = child.wait();
         }
     }
+}
+
+/// The `reason` of every error HAProxy answers itself, so a test can tell them from an instance's.
+pub const BALANCER_ERROR_REASON: &str = "the load balancer got no answer from an instance";
+
+/// `http-error` lines answering HAProxy's own 502, 503 and 504 in CouchDB's JSON error shape.
+fn balancer_errors() -> String {
+    [(502, "bad_gateway"), (503, "service_unavailable"), (504, "gateway_timeout")]
+        .iter()
+        .map(|(status, error)| {
+            format!(
+                "    http-error status {status} content-type application/json \
+                 string '{{\"error\":\"{error}\",\"reason\":\"{BALANCER_ERROR_REASON}\"}}'\n"
+            )
+        })
+        .collect()
 }
 
 /// One server's row of HAProxy's `show stat`.

@@ -22,6 +22,7 @@ use libtest_mimic::Failed;
 use serde_json::{json, Value};
 
 use super::*;
+use crate::common::balancer::BALANCER_ERROR_REASON;
 
 /// Concurrent writers through the balancer.
 const WRITERS: usize = 4;
@@ -48,7 +49,7 @@ struct Fault {
     at: Instant,
     /// `None` for a connection error.
     status: Option<u16>,
-    /// Whether HAProxy answered it (an HTML body) rather than an instance (CouchDB's JSON).
+    /// Whether HAProxy answered it rather than an instance ([`BALANCER_ERROR_REASON`]).
     from_balancer: bool,
     what: String,
 }
@@ -296,7 +297,7 @@ async fn answered(sent: reqwest::Result<reqwest::Response>, what: &str, tally: &
     let fault = |status: Option<u16>, text: &str| Fault {
         at: Instant::now(),
         status,
-        from_balancer: text.contains("<html>"),
+        from_balancer: text.contains(BALANCER_ERROR_REASON),
         what: format!("{what}: {}", text.lines().next().unwrap_or_default().chars().take(200).collect::<String>()),
     };
     let response = match sent {
