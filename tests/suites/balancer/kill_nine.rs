@@ -228,7 +228,7 @@ async fn write_until_stopped(client: reqwest::Client, base: String, n: usize, st
     let mut step = 0usize;
     while !stop.load(Ordering::Relaxed) {
         step += 1;
-        let updated = (step % 3 == 0 && !mine.is_empty()).then(|| (step / 3) % mine.len());
+        let updated = (step.is_multiple_of(3) && !mine.is_empty()).then(|| (step / 3) % mine.len());
         let mut body = match updated {
             Some(index) => {
                 let (doc, rev) = &mine[index];
