@@ -242,6 +242,8 @@ impl Deployment {
              \x20   option httpchk GET /readyz\n\
              \x20   http-check expect status 200\n\
              \x20   default-server inter 1s fall 2 rise 1\n\
+             \x20   # which instance answered, for the logs and the tests\n\
+             \x20   http-response set-header {SERVED_BY} %s\n\
              {servers}",
             errors = balancer_errors(),
             socket = self.stats_socket().display(),
@@ -360,6 +362,15 @@ impl Drop for Deployment {
             let _ = child.wait();
         }
     }
+}
+
+/// The response header naming the instance that answered (`instance0`, …; see
+/// [`instance_index`]).
+pub const SERVED_BY: &str = "X-Served-By";
+
+/// The index of the instance a [`SERVED_BY`] header names.
+pub fn instance_index(served_by: &str) -> Option<usize> {
+    served_by.strip_prefix("instance")?.parse().ok()
 }
 
 /// The `reason` of every error HAProxy answers itself, so a test can tell them from an instance's.

@@ -22,16 +22,13 @@ use libtest_mimic::Failed;
 use serde_json::{json, Value};
 
 use super::*;
-use crate::common::balancer::BALANCER_ERROR_REASON;
+use crate::common::balancer::{instance_index, BALANCER_ERROR_REASON, SERVED_BY};
 
 /// Concurrent writers through the balancer.
 const WRITERS: usize = 4;
 /// How long the load runs before the kill, and after it.
 const BEFORE_KILL: Duration = Duration::from_secs(4);
 const AFTER_KILL: Duration = Duration::from_secs(5);
-/// How often, and how far apart, HAProxy's sessions are sampled to choose the instance killed.
-const SAMPLES: usize = 10;
-const SAMPLE_EVERY: Duration = Duration::from_millis(100);
 /// How often a writer sends one write, and how long apart.
 const ATTEMPTS: usize = 6;
 const RETRY_AFTER: Duration = Duration::from_millis(250);
@@ -110,7 +107,10 @@ pub(super) async fn kill_9_under_load(deployment: &mut Deployment, backend: &str
         })
         .collect();
     tokio::time::sleep(BEFORE_KILL).await;
-    let victim = busiest_instance(deployment).await?;
+    // The instance serving the continuous feed: the kill cuts a long-lived request, not only
+    // short writes (the live pull's long poll may be on it or not).
+    let victim = feed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).served_by;
+    let victim = victim.ok_or("the continuous feed has not started before the kill")?;
     let killed_at = Instant::now();
     deployment.kill(victim)?;
     tokio::time::sleep(AFTER_KILL).await;
@@ -128,21 +128,6 @@ pub(super) async fn kill_9_under_load(deployment: &mut Deployment, backend: &str
             .await?;
     println!("balancer::kill_9_under_load::{backend}: killed instance {victim}");
     report(deployment, backend, killed_at, &tally, &finals, &feed, feed_caught_up, live_sync)
-}
-
-/// The instance to kill: the one HAProxy shows the most requests in progress on throughout
-/// [`SAMPLES`] samples, so the kill cuts a long-lived request (the continuous feed or the live
-/// pull's long poll) and not only short writes.
-async fn busiest_instance(deployment: &Deployment) -> Result<usize, Failed> {
-    let mut fewest = vec![u64::MAX; deployment.instance_urls().len()];
-    for _ in 0..SAMPLES {
-        for (least, now) in fewest.iter_mut().zip(deployment.sessions()?) {
-            *least = (*least).min(now);
-        }
-        tokio::time::sleep(SAMPLE_EVERY).await;
-    }
-    let busiest = fewest.iter().enumerate().max_by_key(|(index, least)| (**least, std::cmp::Reverse(*index)));
-    Ok(busiest.map_or(0, |(index, _)| index))
 }
 
 /// Prints the counts, then fails on any write lost, any fault not the kill's, any client that did
@@ -425,6 +410,8 @@ struct FeedSeen {
     /// Where to resume: the last `seq` (or `last_seq`) read.
     since: Option<String>,
     reconnects: usize,
+    /// The instance serving the feed now (HAProxy's [`SERVED_BY`] header).
+    served_by: Option<usize>,
 }
 
 /// Reads `_changes?feed=continuous` through the balancer until `stop`, resuming from the last
@@ -444,7 +431,11 @@ async fn read_feed(
         // No client timeout here: the feed is meant to stay open.
         let sent = client.get(&url).basic_auth(ADMIN, Some(PASSWORD)).timeout(Duration::from_secs(3600)).send().await;
         match sent {
-            Ok(response) if response.status().as_u16() == 200 => follow(response, &stop, &seen).await,
+            Ok(response) if response.status().as_u16() == 200 => {
+                let served_by = response.headers().get(SERVED_BY).and_then(|v| v.to_str().ok());
+                seen_lock().served_by = served_by.and_then(instance_index);
+                follow(response, &stop, &seen).await
+            }
             other => {
                 answered(other, "GET _changes?feed=continuous", &tally).await;
             }

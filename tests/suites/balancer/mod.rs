@@ -66,8 +66,8 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         );
         trials.push(
             Trial::test(format!("balancer::pouchdb_both_ways::{name}"), move || {
-                let (deployment, _work) = deploy(name, fresh)?;
-                pouchdb_both_ways(&deployment)
+                let (mut deployment, _work) = deploy(name, fresh)?;
+                pouchdb_both_ways(&mut deployment)
             })
             .with_ignored_flag(ignored),
         );
@@ -128,8 +128,9 @@ fn with_admin(root: &str) -> String {
 }
 
 /// PouchDB replicates into and out of the deployment through the balancer (pulls, pushes, a
-/// conflict, convergence), and both sides are compared document by document, revisions included.
-fn pouchdb_both_ways(deployment: &Deployment) -> TestResult {
+/// conflict, convergence), and both sides are compared document by document, revisions included;
+/// then an instance started afterwards lists the same documents as the balancer.
+fn pouchdb_both_ways(deployment: &mut Deployment) -> TestResult {
     let output = run_node_script(
         "pouchdb-replicate.js",
         &[
@@ -140,7 +141,20 @@ fn pouchdb_both_ways(deployment: &Deployment) -> TestResult {
         ],
         None,
     )?;
-    check(output.contains("all steps passed"), || format!("pouchdb-replicate.js through the balancer:\n{output}"))
+    check(output.contains("all steps passed"), || format!("pouchdb-replicate.js through the balancer:\n{output}"))?;
+    let late = deployment.start_instance()?;
+    block_on(async {
+        let client = reqwest::Client::new();
+        let list = |root: String| {
+            let request = client.get(format!("{root}/{DB}/_all_docs")).basic_auth(ADMIN, Some(PASSWORD));
+            async move { Ok::<Value, Failed>(request.send().await?.error_for_status()?.json().await?) }
+        };
+        let (balanced, direct) = (list(deployment.url()).await?, list(late).await?);
+        check(
+            balanced["rows"].as_array().is_some_and(|rows| !rows.is_empty()) && balanced["rows"] == direct["rows"],
+            || format!("the balancer lists {balanced}; an instance started afterwards lists {direct}"),
+        )
+    })
 }
 
 /// Runs `tests/clients/SCRIPT` with Node and `env`, `stdin` written to it if any (else it reads
