@@ -168,7 +168,8 @@ fn report(
     for fault in &tally.faults {
         println!("  {:>5} ms after the kill: {fault}", fault.at.saturating_duration_since(killed_at).as_millis());
     }
-    print_balancer_errors(deployment);
+    let by_balancer = balancer_5xx(deployment);
+    println!("  every client's 5xx in HAProxy's log (PouchDB's too), by status: {by_balancer:?}");
     check(tally.failures.is_empty(), || format!("writes that failed: {:?}", tally.failures))?;
     check(lost.is_empty(), || format!("acknowledged writes lost: {lost:?}"))?;
     check(!tally.acknowledged.is_empty(), || "no write was acknowledged".to_owned())?;
@@ -178,6 +179,8 @@ fn report(
         let listed: Vec<String> = not_the_kills.iter().map(|fault| fault.to_string()).collect();
         format!("faults a retry after the kill does not explain: {listed:?}")
     })?;
+    let not_retriable: Vec<&u16> = by_balancer.keys().filter(|status| !RETRIED_STATUSES.contains(status)).collect();
+    check(not_retriable.is_empty(), || format!("clients got 5xx no retry avoids: {by_balancer:?}"))?;
     feed_caught_up?;
     live_sync.map(|_| ())
 }
@@ -195,12 +198,26 @@ fn caused_by_the_kill(fault: &Fault, killed_at: Instant) -> bool {
 
 /// HAProxy's log lines for 5xx answers (their termination state says why, e.g. `SH--`: the
 /// server closed before its answer's headers).
-fn print_balancer_errors(deployment: &Deployment) {
+/// Prints them, and answers how many 5xx HAProxy's log shows by status.
+fn balancer_5xx(deployment: &Deployment) -> BTreeMap<u16, usize> {
     let log = std::fs::read_to_string(deployment.balancer_log()).unwrap_or_default();
     // A request that ended normally is logged with the termination state `----`.
     for line in log.lines().filter(|line| !line.contains(" ---- ")).take(20) {
         println!("  haproxy: {line}");
     }
+    let mut by_status = BTreeMap::new();
+    for line in log.lines() {
+        // `option httplog`: the status follows the timers `TR/Tw/Tc/Tr/Ta`.
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let timers = fields
+            .iter()
+            .position(|field| field.split('/').count() == 5 && field.split('/').all(|n| n.parse::<i64>().is_ok()));
+        let status = timers.and_then(|at| fields.get(at + 1)).and_then(|s| s.parse::<u16>().ok());
+        if let Some(status) = status.filter(|status| *status >= 500) {
+            *by_status.entry(status).or_default() += 1;
+        }
+    }
+    by_status
 }
 
 // ---- the writers ----
