@@ -1229,6 +1229,93 @@ pub(super) mod tests {
         assert_eq!(err.status, StatusCode::FORBIDDEN);
     }
 
+    /// A backend whose local documents can be made unreachable, counting their reads.
+    struct FlakyLocals {
+        inner: Arc<dyn crate::backend::DocumentBackend>,
+        down: std::sync::atomic::AtomicBool,
+        local_reads: AtomicUsize,
+    }
+
+    #[async_trait::async_trait]
+    impl crate::backend::raw::layer::Layered for FlakyLocals {
+        fn inner(&self) -> &dyn crate::backend::DocumentBackend {
+            self.inner.as_ref()
+        }
+
+        async fn get_local(&self, name: &str) -> Result<Option<crate::backend::StoredDocument>> {
+            self.local_reads.fetch_add(1, Ordering::SeqCst);
+            if self.down.load(Ordering::SeqCst) {
+                return Err(Error::new(ErrorKind::Unavailable, "the backend is down"));
+            }
+            self.inner.get_local(name).await
+        }
+
+        async fn put_local(
+            &self,
+            name: &str,
+            body: &serde_json::Map<String, serde_json::Value>,
+            precondition: crate::backend::Precondition,
+        ) -> Result<crate::backend::Revision> {
+            if self.down.load(Ordering::SeqCst) {
+                return Err(Error::new(ErrorKind::Unavailable, "the backend is down"));
+            }
+            self.inner.put_local(name, body, precondition).await
+        }
+    }
+
+    async fn flaky_backend(dir: &tempfile::TempDir) -> Arc<FlakyLocals> {
+        let embedded = crate::backend::embedded::EmbeddedBackend::open(&dir.path().join("s.redb")).await.unwrap();
+        Arc::new(FlakyLocals {
+            inner: Arc::new(embedded),
+            down: std::sync::atomic::AtomicBool::new(false),
+            local_reads: AtomicUsize::new(0),
+        })
+    }
+
+    /// Two instances over one backend lock a pair at the threshold counted on both; once one
+    /// knows the pair locked, it refuses it with no backend call and no hash.
+    #[tokio::test]
+    async fn failures_on_two_instances_add_up_and_a_known_lock_reads_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = flaky_backend(&dir).await;
+        let (a, b) = (two_logins(), two_logins());
+        a.share_lockout(backend.clone());
+        b.share_lockout(backend.clone());
+        for attempt in 0..5 {
+            let instance = if attempt % 2 == 0 { &a } else { &b };
+            let err = instance.identify_from(&basic("alice", "guess"), peer(1)).await.unwrap_err();
+            assert_eq!(err.status, StatusCode::UNAUTHORIZED, "attempt {attempt}");
+        }
+        let err = b.identify_from(&basic("alice", "alice-pw"), peer(1)).await.unwrap_err();
+        assert_eq!((err.status, err.reason.as_str()), (StatusCode::FORBIDDEN, LOCKED_OUT));
+        let (reads, runs) = (backend.local_reads.load(Ordering::SeqCst), b.password_verifications());
+        let err = b.identify_from(&basic("alice", "alice-pw"), peer(1)).await.unwrap_err();
+        assert_eq!(err.status, StatusCode::FORBIDDEN);
+        assert_eq!(backend.local_reads.load(Ordering::SeqCst), reads, "a pair known locked reads no count");
+        assert_eq!(b.password_verifications(), runs, "and runs no hash");
+        // Another peer, and another name, are not locked.
+        assert!(b.identify_from(&basic("alice", "alice-pw"), peer(2)).await.is_ok());
+        assert!(a.identify_from(&basic("admin", "admin-pw"), peer(1)).await.is_ok());
+    }
+
+    /// With the backend down, logins that would work still work (no 5xx) and guesses are still
+    /// locked out by this process's own count.
+    #[tokio::test]
+    async fn a_backend_failure_falls_back_to_this_process_count() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = flaky_backend(&dir).await;
+        let auth = two_logins();
+        auth.share_lockout(backend.clone());
+        backend.down.store(true, Ordering::SeqCst);
+        assert!(auth.identify_from(&basic("admin", "admin-pw"), peer(1)).await.is_ok());
+        for attempt in 0..5 {
+            let err = auth.identify_from(&basic("alice", "guess"), peer(1)).await.unwrap_err();
+            assert_eq!(err.status, StatusCode::UNAUTHORIZED, "attempt {attempt}");
+        }
+        let err = auth.identify_from(&basic("alice", "alice-pw"), peer(1)).await.unwrap_err();
+        assert_eq!((err.status, err.reason.as_str()), (StatusCode::FORBIDDEN, LOCKED_OUT));
+    }
+
     #[test]
     fn a_lockout_ends_with_its_period() {
         let table = FailureTable::new(Duration::from_secs(300), 10);
