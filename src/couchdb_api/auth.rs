@@ -349,19 +349,25 @@ impl<K: Hash + Eq + Clone> FailureTable<K> {
     }
 
     fn record(&self, key: K, now: Instant) {
-        self.update(key, now, now, |count| count.saturating_add(1));
+        self.update(key, now, |current| match current {
+            Some((count, since)) => (count.saturating_add(1), since),
+            None => (1, now),
+        });
     }
 
-    /// Raises `key`'s count to `count` (a count kept elsewhere, started at `started`), unless it is
-    /// higher already.
+    /// Takes a count kept elsewhere (`count` failures since `started`) unless this one is higher:
+    /// its period then ends when the other's does.
     fn raise_to(&self, key: K, count: u32, started: Instant, now: Instant) {
-        self.update(key, now, started, |current| current.max(count));
+        self.update(key, now, |current| match current {
+            Some((mine, since)) if mine > count => (mine, since),
+            _ => (count, started),
+        });
     }
 
-    /// Sets `key`'s count to `next` of its current one (0 for a key not counted, which starts its
-    /// period at `started`), first forgetting periods that are over, then the oldest keys past the
-    /// capacity.
-    fn update(&self, key: K, now: Instant, started: Instant, next: impl FnOnce(u32) -> u32) {
+    /// Sets `key`'s count and the start of its period to `next` of its current ones (`None` for a
+    /// key not counted or whose period is over), first forgetting periods that are over, then the
+    /// oldest keys past the capacity.
+    fn update(&self, key: K, now: Instant, next: impl FnOnce(Option<(u32, Instant)>) -> (u32, Instant)) {
         let mut entries = self.lock();
         let entries = &mut *entries;
         // Periods that are over go first: they are at the front.
@@ -374,13 +380,13 @@ impl<K: Hash + Eq + Clone> FailureTable<K> {
             }
             entries.order.pop_front();
         }
-        match entries.counts.get_mut(&key) {
-            Some((count, _)) => *count = next(*count),
-            None => {
-                entries.counts.insert(key.clone(), (next(0), started));
-                entries.order.push_back((key, started));
-            }
+        let current = entries.counts.get(&key).copied().filter(|&(_, since)| now.duration_since(since) < self.period);
+        let (count, since) = next(current);
+        if current.map(|(_, started)| started) != Some(since) {
+            // A new period: the entry of the old one, if any, is skipped when it comes up.
+            entries.order.push_back((key.clone(), since));
         }
+        entries.counts.insert(key, (count, since));
         while entries.counts.len() > self.capacity {
             let Some((oldest, started)) = entries.order.pop_front() else { break };
             if entries.counts.get(&oldest).is_some_and(|&(_, current)| current == started) {
@@ -1328,6 +1334,23 @@ pub(super) mod tests {
         // A failure after the period starts a new count (the old entry is dropped first).
         table.record("k", start + Duration::from_secs(301));
         assert_eq!(table.count(&"k", start + Duration::from_secs(302)), 1);
+    }
+
+    /// A count read from the backend replaces a lower one here, with its start: the lockout ends
+    /// on every instance when the shared period does. A higher count here is kept.
+    #[test]
+    fn a_shared_count_is_taken_with_its_period() {
+        let table = FailureTable::new(Duration::from_secs(300), 10);
+        let start = Instant::now();
+        table.record("k", start + Duration::from_secs(100));
+        table.raise_to("k", 5, start, start + Duration::from_secs(101));
+        assert_eq!(table.count(&"k", start + Duration::from_secs(299)), 5);
+        assert_eq!(table.count(&"k", start + Duration::from_secs(300)), 0, "the shared period is over");
+        table.record("k", start + Duration::from_secs(301));
+        table.record("k", start + Duration::from_secs(301));
+        table.raise_to("k", 1, start + Duration::from_secs(250), start + Duration::from_secs(302));
+        assert_eq!(table.count(&"k", start + Duration::from_secs(302)), 2);
+        assert_eq!(table.len(), 1);
     }
 
     /// The table never holds more than its capacity: the oldest entries go first.
