@@ -264,6 +264,13 @@ pub struct Settings {
     /// Password checks from peers with `couchdb_lockout_threshold` recent failed logins (any
     /// names) that may wait at once for their own (single) verification slot; past it, 429 at once.
     pub couchdb_max_queued_suspect_logins: usize,
+    /// The load balancers and proxies in front of the CouchDB API, as IPs or CIDR networks (see
+    /// [`TrustedProxiesSetting`]); default none. A request whose TCP peer is one of them counts
+    /// toward the lockout and the suspect lane (and its feeds toward per-address bounds) as the
+    /// right-most `X-Forwarded-For` address that is not itself one of them; from any other peer
+    /// the header is ignored, so a client cannot choose its own address.
+    #[serde(default)]
+    pub couchdb_trusted_proxies: TrustedProxiesSetting,
     /// Bytes hyper's buffer of one connection holds: an answer's bytes queued ahead of a client
     /// that does not read (plus the one piece of the answer being queued), and the longest
     /// request head (request line and headers; CouchDB 3.4.3 refuses a request line past 8 KB).
@@ -277,6 +284,49 @@ pub struct Settings {
 pub const DEFAULT_CONNECTION_BUFFER_BYTES: usize = 64 << 10;
 /// The least `max_connection_buffer_bytes` hyper takes.
 pub const MIN_CONNECTION_BUFFER_BYTES: usize = 8 << 10;
+
+/// `couchdb_trusted_proxies`: in a config file a list of strings (`["10.0.0.0/8", "192.0.2.7"]`);
+/// in the environment (`AGENTSTORE_COUCHDB_TRUSTED_PROXIES`) a comma-separated list.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum TrustedProxiesSetting {
+    List(Vec<String>),
+    Compact(String),
+}
+
+impl Default for TrustedProxiesSetting {
+    fn default() -> Self {
+        TrustedProxiesSetting::List(Vec::new())
+    }
+}
+
+impl TrustedProxiesSetting {
+    /// The networks listed (an address alone is a network of that one address); an entry that is
+    /// neither an IP nor a CIDR network is an error naming it.
+    pub fn networks(&self) -> Result<Vec<ipnet::IpNet>> {
+        let entries: Vec<&str> = match self {
+            TrustedProxiesSetting::List(list) => list.iter().map(|entry| entry.trim()).collect(),
+            TrustedProxiesSetting::Compact(text) => {
+                text.split(',').map(str::trim).filter(|entry| !entry.is_empty()).collect()
+            }
+        };
+        entries
+            .into_iter()
+            .enumerate()
+            .map(|(i, entry)| {
+                entry
+                    .parse::<ipnet::IpNet>()
+                    .or_else(|_| entry.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+                    .map_err(|_| {
+                        Error::invalid(
+                            &format!("couchdb_trusted_proxies[{i}]"),
+                            format!("{entry:?} is neither an IP address nor a CIDR network (like 10.0.0.0/8)"),
+                        )
+                    })
+            })
+            .collect()
+    }
+}
 
 /// Tokens: in a config file a list of `{ sha256 = "…", user = "…" }` or
 /// `{ sha256 = "…", admin = true }` tables; in the environment (`AGENTSTORE_TOKENS`) a
@@ -528,6 +578,7 @@ impl Settings {
             return Err(Error::invalid("max_value_bytes", "must be at least 1"));
         }
         settings.check_serve_limits()?;
+        settings.couchdb_trusted_proxies.networks()?;
         Ok(settings)
     }
 
@@ -791,5 +842,20 @@ mod tests {
         assert_eq!(load("max_connection_buffer_bytes = 8192").unwrap().max_connection_buffer_bytes, 8192);
         let message = load("max_connection_buffer_bytes = 8191").err().map(|e| e.to_string()).unwrap_or_default();
         assert!(message.contains("max_connection_buffer_bytes"), "{message:?}");
+    }
+
+    /// `couchdb_trusted_proxies`: none by default; a TOML list or a comma-separated string (the
+    /// environment's form) of IPs and CIDR networks; anything else refused, naming the entry.
+    #[test]
+    fn trusted_proxies_are_ips_or_networks() {
+        assert!(load("").unwrap().couchdb_trusted_proxies.networks().unwrap().is_empty());
+        let listed = load("couchdb_trusted_proxies = [\"10.0.0.0/8\", \"192.0.2.7\", \"::1\"]").unwrap();
+        let networks = listed.couchdb_trusted_proxies.networks().unwrap();
+        let texts: Vec<String> = networks.iter().map(ToString::to_string).collect();
+        assert_eq!(texts, ["10.0.0.0/8", "192.0.2.7/32", "::1/128"]);
+        let compact = load("couchdb_trusted_proxies = \" 10.0.0.0/8 , 192.0.2.7\"").unwrap();
+        assert_eq!(compact.couchdb_trusted_proxies.networks().unwrap().len(), 2);
+        let refused = load("couchdb_trusted_proxies = [\"10.0.0.1\", \"balancer.local\"]").unwrap_err().to_string();
+        assert!(refused.contains("couchdb_trusted_proxies[1]") && refused.contains("balancer.local"), "{refused}");
     }
 }

@@ -19,12 +19,22 @@
 //! with as many recent failures (of any names) has its password checks run in a lane of their own (one at a time, at
 //! most `couchdb_max_queued_suspect_logins` waiting, 429 at once past that), so a login from
 //! anyone else never queues behind a flood of guesses. Both tables are bounded in entries.
+//!
+//! With several instances over one backend, the (name, peer) failures are also counted in the
+//! backend ([`super::shared_lockout`], set up by [`CouchAuth::share_lockout`]): the table here is
+//! a cache in front of it. A pair this process knows locked is refused without a backend call; any
+//! other pair reads the shared count once before its hash runs (a verified-credentials cache hit
+//! runs no hash and reads nothing: those credentials were proven right). A backend that fails
+//! while counting is logged and the count here goes on alone, never a 5xx. The per-peer suspect
+//! lane stays per process: it guards this process's password-check threads, which no other
+//! instance shares. The peer is the client's address behind `couchdb_trusted_proxies`
+//! ([`super::client_address`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use argon2::password_hash::{PasswordHash, PasswordHasher, SaltString};
@@ -35,7 +45,9 @@ use base64::Engine;
 use hmac::Mac;
 use tokio::sync::Semaphore;
 
+use super::client_address::TrustedProxies;
 use super::session::{hmac_sha256, CookieCheck, SessionKey, AUTH_SESSION_COOKIE};
+use super::shared_lockout::{SharedCount, SharedFailures};
 use crate::config::{CouchUserSetting, Settings};
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::Limits;
@@ -208,6 +220,8 @@ pub struct CouchAuth {
     max_suspect_waiting: usize,
     /// Where the hashes run: one thread per slot of both lanes.
     kdf_threads: KdfThreads,
+    /// Whose `X-Forwarded-For` names the client (`couchdb_trusted_proxies`).
+    trusted_proxies: TrustedProxies,
 }
 
 /// The lockout's settings.
@@ -232,21 +246,53 @@ impl Default for LockoutSettings {
 #[derive(Debug)]
 struct Lockout {
     threshold: u32,
+    period: Duration,
     by_name: FailureTable<(IpAddr, String)>,
     by_peer: FailureTable<IpAddr>,
+    /// The (name, peer) counts every instance over the backend shares, once set up.
+    shared: OnceLock<Arc<SharedFailures>>,
 }
 
 impl Lockout {
     fn new(settings: LockoutSettings) -> Self {
         Lockout {
             threshold: settings.threshold,
+            period: settings.period,
             by_name: FailureTable::new(settings.period, settings.max_entries),
             by_peer: FailureTable::new(settings.period, settings.max_entries),
+            shared: OnceLock::new(),
         }
     }
 
+    /// Whether this process knows the pair locked: cheap, no backend call.
     fn is_locked(&self, peer: IpAddr, name: &str) -> bool {
         self.threshold > 0 && self.by_name.count(&(peer, name.to_owned()), Instant::now()) >= self.threshold
+    }
+
+    /// Whether the pair is locked by the failures every instance counted (read from the backend,
+    /// and remembered here); by this process's count alone when there is no shared count or the
+    /// backend cannot be read.
+    async fn is_locked_anywhere(&self, peer: IpAddr, name: &str) -> bool {
+        if self.threshold == 0 {
+            return false;
+        }
+        if let Some(shared) = self.shared.get() {
+            match shared.count(peer, name).await {
+                Ok(Some(count)) => self.remember_shared(peer, name, count),
+                Ok(None) => {}
+                Err(err) => {
+                    tracing::warn!(error = %err, "could not read a failed-login count; this process's count decides")
+                }
+            }
+        }
+        self.is_locked(peer, name)
+    }
+
+    /// Raises this process's count of a pair to the shared one.
+    fn remember_shared(&self, peer: IpAddr, name: &str, count: SharedCount) {
+        let now = Instant::now();
+        let started = now.checked_sub(count.age).unwrap_or(now);
+        self.by_name.raise_to((peer, name.to_owned()), count.failures, started, now);
     }
 
     /// Whether a peer's checks go to the suspect lane: as many recent failures from it, of any
@@ -256,10 +302,19 @@ impl Lockout {
         self.by_peer.count(&peer, Instant::now()) >= self.threshold.max(1)
     }
 
-    fn record_failure(&self, peer: IpAddr, name: &str) {
+    /// Counts a failure here and in the shared count; when the backend cannot count it, this
+    /// process's count stands alone (logged), so a guesser is still locked here.
+    async fn record_failure(&self, peer: IpAddr, name: &str) {
         let now = Instant::now();
         self.by_name.record((peer, name.to_owned()), now);
         self.by_peer.record(peer, now);
+        let Some(shared) = self.shared.get() else { return };
+        match shared.record(peer, name).await {
+            Ok(count) => self.remember_shared(peer, name, count),
+            Err(err) => {
+                tracing::warn!(error = %err, "could not count a failed login in the backend; counted in this process only")
+            }
+        }
     }
 }
 
@@ -294,6 +349,25 @@ impl<K: Hash + Eq + Clone> FailureTable<K> {
     }
 
     fn record(&self, key: K, now: Instant) {
+        self.update(key, now, |current| match current {
+            Some((count, since)) => (count.saturating_add(1), since),
+            None => (1, now),
+        });
+    }
+
+    /// Takes a count kept elsewhere (`count` failures since `started`) unless this one is higher:
+    /// its period then ends when the other's does.
+    fn raise_to(&self, key: K, count: u32, started: Instant, now: Instant) {
+        self.update(key, now, |current| match current {
+            Some((mine, since)) if mine > count => (mine, since),
+            _ => (count, started),
+        });
+    }
+
+    /// Sets `key`'s count and the start of its period to `next` of its current ones (`None` for a
+    /// key not counted or whose period is over), first forgetting periods that are over, then the
+    /// oldest keys past the capacity.
+    fn update(&self, key: K, now: Instant, next: impl FnOnce(Option<(u32, Instant)>) -> (u32, Instant)) {
         let mut entries = self.lock();
         let entries = &mut *entries;
         // Periods that are over go first: they are at the front.
@@ -306,13 +380,13 @@ impl<K: Hash + Eq + Clone> FailureTable<K> {
             }
             entries.order.pop_front();
         }
-        match entries.counts.get_mut(&key) {
-            Some((count, _)) => *count = count.saturating_add(1),
-            None => {
-                entries.counts.insert(key.clone(), (1, now));
-                entries.order.push_back((key, now));
-            }
+        let current = entries.counts.get(&key).copied().filter(|&(_, since)| now.duration_since(since) < self.period);
+        let (count, since) = next(current);
+        if current.map(|(_, started)| started) != Some(since) {
+            // A new period: the entry of the old one, if any, is skipped when it comes up.
+            entries.order.push_back((key.clone(), since));
         }
+        entries.counts.insert(key, (count, since));
         while entries.counts.len() > self.capacity {
             let Some((oldest, started)) = entries.order.pop_front() else { break };
             if entries.counts.get(&oldest).is_some_and(|&(_, current)| current == started) {
@@ -370,7 +444,27 @@ impl CouchAuth {
             period: Duration::from_secs(settings.couchdb_lockout_secs),
             max_entries: settings.couchdb_lockout_max_entries,
         };
-        Ok(CouchAuth::new(logins, sessions, lockout, settings.couchdb_max_queued_suspect_logins))
+        let mut auth = CouchAuth::new(logins, sessions, lockout, settings.couchdb_max_queued_suspect_logins);
+        auth.trusted_proxies = TrustedProxies::new(settings.couchdb_trusted_proxies.networks()?);
+        Ok(auth)
+    }
+
+    /// Counts failed logins also in `backend` (the data-store database's), shared by every
+    /// instance over it, and sweeps the counts whose period is over once a period. Only the first
+    /// call takes effect.
+    pub fn share_lockout(&self, backend: Arc<dyn crate::backend::DocumentBackend>) {
+        if self.lockout.threshold == 0 || self.lockout.shared.get().is_some() {
+            return;
+        }
+        let shared = Arc::new(SharedFailures::new(backend, self.lockout.period));
+        if self.lockout.shared.set(Arc::clone(&shared)).is_ok() {
+            super::shared_lockout::keep_swept(&shared);
+        }
+    }
+
+    /// The address a request from `peer` counts under: the client behind a trusted proxy.
+    pub fn client_address(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+        self.trusted_proxies.client_of(peer, headers)
     }
 
     /// Signs sessions (and seals feed positions) under `current` from now on, still accepting
@@ -398,6 +492,7 @@ impl CouchAuth {
             suspect_waiting: Arc::new(AtomicUsize::new(0)),
             max_suspect_waiting,
             kdf_threads: KdfThreads::new(parallelism + 1),
+            trusted_proxies: TrustedProxies::default(),
         }
     }
 
@@ -499,6 +594,12 @@ impl CouchAuth {
         if let Some(login) = self.verified.get(&key) {
             return Ok(Some(login));
         }
+        // Another instance may have counted this pair's failures: read them before the hash.
+        if let Some(peer) = peer {
+            if self.lockout.is_locked_anywhere(peer, name).await {
+                return Err(CouchError::forbidden(LOCKED_OUT));
+            }
+        }
         // An unknown name is checked against another login's hash so that it takes as long as a
         // wrong password: response times do not tell which names exist.
         let (login, hash) = match self.logins.get(name) {
@@ -520,7 +621,7 @@ impl CouchAuth {
             }
             _ => {
                 if let Some(peer) = peer {
-                    self.lockout.record_failure(peer, name);
+                    self.lockout.record_failure(peer, name).await;
                 }
                 Ok(None)
             }
@@ -616,7 +717,7 @@ pub async fn identify_request(
     mut request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    let peer = request.extensions().get::<axum::extract::ConnectInfo<SocketAddr>>().map(|info| info.0.ip());
+    let peer = client_connect_info(&auth, &mut request);
     let identity = match auth.identify_from(request.headers(), peer).await {
         Ok(identity) => identity,
         Err(err) => return err.into_response(),
@@ -628,6 +729,19 @@ pub async fn identify_request(
         identity.add_refreshed_cookie(&mut response);
     }
     response
+}
+
+/// The request's client address (behind a trusted proxy, the one it forwarded), put back in its
+/// `ConnectInfo` so that every handler after this one (`POST /_session`, per-address feed bounds)
+/// sees the client too: the one place the peer address is resolved.
+fn client_connect_info(auth: &CouchAuth, request: &mut axum::extract::Request) -> Option<IpAddr> {
+    let axum::extract::ConnectInfo(peer) = *request.extensions().get::<axum::extract::ConnectInfo<SocketAddr>>()?;
+    let client = auth.client_address(peer.ip(), request.headers());
+    if client != peer.ip() {
+        // The port is the proxy's connection's, not the client's: none is known.
+        request.extensions_mut().insert(axum::extract::ConnectInfo(SocketAddr::new(client, 0)));
+    }
+    Some(client)
 }
 
 /// Checks one configured login; errors name `couchdb_users[i]` and the field.
@@ -1121,6 +1235,93 @@ pub(super) mod tests {
         assert_eq!(err.status, StatusCode::FORBIDDEN);
     }
 
+    /// A backend whose local documents can be made unreachable, counting their reads.
+    struct FlakyLocals {
+        inner: Arc<dyn crate::backend::DocumentBackend>,
+        down: std::sync::atomic::AtomicBool,
+        local_reads: AtomicUsize,
+    }
+
+    #[async_trait::async_trait]
+    impl crate::backend::raw::layer::Layered for FlakyLocals {
+        fn inner(&self) -> &dyn crate::backend::DocumentBackend {
+            self.inner.as_ref()
+        }
+
+        async fn get_local(&self, name: &str) -> Result<Option<crate::backend::StoredDocument>> {
+            self.local_reads.fetch_add(1, Ordering::SeqCst);
+            if self.down.load(Ordering::SeqCst) {
+                return Err(Error::new(ErrorKind::Unavailable, "the backend is down"));
+            }
+            self.inner.get_local(name).await
+        }
+
+        async fn put_local(
+            &self,
+            name: &str,
+            body: &serde_json::Map<String, serde_json::Value>,
+            precondition: crate::backend::Precondition,
+        ) -> Result<crate::backend::Revision> {
+            if self.down.load(Ordering::SeqCst) {
+                return Err(Error::new(ErrorKind::Unavailable, "the backend is down"));
+            }
+            self.inner.put_local(name, body, precondition).await
+        }
+    }
+
+    async fn flaky_backend(dir: &tempfile::TempDir) -> Arc<FlakyLocals> {
+        let embedded = crate::backend::embedded::EmbeddedBackend::open(&dir.path().join("s.redb")).await.unwrap();
+        Arc::new(FlakyLocals {
+            inner: Arc::new(embedded),
+            down: std::sync::atomic::AtomicBool::new(false),
+            local_reads: AtomicUsize::new(0),
+        })
+    }
+
+    /// Two instances over one backend lock a pair at the threshold counted on both; once one
+    /// knows the pair locked, it refuses it with no backend call and no hash.
+    #[tokio::test]
+    async fn failures_on_two_instances_add_up_and_a_known_lock_reads_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = flaky_backend(&dir).await;
+        let (a, b) = (two_logins(), two_logins());
+        a.share_lockout(backend.clone());
+        b.share_lockout(backend.clone());
+        for attempt in 0..5 {
+            let instance = if attempt % 2 == 0 { &a } else { &b };
+            let err = instance.identify_from(&basic("alice", "guess"), peer(1)).await.unwrap_err();
+            assert_eq!(err.status, StatusCode::UNAUTHORIZED, "attempt {attempt}");
+        }
+        let err = b.identify_from(&basic("alice", "alice-pw"), peer(1)).await.unwrap_err();
+        assert_eq!((err.status, err.reason.as_str()), (StatusCode::FORBIDDEN, LOCKED_OUT));
+        let (reads, runs) = (backend.local_reads.load(Ordering::SeqCst), b.password_verifications());
+        let err = b.identify_from(&basic("alice", "alice-pw"), peer(1)).await.unwrap_err();
+        assert_eq!(err.status, StatusCode::FORBIDDEN);
+        assert_eq!(backend.local_reads.load(Ordering::SeqCst), reads, "a pair known locked reads no count");
+        assert_eq!(b.password_verifications(), runs, "and runs no hash");
+        // Another peer, and another name, are not locked.
+        assert!(b.identify_from(&basic("alice", "alice-pw"), peer(2)).await.is_ok());
+        assert!(a.identify_from(&basic("admin", "admin-pw"), peer(1)).await.is_ok());
+    }
+
+    /// With the backend down, logins that would work still work (no 5xx) and guesses are still
+    /// locked out by this process's own count.
+    #[tokio::test]
+    async fn a_backend_failure_falls_back_to_this_process_count() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = flaky_backend(&dir).await;
+        let auth = two_logins();
+        auth.share_lockout(backend.clone());
+        backend.down.store(true, Ordering::SeqCst);
+        assert!(auth.identify_from(&basic("admin", "admin-pw"), peer(1)).await.is_ok());
+        for attempt in 0..5 {
+            let err = auth.identify_from(&basic("alice", "guess"), peer(1)).await.unwrap_err();
+            assert_eq!(err.status, StatusCode::UNAUTHORIZED, "attempt {attempt}");
+        }
+        let err = auth.identify_from(&basic("alice", "alice-pw"), peer(1)).await.unwrap_err();
+        assert_eq!((err.status, err.reason.as_str()), (StatusCode::FORBIDDEN, LOCKED_OUT));
+    }
+
     #[test]
     fn a_lockout_ends_with_its_period() {
         let table = FailureTable::new(Duration::from_secs(300), 10);
@@ -1133,6 +1334,23 @@ pub(super) mod tests {
         // A failure after the period starts a new count (the old entry is dropped first).
         table.record("k", start + Duration::from_secs(301));
         assert_eq!(table.count(&"k", start + Duration::from_secs(302)), 1);
+    }
+
+    /// A count read from the backend replaces a lower one here, with its start: the lockout ends
+    /// on every instance when the shared period does. A higher count here is kept.
+    #[test]
+    fn a_shared_count_is_taken_with_its_period() {
+        let table = FailureTable::new(Duration::from_secs(300), 10);
+        let start = Instant::now();
+        table.record("k", start + Duration::from_secs(100));
+        table.raise_to("k", 5, start, start + Duration::from_secs(101));
+        assert_eq!(table.count(&"k", start + Duration::from_secs(299)), 5);
+        assert_eq!(table.count(&"k", start + Duration::from_secs(300)), 0, "the shared period is over");
+        table.record("k", start + Duration::from_secs(301));
+        table.record("k", start + Duration::from_secs(301));
+        table.raise_to("k", 1, start + Duration::from_secs(250), start + Duration::from_secs(302));
+        assert_eq!(table.count(&"k", start + Duration::from_secs(302)), 2);
+        assert_eq!(table.len(), 1);
     }
 
     /// The table never holds more than its capacity: the oldest entries go first.

@@ -24,6 +24,7 @@
 pub mod access;
 pub mod auth;
 mod changes;
+mod client_address;
 mod db;
 mod document;
 pub mod error;
@@ -35,6 +36,7 @@ mod request;
 mod response;
 mod root;
 pub mod session;
+pub mod shared_lockout;
 pub mod shared_secret;
 mod validation;
 
@@ -113,7 +115,8 @@ impl CouchApp {
     /// Builds the API over `store` (shared with the REST API, so both see one set of write
     /// queues and namespace caches). Without `couchdb_session_secret`, sessions are signed under
     /// the secret kept in the backend ([`shared_secret`]), created there by the first instance
-    /// and re-read every [`shared_secret::SESSION_SECRET_REFRESH_SECS`].
+    /// and re-read every [`shared_secret::SESSION_SECRET_REFRESH_SECS`]; failed logins are counted
+    /// there too ([`shared_lockout`]), so every instance locks a name at the same count.
     pub async fn build(store: Arc<DataStore>, settings: &Settings) -> Result<Self> {
         let (stopping, stopping_seen) = tokio::sync::watch::channel(false);
         let bodies = request::Bodies::from_settings(settings);
@@ -128,6 +131,7 @@ impl CouchApp {
             auth.use_session_secrets(stored.current, stored.previous);
             shared_secret::keep_refreshed(&auth, store.backend());
         }
+        auth.share_lockout(Arc::clone(store.backend()));
         let engine: Arc<dyn crate::views::service::ViewEngine> = Arc::new(crate::mango::index_map::WithMangoIndexes(
             crate::views::javascript::JavaScriptViews::new(js.clone()),
         ));

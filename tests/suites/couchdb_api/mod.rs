@@ -30,6 +30,7 @@ mod documents;
 mod inner_bodies;
 mod instances;
 mod local_docs;
+mod lockout;
 mod logins;
 mod mango;
 mod missing_database;
@@ -229,6 +230,8 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
             Box::pin(view_index_slots::servers_sharing_an_index_directory(e))
         }),
         ("sessions_valid_on_every_instance", |e| Box::pin(instances::sessions_valid_on_every_instance(e))),
+        ("lockout_counted_across_instances", |e| Box::pin(lockout::lockout_counted_across_instances(e))),
+        ("lockout_behind_trusted_proxies", |e| Box::pin(lockout::lockout_behind_trusted_proxies(e))),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
@@ -280,6 +283,8 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
                             }
                             "purged_infos_limit_as_couchdb" => Some(purged_infos_limit::config()?),
                             "get_dbs_info_as_couchdb" => Some(dbs_info::DBS_INFO_CONFIG.to_owned()),
+                            "lockout_counted_across_instances" => Some(logins::logins_config()?),
+                            "lockout_behind_trusted_proxies" => Some(lockout::trusted_loopback_config()?),
                             _ => None,
                         };
                         let endpoint = Endpoint::start(fresh, backend_name, logins).await?;
