@@ -9,6 +9,9 @@
 mod common;
 // Shared with the tests (`tests/common/`); the benches use part of each.
 #[allow(dead_code)]
+#[path = "../tests/common/balancer.rs"]
+mod balancer;
+#[allow(dead_code)]
 #[path = "../tests/common/counting_proxy.rs"]
 mod counting_proxy;
 #[allow(dead_code)]
@@ -16,6 +19,7 @@ mod counting_proxy;
 mod servers;
 
 mod attachments_bench;
+mod balanced_bench;
 mod couchdb_api_bench;
 mod couchdb_auth;
 mod couchdb_overhead;
@@ -39,7 +43,7 @@ use std::process::ExitCode;
 type BenchMain = fn() -> ExitCode;
 
 /// Each bench by name, and its `main`.
-const BENCHES: [(&str, BenchMain); 17] = [
+const BENCHES: [(&str, BenchMain); 18] = [
     ("serve_load", serve_load::main),
     ("write_slot", write_slot::main),
     ("couchdb_overhead", couchdb_overhead::main),
@@ -63,6 +67,7 @@ const BENCHES: [(&str, BenchMain); 17] = [
         ExitCode::SUCCESS
     }),
     ("native_layout", native_layout::main),
+    ("balanced_bench", balanced_bench::main),
 ];
 
 fn main() -> ExitCode {
