@@ -316,7 +316,7 @@ pub async fn healthz() -> Json<Value> {
 pub async fn readyz(State(state): State<AppState>) -> Response {
     // Told to stop: out of a balancer's rotation before the listener closes (the drain delay).
     if state.draining.is_draining() {
-        return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "draining", "the server is shutting down")
+        return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "the server is shutting down")
             .into_response();
     }
     match state.store.backend().health().await {
