@@ -342,3 +342,76 @@ async fn couchdb_address(lines: &mut tokio::sync::mpsc::UnboundedReceiver<String
         }
     }
 }
+
+/// A continuous feed still sending a long backlog when the drain ends stops after the page it is
+/// sending, with `last_seq` and a `pending` count, rather than streaming on until its end (with
+/// writes from other instances coming in, it might never reach it and be cut without `last_seq`
+/// at the end of the grace period). The client reads nothing until after the drain, on a small
+/// receive buffer, so the server is held mid-backlog when it stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_ends_a_busy_continuous_feed_after_its_page() {
+    // 10 MB of rows with their documents: more than the socket buffers between the two hold.
+    const DOCS: usize = 5000;
+    let padding = "p".repeat(2000);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (mut child, _addr, mut lines, log) =
+        spawn_serve(&dir, &["--couchdb-listen", "127.0.0.1:0"], &[("AGENTSTORE_SHUTDOWN_DRAIN_SECS", "1")]).await;
+    let couch = couchdb_address(&mut lines, &log).await;
+    let client = reqwest::Client::new();
+    let created = client.put(format!("http://{couch}/busyfeed")).send().await.expect("create the database");
+    assert_eq!(created.status(), StatusCode::CREATED);
+    let docs: Vec<Value> =
+        (0..DOCS).map(|i| json!({ "_id": format!("doc-{i:05}"), "n": i, "padding": padding })).collect();
+    let bulk = client
+        .post(format!("http://{couch}/busyfeed/_bulk_docs"))
+        .json(&json!({ "docs": docs }))
+        .send()
+        .await
+        .expect("_bulk_docs");
+    assert_eq!(bulk.status(), StatusCode::CREATED);
+
+    let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+    socket.set_recv_buffer_size(4096).expect("a small receive buffer");
+    let mut stream = socket.connect(couch).await.expect("connect");
+    let head =
+        format!("GET /busyfeed/_changes?feed=continuous&include_docs=true&since=0 HTTP/1.1\r\nHost: {couch}\r\n\r\n");
+    stream.write_all(head.as_bytes()).await.expect("send the request");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let pid = child.0.id().to_string();
+    assert!(std::process::Command::new("kill").args(["-TERM", &pid]).status().expect("run kill").success());
+    // Past the drain: the server stops while the feed waits on this reader.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let mut response = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), stream.read_to_end(&mut response))
+        .await
+        .expect("the feed ends within 20 s")
+        .expect("read the feed");
+    let text = String::from_utf8_lossy(&response);
+    let split = text.find("\r\n\r\n").expect("a response head");
+    assert!(text.starts_with("HTTP/1.1 200 "), "{}", &text[..split]);
+    let body = dechunk(&response[split + 4..]);
+    let rows: Vec<Value> =
+        body.lines().filter(|l| !l.trim().is_empty()).map(|l| serde_json::from_str(l).expect("a JSON line")).collect();
+    let last = rows.last().expect("a closing line");
+    assert!(last["last_seq"].is_string(), "closing line {last}");
+    let sent = rows.len() - 1;
+    assert!(sent < DOCS, "the feed sent its whole backlog ({sent} rows) after the stop");
+    assert_eq!(last["pending"].as_u64(), Some((DOCS - sent) as u64), "closing line {last} after {sent} rows");
+    let status = child.0.wait().expect("wait for the exit");
+    assert_eq!(status.code(), Some(0), "exit status {status}");
+}
+
+/// The body of a chunked answer (the chunks' sizes and framing removed).
+fn dechunk(mut bytes: &[u8]) -> String {
+    let mut body = Vec::new();
+    while let Some(end) = bytes.windows(2).position(|w| w == b"\r\n") {
+        let size = usize::from_str_radix(String::from_utf8_lossy(&bytes[..end]).trim(), 16).expect("a chunk size");
+        if size == 0 {
+            break;
+        }
+        body.extend_from_slice(&bytes[end + 2..end + 2 + size]);
+        bytes = &bytes[end + 2 + size + 2..];
+    }
+    String::from_utf8(body).expect("a UTF-8 body")
+}
