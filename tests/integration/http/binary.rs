@@ -415,3 +415,44 @@ fn dechunk(mut bytes: &[u8]) -> String {
     }
     String::from_utf8(body).expect("a UTF-8 body")
 }
+
+/// An upload still arriving when the shutdown grace period ends is answered 503 naming
+/// `shutdown_grace_secs` (send it again, to another instance), not dropped unanswered, and the
+/// process then exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_still_arriving_when_the_grace_period_ends_is_answered_503() {
+    const TOTAL: usize = 2 << 20;
+    const PIECE: usize = 32 << 10;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let settings = [("AGENTSTORE_SHUTDOWN_DRAIN_SECS", "0"), ("AGENTSTORE_SHUTDOWN_GRACE_SECS", "1")];
+    let (mut child, addr, _lines, _log) = spawn_serve(&dir, &[], &settings).await;
+    let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (mut reader, mut writer) = stream.into_split();
+    let head = format!(
+        "PUT {} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {TOTAL}\r\n\r\n",
+        doc_path("u", "ns", "upload")
+    );
+    writer.write_all(head.as_bytes()).await.expect("send the head");
+    // 320 KiB/s, well above body_min_bytes_per_sec: 6.4 s for the whole body.
+    let sending = tokio::spawn(async move {
+        let piece = vec![b' '; PIECE];
+        for _ in 0..TOTAL / PIECE {
+            if writer.write_all(&piece).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let pid = child.0.id().to_string();
+    assert!(std::process::Command::new("kill").args(["-TERM", &pid]).status().expect("run kill").success());
+
+    let mut response = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), reader.read_to_end(&mut response)).await;
+    sending.abort();
+    let text = String::from_utf8_lossy(&response);
+    assert!(text.starts_with("HTTP/1.1 503 "), "answer: {text:?}");
+    assert!(text.contains("shutdown_grace_secs"), "answer: {text:?}");
+    let status = child.0.wait().expect("wait for the exit");
+    assert_eq!(status.code(), Some(0), "exit status {status}");
+}
