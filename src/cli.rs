@@ -296,7 +296,7 @@ async fn open_existing_backend(settings: &Settings) -> Result<std::sync::Arc<dyn
     Ok(backend)
 }
 
-/// `serve`: opens the backend, binds, and serves until SIGTERM/SIGINT.
+/// `serve`: opens the backend, binds, and serves until SIGTERM/SIGINT and the drain delay after it.
 async fn serve(settings: &Settings) -> Result<()> {
     let url = settings.backend_url()?;
     let backend = backend::open(&url).await?;
@@ -319,8 +319,11 @@ async fn serve(settings: &Settings) -> Result<()> {
     let stopped = move |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
+    // At the signal both faces turn not ready; the listeners stop only after the drain delay.
+    let faces = std::iter::once(app.draining()).chain(couchdb.as_ref().map(|(couch, _)| couch.draining())).collect();
+    let drain = std::time::Duration::from_secs(settings.shutdown_drain_secs);
     tokio::spawn(async move {
-        shutdown.await;
+        crate::server::drain_after_signal(shutdown, faces, drain).await;
         let _ = stop_tx.send(true);
     });
     eprintln!("agentstore: serving http://{local} on {describe}");

@@ -47,6 +47,11 @@ impl Default for StoreOptions {
 /// The config file read when present and no other is named.
 pub const DEFAULT_CONFIG_FILE: &str = "agentstore.toml";
 
+/// The default `shutdown_drain_secs`: longer than the shipped HAProxy configuration takes to mark
+/// a server down (`inter 1s fall 2`, deploy/haproxy/haproxy.cfg) with room for a slow check, and
+/// short enough that a rolling restart of three instances is not slowed much.
+pub const DEFAULT_SHUTDOWN_DRAIN_SECS: u64 = 5;
+
 /// The default `body_min_bytes_per_sec`: 16 KiB/s (128 kbit/s), below any link an upload is
 /// made over in practice, yet holding all of `max_connections`' default 1024 slots this way costs
 /// a client 16 MiB/s of sustained sending, where the trickle it bounds costs nothing.
@@ -119,6 +124,11 @@ pub struct Settings {
     pub max_inflight_parse_bytes: usize,
     /// On SIGTERM/SIGINT, how long in-flight requests may take to finish.
     pub shutdown_grace_secs: u64,
+    /// On SIGTERM/SIGINT, `serve` first answers not ready (`/readyz` 503, the CouchDB API's
+    /// `/_up` 404 `nolb`) and keeps accepting and serving for this many seconds, so a load
+    /// balancer's health check takes the instance out before its listeners close; then the grace
+    /// period starts. 0: stop accepting at once. A second signal ends the delay early.
+    pub shutdown_drain_secs: u64,
     /// CouchDB user, when the backend URL carries none.
     pub couchdb_user: Option<String>,
     /// CouchDB password, when the backend URL carries none.
@@ -479,6 +489,7 @@ impl Settings {
             .and_then(|b| b.set_default("couchdb_session_timeout_secs", 600u64))
             .and_then(|b| b.set_default("request_timeout_secs", 30u64))
             .and_then(|b| b.set_default("shutdown_grace_secs", 30u64))
+            .and_then(|b| b.set_default("shutdown_drain_secs", DEFAULT_SHUTDOWN_DRAIN_SECS))
             .and_then(|b| b.set_default("header_read_timeout_secs", 10u64))
             .and_then(|b| b.set_default("idle_timeout_secs", 60u64))
             .and_then(|b| b.set_default("max_connections", 1024u64))

@@ -804,7 +804,10 @@ async fn step(cursor: &mut Cursor) -> crate::Result<String> {
         Feed::Longpoll => at_end && cursor.rows_sent > 0,
         Feed::Continuous => false,
     };
-    if finished {
+    // A long-lived feed ends at shutdown after the page it has sent, even while writes keep
+    // coming (it would otherwise never reach a quiet end and be cut without its `last_seq`).
+    let stopping = request.feed != Feed::Normal && *cursor.stopping.borrow();
+    if finished || stopping {
         chunk.push_str(&finish(cursor).await?);
         return Ok(chunk);
     }

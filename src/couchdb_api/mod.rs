@@ -71,6 +71,8 @@ pub(crate) struct CouchState {
     pub auth: Arc<auth::CouchAuth>,
     /// Tells waiting `_changes` requests that the server is shutting down.
     pub stopping: tokio::sync::watch::Receiver<bool>,
+    /// Set on SIGTERM/SIGINT: `/_up` answers 404 `nolb` while requests are still served.
+    pub draining: crate::server::Draining,
     /// Bounds on `_changes` waits and long-lived feeds per login.
     pub feeds: Arc<changes::FeedBounds>,
     /// The databases besides the data-store one (built with the same bounds as
@@ -109,6 +111,8 @@ pub struct CouchApp {
     databases: Arc<crate::database::Databases>,
     open: bool,
     stopping: tokio::sync::watch::Sender<bool>,
+    /// Turns `/_up` not ready at SIGTERM, before the listener stops.
+    draining: crate::server::Draining,
 }
 
 impl CouchApp {
@@ -167,6 +171,7 @@ impl CouchApp {
             bodies: Arc::new(bodies),
             server_uuid: Arc::from(server_uuid.as_str()),
             stopping: stopping_seen,
+            draining: crate::server::Draining::default(),
             feeds: Arc::new(changes::FeedBounds::from_settings(settings)),
             databases,
             max_dbs_info_keys: settings.couchdb_max_dbs_info_keys,
@@ -178,7 +183,14 @@ impl CouchApp {
         let state = CouchState { database_router: db::router(state.clone()), ..state };
         let open = state.auth.is_open();
         let databases = Arc::clone(&state.databases);
-        Ok(CouchApp { router: router(state), databases, open, stopping })
+        let draining = state.draining.clone();
+        Ok(CouchApp { router: router(state), databases, open, stopping, draining })
+    }
+
+    /// What turns this face's `/_up` not ready when the process is told to stop
+    /// ([`crate::server::drain_after_signal`]).
+    pub fn draining(&self) -> crate::server::Draining {
+        self.draining.clone()
     }
 
     /// The databases besides the data-store one this API serves (tests look at their storage).
@@ -207,7 +219,7 @@ impl CouchApp {
         let limits = ConnectionLimits::from_settings(settings);
         crate::server::serve(
             listener,
-            self.router,
+            self.draining.close_connections_while_draining(self.router),
             limits,
             shutdown,
             Duration::from_secs(settings.shutdown_grace_secs),

@@ -48,8 +48,12 @@ pub async fn welcome(State(state): State<CouchState>) -> Response {
     )
 }
 
-/// `GET /_up`: the backend answers.
+/// `GET /_up`: the backend answers. While the process drains before it stops, 404 `nolb`: what
+/// CouchDB answers with `[couchdb] maintenance_mode = nolb`, "take me out of the load balancer".
 pub async fn up(State(state): State<CouchState>) -> Response {
+    if state.draining.is_draining() {
+        return json(StatusCode::NOT_FOUND, json!({ "status": "nolb" }));
+    }
     match state.store.backend().health().await {
         Ok(()) => json(StatusCode::OK, json!({ "status": "ok", "seeds": {} })),
         Err(err) => {

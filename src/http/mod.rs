@@ -72,6 +72,8 @@ pub struct App {
     token_count: usize,
     /// Tells waiting change-feed requests that the server is shutting down.
     stopping: tokio::sync::watch::Sender<bool>,
+    /// Turns `/readyz` not ready at SIGTERM, before the listener stops.
+    draining: server::Draining,
 }
 
 impl App {
@@ -99,7 +101,15 @@ impl App {
         // that gives up after the same time as the server.
         let feed = changes::FeedSettings { max_wait: request_timeout / 2, stopping: stopping_seen };
         let state_store = Arc::clone(&store);
-        let state = AppState { store, auth: Arc::new(auth), metrics: Arc::clone(&metrics), bodies, feed };
+        let draining = server::Draining::default();
+        let state = AppState {
+            store,
+            auth: Arc::new(auth),
+            metrics: Arc::clone(&metrics),
+            bodies,
+            feed,
+            draining: draining.clone(),
+        };
         // A safety net well behind the facade's cooperative deadline: a request cut there may have had
         // a write in flight, so the answer is 504 (outcome unknown), never 408.
         let router = router(state, request_timeout.saturating_mul(HARD_TIMEOUT_FACTOR));
@@ -112,7 +122,14 @@ impl App {
             auth_open,
             token_count,
             stopping,
+            draining,
         })
+    }
+
+    /// What turns this face's `/readyz` not ready when the process is told to stop
+    /// ([`server::drain_after_signal`]).
+    pub fn draining(&self) -> server::Draining {
+        self.draining.clone()
     }
 
     /// The facade the server writes through, for another protocol face served beside it.
@@ -133,7 +150,8 @@ impl App {
             shutdown.await;
             let _ = stopping.send(true);
         };
-        server::serve(listener, self.router, self.connections, shutdown, self.grace).await;
+        let router = self.draining.close_connections_while_draining(self.router);
+        server::serve(listener, router, self.connections, shutdown, self.grace).await;
         Ok(())
     }
 }

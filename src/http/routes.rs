@@ -38,6 +38,8 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     pub bodies: Arc<BodyBudget>,
     pub feed: super::changes::FeedSettings,
+    /// Set on SIGTERM/SIGINT: `/readyz` answers 503 while requests are still served.
+    pub draining: crate::server::Draining,
 }
 
 type ApiResult<T> = Result<T, ApiError>;
@@ -312,6 +314,11 @@ pub async fn healthz() -> Json<Value> {
 }
 
 pub async fn readyz(State(state): State<AppState>) -> Response {
+    // Told to stop: out of a balancer's rotation before the listener closes (the drain delay).
+    if state.draining.is_draining() {
+        return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "the server is shutting down")
+            .into_response();
+    }
     match state.store.backend().health().await {
         Ok(()) => Json(json!({ "status": "ready" })).into_response(),
         Err(e) => {

@@ -18,6 +18,9 @@
 //!   error, and whatever it answers is replaced by a 408 naming the bound: one implementation for
 //!   every router served here (the REST API and the CouchDB API), so neither face holds a
 //!   connection for a stalled body, and neither answers it with a 5xx.
+//! - At shutdown, a body still arriving when the grace period ends is cut the same way, and its
+//!   answer is a 503 naming `shutdown_grace_secs` (send it again, to another instance), given
+//!   within [`ANSWER_TIME`] before the server stops, rather than a connection dropped unanswered.
 //! - hyper's buffer of a connection holds at most `max_connection_buffer_bytes` (plus the piece
 //!   of an answer being queued): a client that stops reading a streamed answer holds that much
 //!   of it here (and the listing's page, docs/bounds.md "Slow readers"), not hyper's ~400 KB.
@@ -37,7 +40,7 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -59,6 +62,12 @@ use crate::config::Settings;
 
 /// How long a lingering close keeps reading what the client still sends.
 const LINGER_TIME: Duration = Duration::from_secs(5);
+
+/// After the grace period, how long the requests whose bodies were cut get to send their 503.
+pub const ANSWER_TIME: Duration = Duration::from_secs(2);
+
+/// The setting of the grace period (named in the 503 of a body cut when it ends).
+pub const SHUTDOWN_GRACE_SETTING: &str = "shutdown_grace_secs";
 
 /// The connection limits of one server.
 #[derive(Debug, Clone, Copy)]
@@ -138,7 +147,8 @@ pub const BODY_MIN_RATE_SETTING: &str = "body_min_bytes_per_sec";
 pub const BODY_MAX_TIME_SETTING: &str = "couchdb_attachment_grace_secs";
 
 /// Serves `router` on `listener` until `shutdown` resolves; then stops accepting, asks every
-/// connection to finish its request in flight and close, and waits up to `grace` for them.
+/// connection to finish its request in flight and close, and waits up to `grace` for them. Bodies
+/// still arriving then are cut (503), and their answers get up to [`ANSWER_TIME`].
 pub async fn serve(
     listener: TcpListener,
     router: Router,
@@ -148,14 +158,19 @@ pub async fn serve(
 ) {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let (stopping, stop) = watch::channel(false);
-    accept_until(&listener, &router, limits, &slots, &stop, shutdown).await;
+    let grace_over = Arc::new(AtomicBool::new(false));
+    accept_until(&listener, &router, limits, &slots, &stop, &grace_over, shutdown).await;
     drop(listener);
     tracing::info!("shutting down: finishing in-flight requests");
     let _ = stopping.send(true);
     // Every connection holds a slot until it is closed: all slots free means all closed.
     let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
     if tokio::time::timeout(grace, slots.acquire_many(all)).await.is_err() {
-        tracing::warn!(grace_secs = grace.as_secs(), "grace period over; stopping with requests still in flight");
+        tracing::warn!(grace_secs = grace.as_secs(), "grace period over: cutting request bodies still arriving");
+        grace_over.store(true, Ordering::Release);
+        if tokio::time::timeout(ANSWER_TIME, slots.acquire_many(all)).await.is_err() {
+            tracing::warn!("stopping with requests still in flight");
+        }
     }
 }
 
@@ -166,6 +181,7 @@ async fn accept_until(
     limits: ConnectionLimits,
     slots: &Arc<Semaphore>,
     stop: &watch::Receiver<bool>,
+    grace_over: &Arc<AtomicBool>,
     shutdown: impl Future<Output = ()>,
 ) {
     tokio::pin!(shutdown);
@@ -191,7 +207,8 @@ async fn accept_until(
         };
         let (stream, peer) = stream;
         let _ = stream.set_nodelay(true);
-        tokio::spawn(serve_connection(stream, peer, router.clone(), limits, stop.clone(), slot));
+        let stopping = (stop.clone(), Arc::clone(grace_over));
+        tokio::spawn(serve_connection(stream, peer, router.clone(), limits, stopping, slot));
     }
 }
 
@@ -201,7 +218,7 @@ async fn serve_connection(
     peer: SocketAddr,
     router: Router,
     limits: ConnectionLimits,
-    mut stop: watch::Receiver<bool>,
+    (mut stop, grace_over): (watch::Receiver<bool>, Arc<AtomicBool>),
     _slot: OwnedSemaphorePermit,
 ) {
     let activity = Arc::new(Activity::new());
@@ -212,7 +229,8 @@ async fn serve_connection(
             let handling = activity.begin_request();
             let cut = Arc::new(CutFlag::default());
             let bounds = limits.body;
-            let mut request = request.map(|body| Body::new(TimedBody::new(body, bounds, Arc::clone(&cut))));
+            let grace_over = Arc::clone(&grace_over);
+            let mut request = request.map(|body| Body::new(TimedBody::new(body, bounds, Arc::clone(&cut), grace_over)));
             request.extensions_mut().insert(ConnectInfo(peer));
             let response = router.clone().oneshot(request);
             async move {
@@ -220,7 +238,7 @@ async fn serve_connection(
                 drop(handling);
                 // Whatever the handler made of the read error, the client stalled: a 4xx.
                 response.map(|response| match cut.get() {
-                    Some(how) => body_timeout_response(response, how, &bounds),
+                    Some(how) => body_cut_response(response, how, &bounds),
                     None => response,
                 })
             }
@@ -415,6 +433,8 @@ struct TimedBody {
     received: u64,
     deadline: Option<Pin<Box<Sleep>>>,
     cut: Arc<CutFlag>,
+    /// Set when the server's shutdown grace period ends: the body is cut at its next read.
+    grace_over: Arc<AtomicBool>,
 }
 
 /// Which bound cut a body.
@@ -426,6 +446,8 @@ enum BodyCut {
     Slow,
     /// Longer than the whole-body bound.
     Total,
+    /// Still arriving when the shutdown grace period ended.
+    Shutdown,
 }
 
 /// Which bound, if any, cut a request's body: set by the body, read by the connection.
@@ -438,6 +460,7 @@ impl CutFlag {
             BodyCut::Idle => 1,
             BodyCut::Slow => 2,
             BodyCut::Total => 3,
+            BodyCut::Shutdown => 4,
         };
         self.0.store(code, Ordering::Release);
     }
@@ -447,6 +470,7 @@ impl CutFlag {
             1 => Some(BodyCut::Idle),
             2 => Some(BodyCut::Slow),
             3 => Some(BodyCut::Total),
+            4 => Some(BodyCut::Shutdown),
             _ => None,
         }
     }
@@ -465,8 +489,8 @@ impl std::fmt::Display for BodyTimedOut {
 impl std::error::Error for BodyTimedOut {}
 
 impl TimedBody {
-    fn new(inner: Incoming, limits: BodyTimeLimits, cut: Arc<CutFlag>) -> Self {
-        TimedBody { inner, limits, started: None, received: 0, deadline: None, cut }
+    fn new(inner: Incoming, limits: BodyTimeLimits, cut: Arc<CutFlag>, grace_over: Arc<AtomicBool>) -> Self {
+        TimedBody { inner, limits, started: None, received: 0, deadline: None, cut, grace_over }
     }
 
     fn cut_error(&self, how: BodyCut) -> Box<dyn std::error::Error + Send + Sync> {
@@ -481,6 +505,10 @@ impl hyper::body::Body for TimedBody {
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         if let Some(how) = self.cut.get() {
             return Poll::Ready(Some(Err(self.cut_error(how))));
+        }
+        if self.grace_over.load(Ordering::Acquire) {
+            self.cut.set(BodyCut::Shutdown);
+            return Poll::Ready(Some(Err(self.cut_error(BodyCut::Shutdown))));
         }
         if let Poll::Ready(frame) = Pin::new(&mut self.inner).poll_frame(cx) {
             if let Some(Ok(data)) = frame.as_ref().map(|frame| frame.as_ref().map(Frame::data_ref)) {
@@ -534,20 +562,29 @@ fn cut_reason(how: BodyCut, limits: &BodyTimeLimits) -> String {
             "the request body took more than {} s, the longest a body may take (half of {BODY_MAX_TIME_SETTING})",
             limits.max_time.as_secs()
         ),
+        BodyCut::Shutdown => format!(
+            "the server is shutting down and the request body was still arriving when its grace period \
+             ({SHUTDOWN_GRACE_SETTING}) ended; nothing of it was stored: send the request again"
+        ),
     }
 }
 
-/// The 408 for a client whose body stalled: the handler's headers (request id, server name) with
-/// the error body both faces use, `{"error", "reason"}`, naming the bound and its setting.
-fn body_timeout_response(response: Response, how: BodyCut, limits: &BodyTimeLimits) -> Response {
+/// The 408 for a client whose body stalled (503 for one cut by the shutdown): the handler's
+/// headers (request id, server name) with the error body both faces use, `{"error", "reason"}`,
+/// naming the bound and its setting.
+fn body_cut_response(response: Response, how: BodyCut, limits: &BodyTimeLimits) -> Response {
     let (mut parts, _) = response.into_parts();
-    parts.status = StatusCode::REQUEST_TIMEOUT;
+    let (status, error) = match how {
+        BodyCut::Shutdown => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+        _ => (StatusCode::REQUEST_TIMEOUT, "request_timeout"),
+    };
+    parts.status = status;
     for name in [header::CONTENT_LENGTH, header::CONTENT_ENCODING, header::TRANSFER_ENCODING, header::ETAG] {
         parts.headers.remove(name);
     }
     parts.headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     parts.headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
-    let body = serde_json::json!({ "error": "request_timeout", "reason": cut_reason(how, limits) });
+    let body = serde_json::json!({ "error": error, "reason": cut_reason(how, limits) });
     Response::from_parts(parts, Body::from(body.to_string()))
 }
 

@@ -1,7 +1,7 @@
 //! What both protocol faces share as servers: binding a listener with the loopback rule
 //! ([`bind`]), the accept loop with its connection limits, lingering close and body-read timeout
 //! ([`conn`]), the server-wide byte budgets of request bodies ([`budget`], measured by
-//! [`tree_size`]), catching a panicking handler ([`panic`]) and the shutdown signal
+//! [`tree_size`]), catching a panicking handler ([`panic`]) and the shutdown signal with its drain
 //! ([`shutdown`]), which the long-running CLI commands stop on too.
 //!
 //! The faces themselves (`http`, the REST API; `couchdb_api`, the CouchDB API) build their
@@ -18,4 +18,4 @@ pub use bind::{bind, Exposure};
 pub use budget::ByteBudget;
 pub use conn::{serve, ConnectionLimits};
 pub use panic::catch_panics;
-pub use shutdown::shutdown_signal;
+pub use shutdown::{drain_after_signal, shutdown_signal, Draining};

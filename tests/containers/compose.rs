@@ -46,13 +46,14 @@ fn compose_command() -> Result<&'static [&'static str], String> {
 
 /// Runs compose with `args` on the repository's file, with `env`; its stdout.
 fn compose(args: &[&str], env: &[(&str, &str)]) -> Result<String, String> {
+    compose_file(concat!(env!("CARGO_MANIFEST_DIR"), "/docker-compose.yml"), args, env)
+}
+
+/// Runs compose with `args` on the compose file `file`, with `env`; its stdout.
+pub fn compose_file(file: &str, args: &[&str], env: &[(&str, &str)]) -> Result<String, String> {
     let program = compose_command()?;
     let mut command = Command::new(program[0]);
-    command
-        .args(&program[1..])
-        .arg("--file")
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/docker-compose.yml"))
-        .args(args);
+    command.args(&program[1..]).arg("--file").arg(file).args(args);
     for (name, value) in env {
         command.env(name, value);
     }
@@ -136,7 +137,7 @@ async fn embedded_service(image: String) -> Result<(), String> {
 }
 
 /// A port free on 127.0.0.1 now.
-fn free_port() -> Result<String, String> {
+pub fn free_port() -> Result<String, String> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
     Ok(listener.local_addr().map_err(|e| e.to_string())?.port().to_string())
 }

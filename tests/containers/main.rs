@@ -1,6 +1,6 @@
 //! Every container test, in one binary: the service's own image, the testcontainers recipes for
-//! users' integration tests (Rust, Python, Node), the compose file, and the backends against
-//! their servers in containers.
+//! users' integration tests (Rust, Python, Node), the compose files (the local stack, and three
+//! instances behind HAProxy), and the backends against their servers in containers.
 //!
 //! Each group of trials runs against one image, named by a setting; it prints, before any trial
 //! runs, `RUN against IMAGE on ENGINE`, or `NOT RUN: reason` (its trials then show as ignored), or
@@ -13,6 +13,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod balanced;
 mod compose;
 mod corpus;
 mod couchdb;
@@ -57,6 +58,7 @@ fn main() -> ExitCode {
         readme::groups(),
         recipes::groups(),
         compose::groups(),
+        balanced::groups(),
         couchdb::groups(),
         dynamodb::groups(),
         firestore::groups(),
