@@ -78,6 +78,22 @@ pub struct Databases {
     write_guard: Option<Arc<dyn write_guard::WriteGuard>>,
 }
 
+/// What the catalog says of a database this server holds open ([`Databases::confirmed`]).
+enum Confirmation {
+    /// It is the one held.
+    Same,
+    /// It no longer exists.
+    Gone,
+    /// It was deleted and created again (through another instance): the one held is let go.
+    Replaced,
+}
+
+/// Whether two backend handles are one (their data, whatever the vtables the `dyn` pointers
+/// carry).
+fn same_handle(a: &Arc<dyn crate::backend::DocumentBackend>, b: &Arc<dyn crate::backend::DocumentBackend>) -> bool {
+    std::ptr::eq(Arc::as_ptr(a).cast::<()>(), Arc::as_ptr(b).cast::<()>())
+}
+
 struct OpenDatabase {
     database: Arc<Database>,
     last_used: std::time::Instant,
@@ -314,10 +330,18 @@ impl Databases {
         Ok(database)
     }
 
-    /// The database, or `None` when it does not exist.
+    /// The database, or `None` when it does not exist. A database already open is confirmed with
+    /// the catalog first, on every request: another instance over the same backend may have
+    /// deleted it, or deleted and created it again, since this one opened it
+    /// ([`Databases::confirmed`]).
     pub async fn open(&self, name: &DbName) -> Result<Option<Arc<Database>>> {
         if let Some(database) = self.already_open(name) {
-            return Ok(Some(database));
+            match self.confirmed(name, &database).await? {
+                Confirmation::Same => return Ok(Some(database)),
+                Confirmation::Gone => return Ok(None),
+                // Opened again below, the catalog's new handle in a new `Database`.
+                Confirmation::Replaced => {}
+            }
         }
         let lock = self.name_locks.of(name);
         let _held = lock.lock().await;
@@ -330,6 +354,30 @@ impl Databases {
         let database = self.database(name, backend);
         self.keep(name, &database).await;
         Ok(Some(database))
+    }
+
+    /// Whether the open `database` is still the one the catalog holds under `name`. The catalog
+    /// asks the backend (a DynamoDB table's id, a Firestore database's instance, CouchDB's HEAD;
+    /// the embedded store's files are one process's, so its catalog answers from memory) and
+    /// hands back the handle it keeps while the same incarnation exists. One kept no more is let
+    /// go here: requests still holding it fail `NotFound` from then on, as after a deletion
+    /// through this instance, and nothing of its state (counts, settings) outlives it.
+    async fn confirmed(&self, name: &DbName, database: &Arc<Database>) -> Result<Confirmation> {
+        let Some(catalog) = self.opened_catalog().await? else { return Ok(Confirmation::Gone) };
+        let current = catalog.open(name).await?;
+        let same = current.as_ref().is_some_and(|backend| same_handle(backend, database.backend()));
+        if same {
+            return Ok(Confirmation::Same);
+        }
+        let removed = {
+            let mut open = self.open_map();
+            let stale = open.get(name).is_some_and(|entry| Arc::ptr_eq(&entry.database, database));
+            stale && open.remove(name).is_some()
+        };
+        if removed {
+            database.mark_dropped();
+        }
+        Ok(if current.is_some() { Confirmation::Replaced } else { Confirmation::Gone })
     }
 
     /// Deletes a database and everything in it; `false` when there was none. Writes already

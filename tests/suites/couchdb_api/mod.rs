@@ -45,6 +45,7 @@ mod roles;
 mod sequences;
 mod server;
 mod server_rules;
+mod several_instances;
 mod slow_readers;
 mod view_index_slots;
 mod views;
@@ -229,6 +230,9 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
             Box::pin(view_index_slots::servers_sharing_an_index_directory(e))
         }),
         ("sessions_valid_on_every_instance", |e| Box::pin(instances::sessions_valid_on_every_instance(e))),
+        ("instances_see_a_database_deleted_and_created_again", |e| {
+            Box::pin(several_instances::deleted_and_created_again_on_another_instance(e))
+        }),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
