@@ -233,6 +233,12 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("instances_see_a_database_deleted_and_created_again", |e| {
             Box::pin(several_instances::deleted_and_created_again_on_another_instance(e))
         }),
+        ("instances_see_purges_in_views_and_indexes", |e| {
+            Box::pin(several_instances::purge_and_re_creation_reach_every_instance(e))
+        }),
+        ("instances_share_feeds_and_checkpoints", |e| {
+            Box::pin(several_instances::feeds_and_checkpoints_across_instances(e))
+        }),
     ];
     let mut trials = Vec::new();
     for backend in &backends {

@@ -113,3 +113,197 @@ pub(super) async fn deleted_and_created_again_on_another_instance(e: Endpoint) -
     }
     Ok(())
 }
+
+/// The databases a trial runs on: the data-store database on every backend, and a database of
+/// its own where several instances can share one ([`databases_shared`]).
+async fn trial_databases(e: &Endpoint, tag: &str) -> Result<Vec<String>, Failed> {
+    let mut databases = vec![DB.to_owned()];
+    if databases_shared(e) {
+        databases.push(fresh_db_named(e, "instances", tag).await?);
+    }
+    Ok(databases)
+}
+
+/// Document `n` of a trial, a valid data-store document (so it is one on every database).
+pub(super) fn numbered(namespace: &str, n: usize) -> Value {
+    doc("u", namespace, &format!("k{n}"), json!(n))
+}
+
+pub(super) fn id_of(document: &Value) -> String {
+    document["_id"].as_str().unwrap_or_default().to_owned()
+}
+
+/// `docs` written through `face` with `_bulk_docs`; their revisions, in order.
+pub(super) async fn bulk_written(face: Face<'_>, db: &str, docs: Vec<Value>) -> Result<Vec<String>, Failed> {
+    let answer = face.post(&format!("/{db}/_bulk_docs"), json!({ "docs": docs })).await?;
+    let answer = answer.expect(201, &face.says("_bulk_docs"))?;
+    let revs: Vec<String> =
+        answer.body.as_array().into_iter().flatten().filter_map(|row| row["rev"].as_str().map(str::to_owned)).collect();
+    check(revs.len() == docs.len(), || format!("{}: {}", face.says("_bulk_docs"), answer.body))?;
+    Ok(revs)
+}
+
+/// The view `_design/v/_view/by_value` and the `_find` served by the JSON index on `value`.
+const VIEW: &str = "_design/v/_view/by_value";
+
+async fn view_and_index_made(face: Face<'_>, db: &str) -> TestResult {
+    let design = json!({ "views": { "by_value": { "map": "function (doc) { emit(doc.value, null); }" } } });
+    face.put(&format!("/{db}/_design/v"), design).await?.expect(201, &face.says("the design document"))?;
+    let index = json!({ "index": { "fields": ["value"] }, "name": "by-value", "ddoc": "by-value", "type": "json" });
+    face.post(&format!("/{db}/_index"), index).await?.expect(200, &face.says("POST _index"))?;
+    Ok(())
+}
+
+/// The ids the view lists and the ids the index's `_find` answers, on `face`.
+async fn view_and_find_ids(face: Face<'_>, db: &str) -> Result<(Vec<String>, Vec<String>), Failed> {
+    let view = face.get(&format!("/{db}/{VIEW}")).await?.expect(200, &face.says("the view"))?;
+    let find = json!({ "selector": { "value": { "$gte": 0 } }, "use_index": "by-value", "sort": [{ "value": "asc" }] });
+    let found = face.post(&format!("/{db}/_find"), find).await?.expect(200, &face.says("_find"))?;
+    let found_ids =
+        found.body["docs"].as_array().into_iter().flatten().filter_map(|d| d["_id"].as_str().map(str::to_owned));
+    Ok((row_ids(&view.body, "rows"), found_ids.collect()))
+}
+
+/// Both faces list exactly `ids` in their view and their `_find`.
+async fn both_list(faces: [Face<'_>; 2], db: &str, ids: &[String], when: &str) -> TestResult {
+    for face in faces {
+        let (view, found) = view_and_find_ids(face, db).await?;
+        check(view == ids && found == ids, || {
+            format!("{} {when}: view {view:?}, _find {found:?}, wanted {ids:?}", face.says(db))
+        })?;
+    }
+    Ok(())
+}
+
+/// Both instances build the view and the JSON index; a purge through A reaches B's (and A's)
+/// view and `_find` at once. A database deleted and created again through A: B's view and
+/// `_find` answer from the new database only.
+pub(super) async fn purge_and_re_creation_reach_every_instance(e: Endpoint) -> TestResult {
+    let beside = e.beside_configured().await?;
+    let (a, b) = (Face::of_endpoint(&e), Face::of_beside(&beside, "B"));
+    for db in trial_databases(&e, "purged").await? {
+        view_and_index_made(a, &db).await?;
+        let docs: Vec<Value> = (0..3).map(|n| numbered("purged", n)).collect();
+        let revs = bulk_written(a, &db, docs.clone()).await?;
+        let ids: Vec<String> = docs.iter().map(id_of).collect();
+        both_list([a, b], &db, &ids, "before the purge").await?;
+        if let Some(why) = &e._ctx.no_purge {
+            println!("purge not checked on {}: {why}", e.backend);
+        } else {
+            let purge = json!({ ids[1].clone(): [revs[1].clone()] });
+            a.post(&format!("/{db}/_purge"), purge).await?.expect(201, &a.says("_purge"))?;
+            let kept = [ids[0].clone(), ids[2].clone()];
+            both_list([b, a], &db, &kept, "after A's purge").await?;
+        }
+        if db == DB {
+            continue;
+        }
+        a.call(Method::DELETE, &format!("/{db}"), None).await?.expect(200, &a.says("DELETE the database"))?;
+        a.call(Method::PUT, &format!("/{db}"), None).await?.expect(201, &a.says("PUT the database again"))?;
+        view_and_index_made(a, &db).await?;
+        let fresh = numbered("purged", 7);
+        bulk_written(a, &db, vec![fresh.clone()]).await?;
+        both_list([b, a], &db, &[id_of(&fresh)], "after the database was created again").await?;
+    }
+    Ok(())
+}
+
+/// How long a feed on one instance may take to show a write made through another: an idle feed
+/// polls the backend at least once a second (`POLL_CEILING` of `src/couchdb_api/changes.rs`),
+/// plus the trial's own slack for a loaded machine.
+const FEED_WAKE_BOUND: Duration = Duration::from_secs(4);
+
+/// A `last_seq` of A given to B as `since` continues exactly; B's `longpoll` and `continuous`
+/// feeds wake up for a write made through A within [`FEED_WAKE_BOUND`]; a `_local` checkpoint
+/// written through A reads on B at once, as do its update and deletion.
+pub(super) async fn feeds_and_checkpoints_across_instances(e: Endpoint) -> TestResult {
+    let beside = e.beside_configured().await?;
+    let (a, b) = (Face::of_endpoint(&e), Face::of_beside(&beside, "B"));
+    for db in trial_databases(&e, "feeds").await? {
+        let first: Vec<Value> = (0..3).map(|n| numbered("feeds", n)).collect();
+        bulk_written(a, &db, first).await?;
+        let on_a = a.get(&format!("/{db}/_changes")).await?.expect(200, &a.says("_changes"))?;
+        let since = on_a.body["last_seq"].clone();
+        let more: Vec<Value> = (3..5).map(|n| numbered("feeds", n)).collect();
+        bulk_written(a, &db, more.clone()).await?;
+        let since_text = since.as_str().map_or_else(|| since.to_string(), str::to_owned);
+        let query = percent_encoding::utf8_percent_encode(&since_text, percent_encoding::NON_ALPHANUMERIC);
+        let on_b = b.get(&format!("/{db}/_changes?since={query}")).await?.expect(200, &b.says("_changes since"))?;
+        let wanted: Vec<String> = more.iter().map(id_of).collect();
+        check(row_ids(&on_b.body, "results") == wanted, || {
+            format!("{} since A's {since}: {}, wanted {wanted:?}", b.says("_changes"), on_b.body)
+        })?;
+        let whole_a = a.get(&format!("/{db}/_changes")).await?.expect(200, &a.says("_changes"))?;
+        let whole_b = b.get(&format!("/{db}/_changes")).await?.expect(200, &b.says("_changes"))?;
+        check(whole_a.body["results"] == whole_b.body["results"], || {
+            format!("the whole feed: A {} B {}", whole_a.body, whole_b.body)
+        })?;
+        longpoll_wakes(a, b, &db, &whole_b.body["last_seq"]).await?;
+        continuous_wakes(a, b, &db).await?;
+        checkpoint_read_at_once(a, b, &db).await?;
+    }
+    Ok(())
+}
+
+/// B's `longpoll` from `since` answers with a write A makes while it waits.
+async fn longpoll_wakes(a: Face<'_>, b: Face<'_>, db: &str, since: &Value) -> TestResult {
+    let since = since.as_str().map_or_else(|| since.to_string(), str::to_owned);
+    let query = percent_encoding::utf8_percent_encode(&since, percent_encoding::NON_ALPHANUMERIC);
+    let waiting = b.request(Method::GET, &format!("/{db}/_changes?feed=longpoll&timeout=20000&since={query}")).send();
+    let waiting = tokio::spawn(waiting);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let written = numbered("feeds", 10);
+    let started = std::time::Instant::now();
+    bulk_written(a, db, vec![written.clone()]).await?;
+    let answer = tokio::time::timeout(FEED_WAKE_BOUND, waiting)
+        .await
+        .map_err(|_| format!("B's longpoll did not wake within {FEED_WAKE_BOUND:?} of A's write"))?
+        .map_err(|err| err.to_string())??;
+    let answer = Answer::read(answer).await?.expect(200, &b.says("longpoll"))?;
+    check(row_ids(&answer.body, "results") == [id_of(&written)], || {
+        format!("{} after {:?}: {}", b.says("longpoll"), started.elapsed(), answer.body)
+    })
+}
+
+/// B's `continuous` feed from `now` shows a write A makes while it runs.
+async fn continuous_wakes(a: Face<'_>, b: Face<'_>, db: &str) -> TestResult {
+    use futures::StreamExt;
+    let feed = b.request(Method::GET, &format!("/{db}/_changes?feed=continuous&since=now&timeout=20000&heartbeat=500"));
+    let mut body = feed.send().await?.bytes_stream();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let written = numbered("feeds", 11);
+    bulk_written(a, db, vec![written.clone()]).await?;
+    let wanted = id_of(&written);
+    let mut seen = String::new();
+    let shown = tokio::time::timeout(FEED_WAKE_BOUND, async {
+        while let Some(chunk) = body.next().await {
+            seen.push_str(&String::from_utf8_lossy(&chunk?));
+            let lines = seen.lines().filter_map(|line| serde_json::from_str::<Value>(line).ok());
+            if lines.into_iter().any(|row| row["id"] == json!(wanted)) {
+                return Ok(true);
+            }
+        }
+        Ok::<bool, reqwest::Error>(false)
+    })
+    .await;
+    check(matches!(shown, Ok(Ok(true))), || {
+        format!("B's continuous feed did not show A's write within {FEED_WAKE_BOUND:?}: {seen:?}")
+    })
+}
+
+/// A replicator's checkpoint written, updated and deleted through A reads so on B at once.
+async fn checkpoint_read_at_once(a: Face<'_>, b: Face<'_>, db: &str) -> TestResult {
+    let path = format!("/{db}/_local/checkpoint-instances");
+    let rev = a.put(&path, json!({ "last_seq": "1" })).await?.expect(201, &a.says("PUT the checkpoint"))?.rev()?;
+    let read = b.get(&path).await?.expect(200, &b.says("GET the checkpoint"))?;
+    check(read.body["last_seq"] == json!("1") && read.body["_rev"] == json!(rev), || {
+        format!("{}: {}", b.says("the checkpoint"), read.body)
+    })?;
+    let rev = a.put(&path, json!({ "_rev": rev, "last_seq": "2" })).await?.expect(201, &a.says("update it"))?.rev()?;
+    let read = b.get(&path).await?.expect(200, &b.says("GET the checkpoint again"))?;
+    check(read.body["last_seq"] == json!("2") && read.body["_rev"] == json!(rev), || {
+        format!("{} after its update: {}", b.says("the checkpoint"), read.body)
+    })?;
+    a.call(Method::DELETE, &format!("{path}?rev={rev}"), None).await?.expect(200, &a.says("DELETE the checkpoint"))?;
+    b.get(&path).await?.expect(404, &b.says("GET the deleted checkpoint")).map(drop)
+}
