@@ -15,6 +15,7 @@ mod attachments;
 mod attachments_forwarded;
 mod bulk;
 mod changes;
+mod consistency;
 mod crash_repairs;
 mod data_store;
 mod data_store_admin;
@@ -238,6 +239,9 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         }),
         ("instances_share_feeds_and_checkpoints", |e| {
             Box::pin(several_instances::feeds_and_checkpoints_across_instances(e))
+        }),
+        ("instances_agree_after_concurrent_writers", |e| {
+            Box::pin(consistency::instances_agree_after_concurrent_writers(e))
         }),
     ];
     let mut trials = Vec::new();
