@@ -39,7 +39,9 @@ use crate::backend::catalog::{Catalog, DbName};
 use crate::backend::BackendUrl;
 use crate::error::{Error, ErrorKind, Result};
 
-/// The server's databases besides the data-store one, opened once each and shared by requests.
+/// The server's databases besides the data-store one, opened once each and shared by requests;
+/// each is confirmed with the catalog before it serves a request ([`Databases::open`]), since
+/// another instance over the same backend may have deleted or re-created it.
 pub struct Databases {
     /// Where the catalog comes from: opened on first use (`None`: the backend keeps no databases
     /// besides the data-store one).
@@ -54,6 +56,9 @@ pub struct Databases {
     name_locks: NameLocks,
     /// How many stay open at once (`couchdb_max_open_databases`).
     max_open: usize,
+    /// How long an open database is served after the catalog last confirmed it before it is
+    /// confirmed again (`couchdb_database_recheck_ms`; zero: on every request).
+    recheck: std::time::Duration,
     /// Largest document body (`couchdb_max_document_bytes`), given to each database opened.
     max_document_bytes: usize,
     /// Largest revision tree of one document (`couchdb_max_tree_bytes`), given to each database
@@ -97,6 +102,8 @@ fn same_handle(a: &Arc<dyn crate::backend::DocumentBackend>, b: &Arc<dyn crate::
 struct OpenDatabase {
     database: Arc<Database>,
     last_used: std::time::Instant,
+    /// When the catalog last said this is the database of its name ([`Databases::confirmed`]).
+    confirmed: std::time::Instant,
 }
 
 /// A lock per database name, made when a request first needs it and gone when no request
@@ -139,6 +146,7 @@ impl Databases {
             open: std::sync::Mutex::new(HashMap::new()),
             name_locks: NameLocks::default(),
             max_open: max_open.max(1),
+            recheck: std::time::Duration::ZERO,
             max_document_bytes: engine::DEFAULT_MAX_DOCUMENT_BYTES,
             max_tree_bytes: engine::DEFAULT_MAX_TREE_BYTES,
             inner_bodies: engine::InnerBodyBounds::default(),
@@ -160,6 +168,7 @@ impl Databases {
             open: std::sync::Mutex::new(HashMap::new()),
             name_locks: NameLocks::default(),
             max_open: max_open.max(1),
+            recheck: std::time::Duration::ZERO,
             max_document_bytes: engine::DEFAULT_MAX_DOCUMENT_BYTES,
             max_tree_bytes: engine::DEFAULT_MAX_TREE_BYTES,
             inner_bodies: engine::InnerBodyBounds::default(),
@@ -205,6 +214,12 @@ impl Databases {
     pub fn with_inline_budget(self, bytes: usize, wait: std::time::Duration) -> Self {
         let inline_budget = Arc::new(crate::server::budget::ByteBudget::new(bytes.max(1)));
         Databases { inline_budget, inline_wait: wait, ..self }
+    }
+
+    /// How long an open database is served before the catalog is asked again whether it still
+    /// exists and is the same (`couchdb_database_recheck_ms`; zero, the default: every request).
+    pub fn with_recheck(self, recheck: std::time::Duration) -> Self {
+        Databases { recheck, ..self }
     }
 
     /// Every database checks its writes with `guard` (CouchDB's `validate_doc_update`).
@@ -266,12 +281,13 @@ impl Databases {
         self.open.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The database if it is open, marked as used now.
-    fn already_open(&self, name: &DbName) -> Option<Arc<Database>> {
+    /// The database if it is open, marked as used now, with whether the catalog confirmed it
+    /// within the recheck period.
+    fn already_open(&self, name: &DbName) -> Option<(Arc<Database>, bool)> {
         let mut open = self.open_map();
         let entry = open.get_mut(name)?;
         entry.last_used = std::time::Instant::now();
-        Some(Arc::clone(&entry.database))
+        Some((Arc::clone(&entry.database), entry.confirmed.elapsed() < self.recheck))
     }
 
     /// Keeps one more open database within the bound: while too many are open, the least
@@ -280,10 +296,8 @@ impl Databases {
     async fn keep(&self, name: &DbName, database: &Arc<Database>) {
         let idle: Vec<DbName> = {
             let mut open = self.open_map();
-            open.insert(
-                name.clone(),
-                OpenDatabase { database: Arc::clone(database), last_used: std::time::Instant::now() },
-            );
+            let now = std::time::Instant::now();
+            open.insert(name.clone(), OpenDatabase { database: Arc::clone(database), last_used: now, confirmed: now });
             let mut idle: Vec<(&DbName, std::time::Instant)> = open
                 .iter()
                 .filter(|(_, entry)| Arc::strong_count(&entry.database) == 1)
@@ -335,7 +349,10 @@ impl Databases {
     /// deleted it, or deleted and created it again, since this one opened it
     /// ([`Databases::confirmed`]).
     pub async fn open(&self, name: &DbName) -> Result<Option<Arc<Database>>> {
-        if let Some(database) = self.already_open(name) {
+        if let Some((database, fresh)) = self.already_open(name) {
+            if fresh {
+                return Ok(Some(database));
+            }
             match self.confirmed(name, &database).await? {
                 Confirmation::Same => return Ok(Some(database)),
                 Confirmation::Gone => return Ok(None),
@@ -345,8 +362,9 @@ impl Databases {
         }
         let lock = self.name_locks.of(name);
         let _held = lock.lock().await;
-        // Opened by the request that held the lock before this one.
-        if let Some(database) = self.already_open(name) {
+        // Opened by the request that held the lock before this one (just now: it asked the
+        // catalog).
+        if let Some((database, _)) = self.already_open(name) {
             return Ok(Some(database));
         }
         let Some(catalog) = self.opened_catalog().await? else { return Ok(None) };
@@ -366,14 +384,21 @@ impl Databases {
         let Some(catalog) = self.opened_catalog().await? else { return Ok(Confirmation::Gone) };
         let current = catalog.open(name).await?;
         let same = current.as_ref().is_some_and(|backend| same_handle(backend, database.backend()));
+        let removed = {
+            let mut open = self.open_map();
+            let held = open.get_mut(name).filter(|entry| Arc::ptr_eq(&entry.database, database));
+            match held {
+                Some(entry) if same => {
+                    entry.confirmed = std::time::Instant::now();
+                    false
+                }
+                Some(_) => open.remove(name).is_some(),
+                None => false,
+            }
+        };
         if same {
             return Ok(Confirmation::Same);
         }
-        let removed = {
-            let mut open = self.open_map();
-            let stale = open.get(name).is_some_and(|entry| Arc::ptr_eq(&entry.database, database));
-            stale && open.remove(name).is_some()
-        };
         if removed {
             database.mark_dropped();
         }
