@@ -555,7 +555,77 @@ mod tests {
             .expect("other databases answer while one creation waits on the backend");
         catalog.released.notify_one();
         creating.await.unwrap().unwrap();
+        // Opening it confirms it with the catalog, whose calls for this name wait: let it pass.
+        catalog.released.notify_one();
         assert!(databases.open(&name("slow")).await.unwrap().is_some(), "the slow one was created");
+    }
+
+    /// A catalog of one database whose current handle the test replaces or removes, as another
+    /// instance deleting or re-creating it would; it counts the times it is asked.
+    struct SwitchedByAnotherInstance {
+        current: std::sync::Mutex<Option<Arc<dyn crate::backend::DocumentBackend>>>,
+        asked: std::sync::atomic::AtomicUsize,
+    }
+
+    #[async_trait::async_trait]
+    impl Catalog for SwitchedByAnotherInstance {
+        fn describe(&self) -> String {
+            "switched".into()
+        }
+        async fn create(&self, _: &DbName) -> Result<Arc<dyn crate::backend::DocumentBackend>> {
+            Err(Error::conflict("exists"))
+        }
+        async fn open(&self, _: &DbName) -> Result<Option<Arc<dyn crate::backend::DocumentBackend>>> {
+            self.asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(self.current.lock().unwrap().clone())
+        }
+        async fn delete(&self, _: &DbName) -> Result<bool> {
+            Ok(false)
+        }
+        async fn list(&self) -> Result<Vec<DbName>> {
+            Ok(Vec::new())
+        }
+    }
+
+    /// An open database is confirmed with the catalog on every request by default: a handle
+    /// the catalog replaced (re-created elsewhere) is let go for the new one, and one it no
+    /// longer has (deleted elsewhere) is missing and fails requests holding it. With
+    /// `couchdb_database_recheck_ms` the catalog is asked once per period.
+    #[tokio::test]
+    async fn open_databases_follow_the_catalog() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = |file: &str| {
+            let path = dir.path().join(file);
+            async move {
+                Arc::new(crate::backend::embedded::EmbeddedBackend::open(&path).await.unwrap())
+                    as Arc<dyn crate::backend::DocumentBackend>
+            }
+        };
+        let catalog = Arc::new(SwitchedByAnotherInstance {
+            current: std::sync::Mutex::new(Some(backend("first.redb").await)),
+            asked: Default::default(),
+        });
+        let name = DbName::parse("d").unwrap();
+        let databases = Databases::new(Some(catalog.clone()), 8);
+        let first = databases.open(&name).await.unwrap().expect("open");
+        let again = databases.open(&name).await.unwrap().expect("open");
+        assert!(Arc::ptr_eq(&first, &again), "the same handle: one database");
+        let second = backend("second.redb").await;
+        *catalog.current.lock().unwrap() = Some(Arc::clone(&second));
+        let replaced = databases.open(&name).await.unwrap().expect("re-created");
+        assert!(same_handle(replaced.backend(), &second), "the new incarnation's handle");
+        assert_eq!(first.check_open().unwrap_err().kind(), ErrorKind::NotFound, "the old one is let go");
+        *catalog.current.lock().unwrap() = None;
+        assert!(databases.open(&name).await.unwrap().is_none(), "deleted elsewhere: missing at once");
+        assert_eq!(replaced.check_open().unwrap_err().kind(), ErrorKind::NotFound);
+
+        *catalog.current.lock().unwrap() = Some(second);
+        let rechecked = Databases::new(Some(catalog.clone()), 8).with_recheck(std::time::Duration::from_secs(60));
+        rechecked.open(&name).await.unwrap().expect("open");
+        let asked = catalog.asked.load(std::sync::atomic::Ordering::SeqCst);
+        *catalog.current.lock().unwrap() = None;
+        assert!(rechecked.open(&name).await.unwrap().is_some(), "served within the recheck period");
+        assert_eq!(catalog.asked.load(std::sync::atomic::Ordering::SeqCst), asked, "without asking the catalog");
     }
 
     /// A backend whose table is removed while a request is on it (a DynamoDB `DeleteTable`

@@ -11,7 +11,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::several_instances::{bulk_written, id_of, Face};
+use super::several_instances::{bulk_written, id_of, trial_databases, Face};
 use super::*;
 
 /// Documents both instances edit, and how many edits each instance tries on each.
@@ -160,11 +160,18 @@ async fn history_of(face: Face<'_>, db: &str, id: &str) -> Result<BTreeSet<Strin
     Ok(known)
 }
 
-/// Writers and replicators on A and B at once, then both agree and nothing acknowledged is lost.
+/// Writers and replicators on A and B at once, then both agree and nothing acknowledged is lost:
+/// on the data-store database and, where instances share them, on a database of its own.
 pub(super) async fn instances_agree_after_concurrent_writers(e: Endpoint) -> TestResult {
     let beside = e.beside_configured().await?;
     let (a, b) = (Face::of_endpoint(&e), Face::of_beside(&beside, "B"));
-    let db = if e.backend == "embedded" { DB.to_owned() } else { fresh_db_named(&e, "instances", "agree").await? };
+    for db in trial_databases(&e, "agree").await? {
+        writers_then_agreement(a, b, &db).await?;
+    }
+    Ok(())
+}
+
+async fn writers_then_agreement(a: Face<'_>, b: Face<'_>, db: &str) -> TestResult {
     let design = json!({ "views": { "by_value": { "map": "function (doc) { emit(doc.value, doc.key); }" } } });
     a.put(&format!("/{db}/_design/c"), design).await?.expect(201, &a.says("the design document"))?;
     let base = doc("u", "consistency", "replicated", json!(1));
@@ -176,15 +183,15 @@ pub(super) async fn instances_agree_after_concurrent_writers(e: Endpoint) -> Tes
     let replicated_id = id_of(&base);
     let mut editors = Vec::new();
     for n in 0..SHARED {
-        editors.push(edit_rounds(a, &db, n, 1));
-        editors.push(edit_rounds(b, &db, n, 2));
+        editors.push(edit_rounds(a, db, n, 1));
+        editors.push(edit_rounds(b, db, n, 2));
     }
     let (edits, own_a, own_b, branch_a, branch_b) = tokio::join!(
         futures::future::join_all(editors),
-        own_documents(a, &db),
-        own_documents(b, &db),
-        replicated_branch(a, &db, &replicated_id, 'a'),
-        replicated_branch(b, &db, &replicated_id, 'b'),
+        own_documents(a, db),
+        own_documents(b, db),
+        replicated_branch(a, db, &replicated_id, 'a'),
+        replicated_branch(b, db, &replicated_id, 'b'),
     );
     let mut tallies = vec![own_a?, own_b?];
     for tally in edits {
@@ -194,14 +201,14 @@ pub(super) async fn instances_agree_after_concurrent_writers(e: Endpoint) -> Tes
 
     let mut ids: BTreeSet<String> =
         tallies.iter().flat_map(|t| t.acknowledged.iter().map(|(id, _)| id.clone())).collect();
-    ids.insert(id_of(&base));
-    let (on_a, on_b) = (seen_on(a, &db, &ids).await?, seen_on(b, &db, &ids).await?);
-    check(on_a == on_b, || format!("A and B disagree:\nA {on_a:?}\nB {on_b:?}"))?;
-    let replicated = on_a.leaves.get(&id_of(&base)).cloned().unwrap_or_default();
+    ids.insert(replicated_id.clone());
+    let (on_a, on_b) = (seen_on(a, db, &ids).await?, seen_on(b, db, &ids).await?);
+    check(on_a == on_b, || format!("{db}: A and B disagree:\nA {on_a:?}\nB {on_b:?}"))?;
+    let replicated = on_a.leaves.get(&replicated_id).cloned().unwrap_or_default();
     check(replicated == BTreeSet::from([branch_a, branch_b]), || {
-        format!("the replicated document's leaves: {replicated:?}")
+        format!("{db}: the replicated document's leaves: {replicated:?}")
     })?;
-    edits_kept(a, &db, &tallies, &on_a).await
+    edits_kept(a, db, &tallies, &on_a).await
 }
 
 /// Every acknowledged revision is in a leaf's history; a document edited interactively only has

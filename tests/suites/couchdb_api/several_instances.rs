@@ -116,7 +116,7 @@ pub(super) async fn deleted_and_created_again_on_another_instance(e: Endpoint) -
 
 /// The databases a trial runs on: the data-store database on every backend, and a database of
 /// its own where several instances can share one ([`databases_shared`]).
-async fn trial_databases(e: &Endpoint, tag: &str) -> Result<Vec<String>, Failed> {
+pub(super) async fn trial_databases(e: &Endpoint, tag: &str) -> Result<Vec<String>, Failed> {
     let mut databases = vec![DB.to_owned()];
     if databases_shared(e) {
         databases.push(fresh_db_named(e, "instances", tag).await?);
