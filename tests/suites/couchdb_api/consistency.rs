@@ -16,9 +16,9 @@ use super::*;
 
 /// Documents both instances edit, and how many edits each instance tries on each.
 const SHARED: usize = 3;
-const ROUNDS: usize = 4;
+const ROUNDS: usize = 3;
 /// Documents each instance creates on its own.
-const OWN: usize = 4;
+const OWN: usize = 3;
 
 /// What one writer got: the revisions acknowledged (201, or a `_bulk_docs` row with `ok`) and
 /// how many edits were refused as conflicts (409, or a row with `conflict`).
