@@ -54,8 +54,11 @@ pub struct DynamoCatalog {
     /// (each keeps whether its layout was seen current, which saves a read per open). A table
     /// deleted and created again by another process has a new id, so its database gets a new
     /// handle: nothing the old one remembered applies to it.
-    open: Mutex<HashMap<DbName, (Option<String>, Arc<DynamoDbBackend>)>>,
+    open: Mutex<HashMap<DbName, OpenTable>>,
 }
+
+/// A database table's id (DynamoDB's `TableId`) and the backend opened over it.
+type OpenTable = (Option<String>, Arc<DynamoDbBackend>);
 
 impl DynamoCatalog {
     /// One SDK client for every database table (a `DynamoDbBackend` per table then costs no
