@@ -167,6 +167,12 @@ pub struct Settings {
     /// one is closed past it, and opened again on its next request. Bounds memory and file
     /// descriptors with thousands of databases.
     pub couchdb_max_open_databases: usize,
+    /// How long, in milliseconds, an open database is served before the backend is asked again
+    /// whether it still exists and is the same one (not deleted, nor deleted and created again,
+    /// through another instance over the same backend). 0, the default: on every request, so
+    /// such a change holds on this instance at its next request; a larger value saves that
+    /// backend call per request and lets the change arrive that much later.
+    pub couchdb_database_recheck_ms: u64,
     /// Largest document body on a database besides the data-store one, in bytes of its JSON
     /// (CouchDB's `max_document_size`); past it, 413 `document_too_large`.
     pub couchdb_max_document_bytes: usize,
@@ -504,6 +510,7 @@ impl Settings {
             .and_then(|b| b.set_default("couchdb_changes_max_feed_secs", 3_600u64))
             .and_then(|b| b.set_default("couchdb_max_feeds_per_login", 16u64))
             .and_then(|b| b.set_default("couchdb_max_open_databases", 128u64))
+            .and_then(|b| b.set_default("couchdb_database_recheck_ms", 0u64))
             .and_then(|b| b.set_default("couchdb_max_document_bytes", 8_000_000u64))
             .and_then(|b| b.set_default("couchdb_max_tree_bytes", 32u64 << 20))
             .and_then(|b| b.set_default("couchdb_inner_bodies_max_revisions", 100u64))
@@ -791,6 +798,7 @@ mod tests {
         assert_eq!(settings.couchdb_changes_max_feed_secs, 3_600);
         assert_eq!(settings.couchdb_max_feeds_per_login, 16);
         assert_eq!(settings.couchdb_max_open_databases, 128);
+        assert_eq!(settings.couchdb_database_recheck_ms, 0);
         assert_eq!(settings.couchdb_max_document_bytes, 8_000_000);
         assert_eq!(settings.couchdb_max_attachment_bytes, None, "no bound, as CouchDB's `infinity`");
         assert_eq!(settings.couchdb_attachment_grace_secs, 86_400, "a day, as the storage layer's grace");

@@ -160,7 +160,11 @@ pub trait Catalog: Send + Sync + 'static {
     /// Makes the database's namespace and opens it; `ErrorKind::Conflict` when it exists.
     async fn create(&self, name: &DbName) -> Result<Arc<dyn DocumentBackend>>;
 
-    /// The database, opened; `None` when it does not exist.
+    /// The database, opened; `None` when it does not exist. Asked before every request on an
+    /// open database (`crate::database::Databases`), so it looks at the backend each time (another
+    /// process may have deleted or re-created the database), and it hands back the same handle
+    /// while the database is the same one: a different handle tells that it was created again,
+    /// and the server lets go of the one it held.
     async fn open(&self, name: &DbName) -> Result<Option<Arc<dyn DocumentBackend>>>;
 
     /// Removes the database and everything of it from the backend (documents, tombstones, feed,

@@ -144,6 +144,7 @@ impl CouchApp {
         );
         let databases = Arc::new(
             crate::database::Databases::from_url(databases_url, settings.couchdb_max_open_databases)
+                .with_recheck(Duration::from_millis(settings.couchdb_database_recheck_ms))
                 .with_max_document_bytes(settings.couchdb_max_document_bytes)
                 .with_max_tree_bytes(settings.couchdb_max_tree_bytes)
                 .with_inner_body_bounds(crate::database::InnerBodyBounds {

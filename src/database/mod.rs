@@ -39,7 +39,9 @@ use crate::backend::catalog::{Catalog, DbName};
 use crate::backend::BackendUrl;
 use crate::error::{Error, ErrorKind, Result};
 
-/// The server's databases besides the data-store one, opened once each and shared by requests.
+/// The server's databases besides the data-store one, opened once each and shared by requests;
+/// each is confirmed with the catalog before it serves a request ([`Databases::open`]), since
+/// another instance over the same backend may have deleted or re-created it.
 pub struct Databases {
     /// Where the catalog comes from: opened on first use (`None`: the backend keeps no databases
     /// besides the data-store one).
@@ -54,6 +56,9 @@ pub struct Databases {
     name_locks: NameLocks,
     /// How many stay open at once (`couchdb_max_open_databases`).
     max_open: usize,
+    /// How long an open database is served after the catalog last confirmed it before it is
+    /// confirmed again (`couchdb_database_recheck_ms`; zero: on every request).
+    recheck: std::time::Duration,
     /// Largest document body (`couchdb_max_document_bytes`), given to each database opened.
     max_document_bytes: usize,
     /// Largest revision tree of one document (`couchdb_max_tree_bytes`), given to each database
@@ -78,9 +83,27 @@ pub struct Databases {
     write_guard: Option<Arc<dyn write_guard::WriteGuard>>,
 }
 
+/// What the catalog says of a database this server holds open ([`Databases::confirmed`]).
+enum Confirmation {
+    /// It is the one held.
+    Same,
+    /// It no longer exists.
+    Gone,
+    /// It was deleted and created again (through another instance): the one held is let go.
+    Replaced,
+}
+
+/// Whether two backend handles are one (their data, whatever the vtables the `dyn` pointers
+/// carry).
+fn same_handle(a: &Arc<dyn crate::backend::DocumentBackend>, b: &Arc<dyn crate::backend::DocumentBackend>) -> bool {
+    std::ptr::eq(Arc::as_ptr(a).cast::<()>(), Arc::as_ptr(b).cast::<()>())
+}
+
 struct OpenDatabase {
     database: Arc<Database>,
     last_used: std::time::Instant,
+    /// When the catalog last said this is the database of its name ([`Databases::confirmed`]).
+    confirmed: std::time::Instant,
 }
 
 /// A lock per database name, made when a request first needs it and gone when no request
@@ -123,6 +146,7 @@ impl Databases {
             open: std::sync::Mutex::new(HashMap::new()),
             name_locks: NameLocks::default(),
             max_open: max_open.max(1),
+            recheck: std::time::Duration::ZERO,
             max_document_bytes: engine::DEFAULT_MAX_DOCUMENT_BYTES,
             max_tree_bytes: engine::DEFAULT_MAX_TREE_BYTES,
             inner_bodies: engine::InnerBodyBounds::default(),
@@ -144,6 +168,7 @@ impl Databases {
             open: std::sync::Mutex::new(HashMap::new()),
             name_locks: NameLocks::default(),
             max_open: max_open.max(1),
+            recheck: std::time::Duration::ZERO,
             max_document_bytes: engine::DEFAULT_MAX_DOCUMENT_BYTES,
             max_tree_bytes: engine::DEFAULT_MAX_TREE_BYTES,
             inner_bodies: engine::InnerBodyBounds::default(),
@@ -189,6 +214,12 @@ impl Databases {
     pub fn with_inline_budget(self, bytes: usize, wait: std::time::Duration) -> Self {
         let inline_budget = Arc::new(crate::server::budget::ByteBudget::new(bytes.max(1)));
         Databases { inline_budget, inline_wait: wait, ..self }
+    }
+
+    /// How long an open database is served before the catalog is asked again whether it still
+    /// exists and is the same (`couchdb_database_recheck_ms`; zero, the default: every request).
+    pub fn with_recheck(self, recheck: std::time::Duration) -> Self {
+        Databases { recheck, ..self }
     }
 
     /// Every database checks its writes with `guard` (CouchDB's `validate_doc_update`).
@@ -250,12 +281,13 @@ impl Databases {
         self.open.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The database if it is open, marked as used now.
-    fn already_open(&self, name: &DbName) -> Option<Arc<Database>> {
+    /// The database if it is open, marked as used now, with whether the catalog confirmed it
+    /// within the recheck period.
+    fn already_open(&self, name: &DbName) -> Option<(Arc<Database>, bool)> {
         let mut open = self.open_map();
         let entry = open.get_mut(name)?;
         entry.last_used = std::time::Instant::now();
-        Some(Arc::clone(&entry.database))
+        Some((Arc::clone(&entry.database), entry.confirmed.elapsed() < self.recheck))
     }
 
     /// Keeps one more open database within the bound: while too many are open, the least
@@ -264,10 +296,8 @@ impl Databases {
     async fn keep(&self, name: &DbName, database: &Arc<Database>) {
         let idle: Vec<DbName> = {
             let mut open = self.open_map();
-            open.insert(
-                name.clone(),
-                OpenDatabase { database: Arc::clone(database), last_used: std::time::Instant::now() },
-            );
+            let now = std::time::Instant::now();
+            open.insert(name.clone(), OpenDatabase { database: Arc::clone(database), last_used: now, confirmed: now });
             let mut idle: Vec<(&DbName, std::time::Instant)> = open
                 .iter()
                 .filter(|(_, entry)| Arc::strong_count(&entry.database) == 1)
@@ -314,15 +344,27 @@ impl Databases {
         Ok(database)
     }
 
-    /// The database, or `None` when it does not exist.
+    /// The database, or `None` when it does not exist. A database already open is confirmed with
+    /// the catalog first, on every request: another instance over the same backend may have
+    /// deleted it, or deleted and created it again, since this one opened it
+    /// ([`Databases::confirmed`]).
     pub async fn open(&self, name: &DbName) -> Result<Option<Arc<Database>>> {
-        if let Some(database) = self.already_open(name) {
-            return Ok(Some(database));
+        if let Some((database, fresh)) = self.already_open(name) {
+            if fresh {
+                return Ok(Some(database));
+            }
+            match self.confirmed(name, &database).await? {
+                Confirmation::Same => return Ok(Some(database)),
+                Confirmation::Gone => return Ok(None),
+                // Opened again below, the catalog's new handle in a new `Database`.
+                Confirmation::Replaced => {}
+            }
         }
         let lock = self.name_locks.of(name);
         let _held = lock.lock().await;
-        // Opened by the request that held the lock before this one.
-        if let Some(database) = self.already_open(name) {
+        // Opened by the request that held the lock before this one (just now: it asked the
+        // catalog).
+        if let Some((database, _)) = self.already_open(name) {
             return Ok(Some(database));
         }
         let Some(catalog) = self.opened_catalog().await? else { return Ok(None) };
@@ -330,6 +372,37 @@ impl Databases {
         let database = self.database(name, backend);
         self.keep(name, &database).await;
         Ok(Some(database))
+    }
+
+    /// Whether the open `database` is still the one the catalog holds under `name`. The catalog
+    /// asks the backend (a DynamoDB table's id, a Firestore database's instance, CouchDB's HEAD;
+    /// the embedded store's files are one process's, so its catalog answers from memory) and
+    /// hands back the handle it keeps while the same incarnation exists. One kept no more is let
+    /// go here: requests still holding it fail `NotFound` from then on, as after a deletion
+    /// through this instance, and nothing of its state (counts, settings) outlives it.
+    async fn confirmed(&self, name: &DbName, database: &Arc<Database>) -> Result<Confirmation> {
+        let Some(catalog) = self.opened_catalog().await? else { return Ok(Confirmation::Gone) };
+        let current = catalog.open(name).await?;
+        let same = current.as_ref().is_some_and(|backend| same_handle(backend, database.backend()));
+        let removed = {
+            let mut open = self.open_map();
+            let held = open.get_mut(name).filter(|entry| Arc::ptr_eq(&entry.database, database));
+            match held {
+                Some(entry) if same => {
+                    entry.confirmed = std::time::Instant::now();
+                    false
+                }
+                Some(_) => open.remove(name).is_some(),
+                None => false,
+            }
+        };
+        if same {
+            return Ok(Confirmation::Same);
+        }
+        if removed {
+            database.mark_dropped();
+        }
+        Ok(if current.is_some() { Confirmation::Replaced } else { Confirmation::Gone })
     }
 
     /// Deletes a database and everything in it; `false` when there was none. Writes already
@@ -482,7 +555,77 @@ mod tests {
             .expect("other databases answer while one creation waits on the backend");
         catalog.released.notify_one();
         creating.await.unwrap().unwrap();
+        // Opening it confirms it with the catalog, whose calls for this name wait: let it pass.
+        catalog.released.notify_one();
         assert!(databases.open(&name("slow")).await.unwrap().is_some(), "the slow one was created");
+    }
+
+    /// A catalog of one database whose current handle the test replaces or removes, as another
+    /// instance deleting or re-creating it would; it counts the times it is asked.
+    struct SwitchedByAnotherInstance {
+        current: std::sync::Mutex<Option<Arc<dyn crate::backend::DocumentBackend>>>,
+        asked: std::sync::atomic::AtomicUsize,
+    }
+
+    #[async_trait::async_trait]
+    impl Catalog for SwitchedByAnotherInstance {
+        fn describe(&self) -> String {
+            "switched".into()
+        }
+        async fn create(&self, _: &DbName) -> Result<Arc<dyn crate::backend::DocumentBackend>> {
+            Err(Error::conflict("exists"))
+        }
+        async fn open(&self, _: &DbName) -> Result<Option<Arc<dyn crate::backend::DocumentBackend>>> {
+            self.asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(self.current.lock().unwrap().clone())
+        }
+        async fn delete(&self, _: &DbName) -> Result<bool> {
+            Ok(false)
+        }
+        async fn list(&self) -> Result<Vec<DbName>> {
+            Ok(Vec::new())
+        }
+    }
+
+    /// An open database is confirmed with the catalog on every request by default: a handle
+    /// the catalog replaced (re-created elsewhere) is let go for the new one, and one it no
+    /// longer has (deleted elsewhere) is missing and fails requests holding it. With
+    /// `couchdb_database_recheck_ms` the catalog is asked once per period.
+    #[tokio::test]
+    async fn open_databases_follow_the_catalog() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = |file: &str| {
+            let path = dir.path().join(file);
+            async move {
+                Arc::new(crate::backend::embedded::EmbeddedBackend::open(&path).await.unwrap())
+                    as Arc<dyn crate::backend::DocumentBackend>
+            }
+        };
+        let catalog = Arc::new(SwitchedByAnotherInstance {
+            current: std::sync::Mutex::new(Some(backend("first.redb").await)),
+            asked: Default::default(),
+        });
+        let name = DbName::parse("d").unwrap();
+        let databases = Databases::new(Some(catalog.clone()), 8);
+        let first = databases.open(&name).await.unwrap().expect("open");
+        let again = databases.open(&name).await.unwrap().expect("open");
+        assert!(Arc::ptr_eq(&first, &again), "the same handle: one database");
+        let second = backend("second.redb").await;
+        *catalog.current.lock().unwrap() = Some(Arc::clone(&second));
+        let replaced = databases.open(&name).await.unwrap().expect("re-created");
+        assert!(same_handle(replaced.backend(), &second), "the new incarnation's handle");
+        assert_eq!(first.check_open().unwrap_err().kind(), ErrorKind::NotFound, "the old one is let go");
+        *catalog.current.lock().unwrap() = None;
+        assert!(databases.open(&name).await.unwrap().is_none(), "deleted elsewhere: missing at once");
+        assert_eq!(replaced.check_open().unwrap_err().kind(), ErrorKind::NotFound);
+
+        *catalog.current.lock().unwrap() = Some(second);
+        let rechecked = Databases::new(Some(catalog.clone()), 8).with_recheck(std::time::Duration::from_secs(60));
+        rechecked.open(&name).await.unwrap().expect("open");
+        let asked = catalog.asked.load(std::sync::atomic::Ordering::SeqCst);
+        *catalog.current.lock().unwrap() = None;
+        assert!(rechecked.open(&name).await.unwrap().is_some(), "served within the recheck period");
+        assert_eq!(catalog.asked.load(std::sync::atomic::Ordering::SeqCst), asked, "without asking the catalog");
     }
 
     /// A backend whose table is removed while a request is on it (a DynamoDB `DeleteTable`

@@ -172,15 +172,26 @@ impl CrashLayer {
 pub struct CrashingCatalog {
     inner: Arc<dyn Catalog>,
     point: Arc<CrashPoint>,
+    /// The layer made over each handle of the inner catalog (by its address), handed out again
+    /// for the same handle: a catalog gives the same handle while a database is the same one,
+    /// and `Databases` lets go of an open database whose handle changed.
+    layers: std::sync::Mutex<Vec<(usize, Arc<dyn DocumentBackend>)>>,
 }
 
 impl CrashingCatalog {
     pub fn new(inner: Arc<dyn Catalog>, point: Arc<CrashPoint>) -> Self {
-        CrashingCatalog { inner, point }
+        CrashingCatalog { inner, point, layers: std::sync::Mutex::new(Vec::new()) }
     }
 
     fn layered(&self, backend: Arc<dyn DocumentBackend>) -> Arc<dyn DocumentBackend> {
-        Arc::new(CrashLayer::at(backend, Arc::clone(&self.point)))
+        let address = Arc::as_ptr(&backend).cast::<()>() as usize;
+        let mut layers = self.layers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((_, layer)) = layers.iter().find(|(kept, _)| *kept == address) {
+            return Arc::clone(layer);
+        }
+        let layer: Arc<dyn DocumentBackend> = Arc::new(CrashLayer::at(backend, Arc::clone(&self.point)));
+        layers.push((address, Arc::clone(&layer)));
+        layer
     }
 }
 

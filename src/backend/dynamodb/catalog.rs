@@ -50,10 +50,15 @@ pub struct DynamoCatalog {
     client: Client,
     /// The data-store table's configuration; a database's is this one with its own table name.
     base: DynamoConfig,
-    /// Backends opened so far, reused while their table exists (each keeps whether its layout
-    /// was seen current, which saves a read per open).
-    open: Mutex<HashMap<DbName, Arc<DynamoDbBackend>>>,
+    /// Backends opened so far with their table's id, reused while a table of that id exists
+    /// (each keeps whether its layout was seen current, which saves a read per open). A table
+    /// deleted and created again by another process has a new id, so its database gets a new
+    /// handle: nothing the old one remembered applies to it.
+    open: Mutex<HashMap<DbName, OpenTable>>,
 }
+
+/// A database table's id (DynamoDB's `TableId`) and the backend opened over it.
+type OpenTable = (Option<String>, Arc<DynamoDbBackend>);
 
 impl DynamoCatalog {
     /// One SDK client for every database table (a `DynamoDbBackend` per table then costs no
@@ -87,8 +92,14 @@ impl DynamoCatalog {
 
     /// The table's status; `None` when it does not exist.
     async fn status(&self, table: &str) -> Result<Option<TableStatus>> {
+        Ok(self.described(table).await?.and_then(|(status, _)| status))
+    }
+
+    /// The table's status and id (DynamoDB's `TableId`, drawn at each creation); `None` when it
+    /// does not exist.
+    async fn described(&self, table: &str) -> Result<Option<(Option<TableStatus>, Option<String>)>> {
         match self.client.describe_table().table_name(table).send().await {
-            Ok(output) => Ok(output.table.and_then(|t| t.table_status)),
+            Ok(output) => Ok(output.table.map(|t| (t.table_status, t.table_id))),
             Err(e) if e.as_service_error().is_some_and(|s| s.is_resource_not_found_exception()) => Ok(None),
             Err(e) => Err(map_sdk(e, &format!("describe table {table:?}"))),
         }
@@ -188,7 +199,8 @@ impl Catalog for DynamoCatalog {
             .with_source(err)
         })?;
         backend.write_marker().await?;
-        self.open.lock().await.insert(name.clone(), Arc::clone(&backend));
+        let id = self.described(&table).await?.and_then(|(_, id)| id);
+        self.open.lock().await.insert(name.clone(), (id, Arc::clone(&backend)));
         Ok(backend)
     }
 
@@ -196,19 +208,21 @@ impl Catalog for DynamoCatalog {
         // Names no table can have exist nowhere.
         let Ok(table) = self.table_of(name) else { return Ok(None) };
         // Asked every time: another process may have dropped (or re-created) it.
-        match self.status(&table).await? {
-            None | Some(TableStatus::Deleting) => {
+        let id = match self.described(&table).await? {
+            None | Some((Some(TableStatus::Deleting), _)) => {
                 self.open.lock().await.remove(name);
                 return Ok(None);
             }
-            Some(_) => {}
-        }
-        if let Some(backend) = self.open.lock().await.get(name) {
-            return Ok(Some(Arc::clone(backend) as Arc<dyn DocumentBackend>));
+            Some((_, id)) => id,
+        };
+        if let Some((kept_id, backend)) = self.open.lock().await.get(name) {
+            if *kept_id == id {
+                return Ok(Some(Arc::clone(backend) as Arc<dyn DocumentBackend>));
+            }
         }
         let backend = Arc::new(DynamoDbBackend::new(self.client.clone(), &self.config_of(table)));
         self.ready(&backend).await?;
-        self.open.lock().await.insert(name.clone(), Arc::clone(&backend));
+        self.open.lock().await.insert(name.clone(), (id, Arc::clone(&backend)));
         Ok(Some(backend))
     }
 

@@ -15,6 +15,7 @@ mod attachments;
 mod attachments_forwarded;
 mod bulk;
 mod changes;
+mod consistency;
 mod crash_repairs;
 mod data_store;
 mod data_store_admin;
@@ -46,6 +47,7 @@ mod roles;
 mod sequences;
 mod server;
 mod server_rules;
+mod several_instances;
 mod slow_readers;
 mod view_index_slots;
 mod views;
@@ -232,6 +234,18 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("sessions_valid_on_every_instance", |e| Box::pin(instances::sessions_valid_on_every_instance(e))),
         ("lockout_counted_across_instances", |e| Box::pin(lockout::lockout_counted_across_instances(e))),
         ("lockout_behind_trusted_proxies", |e| Box::pin(lockout::lockout_behind_trusted_proxies(e))),
+        ("instances_see_a_database_deleted_and_created_again", |e| {
+            Box::pin(several_instances::deleted_and_created_again_on_another_instance(e))
+        }),
+        ("instances_see_purges_in_views_and_indexes", |e| {
+            Box::pin(several_instances::purge_and_re_creation_reach_every_instance(e))
+        }),
+        ("instances_share_feeds_and_checkpoints", |e| {
+            Box::pin(several_instances::feeds_and_checkpoints_across_instances(e))
+        }),
+        ("instances_agree_after_concurrent_writers", |e| {
+            Box::pin(consistency::instances_agree_after_concurrent_writers(e))
+        }),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
