@@ -123,6 +123,11 @@ impl DynamoCatalog {
     /// Waits for a table to become ACTIVE and makes sure it carries the layout marker (every
     /// database table is made by this release, so a missing marker only means its creator
     /// stopped before writing it).
+    /// Whether the table is there and ACTIVE now (a failed look-up counts as not).
+    async fn is_active(&self, table: &str) -> bool {
+        matches!(self.described(table).await, Ok(Some((Some(TableStatus::Active), _))))
+    }
+
     async fn ready(&self, backend: &DynamoDbBackend) -> Result<()> {
         backend.wait_until_active_within(ACTIVE_WAIT).await?;
         if let LayoutState::NeedsUpgrade(_) = backend.layout_state().await? {
@@ -220,8 +225,15 @@ impl Catalog for DynamoCatalog {
                 return Ok(Some(Arc::clone(backend) as Arc<dyn DocumentBackend>));
             }
         }
-        let backend = Arc::new(DynamoDbBackend::new(self.client.clone(), &self.config_of(table)));
-        self.ready(&backend).await?;
+        let backend = Arc::new(DynamoDbBackend::new(self.client.clone(), &self.config_of(table.clone())));
+        if let Err(err) = self.ready(&backend).await {
+            // Deleted (through another instance or request) between DescribeTable and these
+            // reads: the database is missing, CouchDB's 404, not a misconfigured server's 500.
+            if err.kind() == ErrorKind::Misconfigured && !self.is_active(&table).await {
+                return Ok(None);
+            }
+            return Err(err);
+        }
         self.open.lock().await.insert(name.clone(), (id, Arc::clone(&backend)));
         Ok(Some(backend))
     }
