@@ -318,13 +318,7 @@ impl PhaseResult {
 
 /// A client with one keep-alive connection.
 fn http_client() -> Result<reqwest::Client, String> {
-    reqwest::Client::builder()
-        .no_proxy()
-        .pool_max_idle_per_host(1)
-        .tcp_nodelay(true)
-        .timeout(REQUEST_TIMEOUT)
-        .build()
-        .map_err(|e| format!("HTTP client: {}", describe(&e)))
+    crate::common::phase::keep_alive_client(REQUEST_TIMEOUT)
 }
 
 /// `PUT /{db}/{doc}/blob.bin` of `body`, creating the document.

@@ -44,6 +44,7 @@ use serde_json::{json, Value};
 
 use crate::balancer::{Deployment, DeploymentSpec};
 use crate::common;
+use crate::common::phase::Latencies;
 use crate::common::workload::spread;
 use crate::servers;
 
@@ -142,13 +143,7 @@ impl Config {
 
 /// A client with one keep-alive connection.
 fn http_client() -> Result<reqwest::Client, String> {
-    reqwest::Client::builder()
-        .no_proxy()
-        .pool_max_idle_per_host(1)
-        .tcp_nodelay(true)
-        .timeout(REQUEST_TIMEOUT)
-        .build()
-        .map_err(|e| format!("HTTP client: {}", describe(&e)))
+    crate::common::phase::keep_alive_client(REQUEST_TIMEOUT)
 }
 
 /// Sends a request and parses its JSON answer; any status but a 2xx is an error naming it.
@@ -287,34 +282,20 @@ fn check(holds: bool, what: impl FnOnce() -> String) -> Result<(), String> {
 /// What one phase measured.
 struct Phase {
     op: Op,
-    elapsed: Duration,
-    /// Every call's wall time, sorted.
-    latencies: Vec<Duration>,
+    latencies: Latencies,
 }
 
 impl Phase {
-    fn per_s(&self) -> f64 {
-        self.latencies.len() as f64 / self.elapsed.as_secs_f64().max(f64::MIN_POSITIVE)
-    }
-
-    fn quantile_ms(&self, q: f64) -> f64 {
-        let index = ((self.latencies.len() as f64 * q).ceil() as usize).saturating_sub(1);
-        self.latencies.get(index).map_or(f64::NAN, |d| d.as_secs_f64() * 1e3)
-    }
-
+    /// `1234 (2.1 / 9.8)`: requests/s (median / p99 ms).
     fn cell(&self) -> String {
-        format!("{:.0} ({:.1} / {:.1})", self.per_s(), self.quantile_ms(0.5), self.quantile_ms(0.99))
+        let latencies = &self.latencies;
+        format!("{:.0} ({:.1} / {:.1})", latencies.per_s(), latencies.quantile_ms(0.5), latencies.quantile_ms(0.99))
     }
 
     fn to_json(&self) -> Value {
-        json!({
-            "op": self.op.label(),
-            "calls": self.latencies.len(),
-            "elapsed_s": self.elapsed.as_secs_f64(),
-            "per_s": self.per_s(),
-            "p50_ms": self.quantile_ms(0.5),
-            "p99_ms": self.quantile_ms(0.99),
-        })
+        let mut json = self.latencies.to_json();
+        json["op"] = json!(self.op.label());
+        json
     }
 }
 
@@ -322,27 +303,9 @@ impl Phase {
 async fn run_phase(base: &str, config: &Config, op: Op, tag: &str) -> Result<Phase, String> {
     let connections = (0..config.clients).map(|_| http_client()).collect::<Result<Vec<_>, _>>()?;
     let duration = Duration::from_secs(config.seconds);
-    let clients = config.clients as u64;
-    let started = Instant::now();
-    let outcomes = futures::future::join_all(connections.iter().enumerate().map(|(client, http)| async move {
-        let mut latencies = Vec::new();
-        let mut round = client as u64;
-        while started.elapsed() < duration {
-            let began = Instant::now();
-            op.call(http, base, config.docs, round, tag).await?;
-            latencies.push(began.elapsed());
-            round += clients;
-        }
-        Ok::<_, String>(latencies)
-    }))
-    .await;
-    let elapsed = started.elapsed();
-    let mut latencies = Vec::new();
-    for outcome in outcomes {
-        latencies.extend(outcome?);
-    }
-    latencies.sort();
-    Ok(Phase { op, elapsed, latencies })
+    let latencies =
+        Latencies::measure(&connections, duration, |http, round| op.call(http, base, config.docs, round, tag)).await?;
+    Ok(Phase { op, latencies })
 }
 
 // ---- one deployment ----

@@ -59,6 +59,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::common;
+use crate::common::phase::Latencies;
 use crate::common::targets::{load_average, mib, reset_peak, status_kib, Kind, Running};
 
 use common::{bench_main, describe, run_suffix, write_report};
@@ -182,13 +183,7 @@ fn total_of(count: usize) -> u64 {
 
 /// A client with one keep-alive connection.
 fn http_client() -> Result<reqwest::Client, String> {
-    reqwest::Client::builder()
-        .no_proxy()
-        .pool_max_idle_per_host(1)
-        .tcp_nodelay(true)
-        .timeout(REQUEST_TIMEOUT)
-        .build()
-        .map_err(|e| format!("HTTP client: {}", describe(&e)))
+    crate::common::phase::keep_alive_client(REQUEST_TIMEOUT)
 }
 
 /// `POST /{db}/_bulk_docs` of documents `from..to`; every row must be a new revision.
@@ -321,71 +316,36 @@ fn spread(round: u64) -> usize {
 /// What one query phase measured.
 struct PhaseResult {
     query: Query,
-    elapsed: Duration,
-    /// Every call's wall time, sorted.
-    latencies: Vec<Duration>,
+    latencies: Latencies,
 }
 
 impl PhaseResult {
-    fn per_s(&self) -> f64 {
-        self.latencies.len() as f64 / self.elapsed.as_secs_f64().max(f64::MIN_POSITIVE)
-    }
-
-    fn quantile_ms(&self, q: f64) -> f64 {
-        let index = ((self.latencies.len() as f64 * q).ceil() as usize).saturating_sub(1);
-        self.latencies.get(index).map_or(f64::NAN, |d| d.as_secs_f64() * 1e3)
-    }
-
     /// `1,234 (2.1 / 9.8)`: queries/s (median / p99 ms); under 10 queries/s with a decimal.
     fn cell(&self) -> String {
-        let per_s = self.per_s();
+        let per_s = self.latencies.per_s();
         let rate = if per_s < 10.0 { format!("{per_s:.1}") } else { thousands(per_s) };
-        format!("{rate} ({:.1} / {:.1})", self.quantile_ms(0.5), self.quantile_ms(0.99))
+        format!("{rate} ({:.1} / {:.1})", self.latencies.quantile_ms(0.5), self.latencies.quantile_ms(0.99))
     }
 
     fn to_json(&self) -> Value {
-        json!({
-            "query": self.query.label(),
-            "calls": self.latencies.len(),
-            "elapsed_s": self.elapsed.as_secs_f64(),
-            "per_s": self.per_s(),
-            "median_ms": self.quantile_ms(0.5),
-            "p99_ms": self.quantile_ms(0.99),
-            "max_ms": self.latencies.last().map(|d| d.as_secs_f64() * 1e3),
-        })
+        let mut json = self.latencies.to_json();
+        json["query"] = json!(self.query.label());
+        json
     }
 }
 
 /// `config.clients` clients, each on a connection of its own, repeating `query` for
-/// `config.seconds`. The clients are futures of this task, not tasks: each mostly waits on its
-/// socket.
+/// `config.seconds`.
 async fn run_phase(target: &Running, db: &str, config: &Config, query: Query) -> Result<PhaseResult, String> {
     let connections = (0..config.clients).map(|_| http_client()).collect::<Result<Vec<_>, _>>()?;
-    let duration = Duration::from_secs(config.seconds);
     let docs = config.docs;
-    let clients = config.clients as u64;
-    let started = Instant::now();
-    let outcomes = futures::future::join_all(connections.iter().enumerate().map(|(client, http)| async move {
-        let mut latencies = Vec::new();
-        let mut round = client as u64;
-        while started.elapsed() < duration {
-            let (method, path, body) = query.request(db, docs, round);
-            let began = Instant::now();
-            let answer = target.expect_success(http, method.clone(), &path, body.as_ref()).await?;
-            latencies.push(began.elapsed());
-            query.check(&answer).map_err(|e| format!("{method} {path}: {e}"))?;
-            round += clients;
-        }
-        Ok::<_, String>(latencies)
-    }))
-    .await;
-    let elapsed = started.elapsed();
-    let mut latencies = Vec::new();
-    for outcome in outcomes {
-        latencies.extend(outcome?);
-    }
-    latencies.sort();
-    Ok(PhaseResult { query, elapsed, latencies })
+    let latencies = Latencies::measure(&connections, Duration::from_secs(config.seconds), |http, round| async move {
+        let (method, path, body) = query.request(db, docs, round);
+        let answer = target.expect_success(http, method.clone(), &path, body.as_ref()).await?;
+        query.check(&answer).map_err(|e| format!("{method} {path}: {e}"))
+    })
+    .await?;
+    Ok(PhaseResult { query, latencies })
 }
 
 // ---- one target ----

@@ -8,6 +8,7 @@
 //! - [`bulk`]: `bulk_write` throughput from concurrent callers;
 //! - [`report`]: the stdout tables, the failure summary and the JSON report;
 //! - [`serve`]: a spawned `agentstore serve` for the HTTP benches.
+//! - [`phase`]: a timed phase of concurrent HTTP clients and its latencies.
 //! - [`targets`]: the targets the HTTP benches measure side by side, pouchdb-server among them.
 //!
 //! A bench supplies its raw side by implementing [`load::Bench`] (and [`bulk::BulkBench`] for a
@@ -17,6 +18,7 @@
 pub mod bulk;
 pub mod facade;
 pub mod load;
+pub mod phase;
 pub mod report;
 pub mod serve;
 pub mod targets;
