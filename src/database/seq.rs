@@ -16,7 +16,8 @@
 //!   rank of the `since` an answer reads from (the `N` of a sequence this server issued, 0 from
 //!   the start, the feed's length for `now` or a token without one) plus each row's place in the
 //!   answer; at the end of the feed, the feed's length. The length is the backend's count,
-//!   remembered for a bounded time (its `count_max_age_ms`).
+//!   served again only after a check that nothing changed since (`raw::count_cache`), plus the
+//!   entries purges took out ([`erased`], read each time).
 //! - A rank is exact while the documents before the reader's position stay where they are. A
 //!   document changed again after a reader passed it moves to the end of the feed, so the reader's
 //!   `N` runs ahead by one until it reaches the end of the feed, where `N` is the count again (so
@@ -97,10 +98,7 @@ pub async fn count_erased(backend: &dyn DocumentBackend, erased_name: &str) -> c
         body.insert("count".into(), serde_json::Value::from(count.saturating_add(1)));
         body.insert(POSITION_FIELD.into(), serde_json::Value::from(position.as_str()));
         match backend.put_local(erased_name, &body, precondition).await {
-            Ok(_) => {
-                with_erased_seen(|seen| seen.remove(&seen_key(backend, erased_name)));
-                return Ok(());
-            }
+            Ok(_) => return Ok(()),
             Err(err) if err.is_conflict() => continue,
             Err(err) => return Err(err),
         }
@@ -145,66 +143,16 @@ pub async fn erased(backend: &dyn DocumentBackend, erased_name: &str) -> crate::
         .unwrap_or(0))
 }
 
-/// How long an erased count read from a database's backend is served again while its feed's
-/// length stays the same: the default of the backends' own `count_max_age_ms`.
-pub const ERASED_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(1);
-/// The most databases whose erased count is remembered at once: past it the memory is cleared,
-/// which costs only a read each.
-pub const ERASED_REMEMBERED: usize = 4096;
-
-/// An erased count read, with the feed's length it was read after.
-#[derive(Clone, Copy)]
-struct ErasedSeen {
-    entries: u64,
-    erased: u64,
-    read_at: std::time::Instant,
-}
-
-/// The erased counts read lately, by the backend's description (a database's table or
-/// collection) and the count's name: so a `_changes` poll or `GET /{db}` costs no read of `db:erased` besides the
-/// feed's count, which the backend remembers itself (`crate::backend::raw::count_cache`).
-///
-/// A remembered count is served while the feed's length is the one it was read after and it is
-/// younger than [`ERASED_MAX_AGE`]; a purge in this process forgets it at once ([`count_erased`]).
-/// A purge anywhere counts its entry before it takes it out of the feed, so a length that moved
-/// (it went down by a purge) is followed by a fresh read of the count, which holds that purge:
-/// the sum never goes back. While the length stays, a purge elsewhere shows within the max age.
-static ERASED_SEEN: std::sync::Mutex<Option<std::collections::HashMap<String, ErasedSeen>>> =
-    std::sync::Mutex::new(None);
-
-fn with_erased_seen<T>(f: impl FnOnce(&mut std::collections::HashMap<String, ErasedSeen>) -> T) -> T {
-    let mut seen = ERASED_SEEN.lock().unwrap_or_else(|e| e.into_inner());
-    f(seen.get_or_insert_with(Default::default))
-}
-
-/// Where an erased count is remembered: the database's backend (its table or collection) and the
-/// count's name there.
-fn seen_key(backend: &dyn DocumentBackend, erased_name: &str) -> String {
-    format!("{}\n{erased_name}", backend.describe())
-}
-
-/// The erased count of `backend`, whose feed is `entries` long now: the remembered one while it
-/// is fresh ([`ERASED_SEEN`]), else read (after the length: see there) and remembered.
-async fn erased_after(backend: &dyn DocumentBackend, erased_name: &str, entries: u64) -> crate::Result<u64> {
-    let key = seen_key(backend, erased_name);
-    let remembered = with_erased_seen(|seen| seen.get(&key).copied());
-    if let Some(seen) = remembered.filter(|s| s.entries == entries && s.read_at.elapsed() < ERASED_MAX_AGE) {
-        return Ok(seen.erased);
-    }
-    let erased = erased(backend, erased_name).await?;
-    with_erased_seen(|seen| {
-        if seen.len() >= ERASED_REMEMBERED && !seen.contains_key(&key) {
-            seen.clear();
-        }
-        seen.insert(key, ErasedSeen { entries, erased, read_at: std::time::Instant::now() });
-    });
-    Ok(erased)
-}
-
 /// The feed's length where the backend counts it, and the entries purges took out of it.
 pub async fn counted(backend: &dyn DocumentBackend, erased_name: &str) -> crate::Result<Option<(u64, u64)>> {
+    // The erased count is read each time, after the length: a purge counts its entry before it
+    // takes it out of the feed, so a length without the entry is followed by a count with it (the
+    // sum never goes back), and a purge through another process shows at once. Remembering it
+    // while the length stays (as earlier releases did, for 1 s) would miss a purge and a create
+    // elsewhere that leave the length as it was; the read is one small local document, where the
+    // length's own check is a query per feed shard (`raw::count_cache`).
     match backend.feed_length().await? {
-        Some(entries) => Ok(Some((entries, erased_after(backend, erased_name, entries).await?))),
+        Some(entries) => Ok(Some((entries, erased(backend, erased_name).await?))),
         None => Ok(None),
     }
 }
@@ -326,7 +274,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_erased_count_is_read_once_while_the_feed_stays_and_again_after_a_purge() {
+    async fn the_erased_count_is_read_after_the_length_each_time() {
         use std::sync::atomic::Ordering::SeqCst;
         const NAME: &str = "db:erased";
         let dir = tempfile::tempdir().expect("temp dir");
@@ -334,17 +282,15 @@ mod tests {
         let backend = Counting { store, entries: 5.into(), local_reads: 0.into() };
         let reads = || backend.local_reads.load(SeqCst);
         assert_eq!(counted_length(&backend, NAME).await.expect("count"), Some(5));
-        assert_eq!(counted_length(&backend, NAME).await.expect("count"), Some(5));
-        assert_eq!(current_and_length(&backend, NAME).await.expect("current").1, Some(5));
-        assert_eq!(reads(), 1, "polls while the feed stays read db:erased once");
-        // A purge of this process: counted, then its entry taken out of the feed.
-        count_erased(&backend, NAME).await.expect("count erased");
-        backend.entries.store(4, SeqCst);
+        // A purge through another process: counted, then its entry taken out of the feed, then a
+        // create there: the feed's length is as it was, the erased count is not.
+        let other = Counting { store: backend.store.clone(), entries: 5.into(), local_reads: 0.into() };
+        count_erased(&other, NAME).await.expect("count erased");
         let before = reads();
-        assert_eq!(counted_length(&backend, NAME).await.expect("count"), Some(5), "N does not go back");
-        assert_eq!(reads(), before + 1, "the purge's count is read again");
+        assert_eq!(counted_length(&backend, NAME).await.expect("count"), Some(6), "N shows the purge at once");
+        assert_eq!(reads(), before + 1, "one read of the erased count");
+        backend.entries.store(4, SeqCst);
         assert_eq!(counted(&backend, NAME).await.expect("count"), Some((4, 1)));
-        assert_eq!(reads(), before + 1);
         assert_eq!(erased(&backend, "other").await.expect("other name"), 0, "each name its own count");
     }
 

@@ -644,11 +644,12 @@ impl DocumentBackend for DynamoDbBackend {
     }
 
     /// A database table's live documents (design documents included), counted over the id
-    /// index with `Select=COUNT` queries ([`super::count`]): no body is read, but every entry of
+    /// index with `Select=COUNT` queries (`ids.rs`): no body is read, but every entry of
     /// the index is, so a count costs about one read unit per 8 KB of index (tens of bytes an
     /// entry: some 60 read units per 10,000 documents) and one query per shard and MB. A count is
-    /// served again for `count_max_age_ms` (default 1 s) unless a write of this process came
-    /// since. The index trails the table by DynamoDB's index propagation (usually well under a
+    /// served again, for at most `count_max_age_ms` (default 60 s) and never after a write of
+    /// this process, only when its check holds (`count_check.rs`: 16 small queries and a
+    /// `GetItem`, some 9 read units whatever the table's size). The index trails the table by DynamoDB's index propagation (usually well under a
     /// second; immediate on dynalite), as `all_docs` does. The data-store table answers `None`:
     /// it is every user's data, and its `doc_count` stays `ItemCount` (docs/databases.md).
     async fn exact_count(&self) -> Result<Option<u64>> {
@@ -685,11 +686,11 @@ impl DocumentBackend for DynamoDbBackend {
     }
 
     async fn erase_prefix(&self, prefix: &str) -> Result<u64> {
-        self.erase_ids_with_prefix(prefix).await
+        self.traced(self.erase_ids_with_prefix(prefix).await).await
     }
 
     async fn erase_id(&self, id: &str, options: &EraseOptions) -> Result<bool> {
-        self.erase_one_id(id, options).await
+        self.traced(self.erase_one_id(id, options).await).await
     }
 
     async fn get_local(&self, name: &str) -> Result<Option<StoredDocument>> {

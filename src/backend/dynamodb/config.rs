@@ -2,9 +2,9 @@
 //! with the document model's settings `revs_limit=N` (revision ids remembered per document,
 //! default 1000), `settle_ms=N` (how far behind "now" the change feed reads, default 5000) and
 //! `write_timeout_ms=N` (the limit of one write attempt, default 2000, below `settle_ms`); see
-//! docs/dynamodb-layout.md for what the last two guarantee. `count_max_age_ms=N` (default 1000,
-//! `0` for never) is how long a database table's exact document count is served again
-//! (docs/databases.md, "Document counts").
+//! docs/dynamodb-layout.md for what the last two guarantee. `count_max_age_ms=N` (default 60000,
+//! `0` for never) is the most a database table's exact document count is served again, each time
+//! only after a check that no write or erasure landed since (docs/databases.md, "Document counts").
 //!
 //! The table defaults to `agent_data_store` and the GSI to `idx-user-namespace`. Credentials come
 //! from the standard AWS chain (environment, profile, SSO, container and instance roles); the
@@ -53,9 +53,12 @@ pub const DEFAULT_SETTLE: Duration = Duration::from_millis(5000);
 /// The default limit of one write attempt (stamping its feed position to its answer).
 pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_millis(2000);
 
-/// How long an exact count of a database table is served again by default
-/// (`count_max_age_ms`; the count itself is `ids.rs`'s, remembered by `count.rs`).
-pub const DEFAULT_COUNT_MAX_AGE: Duration = Duration::from_secs(1);
+/// The most an exact count of a database table is served again by default (`count_max_age_ms`;
+/// the count itself is `ids.rs`'s, remembered by `raw::count_cache`). Each use is checked first
+/// (`count_check.rs`: the feed's latest entries and the purge trace), so another process's write
+/// shows at the next request whatever the age; the age only bounds how long an unseen failure of
+/// that check (a write stamped more than `settle_ms` late) could last.
+pub const DEFAULT_COUNT_MAX_AGE: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DynamoConfig {
@@ -70,8 +73,8 @@ pub struct DynamoConfig {
     pub settle: Duration,
     /// One write attempt is abandoned (and retried with a fresh feed position) after this.
     pub write_timeout: Duration,
-    /// How long an exact document count is served again (`count_max_age_ms`; see
-    /// [`super::count`]); zero for never.
+    /// The most an exact document count is served again, each use checked first
+    /// (`count_max_age_ms`); zero for never.
     pub count_max_age: Duration,
     /// Whether the table carries the user/namespace GSI (`index`): the data-store table does
     /// and must; a database table of the catalog ([`super::catalog`]) does not, since only the

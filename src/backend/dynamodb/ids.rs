@@ -378,8 +378,9 @@ impl DynamoDbBackend {
         if !self.counts_exactly() || self.layout_state().await? != LayoutState::Current {
             return Ok(None);
         }
-        let count = self.count_shards(|shard| self.count_shard(shard));
-        self.count_cache().get_or_count(Counted::LiveDocuments, count).await.map(Some)
+        let count = self.count_with_check(self.count_shards(|shard| self.count_shard(shard)));
+        let check = |window| self.count_fingerprint(window);
+        self.count_cache().get_or_count(Counted::LiveDocuments, count, check).await.map(Some)
     }
 
     /// The count behind `feed_length` for a database table: the feed index's entries; `None`
@@ -388,8 +389,9 @@ impl DynamoDbBackend {
         if !self.counts_exactly() || self.layout_state().await? != LayoutState::Current {
             return Ok(None);
         }
-        let count = self.count_shards(|shard| self.count_feed_shard(shard));
-        self.count_cache().get_or_count(Counted::FeedEntries, count).await.map(Some)
+        let count = self.count_with_check(self.count_shards(|shard| self.count_feed_shard(shard)));
+        let check = |window| self.count_fingerprint(window);
+        self.count_cache().get_or_count(Counted::FeedEntries, count, check).await.map(Some)
     }
 
     /// The sum of `count_one` over every shard, [`COUNT_CONCURRENCY`] shards at once.

@@ -12,7 +12,8 @@
 //! - [`write`]: writes that continue generations and ancestry, tombstones, replicated writes.
 //! - [`feed`]: the change feed over the sharded feed index.
 //! - [`ids`]: documents in id order over the sharded id index, erasure by prefix or of one id.
-//! - [`count`]: a database table's exact document count over the id index.
+//! - [`ids`] also holds a database table's exact counts over the indexes; [`count_check`] the
+//!   check that a remembered count still holds (the feed's latest entries, the purge trace).
 //! - [`local`]: `_local/` documents.
 //! - [`layout`]: the document model's attributes and indexes.
 //! - [`upgrade`]: the layout marker, creating the indexes, and the upgrade of the previous
@@ -25,6 +26,7 @@ mod backend;
 pub mod catalog;
 pub mod codec;
 pub mod config;
+mod count_check;
 mod error;
 mod feed;
 mod ids;

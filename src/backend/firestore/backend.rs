@@ -42,8 +42,8 @@ pub struct FirestoreBackend {
     pub(super) config: FirestoreConfig,
     /// Set once the collection is known to have this release's layout (it never goes back).
     pub(super) layout_current: AtomicBool,
-    /// The count of the feed's entries, remembered for `count_max_age_ms` or until this
-    /// backend's next commit.
+    /// The count of the feed's entries, remembered for at most `count_max_age_ms` and until this
+    /// backend's next commit, served only while its check holds (`count_check.rs`).
     counts: CountCache,
 }
 
@@ -575,10 +575,12 @@ impl DocumentBackend for FirestoreBackend {
     async fn feed_length(&self) -> Result<Option<u64>> {
         // One COUNT aggregation over the collection (every document's one entry, live or a
         // tombstone; chunks and local documents live in other collections), billed as one read
-        // per 1,000 index entries, remembered for `count_max_age_ms` or until this backend commits.
+        // per 1,000 index entries; served again, for at most `count_max_age_ms` and until this
+        // backend commits, only while its check holds (`count_check.rs`: one query reading the
+        // window's documents, at least one read, and one document read).
         self.require_layout("the change feed").await?;
-        let count = async { self.count(None, None).await.map(|(all, _)| all) };
-        self.counts.get_or_count(Counted::FeedEntries, count).await.map(Some)
+        let check = |window| self.count_fingerprint(window);
+        self.counts.get_or_count(Counted::FeedEntries, self.feed_count_with_check(), check).await.map(Some)
     }
 
     async fn health(&self) -> Result<()> {

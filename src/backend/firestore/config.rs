@@ -9,8 +9,9 @@
 //! `https://firestore.googleapis.com` (a regional endpoint, or a test server). `revs_limit=N`
 //! (default 1000, at most 2000 so the ancestry fits beside a full document) is how many revision
 //! ids each document remembers; `settle_ms=N` (default 5000) is the change feed's settle window
-//! (see `docs/firestore-layout.md`); `count_max_age_ms=N` (default 1000; `0` counts every time)
-//! is how long a count of the change feed's entries is served again (`raw::count_cache`).
+//! (see `docs/firestore-layout.md`); `count_max_age_ms=N` (default 60000; `0` counts every time)
+//! is the most a count of the change feed's entries is served again, each time only after a check
+//! that no write or erasure landed since (`raw::count_cache`, `count_check.rs`).
 
 use std::time::Duration;
 
@@ -31,8 +32,10 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 pub const MAX_REVS_LIMIT: usize = 2000;
 /// How far before the last read time a change-feed sweep looks for late request times.
 pub const DEFAULT_SETTLE: Duration = Duration::from_secs(5);
-/// How long a count of the feed's entries is served again, unless this process writes first.
-pub const DEFAULT_COUNT_MAX_AGE: Duration = Duration::from_millis(1000);
+/// The most a count of the feed's entries is served again, unless this process writes first.
+/// Each use is checked first (the feed's latest entries and the purge trace), so another
+/// process's write shows at the next request whatever the age.
+pub const DEFAULT_COUNT_MAX_AGE: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FirestoreConfig {
@@ -51,7 +54,7 @@ pub struct FirestoreConfig {
     pub revs_limit: usize,
     /// The change feed's settle window: the most a write's request time may precede its commit.
     pub settle: Duration,
-    /// How long a count of the feed's entries is served again (`count_max_age_ms`).
+    /// The most a checked count of the feed's entries is served again (`count_max_age_ms`).
     pub count_max_age: Duration,
     /// The document the collections live under (`{catalog collection}/{database}` for a
     /// database of the catalog, [`super::catalog`]); `None`, the data store's case: at the root

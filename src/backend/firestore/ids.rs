@@ -123,6 +123,11 @@ impl FirestoreBackend {
                 erased += 1;
                 after = Some(id);
             }
+            if !writes.is_empty() {
+                // After the page's deletions (the last group): other processes' remembered counts
+                // fail their check.
+                writes.push(self.purge_trace_write());
+            }
             self.commit_in_groups(&writes, &doing).await?;
             if past_prefix || !full {
                 return Ok(erased);
@@ -160,6 +165,8 @@ impl FirestoreBackend {
             }
             writes[0]["currentDocument"] = json!({ "updateTime": state.update_time });
         }
+        // With the document's deletion: other processes' remembered counts fail their check.
+        writes.insert(1, self.purge_trace_write());
         self.commit_in_groups(&writes, &doing).await.map_err(|err| match &options.if_revision {
             Some(expected) if err.is_conflict() || err.is_not_found() => {
                 Error::conflict(format!("document {id:?} is no longer at revision {expected}: not erased"))
