@@ -16,6 +16,7 @@ mod attachments_forwarded;
 mod bulk;
 mod changes;
 mod consistency;
+mod counts_across_instances;
 mod crash_repairs;
 mod data_store;
 mod data_store_admin;
@@ -245,6 +246,9 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         }),
         ("instances_agree_after_concurrent_writers", |e| {
             Box::pin(consistency::instances_agree_after_concurrent_writers(e))
+        }),
+        ("instances_count_each_other_s_writes_at_once", |e| {
+            Box::pin(counts_across_instances::counts_follow_another_instance_at_once(e))
         }),
     ];
     let mut trials = Vec::new();

@@ -66,7 +66,7 @@ impl<'a> Face<'a> {
 
 /// Whether the trial's backend keeps databases several instances can share (all but the embedded
 /// store, whose database files one process opens).
-fn databases_shared(e: &Endpoint) -> bool {
+pub(super) fn databases_shared(e: &Endpoint) -> bool {
     if e.backend == "embedded" {
         println!("the embedded store's database files are opened by one process: no second instance shares them");
         return false;
