@@ -103,9 +103,11 @@ async fn server_with_table() -> MockServer {
     server
 }
 
-/// GetItem and BatchGetItem finding nothing, below any mock a test mounts itself.
+/// GetItem and BatchGetItem finding nothing, and UpdateItem (the purge trace an erasure bumps)
+/// succeeding, below any mock a test mounts itself.
 async fn mount_empty_reads(server: &MockServer) {
     operation("GetItem").respond_with(answer(200, json!({}))).with_priority(10).mount(server).await;
+    operation("UpdateItem").respond_with(answer(200, json!({}))).with_priority(10).mount(server).await;
     operation("BatchGetItem")
         .respond_with(answer(200, json!({"Responses": {TABLE: []}, "UnprocessedKeys": {}})))
         .with_priority(10)

@@ -92,13 +92,23 @@ impl DynamoDbBackend {
     }
 
     /// `erasure`'s outcome, after bumping the purge trace (whatever the outcome but a conflict,
-    /// which erased nothing: an erasure that timed out may have landed), so other processes'
-    /// remembered counts fail their check before the erasure is acknowledged.
+    /// which erased nothing: an erasure that failed part way may have erased some), so other
+    /// processes' remembered counts fail their check before the erasure is acknowledged. An
+    /// erasure that succeeded fails if the trace cannot be bumped (it is safe to repeat); one that
+    /// failed keeps its own error, the trace's only logged.
     pub(super) async fn traced<T>(&self, erasure: Result<T>) -> Result<T> {
-        if !matches!(&erasure, Err(err) if err.is_conflict()) {
-            self.trace_purge().await?;
+        if matches!(&erasure, Err(err) if err.is_conflict()) {
+            return erasure;
         }
-        erasure
+        let traced = self.trace_purge().await;
+        match (erasure, traced) {
+            (Ok(_), Err(err)) => Err(err),
+            (Err(err), Err(trace)) => {
+                tracing::warn!(table = %self.table(), error = %trace, "a failed erasure left the purge trace as it was");
+                Err(err)
+            }
+            (erasure, Ok(())) => erasure,
+        }
     }
 
     async fn trace_purge(&self) -> Result<()> {
