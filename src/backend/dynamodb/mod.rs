@@ -11,15 +11,16 @@
 //!   ([`crate::backend::raw::compressed`]) where not.
 //! - [`write`]: writes that continue generations and ancestry, tombstones, replicated writes.
 //! - [`feed`]: the change feed over the sharded feed index.
-//! - [`ids`]: documents in id order over the sharded id index, erasure by prefix or of one id.
-//! - [`ids`] also holds a database table's exact counts over the indexes; [`count_check`] the
-//!   check that a remembered count still holds (the feed's latest entries, the purge trace).
+//! - [`ids`]: documents in id order over the sharded id index, erasure by prefix or of one id,
+//!   and a database table's exact counts over the indexes.
 //! - [`local`]: `_local/` documents.
 //! - [`layout`]: the document model's attributes and indexes.
 //! - [`upgrade`]: the layout marker, creating the indexes, and the upgrade of the previous
 //!   release's items.
 //! - [`catalog`]: the databases besides the data store's, a table each.
 //! - [`attachments`]: attachment chunks, an item each, under id-index shards of their own.
+//! - [`count_check`]: the check that a remembered count still holds (the feed's latest entries,
+//!   the purge trace every erasure bumps).
 
 pub mod attachments;
 mod backend;

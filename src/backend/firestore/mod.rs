@@ -13,13 +13,13 @@
 //! - [`write`]: writes that continue generations and ancestry, tombstones, replicated writes.
 //! - [`feed`]: the change feed (`_changedAt` sweeps) and its positions.
 //! - [`ids`]: documents in id order, erasure by prefix or of one id.
-//! - [`count_check`]: the check that a remembered count still holds (the feed's latest entries,
-//!   the purge trace every erasure increments).
 //! - [`local`]: `_local/` documents.
 //! - [`layout`]: the document model's fields: stored revisions, ancestry, tombstones, feed time.
 //! - [`upgrade`]: the layout marker and the upgrade of documents of the previous release.
 //! - [`catalog`]: the databases besides the data store's, each under its marker document.
 //! - [`attachments`]: attachment chunks, a document each in a collection beside the data's.
+//! - [`count_check`]: the check that a remembered count still holds (the feed's latest entries,
+//!   the purge trace every erasure increments).
 
 mod attachments;
 mod backend;
