@@ -11,7 +11,6 @@
 //! `doc_count` 1. The CouchDB backend keeps its own trees: nothing to check.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use agentstore::backend::{DocumentBackend, Precondition};
 use agentstore::database::rev_tree::RevTree;
@@ -89,12 +88,9 @@ pub(super) async fn replicator_reads_repair_a_cut_create(e: Endpoint) -> TestRes
     Ok(())
 }
 
-/// `doc_count` of `db`, read after the backend's count has had time to catch up (DynamoDB
-/// serves a count again for `count_max_age_ms`, 1 s by default).
+/// `doc_count` of `db`, at once: a remembered count is served only after a check that nothing
+/// changed since (`src/backend/raw/count_cache.rs`).
 async fn doc_count(e: &Endpoint, db: &str) -> Result<Value, Failed> {
-    if e.backend == "dynamodb" {
-        tokio::time::sleep(Duration::from_millis(1_100)).await;
-    }
     let info = e.get(&format!("/{db}")).await?.expect(200, "GET /db")?;
     Ok(info.body["doc_count"].clone())
 }
