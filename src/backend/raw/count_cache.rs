@@ -200,6 +200,7 @@ mod tests {
         async fn get(&self, cache: &CountCache, what: Counted) -> u64 {
             let count = async {
                 self.counts.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(5)).await;
                 let fingerprint = self.fingerprint();
                 let check = fingerprint.map(|fingerprint| Check { window: "w".into(), fingerprint });
                 Ok((self.value.load(Ordering::SeqCst), check))
@@ -235,6 +236,28 @@ mod tests {
         assert_eq!(fake.get(&cache, Counted::LiveDocuments).await, 7);
         assert_eq!(fake.get(&cache, Counted::LiveDocuments).await, 7);
         assert_eq!(fake.counted(), 3);
+    }
+
+    #[tokio::test]
+    async fn callers_waiting_for_a_count_share_the_next_one() {
+        let cache = CountCache::new(Duration::from_secs(60));
+        let fake = Fake::new(7);
+        // Over the limit: nothing is served again, so only sharing saves counts.
+        *fake.entries.lock().expect("entries") =
+            (0..=FINGERPRINT_ENTRIES_MAX).map(|n| (format!("d{n}"), n.to_string())).collect();
+        let arriving_during_the_count = || async {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            fake.get(&cache, Counted::LiveDocuments).await
+        };
+        // The first counts; the two arriving during its count wait, and share the one that
+        // begins after they arrived (the first's may miss a write acknowledged to them).
+        let (first, second, third) = tokio::join!(
+            fake.get(&cache, Counted::LiveDocuments),
+            arriving_during_the_count(),
+            arriving_during_the_count()
+        );
+        assert_eq!((first, second, third), (7, 7, 7));
+        assert_eq!(fake.counted(), 2);
     }
 
     #[tokio::test]
