@@ -1088,3 +1088,57 @@ async fn all_docs_from_the_empty_id_sends_no_empty_key_value() {
         assert_eq!(asked.len(), shards, "{what}: {asked:?}");
     }
 }
+
+/// Every request on a database confirms it with the catalog (`couchdb_database_recheck_ms` 0);
+/// on DynamoDB that is one consistent GetItem of the table's layout marker, whose creation id
+/// tells the database from one deleted and created again under its name, never DescribeTable
+/// (a control-plane call AWS throttles per account). A marker of an earlier release without a
+/// creation id is given one once, conditionally, and read back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opening_a_database_reads_its_marker_and_never_describes_the_table() {
+    use agentstore::backend::catalog::{Catalog, DbName};
+    use agentstore::backend::dynamodb::DynamoCatalog;
+    credentials();
+    let server = MockServer::start().await;
+    operation("DescribeTable").respond_with(answer(200, table_description(standard_index()))).mount(&server).await;
+    let marker = json!({"_id": {"S": layout::MARKER_ID}, "_meta": {"S": "layout"}, "version": {"N": "2"}});
+    let mut stamped = marker.clone();
+    stamped["creation"] = json!({"S": "1-abc"});
+    let marker_of = |table: &str| {
+        operation("GetItem")
+            .and(wiremock::matchers::body_partial_json(json!({"TableName": table, "ConsistentRead": true})))
+            .and(wiremock::matchers::body_partial_json(json!({"Key": {"_id": {"S": layout::MARKER_ID}}})))
+    };
+    marker_of(&format!("{TABLE}.db.stamped")).respond_with(answer(200, json!({"Item": stamped}))).mount(&server).await;
+    // The earlier release's marker: read without a creation id once, then with the one written.
+    marker_of(&format!("{TABLE}.db.earlier"))
+        .respond_with(answer(200, json!({"Item": marker})))
+        .up_to_n_times(1)
+        .with_priority(1)
+        .mount(&server)
+        .await;
+    marker_of(&format!("{TABLE}.db.earlier")).respond_with(answer(200, json!({"Item": stamped}))).mount(&server).await;
+    operation("UpdateItem").respond_with(answer(200, json!({}))).mount(&server).await;
+    let config =
+        DynamoConfig::parse(&format!("dynamodb://{TABLE}?region=us-east-1&endpoint={}", server.uri())).expect("URL");
+    let catalog = DynamoCatalog::new(&config).await.expect("catalog");
+    let requests = 5;
+    for name in ["stamped", "earlier"] {
+        let name = DbName::parse(name).expect("name");
+        let first = catalog.open(&name).await.expect("open").expect("the database is there");
+        for _ in 1..requests {
+            let again = catalog.open(&name).await.expect("open").expect("still there");
+            assert!(std::sync::Arc::ptr_eq(&first, &again), "{name}: the same creation keeps its handle");
+        }
+    }
+    assert_eq!(received(&server, "DescribeTable").await.len(), 0, "no DescribeTable on any open");
+    assert_eq!(
+        received(&server, "GetItem").await.len(),
+        2 * requests + 1,
+        "one marker read per open, and the read-back"
+    );
+    let updates = received(&server, "UpdateItem").await;
+    assert_eq!(updates.len(), 1, "the earlier release's marker is given a creation id once");
+    let update = request_json(&updates[0]);
+    assert_eq!(update["ConditionExpression"], json!("attribute_exists(#id) AND attribute_not_exists(#creation)"));
+}

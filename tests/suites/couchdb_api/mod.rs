@@ -246,6 +246,9 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("instances_agree_after_concurrent_writers", |e| {
             Box::pin(consistency::instances_agree_after_concurrent_writers(e))
         }),
+        ("instances_see_a_database_created_at_once", |e| {
+            Box::pin(several_instances::created_on_one_instance_is_there_on_the_other_at_once(e))
+        }),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
