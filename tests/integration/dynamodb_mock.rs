@@ -1100,7 +1100,9 @@ async fn opening_a_database_reads_its_marker_and_never_describes_the_table() {
     use agentstore::backend::dynamodb::DynamoCatalog;
     credentials();
     let server = MockServer::start().await;
-    operation("DescribeTable").respond_with(answer(200, table_description(standard_index()))).mount(&server).await;
+    let mut indexes = standard_index().as_array().cloned().unwrap_or_default();
+    indexes.extend(model_indexes());
+    operation("DescribeTable").respond_with(answer(200, table_description(Value::Array(indexes)))).mount(&server).await;
     let marker = json!({"_id": {"S": layout::MARKER_ID}, "_meta": {"S": "layout"}, "version": {"N": "2"}});
     let mut stamped = marker.clone();
     stamped["creation"] = json!({"S": "1-abc"});
