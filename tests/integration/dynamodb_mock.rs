@@ -1144,3 +1144,57 @@ async fn opening_a_database_reads_its_marker_and_never_describes_the_table() {
     let update = request_json(&updates[0]);
     assert_eq!(update["ConditionExpression"], json!("attribute_exists(#id) AND attribute_not_exists(#creation)"));
 }
+
+/// DescribeTable answers of a table deleted and created again by another instance between two
+/// looks: there, then gone, then there again (with a new table id).
+struct DeletedAndCreatedAgain {
+    looks: std::sync::atomic::AtomicUsize,
+}
+
+impl Respond for DeletedAndCreatedAgain {
+    fn respond(&self, _: &Request) -> ResponseTemplate {
+        let look = self.looks.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let mut indexes = standard_index().as_array().cloned().unwrap_or_default();
+        indexes.extend(model_indexes());
+        let mut described = table_description(Value::Array(indexes));
+        described["Table"]["TableId"] = json!(if look == 0 { "first" } else { "second" });
+        match look {
+            1 => error(400, "ResourceNotFoundException", "Requested resource not found"),
+            _ => answer(200, described),
+        }
+    }
+}
+
+/// The flake of `couchdb_api::a_feed_under_a_deletion_ends_never_500` on DynamoDB: an open
+/// racing another request's delete and re-create of the same database. Checked by DescribeTable
+/// (the release before), the open saw the old table, then no table while it readied its handle,
+/// then the new one, and answered an error (500) that the request's missing-database check
+/// could not turn into a 404, the name holding a database again. Read from the marker, the open
+/// answers the database the marker names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_racing_a_delete_and_create_again_answers_a_database() {
+    use agentstore::backend::catalog::{Catalog, DbName};
+    use agentstore::backend::dynamodb::DynamoCatalog;
+    credentials();
+    let server = MockServer::start().await;
+    operation("DescribeTable")
+        .respond_with(DeletedAndCreatedAgain { looks: std::sync::atomic::AtomicUsize::new(0) })
+        .mount(&server)
+        .await;
+    operation("GetItem")
+        .and(wiremock::matchers::body_partial_json(json!({"Key": {"_id": {"S": layout::MARKER_ID}}})))
+        .respond_with(answer(
+            200,
+            json!({"Item": {"_id": {"S": layout::MARKER_ID}, "_meta": {"S": "layout"}, "version": {"N": "2"},
+                "creation": {"S": "2-again"}}}),
+        ))
+        .mount(&server)
+        .await;
+    operation("PutItem").respond_with(answer(200, json!({}))).mount(&server).await;
+    operation("UpdateItem").respond_with(answer(200, json!({}))).mount(&server).await;
+    let config =
+        DynamoConfig::parse(&format!("dynamodb://{TABLE}?region=us-east-1&endpoint={}", server.uri())).expect("URL");
+    let catalog = DynamoCatalog::new(&config).await.expect("catalog");
+    let opened = catalog.open(&DbName::parse("raced").expect("name")).await;
+    assert!(matches!(opened, Ok(Some(_))), "the database created again: {:?}", opened.map(|o| o.is_some()));
+}
