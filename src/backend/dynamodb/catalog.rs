@@ -38,10 +38,9 @@ use crate::error::{Error, ErrorKind, Result};
 /// under a plain `--`).
 const SEPARATOR: &str = ".db.";
 
-/// How long `create` (and `open` of a table still being created) waits for the table to become
-/// ACTIVE. DynamoDB usually needs a few seconds; past this the database exists but is not
-/// usable yet, and `create` answers `Unavailable` (PUT /{db} answers 503 and a later open finds
-/// it once it is ACTIVE).
+/// How long `create` waits for the table to become ACTIVE. DynamoDB usually needs a few
+/// seconds; past this the table exists without its layout marker, so it is no database yet, and
+/// `create` answers `Unavailable` (PUT /{db} answers 503; a later create takes the table over).
 pub const ACTIVE_WAIT: Duration = Duration::from_secs(60);
 
 /// Tries of CreateTable that meet a table of the same name being deleted.
@@ -52,7 +51,7 @@ const POLL: Duration = Duration::from_millis(250);
 /// ListTables' largest page.
 const LIST_PAGE: i32 = 100;
 /// Marker reads of one listing in flight at once.
-const STATUS_CONCURRENCY: usize = 8;
+const MARKER_READ_CONCURRENCY: usize = 8;
 
 pub struct DynamoCatalog {
     client: Client,
@@ -436,7 +435,8 @@ impl Catalog for DynamoCatalog {
         for table in &tables {
             lookups.push(self.marker(table));
         }
-        let markers: Vec<Result<Marker>> = futures::stream::iter(lookups).buffered(STATUS_CONCURRENCY).collect().await;
+        let markers: Vec<Result<Marker>> =
+            futures::stream::iter(lookups).buffered(MARKER_READ_CONCURRENCY).collect().await;
         let mut live = Vec::with_capacity(names.len());
         for (name, marker) in names.into_iter().zip(markers) {
             if matches!(marker?, Marker::Live(_)) {
