@@ -375,11 +375,12 @@ impl Databases {
     }
 
     /// Whether the open `database` is still the one the catalog holds under `name`. The catalog
-    /// asks the backend (a DynamoDB table's id, a Firestore database's instance, CouchDB's HEAD;
-    /// the embedded store's files are one process's, so its catalog answers from memory) and
-    /// hands back the handle it keeps while the same incarnation exists. One kept no more is let
-    /// go here: requests still holding it fail `NotFound` from then on, as after a deletion
-    /// through this instance, and nothing of its state (counts, settings) outlives it.
+    /// asks the backend (the creation id on a DynamoDB table's layout marker, a Firestore
+    /// database's instance, CouchDB's HEAD; the embedded store's files are one process's, so its
+    /// catalog answers from memory) and hands back the handle it keeps while the same incarnation
+    /// exists. One kept no more is let go here: requests still holding it fail `NotFound` from
+    /// then on, as after a deletion through this instance, and nothing of its state (counts,
+    /// settings) outlives it.
     async fn confirmed(&self, name: &DbName, database: &Arc<Database>) -> Result<Confirmation> {
         let Some(catalog) = self.opened_catalog().await? else { return Ok(Confirmation::Gone) };
         let current = catalog.open(name).await?;

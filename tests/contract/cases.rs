@@ -143,6 +143,7 @@ fn crash_sweep_cases() -> Vec<Case> {
         crash_sweep_migrate_database_page,
         crash_sweep_create_and_delete_database,
         crash_cut_inside_a_firestore_create_leaves_a_serving_database,
+        crash_cut_inside_a_dynamodb_create_or_delete_leaves_no_database,
         crash_sweep_purge_user_views,
         crash_sweep_purge_views_queried_meanwhile,
     ]

@@ -158,7 +158,7 @@ pub async fn crash_cut_inside_a_firestore_create_leaves_a_serving_database(ctx: 
     if ctx.backend_name != "firestore" {
         println!(
             "{}: not applicable: the embedded store creates the file whole (temporary name, rename), DynamoDB's \
-             open writes a missing layout marker",
+             create writes the layout marker last, whole, and takes over a table left without it",
             ctx.backend_name
         );
         return;
@@ -203,4 +203,52 @@ async fn remove_layout_marker(backend_url: &str, name: &DbName) {
     let layout = format!("{marker}/instances/{instance}/db_documents_meta/layout");
     let answer = client.delete(&layout).bearer_auth("owner").send().await.expect("delete the layout marker");
     assert!(answer.status().is_success(), "deleting {layout}: {}", answer.status());
+}
+
+/// DynamoDB's catalog calls cut inside: a deletion cut after it marked the database's layout
+/// marker dropped (DeleteTable never sent), and a creation cut after CreateTable (the marker
+/// never written). Made by hand on the table, states `CrashingCatalog` cannot reach. A new
+/// process finds neither database (not listed, not opened), and creating each again gives an
+/// empty database: the dropped table is deleted first, the table without a marker taken over.
+pub async fn crash_cut_inside_a_dynamodb_create_or_delete_leaves_no_database(ctx: Ctx) {
+    if ctx.backend_name != "dynamodb" {
+        println!("{}: not applicable: the states are DynamoDB's catalog's own", ctx.backend_name);
+        return;
+    }
+    let catalog = catalog_of(&ctx).await;
+    let dropped = unique_name("dynamodb-dropped");
+    let unmarked = unique_name("dynamodb-unmarked");
+    // Only the dropped one holds a document: nothing is written to a database before its marker.
+    let databases = Databases::new(Some(Arc::clone(&catalog)), 4);
+    let db = databases.create(&dropped).await.expect("create");
+    db.write("old", &edit(json!({"v": 1}))).await.expect("a write");
+    databases.create(&unmarked).await.expect("create");
+    let config = agentstore::backend::dynamodb::DynamoConfig::parse(&ctx.backend_url).expect("the DynamoDB URL");
+    let data_store = agentstore::backend::dynamodb::DynamoDbBackend::open(&config).await.expect("the data-store table");
+    let client = data_store.client();
+    let marker_key =
+        aws_sdk_dynamodb::types::AttributeValue::S(agentstore::backend::dynamodb::layout::MARKER_ID.into());
+    let table_of = |name: &DbName| format!("{}.db.{}", config.table, name.encoded());
+    client
+        .update_item()
+        .table_name(table_of(&dropped))
+        .key("_id", marker_key.clone())
+        .update_expression("SET dropped = :dropped")
+        .expression_attribute_values(":dropped", aws_sdk_dynamodb::types::AttributeValue::Bool(true))
+        .send()
+        .await
+        .expect("mark the marker dropped");
+    client.delete_item().table_name(table_of(&unmarked)).key("_id", marker_key).send().await.expect("drop the marker");
+
+    let restarted = catalog_of(&ctx).await;
+    let databases = Databases::new(Some(Arc::clone(&restarted)), 4);
+    let listed = databases.list().await.expect("list");
+    for name in [&dropped, &unmarked] {
+        assert!(!listed.contains(name), "{name} is listed");
+        assert!(databases.open(name).await.expect("open").is_none(), "{name} opens");
+        let again = databases.create(name).await.expect("created again");
+        assert_eq!(ids_of(&again).await, Ok(Vec::new()), "{name} created again starts empty");
+        assert!(databases.list().await.expect("list").contains(name), "{name} created again is listed");
+        Catalog::delete(restarted.as_ref(), name).await.expect("delete");
+    }
 }

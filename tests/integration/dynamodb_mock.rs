@@ -1090,3 +1090,113 @@ async fn all_docs_from_the_empty_id_sends_no_empty_key_value() {
         assert_eq!(asked.len(), shards, "{what}: {asked:?}");
     }
 }
+
+/// Every request on a database confirms it with the catalog (`couchdb_database_recheck_ms` 0);
+/// on DynamoDB that is one consistent GetItem of the table's layout marker, whose creation id
+/// tells the database from one deleted and created again under its name, never DescribeTable
+/// (a control-plane call AWS throttles per account). A marker of an earlier release without a
+/// creation id is given one once, conditionally, and read back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opening_a_database_reads_its_marker_and_never_describes_the_table() {
+    use agentstore::backend::catalog::{Catalog, DbName};
+    use agentstore::backend::dynamodb::DynamoCatalog;
+    credentials();
+    let server = MockServer::start().await;
+    let mut indexes = standard_index().as_array().cloned().unwrap_or_default();
+    indexes.extend(model_indexes());
+    operation("DescribeTable").respond_with(answer(200, table_description(Value::Array(indexes)))).mount(&server).await;
+    let marker = json!({"_id": {"S": layout::MARKER_ID}, "_meta": {"S": "layout"}, "version": {"N": "2"}});
+    let mut stamped = marker.clone();
+    stamped["creation"] = json!({"S": "1-abc"});
+    let marker_of = |table: &str| {
+        operation("GetItem")
+            .and(wiremock::matchers::body_partial_json(json!({"TableName": table, "ConsistentRead": true})))
+            .and(wiremock::matchers::body_partial_json(json!({"Key": {"_id": {"S": layout::MARKER_ID}}})))
+    };
+    marker_of(&format!("{TABLE}.db.stamped")).respond_with(answer(200, json!({"Item": stamped}))).mount(&server).await;
+    // The earlier release's marker: read without a creation id once, then with the one written.
+    marker_of(&format!("{TABLE}.db.earlier"))
+        .respond_with(answer(200, json!({"Item": marker})))
+        .up_to_n_times(1)
+        .with_priority(1)
+        .mount(&server)
+        .await;
+    marker_of(&format!("{TABLE}.db.earlier")).respond_with(answer(200, json!({"Item": stamped}))).mount(&server).await;
+    operation("UpdateItem").respond_with(answer(200, json!({}))).mount(&server).await;
+    let config =
+        DynamoConfig::parse(&format!("dynamodb://{TABLE}?region=us-east-1&endpoint={}", server.uri())).expect("URL");
+    let catalog = DynamoCatalog::new(&config).await.expect("catalog");
+    let requests = 5;
+    for name in ["stamped", "earlier"] {
+        let name = DbName::parse(name).expect("name");
+        let first = catalog.open(&name).await.expect("open").expect("the database is there");
+        for _ in 1..requests {
+            let again = catalog.open(&name).await.expect("open").expect("still there");
+            assert!(std::sync::Arc::ptr_eq(&first, &again), "{name}: the same creation keeps its handle");
+        }
+    }
+    assert_eq!(received(&server, "DescribeTable").await.len(), 0, "no DescribeTable on any open");
+    assert_eq!(
+        received(&server, "GetItem").await.len(),
+        2 * requests + 1,
+        "one marker read per open, and the read-back"
+    );
+    let updates = received(&server, "UpdateItem").await;
+    assert_eq!(updates.len(), 1, "the earlier release's marker is given a creation id once");
+    let update = request_json(&updates[0]);
+    assert_eq!(update["ConditionExpression"], json!("attribute_exists(#id) AND attribute_not_exists(#creation)"));
+}
+
+/// DescribeTable answers of a table deleted and created again by another instance between two
+/// looks: there, then gone, then there again (with a new table id).
+struct DeletedAndCreatedAgain {
+    looks: std::sync::atomic::AtomicUsize,
+}
+
+impl Respond for DeletedAndCreatedAgain {
+    fn respond(&self, _: &Request) -> ResponseTemplate {
+        let look = self.looks.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let mut indexes = standard_index().as_array().cloned().unwrap_or_default();
+        indexes.extend(model_indexes());
+        let mut described = table_description(Value::Array(indexes));
+        described["Table"]["TableId"] = json!(if look == 0 { "first" } else { "second" });
+        match look {
+            1 => error(400, "ResourceNotFoundException", "Requested resource not found"),
+            _ => answer(200, described),
+        }
+    }
+}
+
+/// The flake of `couchdb_api::a_feed_under_a_deletion_ends_never_500` on DynamoDB: an open
+/// racing another request's delete and re-create of the same database. Checked by DescribeTable
+/// (the release before), the open saw the old table, then no table while it readied its handle,
+/// then the new one, and answered an error (500) that the request's missing-database check
+/// could not turn into a 404, the name holding a database again. Read from the marker, the open
+/// answers the database the marker names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_racing_a_delete_and_create_again_answers_a_database() {
+    use agentstore::backend::catalog::{Catalog, DbName};
+    use agentstore::backend::dynamodb::DynamoCatalog;
+    credentials();
+    let server = MockServer::start().await;
+    operation("DescribeTable")
+        .respond_with(DeletedAndCreatedAgain { looks: std::sync::atomic::AtomicUsize::new(0) })
+        .mount(&server)
+        .await;
+    operation("GetItem")
+        .and(wiremock::matchers::body_partial_json(json!({"Key": {"_id": {"S": layout::MARKER_ID}}})))
+        .respond_with(answer(
+            200,
+            json!({"Item": {"_id": {"S": layout::MARKER_ID}, "_meta": {"S": "layout"}, "version": {"N": "2"},
+                "creation": {"S": "2-again"}}}),
+        ))
+        .mount(&server)
+        .await;
+    operation("PutItem").respond_with(answer(200, json!({}))).mount(&server).await;
+    operation("UpdateItem").respond_with(answer(200, json!({}))).mount(&server).await;
+    let config =
+        DynamoConfig::parse(&format!("dynamodb://{TABLE}?region=us-east-1&endpoint={}", server.uri())).expect("URL");
+    let catalog = DynamoCatalog::new(&config).await.expect("catalog");
+    let opened = catalog.open(&DbName::parse("raced").expect("name")).await;
+    assert!(matches!(opened, Ok(Some(_))), "the database created again: {:?}", opened.map(|o| o.is_some()));
+}

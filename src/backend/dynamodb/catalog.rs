@@ -5,22 +5,30 @@
 //! documents, the layout marker) lives in its table, so DeleteTable removes the database whole.
 //! A database table has the document model's two indexes but not the user/namespace GSI: only
 //! the data-store table answers the facade's listings.
+//!
+//! Which database a table holds is its layout marker's: `create` writes the marker last, with a
+//! creation id drawn for that database, and `delete` marks it dropped before DeleteTable. Every
+//! request's `open` is one consistent GetItem of the marker (a data-plane read, one read unit),
+//! never DescribeTable, a control-plane call AWS throttles per account; DescribeTable is left to
+//! creation, deletion waits, the layout check (once per handle), health and counts.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use aws_sdk_dynamodb::types::TableStatus;
+use aws_sdk_dynamodb::types::{AttributeValue, TableStatus};
 use aws_sdk_dynamodb::Client;
 use futures::StreamExt;
 use tokio::sync::Mutex;
 
 use super::backend::DynamoDbBackend;
+use super::codec;
 use super::config::{check_table_name, DynamoConfig};
 use super::error::map_sdk;
+use super::layout;
 use crate::backend::catalog::{Catalog, DbName};
-use crate::backend::{DocumentBackend, LayoutState};
+use crate::backend::DocumentBackend;
 use crate::error::{Error, ErrorKind, Result};
 
 /// Between the data-store table's name and a database's encoded name. An encoded name never
@@ -30,10 +38,9 @@ use crate::error::{Error, ErrorKind, Result};
 /// under a plain `--`).
 const SEPARATOR: &str = ".db.";
 
-/// How long `create` (and `open` of a table still being created) waits for the table to become
-/// ACTIVE. DynamoDB usually needs a few seconds; past this the database exists but is not
-/// usable yet, and `create` answers `Unavailable` (PUT /{db} answers 503 and a later open finds
-/// it once it is ACTIVE).
+/// How long `create` waits for the table to become ACTIVE. DynamoDB usually needs a few
+/// seconds; past this the table exists without its layout marker, so it is no database yet, and
+/// `create` answers `Unavailable` (PUT /{db} answers 503; a later create takes the table over).
 pub const ACTIVE_WAIT: Duration = Duration::from_secs(60);
 
 /// Tries of CreateTable that meet a table of the same name being deleted.
@@ -43,22 +50,56 @@ const POLL: Duration = Duration::from_millis(250);
 
 /// ListTables' largest page.
 const LIST_PAGE: i32 = 100;
-/// DescribeTable calls of one listing in flight at once.
-const STATUS_CONCURRENCY: usize = 8;
+/// Marker reads of one listing in flight at once.
+const MARKER_READ_CONCURRENCY: usize = 8;
 
 pub struct DynamoCatalog {
     client: Client,
     /// The data-store table's configuration; a database's is this one with its own table name.
     base: DynamoConfig,
-    /// Backends opened so far with their table's id, reused while a table of that id exists
-    /// (each keeps whether its layout was seen current, which saves a read per open). A table
-    /// deleted and created again by another process has a new id, so its database gets a new
-    /// handle: nothing the old one remembered applies to it.
+    /// Backends opened so far with their database's creation id, reused while the marker holds
+    /// that id (each keeps whether its layout was seen current, which saves a read per open). A
+    /// database deleted and created again by another process has a new creation id, so it gets a
+    /// new handle: nothing the old one remembered applies to it.
     open: Mutex<HashMap<DbName, OpenTable>>,
 }
 
-/// A database table's id (DynamoDB's `TableId`) and the backend opened over it.
-type OpenTable = (Option<String>, Arc<DynamoDbBackend>);
+/// A database's creation id and the backend opened over its table.
+type OpenTable = (String, Arc<DynamoDbBackend>);
+
+/// What a table's layout marker says of the database of its name.
+#[derive(Debug, PartialEq)]
+enum Marker {
+    /// No such table, or one still being created (DynamoDB answers reads of it not found).
+    NoTable,
+    /// A table without its marker: a creation not acknowledged yet, or one cut short.
+    Missing,
+    /// The database was deleted; its table is being deleted, or was left by a deletion cut short.
+    Dropped,
+    /// A database, with its creation id (`None`: a marker written before creation ids existed).
+    Live(Option<String>),
+}
+
+/// Whether an SDK error is DynamoDB's ResourceNotFoundException (no such table).
+fn table_missing<E, R>(err: &aws_sdk_dynamodb::error::SdkError<E, R>) -> bool
+where
+    E: aws_sdk_dynamodb::error::ProvideErrorMetadata,
+{
+    err.as_service_error().and_then(|e| e.code()) == Some("ResourceNotFoundException")
+}
+
+/// Whether an SDK error is a failed condition of a conditional write.
+fn condition_failed<E, R>(err: &aws_sdk_dynamodb::error::SdkError<E, R>) -> bool
+where
+    E: aws_sdk_dynamodb::error::ProvideErrorMetadata,
+{
+    err.as_service_error().and_then(|e| e.code()) == Some("ConditionalCheckFailedException")
+}
+
+/// A new creation id: the creating clock's milliseconds and 64 random bits.
+fn new_creation_id() -> String {
+    format!("{}-{}", layout::now_millis(), crate::backend::random_token())
+}
 
 impl DynamoCatalog {
     /// One SDK client for every database table (a `DynamoDbBackend` per table then costs no
@@ -86,21 +127,11 @@ impl DynamoCatalog {
         DynamoConfig { table, create: false, user_index: false, ..self.base.clone() }
     }
 
-    async fn status_of_table(&self, table: String) -> Result<Option<TableStatus>> {
-        self.status(&table).await
-    }
-
     /// The table's status; `None` when it does not exist.
     async fn status(&self, table: &str) -> Result<Option<TableStatus>> {
-        Ok(self.described(table).await?.and_then(|(status, _)| status))
-    }
-
-    /// The table's status and id (DynamoDB's `TableId`, drawn at each creation); `None` when it
-    /// does not exist.
-    async fn described(&self, table: &str) -> Result<Option<(Option<TableStatus>, Option<String>)>> {
         match self.client.describe_table().table_name(table).send().await {
-            Ok(output) => Ok(output.table.map(|t| (t.table_status, t.table_id))),
-            Err(e) if e.as_service_error().is_some_and(|s| s.is_resource_not_found_exception()) => Ok(None),
+            Ok(output) => Ok(output.table.and_then(|t| t.table_status)),
+            Err(e) if table_missing(&e) => Ok(None),
             Err(e) => Err(map_sdk(e, &format!("describe table {table:?}"))),
         }
     }
@@ -120,20 +151,165 @@ impl DynamoCatalog {
         Ok(())
     }
 
-    /// Waits for a table to become ACTIVE and makes sure it carries the layout marker (every
-    /// database table is made by this release, so a missing marker only means its creator
-    /// stopped before writing it).
-    /// Whether the table is there and ACTIVE now (a failed look-up counts as not).
-    async fn is_active(&self, table: &str) -> bool {
-        matches!(self.described(table).await, Ok(Some((Some(TableStatus::Active), _))))
+    /// The table's layout marker, read consistently: what it says of the database.
+    async fn marker(&self, table: &str) -> Result<Marker> {
+        let read = self
+            .client
+            .get_item()
+            .table_name(table)
+            .key(codec::ID, AttributeValue::S(layout::MARKER_ID.into()))
+            .consistent_read(true)
+            .projection_expression("#id, #creation, #dropped")
+            .expression_attribute_names("#id", codec::ID)
+            .expression_attribute_names("#creation", layout::CREATION)
+            .expression_attribute_names("#dropped", layout::DROPPED)
+            .send()
+            .await;
+        let item = match read {
+            Ok(output) => output.item,
+            Err(e) if table_missing(&e) => return Ok(Marker::NoTable),
+            Err(e) => return Err(map_sdk(e, &format!("read the layout marker of table {table:?}"))),
+        };
+        Ok(match item {
+            None => Marker::Missing,
+            Some(item) if item.contains_key(layout::DROPPED) => Marker::Dropped,
+            Some(item) => Marker::Live(codec::string_attribute(&item, layout::CREATION).map(str::to_owned)),
+        })
     }
 
-    async fn ready(&self, backend: &DynamoDbBackend) -> Result<()> {
-        backend.wait_until_active_within(ACTIVE_WAIT).await?;
-        if let LayoutState::NeedsUpgrade(_) = backend.layout_state().await? {
-            backend.write_marker().await?;
+    /// The creation id of the database in `table`; `None` when no database is there. A marker of
+    /// a release before creation ids is given one here, once: the conditional write lets one
+    /// instance's id win, and every instance reads the winner back, so all agree on it (a
+    /// fallback to DescribeTable's `TableId` instead would keep the control-plane call on every
+    /// request for such tables for good).
+    async fn creation_of(&self, table: &str) -> Result<Option<String>> {
+        match self.marker(table).await? {
+            Marker::Live(Some(creation)) => return Ok(Some(creation)),
+            Marker::Live(None) => {}
+            Marker::NoTable | Marker::Missing | Marker::Dropped => return Ok(None),
         }
-        Ok(())
+        self.write_creation(table, &new_creation_id()).await?;
+        match self.marker(table).await? {
+            Marker::Live(Some(creation)) => Ok(Some(creation)),
+            Marker::Live(None) => Err(Error::new(
+                ErrorKind::Internal,
+                format!("DynamoDB table {table:?}: the layout marker kept no creation id after it was given one"),
+            )),
+            Marker::NoTable | Marker::Missing | Marker::Dropped => Ok(None),
+        }
+    }
+
+    /// Gives an existing marker without a creation id this one (a lost race leaves the other's).
+    async fn write_creation(&self, table: &str, creation: &str) -> Result<()> {
+        let written = self
+            .client
+            .update_item()
+            .table_name(table)
+            .key(codec::ID, AttributeValue::S(layout::MARKER_ID.into()))
+            .update_expression("SET #creation = :creation")
+            .condition_expression("attribute_exists(#id) AND attribute_not_exists(#creation)")
+            .expression_attribute_names("#id", codec::ID)
+            .expression_attribute_names("#creation", layout::CREATION)
+            .expression_attribute_values(":creation", AttributeValue::S(creation.to_owned()))
+            .send()
+            .await;
+        match written {
+            Ok(_) => Ok(()),
+            Err(e) if condition_failed(&e) || table_missing(&e) => Ok(()),
+            Err(e) => Err(map_sdk(e, &format!("give the layout marker of table {table:?} a creation id"))),
+        }
+    }
+
+    /// Writes the marker of a new database in `backend`'s table, with `creation`, unless a marker
+    /// is there: whether the database is this creation's (a resent write that had landed is).
+    async fn claim(&self, backend: &DynamoDbBackend, creation: &str) -> Result<bool> {
+        let table = backend.table();
+        let item = DynamoDbBackend::new_database_marker(creation);
+        let written = self
+            .client
+            .put_item()
+            .table_name(table)
+            .set_item(Some(item))
+            .condition_expression("attribute_not_exists(#id)")
+            .expression_attribute_names("#id", codec::ID)
+            .send()
+            .await;
+        match written {
+            Ok(_) => Ok(true),
+            Err(e) if condition_failed(&e) => Ok(self.marker(table).await? == Marker::Live(Some(creation.to_owned()))),
+            Err(e) => Err(map_sdk(e, &format!("write the layout marker of table {table:?}"))),
+        }
+    }
+
+    /// Marks the database in `table` dropped: `true` when this call did, `false` when there was
+    /// no database (no table, no marker, or one marked already). Conditional, so of two
+    /// deletions at once one finds it.
+    async fn mark_dropped(&self, table: &str) -> Result<bool> {
+        let marked = self
+            .client
+            .update_item()
+            .table_name(table)
+            .key(codec::ID, AttributeValue::S(layout::MARKER_ID.into()))
+            .update_expression("SET #dropped = :dropped")
+            .condition_expression("attribute_exists(#id) AND attribute_not_exists(#dropped)")
+            .expression_attribute_names("#id", codec::ID)
+            .expression_attribute_names("#dropped", layout::DROPPED)
+            .expression_attribute_values(":dropped", AttributeValue::Bool(true))
+            .send()
+            .await;
+        match marked {
+            Ok(_) => Ok(true),
+            Err(e) if condition_failed(&e) || table_missing(&e) => Ok(false),
+            Err(e) => Err(map_sdk(e, &format!("mark the database of table {table:?} dropped"))),
+        }
+    }
+
+    /// DeleteTable of a dropped database's table. A table already going (or gone) is fine; one
+    /// DynamoDB cannot delete now (being updated) stays, marked, until its name is created again
+    /// (`create` deletes it first) or the DELETE is sent again.
+    async fn delete_table(&self, table: &str) -> Result<()> {
+        match self.client.delete_table().table_name(table).send().await {
+            Ok(_) => Ok(()),
+            Err(e) if table_missing(&e) => Ok(()),
+            Err(e) if e.as_service_error().is_some_and(|s| s.is_resource_in_use_exception()) => {
+                tracing::warn!(
+                    table,
+                    "the table of a dropped database is busy; it is deleted when its name is created again"
+                );
+                Ok(())
+            }
+            Err(e) => Err(map_sdk(e, &format!("delete table {table:?}"))),
+        }
+    }
+
+    /// Makes the table of a new database: CreateTable, or, when a table of that name is there,
+    /// what it holds decides. `Conflict` (CouchDB's 412) when it holds a database.
+    async fn make_table(&self, backend: &DynamoDbBackend) -> Result<()> {
+        let table = backend.table();
+        for _ in 0..CREATE_ROUNDS {
+            if backend.create_table().await? {
+                return Ok(());
+            }
+            match self.marker(table).await? {
+                Marker::Live(_) => break,
+                // Being made by another creation, or left by one cut short: the marker's
+                // conditional write decides whose database it is (`claim`).
+                Marker::Missing => return Ok(()),
+                // Left by a deletion: deleted first (CreateTable answers ResourceInUse for a table
+                // that exists, whatever its state).
+                Marker::Dropped => {
+                    self.delete_table(table).await?;
+                    self.wait_until_gone(table).await?;
+                }
+                Marker::NoTable => match self.status(table).await? {
+                    Some(TableStatus::Deleting) => self.wait_until_gone(table).await?,
+                    // Gone since CreateTable answered.
+                    None => {}
+                    Some(_) => return Ok(()),
+                },
+            }
+        }
+        Err(Error::conflict("The database could not be created, the file already exists."))
     }
 }
 
@@ -174,24 +350,7 @@ impl Catalog for DynamoCatalog {
     async fn create(&self, name: &DbName) -> Result<Arc<dyn DocumentBackend>> {
         let table = self.table_of(name)?;
         let backend = Arc::new(DynamoDbBackend::new(self.client.clone(), &self.config_of(table.clone())));
-        // CreateTable answers ResourceInUse for a table that exists, whatever its state; one still
-        // being deleted (a drop just now) is no database, so its deletion is waited out.
-        let mut created = backend.create_table().await?;
-        for _ in 0..CREATE_ROUNDS {
-            if created {
-                break;
-            }
-            match self.status(&table).await? {
-                Some(TableStatus::Deleting) => self.wait_until_gone(&table).await?,
-                // Gone since CreateTable answered.
-                None => {}
-                Some(_) => break,
-            }
-            created = backend.create_table().await?;
-        }
-        if !created {
-            return Err(Error::conflict("The database could not be created, the file already exists."));
-        }
+        self.make_table(&backend).await?;
         backend.wait_until_active_within(ACTIVE_WAIT).await.map_err(|err| {
             Error::new(
                 ErrorKind::Unavailable,
@@ -203,9 +362,11 @@ impl Catalog for DynamoCatalog {
             )
             .with_source(err)
         })?;
-        backend.write_marker().await?;
-        let id = self.described(&table).await?.and_then(|(_, id)| id);
-        self.open.lock().await.insert(name.clone(), (id, Arc::clone(&backend)));
+        let creation = new_creation_id();
+        if !self.claim(&backend, &creation).await? {
+            return Err(Error::conflict("The database could not be created, the file already exists."));
+        }
+        self.open.lock().await.insert(name.clone(), (creation, Arc::clone(&backend)));
         Ok(backend)
     }
 
@@ -213,52 +374,35 @@ impl Catalog for DynamoCatalog {
         // Names no table can have exist nowhere.
         let Ok(table) = self.table_of(name) else { return Ok(None) };
         // Asked every time: another process may have dropped (or re-created) it.
-        let id = match self.described(&table).await? {
-            None | Some((Some(TableStatus::Deleting), _)) => {
-                self.open.lock().await.remove(name);
-                return Ok(None);
-            }
-            Some((_, id)) => id,
+        let Some(creation) = self.creation_of(&table).await? else {
+            self.open.lock().await.remove(name);
+            return Ok(None);
         };
-        if let Some((kept_id, backend)) = self.open.lock().await.get(name) {
-            if *kept_id == id {
+        let mut open = self.open.lock().await;
+        if let Some((kept, backend)) = open.get(name) {
+            if *kept == creation {
                 return Ok(Some(Arc::clone(backend) as Arc<dyn DocumentBackend>));
             }
         }
-        let backend = Arc::new(DynamoDbBackend::new(self.client.clone(), &self.config_of(table.clone())));
-        if let Err(err) = self.ready(&backend).await {
-            // Deleted (through another instance or request) between DescribeTable and these
-            // reads: the database is missing, CouchDB's 404, not a misconfigured server's 500.
-            if err.kind() == ErrorKind::Misconfigured && !self.is_active(&table).await {
-                return Ok(None);
-            }
-            return Err(err);
-        }
-        self.open.lock().await.insert(name.clone(), (id, Arc::clone(&backend)));
+        let backend = Arc::new(DynamoDbBackend::new(self.client.clone(), &self.config_of(table)));
+        open.insert(name.clone(), (creation, Arc::clone(&backend)));
         Ok(Some(backend))
     }
 
     async fn delete(&self, name: &DbName) -> Result<bool> {
         let Ok(table) = self.table_of(name) else { return Ok(false) };
         self.open.lock().await.remove(name);
-        match self.client.delete_table().table_name(&table).send().await {
-            Ok(_) => Ok(true),
-            Err(e) if e.as_service_error().is_some_and(|s| s.is_resource_not_found_exception()) => Ok(false),
-            // A table already being deleted is a database deleted (a second DELETE is CouchDB's
-            // 404); one being created cannot be deleted yet.
-            Err(e)
-                if e.as_service_error().is_some_and(|s| s.is_resource_in_use_exception())
-                    && matches!(self.status(&table).await, Ok(None | Some(TableStatus::Deleting))) =>
-            {
-                Ok(false)
-            }
-            Err(e) if e.as_service_error().is_some_and(|s| s.is_resource_in_use_exception()) => Err(Error::new(
-                ErrorKind::Unavailable,
-                format!("DynamoDB table {table:?} is being created or deleted; try again in a few seconds"),
-            )
-            .with_source(e)),
-            Err(e) => Err(map_sdk(e, &format!("delete table {table:?}"))),
+        // Marked first: every instance's next open reads the database gone, even while
+        // DynamoDB still serves reads of the table being deleted.
+        if self.mark_dropped(&table).await? {
+            self.delete_table(&table).await?;
+            return Ok(true);
         }
+        // A deletion cut short after its mark is finished (CouchDB's 404 all the same).
+        if self.marker(&table).await? == Marker::Dropped {
+            self.delete_table(&table).await?;
+        }
+        Ok(false)
     }
 
     async fn list(&self) -> Result<Vec<DbName>> {
@@ -282,19 +426,20 @@ impl Catalog for DynamoCatalog {
             }
         }
         names.sort();
-        // A dropped table is listed while DynamoDB deletes it; it is no database any more. One
-        // DescribeTable per database, a few at a time.
+        // A table is a database while its marker says so (not one being created, dropped or
+        // being deleted): one consistent GetItem per table, a few at a time.
         // A plain loop, not an iterator adapter: a closure here trips rustc's higher-ranked
         // `Send` check on the futures.
+        let tables: Vec<String> = names.iter().map(|name| table_name(&self.base.table, name)).collect();
         let mut lookups = Vec::with_capacity(names.len());
-        for name in &names {
-            lookups.push(self.status_of_table(table_name(&self.base.table, name)));
+        for table in &tables {
+            lookups.push(self.marker(table));
         }
-        let statuses: Vec<Result<Option<TableStatus>>> =
-            futures::stream::iter(lookups).buffered(STATUS_CONCURRENCY).collect().await;
+        let markers: Vec<Result<Marker>> =
+            futures::stream::iter(lookups).buffered(MARKER_READ_CONCURRENCY).collect().await;
         let mut live = Vec::with_capacity(names.len());
-        for (name, status) in names.into_iter().zip(statuses) {
-            if !matches!(status?, None | Some(TableStatus::Deleting)) {
+        for (name, marker) in names.into_iter().zip(markers) {
+            if matches!(marker?, Marker::Live(_)) {
                 live.push(name);
             }
         }

@@ -36,6 +36,13 @@ pub const LOCAL_BODY: &str = "_json";
 /// The layout marker's version and shard count.
 pub(super) const VERSION: &str = "version";
 pub(super) const SHARDS: &str = "shards";
+/// A database table's creation id on its layout marker: drawn when the database is created, so
+/// every instance tells one incarnation of a name from the next with one consistent read
+/// (`catalog.rs`).
+pub(super) const CREATION: &str = "creation";
+/// Set on a database table's layout marker when the database is deleted, before DeleteTable: the
+/// database is gone for every instance from then on, while the table is still being deleted.
+pub(super) const DROPPED: &str = "dropped";
 
 /// The change feed's index: hash `_shard`, range `_seq`.
 pub const FEED_INDEX: &str = "agentstore-feed";

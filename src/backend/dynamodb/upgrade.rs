@@ -61,22 +61,37 @@ impl DynamoDbBackend {
         }
     }
 
-    /// Records the layout marker (this release's version and the shard count).
+    /// Records the layout marker (this release's version and the shard count). An update, not a
+    /// put: a database table's creation id and deletion mark on the marker (`catalog.rs`) stay.
     pub(super) async fn write_marker(&self) -> Result<()> {
-        let item = HashMap::from([
-            (codec::ID.to_owned(), AttributeValue::S(MARKER_ID.into())),
-            (META.to_owned(), AttributeValue::S("layout".into())),
-            (VERSION.to_owned(), AttributeValue::N(LAYOUT_VERSION.to_string())),
-            (SHARDS.to_owned(), AttributeValue::N(SHARD_COUNT.to_string())),
-        ]);
         self.client()
-            .put_item()
+            .update_item()
             .table_name(self.table())
-            .set_item(Some(item))
+            .set_key(Some(Self::key(MARKER_ID)))
+            .update_expression("SET #meta = :meta, #version = :version, #shards = :shards")
+            .expression_attribute_names("#meta", META)
+            .expression_attribute_names("#version", VERSION)
+            .expression_attribute_names("#shards", SHARDS)
+            .expression_attribute_values(":meta", AttributeValue::S("layout".into()))
+            .expression_attribute_values(":version", AttributeValue::N(LAYOUT_VERSION.to_string()))
+            .expression_attribute_values(":shards", AttributeValue::N(SHARD_COUNT.to_string()))
             .send()
             .await
             .map_err(|e| map_sdk(e, "write the layout marker"))?;
         Ok(())
+    }
+
+    /// The layout marker of a new database table, whole: this release's layout and the database's
+    /// creation id (`catalog.rs`), written in one conditional put so that no reader sees the one
+    /// without the other.
+    pub(super) fn new_database_marker(creation: &str) -> Item {
+        HashMap::from([
+            (codec::ID.to_owned(), AttributeValue::S(MARKER_ID.into())),
+            (META.to_owned(), AttributeValue::S("layout".into())),
+            (VERSION.to_owned(), AttributeValue::N(LAYOUT_VERSION.to_string())),
+            (SHARDS.to_owned(), AttributeValue::N(SHARD_COUNT.to_string())),
+            (CREATION.to_owned(), AttributeValue::S(creation.to_owned())),
+        ])
     }
 
     /// Adds the missing document-model indexes (one UpdateTable each: DynamoDB builds one new

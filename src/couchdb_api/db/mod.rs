@@ -134,12 +134,31 @@ pub(crate) async fn dispatch(
     if let Err(refusal) = super::require_login(&request) {
         return refusal.into_response();
     }
-    let request = match forward_if_native(&state, &first, request).await {
+    let mut request = match forward_if_native(&state, &first, request).await {
         Ok(answer) => return answer,
         Err(request) => request,
     };
+    let opened = OpenedDatabase::default();
+    request.extensions_mut().insert(opened.clone());
     let answer = route(&state, request).await;
-    missing_if_deleted(&state, &first, answer).await
+    missing_if_deleted(&state, &first, opened.get(), answer).await
+}
+
+/// The database a request below a database opened ([`OpenDb`] sets it), kept by [`dispatch`] to
+/// tell, when the answer is a server error, whether that database was deleted under the request
+/// even though its name was created again since ([`missing_if_deleted`]).
+#[derive(Clone, Default)]
+struct OpenedDatabase(Arc<std::sync::OnceLock<Arc<Database>>>);
+
+impl OpenedDatabase {
+    fn set(&self, database: &Arc<Database>) {
+        // The first database a request opens is the one it was sent to.
+        let _ = self.0.set(Arc::clone(database));
+    }
+
+    fn get(&self) -> Option<Arc<Database>> {
+        self.0.get().cloned()
+    }
 }
 
 /// Whether `db` is the data-store database as the engine serves it.
@@ -203,16 +222,28 @@ fn refuse_dot_segments(below: &str) -> Result<(), CouchError> {
 
 /// A server error answered on a database that no longer exists was caused by its deletion
 /// racing the request (a table or file gone under a backend call that no engine check saw):
-/// CouchDB answers a missing database 404 `not_found`, whatever raced with it.
-async fn missing_if_deleted(state: &CouchState, name: &str, answer: Response) -> Response {
+/// CouchDB answers a missing database 404 `not_found`, whatever raced with it. So is one on the
+/// database the request `opened` when its name now holds another database (deleted and created
+/// again meanwhile): the request's database is gone all the same.
+async fn missing_if_deleted(
+    state: &CouchState,
+    name: &str,
+    opened: Option<Arc<Database>>,
+    answer: Response,
+) -> Response {
     if !may_be_a_deleted_database(&answer) {
         return answer;
     }
     let Ok(name) = DbName::parse(name) else { return answer };
-    match state.databases.open(&name).await {
-        Ok(None) => CouchError::no_database().into_response(),
-        _ => answer,
+    let gone = match state.databases.open(&name).await {
+        Ok(None) => true,
+        Ok(Some(current)) => opened.is_some_and(|opened| !Arc::ptr_eq(&opened, &current)),
+        Err(_) => false,
+    };
+    if gone {
+        return CouchError::no_database().into_response();
     }
+    answer
 }
 
 /// Whether an answer may come from the database being deleted under the request, so that
@@ -501,6 +532,9 @@ impl<T: DeserializeOwned + Send> FromRequestParts<CouchState> for OpenDb<T> {
                     Ok(None) => return Err(CouchError::no_database().into_response()),
                     Err(err) => return Err(CouchError::from(err).into_response()),
                 };
+                if let Some(opened) = parts.extensions.get::<OpenedDatabase>() {
+                    opened.set(&db);
+                }
                 let access = admit(&db, &identity).await.map_err(IntoResponse::into_response)?;
                 (db, access, Confinement::Everything)
             }

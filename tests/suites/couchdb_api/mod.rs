@@ -250,6 +250,9 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("instances_count_each_other_s_writes_at_once", |e| {
             Box::pin(counts_across_instances::counts_follow_another_instance_at_once(e))
         }),
+        ("instances_see_a_database_created_at_once", |e| {
+            Box::pin(several_instances::created_on_one_instance_is_there_on_the_other_at_once(e))
+        }),
     ];
     let mut trials = Vec::new();
     for backend in &backends {

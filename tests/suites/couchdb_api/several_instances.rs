@@ -307,3 +307,30 @@ async fn checkpoint_read_at_once(a: Face<'_>, b: Face<'_>, db: &str) -> TestResu
     a.call(Method::DELETE, &format!("{path}?rev={rev}"), None).await?.expect(200, &a.says("DELETE the checkpoint"))?;
     b.get(&path).await?.expect(404, &b.says("GET the deleted checkpoint")).map(drop)
 }
+
+/// Rounds of [`created_on_one_instance_is_there_on_the_other_at_once`], each with a new name.
+const CREATION_ROUNDS: usize = 20;
+
+/// A database created through A is there on B the moment A's PUT answered 201: B's `GET /{db}`
+/// answers 200 and its `PUT /{db}/{doc}` 201, round after round with new names (on DynamoDB, B
+/// confirms the database by a consistent read of the table's layout marker, which A wrote before
+/// answering, not by DescribeTable, which may not know a table just created). Each database is
+/// deleted through B, after which A answers 404 at once (the marker is marked dropped before the
+/// table is deleted).
+pub(super) async fn created_on_one_instance_is_there_on_the_other_at_once(e: Endpoint) -> TestResult {
+    if !databases_shared(&e) {
+        return Ok(());
+    }
+    let beside = e.beside_configured().await?;
+    let (a, b) = (Face::of_endpoint(&e), Face::of_beside(&beside, "B"));
+    for round in 0..CREATION_ROUNDS {
+        let db = fresh_db_named(&e, "instances", "at-once").await?;
+        let said = |what: &str| b.says(&format!("{what} in round {round}, just after A created {db}"));
+        b.get(&format!("/{db}")).await?.expect(200, &said("GET the database"))?;
+        b.put(&format!("/{db}/doc"), json!({"round": round})).await?.expect(201, &said("PUT a document"))?;
+        b.call(Method::DELETE, &format!("/{db}"), None).await?.expect(200, &said("DELETE the database"))?;
+        let gone = a.get(&format!("/{db}")).await?.expect(404, &a.says(&format!("GET {db} after B deleted it")))?;
+        check(gone.body == missing_database(), || format!("GET {db} on A: {}", gone.body))?;
+    }
+    Ok(())
+}
