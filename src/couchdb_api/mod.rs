@@ -162,6 +162,7 @@ impl CouchApp {
                 )
                 .with_write_guard(Arc::new(crate::database::validation::DesignValidation::new(js.clone()))),
         );
+        databases.ensure_users_db().await?;
         let data_store_database =
             databases.data_store(&settings.couchdb_db, Arc::clone(store.backend()), store.options().limits)?;
         let state = CouchState {
