@@ -49,6 +49,7 @@ mod server;
 mod server_rules;
 mod several_instances;
 mod slow_readers;
+mod users_db;
 mod view_index_slots;
 mod views;
 
@@ -246,6 +247,8 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("instances_agree_after_concurrent_writers", |e| {
             Box::pin(consistency::instances_agree_after_concurrent_writers(e))
         }),
+        ("users_db_logins", |e| Box::pin(users_db::users_db_logins(e))),
+        ("users_db_couchdb_hash_moves_in", |e| Box::pin(users_db::users_db_couchdb_hash_moves_in(e))),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
@@ -270,7 +273,9 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
                             "data_store_settings_by_login" | "data_store_purge_count_out_of_reach" => {
                                 Some(data_store_admin::admin_logins_config()?)
                             }
-                            "roles_and_security" => Some(roles::roles_config()?),
+                            "roles_and_security" | "users_db_logins" | "users_db_couchdb_hash_moves_in" => {
+                                Some(roles::roles_config()?)
+                            }
                             "attachments_in_documents" | "attachments_gzip_parts" => {
                                 Some(attachments::BOUNDED_CONFIG.to_owned())
                             }
