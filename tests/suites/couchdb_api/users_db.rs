@@ -68,7 +68,9 @@ async fn session_cookie(e: &Endpoint, name: &str, password: &str) -> Result<Stri
 
 /// `GET {path}` with a session cookie.
 async fn with_cookie(e: &Endpoint, cookie: &str, path: &str) -> Result<Answer, Failed> {
-    Answer::read(e.client.get(e.url(path)).header("Cookie", cookie).send().await?).await
+    // `Accept` as `Endpoint::call` sends it: pouchdb-server labels JSON `text/plain` without it.
+    let request = e.client.get(e.url(path)).header("Cookie", cookie).header("Accept", "application/json");
+    Answer::read(request.send().await?).await
 }
 
 /// The status and error body of `answer` must be the transcript's.
