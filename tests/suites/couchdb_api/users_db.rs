@@ -116,6 +116,20 @@ async fn created_and_stored_as_couchdb(e: &Endpoint, bob: &str, on_couchdb: bool
     check(stored.body.get("password").is_none() && stored.body["password_scheme"] == "pbkdf2", || {
         format!("stored user document: {}", stored.body)
     })?;
+    // Every write path hashes: `POST /_users` and `_bulk_docs` too.
+    for (how, path) in [("POST /_users", "/_users"), ("_bulk_docs", "/_users/_bulk_docs")] {
+        let other = unique_name("other")?;
+        let doc = json!({ "_id": format!("org.couchdb.user:{other}"), "name": other, "type": "user", "roles": [],
+            "password": "pw-other" });
+        let body = if path.ends_with("_bulk_docs") { json!({ "docs": [doc] }) } else { doc };
+        send(e, admin(), Method::POST, path, Some(body)).await?.expect(201, how)?;
+        let written = send(e, admin(), Method::GET, &user_path(&other), None).await?.expect(200, how)?;
+        check(written.body.get("password").is_none() && written.body["derived_key"].is_string(), || {
+            format!("written by {how}: {}", written.body)
+        })?;
+        send(e, Some((&other, "pw-other")), Method::GET, "/_session", None).await?.expect(200, how)?;
+        delete_user(e, &other).await?;
+    }
     if on_couchdb {
         return Ok(());
     }
