@@ -1,5 +1,8 @@
 //! Who is asking, on the CouchDB API: configured logins with Argon2 password hashes (PHC strings,
-//! never clear text), HTTP Basic, and signed `AuthSession` cookies ([`super::session`]).
+//! never clear text), HTTP Basic, and signed `AuthSession` cookies ([`super::session`]); then the
+//! users of `_users` documents ([`super::users`]), checked against CouchDB's own hashes on the
+//! same password-check threads and lockout, their document read at each request (a configured
+//! name comes first).
 //!
 //! A request resolves to an [`Identity`]: the login name and roles, the [`Principal`] it acts as
 //! on the data-store database (admin, one data-store user, or none for a login of the other
