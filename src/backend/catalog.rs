@@ -358,10 +358,11 @@ mod tests {
 
     #[test]
     fn names_follow_couchdb_rule() {
-        for good in ["a", "abc", "a1_$()+-/", "db/with/slashes", &"a".repeat(MAX_DB_NAME_LEN)] {
+        for good in ["a", "abc", "a1_$()+-/", "db/with/slashes", &"a".repeat(MAX_DB_NAME_LEN), "_users"] {
             assert!(DbName::parse(good).is_ok(), "{good}");
         }
-        for bad in ["", "A", "1a", "_users", "a b", "aé", "a.b", &"a".repeat(MAX_DB_NAME_LEN + 1)] {
+        for bad in ["", "A", "1a", "_replicator", "_userss", "_", "a b", "aé", "a.b", &"a".repeat(MAX_DB_NAME_LEN + 1)]
+        {
             assert!(DbName::parse(bad).is_err(), "{bad}");
         }
     }

@@ -1264,6 +1264,7 @@ pub(super) mod tests {
         let login = Arc::new(Login {
             name: "a".into(),
             password_hash: String::new(),
+            users_rev: None,
             principal: Some(Principal::Admin),
             roles: Vec::new(),
         });
