@@ -245,13 +245,15 @@ impl Databases {
     }
 
     /// The write guard of database `name`: the databases' own, after the `_users` rules there.
+    /// Databases opened without a guard (`migrate --all-databases`, which copies stored revisions
+    /// as a file copy would) get none on `_users` either.
     fn guard_of(&self, name: &DbName) -> Option<Arc<dyn write_guard::WriteGuard>> {
+        let own = self.write_guard.clone()?;
         if !users::is_users_db(name.as_str()) {
-            return self.write_guard.clone();
+            return Some(own);
         }
-        let mut guards: Vec<Arc<dyn write_guard::WriteGuard>> = vec![Arc::new(users::UsersRules)];
-        guards.extend(self.write_guard.clone());
-        Some(Arc::new(write_guard::ChainedGuards::new(guards)))
+        let rules: Arc<dyn write_guard::WriteGuard> = Arc::new(users::UsersRules);
+        Some(Arc::new(write_guard::ChainedGuards::new(vec![rules, own])))
     }
 
     /// Makes sure the `_users` database exists (CouchDB's single-node setup creates it too):
