@@ -273,9 +273,8 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
                             "data_store_settings_by_login" | "data_store_purge_count_out_of_reach" => {
                                 Some(data_store_admin::admin_logins_config()?)
                             }
-                            "roles_and_security" | "users_db_logins" | "users_db_couchdb_hash_moves_in" => {
-                                Some(roles::roles_config()?)
-                            }
+                            "roles_and_security" => Some(roles::roles_config()?),
+                            "users_db_logins" | "users_db_couchdb_hash_moves_in" => Some(users_db::config()?),
                             "attachments_in_documents" | "attachments_gzip_parts" => {
                                 Some(attachments::BOUNDED_CONFIG.to_owned())
                             }

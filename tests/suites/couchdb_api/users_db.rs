@@ -13,6 +13,14 @@ use super::*;
 /// The configured admin's password (`roles::roles_config`).
 const ADMIN_PASSWORD: &str = "battery staple";
 
+/// The bound on one document's body, small enough to pass with a `_users` document.
+const MAX_DOCUMENT_BYTES: usize = 65_536;
+
+/// `roles::roles_config`'s logins (the admin `admin`), documents bounded to [`MAX_DOCUMENT_BYTES`].
+pub(super) fn config() -> Result<String, Failed> {
+    Ok(format!("couchdb_max_document_bytes = {MAX_DOCUMENT_BYTES}\n{}", super::roles::roles_config()?))
+}
+
 /// A user of `_users` documents, for the trials of one run (the CouchDB backend's server is
 /// shared by runs).
 fn unique_name(tag: &str) -> Result<String, Failed> {
@@ -190,6 +198,12 @@ async fn refusals_as_couchdb(e: &Endpoint, bob: &str) -> TestResult {
     let promoted = json!({ "_rev": rev, "name": bob, "type": "user", "roles": ["boss"], "password": "x" });
     let own_roles = send(e, basic, Method::PUT, &user_path(bob), Some(promoted)).await?;
     as_transcript(&own_roles, "061-users-own-roles-non-admin", "bob gives himself a role")?;
+    // A `_users` write is bounded as any document's (on the CouchDB backend: CouchDB's bound).
+    if e.backend != "couchdb" {
+        let large = json!({ "name": "u37x", "type": "user", "roles": [], "password": "x".repeat(MAX_DOCUMENT_BYTES) });
+        let refused = send(e, admin(), Method::PUT, &user_path("u37x"), Some(large)).await?.expect(413, "too large")?;
+        check(refused.body["error"] == "document_too_large", || format!("a large user document: {}", refused.body))?;
+    }
     let anonymous = json!({ "name": "u37x", "type": "user", "roles": [], "password": "x" });
     let signed_up = send(e, None, Method::PUT, &user_path("u37x"), Some(anonymous)).await?;
     as_transcript(&signed_up, "065-users-put-anonymous", "an anonymous sign-up")?;
