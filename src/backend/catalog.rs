@@ -28,7 +28,11 @@ use crate::error::{Error, ErrorKind, Result};
 /// answer past it), which [`DbName::encoded_within`] fits into a file name whatever it holds.
 pub const MAX_DB_NAME_LEN: usize = 238;
 
-/// A database name that passed CouchDB's rule: a lowercase letter, then lowercase letters,
+/// The names starting with `_` CouchDB's rule admits that this server keeps: `_users` (the
+/// logins of `crate::database::users`).
+pub const SYSTEM_DATABASES: [&str; 1] = ["_users"];
+
+/// A database name that passed CouchDB's rule (or is one of [`SYSTEM_DATABASES`]): a lowercase letter, then lowercase letters,
 /// digits and `_$()+-/`, at most [`MAX_DB_NAME_LEN`] bytes.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct DbName(String);
@@ -37,8 +41,8 @@ impl DbName {
     /// Checks `name` against CouchDB's rule; the error is CouchDB's `illegal_database_name` text.
     pub fn parse(name: &str) -> Result<Self> {
         let mut bytes = name.bytes();
-        let well_formed =
-            matches!(bytes.next(), Some(b'a'..=b'z')) && bytes.all(is_name_byte) && name.len() <= MAX_DB_NAME_LEN;
+        let well_formed = SYSTEM_DATABASES.contains(&name)
+            || matches!(bytes.next(), Some(b'a'..=b'z')) && bytes.all(is_name_byte) && name.len() <= MAX_DB_NAME_LEN;
         if well_formed {
             Ok(DbName(name.to_owned()))
         } else {
@@ -354,10 +358,11 @@ mod tests {
 
     #[test]
     fn names_follow_couchdb_rule() {
-        for good in ["a", "abc", "a1_$()+-/", "db/with/slashes", &"a".repeat(MAX_DB_NAME_LEN)] {
+        for good in ["a", "abc", "a1_$()+-/", "db/with/slashes", &"a".repeat(MAX_DB_NAME_LEN), "_users"] {
             assert!(DbName::parse(good).is_ok(), "{good}");
         }
-        for bad in ["", "A", "1a", "_users", "a b", "aé", "a.b", &"a".repeat(MAX_DB_NAME_LEN + 1)] {
+        for bad in ["", "A", "1a", "_replicator", "_userss", "_", "a b", "aé", "a.b", &"a".repeat(MAX_DB_NAME_LEN + 1)]
+        {
             assert!(DbName::parse(bad).is_err(), "{bad}");
         }
     }

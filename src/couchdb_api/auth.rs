@@ -1,5 +1,8 @@
 //! Who is asking, on the CouchDB API: configured logins with Argon2 password hashes (PHC strings,
-//! never clear text), HTTP Basic, and signed `AuthSession` cookies ([`super::session`]).
+//! never clear text), HTTP Basic, and signed `AuthSession` cookies ([`super::session`]); then the
+//! users of `_users` documents ([`super::users`]), checked against CouchDB's own hashes on the
+//! same password-check threads and lockout, their document read at each request (a configured
+//! name comes first).
 //!
 //! A request resolves to an [`Identity`]: the login name and roles, the [`Principal`] it acts as
 //! on the data-store database (admin, one data-store user, or none for a login of the other
@@ -48,7 +51,9 @@ use tokio::sync::Semaphore;
 use super::client_address::TrustedProxies;
 use super::session::{hmac_sha256, CookieCheck, SessionKey, AUTH_SESSION_COOKIE};
 use super::shared_lockout::{SharedCount, SharedFailures};
+use super::users::UserDocs;
 use crate::config::{CouchUserSetting, Settings};
+use crate::database::users::StoredCredentials;
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::Limits;
 
@@ -188,12 +193,15 @@ fn session_roles(principal: Option<&Principal>, roles: &[String]) -> Vec<String>
 pub const NO_DATA_STORE_USER: &str = "This login acts for no user of the data-store database: it may use only the \
      other databases whose _security names it or one of its roles.";
 
-/// One configured login.
+/// One login: configured, or a `_users` document's.
 #[derive(Debug)]
 struct Login {
     name: String,
-    /// The PHC string, checked to parse as an Argon2 hash when the settings were loaded.
+    /// The PHC string, checked to parse as an Argon2 hash when the settings were loaded; for a
+    /// `_users` document's login, its salt, which its session cookies are bound to.
     password_hash: String,
+    /// The `_users` document's revision this login was read from; `None` for a configured one.
+    users_rev: Option<String>,
     /// Its scope on the data-store database; `None`: it may not use that database.
     principal: Option<Principal>,
     /// Its CouchDB roles, for other databases' `_security`; none starts with `_`.
@@ -222,6 +230,8 @@ pub struct CouchAuth {
     kdf_threads: KdfThreads,
     /// Whose `X-Forwarded-For` names the client (`couchdb_trusted_proxies`).
     trusted_proxies: TrustedProxies,
+    /// Where the `_users` documents' logins are read ([`CouchAuth::use_users_db`]).
+    users: OnceLock<Arc<dyn UserDocs>>,
 }
 
 /// The lockout's settings.
@@ -493,7 +503,15 @@ impl CouchAuth {
             max_suspect_waiting,
             kdf_threads: KdfThreads::new(parallelism + 1),
             trusted_proxies: TrustedProxies::default(),
+            users: OnceLock::new(),
         }
+    }
+
+    /// Logs in the users of `_users` documents too, after the configured logins (a configured
+    /// name keeps its configured password and rights, as CouchDB's configured admins do). Only
+    /// the first call takes effect.
+    pub fn use_users_db(&self, users: Arc<dyn UserDocs>) {
+        let _ = self.users.set(users);
     }
 
     /// No logins configured: every request acts as admin.
@@ -533,7 +551,7 @@ impl CouchAuth {
         if self.is_open() {
             return Ok(Identity::anonymous(Some(Principal::Admin)));
         }
-        if let Some(identity) = self.identify_cookie(headers, now)? {
+        if let Some(identity) = self.identify_cookie(headers, now).await? {
             return Ok(identity);
         }
         match basic_credentials(headers)? {
@@ -546,10 +564,19 @@ impl CouchAuth {
     }
 
     /// The login a valid `AuthSession` cookie names, with a fresh cookie when it is due.
-    fn identify_cookie(&self, headers: &HeaderMap, now: u64) -> Result<Option<Identity>, CouchError> {
+    async fn identify_cookie(&self, headers: &HeaderMap, now: u64) -> Result<Option<Identity>, CouchError> {
         let Some(value) = cookie_value(headers, AUTH_SESSION_COOKIE) else { return Ok(None) };
         let claim = SessionKey::parse(&value)?;
-        let Some(login) = self.logins.get(&claim.name) else { return Ok(None) };
+        let login = match self.logins.get(&claim.name) {
+            Some(login) => login.clone(),
+            // A `_users` login's cookie is bound to the salt its document has now (one read):
+            // a new password, a new salt, and the old cookies stop working.
+            None => match self.users_login(&claim.name).await? {
+                Some((login, _)) => login,
+                None => return Ok(None),
+            },
+        };
+        let login = &login;
         let refreshed_cookie = match self.sessions.check(&claim, &login.password_hash, now) {
             CookieCheck::Valid { refresh: false } => None,
             CookieCheck::Valid { refresh: true } => {
@@ -591,8 +618,14 @@ impl CouchAuth {
             return Err(CouchError::forbidden(LOCKED_OUT));
         }
         let key = self.verified.key_for(name, password);
-        if let Some(login) = self.verified.get(&key) {
-            return Ok(Some(login));
+        let candidate = self.candidate(name).await?;
+        let remembered = self.verified.get(&key);
+        if let (Some(hit), Some((login, _))) = (remembered, &candidate) {
+            // A `_users` login is remembered for the document's revision it was verified
+            // against: any change of the document (a new password) verifies again.
+            if hit.name == login.name && hit.users_rev == login.users_rev {
+                return Ok(Some(login.clone()));
+            }
         }
         // Another instance may have counted this pair's failures: read them before the hash.
         if let Some(peer) = peer {
@@ -602,10 +635,10 @@ impl CouchAuth {
         }
         // An unknown name is checked against another login's hash so that it takes as long as a
         // wrong password: response times do not tell which names exist.
-        let (login, hash) = match self.logins.get(name) {
-            Some(login) => (Some(login.clone()), login.password_hash.clone()),
+        let (login, check) = match candidate {
+            Some((login, check)) => (Some(login), check),
             None => match self.logins.values().next() {
-                Some(other) => (None, other.password_hash.clone()),
+                Some(other) => (None, PasswordCheck::Argon2(other.password_hash.clone())),
                 None => return Ok(None),
             },
         };
@@ -613,7 +646,7 @@ impl CouchAuth {
             Some(peer) if self.lockout.is_suspect(peer) => Lane::Suspect,
             _ => Lane::Main,
         };
-        let matches = self.run_kdf(hash, password.to_owned(), lane).await?;
+        let matches = self.run_kdf(check, password.to_owned(), lane).await?;
         match login {
             Some(login) if matches => {
                 self.verified.insert(key, login.clone());
@@ -628,10 +661,45 @@ impl CouchAuth {
         }
     }
 
+    /// The login `name` would be and how its password is checked: a configured login first,
+    /// else a `_users` document's (read now); `None` for a name neither knows.
+    async fn candidate(&self, name: &str) -> Result<Option<(Arc<Login>, PasswordCheck)>, CouchError> {
+        if let Some(login) = self.logins.get(name) {
+            return Ok(Some((login.clone(), PasswordCheck::Argon2(login.password_hash.clone()))));
+        }
+        Ok(self.users_login(name).await?.map(|(login, stored)| (login, PasswordCheck::CouchDb(stored))))
+    }
+
+    /// The login of user `name`'s `_users` document and its stored hash; `None` without a
+    /// document, or with one whose hash cannot be checked (logged: the login then fails as a
+    /// wrong password does). CouchDB's 401 for a document with conflicts.
+    async fn users_login(&self, name: &str) -> Result<Option<(Arc<Login>, StoredCredentials)>, CouchError> {
+        let Some(users) = self.users.get() else { return Ok(None) };
+        let Some(doc) = users.user_doc(name).await? else { return Ok(None) };
+        if doc.conflicted {
+            return Err(CouchError::unauthorized(super::users::CONFLICTED_USER_DOC));
+        }
+        let stored = match doc.credentials() {
+            Ok(stored) => stored,
+            Err(unusable) => {
+                tracing::warn!(user = %name, reason = ?unusable, "a _users document's password hash is not checked");
+                return Ok(None);
+            }
+        };
+        let login = Login {
+            name: name.to_owned(),
+            password_hash: stored.salt().to_owned(),
+            users_rev: Some(doc.rev.clone()),
+            principal: None,
+            roles: doc.roles(),
+        };
+        Ok(Some((Arc::new(login), stored)))
+    }
+
     /// Verifies a password against a PHC string on a blocking thread, a few at a time, in its
     /// lane. The slot is held by the thread, so a client that hangs up does not free it before
     /// the hash is done.
-    async fn run_kdf(&self, hash: String, password: String, lane: Lane) -> Result<bool, CouchError> {
+    async fn run_kdf(&self, check: PasswordCheck, password: String, lane: Lane) -> Result<bool, CouchError> {
         let slots = match lane {
             Lane::Main => &self.kdf_slots,
             Lane::Suspect => {
@@ -657,9 +725,25 @@ impl CouchAuth {
         let (answer, answered) = tokio::sync::oneshot::channel();
         self.kdf_threads.run(Box::new(move || {
             let _slot = slot;
-            let _ = answer.send(password_matches(&hash, &password));
+            let _ = answer.send(check.matches(&password));
         }))?;
         answered.await.map_err(|_| CouchError::internal("password check failed: its thread stopped"))
+    }
+}
+
+/// How a login's password is checked: against a configured Argon2 PHC string, or against the
+/// hash a `_users` document stores (CouchDB's PBKDF2 or `simple`).
+enum PasswordCheck {
+    Argon2(String),
+    CouchDb(StoredCredentials),
+}
+
+impl PasswordCheck {
+    fn matches(&self, password: &str) -> bool {
+        match self {
+            PasswordCheck::Argon2(phc) => password_matches(phc, password),
+            PasswordCheck::CouchDb(stored) => stored.matches(password),
+        }
     }
 }
 
@@ -778,7 +862,13 @@ fn parse_login(i: usize, entry: &CouchUserSetting, limits: &Limits) -> Result<Lo
             ));
         }
     }
-    Ok(Login { name: name.clone(), password_hash: entry.password_hash.clone(), principal, roles: entry.roles.clone() })
+    Ok(Login {
+        name: name.clone(),
+        password_hash: entry.password_hash.clone(),
+        users_rev: None,
+        principal,
+        roles: entry.roles.clone(),
+    })
 }
 
 /// Whether a configured hash is an Argon2 PHC string this build can verify.
@@ -1174,6 +1264,7 @@ pub(super) mod tests {
         let login = Arc::new(Login {
             name: "a".into(),
             password_hash: String::new(),
+            users_rev: None,
             principal: Some(Principal::Admin),
             roles: Vec::new(),
         });

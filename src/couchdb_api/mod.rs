@@ -38,6 +38,7 @@ mod root;
 pub mod session;
 pub mod shared_lockout;
 pub mod shared_secret;
+pub mod users;
 mod validation;
 
 use std::future::Future;
@@ -162,6 +163,12 @@ impl CouchApp {
                 )
                 .with_write_guard(Arc::new(crate::database::validation::DesignValidation::new(js.clone()))),
         );
+        // Not fatal: an embedded store's `_users` file held by another process in this one (a
+        // test's second server), or a backend briefly away, leaves it to the first request.
+        if let Err(err) = databases.ensure_users_db().await {
+            tracing::warn!(error = %err, "cannot make sure the _users database exists");
+        }
+        auth.use_users_db(Arc::new(users::UsersDb::new(Arc::clone(&databases))));
         let data_store_database =
             databases.data_store(&settings.couchdb_db, Arc::clone(store.backend()), store.options().limits)?;
         let state = CouchState {

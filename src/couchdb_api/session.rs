@@ -3,7 +3,10 @@
 //! The cookie is stateless: it carries the login name and the second it was issued, signed with
 //! HMAC-SHA256 under `couchdb_session_secret` (when unset, the secret kept in the backend,
 //! [`super::shared_secret`], shared by every instance over it). The signature also
-//! covers the login's password hash, so changing a password ends its sessions. A cookie is valid
+//! covers the login's password hash, so changing a password ends its sessions; for a login of a
+//! `_users` document it covers the document's salt instead, as CouchDB's cookie does (a new
+//! password always gets a new salt), read from the document at each request
+//! ([`super::users`]), so a password changed through any instance ends the sessions everywhere. A cookie is valid
 //! for `couchdb_session_timeout_secs` after it was issued (the setting in force when it is read),
 //! and once more than a tenth of that has passed, responses carry a fresh one, as CouchDB's do.
 //! The secret also keys the feed positions sealed for per-user logins ([`super::position_seal`]).

@@ -675,6 +675,13 @@ impl Database {
     }
 
     async fn write_batch_once_open(&self, id: &str, writes: &[Write]) -> Result<Vec<Result<Written>>> {
+        // `_users`: clear passwords become CouchDB's hash before anything else sees the write
+        // (its validation checks the hashed document, as CouchDB's does), once per request.
+        let hashed = match super::users::is_users_db(&self.name) {
+            true => super::users::hash_passwords(writes).await?,
+            false => None,
+        };
+        let writes = hashed.as_deref().unwrap_or(writes);
         let revs_limit = self.revs_limit().await?;
         let _turn = self.write_lock(id).lock().await;
         for _ in 0..MAX_TRIES {

@@ -16,6 +16,8 @@
 //!   `validate_doc_update` run as that check.
 //! - [`data_store_rules`]: the data-store database's rules on its documents (ids made of their
 //!   fields, field types, per-user confinement), also run as that check.
+//! - [`users`]: the `_users` database's rules (passwords hashed on write, user documents'
+//!   validation, stored hashes checked at login), its guard chained before `validate_doc_update`.
 //! - [`Databases`] (here): the open databases of the server, over the backend's catalog.
 
 pub mod attachments;
@@ -27,6 +29,7 @@ pub mod layout;
 pub mod rev_id;
 pub use crate::backend::rev_tree;
 pub mod seq;
+pub mod users;
 pub mod validation;
 pub mod write_guard;
 
@@ -237,8 +240,43 @@ impl Databases {
                 .with_max_gzip_ratio(self.max_gzip_ratio)
                 .with_inline_budget(Arc::clone(&self.inline_budget), self.inline_wait)
                 .with_attachment_bounds(self.max_attachment_bytes, self.attachment_grace)
-                .with_write_guard(self.write_guard.clone()),
+                .with_write_guard(self.guard_of(name)),
         )
+    }
+
+    /// The write guard of database `name`: the databases' own, after the `_users` rules there.
+    /// Databases opened without a guard (`migrate --all-databases`, which copies stored revisions
+    /// as a file copy would) get none on `_users` either.
+    fn guard_of(&self, name: &DbName) -> Option<Arc<dyn write_guard::WriteGuard>> {
+        let own = self.write_guard.clone()?;
+        if !users::is_users_db(name.as_str()) {
+            return Some(own);
+        }
+        let rules: Arc<dyn write_guard::WriteGuard> = Arc::new(users::UsersRules);
+        Some(Arc::new(write_guard::ChainedGuards::new(vec![rules, own])))
+    }
+
+    /// Makes sure the `_users` database exists (CouchDB's single-node setup creates it too):
+    /// created with CouchDB's admin-only `_security` when missing. Another instance creating it
+    /// at the same moment is no failure. Nothing happens where the backend keeps no databases.
+    pub async fn ensure_users_db(&self) -> Result<()> {
+        if self.opened_catalog().await?.is_none() {
+            return Ok(());
+        }
+        let name = DbName::parse(users::USERS_DB)?;
+        if self.open(&name).await?.is_some() {
+            return Ok(());
+        }
+        let database = match self.create(&name).await {
+            Ok(database) => database,
+            Err(err) if err.kind() == ErrorKind::Conflict => return Ok(()),
+            Err(err) => return Err(err),
+        };
+        if !database.backend().forwards_requests() {
+            database.update_settings(|settings| settings.security = users::admin_only_security()).await?;
+        }
+        tracing::info!("created the _users database");
+        Ok(())
     }
 
     /// The data-store database `name` over the facade's `backend`, opened once at startup with

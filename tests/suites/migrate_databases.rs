@@ -81,6 +81,12 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         })
         .with_ignored_flag(!(couch && selected.contains(&"embedded"))),
     );
+    trials.push(
+        Trial::test("migrate_databases::users::moved_users_log_in_with_their_passwords", || {
+            block_on(moved_users_log_in())
+        })
+        .with_ignored_flag(!(couch && selected.contains(&"embedded"))),
+    );
     Some(trials)
 }
 
@@ -675,11 +681,15 @@ impl Drop for Face {
 }
 
 fn start_face(dir: &Path) -> Result<Face, String> {
+    start_face_over(dir, &format!("embedded:{}", dir.join("face.redb").display()), &[])
+}
+
+/// [`start_face`] over the backend `store`, with more arguments (`--config FILE`).
+fn start_face_over(dir: &Path, store: &str, extra: &[&str]) -> Result<Face, String> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .map_err(|e| format!("no free port: {e}"))?;
-    let store = format!("embedded:{}", dir.join("face.redb").display());
     let child = agentstore(dir)
         .args([
             "serve",
@@ -688,8 +698,9 @@ fn start_face(dir: &Path) -> Result<Face, String> {
             "--couchdb-listen",
             &format!("127.0.0.1:{port}"),
             "--backend",
-            &store,
+            store,
         ])
+        .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -723,4 +734,64 @@ async fn large_attachments_through_face() -> TestResult {
         check(moved_bytes(&report) >= 7 * LARGE as u64, || format!("step {step} moved only {report}"))?;
     }
     same_database(&source, &back, &db).await
+}
+
+/// `migrate --db _users` (issue 37) from the CouchDB-protocol server to an embedded store: a user
+/// the server hashed (its own scheme: CouchDB 3.4's PBKDF2-SHA256, pouchdb-server's PBKDF2-SHA1)
+/// logs in at `agentstore serve` over the target with the password it had, with its roles.
+async fn moved_users_log_in() -> TestResult {
+    let source = source_server()?;
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let name = format!("u37-{}", prefix());
+    let user = format!("{source}/_users/org.couchdb.user:{name}");
+    let doc = json!({ "name": name, "type": "user", "roles": ["movers"], "password": "moved pw" });
+    ok(reqwest::Method::PUT, &user, Some(doc)).await?;
+    let target = format!("embedded:{}", dir.path().join("target.redb").display());
+    let moved = run(dir.path(), &migrate_args(&source, &target, "_users", &dir.path().join("cp"), &[]));
+    // The source's `_users` is shared with other runs: this run's user goes whatever happened.
+    let stored = ok(reqwest::Method::GET, &user, None).await?;
+    let rev = stored["_rev"].as_str().unwrap_or_default().to_owned();
+    let purge = json!({ format!("org.couchdb.user:{name}"): [rev.clone()] });
+    if call(reqwest::Method::POST, &format!("{source}/_users/_purge"), Some(purge)).await?.0 >= 300 {
+        ok(reqwest::Method::DELETE, &format!("{user}?rev={rev}"), None).await?;
+    }
+    let (code, report) = moved?;
+    check(code == 0 && report["status"] == "complete" && report["totals"]["failed"] == 0, || {
+        format!("migrate --db _users exited {code}: {report}")
+    })?;
+    let phc = agentstore_hash("admin pw", dir.path())?;
+    let config = dir.path().join("agentstore.toml");
+    std::fs::write(&config, format!("[[couchdb_users]]\nname = \"admin\"\npassword_hash = \"{phc}\"\nadmin = true\n"))
+        .map_err(|e| e.to_string())?;
+    let face = start_face_over(dir.path(), &target, &["--config", &config.display().to_string()])?;
+    let session = |password: &str| {
+        let request = reqwest::Client::new().get(format!("{}/_session", face.url)).basic_auth(&name, Some(password));
+        async move {
+            let response = request.header("accept", "application/json").send().await.map_err(|e| e.to_string())?;
+            let status = response.status().as_u16();
+            Ok::<_, String>((status, response.json::<Value>().await.unwrap_or(Value::Null)))
+        }
+    };
+    let (status, body) = session("moved pw").await?;
+    check(status == 200 && body["userCtx"] == json!({ "name": name, "roles": ["movers"] }), || {
+        format!("the moved user's login: {status} {body}")
+    })?;
+    let (status, _) = session("another pw").await?;
+    check(status == 401, || format!("a wrong password after the move: {status}"))
+}
+
+/// `agentstore hash-password` of `password`.
+fn agentstore_hash(password: &str, dir: &Path) -> Result<String, String> {
+    use std::io::Write as _;
+    let mut child = agentstore(dir)
+        .arg("hash-password")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run agentstore hash-password: {e}"))?;
+    if let Some(stdin) = child.stdin.as_mut() {
+        writeln!(stdin, "{password}").map_err(|e| e.to_string())?;
+    }
+    let output = child.wait_with_output().map_err(|e| e.to_string())?;
+    Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
 }

@@ -356,6 +356,10 @@ pub async fn get_security(opened: OpenDb) -> Answer {
 pub async fn put_security(State(state): State<CouchState>, opened: OpenDb, headers: HeaderMap, body: Body) -> Answer {
     opened.check_database_wide("change its _security")?;
     opened.access.require_db_admin()?;
+    // CouchDB's `users_db_security_editable = false`: `_users` stays admin only.
+    if crate::database::users::is_users_db(opened.db.name()) {
+        return Err(CouchError::forbidden("You can't edit the security object of the user database."));
+    }
     let security = state.bodies.read_object(&headers, body).await?.value;
     for group in ["admins", "members"] {
         let Some(value) = security.get(group) else { continue };

@@ -123,8 +123,12 @@ pub(crate) async fn dispatch(
 ) -> Response {
     let first = request.uri().path().trim_start_matches('/').split('/').next().unwrap_or_default();
     let first = percent_encoding::percent_decode_str(first).decode_utf8_lossy().into_owned();
-    if first.is_empty() || first.starts_with('_') {
+    let system_database = crate::backend::catalog::SYSTEM_DATABASES.contains(&first.as_str());
+    if first.is_empty() || (first.starts_with('_') && !system_database) {
         return next.run(request).await;
+    }
+    if let Err(refusal) = server_admin_only_paths(&first, &request) {
+        return refusal.into_response();
     }
     if *first == *state.db {
         return serve_data_store(&state, request).await;
@@ -159,6 +163,18 @@ impl OpenedDatabase {
     fn get(&self) -> Option<Arc<Database>> {
         self.0.get().cloned()
     }
+}
+
+/// CouchDB's checks before a system database's `_security` (`chttpd_auth_request`): `_users`'
+/// `_all_docs` and `_changes` are a server admin's (401 "You are not a server admin.").
+fn server_admin_only_paths(db: &str, request: &Request) -> Result<(), CouchError> {
+    let below = request.uri().path().trim_start_matches('/').split('/').nth(1).unwrap_or_default();
+    let admin_only = crate::database::users::is_users_db(db) && matches!(below, "_all_docs" | "_changes");
+    let identity = request.extensions().get::<Identity>();
+    if admin_only && !identity.is_some_and(Identity::is_server_admin) {
+        return Err(CouchError::unauthorized("You are not a server admin."));
+    }
+    Ok(())
 }
 
 /// Whether `db` is the data-store database as the engine serves it.

@@ -96,7 +96,8 @@ impl Database {
     }
 
     async fn write_many_once_open(&self, documents: &[(String, Vec<Write>)]) -> Result<Vec<DocumentAnswers>> {
-        if self.layout().as_record().is_none() {
+        // `_users` documents are written one by one, each hashing its password first.
+        if self.layout().as_record().is_none() || super::super::users::is_users_db(self.name()) {
             return Ok(self.write_each(documents).await);
         }
         let revs_limit = self.revs_limit().await?;

@@ -98,7 +98,9 @@ pub const LOCAL_DOCUMENTS: &str = "not copied: they are peers' replication check
 /// Which databases a move takes: every one (but CouchDB's system databases, `_users`,
 /// `_replicator`, …, which hold the server's configuration, and names no backend here takes),
 /// or those matching `include` (exact names, or patterns with `*` and `?`), less those matching
-/// `exclude`.
+/// `exclude`. A system database this server keeps (`_users`) is taken when `include` names it
+/// exactly (`--db _users`): its documents are replicated as they are, CouchDB's password hashes
+/// included, so its users log in at the target with the passwords they had.
 #[derive(Debug, Clone, Default)]
 pub struct Selection {
     pub include: Vec<String>,
@@ -107,7 +109,9 @@ pub struct Selection {
 
 impl Selection {
     pub fn admits(&self, name: &str) -> bool {
-        if name.starts_with('_') || DbName::parse(name).is_err() {
+        let named_system_database = crate::backend::catalog::SYSTEM_DATABASES.contains(&name)
+            && self.include.iter().any(|pattern| pattern == name);
+        if (name.starts_with('_') && !named_system_database) || DbName::parse(name).is_err() {
             return false;
         }
         (self.include.is_empty() || self.include.iter().any(|p| matches(p, name)))
@@ -721,6 +725,9 @@ mod tests {
         assert!(!selection.admits("db-tmp1") && !selection.admits("other"));
         let everything = Selection::default();
         assert!(everything.admits("a/b") && !everything.admits("_users") && !everything.admits("_replicator"));
+        let users = Selection { include: vec!["_users".into(), "_replicator".into(), "_*".into()], exclude: vec![] };
+        assert!(users.admits("_users"), "named exactly");
+        assert!(!users.admits("_replicator") && !users.admits("_global_changes"), "not kept here, or by a pattern");
     }
 
     /// Refused leaves make the status 7 even though the read-back misses them; anything the

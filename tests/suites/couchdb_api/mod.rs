@@ -50,6 +50,7 @@ mod server;
 mod server_rules;
 mod several_instances;
 mod slow_readers;
+mod users_db;
 mod view_index_slots;
 mod views;
 
@@ -253,6 +254,8 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("instances_see_a_database_created_at_once", |e| {
             Box::pin(several_instances::created_on_one_instance_is_there_on_the_other_at_once(e))
         }),
+        ("users_db_logins", |e| Box::pin(users_db::users_db_logins(e))),
+        ("users_db_couchdb_hash_moves_in", |e| Box::pin(users_db::users_db_couchdb_hash_moves_in(e))),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
@@ -278,6 +281,7 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
                                 Some(data_store_admin::admin_logins_config()?)
                             }
                             "roles_and_security" => Some(roles::roles_config()?),
+                            "users_db_logins" | "users_db_couchdb_hash_moves_in" => Some(users_db::config()?),
                             "attachments_in_documents" | "attachments_gzip_parts" => {
                                 Some(attachments::BOUNDED_CONFIG.to_owned())
                             }
