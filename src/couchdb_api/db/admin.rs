@@ -348,7 +348,10 @@ fn only_get_and_put() -> Response {
 
 /// `GET /{db}/_security`: members may read it, as in CouchDB.
 pub async fn get_security(opened: OpenDb) -> Answer {
-    Ok(json(StatusCode::OK, opened.db.settings().await?.security))
+    let users_db = crate::database::users::is_users_db(opened.db.name()) && !opened.db.backend().forwards_requests();
+    let security =
+        if users_db { crate::database::users::admin_only_security() } else { opened.db.settings().await?.security };
+    Ok(json(StatusCode::OK, security))
 }
 
 /// `PUT /{db}/_security`: `admins` and `members`, each `{names, roles}` of strings; database

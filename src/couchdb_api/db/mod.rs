@@ -614,6 +614,12 @@ async fn admit(db: &Database, identity: &Identity) -> Result<DbAccess, CouchErro
 /// database's own.
 pub(crate) async fn security_of(db: &Database) -> Result<Value, CouchError> {
     if !db.backend().forwards_requests() {
+        // `_users` is admin only whatever its stored `_security` says: `PUT` cannot change it,
+        // and a start cut between creating `_users` and storing its `_security` (or another
+        // instance reading it in between) must not leave the password hashes open to members.
+        if crate::database::users::is_users_db(db.name()) {
+            return Ok(crate::database::users::admin_only_security());
+        }
         return Ok(db.settings().await?.security);
     }
     let asked = crate::backend::DesignRequest {
@@ -856,6 +862,23 @@ mod tests {
         for status in [StatusCode::OK, StatusCode::CREATED, StatusCode::CONFLICT, StatusCode::BAD_REQUEST] {
             assert!(!looked_up(CouchError::new(status, "x", "y").into_response()), "{status}");
         }
+    }
+
+    /// A start cut between creating `_users` and storing its `_security` (the crash point of
+    /// `Databases::ensure_users_db`) leaves it with none stored: it is admin only all the same.
+    #[tokio::test]
+    async fn users_db_is_admin_only_without_its_stored_security() {
+        use crate::backend::catalog::EmbeddedCatalog;
+        use crate::backend::embedded::EmbeddedOptions;
+        let dir = tempfile::tempdir().unwrap();
+        let catalog =
+            std::sync::Arc::new(EmbeddedCatalog::new(&dir.path().join("store.redb"), EmbeddedOptions::default()));
+        let databases = crate::database::Databases::new(Some(catalog), 2);
+        let users = databases.create(&crate::backend::catalog::DbName::parse("_users").unwrap()).await.unwrap();
+        let other = databases.create(&crate::backend::catalog::DbName::parse("open").unwrap()).await.unwrap();
+        assert_eq!(users.settings().await.unwrap().security, serde_json::json!({}), "nothing stored");
+        assert_eq!(super::security_of(&users).await.unwrap(), crate::database::users::admin_only_security());
+        assert_eq!(super::security_of(&other).await.unwrap(), serde_json::json!({}), "another database's own");
     }
 
     #[test]
