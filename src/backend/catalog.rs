@@ -29,8 +29,9 @@ use crate::error::{Error, ErrorKind, Result};
 pub const MAX_DB_NAME_LEN: usize = 238;
 
 /// The names starting with `_` CouchDB's rule admits that this server keeps: `_users` (the
-/// logins of `crate::database::users`).
-pub const SYSTEM_DATABASES: [&str; 1] = ["_users"];
+/// logins of `crate::database::users`) and `_replicator` (the replications of
+/// `crate::replicator`).
+pub const SYSTEM_DATABASES: [&str; 2] = ["_users", "_replicator"];
 
 /// A database name that passed CouchDB's rule (or is one of [`SYSTEM_DATABASES`]): a lowercase letter, then lowercase letters,
 /// digits and `_$()+-/`, at most [`MAX_DB_NAME_LEN`] bytes.
@@ -358,10 +359,12 @@ mod tests {
 
     #[test]
     fn names_follow_couchdb_rule() {
-        for good in ["a", "abc", "a1_$()+-/", "db/with/slashes", &"a".repeat(MAX_DB_NAME_LEN), "_users"] {
+        for good in ["a", "abc", "a1_$()+-/", "db/with/slashes", &"a".repeat(MAX_DB_NAME_LEN), "_users", "_replicator"]
+        {
             assert!(DbName::parse(good).is_ok(), "{good}");
         }
-        for bad in ["", "A", "1a", "_replicator", "_userss", "_", "a b", "aé", "a.b", &"a".repeat(MAX_DB_NAME_LEN + 1)]
+        for bad in
+            ["", "A", "1a", "_global_changes", "_userss", "_", "a b", "aé", "a.b", &"a".repeat(MAX_DB_NAME_LEN + 1)]
         {
             assert!(DbName::parse(bad).is_err(), "{bad}");
         }

@@ -1,5 +1,5 @@
-//! The server root and the node: `GET /`, `/_up`, `/_uuids`, the probes (`_active_tasks`,
-//! `_scheduler`, `_membership`, `_node`), the server admins' check, and the answers to paths and
+//! The server root and the node: `GET /`, `/_up`, `/_uuids`, the probes (`_membership`, `_node`;
+//! `_active_tasks` and `_scheduler` are [`super::replicator`]'s), the server admins' check, and the answers to paths and
 //! methods no route takes (and to a handler that panicked). Databases are [`super::db`]'s.
 
 use axum::extract::{Extension, Path, Query, State};
@@ -127,30 +127,11 @@ pub fn internal_error() -> Response {
 /// The node name the probes below report: one node, this process.
 const NODE_NAME: &str = "agentstore@localhost";
 
-/// `GET /_active_tasks`: no compaction, indexing or replication task ever runs here. A server
-/// admin's, as CouchDB's (`chttpd_misc:handle_task_status_req`).
-pub async fn active_tasks(Extension(identity): Extension<Identity>) -> Answer {
-    server_admin_only(&identity)?;
-    Ok(json(StatusCode::OK, json!([])))
-}
-
 /// `GET /_membership`: a cluster of one node. A server admin's, as CouchDB's (every `/_membership`
 /// and `/_node` path is in `chttpd_auth_request:server_authorization_check`'s admin list).
 pub async fn membership(Extension(identity): Extension<Identity>) -> Answer {
     server_admin_only(&identity)?;
     Ok(json(StatusCode::OK, json!({ "all_nodes": [NODE_NAME], "cluster_nodes": [NODE_NAME] })))
-}
-
-/// `GET /_scheduler/jobs` and `/_scheduler/docs`: no replicator runs inside this server. A server
-/// admin's, as every `/_scheduler` path is CouchDB's (`chttpd_auth_request`).
-pub async fn scheduler_jobs(Extension(identity): Extension<Identity>) -> Answer {
-    server_admin_only(&identity)?;
-    Ok(json(StatusCode::OK, json!({ "total_rows": 0, "offset": 0, "jobs": [] })))
-}
-
-pub async fn scheduler_docs(Extension(identity): Extension<Identity>) -> Answer {
-    server_admin_only(&identity)?;
-    Ok(json(StatusCode::OK, json!({ "total_rows": 0, "offset": 0, "docs": [] })))
 }
 
 /// `GET /_node/_local` (and `/_node/{name}` for this node's name): the node's name. A server

@@ -84,6 +84,9 @@ pub struct Databases {
     inline_wait: std::time::Duration,
     /// What checks writes against the databases' validation functions, if anything.
     write_guard: Option<Arc<dyn write_guard::WriteGuard>>,
+    /// Guards of single databases, asked before [`Self::write_guard`] (the `_replicator`
+    /// database's rules, which live in `crate::replicator`).
+    database_guards: HashMap<String, Arc<dyn write_guard::WriteGuard>>,
 }
 
 /// What the catalog says of a database this server holds open ([`Databases::confirmed`]).
@@ -159,6 +162,7 @@ impl Databases {
             inline_budget: Arc::new(crate::server::budget::ByteBudget::new(engine::DEFAULT_MAX_INFLIGHT_INLINE_BYTES)),
             inline_wait: engine::DEFAULT_INLINE_WAIT,
             write_guard: None,
+            database_guards: HashMap::new(),
         }
     }
 
@@ -181,6 +185,7 @@ impl Databases {
             inline_budget: Arc::new(crate::server::budget::ByteBudget::new(engine::DEFAULT_MAX_INFLIGHT_INLINE_BYTES)),
             inline_wait: engine::DEFAULT_INLINE_WAIT,
             write_guard: None,
+            database_guards: HashMap::new(),
         }
     }
 
@@ -230,6 +235,12 @@ impl Databases {
         Databases { write_guard: Some(guard), ..self }
     }
 
+    /// Database `name` checks its writes with `guard` first, then with the databases' own.
+    pub fn with_database_guard(mut self, name: &str, guard: Arc<dyn write_guard::WriteGuard>) -> Self {
+        self.database_guards.insert(name.to_owned(), guard);
+        self
+    }
+
     /// A database of these settings over its namespace's backend.
     fn database(&self, name: &DbName, backend: Arc<dyn crate::backend::DocumentBackend>) -> Arc<Database> {
         Arc::new(
@@ -249,10 +260,13 @@ impl Databases {
     /// as a file copy would) get none on `_users` either.
     fn guard_of(&self, name: &DbName) -> Option<Arc<dyn write_guard::WriteGuard>> {
         let own = self.write_guard.clone()?;
-        if !users::is_users_db(name.as_str()) {
+        let rules: Arc<dyn write_guard::WriteGuard> = if users::is_users_db(name.as_str()) {
+            Arc::new(users::UsersRules)
+        } else if let Some(guard) = self.database_guards.get(name.as_str()) {
+            Arc::clone(guard)
+        } else {
             return Some(own);
-        }
-        let rules: Arc<dyn write_guard::WriteGuard> = Arc::new(users::UsersRules);
+        };
         Some(Arc::new(write_guard::ChainedGuards::new(vec![rules, own])))
     }
 
@@ -260,10 +274,17 @@ impl Databases {
     /// created with CouchDB's admin-only `_security` when missing. Another instance creating it
     /// at the same moment is no failure. Nothing happens where the backend keeps no databases.
     pub async fn ensure_users_db(&self) -> Result<()> {
+        self.ensure_system_db(users::USERS_DB).await
+    }
+
+    /// Makes sure the system database `name` (`_users`, `_replicator`) exists, as
+    /// [`Self::ensure_users_db`] says; both are admin only when created, as CouchDB 3.4.3's
+    /// `default_security = admin_only` leaves them.
+    pub async fn ensure_system_db(&self, db_name: &str) -> Result<()> {
         if self.opened_catalog().await?.is_none() {
             return Ok(());
         }
-        let name = DbName::parse(users::USERS_DB)?;
+        let name = DbName::parse(db_name)?;
         if self.open(&name).await?.is_some() {
             return Ok(());
         }
@@ -275,7 +296,7 @@ impl Databases {
         if !database.backend().forwards_requests() {
             database.update_settings(|settings| settings.security = users::admin_only_security()).await?;
         }
-        tracing::info!("created the _users database");
+        tracing::info!(database = db_name, "created a system database");
         Ok(())
     }
 
@@ -303,6 +324,11 @@ impl Databases {
                 .with_attachment_bounds(self.max_attachment_bytes, self.attachment_grace)
                 .with_write_guard(Some(Arc::new(write_guard::ChainedGuards::new(guards)))),
         ))
+    }
+
+    /// The backend URL the catalog is opened from (`None`: the backend keeps no databases).
+    pub fn source(&self) -> Option<&BackendUrl> {
+        self.source.as_ref()
     }
 
     /// The catalog, opened now if it was not; `None` where the backend keeps no others.

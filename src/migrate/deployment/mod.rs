@@ -98,9 +98,10 @@ pub const LOCAL_DOCUMENTS: &str = "not copied: they are peers' replication check
 /// Which databases a move takes: every one (but CouchDB's system databases, `_users`,
 /// `_replicator`, …, which hold the server's configuration, and names no backend here takes),
 /// or those matching `include` (exact names, or patterns with `*` and `?`), less those matching
-/// `exclude`. A system database this server keeps (`_users`) is taken when `include` names it
-/// exactly (`--db _users`): its documents are replicated as they are, CouchDB's password hashes
-/// included, so its users log in at the target with the passwords they had.
+/// `exclude`. A system database this server keeps (`_users`, `_replicator`) is taken when
+/// `include` names it exactly (`--db _users`): its documents are replicated as they are,
+/// CouchDB's password hashes included, so its users log in at the target with the passwords they
+/// had, and its replications run at the target.
 #[derive(Debug, Clone, Default)]
 pub struct Selection {
     pub include: Vec<String>,
@@ -726,8 +727,8 @@ mod tests {
         let everything = Selection::default();
         assert!(everything.admits("a/b") && !everything.admits("_users") && !everything.admits("_replicator"));
         let users = Selection { include: vec!["_users".into(), "_replicator".into(), "_*".into()], exclude: vec![] };
-        assert!(users.admits("_users"), "named exactly");
-        assert!(!users.admits("_replicator") && !users.admits("_global_changes"), "not kept here, or by a pattern");
+        assert!(users.admits("_users") && users.admits("_replicator"), "named exactly");
+        assert!(!users.admits("_global_changes"), "not kept here, or by a pattern");
     }
 
     /// Refused leaves make the status 7 even though the read-back misses them; anything the
