@@ -121,7 +121,7 @@ pub async fn replicate(
         return if replicator.cancel(&id) {
             Ok(json(StatusCode::OK, json!({ "ok": true, "_local_id": id })))
         } else {
-            Ok(json(StatusCode::NOT_FOUND, json!({ "error": "not_found", "reason": id })))
+            Ok(json(StatusCode::NOT_FOUND, json!({ "error": "not_found", "reason": "missing" })))
         };
     }
     let mut replication = spec::parse(props).map_err(CouchError::bad_request)?;

@@ -31,6 +31,8 @@ pub struct Checkpoints {
     by_doc_ids: bool,
     /// The sequence last recorded.
     pub recorded: Value,
+    /// The session the source's checkpoint named when the job started, if any.
+    found_session: Option<Value>,
 }
 
 /// One end of a replication: a side and a database on it.
@@ -58,6 +60,10 @@ impl Checkpoints {
         };
         let start_seq = since_seq.cloned().unwrap_or(found_seq);
         let rev = |log: &Option<Map<String, Value>>| log.as_ref().and_then(|l| l["_rev"].as_str().map(str::to_owned));
+        let found_session = match (&source_log, &target_log) {
+            (Some(log), Some(_)) if !history.is_empty() => log.get("session_id").cloned(),
+            _ => None,
+        };
         Ok(Checkpoints {
             session_id: random_hex()?,
             recorded: start_seq.clone(),
@@ -68,6 +74,7 @@ impl Checkpoints {
             start_time: rfc1123_now(),
             by_doc_ids,
             name,
+            found_session,
         })
     }
 
@@ -113,8 +120,20 @@ impl Checkpoints {
         Ok(())
     }
 
-    /// The checkpoint's last written body's history (for `POST /_replicate`'s answer).
+    /// A one-shot run's answer (`POST /_replicate`): this session's history entry, or, when it
+    /// recorded nothing new over an earlier checkpoint, that checkpoint's session and history
+    /// with `no_changes: true`, as CouchDB answers.
     pub fn answer(&self, stats: &JobStats) -> Value {
+        if let (Some(session), true) = (&self.found_session, self.recorded == self.start_seq) {
+            return json!({
+                "ok": true,
+                "no_changes": true,
+                "session_id": session,
+                "source_last_seq": self.recorded,
+                "replication_id_version": REPLICATION_ID_VERSION,
+                "history": self.history,
+            });
+        }
         json!({
             "ok": true,
             "session_id": self.session_id,

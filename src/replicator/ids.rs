@@ -178,4 +178,27 @@ mod tests {
         );
         assert_eq!(trimmed_code("  function(doc) {}  "), "function(doc) {}");
     }
+
+    /// Ids a real CouchDB 3.4.3 (uuid `5d1f0c2e…`) gave two `_replicator` documents: a plain one
+    /// with credentials in the URLs (the id of its `_local` checkpoint), and one with `auth.basic`,
+    /// `doc_ids`, `continuous` and `create_target` (its `_scheduler/docs` id). Recorded in
+    /// fixtures/couchdb-3.4.3/070-scheduler-docs-and-active-tasks.json.
+    #[test]
+    fn the_same_ids_as_couchdb() {
+        let uuid = "5d1f0c2e9a7b4b0f8e3c6a1d2b4f6e80";
+        let plain = replication(json!({
+            "source": "http://admin:password@127.0.0.1:15984/r37src",
+            "target": "http://admin:password@127.0.0.1:15984/r37dst",
+        }));
+        assert_eq!(replication_id(uuid, &plain, None).full(), "3d43bf0153042afd4ce4f4700d9d7222");
+        let by_ids = replication(json!({
+            "source": {"url": "http://127.0.0.1:15984/r37src", "auth": {"basic": {"username": "admin", "password": "password"}}},
+            "target": "http://admin:password@127.0.0.1:15984/r37dst",
+            "doc_ids": ["a", "b"], "continuous": true, "create_target": true,
+        }));
+        assert_eq!(
+            replication_id(uuid, &by_ids, None).full(),
+            "77804736c3f674ba1b42f38ae1e298d1+continuous+create_target"
+        );
+    }
 }

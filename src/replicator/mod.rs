@@ -74,7 +74,8 @@ impl Replicator {
         read(&jobs)
     }
 
-    /// `GET /_scheduler/jobs`: the jobs running or waiting to run here (CouchDB's `job_ejson`).
+    /// `GET /_scheduler/jobs`: the jobs running or waiting to run here (CouchDB's `job_ejson`,
+    /// `database` first as its HTTP layer moves it).
     pub fn jobs_json(&self) -> Value {
         let node = self.node().to_owned();
         let jobs: Vec<Value> = self.with_jobs(|jobs| {
@@ -88,11 +89,11 @@ impl Replicator {
                         .map(|(kind, when)| json!({ "timestamp": iso8601(*when), "type": kind }))
                         .collect();
                     json!({
+                        "database": job.doc_id.as_ref().map(|_| REPLICATOR_DB),
                         "id": job.id.as_ref().map(ids::ReplicationId::full),
-                        "pid": (job.state == JobState::Running).then(|| format!("<0.{}.0>", job.start_time.timestamp_subsec_micros())),
+                        "pid": (job.state == JobState::Running).then(|| pid_of(job)),
                         "source": job.replication.source.shown(),
                         "target": job.replication.target.shown(),
-                        "database": job.doc_id.as_ref().map(|_| REPLICATOR_DB),
                         "user": job.replication.user,
                         "doc_id": job.doc_id,
                         "info": info_of(job),
@@ -119,14 +120,15 @@ impl Replicator {
 
     fn doc_json(&self, job: &JobEntry) -> Option<Value> {
         let doc_id = job.doc_id.as_ref()?;
+        if matches!(job.state, JobState::Completed | JobState::Failed) {
+            return Some(finished_doc_json(doc_id, job));
+        }
         let (state, node) = match (&job.elsewhere, job.state) {
             (Some(owner), JobState::Pending) => ("running", owner.clone()),
             (_, state) => (state.as_str(), self.node().to_owned()),
         };
         let info = match job.state {
-            JobState::Failed | JobState::Crashing => {
-                job.error.as_ref().map_or(Value::Null, |error| json!({ "error": error }))
-            }
+            JobState::Crashing => job.error.as_ref().map_or(Value::Null, |error| json!({ "error": error })),
             _ => info_of(job),
         };
         Some(json!({
@@ -146,44 +148,72 @@ impl Replicator {
         }))
     }
 
-    /// `GET /_active_tasks`' replication rows: the jobs running here.
+    /// `GET /_active_tasks`' replication rows: the jobs running here, members as CouchDB lists
+    /// them (`node`, `pid`, `process_status`, then the others by name).
     pub fn active_tasks(&self) -> Vec<Value> {
         let node = self.node().to_owned();
+        let interval = self.scheduler.context().bounds.checkpoint_interval.as_millis() as u64;
         self.with_jobs(|jobs| {
             jobs.values()
                 .filter(|job| job.state == JobState::Running && job.id.is_some())
                 .map(|job| {
                     let stats = job.stats.lock().map(|s| s.clone()).unwrap_or_default();
-                    let mut task = Map::new();
-                    task.insert("node".into(), Value::from(node.clone()));
-                    task.insert(
-                        "pid".into(),
-                        Value::from(format!("<0.{}.0>", job.start_time.timestamp_subsec_micros())),
-                    );
-                    task.insert("process_status".into(), Value::from("waiting"));
-                    task.insert("type".into(), Value::from("replication"));
-                    task.insert("user".into(), job.replication.user.clone().map_or(Value::Null, Value::from));
-                    task.insert("replication_id".into(), Value::from(job.id.as_ref().map(ids::ReplicationId::full)));
-                    task.insert(
+                    let mut rest: std::collections::BTreeMap<String, Value> = stats.info().into_iter().collect();
+                    rest.insert("type".into(), Value::from("replication"));
+                    rest.insert("user".into(), job.replication.user.clone().map_or(Value::Null, Value::from));
+                    rest.insert("replication_id".into(), Value::from(job.id.as_ref().map(ids::ReplicationId::full)));
+                    rest.insert(
                         "database".into(),
                         job.doc_id.as_ref().map_or(Value::Null, |_| Value::from(REPLICATOR_DB)),
                     );
-                    task.insert("doc_id".into(), job.doc_id.clone().map_or(Value::Null, Value::from));
-                    task.insert("source".into(), Value::from(job.replication.source.shown()));
-                    task.insert("target".into(), Value::from(job.replication.target.shown()));
-                    task.insert("continuous".into(), Value::from(job.replication.continuous));
-                    task.insert(
-                        "checkpoint_interval".into(),
-                        Value::from(self.scheduler.context().bounds.checkpoint_interval.as_millis() as u64),
-                    );
-                    task.extend(stats.info());
-                    task.insert("started_on".into(), Value::from(job.start_time.timestamp()));
-                    task.insert("updated_on".into(), Value::from(chrono::Utc::now().timestamp()));
+                    rest.insert("doc_id".into(), job.doc_id.clone().map_or(Value::Null, Value::from));
+                    rest.insert("source".into(), Value::from(job.replication.source.shown()));
+                    rest.insert("target".into(), Value::from(job.replication.target.shown()));
+                    rest.insert("continuous".into(), Value::from(job.replication.continuous));
+                    rest.insert("checkpoint_interval".into(), Value::from(interval));
+                    rest.insert("started_on".into(), Value::from(job.start_time.timestamp()));
+                    rest.insert("updated_on".into(), Value::from(chrono::Utc::now().timestamp()));
+                    let mut task = Map::new();
+                    task.insert("node".into(), Value::from(node.clone()));
+                    task.insert("pid".into(), Value::from(pid_of(job)));
+                    task.insert("process_status".into(), Value::from("waiting"));
+                    task.extend(rest);
                     Value::Object(task)
                 })
                 .collect()
         })
     }
+}
+
+/// A name for a running job in CouchDB's process-id form (there is no Erlang process here).
+fn pid_of(job: &JobEntry) -> String {
+    format!("<0.{}.0>", job.start_time.timestamp_subsec_micros())
+}
+
+/// A completed or failed document as `_scheduler/docs` shows it: what the document says of its
+/// run (`_replication_stats` without `start_time`, or the failure's reason), no id, no node.
+fn finished_doc_json(doc_id: &str, job: &JobEntry) -> Value {
+    let written = &job.written_state;
+    let mut stats = written.get("_replication_stats").and_then(Value::as_object).cloned().unwrap_or_default();
+    let start_time = stats.shift_remove("start_time").unwrap_or_else(|| Value::from(iso8601(job.start_time)));
+    let info = match job.state {
+        JobState::Failed => {
+            json!({ "error": written.get("_replication_state_reason").cloned().unwrap_or(Value::Null) })
+        }
+        _ => Value::Object(stats),
+    };
+    json!({
+        "database": REPLICATOR_DB,
+        "doc_id": doc_id,
+        "id": null,
+        "source": job.replication.source.shown(),
+        "target": job.replication.target.shown(),
+        "state": job.state.as_str(),
+        "error_count": 0,
+        "info": info,
+        "start_time": start_time,
+        "last_updated": written.get("_replication_state_time").cloned().unwrap_or_else(|| Value::from(iso8601(job.last_updated))),
+    })
 }
 
 /// A job's statistics as `info` shows them; `null` before its first run, as CouchDB's.

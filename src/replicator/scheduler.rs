@@ -116,6 +116,9 @@ pub struct JobEntry {
     lease_renewed: Option<Instant>,
     /// Another instance runs it (its lease is live there).
     pub elsewhere: Option<String>,
+    /// The state fields the document carries (`_replication_stats`, `_replication_state_time`),
+    /// which `_scheduler/docs` shows for a completed or failed document.
+    pub written_state: Map<String, Value>,
 }
 
 /// What a finished run reports back to the scheduler.
@@ -236,7 +239,7 @@ impl Scheduler {
             Ok(replication) => replication,
             Err(reason) => {
                 if state != "failed" {
-                    write_state(db, doc_id, &rev, DocState::Failed(reason)).await;
+                    let _ = write_state(db, doc_id, &rev, DocState::Failed(reason)).await;
                 }
                 return;
             }
@@ -248,7 +251,7 @@ impl Scheduler {
             _ => JobState::Pending,
         };
         if matches!(state.as_str(), "triggered" | "error") {
-            write_state(db, doc_id, &rev, DocState::Cleared).await;
+            let _ = write_state(db, doc_id, &rev, DocState::Cleared).await;
         }
         let entry = JobEntry {
             doc_id: Some(doc_id.to_owned()),
@@ -267,6 +270,7 @@ impl Scheduler {
             lease: None,
             lease_renewed: None,
             elsewhere: None,
+            written_state: state_of(&body),
         };
         self.jobs().insert(doc_id.to_owned(), entry);
     }
@@ -324,7 +328,10 @@ impl Scheduler {
                 if let Ok(Some(state)) = db.read(&doc_id).await {
                     if let Some(winner) = state.tree.winner().filter(|leaf| !leaf.deleted) {
                         let rev = winner.path.leaf_rev();
-                        write_state(db, &doc_id, &rev, DocState::Completed(stats, start_time)).await;
+                        let written = write_state(db, &doc_id, &rev, DocState::Completed(stats, start_time)).await;
+                        if let (Some(written), Some(job)) = (written, self.jobs().get_mut(&key)) {
+                            job.written_state = written;
+                        }
                     }
                 }
             }
@@ -456,6 +463,7 @@ impl Scheduler {
                     lease: None,
                     lease_renewed: None,
                     elsewhere: None,
+                    written_state: Map::new(),
                 },
             );
         }
@@ -505,6 +513,11 @@ fn stop_job(job: &mut JobEntry) {
     }
 }
 
+/// The replicator's state fields of a document's body.
+fn state_of(body: &Map<String, Value>) -> Map<String, Value> {
+    body.iter().filter(|(key, _)| STATE_FIELDS.contains(&key.as_str())).map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
 /// A document's body without the replicator's state fields.
 fn without_state(body: &Map<String, Value>) -> Map<String, Value> {
     body.iter().filter(|(key, _)| !STATE_FIELDS.contains(&key.as_str())).map(|(k, v)| (k.clone(), v.clone())).collect()
@@ -519,10 +532,11 @@ enum DocState {
 }
 
 /// Writes a document's state as CouchDB 3.4.3's `update_rep_doc` does, over revision `rev`; a
-/// conflict (the document changed meanwhile) is left to the next change of it.
-async fn write_state(db: &Database, doc_id: &str, rev: &str, state: DocState) {
-    let Ok(Some(stored)) = db.read(doc_id).await else { return };
-    let Some(winner) = stored.tree.winner().filter(|leaf| !leaf.deleted && leaf.path.leaf_rev() == rev) else { return };
+/// conflict (the document changed meanwhile) is left to the next change of it. The state fields
+/// written, when written.
+async fn write_state(db: &Database, doc_id: &str, rev: &str, state: DocState) -> Option<Map<String, Value>> {
+    let Ok(Some(stored)) = db.read(doc_id).await else { return None };
+    let winner = stored.tree.winner().filter(|leaf| !leaf.deleted && leaf.path.leaf_rev() == rev)?;
     let mut body = winner.body.clone();
     let before = body.clone();
     let set_state = |body: &mut Map<String, Value>, value: &str| {
@@ -553,12 +567,17 @@ async fn write_state(db: &Database, doc_id: &str, rev: &str, state: DocState) {
         }
     }
     if body == before {
-        return;
+        return Some(state_of(&body));
     }
+    let written = state_of(&body);
     let write = Write::Edit { parent: Some(rev.to_owned()), deleted: false, body };
     let writer = crate::database::validation::Writer { name: None, roles: vec!["_admin".into()], data_store: None };
-    if let Err(err) = crate::database::validation::as_writer(writer, db.write(doc_id, &write)).await {
-        tracing::debug!(doc = %doc_id, error = %err, "replicator: the document's state was not written");
+    match crate::database::validation::as_writer(writer, db.write(doc_id, &write)).await {
+        Ok(_) => Some(written),
+        Err(err) => {
+            tracing::debug!(doc = %doc_id, error = %err, "replicator: the document's state was not written");
+            None
+        }
     }
 }
 

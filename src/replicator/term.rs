@@ -178,7 +178,7 @@ mod tests {
         let object = Term::ejson(&serde_json::json!({"a": true}));
         assert_eq!(
             object.encode(),
-            [131, 104, 1, 108, 0, 0, 0, 1, 104, 2, 109, 0, 0, 0, 1, b'a', 100, 0, 4, b't', b'r', b'u', b'e', 106, 106]
+            [131, 104, 1, 108, 0, 0, 0, 1, 104, 2, 109, 0, 0, 0, 1, b'a', 100, 0, 4, b't', b'r', b'u', b'e', 106]
         );
     }
 }

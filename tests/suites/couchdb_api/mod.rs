@@ -41,6 +41,7 @@ mod purge;
 mod purge_between_polls;
 mod purged_infos_limit;
 mod replication;
+mod replicator;
 mod results_as_couchdb;
 mod revision_trees;
 mod revisions_and_refusals;
@@ -256,6 +257,10 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         }),
         ("users_db_logins", |e| Box::pin(users_db::users_db_logins(e))),
         ("users_db_couchdb_hash_moves_in", |e| Box::pin(users_db::users_db_couchdb_hash_moves_in(e))),
+        ("replicator_one_shot_as_couchdb", |e| Box::pin(replicator::replicator_one_shot_as_couchdb(e))),
+        ("replicator_continuous_and_filtered", |e| Box::pin(replicator::replicator_continuous_and_filtered(e))),
+        ("replicate_endpoint_as_couchdb", |e| Box::pin(replicator::replicate_endpoint_as_couchdb(e))),
+        ("replicator_one_instance_per_job", |e| Box::pin(replicator::replicator_one_instance_per_job(e))),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
