@@ -328,7 +328,8 @@ impl Scheduler {
                 if let Ok(Some(state)) = db.read(&doc_id).await {
                     if let Some(winner) = state.tree.winner().filter(|leaf| !leaf.deleted) {
                         let rev = winner.path.leaf_rev();
-                        let written = write_state(db, &doc_id, &rev, DocState::Completed(stats, start_time)).await;
+                        let written =
+                            write_state(db, &doc_id, &rev, DocState::Completed(Box::new(stats), start_time)).await;
                         if let (Some(written), Some(job)) = (written, self.jobs().get_mut(&key)) {
                             job.written_state = written;
                         }
@@ -525,7 +526,7 @@ fn without_state(body: &Map<String, Value>) -> Map<String, Value> {
 
 /// What is written back into a document.
 enum DocState {
-    Completed(JobStats, chrono::DateTime<chrono::Utc>),
+    Completed(Box<JobStats>, chrono::DateTime<chrono::Utc>),
     Failed(String),
     /// The state fields of an older replicator removed.
     Cleared,
