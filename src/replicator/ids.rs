@@ -179,10 +179,11 @@ mod tests {
         assert_eq!(trimmed_code("  function(doc) {}  "), "function(doc) {}");
     }
 
-    /// Ids a real CouchDB 3.4.3 (uuid `5d1f0c2e…`) gave two `_replicator` documents: a plain one
-    /// with credentials in the URLs (the id of its `_local` checkpoint), and one with `auth.basic`,
-    /// `doc_ids`, `continuous` and `create_target` (its `_scheduler/docs` id). Recorded in
-    /// fixtures/couchdb-3.4.3/070-scheduler-docs-and-active-tasks.json.
+    /// Ids a real CouchDB 3.4.3 (uuid `5d1f0c2e…`) gave `_replicator` documents: a plain one with
+    /// credentials in the URLs (the id of its `_local` checkpoint), one with `auth.basic`,
+    /// `doc_ids`, `continuous` and `create_target` (its `_scheduler/docs` id, in
+    /// fixtures/couchdb-3.4.3/070-scheduler-docs.json), a design filter's and a selector's (read
+    /// from its `_scheduler/docs`).
     #[test]
     fn the_same_ids_as_couchdb() {
         let uuid = "5d1f0c2e9a7b4b0f8e3c6a1d2b4f6e80";
@@ -200,5 +201,20 @@ mod tests {
             replication_id(uuid, &by_ids, None).full(),
             "77804736c3f674ba1b42f38ae1e298d1+continuous+create_target"
         );
+        // A design filter: its code as the source holds it, and `query_params` with a float.
+        let by_filter = replication(json!({
+            "source": "http://admin:password@127.0.0.1:15984/r37src",
+            "target": "http://admin:password@127.0.0.1:15984/r37dst",
+            "filter": "f/by_kind", "query_params": {"kind": "x", "n": 1.5}, "continuous": true,
+        }));
+        let code = "function(doc, req) { return doc.kind === req.query.kind; }";
+        assert_eq!(replication_id(uuid, &by_filter, Some(code)).full(), "d14018340c19a480eb70e0caf381e375+continuous");
+        // A selector: CouchDB's id is over Mango's normalised selector, not computed here.
+        let by_selector = replication(json!({
+            "source": "http://admin:password@127.0.0.1:15984/r37src",
+            "target": "http://admin:password@127.0.0.1:15984/r37dst",
+            "selector": {"kind": "x"}, "continuous": true,
+        }));
+        assert_ne!(replication_id(uuid, &by_selector, None).full(), "d25e82103cf58f20fa63e3252418f613+continuous");
     }
 }
