@@ -9,7 +9,8 @@
 //! replicated revisions (`new_edits: false`). A checkpoint is recorded every
 //! [`JobBounds::checkpoint_interval`] and when the feed's end is reached; a one-shot replication
 //! then ends, a continuous one reads the feed again every [`JobBounds::poll_interval`] until it is
-//! stopped (it records its checkpoint first).
+//! stopped (it records its checkpoint first). Its counts go on from those of the checkpoint's
+//! newest history entry, as CouchDB's do.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -179,7 +180,15 @@ async fn run_as_admin(
         Checkpoints::read(&source_end, &target_end, id, replication.since_seq.as_ref(), by_doc_ids).await?;
     let filter = feed_filter(&replication.filter);
     let mut since = start_position(&checkpoints.start_seq);
+    let kept = checkpoints.history_stats();
     update(stats, |s| {
+        s.revisions_checked = s.revisions_checked.max(kept.revisions_checked);
+        s.missing_revisions_found = s.missing_revisions_found.max(kept.missing_revisions_found);
+        s.docs_read = s.docs_read.max(kept.docs_read);
+        s.docs_written = s.docs_written.max(kept.docs_written);
+        s.doc_write_failures = s.doc_write_failures.max(kept.doc_write_failures);
+        s.bulk_get_docs = s.bulk_get_docs.max(kept.bulk_get_docs);
+        s.bulk_get_attempts = s.bulk_get_attempts.max(kept.bulk_get_attempts);
         s.checkpointed_source_seq = checkpoints.start_seq.clone();
         s.through_seq = checkpoints.start_seq.clone();
     });

@@ -116,6 +116,9 @@ pub struct JobEntry {
     lease_renewed: Option<Instant>,
     /// Another instance runs it (its lease is live there).
     pub elsewhere: Option<String>,
+    /// The number of its current run: a run that ends after its document changed (a new job
+    /// under the same key) reports an older number and is not taken for the new job's.
+    run: u64,
     /// The state fields the document carries (`_replication_stats`, `_replication_state_time`),
     /// which `_scheduler/docs` shows for a completed or failed document.
     pub written_state: Map<String, Value>,
@@ -124,6 +127,7 @@ pub struct JobEntry {
 /// What a finished run reports back to the scheduler.
 struct Finished {
     key: String,
+    run: u64,
     outcome: Result<Outcome>,
 }
 
@@ -137,6 +141,8 @@ pub struct Scheduler {
     pub jobs: Mutex<BTreeMap<String, JobEntry>>,
     finished: tokio::sync::mpsc::UnboundedSender<Finished>,
     finished_rx: tokio::sync::Mutex<tokio::sync::mpsc::UnboundedReceiver<Finished>>,
+    /// Runs started so far (each run's number).
+    runs: std::sync::atomic::AtomicU64,
 }
 
 impl Scheduler {
@@ -149,6 +155,7 @@ impl Scheduler {
             jobs: Mutex::new(BTreeMap::new()),
             finished,
             finished_rx: tokio::sync::Mutex::new(finished_rx),
+            runs: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -176,9 +183,19 @@ impl Scheduler {
                 _ = stopping.changed() => {}
             }
         }
-        let stops: Vec<watch::Sender<bool>> = self.jobs().values_mut().filter_map(|job| job.stop.take()).collect();
-        for stop in stops {
-            let _ = stop.send(true);
+        let mut leases = Vec::new();
+        for (key, job) in self.jobs().iter_mut() {
+            stop_job(job);
+            if let Some(lease) = job.lease.take() {
+                leases.push((key.clone(), lease));
+            }
+        }
+        // Given back, so that another instance takes the jobs over at once rather than when the
+        // leases expire.
+        if let Ok(Some(db)) = self.replicator_db().await {
+            for (doc_id, lease) in leases {
+                release_lease(&db, &doc_id, Some(lease)).await;
+            }
         }
     }
 
@@ -270,6 +287,7 @@ impl Scheduler {
             lease: None,
             lease_renewed: None,
             elsewhere: None,
+            run: 0,
             written_state: state_of(&body),
         };
         self.jobs().insert(doc_id.to_owned(), entry);
@@ -284,12 +302,12 @@ impl Scheduler {
                 finished.push(done);
             }
         }
-        for Finished { key, outcome } in finished {
+        for Finished { key, run, outcome } in finished {
             let now = chrono::Utc::now();
             let (lease, doc_id, stats) = {
                 let mut jobs = self.jobs();
                 let Some(job) = jobs.get_mut(&key) else { continue };
-                if job.stop.is_none() {
+                if job.stop.is_none() || job.run != run {
                     continue;
                 }
                 job.stop = None;
@@ -407,10 +425,12 @@ impl Scheduler {
     /// Starts the run of job `key` in its own task.
     fn spawn(self: &Arc<Self>, key: &str) {
         let (stop, stopped) = watch::channel(false);
+        let run = self.runs.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
         let (replication, stats) = {
             let mut jobs = self.jobs();
             let Some(job) = jobs.get_mut(key) else { return };
             job.stop = Some(stop);
+            job.run = run;
             job.state = JobState::Running;
             let now = chrono::Utc::now();
             job.last_updated = now;
@@ -428,7 +448,7 @@ impl Scheduler {
                 job::run(&scheduler.context, &replication, &id, &stats, stopped).await
             }
             .await;
-            let _ = scheduler.finished.send(Finished { key, outcome });
+            let _ = scheduler.finished.send(Finished { key, run, outcome });
         });
     }
 
@@ -464,6 +484,7 @@ impl Scheduler {
                     lease: None,
                     lease_renewed: None,
                     elsewhere: None,
+                    run: 0,
                     written_state: Map::new(),
                 },
             );
