@@ -78,6 +78,23 @@ impl Checkpoints {
         })
     }
 
+    /// The counts of the newest history entry kept, as statistics: a job's counts go on from
+    /// them, as CouchDB's (`init_state`: the larger of the job's own and the history's).
+    pub fn history_stats(&self) -> JobStats {
+        let Some(entry) = self.history.first() else { return JobStats::default() };
+        let count = |field: &str| entry.get(field).and_then(Value::as_u64).unwrap_or(0);
+        JobStats {
+            revisions_checked: count("missing_checked"),
+            missing_revisions_found: count("missing_found"),
+            docs_read: count("docs_read"),
+            docs_written: count("docs_written"),
+            doc_write_failures: count("doc_write_failures"),
+            bulk_get_docs: count("bulk_get_docs"),
+            bulk_get_attempts: count("bulk_get_attempts"),
+            ..JobStats::default()
+        }
+    }
+
     /// Records `seq` (every change through it copied) on the target, then on the source.
     pub async fn record(&mut self, source: &End<'_>, target: &End<'_>, seq: &Value, stats: &JobStats) -> Result<()> {
         if *seq == self.recorded {
