@@ -33,6 +33,8 @@ pub struct Checkpoints {
     pub recorded: Value,
     /// The session the source's checkpoint named when the job started, if any.
     found_session: Option<Value>,
+    /// The body this session last recorded.
+    last_recorded: Option<Map<String, Value>>,
 }
 
 /// One end of a replication: a side and a database on it.
@@ -75,6 +77,7 @@ impl Checkpoints {
             by_doc_ids,
             name,
             found_session,
+            last_recorded: None,
         })
     }
 
@@ -134,44 +137,31 @@ impl Checkpoints {
         self.target_rev = Some(target.side.put_local(target.db, &self.name, self.target_rev.as_deref(), &body).await?);
         self.source_rev = Some(source.side.put_local(source.db, &self.name, self.source_rev.as_deref(), &body).await?);
         self.recorded = seq.clone();
+        self.last_recorded = Some(body);
         Ok(())
     }
 
-    /// A one-shot run's answer (`POST /_replicate`): this session's history entry, or, when it
-    /// recorded nothing new over an earlier checkpoint, that checkpoint's session and history
-    /// with `no_changes: true`, as CouchDB answers.
-    pub fn answer(&self, stats: &JobStats) -> Value {
-        if let (Some(session), true) = (&self.found_session, self.recorded == self.start_seq) {
-            return json!({
-                "ok": true,
-                "no_changes": true,
-                "session_id": session,
-                "source_last_seq": self.recorded,
-                "replication_id_version": REPLICATION_ID_VERSION,
-                "history": self.history,
-            });
+    /// A one-shot run's answer (`POST /_replicate`): the checkpoint this session last recorded
+    /// (its whole history), or, when it recorded nothing new over an earlier checkpoint, that
+    /// checkpoint's session and history with `no_changes: true`, as CouchDB answers.
+    pub fn answer(&self) -> Value {
+        let mut answer = Map::new();
+        answer.insert("ok".into(), Value::Bool(true));
+        match &self.last_recorded {
+            Some(body) => answer.extend(body.clone()),
+            // No checkpoint before either (an empty source): CouchDB's `{ok, no_changes}`.
+            None if self.found_session.is_none() => {
+                answer.insert("no_changes".into(), Value::Bool(true));
+            }
+            None => {
+                answer.insert("no_changes".into(), Value::Bool(true));
+                answer.insert("session_id".into(), self.found_session.clone().unwrap_or(Value::Null));
+                answer.insert("source_last_seq".into(), self.recorded.clone());
+                answer.insert("replication_id_version".into(), Value::from(REPLICATION_ID_VERSION));
+                answer.insert("history".into(), Value::Array(self.history.clone()));
+            }
         }
-        json!({
-            "ok": true,
-            "session_id": self.session_id,
-            "source_last_seq": self.recorded,
-            "replication_id_version": REPLICATION_ID_VERSION,
-            "history": [{
-                "session_id": self.session_id,
-                "start_time": self.start_time,
-                "end_time": rfc1123_now(),
-                "start_last_seq": self.start_seq,
-                "end_last_seq": self.recorded,
-                "recorded_seq": self.recorded,
-                "missing_checked": stats.revisions_checked,
-                "missing_found": stats.missing_revisions_found,
-                "docs_read": stats.docs_read,
-                "docs_written": stats.docs_written,
-                "doc_write_failures": stats.doc_write_failures,
-                "bulk_get_docs": stats.bulk_get_docs,
-                "bulk_get_attempts": stats.bulk_get_attempts,
-            }],
-        })
+        Value::Object(answer)
     }
 }
 

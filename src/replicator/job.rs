@@ -217,8 +217,7 @@ async fn run_as_admin(
             continue;
         }
         if !replication.continuous {
-            let done = stats.lock().map(|s| s.clone()).unwrap_or_default();
-            return Ok(Outcome::Completed(checkpoints.answer(&done)));
+            return Ok(Outcome::Completed(checkpoints.answer()));
         }
         tokio::select! {
             _ = tokio::time::sleep(context.bounds.poll_interval) => {}
