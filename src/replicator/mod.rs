@@ -109,13 +109,20 @@ impl Replicator {
 
     /// `GET /_scheduler/docs`: every replication document's state (CouchDB's `ejson_doc`).
     pub fn docs_json(&self) -> Value {
-        let docs: Vec<Value> = self.with_jobs(|jobs| jobs.values().filter_map(|job| self.doc_json(job)).collect());
+        let mut docs: Vec<Value> = self.with_jobs(|jobs| jobs.values().filter_map(|job| self.doc_json(job)).collect());
+        docs.extend(self.failed().values().cloned());
+        docs.sort_by(|a, b| a["doc_id"].as_str().cmp(&b["doc_id"].as_str()));
         json!({ "total_rows": docs.len(), "offset": 0, "docs": docs })
     }
 
     /// `GET /_scheduler/docs/_replicator/{doc_id}`.
     pub fn doc_json_of(&self, doc_id: &str) -> Option<Value> {
         self.with_jobs(|jobs| jobs.get(doc_id).and_then(|job| self.doc_json(job)))
+            .or_else(|| self.failed().get(doc_id).cloned())
+    }
+
+    fn failed(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<String, Value>> {
+        self.scheduler.failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn doc_json(&self, job: &JobEntry) -> Option<Value> {

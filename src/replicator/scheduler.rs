@@ -143,6 +143,8 @@ pub struct Scheduler {
     finished_rx: tokio::sync::Mutex<tokio::sync::mpsc::UnboundedReceiver<Finished>>,
     /// Runs started so far (each run's number).
     runs: std::sync::atomic::AtomicU64,
+    /// Documents that do not parse as replications, as `_scheduler/docs` shows them (no job).
+    pub failed: Mutex<BTreeMap<String, Value>>,
 }
 
 impl Scheduler {
@@ -156,6 +158,7 @@ impl Scheduler {
             finished,
             finished_rx: tokio::sync::Mutex::new(finished_rx),
             runs: std::sync::atomic::AtomicU64::new(0),
+            failed: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -232,6 +235,7 @@ impl Scheduler {
 
     /// A document's new winner (`None`: deleted).
     async fn document_changed(&self, db: &Database, doc_id: &str, winner: Option<(String, Map<String, Value>)>) {
+        self.failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(doc_id);
         let Some((rev, body)) = winner else {
             let removed = self.jobs().remove(doc_id);
             if let Some(mut removed) = removed {
@@ -255,9 +259,13 @@ impl Scheduler {
         let replication = match spec::parse(&with_id) {
             Ok(replication) => replication,
             Err(reason) => {
-                if state != "failed" {
-                    let _ = write_state(db, doc_id, &rev, DocState::Failed(reason)).await;
-                }
+                let written = if state == "failed" {
+                    state_of(&body)
+                } else {
+                    write_state(db, doc_id, &rev, DocState::Failed(reason.clone())).await.unwrap_or_default()
+                };
+                let shown = failed_doc_json(doc_id, &body, &written, &reason);
+                self.failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(doc_id.to_owned(), shown);
                 return;
             }
         };
@@ -324,7 +332,7 @@ impl Scheduler {
                     Err(err) => {
                         job.error_count += 1;
                         job.state = JobState::Crashing;
-                        job.error = Some(err.message().to_owned());
+                        job.error = Some(crash_reason(err));
                         let backoff = FIRST_BACKOFF.saturating_mul(1 << job.error_count.min(8)).min(MAX_BACKOFF);
                         job.retry_at = Some(Instant::now() + backoff / 2);
                         job.history.insert(0, ("crashed".into(), now));
@@ -529,10 +537,50 @@ impl Scheduler {
     }
 }
 
+/// A failed run's error as CouchDB shows it in `info.error`: a missing database is
+/// `db_not_found: could not open {url}`.
+fn crash_reason(err: &Error) -> String {
+    if err.kind() == ErrorKind::NotFound && err.message().starts_with("could not open ") {
+        return format!("db_not_found: {}", err.message());
+    }
+    err.message().to_owned()
+}
+
 fn stop_job(job: &mut JobEntry) {
     if let Some(stop) = job.stop.take() {
         let _ = stop.send(true);
     }
+}
+
+/// A document that does not parse as `_scheduler/docs` shows it: its endpoints as written
+/// (credentials taken out of URLs), `failed`, the reason.
+fn failed_doc_json(doc_id: &str, body: &Map<String, Value>, written: &Map<String, Value>, reason: &str) -> Value {
+    let shown = |end: Option<&Value>| match end {
+        Some(Value::String(text)) => match url::Url::parse(text) {
+            Ok(mut url) => {
+                let _ = url.set_username("");
+                let _ = url.set_password(None);
+                Value::from(url.to_string())
+            }
+            Err(_) => Value::from(text.clone()),
+        },
+        Some(Value::Object(end)) => end.get("url").cloned().unwrap_or(Value::Null),
+        _ => Value::Null,
+    };
+    let now = Value::from(iso8601(chrono::Utc::now()));
+    let when = written.get("_replication_state_time").cloned().unwrap_or(now);
+    json!({
+        "database": REPLICATOR_DB,
+        "doc_id": doc_id,
+        "id": null,
+        "source": shown(body.get("source")),
+        "target": shown(body.get("target")),
+        "state": "failed",
+        "error_count": 1,
+        "info": { "error": reason },
+        "start_time": when,
+        "last_updated": when,
+    })
 }
 
 /// The replicator's state fields of a document's body.
@@ -657,5 +705,134 @@ async fn release_lease(db: &Database, doc_id: &str, lease: Option<Revision>) {
     let Some(rev) = lease else { return };
     if let Err(err) = db.backend().delete_local(&format!("{LEASE_PREFIX}{doc_id}"), &rev).await {
         tracing::debug!(doc = %doc_id, error = %err, "a replication lease was not released; it expires");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::catalog::EmbeddedCatalog;
+    use crate::backend::embedded::EmbeddedOptions;
+    use crate::database::Databases;
+    use serde_json::json;
+
+    fn body(value: Value) -> Map<String, Value> {
+        value.as_object().cloned().unwrap_or_default()
+    }
+
+    async fn put(db: &Database, id: &str, value: Value) {
+        let write = Write::Edit { parent: None, deleted: false, body: body(value) };
+        db.write(id, &write).await.unwrap();
+    }
+
+    async fn winner(db: &Database, id: &str) -> Map<String, Value> {
+        let state = db.read(id).await.unwrap().unwrap();
+        state.tree.winner().unwrap().body.clone()
+    }
+
+    /// A scheduler over a fresh embedded store (no write guard, so any document can be written)
+    /// with `max_jobs`, and its `_replicator` database.
+    async fn scheduler(dir: &std::path::Path, max_jobs: usize) -> (Arc<Scheduler>, Arc<Database>) {
+        let catalog = Arc::new(EmbeddedCatalog::new(&dir.join("store.redb"), EmbeddedOptions::default()));
+        let databases = Arc::new(Databases::new(Some(catalog), 16));
+        let replicator = databases.create(&DbName::parse(REPLICATOR_DB).unwrap()).await.unwrap();
+        let context = JobContext {
+            databases,
+            server_uuid: Arc::from("0123456789abcdef0123456789abcdef"),
+            js: None,
+            bounds: job::JobBounds::default(),
+        };
+        let bounds = SchedulerBounds { max_jobs, lease_ttl: Duration::from_secs(30) };
+        (Scheduler::new(context, bounds, "test-instance".into()), replicator)
+    }
+
+    /// Scans until `done` holds of the document `id`, at most 10 s.
+    async fn scan_until(
+        scheduler: &Arc<Scheduler>,
+        db: &Database,
+        id: &str,
+        done: impl Fn(&Map<String, Value>) -> bool,
+    ) -> Map<String, Value> {
+        let mut since = None;
+        for _ in 0..100 {
+            scheduler.scan(&mut since).await.unwrap();
+            let doc = winner(db, id).await;
+            if done(&doc) {
+                return doc;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("{id} never reached the state wanted: {:?}", winner(db, id).await);
+    }
+
+    /// A document that does not parse is written back `failed` with the reason; a one-shot one
+    /// is written back `completed` with its statistics and CouchDB's fields.
+    #[tokio::test]
+    async fn failed_and_completed_written_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let (scheduler, replicator) = scheduler(dir.path(), 10).await;
+        let databases = Arc::clone(&scheduler.context().databases);
+        for name in ["src", "dst"] {
+            databases.create(&DbName::parse(name).unwrap()).await.unwrap();
+        }
+        let source = databases.open(&DbName::parse("src").unwrap()).await.unwrap().unwrap();
+        put(&source, "d1", json!({"v": 1})).await;
+        put(&replicator, "bad", json!({"target": "dst"})).await;
+        let failed = scan_until(&scheduler, &replicator, "bad", |doc| doc.contains_key("_replication_state")).await;
+        assert_eq!(failed["_replication_state"], "failed");
+        assert_eq!(failed["_replication_state_reason"], "Missing replicator database");
+        assert!(failed["_replication_state_time"].as_str().is_some_and(|t| t.ends_with('Z')));
+        put(&replicator, "good", json!({"source": "src", "target": "dst"})).await;
+        let completed = scan_until(&scheduler, &replicator, "good", |doc| {
+            doc.get("_replication_state") == Some(&json!("completed"))
+        })
+        .await;
+        let stats = &completed["_replication_stats"];
+        assert_eq!((stats["docs_read"].clone(), stats["docs_written"].clone()), (json!(1), json!(1)));
+        assert!(stats["start_time"].is_string() && !completed.contains_key("_replication_state_reason"));
+        let docs = super::super::Replicator { scheduler: Arc::clone(&scheduler) }.docs_json();
+        let states: Vec<&Value> = docs["docs"].as_array().unwrap().iter().map(|d| &d["state"]).collect();
+        assert_eq!(states, [&json!("failed"), &json!("completed")]);
+    }
+
+    /// Past `max_jobs` the other jobs wait `pending`; a job whose source is missing is
+    /// `crashing` with CouchDB's reason and an error count, and waits its backoff.
+    #[tokio::test]
+    async fn max_jobs_and_crashing() {
+        let dir = tempfile::tempdir().unwrap();
+        let (scheduler, replicator) = scheduler(dir.path(), 1).await;
+        let databases = Arc::clone(&scheduler.context().databases);
+        for name in ["src", "a", "b"] {
+            databases.create(&DbName::parse(name).unwrap()).await.unwrap();
+        }
+        put(&replicator, "ra", json!({"source": "src", "target": "a", "continuous": true})).await;
+        put(&replicator, "rb", json!({"source": "src", "target": "b", "continuous": true})).await;
+        let mut since = None;
+        scheduler.scan(&mut since).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        scheduler.scan(&mut since).await.unwrap();
+        let states: Vec<JobState> = scheduler.jobs().values().map(|job| job.state).collect();
+        assert_eq!(states, [JobState::Running, JobState::Pending], "one job at a time");
+        put(&replicator, "gone", json!({"source": "nowhere", "target": "a"})).await;
+        // Room for it: stop the running ones.
+        for key in ["ra", "rb"] {
+            let removed = scheduler.jobs().remove(key);
+            if let Some(mut job) = removed {
+                stop_job(&mut job);
+            }
+        }
+        for _ in 0..50 {
+            scheduler.scan(&mut since).await.unwrap();
+            if scheduler.jobs().get("gone").is_some_and(|job| job.state == JobState::Crashing) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let jobs = scheduler.jobs();
+        let gone = jobs.get("gone").expect("the job");
+        assert_eq!(gone.state, JobState::Crashing);
+        assert_eq!(gone.error_count, 1);
+        assert_eq!(gone.error.as_deref(), Some("db_not_found: could not open nowhere"));
+        assert!(gone.retry_at.is_some_and(|at| at > Instant::now()), "it waits its backoff");
     }
 }

@@ -205,7 +205,8 @@ pub async fn replicator_continuous_and_filtered(e: Endpoint) -> TestResult {
 
 /// `POST /_replicate`: a one-shot replication answers its history with CouchDB's fields, and the
 /// same again answers `no_changes` over its checkpoint; a continuous one answers 202 with its id
-/// and is cancelled by it; cancelling what does not run is CouchDB's 404; a `_replicator`
+/// and is cancelled by it; cancelling what does not run is CouchDB's 404; a missing source is
+/// CouchDB's 500 `db_not_found`, and a document of one `crashing` with its error; a `_replicator`
 /// document that does not parse is refused with the parser's reason.
 pub async fn replicate_endpoint_as_couchdb(e: Endpoint) -> TestResult {
     if replicator_is_couchdb_s(&e).await? {
@@ -232,6 +233,28 @@ pub async fn replicate_endpoint_as_couchdb(e: Endpoint) -> TestResult {
     let cancelled = e.post("/_replicate", cancel.clone()).await?.expect(200, "cancel")?.body;
     check(cancelled == json!({"ok": true, "_local_id": id}), || format!("{cancelled}"))?;
     same_error(&e.post("/_replicate", cancel).await?, "076-replicate-cancel-unknown")?;
+    let missing = e.post("/_replicate", json!({"source": "rep-no-such-db", "target": target})).await?;
+    let couch_missing = fixture("079-replicate-missing-source");
+    check(missing.status.as_u16() as u64 == couch_missing["response"]["status"], || format!("{}", missing.status))?;
+    check(
+        missing.body["error"] == "db_not_found" && missing.body["reason"] == "could not open rep-no-such-db",
+        || format!("a missing source: {}", missing.body),
+    )?;
+    // A document whose source is missing: `crashing`, with CouchDB's error.
+    let doc_id = format!("missing-{target}");
+    e.put(&format!("/_replicator/{doc_id}"), json!({"source": "rep-no-such-db", "target": target}))
+        .await?
+        .expect(201, "PUT")?;
+    let crashing = eventually("a crashing document", || async {
+        let answer = e.get(&format!("/_scheduler/docs/_replicator/{doc_id}")).await?;
+        Ok((answer.status == StatusCode::OK && answer.body["state"] == "crashing").then_some(answer.body))
+    })
+    .await?;
+    same_fields(&crashing, &couchdb_body("078-scheduler-doc-crashing"), "a crashing _scheduler doc", &[])?;
+    check(
+        crashing["info"]["error"] == "db_not_found: could not open rep-no-such-db" && crashing["error_count"] == 1,
+        || format!("{crashing}"),
+    )?;
     let refused = e.put("/_replicator/bad", json!({"source": source, "target": target, "continuous": "yes"})).await?;
     check(refused.status == StatusCode::FORBIDDEN && refused.body["error"] == "forbidden", || {
         format!("{}", refused.body)
