@@ -5,8 +5,10 @@
 //!
 //! A page: the source's feed after the last sequence ([`JobBounds::batch_size`] changes, each with
 //! every leaf), the leaves the target lacks (`_revs_diff`), those leaves read with their
-//! ancestry and attachments inline (`_bulk_get?revs=true&attachments=true`) and written as
-//! replicated revisions (`new_edits: false`). A checkpoint is recorded every
+//! ancestry and attachments as stubs (`_bulk_get?revs=true`) and written as replicated revisions
+//! (`new_edits: false`), their attachments' bytes moved as the deployment move moves them
+//! ([`crate::migrate::deployment::write_page`]: small ones inline in bounded groups, large ones
+//! streamed one at a time). A checkpoint is recorded every
 //! [`JobBounds::checkpoint_interval`] and when the feed's end is reached; a one-shot replication
 //! then ends, a continuous one reads the feed again every [`JobBounds::poll_interval`] until it is
 //! stopped (it records its checkpoint first). Its counts go on from those of the checkpoint's
@@ -25,14 +27,13 @@ use super::spec::{Endpoint, Replication, ReplicationFilter};
 use crate::database::validation::{as_writer, Writer};
 use crate::database::Databases;
 use crate::error::{Error, ErrorKind, Result};
-use crate::migrate::deployment::Side;
+use crate::migrate::deployment::{write_page, CopyEnds, Side};
 use crate::replication_client::{CouchClient, FeedFilter};
 
 /// A job's bounds ([docs/bounds.md](../../docs/bounds.md)).
 #[derive(Debug, Clone, Copy)]
 pub struct JobBounds {
-    /// Changes read per feed page (CouchDB's `worker_batch_size` is 500; a page's leaves are
-    /// read with their attachments inline, so fewer here).
+    /// Changes read per feed page (CouchDB's `worker_batch_size` is 500).
     pub batch_size: usize,
     /// How often a running job records its checkpoint (CouchDB's 30 s).
     pub checkpoint_interval: Duration,
@@ -254,9 +255,10 @@ async fn copy_page(
     let checked: u64 = wanted.iter().map(|(_, revs)| revs.len() as u64).sum();
     let missing = target.side.missing(&target.db, &wanted).await?;
     let found: u64 = missing.iter().map(|(_, revs)| revs.len() as u64).sum();
-    let leaves = source.side.read_leaves(&source.db, &missing, true).await?;
+    let leaves = source.side.read_leaves(&source.db, &missing, false).await?;
     let read = leaves.len() as u64;
-    let failures = target.side.write_leaves(&target.db, leaves).await?;
+    let ends = CopyEnds { source: &source.side, source_db: &source.db, target: &target.side, target_db: &target.db };
+    let failures = write_page(&ends, leaves).await?;
     for failure in &failures {
         tracing::warn!(target_db = %target.db, refused = %failure, "replication: the target refused a leaf");
     }

@@ -496,8 +496,15 @@ impl Side {
     /// inline `data` travels as it is. Returns the refusal rows, as [`Side::write_leaves`]: an
     /// attachment past the target's largest (`couchdb_max_attachment_bytes`, or the server's
     /// 413), one the source no longer has, or bytes not as long as the stub says refuse the
-    /// leaf, naming the attachment; the move goes on.
-    pub async fn write_leaf_streamed(&self, db: &str, leaf: Map<String, Value>, source: &Side) -> Result<Vec<Value>> {
+    /// leaf, naming the attachment; the move goes on. The source's database is `source_db` (a
+    /// deployment move's is `db` itself; a replication's may be named otherwise).
+    pub async fn write_leaf_streamed(
+        &self,
+        db: &str,
+        leaf: Map<String, Value>,
+        source: &Side,
+        source_db: &str,
+    ) -> Result<Vec<Value>> {
         let id = leaf.get("_id").and_then(Value::as_str).unwrap_or_default().to_owned();
         let rev = leaf.get("_rev").and_then(Value::as_str).unwrap_or_default().to_owned();
         let refused =
@@ -549,7 +556,7 @@ impl Side {
                     if part.length > max {
                         return Ok(refused("attachment_too_large", too_large_reason(name, part.length, max)));
                     }
-                    let bytes = match source.attachment(db, &id, &rev, name).await {
+                    let bytes = match source.attachment(source_db, &id, &rev, name).await {
                         Ok(bytes) => bytes,
                         Err(err) if err.kind() == ErrorKind::NotFound => {
                             return Ok(refused("not_found", err.message().to_owned()));
@@ -584,7 +591,8 @@ impl Side {
                 if parts.is_empty() {
                     return client.bulk_docs_replicated(db, vec![doc]).await;
                 }
-                let (source, db_name, doc_id, doc_rev) = (source.clone(), db.to_owned(), id.clone(), rev.clone());
+                let (source, db_name, doc_id, doc_rev) =
+                    (source.clone(), source_db.to_owned(), id.clone(), rev.clone());
                 let open = move |part: AttachmentPart| {
                     let (source, db_name, doc_id, doc_rev) =
                         (source.clone(), db_name.clone(), doc_id.clone(), doc_rev.clone());

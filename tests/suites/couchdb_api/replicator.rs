@@ -9,6 +9,8 @@
 //! On the CouchDB backend the databases, `_replicator` included, are the server's own and so is
 //! its replicator: these trials check only that this server runs none there.
 
+use base64::Engine as _;
+
 use super::*;
 
 /// How long a replication may take to show its effect.
@@ -62,7 +64,7 @@ async fn seed_docs(e: &Endpoint, db: &str, docs: &[Value]) -> TestResult {
 }
 
 /// A one-shot `_replicator` document between two local databases: the target gets every
-/// document (a conflict's both leaves, an attachment), the document is written back `completed`
+/// document (a conflict's both leaves, a small attachment and one past 256 KiB, streamed), the document is written back `completed`
 /// with CouchDB's fields, `_scheduler/docs` shows it as CouchDB shows a completed document, and
 /// the checkpoint is on both ends in CouchDB's form.
 pub async fn replicator_one_shot_as_couchdb(e: Endpoint) -> TestResult {
@@ -80,6 +82,12 @@ pub async fn replicator_one_shot_as_couchdb(e: Endpoint) -> TestResult {
         ],
     )
     .await?;
+    // Past 256 KiB: streamed from the source database to the target one (their names differ).
+    let large: Vec<u8> = (0..300 * 1024).map(|i| (i % 251) as u8).collect();
+    let encoded = base64::engine::general_purpose::STANDARD.encode(&large);
+    let streamed =
+        json!({"_id": "c", "_attachments": {"big.bin": {"content_type": "application/octet-stream", "data": encoded}}});
+    seed_docs(&e, &source, &[streamed]).await?;
     let branch = json!({"docs": [{"_id": "a", "_rev": "2-ffff", "_revisions": {"start": 2, "ids": ["ffff", "0000"]}, "side": true}], "new_edits": false});
     e.post(&format!("/{source}/_bulk_docs"), branch).await?.expect(201, "a branch")?;
     let doc_id = format!("one-shot-{source}");
@@ -98,8 +106,10 @@ pub async fn replicator_one_shot_as_couchdb(e: Endpoint) -> TestResult {
         "_replication_stats",
         &[],
     )?;
-    check(written["_replication_stats"]["docs_written"] == 3, || format!("three leaves written: {written}"))?;
-    check(ids_of(&e, &target).await? == ["a", "b"], || "the target's documents".into())?;
+    check(written["_replication_stats"]["docs_written"] == 4, || format!("four leaves written: {written}"))?;
+    check(ids_of(&e, &target).await? == ["a", "b", "c"], || "the target's documents".into())?;
+    let big = e.client.get(e.url(&format!("/{target}/c/big.bin"))).send().await?.bytes().await?;
+    check(big.as_ref() == large.as_slice(), || format!("the streamed attachment: {} bytes", big.len()))?;
     let a = e.get(&format!("/{target}/a?conflicts=true")).await?.expect(200, "a")?.body;
     check(a["_conflicts"].as_array().map_or(0, Vec::len) == 1, || format!("the conflict travels: {a}"))?;
     let bytes = e.client.get(e.url(&format!("/{target}/b/t.txt"))).send().await?.text().await?;
@@ -107,7 +117,7 @@ pub async fn replicator_one_shot_as_couchdb(e: Endpoint) -> TestResult {
     let shown = e.get(&format!("/_scheduler/docs/_replicator/{doc_id}")).await?.expect(200, "_scheduler doc")?.body;
     let completed = &couchdb_body("070-scheduler-docs")["docs"][1];
     same_fields(&shown, completed, "a completed _scheduler doc", &[])?;
-    check(shown["state"] == "completed" && shown["info"]["docs_written"] == 3, || format!("_scheduler doc: {shown}"))?;
+    check(shown["state"] == "completed" && shown["info"]["docs_written"] == 4, || format!("_scheduler doc: {shown}"))?;
     let listed = e.get("/_scheduler/docs").await?.expect(200, "_scheduler/docs")?.body;
     check(listed["docs"].as_array().is_some_and(|docs| docs.iter().any(|d| d["doc_id"] == doc_id.as_str())), || {
         format!("{listed}")
