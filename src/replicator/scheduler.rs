@@ -208,7 +208,19 @@ impl Scheduler {
 
     /// One scan: the feed's new changes, finished runs, leases, and jobs to start.
     async fn scan(self: &Arc<Self>, since: &mut Option<String>) -> Result<()> {
-        let Some(db) = self.replicator_db().await? else { return Ok(()) };
+        let Some(db) = self.replicator_db().await? else {
+            // `_replicator` deleted: its documents' jobs end (transient ones go on), and a new
+            // `_replicator` is read from its start.
+            self.jobs().retain(|_, job| {
+                if job.doc_id.is_some() {
+                    stop_job(job);
+                }
+                job.doc_id.is_none()
+            });
+            self.failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clear();
+            *since = None;
+            return Ok(());
+        };
         loop {
             let page = db.backend().changes(since.as_deref(), 200).await?;
             let states = db.read_changes(&page.changes).await?;
