@@ -18,6 +18,7 @@
 //!   fields, field types, per-user confinement), also run as that check.
 //! - [`users`]: the `_users` database's rules (passwords hashed on write, user documents'
 //!   validation, stored hashes checked at login), its guard chained before `validate_doc_update`.
+//! - [`replicator_owner`]: the `owner` a `_replicator` document is given on a client's write.
 //! - [`Databases`] (here): the open databases of the server, over the backend's catalog.
 
 pub mod attachments;
@@ -26,6 +27,7 @@ pub mod doc_attachments;
 pub mod document;
 pub mod engine;
 pub mod layout;
+pub mod replicator_owner;
 pub mod rev_id;
 pub use crate::backend::rev_tree;
 pub mod seq;

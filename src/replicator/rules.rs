@@ -5,9 +5,9 @@
 //! deleted or in state `failed`. Design and local documents are not checked; the replicator's
 //! own writes are a server admin's.
 //!
-//! Differences: CouchDB sets `owner` to the writer's name when absent; this guard does not
-//! change documents, so a document without `owner` is any writer's (the database is admin only
-//! by default, as in CouchDB 3.4.3). A local endpoint (a bare database name, which CouchDB 3.x
+//! The `owner` a client's document is given (the writer's name, as CouchDB sets it) is
+//! `crate::database::replicator_owner`'s, in the engine, before this guard sees the write. A
+//! local endpoint (a bare database name, which CouchDB 3.x
 //! refuses) is a server admin's only: a job runs its local reads and writes with a server
 //! admin's rights.
 

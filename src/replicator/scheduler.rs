@@ -40,7 +40,7 @@ use crate::database::{Database, Write};
 use crate::error::{Error, ErrorKind, Result};
 
 /// The replicator database's name.
-pub const REPLICATOR_DB: &str = "_replicator";
+pub const REPLICATOR_DB: &str = crate::database::replicator_owner::REPLICATOR_DB;
 /// How often the `_replicator` feed is read and leases are looked at.
 pub const SCAN_INTERVAL: Duration = Duration::from_secs(1);
 /// How often a running job's lease is renewed.

@@ -261,6 +261,7 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("replicator_continuous_and_filtered", |e| Box::pin(replicator::replicator_continuous_and_filtered(e))),
         ("replicate_endpoint_as_couchdb", |e| Box::pin(replicator::replicate_endpoint_as_couchdb(e))),
         ("replicator_one_instance_per_job", |e| Box::pin(replicator::replicator_one_instance_per_job(e))),
+        ("replicator_owner_and_logins", |e| Box::pin(replicator::replicator_owner_and_logins(e))),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
@@ -285,7 +286,7 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
                             "data_store_settings_by_login" | "data_store_purge_count_out_of_reach" => {
                                 Some(data_store_admin::admin_logins_config()?)
                             }
-                            "roles_and_security" => Some(roles::roles_config()?),
+                            "roles_and_security" | "replicator_owner_and_logins" => Some(roles::roles_config()?),
                             "users_db_logins" | "users_db_couchdb_hash_moves_in" => Some(users_db::config()?),
                             "attachments_in_documents" | "attachments_gzip_parts" => {
                                 Some(attachments::BOUNDED_CONFIG.to_owned())

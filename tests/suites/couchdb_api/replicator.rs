@@ -309,3 +309,51 @@ async fn running_from(root: &str, source: &str) -> Result<usize, Failed> {
         .await?;
     Ok(tasks.as_array().into_iter().flatten().filter(|t| t["source"] == source).count())
 }
+
+/// With logins: a server admin's `_replicator` document is stored with its `owner`, as CouchDB
+/// 3.4.3 stores it (fixture 072); another login may not write to the admin-only database, and
+/// a `_replicate` with a local endpoint is a server admin's (CouchDB's reason).
+pub async fn replicator_owner_and_logins(e: Endpoint) -> TestResult {
+    if replicator_is_couchdb_s_as(&e, Some(("admin", super::roles::PASSWORD))).await? {
+        return Ok(());
+    }
+    let as_login = |name: &'static str| {
+        let (client, root) = (e.client.clone(), e.root.clone());
+        move |method: Method, path: String, body: Option<Value>| {
+            let mut request = client.request(method, format!("{root}{path}")).header("Accept", "application/json");
+            request = request.basic_auth(name, Some(super::roles::PASSWORD));
+            if let Some(body) = body {
+                request = request.json(&body);
+            }
+            async move { Answer::read(request.send().await?).await }
+        }
+    };
+    let (admin, carol) = (as_login("admin"), as_login("carol"));
+    admin(Method::PUT, "/rep-owner-src".into(), None).await?.expect(201, "PUT source")?;
+    let doc = json!({"source": "rep-owner-src", "target": "rep-owner-dst", "create_target": true});
+    admin(Method::PUT, "/_replicator/owned".into(), Some(doc.clone())).await?.expect(201, "PUT as admin")?;
+    let stored = admin(Method::GET, "/_replicator/owned".into(), None).await?.expect(200, "GET")?.body;
+    check(stored["owner"] == couchdb_body("072-replicator-doc-completed")["owner"], || format!("owner: {stored}"))?;
+    let refused = carol(Method::PUT, "/_replicator/carols".into(), Some(doc.clone())).await?;
+    check(refused.status == StatusCode::FORBIDDEN, || {
+        format!("another login's write: {} {}", refused.status, refused.body)
+    })?;
+    let local = carol(Method::POST, "/_replicate".into(), Some(doc)).await?;
+    check(local.status == StatusCode::FORBIDDEN && local.body["reason"] == "local_endpoints_not_supported", || {
+        format!("a login's local _replicate: {} {}", local.status, local.body)
+    })
+}
+
+/// [`replicator_is_couchdb_s`] with a login.
+async fn replicator_is_couchdb_s_as(e: &Endpoint, login: Option<(&str, &str)>) -> Result<bool, Failed> {
+    if e.backend != "couchdb" {
+        return Ok(false);
+    }
+    let mut request = e.client.post(e.url("/_replicate")).json(&json!({"source": "a", "target": "b"}));
+    if let Some((name, password)) = login {
+        request = request.basic_auth(name, Some(password));
+    }
+    let status = request.send().await?.status();
+    check(status == StatusCode::SERVICE_UNAVAILABLE, || format!("_replicate on CouchDB's databases: {status}"))?;
+    Ok(true)
+}
