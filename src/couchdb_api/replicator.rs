@@ -134,7 +134,7 @@ pub async fn replicate(
     match replicator.replicate(replication).await {
         Ok(answer) if continuous => Ok(json(StatusCode::ACCEPTED, answer)),
         Ok(answer) => Ok(json(StatusCode::OK, answer)),
-        // CouchDB 3.4.3 answers a missing database with a 500 (fixture 079).
+        // CouchDB 3.4.3 answers a missing database with a 500 (fixture 119).
         Err(err) if err.kind() == crate::ErrorKind::NotFound => {
             Ok(json(StatusCode::INTERNAL_SERVER_ERROR, json!({ "error": "db_not_found", "reason": err.message() })))
         }

@@ -182,7 +182,7 @@ mod tests {
     /// Ids a real CouchDB 3.4.3 (uuid `5d1f0c2e…`) gave `_replicator` documents: a plain one with
     /// credentials in the URLs (the id of its `_local` checkpoint), one with `auth.basic`,
     /// `doc_ids`, `continuous` and `create_target` (its `_scheduler/docs` id, in
-    /// fixtures/couchdb-3.4.3/070-scheduler-docs.json), a design filter's and a selector's (read
+    /// fixtures/couchdb-3.4.3/110-scheduler-docs.json), a design filter's and a selector's (read
     /// from its `_scheduler/docs`).
     #[test]
     fn the_same_ids_as_couchdb() {

@@ -1,7 +1,7 @@
 //! The replicator (issue 37): `_replicator` documents and `POST /_replicate` run by this server
 //! between its own databases (local endpoints), their state written back, `_scheduler/docs`,
 //! `_scheduler/jobs` and `_active_tasks` with the fields a real CouchDB 3.4.3 shows
-//! (`fixtures/couchdb-3.4.3/070`–`077`), filters (`doc_ids`, a selector, a design filter with
+//! (`fixtures/couchdb-3.4.3/110`–`119`), filters (`doc_ids`, a selector, a design filter with
 //! `query_params`), continuous replication of writes made while it runs, and one instance per
 //! job with two servers over one store. Replications by URL to pouchdb-server and from another
 //! `agentstore serve`, and a job resumed after `kill -9`, are `migrate_databases::replicator`'s.
@@ -99,10 +99,10 @@ pub async fn replicator_one_shot_as_couchdb(e: Endpoint) -> TestResult {
         Ok((doc["_replication_state"] == "completed").then_some(doc))
     })
     .await?;
-    same_fields(&written, &couchdb_body("072-replicator-doc-completed"), "the completed document", &["owner"])?;
+    same_fields(&written, &couchdb_body("112-replicator-doc-completed"), "the completed document", &["owner"])?;
     same_fields(
         &written["_replication_stats"],
-        &couchdb_body("072-replicator-doc-completed")["_replication_stats"],
+        &couchdb_body("112-replicator-doc-completed")["_replication_stats"],
         "_replication_stats",
         &[],
     )?;
@@ -115,7 +115,7 @@ pub async fn replicator_one_shot_as_couchdb(e: Endpoint) -> TestResult {
     let bytes = e.client.get(e.url(&format!("/{target}/b/t.txt"))).send().await?.text().await?;
     check(bytes == "hello", || format!("the attachment travels: {bytes:?}"))?;
     let shown = e.get(&format!("/_scheduler/docs/_replicator/{doc_id}")).await?.expect(200, "_scheduler doc")?.body;
-    let completed = &couchdb_body("070-scheduler-docs")["docs"][1];
+    let completed = &couchdb_body("110-scheduler-docs")["docs"][1];
     same_fields(&shown, completed, "a completed _scheduler doc", &[])?;
     check(shown["state"] == "completed" && shown["info"]["docs_written"] == 4, || format!("_scheduler doc: {shown}"))?;
     let listed = e.get("/_scheduler/docs").await?.expect(200, "_scheduler/docs")?.body;
@@ -131,7 +131,7 @@ pub async fn replicator_one_shot_as_couchdb(e: Endpoint) -> TestResult {
     let name = checkpoint["_id"].as_str().unwrap_or_default();
     let on_target = e.get(&format!("/{target}/{name}")).await?.expect(200, "the target's checkpoint")?.body;
     check(on_target["session_id"] == checkpoint["session_id"], || format!("{on_target} vs {checkpoint}"))?;
-    same_error(&e.get("/_scheduler/docs/_replicator/no-such-doc").await?, "077-scheduler-doc-unknown")
+    same_error(&e.get("/_scheduler/docs/_replicator/no-such-doc").await?, "117-scheduler-doc-unknown")
 }
 
 /// A continuous replication follows writes made while it runs; `doc_ids`, a selector and a
@@ -180,7 +180,7 @@ pub async fn replicator_continuous_and_filtered(e: Endpoint) -> TestResult {
     let tasks = e.get("/_active_tasks").await?.expect(200, "_active_tasks")?.body;
     let tasks = tasks.as_array().cloned().unwrap_or_default();
     check(tasks.len() == 4, || format!("four running replications: {tasks:?}"))?;
-    let couch_task = &couchdb_body("071-active-tasks")[0];
+    let couch_task = &couchdb_body("111-active-tasks")[0];
     for task in &tasks {
         same_fields(task, couch_task, "an _active_tasks row", &[])?;
         check(task["type"] == "replication" && task["continuous"] == true, || format!("{task}"))?;
@@ -188,11 +188,11 @@ pub async fn replicator_continuous_and_filtered(e: Endpoint) -> TestResult {
     let keys: Vec<&String> = tasks[0].as_object().map(|t| t.keys().collect()).unwrap_or_default();
     check(keys[..3] == ["node", "pid", "process_status"], || format!("CouchDB's member order: {keys:?}"))?;
     let jobs = e.get("/_scheduler/jobs").await?.expect(200, "_scheduler/jobs")?.body;
-    same_fields(&jobs, &couchdb_body("074-scheduler-jobs"), "_scheduler/jobs", &[])?;
+    same_fields(&jobs, &couchdb_body("114-scheduler-jobs"), "_scheduler/jobs", &[])?;
     check(jobs["total_rows"] == 4, || format!("{jobs}"))?;
-    same_fields(&jobs["jobs"][0], &couchdb_body("074-scheduler-jobs")["jobs"][0], "a job", &[])?;
+    same_fields(&jobs["jobs"][0], &couchdb_body("114-scheduler-jobs")["jobs"][0], "a job", &[])?;
     let docs = e.get("/_scheduler/docs").await?.expect(200, "_scheduler/docs")?.body;
-    let running = &couchdb_body("070-scheduler-docs")["docs"][0];
+    let running = &couchdb_body("110-scheduler-docs")["docs"][0];
     let ours: Vec<&Value> = docs["docs"].as_array().into_iter().flatten().filter(|d| d["state"] == "running").collect();
     check(ours.len() == 4, || format!("four running documents: {docs}"))?;
     for doc in ours {
@@ -227,8 +227,8 @@ pub async fn replicate_endpoint_as_couchdb(e: Endpoint) -> TestResult {
     seed_docs(&e, &source, &[json!({"_id": "a"}), json!({"_id": "b"})]).await?;
     let body = json!({"source": source, "target": target});
     let first = e.post("/_replicate", body.clone()).await?.expect(200, "POST /_replicate")?.body;
-    same_fields(&first, &couchdb_body("075-replicate-one-shot"), "a one-shot answer", &["no_changes"])?;
-    same_fields(&first["history"][0], &couchdb_body("075-replicate-one-shot")["history"][0], "its history", &[])?;
+    same_fields(&first, &couchdb_body("115-replicate-one-shot"), "a one-shot answer", &["no_changes"])?;
+    same_fields(&first["history"][0], &couchdb_body("115-replicate-one-shot")["history"][0], "its history", &[])?;
     check(first["history"][0]["docs_written"] == 2, || format!("{first}"))?;
     let again = e.post("/_replicate", body).await?.expect(200, "POST /_replicate again")?.body;
     check(again["no_changes"] == true && again["session_id"] == first["session_id"], || {
@@ -242,9 +242,9 @@ pub async fn replicate_endpoint_as_couchdb(e: Endpoint) -> TestResult {
     cancel["cancel"] = json!(true);
     let cancelled = e.post("/_replicate", cancel.clone()).await?.expect(200, "cancel")?.body;
     check(cancelled == json!({"ok": true, "_local_id": id}), || format!("{cancelled}"))?;
-    same_error(&e.post("/_replicate", cancel).await?, "076-replicate-cancel-unknown")?;
+    same_error(&e.post("/_replicate", cancel).await?, "116-replicate-cancel-unknown")?;
     let missing = e.post("/_replicate", json!({"source": "rep-no-such-db", "target": target})).await?;
-    let couch_missing = fixture("079-replicate-missing-source");
+    let couch_missing = fixture("119-replicate-missing-source");
     check(missing.status.as_u16() as u64 == couch_missing["response"]["status"], || format!("{}", missing.status))?;
     check(
         missing.body["error"] == "db_not_found" && missing.body["reason"] == "could not open rep-no-such-db",
@@ -260,7 +260,7 @@ pub async fn replicate_endpoint_as_couchdb(e: Endpoint) -> TestResult {
         Ok((answer.status == StatusCode::OK && answer.body["state"] == "crashing").then_some(answer.body))
     })
     .await?;
-    same_fields(&crashing, &couchdb_body("078-scheduler-doc-crashing"), "a crashing _scheduler doc", &[])?;
+    same_fields(&crashing, &couchdb_body("118-scheduler-doc-crashing"), "a crashing _scheduler doc", &[])?;
     check(
         crashing["info"]["error"] == "db_not_found: could not open rep-no-such-db" && crashing["error_count"] == 1,
         || format!("{crashing}"),
@@ -311,7 +311,7 @@ async fn running_from(root: &str, source: &str) -> Result<usize, Failed> {
 }
 
 /// With logins: a server admin's `_replicator` document is stored with its `owner`, as CouchDB
-/// 3.4.3 stores it (fixture 072); another login may not write to the admin-only database, and
+/// 3.4.3 stores it (fixture 112); another login may not write to the admin-only database, and
 /// a `_replicate` with a local endpoint is a server admin's (CouchDB's reason).
 pub async fn replicator_owner_and_logins(e: Endpoint) -> TestResult {
     if replicator_is_couchdb_s_as(&e, Some(("admin", super::roles::PASSWORD))).await? {
@@ -333,7 +333,7 @@ pub async fn replicator_owner_and_logins(e: Endpoint) -> TestResult {
     let doc = json!({"source": "rep-owner-src", "target": "rep-owner-dst", "create_target": true});
     admin(Method::PUT, "/_replicator/owned".into(), Some(doc.clone())).await?.expect(201, "PUT as admin")?;
     let stored = admin(Method::GET, "/_replicator/owned".into(), None).await?.expect(200, "GET")?.body;
-    check(stored["owner"] == couchdb_body("072-replicator-doc-completed")["owner"], || format!("owner: {stored}"))?;
+    check(stored["owner"] == couchdb_body("112-replicator-doc-completed")["owner"], || format!("owner: {stored}"))?;
     let refused = carol(Method::PUT, "/_replicator/carols".into(), Some(doc.clone())).await?;
     check(refused.status == StatusCode::FORBIDDEN, || {
         format!("another login's write: {} {}", refused.status, refused.body)
