@@ -622,25 +622,15 @@ pub(crate) async fn security_of(db: &Database) -> Result<Value, CouchError> {
         }
         return Ok(db.settings().await?.security);
     }
-    let asked = crate::backend::DesignRequest {
-        method: axum::http::Method::GET,
-        path: "_security".to_owned(),
-        query: None,
-        headers: vec![("accept".to_owned(), "application/json".to_owned())],
-        body: crate::backend::DesignBody::empty(),
-    };
+    let asked = crate::backend::DesignRequest::get_json("_security".to_owned(), None);
     let Some(answer) = db.backend().design_request(asked).await? else {
         return Err(CouchError::internal("the backend forwards requests but did not answer GET _security"));
     };
     let status = answer.status;
-    let mut body = Vec::new();
-    let mut chunks = answer.body;
-    while let Some(chunk) = futures::StreamExt::next(&mut chunks).await {
-        body.extend_from_slice(&chunk?);
-        if body.len() > MAX_SECURITY_BYTES {
-            return Err(CouchError::internal("the backend's _security object is over 1 MiB"));
-        }
-    }
+    let body = answer
+        .body_within(MAX_SECURITY_BYTES, "the backend's _security object")
+        .await
+        .map_err(|e| CouchError::internal(e.to_string()))?;
     if !(200..300).contains(&status) {
         return Err(CouchError::internal(format!("the backend answered GET _security with status {status}")));
     }

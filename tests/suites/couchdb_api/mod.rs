@@ -254,6 +254,9 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("instances_see_a_database_created_at_once", |e| {
             Box::pin(several_instances::created_on_one_instance_is_there_on_the_other_at_once(e))
         }),
+        ("instances_apply_each_other_s_revs_limit_at_once", |e| {
+            Box::pin(several_instances::revs_limit_set_on_one_instance_holds_at_once_on_the_other(e))
+        }),
         ("users_db_logins", |e| Box::pin(users_db::users_db_logins(e))),
         ("users_db_couchdb_hash_moves_in", |e| Box::pin(users_db::users_db_couchdb_hash_moves_in(e))),
     ];
