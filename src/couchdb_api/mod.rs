@@ -14,7 +14,8 @@
 //! login's confinement applied by the handlers; on the CouchDB backend its tree layout is
 //! CouchDB's own trees, `crate::database::layout::native`, and its design documents and views
 //! are passed to CouchDB as that backend's other databases' requests are). The router here
-//! answers the server's own endpoints ([`root`], `_all_dbs`, `_dbs_info`, `_session`) and hands
+//! answers the server's own endpoints ([`root`], `_all_dbs`, `_dbs_info`, `_session`, the node's
+//! [`node`] with the request counts of [`stats`], `_db_updates` [`db_updates`]) and hands
 //! every path below a database to [`db`]. What the handlers share stays here: the listings'
 //! parameters and paging ([`listing`]), the revision a write names ([`document`]) and the
 //! `_local_docs` listing ([`local_docs`]).

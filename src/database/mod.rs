@@ -18,6 +18,8 @@
 //!   fields, field types, per-user confinement), also run as that check.
 //! - [`users`]: the `_users` database's rules (passwords hashed on write, user documents'
 //!   validation, stored hashes checked at login), its guard chained before `validate_doc_update`.
+//! - [`activity`]: what the databases did (documents read, databases changed) and their events
+//!   waiting for [`global_changes`], which writes them to `_global_changes` for `_db_updates`.
 //! - [`Databases`] (here): the open databases of the server, over the backend's catalog.
 
 pub mod activity;
