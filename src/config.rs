@@ -812,6 +812,7 @@ mod tests {
         assert_eq!(settings.couchdb_attachment_limit(), u64::MAX);
         assert_eq!(settings.couchdb_max_dbs_info_keys, 100);
         assert_eq!(settings.couchdb_max_descending_changes, 100_000);
+        assert_eq!(settings.couchdb_db_updates_flush_ms, 500, "CouchDB's max_write_delay");
         assert_eq!(
             (settings.couchdb_lockout_threshold, settings.couchdb_lockout_secs, settings.couchdb_lockout_max_entries),
             (5, 300, 10_000)
