@@ -32,6 +32,9 @@
 //!   feeds at once (429 past it).
 //! - The first page is read before the response starts, so a `since` the backend does not
 //!   recognise is CouchDB's 400 rather than a cut-off stream.
+//! - `GET /_db_updates` (`super::db_updates`) is `_global_changes`' feed read here too
+//!   ([`db_updates_feed`]): rows made from the feed's entries alone and shown as database events,
+//!   closed without `pending`, with every bound above.
 //! - A database deleted under its feed: before the response starts, CouchDB's 404 (the reads run
 //!   while the database is open, [`while_open`], so a table gone under them is the deletion's,
 //!   not the backend's error); once it has started, the feed ends at its next step with its

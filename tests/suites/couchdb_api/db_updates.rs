@@ -166,7 +166,12 @@ pub(super) async fn db_updates_as_couchdb(e: Endpoint) -> TestResult {
     }
     let order = events(&normal.body["results"]);
     let at = |db: &str, kind: &str| order.iter().position(|(d, k)| d == db && k == kind);
-    check(at(&dropped, "created") < at(&dropped, "deleted"), || format!("a creation after its deletion: {order:?}"))?;
+    // Events of one flush are written in key order (`created:` before `deleted:`). Apache CouchDB
+    // writes its own set in any order, so over it the order is not this server's to promise.
+    let ordered = e.backend != "couchdb" || on_pouchdb_server(&e);
+    check(!ordered || at(&dropped, "created") < at(&dropped, "deleted"), || {
+        format!("a creation after its deletion: {order:?}")
+    })?;
     check(
         normal.body["last_seq"]
             == normal.body["results"].as_array().and_then(|r| r.last()).map_or(Value::Null, |r| r["seq"].clone()),
@@ -184,7 +189,7 @@ pub(super) async fn db_updates_as_couchdb(e: Endpoint) -> TestResult {
     let newest_first = admin(&e, Method::GET, "/_db_updates?descending=true").await?.expect(200, "descending=true")?;
     let reversed = events(&newest_first.body["results"]);
     let at_reversed = |db: &str, kind: &str| reversed.iter().position(|(d, k)| d == db && k == kind);
-    check(at_reversed(&dropped, "deleted") < at_reversed(&dropped, "created"), || {
+    check(!ordered || at_reversed(&dropped, "deleted") < at_reversed(&dropped, "created"), || {
         format!("descending lists the creation first: {reversed:?}")
     })?;
     check(fields(&newest_first.body) == fields(&couchdb_body("077-db-updates-descending")), || {
@@ -310,7 +315,7 @@ pub(super) async fn db_updates_continuous_heartbeat(e: Endpoint) -> TestResult {
     let mut feed = e.client.get(e.url(&path)).basic_auth("admin", Some(super::logins::PASSWORD)).send().await?;
     check(feed.status().as_u16() == 200, || format!("continuous feed: {}", feed.status()))?;
     let mut text = String::new();
-    let idle_until = Instant::now() + Duration::from_millis(2_600);
+    let idle_until = Instant::now() + Duration::from_millis(3_200);
     while Instant::now() < idle_until {
         match tokio::time::timeout_at(idle_until.into(), feed.chunk()).await {
             Ok(Ok(Some(bytes))) => text.push_str(&String::from_utf8_lossy(&bytes)),
@@ -320,7 +325,7 @@ pub(super) async fn db_updates_continuous_heartbeat(e: Endpoint) -> TestResult {
         }
     }
     let heartbeats = text.matches('\n').count() - text.lines().filter(|l| !l.trim().is_empty()).count();
-    check(heartbeats >= 2, || format!("{heartbeats} heartbeats in 2.6 s of a 1 s heartbeat: {text:?}"))?;
+    check(heartbeats >= 2, || format!("{heartbeats} heartbeats in 3.2 s of a 1 s heartbeat: {text:?}"))?;
     let db = fresh_db(&e, "dbupdates", "beat").await?;
     let shown_by = Instant::now() + SHOWS_WITHIN;
     loop {
