@@ -43,6 +43,10 @@ use crate::config::Settings;
 /// The node name this process answers to: one node, itself.
 pub const NODE_NAME: &str = "agentstore@localhost";
 
+/// The role that reads the statistics (`_stats`, `_prometheus`, `_system`) without being an
+/// admin: CouchDB's, held by a `_users` user or a configured login.
+pub const METRICS_ROLE: &str = "_metrics";
+
 /// What a server admin's entry in `_config/admins` shows instead of a password hash.
 pub const HIDDEN: &str = "(hidden)";
 
@@ -127,7 +131,7 @@ fn this_node(node: &str) -> CouchResult<()> {
 
 /// A server admin or a login with the `_metrics` role (CouchDB's `require_metrics`).
 fn metrics_reader(identity: &Identity) -> CouchResult<()> {
-    if identity.is_server_admin() || identity.roles.iter().any(|role| role == "_metrics") {
+    if identity.is_server_admin() || identity.roles.iter().any(|role| role == METRICS_ROLE) {
         Ok(())
     } else {
         Err(CouchError::unauthorized("You are not a server admin or read-only metrics user"))

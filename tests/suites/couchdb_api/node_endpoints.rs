@@ -13,8 +13,14 @@
 use super::logins::as_login;
 use super::*;
 
+/// The logins of [`super::logins::logins_config`] and `scraper`, a configured login with the
+/// `_metrics` role (no admin, no data-store user).
 pub(super) fn config() -> Result<String, Failed> {
-    super::logins::logins_config()
+    let hash = agentstore::couchdb_api::auth::hash_password(super::logins::PASSWORD)?;
+    Ok(format!(
+        "{}[[couchdb_users]]\nname = \"scraper\"\npassword_hash = \"{hash}\"\nroles = [\"_metrics\"]\n",
+        super::logins::logins_config()?
+    ))
 }
 
 /// A `_users` user with the `_metrics` role, for this trial (the CouchDB backend's server is
@@ -183,19 +189,28 @@ async fn statistics_as_couchdb(e: &Endpoint, name: &str) -> TestResult {
         &as_login(e, "admin", Method::POST, "/_node/_local/_stats", Some(json!({}))).await?,
         "093-node-stats-post",
     )?;
-    // A `_metrics` role reads them (091, 107), not the settings (103). pouchdb-server, the CouchDB
-    // backend's server in CI, refuses such a user in its `_users` (a role starting with `_`).
+    // A `_metrics` role reads them (091, 107), not the settings (103): a configured login's, and
+    // a `_users` user's (pouchdb-server, the CouchDB backend's server in CI, refuses such a user
+    // in its `_users`: a role starting with `_`).
+    let scraper = ("scraper".to_owned(), super::logins::PASSWORD.to_owned());
+    let mut readers = vec![scraper];
     if on_pouchdb_server(e) {
-        println!(
-            "pouchdb-server keeps no user with the _metrics role: that role's reads are checked on the other backends"
-        );
-        return Ok(());
+        println!("pouchdb-server keeps no _users user with the _metrics role: the configured one reads");
+    } else {
+        readers.push(metrics_user(e).await?);
     }
-    let metrics = metrics_user(e).await?;
-    let writes = as_user(e, &metrics, "/_node/_local/_stats/couchdb/database_writes").await?.expect(200, "_metrics")?;
-    same_statistic("database_writes", &writes.body, &couchdb_body("091-node-stats-metrics-role"))?;
-    as_user(e, &metrics, "/_node/_local/_system").await?.expect(200, "_system as a _metrics user")?;
-    same_error(&as_user(e, &metrics, "/_node/_local/_config").await?, "103-node-config-non-admin")
+    for reader in &readers {
+        let writes =
+            as_user(e, reader, "/_node/_local/_stats/couchdb/database_writes").await?.expect(200, &reader.0)?;
+        same_statistic("database_writes", &writes.body, &couchdb_body("091-node-stats-metrics-role"))?;
+        as_user(e, reader, "/_node/_local/_system").await?.expect(200, "_system as a _metrics login")?;
+        let scraped = e.client.get(e.url("/_node/_local/_prometheus")).basic_auth(&reader.0, Some(&reader.1));
+        let status = scraped.send().await?.status();
+        check(status.as_u16() == 200, || format!("_prometheus as {}: {status}", reader.0))?;
+        same_error(&as_user(e, reader, "/_node/_local/_config").await?, "103-node-config-non-admin")?;
+        same_error(&as_user(e, reader, "/_db_updates").await?, "081-db-updates-non-admin")?;
+    }
+    Ok(())
 }
 
 /// The metric names of a Prometheus text (sample lines; `_sum`/`_count` are their summary's).
