@@ -255,6 +255,11 @@ pub struct Settings {
     /// Longest database feed `_changes?descending=true` reads (it reads the whole feed to answer
     /// the newest first); longer ones are refused with 400.
     pub couchdb_max_descending_changes: usize,
+    /// How long database events (`created`, `updated`, `deleted`) wait before they are written to
+    /// `_global_changes`, the feed `_db_updates` reads (CouchDB's `[global_changes]
+    /// max_write_delay`): each distinct event is written once per interval however often it
+    /// happened, and another instance's events show this much later at most. Default 500.
+    pub couchdb_db_updates_flush_ms: u64,
     /// Most queries one `POST …/_view/{view}/queries` may ask (CouchDB sets none); past it, 400
     /// naming this setting. Each query is checked before the answer starts and then streams, so
     /// this bounds the work one request queues, not memory. Default 1000.
@@ -530,6 +535,7 @@ impl Settings {
             .and_then(|b| b.set_default("couchdb_js_workers", 0u64))
             .and_then(|b| b.set_default("couchdb_max_dbs_info_keys", 100u64))
             .and_then(|b| b.set_default("couchdb_max_descending_changes", 100_000u64))
+            .and_then(|b| b.set_default("couchdb_db_updates_flush_ms", 500u64))
             .and_then(|b| b.set_default("couchdb_max_view_queries", 1_000u64))
             .and_then(|b| b.set_default("couchdb_js_log_line_bytes", 4_096u64))
             .and_then(|b| b.set_default("couchdb_js_log_bytes_per_minute", 1u64 << 20))
@@ -626,6 +632,7 @@ impl Settings {
             ("couchdb_inline_wait_ms", self.couchdb_inline_wait_ms),
             ("couchdb_max_dbs_info_keys", as_u64(self.couchdb_max_dbs_info_keys)),
             ("couchdb_max_descending_changes", as_u64(self.couchdb_max_descending_changes)),
+            ("couchdb_db_updates_flush_ms", self.couchdb_db_updates_flush_ms),
             ("couchdb_max_view_queries", as_u64(self.couchdb_max_view_queries)),
             ("couchdb_js_log_line_bytes", as_u64(self.couchdb_js_log_line_bytes)),
             ("couchdb_js_log_bytes_per_minute", self.couchdb_js_log_bytes_per_minute),
@@ -805,6 +812,7 @@ mod tests {
         assert_eq!(settings.couchdb_attachment_limit(), u64::MAX);
         assert_eq!(settings.couchdb_max_dbs_info_keys, 100);
         assert_eq!(settings.couchdb_max_descending_changes, 100_000);
+        assert_eq!(settings.couchdb_db_updates_flush_ms, 500, "CouchDB's max_write_delay");
         assert_eq!(
             (settings.couchdb_lockout_threshold, settings.couchdb_lockout_secs, settings.couchdb_lockout_max_entries),
             (5, 300, 10_000)

@@ -29,8 +29,9 @@ use crate::error::{Error, ErrorKind, Result};
 pub const MAX_DB_NAME_LEN: usize = 238;
 
 /// The names starting with `_` CouchDB's rule admits that this server keeps: `_users` (the
-/// logins of `crate::database::users`).
-pub const SYSTEM_DATABASES: [&str; 1] = ["_users"];
+/// logins of `crate::database::users`) and `_global_changes` (the events `_db_updates` reads,
+/// `crate::database::global_changes`).
+pub const SYSTEM_DATABASES: [&str; 2] = ["_users", "_global_changes"];
 
 /// A database name that passed CouchDB's rule (or is one of [`SYSTEM_DATABASES`]): a lowercase letter, then lowercase letters,
 /// digits and `_$()+-/`, at most [`MAX_DB_NAME_LEN`] bytes.

@@ -14,7 +14,8 @@
 //! login's confinement applied by the handlers; on the CouchDB backend its tree layout is
 //! CouchDB's own trees, `crate::database::layout::native`, and its design documents and views
 //! are passed to CouchDB as that backend's other databases' requests are). The router here
-//! answers the server's own endpoints ([`root`], `_all_dbs`, `_dbs_info`, `_session`) and hands
+//! answers the server's own endpoints ([`root`], `_all_dbs`, `_dbs_info`, `_session`, the node's
+//! [`node`] with the request counts of [`stats`], `_db_updates` [`db_updates`]) and hands
 //! every path below a database to [`db`]. What the handlers share stays here: the listings'
 //! parameters and paging ([`listing`]), the revision a write names ([`document`]) and the
 //! `_local_docs` listing ([`local_docs`]).
@@ -26,11 +27,13 @@ pub mod auth;
 mod changes;
 mod client_address;
 mod db;
+mod db_updates;
 mod document;
 pub mod error;
 mod listing;
 mod local_docs;
 mod multipart;
+mod node;
 mod position_seal;
 mod request;
 mod response;
@@ -38,6 +41,7 @@ mod root;
 pub mod session;
 pub mod shared_lockout;
 pub mod shared_secret;
+mod stats;
 pub mod users;
 mod validation;
 
@@ -96,6 +100,8 @@ pub(crate) struct CouchState {
     pub data_store_database: Arc<crate::database::Database>,
     /// Their routes ([`db::router`]); empty inside those routes' own state.
     pub database_router: axum::Router,
+    /// What the node endpoints show: request counts, settings ([`node`]).
+    pub node: Arc<node::NodeInfo>,
 }
 
 impl CouchState {
@@ -171,7 +177,16 @@ impl CouchApp {
         auth.use_users_db(Arc::new(users::UsersDb::new(Arc::clone(&databases))));
         let data_store_database =
             databases.data_store(&settings.couchdb_db, Arc::clone(store.backend()), store.options().limits)?;
+        crate::database::global_changes::keep_flushing(
+            &databases,
+            Duration::from_millis(settings.couchdb_db_updates_flush_ms),
+        );
+        let node = Arc::new(node::NodeInfo {
+            requests: Arc::default(),
+            config: node::NodeConfig::from_settings(settings, &server_uuid)?,
+        });
         let state = CouchState {
+            node,
             data_store_database,
             auth,
             store,
@@ -246,9 +261,27 @@ fn router(state: CouchState) -> Router {
         .route("/_membership", get(root::membership))
         .route("/_scheduler/jobs", get(root::scheduler_jobs))
         .route("/_scheduler/docs", get(root::scheduler_docs))
-        .route("/_node/{node}", get(root::node))
         .route("/_uuids", get(root::uuids))
         .route_layer(from_fn(authenticate_login));
+    // The node endpoints and `_db_updates` check who asks themselves, to answer CouchDB's own
+    // refusals (a `_metrics` role reads the statistics).
+    let node_endpoints = Router::new()
+        .route("/_db_updates", get(db_updates::db_updates).fallback(node::only_get))
+        .route("/_node/{node}", get(node::node))
+        .route("/_node/{node}/_stats", get(node::stats).fallback(node::only_get))
+        .route("/_node/{node}/_stats/{*path}", get(node::stats_path).fallback(node::only_get))
+        .route("/_node/{node}/_prometheus", get(node::prometheus).fallback(node::only_get))
+        .route("/_node/{node}/_system", get(node::system).fallback(node::only_get))
+        .route("/_node/{node}/_versions", get(node::versions).fallback(node::only_get))
+        .route("/_node/{node}/_config", get(node::config_all).fallback(node::only_get))
+        .route("/_node/{node}/_config/{section}", get(node::config_section).fallback(node::only_get))
+        .route(
+            "/_node/{node}/_config/{section}/{key}",
+            get(node::config_key)
+                .put(node::config_write)
+                .delete(node::config_write)
+                .fallback(node::only_get_put_delete),
+        );
     // Names starting with `_` that no endpoint above takes (every other name is a database's,
     // [`db::dispatch`]): no database here is named so. `PUT` is CouchDB's server-admin check
     // and name rule ([`db::create_db`]); anything else is CouchDB's 404 for a missing database.
@@ -258,7 +291,8 @@ fn router(state: CouchState) -> Router {
         .route("/{db}/", get(root::no_such_database).put(db::create_db).delete(root::no_such_database))
         .route("/{db}/{*below}", any(root::no_such_database))
         .route_layer(from_fn(authenticate))
-        .merge(server_endpoints);
+        .merge(server_endpoints)
+        .merge(node_endpoints);
     Router::new()
         .route("/", get(root::welcome))
         .route("/_up", get(root::up))
@@ -274,6 +308,7 @@ fn router(state: CouchState) -> Router {
         .layer(from_fn(db::hold_inline_until_sent))
         .layer(from_fn_with_state(Arc::clone(&state.auth), auth::identify_request))
         .layer(crate::server::catch_panics("couchdb", root::internal_error))
+        .layer(from_fn_with_state(Arc::clone(&state.node.requests), stats::count_requests))
         .layer(from_fn(response::couchdb_headers))
         .with_state(state)
 }

@@ -1,8 +1,8 @@
-//! The server root and the node: `GET /`, `/_up`, `/_uuids`, the probes (`_active_tasks`,
-//! `_scheduler`, `_membership`, `_node`), the server admins' check, and the answers to paths and
+//! The server root: `GET /`, `/_up`, `/_uuids`, the probes (`_active_tasks`, `_scheduler`,
+//! `_membership`; the node's own endpoints are [`super::node`]'s), the server admins' check, and the answers to paths and
 //! methods no route takes (and to a handler that panicked). Databases are [`super::db`]'s.
 
-use axum::extract::{Extension, Path, Query, State};
+use axum::extract::{Extension, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
@@ -10,6 +10,7 @@ use sha2::{Digest, Sha256};
 
 use super::auth::Identity;
 use super::error::CouchError;
+use super::node::NODE_NAME;
 use super::{json, Answer, CouchState};
 
 /// The CouchDB API version reported: the 3.x API these endpoints follow. Clients gate features
@@ -124,9 +125,6 @@ pub fn internal_error() -> Response {
     CouchError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal_server_error", "internal error").into_response()
 }
 
-/// The node name the probes below report: one node, this process.
-const NODE_NAME: &str = "agentstore@localhost";
-
 /// `GET /_active_tasks`: no compaction, indexing or replication task ever runs here. A server
 /// admin's, as CouchDB's (`chttpd_misc:handle_task_status_req`).
 pub async fn active_tasks(Extension(identity): Extension<Identity>) -> Answer {
@@ -151,14 +149,4 @@ pub async fn scheduler_jobs(Extension(identity): Extension<Identity>) -> Answer 
 pub async fn scheduler_docs(Extension(identity): Extension<Identity>) -> Answer {
     server_admin_only(&identity)?;
     Ok(json(StatusCode::OK, json!({ "total_rows": 0, "offset": 0, "docs": [] })))
-}
-
-/// `GET /_node/_local` (and `/_node/{name}` for this node's name): the node's name. A server
-/// admin's, as `_membership`.
-pub async fn node(Extension(identity): Extension<Identity>, Path(node): Path<String>) -> Answer {
-    server_admin_only(&identity)?;
-    if node != "_local" && node != NODE_NAME {
-        return Err(CouchError::not_found(format!("no node named {node}")));
-    }
-    Ok(json(StatusCode::OK, json!({ "name": NODE_NAME })))
 }

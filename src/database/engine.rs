@@ -230,6 +230,8 @@ pub struct Database {
     collecting: Arc<Collecting>,
     /// What checks each write against the validation functions ([`super::write_guard`]).
     write_guard: Option<Arc<dyn super::write_guard::WriteGuard>>,
+    /// Where reads and changes are counted and `updated` events kept ([`super::activity`]).
+    activity: Option<Arc<super::activity::Activity>>,
 }
 
 /// The backend's own local document holding the database's incarnation for view indexes: a
@@ -316,6 +318,7 @@ impl Database {
             inline_wait: DEFAULT_INLINE_WAIT,
             collecting: Arc::default(),
             write_guard: None,
+            activity: None,
             local_names: layout.local_names(),
             layout: Arc::new(layout),
             backend,
@@ -496,6 +499,25 @@ impl Database {
     }
 
     /// Checks every write with `guard` before it is applied.
+    /// Counts this database's reads and changes, and keeps its `updated` events, in `activity`.
+    pub fn with_activity(self, activity: Arc<super::activity::Activity>) -> Self {
+        Database { activity: Some(activity), ..self }
+    }
+
+    /// Records that the database changed (a write or a purge that took effect).
+    fn record_change(&self) {
+        if let Some(activity) = &self.activity {
+            activity.changed(&self.name);
+        }
+    }
+
+    /// Records `count` documents read.
+    fn record_reads(&self, count: usize) {
+        if let Some(activity) = &self.activity {
+            activity.read(count);
+        }
+    }
+
     pub fn with_write_guard(self, write_guard: Option<Arc<dyn super::write_guard::WriteGuard>>) -> Self {
         Database { write_guard, ..self }
     }
@@ -565,13 +587,16 @@ impl Database {
         if id.is_empty() {
             return Ok(None);
         }
-        self.while_open(self.layout.read_as_served(id)).await
+        let state = self.while_open(self.layout.read_as_served(id)).await?;
+        self.record_reads(usize::from(state.is_some()));
+        Ok(state)
     }
 
     /// The states of many documents, one per id, in order (a deletion met cut before its
     /// tombstone is finished: [`repairing`]).
     pub async fn read_many(&self, ids: &[String]) -> Result<Vec<Option<DocState>>> {
         let states = self.while_open(self.read_states(ids)).await?;
+        self.record_reads(states.iter().filter(|state| state.is_some()).count());
         let read = ids.iter().zip(&states).filter_map(|(id, state)| Some((id.as_str(), state.as_ref()?)));
         self.finish_cut_deletions(read).await;
         Ok(states)
@@ -601,7 +626,11 @@ impl Database {
     /// when another writer got in between the read and the save.
     pub async fn write_batch(&self, id: &str, writes: &[Write]) -> Result<Vec<Result<Written>>> {
         let _under_way = self.start_write()?;
-        self.while_open(self.write_batch_once_open(id, writes)).await
+        let answers = self.while_open(self.write_batch_once_open(id, writes)).await?;
+        if answers.iter().any(Result::is_ok) {
+            self.record_change();
+        }
+        Ok(answers)
     }
 
     /// The lock this process's writers of `id` take turns on.
@@ -806,7 +835,11 @@ impl Database {
     /// erased from the backend.
     pub async fn purge(&self, id: &str, revs: &[String]) -> Result<Vec<String>> {
         let _under_way = self.start_write()?;
-        self.while_open(self.purge_once_open(id, revs)).await
+        let purged = self.while_open(self.purge_once_open(id, revs)).await?;
+        if !purged.is_empty() {
+            self.record_change();
+        }
+        Ok(purged)
     }
 
     async fn purge_once_open(&self, id: &str, revs: &[String]) -> Result<Vec<String>> {

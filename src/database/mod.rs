@@ -18,13 +18,17 @@
 //!   fields, field types, per-user confinement), also run as that check.
 //! - [`users`]: the `_users` database's rules (passwords hashed on write, user documents'
 //!   validation, stored hashes checked at login), its guard chained before `validate_doc_update`.
+//! - [`activity`]: what the databases did (documents read, databases changed) and their events
+//!   waiting for [`global_changes`], which writes them to `_global_changes` for `_db_updates`.
 //! - [`Databases`] (here): the open databases of the server, over the backend's catalog.
 
+pub mod activity;
 pub mod attachments;
 pub mod data_store_rules;
 pub mod doc_attachments;
 pub mod document;
 pub mod engine;
+pub mod global_changes;
 pub mod layout;
 pub mod rev_id;
 pub use crate::backend::rev_tree;
@@ -84,6 +88,9 @@ pub struct Databases {
     inline_wait: std::time::Duration,
     /// What checks writes against the databases' validation functions, if anything.
     write_guard: Option<Arc<dyn write_guard::WriteGuard>>,
+    /// Reads and changes of every database opened here, and their pending events
+    /// ([`activity`]; written to `_global_changes` by [`global_changes`]).
+    activity: Arc<activity::Activity>,
 }
 
 /// What the catalog says of a database this server holds open ([`Databases::confirmed`]).
@@ -159,6 +166,7 @@ impl Databases {
             inline_budget: Arc::new(crate::server::budget::ByteBudget::new(engine::DEFAULT_MAX_INFLIGHT_INLINE_BYTES)),
             inline_wait: engine::DEFAULT_INLINE_WAIT,
             write_guard: None,
+            activity: Arc::default(),
         }
     }
 
@@ -181,6 +189,7 @@ impl Databases {
             inline_budget: Arc::new(crate::server::budget::ByteBudget::new(engine::DEFAULT_MAX_INFLIGHT_INLINE_BYTES)),
             inline_wait: engine::DEFAULT_INLINE_WAIT,
             write_guard: None,
+            activity: Arc::default(),
         }
     }
 
@@ -230,10 +239,21 @@ impl Databases {
         Databases { write_guard: Some(guard), ..self }
     }
 
+    /// What the databases opened here did ([`activity`]).
+    pub fn activity(&self) -> &Arc<activity::Activity> {
+        &self.activity
+    }
+
+    /// How many databases are open now (the data-store database is not among them).
+    pub fn open_count(&self) -> usize {
+        self.open_map().len()
+    }
+
     /// A database of these settings over its namespace's backend.
     fn database(&self, name: &DbName, backend: Arc<dyn crate::backend::DocumentBackend>) -> Arc<Database> {
         Arc::new(
             Database::new(name.to_string(), backend)
+                .with_activity(Arc::clone(&self.activity))
                 .with_max_document_bytes(self.max_document_bytes)
                 .with_max_tree_bytes(self.max_tree_bytes)
                 .with_inner_body_bounds(self.inner_bodies)
@@ -301,6 +321,7 @@ impl Databases {
                 .with_max_gzip_ratio(self.max_gzip_ratio)
                 .with_inline_budget(Arc::clone(&self.inline_budget), self.inline_wait)
                 .with_attachment_bounds(self.max_attachment_bytes, self.attachment_grace)
+                .with_activity(Arc::clone(&self.activity))
                 .with_write_guard(Some(Arc::new(write_guard::ChainedGuards::new(guards)))),
         ))
     }
@@ -377,6 +398,7 @@ impl Databases {
         let lock = self.name_locks.of(name);
         let _held = lock.lock().await;
         let backend = self.catalog().await?.create(name).await?;
+        self.activity.event(activity::DbEvent::Created, name.as_str());
         let database = self.database(name, backend);
         self.keep(name, &database).await;
         Ok(database)
@@ -454,10 +476,14 @@ impl Databases {
         if let Some(entry) = removed {
             entry.database.close(engine::DRAIN_WAIT).await;
         }
-        match self.opened_catalog().await? {
-            Some(catalog) => catalog.delete(name).await,
-            None => Ok(false),
+        let deleted = match self.opened_catalog().await? {
+            Some(catalog) => catalog.delete(name).await?,
+            None => false,
+        };
+        if deleted {
+            self.activity.event(activity::DbEvent::Deleted, name.as_str());
         }
+        Ok(deleted)
     }
 
     pub async fn list(&self) -> Result<Vec<DbName>> {

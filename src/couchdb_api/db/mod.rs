@@ -312,6 +312,21 @@ async fn forward_if_native(state: &CouchState, name: &str, request: Request) -> 
     Ok(forward(state, &db, &identity, &below, request).await.unwrap_or_else(IntoResponse::into_response))
 }
 
+/// Whether a request passed to a native database changes it when it succeeds (an `updated`
+/// event for `_db_updates`, `crate::database::activity`): every `PUT`, `DELETE` and `COPY`,
+/// and the `POST`s that write (a new document, `_bulk_docs`, `_purge`, an update function).
+fn changes_the_database(method: &axum::http::Method, below: &str) -> bool {
+    use axum::http::Method;
+    match *method {
+        Method::PUT | Method::DELETE => true,
+        Method::POST => {
+            matches!(below, "" | "_bulk_docs" | "_purge")
+                || below.starts_with("_design/") && below.split('/').nth(2) == Some("_update")
+        }
+        _ => method.as_str() == "COPY",
+    }
+}
+
 async fn forward(
     state: &CouchState,
     db: &Database,
@@ -380,6 +395,9 @@ async fn forward(
     };
     let status = axum::http::StatusCode::from_u16(answer.status)
         .map_err(|_| CouchError::internal(format!("the backend answered status {}", answer.status)))?;
+    if status.is_success() && changes_the_database(&parts.method, below) {
+        state.databases.activity().changed(db.name());
+    }
     let mut headers = axum::http::HeaderMap::new();
     for (name, value) in answer.headers {
         if let (Ok(name), Ok(value)) =
