@@ -192,6 +192,10 @@ fn stats_at(state: &CouchState, identity: &Identity, node: &str, path: &str) -> 
     Ok(json(StatusCode::OK, tree))
 }
 
+const OPEN_DATABASES_DESC: &str = "databases open in this process, the data-store database included";
+const REQUEST_TIME_DESC: &str =
+    "milliseconds from a CouchDB API request's arrival to its response's start, over the last 10 seconds";
+
 fn counter(value: u64, desc: &str) -> Value {
     json!({ "value": value, "type": "counter", "desc": desc })
 }
@@ -214,11 +218,11 @@ fn stats_tree(state: &CouchState) -> Value {
         "couchdb": {
             "database_reads": counter(activity.documents_read(), "documents read from the databases"),
             "database_writes": counter(activity.databases_changed(), "writes and purges that changed a database"),
-            "open_databases": counter(open_databases(state), "databases open in this process, the data-store database included"),
+            "open_databases": counter(open_databases(state), OPEN_DATABASES_DESC),
             "request_time": {
                 "value": requests.request_time().to_json(),
                 "type": "histogram",
-                "desc": "milliseconds from a CouchDB API request's arrival to its response's start, over the last 10 seconds",
+                "desc": REQUEST_TIME_DESC,
             },
             "httpd": { "requests": counter(requests.requests(), "CouchDB API requests") },
             "httpd_request_methods": methods,
