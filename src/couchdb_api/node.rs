@@ -192,6 +192,10 @@ fn stats_at(state: &CouchState, identity: &Identity, node: &str, path: &str) -> 
     Ok(json(StatusCode::OK, tree))
 }
 
+const OPEN_DATABASES_DESC: &str = "databases open in this process, the data-store database included";
+const REQUEST_TIME_DESC: &str =
+    "milliseconds from a CouchDB API request's arrival to its response's start, over the last 10 seconds";
+
 fn counter(value: u64, desc: &str) -> Value {
     json!({ "value": value, "type": "counter", "desc": desc })
 }
@@ -214,11 +218,11 @@ fn stats_tree(state: &CouchState) -> Value {
         "couchdb": {
             "database_reads": counter(activity.documents_read(), "documents read from the databases"),
             "database_writes": counter(activity.databases_changed(), "writes and purges that changed a database"),
-            "open_databases": counter(open_databases(state), "databases open in this process, the data-store database included"),
+            "open_databases": counter(open_databases(state), OPEN_DATABASES_DESC),
             "request_time": {
                 "value": requests.request_time().to_json(),
                 "type": "histogram",
-                "desc": "milliseconds from a CouchDB API request's arrival to its response's start, over the last 10 seconds",
+                "desc": REQUEST_TIME_DESC,
             },
             "httpd": { "requests": counter(requests.requests(), "CouchDB API requests") },
             "httpd_request_methods": methods,
@@ -256,72 +260,105 @@ pub async fn prometheus(
     Ok(response)
 }
 
+/// One metric family of the text format: its name, type, help, and samples (label set, value),
+/// the label set written as it is (`""` or `{name="value"}`). A summary's samples include its
+/// `_sum` and `_count`, named in full.
+struct Family {
+    name: &'static str,
+    kind: &'static str,
+    help: &'static str,
+    samples: Vec<(String, String)>,
+}
+
+impl Family {
+    fn single(name: &'static str, kind: &'static str, help: &'static str, value: u64) -> Self {
+        Family { name, kind, help, samples: vec![(String::new(), value.to_string())] }
+    }
+
+    fn write(&self, out: &mut String) {
+        let Family { name, kind, help, samples } = self;
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (labels, value) in samples {
+            // A summary's `_sum`/`_count` samples carry their suffix in place of labels.
+            let _ = writeln!(out, "{name}{labels} {value}");
+        }
+    }
+}
+
 fn prometheus_text(state: &CouchState) -> String {
     let requests = &state.node.requests;
     let activity = state.databases.activity();
-    let mut out = String::new();
-    let mut family = |name: &str, kind: &str, help: &str, samples: &[(String, String)]| {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for (labels, value) in samples {
-            let _ = writeln!(out, "{name}{labels} {value}");
-        }
+    let labelled = |label: &str, samples: Vec<(String, u64)>| -> Vec<(String, String)> {
+        samples.into_iter().map(|(value, count)| (format!("{{{label}=\"{value}\"}}"), count.to_string())).collect()
     };
-    let one = |value: u64| vec![(String::new(), value.to_string())];
-    family(
-        "couchdb_database_reads_total",
-        "counter",
-        "documents read from the databases",
-        &one(activity.documents_read()),
-    );
-    family(
-        "couchdb_database_writes_total",
-        "counter",
-        "writes and purges that changed a database",
-        &one(activity.databases_changed()),
-    );
-    family("couchdb_httpd_requests_total", "counter", "CouchDB API requests", &one(requests.requests()));
-    let by_method: Vec<(String, String)> =
-        requests.by_method().map(|(m, c)| (format!("{{method=\"{m}\"}}"), c.to_string())).collect();
-    family("couchdb_httpd_request_methods", "counter", "CouchDB API requests by method", &by_method);
-    let by_status: Vec<(String, String)> =
-        requests.by_status().map(|(s, c)| (format!("{{code=\"{s}\"}}"), c.to_string())).collect();
-    family("couchdb_httpd_status_codes", "counter", "CouchDB API responses by status", &by_status);
-    family("couchdb_open_databases", "gauge", "databases open in this process", &one(open_databases(state)));
     let time = requests.request_time();
     let mut quantiles: Vec<(String, String)> = time
         .percentiles
         .iter()
         .map(|(name, ms)| {
-            let quantile = if *name == 999 { "0.999".to_owned() } else { format!("{}", f64::from(*name) / 100.0) };
+            // CouchDB names the 99.9th percentile `999`; Prometheus quantiles are fractions.
+            let quantile = if *name == 999 { 0.999 } else { f64::from(*name) / 100.0 };
             (format!("{{quantile=\"{quantile}\"}}"), (ms / 1000.0).to_string())
         })
         .collect();
-    // The sum and count of a summary are samples of their own names, written after the quantiles.
-    let summary_name = "couchdb_request_time_seconds";
-    family(
-        summary_name,
-        "summary",
-        "seconds from a CouchDB API request's arrival to its response's start, over the last 10 seconds",
-        &std::mem::take(&mut quantiles),
-    );
-    let _ = writeln!(out, "{summary_name}_sum {}", time.sum / 1000.0);
-    let _ = writeln!(out, "{summary_name}_count {}", time.n);
-    let mut family = |name: &str, kind: &str, help: &str, value: u64| {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
-    };
-    family(
-        "couchdb_global_changes_db_writes_total",
-        "counter",
-        "event documents written to _global_changes",
-        activity.event_writes(),
-    );
-    family(
-        "couchdb_global_changes_server_pending_updates",
-        "gauge",
-        "database events waiting to be written to _global_changes",
-        activity.pending_events() as u64,
-    );
-    family("couchdb_uptime_seconds", "counter", "seconds since this process started serving", requests.uptime_secs());
+    quantiles.push(("_sum".to_owned(), (time.sum / 1000.0).to_string()));
+    quantiles.push(("_count".to_owned(), time.n.to_string()));
+    let families = [
+        Family::single(
+            "couchdb_database_reads_total",
+            "counter",
+            "documents read from the databases",
+            activity.documents_read(),
+        ),
+        Family::single(
+            "couchdb_database_writes_total",
+            "counter",
+            "writes and purges that changed a database",
+            activity.databases_changed(),
+        ),
+        Family::single("couchdb_httpd_requests_total", "counter", "CouchDB API requests", requests.requests()),
+        Family {
+            name: "couchdb_httpd_request_methods",
+            kind: "counter",
+            help: "CouchDB API requests by method",
+            samples: labelled("method", requests.by_method().map(|(m, c)| (m.to_owned(), c)).collect()),
+        },
+        Family {
+            name: "couchdb_httpd_status_codes",
+            kind: "counter",
+            help: "CouchDB API responses by status",
+            samples: labelled("code", requests.by_status().map(|(s, c)| (s.to_string(), c)).collect()),
+        },
+        Family::single("couchdb_open_databases", "gauge", "databases open in this process", open_databases(state)),
+        Family {
+            name: "couchdb_request_time_seconds",
+            kind: "summary",
+            help: "seconds from a CouchDB API request's arrival to its response's start, over the last 10 seconds",
+            samples: quantiles,
+        },
+        Family::single(
+            "couchdb_global_changes_db_writes_total",
+            "counter",
+            "event documents written to _global_changes",
+            activity.event_writes(),
+        ),
+        Family::single(
+            "couchdb_global_changes_server_pending_updates",
+            "gauge",
+            "database events waiting to be written to _global_changes",
+            activity.pending_events() as u64,
+        ),
+        Family::single(
+            "couchdb_uptime_seconds",
+            "counter",
+            "seconds since this process started serving",
+            requests.uptime_secs(),
+        ),
+    ];
+    let mut out = String::new();
+    for family in &families {
+        family.write(&mut out);
+    }
     out
 }
 
@@ -409,6 +446,27 @@ fn unknown_config_value() -> CouchError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn families_are_written_in_the_text_format() {
+        let mut out = String::new();
+        Family::single("a_total", "counter", "things", 3).write(&mut out);
+        let summary = Family {
+            name: "t_seconds",
+            kind: "summary",
+            help: "times",
+            samples: vec![
+                ("{quantile=\"0.5\"}".to_owned(), "0.25".to_owned()),
+                ("_sum".to_owned(), "1.5".to_owned()),
+                ("_count".to_owned(), "4".to_owned()),
+            ],
+        };
+        summary.write(&mut out);
+        let expected = "# HELP a_total things\n# TYPE a_total counter\na_total 3\n\
+                        # HELP t_seconds times\n# TYPE t_seconds summary\nt_seconds{quantile=\"0.5\"} 0.25\n\
+                        t_seconds_sum 1.5\nt_seconds_count 4\n";
+        assert_eq!(out, expected);
+    }
 
     #[test]
     fn settings_map_to_couchdb_s_keys_and_hide_secrets() {

@@ -15,7 +15,12 @@ pub async fn couchdb_headers(request: Request, next: Next) -> Response {
     if !is_json_or_stream {
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     }
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("must-revalidate"));
+    // An event stream (`feed=eventsource`) is `no-cache`, as CouchDB 3.4.3 sends it (`chttpd_db`,
+    // `global_changes_httpd`); everything else `must-revalidate`.
+    let event_stream =
+        headers.get(header::CONTENT_TYPE).is_some_and(|t| t.as_bytes().starts_with(b"text/event-stream"));
+    let cache_control = if event_stream { "no-cache" } else { "must-revalidate" };
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static(cache_control));
     headers.insert(header::SERVER, HeaderValue::from_static(concat!("agentstore/", env!("CARGO_PKG_VERSION"))));
     response
 }

@@ -1,6 +1,7 @@
 //! The server root: `GET /`, `/_up`, `/_uuids`, the probes (`_active_tasks`, `_scheduler`,
-//! `_membership`; the node's own endpoints are [`super::node`]'s), the server admins' check, and the answers to paths and
-//! methods no route takes (and to a handler that panicked). Databases are [`super::db`]'s.
+//! `_membership`; the node's own endpoints are [`super::node`]'s), the server admins' check, and
+//! the answers to paths and methods no route takes (and to a handler that panicked). Databases
+//! are [`super::db`]'s.
 
 use axum::extract::{Extension, Query, State};
 use axum::http::StatusCode;

@@ -125,7 +125,9 @@ async fn position_now(e: &Endpoint) -> Result<String, Failed> {
     check(fields(&now.body) == fields(&recorded), || {
         format!("since=now answered {} where CouchDB {recorded}", now.body)
     })?;
-    check(now.body["results"] == json!([]), || format!("since=now lists {}", now.body))?;
+    // On the CouchDB backend the server, and its `_global_changes`, is shared by the trials
+    // running at once: an event of theirs may land between `now` and the read.
+    check(e.backend == "couchdb" || now.body["results"] == json!([]), || format!("since=now lists {}", now.body))?;
     now.body["last_seq"].as_str().map(str::to_owned).ok_or_else(|| format!("no last_seq in {}", now.body).into())
 }
 
@@ -198,7 +200,10 @@ pub(super) async fn db_updates_as_couchdb(e: Endpoint) -> TestResult {
 
     continuous_and_eventsource(&e, &since, &wanted).await?;
 
-    // A longpoll with nothing new answers at its timeout with no rows (074).
+    // A longpoll with nothing new answers at its timeout with no rows (074). Nothing new: on
+    // DynamoDB `since=now` lists the last settle window's writes once more when they settle
+    // (docs/document-model.md), so this trial's own events may come again, and on the shared
+    // CouchDB server another trial's database may have made an event meanwhile.
     let now = position_now(&e).await?;
     let started = Instant::now();
     let idle = admin(&e, Method::GET, &format!("/_db_updates?feed=longpoll&timeout=300&since={}", encoded(&now)))
@@ -207,12 +212,12 @@ pub(super) async fn db_updates_as_couchdb(e: Endpoint) -> TestResult {
     check(fields(&idle.body) == fields(&couchdb_body("074-db-updates-longpoll-timeout")), || {
         format!("idle longpoll: {}", idle.body)
     })?;
-    // Another trial's database may have made an event meanwhile on the shared CouchDB server.
-    check(
-        e.backend == "couchdb"
-            || (idle.body["results"] == json!([]) && started.elapsed() >= Duration::from_millis(300)),
-        || format!("idle longpoll answered {} after {:?}", idle.body, started.elapsed()),
-    )?;
+    let again = events(&idle.body["results"]);
+    let only_earlier = again.iter().all(|(db, kind)| wanted.iter().any(|(d, k)| d == db && k == kind));
+    let waited = idle.body["results"] == json!([]) && started.elapsed() >= Duration::from_millis(300);
+    check(e.backend == "couchdb" || waited || (e.backend == "dynamodb" && only_earlier), || {
+        format!("idle longpoll answered {} after {:?}", idle.body, started.elapsed())
+    })?;
     dropped_as_admin(&e, &kept).await
 }
 
@@ -240,9 +245,14 @@ async fn continuous_and_eventsource(e: &Endpoint, since: &str, wanted: &[(String
 
     let path = format!("/_db_updates?feed=eventsource&timeout=300&limit=2&since={}", encoded(since));
     let sent = e.client.get(e.url(&path)).basic_auth("admin", Some(super::logins::PASSWORD)).send().await?;
-    check(sent.headers().get("content-type").and_then(|v| v.to_str().ok()) == Some("text/event-stream"), || {
-        format!("eventsource Content-Type {:?}", sent.headers().get("content-type"))
-    })?;
+    // The headers CouchDB sends an event stream with (076): its type, and not to be cached.
+    let recorded_headers = fixture("076-db-updates-eventsource")["response"]["headers"].clone();
+    for name in ["Content-Type", "Cache-Control"] {
+        let ours = sent.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        check(ours.as_deref() == recorded_headers[name].as_str(), || {
+            format!("eventsource {name}: {ours:?} where CouchDB sent {}", recorded_headers[name])
+        })?;
+    }
     let text = sent.text().await?;
     let recorded = fixture("076-db-updates-eventsource")["response"]["body"].as_str().unwrap_or_default().to_owned();
     let blocks = |text: &str| -> Result<Vec<(Value, Value)>, Failed> {
