@@ -263,6 +263,10 @@ fn router(state: CouchState) -> Router {
         .route("/", get(root::welcome))
         .route("/_up", get(root::up))
         .route("/_session", get(get_session).post(post_session).delete(delete_session))
+        // The console (`crate::console`): its files need no login, as CouchDB's `/_utils`.
+        .route("/_utils", any(crate::console::redirect))
+        .route("/_utils/", any(crate::console::index))
+        .route("/_utils/{*file}", any(crate::console::file))
         .merge(underscored)
         .fallback(root::no_route)
         .method_not_allowed_fallback(root::method_not_allowed)

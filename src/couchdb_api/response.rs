@@ -15,7 +15,10 @@ pub async fn couchdb_headers(request: Request, next: Next) -> Response {
     if !is_json_or_stream {
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     }
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("must-revalidate"));
+    // The console's files say their own (`crate::console`: `private, must-revalidate`).
+    if !headers.contains_key(header::CACHE_CONTROL) {
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("must-revalidate"));
+    }
     headers.insert(header::SERVER, HeaderValue::from_static(concat!("agentstore/", env!("CARGO_PKG_VERSION"))));
     response
 }
