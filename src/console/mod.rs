@@ -6,7 +6,7 @@
 //! `GET /_utils/{file}` one of the files, with its content type, a strong `ETag` (the SHA-256 of
 //! its bytes, so `If-None-Match` answers 304), CouchDB's `Cache-Control: private,
 //! must-revalidate`, and a `Content-Security-Policy` that lets the page load nothing but this
-//! origin's own files and talk to nothing but this origin. Any other method is 405 `Allow: GET,HEAD`,
+//! origin's own files ([`CONTENT_SECURITY_POLICY`]). Any other method is 405 `Allow: GET,HEAD`,
 //! as CouchDB's (`chttpd_misc:handle_utils_dir_req`); a file the console does not hold 404 in
 //! CouchDB's JSON error shape (CouchDB's file server answers a plain-text 404 there). Like CouchDB's, the
 //! files need no login: the page logs in through `POST /_session` and every call it makes is the
@@ -57,10 +57,13 @@ pub const ASSETS: &[Asset] = &[
     asset!("pages/data_store.js", JS),
 ];
 
-/// What the page may load and reach: this origin only (scripts as modules from files, no inline
-/// script, no `eval`), pictures also from `data:` and `blob:` (a downloaded attachment's preview).
+/// What the page may load: this origin's files only (scripts as modules from files, no inline
+/// script, no `eval`, no inline style), pictures also from `data:` and `blob:`. It may call
+/// other HTTP(S) origins: the data-store page calls the REST listener, another port (its
+/// address is typed in the page, not known here); the page builds no markup from text, so what
+/// it is sent cannot become a script that sends anything elsewhere.
 const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'; style-src 'self'; \
-     img-src 'self' data: blob:; connect-src 'self'; frame-ancestors 'none'; form-action 'self'";
+     img-src 'self' data: blob:; connect-src 'self' http: https:; frame-ancestors 'none'; form-action 'self'";
 
 /// The `ETag` of each asset, in [`ASSETS`]' order, computed once.
 static ETAGS: LazyLock<Vec<HeaderValue>> = LazyLock::new(|| {

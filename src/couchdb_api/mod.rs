@@ -31,6 +31,7 @@ pub mod error;
 mod listing;
 mod local_docs;
 mod multipart;
+mod node;
 mod position_seal;
 mod request;
 mod response;
@@ -96,6 +97,18 @@ pub(crate) struct CouchState {
     pub data_store_database: Arc<crate::database::Database>,
     /// Their routes ([`db::router`]); empty inside those routes' own state.
     pub database_router: axum::Router,
+    /// What `GET /_node/{node}/_config` answers ([`node`]), built at startup.
+    pub node_config: Arc<serde_json::Value>,
+    /// The REST listener's counters, for `GET /_node/{node}/_prometheus` ([`node`]); `None`
+    /// when this API is built without that listener.
+    pub metrics: Option<Arc<crate::http::Metrics>>,
+}
+
+/// What [`CouchApp::build_with`] takes besides the store and the settings.
+#[derive(Default)]
+pub struct CouchOptions {
+    /// The REST listener's metrics, served again at `/_node/{node}/_prometheus`.
+    pub metrics: Option<Arc<crate::http::Metrics>>,
 }
 
 impl CouchState {
@@ -123,6 +136,11 @@ impl CouchApp {
     /// and re-read every [`shared_secret::SESSION_SECRET_REFRESH_SECS`]; failed logins are counted
     /// there too ([`shared_lockout`]), so every instance locks a name at the same count.
     pub async fn build(store: Arc<DataStore>, settings: &Settings) -> Result<Self> {
+        Self::build_with(store, settings, CouchOptions::default()).await
+    }
+
+    /// [`Self::build`], with what the REST listener beside it shares ([`CouchOptions`]).
+    pub async fn build_with(store: Arc<DataStore>, settings: &Settings, options: CouchOptions) -> Result<Self> {
         let (stopping, stopping_seen) = tokio::sync::watch::channel(false);
         let bodies = request::Bodies::from_settings(settings);
         let server_uuid = root::stable_uuid(&store.backend().describe());
@@ -171,7 +189,10 @@ impl CouchApp {
         auth.use_users_db(Arc::new(users::UsersDb::new(Arc::clone(&databases))));
         let data_store_database =
             databases.data_store(&settings.couchdb_db, Arc::clone(store.backend()), store.options().limits)?;
+        let node_config = Arc::new(node::config_sections(settings, &store.backend().describe()));
         let state = CouchState {
+            node_config,
+            metrics: options.metrics,
             data_store_database,
             auth,
             store,
@@ -247,6 +268,8 @@ fn router(state: CouchState) -> Router {
         .route("/_scheduler/jobs", get(root::scheduler_jobs))
         .route("/_scheduler/docs", get(root::scheduler_docs))
         .route("/_node/{node}", get(root::node))
+        .route("/_node/{node}/_config", get(node::config))
+        .route("/_node/{node}/_prometheus", get(node::prometheus))
         .route("/_uuids", get(root::uuids))
         .route_layer(from_fn(authenticate_login));
     // Names starting with `_` that no endpoint above takes (every other name is a database's,

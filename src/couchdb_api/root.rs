@@ -157,8 +157,14 @@ pub async fn scheduler_docs(Extension(identity): Extension<Identity>) -> Answer 
 /// admin's, as `_membership`.
 pub async fn node(Extension(identity): Extension<Identity>, Path(node): Path<String>) -> Answer {
     server_admin_only(&identity)?;
+    this_node(&node)?;
+    Ok(json(StatusCode::OK, json!({ "name": NODE_NAME })))
+}
+
+/// `_local` or this node's name; CouchDB's 404 for any other node.
+pub(crate) fn this_node(node: &str) -> Result<(), CouchError> {
     if node != "_local" && node != NODE_NAME {
         return Err(CouchError::not_found(format!("no node named {node}")));
     }
-    Ok(json(StatusCode::OK, json!({ "name": NODE_NAME })))
+    Ok(())
 }

@@ -178,6 +178,15 @@ class Walk:
             errors.append(entry["message"])
         return errors
 
+    def backend_calls(self):
+        """The backend calls counted so far, read through the API the service page reads."""
+        _, text = self.api.call("GET", "/_node/_local/_prometheus", raw=True)
+        total = 0.0
+        for line in text.decode().splitlines():
+            if line.startswith("agentstore_backend_call_duration_seconds_count"):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
     # ---- the steps ----
 
     def run(self):
@@ -309,9 +318,11 @@ class Walk:
         self.find("#view-reduce option[value='true']").click()
         self.find("#view-group option[value='true']").click()
         self.type_into("#view-key", "")
+        # The rows shown so far go, so what is read next is the new answer.
+        self.driver.execute_script("document.getElementById('view-results').replaceChildren()")
         self.click("#view-run")
-        self.text_appears("#view-results", '"task"')
         grouped = self.api.ok("GET", f"/{DB}/_design/stats/_view/by_type?group=true")["rows"]
+        self.text_appears("#view-summary", f"{len(grouped)} rows")
         values = [e.text for e in self.driver.find_elements(By.CSS_SELECTOR, "#view-results tbody td:nth-child(2)")]
         assert values == [json.dumps(r["value"]) for r in grouped], (values, grouped)
         self.shot("views")
@@ -370,10 +381,21 @@ class Walk:
         self.shot("changes")
 
         self.step("the service page: backend, health, bounds, the chart")
+        before = self.backend_calls()
         self.go("#/service")
         self.text_appears("#service-health", "ok")
         self.text_appears("#service-backend", self.args.backend)
-        self.text_appears("#metrics-chart", "Last 5 s")
+        self.text_appears("#main", "couchdb_max_document_bytes")
+        # Traffic while the page samples: its chart must show it, and the counters it reads
+        # (through the API) must have moved by at least as much.
+        for i in range(3):
+            for _ in range(20):
+                self.api.ok("GET", "/v1/users/walker/namespaces", base=self.api.rest)
+            self.api.ok("GET", f"/{DB}/note-1")
+            time.sleep(1.5)
+        self.wait.until(lambda d: "Last 5 s:" in d.find_element(By.ID, "metrics-chart").text
+                        and " 0.0 backend calls/s" not in d.find_element(By.ID, "metrics-chart").text)
+        assert self.backend_calls() - before >= 60, "the backend call counter did not move"
         self.shot("service")
 
         self.step("the replication page")

@@ -22,7 +22,7 @@ export async function render(main, { stale }) {
   ]);
   const chart = h('div', { id: 'metrics-chart' }, h('p', { class: 'muted' }, 'Sampling…'));
   fill(main, h('h1', {}, 'Service'),
-    h('section', {}, h('h2', {}, 'Server and backend'), facts(welcome, up)),
+    h('section', {}, h('h2', {}, 'Server and backend'), facts(welcome, up, config)),
     h('section', {}, h('h2', {}, 'Requests and backend calls'),
       h('p', { class: 'muted' }, `Sampled every ${SAMPLE_SECONDS} s while this page is open: per second, and the mean latency in each interval.`), chart),
     h('section', {}, h('h2', {}, 'Bounds in force'), bounds(config)),
@@ -39,13 +39,14 @@ export async function render(main, { stale }) {
   }, SAMPLE_SECONDS * 1000);
 }
 
-function facts(welcome, up) {
+function facts(welcome, up, config) {
   if (welcome instanceof Error) return message('error', errorText(welcome));
   const vendor = welcome.vendor || {};
   return h('dl', { class: 'facts', id: 'service-facts' },
     h('dt', {}, 'Server'), h('dd', {}, `${vendor.name || 'CouchDB'} ${vendor.version || ''}`),
     h('dt', {}, 'CouchDB API version'), h('dd', {}, welcome.version),
-    h('dt', {}, 'Backend'), h('dd', { id: 'service-backend' }, vendor.backend || 'not said'),
+    h('dt', {}, 'Backend'), h('dd', { id: 'service-backend' }, config instanceof Error ? 'shown to server admins' : config.backend.describe),
+    h('dt', {}, 'Data-store database'), h('dd', {}, config instanceof Error ? '' : config.backend.database),
     h('dt', {}, 'Health (/_up)'), h('dd', { id: 'service-health' }, up instanceof Error ? `not ready: ${errorText(up)}` : up.status),
     h('dt', {}, 'Server uuid'), h('dd', {}, welcome.uuid));
 }
@@ -54,6 +55,7 @@ function bounds(config) {
   if (config instanceof Error) return message('error', `The bounds are shown to server admins (${errorText(config)}).`);
   const rows = [];
   for (const [section, values] of Object.entries(config)) {
+    if (section === 'backend') continue;
     for (const [name, value] of Object.entries(values)) rows.push([section, h('code', {}, name), h('code', {}, String(value))]);
   }
   return table(['Section', 'Setting', 'Value'], rows, 'Every number the server was started with; docs/bounds.md says what each bounds.');
