@@ -445,6 +445,29 @@ class Walk:
         )
         assert status_code is None, f"still logged in as {status_code!r} after logging out"
 
+        self.step("a login that is not an admin sees what CouchDB shows it")
+        self.type_into("#login-name", self.args.reader)
+        self.type_into("#login-password", self.args.reader_password)
+        self.click("#login-submit")
+        self.text_appears("#who-name", self.args.reader)
+        self.ready()
+        self.text_appears("#main", "not shown to this login")
+        reader = Api(self.args.couchdb, self.args.rest, self.args.reader, self.args.reader_password)
+        status, _ = reader.call("GET", "/_all_dbs")
+        assert status in (401, 403), f"GET /_all_dbs as {self.args.reader} answered {status}"
+        self.go("#/service")
+        self.text_appears("#main", "shown to server admins")
+        for path in ("/_node/_local/_config", "/_node/_local/_prometheus", "/_active_tasks"):
+            status, _ = reader.call("GET", path)
+            assert status == 401, f"GET {path} as {self.args.reader} answered {status}"
+        self.go("#/db/agent_data_store")
+        shown = [e.text for e in self.driver.find_elements(By.CSS_SELECTOR, "a.doc-link")]
+        listed = [r["id"] for r in reader.ok("GET", "/agent_data_store/_all_docs?limit=20")["rows"]]
+        assert shown == listed and all(i.startswith("walker:") for i in shown) and shown, (shown, listed)
+        self.shot("reader")
+        self.click("#logout")
+        self.find("#login-form")
+
         errors = self.browser_errors()
         assert not errors, f"the page logged errors: {errors}"
 
@@ -455,6 +478,8 @@ def main():
     parser.add_argument("--rest", required=True)
     parser.add_argument("--admin", required=True)
     parser.add_argument("--password", required=True)
+    parser.add_argument("--reader", required=True, help="a login that is not a server admin")
+    parser.add_argument("--reader-password", required=True)
     parser.add_argument("--backend", required=True, help="the backend's name the service page must show")
     parser.add_argument("--screenshots")
     parser.add_argument("--chromium", default=os.environ.get("AGENTSTORE_TEST_CHROMIUM", "/usr/bin/chromium"))

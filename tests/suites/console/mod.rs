@@ -30,6 +30,9 @@ const BACKENDS: [&str; 2] = ["embedded", "dynamodb"];
 const SCREENSHOT_BACKEND: &str = "embedded";
 const ADMIN: &str = "admin";
 const PASSWORD: &str = "console-admin-pw";
+/// A login of one data-store user (`walker`), not an admin: what the console shows it.
+const READER: &str = "walker-login";
+const READER_PASSWORD: &str = "console-reader-pw";
 const CHROMIUM: &str = "/usr/bin/chromium";
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 /// How long the server may take to answer `/_up`, and the whole walkthrough to run.
@@ -104,6 +107,7 @@ fn walkthrough(backend: &'static str, fresh: FreshFn) -> TestResult {
     command
         .arg(repo_root().join("tests/console/walkthrough.py"))
         .args(["--couchdb", &server.couchdb, "--rest", &server.rest, "--admin", ADMIN, "--password", PASSWORD])
+        .args(["--reader", READER, "--reader-password", READER_PASSWORD])
         .args(["--backend", backend, "--chromium", CHROMIUM, "--chromedriver", CHROMEDRIVER]);
     if backend == SCREENSHOT_BACKEND {
         command.arg("--screenshots").arg(repo_root().join("docs/console"));
@@ -121,7 +125,8 @@ fn walkthrough(backend: &'static str, fresh: FreshFn) -> TestResult {
 }
 
 /// `agentstore serve` on a fresh store, both listeners on loopback, the REST one answering the
-/// console's origin (`cors_origins`), stopped when dropped.
+/// console's origin (`cors_origins`), an admin login and a data-store user's login, stopped when
+/// dropped.
 struct Server {
     child: Child,
     couchdb: String,
@@ -145,11 +150,13 @@ impl Server {
         let couchdb_port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let couchdb = format!("http://127.0.0.1:{couchdb_port}");
         let hash = agentstore::couchdb_api::auth::hash_password(PASSWORD)?;
+        let reader_hash = agentstore::couchdb_api::auth::hash_password(READER_PASSWORD)?;
         let config = dir.path().join("agentstore.toml");
         std::fs::write(
             &config,
             format!(
-                "cors_origins = [\"{couchdb}\"]\n\n[[couchdb_users]]\nname = \"{ADMIN}\"\npassword_hash = \"{hash}\"\nadmin = true\n"
+                "cors_origins = [\"{couchdb}\"]\n\n[[couchdb_users]]\nname = \"{ADMIN}\"\npassword_hash = \"{hash}\"\nadmin = true\n\n\
+                 [[couchdb_users]]\nname = \"{READER}\"\npassword_hash = \"{reader_hash}\"\nuser = \"walker\"\n"
             ),
         )?;
         let log = dir.path().join("server.log");
