@@ -396,6 +396,21 @@ class Walk:
         self.wait.until(lambda d: "Last 5 s:" in d.find_element(By.ID, "metrics-chart").text
                         and " 0.0 backend calls/s" not in d.find_element(By.ID, "metrics-chart").text)
         assert self.backend_calls() - before >= 60, "the backend call counter did not move"
+        if self.args.migrated is not None:
+            self.step("a migration run from the command line into this backend is on the service page")
+            tasks = self.api.ok("GET", "/_active_tasks")
+            runs = [t for t in tasks if t.get("type") == "agentstore_migration"]
+            assert len(runs) == 1, tasks
+            run = runs[0]
+            assert run["state"] == "finished" and run["changes_done"] == self.args.migrated, run
+            assert run["landed"] == self.args.migrated and run["command"] == "migrate", run
+            row = self.find("#active-tasks tbody tr")
+            cells = [c.text for c in row.find_elements(By.TAG_NAME, "td")]
+            assert cells[0] == "migrate" and cells[1] == "finished" and cells[3].split(" ")[0] == str(self.args.migrated), cells
+            assert run["target"] in cells[2], (cells, run)
+            if self.args.migration_screenshot:
+                self.driver.execute_script("document.getElementById('active-tasks').scrollIntoView()")
+                self.driver.save_screenshot(self.args.migration_screenshot)
         self.shot("service")
 
         self.step("the replication page")
@@ -481,6 +496,8 @@ def main():
     parser.add_argument("--reader", required=True, help="a login that is not a server admin")
     parser.add_argument("--reader-password", required=True)
     parser.add_argument("--backend", required=True, help="the backend's name the service page must show")
+    parser.add_argument("--migrated", type=int, help="documents a finished `migrate` moved into this backend before")
+    parser.add_argument("--migration-screenshot", help="where to save the service page showing the migration")
     parser.add_argument("--screenshots")
     parser.add_argument("--chromium", default=os.environ.get("AGENTSTORE_TEST_CHROMIUM", "/usr/bin/chromium"))
     parser.add_argument("--chromedriver", default=os.environ.get("AGENTSTORE_TEST_CHROMEDRIVER", "/usr/bin/chromedriver"))

@@ -5,7 +5,9 @@
 //! 409 shown), upload, download and delete an attachment, resolve a conflict, add and run a view,
 //! a Mango index, `_explain` and a query paged by bookmark, `_security` and `_revs_limit`, the
 //! listings, the service, replication and data-store pages, a narrow window, deleting the
-//! database, logging out; each step checked in the page and through the API. The embedded trial
+//! database, logging out, a login that is not an admin; on DynamoDB a `migrate` run from the
+//! command line into the served backend seen on the service page; each step checked in the page
+//! and through the API. The embedded trial
 //! writes the screenshots of `docs/console.md` into `docs/console/`.
 //!
 //! Selection, printed before the run: `AGENTSTORE_TEST_BACKENDS` as for the other suites;
@@ -103,12 +105,23 @@ fn walkthrough(backend: &'static str, fresh: FreshFn) -> TestResult {
         return Err(format!("{} is missing: run tests/console/install-python", python().display()).into());
     }
     let server = Server::start(backend, fresh)?;
+    // On a server backend a `migrate` from the command line, into the backend the service
+    // serves, runs first: the service page must show its record. (The embedded store admits one
+    // process: no other can write into it while the service runs.)
+    let migrated = match &server.backend_url {
+        Some(url) => Some(migrate_into(url, &server)?),
+        None => None,
+    };
     let mut command = Command::new(python());
     command
         .arg(repo_root().join("tests/console/walkthrough.py"))
         .args(["--couchdb", &server.couchdb, "--rest", &server.rest, "--admin", ADMIN, "--password", PASSWORD])
         .args(["--reader", READER, "--reader-password", READER_PASSWORD])
         .args(["--backend", backend, "--chromium", CHROMIUM, "--chromedriver", CHROMEDRIVER]);
+    if let Some(count) = migrated {
+        command.args(["--migrated", &count.to_string()]);
+        command.arg("--migration-screenshot").arg(repo_root().join("docs/console/migration.png"));
+    }
     if backend == SCREENSHOT_BACKEND {
         command.arg("--screenshots").arg(repo_root().join("docs/console"));
     }
@@ -129,6 +142,8 @@ fn walkthrough(backend: &'static str, fresh: FreshFn) -> TestResult {
 /// dropped.
 struct Server {
     child: Child,
+    /// The backend's URL, when other processes may open it (not the embedded store).
+    backend_url: Option<String>,
     couchdb: String,
     rest: String,
     log: PathBuf,
@@ -170,7 +185,8 @@ impl Server {
             .stderr(std::fs::File::create(&log)?)
             .spawn()
             .map_err(|e| format!("cannot start {AGENTSTORE}: {e}"))?;
-        let mut server = Server { child, couchdb, rest: String::new(), log, _dir: dir };
+        let backend_url = (backend != "embedded").then_some(backend_url);
+        let mut server = Server { child, backend_url, couchdb, rest: String::new(), log, _dir: dir };
         server.wait_until_up()?;
         Ok(server)
     }
@@ -215,6 +231,38 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// How many documents [`migrate_into`] moves.
+const MIGRATED_DOCUMENTS: usize = 3;
+
+/// `agentstore migrate` from a new embedded store holding [`MIGRATED_DOCUMENTS`] documents
+/// (written with `agentstore set`) into `target`, to its end; answers how many it moved.
+fn migrate_into(target: &str, server: &Server) -> Result<usize, Failed> {
+    let dir = tempfile::tempdir()?;
+    let source = format!("embedded:{}", dir.path().join("source.redb").display());
+    let run = |args: &[&str]| -> TestResult {
+        let output = agentstore_at(Path::new(AGENTSTORE))
+            .args(args)
+            .envs([("AWS_ACCESS_KEY_ID", "test"), ("AWS_SECRET_ACCESS_KEY", "test"), ("AWS_REGION", "us-east-1")])
+            .output()?;
+        if !output.status.success() {
+            return Err(format!(
+                "agentstore {args:?} failed: {}\nthe server's log:\n{}",
+                String::from_utf8_lossy(&output.stderr),
+                server.log_tail()
+            )
+            .into());
+        }
+        Ok(())
+    };
+    for i in 0..MIGRATED_DOCUMENTS {
+        run(&["--backend", &source, "set", "mover", "moved", &format!("key-{i}"), &format!("{{\"n\": {i}}}")])?;
+    }
+    let checkpoint = dir.path().join("migrate.checkpoint");
+    let checkpoint = checkpoint.to_string_lossy();
+    run(&["migrate", "--from", &source, "--to", target, "--checkpoint", &checkpoint, "--progress", "log"])?;
+    Ok(MIGRATED_DOCUMENTS)
 }
 
 /// The status of a plain `GET path` on `base` (`http://host:port`), if anything answered.

@@ -22,7 +22,7 @@ async function renderAllDocs(main, db, params) {
   const [info, page] = await Promise.all([
     get(dbPath(db)),
     // One more than shown: whether there is a next page.
-    get(`${dbPath(db)}/_all_docs`, { limit: String(limit + 1), startkey: start === null ? undefined : start, conflicts: 'true' }),
+    get(`${dbPath(db)}/_all_docs`, { limit: String(limit + 1), startkey: start === null ? undefined : start }),
   ]);
   const rows = page.rows.slice(0, limit);
   const next = page.rows.length > limit ? page.rows[limit].id : null;

@@ -26,8 +26,9 @@ export async function render(main, { stale }) {
     h('section', {}, h('h2', {}, 'Requests and backend calls'),
       h('p', { class: 'muted' }, `Sampled every ${SAMPLE_SECONDS} s while this page is open: per second, and the mean latency in each interval.`), chart),
     h('section', {}, h('h2', {}, 'Bounds in force'), bounds(config)),
-    h('section', {}, h('h2', {}, 'Active tasks'), tasks instanceof Error ? message('error', errorText(tasks))
-      : table(['Type', 'Database', 'Progress', 'Started'], tasks.map((t) => [t.type, t.database || '', t.progress ?? '', t.started_on ? new Date(t.started_on * 1000).toISOString() : '']))));
+    h('section', { id: 'active-tasks' }, h('h2', {}, 'Active tasks and migrations'),
+      h('p', { class: 'muted' }, 'migrate and import runs into this server’s backend, from the command line or elsewhere, report here while they run and for an hour after.'),
+      tasks instanceof Error ? message('error', errorText(tasks)) : taskTable(tasks)));
   const draw = () => { if (!stale() && document.body.contains(chart)) drawChart(chart); };
   await sample();
   draw();
@@ -37,6 +38,26 @@ export async function render(main, { stale }) {
     await sample();
     draw();
   }, SAMPLE_SECONDS * 1000);
+}
+
+const when = (seconds) => (seconds ? new Date(seconds * 1000).toISOString().replace('.000Z', 'Z') : '');
+
+function eta(seconds) {
+  if (seconds === null || seconds === undefined) return '';
+  const m = Math.floor(seconds / 60);
+  return m ? `${m} min ${seconds % 60} s` : `${seconds} s`;
+}
+
+function taskTable(tasks) {
+  return table(['Task', 'State', 'From → to', { label: 'Read', num: true }, { label: 'Progress', num: true },
+    { label: 'Rate (docs/s)', num: true }, 'ETA', 'Started', 'Updated', 'Error'], tasks.map((t) => [
+    t.type === 'agentstore_migration' ? t.command : t.type,
+    h('span', { class: `task-state ${t.state || ''}` }, t.state || ''),
+    t.source ? `${t.source} → ${t.target}` : (t.database || ''),
+    t.total_changes ? `${t.changes_done} of ~${t.total_changes}` : String(t.changes_done ?? ''),
+    t.progress === null || t.progress === undefined ? '' : `${t.progress}%`,
+    t.rate ?? '', eta(t.eta_secs), when(t.started_on), when(t.updated_on), t.error || '',
+  ]));
 }
 
 function facts(welcome, up, config) {
