@@ -183,6 +183,7 @@ impl Progress {
     pub fn update_follow(&mut self, ledger: &super::report::Ledger, lag: super::follow::Lag) {
         if let Some(record) = &mut self.record {
             // While following, what the record counts is the changes applied.
+            record.following();
             let c = &ledger.counts;
             record.update(Counts { read: c.read, landed: c.written + c.deleted, skipped: c.already_present });
         }

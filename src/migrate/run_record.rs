@@ -48,6 +48,8 @@ pub struct RunRecord {
     total: Option<u64>,
     last_write: Option<Instant>,
     writing: Option<tokio::task::JoinHandle<()>>,
+    /// Whether the copy is done and the run follows the source's changes (`--follow`).
+    following: bool,
 }
 
 impl RunRecord {
@@ -68,6 +70,7 @@ impl RunRecord {
             total: None,
             last_write: None,
             writing: None,
+            following: false,
         }
     }
 
@@ -78,13 +81,25 @@ impl RunRecord {
         self
     }
 
+    /// From now on the run follows the source's changes: the counts are the changes applied.
+    pub fn following(&mut self) {
+        if !self.following {
+            // The rate is now of changes applied, counted from here; no total, no ETA.
+            self.following = true;
+            self.baseline = 0;
+            self.started = Instant::now();
+            self.total = None;
+        }
+    }
+
     /// The local document's name (below `_local/`).
     pub fn name(&self) -> &str {
         &self.name
     }
 
     /// The record's fields: `command`, `source`, `target`, `state` (`running`, `finished`,
-    /// `interrupted`, `failed`), `read`, `landed`, `skipped`, `total` (the source's estimate, or
+    /// `interrupted`, `failed`), `phase` (`copying`, or `following` the source's changes, when
+    /// the counts are the changes applied), `read`, `landed`, `skipped`, `total` (the source's estimate, or
     /// null), `rate` (documents read per second by this run), `eta_secs` (or null), `error` (or
     /// null), `pid`, `started_on` and `updated_on` (Unix seconds).
     pub fn body(&self, state: &str, counts: Counts, error: Option<&str>) -> Map<String, Value> {
@@ -99,6 +114,7 @@ impl RunRecord {
             "source": self.source,
             "target": self.target,
             "state": state,
+            "phase": if self.following { "following" } else { "copying" },
             "read": counts.read,
             "landed": counts.landed,
             "skipped": counts.skipped,

@@ -16,6 +16,7 @@ import argparse
 import base64
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -186,6 +187,26 @@ class Walk:
             if line.startswith("agentstore_backend_call_duration_seconds_count"):
                 total += float(line.rsplit(" ", 1)[1])
         return total
+
+    def migration_runs(self, wanted):
+        """The migration runs `_active_tasks` lists that `wanted` accepts, waiting up to
+        WAIT_SECONDS for one."""
+        deadline = time.time() + WAIT_SECONDS
+        while True:
+            tasks = self.api.ok("GET", "/_active_tasks")
+            runs = [t for t in tasks if t.get("type") == "agentstore_migration" and wanted(t)]
+            if runs or time.time() > deadline:
+                assert runs, f"no such migration run in _active_tasks: {tasks}"
+                return runs
+            time.sleep(0.5)
+
+    def task_row(self, run):
+        """The cells of the service page's row of `run` (found by its start and target)."""
+        for row in self.driver.find_elements(By.CSS_SELECTOR, "#active-tasks tbody tr"):
+            cells = [c.text for c in row.find_elements(By.TAG_NAME, "td")]
+            if run["source"] in cells[2]:
+                return cells
+        raise AssertionError(f"the service page shows no row for {run['source']}")
 
     # ---- the steps ----
 
@@ -398,19 +419,28 @@ class Walk:
         assert self.backend_calls() - before >= 60, "the backend call counter did not move"
         if self.args.migrated is not None:
             self.step("a migration run from the command line into this backend is on the service page")
-            tasks = self.api.ok("GET", "/_active_tasks")
-            runs = [t for t in tasks if t.get("type") == "agentstore_migration"]
-            assert len(runs) == 1, tasks
-            run = runs[0]
-            assert run["state"] == "finished" and run["changes_done"] == self.args.migrated, run
-            assert run["landed"] == self.args.migrated and run["command"] == "migrate", run
-            row = self.find("#active-tasks tbody tr")
-            cells = [c.text for c in row.find_elements(By.TAG_NAME, "td")]
-            assert cells[0] == "migrate" and cells[1] == "finished" and cells[3].split(" ")[0] == str(self.args.migrated), cells
-            assert run["target"] in cells[2], (cells, run)
+            finished = self.migration_runs(lambda r: r["state"] == "finished")
+            assert len(finished) == 1, finished
+            run = finished[0]
+            assert run["changes_done"] == self.args.migrated and run["landed"] == self.args.migrated, run
+            assert run["command"] == "migrate", run
+            cells = self.task_row(run)
+            assert cells[0] == "migrate" and cells[1] == "finished", cells
+            assert cells[3].split(" ")[0] == str(self.args.migrated) and run["target"] in cells[2], (cells, run)
+        if self.args.following:
+            self.step("a migrate --follow is seen running, then interrupted after SIGTERM")
+            running = self.migration_runs(lambda r: r["state"] == "running" and r.get("phase") == "following")
+            assert len(running) == 1, running
+            run = running[0]
+            self.go("#/service")
+            assert self.task_row(run)[1] == "running (following changes)", self.task_row(run)
             if self.args.migration_screenshot:
                 self.driver.execute_script("document.getElementById('active-tasks').scrollIntoView()")
                 self.driver.save_screenshot(self.args.migration_screenshot)
+            os.kill(run["pid"], signal.SIGTERM)
+            stopped = self.migration_runs(lambda r: r["pid"] == run["pid"] and r["state"] == "interrupted")
+            self.go("#/service")
+            assert self.task_row(stopped[0])[1] == "interrupted", self.task_row(stopped[0])
         self.shot("service")
 
         self.step("the replication page")
@@ -497,6 +527,7 @@ def main():
     parser.add_argument("--reader-password", required=True)
     parser.add_argument("--backend", required=True, help="the backend's name the service page must show")
     parser.add_argument("--migrated", type=int, help="documents a finished `migrate` moved into this backend before")
+    parser.add_argument("--following", action="store_true", help="a `migrate --follow` into this backend runs")
     parser.add_argument("--migration-screenshot", help="where to save the service page showing the migration")
     parser.add_argument("--screenshots")
     parser.add_argument("--chromium", default=os.environ.get("AGENTSTORE_TEST_CHROMIUM", "/usr/bin/chromium"))

@@ -6,8 +6,9 @@
 //! a Mango index, `_explain` and a query paged by bookmark, `_security` and `_revs_limit`, the
 //! listings, the service, replication and data-store pages, a narrow window, deleting the
 //! database, logging out, a login that is not an admin; on DynamoDB a `migrate` run from the
-//! command line into the served backend seen on the service page; each step checked in the page
-//! and through the API. The embedded trial
+//! command line into the served backend seen finished on the service page, and a `migrate
+//! --follow` seen running, then interrupted after the walkthrough sends it SIGTERM; each step
+//! checked in the page and through the API. The embedded trial
 //! writes the screenshots of `docs/console.md` into `docs/console/`.
 //!
 //! Selection, printed before the run: `AGENTSTORE_TEST_BACKENDS` as for the other suites;
@@ -112,6 +113,12 @@ fn walkthrough(backend: &'static str, fresh: FreshFn) -> TestResult {
         Some(url) => Some(migrate_into(url, &server)?),
         None => None,
     };
+    // And one that keeps following its source: the page must show it running, then, once the
+    // walkthrough has sent it SIGTERM (by the pid its record shows), interrupted.
+    let _following = match &server.backend_url {
+        Some(url) => Some(Following::start(url)?),
+        None => None,
+    };
     let mut command = Command::new(python());
     command
         .arg(repo_root().join("tests/console/walkthrough.py"))
@@ -119,7 +126,7 @@ fn walkthrough(backend: &'static str, fresh: FreshFn) -> TestResult {
         .args(["--reader", READER, "--reader-password", READER_PASSWORD])
         .args(["--backend", backend, "--chromium", CHROMIUM, "--chromedriver", CHROMEDRIVER]);
     if let Some(count) = migrated {
-        command.args(["--migrated", &count.to_string()]);
+        command.args(["--migrated", &count.to_string(), "--following"]);
         command.arg("--migration-screenshot").arg(repo_root().join("docs/console/migration.png"));
     }
     if backend == SCREENSHOT_BACKEND {
@@ -263,6 +270,43 @@ fn migrate_into(target: &str, server: &Server) -> Result<usize, Failed> {
     let checkpoint = checkpoint.to_string_lossy();
     run(&["migrate", "--from", &source, "--to", target, "--checkpoint", &checkpoint, "--progress", "log"])?;
     Ok(MIGRATED_DOCUMENTS)
+}
+
+/// `agentstore migrate --follow` from a new embedded store holding one document into `target`,
+/// left running (killed when dropped, if the walkthrough did not stop it).
+struct Following {
+    child: Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Following {
+    fn start(target: &str) -> Result<Following, Failed> {
+        let dir = tempfile::tempdir()?;
+        let source = format!("embedded:{}", dir.path().join("followed.redb").display());
+        let status = agentstore_at(Path::new(AGENTSTORE))
+            .args(["--backend", &source, "set", "follower", "followed", "only", "1"])
+            .stdout(Stdio::null())
+            .status()?;
+        if !status.success() {
+            return Err("agentstore set into the followed source failed".into());
+        }
+        let checkpoint = dir.path().join("follow.checkpoint");
+        let child = agentstore_at(Path::new(AGENTSTORE))
+            .args(["migrate", "--from", &source, "--to", target, "--follow", "--progress", "none", "--checkpoint"])
+            .arg(&checkpoint)
+            .envs([("AWS_ACCESS_KEY_ID", "test"), ("AWS_SECRET_ACCESS_KEY", "test"), ("AWS_REGION", "us-east-1")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        Ok(Following { child, _dir: dir })
+    }
+}
+
+impl Drop for Following {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 /// The status of a plain `GET path` on `base` (`http://host:port`), if anything answered.

@@ -52,7 +52,7 @@ function taskTable(tasks) {
   return table(['Task', 'State', 'From → to', { label: 'Read', num: true }, { label: 'Progress', num: true },
     { label: 'Rate (docs/s)', num: true }, 'ETA', 'Started', 'Updated', 'Error'], tasks.map((t) => [
     t.type === 'agentstore_migration' ? t.command : t.type,
-    h('span', { class: `task-state ${t.state || ''}` }, t.state || ''),
+    h('span', { class: `task-state ${t.state || ''}` }, t.phase === 'following' && t.state === 'running' ? 'running (following changes)' : (t.state || '')),
     t.source ? `${t.source} → ${t.target}` : (t.database || ''),
     t.total_changes ? `${t.changes_done} of ~${t.total_changes}` : String(t.changes_done ?? ''),
     t.progress === null || t.progress === undefined ? '' : `${t.progress}%`,
