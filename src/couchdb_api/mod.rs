@@ -102,6 +102,16 @@ pub(crate) struct CouchState {
     pub database_router: axum::Router,
     /// What the node endpoints show: request counts, settings ([`node`]).
     pub node: Arc<node::NodeInfo>,
+    /// The REST listener's counters, appended to `GET /_node/{node}/_prometheus` ([`node`]);
+    /// `None` when this API is built without that listener.
+    pub metrics: Option<Arc<crate::http::Metrics>>,
+}
+
+/// What [`CouchApp::build_with`] takes besides the store and the settings.
+#[derive(Default)]
+pub struct CouchOptions {
+    /// The REST listener's metrics, served again at `/_node/{node}/_prometheus`.
+    pub metrics: Option<Arc<crate::http::Metrics>>,
 }
 
 impl CouchState {
@@ -129,6 +139,11 @@ impl CouchApp {
     /// and re-read every [`shared_secret::SESSION_SECRET_REFRESH_SECS`]; failed logins are counted
     /// there too ([`shared_lockout`]), so every instance locks a name at the same count.
     pub async fn build(store: Arc<DataStore>, settings: &Settings) -> Result<Self> {
+        Self::build_with(store, settings, CouchOptions::default()).await
+    }
+
+    /// [`Self::build`], with what the REST listener beside it shares ([`CouchOptions`]).
+    pub async fn build_with(store: Arc<DataStore>, settings: &Settings, options: CouchOptions) -> Result<Self> {
         let (stopping, stopping_seen) = tokio::sync::watch::channel(false);
         let bodies = request::Bodies::from_settings(settings);
         let server_uuid = root::stable_uuid(&store.backend().describe());
@@ -183,10 +198,11 @@ impl CouchApp {
         );
         let node = Arc::new(node::NodeInfo {
             requests: Arc::default(),
-            config: node::NodeConfig::from_settings(settings, &server_uuid)?,
+            config: node::NodeConfig::from_settings(settings, &server_uuid, &store.backend().describe())?,
         });
         let state = CouchState {
             node,
+            metrics: options.metrics,
             data_store_database,
             auth,
             store,
@@ -297,6 +313,10 @@ fn router(state: CouchState) -> Router {
         .route("/", get(root::welcome))
         .route("/_up", get(root::up))
         .route("/_session", get(get_session).post(post_session).delete(delete_session))
+        // The console (`crate::console`): its files need no login, as CouchDB's `/_utils`.
+        .route("/_utils", any(crate::console::redirect))
+        .route("/_utils/", any(crate::console::index))
+        .route("/_utils/{*file}", any(crate::console::file))
         .merge(underscored)
         .fallback(root::no_route)
         .method_not_allowed_fallback(root::method_not_allowed)

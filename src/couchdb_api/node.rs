@@ -10,12 +10,15 @@
 //!   (Erlang processes, shards, its query servers, couch_replicator, mango, fabric, rexi, …) have
 //!   no counterpart and are left out (docs/couchdb-api.md lists them).
 //! - `/_node/{node}/_prometheus`: the same numbers under CouchDB's metric names, in Prometheus'
-//!   text format 0.0.4.
+//!   text format 0.0.4, followed by the REST listener's own counters (`agentstore_*`, what its
+//!   `/metrics` shows) when this API is served beside it.
 //! - `/_node/{node}/_system`: `uptime`; CouchDB's other fields describe the Erlang VM and are
 //!   left out.
 //! - `/_node/{node}/_versions`: the JavaScript engine and the collation library.
 //! - `/_node/{node}/_config[/{section}[/{key}]]`: this server's settings under CouchDB's
-//!   sections and keys where CouchDB has one ([`NodeConfig::from_settings`]); secrets are never
+//!   sections and keys where CouchDB has one ([`NodeConfig::from_settings`]), and two sections of
+//!   its own: `agentstore`, every bound in force by its setting's name (docs/bounds.md), and
+//!   `backend`, the backend's redacted description; secrets are never
 //!   shown (server admins' entries show a placeholder where CouchDB shows their hashes). The
 //!   settings are read-only over HTTP: `PUT`/`DELETE` of a key are answered 403 `forbidden`, as
 //!   CouchDB answers a change to a section it does not let HTTP change (a `DELETE` of a key that
@@ -56,14 +59,90 @@ pub struct NodeInfo {
     pub config: NodeConfig,
 }
 
+/// Every bound of docs/bounds.md's table that a setting sets, by the setting's name, as strings
+/// (as CouchDB answers every `_config` value): the console's service page lists them.
+fn bounds_in_force(settings: &Settings) -> BTreeMap<String, String> {
+    let mut bounds = BTreeMap::new();
+    macro_rules! list {
+        ($($field:ident),* $(,)?) => {
+            $(bounds.insert(stringify!($field).to_owned(), settings.$field.to_string());)*
+        };
+    }
+    list!(
+        max_value_bytes,
+        max_conflict_retries,
+        page_size,
+        request_timeout_secs,
+        header_read_timeout_secs,
+        idle_timeout_secs,
+        max_connections,
+        max_inflight_parse_bytes,
+        shutdown_grace_secs,
+        shutdown_drain_secs,
+        body_read_timeout_secs,
+        body_min_bytes_per_sec,
+        max_connection_buffer_bytes,
+        couchdb_session_timeout_secs,
+        couchdb_max_document_bytes,
+        couchdb_max_login_bytes,
+        couchdb_max_query_bytes,
+        couchdb_max_dbs_info_keys,
+        couchdb_max_view_queries,
+        couchdb_max_open_databases,
+        couchdb_max_tree_bytes,
+        couchdb_max_gzip_ratio,
+        couchdb_max_inflight_inline_bytes,
+        couchdb_inline_wait_ms,
+        couchdb_inner_bodies_max_revisions,
+        couchdb_inner_bodies_max_bytes,
+        couchdb_attachment_grace_secs,
+        couchdb_changes_timeout_ms,
+        couchdb_changes_max_feed_secs,
+        couchdb_changes_min_heartbeat_ms,
+        couchdb_max_feeds_per_login,
+        couchdb_max_descending_changes,
+        couchdb_lockout_threshold,
+        couchdb_lockout_secs,
+        couchdb_lockout_max_entries,
+        couchdb_max_queued_suspect_logins,
+        couchdb_database_recheck_ms,
+        couchdb_db_updates_flush_ms,
+        couchdb_js_workers,
+        couchdb_js_timeout_ms,
+        couchdb_js_memory_bytes,
+        couchdb_view_max_doc_bytes,
+        couchdb_view_max_key_bytes,
+        couchdb_view_max_rows_per_doc,
+        couchdb_view_max_index_bytes,
+        couchdb_view_batch_bytes,
+    );
+    // Those whose default is computed from others: the value in force.
+    bounds.insert("max_body_bytes".to_owned(), settings.body_limit().to_string());
+    bounds.insert("max_inflight_body_bytes".to_owned(), settings.inflight_body_budget().to_string());
+    bounds.insert("couchdb_max_request_bytes".to_owned(), settings.couchdb_request_limit().to_string());
+    let attachments = settings.couchdb_attachment_limit();
+    let attachments = if attachments == u64::MAX { "none".to_owned() } else { attachments.to_string() };
+    bounds.insert("couchdb_max_attachment_bytes".to_owned(), attachments);
+    bounds.insert("track_reads".to_owned(), settings.track_reads.to_string());
+    bounds
+}
+
 /// Settings by CouchDB section and key, as strings (CouchDB's `_config` values are strings).
 pub struct NodeConfig(BTreeMap<&'static str, BTreeMap<String, String>>);
 
 impl NodeConfig {
     /// The settings of `settings` that have a CouchDB counterpart, under its section and key.
     /// `server_uuid` is `couchdb/uuid` (the uuid `GET /` shows).
-    pub fn from_settings(settings: &Settings, server_uuid: &str) -> crate::Result<Self> {
+    pub fn from_settings(settings: &Settings, server_uuid: &str, backend: &str) -> crate::Result<Self> {
         let mut sections: BTreeMap<&'static str, BTreeMap<String, String>> = BTreeMap::new();
+        sections.insert("agentstore", bounds_in_force(settings));
+        sections.insert(
+            "backend",
+            BTreeMap::from([
+                ("describe".to_owned(), backend.to_owned()),
+                ("database".to_owned(), settings.couchdb_db.clone()),
+            ]),
+        );
         let mut set = |section: &'static str, key: &str, value: String| {
             sections.entry(section).or_default().insert(key.to_owned(), value);
         };
@@ -359,6 +438,12 @@ fn prometheus_text(state: &CouchState) -> String {
     for family in &families {
         family.write(&mut out);
     }
+    // The REST listener's registry after CouchDB's names (its families are `agentstore_*`, so
+    // none repeats one above): the console's service page charts its request and backend-call
+    // counters from here (docs/console.md).
+    if let Some(metrics) = &state.metrics {
+        out.push_str(&metrics.render());
+    }
     out
 }
 
@@ -478,7 +563,7 @@ mod tests {
         let mut settings = Settings::load(Some(&file), &crate::config::Overrides::default()).unwrap();
         settings.couchdb_users =
             crate::config::CouchUsersSetting::Compact("admin:*:$argon2id$v=19$m=19456,t=2,p=1$c2FsdA$aGFzaA".into());
-        let config = NodeConfig::from_settings(&settings, "u-u-i-d").unwrap();
+        let config = NodeConfig::from_settings(&settings, "u-u-i-d", "embedded store").unwrap();
         assert_eq!(config.value("couchdb", "max_document_size"), Some("1234"));
         assert_eq!(config.value("couchdb", "uuid"), Some("u-u-i-d"));
         assert_eq!(config.value("chttpd", "port"), Some("5984"));

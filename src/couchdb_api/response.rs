@@ -16,11 +16,15 @@ pub async fn couchdb_headers(request: Request, next: Next) -> Response {
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     }
     // An event stream (`feed=eventsource`) is `no-cache`, as CouchDB 3.4.3 sends it (`chttpd_db`,
-    // `global_changes_httpd`); everything else `must-revalidate`.
+    // `global_changes_httpd`); the console's files say their own (`crate::console`: `private,
+    // must-revalidate`); everything else `must-revalidate`.
     let event_stream =
         headers.get(header::CONTENT_TYPE).is_some_and(|t| t.as_bytes().starts_with(b"text/event-stream"));
-    let cache_control = if event_stream { "no-cache" } else { "must-revalidate" };
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static(cache_control));
+    if event_stream {
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    } else if !headers.contains_key(header::CACHE_CONTROL) {
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("must-revalidate"));
+    }
     headers.insert(header::SERVER, HeaderValue::from_static(concat!("agentstore/", env!("CARGO_PKG_VERSION"))));
     response
 }

@@ -6,7 +6,7 @@
 use axum::extract::{Extension, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
+use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 use super::auth::Identity;
@@ -126,11 +126,78 @@ pub fn internal_error() -> Response {
     CouchError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal_server_error", "internal error").into_response()
 }
 
-/// `GET /_active_tasks`: no compaction, indexing or replication task ever runs here. A server
-/// admin's, as CouchDB's (`chttpd_misc:handle_task_status_req`).
-pub async fn active_tasks(Extension(identity): Extension<Identity>) -> Answer {
+/// `GET /_active_tasks`: no compaction, indexing or replication task runs inside this server;
+/// what is listed are the `migrate`/`import` runs whose target is this server's backend, from
+/// the progress records they keep there ([`crate::migrate::run_record`]): those still going, and
+/// those that ended within [`ENDED_TASKS_SHOWN`], newest first, at most [`MAX_TASKS_LISTED`] (none
+/// when the backend cannot list its local documents). A server admin's, as CouchDB's (`chttpd_misc:handle_task_status_req`).
+pub async fn active_tasks(State(state): State<CouchState>, Extension(identity): Extension<Identity>) -> Answer {
     server_admin_only(&identity)?;
-    Ok(json(StatusCode::OK, json!([])))
+    let tasks = match migration_tasks(state.store.backend().as_ref()).await {
+        Ok(tasks) => tasks,
+        // A backend that cannot list local documents (a CouchDB backend server without
+        // `_local_docs`, as pouchdb-server) or is briefly away: no run is listed, as before runs
+        // kept records; the tasks are a report, never a reason to fail the probe.
+        Err(err) => {
+            tracing::warn!(error = %err, "_active_tasks: cannot read the migration runs' records");
+            Vec::new()
+        }
+    };
+    Ok(json(StatusCode::OK, Value::Array(tasks)))
+}
+
+/// How long a run that ended stays in `_active_tasks` (its record stays in the backend).
+pub const ENDED_TASKS_SHOWN: std::time::Duration = std::time::Duration::from_secs(3600);
+/// Most run records `_active_tasks` reads.
+pub const MAX_TASKS_LISTED: usize = 100;
+
+/// The run records as CouchDB-shaped tasks: `type` `agentstore_migration`, CouchDB's
+/// `changes_done`, `total_changes`, `progress` (percent, when the total is known), `started_on`,
+/// `updated_on`, `pid`, `node`, and the record's own fields (`command`, `source`, `target`,
+/// `state`, `rate`, `eta_secs`, `landed`, `skipped`, `error`).
+async fn migration_tasks(backend: &dyn crate::backend::DocumentBackend) -> crate::error::Result<Vec<Value>> {
+    use crate::migrate::run_record::{state_now, RUN_RECORD_PREFIX};
+    let prefix = RUN_RECORD_PREFIX;
+    // `;` follows `:` in byte order: every name starting with the prefix is below it.
+    let end = format!("{};", &prefix[..prefix.len() - 1]);
+    let range = crate::backend::IdRange {
+        start: Some(prefix.to_owned()),
+        end: Some(end),
+        inclusive_end: false,
+        descending: false,
+        include_design: false,
+    };
+    let page = backend.local_docs(&range, MAX_TASKS_LISTED, None).await?;
+    let now = chrono::Utc::now().timestamp();
+    let mut tasks: Vec<Value> = page
+        .items
+        .into_iter()
+        .filter_map(|record| {
+            let body = record.body;
+            let state = state_now(&body, now).to_owned();
+            let updated = body.get("updated_on").and_then(Value::as_i64).unwrap_or(0);
+            let ended = state != "running";
+            if ended && now.saturating_sub(updated) > ENDED_TASKS_SHOWN.as_secs() as i64 {
+                return None;
+            }
+            let read = body.get("read").and_then(Value::as_u64).unwrap_or(0);
+            let total = body.get("total").and_then(Value::as_u64);
+            let mut task = serde_json::Map::new();
+            task.insert("type".into(), json!("agentstore_migration"));
+            task.insert("node".into(), json!(NODE_NAME));
+            task.insert("changes_done".into(), json!(read));
+            task.insert("total_changes".into(), json!(total));
+            task.insert("progress".into(), json!(total.filter(|t| *t > 0).map(|t| (read.min(t) * 100) / t)));
+            for (name, value) in body {
+                task.entry(name).or_insert(value);
+            }
+            task.insert("state".into(), json!(state));
+            Some(Value::Object(task))
+        })
+        .collect();
+    let started = |task: &Value| task.get("started_on").and_then(Value::as_i64).unwrap_or(0);
+    tasks.sort_by_key(|task| std::cmp::Reverse(started(task)));
+    Ok(tasks)
 }
 
 /// `GET /_membership`: a cluster of one node. A server admin's, as CouchDB's (every `/_membership`
