@@ -307,7 +307,8 @@ async fn serve(settings: &Settings) -> Result<()> {
     let couchdb = match &settings.couchdb_listen {
         None => None,
         Some(listen) => {
-            let couch = crate::couchdb_api::CouchApp::build(app.store(), settings).await?;
+            let options = crate::couchdb_api::CouchOptions { metrics: Some(app.metrics()) };
+            let couch = crate::couchdb_api::CouchApp::build_with(app.store(), settings, options).await?;
             let listener = crate::couchdb_api::bind(listen, &couch, settings.allow_unauthenticated).await?;
             Some((couch, listener))
         }

@@ -270,6 +270,11 @@ pub struct Settings {
     /// Longest database feed `_changes?descending=true` reads (it reads the whole feed to answer
     /// the newest first); longer ones are refused with 400.
     pub couchdb_max_descending_changes: usize,
+    /// How long database events (`created`, `updated`, `deleted`) wait before they are written to
+    /// `_global_changes`, the feed `_db_updates` reads (CouchDB's `[global_changes]
+    /// max_write_delay`): each distinct event is written once per interval however often it
+    /// happened, and another instance's events show this much later at most. Default 500.
+    pub couchdb_db_updates_flush_ms: u64,
     /// Most queries one `POST …/_view/{view}/queries` may ask (CouchDB sets none); past it, 400
     /// naming this setting. Each query is checked before the answer starts and then streams, so
     /// this bounds the work one request queues, not memory. Default 1000.
@@ -302,6 +307,11 @@ pub struct Settings {
     /// the header is ignored, so a client cannot choose its own address.
     #[serde(default)]
     pub couchdb_trusted_proxies: TrustedProxiesSetting,
+    /// Origins (`http://host:port`) whose pages may call the REST API from a browser (CORS): the
+    /// console at `/_utils` on the CouchDB listener is another origin than the REST listener, so
+    /// its data-store page reaches the REST API only when its origin is listed. None by default.
+    #[serde(default)]
+    pub cors_origins: CorsOriginsSetting,
     /// Bytes hyper's buffer of one connection holds: an answer's bytes queued ahead of a client
     /// that does not read (plus the one piece of the answer being queued), and the longest
     /// request head (request line and headers; CouchDB 3.4.3 refuses a request line past 8 KB).
@@ -315,6 +325,52 @@ pub struct Settings {
 pub const DEFAULT_CONNECTION_BUFFER_BYTES: usize = 64 << 10;
 /// The least `max_connection_buffer_bytes` hyper takes.
 pub const MIN_CONNECTION_BUFFER_BYTES: usize = 8 << 10;
+
+/// `cors_origins`: in a config file a list of strings (`["http://127.0.0.1:5984"]`); in the
+/// environment (`AGENTSTORE_CORS_ORIGINS`) a comma-separated list.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum CorsOriginsSetting {
+    List(Vec<String>),
+    Compact(String),
+}
+
+impl Default for CorsOriginsSetting {
+    fn default() -> Self {
+        CorsOriginsSetting::List(Vec::new())
+    }
+}
+
+impl CorsOriginsSetting {
+    /// The origins listed, each `scheme://host[:port]` with nothing after it (what a browser
+    /// sends as `Origin`); anything else is an error naming the entry.
+    pub fn origins(&self) -> Result<Vec<String>> {
+        let entries: Vec<&str> = match self {
+            CorsOriginsSetting::List(list) => list.iter().map(|entry| entry.trim()).collect(),
+            CorsOriginsSetting::Compact(text) => text.split(',').map(str::trim).filter(|e| !e.is_empty()).collect(),
+        };
+        entries
+            .into_iter()
+            .enumerate()
+            .map(|(i, entry)| {
+                let origin = url::Url::parse(entry).ok().filter(|url| {
+                    matches!(url.scheme(), "http" | "https")
+                        && url.host_str().is_some()
+                        && url.path() == "/"
+                        && url.query().is_none()
+                        && url.fragment().is_none()
+                        && !entry.ends_with('/')
+                });
+                origin.map(|url| url.origin().ascii_serialization()).ok_or_else(|| {
+                    Error::invalid(
+                        &format!("cors_origins[{i}]"),
+                        format!("{entry:?} is not an origin like http://127.0.0.1:5984 (scheme, host, port, no path)"),
+                    )
+                })
+            })
+            .collect()
+    }
+}
 
 /// `couchdb_trusted_proxies`: in a config file a list of strings (`["10.0.0.0/8", "192.0.2.7"]`);
 /// in the environment (`AGENTSTORE_COUCHDB_TRUSTED_PROXIES`) a comma-separated list.
@@ -549,6 +605,7 @@ impl Settings {
             .and_then(|b| b.set_default("couchdb_replication_connect_timeout_ms", 30_000u64))
             .and_then(|b| b.set_default("couchdb_replication_checkpoint_ms", 30_000u64))
             .and_then(|b| b.set_default("couchdb_max_descending_changes", 100_000u64))
+            .and_then(|b| b.set_default("couchdb_db_updates_flush_ms", 500u64))
             .and_then(|b| b.set_default("couchdb_max_view_queries", 1_000u64))
             .and_then(|b| b.set_default("couchdb_js_log_line_bytes", 4_096u64))
             .and_then(|b| b.set_default("couchdb_js_log_bytes_per_minute", 1u64 << 20))
@@ -616,6 +673,7 @@ impl Settings {
         }
         settings.check_serve_limits()?;
         settings.couchdb_trusted_proxies.networks()?;
+        settings.cors_origins.origins()?;
         Ok(settings)
     }
 
@@ -649,6 +707,7 @@ impl Settings {
             ("couchdb_replication_connect_timeout_ms", self.couchdb_replication_connect_timeout_ms),
             ("couchdb_replication_checkpoint_ms", self.couchdb_replication_checkpoint_ms),
             ("couchdb_max_descending_changes", as_u64(self.couchdb_max_descending_changes)),
+            ("couchdb_db_updates_flush_ms", self.couchdb_db_updates_flush_ms),
             ("couchdb_max_view_queries", as_u64(self.couchdb_max_view_queries)),
             ("couchdb_js_log_line_bytes", as_u64(self.couchdb_js_log_line_bytes)),
             ("couchdb_js_log_bytes_per_minute", self.couchdb_js_log_bytes_per_minute),
@@ -829,6 +888,7 @@ mod tests {
         assert_eq!(settings.couchdb_max_dbs_info_keys, 100);
         assert_eq!(settings.couchdb_max_replication_jobs, 500, "CouchDB's [replicator] max_jobs");
         assert_eq!(settings.couchdb_max_descending_changes, 100_000);
+        assert_eq!(settings.couchdb_db_updates_flush_ms, 500, "CouchDB's max_write_delay");
         assert_eq!(
             (settings.couchdb_lockout_threshold, settings.couchdb_lockout_secs, settings.couchdb_lockout_max_entries),
             (5, 300, 10_000)
@@ -885,6 +945,21 @@ mod tests {
         assert_eq!(load("max_connection_buffer_bytes = 8192").unwrap().max_connection_buffer_bytes, 8192);
         let message = load("max_connection_buffer_bytes = 8191").err().map(|e| e.to_string()).unwrap_or_default();
         assert!(message.contains("max_connection_buffer_bytes"), "{message:?}");
+    }
+
+    /// `cors_origins`: none by default; origins as a browser sends them, listed or comma
+    /// separated; a path, a missing scheme or host refused, naming the entry.
+    #[test]
+    fn cors_origins_are_origins() {
+        assert!(load("").unwrap().cors_origins.origins().unwrap().is_empty());
+        let listed = load("cors_origins = [\"http://127.0.0.1:5984\", \"https://console.example\"]").unwrap();
+        assert_eq!(listed.cors_origins.origins().unwrap(), ["http://127.0.0.1:5984", "https://console.example"]);
+        let compact = load("cors_origins = \"http://a:1, http://b:2\"").unwrap();
+        assert_eq!(compact.cors_origins.origins().unwrap(), ["http://a:1", "http://b:2"]);
+        for bad in ["http://a:1/_utils", "127.0.0.1:5984", "http://a:1/", "ftp://a"] {
+            let refused = load(&format!("cors_origins = [\"http://ok:1\", \"{bad}\"]")).unwrap_err().to_string();
+            assert!(refused.contains("cors_origins[1]"), "{bad}: {refused}");
+        }
     }
 
     /// `couchdb_trusted_proxies`: none by default; a TOML list or a comma-separated string (the

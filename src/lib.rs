@@ -11,6 +11,7 @@
 //!   bringing a store to this release's layout (`upgrade`).
 //! - [`http`]: the REST API over the facade (`agentstore serve`).
 //! - [`couchdb_api`]: CouchDB's HTTP API over the facade, for existing CouchDB clients.
+//! - [`console`]: the console at `/_utils` on the CouchDB API's listener, its files built in.
 //! - [`mango`]: Mango, CouchDB's query language (`_find`, `_index`), below the CouchDB API.
 //! - [`js`]: the JavaScript engine for design documents (map, reduce, validation, filters).
 //! - [`server`]: what both faces share as servers: listener and loopback rule, accept loop and
@@ -20,6 +21,7 @@
 pub mod backend;
 pub mod cli;
 pub mod config;
+pub mod console;
 pub mod couchdb_api;
 pub mod database;
 pub mod error;

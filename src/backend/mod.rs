@@ -409,6 +409,40 @@ pub struct DesignResponse {
     pub body: futures::stream::BoxStream<'static, Result<bytes::Bytes>>,
 }
 
+impl DesignRequest {
+    /// A `GET` of `path` below the database (percent-encoded, as [`DesignRequest::path`])
+    /// asking for JSON, with no body: what the server reads of a forwarding backend itself.
+    pub fn get_json(path: String, query: Option<String>) -> Self {
+        DesignRequest {
+            method: reqwest::Method::GET,
+            path,
+            query,
+            headers: vec![("accept".to_owned(), "application/json".to_owned())],
+            body: DesignBody::empty(),
+        }
+    }
+}
+
+impl DesignResponse {
+    /// The whole body, read until it passes `max_bytes`, which is `TooLarge` naming `what`: for
+    /// the small answers the server reads itself (a `_security` object, a user document), never
+    /// for what is passed on to a client.
+    pub async fn body_within(self, max_bytes: usize, what: &str) -> crate::error::Result<Vec<u8>> {
+        let mut bytes = Vec::new();
+        let mut chunks = self.body;
+        while let Some(chunk) = futures::StreamExt::next(&mut chunks).await {
+            bytes.extend_from_slice(&chunk?);
+            if bytes.len() > max_bytes {
+                return Err(crate::error::Error::new(
+                    crate::error::ErrorKind::TooLarge,
+                    format!("{what} is over {max_bytes} bytes"),
+                ));
+            }
+        }
+        Ok(bytes)
+    }
+}
+
 /// The error of a branch method asked of a backend that keeps no branches itself
 /// ([`DocumentBackend::keeps_branches`]): a caller that skipped the engine's data-store layout.
 fn keeps_no_branches<B: DocumentBackend + ?Sized>(backend: &B, method: &str, id: &str) -> crate::error::Error {
@@ -743,6 +777,16 @@ pub trait DocumentBackend: Send + Sync + 'static {
     /// document on a create): it answers every such write with a conflict.
     fn checks_never_written(&self) -> bool {
         false
+    }
+
+    /// Whether other processes may write this backend's data at the same time (several
+    /// `serve` instances over one DynamoDB table, Firestore project or CouchDB server): settings a
+    /// database keeps in its local documents (`_revs_limit`) are then read again at every write
+    /// instead of remembered (issue 36). `true`, the default; `false` for a backend that one
+    /// process holds alone (the embedded store's exclusive file lock), where this process's own
+    /// writes of a setting are the only ones.
+    fn shared_with_other_processes(&self) -> bool {
+        true
     }
 
     /// [`DocumentBackend::all_docs`] with each document as JSON text (`_id`, `_rev`, then the

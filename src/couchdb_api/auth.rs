@@ -204,7 +204,7 @@ struct Login {
     users_rev: Option<String>,
     /// Its scope on the data-store database; `None`: it may not use that database.
     principal: Option<Principal>,
-    /// Its CouchDB roles, for other databases' `_security`; none starts with `_`.
+    /// Its CouchDB roles, for other databases' `_security`; none starts with `_` but `_metrics`.
     roles: Vec<String>,
 }
 
@@ -853,12 +853,15 @@ fn parse_login(i: usize, entry: &CouchUserSetting, limits: &Limits) -> Result<Lo
         }
     };
     for (j, role) in entry.roles.iter().enumerate() {
-        // CouchDB reserves roles starting with `_` (`_admin`, `_metrics`, `_reader`…): a login
-        // gets `_admin` only through `admin = true`.
-        if role.is_empty() || role.starts_with('_') || role.chars().any(char::is_control) {
+        // CouchDB reserves roles starting with `_` (`_admin`, `_reader`…): a login gets `_admin`
+        // only through `admin = true`. `_metrics` is the one of them CouchDB lets a user hold (its
+        // `_users` validation admits it): it reads the node's statistics (`super::node`).
+        let reserved = role.starts_with('_') && role != super::node::METRICS_ROLE;
+        if role.is_empty() || reserved || role.chars().any(char::is_control) {
             return Err(Error::invalid(
                 &field(&format!("roles[{j}]")),
-                "must be non-empty, not start with `_` (CouchDB reserves those roles) and hold no control characters",
+                "must be non-empty, not start with `_` (CouchDB reserves those roles; `_metrics` is taken) and hold \
+                 no control characters",
             ));
         }
     }
@@ -1490,6 +1493,19 @@ pub(super) mod tests {
         assert_eq!(other.principal, Some(Principal::User("u1".into())));
         drop(busy);
         assert_eq!(queued.await.unwrap().unwrap_err().status, StatusCode::UNAUTHORIZED);
+    }
+
+    /// `_metrics` is the one reserved role a configured login may hold (CouchDB's `_users`
+    /// admits it too): it reads the node's statistics.
+    #[tokio::test]
+    async fn a_configured_login_may_hold_the_metrics_role() {
+        let toml = format!(
+            "[[couchdb_users]]\nname = \"scraper\"\npassword_hash = \"{}\"\nroles = [\"_metrics\"]\n",
+            cheap_hash("scraper-pw")
+        );
+        let auth = CouchAuth::from_settings(&settings(&toml).unwrap()).unwrap();
+        let scraper = auth.identify(&basic("scraper", "scraper-pw")).await.unwrap();
+        assert_eq!((scraper.roles, scraper.principal), (vec!["_metrics".to_owned()], None));
     }
 
     #[test]

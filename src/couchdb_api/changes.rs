@@ -32,6 +32,9 @@
 //!   feeds at once (429 past it).
 //! - The first page is read before the response starts, so a `since` the backend does not
 //!   recognise is CouchDB's 400 rather than a cut-off stream.
+//! - `GET /_db_updates` (`super::db_updates`) is `_global_changes`' feed read here too
+//!   ([`db_updates_feed`]): rows made from the feed's entries alone and shown as database events,
+//!   closed without `pending`, with every bound above.
 //! - A database deleted under its feed: before the response starts, CouchDB's 404 (the reads run
 //!   while the database is open, [`while_open`], so a table gone under them is the deletion's,
 //!   not the backend's error); once it has started, the feed ends at its next step with its
@@ -236,6 +239,9 @@ struct ChangesRequest {
     /// The ids the login may see (a per-user login on the data-store database: its own); rows of
     /// other ids are never answered nor counted in `pending`.
     confinement: Confinement,
+    /// `_db_updates` ([`db_updates_feed`]): the feed is `_global_changes`', shown as database
+    /// events rather than document changes.
+    db_updates: bool,
 }
 
 /// Who asks for a feed: what it may see, who it is (for a design filter's `userCtx`), and whose
@@ -248,7 +254,7 @@ pub(crate) struct FeedAsker {
 
 impl FeedAsker {
     /// The asker of a request, from what its handler extracted.
-    fn of(
+    pub(crate) fn of(
         confinement: Confinement,
         identity: Option<Extension<Identity>>,
         peer: Option<Extension<ConnectInfo<SocketAddr>>>,
@@ -495,6 +501,7 @@ fn parse_request(
         conflicts: bool_param("conflicts", param("conflicts"), false)?,
         inline: super::db::inline_wanted(params)?,
         confinement: Confinement::Everything,
+        db_updates: false,
     })
 }
 
@@ -772,12 +779,16 @@ async fn step(cursor: &mut Cursor) -> crate::Result<String> {
             return Err(err);
         }
     };
+    let rows = if request.db_updates && !request.eventsource { db_update_rows(rows) } else { rows };
     let mut chunk = String::new();
     for row in &rows {
         match request.feed {
             Feed::Continuous if request.eventsource => {
                 let seq = row.get("seq").map(Value::to_string).unwrap_or_default();
-                chunk.push_str(&format!("data: {row}\nid: {}\n\n", seq.trim_matches('"')));
+                // `_db_updates` writes the position as JSON (quoted), `_changes` bare (CouchDB
+                // 3.4.3's `global_changes_httpd` and `chttpd_db` each do so).
+                let id = if request.db_updates { seq.as_str() } else { seq.trim_matches('"') };
+                chunk.push_str(&format!("data: {row}\nid: {id}\n\n"));
             }
             Feed::Continuous => {
                 chunk.push_str(&row.to_string());
@@ -912,6 +923,9 @@ fn closing(cursor: &Cursor) -> crate::Result<String> {
         None => (None, cursor.pending),
     };
     let last_seq = shown_seq(cursor, &cursor.last_seq, rank)?;
+    if cursor.request.db_updates {
+        return Ok(db_updates_closing(&cursor.request, &last_seq));
+    }
     let tail = json!({ "last_seq": last_seq, "pending": pending });
     Ok(match cursor.request.feed {
         Feed::Continuous if cursor.request.eventsource => String::new(),
@@ -1016,6 +1030,9 @@ async fn descending_answer(
             (show_at(newest_first.len() as u64, &end)?, 0)
         }
     };
+    if request.db_updates {
+        return Ok(super::json(StatusCode::OK, json!({ "results": db_update_rows(rows), "last_seq": last_seq })));
+    }
     Ok(super::json(StatusCode::OK, json!({ "results": rows, "last_seq": last_seq, "pending": pending })))
 }
 
@@ -1062,8 +1079,23 @@ async fn database_rows(
     changes: &[Change],
     shown: &[String],
 ) -> crate::Result<Vec<Value>> {
+    if request.db_updates {
+        return Ok(event_rows(changes, shown));
+    }
     let (rows, _shares) = super::db::with_own_shares(page_rows(database, request, changes, shown)).await;
     rows
+}
+
+/// `_global_changes`' rows for `_db_updates`, made from the feed's entries without reading the
+/// event documents (all a row needs is the id and position). Event documents are never deleted;
+/// a deletion there is no event.
+fn event_rows(changes: &[Change], shown: &[String]) -> Vec<Value> {
+    changes
+        .iter()
+        .zip(shown)
+        .filter(|(change, _)| !change.deleted)
+        .map(|(change, seq)| json!({ "seq": seq, "id": change.id, "changes": [{ "rev": change.rev.as_str() }] }))
+        .collect()
 }
 
 async fn page_rows(
@@ -1178,6 +1210,43 @@ async fn confined_pending(
             return Ok(own.max(1));
         }
         since = Some(page.last_seq);
+    }
+}
+
+/// `GET /_db_updates` over `_global_changes` (`db`): its feed, read as every database's, with
+/// the rows shown as database events ([`db_update_rows`]) and closed without `pending`, as
+/// CouchDB 3.4.3's `global_changes_httpd` answers. `params` are the ones `_db_updates` takes,
+/// already checked (`super::db_updates`). Long-lived feeds count against the asker's feeds, as
+/// `_changes` ones do.
+pub(crate) async fn db_updates_feed(
+    state: &CouchState,
+    db: Arc<Database>,
+    asker: FeedAsker,
+    params: &HashMap<String, String>,
+) -> Answer {
+    let mut request = parse_request(params, None, &state.feeds)?;
+    request.db_updates = true;
+    respond(state, asker.owner(), request, db, SeqForm::Ranked).await
+}
+
+/// `_global_changes`' rows as `_db_updates` shows them: a row of the document `{type}:{name}` is
+/// `{"db_name": name, "type": type, "seq": …}`; a document named otherwise is no event and is
+/// left out (CouchDB's `default_transform_change` skips it too).
+fn db_update_rows(rows: Vec<Value>) -> Vec<Value> {
+    rows.into_iter()
+        .filter_map(|row| {
+            let (event, name) = row.get("id")?.as_str()?.split_once(':')?;
+            Some(json!({ "db_name": name, "type": event, "seq": row.get("seq")? }))
+        })
+        .collect()
+}
+
+/// The end of a `_db_updates` answer: `last_seq` alone (no `pending`); nothing for eventsource.
+fn db_updates_closing(request: &ChangesRequest, last_seq: &str) -> String {
+    match request.feed {
+        Feed::Continuous if request.eventsource => String::new(),
+        Feed::Continuous => format!("{}\n", json!({ "last_seq": last_seq })),
+        _ => format!("\n],\n\"last_seq\":{}}}\n", Value::from(last_seq)),
     }
 }
 

@@ -14,7 +14,8 @@
 //! login's confinement applied by the handlers; on the CouchDB backend its tree layout is
 //! CouchDB's own trees, `crate::database::layout::native`, and its design documents and views
 //! are passed to CouchDB as that backend's other databases' requests are). The router here
-//! answers the server's own endpoints ([`root`], `_all_dbs`, `_dbs_info`, `_session`) and hands
+//! answers the server's own endpoints ([`root`], `_all_dbs`, `_dbs_info`, `_session`, the node's
+//! [`node`] with the request counts of [`stats`], `_db_updates` [`db_updates`]) and hands
 //! every path below a database to [`db`]. What the handlers share stays here: the listings'
 //! parameters and paging ([`listing`]), the revision a write names ([`document`]) and the
 //! `_local_docs` listing ([`local_docs`]).
@@ -26,11 +27,13 @@ pub mod auth;
 mod changes;
 mod client_address;
 mod db;
+mod db_updates;
 mod document;
 pub mod error;
 mod listing;
 mod local_docs;
 mod multipart;
+mod node;
 mod position_seal;
 mod replicator;
 mod request;
@@ -39,6 +42,7 @@ mod root;
 pub mod session;
 pub mod shared_lockout;
 pub mod shared_secret;
+mod stats;
 pub mod users;
 mod validation;
 
@@ -100,6 +104,18 @@ pub(crate) struct CouchState {
     /// The replications this server runs (`_replicator`, `_replicate`); `None` on the CouchDB
     /// backend, whose databases are CouchDB's and replicated by it.
     pub replicator: Option<crate::replicator::Replicator>,
+    /// What the node endpoints show: request counts, settings ([`node`]).
+    pub node: Arc<node::NodeInfo>,
+    /// The REST listener's counters, appended to `GET /_node/{node}/_prometheus` ([`node`]);
+    /// `None` when this API is built without that listener.
+    pub metrics: Option<Arc<crate::http::Metrics>>,
+}
+
+/// What [`CouchApp::build_with`] takes besides the store and the settings.
+#[derive(Default)]
+pub struct CouchOptions {
+    /// The REST listener's metrics, served again at `/_node/{node}/_prometheus`.
+    pub metrics: Option<Arc<crate::http::Metrics>>,
 }
 
 impl CouchState {
@@ -127,6 +143,11 @@ impl CouchApp {
     /// and re-read every [`shared_secret::SESSION_SECRET_REFRESH_SECS`]; failed logins are counted
     /// there too ([`shared_lockout`]), so every instance locks a name at the same count.
     pub async fn build(store: Arc<DataStore>, settings: &Settings) -> Result<Self> {
+        Self::build_with(store, settings, CouchOptions::default()).await
+    }
+
+    /// [`Self::build`], with what the REST listener beside it shares ([`CouchOptions`]).
+    pub async fn build_with(store: Arc<DataStore>, settings: &Settings, options: CouchOptions) -> Result<Self> {
         let (stopping, stopping_seen) = tokio::sync::watch::channel(false);
         let bodies = request::Bodies::from_settings(settings);
         let server_uuid = match &settings.couchdb_server_uuid {
@@ -183,7 +204,17 @@ impl CouchApp {
         let replicator = start_replicator(settings, &databases, &server_uuid, &js, &stopping_seen).await?;
         let data_store_database =
             databases.data_store(&settings.couchdb_db, Arc::clone(store.backend()), store.options().limits)?;
+        crate::database::global_changes::keep_flushing(
+            &databases,
+            Duration::from_millis(settings.couchdb_db_updates_flush_ms),
+        );
+        let node = Arc::new(node::NodeInfo {
+            requests: Arc::default(),
+            config: node::NodeConfig::from_settings(settings, &server_uuid, &store.backend().describe())?,
+        });
         let state = CouchState {
+            node,
+            metrics: options.metrics,
             data_store_database,
             auth,
             store,
@@ -255,15 +286,33 @@ fn router(state: CouchState) -> Router {
     let server_endpoints = Router::new()
         .route("/_all_dbs", get(db::all_dbs))
         .route("/_dbs_info", get(db::get_dbs_info).post(db::dbs_info))
-        .route("/_active_tasks", get(replicator::active_tasks))
+        .route("/_active_tasks", get(root::active_tasks))
         .route("/_membership", get(root::membership))
         .route("/_scheduler/jobs", get(replicator::scheduler_jobs))
         .route("/_scheduler/docs", get(replicator::scheduler_docs))
         .route("/_scheduler/docs/{*rest}", get(replicator::scheduler_doc))
         .route("/_replicate", axum::routing::post(replicator::replicate))
-        .route("/_node/{node}", get(root::node))
         .route("/_uuids", get(root::uuids))
         .route_layer(from_fn(authenticate_login));
+    // The node endpoints and `_db_updates` check who asks themselves, to answer CouchDB's own
+    // refusals (a `_metrics` role reads the statistics).
+    let node_endpoints = Router::new()
+        .route("/_db_updates", get(db_updates::db_updates).fallback(node::only_get))
+        .route("/_node/{node}", get(node::node))
+        .route("/_node/{node}/_stats", get(node::stats).fallback(node::only_get))
+        .route("/_node/{node}/_stats/{*path}", get(node::stats_path).fallback(node::only_get))
+        .route("/_node/{node}/_prometheus", get(node::prometheus).fallback(node::only_get))
+        .route("/_node/{node}/_system", get(node::system).fallback(node::only_get))
+        .route("/_node/{node}/_versions", get(node::versions).fallback(node::only_get))
+        .route("/_node/{node}/_config", get(node::config_all).fallback(node::only_get))
+        .route("/_node/{node}/_config/{section}", get(node::config_section).fallback(node::only_get))
+        .route(
+            "/_node/{node}/_config/{section}/{key}",
+            get(node::config_key)
+                .put(node::config_write)
+                .delete(node::config_write)
+                .fallback(node::only_get_put_delete),
+        );
     // Names starting with `_` that no endpoint above takes (every other name is a database's,
     // [`db::dispatch`]): no database here is named so. `PUT` is CouchDB's server-admin check
     // and name rule ([`db::create_db`]); anything else is CouchDB's 404 for a missing database.
@@ -273,11 +322,16 @@ fn router(state: CouchState) -> Router {
         .route("/{db}/", get(root::no_such_database).put(db::create_db).delete(root::no_such_database))
         .route("/{db}/{*below}", any(root::no_such_database))
         .route_layer(from_fn(authenticate))
-        .merge(server_endpoints);
+        .merge(server_endpoints)
+        .merge(node_endpoints);
     Router::new()
         .route("/", get(root::welcome))
         .route("/_up", get(root::up))
         .route("/_session", get(get_session).post(post_session).delete(delete_session))
+        // The console (`crate::console`): its files need no login, as CouchDB's `/_utils`.
+        .route("/_utils", any(crate::console::redirect))
+        .route("/_utils/", any(crate::console::index))
+        .route("/_utils/{*file}", any(crate::console::file))
         .merge(underscored)
         .fallback(root::no_route)
         .method_not_allowed_fallback(root::method_not_allowed)
@@ -289,6 +343,7 @@ fn router(state: CouchState) -> Router {
         .layer(from_fn(db::hold_inline_until_sent))
         .layer(from_fn_with_state(Arc::clone(&state.auth), auth::identify_request))
         .layer(crate::server::catch_panics("couchdb", root::internal_error))
+        .layer(from_fn_with_state(Arc::clone(&state.node.requests), stats::count_requests))
         .layer(from_fn(response::couchdb_headers))
         .with_state(state)
 }

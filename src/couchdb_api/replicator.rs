@@ -1,6 +1,6 @@
 //! The replicator's HTTP side (CouchDB's `couch_replicator_httpd`): `GET /_scheduler/jobs`,
-//! `GET /_scheduler/docs` (and `/_scheduler/docs/_replicator/{doc id}`), `GET /_active_tasks` and
-//! `POST /_replicate`, over [`crate::replicator::Replicator`]. Who may ask is CouchDB 3.4.3's:
+//! `GET /_scheduler/docs` (and `/_scheduler/docs/_replicator/{doc id}`) and `POST /_replicate`
+//! (`GET /_active_tasks` is [`super::root`]'s, replications listed first), over [`crate::replicator::Replicator`]. Who may ask is CouchDB 3.4.3's:
 //! `_scheduler` and `_active_tasks` are a server admin's, `_replicate` any login's (a replication
 //! with a local endpoint a server admin's, as its reads and writes here are an admin's).
 //!
@@ -23,13 +23,6 @@ use crate::replicator::spec;
 
 /// CouchDB's default `limit` of `_scheduler/jobs`.
 const DEFAULT_LIMIT: usize = 100;
-
-/// `GET /_active_tasks`: the replications running here (no compaction or indexing task is shown).
-pub async fn active_tasks(State(state): State<CouchState>, Extension(identity): Extension<Identity>) -> Answer {
-    server_admin_only(&identity)?;
-    let tasks = state.replicator.as_ref().map(|r| r.active_tasks()).unwrap_or_default();
-    Ok(json(StatusCode::OK, Value::Array(tasks)))
-}
 
 /// `GET /_scheduler/jobs[?limit=&skip=]`, sorted by id as CouchDB sorts them.
 pub async fn scheduler_jobs(

@@ -15,7 +15,16 @@ pub async fn couchdb_headers(request: Request, next: Next) -> Response {
     if !is_json_or_stream {
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     }
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("must-revalidate"));
+    // An event stream (`feed=eventsource`) is `no-cache`, as CouchDB 3.4.3 sends it (`chttpd_db`,
+    // `global_changes_httpd`); the console's files say their own (`crate::console`: `private,
+    // must-revalidate`); everything else `must-revalidate`.
+    let event_stream =
+        headers.get(header::CONTENT_TYPE).is_some_and(|t| t.as_bytes().starts_with(b"text/event-stream"));
+    if event_stream {
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    } else if !headers.contains_key(header::CACHE_CONTROL) {
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("must-revalidate"));
+    }
     headers.insert(header::SERVER, HeaderValue::from_static(concat!("agentstore/", env!("CARGO_PKG_VERSION"))));
     response
 }

@@ -1,15 +1,18 @@
-//! The server root and the node: `GET /`, `/_up`, `/_uuids`, the probes (`_membership`, `_node`;
-//! `_active_tasks` and `_scheduler` are [`super::replicator`]'s), the server admins' check, and the answers to paths and
-//! methods no route takes (and to a handler that panicked). Databases are [`super::db`]'s.
+//! The server root: `GET /`, `/_up`, `/_uuids`, the probes (`_active_tasks`, `_membership`; the
+//! node's own endpoints are [`super::node`]'s, `_scheduler` and `_replicate`
+//! [`super::replicator`]'s), the server admins' check, and
+//! the answers to paths and methods no route takes (and to a handler that panicked). Databases
+//! are [`super::db`]'s.
 
-use axum::extract::{Extension, Path, Query, State};
+use axum::extract::{Extension, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
+use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 use super::auth::Identity;
 use super::error::CouchError;
+use super::node::NODE_NAME;
 use super::{json, Answer, CouchState};
 
 /// The CouchDB API version reported: the 3.x API these endpoints follow. Clients gate features
@@ -124,22 +127,85 @@ pub fn internal_error() -> Response {
     CouchError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal_server_error", "internal error").into_response()
 }
 
-/// The node name the probes below report: one node, this process.
-const NODE_NAME: &str = "agentstore@localhost";
+/// `GET /_active_tasks`: the replications this server runs ([`super::replicator`]); no
+/// compaction or indexing task runs inside this server; then the `migrate`/`import` runs whose target is this server's backend, from
+/// the progress records they keep there ([`crate::migrate::run_record`]): those still going, and
+/// those that ended within [`ENDED_TASKS_SHOWN`], newest first, at most [`MAX_TASKS_LISTED`] (none
+/// when the backend cannot list its local documents). A server admin's, as CouchDB's (`chttpd_misc:handle_task_status_req`).
+pub async fn active_tasks(State(state): State<CouchState>, Extension(identity): Extension<Identity>) -> Answer {
+    server_admin_only(&identity)?;
+    // The replications running here first ([`crate::replicator`]), then the migration runs.
+    let mut tasks = state.replicator.as_ref().map(|r| r.active_tasks()).unwrap_or_default();
+    tasks.extend(match migration_tasks(state.store.backend().as_ref()).await {
+        Ok(tasks) => tasks,
+        // A backend that cannot list local documents (a CouchDB backend server without
+        // `_local_docs`, as pouchdb-server) or is briefly away: no run is listed, as before runs
+        // kept records; the tasks are a report, never a reason to fail the probe.
+        Err(err) => {
+            tracing::warn!(error = %err, "_active_tasks: cannot read the migration runs' records");
+            Vec::new()
+        }
+    });
+    Ok(json(StatusCode::OK, Value::Array(tasks)))
+}
+
+/// How long a run that ended stays in `_active_tasks` (its record stays in the backend).
+pub const ENDED_TASKS_SHOWN: std::time::Duration = std::time::Duration::from_secs(3600);
+/// Most run records `_active_tasks` reads.
+pub const MAX_TASKS_LISTED: usize = 100;
+
+/// The run records as CouchDB-shaped tasks: `type` `agentstore_migration`, CouchDB's
+/// `changes_done`, `total_changes`, `progress` (percent, when the total is known), `started_on`,
+/// `updated_on`, `pid`, `node`, and the record's own fields (`command`, `source`, `target`,
+/// `state`, `rate`, `eta_secs`, `landed`, `skipped`, `error`).
+async fn migration_tasks(backend: &dyn crate::backend::DocumentBackend) -> crate::error::Result<Vec<Value>> {
+    use crate::migrate::run_record::{state_now, RUN_RECORD_PREFIX};
+    let prefix = RUN_RECORD_PREFIX;
+    // `;` follows `:` in byte order: every name starting with the prefix is below it.
+    let end = format!("{};", &prefix[..prefix.len() - 1]);
+    let range = crate::backend::IdRange {
+        start: Some(prefix.to_owned()),
+        end: Some(end),
+        inclusive_end: false,
+        descending: false,
+        include_design: false,
+    };
+    let page = backend.local_docs(&range, MAX_TASKS_LISTED, None).await?;
+    let now = chrono::Utc::now().timestamp();
+    let mut tasks: Vec<Value> = page
+        .items
+        .into_iter()
+        .filter_map(|record| {
+            let body = record.body;
+            let state = state_now(&body, now).to_owned();
+            let updated = body.get("updated_on").and_then(Value::as_i64).unwrap_or(0);
+            let ended = state != "running";
+            if ended && now.saturating_sub(updated) > ENDED_TASKS_SHOWN.as_secs() as i64 {
+                return None;
+            }
+            let read = body.get("read").and_then(Value::as_u64).unwrap_or(0);
+            let total = body.get("total").and_then(Value::as_u64);
+            let mut task = serde_json::Map::new();
+            task.insert("type".into(), json!("agentstore_migration"));
+            task.insert("node".into(), json!(NODE_NAME));
+            task.insert("changes_done".into(), json!(read));
+            task.insert("total_changes".into(), json!(total));
+            task.insert("progress".into(), json!(total.filter(|t| *t > 0).map(|t| (read.min(t) * 100) / t)));
+            for (name, value) in body {
+                task.entry(name).or_insert(value);
+            }
+            task.insert("state".into(), json!(state));
+            Some(Value::Object(task))
+        })
+        .collect();
+    let started = |task: &Value| task.get("started_on").and_then(Value::as_i64).unwrap_or(0);
+    tasks.sort_by_key(|task| std::cmp::Reverse(started(task)));
+    Ok(tasks)
+}
 
 /// `GET /_membership`: a cluster of one node. A server admin's, as CouchDB's (every `/_membership`
 /// and `/_node` path is in `chttpd_auth_request:server_authorization_check`'s admin list).
 pub async fn membership(Extension(identity): Extension<Identity>) -> Answer {
     server_admin_only(&identity)?;
     Ok(json(StatusCode::OK, json!({ "all_nodes": [NODE_NAME], "cluster_nodes": [NODE_NAME] })))
-}
-
-/// `GET /_node/_local` (and `/_node/{name}` for this node's name): the node's name. A server
-/// admin's, as `_membership`.
-pub async fn node(Extension(identity): Extension<Identity>, Path(node): Path<String>) -> Answer {
-    server_admin_only(&identity)?;
-    if node != "_local" && node != NODE_NAME {
-        return Err(CouchError::not_found(format!("no node named {node}")));
-    }
-    Ok(json(StatusCode::OK, json!({ "name": NODE_NAME })))
 }

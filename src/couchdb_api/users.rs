@@ -97,23 +97,10 @@ impl UserDocs for UsersDb {
 /// The document `id` of CouchDB's own `_users` (with `conflicts=true`), through the backend.
 async fn read_forwarded(backend: &dyn crate::backend::DocumentBackend, id: &str) -> Result<Option<UserDoc>> {
     let path: String = percent_encoding::utf8_percent_encode(id, percent_encoding::NON_ALPHANUMERIC).to_string();
-    let asked = crate::backend::DesignRequest {
-        method: axum::http::Method::GET,
-        path,
-        query: Some("conflicts=true".to_owned()),
-        headers: vec![("accept".to_owned(), "application/json".to_owned())],
-        body: crate::backend::DesignBody::empty(),
-    };
+    let asked = crate::backend::DesignRequest::get_json(path, Some("conflicts=true".to_owned()));
     let Some(answer) = backend.design_request(asked).await? else { return Ok(None) };
     let status = answer.status;
-    let mut bytes = Vec::new();
-    let mut chunks = answer.body;
-    while let Some(chunk) = futures::StreamExt::next(&mut chunks).await {
-        bytes.extend_from_slice(&chunk?);
-        if bytes.len() > MAX_USER_DOC_BYTES {
-            return Err(Error::new(ErrorKind::TooLarge, format!("the user document {id:?} is over 1 MiB")));
-        }
-    }
+    let bytes = answer.body_within(MAX_USER_DOC_BYTES, &format!("the user document {id:?}")).await?;
     if status == 404 {
         return Ok(None);
     }

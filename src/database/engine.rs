@@ -202,8 +202,9 @@ pub struct Database {
     dropped: AtomicBool,
     /// The writes under way, which a deletion waits for ([`closing`]).
     in_flight: closing::WritesInFlight,
-    /// `_revs_limit` as last read, and when ([`Database::revs_limit`]).
-    revs_limit: std::sync::Mutex<Option<(usize, std::time::Instant)>>,
+    /// `_revs_limit` as this process last read or wrote it, on a backend no other process
+    /// writes ([`Database::revs_limit`]).
+    revs_limit: std::sync::Mutex<Option<usize>>,
     max_document_bytes: usize,
     /// The largest revision tree of one document ([`RevTree::held_bytes`],
     /// `couchdb_max_tree_bytes`).
@@ -229,12 +230,9 @@ pub struct Database {
     collecting: Arc<Collecting>,
     /// What checks each write against the validation functions ([`super::write_guard`]).
     write_guard: Option<Arc<dyn super::write_guard::WriteGuard>>,
+    /// Where reads and changes are counted and `updated` events kept ([`super::activity`]).
+    activity: Option<Arc<super::activity::Activity>>,
 }
-
-/// How long a database's `_revs_limit` as read is applied before it is read again
-/// ([`Database::revs_limit`]): how late a change made through another instance over the same
-/// backend reaches this one's writes (docs/bounds.md).
-pub const SETTINGS_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The backend's own local document holding the database's incarnation for view indexes: a
 /// random id made when an index is first built over the database ([`crate::views::source`]).
@@ -320,6 +318,7 @@ impl Database {
             inline_wait: DEFAULT_INLINE_WAIT,
             collecting: Arc::default(),
             write_guard: None,
+            activity: None,
             local_names: layout.local_names(),
             layout: Arc::new(layout),
             backend,
@@ -500,6 +499,25 @@ impl Database {
     }
 
     /// Checks every write with `guard` before it is applied.
+    /// Counts this database's reads and changes, and keeps its `updated` events, in `activity`.
+    pub fn with_activity(self, activity: Arc<super::activity::Activity>) -> Self {
+        Database { activity: Some(activity), ..self }
+    }
+
+    /// Records that the database changed (a write or a purge that took effect).
+    fn record_change(&self) {
+        if let Some(activity) = &self.activity {
+            activity.changed(&self.name);
+        }
+    }
+
+    /// Records `count` documents read.
+    fn record_reads(&self, count: usize) {
+        if let Some(activity) = &self.activity {
+            activity.read(count);
+        }
+    }
+
     pub fn with_write_guard(self, write_guard: Option<Arc<dyn super::write_guard::WriteGuard>>) -> Self {
         Database { write_guard, ..self }
     }
@@ -569,13 +587,16 @@ impl Database {
         if id.is_empty() {
             return Ok(None);
         }
-        self.while_open(self.layout.read_as_served(id)).await
+        let state = self.while_open(self.layout.read_as_served(id)).await?;
+        self.record_reads(usize::from(state.is_some()));
+        Ok(state)
     }
 
     /// The states of many documents, one per id, in order (a deletion met cut before its
     /// tombstone is finished: [`repairing`]).
     pub async fn read_many(&self, ids: &[String]) -> Result<Vec<Option<DocState>>> {
         let states = self.while_open(self.read_states(ids)).await?;
+        self.record_reads(states.iter().filter(|state| state.is_some()).count());
         let read = ids.iter().zip(&states).filter_map(|(id, state)| Some((id.as_str(), state.as_ref()?)));
         self.finish_cut_deletions(read).await;
         Ok(states)
@@ -605,7 +626,11 @@ impl Database {
     /// when another writer got in between the read and the save.
     pub async fn write_batch(&self, id: &str, writes: &[Write]) -> Result<Vec<Result<Written>>> {
         let _under_way = self.start_write()?;
-        self.while_open(self.write_batch_once_open(id, writes)).await
+        let answers = self.while_open(self.write_batch_once_open(id, writes)).await?;
+        if answers.iter().any(Result::is_ok) {
+            self.record_change();
+        }
+        Ok(answers)
     }
 
     /// The lock this process's writers of `id` take turns on.
@@ -692,10 +717,12 @@ impl Database {
             false => None,
         };
         let writes = owned.as_deref().unwrap_or(writes);
-        let revs_limit = self.revs_limit().await?;
         let _turn = self.write_lock(id).lock().await;
-        for _ in 0..MAX_TRIES {
-            let state = self.read(id).await?;
+        let (revs_limit, mut state) = tokio::try_join!(self.revs_limit(), self.read(id))?;
+        for attempt in 0..MAX_TRIES {
+            if attempt > 0 {
+                state = self.read(id).await?;
+            }
             let Applied { tree, mut answers, changed } = self.applied(id, state.as_ref(), writes, revs_limit).await?;
             // Nothing new, but a save that a crash cut short (the tree written, the record not)
             // is finished now: else the document stays out of the feed and `_all_docs` for good,
@@ -818,7 +845,11 @@ impl Database {
     /// erased from the backend.
     pub async fn purge(&self, id: &str, revs: &[String]) -> Result<Vec<String>> {
         let _under_way = self.start_write()?;
-        self.while_open(self.purge_once_open(id, revs)).await
+        let purged = self.while_open(self.purge_once_open(id, revs)).await?;
+        if !purged.is_empty() {
+            self.record_change();
+        }
+        Ok(purged)
     }
 
     async fn purge_once_open(&self, id: &str, revs: &[String]) -> Result<Vec<String>> {
@@ -1006,16 +1037,16 @@ impl Database {
         Err(Error::conflict("the database's settings kept changing under this write; try again"))
     }
 
-    /// `_revs_limit` as the next write applies it: read again when the value this instance read
-    /// is older than [`SETTINGS_MAX_AGE`], so that a change made through another instance over
-    /// the same backend (issue 36) holds here within that bound; one made through this instance
-    /// holds at once. A read per write would cost every write a round trip for a setting that
-    /// almost never changes, and a version check costs the same round trip as the read on every
-    /// backend; CouchDB itself applies a new limit at the next write, and a write inside the
-    /// bound only stems to the previous limit.
+    /// `_revs_limit` as the next write applies it. On a backend other processes write too
+    /// ([`DocumentBackend::shared_with_other_processes`]: several instances over one DynamoDB
+    /// table, say) it is read at every call, so that a limit set through any instance holds at
+    /// the next write on every instance, as CouchDB applies it (issue 36); a single-document write
+    /// reads it beside the document's state, at the same time, so the read costs a backend call
+    /// but no wait, and `_bulk_docs` reads it once per request. On the embedded store, which one
+    /// process holds alone, the value this process last read or wrote is kept.
     pub async fn revs_limit(&self) -> Result<usize> {
-        if let Some((limit, read_at)) = *self.cached_revs_limit() {
-            if read_at.elapsed() < SETTINGS_MAX_AGE {
+        if !self.backend.shared_with_other_processes() {
+            if let Some(limit) = *self.cached_revs_limit() {
                 return Ok(limit);
             }
         }
@@ -1023,14 +1054,14 @@ impl Database {
         Ok(self.remember_revs_limit(limit))
     }
 
-    fn cached_revs_limit(&self) -> std::sync::MutexGuard<'_, Option<(usize, std::time::Instant)>> {
+    fn cached_revs_limit(&self) -> std::sync::MutexGuard<'_, Option<usize>> {
         self.revs_limit.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Keeps `limit` (at least 1) as read now; answers it.
+    /// Keeps `limit` (at least 1) as read or written now; answers it.
     fn remember_revs_limit(&self, limit: usize) -> usize {
         let limit = limit.max(1);
-        *self.cached_revs_limit() = Some((limit, std::time::Instant::now()));
+        *self.cached_revs_limit() = Some(limit);
         limit
     }
 }
@@ -1184,22 +1215,35 @@ mod tests {
         Write::Replicated { path, deleted, body: Map::new() }
     }
 
+    /// The embedded store as a backend that other processes share (which it is not: its file is
+    /// locked), so that two `Database`s over it behave as two instances over DynamoDB do.
+    struct SharedLike(Arc<dyn DocumentBackend>);
+
+    #[async_trait::async_trait]
+    impl crate::backend::raw::layer::Layered for SharedLike {
+        fn inner(&self) -> &dyn DocumentBackend {
+            self.0.as_ref()
+        }
+
+        fn shared_with_other_processes(&self) -> bool {
+            true
+        }
+    }
+
     /// Two instances over one backend (issue 36): a `_revs_limit` set through one is applied by
-    /// the other's writes once its own read of the setting is older than
-    /// [`SETTINGS_MAX_AGE`], not cached for good.
+    /// the other's very next write, with no wait.
     #[tokio::test]
-    async fn a_revs_limit_set_by_another_instance_holds_within_the_settings_bound() {
+    async fn a_revs_limit_set_by_another_instance_holds_at_the_next_write() {
         let dir = tempfile::tempdir().unwrap();
-        let backend: Arc<dyn DocumentBackend> =
+        let embedded: Arc<dyn DocumentBackend> =
             Arc::new(EmbeddedBackend::open(&dir.path().join("d.redb")).await.unwrap());
+        let backend: Arc<dyn DocumentBackend> = Arc::new(SharedLike(embedded));
         let here = Database::new("d".into(), Arc::clone(&backend));
         let there = Database::new("d".into(), Arc::clone(&backend));
         let edit = |parent: Option<String>| Write::Edit { parent, deleted: false, body: Map::new() };
         let Written::Edited(mut rev) = here.write("x", &edit(None)).await.unwrap() else { panic!("an edit") };
         assert_eq!(here.revs_limit().await.unwrap(), DEFAULT_REVS_LIMIT);
         there.update_settings(|settings| settings.revs_limit = 2).await.unwrap();
-        assert_eq!(there.revs_limit().await.unwrap(), 2, "at once on the instance that set it");
-        tokio::time::sleep(SETTINGS_MAX_AGE + std::time::Duration::from_millis(100)).await;
         for _ in 0..4 {
             let Written::Edited(next) = here.write("x", &edit(Some(rev))).await.unwrap() else { panic!("an edit") };
             rev = next;
@@ -1207,6 +1251,20 @@ mod tests {
         let state = here.read("x").await.unwrap().expect("written");
         let winner = state.tree.winner().expect("a winner");
         assert_eq!(winner.path.ids.len(), 2, "the writes stem to the limit set through the other instance");
+    }
+
+    /// On the embedded store, which one process holds alone, the limit this process read or
+    /// set is kept rather than read at every write.
+    #[tokio::test]
+    async fn an_unshared_backend_keeps_its_revs_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend: Arc<dyn DocumentBackend> =
+            Arc::new(EmbeddedBackend::open(&dir.path().join("d.redb")).await.unwrap());
+        let database = Database::new("d".into(), Arc::clone(&backend));
+        database.update_settings(|settings| settings.revs_limit = 7).await.unwrap();
+        let other = Database::new("d".into(), Arc::clone(&backend));
+        other.update_settings(|settings| settings.revs_limit = 3).await.unwrap();
+        assert_eq!(database.revs_limit().await.unwrap(), 7, "kept: no other process writes this file");
     }
 
     /// A backend on which, just before the next create of a record, another writer reads the

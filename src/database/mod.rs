@@ -19,13 +19,17 @@
 //! - [`users`]: the `_users` database's rules (passwords hashed on write, user documents'
 //!   validation, stored hashes checked at login), its guard chained before `validate_doc_update`.
 //! - [`replicator_owner`]: the `owner` a `_replicator` document is given on a client's write.
+//! - [`activity`]: what the databases did (documents read, databases changed) and their events
+//!   waiting for [`global_changes`], which writes them to `_global_changes` for `_db_updates`.
 //! - [`Databases`] (here): the open databases of the server, over the backend's catalog.
 
+pub mod activity;
 pub mod attachments;
 pub mod data_store_rules;
 pub mod doc_attachments;
 pub mod document;
 pub mod engine;
+pub mod global_changes;
 pub mod layout;
 pub mod replicator_owner;
 pub mod rev_id;
@@ -89,6 +93,9 @@ pub struct Databases {
     /// Guards of single databases, asked before [`Self::write_guard`] (the `_replicator`
     /// database's rules, which live in `crate::replicator`).
     database_guards: HashMap<String, Arc<dyn write_guard::WriteGuard>>,
+    /// Reads and changes of every database opened here, and their pending events
+    /// ([`activity`]; written to `_global_changes` by [`global_changes`]).
+    activity: Arc<activity::Activity>,
 }
 
 /// What the catalog says of a database this server holds open ([`Databases::confirmed`]).
@@ -165,6 +172,7 @@ impl Databases {
             inline_wait: engine::DEFAULT_INLINE_WAIT,
             write_guard: None,
             database_guards: HashMap::new(),
+            activity: Arc::default(),
         }
     }
 
@@ -188,6 +196,7 @@ impl Databases {
             inline_wait: engine::DEFAULT_INLINE_WAIT,
             write_guard: None,
             database_guards: HashMap::new(),
+            activity: Arc::default(),
         }
     }
 
@@ -243,10 +252,21 @@ impl Databases {
         self
     }
 
+    /// What the databases opened here did ([`activity`]).
+    pub fn activity(&self) -> &Arc<activity::Activity> {
+        &self.activity
+    }
+
+    /// How many databases are open now (the data-store database is not among them).
+    pub fn open_count(&self) -> usize {
+        self.open_map().len()
+    }
+
     /// A database of these settings over its namespace's backend.
     fn database(&self, name: &DbName, backend: Arc<dyn crate::backend::DocumentBackend>) -> Arc<Database> {
         Arc::new(
             Database::new(name.to_string(), backend)
+                .with_activity(Arc::clone(&self.activity))
                 .with_max_document_bytes(self.max_document_bytes)
                 .with_max_tree_bytes(self.max_tree_bytes)
                 .with_inner_body_bounds(self.inner_bodies)
@@ -324,6 +344,7 @@ impl Databases {
                 .with_max_gzip_ratio(self.max_gzip_ratio)
                 .with_inline_budget(Arc::clone(&self.inline_budget), self.inline_wait)
                 .with_attachment_bounds(self.max_attachment_bytes, self.attachment_grace)
+                .with_activity(Arc::clone(&self.activity))
                 .with_write_guard(Some(Arc::new(write_guard::ChainedGuards::new(guards)))),
         ))
     }
@@ -405,6 +426,7 @@ impl Databases {
         let lock = self.name_locks.of(name);
         let _held = lock.lock().await;
         let backend = self.catalog().await?.create(name).await?;
+        self.activity.event(activity::DbEvent::Created, name.as_str());
         let database = self.database(name, backend);
         self.keep(name, &database).await;
         Ok(database)
@@ -482,10 +504,14 @@ impl Databases {
         if let Some(entry) = removed {
             entry.database.close(engine::DRAIN_WAIT).await;
         }
-        match self.opened_catalog().await? {
-            Some(catalog) => catalog.delete(name).await,
-            None => Ok(false),
+        let deleted = match self.opened_catalog().await? {
+            Some(catalog) => catalog.delete(name).await?,
+            None => false,
+        };
+        if deleted {
+            self.activity.event(activity::DbEvent::Deleted, name.as_str());
         }
+        Ok(deleted)
     }
 
     pub async fn list(&self) -> Result<Vec<DbName>> {

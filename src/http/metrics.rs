@@ -212,6 +212,10 @@ impl DocumentBackend for MeteredBackend {
         self.inner.checks_never_written()
     }
 
+    fn shared_with_other_processes(&self) -> bool {
+        self.inner.shared_with_other_processes()
+    }
+
     async fn all_docs_text(
         &self,
         range: &IdRange,

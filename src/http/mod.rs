@@ -65,6 +65,8 @@ const HARD_TIMEOUT_FACTOR: u32 = 2;
 /// A configured server, ready to serve on a listener.
 pub struct App {
     store: Arc<DataStore>,
+    /// Its counters, shared with the CouchDB listener's `/_node/{node}/_prometheus`.
+    metrics: Arc<Metrics>,
     router: Router,
     grace: Duration,
     connections: ConnectionLimits,
@@ -113,8 +115,13 @@ impl App {
         // A safety net well behind the facade's cooperative deadline: a request cut there may have had
         // a write in flight, so the answer is 504 (outcome unknown), never 408.
         let router = router(state, request_timeout.saturating_mul(HARD_TIMEOUT_FACTOR));
+        let router = match cors(&settings.cors_origins.origins()?) {
+            Some(layer) => router.layer(layer),
+            None => router,
+        };
         let connections = ConnectionLimits::from_settings(settings);
         Ok(App {
+            metrics,
             store: state_store,
             router,
             grace: Duration::from_secs(settings.shutdown_grace_secs),
@@ -135,6 +142,11 @@ impl App {
     /// The facade the server writes through, for another protocol face served beside it.
     pub fn store(&self) -> Arc<DataStore> {
         Arc::clone(&self.store)
+    }
+
+    /// The counters `/metrics` shows, for another face served beside it.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        Arc::clone(&self.metrics)
     }
 
     /// Whether requests need no token (no tokens configured).
@@ -196,6 +208,33 @@ fn router(state: AppState, timeout: Duration) -> Router {
         .layer(SetRequestIdLayer::new(request_id, MakeRequestUuid))
         .layer(from_fn(routes::drop_unusable_request_id))
         .with_state(state)
+}
+
+/// Browsers' cross-origin calls from the origins of `cors_origins` (the console at `/_utils` on
+/// the CouchDB listener: `docs/console.md`), outside every other layer so a preflight `OPTIONS`
+/// is answered before authentication; with none listed, no CORS header is ever sent (the layer
+/// is absent). The bearer token travels in `Authorization`, never in a cookie, so no credentials
+/// mode is allowed.
+fn cors(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
+    use axum::http::{header, HeaderValue, Method};
+    if origins.is_empty() {
+        return None;
+    }
+    let allowed: Vec<HeaderValue> = origins.iter().filter_map(|o| HeaderValue::from_str(o).ok()).collect();
+    Some(
+        tower_http::cors::CorsLayer::new()
+            .allow_origin(allowed)
+            .allow_methods([Method::GET, Method::HEAD, Method::PUT, Method::DELETE])
+            .allow_headers([
+                header::AUTHORIZATION,
+                header::CONTENT_TYPE,
+                header::IF_MATCH,
+                header::IF_NONE_MATCH,
+                HeaderName::from_static(routes::AGENT_HEADER),
+            ])
+            .expose_headers([header::ETAG, HeaderName::from_static(routes::REQUEST_ID_HEADER)])
+            .max_age(Duration::from_secs(600)),
+    )
 }
 
 /// Resolves `listen` and binds it, refusing non-loopback addresses when no tokens are configured

@@ -91,10 +91,12 @@ pub struct MigrateArgs {
     /// CouchDB-protocol server URLs, and --checkpoint names a directory
     #[arg(long)]
     pub all_databases: bool,
-    /// Only the databases of this name or pattern (`*`, `?`; repeatable; implies --all-databases)
+    /// Only the databases of this name or pattern (`*`, `?`; repeatable; implies --all-databases;
+    /// `_users`/`_replicator`, taken by default, only when named exactly)
     #[arg(long = "db", value_name = "PATTERN")]
     pub dbs: Vec<String>,
-    /// Leave out the databases of this name or pattern (repeatable; with --all-databases)
+    /// Leave out the databases of this name or pattern (repeatable; with --all-databases;
+    /// `--exclude _users` keeps the logins where they are)
     #[arg(long = "exclude", value_name = "PATTERN")]
     pub excludes: Vec<String>,
     /// With --all-databases: delete at the target a database this move copied that is gone
@@ -151,10 +153,12 @@ pub struct DatabaseFileArgs {
     /// in .gz is gzip-compressed, and import's --checkpoint names its checkpoint file
     #[arg(long)]
     pub all_databases: bool,
-    /// Only the databases of this name or pattern (`*`, `?`; repeatable; implies --all-databases)
+    /// Only the databases of this name or pattern (`*`, `?`; repeatable; implies --all-databases;
+    /// `_users`/`_replicator`, taken by default, only when named exactly)
     #[arg(long = "db", value_name = "PATTERN")]
     pub dbs: Vec<String>,
-    /// Leave out the databases of this name or pattern (repeatable; with --all-databases)
+    /// Leave out the databases of this name or pattern (repeatable; with --all-databases;
+    /// `--exclude _users` keeps the logins where they are)
     #[arg(long = "exclude", value_name = "PATTERN")]
     pub excludes: Vec<String>,
     /// With --all-databases: the longest line written or read (a leaf's line holds its attachments
@@ -234,10 +238,12 @@ pub struct VerifyArgs {
     /// CouchDB-protocol server URLs, and --checkpoint names a directory
     #[arg(long)]
     pub all_databases: bool,
-    /// Only the databases of this name or pattern (`*`, `?`; repeatable; implies --all-databases)
+    /// Only the databases of this name or pattern (`*`, `?`; repeatable; implies --all-databases;
+    /// `_users`/`_replicator`, taken by default, only when named exactly)
     #[arg(long = "db", value_name = "PATTERN")]
     pub dbs: Vec<String>,
-    /// Leave out the databases of this name or pattern (repeatable; with --all-databases)
+    /// Leave out the databases of this name or pattern (repeatable; with --all-databases;
+    /// `--exclude _users` keeps the logins where they are)
     #[arg(long = "exclude", value_name = "PATTERN")]
     pub excludes: Vec<String>,
 }

@@ -34,6 +34,7 @@ pub mod follow;
 pub mod journal;
 pub mod progress;
 pub mod report;
+pub mod run_record;
 pub mod sink;
 pub mod source;
 pub mod transform;
@@ -56,6 +57,7 @@ use follow::{FollowEnd, FollowState, Follower, Lag, StopFlag, StopSignal};
 use journal::Journal;
 use progress::{Progress, ProgressMode, Snapshot};
 use report::{FollowReport, Ledger, Report, Status};
+use run_record::RunRecord;
 use sink::{ConflictPolicy, FileSink, Outgoing};
 use source::{Incoming, Position, Source};
 use transform::{AccessTracking, Verdict};
@@ -341,72 +343,97 @@ pub async fn run_until(job: Job, stop: StopSignal) -> Result<Report> {
     };
     let read_before = checkpoint.ledger.counts.read;
     let mut progress = start_progress(kind, &source, &options, &checkpoint, &path, resumed).await;
+    if let (Endpoint::Backend { backend, .. }, false) = (&target, options.dry_run) {
+        let record = RunRecord::new(Arc::clone(backend), kind.as_str(), &source.name(), &target.name())
+            .with_counts(read_before, progress.total());
+        progress.keep_record(record);
+    }
 
-    if !checkpoint.finished {
-        let copy =
-            CopyPhase { source: &source, target: &target, options: &options, path: &path, journal: journal.as_ref() };
-        if copy.run(&mut checkpoint, started, &mut progress, &mut stop).await? == CopyEnd::Interrupted {
-            let read_this_run = checkpoint.ledger.counts.read - read_before;
-            let mut report = finished_report(
-                kind,
-                &identity,
-                &path,
-                &options,
-                checkpoint,
-                started,
-                Status::Interrupted,
-                read_this_run,
-            );
-            report.resumed = resumed;
+    // The rest in a block, so that however it ends (a report or an error), the run's record in
+    // the target says so ([`run_record`]).
+    let outcome: Result<Report> = async {
+        if !checkpoint.finished {
+            let copy = CopyPhase {
+                source: &source,
+                target: &target,
+                options: &options,
+                path: &path,
+                journal: journal.as_ref(),
+            };
+            if copy.run(&mut checkpoint, started, &mut progress, &mut stop).await? == CopyEnd::Interrupted {
+                let read_this_run = checkpoint.ledger.counts.read - read_before;
+                let mut report = finished_report(
+                    kind,
+                    &identity,
+                    &path,
+                    &options,
+                    checkpoint,
+                    started,
+                    Status::Interrupted,
+                    read_this_run,
+                );
+                report.resumed = resumed;
+                return Ok(report);
+            }
+            progress.finish(snapshot(&checkpoint.ledger));
+        }
+        let read_this_run = checkpoint.ledger.counts.read - read_before;
+
+        let mut status = if options.dry_run { Status::DryRun } else { Status::Finished };
+        let mut lag = Lag::default();
+        if let (
+            Some(journal),
+            Endpoint::Backend { backend: source_backend, .. },
+            Endpoint::Backend { backend: target_backend, .. },
+        ) = (&journal, &source, &target)
+        {
+            if options.follow != FollowMode::Off {
+                let follower = Follower {
+                    source: Arc::clone(source_backend),
+                    target: Arc::clone(target_backend),
+                    journal,
+                    options: &options,
+                    mode: options.follow,
+                    checkpoint: &path,
+                    ensured: Mutex::default(),
+                };
+                status = follow_phase(&follower, &mut checkpoint, &path, started, &mut progress, &mut stop, &mut lag)
+                    .await?;
+            }
+        }
+        let delay_ms = match &source {
+            Endpoint::Backend { backend, .. } => {
+                u64::try_from(backend.change_feed_delay().as_millis()).unwrap_or(u64::MAX)
+            }
+            Endpoint::File(_) => 0,
+        };
+        let follow_report = checkpoint.follow.as_ref().map(|state| FollowReport {
+            since_recorded_at: state.recorded_at.clone(),
+            position: state.position.clone(),
+            ledger: state.ledger.clone(),
+            lag_changes: lag.changes,
+            lag_seconds: lag.seconds,
+            change_feed_delay_ms: delay_ms,
+        });
+        let mut report = finished_report(kind, &identity, &path, &options, checkpoint, started, status, read_this_run);
+        report.resumed = resumed;
+        report.follow = follow_report;
+        if status == Status::Stopped {
+            // The source may still be changing: a read-back now would report its latest changes as
+            // differences. `verify` after the cutover compares the quiet stores.
             return Ok(report);
         }
-        progress.finish(snapshot(&checkpoint.ledger));
+        with_read_back(report, kind, &source, &target, &options).await
     }
-    let read_this_run = checkpoint.ledger.counts.read - read_before;
-
-    let mut status = if options.dry_run { Status::DryRun } else { Status::Finished };
-    let mut lag = Lag::default();
-    if let (
-        Some(journal),
-        Endpoint::Backend { backend: source_backend, .. },
-        Endpoint::Backend { backend: target_backend, .. },
-    ) = (&journal, &source, &target)
-    {
-        if options.follow != FollowMode::Off {
-            let follower = Follower {
-                source: Arc::clone(source_backend),
-                target: Arc::clone(target_backend),
-                journal,
-                options: &options,
-                mode: options.follow,
-                checkpoint: &path,
-                ensured: Mutex::default(),
-            };
-            status =
-                follow_phase(&follower, &mut checkpoint, &path, started, &mut progress, &mut stop, &mut lag).await?;
+    .await;
+    if let Some(mut record) = progress.take_record() {
+        let counts = progress.last_counts();
+        match &outcome {
+            Ok(report) => record.close(report.status.record_state(), counts, None).await,
+            Err(err) => record.close("failed", counts, Some(&err.to_string())).await,
         }
     }
-    let delay_ms = match &source {
-        Endpoint::Backend { backend, .. } => u64::try_from(backend.change_feed_delay().as_millis()).unwrap_or(u64::MAX),
-        Endpoint::File(_) => 0,
-    };
-    let follow_report = checkpoint.follow.as_ref().map(|state| FollowReport {
-        since_recorded_at: state.recorded_at.clone(),
-        position: state.position.clone(),
-        ledger: state.ledger.clone(),
-        lag_changes: lag.changes,
-        lag_seconds: lag.seconds,
-        change_feed_delay_ms: delay_ms,
-    });
-    let mut report = finished_report(kind, &identity, &path, &options, checkpoint, started, status, read_this_run);
-    report.resumed = resumed;
-    report.follow = follow_report;
-    if status == Status::Stopped {
-        // The source may still be changing: a read-back now would report its latest changes as
-        // differences. `verify` after the cutover compares the quiet stores.
-        return Ok(report);
-    }
-    with_read_back(report, kind, &source, &target, &options).await
+    outcome
 }
 
 /// Refuses `--follow` where it cannot work.

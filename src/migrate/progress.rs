@@ -1,12 +1,16 @@
 //! Progress on stderr while a migration runs: an `indicatif` bar with counts, rate and ETA on a
 //! terminal, plain log lines every few seconds otherwise. The total is the source backend's own
 //! estimate of its size ([`crate::backend::DocumentBackend::approximate_count`]); a source that
-//! cannot tell (an NDJSON file) gets a spinner with counts and rate, and no ETA.
+//! cannot tell (an NDJSON file) gets a spinner with counts and rate, and no ETA. A run into a
+//! backend also keeps its counts in a record there for a service to show
+//! ([`super::run_record`]).
 
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use super::run_record::{Counts, RunRecord};
 
 /// How often a plain progress line is printed when stderr is not a terminal.
 const LOG_INTERVAL: Duration = Duration::from_secs(5);
@@ -54,6 +58,10 @@ pub struct Progress {
     last_log: Instant,
     /// The lag (in changes) last shown by the follow phase.
     last_lag: Option<u64>,
+    /// The counts last shown.
+    last: Snapshot,
+    /// The run's record in the target, written as the display is ([`super::run_record`]).
+    record: Option<RunRecord>,
 }
 
 impl Progress {
@@ -103,7 +111,29 @@ impl Progress {
             total,
             last_log: now,
             last_lag: None,
+            last: Snapshot { read: baseline, ..Snapshot::default() },
+            record: None,
         }
+    }
+
+    /// About how many documents will be read in all (the source's estimate), if known.
+    pub fn total(&self) -> Option<u64> {
+        self.total
+    }
+
+    /// Keeps `record` written with every update from now on.
+    pub fn keep_record(&mut self, record: RunRecord) {
+        self.record = Some(record);
+    }
+
+    /// The record, to close it when the run ends.
+    pub fn take_record(&mut self) -> Option<RunRecord> {
+        self.record.take()
+    }
+
+    /// The counts last shown, as a record writes them.
+    pub fn last_counts(&self) -> Counts {
+        Counts { read: self.last.read, landed: self.last.landed, skipped: self.last.skipped }
     }
 
     /// Prints a line above the spinner, or to stderr.
@@ -130,6 +160,11 @@ impl Progress {
     }
 
     pub fn update(&mut self, snapshot: Snapshot) {
+        self.last = snapshot;
+        let counts = self.last_counts();
+        if let Some(record) = &mut self.record {
+            record.update(counts);
+        }
         if let Some(bar) = &self.bar {
             if bar.length().is_some_and(|len| snapshot.read > len) {
                 // The estimate was low: the bar grows rather than overflowing.
@@ -146,6 +181,12 @@ impl Progress {
     /// Shows the follow phase: what it applied and the lag. In log mode a line every few seconds,
     /// and at once whenever the lag reaches zero from above (the moment a cutover waits for).
     pub fn update_follow(&mut self, ledger: &super::report::Ledger, lag: super::follow::Lag) {
+        if let Some(record) = &mut self.record {
+            // While following, what the record counts is the changes applied.
+            record.following();
+            let c = &ledger.counts;
+            record.update(Counts { read: c.read, landed: c.written + c.deleted, skipped: c.already_present });
+        }
         let line = follow_line(ledger, lag);
         if let Some(bar) = &self.bar {
             bar.set_message(line);
@@ -159,7 +200,8 @@ impl Progress {
         self.last_lag = Some(lag.changes);
     }
 
-    pub fn finish(&self, snapshot: Snapshot) {
+    pub fn finish(&mut self, snapshot: Snapshot) {
+        self.last = snapshot;
         let line = self.line(snapshot);
         match &self.bar {
             Some(bar) => {

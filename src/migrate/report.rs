@@ -157,6 +157,16 @@ pub enum Status {
     CaughtUp,
 }
 
+impl Status {
+    /// The run's state as its progress record says it ([`super::run_record`]).
+    pub fn record_state(self) -> &'static str {
+        match self {
+            Status::Finished | Status::AlreadyFinished | Status::DryRun | Status::CaughtUp => "finished",
+            Status::Interrupted | Status::Stopped => "interrupted",
+        }
+    }
+}
+
 /// The follow phase of `migrate --follow`, over every run.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct FollowReport {

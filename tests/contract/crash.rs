@@ -234,6 +234,7 @@ pub const DESCRIPTIVE: &[&str] = &[
     "attachment_chunk_bytes",
     "checks_never_written",
     "keeps_branches",
+    "shared_with_other_processes",
 ];
 
 macro_rules! counted_layer {

@@ -344,6 +344,31 @@ async fn erasure_resends_unprocessed_deletions() {
     }
 }
 
+/// An erasure bumps the purge trace both before its first deletion and after its last: a crash
+/// between the deletions and the bump after would otherwise leave other instances' remembered
+/// counts passing their check (issue 36).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn erasure_bumps_the_purge_trace_before_and_after_its_deletions() {
+    let ids: Vec<String> = (0..5).map(|i| format!("bulk-{i:02}")).collect();
+    let server = server_with_current_layout(&ids).await;
+    operation("BatchWriteItem").respond_with(BatchWriter::new(&[], false)).mount(&server).await;
+    let backend = open(&server).await.expect("open");
+
+    assert_eq!(backend.erase_prefix("bulk-").await.expect("erase"), 5);
+    let order: Vec<String> = server
+        .received_requests()
+        .await
+        .expect("request recording is on")
+        .iter()
+        .filter_map(|r| r.headers.get(TARGET).and_then(|v| v.to_str().ok()).map(str::to_owned))
+        .filter(|t| t == &target("UpdateItem") || t == &target("BatchWriteItem"))
+        .collect();
+    let first_delete = order.iter().position(|t| t == &target("BatchWriteItem")).expect("a deletion");
+    let last_delete = order.iter().rposition(|t| t == &target("BatchWriteItem")).expect("a deletion");
+    assert!(order[..first_delete].contains(&target("UpdateItem")), "no bump before the deletions: {order:?}");
+    assert!(order[last_delete..].contains(&target("UpdateItem")), "no bump after the deletions: {order:?}");
+}
+
 /// Deletions DynamoDB never processes fail the erasure as `Unavailable` (rerunning it finishes).
 async fn persistently_unprocessed_items() -> std::result::Result<(), String> {
     let ids: Vec<String> = (0..10).map(|i| format!("bulk-{i:02}")).collect();
@@ -1144,7 +1169,12 @@ async fn opening_a_database_reads_its_marker_and_never_describes_the_table() {
     let updates = received(&server, "UpdateItem").await;
     assert_eq!(updates.len(), 1, "the earlier release's marker is given a creation id once");
     let update = request_json(&updates[0]);
-    assert_eq!(update["ConditionExpression"], json!("attribute_exists(#id) AND attribute_not_exists(#creation)"));
+    assert_eq!(update["ConditionExpression"], json!("attribute_exists(#id) AND attribute_not_exists(#field)"));
+    assert_eq!(
+        update["ExpressionAttributeNames"]["#field"],
+        json!("creation"),
+        "the field set once is the creation id"
+    );
 }
 
 /// DescribeTable answers of a table deleted and created again by another instance between two

@@ -1,7 +1,7 @@
 //! The libtest-mimic suites that run on every selected backend, in one binary: migration
 //! (`migrate::…`), moving whole deployments (`migrate_databases::…`), whole databases through a file (`export_import::…`), live migration (`live_migrate::…`), the CouchDB API (`couchdb_api::…`) and
 //! real CouchDB clients against it (`couchdb_clients::…`), and three instances behind HAProxy
-//! (`balancer::…`). Each suite prints, before the run,
+//! (`balancer::…`), and the console at `/_utils` in a real browser (`console::…`). Each suite prints, before the run,
 //! which backends it runs against which server and what does NOT RUN and why; a filter such as
 //! `cargo test --test suites -- couchdb_api::` runs one suite.
 //!
@@ -14,6 +14,7 @@
 mod common;
 
 mod balancer;
+mod console;
 mod couchdb_api;
 mod couchdb_clients;
 mod export_import;
@@ -40,6 +41,7 @@ fn main() -> ExitCode {
         couchdb_api::trials,
         couchdb_clients::trials,
         balancer::trials,
+        console::trials,
     ] {
         let Some(suite_trials) = suite(&args) else {
             return ExitCode::FAILURE;

@@ -95,6 +95,12 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         })
         .with_ignored_flag(!(couch && selected.contains(&"embedded"))),
     );
+    trials.push(
+        Trial::test("migrate_databases::users::all_databases_take_users_unless_excluded", || {
+            block_on(all_databases_take_users_unless_excluded())
+        })
+        .with_ignored_flag(!selected.contains(&"embedded")),
+    );
     Some(trials)
 }
 
@@ -786,6 +792,58 @@ async fn moved_users_log_in() -> TestResult {
     })?;
     let (status, _) = session("another pw").await?;
     check(status == 401, || format!("a wrong password after the move: {status}"))
+}
+
+/// A move without `--db` takes the deployment's logins (`_users`) with its other databases, and
+/// `--exclude _users` leaves them behind (issue 37: "now including them, unless excluded"). The
+/// source is an agentstore embedded store whose `_users` holds a user written through its face.
+async fn all_databases_take_users_unless_excluded() -> TestResult {
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let phc = agentstore_hash("admin pw", dir.path())?;
+    let config = dir.path().join("agentstore.toml");
+    std::fs::write(&config, format!("[[couchdb_users]]\nname = \"admin\"\npassword_hash = \"{phc}\"\nadmin = true\n"))
+        .map_err(|e| e.to_string())?;
+    let config_args = ["--config".to_owned(), config.display().to_string()];
+    let config_args: Vec<&str> = config_args.iter().map(String::as_str).collect();
+    let source = format!("embedded:{}", dir.path().join("source.redb").display());
+    {
+        let face = start_face_over(dir.path(), &source, &config_args)?;
+        let admin = face.url.replacen("http://", "http://admin:admin%20pw@", 1);
+        let doc = json!({ "name": "mover", "type": "user", "roles": ["movers"], "password": "old pw" });
+        ok(reqwest::Method::PUT, &format!("{admin}/_users/org.couchdb.user:mover"), Some(doc)).await?;
+        ok(reqwest::Method::PUT, &format!("{admin}/app"), None).await?;
+    }
+    for (round, excluded) in [false, true].into_iter().enumerate() {
+        let target = format!("embedded:{}", dir.path().join(format!("target-{round}.redb")).display());
+        let checkpoint = dir.path().join(format!("cp-{round}")).display().to_string();
+        let mut args: Vec<String> = ["migrate", "--from", &source, "--to", &target, "--all-databases"]
+            .into_iter()
+            .chain(["--progress", "none", "--checkpoint", &checkpoint])
+            .map(str::to_owned)
+            .collect();
+        if excluded {
+            args.extend(["--exclude".to_owned(), "_users".to_owned()]);
+        }
+        let (code, report) = run(dir.path(), &args)?;
+        check(code == 0 && report["status"] == "complete", || format!("migrate {args:?} exited {code}: {report}"))?;
+        let moved: Vec<&str> =
+            report["databases"].as_array().into_iter().flatten().filter_map(|db| db["name"].as_str()).collect();
+        check(moved.contains(&"app") && moved.contains(&"_users") != excluded, || {
+            format!("excluded {excluded}: the report lists {moved:?}")
+        })?;
+        let face = start_face_over(dir.path(), &target, &config_args)?;
+        let response = reqwest::Client::new()
+            .get(format!("{}/_session", face.url))
+            .basic_auth("mover", Some("old pw"))
+            .header("accept", "application/json")
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = response.status().as_u16();
+        let wanted = if excluded { 401 } else { 200 };
+        check(status == wanted, || format!("excluded {excluded}: the moved user's login answered {status}"))?;
+    }
+    Ok(())
 }
 
 /// `agentstore hash-password` of `password`.

@@ -686,11 +686,11 @@ impl DocumentBackend for DynamoDbBackend {
     }
 
     async fn erase_prefix(&self, prefix: &str) -> Result<u64> {
-        self.traced(self.erase_ids_with_prefix(prefix).await).await
+        self.traced(self.erase_ids_with_prefix(prefix)).await
     }
 
     async fn erase_id(&self, id: &str, options: &EraseOptions) -> Result<bool> {
-        self.traced(self.erase_one_id(id, options).await).await
+        self.traced(self.erase_one_id(id, options)).await
     }
 
     async fn get_local(&self, name: &str) -> Result<Option<StoredDocument>> {

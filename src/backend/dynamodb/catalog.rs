@@ -201,22 +201,37 @@ impl DynamoCatalog {
 
     /// Gives an existing marker without a creation id this one (a lost race leaves the other's).
     async fn write_creation(&self, table: &str, creation: &str) -> Result<()> {
+        let doing = format!("give the layout marker of table {table:?} a creation id");
+        self.set_marker_field_once(table, layout::CREATION, AttributeValue::S(creation.to_owned()), &doing).await?;
+        Ok(())
+    }
+
+    /// Sets `field` of the layout marker in `table` to `value` if the marker is there and the
+    /// field is not: `true` when this call set it, `false` when there was no marker (or no
+    /// table) or the field was set already. Conditional, so of two writers at once one sets it.
+    async fn set_marker_field_once(
+        &self,
+        table: &str,
+        field: &str,
+        value: AttributeValue,
+        doing: &str,
+    ) -> Result<bool> {
         let written = self
             .client
             .update_item()
             .table_name(table)
             .key(codec::ID, AttributeValue::S(layout::MARKER_ID.into()))
-            .update_expression("SET #creation = :creation")
-            .condition_expression("attribute_exists(#id) AND attribute_not_exists(#creation)")
+            .update_expression("SET #field = :value")
+            .condition_expression("attribute_exists(#id) AND attribute_not_exists(#field)")
             .expression_attribute_names("#id", codec::ID)
-            .expression_attribute_names("#creation", layout::CREATION)
-            .expression_attribute_values(":creation", AttributeValue::S(creation.to_owned()))
+            .expression_attribute_names("#field", field)
+            .expression_attribute_values(":value", value)
             .send()
             .await;
         match written {
-            Ok(_) => Ok(()),
-            Err(e) if condition_failed(&e) || table_missing(&e) => Ok(()),
-            Err(e) => Err(map_sdk(e, &format!("give the layout marker of table {table:?} a creation id"))),
+            Ok(_) => Ok(true),
+            Err(e) if condition_failed(&e) || table_missing(&e) => Ok(false),
+            Err(e) => Err(map_sdk(e, doing)),
         }
     }
 
@@ -245,23 +260,8 @@ impl DynamoCatalog {
     /// no database (no table, no marker, or one marked already). Conditional, so of two
     /// deletions at once one finds it.
     async fn mark_dropped(&self, table: &str) -> Result<bool> {
-        let marked = self
-            .client
-            .update_item()
-            .table_name(table)
-            .key(codec::ID, AttributeValue::S(layout::MARKER_ID.into()))
-            .update_expression("SET #dropped = :dropped")
-            .condition_expression("attribute_exists(#id) AND attribute_not_exists(#dropped)")
-            .expression_attribute_names("#id", codec::ID)
-            .expression_attribute_names("#dropped", layout::DROPPED)
-            .expression_attribute_values(":dropped", AttributeValue::Bool(true))
-            .send()
-            .await;
-        match marked {
-            Ok(_) => Ok(true),
-            Err(e) if condition_failed(&e) || table_missing(&e) => Ok(false),
-            Err(e) => Err(map_sdk(e, &format!("mark the database of table {table:?} dropped"))),
-        }
+        let doing = format!("mark the database of table {table:?} dropped");
+        self.set_marker_field_once(table, layout::DROPPED, AttributeValue::Bool(true), &doing).await
     }
 
     /// DeleteTable of a dropped database's table. A table already going (or gone) is fine; one

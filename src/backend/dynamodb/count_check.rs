@@ -91,12 +91,18 @@ impl DynamoDbBackend {
         })
     }
 
-    /// `erasure`'s outcome, after bumping the purge trace (whatever the outcome but a conflict,
-    /// which erased nothing: an erasure that failed part way may have erased some), so other
-    /// processes' remembered counts fail their check before the erasure is acknowledged. An
-    /// erasure that succeeded fails if the trace cannot be bumped (it is safe to repeat); one that
-    /// failed keeps its own error, the trace's only logged.
-    pub(super) async fn traced<T>(&self, erasure: Result<T>) -> Result<T> {
+    /// Runs `erasure` between two bumps of the purge trace, so that other processes'
+    /// remembered counts fail their check. The bump after (whatever the outcome but a conflict,
+    /// which erased nothing: an erasure that failed part way may have erased some) is what a
+    /// count re-read while the erasure ran needs; the bump before is for a crash between the
+    /// erasure and the bump after, which would otherwise leave a count that includes the erased
+    /// documents passing its check until `count_max_age_ms` (the client's retry may find nothing
+    /// left to erase). The bump before failing erases nothing. An erasure that succeeded fails if
+    /// the trace cannot be bumped after it (it is safe to repeat); one that failed keeps its own
+    /// error, the trace's only logged.
+    pub(super) async fn traced<T>(&self, erasure: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+        self.trace_purge().await?;
+        let erasure = erasure.await;
         if matches!(&erasure, Err(err) if err.is_conflict()) {
             return erasure;
         }

@@ -272,6 +272,11 @@ impl DocumentBackend for EmbeddedBackend {
         true
     }
 
+    fn shared_with_other_processes(&self) -> bool {
+        // redb holds the file under an exclusive lock: a second process cannot open it.
+        false
+    }
+
     async fn put_local(&self, name: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Revision> {
         let (name, json) = (name.to_owned(), codec::encode_json(name, body)?);
         self.write(1, move |tables| local::put(tables, &name, &json, &precondition)).await

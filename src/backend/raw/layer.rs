@@ -191,6 +191,10 @@ pub trait Layered: Send + Sync + 'static {
         self.inner().checks_never_written()
     }
 
+    fn shared_with_other_processes(&self) -> bool {
+        self.inner().shared_with_other_processes()
+    }
+
     async fn all_docs_text(
         &self,
         range: &IdRange,
@@ -403,6 +407,10 @@ impl<L: Layered> DocumentBackend for L {
 
     fn checks_never_written(&self) -> bool {
         Layered::checks_never_written(self)
+    }
+
+    fn shared_with_other_processes(&self) -> bool {
+        Layered::shared_with_other_processes(self)
     }
 
     async fn all_docs_text(

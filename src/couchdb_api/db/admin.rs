@@ -41,12 +41,20 @@ pub async fn create_db(
     if *db == *state.db {
         return Err(database_exists());
     }
-    if SYSTEM_DATABASES.contains(&db.as_str()) {
+    let kept = crate::backend::catalog::SYSTEM_DATABASES.contains(&db.as_str());
+    if SYSTEM_DATABASES.contains(&db.as_str()) && !kept {
         return Err(CouchError::forbidden(format!("agentstore does not keep CouchDB's system database {db}")));
     }
     let name = db_name(&db)?;
     match state.databases.create(&name).await {
-        Ok(_) => {
+        Ok(created) => {
+            // The events name every database: `_global_changes` is for server admins only, as
+            // `_users` is (CouchDB 3.4.3 makes every new database so by default).
+            if db == crate::database::activity::GLOBAL_CHANGES_DB && !created.backend().forwards_requests() {
+                created
+                    .update_settings(|settings| settings.security = crate::database::users::admin_only_security())
+                    .await?;
+            }
             let mut response = json(StatusCode::CREATED, json!({ "ok": true }));
             if let Ok(location) = HeaderValue::from_str(&format!("/{db}")) {
                 response.headers_mut().insert(header::LOCATION, location);

@@ -312,6 +312,21 @@ async fn forward_if_native(state: &CouchState, name: &str, request: Request) -> 
     Ok(forward(state, &db, &identity, &below, request).await.unwrap_or_else(IntoResponse::into_response))
 }
 
+/// Whether a request passed to a native database changes it when it succeeds (an `updated`
+/// event for `_db_updates`, `crate::database::activity`): every `PUT`, `DELETE` and `COPY`,
+/// and the `POST`s that write (a new document, `_bulk_docs`, `_purge`, an update function).
+fn changes_the_database(method: &axum::http::Method, below: &str) -> bool {
+    use axum::http::Method;
+    match *method {
+        Method::PUT | Method::DELETE => true,
+        Method::POST => {
+            matches!(below, "" | "_bulk_docs" | "_purge")
+                || below.starts_with("_design/") && below.split('/').nth(2) == Some("_update")
+        }
+        _ => method.as_str() == "COPY",
+    }
+}
+
 async fn forward(
     state: &CouchState,
     db: &Database,
@@ -380,6 +395,9 @@ async fn forward(
     };
     let status = axum::http::StatusCode::from_u16(answer.status)
         .map_err(|_| CouchError::internal(format!("the backend answered status {}", answer.status)))?;
+    if status.is_success() && changes_the_database(&parts.method, below) {
+        state.databases.activity().changed(db.name());
+    }
     let mut headers = axum::http::HeaderMap::new();
     for (name, value) in answer.headers {
         if let (Ok(name), Ok(value)) =
@@ -622,25 +640,15 @@ pub(crate) async fn security_of(db: &Database) -> Result<Value, CouchError> {
         }
         return Ok(db.settings().await?.security);
     }
-    let asked = crate::backend::DesignRequest {
-        method: axum::http::Method::GET,
-        path: "_security".to_owned(),
-        query: None,
-        headers: vec![("accept".to_owned(), "application/json".to_owned())],
-        body: crate::backend::DesignBody::empty(),
-    };
+    let asked = crate::backend::DesignRequest::get_json("_security".to_owned(), None);
     let Some(answer) = db.backend().design_request(asked).await? else {
         return Err(CouchError::internal("the backend forwards requests but did not answer GET _security"));
     };
     let status = answer.status;
-    let mut body = Vec::new();
-    let mut chunks = answer.body;
-    while let Some(chunk) = futures::StreamExt::next(&mut chunks).await {
-        body.extend_from_slice(&chunk?);
-        if body.len() > MAX_SECURITY_BYTES {
-            return Err(CouchError::internal("the backend's _security object is over 1 MiB"));
-        }
-    }
+    let body = answer
+        .body_within(MAX_SECURITY_BYTES, "the backend's _security object")
+        .await
+        .map_err(|e| CouchError::internal(e.to_string()))?;
     if !(200..300).contains(&status) {
         return Err(CouchError::internal(format!("the backend answered GET _security with status {status}")));
     }

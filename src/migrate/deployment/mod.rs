@@ -95,13 +95,19 @@ pub const LOCAL_DOCUMENTS: &str = "not copied: they are peers' replication check
                                    source's feeds that mean nothing at the target (CouchDB's replicator does not \
                                    copy them either)";
 
-/// Which databases a move takes: every one (but CouchDB's system databases, `_users`,
-/// `_replicator`, …, which hold the server's configuration, and names no backend here takes),
-/// or those matching `include` (exact names, or patterns with `*` and `?`), less those matching
-/// `exclude`. A system database this server keeps (`_users`, `_replicator`) is taken when
-/// `include` names it exactly (`--db _users`): its documents are replicated as they are,
-/// CouchDB's password hashes included, so its users log in at the target with the passwords they
-/// had, and its replications run at the target.
+/// Which databases a move takes: every one, or those matching `include` (exact names, or
+/// patterns with `*` and `?`), less those matching `exclude`. The system databases this server
+/// keeps ([`SYSTEM_DATABASES`](crate::backend::catalog::SYSTEM_DATABASES): `_users`, and
+/// `_replicator` where the scheduler runs) are a deployment's logins and replications, so they are
+/// taken by default (issue 37: "unless excluded"), and with `--db` only when named exactly, never
+/// by a pattern (`--db '*'` means the application's databases); `--exclude` takes them out by
+/// name or pattern. Their documents are replicated as they are, CouchDB's password hashes
+/// included, so users log in at the target with the passwords they had. Other names starting
+/// with `_` (`_global_changes`, …) and names no backend here takes are never taken.
+/// The system databases a move takes: a deployment's logins and replications (`_global_changes`
+/// is the server's own record of its databases' events, never moved).
+pub const MOVED_SYSTEM_DATABASES: [&str; 2] = ["_users", "_replicator"];
+
 #[derive(Debug, Clone, Default)]
 pub struct Selection {
     pub include: Vec<String>,
@@ -110,13 +116,15 @@ pub struct Selection {
 
 impl Selection {
     pub fn admits(&self, name: &str) -> bool {
-        let named_system_database = crate::backend::catalog::SYSTEM_DATABASES.contains(&name)
-            && self.include.iter().any(|pattern| pattern == name);
-        if (name.starts_with('_') && !named_system_database) || DbName::parse(name).is_err() {
+        let excluded = self.exclude.iter().any(|p| matches(p, name));
+        if MOVED_SYSTEM_DATABASES.contains(&name) {
+            let taken = self.include.is_empty() || self.include.iter().any(|pattern| pattern == name);
+            return taken && !excluded;
+        }
+        if name.starts_with('_') || DbName::parse(name).is_err() {
             return false;
         }
-        (self.include.is_empty() || self.include.iter().any(|p| matches(p, name)))
-            && !self.exclude.iter().any(|p| matches(p, name))
+        (self.include.is_empty() || self.include.iter().any(|p| matches(p, name))) && !excluded
     }
 }
 
@@ -741,10 +749,18 @@ mod tests {
         assert!(selection.admits("db-1") && selection.admits("logs"));
         assert!(!selection.admits("db-tmp1") && !selection.admits("other"));
         let everything = Selection::default();
-        assert!(everything.admits("a/b") && !everything.admits("_users") && !everything.admits("_replicator"));
-        let users = Selection { include: vec!["_users".into(), "_replicator".into(), "_*".into()], exclude: vec![] };
-        assert!(users.admits("_users") && users.admits("_replicator"), "named exactly");
-        assert!(!users.admits("_global_changes"), "not kept here, or by a pattern");
+        assert!(everything.admits("a/b") && !everything.admits("_global_changes"));
+        let patterns = Selection { include: vec!["*".into(), "_*".into()], exclude: vec![] };
+        let without = Selection { include: vec![], exclude: vec!["_*".into()] };
+        for system in MOVED_SYSTEM_DATABASES {
+            assert!(everything.admits(system), "{system}: taken by default");
+            assert!(!patterns.admits(system), "{system}: never by a pattern");
+            assert!(!without.admits(system), "{system}: excluded by a pattern");
+            let named = Selection { include: vec![system.into()], exclude: vec![] };
+            assert!(named.admits(system) && !named.admits("a"), "{system}: named exactly");
+        }
+        let users = Selection { include: vec!["_users".into(), "_global_changes".into()], exclude: vec![] };
+        assert!(!users.admits("_global_changes"), "not kept here");
     }
 
     /// Refused leaves make the status 7 even though the read-back misses them; anything the

@@ -25,6 +25,7 @@ mod data_store_engine;
 mod data_store_feed;
 mod data_store_routes;
 mod databases;
+mod db_updates;
 mod dbs_info;
 mod depth;
 mod design_functions;
@@ -36,6 +37,7 @@ mod lockout;
 mod logins;
 mod mango;
 mod missing_database;
+mod node_endpoints;
 mod paged_changes;
 mod purge;
 mod purge_between_polls;
@@ -255,8 +257,16 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("instances_see_a_database_created_at_once", |e| {
             Box::pin(several_instances::created_on_one_instance_is_there_on_the_other_at_once(e))
         }),
+        ("instances_apply_each_other_s_revs_limit_at_once", |e| {
+            Box::pin(several_instances::revs_limit_set_on_one_instance_holds_at_once_on_the_other(e))
+        }),
         ("users_db_logins", |e| Box::pin(users_db::users_db_logins(e))),
         ("users_db_couchdb_hash_moves_in", |e| Box::pin(users_db::users_db_couchdb_hash_moves_in(e))),
+        ("db_updates_as_couchdb", |e| Box::pin(db_updates::db_updates_as_couchdb(e))),
+        ("db_updates_longpoll_woken_by_a_create", |e| Box::pin(db_updates::db_updates_longpoll_woken_by_a_create(e))),
+        ("db_updates_continuous_heartbeat", |e| Box::pin(db_updates::db_updates_continuous_heartbeat(e))),
+        ("instances_see_each_other_s_db_updates", |e| Box::pin(db_updates::db_updates_across_instances(e))),
+        ("node_endpoints_as_couchdb", |e| Box::pin(node_endpoints::node_endpoints_as_couchdb(e))),
         ("replicator_one_shot_as_couchdb", |e| Box::pin(replicator::replicator_one_shot_as_couchdb(e))),
         ("replicator_continuous_and_filtered", |e| Box::pin(replicator::replicator_continuous_and_filtered(e))),
         ("replicate_endpoint_as_couchdb", |e| Box::pin(replicator::replicate_endpoint_as_couchdb(e))),
@@ -316,6 +326,11 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
                             "get_dbs_info_as_couchdb" => Some(dbs_info::DBS_INFO_CONFIG.to_owned()),
                             "lockout_counted_across_instances" => Some(logins::logins_config()?),
                             "lockout_behind_trusted_proxies" => Some(lockout::trusted_loopback_config()?),
+                            "db_updates_as_couchdb"
+                            | "db_updates_longpoll_woken_by_a_create"
+                            | "db_updates_continuous_heartbeat"
+                            | "instances_see_each_other_s_db_updates" => Some(db_updates::config()?),
+                            "node_endpoints_as_couchdb" => Some(node_endpoints::config()?),
                             _ => None,
                         };
                         let endpoint = Endpoint::start(fresh, backend_name, logins).await?;
