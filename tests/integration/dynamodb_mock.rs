@@ -1170,7 +1170,11 @@ async fn opening_a_database_reads_its_marker_and_never_describes_the_table() {
     assert_eq!(updates.len(), 1, "the earlier release's marker is given a creation id once");
     let update = request_json(&updates[0]);
     assert_eq!(update["ConditionExpression"], json!("attribute_exists(#id) AND attribute_not_exists(#field)"));
-    assert_eq!(update["ExpressionAttributeNames"]["#field"], json!("creation"), "the field set once is the creation id");
+    assert_eq!(
+        update["ExpressionAttributeNames"]["#field"],
+        json!("creation"),
+        "the field set once is the creation id"
+    );
 }
 
 /// DescribeTable answers of a table deleted and created again by another instance between two
