@@ -95,19 +95,20 @@ pub const LOCAL_DOCUMENTS: &str = "not copied: they are peers' replication check
                                    source's feeds that mean nothing at the target (CouchDB's replicator does not \
                                    copy them either)";
 
+/// The system databases a move without `--db` takes: the deployment's logins and replications.
+/// `_global_changes` (the `_db_updates` events each server writes of its own databases) is taken
+/// only when named.
+pub const MOVED_BY_DEFAULT: [&str; 2] = ["_users", "_replicator"];
+
 /// Which databases a move takes: every one, or those matching `include` (exact names, or
 /// patterns with `*` and `?`), less those matching `exclude`. The system databases this server
-/// keeps ([`SYSTEM_DATABASES`](crate::backend::catalog::SYSTEM_DATABASES): `_users`, and
-/// `_replicator` where the scheduler runs) are a deployment's logins and replications, so they are
-/// taken by default (issue 37: "unless excluded"), and with `--db` only when named exactly, never
+/// keeps ([`SYSTEM_DATABASES`](crate::backend::catalog::SYSTEM_DATABASES)) are taken with `--db`
+/// only when named exactly, never by a pattern; those of [`MOVED_BY_DEFAULT`], a deployment's
+/// logins and replications, also without `--db` (issue 37: "unless excluded"), never
 /// by a pattern (`--db '*'` means the application's databases); `--exclude` takes them out by
 /// name or pattern. Their documents are replicated as they are, CouchDB's password hashes
 /// included, so users log in at the target with the passwords they had. Other names starting
-/// with `_` (`_global_changes`, …) and names no backend here takes are never taken.
-/// The system databases a move takes: a deployment's logins and replications (`_global_changes`
-/// is the server's own record of its databases' events, never moved).
-pub const MOVED_SYSTEM_DATABASES: [&str; 2] = ["_users", "_replicator"];
-
+/// with `_` and names no backend here takes are never taken.
 #[derive(Debug, Clone, Default)]
 pub struct Selection {
     pub include: Vec<String>,
@@ -117,8 +118,9 @@ pub struct Selection {
 impl Selection {
     pub fn admits(&self, name: &str) -> bool {
         let excluded = self.exclude.iter().any(|p| matches(p, name));
-        if MOVED_SYSTEM_DATABASES.contains(&name) {
-            let taken = self.include.is_empty() || self.include.iter().any(|pattern| pattern == name);
+        if crate::backend::catalog::SYSTEM_DATABASES.contains(&name) {
+            let by_default = self.include.is_empty() && MOVED_BY_DEFAULT.contains(&name);
+            let taken = by_default || self.include.iter().any(|pattern| pattern == name);
             return taken && !excluded;
         }
         if name.starts_with('_') || DbName::parse(name).is_err() {
@@ -752,15 +754,16 @@ mod tests {
         assert!(everything.admits("a/b") && !everything.admits("_global_changes"));
         let patterns = Selection { include: vec!["*".into(), "_*".into()], exclude: vec![] };
         let without = Selection { include: vec![], exclude: vec!["_*".into()] };
-        for system in MOVED_SYSTEM_DATABASES {
-            assert!(everything.admits(system), "{system}: taken by default");
+        for system in crate::backend::catalog::SYSTEM_DATABASES {
+            let by_default = MOVED_BY_DEFAULT.contains(&system);
+            assert_eq!(everything.admits(system), by_default, "{system}: taken by default or not");
             assert!(!patterns.admits(system), "{system}: never by a pattern");
             assert!(!without.admits(system), "{system}: excluded by a pattern");
             let named = Selection { include: vec![system.into()], exclude: vec![] };
             assert!(named.admits(system) && !named.admits("a"), "{system}: named exactly");
         }
-        let users = Selection { include: vec!["_users".into(), "_global_changes".into()], exclude: vec![] };
-        assert!(!users.admits("_global_changes"), "not kept here");
+        assert!(everything.admits("_users") && !everything.admits("_global_changes"));
+        assert!(!everything.admits("_other"), "not kept here");
     }
 
     /// Refused leaves make the status 7 even though the read-back misses them; anything the

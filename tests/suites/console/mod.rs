@@ -8,8 +8,10 @@
 //! database, logging out, a login that is not an admin; on DynamoDB a `migrate` run from the
 //! command line into the served backend seen finished on the service page, and a `migrate
 //! --follow` seen running, then interrupted after the walkthrough sends it SIGTERM; each step
-//! checked in the page and through the API. The embedded trial
-//! writes the screenshots of `docs/console.md` into `docs/console/`.
+//! checked in the page and through the API. The embedded trial writes its screenshots into
+//! `target/console-screenshots/`, or where `AGENTSTORE_CONSOLE_SCREENSHOTS` says:
+//! `AGENTSTORE_CONSOLE_SCREENSHOTS=docs/console` refreshes those of `docs/console.md` (a test run
+//! leaves the tracked files alone otherwise).
 //!
 //! Selection, printed before the run: `AGENTSTORE_TEST_BACKENDS` as for the other suites;
 //! `AGENTSTORE_TEST_CONSOLE=0` deselects the suite (NOT RUN, with that reason). Otherwise a
@@ -29,8 +31,16 @@ use crate::common::{agentstore_at, TestResult, AGENTSTORE};
 
 /// The backends the walkthrough runs on: the embedded store and one server backend.
 const BACKENDS: [&str; 2] = ["embedded", "dynamodb"];
-/// The one whose run writes the screenshots into `docs/console/`.
+/// The one whose run writes the screenshots ([`screenshots_dir`]).
 const SCREENSHOT_BACKEND: &str = "embedded";
+/// Where the screenshots go: `AGENTSTORE_CONSOLE_SCREENSHOTS` (relative to the repository), else
+/// `target/console-screenshots`.
+fn screenshots_dir() -> PathBuf {
+    match std::env::var_os("AGENTSTORE_CONSOLE_SCREENSHOTS") {
+        Some(dir) => repo_root().join(dir),
+        None => repo_root().join("target/console-screenshots"),
+    }
+}
 const ADMIN: &str = "admin";
 const PASSWORD: &str = "console-admin-pw";
 /// A login of one data-store user (`walker`), not an admin: what the console shows it.
@@ -127,10 +137,10 @@ fn walkthrough(backend: &'static str, fresh: FreshFn) -> TestResult {
         .args(["--backend", backend, "--chromium", CHROMIUM, "--chromedriver", CHROMEDRIVER]);
     if let Some(count) = migrated {
         command.args(["--migrated", &count.to_string(), "--following"]);
-        command.arg("--migration-screenshot").arg(repo_root().join("docs/console/migration.png"));
+        command.arg("--migration-screenshot").arg(screenshots_dir().join("migration.png"));
     }
     if backend == SCREENSHOT_BACKEND {
-        command.arg("--screenshots").arg(repo_root().join("docs/console"));
+        command.arg("--screenshots").arg(screenshots_dir());
     }
     let (status, output) = run_with_timeout(command, WALK_TIMEOUT)?;
     if status != Some(0) {
