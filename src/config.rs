@@ -252,6 +252,21 @@ pub struct Settings {
     /// `max_db_number_for_dbs_info_req`), and most databases one `GET /_dbs_info` answers
     /// (CouchDB has no bound there; `limit` and `startkey` page through them).
     pub couchdb_max_dbs_info_keys: usize,
+    /// Most replications that run at once on one instance (CouchDB's `[replicator] max_jobs`,
+    /// 500); more wait `pending` (docs/couchdb-api.md, "`_replicator` and the scheduler").
+    pub couchdb_max_replication_jobs: usize,
+    /// How long a replication's lease lasts without being renewed: how long a job pauses when
+    /// the instance running it is killed, before another instance takes it over.
+    pub couchdb_replication_lease_secs: u64,
+    /// A replication's connect timeout to a remote endpoint (CouchDB's `connection_timeout`).
+    pub couchdb_replication_connect_timeout_ms: u64,
+    /// How often a running replication records its checkpoint (CouchDB's
+    /// `checkpoint_interval`, 30 s).
+    pub couchdb_replication_checkpoint_ms: u64,
+    /// The server's UUID (`GET /`'s `uuid`, and part of every replication id). Unset, it is made
+    /// from the backend's description; set it to a moved CouchDB's `uuid` so that its
+    /// replications keep their ids and resume from their checkpoints.
+    pub couchdb_server_uuid: Option<String>,
     /// Longest database feed `_changes?descending=true` reads (it reads the whole feed to answer
     /// the newest first); longer ones are refused with 400.
     pub couchdb_max_descending_changes: usize,
@@ -585,6 +600,10 @@ impl Settings {
             .and_then(|b| b.set_default("couchdb_js_memory_bytes", 64u64 << 20))
             .and_then(|b| b.set_default("couchdb_js_workers", 0u64))
             .and_then(|b| b.set_default("couchdb_max_dbs_info_keys", 100u64))
+            .and_then(|b| b.set_default("couchdb_max_replication_jobs", 500u64))
+            .and_then(|b| b.set_default("couchdb_replication_lease_secs", 30u64))
+            .and_then(|b| b.set_default("couchdb_replication_connect_timeout_ms", 30_000u64))
+            .and_then(|b| b.set_default("couchdb_replication_checkpoint_ms", 30_000u64))
             .and_then(|b| b.set_default("couchdb_max_descending_changes", 100_000u64))
             .and_then(|b| b.set_default("couchdb_db_updates_flush_ms", 500u64))
             .and_then(|b| b.set_default("couchdb_max_view_queries", 1_000u64))
@@ -683,6 +702,10 @@ impl Settings {
             ("couchdb_max_inflight_inline_bytes", as_u64(self.couchdb_max_inflight_inline_bytes)),
             ("couchdb_inline_wait_ms", self.couchdb_inline_wait_ms),
             ("couchdb_max_dbs_info_keys", as_u64(self.couchdb_max_dbs_info_keys)),
+            ("couchdb_max_replication_jobs", as_u64(self.couchdb_max_replication_jobs)),
+            ("couchdb_replication_lease_secs", self.couchdb_replication_lease_secs),
+            ("couchdb_replication_connect_timeout_ms", self.couchdb_replication_connect_timeout_ms),
+            ("couchdb_replication_checkpoint_ms", self.couchdb_replication_checkpoint_ms),
             ("couchdb_max_descending_changes", as_u64(self.couchdb_max_descending_changes)),
             ("couchdb_db_updates_flush_ms", self.couchdb_db_updates_flush_ms),
             ("couchdb_max_view_queries", as_u64(self.couchdb_max_view_queries)),
@@ -863,6 +886,7 @@ mod tests {
         assert_eq!(settings.couchdb_attachment_grace_secs, 86_400, "a day, as the storage layer's grace");
         assert_eq!(settings.couchdb_attachment_limit(), u64::MAX);
         assert_eq!(settings.couchdb_max_dbs_info_keys, 100);
+        assert_eq!(settings.couchdb_max_replication_jobs, 500, "CouchDB's [replicator] max_jobs");
         assert_eq!(settings.couchdb_max_descending_changes, 100_000);
         assert_eq!(settings.couchdb_db_updates_flush_ms, 500, "CouchDB's max_write_delay");
         assert_eq!(

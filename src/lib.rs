@@ -32,6 +32,7 @@ pub mod mango;
 pub mod migrate;
 pub mod model;
 pub mod replication_client;
+pub mod replicator;
 pub mod server;
 pub mod store;
 #[cfg(feature = "testing")]

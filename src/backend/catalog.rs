@@ -29,9 +29,9 @@ use crate::error::{Error, ErrorKind, Result};
 pub const MAX_DB_NAME_LEN: usize = 238;
 
 /// The names starting with `_` CouchDB's rule admits that this server keeps: `_users` (the
-/// logins of `crate::database::users`) and `_global_changes` (the events `_db_updates` reads,
-/// `crate::database::global_changes`).
-pub const SYSTEM_DATABASES: [&str; 2] = ["_users", "_global_changes"];
+/// logins of `crate::database::users`), `_replicator` (the replications of `crate::replicator`)
+/// and `_global_changes` (the events `_db_updates` reads, `crate::database::global_changes`).
+pub const SYSTEM_DATABASES: [&str; 3] = ["_users", "_replicator", "_global_changes"];
 
 /// A database name that passed CouchDB's rule (or is one of [`SYSTEM_DATABASES`]): a lowercase letter, then lowercase letters,
 /// digits and `_$()+-/`, at most [`MAX_DB_NAME_LEN`] bytes.
@@ -359,11 +359,19 @@ mod tests {
 
     #[test]
     fn names_follow_couchdb_rule() {
-        for good in ["a", "abc", "a1_$()+-/", "db/with/slashes", &"a".repeat(MAX_DB_NAME_LEN), "_users"] {
+        for good in [
+            "a",
+            "abc",
+            "a1_$()+-/",
+            "db/with/slashes",
+            &"a".repeat(MAX_DB_NAME_LEN),
+            "_users",
+            "_replicator",
+            "_global_changes",
+        ] {
             assert!(DbName::parse(good).is_ok(), "{good}");
         }
-        for bad in ["", "A", "1a", "_replicator", "_userss", "_", "a b", "aé", "a.b", &"a".repeat(MAX_DB_NAME_LEN + 1)]
-        {
+        for bad in ["", "A", "1a", "_dbs", "_userss", "_", "a b", "aé", "a.b", &"a".repeat(MAX_DB_NAME_LEN + 1)] {
             assert!(DbName::parse(bad).is_err(), "{bad}");
         }
     }

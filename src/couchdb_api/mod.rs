@@ -35,6 +35,7 @@ mod local_docs;
 mod multipart;
 mod node;
 mod position_seal;
+mod replicator;
 mod request;
 mod response;
 mod root;
@@ -100,6 +101,9 @@ pub(crate) struct CouchState {
     pub data_store_database: Arc<crate::database::Database>,
     /// Their routes ([`db::router`]); empty inside those routes' own state.
     pub database_router: axum::Router,
+    /// The replications this server runs (`_replicator`, `_replicate`); `None` on the CouchDB
+    /// backend, whose databases are CouchDB's and replicated by it.
+    pub replicator: Option<crate::replicator::Replicator>,
     /// What the node endpoints show: request counts, settings ([`node`]).
     pub node: Arc<node::NodeInfo>,
     /// The REST listener's counters, appended to `GET /_node/{node}/_prometheus` ([`node`]);
@@ -146,7 +150,10 @@ impl CouchApp {
     pub async fn build_with(store: Arc<DataStore>, settings: &Settings, options: CouchOptions) -> Result<Self> {
         let (stopping, stopping_seen) = tokio::sync::watch::channel(false);
         let bodies = request::Bodies::from_settings(settings);
-        let server_uuid = root::stable_uuid(&store.backend().describe());
+        let server_uuid = match &settings.couchdb_server_uuid {
+            Some(uuid) => uuid.clone(),
+            None => root::stable_uuid(&store.backend().describe()),
+        };
         let databases_url = store.backend().url();
         let view_index = view_index_slots(settings, databases_url.as_ref(), &store.backend().describe());
         let js = crate::js::JsEngine::new(settings.js_limits())
@@ -182,6 +189,10 @@ impl CouchApp {
                     settings.couchdb_attachment_limit(),
                     Duration::from_secs(settings.couchdb_attachment_grace_secs),
                 )
+                .with_database_guard(
+                    crate::replicator::REPLICATOR_DB,
+                    Arc::new(crate::replicator::rules::ReplicatorRules),
+                )
                 .with_write_guard(Arc::new(crate::database::validation::DesignValidation::new(js.clone()))),
         );
         // Not fatal: an embedded store's `_users` file held by another process in this one (a
@@ -190,6 +201,7 @@ impl CouchApp {
             tracing::warn!(error = %err, "cannot make sure the _users database exists");
         }
         auth.use_users_db(Arc::new(users::UsersDb::new(Arc::clone(&databases))));
+        let replicator = start_replicator(settings, &databases, &server_uuid, &js, &stopping_seen).await?;
         let data_store_database =
             databases.data_store(&settings.couchdb_db, Arc::clone(store.backend()), store.options().limits)?;
         crate::database::global_changes::keep_flushing(
@@ -218,6 +230,7 @@ impl CouchApp {
             views,
             js,
             database_router: axum::Router::new(),
+            replicator,
         };
         let state = CouchState { database_router: db::router(state.clone()), ..state };
         let open = state.auth.is_open();
@@ -275,8 +288,10 @@ fn router(state: CouchState) -> Router {
         .route("/_dbs_info", get(db::get_dbs_info).post(db::dbs_info))
         .route("/_active_tasks", get(root::active_tasks))
         .route("/_membership", get(root::membership))
-        .route("/_scheduler/jobs", get(root::scheduler_jobs))
-        .route("/_scheduler/docs", get(root::scheduler_docs))
+        .route("/_scheduler/jobs", get(replicator::scheduler_jobs))
+        .route("/_scheduler/docs", get(replicator::scheduler_docs))
+        .route("/_scheduler/docs/{*rest}", get(replicator::scheduler_doc))
+        .route("/_replicate", axum::routing::post(replicator::replicate))
         .route("/_uuids", get(root::uuids))
         .route_layer(from_fn(authenticate_login));
     // The node endpoints and `_db_updates` check who asks themselves, to answer CouchDB's own
@@ -331,6 +346,42 @@ fn router(state: CouchState) -> Router {
         .layer(from_fn_with_state(Arc::clone(&state.node.requests), stats::count_requests))
         .layer(from_fn(response::couchdb_headers))
         .with_state(state)
+}
+
+/// The replicator over `databases`, following `_replicator` until the server stops; `None` on
+/// the CouchDB backend (its `_replicator` is CouchDB's, run by CouchDB). `_replicator` is created
+/// first when missing (not fatal, as `_users`).
+async fn start_replicator(
+    settings: &Settings,
+    databases: &Arc<crate::database::Databases>,
+    server_uuid: &str,
+    js: &crate::js::JsEngine,
+    stopping: &tokio::sync::watch::Receiver<bool>,
+) -> Result<Option<crate::replicator::Replicator>> {
+    use crate::replicator::{job, scheduler};
+    if databases.source().is_none() || matches!(databases.source(), Some(crate::backend::BackendUrl::CouchDb(_))) {
+        return Ok(None);
+    }
+    if let Err(err) = databases.ensure_system_db(crate::replicator::REPLICATOR_DB).await {
+        tracing::warn!(error = %err, "cannot make sure the _replicator database exists");
+    }
+    let context = job::JobContext {
+        databases: Arc::clone(databases),
+        server_uuid: Arc::from(server_uuid),
+        js: Some(js.clone()),
+        bounds: job::JobBounds {
+            connect_timeout: Duration::from_millis(settings.couchdb_replication_connect_timeout_ms),
+            checkpoint_interval: Duration::from_millis(settings.couchdb_replication_checkpoint_ms),
+            ..job::JobBounds::default()
+        },
+    };
+    let bounds = scheduler::SchedulerBounds {
+        max_jobs: settings.couchdb_max_replication_jobs,
+        lease_ttl: Duration::from_secs(settings.couchdb_replication_lease_secs),
+    };
+    let replicator = crate::replicator::Replicator::new(context, bounds)?;
+    replicator.start(stopping.clone());
+    Ok(Some(replicator))
 }
 
 /// Middleware on the routes of names starting with `_`, as on the data-store database's: the request must act for someone (CouchDB's

@@ -1,5 +1,6 @@
-//! The server root: `GET /`, `/_up`, `/_uuids`, the probes (`_active_tasks`, `_scheduler`,
-//! `_membership`; the node's own endpoints are [`super::node`]'s), the server admins' check, and
+//! The server root: `GET /`, `/_up`, `/_uuids`, the probes (`_active_tasks`, `_membership`; the
+//! node's own endpoints are [`super::node`]'s, `_scheduler` and `_replicate`
+//! [`super::replicator`]'s), the server admins' check, and
 //! the answers to paths and methods no route takes (and to a handler that panicked). Databases
 //! are [`super::db`]'s.
 
@@ -126,14 +127,16 @@ pub fn internal_error() -> Response {
     CouchError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal_server_error", "internal error").into_response()
 }
 
-/// `GET /_active_tasks`: no compaction, indexing or replication task runs inside this server;
-/// what is listed are the `migrate`/`import` runs whose target is this server's backend, from
+/// `GET /_active_tasks`: the replications this server runs ([`super::replicator`]); no
+/// compaction or indexing task runs inside this server; then the `migrate`/`import` runs whose target is this server's backend, from
 /// the progress records they keep there ([`crate::migrate::run_record`]): those still going, and
 /// those that ended within [`ENDED_TASKS_SHOWN`], newest first, at most [`MAX_TASKS_LISTED`] (none
 /// when the backend cannot list its local documents). A server admin's, as CouchDB's (`chttpd_misc:handle_task_status_req`).
 pub async fn active_tasks(State(state): State<CouchState>, Extension(identity): Extension<Identity>) -> Answer {
     server_admin_only(&identity)?;
-    let tasks = match migration_tasks(state.store.backend().as_ref()).await {
+    // The replications running here first ([`crate::replicator`]), then the migration runs.
+    let mut tasks = state.replicator.as_ref().map(|r| r.active_tasks()).unwrap_or_default();
+    tasks.extend(match migration_tasks(state.store.backend().as_ref()).await {
         Ok(tasks) => tasks,
         // A backend that cannot list local documents (a CouchDB backend server without
         // `_local_docs`, as pouchdb-server) or is briefly away: no run is listed, as before runs
@@ -142,7 +145,7 @@ pub async fn active_tasks(State(state): State<CouchState>, Extension(identity): 
             tracing::warn!(error = %err, "_active_tasks: cannot read the migration runs' records");
             Vec::new()
         }
-    };
+    });
     Ok(json(StatusCode::OK, Value::Array(tasks)))
 }
 
@@ -205,16 +208,4 @@ async fn migration_tasks(backend: &dyn crate::backend::DocumentBackend) -> crate
 pub async fn membership(Extension(identity): Extension<Identity>) -> Answer {
     server_admin_only(&identity)?;
     Ok(json(StatusCode::OK, json!({ "all_nodes": [NODE_NAME], "cluster_nodes": [NODE_NAME] })))
-}
-
-/// `GET /_scheduler/jobs` and `/_scheduler/docs`: no replicator runs inside this server. A server
-/// admin's, as every `/_scheduler` path is CouchDB's (`chttpd_auth_request`).
-pub async fn scheduler_jobs(Extension(identity): Extension<Identity>) -> Answer {
-    server_admin_only(&identity)?;
-    Ok(json(StatusCode::OK, json!({ "total_rows": 0, "offset": 0, "jobs": [] })))
-}
-
-pub async fn scheduler_docs(Extension(identity): Extension<Identity>) -> Answer {
-    server_admin_only(&identity)?;
-    Ok(json(StatusCode::OK, json!({ "total_rows": 0, "offset": 0, "docs": [] })))
 }

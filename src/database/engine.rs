@@ -707,6 +707,16 @@ impl Database {
             false => None,
         };
         let writes = hashed.as_deref().unwrap_or(writes);
+        // `_replicator`: a client's document gets its writer as `owner`, as CouchDB's does.
+        let owned = match self.name == super::replicator_owner::REPLICATOR_DB {
+            true => {
+                let writer = super::validation::current_writer();
+                let admin = writer.roles.iter().any(|role| role == "_admin");
+                super::replicator_owner::with_owner(writes, writer.name.as_deref(), admin)
+            }
+            false => None,
+        };
+        let writes = owned.as_deref().unwrap_or(writes);
         let _turn = self.write_lock(id).lock().await;
         let (revs_limit, mut state) = tokio::try_join!(self.revs_limit(), self.read(id))?;
         for attempt in 0..MAX_TRIES {

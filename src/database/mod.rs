@@ -18,6 +18,7 @@
 //!   fields, field types, per-user confinement), also run as that check.
 //! - [`users`]: the `_users` database's rules (passwords hashed on write, user documents'
 //!   validation, stored hashes checked at login), its guard chained before `validate_doc_update`.
+//! - [`replicator_owner`]: the `owner` a `_replicator` document is given on a client's write.
 //! - [`activity`]: what the databases did (documents read, databases changed) and their events
 //!   waiting for [`global_changes`], which writes them to `_global_changes` for `_db_updates`.
 //! - [`Databases`] (here): the open databases of the server, over the backend's catalog.
@@ -30,6 +31,7 @@ pub mod document;
 pub mod engine;
 pub mod global_changes;
 pub mod layout;
+pub mod replicator_owner;
 pub mod rev_id;
 pub use crate::backend::rev_tree;
 pub mod seq;
@@ -88,6 +90,9 @@ pub struct Databases {
     inline_wait: std::time::Duration,
     /// What checks writes against the databases' validation functions, if anything.
     write_guard: Option<Arc<dyn write_guard::WriteGuard>>,
+    /// Guards of single databases, asked before [`Self::write_guard`] (the `_replicator`
+    /// database's rules, which live in `crate::replicator`).
+    database_guards: HashMap<String, Arc<dyn write_guard::WriteGuard>>,
     /// Reads and changes of every database opened here, and their pending events
     /// ([`activity`]; written to `_global_changes` by [`global_changes`]).
     activity: Arc<activity::Activity>,
@@ -166,6 +171,7 @@ impl Databases {
             inline_budget: Arc::new(crate::server::budget::ByteBudget::new(engine::DEFAULT_MAX_INFLIGHT_INLINE_BYTES)),
             inline_wait: engine::DEFAULT_INLINE_WAIT,
             write_guard: None,
+            database_guards: HashMap::new(),
             activity: Arc::default(),
         }
     }
@@ -189,6 +195,7 @@ impl Databases {
             inline_budget: Arc::new(crate::server::budget::ByteBudget::new(engine::DEFAULT_MAX_INFLIGHT_INLINE_BYTES)),
             inline_wait: engine::DEFAULT_INLINE_WAIT,
             write_guard: None,
+            database_guards: HashMap::new(),
             activity: Arc::default(),
         }
     }
@@ -239,6 +246,12 @@ impl Databases {
         Databases { write_guard: Some(guard), ..self }
     }
 
+    /// Database `name` checks its writes with `guard` first, then with the databases' own.
+    pub fn with_database_guard(mut self, name: &str, guard: Arc<dyn write_guard::WriteGuard>) -> Self {
+        self.database_guards.insert(name.to_owned(), guard);
+        self
+    }
+
     /// What the databases opened here did ([`activity`]).
     pub fn activity(&self) -> &Arc<activity::Activity> {
         &self.activity
@@ -269,10 +282,13 @@ impl Databases {
     /// as a file copy would) get none on `_users` either.
     fn guard_of(&self, name: &DbName) -> Option<Arc<dyn write_guard::WriteGuard>> {
         let own = self.write_guard.clone()?;
-        if !users::is_users_db(name.as_str()) {
+        let rules: Arc<dyn write_guard::WriteGuard> = if users::is_users_db(name.as_str()) {
+            Arc::new(users::UsersRules)
+        } else if let Some(guard) = self.database_guards.get(name.as_str()) {
+            Arc::clone(guard)
+        } else {
             return Some(own);
-        }
-        let rules: Arc<dyn write_guard::WriteGuard> = Arc::new(users::UsersRules);
+        };
         Some(Arc::new(write_guard::ChainedGuards::new(vec![rules, own])))
     }
 
@@ -280,10 +296,17 @@ impl Databases {
     /// created with CouchDB's admin-only `_security` when missing. Another instance creating it
     /// at the same moment is no failure. Nothing happens where the backend keeps no databases.
     pub async fn ensure_users_db(&self) -> Result<()> {
+        self.ensure_system_db(users::USERS_DB).await
+    }
+
+    /// Makes sure the system database `name` (`_users`, `_replicator`) exists, as
+    /// [`Self::ensure_users_db`] says; both are admin only when created, as CouchDB 3.4.3's
+    /// `default_security = admin_only` leaves them.
+    pub async fn ensure_system_db(&self, db_name: &str) -> Result<()> {
         if self.opened_catalog().await?.is_none() {
             return Ok(());
         }
-        let name = DbName::parse(users::USERS_DB)?;
+        let name = DbName::parse(db_name)?;
         if self.open(&name).await?.is_some() {
             return Ok(());
         }
@@ -295,7 +318,7 @@ impl Databases {
         if !database.backend().forwards_requests() {
             database.update_settings(|settings| settings.security = users::admin_only_security()).await?;
         }
-        tracing::info!("created the _users database");
+        tracing::info!(database = db_name, "created a system database");
         Ok(())
     }
 
@@ -324,6 +347,11 @@ impl Databases {
                 .with_activity(Arc::clone(&self.activity))
                 .with_write_guard(Some(Arc::new(write_guard::ChainedGuards::new(guards)))),
         ))
+    }
+
+    /// The backend URL the catalog is opened from (`None`: the backend keeps no databases).
+    pub fn source(&self) -> Option<&BackendUrl> {
+        self.source.as_ref()
     }
 
     /// The catalog, opened now if it was not; `None` where the backend keeps no others.

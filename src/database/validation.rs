@@ -82,7 +82,7 @@ pub async fn as_writer<F: std::future::Future>(writer: Writer, work: F) -> F::Ou
 }
 
 /// Who makes the write under way: the caller's [`as_writer`], or [`Writer::anonymous`] outside one.
-pub(super) fn current_writer() -> Writer {
+pub fn current_writer() -> Writer {
     WRITER.try_with(Writer::clone).unwrap_or_else(|_| {
         tracing::debug!("a write outside a request is validated as an anonymous login's");
         Writer::anonymous()

@@ -18,8 +18,14 @@
 //! type from its `Content-Type`, so both headers are sent, and the body's exact `Content-Length`
 //! (never chunked).
 //!
-//! Credentials come from the URL's user info and are sent as HTTP basic authentication; the URL
-//! is only ever shown redacted ([`CouchClient::describe`]).
+//! Credentials come from the URL's user info (or [`CouchClient::with_basic_auth`]) and are sent
+//! as HTTP basic authentication; the URL is only ever shown redacted ([`CouchClient::describe`]).
+//!
+//! The replicator ([`crate::replicator`]) reads and writes through it too, and adds: a filtered
+//! feed page ([`FeedFilter`]: `filter=_doc_ids`, `filter=_selector`, `filter=ddoc/name` with the
+//! replication's `query_params`, run by the source server as CouchDB's replicator asks it),
+//! `GET /{db}/{doc}` (a design filter's code), `GET|PUT /{db}/_local/{id}` (checkpoints), the
+//! headers a replication names, and its connect timeout.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -82,6 +88,21 @@ pub struct FeedPage {
     pub at_end: bool,
 }
 
+/// Which changes of a feed page a reader keeps: a replication's filter, run where the feed is
+/// read (by the source server for a remote source).
+#[derive(Debug, Clone, PartialEq)]
+pub enum FeedFilter {
+    All,
+    DocIds(Vec<String>),
+    Selector(Map<String, Value>),
+    /// A design document's filter function `ddoc/name`, with the query parameters it is given.
+    Design {
+        ddoc: String,
+        name: String,
+        query_params: Map<String, Value>,
+    },
+}
+
 /// A client of one CouchDB-protocol server.
 #[derive(Clone)]
 pub struct CouchClient {
@@ -90,6 +111,8 @@ pub struct CouchClient {
     base: Url,
     user: Option<String>,
     password: Option<String>,
+    /// Headers sent with every request (a replication's `headers`).
+    headers: Vec<(String, String)>,
 }
 
 impl CouchClient {
@@ -114,7 +137,28 @@ impl CouchClient {
             .pool_max_idle_per_host(16)
             .build()
             .map_err(|e| Error::new(ErrorKind::Internal, "cannot build an HTTP client").with_source(e))?;
-        Ok(CouchClient { http, base, user, password })
+        Ok(CouchClient { http, base, user, password, headers: Vec::new() })
+    }
+
+    /// The same server with these Basic credentials instead of the URL's.
+    pub fn with_basic_auth(self, user: Option<String>, password: Option<String>) -> Self {
+        CouchClient { user, password, ..self }
+    }
+
+    /// The same server, every request carrying `headers` too.
+    pub fn with_headers(self, headers: Vec<(String, String)>) -> Self {
+        CouchClient { headers, ..self }
+    }
+
+    /// The same server, a connection given up after `connect` and a request after `request`.
+    pub fn with_timeouts(self, connect: Duration, request: Duration) -> Result<Self> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(connect)
+            .timeout(request)
+            .pool_max_idle_per_host(16)
+            .build()
+            .map_err(|e| Error::new(ErrorKind::Internal, "cannot build an HTTP client").with_source(e))?;
+        Ok(CouchClient { http, ..self })
     }
 
     /// The server's URL without credentials.
@@ -140,6 +184,9 @@ impl CouchClient {
         loop {
             attempt += 1;
             let mut request = self.http.request(method.clone(), url.clone()).header("accept", "application/json");
+            for (name, value) in &self.headers {
+                request = request.header(name.as_str(), value.as_str());
+            }
             if let Some(user) = &self.user {
                 request = request.basic_auth(user, self.password.as_deref());
             }
@@ -272,36 +319,63 @@ impl CouchClient {
 
     /// One page of `GET /{db}/_changes?style=all_docs` after `since` (`Value::Null`: the start).
     pub async fn changes(&self, db: &str, since: &Value, limit: usize) -> Result<FeedPage> {
+        self.changes_filtered(db, since, limit, &FeedFilter::All).await
+    }
+
+    /// One page of the feed after `since` with only the changes `filter` keeps, asked of the
+    /// server (`POST` with `doc_ids` or `selector` in the body, as CouchDB's replicator asks).
+    pub async fn changes_filtered(
+        &self,
+        db: &str,
+        since: &Value,
+        limit: usize,
+        filter: &FeedFilter,
+    ) -> Result<FeedPage> {
         let mut query = vec![("style", "all_docs".to_owned()), ("limit", limit.to_string())];
         match since {
             Value::Null => {}
             Value::String(text) => query.push(("since", text.clone())),
             other => query.push(("since", other.to_string())),
         }
-        let value = self.answer_ok(Method::GET, self.url(&[db, "_changes"], &query)?, None).await?;
-        let rows = value.get("results").and_then(Value::as_array).cloned().unwrap_or_default();
-        let mut docs = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let Some(id) = row.get("id").and_then(Value::as_str) else { continue };
-            if id.starts_with("_local/") {
-                continue;
+        let (method, body) = match filter {
+            FeedFilter::All => (Method::GET, None),
+            FeedFilter::DocIds(ids) => {
+                query.push(("filter", "_doc_ids".to_owned()));
+                (Method::POST, Some(json!({ "doc_ids": ids })))
             }
-            let leaves = row
-                .get("changes")
-                .and_then(Value::as_array)
-                .map(|changes| {
-                    changes.iter().filter_map(|c| c.get("rev").and_then(Value::as_str).map(str::to_owned)).collect()
-                })
-                .unwrap_or_default();
-            docs.push(ChangedDoc { id: id.to_owned(), leaves });
-        }
-        let last_seq = match value.get("last_seq") {
-            Some(seq) if !seq.is_null() => seq.clone(),
-            _ => rows.last().and_then(|row| row.get("seq")).cloned().unwrap_or_else(|| since.clone()),
+            FeedFilter::Selector(selector) => {
+                query.push(("filter", "_selector".to_owned()));
+                (Method::POST, Some(json!({ "selector": selector })))
+            }
+            FeedFilter::Design { ddoc, name, query_params } => {
+                query.push(("filter", format!("{ddoc}/{name}")));
+                for (param, value) in query_params {
+                    let text = value.as_str().map_or_else(|| value.to_string(), str::to_owned);
+                    query.push((param.as_str(), text));
+                }
+                (Method::GET, None)
+            }
         };
-        let pending = value.get("pending").and_then(Value::as_u64);
-        let at_end = rows.len() < limit || pending == Some(0);
-        Ok(FeedPage { docs, last_seq, at_end })
+        let value = self.answer_ok(method, self.url(&[db, "_changes"], &query)?, body.as_ref()).await?;
+        Ok(feed_page(&value, since, limit))
+    }
+
+    /// `GET /{db}/{id}` (a design document's id keeps its `/`, a local one too); `None` when the
+    /// server has no such document.
+    pub async fn get_doc(&self, db: &str, id: &str) -> Result<Option<Value>> {
+        let url = self.url(&doc_segments(db, id), &[])?;
+        let shown = format!("GET {}", redact(&url));
+        match self.send(Method::GET, url, None).await? {
+            (status, value) if status.is_success() => Ok(Some(value)),
+            (StatusCode::NOT_FOUND, _) => Ok(None),
+            (status, value) => Err(status_error(&shown, status, &value)),
+        }
+    }
+
+    /// `PUT /{db}/{id}` of `body` (with its `_rev`); the new revision.
+    pub async fn put_doc(&self, db: &str, id: &str, body: &Value) -> Result<String> {
+        let value = self.answer_ok(Method::PUT, self.url(&doc_segments(db, id), &[])?, Some(body)).await?;
+        Ok(value.get("rev").and_then(Value::as_str).unwrap_or_default().to_owned())
     }
 
     /// `POST /{db}/_revs_diff`: for each document, the revisions the server lacks.
@@ -395,6 +469,9 @@ impl CouchClient {
         loop {
             attempt += 1;
             let mut request = self.http.get(url.clone());
+            for (name, value) in &self.headers {
+                request = request.header(name.as_str(), value.as_str());
+            }
             if let Some(user) = &self.user {
                 request = request.basic_auth(user, self.password.as_deref());
             }
@@ -555,13 +632,44 @@ impl CouchClient {
     }
 }
 
-/// The path segments of a document: a design document's `_design/` keeps its literal `/` (as
-/// CouchDB's clients send it), every other id is one segment.
+/// The path segments of a document: a design or local document's `_design/` or `_local/` keeps
+/// its literal `/` (as CouchDB's clients send it), every other id is one segment.
 fn doc_segments<'a>(db: &'a str, id: &'a str) -> Vec<&'a str> {
-    match id.strip_prefix("_design/") {
-        Some(name) => vec![db, "_design", name],
-        None => vec![db, id],
+    if let Some(name) = id.strip_prefix("_design/") {
+        return vec![db, "_design", name];
     }
+    if let Some(name) = id.strip_prefix("_local/") {
+        return vec![db, "_local", name];
+    }
+    vec![db, id]
+}
+
+/// A `_changes` answer as a page: each change's id with every leaf (local documents left out),
+/// where the next page starts, and whether this one reached the end.
+fn feed_page(value: &Value, since: &Value, limit: usize) -> FeedPage {
+    let rows = value.get("results").and_then(Value::as_array).cloned().unwrap_or_default();
+    let mut docs = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let Some(id) = row.get("id").and_then(Value::as_str) else { continue };
+        if id.starts_with("_local/") {
+            continue;
+        }
+        let leaves = row
+            .get("changes")
+            .and_then(Value::as_array)
+            .map(|changes| {
+                changes.iter().filter_map(|c| c.get("rev").and_then(Value::as_str).map(str::to_owned)).collect()
+            })
+            .unwrap_or_default();
+        docs.push(ChangedDoc { id: id.to_owned(), leaves });
+    }
+    let last_seq = match value.get("last_seq") {
+        Some(seq) if !seq.is_null() => seq.clone(),
+        _ => rows.last().and_then(|row| row.get("seq")).cloned().unwrap_or_else(|| since.clone()),
+    };
+    let pending = value.get("pending").and_then(Value::as_u64);
+    let at_end = rows.len() < limit || pending == Some(0);
+    FeedPage { docs, last_seq, at_end }
 }
 
 /// The array `field` of a JSON object, taken out of it (empty when it is not there).

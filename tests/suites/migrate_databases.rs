@@ -21,6 +21,8 @@ use base64::Engine as _;
 use libtest_mimic::{Arguments, Trial};
 use serde_json::{json, Value};
 
+mod replicator;
+
 use crate::common::harness::{self, Ctx};
 use crate::common::servers;
 use crate::common::{agentstore, block_on, check, TestResult};
@@ -78,6 +80,12 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
     trials.push(
         Trial::test("migrate_databases::crash::kill_9_in_copy_and_in_follow_with_writers", || {
             block_on(kill_9_in_copy_and_follow())
+        })
+        .with_ignored_flag(!(couch && selected.contains(&"embedded"))),
+    );
+    trials.push(
+        Trial::test("migrate_databases::replicator::resumes_after_kill_9_from_agentstore_to_pouchdb_server", || {
+            block_on(replicator::resumes_after_kill_9_from_agentstore_to_pouchdb_server())
         })
         .with_ignored_flag(!(couch && selected.contains(&"embedded"))),
     );

@@ -415,6 +415,32 @@ fn plan(leaves: Vec<Map<String, Value>>, remote_target: bool) -> Plan {
     plan
 }
 
+/// The two ends of one database's copy: a side and a database name on each (the same name in a
+/// deployment move; a replication's may differ).
+pub struct CopyEnds<'a> {
+    pub source: &'a Side,
+    pub source_db: &'a str,
+    pub target: &'a Side,
+    pub target_db: &'a str,
+}
+
+/// Writes a page's leaves (read from the source as stubs) to the target, their attachments'
+/// bytes moved as the module doc's "Memory" says (also for the replicator, `crate::replicator`);
+/// the refusal rows.
+pub async fn write_page(ends: &CopyEnds<'_>, leaves: Vec<Map<String, Value>>) -> Result<Vec<Value>> {
+    let plan = plan(leaves, matches!(ends.target, Side::Remote(_)));
+    let mut failures =
+        if plan.plain.is_empty() { Vec::new() } else { ends.target.write_leaves(ends.target_db, plan.plain).await? };
+    for group in plan.inline_groups {
+        let docs = ends.source.read_leaves(ends.source_db, &group, true).await?;
+        failures.extend(ends.target.write_leaves(ends.target_db, docs).await?);
+    }
+    for leaf in plan.streamed {
+        failures.extend(ends.target.write_leaf_streamed(ends.target_db, leaf, ends.source, ends.source_db).await?);
+    }
+    Ok(failures)
+}
+
 /// Runs a move until it is done, stopped by `stop`, or (following forever) stopped.
 pub async fn run(source: Side, target: Side, options: MoveOptions, stop: StopSignal) -> Result<MoveReport> {
     let started = Instant::now();
@@ -639,20 +665,10 @@ impl Mover {
         Ok(known.is_some())
     }
 
-    /// Writes a page's leaves (read as stubs) to the target, their attachments' bytes moved as
-    /// the module doc's "Memory" says; the refusal rows.
+    /// Writes a page's leaves (read as stubs) to the target ([`write_page`]).
     async fn write_page(&self, db: &str, leaves: Vec<Map<String, Value>>) -> Result<Vec<Value>> {
-        let plan = plan(leaves, matches!(self.target, Side::Remote(_)));
-        let mut failures =
-            if plan.plain.is_empty() { Vec::new() } else { self.target.write_leaves(db, plan.plain).await? };
-        for group in plan.inline_groups {
-            let docs = self.source.read_leaves(db, &group, true).await?;
-            failures.extend(self.target.write_leaves(db, docs).await?);
-        }
-        for leaf in plan.streamed {
-            failures.extend(self.target.write_leaf_streamed(db, leaf, &self.source).await?);
-        }
-        Ok(failures)
+        let ends = CopyEnds { source: &self.source, source_db: db, target: &self.target, target_db: db };
+        write_page(&ends, leaves).await
     }
 
     /// Copies one database from its checkpoint to the end of its source feed; the report of this

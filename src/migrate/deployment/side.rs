@@ -9,6 +9,12 @@
 //! leaf, the body, and `_attachments` with each attachment's bytes as base64 `data` (with its
 //! `revpos`, `digest` and `content_type`) or, for a read without bodies, as stubs.
 //!
+//! The replicator ([`crate::replicator`]) runs its jobs over the same two kinds of end, with a
+//! filtered feed page ([`Side::changes_filtered`]: on a local side `doc_ids`, a Mango selector or
+//! a design document's filter function run here over each changed document's winner), a
+//! document read ([`Side::get_doc`]) and the checkpoints' local documents ([`Side::get_local`],
+//! [`Side::put_local`]).
+//!
 //! Attachments too large to travel inline go one at a time as streams
 //! ([`Side::attachment`], [`Side::write_leaf_streamed`]): from a backend's attachment store or
 //! `GET /{db}/{doc}/{name}?rev=`, into a backend's attachment store (then written as `follows`,
@@ -32,7 +38,7 @@ use crate::database::doc_attachments::{self, ATTACHMENTS, DEFAULT_CONTENT_TYPE};
 use crate::database::document::{self, DocOptions};
 use crate::database::{Database, Databases, Write};
 use crate::error::{Error, ErrorKind, Result};
-use crate::replication_client::{self, AttachmentPart, ByteStream, ChangedDoc, CouchClient, FeedPage};
+use crate::replication_client::{self, AttachmentPart, ByteStream, ChangedDoc, CouchClient, FeedFilter, FeedPage};
 
 /// Documents of one page made ready at once (their leaves checked, their attachments stored).
 const WRITE_CONCURRENCY: usize = 16;
@@ -238,6 +244,163 @@ impl Side {
         }
     }
 
+    /// One page of the feed after `since` with only the changes `filter` keeps: a remote side's
+    /// server filters it; a local side reads the page and filters it here, a design filter run
+    /// by `js` (an error without one). `last_seq` is the page's end whatever was kept.
+    pub async fn changes_filtered(
+        &self,
+        db: &str,
+        since: &Value,
+        limit: usize,
+        filter: &FeedFilter,
+        js: Option<&crate::js::JsEngine>,
+    ) -> Result<FeedPage> {
+        let databases = match self {
+            Side::Remote(client) => return client.changes_filtered(db, since, limit, filter).await,
+            Side::Local { databases, .. } => databases,
+        };
+        let mut page = self.changes(db, since, limit).await?;
+        match filter {
+            FeedFilter::All => {}
+            FeedFilter::DocIds(ids) => page.docs.retain(|doc| ids.binary_search(&doc.id).is_ok()),
+            FeedFilter::Selector(selector) => {
+                let selector = crate::mango::selector::parse(selector)
+                    .map_err(|err| Error::invalid("selector", err.to_string()))?;
+                let winners = self.winners(databases, db, &page.docs).await?;
+                let mut kept = winners.iter().map(|winner| {
+                    winner
+                        .as_ref()
+                        .and_then(Value::as_object)
+                        .is_some_and(|doc| crate::mango::eval::matches(&selector, doc))
+                });
+                page.docs.retain(|_| kept.next().unwrap_or(false));
+            }
+            FeedFilter::Design { ddoc, name, query_params } => {
+                let js =
+                    js.ok_or_else(|| Error::new(ErrorKind::Internal, "no JavaScript engine for a design filter"))?;
+                let passed = self.design_filter(databases, db, &page.docs, (ddoc, name, query_params), js).await?;
+                let mut kept = passed.into_iter();
+                page.docs.retain(|_| kept.next().unwrap_or(false));
+            }
+        }
+        Ok(page)
+    }
+
+    /// Each changed document's winner as CouchDB shows it (`None` for one gone since).
+    async fn winners(&self, databases: &Databases, db: &str, docs: &[ChangedDoc]) -> Result<Vec<Option<Value>>> {
+        let database = Self::must_open(databases, db).await?;
+        let ids: Vec<String> = docs.iter().map(|doc| doc.id.clone()).collect();
+        let states = database.read_many(&ids).await?;
+        Ok(ids
+            .iter()
+            .zip(states)
+            .map(|(id, state)| {
+                let state = state?;
+                let winner = state.tree.winner()?;
+                Some(document::leaf_json(id, &state.tree, winner, DocOptions::default()))
+            })
+            .collect())
+    }
+
+    /// Which of `docs` pass the design document's filter function, run by `js` over their winners
+    /// with CouchDB's `req` (the query parameters, a server admin's `userCtx`).
+    async fn design_filter(
+        &self,
+        databases: &Databases,
+        db: &str,
+        docs: &[ChangedDoc],
+        (ddoc, name, query_params): (&String, &String, &Map<String, Value>),
+        js: &crate::js::JsEngine,
+    ) -> Result<Vec<bool>> {
+        let id = format!("_design/{ddoc}");
+        let design =
+            self.get_doc(db, &id).await?.ok_or_else(|| Error::not_found(format!("{id} is missing at the source")))?;
+        if !design["filters"][name.as_str()].is_string() {
+            return Err(Error::not_found(format!("missing json key: {name}")));
+        }
+        let winners = self.winners(databases, db, docs).await?;
+        let present: Vec<Arc<Value>> = winners.iter().flatten().cloned().map(Arc::new).collect();
+        if present.is_empty() {
+            return Ok(vec![false; docs.len()]);
+        }
+        let rev = design["_rev"].as_str().unwrap_or_default().to_owned();
+        let code = crate::js::DesignCode::new(db, id, rev, Arc::new(design));
+        let req = json!({
+            "method": "GET", "query": query_params, "headers": {}, "body": "undefined",
+            "userCtx": { "db": db, "name": null, "roles": ["_admin"] }, "info": { "db_name": db },
+        });
+        let answers = js
+            .filter(&code, name, present, &req)
+            .await
+            .map_err(|err| Error::new(ErrorKind::InvalidInput, format!("filter {ddoc}/{name} failed: {err}")))?;
+        let mut answers = answers.into_iter();
+        Ok(winners.iter().map(|winner| winner.is_some() && answers.next().unwrap_or(false)).collect())
+    }
+
+    /// A document's winner as CouchDB shows it (`GET /{db}/{id}`); `None` when missing or
+    /// deleted.
+    pub async fn get_doc(&self, db: &str, id: &str) -> Result<Option<Value>> {
+        match self {
+            Side::Local { databases, .. } => {
+                let Some(database) = Self::open(databases, db).await? else { return Ok(None) };
+                let Some(state) = database.read(id).await? else { return Ok(None) };
+                let Some(winner) = state.tree.winner().filter(|leaf| !leaf.deleted) else { return Ok(None) };
+                Ok(Some(document::leaf_json(id, &state.tree, winner, DocOptions::default())))
+            }
+            Side::Remote(client) => client.get_doc(db, id).await,
+        }
+    }
+
+    /// The local document `_local/{name}` with its `_rev`; `None` when there is none.
+    pub async fn get_local(&self, db: &str, name: &str) -> Result<Option<Map<String, Value>>> {
+        match self {
+            Side::Local { databases, .. } => {
+                let database = Self::must_open(databases, db).await?;
+                Ok(database.get_local(name).await?.map(|stored| {
+                    let mut body = Map::with_capacity(stored.body.len() + 2);
+                    body.insert("_id".into(), Value::from(stored.id));
+                    body.insert("_rev".into(), Value::from(stored.rev.0));
+                    body.extend(stored.body);
+                    body
+                }))
+            }
+            Side::Remote(client) => {
+                Ok(client.get_doc(db, &format!("_local/{name}")).await?.and_then(|doc| match doc {
+                    Value::Object(body) => Some(body),
+                    _ => None,
+                }))
+            }
+        }
+    }
+
+    /// Writes `_local/{name}` over the revision `rev` read (`None`: none), as CouchDB numbers
+    /// local revisions (`0-N`); the new revision.
+    pub async fn put_local(
+        &self,
+        db: &str,
+        name: &str,
+        rev: Option<&str>,
+        body: &Map<String, Value>,
+    ) -> Result<String> {
+        let mut body = body.clone();
+        body.shift_remove("_id");
+        body.shift_remove("_rev");
+        match self {
+            Side::Local { databases, .. } => {
+                let database = Self::must_open(databases, db).await?;
+                let number =
+                    rev.and_then(|rev| rev.strip_prefix("0-")).and_then(|n| n.parse::<u64>().ok()).unwrap_or(0);
+                Ok(database.put_local(name, &body, number + 1).await?.0)
+            }
+            Side::Remote(client) => {
+                if let Some(rev) = rev {
+                    body.insert("_rev".into(), Value::from(rev));
+                }
+                client.put_doc(db, &format!("_local/{name}"), &Value::Object(body)).await
+            }
+        }
+    }
+
     /// Of the leaves named, those this side lacks (per document).
     pub async fn missing(&self, db: &str, wanted: &[(String, Vec<String>)]) -> Result<Vec<(String, Vec<String>)>> {
         match self {
@@ -333,8 +496,15 @@ impl Side {
     /// inline `data` travels as it is. Returns the refusal rows, as [`Side::write_leaves`]: an
     /// attachment past the target's largest (`couchdb_max_attachment_bytes`, or the server's
     /// 413), one the source no longer has, or bytes not as long as the stub says refuse the
-    /// leaf, naming the attachment; the move goes on.
-    pub async fn write_leaf_streamed(&self, db: &str, leaf: Map<String, Value>, source: &Side) -> Result<Vec<Value>> {
+    /// leaf, naming the attachment; the move goes on. The source's database is `source_db` (a
+    /// deployment move's is `db` itself; a replication's may be named otherwise).
+    pub async fn write_leaf_streamed(
+        &self,
+        db: &str,
+        leaf: Map<String, Value>,
+        source: &Side,
+        source_db: &str,
+    ) -> Result<Vec<Value>> {
         let id = leaf.get("_id").and_then(Value::as_str).unwrap_or_default().to_owned();
         let rev = leaf.get("_rev").and_then(Value::as_str).unwrap_or_default().to_owned();
         let refused =
@@ -386,7 +556,7 @@ impl Side {
                     if part.length > max {
                         return Ok(refused("attachment_too_large", too_large_reason(name, part.length, max)));
                     }
-                    let bytes = match source.attachment(db, &id, &rev, name).await {
+                    let bytes = match source.attachment(source_db, &id, &rev, name).await {
                         Ok(bytes) => bytes,
                         Err(err) if err.kind() == ErrorKind::NotFound => {
                             return Ok(refused("not_found", err.message().to_owned()));
@@ -421,7 +591,8 @@ impl Side {
                 if parts.is_empty() {
                     return client.bulk_docs_replicated(db, vec![doc]).await;
                 }
-                let (source, db_name, doc_id, doc_rev) = (source.clone(), db.to_owned(), id.clone(), rev.clone());
+                let (source, db_name, doc_id, doc_rev) =
+                    (source.clone(), source_db.to_owned(), id.clone(), rev.clone());
                 let open = move |part: AttachmentPart| {
                     let (source, db_name, doc_id, doc_rev) =
                         (source.clone(), db_name.clone(), doc_id.clone(), doc_rev.clone());

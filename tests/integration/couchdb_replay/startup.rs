@@ -7,7 +7,7 @@ use super::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_transcript_loads_and_replays_by_raw_or_encoded_path() {
     let files = transcript_files();
-    assert_eq!(files.len(), 109, "INDEX.md lists 109 transcripts");
+    assert_eq!(files.len(), 119, "INDEX.md lists 119 transcripts");
     for file in &files {
         let t = Transcript::load(file);
         assert!(t.path.starts_with('/'), "{}: {}", t.file, t.path);

@@ -43,6 +43,7 @@ mod purge;
 mod purge_between_polls;
 mod purged_infos_limit;
 mod replication;
+mod replicator;
 mod results_as_couchdb;
 mod revision_trees;
 mod revisions_and_refusals;
@@ -266,6 +267,11 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("db_updates_continuous_heartbeat", |e| Box::pin(db_updates::db_updates_continuous_heartbeat(e))),
         ("instances_see_each_other_s_db_updates", |e| Box::pin(db_updates::db_updates_across_instances(e))),
         ("node_endpoints_as_couchdb", |e| Box::pin(node_endpoints::node_endpoints_as_couchdb(e))),
+        ("replicator_one_shot_as_couchdb", |e| Box::pin(replicator::replicator_one_shot_as_couchdb(e))),
+        ("replicator_continuous_and_filtered", |e| Box::pin(replicator::replicator_continuous_and_filtered(e))),
+        ("replicate_endpoint_as_couchdb", |e| Box::pin(replicator::replicate_endpoint_as_couchdb(e))),
+        ("replicator_one_instance_per_job", |e| Box::pin(replicator::replicator_one_instance_per_job(e))),
+        ("replicator_owner_and_logins", |e| Box::pin(replicator::replicator_owner_and_logins(e))),
     ];
     let mut trials = Vec::new();
     for backend in &backends {
@@ -290,7 +296,7 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
                             "data_store_settings_by_login" | "data_store_purge_count_out_of_reach" => {
                                 Some(data_store_admin::admin_logins_config()?)
                             }
-                            "roles_and_security" => Some(roles::roles_config()?),
+                            "roles_and_security" | "replicator_owner_and_logins" => Some(roles::roles_config()?),
                             "users_db_logins" | "users_db_couchdb_hash_moves_in" => Some(users_db::config()?),
                             "attachments_in_documents" | "attachments_gzip_parts" => {
                                 Some(attachments::BOUNDED_CONFIG.to_owned())

@@ -7,7 +7,7 @@
 
 use super::*;
 
-const PASSWORD: &str = "battery staple";
+pub(super) const PASSWORD: &str = "battery staple";
 
 /// `admin`; `alice`, a per-user login of the data-store database with the role `readers`; `carol`
 /// (role `readers`), `dave` (role `editors`) and `erin` (no role), logins of the other databases
