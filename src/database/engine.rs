@@ -679,7 +679,7 @@ impl Database {
         };
         let writes = hashed.as_deref().unwrap_or(writes);
         let _turn = self.write_lock(id).lock().await;
-        let (revs_limit, mut state) = tokio::try_join!(self.revs_limit(), self.read(id))?;
+        let (revs_limit, mut state) = tokio::try_join!(self.revs_limit_for(edits_only(writes)), self.read(id))?;
         for attempt in 0..MAX_TRIES {
             if attempt > 0 {
                 state = self.read(id).await?;
@@ -1011,6 +1011,19 @@ impl Database {
         Ok(self.remember_revs_limit(limit))
     }
 
+    /// `_revs_limit` as writes apply it: [`Database::revs_limit`], except where every write is
+    /// an ordinary edit (`edits_only`) and the backend stems edits itself
+    /// ([`super::layout::Layout::backend_stems_edits`]: the data-store database on CouchDB), where
+    /// the limit changes nothing stored and is not read (no stemming in memory): one backend
+    /// request less per write in front of CouchDB (issue 38). Replicated revisions, written with
+    /// the paths the limit stems, read it as everywhere.
+    pub(super) async fn revs_limit_for(&self, edits_only: bool) -> Result<usize> {
+        if edits_only && self.layout.backend_stems_edits() {
+            return Ok(usize::MAX);
+        }
+        self.revs_limit().await
+    }
+
     fn cached_revs_limit(&self) -> std::sync::MutexGuard<'_, Option<usize>> {
         self.revs_limit.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -1021,6 +1034,11 @@ impl Database {
         *self.cached_revs_limit() = Some(limit);
         limit
     }
+}
+
+/// Whether every write is a client's ordinary edit (none replicated).
+fn edits_only(writes: &[Write]) -> bool {
+    writes.iter().all(|write| matches!(write, Write::Edit { .. }))
 }
 
 /// Writes applied to a tree in memory, in order, one answer each. Replicated writes only (a

@@ -65,6 +65,8 @@ pub(super) struct GroupCommit {
     db: Weak<Database>,
     revs_limit: usize,
     queue: Mutex<Queue>,
+    /// Write transactions begun so far ([`GroupCommit::transactions`]).
+    transactions: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Default)]
@@ -77,7 +79,18 @@ struct Queue {
 
 impl GroupCommit {
     pub(super) fn new(db: &Arc<Database>, revs_limit: usize) -> Arc<Self> {
-        Arc::new(GroupCommit { db: Arc::downgrade(db), revs_limit, queue: Mutex::new(Queue::default()) })
+        Arc::new(GroupCommit {
+            db: Arc::downgrade(db),
+            revs_limit,
+            queue: Mutex::new(Queue::default()),
+            transactions: std::sync::atomic::AtomicU64::new(0),
+        })
+    }
+
+    /// How many write transactions (each one fsync'd commit, or a rollback) this queue has
+    /// begun: what shows whether concurrent writes shared their commits.
+    pub(super) fn transactions(&self) -> u64 {
+        self.transactions.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Queues `job`, which writes about `documents` documents, starting a drain when none runs.
@@ -126,6 +139,7 @@ impl GroupCommit {
         let mut waiting = jobs.into_iter();
         if let Some(db) = self.db.upgrade() {
             while waiting.len() > 0 {
+                self.transactions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 match run_transaction(&db, self.revs_limit, &mut waiting, &mut answers) {
                     Ok(()) => {}
                     Err(err) => {

@@ -32,10 +32,16 @@
 //! ([`Database::keep_references`], one batched read per document, a write only for a manifest
 //! stored more than half the grace period ago), as every save does.
 //!
-//! The grouping is the engine's layout's ([`crate::database::layout::record`]): over another
-//! layout (the data-store database's, whose saves write the record and its side document in
-//! steps of their own) each document is written as [`Database::write_batch`] writes it, one
-//! after another in order.
+//! The grouping is the engine's layout's ([`crate::database::layout::record`]). Over the
+//! data-store database's layouts (whose saves write the record and its side document in steps of
+//! their own, or, on CouchDB, each leaf through the backend's own calls) the states are read in
+//! one batched read too and the writes applied in memory the same way, and then every document's
+//! save is started at once ([`SAVES_AT_ONCE`] in flight), each as [`Database::write_batch`] saves
+//! it: on the embedded store the saves reach its group commit together, in id order, so a
+//! `_bulk_docs` of 100 documents is made durable by one or two fsync'd commits rather than one
+//! per document, and on CouchDB the requests overlap instead of following one another (issue 38:
+//! they were written one after another, the data-store `_bulk_docs` of 100 ran at 2.3x a real
+//! CouchDB 3.4.3 against 8.3x for single creates).
 //!
 //! A document whose save met another writer (any failed precondition) is written again alone
 //! through [`Database::write_batch`], which reads it again and retries, so conflicts between
@@ -55,6 +61,10 @@ use crate::error::{Error, ErrorKind, Result};
 
 /// Local trees written first, and documents saved alone or written again, at once.
 const CONCURRENCY: usize = 16;
+/// Saves of the data-store layouts in flight at once: enough that a `_bulk_docs` of 100 reaches
+/// the embedded store's group commit in one or two groups, few enough that the CouchDB
+/// backend's connection pool is not asked for hundreds of connections by one request.
+const SAVES_AT_ONCE: usize = 64;
 
 /// One document's answers: one per write, or the error that stopped its save.
 pub type DocumentAnswers = Result<Vec<Result<Written>>>;
@@ -97,10 +107,14 @@ impl Database {
 
     async fn write_many_once_open(&self, documents: &[(String, Vec<Write>)]) -> Result<Vec<DocumentAnswers>> {
         // `_users` documents are written one by one, each hashing its password first.
-        if self.layout().as_record().is_none() || super::super::users::is_users_db(self.name()) {
+        if super::super::users::is_users_db(self.name()) {
             return Ok(self.write_each(documents).await);
         }
-        let revs_limit = self.revs_limit().await?;
+        // The engine's layout saves live records in one bulk write; the data-store layouts save
+        // each document alone, all at once (module doc).
+        let records_in_bulk = self.layout().as_record().is_some();
+        let edits_only = documents.iter().all(|(_, writes)| super::edits_only(writes));
+        let revs_limit = self.revs_limit_for(edits_only).await?;
         let mut results: Vec<Option<DocumentAnswers>> = documents.iter().map(|_| None).collect();
         // The first group of each id goes in the bulk pass; a repeated id's later groups are
         // written alone after it, in order.
@@ -139,7 +153,7 @@ impl Database {
             }
             let live = tree.winner().is_some_and(|leaf| !leaf.deleted);
             let pending = Pending { slot, state, tree, answers };
-            if live {
+            if live && records_in_bulk {
                 in_bulk.push(pending);
             } else {
                 alone.push(pending);
@@ -153,7 +167,8 @@ impl Database {
         for pending in alone {
             saving.push(self.save_alone(&documents[pending.slot].0, pending));
         }
-        let saved_alone: Vec<(Pending, Saved)> = futures::stream::iter(saving).buffered(CONCURRENCY).collect().await;
+        let at_once = if records_in_bulk { CONCURRENCY } else { SAVES_AT_ONCE };
+        let saved_alone: Vec<(Pending, Saved)> = futures::stream::iter(saving).buffered(at_once).collect().await;
         outcomes.extend(saved_alone);
 
         let mut again = Vec::new();
@@ -201,12 +216,14 @@ impl Database {
         answers
     }
 
-    /// A document saved alone, as `write_batch` saves it.
-    async fn save_alone(&self, id: &str, pending: Pending) -> (Pending, Saved) {
+    /// A document saved alone, as `write_batch` saves it: its edits answered with the revisions
+    /// the layout stored them as (the backend's own on CouchDB).
+    async fn save_alone(&self, id: &str, mut pending: Pending) -> (Pending, Saved) {
         if let Err(err) = self.keep_references(pending.state.as_ref(), &pending.tree).await {
             return (pending, Saved::Failed(err));
         }
-        let saved = Saved::of(self.save(id, pending.state.as_ref(), &pending.tree).await);
+        let Pending { state, tree, answers, .. } = &mut pending;
+        let saved = Saved::of(self.save_answering(id, state.as_ref(), tree, answers).await);
         (pending, saved)
     }
 
@@ -390,6 +407,37 @@ mod tests {
         }
 
         fn design_changed(&self, _: &Database) {}
+    }
+
+    /// The data-store database's `write_many` (a `_bulk_docs`) starts every document's save at
+    /// once, so the embedded store's group commit makes them durable together: 100 new
+    /// documents in a handful of write transactions, not one each (issue 38: they were saved one
+    /// after another, 100 fsync'd commits), each answered and stored, in the feed in id order.
+    #[tokio::test]
+    async fn data_store_documents_written_together_share_commits() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(EmbeddedBackend::open(&dir.path().join("ds.redb")).await.unwrap());
+        let backend: Arc<dyn DocumentBackend> = Arc::clone(&store) as Arc<dyn DocumentBackend>;
+        let database = Database::data_store("agent_data_store".into(), backend).unwrap();
+        let documents: Vec<(String, Vec<Write>)> = (0..100)
+            .map(|i| {
+                let id = format!("u:ns:k{i:03}");
+                (id, vec![Write::Edit { parent: None, deleted: false, body: body(json!({ "value": i })) }])
+            })
+            .collect();
+        let before = store.write_transactions();
+        let answers = database.write_many(&documents).await.unwrap();
+        let transactions = store.write_transactions() - before;
+        assert!(transactions <= 4, "100 documents took {transactions} write transactions");
+        for ((id, _), answers) in documents.iter().zip(&answers) {
+            let answers = answers.as_ref().unwrap();
+            assert!(matches!(answers.as_slice(), [Ok(Written::Edited(rev))] if rev.starts_with("1-")), "{id}");
+            assert!(database.read(id).await.unwrap().is_some(), "{id} is stored");
+        }
+        let feed: Vec<String> =
+            store.changes(None, 200).await.unwrap().changes.into_iter().map(|change| change.id).collect();
+        let ids: Vec<String> = documents.iter().map(|(id, _)| id.clone()).collect();
+        assert_eq!(feed, ids, "the feed holds the request's documents in id order");
     }
 
     /// `write_many` answers and stores each document exactly as `write_batch` called once per

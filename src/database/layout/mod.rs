@@ -302,6 +302,13 @@ impl Layout {
         }
     }
 
+    /// Whether an ordinary edit is written as the backend's own edit, which the backend stems
+    /// by its own `_revs_limit` (the [`native`] layout: CouchDB keeps the tree): the tree the
+    /// engine edits in memory is never stored as such, so stemming it changes nothing.
+    pub fn backend_stems_edits(&self) -> bool {
+        matches!(self, Layout::Native(_))
+    }
+
     /// Whether a listing's states hold whole trees (else only the winner: a `conflicts=true`
     /// listing reads the listed documents' trees again).
     pub fn lists_whole_trees(&self) -> bool {
