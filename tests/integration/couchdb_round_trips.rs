@@ -238,7 +238,10 @@ async fn a_data_store_write_reads_no_settings() {
     assert_eq!(status, 201, "{rows}");
     let requests = front.backend_requests();
     assert!(requests.iter().all(|r| !r.contains("_local")), "no settings read: {requests:?}");
-    assert_eq!(requests.len(), 21, "one batched read, one write each: {requests:#?}");
+    // The trees: one `_bulk_get` on CouchDB; one `open_revs=all` read each on pouchdb-server,
+    // whose `_bulk_get` answers winners alone.
+    let writes = requests.iter().filter(|r| r.starts_with("PUT /u1")).count();
+    assert_eq!((writes, requests.len() - writes <= 20), (20, true), "reads, then one write each: {requests:#?}");
     for row in rows.as_array().expect("rows") {
         let (status, doc) =
             front.call(Method::GET, &format!("/{}", encode(row["id"].as_str().unwrap_or(""))), None).await;
