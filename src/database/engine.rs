@@ -679,6 +679,9 @@ impl Database {
         };
         let writes = hashed.as_deref().unwrap_or(writes);
         let _turn = self.write_lock(id).lock().await;
+        if let Some(answers) = self.create_unread(id, writes).await? {
+            return Ok(answers);
+        }
         let (revs_limit, mut state) = tokio::try_join!(self.revs_limit_for(edits_only(writes)), self.read(id))?;
         for attempt in 0..MAX_TRIES {
             if attempt > 0 {
@@ -704,6 +707,35 @@ impl Database {
         Err(Error::conflict(format!(
             "Document update conflict: {MAX_TRIES} attempts met other writers of {id:?}; try again"
         )))
+    }
+
+    /// A creation (one edit naming no parent, not a deletion) written without reading the
+    /// document first, where the backend checks it itself
+    /// ([`super::layout::Layout::edits_are_the_backends`]: the data-store database on CouchDB,
+    /// which refuses a `PUT` without `_rev` over a live document and makes one over a deleted
+    /// document its next revision): one backend request instead of two (issue 38). The write
+    /// guard sees what it would see after a read (no old document: a deleted winner shows none
+    /// either, and the new document names no `_rev`). `None` when it does not apply, when the
+    /// guard refuses (so that over a live document the answer stays the conflict a read first
+    /// finds, as CouchDB answers before validating) or when the backend answers a conflict: the
+    /// caller then reads and applies as for any write. The answer is the revision CouchDB stored.
+    async fn create_unread(&self, id: &str, writes: &[Write]) -> Result<Option<Vec<Result<Written>>>> {
+        let [Write::Edit { parent: None, deleted: false, .. }] = writes else { return Ok(None) };
+        if !self.layout.edits_are_the_backends() {
+            return Ok(None);
+        }
+        let Applied { tree, mut answers, changed } = self.applied(id, None, writes, usize::MAX).await?;
+        if !changed || answers.iter().any(Result::is_err) {
+            return Ok(None);
+        }
+        match self.save_answering(id, None, &tree, &mut answers).await {
+            Ok(()) => {
+                self.saved(id, None, &tree);
+                Ok(Some(answers))
+            }
+            Err(err) if err.kind() == ErrorKind::Conflict => Ok(None),
+            Err(err) => Err(err),
+        }
     }
 
     /// `writes` applied in memory to the document's tree as read (`state`), after the write
@@ -1013,12 +1045,12 @@ impl Database {
 
     /// `_revs_limit` as writes apply it: [`Database::revs_limit`], except where every write is
     /// an ordinary edit (`edits_only`) and the backend stems edits itself
-    /// ([`super::layout::Layout::backend_stems_edits`]: the data-store database on CouchDB), where
+    /// ([`super::layout::Layout::edits_are_the_backends`]: the data-store database on CouchDB), where
     /// the limit changes nothing stored and is not read (no stemming in memory): one backend
     /// request less per write in front of CouchDB (issue 38). Replicated revisions, written with
     /// the paths the limit stems, read it as everywhere.
     pub(super) async fn revs_limit_for(&self, edits_only: bool) -> Result<usize> {
-        if edits_only && self.layout.backend_stems_edits() {
+        if edits_only && self.layout.edits_are_the_backends() {
             return Ok(usize::MAX);
         }
         self.revs_limit().await
