@@ -24,9 +24,10 @@
 //! with a json index on `[userId, namespace]`, as a CouchDB deployment that the data store
 //! replaces would have.
 //!
-//! The workloads ([`Workload`]), each a closed loop of `BENCH_CLIENTS` (default 16) clients, each
-//! on a keep-alive connection of its own: on the ordinary database `get`, `create` (`PUT` of a new
-//! id), `bulk_100` and `bulk_1000` (`_bulk_docs` of new documents), `all_docs` (100 rows with their
+//! The workloads ([`Workload`], reads first), each a closed loop of `BENCH_CLIENTS` (default 16)
+//! clients, each on a keep-alive connection of its own: on the ordinary database `get`, `create`
+//! (`PUT` of a new id), `bulk_100` and `bulk_1000` (`_bulk_docs` of new documents; the writes go
+//! to a second ordinary database, so the first one's view and index stay as built), `all_docs` (100 rows with their
 //! documents from a varying start), `changes` (a page of 100 from one of the seeded feed's
 //! page positions, each the `last_seq` of the page before, read once while seeding), `find` (10 documents by a range of `n` on the json index), `view_key`
 //! (`?key=…&reduce=false&limit=10`), `view_group` (`?group=true`, 10 rows), `att_put` and
@@ -168,22 +169,24 @@ enum Workload {
 }
 
 impl Workload {
+    /// Reads first, then writes: the data-store writes land in the database the data-store
+    /// reads query, whose indexes would otherwise have them to catch up with.
     const ALL: [Workload; 16] = [
         Workload::Get,
-        Workload::Create,
-        Workload::Bulk100,
-        Workload::Bulk1000,
         Workload::AllDocs,
         Workload::Changes,
         Workload::Find,
         Workload::ViewKey,
         Workload::ViewGroup,
-        Workload::AttPut,
         Workload::AttGet,
         Workload::DsGet,
-        Workload::DsCreate,
         Workload::DsFind,
         Workload::DsAllDocs,
+        Workload::Create,
+        Workload::Bulk100,
+        Workload::Bulk1000,
+        Workload::AttPut,
+        Workload::DsCreate,
         Workload::DsBulk,
     ];
 
@@ -214,8 +217,11 @@ impl Workload {
 /// A running target with its databases seeded.
 struct Site {
     running: Running,
-    /// The ordinary database.
+    /// The ordinary database the reads query.
     db: String,
+    /// The ordinary database the writes write to, so that the read database's view and index
+    /// stay as built.
+    write_db: String,
     /// The data-store documents' database: agentstore's data-store database, or one of its own.
     ds_db: String,
     /// Whether `ds_db` was made here (deleted at the end).
@@ -288,8 +294,9 @@ impl Site {
             }
             Workload::Create => {
                 let n = self.new_id();
-                let answer =
-                    self.send_json(http, Method::PUT, &format!("/{db}/c{n:09}"), Some(&doc_body(n as usize))).await?;
+                let answer = self
+                    .send_json(http, Method::PUT, &format!("/{}/c{n:09}", self.write_db), Some(&doc_body(n as usize)))
+                    .await?;
                 expect(answer["ok"] == true, "create: not ok")
             }
             Workload::Bulk100 | Workload::Bulk1000 => {
@@ -303,7 +310,12 @@ impl Site {
                     })
                     .collect();
                 let rows = self
-                    .send_json(http, Method::POST, &format!("/{db}/_bulk_docs"), Some(&json!({ "docs": docs })))
+                    .send_json(
+                        http,
+                        Method::POST,
+                        &format!("/{}/_bulk_docs", self.write_db),
+                        Some(&json!({ "docs": docs })),
+                    )
                     .await?;
                 bulk_rows_ok(&rows, count)
             }
@@ -336,7 +348,7 @@ impl Site {
             }
             Workload::AttPut => {
                 let n = self.new_id();
-                let path = format!("/{db}/att{n:09}/blob.bin");
+                let path = format!("/{}/att{n:09}/blob.bin", self.write_db);
                 let body = self.attachment_body(n as usize);
                 let answer = self.send(http, Method::PUT, &path, Some(body), "application/octet-stream").await?;
                 let answer: Value = serde_json::from_slice(&answer).map_err(|e| format!("att_put: {e}"))?;
@@ -454,6 +466,7 @@ fn encode_query(text: &str) -> String {
 async fn set_up(running: Running, config: &Config, attachment: Bytes) -> Result<Site, String> {
     let suffix = run_suffix();
     let db = format!("versus_{}_{suffix}", running_name(&running));
+    let write_db = format!("versus_w_{}_{suffix}", running_name(&running));
     let (ds_db, ds_db_made) = match &running.data_store {
         Some(name) => (name.clone(), false),
         None => (format!("versus_ds_{}_{suffix}", running_name(&running)), true),
@@ -463,6 +476,7 @@ async fn set_up(running: Running, config: &Config, attachment: Bytes) -> Result<
     let mut site = Site {
         running,
         db,
+        write_db,
         ds_db,
         ds_db_made,
         connections,
@@ -500,6 +514,7 @@ async fn seed(site: &Site, config: &Config) -> Result<(), String> {
     let http = &site.connections[0];
     let db = &site.db;
     site.send_json(http, Method::PUT, &format!("/{db}"), None).await?;
+    site.send_json(http, Method::PUT, &format!("/{}", site.write_db), None).await?;
     for start in (0..config.docs).step_by(SEED_BATCH) {
         let docs: Vec<Value> = (start..(start + SEED_BATCH).min(config.docs))
             .map(|i| {
@@ -578,6 +593,7 @@ async fn feed_pages(site: &Site, wanted: usize) -> Result<Vec<String>, String> {
 async fn tear_down(site: &Site) -> Result<(), String> {
     let http = &site.connections[0];
     site.send(http, reqwest::Method::DELETE, &format!("/{}", site.db), None, "").await?;
+    site.send(http, reqwest::Method::DELETE, &format!("/{}", site.write_db), None, "").await?;
     if site.ds_db_made {
         site.send(http, reqwest::Method::DELETE, &format!("/{}", site.ds_db), None, "").await?;
     }

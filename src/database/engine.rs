@@ -720,8 +720,7 @@ impl Database {
     /// finds, as CouchDB answers before validating) or when the backend answers a conflict: the
     /// caller then reads and applies as for any write. The answer is the revision CouchDB stored.
     async fn create_unread(&self, id: &str, writes: &[Write]) -> Result<Option<Vec<Result<Written>>>> {
-        let [Write::Edit { parent: None, deleted: false, .. }] = writes else { return Ok(None) };
-        if !self.layout.edits_are_the_backends() {
+        if !(bulk::is_creation(writes) && self.layout.edits_are_the_backends()) {
             return Ok(None);
         }
         let Applied { tree, mut answers, changed } = self.applied(id, None, writes, usize::MAX).await?;

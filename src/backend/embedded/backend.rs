@@ -215,6 +215,11 @@ impl DocumentBackend for EmbeddedBackend {
         self.blocking(move |db| core::revisions(db, &id)).await
     }
 
+    async fn revisions_many(&self, ids: &[String]) -> Result<Vec<Option<RevisionInfo>>> {
+        let ids = ids.to_vec();
+        self.blocking(move |db| core::revisions_many(db, &ids)).await
+    }
+
     async fn get_deleted(&self, id: &str) -> Result<Option<StoredDocument>> {
         let id = id.to_owned();
         self.blocking(move |db| core::get_deleted(db, &id)).await
