@@ -63,9 +63,10 @@ use crate::error::{Error, ErrorKind, Result};
 /// Local trees written first, and documents saved alone or written again, at once.
 const CONCURRENCY: usize = 16;
 /// Saves of the data-store layouts in flight at once: enough that a `_bulk_docs` of 100 reaches
-/// the embedded store's group commit in one or two groups, few enough that the CouchDB
-/// backend's connection pool is not asked for hundreds of connections by one request.
-const SAVES_AT_ONCE: usize = 64;
+/// the embedded store's group commit in one group, few enough that a request of thousands does
+/// not queue them all at once (on the CouchDB backend creations go in one `_bulk_docs` and only
+/// the other edits are requests of their own).
+const SAVES_AT_ONCE: usize = 128;
 
 /// One document's answers: one per write, or the error that stopped its save.
 pub type DocumentAnswers = Result<Vec<Result<Written>>>;
