@@ -416,7 +416,8 @@ impl Databases {
     /// backend call), marked as used now. Only for a request passed whole to a backend that
     /// forwards requests (the CouchDB backend): that backend names the database in the request
     /// itself, so CouchDB's own answer says whether it exists now (404 for one deleted through
-    /// another instance, the new one's answer for one created again), and nothing this server
+    /// another instance, which the caller then confirms with [`Databases::open`]; the new one's
+    /// answer for one created again), and nothing this server
     /// keeps of such a database (its handle holds the server's URL and connection pool) outlives
     /// a deletion elsewhere. A database deleted through this server is no longer held.
     pub fn held_open(&self, name: &DbName) -> Option<Arc<Database>> {
