@@ -34,6 +34,7 @@ mod mango_find;
 mod migrate_bench;
 mod native_layout;
 mod serve_load;
+mod versus_couchdb;
 mod views_bench;
 mod write_slot;
 
@@ -43,7 +44,7 @@ use std::process::ExitCode;
 type BenchMain = fn() -> ExitCode;
 
 /// Each bench by name, and its `main`.
-const BENCHES: [(&str, BenchMain); 18] = [
+const BENCHES: [(&str, BenchMain); 19] = [
     ("serve_load", serve_load::main),
     ("write_slot", write_slot::main),
     ("couchdb_overhead", couchdb_overhead::main),
@@ -68,6 +69,7 @@ const BENCHES: [(&str, BenchMain); 18] = [
     }),
     ("native_layout", native_layout::main),
     ("balanced_bench", balanced_bench::main),
+    ("versus_couchdb", versus_couchdb::main),
 ];
 
 fn main() -> ExitCode {

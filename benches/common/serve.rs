@@ -28,16 +28,33 @@ impl Server {
     /// Starts `binary serve` on a free loopback port over `backend` (a backend URL), with no
     /// `AGENTSTORE_*` settings from the environment, and waits until it prints its address.
     pub fn start(binary: &str, backend: &str, workdir: &Path) -> Result<Server, String> {
-        Self::spawn(binary, backend, workdir, false)
+        Self::spawn(binary, backend, workdir, false, &[])
     }
 
     /// As [`Server::start`], also answering CouchDB's API on another free loopback port
     /// (`--couchdb-listen 127.0.0.1:0`); waits until both addresses are printed.
     pub fn start_with_couchdb(binary: &str, backend: &str, workdir: &Path) -> Result<Server, String> {
-        Self::spawn(binary, backend, workdir, true)
+        Self::spawn(binary, backend, workdir, true, &[])
     }
 
-    fn spawn(binary: &str, backend: &str, workdir: &Path, couchdb: bool) -> Result<Server, String> {
+    /// As [`Server::start_with_couchdb`], with the `AGENTSTORE_*` settings of `environment`
+    /// (`AGENTSTORE_COUCHDB_USERS`, say) set for the server.
+    pub fn start_with_couchdb_env(
+        binary: &str,
+        backend: &str,
+        workdir: &Path,
+        environment: &[(String, String)],
+    ) -> Result<Server, String> {
+        Self::spawn(binary, backend, workdir, true, environment)
+    }
+
+    fn spawn(
+        binary: &str,
+        backend: &str,
+        workdir: &Path,
+        couchdb: bool,
+        environment: &[(String, String)],
+    ) -> Result<Server, String> {
         let mut cmd = Command::new(binary);
         cmd.arg("serve").arg("--listen").arg("127.0.0.1:0");
         if couchdb {
@@ -55,6 +72,7 @@ impl Server {
                 cmd.env_remove(&name);
             }
         }
+        cmd.envs(environment.iter().map(|(name, value)| (name, value)));
         let mut child = cmd.spawn().map_err(|e| format!("cannot start {binary}: {e}"))?;
         let stderr = child.stderr.take().expect("stderr is piped");
         let stderr_tail = Arc::new(Mutex::new(VecDeque::new()));

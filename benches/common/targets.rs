@@ -1,6 +1,10 @@
-//! The targets the HTTP benches measure side by side (`attachments_bench`, `views_bench`):
-//! agentstore over each backend (the tests' local servers) and pouchdb-server as users would run
-//! it instead, each in a server process of its own whose memory is read from `/proc`.
+//! The targets the HTTP benches measure side by side (`attachments_bench`, `views_bench`,
+//! `versus_couchdb`): agentstore over each backend (the tests' local servers) and pouchdb-server as
+//! users would run it instead, each in a server process of its own whose memory is read from
+//! `/proc`; and a real Apache CouchDB already running, given by `BENCH_COUCHDB_URL`
+//! (`http://admin:password@127.0.0.1:15984`), which is not started here and whose memory is not
+//! read (its `pid` is 0). With `BENCH_COUCHDB_URL` set, the CouchDB backend's target is agentstore
+//! in front of that same server instead of the tests' pouchdb-server.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -25,11 +29,32 @@ pub enum Kind {
     CouchDb,
     PouchLevelDb,
     PouchMemory,
+    /// The Apache CouchDB at `BENCH_COUCHDB_URL`, measured directly.
+    ApacheCouchDb,
+}
+
+/// The variable naming a real CouchDB to measure and to put agentstore's CouchDB backend in
+/// front of: `http://USER:PASSWORD@HOST:PORT`, no database.
+pub const COUCHDB_URL_VARIABLE: &str = "BENCH_COUCHDB_URL";
+
+/// `BENCH_COUCHDB_URL` without a trailing slash, when set.
+pub fn real_couchdb_url() -> Option<String> {
+    std::env::var(COUCHDB_URL_VARIABLE)
+        .ok()
+        .map(|url| url.trim().trim_end_matches('/').to_owned())
+        .filter(|url| !url.is_empty())
 }
 
 impl Kind {
-    pub const ALL: [Kind; 6] =
-        [Kind::Embedded, Kind::DynamoDb, Kind::Firestore, Kind::CouchDb, Kind::PouchLevelDb, Kind::PouchMemory];
+    pub const ALL: [Kind; 7] = [
+        Kind::ApacheCouchDb,
+        Kind::Embedded,
+        Kind::DynamoDb,
+        Kind::Firestore,
+        Kind::CouchDb,
+        Kind::PouchLevelDb,
+        Kind::PouchMemory,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -39,14 +64,18 @@ impl Kind {
             Kind::CouchDb => "couchdb",
             Kind::PouchLevelDb => "pouchdb-leveldb",
             Kind::PouchMemory => "pouchdb-memory",
+            Kind::ApacheCouchDb => "apache-couchdb",
         }
     }
 
-    /// `BENCH_TARGETS`, in [`Kind::ALL`] order whatever order it names them in.
+    /// `BENCH_TARGETS`, in [`Kind::ALL`] order whatever order it names them in; by default every
+    /// target but the real CouchDB, which only `versus_couchdb` measures by default (the other
+    /// benches read their targets' memory from `/proc`, which a server they did not start has
+    /// not here: named in `BENCH_TARGETS`, it fails their memory columns).
     pub fn from_env() -> Result<Vec<Kind>, String> {
         let names = std::env::var("BENCH_TARGETS").unwrap_or_default();
         if names.trim().is_empty() {
-            return Ok(Kind::ALL.to_vec());
+            return Ok(Kind::ALL.into_iter().filter(|kind| *kind != Kind::ApacheCouchDb).collect());
         }
         let mut wanted = Vec::new();
         for name in names.split(',').map(str::trim) {
@@ -76,6 +105,8 @@ impl Drop for PouchProcess {
 pub enum Process {
     Agentstore(Server),
     Pouch(PouchProcess),
+    /// A server this bench did not start (`BENCH_COUCHDB_URL`): left running.
+    External,
 }
 
 /// A target being measured.
@@ -86,15 +117,36 @@ pub struct Running {
     pub root: String,
     /// Basic credentials sent with every request.
     pub login: Option<(String, String)>,
-    /// The process whose memory is read.
+    /// The process whose memory is read; 0 for a server this bench did not start.
     pub pid: u32,
+    /// agentstore's data-store database (`agent_data_store`); `None` elsewhere.
+    pub data_store: Option<String>,
     pub process: Process,
     /// The store's or pouchdb-server's directory, removed after the process stops.
-    _dir: tempfile::TempDir,
+    _dir: Option<tempfile::TempDir>,
 }
+
+/// How an agentstore target is started.
+#[derive(Clone, Copy, Default)]
+pub struct StartOptions {
+    /// Configure one admin login (`admin`/`password`, [`ADMIN_LOGIN`]) and send it with every
+    /// request, as clients of a real CouchDB do (Basic auth on both sides); without it the
+    /// server has no logins and every request is admin.
+    pub basic_login: bool,
+}
+
+/// The admin login of targets started with [`StartOptions::basic_login`], and pouchdb-server's.
+pub const ADMIN_LOGIN: (&str, &str) = ("admin", "password");
 
 impl Running {
     pub fn start(kind: Kind, bench: &str) -> Result<Running, String> {
+        Self::start_with(kind, bench, StartOptions::default())
+    }
+
+    pub fn start_with(kind: Kind, bench: &str, options: StartOptions) -> Result<Running, String> {
+        if kind == Kind::ApacheCouchDb {
+            return real_couchdb();
+        }
         let dir = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
         let table = format!("{bench}_{}", run_suffix());
         let (backend, label) = match kind {
@@ -109,18 +161,42 @@ impl Running {
                 let server = servers::firestore()?;
                 (server.collection_url(&table), format!("agentstore over Firestore ({})", server.product))
             }
-            Kind::CouchDb => {
-                let server = servers::couchdb()?;
-                (server.database_url(&table), format!("agentstore over CouchDB ({}, in memory)", server.product))
-            }
+            Kind::CouchDb => match real_couchdb_url() {
+                Some(url) => {
+                    let server = servers::identify(&url)?;
+                    (server.database_url(&table), format!("agentstore over CouchDB ({})", server.product))
+                }
+                None => {
+                    let server = servers::couchdb()?;
+                    (server.database_url(&table), format!("agentstore over CouchDB ({}, in memory)", server.product))
+                }
+            },
             Kind::PouchLevelDb | Kind::PouchMemory => return start_pouchdb(dir, kind == Kind::PouchMemory),
+            Kind::ApacheCouchDb => unreachable!("answered above"),
         };
-        let server = Server::start_with_couchdb(BIN, &backend, dir.path())?;
+        let mut environment = Vec::new();
+        if options.basic_login {
+            let hash = agentstore::couchdb_api::auth::hash_password(ADMIN_LOGIN.1)
+                .map_err(|e| format!("hashing the bench's admin password: {e}"))?;
+            environment.push(("AGENTSTORE_COUCHDB_USERS".to_owned(), format!("{}:*:{hash}", ADMIN_LOGIN.0)));
+        }
+        let server = Server::start_with_couchdb_env(BIN, &backend, dir.path(), &environment)?;
         let db_url = server.couchdb.clone().ok_or("the server printed no CouchDB API address")?;
-        let root =
-            db_url.rsplit_once('/').map(|(root, _)| root.to_owned()).ok_or("no server root in the CouchDB URL")?;
+        let (root, data_store) = db_url
+            .rsplit_once('/')
+            .map(|(root, db)| (root.to_owned(), db.to_owned()))
+            .ok_or("no server root in the CouchDB URL")?;
         let pid = server.pid();
-        Ok(Running { label, root, login: None, pid, process: Process::Agentstore(server), _dir: dir })
+        let login = options.basic_login.then(|| (ADMIN_LOGIN.0.to_owned(), ADMIN_LOGIN.1.to_owned()));
+        Ok(Running {
+            label,
+            root,
+            login,
+            pid,
+            data_store: Some(data_store),
+            process: Process::Agentstore(server),
+            _dir: Some(dir),
+        })
     }
 
     pub fn stop(self) -> Result<(), String> {
@@ -130,6 +206,7 @@ impl Running {
                 drop(process);
                 Ok(())
             }
+            Process::External => Ok(()),
         }
     }
 
@@ -180,9 +257,34 @@ fn start_pouchdb(dir: tempfile::TempDir, in_memory: bool) -> Result<Running, Str
         root,
         login: Some(("admin".into(), "password".into())),
         pid: process.child.id(),
+        data_store: None,
         process: Process::Pouch(process),
-        _dir: dir,
+        _dir: Some(dir),
     })
+}
+
+/// The real CouchDB at `BENCH_COUCHDB_URL`, labelled from its `GET /` (`Apache CouchDB 3.4.3`),
+/// with the credentials of its URL.
+fn real_couchdb() -> Result<Running, String> {
+    let url = real_couchdb_url().ok_or_else(|| {
+        format!("the target apache-couchdb needs {COUCHDB_URL_VARIABLE}=http://USER:PASSWORD@HOST:PORT")
+    })?;
+    let parsed = reqwest::Url::parse(&url).map_err(|e| format!("{COUCHDB_URL_VARIABLE}={url:?}: {e}"))?;
+    let host = parsed.host_str().ok_or_else(|| format!("{COUCHDB_URL_VARIABLE}={url:?} names no host"))?;
+    let port = parsed.port_or_known_default().unwrap_or(80);
+    let root = format!("{}://{host}:{port}", parsed.scheme());
+    let login = match parsed.username() {
+        "" => None,
+        user => {
+            let decode = |text: &str| percent_encoding::percent_decode_str(text).decode_utf8_lossy().into_owned();
+            Some((decode(user), decode(parsed.password().unwrap_or_default())))
+        }
+    };
+    let server = servers::identify(&url)?;
+    if !server.product.starts_with("Apache CouchDB") {
+        return Err(format!("{COUCHDB_URL_VARIABLE} answers as {}, not Apache CouchDB", server.product));
+    }
+    Ok(Running { label: server.product, root, login, pid: 0, data_store: None, process: Process::External, _dir: None })
 }
 
 /// Polls `GET /` until pouchdb-server answers; its version.

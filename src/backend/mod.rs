@@ -770,6 +770,18 @@ pub trait DocumentBackend: Send + Sync + 'static {
         futures::stream::iter(lookups).buffered(GET_MANY_CONCURRENCY).try_collect().await
     }
 
+    /// Each id's [`DocumentBackend::revisions`], one answer per id, in order. The default runs
+    /// bounded concurrent `revisions`; the embedded store reads them in one read transaction
+    /// (the data-store layout's batched tree reads: `_all_docs` pages, `_bulk_docs`).
+    async fn revisions_many(&self, ids: &[String]) -> Result<Vec<Option<RevisionInfo>>> {
+        // A plain loop, as in `get_many`.
+        let mut lookups = Vec::with_capacity(ids.len());
+        for id in ids {
+            lookups.push(self.revisions(id));
+        }
+        futures::stream::iter(lookups).buffered(GET_MANY_CONCURRENCY).try_collect().await
+    }
+
     /// Whether `put` and `bulk_write` check [`Precondition::NeverWritten`] atomically (the
     /// embedded store in its transaction, DynamoDB's `attribute_not_exists`, Firestore's
     /// `exists: false`, all of which a tombstone fails). `false`, the default, for a backend

@@ -462,6 +462,18 @@ impl Databases {
         Ok(Some(database))
     }
 
+    /// The database if this server holds it open, without confirming it with the catalog (no
+    /// backend call), marked as used now. Only for a request passed whole to a backend that
+    /// forwards requests (the CouchDB backend): that backend names the database in the request
+    /// itself, so CouchDB's own answer says whether it exists now (404 for one deleted through
+    /// another instance, which the caller then confirms with [`Databases::open`]; the new one's
+    /// answer for one created again), and nothing this server
+    /// keeps of such a database (its handle holds the server's URL and connection pool) outlives
+    /// a deletion elsewhere. A database deleted through this server is no longer held.
+    pub fn held_open(&self, name: &DbName) -> Option<Arc<Database>> {
+        self.already_open(name).map(|(database, _)| database)
+    }
+
     /// Whether the open `database` is still the one the catalog holds under `name`. The catalog
     /// asks the backend (the creation id on a DynamoDB table's layout marker, a Firestore
     /// database's instance, CouchDB's HEAD; the embedded store's files are one process's, so its

@@ -208,6 +208,10 @@ impl DocumentBackend for MeteredBackend {
         timed!(self, "get_many_local", self.inner.get_many_local(names))
     }
 
+    async fn revisions_many(&self, ids: &[String]) -> Result<Vec<Option<RevisionInfo>>> {
+        timed!(self, "revisions_many", self.inner.revisions_many(ids))
+    }
+
     fn checks_never_written(&self) -> bool {
         self.inner.checks_never_written()
     }
@@ -465,6 +469,10 @@ mod tests {
             self.record("get_many_local");
             Ok(vec![None; names.len()])
         }
+        async fn revisions_many(&self, ids: &[String]) -> Result<Vec<Option<RevisionInfo>>> {
+            self.record("revisions_many");
+            Ok(vec![None; ids.len()])
+        }
         fn checks_never_written(&self) -> bool {
             self.record("checks_never_written");
             true
@@ -543,6 +551,7 @@ mod tests {
         assert_eq!(metered.design_document_count().await.unwrap(), Some(3));
         assert_eq!(metered.get_many(&["a".into(), "b".into()]).await.unwrap(), vec![None, None]);
         assert_eq!(metered.get_many_local(&["a".into()]).await.unwrap(), vec![None]);
+        assert_eq!(metered.revisions_many(&["a".into()]).await.unwrap(), vec![None]);
         assert!(metered.checks_never_written());
         let incoming = ReplicatedRevision {
             rev: Revision(format!("1-{}", "a".repeat(32))),
@@ -589,6 +598,7 @@ mod tests {
                 "design_document_count",
                 "get_many",
                 "get_many_local",
+                "revisions_many",
                 "checks_never_written",
                 "put_replicated",
                 "put_branch",

@@ -253,7 +253,8 @@ fn http_get(host_port: &str, path: &str) -> Result<String, String> {
 }
 
 /// Asks the server what it is.
-fn identify(url: &str) -> Result<CouchServer, String> {
+/// The CouchDB-protocol server at `url` (`http://USER:PASSWORD@HOST:PORT`), named from its `GET /`.
+pub fn identify(url: &str) -> Result<CouchServer, String> {
     let host_port = url.rsplit('@').next().unwrap_or(url).trim_start_matches("http://").to_owned();
     let response = http_get(&host_port, "/").map_err(|e| format!("CouchDB server {host_port} unreachable: {e}"))?;
     let body = response.split("\r\n\r\n").nth(1).unwrap_or("");

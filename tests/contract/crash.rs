@@ -292,6 +292,7 @@ counted_layer! {
     fn design_document_count(&self) -> Result<Option<u64>>;
     fn get_many(&self, ids: &[String]) -> Result<Vec<Option<StoredDocument>>>;
     fn get_many_local(&self, names: &[String]) -> Result<Vec<Option<StoredDocument>>>;
+    fn revisions_many(&self, ids: &[String]) -> Result<Vec<Option<RevisionInfo>>>;
     fn all_docs_text(&self, range: &IdRange, limit: usize, page_token: Option<&str>) -> Result<Page<DocumentText>>;
     fn design_request(&self, request: DesignRequest) -> Result<Option<DesignResponse>>;
     fn put_attachment_chunk(&self, blob: &str, index: u64, bytes: bytes::Bytes) -> Result<()>;

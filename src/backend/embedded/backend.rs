@@ -100,6 +100,13 @@ impl EmbeddedBackend {
         tokio::task::spawn_blocking(move || work(&db)).await.map_err(join_error)?
     }
 
+    /// How many write transactions the store has begun since it was opened (each ends in one
+    /// fsync'd commit or a rollback): the tests' witness that writes made together share
+    /// commits ([`group_commit`]).
+    pub fn write_transactions(&self) -> u64 {
+        self.commits.transactions()
+    }
+
     /// Runs `work` in the next group's write transaction ([`group_commit`]) and answers once that
     /// transaction is committed. `work` must refuse before it writes: a refusal after writing
     /// rolls back the whole group (and the others are told to try again). `documents` is about
@@ -206,6 +213,11 @@ impl DocumentBackend for EmbeddedBackend {
     async fn revisions(&self, id: &str) -> Result<Option<RevisionInfo>> {
         let id = id.to_owned();
         self.blocking(move |db| core::revisions(db, &id)).await
+    }
+
+    async fn revisions_many(&self, ids: &[String]) -> Result<Vec<Option<RevisionInfo>>> {
+        let ids = ids.to_vec();
+        self.blocking(move |db| core::revisions_many(db, &ids)).await
     }
 
     async fn get_deleted(&self, id: &str) -> Result<Option<StoredDocument>> {

@@ -232,6 +232,22 @@ pub(super) fn revisions(db: &Database, id: &str) -> Result<Option<RevisionInfo>>
     revision_info_in(&ancestry, id, header, deleted).map(Some)
 }
 
+/// [`revisions`] of each id, in one read transaction.
+pub(super) fn revisions_many(db: &Database, ids: &[String]) -> Result<Vec<Option<RevisionInfo>>> {
+    let txn = db.begin_read().map_err(map_redb("begin read"))?;
+    let docs = txn.open_table(DOCS).map_err(map_redb("open docs table"))?;
+    let tombstones = txn.open_table(TOMBSTONES).map_err(map_redb("open tombstones table"))?;
+    let ancestry = txn.open_table(ANCESTRY).map_err(map_redb("open ancestry table"))?;
+    let mut infos = Vec::with_capacity(ids.len());
+    for id in ids {
+        infos.push(match header_of(&docs, &tombstones, id)? {
+            Some((header, deleted)) => Some(revision_info_in(&ancestry, id, header, deleted)?),
+            None => None,
+        });
+    }
+    Ok(infos)
+}
+
 /// Whether the file can be read: its `docs` table opens.
 pub(super) fn health(db: &Database) -> Result<()> {
     let txn = db.begin_read().map_err(map_redb("begin read"))?;

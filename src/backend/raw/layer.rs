@@ -187,6 +187,10 @@ pub trait Layered: Send + Sync + 'static {
         self.inner().get_many_local(names).await
     }
 
+    async fn revisions_many(&self, ids: &[String]) -> Result<Vec<Option<RevisionInfo>>> {
+        self.inner().revisions_many(ids).await
+    }
+
     fn checks_never_written(&self) -> bool {
         self.inner().checks_never_written()
     }
@@ -403,6 +407,10 @@ impl<L: Layered> DocumentBackend for L {
 
     async fn get_many_local(&self, names: &[String]) -> Result<Vec<Option<StoredDocument>>> {
         Layered::get_many_local(self, names).await
+    }
+
+    async fn revisions_many(&self, ids: &[String]) -> Result<Vec<Option<RevisionInfo>>> {
+        Layered::revisions_many(self, ids).await
     }
 
     fn checks_never_written(&self) -> bool {

@@ -304,12 +304,30 @@ async fn forward_if_native(state: &CouchState, name: &str, request: Request) -> 
         return Err(request);
     }
     let Ok(name) = DbName::parse(name) else { return Err(request) };
-    let db = match state.databases.open(&name).await {
-        Ok(Some(db)) if db.backend().forwards_requests() => db,
-        _ => return Err(request),
+    // A database held open is passed on without asking the backend first whether it still
+    // exists: the forwarded request itself asks it (one backend request per client request,
+    // issue 38; `Databases::held_open` says why that is safe).
+    let held = state.databases.held_open(&name).filter(|db| db.backend().forwards_requests());
+    let unconfirmed = held.is_some();
+    let db = match held {
+        Some(db) => db,
+        None => match state.databases.open(&name).await {
+            Ok(Some(db)) if db.backend().forwards_requests() => db,
+            _ => return Err(request),
+        },
     };
     let Some(identity) = request.extensions().get::<Identity>().cloned() else { return Err(request) };
-    Ok(forward(state, &db, &identity, &below, request).await.unwrap_or_else(IntoResponse::into_response))
+    let answer = forward(state, &db, &identity, &below, request).await.unwrap_or_else(IntoResponse::into_response);
+    // A 404 may be the database gone (deleted through another instance): confirmed with the
+    // catalog as before, so that it is let go here and answered in CouchDB's words whatever
+    // server is behind (pouchdb-server says `no_db_file`). A missing document costs that one
+    // more request; nothing else does.
+    if unconfirmed && answer.status() == axum::http::StatusCode::NOT_FOUND {
+        if let Ok(None) = state.databases.open(&name).await {
+            return Ok(CouchError::no_database().into_response());
+        }
+    }
+    Ok(answer)
 }
 
 /// Whether a request passed to a native database changes it when it succeeds (an `updated`

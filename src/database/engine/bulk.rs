@@ -32,10 +32,17 @@
 //! ([`Database::keep_references`], one batched read per document, a write only for a manifest
 //! stored more than half the grace period ago), as every save does.
 //!
-//! The grouping is the engine's layout's ([`crate::database::layout::record`]): over another
-//! layout (the data-store database's, whose saves write the record and its side document in
-//! steps of their own) each document is written as [`Database::write_batch`] writes it, one
-//! after another in order.
+//! The grouping is the engine's layout's ([`crate::database::layout::record`]). Over the
+//! data-store database's layouts (whose saves write the record and its side document in steps of
+//! their own, or, on CouchDB, each leaf through the backend's own calls) the states are read in
+//! one batched read too and the writes applied in memory the same way, and then every document's
+//! save is started at once ([`SAVES_AT_ONCE`] in flight), each as [`Database::write_batch`] saves
+//! it: on the embedded store the saves reach its group commit together, in id order, so a
+//! `_bulk_docs` of 100 documents is made durable by one or two fsync'd commits rather than one
+//! per document (issue 38: they were written one after another, the data-store `_bulk_docs` of
+//! 100 ran at 2.3x a real CouchDB 3.4.3 against 8.3x for single creates). On CouchDB (the native
+//! layout) the creations among them go in one `bulk_write`, CouchDB's `_bulk_docs`
+//! ([`Database::create_in_bulk`]), and the other edits' requests overlap.
 //!
 //! A document whose save met another writer (any failed precondition) is written again alone
 //! through [`Database::write_batch`], which reads it again and retries, so conflicts between
@@ -55,6 +62,11 @@ use crate::error::{Error, ErrorKind, Result};
 
 /// Local trees written first, and documents saved alone or written again, at once.
 const CONCURRENCY: usize = 16;
+/// Saves of the data-store layouts in flight at once: enough that a `_bulk_docs` of 100 reaches
+/// the embedded store's group commit in one group, few enough that a request of thousands does
+/// not queue them all at once (on the CouchDB backend creations go in one `_bulk_docs` and only
+/// the other edits are requests of their own).
+const SAVES_AT_ONCE: usize = 128;
 
 /// One document's answers: one per write, or the error that stopped its save.
 pub type DocumentAnswers = Result<Vec<Result<Written>>>;
@@ -97,10 +109,14 @@ impl Database {
 
     async fn write_many_once_open(&self, documents: &[(String, Vec<Write>)]) -> Result<Vec<DocumentAnswers>> {
         // `_users` documents are written one by one, each hashing its password first.
-        if self.layout().as_record().is_none() || super::super::users::is_users_db(self.name()) {
+        if super::super::users::is_users_db(self.name()) {
             return Ok(self.write_each(documents).await);
         }
-        let revs_limit = self.revs_limit().await?;
+        // The engine's layout saves live records in one bulk write; the data-store layouts save
+        // each document alone, all at once (module doc).
+        let records_in_bulk = self.layout().as_record().is_some();
+        let edits_only = documents.iter().all(|(_, writes)| super::edits_only(writes));
+        let revs_limit = self.revs_limit_for(edits_only).await?;
         let mut results: Vec<Option<DocumentAnswers>> = documents.iter().map(|_| None).collect();
         // The first group of each id goes in the bulk pass; a repeated id's later groups are
         // written alone after it, in order.
@@ -111,6 +127,7 @@ impl Database {
         let states = self.read_states(&ids).await?;
 
         let mut in_bulk: Vec<Pending> = Vec::new();
+        let mut created_in_bulk: Vec<Pending> = Vec::new();
         let mut alone: Vec<Pending> = Vec::new();
         for (slot, state) in bulk.into_iter().zip(states) {
             let (id, writes) = &documents[slot];
@@ -139,21 +156,25 @@ impl Database {
             }
             let live = tree.winner().is_some_and(|leaf| !leaf.deleted);
             let pending = Pending { slot, state, tree, answers };
-            if live {
+            if live && records_in_bulk {
                 in_bulk.push(pending);
+            } else if live && self.layout().edits_are_the_backends() && is_creation(writes) {
+                created_in_bulk.push(pending);
             } else {
                 alone.push(pending);
             }
         }
 
         let mut outcomes: Vec<(Pending, Saved)> = self.save_in_bulk(documents, in_bulk).await?;
+        outcomes.extend(self.create_in_bulk(documents, created_in_bulk).await?);
         // Plain loops of futures, not closures in iterator adapters: those trip rustc's
         // higher-ranked `Send` check where an HTTP handler awaits this.
         let mut saving = Vec::with_capacity(alone.len());
         for pending in alone {
             saving.push(self.save_alone(&documents[pending.slot].0, pending));
         }
-        let saved_alone: Vec<(Pending, Saved)> = futures::stream::iter(saving).buffered(CONCURRENCY).collect().await;
+        let at_once = if records_in_bulk { CONCURRENCY } else { SAVES_AT_ONCE };
+        let saved_alone: Vec<(Pending, Saved)> = futures::stream::iter(saving).buffered(at_once).collect().await;
         outcomes.extend(saved_alone);
 
         let mut again = Vec::new();
@@ -201,12 +222,14 @@ impl Database {
         answers
     }
 
-    /// A document saved alone, as `write_batch` saves it.
-    async fn save_alone(&self, id: &str, pending: Pending) -> (Pending, Saved) {
+    /// A document saved alone, as `write_batch` saves it: its edits answered with the revisions
+    /// the layout stored them as (the backend's own on CouchDB).
+    async fn save_alone(&self, id: &str, mut pending: Pending) -> (Pending, Saved) {
         if let Err(err) = self.keep_references(pending.state.as_ref(), &pending.tree).await {
             return (pending, Saved::Failed(err));
         }
-        let saved = Saved::of(self.save(id, pending.state.as_ref(), &pending.tree).await);
+        let Pending { state, tree, answers, .. } = &mut pending;
+        let saved = Saved::of(self.save_answering(id, state.as_ref(), tree, answers).await);
         (pending, saved)
     }
 
@@ -245,6 +268,50 @@ impl Database {
         }
         outcomes.extend(writing.into_iter().zip(written).map(|(pending, result)| (pending, Saved::of(result))));
         Ok(outcomes)
+    }
+
+    /// Creations on a layout whose edits are the backend's own (the data-store database on
+    /// CouchDB): each new winner sent as a write without revision in one `bulk_write` (CouchDB's
+    /// `_bulk_docs`), which CouchDB checks per document as it checks a `PUT` without `_rev`
+    /// (refused over a live document, the next revision of a deleted one). Each edit is answered
+    /// with the revision CouchDB stored; a conflict is written again alone. One backend request
+    /// for a page of new documents instead of one per document (issue 38).
+    async fn create_in_bulk(
+        &self,
+        documents: &[(String, Vec<Write>)],
+        pending: Vec<Pending>,
+    ) -> Result<Vec<(Pending, Saved)>> {
+        if pending.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.check_open()?;
+        let writes: Vec<BulkWrite> = pending
+            .iter()
+            .map(|pending| BulkWrite {
+                id: documents[pending.slot].0.clone(),
+                body: pending.tree.winner().map(|leaf| leaf.body.clone()).unwrap_or_default(),
+                precondition: Precondition::MustNotExist,
+            })
+            .collect();
+        let written = self.backend.bulk_write(writes).await?;
+        if written.len() != pending.len() {
+            return Err(Error::new(ErrorKind::Internal, "the backend answered a bulk write with too few results"));
+        }
+        Ok(pending
+            .into_iter()
+            .zip(written)
+            .map(|(mut pending, result)| {
+                if let Ok(stored) = &result {
+                    for answer in &mut pending.answers {
+                        if let Ok(Written::Edited(rev)) = answer {
+                            *rev = stored.0.clone();
+                        }
+                    }
+                }
+                let saved = Saved::of(result);
+                (pending, saved)
+            })
+            .collect())
     }
 
     /// A live tree's record as one write of the bulk write: on the record's revision when it
@@ -290,6 +357,11 @@ impl Database {
             refused => (pending, refused, None),
         }
     }
+}
+
+/// Whether `writes` are one creation: an edit naming no parent that does not delete.
+pub(super) fn is_creation(writes: &[Write]) -> bool {
+    matches!(writes, [Write::Edit { parent: None, deleted: false, .. }])
 }
 
 #[cfg(test)]
@@ -390,6 +462,37 @@ mod tests {
         }
 
         fn design_changed(&self, _: &Database) {}
+    }
+
+    /// The data-store database's `write_many` (a `_bulk_docs`) starts every document's save at
+    /// once, so the embedded store's group commit makes them durable together: 100 new
+    /// documents in a handful of write transactions, not one each (issue 38: they were saved one
+    /// after another, 100 fsync'd commits), each answered and stored, in the feed in id order.
+    #[tokio::test]
+    async fn data_store_documents_written_together_share_commits() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(EmbeddedBackend::open(&dir.path().join("ds.redb")).await.unwrap());
+        let backend: Arc<dyn DocumentBackend> = Arc::clone(&store) as Arc<dyn DocumentBackend>;
+        let database = Database::data_store("agent_data_store".into(), backend).unwrap();
+        let documents: Vec<(String, Vec<Write>)> = (0..100)
+            .map(|i| {
+                let id = format!("u:ns:k{i:03}");
+                (id, vec![Write::Edit { parent: None, deleted: false, body: body(json!({ "value": i })) }])
+            })
+            .collect();
+        let before = store.write_transactions();
+        let answers = database.write_many(&documents).await.unwrap();
+        let transactions = store.write_transactions() - before;
+        assert!(transactions <= 4, "100 documents took {transactions} write transactions");
+        for ((id, _), answers) in documents.iter().zip(&answers) {
+            let answers = answers.as_ref().unwrap();
+            assert!(matches!(answers.as_slice(), [Ok(Written::Edited(rev))] if rev.starts_with("1-")), "{id}");
+            assert!(database.read(id).await.unwrap().is_some(), "{id} is stored");
+        }
+        let feed: Vec<String> =
+            store.changes(None, 200).await.unwrap().changes.into_iter().map(|change| change.id).collect();
+        let ids: Vec<String> = documents.iter().map(|(id, _)| id.clone()).collect();
+        assert_eq!(feed, ids, "the feed holds the request's documents in id order");
     }
 
     /// `write_many` answers and stores each document exactly as `write_batch` called once per

@@ -302,6 +302,15 @@ impl Layout {
         }
     }
 
+    /// Whether an ordinary edit is written as the backend's own edit (the [`native`] layout:
+    /// CouchDB keeps the tree): the backend checks it against the document as it is then (a
+    /// creation without `_rev` is refused over a live document, and made a new revision of a
+    /// deleted one) and stems it by its own `_revs_limit`, so the tree the engine edits in memory
+    /// is never stored as such and stemming it changes nothing.
+    pub fn edits_are_the_backends(&self) -> bool {
+        matches!(self, Layout::Native(_))
+    }
+
     /// Whether a listing's states hold whole trees (else only the winner: a `conflicts=true`
     /// listing reads the listed documents' trees again).
     pub fn lists_whole_trees(&self) -> bool {
