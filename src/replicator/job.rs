@@ -28,7 +28,7 @@ use crate::database::validation::{as_writer, Writer};
 use crate::database::Databases;
 use crate::error::{Error, ErrorKind, Result};
 use crate::migrate::deployment::{write_page, CopyEnds, Side};
-use crate::replication_client::{CouchClient, FeedFilter};
+use crate::replication_client::CouchClient;
 
 /// A job's bounds ([docs/bounds.md](../../docs/bounds.md)).
 #[derive(Debug, Clone, Copy)]
@@ -179,7 +179,7 @@ async fn run_as_admin(
     let by_doc_ids = matches!(replication.filter, ReplicationFilter::DocIds(_));
     let mut checkpoints =
         Checkpoints::read(&source_end, &target_end, id, replication.since_seq.as_ref(), by_doc_ids).await?;
-    let filter = feed_filter(&replication.filter);
+    let filter = replication.filter.clone();
     let mut since = start_position(&checkpoints.start_seq);
     let kept = checkpoints.history_stats();
     update(stats, |s| {
@@ -296,17 +296,6 @@ fn start_position(seq: &Value) -> Value {
         Value::Number(n) if n.as_u64() == Some(0) => Value::Null,
         Value::String(text) if text == "0" => Value::Null,
         other => other.clone(),
-    }
-}
-
-fn feed_filter(filter: &ReplicationFilter) -> FeedFilter {
-    match filter {
-        ReplicationFilter::All => FeedFilter::All,
-        ReplicationFilter::DocIds(ids) => FeedFilter::DocIds(ids.clone()),
-        ReplicationFilter::Selector(selector) => FeedFilter::Selector(selector.clone()),
-        ReplicationFilter::Design { ddoc, name, query_params } => {
-            FeedFilter::Design { ddoc: ddoc.clone(), name: name.clone(), query_params: query_params.clone() }
-        }
     }
 }
 

@@ -58,21 +58,11 @@ impl Endpoint {
     }
 }
 
-/// Which changes a replication takes.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ReplicationFilter {
-    All,
-    /// `doc_ids`: sorted, without duplicates, percent-decoded (CouchDB's `convert_options`).
-    DocIds(Vec<String>),
-    /// `selector`: a Mango selector run where the source's feed is read.
-    Selector(Map<String, Value>),
-    /// `filter: "ddoc/name"` with its `query_params`.
-    Design {
-        ddoc: String,
-        name: String,
-        query_params: Map<String, Value>,
-    },
-}
+/// Which changes a replication takes: the replication client's own filter, run where the source's
+/// feed is read (`doc_ids` sorted, without duplicates, percent-decoded, as CouchDB's
+/// `convert_options` keeps them; a Mango `selector`; `filter: "ddoc/name"` with its
+/// `query_params`).
+pub use crate::replication_client::FeedFilter as ReplicationFilter;
 
 /// A parsed replication.
 #[derive(Debug, Clone, PartialEq)]
