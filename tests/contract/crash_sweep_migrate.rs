@@ -98,6 +98,8 @@ async fn database_source(dir: &Path, name: &DbName) -> Arc<Databases> {
                 edit(&db, &id, Some(&first), false, body).await.expect("an attachment");
             }
             1 => {
+                // A second revision, then a branch from the first beside it: two leaves.
+                edit(&db, &id, Some(&first), false, object(json!({"n": n, "v": 2}))).await.expect("an edit");
                 let (_, first_id) = first.split_once('-').expect("a revision");
                 let path = RevPath { start: 2, ids: vec!["b0b0".into(), first_id.to_owned()] };
                 let branch = Write::Replicated { path, deleted: false, body: object(json!({"branch": true})) };

@@ -13,6 +13,7 @@ mod crash_catalog;
 mod crash_sweep;
 mod crash_sweep_data_store;
 mod crash_sweep_migrate;
+mod crash_sweep_replicator;
 mod crash_sweep_views;
 mod document_model;
 mod engine_data_store;
