@@ -28,9 +28,11 @@
 //! On the embedded store each operation is also measured, right after the endpoint's phase,
 //! against pouchdb-server 4.2.0 itself (`node_modules/.bin/pouchdb-server --in-memory`, i.e.
 //! PouchDB over memdown, with admin credentials, on a database of its own seeded the same way and
-//! with a Mango index on `[userId, namespace]`), side by side in one table, and against what a
-//! real CouchDB 3.4.3 served on this machine as issue 14 gives it (measured elsewhere with wrk and
-//! 16 connections: 1,700 GETs/s, 900 creates/s, 68 `_find`s of 100 documents/s).
+//! with a Mango index on `[userId, namespace]`), side by side in one table, and, when
+//! `BENCH_COUCHDB_URL` names one (e.g. `http://admin:password@127.0.0.1:15984`), against a real
+//! Apache CouchDB 3.4.3 on a database of its own seeded and indexed the same way, measured in the
+//! same run right after pouchdb-server. Without it the CouchDB column says why it is empty; the
+//! fuller comparison with a real CouchDB is `versus_couchdb`.
 //!
 //! Latency is wall-clock around one whole request including its full body (request bodies are
 //! built before the clock starts); throughput is successful requests over the phase's time;
@@ -95,8 +97,6 @@ const BULK_DOCS: usize = 500;
 const FRONT_BULK_DOCS: usize = 100;
 /// pouchdb-server's credentials, as `tests/common/servers.rs` configures it.
 const POUCHDB_LOGIN: (&str, &str) = ("admin", "password");
-/// What a real CouchDB 3.4.3 served on this 2-core machine to wrk with 16 connections (issue 14).
-const COUCHDB_REFERENCE: [(Op, f64); 3] = [(Op::Get, 1_700.0), (Op::Create, 900.0), (Op::Find, 68.0)];
 
 // ---- settings ----
 
@@ -191,10 +191,6 @@ impl Op {
             Op::Bulk => BULK_DOCS,
             Op::Bulk100 => FRONT_BULK_DOCS,
         }
-    }
-
-    fn reference(self) -> Option<f64> {
-        COUCHDB_REFERENCE.iter().find(|(op, _)| *op == self).map(|(_, rate)| *rate)
     }
 }
 
@@ -680,6 +676,8 @@ struct BackendResult {
     endpoint: Vec<Outcome>,
     native: Vec<Outcome>,
     pouchdb: Option<(String, Vec<Outcome>)>,
+    /// The real Apache CouchDB at `BENCH_COUCHDB_URL` beside the embedded store, or why not.
+    apache_couchdb: Result<(String, Vec<Outcome>), String>,
 }
 
 /// pouchdb-server with a fresh database, seeded as the endpoint is and with a Mango index on
@@ -699,8 +697,38 @@ async fn pouchdb(http: &reqwest::Client) -> Result<(String, Http), String> {
     Ok((format!("{}, in memory (memdown)", server.product), target))
 }
 
-/// The endpoint over `kind` (and pouchdb-server beside it on the embedded store), then the same
-/// store in process.
+/// A real Apache CouchDB at `BENCH_COUCHDB_URL` (its credentials in the URL) with a fresh database,
+/// seeded and indexed as pouchdb-server's; `Ok(None)` when the variable is unset.
+async fn apache_couchdb(http: &reqwest::Client) -> Result<Option<(String, Http)>, String> {
+    let Some(url) = crate::common::targets::real_couchdb_url() else { return Ok(None) };
+    let mut parsed = reqwest::Url::parse(&url).map_err(|e| format!("BENCH_COUCHDB_URL: {e}"))?;
+    let login = match parsed.username() {
+        "" => None,
+        user => {
+            let password = parsed.password().unwrap_or_default().to_owned();
+            // Leaked once per run: the targets' logins are `'static` as pouchdb-server's constant is.
+            Some((&*Box::leak(user.to_owned().into_boxed_str()), &*Box::leak(password.into_boxed_str())))
+        }
+    };
+    parsed.set_username("").map_err(|()| "BENCH_COUCHDB_URL: cannot drop its user".to_owned())?;
+    parsed.set_password(None).map_err(|()| "BENCH_COUCHDB_URL: cannot drop its password".to_owned())?;
+    let server = parsed.as_str().trim_end_matches('/').to_owned();
+    let welcome = Http { db: server.clone(), login, revs: Arc::default() };
+    let (_, about) = welcome.send(http, reqwest::Method::GET, "/", None).await.map_err(|e| format!("GET /: {e}"))?;
+    let product = format!("Apache CouchDB {}", about["version"].as_str().unwrap_or("(version unknown)"));
+    let mut target = Http { db: format!("{server}/couchdb_api_bench_{}", run_suffix()), login, revs: Arc::default() };
+    target.send(http, reqwest::Method::PUT, "", None).await.map_err(|e| format!("creating the database: {e}"))?;
+    let index = json!({ "index": { "fields": ["userId", "namespace"] }, "name": "idx-user-namespace", "type": "json" });
+    target
+        .send(http, reqwest::Method::POST, "/_index", Some(index.to_string().into_bytes()))
+        .await
+        .map_err(|e| format!("creating the index: {e}"))?;
+    target.seed(http).await?;
+    Ok(Some((product, target)))
+}
+
+/// The endpoint over `kind` (and pouchdb-server, and a real CouchDB when one is named, beside it
+/// on the embedded store), then the same store in process.
 async fn measure_backend(kind: Kind, config: &Config) -> Result<BackendResult, String> {
     let dir = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
     let (url, store) = kind.fresh_store(dir.path())?;
@@ -716,10 +744,15 @@ async fn measure_backend(kind: Kind, config: &Config) -> Result<BackendResult, S
         Kind::Embedded => Some(pouchdb(&http).await.map_err(|e| format!("pouchdb-server: {e}"))?),
         _ => None,
     };
+    let apache = match kind {
+        Kind::Embedded => apache_couchdb(&http).await.map_err(|e| format!("Apache CouchDB: {e}"))?,
+        _ => None,
+    };
     println!("  seeded {TOTAL_KEYS} documents in {:.2} s (not timed)", seeding.elapsed().as_secs_f64());
     let endpoint = Arc::new(endpoint);
     let pouch = pouch.map(|(product, target)| (product, Arc::new(target)));
-    let (mut endpoint_outcomes, mut pouch_outcomes) = (Vec::new(), Vec::new());
+    let apache = apache.map(|(product, target)| (product, Arc::new(target)));
+    let (mut endpoint_outcomes, mut pouch_outcomes, mut apache_outcomes) = (Vec::new(), Vec::new(), Vec::new());
     for op in Op::ALL {
         endpoint_outcomes.push(match (&find, op) {
             (Err(why), Op::Find) => Outcome::NotMeasured(why.clone()),
@@ -728,9 +761,17 @@ async fn measure_backend(kind: Kind, config: &Config) -> Result<BackendResult, S
         if let Some((_, target)) = &pouch {
             pouch_outcomes.push(Outcome::Measured(run_phase(target, op, "pouchdb", config).await?));
         }
+        if let Some((_, target)) = &apache {
+            apache_outcomes.push(Outcome::Measured(run_phase(target, op, "apache-couchdb", config).await?));
+        }
         println!("  {:<9} over HTTP done", op.name());
     }
     server.stop()?;
+    if let Some((_, target)) = &apache {
+        if let Err(err) = target.send(&http, reqwest::Method::DELETE, "", None).await {
+            println!("  the Apache CouchDB database {} was not deleted: {err}", target.db);
+        }
+    }
     let native = Arc::new(Native::open(&url, config.clients).await?);
     let mut native_outcomes = Vec::new();
     for op in Op::ALL {
@@ -743,6 +784,11 @@ async fn measure_backend(kind: Kind, config: &Config) -> Result<BackendResult, S
         endpoint: endpoint_outcomes,
         native: native_outcomes,
         pouchdb: pouch.map(|(product, _)| (product, pouch_outcomes)),
+        apache_couchdb: match apache {
+            Some((product, _)) => Ok((product, apache_outcomes)),
+            None if kind == Kind::Embedded => Err("not measured: BENCH_COUCHDB_URL is not set".to_owned()),
+            None => Err("measured beside the embedded store only".to_owned()),
+        },
     })
 }
 
@@ -772,51 +818,37 @@ fn side_cells(op: Op, outcome: &Outcome) -> Vec<String> {
     }
 }
 
-/// (a) and (b): the endpoint on the embedded store against pouchdb-server, and the reference.
+/// (a) and (b): the endpoint on the embedded store against pouchdb-server and a real CouchDB.
 fn side_by_side(result: &BackendResult) -> Option<String> {
     let (product, pouch) = result.pouchdb.as_ref()?;
-    let header = [
-        "operation",
-        "server",
-        "requests",
-        "errors",
-        "req/s",
-        "docs/s",
-        "p50 ms",
-        "p99 ms",
-        "x pouchdb",
-        "x CouchDB ref",
-    ];
+    let header =
+        ["operation", "server", "requests", "errors", "req/s", "docs/s", "p50 ms", "p99 ms", "x pouchdb", "x CouchDB"];
     let mut rows = Vec::new();
     for (i, op) in Op::ALL.into_iter().enumerate() {
         let (ours, theirs) = (&result.endpoint[i], &pouch[i]);
         let vs_pouch = ours.phase().zip(theirs.phase()).map(|(o, t)| o.rate() / t.rate());
-        let vs_reference = ours.phase().zip(op.reference()).map(|(o, r)| o.rate() / r);
+        let apache = result.apache_couchdb.as_ref().ok().map(|(_, outcomes)| &outcomes[i]);
+        let vs_apache = ours.phase().zip(apache.and_then(Outcome::phase)).map(|(o, t)| o.rate() / t.rate());
         let mut row = vec![op.name().to_owned(), "agentstore (embedded)".to_owned()];
         row.extend(side_cells(op, ours));
-        row.extend([cell(vs_pouch, 2), cell(vs_reference, 2)]);
+        row.extend([cell(vs_pouch, 2), cell(vs_apache, 2)]);
         rows.push(row);
         let mut row = vec![String::new(), "pouchdb-server".to_owned()];
         row.extend(side_cells(op, theirs));
         row.extend([String::new(), String::new()]);
         rows.push(row);
-        if let Some(reference) = op.reference() {
-            let mut row = vec![String::new(), "CouchDB 3.4.3 (reference)".to_owned()];
-            row.extend([
-                "-".into(),
-                "-".into(),
-                format!("{reference:.0}"),
-                format!("{:.0}", reference * op.docs() as f64),
-            ]);
-            row.extend(["-".into(), "-".into(), String::new(), String::new()]);
+        if let Some(apache) = apache {
+            let mut row = vec![String::new(), "Apache CouchDB".to_owned()];
+            row.extend(side_cells(op, apache));
+            row.extend([String::new(), String::new()]);
             rows.push(row);
         }
     }
-    Some(format!(
-        "{}({product}; CouchDB 3.4.3 rows: reference, measured elsewhere with wrk, 16 connections, on this \
-         machine as issue 14 gives them; x = agentstore req/s over theirs)\n",
-        aligned(&header, &rows, 2)
-    ))
+    let apache = match &result.apache_couchdb {
+        Ok((product, _)) => format!("{product}, in the same run"),
+        Err(why) => format!("Apache CouchDB: {why}"),
+    };
+    Some(format!("{}({product}; {apache}; x = agentstore req/s over theirs)\n", aligned(&header, &rows, 2)))
 }
 
 /// (c): the endpoint on each backend against that backend's own calls.
@@ -915,13 +947,16 @@ fn report_json(config: &Config, nproc: usize, load: [&str; 2], passed: bool, res
         "bulk_docs_per_request": BULK_DOCS,
         "max_error_rate": MAX_ERROR_RATE,
         "passed": passed,
-        "couchdb_3_4_3_reference_requests_per_s": COUCHDB_REFERENCE.iter().map(|(op, r)| (op.name().to_owned(), json!(r))).collect::<Map<_, _>>(),
         "backends": results.iter().map(|r| json!({
             "backend": r.kind.name(),
             "store": r.store,
             "endpoint": operations(&r.endpoint),
             "native": operations(&r.native),
             "pouchdb_server": r.pouchdb.as_ref().map(|(product, o)| json!({ "server": product, "operations": operations(o) })),
+            "apache_couchdb": match &r.apache_couchdb {
+                Ok((product, o)) => json!({ "server": product, "operations": operations(o) }),
+                Err(why) => json!({ "not_measured": why }),
+            },
         })).collect::<Vec<_>>(),
     })
 }
