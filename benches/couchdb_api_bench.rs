@@ -686,7 +686,13 @@ async fn pouchdb(http: &reqwest::Client) -> Result<(String, Http), String> {
     let server = servers::couchdb()?;
     let port = server.url.rsplit(':').next().unwrap_or_default();
     let db = format!("http://127.0.0.1:{port}/couchdb_api_bench_{}", run_suffix());
-    let mut target = Http { db, login: Some(POUCHDB_LOGIN), revs: Arc::default() };
+    let target = prepared(http, Http { db, login: Some(POUCHDB_LOGIN), revs: Arc::default() }).await?;
+    Ok((format!("{}, in memory (memdown)", server.product), target))
+}
+
+/// `target`'s database created, given a Mango index on `[userId, namespace]` (as CouchDB's
+/// `idx-user-namespace`) and seeded as the endpoint is.
+async fn prepared(http: &reqwest::Client, mut target: Http) -> Result<Http, String> {
     target.send(http, reqwest::Method::PUT, "", None).await.map_err(|e| format!("creating the database: {e}"))?;
     let index = json!({ "index": { "fields": ["userId", "namespace"] }, "name": "idx-user-namespace", "type": "json" });
     target
@@ -694,7 +700,7 @@ async fn pouchdb(http: &reqwest::Client) -> Result<(String, Http), String> {
         .await
         .map_err(|e| format!("creating the index: {e}"))?;
     target.seed(http).await?;
-    Ok((format!("{}, in memory (memdown)", server.product), target))
+    Ok(target)
 }
 
 /// A real Apache CouchDB at `BENCH_COUCHDB_URL` (its credentials in the URL) with a fresh database,
@@ -716,14 +722,8 @@ async fn apache_couchdb(http: &reqwest::Client) -> Result<Option<(String, Http)>
     let welcome = Http { db: server.clone(), login, revs: Arc::default() };
     let (_, about) = welcome.send(http, reqwest::Method::GET, "/", None).await.map_err(|e| format!("GET /: {e}"))?;
     let product = format!("Apache CouchDB {}", about["version"].as_str().unwrap_or("(version unknown)"));
-    let mut target = Http { db: format!("{server}/couchdb_api_bench_{}", run_suffix()), login, revs: Arc::default() };
-    target.send(http, reqwest::Method::PUT, "", None).await.map_err(|e| format!("creating the database: {e}"))?;
-    let index = json!({ "index": { "fields": ["userId", "namespace"] }, "name": "idx-user-namespace", "type": "json" });
-    target
-        .send(http, reqwest::Method::POST, "/_index", Some(index.to_string().into_bytes()))
-        .await
-        .map_err(|e| format!("creating the index: {e}"))?;
-    target.seed(http).await?;
+    let db = format!("{server}/couchdb_api_bench_{}", run_suffix());
+    let target = prepared(http, Http { db, login, revs: Arc::default() }).await?;
     Ok(Some((product, target)))
 }
 

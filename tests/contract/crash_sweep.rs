@@ -160,6 +160,33 @@ pub fn with_attachment(mut value: Map<String, Value>, name: &str, bytes: &str, k
     value
 }
 
+/// Seeds `db` with `count` (at least 3) documents `doc{n}`: `doc0` with an attachment of `bytes`,
+/// `doc1` with two leaves (a second revision, then a branch from the first beside it), `doc2`
+/// deleted, the others plain; `count + 1` leaves in all. The sources of the copy sweeps.
+pub async fn seed_copy_source(db: &Database, count: usize, bytes: &str) {
+    for n in 0..count {
+        let id = format!("doc{n}");
+        let first = edit(db, &id, None, false, object(json!({"n": n}))).await.expect("a source document");
+        match n {
+            0 => {
+                let body = with_attachment(object(json!({"n": n, "v": 2})), "f.txt", bytes, &[]);
+                edit(db, &id, Some(&first), false, body).await.expect("an attachment");
+            }
+            1 => {
+                edit(db, &id, Some(&first), false, object(json!({"n": n, "v": 2}))).await.expect("an edit");
+                let (_, first_id) = first.split_once('-').expect("a revision");
+                let path = RevPath { start: 2, ids: vec!["b0b0".into(), first_id.to_owned()] };
+                let branch = Write::Replicated { path, deleted: false, body: object(json!({"branch": true})) };
+                db.write(&id, &branch).await.expect("a conflict");
+            }
+            2 => {
+                edit(db, &id, Some(&first), true, Map::new()).await.expect("a deletion");
+            }
+            _ => {}
+        }
+    }
+}
+
 /// An edit as the document handlers make it: inline attachments stored first, then the write.
 pub async fn edit(
     db: &Database,

@@ -19,8 +19,7 @@ use std::sync::Arc;
 use agentstore::backend::catalog::{open_catalog, Catalog, DbName, EmbeddedCatalog};
 use agentstore::backend::embedded::EmbeddedBackend;
 use agentstore::backend::{BackendUrl, BulkWrite, DocumentBackend, Precondition};
-use agentstore::database::rev_tree::RevPath;
-use agentstore::database::{Databases, Write};
+use agentstore::database::Databases;
 use agentstore::migrate::deployment::side::Side;
 use agentstore::migrate::deployment::{self, MoveOptions, Selection};
 use agentstore::migrate::verify::{verify, VerifyOptions};
@@ -29,7 +28,7 @@ use agentstore::model::id::encode_key;
 use serde_json::{json, Map, Value};
 
 use crate::crash::{CrashLayer, CrashPoint, CrashingCatalog, Cut};
-use crate::crash_sweep::{edit, object, with_attachment};
+use crate::crash_sweep::{object, seed_copy_source};
 use crate::harness::Ctx;
 
 /// More sink calls than a swept copy makes.
@@ -51,10 +50,31 @@ enum Copy {
 
 /// How the sweep of one copy went, one kind of cut.
 #[derive(Default)]
-struct Tally {
-    crash_points: usize,
-    steps: Vec<&'static str>,
-    violations: Vec<String>,
+pub struct Tally {
+    pub crash_points: usize,
+    pub steps: Vec<&'static str>,
+    pub violations: Vec<String>,
+}
+
+/// Sweeps `what` on `backend` with both kinds of cut, prints each tally and fails with every
+/// violation found.
+pub async fn sweep_both_cuts<Sweep, Swept>(backend: &str, what: &str, mut sweep: Sweep)
+where
+    Sweep: FnMut(Cut) -> Swept,
+    Swept: Future<Output = Tally>,
+{
+    let mut failures = Vec::new();
+    for cut in [Cut::Stop, Cut::LoseAnswer] {
+        let tally = sweep(cut).await;
+        println!(
+            "crash sweep: {backend} {what} {cut:?}: {} crash points, {} violations; steps: {}",
+            tally.crash_points,
+            tally.violations.len(),
+            tally.steps.join(" ")
+        );
+        failures.extend(tally.violations);
+    }
+    assert!(failures.is_empty(), "crash sweep: {backend} {what}: violations:\n  {}", failures.join("\n  "));
 }
 
 fn data_store_body(n: usize) -> (String, Map<String, Value>) {
@@ -89,27 +109,7 @@ async fn database_source(dir: &Path, name: &DbName) -> Arc<Databases> {
     let catalog: Arc<dyn Catalog> = Arc::new(EmbeddedCatalog::new(&dir.join("source.redb"), Default::default()));
     let databases = Arc::new(Databases::new(Some(catalog), 4));
     let db = databases.create(name).await.expect("the source database");
-    for n in 0..DATABASE_DOCUMENTS {
-        let id = format!("doc{n}");
-        let first = edit(&db, &id, None, false, object(json!({"n": n}))).await.expect("a source document");
-        match n {
-            0 => {
-                let body = with_attachment(object(json!({"n": n, "v": 2})), "f.txt", "moved bytes", &[]);
-                edit(&db, &id, Some(&first), false, body).await.expect("an attachment");
-            }
-            1 => {
-                // A second revision, then a branch from the first beside it: two leaves.
-                edit(&db, &id, Some(&first), false, object(json!({"n": n, "v": 2}))).await.expect("an edit");
-                let (_, first_id) = first.split_once('-').expect("a revision");
-                let path = RevPath { start: 2, ids: vec!["b0b0".into(), first_id.to_owned()] };
-                let branch = Write::Replicated { path, deleted: false, body: object(json!({"branch": true})) };
-                db.write(&id, &branch).await.expect("a conflict");
-            }
-            _ => {
-                edit(&db, &id, Some(&first), true, Map::new()).await.expect("a deletion");
-            }
-        }
-    }
+    seed_copy_source(&db, DATABASE_DOCUMENTS, "moved bytes").await;
     databases
 }
 
@@ -267,24 +267,8 @@ async fn sweep_copy(ctx: Ctx, copy: Copy) {
     }
     let url: BackendUrl = ctx.backend_url.parse().expect("the harness's backend URL parses");
     let catalog = open_catalog(&url).await.expect("the sink's catalog");
-    let mut failures = Vec::new();
-    for cut in [Cut::Stop, Cut::LoseAnswer] {
-        let tally = sweep(&catalog, copy, cut).await;
-        println!(
-            "crash sweep: {} migrate {copy:?} {cut:?}: {} crash points, {} violations; sink steps: {}",
-            ctx.backend_name,
-            tally.crash_points,
-            tally.violations.len(),
-            tally.steps.join(" ")
-        );
-        failures.extend(tally.violations);
-    }
-    assert!(
-        failures.is_empty(),
-        "crash sweep: {} migrate {copy:?}: violations:\n  {}",
-        ctx.backend_name,
-        failures.join("\n  ")
-    );
+    let what = format!("migrate {copy:?}");
+    sweep_both_cuts(ctx.backend_name, &what, |cut| sweep(&catalog, copy, cut)).await;
 }
 
 pub async fn crash_sweep_migrate_page(ctx: Ctx) {

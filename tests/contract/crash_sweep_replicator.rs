@@ -20,8 +20,7 @@ use std::time::Duration;
 
 use agentstore::backend::catalog::{open_catalog, Catalog, DbName};
 use agentstore::backend::BackendUrl;
-use agentstore::database::rev_tree::RevPath;
-use agentstore::database::{Databases, Write};
+use agentstore::database::Databases;
 use agentstore::migrate::deployment::side::Side;
 use agentstore::replicator::job::{self, JobBounds, JobContext, JobStats, Outcome};
 use agentstore::replicator::spec::{self, Replication};
@@ -29,7 +28,8 @@ use serde_json::{json, Map, Value};
 use tokio::sync::watch;
 
 use crate::crash::{CrashPoint, CrashingCatalog, Cut};
-use crate::crash_sweep::{edit, object, with_attachment};
+use crate::crash_sweep::{object, seed_copy_source};
+use crate::crash_sweep_migrate::{sweep_both_cuts, Tally};
 use crate::harness::Ctx;
 
 /// More calls than one uncut job makes.
@@ -38,12 +38,6 @@ const MAX_CRASH_POINTS: usize = 300;
 const DOCUMENTS: usize = 5;
 /// Changes per page.
 const PAGE: usize = 2;
-
-struct Tally {
-    crash_points: usize,
-    steps: Vec<&'static str>,
-    violations: Vec<String>,
-}
 
 fn database_name(role: &str, cut: Cut, k: usize) -> DbName {
     let text = format!("sweep-repl-{role}-{}-{cut:?}-{k}", std::process::id()).to_lowercase();
@@ -55,28 +49,7 @@ fn database_name(role: &str, cut: Cut, k: usize) -> DbName {
 async fn seed_source(catalog: &Arc<dyn Catalog>, name: &DbName) {
     let databases = Databases::new(Some(Arc::clone(catalog)), 4);
     let db = databases.create(name).await.expect("the source database");
-    for n in 0..DOCUMENTS {
-        let id = format!("doc{n}");
-        let first = edit(&db, &id, None, false, object(json!({"n": n}))).await.expect("a source document");
-        match n {
-            0 => {
-                let body = with_attachment(object(json!({"n": n, "v": 2})), "f.txt", "replicated bytes", &[]);
-                edit(&db, &id, Some(&first), false, body).await.expect("an attachment");
-            }
-            1 => {
-                // A second revision, then a branch from the first beside it: two leaves.
-                edit(&db, &id, Some(&first), false, object(json!({"n": n, "v": 2}))).await.expect("an edit");
-                let (_, first_id) = first.split_once('-').expect("a revision");
-                let path = RevPath { start: 2, ids: vec!["c0c0".into(), first_id.to_owned()] };
-                let branch = Write::Replicated { path, deleted: false, body: object(json!({"branch": true})) };
-                db.write(&id, &branch).await.expect("a conflict");
-            }
-            2 => {
-                edit(&db, &id, Some(&first), true, Map::new()).await.expect("a deletion");
-            }
-            _ => {}
-        }
-    }
+    seed_copy_source(&db, DOCUMENTS, "replicated bytes").await;
 }
 
 fn replication(source: &DbName, target: &DbName) -> Replication {
@@ -185,7 +158,7 @@ async fn point(catalog: &Arc<dyn Catalog>, k: usize, cut: Cut, steps: &mut Vec<&
 }
 
 async fn sweep(catalog: &Arc<dyn Catalog>, cut: Cut) -> Tally {
-    let mut tally = Tally { crash_points: 0, steps: Vec::new(), violations: Vec::new() };
+    let mut tally = Tally::default();
     for k in 0..MAX_CRASH_POINTS {
         let (violations, cut_made) = point(catalog, k, cut, &mut tally.steps).await;
         tally.violations.extend(violations.into_iter().map(|v| format!("{cut:?} at call {k}: {v}")));
@@ -208,22 +181,5 @@ pub async fn crash_sweep_replication_job(ctx: Ctx) {
     }
     let url: BackendUrl = ctx.backend_url.parse().expect("the harness's backend URL parses");
     let catalog = open_catalog(&url).await.expect("the catalog");
-    let mut failures = Vec::new();
-    for cut in [Cut::Stop, Cut::LoseAnswer] {
-        let tally = sweep(&catalog, cut).await;
-        println!(
-            "crash sweep: {} replication job {cut:?}: {} crash points, {} violations; steps: {}",
-            ctx.backend_name,
-            tally.crash_points,
-            tally.violations.len(),
-            tally.steps.join(" ")
-        );
-        failures.extend(tally.violations);
-    }
-    assert!(
-        failures.is_empty(),
-        "crash sweep: {} replication job: violations:\n  {}",
-        ctx.backend_name,
-        failures.join("\n  ")
-    );
+    sweep_both_cuts(ctx.backend_name, "replication job", |cut| sweep(&catalog, cut)).await;
 }
