@@ -375,10 +375,10 @@ async fn start_replicator(
             ..job::JobBounds::default()
         },
     };
-    let bounds = scheduler::SchedulerBounds {
-        max_jobs: settings.couchdb_max_replication_jobs,
-        lease_ttl: Duration::from_secs(settings.couchdb_replication_lease_secs),
-    };
+    let bounds = scheduler::SchedulerBounds::new(
+        settings.couchdb_max_replication_jobs,
+        Duration::from_secs(settings.couchdb_replication_lease_secs),
+    );
     let replicator = crate::replicator::Replicator::new(context, bounds)?;
     replicator.start(stopping.clone());
     Ok(Some(replicator))

@@ -67,6 +67,17 @@ const LEASE_PREFIX: &str = "replicator:lease:";
 pub struct SchedulerBounds {
     pub max_jobs: usize,
     pub lease_ttl: Duration,
+    /// How often `_replicator` is read ([`SCAN_INTERVAL`]; shorter in the crash sweep).
+    pub scan_interval: Duration,
+    /// The first pause after a failed run ([`FIRST_BACKOFF`]; shorter in the crash sweep).
+    pub first_backoff: Duration,
+}
+
+impl SchedulerBounds {
+    /// `max_jobs` and `lease_ttl` as configured; the scan and the backoff as CouchDB's.
+    pub fn new(max_jobs: usize, lease_ttl: Duration) -> Self {
+        SchedulerBounds { max_jobs, lease_ttl, scan_interval: SCAN_INTERVAL, first_backoff: FIRST_BACKOFF }
+    }
 }
 
 /// A job's state as `_scheduler` shows it.
@@ -122,6 +133,10 @@ pub struct JobEntry {
     /// The state fields the document carries (`_replication_stats`, `_replication_state_time`),
     /// which `_scheduler/docs` shows for a completed or failed document.
     pub written_state: Map<String, Value>,
+    /// A completed run whose `completed` state could not be written into its document (a
+    /// storage error): written at the next scans until it is, so that a client waiting for the
+    /// document's state is not left waiting while the process goes on.
+    unwritten: Option<(JobStats, chrono::DateTime<chrono::Utc>)>,
 }
 
 /// What a finished run reports back to the scheduler.
@@ -182,7 +197,7 @@ impl Scheduler {
                 Err(err) => tracing::warn!(error = %err, "replicator: reading _replicator failed; trying again"),
             }
             tokio::select! {
-                _ = tokio::time::sleep(SCAN_INTERVAL) => {}
+                _ = tokio::time::sleep(self.bounds.scan_interval) => {}
                 _ = stopping.changed() => {}
             }
         }
@@ -274,7 +289,11 @@ impl Scheduler {
                 let written = if state == "failed" {
                     state_of(&body)
                 } else {
-                    write_state(db, doc_id, &rev, DocState::Failed(reason.clone())).await.unwrap_or_default()
+                    write_state(db, doc_id, &rev, DocState::Failed(reason.clone()))
+                        .await
+                        .ok()
+                        .flatten()
+                        .unwrap_or_default()
                 };
                 let shown = failed_doc_json(doc_id, &body, &written, &reason);
                 self.failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(doc_id.to_owned(), shown);
@@ -309,6 +328,7 @@ impl Scheduler {
             elsewhere: None,
             run: 0,
             written_state: state_of(&body),
+            unwritten: None,
         };
         self.jobs().insert(doc_id.to_owned(), entry);
     }
@@ -345,7 +365,8 @@ impl Scheduler {
                         job.error_count += 1;
                         job.state = JobState::Crashing;
                         job.error = Some(crash_reason(err));
-                        let backoff = FIRST_BACKOFF.saturating_mul(1 << job.error_count.min(8)).min(MAX_BACKOFF);
+                        let backoff =
+                            self.bounds.first_backoff.saturating_mul(1 << job.error_count.min(8)).min(MAX_BACKOFF);
                         job.retry_at = Some(Instant::now() + backoff / 2);
                         job.history.insert(0, ("crashed".into(), now));
                         tracing::warn!(doc = ?job.doc_id, error = %err, "replication crashed; it is tried again");
@@ -363,18 +384,61 @@ impl Scheduler {
             };
             if matches!(outcome, Ok(Outcome::Completed(_))) {
                 let start_time = self.jobs().get(&key).map(|job| job.start_time).unwrap_or(now);
-                if let Ok(Some(state)) = db.read(&doc_id).await {
-                    if let Some(winner) = state.tree.winner().filter(|leaf| !leaf.deleted) {
-                        let rev = winner.path.leaf_rev();
-                        let written =
-                            write_state(db, &doc_id, &rev, DocState::Completed(Box::new(stats), start_time)).await;
-                        if let (Some(written), Some(job)) = (written, self.jobs().get_mut(&key)) {
-                            job.written_state = written;
-                        }
-                    }
-                }
+                self.write_completed(db, &key, &doc_id, stats, start_time).await;
             }
             release_lease(db, &doc_id, lease).await;
+        }
+        self.write_unwritten(db).await;
+    }
+
+    /// Writes `completed` into the document of job `key`; on a storage error the job keeps it
+    /// to write at the next scan ([`JobEntry::unwritten`]).
+    async fn write_completed(
+        &self,
+        db: &Database,
+        key: &str,
+        doc_id: &str,
+        stats: JobStats,
+        start_time: chrono::DateTime<chrono::Utc>,
+    ) {
+        let written = match db.read(doc_id).await {
+            Ok(Some(state)) => match state.tree.winner().filter(|leaf| !leaf.deleted) {
+                Some(winner) => {
+                    let rev = winner.path.leaf_rev();
+                    write_state(db, doc_id, &rev, DocState::Completed(Box::new(stats.clone()), start_time)).await
+                }
+                // Deleted since: its job goes at the scan that reads the deletion.
+                None => Ok(None),
+            },
+            Ok(None) => Ok(None),
+            Err(err) => Err(err),
+        };
+        let mut jobs = self.jobs();
+        let Some(job) = jobs.get_mut(key) else { return };
+        match written {
+            Ok(written) => {
+                job.unwritten = None;
+                if let Some(written) = written {
+                    job.written_state = written;
+                }
+            }
+            Err(err) => {
+                tracing::warn!(doc = %doc_id, error = %err, "replicator: `completed` not written; tried again");
+                job.unwritten = Some((stats, start_time));
+            }
+        }
+    }
+
+    /// The `completed` states a storage error kept from their documents, tried again.
+    async fn write_unwritten(&self, db: &Database) {
+        let due: Vec<(String, JobStats, chrono::DateTime<chrono::Utc>)> = self
+            .jobs()
+            .iter()
+            .filter(|(_, job)| job.state == JobState::Completed)
+            .filter_map(|(key, job)| job.unwritten.as_ref().map(|(stats, at)| (key.clone(), stats.clone(), *at)))
+            .collect();
+        for (key, stats, start_time) in due {
+            self.write_completed(db, &key, &key, stats, start_time).await;
         }
     }
 
@@ -506,6 +570,7 @@ impl Scheduler {
                     elsewhere: None,
                     run: 0,
                     written_state: Map::new(),
+                    unwritten: None,
                 },
             );
         }
@@ -614,11 +679,13 @@ enum DocState {
 }
 
 /// Writes a document's state as CouchDB 3.4.3's `update_rep_doc` does, over revision `rev`; a
-/// conflict (the document changed meanwhile) is left to the next change of it. The state fields
-/// written, when written.
-async fn write_state(db: &Database, doc_id: &str, rev: &str, state: DocState) -> Option<Map<String, Value>> {
-    let Ok(Some(stored)) = db.read(doc_id).await else { return None };
-    let winner = stored.tree.winner().filter(|leaf| !leaf.deleted && leaf.path.leaf_rev() == rev)?;
+/// conflict (the document changed meanwhile) is left to the next change of it (`Ok(None)`). The
+/// state fields written, when written; a storage error as it came.
+async fn write_state(db: &Database, doc_id: &str, rev: &str, state: DocState) -> Result<Option<Map<String, Value>>> {
+    let Some(stored) = db.read(doc_id).await? else { return Ok(None) };
+    let Some(winner) = stored.tree.winner().filter(|leaf| !leaf.deleted && leaf.path.leaf_rev() == rev) else {
+        return Ok(None);
+    };
     let mut body = winner.body.clone();
     let before = body.clone();
     let set_state = |body: &mut Map<String, Value>, value: &str| {
@@ -649,17 +716,18 @@ async fn write_state(db: &Database, doc_id: &str, rev: &str, state: DocState) ->
         }
     }
     if body == before {
-        return Some(state_of(&body));
+        return Ok(Some(state_of(&body)));
     }
     let written = state_of(&body);
     let write = Write::Edit { parent: Some(rev.to_owned()), deleted: false, body };
     let writer = crate::database::validation::Writer { name: None, roles: vec!["_admin".into()], data_store: None };
     match crate::database::validation::as_writer(writer, db.write(doc_id, &write)).await {
-        Ok(_) => Some(written),
-        Err(err) => {
-            tracing::debug!(doc = %doc_id, error = %err, "replicator: the document's state was not written");
-            None
+        Ok(_) => Ok(Some(written)),
+        Err(err) if err.kind() == ErrorKind::Conflict => {
+            tracing::debug!(doc = %doc_id, error = %err, "replicator: the document changed; its state is not written");
+            Ok(None)
         }
+        Err(err) => Err(err),
     }
 }
 
@@ -754,7 +822,7 @@ mod tests {
             js: None,
             bounds: job::JobBounds::default(),
         };
-        let bounds = SchedulerBounds { max_jobs, lease_ttl: Duration::from_secs(30) };
+        let bounds = SchedulerBounds::new(max_jobs, Duration::from_secs(30));
         (Scheduler::new(context, bounds, "test-instance".into()), replicator)
     }
 

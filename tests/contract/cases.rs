@@ -121,7 +121,7 @@ fn crash_sweep_cases() -> Vec<Case> {
     use crate::crash_catalog::*;
     use crate::crash_sweep::*;
     use crate::crash_sweep_migrate::*;
-    use crate::crash_sweep_replicator::crash_sweep_replication_job;
+    use crate::crash_sweep_replicator::{crash_sweep_replication_job, crash_sweep_replicator_scheduler};
     use crate::crash_sweep_views::{crash_sweep_purge_user_views, crash_sweep_purge_views_queried_meanwhile};
     cases![
         every_storage_method_is_counted,
@@ -143,6 +143,7 @@ fn crash_sweep_cases() -> Vec<Case> {
         crash_sweep_migrate_page,
         crash_sweep_migrate_database_page,
         crash_sweep_replication_job,
+        crash_sweep_replicator_scheduler,
         crash_sweep_create_and_delete_database,
         crash_cut_inside_a_firestore_create_leaves_a_serving_database,
         crash_cut_inside_a_dynamodb_create_or_delete_leaves_no_database,

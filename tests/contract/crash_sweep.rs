@@ -160,9 +160,9 @@ pub fn with_attachment(mut value: Map<String, Value>, name: &str, bytes: &str, k
     value
 }
 
-/// Seeds `db` with `count` (at least 3) documents `doc{n}`: `doc0` with an attachment of `bytes`,
-/// `doc1` with two leaves (a second revision, then a branch from the first beside it), `doc2`
-/// deleted, the others plain; `count + 1` leaves in all. The sources of the copy sweeps.
+/// Seeds `db` with `count` documents `doc{n}`: `doc0` with an attachment of `bytes`, `doc1` with
+/// two leaves (a second revision, then a branch from the first beside it), `doc2` deleted, the
+/// others plain; `count + 1` leaves in all from 2 documents on. The sources of the copy sweeps.
 pub async fn seed_copy_source(db: &Database, count: usize, bytes: &str) {
     for n in 0..count {
         let id = format!("doc{n}");

@@ -20,10 +20,12 @@ use std::time::Duration;
 
 use agentstore::backend::catalog::{open_catalog, Catalog, DbName};
 use agentstore::backend::BackendUrl;
-use agentstore::database::Databases;
+use agentstore::database::{Database, Databases, Write};
 use agentstore::migrate::deployment::side::Side;
 use agentstore::replicator::job::{self, JobBounds, JobContext, JobStats, Outcome};
+use agentstore::replicator::scheduler::SchedulerBounds;
 use agentstore::replicator::spec::{self, Replication};
+use agentstore::replicator::{Replicator, REPLICATOR_DB};
 use serde_json::{json, Map, Value};
 use tokio::sync::watch;
 
@@ -102,7 +104,7 @@ async fn leaves(side: &Side, db: &str, ids_from: &Side, from_db: &str) -> agents
 }
 
 /// The target compared with the source, leaf for leaf, both ways.
-async fn compare(catalog: &Arc<dyn Catalog>, source: &DbName, target: &DbName) -> Vec<String> {
+async fn compare(catalog: &Arc<dyn Catalog>, source: &DbName, target: &DbName, leaves_written: usize) -> Vec<String> {
     let side = Side::Local { databases: Arc::new(Databases::new(Some(Arc::clone(catalog)), 4)), name: "local".into() };
     let (source, target) = (source.as_str(), target.as_str());
     let (theirs, ours) = match (leaves(&side, source, &side, source).await, leaves(&side, target, &side, source).await)
@@ -111,8 +113,8 @@ async fn compare(catalog: &Arc<dyn Catalog>, source: &DbName, target: &DbName) -
         (Err(err), _) | (_, Err(err)) => return vec![format!("reading the leaves failed: {err}")],
     };
     let mut violations = Vec::new();
-    if theirs.len() < DOCUMENTS + 1 {
-        violations.push(format!("the source lists {} leaves, the set-up wrote {}", theirs.len(), DOCUMENTS + 1));
+    if theirs.len() != leaves_written {
+        violations.push(format!("the source lists {} leaves, the set-up wrote {leaves_written}", theirs.len()));
     }
     if theirs != ours {
         violations.push(format!("the target's leaves differ: source {theirs:?}, target {ours:?}"));
@@ -145,7 +147,7 @@ async fn point(catalog: &Arc<dyn Catalog>, k: usize, cut: Cut, steps: &mut Vec<&
     }
     let mut violations = Vec::new();
     match run_job(&context(Arc::clone(catalog)), &wanted).await {
-        Ok(Outcome::Completed(_)) => violations.extend(compare(catalog, &source, &target).await),
+        Ok(Outcome::Completed(_)) => violations.extend(compare(catalog, &source, &target, DOCUMENTS + 1).await),
         Ok(other) => violations.push(format!("the job run again ended {other:?}")),
         Err(err) => violations.push(format!("the job run again failed: {err}")),
     }
@@ -182,4 +184,129 @@ pub async fn crash_sweep_replication_job(ctx: Ctx) {
     let url: BackendUrl = ctx.backend_url.parse().expect("the harness's backend URL parses");
     let catalog = open_catalog(&url).await.expect("the catalog");
     sweep_both_cuts(ctx.backend_name, "replication job", |cut| sweep(&catalog, cut)).await;
+}
+
+// ---- the scheduler: lease, run, state written back ----
+
+/// Documents of the scheduler sweep's source (one, with an attachment: the job's pages are swept
+/// above; this sweep is about the lease and the state around a run).
+const SCHEDULED_DOCUMENTS: usize = 1;
+/// The scheduler's scan and backoff in the sweep (a second and five in a server).
+const SCAN: Duration = Duration::from_millis(20);
+/// A killed instance's lease expires this soon, so the restart takes the job over at once.
+const LEASE_TTL: Duration = Duration::from_millis(100);
+/// How long a scheduler may take to write `completed` (far more than a run takes).
+const COMPLETION_WAIT: Duration = Duration::from_secs(30);
+
+/// A scheduler over `catalog`'s databases, started; the sender stops it.
+fn scheduler(catalog: Arc<dyn Catalog>) -> (Replicator, watch::Sender<bool>) {
+    let bounds = SchedulerBounds { scan_interval: SCAN, first_backoff: SCAN, ..SchedulerBounds::new(4, LEASE_TTL) };
+    let replicator = Replicator::new(context(catalog), bounds).expect("a replicator");
+    let (stop, stopping) = watch::channel(false);
+    replicator.start(stopping);
+    (replicator, stop)
+}
+
+/// The `_replicator` document's `_replication_state`, read over the catalog without the layer.
+async fn replication_state(replicator_db: &Database, doc_id: &str) -> Option<String> {
+    let state = replicator_db.read(doc_id).await.ok()??;
+    let winner = state.tree.winner()?;
+    winner.body.get("_replication_state").and_then(Value::as_str).map(str::to_owned)
+}
+
+/// Waits until the document says `completed` (`true`), or the wait ends (`false`); with a
+/// crash point, also until a stopped process's cut is made (`false`).
+async fn completed_within(replicator_db: &Database, doc_id: &str, stopped_at: Option<&CrashPoint>) -> bool {
+    let deadline = tokio::time::Instant::now() + COMPLETION_WAIT;
+    while tokio::time::Instant::now() < deadline {
+        if replication_state(replicator_db, doc_id).await.as_deref() == Some("completed") {
+            return true;
+        }
+        if stopped_at.is_some_and(CrashPoint::cut_made) {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    false
+}
+
+/// One crash point of the scheduler: a one-shot `_replicator` document run by a scheduler cut
+/// at its `k`-th call; for a lost answer the process goes on and must still write `completed`;
+/// then a new scheduler (the restart) must find the document `completed`, or run it to
+/// `completed`, and the target must equal the source.
+async fn scheduler_point(
+    catalog: &Arc<dyn Catalog>,
+    replicator_db: &Database,
+    k: usize,
+    cut: Cut,
+    steps: &mut Vec<&'static str>,
+) -> (Vec<String>, bool) {
+    let (source, target) = (database_name("sfrom", cut, k), database_name("sto", cut, k));
+    let databases = Databases::new(Some(Arc::clone(catalog)), 4);
+    let db = databases.create(&source).await.expect("the source database");
+    seed_copy_source(&db, SCHEDULED_DOCUMENTS, "scheduled bytes").await;
+    let doc_id = format!("sweep-{cut:?}-{k}").to_lowercase();
+    let crash = CrashPoint::new(k, cut);
+    let crashing: Arc<dyn Catalog> = Arc::new(CrashingCatalog::new(Arc::clone(catalog), Arc::clone(&crash)));
+    let (first, stop_first) = scheduler(crashing);
+    let body = object(json!({"source": source.as_str(), "target": target.as_str(), "create_target": true}));
+    replicator_db.write(&doc_id, &Write::Edit { parent: None, deleted: false, body }).await.expect("the document");
+    let stopped_at = (cut == Cut::Stop).then_some(&*crash);
+    let completed_first = completed_within(replicator_db, &doc_id, stopped_at).await;
+    let cut_made = crash.cut_made();
+    crash.end();
+    let _ = stop_first.send(true);
+    drop(first);
+    let mut violations = Vec::new();
+    if cut == Cut::LoseAnswer && !completed_first {
+        violations
+            .push(format!("the process went on but the document never said `completed` ({} calls)", crash.calls()));
+    }
+    if !cut_made {
+        *steps = crash.called();
+        assert!(completed_first, "the scheduler never completed the job uncut after {} calls", crash.calls());
+    }
+    let (restarted, stop_restarted) = scheduler(Arc::clone(catalog));
+    if !completed_within(replicator_db, &doc_id, None).await {
+        violations.push("after the restart the document never said `completed`".to_owned());
+    }
+    let _ = stop_restarted.send(true);
+    drop(restarted);
+    violations.extend(compare(catalog, &source, &target, SCHEDULED_DOCUMENTS).await);
+    for name in [&source, &target] {
+        if Catalog::delete(catalog.as_ref(), name).await.is_err() {
+            violations.push(format!("{} cannot be deleted", name.as_str()));
+        }
+    }
+    (violations, cut_made)
+}
+
+async fn scheduler_sweep(catalog: &Arc<dyn Catalog>, replicator_db: &Database, cut: Cut) -> Tally {
+    let mut tally = Tally::default();
+    for k in 0..MAX_CRASH_POINTS {
+        let (violations, cut_made) = scheduler_point(catalog, replicator_db, k, cut, &mut tally.steps).await;
+        tally.violations.extend(violations.into_iter().map(|v| format!("{cut:?} at call {k}: {v}")));
+        if !cut_made {
+            return tally;
+        }
+        tally.crash_points += 1;
+    }
+    panic!("the scheduler was still cut after {MAX_CRASH_POINTS} calls")
+}
+
+pub async fn crash_sweep_replicator_scheduler(ctx: Ctx) {
+    if ctx.backend_name == "couchdb" {
+        println!("couchdb: not applicable, as `crash_sweep_replication_job`");
+        return;
+    }
+    let url: BackendUrl = ctx.backend_url.parse().expect("the harness's backend URL parses");
+    let catalog = open_catalog(&url).await.expect("the catalog");
+    let databases = Databases::new(Some(Arc::clone(&catalog)), 4);
+    let name = DbName::parse(REPLICATOR_DB).expect("the replicator database's name");
+    let replicator_db = match databases.open(&name).await.expect("opening _replicator") {
+        Some(db) => db,
+        None => databases.create(&name).await.expect("creating _replicator"),
+    };
+    sweep_both_cuts(ctx.backend_name, "replicator scheduler", |cut| scheduler_sweep(&catalog, &replicator_db, cut))
+        .await;
 }
