@@ -255,8 +255,11 @@ class Walk:
         status, answer = self.api.call("POST", "/_agentstore/runs", {"command": "verify", "source": source, "target": target})
         assert status == 409 and answer.get("id") == run_id, (status, answer)
         assert self.args.password not in json.dumps(answer), answer
-        self.driver.execute_script("document.getElementById('active-tasks').scrollIntoView()")
-        self.shot("service-run")
+        assert self.find("#run-source").get_attribute("value") == "", "the source URL stays on the page"
+        if self.args.screenshots:
+            # The run's row and the form that started it, as a person sees them.
+            self.driver.execute_script("document.getElementById('active-tasks').scrollIntoView()")
+            self.driver.save_screenshot(os.path.join(self.args.screenshots, "service-run.png"))
 
         self.step("cancel the move from the page")
         self.click(f"button[data-run='{run_id}']")

@@ -65,13 +65,16 @@ function runForm(refreshTasks) {
     if (command.value === 'migrate' && follow.checked) body.follow = true;
     const answer = await attempt(() => post('/_agentstore/runs', body));
     if (answer && answer.id) {
+      // The URLs may hold passwords: not left on the page once used.
+      source.value = '';
+      target.value = '';
       fill(document.getElementById('status'), message('ok', `Started ${body.command} run ${answer.id}; its progress is in the table above.`));
       await refreshTasks();
     }
   } },
   field('Command', command), field('Source', source), field('Target', target),
   field('Databases', dbs), field('Leave out', exclude),
-  h('label', { class: 'inline' }, follow, ' Follow the source’s changes until cancelled (migrate)'),
+  h('label', { class: 'check' }, follow, ' Follow the source’s changes until cancelled (migrate)'),
   h('button', { type: 'submit' }, 'Start the run'));
   return h('section', { id: 'start-run' }, h('h2', {}, 'Start a whole-deployment run'),
     h('p', { class: 'muted' }, 'Runs in this service with the code of agentstore migrate/verify --all-databases, one at a time for the deployment. The URLs are used, never shown again: tasks name the sides without their passwords.'),
