@@ -213,7 +213,11 @@ impl Board {
     pub async fn close(&self, state: &str, error: Option<&str>) {
         let taken = self.record().take();
         let Some(mut record) = taken else { return };
+        let counts = self.counts();
+        if !self.following.load(Ordering::Relaxed) {
+            record.set_total(Some(self.expected.load(Ordering::Relaxed).max(counts.read)));
+        }
         record.set_detail(self.detail());
-        record.close(state, self.counts(), error).await;
+        record.close(state, counts, error).await;
     }
 }
