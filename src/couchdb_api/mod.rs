@@ -39,6 +39,7 @@ mod replicator;
 mod request;
 mod response;
 mod root;
+mod runs;
 pub mod session;
 pub mod shared_lockout;
 pub mod shared_secret;
@@ -109,6 +110,8 @@ pub(crate) struct CouchState {
     /// The REST listener's counters, appended to `GET /_node/{node}/_prometheus` ([`node`]);
     /// `None` when this API is built without that listener.
     pub metrics: Option<Arc<crate::http::Metrics>>,
+    /// The whole-deployment runs started through this API (`/_agentstore/runs`, [`runs`]).
+    pub runs: Arc<crate::migrate::deployment::service::ServiceRuns>,
 }
 
 /// What [`CouchApp::build_with`] takes besides the store and the settings.
@@ -212,7 +215,14 @@ impl CouchApp {
             requests: Arc::default(),
             config: node::NodeConfig::from_settings(settings, &server_uuid, &store.backend().describe())?,
         });
+        let runs = crate::migrate::deployment::service::ServiceRuns::new(
+            Arc::clone(store.backend()),
+            Arc::clone(&databases),
+            settings,
+            stopping_seen.clone(),
+        )?;
         let state = CouchState {
+            runs,
             node,
             metrics: options.metrics,
             data_store_database,
@@ -293,6 +303,8 @@ fn router(state: CouchState) -> Router {
         .route("/_scheduler/docs/{*rest}", get(replicator::scheduler_doc))
         .route("/_replicate", axum::routing::post(replicator::replicate))
         .route("/_uuids", get(root::uuids))
+        .route("/_agentstore/runs", axum::routing::post(runs::start))
+        .route("/_agentstore/runs/{id}", axum::routing::delete(runs::cancel))
         .route_layer(from_fn(authenticate_login));
     // The node endpoints and `_db_updates` check who asks themselves, to answer CouchDB's own
     // refusals (a `_metrics` role reads the statistics).

@@ -156,8 +156,10 @@ pub const MAX_TASKS_LISTED: usize = 100;
 
 /// The run records as CouchDB-shaped tasks: `type` `agentstore_migration`, CouchDB's
 /// `changes_done`, `total_changes`, `progress` (percent, when the total is known), `started_on`,
-/// `updated_on`, `pid`, `node`, and the record's own fields (`command`, `source`, `target`,
-/// `state`, `rate`, `eta_secs`, `landed`, `skipped`, `error`).
+/// `updated_on`, `pid`, `node`, `run_id` (the record's name below `_local/:run:`), and the
+/// record's own fields (`command`, `source`, `target`, `state`, `rate`, `eta_secs`, `landed`,
+/// `skipped`, `error`, `origin`; a whole-deployment run's `databases_done`, `databases_total`,
+/// `databases_now`, and `passed` once a comparison ends).
 async fn migration_tasks(backend: &dyn crate::backend::DocumentBackend) -> crate::error::Result<Vec<Value>> {
     use crate::migrate::run_record::{state_now, RUN_RECORD_PREFIX};
     let prefix = RUN_RECORD_PREFIX;
@@ -176,6 +178,7 @@ async fn migration_tasks(backend: &dyn crate::backend::DocumentBackend) -> crate
         .items
         .into_iter()
         .filter_map(|record| {
+            let run_id = record.id.trim_start_matches("_local/").trim_start_matches(prefix).to_owned();
             let body = record.body;
             let state = state_now(&body, now).to_owned();
             let updated = body.get("updated_on").and_then(Value::as_i64).unwrap_or(0);
@@ -195,6 +198,8 @@ async fn migration_tasks(backend: &dyn crate::backend::DocumentBackend) -> crate
                 task.entry(name).or_insert(value);
             }
             task.insert("state".into(), json!(state));
+            // The id `DELETE /_agentstore/runs/{id}` takes (a run the service started).
+            task.insert("run_id".into(), json!(run_id));
             Some(Value::Object(task))
         })
         .collect();

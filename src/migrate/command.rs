@@ -426,6 +426,7 @@ pub async fn verify_command(args: VerifyArgs, settings: &Settings) -> Result<u8>
         raw: args.raw,
         max_ids: args.max_ids,
         progress: args.progress,
+        record: true,
     };
     let report = verify(&source, &target, &options).await?;
     emit(&report, args.report.as_deref())?;
@@ -455,6 +456,37 @@ async fn open_sides(from: &str, to: &str, settings: &Settings) -> Result<(DbSide
         return Err(Error::invalid("to", format!("source and target are the same ({})", source.name())));
     }
     Ok((source, target))
+}
+
+/// The progress record of a whole-deployment run from the command line, kept in the data-store
+/// backend of its target `to` (docs/console.md, "Migrations' progress"), where a service over
+/// that backend lists it in `_active_tasks`: `None` when the target is a CouchDB-protocol server
+/// named by an `http(s)://` URL (no service of ours runs over it), an embedded store whose
+/// data-store file does not exist (opening it would create it), or a backend that cannot be
+/// opened now (logged: the run goes on without a record, as a failed record write does).
+async fn deployment_record(
+    command: &str,
+    to: &str,
+    settings: &Settings,
+    source: &DbSide,
+    target: &DbSide,
+) -> Option<super::run_record::RunRecord> {
+    if to.starts_with("http://") || to.starts_with("https://") {
+        return None;
+    }
+    let url = settings.resolve_backend_url(to).ok()?;
+    if let BackendUrl::Embedded { path, .. } = &url {
+        if !path.exists() {
+            return None;
+        }
+    }
+    match backend::open(&url).await {
+        Ok(backend) => Some(super::run_record::RunRecord::new(backend, command, &source.name(), &target.name())),
+        Err(err) => {
+            tracing::warn!(error = %err, "cannot open the target's data-store backend for the run's progress record");
+            None
+        }
+    }
 }
 
 /// Opens one side of a deployment export or import and checks it answers (a missing embedded
@@ -573,7 +605,8 @@ async fn migrate_databases(args: MigrateArgs, settings: &Settings, stop: super::
         },
         max_issues: pipeline.max_issues,
     };
-    let report = super::deployment::run(source, target, options, stop).await?;
+    let record = deployment_record("migrate", &args.to, settings, &source, &target).await;
+    let report = super::deployment::run_recorded(source, target, options, stop, record).await?;
     emit(&report, pipeline.report.as_deref())?;
     Ok(report.exit_code())
 }
@@ -584,7 +617,19 @@ async fn verify_databases(args: VerifyArgs, settings: &Settings) -> Result<u8> {
     let (source, target) = open_sides(&args.from, &args.to, settings).await?;
     let selection = Selection { include: args.dbs.clone(), exclude: args.excludes.clone() };
     let names: Vec<String> = source.list().await?.into_iter().filter(|name| selection.admits(name)).collect();
-    let report = super::deployment::verify::verify(&source, &target, &names, args.batch_size, args.max_ids).await?;
+    let record = deployment_record("verify", &args.to, settings, &source, &target).await;
+    let run = super::deployment::verify::VerifyRun {
+        batch: args.batch_size,
+        max_ids: args.max_ids,
+        progress: match args.progress {
+            ProgressMode::None => ProgressMode::None,
+            _ => ProgressMode::Log,
+        },
+        record,
+        // SIGINT/SIGTERM end the process, as before: no partial report to print.
+        stop: None,
+    };
+    let report = super::deployment::verify::verify_recorded(&source, &target, &names, run).await?;
     emit(&report, args.report.as_deref())?;
     Ok(if report.passed { 0 } else { super::EXIT_DIFFERENT })
 }

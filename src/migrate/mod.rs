@@ -752,6 +752,8 @@ async fn read_back(
         raw: false,
         max_ids: options.max_issues,
         progress: options.progress,
+        // The migration's own record says how it ended.
+        record: false,
     };
     verify::verify_migration(source, target, &verify_options, ledger).await.map_err(|e| {
         Error::new(

@@ -50,6 +50,11 @@ pub struct RunRecord {
     writing: Option<tokio::task::JoinHandle<()>>,
     /// Whether the copy is done and the run follows the source's changes (`--follow`).
     following: bool,
+    /// Who started the run: `command line`, or `service` for one started through the CouchDB
+    /// API (`crate::runs`).
+    origin: &'static str,
+    /// Fields only some runs have (a whole-deployment run's databases: [`RunRecord::set_detail`]).
+    detail: Map<String, Value>,
 }
 
 impl RunRecord {
@@ -71,7 +76,35 @@ impl RunRecord {
             last_write: None,
             writing: None,
             following: false,
+            origin: "command line",
+            detail: Map::new(),
         }
+    }
+
+    /// The record under the id `id` (below [`RUN_RECORD_PREFIX`]) instead of one made of the
+    /// command, the time and the process.
+    pub fn with_id(mut self, id: &str) -> Self {
+        self.name = format!("{RUN_RECORD_PREFIX}{id}");
+        self
+    }
+
+    /// Marks the run as started by the service rather than from the command line.
+    pub fn started_by_service(mut self) -> Self {
+        self.origin = "service";
+        self
+    }
+
+    /// A new estimate of how many will be read in all (a whole-deployment run learns it a
+    /// database at a time).
+    pub fn set_total(&mut self, total: Option<u64>) {
+        if !self.following {
+            self.total = total.filter(|t| *t > 0);
+        }
+    }
+
+    /// Fields written besides the common ones from now on (the common ones win a clash).
+    pub fn set_detail(&mut self, detail: Map<String, Value>) {
+        self.detail = detail;
     }
 
     /// Where the counts start and about how many will be read.
@@ -101,7 +134,9 @@ impl RunRecord {
     /// `interrupted`, `failed`), `phase` (`copying`, or `following` the source's changes, when
     /// the counts are the changes applied), `read`, `landed`, `skipped`, `total` (the source's estimate, or
     /// null), `rate` (documents read per second by this run), `eta_secs` (or null), `error` (or
-    /// null), `pid`, `started_on` and `updated_on` (Unix seconds).
+    /// null), `pid`, `origin` (`command line` or `service`), `started_on` and `updated_on` (Unix
+    /// seconds); then a whole-deployment run's `databases_done`, `databases_total` and
+    /// `databases_now` (each database being worked on: `name`, `done`, `of`).
     pub fn body(&self, state: &str, counts: Counts, error: Option<&str>) -> Map<String, Value> {
         let secs = self.started.elapsed().as_secs_f64().max(1e-3);
         let rate = counts.read.saturating_sub(self.baseline) as f64 / secs;
@@ -123,13 +158,18 @@ impl RunRecord {
             "eta_secs": eta,
             "error": error,
             "pid": std::process::id(),
+            "origin": self.origin,
             "started_on": self.started_on,
             "updated_on": chrono::Utc::now().timestamp(),
         });
-        match body {
+        let mut body = match body {
             Value::Object(map) => map,
             _ => Map::new(),
+        };
+        for (name, value) in &self.detail {
+            body.entry(name.clone()).or_insert_with(|| value.clone());
         }
+        body
     }
 
     /// Writes the running record when [`RECORD_INTERVAL`] has passed since the last write (the

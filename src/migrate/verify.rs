@@ -24,6 +24,7 @@ use tokio::sync::mpsc;
 use super::canonical::content_hash;
 use super::progress::{Progress, ProgressMode, Snapshot};
 use super::report::{peak_rss_bytes, Ledger};
+use super::run_record::RunRecord;
 use super::sink::Outgoing;
 use super::source::{Incoming, Position, Source};
 use super::transform::AccessTracking;
@@ -45,6 +46,9 @@ pub struct VerifyOptions {
     /// Ids listed per kind of difference.
     pub max_ids: usize,
     pub progress: ProgressMode,
+    /// Keep the comparison's progress record in the target (the `verify` command's: a local
+    /// document, [`super::run_record`]), as a `migrate` run keeps its own.
+    pub record: bool,
 }
 
 impl Default for VerifyOptions {
@@ -57,6 +61,7 @@ impl Default for VerifyOptions {
             raw: false,
             max_ids: 20,
             progress: ProgressMode::None,
+            record: false,
         }
     }
 }
@@ -146,18 +151,47 @@ fn expect_raw(items: Vec<Incoming>, filter: &Filter) -> Expected {
 
 /// Compares the source with the target.
 pub async fn verify(source: &Endpoint, target: &Endpoint, options: &VerifyOptions) -> Result<VerifyReport> {
-    let started = Instant::now();
     let source_backend = backend_of("from", source)?;
-    backend_of("to", target)?;
-    let mut report = VerifyReport { from: source.name(), to: target.name(), raw: options.raw, ..Default::default() };
+    let target_backend = backend_of("to", target)?;
     let mut progress = progress_for(source_backend.as_ref(), options).await;
+    if options.record {
+        let total = match progress.total() {
+            Some(total) => Some(total),
+            None => source_backend.approximate_count().await.ok().flatten(),
+        };
+        let record =
+            RunRecord::new(Arc::clone(target_backend), "verify", &source.name(), &target.name()).with_counts(0, total);
+        progress.keep_record(record);
+        // Written at once, so a comparison shorter than the record's interval still has one.
+        progress.update(Snapshot::default());
+    }
+    let outcome = compare(source, target, options, &mut progress).await;
+    if let Some(mut record) = progress.take_record() {
+        let (state, error) = match &outcome {
+            Ok(_) => ("finished", None),
+            Err(err) => ("failed", Some(err.to_string())),
+        };
+        record.close(state, progress.last_counts(), error.as_deref()).await;
+    }
+    outcome
+}
+
+/// [`verify`]'s comparison, its progress shown (and recorded) by `progress`.
+async fn compare(
+    source: &Endpoint,
+    target: &Endpoint,
+    options: &VerifyOptions,
+    progress: &mut Progress,
+) -> Result<VerifyReport> {
+    let started = Instant::now();
+    let mut report = VerifyReport { from: source.name(), to: target.name(), raw: options.raw, ..Default::default() };
     let exact_total = target_document_count(target).await?;
     let census = if let Some(total) = exact_total {
         // The target counts its documents exactly without reading them (once, before pass 1:
         // verify compares quiet stores). When the count equals what pass 1 found there, nothing
         // else is at the target (no scan); otherwise the target is scanned and counted as below,
         // to tell foreign from extra.
-        find_missing_and_different(source, target, options, &mut report, &mut progress).await?;
+        find_missing_and_different(source, target, options, &mut report, progress).await?;
         if total == report.matching + report.different {
             TargetCensus { read: total, foreign: 0, admitted: total }
         } else {
@@ -166,7 +200,7 @@ pub async fn verify(source: &Endpoint, target: &Endpoint, options: &VerifyOption
     } else {
         // Pass 1 and a scan counting the target run at once; the slower one sets the time.
         let (_, census) = tokio::try_join!(
-            find_missing_and_different(source, target, options, &mut report, &mut progress),
+            find_missing_and_different(source, target, options, &mut report, progress),
             count_target(target, options),
         )?;
         census

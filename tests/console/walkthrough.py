@@ -24,7 +24,7 @@ import urllib.error
 import urllib.request
 
 from selenium import webdriver
-from selenium.common.exceptions import TimeoutException
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
@@ -207,6 +207,78 @@ class Walk:
             if run["source"] in cells[2]:
                 return cells
         raise AssertionError(f"the service page shows no row for {run['source']}")
+
+    def run_of(self, run_id, wanted):
+        """The `_active_tasks` entry of the run `run_id` once `wanted` accepts it."""
+        return self.migration_runs(lambda r: r.get("run_id") == run_id and wanted(r))[0]
+
+    def service_row(self, run_id, wanted):
+        """The service page's row of the run `run_id` once `wanted` accepts its cells (the page
+        reads the tasks again every 5 s, replacing the table)."""
+        def row(driver):
+            for tr in driver.find_elements(By.CSS_SELECTOR, "#active-tasks tbody tr"):
+                if tr.find_elements(By.CSS_SELECTOR, f"[data-run-id='{run_id}']"):
+                    cells = [c.text for c in tr.find_elements(By.TAG_NAME, "td")]
+                    return cells if wanted(cells) else False
+            return False
+        wait = WebDriverWait(self.driver, WAIT_SECONDS, ignored_exceptions=[StaleElementReferenceException])
+        try:
+            return wait.until(row)
+        except TimeoutException:
+            shown = [r.text for r in self.driver.find_elements(By.CSS_SELECTOR, "#active-tasks tbody tr")]
+            raise AssertionError(f"the service page never showed run {run_id} as wanted; it shows {shown}") from None
+
+    def whole_deployment_runs(self):
+        """Runs the service starts (`POST /_agentstore/runs`): a move from the page, followed
+        until cancelled from the page, then a comparison started through the API; both watched
+        on the page; a second start while one goes is refused, and a login that is not an
+        admin may start none."""
+        self.step("start a whole-deployment move from the page and watch its progress")
+        target = "embedded:" + os.path.join(tempfile.mkdtemp(prefix="console-moved-"), "moved.redb")
+        host = self.api.couchdb.split("://", 1)[1]
+        source = f"http://{self.args.admin}:{self.args.password}@{host}/"
+        self.go("#/service")
+        self.type_into("#run-source", source)
+        self.type_into("#run-target", target)
+        self.type_into("#run-dbs", DB)
+        self.click("#run-follow")
+        self.click("#run-form button[type=submit]")
+        self.status_says("Started migrate run")
+        run_id = self.find("#status").text.split("run ", 1)[1].split(";", 1)[0]
+        # The API says it runs, following, with its one database copied; the page says the same.
+        moving = self.run_of(run_id, lambda r: r["state"] == "running" and r.get("phase") == "following")
+        assert moving["origin"] == "service" and moving["command"] == "migrate", moving
+        assert moving["databases_total"] == 1 and moving["databases_done"] == 1, moving
+        assert self.args.password not in json.dumps(moving), f"the password is shown: {moving}"
+        self.service_row(run_id, lambda c: c[0] == "migrate (service)" and c[1] == "running (following changes)"
+                         and c[5].startswith("1 of 1") and self.args.password not in " ".join(c))
+        status, answer = self.api.call("POST", "/_agentstore/runs", {"command": "verify", "source": source, "target": target})
+        assert status == 409 and answer.get("id") == run_id, (status, answer)
+        assert self.args.password not in json.dumps(answer), answer
+        assert self.find("#run-source").get_attribute("value") == "", "the source URL stays on the page"
+        if self.args.screenshots:
+            # The run's row and the form that started it, as a person sees them.
+            self.driver.execute_script("document.getElementById('active-tasks').scrollIntoView()")
+            self.driver.save_screenshot(os.path.join(self.args.screenshots, "service-run.png"))
+
+        self.step("cancel the move from the page")
+        self.click(f"button[data-run='{run_id}']")
+        self.accept_confirm()
+        self.status_says(f"Asked run {run_id} to stop")
+        self.run_of(run_id, lambda r: r["state"] == "interrupted")
+        self.service_row(run_id, lambda c: c[1] == "interrupted")
+
+        self.step("a comparison started through the API is watched on the page")
+        reader = Api(self.args.couchdb, self.args.rest, self.args.reader, self.args.reader_password)
+        status, answer = reader.call("POST", "/_agentstore/runs", {"command": "verify", "source": source, "target": target})
+        assert status in (401, 403), f"a login that is not an admin started a run: {status} {answer}"
+        answer = self.api.ok("POST", "/_agentstore/runs", {"command": "verify", "source": source, "target": target, "db": [DB]})
+        verify_id = answer["id"]
+        compared = self.run_of(verify_id, lambda r: r["state"] == "finished")
+        assert compared["passed"] is True and compared["command"] == "verify", compared
+        assert compared["databases_done"] == 1 and compared["changes_done"] > 0, compared
+        self.go("#/service")
+        self.service_row(verify_id, lambda c: c[0] == "verify (service)" and c[1] == "finished" and c[10] == "identical")
 
     # ---- the steps ----
 
@@ -441,6 +513,7 @@ class Walk:
             stopped = self.migration_runs(lambda r: r["pid"] == run["pid"] and r["state"] == "interrupted")
             self.go("#/service")
             assert self.task_row(stopped[0])[1] == "interrupted", self.task_row(stopped[0])
+        self.whole_deployment_runs()
         self.shot("service")
 
         self.step("the replication page")
@@ -454,8 +527,15 @@ class Walk:
         self.go("#/data-store")
         self.type_into("#rest-url", self.api.rest)
         self.click("#rest-form button[type=submit]")
-        self.type_into("#data-store-user", "walker")
-        self.click("#user-form button[type=submit]")
+        self.step("pick a user from the data-store page's list")
+        # The users the page lists are those the data-store database's ids name, as the API lists them.
+        rows = self.api.ok("GET", "/agent_data_store/_all_docs")["rows"]
+        users = sorted({r["id"].split(":", 1)[0] for r in rows if not r["id"].startswith("_")})
+        self.go("#/data-store")
+        self.wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#user-list tbody a"))
+        listed = [a.text for a in self.driver.find_elements(By.CSS_SELECTOR, "#user-list tbody a")]
+        assert listed == users[:20], (listed, users)
+        self.click("#user-list a[href$='user=walker']")
         self.text_appears("#data-store-body", "notes")
         self.click("#data-store-body a")
         self.text_appears("#data-store-body", "greeting")

@@ -67,6 +67,7 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("export_resume_truncates_to_the_checkpoint", |fresh| block_on(export_resume_truncates(fresh))),
         ("import_reports_unreadable_lines", |fresh| block_on(import_reports_unreadable_lines(fresh))),
         ("read_back_catches_a_target_that_alters_documents", |fresh| block_on(read_back_catches_alterations(fresh))),
+        ("verify_keeps_a_progress_record_in_its_target", |fresh| block_on(verify_keeps_a_record(fresh))),
     ];
     for (name, run) in singles {
         trials.push(
@@ -484,6 +485,38 @@ async fn filters(make: FreshFn) -> TestResult {
     let whole = verify_ctx(&source, &target, &VerifyOptions::default()).await?;
     check(!whole.identical && whole.missing == c.filtered_out, || format!("{whole:?}"))?;
     check(whole.exit_code() == migrate::EXIT_DIFFERENT, || "verify exit status".into())
+}
+
+/// The run records (`_local/:run:{command}-…`) `target` holds for `command`.
+async fn run_records(target: &dyn DocumentBackend, command: &str) -> Result<Vec<Map<String, Value>>, Failed> {
+    let prefix = format!(":run:{command}-");
+    let range = agentstore::backend::IdRange {
+        start: Some(prefix.clone()),
+        end: Some(format!(":run:{command}.")),
+        inclusive_end: false,
+        descending: false,
+        include_design: false,
+    };
+    let page = target.local_docs(&range, 100, None).await?;
+    Ok(page.items.into_iter().map(|record| record.body).collect())
+}
+
+/// A `verify` asked to keep a record (the command's) leaves one in its target, finished, with what
+/// it compared; without asking it leaves none.
+async fn verify_keeps_a_record(make: FreshFn) -> TestResult {
+    let (source, target, docs) = seeded_pair(make).await?;
+    let dir = tempfile::tempdir()?;
+    migrate::run(migrate_job(&source, &target, options_in(dir.path(), "recorded"))).await?;
+    verify_ctx(&source, &target, &VerifyOptions::default()).await?;
+    check(run_records(target.backend.as_ref(), "verify").await?.is_empty(), || "a record nobody asked for".into())?;
+    let report = verify_ctx(&source, &target, &VerifyOptions { record: true, ..VerifyOptions::default() }).await?;
+    check(report.identical, || format!("{report:?}"))?;
+    let records = run_records(target.backend.as_ref(), "verify").await?;
+    check(records.len() == 1, || format!("{records:?}"))?;
+    let record = &records[0];
+    let n = json!(docs.len());
+    check(record["state"] == "finished" && record["read"] == n && record["landed"] == n, || format!("{record:?}"))?;
+    check(record["source"] == json!(Endpoint::backend(Arc::clone(&source.backend)).name()), || format!("{record:?}"))
 }
 
 async fn dry_run_writes_nothing(make: FreshFn) -> TestResult {

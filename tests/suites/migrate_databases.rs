@@ -341,13 +341,17 @@ pub(crate) async fn seed_three(source: &str) -> Result<(Vec<String>, String), St
 async fn round_trip(name: &'static str, fresh: FreshFn) -> TestResult {
     let (source, back) = (source_server()?, second_server()?);
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let (target, _ctx) = backend_url(fresh, dir.path(), name).await?;
+    let (target, ctx) = backend_url(fresh, dir.path(), name).await?;
     let (dbs, pattern) = seed_three(&source).await?;
     let (code, report) = run(
         dir.path(),
         &migrate_args(&source, &target, &pattern, &dir.path().join("cp-there"), &["--batch-size", "7"]),
     )?;
     check_complete(&report, code, 3)?;
+    if let Some(ctx) = &ctx {
+        // A server backend (the embedded target's data-store file does not exist: none there).
+        check_move_record(ctx.backend.as_ref()).await?;
+    }
     let leaves = report["totals"]["leaves_written"].as_u64().unwrap_or(0);
     check(leaves > 100, || format!("only {leaves} leaves written"))?;
     let (code, report) = run(dir.path(), &migrate_args(&target, &back, &pattern, &dir.path().join("cp-back"), &[]))?;
@@ -365,6 +369,30 @@ async fn round_trip(name: &'static str, fresh: FreshFn) -> TestResult {
     let (code, report) = run(dir.path(), &verify)?;
     check(code == 6, || format!("verify exited {code} after a leaf was added: {report}"))?;
     check(report["databases"][0]["extra_at_target"] == 1, || format!("verify report: {report}"))
+}
+
+/// The move's progress record in the target's data-store backend, for a service over it: finished,
+/// with its three databases done, their documents read (120 and the few `seed` adds), of a
+/// total as large, and its read-back passed.
+async fn check_move_record(target: &dyn agentstore::backend::DocumentBackend) -> TestResult {
+    let range = agentstore::backend::IdRange {
+        start: Some(":run:migrate-".to_owned()),
+        end: Some(":run:migrate.".to_owned()),
+        inclusive_end: false,
+        descending: false,
+        include_design: false,
+    };
+    let records = target.local_docs(&range, 10, None).await.map_err(|e| e.to_string())?.items;
+    check(records.len() == 1, || format!("the move's records: {records:?}"))?;
+    let record = &records[0].body;
+    let wanted = [("state", json!("finished")), ("databases_total", json!(3)), ("databases_done", json!(3))];
+    for (field, value) in wanted {
+        check(record.get(field) == Some(&value), || format!("{field} is not {value}: {record:?}"))?;
+    }
+    let read = record.get("read").and_then(Value::as_u64).unwrap_or(0);
+    let total = record.get("total").and_then(Value::as_u64).unwrap_or(0);
+    check((120..130).contains(&read) && total >= read, || format!("read {read} of {total}: {record:?}"))?;
+    check(record.get("passed") == Some(&json!(true)), || format!("{record:?}"))
 }
 
 /// Writes into the databases until told to stop: new documents, edits, deletions and replicated

@@ -51,13 +51,14 @@
 //! [`SETTINGS_INTERVAL`] (and on the last pass of `--until-caught-up`) and copies a change.
 
 pub mod archive;
+pub mod board;
 pub mod checkpoint;
+pub mod service;
 pub mod side;
 pub mod verify;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -67,9 +68,11 @@ use serde_json::{Map, Value};
 
 use super::follow::{FollowMode, StopFlag, StopSignal};
 use super::progress::ProgressMode;
+use super::run_record::RunRecord;
 use crate::backend::catalog::DbName;
 use crate::error::{Error, Result};
 use crate::replication_client::FeedPage;
+use board::Board;
 use checkpoint::{Checkpoints, Counts, DbCheckpoint, MoveIdentity};
 use side::Settings;
 pub use side::Side;
@@ -83,8 +86,6 @@ pub const INLINE_ATTACHMENT_BYTES: u64 = 256 << 10;
 pub const INLINE_GROUP_BYTES: u64 = 4 << 20;
 /// The pause between two passes of `--follow` that found nothing to do.
 const POLL_INTERVAL: Duration = Duration::from_millis(500);
-/// How often progress is printed.
-const PROGRESS_INTERVAL: Duration = Duration::from_secs(2);
 /// How often `--follow` reads each database's `_security` and `_revs_limit` again: they change
 /// outside the feed, so only asking tells; every 0.5 s pass asking would double an idle
 /// follow's requests.
@@ -286,52 +287,6 @@ impl MoveReport {
     }
 }
 
-/// Progress of the whole move: per database and overall, with a rate and an ETA.
-struct Board {
-    mode: ProgressMode,
-    started: Instant,
-    /// Documents the source feeds are expected to hold past the checkpoints, as estimated.
-    expected: AtomicU64,
-    done: AtomicU64,
-    /// Databases being copied: documents done and expected.
-    active: Mutex<BTreeMap<String, (u64, u64)>>,
-    finished_dbs: AtomicU64,
-    selected_dbs: AtomicU64,
-}
-
-impl Board {
-    fn line(&self) -> String {
-        let done = self.done.load(Ordering::Relaxed);
-        let expected = self.expected.load(Ordering::Relaxed).max(done);
-        let seconds = self.started.elapsed().as_secs_f64().max(0.001);
-        let rate = done as f64 / seconds;
-        let eta = if rate > 0.0 && expected > done {
-            format!("{:.0}s", (expected - done) as f64 / rate)
-        } else {
-            "-".to_owned()
-        };
-        let active: Vec<String> = match self.active.lock() {
-            Ok(active) => active.iter().map(|(name, (done, of))| format!("{name} {done}/{of}")).collect(),
-            Err(_) => Vec::new(),
-        };
-        format!(
-            "migrate: databases {}/{} done; documents {done}/{expected}; {rate:.0} docs/s; ETA {eta}; copying: {}",
-            self.finished_dbs.load(Ordering::Relaxed),
-            self.selected_dbs.load(Ordering::Relaxed),
-            if active.is_empty() { "-".to_owned() } else { active.join(", ") }
-        )
-    }
-
-    fn advance(&self, db: &str, docs: u64) {
-        self.done.fetch_add(docs, Ordering::Relaxed);
-        if let Ok(mut active) = self.active.lock() {
-            if let Some(entry) = active.get_mut(db) {
-                entry.0 += docs;
-            }
-        }
-    }
-}
-
 /// One page read from the source and what of it the target lacks, as stubs.
 struct Fetched {
     page: FeedPage,
@@ -443,38 +398,52 @@ pub async fn write_page(ends: &CopyEnds<'_>, leaves: Vec<Map<String, Value>>) ->
 
 /// Runs a move until it is done, stopped by `stop`, or (following forever) stopped.
 pub async fn run(source: Side, target: Side, options: MoveOptions, stop: StopSignal) -> Result<MoveReport> {
+    run_recorded(source, target, options, stop, None).await
+}
+
+/// [`run`], keeping `record` written with the move's progress ([`board`]) and, when it ends,
+/// how it ended.
+pub async fn run_recorded(
+    source: Side,
+    target: Side,
+    options: MoveOptions,
+    stop: StopSignal,
+    record: Option<RunRecord>,
+) -> Result<MoveReport> {
+    let board = Board::new("migrate", "copying", options.progress, record);
+    let outcome = run_on_board(source, target, options, stop, &board).await;
+    if let Some(verification) = outcome.as_ref().ok().and_then(|report| report.verification.as_ref()) {
+        board.note("passed", Value::Bool(verification.passed));
+    }
+    let (state, error) = match &outcome {
+        Ok(report) if report.status == MoveStatus::Complete => ("finished", None),
+        Ok(_) => ("interrupted", None),
+        Err(err) => ("failed", Some(err.to_string())),
+    };
+    board.close(state, error.as_deref()).await;
+    outcome
+}
+
+async fn run_on_board(
+    source: Side,
+    target: Side,
+    options: MoveOptions,
+    stop: StopSignal,
+    board: &Arc<Board>,
+) -> Result<MoveReport> {
     let started = Instant::now();
     let identity = MoveIdentity { format: checkpoint::FORMAT, from: source.name(), to: target.name() };
     let dir = options.checkpoint.clone().unwrap_or_else(|| Checkpoints::default_dir(&identity.from, &identity.to));
     let checkpoints = Checkpoints::open(&dir, &identity, options.restart)?;
     let stop = StopFlag::new(stop);
-    let board = Arc::new(Board {
-        mode: options.progress,
-        started,
-        expected: AtomicU64::new(0),
-        done: AtomicU64::new(0),
-        active: Mutex::new(BTreeMap::new()),
-        finished_dbs: AtomicU64::new(0),
-        selected_dbs: AtomicU64::new(0),
-    });
-    let ticker = (options.progress != ProgressMode::None).then(|| {
-        let board = Arc::clone(&board);
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(PROGRESS_INTERVAL).await;
-                if board.mode != ProgressMode::None {
-                    eprintln!("{}", board.line());
-                }
-            }
-        })
-    });
+    let ticker = board.ticker();
     let mut mover = Mover {
         source,
         target,
         options,
         checkpoints,
         stop,
-        board: Arc::clone(&board),
+        board: Arc::clone(board),
         reports: BTreeMap::new(),
         deleted_at_source: Vec::new(),
         deleted_at_target: Vec::new(),
@@ -559,6 +528,7 @@ impl Mover {
                 }
             }
             FollowMode::Forever => loop {
+                self.board.following();
                 let mut stop = self.stop.clone();
                 tokio::select! {
                     _ = stop.raised() => return Ok(MoveStatus::Stopped),
@@ -583,8 +553,7 @@ impl Mover {
         }
         let names: Vec<String> =
             self.source.list().await?.into_iter().filter(|name| self.options.selection.admits(name)).collect();
-        self.board.selected_dbs.store(names.len() as u64, Ordering::Relaxed);
-        self.board.finished_dbs.store(0, Ordering::Relaxed);
+        self.board.start_pass(names.len());
         for known in self.checkpoints.known()? {
             if names.contains(&known) || !self.options.selection.admits(&known) {
                 continue;
@@ -690,10 +659,7 @@ impl Mover {
             true => 0,
             false => self.source.estimate(db).await?.unwrap_or(0).saturating_sub(state.counts.docs_seen),
         };
-        self.board.expected.fetch_add(expected, Ordering::Relaxed);
-        if let Ok(mut active) = self.board.active.lock() {
-            active.insert(db.to_owned(), (0, expected));
-        }
+        self.board.start_db(db, expected);
         let mut finished = true;
         let mut next = Some(self.fetch(db, &state.since).await?);
         while let Some(fetched) = next.take() {
@@ -723,16 +689,14 @@ impl Mover {
             state.copied |= page.at_end;
             self.checkpoints.save(db, &state)?;
             report.this_run.add(&counts);
-            self.board.advance(db, counts.docs_seen);
+            let landed = counts.docs_seen.saturating_sub(counts.failed);
+            self.board.advance(db, counts.docs_seen, landed, counts.failed);
             if stopping && !page.at_end {
                 finished = false;
                 break;
             }
         }
-        if let Ok(mut active) = self.board.active.lock() {
-            active.remove(db);
-        }
-        self.board.finished_dbs.fetch_add(1, Ordering::Relaxed);
+        self.board.end_db(db);
         report.copied = state.copied;
         report.all_runs = state.counts;
         Ok((report, finished))
@@ -797,7 +761,12 @@ mod tests {
             deleted_at_source: Vec::new(),
             deleted_at_target: Vec::new(),
             local_documents: LOCAL_DOCUMENTS,
-            verification: Some(VerifyReport { passed: false, databases: vec![read_back], leaves: 10 }),
+            verification: Some(VerifyReport {
+                passed: false,
+                databases: vec![read_back],
+                leaves: 10,
+                interrupted: false,
+            }),
             peak_rss_bytes: None,
         };
         assert_eq!(report(read_back.clone()).exit_code(), crate::migrate::EXIT_INCOMPLETE);

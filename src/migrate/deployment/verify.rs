@@ -16,9 +16,13 @@ use std::collections::{HashMap, HashSet};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
+use super::board::Board;
 use super::side::Side;
 use crate::database::attachments::couchdb_digest_of;
 use crate::error::Result;
+use crate::migrate::follow::StopFlag;
+use crate::migrate::progress::ProgressMode;
+use crate::migrate::run_record::RunRecord;
 
 /// The comparison of one database.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -42,6 +46,9 @@ pub struct DbVerify {
     pub revs_limit_equal: bool,
     /// The first documents (`id rev: what`) that differ.
     pub examples: Vec<String>,
+    /// Stopped before the comparison ended.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub interrupted: bool,
 }
 
 impl DbVerify {
@@ -60,6 +67,10 @@ impl DbVerify {
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct VerifyReport {
     pub passed: bool,
+    /// Stopped before every database was compared (a run started through the service,
+    /// cancelled): `passed` then says nothing.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub interrupted: bool,
     pub databases: Vec<DbVerify>,
     pub leaves: u64,
 }
@@ -72,17 +83,90 @@ pub async fn verify(
     batch: usize,
     max_ids: usize,
 ) -> Result<VerifyReport> {
+    let board = Board::new("verify", "comparing", ProgressMode::None, None);
+    compare_all(source, target, names, (batch, max_ids), &board, None).await
+}
+
+/// [`verify`], showing its progress as `progress` says and keeping `record` written with it
+/// ([`super::board`]) and, when it ends, how it ended (`finished` whatever it found: what it
+/// found is in the report).
+pub async fn verify_recorded(
+    source: &Side,
+    target: &Side,
+    names: &[String],
+    options: VerifyRun,
+) -> Result<VerifyReport> {
+    let board = Board::new("verify", "comparing", options.progress, options.record);
+    let ticker = board.ticker();
+    let sizes = (options.batch, options.max_ids);
+    let outcome = compare_all(source, target, names, sizes, &board, options.stop.as_ref()).await;
+    if let Some(ticker) = ticker {
+        ticker.abort();
+    }
+    let (state, error) = match &outcome {
+        Ok(report) if report.interrupted => ("interrupted", None),
+        Ok(report) => {
+            board.note("passed", Value::Bool(report.passed));
+            ("finished", None)
+        }
+        Err(err) => ("failed", Some(err.to_string())),
+    };
+    board.close(state, error.as_deref()).await;
+    outcome
+}
+
+/// How a recorded comparison runs.
+pub struct VerifyRun {
+    /// Changes per feed page.
+    pub batch: usize,
+    /// Differences named per database.
+    pub max_ids: usize,
+    pub progress: ProgressMode,
+    pub record: Option<RunRecord>,
+    /// Stops the comparison before its next page when raised.
+    pub stop: Option<StopFlag>,
+}
+
+/// Compares every database of `names`, `(batch, max_ids)` as [`VerifyRun`] says, until done or
+/// `stop` is raised.
+async fn compare_all(
+    source: &Side,
+    target: &Side,
+    names: &[String],
+    (batch, max_ids): (usize, usize),
+    board: &Board,
+    stop: Option<&StopFlag>,
+) -> Result<VerifyReport> {
     let mut report = VerifyReport { passed: true, ..VerifyReport::default() };
+    board.start_pass(names.len());
+    let ends = Ends { source, target, board, stop };
     for name in names {
-        let db = verify_database(source, target, name, batch.max(1), max_ids).await?;
+        if stop.is_some_and(StopFlag::is_raised) {
+            report.interrupted = true;
+            break;
+        }
+        board.start_db(name, source.estimate(name).await.ok().flatten().unwrap_or(0));
+        let db = verify_database(&ends, name, batch.max(1), max_ids).await?;
+        board.end_db(name);
+        report.interrupted |= db.interrupted;
         report.passed &= db.passed();
         report.leaves += db.leaves;
         report.databases.push(db);
     }
+    report.passed &= !report.interrupted;
     Ok(report)
 }
 
-async fn verify_database(source: &Side, target: &Side, db: &str, batch: usize, max_ids: usize) -> Result<DbVerify> {
+/// What every database's comparison shares.
+struct Ends<'a> {
+    source: &'a Side,
+    target: &'a Side,
+    board: &'a Board,
+    stop: Option<&'a StopFlag>,
+}
+
+async fn verify_database(ends: &Ends<'_>, db: &str, batch: usize, max_ids: usize) -> Result<DbVerify> {
+    let Ends { source, target, board, stop } = *ends;
     let mut result = DbVerify { name: db.to_owned(), ..DbVerify::default() };
     if !target.exists(db).await? {
         result.missing_database = true;
@@ -113,6 +197,7 @@ async fn verify_database(source: &Side, target: &Side, db: &str, batch: usize, m
         for leaf in theirs {
             at_target.insert(key(&leaf), leaf);
         }
+        let differing_before = result.missing_at_target + result.different;
         for leaf in source.read_leaves(db, &wanted, false).await? {
             result.leaves += 1;
             let (id, rev) = key(&leaf);
@@ -134,9 +219,16 @@ async fn verify_database(source: &Side, target: &Side, db: &str, batch: usize, m
                 }
             }
         }
+        let differing = result.missing_at_target + result.different - differing_before;
+        let docs = page.docs.len() as u64;
+        board.advance(db, docs, docs.saturating_sub(differing), differing.min(docs));
         since = page.last_seq;
         if page.at_end {
             break;
+        }
+        if stop.is_some_and(StopFlag::is_raised) {
+            result.interrupted = true;
+            return Ok(result);
         }
     }
     // No target leaf the source lacks.

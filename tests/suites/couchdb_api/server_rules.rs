@@ -30,6 +30,17 @@ pub(super) async fn admin_endpoints_names_and_headers(e: Endpoint) -> TestResult
         check(refused.body == body, || format!("{path} as alice: {}", refused.body))?;
         as_login(&e, "admin", Method::GET, path).await?.expect(200, path)?;
     }
+    // Runs started in the service (not CouchDB's: docs/migration.md) are a server admin's too,
+    // refused as `_active_tasks`, which lists them, is; an admin's empty start is a 400 and a
+    // cancel of no run a 404.
+    for (method, path) in [(Method::POST, "/_agentstore/runs"), (Method::DELETE, "/_agentstore/runs/no-such-run")] {
+        let refused = as_login(&e, "alice", method.clone(), path).await?.expect(401, path)?;
+        let body = json!({ "error": "unauthorized", "reason": "You are not a server admin." });
+        check(refused.body == body, || format!("{method} {path} as alice: {}", refused.body))?;
+    }
+    let request = e.client.post(e.url("/_agentstore/runs")).basic_auth("admin", Some(PASSWORD)).json(&json!({}));
+    Answer::read(request.send().await?).await?.expect(400, "POST /_agentstore/runs {}")?;
+    as_login(&e, "admin", Method::DELETE, "/_agentstore/runs/no-such-run").await?.expect(404, "DELETE no run")?;
 
     // A name starting with `_` that is no system database breaks the name rule: 400 for an
     // admin (`fabric_db_create:validate_dbname`), 401 for anyone else (`require_admin` first).

@@ -3,11 +3,15 @@
 // a bearer token the user types: the REST face answers the console's origin when it is in its
 // `cors_origins`), and one key's document with its history: its revisions, read through the
 // CouchDB API on the data-store database (`GET /{db}/{user}:{namespace}:{base64url(key)}?revs_info=true`),
-// which, unlike the REST API's `GET`, does not count an access.
-import { get, docPath } from '../api.js';
+// which, unlike the REST API's `GET`, does not count an access. The users are listed from the
+// data-store database's `_all_docs` (ids start with the user id and `:`), one call per user,
+// each starting past the last one's documents: the REST API has no listing of users.
+import { get, docPath, dbPath } from '../api.js';
 import { h, fill, table, field, status, errorText, message, pretty } from '../ui.js';
 
 const STORE = 'agentstore-console-rest';
+/** Users listed per page (one `_all_docs` call each). */
+const USERS_PER_PAGE = 20;
 
 /** The REST listener's address, its token and the data-store database's name, kept for this tab. */
 function settings() {
@@ -55,12 +59,23 @@ export async function render(main, { params }) {
   const user = h('input', { id: 'data-store-user', required: true, value: params.get('user') || '' });
   const look = (event) => { event.preventDefault(); location.hash = `#/data-store?user=${encodeURIComponent(user.value.trim())}`; };
   const body = h('div', { id: 'data-store-body', 'aria-live': 'polite' });
+  const userList = h('div', { id: 'user-list' }, h('p', { class: 'muted' }, 'Listing users…'));
   fill(main, h('h1', {}, 'Data store'),
     h('section', {}, h('h2', {}, 'Where the REST API answers'),
       h('form', { id: 'rest-form', onsubmit: save }, field('REST listener', url), field('Bearer token', token), field('Data-store database', database),
         h('button', { type: 'submit' }, 'Keep'))),
-    h('section', {}, h('form', { id: 'user-form', onsubmit: look }, field('User id', user), h('button', { type: 'submit' }, 'Show namespaces'))),
+    h('section', {}, h('h2', {}, 'Users'), userList,
+      h('form', { id: 'user-form', onsubmit: look }, field('User id', user), h('button', { type: 'submit' }, 'Show namespaces'))),
     body);
+  const after = params.get('after') || '';
+  try {
+    const page = await usersAfter(current.db || 'agent_data_store', after, USERS_PER_PAGE);
+    fill(userList, table(['User'], page.users.map((u) => [link({ user: u }, u)]),
+      after ? `Users after ${after}` : 'Users, in id order'),
+    page.more ? h('p', {}, link({ after: page.users[page.users.length - 1] }, 'Next users')) : null);
+  } catch (err) {
+    fill(userList, message('error', `Users cannot be listed (${errorText(err)}); type a user id below.`));
+  }
   const who = params.get('user');
   if (!who) return;
   try {
@@ -72,6 +87,30 @@ export async function render(main, { params }) {
   } catch (err) {
     fill(body, message('error', errorText(err)));
   }
+}
+
+/**
+ * Up to `count` user ids after `after` (all when empty), in id order: the data store's document
+ * ids are `{user}:{namespace}:{key}` and a user id holds no `:`, so one `_all_docs?limit=1` call
+ * finds the next user and the next call starts at `{user};` (`;` follows `:`), past all its
+ * documents. Design documents (`_design/…`) are stepped over.
+ */
+export async function usersAfter(db, after, count) {
+  const users = [];
+  let startkey = after ? `${after};` : undefined;
+  while (users.length < count) {
+    const page = await get(`${dbPath(db)}/_all_docs`, { limit: '1', startkey: startkey === undefined ? undefined : JSON.stringify(startkey) });
+    const row = (page.rows || [])[0];
+    if (!row) return { users, more: false };
+    const colon = row.id.indexOf(':');
+    if (row.id.startsWith('_design/')) startkey = '_design0';
+    else if (colon < 0) startkey = `${row.id}\u0000`;
+    else {
+      users.push(row.id.slice(0, colon));
+      startkey = `${row.id.slice(0, colon)};`;
+    }
+  }
+  return { users, more: true };
 }
 
 const link = (params, text) => h('a', { href: `#/data-store?${new URLSearchParams(params)}` }, text);

@@ -1,9 +1,11 @@
 // The service: who answers (`GET /`), whether its backend answers (`GET /_up`), the bounds in
 // force (`GET /_node/_local/_config`, admins only), request and backend-call rates and latencies
 // over the last minutes (sampled from `GET /_node/_local/_prometheus`, admins only: the same
-// counters as the REST listener's `/metrics`), and `GET /_active_tasks`.
-import { get, call } from '../api.js';
-import { h, fill, table, errorText, message } from '../ui.js';
+// counters as the REST listener's `/metrics`), and `GET /_active_tasks`, read again with each
+// sample; a server admin starts a whole-deployment run here (`POST /_agentstore/runs`) and
+// cancels one the service started (`DELETE /_agentstore/runs/{id}`).
+import { get, post, del, call, enc } from '../api.js';
+import { h, fill, table, field, errorText, message, attempt } from '../ui.js';
 
 /** Seconds between two samples of the counters, and samples kept (ten minutes). */
 const SAMPLE_SECONDS = 5;
@@ -21,14 +23,19 @@ export async function render(main, { stale }) {
     get('/_node/_local/_config').catch((err) => err),
   ]);
   const chart = h('div', { id: 'metrics-chart' }, h('p', { class: 'muted' }, 'Sampling…'));
+  const tasksBox = h('div', { id: 'tasks-box' });
+  const showTasks = (answer) => fill(tasksBox, answer instanceof Error ? message('error', errorText(answer)) : taskTable(answer, refreshTasks));
+  const refreshTasks = async () => { if (!stale()) showTasks(await get('/_active_tasks').catch((err) => err)); };
+  showTasks(tasks);
   fill(main, h('h1', {}, 'Service'),
     h('section', {}, h('h2', {}, 'Server and backend'), facts(welcome, up, config)),
     h('section', {}, h('h2', {}, 'Requests and backend calls'),
       h('p', { class: 'muted' }, `Sampled every ${SAMPLE_SECONDS} s while this page is open: per second, and the mean latency in each interval.`), chart),
     h('section', {}, h('h2', {}, 'Bounds in force'), bounds(config)),
     h('section', { id: 'active-tasks' }, h('h2', {}, 'Active tasks and migrations'),
-      h('p', { class: 'muted' }, 'migrate and import runs into this server’s backend, from the command line or elsewhere, report here while they run and for an hour after.'),
-      tasks instanceof Error ? message('error', errorText(tasks)) : taskTable(tasks)));
+      h('p', { class: 'muted' }, 'migrate, import and verify runs into this server’s backend, from the command line or started here, report here while they run and for an hour after; read again every few seconds.'),
+      tasksBox),
+    tasks instanceof Error ? null : runForm(refreshTasks));
   const draw = () => { if (!stale() && document.body.contains(chart)) drawChart(chart); };
   await sample();
   draw();
@@ -37,7 +44,41 @@ export async function render(main, { stale }) {
     if (stale() || !document.body.contains(chart)) { clearInterval(sampler); sampler = null; return; }
     await sample();
     draw();
+    await refreshTasks();
   }, SAMPLE_SECONDS * 1000);
+}
+
+/** The form starting a whole-deployment run in the service (server admins: it is shown when `_active_tasks` answered). */
+function runForm(refreshTasks) {
+  const command = h('select', { id: 'run-command' }, h('option', { value: 'migrate' }, 'migrate (copy every database)'), h('option', { value: 'verify' }, 'verify (compare every database)'));
+  const source = h('input', { id: 'run-source', required: true, autocomplete: 'off', placeholder: 'http://user:password@host:5984/ or a backend URL' });
+  const target = h('input', { id: 'run-target', required: true, autocomplete: 'off', placeholder: 'dynamodb://table?region=… or a server URL' });
+  const dbs = h('input', { id: 'run-dbs', autocomplete: 'off', placeholder: 'all (or names and patterns, comma separated)' });
+  const exclude = h('input', { id: 'run-exclude', autocomplete: 'off', placeholder: 'none' });
+  const follow = h('input', { id: 'run-follow', type: 'checkbox' });
+  const list = (input) => input.value.split(',').map((s) => s.trim()).filter(Boolean);
+  const form = h('form', { class: 'stack', id: 'run-form', onsubmit: async (event) => {
+    event.preventDefault();
+    const body = { command: command.value, source: source.value.trim(), target: target.value.trim() };
+    if (list(dbs).length) body.db = list(dbs);
+    if (list(exclude).length) body.exclude = list(exclude);
+    if (command.value === 'migrate' && follow.checked) body.follow = true;
+    const answer = await attempt(() => post('/_agentstore/runs', body));
+    if (answer && answer.id) {
+      // The URLs may hold passwords: not left on the page once used.
+      source.value = '';
+      target.value = '';
+      fill(document.getElementById('status'), message('ok', `Started ${body.command} run ${answer.id}; its progress is in the table above.`));
+      await refreshTasks();
+    }
+  } },
+  field('Command', command), field('Source', source), field('Target', target),
+  field('Databases', dbs), field('Leave out', exclude),
+  h('label', { class: 'check' }, follow, ' Follow the source’s changes until cancelled (migrate)'),
+  h('button', { type: 'submit' }, 'Start the run'));
+  return h('section', { id: 'start-run' }, h('h2', {}, 'Start a whole-deployment run'),
+    h('p', { class: 'muted' }, 'Runs in this service with the code of agentstore migrate/verify --all-databases, one at a time for the deployment. The URLs are used, never shown again: tasks name the sides without their passwords.'),
+    form);
 }
 
 const when = (seconds) => (seconds ? new Date(seconds * 1000).toISOString().replace('.000Z', 'Z') : '');
@@ -48,15 +89,39 @@ function eta(seconds) {
   return m ? `${m} min ${seconds % 60} s` : `${seconds} s`;
 }
 
-function taskTable(tasks) {
+/** A whole-deployment run's databases: done of selected, and those at work (`name done/of`). */
+function databases(t) {
+  if (t.databases_total === undefined) return '';
+  const now = (t.databases_now || []).map((d) => `${d.name} ${d.done}/${d.of}`).join(', ');
+  return `${t.databases_done} of ${t.databases_total}${now ? `; now ${now}` : ''}`;
+}
+
+/** What a task ended with beyond its state: its error, or what a comparison found. */
+function outcome(t) {
+  if (t.error) return t.error;
+  if (t.passed === true) return t.command === 'verify' ? 'identical' : 'verified';
+  if (t.passed === false) return 'differences found';
+  return '';
+}
+
+function taskTable(tasks, refreshTasks) {
   return table(['Task', 'State', 'From → to', { label: 'Read', num: true }, { label: 'Progress', num: true },
-    { label: 'Rate (docs/s)', num: true }, 'ETA', 'Started', 'Updated', 'Error'], tasks.map((t) => [
-    t.type === 'agentstore_migration' ? t.command : t.type,
+    'Databases', { label: 'Rate (docs/s)', num: true }, 'ETA', 'Started', 'Updated', 'Outcome', ''], tasks.map((t) => [
+    t.type === 'agentstore_migration'
+      ? h('span', { 'data-run-id': t.run_id }, `${t.command}${t.origin === 'service' ? ' (service)' : ''}`)
+      : t.type,
     h('span', { class: `task-state ${t.state || ''}` }, t.phase === 'following' && t.state === 'running' ? 'running (following changes)' : (t.state || '')),
     t.source ? `${t.source} → ${t.target}` : (t.database || ''),
     t.total_changes ? `${t.changes_done} of ~${t.total_changes}` : String(t.changes_done ?? ''),
     t.progress === null || t.progress === undefined ? '' : `${t.progress}%`,
-    t.rate ?? '', eta(t.eta_secs), when(t.started_on), when(t.updated_on), t.error || '',
+    databases(t), t.rate ?? '', eta(t.eta_secs), when(t.started_on), when(t.updated_on), outcome(t),
+    t.origin === 'service' && t.state === 'running'
+      ? h('button', { type: 'button', class: 'danger', 'data-run': t.run_id, onclick: async () => {
+        if (!window.confirm(`Cancel run ${t.run_id}?`)) return;
+        await attempt(() => del(`/_agentstore/runs/${enc(t.run_id)}`), `Asked run ${t.run_id} to stop.`);
+        await refreshTasks();
+      } }, 'Cancel')
+      : '',
   ]));
 }
 
