@@ -221,10 +221,9 @@ impl ServiceRuns {
             })?;
         }
         let id = format!("{}-{}-{}", request.command.as_str(), chrono::Utc::now().timestamp(), random_hex(4)?);
-        let lease = match self.take_lease(&id).await? {
-            Ok(rev) => rev,
-            Err(holder) => return Ok(Started::Busy(holder)),
-        };
+        if let Err(holder) = self.take_lease(&id).await? {
+            return Ok(Started::Busy(holder));
+        }
         let (cancel, cancelled) = tokio::sync::watch::channel(false);
         *self.running() = Some(Running { id: id.clone(), cancel });
         let record =
@@ -234,7 +233,7 @@ impl ServiceRuns {
         let runs = Arc::clone(self);
         let run_id = id.clone();
         tokio::spawn(async move {
-            let keeper = tokio::spawn(Arc::clone(&runs).keep_lease(run_id.clone(), lease));
+            let keeper = tokio::spawn(Arc::clone(&runs).keep_lease(run_id.clone()));
             let outcome = runs.run(request, source, target, record, cancelled, &run_id).await;
             if let Err(err) = outcome {
                 tracing::warn!(run = %run_id, error = %err, "a run started through the service failed");
@@ -350,9 +349,10 @@ impl ServiceRuns {
         body
     }
 
-    /// Renews the lease every [`LEASE_RENEW`] until aborted; stops the run when the lease says
-    /// `cancel` or is lost (another instance took it: this one must not go on).
-    async fn keep_lease(self: Arc<Self>, id: String, mut rev: Revision) {
+    /// Renews the lease every [`LEASE_RENEW`] until aborted, over the revision read each time;
+    /// stops the run when the lease says `cancel` or is lost (no longer this run's and this
+    /// instance's: another took it, and this one must not go on).
+    async fn keep_lease(self: Arc<Self>, id: String) {
         loop {
             tokio::time::sleep(LEASE_RENEW).await;
             let stored = match self.backend.get_local(LEASE_NAME).await {
@@ -362,27 +362,29 @@ impl ServiceRuns {
                     continue;
                 }
             };
-            let ours = stored
-                .as_ref()
-                .is_some_and(|s| s.rev == rev && s.body.get("run").and_then(Value::as_str) == Some(id.as_str()));
-            let cancel = stored.as_ref().is_some_and(|s| s.body.get("cancel") == Some(&Value::Bool(true)));
-            if !ours || cancel {
-                if !ours {
-                    tracing::warn!(run = %id, "the run's lease was lost; the run stops here");
+            // Still this run's and this instance's (a cancel from elsewhere rewrote it: a new
+            // revision, the same run).
+            let ours = stored.as_ref().filter(|s| {
+                s.body.get("run").and_then(Value::as_str) == Some(id.as_str())
+                    && s.body.get("owner").and_then(Value::as_str) == Some(self.instance.as_str())
+            });
+            let cancel = ours.is_some_and(|s| s.body.get("cancel") == Some(&Value::Bool(true)));
+            let rev = match ours {
+                Some(stored) if !cancel => stored.rev.clone(),
+                _ => {
+                    if ours.is_none() {
+                        tracing::warn!(run = %id, "the run's lease was lost; the run stops here");
+                    }
+                    if let Some(running) = self.running().as_ref().filter(|r| r.id == id) {
+                        let _ = running.cancel.send(true);
+                    }
+                    return;
                 }
-                if let Some(running) = self.running().as_ref().filter(|r| r.id == id) {
-                    let _ = running.cancel.send(true);
-                }
-                return;
-            }
-            match self
-                .backend
-                .put_local(LEASE_NAME, &self.lease_body(&id), Precondition::MatchRevision(rev.clone()))
-                .await
-            {
-                Ok(renewed) => rev = renewed,
-                // Cancelled between the read and the write: read again at once.
-                Err(err) if err.kind() == ErrorKind::Conflict => continue,
+            };
+            match self.backend.put_local(LEASE_NAME, &self.lease_body(&id), Precondition::MatchRevision(rev)).await {
+                Ok(_) => {}
+                // Cancelled (or taken) between the read and the write: the next round reads it.
+                Err(err) if err.kind() == ErrorKind::Conflict => {}
                 Err(err) => tracing::warn!(run = %id, error = %err, "cannot renew the run's lease; tried again later"),
             }
         }
@@ -520,6 +522,28 @@ mod tests {
         assert_eq!(runs.start(request(false)).await.unwrap(), Started::Busy(Some(id.clone())));
         assert!(!runs.cancel("no-such-run").await.unwrap());
         assert!(runs.cancel(&id).await.unwrap());
+        record_of(backend.as_ref(), &id, |r| r["state"] == "interrupted").await;
+
+        // Another instance over the same backend: refused while a run goes, and its cancel
+        // reaches the running instance through the lease (at its next renewal).
+        let (_stopping, stopped) = tokio::sync::watch::channel(false);
+        let databases = Arc::new(Databases::from_url(Some(service_url.clone()), 16));
+        let other = ServiceRuns::new(Arc::clone(&backend), databases, &settings, stopped).unwrap();
+        // The lease of the run cancelled above is given back just after its record is written.
+        let mut started = None;
+        for _ in 0..100 {
+            match runs.start(request(true)).await.unwrap() {
+                Started::Run(id) => {
+                    started = Some(id);
+                    break;
+                }
+                Started::Busy(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+        let id = started.expect("the cancelled run's lease was never given back");
+        record_of(backend.as_ref(), &id, |r| r["state"] == "running").await;
+        assert_eq!(other.start(request(false)).await.unwrap(), Started::Busy(Some(id.clone())));
+        assert!(other.cancel(&id).await.unwrap());
         record_of(backend.as_ref(), &id, |r| r["state"] == "interrupted").await;
     }
 
