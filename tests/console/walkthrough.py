@@ -516,10 +516,32 @@ class Walk:
         self.whole_deployment_runs()
         self.shot("service")
 
-        self.step("the replication page")
+        self.step("the replication page: a replication added and followed to `completed`")
+        copy = f"{DB}_copy"
         self.go("#/replication")
         self.text_appears("#main h1", "Replication")
+        self.type_into("#replication-source", DB)
+        self.type_into("#replication-target", copy)
+        self.click("#replication-create-target")
+        self.click("#replication-form button[type=submit]")
+        self.status_says("Replication document")
+        rows = self.api.ok("GET", "/_replicator/_all_docs?include_docs=true")["rows"]
+        added = [r for r in rows if r["doc"].get("target") == copy]
+        assert len(added) == 1, rows
+        replication_id = added[0]["id"]
+        # The page reads the scheduler again every 5 s: it shows the run's end by itself.
+        self.text_appears("#scheduler-docs", "completed")
+        row = [c.text for c in self.driver.find_elements(By.CSS_SELECTOR, "#scheduler-docs tbody tr td")]
+        assert replication_id in row and "completed" in row and "done" in row, row
+        stored = self.api.ok("GET", f"/_replicator/{replication_id}")
+        assert stored["_replication_state"] == "completed", stored
+        source_info, copy_info = self.api.ok("GET", f"/{DB}"), self.api.ok("GET", f"/{copy}")
+        assert (copy_info["doc_count"], copy_info["doc_del_count"]) == (source_info["doc_count"], source_info["doc_del_count"]), (source_info, copy_info)
+        written = int(row[row.index("completed") + 3])
+        assert written == stored["_replication_stats"]["docs_written"], (row, stored)
         self.shot("replication")
+        self.api.ok("DELETE", f"/_replicator/{replication_id}?rev={stored['_rev']}")
+        self.api.ok("DELETE", f"/{copy}")
 
         self.step("the data-store page: namespaces and keys from the REST API, a key's history")
         for value in ("first", "second"):
