@@ -322,8 +322,16 @@ impl FirestoreBackend {
         limit: usize,
     ) -> Result<Option<ChangesPage>> {
         let Some(lowest) = token.lowest_changed_at(settle) else { return Ok(None) };
-        if let Some(page) = self.sweep_in_one_query(token, &lowest, limit).await? {
-            return Ok(Some(page));
+        let busy = |floor: &str| self.busy_window_floor.lock().is_ok_and(|busy| busy.as_deref() == Some(floor));
+        if !busy(floor) {
+            if let Some(page) = self.sweep_in_one_query(token, &lowest, limit).await? {
+                return Ok(Some(page));
+            }
+            // An idle reader's floor stays while nothing is written: its next sweeps go straight
+            // to the two queries below.
+            if let Ok(mut busy) = self.busy_window_floor.lock() {
+                *busy = Some(floor.to_owned());
+            }
         }
         let mut window = self.feed_query(MAX_PAGE);
         window["where"] = all_of(vec![
