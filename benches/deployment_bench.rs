@@ -15,7 +15,11 @@
 //!    `migrate --all-databases --db 'bench_*' --no-verify --progress none` into a fresh store,
 //!    timed from start to exit; its report gives the documents and leaves copied and its peak
 //!    RSS (`VmHWM`). Then `verify --all-databases` compares the two sides leaf for leaf (timed
-//!    apart); any difference fails the bench;
+//!    apart); any difference fails the bench. Then the target's **raw bulk rate** in the same run
+//!    ([`raw_bulk_write`]: as many documents of the seed's plain shape through the backend's own
+//!    `bulk_write`, 100 a call and 16 calls at once, `migrate`'s own batch and concurrency, into
+//!    a fresh store), and the migration's docs/s over it (issue 38's goal: at least 0.9 into
+//!    DynamoDB and Firestore);
 //! 2. with `BENCH_FILE` (default 1; 0 skips it): the same databases through a file
 //!    (docs/migration.md, "Whole databases in a file"): `export --db 'bench_*'` from the source
 //!    to an NDJSON file, then `import --all-databases` of it into a fresh embedded store, each
@@ -247,6 +251,65 @@ fn migrate_into(source: &str, target: &str, label: &str, dir: &std::path::Path) 
     })
 }
 
+/// Documents per `bulk_write` of the raw rate: what one `Database::write_many` call of
+/// `migrate` writes (`DOCUMENTS_PER_WRITE` in `src/migrate/deployment/side.rs`).
+const RAW_BATCH: usize = 100;
+/// `bulk_write` calls in flight for the raw rate: `migrate`'s databases at once times its
+/// `write_many` calls at once per database (`WRITES_AT_ONCE`).
+const RAW_IN_FLIGHT: usize = AT_ONCE * 4;
+
+/// The target's own bulk rate in the same run: `docs` new documents shaped as the seed's plain
+/// ones, written straight through the backend's `bulk_write` (a DynamoDB `PutItem` per document,
+/// 16 at a time; a Firestore batch write) into a fresh store, [`RAW_BATCH`] a call,
+/// [`RAW_IN_FLIGHT`] calls at once: what a migration's writes into that backend could reach
+/// without reading anything or keeping revision trees.
+async fn raw_bulk_write(url: &str, kind: &str, docs: usize) -> Result<Measured, String> {
+    use agentstore::backend::{self, BackendUrl, BulkWrite, Precondition};
+    let parsed: BackendUrl = url.parse().map_err(|e| format!("{url}: {e}"))?;
+    let store = backend::open(&parsed).await.map_err(|e| format!("{url}: {e}"))?;
+    let writes: Vec<BulkWrite> = (0..docs)
+        .map(|n| BulkWrite {
+            id: format!("doc{n:07}"),
+            body: match json!({"n": n, "kind": "bench",
+                "text": "a body of about one hundred and fifty bytes, like a small record of an application",
+                "tags": ["a", "b"]})
+            {
+                Value::Object(body) => body,
+                _ => serde_json::Map::new(),
+            },
+            precondition: Precondition::MustNotExist,
+        })
+        .collect();
+    let batches: Vec<Vec<BulkWrite>> = writes.chunks(RAW_BATCH).map(<[BulkWrite]>::to_vec).collect();
+    let started = Instant::now();
+    let failed: Vec<usize> = futures::stream::iter(batches)
+        .map(|batch| {
+            let store = std::sync::Arc::clone(&store);
+            async move {
+                let written = store.bulk_write(batch).await.map_err(|e| e.to_string())?;
+                Ok::<usize, String>(written.iter().filter(|w| w.is_err()).count())
+            }
+        })
+        .buffer_unordered(RAW_IN_FLIGHT)
+        .collect::<Vec<Result<usize, String>>>()
+        .await
+        .into_iter()
+        .collect::<Result<_, _>>()?;
+    let seconds = started.elapsed().as_secs_f64();
+    let failed: usize = failed.iter().sum();
+    Ok(Measured {
+        label: format!("raw bulk_write → {kind}"),
+        seconds,
+        docs: docs as u64,
+        leaves: None,
+        attachment_mib: None,
+        peak_rss_mib: None,
+        verify_seconds: None,
+        ok: failed == 0,
+        note: format!("{RAW_BATCH} a call, {RAW_IN_FLIGHT} at once; {failed} failed"),
+    })
+}
+
 /// Runs the release binary to its end; the seconds it took, its JSON report, and whether it
 /// exited 0.
 fn timed(args: &[&str], dir: &std::path::Path) -> Result<(f64, Value, bool), String> {
@@ -427,9 +490,15 @@ async fn measure(config: Config) -> Result<bool, String> {
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let target = target_url(kind, dir.path())?;
         println!("{NAME}: migrate into {kind}…");
-        let measured = migrate_into(&source_url, &target, kind, dir.path())?;
+        let mut measured = migrate_into(&source_url, &target, kind, dir.path())?;
         println!("{NAME}:   {:.1}s, {:.0} docs/s, {}", measured.seconds, measured.rate(), measured.note);
+        let raw_dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let raw = raw_bulk_write(&target_url(kind, raw_dir.path())?, kind, docs).await?;
+        let ratio = measured.rate() / raw.rate().max(0.001);
+        println!("{NAME}:   raw bulk_write into {kind}: {:.0} docs/s; migrate ÷ raw = {ratio:.2}", raw.rate());
+        measured.note = format!("{:.2} of the raw bulk rate; {}", ratio, measured.note);
         results.push(measured);
+        results.push(raw);
     }
     if config.file {
         println!("{NAME}: export to a file, import into embedded…");

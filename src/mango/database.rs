@@ -12,6 +12,9 @@
 //!   those design documents.
 //! - [`find`]: the engine of [`super::find`] over this database: a chosen JSON index is read over
 //!   its key range ([`index_source`]), otherwise `_all_docs` ([`AllDocsSource`]).
+//!   [`find_remembering`] (the route's) is the same with the catalog remembered between queries
+//!   and confirmed by each query's own index catch-up ([`catalog_watch`]), so a `_find` does not
+//!   list the design documents again while none changed.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -20,6 +23,7 @@ use async_trait::async_trait;
 use http::StatusCode;
 use serde_json::{json, Map, Value};
 
+use super::catalog_watch;
 use super::find::{find_in, Candidate, CandidatePage, FindLimits, FindSource, FindSources, SCAN_PAGE};
 use super::index::{design_id, parse_index_request, IndexCatalog, IndexDef};
 use super::index_map::JsonIndexMap;
@@ -274,7 +278,10 @@ async fn save_design(
     deleted: bool,
     body: Map<String, Value>,
 ) -> Result<(), MangoError> {
-    match db.write(id, &Write::Edit { parent, deleted, body }).await {
+    let written = db.write(id, &Write::Edit { parent, deleted, body }).await;
+    // The next `_find` lists the catalog (it would find the change in the feed anyway).
+    catalog_watch::forget(db);
+    match written {
         Ok(Written::Edited(_) | Written::Merged(_)) => Ok(()),
         Err(err) if err.kind() == ErrorKind::Conflict => Err(MangoError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -292,8 +299,57 @@ pub async fn find(
     indexes: &DatabaseIndexes,
     request: &Value,
 ) -> Result<Value, MangoError> {
-    let sources = DatabaseSources { db, views, designs: &indexes.designs };
+    let sources = DatabaseSources::new(db, views, &indexes.designs, Check::Nothing);
     find_in(&sources, request, &Confinement::Everything, &indexes.catalog, FindLimits::default()).await
+}
+
+/// `POST /{db}/_find` over `db` with the index catalog remembered from an earlier query when the
+/// query's own index catch-up confirms it ([`catalog_watch`]); otherwise the catalog is listed
+/// again (after that catch-up) and the query runs on it, as [`find`] does.
+pub async fn find_remembering(db: &Arc<Database>, views: &Views, request: &Value) -> Result<Value, MangoError> {
+    let mut reached = None;
+    if let Some(remembered) = catalog_watch::remembered(db) {
+        let sources =
+            DatabaseSources::new(db, views, &remembered.indexes.designs, Check::Required(remembered.generation));
+        let answer =
+            find_in(&sources, request, &Confinement::Everything, &remembered.indexes.catalog, FindLimits::default())
+                .await;
+        match sources.checked() {
+            Checked::Confirmed => return answer,
+            Checked::Unconfirmed { reached: caught_up } => reached = caught_up,
+            Checked::NotOpened => {}
+        }
+    }
+    let indexes = DatabaseIndexes::load(db).await?;
+    let remembered = catalog_watch::remember(db, indexes, reached.as_deref());
+    let sources = DatabaseSources::new(db, views, &remembered.indexes.designs, Check::Advance(remembered.generation));
+    find_in(&sources, request, &Confinement::Everything, &remembered.indexes.catalog, FindLimits::default()).await
+}
+
+/// Whether a query's catalog is checked against the feed read of its index catch-up.
+#[derive(Debug, Clone, Copy)]
+enum Check {
+    /// No: the catalog was listed for this query.
+    Nothing,
+    /// The remembered catalog of this generation must be confirmed, or the query is not run (its
+    /// source is empty, and its answer thrown away).
+    Required(u64),
+    /// The catalog of this generation was listed for this query; a confirmation only lets later
+    /// queries trust it.
+    Advance(u64),
+}
+
+/// What the check of a query's catalog found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Checked {
+    /// No source was opened (the query failed or answered before choosing one).
+    NotOpened,
+    Confirmed,
+    /// Not confirmed; `reached` is the checkpoint the query's catch-up brought its group to, if
+    /// it made one (a catalog listed from now on is complete up to it).
+    Unconfirmed {
+        reached: Option<String>,
+    },
 }
 
 /// Opens the source a query reads once its index is chosen.
@@ -301,6 +357,36 @@ struct DatabaseSources<'a> {
     db: &'a Arc<Database>,
     views: &'a Views,
     designs: &'a HashMap<String, DesignViews>,
+    check: Check,
+    checked: std::sync::Mutex<Checked>,
+}
+
+impl<'a> DatabaseSources<'a> {
+    fn new(db: &'a Arc<Database>, views: &'a Views, designs: &'a HashMap<String, DesignViews>, check: Check) -> Self {
+        DatabaseSources { db, views, designs, check, checked: std::sync::Mutex::new(Checked::NotOpened) }
+    }
+
+    fn checked(&self) -> Checked {
+        self.checked.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
+    }
+
+    /// Checks the catalog against what opening `source` read of the feed; whether the query may
+    /// run on it.
+    fn check_catalog(&self, source: Option<&index_source::IndexSource<'_>>) -> bool {
+        let generation = match self.check {
+            Check::Nothing => return true,
+            Check::Required(generation) | Check::Advance(generation) => generation,
+        };
+        let (confirmed, reached) = match source.and_then(|source| source.feed_read()) {
+            Some((_, read, reached)) => {
+                (catalog_watch::confirm(self.db, generation, read, reached), reached.map(str::to_owned))
+            }
+            None => (false, None),
+        };
+        let checked = if confirmed { Checked::Confirmed } else { Checked::Unconfirmed { reached } };
+        *self.checked.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = checked;
+        confirmed || matches!(self.check, Check::Advance(_))
+    }
 }
 
 #[async_trait]
@@ -313,6 +399,9 @@ impl FindSources for DatabaseSources<'_> {
         let options = DocOptions { conflicts: request.conflicts, ..DocOptions::default() };
         let descending = request.sort.direction == "desc";
         let Some(index) = index else {
+            if !self.check_catalog(None) {
+                return Ok(Box::new(Unconfirmed));
+            }
             let sort = request.sort_field_names();
             let by_id = sort.is_empty() || sort == ["_id"];
             return Ok(Box::new(AllDocsSource {
@@ -326,7 +415,34 @@ impl FindSources for DatabaseSources<'_> {
             MangoError::new(StatusCode::INTERNAL_SERVER_ERROR, "unknown_error", "an index without its design document")
         })?;
         let docs = Box::new(DatabaseDocs { db: self.db, options });
-        Ok(Box::new(index_source::open(self.views, self.db.as_ref(), design, index, request, docs).await?))
+        let source = index_source::open(self.views, self.db.as_ref(), design, index, request, docs).await?;
+        if !self.check_catalog(Some(&source)) {
+            return Ok(Box::new(Unconfirmed));
+        }
+        Ok(Box::new(source))
+    }
+}
+
+/// The source of a query whose remembered catalog was not confirmed: it reads nothing (the
+/// query runs again on a catalog listed anew, and this answer is thrown away).
+struct Unconfirmed;
+
+#[async_trait]
+impl FindSource for Unconfirmed {
+    fn tag(&self) -> String {
+        "unconfirmed".into()
+    }
+
+    fn serves_sort(&self) -> bool {
+        true
+    }
+
+    async fn read(&self, _from: Option<&Value>, _wanted: usize) -> Result<CandidatePage, MangoError> {
+        Ok(CandidatePage { items: Vec::new(), next: None })
+    }
+
+    async fn fetch(&self, _ids: &[String]) -> Result<Vec<Map<String, Value>>, MangoError> {
+        Ok(Vec::new())
     }
 }
 
@@ -666,5 +782,80 @@ mod tests {
         backend.failing.store(false, std::sync::atomic::Ordering::SeqCst);
         let answer = bulk_delete(&db, &json!({"docids": ["one", "none"]})).await.unwrap();
         assert_eq!(answer["fail"], json!([{"id": "_design/none", "error": "not_found"}]));
+    }
+
+    /// Counts the `_all_docs` reads made through it (a listing of the design documents is one).
+    struct CountingListings {
+        inner: Arc<dyn crate::backend::DocumentBackend>,
+        listings: std::sync::atomic::AtomicUsize,
+    }
+
+    #[async_trait]
+    impl crate::backend::raw::layer::Layered for CountingListings {
+        fn inner(&self) -> &dyn crate::backend::DocumentBackend {
+            self.inner.as_ref()
+        }
+
+        async fn all_docs(
+            &self,
+            range: &IdRange,
+            limit: usize,
+            page_token: Option<&str>,
+        ) -> crate::error::Result<crate::backend::Page<crate::backend::StoredDocument>> {
+            self.listings.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.inner.all_docs(range, limit, page_token).await
+        }
+    }
+
+    /// The catalog is listed while it cannot be confirmed, then no more while the queries' index
+    /// catch-ups find no design document changed; a design document changed through another
+    /// `Database` over the same backend (another instance) is in the next query's catalog.
+    #[tokio::test]
+    async fn a_remembered_catalog_serves_until_another_instance_changes_a_design_document() {
+        let dir = tempfile::tempdir().unwrap();
+        let embedded: Arc<dyn crate::backend::DocumentBackend> =
+            Arc::new(crate::backend::embedded::EmbeddedBackend::open(&dir.path().join("store.redb")).await.unwrap());
+        let counting = Arc::new(CountingListings { inner: embedded, listings: Default::default() });
+        let listings = || counting.listings.load(std::sync::atomic::Ordering::SeqCst);
+        let backend: Arc<dyn crate::backend::DocumentBackend> = counting.clone();
+        let serving = Arc::new(Database::new("app".into(), Arc::clone(&backend)));
+        let other = Database::new("app".into(), Arc::clone(&backend));
+        let views = Views::new(
+            dir.path().join("views.redb"),
+            Arc::new(super::super::index_map::WithMangoIndexes(super::super::index_map::NoJavaScript)),
+        );
+        for i in 0..40u64 {
+            put(&serving, &format!("d{i:03}"), json!({"n": i})).await;
+        }
+        create_index(&serving, &json!({"index": {"fields": ["n"]}, "ddoc": "by-n", "name": "n"})).await.unwrap();
+        let query = json!({"selector": {"n": {"$gte": 10, "$lt": 14}}});
+        let ids = |answer: &Value| -> Vec<String> {
+            answer["docs"].as_array().unwrap().iter().map(|doc| doc["_id"].as_str().unwrap().to_owned()).collect()
+        };
+        let expected = ["d010", "d011", "d012", "d013"];
+        for _ in 0..3 {
+            let answer = find_remembering(&serving, &views, &query).await.unwrap();
+            assert_eq!(ids(&answer), expected);
+            assert!(answer.get("warning").is_none(), "{answer}");
+        }
+        let warm = listings();
+        for n in 0..5u64 {
+            // Writes of ordinary documents (through either instance) keep the catalog confirmed.
+            put(&other, &format!("e{n}"), json!({"n": 100 + n})).await;
+            let answer = find_remembering(&serving, &views, &query).await.unwrap();
+            assert_eq!(ids(&answer), expected);
+        }
+        assert_eq!(listings(), warm, "no listing while no design document changed");
+
+        // The other instance deletes the index's design document: the next query has no index.
+        let state = other.read("_design/by-n").await.unwrap().unwrap();
+        let rev =
+            winner_json("_design/by-n", &state, DocOptions::default()).unwrap()["_rev"].as_str().unwrap().to_owned();
+        other.write("_design/by-n", &Write::Edit { parent: Some(rev), deleted: true, body: Map::new() }).await.unwrap();
+        let answer = find_remembering(&serving, &views, &query).await.unwrap();
+        assert_eq!(ids(&answer), expected);
+        let warning = answer["warning"].as_str().unwrap_or_default();
+        assert!(warning.contains("No matching index found"), "the deleted index is not used: {answer}");
+        assert!(listings() > warm);
     }
 }

@@ -23,6 +23,7 @@ use crate::views::design::DesignViews;
 use crate::views::index_store::{IndexStore, RowRange};
 use crate::views::query::{Plan, ViewQuery};
 use crate::views::service::Views;
+use crate::views::updater::FeedRead;
 use crate::views::ViewSource;
 
 /// The fewest index rows one read of a JSON index takes.
@@ -61,6 +62,7 @@ pub async fn open<'a>(
     let (start, end) = super::range::key_range(&index.field_names(), &request.selector, &max_key());
     Ok(IndexSource {
         docs,
+        feed_read: group.feed_read.clone().map(|read| (group.name.clone(), read, group.state.checkpoint.clone())),
         store: Arc::clone(indexer.store()),
         group: group.state.number,
         view,
@@ -80,6 +82,9 @@ fn max_key() -> Value {
 /// A JSON index's rows over the query's key range, each row's document read through `docs`.
 pub struct IndexSource<'a> {
     docs: Box<dyn RowDocs + 'a>,
+    /// The group's name, what its catch-up read of the feed, and the checkpoint it reached
+    /// (`None` when the index was read as it is).
+    feed_read: Option<(String, FeedRead, Option<String>)>,
     store: Arc<IndexStore>,
     group: u64,
     view: usize,
@@ -90,6 +95,12 @@ pub struct IndexSource<'a> {
 }
 
 impl IndexSource<'_> {
+    /// What bringing the index up to date read of the feed (`None`: it was read as it is), with
+    /// the group's name and the checkpoint it reached.
+    pub fn feed_read(&self) -> Option<(&str, &FeedRead, Option<&str>)> {
+        self.feed_read.as_ref().map(|(name, read, reached)| (name.as_str(), read, reached.as_deref()))
+    }
+
     /// The row range from `after` (a row's key and id: continue past it) or the range's start.
     fn range(&self, after: Option<(&Value, &str)>) -> Option<RowRange> {
         let (low, high) = (Value::Array(self.start.clone()), Value::Array(self.end.clone()));

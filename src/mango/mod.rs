@@ -20,12 +20,15 @@
 //! - [`index`]: the index catalog behind `_index`, and `_explain`.
 //! - [`range`]: the key ranges CouchDB derives from a selector, which steer its index choice.
 //! - [`index_cache`]: the catalog remembered for a few seconds between queries.
+//! - [`catalog_watch`]: another database's JSON index catalog remembered between `_find`s, trusted
+//!   only when the query's own index catch-up shows no design document changed since it was read.
 //!
 //! Errors are [`MangoError`]: Mango's own refusals with the status, `error` and `reason` CouchDB's
 //! `mango_error` gives them, decided here, and the failures of the layers below (the store, a
 //! view index) carried as they are; the HTTP layer turns one into its answer
 //! (`crate::couchdb_api::error`).
 
+pub mod catalog_watch;
 pub mod database;
 pub mod eval;
 pub mod find;

@@ -116,10 +116,9 @@ struct Opened {
 impl JobContext {
     fn open(&self, endpoint: &Endpoint) -> Result<Opened> {
         match endpoint {
-            Endpoint::Local(name) => Ok(Opened {
-                side: Side::Local { databases: Arc::clone(&self.databases), name: "local".into() },
-                db: name.clone(),
-            }),
+            Endpoint::Local(name) => {
+                Ok(Opened { side: Side::local(Arc::clone(&self.databases), "local"), db: name.clone() })
+            }
             Endpoint::Remote(remote) => {
                 let (server, db) = remote.server_and_db();
                 let client = CouchClient::new(server.as_str())?

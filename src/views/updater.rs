@@ -88,6 +88,20 @@ pub struct ViewIndexer {
 pub struct ReadyGroup {
     pub name: String,
     pub state: GroupState,
+    /// What the catch-up that made it ready read of the feed; `None` for a group read as it is
+    /// ([`ViewIndexer::current`]).
+    pub feed_read: Option<FeedRead>,
+}
+
+/// The stretch of a database's feed one catch-up read: from the group's checkpoint `from` to its
+/// new one (the group's `state.checkpoint`), and whether a design document changed in it. Mango
+/// confirms a remembered index catalog with it (`src/mango/catalog_watch.rs`): a catalog known
+/// to hold every design document written up to `from` holds those up to the new checkpoint too
+/// when none changed in between.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FeedRead {
+    pub from: Option<String>,
+    pub design_changed: bool,
 }
 
 impl ViewIndexer {
@@ -147,7 +161,7 @@ impl ViewIndexer {
         let store = Arc::clone(&self.store);
         let views = design.views.len();
         let (name, state) = blocking(move || store.group(&name, views).map(|state| (name, state))).await?;
-        Ok(ReadyGroup { name, state })
+        Ok(ReadyGroup { name, state, feed_read: None })
     }
 
     /// The group of `design` over `source`, brought up to the end of the feed as of now.
@@ -165,8 +179,10 @@ impl ViewIndexer {
         if let Some(state) = blocking(move || store.read_group(&name)).await? {
             group.state = state;
         }
+        let mut feed_read = FeedRead { from: group.state.checkpoint.clone(), design_changed: false };
         loop {
             let page = source.feed_page(group.state.checkpoint.as_deref(), FEED_PAGE).await?;
+            feed_read.design_changed |= page.docs.iter().any(|doc| doc.id.starts_with("_design/"));
             if page.docs.is_empty() {
                 if group.state.checkpoint.as_deref() != Some(page.last_seq.as_str()) {
                     group.state = self.apply(source.name(), &group.name, Vec::new(), Some(page.last_seq)).await?;
@@ -179,6 +195,7 @@ impl ViewIndexer {
                 break;
             }
         }
+        group.feed_read = Some(feed_read);
         Ok(group)
     }
 

@@ -202,13 +202,10 @@ async fn database_point(
 ) -> (Vec<String>, bool) {
     let dir = tempfile::tempdir().expect("a directory");
     let name = DbName::parse(&format!("sweep-move-{}-{cut:?}-{k}", std::process::id()).to_lowercase()).expect("a name");
-    let source = Side::Local { databases: database_source(dir.path(), &name).await, name: "sweep-source".into() };
+    let source = Side::local(database_source(dir.path(), &name).await, "sweep-source");
     let point = CrashPoint::new(k, cut);
     let crashing: Arc<dyn Catalog> = Arc::new(CrashingCatalog::new(Arc::clone(catalog), Arc::clone(&point)));
-    let side = |catalog: Arc<dyn Catalog>| Side::Local {
-        databases: Arc::new(Databases::new(Some(catalog), 4)),
-        name: "sweep-sink".into(),
-    };
+    let side = |catalog: Arc<dyn Catalog>| Side::local(Arc::new(Databases::new(Some(catalog), 4)), "sweep-sink");
     let options = |read_back: bool| MoveOptions {
         selection: Selection { include: vec![name.as_str().to_owned()], exclude: Vec::new() },
         batch_size: PAGE,

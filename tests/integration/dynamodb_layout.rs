@@ -23,6 +23,7 @@ use aws_sdk_dynamodb::types::{
 };
 use serde_json::{json, Map, Value};
 
+use crate::common::counting_proxy::CountingProxy;
 use crate::common::{self, servers};
 
 const SETTLE_MS: u64 = 1500;
@@ -205,6 +206,44 @@ async fn change_feed_and_id_order() {
             assert_eq!(got, want, "{range:?}");
         }
     }
+}
+
+/// What a read of the feed costs when it finds nothing new, counted at a proxy in front of
+/// dynalite: while the token has delivered a tail past the settle bound, the settled range and
+/// the tail are a query of every shard each; once that tail has settled (every idle reader, every
+/// index catch-up before a query), both are one query of every shard, and the read still finds a
+/// write made after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_that_finds_nothing_new_queries_each_shard_once() {
+    let server = servers::dynamodb().expect("dynalite");
+    let proxy = CountingProxy::start(&server.endpoint).await.expect("start the counting proxy");
+    let url = server.table_url(&table_name("idle")).replace(&server.endpoint, &proxy.url)
+        + &format!("&settle_ms={SETTLE_MS}&write_timeout_ms={WRITE_TIMEOUT_MS}");
+    let backend = DynamoDbBackend::open(&DynamoConfig::parse(&url).expect("url")).await.expect("open");
+    let shards = layout::SHARD_COUNT as usize;
+    backend.put("a", &body("u1", "a", 1), Precondition::MustNotExist).await.unwrap();
+    let first = backend.changes(None, 100).await.unwrap();
+    assert_eq!(first.changes.iter().map(|c| c.id.as_str()).collect::<Vec<_>>(), ["a"], "the write, in the tail");
+
+    proxy.take();
+    let again = backend.changes(Some(&first.last_seq), 100).await.unwrap();
+    assert!(again.changes.is_empty(), "{:?}", again.changes);
+    let with_tail = proxy.take().len();
+    assert_eq!(with_tail, 2 * shards, "the settled range and the tail after the delivered write");
+
+    settle().await;
+    let settled = backend.changes(Some(&again.last_seq), 100).await.unwrap();
+    assert!(settled.changes.is_empty(), "{:?}", settled.changes);
+    proxy.take();
+    let idle = backend.changes(Some(&settled.last_seq), 100).await.unwrap();
+    assert!(idle.changes.is_empty(), "{:?}", idle.changes);
+    assert_eq!(idle.last_seq, settled.last_seq, "nothing written, the same position");
+    assert_eq!(proxy.take().len(), shards, "one query of each shard");
+
+    let rev = backend.put("b", &body("u1", "b", 2), Precondition::MustNotExist).await.unwrap();
+    let next = backend.changes(Some(&idle.last_seq), 100).await.unwrap();
+    assert_eq!(next.changes.iter().map(|c| (c.id.as_str(), c.rev.clone())).collect::<Vec<_>>(), [("b", rev)]);
+    assert_eq!(next.pending, Some(0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -20,6 +20,7 @@ use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use serde_json::{json, Map, Value};
 
 use crate::common::corpus::noise;
+use crate::common::counting_proxy::CountingProxy;
 use crate::common::json::first_difference;
 use crate::common::servers;
 
@@ -379,6 +380,35 @@ async fn revisions_ancestry_and_tombstones_are_stored_fields() {
     assert_eq!(local, Revision("0-1".into()));
     assert_eq!(fixture.raw.list_in(&format!("{}_local", fixture.raw.collection), "").await, ["peer-a"]);
     assert_eq!(fixture.raw.list("").await, [id]);
+}
+
+/// What a read of the feed costs when it finds nothing new (every idle reader, every view or
+/// Mango index catch-up before a query), counted at a proxy in front of the emulator: one
+/// `:runQuery` for the settle window below the floor and what came after it; and the next read
+/// still finds a write made after it.
+#[tokio::test]
+async fn a_read_that_finds_nothing_new_is_one_query() {
+    let server = servers::firestore().expect("Firestore emulator");
+    let proxy = CountingProxy::start(&format!("http://{}", server.host_port)).await.expect("start the counting proxy");
+    let collection = format!("idle_{}_{}", std::process::id(), COLLECTIONS.fetch_add(1, Ordering::Relaxed));
+    let url = server.collection_url(&collection).replace(&server.host_port, proxy.url.trim_start_matches("http://"));
+    let backend = FirestoreBackend::open(&FirestoreConfig::parse(&url).expect("URL")).await.expect("open");
+    backend.put("user_1:ns:YQ==", &plain_body("user_1", "a"), Precondition::MustNotExist).await.unwrap();
+    let first = backend.changes(None, 100).await.unwrap();
+    assert_eq!(first.changes.len(), 1);
+    let queries = |requests: Vec<String>| requests.iter().filter(|r| r.ends_with(":runQuery")).count();
+
+    proxy.take();
+    let idle = backend.changes(Some(&first.last_seq), 100).await.unwrap();
+    assert!(idle.changes.is_empty(), "the write in the window is reported already: {:?}", idle.changes);
+    assert_eq!(idle.pending, Some(0));
+    assert_eq!(idle.last_seq, first.last_seq, "nothing written, the same position");
+    assert_eq!(queries(proxy.take()), 1, "one query for the window and after it");
+
+    let rev = backend.put("user_1:ns:Yg==", &plain_body("user_1", "b"), Precondition::MustNotExist).await.unwrap();
+    let next = backend.changes(Some(&idle.last_seq), 100).await.unwrap();
+    let changed: Vec<(&str, Revision)> = next.changes.iter().map(|c| (c.id.as_str(), c.rev.clone())).collect();
+    assert_eq!(changed, [("user_1:ns:Yg==", rev)]);
 }
 
 #[tokio::test]

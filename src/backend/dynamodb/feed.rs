@@ -236,6 +236,49 @@ async fn read_feed_into(
     Ok(read)
 }
 
+/// [`read_feed_into`] of the settled range `low..=high` and the tail past it in one read of each
+/// shard (`low` to the highest position): a reader with nothing new then pays one query per shard,
+/// not two. Only for a token whose tail starts at `high` (nothing delivered past it), so the
+/// tail is everything after `high`. Returns the settled part's read (it ran out once the read
+/// passed `high`; `last_position` and the marks found are the settled part's), and whether the
+/// index ran out (the tail's end).
+async fn read_settled_and_tail(
+    backend: &DynamoDbBackend,
+    (low, high): (String, String),
+    skip: &[String],
+    changes: &mut Vec<Change>,
+    limit: usize,
+) -> Result<(IndexRead, bool)> {
+    let wanted = limit.saturating_sub(changes.len()).max(1);
+    let reader = FeedReader { backend, low, high: layout::position_after_millis(layout::MAX_POSITION_MILLIS) };
+    let mut merge =
+        ShardedMerge::new(reader, SHARD_COUNT, ShardedMerge::<FeedReader>::chunk_for(wanted, SHARD_COUNT), false);
+    let mut settled = IndexRead { ran_out: false, last_position: None, found: Vec::new() };
+    let mut ran_out = false;
+    while changes.len() < limit {
+        let Some(change) = merge.next().await? else {
+            ran_out = true;
+            settled.ran_out = true;
+            break;
+        };
+        if change.seq > high {
+            settled.ran_out = true;
+        } else {
+            settled.last_position = Some(change.seq.clone());
+            if !skip.is_empty() {
+                let mark = mark_of(&change);
+                if skip.contains(&mark) {
+                    settled.found.push((mark, change.seq));
+                    continue;
+                }
+            }
+        }
+        changes.retain(|c| c.id != change.id);
+        changes.push(change);
+    }
+    Ok((settled, ran_out))
+}
+
 /// The marks of `marks` still ahead of a reader at `position`: those not found at or below it.
 fn marks_ahead_of(marks: &[String], found: &[(String, String)], position: &str) -> Vec<String> {
     marks.iter().filter(|mark| !found.iter().any(|(m, at)| m == *mark && at.as_str() <= position)).cloned().collect()
@@ -260,12 +303,28 @@ impl DynamoDbBackend {
         let marks = token.as_ref().map(|t| t.marks.clone()).unwrap_or_default();
         let low = token.as_ref().map_or_else(|| "0".to_owned(), |t| after(&t.settled));
         let mut changes: Vec<Change> = Vec::with_capacity(limit);
+        // Settled positions lie at or below the boundary, the tail's past it.
+        let boundary = match &token {
+            Some(t) if t.settled > high => t.settled.clone(),
+            _ => high.clone(),
+        };
+        // The unsettled tail: past the boundary and past what an earlier read delivered.
+        let tail_from = match delivered.as_deref() {
+            Some(d) if d > boundary.as_str() => d.to_owned(),
+            _ => boundary.clone(),
+        };
         // A token's settled position can lie past this clock's bound (another process's clock
         // runs ahead, or the follower asked again within a millisecond): then nothing settled is
-        // new, and the token's position stays the boundary.
-        let settled_read = match low > high {
-            true => IndexRead { ran_out: true, last_position: None, found: Vec::new() },
-            false => read_feed_into(self, (low, high.clone()), &marks, &mut changes, limit).await?,
+        // new, and the token's position stays the boundary. When the tail starts right at the
+        // bound, the settled range and the tail are read together.
+        let (settled_read, tail_ran_out) = if low > high {
+            (IndexRead { ran_out: true, last_position: None, found: Vec::new() }, None)
+        } else if tail_from == high {
+            let (settled, ran_out) =
+                read_settled_and_tail(self, (low, high.clone()), &marks, &mut changes, limit).await?;
+            (settled, Some(ran_out))
+        } else {
+            (read_feed_into(self, (low, high.clone()), &marks, &mut changes, limit).await?, None)
         };
         let settled_token = |position: &str| {
             FeedToken::new(position, delivered.as_deref(), &marks_ahead_of(&marks, &settled_read.found, position))
@@ -287,20 +346,15 @@ impl DynamoDbBackend {
         // token's own position, or from the start of the feed the lowest position (every stamp
         // lies past it).
         let settled_seen = settled_read.last_position.clone().or_else(|| token.as_ref().map(|t| t.settled.clone()));
-        let boundary = match &token {
-            Some(t) if t.settled > high => t.settled.clone(),
-            _ => high,
-        };
         let resume_from = settled_seen.unwrap_or_else(lowest_position);
-        // The unsettled tail: past the boundary and past what an earlier read delivered.
-        let tail_from = match delivered.as_deref() {
-            Some(d) if d > boundary.as_str() => d.to_owned(),
-            _ => boundary.clone(),
+        let tail_ran_out = match tail_ran_out {
+            Some(ran_out) => ran_out,
+            None => {
+                let tail_end = layout::position_after_millis(layout::MAX_POSITION_MILLIS);
+                read_feed_into(self, (after(&tail_from), tail_end), &[], &mut changes, limit).await?.ran_out
+            }
         };
-        let tail_end = layout::position_after_millis(layout::MAX_POSITION_MILLIS);
-        let tail_read = read_feed_into(self, (after(&tail_from), tail_end), &[], &mut changes, limit).await?;
-        // Settled positions lie at or below the boundary, the tail's past it (a document whose
-        // settled entry the tail superseded has left the settled part).
+        // A document whose settled entry the tail superseded has left the settled part.
         let unsettled = changes.iter().filter(|c| c.seq > boundary).count();
         let settled_count = changes.len() - unsettled;
         // The marks the tail's tokens carry: those of the reader's token not yet found, then one
@@ -317,7 +371,7 @@ impl DynamoDbBackend {
             change.seq = FeedToken::new(&resume_from, last_delivered.as_deref(), &tail_marks).render();
         }
         let last_seq = FeedToken::new(&resume_from, last_delivered.as_deref(), &tail_marks).render();
-        Ok(ChangesPage { changes, last_seq, pending: tail_read.ran_out.then_some(0), unsettled })
+        Ok(ChangesPage { changes, last_seq, pending: tail_ran_out.then_some(0), unsettled })
     }
 
     /// The feed position up to which a change feed read now is complete: `now - settle`.

@@ -45,6 +45,10 @@ pub struct FirestoreBackend {
     /// The count of the feed's entries, remembered for at most `count_max_age_ms` and until this
     /// backend's next commit, served only while its check holds (`count_check.rs`).
     counts: CountCache,
+    /// The last floor whose settle window held more reported writes than a one-query sweep asks
+    /// for (`feed.rs`, `sweep_in_one_query`): a sweep from it reads the window whole at once
+    /// instead of trying one query first. Only which queries to send; never what a read answers.
+    pub(super) busy_window_floor: std::sync::Mutex<Option<String>>,
 }
 
 /// A query's documents and the read time Firestore answered it at.
@@ -79,6 +83,7 @@ impl FirestoreBackend {
             config: config.clone(),
             layout_current: AtomicBool::new(false),
             counts: CountCache::new(config.count_max_age),
+            busy_window_floor: std::sync::Mutex::new(None),
         }
     }
 

@@ -43,6 +43,11 @@ pub struct Sweep {
 
 const SEPARATOR: char = '~';
 
+/// Documents beyond the page that a sweep from a floor asks for in its one query, for the settle
+/// window's writes reported already ([`FirestoreBackend::sweep_in_one_query`]); a fuller window
+/// is read first, whole, in a query of its own.
+const WINDOW_ALLOWANCE: usize = 1_000;
+
 /// The floor of a sweep from the start of the feed that found nothing: nothing was committed by
 /// then, so it is true of every store, and it does not move while the store stays empty.
 pub const START_FLOOR: &str = "1970-01-01T00:00:00Z";
@@ -305,8 +310,10 @@ impl FirestoreBackend {
     }
 
     /// A sweep beginning at `floor`, at one snapshot: the window `[floor - W, floor]` read whole
-    /// (up to [`MAX_PAGE`] documents), then what changed after the floor, up to the page. `None`
-    /// when the window holds more than that: the caller sweeps it page by page instead.
+    /// (up to [`MAX_PAGE`] documents), then what changed after the floor, up to the page; in one
+    /// query when the window holds at most [`WINDOW_ALLOWANCE`] documents
+    /// ([`Self::sweep_in_one_query`]), else in two. `None` when the window holds more than
+    /// [`MAX_PAGE`]: the caller sweeps it page by page instead.
     pub(super) async fn feed_page_from_floor(
         &self,
         token: &FeedToken,
@@ -315,6 +322,17 @@ impl FirestoreBackend {
         limit: usize,
     ) -> Result<Option<ChangesPage>> {
         let Some(lowest) = token.lowest_changed_at(settle) else { return Ok(None) };
+        let busy = |floor: &str| self.busy_window_floor.lock().is_ok_and(|busy| busy.as_deref() == Some(floor));
+        if !busy(floor) {
+            if let Some(page) = self.sweep_in_one_query(token, &lowest, limit).await? {
+                return Ok(Some(page));
+            }
+            // An idle reader's floor stays while nothing is written: its next sweeps go straight
+            // to the two queries below.
+            if let Ok(mut busy) = self.busy_window_floor.lock() {
+                *busy = Some(floor.to_owned());
+            }
+        }
         let mut window = self.feed_query(MAX_PAGE);
         window["where"] = all_of(vec![
             field_filter(layout::CHANGED_AT, "GREATER_THAN_OR_EQUAL", json!({ "timestampValue": lowest })),
@@ -350,6 +368,40 @@ impl FirestoreBackend {
             // Not full: every document of the window and after it was looked at.
             _ => {
                 let end = token.after_complete_sweep(update_times(&answer.documents).chain(update_times(&looked_at)));
+                floors_of_rows(token, &end, &mut changes, &committed);
+                (end.render(), Some(0))
+            }
+        };
+        Ok(Some(ChangesPage { changes, last_seq, pending, unsettled: 0 }))
+    }
+
+    /// [`Self::feed_page_from_floor`] in one query: everything from the window's start
+    /// (`lowest`, the floor less the settle window) in feed order, up to the page plus
+    /// [`WINDOW_ALLOWANCE`] documents, at one snapshot; the window's documents come first and are
+    /// left out where reported, then the changes after the floor fill the page. A reader with
+    /// nothing new (an index catch-up before each query) pays one query, not two. `None` when the
+    /// answer was cut before the page filled (the window held more than the allowance): the
+    /// caller reads the window whole first, so a busy window still ends in one page (issue 22).
+    async fn sweep_in_one_query(&self, token: &FeedToken, lowest: &str, limit: usize) -> Result<Option<ChangesPage>> {
+        let asked = limit.saturating_add(WINDOW_ALLOWANCE).min(MAX_PAGE);
+        let mut query = self.feed_query(asked);
+        query["where"] = field_filter(layout::CHANGED_AT, "GREATER_THAN_OR_EQUAL", json!({ "timestampValue": lowest }));
+        let doing = "read the change feed";
+        let answer = self.run_raw_query(&query, None, doing).await?;
+        let snapshot =
+            answer.read_time.ok_or_else(|| super::error::bad_body(doing, "runQuery answered no readTime"))?;
+        let (mut changes, mut committed) = (Vec::new(), Vec::new());
+        let last = self.sweep_changes(token, &snapshot, &answer.documents, limit, &mut changes, &mut committed);
+        let full = changes.len() >= limit;
+        if answer.documents.len() >= asked && !full {
+            return Ok(None);
+        }
+        let (last_seq, pending) = match last {
+            Some(position) if full => (position, None),
+            // Not full, and the answer not cut: every document of the window and after it was
+            // looked at.
+            _ => {
+                let end = token.after_complete_sweep(update_times(&answer.documents));
                 floors_of_rows(token, &end, &mut changes, &committed);
                 (end.render(), Some(0))
             }

@@ -41,8 +41,7 @@ pub async fn route(
     match (below.as_slice(), &method) {
         (["_find"], &Method::POST) => {
             let request = state.bodies.read_object(&headers, body).await?;
-            let indexes = DatabaseIndexes::load(db).await?;
-            Ok(json(StatusCode::OK, mango_db::find(db, &state.views, &indexes, &request.value).await?))
+            Ok(json(StatusCode::OK, mango_db::find_remembering(db, &state.views, &request.value).await?))
         }
         (["_explain"], &Method::POST) => {
             let request = state.bodies.read_object(&headers, body).await?;

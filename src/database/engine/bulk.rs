@@ -27,7 +27,9 @@
 //! - anything else (a deletion, a document staying deleted) is saved alone as `write_batch`
 //!   saves it.
 //!
-//! So a page of new documents costs two batched reads and one bulk write, whatever its size.
+//! So a page of new documents costs two batched reads and one bulk write, whatever its size; and
+//! only the bulk write when the caller read those states just before
+//! ([`Database::write_many_over`]: `migrate --all-databases` reads them to answer `_revs_diff`).
 //! Each document that references attachment bytes first touches their manifests
 //! ([`Database::keep_references`], one batched read per document, a write only for a manifest
 //! stored more than half the grace period ago), as every save does.
@@ -50,7 +52,7 @@
 //! per-id write locks: they only spare this process's writers their tries against each other,
 //! and a bulk pass holding most of them would serialize every other writer behind it.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use futures::StreamExt;
 
@@ -103,11 +105,30 @@ impl Database {
     /// An id given twice has its second group applied after its first. The outer error is for a
     /// failure of the whole call (the database deleted, a read or a bulk write that failed).
     pub async fn write_many(&self, documents: &[(String, Vec<Write>)]) -> Result<Vec<DocumentAnswers>> {
-        let _under_way = self.start_write()?;
-        self.while_open(self.write_many_once_open(documents)).await
+        self.write_many_over(documents, HashMap::new()).await
     }
 
-    async fn write_many_once_open(&self, documents: &[(String, Vec<Write>)]) -> Result<Vec<DocumentAnswers>> {
+    /// [`Database::write_many`] over states the caller read just before with
+    /// [`Database::read_many`] (`read`, by id; a `None` is a document read as absent): those ids
+    /// are not read again. A `migrate --all-databases` page reads its target's states to answer
+    /// which leaves it lacks, and writes them right after: one read of the page, not two. A state
+    /// that changed since it was read (another writer) is what a write meeting another writer
+    /// sees inside `write_many` too: its save's precondition fails, and the document is read
+    /// again and written alone.
+    pub async fn write_many_over(
+        &self,
+        documents: &[(String, Vec<Write>)],
+        read: HashMap<String, Option<DocState>>,
+    ) -> Result<Vec<DocumentAnswers>> {
+        let _under_way = self.start_write()?;
+        self.while_open(self.write_many_once_open(documents, read)).await
+    }
+
+    async fn write_many_once_open(
+        &self,
+        documents: &[(String, Vec<Write>)],
+        mut read: HashMap<String, Option<DocState>>,
+    ) -> Result<Vec<DocumentAnswers>> {
         // `_users` documents are written one by one, each hashing its password first.
         if super::super::users::is_users_db(self.name()) {
             return Ok(self.write_each(documents).await);
@@ -124,7 +145,13 @@ impl Database {
         let (bulk, repeated): (Vec<usize>, Vec<usize>) =
             (0..documents.len()).partition(|&slot| seen.insert(documents[slot].0.as_str()));
         let ids: Vec<String> = bulk.iter().map(|&slot| documents[slot].0.clone()).collect();
-        let states = self.read_states(&ids).await?;
+        let unread: Vec<String> = ids.iter().filter(|id| !read.contains_key(*id)).cloned().collect();
+        let mut fresh = if unread.is_empty() { Vec::new() } else { self.read_states(&unread).await? }.into_iter();
+        if fresh.len() != unread.len() {
+            return Err(Error::new(ErrorKind::Internal, "a batched read answered too few documents"));
+        }
+        let states: Vec<Option<DocState>> =
+            ids.iter().map(|id| read.remove(id).unwrap_or_else(|| fresh.next().flatten())).collect();
 
         let mut in_bulk: Vec<Pending> = Vec::new();
         let mut created_in_bulk: Vec<Pending> = Vec::new();

@@ -36,7 +36,7 @@ use crate::backend::BackendUrl;
 use crate::database::attachments::StoredBlob;
 use crate::database::doc_attachments::{self, ATTACHMENTS, DEFAULT_CONTENT_TYPE};
 use crate::database::document::{self, DocOptions};
-use crate::database::{Database, Databases, Write};
+use crate::database::{Database, Databases, DocState, Write};
 use crate::error::{Error, ErrorKind, Result};
 use crate::replication_client::{self, AttachmentPart, ByteStream, ChangedDoc, CouchClient, FeedFilter, FeedPage};
 
@@ -52,6 +52,12 @@ const PREPARE_ATTEMPTS: u64 = 8;
 /// Open databases a local side keeps (each is a file handle or a client).
 const MAX_OPEN: usize = 64;
 
+/// Documents' states as read, by id (`None`: read as absent).
+pub type ReadStates = HashMap<String, Option<DocState>>;
+
+/// The states a local side's last `missing` read, per database.
+pub type ReadForWrite = Arc<std::sync::Mutex<HashMap<String, ReadStates>>>;
+
 /// A database's settings as moved: `_security`, and `_revs_limit` where the side knows it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Settings {
@@ -62,8 +68,11 @@ pub struct Settings {
 /// One end of a deployment move. Cheap to clone.
 #[derive(Clone)]
 pub enum Side {
-    /// A backend's databases, opened in this process.
-    Local { databases: Arc<Databases>, name: String },
+    /// A backend's databases, opened in this process; `read` holds, per database, the states
+    /// of the documents the last [`Side::missing`] found lacking leaves, for the write of those
+    /// leaves that follows ([`Database::write_many_over`]), so the page's documents are read
+    /// once, not twice (one page per database at most: each `missing` replaces its database's).
+    Local { databases: Arc<Databases>, name: String, read: ReadForWrite },
     /// A CouchDB-protocol server.
     Remote(CouchClient),
 }
@@ -91,7 +100,12 @@ impl Side {
             settings.couchdb_attachment_limit(),
             std::time::Duration::from_secs(settings.couchdb_attachment_grace_secs),
         );
-        Ok(Side::Local { databases: Arc::new(databases), name })
+        Ok(Side::local(Arc::new(databases), name))
+    }
+
+    /// A side over `databases` in this process, named `name` in reports.
+    pub fn local(databases: Arc<Databases>, name: impl Into<String>) -> Side {
+        Side::Local { databases, name: name.into(), read: ReadForWrite::default() }
     }
 
     /// The side in reports and checkpoints (no credentials).
@@ -404,22 +418,27 @@ impl Side {
     /// Of the leaves named, those this side lacks (per document).
     pub async fn missing(&self, db: &str, wanted: &[(String, Vec<String>)]) -> Result<Vec<(String, Vec<String>)>> {
         match self {
-            Side::Local { databases, .. } => {
+            Side::Local { databases, read, .. } => {
                 let Some(database) = Self::open(databases, db).await? else { return Ok(wanted.to_vec()) };
                 let ids: Vec<String> = wanted.iter().map(|(id, _)| id.clone()).collect();
                 let states = database.read_many(&ids).await?;
                 let mut missing = Vec::new();
+                let mut lacking_states = HashMap::new();
                 for ((id, revs), state) in wanted.iter().zip(states) {
-                    let lacking = match state {
+                    let lacking = match &state {
                         // A save a crash cut short: every leaf is sent again, and the write
                         // finishes the save (`Database::half_written`).
-                        Some(state) if database.half_written(id, Some(&state)).await? => revs.clone(),
+                        Some(state) if database.half_written(id, Some(state)).await? => revs.clone(),
                         Some(state) => state.tree.missing(revs).0,
                         None => revs.clone(),
                     };
                     if !lacking.is_empty() {
                         missing.push((id.clone(), lacking));
+                        lacking_states.insert(id.clone(), state);
                     }
+                }
+                if let Ok(mut read) = read.lock() {
+                    read.insert(db.to_owned(), lacking_states);
                 }
                 Ok(missing)
             }
@@ -465,9 +484,10 @@ impl Side {
     /// leaves refused, as `{id, rev, error, reason}` rows.
     pub async fn write_leaves(&self, db: &str, docs: Vec<Map<String, Value>>) -> Result<Vec<Value>> {
         match self {
-            Side::Local { databases, .. } => {
+            Side::Local { databases, read, .. } => {
                 let database = Self::must_open(databases, db).await?;
-                write_local(&database, docs.into_iter().map(|doc| (doc, HashMap::new())).collect()).await
+                let read = read.lock().ok().and_then(|mut read| read.remove(db)).unwrap_or_default();
+                write_local(&database, docs.into_iter().map(|doc| (doc, HashMap::new())).collect(), read).await
             }
             Side::Remote(client) => client.bulk_docs_replicated(db, docs).await,
         }
@@ -585,7 +605,7 @@ impl Side {
                     }
                     followed.insert(part.name, stored);
                 }
-                write_local(&database, vec![(doc, followed)]).await
+                write_local(&database, vec![(doc, followed)], HashMap::new()).await
             }
             Side::Remote(client) => {
                 if parts.is_empty() {
@@ -663,6 +683,7 @@ pub fn exact_length(bytes: ByteStream, part: &AttachmentPart) -> ByteStream {
 async fn write_local(
     database: &Arc<Database>,
     docs: Vec<(Map<String, Value>, HashMap<String, StoredBlob>)>,
+    mut read: ReadStates,
 ) -> Result<Vec<Value>> {
     type Leaf = (Map<String, Value>, HashMap<String, StoredBlob>);
     let mut groups: Vec<(String, Vec<Leaf>)> = Vec::new();
@@ -683,9 +704,15 @@ async fn write_local(
         .buffered(WRITE_CONCURRENCY)
         .try_collect()
         .await?;
-    let chunks: Vec<Vec<Prepared>> = chunked(prepared, DOCUMENTS_PER_WRITE);
+    let chunks: Vec<(Vec<Prepared>, ReadStates)> = chunked(prepared, DOCUMENTS_PER_WRITE)
+        .into_iter()
+        .map(|chunk| {
+            let states = chunk.iter().filter_map(|p| Some((p.id.clone(), read.remove(&p.id)?))).collect();
+            (chunk, states)
+        })
+        .collect();
     let failures: Vec<Vec<Value>> = futures::stream::iter(chunks)
-        .map(|chunk| async move { write_chunk(database, chunk).await })
+        .map(|(chunk, read)| async move { write_chunk(database, chunk, read).await })
         .buffer_unordered(WRITES_AT_ONCE)
         .try_collect()
         .await?;
@@ -758,7 +785,7 @@ fn chunked<T>(items: Vec<T>, size: usize) -> Vec<Vec<T>> {
 /// Many documents' leaves written at once, each document's in one write of its tree
 /// ([`Database::write_many`]); returns the failure rows. An error of a document's write itself
 /// stops the move (the backend failed, and retrying the page is the safe course).
-async fn write_chunk(database: &Database, chunk: Vec<Prepared>) -> Result<Vec<Value>> {
+async fn write_chunk(database: &Database, chunk: Vec<Prepared>, read: ReadStates) -> Result<Vec<Value>> {
     let mut failures = Vec::new();
     let mut documents = Vec::with_capacity(chunk.len());
     let mut revs = Vec::with_capacity(chunk.len());
@@ -772,7 +799,7 @@ async fn write_chunk(database: &Database, chunk: Vec<Prepared>) -> Result<Vec<Va
     if documents.is_empty() {
         return Ok(failures);
     }
-    let answers = database.write_many(&documents).await?;
+    let answers = database.write_many_over(&documents, read).await?;
     for (answers, (id, revs)) in answers.into_iter().zip(revs) {
         for (answer, rev) in answers?.into_iter().zip(revs) {
             if let Err(err) = answer {
