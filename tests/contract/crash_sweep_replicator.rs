@@ -105,7 +105,7 @@ async fn leaves(side: &Side, db: &str, ids_from: &Side, from_db: &str) -> agents
 
 /// The target compared with the source, leaf for leaf, both ways.
 async fn compare(catalog: &Arc<dyn Catalog>, source: &DbName, target: &DbName, leaves_written: usize) -> Vec<String> {
-    let side = Side::Local { databases: Arc::new(Databases::new(Some(Arc::clone(catalog)), 4)), name: "local".into() };
+    let side = Side::local(Arc::new(Databases::new(Some(Arc::clone(catalog)), 4)), "local");
     let (source, target) = (source.as_str(), target.as_str());
     let (theirs, ours) = match (leaves(&side, source, &side, source).await, leaves(&side, target, &side, source).await)
     {

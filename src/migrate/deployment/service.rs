@@ -201,7 +201,7 @@ impl ServiceRuns {
             let url = self.settings.resolve_backend_url(text).map_err(refuse)?;
             let own = self.databases.source().map(ToString::to_string);
             if !matches!(url, BackendUrl::CouchDb(_)) && own.as_deref() == Some(url.to_string().as_str()) {
-                return Ok(Side::Local { databases: Arc::clone(&self.databases), name: url.to_string() });
+                return Ok(Side::local(Arc::clone(&self.databases), url.to_string()));
             }
         }
         Side::parse(text, &self.settings).map_err(refuse)
