@@ -117,10 +117,11 @@ pub(crate) fn router(state: CouchState) -> Router {
 /// Sends a request below a database (the data-store one included) to the databases' router;
 /// the server's own endpoints (a first segment starting with `_`) continue to the server's.
 ///
-/// Each branch's future is boxed: this middleware's own future is moved (copied) into axum's
-/// box on every request, and with the branches inline it held the largest of them (the
-/// forwarding to a native database with its HTTP client's request): tens of KB copied per
-/// request, 7% of a forwarded `GET`'s instructions (callgrind, issue 38).
+/// Each branch's future is boxed, so that this middleware's own future, which axum moves into a
+/// box of its own on every request, does not hold the largest of them inline (the forwarding
+/// with its HTTP client's request). Copies of futures were 7% of a forwarded `GET`'s
+/// instructions (callgrind, issue 38); this removed only a sixth of them, the rest being axum's
+/// layers' own (docs/benchmarks.md, "In front of CouchDB (session 17)").
 pub(crate) async fn dispatch(
     axum::extract::State(state): axum::extract::State<CouchState>,
     request: Request,
