@@ -33,6 +33,7 @@ mod hot_key;
 mod mango_find;
 mod migrate_bench;
 mod native_layout;
+mod replication_bench;
 mod serve_load;
 mod versus_couchdb;
 mod views_bench;
@@ -44,7 +45,7 @@ use std::process::ExitCode;
 type BenchMain = fn() -> ExitCode;
 
 /// Each bench by name, and its `main`.
-const BENCHES: [(&str, BenchMain); 19] = [
+const BENCHES: [(&str, BenchMain); 20] = [
     ("serve_load", serve_load::main),
     ("write_slot", write_slot::main),
     ("couchdb_overhead", couchdb_overhead::main),
@@ -70,6 +71,7 @@ const BENCHES: [(&str, BenchMain); 19] = [
     ("native_layout", native_layout::main),
     ("balanced_bench", balanced_bench::main),
     ("versus_couchdb", versus_couchdb::main),
+    ("replication_bench", replication_bench::main),
 ];
 
 fn main() -> ExitCode {

@@ -17,6 +17,8 @@ use super::serve::Server;
 use crate::servers;
 
 const BIN: &str = env!("CARGO_BIN_EXE_agentstore");
+/// The embedded store's file in an `embedded` target's directory ([`Running::stop_keeping_dir`]).
+pub const EMBEDDED_STORE_FILE: &str = "bench.redb";
 /// How long pouchdb-server may take to answer its first `GET /`.
 const POUCHDB_STARTUP: Duration = Duration::from_secs(30);
 
@@ -150,9 +152,10 @@ impl Running {
         let dir = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
         let table = format!("{bench}_{}", run_suffix());
         let (backend, label) = match kind {
-            Kind::Embedded => {
-                (format!("embedded:{}", dir.path().join("bench.redb").display()), "agentstore, embedded store".into())
-            }
+            Kind::Embedded => (
+                format!("embedded:{}", dir.path().join(EMBEDDED_STORE_FILE).display()),
+                "agentstore, embedded store".into(),
+            ),
             Kind::DynamoDb => {
                 let server = servers::dynamodb()?;
                 (server.table_url(&table), format!("agentstore over DynamoDB ({})", server.product))
@@ -208,6 +211,15 @@ impl Running {
             }
             Process::External => Ok(()),
         }
+    }
+
+    /// [`Running::stop`], handing back the target's directory instead of removing it: an
+    /// `embedded` target's store ([`EMBEDDED_STORE_FILE`]) for a command that opens the file once
+    /// the server has let go of it.
+    pub fn stop_keeping_dir(mut self) -> Result<Option<tempfile::TempDir>, String> {
+        let dir = self._dir.take();
+        self.stop()?;
+        Ok(dir)
     }
 
     pub fn request(&self, http: &reqwest::Client, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {

@@ -802,7 +802,10 @@ pub async fn identify_request(
     next: axum::middleware::Next,
 ) -> Response {
     let peer = client_connect_info(&auth, &mut request);
-    let identity = match auth.identify_from(request.headers(), peer).await {
+    // Boxed: this middleware's future is moved into axum's box on every request, and the
+    // identification's (a `_users` read, a password hash on a blocking thread) is large; held
+    // inline it would be copied with it.
+    let identity = match Box::pin(auth.identify_from(request.headers(), peer)).await {
         Ok(identity) => identity,
         Err(err) => return err.into_response(),
     };

@@ -7,6 +7,8 @@
 //! `_local_docs` ([`super::local_docs`]), views and `_changes` use them.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderMap, HeaderValue};
@@ -197,23 +199,41 @@ pub(crate) fn streamed_listing(
 /// [`PAGE_TARGET_BYTES`], at least one and at most `largest`. Small rows reach `largest` after
 /// one page (few backend round trips); rows of 100 KB make pages of two. The target is aimed
 /// at, not enforced: rows far larger than the previous page's make one page larger than it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct PageSizer {
     next: usize,
     largest: usize,
+    /// Where the average row size seen is kept for the next listing of the same database
+    /// ([`PageSizer::for_listing_of`]).
+    remembered: Option<Arc<AtomicUsize>>,
 }
 
 impl PageSizer {
     /// A sizer whose first page asks for `first` rows and no page for more than `largest`.
     pub(crate) fn new(first: usize, largest: usize) -> Self {
         let largest = largest.max(1);
-        PageSizer { next: first.clamp(1, largest), largest }
+        PageSizer { next: first.clamp(1, largest), largest, remembered: None }
     }
 
     /// The sizer of an `_all_docs`-like listing: its first page [`FIRST_PAGE_WITH_DOCS`] rows when
     /// the rows carry documents, [`PAGE`] otherwise.
     pub(crate) fn for_listing(with_docs: bool) -> Self {
         PageSizer::new(if with_docs { FIRST_PAGE_WITH_DOCS } else { PAGE }, PAGE)
+    }
+
+    /// [`PageSizer::for_listing`] of a database whose last listing's average row size is kept in
+    /// `remembered` (0: none yet): with documents, the first page is sized from that average as
+    /// every later page is from the page before ([`PageSizer::saw`]), and what this listing sees
+    /// is kept there for the next. A listing of 100 documents of a few hundred bytes is then one
+    /// backend request, not 64 rows and then the rest (issue 38).
+    pub(crate) fn for_listing_of(with_docs: bool, remembered: &Arc<AtomicUsize>) -> Self {
+        let mut sizer = PageSizer::for_listing(with_docs);
+        let average = remembered.load(Ordering::Relaxed);
+        if with_docs && average > 0 {
+            sizer.next = (PAGE_TARGET_BYTES / average).clamp(1, sizer.largest);
+        }
+        sizer.remembered = Some(Arc::clone(remembered));
+        sizer
     }
 
     /// Rows the next page asks for.
@@ -229,6 +249,9 @@ impl PageSizer {
         }
         let average = bytes.div_ceil(rows).max(1);
         self.next = (PAGE_TARGET_BYTES / average).clamp(1, self.largest);
+        if let Some(remembered) = &self.remembered {
+            remembered.store(average, Ordering::Relaxed);
+        }
     }
 }
 
@@ -352,6 +375,15 @@ mod tests {
         let mut sizer = PageSizer::for_listing(true);
         sizer.saw(64, 64 * 2_100);
         assert_eq!(sizer.rows(), PAGE_TARGET_BYTES / 2_100);
+        // A database's next listing starts from the row size its last one saw.
+        let remembered = Arc::new(AtomicUsize::new(0));
+        let mut first = PageSizer::for_listing_of(true, &remembered);
+        assert_eq!(first.rows(), FIRST_PAGE_WITH_DOCS, "nothing seen yet");
+        first.saw(64, 64 * 400);
+        assert_eq!(PageSizer::for_listing_of(true, &remembered).rows(), PAGE, "small rows: the largest page at once");
+        first.saw(10, 10 * 100_000);
+        assert_eq!(PageSizer::for_listing_of(true, &remembered).rows(), PAGE_TARGET_BYTES / 100_000);
+        assert_eq!(PageSizer::for_listing_of(false, &remembered).rows(), PAGE, "rows without documents");
         sizer.saw(0, 0);
         assert_eq!(sizer.rows(), PAGE_TARGET_BYTES / 2_100, "a page of hidden rows changes nothing");
     }

@@ -232,6 +232,10 @@ pub struct Database {
     write_guard: Option<Arc<dyn super::write_guard::WriteGuard>>,
     /// Where reads and changes are counted and `updated` events kept ([`super::activity`]).
     activity: Option<Arc<super::activity::Activity>>,
+    /// The average rendered size of a row with its document in this database's last listing
+    /// (0 before any): the size the next listing's first backend page is asked for by
+    /// ([`Database::listed_row_bytes`]).
+    listed_row_bytes: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// The backend's own local document holding the database's incarnation for view indexes: a
@@ -319,10 +323,19 @@ impl Database {
             collecting: Arc::default(),
             write_guard: None,
             activity: None,
+            listed_row_bytes: Arc::default(),
             local_names: layout.local_names(),
             layout: Arc::new(layout),
             backend,
         }
+    }
+
+    /// The average rendered size of a row with its document in this database's last listing,
+    /// 0 before any: a listing's pages are sized from it (`couchdb_api::listing::PageSizer`), so
+    /// that a listing of 100 small documents asks the backend once, not for 64 rows first and
+    /// then the rest (issue 38: two `_all_docs` requests to CouchDB per client request).
+    pub fn listed_row_bytes(&self) -> &Arc<std::sync::atomic::AtomicUsize> {
+        &self.listed_row_bytes
     }
 
     /// The largest attachment stored and how long unreferenced bytes are kept
@@ -700,6 +713,13 @@ impl Database {
     }
 
     async fn write_batch_once_open(&self, id: &str, writes: &[Write]) -> Result<Vec<Result<Written>>> {
+        self.write_batch_reading(id, writes, Unread::Tried).await
+    }
+
+    /// [`Database::write_batch_once_open`]; with [`Unread::Skipped`] the document is read before
+    /// it is written whatever its writes are (a creation the bulk path already wrote unread and
+    /// the backend refused: trying it unread again would only be refused again).
+    async fn write_batch_reading(&self, id: &str, writes: &[Write], unread: Unread) -> Result<Vec<Result<Written>>> {
         // `_users`: clear passwords become CouchDB's hash before anything else sees the write
         // (its validation checks the hashed document, as CouchDB's does), once per request.
         let hashed = match super::users::is_users_db(&self.name) {
@@ -718,8 +738,10 @@ impl Database {
         };
         let writes = owned.as_deref().unwrap_or(writes);
         let _turn = self.write_lock(id).lock().await;
-        if let Some(answers) = self.create_unread(id, writes).await? {
-            return Ok(answers);
+        if unread == Unread::Tried {
+            if let Some(answers) = self.create_unread(id, writes).await? {
+                return Ok(answers);
+            }
         }
         let (revs_limit, mut state) = tokio::try_join!(self.revs_limit_for(edits_only(writes)), self.read(id))?;
         for attempt in 0..MAX_TRIES {
@@ -1108,6 +1130,14 @@ impl Database {
         *self.cached_revs_limit() = Some(limit);
         limit
     }
+}
+
+/// Whether a write of one document tries a creation without reading the document first
+/// ([`Database::create_unread`]), or reads it whatever its writes are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unread {
+    Tried,
+    Skipped,
 }
 
 /// Whether every write is a client's ordinary edit (none replicated).

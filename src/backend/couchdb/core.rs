@@ -44,6 +44,12 @@ pub(super) struct CouchClient {
     passing: reqwest::Client,
     config: CouchConfig,
     database_url: String,
+    /// `database_url` parsed once: a passed request's URL is this one with its path and query
+    /// set ([`CouchClient::passed_url`]), not a string parsed again, host and all, on every
+    /// request.
+    database: reqwest::Url,
+    /// The backend's Basic credentials as a header, encoded once rather than per request.
+    authorization: Option<reqwest::header::HeaderValue>,
 }
 
 /// Whether a client's header may go on to CouchDB: never the client's credentials (the backend
@@ -75,7 +81,40 @@ impl CouchClient {
                 .with_source(e)
             })?;
         let database_url = format!("{}{}", config.server, utf8_percent_encode(&config.database, SEGMENT));
-        Ok(CouchClient { http, passing, config: config.clone(), database_url })
+        let database = reqwest::Url::parse(&database_url).map_err(|e| {
+            crate::error::Error::new(
+                crate::error::ErrorKind::Misconfigured,
+                format!("the {SERVICE} database URL {database_url:?} is not a URL: {e}"),
+            )
+        })?;
+        let authorization = config.user.as_deref().map(|user| basic_authorization(user, config.password.as_deref()));
+        Ok(CouchClient { http, passing, config: config.clone(), database_url, database, authorization })
+    }
+
+    /// The URL of a passed request: the database's, with the path below it (as the client
+    /// encoded it) and the query. The same URL the string `{database_url}/{path}?{query}` parses
+    /// to: the path and query are escaped by the same rules, and the path holds no `?` or `#`
+    /// (it is the part of a request's path before its query).
+    fn passed_url(&self, path_and_query: &str) -> reqwest::Url {
+        let (path, query) = match path_and_query.split_once('?') {
+            Some((path, query)) => (path, Some(query)),
+            None => (path_and_query, None),
+        };
+        let mut url = self.database.clone();
+        if !path.is_empty() {
+            let below = format!("{}/{path}", url.path());
+            url.set_path(&below);
+        }
+        url.set_query(query);
+        url
+    }
+
+    /// `request` with the backend's credentials, if it has any.
+    fn authorized(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.authorization {
+            Some(value) => request.header(reqwest::header::AUTHORIZATION, value.clone()),
+            None => request,
+        }
     }
 
     /// `{server}/{database}` plus escaped path segments.
@@ -127,9 +166,7 @@ impl CouchClient {
                 if !query.is_empty() {
                     request = request.query(query);
                 }
-                if let Some(user) = &self.config.user {
-                    request = request.basic_auth(user, self.config.password.as_deref());
-                }
+                let request = self.authorized(request);
                 let (status, bytes) =
                     http::send_for_text(SERVICE, request, None, Idempotency::Idempotent, doing).await?;
                 if status.is_success() {
@@ -179,25 +216,18 @@ impl CouchClient {
         answer_within: Duration,
         doing: &str,
     ) -> Result<reqwest::Response> {
-        let url = match path_and_query {
-            "" => self.database_url.clone(),
-            query if query.starts_with('?') => format!("{}{query}", self.database_url),
-            path => format!("{}/{path}", self.database_url),
-        };
+        let url = self.passed_url(path_and_query);
         let idempotency = if matches!(method, Method::GET | Method::HEAD) {
             Idempotency::Idempotent
         } else {
             Idempotency::NotIdempotent
         };
         let build = |streamed: bool| {
-            let mut request = self.passing.request(method.clone(), &url);
+            let mut request = self.passing.request(method.clone(), url.clone());
             for (name, value) in headers.iter().filter(|(name, _)| passes_on(name, streamed)) {
                 request = request.header(name.as_str(), value.as_str());
             }
-            if let Some(user) = &self.config.user {
-                request = request.basic_auth(user, self.config.password.as_deref());
-            }
-            request
+            self.authorized(request)
         };
         let whole = match body {
             DesignBody::Whole(whole) => whole,
@@ -260,15 +290,25 @@ impl CouchClient {
         if !query.is_empty() {
             request = request.query(query);
         }
-        if let Some(user) = &self.config.user {
-            request = request.basic_auth(user, self.config.password.as_deref());
-        }
+        let request = self.authorized(request);
         let reply = http::send(SERVICE, request, body, idempotency, doing).await?;
         if reply.status.is_server_error() || reply.status == StatusCode::TOO_MANY_REQUESTS {
             return Err(status_error(reply.status, &reply.body, idempotency, doing));
         }
         Ok(reply)
     }
+}
+
+/// `Authorization: Basic …` of `user` and `password`, marked sensitive (kept out of debug
+/// output), as reqwest's `basic_auth` makes it.
+fn basic_authorization(user: &str, password: Option<&str>) -> reqwest::header::HeaderValue {
+    use base64::Engine as _;
+    let pair = format!("{user}:{}", password.unwrap_or_default());
+    let encoded = base64::engine::general_purpose::STANDARD.encode(pair);
+    let mut value = reqwest::header::HeaderValue::from_str(&format!("Basic {encoded}"))
+        .unwrap_or_else(|_| reqwest::header::HeaderValue::from_static("Basic"));
+    value.set_sensitive(true);
+    value
 }
 
 /// A request passed through whose answer did not begin in time.
@@ -312,6 +352,36 @@ impl futures::Stream for NoticeEnd {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_passed_url_is_the_string_parsed() {
+        let config = CouchConfig::parse("couchdb+http://u:p@127.0.0.1:5984/my%24db").expect("a backend URL");
+        let client = CouchClient::new(&config).expect("a client");
+        for path_and_query in [
+            "",
+            "?q=1",
+            "doc",
+            "doc%2Fwith%2Fslashes?rev=1-a&x=%22y%22",
+            "_design/d/_view/v?key=%22t1%22&reduce=false",
+            "d%C3%A9j%C3%A0 vu/att name.txt",
+            "a/b/../c",
+        ] {
+            let parsed = match path_and_query {
+                "" => client.database_url.clone(),
+                query if query.starts_with('?') => format!("{}{query}", client.database_url),
+                path => format!("{}/{path}", client.database_url),
+            };
+            let parsed = reqwest::Url::parse(&parsed).expect("a URL");
+            assert_eq!(client.passed_url(path_and_query), parsed, "{path_and_query}");
+        }
+    }
+
+    #[test]
+    fn the_credentials_header_is_basic_of_user_and_password() {
+        let value = basic_authorization("admin", Some("pass:word"));
+        assert_eq!(value.to_str().ok(), Some("Basic YWRtaW46cGFzczp3b3Jk"));
+        assert!(value.is_sensitive());
+    }
 
     #[test]
     fn client_credentials_never_pass_on() {

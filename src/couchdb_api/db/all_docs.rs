@@ -285,7 +285,7 @@ fn range_rows(
     inline: Option<Inline>,
 ) -> impl futures::Stream<Item = crate::Result<Bytes>> {
     let (skip, limit) = (request.skip, request.limit);
-    let sizer = PageSizer::for_listing(request.include_docs);
+    let sizer = PageSizer::for_listing_of(request.include_docs, db.listed_row_bytes());
     let request = Arc::new(request);
     let inline = Arc::new(inline);
     let fetching = Arc::clone(&request);

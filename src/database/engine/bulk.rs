@@ -44,7 +44,13 @@
 //! per document (issue 38: they were written one after another, the data-store `_bulk_docs` of
 //! 100 ran at 2.3x a real CouchDB 3.4.3 against 8.3x for single creates). On CouchDB (the native
 //! layout) the creations among them go in one `bulk_write`, CouchDB's `_bulk_docs`
-//! ([`Database::create_in_bulk`]), and the other edits' requests overlap.
+//! ([`Database::create_in_bulk`]), and the other edits' requests overlap. Those creations are
+//! not read first either, as a single creation there is not (`Database::create_unread`): CouchDB
+//! refuses a write without `_rev` over a live document and makes it the next revision of a
+//! deleted one, so the batched tree read (`_bulk_get`) before the `_bulk_docs` told nothing
+//! CouchDB does not check itself. A page of new documents costs one request; a creation CouchDB
+//! refuses (a live document under its id), or one the write guard refuses, is written again
+//! alone, read first, and answered as a read-first write is.
 //!
 //! A document whose save met another writer (any failed precondition) is written again alone
 //! through [`Database::write_batch`], which reads it again and retries, so conflicts between
@@ -56,7 +62,7 @@ use std::collections::{HashMap, HashSet};
 
 use futures::StreamExt;
 
-use super::{gone_is_conflict, record_of, Applied, DocState, Written, TREE_PREFIX};
+use super::{gone_is_conflict, record_of, Applied, DocState, Unread, Written, TREE_PREFIX};
 use crate::backend::{BulkWrite, Precondition};
 use crate::database::rev_tree::RevTree;
 use crate::database::{Database, Write};
@@ -144,18 +150,36 @@ impl Database {
         let mut seen = HashSet::new();
         let (bulk, repeated): (Vec<usize>, Vec<usize>) =
             (0..documents.len()).partition(|&slot| seen.insert(documents[slot].0.as_str()));
-        let ids: Vec<String> = bulk.iter().map(|&slot| documents[slot].0.clone()).collect();
-        let unread: Vec<String> = ids.iter().filter(|id| !read.contains_key(*id)).cloned().collect();
-        let mut fresh = if unread.is_empty() { Vec::new() } else { self.read_states(&unread).await? }.into_iter();
-        if fresh.len() != unread.len() {
+        // Where the backend checks a creation itself, creations are not read first (module doc);
+        // states the caller read already (`write_many_over`) are not read again.
+        let unread_creations: HashSet<usize> = match self.layout().edits_are_the_backends() {
+            true => bulk.iter().copied().filter(|&slot| is_creation(&documents[slot].1)).collect(),
+            false => HashSet::new(),
+        };
+        let to_read: Vec<String> = bulk
+            .iter()
+            .filter(|slot| !unread_creations.contains(slot))
+            .map(|&slot| documents[slot].0.clone())
+            .filter(|id| !read.contains_key(id))
+            .collect();
+        let mut fresh = if to_read.is_empty() { Vec::new() } else { self.read_states(&to_read).await? }.into_iter();
+        if fresh.len() != to_read.len() {
             return Err(Error::new(ErrorKind::Internal, "a batched read answered too few documents"));
         }
-        let states: Vec<Option<DocState>> =
-            ids.iter().map(|id| read.remove(id).unwrap_or_else(|| fresh.next().flatten())).collect();
+        let states: Vec<Option<DocState>> = bulk
+            .iter()
+            .map(|&slot| match unread_creations.contains(&slot) {
+                true => None,
+                false => read.remove(&documents[slot].0).unwrap_or_else(|| fresh.next().flatten()),
+            })
+            .collect();
 
         let mut in_bulk: Vec<Pending> = Vec::new();
         let mut created_in_bulk: Vec<Pending> = Vec::new();
         let mut alone: Vec<Pending> = Vec::new();
+        // Unread creations the guard refused: written again alone, read first, so that over a
+        // live document the answer is the conflict a read finds (as `create_unread` falls back).
+        let mut read_first: Vec<usize> = Vec::new();
         for (slot, state) in bulk.into_iter().zip(states) {
             let (id, writes) = &documents[slot];
             // A failure here (the guard's, a read of the tombstone) is this document's alone,
@@ -167,6 +191,10 @@ impl Database {
                     continue;
                 }
             };
+            if unread_creations.contains(&slot) && (!changed || answers.iter().any(Result::is_err)) {
+                read_first.push(slot);
+                continue;
+            }
             // As in `write_batch`: a half-written document is finished even when nothing is new.
             if !changed {
                 match self.half_written(id, state.as_ref()).await {
@@ -204,7 +232,7 @@ impl Database {
         let saved_alone: Vec<(Pending, Saved)> = futures::stream::iter(saving).buffered(at_once).collect().await;
         outcomes.extend(saved_alone);
 
-        let mut again = Vec::new();
+        let mut again = read_first;
         for (pending, saved) in outcomes {
             let id = documents[pending.slot].0.as_str();
             match saved {
@@ -216,11 +244,12 @@ impl Database {
                 Saved::Failed(err) => results[pending.slot] = Some(Err(err)),
             }
         }
-        // Met another writer: read again and retried, one document at a time each.
+        // Met another writer (or, unread, a live document): read again and retried, one
+        // document at a time each.
         let mut retrying = Vec::with_capacity(again.len());
         for slot in again {
             let (id, writes) = &documents[slot];
-            retrying.push(async move { (slot, self.write_batch_once_open(id, writes).await) });
+            retrying.push(async move { (slot, self.write_batch_reading(id, writes, Unread::Skipped).await) });
         }
         let retried: Vec<(usize, DocumentAnswers)> =
             futures::stream::iter(retrying).buffer_unordered(CONCURRENCY).collect().await;
