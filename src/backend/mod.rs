@@ -719,7 +719,12 @@ pub trait DocumentBackend: Send + Sync + 'static {
     /// [`check_attachment_blob`]'s form), raw bytes, at most [`DocumentBackend::attachment_chunk_bytes`]
     /// of them, replacing a chunk stored there before. Chunk records are invisible to every
     /// other call (listings, feed, counts, scans, queries, local documents, reads by id) and
-    /// removed with the database. The default refuses: the backend keeps no attachment bytes.
+    /// removed with the database. A backend may answer before the chunk is durable, provided it
+    /// is durable once any write the backend acknowledges after it is (the attachment store
+    /// writes a manifest naming the chunks after them, and no reader finds a chunk without
+    /// one): the embedded store commits chunks without an fsync of their own, which the
+    /// manifest's commit covers (issue 38). The default refuses: the backend keeps no
+    /// attachment bytes.
     async fn put_attachment_chunk(&self, blob: &str, index: u64, bytes: bytes::Bytes) -> Result<()> {
         let _ = (blob, index, bytes);
         Err(attachments_unsupported(&self.describe()))

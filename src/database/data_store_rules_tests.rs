@@ -39,7 +39,7 @@ fn user(name: &str) -> Confinement {
 }
 
 fn checked(id: Option<&str>, deleted: bool, body: &Map<String, Value>, who: &Confinement) -> Result<DocumentId> {
-    check_write(DataWrite { id, deleted, body }, who, &Limits::default())
+    check_write(DataWrite { id, deleted, body, shown: false }, who, &Limits::default())
 }
 
 fn refusal(result: Result<DocumentId>) -> (ErrorKind, String) {

@@ -50,51 +50,57 @@ const REPLICATION_FIELDS: [&str; 5] = [
 
 /// Reads a client's document under CouchDB's rules.
 pub fn parse(doc: Map<String, Value>) -> Result<ClientDoc, Refusal> {
+    check(&doc)?;
     let mut parsed = ClientDoc { id: None, rev: None, deleted: false, revisions: None, body: Map::new() };
     for (name, value) in doc {
-        match name.as_str() {
-            "_id" => match value {
-                Value::String(id) => parsed.id = Some(id),
-                _ => return Err(Refusal::new("bad_request", "Document id must be a string")),
-            },
-            "_rev" => match value {
-                Value::String(rev) if parse_rev(&rev).is_some() => parsed.rev = Some(rev),
-                _ => return Err(Refusal::new("bad_request", "Invalid rev format")),
-            },
-            "_deleted" => match value {
-                Value::Bool(deleted) => parsed.deleted = deleted,
-                // `couch_doc:transfer_fields` takes `_deleted` only as a boolean; any other
-                // value falls to its unknown-member clause.
-                _ => return Err(bad_special_member("_deleted")),
-            },
-            "_revisions" => match RevPath::from_revisions(&value) {
-                Some(path) => parsed.revisions = Some(path),
-                None => {
-                    return Err(Refusal::new(
-                        "doc_validation",
-                        "_revisions must be {start, ids} with start >= the number of ids",
-                    ))
-                }
-            },
-            "_attachments" => {
-                parsed.body.insert(name, value);
-            }
-            other if REPLICATION_FIELDS.contains(&other) => {
-                parsed.body.insert(name, value);
-            }
-            other if IGNORED.contains(&other) => {}
-            other if other.starts_with('_') => return Err(bad_special_member(other)),
-            _ => {
+        match (name.as_str(), value) {
+            ("_id", Value::String(id)) => parsed.id = Some(id),
+            ("_rev", Value::String(rev)) => parsed.rev = Some(rev),
+            ("_deleted", Value::Bool(deleted)) => parsed.deleted = deleted,
+            ("_revisions", revisions) => parsed.revisions = RevPath::from_revisions(&revisions),
+            (other, _) if IGNORED.contains(&other) => {}
+            // `_attachments`, the replicator's fields and the document's own: `check` refused
+            // every other special member, and the special members above of any other type.
+            (_, value) => {
                 parsed.body.insert(name, value);
             }
         }
     }
-    if let Some(id) = &parsed.id {
-        check_id(id)?;
-    }
     // With both, `_revisions` names the revisions (couch_doc:transfer_fields lets it replace what
     // `_rev` set); CouchDB does not check that they agree, and replicators rely on it.
     Ok(parsed)
+}
+
+/// What [`parse`] refuses, checked in place, the first refusal in member order: a whole
+/// `_bulk_docs` is checked before any of it is written, without a copy of every document.
+pub fn check(doc: &Map<String, Value>) -> Result<(), Refusal> {
+    for (name, value) in doc {
+        match name.as_str() {
+            "_id" if !value.is_string() => {
+                return Err(Refusal::new("bad_request", "Document id must be a string"));
+            }
+            "_rev" if value.as_str().is_none_or(|rev| parse_rev(rev).is_none()) => {
+                return Err(Refusal::new("bad_request", "Invalid rev format"));
+            }
+            // `couch_doc:transfer_fields` takes `_deleted` only as a boolean; any other value
+            // falls to its unknown-member clause.
+            "_deleted" if !value.is_boolean() => return Err(bad_special_member("_deleted")),
+            "_revisions" if RevPath::from_revisions(value).is_none() => {
+                return Err(Refusal::new(
+                    "doc_validation",
+                    "_revisions must be {start, ids} with start >= the number of ids",
+                ))
+            }
+            "_id" | "_rev" | "_deleted" | "_revisions" | "_attachments" => {}
+            other if REPLICATION_FIELDS.contains(&other) || IGNORED.contains(&other) => {}
+            other if other.starts_with('_') => return Err(bad_special_member(other)),
+            _ => {}
+        }
+    }
+    if let Some(Value::String(id)) = doc.get("_id") {
+        check_id(id)?;
+    }
+    Ok(())
 }
 
 /// CouchDB's refusal of a special member it does not know (or of `_deleted` not a boolean).

@@ -771,23 +771,29 @@ impl Database {
     }
 
     /// A creation (one edit naming no parent, not a deletion) written without reading the
-    /// document first, where the backend checks it itself
-    /// ([`super::layout::Layout::edits_are_the_backends`]: the data-store database on CouchDB,
-    /// which refuses a `PUT` without `_rev` over a live document and makes one over a deleted
-    /// document its next revision): one backend request instead of two (issue 38). The write
-    /// guard sees what it would see after a read (no old document: a deleted winner shows none
-    /// either, and the new document names no `_rev`). `None` when it does not apply, when the
-    /// guard refuses (so that over a live document the answer stays the conflict a read first
-    /// finds, as CouchDB answers before validating) or when the backend answers a conflict: the
-    /// caller then reads and applies as for any write. The answer is the revision CouchDB stored.
+    /// document first, where the save checks that nothing is there
+    /// ([`super::layout::Layout::creates_unread`]: the data-store database on CouchDB, which
+    /// refuses a `PUT` without `_rev` over a live document and makes one over a deleted document
+    /// its next revision; the engine's layout on a backend checking `NeverWritten`, the embedded
+    /// store, DynamoDB, Firestore, once no local tree is found under the id): one backend request
+    /// instead of two in front of CouchDB; on the embedded store one read and one write instead
+    /// of two of each (issue 38). The write guard sees what it would see
+    /// after a read finding nothing (no old document: a deleted winner shows none either, and the
+    /// new document names no `_rev`). `None` when it does not apply, when the guard refuses (so
+    /// that over a live document the answer stays the conflict a read first finds, as CouchDB
+    /// answers before validating) or when the save answers a conflict (something is stored under
+    /// the id): the caller then reads and applies as for any write, the guard asked again about
+    /// the document as it is. The answer is the revision stored.
     async fn create_unread(&self, id: &str, writes: &[Write]) -> Result<Option<Vec<Result<Written>>>> {
-        if !(bulk::is_creation(writes) && self.layout.edits_are_the_backends()) {
+        if !bulk::is_creation(writes) || !self.while_open(self.layout.creates_unread(id)).await? {
             return Ok(None);
         }
+        // A new document's tree has one revision: no `_revs_limit` stems it.
         let Applied { tree, mut answers, changed } = self.applied(id, None, writes, usize::MAX).await?;
         if !changed || answers.iter().any(Result::is_err) {
             return Ok(None);
         }
+        self.keep_references(None, &tree).await?;
         match self.save_answering(id, None, &tree, &mut answers).await {
             Ok(()) => {
                 self.saved(id, None, &tree);
@@ -814,8 +820,13 @@ impl Database {
                 *refusal = Some(err);
             }
         }
-        let allowed: Vec<Write> =
-            writes.iter().zip(&refused).filter(|(_, refusal)| refusal.is_none()).map(|(w, _)| w.clone()).collect();
+        // Copied only when some are refused: a copy of every body was a twentieth of a
+        // data-store `_bulk_docs` (issue 38).
+        let allowed: std::borrow::Cow<'_, [Write]> = if refused.iter().all(Option::is_none) {
+            std::borrow::Cow::Borrowed(writes)
+        } else {
+            writes.iter().zip(&refused).filter(|(_, refusal)| refusal.is_none()).map(|(w, _)| w.clone()).collect()
+        };
         let mut applied = apply_all(id, &mut tree, &allowed, revs_limit)?.into_iter();
         let answers: Vec<Result<Written>> = refused
             .into_iter()
@@ -1400,6 +1411,132 @@ mod tests {
         assert!(state.tree.revision(&revs[2]).is_some(), "the newest inner body stays");
         let refused = database.write("x", &edit(parent.as_deref(), 4_000)).await.unwrap_err();
         assert_eq!(refused.kind(), ErrorKind::TooLarge);
+    }
+
+    /// The calls that reach a backend, by name, for the ones a document write makes; with
+    /// `fail_puts`, every `put` fails before writing, as a process killed between a save's
+    /// local tree and its record leaves it, and `NeverWritten` is not checked (so a save from
+    /// nothing writes its local tree first).
+    struct Counting {
+        inner: Arc<dyn DocumentBackend>,
+        calls: std::sync::Mutex<Vec<&'static str>>,
+        fail_puts: bool,
+    }
+
+    impl Counting {
+        fn over(inner: Arc<dyn DocumentBackend>, fail_puts: bool) -> Arc<Self> {
+            Arc::new(Counting { inner, calls: std::sync::Mutex::new(Vec::new()), fail_puts })
+        }
+
+        fn taken(&self) -> Vec<&'static str> {
+            std::mem::take(&mut *self.calls.lock().unwrap())
+        }
+
+        fn called(&self, name: &'static str) {
+            self.calls.lock().unwrap().push(name);
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl crate::backend::raw::layer::Layered for Counting {
+        fn inner(&self) -> &dyn DocumentBackend {
+            self.inner.as_ref()
+        }
+
+        fn checks_never_written(&self) -> bool {
+            !self.fail_puts && self.inner.checks_never_written()
+        }
+
+        async fn get(&self, id: &str) -> Result<Option<crate::backend::StoredDocument>> {
+            self.called("get");
+            self.inner.get(id).await
+        }
+
+        async fn get_many(&self, ids: &[String]) -> Result<Vec<Option<crate::backend::StoredDocument>>> {
+            self.called("get_many");
+            self.inner.get_many(ids).await
+        }
+
+        async fn get_local(&self, name: &str) -> Result<Option<crate::backend::StoredDocument>> {
+            self.called("get_local");
+            self.inner.get_local(name).await
+        }
+
+        async fn get_many_local(&self, names: &[String]) -> Result<Vec<Option<crate::backend::StoredDocument>>> {
+            self.called("get_many_local");
+            self.inner.get_many_local(names).await
+        }
+
+        async fn put(&self, id: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Revision> {
+            self.called("put");
+            if self.fail_puts {
+                return Err(Error::new(ErrorKind::Unavailable, "killed before the record"));
+            }
+            self.inner.put(id, body, precondition).await
+        }
+
+        async fn put_local(
+            &self,
+            name: &str,
+            body: &Map<String, Value>,
+            precondition: Precondition,
+        ) -> Result<Revision> {
+            self.called("put_local");
+            self.inner.put_local(name, body, precondition).await
+        }
+    }
+
+    /// A creation on the embedded store (a backend checking `NeverWritten`) is one read, of the
+    /// local tree a save cut short would have left, and one write, the record, in one commit
+    /// (issue 38: the record and the local tree were read, and the local tree written before
+    /// the record, two fsync'd commits); it leaves no local tree behind, and reads back, in the
+    /// feed and `_all_docs`.
+    #[tokio::test]
+    async fn a_creation_is_one_read_and_one_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(EmbeddedBackend::open(&dir.path().join("d.redb")).await.unwrap());
+        let counting = Counting::over(Arc::clone(&store) as Arc<dyn DocumentBackend>, false);
+        let database = Database::new("d".into(), counting.clone());
+        database.write("first", &edit(None, 10)).await.unwrap();
+        counting.taken();
+        let before = store.write_transactions();
+        let Written::Edited(rev) = database.write("x", &edit(None, 10)).await.unwrap() else { panic!("an edit") };
+        assert_eq!(counting.taken(), ["get_local", "put"], "one read (the local tree), one write (the record)");
+        assert_eq!(store.write_transactions() - before, 1, "one commit");
+        assert!(store.get_local(&format!("{TREE_PREFIX}x")).await.unwrap().is_none(), "no local tree left");
+        let state = database.read("x").await.unwrap().expect("written");
+        assert_eq!(state.winner_rev(), Some(rev));
+        let listed = database.all_docs(&IdRange::default(), 10, None).await.unwrap();
+        assert_eq!(listed.items.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(), ["first", "x"]);
+        let fed: Vec<String> = store.changes(None, 10).await.unwrap().changes.into_iter().map(|c| c.id).collect();
+        assert_eq!(fed, ["first", "x"]);
+        // Over a live document the creation is the conflict a read finds, after the read.
+        let refused = database.write("x", &edit(None, 10)).await.unwrap_err();
+        assert_eq!(refused.kind(), ErrorKind::Conflict);
+        // Over a tombstone it extends the deleted branch, as in CouchDB.
+        let state = database.read("x").await.unwrap().expect("written");
+        let deletion = Write::Edit { parent: state.winner_rev(), deleted: true, body: Map::new() };
+        database.write("x", &deletion).await.unwrap();
+        let Written::Edited(again) = database.write("x", &edit(None, 10)).await.unwrap() else { panic!("an edit") };
+        assert!(again.starts_with("3-"), "{again}");
+    }
+
+    /// A save from nothing cut short after its local tree (no record: written by a backend that
+    /// does not check `NeverWritten`, or a release before issue 38) reads back, and a creation
+    /// of the same id is refused as over any live document, never written over it unread.
+    #[tokio::test]
+    async fn a_creation_over_a_save_cut_short_is_a_conflict() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn DocumentBackend> =
+            Arc::new(EmbeddedBackend::open(&dir.path().join("d.redb")).await.unwrap());
+        let cut = Database::new("d".into(), Counting::over(Arc::clone(&store), true));
+        assert!(cut.write("x", &edit(None, 10)).await.is_err(), "cut before the record");
+        let database = Database::new("d".into(), Arc::clone(&store));
+        let state = database.read("x").await.unwrap().expect("the cut save reads back");
+        assert!(database.half_written("x", Some(&state)).await.unwrap());
+        let refused = database.write("x", &edit(None, 10)).await.unwrap_err();
+        assert_eq!(refused.kind(), ErrorKind::Conflict, "the cut save's document stands");
+        assert_eq!(database.read("x").await.unwrap().expect("still there").winner_rev(), state.winner_rev());
     }
 
     /// A write from nothing overtaken between its local tree and its record by a writer that

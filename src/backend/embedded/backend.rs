@@ -18,7 +18,7 @@ use redb::{Database, ReadableTable};
 use serde_json::{Map, Value};
 
 use super::error::{join_error, map_redb};
-use super::group_commit::{job_of, GroupCommit};
+use super::group_commit::{job_of, GroupCommit, Persistence};
 use super::write::{EncodedWrite, ReplicatedWrite, Tables};
 use super::{attachments, codec, core, feed, ids, local};
 use crate::backend::{
@@ -107,6 +107,12 @@ impl EmbeddedBackend {
         self.commits.transactions()
     }
 
+    /// How many of those were committed durably (each one fsync): attachment chunks commit
+    /// without one, made durable by the next durable commit ([`group_commit`]).
+    pub fn durable_commits(&self) -> u64 {
+        self.commits.durable_commits()
+    }
+
     /// Runs `work` in the next group's write transaction ([`group_commit`]) and answers once that
     /// transaction is committed. `work` must refuse before it writes: a refusal after writing
     /// rolls back the whole group (and the others are told to try again). `documents` is about
@@ -116,9 +122,20 @@ impl EmbeddedBackend {
         T: Send + 'static,
         F: FnOnce(&mut Tables<'_>) -> Result<T> + Send + 'static,
     {
+        self.write_as(documents, Persistence::Durable, work).await
+    }
+
+    /// [`EmbeddedBackend::write`], answered once the commit is made as `persistence` says: a
+    /// [`Persistence::Deferred`] write is answered without an fsync of its own and is durable
+    /// once the next durable commit is ([`group_commit`]).
+    async fn write_as<T, F>(&self, documents: usize, persistence: Persistence, work: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Tables<'_>) -> Result<T> + Send + 'static,
+    {
         let (answer, answered) = tokio::sync::oneshot::channel::<Result<T>>();
         let job = job_of(work, answer);
-        self.commits.submit(documents, job);
+        self.commits.submit(documents, persistence, job);
         answered.await.map_err(|_| {
             Error::new(
                 ErrorKind::Unavailable,
@@ -370,7 +387,12 @@ impl DocumentBackend for EmbeddedBackend {
         crate::backend::check_attachment_blob(blob)?;
         check_chunk_size(bytes.len())?;
         let blob = blob.to_owned();
-        self.write(attachments::CHUNK_WEIGHT, move |tables| attachments::put(tables, &blob, index, &bytes)).await
+        // No fsync of its own: no reader reaches a chunk before its manifest, a durable write
+        // made after it, names it (the trait's contract; [`group_commit`]).
+        self.write_as(attachments::CHUNK_WEIGHT, Persistence::Deferred, move |tables| {
+            attachments::put(tables, &blob, index, &bytes)
+        })
+        .await
     }
 
     async fn get_attachment_chunk(&self, blob: &str, index: u64) -> Result<Option<bytes::Bytes>> {
@@ -454,7 +476,7 @@ mod tests {
         let (first, first_answer) = create_job("one");
         let (refused, refused_answer) = create_job("taken");
         let (last, last_answer) = create_job("two");
-        store.commits.run_group(vec![first, refused, last]);
+        store.commits.run_group(vec![first, refused, last], Persistence::Durable);
         assert!(first_answer.await.unwrap().is_ok());
         assert_eq!(refused_answer.await.unwrap().unwrap_err().kind(), ErrorKind::Conflict);
         assert!(last_answer.await.unwrap().is_ok());
@@ -472,7 +494,7 @@ mod tests {
             broken_answer_to,
         );
         let (after, after_answer) = create_job("after");
-        store.commits.run_group(vec![before, broken, after]);
+        store.commits.run_group(vec![before, broken, after], Persistence::Durable);
         assert_eq!(before_answer.await.unwrap().unwrap_err().kind(), ErrorKind::Unavailable);
         assert_eq!(broken_answer.await.unwrap().unwrap_err().kind(), ErrorKind::Conflict);
         assert!(after_answer.await.unwrap().is_ok());

@@ -17,6 +17,15 @@
 //! transaction, so the transaction is dropped, which redb rolls back: the jobs that had run in
 //! it are answered "not applied, try again" and the jobs after it start a new transaction.
 //!
+//! A job may ask for its commit to be deferred ([`Persistence::Deferred`]): an attachment chunk, which
+//! no reader can reach before a later write (its manifest) names it. A transaction of deferred
+//! jobs alone commits with redb's `Durability::None`, no fsync; any transaction holding a job that
+//! is not deferred commits durably. redb's contract (`redb::Durability::None`: such a commit is
+//! persisted only if a later `Durability::Immediate` commit follows) and its one-writer-at-a-time
+//! file make the later durable commit cover every non-durable one before it: the commit is a new
+//! root of the whole file, written after theirs, so the chunks are on disk before the manifest
+//! naming them is acknowledged. A crash before that loses only chunks no manifest names.
+//!
 //! There is no committer thread: the first writer to find the queue idle starts a drain on the
 //! blocking pool, which runs groups until the queue is empty. A single writer therefore pays
 //! what it paid before (one transaction, one commit), and under load a group holds every write
@@ -26,7 +35,7 @@ use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
-use redb::Database;
+use redb::{Database, Durability};
 
 use super::error::map_redb;
 use super::write::Tables;
@@ -46,6 +55,16 @@ pub(super) const MAX_GROUP_DOCUMENTS: usize = 4_096;
 
 /// A write: runs against the group's tables and says how it ended.
 pub(super) type Job = Box<dyn for<'t> FnOnce(&mut Tables<'t>) -> JobEnd + Send>;
+
+/// Whether a job's caller may be answered before its write is on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Persistence {
+    /// Answered after an fsync'd commit: every document, local document and erasure.
+    Durable,
+    /// Answered after a commit without fsync, made durable by the next durable commit (module
+    /// doc). Only for writes no reader reaches before a later durable write names them.
+    Deferred,
+}
 
 /// Answers a job's caller.
 type Answer = Box<dyn FnOnce() + Send>;
@@ -71,12 +90,21 @@ pub(super) struct GroupCommit {
     queue: Mutex<Queue>,
     /// Write transactions begun so far ([`GroupCommit::transactions`]).
     transactions: std::sync::atomic::AtomicU64,
+    /// Transactions committed durably so far ([`GroupCommit::durable_commits`]).
+    durable_commits: std::sync::atomic::AtomicU64,
+}
+
+/// A job waiting for a transaction.
+struct Queued {
+    documents: usize,
+    persistence: Persistence,
+    job: Job,
 }
 
 #[derive(Default)]
 struct Queue {
-    /// Each job with about how many documents it writes.
-    jobs: VecDeque<(usize, Job)>,
+    /// Each job with about how many documents it writes and whether it waits for an fsync.
+    jobs: VecDeque<Queued>,
     /// Whether a drain is running; it takes every job queued before it stops.
     draining: bool,
 }
@@ -88,21 +116,28 @@ impl GroupCommit {
             revs_limit,
             queue: Mutex::new(Queue::default()),
             transactions: std::sync::atomic::AtomicU64::new(0),
+            durable_commits: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
-    /// How many write transactions (each one fsync'd commit, or a rollback) this queue has
-    /// begun: what shows whether concurrent writes shared their commits.
+    /// How many write transactions (each one commit, fsync'd unless deferred, or a rollback)
+    /// this queue has begun: what shows whether concurrent writes shared their commits.
     pub(super) fn transactions(&self) -> u64 {
         self.transactions.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// How many transactions this queue has committed durably (each one fsync'd commit): what
+    /// shows how many fsyncs a sequence of writes cost.
+    pub(super) fn durable_commits(&self) -> u64 {
+        self.durable_commits.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Queues `job`, which writes about `documents` documents, starting a drain when none runs.
     /// The job's caller waits on its own channel.
-    pub(super) fn submit(self: &Arc<Self>, documents: usize, job: Job) {
+    pub(super) fn submit(self: &Arc<Self>, documents: usize, persistence: Persistence, job: Job) {
         let start_drain = {
             let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
-            queue.jobs.push_back((documents, job));
+            queue.jobs.push_back(Queued { documents, persistence, job });
             !std::mem::replace(&mut queue.draining, true)
         };
         if start_drain {
@@ -114,7 +149,7 @@ impl GroupCommit {
     /// Runs groups until the queue is empty.
     fn drain(&self) {
         loop {
-            let group: Vec<Job> = {
+            let (group, persistence) = {
                 let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
                 if queue.jobs.is_empty() {
                     queue.draining = false;
@@ -122,30 +157,40 @@ impl GroupCommit {
                 }
                 let mut group = Vec::new();
                 let mut documents = 0;
-                while let Some((size, _)) = queue.jobs.front() {
-                    let full = group.len() == MAX_GROUP || documents + size > MAX_GROUP_DOCUMENTS;
+                let mut persistence = Persistence::Deferred;
+                while let Some(next) = queue.jobs.front() {
+                    let full = group.len() == MAX_GROUP || documents + next.documents > MAX_GROUP_DOCUMENTS;
                     if !group.is_empty() && full {
                         break;
                     }
-                    documents += size;
-                    group.extend(queue.jobs.pop_front().map(|(_, job)| job));
+                    documents += next.documents;
+                    if let Some(queued) = queue.jobs.pop_front() {
+                        if queued.persistence == Persistence::Durable {
+                            persistence = Persistence::Durable;
+                        }
+                        group.push(queued.job);
+                    }
                 }
-                group
+                (group, persistence)
             };
-            self.run_group(group);
+            self.run_group(group, persistence);
         }
     }
 
-    /// Runs `jobs` in as few transactions as their failures allow (one when none breaks), then
-    /// answers their callers.
-    pub(super) fn run_group(&self, jobs: Vec<Job>) {
+    /// Runs `jobs` in as few transactions as their failures allow (one when none breaks), each
+    /// committed as `persistence` says (durably when any job of the group needs it), then answers
+    /// their callers.
+    pub(super) fn run_group(&self, jobs: Vec<Job>, persistence: Persistence) {
         let mut answers = Vec::with_capacity(jobs.len());
         let mut waiting = jobs.into_iter();
         if let Some(db) = self.db.upgrade() {
             while waiting.len() > 0 {
                 self.transactions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                match run_transaction(&db, self.revs_limit, &mut waiting, &mut answers) {
-                    Ok(()) => {}
+                match run_transaction(&db, self.revs_limit, persistence, &mut waiting, &mut answers) {
+                    Ok(true) => {
+                        self.durable_commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    Ok(false) => {}
                     Err(err) => {
                         // The jobs not run are dropped unanswered below: each caller hears that
                         // its write was not applied.
@@ -163,15 +208,16 @@ impl GroupCommit {
 }
 
 /// Runs jobs from `waiting` in one transaction until they are all run or one breaks, and commits
-/// (or, when one broke, rolls back). The answers are pushed to `answers`; an error means no
-/// transaction could be begun.
+/// as `persistence` says (or, when one broke, rolls back). The answers are pushed to `answers`;
+/// the answer is whether it committed durably, an error that no transaction could be begun.
 fn run_transaction(
     db: &Database,
     revs_limit: usize,
+    persistence: Persistence,
     waiting: &mut std::vec::IntoIter<Job>,
     answers: &mut Vec<Answer>,
-) -> Result<()> {
-    let txn = db.begin_write().map_err(map_redb("begin write"))?;
+) -> Result<bool> {
+    let mut txn = db.begin_write().map_err(map_redb("begin write"))?;
     let mut wrote: Vec<Box<dyn FnOnce(Result<()>) + Send>> = Vec::new();
     let mut broke = false;
     let prepared = Tables::open(&txn, revs_limit).and_then(|mut tables| {
@@ -206,7 +252,12 @@ fn run_transaction(
             "embedded store: not applied, because another write in the same transaction failed; try again",
         ))
     } else {
-        let committed = prepared.and_then(|()| txn.commit().map_err(map_redb("commit")));
+        let committed = prepared
+            .and_then(|()| match persistence {
+                Persistence::Durable => Ok(()),
+                Persistence::Deferred => txn.set_durability(Durability::None).map_err(map_redb("defer a commit")),
+            })
+            .and_then(|()| txn.commit().map_err(map_redb("commit")));
         if let Err(err) = &committed {
             tracing::error!(error = %err, "embedded store: a group commit failed; its writes were not applied");
         }
@@ -219,7 +270,7 @@ fn run_transaction(
         };
         answers.push(Box::new(move || answer(outcome)));
     }
-    Ok(())
+    Ok(!broke && persistence == Persistence::Durable && committed.is_ok())
 }
 
 /// Whether a job that failed with `error` is known to have changed nothing: the tables' methods

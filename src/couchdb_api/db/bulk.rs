@@ -30,6 +30,13 @@ const LOCAL_PREFIX: &str = "_local/";
 const CONCURRENCY: usize = 16;
 /// Documents of a replicator's request written in one [`Database::write_many`] call.
 const DOCUMENTS_PER_WRITE: usize = 100;
+/// Documents of a client's request (`new_edits: true`) written in one [`Database::write_many`]
+/// call. Its calls run one after the other, so that the changes reach the feed in id order, and
+/// each waits for its own commit: with 100 a call (as a replicator's), a `_bulk_docs` of 1,000
+/// paid ten fsync'd commits one after another on the embedded store, and ran at 2.1x a real
+/// CouchDB 3.4.3 against 3.3x for 100 (issue 38). 1,000 keeps what one call holds (its batched
+/// reads, one bulk write, within the group commit's 4,096 documents a transaction) bounded.
+const EDITS_PER_WRITE: usize = 1_000;
 /// `write_many` calls of one request at once.
 const WRITES_AT_ONCE: usize = 4;
 
@@ -38,10 +45,11 @@ type Positioned = (usize, Map<String, Value>);
 
 /// `POST /{db}/_bulk_docs`.
 pub async fn bulk_docs(State(state): State<CouchState>, opened: OpenDb, headers: HeaderMap, body: Body) -> Answer {
-    let request = state.bodies.read_object(&headers, body).await?.value;
+    let mut request = state.bodies.read_object(&headers, body).await?.value;
     super::docs::refuse_numbers_beyond_doubles(&state, &opened.db, &request)?;
-    let docs = match request.get("docs") {
-        Some(Value::Array(docs)) => docs.clone(),
+    // Taken out of the request, not copied (the rest of it is read below).
+    let docs = match request.as_object_mut().and_then(|request| request.remove("docs")) {
+        Some(Value::Array(docs)) => docs,
         _ => return Err(CouchError::bad_request("POST body must include `docs` parameter.")),
     };
     if docs.len() > MAX_BULK_DOCS {
@@ -71,8 +79,8 @@ pub async fn bulk_docs(State(state): State<CouchState>, opened: OpenDb, headers:
             if let Some(Value::String(id)) = doc.get("_id") {
                 check_id(id).map_err(refused)?;
             }
-            let checked = document::parse(doc.clone()).map_err(refused)?;
-            if !new_edits && checked.rev.is_none() {
+            document::check(&doc).map_err(refused)?;
+            if !new_edits && !doc.contains_key("_rev") {
                 // `validate_revs` in CouchDB's `chttpd_db.erl`.
                 return Err(CouchError::bad_request(
                     "When `new_edits: false`, the document needs `_rev` or `_revisions` specified",
@@ -200,7 +208,7 @@ async fn write_edits_in_id_order(
     let mut chunk: Vec<Ready> = Vec::new();
     for group in ready {
         let deletes = group.writes.iter().any(|write| matches!(write, Write::Edit { deleted: true, .. }));
-        if !chunk.is_empty() && (deletes || chunk.len() == DOCUMENTS_PER_WRITE) {
+        if !chunk.is_empty() && (deletes || chunk.len() == EDITS_PER_WRITE) {
             results.push(write_chunk(db, std::mem::take(&mut chunk)).await);
         }
         chunk.push(group);
@@ -582,4 +590,46 @@ pub(crate) fn all_or_nothing_answer(docs: impl Iterator<Item = (Value, Option<St
         })
         .collect();
     json(StatusCode::EXPECTATION_FAILED, Value::Array(rows))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::backend::embedded::EmbeddedBackend;
+    use crate::backend::DocumentBackend;
+
+    /// A client's `_bulk_docs` of 1,000 new documents is one `write_many`, so one commit on the
+    /// embedded store (issue 38: ten calls of 100, each waiting for its own fsync'd commit), and
+    /// its changes reach the feed in id order, as CouchDB numbers them.
+    #[tokio::test]
+    async fn a_thousand_edits_are_written_in_one_commit_in_id_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(EmbeddedBackend::open(&dir.path().join("d.redb")).await.unwrap());
+        let db = Database::new("d".into(), Arc::clone(&store) as Arc<dyn DocumentBackend>);
+        // In id order, as the handler sorts them.
+        let order: Vec<(String, Vec<Positioned>)> = (0..1_000)
+            .map(|n| (format!("d{n:04}"), vec![(n, json!({ "n": n }).as_object().cloned().unwrap_or_default())]))
+            .collect();
+        let before = store.write_transactions();
+        let admitted = (DbAccess::ServerAdmin, &Confinement::Everything);
+        let rows: Vec<(usize, Option<Value>)> =
+            write_edits_in_id_order(&db, admitted, order).await.into_iter().flatten().collect();
+        assert_eq!(store.write_transactions() - before, 1, "one commit for the request");
+        assert_eq!(rows.len(), 1_000);
+        assert!(rows.iter().all(|(_, row)| row.as_ref().is_some_and(|row| row["ok"] == true)), "every row ok");
+        let mut fed = Vec::new();
+        let mut since: Option<String> = None;
+        loop {
+            let page = store.changes(since.as_deref(), 500).await.unwrap();
+            if page.changes.is_empty() {
+                break;
+            }
+            fed.extend(page.changes.into_iter().map(|change| change.id));
+            since = Some(page.last_seq);
+        }
+        let ids: Vec<String> = (0..1_000).map(|n| format!("d{n:04}")).collect();
+        assert_eq!(fed, ids, "the feed holds the documents in id order");
+    }
 }

@@ -169,6 +169,16 @@ impl DataStoreLayout {
     pub(super) async fn erase_of(&self, id: &str, token: &SideToken) -> Result<()> {
         self.view().erase_of(id, token).await
     }
+
+    /// Whether a creation of `id` may skip the read ([`super::Layout::creates_unread`]): no side
+    /// document is under the id. The save from nothing is then the record alone, written with
+    /// `MustNotExist`, which a record or a tombstone under the id refuses; a side document
+    /// (a save cut short before its record, the leaves an erasure left) sends the creation the
+    /// reading way, which finishes or ignores it as every read does. One read (the side
+    /// document) where a whole read is two (the record's revision, then the side document).
+    pub(super) async fn creates_unread(&self, id: &str) -> Result<bool> {
+        Ok(self.backend.get_local(&side_name(id)).await?.is_none())
+    }
 }
 
 #[async_trait]

@@ -311,6 +311,23 @@ impl Layout {
         matches!(self, Layout::Native(_))
     }
 
+    /// Whether a creation of `id` (an edit naming no parent, not a deletion) may be saved
+    /// without reading the document first, the save itself failing unless nothing was ever
+    /// stored under the id: always on the [`native`] layout (the backend's own edit); on the
+    /// engine's layout where the backend checks [`crate::backend::Precondition::NeverWritten`]
+    /// in the write and no local tree is under the id ([`record`]), and on the data-store
+    /// layout where no side document is ([`data_store`]): one read where a whole read is two,
+    /// the one that finds what a save cut short left (which reads back and must stay). Over
+    /// anything stored the save is a conflict and the engine reads and applies as for any write
+    /// (issue 38).
+    pub async fn creates_unread(&self, id: &str) -> Result<bool> {
+        match self {
+            Layout::Native(_) => Ok(true),
+            Layout::Record(layout) => layout.creates_unread(id).await,
+            Layout::DataStore(layout) => layout.creates_unread(id).await,
+        }
+    }
+
     /// Whether a listing's states hold whole trees (else only the winner: a `conflicts=true`
     /// listing reads the listed documents' trees again).
     pub fn lists_whole_trees(&self) -> bool {

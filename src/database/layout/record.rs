@@ -8,7 +8,9 @@
 //! A save from a live record is one compare-and-swap on the record's revision (then, for a
 //! deletion, the local tree and the tombstone carry the tree on); a save from a tombstone or
 //! nothing writes the local tree first (on its revision as read), then the record: the side
-//! place first, the record last, as the engine's crash-repair rule wants ([`super`]). A local
+//! place first, the record last, as the engine's crash-repair rule wants ([`super`]). The one
+//! exception is a live creation where nothing was read, on a backend that checks
+//! [`Precondition::NeverWritten`] in the write: the record alone, as the bulk path creates. A local
 //! tree with neither a live record nor the tombstone after it is an unfinished save
 //! ([`RepairableLayout::unfinished`]), and so is a live record holding a deleted winner (a deletion
 //! cut before its tombstone); saving the tree read over itself finishes either.
@@ -54,6 +56,24 @@ pub struct RecordLayout {
 impl RecordLayout {
     pub fn new(backend: Arc<dyn DocumentBackend>) -> Self {
         RecordLayout { backend }
+    }
+
+    /// Whether a save from nothing is the record alone ([`Self::save_over`]): the backend checks
+    /// [`Precondition::NeverWritten`] in the write.
+    fn checks_never_written(&self) -> bool {
+        self.backend.checks_never_written()
+    }
+
+    /// Whether a creation of `id` may skip the read ([`super::Layout::creates_unread`]): a save
+    /// from nothing is the record alone and no local tree is under the id. A record or a
+    /// tombstone under it fails the save (`NeverWritten`); a local tree written after this check
+    /// is another writer's save from nothing or from a tombstone, whose record then fails (or
+    /// fails this one), or a save cut short before it was acknowledged.
+    pub(super) async fn creates_unread(&self, id: &str) -> Result<bool> {
+        if !self.checks_never_written() {
+            return Ok(false);
+        }
+        Ok(self.backend.get_local(&format!("{TREE_PREFIX}{id}")).await?.is_none())
     }
 
     /// The state a live record (`rev`, `body`) holds.
@@ -104,6 +124,18 @@ impl RecordLayout {
                         Err(err) => return Err(err),
                     }
                 }
+            }
+            None if token.is_none() && live && self.checks_never_written() => {
+                // A creation where nothing was read: the record alone, created only where
+                // nothing (no record, no tombstone) was ever written, which the backend checks
+                // in the write itself. No local tree is needed to serialize on: a tombstone left
+                // meanwhile fails the create, and the caller reads again and takes the local-tree
+                // way below; a local tree another writer wrote meanwhile without its record is
+                // either followed by that writer's record (which then fails, and it reads this
+                // one) or was cut short before its write was acknowledged, and the record is the
+                // authority. One write, one commit, instead of two (issue 38), as the bulk path
+                // creates (`engine/bulk.rs`).
+                self.backend.put(id, &record, Precondition::NeverWritten).await.map_err(gone_is_conflict)?;
             }
             None => {
                 let precondition = match token.and_then(|t| t.local_rev.clone()) {
