@@ -1129,13 +1129,21 @@ async fn page_rows(
         // Purged since the feed read: nothing left to report.
         let Some(state) = state else { continue };
         let Some(winner) = state.tree.winner() else { continue };
-        let options = super::db::DocOptions { conflicts: request.conflicts, ..Default::default() };
-        let mut doc = super::db::leaf_json(&change.id, &state.tree, winner, options);
-        if let (true, Some(inline)) = (request.include_docs, &request.inline) {
-            super::db::inline_into(database, winner, &mut doc, inline).await.map_err(CouchError::carried)?;
-        }
-        if let Filter::Selector(matches) = &request.filter {
-            if !matches(&doc) {
+        // The document is shown only for `include_docs` or a selector: a plain row names its
+        // revisions, and building the body it does not show was most of a row's cost.
+        let doc = match request.include_docs || matches!(request.filter, Filter::Selector(_)) {
+            true => {
+                let options = super::db::DocOptions { conflicts: request.conflicts, ..Default::default() };
+                let mut doc = super::db::leaf_json(&change.id, &state.tree, winner, options);
+                if let (true, Some(inline)) = (request.include_docs, &request.inline) {
+                    super::db::inline_into(database, winner, &mut doc, inline).await.map_err(CouchError::carried)?;
+                }
+                Some(doc)
+            }
+            false => None,
+        };
+        if let (Filter::Selector(matches), Some(doc)) = (&request.filter, &doc) {
+            if !matches(doc) {
                 continue;
             }
         }
@@ -1148,7 +1156,7 @@ async fn page_rows(
         if winner.deleted {
             row["deleted"] = Value::Bool(true);
         }
-        if request.include_docs {
+        if let (true, Some(doc)) = (request.include_docs, doc) {
             row["doc"] = doc;
         }
         rows.push(row);

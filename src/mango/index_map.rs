@@ -104,6 +104,14 @@ impl<E: ViewEngine> Mapper for WithMangoIndexes<E> {
             Language::JavaScript => self.0.map(design, docs).await,
         }
     }
+
+    /// Query design documents are mapped inline, one call at a time.
+    fn parallel_calls(&self, design: &DesignViews) -> usize {
+        match design.language {
+            Language::Query => 1,
+            Language::JavaScript => self.0.parallel_calls(design),
+        }
+    }
 }
 
 #[async_trait]

@@ -24,7 +24,7 @@ use serde_json::{json, Map, Number, Value};
 use super::sort_key;
 
 /// A built-in reduce function.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Builtin {
     Count,
     Sum,

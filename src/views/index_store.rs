@@ -33,6 +33,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::builtin_reduce::{Builtin, Reducer};
+use super::reduce_cache::ReduceCache;
 use super::sort_key;
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::depth::parse_stored;
@@ -91,20 +92,43 @@ pub struct BlockSummary {
     pub stats: Option<Value>,
 }
 
+/// Which partial reductions a view's blocks keep besides their row count: only what the view's
+/// reduce function takes. A `_stats` partial is a JSON object merged value by value, a third of a
+/// build's work when it was kept for every view whatever its reduce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Partials {
+    pub sum: bool,
+    pub stats: bool,
+}
+
+impl Partials {
+    /// Both partials: what a view past [`ApplyOptions::partials`] keeps.
+    pub const BOTH: Partials = Partials { sum: true, stats: true };
+    /// Neither: a view whose reduce is `_count`, JavaScript, or none.
+    pub const NONE: Partials = Partials { sum: false, stats: false };
+}
+
 impl BlockSummary {
     fn empty() -> Self {
         BlockSummary { count: 0, sum: None, stats: None }
     }
 
-    /// The summary of these values (rows as `(ignored key, value)`).
+    /// The summary of these values (rows as `(ignored key, value)`), both partials kept.
+    #[cfg(test)]
     fn of(values: &[(Value, Value)]) -> Self {
+        Self::of_kept(values, Partials::BOTH)
+    }
+
+    /// The summary of these values with the partials `kept` (the others absent, as a refused one
+    /// is: a query then reads the block's rows).
+    fn of_kept(values: &[(Value, Value)], kept: Partials) -> Self {
         if values.is_empty() {
             return BlockSummary::empty();
         }
         BlockSummary {
             count: values.len() as u64,
-            sum: Builtin::Sum.reduce(values).ok(),
-            stats: Builtin::Stats.reduce(values).ok(),
+            sum: if kept.sum { Builtin::Sum.reduce(values).ok() } else { None },
+            stats: if kept.stats { Builtin::Stats.reduce(values).ok() } else { None },
         }
     }
 
@@ -220,7 +244,7 @@ pub struct RowPage {
 }
 
 /// A range of rows within one view, in row-key bytes after the group and view prefix.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct RowRange {
     pub low: Bound<Vec<u8>>,
     pub high: Bound<Vec<u8>>,
@@ -232,10 +256,29 @@ impl RowRange {
     }
 }
 
+/// How [`IndexStore::apply_within`] writes a batch of mapped documents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ApplyOptions<'a> {
+    /// The feed position the batch reaches; `None` keeps the recorded one.
+    pub checkpoint: Option<&'a str>,
+    /// The most [`GroupState::stored_bytes`] the group may reach by growing.
+    pub max_bytes: u64,
+    /// Whether the commit is on disk when the call returns. A build commits its batches without
+    /// waiting (redb's `Durability::None`) and makes its last one durable, which makes the ones
+    /// before it durable too: a crash in between goes back to the last durable commit, whose
+    /// rows and feed position match, and the build maps those documents again.
+    pub durable: bool,
+    /// The partials each view's blocks keep, by view number; a view past the end keeps both.
+    pub partials: &'a [Partials],
+}
+
 /// The index file.
 pub struct IndexStore {
     path: PathBuf,
     db: Database,
+    /// Reduce answers kept until their group's rows change: every commit that changes a group's
+    /// rows below ends them ([`ReduceCache::invalidate`]).
+    reductions: ReduceCache,
 }
 
 fn failure(path: &Path, doing: &str, err: impl Into<redb::Error>) -> Error {
@@ -267,7 +310,7 @@ impl IndexStore {
             Err(redb::DatabaseError::DatabaseAlreadyOpen) => return Ok(None),
             Err(err) => return Err(failure(path, "open", err)),
         };
-        let store = IndexStore { path: path.to_owned(), db };
+        let store = IndexStore { path: path.to_owned(), db, reductions: ReduceCache::default() };
         let txn = store.db.begin_write().map_err(|e| store.fail("begin", e))?;
         {
             txn.open_table(ROWS).map_err(|e| store.fail("create tables", e))?;
@@ -284,6 +327,11 @@ impl IndexStore {
         failure(&self.path, doing, err)
     }
 
+    /// The reduce answers kept for this file's groups ([`super::reduce_cache`]).
+    pub fn reductions(&self) -> &ReduceCache {
+        &self.reductions
+    }
+
     /// The group named `name` with `views` views, created empty when missing (or when its rows
     /// were written in another format, [`current_format`]: then its old rows are dropped first).
     pub fn group(&self, name: &str, views: usize) -> Result<GroupState> {
@@ -293,6 +341,7 @@ impl IndexStore {
             }
         }
         let txn = self.db.begin_write().map_err(|e| self.fail("begin", e))?;
+        let mut ended = None;
         let state = {
             let mut groups = txn.open_table(GROUPS).map_err(|e| self.fail("open groups", e))?;
             let existing = match groups.get(name).map_err(|e| self.fail("read group", e))? {
@@ -302,9 +351,10 @@ impl IndexStore {
             match existing {
                 Some(state) if state.format == current_format() && state.row_counts.len() == views => state,
                 stale => {
-                    if let Some(stale) = stale {
+                    if let Some(stale) = &stale {
                         self.erase_rows(&txn, stale.number)?;
                     }
+                    ended = stale.map(|stale| stale.number);
                     let mut meta = txn.open_table(META).map_err(|e| self.fail("open meta", e))?;
                     let number = meta.get(NEXT_GROUP).map_err(|e| self.fail("read meta", e))?.map_or(1, |v| v.value());
                     meta.insert(NEXT_GROUP, number + 1).map_err(|e| self.fail("write meta", e))?;
@@ -321,6 +371,9 @@ impl IndexStore {
             }
         };
         txn.commit().map_err(|e| self.fail("commit", e))?;
+        if let Some(number) = ended {
+            self.reductions.invalidate(number);
+        }
         Ok(state)
     }
 
@@ -368,24 +421,27 @@ impl IndexStore {
     }
 
     /// Replaces each document's rows with its new mapping and records `checkpoint` as the
-    /// group's feed position, in one transaction. Returns the new state.
+    /// group's feed position, in one durable transaction. Returns the new state.
     pub fn apply(&self, name: &str, docs: &[MappedDoc], checkpoint: &str) -> Result<GroupState> {
-        self.apply_within(name, docs, Some(checkpoint), u64::MAX)
+        let options = ApplyOptions { checkpoint: Some(checkpoint), max_bytes: u64::MAX, durable: true, partials: &[] };
+        self.apply_within(name, docs, options)
     }
 
-    /// [`Self::apply`], keeping the recorded feed position when `checkpoint` is `None` (part of a
-    /// feed page written before the rest of it is mapped: mapping those documents again replaces
-    /// their rows, so rows ahead of the position are harmless), and refused (`TooLarge`, nothing
-    /// written) when it would leave the group over `max_bytes` of [`GroupState::stored_bytes`]
-    /// and larger than it was. A write that shrinks the group is always taken.
-    pub fn apply_within(
-        &self,
-        name: &str,
-        docs: &[MappedDoc],
-        checkpoint: Option<&str>,
-        max_bytes: u64,
-    ) -> Result<GroupState> {
-        let txn = self.db.begin_write().map_err(|e| self.fail("begin", e))?;
+    /// [`Self::apply`], as `options` say: keeping the recorded feed position when
+    /// `checkpoint` is `None` (part of a feed page written before the rest of it is mapped:
+    /// mapping those documents again replaces their rows, so rows ahead of the position are
+    /// harmless); refused (`TooLarge`, nothing written) when it would leave the group over
+    /// `max_bytes` of [`GroupState::stored_bytes`] and larger than it was (a write that shrinks
+    /// the group is always taken); committed without waiting for the disk unless `durable`.
+    pub fn apply_within(&self, name: &str, docs: &[MappedDoc], options: ApplyOptions<'_>) -> Result<GroupState> {
+        let ApplyOptions { checkpoint, max_bytes, durable, partials } = options;
+        let mut txn = self.db.begin_write().map_err(|e| self.fail("begin", e))?;
+        // Rows and their feed position still commit together; a crash goes back to the last
+        // durable commit, whose rows match its own position. Where redb refuses a commit that
+        // does not wait for the disk, it waits.
+        if !durable && txn.set_durability(redb::Durability::None).is_err() {
+            tracing::debug!(path = %self.path.display(), "view index: a durable commit where none was needed");
+        }
         let state = {
             let mut groups = txn.open_table(GROUPS).map_err(|e| self.fail("open groups", e))?;
             let mut state = match groups.get(name).map_err(|e| self.fail("read group", e))? {
@@ -465,7 +521,7 @@ impl IndexStore {
                 ));
             }
             let mut blocks = txn.open_table(BLOCKS).map_err(|e| self.fail("open blocks", e))?;
-            self.update_blocks(&rows, &mut blocks, changes)?;
+            self.update_blocks(&rows, &mut blocks, changes, partials)?;
             if let Some(checkpoint) = checkpoint {
                 state.checkpoint = Some(checkpoint.to_owned());
             }
@@ -473,6 +529,7 @@ impl IndexStore {
             state
         };
         txn.commit().map_err(|e| self.fail("commit", e))?;
+        self.reductions.invalidate(state.number);
         Ok(state)
     }
 
@@ -869,7 +926,9 @@ impl IndexStore {
         rows: &redb::Table<&'static [u8], &'static [u8]>,
         blocks: &mut redb::Table<&'static [u8], &'static [u8]>,
         mut changes: Vec<RowChange>,
+        partials: &[Partials],
     ) -> Result<()> {
+        let kept = |block_start: &[u8]| partials.get(view_of(block_start)).copied().unwrap_or(Partials::BOTH);
         struct Touched {
             start: Vec<u8>,
             old: BlockSummary,
@@ -906,7 +965,7 @@ impl IndexStore {
             let summary = if block.dirty {
                 BlockSummary { count, sum: None, stats: None }
             } else {
-                block.old.joined(BlockSummary::of(&block.added))
+                block.old.joined(BlockSummary::of_kept(&block.added, kept(&block.start)))
             };
             blocks
                 .insert(block.start.as_slice(), summary.encode()?.as_slice())
@@ -939,7 +998,7 @@ impl IndexStore {
             } else {
                 (start, end)
             };
-            self.rebuild_blocks(rows, blocks, prefix, &span.0, &span.1)?;
+            self.rebuild_blocks(rows, blocks, prefix, (&span.0, &span.1), kept(prefix))?;
         }
         Ok(())
     }
@@ -952,8 +1011,8 @@ impl IndexStore {
         rows: &redb::Table<&'static [u8], &'static [u8]>,
         blocks: &mut redb::Table<&'static [u8], &'static [u8]>,
         prefix: &[u8],
-        start: &[u8],
-        end: &[u8],
+        (start, end): (&[u8], &[u8]),
+        kept: Partials,
     ) -> Result<()> {
         let (low, high) = (Bound::Included(start.to_vec()), Bound::Excluded(end.to_vec()));
         let total = self.count_rows(rows, &low, &high)?;
@@ -967,7 +1026,10 @@ impl IndexStore {
             for (index, entry) in rows.range::<&[u8]>(bounds).map_err(|e| self.fail("scan rows", e))?.enumerate() {
                 let (key, stored) = entry.map_err(|e| self.fail("scan rows", e))?;
                 if piece + 1 < pieces && index as u64 == (piece + 1) * total / pieces {
-                    made.push((std::mem::replace(&mut piece_start, key.value().to_vec()), BlockSummary::of(&values)));
+                    made.push((
+                        std::mem::replace(&mut piece_start, key.value().to_vec()),
+                        BlockSummary::of_kept(&values, kept),
+                    ));
                     values.clear();
                     piece += 1;
                 }
@@ -976,7 +1038,7 @@ impl IndexStore {
                 values.push((Value::Null, value));
             }
         }
-        made.push((piece_start, BlockSummary::of(&values)));
+        made.push((piece_start, BlockSummary::of_kept(&values, kept)));
         blocks.retain_in::<&[u8], _>(start..end, |_, _| false).map_err(|e| self.fail("rewrite blocks", e))?;
         for (block_start, summary) in made {
             // An empty span keeps no block, except a view's first (every row needs one below it).
@@ -998,14 +1060,18 @@ impl IndexStore {
             let removed = groups.remove(name).map_err(|e| self.fail("remove group", e))?.map(|v| v.value().to_vec());
             match removed {
                 Some(bytes) => {
-                    self.erase_rows(&txn, decode_state(&bytes)?.number)?;
-                    true
+                    let number = decode_state(&bytes)?.number;
+                    self.erase_rows(&txn, number)?;
+                    Some(number)
                 }
-                None => false,
+                None => None,
             }
         };
         txn.commit().map_err(|e| self.fail("commit", e))?;
-        Ok(dropped)
+        if let Some(number) = dropped {
+            self.reductions.invalidate(number);
+        }
+        Ok(dropped.is_some())
     }
 
     fn erase_rows(&self, txn: &redb::WriteTransaction, number: u64) -> Result<()> {
@@ -1494,6 +1560,32 @@ pub(crate) mod tests {
 
     /// A group counts the bytes it stores; a write that would take it past a bound and grow it
     /// is refused whole, one that shrinks it is taken; a partial write keeps the position.
+    /// A view's blocks keep only the partials `ApplyOptions::partials` names for it.
+    #[test]
+    fn blocks_keep_only_the_partials_their_view_uses() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = IndexStore::open(&dir.path().join("views.redb")).unwrap();
+        let number = store.group("g", 2).unwrap().number;
+        let docs: Vec<MappedDoc> = (0..1_000)
+            .map(|i| doc(&format!("d{i:04}"), vec![vec![(json!(i % 3), json!(i))], vec![(json!(i % 3), json!(i))]]))
+            .collect();
+        let kept = [Partials { sum: true, stats: false }, Partials::NONE];
+        let options = ApplyOptions { checkpoint: Some("s"), max_bytes: u64::MAX, durable: true, partials: &kept };
+        store.apply_within("g", &docs, options).unwrap();
+        let summed = blocks_of(&store, number, 0);
+        assert!(summed.len() > 2, "{} blocks", summed.len());
+        assert!(summed.iter().all(|(_, summary)| summary.sum.is_some() && summary.stats.is_none()));
+        let counted = blocks_of(&store, number, 1);
+        assert!(counted
+            .iter()
+            .all(|(_, summary)| summary.count > 0 && summary.sum.is_none() && summary.stats.is_none()));
+    }
+
+    /// Options of a durable write recording `checkpoint` within `max_bytes`.
+    fn within(checkpoint: Option<&str>, max_bytes: u64) -> ApplyOptions<'_> {
+        ApplyOptions { checkpoint, max_bytes, durable: true, partials: &[] }
+    }
+
     #[test]
     fn stored_bytes_are_counted_and_bounded() {
         let dir = tempfile::tempdir().unwrap();
@@ -1502,12 +1594,12 @@ pub(crate) mod tests {
         let big = |id: &str| doc(id, vec![vec![(json!(id), json!("x".repeat(500)))]]);
         let first = store.apply("g", &[big("a"), big("b")], "s1").unwrap();
         assert!(first.stored_bytes > 1_000, "{}", first.stored_bytes);
-        let refused = store.apply_within("g", &[big("c")], Some("s2"), first.stored_bytes + 100).unwrap_err();
+        let refused = store.apply_within("g", &[big("c")], within(Some("s2"), first.stored_bytes + 100)).unwrap_err();
         assert_eq!(refused.kind(), ErrorKind::TooLarge);
         assert_eq!(store.read_group("g").unwrap().as_ref(), Some(&first), "nothing of the refused write");
-        let shrunk = store.apply_within("g", &[doc("a", vec![vec![]])], Some("s2"), 10).unwrap();
+        let shrunk = store.apply_within("g", &[doc("a", vec![vec![]])], within(Some("s2"), 10)).unwrap();
         assert!(shrunk.stored_bytes < first.stored_bytes / 2 + 100, "{}", shrunk.stored_bytes);
-        let partial = store.apply_within("g", &[doc("a", vec![vec![]])], None, u64::MAX).unwrap();
+        let partial = store.apply_within("g", &[doc("a", vec![vec![]])], within(None, u64::MAX)).unwrap();
         assert_eq!(partial.checkpoint.as_deref(), Some("s2"));
         assert_eq!(partial.stored_bytes, shrunk.stored_bytes, "the same mapping again stores the same");
         store.drop_group("g").unwrap();

@@ -76,6 +76,11 @@ impl Mapper for JavaScriptViews {
             })
             .collect())
     }
+
+    /// One call per worker thread: each runs on a runtime of its own.
+    fn parallel_calls(&self, _design: &DesignViews) -> usize {
+        self.engine.limits().workers
+    }
 }
 
 #[async_trait]

@@ -12,6 +12,7 @@
 //! - [`updater`]: catching a view group up with the change feed.
 //! - [`freshness`]: concurrent catch-ups of one group sharing a feed read.
 //! - [`query`]: a query's parameters, checked, and the key ranges they select.
+//! - [`reduce_cache`]: reduce answers kept until their group's rows change.
 //! - [`run`]: answering a query from the index (rows, or grouped reductions).
 //! - [`javascript`]: the JavaScript engine ([`crate::js`]) as the views' mapper and reducer.
 //! - [`index_file`]: which index file this process claims at startup (a slot no other holds).
@@ -25,6 +26,7 @@ pub mod index_file;
 pub mod index_store;
 pub mod javascript;
 pub mod query;
+pub mod reduce_cache;
 pub mod run;
 pub mod service;
 pub mod sort_key;

@@ -23,7 +23,7 @@ pub enum Update {
 }
 
 /// How rows are grouped for a reduce.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Grouping {
     /// One reduction of every row in range (key `null`).
     All,

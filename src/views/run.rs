@@ -20,6 +20,7 @@ use super::builtin_reduce::{Builtin, Reducer};
 use super::design::{DesignViews, ReduceFn};
 use super::index_store::{BlockSummary, IndexRow, IndexStore, Piece, RowRange};
 use super::query::{group_key, Grouping};
+use super::reduce_cache::ReduceKey;
 use super::sort_key;
 use super::ViewError;
 
@@ -55,68 +56,109 @@ pub async fn map_rows(
     skip: u64,
     limit: Option<u64>,
 ) -> Result<MapRows, ViewError> {
-    let before = {
+    let mut ranges: std::collections::VecDeque<RowRange> = ranges.into();
+    // The offset and the first page in one trip to the blocking pool: a short answer (a `key`
+    // with a `limit`) needs no other.
+    let first_page_rows = page_rows(skip, limit.unwrap_or(u64::MAX));
+    let (before, first) = {
         let store = Arc::clone(&store);
-        let first = ranges.first().cloned().unwrap_or_else(RowRange::all);
-        tokio::task::spawn_blocking(move || rows_before(&store, number, view, &first, descending))
-            .await
-            .map_err(task_failed)?
-            .map_err(ViewError::Storage)?
+        let first_range = ranges.pop_front();
+        tokio::task::spawn_blocking(move || -> crate::error::Result<_> {
+            let Some(range) = first_range else {
+                return Ok((0, None));
+            };
+            let before = rows_before(&store, number, view, &range, descending)?;
+            let page = store.page(number, view, &range, descending, first_page_rows)?;
+            Ok((before, Some(page)))
+        })
+        .await
+        .map_err(task_failed)?
+        .map_err(ViewError::Storage)?
     };
     let (sender, receiver) = mpsc::channel(CHANNEL_ROWS);
-    let read = RowsRead { number, view, ranges, descending, skip, limit };
+    let read = RowsRead { number, view, first, ranges, descending, skip, limit };
     tokio::spawn(send_rows(store, read, sender));
     Ok(MapRows { offset: before + skip, rows: receiver })
 }
 
-/// What [`send_rows`] reads: view `view` of group `number` in `ranges`, `skip` rows skipped and
-/// at most `limit` sent.
+/// Rows to read in the next page when `to_skip` rows are still to be skipped and at most `left`
+/// sent: no more than the answer can use, at most [`PAGE_ROWS`].
+fn page_rows(to_skip: u64, left: u64) -> usize {
+    to_skip.saturating_add(left).min(PAGE_ROWS as u64).max(1) as usize
+}
+
+/// What [`send_rows`] reads: view `view` of group `number`, the first range's first page read
+/// already (`first`), then the rest of it and `ranges`, `skip` rows skipped and at most `limit`
+/// sent.
 struct RowsRead {
     number: u64,
     view: usize,
-    ranges: Vec<RowRange>,
+    first: Option<super::index_store::RowPage>,
+    ranges: std::collections::VecDeque<RowRange>,
     descending: bool,
     skip: u64,
     limit: Option<u64>,
 }
 
-/// Reads the rows of `ranges` a page ([`PAGE_ROWS`]) at a time on the blocking pool and sends
-/// them from async code: while the client does not read, the channel fills and this task waits
-/// holding neither a thread nor a read transaction. It ends when the receiver is dropped.
+/// Reads the rows of `ranges` a page ([`PAGE_ROWS`] at most, no more than the answer can still
+/// use) at a time on the blocking pool and sends them from async code: while the client does not
+/// read, the channel fills and this task waits holding neither a thread nor a read transaction.
+/// It ends when the receiver is dropped.
 async fn send_rows(store: Arc<IndexStore>, read: RowsRead, sender: mpsc::Sender<Result<IndexRow, ViewError>>) {
-    let RowsRead { number, view, ranges, descending, skip, limit } = read;
-    let mut to_skip = skip;
-    let mut left = limit.unwrap_or(u64::MAX);
-    for range in ranges {
-        let mut unread = Some(range);
-        while let Some(range) = unread.take() {
-            if left == 0 || sender.is_closed() {
+    let RowsRead { number, view, first, mut ranges, descending, skip, limit } = read;
+    let mut place = Place { to_skip: skip, left: limit.unwrap_or(u64::MAX) };
+    let mut unread = None;
+    if let Some(page) = first {
+        if !place.send(page.rows, &sender).await {
+            return;
+        }
+        unread = page.rest;
+    }
+    while let Some(range) = unread.take().or_else(|| ranges.pop_front()) {
+        if place.left == 0 || sender.is_closed() {
+            return;
+        }
+        let reading = Arc::clone(&store);
+        let rows = page_rows(place.to_skip, place.left);
+        let page = tokio::task::spawn_blocking(move || reading.page(number, view, &range, descending, rows))
+            .await
+            .map_err(task_failed)
+            .and_then(|page| page.map_err(ViewError::Storage));
+        let page = match page {
+            Ok(page) => page,
+            Err(err) => {
+                let _ = sender.send(Err(err)).await;
                 return;
             }
-            let reading = Arc::clone(&store);
-            let page = tokio::task::spawn_blocking(move || reading.page(number, view, &range, descending, PAGE_ROWS))
-                .await
-                .map_err(task_failed)
-                .and_then(|page| page.map_err(ViewError::Storage));
-            let page = match page {
-                Ok(page) => page,
-                Err(err) => {
-                    let _ = sender.send(Err(err)).await;
-                    return;
-                }
-            };
-            for row in page.rows {
-                if to_skip > 0 {
-                    to_skip -= 1;
-                    continue;
-                }
-                if left == 0 || sender.send(Ok(row)).await.is_err() {
-                    return;
-                }
-                left -= 1;
-            }
-            unread = page.rest;
+        };
+        if !place.send(page.rows, &sender).await {
+            return;
         }
+        unread = page.rest;
+    }
+}
+
+/// Where a map answer stands: rows still to skip, rows it may still send.
+struct Place {
+    to_skip: u64,
+    left: u64,
+}
+
+impl Place {
+    /// Skips and sends `rows`; `false` once nothing more is to be sent (the limit reached, or the
+    /// receiver gone).
+    async fn send(&mut self, rows: Vec<IndexRow>, sender: &mpsc::Sender<Result<IndexRow, ViewError>>) -> bool {
+        for row in rows {
+            if self.to_skip > 0 {
+                self.to_skip -= 1;
+                continue;
+            }
+            if self.left == 0 || sender.send(Ok(row)).await.is_err() {
+                return false;
+            }
+            self.left -= 1;
+        }
+        self.left > 0
     }
 }
 
@@ -256,7 +298,48 @@ impl OpenGroup {
     }
 }
 
-/// The reduce answer's rows: `(key, value)` per group, after `skip`, at most `limit`.
+/// The reduce answer's rows: `(key, value)` per group, after `skip`, at most `limit`: the answer
+/// kept for the same query while the group's rows are unchanged ([`super::reduce_cache`]), else
+/// computed ([`computed_reduce_rows`]) and kept.
+#[allow(clippy::too_many_arguments)]
+pub async fn reduce_rows(
+    store: Arc<IndexStore>,
+    number: u64,
+    view: usize,
+    ranges: Vec<RowRange>,
+    descending: bool,
+    grouping: Grouping,
+    reducer: &ReduceRunner<'_>,
+    skip: u64,
+    limit: Option<u64>,
+) -> Result<Vec<(Value, Value)>, ViewError> {
+    let builtin = match reducer {
+        ReduceRunner::Builtin(builtin) => Some(*builtin),
+        ReduceRunner::JavaScript { .. } => None,
+    };
+    let key = ReduceKey { number, view, builtin, ranges, descending, grouping, skip, limit };
+    // Taken before the index is read: an answer read before a write is never kept after it.
+    let ticket = store.reductions().ticket(number);
+    if let Some(rows) = store.reductions().get(&key) {
+        return Ok(rows);
+    }
+    let rows = computed_reduce_rows(
+        Arc::clone(&store),
+        number,
+        view,
+        key.ranges.clone(),
+        descending,
+        grouping,
+        reducer,
+        skip,
+        limit,
+    )
+    .await?;
+    store.reductions().put(key, ticket, &rows);
+    Ok(rows)
+}
+
+/// The reduce answer's rows computed from the index.
 ///
 /// `_count`, `_sum` and `_stats` take the partial reductions the index keeps per block for every
 /// block wholly within the range and within one group, and read only the other rows. Should that
@@ -266,7 +349,7 @@ impl OpenGroup {
 /// JavaScript partial would have to be computed by the engine whenever a block changes, for
 /// views whose reduce may never be queried).
 #[allow(clippy::too_many_arguments)]
-pub async fn reduce_rows(
+async fn computed_reduce_rows(
     store: Arc<IndexStore>,
     number: u64,
     view: usize,
@@ -341,8 +424,7 @@ async fn fold_groups(
                     |summary, first, last| {
                         block_partial(builtin, summary).is_some()
                             && (grouping == Grouping::All
-                                || sort_key::encode(&group_key(first, grouping))
-                                    == sort_key::encode(&group_key(last, grouping)))
+                                || same_group_key(&group_key(first, grouping), &group_key(last, grouping)))
                     },
                     |piece| match piece {
                         Piece::Row(row) => send(Folded::Row(row)),
@@ -381,9 +463,10 @@ async fn fold_groups(
             Folded::Partial { key, .. } => key,
         };
         let key = group_key(row_key, grouping);
-        let same = open
-            .as_ref()
-            .is_some_and(|(open_range, group)| *open_range == range && group.sort_key == sort_key::encode(&key));
+        // Equal JSON is the same group without collating; only a key that differs is encoded.
+        let same = open.as_ref().is_some_and(|(open_range, group)| {
+            *open_range == range && (group.key == key || group.sort_key == sort_key::encode(&key))
+        });
         if !same {
             if let Some((_, done)) = open.take() {
                 emit(done.close(reducer).await?, &mut answer);
@@ -408,6 +491,12 @@ async fn fold_groups(
     }
     scan.await.map_err(task_failed)?;
     Ok(answer)
+}
+
+/// Whether two group keys collate equal: at once when their JSON is equal, else by their sort
+/// keys (keys that differ in JSON may still collate equal, `1` and `1.0` say).
+fn same_group_key(a: &Value, b: &Value) -> bool {
+    a == b || sort_key::encode(a) == sort_key::encode(b)
 }
 
 fn task_failed(err: tokio::task::JoinError) -> ViewError {
@@ -499,6 +588,44 @@ mod tests {
         let total =
             reduce_rows(Arc::clone(&store), number, 0, vec![RowRange::all()], true, Grouping::All, &counted, 0, None);
         assert_eq!(total.await.unwrap(), vec![(json!(null), json!(9))]);
+    }
+
+    /// A reduce answer is kept while the group is unchanged, and computed again after a write of
+    /// its rows: without `apply_within`'s invalidation the second answer below is the first one.
+    #[tokio::test]
+    async fn a_kept_reduce_answer_ends_with_the_next_write_of_its_group() {
+        let (_dir, store, number) = store_with(9);
+        let reducer = ReduceRunner::Builtin(Builtin::Sum);
+        let run = || {
+            reduce_rows(
+                Arc::clone(&store),
+                number,
+                0,
+                vec![RowRange::all()],
+                false,
+                Grouping::Level(1),
+                &reducer,
+                0,
+                None,
+            )
+        };
+        let first = vec![(json!([0]), json!(9)), (json!([1]), json!(12)), (json!([2]), json!(15))];
+        assert_eq!(run().await.unwrap(), first);
+        assert_eq!(run().await.unwrap(), first);
+        assert_eq!(store.reductions().hits(), 1, "the repeated query is answered from the cache");
+        let added = MappedDoc { id: "d100".into(), rows: vec![vec![(json!([0, 100]), json!(100))]] };
+        store.apply("g", &[added], "s2").unwrap();
+        assert_eq!(
+            run().await.unwrap(),
+            vec![(json!([0]), json!(109)), (json!([1]), json!(12)), (json!([2]), json!(15))]
+        );
+        let removed = MappedDoc { id: "d001".into(), rows: Vec::new() };
+        store.apply("g", &[removed], "s3").unwrap();
+        assert_eq!(
+            run().await.unwrap(),
+            vec![(json!([0]), json!(109)), (json!([1]), json!(11)), (json!([2]), json!(15))]
+        );
+        assert_eq!(store.reductions().hits(), 1);
     }
 
     #[tokio::test]

@@ -105,4 +105,8 @@ impl Mapper for EngineMapper {
     ) -> Result<Vec<Vec<Vec<(serde_json::Value, serde_json::Value)>>>, ViewError> {
         self.0.map(design, docs).await
     }
+
+    fn parallel_calls(&self, design: &super::design::DesignViews) -> usize {
+        self.0.parallel_calls(design)
+    }
 }

@@ -77,7 +77,11 @@ impl ViewSource for Database {
 
     async fn feed_page(&self, since: Option<&str>, limit: usize) -> Result<SourcePage, ViewError> {
         let page = self.backend().changes(since, limit).await.map_err(ViewError::Storage)?;
-        let states = self.read_changes(&page.changes).await.map_err(ViewError::Storage)?;
+        // Nothing changed (every query of a current index): no read of no documents.
+        let states = match page.changes.is_empty() {
+            true => Vec::new(),
+            false => self.read_changes(&page.changes).await.map_err(ViewError::Storage)?,
+        };
         let docs = page
             .changes
             .into_iter()

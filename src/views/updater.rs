@@ -18,17 +18,69 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use serde_json::Value;
 
+use super::builtin_reduce::Builtin;
 use super::design::DesignViews;
-use super::index_store::{GroupState, IndexStore, MappedDoc};
+use super::design::ReduceFn;
+use super::index_store::{ApplyOptions, GroupState, IndexStore, MappedDoc, Partials};
 use super::source::{SourceDoc, ViewSource};
 use super::ViewError;
 
 /// Documents read from the feed and mapped per step.
 pub const FEED_PAGE: usize = 128;
+/// Longest a catch-up goes without a durable commit of the index file: what a crash during a
+/// long build may cost in mapping done again.
+pub const DURABLE_EVERY: Duration = Duration::from_secs(1);
+
+/// A write of the index file started on the blocking pool ([`ViewIndexer::start_apply`]).
+struct PendingWrite {
+    database: String,
+    task: tokio::task::JoinHandle<crate::error::Result<GroupState>>,
+}
+
+/// A catch-up's writes: the one in progress, and when the last durable one was.
+struct Writes {
+    pending: Option<PendingWrite>,
+    last_durable: Instant,
+    /// Whether the last write started was committed without waiting for the disk.
+    durable_behind: bool,
+    /// What each view's blocks keep ([`partials_of`]).
+    partials: Arc<[Partials]>,
+}
+
+/// The partial reductions each view of `design` can use: `_sum`'s or `_stats`' for those
+/// built-ins, none for the others (`_count` reads the counts every block keeps).
+fn partials_of(design: &DesignViews) -> Arc<[Partials]> {
+    design
+        .views
+        .iter()
+        .map(|view| match &view.reduce {
+            Some(ReduceFn::Builtin(Builtin::Sum)) => Partials { sum: true, stats: false },
+            Some(ReduceFn::Builtin(Builtin::Stats)) => Partials { sum: false, stats: true },
+            _ => Partials::NONE,
+        })
+        .collect()
+}
+
+impl Writes {
+    /// Notes a write just started, durable or not.
+    fn note(&mut self, durable: bool) {
+        self.durable_behind = !durable;
+        if durable {
+            self.last_durable = Instant::now();
+        }
+    }
+}
+
+/// A page's last batch of mapped documents, with the feed position the page reaches.
+struct LastBatch {
+    docs: Vec<MappedDoc>,
+    last_seq: String,
+}
 
 /// What building a group may hold and write: the settings `couchdb_view_max_rows_per_doc`,
 /// `couchdb_view_max_key_bytes`, `couchdb_view_max_doc_bytes`, `couchdb_view_batch_bytes` and
@@ -71,7 +123,17 @@ pub trait Mapper: Send + Sync {
         design: &DesignViews,
         docs: Vec<Arc<Value>>,
     ) -> Result<Vec<Vec<Vec<(Value, Value)>>>, ViewError>;
+
+    /// How many [`Mapper::map`] calls of `design` run at once to good effect (its worker
+    /// threads): a build maps that many parts of a page together.
+    fn parallel_calls(&self, _design: &DesignViews) -> usize {
+        1
+    }
 }
+
+/// Fewest documents in a part of a page mapped beside others: below it, a call's own cost
+/// outweighs what running it beside another saves.
+const MIN_PART: usize = 16;
 
 /// The view groups of this process: where their rows are, who maps, and who is updating what.
 pub struct ViewIndexer {
@@ -158,6 +220,11 @@ impl ViewIndexer {
     /// The group of `design` over `source` as it is, creating it empty if it does not exist.
     pub async fn current(&self, source: &dyn ViewSource, design: &DesignViews) -> Result<ReadyGroup, ViewError> {
         let name = format!("{}{}", self.prefix_of(source).await?, design.signature);
+        self.group_named(name, design).await
+    }
+
+    /// The group `name` of `design` as recorded now, creating it empty if it does not exist.
+    async fn group_named(&self, name: String, design: &DesignViews) -> Result<ReadyGroup, ViewError> {
         let store = Arc::clone(&self.store);
         let views = design.views.len();
         let (name, state) = blocking(move || store.group(&name, views).map(|state| (name, state))).await?;
@@ -170,45 +237,109 @@ impl ViewIndexer {
         if let Some(shared) = super::freshness::shared_catch_up(self, source, design).await {
             return shared;
         }
-        let mut group = self.current(source, design).await?;
-        let lock = self.lock_of(&group.name);
+        let name = format!("{}{}", self.prefix_of(source).await?, design.signature);
+        let lock = self.lock_of(&name);
         let _updating = lock.lock().await;
-        // Another update may have run while this one waited: start from the recorded state.
-        let store = Arc::clone(&self.store);
-        let name = group.name.clone();
-        if let Some(state) = blocking(move || store.read_group(&name)).await? {
-            group.state = state;
-        }
+        // Read once the lock is held: another update may have run while this one waited.
+        let mut group = self.group_named(name, design).await?;
         let mut feed_read = FeedRead { from: group.state.checkpoint.clone(), design_changed: false };
-        loop {
-            let page = source.feed_page(group.state.checkpoint.as_deref(), FEED_PAGE).await?;
-            feed_read.design_changed |= page.docs.iter().any(|doc| doc.id.starts_with("_design/"));
-            if page.docs.is_empty() {
-                if group.state.checkpoint.as_deref() != Some(page.last_seq.as_str()) {
-                    group.state = self.apply(source.name(), &group.name, Vec::new(), Some(page.last_seq)).await?;
-                }
-                break;
-            }
-            let complete = page.complete;
-            self.write_page(source.name(), &mut group, design, page).await?;
-            if complete {
-                break;
-            }
-        }
+        self.follow_feed(source, design, &mut group, &mut feed_read).await?;
         group.feed_read = Some(feed_read);
         Ok(group)
     }
 
-    /// Maps a feed page's documents and writes their rows: a batch is written once its rows pass
-    /// [`BuildBounds::batch_bytes`] (keeping the recorded feed position), and the last one records
-    /// the page's end.
-    async fn write_page(
+    /// Reads the feed from the group's position to its end as read now, mapping and writing each
+    /// page, three steps at once: while a page is mapped, the next one is read and the one before
+    /// is written (a write is started on the blocking pool and awaited before the next write
+    /// starts, so the writes stay in feed order). Writes are committed without waiting for the
+    /// disk ([`ApplyOptions::durable`]) but the last one of the catch-up, and one at least every
+    /// [`DURABLE_EVERY`], so a crash during a long build costs at most that much mapping again.
+    async fn follow_feed(
+        &self,
+        source: &dyn ViewSource,
+        design: &DesignViews,
+        group: &mut ReadyGroup,
+        feed_read: &mut FeedRead,
+    ) -> Result<(), ViewError> {
+        let database = source.name();
+        let mut note = |page: &crate::views::source::SourcePage| {
+            feed_read.design_changed |= page.docs.iter().any(|doc| doc.id.starts_with("_design/"));
+        };
+        let mut writes = Writes {
+            pending: None,
+            last_durable: Instant::now(),
+            durable_behind: false,
+            partials: partials_of(design),
+        };
+        let mut page = source.feed_page(group.state.checkpoint.as_deref(), FEED_PAGE).await?;
+        note(&page);
+        loop {
+            if page.docs.is_empty() {
+                self.finish_write(&mut writes, group).await?;
+                if group.state.checkpoint.as_deref() != Some(page.last_seq.as_str()) || writes.durable_behind {
+                    let end = self.start_apply(
+                        database,
+                        &group.name,
+                        Vec::new(),
+                        Some(page.last_seq),
+                        true,
+                        Arc::clone(&writes.partials),
+                    );
+                    group.state = self.finish_apply(end).await?;
+                }
+                return Ok(());
+            }
+            let complete = page.complete;
+            let next_since = page.last_seq.clone();
+            let read_next = async {
+                match complete {
+                    true => Ok(None),
+                    false => source.feed_page(Some(&next_since), FEED_PAGE).await.map(Some),
+                }
+            };
+            let (last_batch, next) =
+                tokio::try_join!(self.map_page(database, group, design, page, &mut writes), read_next)?;
+            // The page's last batch records its end; it is written while the next page is mapped.
+            self.finish_write(&mut writes, group).await?;
+            let durable = complete || writes.last_durable.elapsed() >= DURABLE_EVERY;
+            writes.pending = Some(self.start_apply(
+                database,
+                &group.name,
+                last_batch.docs,
+                Some(last_batch.last_seq),
+                durable,
+                Arc::clone(&writes.partials),
+            ));
+            writes.note(durable);
+            match next {
+                Some(next) => {
+                    note(&next);
+                    page = next;
+                }
+                None => return self.finish_write(&mut writes, group).await,
+            }
+        }
+    }
+
+    /// Waits for the write in progress, if any, and takes the group's state it left.
+    async fn finish_write(&self, writes: &mut Writes, group: &mut ReadyGroup) -> Result<(), ViewError> {
+        if let Some(pending) = writes.pending.take() {
+            group.state = self.finish_apply(pending).await?;
+        }
+        Ok(())
+    }
+
+    /// Maps a feed page's documents. A batch whose rows pass [`BuildBounds::batch_bytes`] is
+    /// written before the rest is mapped (keeping the recorded feed position; the write before it
+    /// awaited first); the page's last batch, with the page's end, is returned to be written.
+    async fn map_page(
         &self,
         database: &str,
         group: &mut ReadyGroup,
         design: &DesignViews,
         page: super::source::SourcePage,
-    ) -> Result<(), ViewError> {
+        writes: &mut Writes,
+    ) -> Result<LastBatch, ViewError> {
         let mut batch = Vec::with_capacity(page.docs.len());
         let mut batch_bytes = 0usize;
         let mut inputs = Vec::new();
@@ -226,7 +357,7 @@ impl ViewIndexer {
         let mut ids = input_ids.into_iter();
         let mut mapped = 0;
         while mapped < inputs.len() {
-            let outcomes = self.mapper.map(design, inputs[mapped..].to_vec()).await?;
+            let outcomes = self.map_parts(design, &inputs[mapped..]).await?;
             if outcomes.is_empty() {
                 return Err(ViewError::Storage(crate::error::Error::new(
                     crate::error::ErrorKind::Internal,
@@ -243,12 +374,16 @@ impl ViewIndexer {
                 if batch_bytes >= self.bounds.batch_bytes && mapped < inputs.len() {
                     let written = std::mem::take(&mut batch);
                     batch_bytes = 0;
-                    group.state = self.apply(database, &group.name, written, None).await?;
+                    self.finish_write(writes, group).await?;
+                    let durable = writes.last_durable.elapsed() >= DURABLE_EVERY;
+                    let part =
+                        self.start_apply(database, &group.name, written, None, durable, Arc::clone(&writes.partials));
+                    group.state = self.finish_apply(part).await?;
+                    writes.note(durable);
                 }
             }
         }
-        group.state = self.apply(database, &group.name, batch, Some(page.last_seq)).await?;
-        Ok(())
+        Ok(LastBatch { docs: batch, last_seq: page.last_seq })
     }
 
     /// A document's rows within the per-document bounds, with the bytes of their JSON; no rows
@@ -275,24 +410,77 @@ impl ViewIndexer {
         }
     }
 
-    /// Writes `mapped` to the group (recording `checkpoint` when given) within what
-    /// [`BuildBounds::max_index_bytes`] leaves the group beside the database's other groups.
-    async fn apply(
+    /// Maps the first of `docs` (at least one), cut into parts mapped at once, as many as the
+    /// mapper runs in parallel ([`Mapper::parallel_calls`]): the outcomes in order up to the first
+    /// part the mapper answered only in part (a mapper may stop early to bound what a call holds);
+    /// the caller maps the rest again.
+    async fn map_parts(
+        &self,
+        design: &DesignViews,
+        docs: &[Arc<Value>],
+    ) -> Result<Vec<Vec<Vec<(Value, Value)>>>, ViewError> {
+        let parts = self.mapper.parallel_calls(design).min(docs.len() / MIN_PART).max(1);
+        if parts == 1 {
+            return self.mapper.map(design, docs.to_vec()).await;
+        }
+        let per_part = docs.len().div_ceil(parts);
+        let calls = docs.chunks(per_part).map(|part| self.mapper.map(design, part.to_vec()));
+        let answers = futures::future::try_join_all(calls).await?;
+        let mut outcomes = Vec::with_capacity(docs.len());
+        for (answer, part) in answers.into_iter().zip(docs.chunks(per_part)) {
+            let whole = answer.len() == part.len();
+            outcomes.extend(answer);
+            if !whole {
+                break;
+            }
+        }
+        Ok(outcomes)
+    }
+
+    /// Starts writing `mapped` to the group (recording `checkpoint` when given) on the blocking
+    /// pool, within what [`BuildBounds::max_index_bytes`] leaves the group beside the database's
+    /// other groups; [`Self::finish_apply`] waits for it.
+    fn start_apply(
         &self,
         database: &str,
         name: &str,
         mapped: Vec<MappedDoc>,
         checkpoint: Option<String>,
-    ) -> Result<GroupState, ViewError> {
+        durable: bool,
+        partials: Arc<[Partials]>,
+    ) -> PendingWrite {
         let store = Arc::clone(&self.store);
         let name = name.to_owned();
         let database_prefix = format!("{database}\u{0}");
-        let max_index_bytes = self.bounds.max_index_bytes;
-        let applied = blocking(move || {
+        let max_bytes = self.bounds.max_index_bytes;
+        let task = tokio::task::spawn_blocking(move || {
             let others = store.stored_bytes_besides(&database_prefix, &name)?;
-            store.apply_within(&name, &mapped, checkpoint.as_deref(), max_index_bytes.saturating_sub(others))
-        })
-        .await;
+            let options = ApplyOptions {
+                checkpoint: checkpoint.as_deref(),
+                max_bytes: max_bytes.saturating_sub(others),
+                durable,
+                partials: &partials,
+            };
+            store.apply_within(&name, &mapped, options)
+        });
+        PendingWrite { database: database.to_owned(), task }
+    }
+
+    /// The group's state after the write `pending`, or why it failed (past
+    /// [`BuildBounds::max_index_bytes`]: [`ViewError::IndexFull`]).
+    async fn finish_apply(&self, pending: PendingWrite) -> Result<GroupState, ViewError> {
+        let max_index_bytes = self.bounds.max_index_bytes;
+        let database = pending.database;
+        let applied = pending
+            .task
+            .await
+            .map_err(|err| {
+                ViewError::Storage(crate::error::Error::new(
+                    crate::error::ErrorKind::Internal,
+                    format!("view index task: {err}"),
+                ))
+            })?
+            .map_err(ViewError::Storage);
         applied.map_err(|err| match err {
             ViewError::Storage(err) if err.kind() == crate::error::ErrorKind::TooLarge => {
                 ViewError::IndexFull(format!(
