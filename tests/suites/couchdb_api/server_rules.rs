@@ -40,6 +40,18 @@ pub(super) async fn admin_endpoints_names_and_headers(e: Endpoint) -> TestResult
     }
     let request = e.client.post(e.url("/_agentstore/runs")).basic_auth("admin", Some(PASSWORD)).json(&json!({}));
     Answer::read(request.send().await?).await?.expect(400, "POST /_agentstore/runs {}")?;
+    // Past a start's bounds (docs/bounds.md: a side of 2048 bytes, 100 names): 400 naming them.
+    let names: Vec<String> = (0..101).map(|i| format!("db{i}")).collect();
+    for (start, bound) in [
+        (json!({"command": "verify", "source": "x".repeat(2049), "target": "http://b/"}), "2048 bytes"),
+        (json!({"command": "verify", "source": "http://a/", "target": "http://b/", "db": names}), "more than 100"),
+    ] {
+        let request = e.client.post(e.url("/_agentstore/runs")).basic_auth("admin", Some(PASSWORD)).json(&start);
+        let refused = Answer::read(request.send().await?).await?.expect(400, "POST /_agentstore/runs past a bound")?;
+        check(refused.body["reason"].as_str().is_some_and(|reason| reason.contains(bound)), || {
+            format!("a start past {bound}: {}", refused.body)
+        })?;
+    }
     as_login(&e, "admin", Method::DELETE, "/_agentstore/runs/no-such-run").await?.expect(404, "DELETE no run")?;
 
     // A name starting with `_` that is no system database breaks the name rule: 400 for an
