@@ -323,18 +323,7 @@ pub async fn reduce_rows(
     if let Some(rows) = store.reductions().get(&key) {
         return Ok(rows);
     }
-    let rows = computed_reduce_rows(
-        Arc::clone(&store),
-        number,
-        view,
-        key.ranges.clone(),
-        descending,
-        grouping,
-        reducer,
-        skip,
-        limit,
-    )
-    .await?;
+    let rows = computed_reduce_rows(Arc::clone(&store), &key, reducer).await?;
     store.reductions().put(key, ticket, &rows);
     Ok(rows)
 }
@@ -348,18 +337,12 @@ pub async fn reduce_rows(
 /// `_approx_count_distinct` always read the rows: the index keeps no partials for them (a
 /// JavaScript partial would have to be computed by the engine whenever a block changes, for
 /// views whose reduce may never be queried).
-#[allow(clippy::too_many_arguments)]
 async fn computed_reduce_rows(
     store: Arc<IndexStore>,
-    number: u64,
-    view: usize,
-    ranges: Vec<RowRange>,
-    descending: bool,
-    grouping: Grouping,
+    query: &ReduceKey,
     reducer: &ReduceRunner<'_>,
-    skip: u64,
-    limit: Option<u64>,
 ) -> Result<Vec<(Value, Value)>, ViewError> {
+    let ReduceKey { number, view, ref ranges, descending, grouping, skip, limit, .. } = *query;
     if let Some(builtin) = reducer.with_block_partials() {
         let with_blocks = fold_groups(
             Arc::clone(&store),
@@ -379,7 +362,7 @@ async fn computed_reduce_rows(
             answered => return answered,
         }
     }
-    fold_groups(store, number, view, ranges, descending, grouping, None, reducer, skip, limit).await
+    fold_groups(store, number, view, ranges.clone(), descending, grouping, None, reducer, skip, limit).await
 }
 
 /// [`reduce_rows`] from the rows alone (`blocks` is `None`), or with blocks' partials for that
