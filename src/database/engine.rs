@@ -64,6 +64,8 @@
 mod bulk;
 mod client_local;
 mod closing;
+#[cfg(test)]
+pub(crate) mod counting;
 mod purge_views;
 mod repairing;
 pub use closing::DRAIN_WAIT;
@@ -1413,79 +1415,6 @@ mod tests {
         assert_eq!(refused.kind(), ErrorKind::TooLarge);
     }
 
-    /// The calls that reach a backend, by name, for the ones a document write makes; with
-    /// `fail_puts`, every `put` fails before writing, as a process killed between a save's
-    /// local tree and its record leaves it, and `NeverWritten` is not checked (so a save from
-    /// nothing writes its local tree first).
-    struct Counting {
-        inner: Arc<dyn DocumentBackend>,
-        calls: std::sync::Mutex<Vec<&'static str>>,
-        fail_puts: bool,
-    }
-
-    impl Counting {
-        fn over(inner: Arc<dyn DocumentBackend>, fail_puts: bool) -> Arc<Self> {
-            Arc::new(Counting { inner, calls: std::sync::Mutex::new(Vec::new()), fail_puts })
-        }
-
-        fn taken(&self) -> Vec<&'static str> {
-            std::mem::take(&mut *self.calls.lock().unwrap())
-        }
-
-        fn called(&self, name: &'static str) {
-            self.calls.lock().unwrap().push(name);
-        }
-    }
-
-    #[async_trait::async_trait]
-    impl crate::backend::raw::layer::Layered for Counting {
-        fn inner(&self) -> &dyn DocumentBackend {
-            self.inner.as_ref()
-        }
-
-        fn checks_never_written(&self) -> bool {
-            !self.fail_puts && self.inner.checks_never_written()
-        }
-
-        async fn get(&self, id: &str) -> Result<Option<crate::backend::StoredDocument>> {
-            self.called("get");
-            self.inner.get(id).await
-        }
-
-        async fn get_many(&self, ids: &[String]) -> Result<Vec<Option<crate::backend::StoredDocument>>> {
-            self.called("get_many");
-            self.inner.get_many(ids).await
-        }
-
-        async fn get_local(&self, name: &str) -> Result<Option<crate::backend::StoredDocument>> {
-            self.called("get_local");
-            self.inner.get_local(name).await
-        }
-
-        async fn get_many_local(&self, names: &[String]) -> Result<Vec<Option<crate::backend::StoredDocument>>> {
-            self.called("get_many_local");
-            self.inner.get_many_local(names).await
-        }
-
-        async fn put(&self, id: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Revision> {
-            self.called("put");
-            if self.fail_puts {
-                return Err(Error::new(ErrorKind::Unavailable, "killed before the record"));
-            }
-            self.inner.put(id, body, precondition).await
-        }
-
-        async fn put_local(
-            &self,
-            name: &str,
-            body: &Map<String, Value>,
-            precondition: Precondition,
-        ) -> Result<Revision> {
-            self.called("put_local");
-            self.inner.put_local(name, body, precondition).await
-        }
-    }
-
     /// A creation on the embedded store (a backend checking `NeverWritten`) is one read, of the
     /// local tree a save cut short would have left, and one write, the record, in one commit
     /// (issue 38: the record and the local tree were read, and the local tree written before
@@ -1495,7 +1424,7 @@ mod tests {
     async fn a_creation_is_one_read_and_one_write() {
         let dir = tempfile::tempdir().unwrap();
         let store = Arc::new(EmbeddedBackend::open(&dir.path().join("d.redb")).await.unwrap());
-        let counting = Counting::over(Arc::clone(&store) as Arc<dyn DocumentBackend>, false);
+        let counting = super::counting::CountingBackend::over(Arc::clone(&store) as Arc<dyn DocumentBackend>, false);
         let database = Database::new("d".into(), counting.clone());
         database.write("first", &edit(None, 10)).await.unwrap();
         counting.taken();
@@ -1529,7 +1458,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store: Arc<dyn DocumentBackend> =
             Arc::new(EmbeddedBackend::open(&dir.path().join("d.redb")).await.unwrap());
-        let cut = Database::new("d".into(), Counting::over(Arc::clone(&store), true));
+        let cut = Database::new("d".into(), super::counting::CountingBackend::over(Arc::clone(&store), true));
         assert!(cut.write("x", &edit(None, 10)).await.is_err(), "cut before the record");
         let database = Database::new("d".into(), Arc::clone(&store));
         let state = database.read("x").await.unwrap().expect("the cut save reads back");

@@ -777,86 +777,13 @@ mod tests {
         }
     }
 
-    /// A backend that counts the calls made to it, by name.
-    struct Counting {
-        inner: Arc<dyn DocumentBackend>,
-        calls: std::sync::Mutex<std::collections::BTreeMap<&'static str, usize>>,
-    }
-
-    impl Counting {
-        fn count(&self, call: &'static str) {
-            *self.calls.lock().unwrap().entry(call).or_default() += 1;
-        }
-
-        fn taken(&self) -> std::collections::BTreeMap<&'static str, usize> {
-            std::mem::take(&mut *self.calls.lock().unwrap())
-        }
-    }
-
-    #[async_trait::async_trait]
-    impl crate::backend::raw::layer::Layered for Counting {
-        fn inner(&self) -> &dyn DocumentBackend {
-            self.inner.as_ref()
-        }
-
-        async fn get(&self, id: &str) -> Result<Option<crate::backend::StoredDocument>> {
-            self.count("get");
-            self.inner.get(id).await
-        }
-
-        async fn get_many(&self, ids: &[String]) -> Result<Vec<Option<crate::backend::StoredDocument>>> {
-            self.count("get_many");
-            self.inner.get_many(ids).await
-        }
-
-        async fn get_local(&self, name: &str) -> Result<Option<crate::backend::StoredDocument>> {
-            self.count("get_local");
-            self.inner.get_local(name).await
-        }
-
-        async fn get_many_local(&self, names: &[String]) -> Result<Vec<Option<crate::backend::StoredDocument>>> {
-            self.count("get_many_local");
-            self.inner.get_many_local(names).await
-        }
-
-        async fn get_deleted(&self, id: &str) -> Result<Option<crate::backend::StoredDocument>> {
-            self.count("get_deleted");
-            self.inner.get_deleted(id).await
-        }
-
-        async fn put(&self, id: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Revision> {
-            self.count("put");
-            self.inner.put(id, body, precondition).await
-        }
-
-        async fn put_local(
-            &self,
-            name: &str,
-            body: &Map<String, Value>,
-            precondition: Precondition,
-        ) -> Result<Revision> {
-            self.count("put_local");
-            self.inner.put_local(name, body, precondition).await
-        }
-
-        async fn delete(&self, id: &str, rev: &Revision) -> Result<Revision> {
-            self.count("delete");
-            self.inner.delete(id, rev).await
-        }
-
-        async fn bulk_write(&self, writes: Vec<BulkWrite>) -> Result<Vec<Result<Revision>>> {
-            self.count("bulk_write");
-            self.inner.bulk_write(writes).await
-        }
-    }
-
     /// A page of new documents costs two batched reads and one bulk write, whatever its size:
     /// no local-tree read or write per document. Re-creations over tombstones in a page cost
     /// their local trees' writes, one each, and the page's reads stay batched.
     #[tokio::test]
     async fn a_page_of_new_documents_costs_three_batched_calls() {
         let dir = tempfile::tempdir().unwrap();
-        let layer = Arc::new(Counting { inner: embedded(&dir, "d.redb").await, calls: Default::default() });
+        let layer = super::super::counting::CountingBackend::over(embedded(&dir, "d.redb").await, false);
         let database = Database::new("d".into(), layer.clone());
         database.revs_limit().await.unwrap();
         let documents: Vec<(String, Vec<Write>)> = (0..50)
@@ -865,10 +792,10 @@ mod tests {
                 (format!("doc{n:02}"), vec![leaf(2, &["b", "a"], false, body), leaf(2, &["c", "a"], false, json!({}))])
             })
             .collect();
-        layer.taken();
+        layer.taken_counts();
         let answers = database.write_many(&documents).await.unwrap();
         assert!(answers.iter().all(|a| a.as_ref().is_ok_and(|a| a.iter().all(Result::is_ok))));
-        assert_eq!(layer.taken(), [("bulk_write", 1), ("get_many", 1), ("get_many_local", 1)].into());
+        assert_eq!(layer.taken_counts(), [("bulk_write", 1), ("get_many", 1), ("get_many_local", 1)].into());
         assert_eq!(database.backend().changes(None, 100).await.unwrap().changes.len(), documents.len());
 
         for n in 0..3 {
@@ -878,11 +805,11 @@ mod tests {
         let again: Vec<(String, Vec<Write>)> = (0..6)
             .map(|n| (format!("doc{n:02}"), vec![leaf(3, &["z", "b", "a"], false, json!({"again": n}))]))
             .collect();
-        layer.taken();
+        layer.taken_counts();
         let answers = database.write_many(&again).await.unwrap();
         assert!(answers.iter().all(|a| a.as_ref().is_ok_and(|a| a.iter().all(Result::is_ok))));
         assert_eq!(
-            layer.taken(),
+            layer.taken_counts(),
             [("bulk_write", 1), ("get_many", 1), ("get_many_local", 1), ("put_local", 3)].into(),
             "three re-creations write their local trees first, three live records do not"
         );

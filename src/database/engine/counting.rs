@@ -1,0 +1,101 @@
+//! For the engine's tests: a backend layer that records, in order, the calls a document write
+//! makes to the backend it wraps; with `fail_puts`, every `put` fails before writing (as a
+//! process killed between a save's local tree and its record leaves it) and `NeverWritten` is not
+//! checked, so a save from nothing writes its local tree first.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use serde_json::{Map, Value};
+
+use crate::backend::{BulkWrite, DocumentBackend, Precondition, Revision, StoredDocument};
+use crate::error::{Error, ErrorKind, Result};
+
+pub(crate) struct CountingBackend {
+    inner: Arc<dyn DocumentBackend>,
+    calls: Mutex<Vec<&'static str>>,
+    fail_puts: bool,
+}
+
+impl CountingBackend {
+    pub(crate) fn over(inner: Arc<dyn DocumentBackend>, fail_puts: bool) -> Arc<Self> {
+        Arc::new(CountingBackend { inner, calls: Mutex::new(Vec::new()), fail_puts })
+    }
+
+    /// The calls since the last time they were taken, in order.
+    pub(crate) fn taken(&self) -> Vec<&'static str> {
+        std::mem::take(&mut *self.calls.lock().unwrap_or_else(std::sync::PoisonError::into_inner))
+    }
+
+    /// The calls since the last time they were taken, counted by name.
+    pub(crate) fn taken_counts(&self) -> BTreeMap<&'static str, usize> {
+        let mut counts = BTreeMap::new();
+        for call in self.taken() {
+            *counts.entry(call).or_default() += 1;
+        }
+        counts
+    }
+
+    fn called(&self, name: &'static str) {
+        self.calls.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(name);
+    }
+}
+
+#[async_trait::async_trait]
+impl crate::backend::raw::layer::Layered for CountingBackend {
+    fn inner(&self) -> &dyn DocumentBackend {
+        self.inner.as_ref()
+    }
+
+    fn checks_never_written(&self) -> bool {
+        !self.fail_puts && self.inner.checks_never_written()
+    }
+
+    async fn get(&self, id: &str) -> Result<Option<StoredDocument>> {
+        self.called("get");
+        self.inner.get(id).await
+    }
+
+    async fn get_many(&self, ids: &[String]) -> Result<Vec<Option<StoredDocument>>> {
+        self.called("get_many");
+        self.inner.get_many(ids).await
+    }
+
+    async fn get_local(&self, name: &str) -> Result<Option<StoredDocument>> {
+        self.called("get_local");
+        self.inner.get_local(name).await
+    }
+
+    async fn get_many_local(&self, names: &[String]) -> Result<Vec<Option<StoredDocument>>> {
+        self.called("get_many_local");
+        self.inner.get_many_local(names).await
+    }
+
+    async fn get_deleted(&self, id: &str) -> Result<Option<StoredDocument>> {
+        self.called("get_deleted");
+        self.inner.get_deleted(id).await
+    }
+
+    async fn put(&self, id: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Revision> {
+        self.called("put");
+        if self.fail_puts {
+            return Err(Error::new(ErrorKind::Unavailable, "killed before the record"));
+        }
+        self.inner.put(id, body, precondition).await
+    }
+
+    async fn put_local(&self, name: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Revision> {
+        self.called("put_local");
+        self.inner.put_local(name, body, precondition).await
+    }
+
+    async fn delete(&self, id: &str, rev: &Revision) -> Result<Revision> {
+        self.called("delete");
+        self.inner.delete(id, rev).await
+    }
+
+    async fn bulk_write(&self, writes: Vec<BulkWrite>) -> Result<Vec<Result<Revision>>> {
+        self.called("bulk_write");
+        self.inner.bulk_write(writes).await
+    }
+}
