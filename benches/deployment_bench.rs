@@ -105,11 +105,7 @@ pub fn main() -> std::process::ExitCode {
 
 fn run() -> Result<bool, String> {
     let config = config()?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|e| format!("tokio runtime: {e}"))?;
+    let runtime = crate::common::runtime()?;
     runtime.block_on(measure(config))
 }
 

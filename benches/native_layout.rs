@@ -178,11 +178,7 @@ async fn measure() -> Result<bool, String> {
 }
 
 fn run() -> Result<bool, String> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|err| format!("tokio runtime: {err}"))?;
+    let runtime = common::runtime()?;
     runtime.block_on(measure())
 }
 

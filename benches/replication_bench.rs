@@ -131,11 +131,7 @@ pub fn main() -> std::process::ExitCode {
 
 fn run() -> Result<bool, String> {
     let config = config()?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|e| format!("tokio runtime: {e}"))?;
+    let runtime = crate::common::runtime()?;
     runtime.block_on(async {
         let http = reqwest::Client::builder().timeout(COPY_TIMEOUT).build().map_err(|e| e.to_string())?;
         let databases = Databases::of_this_run();

@@ -130,6 +130,15 @@ pub fn describe(err: &dyn std::error::Error) -> String {
     text
 }
 
+/// The runtime a bench's clients and servers run on: two workers, as the machine has two cores.
+pub fn runtime() -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("tokio runtime: {e}"))
+}
+
 /// The bench's `main`: `cargo bench` passes `--bench`; `cargo test --all-targets` runs the target
 /// without it, and then it only prints how to run it and exits 0. `run` returns `Ok(false)` when
 /// any operation failed (exit 1); an `Err` is printed and exits 1 too.
