@@ -32,7 +32,12 @@ from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import WebDriverWait
 
 DB = "console_walk"
+# How long the page has to react to a click or a key.
 WAIT_SECONDS = 20
+# How long the server may take over work the page shows as pending: creating a database is a
+# table creation on DynamoDB and Firestore, which a loaded test server (dynalite shared by a whole
+# suite) or a real cloud can take tens of seconds over.
+SERVER_WORK_SECONDS = 90
 CHROMIUM_FLAGS = [
     # What this machine's headless chromium needs (the machine notes): no sandbox as root, no
     # GPU, and none of the background connections a closed network refuses.
@@ -143,15 +148,24 @@ class Walk:
         )
         return element
 
-    def text_appears(self, css, text):
+    def text_appears(self, css, text, seconds=WAIT_SECONDS):
         try:
-            self.wait.until(EC.text_to_be_present_in_element((By.CSS_SELECTOR, css), text))
+            WebDriverWait(self.driver, seconds).until(EC.text_to_be_present_in_element((By.CSS_SELECTOR, css), text))
         except TimeoutException:
             shown = [e.text for e in self.driver.find_elements(By.CSS_SELECTOR, css)]
             raise AssertionError(f"{css} never showed {text!r}; it shows {shown!r}") from None
 
-    def status_says(self, text):
-        self.text_appears("#status", text)
+    def status_says(self, text, seconds=WAIT_SECONDS):
+        self.text_appears("#status", text, seconds)
+
+    def server_work_says(self, text):
+        """Server work the page started: the page reacts at once (it shows the work pending, or
+        already done when the server was quick), and the server has SERVER_WORK_SECONDS to end it."""
+        try:
+            self.wait.until(lambda d: d.find_element(By.ID, "status").text.strip())
+        except TimeoutException:
+            raise AssertionError(f"the page did not react to the click within {WAIT_SECONDS} s: #status stays empty") from None
+        self.status_says(text, SERVER_WORK_SECONDS)
 
     def accept_confirm(self):
         self.wait.until(EC.alert_is_present()).accept()
@@ -311,7 +325,7 @@ class Walk:
         self.api.call("DELETE", f"/{DB}")
         self.type_into("#new-db-name", DB)
         self.click("#create-db button[type=submit]")
-        self.status_says(f"Database {DB} created")
+        self.server_work_says(f"Database {DB} created")
         self.text_appears("table", DB)
         info = self.api.ok("GET", f"/{DB}")
         assert info["db_name"] == DB and info["doc_count"] == 0, info
@@ -529,8 +543,9 @@ class Walk:
         added = [r for r in rows if r["doc"].get("target") == copy]
         assert len(added) == 1, rows
         replication_id = added[0]["id"]
-        # The page reads the scheduler again every 5 s: it shows the run's end by itself.
-        self.text_appears("#scheduler-docs", "completed")
+        # The page reads the scheduler again every 5 s: it shows the run's end by itself (the
+        # replication creates its target database first: server work).
+        self.text_appears("#scheduler-docs", "completed", SERVER_WORK_SECONDS)
         row = [c.text for c in self.driver.find_elements(By.CSS_SELECTOR, "#scheduler-docs tbody tr td")]
         assert replication_id in row and "completed" in row and "done" in row, row
         stored = self.api.ok("GET", f"/_replicator/{replication_id}")
@@ -580,7 +595,7 @@ class Walk:
         self.click(f"button[data-delete='{DB}']")
         self.type_into(f"input[data-confirm-name='{DB}']", DB)
         self.click(f"button[data-confirm-delete='{DB}']")
-        self.status_says(f"Database {DB} deleted")
+        self.server_work_says(f"Database {DB} deleted")
         status, _ = self.api.call("GET", f"/{DB}")
         assert status == 404, f"GET /{DB} after deleting it answered {status}"
 

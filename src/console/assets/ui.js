@@ -46,7 +46,7 @@ export function field(label, input) {
   return h('label', {}, label, input);
 }
 
-/** A message box; `kind` is `error` or `ok`. */
+/** A message box; `kind` is `error`, `ok` or `pending` (work the server is still doing). */
 export function message(kind, text) {
   return h('div', { class: `message ${kind}`, role: kind === 'error' ? 'alert' : 'status' }, text);
 }
@@ -62,8 +62,12 @@ export function errorText(err) {
   return err && err.message ? err.message : String(err);
 }
 
-/** Runs `action`, showing its error in the status line; answers its result or undefined. */
-export async function attempt(action, done) {
+/**
+ * Runs `action`, showing its error in the status line; answers its result or undefined. `pending`,
+ * when given, is shown while the server works (creating a DynamoDB table can take a minute).
+ */
+export async function attempt(action, done, pending) {
+  if (pending) status('pending', pending);
   try {
     const result = await action();
     if (done) status('ok', done);

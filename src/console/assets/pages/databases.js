@@ -50,7 +50,8 @@ async function renderList(main) {
   async function create(event) {
     event.preventDefault();
     const name = createName.value.trim();
-    const done = await attempt(() => put(dbPath(name)), `Database ${name} created.`);
+    const done = await attempt(() => put(dbPath(name)), `Database ${name} created.`,
+      `Creating database ${name}… (on DynamoDB or Firestore this can take up to a minute)`);
     if (done) { await rerender(); status('ok', `Database ${name} created.`); }
   }
 }
@@ -74,7 +75,7 @@ function deleteControl(name) {
     async function remove(event) {
       event.preventDefault();
       if (typed.value !== name) { status('error', `The name typed is not ${name}: nothing deleted.`); return; }
-      const done = await attempt(() => del(dbPath(name)));
+      const done = await attempt(() => del(dbPath(name)), undefined, `Deleting database ${name}…`);
       if (done) { await rerender(); status('ok', `Database ${name} deleted.`); }
     }
   }
