@@ -316,6 +316,9 @@ class Walk:
         active = self.driver.switch_to.active_element
         assert active.get_attribute("id") == "login-password", "Tab from the name does not reach the password"
         active.clear()
+        # The login page's own render marked the page ready: unmark it, so `ready()` below waits
+        # for the page the login leads to.
+        self.driver.execute_script("document.getElementById('main').removeAttribute('data-ready')")
         active.send_keys(self.args.password, Keys.ENTER)
         self.text_appears("#who-name", self.args.admin)
         assert self.driver.get_cookie("AuthSession"), "no AuthSession cookie after logging in"
