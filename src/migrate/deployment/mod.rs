@@ -605,14 +605,18 @@ impl Mover {
         Ok(complete)
     }
 
-    /// Reads one page from the source and what of it the target lacks.
-    async fn fetch(&self, db: &str, since: &Value) -> Result<Fetched> {
+    /// Reads one page from the source and what of it the target lacks: everything, unread, when
+    /// `target_fresh` (the target database was created by this pass: [`Side::assume_missing`]).
+    async fn fetch(&self, db: &str, since: &Value, target_fresh: bool) -> Result<Fetched> {
         let page = self.source.changes(db, since, self.options.batch_size).await?;
         if page.docs.is_empty() {
             return Ok(Fetched { page, leaves: Vec::new() });
         }
         let wanted: Vec<(String, Vec<String>)> = page.docs.iter().map(|d| (d.id.clone(), d.leaves.clone())).collect();
-        let missing = self.target.missing(db, &wanted).await?;
+        let missing = match target_fresh {
+            true => self.target.assume_missing(db, &wanted),
+            false => self.target.missing(db, &wanted).await?,
+        };
         let leaves = self.source.read_leaves(db, &missing, false).await?;
         Ok(Fetched { page, leaves })
     }
@@ -661,7 +665,9 @@ impl Mover {
         };
         self.board.start_db(db, expected);
         let mut finished = true;
-        let mut next = Some(self.fetch(db, &state.since).await?);
+        // A database this pass created holds nothing but what this pass writes into it.
+        let target_fresh = report.created;
+        let mut next = Some(self.fetch(db, &state.since, target_fresh).await?);
         while let Some(fetched) = next.take() {
             let Fetched { page, leaves } = fetched;
             let mut counts = Counts { docs_seen: page.docs.len() as u64, ..Counts::default() };
@@ -677,7 +683,7 @@ impl Mover {
             let failures = if page.at_end || stopping {
                 write.await?
             } else {
-                let (written, prefetched) = tokio::join!(write, self.fetch(db, &page.last_seq));
+                let (written, prefetched) = tokio::join!(write, self.fetch(db, &page.last_seq, target_fresh));
                 next = Some(prefetched?);
                 written?
             };
@@ -728,6 +734,142 @@ mod tests {
         }
         assert!(everything.admits("_users") && !everything.admits("_global_changes"));
         assert!(!everything.admits("_other"), "not kept here");
+    }
+
+    /// A catalog over embedded databases that hands out each database behind one counting
+    /// layer, so a test sees every call the move made to it.
+    struct CountingCatalog {
+        inner: crate::backend::catalog::EmbeddedCatalog,
+        layers: Mutex<std::collections::HashMap<String, Arc<crate::database::engine::counting::CountingBackend>>>,
+    }
+
+    impl CountingCatalog {
+        fn layer(
+            &self,
+            name: &DbName,
+            backend: Arc<dyn crate::backend::DocumentBackend>,
+        ) -> Arc<dyn crate::backend::DocumentBackend> {
+            let mut layers = self.layers.lock().unwrap();
+            let layer = layers
+                .entry(name.to_string())
+                .or_insert_with(|| crate::database::engine::counting::CountingBackend::over(backend, false));
+            Arc::clone(layer) as Arc<dyn crate::backend::DocumentBackend>
+        }
+
+        fn reads(&self, name: &str) -> usize {
+            let layers = self.layers.lock().unwrap();
+            let counts = layers.get(name).map(|layer| layer.taken_counts()).unwrap_or_default();
+            // The documents' reads; a database's settings (`get_local` of its own `_local`
+            // document) are read once per database whatever the pages do.
+            counts
+                .iter()
+                .filter(|(call, _)| matches!(**call, "get" | "get_many" | "get_many_local"))
+                .map(|(_, n)| n)
+                .sum()
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl crate::backend::catalog::Catalog for CountingCatalog {
+        fn describe(&self) -> String {
+            "counting".into()
+        }
+        async fn create(&self, name: &DbName) -> Result<Arc<dyn crate::backend::DocumentBackend>> {
+            let backend = self.inner.create(name).await?;
+            Ok(self.layer(name, backend))
+        }
+        async fn open(&self, name: &DbName) -> Result<Option<Arc<dyn crate::backend::DocumentBackend>>> {
+            Ok(self.inner.open(name).await?.map(|backend| self.layer(name, backend)))
+        }
+        async fn delete(&self, name: &DbName) -> Result<bool> {
+            self.inner.delete(name).await
+        }
+        async fn list(&self) -> Result<Vec<DbName>> {
+            self.inner.list().await
+        }
+    }
+
+    fn replicated(id: &str, rev: &str, n: u64) -> (String, Vec<crate::database::Write>) {
+        let (generation, hash) = rev.split_once('-').unwrap();
+        let path = crate::backend::rev_tree::RevPath { start: generation.parse().unwrap(), ids: vec![hash.to_owned()] };
+        let body = serde_json::json!({ "n": n }).as_object().cloned().unwrap();
+        (id.to_owned(), vec![crate::database::Write::Replicated { path, deleted: false, body }])
+    }
+
+    /// Into a database the move creates, the pages' documents are written without reading
+    /// them at the target first (`Side::assume_missing`); into one that already exists they are
+    /// read (which leaves it lacks). A document someone else wrote into the fresh database before
+    /// the page's write keeps its branch beside the copied one: nothing is lost.
+    #[tokio::test]
+    async fn a_database_the_move_creates_is_written_without_reading_it_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let source_catalog = Arc::new(crate::backend::catalog::EmbeddedCatalog::new(
+            &dir.path().join("source.redb"),
+            Default::default(),
+        ));
+        let source = Arc::new(crate::database::Databases::new(Some(source_catalog), 4));
+        for name in ["fresh", "existing"] {
+            let db = source.create(&DbName::parse(name).unwrap()).await.unwrap();
+            let docs: Vec<_> = (0..250).map(|i| replicated(&format!("doc{i:03}"), "1-aaaa", i)).collect();
+            for answers in db.write_many(&docs).await.unwrap() {
+                answers.unwrap().into_iter().for_each(|answer| drop(answer.unwrap()));
+            }
+        }
+        let target_catalog = Arc::new(CountingCatalog {
+            inner: crate::backend::catalog::EmbeddedCatalog::new(&dir.path().join("target.redb"), Default::default()),
+            layers: Mutex::new(Default::default()),
+        });
+        let target = Arc::new(crate::database::Databases::new(Some(target_catalog.clone()), 4));
+        let existing = target.create(&DbName::parse("existing").unwrap()).await.unwrap();
+        drop(existing.write_many(&[replicated("doc007", "1-bbbb", 7)]).await.unwrap());
+        target_catalog.reads("existing");
+        let options = MoveOptions {
+            batch_size: 100,
+            verify: false,
+            checkpoint: Some(dir.path().join("checkpoints")),
+            ..MoveOptions::default()
+        };
+        let stop: StopSignal = Box::pin(futures::future::pending());
+        let report = run(Side::local(source, "source"), Side::local(Arc::clone(&target), "target"), options, stop)
+            .await
+            .unwrap();
+        assert_eq!(report.status, MoveStatus::Complete);
+        assert_eq!(
+            target_catalog.reads("fresh"),
+            0,
+            "pages written into the database the move created read nothing first"
+        );
+        assert!(target_catalog.reads("existing") >= 2, "pages into an existing database read their documents first");
+        for name in ["fresh", "existing"] {
+            let db = target.open(&DbName::parse(name).unwrap()).await.unwrap().unwrap();
+            let ids: Vec<String> = (0..250).map(|i| format!("doc{i:03}")).collect();
+            let states = db.read_many(&ids).await.unwrap();
+            assert!(states.iter().all(Option::is_some), "{name}: every document copied");
+        }
+        let kept = target
+            .open(&DbName::parse("existing").unwrap())
+            .await
+            .unwrap()
+            .unwrap()
+            .read("doc007")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(kept.tree.leaves().len(), 2, "the target's own branch and the copied one");
+
+        // Assumed missing but written meanwhile by another writer: the creation fails, and the
+        // document is read and merged, keeping both branches.
+        let side = Side::local(Arc::clone(&target), "target");
+        let fresh = target.open(&DbName::parse("fresh").unwrap()).await.unwrap().unwrap();
+        drop(fresh.write_many(&[replicated("late", "1-bbbb", 1)]).await.unwrap());
+        let lacking = side.assume_missing("fresh", &[("late".to_owned(), vec!["1-aaaa".to_owned()])]);
+        assert_eq!(lacking, vec![("late".to_owned(), vec!["1-aaaa".to_owned()])]);
+        let leaf =
+            serde_json::json!({"_id": "late", "_rev": "1-aaaa", "_revisions": {"start": 1, "ids": ["aaaa"]}, "n": 2});
+        let refused = side.write_leaves("fresh", vec![leaf.as_object().cloned().unwrap()]).await.unwrap();
+        assert!(refused.is_empty(), "{refused:?}");
+        let merged = fresh.read("late").await.unwrap().unwrap();
+        assert_eq!(merged.tree.leaves().len(), 2, "the other writer's branch and the copied one");
     }
 
     /// Refused leaves make the status 7 even though the read-back misses them; anything the

@@ -415,6 +415,30 @@ impl Side {
         }
     }
 
+    /// [`Side::missing`] of a database this move created and has not written yet: every leaf
+    /// named, answered without reading (the target has none of them). The write that follows
+    /// does not read these documents either ([`Database::write_many_over`] over states read as
+    /// absent): each is created only if nothing was ever written under its id, so a document
+    /// someone else wrote there meanwhile (another writer, an earlier page of this pass that
+    /// held the same id) makes its creation fail, and that document is read and written again
+    /// alone, as any write meeting another writer is. Over a server the leaves go in a
+    /// `new_edits: false` `_bulk_docs`, which merges them into whatever is there.
+    ///
+    /// Why: into a backend whose every call is a network round trip (DynamoDB, Firestore), the
+    /// two batched reads per 100 documents `missing` makes cost the target about a third of
+    /// what writing them costs (issue 38: a move into the Firestore emulator ran at 0.6 of its
+    /// raw bulk rate).
+    pub fn assume_missing(&self, db: &str, wanted: &[(String, Vec<String>)]) -> Vec<(String, Vec<String>)> {
+        let missing: Vec<(String, Vec<String>)> = wanted.iter().filter(|(_, revs)| !revs.is_empty()).cloned().collect();
+        if let Side::Local { read, .. } = self {
+            let absent: ReadStates = missing.iter().map(|(id, _)| (id.clone(), None)).collect();
+            if let Ok(mut read) = read.lock() {
+                read.insert(db.to_owned(), absent);
+            }
+        }
+        missing
+    }
+
     /// Of the leaves named, those this side lacks (per document).
     pub async fn missing(&self, db: &str, wanted: &[(String, Vec<String>)]) -> Result<Vec<(String, Vec<String>)>> {
         match self {
