@@ -24,7 +24,7 @@
 //! digest is not the stub's are logged (the read-back compares digests), but for an attachment
 //! the source keeps compressed (`encoding`), whose digest is dropped (verify.rs).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -55,8 +55,46 @@ const MAX_OPEN: usize = 64;
 /// Documents' states as read, by id (`None`: read as absent).
 pub type ReadStates = HashMap<String, Option<DocState>>;
 
-/// The states a local side's last `missing` read, per database.
-pub type ReadForWrite = Arc<std::sync::Mutex<HashMap<String, ReadStates>>>;
+/// The states a local side's last `missing` calls read, per database, newest page last.
+pub type ReadForWrite = Arc<std::sync::Mutex<HashMap<String, VecDeque<ReadStates>>>>;
+
+/// Pages of read states kept per database for the writes that follow: a copy fetches the next
+/// page while it writes the last one, so the next page's states arrive before the last page's
+/// write has taken its own (`missing` never waits on the network when it assumes, so this is
+/// the usual order then). An older page's states not taken by then are dropped: its write found
+/// them or read its documents itself.
+const PAGES_OF_STATES_KEPT: usize = 2;
+
+/// Keeps a page's read states for its write.
+fn keep_states(read: &ReadForWrite, db: &str, states: ReadStates) {
+    if let Ok(mut read) = read.lock() {
+        let pages = read.entry(db.to_owned()).or_default();
+        pages.push_back(states);
+        while pages.len() > PAGES_OF_STATES_KEPT {
+            pages.pop_front();
+        }
+    }
+}
+
+/// Takes the kept states of the documents `docs` name, the newest read of each.
+fn take_states(read: &ReadForWrite, db: &str, docs: &[Map<String, Value>]) -> ReadStates {
+    let Ok(mut read) = read.lock() else { return ReadStates::new() };
+    let Some(pages) = read.get_mut(db) else { return ReadStates::new() };
+    let mut taken = ReadStates::new();
+    for id in docs.iter().filter_map(|doc| doc.get("_id").and_then(Value::as_str)) {
+        if taken.contains_key(id) {
+            continue;
+        }
+        if let Some(state) = pages.iter_mut().rev().find_map(|page| page.remove(id)) {
+            taken.insert(id.to_owned(), state);
+        }
+    }
+    pages.retain(|page| !page.is_empty());
+    if pages.is_empty() {
+        read.remove(db);
+    }
+    taken
+}
 
 /// A database's settings as moved: `_security`, and `_revs_limit` where the side knows it.
 #[derive(Debug, Clone, PartialEq)]
@@ -69,9 +107,9 @@ pub struct Settings {
 #[derive(Clone)]
 pub enum Side {
     /// A backend's databases, opened in this process; `read` holds, per database, the states
-    /// of the documents the last [`Side::missing`] found lacking leaves, for the write of those
-    /// leaves that follows ([`Database::write_many_over`]), so the page's documents are read
-    /// once, not twice (one page per database at most: each `missing` replaces its database's).
+    /// of the documents the last [`Side::missing`] calls found lacking leaves, for the writes of
+    /// those leaves that follow ([`Database::write_many_over`]), so a page's documents are read
+    /// once, not twice ([`PAGES_OF_STATES_KEPT`] pages per database at most).
     Local { databases: Arc<Databases>, name: String, read: ReadForWrite },
     /// A CouchDB-protocol server.
     Remote(CouchClient),
@@ -431,10 +469,7 @@ impl Side {
     pub fn assume_missing(&self, db: &str, wanted: &[(String, Vec<String>)]) -> Vec<(String, Vec<String>)> {
         let missing: Vec<(String, Vec<String>)> = wanted.iter().filter(|(_, revs)| !revs.is_empty()).cloned().collect();
         if let Side::Local { read, .. } = self {
-            let absent: ReadStates = missing.iter().map(|(id, _)| (id.clone(), None)).collect();
-            if let Ok(mut read) = read.lock() {
-                read.insert(db.to_owned(), absent);
-            }
+            keep_states(read, db, missing.iter().map(|(id, _)| (id.clone(), None)).collect());
         }
         missing
     }
@@ -461,9 +496,7 @@ impl Side {
                         lacking_states.insert(id.clone(), state);
                     }
                 }
-                if let Ok(mut read) = read.lock() {
-                    read.insert(db.to_owned(), lacking_states);
-                }
+                keep_states(read, db, lacking_states);
                 Ok(missing)
             }
             Side::Remote(client) => client.revs_diff(db, wanted).await,
@@ -510,7 +543,7 @@ impl Side {
         match self {
             Side::Local { databases, read, .. } => {
                 let database = Self::must_open(databases, db).await?;
-                let read = read.lock().ok().and_then(|mut read| read.remove(db)).unwrap_or_default();
+                let read = take_states(read, db, &docs);
                 write_local(&database, docs.into_iter().map(|doc| (doc, HashMap::new())).collect(), read).await
             }
             Side::Remote(client) => client.bulk_docs_replicated(db, docs).await,
@@ -901,6 +934,30 @@ mod tests {
         let chunks: Vec<Result<Bytes>> = chunks.iter().map(|c| Ok(Bytes::from_static(c))).collect();
         let source = futures::stream::iter(chunks).boxed();
         futures::executor::block_on(exact_length(source, &part).map(|item| item.map(|b| b.len())).collect())
+    }
+
+    /// A page's write finds its states after the next page's were kept (the copy fetches ahead);
+    /// a page older than the kept ones is dropped, and a database's entry goes once taken.
+    #[test]
+    fn a_page_s_states_survive_the_next_page_s_fetch() {
+        let read = ReadForWrite::default();
+        let page = |ids: &[&str]| -> ReadStates { ids.iter().map(|id| (id.to_string(), None)).collect() };
+        let docs = |ids: &[&str]| -> Vec<Map<String, Value>> {
+            ids.iter().map(|id| serde_json::json!({ "_id": id }).as_object().cloned().unwrap()).collect()
+        };
+        keep_states(&read, "db", page(&["a", "b"]));
+        keep_states(&read, "db", page(&["c"]));
+        assert_eq!(
+            take_states(&read, "db", &docs(&["a", "b"])).len(),
+            2,
+            "the first page's states, after the second's"
+        );
+        assert_eq!(take_states(&read, "db", &docs(&["a"])).len(), 0, "taken once");
+        keep_states(&read, "db", page(&["d"]));
+        keep_states(&read, "db", page(&["e"]));
+        assert_eq!(take_states(&read, "db", &docs(&["c"])).len(), 0, "older than the pages kept");
+        assert_eq!(take_states(&read, "db", &docs(&["d", "e"])).len(), 2);
+        assert!(read.lock().unwrap().is_empty(), "nothing left behind");
     }
 
     /// Bytes pass as they come when as long as the stub says; more or fewer end in an error.
