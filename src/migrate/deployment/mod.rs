@@ -409,9 +409,32 @@ pub struct CopyEnds<'a> {
 /// bytes moved as the module doc's "Memory" says (also for the replicator, `crate::replicator`);
 /// the refusal rows.
 pub async fn write_page(ends: &CopyEnds<'_>, leaves: Vec<Map<String, Value>>) -> Result<Vec<Value>> {
+    write_page_gated(ends, leaves, None).await
+}
+
+/// [`write_page`], the leaves with attachments written while holding a permit of `attachments`
+/// (when given): pages written at once then share the one budget for attachment bytes that the
+/// "Memory" section of docs/migration.md gives a database, however many of its pages are under
+/// way.
+async fn write_page_gated(
+    ends: &CopyEnds<'_>,
+    leaves: Vec<Map<String, Value>>,
+    attachments: Option<&tokio::sync::Semaphore>,
+) -> Result<Vec<Value>> {
     let plan = plan(leaves, matches!(ends.target, Side::Remote(_)));
     let mut failures =
         if plan.plain.is_empty() { Vec::new() } else { ends.target.write_leaves(ends.target_db, plan.plain).await? };
+    if plan.inline_groups.is_empty() && plan.streamed.is_empty() {
+        return Ok(failures);
+    }
+    let _permit = match attachments {
+        Some(gate) => Some(
+            gate.acquire()
+                .await
+                .map_err(|_| Error::new(crate::error::ErrorKind::Internal, "the attachment budget was closed"))?,
+        ),
+        None => None,
+    };
     for group in plan.inline_groups {
         let docs = ends.source.read_leaves(ends.source_db, &group, true).await?;
         failures.extend(ends.target.write_leaves(ends.target_db, docs).await?);
@@ -463,6 +486,7 @@ async fn run_on_board(
     let checkpoints = Checkpoints::open(&dir, &identity, options.restart)?;
     let stop = StopFlag::new(stop);
     let ticker = board.ticker();
+    let attachment_budget = tokio::sync::Semaphore::new(options.databases_at_once.max(1));
     let mut mover = Mover {
         source,
         target,
@@ -476,6 +500,7 @@ async fn run_on_board(
         passes: 0,
         settings_copied: Mutex::new(BTreeMap::new()),
         settings_checked: None,
+        attachment_budget,
     };
     let outcome = mover.run_passes().await;
     if let Some(ticker) = ticker {
@@ -536,6 +561,10 @@ struct Mover {
     settings_copied: Mutex<BTreeMap<String, Settings>>,
     /// When the settings were last read from the source.
     settings_checked: Option<Instant>,
+    /// One permit per database copied at once: the leaves with attachments of the pages being
+    /// written hold one, so writing PAGES_WRITTEN_AT_ONCE pages of a database does not raise the
+    /// move's attachment memory above `--databases-at-once` budgets.
+    attachment_budget: tokio::sync::Semaphore,
 }
 
 impl Mover {
@@ -667,7 +696,7 @@ impl Mover {
     /// Writes a page's leaves (read as stubs) to the target ([`write_page`]).
     async fn write_page(&self, db: &str, leaves: Vec<Map<String, Value>>) -> Result<Vec<Value>> {
         let ends = CopyEnds { source: &self.source, source_db: db, target: &self.target, target_db: db };
-        write_page(&ends, leaves).await
+        write_page_gated(&ends, leaves, Some(&self.attachment_budget)).await
     }
 
     /// [`Mover::fetch`] from `since`, boxed to be awaited beside the writes of earlier pages.
