@@ -15,7 +15,7 @@
 
 use std::io::Read;
 
-use axum::body::{Body, Bytes};
+use axum::body::{Body, Bytes, HttpBody as _};
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::Next;
@@ -185,7 +185,7 @@ impl Bodies {
         if let Some(length) = declared.filter(|&length| length > limit.bytes) {
             return Err(too_large(length, limit));
         }
-        let share = self.raw.take(declared.unwrap_or(limit.bytes)).await?;
+        let share = self.raw.take(expected_length(declared, &body).unwrap_or(limit.bytes)).await?;
         let raw = read_limited(body, limit).await?;
         let compressed = raw.len();
         let bytes = match encoding {
@@ -298,6 +298,16 @@ pub fn require_json_content_type(headers: &HeaderMap) -> CouchResult<()> {
             "Content-Type must be application/json",
         ))
     }
+}
+
+/// The length a body will have, when known before it is read: the declared `Content-Length`, or
+/// none at all for a request with neither `Content-Length` nor `Transfer-Encoding` (HTTP/1.1 says
+/// it has no body; hyper's exact size hint of 0). Only a body of unknown length (chunked) is
+/// charged the whole limit up front. A bodiless request charged the limit would hold the whole
+/// budget (the limit is above it by default), and a passed `GET` holds its share until CouchDB's
+/// answer begins: every forwarded read would wait for the one before (issue 38).
+fn expected_length(declared: Option<usize>, body: &Body) -> Option<usize> {
+    declared.or_else(|| body.size_hint().exact().and_then(|length| usize::try_from(length).ok()))
 }
 
 fn declared_length(headers: &HeaderMap) -> CouchResult<Option<usize>> {
@@ -446,6 +456,28 @@ mod tests {
         assert!(bomb.len() < limit, "the compressed body ({} bytes) fits the limit", bomb.len());
         let err = bodies.read_json(&headers, Body::from(bomb)).await.err().unwrap();
         assert_eq!(err.status, StatusCode::PAYLOAD_TOO_LARGE);
+    }
+
+    /// A request without a body (a passed `GET`) takes one permit of the raw budget, not the whole
+    /// limit: two of them hold their shares at once (on main the first took the whole budget, and
+    /// every forwarded read waited for the one before to be answered). A body of unknown length
+    /// is still charged the limit up front, so it waits for the budget as before.
+    #[tokio::test]
+    async fn bodiless_requests_do_not_take_the_whole_budget() {
+        let within = std::time::Duration::from_secs(5);
+        // The defaults' shape: the limit (64 MiB) above the budget (4 × the REST limit).
+        let bodies = Bodies::new(64 << 10, 16 << 10);
+        let headers = HeaderMap::new();
+        let (_, first) = bodies.read_bytes(&headers, Body::empty()).await.unwrap();
+        let second = tokio::time::timeout(within, bodies.read_bytes(&headers, Body::empty())).await;
+        let (_, second) = second.expect("a second bodiless request waited for the first's share").unwrap();
+        drop((first, second));
+        let chunked = || Body::from_stream(futures::stream::iter([Ok::<_, std::io::Error>(Bytes::from_static(b"{}"))]));
+        let (_, whole) = bodies.read_bytes(&headers, chunked()).await.unwrap();
+        let waiting =
+            tokio::time::timeout(std::time::Duration::from_millis(200), bodies.read_bytes(&headers, chunked()));
+        assert!(waiting.await.is_err(), "a body of unknown length is charged the whole limit");
+        drop(whole);
     }
 
     #[tokio::test]

@@ -5,9 +5,13 @@
 //! Every request is forwarded as it came (method, path, query, headers but `host`, body) over a
 //! pooled client and the answer returned whole; each is recorded as `METHOD /path?query` with
 //! the database segment left out (the database itself is `/`, the server root `//`), so a test can
-//! count, e.g., `GET /_local/agentstore-mango-indexes`.
+//! count, e.g., `GET /_local/agentstore-mango-indexes`. It also keeps the most requests it had
+//! under way at once, and can hold each request before forwarding it ([`CountingProxy::hold_each`])
+//! so that requests a client sends together overlap here whatever the server's speed.
 
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::body::{to_bytes, Body};
 use axum::extract::{Request, State};
@@ -22,6 +26,15 @@ struct Forward {
     upstream: String,
     client: reqwest::Client,
     seen: Arc<Mutex<Vec<String>>>,
+    gauge: Arc<Gauge>,
+}
+
+/// Requests under way now and at most, and how long each is held before it is forwarded.
+#[derive(Default)]
+struct Gauge {
+    now: AtomicUsize,
+    most: AtomicUsize,
+    hold_ms: AtomicU64,
 }
 
 /// The running proxy; stops when dropped.
@@ -29,6 +42,7 @@ pub struct CountingProxy {
     /// `http://127.0.0.1:PORT`.
     pub url: String,
     seen: Arc<Mutex<Vec<String>>>,
+    gauge: Arc<Gauge>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -37,14 +51,30 @@ impl CountingProxy {
     pub async fn start(upstream: &str) -> Result<CountingProxy, String> {
         let client = reqwest::Client::builder().no_proxy().build().map_err(|e| format!("proxy client: {e}"))?;
         let seen = Arc::new(Mutex::new(Vec::new()));
-        let forward = Forward { upstream: upstream.trim_end_matches('/').to_owned(), client, seen: Arc::clone(&seen) };
+        let gauge = Arc::new(Gauge::default());
+        let forward = Forward {
+            upstream: upstream.trim_end_matches('/').to_owned(),
+            client,
+            seen: Arc::clone(&seen),
+            gauge: Arc::clone(&gauge),
+        };
         let router = axum::Router::new().fallback(forward_one).with_state(forward);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(|e| format!("proxy bind: {e}"))?;
         let addr = listener.local_addr().map_err(|e| format!("proxy address: {e}"))?;
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, router).await;
         });
-        Ok(CountingProxy { url: format!("http://{addr}"), seen, task })
+        Ok(CountingProxy { url: format!("http://{addr}"), seen, gauge, task })
+    }
+
+    /// Holds each request `hold` before forwarding it (zero: not at all).
+    pub fn hold_each(&self, hold: Duration) {
+        self.gauge.hold_ms.store(u64::try_from(hold.as_millis()).unwrap_or(u64::MAX), Ordering::SeqCst);
+    }
+
+    /// The most requests under way here at once since the last call, and starts counting again.
+    pub fn take_most_at_once(&self) -> usize {
+        self.gauge.most.swap(0, Ordering::SeqCst)
     }
 
     /// Requests forwarded so far.
@@ -75,7 +105,15 @@ fn below_database(path: &str) -> String {
 }
 
 async fn forward_one(State(forward): State<Forward>, request: Request) -> Response {
-    match try_forward(&forward, request).await {
+    let now = forward.gauge.now.fetch_add(1, Ordering::SeqCst) + 1;
+    forward.gauge.most.fetch_max(now, Ordering::SeqCst);
+    let hold = forward.gauge.hold_ms.load(Ordering::SeqCst);
+    if hold > 0 {
+        tokio::time::sleep(Duration::from_millis(hold)).await;
+    }
+    let answer = try_forward(&forward, request).await;
+    forward.gauge.now.fetch_sub(1, Ordering::SeqCst);
+    match answer {
         Ok(response) => response,
         Err(e) => Response::builder()
             .status(StatusCode::BAD_GATEWAY)

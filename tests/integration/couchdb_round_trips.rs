@@ -212,6 +212,35 @@ async fn a_request_on_an_ordinary_database_costs_one_backend_request() {
     assert_eq!((status, answer["error"].as_str()), (404, Some("not_found")), "{answer}");
 }
 
+/// Reads passed to an ordinary database reach CouchDB together, as their clients sent them: a
+/// request without a body takes no more than a token share of the in-flight body budget (issue
+/// 38: each bodiless request was charged the whole `couchdb_max_request_bytes`, above the whole
+/// budget, and held it until CouchDB answered, so every forwarded `GET` on the server waited for
+/// the one before: one connection to CouchDB, 0.67 of its rate). The proxy holds each request
+/// 300 ms, so eight sent at once are eight under way there at once unless this server queues them.
+#[tokio::test]
+async fn forwarded_reads_reach_couchdb_together() {
+    const READS: usize = 8;
+    let front = Front::start("together").await;
+    let db = format!("round_trips_together_db_{}", std::process::id());
+    let (status, answer) = front.call_root(Method::PUT, &format!("/{db}"), None).await;
+    assert_eq!(status, 201, "{answer}");
+    let (status, answer) = front.call_root(Method::PUT, &format!("/{db}/doc"), Some(json!({ "n": 1 }))).await;
+    assert_eq!(status, 201, "{answer}");
+    front.proxy.hold_each(std::time::Duration::from_millis(300));
+    front.proxy.take_most_at_once();
+    let path = format!("/{db}/doc");
+    let reads = (0..READS).map(|_| front.call_root(Method::GET, &path, None));
+    for (status, answer) in futures::future::join_all(reads).await {
+        assert_eq!((status, answer["n"].as_u64()), (200, Some(1)), "{answer}");
+    }
+    let most = front.proxy.take_most_at_once();
+    front.proxy.hold_each(std::time::Duration::ZERO);
+    assert!(most >= READS, "{READS} reads sent at once reached CouchDB {most} at a time");
+    let (status, answer) = front.call_root(Method::DELETE, &format!("/{db}"), None).await;
+    assert_eq!(status, 200, "{answer}");
+}
+
 /// A creation on the data-store database in front of CouchDB is one `PUT`: neither the
 /// database's settings (`_local/:db:settings`, for a `_revs_limit` that CouchDB's own edit
 /// ignores) nor the document's tree are read first, CouchDB checking the creation itself (issue
