@@ -238,6 +238,9 @@ pub struct Database {
     /// (0 before any): the size the next listing's first backend page is asked for by
     /// ([`Database::listed_row_bytes`]).
     listed_row_bytes: Arc<std::sync::atomic::AtomicUsize>,
+    /// What readers parsed from the design documents, until their records change
+    /// ([`super::parsed_designs`]).
+    parsed_designs: super::parsed_designs::ParsedDesigns,
 }
 
 /// The backend's own local document holding the database's incarnation for view indexes: a
@@ -317,6 +320,7 @@ impl Database {
             max_tree_bytes: DEFAULT_MAX_TREE_BYTES,
             inner_bodies: InnerBodyBounds::default(),
             write_locks: (0..WRITE_LOCK_STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
+            parsed_designs: Default::default(),
             attachments: AttachmentStore::new(Arc::clone(&backend)),
             max_attachment_bytes: u64::MAX,
             max_gzip_ratio: DEFAULT_MAX_GZIP_RATIO,
@@ -336,6 +340,11 @@ impl Database {
     /// 0 before any: a listing's pages are sized from it (`couchdb_api::listing::PageSizer`), so
     /// that a listing of 100 small documents asks the backend once, not for 64 rows first and
     /// then the rest (issue 38: two `_all_docs` requests to CouchDB per client request).
+    /// What readers parsed from this database's design documents ([`super::parsed_designs`]).
+    pub fn parsed_designs(&self) -> &super::parsed_designs::ParsedDesigns {
+        &self.parsed_designs
+    }
+
     pub fn listed_row_bytes(&self) -> &Arc<std::sync::atomic::AtomicUsize> {
         &self.listed_row_bytes
     }
