@@ -763,6 +763,29 @@ pub trait DocumentBackend: Send + Sync + 'static {
         futures::stream::iter(lookups).buffered(GET_MANY_CONCURRENCY).try_collect().await
     }
 
+    /// [`DocumentBackend::get_many`] with each body as the JSON text the backend stores, for a
+    /// reader that parses it straight into its own types (the engine's revision trees: a
+    /// `serde_json::Value` tree built and dropped in between was a third of a `_changes` page,
+    /// issue 38). `None`: the backend keeps no such text, and the caller reads `get_many`
+    /// (the default; the embedded store answers it). Layers do not forward it, so that a layer
+    /// changing what `get_many` answers is read through.
+    async fn get_many_text(&self, ids: &[String]) -> Result<Option<Vec<Option<StoredText>>>> {
+        let _ = ids;
+        Ok(None)
+    }
+
+    /// [`DocumentBackend::all_docs`] with each body as stored JSON text
+    /// ([`DocumentBackend::get_many_text`]); `None` where the backend keeps no such text.
+    async fn all_docs_stored_text(
+        &self,
+        range: &IdRange,
+        limit: usize,
+        page_token: Option<&str>,
+    ) -> Result<Option<Page<StoredText>>> {
+        let _ = (range, limit, page_token);
+        Ok(None)
+    }
+
     /// The local documents with these names, one answer per name, in order (`None` for a
     /// missing one), as [`DocumentBackend::get_local`] answers each. The default runs bounded
     /// concurrent `get_local`s; an adapter may override it with a batch read.
@@ -857,6 +880,15 @@ pub fn attachments_unsupported(store: &str) -> crate::error::Error {
              attachments, reached by forwarding the request)"
         ),
     )
+}
+
+/// A live document as its backend keeps it: the id, current revision, and the body (every field
+/// but `_id`/`_rev`) as the stored JSON text of an object, unparsed ([`DocumentBackend::get_many_text`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredText {
+    pub id: String,
+    pub rev: Revision,
+    pub json: Vec<u8>,
 }
 
 /// A listed document as JSON text: its id and revision, and the whole document (`_id`, `_rev`,

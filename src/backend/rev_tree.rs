@@ -22,7 +22,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-pub use stored::{StoredLeaves, StoredTree};
+pub use stored::{StoredBody, StoredLeaves, StoredTree};
 
 /// The body of a revision that is no longer a leaf (CouchDB keeps it until compaction), with its
 /// deletion flag.
@@ -232,14 +232,36 @@ impl Serialize for RevTree {
     }
 }
 
-impl TryFrom<StoredTree> for RevTree {
+impl<B: stored::StoredBody> TryFrom<StoredTree<B>> for RevTree {
     type Error = String;
 
-    fn try_from(stored: StoredTree) -> Result<Self, String> {
+    fn try_from(stored: StoredTree<B>) -> Result<Self, String> {
         let (leaves, inner) = stored.into_parts()?;
         let mut tree = RevTree { leaves, inner };
         tree.normalise();
         Ok(tree)
+    }
+}
+
+/// A revision tree read without its bodies: every leaf's path and deletion flag as stored, each
+/// body (and kept inner body) empty, skipped unparsed. For readers that show revisions only (a
+/// `_changes` row: a page decoded every body whole, issue 38); never saved, since its bodies are
+/// not the document's.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[serde(try_from = "StoredTree<serde::de::IgnoredAny>")]
+pub struct RevTreeOutline(pub RevTree);
+
+impl From<RevTreeOutline> for RevTree {
+    fn from(outline: RevTreeOutline) -> RevTree {
+        outline.0
+    }
+}
+
+impl TryFrom<StoredTree<serde::de::IgnoredAny>> for RevTreeOutline {
+    type Error = String;
+
+    fn try_from(stored: StoredTree<serde::de::IgnoredAny>) -> Result<Self, String> {
+        RevTree::try_from(stored).map(RevTreeOutline)
     }
 }
 

@@ -238,6 +238,9 @@ pub struct Database {
     /// (0 before any): the size the next listing's first backend page is asked for by
     /// ([`Database::listed_row_bytes`]).
     listed_row_bytes: Arc<std::sync::atomic::AtomicUsize>,
+    /// What readers parsed from the design documents, until their records change
+    /// ([`super::parsed_designs`]).
+    parsed_designs: super::parsed_designs::ParsedDesigns,
 }
 
 /// The backend's own local document holding the database's incarnation for view indexes: a
@@ -317,6 +320,7 @@ impl Database {
             max_tree_bytes: DEFAULT_MAX_TREE_BYTES,
             inner_bodies: InnerBodyBounds::default(),
             write_locks: (0..WRITE_LOCK_STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
+            parsed_designs: Default::default(),
             attachments: AttachmentStore::new(Arc::clone(&backend)),
             max_attachment_bytes: u64::MAX,
             max_gzip_ratio: DEFAULT_MAX_GZIP_RATIO,
@@ -336,6 +340,11 @@ impl Database {
     /// 0 before any: a listing's pages are sized from it (`couchdb_api::listing::PageSizer`), so
     /// that a listing of 100 small documents asks the backend once, not for 64 rows first and
     /// then the rest (issue 38: two `_all_docs` requests to CouchDB per client request).
+    /// What readers parsed from this database's design documents ([`super::parsed_designs`]).
+    pub fn parsed_designs(&self) -> &super::parsed_designs::ParsedDesigns {
+        &self.parsed_designs
+    }
+
     pub fn listed_row_bytes(&self) -> &Arc<std::sync::atomic::AtomicUsize> {
         &self.listed_row_bytes
     }
@@ -633,6 +642,34 @@ impl Database {
     pub async fn read_changes(&self, changes: &[Change]) -> Result<Vec<Option<DocState>>> {
         let ids: Vec<String> = changes.iter().map(|change| change.id.clone()).collect();
         self.read_many(&ids).await
+    }
+
+    /// [`Database::read_many`] for readers that show revisions only (a `_changes` row without
+    /// its document): where the layout can (the engine's), each live record's tree is read
+    /// without its bodies, every leaf's body empty ([`crate::backend::rev_tree::RevTreeOutline`]);
+    /// elsewhere the states are read whole. A state from here is never saved: a deletion met
+    /// cut before its tombstone is finished from a whole read of it.
+    pub async fn read_many_outlines(&self, ids: &[String]) -> Result<Vec<Option<DocState>>> {
+        if ids.iter().any(String::is_empty) {
+            return self.read_many(ids).await;
+        }
+        self.check_open()?;
+        let Some(states) = self.layout.read_many_outlines(ids).await else { return self.read_many(ids).await };
+        let states = states?;
+        self.check_open()?;
+        self.record_reads(states.iter().filter(|state| state.is_some()).count());
+        let cut: Vec<String> = ids
+            .iter()
+            .zip(&states)
+            .filter(|(_, state)| state.as_ref().is_some_and(repairing::cut_deletion))
+            .map(|(id, _)| id.clone())
+            .collect();
+        if !cut.is_empty() {
+            let whole = self.while_open(self.read_states(&cut)).await?;
+            let read = cut.iter().zip(&whole).filter_map(|(id, state)| Some((id.as_str(), state.as_ref()?)));
+            self.finish_cut_deletions(read).await;
+        }
+        Ok(states)
     }
 
     /// Applies several writes to one document in order, in one read and one save (a bulk
@@ -1034,11 +1071,31 @@ impl Database {
         limit: usize,
         token: Option<&str>,
     ) -> Result<Page<(String, DocState)>> {
-        let page = self.while_open(self.backend.all_docs(range, limit, token)).await?;
-        let listed = self.while_open(self.layout.listed(page.items)).await?;
+        let (listed, next) = self.listed_page(range, limit, token).await?;
         let (cut_deletions, items): (Vec<_>, Vec<_>) = listed.into_iter().partition(|(_, state)| state.deleted());
         self.finish_cut_deletions(cut_deletions.iter().map(|(id, state)| (id.as_str(), state))).await;
-        Ok(Page { items, next: page.next })
+        Ok(Page { items, next })
+    }
+
+    /// One page of the backend's listing with each document's state: from the records' stored
+    /// text where the layout and the backend can (the engine's records parsed straight into
+    /// trees), else from the listed documents.
+    async fn listed_page(
+        &self,
+        range: &IdRange,
+        limit: usize,
+        token: Option<&str>,
+    ) -> Result<(Vec<(String, DocState)>, Option<String>)> {
+        if self.layout.as_record().is_some() {
+            if let Some(page) = self.while_open(self.backend.all_docs_stored_text(range, limit, token)).await? {
+                if let Some(listed) = self.layout.listed_text(page.items) {
+                    return Ok((listed?, page.next));
+                }
+            }
+        }
+        let page = self.while_open(self.backend.all_docs(range, limit, token)).await?;
+        let listed = self.while_open(self.layout.listed(page.items)).await?;
+        Ok((listed, page.next))
     }
 
     /// [`Database::all_docs`] with each listed document's whole tree: where the layout lists
@@ -1448,6 +1505,36 @@ mod tests {
         database.write("x", &deletion).await.unwrap();
         let Written::Edited(again) = database.write("x", &edit(None, 10)).await.unwrap() else { panic!("an edit") };
         assert!(again.starts_with("3-"), "{again}");
+    }
+
+    /// A page of the data-store database's `_all_docs` reads each document's revisions and
+    /// other leaves, but not its body again: the listing's own body is used (issue 38: every
+    /// body was decoded twice); a document written between the listing and that read is read
+    /// again as it is now.
+    #[tokio::test]
+    async fn a_data_store_listing_reads_no_body_twice() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn DocumentBackend> =
+            Arc::new(EmbeddedBackend::open(&dir.path().join("ds.redb")).await.unwrap());
+        let counting = super::counting::CountingBackend::over(Arc::clone(&store), false);
+        let database = Database::data_store("agent_data_store".into(), counting.clone()).unwrap();
+        for n in 0..5u64 {
+            let mut body = Map::new();
+            body.insert("n".into(), n.into());
+            database.write(&format!("u:ns:k{n}"), &Write::Edit { parent: None, deleted: false, body }).await.unwrap();
+        }
+        counting.taken();
+        let listed = database.all_docs(&IdRange::default(), 10, None).await.unwrap();
+        let calls = counting.taken_counts();
+        assert_eq!(calls.get("get_many"), None, "{calls:?}");
+        assert_eq!(calls.get("get"), None, "{calls:?}");
+        assert_eq!(listed.items.len(), 5);
+        for (n, (id, state)) in listed.items.iter().enumerate() {
+            assert_eq!(id, &format!("u:ns:k{n}"));
+            let winner = state.tree.winner().expect("a leaf");
+            assert_eq!(winner.body.get("n"), Some(&Value::from(n as u64)), "{id}: the listed body");
+            assert_eq!(state.tree, database.read(id).await.unwrap().expect("stored").tree);
+        }
     }
 
     /// A save from nothing cut short after its local tree (no record: written by a backend that

@@ -31,6 +31,7 @@ pub mod document;
 pub mod engine;
 pub mod global_changes;
 pub mod layout;
+pub mod parsed_designs;
 pub mod replicator_owner;
 pub mod rev_id;
 pub use crate::backend::rev_tree;

@@ -15,7 +15,7 @@ use crate::backend::rev_tree::RevTree;
 use crate::backend::{
     BulkWrite, ChangesPage, DesignRequest, DesignResponse, DocumentBackend, DocumentText, EraseOptions, IdRange,
     LayoutState, Page, Precondition, Query, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo,
-    StoredDocument, UpgradePage,
+    StoredDocument, StoredText, UpgradePage,
 };
 use crate::error::Result;
 
@@ -227,6 +227,19 @@ impl DocumentBackend for MeteredBackend {
         page_token: Option<&str>,
     ) -> Result<Page<DocumentText>> {
         timed!(self, "all_docs", self.inner.all_docs_text(range, limit, page_token))
+    }
+
+    async fn get_many_text(&self, ids: &[String]) -> Result<Option<Vec<Option<StoredText>>>> {
+        timed!(self, "get_many", self.inner.get_many_text(ids))
+    }
+
+    async fn all_docs_stored_text(
+        &self,
+        range: &IdRange,
+        limit: usize,
+        page_token: Option<&str>,
+    ) -> Result<Option<Page<StoredText>>> {
+        timed!(self, "all_docs", self.inner.all_docs_stored_text(range, limit, page_token))
     }
 
     async fn design_request(&self, request: DesignRequest) -> Result<Option<DesignResponse>> {
@@ -481,6 +494,19 @@ mod tests {
             self.record("all_docs_text");
             Ok(Page { items: Vec::new(), next: None })
         }
+        async fn get_many_text(&self, ids: &[String]) -> Result<Option<Vec<Option<StoredText>>>> {
+            self.record("get_many_text");
+            Ok(Some(vec![None; ids.len()]))
+        }
+        async fn all_docs_stored_text(
+            &self,
+            _: &IdRange,
+            _: usize,
+            _: Option<&str>,
+        ) -> Result<Option<Page<StoredText>>> {
+            self.record("all_docs_stored_text");
+            Ok(Some(Page { items: Vec::new(), next: None }))
+        }
         async fn design_request(&self, _: DesignRequest) -> Result<Option<DesignResponse>> {
             self.record("design_request");
             Ok(Some(DesignResponse { status: 200, headers: Vec::new(), body: Box::pin(futures::stream::empty()) }))
@@ -569,6 +595,8 @@ mod tests {
         let everything =
             IdRange { start: None, end: None, inclusive_end: true, descending: false, include_design: false };
         assert!(metered.all_docs_text(&everything, 1, None).await.unwrap().items.is_empty());
+        assert_eq!(metered.get_many_text(&["u:n:k".into()]).await.unwrap(), Some(vec![None]));
+        assert!(metered.all_docs_stored_text(&everything, 1, None).await.unwrap().is_some_and(|p| p.items.is_empty()));
         let design = DesignRequest {
             method: reqwest::Method::GET,
             path: "_design/d".into(),
@@ -607,6 +635,8 @@ mod tests {
                 "erase_branches",
                 "has_branches",
                 "all_docs_text",
+                "get_many_text",
+                "all_docs_stored_text",
                 "design_request",
                 "url",
                 "forwards_requests",

@@ -23,7 +23,8 @@ use super::write::{EncodedWrite, ReplicatedWrite, Tables};
 use super::{attachments, codec, core, feed, ids, local};
 use crate::backend::{
     BulkWrite, ChangesPage, DocumentBackend, EraseOptions, IdRange, LayoutState, Page, Precondition, Query,
-    ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo, StoredDocument, UpgradePage, DEFAULT_REVS_LIMIT,
+    ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo, StoredDocument, StoredText, UpgradePage,
+    DEFAULT_REVS_LIMIT,
 };
 use crate::error::{Error, ErrorKind, Result};
 
@@ -164,6 +165,11 @@ impl DocumentBackend for EmbeddedBackend {
         self.blocking(move |db| core::get_many(db, &ids)).await
     }
 
+    async fn get_many_text(&self, ids: &[String]) -> Result<Option<Vec<Option<StoredText>>>> {
+        let ids = ids.to_vec();
+        self.blocking(move |db| ids::get_many_text(db, &ids)).await.map(Some)
+    }
+
     async fn put(&self, id: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Revision> {
         let write = EncodedWrite::new(id, body, precondition)?;
         self.write(1, move |tables| tables.write_one(&write)).await
@@ -267,6 +273,16 @@ impl DocumentBackend for EmbeddedBackend {
     async fn all_docs(&self, range: &IdRange, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
         let (range, after, limit) = (range.clone(), page_token.map(str::to_owned), limit.max(1));
         self.blocking(move |db| ids::all_docs(db, &range, after, limit)).await
+    }
+
+    async fn all_docs_stored_text(
+        &self,
+        range: &IdRange,
+        limit: usize,
+        page_token: Option<&str>,
+    ) -> Result<Option<Page<StoredText>>> {
+        let (range, after, limit) = (range.clone(), page_token.map(str::to_owned), limit.max(1));
+        self.blocking(move |db| ids::all_docs(db, &range, after, limit)).await.map(Some)
     }
 
     async fn erase_prefix(&self, prefix: &str) -> Result<u64> {
@@ -634,6 +650,59 @@ mod tests {
         assert_eq!(both[1].as_ref().unwrap().rev, updated);
         store.delete("old-2", &Revision("42".into())).await.unwrap();
         assert!(store.get("old-2").await.unwrap().is_none());
+    }
+
+    /// The text reads answer what the parsing reads answer, record for record, over records of
+    /// every layout (the two older ones written by `write_previous_release_file`, then one in
+    /// this release's), a missing id included; the listing's pages and page tokens too.
+    #[tokio::test]
+    async fn text_reads_hold_what_the_parsed_reads_hold_in_every_layout() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old.redb");
+        let documents: Vec<(String, Map<String, Value>)> = (0..6)
+            .map(|n| (format!("u:ns:k{n:02}"), body(&format!("k{n:02}"), serde_json::json!({"n": n, "s": "é\"x"}))))
+            .collect();
+        write_previous_release_file(&path, &documents).unwrap();
+        let store = EmbeddedBackend::open(&path).await.unwrap();
+        store.put("u:ns:k99", &body("k99", Value::from(99)), Precondition::MustNotExist).await.unwrap();
+        let mut ids: Vec<String> = documents.iter().map(|(id, _)| id.clone()).collect();
+        ids.extend(["u:ns:k99".to_owned(), "u:ns:missing".to_owned()]);
+        let parsed = store.get_many(&ids).await.unwrap();
+        let texts = store.get_many_text(&ids).await.unwrap().expect("the embedded store keeps text");
+        assert_eq!(texts.len(), ids.len());
+        let as_documents = |texts: Vec<Option<StoredText>>| -> Vec<Option<StoredDocument>> {
+            texts
+                .into_iter()
+                .map(|text| {
+                    text.map(|t| StoredDocument {
+                        id: t.id,
+                        rev: t.rev,
+                        body: serde_json::from_slice(&t.json).unwrap(),
+                    })
+                })
+                .collect()
+        };
+        assert_eq!(as_documents(texts), parsed);
+        assert!(parsed[0].as_ref().is_some_and(|doc| doc.rev.as_str() == "1"), "a counter record among them");
+        assert!(parsed[7].is_none());
+
+        let range = IdRange::all();
+        let (mut token, mut pages) = (None::<String>, 0);
+        loop {
+            let listed = store.all_docs(&range, 4, token.as_deref()).await.unwrap();
+            let text = store.all_docs_stored_text(&range, 4, token.as_deref()).await.unwrap().expect("text");
+            assert_eq!(text.next, listed.next);
+            assert_eq!(
+                as_documents(text.items.into_iter().map(Some).collect()),
+                listed.items.into_iter().map(Some).collect::<Vec<_>>()
+            );
+            pages += 1;
+            match listed.next {
+                Some(next) => token = Some(next),
+                None => break,
+            }
+        }
+        assert_eq!(pages, 2);
     }
 
     #[tokio::test]

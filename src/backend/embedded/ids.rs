@@ -1,4 +1,5 @@
-//! Documents in id order (`scan`, `all_docs`, design documents left out) and erasure by id
+//! Documents in id order (`scan`, `all_docs`, design documents left out), records as stored text
+//! (`get_many_text`, and `all_docs` of [`StoredText`]: the bodies unparsed) and erasure by id
 //! prefix.
 
 use std::ops::Bound;
@@ -9,7 +10,7 @@ use super::codec;
 use super::core::{stored, DOCS};
 use super::error::map_redb;
 use super::write::Tables;
-use crate::backend::{IdRange, Page, StoredDocument};
+use crate::backend::{IdRange, Page, StoredDocument, StoredText};
 use crate::error::Result;
 
 /// Documents one erasure transaction removes at most, so a large erasure does not hold the write
@@ -54,13 +55,13 @@ pub(super) fn is_empty_range(lower: &Bound<&str>, upper: &Bound<&str>) -> bool {
 /// One page of live documents in id order between `bounds` (design documents skipped unless
 /// `include_design`), and the
 /// id to continue after.
-pub(super) fn id_ordered_page(
+pub(super) fn id_ordered_page<T: Listed>(
     docs: &impl ReadableTable<&'static str, &'static [u8]>,
     bounds: (Bound<&str>, Bound<&str>),
     descending: bool,
     include_design: bool,
     limit: usize,
-) -> Result<Page<StoredDocument>> {
+) -> Result<Page<T>> {
     let entries = docs.range::<&str>(bounds).map_err(map_redb("read documents"))?;
     let entries: Box<dyn Iterator<Item = _>> = if descending { Box::new(entries.rev()) } else { Box::new(entries) };
     let mut items = Vec::with_capacity(limit.min(1024));
@@ -70,13 +71,55 @@ pub(super) fn id_ordered_page(
             continue;
         }
         if items.len() == limit {
-            let next = items.last().map(|d: &StoredDocument| d.id.clone());
+            let next = items.last().map(|d: &T| d.id().to_owned());
             return Ok(Page { items, next });
         }
-        let (header, body) = codec::decode(id.value(), stored_record.value())?;
-        items.push(stored(id.value(), header, body));
+        items.push(T::of_record(id.value(), stored_record.value())?);
     }
     Ok(Page { items, next: None })
+}
+
+/// [`super::core::get_many`] with each body as the JSON text stored, unparsed.
+pub(super) fn get_many_text(db: &Database, ids: &[String]) -> Result<Vec<Option<StoredText>>> {
+    let txn = db.begin_read().map_err(map_redb("begin read"))?;
+    let docs = txn.open_table(DOCS).map_err(map_redb("open docs table"))?;
+    let mut found = Vec::with_capacity(ids.len());
+    for id in ids {
+        let doc = match docs.get(id.as_str()).map_err(map_redb("read document"))? {
+            Some(guard) => Some(StoredText::of_record(id, guard.value())?),
+            None => None,
+        };
+        found.push(doc);
+    }
+    Ok(found)
+}
+
+/// What a listing makes of each record: the document parsed, or its body's text as stored.
+pub(super) trait Listed: Sized {
+    fn of_record(id: &str, record: &[u8]) -> Result<Self>;
+    fn id(&self) -> &str;
+}
+
+impl Listed for StoredDocument {
+    fn of_record(id: &str, record: &[u8]) -> Result<Self> {
+        let (header, body) = codec::decode(id, record)?;
+        Ok(stored(id, header, body))
+    }
+
+    fn id(&self) -> &str {
+        &self.id
+    }
+}
+
+impl Listed for StoredText {
+    fn of_record(id: &str, record: &[u8]) -> Result<Self> {
+        let (header, json) = codec::split(id, record)?;
+        Ok(StoredText { id: id.to_owned(), rev: header.rev.to_revision(), json: json.to_vec() })
+    }
+
+    fn id(&self) -> &str {
+        &self.id
+    }
 }
 
 /// One page of live documents in id order after the id `after`.
@@ -91,12 +134,12 @@ pub(super) fn scan(db: &Database, after: Option<String>, limit: usize) -> Result
 }
 
 /// One page of `all_docs` over `range`, after the id `after`.
-pub(super) fn all_docs(
+pub(super) fn all_docs<T: Listed>(
     db: &Database,
     range: &IdRange,
     after: Option<String>,
     limit: usize,
-) -> Result<Page<StoredDocument>> {
+) -> Result<Page<T>> {
     let txn = db.begin_read().map_err(map_redb("begin read"))?;
     let docs = txn.open_table(DOCS).map_err(map_redb("open docs table"))?;
     let Some(bounds) = page_bounds(range, after.as_deref()) else {

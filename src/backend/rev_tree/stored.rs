@@ -140,9 +140,27 @@ struct RevisionIn {
     generation: Option<u64>,
 }
 
+/// What a stored leaf's body is read as: the body, or nothing (skipped unparsed, for a reader
+/// that shows revisions only: [`super::RevTreeOutline`]).
+pub trait StoredBody: Default {
+    fn into_body(self) -> Map<String, Value>;
+}
+
+impl StoredBody for Map<String, Value> {
+    fn into_body(self) -> Map<String, Value> {
+        self
+    }
+}
+
+impl StoredBody for serde::de::IgnoredAny {
+    fn into_body(self) -> Map<String, Value> {
+        Map::new()
+    }
+}
+
 /// One leaf as read: naming its revision, or (written by the previous release) with its path.
 #[derive(Deserialize)]
-struct LeafIn {
+struct LeafIn<B> {
     #[serde(rename = "r", default)]
     revision: Option<usize>,
     #[serde(rename = "p", default)]
@@ -150,21 +168,21 @@ struct LeafIn {
     #[serde(rename = "d", default)]
     deleted: bool,
     #[serde(rename = "b", default)]
-    body: Map<String, Value>,
+    body: B,
 }
 
-/// A tree's or side document's leaves as read, either form.
+/// A tree's or side document's leaves as read, either form; the bodies as `B` reads them.
 #[derive(Deserialize)]
-pub struct StoredTree {
+pub struct StoredTree<B = Map<String, Value>> {
     #[serde(rename = "r", default)]
     revisions: Vec<RevisionIn>,
     #[serde(rename = "l", default)]
-    leaves: Vec<LeafIn>,
+    leaves: Vec<LeafIn<B>>,
     #[serde(rename = "n", default)]
-    inner: Vec<LeafIn>,
+    inner: Vec<LeafIn<B>>,
 }
 
-impl StoredTree {
+impl<B: StoredBody> StoredTree<B> {
     /// The leaves, each with its whole path; an error names what is inconsistent (a parent not
     /// before its child, a leaf naming no revision).
     pub fn into_leaves(self) -> Result<Vec<Leaf>, String> {
@@ -176,7 +194,7 @@ impl StoredTree {
                 (None, Some(path)) => path,
                 (None, None) => return Err("a leaf names no revision".to_owned()),
             };
-            leaves.push(Leaf { path, deleted: leaf.deleted, body: leaf.body });
+            leaves.push(Leaf { path, deleted: leaf.deleted, body: leaf.body.into_body() });
         }
         Ok(leaves)
     }
@@ -196,7 +214,7 @@ impl StoredTree {
                     generation: *generation,
                     id: stored.id.clone(),
                     deleted: kept.deleted,
-                    body: kept.body,
+                    body: kept.body.into_body(),
                 });
             }
         }

@@ -101,10 +101,16 @@ impl Viewed {
         if state.deleted() {
             return Err(CouchError::deleted());
         }
+        // Parsed once per write of the document ([`crate::database::parsed_designs`]).
+        if let Some(kept) = self.db.parsed_designs().get::<DesignViews>(&id, &state) {
+            return Ok(DesignViews::clone(&kept));
+        }
         let winner = state.tree.winner().ok_or_else(CouchError::missing)?;
         let doc = leaf_json(&id, &state.tree, winner, DocOptions::default());
         let design = DesignViews::parse(&doc).map_err(|invalid| ViewError::InvalidDesign(invalid.0))?;
-        Ok(design.in_database(self.source().name()))
+        let design = design.in_database(self.source().name());
+        self.db.parsed_designs().keep(&id, &state, Arc::new(design.clone()));
+        Ok(design)
     }
 
     /// The signatures of every live design document's views (`_view_cleanup` keeps them).

@@ -72,12 +72,18 @@ impl Database {
     /// either way.
     pub(super) async fn finish_cut_deletions<'s>(&self, states: impl Iterator<Item = (&'s str, &'s DocState)>) {
         for (id, state) in states {
-            let live_record = state.token.record().is_some_and(|token| token.record_rev.is_some());
-            if live_record && state.deleted() {
+            if cut_deletion(state) {
                 finished(&Finishing(self), id, Some(state.clone())).await;
             }
         }
     }
+}
+
+/// Whether `state` is a deletion cut before its tombstone: a live record of the engine's layout
+/// holding a deleted winner.
+pub(super) fn cut_deletion(state: &DocState) -> bool {
+    let live_record = state.token.record().is_some_and(|token| token.record_rev.is_some());
+    live_record && state.deleted()
 }
 
 #[cfg(test)]
@@ -88,9 +94,11 @@ mod tests {
 
     use super::*;
     use crate::backend::embedded::EmbeddedBackend;
-    use crate::backend::{DocumentBackend, IdRange, Precondition};
+    use crate::backend::{DocumentBackend, IdRange, Page, Precondition};
+    use crate::database::engine::counting::CountingBackend;
     use crate::database::engine::{Write, Written};
     use crate::database::layout::record::record_of;
+    use crate::database::rev_tree::RevPath;
     use crate::database::write_guard::{ProposedWrite, WriteGuard};
     use crate::error::Error;
 
@@ -110,6 +118,77 @@ mod tests {
         }
 
         fn design_changed(&self, _: &Database) {}
+    }
+
+    /// Every read of the engine's layout gives the same trees whether the backend hands over its
+    /// records' text (the embedded store) or parsed bodies (the same store behind a layer, which
+    /// does not forward the text reads); the outlines `_changes` reads hold the same leaves
+    /// without their bodies; and a cut deletion an outline read meets is finished from a whole
+    /// read, its other branch's body kept.
+    #[tokio::test]
+    async fn text_and_outline_reads_agree_with_parsed_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend: Arc<dyn DocumentBackend> =
+            Arc::new(EmbeddedBackend::open(&dir.path().join("d.redb")).await.unwrap());
+        let text = Database::new("d".into(), Arc::clone(&backend));
+        let parsed = Database::new("d".into(), CountingBackend::over(Arc::clone(&backend), false));
+        let body = |n: u64| {
+            let mut body = Map::new();
+            body.insert("n".into(), n.into());
+            body.insert("s".into(), "é\"\\x".into());
+            body
+        };
+        let edit = |parent: Option<String>, deleted: bool, n: u64| Write::Edit { parent, deleted, body: body(n) };
+        for id in ["a", "b", "c", "_design/d"] {
+            text.write(id, &edit(None, false, 1)).await.unwrap();
+        }
+        // `b` with a conflicting branch whose body only a whole read holds; `c` deleted.
+        let branch = RevPath { start: 1, ids: vec!["f".repeat(32)] };
+        text.write("b", &Write::Replicated { path: branch, deleted: false, body: body(7) }).await.unwrap();
+        let c = text.read("c").await.unwrap().and_then(|state| state.winner_rev());
+        text.write("c", &edit(c, true, 0)).await.unwrap();
+        let ids: Vec<String> = ["a", "b", "c", "_design/d", "none"].map(str::to_owned).to_vec();
+
+        let whole = text.read_many(&ids).await.unwrap();
+        let trees =
+            |states: &[Option<DocState>]| states.iter().map(|s| s.as_ref().map(|s| s.tree.clone())).collect::<Vec<_>>();
+        assert_eq!(trees(&whole), trees(&parsed.read_many(&ids).await.unwrap()));
+        assert_eq!(whole[1].as_ref().map(|s| s.tree.leaves().len()), Some(2));
+        assert!(whole[1].as_ref().unwrap().tree.leaves().iter().all(|leaf| !leaf.body.is_empty()), "bodies read");
+        for id in ["a", "b"] {
+            assert_eq!(text.read(id).await.unwrap().unwrap().tree, parsed.read(id).await.unwrap().unwrap().tree);
+        }
+        let outlines = text.read_many_outlines(&ids).await.unwrap();
+        for (outline, whole) in outlines.iter().zip(&whole) {
+            let shape = |state: &Option<DocState>| {
+                state.as_ref().map(|s| s.tree.leaves().iter().map(|l| (l.path.clone(), l.deleted)).collect::<Vec<_>>())
+            };
+            assert_eq!(shape(outline), shape(whole));
+            // A deleted document's tree (in its local tree, not a record) is read whole.
+            let live = outline.iter().filter(|s| s.token.record().is_some_and(|t| t.record_rev.is_some()));
+            let bodies = live.flat_map(|s| s.tree.leaves()).filter(|leaf| !leaf.body.is_empty()).count();
+            assert_eq!(bodies, 0, "no bodies read");
+        }
+        let every = IdRange { include_design: true, ..IdRange::all() };
+        let listed =
+            |page: Page<(String, DocState)>| page.items.into_iter().map(|(id, s)| (id, s.tree)).collect::<Vec<_>>();
+        let listed_text = listed(text.all_docs(&every, 10, None).await.unwrap());
+        assert_eq!(listed_text, listed(parsed.all_docs(&every, 10, None).await.unwrap()));
+        assert_eq!(listed_text.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(), ["_design/d", "a", "b"]);
+
+        // `a` deleted by its record write alone (cut before the tombstone): an outline read
+        // finishes the deletion, from a whole read.
+        let state = text.read("a").await.unwrap().expect("written");
+        let mut tree = state.tree.clone();
+        let deletion = tree.edit(state.winner_rev().as_deref(), "d2", true, Map::new(), 1000).unwrap();
+        let rev = state.token.record().and_then(|token| token.record_rev.clone()).expect("a live record");
+        backend.put("a", &record_of(&tree).unwrap(), Precondition::MatchRevision(rev)).await.unwrap();
+        assert_eq!(backend.exact_count().await.unwrap(), Some(3), "counted live before the repair");
+        text.read_many_outlines(&["a".to_owned()]).await.unwrap();
+        assert!(backend.get("a").await.unwrap().is_none(), "the deletion was finished");
+        assert_eq!(backend.exact_count().await.unwrap(), Some(2));
+        let after = text.read("a").await.unwrap().expect("the tree is kept");
+        assert!(after.deleted() && after.tree.contains(&deletion), "{:?}", after.tree.leaves());
     }
 
     /// A deletion cut before its tombstone, met by a listing under a write's turn on the same

@@ -291,16 +291,39 @@ impl<'a, B: DocumentBackend + ?Sized> DataStoreView<'a, B> {
     /// revision read (written in between), or whose record is a tombstone, is read again alone
     /// as [`RepairableLayout::read`] reads it.
     async fn read_batched(&self, ids: &[String]) -> Result<Vec<Option<ReadTree>>> {
+        self.read_batched_over(ids, None).await
+    }
+
+    /// [`Self::read_batched`], with the live records' bodies already read (`listed`: a listing's
+    /// page, in the order of `ids`) instead of read again; each is used only where it holds the
+    /// revision the batched read finds, as a body read separately is.
+    async fn read_batched_over(
+        &self,
+        ids: &[String],
+        listed: Option<Vec<StoredDocument>>,
+    ) -> Result<Vec<Option<ReadTree>>> {
         let side_names: Vec<String> = ids.iter().map(|id| side_name(id)).collect();
         let (records, sides) =
             tokio::try_join!(self.backend.revisions_many(ids), self.backend.get_many_local(&side_names))?;
-        let live: Vec<String> = ids
-            .iter()
-            .zip(&records)
-            .filter(|(_, record)| record.as_ref().is_some_and(|info| !info.deleted))
-            .map(|(id, _)| id.clone())
-            .collect();
-        let mut bodies = self.backend.get_many(&live).await?.into_iter();
+        let mut bodies = match listed {
+            Some(listed) => {
+                // Only the bodies of records still live, in the order `get_many` would give them.
+                let live = listed
+                    .into_iter()
+                    .zip(&records)
+                    .filter_map(|(doc, record)| record.as_ref().is_some_and(|info| !info.deleted).then_some(Some(doc)));
+                live.collect::<Vec<_>>().into_iter()
+            }
+            None => {
+                let live: Vec<String> = ids
+                    .iter()
+                    .zip(&records)
+                    .filter(|(_, record)| record.as_ref().is_some_and(|info| !info.deleted))
+                    .map(|(id, _)| id.clone())
+                    .collect();
+                self.backend.get_many(&live).await?.into_iter()
+            }
+        };
         let mut trees = Vec::with_capacity(ids.len());
         for ((id, record), side) in ids.iter().zip(records).zip(sides) {
             let tree = match record {
@@ -440,9 +463,11 @@ impl<'a, B: DocumentBackend + ?Sized> DataStoreView<'a, B> {
 
     /// Each listed record's whole tree, read again with its other leaves (the listing holds the
     /// winner only; [`RepairableLayout::read_many`]); those deleted meanwhile are left out.
+    /// The listing's bodies are used where they still hold the record's revision (a page of
+    /// 100 decoded each body twice: issue 38).
     pub async fn listed(&self, documents: Vec<StoredDocument>) -> Result<Vec<(String, ReadTree)>> {
-        let ids: Vec<String> = documents.into_iter().map(|doc| doc.id).collect();
-        let states = self.read_many(&ids).await?;
+        let ids: Vec<String> = documents.iter().map(|doc| doc.id.clone()).collect();
+        let states = self.read_batched_over(&ids, Some(documents)).await?;
         Ok(ids
             .into_iter()
             .zip(states)
@@ -614,7 +639,7 @@ fn leaves_of(id: &str, body: &Map<String, Value>) -> Result<Vec<Leaf>> {
     match body.get(LEAVES_FIELD) {
         None => Ok(Vec::new()),
         Some(leaves @ Value::Array(_)) => Vec::<Leaf>::deserialize(leaves).map_err(|err| unreadable(err.to_string())),
-        Some(stored) => StoredTree::deserialize(stored)
+        Some(stored) => StoredTree::<Map<String, Value>>::deserialize(stored)
             .map_err(|err| unreadable(err.to_string()))?
             .into_leaves()
             .map_err(unreadable),

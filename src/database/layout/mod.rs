@@ -61,7 +61,7 @@ use async_trait::async_trait;
 use futures::future::BoxFuture;
 
 use crate::backend::rev_tree::RevTree;
-use crate::backend::{DocumentBackend, StoredDocument};
+use crate::backend::{DocumentBackend, StoredDocument, StoredText};
 use crate::error::{Error, ErrorKind, Result};
 
 /// A document's tree as a layout read it, with what the next save must match (`token`, opaque
@@ -345,6 +345,23 @@ impl Layout {
         }
     }
 
+    /// The states of `ids` with every live record's tree read without its bodies, where the
+    /// layout can read them so (the engine's: [`record::RecordLayout::read_many_outlines`]);
+    /// `None` for the other layouts. For readers that show revisions only; never saved.
+    pub async fn read_many_outlines(&self, ids: &[String]) -> Option<Result<Vec<Option<LaidOut<LayoutToken>>>>> {
+        let Layout::Record(layout) = self else { return None };
+        let states = layout.read_many_outlines(ids).await;
+        Some(states.map(|states| states.into_iter().map(|s| s.map(|s| tokened(s, LayoutToken::Record))).collect()))
+    }
+
+    /// [`TreeLayout::listed`] from the records' stored text, for the engine's layout (whose
+    /// records hold whole trees); `None` for the other layouts, which list from documents.
+    pub fn listed_text(&self, documents: Vec<StoredText>) -> Option<Result<Vec<ListedState>>> {
+        let Layout::Record(_) = self else { return None };
+        let listed = record::RecordLayout::listed_text(documents);
+        Some(listed.map(|listed| listed.into_iter().map(|(id, s)| (id, tokened(s, LayoutToken::Record))).collect()))
+    }
+
     /// The engine's layout, `None` for another: what the engine's batched bulk path needs.
     pub fn as_record(&self) -> Option<&record::RecordLayout> {
         match self {
@@ -376,6 +393,9 @@ fn native_state(state: &LaidOut<LayoutToken>) -> Result<native::NativeState> {
         _ => Err(wrong_token()),
     }
 }
+
+/// A listed document's id and state.
+pub type ListedState = (String, LaidOut<LayoutToken>);
 
 fn tokened<T>(state: LaidOut<T>, wrap: fn(T) -> LayoutToken) -> LaidOut<LayoutToken> {
     LaidOut { tree: state.tree, token: wrap(state.token) }

@@ -24,8 +24,8 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::{KeptBodies, LaidOut, RepairableLayout, ScanCursor, ScanPage, TreeLayout};
-use crate::backend::rev_tree::RevTree;
-use crate::backend::{DocumentBackend, EraseOptions, IdRange, Precondition, Revision, StoredDocument};
+use crate::backend::rev_tree::{RevTree, RevTreeOutline};
+use crate::backend::{DocumentBackend, EraseOptions, IdRange, Precondition, Revision, StoredDocument, StoredText};
 use crate::database::doc_attachments;
 use crate::error::{Error, ErrorKind, Result};
 
@@ -83,6 +83,95 @@ impl RecordLayout {
         body: &Map<String, Value>,
     ) -> Result<RecordState> {
         Ok(LaidOut { tree: tree_of(body, id)?, token: RecordToken { record_rev: Some(rev), local_rev: None } })
+    }
+
+    /// The state of a live record at `rev` holding `tree`.
+    fn state_of_tree(rev: Revision, tree: RevTree) -> RecordState {
+        LaidOut { tree, token: RecordToken { record_rev: Some(rev), local_rev: None } }
+    }
+
+    /// The live records of `ids` in one batched read, each tree read as `T`: straight from the
+    /// stored text where the backend keeps it (no `Value` tree in between), else from the
+    /// decoded body by `from_body`.
+    async fn records<T: Into<RevTree> + serde::de::DeserializeOwned>(
+        &self,
+        ids: &[String],
+        from_body: fn(&Map<String, Value>, &str) -> Result<T>,
+    ) -> Result<Vec<Option<(Revision, RevTree)>>> {
+        let too_few = || Error::new(ErrorKind::Internal, "the backend answered a batched read with too few documents");
+        if let Some(texts) = self.backend.get_many_text(ids).await? {
+            if texts.len() != ids.len() {
+                return Err(too_few());
+            }
+            let parsed = texts.into_iter().zip(ids).map(|(text, id)| match text {
+                Some(text) => Ok(Some((text.rev, tree_of_text::<T>(&text.json, id)?.into()))),
+                None => Ok(None),
+            });
+            return parsed.collect();
+        }
+        let records = self.backend.get_many(ids).await?;
+        if records.len() != ids.len() {
+            return Err(too_few());
+        }
+        let parsed = records.into_iter().zip(ids).map(|(record, id)| match record {
+            Some(record) => Ok(Some((record.rev, from_body(&record.body, id)?.into()))),
+            None => Ok(None),
+        });
+        parsed.collect()
+    }
+
+    /// [`RepairableLayout::read_many`] with each live record's tree read as `T`
+    /// ([`Self::records`]); the local trees of deleted documents are read whole.
+    async fn read_many_as<T: Into<RevTree> + serde::de::DeserializeOwned>(
+        &self,
+        ids: &[String],
+        from_body: fn(&Map<String, Value>, &str) -> Result<T>,
+    ) -> Result<Vec<Option<RecordState>>> {
+        let records = self.records::<T>(ids, from_body).await?;
+        let without_record: Vec<String> = ids
+            .iter()
+            .zip(&records)
+            .filter(|(_, record)| record.is_none())
+            .map(|(id, _)| format!("{TREE_PREFIX}{id}"))
+            .collect();
+        let mut trees = if without_record.is_empty() {
+            Vec::new().into_iter()
+        } else {
+            let trees = self.backend.get_many_local(&without_record).await?;
+            if trees.len() != without_record.len() {
+                return Err(Error::new(ErrorKind::Internal, "the backend answered a batched read with too few trees"));
+            }
+            trees.into_iter()
+        };
+        let mut states = Vec::with_capacity(ids.len());
+        for (id, record) in ids.iter().zip(records) {
+            states.push(match record {
+                Some((rev, tree)) => Some(Self::state_of_tree(rev, tree)),
+                None => match trees.next().flatten() {
+                    Some(local) => Some(Self::state_of_tombstone(id, local.rev, &local.body)?),
+                    None => None,
+                },
+            });
+        }
+        Ok(states)
+    }
+
+    /// The states of `ids` as [`RepairableLayout::read_many`] reads them, but each live record's
+    /// tree without its bodies ([`RevTreeOutline`]): for readers that show revisions only (a
+    /// `_changes` row). Never to be saved.
+    pub(in crate::database) async fn read_many_outlines(&self, ids: &[String]) -> Result<Vec<Option<RecordState>>> {
+        self.read_many_as::<RevTreeOutline>(ids, |body, id| tree_of(body, id).map(RevTreeOutline)).await
+    }
+
+    /// [`TreeLayout::listed`] from the stored text of each record
+    /// ([`DocumentBackend::all_docs_stored_text`]).
+    pub(in crate::database) fn listed_text(documents: Vec<StoredText>) -> Result<Vec<(String, RecordState)>> {
+        let mut listed = Vec::with_capacity(documents.len());
+        for StoredText { id, rev, json } in documents {
+            let tree = tree_of_text::<RevTree>(&json, &id)?;
+            listed.push((id, Self::state_of_tree(rev, tree)));
+        }
+        Ok(listed)
     }
 
     /// The state a local tree (`rev`, `body`) holds, for an id without a live record.
@@ -258,8 +347,9 @@ impl RepairableLayout for RecordLayout {
 
     /// The live record, else the local tree of a tombstone.
     async fn read(&self, id: &str) -> Result<Option<RecordState>> {
-        if let Some(record) = self.backend.get(id).await? {
-            return Ok(Some(Self::state_of_record(id, record.rev, &record.body)?));
+        let mut records = self.records::<RevTree>(std::slice::from_ref(&id.to_owned()), tree_of).await?;
+        if let Some((rev, tree)) = records.pop().flatten() {
+            return Ok(Some(Self::state_of_tree(rev, tree)));
         }
         match self.backend.get_local(&format!("{TREE_PREFIX}{id}")).await? {
             Some(local) => Ok(Some(Self::state_of_tombstone(id, local.rev, &local.body)?)),
@@ -270,36 +360,7 @@ impl RepairableLayout for RecordLayout {
     /// The records in one batched read, then the local trees of those without a live record in
     /// another (`get_many_local`).
     async fn read_many(&self, ids: &[String]) -> Result<Vec<Option<RecordState>>> {
-        let records = self.backend.get_many(ids).await?;
-        if records.len() != ids.len() {
-            return Err(Error::new(ErrorKind::Internal, "the backend answered a batched read with too few documents"));
-        }
-        let without_record: Vec<String> = ids
-            .iter()
-            .zip(&records)
-            .filter(|(_, record)| record.is_none())
-            .map(|(id, _)| format!("{TREE_PREFIX}{id}"))
-            .collect();
-        let mut trees = if without_record.is_empty() {
-            Vec::new().into_iter()
-        } else {
-            let trees = self.backend.get_many_local(&without_record).await?;
-            if trees.len() != without_record.len() {
-                return Err(Error::new(ErrorKind::Internal, "the backend answered a batched read with too few trees"));
-            }
-            trees.into_iter()
-        };
-        let mut states = Vec::with_capacity(ids.len());
-        for (id, record) in ids.iter().zip(records) {
-            states.push(match record {
-                Some(record) => Some(Self::state_of_record(id, record.rev, &record.body)?),
-                None => match trees.next().flatten() {
-                    Some(local) => Some(Self::state_of_tombstone(id, local.rev, &local.body)?),
-                    None => None,
-                },
-            });
-        }
-        Ok(states)
+        self.read_many_as::<RevTree>(ids, tree_of).await
     }
 
     async fn save(&self, id: &str, state: Option<&RecordState>, tree: &RevTree) -> Result<()> {
@@ -437,6 +498,20 @@ pub(in crate::database) fn tree_of(body: &Map<String, Value>, id: &str) -> Resul
     };
     // Read from the record in place, not from a copy of it.
     RevTree::deserialize(tree)
+        .map_err(|e| Error::new(ErrorKind::Corrupt, format!("document {id:?} has an unreadable revision tree: {e}")))
+}
+
+/// A record's one field as read from its text.
+#[derive(Deserialize)]
+struct TreeText<T> {
+    #[serde(rename = "revtree")]
+    tree: T,
+}
+
+/// The tree a record's stored JSON text holds, parsed as `T` straight from the text.
+fn tree_of_text<T: serde::de::DeserializeOwned>(json: &[u8], id: &str) -> Result<T> {
+    crate::model::depth::parse_stored::<TreeText<T>>(json)
+        .map(|record| record.tree)
         .map_err(|e| Error::new(ErrorKind::Corrupt, format!("document {id:?} has an unreadable revision tree: {e}")))
 }
 
