@@ -5,7 +5,9 @@
 //! changes; every other method forwards to the inner backend's own implementation. The blanket
 //! implementation below makes every layer a [`DocumentBackend`]. Forwarding by default means a new
 //! trait method reaches every adapter through every layer, instead of a layer silently answering
-//! with the trait's default body where the adapter has a better one.
+//! with the trait's default body where the adapter has a better one. The exceptions are the
+//! writes of bodies given as text (`put_text`, `bulk_write_text`): they go through the layer's own
+//! `put` and `bulk_write`, so a layer that watches or refuses writes sees those too.
 
 use async_trait::async_trait;
 use serde_json::{Map, Value};
