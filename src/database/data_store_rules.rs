@@ -29,6 +29,7 @@
 use async_trait::async_trait;
 use serde_json::{Map, Value};
 
+use super::engine::{DocState, Write};
 use super::validation::current_writer;
 use super::write_guard::{ProposedWrite, WriteGuard};
 use super::Database;
@@ -330,6 +331,34 @@ impl WriteGuard for DataStoreRules {
     async fn check(&self, _db: &Database, writes: &[ProposedWrite]) -> Result<Vec<Option<Error>>> {
         let confinement = current_writer().data_store;
         Ok(writes.iter().map(|write| self.verdict(write, confinement.as_ref())).collect())
+    }
+
+    /// The bodies as written, not copies with the special members shown: the verdict reads the
+    /// same id, deletion flag and fields ([`DataWrite::shown`] still lets a body's own special
+    /// members through, as they would be in the shown copy).
+    async fn check_writes(
+        &self,
+        _db: &Database,
+        id: &str,
+        _state: Option<&DocState>,
+        writes: &[Write],
+    ) -> Result<Vec<Option<Error>>> {
+        let confinement = current_writer().data_store;
+        Ok(writes
+            .iter()
+            .map(|write| {
+                let Some(confinement) = confinement.as_ref() else { return Some(no_data_store_login()) };
+                let (deleted, body) = match write {
+                    Write::Edit { deleted, body, .. } | Write::Replicated { deleted, body, .. } => (*deleted, body),
+                };
+                let write = DataWrite { id: Some(id), deleted, body, shown: true };
+                check_write(write, confinement, &self.limits).err()
+            })
+            .collect())
+    }
+
+    fn checks_writes_themselves(&self) -> bool {
+        true
     }
 
     async fn check_design(&self, _db: &Database, writes: &[ProposedWrite]) -> Result<Vec<Option<Error>>> {

@@ -13,8 +13,8 @@ use serde_json::{Map, Value};
 
 use crate::backend::rev_tree::RevTree;
 use crate::backend::{
-    BulkWrite, ChangesPage, DesignRequest, DesignResponse, DocumentBackend, DocumentText, EraseOptions, IdRange,
-    LayoutState, Page, Precondition, Query, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo,
+    BulkWrite, BulkWriteText, ChangesPage, DesignRequest, DesignResponse, DocumentBackend, DocumentText, EraseOptions,
+    IdRange, LayoutState, Page, Precondition, Query, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo,
     StoredDocument, StoredText, UpgradePage,
 };
 use crate::error::Result;
@@ -174,6 +174,20 @@ impl DocumentBackend for MeteredBackend {
 
     async fn bulk_write(&self, writes: Vec<BulkWrite>) -> Result<Vec<Result<Revision>>> {
         timed!(self, "bulk_write", self.inner.bulk_write(writes))
+    }
+
+    // Timed as the writes they are (`put`, `bulk_write`): the text is only how the body travels.
+    async fn put_text(
+        &self,
+        id: &str,
+        json: &serde_json::value::RawValue,
+        precondition: Precondition,
+    ) -> Result<Revision> {
+        timed!(self, "put", self.inner.put_text(id, json, precondition))
+    }
+
+    async fn bulk_write_text(&self, writes: Vec<BulkWriteText>) -> Result<Vec<Result<Revision>>> {
+        timed!(self, "bulk_write", self.inner.bulk_write_text(writes))
     }
 
     async fn scan(&self, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {

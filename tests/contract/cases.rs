@@ -188,6 +188,7 @@ fn rev_tree_cases() -> Vec<Case> {
         design_documents_are_listed,
         a_page_of_new_documents_is_written_in_a_few_batched_calls,
         a_tombstone_left_during_a_page_is_not_written_over,
+        the_value_corpus_round_trips_in_documents,
     ]
 }
 

@@ -22,11 +22,12 @@ use agentstore::backend::catalog::{Catalog, DbName};
 use agentstore::backend::raw::layer::Layered;
 use agentstore::backend::rev_tree::RevTree;
 use agentstore::backend::{
-    BulkWrite, ChangesPage, DesignRequest, DesignResponse, DocumentBackend, DocumentText, EraseOptions, IdRange,
-    LayoutState, Page, Precondition, Query, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo,
+    BulkWrite, BulkWriteText, ChangesPage, DesignRequest, DesignResponse, DocumentBackend, DocumentText, EraseOptions,
+    IdRange, LayoutState, Page, Precondition, Query, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo,
     StoredDocument, UpgradePage,
 };
 use agentstore::{Error, ErrorKind, Result};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 /// How the `k`-th call is cut (module doc).
@@ -270,6 +271,8 @@ counted_layer! {
     fn ensure_standard_indexes(&self) -> Result<()>;
     fn ensure_namespace_indexed(&self, namespace: &str) -> Result<()>;
     fn bulk_write(&self, writes: Vec<BulkWrite>) -> Result<Vec<Result<Revision>>>;
+    fn put_text(&self, id: &str, json: &RawValue, precondition: Precondition) -> Result<Revision>;
+    fn bulk_write_text(&self, writes: Vec<BulkWriteText>) -> Result<Vec<Result<Revision>>>;
     fn scan(&self, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>>;
     fn health(&self) -> Result<()>;
     fn revisions(&self, id: &str) -> Result<Option<RevisionInfo>>;

@@ -22,8 +22,8 @@ use super::group_commit::{job_of, GroupCommit, Persistence};
 use super::write::{EncodedWrite, ReplicatedWrite, Tables};
 use super::{attachments, codec, core, feed, ids, local};
 use crate::backend::{
-    BulkWrite, ChangesPage, DocumentBackend, EraseOptions, IdRange, LayoutState, Page, Precondition, Query,
-    ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo, StoredDocument, StoredText, UpgradePage,
+    BulkWrite, BulkWriteText, ChangesPage, DocumentBackend, EraseOptions, IdRange, LayoutState, Page, Precondition,
+    Query, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo, StoredDocument, StoredText, UpgradePage,
     DEFAULT_REVS_LIMIT,
 };
 use crate::error::{Error, ErrorKind, Result};
@@ -144,6 +144,26 @@ impl EmbeddedBackend {
             )
         })?
     }
+
+    /// Writes encoded before the transaction, in one write of the group commit: each answered
+    /// on its own (one that could not be encoded, or whose precondition fails, fails alone).
+    async fn write_encoded(&self, encoded: Vec<Result<EncodedWrite>>) -> Result<Vec<Result<Revision>>> {
+        self.write(encoded.len(), move |tables| {
+            let mut results = Vec::with_capacity(encoded.len());
+            for write in encoded {
+                let result = match write {
+                    Ok(write) => match tables.write_one(&write) {
+                        Err(e) if e.kind() != ErrorKind::Conflict => return Err(e),
+                        other => other,
+                    },
+                    Err(e) => Err(e),
+                };
+                results.push(result);
+            }
+            Ok(results)
+        })
+        .await
+    }
 }
 
 #[async_trait]
@@ -207,21 +227,24 @@ impl DocumentBackend for EmbeddedBackend {
         // Encode first: a write that cannot be encoded fails alone, outside the transaction.
         let encoded: Vec<Result<EncodedWrite>> =
             writes.into_iter().map(|w| EncodedWrite::new(&w.id, &w.body, w.precondition)).collect();
-        self.write(encoded.len(), move |tables| {
-            let mut results = Vec::with_capacity(encoded.len());
-            for write in encoded {
-                let result = match write {
-                    Ok(write) => match tables.write_one(&write) {
-                        Err(e) if e.kind() != ErrorKind::Conflict => return Err(e),
-                        other => other,
-                    },
-                    Err(e) => Err(e),
-                };
-                results.push(result);
-            }
-            Ok(results)
-        })
-        .await
+        self.write_encoded(encoded).await
+    }
+
+    /// The text is stored as it is: no values built, none encoded.
+    async fn put_text(
+        &self,
+        id: &str,
+        json: &serde_json::value::RawValue,
+        precondition: Precondition,
+    ) -> Result<Revision> {
+        let write = EncodedWrite::from_text(id, json, precondition)?;
+        self.write(1, move |tables| tables.write_one(&write)).await
+    }
+
+    async fn bulk_write_text(&self, writes: Vec<BulkWriteText>) -> Result<Vec<Result<Revision>>> {
+        let encoded: Vec<Result<EncodedWrite>> =
+            writes.into_iter().map(|w| EncodedWrite::from_text(&w.id, &w.json, w.precondition)).collect();
+        self.write_encoded(encoded).await
     }
 
     async fn scan(&self, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
@@ -460,7 +483,8 @@ mod tests {
     use crate::backend::embedded::group_commit::Job;
     use crate::backend::Projection;
     use crate::model::fields;
-    use redb::TableDefinition;
+    use redb::{ReadableDatabase, TableDefinition};
+    use serde_json::json;
 
     fn body(key: &str, value: Value) -> Map<String, Value> {
         let mut body = Map::new();
@@ -609,6 +633,47 @@ mod tests {
         assert_eq!((generation_of(&new_a), generation_of(&new_c)), (6, 1));
         assert_eq!(store.get("a").await.unwrap().unwrap().rev, new_a);
         assert_ne!(new_c.as_str()[2..], rev_b.as_str()[3..], "random parts differ");
+    }
+
+    /// A body written as text is stored as the same body written as values is: read back equal,
+    /// the same bytes on disk, indexed under its `userId` and `namespace` (read from the text),
+    /// its precondition checked; a body without them, or with one that is not a string, is in
+    /// no index, as with values.
+    #[tokio::test]
+    async fn a_body_written_as_text_is_stored_as_its_values_are() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedBackend::open(&dir.path().join("store.redb")).await.unwrap();
+        let text = |body: &Map<String, Value>| serde_json::value::to_raw_value(body).unwrap();
+        let value = r#"{"deep": [1, 2.50, "é\u0000"], "big": 123456789012345678901234567890}"#;
+        let indexed = body("t", serde_json::from_str(value).unwrap());
+        store.put("values", &indexed, Precondition::MustNotExist).await.unwrap();
+        let rev = store.put_text("text", &text(&indexed), Precondition::MustNotExist).await.unwrap();
+        let err = store.put_text("text", &text(&indexed), Precondition::MustNotExist).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Conflict, "{err}");
+        let mut unindexed = indexed.clone();
+        unindexed.insert(fields::NAMESPACE.into(), json!(7));
+        let bulk = vec![
+            BulkWriteText { id: "text".into(), json: text(&indexed), precondition: Precondition::MatchRevision(rev) },
+            BulkWriteText { id: "other".into(), json: text(&unindexed), precondition: Precondition::MustNotExist },
+            BulkWriteText { id: "values".into(), json: text(&indexed), precondition: Precondition::MustNotExist },
+        ];
+        let answers = store.bulk_write_text(bulk).await.unwrap();
+        assert!(answers[0].is_ok() && answers[1].is_ok(), "{answers:?}");
+        assert_eq!(answers[2].as_ref().unwrap_err().kind(), ErrorKind::Conflict);
+        let (values, written) =
+            (store.get("values").await.unwrap().unwrap(), store.get("text").await.unwrap().unwrap());
+        assert_eq!(written.body, values.body);
+        assert_eq!(store.get("other").await.unwrap().unwrap().body, unindexed);
+        let read = store.db.begin_read().unwrap();
+        let docs = read.open_table(DOCS).unwrap();
+        let stored = |id: &str| docs.get(id).unwrap().unwrap().value().to_vec();
+        let (of_values, of_text) = (stored("values"), stored("text"));
+        let json = |id: &str, record: &[u8]| codec::split(id, record).unwrap().1.to_vec();
+        assert_eq!(json("text", &of_text), json("values", &of_values), "the same JSON stored");
+        let query = Query { user_id: "u".into(), namespace: Some("ns".into()), projection: Projection::All };
+        let listed = store.query(&query, 10, None).await.unwrap();
+        let ids: Vec<&str> = listed.items.iter().map(|doc| doc.id.as_str()).collect();
+        assert_eq!(ids, ["text", "values"], "indexed from the text, and not under a namespace that is no string");
     }
 
     #[tokio::test]

@@ -3,6 +3,7 @@
 //! revision, an erasure, an upgrade step), and the writes encoded before it begins.
 
 use redb::{ReadableTable, Table, WriteTransaction};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use super::codec::{self, Header, StoredRevision};
@@ -14,7 +15,7 @@ use super::error::map_redb;
 use crate::backend::replicated::{self, CheckedRevision};
 use crate::backend::revision::{PackedAncestry, RevisionId};
 use crate::backend::{Precondition, ReplicatedOutcome, ReplicatedRevision, Revision};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 
 /// A write with its body already encoded.
 pub(super) struct EncodedWrite {
@@ -28,6 +29,34 @@ impl EncodedWrite {
     pub(super) fn new(id: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Self> {
         let json = codec::encode_json(id, body)?;
         Ok(EncodedWrite { id: id.to_owned(), json, index_key: index_key(body), precondition })
+    }
+
+    /// A write whose body the caller gave as the compact JSON text of an object: stored as it
+    /// is, its index key read from the text's top-level fields without building the body.
+    pub(super) fn from_text(id: &str, json: &RawValue, precondition: Precondition) -> Result<Self> {
+        let text = json.get().as_bytes();
+        let fields: IndexFields = crate::model::depth::parse_stored(text)
+            .map_err(|e| Error::new(ErrorKind::InvalidInput, format!("document {id:?} is not a JSON object: {e}")))?;
+        Ok(EncodedWrite { id: id.to_owned(), json: text.to_vec(), index_key: fields.index_key(), precondition })
+    }
+}
+
+/// The top-level fields of a body that [`index_key`] reads, taken from its text; every other
+/// field is skipped unparsed. Each is kept only when it is a string, as `index_key` keeps it.
+#[derive(serde::Deserialize)]
+struct IndexFields {
+    #[serde(rename = "userId", default)]
+    user: Option<Value>,
+    #[serde(rename = "namespace", default)]
+    namespace: Option<Value>,
+}
+
+impl IndexFields {
+    fn index_key(self) -> Option<IndexKey> {
+        match (self.user, self.namespace) {
+            (Some(Value::String(user)), Some(Value::String(namespace))) => Some((user, namespace)),
+            _ => None,
+        }
     }
 }
 

@@ -5,15 +5,17 @@
 //! changes; every other method forwards to the inner backend's own implementation. The blanket
 //! implementation below makes every layer a [`DocumentBackend`]. Forwarding by default means a new
 //! trait method reaches every adapter through every layer, instead of a layer silently answering
-//! with the trait's default body where the adapter has a better one.
+//! with the trait's default body where the adapter has a better one. The exceptions are the
+//! writes of bodies given as text (`put_text`, `bulk_write_text`): they go through the layer's own
+//! `put` and `bulk_write`, so a layer that watches or refuses writes sees those too.
 
 use async_trait::async_trait;
 use serde_json::{Map, Value};
 
 use crate::backend::rev_tree::RevTree;
 use crate::backend::{
-    BulkWrite, ChangesPage, DesignRequest, DesignResponse, DocumentBackend, DocumentText, EraseOptions, IdRange,
-    LayoutState, Page, Precondition, Query, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo,
+    BulkWrite, BulkWriteText, ChangesPage, DesignRequest, DesignResponse, DocumentBackend, DocumentText, EraseOptions,
+    IdRange, LayoutState, Page, Precondition, Query, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo,
     StoredDocument, UpgradePage,
 };
 use crate::error::Result;
@@ -84,6 +86,26 @@ pub trait Layered: Send + Sync + 'static {
 
     async fn bulk_write(&self, writes: Vec<BulkWrite>) -> Result<Vec<Result<Revision>>> {
         self.inner().bulk_write(writes).await
+    }
+
+    /// Unlike the other methods, not forwarded to the inner backend by default: the text is
+    /// parsed and written through this layer's own [`Layered::put`], so a layer that watches or
+    /// refuses writes (the test doubles, fault injection) keeps seeing every record written as
+    /// text. A layer that changes no write forwards it itself to keep the inner backend's way.
+    async fn put_text(
+        &self,
+        id: &str,
+        json: &serde_json::value::RawValue,
+        precondition: Precondition,
+    ) -> Result<Revision> {
+        let body = crate::backend::body_of_text(id, json)?;
+        Layered::put(self, id, &body, precondition).await
+    }
+
+    /// Written through this layer's own [`Layered::bulk_write`], as [`Layered::put_text`] is.
+    async fn bulk_write_text(&self, writes: Vec<BulkWriteText>) -> Result<Vec<Result<Revision>>> {
+        let writes = writes.into_iter().map(BulkWriteText::into_values).collect::<Result<Vec<_>>>()?;
+        Layered::bulk_write(self, writes).await
     }
 
     async fn scan(&self, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {
@@ -306,6 +328,19 @@ impl<L: Layered> DocumentBackend for L {
 
     async fn bulk_write(&self, writes: Vec<BulkWrite>) -> Result<Vec<Result<Revision>>> {
         Layered::bulk_write(self, writes).await
+    }
+
+    async fn put_text(
+        &self,
+        id: &str,
+        json: &serde_json::value::RawValue,
+        precondition: Precondition,
+    ) -> Result<Revision> {
+        Layered::put_text(self, id, json, precondition).await
+    }
+
+    async fn bulk_write_text(&self, writes: Vec<BulkWriteText>) -> Result<Vec<Result<Revision>>> {
+        Layered::bulk_write_text(self, writes).await
     }
 
     async fn scan(&self, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {

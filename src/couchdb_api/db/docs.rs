@@ -458,7 +458,8 @@ pub(crate) fn refuse_numbers_beyond_doubles(state: &CouchState, db: &Database, b
 /// CouchDB's 413 for a document over the database's `max_document_size`
 /// (`couchdb_max_document_bytes`).
 pub(crate) fn check_size(db: &Database, id: &str, doc: &ClientDoc) -> CouchResult<()> {
-    let size = serde_json::to_vec(&doc.body).map(|bytes| bytes.len()).unwrap_or(usize::MAX);
+    // Counted, not written out: the text would be thrown away.
+    let size = crate::model::validate::json_size(&doc.body);
     if size > db.max_document_bytes() {
         return Err(CouchError::new(StatusCode::PAYLOAD_TOO_LARGE, "document_too_large", id.to_owned()));
     }

@@ -62,8 +62,8 @@ use std::collections::{HashMap, HashSet};
 
 use futures::StreamExt;
 
-use super::{gone_is_conflict, record_of, Applied, DocState, Unread, Written, TREE_PREFIX};
-use crate::backend::{BulkWrite, Precondition};
+use super::{gone_is_conflict, record_of, record_text, Applied, DocState, Unread, Written, TREE_PREFIX};
+use crate::backend::{BulkWrite, BulkWriteText, Precondition};
 use crate::database::rev_tree::RevTree;
 use crate::database::{Database, Write};
 use crate::error::{Error, ErrorKind, Result};
@@ -304,7 +304,7 @@ impl Database {
         for pending in pending {
             firsts.push(self.local_first(&documents[pending.slot].0, pending));
         }
-        let with_local_first: Vec<(Pending, Saved, Option<BulkWrite>)> =
+        let with_local_first: Vec<(Pending, Saved, Option<BulkWriteText>)> =
             futures::stream::iter(firsts).buffered(CONCURRENCY).collect().await;
         for (pending, saved, write) in with_local_first {
             match write {
@@ -318,7 +318,7 @@ impl Database {
         if records.is_empty() {
             return Ok(outcomes);
         }
-        let written = self.backend.bulk_write(records).await?;
+        let written = self.backend.bulk_write_text(records).await?;
         if written.len() != writing.len() {
             return Err(Error::new(ErrorKind::Internal, "the backend answered a bulk write with too few results"));
         }
@@ -375,11 +375,11 @@ impl Database {
     /// (`NeverWritten`, where the backend checks it); else (a re-creation over a tombstone, a
     /// half-written document, a creation where the backend cannot check `NeverWritten`) once
     /// its local tree is written on the revision read.
-    async fn local_first(&self, id: &str, pending: Pending) -> (Pending, Saved, Option<BulkWrite>) {
+    async fn local_first(&self, id: &str, pending: Pending) -> (Pending, Saved, Option<BulkWriteText>) {
         if let Err(err) = self.keep_references(pending.state.as_ref(), &pending.tree).await {
             return (pending, Saved::Failed(err), None);
         }
-        let record = match record_of(&pending.tree) {
+        let record = match record_text(&pending.tree) {
             Ok(record) => record,
             Err(err) => return (pending, Saved::Failed(err), None),
         };
@@ -393,21 +393,25 @@ impl Database {
             None => (None, None),
         };
         if let Some(rev) = record_rev {
-            let write = BulkWrite { id: id.to_owned(), body: record, precondition: Precondition::MatchRevision(rev) };
+            let write =
+                BulkWriteText { id: id.to_owned(), json: record, precondition: Precondition::MatchRevision(rev) };
             return (pending, Saved::Done, Some(write));
         }
         if pending.state.is_none() && self.backend.checks_never_written() {
-            let write = BulkWrite { id: id.to_owned(), body: record, precondition: Precondition::NeverWritten };
+            let write = BulkWriteText { id: id.to_owned(), json: record, precondition: Precondition::NeverWritten };
             return (pending, Saved::Done, Some(write));
         }
         let precondition = match local_rev {
             Some(local_rev) => Precondition::MatchRevision(local_rev),
             None => Precondition::MustNotExist,
         };
-        let local = self.backend.put_local(&format!("{TREE_PREFIX}{id}"), &record, precondition).await;
+        let local = match record_of(&pending.tree) {
+            Ok(body) => self.backend.put_local(&format!("{TREE_PREFIX}{id}"), &body, precondition).await,
+            Err(err) => Err(err),
+        };
         match Saved::of(local) {
             Saved::Done => {
-                let write = BulkWrite { id: id.to_owned(), body: record, precondition: Precondition::MustNotExist };
+                let write = BulkWriteText { id: id.to_owned(), json: record, precondition: Precondition::MustNotExist };
                 (pending, Saved::Done, Some(write))
             }
             refused => (pending, refused, None),
