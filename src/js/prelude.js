@@ -4,14 +4,15 @@
 // and results cross as JSON text, parsed and written here with the realm's JSON, as couchjs does.
 //
 // The expression evaluates to a function taking the design document's JSON, the Rust log
-// sink and the longest line it takes; the worker calls it and keeps the object it returns.
-(function (ddocJson, hostLog, logLineLimit) {
+// sink, the longest line it takes and the Rust function that starts the next document's
+// deadline in a batch; the worker calls it and keeps the object it returns.
+(function (ddocJson, hostLog, logLineLimit, nextDocument) {
   "use strict";
   var parse = JSON.parse;
   var stringify = JSON.stringify;
   var freeze = Object.freeze;
-  var isFrozen = Object.isFrozen;
-  var ownKeys = Reflect.ownKeys;
+  var objectKeys = Object.keys;
+  var isArrayValue = Array.isArray;
   var objectToString = Object.prototype.toString;
   var hasOwn = Object.prototype.hasOwnProperty;
   var global = globalThis;
@@ -84,15 +85,21 @@
     throw thrown;
   }
 
-  function deepFreeze(value) {
-    if (value === null || (typeof value !== "object" && typeof value !== "function")) return;
-    if (isFrozen(value)) return;
-    freeze(value);
-    var keys = ownKeys(value);
-    for (var i = 0; i < keys.length; i++) {
-      deepFreeze(value[keys[i]]);
+  // Freezes a document parsed from JSON and everything in it. A parsed tree holds only plain
+  // objects, arrays and primitives, each reached once and none frozen yet: there is no cycle or
+  // frozen part to look for, and an array's elements are read by index (listing its keys, as
+  // for an object, would make a string of each index).
+  function freezeParsed(value) {
+    if (value === null || typeof value !== "object") return;
+    if (isArrayValue(value)) {
+      for (var i = 0; i < value.length; i++) freezeParsed(value[i]);
+    } else {
+      var keys = objectKeys(value);
+      for (var k = 0; k < keys.length; k++) freezeParsed(value[keys[k]]);
     }
+    freeze(value);
   }
+
 
   // CommonJS modules stored in the design document. A path is split on "/": its first
   // segment starts at the root unless it is "." (the requiring module's object) or ".." (that
@@ -212,31 +219,53 @@
       mapFuns = [];
       for (var i = 0; i < paths.length; i++) mapFuns[i] = funs[paths[i]];
     },
-    // One document through the chosen map functions: per view, its rows or the text of what
-    // it threw (that view skips the document).
-    mapDoc: function (docJson) {
-      var doc = parse(docJson);
-      deepFreeze(doc);
-      var out = [];
-      mode = "map";
-      try {
-        for (var i = 0; i < mapFuns.length; i++) {
-          rows = [];
-          try {
-            mapFuns[i](doc);
-            out[out.length] = rows;
-          } catch (thrown) {
-            if (isFatal(thrown)) rethrowFatal(thrown);
-            var message = "function raised exception " + describe(thrown);
-            if (doc && doc._id !== undefined) message += " with doc._id " + doc._id;
-            out[out.length] = message;
+    // A batch of documents through the chosen map functions, one call for all of them:
+    // `docsJson` is a JSON array of documents, parsed once. Each document's answer is written as
+    // JSON; the answers are joined into one JSON array. Each document
+    // after the first starts a deadline of its own (`nextDocument`), so the time bound stays
+    // per document. The batch stops after the document whose answers bring their length to
+    // `answerLimit` (the host cuts the batch exactly; this only saves mapping what it would drop).
+    mapDocs: function (docsJson, answerLimit) {
+      var docs = parse(docsJson);
+      var answers = [];
+      var length = 0;
+      for (var d = 0; d < docs.length; d++) {
+        if (d > 0) nextDocument();
+        // One document through the chosen map functions: per view, its rows or the text of what
+        // it threw (that view skips the document); a fatal error ends the whole call. Written
+        // here rather than in a function of its own: a frame more on the stack makes the
+        // backtrace of an out-of-memory error longer, and with the runtime at its memory bound
+        // that error may then not be made at all (the function would see `null` thrown).
+        var doc = docs[d];
+        freezeParsed(doc);
+        var out = [];
+        mode = "map";
+        try {
+          for (var i = 0; i < mapFuns.length; i++) {
+            rows = [];
+            try {
+              mapFuns[i](doc);
+              out[out.length] = rows;
+            } catch (thrown) {
+              if (isFatal(thrown)) rethrowFatal(thrown);
+              var message = "function raised exception " + describe(thrown);
+              if (doc && doc._id !== undefined) message += " with doc._id " + doc._id;
+              out[out.length] = message;
+            }
           }
+        } finally {
+          rows = null;
+          mode = "ddoc";
         }
-      } finally {
-        rows = null;
-        mode = "ddoc";
+        var answer = stringify(out);
+        // Let the document go before the next one is mapped: a batch holds no more parsed
+        // documents at once than a call per document would.
+        docs[d] = null;
+        answers[answers.length] = answer;
+        length += answer.length;
+        if (length >= answerLimit) break;
       }
-      return stringify(out);
+      return "[" + answers.join(",") + "]";
     },
     // reduce(keys, values, rereduce); a function that throws reduces to null and is logged.
     reduce: function (path, inputJson, rereduce) {
