@@ -4,9 +4,8 @@
 // and results cross as JSON text, parsed and written here with the realm's JSON, as couchjs does.
 //
 // The expression evaluates to a function taking the design document's JSON, the Rust log
-// sink, the longest line it takes and the Rust function that starts the next document's
-// deadline in a batch; the worker calls it and keeps the object it returns.
-(function (ddocJson, hostLog, logLineLimit, nextDocument) {
+// sink and the longest line it takes; the worker calls it and keeps the object it returns.
+(function (ddocJson, hostLog, logLineLimit) {
   "use strict";
   var parse = JSON.parse;
   var stringify = JSON.stringify;
@@ -219,53 +218,31 @@
       mapFuns = [];
       for (var i = 0; i < paths.length; i++) mapFuns[i] = funs[paths[i]];
     },
-    // A batch of documents through the chosen map functions, one call for all of them:
-    // `docsJson` is a JSON array of documents, parsed once. Each document's answer is written as
-    // JSON; the answers are joined into one JSON array. Each document
-    // after the first starts a deadline of its own (`nextDocument`), so the time bound stays
-    // per document. The batch stops after the document whose answers bring their length to
-    // `answerLimit` (the host cuts the batch exactly; this only saves mapping what it would drop).
-    mapDocs: function (docsJson, answerLimit) {
-      var docs = parse(docsJson);
-      var answers = [];
-      var length = 0;
-      for (var d = 0; d < docs.length; d++) {
-        if (d > 0) nextDocument();
-        // One document through the chosen map functions: per view, its rows or the text of what
-        // it threw (that view skips the document); a fatal error ends the whole call. Written
-        // here rather than in a function of its own: a frame more on the stack makes the
-        // backtrace of an out-of-memory error longer, and with the runtime at its memory bound
-        // that error may then not be made at all (the function would see `null` thrown).
-        var doc = docs[d];
-        freezeParsed(doc);
-        var out = [];
-        mode = "map";
-        try {
-          for (var i = 0; i < mapFuns.length; i++) {
-            rows = [];
-            try {
-              mapFuns[i](doc);
-              out[out.length] = rows;
-            } catch (thrown) {
-              if (isFatal(thrown)) rethrowFatal(thrown);
-              var message = "function raised exception " + describe(thrown);
-              if (doc && doc._id !== undefined) message += " with doc._id " + doc._id;
-              out[out.length] = message;
-            }
+    // One document through the chosen map functions: per view, its rows or the text of what
+    // it threw (that view skips the document).
+    mapDoc: function (docJson) {
+      var doc = parse(docJson);
+      freezeParsed(doc);
+      var out = [];
+      mode = "map";
+      try {
+        for (var i = 0; i < mapFuns.length; i++) {
+          rows = [];
+          try {
+            mapFuns[i](doc);
+            out[out.length] = rows;
+          } catch (thrown) {
+            if (isFatal(thrown)) rethrowFatal(thrown);
+            var message = "function raised exception " + describe(thrown);
+            if (doc && doc._id !== undefined) message += " with doc._id " + doc._id;
+            out[out.length] = message;
           }
-        } finally {
-          rows = null;
-          mode = "ddoc";
         }
-        var answer = stringify(out);
-        // Let the document go before the next one is mapped: a batch holds no more parsed
-        // documents at once than a call per document would.
-        docs[d] = null;
-        answers[answers.length] = answer;
-        length += answer.length;
-        if (length >= answerLimit) break;
+      } finally {
+        rows = null;
+        mode = "ddoc";
       }
-      return "[" + answers.join(",") + "]";
+      return stringify(out);
     },
     // reduce(keys, values, rereduce); a function that throws reduces to null and is logged.
     reduce: function (path, inputJson, rereduce) {

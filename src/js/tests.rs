@@ -777,9 +777,9 @@ async fn map_answers_are_bounded_per_document_and_per_call() {
     }
 }
 
-/// A batch of documents is one call into the realm, but each document has the whole time bound
-/// of its own: four documents that each take 40% of `call_timeout` (160% together) are all
-/// mapped. A document that never ends is still stopped, in the middle of a batch.
+/// Each document of one engine call has the whole time bound of its own: four documents that
+/// each take 40% of `call_timeout` (160% together) are all mapped. A document that never ends is
+/// still stopped, in the middle of a batch.
 #[tokio::test]
 async fn each_document_of_a_batch_has_its_own_deadline() {
     let limit = Duration::from_millis(1000);
@@ -819,18 +819,4 @@ async fn a_throw_in_a_batch_is_logged_and_leaves_the_other_documents_rows() {
     let expected = "function raised exception Error: bad b with doc._id b";
     assert_eq!(out[1].views[0], ViewRows::Threw(expected.into()));
     assert_eq!(engine.logged_bytes() - before, expected.len() as u64, "the throw is logged once");
-}
-
-/// A batch is cut at `MAP_BATCH_BYTES` of documents' JSON (a larger document goes alone), and
-/// the documents of every cut are mapped in one engine call, in order.
-#[tokio::test]
-async fn documents_past_a_batch_s_bytes_go_in_the_next_batch_of_the_same_call() {
-    let big = "x".repeat(super::worker::MAP_BATCH_BYTES / 3);
-    let ddoc = design(json!({"views": {"v": {"map": "function(doc) { emit(doc._id, doc.text.length); }"}}}));
-    let input = docs((0..7).map(|i| json!({"_id": format!("d{i}"), "text": big})).collect());
-    let out = engine().map(&ddoc, &views(&["v"]), input).await.expect("map");
-    assert_eq!(out.len(), 7);
-    for (i, outcome) in out.iter().enumerate() {
-        assert_eq!(emitted(outcome, 0), &vec![(json!(format!("d{i}")), json!(big.len()))]);
-    }
 }

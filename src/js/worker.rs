@@ -138,17 +138,8 @@ impl Worker {
                 let log = Function::new(ctx.clone(), move |message: String, length: Option<f64>| {
                     budget.line(&database, &ddoc_id, &message, length.map(|units| units as usize));
                 })?;
-                // `mapDocs` starts each document's deadline after the first: the time bound of a
-                // map call is per document, however many documents it is given.
-                let deadline = Rc::clone(&self.deadline);
-                let call_timeout = self.limits.call_timeout;
-                let next_document = Function::new(ctx.clone(), move || {
-                    if deadline.at.get().is_some() && !deadline.fired.get() {
-                        deadline.at.set(Some(Instant::now() + call_timeout));
-                    }
-                })?;
                 let factory: Function = ctx.eval_with_options(PRELUDE, sloppy("prelude.js"))?;
-                let host: Object = factory.call((ddoc_json, log, line_bytes as f64, next_document))?;
+                let host: Object = factory.call((ddoc_json, log, line_bytes as f64))?;
                 Ok(Persistent::save(&ctx, host))
             })();
             made.map_err(|e| self.classify(&ctx, e, "the design document"))
@@ -220,14 +211,6 @@ impl Worker {
         self.compile(realm, ddoc, &path)
     }
 
-    /// Maps `docs` through the views' map functions, a batch of documents per JavaScript call
-    /// (`mapDocs`: the batch's JSON parsed once in the realm, each document's answer written by
-    /// the realm's JSON and all of them read back here at once), not a call per document: a call
-    /// through the realm costs more than mapping a small document does. A batch holds at most
-    /// [`MAP_BATCH_BYTES`] of documents' JSON (at least one document), so what a call holds in the
-    /// runtime stays near what a call per document held. The time bound stays per document:
-    /// the realm starts each document's deadline (`nextDocument`). Documents are mapped until
-    /// their answers reach [`JsLimits::map_call_bytes`]; the caller maps the rest again.
     pub(super) fn map(
         &mut self,
         ddoc: &DesignCode,
@@ -247,26 +230,19 @@ impl Worker {
                 host.get::<_, Function>("useViews").and_then(|use_views| use_views.call::<_, ()>((paths.clone(),)));
             self.disarm();
             chosen.map_err(|e| self.classify(&ctx, e, "map"))?;
-            let map_docs: Function = host.get("mapDocs").map_err(|e| self.classify(&ctx, e, "map"))?;
+            let map_doc: Function = host.get("mapDoc").map_err(|e| self.classify(&ctx, e, "map"))?;
             let mut outcomes = Vec::with_capacity(docs.len());
             let mut answered_bytes = 0usize;
-            while outcomes.len() < docs.len() && answered_bytes < self.limits.map_call_bytes {
-                let left = &docs[outcomes.len()..];
-                let (input, count) = batch_json(left)?;
-                let answer_limit = (self.limits.map_call_bytes - answered_bytes) as f64;
+            for doc in docs {
+                let doc_json = doc.to_string();
                 self.arm();
-                let answer =
-                    map_docs.call::<_, rquickjs::String>((input, answer_limit)).and_then(|text| text.to_string());
+                let answer = map_doc.call::<_, rquickjs::String>((doc_json,)).and_then(|text| text.to_string());
                 self.disarm();
                 let answer = answer.map_err(|e| self.classify(&ctx, e, "map"))?;
-                let answers = batch_answers(&answer, count)?;
-                for (doc_answer, doc) in answers.into_iter().zip(left) {
-                    let doc_answer = doc_answer.get();
-                    answered_bytes = answered_bytes.saturating_add(doc_answer.len());
-                    outcomes.push(self.map_outcome(doc_answer, views.len(), ddoc, doc)?);
-                    if answered_bytes >= self.limits.map_call_bytes {
-                        break;
-                    }
+                answered_bytes = answered_bytes.saturating_add(answer.len());
+                outcomes.push(self.map_outcome(&answer, views.len(), ddoc, doc)?);
+                if answered_bytes >= self.limits.map_call_bytes {
+                    break;
                 }
             }
             Ok(outcomes)
@@ -628,46 +604,7 @@ pub(super) fn replace_lone_surrogates(text: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
-/// Most bytes of documents' JSON one `mapDocs` call is given (a document larger than this goes
-/// alone): what a batch adds to the runtime's memory, against [`JsLimits::memory_bytes`], over a
-/// call per document.
-pub(super) const MAP_BATCH_BYTES: usize = 256 << 10;
-
-/// The first of `docs` (at least one, at most [`MAP_BATCH_BYTES`] of JSON but for a single
-/// larger document) as one JSON array, with how many it holds.
-fn batch_json(docs: &[Arc<Value>]) -> Result<(String, usize), JsError> {
-    let mut json = Vec::with_capacity(1024);
-    json.push(b'[');
-    let mut count = 0;
-    for doc in docs {
-        if count > 0 {
-            if json.len() >= MAP_BATCH_BYTES {
-                break;
-            }
-            json.push(b',');
-        }
-        serde_json::to_writer(&mut json, doc.as_ref())
-            .map_err(|e| JsError::Internal(format!("a document written as JSON: {e}")))?;
-        count += 1;
-    }
-    json.push(b']');
-    let json = String::from_utf8(json).map_err(|e| JsError::Internal(format!("a document's JSON: {e}")))?;
-    Ok((json, count))
-}
-
-/// `mapDocs`' answer cut into its documents' answers (per view, its rows or what it threw; read by
-/// [`parse_map_answer`]): at least one, and no more than the `count` documents it was given.
-fn batch_answers(answer: &str, count: usize) -> Result<Vec<&RawValue>, JsError> {
-    let answers: Vec<&RawValue> = serde_json::from_str(answer)
-        .map_err(|e| JsError::Internal(format!("a batch's map answer is not a JSON array ({e}): {answer}")))?;
-    if answers.is_empty() || answers.len() > count {
-        return Err(JsError::Internal(format!("a batch of {count} documents answered for {} of them", answers.len())));
-    }
-    Ok(answers)
-}
-
-/// One document's answer to `mapDocs`: per view, an array of `[key, value]` rows or the text of
-/// what it threw.
+/// `mapDoc`'s answer: per view, an array of `[key, value]` rows or the text of what it threw.
 fn parse_map_answer(answer: &str, views: usize, ddoc: &DesignCode, log: &LogBudget) -> Result<MapOutcome, JsError> {
     let bad = |why: &str| JsError::Internal(format!("a map answer {why}: {answer}"));
     // Each view's answer is kept as text first (at any depth), so rows nested too deep fail
