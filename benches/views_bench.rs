@@ -410,7 +410,9 @@ async fn measure(target: &Running, kind: Kind, config: &Config) -> Measured {
 
 async fn measure_steps(target: &Running, config: &Config, measured: &mut Measured) -> Result<(), String> {
     let http = http_client()?;
-    let db = format!("views_bench_{}", run_suffix());
+    // `BENCH_DB_PREFIX` (default none) names the database apart on a shared CouchDB.
+    let prefix = std::env::var("BENCH_DB_PREFIX").unwrap_or_default();
+    let db = format!("{prefix}views_bench_{}", run_suffix());
     println!("{}: {}/{db}", target.label, target.root);
     target.expect_success(&http, reqwest::Method::PUT, &format!("/{db}"), None).await?;
 

@@ -575,6 +575,18 @@ pub trait DocumentBackend: Send + Sync + 'static {
     /// tail included ([`ChangesPage`]).
     async fn changes(&self, since: Option<&str>, limit: usize) -> Result<ChangesPage>;
 
+    /// [`Self::changes`] for a reader that asks only whether the page reaches the end of the
+    /// feed, not how many changes wait after it (an index catching up): `pending` is `Some(0)`
+    /// or `None`. A backend whose exact count costs reads answers it without them (the
+    /// embedded store counted up to 10,000 feed entries after every page of a view build).
+    async fn changes_to_end(&self, since: Option<&str>, limit: usize) -> Result<ChangesPage> {
+        let mut page = self.changes(since, limit).await?;
+        if page.pending != Some(0) {
+            page.pending = None;
+        }
+        Ok(page)
+    }
+
     /// The feed position now (CouchDB's `since=now`): `changes(Some(position))` returns the
     /// changes committed after this call; on a feed with a settle window also, once more when
     /// they settle, changes committed up to that window before it.

@@ -284,6 +284,10 @@ impl DocumentBackend for MeteredBackend {
         timed!(self, "changes", self.inner.changes(since, limit))
     }
 
+    async fn changes_to_end(&self, since: Option<&str>, limit: usize) -> Result<ChangesPage> {
+        timed!(self, "changes", self.inner.changes_to_end(since, limit))
+    }
+
     async fn change_position(&self) -> Result<String> {
         timed!(self, "change_position", self.inner.change_position())
     }

@@ -10,8 +10,8 @@
   var parse = JSON.parse;
   var stringify = JSON.stringify;
   var freeze = Object.freeze;
-  var isFrozen = Object.isFrozen;
-  var ownKeys = Reflect.ownKeys;
+  var objectKeys = Object.keys;
+  var isArrayValue = Array.isArray;
   var objectToString = Object.prototype.toString;
   var hasOwn = Object.prototype.hasOwnProperty;
   var global = globalThis;
@@ -84,15 +84,21 @@
     throw thrown;
   }
 
-  function deepFreeze(value) {
-    if (value === null || (typeof value !== "object" && typeof value !== "function")) return;
-    if (isFrozen(value)) return;
-    freeze(value);
-    var keys = ownKeys(value);
-    for (var i = 0; i < keys.length; i++) {
-      deepFreeze(value[keys[i]]);
+  // Freezes a document parsed from JSON and everything in it. A parsed tree holds only plain
+  // objects, arrays and primitives, each reached once and none frozen yet: there is no cycle or
+  // frozen part to look for, and an array's elements are read by index (listing its keys, as
+  // for an object, would make a string of each index).
+  function freezeParsed(value) {
+    if (value === null || typeof value !== "object") return;
+    if (isArrayValue(value)) {
+      for (var i = 0; i < value.length; i++) freezeParsed(value[i]);
+    } else {
+      var keys = objectKeys(value);
+      for (var k = 0; k < keys.length; k++) freezeParsed(value[keys[k]]);
     }
+    freeze(value);
   }
+
 
   // CommonJS modules stored in the design document. A path is split on "/": its first
   // segment starts at the root unless it is "." (the requiring module's object) or ".." (that
@@ -216,7 +222,7 @@
     // it threw (that view skips the document).
     mapDoc: function (docJson) {
       var doc = parse(docJson);
-      deepFreeze(doc);
+      freezeParsed(doc);
       var out = [];
       mode = "map";
       try {

@@ -776,3 +776,47 @@ async fn map_answers_are_bounded_per_document_and_per_call() {
         other => panic!("a 600-byte row was read: {other:?}"),
     }
 }
+
+/// Each document of one engine call has the whole time bound of its own: four documents that
+/// each take 40% of `call_timeout` (160% together) are all mapped. A document that never ends is
+/// still stopped, in the middle of a batch.
+#[tokio::test]
+async fn each_document_of_a_batch_has_its_own_deadline() {
+    let limit = Duration::from_millis(1000);
+    let engine = JsEngine::new(JsLimits { call_timeout: limit, ..limits() }).expect("engine");
+    let ddoc = design(json!({"views": {
+        "slow": {"map": "function(doc) { var end = Date.now() + 400; while (Date.now() < end) {} emit(doc._id, 1); }"},
+        "stuck": {"map": "function(doc) { if (doc._id == 'c') { while (true) {} } emit(doc._id, 1); }"}
+    }}));
+    let four = docs((0..4).map(|i| json!({"_id": format!("d{i}")})).collect());
+    let out = engine.map(&ddoc, &views(&["slow"]), four).await.expect("every document is within its own bound");
+    assert_eq!(out.len(), 4);
+    for (i, outcome) in out.iter().enumerate() {
+        assert_eq!(emitted(outcome, 0), &vec![(json!(format!("d{i}")), json!(1))]);
+    }
+    let started = Instant::now();
+    let batch = docs(["a", "b", "c", "d"].iter().map(|id| json!({"_id": id})).collect());
+    let err = engine.map(&ddoc, &views(&["stuck"]), batch).await.expect_err("the third document is stopped");
+    assert_eq!(err, JsError::Timeout { limit });
+    assert!(started.elapsed() < limit * 20, "{:?}", started.elapsed());
+}
+
+/// In a batch, a document whose map function throws gets no rows in that view and its error is
+/// logged as a call of its own would log it; the documents before and after it keep their rows.
+#[tokio::test]
+async fn a_throw_in_a_batch_is_logged_and_leaves_the_other_documents_rows() {
+    let engine = engine();
+    let ddoc = design(json!({"views": {
+        "v": {"map": "function(doc) { if (doc.bad) throw new Error('bad ' + doc._id); emit(doc.n, doc._id); }"}
+    }}));
+    let input =
+        docs(vec![json!({"_id": "a", "n": 1}), json!({"_id": "b", "n": 2, "bad": true}), json!({"_id": "c", "n": 3})]);
+    let before = engine.logged_bytes();
+    let out = engine.map(&ddoc, &views(&["v"]), input).await.expect("map");
+    assert_eq!(out.len(), 3);
+    assert_eq!(emitted(&out[0], 0), &vec![(json!(1), json!("a"))]);
+    assert_eq!(emitted(&out[2], 0), &vec![(json!(3), json!("c"))]);
+    let expected = "function raised exception Error: bad b with doc._id b";
+    assert_eq!(out[1].views[0], ViewRows::Threw(expected.into()));
+    assert_eq!(engine.logged_bytes() - before, expected.len() as u64, "the throw is logged once");
+}

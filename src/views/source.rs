@@ -76,7 +76,8 @@ impl ViewSource for Database {
     }
 
     async fn feed_page(&self, since: Option<&str>, limit: usize) -> Result<SourcePage, ViewError> {
-        let page = self.backend().changes(since, limit).await.map_err(ViewError::Storage)?;
+        // Whether the page reaches the end is all an index asks of `pending`.
+        let page = self.backend().changes_to_end(since, limit).await.map_err(ViewError::Storage)?;
         // Nothing changed (every query of a current index): no read of no documents.
         let states = match page.changes.is_empty() {
             true => Vec::new(),

@@ -275,7 +275,15 @@ impl DocumentBackend for EmbeddedBackend {
         let since = since.map(feed::decode_feed_token).transpose()?.unwrap_or(0);
         let limit = limit.max(1);
         let store = self.describe();
-        self.blocking(move |db| feed::changes(db, &store, since, limit)).await
+        self.blocking(move |db| feed::changes(db, &store, since, limit, feed::PENDING_COUNT_BOUND)).await
+    }
+
+    /// Counts no further than the first change after the page.
+    async fn changes_to_end(&self, since: Option<&str>, limit: usize) -> Result<ChangesPage> {
+        let since = since.map(feed::decode_feed_token).transpose()?.unwrap_or(0);
+        let limit = limit.max(1);
+        let store = self.describe();
+        self.blocking(move |db| feed::changes(db, &store, since, limit, 1)).await
     }
 
     async fn change_position(&self) -> Result<String> {
@@ -857,5 +865,26 @@ mod tests {
         assert_eq!(after.changes[0].rev, tombstone);
         assert_eq!(after.last_seq, before, "the feed's end did not move back");
         assert_eq!(store.changes(Some(&before), 10).await.unwrap().last_seq, before);
+    }
+
+    /// A page read for an index catch-up tells only whether it reaches the end (`Some(0)`) or not
+    /// (`None`), with the same changes and position as the counted read.
+    #[tokio::test]
+    async fn a_page_read_to_its_end_tells_the_end_without_counting_what_waits() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedBackend::open(&dir.path().join("s.redb")).await.unwrap();
+        for key in ["a", "b", "c"] {
+            store.put(&format!("u:ns:{key}"), &body(key, Value::from(1)), Precondition::MustNotExist).await.unwrap();
+        }
+        let counted = store.changes(None, 1).await.unwrap();
+        assert_eq!(counted.pending, Some(2));
+        let to_end = store.changes_to_end(None, 1).await.unwrap();
+        assert_eq!(to_end.pending, None, "more follow");
+        assert_eq!(to_end.changes, counted.changes);
+        assert_eq!(to_end.last_seq, counted.last_seq);
+        let rest = store.changes_to_end(Some(&to_end.last_seq), 2).await.unwrap();
+        assert_eq!(rest.pending, Some(0), "the page reaches the end");
+        assert_eq!(rest.changes.len(), 2);
+        assert_eq!(rest.last_seq, store.changes(None, 3).await.unwrap().last_seq);
     }
 }

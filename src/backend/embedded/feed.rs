@@ -28,8 +28,16 @@ pub(super) fn feed_tables(txn: &ReadTransaction, store: &str) -> Result<(MetaTab
     Ok((meta, feed))
 }
 
-/// The changes after position `since`, at most `limit`, of the store `store` (for messages).
-pub(super) fn changes(db: &Database, store: &str, since: u64, limit: usize) -> Result<ChangesPage> {
+/// The changes after position `since`, at most `limit`, of the store `store` (for messages), with
+/// `pending` counted exactly up to `pending_bound` entries after the page (past it, `None`: more
+/// follow).
+pub(super) fn changes(
+    db: &Database,
+    store: &str,
+    since: u64,
+    limit: usize,
+    pending_bound: usize,
+) -> Result<ChangesPage> {
     let txn = db.begin_read().map_err(map_redb("begin read"))?;
     let (meta, feed) = feed_tables(&txn, store)?;
     let docs = txn.open_table(DOCS).map_err(map_redb("open docs table"))?;
@@ -51,11 +59,11 @@ pub(super) fn changes(db: &Database, store: &str, since: u64, limit: usize) -> R
     // `pending` is exact, and replicators sum it per batch to show progress); past the bound the
     // feed cannot tell (`None`: more follow), so a page's cost stays bounded on a long feed.
     let mut waiting = 0usize;
-    for entry in range.by_ref().take(PENDING_COUNT_BOUND) {
+    for entry in range.by_ref().take(pending_bound) {
         entry.map_err(map_redb("read feed"))?;
         waiting += 1;
     }
-    let pending = (waiting < PENDING_COUNT_BOUND).then_some(waiting as u64);
+    let pending = (waiting < pending_bound).then_some(waiting as u64);
     let last_returned = changes.last().map_or(Ok(since), |c| decode_feed_token(&c.seq))?;
     let last_seq = if waiting > 0 {
         last_returned
@@ -71,7 +79,7 @@ pub(super) fn changes(db: &Database, store: &str, since: u64, limit: usize) -> R
 
 /// Feed entries after a page that are counted for its `pending` before the answer becomes "more
 /// follow" (reading a key costs about a microsecond).
-const PENDING_COUNT_BOUND: usize = 10_000;
+pub(super) const PENDING_COUNT_BOUND: usize = 10_000;
 
 /// The position of the latest change.
 pub(super) fn change_position(db: &Database, store: &str) -> Result<String> {

@@ -128,6 +128,10 @@ pub trait Layered: Send + Sync + 'static {
         self.inner().changes(since, limit).await
     }
 
+    async fn changes_to_end(&self, since: Option<&str>, limit: usize) -> Result<ChangesPage> {
+        self.inner().changes_to_end(since, limit).await
+    }
+
     async fn change_position(&self) -> Result<String> {
         self.inner().change_position().await
     }
@@ -361,6 +365,10 @@ impl<L: Layered> DocumentBackend for L {
 
     async fn changes(&self, since: Option<&str>, limit: usize) -> Result<ChangesPage> {
         Layered::changes(self, since, limit).await
+    }
+
+    async fn changes_to_end(&self, since: Option<&str>, limit: usize) -> Result<ChangesPage> {
+        Layered::changes_to_end(self, since, limit).await
     }
 
     async fn change_position(&self) -> Result<String> {
