@@ -62,7 +62,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::future::OptionFuture;
+use futures::future::{BoxFuture, OptionFuture};
 use futures::stream::FuturesOrdered;
 use futures::StreamExt;
 use serde::Serialize;
@@ -301,10 +301,9 @@ struct Fetched {
 }
 
 /// A page being fetched ([`Mover::fetch_page`]).
-type PageFetch<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Fetched>> + Send + 'a>>;
+type PageFetch<'a> = BoxFuture<'a, Result<Fetched>>;
 /// A page being written ([`Mover::write_fetched`]).
-type PageWrite<'a> =
-    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(FeedPage, Counts, Vec<Value>)>> + Send + 'a>>;
+type PageWrite<'a> = BoxFuture<'a, Result<(FeedPage, Counts, Vec<Value>)>>;
 
 /// What a fetched page will count once written (its failures are counted then).
 fn page_counts(page: &FeedPage, leaves: &[Map<String, Value>]) -> Counts {
