@@ -36,6 +36,14 @@
 //! namespace's id range with its documents) and `ds_bulk_100`. `BENCH_WORKLOADS` (names, comma
 //! separated) runs a subset.
 //!
+//! `view_build` is not a closed loop: in a database of its own, loaded once with
+//! `BENCH_VIEW_BUILD_DOCS` (default 100,000) documents of the seeded shape by `_bulk_docs` of
+//! 1,000, each segment writes a new design document (its map function differs by a comment, so
+//! every target builds a new index) and times the first `?reduce=false&limit=1` query, which
+//! builds the whole index; its rate is documents indexed per second, its p50/p99 the build's wall
+//! time. It runs last, after the write workloads, and only where `BENCH_WORKLOADS` names it or
+//! is unset.
+//!
 //! Alternation: each workload runs `BENCH_SEGMENTS` (default 2) segments of `BENCH_SECONDS`
 //! (default 4) / segments per target, the targets in order in even segments and reversed in odd
 //! ones (A B C, C B A), so load that changes during the run falls on every target alike; the load
@@ -63,6 +71,8 @@ use common::{bench_main, describe, run_suffix, write_report};
 const NAME: &str = "versus_couchdb";
 /// Per-request timeout: a request that takes longer is an error.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+/// The timeout of a `view_build`'s query, which builds the whole index before it answers.
+const VIEW_BUILD_TIMEOUT: Duration = Duration::from_secs(1_800);
 /// Distinct values of `type` (the view's key) and of `tag`.
 const TYPES: usize = 10;
 const TAGS: usize = 100;
@@ -94,6 +104,8 @@ struct Config {
     docs: usize,
     /// `BENCH_ATTACHMENT_MIB` (default 1).
     attachment_bytes: usize,
+    /// `BENCH_VIEW_BUILD_DOCS` (default 100,000): documents of the `view_build` database.
+    view_build_docs: usize,
     targets: Vec<Kind>,
     workloads: Vec<Workload>,
 }
@@ -127,11 +139,15 @@ impl Config {
             segments: common::env_number("BENCH_SEGMENTS", 2usize)?,
             docs: common::env_number("BENCH_DOCS", 2_000usize)?,
             attachment_bytes: common::env_number("BENCH_ATTACHMENT_MIB", 1usize)?.saturating_mul(MIB),
+            view_build_docs: common::env_number("BENCH_VIEW_BUILD_DOCS", 100_000usize)?,
             targets,
             workloads,
         };
-        if config.clients == 0 || config.segments == 0 || config.attachment_bytes == 0 {
-            return Err("BENCH_CLIENTS, BENCH_SEGMENTS and BENCH_ATTACHMENT_MIB must be at least 1".into());
+        if config.clients == 0 || config.segments == 0 || config.attachment_bytes == 0 || config.view_build_docs == 0 {
+            return Err(
+                "BENCH_CLIENTS, BENCH_SEGMENTS, BENCH_ATTACHMENT_MIB and BENCH_VIEW_BUILD_DOCS must be at least 1"
+                    .into(),
+            );
         }
         if config.docs < LISTING + PAGE * 2 {
             return Err(format!("BENCH_DOCS must be at least {}", LISTING + PAGE * 2));
@@ -166,12 +182,13 @@ enum Workload {
     DsFind,
     DsAllDocs,
     DsBulk,
+    ViewBuild,
 }
 
 impl Workload {
     /// Reads first, then writes: the data-store writes land in the database the data-store
     /// reads query, whose indexes would otherwise have them to catch up with.
-    const ALL: [Workload; 16] = [
+    const ALL: [Workload; 17] = [
         Workload::Get,
         Workload::AllDocs,
         Workload::Changes,
@@ -188,6 +205,7 @@ impl Workload {
         Workload::AttPut,
         Workload::DsCreate,
         Workload::DsBulk,
+        Workload::ViewBuild,
     ];
 
     fn name(self) -> &'static str {
@@ -208,6 +226,16 @@ impl Workload {
             Workload::DsFind => "ds_find_100",
             Workload::DsAllDocs => "ds_all_docs_100",
             Workload::DsBulk => "ds_bulk_100",
+            Workload::ViewBuild => "view_build",
+        }
+    }
+
+    /// What one timed call stands for: documents indexed for a `view_build`, one request for the
+    /// others.
+    fn items_per_call(self, config: &Config) -> f64 {
+        match self {
+            Workload::ViewBuild => config.view_build_docs as f64,
+            _ => 1.0,
         }
     }
 }
@@ -226,6 +254,9 @@ struct Site {
     ds_db: String,
     /// Whether `ds_db` was made here (deleted at the end).
     ds_db_made: bool,
+    /// The `view_build` workload's database, made and loaded when that workload first runs.
+    build_db: String,
+    build_db_loaded: std::sync::atomic::AtomicBool,
     /// One client per simulated client.
     connections: Vec<reqwest::Client>,
     /// Numbers new documents' ids.
@@ -401,6 +432,7 @@ impl Site {
                 let rows = self.send_json(http, Method::POST, &path, Some(&json!({ "docs": docs }))).await?;
                 bulk_rows_ok(&rows, 100)
             }
+            Workload::ViewBuild => Err("view_build is timed a build at a time (`measure_view_builds`)".into()),
         }
     }
 
@@ -467,6 +499,7 @@ async fn set_up(running: Running, config: &Config, attachment: Bytes) -> Result<
     let suffix = run_suffix();
     let db = format!("versus_{}_{suffix}", running_name(&running));
     let write_db = format!("versus_w_{}_{suffix}", running_name(&running));
+    let build_db = format!("versus_vb_{}_{suffix}", running_name(&running));
     let (ds_db, ds_db_made) = match &running.data_store {
         Some(name) => (name.clone(), false),
         None => (format!("versus_ds_{}_{suffix}", running_name(&running)), true),
@@ -479,6 +512,8 @@ async fn set_up(running: Running, config: &Config, attachment: Bytes) -> Result<
         write_db,
         ds_db,
         ds_db_made,
+        build_db,
+        build_db_loaded: std::sync::atomic::AtomicBool::new(false),
         connections,
         next_id: AtomicU64::new(0),
         seeded_docs: config.docs,
@@ -597,6 +632,9 @@ async fn tear_down(site: &Site) -> Result<(), String> {
     if site.ds_db_made {
         site.send(http, reqwest::Method::DELETE, &format!("/{}", site.ds_db), None, "").await?;
     }
+    if site.build_db_loaded.load(Ordering::Relaxed) {
+        site.send(http, reqwest::Method::DELETE, &format!("/{}", site.build_db), None, "").await?;
+    }
     if site.running.pid == 0 {
         // Each backend database agentstore made is named `versus_couchdb_{pid}_…`
         // (`Running::start`'s table name).
@@ -626,6 +664,9 @@ fn merge(into: &mut Option<Latencies>, more: Latencies) {
 }
 
 async fn measure(sites: &[Site], workload: Workload, config: &Config) -> Vec<Outcome> {
+    if workload == Workload::ViewBuild {
+        return measure_view_builds(sites, config).await;
+    }
     let per_segment = Duration::from_secs_f64(config.seconds / config.segments as f64);
     let mut sums: Vec<Option<Latencies>> = sites.iter().map(|_| None).collect();
     let mut failures: Vec<Option<String>> = sites.iter().map(|_| None).collect();
@@ -655,6 +696,73 @@ async fn measure(sites: &[Site], workload: Workload, config: &Config) -> Vec<Out
             None => sum.ok_or_else(|| "not measured".to_owned()),
         })
         .collect()
+}
+
+/// The `view_build` workload: per segment, targets in the alternating order, one new index
+/// built over the build database on each; a target's latencies are its builds' wall times.
+async fn measure_view_builds(sites: &[Site], config: &Config) -> Vec<Outcome> {
+    let mut outcomes: Vec<Outcome> = Vec::with_capacity(sites.len());
+    for site in sites {
+        let loaded = load_build_db(site, config.view_build_docs).await;
+        outcomes.push(loaded.map(|()| Latencies { elapsed: Duration::ZERO, sorted: Vec::new() }));
+    }
+    for segment in 0..config.segments {
+        let mut order: Vec<usize> = (0..sites.len()).collect();
+        if segment % 2 == 1 {
+            order.reverse();
+        }
+        for index in order {
+            let Ok(sum) = &mut outcomes[index] else { continue };
+            match build_once(&sites[index], segment, config.view_build_docs).await {
+                Ok(took) => {
+                    sum.elapsed += took;
+                    sum.sorted.push(took);
+                    sum.sorted.sort();
+                }
+                Err(err) => outcomes[index] = Err(err),
+            }
+        }
+    }
+    outcomes
+}
+
+/// Makes `site`'s build database and loads `docs` documents of the seeded shape into it.
+async fn load_build_db(site: &Site, docs: usize) -> Result<(), String> {
+    use reqwest::Method;
+    let http = &site.connections[0];
+    site.send_json(http, Method::PUT, &format!("/{}", site.build_db), None).await?;
+    site.build_db_loaded.store(true, Ordering::Relaxed);
+    let path = format!("/{}/_bulk_docs", site.build_db);
+    for start in (0..docs).step_by(SEED_BATCH) {
+        let batch: Vec<Value> = (start..(start + SEED_BATCH).min(docs))
+            .map(|i| {
+                let mut doc = doc_body(i);
+                doc["_id"] = json!(doc_id(i));
+                doc
+            })
+            .collect();
+        let count = batch.len();
+        bulk_rows_ok(&site.send_json(http, Method::POST, &path, Some(&json!({ "docs": batch }))).await?, count)?;
+    }
+    Ok(())
+}
+
+/// Writes segment `segment`'s design document and times the query that builds its view.
+async fn build_once(site: &Site, segment: usize, docs: usize) -> Result<Duration, String> {
+    use reqwest::Method;
+    let http = keep_alive_client(VIEW_BUILD_TIMEOUT)?;
+    let design = json!({ "views": { "v": {
+        "map": format!("function (doc) {{ emit(doc.type, doc.n); }} // build {segment}"),
+        "reduce": "_sum",
+    } } });
+    let ddoc = format!("/{}/_design/build{segment}", site.build_db);
+    site.send_json(&http, Method::PUT, &ddoc, Some(&design)).await?;
+    let started = std::time::Instant::now();
+    let answer = site.send_json(&http, Method::GET, &format!("{ddoc}/_view/v?reduce=false&limit=1"), None).await?;
+    let took = started.elapsed();
+    let rows = answer["total_rows"].as_u64();
+    expect(rows == Some(docs as u64), &format!("view_build: total_rows {rows:?}, expected {docs}"))?;
+    Ok(took)
 }
 
 // ---- the run ----
@@ -689,8 +797,9 @@ async fn run_all(config: Config) -> Result<bool, String> {
         let load = load_average();
         let outcomes = measure(&sites, *workload, &config).await;
         ok &= outcomes.iter().all(Result::is_ok);
-        print_row(*workload, &load, &outcomes, base);
-        report.push(row_json(*workload, &load, &sites, &outcomes, base));
+        let items = workload.items_per_call(&config);
+        print_row(*workload, &load, &outcomes, base, items);
+        report.push(row_json(*workload, &load, &sites, &outcomes, base, items));
     }
     println!("\nload average at the end: {}", load_average());
     for site in &sites {
@@ -719,14 +828,16 @@ fn print_heading(sites: &[Site]) {
     println!("{head}\n{rule}");
 }
 
-fn print_row(workload: Workload, load: &str, outcomes: &[Outcome], base: usize) {
+/// One workload's line; `items` is what one call stands for (`Workload::items_per_call`), so
+/// rates are items per second.
+fn print_row(workload: Workload, load: &str, outcomes: &[Outcome], base: usize, items: f64) {
     let base_rate = outcomes[base].as_ref().ok().map(Latencies::per_s);
     let mut line = format!("| {} | {load} |", workload.name());
     for (index, outcome) in outcomes.iter().enumerate() {
         match outcome {
             Ok(latencies) => line.push_str(&format!(
                 " {:.0} | {:.1} | {:.1} |",
-                latencies.per_s(),
+                latencies.per_s() * items,
                 latencies.quantile_ms(0.5),
                 latencies.quantile_ms(0.99)
             )),
@@ -749,7 +860,7 @@ fn print_row(workload: Workload, load: &str, outcomes: &[Outcome], base: usize) 
     }
 }
 
-fn row_json(workload: Workload, load: &str, sites: &[Site], outcomes: &[Outcome], base: usize) -> Value {
+fn row_json(workload: Workload, load: &str, sites: &[Site], outcomes: &[Outcome], base: usize, items: f64) -> Value {
     let base_rate = outcomes[base].as_ref().ok().map(Latencies::per_s);
     let targets: Vec<Value> = sites
         .iter()
@@ -758,6 +869,8 @@ fn row_json(workload: Workload, load: &str, sites: &[Site], outcomes: &[Outcome]
             Ok(latencies) => {
                 let mut out = latencies.to_json();
                 out["target"] = json!(site.running.label);
+                out["items_per_call"] = json!(items);
+                out["items_per_s"] = json!(latencies.per_s() * items);
                 out["ratio_to_couchdb"] = json!(base_rate.map(|rate| latencies.per_s() / rate));
                 out
             }
