@@ -797,6 +797,7 @@ async fn run_all(config: Config) -> Result<bool, String> {
         let load = load_average();
         let outcomes = measure(&sites, *workload, &config).await;
         ok &= outcomes.iter().all(Result::is_ok);
+        print_failed_servers_logs(&sites, &outcomes);
         let items = workload.items_per_call(&config);
         print_row(*workload, &load, &outcomes, base, items);
         report.push(row_json(*workload, &load, &sites, &outcomes, base, items));
@@ -812,6 +813,16 @@ async fn run_all(config: Config) -> Result<bool, String> {
     }
     write_report(NAME, &json!({ "workloads": report, "clients": config.clients, "seconds": config.seconds }))?;
     Ok(ok)
+}
+
+/// For each agentstore target whose workload failed, what its server logged last (warnings and
+/// errors: the bench starts it with `RUST_LOG=warn`), so a failure says why.
+fn print_failed_servers_logs(sites: &[Site], outcomes: &[Outcome]) {
+    for (site, outcome) in sites.iter().zip(outcomes) {
+        if let (Err(_), common::targets::Process::Agentstore(server)) = (outcome, &site.running.process) {
+            eprintln!("{}: the server's last log lines:\n{}", site.running.label, server.tail());
+        }
+    }
 }
 
 fn print_heading(sites: &[Site]) {

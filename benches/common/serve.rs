@@ -136,7 +136,8 @@ impl Server {
         self.child.id()
     }
 
-    fn tail(&self) -> String {
+    /// The last lines the server wrote to stderr (at most 20), indented, for a failure's report.
+    pub fn tail(&self) -> String {
         self.stderr_tail.lock().unwrap().iter().map(|l| format!("  {l}\n")).collect()
     }
 
