@@ -536,7 +536,7 @@ impl Database {
     }
 
     /// Records `count` documents read.
-    fn record_reads(&self, count: usize) {
+    pub(crate) fn record_reads(&self, count: usize) {
         if let Some(activity) = &self.activity {
             activity.read(count);
         }

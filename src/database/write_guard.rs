@@ -179,6 +179,12 @@ impl WriteGuard for ChainedGuards {
         for (at, guard) in self.guards.iter().enumerate() {
             if !guard.checks_writes_themselves() {
                 let rest = ChainedGuards { guards: self.guards[at..].to_vec() };
+                // Built only for a guard that applies: on a database without validation
+                // functions the copies were 6% of a data-store create's instructions over
+                // CouchDB, and 5% of a data-store `_bulk_docs` (issue 38, session 19).
+                if !rest.applies(db).await? {
+                    break;
+                }
                 let proposed = proposed(id, state, writes);
                 return rest.first_refusals_after(db, &proposed, verdicts).await;
             }

@@ -313,6 +313,53 @@ async fn a_data_store_create_is_one_put() {
     assert_eq!(again["_rev"], rows[0]["rev"], "{again}");
 }
 
+/// A plain read of a data-store document in front of CouchDB is CouchDB's plain `GET` of it,
+/// its answer passed on as CouchDB wrote it (issue 38, session 19): not the whole tree
+/// (`?open_revs=all&revs=true`) parsed and written out again, which cost agentstore 1.8 times a
+/// forwarded read's instructions and answered the members in another order than CouchDB's
+/// (`lastAccessedAt` before `userId`). A missing or deleted document is answered as before
+/// (a deleted one by CouchDB's one answer; pouchdb-server answers it `missing`, so a `missing`
+/// is the engine's to tell); a read with options still reads the tree.
+#[tokio::test]
+async fn a_plain_data_store_read_is_couchdbs_own_answer() {
+    let front = Front::start("ds_read").await;
+    let id = front.put("u1", "notes", "read").await;
+    front.backend_requests();
+    let path = format!("/{}", encode(&id));
+    let through = front.client.get(format!("{}{path}", front.api)).send().await.expect("the API answers");
+    assert_eq!(through.status().as_u16(), 200);
+    let etag = through.headers().get("etag").cloned();
+    let through = through.text().await.expect("a body");
+    let requests = front.backend_requests();
+    assert_eq!(requests, [format!("GET {path}")], "one plain GET of the document");
+
+    let server = servers::couchdb().expect("a CouchDB server for the tests");
+    let database = format!("round_trips_ds_read_{}", std::process::id());
+    let direct = reqwest::Client::new().get(format!("{}/{database}{path}", server.url)).send().await.expect("GET");
+    assert_eq!(direct.headers().get("etag").cloned(), etag, "CouchDB's ETag");
+    let direct = direct.text().await.expect("a body");
+    assert_eq!(through.trim_end(), direct.trim_end(), "CouchDB's own answer, member order and all");
+    let doc: Value = serde_json::from_str(&through).expect("JSON");
+    assert_eq!((doc["_id"].as_str(), doc["value"]["n"].as_u64()), (Some(id.as_str()), Some(1)), "{doc}");
+
+    let missing = format!("/{}", encode("u1:notes:bm9uZQ=="));
+    let (status, answer) = front.call(Method::GET, &missing, None).await;
+    assert_eq!((status, answer), (404, json!({ "error": "not_found", "reason": "missing" })));
+    let rev = doc["_rev"].as_str().expect("a revision");
+    let (status, answer) = front.call(Method::DELETE, &format!("{path}?rev={rev}"), None).await;
+    assert_eq!(status, 200, "{answer}");
+    front.backend_requests();
+    let (status, answer) = front.call(Method::GET, &path, None).await;
+    assert_eq!((status, answer), (404, json!({ "error": "not_found", "reason": "deleted" })));
+    let requests = front.backend_requests();
+    assert_eq!(requests[0], format!("GET {path}"), "{requests:?}");
+
+    let (status, answer) = front.call(Method::GET, &format!("{path}?deleted_conflicts=true"), None).await;
+    assert_eq!((status, answer["reason"].as_str()), (404, Some("deleted")), "{answer}");
+    let requests = front.backend_requests();
+    assert!(requests.iter().all(|r| r.contains("open_revs=all")), "a read with options reads the tree: {requests:?}");
+}
+
 /// A listing of 100 small documents with their bodies is one `_all_docs` request once the
 /// database has been listed before: its first backend page is sized from the rows the last
 /// listing saw, not 64 rows and then the rest (issue 38: two CouchDB requests per client request

@@ -178,14 +178,16 @@ fn tree_of_leaves(id: &str, answers: Vec<Value>) -> Result<Option<RevTree>> {
     let mut tree = RevTree::default();
     for mut answer in answers {
         let Some(Value::Object(mut doc)) = answer.get_mut("ok").map(Value::take) else { continue };
+        // `shift_remove`: the body keeps CouchDB's member order (a plain `remove` moves the
+        // last member into each gap, so a read answered `lastAccessedAt` before `userId`).
         let path = doc
-            .remove("_revisions")
+            .shift_remove("_revisions")
             .as_ref()
             .and_then(RevPath::from_revisions)
             .ok_or_else(|| corrupt("a leaf without _revisions"))?;
-        let deleted = doc.remove("_deleted") == Some(Value::Bool(true));
-        doc.remove("_id");
-        doc.remove("_rev");
+        let deleted = doc.shift_remove("_deleted") == Some(Value::Bool(true));
+        doc.shift_remove("_id");
+        doc.shift_remove("_rev");
         tree.merge(path, deleted, doc, usize::MAX);
     }
     Ok((!tree.is_empty()).then_some(tree))
@@ -233,6 +235,17 @@ mod tests {
         assert_eq!(info.ancestry.revisions().map(|r| r.0).collect::<Vec<_>>(), ["3-ccc", "2-bbb"]);
         let plain = revision_info_of("a", &json!({"_id": "a", "_rev": "7-x"}), 10).unwrap();
         assert_eq!((plain.deleted, plain.ancestry), (false, Ancestry { start: 7, ids: vec!["x".into()] }));
+    }
+
+    #[test]
+    fn a_leaf_keeps_couchdbs_member_order() {
+        let answers = vec![json!({"ok": {
+            "_id": "u:n:k", "_rev": "1-a", "userId": "u", "namespace": "n", "key": "k",
+            "updatedAt": "t", "lastAccessedAt": "t", "_revisions": {"start": 1, "ids": ["a"]}
+        }})];
+        let tree = tree_of_leaves("u:n:k", answers).unwrap().expect("a tree");
+        let names: Vec<&str> = tree.winner().expect("a winner").body.keys().map(String::as_str).collect();
+        assert_eq!(names, ["userId", "namespace", "key", "updatedAt", "lastAccessedAt"]);
     }
 
     #[test]

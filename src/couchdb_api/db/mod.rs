@@ -15,7 +15,8 @@
 //! they came ([`forward_if_native`], [`forwarded`]); so are the data-store database's design
 //! documents, everything below them (views, shows, lists, updates, rewrites) and
 //! `_view_cleanup`, an admin's only ([`runs_on_the_backend`]), so an existing deployment's views
-//! answer as CouchDB answers them. Its documents, listings (`_design_docs` too), feed and Mango
+//! answer as CouchDB answers them, and a plain `GET` of one of its documents ([`passed_read`]:
+//! CouchDB's own answer names the winner the engine would). Its documents, listings (`_design_docs` too), feed and Mango
 //! are this router's, over its native tree layout (`crate::database::layout::native`).
 //!
 //! - [`admin`]: creating, reading and deleting databases (never the data-store one), `_all_dbs`,
@@ -39,6 +40,7 @@ mod forwarded;
 mod info;
 mod inline;
 mod mango;
+mod passed_read;
 mod views;
 
 use std::collections::HashMap;
@@ -196,13 +198,19 @@ async fn serve_data_store(state: &CouchState, mut request: Request) -> Response 
     }
     // As it always answered them (its design paths were passed to a backend once).
     let path = request.uri().path();
-    let below = path.trim_start_matches('/').split_once('/').map_or("", |(_, below)| below);
-    if let Err(refusal) = refuse_dot_segments(below) {
+    let below = path.trim_start_matches('/').split_once('/').map_or("", |(_, below)| below).to_owned();
+    if let Err(refusal) = refuse_dot_segments(&below) {
         return refusal.into_response();
     }
-    if state.data_store_database.backend().forwards_requests() && runs_on_the_backend(below) {
-        let below = below.to_owned();
+    let native = state.data_store_database.backend().forwards_requests();
+    if native && runs_on_the_backend(&below) {
         return forward_data_store_design(state, &below, request).await.unwrap_or_else(IntoResponse::into_response);
+    }
+    if let Some(id) = native.then(|| passed_read::plain_read_id(&request, &below)).flatten() {
+        request = match Box::pin(passed_read::pass_plain_read(state, &id, &below, request)).await {
+            Ok(answer) => return answer,
+            Err(request) => request,
+        };
     }
     route(state, request).await
 }
