@@ -121,9 +121,25 @@ pub struct RevPath {
 }
 
 impl RevPath {
-    /// `"start-ids[0]"`, the newest revision of the path.
+    /// `"start-ids[0]"`, the newest revision of the path. Written into one string sized for it
+    /// (every row of a listing or a feed spells one; `format!` was a measurable part of them).
     pub fn leaf_rev(&self) -> String {
-        format!("{}-{}", self.start, self.ids.first().map_or("", String::as_str))
+        let id = self.ids.first().map_or("", String::as_str);
+        let mut generation = itoa::Buffer::new();
+        let generation = generation.format(self.start);
+        let mut rev = String::with_capacity(generation.len() + 1 + id.len());
+        rev.push_str(generation);
+        rev.push('-');
+        rev.push_str(id);
+        rev
+    }
+
+    /// Whether both paths end in the same revision (their [`RevPath::leaf_rev`]s are equal: the
+    /// generation is digits before the first `-`, so the text is equal exactly when both parts
+    /// are), compared without writing either.
+    pub fn same_leaf_rev(&self, other: &RevPath) -> bool {
+        self.start == other.start
+            && self.ids.first().map_or("", String::as_str) == other.ids.first().map_or("", String::as_str)
     }
 
     /// Every `N-id` of the path, newest first.

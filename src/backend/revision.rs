@@ -50,9 +50,44 @@ impl RevisionId {
         Some(RevisionId { generation: generation.parse().ok()?, token })
     }
 
+    /// The revision's text, `N-<32 hex>`. Written into one string sized for it: every feed
+    /// row and every record read spells a revision, and `format!` with `hex::encode` (a `String`
+    /// built a character at a time, then copied) was a tenth of a `_changes` page (issue 38).
     pub fn to_revision(self) -> Revision {
-        Revision(format!("{}-{}", self.generation, hex::encode(self.token)))
+        let mut digits = [0u8; 2 * TOKEN_BYTES];
+        token_hex(&self.token, &mut digits);
+        let mut generation = itoa::Buffer::new();
+        let generation = generation.format(self.generation);
+        let mut text = String::with_capacity(generation.len() + 1 + digits.len());
+        text.push_str(generation);
+        text.push('-');
+        text.push_str(hex_str(&digits));
+        Revision(text)
     }
+}
+
+/// Lowercase hex of a revision token, written into `out`.
+fn token_hex(token: &[u8; TOKEN_BYTES], out: &mut [u8; 2 * TOKEN_BYTES]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for (byte, pair) in token.iter().zip(out.chunks_exact_mut(2)) {
+        pair[0] = DIGITS[usize::from(byte >> 4)];
+        pair[1] = DIGITS[usize::from(byte & 0x0f)];
+    }
+}
+
+/// A revision token's 32 lowercase hex digits as a `String`.
+fn token_text(token: &[u8]) -> String {
+    let mut digits = [0u8; 2 * TOKEN_BYTES];
+    match <&[u8; TOKEN_BYTES]>::try_from(token) {
+        Ok(token) => token_hex(token, &mut digits),
+        Err(_) => return hex::encode(token),
+    }
+    hex_str(&digits).to_owned()
+}
+
+/// Hex digits as text (they are ASCII, so the check cannot fail).
+fn hex_str(digits: &[u8]) -> &str {
+    std::str::from_utf8(digits).unwrap_or_default()
 }
 
 /// The generation of any revision text of the form `N-…` (CouchDB's, and the older layouts'
@@ -160,7 +195,7 @@ impl PackedAncestry {
 
     /// CouchDB's `_revisions` for a document whose current generation is `start`.
     pub fn unpack(&self, start: u64) -> Ancestry {
-        Ancestry { start, ids: self.0.chunks_exact(TOKEN_BYTES).map(hex::encode).collect() }
+        Ancestry { start, ids: self.0.chunks_exact(TOKEN_BYTES).map(token_text).collect() }
     }
 }
 

@@ -50,6 +50,7 @@ use axum::extract::{ConnectInfo, Extension, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::IntoResponse;
 use futures::stream;
+use serde::Serialize;
 use serde_json::{json, Map, Value};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -779,19 +780,19 @@ async fn step(cursor: &mut Cursor) -> crate::Result<String> {
             return Err(err);
         }
     };
-    let rows = if request.db_updates && !request.eventsource { db_update_rows(rows) } else { rows };
+    let rows = written_rows(rows, &request)?;
     let mut chunk = String::new();
     for row in &rows {
         match request.feed {
             Feed::Continuous if request.eventsource => {
-                let seq = row.get("seq").map(Value::to_string).unwrap_or_default();
+                let WrittenRow { text, seq } = row;
                 // `_db_updates` writes the position as JSON (quoted), `_changes` bare (CouchDB
                 // 3.4.3's `global_changes_httpd` and `chttpd_db` each do so).
                 let id = if request.db_updates { seq.as_str() } else { seq.trim_matches('"') };
-                chunk.push_str(&format!("data: {row}\nid: {id}\n\n"));
+                chunk.push_str(&format!("data: {text}\nid: {id}\n\n"));
             }
             Feed::Continuous => {
-                chunk.push_str(&row.to_string());
+                chunk.push_str(&row.text);
                 chunk.push('\n');
             }
             _ => {
@@ -799,7 +800,7 @@ async fn step(cursor: &mut Cursor) -> crate::Result<String> {
                     chunk.push(',');
                 }
                 chunk.push('\n');
-                chunk.push_str(&row.to_string());
+                chunk.push_str(&row.text);
             }
         }
         cursor.rows_sent += 1;
@@ -947,8 +948,58 @@ fn shown_seq(cursor: &Cursor, token: &str, rank: Option<u64>) -> crate::Result<S
     }
 }
 
+/// One row of a database's feed, written as JSON straight from this (members in CouchDB's
+/// order: `seq`, `id`, `changes`, then `deleted` and `doc` when there): building each row as a
+/// `serde_json::Value` and then writing that was a fifth of a `_changes` page (issue 38).
+#[derive(Debug, Serialize)]
+struct ChangeRow {
+    seq: String,
+    id: String,
+    changes: Vec<ChangedRev>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    deleted: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    doc: Option<Value>,
+}
+
+/// One revision a row names (`{"rev": …}`).
+#[derive(Debug, Serialize)]
+struct ChangedRev {
+    rev: String,
+}
+
+/// A row as an answer writes it: its JSON text, and its `seq` as JSON (an eventsource line's
+/// `id`).
+struct WrittenRow {
+    text: String,
+    seq: String,
+}
+
+/// The rows of a page as the request writes them (`_db_updates`' rows as database events, except
+/// in eventsource form).
+fn written_rows(rows: Vec<ChangeRow>, request: &ChangesRequest) -> crate::Result<Vec<WrittenRow>> {
+    let unwritable = |err: serde_json::Error| crate::Error::new(ErrorKind::Internal, format!("a feed row: {err}"));
+    if request.db_updates && !request.eventsource {
+        let events = db_update_rows(rows);
+        return Ok(events
+            .into_iter()
+            .map(|event| WrittenRow {
+                seq: event.get("seq").map(Value::to_string).unwrap_or_default(),
+                text: event.to_string(),
+            })
+            .collect());
+    }
+    rows.into_iter()
+        .map(|row| {
+            let seq =
+                if request.eventsource { serde_json::to_string(&row.seq).map_err(unwritable)? } else { String::new() };
+            Ok(WrittenRow { text: serde_json::to_string(&row).map_err(unwritable)?, seq })
+        })
+        .collect()
+}
+
 /// The rows of one page that the request may see and wants.
-async fn rows_of(cursor: &Cursor, changes: &[Change]) -> crate::Result<Vec<Value>> {
+async fn rows_of(cursor: &Cursor, changes: &[Change]) -> crate::Result<Vec<ChangeRow>> {
     let database = &cursor.database;
     let shown = match cursor.form {
         SeqForm::Ranked => seq::shown_all(cursor.ranks.as_ref(), changes.iter().map(|c| c.seq.as_str())),
@@ -1045,7 +1096,7 @@ async fn limited_rows(
     request: &ChangesRequest,
     changes: &[Change],
     shown: &[String],
-) -> crate::Result<(Vec<Value>, Option<usize>)> {
+) -> crate::Result<(Vec<ChangeRow>, Option<usize>)> {
     let limit = request.limit.map_or(usize::MAX, |limit| usize::try_from(limit).unwrap_or(usize::MAX));
     let mut rows = Vec::new();
     let mut last_change = if limit == 0 { None } else { changes.len().checked_sub(1) };
@@ -1058,7 +1109,7 @@ async fn limited_rows(
         if page_rows.len() >= wanted {
             rows.extend(page_rows.into_iter().take(wanted));
             // The last row's change: its `seq` is the one the row shows.
-            let last_shown = rows.last().and_then(|row| row.get("id")).and_then(Value::as_str);
+            let last_shown = rows.last().map(|row| row.id.as_str());
             last_change =
                 page.iter().position(|c| Some(c.id.as_str()) == last_shown).map(|at| number * DEFAULT_PAGE + at);
             break;
@@ -1078,7 +1129,7 @@ async fn database_rows(
     request: &ChangesRequest,
     changes: &[Change],
     shown: &[String],
-) -> crate::Result<Vec<Value>> {
+) -> crate::Result<Vec<ChangeRow>> {
     if request.db_updates {
         return Ok(event_rows(changes, shown));
     }
@@ -1089,12 +1140,18 @@ async fn database_rows(
 /// `_global_changes`' rows for `_db_updates`, made from the feed's entries without reading the
 /// event documents (all a row needs is the id and position). Event documents are never deleted;
 /// a deletion there is no event.
-fn event_rows(changes: &[Change], shown: &[String]) -> Vec<Value> {
+fn event_rows(changes: &[Change], shown: &[String]) -> Vec<ChangeRow> {
     changes
         .iter()
         .zip(shown)
         .filter(|(change, _)| !change.deleted)
-        .map(|(change, seq)| json!({ "seq": seq, "id": change.id, "changes": [{ "rev": change.rev.as_str() }] }))
+        .map(|(change, seq)| ChangeRow {
+            seq: seq.clone(),
+            id: change.id.clone(),
+            changes: vec![ChangedRev { rev: change.rev.as_str().to_owned() }],
+            deleted: false,
+            doc: None,
+        })
         .collect()
 }
 
@@ -1103,7 +1160,7 @@ async fn page_rows(
     request: &ChangesRequest,
     changes: &[Change],
     shown: &[String],
-) -> crate::Result<Vec<Value>> {
+) -> crate::Result<Vec<ChangeRow>> {
     database.check_open()?;
     let (wanted, wanted_seqs): (Vec<&Change>, Vec<&String>) = changes
         .iter()
@@ -1154,19 +1211,18 @@ async fn page_rows(
                 continue;
             }
         }
-        let leaves: Vec<Value> = if request.all_leaves {
-            state.tree.leaves().into_iter().map(|leaf| json!({ "rev": leaf.path.leaf_rev() })).collect()
+        let changes = if request.all_leaves {
+            state.tree.leaves().into_iter().map(|leaf| ChangedRev { rev: leaf.path.leaf_rev() }).collect()
         } else {
-            vec![json!({ "rev": winner.path.leaf_rev() })]
+            vec![ChangedRev { rev: winner.path.leaf_rev() }]
         };
-        let mut row = json!({ "seq": shown_seq, "id": change.id, "changes": leaves });
-        if winner.deleted {
-            row["deleted"] = Value::Bool(true);
-        }
-        if let (true, Some(doc)) = (request.include_docs, doc) {
-            row["doc"] = doc;
-        }
-        rows.push(row);
+        rows.push(ChangeRow {
+            seq: shown_seq.clone(),
+            id: change.id.clone(),
+            changes,
+            deleted: winner.deleted,
+            doc: doc.filter(|_| request.include_docs),
+        });
     }
     Ok(rows)
 }
@@ -1247,11 +1303,11 @@ pub(crate) async fn db_updates_feed(
 /// `_global_changes`' rows as `_db_updates` shows them: a row of the document `{type}:{name}` is
 /// `{"db_name": name, "type": type, "seq": …}`; a document named otherwise is no event and is
 /// left out (CouchDB's `default_transform_change` skips it too).
-fn db_update_rows(rows: Vec<Value>) -> Vec<Value> {
+fn db_update_rows(rows: Vec<ChangeRow>) -> Vec<Value> {
     rows.into_iter()
         .filter_map(|row| {
-            let (event, name) = row.get("id")?.as_str()?.split_once(':')?;
-            Some(json!({ "db_name": name, "type": event, "seq": row.get("seq")? }))
+            let (event, name) = row.id.split_once(':')?;
+            Some(json!({ "db_name": name, "type": event, "seq": row.seq }))
         })
         .collect()
 }

@@ -190,7 +190,7 @@ pub fn leaf_json(id: &str, tree: &RevTree, leaf: &Leaf, options: DocOptions) -> 
     if options.revs {
         doc.insert("_revisions".into(), leaf.path.to_revisions());
     }
-    let is_winner = tree.winner().is_some_and(|winner| winner.path.leaf_rev() == leaf.path.leaf_rev());
+    let is_winner = tree.winner().is_some_and(|winner| winner.path.same_leaf_rev(&leaf.path));
     if is_winner {
         if options.revs_info {
             let info: Vec<Value> = tree

@@ -14,8 +14,8 @@ use serde_json::{Map, Value};
 use crate::backend::rev_tree::RevTree;
 use crate::backend::{
     BulkWrite, BulkWriteText, ChangesPage, DesignRequest, DesignResponse, DocumentBackend, DocumentText, EraseOptions,
-    IdRange, LayoutState, Page, Precondition, Query, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo,
-    StoredDocument, StoredText, UpgradePage,
+    IdRange, LayoutState, Page, Precondition, Query, RecordWithLocal, ReplicatedOutcome, ReplicatedRevision, Revision,
+    RevisionInfo, StoredDocument, StoredText, UpgradePage,
 };
 use crate::error::Result;
 
@@ -245,6 +245,10 @@ impl DocumentBackend for MeteredBackend {
 
     async fn get_many_text(&self, ids: &[String]) -> Result<Option<Vec<Option<StoredText>>>> {
         timed!(self, "get_many", self.inner.get_many_text(ids))
+    }
+
+    async fn record_with_local(&self, id: &str, local_name: &str) -> Result<Option<RecordWithLocal>> {
+        timed!(self, "get", self.inner.record_with_local(id, local_name))
     }
 
     async fn all_docs_stored_text(
@@ -516,6 +520,10 @@ mod tests {
             self.record("get_many_text");
             Ok(Some(vec![None; ids.len()]))
         }
+        async fn record_with_local(&self, _: &str, _: &str) -> Result<Option<RecordWithLocal>> {
+            self.record("record_with_local");
+            Ok(Some(RecordWithLocal { record: None, local: None }))
+        }
         async fn all_docs_stored_text(
             &self,
             _: &IdRange,
@@ -614,6 +622,10 @@ mod tests {
             IdRange { start: None, end: None, inclusive_end: true, descending: false, include_design: false };
         assert!(metered.all_docs_text(&everything, 1, None).await.unwrap().items.is_empty());
         assert_eq!(metered.get_many_text(&["u:n:k".into()]).await.unwrap(), Some(vec![None]));
+        assert_eq!(
+            metered.record_with_local("u:n:k", "side").await.unwrap(),
+            Some(RecordWithLocal { record: None, local: None })
+        );
         assert!(metered.all_docs_stored_text(&everything, 1, None).await.unwrap().is_some_and(|p| p.items.is_empty()));
         let design = DesignRequest {
             method: reqwest::Method::GET,
@@ -654,6 +666,7 @@ mod tests {
                 "has_branches",
                 "all_docs_text",
                 "get_many_text",
+                "record_with_local",
                 "all_docs_stored_text",
                 "design_request",
                 "url",

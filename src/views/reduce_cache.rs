@@ -1,4 +1,5 @@
-//! Reduce answers remembered between queries, per view group, until the group's rows change.
+//! Reduce answers and map answers' offsets remembered between queries, per view group, until the
+//! group's rows change.
 //!
 //! CouchDB keeps every inner node's reduction in its B-tree, so a `group=true` over a view whose
 //! keys each span many rows reads a few nodes per key. The index file here keeps partials per
@@ -8,6 +9,11 @@
 //! answer of a reduce query (its rows after `skip` and `limit`) is kept here, keyed by everything
 //! that selects it (group number, view, key ranges, direction, grouping, skip, limit), and a
 //! repeated query over an unchanged index is answered without reading the index.
+//!
+//! A map answer's `offset` (the rows before where it starts) is kept the same way, keyed by the
+//! bound it counts to ([`OffsetKey`]): counting it reads the block summaries before the bound and
+//! then every row of the bound's block up to it (a block holds up to 512 rows), which was a sixth
+//! of a `key=` query with `limit=10` (issue 38); its rows are still read each time.
 //!
 //! **Invalidation.** Every write of a group's rows goes through [`super::index_store::IndexStore`]
 //! in one of three places, and each ends the group's cached answers after its commit
@@ -23,9 +29,10 @@
 //! stored ([`ReduceCache::put`]); a write bumps the generation after its commit. So an answer read
 //! from a snapshot older than a commit is never kept past that commit's invalidation.
 //!
-//! **Bounds.** At most [`CACHE_BYTES`] of answers (their JSON size, with their keys), each at most
-//! [`ENTRY_BYTES`]; storing past the bound drops other answers first (any, not the oldest: it is a
-//! memo of queries that repeat, not an LRU). Errors are never kept. Fixed sizes, not settings:
+//! **Bounds.** At most [`CACHE_BYTES`] of answers (their JSON size, with their keys; an offset
+//! counts its key's bound and [`OFFSET_BYTES`]), each at most [`ENTRY_BYTES`]; storing past the
+//! bound drops other answers first (any, not the oldest: it is a memo of queries that repeat, not
+//! an LRU). Errors are never kept. Fixed sizes, not settings:
 //! the memory is small beside the index's own page cache (docs/views.md, "Bounds").
 
 use std::collections::HashMap;
@@ -68,6 +75,31 @@ impl ReduceKey {
     }
 }
 
+/// What selects a map answer's offset: the rows of view `view` of group `number` before `bound`
+/// (an upper bound in row-key bytes after the view prefix), or after it when `descending` (a lower
+/// bound then).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct OffsetKey {
+    pub number: u64,
+    pub view: usize,
+    pub descending: bool,
+    pub bound: std::ops::Bound<Vec<u8>>,
+}
+
+/// Bytes an offset is counted as besides its bound (the count, the key's other fields, the map's
+/// own entry).
+pub const OFFSET_BYTES: usize = 64;
+
+impl OffsetKey {
+    fn bytes(&self) -> usize {
+        OFFSET_BYTES
+            + match &self.bound {
+                std::ops::Bound::Included(bytes) | std::ops::Bound::Excluded(bytes) => bytes.len(),
+                std::ops::Bound::Unbounded => 0,
+            }
+    }
+}
+
 /// A reduce answer: `(key, value)` per group.
 pub type ReduceAnswer = Vec<(Value, Value)>;
 
@@ -81,12 +113,31 @@ struct Inner {
     /// Each group's generation, bumped by every write of its rows (absent: 0).
     generations: HashMap<u64, u64>,
     entries: HashMap<ReduceKey, Entry>,
+    offsets: HashMap<OffsetKey, u64>,
     bytes: usize,
     /// Answers given from the cache (for the tests).
     hits: u64,
 }
 
-/// The remembered reduce answers of one index file.
+impl Inner {
+    /// Drops kept answers (reduce answers first, then offsets) until `bytes` more fit.
+    fn make_room(&mut self, bytes: usize) {
+        while self.bytes + bytes > CACHE_BYTES {
+            if let Some(evicted) = self.entries.keys().next().cloned() {
+                if let Some(entry) = self.entries.remove(&evicted) {
+                    self.bytes -= entry.bytes;
+                }
+            } else if let Some(evicted) = self.offsets.keys().next().cloned() {
+                self.offsets.remove(&evicted);
+                self.bytes -= evicted.bytes();
+            } else {
+                break;
+            }
+        }
+    }
+}
+
+/// The remembered reduce answers and offsets of one index file.
 #[derive(Default)]
 pub struct ReduceCache {
     inner: Mutex<Inner>,
@@ -128,16 +179,39 @@ impl ReduceCache {
         if inner.generations.get(&key.number).copied().unwrap_or(0) != ticket.0 {
             return;
         }
-        while inner.bytes + bytes > CACHE_BYTES {
-            let Some(evicted) = inner.entries.keys().next().cloned() else { break };
-            if let Some(entry) = inner.entries.remove(&evicted) {
-                inner.bytes -= entry.bytes;
-            }
-        }
+        inner.make_room(bytes);
         if let Some(replaced) = inner.entries.insert(key, Entry { rows: rows.clone(), bytes }) {
             inner.bytes -= replaced.bytes;
         }
         inner.bytes += bytes;
+    }
+
+    /// The offset kept for `key`, if any.
+    pub fn offset(&self, key: &OffsetKey) -> Option<u64> {
+        let mut inner = self.lock();
+        let offset = inner.offsets.get(key).copied();
+        if offset.is_some() {
+            inner.hits += 1;
+        }
+        offset
+    }
+
+    /// Keeps `offset` for `key`, counted after `ticket` was taken: dropped when the group was
+    /// written since.
+    pub fn put_offset(&self, key: OffsetKey, ticket: Ticket, offset: u64) {
+        let bytes = key.bytes();
+        if bytes > ENTRY_BYTES {
+            return;
+        }
+        let mut inner = self.lock();
+        if inner.generations.get(&key.number).copied().unwrap_or(0) != ticket.0 {
+            return;
+        }
+        inner.make_room(bytes);
+        // A key kept already holds the same count (the generation is unchanged) and its bytes.
+        if inner.offsets.insert(key, offset).is_none() {
+            inner.bytes += bytes;
+        }
     }
 
     /// Ends every answer of group `number`: called after each commit that changes its rows.
@@ -149,6 +223,13 @@ impl ReduceCache {
             let keep = key.number != number;
             if !keep {
                 freed += entry.bytes;
+            }
+            keep
+        });
+        inner.offsets.retain(|key, _| {
+            let keep = key.number != number;
+            if !keep {
+                freed += key.bytes();
             }
             keep
         });
@@ -203,6 +284,39 @@ mod tests {
         cache.invalidate(7);
         assert_eq!(cache.get(&key(7, 0)), None);
         assert_eq!(cache.bytes(), 0);
+    }
+
+    #[test]
+    fn an_offset_counted_before_a_write_is_not_kept_and_offsets_share_the_bound() {
+        let cache = ReduceCache::default();
+        let offset_key = |number: u64, bound: Vec<u8>| OffsetKey {
+            number,
+            view: 0,
+            descending: false,
+            bound: std::ops::Bound::Included(bound),
+        };
+        let before = cache.ticket(3);
+        cache.invalidate(3);
+        cache.put_offset(offset_key(3, vec![1, 2, 3]), before, 10);
+        assert_eq!(cache.offset(&offset_key(3, vec![1, 2, 3])), None);
+        cache.put_offset(offset_key(3, vec![1, 2, 3]), cache.ticket(3), 10);
+        cache.put_offset(offset_key(3, vec![1, 2, 3]), cache.ticket(3), 10);
+        assert_eq!(cache.offset(&offset_key(3, vec![1, 2, 3])), Some(10));
+        assert_eq!(cache.bytes(), OFFSET_BYTES + 3, "kept once");
+        cache.invalidate(4);
+        assert_eq!(cache.offset(&offset_key(3, vec![1, 2, 3])), Some(10));
+        cache.invalidate(3);
+        assert_eq!(cache.offset(&offset_key(3, vec![1, 2, 3])), None);
+        assert_eq!(cache.bytes(), 0);
+        // Offsets and reduce answers fill one bound together.
+        let rows = vec![(json!("k"), json!("x".repeat(ENTRY_BYTES / 2)))];
+        cache.put(key(1, 0), cache.ticket(1), &rows);
+        for n in 0..(CACHE_BYTES / OFFSET_BYTES) as u64 {
+            cache.put_offset(offset_key(2, n.to_be_bytes().to_vec()), cache.ticket(2), n);
+            assert!(cache.bytes() <= CACHE_BYTES);
+        }
+        assert_eq!(cache.get(&key(1, 0)), None, "the reduce answer made room first");
+        assert!(cache.bytes() > CACHE_BYTES - OFFSET_BYTES - 8);
     }
 
     #[test]

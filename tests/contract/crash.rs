@@ -240,8 +240,10 @@ pub const DESCRIPTIVE: &[&str] = &[
 
 /// Methods a layer answers itself without reaching storage: the reads of stored text, which
 /// layers do not forward (`DocumentBackend::get_many_text`), so the engine reads through the
-/// counted `get_many` and `all_docs` under this layer.
-pub const ANSWERED_BY_THE_LAYER: &[&str] = &["get_many_text", "all_docs_stored_text"];
+/// counted `get_many` and `all_docs` under this layer; and `record_with_local`, which layers do
+/// not forward either (the data-store layout then reads through the counted `revisions`, `get`
+/// and `get_local`).
+pub const ANSWERED_BY_THE_LAYER: &[&str] = &["get_many_text", "all_docs_stored_text", "record_with_local"];
 
 macro_rules! counted_layer {
     ($(fn $name:ident(&self $(, $arg:ident: $ty:ty)*) -> $answer:ty;)*) => {

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use redb::{Database, ReadableTable};
+use redb::{Database, ReadableDatabase, ReadableTable};
 use serde_json::{Map, Value};
 
 use super::error::{join_error, map_redb};
@@ -23,8 +23,8 @@ use super::write::{EncodedWrite, ReplicatedWrite, Tables};
 use super::{attachments, codec, core, feed, ids, local};
 use crate::backend::{
     BulkWrite, BulkWriteText, ChangesPage, DocumentBackend, EraseOptions, IdRange, LayoutState, Page, Precondition,
-    Query, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo, StoredDocument, StoredText, UpgradePage,
-    DEFAULT_REVS_LIMIT,
+    Query, RecordWithLocal, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo, StoredDocument, StoredText,
+    UpgradePage, DEFAULT_REVS_LIMIT,
 };
 use crate::error::{Error, ErrorKind, Result};
 
@@ -188,6 +188,16 @@ impl DocumentBackend for EmbeddedBackend {
     async fn get_many_text(&self, ids: &[String]) -> Result<Option<Vec<Option<StoredText>>>> {
         let ids = ids.to_vec();
         self.blocking(move |db| ids::get_many_text(db, &ids)).await.map(Some)
+    }
+
+    /// One read transaction on one trip to the blocking pool.
+    async fn record_with_local(&self, id: &str, local_name: &str) -> Result<Option<RecordWithLocal>> {
+        let (id, local_name) = (id.to_owned(), local_name.to_owned());
+        self.blocking(move |db| {
+            let txn = db.begin_read().map_err(map_redb("begin read"))?;
+            Ok(Some(RecordWithLocal { record: core::record_in(&txn, &id)?, local: local::get_in(&txn, &local_name)? }))
+        })
+        .await
     }
 
     async fn put(&self, id: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Revision> {
@@ -886,5 +896,47 @@ mod tests {
         assert_eq!(rest.pending, Some(0), "the page reaches the end");
         assert_eq!(rest.changes.len(), 2);
         assert_eq!(rest.last_seq, store.changes(None, 3).await.unwrap().last_seq);
+    }
+
+    /// `pending` is the same count whichever end of the feed it is counted from (the entries
+    /// after the page, or the feed's length less those up to it: `feed::waiting_after`), on a
+    /// feed with gaps (documents changed again move to its end, an erased one leaves none), and
+    /// turns into "more follow" at the bound from either end.
+    #[tokio::test]
+    async fn pending_counts_the_same_from_either_end_of_the_feed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedBackend::open(&dir.path().join("s.redb")).await.unwrap();
+        let mut revs = Vec::new();
+        for n in 0..40 {
+            let id = format!("u:ns:k{n:02}");
+            revs.push(store.put(&id, &body("k", Value::from(n)), Precondition::MustNotExist).await.unwrap());
+        }
+        for n in (0..40).step_by(3) {
+            let id = format!("u:ns:k{n:02}");
+            store
+                .put(&id, &body("k", Value::from(n + 100)), Precondition::MatchRevision(revs[n].clone()))
+                .await
+                .unwrap();
+        }
+        assert!(store.erase_id("u:ns:k07", &EraseOptions::default()).await.unwrap());
+        let whole = store.changes(None, 1000).await.unwrap();
+        let positions: Vec<u64> = whole.changes.iter().map(|c| c.seq.parse().unwrap()).collect();
+        assert_eq!((positions.len(), whole.pending), (39, Some(0)));
+        let highest = *positions.last().unwrap();
+        for since in 0..=highest {
+            for limit in [1, 5, 30] {
+                let page = store.changes(Some(&since.to_string()), limit).await.unwrap();
+                let last = page.changes.last().map_or(since, |c| c.seq.parse().unwrap());
+                let after = positions.iter().filter(|&&p| p > last).count() as u64;
+                assert_eq!(page.pending, Some(after), "since {since}, limit {limit}");
+                for bound in [1, 4, 10] {
+                    let bounded = feed::changes(&store.db, "s", since, limit, bound).unwrap();
+                    let expected = (after < bound as u64).then_some(after);
+                    assert_eq!(bounded.pending, expected, "since {since}, limit {limit}, bound {bound}");
+                    assert_eq!(bounded.changes, page.changes);
+                    assert_eq!(bounded.last_seq, page.last_seq);
+                }
+            }
+        }
     }
 }

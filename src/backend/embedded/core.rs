@@ -5,7 +5,7 @@
 use std::ops::Bound;
 use std::path::Path;
 
-use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
+use redb::{Database, ReadTransaction, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 use serde_json::{Map, Value};
 
 use super::codec::{self, Header, StoredRevision};
@@ -153,14 +153,37 @@ pub(super) fn get_deleted(db: &Database, id: &str) -> Result<Option<StoredDocume
     let tombstones = txn.open_table(TOMBSTONES).map_err(map_redb("open tombstones table"))?;
     let Some(guard) = tombstones.get(id).map_err(map_redb("read tombstone"))? else { return Ok(None) };
     let (header, json) = codec::split(id, guard.value())?;
-    let body = if json.is_empty() {
-        Map::new()
-    } else {
-        crate::model::depth::parse_stored(json).map_err(|e| {
-            Error::new(ErrorKind::Corrupt, format!("embedded store: tombstone {id:?} holds no JSON object: {e}"))
-        })?
+    Ok(Some(stored(id, header, tombstone_body(id, json)?)))
+}
+
+/// The fields a tombstone's deletion carried, from its record's JSON (empty when none).
+fn tombstone_body(id: &str, json: &[u8]) -> Result<Map<String, Value>> {
+    if json.is_empty() {
+        return Ok(Map::new());
+    }
+    crate::model::depth::parse_stored(json).map_err(|e| {
+        Error::new(ErrorKind::Corrupt, format!("embedded store: tombstone {id:?} holds no JSON object: {e}"))
+    })
+}
+
+/// The record of `id` as `revisions` and then `get` (live) or `get_deleted` (a tombstone)
+/// answer it, read in the transaction `txn`; `None` when nothing is stored under `id`.
+pub(super) fn record_in(txn: &ReadTransaction, id: &str) -> Result<Option<(RevisionInfo, Map<String, Value>)>> {
+    let docs = txn.open_table(DOCS).map_err(map_redb("open docs table"))?;
+    let (header, deleted, body) = match docs.get(id).map_err(map_redb("read document"))? {
+        Some(guard) => {
+            let (header, body) = codec::decode(id, guard.value())?;
+            (header, false, body)
+        }
+        None => {
+            let tombstones = txn.open_table(TOMBSTONES).map_err(map_redb("open tombstones table"))?;
+            let Some(guard) = tombstones.get(id).map_err(map_redb("read tombstone"))? else { return Ok(None) };
+            let (header, json) = codec::split(id, guard.value())?;
+            (header, true, tombstone_body(id, json)?)
+        }
     };
-    Ok(Some(stored(id, header, body)))
+    let ancestry = txn.open_table(ANCESTRY).map_err(map_redb("open ancestry table"))?;
+    Ok(Some((revision_info_in(&ancestry, id, header, deleted)?, body)))
 }
 
 /// The live documents stored under `ids`, in one read transaction (one consistent snapshot).

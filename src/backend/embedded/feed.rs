@@ -2,7 +2,7 @@
 
 use std::ops::Bound;
 
-use redb::{Database, ReadOnlyTable, ReadTransaction, ReadableDatabase};
+use redb::{Database, ReadOnlyTable, ReadTransaction, ReadableDatabase, ReadableTable, ReadableTableMetadata};
 
 use super::core::{header_of, layout_of, next_feed_position, DOCS, FEED, META, TOMBSTONES};
 use super::error::map_redb;
@@ -55,16 +55,10 @@ pub(super) fn changes(
         };
         changes.push(Change { seq: seq.to_string(), id: id.to_owned(), rev: header.rev.to_revision(), deleted });
     }
-    // The changes still waiting after this page, counted exactly up to a bound (CouchDB's
-    // `pending` is exact, and replicators sum it per batch to show progress); past the bound the
-    // feed cannot tell (`None`: more follow), so a page's cost stays bounded on a long feed.
-    let mut waiting = 0usize;
-    for entry in range.by_ref().take(pending_bound) {
-        entry.map_err(map_redb("read feed"))?;
-        waiting += 1;
-    }
-    let pending = (waiting < pending_bound).then_some(waiting as u64);
     let last_returned = changes.last().map_or(Ok(since), |c| decode_feed_token(&c.seq))?;
+    let entries_read = EntriesRead { since, page: changes.len(), last_returned };
+    let waiting = waiting_after(&feed, range, &entries_read, pending_bound)?;
+    let pending = (waiting < pending_bound).then_some(waiting as u64);
     let last_seq = if waiting > 0 {
         last_returned
     } else {
@@ -75,6 +69,53 @@ pub(super) fn changes(
     };
     let last_seq = last_seq.to_string();
     Ok(ChangesPage { changes, last_seq, pending, unsettled: 0 })
+}
+
+/// Where a page of the feed was read: after position `since`, `page` entries, the last at
+/// `last_returned` (`since` for an empty page).
+struct EntriesRead {
+    since: u64,
+    page: usize,
+    last_returned: u64,
+}
+
+/// The changes still waiting after a page (`after_page`: the feed's entries following it), counted
+/// exactly up to `bound` (CouchDB's `pending` is exact, and replicators sum it per batch to show
+/// progress); at `bound` or more the answer is `bound` (the caller's "more follow"), so a page's
+/// cost stays bounded on a long feed.
+///
+/// Counted from the shorter end (issue 38: counting to the end of the feed was a quarter of a
+/// `_changes` page): the feed's length is kept by redb with the table (`len` reads no entry), so
+/// the entries after the page are also the length less those up to `since` and the page's own.
+/// Positions are distinct integers, so at most `since + 1` entries lie at or before `since`, and
+/// at most `highest - last_returned` after the page: the entries before the page are counted
+/// instead of those after it only when that span is the smaller one (and below `bound`), so the
+/// count reads no more entries than the forward one did, and the answer is the same number.
+fn waiting_after(
+    feed: &FeedTable,
+    after_page: redb::Range<'_, u64, &'static str>,
+    read: &EntriesRead,
+    bound: usize,
+) -> Result<usize> {
+    let highest = feed.last().map_err(map_redb("read feed"))?.map_or(0, |(seq, _)| seq.value());
+    let span_after = highest.saturating_sub(read.last_returned);
+    let span_before = read.since.saturating_add(1);
+    if span_before < span_after.min(bound as u64) {
+        let length = feed.len().map_err(map_redb("count feed"))?;
+        let mut before = 0u64;
+        for entry in feed.range::<u64>(..=read.since).map_err(map_redb("read feed"))? {
+            entry.map_err(map_redb("read feed"))?;
+            before += 1;
+        }
+        let waiting = length.saturating_sub(before).saturating_sub(read.page as u64);
+        return Ok(usize::try_from(waiting).unwrap_or(usize::MAX).min(bound));
+    }
+    let mut waiting = 0usize;
+    for entry in after_page.take(bound) {
+        entry.map_err(map_redb("read feed"))?;
+        waiting += 1;
+    }
+    Ok(waiting)
 }
 
 /// Feed entries after a page that are counted for its `pending` before the answer becomes "more

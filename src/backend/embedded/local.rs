@@ -1,7 +1,7 @@
 //! `_local/` documents (replication checkpoints): the `local` table, keyed by name, revision
 //! `0-N`; listed in name order by a range of that table.
 
-use redb::{Database, ReadableDatabase, ReadableTable};
+use redb::{Database, ReadTransaction, ReadableDatabase, ReadableTable};
 use serde_json::{Map, Value};
 
 use super::core::LOCAL;
@@ -30,6 +30,11 @@ pub(super) fn decode_local(name: &str, record: &[u8]) -> Result<(u64, Map<String
 /// The local document `name`.
 pub(super) fn get(db: &Database, name: &str) -> Result<Option<StoredDocument>> {
     let txn = db.begin_read().map_err(map_redb("begin read"))?;
+    get_in(&txn, name)
+}
+
+/// The local document `name`, read in the transaction `txn`.
+pub(super) fn get_in(txn: &ReadTransaction, name: &str) -> Result<Option<StoredDocument>> {
     let local = txn.open_table(LOCAL).map_err(map_redb("open local table"))?;
     let Some(guard) = local.get(name).map_err(map_redb("read local document"))? else {
         return Ok(None);

@@ -455,6 +455,17 @@ struct IncludedDocs {
     inline: Option<super::attachments::Inline>,
 }
 
+/// A map row as written: written straight from the row read (no `serde_json::Value` built for it
+/// and copied into; issue 38), members in CouchDB's order.
+#[derive(serde::Serialize)]
+struct ShownRow<'a> {
+    id: &'a str,
+    key: &'a Value,
+    value: &'a Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    doc: Option<&'a Value>,
+}
+
 /// The map rows as JSON text chunks, documents read in batches when `docs` is given.
 fn rendered_rows(
     rows: tokio::sync::mpsc::Receiver<Result<IndexRow, ViewError>>,
@@ -491,11 +502,11 @@ fn rendered_rows(
                 chunk.push_str(",\n");
             }
             cursor.first = false;
-            let mut shown = json!({"id": row.id, "key": row.key, "value": row.value});
-            if let Some(docs) = &shown_docs {
-                shown["doc"] = docs.get(i).cloned().unwrap_or(Value::Null);
-            }
-            chunk.push_str(&shown.to_string());
+            let doc = shown_docs.as_ref().map(|docs| docs.get(i).unwrap_or(&Value::Null));
+            let shown = ShownRow { id: &row.id, key: &row.key, value: &row.value, doc };
+            let text = serde_json::to_string(&shown)
+                .map_err(|err| crate::Error::new(crate::error::ErrorKind::Internal, format!("a view row: {err}")))?;
+            chunk.push_str(&text);
         }
         Ok(Some((Bytes::from(chunk), cursor)))
     })

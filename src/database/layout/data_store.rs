@@ -234,6 +234,14 @@ impl<'a, B: DocumentBackend + ?Sized> DataStoreView<'a, B> {
     /// One consistent read; `None` (outer) when the record changed between its two reads.
     async fn read_once(&self, id: &str) -> Result<Option<Option<ReadTree>>> {
         let backend = self.backend;
+        if let Some(read) = backend.record_with_local(id, &side_name(id)).await? {
+            // One snapshot: the body is the record's own, at the revision read.
+            let (record, body) = match read.record {
+                Some((info, body)) => (Some(info), Some(body)),
+                None => (None, None),
+            };
+            return Self::assembled(id, record, body, read.local).map(Some);
+        }
         let record = backend.revisions(id).await?;
         let body = match &record {
             None => None,
