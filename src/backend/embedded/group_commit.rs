@@ -30,29 +30,10 @@
 //! blocking pool, which runs groups until the queue is empty. A single writer therefore pays
 //! what it paid before (one transaction, one commit), and under load a group holds every write
 //! that arrived while the previous commit was being made durable.
-//!
-//! ## Gathering the writers a group just answered
-//! Taking only what waits when a group ends splits steady concurrent writers into two halves that
-//! take turns: while one half's commit waits for its fsync, the other half queues; when the
-//! commit returns, the next group starts at once with that half alone, and the half just answered
-//! comes back during its fsync. Each writer then waits for two commits per write, and a commit
-//! (mostly its fsync) carries half the writers. Issue 38 measured this at 16 clients creating
-//! documents: about 4 writes per fsync, and creates on a disk at a tenth to a half of their rate
-//! on a `tmpfs` (where an fsync costs nothing), in the same run: the fsync wait, not the
-//! instructions, bounded them.
-//!
-//! So before a group begins, the drain waits for the writers that were busy when the last group
-//! ended (the ones it answered and the ones queued behind it) to be queued again, but no longer
-//! than the last group took (its transaction and commit), and never longer than
-//! [`MAX_GATHER`]: past that, the stragglers are better served by the next commit. A writer alone
-//! never waits (one busy writer is nothing to wait for), nor does anyone after a quiet spell
-//! (the drain ends when the queue is empty and nothing is expected back). The wait only chooses
-//! which writes share a transaction; it changes nothing of what a transaction guarantees.
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use redb::{Database, Durability};
 
@@ -71,11 +52,6 @@ const MAX_GROUP: usize = 1_024;
 /// goes alone): a write transaction keeps its changed pages in memory until it commits, so this
 /// bounds what concurrent bulk writers (an import, a migration) make one commit hold.
 pub(super) const MAX_GROUP_DOCUMENTS: usize = 4_096;
-/// The longest a group waits for the writers the previous one answered to come back (module
-/// doc): 5 ms, a few fsyncs of this machine's disk under load (about 1.4 ms at the median, 10 ms
-/// at the 90th percentile with other builds writing). The wait is also never longer than the
-/// previous group took, so on a disk whose fsync is fast it is short too.
-pub(super) const MAX_GATHER: Duration = Duration::from_millis(5);
 
 /// A write: runs against the group's tables and says how it ended.
 pub(super) type Job = Box<dyn for<'t> FnOnce(&mut Tables<'t>) -> JobEnd + Send>;
@@ -112,10 +88,6 @@ pub(super) struct GroupCommit {
     db: Weak<Database>,
     revs_limit: usize,
     queue: Mutex<Queue>,
-    /// Wakes a drain gathering writers (module doc) once enough are queued.
-    gathered: Condvar,
-    /// The longest a gathering drain waits ([`MAX_GATHER`]; tests lengthen it).
-    max_gather: Duration,
     /// Write transactions begun so far ([`GroupCommit::transactions`]).
     transactions: std::sync::atomic::AtomicU64,
     /// Transactions committed durably so far ([`GroupCommit::durable_commits`]).
@@ -133,75 +105,16 @@ struct Queued {
 struct Queue {
     /// Each job with about how many documents it writes and whether it waits for an fsync.
     jobs: VecDeque<Queued>,
-    /// The documents of `jobs`, summed.
-    documents: usize,
     /// Whether a drain is running; it takes every job queued before it stops.
     draining: bool,
-    /// While a drain gathers writers: how many queued jobs end its wait (0 when none waits).
-    gather_until: usize,
-}
-
-impl Queue {
-    /// Whether a gathering drain has what it waits for: `expected` jobs, or a full group's
-    /// documents.
-    fn gathered(&self, expected: usize) -> bool {
-        self.jobs.len() >= expected || self.documents >= MAX_GROUP_DOCUMENTS
-    }
-}
-
-/// Whether the drain waits for writers before its next group: only while such waits pay (the
-/// writers came back within half a group's time, so one commit carries them all instead of two
-/// taking turns), and once every [`GatherPolicy::RETRY_AFTER`] groups to see whether they pay
-/// again. When the writers take longer to come back than a commit takes (the processor, not the
-/// disk, is what they wait for), a wait would only leave the disk idle while they are processed.
-#[derive(Debug, Default)]
-struct GatherPolicy {
-    /// Whether the last wait saw every writer back before its deadline.
-    paying: bool,
-    /// Groups run without a wait since the last one.
-    skipped: usize,
-}
-
-impl GatherPolicy {
-    /// Groups run without waiting, after a wait that did not pay, before the next try.
-    const RETRY_AFTER: usize = 8;
-
-    fn should_gather(&mut self) -> bool {
-        if self.paying || self.skipped >= Self::RETRY_AFTER {
-            return true;
-        }
-        self.skipped += 1;
-        false
-    }
-
-    fn record(&mut self, everyone_back: bool) {
-        self.paying = everyone_back;
-        self.skipped = 0;
-    }
-}
-
-/// What the drain knows of the group it ran last, to decide how long the next one gathers.
-#[derive(Debug, Clone, Copy, Default)]
-struct LastGroup {
-    /// The writers busy when it ended: its jobs and the jobs queued behind it.
-    busy_writers: usize,
-    /// How long it took, transaction and commit.
-    took: Duration,
 }
 
 impl GroupCommit {
     pub(super) fn new(db: &Arc<Database>, revs_limit: usize) -> Arc<Self> {
-        Self::gathering_at_most(db, revs_limit, MAX_GATHER)
-    }
-
-    /// [`GroupCommit::new`] whose groups wait at most `max_gather` for writers (tests).
-    fn gathering_at_most(db: &Arc<Database>, revs_limit: usize, max_gather: Duration) -> Arc<Self> {
         Arc::new(GroupCommit {
             db: Arc::downgrade(db),
             revs_limit,
             queue: Mutex::new(Queue::default()),
-            gathered: Condvar::new(),
-            max_gather,
             transactions: std::sync::atomic::AtomicU64::new(0),
             durable_commits: std::sync::atomic::AtomicU64::new(0),
         })
@@ -225,11 +138,6 @@ impl GroupCommit {
         let start_drain = {
             let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
             queue.jobs.push_back(Queued { documents, persistence, job });
-            queue.documents += documents;
-            if queue.gather_until != 0 && queue.gathered(queue.gather_until) {
-                queue.gather_until = 0;
-                self.gathered.notify_one();
-            }
             !std::mem::replace(&mut queue.draining, true)
         };
         if start_drain {
@@ -238,54 +146,35 @@ impl GroupCommit {
         }
     }
 
-    /// Runs groups until the queue is empty and no writer is expected back.
+    /// Runs groups until the queue is empty.
     fn drain(&self) {
-        let mut last = LastGroup::default();
-        let mut policy = GatherPolicy::default();
         loop {
             let (group, persistence) = {
                 let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
-                if policy.should_gather() {
-                    let (gathered, everyone_back) = self.gather(queue, last);
-                    queue = gathered;
-                    policy.record(everyone_back);
-                }
                 if queue.jobs.is_empty() {
                     queue.draining = false;
                     return;
                 }
-                take_group(&mut queue)
+                let mut group = Vec::new();
+                let mut documents = 0;
+                let mut persistence = Persistence::Deferred;
+                while let Some(next) = queue.jobs.front() {
+                    let full = group.len() == MAX_GROUP || documents + next.documents > MAX_GROUP_DOCUMENTS;
+                    if !group.is_empty() && full {
+                        break;
+                    }
+                    documents += next.documents;
+                    if let Some(queued) = queue.jobs.pop_front() {
+                        if queued.persistence == Persistence::Durable {
+                            persistence = Persistence::Durable;
+                        }
+                        group.push(queued.job);
+                    }
+                }
+                (group, persistence)
             };
-            let started = Instant::now();
-            let jobs = group.len();
             self.run_group(group, persistence);
-            let took = started.elapsed();
-            let queued = self.queue.lock().unwrap_or_else(PoisonError::into_inner).jobs.len();
-            tracing::debug!(jobs, queued, took_us = took.as_micros() as u64, "embedded store: group committed");
-            last = LastGroup { busy_writers: jobs + queued, took };
         }
-    }
-
-    /// Waits, with the queue's lock, until the writers busy at the end of the `last` group are
-    /// queued again (as many jobs as there were, up to what one group takes), or for half as long
-    /// as that group took, at most `max_gather` ([`MAX_GATHER`]; module doc); whether they all
-    /// came back in time. No wait when at most one writer was busy or enough are queued already.
-    fn gather<'q>(&self, mut queue: MutexGuard<'q, Queue>, last: LastGroup) -> (MutexGuard<'q, Queue>, bool) {
-        let expected = last.busy_writers.min(MAX_GROUP);
-        if expected < 2 || queue.gathered(expected) {
-            return (queue, true);
-        }
-        let deadline = Instant::now() + (last.took / 2).min(self.max_gather);
-        while !queue.gathered(expected) {
-            let Some(left) = deadline.checked_duration_since(Instant::now()).filter(|left| !left.is_zero()) else {
-                break;
-            };
-            queue.gather_until = expected;
-            queue = self.gathered.wait_timeout(queue, left).unwrap_or_else(PoisonError::into_inner).0;
-        }
-        queue.gather_until = 0;
-        let everyone_back = queue.gathered(expected);
-        (queue, everyone_back)
     }
 
     /// Runs `jobs` in as few transactions as their failures allow (one when none breaks), each
@@ -316,30 +205,6 @@ impl GroupCommit {
             answer();
         }
     }
-}
-
-/// Takes the next group from the queue: every job in arrival order, up to [`MAX_GROUP`] jobs and
-/// [`MAX_GROUP_DOCUMENTS`] documents (a larger job alone), committed durably when any job
-/// needs it.
-fn take_group(queue: &mut Queue) -> (Vec<Job>, Persistence) {
-    let mut group = Vec::new();
-    let mut documents = 0;
-    let mut persistence = Persistence::Deferred;
-    while let Some(next) = queue.jobs.front() {
-        let full = group.len() == MAX_GROUP || documents + next.documents > MAX_GROUP_DOCUMENTS;
-        if !group.is_empty() && full {
-            break;
-        }
-        documents += next.documents;
-        if let Some(queued) = queue.jobs.pop_front() {
-            queue.documents -= queued.documents;
-            if queued.persistence == Persistence::Durable {
-                persistence = Persistence::Durable;
-            }
-            group.push(queued.job);
-        }
-    }
-    (group, persistence)
 }
 
 /// Runs jobs from `waiting` in one transaction until they are all run or one breaks, and commits
@@ -443,108 +308,4 @@ where
             })),
         }
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use std::thread;
-
-    use super::*;
-
-    /// A queue over a fresh file, whose drain the test plays itself: `draining` is set, so no
-    /// submission starts one.
-    fn queue_without_drain(max_gather: Duration) -> (Arc<GroupCommit>, Arc<Database>, tempfile::TempDir) {
-        let dir = tempfile::tempdir().expect("a temporary directory");
-        let db = Arc::new(Database::create(dir.path().join("g.redb")).expect("a redb file"));
-        let commits = GroupCommit::gathering_at_most(&db, 10, max_gather);
-        commits.queue.lock().expect("the queue's lock").draining = true;
-        (commits, db, dir)
-    }
-
-    /// A job that is never run here.
-    fn idle_job() -> Job {
-        Box::new(|_: &mut Tables<'_>| JobEnd::Refused(Box::new(|| {})))
-    }
-
-    /// Submits `count` jobs from another thread, one every `every`.
-    fn come_back(commits: &Arc<GroupCommit>, count: usize, every: Duration) -> thread::JoinHandle<()> {
-        let commits = Arc::clone(commits);
-        thread::spawn(move || {
-            for _ in 0..count {
-                thread::sleep(every);
-                commits.submit(1, Persistence::Durable, idle_job());
-            }
-        })
-    }
-
-    /// Eight writers answered by the last group, coming back one after another, all wait in the
-    /// queue when the next group is taken (without the wait, the first alone would be).
-    #[test]
-    fn a_group_waits_for_the_writers_the_last_one_answered() {
-        let (commits, _db, _dir) = queue_without_drain(Duration::from_secs(20));
-        let writers = come_back(&commits, 8, Duration::from_millis(20));
-        let started = Instant::now();
-        let last = LastGroup { busy_writers: 8, took: Duration::from_secs(20) };
-        let (queue, everyone_back) = commits.gather(commits.queue.lock().expect("the queue's lock"), last);
-        assert_eq!(queue.jobs.len(), 8, "the group holds every writer that came back");
-        assert!(everyone_back);
-        assert!(started.elapsed() < Duration::from_secs(10), "it stopped waiting once they were all back");
-        drop(queue);
-        writers.join().expect("the writers' thread");
-    }
-
-    /// After a group of one writer nothing is awaited; otherwise the wait ends after the last
-    /// group's time or the longest gather, whichever is shorter, with whoever came back.
-    #[test]
-    fn the_wait_is_bounded_and_a_lone_writer_never_waits() {
-        let (commits, _db, _dir) = queue_without_drain(Duration::from_secs(20));
-        let started = Instant::now();
-        let lone = LastGroup { busy_writers: 1, took: Duration::from_secs(20) };
-        assert!(commits.gather(commits.queue.lock().expect("the queue's lock"), lone).1);
-        assert!(started.elapsed() < Duration::from_secs(5), "a lone writer's next write does not wait");
-
-        for (max_gather, took) in [
-            (Duration::from_secs(20), Duration::from_millis(200)),
-            (Duration::from_millis(100), Duration::from_secs(20)),
-        ] {
-            let (commits, _db, _dir) = queue_without_drain(max_gather);
-            let writers = come_back(&commits, 1, Duration::ZERO);
-            let started = Instant::now();
-            let last = LastGroup { busy_writers: 4, took };
-            let (queue, everyone_back) = commits.gather(commits.queue.lock().expect("the queue's lock"), last);
-            let waited = started.elapsed();
-            assert!(!everyone_back, "one of four came back");
-            assert!(waited >= Duration::from_millis(100), "it waited for the others: {waited:?}");
-            assert!(waited < Duration::from_secs(10), "and no longer than its bound: {waited:?}");
-            assert!(queue.jobs.len() <= 1);
-            drop(queue);
-            writers.join().expect("the writers' thread");
-        }
-    }
-
-    /// A group waits for no more documents than one group takes.
-    #[test]
-    fn the_wait_ends_with_a_full_group() {
-        let (commits, _db, _dir) = queue_without_drain(Duration::from_secs(20));
-        commits.submit(MAX_GROUP_DOCUMENTS, Persistence::Durable, idle_job());
-        let started = Instant::now();
-        let last = LastGroup { busy_writers: 16, took: Duration::from_secs(20) };
-        assert!(commits.gather(commits.queue.lock().expect("the queue's lock"), last).1);
-        assert!(started.elapsed() < Duration::from_secs(5));
-    }
-
-    /// Waits go on while they pay; after one that did not, the drain tries again only after
-    /// `RETRY_AFTER` groups without.
-    #[test]
-    fn waits_stop_when_they_do_not_pay_and_are_tried_again_later() {
-        let mut policy = GatherPolicy::default();
-        assert!(!policy.should_gather(), "a drain's first group takes what is queued");
-        let skipped = (1..GatherPolicy::RETRY_AFTER).filter(|_| !policy.should_gather()).count();
-        assert_eq!(skipped, GatherPolicy::RETRY_AFTER - 1);
-        assert!(policy.should_gather(), "tried again");
-        policy.record(true);
-        assert!(policy.should_gather() && policy.should_gather(), "kept while it pays");
-        policy.record(false);
-        assert!(!policy.should_gather(), "dropped when it did not");
-    }
 }
