@@ -1073,6 +1073,32 @@ mod tests {
         }
     }
 
+    /// The attachment budget in bytes: two pages' small inline groups hold their shares at once
+    /// (one permit per page made the second wait), a streamed leaf takes a database's whole
+    /// share, and no share is more than that: the memory bound stays `--databases-at-once`
+    /// groups of INLINE_GROUP_BYTES.
+    #[tokio::test]
+    async fn small_attachments_share_the_budget_and_large_ones_take_a_whole_share() {
+        let budget = attachment_budget(1);
+        let total = BUDGET_UNITS_PER_DATABASE as usize;
+        assert_eq!(budget.available_permits(), total);
+        let group = (4u64 << 10).div_ceil(BUDGET_UNIT_BYTES);
+        let first = budget_share(Some(&budget), group).await.unwrap();
+        let second = budget_share(Some(&budget), group).await.unwrap();
+        assert_eq!(budget.available_permits(), total - 8, "two groups of 4 KiB under way at once");
+        let streamed = tokio::time::timeout(
+            std::time::Duration::from_millis(50),
+            budget_share(Some(&budget), BUDGET_UNITS_PER_DATABASE),
+        )
+        .await;
+        assert!(streamed.is_err(), "a streamed leaf waits for the whole share");
+        drop((first, second));
+        let whole = budget_share(Some(&budget), u64::MAX).await.unwrap();
+        assert_eq!(budget.available_permits(), 0, "no share is more than a database's");
+        drop(whole);
+        assert!(budget_share(None, u64::MAX).await.unwrap().is_none(), "no budget, no wait");
+    }
+
     /// Refused leaves make the status 7 even though the read-back misses them; anything the
     /// refusals do not explain is 6.
     #[test]
