@@ -477,8 +477,9 @@ async fn write_page_gated(
 /// bytes' worth of the budget `attachments` (when given) while it is read and written, each
 /// streamed leaf a whole database's share ([`INLINE_GROUP_BYTES`]): so the attachment bytes in
 /// memory stay within the budget's `--databases-at-once` shares, while pages whose attachments
-/// are small (a few KiB) go on at once instead of waiting on each other's round trips (issue 38:
-/// one permit per page, four for the move, held the emulator at 0.08 of its raw rate).
+/// are small (a few KiB) go on at once instead of waiting on each other's round trips (one
+/// permit per page with any attachment let at most `--databases-at-once` pages of the whole move
+/// past that point at once, issue 38).
 async fn write_attached(
     ends: &CopyEnds<'_>,
     inline_groups: Vec<(InlineGroup, u64)>,
