@@ -106,6 +106,10 @@ pub struct MigrateArgs {
     /// With --all-databases: databases copied at once
     #[arg(long, value_name = "N", default_value_t = super::deployment::DEFAULT_DATABASES_AT_ONCE)]
     pub databases_at_once: usize,
+    /// With --all-databases: pages of one database written at once (1 to 16; the next one is
+    /// read meanwhile)
+    #[arg(long, value_name = "N", default_value_t = super::deployment::DEFAULT_PAGES_AT_ONCE)]
+    pub pages_at_once: usize,
     #[command(flatten)]
     pub pipeline: PipelineArgs,
 }
@@ -585,11 +589,16 @@ async fn migrate_databases(args: MigrateArgs, settings: &Settings, stop: super::
     if !(1..=MAX_CONCURRENCY).contains(&args.databases_at_once) {
         return Err(Error::invalid("databases-at-once", format!("must be 1 to {MAX_CONCURRENCY}")));
     }
+    let max_pages = super::deployment::MAX_PAGES_AT_ONCE;
+    if !(1..=max_pages).contains(&args.pages_at_once) {
+        return Err(Error::invalid("pages-at-once", format!("must be 1 to {max_pages}")));
+    }
     let (source, target) = open_sides(&args.from, &args.to, settings).await?;
     let options = MoveOptions {
         selection: Selection { include: args.dbs.clone(), exclude: args.excludes.clone() },
         batch_size: pipeline.batch_size,
         databases_at_once: args.databases_at_once,
+        pages_at_once: args.pages_at_once,
         checkpoint: pipeline.checkpoint.clone(),
         restart: pipeline.restart,
         follow: match (args.follow, args.until_caught_up) {

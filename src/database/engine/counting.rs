@@ -1,10 +1,14 @@
 //! For the engine's tests: a backend layer that records, in order, the calls a document write
 //! makes to the backend it wraps; with `fail_puts`, every `put` fails before writing (as a
 //! process killed between a save's local tree and its record leaves it) and `NeverWritten` is not
-//! checked, so a save from nothing writes its local tree first.
+//! checked, so a save from nothing writes its local tree first. With a pause
+//! ([`CountingBackend::pause_bulk_writes`]) each `bulk_write` waits before writing and the most
+//! of them in flight at once is kept, for tests of how many writes a caller overlaps.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use serde_json::{Map, Value};
 
@@ -15,11 +19,34 @@ pub(crate) struct CountingBackend {
     inner: Arc<dyn DocumentBackend>,
     calls: Mutex<Vec<&'static str>>,
     fail_puts: bool,
+    /// How long each `bulk_write` waits before writing (none by default).
+    bulk_pause: Mutex<Option<Duration>>,
+    bulk_in_flight: AtomicUsize,
+    most_bulk_in_flight: AtomicUsize,
 }
 
 impl CountingBackend {
     pub(crate) fn over(inner: Arc<dyn DocumentBackend>, fail_puts: bool) -> Arc<Self> {
-        Arc::new(CountingBackend { inner, calls: Mutex::new(Vec::new()), fail_puts })
+        Arc::new(CountingBackend {
+            inner,
+            calls: Mutex::new(Vec::new()),
+            fail_puts,
+            bulk_pause: Mutex::new(None),
+            bulk_in_flight: AtomicUsize::new(0),
+            most_bulk_in_flight: AtomicUsize::new(0),
+        })
+    }
+
+    /// Makes every later `bulk_write` wait `pause` before writing.
+    #[cfg(test)]
+    pub(crate) fn pause_bulk_writes(&self, pause: Duration) {
+        *self.bulk_pause.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(pause);
+    }
+
+    /// The most `bulk_write` calls that were in flight at once.
+    #[cfg(test)]
+    pub(crate) fn most_bulk_writes_at_once(&self) -> usize {
+        self.most_bulk_in_flight.load(Ordering::SeqCst)
     }
 
     /// The calls since the last time they were taken, in order.
@@ -96,6 +123,14 @@ impl crate::backend::raw::layer::Layered for CountingBackend {
 
     async fn bulk_write(&self, writes: Vec<BulkWrite>) -> Result<Vec<Result<Revision>>> {
         self.called("bulk_write");
-        self.inner.bulk_write(writes).await
+        let pause = *self.bulk_pause.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let now = self.bulk_in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most_bulk_in_flight.fetch_max(now, Ordering::SeqCst);
+        if let Some(pause) = pause {
+            tokio::time::sleep(pause).await;
+        }
+        let written = self.inner.bulk_write(writes).await;
+        self.bulk_in_flight.fetch_sub(1, Ordering::SeqCst);
+        written
     }
 }

@@ -82,15 +82,29 @@ use verify::VerifyReport;
 
 /// Databases copied at once by default.
 pub const DEFAULT_DATABASES_AT_ONCE: usize = 4;
-/// Pages of one database written at once (the next fetched meanwhile). One page at a time left a
-/// target whose every call is a round trip (DynamoDB, Firestore) waiting on each page's slowest
-/// chunk and its attachments before the next page began: a move into the Firestore emulator kept
-/// about 5 calls in flight where its raw bulk rate is measured with 16 (issue 38).
-pub const PAGES_WRITTEN_AT_ONCE: usize = 2;
+/// Pages of one database written at once by default (`--pages-at-once`; the next page fetched
+/// meanwhile). One page at a time left a target whose every call is a round trip (DynamoDB,
+/// Firestore) waiting on each page's slowest chunk and its attachments before the next page
+/// began: a move into the Firestore emulator kept about 5 calls in flight where its raw bulk
+/// rate is measured with 16 (issue 38). Not more by default: each page is up to
+/// `WRITES_AT_ONCE` (side.rs) bulk writes at once, and on DynamoDB each of those 16 `PutItem`s,
+/// so four pages of four databases kept about a thousand requests in flight and dynalite timed
+/// some out (issue 38, session 19).
+pub const DEFAULT_PAGES_AT_ONCE: usize = 2;
+/// The most pages of one database `--pages-at-once` takes: each page under way holds its stubs
+/// (`--batch-size` leaves without attachment bytes), so a database holds at most
+/// `MAX_PAGES_AT_ONCE + 1` pages of stubs; attachment bytes are bounded apart (module doc,
+/// "Memory").
+pub const MAX_PAGES_AT_ONCE: usize = 16;
 /// A leaf whose attachments add up to at most this many bytes travels inline (base64 in JSON).
 pub const INLINE_ATTACHMENT_BYTES: u64 = 256 << 10;
 /// Attachment bytes (as the stubs count them) of the inline leaves read and written at once.
 pub const INLINE_GROUP_BYTES: u64 = 4 << 20;
+/// The unit of the move's attachment budget: a database's share is [`INLINE_GROUP_BYTES`] of
+/// them, an inline group takes its bytes' worth (rounded up), a streamed leaf a whole share.
+const BUDGET_UNIT_BYTES: u64 = 1 << 10;
+/// A database's share of the attachment budget, in units.
+const BUDGET_UNITS_PER_DATABASE: u64 = INLINE_GROUP_BYTES / BUDGET_UNIT_BYTES;
 /// The pause between two passes of `--follow` that found nothing to do.
 const POLL_INTERVAL: Duration = Duration::from_millis(500);
 /// How often `--follow` reads each database's `_security` and `_revs_limit` again: they change
@@ -170,6 +184,8 @@ pub struct MoveOptions {
     pub batch_size: usize,
     /// Databases copied at once.
     pub databases_at_once: usize,
+    /// Pages of one database written at once (1 to [`MAX_PAGES_AT_ONCE`]; `--pages-at-once`).
+    pub pages_at_once: usize,
     /// The checkpoint directory; default [`Checkpoints::default_dir`].
     pub checkpoint: Option<PathBuf>,
     pub restart: bool,
@@ -189,6 +205,7 @@ impl Default for MoveOptions {
             selection: Selection::default(),
             batch_size: super::DEFAULT_BATCH_SIZE,
             databases_at_once: DEFAULT_DATABASES_AT_ONCE,
+            pages_at_once: DEFAULT_PAGES_AT_ONCE,
             checkpoint: None,
             restart: false,
             follow: FollowMode::Off,
@@ -357,12 +374,17 @@ fn travel(leaf: &Map<String, Value>, remote_target: bool) -> Travel {
     }
 }
 
+/// An inline group's leaves, as `(id, revs)` to read again with their attachments' bytes.
+type InlineGroup = Vec<(String, Vec<String>)>;
+
 /// A page's leaves sorted by how they travel: those without attachments, the inline ones in
 /// groups of at most [`INLINE_GROUP_BYTES`] (as `(id, revs)` to read again), the streamed ones.
 #[derive(Debug, Default)]
 struct Plan {
     plain: Vec<Map<String, Value>>,
     inline_groups: Vec<Vec<(String, Vec<String>)>>,
+    /// The attachment bytes of each inline group, in order.
+    inline_group_bytes: Vec<u64>,
     streamed: Vec<Map<String, Value>>,
 }
 
@@ -377,6 +399,7 @@ fn plan(leaves: Vec<Map<String, Value>>, remote_target: bool) -> Plan {
             Travel::Inline(bytes) => {
                 if !group.is_empty() && group_bytes.saturating_add(bytes) > INLINE_GROUP_BYTES {
                     plan.inline_groups.push(std::mem::take(&mut group));
+                    plan.inline_group_bytes.push(group_bytes);
                     group_bytes = 0;
                 }
                 group_bytes = group_bytes.saturating_add(bytes);
@@ -391,6 +414,7 @@ fn plan(leaves: Vec<Map<String, Value>>, remote_target: bool) -> Plan {
     }
     if !group.is_empty() {
         plan.inline_groups.push(group);
+        plan.inline_group_bytes.push(group_bytes);
     }
     plan
 }
@@ -411,37 +435,89 @@ pub async fn write_page(ends: &CopyEnds<'_>, leaves: Vec<Map<String, Value>>) ->
     write_page_gated(ends, leaves, None).await
 }
 
-/// [`write_page`], the leaves with attachments written while holding a permit of `attachments`
-/// (when given): pages written at once then share the one budget for attachment bytes that the
-/// "Memory" section of docs/migration.md gives a database, however many of its pages are under
-/// way.
+/// [`write_page`], the leaves with attachments written while holding their share of
+/// `attachments` (when given; [`write_attached`]): pages written at once then share the one
+/// budget for attachment bytes that the "Memory" section of docs/migration.md gives the move,
+/// however many of its pages are under way. The leaves without attachments are written beside those with (one page's plain write
+/// does not wait for its attachments' reads and uploads, three round trips each on Firestore),
+/// unless a document has leaves of both kinds: then one after the other, as two writers of one
+/// document would otherwise meet.
 async fn write_page_gated(
     ends: &CopyEnds<'_>,
     leaves: Vec<Map<String, Value>>,
     attachments: Option<&tokio::sync::Semaphore>,
 ) -> Result<Vec<Value>> {
-    let plan = plan(leaves, matches!(ends.target, Side::Remote(_)));
-    let mut failures =
-        if plan.plain.is_empty() { Vec::new() } else { ends.target.write_leaves(ends.target_db, plan.plain).await? };
-    if plan.inline_groups.is_empty() && plan.streamed.is_empty() {
+    let Plan { plain, inline_groups, inline_group_bytes, streamed } =
+        plan(leaves, matches!(ends.target, Side::Remote(_)));
+    let plain_ids: std::collections::HashSet<&str> =
+        plain.iter().filter_map(|leaf| leaf.get("_id").and_then(Value::as_str)).collect();
+    let shared = inline_groups.iter().flatten().any(|(id, _)| plain_ids.contains(id.as_str()))
+        || streamed.iter().any(|leaf| leaf.get("_id").and_then(Value::as_str).is_some_and(|id| plain_ids.contains(id)));
+    drop(plain_ids);
+    let plain_write = async {
+        match plain.is_empty() {
+            true => Ok(Vec::new()),
+            false => ends.target.write_leaves(ends.target_db, plain).await,
+        }
+    };
+    let groups: Vec<(InlineGroup, u64)> = inline_groups.into_iter().zip(inline_group_bytes).collect();
+    let attached_write = write_attached(ends, groups, streamed, attachments);
+    if shared {
+        let mut failures = plain_write.await?;
+        failures.extend(attached_write.await?);
         return Ok(failures);
     }
-    let _permit = match attachments {
-        Some(gate) => Some(
-            gate.acquire()
-                .await
-                .map_err(|_| Error::new(crate::error::ErrorKind::Internal, "the attachment budget was closed"))?,
-        ),
-        None => None,
-    };
-    for group in plan.inline_groups {
+    let (mut failures, attached) = futures::try_join!(plain_write, attached_write)?;
+    failures.extend(attached);
+    Ok(failures)
+}
+
+/// The leaves of a page with attachments: the inline groups (with their attachment bytes) read
+/// again with their bytes and written, then the streamed leaves. Each inline group holds its
+/// bytes' worth of the budget `attachments` (when given) while it is read and written, each
+/// streamed leaf a whole database's share ([`INLINE_GROUP_BYTES`]): so the attachment bytes in
+/// memory stay within the budget's `--databases-at-once` shares, while pages whose attachments
+/// are small (a few KiB) go on at once instead of waiting on each other's round trips (one
+/// permit per page with any attachment let at most `--databases-at-once` pages of the whole move
+/// past that point at once, issue 38).
+async fn write_attached(
+    ends: &CopyEnds<'_>,
+    inline_groups: Vec<(InlineGroup, u64)>,
+    streamed: Vec<Map<String, Value>>,
+    attachments: Option<&tokio::sync::Semaphore>,
+) -> Result<Vec<Value>> {
+    let mut failures = Vec::new();
+    for (group, bytes) in inline_groups {
+        let _share = budget_share(attachments, bytes.div_ceil(BUDGET_UNIT_BYTES)).await?;
         let docs = ends.source.read_leaves(ends.source_db, &group, true).await?;
         failures.extend(ends.target.write_leaves(ends.target_db, docs).await?);
     }
-    for leaf in plan.streamed {
+    for leaf in streamed {
+        let _share = budget_share(attachments, BUDGET_UNITS_PER_DATABASE).await?;
         failures.extend(ends.target.write_leaf_streamed(ends.target_db, leaf, ends.source, ends.source_db).await?);
     }
     Ok(failures)
+}
+
+/// `units` of the attachment budget (at least 1, at most a database's share), held until
+/// dropped; nothing without a budget.
+async fn budget_share(
+    budget: Option<&tokio::sync::Semaphore>,
+    units: u64,
+) -> Result<Option<tokio::sync::SemaphorePermit<'_>>> {
+    let Some(budget) = budget else { return Ok(None) };
+    let units = u32::try_from(units.clamp(1, BUDGET_UNITS_PER_DATABASE)).unwrap_or(u32::MAX);
+    budget
+        .acquire_many(units)
+        .await
+        .map(Some)
+        .map_err(|_| Error::new(crate::error::ErrorKind::Internal, "the attachment budget was closed"))
+}
+
+/// The move's attachment budget: `databases_at_once` shares of [`INLINE_GROUP_BYTES`].
+fn attachment_budget(databases_at_once: usize) -> tokio::sync::Semaphore {
+    let units = (databases_at_once.max(1) as u64).saturating_mul(BUDGET_UNITS_PER_DATABASE);
+    tokio::sync::Semaphore::new(usize::try_from(units).unwrap_or(usize::MAX).min(tokio::sync::Semaphore::MAX_PERMITS))
 }
 
 /// Runs a move until it is done, stopped by `stop`, or (following forever) stopped.
@@ -485,7 +561,7 @@ async fn run_on_board(
     let checkpoints = Checkpoints::open(&dir, &identity, options.restart)?;
     let stop = StopFlag::new(stop);
     let ticker = board.ticker();
-    let attachment_budget = tokio::sync::Semaphore::new(options.databases_at_once.max(1));
+    let attachment_budget = attachment_budget(options.databases_at_once);
     let mut mover = Mover {
         source,
         target,
@@ -560,9 +636,10 @@ struct Mover {
     settings_copied: Mutex<BTreeMap<String, Settings>>,
     /// When the settings were last read from the source.
     settings_checked: Option<Instant>,
-    /// One permit per database copied at once: the leaves with attachments of the pages being
-    /// written hold one, so writing PAGES_WRITTEN_AT_ONCE pages of a database does not raise the
-    /// move's attachment memory above `--databases-at-once` budgets.
+    /// A share of [`INLINE_GROUP_BYTES`] per database copied at once ([`attachment_budget`]):
+    /// the leaves with attachments of the pages being written hold their bytes' worth
+    /// ([`write_attached`]), so writing several pages at once does not raise the move's
+    /// attachment memory above `--databases-at-once` shares.
     attachment_budget: tokio::sync::Semaphore,
 }
 
@@ -736,7 +813,7 @@ impl Mover {
         // A database this pass created holds nothing but what this pass writes into it.
         let target_fresh = report.created;
         // Pages are fetched one after another, each while the pages before it are written, and
-        // up to PAGES_WRITTEN_AT_ONCE are written at once; a page is checkpointed once it and
+        // up to `pages_at_once` are written at once; a page is checkpointed once it and
         // every page before it are written, so a checkpoint never passes an unwritten page.
         // (Boxed futures and a loop, not stream adapters over closures: those trip rustc's
         // higher-ranked `Send` check where the service spawns a run.)
@@ -744,7 +821,8 @@ impl Mover {
         let mut writing: FuturesOrdered<PageWrite<'_>> = FuturesOrdered::new();
         let mut finished = false;
         loop {
-            let may_fetch = fetching.is_some() && writing.len() < PAGES_WRITTEN_AT_ONCE;
+            let may_fetch =
+                fetching.is_some() && writing.len() < self.options.pages_at_once.clamp(1, MAX_PAGES_AT_ONCE);
             tokio::select! {
                 biased;
                 Some(written) = writing.next(), if !writing.is_empty() => {
@@ -812,6 +890,8 @@ mod tests {
     struct CountingCatalog {
         inner: crate::backend::catalog::EmbeddedCatalog,
         layers: Mutex<std::collections::HashMap<String, Arc<crate::database::engine::counting::CountingBackend>>>,
+        /// How long each `bulk_write` of every database waits (none: at once).
+        bulk_pause: Option<std::time::Duration>,
     }
 
     impl CountingCatalog {
@@ -821,9 +901,13 @@ mod tests {
             backend: Arc<dyn crate::backend::DocumentBackend>,
         ) -> Arc<dyn crate::backend::DocumentBackend> {
             let mut layers = self.layers.lock().unwrap();
-            let layer = layers
-                .entry(name.to_string())
-                .or_insert_with(|| crate::database::engine::counting::CountingBackend::over(backend, false));
+            let layer = layers.entry(name.to_string()).or_insert_with(|| {
+                let layer = crate::database::engine::counting::CountingBackend::over(backend, false);
+                if let Some(pause) = self.bulk_pause {
+                    layer.pause_bulk_writes(pause);
+                }
+                layer
+            });
             Arc::clone(layer) as Arc<dyn crate::backend::DocumentBackend>
         }
 
@@ -889,6 +973,7 @@ mod tests {
         let target_catalog = Arc::new(CountingCatalog {
             inner: crate::backend::catalog::EmbeddedCatalog::new(&dir.path().join("target.redb"), Default::default()),
             layers: Mutex::new(Default::default()),
+            bulk_pause: None,
         });
         let target = Arc::new(crate::database::Databases::new(Some(target_catalog.clone()), 4));
         let existing = target.create(&DbName::parse("existing").unwrap()).await.unwrap();
@@ -941,6 +1026,78 @@ mod tests {
         assert!(refused.is_empty(), "{refused:?}");
         let merged = fresh.read("late").await.unwrap().unwrap();
         assert_eq!(merged.tree.leaves().len(), 2, "the other writer's branch and the copied one");
+    }
+
+    /// `pages_at_once` pages of a database are written at once, no more: with every bulk write
+    /// of the target slowed down, a move of 20 pages of 100 documents (one bulk write a page)
+    /// keeps exactly that many in flight, and every document arrives.
+    #[tokio::test]
+    async fn a_database_s_pages_are_written_as_many_at_once_as_asked() {
+        let dir = tempfile::tempdir().unwrap();
+        let source_catalog = Arc::new(crate::backend::catalog::EmbeddedCatalog::new(
+            &dir.path().join("source.redb"),
+            Default::default(),
+        ));
+        let source = Arc::new(crate::database::Databases::new(Some(source_catalog), 4));
+        let db = source.create(&DbName::parse("pages").unwrap()).await.unwrap();
+        let docs: Vec<_> = (0..2000).map(|i| replicated(&format!("doc{i:04}"), "1-aaaa", i)).collect();
+        for answers in db.write_many(&docs).await.unwrap() {
+            answers.unwrap().into_iter().for_each(|answer| drop(answer.unwrap()));
+        }
+        for pages_at_once in [1, 4] {
+            let target_catalog = Arc::new(CountingCatalog {
+                inner: crate::backend::catalog::EmbeddedCatalog::new(
+                    &dir.path().join(format!("target{pages_at_once}.redb")),
+                    Default::default(),
+                ),
+                layers: Mutex::new(Default::default()),
+                bulk_pause: Some(std::time::Duration::from_millis(40)),
+            });
+            let target = Arc::new(crate::database::Databases::new(Some(target_catalog.clone()), 4));
+            let options = MoveOptions {
+                batch_size: 100,
+                pages_at_once,
+                verify: false,
+                checkpoint: Some(dir.path().join(format!("checkpoints{pages_at_once}"))),
+                ..MoveOptions::default()
+            };
+            let stop: StopSignal = Box::pin(futures::future::pending());
+            let source_side = Side::local(Arc::clone(&source), "source");
+            let report = run(source_side, Side::local(Arc::clone(&target), "target"), options, stop).await.unwrap();
+            assert_eq!(report.status, MoveStatus::Complete);
+            assert_eq!(report.totals.docs_seen, 2000);
+            let most = target_catalog.layers.lock().unwrap()["pages"].most_bulk_writes_at_once();
+            assert_eq!(most, pages_at_once, "bulk writes in flight at once with pages_at_once {pages_at_once}");
+            let copied = target.open(&DbName::parse("pages").unwrap()).await.unwrap().unwrap();
+            let ids: Vec<String> = (0..2000).map(|i| format!("doc{i:04}")).collect();
+            assert!(copied.read_many(&ids).await.unwrap().iter().all(Option::is_some), "every document copied");
+        }
+    }
+
+    /// The attachment budget in bytes: two pages' small inline groups hold their shares at once
+    /// (one permit per page made the second wait), a streamed leaf takes a database's whole
+    /// share, and no share is more than that: the memory bound stays `--databases-at-once`
+    /// groups of INLINE_GROUP_BYTES.
+    #[tokio::test]
+    async fn small_attachments_share_the_budget_and_large_ones_take_a_whole_share() {
+        let budget = attachment_budget(1);
+        let total = BUDGET_UNITS_PER_DATABASE as usize;
+        assert_eq!(budget.available_permits(), total);
+        let group = (4u64 << 10).div_ceil(BUDGET_UNIT_BYTES);
+        let first = budget_share(Some(&budget), group).await.unwrap();
+        let second = budget_share(Some(&budget), group).await.unwrap();
+        assert_eq!(budget.available_permits(), total - 8, "two groups of 4 KiB under way at once");
+        let streamed = tokio::time::timeout(
+            std::time::Duration::from_millis(50),
+            budget_share(Some(&budget), BUDGET_UNITS_PER_DATABASE),
+        )
+        .await;
+        assert!(streamed.is_err(), "a streamed leaf waits for the whole share");
+        drop((first, second));
+        let whole = budget_share(Some(&budget), u64::MAX).await.unwrap();
+        assert_eq!(budget.available_permits(), 0, "no share is more than a database's");
+        drop(whole);
+        assert!(budget_share(None, u64::MAX).await.unwrap().is_none(), "no budget, no wait");
     }
 
     /// Refused leaves make the status 7 even though the read-back misses them; anything the

@@ -59,11 +59,12 @@ pub type ReadStates = HashMap<String, Option<DocState>>;
 pub type ReadForWrite = Arc<std::sync::Mutex<HashMap<String, VecDeque<ReadStates>>>>;
 
 /// Pages of read states kept per database for the writes that follow: a copy fetches the next
-/// page while it writes the ones before ([`super::PAGES_WRITTEN_AT_ONCE`] of them), so a later
+/// page while it writes the ones before (`--pages-at-once` of them, at most
+/// [`super::MAX_PAGES_AT_ONCE`]), so a later
 /// page's states can arrive before an earlier page's write has taken its own (`missing` never
 /// waits on the network when it assumes, so this is the usual order then). An older page's
 /// states not taken by then are dropped: its write read its documents itself.
-const PAGES_OF_STATES_KEPT: usize = super::PAGES_WRITTEN_AT_ONCE + 1;
+const PAGES_OF_STATES_KEPT: usize = super::MAX_PAGES_AT_ONCE + 1;
 
 /// Keeps a page's read states for its write.
 fn keep_states(read: &ReadForWrite, db: &str, states: ReadStates) {
@@ -953,11 +954,13 @@ mod tests {
             "the first page's states, after the second's"
         );
         assert_eq!(take_states(&read, "db", &docs(&["a"])).len(), 0, "taken once");
-        for later in ["d", "e", "f"].iter().take(PAGES_OF_STATES_KEPT) {
-            keep_states(&read, "db", page(&[later]));
+        let later: Vec<String> = (0..PAGES_OF_STATES_KEPT).map(|n| format!("p{n}")).collect();
+        let later: Vec<&str> = later.iter().map(String::as_str).collect();
+        for id in &later {
+            keep_states(&read, "db", page(&[id]));
         }
         assert_eq!(take_states(&read, "db", &docs(&["c"])).len(), 0, "older than the pages kept");
-        assert_eq!(take_states(&read, "db", &docs(&["d", "e", "f"])).len(), PAGES_OF_STATES_KEPT);
+        assert_eq!(take_states(&read, "db", &docs(&later)).len(), PAGES_OF_STATES_KEPT);
         assert!(read.lock().unwrap().is_empty(), "nothing left behind");
     }
 
