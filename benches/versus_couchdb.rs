@@ -550,19 +550,7 @@ async fn seed(site: &Site, config: &Config) -> Result<(), String> {
     let db = &site.db;
     site.send_json(http, Method::PUT, &format!("/{db}"), None).await?;
     site.send_json(http, Method::PUT, &format!("/{}", site.write_db), None).await?;
-    for start in (0..config.docs).step_by(SEED_BATCH) {
-        let docs: Vec<Value> = (start..(start + SEED_BATCH).min(config.docs))
-            .map(|i| {
-                let mut doc = doc_body(i);
-                doc["_id"] = json!(doc_id(i));
-                doc
-            })
-            .collect();
-        let count = docs.len();
-        let rows =
-            site.send_json(http, Method::POST, &format!("/{db}/_bulk_docs"), Some(&json!({ "docs": docs }))).await?;
-        bulk_rows_ok(&rows, count)?;
-    }
+    load_docs(site, http, db, config.docs).await?;
     let design = json!({
         "views": { "v": { "map": "function (doc) { if (doc.type) { emit(doc.type, doc.n); } }", "reduce": "_sum" } }
     });
@@ -732,7 +720,13 @@ async fn load_build_db(site: &Site, docs: usize) -> Result<(), String> {
     let http = &site.connections[0];
     site.send_json(http, Method::PUT, &format!("/{}", site.build_db), None).await?;
     site.build_db_loaded.store(true, Ordering::Relaxed);
-    let path = format!("/{}/_bulk_docs", site.build_db);
+    load_docs(site, http, &site.build_db, docs).await
+}
+
+/// Loads documents `0..docs` of the seeded shape (`d000042`, [`doc_body`]) into `db` by
+/// `_bulk_docs` of [`SEED_BATCH`], each row checked.
+async fn load_docs(site: &Site, http: &reqwest::Client, db: &str, docs: usize) -> Result<(), String> {
+    let path = format!("/{db}/_bulk_docs");
     for start in (0..docs).step_by(SEED_BATCH) {
         let batch: Vec<Value> = (start..(start + SEED_BATCH).min(docs))
             .map(|i| {
@@ -742,7 +736,8 @@ async fn load_build_db(site: &Site, docs: usize) -> Result<(), String> {
             })
             .collect();
         let count = batch.len();
-        bulk_rows_ok(&site.send_json(http, Method::POST, &path, Some(&json!({ "docs": batch }))).await?, count)?;
+        let rows = site.send_json(http, reqwest::Method::POST, &path, Some(&json!({ "docs": batch }))).await?;
+        bulk_rows_ok(&rows, count)?;
     }
     Ok(())
 }
