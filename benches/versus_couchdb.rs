@@ -703,6 +703,13 @@ async fn measure_view_builds(sites: &[Site], config: &Config) -> Vec<Outcome> {
             let Ok(sum) = &mut outcomes[index] else { continue };
             match build_once(&sites[index], segment, config.view_build_docs).await {
                 Ok(took) => {
+                    // Each build's time in the order run: builds of one target can differ more
+                    // than targets do, and the table keeps only their sum and quantiles.
+                    eprintln!(
+                        "  view_build, segment {segment}: {}: {:.2} s",
+                        sites[index].running.label,
+                        took.as_secs_f64()
+                    );
                     sum.elapsed += took;
                     sum.sorted.push(took);
                     sum.sorted.sort();

@@ -454,14 +454,17 @@ async fn write_page_gated(
     let shared = inline_groups.iter().flatten().any(|(id, _)| plain_ids.contains(id.as_str()))
         || streamed.iter().any(|leaf| leaf.get("_id").and_then(Value::as_str).is_some_and(|id| plain_ids.contains(id)));
     drop(plain_ids);
-    let plain_write = async {
+    // Both writes boxed: side by side inline, their states made this function's future large
+    // enough to overflow a 2 MiB thread stack where the replicator's job (which awaits it through
+    // `write_page`) was polled in a debug build (contract `crash_sweep_replication_job`).
+    let plain_write = Box::pin(async {
         match plain.is_empty() {
             true => Ok(Vec::new()),
             false => ends.target.write_leaves(ends.target_db, plain).await,
         }
-    };
+    });
     let groups: Vec<(InlineGroup, u64)> = inline_groups.into_iter().zip(inline_group_bytes).collect();
-    let attached_write = write_attached(ends, groups, streamed, attachments);
+    let attached_write = Box::pin(write_attached(ends, groups, streamed, attachments));
     if shared {
         let mut failures = plain_write.await?;
         failures.extend(attached_write.await?);
