@@ -326,8 +326,16 @@ async fn a_plain_data_store_read_is_couchdbs_own_answer() {
     let id = front.put("u1", "notes", "read").await;
     front.backend_requests();
     let path = format!("/{}", encode(&id));
-    let through = front.client.get(format!("{}{path}", front.api)).send().await.expect("the API answers");
+    // `Accept: */*`, as aiohttp sends it: the server behind may answer `text/plain` to that
+    // (pouchdb-server does); the answer is JSON, as every read of a document here is.
+    let through =
+        front.client.get(format!("{}{path}", front.api)).header("accept", "*/*").send().await.expect("the API answers");
     assert_eq!(through.status().as_u16(), 200);
+    assert_eq!(
+        through.headers().get("content-type").and_then(|t| t.to_str().ok()),
+        Some("application/json"),
+        "a document is JSON, whatever type the server behind gave it"
+    );
     let etag = through.headers().get("etag").cloned();
     let through = through.text().await.expect("a body");
     let requests = front.backend_requests();

@@ -105,15 +105,22 @@ fn confinement_of(request: &Request) -> Option<Confinement> {
     identity.require().ok().map(|principal| principal.confinement())
 }
 
-/// CouchDB's 200 as it came: status, the headers [`DesignResponse`] keeps (type, length, `ETag`),
-/// and the body streamed.
+/// CouchDB's 200 as it came: status, the headers [`DesignResponse`] keeps (length, `ETag`), and
+/// the body streamed; its type is `application/json`, as the engine's read answers it, whatever
+/// the server behind said (pouchdb-server, like CouchDB for a client that does not ask for JSON,
+/// answers `text/plain`, which JSON clients such as aiocouch refuse: suite
+/// `couchdb_clients::aiocouch` over the CouchDB backend).
 fn passed_on(answer: DesignResponse) -> Response {
     let mut response = (StatusCode::OK, axum::body::Body::from_stream(answer.body)).into_response();
     for (name, value) in answer.headers {
+        if name.eq_ignore_ascii_case(header::CONTENT_TYPE.as_str()) {
+            continue;
+        }
         if let (Ok(name), Ok(value)) = (header::HeaderName::try_from(name), HeaderValue::try_from(value)) {
             response.headers_mut().insert(name, value);
         }
     }
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     response
 }
 
