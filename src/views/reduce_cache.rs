@@ -172,18 +172,26 @@ impl ReduceCache {
     pub fn put(&self, key: ReduceKey, ticket: Ticket, rows: &ReduceAnswer) {
         let answer_bytes = serde_json::to_string(rows).map_or(usize::MAX, |text| text.len());
         let bytes = answer_bytes.saturating_add(key.bytes());
-        if bytes > ENTRY_BYTES {
-            return;
-        }
-        let mut inner = self.lock();
-        if inner.generations.get(&key.number).copied().unwrap_or(0) != ticket.0 {
-            return;
-        }
-        inner.make_room(bytes);
+        let Some(mut inner) = self.admit(key.number, ticket, bytes) else { return };
         if let Some(replaced) = inner.entries.insert(key, Entry { rows: rows.clone(), bytes }) {
             inner.bytes -= replaced.bytes;
         }
         inner.bytes += bytes;
+    }
+
+    /// The cache locked with room made for an entry of `bytes` of group `number`; `None` when the
+    /// entry is too large to keep or the group was written since `ticket` was taken (what was
+    /// read may predate that write).
+    fn admit(&self, number: u64, ticket: Ticket, bytes: usize) -> Option<std::sync::MutexGuard<'_, Inner>> {
+        if bytes > ENTRY_BYTES {
+            return None;
+        }
+        let mut inner = self.lock();
+        if inner.generations.get(&number).copied().unwrap_or(0) != ticket.0 {
+            return None;
+        }
+        inner.make_room(bytes);
+        Some(inner)
     }
 
     /// The offset kept for `key`, if any.
@@ -200,14 +208,7 @@ impl ReduceCache {
     /// written since.
     pub fn put_offset(&self, key: OffsetKey, ticket: Ticket, offset: u64) {
         let bytes = key.bytes();
-        if bytes > ENTRY_BYTES {
-            return;
-        }
-        let mut inner = self.lock();
-        if inner.generations.get(&key.number).copied().unwrap_or(0) != ticket.0 {
-            return;
-        }
-        inner.make_room(bytes);
+        let Some(mut inner) = self.admit(key.number, ticket, bytes) else { return };
         // A key kept already holds the same count (the generation is unchanged) and its bytes.
         if inner.offsets.insert(key, offset).is_none() {
             inner.bytes += bytes;
