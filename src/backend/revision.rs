@@ -55,7 +55,8 @@ impl RevisionId {
     /// built a character at a time, then copied) was a tenth of a `_changes` page (issue 38).
     pub fn to_revision(self) -> Revision {
         let mut digits = [0u8; 2 * TOKEN_BYTES];
-        token_hex(&self.token, &mut digits);
+        // The lengths match (two digits a byte), so this cannot fail.
+        let _ = hex::encode_to_slice(self.token, &mut digits);
         let mut generation = itoa::Buffer::new();
         let generation = generation.format(self.generation);
         let mut text = String::with_capacity(generation.len() + 1 + digits.len());
@@ -66,23 +67,15 @@ impl RevisionId {
     }
 }
 
-/// Lowercase hex of a revision token, written into `out`.
-fn token_hex(token: &[u8; TOKEN_BYTES], out: &mut [u8; 2 * TOKEN_BYTES]) {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    for (byte, pair) in token.iter().zip(out.chunks_exact_mut(2)) {
-        pair[0] = DIGITS[usize::from(byte >> 4)];
-        pair[1] = DIGITS[usize::from(byte & 0x0f)];
-    }
-}
-
-/// A revision token's 32 lowercase hex digits as a `String`.
+/// A revision token's 32 lowercase hex digits as a `String`, written into one buffer sized for
+/// it (`hex::encode_to_slice`; `hex::encode` builds its `String` a character at a time); any
+/// other length through `hex::encode`.
 fn token_text(token: &[u8]) -> String {
     let mut digits = [0u8; 2 * TOKEN_BYTES];
-    match <&[u8; TOKEN_BYTES]>::try_from(token) {
-        Ok(token) => token_hex(token, &mut digits),
-        Err(_) => return hex::encode(token),
+    match hex::encode_to_slice(token, &mut digits) {
+        Ok(()) => hex_str(&digits).to_owned(),
+        Err(_) => hex::encode(token),
     }
-    hex_str(&digits).to_owned()
 }
 
 /// Hex digits as text (they are ASCII, so the check cannot fail).
