@@ -961,10 +961,12 @@ pub fn attachments_unsupported(store: &str) -> crate::error::Error {
 /// A record and a local document read in one snapshot ([`DocumentBackend::record_with_local`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct RecordWithLocal {
-    /// The record's revision information (as `revisions` answers it) and its body (a
-    /// tombstone's: the fields its deletion carried, empty when none); `None` when nothing is
-    /// stored under the id.
-    pub record: Option<(RevisionInfo, Map<String, Value>)>,
+    /// The record's revision information (as `revisions` answers it) and its body as the
+    /// stored JSON text of an object, unparsed (a tombstone's: the fields its deletion carried,
+    /// empty text when none); `None` when nothing is stored under the id. Text, so that a read
+    /// answering the body as stored (the data-store `GET` of a document with no other leaves:
+    /// `crate::database::layout::data_store`) copies it instead of parsing and writing it again.
+    pub record: Option<(RevisionInfo, Vec<u8>)>,
     /// The local document, as `get_local` answers it.
     pub local: Option<StoredDocument>,
 }

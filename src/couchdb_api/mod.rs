@@ -481,6 +481,12 @@ pub(crate) fn json(status: axum::http::StatusCode, body: serde_json::Value) -> R
     (status, axum::Json(body)).into_response()
 }
 
+/// A response of JSON text already written, labelled as [`json`] labels its own.
+pub(crate) fn json_text(status: axum::http::StatusCode, text: String) -> Response {
+    let content_type = [(axum::http::header::CONTENT_TYPE, axum::http::HeaderValue::from_static("application/json"))];
+    (status, content_type, text).into_response()
+}
+
 /// The view index files this process may claim over the backend `url` (described as
 /// `describe`), first tried first ([`crate::views::index_file`], docs/views.md): slots
 /// `views-{digest}-{k}.redb` in `couchdb_view_index_dir`, else the one file beside an embedded

@@ -82,7 +82,7 @@ use serde_json::{Map, Value};
 use super::attachments::{AttachmentStore, GarbageCollected};
 use super::doc_attachments;
 use super::layout::record::{gone_is_conflict, record_of, record_text, TREE_PREFIX};
-use super::layout::{must_save, LaidOut, Layout, LayoutToken, LocalNames, RepairableLayout, TreeLayout};
+use super::layout::{must_save, LaidOut, Layout, LayoutToken, LocalNames, RepairableLayout, Served, TreeLayout};
 use super::rev_id;
 use super::rev_tree::{parse_rev, EditError, MergeOutcome, RevPath, RevTree};
 use crate::backend::revision::random_token;
@@ -616,6 +616,18 @@ impl Database {
         Ok(state)
     }
 
+    /// The document as a plain read of its winner (no query option) serves it: [`Database::read`],
+    /// except that a data-store document with no other leaves comes as its record's text
+    /// ([`Layout::read_served`]); `None` when it was never written (or was purged).
+    pub async fn read_served(&self, id: &str) -> Result<Option<Served<LayoutToken>>> {
+        if id.is_empty() {
+            return Ok(None);
+        }
+        let served = self.while_open(self.layout.read_served(id)).await?;
+        self.record_reads(usize::from(served.is_some()));
+        Ok(served)
+    }
+
     /// The states of many documents, one per id, in order (a deletion met cut before its
     /// tombstone is finished: [`repairing`]).
     pub async fn read_many(&self, ids: &[String]) -> Result<Vec<Option<DocState>>> {
@@ -1079,6 +1091,26 @@ impl Database {
         let (cut_deletions, items): (Vec<_>, Vec<_>) = listed.into_iter().partition(|(_, state)| state.deleted());
         self.finish_cut_deletions(cut_deletions.iter().map(|(id, state)| (id.as_str(), state))).await;
         Ok(Page { items, next })
+    }
+
+    /// [`Database::all_docs`] as a listing with documents (and no query option on them) serves
+    /// it, where the layout and the backend can: a data-store document with no other leaves as
+    /// its record's text, listed from the records' stored text ([`Layout::listed_served`]);
+    /// `None` elsewhere (the caller lists with [`Database::all_docs`]).
+    pub async fn all_docs_served(
+        &self,
+        range: &IdRange,
+        limit: usize,
+        token: Option<&str>,
+    ) -> Result<Option<Page<(String, Served<LayoutToken>)>>> {
+        if !self.layout.lists_served() {
+            return Ok(None);
+        }
+        let Some(page) = self.while_open(self.backend.all_docs_stored_text(range, limit, token)).await? else {
+            return Ok(None);
+        };
+        let listed = self.while_open(async { self.layout.listed_served(page.items).await.transpose() }).await?;
+        Ok(listed.map(|items| Page { items, next: page.next }))
     }
 
     /// One page of the backend's listing with each document's state: from the records' stored

@@ -195,7 +195,10 @@ impl DocumentBackend for EmbeddedBackend {
         let (id, local_name) = (id.to_owned(), local_name.to_owned());
         self.blocking(move |db| {
             let txn = db.begin_read().map_err(map_redb("begin read"))?;
-            Ok(Some(RecordWithLocal { record: core::record_in(&txn, &id)?, local: local::get_in(&txn, &local_name)? }))
+            Ok(Some(RecordWithLocal {
+                record: core::record_text_in(&txn, &id)?,
+                local: local::get_in(&txn, &local_name)?,
+            }))
         })
         .await
     }

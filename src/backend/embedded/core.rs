@@ -167,19 +167,20 @@ fn tombstone_body(id: &str, json: &[u8]) -> Result<Map<String, Value>> {
 }
 
 /// The record of `id` as `revisions` and then `get` (live) or `get_deleted` (a tombstone)
-/// answer it, read in the transaction `txn`; `None` when nothing is stored under `id`.
-pub(super) fn record_in(txn: &ReadTransaction, id: &str) -> Result<Option<(RevisionInfo, Map<String, Value>)>> {
+/// answer it, its body as the stored JSON text (empty for a tombstone without fields), read in
+/// the transaction `txn`; `None` when nothing is stored under `id`.
+pub(super) fn record_text_in(txn: &ReadTransaction, id: &str) -> Result<Option<(RevisionInfo, Vec<u8>)>> {
     let docs = txn.open_table(DOCS).map_err(map_redb("open docs table"))?;
     let (header, deleted, body) = match docs.get(id).map_err(map_redb("read document"))? {
         Some(guard) => {
-            let (header, body) = codec::decode(id, guard.value())?;
-            (header, false, body)
+            let (header, json) = codec::split(id, guard.value())?;
+            (header, false, json.to_vec())
         }
         None => {
             let tombstones = txn.open_table(TOMBSTONES).map_err(map_redb("open tombstones table"))?;
             let Some(guard) = tombstones.get(id).map_err(map_redb("read tombstone"))? else { return Ok(None) };
             let (header, json) = codec::split(id, guard.value())?;
-            (header, true, tombstone_body(id, json)?)
+            (header, true, json.to_vec())
         }
     };
     let ancestry = txn.open_table(ANCESTRY).map_err(map_redb("open ancestry table"))?;

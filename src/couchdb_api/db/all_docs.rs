@@ -26,6 +26,7 @@ use crate::couchdb_api::listing::{
 use crate::couchdb_api::local_docs::ListingRequest;
 use crate::couchdb_api::{json, Answer, CouchState};
 use crate::database::data_store_rules::Confinement;
+use crate::database::layout::{write_json_string, LayoutToken, Served, WinnerText};
 use crate::database::{Database, DocState};
 
 /// `GET /{db}/_all_docs`.
@@ -273,9 +274,10 @@ async fn update_seq(state: &CouchState, db: &Database, confinement: &Confinement
     state.auth.sessions.positions().shown(&principal, &db.backend().change_position().await?)
 }
 
-/// A document of a range with its document shown inline, if asked, and (on a page's first) the
-/// page's shares of the inline budget.
-type RangeItem = (String, DocState, Option<Value>, Option<super::inline::PartShares>);
+/// A document of a range (its state, or the text of a data-store record served as stored) with
+/// its document shown inline, if asked, and (on a page's first) the page's shares of the inline
+/// budget.
+type RangeItem = (String, Served<LayoutToken>, Option<Value>, Option<super::inline::PartShares>);
 
 /// The rows of a range, one backend page at a time ([`paged_rows`]).
 fn range_rows(
@@ -286,6 +288,9 @@ fn range_rows(
 ) -> impl futures::Stream<Item = crate::Result<Bytes>> {
     let (skip, limit) = (request.skip, request.limit);
     let sizer = PageSizer::for_listing_of(request.include_docs, db.listed_row_bytes());
+    // Documents shown as stored where nothing in them changes: with no option on the shown
+    // document and no attachment inline (issue 38: `Database::all_docs_served`).
+    let as_stored = request.include_docs && !request.conflicts && inline.is_none();
     let request = Arc::new(request);
     let inline = Arc::new(inline);
     let fetching = Arc::clone(&request);
@@ -294,6 +299,12 @@ fn range_rows(
         let range = range.clone();
         let (request, inline) = (Arc::clone(&fetching), Arc::clone(&inline));
         async move {
+            if as_stored {
+                if let Some(page) = db.all_docs_served(&range, want, token.as_deref()).await? {
+                    let items = page.items.into_iter().map(|(id, served)| (id, served, None, None)).collect();
+                    return Ok(crate::backend::Page { items, next: page.next });
+                }
+            }
             let page = match request.conflicts && request.include_docs {
                 true => db.all_docs_whole(&range, want, token.as_deref()).await?,
                 false => db.all_docs(&range, want, token.as_deref()).await?,
@@ -307,7 +318,7 @@ fn range_rows(
                     let doc = inlined_doc(&db, &id, &state, &request, inline.as_ref().as_ref())
                         .await
                         .map_err(CouchError::carried)?;
-                    items.push((id, state, doc, None));
+                    items.push((id, Served::State(state), doc, None));
                 }
                 Ok::<_, crate::Error>(items)
             })
@@ -319,8 +330,26 @@ fn range_rows(
             Ok(crate::backend::Page { items, next: page.next })
         }
     };
-    let render = move |(id, state, doc, _shares): &RangeItem| {
-        Ok(row(id, state, &request, doc.as_ref()).map(|row| row.to_string()))
+    let render = move |(id, served, doc, _shares): &RangeItem| match served {
+        Served::Alone(winner) => Ok(Some(stored_row(id, winner))),
+        Served::State(state) => Ok(row(id, state, &request, doc.as_ref()).map(|row| row.to_string())),
     };
     paged_rows(fetch, render, skip, limit, sizer)
+}
+
+/// The row of a live document with its document, written from its record's text: what [`row`]
+/// writes for it (`id`, `key`, `value` with the revision, then `doc`), without parsing the body.
+fn stored_row(id: &str, winner: &WinnerText) -> String {
+    let mut text = String::with_capacity(winner.json.len() + 3 * id.len() + 96);
+    let quoted_id = serde_json::to_string(id).unwrap_or_default();
+    text.push_str("{\"id\":");
+    text.push_str(&quoted_id);
+    text.push_str(",\"key\":");
+    text.push_str(&quoted_id);
+    text.push_str(",\"value\":{\"rev\":");
+    write_json_string(winner.rev.as_str(), &mut text);
+    text.push_str("},\"doc\":");
+    winner.write_document(id, &mut text);
+    text.push('}');
+    text
 }

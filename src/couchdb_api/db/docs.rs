@@ -26,6 +26,7 @@ use crate::couchdb_api::response::{etag, not_modified};
 use crate::couchdb_api::{json, Answer, CouchState};
 use crate::database::doc_attachments::has_attachments;
 use crate::database::document::{self, check_id, ClientDoc};
+use crate::database::layout::Served;
 use crate::database::rev_tree::{parse_rev, Leaf, RevTree};
 use crate::database::{Database, Write, Written};
 
@@ -151,6 +152,9 @@ fn read_options(params: &HashMap<String, String>) -> CouchResult<DocOptions> {
 }
 
 async fn read_document(db: &Database, id: &str, params: &HashMap<String, String>, headers: &HeaderMap) -> Answer {
+    if params.is_empty() {
+        return read_plain(db, id, headers).await;
+    }
     let params = &without_empty_open_revs(params);
     // `open_revs` is what a replicator fetches leaves by: that read repairs, as `_bulk_get` does.
     let state = if params.contains_key("open_revs") { db.read_repairing(id).await? } else { db.read(id).await? };
@@ -199,6 +203,28 @@ async fn read_document(db: &Database, id: &str, params: &HashMap<String, String>
             Ok(json(StatusCode::OK, answer))
         }
         other => Ok(other.into_response()),
+    }
+}
+
+/// A read with no query option: the winner as it is. A data-store document with no other leaves
+/// is answered from its record's text, unparsed ([`Database::read_served`]: issue 38); any other
+/// as [`answer_read`] answers it from the tree.
+async fn read_plain(db: &Database, id: &str, headers: &HeaderMap) -> Answer {
+    let no_params = HashMap::new();
+    match db.read_served(id).await? {
+        Some(Served::Alone(winner)) => {
+            let rev = winner.rev.as_str();
+            if not_modified(headers, rev) {
+                return Ok(ReadValue::NotModified(rev.to_owned()).into_response());
+            }
+            let mut text = String::new();
+            winner.write_document(id, &mut text);
+            let mut response = crate::couchdb_api::json_text(StatusCode::OK, text);
+            response.headers_mut().insert(header::ETAG, etag(rev));
+            Ok(response)
+        }
+        Some(Served::State(state)) => answer_read(id, Some(&state.tree), &no_params, headers),
+        None => answer_read(id, None, &no_params, headers),
     }
 }
 

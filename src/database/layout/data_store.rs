@@ -51,11 +51,11 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::{KeptBodies, LaidOut, RepairableLayout, TreeLayout};
+use super::{KeptBodies, LaidOut, RepairableLayout, Served, TreeLayout, WinnerText};
 use crate::backend::rev_tree::{Leaf, MergeOutcome, RevPath, RevTree, StoredLeaves, StoredTree};
 use crate::backend::{
-    DocumentBackend, EraseOptions, Precondition, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo,
-    StoredDocument,
+    DocumentBackend, EraseOptions, Precondition, RecordWithLocal, ReplicatedOutcome, ReplicatedRevision, Revision,
+    RevisionInfo, StoredDocument, StoredText,
 };
 use crate::error::{Error, ErrorKind, Result};
 
@@ -165,6 +165,16 @@ impl DataStoreLayout {
         self.view().save_over(id, token, tree).await
     }
 
+    /// [`DataStoreView::read_served`].
+    pub(super) async fn read_served(&self, id: &str) -> Result<Option<Served<SideToken>>> {
+        self.view().read_served(id).await
+    }
+
+    /// [`DataStoreView::listed_served`].
+    pub(super) async fn listed_served(&self, documents: Vec<StoredText>) -> Result<Vec<(String, Served<SideToken>)>> {
+        self.view().listed_served(documents).await
+    }
+
     /// [`DataStoreView::erase_of`].
     pub(super) async fn erase_of(&self, id: &str, token: &SideToken) -> Result<()> {
         self.view().erase_of(id, token).await
@@ -235,12 +245,7 @@ impl<'a, B: DocumentBackend + ?Sized> DataStoreView<'a, B> {
     async fn read_once(&self, id: &str) -> Result<Option<Option<ReadTree>>> {
         let backend = self.backend;
         if let Some(read) = backend.record_with_local(id, &side_name(id)).await? {
-            // One snapshot: the body is the record's own, at the revision read.
-            let (record, body) = match read.record {
-                Some((info, body)) => (Some(info), Some(body)),
-                None => (None, None),
-            };
-            return Self::assembled(id, record, body, read.local).map(Some);
+            return Self::assembled_read(id, read).map(Some);
         }
         let record = backend.revisions(id).await?;
         let body = match &record {
@@ -257,6 +262,72 @@ impl<'a, B: DocumentBackend + ?Sized> DataStoreView<'a, B> {
         };
         let side = backend.get_local(&side_name(id)).await?;
         Self::assembled(id, record, body, side).map(Some)
+    }
+
+    /// The tree of `id` from its record and side document read in one snapshot
+    /// ([`DocumentBackend::record_with_local`]): the body is the record's own, at the revision
+    /// read.
+    fn assembled_read(id: &str, read: RecordWithLocal) -> Result<Option<ReadTree>> {
+        let (record, body) = match read.record {
+            Some((info, json)) => (Some(info), Some(stored_body(id, &json)?)),
+            None => (None, None),
+        };
+        Self::assembled(id, record, body, read.local)
+    }
+
+    /// One document as a plain read of its winner serves it ([`super::Layout::read_served`]):
+    /// a live record with no side document is its winner alone, and no save of it is
+    /// unfinished (the mark is in the side document), so its stored text is the answer
+    /// ([`Served::Alone`], where [`WinnerText::answerable`]); any other document is read as
+    /// [`super::read_repairing`] reads it, from the same snapshot where the backend reads
+    /// record and side together. `None`: nothing stored.
+    pub async fn read_served(&self, id: &str) -> Result<Option<Served<SideToken>>> {
+        let Some(read) = self.backend.record_with_local(id, &side_name(id)).await? else {
+            return Ok(super::read_repairing(self, id).await?.map(Served::State));
+        };
+        let read = match read {
+            RecordWithLocal { record: Some((info, json)), local: None } if !info.deleted => {
+                match WinnerText::answerable(info.rev, json) {
+                    Some(text) => return Ok(Some(Served::Alone(text))),
+                    None => return Ok(super::read_repairing(self, id).await?.map(Served::State)),
+                }
+            }
+            read => read,
+        };
+        let state = Self::assembled_read(id, read)?;
+        Ok(super::finished(self, id, state).await.map(Served::State))
+    }
+
+    /// A listing's page of live records as [`Self::listed`] would list them, but each record
+    /// with no side document (one batched read of them) as its stored text ([`Served::Alone`]:
+    /// issue 38, a data-store `_all_docs` with documents parsed each body, copied it into its
+    /// row and wrote it again); the others' trees read as `listed` reads them.
+    pub async fn listed_served(&self, documents: Vec<StoredText>) -> Result<Vec<(String, Served<SideToken>)>> {
+        let side_names: Vec<String> = documents.iter().map(|doc| side_name(&doc.id)).collect();
+        let sides = self.backend.get_many_local(&side_names).await?;
+        let mut listed: Vec<(String, Option<Served<SideToken>>)> = Vec::with_capacity(documents.len());
+        let mut branched = Vec::new();
+        for (doc, side) in documents.into_iter().zip(sides) {
+            let alone = match side {
+                None => WinnerText::answerable(doc.rev, doc.json),
+                Some(_) => None,
+            };
+            if alone.is_none() {
+                branched.push(doc.id.clone());
+            }
+            listed.push((doc.id, alone.map(Served::Alone)));
+        }
+        let mut trees = self.read_batched(&branched).await?.into_iter();
+        let mut served = Vec::with_capacity(listed.len());
+        for (id, alone) in listed {
+            let item = match alone {
+                Some(alone) => Some(alone),
+                // Deleted meanwhile: left out, as `listed` leaves it out.
+                None => trees.next().flatten().filter(|state| !state.deleted()).map(Served::State),
+            };
+            served.extend(item.map(|item| (id, item)));
+        }
+        Ok(served)
     }
 
     /// The tree of `id` from its record's revision, the record's body (when the record is
@@ -632,6 +703,16 @@ fn winner_of(leaves: &[Leaf]) -> Option<String> {
         tree.merge(leaf.path.clone(), leaf.deleted, Map::new(), usize::MAX);
     }
     tree.winner().map(Leaf::rev)
+}
+
+/// A record's body from its stored text ([`RecordWithLocal`]): empty text (a tombstone without
+/// fields) is the empty body.
+fn stored_body(id: &str, json: &[u8]) -> Result<Map<String, Value>> {
+    if json.is_empty() {
+        return Ok(Map::new());
+    }
+    crate::model::depth::parse_stored(json)
+        .map_err(|e| Error::new(ErrorKind::Corrupt, format!("the record of {id:?} holds no JSON object: {e}")))
 }
 
 /// The local document that holds `id`'s other leaves.

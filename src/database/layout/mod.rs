@@ -87,6 +87,68 @@ impl<T> LaidOut<T> {
 /// One document's state as a layout read it, `None` when nothing is stored for the id.
 pub type MaybeLaidOut<T> = Option<LaidOut<T>>;
 
+/// A document's live winner as its record stores it: the revision and the body as the stored
+/// JSON text of an object. What a read answers as is where nothing in the answer changes: the
+/// document is `_id`, `_rev`, then the body's members in their stored order and text
+/// ([`WinnerText::write_document`]), the bytes the parsed tree's answer
+/// (`crate::database::document::leaf_json` written by serde_json) would have, because the
+/// record's text was written by serde_json from a parsed body in the first place.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WinnerText {
+    pub rev: crate::backend::Revision,
+    pub json: String,
+}
+
+impl WinnerText {
+    /// The text `json` of a record when it can be answered as is: UTF-8 (what a parse would
+    /// check; a record that is not goes the parsed way and fails there as before), an object,
+    /// none of whose member names (at any depth, and conservatively no string) starts with
+    /// `_`. Those are what a document's answer treats apart (`_attachments` shown as stubs,
+    /// `_id`/`_rev` never twice), so such a body is answered from its parsed tree instead; none
+    /// of the data-store documents' own members is one.
+    pub fn answerable(rev: crate::backend::Revision, json: Vec<u8>) -> Option<WinnerText> {
+        let object = json.first() == Some(&b'{') && json.last() == Some(&b'}');
+        if !object || memchr::memmem::find(&json, b"\"_").is_some() {
+            return None;
+        }
+        String::from_utf8(json).ok().map(|json| WinnerText { rev, json })
+    }
+
+    /// Appends the document as a read answers it: `{"_id":…,"_rev":…` and then the body's
+    /// members as stored.
+    pub fn write_document(&self, id: &str, out: &mut String) {
+        out.reserve(self.json.len() + id.len() + self.rev.as_str().len() + 20);
+        out.push_str("{\"_id\":");
+        write_json_string(id, out);
+        out.push_str(",\"_rev\":");
+        write_json_string(self.rev.as_str(), out);
+        // `json` is an object (`answerable`): `{}` adds nothing, else its members follow.
+        match &self.json[1..] {
+            "}" => out.push('}'),
+            members => {
+                out.push(',');
+                out.push_str(members);
+            }
+        }
+    }
+}
+
+/// `text` as a JSON string, escaped as serde_json escapes it.
+pub fn write_json_string(text: &str, out: &mut String) {
+    // A str is always a valid JSON string: writing it cannot fail.
+    out.push_str(&serde_json::to_string(text).unwrap_or_default());
+}
+
+/// A document as a plain read of its winner serves it ([`Layout::read_served`]).
+#[derive(Debug, Clone)]
+pub enum Served<T> {
+    /// A live record with no other leaf beside it (so no save of it left unfinished), whose
+    /// text is answered as is.
+    Alone(WinnerText),
+    /// Any other document: its state as [`Layout::read_as_served`] reads it.
+    State(LaidOut<T>),
+}
+
 /// What the crash-repair rule needs of a layout ([`must_save`], [`read_repairing`],
 /// [`read_many_repairing`], [`finished`]): read a document's tree, tell a save a crash cut
 /// short, and save a tree (the tree read saved over itself finishes such a save). Kept apart
@@ -343,6 +405,49 @@ impl Layout {
             Layout::Record(_) | Layout::Native(_) => self.read(id).await,
             Layout::DataStore(_) => read_repairing(self, id).await,
         }
+    }
+
+    /// One document as a plain read of its winner (no query option) serves it: on the
+    /// data-store layout, a live record with no other leaves as its stored text
+    /// ([`data_store::DataStoreView::read_served`]: issue 38, a data-store `GET` parsed the
+    /// body, built the answer and wrote it again); else, and on the other layouts, the state
+    /// [`Self::read_as_served`] reads. `None` when nothing is stored for the id.
+    pub async fn read_served(&self, id: &str) -> Result<Option<Served<LayoutToken>>> {
+        match self {
+            Layout::DataStore(layout) => Ok(layout.read_served(id).await?.map(|served| match served {
+                Served::Alone(text) => Served::Alone(text),
+                Served::State(state) => Served::State(tokened(state, LayoutToken::DataStore)),
+            })),
+            Layout::Record(_) | Layout::Native(_) => Ok(self.read_as_served(id).await?.map(Served::State)),
+        }
+    }
+
+    /// Whether [`Self::listed_served`] answers (the data-store layout alone).
+    pub fn lists_served(&self) -> bool {
+        matches!(self, Layout::DataStore(_))
+    }
+
+    /// A listing's page of live records (their stored text) as a listing with documents serves
+    /// them, on the data-store layout: each record with no other leaves as its text, the others
+    /// read as [`TreeLayout::listed`] reads them; `None` for the other layouts.
+    pub async fn listed_served(
+        &self,
+        documents: Vec<StoredText>,
+    ) -> Option<Result<Vec<(String, Served<LayoutToken>)>>> {
+        let Layout::DataStore(layout) = self else { return None };
+        let listed = layout.listed_served(documents).await.map(|listed| {
+            listed
+                .into_iter()
+                .map(|(id, served)| {
+                    let served = match served {
+                        Served::Alone(text) => Served::Alone(text),
+                        Served::State(state) => Served::State(tokened(state, LayoutToken::DataStore)),
+                    };
+                    (id, served)
+                })
+                .collect()
+        });
+        Some(listed)
     }
 
     /// The states of `ids` with every live record's tree read without its bodies, where the
@@ -674,5 +779,67 @@ mod tests {
             assert!(!reserved_local_name(client), "{client}");
         }
         assert_eq!(own.client_prefix, "", "a client's `_local/x` is the backend's `x`, as before");
+    }
+
+    /// Every literal value of the round-trip corpus (`fixtures/values/roundtrip.json`): deep,
+    /// unicode, escapes, numbers past a double, big objects.
+    fn corpus_values() -> Vec<serde_json::Value> {
+        let text = include_str!("../../../fixtures/values/roundtrip.json");
+        let file: serde_json::Value = serde_json::from_str(text).expect("the corpus is JSON");
+        let cases = file["cases"].as_array().expect("the corpus has cases");
+        cases.iter().filter_map(|case| case.get("value").cloned()).collect()
+    }
+
+    /// A record's text answered as is ([`WinnerText::write_document`]) is, byte for byte, the
+    /// answer built from the parsed tree (`leaf_json` written by serde_json, what a read answered
+    /// before), for every value of the corpus in a data-store body, ids needing escapes, and
+    /// the empty body; a body the text cannot be answered for holds a member starting with `_`.
+    #[test]
+    fn a_winner_answered_from_its_text_is_the_trees_answer() {
+        use crate::backend::rev_tree::RevTree;
+        use crate::database::document::{leaf_json, DocOptions};
+        use serde_json::{json, Map, Value};
+
+        let values = corpus_values();
+        assert!(values.len() >= 20, "read {} values of the corpus", values.len());
+        let mut bodies: Vec<Map<String, Value>> = vec![Map::new()];
+        for value in values {
+            let body = json!({
+                "userId": "u", "namespace": "n\u{e9}\"x", "key": "k/\\", "value": value,
+                "metadata": {"seq": 1.50, "big": 123456789012345678901234567890u128.to_string()}, "accessCount": 1,
+            });
+            bodies.extend(body.as_object().cloned());
+            bodies.extend(json!({ "value": value, "_attachments": {}, "n": -0 }).as_object().cloned());
+        }
+        let (mut answered, mut parsed) = (0, 0);
+        for id in ["u:n:a2V5", "u:n\u{e9}:\"quoted\"\\", "u:\u{1}\u{7f}\u{2028}:k", "_design/d"] {
+            for body in &bodies {
+                let mut tree = RevTree::default();
+                tree.edit(None, "0123456789abcdef0123456789abcdef", false, body.clone(), usize::MAX)
+                    .expect("a creation");
+                let leaf = tree.winner().expect("a winner");
+                let from_tree =
+                    serde_json::to_string(&leaf_json(id, &tree, leaf, DocOptions::default())).expect("writes");
+                // What the embedded store keeps (`codec::encode_json`).
+                let stored = serde_json::to_vec(body).expect("encodes");
+                match WinnerText::answerable(crate::backend::Revision(leaf.rev()), stored.clone()) {
+                    Some(winner) => {
+                        let mut from_text = String::new();
+                        winner.write_document(id, &mut from_text);
+                        assert_eq!(from_text, from_tree, "id {id:?}");
+                        answered += 1;
+                    }
+                    None => {
+                        assert!(
+                            memchr::memmem::find(&stored, b"\"_").is_some(),
+                            "{}",
+                            String::from_utf8_lossy(&stored)
+                        );
+                        parsed += 1;
+                    }
+                }
+            }
+        }
+        assert!(answered > 80 && parsed > 80, "{answered} answered from text, {parsed} from the tree");
     }
 }

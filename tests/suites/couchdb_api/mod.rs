@@ -98,6 +98,7 @@ pub fn trials(args: &Arguments) -> Option<Vec<Trial>> {
         ("gzip_and_chunked_bodies", |e| Box::pin(server::gzip_and_chunked_bodies(e))),
         ("design_documents", |e| Box::pin(documents::design_documents(e))),
         ("data_store_field_types", |e| Box::pin(data_store::data_store_field_types(e))),
+        ("data_store_reads_as_stored", |e| Box::pin(data_store::data_store_reads_as_stored(e))),
         ("data_store_indexes_and_purge", |e| Box::pin(data_store::data_store_indexes_and_purge(e))),
         ("bulk_docs_whole_request_errors", |e| Box::pin(bulk::bulk_docs_whole_request_errors(e))),
         ("bulk_docs_all_or_nothing", |e| Box::pin(bulk::bulk_docs_all_or_nothing(e))),
