@@ -21,6 +21,13 @@
 //! a leaf the record also holds, or an ancestor of a leaf: the tree is rebuilt from paths, so
 //! such entries fall away on reading.
 //!
+//! ## Reads
+//! A plain read of a document's winner ([`DataStoreView::read_served`]) and a listing with
+//! documents ([`DataStoreView::listed_served`]) take a live record with no side document as its
+//! stored text ([`Served::Alone`]): with no other leaf there is nothing to merge and no save to
+//! finish, and the text is the answer's members as they are (issue 38). Every other document is
+//! read as a tree.
+//!
 //! ## Writes
 //! A replicated revision is merged into the tree read from both places with CouchDB's rules
 //! ([`RevTree::merge`]) and the tree is saved ([`DataStoreLayout`]'s `save`). A save that leaves
