@@ -282,12 +282,12 @@ impl TryFrom<StoredTree<serde::de::IgnoredAny>> for RevTreeOutline {
 }
 
 /// A stored tree's winning leaf with its body as the stored JSON text, unparsed, and the
-/// revisions of the other live leaves: what a map function is shown of a document
+/// revisions of the other leaves: what a map function is shown of a document
 /// (`crate::database::document::winner_json`), read without building the tree's bodies as
 /// values (a view build parsed each body, copied it into the document and wrote that as JSON
 /// again, a fifth of a build's instructions: issue 38). Leaves are ordered as [`RevTree`]
 /// orders them once read ([`RevTree::winner`], [`RevTree::conflicts`]), so the same leaf wins.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 #[serde(try_from = "StoredTree<stored::RawBody>")]
 pub struct WinnerText {
     /// The winning leaf's revision, `N-id`; `None` when the tree has no leaf.
@@ -297,6 +297,8 @@ pub struct WinnerText {
     pub body: Option<Box<serde_json::value::RawValue>>,
     /// `_conflicts`: the other live leaves, in [`RevTree::conflicts`]'s order.
     pub conflicts: Vec<String>,
+    /// `_deleted_conflicts`: the other deleted leaves, in [`RevTree::deleted_conflicts`]'s order.
+    pub deleted_conflicts: Vec<String>,
 }
 
 impl TryFrom<StoredTree<stored::RawBody>> for WinnerText {
@@ -312,10 +314,16 @@ impl TryFrom<StoredTree<stored::RawBody>> for WinnerText {
         leaves.sort_by(|(a, _), (b, _)| winner_order(a, b));
         let mut leaves = leaves.into_iter();
         let Some((winner, body)) = leaves.next() else {
-            return Ok(WinnerText { rev: None, deleted: false, body: None, conflicts: Vec::new() });
+            return Ok(WinnerText::default());
         };
-        let conflicts = leaves.filter(|(leaf, _)| !leaf.deleted).map(|(leaf, _)| leaf.rev()).collect();
-        Ok(WinnerText { rev: Some(winner.rev()), deleted: winner.deleted, body: body.0, conflicts })
+        let (mut conflicts, mut deleted_conflicts) = (Vec::new(), Vec::new());
+        for (leaf, _) in leaves {
+            match leaf.deleted {
+                true => deleted_conflicts.push(leaf.rev()),
+                false => conflicts.push(leaf.rev()),
+            }
+        }
+        Ok(WinnerText { rev: Some(winner.rev()), deleted: winner.deleted, body: body.0, conflicts, deleted_conflicts })
     }
 }
 

@@ -217,10 +217,15 @@ pub fn leaf_json(id: &str, tree: &RevTree, leaf: &Leaf, options: DocOptions) -> 
     Value::Object(doc)
 }
 
-/// The winning leaf as a map function is shown it, [`leaf_json`]'s document with `_conflicts`
-/// (CouchDB's `couch_mrview_updater` opens each changed document with `conflicts` for the map
-/// call), written as JSON text straight from the body's stored text: `_id`, `_rev`, the body's
-/// members as stored, then `_conflicts` when there are any. The same text [`leaf_json`]'s value
+/// What of a document's tree a map function is shown besides its winner: CouchDB 3.4.3's
+/// `couch_index_updater` opens each changed document with `conflicts` and `deleted_conflicts`
+/// for the map call, so both lists come with it when not empty.
+pub const MAP_INPUT: DocOptions =
+    DocOptions { revs: false, revs_info: false, conflicts: true, deleted_conflicts: true };
+
+/// The winning leaf as a map function is shown it, [`leaf_json`]'s document with [`MAP_INPUT`],
+/// written as JSON text straight from the body's stored text: `_id`, `_rev`, the body's members
+/// as stored, then `_conflicts` and `_deleted_conflicts` when there are any. The same text [`leaf_json`]'s value
 /// writes, since the stored text is serde_json's own compact writing of the body, members in
 /// their order. `None` where it would not be: a deleted winner or none, a body not stored as an
 /// object, or a body naming anything that starts with `_` (an `_attachments` member is shown as
@@ -238,7 +243,8 @@ pub fn winner_json(id: &str, winner: &WinnerText) -> Option<String> {
             text.strip_prefix('{')?.strip_suffix('}')?
         }
     };
-    let conflicts_bytes: usize = winner.conflicts.iter().map(|rev| rev.len() + 3).sum();
+    let conflicts_bytes: usize =
+        winner.conflicts.iter().chain(&winner.deleted_conflicts).map(|rev| rev.len() + 3).sum();
     let mut out = String::with_capacity(id.len() + rev.len() + members.len() + conflicts_bytes + 40);
     out.push_str("{\"_id\":");
     out.push_str(&serde_json::to_string(id).ok()?);
@@ -251,6 +257,10 @@ pub fn winner_json(id: &str, winner: &WinnerText) -> Option<String> {
     if !winner.conflicts.is_empty() {
         out.push_str(",\"_conflicts\":");
         out.push_str(&serde_json::to_string(&winner.conflicts).ok()?);
+    }
+    if !winner.deleted_conflicts.is_empty() {
+        out.push_str(",\"_deleted_conflicts\":");
+        out.push_str(&serde_json::to_string(&winner.deleted_conflicts).ok()?);
     }
     out.push('}');
     Some(out)

@@ -1,5 +1,7 @@
 //! What a map function is shown of each changed document, as JSON text
-//! ([`Database::read_map_inputs`]): the winning leaf with `_id`, `_rev` and `_conflicts`, written
+//! ([`Database::read_map_inputs`]): the winning leaf with `_id`, `_rev`, `_conflicts` and
+//! `_deleted_conflicts` (CouchDB 3.4.3 shows both lists; before session 20 this server showed
+//! `_conflicts` only), written
 //! straight from the record's stored text where the layout and the backend keep whole trees as
 //! text (the engine's layout over the embedded store: [`winner_json`]), read whole and written
 //! from its value ([`leaf_json`]) everywhere else and for every document the text cannot be
@@ -9,7 +11,7 @@
 //! that as JSON again for the realm, a fifth of a build's instructions (issue 38).
 
 use super::Database;
-use crate::database::document::{leaf_json, winner_json, DocOptions};
+use crate::database::document::{leaf_json, winner_json, MAP_INPUT};
 use crate::error::Result;
 
 impl Database {
@@ -46,13 +48,13 @@ impl Database {
     }
 
     /// [`Database::read_map_inputs`] from whole states: each live winner's document value
-    /// ([`leaf_json`] with `_conflicts`) written as JSON.
+    /// ([`leaf_json`] with [`MAP_INPUT`]) written as JSON.
     async fn read_map_inputs_whole(&self, ids: &[String]) -> Result<Vec<Option<String>>> {
         let states = self.read_many(ids).await?;
         let inputs = ids.iter().zip(states).map(|(id, state)| {
             let state = state.filter(|state| !state.deleted())?;
             let winner = state.tree.winner()?;
-            let doc = leaf_json(id, &state.tree, winner, DocOptions { conflicts: true, ..DocOptions::default() });
+            let doc = leaf_json(id, &state.tree, winner, MAP_INPUT);
             Some(doc.to_string())
         });
         Ok(inputs.collect())
@@ -121,10 +123,13 @@ mod tests {
         assert_eq!(fast, whole);
         assert_eq!(fast[3], None, "deleted");
         assert_eq!(fast[6], None, "never written");
+        // As CouchDB 3.4.3 shows them (seen on it: `_conflicts`, then `_deleted_conflicts`).
         let conflicted: Value = serde_json::from_str(fast[2].as_deref().expect("live")).expect("JSON");
         assert_eq!((conflicted["_rev"].as_str(), &conflicted["_conflicts"]), (Some("2-c2"), &json!(["2-b2", "2-0a"])));
+        assert_eq!(conflicted["_deleted_conflicts"], json!(["2-e2"]));
         let half: Value = serde_json::from_str(fast[4].as_deref().expect("live")).expect("JSON");
         assert_eq!((half["_rev"].as_str(), half.get("_conflicts")), (Some("1-a1"), None));
+        assert_eq!(half["_deleted_conflicts"], json!(["2-c2"]));
 
         let winners = database.layout.winner_texts(&ids).await.expect("reads").expect("the embedded store keeps text");
         let written: Vec<bool> =

@@ -594,20 +594,20 @@ mod tests {
 
     /// What a map function is shown of a document, written from the record's stored text
     /// (`winner_json`), is byte for byte what the document's value from the whole tree writes
-    /// (`leaf_json` with `_conflicts`, as the view build wrote it before), for every value of the
+    /// (`leaf_json` with `MAP_INPUT`, as the view build wrote it before), for every value of the
     /// corpus in trees with and without conflicts, deleted leaves, kept inner bodies and an empty
     /// body; and the documents it cannot write so (a deleted winner, `_`-members, attachments)
     /// are left to the whole read.
     #[test]
     fn a_map_input_written_from_the_stored_text_is_the_one_written_from_the_tree() {
-        use crate::database::document::{leaf_json, winner_json, DocOptions};
+        use crate::database::document::{leaf_json, winner_json, MAP_INPUT};
         let body = |value: Value| match value {
             Value::Object(body) => body,
             _ => unreachable!("an object literal"),
         };
         let whole_text = |tree: &RevTree, id: &str| {
             let winner = tree.winner().filter(|winner| !winner.deleted)?;
-            Some(leaf_json(id, tree, winner, DocOptions { conflicts: true, ..DocOptions::default() }).to_string())
+            Some(leaf_json(id, tree, winner, MAP_INPUT).to_string())
         };
         let from_text = |tree: &RevTree, id: &str| {
             let text = record_text(tree).expect("encodes");
@@ -634,6 +634,7 @@ mod tests {
             let longer = RevPath { start: 3, ids: vec!["c3".into(), "0b".into(), "a1".into()] };
             conflicted.merge(longer, false, body(json!({"w": value, "n": -0.0})), usize::MAX);
             assert_eq!(conflicted.conflicts().len(), 2, "the tree has the conflicts meant");
+            assert_eq!(conflicted.deleted_conflicts().len(), 1, "the tree has the conflicts meant");
             trees.push(conflicted);
             for tree in &trees {
                 for id in ["d", "é \"quoted\" \u{1}/"] {
