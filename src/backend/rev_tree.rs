@@ -281,6 +281,52 @@ impl TryFrom<StoredTree<serde::de::IgnoredAny>> for RevTreeOutline {
     }
 }
 
+/// A stored tree's winning leaf with its body as the stored JSON text, unparsed, and the
+/// revisions of the other leaves: what a map function is shown of a document
+/// (`crate::database::document::winner_json`), read without building the tree's bodies as
+/// values (a view build parsed each body, copied it into the document and wrote that as JSON
+/// again, a fifth of a build's instructions: issue 38). Leaves are ordered as [`RevTree`]
+/// orders them once read ([`RevTree::winner`], [`RevTree::conflicts`]), so the same leaf wins.
+#[derive(Debug, Default, Deserialize)]
+#[serde(try_from = "StoredTree<stored::RawBody>")]
+pub struct WinnerText {
+    /// The winning leaf's revision, `N-id`; `None` when the tree has no leaf.
+    pub rev: Option<String>,
+    pub deleted: bool,
+    /// The winner's body as stored (`None`: stored empty).
+    pub body: Option<Box<serde_json::value::RawValue>>,
+    /// `_conflicts`: the other live leaves, in [`RevTree::conflicts`]'s order.
+    pub conflicts: Vec<String>,
+    /// `_deleted_conflicts`: the other deleted leaves, in [`RevTree::deleted_conflicts`]'s order.
+    pub deleted_conflicts: Vec<String>,
+}
+
+impl TryFrom<StoredTree<stored::RawBody>> for WinnerText {
+    type Error = String;
+
+    fn try_from(stored: StoredTree<stored::RawBody>) -> Result<Self, String> {
+        let mut leaves = stored.into_leaves_and_bodies()?;
+        // As `RevTree::normalise` and `RevTree::leaves` order them (both stable sorts).
+        for (leaf, _) in &mut leaves {
+            leaf.path.drop_impossible_ids();
+        }
+        leaves.retain(|(leaf, _)| !leaf.path.ids.is_empty());
+        leaves.sort_by(|(a, _), (b, _)| winner_order(a, b));
+        let mut leaves = leaves.into_iter();
+        let Some((winner, body)) = leaves.next() else {
+            return Ok(WinnerText::default());
+        };
+        let (mut conflicts, mut deleted_conflicts) = (Vec::new(), Vec::new());
+        for (leaf, _) in leaves {
+            match leaf.deleted {
+                true => deleted_conflicts.push(leaf.rev()),
+                false => conflicts.push(leaf.rev()),
+            }
+        }
+        Ok(WinnerText { rev: Some(winner.rev()), deleted: winner.deleted, body: body.0, conflicts, deleted_conflicts })
+    }
+}
+
 /// What a replicated revision did to the tree (`couch_key_tree:merge/2`'s answer).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MergeOutcome {

@@ -6,11 +6,12 @@
 //! `_deleted_conflicts`, `_revs_info` and `_local_seq` (fields of CouchDB's own answers, which
 //! clients send back) are dropped; any other field starting with `_` is refused with
 //! `doc_validation` (also in a local document: [`check_local`]). And how a stored leaf is shown as
-//! a document again ([`leaf_json`]).
+//! a document again ([`leaf_json`]; [`winner_json`] for a map function's input, written from the
+//! stored text).
 
 use serde_json::{Map, Value};
 
-use super::rev_tree::{parse_rev, Leaf, RevPath, RevTree};
+use super::rev_tree::{parse_rev, Leaf, RevPath, RevTree, WinnerText};
 
 /// Why CouchDB refuses a document: its error name and reason (always a 400 unless said).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -214,6 +215,55 @@ pub fn leaf_json(id: &str, tree: &RevTree, leaf: &Leaf, options: DocOptions) -> 
         }
     }
     Value::Object(doc)
+}
+
+/// What of a document's tree a map function is shown besides its winner: CouchDB 3.4.3's
+/// `couch_index_updater` opens each changed document with `conflicts` and `deleted_conflicts`
+/// for the map call, so both lists come with it when not empty.
+pub const MAP_INPUT: DocOptions =
+    DocOptions { revs: false, revs_info: false, conflicts: true, deleted_conflicts: true };
+
+/// The winning leaf as a map function is shown it, [`leaf_json`]'s document with [`MAP_INPUT`],
+/// written as JSON text straight from the body's stored text: `_id`, `_rev`, the body's members
+/// as stored, then `_conflicts` and `_deleted_conflicts` when there are any. The same text [`leaf_json`]'s value
+/// writes, since the stored text is serde_json's own compact writing of the body, members in
+/// their order. `None` where it would not be: a deleted winner or none, a body not stored as an
+/// object, or a body naming anything that starts with `_` (an `_attachments` member is shown as
+/// stubs, not as stored; a string value starting with `_` only costs the whole read), which the
+/// caller reads whole instead.
+pub fn winner_json(id: &str, winner: &WinnerText) -> Option<String> {
+    let rev = winner.rev.as_deref().filter(|_| !winner.deleted)?;
+    let members = match &winner.body {
+        None => "",
+        Some(body) => {
+            let text = body.get();
+            if text.contains("\"_") {
+                return None;
+            }
+            text.strip_prefix('{')?.strip_suffix('}')?
+        }
+    };
+    let conflicts_bytes: usize =
+        winner.conflicts.iter().chain(&winner.deleted_conflicts).map(|rev| rev.len() + 3).sum();
+    let mut out = String::with_capacity(id.len() + rev.len() + members.len() + conflicts_bytes + 40);
+    out.push_str("{\"_id\":");
+    out.push_str(&serde_json::to_string(id).ok()?);
+    out.push_str(",\"_rev\":");
+    out.push_str(&serde_json::to_string(rev).ok()?);
+    if !members.is_empty() {
+        out.push(',');
+        out.push_str(members);
+    }
+    if !winner.conflicts.is_empty() {
+        out.push_str(",\"_conflicts\":");
+        out.push_str(&serde_json::to_string(&winner.conflicts).ok()?);
+    }
+    if !winner.deleted_conflicts.is_empty() {
+        out.push_str(",\"_deleted_conflicts\":");
+        out.push_str(&serde_json::to_string(&winner.deleted_conflicts).ok()?);
+    }
+    out.push('}');
+    Some(out)
 }
 
 #[cfg(test)]

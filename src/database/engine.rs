@@ -66,6 +66,7 @@ mod client_local;
 mod closing;
 #[cfg(test)]
 pub(crate) mod counting;
+mod map_input;
 mod purge_views;
 mod repairing;
 pub use closing::DRAIN_WAIT;

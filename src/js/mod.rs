@@ -23,10 +23,13 @@
 //! design: JSON lines over a pipe for every document, an OS process per worker).
 //!
 //! - [`worker`]: one worker thread: its runtime, realms, compilation and calls.
+//! - [`doc_text`]: [`DocText`], a document as a map call receives it: its JSON text.
 //! - [`log`]: the bounds on what functions write to the server's log (`log()`, map throws).
 //! - `prelude.js`: the JavaScript side of a realm: CouchDB's API (`emit`, `sum`, `log`,
 //!   `toJSON`, `isArray`, `require`) and the loops the worker calls.
 
+mod doc_text;
+pub use doc_text::DocText;
 mod log;
 pub use log::LogLimits;
 mod worker;
@@ -302,15 +305,26 @@ impl JsEngine {
     /// (in `views` order), the rows it emitted or the message it threw. Past
     /// [`JsLimits::map_call_bytes`] of answers it answers the first documents only (at least
     /// one); the caller maps the rest in another call.
+    pub async fn map_texts(
+        &self,
+        ddoc: &DesignCode,
+        views: &[String],
+        docs: Vec<Arc<DocText>>,
+    ) -> Result<Vec<MapOutcome>, JsError> {
+        let ddoc = ddoc.clone();
+        let views = views.to_vec();
+        self.run(move |worker| worker.map(&ddoc, &views, &docs)).await
+    }
+
+    /// [`JsEngine::map_texts`] of documents given as values (each written as JSON first).
     pub async fn map(
         &self,
         ddoc: &DesignCode,
         views: &[String],
         docs: Vec<Arc<Value>>,
     ) -> Result<Vec<MapOutcome>, JsError> {
-        let ddoc = ddoc.clone();
-        let views = views.to_vec();
-        self.run(move |worker| worker.map(&ddoc, &views, &docs)).await
+        let texts = docs.iter().map(|doc| Arc::new(DocText::from_value(Value::clone(doc)))).collect();
+        self.map_texts(ddoc, views, texts).await
     }
 
     /// A view's JavaScript reduce over `(key, value)` rows, keys being `[key, docid]`.

@@ -18,7 +18,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::log::LogBudget;
-use super::{DesignCode, Job, JsError, JsLimits, MapOutcome, ReduceLimit, Validation, ViewRows};
+use super::{DesignCode, DocText, Job, JsError, JsLimits, MapOutcome, ReduceLimit, Validation, ViewRows};
 use crate::model::depth::{parse_stored, text_depth, MAX_DOCUMENT_DEPTH};
 
 /// The JavaScript side of a realm (see the file's opening comment).
@@ -215,7 +215,7 @@ impl Worker {
         &mut self,
         ddoc: &DesignCode,
         views: &[String],
-        docs: &[Arc<Value>],
+        docs: &[Arc<DocText>],
     ) -> Result<Vec<MapOutcome>, JsError> {
         let realm = self.realm(ddoc)?;
         let paths: Vec<String> = views.iter().map(|v| format!("views.{v}.map")).collect();
@@ -234,9 +234,8 @@ impl Worker {
             let mut outcomes = Vec::with_capacity(docs.len());
             let mut answered_bytes = 0usize;
             for doc in docs {
-                let doc_json = doc.to_string();
                 self.arm();
-                let answer = map_doc.call::<_, rquickjs::String>((doc_json,)).and_then(|text| text.to_string());
+                let answer = map_doc.call::<_, rquickjs::String>((doc.text(),)).and_then(|text| text.to_string());
                 self.disarm();
                 let answer = answer.map_err(|e| self.classify(&ctx, e, "map"))?;
                 answered_bytes = answered_bytes.saturating_add(answer.len());
@@ -252,7 +251,7 @@ impl Worker {
     /// One document's map answer read, unless it is longer than [`JsLimits::map_answer_bytes`]:
     /// then it is not parsed, and the document gets no rows (logged, as CouchDB logs a document
     /// it leaves out of an index).
-    fn map_outcome(&self, answer: &str, views: usize, ddoc: &DesignCode, doc: &Value) -> Result<MapOutcome, JsError> {
+    fn map_outcome(&self, answer: &str, views: usize, ddoc: &DesignCode, doc: &DocText) -> Result<MapOutcome, JsError> {
         if answer.len() <= self.limits.map_answer_bytes {
             return parse_map_answer(answer, views, ddoc, &self.log);
         }
@@ -261,7 +260,7 @@ impl Worker {
             answer.len(),
             self.limits.map_answer_bytes
         );
-        let doc_id = doc.get("_id").and_then(Value::as_str).unwrap_or_default();
+        let doc_id = doc.value().get("_id").and_then(Value::as_str).unwrap_or_default();
         // Through the design functions' log budget: a view whose every document emits too much
         // must not flood the log either.
         let line = format!("view rows of the document {doc_id:?} are left out of the index: {reason}");

@@ -15,6 +15,7 @@ use async_trait::async_trait;
 
 use super::eval::{field_value, matches};
 use super::selector::{self, parse_field, Selector};
+use crate::js::DocText;
 use crate::views::design::{DesignViews, Language};
 use crate::views::run::JsReducer;
 use crate::views::service::ViewEngine;
@@ -71,12 +72,12 @@ impl JsonIndexMap {
 
 /// The rows of each document for each view of `design` (a query design document), in the
 /// shape [`super::updater::Mapper::map`] returns.
-pub fn map_documents(design: &DesignViews, docs: &[Arc<Value>]) -> Vec<Vec<Vec<(Value, Value)>>> {
+pub fn map_documents(design: &DesignViews, docs: &[Arc<DocText>]) -> Vec<Vec<Vec<(Value, Value)>>> {
     let maps: Vec<Option<JsonIndexMap>> = design.views.iter().map(|view| JsonIndexMap::parse(&view.map)).collect();
     docs.iter()
         .map(|doc| {
             maps.iter()
-                .map(|map| match (map, doc.as_object()) {
+                .map(|map| match (map, doc.value().as_object()) {
                     (Some(map), Some(object)) => {
                         map.key(object).map(|key| vec![(key, Value::Null)]).unwrap_or_default()
                     }
@@ -97,7 +98,7 @@ impl<E: ViewEngine> Mapper for WithMangoIndexes<E> {
     async fn map(
         &self,
         design: &DesignViews,
-        docs: Vec<Arc<Value>>,
+        docs: Vec<Arc<DocText>>,
     ) -> Result<Vec<Vec<Vec<(Value, Value)>>>, ViewError> {
         match design.language {
             Language::Query => Ok(map_documents(design, &docs)),
@@ -138,7 +139,7 @@ fn no_javascript() -> ViewError {
 #[cfg(test)]
 #[async_trait]
 impl Mapper for NoJavaScript {
-    async fn map(&self, _: &DesignViews, _: Vec<Arc<Value>>) -> Result<Vec<Vec<Vec<(Value, Value)>>>, ViewError> {
+    async fn map(&self, _: &DesignViews, _: Vec<Arc<DocText>>) -> Result<Vec<Vec<Vec<(Value, Value)>>>, ViewError> {
         Err(no_javascript())
     }
 }
@@ -167,11 +168,11 @@ mod tests {
     #[test]
     fn documents_with_every_field_emit_their_values_in_index_order() {
         let design = design(json!({"by_ab": {"map": {"fields": {"b": "asc", "a.x": "asc"}}, "reduce": "_count"}}));
-        let docs: Vec<Arc<Value>> = vec![
-            Arc::new(json!({"_id": "1", "a": {"x": 1}, "b": "two"})),
-            Arc::new(json!({"_id": "2", "b": "only b"})),
-            Arc::new(json!({"_id": "3", "a": {"x": null}, "b": [1]})),
-            Arc::new(json!({"_id": "_design/d", "a": {"x": 1}, "b": 2})),
+        let docs: Vec<Arc<DocText>> = vec![
+            Arc::new(json!({"_id": "1", "a": {"x": 1}, "b": "two"}).into()),
+            Arc::new(json!({"_id": "2", "b": "only b"}).into()),
+            Arc::new(json!({"_id": "3", "a": {"x": null}, "b": [1]}).into()),
+            Arc::new(json!({"_id": "_design/d", "a": {"x": 1}, "b": 2}).into()),
         ];
         let rows = map_documents(&design, &docs);
         assert_eq!(rows[0], vec![vec![(json!(["two", 1]), Value::Null)]]);
@@ -184,9 +185,9 @@ mod tests {
     fn a_partial_filter_selector_decides_which_documents_are_indexed() {
         let design = design(json!({"p": {"map": {"fields": {"n": "asc"},
             "partial_filter_selector": {"type": {"$ne": "draft"}}}, "reduce": "_count"}}));
-        let docs: Vec<Arc<Value>> = vec![
-            Arc::new(json!({"_id": "1", "n": 1, "type": "post"})),
-            Arc::new(json!({"_id": "2", "n": 2, "type": "draft"})),
+        let docs: Vec<Arc<DocText>> = vec![
+            Arc::new(json!({"_id": "1", "n": 1, "type": "post"}).into()),
+            Arc::new(json!({"_id": "2", "n": 2, "type": "draft"}).into()),
         ];
         let rows = map_documents(&design, &docs);
         assert_eq!(rows[0][0].len(), 1);

@@ -138,11 +138,11 @@ mod tests {
         async fn map(
             &self,
             _: &DesignViews,
-            docs: Vec<Arc<Value>>,
+            docs: Vec<Arc<crate::js::DocText>>,
         ) -> Result<Vec<Vec<Vec<(Value, Value)>>>, ViewError> {
             let permit = self.gate.acquire().await.map_err(|_| ViewError::Busy)?;
             permit.forget();
-            Ok(docs.iter().map(|doc| vec![vec![(doc["type"].clone(), Value::Null)]]).collect())
+            Ok(docs.iter().map(|doc| vec![vec![(doc.value()["type"].clone(), Value::Null)]]).collect())
         }
     }
 

@@ -10,7 +10,7 @@ use super::design::DesignViews;
 use super::run::JsReducer;
 use super::updater::Mapper;
 use super::ViewError;
-use crate::js::{DesignCode, JsEngine, JsError, ViewRows};
+use crate::js::{DesignCode, DocText, JsEngine, JsError, ViewRows};
 
 /// Views' functions run in a [`JsEngine`].
 pub struct JavaScriptViews {
@@ -59,9 +59,9 @@ impl Mapper for JavaScriptViews {
     async fn map(
         &self,
         design: &DesignViews,
-        docs: Vec<Arc<Value>>,
+        docs: Vec<Arc<DocText>>,
     ) -> Result<Vec<Vec<Vec<(Value, Value)>>>, ViewError> {
-        let outcomes = self.engine.map(&code(design)?, &design.view_names(), docs).await.map_err(view_error)?;
+        let outcomes = self.engine.map_texts(&code(design)?, &design.view_names(), docs).await.map_err(view_error)?;
         Ok(outcomes
             .into_iter()
             .map(|outcome| {

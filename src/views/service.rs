@@ -101,7 +101,7 @@ impl Mapper for EngineMapper {
     async fn map(
         &self,
         design: &super::design::DesignViews,
-        docs: Vec<Arc<serde_json::Value>>,
+        docs: Vec<Arc<crate::js::DocText>>,
     ) -> Result<Vec<Vec<Vec<(serde_json::Value, serde_json::Value)>>>, ViewError> {
         self.0.map(design, docs).await
     }

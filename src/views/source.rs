@@ -12,8 +12,8 @@ use serde_json::{Map, Value};
 
 use super::ViewError;
 use crate::backend::{DocumentBackend, Precondition, StoredDocument};
-use crate::database::document::{leaf_json, DocOptions};
 use crate::database::Database;
+use crate::js::DocText;
 
 /// One page of a database's change feed, with each changed document read.
 #[derive(Debug, Clone, Default)]
@@ -32,10 +32,11 @@ pub struct SourcePage {
 #[derive(Debug, Clone)]
 pub struct SourceDoc {
     pub id: String,
-    /// The winning revision as CouchDB passes it to a map function: `_id`, `_rev`, the body, and
-    /// `_conflicts` when it has any; `None` when the document is deleted (or gone since the feed
-    /// was read: its deletion comes later in the feed).
-    pub doc: Option<Value>,
+    /// The winning revision as CouchDB passes it to a map function, as JSON text
+    /// ([`Database::read_map_inputs`]): `_id`, `_rev`, the body, and `_conflicts` when it has any;
+    /// `None` when the document is deleted (or gone since the feed was read: its deletion comes
+    /// later in the feed).
+    pub doc: Option<DocText>,
 }
 
 /// A database whose change feed indexes (views, Mango's JSON indexes) are built from.
@@ -79,26 +80,18 @@ impl ViewSource for Database {
         // Whether the page reaches the end is all an index asks of `pending`.
         let page = self.backend().changes_to_end(since, limit).await.map_err(ViewError::Storage)?;
         // Nothing changed (every query of a current index): no read of no documents.
-        let states = match page.changes.is_empty() {
+        let inputs = match page.changes.is_empty() {
             true => Vec::new(),
-            false => self.read_changes(&page.changes).await.map_err(ViewError::Storage)?,
+            false => {
+                let ids: Vec<String> = page.changes.iter().map(|change| change.id.clone()).collect();
+                self.read_map_inputs(&ids).await.map_err(ViewError::Storage)?
+            }
         };
         let docs = page
             .changes
             .into_iter()
-            .zip(states)
-            .map(|(change, state)| {
-                let doc = state.filter(|state| !state.deleted()).and_then(|state| {
-                    let winner = state.tree.winner()?;
-                    Some(leaf_json(
-                        &change.id,
-                        &state.tree,
-                        winner,
-                        DocOptions { conflicts: true, ..DocOptions::default() },
-                    ))
-                });
-                SourceDoc { id: change.id, doc }
-            })
+            .zip(inputs)
+            .map(|(change, input)| SourceDoc { id: change.id, doc: input.map(DocText::from_json_text) })
             .collect();
         Ok(SourcePage { docs, last_seq: page.last_seq, complete: page.pending == Some(0) })
     }

@@ -29,6 +29,7 @@ use super::design::ReduceFn;
 use super::index_store::{ApplyOptions, GroupState, IndexStore, MappedDoc, Partials};
 use super::source::{SourceDoc, ViewSource};
 use super::ViewError;
+use crate::js::DocText;
 
 /// Documents read from the feed and mapped per step.
 pub const FEED_PAGE: usize = 128;
@@ -121,7 +122,7 @@ pub trait Mapper: Send + Sync {
     async fn map(
         &self,
         design: &DesignViews,
-        docs: Vec<Arc<Value>>,
+        docs: Vec<Arc<DocText>>,
     ) -> Result<Vec<Vec<Vec<(Value, Value)>>>, ViewError>;
 
     /// How many [`Mapper::map`] calls of `design` run at once to good effect (its worker
@@ -417,7 +418,7 @@ impl ViewIndexer {
     async fn map_parts(
         &self,
         design: &DesignViews,
-        docs: &[Arc<Value>],
+        docs: &[Arc<DocText>],
     ) -> Result<Vec<Vec<Vec<(Value, Value)>>>, ViewError> {
         let parts = self.mapper.parallel_calls(design).min(docs.len() / MIN_PART).max(1);
         if parts == 1 {
@@ -635,12 +636,13 @@ mod tests {
         async fn map(
             &self,
             _: &DesignViews,
-            docs: Vec<Arc<Value>>,
+            docs: Vec<Arc<DocText>>,
         ) -> Result<Vec<Vec<Vec<(Value, Value)>>>, ViewError> {
             self.mapped.fetch_add(docs.len(), Ordering::SeqCst);
             Ok(docs
                 .iter()
                 .map(|doc| {
+                    let doc = doc.value();
                     let by_type = vec![(doc["type"].clone(), doc["_rev"].clone())];
                     let conflicts = doc.get("_conflicts").map(|c| vec![(c.clone(), Value::Null)]).unwrap_or_default();
                     vec![by_type, conflicts]
@@ -789,14 +791,14 @@ mod tests {
         async fn map(
             &self,
             _: &DesignViews,
-            docs: Vec<Arc<Value>>,
+            docs: Vec<Arc<DocText>>,
         ) -> Result<Vec<Vec<Vec<(Value, Value)>>>, ViewError> {
             let mut rows = 0;
             for name in self.store.group_names("").unwrap() {
                 rows += self.store.read_group(&name).unwrap().map_or(0, |state| state.row_counts.iter().sum());
             }
             self.rows_seen.lock().unwrap().push(rows);
-            Ok(vec![vec![vec![(docs[0]["_id"].clone(), json!("x".repeat(1000)))]]])
+            Ok(vec![vec![vec![(docs[0].value()["_id"].clone(), json!("x".repeat(1000)))]]])
         }
     }
 

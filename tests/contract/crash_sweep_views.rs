@@ -13,6 +13,7 @@ use std::sync::Arc;
 use agentstore::backend::raw::layer::Layered;
 use agentstore::backend::DocumentBackend;
 use agentstore::database::{Database, Write, Written};
+use agentstore::js::DocText;
 use agentstore::store::StoreOptions;
 use agentstore::views::design::DesignViews;
 use agentstore::views::index_store::{IndexStore, RowRange};
@@ -31,8 +32,8 @@ struct WholeDocMapper;
 
 #[async_trait::async_trait]
 impl Mapper for WholeDocMapper {
-    async fn map(&self, _: &DesignViews, docs: Vec<Arc<Value>>) -> Result<Vec<Vec<Vec<(Value, Value)>>>, ViewError> {
-        Ok(docs.iter().map(|doc| vec![vec![(doc["_id"].clone(), Value::clone(doc))]]).collect())
+    async fn map(&self, _: &DesignViews, docs: Vec<Arc<DocText>>) -> Result<Vec<Vec<Vec<(Value, Value)>>>, ViewError> {
+        Ok(docs.iter().map(|doc| vec![vec![(doc.value()["_id"].clone(), doc.value().clone())]]).collect())
     }
 }
 

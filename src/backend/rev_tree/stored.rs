@@ -21,6 +21,7 @@ use std::collections::HashMap;
 
 use serde::ser::SerializeStruct;
 use serde::{Deserialize, Serialize, Serializer};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use super::{is_false, InnerBody, Leaf, RevPath};
@@ -186,17 +187,8 @@ impl<B: StoredBody> StoredTree<B> {
     /// The leaves, each with its whole path; an error names what is inconsistent (a parent not
     /// before its child, a leaf naming no revision).
     pub fn into_leaves(self) -> Result<Vec<Leaf>, String> {
-        let generations = generations(&self.revisions)?;
-        let mut leaves = Vec::with_capacity(self.leaves.len());
-        for leaf in self.leaves {
-            let path = match (leaf.revision, leaf.path) {
-                (Some(revision), _) => path_of(&self.revisions, &generations, revision)?,
-                (None, Some(path)) => path,
-                (None, None) => return Err("a leaf names no revision".to_owned()),
-            };
-            leaves.push(Leaf { path, deleted: leaf.deleted, body: leaf.body.into_body() });
-        }
-        Ok(leaves)
+        let leaves = self.into_leaves_and_bodies()?;
+        Ok(leaves.into_iter().map(|(leaf, body)| Leaf { body: body.into_body(), ..leaf }).collect())
     }
 
     /// The leaves ([`StoredTree::into_leaves`]) and the kept inner bodies.
@@ -219,6 +211,35 @@ impl<B: StoredBody> StoredTree<B> {
             }
         }
         Ok((self.into_leaves()?, inner))
+    }
+}
+
+impl<B> StoredTree<B> {
+    /// The leaves, each with its whole path and an empty body, beside each one's body as `B`
+    /// read it, in stored order.
+    pub(super) fn into_leaves_and_bodies(self) -> Result<Vec<(Leaf, B)>, String> {
+        let generations = generations(&self.revisions)?;
+        let mut leaves = Vec::with_capacity(self.leaves.len());
+        for leaf in self.leaves {
+            let path = match (leaf.revision, leaf.path) {
+                (Some(revision), _) => path_of(&self.revisions, &generations, revision)?,
+                (None, Some(path)) => path,
+                (None, None) => return Err("a leaf names no revision".to_owned()),
+            };
+            leaves.push((Leaf { path, deleted: leaf.deleted, body: Map::new() }, leaf.body));
+        }
+        Ok(leaves)
+    }
+}
+
+/// A stored body kept as its JSON text, unparsed ([`super::WinnerText`]): `None` when the leaf
+/// has none stored (an empty body, or a deletion).
+#[derive(Default)]
+pub struct RawBody(pub Option<Box<RawValue>>);
+
+impl<'de> Deserialize<'de> for RawBody {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Box::<RawValue>::deserialize(deserializer).map(|text| RawBody(Some(text)))
     }
 }
 

@@ -60,7 +60,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use futures::future::BoxFuture;
 
-use crate::backend::rev_tree::RevTree;
+use crate::backend::rev_tree::{RevTree, WinnerText};
 use crate::backend::{DocumentBackend, StoredDocument, StoredText};
 use crate::error::{Error, ErrorKind, Result};
 
@@ -457,6 +457,14 @@ impl Layout {
         let Layout::Record(layout) = self else { return None };
         let states = layout.read_many_outlines(ids).await;
         Some(states.map(|states| states.into_iter().map(|s| s.map(|s| tokened(s, LayoutToken::Record))).collect()))
+    }
+
+    /// The winner of each live record of `ids` with its body as stored text, where the layout
+    /// keeps whole trees in records over a backend that keeps their text (the engine's:
+    /// [`record::RecordLayout::winner_texts`]); `Ok(None)` for the other layouts and backends.
+    pub async fn winner_texts(&self, ids: &[String]) -> Result<Option<Vec<Option<WinnerText>>>> {
+        let Layout::Record(layout) = self else { return Ok(None) };
+        layout.winner_texts(ids).await
     }
 
     /// [`TreeLayout::listed`] from the records' stored text, for the engine's layout (whose

@@ -25,7 +25,7 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use super::{KeptBodies, LaidOut, RepairableLayout, ScanCursor, ScanPage, TreeLayout};
-use crate::backend::rev_tree::{RevTree, RevTreeOutline};
+use crate::backend::rev_tree::{RevTree, RevTreeOutline, WinnerText};
 use crate::backend::{DocumentBackend, EraseOptions, IdRange, Precondition, Revision, StoredDocument, StoredText};
 use crate::database::doc_attachments;
 use crate::error::{Error, ErrorKind, Result};
@@ -162,6 +162,22 @@ impl RecordLayout {
     /// `_changes` row). Never to be saved.
     pub(in crate::database) async fn read_many_outlines(&self, ids: &[String]) -> Result<Vec<Option<RecordState>>> {
         self.read_many_as::<RevTreeOutline>(ids, |body, id| tree_of(body, id).map(RevTreeOutline)).await
+    }
+
+    /// The winning leaf of each live record of `ids` read from the record's stored text with its
+    /// body unparsed ([`WinnerText`]), one answer per id (`None`: no live record; the tree, if
+    /// any, is in a local document, read by [`RepairableLayout::read_many`]); `None` when the
+    /// backend keeps no such text. For a view build's map input; never saved.
+    pub(in crate::database) async fn winner_texts(&self, ids: &[String]) -> Result<Option<Vec<Option<WinnerText>>>> {
+        let Some(texts) = self.backend.get_many_text(ids).await? else { return Ok(None) };
+        if texts.len() != ids.len() {
+            return Err(Error::new(ErrorKind::Internal, "the backend answered a batched read with too few documents"));
+        }
+        let parsed = texts.into_iter().zip(ids).map(|(text, id)| match text {
+            Some(text) => tree_of_text::<WinnerText>(&text.json, id).map(Some),
+            None => Ok(None),
+        });
+        parsed.collect::<Result<Vec<_>>>().map(Some)
     }
 
     /// [`TreeLayout::listed`] from the stored text of each record
@@ -573,6 +589,83 @@ mod tests {
         tree.edit(Some(&second), "c3", false, body(3), usize::MAX).expect("an edit");
         let side = RevPath { start: 2, ids: vec!["d2".into(), "a1".into()] };
         tree.merge(side, true, body(4), usize::MAX);
+        tree
+    }
+
+    /// What a map function is shown of a document, written from the record's stored text
+    /// (`winner_json`), is byte for byte what the document's value from the whole tree writes
+    /// (`leaf_json` with `MAP_INPUT`, as the view build wrote it before), for every value of the
+    /// corpus in trees with and without conflicts, deleted leaves, kept inner bodies and an empty
+    /// body; and the documents it cannot write so (a deleted winner, `_`-members, attachments)
+    /// are left to the whole read.
+    #[test]
+    fn a_map_input_written_from_the_stored_text_is_the_one_written_from_the_tree() {
+        use crate::database::document::{leaf_json, winner_json, MAP_INPUT};
+        let body = |value: Value| match value {
+            Value::Object(body) => body,
+            _ => unreachable!("an object literal"),
+        };
+        let whole_text = |tree: &RevTree, id: &str| {
+            let winner = tree.winner().filter(|winner| !winner.deleted)?;
+            Some(leaf_json(id, tree, winner, MAP_INPUT).to_string())
+        };
+        let from_text = |tree: &RevTree, id: &str| {
+            let text = record_text(tree).expect("encodes");
+            let winner = tree_of_text::<WinnerText>(text.get().as_bytes(), id).expect("reads");
+            winner_json(id, &winner)
+        };
+        let values = corpus_values();
+        assert!(values.len() >= 20, "read {} values of the corpus", values.len());
+        let mut written = 0;
+        for value in &values {
+            let mut trees = vec![tree_holding(value)];
+            // One leaf, members in an order that is not sorted.
+            let mut single = RevTree::default();
+            single.edit(None, "a1", false, body(json!({"z": value, "a": 1, "m": [value]})), usize::MAX).expect("made");
+            trees.push(single.clone());
+            // Live conflicts on both sides of the winner's generation, and a deleted one.
+            let mut conflicted = single;
+            for (start, ids, deleted) in
+                [(2, ["f2", "a1"], false), (2, ["aa", "a1"], false), (2, ["0b", "a1"], false), (2, ["ff", "a1"], true)]
+            {
+                let path = RevPath { start, ids: ids.iter().map(|id| (*id).to_owned()).collect() };
+                conflicted.merge(path, deleted, body(json!({"v": value})), usize::MAX);
+            }
+            let longer = RevPath { start: 3, ids: vec!["c3".into(), "0b".into(), "a1".into()] };
+            conflicted.merge(longer, false, body(json!({"w": value, "n": -0.0})), usize::MAX);
+            assert_eq!(conflicted.conflicts().len(), 2, "the tree has the conflicts meant");
+            assert_eq!(conflicted.deleted_conflicts().len(), 1, "the tree has the conflicts meant");
+            trees.push(conflicted);
+            for tree in &trees {
+                for id in ["d", "é \"quoted\" \u{1}/"] {
+                    let expected = whole_text(tree, id).expect("a live winner");
+                    assert_eq!(from_text(tree, id).as_deref(), Some(expected.as_str()), "for {value}");
+                    written += 1;
+                }
+            }
+        }
+        assert!(written >= values.len() * 6);
+        let mut empty = RevTree::default();
+        empty.edit(None, "a1", false, Map::new(), usize::MAX).expect("made");
+        assert_eq!(from_text(&empty, "e"), whole_text(&empty, "e"));
+        assert_eq!(from_text(&empty, "e").as_deref(), Some(r#"{"_id":"e","_rev":"1-a1"}"#));
+        // Left to the whole read: a deleted winner, attachments (shown as stubs), `_` in a value.
+        let mut deleted = empty.clone();
+        deleted.edit(Some("1-a1"), "b2", true, Map::new(), usize::MAX).expect("deleted");
+        let stubbed = json!({"_attachments": {"a.txt": {"content_type": "text/plain", "revpos": 1,
+            "digest": "md5-x", "length": 1, "stub": true}}});
+        for (tree, why) in [
+            (deleted, "deleted"),
+            (tree_with(body(stubbed)), "attachments"),
+            (tree_with(body(json!({"k": "_v"}))), "underscore"),
+        ] {
+            assert_eq!(from_text(&tree, "x"), None, "{why}");
+        }
+    }
+
+    fn tree_with(body: Map<String, Value>) -> RevTree {
+        let mut tree = RevTree::default();
+        tree.edit(None, "a1", false, body, usize::MAX).expect("made");
         tree
     }
 
