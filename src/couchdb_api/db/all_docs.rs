@@ -26,7 +26,7 @@ use crate::couchdb_api::listing::{
 use crate::couchdb_api::local_docs::ListingRequest;
 use crate::couchdb_api::{json, Answer, CouchState};
 use crate::database::data_store_rules::Confinement;
-use crate::database::layout::{write_json_string, LayoutToken, Served, WinnerText};
+use crate::database::layout::{write_json_string, AnswerableWinner, LayoutToken, Served};
 use crate::database::{Database, DocState};
 
 /// `GET /{db}/_all_docs`.
@@ -339,7 +339,7 @@ fn range_rows(
 
 /// The row of a live document with its document, written from its record's text: what [`row`]
 /// writes for it (`id`, `key`, `value` with the revision, then `doc`), without parsing the body.
-fn stored_row(id: &str, winner: &WinnerText) -> String {
+fn stored_row(id: &str, winner: &AnswerableWinner) -> String {
     let mut text = String::with_capacity(winner.json.len() + 3 * id.len() + 96);
     let quoted_id = serde_json::to_string(id).unwrap_or_default();
     text.push_str("{\"id\":");

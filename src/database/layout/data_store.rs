@@ -58,7 +58,7 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::{KeptBodies, LaidOut, RepairableLayout, Served, TreeLayout, WinnerText};
+use super::{AnswerableWinner, KeptBodies, LaidOut, RepairableLayout, Served, TreeLayout};
 use crate::backend::rev_tree::{Leaf, MergeOutcome, RevPath, RevTree, StoredLeaves, StoredTree};
 use crate::backend::{
     DocumentBackend, EraseOptions, Precondition, RecordWithLocal, ReplicatedOutcome, ReplicatedRevision, Revision,
@@ -285,7 +285,7 @@ impl<'a, B: DocumentBackend + ?Sized> DataStoreView<'a, B> {
     /// One document as a plain read of its winner serves it ([`super::Layout::read_served`]):
     /// a live record with no side document is its winner alone, and no save of it is
     /// unfinished (the mark is in the side document), so its stored text is the answer
-    /// ([`Served::Alone`], where [`WinnerText::answerable`]); any other document is read as
+    /// ([`Served::Alone`], where [`AnswerableWinner::answerable`]); any other document is read as
     /// [`super::read_repairing`] reads it, from the same snapshot where the backend reads
     /// record and side together. `None`: nothing stored.
     pub async fn read_served(&self, id: &str) -> Result<Option<Served<SideToken>>> {
@@ -294,7 +294,7 @@ impl<'a, B: DocumentBackend + ?Sized> DataStoreView<'a, B> {
         };
         let read = match read {
             RecordWithLocal { record: Some((info, json)), local: None } if !info.deleted => {
-                match WinnerText::answerable(info.rev, json) {
+                match AnswerableWinner::answerable(info.rev, json) {
                     Some(text) => return Ok(Some(Served::Alone(text))),
                     None => return Ok(super::read_repairing(self, id).await?.map(Served::State)),
                 }
@@ -316,7 +316,7 @@ impl<'a, B: DocumentBackend + ?Sized> DataStoreView<'a, B> {
         let mut branched = Vec::new();
         for (doc, side) in documents.into_iter().zip(sides) {
             let alone = match side {
-                None => WinnerText::answerable(doc.rev, doc.json),
+                None => AnswerableWinner::answerable(doc.rev, doc.json),
                 Some(_) => None,
             };
             if alone.is_none() {

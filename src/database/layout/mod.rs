@@ -90,28 +90,28 @@ pub type MaybeLaidOut<T> = Option<LaidOut<T>>;
 /// A document's live winner as its record stores it: the revision and the body as the stored
 /// JSON text of an object. What a read answers as is where nothing in the answer changes: the
 /// document is `_id`, `_rev`, then the body's members in their stored order and text
-/// ([`WinnerText::write_document`]), the bytes the parsed tree's answer
+/// ([`AnswerableWinner::write_document`]), the bytes the parsed tree's answer
 /// (`crate::database::document::leaf_json` written by serde_json) would have, because the
 /// record's text was written by serde_json from a parsed body in the first place.
 #[derive(Debug, Clone, PartialEq)]
-pub struct WinnerText {
+pub struct AnswerableWinner {
     pub rev: crate::backend::Revision,
     pub json: String,
 }
 
-impl WinnerText {
+impl AnswerableWinner {
     /// The text `json` of a record when it can be answered as is: UTF-8 (what a parse would
     /// check; a record that is not goes the parsed way and fails there as before), an object,
     /// none of whose member names (at any depth, and conservatively no string) starts with
     /// `_`. Those are what a document's answer treats apart (`_attachments` shown as stubs,
     /// `_id`/`_rev` never twice), so such a body is answered from its parsed tree instead; none
     /// of the data-store documents' own members is one.
-    pub fn answerable(rev: crate::backend::Revision, json: Vec<u8>) -> Option<WinnerText> {
+    pub fn answerable(rev: crate::backend::Revision, json: Vec<u8>) -> Option<AnswerableWinner> {
         let object = json.first() == Some(&b'{') && json.last() == Some(&b'}');
         if !object || memchr::memmem::find(&json, b"\"_").is_some() {
             return None;
         }
-        String::from_utf8(json).ok().map(|json| WinnerText { rev, json })
+        String::from_utf8(json).ok().map(|json| AnswerableWinner { rev, json })
     }
 
     /// Appends the document as a read answers it: `{"_id":…,"_rev":…` and then the body's
@@ -144,7 +144,7 @@ pub fn write_json_string(text: &str, out: &mut String) {
 pub enum Served<T> {
     /// A live record with no other leaf beside it (so no save of it left unfinished), whose
     /// text is answered as is.
-    Alone(WinnerText),
+    Alone(AnswerableWinner),
     /// Any other document: its state as [`Layout::read_as_served`] reads it.
     State(LaidOut<T>),
 }
@@ -798,7 +798,7 @@ mod tests {
         cases.iter().filter_map(|case| case.get("value").cloned()).collect()
     }
 
-    /// A record's text answered as is ([`WinnerText::write_document`]) is, byte for byte, the
+    /// A record's text answered as is ([`AnswerableWinner::write_document`]) is, byte for byte, the
     /// answer built from the parsed tree (`leaf_json` written by serde_json, what a read answered
     /// before), for every value of the corpus in a data-store body, ids needing escapes, and
     /// the empty body; a body the text cannot be answered for holds a member starting with `_`.
@@ -830,7 +830,7 @@ mod tests {
                     serde_json::to_string(&leaf_json(id, &tree, leaf, DocOptions::default())).expect("writes");
                 // What the embedded store keeps (`codec::encode_json`).
                 let stored = serde_json::to_vec(body).expect("encodes");
-                match WinnerText::answerable(crate::backend::Revision(leaf.rev()), stored.clone()) {
+                match AnswerableWinner::answerable(crate::backend::Revision(leaf.rev()), stored.clone()) {
                     Some(winner) => {
                         let mut from_text = String::new();
                         winner.write_document(id, &mut from_text);
