@@ -37,12 +37,15 @@
 //! The grouping is the engine's layout's ([`crate::database::layout::record`]). Over the
 //! data-store database's layouts (whose saves write the record and its side document in steps of
 //! their own, or, on CouchDB, each leaf through the backend's own calls) the states are read in
-//! one batched read too and the writes applied in memory the same way, and then every document's
-//! save is started at once ([`SAVES_AT_ONCE`] in flight), each as [`Database::write_batch`] saves
-//! it: on the embedded store the saves reach its group commit together, in id order, so a
-//! `_bulk_docs` of 100 documents is made durable by one or two fsync'd commits rather than one
-//! per document (issue 38: they were written one after another, the data-store `_bulk_docs` of
-//! 100 ran at 2.3x a real CouchDB 3.4.3 against 8.3x for single creates). On CouchDB (the native
+//! one batched read too and the writes applied in memory the same way. On the data-store layout
+//! the saves that are one write of the record each (a new document, an edit of one whose other
+//! leaves stay as they are: nearly all) go in one backend call, in id order
+//! ([`Database::save_records_together`]: one job of the embedded store's group commit, so one
+//! fsync'd commit for a `_bulk_docs`; issue 38: saved one after another, the data-store
+//! `_bulk_docs` of 100 ran at 2.3x a real CouchDB 3.4.3 against 8.3x for single creates, and
+//! started all at once, a job each, they still met the commit in two groups or more, 1.8 fsyncs
+//! per request). Every other save is started at once ([`SAVES_AT_ONCE`] in flight), each as
+//! [`Database::write_batch`] saves it. On CouchDB (the native
 //! layout) the creations among them go in one `bulk_write`, CouchDB's `_bulk_docs`
 //! ([`Database::create_in_bulk`]), and the other edits' requests overlap. Those creations are
 //! not read first either, as a single creation there is not (`Database::create_unread`): CouchDB
@@ -70,9 +73,10 @@ use crate::error::{Error, ErrorKind, Result};
 
 /// Local trees written first, and documents saved alone or written again, at once.
 const CONCURRENCY: usize = 16;
-/// Saves of the data-store layouts in flight at once: enough that a `_bulk_docs` of 100 reaches
-/// the embedded store's group commit in one group, few enough that a request of thousands does
-/// not queue them all at once (on the CouchDB backend creations go in one `_bulk_docs` and only
+/// Saves of the data-store layouts made alone (those of more than one record write; on CouchDB
+/// every edit that is not a creation) in flight at once: enough that many reach the embedded
+/// store's group commit together, few enough that a request of thousands does not queue them
+/// all at once (on the CouchDB backend creations go in one `_bulk_docs` and only
 /// the other edits are requests of their own).
 const SAVES_AT_ONCE: usize = 128;
 
