@@ -14,8 +14,8 @@ use serde_json::{Map, Value};
 use crate::backend::rev_tree::RevTree;
 use crate::backend::{
     BulkWrite, BulkWriteText, ChangesPage, DesignRequest, DesignResponse, DocumentBackend, DocumentText, EraseOptions,
-    IdRange, LayoutState, Page, Precondition, Query, RecordWithLocal, ReplicatedOutcome, ReplicatedRevision, Revision,
-    RevisionInfo, StoredDocument, StoredText, UpgradePage,
+    IdRange, LayoutState, Page, Precondition, Query, RecordWithLocal, ReplicatedLeaf, ReplicatedOutcome,
+    ReplicatedRevision, Revision, RevisionInfo, StoredDocument, StoredText, UpgradePage,
 };
 use crate::error::Result;
 
@@ -133,6 +133,10 @@ impl DocumentBackend for MeteredBackend {
 
     async fn put_replicated(&self, id: &str, incoming: &ReplicatedRevision) -> Result<ReplicatedOutcome> {
         timed!(self, "put_replicated", self.inner.put_replicated(id, incoming))
+    }
+
+    async fn put_replicated_leaves(&self, leaves: &[ReplicatedLeaf<'_>]) -> Result<Vec<Result<ReplicatedOutcome>>> {
+        timed!(self, "put_replicated_leaves", self.inner.put_replicated_leaves(leaves))
     }
 
     async fn put_branch(
@@ -413,6 +417,10 @@ mod tests {
             self.record("put_replicated");
             Ok(ReplicatedOutcome::KeptCurrent)
         }
+        async fn put_replicated_leaves(&self, _: &[ReplicatedLeaf<'_>]) -> Result<Vec<Result<ReplicatedOutcome>>> {
+            self.record("put_replicated_leaves");
+            Ok(vec![Ok(ReplicatedOutcome::Applied)])
+        }
         async fn query(&self, _: &Query, _: usize, _: Option<&str>) -> Result<Page<StoredDocument>> {
             unused()
         }
@@ -613,6 +621,9 @@ mod tests {
             precondition: Precondition::None,
         };
         assert_eq!(metered.put_replicated("u:n:k", &incoming).await.unwrap(), ReplicatedOutcome::KeptCurrent);
+        let leaf = ReplicatedLeaf { id: "u:n:k", head: &incoming, body: &incoming.body };
+        let outcomes = metered.put_replicated_leaves(&[leaf]).await.unwrap();
+        assert_eq!(outcomes.into_iter().map(Result::unwrap).collect::<Vec<_>>(), [ReplicatedOutcome::Applied]);
         assert_eq!(metered.put_branch("u:n:k", &incoming, usize::MAX).await.unwrap(), ReplicatedOutcome::AlreadyKnown);
         assert_eq!(metered.revision_tree("u:n:k").await.unwrap(), Some(RevTree::default()));
         assert_eq!(metered.revision_trees(&["u:n:k".into()]).await.unwrap(), vec![Some(RevTree::default())]);
@@ -659,6 +670,7 @@ mod tests {
                 "revisions_many",
                 "checks_never_written",
                 "put_replicated",
+                "put_replicated_leaves",
                 "put_branch",
                 "revision_tree",
                 "revision_trees",

@@ -23,8 +23,8 @@ use agentstore::backend::raw::layer::Layered;
 use agentstore::backend::rev_tree::RevTree;
 use agentstore::backend::{
     BulkWrite, BulkWriteText, ChangesPage, DesignRequest, DesignResponse, DocumentBackend, DocumentText, EraseOptions,
-    IdRange, LayoutState, Page, Precondition, Query, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo,
-    StoredDocument, UpgradePage,
+    IdRange, LayoutState, Page, Precondition, Query, ReplicatedLeaf, ReplicatedOutcome, ReplicatedRevision, Revision,
+    RevisionInfo, StoredDocument, UpgradePage,
 };
 use agentstore::{Error, ErrorKind, Result};
 use serde_json::value::RawValue;
@@ -269,6 +269,7 @@ counted_layer! {
     fn put(&self, id: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Revision>;
     fn delete(&self, id: &str, rev: &Revision) -> Result<Revision>;
     fn put_replicated(&self, id: &str, incoming: &ReplicatedRevision) -> Result<ReplicatedOutcome>;
+    fn put_replicated_leaves(&self, leaves: &[ReplicatedLeaf<'_>]) -> Result<Vec<Result<ReplicatedOutcome>>>;
     fn put_branch(&self, id: &str, incoming: &ReplicatedRevision, max_tree_bytes: usize) -> Result<ReplicatedOutcome>;
     fn revision_tree(&self, id: &str) -> Result<Option<RevTree>>;
     fn revision_trees(&self, ids: &[String]) -> Result<Vec<Option<RevTree>>>;

@@ -23,8 +23,8 @@ use super::write::{EncodedWrite, ReplicatedWrite, Tables};
 use super::{attachments, codec, core, feed, ids, local};
 use crate::backend::{
     BulkWrite, BulkWriteText, ChangesPage, DocumentBackend, EraseOptions, IdRange, LayoutState, Page, Precondition,
-    Query, RecordWithLocal, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo, StoredDocument, StoredText,
-    UpgradePage, DEFAULT_REVS_LIMIT,
+    Query, RecordWithLocal, ReplicatedLeaf, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo,
+    StoredDocument, StoredText, UpgradePage, DEFAULT_REVS_LIMIT,
 };
 use crate::error::{Error, ErrorKind, Result};
 
@@ -217,6 +217,29 @@ impl DocumentBackend for EmbeddedBackend {
         // Checked and encoded first: a refused revision changes nothing and takes no write lock.
         let write = ReplicatedWrite::new(id, incoming)?;
         self.write(1, move |tables| tables.write_replicated(&write)).await
+    }
+
+    /// Checked and encoded first, each from its borrowed body (one that cannot be fails alone),
+    /// then written in one job of the group commit, in order: one transaction and one fsync'd
+    /// commit for all of them. A refused precondition is that write's outcome alone; a storage
+    /// failure fails the job, and the transaction is rolled back (nothing of it written).
+    async fn put_replicated_leaves(&self, leaves: &[ReplicatedLeaf<'_>]) -> Result<Vec<Result<ReplicatedOutcome>>> {
+        let encoded: Vec<Result<ReplicatedWrite>> = leaves.iter().map(ReplicatedWrite::of_leaf).collect();
+        self.write(encoded.len(), move |tables| {
+            let mut outcomes = Vec::with_capacity(encoded.len());
+            for write in encoded {
+                let outcome = match write {
+                    Ok(write) => match tables.write_replicated(&write) {
+                        Err(e) if e.kind() != ErrorKind::Conflict => return Err(e),
+                        other => other,
+                    },
+                    Err(e) => Err(e),
+                };
+                outcomes.push(outcome);
+            }
+            Ok(outcomes)
+        })
+        .await
     }
 
     async fn query(&self, query: &Query, limit: usize, page_token: Option<&str>) -> Result<Page<StoredDocument>> {

@@ -14,7 +14,7 @@ use super::core::{
 use super::error::map_redb;
 use crate::backend::replicated::{self, CheckedRevision};
 use crate::backend::revision::{PackedAncestry, RevisionId};
-use crate::backend::{Precondition, ReplicatedOutcome, ReplicatedRevision, Revision};
+use crate::backend::{Precondition, ReplicatedLeaf, ReplicatedOutcome, ReplicatedRevision, Revision};
 use crate::error::{Error, ErrorKind, Result};
 
 /// A write with its body already encoded.
@@ -73,13 +73,15 @@ pub(super) struct ReplicatedWrite {
 
 impl ReplicatedWrite {
     pub(super) fn new(id: &str, incoming: &ReplicatedRevision) -> Result<Self> {
+        Self::of_leaf(&ReplicatedLeaf { id, head: incoming, body: &incoming.body })
+    }
+
+    /// The write of a revision whose body is borrowed (encoded from where it is, not copied).
+    pub(super) fn of_leaf(leaf: &ReplicatedLeaf<'_>) -> Result<Self> {
+        let (id, incoming, body) = (leaf.id, leaf.head, leaf.body);
         let checked = replicated::check(id, incoming)?;
-        let json = if incoming.deleted && incoming.body.is_empty() {
-            Vec::new()
-        } else {
-            codec::encode_json(id, &incoming.body)?
-        };
-        let index_key = if incoming.deleted { None } else { index_key(&incoming.body) };
+        let json = if incoming.deleted && body.is_empty() { Vec::new() } else { codec::encode_json(id, body)? };
+        let index_key = if incoming.deleted { None } else { index_key(body) };
         let incoming = ReplicatedRevision {
             rev: incoming.rev.clone(),
             ancestry: incoming.ancestry.clone(),

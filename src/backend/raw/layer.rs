@@ -15,8 +15,8 @@ use serde_json::{Map, Value};
 use crate::backend::rev_tree::RevTree;
 use crate::backend::{
     BulkWrite, BulkWriteText, ChangesPage, DesignRequest, DesignResponse, DocumentBackend, DocumentText, EraseOptions,
-    IdRange, LayoutState, Page, Precondition, Query, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo,
-    StoredDocument, UpgradePage,
+    IdRange, LayoutState, Page, Precondition, Query, ReplicatedLeaf, ReplicatedOutcome, ReplicatedRevision, Revision,
+    RevisionInfo, StoredDocument, UpgradePage,
 };
 use crate::error::Result;
 
@@ -45,6 +45,10 @@ pub trait Layered: Send + Sync + 'static {
 
     async fn put_replicated(&self, id: &str, incoming: &ReplicatedRevision) -> Result<ReplicatedOutcome> {
         self.inner().put_replicated(id, incoming).await
+    }
+
+    async fn put_replicated_leaves(&self, leaves: &[ReplicatedLeaf<'_>]) -> Result<Vec<Result<ReplicatedOutcome>>> {
+        self.inner().put_replicated_leaves(leaves).await
     }
 
     async fn put_branch(
@@ -291,6 +295,10 @@ impl<L: Layered> DocumentBackend for L {
 
     async fn put_replicated(&self, id: &str, incoming: &ReplicatedRevision) -> Result<ReplicatedOutcome> {
         Layered::put_replicated(self, id, incoming).await
+    }
+
+    async fn put_replicated_leaves(&self, leaves: &[ReplicatedLeaf<'_>]) -> Result<Vec<Result<ReplicatedOutcome>>> {
+        Layered::put_replicated_leaves(self, leaves).await
     }
 
     async fn put_branch(

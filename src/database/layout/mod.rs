@@ -476,6 +476,32 @@ impl Layout {
     }
 
     /// The engine's layout, `None` for another: what the engine's batched bulk path needs.
+    /// The data-store layout, `None` for another.
+    pub fn as_data_store(&self) -> Option<&data_store::DataStoreLayout> {
+        match self {
+            Layout::DataStore(layout) => Some(layout),
+            Layout::Record(_) | Layout::Native(_) => None,
+        }
+    }
+
+    /// On the data-store layout, the one record write that saving `tree` over `before` is, when
+    /// that is all it is ([`data_store::record_write_of`]); `None` on the other layouts.
+    pub fn record_write_of<'t>(
+        &self,
+        id: &'t str,
+        before: Option<&LaidOut<LayoutToken>>,
+        tree: &'t RevTree,
+    ) -> Option<data_store::RecordWrite<'t>> {
+        if !matches!(self, Layout::DataStore(_)) {
+            return None;
+        }
+        let token = match before {
+            Some(state) => Some(side_token(&state.token).ok()?),
+            None => None,
+        };
+        data_store::record_write_of(id, token, tree)
+    }
+
     pub fn as_record(&self) -> Option<&record::RecordLayout> {
         match self {
             Layout::Record(layout) => Some(layout),
