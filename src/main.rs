@@ -7,6 +7,10 @@ use agentstore::config::{LogFormat, Settings};
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
+/// The process's allocator (why: Cargo.toml, beside the dependency).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let serving = matches!(cli.command, cli::Command::Serve { .. });
