@@ -256,26 +256,49 @@ impl AttachmentStore {
         if referenced.is_empty() {
             return Ok(());
         }
-        let shas: Vec<&String> = referenced.iter().collect();
+        let standing = self.touch_all(referenced).await?;
+        references_stand(referenced, new, &standing)
+    }
+
+    /// [`AttachmentStore::keep_referenced`] for many documents saved at once (`documents`: each
+    /// one's references and its new ones): the manifests of every SHA-256 any of them references
+    /// read in one batched read, not one per document, and touched once each; one answer per
+    /// document, the one `keep_referenced` gives it. The touches all come before the saves, as
+    /// each document's own did before its save. A failure of the read or of a touch is the
+    /// answer of every document that references anything.
+    pub async fn keep_referenced_by_many(&self, documents: &[(HashSet<String>, HashSet<String>)]) -> Vec<Result<()>> {
+        let all: HashSet<String> = documents.iter().flat_map(|(referenced, _)| referenced.iter().cloned()).collect();
+        if all.is_empty() {
+            return documents.iter().map(|_| Ok(())).collect();
+        }
+        let standing = self.touch_all(&all).await;
+        documents
+            .iter()
+            .map(|(referenced, new)| match &standing {
+                _ if referenced.is_empty() => Ok(()),
+                Ok(standing) => references_stand(referenced, new, standing),
+                Err(err) => Err(Error::new(err.kind(), err.message().to_owned())),
+            })
+            .collect()
+    }
+
+    /// Reads the manifests of `shas` in one batched read and touches each ([`Self::touch`]);
+    /// the SHA-256s whose manifest stands.
+    async fn touch_all(&self, shas: &HashSet<String>) -> Result<HashSet<String>> {
+        let shas: Vec<&String> = shas.iter().collect();
         let names: Vec<String> = shas.iter().map(|sha256| manifest_name(sha256)).collect();
         let manifests = self.backend.get_many_local(&names).await?;
+        let mut standing = HashSet::with_capacity(shas.len());
         for (sha256, manifest) in shas.into_iter().zip(manifests) {
             let kept = match manifest {
                 Some(manifest) => self.touch(sha256, manifest).await?,
                 None => false,
             };
             if kept {
-                continue;
+                standing.insert(sha256.clone());
             }
-            if new.contains(sha256) {
-                return Err(Error::conflict(format!(
-                    "the bytes of attachment {sha256} were freed while this write was made (the document they came \
-                     from changed); try again"
-                )));
-            }
-            tracing::warn!(sha256, "a document keeps a reference to attachment bytes that are gone");
         }
-        Ok(())
+        Ok(standing)
     }
 
     /// Touches the manifest of `sha256`, read as `manifest`, unless it was stored within half
@@ -673,6 +696,22 @@ fn stored_millis(doc: &StoredDocument) -> u64 {
     doc.body.get("stored_ms").and_then(Value::as_u64).unwrap_or(0)
 }
 
+/// A document's answer once the manifests of its references were touched (`standing`: those that
+/// stand): a reference it adds (`new`) whose manifest is gone fails it with a conflict; one it
+/// held already is only logged ([`AttachmentStore::keep_referenced`]).
+fn references_stand(referenced: &HashSet<String>, new: &HashSet<String>, standing: &HashSet<String>) -> Result<()> {
+    for sha256 in referenced.iter().filter(|sha256| !standing.contains(*sha256)) {
+        if new.contains(sha256) {
+            return Err(Error::conflict(format!(
+                "the bytes of attachment {sha256} were freed while this write was made (the document they came \
+                 from changed); try again"
+            )));
+        }
+        tracing::warn!(sha256, "a document keeps a reference to attachment bytes that are gone");
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -718,6 +757,44 @@ mod tests {
         let durable = reopened.durable_commits();
         reopened.put("doc", &Map::new(), Precondition::MustNotExist).await.unwrap();
         assert_eq!(reopened.durable_commits() - durable, 1, "a document write commits durably");
+    }
+
+    /// Many documents' references kept at once answer each document as `keep_referenced` alone
+    /// would: a stored manifest keeps its references; a manifest that is gone fails the
+    /// documents to which its SHA-256 is new (conflict), and not one that held it already, nor
+    /// one referencing nothing.
+    #[tokio::test]
+    async fn many_documents_references_are_each_answered_as_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend: Arc<dyn DocumentBackend> =
+            Arc::new(crate::backend::embedded::EmbeddedBackend::open(&dir.path().join("a.redb")).await.unwrap());
+        let attachments = AttachmentStore::new(backend);
+        let stored =
+            attachments.write(futures::stream::iter([Ok(Bytes::from_static(b"kept bytes"))]), u64::MAX).await.unwrap();
+        let gone = "e".repeat(64);
+        let set = |shas: &[&str]| shas.iter().map(|sha| (*sha).to_owned()).collect::<HashSet<String>>();
+        let documents = [
+            (set(&[&stored.sha256]), set(&[&stored.sha256])),
+            (set(&[&stored.sha256, &gone]), set(&[&gone])),
+            (set(&[&gone]), set(&[])),
+            (set(&[]), set(&[])),
+        ];
+        let answers = attachments.keep_referenced_by_many(&documents).await;
+        assert_eq!(answers.len(), 4);
+        assert!(answers[0].is_ok(), "{:?}", answers[0]);
+        assert_eq!(
+            answers[1].as_ref().map_err(Error::kind).err(),
+            Some(ErrorKind::Conflict),
+            "a new reference to gone bytes"
+        );
+        assert!(answers[2].is_ok(), "a reference held already is kept: {:?}", answers[2]);
+        assert!(answers[3].is_ok());
+        for (referenced, new) in &documents {
+            let alone = attachments.keep_referenced(referenced, new).await.map_err(|err| err.kind());
+            let together =
+                attachments.keep_referenced_by_many(std::slice::from_ref(&(referenced.clone(), new.clone()))).await;
+            assert_eq!(together[0].as_ref().map(|_| ()).map_err(Error::kind), alone, "{referenced:?}");
+        }
     }
 
     /// Fed in pieces that straddle chunk boundaries every way (smaller than a chunk, a whole

@@ -72,7 +72,7 @@ mod repairing;
 pub use closing::DRAIN_WAIT;
 pub use purge_views::MAX_PURGES_NAMED;
 
-pub use bulk::DocumentAnswers;
+pub use bulk::{DocumentAnswers, ReadBefore};
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -1023,6 +1023,30 @@ impl Database {
         let held = before.map(|state| tree_references(&state.tree)).unwrap_or_default();
         let new: HashSet<String> = referenced.difference(&held).cloned().collect();
         self.attachments.keep_referenced(&referenced, &new).await
+    }
+
+    /// [`Database::keep_references`] for many documents saved at once (`saves`: each one's state
+    /// as read and the tree about to be saved over it): their manifests read in one batched read
+    /// ([`AttachmentStore::keep_referenced_by_many`]), not one per document; one answer per
+    /// document, in order. Issue 38: a `migrate` page's documents with attachments cost a
+    /// manifest read each.
+    pub(super) async fn keep_references_of_many(&self, saves: &[(Option<&DocState>, &RevTree)]) -> Vec<Result<()>> {
+        if self.attachments_unsupported() {
+            return saves.iter().map(|_| Ok(())).collect();
+        }
+        let documents: Vec<(HashSet<String>, HashSet<String>)> = saves
+            .iter()
+            .map(|(before, tree)| {
+                let referenced = tree_references(tree);
+                let held = match before {
+                    Some(state) if !referenced.is_empty() => tree_references(&state.tree),
+                    _ => HashSet::new(),
+                };
+                let new = referenced.difference(&held).cloned().collect();
+                (referenced, new)
+            })
+            .collect();
+        self.attachments.keep_referenced_by_many(&documents).await
     }
 
     /// Erases every trace of one document, and of no other (ids that start with it included),

@@ -43,7 +43,7 @@ pub mod write_guard;
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 
-pub use engine::{Database, DocState, InnerBodyBounds, Write, Written};
+pub use engine::{Database, DocState, InnerBodyBounds, ReadBefore, Write, Written};
 
 use crate::backend::catalog::{Catalog, DbName};
 use crate::backend::BackendUrl;

@@ -31,8 +31,9 @@
 //! only the bulk write when the caller read those states just before
 //! ([`Database::write_many_over`]: `migrate --all-databases` reads them to answer `_revs_diff`).
 //! Each document that references attachment bytes first touches their manifests
-//! ([`Database::keep_references`], one batched read per document, a write only for a manifest
-//! stored more than half the grace period ago), as every save does.
+//! ([`Database::keep_references`]: a write only for a manifest stored more than half the grace
+//! period ago), as every save does; the documents saved in one bulk write read their manifests
+//! in one batched read together ([`Database::keep_references_of_many`]), not one per document.
 //!
 //! The grouping is the engine's layout's ([`crate::database::layout::record`]). Over the
 //! data-store database's layouts (whose saves write the record and its side document in steps of
@@ -109,36 +110,53 @@ impl Saved {
     }
 }
 
+/// What a caller of [`Database::write_many_over`] read for the write just before it, so the
+/// write does not read it again.
+#[derive(Debug, Default)]
+pub struct ReadBefore {
+    /// Documents' states by id, as [`Database::read_many`] answered them (`None`: read as
+    /// absent).
+    pub states: HashMap<String, Option<DocState>>,
+    /// `_revs_limit` as [`Database::revs_limit`] answered it for this write. On a backend other
+    /// processes share, [`Database::revs_limit`] reads the setting at every call so that a limit
+    /// set through any instance holds from the next request on (issue 36); a caller whose one
+    /// request is written in several `write_many_over` calls (a `migrate` page: 500 documents
+    /// written 100 at a time) reads it once for all of them, as CouchDB's `_bulk_docs` reads it
+    /// once per request, not once per document.
+    pub revs_limit: Option<usize>,
+}
+
 impl Database {
     /// Applies each document's writes as [`Database::write_batch`] does, for many documents in
     /// a few backend calls (see the module's documentation); one answer per document, in order.
     /// An id given twice has its second group applied after its first. The outer error is for a
     /// failure of the whole call (the database deleted, a read or a bulk write that failed).
     pub async fn write_many(&self, documents: &[(String, Vec<Write>)]) -> Result<Vec<DocumentAnswers>> {
-        self.write_many_over(documents, HashMap::new()).await
+        self.write_many_over(documents, ReadBefore::default()).await
     }
 
-    /// [`Database::write_many`] over states the caller read just before with
-    /// [`Database::read_many`] (`read`, by id; a `None` is a document read as absent): those ids
-    /// are not read again. A `migrate --all-databases` page reads its target's states to answer
-    /// which leaves it lacks, and writes them right after: one read of the page, not two. A state
-    /// that changed since it was read (another writer) is what a write meeting another writer
-    /// sees inside `write_many` too: its save's precondition fails, and the document is read
-    /// again and written alone.
+    /// [`Database::write_many`] over what the caller read just before (`before`): the states of
+    /// [`ReadBefore::states`] and the `_revs_limit` of [`ReadBefore::revs_limit`] are not read
+    /// again. A `migrate --all-databases` page reads its target's states to answer which leaves
+    /// it lacks, and writes them right after: one read of the page, not two. A state that changed
+    /// since it was read (another writer) is what a write meeting another writer sees inside
+    /// `write_many` too: its save's precondition fails, and the document is read again and
+    /// written alone.
     pub async fn write_many_over(
         &self,
         documents: &[(String, Vec<Write>)],
-        read: HashMap<String, Option<DocState>>,
+        before: ReadBefore,
     ) -> Result<Vec<DocumentAnswers>> {
         let _under_way = self.start_write()?;
-        self.while_open(self.write_many_once_open(documents, read)).await
+        self.while_open(self.write_many_once_open(documents, before)).await
     }
 
     async fn write_many_once_open(
         &self,
         documents: &[(String, Vec<Write>)],
-        mut read: HashMap<String, Option<DocState>>,
+        before: ReadBefore,
     ) -> Result<Vec<DocumentAnswers>> {
+        let ReadBefore { states: mut read, revs_limit: limit_read } = before;
         // `_users` documents are written one by one, each hashing its password first.
         if super::super::users::is_users_db(self.name()) {
             return Ok(self.write_each(documents).await);
@@ -147,7 +165,10 @@ impl Database {
         // each document alone, all at once (module doc).
         let records_in_bulk = self.layout().as_record().is_some();
         let edits_only = documents.iter().all(|(_, writes)| super::edits_only(writes));
-        let revs_limit = self.revs_limit_for(edits_only).await?;
+        let revs_limit = match limit_read {
+            Some(limit) if !(edits_only && self.layout().edits_are_the_backends()) => limit.max(1),
+            _ => self.revs_limit_for(edits_only).await?,
+        };
         let mut results: Vec<Option<DocumentAnswers>> = documents.iter().map(|_| None).collect();
         // The first group of each id goes in the bulk pass; a repeated id's later groups are
         // written alone after it, in order.
@@ -354,9 +375,14 @@ impl Database {
         let mut outcomes = Vec::with_capacity(pending.len());
         let mut records = Vec::with_capacity(pending.len());
         let mut writing = Vec::with_capacity(pending.len());
+        // Every document's references kept in one batched read of their manifests, before any
+        // of them is saved, as each one's own did before its save.
+        let saves: Vec<(Option<&DocState>, &RevTree)> = pending.iter().map(|p| (p.state.as_ref(), &p.tree)).collect();
+        let kept = self.keep_references_of_many(&saves).await;
+        drop(saves);
         let mut firsts = Vec::with_capacity(pending.len());
-        for pending in pending {
-            firsts.push(self.local_first(&documents[pending.slot].0, pending));
+        for (pending, kept) in pending.into_iter().zip(kept) {
+            firsts.push(self.local_first(&documents[pending.slot].0, pending, kept));
         }
         let with_local_first: Vec<(Pending, Saved, Option<BulkWriteText>)> =
             futures::stream::iter(firsts).buffered(CONCURRENCY).collect().await;
@@ -429,8 +455,13 @@ impl Database {
     /// (`NeverWritten`, where the backend checks it); else (a re-creation over a tombstone, a
     /// half-written document, a creation where the backend cannot check `NeverWritten`) once
     /// its local tree is written on the revision read.
-    async fn local_first(&self, id: &str, pending: Pending) -> (Pending, Saved, Option<BulkWriteText>) {
-        if let Err(err) = self.keep_references(pending.state.as_ref(), &pending.tree).await {
+    async fn local_first(
+        &self,
+        id: &str,
+        pending: Pending,
+        references_kept: Result<()>,
+    ) -> (Pending, Saved, Option<BulkWriteText>) {
+        if let Err(err) = references_kept {
             return (pending, Saved::Failed(err), None);
         }
         let record = match record_text(&pending.tree) {

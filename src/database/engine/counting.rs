@@ -3,10 +3,12 @@
 //! process killed between a save's local tree and its record leaves it) and `NeverWritten` is not
 //! checked, so a save from nothing writes its local tree first. With a pause
 //! ([`CountingBackend::pause_bulk_writes`]) each `bulk_write` waits before writing and the most
-//! of them in flight at once is kept, for tests of how many writes a caller overlaps.
+//! of them in flight at once is kept, for tests of how many writes a caller overlaps. Marked
+//! shared ([`CountingBackend::claim_shared`]), it says other processes write its backend too, so
+//! that the engine reads its settings as it does on DynamoDB or Firestore.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -23,6 +25,8 @@ pub(crate) struct CountingBackend {
     bulk_pause: Mutex<Option<Duration>>,
     bulk_in_flight: AtomicUsize,
     most_bulk_in_flight: AtomicUsize,
+    /// Claims other processes share the backend, whatever the inner one says.
+    shared: AtomicBool,
 }
 
 impl CountingBackend {
@@ -34,6 +38,7 @@ impl CountingBackend {
             bulk_pause: Mutex::new(None),
             bulk_in_flight: AtomicUsize::new(0),
             most_bulk_in_flight: AtomicUsize::new(0),
+            shared: AtomicBool::new(false),
         })
     }
 
@@ -41,6 +46,14 @@ impl CountingBackend {
     #[cfg(test)]
     pub(crate) fn pause_bulk_writes(&self, pause: Duration) {
         *self.bulk_pause.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(pause);
+    }
+
+    /// From now on says other processes share the backend
+    /// ([`DocumentBackend::shared_with_other_processes`]): the engine then reads the database's
+    /// settings where it would over DynamoDB or Firestore, instead of keeping them.
+    #[cfg(test)]
+    pub(crate) fn claim_shared(&self) {
+        self.shared.store(true, Ordering::SeqCst);
     }
 
     /// The most `bulk_write` calls that were in flight at once.
@@ -76,6 +89,10 @@ impl crate::backend::raw::layer::Layered for CountingBackend {
 
     fn checks_never_written(&self) -> bool {
         !self.fail_puts && self.inner.checks_never_written()
+    }
+
+    fn shared_with_other_processes(&self) -> bool {
+        self.shared.load(Ordering::SeqCst) || self.inner.shared_with_other_processes()
     }
 
     async fn get(&self, id: &str) -> Result<Option<StoredDocument>> {

@@ -895,6 +895,9 @@ mod tests {
         layers: Mutex<std::collections::HashMap<String, Arc<crate::database::engine::counting::CountingBackend>>>,
         /// How long each `bulk_write` of every database waits (none: at once).
         bulk_pause: Option<std::time::Duration>,
+        /// Whether each database's layer claims other processes share it (settings read at
+        /// every request, as over DynamoDB or Firestore).
+        shared: bool,
     }
 
     impl CountingCatalog {
@@ -908,6 +911,9 @@ mod tests {
                 let layer = crate::database::engine::counting::CountingBackend::over(backend, false);
                 if let Some(pause) = self.bulk_pause {
                     layer.pause_bulk_writes(pause);
+                }
+                if self.shared {
+                    layer.claim_shared();
                 }
                 layer
             });
@@ -947,6 +953,11 @@ mod tests {
         }
     }
 
+    /// The target's settings read by a move of one database besides its pages' writes: copying
+    /// its `_security` and `_revs_limit` (`Database::update_settings` reads the stored
+    /// settings document, then the settings).
+    const SETTINGS_READS_BESIDE_PAGES: usize = 2;
+
     fn replicated(id: &str, rev: &str, n: u64) -> (String, Vec<crate::database::Write>) {
         let (generation, hash) = rev.split_once('-').unwrap();
         let path = crate::backend::rev_tree::RevPath { start: generation.parse().unwrap(), ids: vec![hash.to_owned()] };
@@ -977,6 +988,7 @@ mod tests {
             inner: crate::backend::catalog::EmbeddedCatalog::new(&dir.path().join("target.redb"), Default::default()),
             layers: Mutex::new(Default::default()),
             bulk_pause: None,
+            shared: false,
         });
         let target = Arc::new(crate::database::Databases::new(Some(target_catalog.clone()), 4));
         let existing = target.create(&DbName::parse("existing").unwrap()).await.unwrap();
@@ -1031,6 +1043,104 @@ mod tests {
         assert_eq!(merged.tree.leaves().len(), 2, "the other writer's branch and the copied one");
     }
 
+    /// Over a backend other processes share, where `_revs_limit` is read at every request
+    /// (issue 36), a page's writes read it once, not once per 100-document write: a move of
+    /// 1,000 documents in pages of 500 (5 writes each) reads the target's settings twice for
+    /// its pages, beside the reads of creating the database and copying its settings.
+    #[tokio::test]
+    async fn a_page_reads_the_target_s_revs_limit_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let source_catalog = Arc::new(crate::backend::catalog::EmbeddedCatalog::new(
+            &dir.path().join("source.redb"),
+            Default::default(),
+        ));
+        let source = Arc::new(crate::database::Databases::new(Some(source_catalog), 4));
+        let db = source.create(&DbName::parse("limits").unwrap()).await.unwrap();
+        let docs: Vec<_> = (0..1000).map(|i| replicated(&format!("doc{i:04}"), "1-aaaa", i)).collect();
+        for answers in db.write_many(&docs).await.unwrap() {
+            answers.unwrap().into_iter().for_each(|answer| drop(answer.unwrap()));
+        }
+        let target_catalog = Arc::new(CountingCatalog {
+            inner: crate::backend::catalog::EmbeddedCatalog::new(&dir.path().join("target.redb"), Default::default()),
+            layers: Mutex::new(Default::default()),
+            bulk_pause: None,
+            shared: true,
+        });
+        let target = Arc::new(crate::database::Databases::new(Some(target_catalog.clone()), 4));
+        let options = MoveOptions {
+            batch_size: 500,
+            verify: false,
+            checkpoint: Some(dir.path().join("checkpoints")),
+            ..MoveOptions::default()
+        };
+        let stop: StopSignal = Box::pin(futures::future::pending());
+        let report = run(Side::local(source, "source"), Side::local(Arc::clone(&target), "target"), options, stop)
+            .await
+            .unwrap();
+        assert_eq!(report.status, MoveStatus::Complete);
+        assert_eq!(report.totals.docs_seen, 1000);
+        let counts = target_catalog.layers.lock().unwrap()["limits"].taken_counts();
+        let settings_reads = counts.get("get_local").copied().unwrap_or(0);
+        assert_eq!(settings_reads, SETTINGS_READS_BESIDE_PAGES + 2, "one read of the settings per page: {counts:?}");
+    }
+
+    /// The leaves of a page that carry attachments are saved in one bulk write, and the
+    /// manifests of their bytes (touched before the save, so that a garbage collection running
+    /// meanwhile keeps them) are read in one batched read for all of them, not one per
+    /// document: a page of 20 documents, 10 with an attachment of their own, reads manifests
+    /// once.
+    #[tokio::test]
+    async fn a_page_s_attachment_manifests_are_read_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let source_catalog = Arc::new(crate::backend::catalog::EmbeddedCatalog::new(
+            &dir.path().join("source.redb"),
+            Default::default(),
+        ));
+        let source = Arc::new(crate::database::Databases::new(Some(source_catalog), 4));
+        let source_side = Side::local(Arc::clone(&source), "source");
+        assert!(source_side.ensure("atts").await.unwrap());
+        let leaves: Vec<Map<String, Value>> = (0..20)
+            .map(|i| {
+                let mut leaf = serde_json::json!({
+                    "_id": format!("doc{i:02}"), "_rev": "1-aaaa", "_revisions": {"start": 1, "ids": ["aaaa"]}, "n": i,
+                });
+                if i % 2 == 0 {
+                    let data = base64::Engine::encode(
+                        &base64::engine::general_purpose::STANDARD,
+                        format!("bytes of document {i}"),
+                    );
+                    leaf["_attachments"] =
+                        serde_json::json!({ "a.txt": { "content_type": "text/plain", "data": data } });
+                }
+                leaf.as_object().cloned().unwrap()
+            })
+            .collect();
+        assert!(source_side.write_leaves("atts", leaves).await.unwrap().is_empty());
+        let target_catalog = Arc::new(CountingCatalog {
+            inner: crate::backend::catalog::EmbeddedCatalog::new(&dir.path().join("target.redb"), Default::default()),
+            layers: Mutex::new(Default::default()),
+            bulk_pause: None,
+            shared: false,
+        });
+        let target = Arc::new(crate::database::Databases::new(Some(target_catalog.clone()), 4));
+        let options = MoveOptions {
+            batch_size: 100,
+            verify: false,
+            checkpoint: Some(dir.path().join("checkpoints")),
+            ..MoveOptions::default()
+        };
+        let stop: StopSignal = Box::pin(futures::future::pending());
+        let report = run(source_side, Side::local(Arc::clone(&target), "target"), options, stop).await.unwrap();
+        assert_eq!(report.status, MoveStatus::Complete);
+        assert_eq!(report.totals.docs_seen, 20);
+        let counts = target_catalog.layers.lock().unwrap()["atts"].taken_counts();
+        assert_eq!(counts.get("get_many_local").copied(), Some(1), "one batched read of the manifests: {counts:?}");
+        let copied = target.open(&DbName::parse("atts").unwrap()).await.unwrap().unwrap();
+        let state = copied.read("doc04").await.unwrap().unwrap();
+        let body = state.tree.winner().map(|leaf| leaf.body.clone()).unwrap_or_default();
+        assert!(body.get("_attachments").is_some_and(|a| a.get("a.txt").is_some()), "the attachment copied: {body:?}");
+    }
+
     /// `pages_at_once` pages of a database are written at once, no more: with every bulk write
     /// of the target slowed down, a move of 20 pages of 100 documents (one bulk write a page)
     /// keeps exactly that many in flight, and every document arrives.
@@ -1055,6 +1165,7 @@ mod tests {
                 ),
                 layers: Mutex::new(Default::default()),
                 bulk_pause: Some(std::time::Duration::from_millis(40)),
+                shared: false,
             });
             let target = Arc::new(crate::database::Databases::new(Some(target_catalog.clone()), 4));
             let options = MoveOptions {

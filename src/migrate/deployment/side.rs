@@ -36,7 +36,7 @@ use crate::backend::BackendUrl;
 use crate::database::attachments::StoredBlob;
 use crate::database::doc_attachments::{self, ATTACHMENTS, DEFAULT_CONTENT_TYPE};
 use crate::database::document::{self, DocOptions};
-use crate::database::{Database, Databases, DocState, Write};
+use crate::database::{Database, Databases, DocState, ReadBefore, Write};
 use crate::error::{Error, ErrorKind, Result};
 use crate::replication_client::{self, AttachmentPart, ByteStream, ChangedDoc, CouchClient, FeedFilter, FeedPage};
 
@@ -769,8 +769,17 @@ async fn write_local(
             (chunk, states)
         })
         .collect();
+    // `_revs_limit` read once for the whole call (a page's plain leaves, or one group of its
+    // leaves with attachments), not once per chunk: the call is one request of the move, and
+    // CouchDB's `_bulk_docs` reads the limit once per request too ([`ReadBefore::revs_limit`]).
+    // On a backend several processes share, a limit set elsewhere meanwhile holds from the next
+    // call on. Not read when nothing is left to write.
+    let revs_limit = match chunks.iter().any(|(chunk, _)| chunk.iter().any(|p| !p.writes.is_empty())) {
+        true => Some(database.revs_limit().await?),
+        false => None,
+    };
     let failures: Vec<Vec<Value>> = futures::stream::iter(chunks)
-        .map(|(chunk, read)| async move { write_chunk(database, chunk, read).await })
+        .map(|(chunk, states)| async move { write_chunk(database, chunk, ReadBefore { states, revs_limit }).await })
         .buffer_unordered(WRITES_AT_ONCE)
         .try_collect()
         .await?;
@@ -843,7 +852,7 @@ fn chunked<T>(items: Vec<T>, size: usize) -> Vec<Vec<T>> {
 /// Many documents' leaves written at once, each document's in one write of its tree
 /// ([`Database::write_many`]); returns the failure rows. An error of a document's write itself
 /// stops the move (the backend failed, and retrying the page is the safe course).
-async fn write_chunk(database: &Database, chunk: Vec<Prepared>, read: ReadStates) -> Result<Vec<Value>> {
+async fn write_chunk(database: &Database, chunk: Vec<Prepared>, before: ReadBefore) -> Result<Vec<Value>> {
     let mut failures = Vec::new();
     let mut documents = Vec::with_capacity(chunk.len());
     let mut revs = Vec::with_capacity(chunk.len());
@@ -857,7 +866,7 @@ async fn write_chunk(database: &Database, chunk: Vec<Prepared>, read: ReadStates
     if documents.is_empty() {
         return Ok(failures);
     }
-    let answers = database.write_many_over(&documents, read).await?;
+    let answers = database.write_many_over(&documents, before).await?;
     for (answers, (id, revs)) in answers.into_iter().zip(revs) {
         for (answer, rev) in answers?.into_iter().zip(revs) {
             if let Err(err) = answer {
