@@ -965,6 +965,44 @@ mod tests {
         (id.to_owned(), vec![crate::database::Write::Replicated { path, deleted: false, body }])
     }
 
+    /// The databases of an embedded catalog in `dir`'s file `file`.
+    fn embedded_databases(dir: &std::path::Path, file: &str) -> Arc<crate::database::Databases> {
+        let catalog = crate::backend::catalog::EmbeddedCatalog::new(&dir.join(file), Default::default());
+        Arc::new(crate::database::Databases::new(Some(Arc::new(catalog)), 4))
+    }
+
+    /// Writes `docs` into `db`, every one acknowledged.
+    async fn write_all(db: &crate::database::Database, docs: &[(String, Vec<crate::database::Write>)]) {
+        for answers in db.write_many(docs).await.unwrap() {
+            answers.unwrap().into_iter().for_each(|answer| drop(answer.unwrap()));
+        }
+    }
+
+    impl CountingCatalog {
+        /// A counting catalog over the embedded file `path`.
+        fn over_file(path: &std::path::Path, bulk_pause: Option<std::time::Duration>, shared: bool) -> Arc<Self> {
+            Arc::new(CountingCatalog {
+                inner: crate::backend::catalog::EmbeddedCatalog::new(path, Default::default()),
+                layers: Mutex::new(Default::default()),
+                bulk_pause,
+                shared,
+            })
+        }
+    }
+
+    /// A move in pages of `batch_size`, not verified, checkpointed under `checkpoints`.
+    fn unverified_move(batch_size: usize, checkpoints: std::path::PathBuf) -> MoveOptions {
+        MoveOptions { batch_size, verify: false, checkpoint: Some(checkpoints), ..MoveOptions::default() }
+    }
+
+    /// Runs a move from `source` into `target` to its end (never stopped) and checks it completed.
+    async fn move_to_the_end(source: Side, target: Side, options: MoveOptions) -> MoveReport {
+        let stop: StopSignal = Box::pin(futures::future::pending());
+        let report = run(source, target, options, stop).await.unwrap();
+        assert_eq!(report.status, MoveStatus::Complete);
+        report
+    }
+
     /// Into a database the move creates, the pages' documents are written without reading
     /// them at the target first (`Side::assume_missing`); into one that already exists they are
     /// read (which leaves it lacks). A document someone else wrote into the fresh database before
@@ -972,39 +1010,19 @@ mod tests {
     #[tokio::test]
     async fn a_database_the_move_creates_is_written_without_reading_it_first() {
         let dir = tempfile::tempdir().unwrap();
-        let source_catalog = Arc::new(crate::backend::catalog::EmbeddedCatalog::new(
-            &dir.path().join("source.redb"),
-            Default::default(),
-        ));
-        let source = Arc::new(crate::database::Databases::new(Some(source_catalog), 4));
+        let source = embedded_databases(dir.path(), "source.redb");
         for name in ["fresh", "existing"] {
             let db = source.create(&DbName::parse(name).unwrap()).await.unwrap();
             let docs: Vec<_> = (0..250).map(|i| replicated(&format!("doc{i:03}"), "1-aaaa", i)).collect();
-            for answers in db.write_many(&docs).await.unwrap() {
-                answers.unwrap().into_iter().for_each(|answer| drop(answer.unwrap()));
-            }
+            write_all(&db, &docs).await;
         }
-        let target_catalog = Arc::new(CountingCatalog {
-            inner: crate::backend::catalog::EmbeddedCatalog::new(&dir.path().join("target.redb"), Default::default()),
-            layers: Mutex::new(Default::default()),
-            bulk_pause: None,
-            shared: false,
-        });
+        let target_catalog = CountingCatalog::over_file(&dir.path().join("target.redb"), None, false);
         let target = Arc::new(crate::database::Databases::new(Some(target_catalog.clone()), 4));
         let existing = target.create(&DbName::parse("existing").unwrap()).await.unwrap();
         drop(existing.write_many(&[replicated("doc007", "1-bbbb", 7)]).await.unwrap());
         target_catalog.reads("existing");
-        let options = MoveOptions {
-            batch_size: 100,
-            verify: false,
-            checkpoint: Some(dir.path().join("checkpoints")),
-            ..MoveOptions::default()
-        };
-        let stop: StopSignal = Box::pin(futures::future::pending());
-        let report = run(Side::local(source, "source"), Side::local(Arc::clone(&target), "target"), options, stop)
-            .await
-            .unwrap();
-        assert_eq!(report.status, MoveStatus::Complete);
+        let options = unverified_move(100, dir.path().join("checkpoints"));
+        move_to_the_end(Side::local(source, "source"), Side::local(Arc::clone(&target), "target"), options).await;
         assert_eq!(
             target_catalog.reads("fresh"),
             0,
@@ -1050,34 +1068,15 @@ mod tests {
     #[tokio::test]
     async fn a_page_reads_the_target_s_revs_limit_once() {
         let dir = tempfile::tempdir().unwrap();
-        let source_catalog = Arc::new(crate::backend::catalog::EmbeddedCatalog::new(
-            &dir.path().join("source.redb"),
-            Default::default(),
-        ));
-        let source = Arc::new(crate::database::Databases::new(Some(source_catalog), 4));
+        let source = embedded_databases(dir.path(), "source.redb");
         let db = source.create(&DbName::parse("limits").unwrap()).await.unwrap();
         let docs: Vec<_> = (0..1000).map(|i| replicated(&format!("doc{i:04}"), "1-aaaa", i)).collect();
-        for answers in db.write_many(&docs).await.unwrap() {
-            answers.unwrap().into_iter().for_each(|answer| drop(answer.unwrap()));
-        }
-        let target_catalog = Arc::new(CountingCatalog {
-            inner: crate::backend::catalog::EmbeddedCatalog::new(&dir.path().join("target.redb"), Default::default()),
-            layers: Mutex::new(Default::default()),
-            bulk_pause: None,
-            shared: true,
-        });
+        write_all(&db, &docs).await;
+        let target_catalog = CountingCatalog::over_file(&dir.path().join("target.redb"), None, true);
         let target = Arc::new(crate::database::Databases::new(Some(target_catalog.clone()), 4));
-        let options = MoveOptions {
-            batch_size: 500,
-            verify: false,
-            checkpoint: Some(dir.path().join("checkpoints")),
-            ..MoveOptions::default()
-        };
-        let stop: StopSignal = Box::pin(futures::future::pending());
-        let report = run(Side::local(source, "source"), Side::local(Arc::clone(&target), "target"), options, stop)
-            .await
-            .unwrap();
-        assert_eq!(report.status, MoveStatus::Complete);
+        let options = unverified_move(500, dir.path().join("checkpoints"));
+        let report =
+            move_to_the_end(Side::local(source, "source"), Side::local(Arc::clone(&target), "target"), options).await;
         assert_eq!(report.totals.docs_seen, 1000);
         let counts = target_catalog.layers.lock().unwrap()["limits"].taken_counts();
         let settings_reads = counts.get("get_local").copied().unwrap_or(0);
@@ -1092,11 +1091,7 @@ mod tests {
     #[tokio::test]
     async fn a_page_s_attachment_manifests_are_read_at_once() {
         let dir = tempfile::tempdir().unwrap();
-        let source_catalog = Arc::new(crate::backend::catalog::EmbeddedCatalog::new(
-            &dir.path().join("source.redb"),
-            Default::default(),
-        ));
-        let source = Arc::new(crate::database::Databases::new(Some(source_catalog), 4));
+        let source = embedded_databases(dir.path(), "source.redb");
         let source_side = Side::local(Arc::clone(&source), "source");
         assert!(source_side.ensure("atts").await.unwrap());
         let leaves: Vec<Map<String, Value>> = (0..20)
@@ -1116,22 +1111,10 @@ mod tests {
             })
             .collect();
         assert!(source_side.write_leaves("atts", leaves).await.unwrap().is_empty());
-        let target_catalog = Arc::new(CountingCatalog {
-            inner: crate::backend::catalog::EmbeddedCatalog::new(&dir.path().join("target.redb"), Default::default()),
-            layers: Mutex::new(Default::default()),
-            bulk_pause: None,
-            shared: false,
-        });
+        let target_catalog = CountingCatalog::over_file(&dir.path().join("target.redb"), None, false);
         let target = Arc::new(crate::database::Databases::new(Some(target_catalog.clone()), 4));
-        let options = MoveOptions {
-            batch_size: 100,
-            verify: false,
-            checkpoint: Some(dir.path().join("checkpoints")),
-            ..MoveOptions::default()
-        };
-        let stop: StopSignal = Box::pin(futures::future::pending());
-        let report = run(source_side, Side::local(Arc::clone(&target), "target"), options, stop).await.unwrap();
-        assert_eq!(report.status, MoveStatus::Complete);
+        let options = unverified_move(100, dir.path().join("checkpoints"));
+        let report = move_to_the_end(source_side, Side::local(Arc::clone(&target), "target"), options).await;
         assert_eq!(report.totals.docs_seen, 20);
         let counts = target_catalog.layers.lock().unwrap()["atts"].taken_counts();
         assert_eq!(counts.get("get_many_local").copied(), Some(1), "one batched read of the manifests: {counts:?}");
@@ -1147,38 +1130,23 @@ mod tests {
     #[tokio::test]
     async fn a_database_s_pages_are_written_as_many_at_once_as_asked() {
         let dir = tempfile::tempdir().unwrap();
-        let source_catalog = Arc::new(crate::backend::catalog::EmbeddedCatalog::new(
-            &dir.path().join("source.redb"),
-            Default::default(),
-        ));
-        let source = Arc::new(crate::database::Databases::new(Some(source_catalog), 4));
+        let source = embedded_databases(dir.path(), "source.redb");
         let db = source.create(&DbName::parse("pages").unwrap()).await.unwrap();
         let docs: Vec<_> = (0..2000).map(|i| replicated(&format!("doc{i:04}"), "1-aaaa", i)).collect();
-        for answers in db.write_many(&docs).await.unwrap() {
-            answers.unwrap().into_iter().for_each(|answer| drop(answer.unwrap()));
-        }
+        write_all(&db, &docs).await;
         for pages_at_once in [1, 4] {
-            let target_catalog = Arc::new(CountingCatalog {
-                inner: crate::backend::catalog::EmbeddedCatalog::new(
-                    &dir.path().join(format!("target{pages_at_once}.redb")),
-                    Default::default(),
-                ),
-                layers: Mutex::new(Default::default()),
-                bulk_pause: Some(std::time::Duration::from_millis(40)),
-                shared: false,
-            });
+            let target_catalog = CountingCatalog::over_file(
+                &dir.path().join(format!("target{pages_at_once}.redb")),
+                Some(std::time::Duration::from_millis(40)),
+                false,
+            );
             let target = Arc::new(crate::database::Databases::new(Some(target_catalog.clone()), 4));
             let options = MoveOptions {
-                batch_size: 100,
                 pages_at_once,
-                verify: false,
-                checkpoint: Some(dir.path().join(format!("checkpoints{pages_at_once}"))),
-                ..MoveOptions::default()
+                ..unverified_move(100, dir.path().join(format!("checkpoints{pages_at_once}")))
             };
-            let stop: StopSignal = Box::pin(futures::future::pending());
             let source_side = Side::local(Arc::clone(&source), "source");
-            let report = run(source_side, Side::local(Arc::clone(&target), "target"), options, stop).await.unwrap();
-            assert_eq!(report.status, MoveStatus::Complete);
+            let report = move_to_the_end(source_side, Side::local(Arc::clone(&target), "target"), options).await;
             assert_eq!(report.totals.docs_seen, 2000);
             let most = target_catalog.layers.lock().unwrap()["pages"].most_bulk_writes_at_once();
             assert_eq!(most, pages_at_once, "bulk writes in flight at once with pages_at_once {pages_at_once}");
