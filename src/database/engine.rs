@@ -94,10 +94,6 @@ use crate::model::depth::check_document_depth;
 /// Attempts of one write against other writers of the same document before giving up with a
 /// conflict the client may retry.
 pub const MAX_TRIES: usize = 16;
-/// Writers of one document in this process take turns on one of this many locks (keyed by the
-/// id's hash), so they never spend their tries against each other: [`MAX_TRIES`] is only for
-/// writers in other processes. Bounded memory whatever the number of ids.
-const WRITE_LOCK_STRIPES: usize = 64;
 
 /// A document's revision tree as stored, with what the next save must match (the database's
 /// layout's token, [`LayoutToken`]).
@@ -214,7 +210,10 @@ pub struct Database {
     max_tree_bytes: usize,
     /// How many inner revisions' bodies one document keeps until compaction.
     inner_bodies: InnerBodyBounds,
-    write_locks: Box<[tokio::sync::Mutex<()>]>,
+    /// Writers of one document in this process take turns on the document's own lock, so they
+    /// never spend their tries against each other ([`MAX_TRIES`] is only for writers in other
+    /// processes), and writers of other documents never wait for them.
+    write_locks: super::keyed_locks::KeyedLocks<String>,
     /// The attachment bytes of the documents ([`doc_attachments`]).
     attachments: AttachmentStore,
     /// The largest attachment stored (`couchdb_max_attachment_bytes`).
@@ -320,7 +319,7 @@ impl Database {
             max_document_bytes: DEFAULT_MAX_DOCUMENT_BYTES,
             max_tree_bytes: DEFAULT_MAX_TREE_BYTES,
             inner_bodies: InnerBodyBounds::default(),
-            write_locks: (0..WRITE_LOCK_STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
+            write_locks: Default::default(),
             parsed_designs: Default::default(),
             attachments: AttachmentStore::new(Arc::clone(&backend)),
             max_attachment_bytes: u64::MAX,
@@ -430,7 +429,7 @@ impl Database {
     /// Rewrites one document's tree without its inner bodies, against other writers, as its
     /// layout does it ([`super::layout::KeptBodies::save_without_inner_bodies`]).
     async fn drop_inner_bodies(&self, id: &str) -> Result<()> {
-        let _turn = self.write_lock(id).lock().await;
+        let _turn = self.write_lock(id).lock_owned().await;
         for _ in 0..MAX_TRIES {
             let Some(state) = self.read(id).await? else { return Ok(()) };
             let mut tree = state.tree.clone();
@@ -699,11 +698,8 @@ impl Database {
     }
 
     /// The lock this process's writers of `id` take turns on.
-    fn write_lock(&self, id: &str) -> &tokio::sync::Mutex<()> {
-        use std::hash::{Hash, Hasher};
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        id.hash(&mut hasher);
-        &self.write_locks[(hasher.finish() as usize) % self.write_locks.len()]
+    fn write_lock(&self, id: &str) -> Arc<tokio::sync::Mutex<()>> {
+        self.write_locks.of(id)
     }
 
     /// The guard's verdict on each write: `None` for writes it lets happen (all of them when
@@ -793,7 +789,7 @@ impl Database {
             false => None,
         };
         let writes = owned.as_deref().unwrap_or(writes);
-        let _turn = self.write_lock(id).lock().await;
+        let _turn = self.write_lock(id).lock_owned().await;
         if unread == Unread::Tried {
             if let Some(answers) = self.create_unread(id, writes).await? {
                 return Ok(answers);
@@ -973,7 +969,7 @@ impl Database {
     }
 
     async fn purge_once_open(&self, id: &str, revs: &[String]) -> Result<Vec<String>> {
-        let _turn = self.write_lock(id).lock().await;
+        let _turn = self.write_lock(id).lock_owned().await;
         for _ in 0..MAX_TRIES {
             let Some(state) = self.read(id).await? else { return Ok(Vec::new()) };
             let mut tree = state.tree.clone();

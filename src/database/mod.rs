@@ -30,6 +30,7 @@ pub mod doc_attachments;
 pub mod document;
 pub mod engine;
 pub mod global_changes;
+mod keyed_locks;
 pub mod layout;
 pub mod parsed_designs;
 pub mod replicator_owner;
@@ -41,7 +42,7 @@ pub mod validation;
 pub mod write_guard;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 pub use engine::{Database, DocState, InnerBodyBounds, ReadBefore, Write, Written};
 
@@ -122,32 +123,9 @@ struct OpenDatabase {
     confirmed: std::time::Instant,
 }
 
-/// A lock per database name, made when a request first needs it and gone when no request
-/// holds it (the map keeps weak handles, pruned as it grows), so it holds about as many entries
-/// as requests are under way.
-#[derive(Default)]
-struct NameLocks {
-    locks: std::sync::Mutex<HashMap<DbName, Weak<tokio::sync::Mutex<()>>>>,
-}
-
-/// Entries of [`NameLocks`] past which the ones nobody holds are dropped.
-const NAME_LOCKS_PRUNED_PAST: usize = 1024;
-
-impl NameLocks {
-    /// The lock of `name`, shared with every request holding it now.
-    fn of(&self, name: &DbName) -> Arc<tokio::sync::Mutex<()>> {
-        let mut locks = self.locks.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(lock) = locks.get(name).and_then(Weak::upgrade) {
-            return lock;
-        }
-        if locks.len() >= NAME_LOCKS_PRUNED_PAST {
-            locks.retain(|_, lock| lock.strong_count() > 0);
-        }
-        let lock = Arc::new(tokio::sync::Mutex::new(()));
-        locks.insert(name.clone(), Arc::downgrade(&lock));
-        lock
-    }
-}
+/// A lock per database name, made when a request first needs it and gone when no request holds
+/// it ([`keyed_locks`]).
+type NameLocks = keyed_locks::KeyedLocks<DbName>;
 
 impl Databases {
     /// The databases of a catalog already open.

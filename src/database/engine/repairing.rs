@@ -39,9 +39,9 @@ impl RepairableLayout for Finishing<'_> {
     async fn save(&self, id: &str, before: Option<&DocState>, tree: &RevTree) -> Result<()> {
         let _under_way = self.0.start_write()?;
         // Its turn when no writer of this process holds it, never waited for: a read may run
-        // under a write's turn (the write guard lists the design documents, and a stripe is shared
-        // by many ids), and the save is a compare-and-swap, right without the turn.
-        let _turn = self.0.write_lock(id).try_lock().ok();
+        // under a write's turn (the write guard lists the design documents while a write of one
+        // of them holds its turn), and the save is a compare-and-swap, right without the turn.
+        let _turn = self.0.write_lock(id).try_lock_owned().ok();
         self.0.keep_references(before, tree).await?;
         self.0.save(id, before, tree).await
     }
