@@ -281,10 +281,29 @@ async fn send_text(e: &Endpoint, method: Method, path: &str, text: String) -> Re
 /// other leaves is answered from its record's text, which holds only while every write stores
 /// the text serde_json writes from the parsed body (a write keeping the client's own text would
 /// answer its spaces here, where CouchDB answers its body written again).
+///
+/// Values compare by exact decimal value (DynamoDB answers `1e-07` as `0.0000001`), and where
+/// the backend keeps numbers as doubles (Firestore) only the corpus values a double holds are
+/// sent. On the CouchDB backend a plain read is the server's own answer passed on (its member
+/// order and ETag: pouchdb-server puts `_id` and `_rev` last), so there the two ways are
+/// compared as values, not bytes.
 pub(super) async fn data_store_reads_as_stored(e: Endpoint) -> TestResult {
+    use crate::common::json::{exact_eq, survives_f64};
     let (user, namespace) = ("user_stored", "stored");
+    let passed_through = e.backend == "couchdb";
+    let same_answer = |plain: &(StatusCode, Option<String>, String), parsed: &(StatusCode, Option<String>, String)| {
+        if !passed_through {
+            return plain == parsed;
+        }
+        let as_value = |text: &str| serde_json::from_str::<Value>(text).ok();
+        plain.0 == parsed.0
+            && matches!((as_value(&plain.2), as_value(&parsed.2)), (Some(a), Some(b)) if exact_eq(&a, &b))
+    };
     let mut sent = Vec::new();
     for (i, case) in crate::common::corpus::cases().into_iter().enumerate() {
+        if e._ctx.inexact_numbers.is_some() && !survives_f64(&case.value) {
+            continue;
+        }
         let body = doc(user, namespace, &format!("c{i:03}"), case.value.clone());
         let id = body["_id"].as_str().unwrap_or_default().to_owned();
         // The data store refuses some of the corpus (numbers past a double, the deepest values).
@@ -347,9 +366,11 @@ pub(super) async fn data_store_reads_as_stored(e: Endpoint) -> TestResult {
     for (id, value) in &sent {
         let plain = text_of(&e, &path_of(id)).await?;
         let parsed_way = text_of(&e, &format!("{}?conflicts=false", path_of(id))).await?;
-        check(plain == parsed_way, || format!("GET {id:?}: {plain:?} where the parsed way answers {parsed_way:?}"))?;
+        check(same_answer(&plain, &parsed_way), || {
+            format!("GET {id:?}: {plain:?} where the parsed way answers {parsed_way:?}")
+        })?;
         let read: Value = serde_json::from_str(&plain.2)?;
-        check(plain.0 == StatusCode::OK && read["value"] == *value && read["_id"] == json!(id), || {
+        check(plain.0 == StatusCode::OK && exact_eq(&read["value"], value) && read["_id"] == json!(id), || {
             format!("GET {id:?}: {} {read} for the value {value}", plain.0)
         })?;
     }
@@ -365,9 +386,11 @@ pub(super) async fn data_store_reads_as_stored(e: Endpoint) -> TestResult {
     for limit in ["", "&limit=7", "&skip=3&limit=5"] {
         let plain = text_of(&e, &format!("{range}{limit}")).await?;
         let parsed_way = text_of(&e, &format!("{range}{limit}&attachments=true")).await?;
-        check(plain.0 == StatusCode::OK && plain.2 == parsed_way.2, || {
-            format!("_all_docs{limit}: {} where the parsed way answers {}", plain.2, parsed_way.2)
-        })?;
+        check(
+            plain.0 == StatusCode::OK
+                && same_answer(&(plain.0, None, plain.2.clone()), &(parsed_way.0, None, parsed_way.2.clone())),
+            || format!("_all_docs{limit}: {} where the parsed way answers {}", plain.2, parsed_way.2),
+        )?;
     }
     let listing: Value = serde_json::from_str(&text_of(&e, &range).await?.2)?;
     let rows = listing["rows"].as_array().cloned().unwrap_or_default();
@@ -375,7 +398,7 @@ pub(super) async fn data_store_reads_as_stored(e: Endpoint) -> TestResult {
     for (id, value) in &sent {
         let row = rows.iter().find(|row| row["id"] == json!(id));
         check(
-            row.is_some_and(|row| row["doc"]["value"] == *value && row["doc"]["_rev"] == row["value"]["rev"]),
+            row.is_some_and(|row| exact_eq(&row["doc"]["value"], value) && row["doc"]["_rev"] == row["value"]["rev"]),
             || format!("row of {id:?}: {row:?} for the value {value}"),
         )?;
     }
