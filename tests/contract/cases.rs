@@ -101,15 +101,18 @@ fn engine_data_store_cases() -> Vec<Case> {
     ]
 }
 
-/// The crash-point sweep of the data-store database's writes (`crash_sweep_data_store.rs`).
+/// The crash-point sweep of the data-store database's writes (`crash_sweep_data_store.rs`) and
+/// of its `_bulk_docs` (`crash_sweep_data_store_bulk.rs`).
 fn crash_sweep_data_store_cases() -> Vec<Case> {
     use crate::crash_sweep_data_store::*;
+    use crate::crash_sweep_data_store_bulk::crash_sweep_data_store_bulk_docs;
     cases![
         crash_sweep_data_store_conflict,
         crash_sweep_data_store_promotion,
         crash_sweep_data_store_edit_losing_leaf,
         crash_sweep_data_store_resolve_conflict,
         crash_sweep_data_store_purge_winner,
+        crash_sweep_data_store_bulk_docs,
     ]
 }
 

@@ -16,7 +16,11 @@
 //! - a document whose tree changed is in the change feed after the position read before the
 //!   write (a replica that had read up to there learns every new leaf), and it is in
 //!   `_all_docs` exactly when its winner is live;
-//! - the feed's position did not go back.
+//! - the feed's position did not go back;
+//! - a document without a tree is one a creation would have made, cut before its answer, and no
+//!   face finds it.
+//!
+//! The same checks serve the sweep of a data-store `_bulk_docs` (`crash_sweep_data_store_bulk.rs`).
 //!
 //! What a cut leaves is compared with a reference run of the same write, uncut, on another id:
 //! the revisions are the same whatever the id.
@@ -49,8 +53,8 @@ use crate::replication::rev;
 /// More backend calls than any swept write makes: a sweep that gets here never ends.
 const MAX_CRASH_POINTS: usize = 100;
 
-const USER: &str = "u";
-const NAMESPACE: &str = "crash";
+pub(crate) const USER: &str = "u";
+pub(crate) const NAMESPACE: &str = "crash";
 
 /// The writes swept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,13 +74,13 @@ enum Operation {
 
 /// One document as the checks compare it: its winner and every leaf with its body.
 #[derive(Debug, Clone, PartialEq)]
-struct TreeSnapshot {
-    winner: String,
-    leaves: BTreeMap<String, (bool, Map<String, Value>)>,
+pub(crate) struct TreeSnapshot {
+    pub(crate) winner: String,
+    pub(crate) leaves: BTreeMap<String, (bool, Map<String, Value>)>,
 }
 
 /// A revision of the document `key` with `ancestry` (the revision first).
-fn revision(key: &str, ancestry: &[String], deleted: bool, value: Value) -> ReplicatedRevision {
+pub(crate) fn revision(key: &str, ancestry: &[String], deleted: bool, value: Value) -> ReplicatedRevision {
     ReplicatedRevision {
         rev: Revision(ancestry[0].clone()),
         ancestry: ancestry.to_vec(),
@@ -86,7 +90,7 @@ fn revision(key: &str, ancestry: &[String], deleted: bool, value: Value) -> Repl
     }
 }
 
-async fn facade(backend: Arc<dyn DocumentBackend>) -> Result<DataStore> {
+pub(crate) async fn facade(backend: Arc<dyn DocumentBackend>) -> Result<DataStore> {
     DataStore::open(backend, StoreOptions { track_reads: false, ..StoreOptions::default() }).await
 }
 
@@ -142,7 +146,7 @@ async fn run_native(operation: Operation, backend: Arc<dyn DocumentBackend>, key
 }
 
 /// The tree of `id` as the CouchDB face reads it (the read that triggers the repair).
-async fn tree_snapshot(backend: &dyn DocumentBackend, id: &str) -> Option<TreeSnapshot> {
+pub(crate) async fn tree_snapshot(backend: &dyn DocumentBackend, id: &str) -> Option<TreeSnapshot> {
     let tree = data_store::revision_tree(backend, id).await.expect("revision_tree")?;
     // Without the key, which names the run: runs compare.
     let without_key = |body: &Map<String, Value>| {
@@ -172,13 +176,18 @@ async fn fed_after(backend: &dyn DocumentBackend, since: &str) -> Vec<String> {
 }
 
 /// The states before and after the write, from the reference run.
-struct Expected {
-    before: Option<TreeSnapshot>,
-    after: Option<TreeSnapshot>,
+pub(crate) struct Expected {
+    pub(crate) before: Option<TreeSnapshot>,
+    pub(crate) after: Option<TreeSnapshot>,
+    /// What a tree read after a cut is compared as (`before` and `after` are already): itself
+    /// here, where the sweep names every revision; the tree with the write's revisions named by
+    /// their generation where a client's edit names them from a body holding the run's key
+    /// (`crash_sweep_data_store_bulk.rs`).
+    pub(crate) comparable: fn(TreeSnapshot) -> TreeSnapshot,
 }
 
 /// The checks after a cut (module doc): the violations found.
-async fn check(
+pub(crate) async fn check(
     backend: &Arc<dyn DocumentBackend>,
     key: &str,
     expected: &Expected,
@@ -189,9 +198,9 @@ async fn check(
     let b = backend.as_ref();
     let mut violations = Vec::new();
     let Some(tree) = tree_snapshot(b, &id).await else {
-        return vec![format!("{key}: no tree")];
+        return check_absent(b, key, expected, acknowledged).await;
     };
-    let now = Some(tree.clone());
+    let now = Some((expected.comparable)(tree.clone()));
     if acknowledged && now != expected.after {
         violations.push(format!("{key}: acknowledged, but the tree reads {now:?}, not {:?}", expected.after));
     } else if now != expected.before && now != expected.after {
@@ -231,8 +240,31 @@ async fn check(
     violations
 }
 
+/// The checks of a document without a tree: right only for a creation cut before it was
+/// acknowledged (nothing before the write, nothing after the cut), and then no face may find it.
+async fn check_absent(
+    backend: &dyn DocumentBackend,
+    key: &str,
+    expected: &Expected,
+    acknowledged: bool,
+) -> Vec<String> {
+    if acknowledged || expected.before.is_some() {
+        return vec![format!("{key}: no tree (acknowledged {acknowledged}; before {:?})", expected.before)];
+    }
+    let id = id_of(USER, NAMESPACE, key);
+    let mut violations = Vec::new();
+    if let Some(record) = backend.revisions(&id).await.expect("revisions") {
+        violations.push(format!("{key}: no tree, but a record {} (deleted {})", record.rev, record.deleted));
+    }
+    let range = IdRange { start: Some(id.clone()), end: Some(id.clone()), ..IdRange::all() };
+    if backend.all_docs(&range, 10, None).await.expect("all_docs").items.iter().any(|doc| doc.id == id) {
+        violations.push(format!("{key}: no tree, but listed in _all_docs"));
+    }
+    violations
+}
+
 /// The position of the feed after everything written so far has settled.
-async fn settled_position(backend: &dyn DocumentBackend) -> String {
+pub(crate) async fn settled_position(backend: &dyn DocumentBackend) -> String {
     tokio::time::sleep(backend.change_feed_delay()).await;
     backend.change_position().await.expect("change_position")
 }
@@ -276,7 +308,7 @@ async fn reference(backend: &Arc<dyn DocumentBackend>, operation: Operation) -> 
     run(operation, Arc::clone(backend), &key).await.unwrap_or_else(|err| panic!("{operation:?} uncut: {err}"));
     let after = tree_snapshot(backend.as_ref(), &id).await;
     assert_ne!(before, after, "{operation:?} changes the tree");
-    Expected { before, after }
+    Expected { before, after, comparable: std::convert::identity }
 }
 
 async fn sweep_operation(ctx: Ctx, operation: Operation) {

@@ -12,6 +12,7 @@ mod crash;
 mod crash_catalog;
 mod crash_sweep;
 mod crash_sweep_data_store;
+mod crash_sweep_data_store_bulk;
 mod crash_sweep_migrate;
 mod crash_sweep_replicator;
 mod crash_sweep_views;
