@@ -276,7 +276,7 @@ async fn sweep(
     operation: Operation,
     cut: Cut,
     expected: &Expected,
-) -> (usize, Vec<&'static str>, Vec<String>) {
+) -> SweepOutcome {
     let plain = facade(Arc::clone(backend)).await.expect("the facade");
     let mut violations = Vec::new();
     for k in 0..MAX_CRASH_POINTS {
@@ -320,12 +320,22 @@ async fn sweep_operation(ctx: Ctx, operation: Operation) {
         return;
     }
     let expected = reference(&ctx.backend, operation).await;
-    let mut failures = Vec::new();
+    let mut sweeps = Vec::new();
     for cut in [Cut::Stop, Cut::LoseAnswer] {
-        let (crash_points, steps, violations) = sweep(&ctx.backend, operation, cut, &expected).await;
+        sweeps.push((cut, sweep(&ctx.backend, operation, cut, &expected).await));
+    }
+    report(&ctx.backend_name, &format!("{operation:?}"), sweeps);
+}
+
+/// What one cut's sweep found: crash points, the uncut run's backend calls, violations.
+pub(crate) type SweepOutcome = (usize, Vec<&'static str>, Vec<String>);
+
+/// Prints each cut's sweep of `operation` on `backend` and fails with every violation found.
+pub(crate) fn report(backend: &str, operation: &str, sweeps: Vec<(Cut, SweepOutcome)>) {
+    let mut failures = Vec::new();
+    for (cut, (crash_points, steps, violations)) in sweeps {
         println!(
-            "crash sweep (data store): {} {operation:?} {cut:?}: {crash_points} crash points, {} violations; steps: {}",
-            ctx.backend_name,
+            "crash sweep (data store): {backend} {operation} {cut:?}: {crash_points} crash points, {} violations; steps: {}",
             violations.len(),
             steps.join(" ")
         );
@@ -333,8 +343,7 @@ async fn sweep_operation(ctx: Ctx, operation: Operation) {
     }
     assert!(
         failures.is_empty(),
-        "crash sweep (data store): {} {operation:?}: violations:\n  {}",
-        ctx.backend_name,
+        "crash sweep (data store): {backend} {operation}: violations:\n  {}",
         failures.join("\n  ")
     );
 }
