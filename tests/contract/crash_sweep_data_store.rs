@@ -324,7 +324,7 @@ async fn sweep_operation(ctx: Ctx, operation: Operation) {
     for cut in [Cut::Stop, Cut::LoseAnswer] {
         sweeps.push((cut, sweep(&ctx.backend, operation, cut, &expected).await));
     }
-    report(&ctx.backend_name, &format!("{operation:?}"), sweeps);
+    report(ctx.backend_name, &format!("{operation:?}"), sweeps);
 }
 
 /// What one cut's sweep found: crash points, the uncut run's backend calls, violations.

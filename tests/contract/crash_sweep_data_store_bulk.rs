@@ -221,5 +221,5 @@ pub async fn crash_sweep_data_store_bulk_docs(ctx: Ctx) {
     for cut in [Cut::Stop, Cut::LoseAnswer] {
         sweeps.push((cut, sweep(&ctx.backend, cut, &expected).await));
     }
-    report(&ctx.backend_name, "BulkDocs", sweeps);
+    report(ctx.backend_name, "BulkDocs", sweeps);
 }
