@@ -223,6 +223,21 @@ pub fn leaf_json(id: &str, tree: &RevTree, leaf: &Leaf, options: DocOptions) -> 
 pub const MAP_INPUT: DocOptions =
     DocOptions { revs: false, revs_info: false, conflicts: true, deleted_conflicts: true };
 
+/// Appends a document's text up to its last member, the object left open: `{"_id":…,"_rev":…`
+/// and then `members`, a stored body's members as JSON text without its braces (empty: none).
+/// What every answer written from a record's stored text starts with.
+pub fn open_document_text(id: &str, rev: &str, members: &str, out: &mut String) {
+    // A str is always a valid JSON string: writing it cannot fail.
+    out.push_str("{\"_id\":");
+    out.push_str(&serde_json::to_string(id).unwrap_or_default());
+    out.push_str(",\"_rev\":");
+    out.push_str(&serde_json::to_string(rev).unwrap_or_default());
+    if !members.is_empty() {
+        out.push(',');
+        out.push_str(members);
+    }
+}
+
 /// The winning leaf as a map function is shown it, [`leaf_json`]'s document with [`MAP_INPUT`],
 /// written as JSON text straight from the body's stored text: `_id`, `_rev`, the body's members
 /// as stored, then `_conflicts` and `_deleted_conflicts` when there are any. The same text [`leaf_json`]'s value
@@ -246,14 +261,7 @@ pub fn winner_json(id: &str, winner: &WinnerText) -> Option<String> {
     let conflicts_bytes: usize =
         winner.conflicts.iter().chain(&winner.deleted_conflicts).map(|rev| rev.len() + 3).sum();
     let mut out = String::with_capacity(id.len() + rev.len() + members.len() + conflicts_bytes + 40);
-    out.push_str("{\"_id\":");
-    out.push_str(&serde_json::to_string(id).ok()?);
-    out.push_str(",\"_rev\":");
-    out.push_str(&serde_json::to_string(rev).ok()?);
-    if !members.is_empty() {
-        out.push(',');
-        out.push_str(members);
-    }
+    open_document_text(id, rev, members, &mut out);
     if !winner.conflicts.is_empty() {
         out.push_str(",\"_conflicts\":");
         out.push_str(&serde_json::to_string(&winner.conflicts).ok()?);

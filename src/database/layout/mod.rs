@@ -118,18 +118,10 @@ impl AnswerableWinner {
     /// members as stored.
     pub fn write_document(&self, id: &str, out: &mut String) {
         out.reserve(self.json.len() + id.len() + self.rev.as_str().len() + 20);
-        out.push_str("{\"_id\":");
-        write_json_string(id, out);
-        out.push_str(",\"_rev\":");
-        write_json_string(self.rev.as_str(), out);
-        // `json` is an object (`answerable`): `{}` adds nothing, else its members follow.
-        match &self.json[1..] {
-            "}" => out.push('}'),
-            members => {
-                out.push(',');
-                out.push_str(members);
-            }
-        }
+        // `json` is an object (`answerable`): its members are what lies between its braces.
+        let members = &self.json[1..self.json.len() - 1];
+        crate::database::document::open_document_text(id, self.rev.as_str(), members, out);
+        out.push('}');
     }
 }
 
