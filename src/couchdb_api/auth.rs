@@ -45,7 +45,8 @@ use argon2::Argon2;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
-use hmac::Mac;
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
 use tokio::sync::Semaphore;
 
 use super::client_address::TrustedProxies;
@@ -638,7 +639,7 @@ impl CouchAuth {
         let (login, check) = match candidate {
             Some((login, check)) => (Some(login), check),
             None => match self.logins.values().next() {
-                Some(other) => (None, PasswordCheck::Argon2(other.password_hash.clone())),
+                Some(other) => (None, PasswordCheck::Argon2(other.clone())),
                 None => return Ok(None),
             },
         };
@@ -665,7 +666,7 @@ impl CouchAuth {
     /// else a `_users` document's (read now); `None` for a name neither knows.
     async fn candidate(&self, name: &str) -> Result<Option<(Arc<Login>, PasswordCheck)>, CouchError> {
         if let Some(login) = self.logins.get(name) {
-            return Ok(Some((login.clone(), PasswordCheck::Argon2(login.password_hash.clone()))));
+            return Ok(Some((login.clone(), PasswordCheck::Argon2(login.clone()))));
         }
         Ok(self.users_login(name).await?.map(|(login, stored)| (login, PasswordCheck::CouchDb(stored))))
     }
@@ -734,14 +735,16 @@ impl CouchAuth {
 /// How a login's password is checked: against a configured Argon2 PHC string, or against the
 /// hash a `_users` document stores (CouchDB's PBKDF2 or `simple`).
 enum PasswordCheck {
-    Argon2(String),
+    /// A configured login's PHC string (`password_hash`), held by its login: finding a
+    /// remembered login copies no string.
+    Argon2(Arc<Login>),
     CouchDb(StoredCredentials),
 }
 
 impl PasswordCheck {
     fn matches(&self, password: &str) -> bool {
         match self {
-            PasswordCheck::Argon2(phc) => password_matches(phc, password),
+            PasswordCheck::Argon2(login) => password_matches(&login.password_hash, password),
             PasswordCheck::CouchDb(stored) => stored.matches(password),
         }
     }
@@ -956,12 +959,16 @@ fn basic_credentials(headers: &HeaderMap) -> Result<Option<(String, String)>, Co
     let decoded = base64::engine::general_purpose::STANDARD
         .decode(encoded.trim())
         .map_err(|_| CouchError::bad_request("Authorization header has invalid base64 value"))?;
-    let text =
+    let mut name =
         String::from_utf8(decoded).map_err(|_| CouchError::bad_request("Authorization credentials are not UTF-8"))?;
-    Ok(match text.split_once(':') {
-        Some(("_", "_")) | None => None,
-        Some((name, password)) => Some((name.to_owned(), password.to_owned())),
-    })
+    let Some(colon) = name.find(':') else { return Ok(None) };
+    if name == "_:_" {
+        return Ok(None);
+    }
+    // The decoded text becomes the name: one copy (the password's) per request, not two.
+    let password = name[colon + 1..].to_owned();
+    name.truncate(colon);
+    Ok(Some((name, password)))
 }
 
 /// The value of a named cookie in the request's `Cookie` headers; `None` when absent or empty.
@@ -985,9 +992,17 @@ pub(super) fn unix_now() -> u64 {
 /// Credentials that verified, keyed by HMAC-SHA256 of name and password under a random
 /// per-process key, so neither a memory dump nor the key set yields a fast password hash.
 /// Oldest entries go first when it is full.
+///
+/// The HMAC is keyed once, at start: `keyed` holds the hash states after the key's inner and
+/// outer blocks, and each request's key starts from a copy of them. That is the same HMAC of the
+/// same key (unit `the_cache_key_is_the_hmac_of_name_and_password`), computed with two of its
+/// four SHA-256 blocks instead of four: keying it per request hashed the same two key blocks
+/// again for every Basic request (issue 38, docs/benchmarks.md "In front of CouchDB (session
+/// 21)"). What the process keeps is what it kept: no password, and key material (the two states
+/// derive from the random key and nothing else) that only this process holds.
 #[derive(Debug)]
 struct VerifiedCache {
-    key: [u8; 32],
+    keyed: Hmac<Sha256>,
     capacity: usize,
     entries: Mutex<CacheEntries>,
 }
@@ -1003,11 +1018,15 @@ impl VerifiedCache {
         let mut key = [0u8; 32];
         // Without the OS generator the key stays fixed; the cache still never holds a password.
         let _ = getrandom::fill(&mut key);
-        VerifiedCache { key, capacity, entries: Mutex::new(CacheEntries::default()) }
+        Self::with_key(&key, capacity)
+    }
+
+    fn with_key(key: &[u8], capacity: usize) -> Self {
+        VerifiedCache { keyed: hmac_sha256(key), capacity, entries: Mutex::new(CacheEntries::default()) }
     }
 
     fn key_for(&self, name: &str, password: &str) -> [u8; 32] {
-        let mut mac = hmac_sha256(&self.key);
+        let mut mac = self.keyed.clone();
         // Length-prefixed, so no other name and password split the same bytes differently.
         mac.update(&(name.len() as u64).to_be_bytes());
         mac.update(name.as_bytes());
@@ -1284,6 +1303,25 @@ pub(super) mod tests {
         // Keys depend on how name and password split, and on the per-process key.
         assert_ne!(cache.key_for("ab", "c"), cache.key_for("a", "bc"));
         assert_ne!(VerifiedCache::new(2).key_for("a", "one"), keys[0]);
+    }
+
+    /// The key of a request is the HMAC-SHA256 of the name's length (8 bytes, big-endian), the
+    /// name and the password under the cache's key, the same on every request although the HMAC
+    /// is keyed once. The expected values come from Python's `hmac` module, not from this code.
+    #[test]
+    fn the_cache_key_is_the_hmac_of_name_and_password() {
+        let cache = VerifiedCache::with_key(&[7u8; 32], 2);
+        let hex = |key: [u8; 32]| key.iter().map(|byte| format!("{byte:02x}")).collect::<String>();
+        for _ in 0..2 {
+            assert_eq!(
+                hex(cache.key_for("alice", "pass:word")),
+                "0deb77af9e06d0ddb3037cd6eac10761b1eab938cef4069e63eee88a3a7b4bdb"
+            );
+            assert_eq!(
+                hex(cache.key_for("alice", "other")),
+                "466dd59cd3380631d633ccb53b3b8810783ba32bb63f1c13848fb2558c1ee42d"
+            );
+        }
     }
 
     fn peer(last: u8) -> Option<IpAddr> {

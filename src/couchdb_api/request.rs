@@ -26,7 +26,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use super::error::{CouchError, CouchResult};
 use crate::config::Settings;
-use crate::model::depth::{parse_within, MAX_REQUEST_DEPTH};
+use crate::model::depth::MAX_REQUEST_DEPTH;
 use crate::server::tree_size::estimate_tree_bytes;
 use crate::server::ByteBudget;
 
@@ -146,7 +146,7 @@ impl Bodies {
         }
         let decoded_extra = if bytes.len() > raw.compressed { bytes.len() } else { 0 };
         let decoded = self.decoded.take(tree.saturating_add(decoded_extra)).await?;
-        let value = parse_within(&bytes, MAX_REQUEST_DEPTH).map_err(invalid)?;
+        let value = parse_measured(&bytes).map_err(invalid)?;
         Ok(Some(JsonBody { value, _share: Some(BodyShare { _raw: raw.share, _decoded: Some(decoded) }) }))
     }
 
@@ -158,6 +158,19 @@ impl Bodies {
             None => Err(CouchError::bad_request("Request body must be a JSON object")),
         }
     }
+}
+
+/// Parses a body [`estimate_tree_bytes`] has measured: that pass refused any text nested deeper
+/// than [`MAX_REQUEST_DEPTH`], so this is `parse_within(bytes, MAX_REQUEST_DEPTH)` without its
+/// second scan of the text for its depth (a tenth of the body's parse, issue 38; unit
+/// `a_measured_body_parses_as_parse_within_does`).
+fn parse_measured(bytes: &[u8]) -> serde_json::Result<Value> {
+    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
+    // The measuring pass bounded the depth; serde_json's own limit is below what a request may nest.
+    deserializer.disable_recursion_limit();
+    let value = serde::Deserialize::deserialize(&mut deserializer)?;
+    deserializer.end()?;
+    Ok(value)
 }
 
 /// A raw body's share of the raw budget and its compressed size.
@@ -408,6 +421,37 @@ mod tests {
     use super::*;
     use flate2::write::GzEncoder;
     use std::io::Write;
+
+    /// Every body the measuring pass lets through parses as the depth-checked parse reads it,
+    /// at the deepest nesting a request may have too; one level deeper never reaches the parse.
+    #[test]
+    fn a_measured_body_parses_as_parse_within_does() {
+        let deepest = format!("{}1{}", "[".repeat(MAX_REQUEST_DEPTH), "]".repeat(MAX_REQUEST_DEPTH));
+        let bodies = [
+            r#"{"_id":"a","n":12345678901234567890,"f":0.1,"e":1E2,"s":"caf\u00e9 \"q\"","l":[true,null,{}]}"#
+                .to_owned(),
+            "  [1, 2.50, -0]  ".to_owned(),
+            deepest.clone(),
+            "{\"a\":1} x".to_owned(),
+            "{\"a\":".to_owned(),
+        ];
+        for body in &bodies {
+            let measured = estimate_tree_bytes(body.as_bytes(), MAX_REQUEST_DEPTH).map(|_| ());
+            let checked: serde_json::Result<Value> =
+                crate::model::depth::parse_within(body.as_bytes(), MAX_REQUEST_DEPTH);
+            match measured {
+                Ok(()) => assert_eq!(
+                    parse_measured(body.as_bytes()).map_err(|e| e.to_string()),
+                    checked.map_err(|e| e.to_string()),
+                    "{body:.60}"
+                ),
+                Err(_) => assert!(checked.is_err(), "{body:.60}: refused by the measure only"),
+            }
+        }
+        assert!(parse_measured(deepest.as_bytes()).is_ok(), "serde_json's own recursion limit is off");
+        let deeper = format!("[{deepest}]");
+        assert!(estimate_tree_bytes(deeper.as_bytes(), MAX_REQUEST_DEPTH).is_err(), "refused before the parse");
+    }
 
     #[test]
     fn copy_destinations_are_read_as_couchdb_reads_them() {

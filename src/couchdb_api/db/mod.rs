@@ -222,6 +222,11 @@ async fn serve_data_store(state: &CouchState, mut request: Request) -> Response 
 /// as the backing CouchDB answers them.
 fn runs_on_the_backend(below: &str) -> bool {
     let first = below.split('/').next().unwrap_or_default();
+    // Only a segment that decodes to a leading `_` can be one: a document id (most requests) is
+    // not decoded for nothing.
+    if !(first.starts_with('_') || first.get(..3).is_some_and(|start| start.eq_ignore_ascii_case("%5F"))) {
+        return false;
+    }
     let first = percent_encoding::percent_decode_str(first).decode_utf8_lossy();
     (first == "_design" && below.len() > "_design/".len()) || first.starts_with("_design/") || first == "_view_cleanup"
 }
@@ -241,7 +246,8 @@ async fn forward_data_store_design(state: &CouchState, below: &str, request: Req
 /// A path below a database with a `.` or `..` segment (encoded or not) is refused (400): resolved,
 /// it would leave what it names (a design document, or the database).
 fn refuse_dot_segments(below: &str) -> Result<(), CouchError> {
-    for segment in below.split('/') {
+    // `..` takes at most six characters encoded (`%2E%2E`): a longer segment is not decoded.
+    for segment in below.split('/').filter(|segment| segment.len() <= "%2E%2E".len()) {
         let decoded = percent_encoding::percent_decode_str(segment).decode_utf8_lossy();
         if decoded == "." || decoded == ".." {
             return Err(CouchError::bad_request(format!("database paths may not contain the segment {segment:?}")));
@@ -945,8 +951,25 @@ mod tests {
         for passed in ["_design/app", "_design/app/_view/v", "_design%2Fapp", "_design%2fapp/att", "_view_cleanup"] {
             assert!(runs_on_the_backend(passed), "{passed}");
         }
+        for passed in ["%5Fdesign/app", "%5fdesign%2Fapp/_show/s", "%5Fview_cleanup"] {
+            assert!(runs_on_the_backend(passed), "{passed}: an encoded underscore");
+        }
         for served in ["_design", "_design/", "_design_docs", "_find", "_index", "_all_docs", "doc", "_local/x", ""] {
             assert!(!runs_on_the_backend(served), "{served}");
+        }
+        for served in ["u%3Ans%3Aa2V5", "%5F", "%5Fdesign_docs", "%2Fdesign/app", "x_design/app"] {
+            assert!(!runs_on_the_backend(served), "{served}");
+        }
+    }
+
+    /// `.` and `..` are refused however they are spelled, and only as a whole segment.
+    #[test]
+    fn dot_segments_are_refused_encoded_or_not() {
+        for refused in [".", "..", "%2E", "%2e", ".%2E", "%2E.", "%2e%2E", "a/../b", "_design/d/%2E%2E/x", "a/."] {
+            assert!(refuse_dot_segments(refused).is_err(), "{refused}");
+        }
+        for passed in ["...", "%2E%2E%2E", "%2E%2E.", ".a", "a.", "%252E", "u%3Ans%3Aa2V5LTAwMQ%3D%3D", "", "a//b"] {
+            assert!(refuse_dot_segments(passed).is_ok(), "{passed}");
         }
     }
 
