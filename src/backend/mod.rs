@@ -840,6 +840,20 @@ pub trait DocumentBackend: Send + Sync + 'static {
         Err(attachments_unsupported(&self.describe()))
     }
 
+    /// Stores each of `attachments` (bytes that fit in one chunk, each under a fresh blob name)
+    /// with its manifest, the local document `manifest` created only if none exists, such that
+    /// no reader ever finds a manifest without its chunk: a backend that overrides this writes
+    /// them all in one atomic write (Firestore: one `:commit`, issue 38), instead of a chunk and
+    /// then a manifest per attachment. `Ok(false)`, the default: this backend has no such write
+    /// and wrote nothing (the attachment store then writes each the usual way). A `Conflict`
+    /// means a manifest existed, and nothing was written. Any other error may leave chunks and
+    /// manifests written together (an answer lost), never one without the other
+    /// (docs/design/crash-points.md, "Small attachments at once").
+    async fn put_small_attachments(&self, attachments: &[SmallAttachment]) -> Result<bool> {
+        let _ = attachments;
+        Ok(false)
+    }
+
     /// Chunk `index` of the blob `blob` as stored, or `None`. The default refuses.
     async fn get_attachment_chunk(&self, blob: &str, index: u64) -> Result<Option<bytes::Bytes>> {
         let _ = (blob, index);
@@ -967,6 +981,19 @@ pub trait DocumentBackend: Send + Sync + 'static {
         let items = page.items.iter().map(DocumentText::of).collect::<Result<_>>()?;
         Ok(Page { items, next: page.next })
     }
+}
+
+/// An attachment of at most one chunk with its manifest, for
+/// [`DocumentBackend::put_small_attachments`].
+#[derive(Debug, Clone)]
+pub struct SmallAttachment {
+    /// The fresh blob name its chunk goes under ([`check_attachment_blob`]'s form).
+    pub blob: String,
+    /// The bytes: chunk 0, none at all when empty (a manifest of zero chunks).
+    pub bytes: bytes::Bytes,
+    /// The manifest's local-document name (`att:{sha256}`) and body.
+    pub manifest: String,
+    pub manifest_body: Map<String, Value>,
 }
 
 /// The longest attachment blob name a backend takes.

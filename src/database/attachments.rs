@@ -61,7 +61,9 @@ use md5::Md5;
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 
-use crate::backend::{attachments_unsupported, DocumentBackend, IdRange, Precondition, StoredDocument, LOCAL_PREFIX};
+use crate::backend::{
+    attachments_unsupported, DocumentBackend, IdRange, Precondition, SmallAttachment, StoredDocument, LOCAL_PREFIX,
+};
 use crate::error::{Error, ErrorKind, Result};
 
 /// The local-document name prefix of manifests.
@@ -163,6 +165,74 @@ impl AttachmentStore {
             }
         }
         recorded
+    }
+
+    /// Stores many attachments' bytes at once, each `items` entry whole in memory and at most
+    /// one chunk long ([`Self::fits_one_chunk`]), and returns their manifests in order. Where
+    /// the backend writes chunks with their manifests together
+    /// ([`DocumentBackend::put_small_attachments`]: Firestore's atomic commit) the distinct ones
+    /// go in one such write, each manifest created only if none exists, so the rule of the
+    /// module doc (a reader finds bytes only through a manifest, written no earlier than its
+    /// chunks) holds as it does for [`Self::write`]. Otherwise, or when a manifest existed
+    /// (the same bytes stored before: nothing of that write was stored), each is written as
+    /// [`Self::write`] writes it. `max_bytes` as for [`Self::write`].
+    pub async fn write_small_many(&self, items: &[Bytes], max_bytes: u64) -> Result<Vec<StoredBlob>> {
+        let chunk_bytes = self.backend.attachment_chunk_bytes();
+        if chunk_bytes == 0 {
+            return Err(attachments_unsupported(&self.backend.describe()));
+        }
+        let mut stored: Vec<StoredBlob> = Vec::with_capacity(items.len());
+        let mut distinct: Vec<SmallAttachment> = Vec::new();
+        let mut seen: std::collections::HashMap<String, StoredBlob> = std::collections::HashMap::new();
+        for bytes in items {
+            if bytes.len() > chunk_bytes || bytes.len() as u64 > max_bytes {
+                return Err(Error::new(
+                    ErrorKind::TooLarge,
+                    format!("an attachment of {} bytes is no small attachment here", bytes.len()),
+                ));
+            }
+            let blob = small_blob(bytes, chunk_bytes);
+            // The same bytes twice are one attachment, under the first one's blob name.
+            if let Some(first) = seen.get(&blob.sha256) {
+                stored.push(first.clone());
+                continue;
+            }
+            distinct.push(SmallAttachment {
+                blob: blob.blob.clone(),
+                bytes: bytes.clone(),
+                manifest: manifest_name(&blob.sha256),
+                manifest_body: manifest_body(&blob),
+            });
+            seen.insert(blob.sha256.clone(), blob.clone());
+            stored.push(blob);
+        }
+        match self.backend.put_small_attachments(&distinct).await {
+            Ok(true) => return Ok(stored),
+            Ok(false) => {}
+            // A manifest of the same bytes exists: each is stored (or found) as one upload is.
+            Err(err) if err.is_conflict() => {}
+            Err(err) => return Err(err),
+        }
+        let mut kept = std::collections::HashMap::with_capacity(distinct.len());
+        for attachment in distinct {
+            let bytes = attachment.bytes;
+            let blob = self.write(futures::stream::once(async move { Ok(bytes) }), max_bytes).await?;
+            kept.insert(blob.sha256.clone(), blob);
+        }
+        stored
+            .into_iter()
+            .map(|blob| {
+                kept.get(&blob.sha256).cloned().ok_or_else(|| {
+                    Error::new(ErrorKind::Internal, format!("attachment {} was not stored", blob.sha256))
+                })
+            })
+            .collect()
+    }
+
+    /// Whether bytes this long go to [`Self::write_small_many`]: at most one chunk of the
+    /// backend's.
+    pub fn fits_one_chunk(&self, length: usize) -> bool {
+        length <= self.backend.attachment_chunk_bytes()
     }
 
     /// Deletes the chunks of an upload that will not be kept. A failure is logged, not
@@ -598,6 +668,21 @@ impl<'a> Upload<'a> {
             chunks: self.chunks,
             chunk_bytes: self.chunk_bytes as u64,
         }
+    }
+}
+
+/// The manifest of `bytes` (at most one chunk of `chunk_bytes`) stored under a fresh blob name:
+/// one chunk, none when empty, as [`Upload`] would record them.
+fn small_blob(bytes: &Bytes, chunk_bytes: usize) -> StoredBlob {
+    let mut md5 = Md5::new();
+    md5.update(bytes);
+    StoredBlob {
+        sha256: hex::encode(Sha256::digest(bytes)),
+        digest: md5_digest(md5),
+        length: bytes.len() as u64,
+        blob: new_blob_name(),
+        chunks: u64::from(!bytes.is_empty()),
+        chunk_bytes: chunk_bytes as u64,
     }
 }
 

@@ -361,6 +361,10 @@ impl DocumentBackend for MeteredBackend {
         timed!(self, "put_attachment_chunk", self.inner.put_attachment_chunk(blob, index, bytes))
     }
 
+    async fn put_small_attachments(&self, attachments: &[crate::backend::SmallAttachment]) -> Result<bool> {
+        timed!(self, "put_small_attachments", self.inner.put_small_attachments(attachments))
+    }
+
     async fn get_attachment_chunk(&self, blob: &str, index: u64) -> Result<Option<bytes::Bytes>> {
         timed!(self, "get_attachment_chunk", self.inner.get_attachment_chunk(blob, index))
     }

@@ -2,7 +2,8 @@
 //! chunks and [`AttachmentStore`] over them): byte-exact round trips of every size around the
 //! backend's chunk size and of 64 MiB, ranges across chunk boundaries, identical content stored
 //! once, interrupted and over-limit uploads leaving nothing, garbage collection, chunks invisible
-//! to every document call, and a dropped database taking its chunks. On the CouchDB backend,
+//! to every document call, a dropped database taking its chunks, and small attachments stored
+//! with their manifests at once (all or nothing where the backend writes them together). On the CouchDB backend,
 //! whose databases keep CouchDB's own attachments, each case checks that the calls refuse.
 
 use std::collections::{BTreeSet, HashSet};
@@ -12,7 +13,7 @@ use std::time::Duration;
 
 use agentstore::backend::catalog::{open_catalog, Catalog, DbName};
 use agentstore::backend::raw::layer::Layered;
-use agentstore::backend::{BackendUrl, DocumentBackend, IdRange, Precondition, Projection, Query};
+use agentstore::backend::{BackendUrl, DocumentBackend, IdRange, Precondition, Projection, Query, SmallAttachment};
 use agentstore::database::attachments::{AttachmentStore, StoredBlob, MANIFEST_PREFIX};
 use agentstore::database::Database;
 use agentstore::{Error, ErrorKind};
@@ -277,6 +278,64 @@ pub async fn identical_attachments_are_stored_once(ctx: Ctx) {
     let (sha256, _) = expected_digests(8, chunk + 1);
     let (read, _) = hash_of(store.read(&sha256, None).await.expect("read")).await;
     assert_eq!(read, sha256);
+}
+
+/// The bytes `seed` makes, `len` of them, whole.
+fn bytes_of(seed: u64, len: u64) -> Bytes {
+    Bytes::from((0..len).map(|at| byte_at(seed, at)).collect::<Vec<u8>>())
+}
+
+/// `AttachmentStore::write_small_many`: attachments of at most one chunk stored at once (on
+/// Firestore one commit with their manifests), each read back byte for byte under the digests
+/// computed here, identical bytes stored once, an empty one a manifest without chunks. Where
+/// the backend writes them together (`put_small_attachments` answers other than `Ok(false)`),
+/// a write one of whose manifests exists stores nothing at all (no chunk, no manifest of the
+/// others: the all-or-nothing the ordering rule rests on), and the store then stores each as
+/// one upload does, the existing manifest kept.
+pub async fn small_attachments_are_stored_with_their_manifests_at_once(ctx: Ctx) {
+    if not_applicable(&ctx).await {
+        return;
+    }
+    let b = ctx.backend.as_ref();
+    let chunk = b.attachment_chunk_bytes() as u64;
+    let store = AttachmentStore::new(Arc::clone(&ctx.backend));
+    let items = [bytes_of(20, 4096), bytes_of(21, chunk), bytes_of(20, 4096), Bytes::new()];
+    let stored = store.write_small_many(&items, UNBOUNDED).await.expect("write_small_many");
+    assert_eq!(stored.len(), 4);
+    for (blob, (seed, len)) in stored.iter().zip([(20, 4096), (21, chunk), (20, 4096), (1, 0)]) {
+        let (sha256, digest) = expected_digests(seed, len);
+        assert_eq!((&blob.sha256, &blob.digest, blob.length), (&sha256, &digest, len));
+        assert_eq!(read_all(&store, &sha256, None).await, bytes_of(seed, len).to_vec(), "read back");
+    }
+    assert_eq!(stored[0], stored[2], "the same bytes answer the same manifest, blob included");
+    assert_eq!(blobs(b, 10).await.len(), 2, "identical bytes stored once, the empty ones in no chunk");
+    assert_eq!(manifests(b).await.len(), 3);
+
+    let (fresh, existing) = (bytes_of(22, 100), bytes_of(20, 4096));
+    let fresh_sha = expected_digests(22, 100).0;
+    let small = |blob: &str, bytes: &Bytes, sha256: &str| SmallAttachment {
+        blob: blob.to_owned(),
+        bytes: bytes.clone(),
+        manifest: format!("{MANIFEST_PREFIX}{sha256}"),
+        manifest_body: body(json!({ "blob": blob, "length": bytes.len(), "chunks": 1, "chunk_bytes": chunk })),
+    };
+    let together = [small("u1-fresh", &fresh, &fresh_sha), small("u1-again", &existing, &stored[0].sha256)];
+    match b.put_small_attachments(&together).await {
+        Ok(false) => println!("{}: writes small attachments one at a time", ctx.backend_name),
+        Ok(true) => panic!("a write of small attachments one of whose manifests exists succeeded"),
+        Err(err) => {
+            assert_eq!(err.kind(), ErrorKind::Conflict, "{err}");
+            assert_eq!(blobs(b, 10).await.len(), 2, "no chunk of the refused write stored");
+            let manifest = b.get_local(&format!("{MANIFEST_PREFIX}{fresh_sha}")).await.expect("get_local");
+            assert!(manifest.is_none(), "no manifest of the refused write stored");
+        }
+    }
+    let again = store.write_small_many(&[fresh.clone(), existing], UNBOUNDED).await.expect("write_small_many");
+    assert_eq!(again[1], stored[0], "the bytes stored before keep their manifest and blob");
+    assert_eq!(read_all(&store, &fresh_sha, None).await, fresh.to_vec());
+    assert_eq!(blobs(b, 10).await.len(), 3, "the refused write's blob names left nothing behind");
+    let too_large = store.write_small_many(&[bytes_of(23, chunk + 1)], UNBOUNDED).await;
+    assert_eq!(too_large.map(|_| ()).unwrap_err().kind(), ErrorKind::TooLarge, "past one chunk");
 }
 
 pub async fn interrupted_and_oversized_uploads_leave_nothing(ctx: Ctx) {

@@ -162,6 +162,7 @@ fn attachment_cases() -> Vec<Case> {
         attachments_round_trip_byte_exact,
         attachment_ranges_read_only_what_they_cover,
         identical_attachments_are_stored_once,
+        small_attachments_are_stored_with_their_manifests_at_once,
         interrupted_and_oversized_uploads_leave_nothing,
         garbage_collection_keeps_referenced_and_fresh_bytes,
         attachment_chunks_are_invisible_to_documents,

@@ -308,6 +308,7 @@ counted_layer! {
     fn all_docs_text(&self, range: &IdRange, limit: usize, page_token: Option<&str>) -> Result<Page<DocumentText>>;
     fn design_request(&self, request: DesignRequest) -> Result<Option<DesignResponse>>;
     fn put_attachment_chunk(&self, blob: &str, index: u64, bytes: bytes::Bytes) -> Result<()>;
+    fn put_small_attachments(&self, attachments: &[agentstore::backend::SmallAttachment]) -> Result<bool>;
     fn get_attachment_chunk(&self, blob: &str, index: u64) -> Result<Option<bytes::Bytes>>;
     fn delete_attachment_blob(&self, blob: &str) -> Result<u64>;
     fn attachment_blobs(&self, limit: usize, page_token: Option<&str>) -> Result<Page<String>>;

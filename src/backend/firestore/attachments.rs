@@ -9,7 +9,8 @@
 //! in `blob` order, both over Firestore's automatic single-field index (`data` is exempt from
 //! indexing in `firestore.indexes.json`: an index entry of a megabyte buys nothing). The
 //! catalog's drop deletes the collection with the database's others; `erase_prefix` erases
-//! documents only.
+//! documents only. Attachments of one chunk may be written with their manifests (local
+//! documents) in shared commits ([`FirestoreBackend::put_small`]).
 
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
@@ -18,7 +19,7 @@ use serde_json::{json, Value};
 
 use super::backend::FirestoreBackend;
 use super::core::{field_filter, fields_of, select, text};
-use crate::backend::{check_attachment_blob, Page};
+use crate::backend::{check_attachment_blob, Page, SmallAttachment};
 use crate::error::{Error, ErrorKind, Result};
 
 /// The chunk's fields.
@@ -31,6 +32,13 @@ const DATA: &str = "data";
 /// name and the other fields. The request carries the bytes as base64 (a third more), well
 /// under Firestore's 10 MiB request limit.
 pub const CHUNK_BYTES: usize = (1 << 20) - (16 << 10);
+
+/// Small attachments written in one commit at most: two writes each (chunk and manifest), within
+/// Firestore's 500 writes of a commit.
+const SMALL_PER_COMMIT: usize = 200;
+/// Bytes of small attachments written in one commit at most: 6 MiB, 8 MiB as base64 in the
+/// request, within Firestore's 10 MiB request limit with the manifests and names beside.
+const SMALL_BYTES_PER_COMMIT: usize = 6 << 20;
 
 /// Chunk documents read (names only) and deleted per round when a blob is deleted: Firestore's
 /// limit of writes in one commit.
@@ -64,17 +72,63 @@ impl FirestoreBackend {
                 format!("an attachment chunk of {} bytes; Firestore documents take at most {CHUNK_BYTES}", bytes.len()),
             ));
         }
-        let write = json!({
+        let write = self.chunk_write(blob, index, &bytes);
+        self.commit(vec![write], "write an attachment chunk").await?;
+        Ok(())
+    }
+
+    /// The writes of chunk `index` of `blob`.
+    fn chunk_write(&self, blob: &str, index: u64, bytes: &Bytes) -> Value {
+        json!({
             "update": {
                 "name": self.chunk_document_name(blob, index),
                 "fields": {
                     BLOB: { "stringValue": blob },
                     INDEX: { "integerValue": index.to_string() },
-                    DATA: { "bytesValue": BASE64.encode(&bytes) },
+                    DATA: { "bytesValue": BASE64.encode(bytes) },
                 },
             },
-        });
-        self.commit(vec![write], "write an attachment chunk").await?;
+        })
+    }
+
+    /// Small attachments with their manifests ([`DocumentBackend::put_small_attachments`]):
+    /// each one's chunk and its manifest (created only if none exists: `exists: false`) in the
+    /// same `:commit`, which Firestore applies whole or not at all, so a manifest is never
+    /// stored without its chunk. As many attachments share a commit as
+    /// [`SMALL_PER_COMMIT`] and [`SMALL_BYTES_PER_COMMIT`] allow (one commit for the few KiB
+    /// attachments of a page of a move, where each was two before). A manifest that exists
+    /// fails its commit with a conflict, and nothing of that commit is written; commits before
+    /// it stand (their manifests name their own chunks).
+    ///
+    /// [`DocumentBackend::put_small_attachments`]: crate::backend::DocumentBackend::put_small_attachments
+    pub(super) async fn put_small(&self, attachments: &[SmallAttachment]) -> Result<()> {
+        let mut writes = Vec::new();
+        let (mut count, mut bytes) = (0usize, 0usize);
+        for attachment in attachments {
+            check_attachment_blob(&attachment.blob)?;
+            if attachment.bytes.len() > CHUNK_BYTES {
+                return Err(Error::new(
+                    ErrorKind::TooLarge,
+                    format!(
+                        "a small attachment of {} bytes; one chunk holds at most {CHUNK_BYTES}",
+                        attachment.bytes.len()
+                    ),
+                ));
+            }
+            if count > 0 && (count == SMALL_PER_COMMIT || bytes + attachment.bytes.len() > SMALL_BYTES_PER_COMMIT) {
+                self.commit(std::mem::take(&mut writes), "write small attachments and their manifests").await?;
+                (count, bytes) = (0, 0);
+            }
+            if !attachment.bytes.is_empty() {
+                writes.push(self.chunk_write(&attachment.blob, 0, &attachment.bytes));
+            }
+            writes.push(self.local_create_write(&attachment.manifest, &attachment.manifest_body)?);
+            count += 1;
+            bytes += attachment.bytes.len();
+        }
+        if !writes.is_empty() {
+            self.commit(writes, "write small attachments and their manifests").await?;
+        }
         Ok(())
     }
 

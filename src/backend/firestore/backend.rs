@@ -613,6 +613,10 @@ impl DocumentBackend for FirestoreBackend {
         self.put_chunk(blob, index, bytes).await
     }
 
+    async fn put_small_attachments(&self, attachments: &[crate::backend::SmallAttachment]) -> Result<bool> {
+        self.put_small(attachments).await.map(|()| true)
+    }
+
     async fn get_attachment_chunk(&self, blob: &str, index: u64) -> Result<Option<bytes::Bytes>> {
         self.get_chunk(blob, index).await
     }

@@ -112,13 +112,7 @@ impl FirestoreBackend {
             };
             let rev = next_local_revision(&id, &precondition, current.as_ref().map(|(doc, _)| &doc.rev))?;
             let previous_update_time = current.map(|(_, update_time)| update_time);
-            let mut fields = encoded.fields.clone();
-            fields.insert(layout::REV.into(), json!({ "stringValue": rev.0 }));
-            let mut write = json!({ "update": { "name": self.local_name(name), "fields": fields } });
-            write["currentDocument"] = match &previous_update_time {
-                Some(update_time) => json!({ "updateTime": update_time }),
-                None => json!({ "exists": false }),
-            };
+            let write = self.local_write(name, encoded.fields.clone(), &rev, previous_update_time.as_deref());
             match self.commit(vec![write], &format!("write local document {id:?}")).await {
                 Ok(_) => return Ok(rev),
                 Err(e) if matches!(e.kind(), ErrorKind::Conflict | ErrorKind::NotFound) => {
@@ -130,6 +124,40 @@ impl FirestoreBackend {
             }
         }
         Err(Error::new(ErrorKind::Unavailable, format!("local document {id:?} kept changing; try again")))
+    }
+
+    /// The write of local document `name` with `fields` (encoded) at revision `rev`: over the
+    /// version of `previous_update_time`, or (none) only if no such document exists.
+    fn local_write(
+        &self,
+        name: &str,
+        mut fields: Map<String, Value>,
+        rev: &Revision,
+        previous_update_time: Option<&str>,
+    ) -> Value {
+        fields.insert(layout::REV.into(), json!({ "stringValue": rev.0 }));
+        let mut write = json!({ "update": { "name": self.local_name(name), "fields": fields } });
+        write["currentDocument"] = match previous_update_time {
+            Some(update_time) => json!({ "updateTime": update_time }),
+            None => json!({ "exists": false }),
+        };
+        write
+    }
+
+    /// The write creating local document `name` with `body`, only if none exists (its first
+    /// revision), for a commit of several writes ([`FirestoreBackend::write_local`] with
+    /// [`Precondition::MustNotExist`], without its commit).
+    pub(super) fn local_create_write(&self, name: &str, body: &Map<String, Value>) -> Result<Value> {
+        let id = format!("{LOCAL_PREFIX}{name}");
+        let encoded = codec::encode(&id, body)?;
+        if !encoded.extra_chunks.is_empty() {
+            return Err(Error::new(
+                ErrorKind::TooLarge,
+                format!("local document {id:?} is over one Firestore document"),
+            ));
+        }
+        let rev = next_local_revision(&id, &Precondition::MustNotExist, None)?;
+        Ok(self.local_write(name, encoded.fields, &rev, None))
     }
 
     pub(super) async fn remove_local(&self, name: &str, rev: &Revision) -> Result<()> {

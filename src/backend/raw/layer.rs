@@ -262,6 +262,10 @@ pub trait Layered: Send + Sync + 'static {
         self.inner().put_attachment_chunk(blob, index, bytes).await
     }
 
+    async fn put_small_attachments(&self, attachments: &[crate::backend::SmallAttachment]) -> Result<bool> {
+        self.inner().put_small_attachments(attachments).await
+    }
+
     async fn get_attachment_chunk(&self, blob: &str, index: u64) -> Result<Option<bytes::Bytes>> {
         self.inner().get_attachment_chunk(blob, index).await
     }
@@ -503,6 +507,10 @@ impl<L: Layered> DocumentBackend for L {
 
     async fn put_attachment_chunk(&self, blob: &str, index: u64, bytes: bytes::Bytes) -> Result<()> {
         Layered::put_attachment_chunk(self, blob, index, bytes).await
+    }
+
+    async fn put_small_attachments(&self, attachments: &[crate::backend::SmallAttachment]) -> Result<bool> {
+        Layered::put_small_attachments(self, attachments).await
     }
 
     async fn get_attachment_chunk(&self, blob: &str, index: u64) -> Result<Option<bytes::Bytes>> {

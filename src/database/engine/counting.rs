@@ -27,6 +27,9 @@ pub(crate) struct CountingBackend {
     most_bulk_in_flight: AtomicUsize,
     /// Claims other processes share the backend, whatever the inner one says.
     shared: AtomicBool,
+    /// Takes small attachments with their manifests in one call
+    /// ([`CountingBackend::take_small_attachments_at_once`]).
+    small_at_once: AtomicBool,
 }
 
 impl CountingBackend {
@@ -39,6 +42,7 @@ impl CountingBackend {
             bulk_in_flight: AtomicUsize::new(0),
             most_bulk_in_flight: AtomicUsize::new(0),
             shared: AtomicBool::new(false),
+            small_at_once: AtomicBool::new(false),
         })
     }
 
@@ -54,6 +58,15 @@ impl CountingBackend {
     #[cfg(test)]
     pub(crate) fn claim_shared(&self) {
         self.shared.store(true, Ordering::SeqCst);
+    }
+
+    /// From now on takes small attachments with their manifests in one call
+    /// (`put_small_attachments`, counted once), as Firestore does in one commit; here each
+    /// chunk and then its manifest are written to the inner backend uncounted, one after the
+    /// other (not atomic: for tests that count calls, not for crash tests).
+    #[cfg(test)]
+    pub(crate) fn take_small_attachments_at_once(&self) {
+        self.small_at_once.store(true, Ordering::SeqCst);
     }
 
     /// The most `bulk_write` calls that were in flight at once.
@@ -136,6 +149,25 @@ impl crate::backend::raw::layer::Layered for CountingBackend {
     async fn delete(&self, id: &str, rev: &Revision) -> Result<Revision> {
         self.called("delete");
         self.inner.delete(id, rev).await
+    }
+
+    async fn put_small_attachments(&self, attachments: &[crate::backend::SmallAttachment]) -> Result<bool> {
+        if !self.small_at_once.load(Ordering::SeqCst) {
+            return self.inner.put_small_attachments(attachments).await;
+        }
+        self.called("put_small_attachments");
+        for attachment in attachments {
+            if !attachment.bytes.is_empty() {
+                self.inner.put_attachment_chunk(&attachment.blob, 0, attachment.bytes.clone()).await?;
+            }
+            self.inner.put_local(&attachment.manifest, &attachment.manifest_body, Precondition::MustNotExist).await?;
+        }
+        Ok(true)
+    }
+
+    async fn put_attachment_chunk(&self, blob: &str, index: u64, bytes: bytes::Bytes) -> Result<()> {
+        self.called("put_attachment_chunk");
+        self.inner.put_attachment_chunk(blob, index, bytes).await
     }
 
     async fn bulk_write(&self, writes: Vec<BulkWrite>) -> Result<Vec<Result<Revision>>> {

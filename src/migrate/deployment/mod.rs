@@ -100,6 +100,11 @@ pub const MAX_PAGES_AT_ONCE: usize = 16;
 pub const INLINE_ATTACHMENT_BYTES: u64 = 256 << 10;
 /// Attachment bytes (as the stubs count them) of the inline leaves read and written at once.
 pub const INLINE_GROUP_BYTES: u64 = 4 << 20;
+/// The most attachment bytes of a page's first inline group that is written with the page's
+/// leaves without attachments, in the same bulk writes, into a backend: that write then waits
+/// for the group's read from the source (its bytes, at most this many) and the store of its
+/// attachments (one commit on Firestore) before it starts, where it went beside them.
+const JOINED_GROUP_BYTES: u64 = 256 << 10;
 /// The unit of the move's attachment budget: a database's share is [`INLINE_GROUP_BYTES`] of
 /// them, an inline group takes its bytes' worth (rounded up), a streamed leaf a whole share.
 const BUDGET_UNIT_BYTES: u64 = 1 << 10;
@@ -441,7 +446,9 @@ pub async fn write_page(ends: &CopyEnds<'_>, leaves: Vec<Map<String, Value>>) ->
 /// however many of its pages are under way. The leaves without attachments are written beside those with (one page's plain write
 /// does not wait for its attachments' reads and uploads, three round trips each on Firestore),
 /// unless a document has leaves of both kinds: then one after the other, as two writers of one
-/// document would otherwise meet.
+/// document would otherwise meet. Into a backend, the first inline group, when it holds at most
+/// [`JOINED_GROUP_BYTES`], is read first and written with the plain leaves in the same bulk
+/// writes (its attachments stored at once before them, [`side::PageTarget::write_leaves`]).
 async fn write_page_gated(
     ends: &CopyEnds<'_>,
     leaves: Vec<Map<String, Value>>,
@@ -449,22 +456,45 @@ async fn write_page_gated(
 ) -> Result<Vec<Value>> {
     let Plan { plain, inline_groups, inline_group_bytes, streamed } =
         plan(leaves, matches!(ends.target, Side::Remote(_)));
-    let plain_ids: std::collections::HashSet<&str> =
-        plain.iter().filter_map(|leaf| leaf.get("_id").and_then(Value::as_str)).collect();
-    let shared = inline_groups.iter().flatten().any(|(id, _)| plain_ids.contains(id.as_str()))
-        || streamed.iter().any(|leaf| leaf.get("_id").and_then(Value::as_str).is_some_and(|id| plain_ids.contains(id)));
-    drop(plain_ids);
+    let mut groups: Vec<(InlineGroup, u64)> = inline_groups.into_iter().zip(inline_group_bytes).collect();
+    // Into a backend, a first inline group of at most `JOINED_GROUP_BYTES` is written with the
+    // plain leaves, in the same bulk writes (issue 38: on Firestore each write of a page is a
+    // `:batchWrite`, and a page's few small attachments made one of their own).
+    let joined = match groups.first() {
+        Some((_, bytes)) if matches!(ends.target, Side::Local { .. }) && *bytes <= JOINED_GROUP_BYTES => {
+            Some(groups.remove(0))
+        }
+        _ => None,
+    };
+    let first_ids: std::collections::HashSet<&str> = plain
+        .iter()
+        .filter_map(|leaf| leaf.get("_id").and_then(Value::as_str))
+        .chain(joined.iter().flat_map(|(group, _)| group.iter().map(|(id, _)| id.as_str())))
+        .collect();
+    let shared = groups.iter().flat_map(|(group, _)| group).any(|(id, _)| first_ids.contains(id.as_str()))
+        || streamed.iter().any(|leaf| leaf.get("_id").and_then(Value::as_str).is_some_and(|id| first_ids.contains(id)));
+    drop(first_ids);
+    // The target opened once for the page's writes, its `_revs_limit` read once
+    // ([`side::PageTarget`]).
+    let target = ends.target.page_target(ends.target_db);
+    let target = &target;
     // Both writes boxed: side by side inline, their states made this function's future large
     // enough to overflow a 2 MiB thread stack where the replicator's job (which awaits it through
     // `write_page`) was polled in a debug build (contract `crash_sweep_replication_job`).
     let plain_write = Box::pin(async {
-        match plain.is_empty() {
+        let mut docs = plain;
+        // The joined group holds its share of the budget while it is read and written.
+        let mut _share = None;
+        if let Some((group, bytes)) = &joined {
+            _share = budget_share(attachments, bytes.div_ceil(BUDGET_UNIT_BYTES)).await?;
+            docs.extend(ends.source.read_leaves(ends.source_db, group, true).await?);
+        }
+        match docs.is_empty() {
             true => Ok(Vec::new()),
-            false => ends.target.write_leaves(ends.target_db, plain).await,
+            false => target.write_leaves(docs).await,
         }
     });
-    let groups: Vec<(InlineGroup, u64)> = inline_groups.into_iter().zip(inline_group_bytes).collect();
-    let attached_write = Box::pin(write_attached(ends, groups, streamed, attachments));
+    let attached_write = Box::pin(write_attached(ends, target, groups, streamed, attachments));
     if shared {
         let mut failures = plain_write.await?;
         failures.extend(attached_write.await?);
@@ -485,6 +515,7 @@ async fn write_page_gated(
 /// past that point at once, issue 38).
 async fn write_attached(
     ends: &CopyEnds<'_>,
+    target: &side::PageTarget<'_>,
     inline_groups: Vec<(InlineGroup, u64)>,
     streamed: Vec<Map<String, Value>>,
     attachments: Option<&tokio::sync::Semaphore>,
@@ -493,11 +524,11 @@ async fn write_attached(
     for (group, bytes) in inline_groups {
         let _share = budget_share(attachments, bytes.div_ceil(BUDGET_UNIT_BYTES)).await?;
         let docs = ends.source.read_leaves(ends.source_db, &group, true).await?;
-        failures.extend(ends.target.write_leaves(ends.target_db, docs).await?);
+        failures.extend(target.write_leaves(docs).await?);
     }
     for leaf in streamed {
         let _share = budget_share(attachments, BUDGET_UNITS_PER_DATABASE).await?;
-        failures.extend(ends.target.write_leaf_streamed(ends.target_db, leaf, ends.source, ends.source_db).await?);
+        failures.extend(target.write_leaf_streamed(leaf, ends.source, ends.source_db).await?);
     }
     Ok(failures)
 }
@@ -898,6 +929,10 @@ mod tests {
         /// Whether each database's layer claims other processes share it (settings read at
         /// every request, as over DynamoDB or Firestore).
         shared: bool,
+        /// Whether each database's layer takes small attachments at once, as Firestore does.
+        small_at_once: bool,
+        /// The catalog's opens, by database name.
+        opens: Mutex<std::collections::HashMap<String, usize>>,
     }
 
     impl CountingCatalog {
@@ -914,6 +949,9 @@ mod tests {
                 }
                 if self.shared {
                     layer.claim_shared();
+                }
+                if self.small_at_once {
+                    layer.take_small_attachments_at_once();
                 }
                 layer
             });
@@ -943,6 +981,7 @@ mod tests {
             Ok(self.layer(name, backend))
         }
         async fn open(&self, name: &DbName) -> Result<Option<Arc<dyn crate::backend::DocumentBackend>>> {
+            *self.opens.lock().unwrap().entry(name.to_string()).or_default() += 1;
             Ok(self.inner.open(name).await?.map(|backend| self.layer(name, backend)))
         }
         async fn delete(&self, name: &DbName) -> Result<bool> {
@@ -957,6 +996,8 @@ mod tests {
     /// its `_security` and `_revs_limit` (`Database::update_settings` reads the stored
     /// settings document, then the settings).
     const SETTINGS_READS_BESIDE_PAGES: usize = 2;
+    /// The target's catalog opens of a move of one database besides its pages' writes.
+    const OPENS_BESIDE_PAGES: usize = 2;
 
     fn replicated(id: &str, rev: &str, n: u64) -> (String, Vec<crate::database::Write>) {
         let (generation, hash) = rev.split_once('-').unwrap();
@@ -986,6 +1027,8 @@ mod tests {
                 layers: Mutex::new(Default::default()),
                 bulk_pause,
                 shared,
+                small_at_once: false,
+                opens: Mutex::new(Default::default()),
             })
         }
     }
@@ -1122,6 +1165,59 @@ mod tests {
         let state = copied.read("doc04").await.unwrap().unwrap();
         let body = state.tree.winner().map(|leaf| leaf.body.clone()).unwrap_or_default();
         assert!(body.get("_attachments").is_some_and(|a| a.get("a.txt").is_some()), "the attachment copied: {body:?}");
+    }
+
+    /// A page's small attachments are stored with their manifests in one call where the
+    /// target's backend takes them so (Firestore's commit), not a chunk and a manifest each;
+    /// its leaves with and without attachments go in the same bulk write; and the page opens
+    /// the target once for its writes (a read of the catalog's marker on DynamoDB and
+    /// Firestore) and reads its `_revs_limit` once: a move of 40 documents in two pages of 20,
+    /// 10 of each page's with an attachment of their own, over a backend other processes share.
+    #[tokio::test]
+    async fn a_page_s_small_attachments_are_stored_at_once_and_its_target_opened_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let source = embedded_databases(dir.path(), "source.redb");
+        let source_side = Side::local(Arc::clone(&source), "source");
+        assert!(source_side.ensure("atts").await.unwrap());
+        let leaves: Vec<Map<String, Value>> = (0..40)
+            .map(|i| {
+                let mut leaf = serde_json::json!({
+                    "_id": format!("doc{i:02}"), "_rev": "1-aaaa", "_revisions": {"start": 1, "ids": ["aaaa"]}, "n": i,
+                });
+                if i % 2 == 0 {
+                    let data = base64::Engine::encode(
+                        &base64::engine::general_purpose::STANDARD,
+                        format!("bytes of document {i}"),
+                    );
+                    leaf["_attachments"] =
+                        serde_json::json!({ "a.txt": { "content_type": "text/plain", "data": data } });
+                }
+                leaf.as_object().cloned().unwrap()
+            })
+            .collect();
+        assert!(source_side.write_leaves("atts", leaves).await.unwrap().is_empty());
+        let mut catalog = CountingCatalog::over_file(&dir.path().join("target.redb"), None, true);
+        Arc::get_mut(&mut catalog).unwrap().small_at_once = true;
+        let target = Arc::new(crate::database::Databases::new(Some(catalog.clone()), 4));
+        let options = MoveOptions { pages_at_once: 1, ..unverified_move(20, dir.path().join("checkpoints")) };
+        let report = move_to_the_end(source_side, Side::local(Arc::clone(&target), "target"), options).await;
+        assert_eq!(report.totals.docs_seen, 40);
+        let counts = catalog.layers.lock().unwrap()["atts"].taken_counts();
+        assert_eq!(counts.get("put_small_attachments").copied(), Some(2), "one call a page: {counts:?}");
+        assert_eq!(counts.get("put_attachment_chunk"), None, "no chunk alone: {counts:?}");
+        assert_eq!(counts.get("bulk_write").copied(), Some(2), "one bulk write a page, with and without attachments");
+        assert_eq!(counts.get("get_local").copied(), Some(SETTINGS_READS_BESIDE_PAGES + 2), "{counts:?}");
+        let opens = catalog.opens.lock().unwrap().get("atts").copied().unwrap_or(0);
+        assert_eq!(opens, OPENS_BESIDE_PAGES + 2, "the target opened once a page");
+        let copied = target.open(&DbName::parse("atts").unwrap()).await.unwrap().unwrap();
+        for i in (0..40).step_by(2) {
+            let state = copied.read(&format!("doc{i:02}")).await.unwrap().unwrap();
+            let body = state.tree.winner().map(|leaf| leaf.body.clone()).unwrap_or_default();
+            let sha = body["_attachments"]["a.txt"][crate::database::doc_attachments::SHA256_FIELD].as_str().unwrap();
+            let bytes: Vec<bytes::Bytes> =
+                futures::TryStreamExt::try_collect(copied.attachments().read(sha, None).await.unwrap()).await.unwrap();
+            assert_eq!(bytes.concat(), format!("bytes of document {i}").into_bytes());
+        }
     }
 
     /// `pages_at_once` pages of a database are written at once, no more: with every bulk write

@@ -541,14 +541,12 @@ impl Side {
     /// Stores replicated leaves (`new_edits: false`, each with its `_revisions`); returns the
     /// leaves refused, as `{id, rev, error, reason}` rows.
     pub async fn write_leaves(&self, db: &str, docs: Vec<Map<String, Value>>) -> Result<Vec<Value>> {
-        match self {
-            Side::Local { databases, read, .. } => {
-                let database = Self::must_open(databases, db).await?;
-                let read = take_states(read, db, &docs);
-                write_local(&database, docs.into_iter().map(|doc| (doc, HashMap::new())).collect(), read).await
-            }
-            Side::Remote(client) => client.bulk_docs_replicated(db, docs).await,
-        }
+        self.page_target(db).write_leaves(docs).await
+    }
+
+    /// Database `db` of this side as the target of one page's writes ([`PageTarget`]).
+    pub fn page_target<'a>(&'a self, db: &'a str) -> PageTarget<'a> {
+        PageTarget { side: self, db, database: tokio::sync::OnceCell::new(), revs_limit: tokio::sync::OnceCell::new() }
     }
 
     /// The bytes of attachment `name` of leaf `rev` of document `id`, streamed: from the
@@ -569,6 +567,60 @@ impl Side {
         }
     }
 
+    /// [`PageTarget::write_leaf_streamed`] on a page of its own.
+    pub async fn write_leaf_streamed(
+        &self,
+        db: &str,
+        leaf: Map<String, Value>,
+        source: &Side,
+        source_db: &str,
+    ) -> Result<Vec<Value>> {
+        self.page_target(db).write_leaf_streamed(leaf, source, source_db).await
+    }
+}
+
+/// One database of a side as the target of one page's writes (its leaves without attachments,
+/// its inline groups, its streamed leaves: [`super::write_page`]): on a local side the database
+/// is opened once for all of them, at the first write, and its `_revs_limit` read once, at the
+/// first write with something to write, where each write opened it (a read of the catalog's
+/// marker of the database on DynamoDB and Firestore) and read the limit itself (issue 38).
+///
+/// Why the open can be shared: a page is one request of the move, as a `_bulk_docs` is one
+/// request, whose writes all go to the database it opened. A database deleted (or deleted and
+/// created again) at the target by another process while a page is written is seen at the next
+/// page's open, which fails the move's copy of it (`NotFound`), as it did at the next write
+/// before; the page's writes after the deletion land in the handle opened, as the writes of one
+/// `_bulk_docs` under way during a deletion do, and so does every write already under way when a
+/// database is deleted. The limit: docs/migration.md, "Moving a whole deployment" (one read per
+/// page, issue 36's rule per request).
+pub struct PageTarget<'a> {
+    side: &'a Side,
+    db: &'a str,
+    database: tokio::sync::OnceCell<Arc<Database>>,
+    revs_limit: tokio::sync::OnceCell<usize>,
+}
+
+impl PageTarget<'_> {
+    /// The database, opened at the first call (`NotFound` when it does not exist).
+    async fn database(&self, databases: &Databases) -> Result<&Arc<Database>> {
+        self.database.get_or_try_init(|| Side::must_open(databases, self.db)).await
+    }
+
+    /// Stores replicated leaves (`new_edits: false`, each with its `_revisions`); returns the
+    /// leaves refused, as `{id, rev, error, reason}` rows.
+    pub async fn write_leaves(&self, docs: Vec<Map<String, Value>>) -> Result<Vec<Value>> {
+        let db = self.db;
+        match self.side {
+            Side::Local { databases, read, .. } => {
+                let database = self.database(databases).await?;
+                let read = take_states(read, db, &docs);
+                let docs = docs.into_iter().map(|doc| (doc, HashMap::new())).collect();
+                write_local(database, docs, read, &self.revs_limit).await
+            }
+            Side::Remote(client) => client.bulk_docs_replicated(db, docs).await,
+        }
+    }
+
     /// Stores one replicated leaf read as stubs (`new_edits: false`, with its `_revisions`), its
     /// attachments' bytes streamed from `source` one attachment at a time; an attachment with
     /// inline `data` travels as it is. Returns the refusal rows, as [`Side::write_leaves`]: an
@@ -578,11 +630,11 @@ impl Side {
     /// deployment move's is `db` itself; a replication's may be named otherwise).
     pub async fn write_leaf_streamed(
         &self,
-        db: &str,
         leaf: Map<String, Value>,
         source: &Side,
         source_db: &str,
     ) -> Result<Vec<Value>> {
+        let db = self.db;
         let id = leaf.get("_id").and_then(Value::as_str).unwrap_or_default().to_owned();
         let rev = leaf.get("_rev").and_then(Value::as_str).unwrap_or_default().to_owned();
         let refused =
@@ -624,9 +676,9 @@ impl Side {
                     .collect()
             })
             .unwrap_or_default();
-        match self {
+        match self.side {
             Side::Local { databases, .. } => {
-                let database = Self::must_open(databases, db).await?;
+                let database = self.database(databases).await?;
                 let max = database.max_attachment_bytes();
                 let mut followed: HashMap<String, StoredBlob> = HashMap::with_capacity(parts.len());
                 for part in parts {
@@ -663,7 +715,7 @@ impl Side {
                     }
                     followed.insert(part.name, stored);
                 }
-                write_local(&database, vec![(doc, followed)], HashMap::new()).await
+                write_local(database, vec![(doc, followed)], HashMap::new(), &self.revs_limit).await
             }
             Side::Remote(client) => {
                 if parts.is_empty() {
@@ -736,14 +788,19 @@ pub fn exact_length(bytes: ByteStream, part: &AttachmentPart) -> ByteStream {
     counted.chain(short).boxed()
 }
 
+/// A replicated leaf with the attachments already stored for its `follows` entries, by name.
+type FollowedLeaf = (Map<String, Value>, HashMap<String, StoredBlob>);
+
 /// Replicated leaves written to a local database, each with the attachments already stored for
 /// its `follows` entries; the refusal rows.
 async fn write_local(
     database: &Arc<Database>,
-    docs: Vec<(Map<String, Value>, HashMap<String, StoredBlob>)>,
+    mut docs: Vec<(Map<String, Value>, HashMap<String, StoredBlob>)>,
     mut read: ReadStates,
+    revs_limit: &tokio::sync::OnceCell<usize>,
 ) -> Result<Vec<Value>> {
     type Leaf = (Map<String, Value>, HashMap<String, StoredBlob>);
+    store_small_attachments(database, &mut docs).await?;
     let mut groups: Vec<(String, Vec<Leaf>)> = Vec::new();
     let mut index: HashMap<String, usize> = HashMap::new();
     for (doc, followed) in docs {
@@ -769,13 +826,13 @@ async fn write_local(
             (chunk, states)
         })
         .collect();
-    // `_revs_limit` read once for the whole call (a page's plain leaves, or one group of its
-    // leaves with attachments), not once per chunk: the call is one request of the move, and
-    // CouchDB's `_bulk_docs` reads the limit once per request too ([`ReadBefore::revs_limit`]).
-    // On a backend several processes share, a limit set elsewhere meanwhile holds from the next
-    // call on. Not read when nothing is left to write.
+    // `_revs_limit` read once for the whole page (its plain leaves, its groups of leaves with
+    // attachments: [`PageTarget`]), not once per call or chunk: the page is one request of the
+    // move, and CouchDB's `_bulk_docs` reads the limit once per request too
+    // ([`ReadBefore::revs_limit`]). On a backend several processes share, a limit set elsewhere
+    // meanwhile holds from the next page on. Not read when nothing is left to write.
     let revs_limit = match chunks.iter().any(|(chunk, _)| chunk.iter().any(|p| !p.writes.is_empty())) {
-        true => Some(database.revs_limit().await?),
+        true => Some(*revs_limit.get_or_try_init(|| database.revs_limit()).await?),
         false => None,
     };
     let failures: Vec<Vec<Value>> = futures::stream::iter(chunks)
@@ -784,6 +841,58 @@ async fn write_local(
         .try_collect()
         .await?;
     Ok(failures.into_iter().flatten().collect())
+}
+
+/// Stores the bytes of the leaves' inline attachments that fit in one chunk of the target's
+/// all at once ([`AttachmentStore::write_small_many`]: on Firestore one commit with their
+/// manifests, where each was a commit of its chunk and one of its manifest), and leaves each as
+/// `follows` with its stored bytes in the leaf's map, as a streamed attachment is
+/// ([`doc_attachments::prepare`] takes them from there). Done before any of the leaves is
+/// written, so every document still comes after the manifests and chunks it names
+/// (docs/attachments.md). An entry this cannot take (not base64, a reserved name, past the
+/// target's bound, a leaf whose id is refused) is left as it came, for `prepare` to refuse or
+/// store as before.
+///
+/// [`AttachmentStore::write_small_many`]: crate::database::attachments::AttachmentStore::write_small_many
+async fn store_small_attachments(database: &Database, docs: &mut [FollowedLeaf]) -> Result<()> {
+    use base64::Engine as _;
+    let store = database.attachments();
+    let max = database.max_attachment_bytes();
+    let mut taken: Vec<(usize, String)> = Vec::new();
+    let mut items: Vec<Bytes> = Vec::new();
+    for (at, (doc, followed)) in docs.iter().enumerate() {
+        let id = doc.get("_id").and_then(Value::as_str).unwrap_or_default();
+        if document::check_id(id).is_err() {
+            continue;
+        }
+        let Some(Value::Object(attachments)) = doc.get(ATTACHMENTS) else { continue };
+        for (name, attachment) in attachments {
+            let Some(Value::String(data)) = attachment.get("data") else { continue };
+            let flagged = |field: &str| attachment.get(field) == Some(&Value::Bool(true));
+            if name.starts_with('_') || flagged("stub") || flagged("follows") || followed.contains_key(name) {
+                continue;
+            }
+            let Ok(bytes) = base64::engine::general_purpose::STANDARD.decode(data.as_bytes()) else { continue };
+            if bytes.len() as u64 > max || !store.fits_one_chunk(bytes.len()) {
+                continue;
+            }
+            taken.push((at, name.clone()));
+            items.push(Bytes::from(bytes));
+        }
+    }
+    if items.is_empty() {
+        return Ok(());
+    }
+    let stored = store.write_small_many(&items, max).await?;
+    for ((at, name), blob) in taken.into_iter().zip(stored) {
+        let (doc, followed) = &mut docs[at];
+        if let Some(Value::Object(fields)) = doc.get_mut(ATTACHMENTS).and_then(|a| a.get_mut(&name)) {
+            fields.remove("data");
+            fields.insert("follows".into(), Value::Bool(true));
+            followed.insert(name, blob);
+        }
+    }
+    Ok(())
 }
 
 /// One document's leaves made ready to write: the writes, the revision each is of, and the
