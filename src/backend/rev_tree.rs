@@ -37,9 +37,7 @@ pub struct InnerBody {
 impl InnerBody {
     /// What the body costs in [`RevTree::held_bytes`].
     fn held_bytes(&self) -> usize {
-        crate::model::validate::body_json_size(&self.body)
-            .saturating_add(self.id.len())
-            .saturating_add(LEAF_OVERHEAD_BYTES)
+        crate::model::validate::json_size(&self.body).saturating_add(self.id.len()).saturating_add(LEAF_OVERHEAD_BYTES)
     }
 }
 
@@ -707,9 +705,7 @@ impl RevTree {
             .iter()
             .map(|leaf| {
                 let ids: usize = leaf.path.ids.iter().map(|id| id.len() + 3).sum();
-                crate::model::validate::body_json_size(&leaf.body)
-                    .saturating_add(ids)
-                    .saturating_add(LEAF_OVERHEAD_BYTES)
+                crate::model::validate::json_size(&leaf.body).saturating_add(ids).saturating_add(LEAF_OVERHEAD_BYTES)
             })
             .fold(0, usize::saturating_add)
             .saturating_add(inner)

@@ -485,7 +485,7 @@ pub(crate) fn refuse_numbers_beyond_doubles(state: &CouchState, db: &Database, b
 /// (`couchdb_max_document_bytes`).
 pub(crate) fn check_size(db: &Database, id: &str, doc: &ClientDoc) -> CouchResult<()> {
     // Counted, not written out: the text would be thrown away.
-    let size = crate::model::validate::body_json_size(&doc.body);
+    let size = crate::model::validate::json_size(&doc.body);
     if size > db.max_document_bytes() {
         return Err(CouchError::new(StatusCode::PAYLOAD_TOO_LARGE, "document_too_large", id.to_owned()));
     }
