@@ -158,8 +158,8 @@ fn attachment_terms(body: &Map<String, Value>) -> Option<Vec<(String, String, Ve
 }
 
 /// Writes terms into a buffer, hashed whole at the end: the hasher fed each term's few bytes
-/// as it was written cost more in its calls than in its rounds (a data-store document's 13
-/// members are about 80 updates; issue 38).
+/// as it was written cost more in its calls than in its rounds (the bench's data-store
+/// document, 13 members, was about 150 updates; issue 38).
 struct TermWriter {
     encoded: Vec<u8>,
 }
