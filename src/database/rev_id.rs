@@ -17,10 +17,11 @@
 //! - `Atts` one `{Name, Type, MD5}` per attachment, in the reverse of the document's order.
 //!   An attachment without an MD5 makes CouchDB fall back to a random id; so do we.
 //!
-//! The encoder writes only the few term kinds JSON decodes to, straight into the hasher: the
-//! bytes are pinned by real CouchDB 3.4.3 answers (fixtures 013, 019, 041 in the tests below), and
-//! a general-purpose term encoder would first build a copy of every document body as terms, on
-//! every write, and leave the atom encoding (which changes the hash) to its own choice.
+//! The encoder writes only the few term kinds JSON decodes to, as bytes into one buffer hashed at
+//! the end: the bytes are pinned by real CouchDB 3.4.3 answers (fixtures 013, 019, 041 and a body
+//! of integers of every size in the tests below), and a general-purpose term encoder would first
+//! build a copy of every document body as terms, on every write, and leave the atom encoding
+//! (which changes the hash) to its own choice.
 
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
