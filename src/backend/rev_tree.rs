@@ -142,9 +142,26 @@ impl RevPath {
             && self.ids.first().map_or("", String::as_str) == other.ids.first().map_or("", String::as_str)
     }
 
-    /// Every `N-id` of the path, newest first.
+    /// Whether the path holds revision `rev` (`N-id`), compared without writing the path's
+    /// revisions out ([`RevPath::revs`]).
+    pub fn holds(&self, rev: &str) -> bool {
+        parse_rev(rev).is_some_and(|(generation, id)| self.position(generation, id).is_some())
+    }
+
+    /// Every `N-id` of the path, newest first, each written as [`RevPath::leaf_rev`] writes one
+    /// (`format!` was most of a data-store record write's head, issue 38).
     pub fn revs(&self) -> Vec<String> {
-        self.generations().map(|(generation, id)| format!("{generation}-{id}")).collect()
+        let mut generation_text = itoa::Buffer::new();
+        self.generations()
+            .map(|(generation, id)| {
+                let generation = generation_text.format(generation);
+                let mut rev = String::with_capacity(generation.len() + 1 + id.len());
+                rev.push_str(generation);
+                rev.push('-');
+                rev.push_str(id);
+                rev
+            })
+            .collect()
     }
 
     /// CouchDB's `_revisions` (`{"start": N, "ids": [..]}`) parsed; `None` when malformed: not an

@@ -35,7 +35,7 @@ use super::write_guard::{ProposedWrite, WriteGuard};
 use super::Database;
 use crate::backend::{IdRange, LOCAL_PREFIX};
 use crate::error::{Error, ErrorKind, Result};
-use crate::model::document::{self, fields};
+use crate::model::document::{fields, DataFields};
 use crate::model::{DocumentId, Limits};
 
 /// The prefix of design documents' ids.
@@ -180,14 +180,16 @@ const SHOWN_MEMBERS: [&str; 4] = ["_id", "_rev", "_revisions", "_deleted"];
 /// the document's id. In this order: attachments, other `_` members, the id against the identity
 /// fields (or derived from them), the login's confinement, the fields' types.
 pub fn check_write(write: DataWrite<'_>, confinement: &Confinement, limits: &Limits) -> Result<DocumentId> {
-    refuse_attachments(write.body)?;
-    let special = |name: &String| write.shown && SHOWN_MEMBERS.contains(&name.as_str());
-    if let Some(name) = write.body.keys().find(|name| name.starts_with('_') && *name != ATTACHMENTS && !special(name)) {
+    let members = Members::of(&write);
+    if let Some(attachments) = members.attachments {
+        refuse_attachments_value(attachments)?;
+    }
+    if let Some(name) = members.not_kept {
         return Err(not_data_store(&format!("member {name} is not kept")));
     }
     let id = match write.id {
-        None => derived_id(write.body, limits)?,
-        Some(id) => given_id(id, write.body, write.deleted, limits)?,
+        None => derived_from(&members.fields, limits)?,
+        Some(id) => given_id(id, &members.fields, write.deleted, limits)?,
     };
     confinement.check_id(id.as_str())?;
     // A field of the wrong type would be stored, and the data-store operations on the REST face
@@ -195,19 +197,43 @@ pub fn check_write(write: DataWrite<'_>, confinement: &Confinement, limits: &Lim
     // kept (docs/couchdb-api.md), so they are not checked: a replicated deletion is never refused
     // for them.
     if !write.deleted {
-        document::check_field_types(write.body).map_err(|e| not_data_store(&e.to_string()))?;
-        check_sizes(write.body, limits)?;
+        members.fields.check_types().map_err(|e| not_data_store(&e.to_string()))?;
+        check_sizes(&members.fields, limits)?;
     }
     Ok(id)
 }
 
+/// What [`check_write`] reads of a write's body, found in one pass over its members: the
+/// data-store fields, `_attachments`, and the first other special member that is not kept.
+struct Members<'a> {
+    fields: DataFields<'a>,
+    attachments: Option<&'a Value>,
+    not_kept: Option<&'a str>,
+}
+
+impl<'a> Members<'a> {
+    fn of(write: &DataWrite<'a>) -> Self {
+        let mut members = Members { fields: DataFields::default(), attachments: None, not_kept: None };
+        for (name, value) in write.body {
+            if !name.starts_with('_') {
+                members.fields.collect(name, value);
+            } else if name == ATTACHMENTS {
+                members.attachments = Some(value);
+            } else if members.not_kept.is_none() && !(write.shown && SHOWN_MEMBERS.contains(&name.as_str())) {
+                members.not_kept = Some(name);
+            }
+        }
+        members
+    }
+}
+
 /// `value` and `metadata` within the data-store size limit (`TooLarge`: a 413, as the REST face
 /// answers them), so that the data-store operations can read and update what was written.
-fn check_sizes(body: &Map<String, Value>, limits: &Limits) -> Result<()> {
-    if let Some(value) = body.get(fields::VALUE) {
+fn check_sizes(fields: &DataFields<'_>, limits: &Limits) -> Result<()> {
+    if let Some(value) = fields.value {
         limits.check_value(value)?;
     }
-    if let Some(metadata) = body.get(fields::METADATA).filter(|metadata| metadata.is_object()) {
+    if let Some(metadata) = fields.metadata.filter(|metadata| metadata.is_object()) {
         limits.check_metadata(metadata)?;
     }
     Ok(())
@@ -218,7 +244,15 @@ const ATTACHMENTS: &str = "_attachments";
 /// Refuses attachments: the data-store database keeps JSON documents only. An empty
 /// `_attachments` object holds none and is let through.
 pub fn refuse_attachments(body: &Map<String, Value>) -> Result<()> {
-    if body.get(ATTACHMENTS).is_some_and(|a| a.as_object().is_some_and(|m| !m.is_empty())) {
+    match body.get(ATTACHMENTS) {
+        Some(attachments) => refuse_attachments_value(attachments),
+        None => Ok(()),
+    }
+}
+
+/// [`refuse_attachments`] on the value of `_attachments`.
+fn refuse_attachments_value(attachments: &Value) -> Result<()> {
+    if attachments.as_object().is_some_and(|m| !m.is_empty()) {
         return Err(Error::new(
             ErrorKind::Forbidden,
             "attachments are not supported: agentstore keeps JSON documents only",
@@ -229,7 +263,12 @@ pub fn refuse_attachments(body: &Map<String, Value>) -> Result<()> {
 
 /// The id a write without `_id` gets: the composite id of its `userId`, `namespace` and `key`.
 pub fn derived_id(body: &Map<String, Value>, limits: &Limits) -> Result<DocumentId> {
-    identity_id(body, limits)?.ok_or_else(|| {
+    derived_from(&DataFields::of(body), limits)
+}
+
+/// [`derived_id`] from the fields found.
+fn derived_from(fields: &DataFields<'_>, limits: &Limits) -> Result<DocumentId> {
+    identity_id(fields, limits)?.ok_or_else(|| {
         Error::new(
             ErrorKind::Forbidden,
             "a document without _id needs string fields userId, namespace and key to derive it from",
@@ -239,14 +278,14 @@ pub fn derived_id(body: &Map<String, Value>, limits: &Limits) -> Result<Document
 
 /// The id a write names, which must be a data-store id made of the identity fields; a
 /// deletion's id alone must follow the scheme.
-fn given_id(id: &str, body: &Map<String, Value>, deleted: bool, limits: &Limits) -> Result<DocumentId> {
+fn given_id(id: &str, fields: &DataFields<'_>, deleted: bool, limits: &Limits) -> Result<DocumentId> {
     if id.starts_with(LOCAL_PREFIX) || id.starts_with(DESIGN_PREFIX) {
         return Err(Error::new(ErrorKind::Forbidden, format!("{id:?} is not a data-store document id")));
     }
     if deleted {
         return DocumentId::parse(id).map_err(|e| not_data_store(&e.to_string()));
     }
-    match identity_id(body, limits)? {
+    match identity_id(fields, limits)? {
         None => {
             Err(not_data_store("a document needs string fields userId, namespace and key, of which its _id is made"))
         }
@@ -259,17 +298,24 @@ fn given_id(id: &str, body: &Map<String, Value>, deleted: bool, limits: &Limits)
 }
 
 /// The composite id the identity fields make, `None` when one of them is missing.
-fn identity_id(body: &Map<String, Value>, limits: &Limits) -> Result<Option<DocumentId>> {
-    let field = |name: &str| match body.get(name) {
-        None => Ok(None),
-        Some(Value::String(text)) => Ok(Some(text.as_str())),
-        Some(_) => Err(not_data_store(&format!("field {name} must be a string"))),
-    };
-    match (field(fields::USER_ID)?, field(fields::NAMESPACE)?, field(fields::KEY)?) {
+fn identity_id(fields: &DataFields<'_>, limits: &Limits) -> Result<Option<DocumentId>> {
+    let user = identity_field(fields::USER_ID, fields.user_id)?;
+    let namespace = identity_field(fields::NAMESPACE, fields.namespace)?;
+    let key = identity_field(fields::KEY, fields.key)?;
+    match (user, namespace, key) {
         (Some(user), Some(namespace), Some(key)) => {
             DocumentId::new(user, namespace, key, limits).map(Some).map_err(|e| not_data_store(&e.to_string()))
         }
         _ => Ok(None),
+    }
+}
+
+/// An identity field's text, `None` when absent; refused when it is not a string.
+fn identity_field<'a>(name: &str, found: Option<&'a Value>) -> Result<Option<&'a str>> {
+    match found {
+        None => Ok(None),
+        Some(Value::String(text)) => Ok(Some(text.as_str())),
+        Some(_) => Err(not_data_store(&format!("field {name} must be a string"))),
     }
 }
 

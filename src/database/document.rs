@@ -52,21 +52,28 @@ const REPLICATION_FIELDS: [&str; 5] = [
 /// Reads a client's document under CouchDB's rules.
 pub fn parse(doc: Map<String, Value>) -> Result<ClientDoc, Refusal> {
     check(&doc)?;
-    let mut parsed = ClientDoc { id: None, rev: None, deleted: false, revisions: None, body: Map::new() };
-    for (name, value) in doc {
+    let mut parsed = ClientDoc { id: None, rev: None, deleted: false, revisions: None, body: doc };
+    let (mut id, mut rev, mut deleted, mut revisions) = (None, None, false, None);
+    // The special members taken out of the document in place, the others kept in their order:
+    // the document was rebuilt member by member, each inserted (and hashed) again (issue 38: a
+    // fifth of a data-store document's parse).
+    parsed.body.retain(|name, value| {
         match (name.as_str(), value) {
-            ("_id", Value::String(id)) => parsed.id = Some(id),
-            ("_rev", Value::String(rev)) => parsed.rev = Some(rev),
-            ("_deleted", Value::Bool(deleted)) => parsed.deleted = deleted,
-            ("_revisions", revisions) => parsed.revisions = RevPath::from_revisions(&revisions),
+            ("_id", Value::String(text)) => id = Some(std::mem::take(text)),
+            ("_rev", Value::String(text)) => rev = Some(std::mem::take(text)),
+            ("_deleted", Value::Bool(flag)) => deleted = *flag,
+            ("_revisions", value) => revisions = RevPath::from_revisions(value),
             (other, _) if IGNORED.contains(&other) => {}
             // `_attachments`, the replicator's fields and the document's own: `check` refused
             // every other special member, and the special members above of any other type.
-            (_, value) => {
-                parsed.body.insert(name, value);
-            }
+            _ => return true,
         }
-    }
+        false
+    });
+    parsed.id = id;
+    parsed.rev = rev;
+    parsed.deleted = deleted;
+    parsed.revisions = revisions;
     // With both, `_revisions` names the revisions (couch_doc:transfer_fields lets it replace what
     // `_rev` set); CouchDB does not check that they agree, and replicators rely on it.
     Ok(parsed)

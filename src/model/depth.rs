@@ -31,6 +31,11 @@ pub const MAX_STORED_DEPTH: usize = 2 * MAX_DOCUMENT_DEPTH;
 
 /// The nesting depth of a value (a scalar is 0, `{}` and `[]` are 1), measured without recursion.
 pub fn value_depth(value: &Value) -> usize {
+    // A scalar is depth 0 without the walk's stack (most of a document's members are scalars,
+    // and each one's stack was an allocation; issue 38).
+    if !matches!(value, Value::Array(_) | Value::Object(_)) {
+        return 0;
+    }
     let mut deepest = 0;
     let mut pending: Vec<(&Value, usize)> = vec![(value, 1)];
     while let Some((value, level)) = pending.pop() {

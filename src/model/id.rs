@@ -27,12 +27,14 @@ impl DocumentId {
         limits.check_user_id(user_id)?;
         limits.check_namespace(namespace)?;
         limits.check_key(key)?;
-        Ok(DocumentId {
-            id: format!("{user_id}:{namespace}:{}", encode_key(key)),
-            user_id: user_id.to_owned(),
-            namespace: namespace.to_owned(),
-            key: key.to_owned(),
-        })
+        // Written into one string of its size, not through `format!` (every data-store write
+        // makes its id again to compare it with the one named; issue 38).
+        let encoded = encode_key(key);
+        let mut id = String::with_capacity(user_id.len() + namespace.len() + encoded.len() + 2);
+        for part in [user_id, ":", namespace, ":", &encoded] {
+            id.push_str(part);
+        }
+        Ok(DocumentId { id, user_id: user_id.to_owned(), namespace: namespace.to_owned(), key: key.to_owned() })
     }
 
     /// Splits a stored `_id` back into its parts. Accepts IDs written by other systems as long as

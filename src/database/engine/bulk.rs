@@ -333,8 +333,7 @@ impl Database {
         let mut together = Vec::with_capacity(pending.len());
         let mut others = Vec::new();
         for pending in pending {
-            let id = documents[pending.slot].0.as_str();
-            if self.layout().record_write_of(id, pending.state.as_ref(), &pending.tree).is_none() {
+            if !self.layout().is_record_write(pending.state.as_ref(), &pending.tree) {
                 others.push(pending);
                 continue;
             }

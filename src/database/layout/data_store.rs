@@ -658,29 +658,48 @@ pub struct RecordWrite<'t> {
 /// conflicts: nearly every save. `None` for a save of more steps (module doc), which goes through
 /// `save_over`.
 pub fn record_write_of<'t>(id: &'t str, token: Option<&SideToken>, tree: &'t RevTree) -> Option<RecordWrite<'t>> {
+    let (winner, expected) = record_write_target(token, tree)?;
+    Some(RecordWrite { id, head: record_head(winner, expected), body: &winner.body })
+}
+
+/// Whether saving `tree` over `token` is one record write ([`record_write_of`] is `Some`),
+/// decided without writing that write's head.
+pub fn is_record_write(token: Option<&SideToken>, tree: &RevTree) -> bool {
+    record_write_target(token, tree).is_some()
+}
+
+/// The leaf [`record_write_of`] writes and the record revision it writes over (`None`: no
+/// record), when the save is that one write. Decided from the paths as they are: no revision
+/// written out as text (a data-store `_bulk_docs` decided it twice per document, issue 38).
+fn record_write_target<'t, 'k>(
+    token: Option<&'k SideToken>,
+    tree: &'t RevTree,
+) -> Option<(&'t Leaf, Option<&'k Revision>)> {
     let winner = tree.winner()?;
     let (record, side_leaves, marked) = match token {
         Some(token) => (token.record.as_ref(), &token.side_leaves[..], token.marked),
         None => (None, &[][..], false),
     };
-    let winner_rev = winner.rev();
-    let others: Vec<&Leaf> = tree.leaves().into_iter().filter(|leaf| leaf.rev() != winner_rev).collect();
-    let side_unchanged = others.len() == side_leaves.len() && others.iter().zip(side_leaves).all(|(a, b)| *a == b);
-    if marked || !side_unchanged {
+    if marked {
+        return None;
+    }
+    let leaves = tree.leaves();
+    let mut others = leaves.iter().filter(|leaf| !leaf.path.same_leaf_rev(&winner.path));
+    let side_unchanged = side_leaves.iter().all(|side| others.next().is_some_and(|leaf| *leaf == side));
+    if !side_unchanged || others.next().is_some() {
         return None;
     }
     let expected = match record {
         None => None,
         Some(record) => {
             let current = record.rev.as_str();
-            let on_winner_branch = winner.path.revs().iter().any(|rev| rev == current);
-            if !on_winner_branch && tree.leaf(current).is_none() {
+            if !winner.path.holds(current) && tree.leaf(current).is_none() {
                 return None;
             }
             Some(&record.rev)
         }
     };
-    Some(RecordWrite { id, head: record_head(winner, expected), body: &winner.body })
+    Some((winner, expected))
 }
 
 /// A record write of `leaf` without its body, over `expected` (`None`: no record).

@@ -494,6 +494,17 @@ impl Layout {
         data_store::record_write_of(id, token, tree)
     }
 
+    /// Whether [`Layout::record_write_of`] is `Some`, decided without writing the write's head.
+    pub fn is_record_write(&self, before: Option<&LaidOut<LayoutToken>>, tree: &RevTree) -> bool {
+        if !matches!(self, Layout::DataStore(_)) {
+            return false;
+        }
+        match before {
+            Some(state) => side_token(&state.token).is_ok_and(|token| data_store::is_record_write(Some(token), tree)),
+            None => data_store::is_record_write(None, tree),
+        }
+    }
+
     pub fn as_record(&self) -> Option<&record::RecordLayout> {
         match self {
             Layout::Record(layout) => Some(layout),
