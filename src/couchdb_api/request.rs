@@ -7,8 +7,8 @@
 //! server-wide budgets bound the memory of bodies at once, as on the REST face: the raw bytes
 //! being read, then (taken in that order, so waiting for the second never blocks a holder of it)
 //! the decompressed bytes plus the estimated size of the parsed tree. The estimate comes from a
-//! streaming pass over the text (`crate::server::tree_size::estimate_tree_bytes`, the REST
-//! face's measure too) before any tree is built; a gzip body is first inflated into a counter, not memory,
+//! byte scan of the text, or where that scan is unsure a streaming serde pass (the REST face's
+//! measure too: `crate::server::tree_size::measure_body`), before any tree is built; a gzip body is first inflated into a counter, not memory,
 //! so its size is known before memory is taken for it. A body whose tree alone would exceed the
 //! parse budget is refused (413). Query parameters follow CouchDB's conventions: keys of
 //! `_all_docs` are JSON (`key="a"`), booleans are `true`/`false`.
@@ -26,8 +26,8 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use super::error::{CouchError, CouchResult};
 use crate::config::Settings;
-use crate::model::depth::{parse_within, MAX_REQUEST_DEPTH};
-use crate::server::tree_size::estimate_tree_bytes;
+use crate::model::depth::MAX_REQUEST_DEPTH;
+use crate::server::tree_size::measure_body;
 use crate::server::ByteBudget;
 
 /// The body limit of one group of endpoints, and the setting that sets it (named in the 413).
@@ -132,7 +132,8 @@ impl Bodies {
         }
         let invalid = |e: serde_json::Error| CouchError::bad_request(format!("invalid UTF-8 JSON: {e}"));
         // The tree's cost, measured before the tree exists.
-        let tree = estimate_tree_bytes(&bytes, MAX_REQUEST_DEPTH).map_err(invalid)?;
+        let measured = measure_body(&bytes, MAX_REQUEST_DEPTH, self.max_tree_bytes).map_err(invalid)?;
+        let tree = measured.tree_bytes;
         if tree > self.max_tree_bytes {
             return Err(CouchError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
@@ -146,7 +147,7 @@ impl Bodies {
         }
         let decoded_extra = if bytes.len() > raw.compressed { bytes.len() } else { 0 };
         let decoded = self.decoded.take(tree.saturating_add(decoded_extra)).await?;
-        let value = parse_within(&bytes, MAX_REQUEST_DEPTH).map_err(invalid)?;
+        let value = measured.parse().map_err(invalid)?;
         Ok(Some(JsonBody { value, _share: Some(BodyShare { _raw: raw.share, _decoded: Some(decoded) }) }))
     }
 

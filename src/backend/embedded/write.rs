@@ -13,31 +13,44 @@ use super::core::{
 };
 use super::error::map_redb;
 use crate::backend::replicated::{self, CheckedRevision};
-use crate::backend::revision::{PackedAncestry, RevisionId};
+use crate::backend::revision::{PackedAncestry, RevisionId, TOKEN_BYTES};
 use crate::backend::{Precondition, ReplicatedLeaf, ReplicatedOutcome, ReplicatedRevision, Revision};
 use crate::error::{Error, ErrorKind, Result};
 
-/// A write with its body already encoded.
+/// A write with its body already encoded, and the random part of the revision it will mint,
+/// drawn before the transaction (a system call the group's other writers need not wait for).
 pub(super) struct EncodedWrite {
     id: String,
     json: Vec<u8>,
     index_key: Option<IndexKey>,
     precondition: Precondition,
+    token: [u8; TOKEN_BYTES],
 }
 
 impl EncodedWrite {
-    pub(super) fn new(id: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Self> {
+    pub(super) fn new(
+        id: &str,
+        body: &Map<String, Value>,
+        precondition: Precondition,
+        token: [u8; TOKEN_BYTES],
+    ) -> Result<Self> {
         let json = codec::encode_json(id, body)?;
-        Ok(EncodedWrite { id: id.to_owned(), json, index_key: index_key(body), precondition })
+        Ok(EncodedWrite { id: id.to_owned(), json, index_key: index_key(body), precondition, token })
     }
 
     /// A write whose body the caller gave as the compact JSON text of an object: stored as it
     /// is, its index key read from the text's top-level fields without building the body.
-    pub(super) fn from_text(id: &str, json: &RawValue, precondition: Precondition) -> Result<Self> {
+    pub(super) fn from_text(
+        id: &str,
+        json: &RawValue,
+        precondition: Precondition,
+        token: [u8; TOKEN_BYTES],
+    ) -> Result<Self> {
         let text = json.get().as_bytes();
         let fields: IndexFields = crate::model::depth::parse_stored(text)
             .map_err(|e| Error::new(ErrorKind::InvalidInput, format!("document {id:?} is not a JSON object: {e}")))?;
-        Ok(EncodedWrite { id: id.to_owned(), json: text.to_vec(), index_key: fields.index_key(), precondition })
+        let index_key = fields.index_key();
+        Ok(EncodedWrite { id: id.to_owned(), json: text.to_vec(), index_key, precondition, token })
     }
 }
 
@@ -166,10 +179,16 @@ impl<'t> Tables<'t> {
         }
     }
 
-    /// Mints the revision that follows `previous`, extends the ancestry and moves the document
-    /// to the end of the feed; returns the new revision and feed position.
-    pub(super) fn advance(&mut self, id: &str, previous: Option<Header>) -> Result<(RevisionId, u64)> {
-        let rev = RevisionId::next_after(previous.map(|h| h.rev.generation()))?;
+    /// Mints the revision that follows `previous` (with the random `token` drawn for it), extends
+    /// the ancestry and moves the document to the end of the feed; returns the new revision and
+    /// feed position.
+    pub(super) fn advance(
+        &mut self,
+        id: &str,
+        previous: Option<Header>,
+        token: [u8; TOKEN_BYTES],
+    ) -> Result<(RevisionId, u64)> {
+        let rev = RevisionId::following(previous.map(|h| h.rev.generation()), token);
         let parent = match self.ancestry.get(id).map_err(map_redb("read ancestry"))? {
             Some(guard) => Some(PackedAncestry(guard.value().to_vec())),
             None => match previous.map(|h| h.rev) {
@@ -270,7 +289,7 @@ impl<'t> Tables<'t> {
         if let Some(Existing::Deleted(_)) = &existing {
             self.tombstones.remove(write.id.as_str()).map_err(map_redb("remove tombstone"))?;
         }
-        let (rev, seq) = self.advance(&write.id, existing.as_ref().map(Existing::header))?;
+        let (rev, seq) = self.advance(&write.id, existing.as_ref().map(Existing::header), write.token)?;
         let stored = codec::encode(&rev, seq, &write.json);
         self.docs.insert(write.id.as_str(), stored.as_slice()).map_err(map_redb("write document"))?;
         if let Some((user, ns)) = &write.index_key {
@@ -279,8 +298,8 @@ impl<'t> Tables<'t> {
         Ok(rev.to_revision())
     }
 
-    /// Replaces a live document at `expected` by its tombstone.
-    pub(super) fn delete_one(&mut self, id: &str, expected: &Revision) -> Result<Revision> {
+    /// Replaces a live document at `expected` by its tombstone (its revision minted with `token`).
+    pub(super) fn delete_one(&mut self, id: &str, expected: &Revision, token: [u8; TOKEN_BYTES]) -> Result<Revision> {
         let Some(Existing::Live(header, key)) = self.existing(id)? else {
             return Err(Error::not_found(format!("document {id:?} does not exist")));
         };
@@ -290,7 +309,7 @@ impl<'t> Tables<'t> {
         }
         self.docs.remove(id).map_err(map_redb("delete document"))?;
         self.unindex(id, key.as_ref())?;
-        let (rev, seq) = self.advance(id, Some(header))?;
+        let (rev, seq) = self.advance(id, Some(header), token)?;
         self.tombstones.insert(id, codec::encode(&rev, seq, b"").as_slice()).map_err(map_redb("write tombstone"))?;
         Ok(rev.to_revision())
     }
