@@ -8,8 +8,8 @@ use serde_json::{Map, Value};
 
 use super::codec::{self, Header, StoredRevision};
 use super::core::{
-    index_key, next_feed_position, revision_info_in, IndexKey, ANCESTRY, BY_USER_NAMESPACE, DOCS, FEED, LOCAL, META,
-    META_FEED_NEXT, TOMBSTONES,
+    index_key, next_feed_position, revision_info_in, IdKey, IndexKey, ANCESTRY, BY_USER_NAMESPACE, DOCS, FEED, LOCAL,
+    META, META_FEED_NEXT, TOMBSTONES,
 };
 use super::error::map_redb;
 use crate::backend::replicated::{self, CheckedRevision};
@@ -47,11 +47,26 @@ impl EncodedWrite {
         token: [u8; TOKEN_BYTES],
     ) -> Result<Self> {
         let text = json.get().as_bytes();
-        let fields: IndexFields = crate::model::depth::parse_stored(text)
-            .map_err(|e| Error::new(ErrorKind::InvalidInput, format!("document {id:?} is not a JSON object: {e}")))?;
-        let index_key = fields.index_key();
+        let index_key = if may_name_an_index_field(text) {
+            let fields: IndexFields = crate::model::depth::parse_stored(text).map_err(|e| {
+                Error::new(ErrorKind::InvalidInput, format!("document {id:?} is not a JSON object: {e}"))
+            })?;
+            fields.index_key()
+        } else if text.iter().find(|byte| !byte.is_ascii_whitespace()) == Some(&b'{') {
+            None
+        } else {
+            return Err(Error::new(ErrorKind::InvalidInput, format!("document {id:?} is not a JSON object")));
+        };
         Ok(EncodedWrite { id: id.to_owned(), json: text.to_vec(), index_key, precondition, token })
     }
+}
+
+/// Whether `text` (valid JSON: a [`RawValue`]) may have a member named `userId`: it holds that
+/// name as written, or some `\u` escape, which could spell it. The engine's records
+/// (`{"revtree":…}`) have none, and skipping the parse that would find none saves a pass over
+/// every record a `_bulk_docs` writes (5% of one of 100 documents).
+fn may_name_an_index_field(text: &[u8]) -> bool {
+    memchr::memmem::find(text, b"\"userId\"").is_some() || memchr::memmem::find(text, b"\\u").is_some()
 }
 
 /// The top-level fields of a body that [`index_key`] reads, taken from its text; every other
@@ -123,12 +138,12 @@ impl Existing {
 
 /// The tables of one write transaction, and the feed counter it advances.
 pub(super) struct Tables<'t> {
-    pub(super) docs: Table<'t, &'static str, &'static [u8]>,
-    pub(super) tombstones: Table<'t, &'static str, &'static [u8]>,
+    pub(super) docs: Table<'t, IdKey, &'static [u8]>,
+    pub(super) tombstones: Table<'t, IdKey, &'static [u8]>,
     pub(super) index: Table<'t, (&'static str, &'static str, &'static str), ()>,
     pub(super) feed: Table<'t, u64, &'static str>,
-    pub(super) ancestry: Table<'t, &'static str, &'static [u8]>,
-    pub(super) local: Table<'t, &'static str, &'static [u8]>,
+    pub(super) ancestry: Table<'t, IdKey, &'static [u8]>,
+    pub(super) local: Table<'t, IdKey, &'static [u8]>,
     pub(super) attachment_chunks: Table<'t, (&'static str, u64), &'static [u8]>,
     pub(super) meta: Table<'t, &'static str, u64>,
     pub(super) next_seq: u64,
@@ -379,5 +394,33 @@ pub(super) fn check_precondition(id: &str, precondition: &Precondition, live: Op
             Err(Error::conflict(format!("document {id:?} is at revision {rev}, not {expected}")))
         }
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::value::RawValue;
+
+    use super::*;
+
+    fn index_key_of(text: &str) -> Result<Option<IndexKey>> {
+        let raw = RawValue::from_string(text.to_owned()).expect("JSON");
+        EncodedWrite::from_text("d", &raw, Precondition::None, [0; TOKEN_BYTES]).map(|write| write.index_key)
+    }
+
+    /// A text's index key is found whether the parse is skipped or not: a record without the
+    /// member has none, the member as written or spelled with escapes gives one, and a text that
+    /// is not an object is refused either way.
+    #[test]
+    fn a_texts_index_key_with_or_without_its_parse() {
+        let key = Some(("u".to_owned(), "n".to_owned()));
+        assert_eq!(index_key_of(r#"{"revtree":{"l":[{"b":{"x":"userId"}}]}}"#).unwrap(), None);
+        assert_eq!(index_key_of(r#"{"userId":"u","namespace":"n"}"#).unwrap(), key);
+        assert_eq!(index_key_of(r#"{"\u0075serId":"u","namespace":"n"}"#).unwrap(), key);
+        assert_eq!(index_key_of(r#"{"userId":1,"namespace":"n"}"#).unwrap(), None);
+        assert_eq!(index_key_of(r#"{"a":{"userId":"u","namespace":"n"}}"#).unwrap(), None);
+        for not_an_object in ["[1]", r#""userId""#, "7"] {
+            assert_eq!(index_key_of(not_an_object).unwrap_err().kind(), ErrorKind::InvalidInput, "{not_an_object}");
+        }
     }
 }
