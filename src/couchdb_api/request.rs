@@ -7,8 +7,8 @@
 //! server-wide budgets bound the memory of bodies at once, as on the REST face: the raw bytes
 //! being read, then (taken in that order, so waiting for the second never blocks a holder of it)
 //! the decompressed bytes plus the estimated size of the parsed tree. The estimate comes from a
-//! streaming pass over the text (`crate::server::tree_size::estimate_tree_bytes`, the REST
-//! face's measure too) before any tree is built; a gzip body is first inflated into a counter, not memory,
+//! byte scan of the text, or where that scan is unsure a streaming serde pass (the REST face's
+//! measure too: `crate::server::tree_size::measure_body`), before any tree is built; a gzip body is first inflated into a counter, not memory,
 //! so its size is known before memory is taken for it. A body whose tree alone would exceed the
 //! parse budget is refused (413). Query parameters follow CouchDB's conventions: keys of
 //! `_all_docs` are JSON (`key="a"`), booleans are `true`/`false`.
@@ -27,7 +27,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use super::error::{CouchError, CouchResult};
 use crate::config::Settings;
 use crate::model::depth::MAX_REQUEST_DEPTH;
-use crate::server::tree_size::estimate_tree_bytes;
+use crate::server::tree_size::measure_body;
 use crate::server::ByteBudget;
 
 /// The body limit of one group of endpoints, and the setting that sets it (named in the 413).
@@ -132,7 +132,8 @@ impl Bodies {
         }
         let invalid = |e: serde_json::Error| CouchError::bad_request(format!("invalid UTF-8 JSON: {e}"));
         // The tree's cost, measured before the tree exists.
-        let tree = estimate_tree_bytes(&bytes, MAX_REQUEST_DEPTH).map_err(invalid)?;
+        let measured = measure_body(&bytes, MAX_REQUEST_DEPTH, self.max_tree_bytes).map_err(invalid)?;
+        let tree = measured.tree_bytes;
         if tree > self.max_tree_bytes {
             return Err(CouchError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
@@ -146,7 +147,7 @@ impl Bodies {
         }
         let decoded_extra = if bytes.len() > raw.compressed { bytes.len() } else { 0 };
         let decoded = self.decoded.take(tree.saturating_add(decoded_extra)).await?;
-        let value = parse_measured(&bytes).map_err(invalid)?;
+        let value = measured.parse().map_err(invalid)?;
         Ok(Some(JsonBody { value, _share: Some(BodyShare { _raw: raw.share, _decoded: Some(decoded) }) }))
     }
 
@@ -158,19 +159,6 @@ impl Bodies {
             None => Err(CouchError::bad_request("Request body must be a JSON object")),
         }
     }
-}
-
-/// Parses a body [`estimate_tree_bytes`] has measured: that pass refused any text nested deeper
-/// than [`MAX_REQUEST_DEPTH`], so this is `parse_within(bytes, MAX_REQUEST_DEPTH)` without its
-/// second scan of the text for its depth (a tenth of the body's parse, issue 38; unit
-/// `a_measured_body_parses_as_parse_within_does`).
-fn parse_measured(bytes: &[u8]) -> serde_json::Result<Value> {
-    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
-    // The measuring pass bounded the depth; serde_json's own limit is below what a request may nest.
-    deserializer.disable_recursion_limit();
-    let value = serde::Deserialize::deserialize(&mut deserializer)?;
-    deserializer.end()?;
-    Ok(value)
 }
 
 /// A raw body's share of the raw budget and its compressed size.
@@ -426,6 +414,7 @@ mod tests {
     /// at the deepest nesting a request may have too; one level deeper never reaches the parse.
     #[test]
     fn a_measured_body_parses_as_parse_within_does() {
+        let budget = usize::MAX;
         let deepest = format!("{}1{}", "[".repeat(MAX_REQUEST_DEPTH), "]".repeat(MAX_REQUEST_DEPTH));
         let bodies = [
             r#"{"_id":"a","n":12345678901234567890,"f":0.1,"e":1E2,"s":"caf\u00e9 \"q\"","l":[true,null,{}]}"#
@@ -436,21 +425,24 @@ mod tests {
             "{\"a\":".to_owned(),
         ];
         for body in &bodies {
-            let measured = estimate_tree_bytes(body.as_bytes(), MAX_REQUEST_DEPTH).map(|_| ());
             let checked: serde_json::Result<Value> =
                 crate::model::depth::parse_within(body.as_bytes(), MAX_REQUEST_DEPTH);
-            match measured {
-                Ok(()) => assert_eq!(
-                    parse_measured(body.as_bytes()).map_err(|e| e.to_string()),
+            match measure_body(body.as_bytes(), MAX_REQUEST_DEPTH, budget) {
+                Ok(measured) => assert_eq!(
+                    measured.parse::<Value>().map_err(|e| e.to_string()),
                     checked.map_err(|e| e.to_string()),
                     "{body:.60}"
                 ),
                 Err(_) => assert!(checked.is_err(), "{body:.60}: refused by the measure only"),
             }
         }
-        assert!(parse_measured(deepest.as_bytes()).is_ok(), "serde_json's own recursion limit is off");
+        let measured = measure_body(deepest.as_bytes(), MAX_REQUEST_DEPTH, budget);
+        assert!(
+            measured.map(|m| m.parse::<Value>().is_ok()).unwrap_or(false),
+            "serde_json's own recursion limit is off"
+        );
         let deeper = format!("[{deepest}]");
-        assert!(estimate_tree_bytes(deeper.as_bytes(), MAX_REQUEST_DEPTH).is_err(), "refused before the parse");
+        assert!(measure_body(deeper.as_bytes(), MAX_REQUEST_DEPTH, budget).is_err(), "refused before the parse");
     }
 
     #[test]

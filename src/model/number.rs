@@ -100,12 +100,13 @@ pub fn is_beyond_doubles(text: &str) -> bool {
 }
 
 /// The first number in `value` that [`is_beyond_doubles`], as its text; searched without
-/// recursion.
+/// recursion, each number looked at in the text the tree holds (not written out: this runs on
+/// every write of most databases, over every number of the request).
 pub fn first_beyond_doubles(value: &Value) -> Option<String> {
     let mut pending = vec![value];
     while let Some(value) = pending.pop() {
         match value {
-            Value::Number(number) if is_beyond_doubles(&number.to_string()) => return Some(number.to_string()),
+            Value::Number(number) if is_beyond_doubles(number.as_str()) => return Some(number.to_string()),
             Value::Array(items) => pending.extend(items.iter()),
             Value::Object(fields) => pending.extend(fields.values()),
             Value::Null | Value::Bool(_) | Value::Number(_) | Value::String(_) => {}

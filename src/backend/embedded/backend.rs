@@ -21,6 +21,7 @@ use super::error::{join_error, map_redb};
 use super::group_commit::{job_of, GroupCommit, Persistence};
 use super::write::{EncodedWrite, ReplicatedWrite, Tables};
 use super::{attachments, codec, core, feed, ids, local};
+use crate::backend::revision::{random_token, random_tokens};
 use crate::backend::{
     BulkWrite, BulkWriteText, ChangesPage, DocumentBackend, EraseOptions, IdRange, LayoutState, Page, Precondition,
     Query, RecordWithLocal, ReplicatedLeaf, ReplicatedOutcome, ReplicatedRevision, Revision, RevisionInfo,
@@ -204,13 +205,14 @@ impl DocumentBackend for EmbeddedBackend {
     }
 
     async fn put(&self, id: &str, body: &Map<String, Value>, precondition: Precondition) -> Result<Revision> {
-        let write = EncodedWrite::new(id, body, precondition)?;
+        let write = EncodedWrite::new(id, body, precondition, random_token()?)?;
         self.write(1, move |tables| tables.write_one(&write)).await
     }
 
     async fn delete(&self, id: &str, rev: &Revision) -> Result<Revision> {
         let (id, expected) = (id.to_owned(), rev.clone());
-        self.write(1, move |tables| tables.delete_one(&id, &expected)).await
+        let token = random_token()?;
+        self.write(1, move |tables| tables.delete_one(&id, &expected, token)).await
     }
 
     async fn put_replicated(&self, id: &str, incoming: &ReplicatedRevision) -> Result<ReplicatedOutcome> {
@@ -261,8 +263,12 @@ impl DocumentBackend for EmbeddedBackend {
 
     async fn bulk_write(&self, writes: Vec<BulkWrite>) -> Result<Vec<Result<Revision>>> {
         // Encode first: a write that cannot be encoded fails alone, outside the transaction.
-        let encoded: Vec<Result<EncodedWrite>> =
-            writes.into_iter().map(|w| EncodedWrite::new(&w.id, &w.body, w.precondition)).collect();
+        let tokens = random_tokens(writes.len())?;
+        let encoded: Vec<Result<EncodedWrite>> = writes
+            .into_iter()
+            .zip(tokens)
+            .map(|(w, token)| EncodedWrite::new(&w.id, &w.body, w.precondition, token))
+            .collect();
         self.write_encoded(encoded).await
     }
 
@@ -273,13 +279,17 @@ impl DocumentBackend for EmbeddedBackend {
         json: &serde_json::value::RawValue,
         precondition: Precondition,
     ) -> Result<Revision> {
-        let write = EncodedWrite::from_text(id, json, precondition)?;
+        let write = EncodedWrite::from_text(id, json, precondition, random_token()?)?;
         self.write(1, move |tables| tables.write_one(&write)).await
     }
 
     async fn bulk_write_text(&self, writes: Vec<BulkWriteText>) -> Result<Vec<Result<Revision>>> {
-        let encoded: Vec<Result<EncodedWrite>> =
-            writes.into_iter().map(|w| EncodedWrite::from_text(&w.id, &w.json, w.precondition)).collect();
+        let tokens = random_tokens(writes.len())?;
+        let encoded: Vec<Result<EncodedWrite>> = writes
+            .into_iter()
+            .zip(tokens)
+            .map(|(w, token)| EncodedWrite::from_text(&w.id, &w.json, w.precondition, token))
+            .collect();
         self.write_encoded(encoded).await
     }
 
@@ -541,8 +551,10 @@ mod tests {
 
     /// A job writing document `key` (create-only), and the channel its answer comes on.
     fn create_job(key: &str) -> (Job, tokio::sync::oneshot::Receiver<Result<Revision>>) {
-        let write = EncodedWrite::new(&format!("u:ns:{key}"), &body(key, Value::from(1)), Precondition::MustNotExist)
-            .expect("encodes");
+        let token = random_token().expect("a token");
+        let write =
+            EncodedWrite::new(&format!("u:ns:{key}"), &body(key, Value::from(1)), Precondition::MustNotExist, token)
+                .expect("encodes");
         let (answer, answered) = tokio::sync::oneshot::channel();
         (job_of(move |tables| tables.write_one(&write), answer), answered)
     }
@@ -567,8 +579,10 @@ mod tests {
 
         let (before, before_answer) = create_job("before");
         let (broken_answer_to, broken_answer) = tokio::sync::oneshot::channel::<Result<()>>();
-        let write = EncodedWrite::new("u:ns:broken", &body("broken", Value::from(1)), Precondition::MustNotExist)
-            .expect("encodes");
+        let token = random_token().expect("a token");
+        let write =
+            EncodedWrite::new("u:ns:broken", &body("broken", Value::from(1)), Precondition::MustNotExist, token)
+                .expect("encodes");
         // Writes, then refuses: the feed counter moved, so this is no clean refusal.
         let broken = job_of(
             move |tables| {

@@ -56,7 +56,7 @@ pub(super) fn is_empty_range(lower: &Bound<&str>, upper: &Bound<&str>) -> bool {
 /// `include_design`), and the
 /// id to continue after.
 pub(super) fn id_ordered_page<T: Listed>(
-    docs: &impl ReadableTable<&'static str, &'static [u8]>,
+    docs: &impl ReadableTable<super::core::IdKey, &'static [u8]>,
     bounds: (Bound<&str>, Bound<&str>),
     descending: bool,
     include_design: bool,

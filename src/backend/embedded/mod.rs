@@ -24,6 +24,9 @@
 //! - `attachment_chunks`: `(blob, index)` → the raw bytes of one chunk of an attachment,
 //!   invisible to everything but the attachment calls ([`attachments`]).
 //!
+//! The tables keyed by an id or a local name store redb's `&str` keys but compare them as bytes
+//! ([`core::IdKey`]: the same file, the same order, no UTF-8 check at every comparison).
+//!
 //! Every table is updated in the same write transaction, so they never disagree after a crash.
 //! Concurrent writes share transactions ([`group_commit`]): one fsync'd commit for every write
 //! waiting when it begins, each answered once its commit is durable.
