@@ -16,6 +16,17 @@ use crate::error::{Error, ErrorKind, Result};
 /// Tries of a local-document write with no precondition that keeps meeting other writers.
 pub(super) const LOCAL_TRIES: usize = 5;
 
+/// Local document `name`'s id and its encoding, refused when it would not fit in one Firestore
+/// document (a local document is never chunked).
+fn encode_local(name: &str, body: &Map<String, Value>) -> Result<(String, codec::Encoded)> {
+    let id = format!("{LOCAL_PREFIX}{name}");
+    let encoded = codec::encode(&id, body)?;
+    if !encoded.extra_chunks.is_empty() {
+        return Err(Error::new(ErrorKind::TooLarge, format!("local document {id:?} is over one Firestore document")));
+    }
+    Ok((id, encoded))
+}
+
 impl FirestoreBackend {
     pub(super) fn local_name(&self, name: &str) -> String {
         self.client.name_in(&self.client.local_collection(), &codec::document_id(name))
@@ -96,14 +107,7 @@ impl FirestoreBackend {
         body: &Map<String, Value>,
         precondition: Precondition,
     ) -> Result<Revision> {
-        let id = format!("{LOCAL_PREFIX}{name}");
-        let encoded = codec::encode(&id, body)?;
-        if !encoded.extra_chunks.is_empty() {
-            return Err(Error::new(
-                ErrorKind::TooLarge,
-                format!("local document {id:?} is over one Firestore document"),
-            ));
-        }
+        let (id, encoded) = encode_local(name, body)?;
         for _ in 0..LOCAL_TRIES {
             // A create needs no read: the precondition `exists: false` is the check.
             let current = match precondition {
@@ -148,14 +152,7 @@ impl FirestoreBackend {
     /// revision), for a commit of several writes ([`FirestoreBackend::write_local`] with
     /// [`Precondition::MustNotExist`], without its commit).
     pub(super) fn local_create_write(&self, name: &str, body: &Map<String, Value>) -> Result<Value> {
-        let id = format!("{LOCAL_PREFIX}{name}");
-        let encoded = codec::encode(&id, body)?;
-        if !encoded.extra_chunks.is_empty() {
-            return Err(Error::new(
-                ErrorKind::TooLarge,
-                format!("local document {id:?} is over one Firestore document"),
-            ));
-        }
+        let (id, encoded) = encode_local(name, body)?;
         let rev = next_local_revision(&id, &Precondition::MustNotExist, None)?;
         Ok(self.local_write(name, encoded.fields, &rev, None))
     }

@@ -1126,18 +1126,10 @@ mod tests {
         assert_eq!(settings_reads, SETTINGS_READS_BESIDE_PAGES + 2, "one read of the settings per page: {counts:?}");
     }
 
-    /// The leaves of a page that carry attachments are saved in one bulk write, and the
-    /// manifests of their bytes (touched before the save, so that a garbage collection running
-    /// meanwhile keeps them) are read in one batched read for all of them, not one per
-    /// document: a page of 20 documents, 10 with an attachment of their own, reads manifests
-    /// once.
-    #[tokio::test]
-    async fn a_page_s_attachment_manifests_are_read_at_once() {
-        let dir = tempfile::tempdir().unwrap();
-        let source = embedded_databases(dir.path(), "source.redb");
-        let source_side = Side::local(Arc::clone(&source), "source");
-        assert!(source_side.ensure("atts").await.unwrap());
-        let leaves: Vec<Map<String, Value>> = (0..20)
+    /// `count` first-revision leaves `doc00`, `doc01`, …, every even one with a small inline
+    /// attachment `a.txt` of its own bytes.
+    fn leaves_every_other_with_an_attachment(count: usize) -> Vec<Map<String, Value>> {
+        (0..count)
             .map(|i| {
                 let mut leaf = serde_json::json!({
                     "_id": format!("doc{i:02}"), "_rev": "1-aaaa", "_revisions": {"start": 1, "ids": ["aaaa"]}, "n": i,
@@ -1152,7 +1144,21 @@ mod tests {
                 }
                 leaf.as_object().cloned().unwrap()
             })
-            .collect();
+            .collect()
+    }
+
+    /// The leaves of a page that carry attachments are saved in one bulk write, and the
+    /// manifests of their bytes (touched before the save, so that a garbage collection running
+    /// meanwhile keeps them) are read in one batched read for all of them, not one per
+    /// document: a page of 20 documents, 10 with an attachment of their own, reads manifests
+    /// once.
+    #[tokio::test]
+    async fn a_page_s_attachment_manifests_are_read_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let source = embedded_databases(dir.path(), "source.redb");
+        let source_side = Side::local(Arc::clone(&source), "source");
+        assert!(source_side.ensure("atts").await.unwrap());
+        let leaves = leaves_every_other_with_an_attachment(20);
         assert!(source_side.write_leaves("atts", leaves).await.unwrap().is_empty());
         let target_catalog = CountingCatalog::over_file(&dir.path().join("target.redb"), None, false);
         let target = Arc::new(crate::database::Databases::new(Some(target_catalog.clone()), 4));
@@ -1179,22 +1185,7 @@ mod tests {
         let source = embedded_databases(dir.path(), "source.redb");
         let source_side = Side::local(Arc::clone(&source), "source");
         assert!(source_side.ensure("atts").await.unwrap());
-        let leaves: Vec<Map<String, Value>> = (0..40)
-            .map(|i| {
-                let mut leaf = serde_json::json!({
-                    "_id": format!("doc{i:02}"), "_rev": "1-aaaa", "_revisions": {"start": 1, "ids": ["aaaa"]}, "n": i,
-                });
-                if i % 2 == 0 {
-                    let data = base64::Engine::encode(
-                        &base64::engine::general_purpose::STANDARD,
-                        format!("bytes of document {i}"),
-                    );
-                    leaf["_attachments"] =
-                        serde_json::json!({ "a.txt": { "content_type": "text/plain", "data": data } });
-                }
-                leaf.as_object().cloned().unwrap()
-            })
-            .collect();
+        let leaves = leaves_every_other_with_an_attachment(40);
         assert!(source_side.write_leaves("atts", leaves).await.unwrap().is_empty());
         let mut catalog = CountingCatalog::over_file(&dir.path().join("target.redb"), None, true);
         Arc::get_mut(&mut catalog).unwrap().small_at_once = true;
